@@ -1,0 +1,50 @@
+"""The `cdc-router` command: one click group, one module per command group."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from cdc_router import __version__
+from cdc_router.errors import CdcRouterError
+
+# Each module defines a click command or group named `cli`; add a line to register a new one.
+COMMAND_MODULES: dict[str, str] = {
+}
+
+
+class _Root(click.Group):
+    """Loads command modules lazily, so `--help` and unrelated commands stay fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module_name = COMMAND_MODULES.get(cmd_name)
+        if module_name is None:
+            return None
+        command: click.Command = importlib.import_module(module_name).cli
+        return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CdcRouterError as error:
+            if ctx.obj and ctx.obj.get("verbose"):
+                traceback.print_exc()
+            click.echo(f"error: {error}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Root)
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(__version__, prog_name="cdc-router")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
+    """Route Debezium outbox events to Kafka topics, exactly once."""
+    ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
