@@ -1,0 +1,43 @@
+# cdc-router: `make help` lists the targets.
+PYTHON ?= python3
+CDC := $(PYTHON) -m cdc_router
+APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-compose
+
+.DEFAULT_GOAL := help
+.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench clean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+system-deps: ## Install Postgres 15, Java 17, Maven, Redis (Debian packages; needs root)
+	@if [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	else \
+		for tool in java mvn redis-server; do command -v $$tool >/dev/null || { echo "missing $$tool: run 'sudo make system-deps'"; exit 1; }; done; \
+		ls /usr/lib/postgresql/15/bin/postgres >/dev/null || { echo "missing postgresql-15: run 'sudo make system-deps'"; exit 1; }; \
+	fi
+
+install: system-deps ## Install the package with its dev extra
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium)
+	$(CDC) local up
+
+test: stack ## Unit tests, then integration tests on the real local stack
+	$(PYTHON) -m pytest tests
+
+test-unit: ## Unit tests only (no stack)
+	$(PYTHON) -m pytest tests/unit
+
+lint: ## ruff
+	$(PYTHON) -m ruff check cdc_router tests
+
+typecheck: ## mypy (strict)
+	$(PYTHON) -m mypy
+
+demo: stack ## The whole pipeline on the local stack, with defaults
+	$(CDC) local status
+
+clean: ## Stop the local stack and remove its data
+	-$(CDC) local down --purge

@@ -1,0 +1,5 @@
+"""`python -m cdc_router` runs the CLI."""
+
+from cdc_router.cli import main
+
+main()

@@ -1,0 +1,113 @@
+"""`cdc-router local`: the stack without Docker (Postgres, Kafka, Connect + Debezium)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import click
+
+from cdc_router.local import stack
+from cdc_router.local.config import PARTS, StackConfig, load_saved
+
+
+def _default_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cdc-router" / "jars"
+
+
+home_option = click.option(
+    "--home", type=click.Path(path_type=Path), default=Path(".cdc-router"), show_default=True,
+    envvar="CDC_ROUTER_HOME",
+    help="Directory holding all of the stack's state [env CDC_ROUTER_HOME].")
+
+
+def _saved_or_default(home: Path) -> StackConfig:
+    home = home.resolve()
+    return load_saved(home) or StackConfig(home=home, jar_cache=_default_cache())
+
+
+def _say(line: str) -> None:
+    click.echo(line)
+
+
+@click.group(name="local")
+def cli() -> None:
+    """Run the real stack as local processes: no Docker needed."""
+
+
+@cli.command()
+@home_option
+@click.option("--jar-cache", type=click.Path(path_type=Path), envvar="CDC_ROUTER_JAR_CACHE",
+              help="Where the Kafka and Debezium jars are cached [env CDC_ROUTER_JAR_CACHE; "
+                   "default ~/.cache/cdc-router/jars].")
+@click.option("--postgres-port", type=int, help="Default 15432.")
+@click.option("--kafka-port", type=int, help="Default 19092.")
+@click.option("--kafka-controller-port", "controller_port", type=int, help="Default 19093.")
+@click.option("--connect-port", type=int, help="Default 18083.")
+@click.option("--connect-offset-flush-interval-ms", type=int,
+              help="Connect's offset.flush.interval.ms (default 10000).")
+def up(home: Path, jar_cache: Path | None, **ports: int | None) -> None:
+    """Start what is not running and wait until each part is healthy (idempotent)."""
+    current = _saved_or_default(home)
+    changes: dict[str, object] = {key: value for key, value in ports.items() if value is not None}
+    if jar_cache is not None:
+        changes["jar_cache"] = jar_cache.resolve()
+    config = StackConfig.model_validate({**current.model_dump(), **changes})
+    started = time.monotonic()
+    stack.up(config, _say)
+    click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
+
+
+@cli.command()
+@home_option
+@click.option("--purge", is_flag=True, help="Also remove the data (topics, tables, offsets).")
+def down(home: Path, purge: bool) -> None:
+    """Stop the processes `up` started (by pid file, never by name)."""
+    stack.down(_saved_or_default(home), _say, purge=purge)
+
+
+@cli.command()
+@home_option
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+def status(home: Path, output: str) -> None:
+    """Show each part's state, pid and address."""
+    config = _saved_or_default(home)
+    parts = stack.status(config)
+    if output == "json":
+        click.echo(json.dumps([p.__dict__ for p in parts], indent=2))
+        return
+    if all(p.state != "running" for p in parts):
+        click.echo(f"nothing is running (stack home {config.home})")
+    for p in parts:
+        pid = f"pid {p.pid}" if p.pid else ""
+        click.echo(f"{p.part:<9} {p.state:<8} {pid:<11} {p.address}")
+
+
+@cli.command()
+@home_option
+@click.argument("part", type=click.Choice(PARTS))
+@click.option("-n", "--lines", default=50, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
+def logs(home: Path, part: str, lines: int, follow: bool) -> None:
+    """Print the last lines of a part's log."""
+    config = _saved_or_default(home)
+    path = config.log_path(part)  # type: ignore[arg-type]
+    if not path.exists():
+        click.echo(f"no log yet at {path}")
+        return
+    command = ["tail", "-n", str(lines), *(["-F"] if follow else []), str(path)]
+    subprocess.run(command, check=False)
+
+
+@cli.command()
+@home_option
+def env(home: Path) -> None:
+    """Print `export` lines naming the stack's addresses, for scripts and tests."""
+    config = _saved_or_default(home)
+    click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
+    click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
+    click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")

@@ -1,0 +1,229 @@
+"""The local stack's settings and the configuration files rendered from them (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdc_router.errors import ConfigError
+from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
+
+Part = Literal["postgres", "kafka", "connect"]
+PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect")
+
+# Settings the router and Connect rely on; docker/ must set the same (the drift test reads these).
+BROKER_CONTRACT: dict[str, str] = {
+    "auto.create.topics.enable": "false",
+    "offsets.topic.replication.factor": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+}
+CONNECT_CONTRACT: dict[str, str] = {
+    "exactly.once.source.support": "enabled",
+    "config.providers": "env,file,dir",
+    "config.providers.env.class": "org.apache.kafka.common.config.provider.EnvVarConfigProvider",
+    "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+    "config.providers.dir.class": "org.apache.kafka.common.config.provider.DirectoryConfigProvider",
+    "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schemas.enable": "false",
+    "value.converter.schemas.enable": "false",
+    "config.storage.topic": "connect-configs",
+    "offset.storage.topic": "connect-offsets",
+    "status.storage.topic": "connect-status",
+}
+
+
+class StackConfig(BaseModel):
+    """Where the stack lives and how it listens; saved to `<home>/stack.json` by `up`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    home: Path
+    jar_cache: Path
+    host: str = "127.0.0.1"
+    postgres_port: int = Field(default=15432, ge=1, le=65535)
+    kafka_port: int = Field(default=19092, ge=1, le=65535)
+    controller_port: int = Field(default=19093, ge=1, le=65535)
+    connect_port: int = Field(default=18083, ge=1, le=65535)
+    kafka_heap_mb: int = Field(default=512, ge=128)
+    connect_heap_mb: int = Field(default=768, ge=256)
+    postgres_password: str = "postgres"
+    # The Debezium role's password, handed to Connect's environment for `${env:...}`.
+    replication_password: str = "debezium"
+    # How often Connect commits source offsets outside exactly-once transactions.
+    connect_offset_flush_interval_ms: int = Field(default=10_000, ge=100)
+
+    # Paths -------------------------------------------------------------------------------
+    def part_dir(self, part: Part) -> Path:
+        return self.home / part
+
+    def log_path(self, part: Part) -> Path:
+        return self.part_dir(part) / f"{part}.log"
+
+    def pid_path(self, part: Part) -> Path:
+        return self.part_dir(part) / f"{part}.pid"
+
+    @property
+    def postgres_data(self) -> Path:
+        return self.part_dir("postgres") / "data"
+
+    @property
+    def postgres_socket_dir(self) -> Path:
+        return self.part_dir("postgres") / "run"
+
+    @property
+    def kafka_data(self) -> Path:
+        return self.part_dir("kafka") / "data"
+
+    @property
+    def kafka_libs(self) -> Path:
+        return self.jar_cache / f"kafka-{KAFKA_VERSION}" / "libs"
+
+    @property
+    def plugin_path(self) -> Path:
+        return self.jar_cache / f"debezium-{DEBEZIUM_VERSION}" / "plugins"
+
+    # Addresses -----------------------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def connect_url(self) -> str:
+        return f"http://{self.host}:{self.connect_port}"
+
+    @property
+    def postgres_dsn(self) -> str:
+        return (f"postgresql://postgres:{self.postgres_password}@{self.host}:"
+                f"{self.postgres_port}/postgres")
+
+    def ports(self) -> dict[str, int]:
+        """Every port the stack listens on, named for error messages."""
+        return {
+            "postgres": self.postgres_port,
+            "kafka": self.kafka_port,
+            "kafka controller": self.controller_port,
+            "connect": self.connect_port,
+        }
+
+    def check_ports_distinct(self) -> None:
+        seen: dict[int, str] = {}
+        for name, port in self.ports().items():
+            if port in seen:
+                raise ConfigError(f"{name} and {seen[port]} both use port {port}",
+                                  hint="give each part its own port")
+            seen[port] = name
+
+
+def save(config: StackConfig) -> None:
+    """Record the effective settings so that status and down find what up started."""
+    config.home.mkdir(parents=True, exist_ok=True)
+    (config.home / "stack.json").write_text(config.model_dump_json(indent=2) + "\n")
+
+
+def load_saved(home: Path) -> StackConfig | None:
+    """The settings `up` saved in `home`, or None if no stack was ever started there."""
+    path = home / "stack.json"
+    if not path.exists():
+        return None
+    try:
+        return StackConfig.model_validate(json.loads(path.read_text()))
+    except ValueError as error:
+        raise ConfigError("the saved stack settings are unreadable", source=str(path),
+                          hint=f"remove {path} or run `cdc-router local down --purge`") from error
+
+
+def to_properties(values: dict[str, str]) -> str:
+    """Java properties text; values here never need escaping beyond backslashes."""
+    lines = [f"{key}={value.replace(chr(92), chr(92) * 2)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def kafka_properties(config: StackConfig) -> dict[str, str]:
+    """server.properties of a one-node KRaft cluster (broker and controller in one process)."""
+    host = config.host
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{config.controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{config.kafka_port},CONTROLLER://{host}:{config.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{config.kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(config.kafka_data),
+        "num.partitions": "1",
+        **BROKER_CONTRACT,
+        # One node: nobody to wait for before the first rebalance.
+        "group.initial.rebalance.delay.ms": "0",
+    }
+
+
+def connect_properties(config: StackConfig) -> dict[str, str]:
+    """connect-distributed.properties of a one-worker Connect cluster with Debezium."""
+    return {
+        "bootstrap.servers": config.bootstrap_servers,
+        "group.id": "cdc-router-connect",
+        **CONNECT_CONTRACT,
+        "config.storage.replication.factor": "1",
+        "offset.storage.replication.factor": "1",
+        "status.storage.replication.factor": "1",
+        "offset.flush.interval.ms": str(config.connect_offset_flush_interval_ms),
+        "listeners": f"http://{config.host}:{config.connect_port}",
+        "rest.advertised.host.name": config.host,
+        "rest.advertised.port": str(config.connect_port),
+        "plugin.path": str(config.plugin_path),
+        # Every plugin here ships ServiceLoader manifests: skip the slow reflective scan.
+        "plugin.discovery": "service_load",
+    }
+
+
+def postgres_conf(config: StackConfig) -> str:
+    """Settings appended to postgresql.conf: logical decoding for Debezium, loopback only."""
+    values = {
+        "listen_addresses": f"'{config.host}'",
+        "port": str(config.postgres_port),
+        "unix_socket_directories": f"'{config.postgres_socket_dir}'",
+        "wal_level": "logical",
+        "max_wal_senders": "20",
+        "max_replication_slots": "20",
+        # Flush WAL often so that Debezium sees commits within milliseconds (latency).
+        "wal_writer_delay": "10ms",
+        # A forgotten slot must not fill the disk of a developer's machine.
+        "max_slot_wal_keep_size": "'2GB'",
+        "fsync": "on",
+        "log_min_messages": "warning",
+    }
+    return "".join(f"{key} = {value}\n" for key, value in values.items())
+
+
+def pg_hba_conf() -> str:
+    """Passwords over TCP (the Debezium role's included), trust only on the private socket."""
+    return (
+        "local   all          all                    trust\n"
+        "host    all          all    127.0.0.1/32    scram-sha-256\n"
+        "host    replication  all    127.0.0.1/32    scram-sha-256\n"
+    )
+
+
+def log4j2_properties() -> str:
+    """Logging for the JVMs: one line per event on stdout, which goes to the part's log file."""
+    return (
+        "status = warn\n"
+        "appender.out.type = Console\n"
+        "appender.out.name = OUT\n"
+        "appender.out.layout.type = PatternLayout\n"
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = INFO\n"
+        "rootLogger.appenderRef.out.ref = OUT\n"
+        "logger.statechange.name = state.change.logger\n"
+        "logger.statechange.level = WARN\n"
+        "logger.reflections.name = org.reflections\n"
+        "logger.reflections.level = ERROR\n"
+    )

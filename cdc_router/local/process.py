@@ -1,0 +1,105 @@
+"""Processes the stack starts: pid files, port checks, health waits, stop by pid."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from cdc_router.errors import StackError
+
+
+def read_pid(pid_path: Path) -> int | None:
+    try:
+        return int(pid_path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_running(pid: int | None, marker: str) -> bool:
+    """True if `pid` lives and its command line names `marker` (a pid may be reused)."""
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    if "\nState:\tZ" in status:
+        return False
+    return marker.encode() in cmdline
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if something listens on (or holds) host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # The JVMs and Postgres bind with SO_REUSEADDR too, so TIME_WAIT leftovers don't count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
+def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
+          env: Mapping[str, str] | None = None, user: str | None = None,
+          cwd: Path | None = None) -> int:
+    """Start a detached process whose output appends to `log_path`; record its pid."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None, cwd=cwd, user=user,
+            # Its own session: a Ctrl-C in the shell that ran `up` must not stop the stack.
+            start_new_session=True,
+        )
+    pid_path.write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def wait_until(check: Callable[[], bool], *, name: str, timeout_s: float, pid: int,
+               marker: str, log_path: Path) -> float:
+    """Poll `check` until true; fail with the log's last lines if the process dies or times out."""
+    started = time.monotonic()
+    while True:
+        if check():
+            return time.monotonic() - started
+        if not is_running(pid, marker):
+            raise StackError(f"{name} exited during start-up (log {log_path}):\n{tail(log_path)}")
+        if time.monotonic() - started > timeout_s:
+            raise StackError(f"{name} did not become healthy within {timeout_s:.0f}s "
+                             f"(log {log_path}):\n{tail(log_path)}")
+        time.sleep(0.5)
+
+
+def stop(pid: int, marker: str, *, sig: signal.Signals = signal.SIGTERM,
+         timeout_s: float = 30.0) -> bool:
+    """Signal `pid`, wait for it to exit, SIGKILL after `timeout_s`; False if it was not ours."""
+    if not is_running(pid, marker):
+        return False
+    os.kill(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_running(pid, marker):
+            return True
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    while is_running(pid, marker):
+        time.sleep(0.1)
+    return True

@@ -1,0 +1,307 @@
+"""Bring the local stack up, report on it, and take it down: Postgres, Kafka, Connect."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdc_router.errors import StackError
+from cdc_router.local import process
+from cdc_router.local.config import (
+    PARTS,
+    Part,
+    StackConfig,
+    connect_properties,
+    kafka_properties,
+    log4j2_properties,
+    pg_hba_conf,
+    postgres_conf,
+    save,
+    to_properties,
+)
+from cdc_router.local.jars import ensure_jars
+
+Say = Callable[[str], None]
+
+# Start-up limits, generous for 2 cores: Connect scans its plugin path and creates three topics.
+_TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240}
+_POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    """What `status` knows of one part."""
+
+    part: Part
+    state: str  # running | stopped | stale (pid file of a dead process)
+    pid: int | None
+    address: str
+    log: str
+
+
+def _marker(config: StackConfig) -> str:
+    return str(config.home)
+
+
+def _address(config: StackConfig, part: Part) -> str:
+    return {"postgres": config.postgres_dsn, "kafka": config.bootstrap_servers,
+            "connect": config.connect_url}[part]
+
+
+def status(config: StackConfig) -> list[PartStatus]:
+    """Each part's state, read from pid files and /proc, without touching the network."""
+    result = []
+    for part in PARTS:
+        pid = process.read_pid(config.pid_path(part))
+        if process.is_running(pid, _marker(config)):
+            state = "running"
+        elif pid is not None:
+            state = "stale"
+        else:
+            state = "stopped"
+        result.append(PartStatus(part, state, pid if state == "running" else None,
+                                 _address(config, part), str(config.log_path(part))))
+    return result
+
+
+def up(config: StackConfig, say: Say) -> None:
+    """Start what is not running, wait until each part is healthy; what runs is left alone."""
+    config.check_ports_distinct()
+    _check_java()
+    ensure_jars(config, say)
+    save(config)
+    running = {s.part for s in status(config) if s.state == "running"}
+    _check_ports(config, running)
+    # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
+    starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
+        ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
+    started: dict[Part, int] = {}
+    for part, start, _ in starts:
+        if part in running:
+            say(f"{part:<9} already running")
+        else:
+            started[part] = start(config)
+    for part, _, check in starts:
+        if part in started:
+            _wait(config, part, started[part], check, say)
+    if "connect" in running:
+        say("connect   already running")
+    else:
+        _wait(config, "connect", _start_connect(config), _connect_healthy, say)
+    say("")
+    say(f"bootstrap servers  {config.bootstrap_servers}")
+    say(f"connect url        {config.connect_url}")
+    say(f"postgres dsn       {config.postgres_dsn}")
+
+
+def down(config: StackConfig, say: Say, *, purge: bool) -> None:
+    """Stop the parts this stack started (by pid file), Connect first; purge removes the data."""
+    stop_signal: dict[Part, signal.Signals] = {
+        # SIGINT is Postgres' fast shutdown: SIGTERM would wait for Debezium's replication
+        # connection, which only ends when Connect is gone.
+        "postgres": signal.SIGINT, "kafka": signal.SIGTERM, "connect": signal.SIGTERM,
+    }
+    for part in reversed(PARTS):
+        pid = process.read_pid(config.pid_path(part))
+        if process.stop(pid, _marker(config), sig=stop_signal[part]) if pid else False:
+            say(f"{part:<9} stopped (pid {pid})")
+        else:
+            say(f"{part:<9} was not running")
+        config.pid_path(part).unlink(missing_ok=True)
+    if purge:
+        for part in PARTS:
+            shutil.rmtree(config.part_dir(part), ignore_errors=True)
+        (config.home / "stack.json").unlink(missing_ok=True)
+        say(f"removed the stack's data under {config.home}")
+
+
+def _check_java() -> None:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("java is not installed; Kafka and Connect need Java 17 or newer: "
+                         "run `apt-get install -y openjdk-17-jre-headless`")
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    first = (result.stderr or result.stdout).splitlines()[:1]
+    version = first[0].split('"')[1] if first and '"' in first[0] else "?"
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < 17:
+        raise StackError(f"java {version} is too old: Kafka 4 needs Java 17 or newer")
+
+
+def _check_ports(config: StackConfig, running: set[Part]) -> None:
+    owned: dict[str, Part] = {"postgres": "postgres", "kafka": "kafka",
+                              "kafka controller": "kafka", "connect": "connect"}
+    for name, port in config.ports().items():
+        if owned[name] in running:
+            continue
+        if process.port_in_use(config.host, port):
+            raise StackError(f"port {port} ({name}) on {config.host} is already in use by another "
+                             "process: stop it, or pick another port with "
+                             f"`cdc-router local up --{name.replace(' ', '-')}-port N`")
+
+
+def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfig], bool],
+          say: Say) -> None:
+    say(f"{part:<9} starting (pid {pid}, log {config.log_path(part)})")
+    seconds = process.wait_until(lambda: check(config), name=part, timeout_s=_TIMEOUTS_S[part],
+                                 pid=pid, marker=_marker(config), log_path=config.log_path(part))
+    say(f"{part:<9} healthy in {seconds:.1f}s  {_address(config, part)}")
+
+
+# Postgres ------------------------------------------------------------------------------------
+
+def _postgres_user() -> tuple[str | None, int | None, int | None]:
+    """Postgres refuses to run as root: as root, run it as the `postgres` system user."""
+    if os.geteuid() != 0:
+        return None, None, None
+    try:
+        entry = pwd.getpwnam("postgres")
+    except KeyError as error:
+        raise StackError("running as root, but there is no `postgres` user to run Postgres as: "
+                         "install Debian's postgresql package (apt-get install -y postgresql)") \
+            from error
+    return "postgres", entry.pw_uid, entry.pw_gid
+
+
+def _pg_bin(name: str) -> str:
+    for directory in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (directory / name).exists():
+            return str(directory / name)
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"PostgreSQL's {name} was not found: install Debian's postgresql "
+                         "package (apt-get install -y postgresql-15)")
+    return found
+
+
+def _start_postgres(config: StackConfig) -> int:
+    user, uid, gid = _postgres_user()
+    base = config.part_dir("postgres")
+    for directory in (base, config.postgres_socket_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+        if uid is not None and gid is not None:
+            os.chown(directory, uid, gid)
+    data = config.postgres_data
+    log = config.log_path("postgres")
+    if not (data / "PG_VERSION").exists():
+        pwfile = base / ".pwfile"
+        pwfile.write_text(config.postgres_password + "\n")
+        if uid is not None and gid is not None:
+            os.chown(pwfile, uid, gid)
+        result = subprocess.run(
+            [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--locale=C",
+             "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"],
+            capture_output=True, text=True, user=user, check=False, cwd=base)
+        pwfile.unlink(missing_ok=True)
+        if result.returncode != 0:
+            raise StackError(f"initdb failed for {data}: {result.stderr.strip()[-500:]}"
+                             " (the postgres user needs to reach that directory)")
+    (data / "cdc-router.conf").write_text(postgres_conf(config))
+    (data / "pg_hba.conf").write_text(pg_hba_conf())
+    main_conf = data / "postgresql.conf"
+    include = "include_if_exists = 'cdc-router.conf'\n"
+    if include not in main_conf.read_text():
+        with open(main_conf, "a") as handle:
+            handle.write(include)
+    if uid is not None and gid is not None:
+        for name in ("cdc-router.conf", "pg_hba.conf"):
+            os.chown(data / name, uid, gid)
+        if log.exists():
+            os.chown(log, uid, gid)
+    return process.spawn([_pg_bin("postgres"), "-D", str(data)], log_path=log,
+                         pid_path=config.pid_path("postgres"), user=user, cwd=base)
+
+
+def _postgres_healthy(config: StackConfig) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(config.postgres_dsn, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+# Kafka ---------------------------------------------------------------------------------------
+
+def _java_command(config: StackConfig, heap_mb: int, main: str, *args: str) -> list[str]:
+    java = shutil.which("java") or "java"
+    return [java, f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile=file:{config.home / 'log4j2.properties'}",
+            "-cp", f"{config.kafka_libs}/*", main, *args]
+
+
+def _start_kafka(config: StackConfig) -> int:
+    base = config.part_dir("kafka")
+    base.mkdir(parents=True, exist_ok=True)
+    (config.home / "log4j2.properties").write_text(log4j2_properties())
+    properties = base / "server.properties"
+    properties.write_text(to_properties(kafka_properties(config)))
+    if not (config.kafka_data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        command = _java_command(config, 256, "kafka.tools.StorageTool", "format",
+                                "-t", cluster_id, "-c", str(properties))
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise StackError(f"formatting Kafka's log directory failed: "
+                             f"{(result.stderr or result.stdout).strip()[-500:]}")
+    return process.spawn(_java_command(config, config.kafka_heap_mb, "kafka.Kafka",
+                                       str(properties)),
+                         log_path=config.log_path("kafka"), pid_path=config.pid_path("kafka"),
+                         cwd=base)
+
+
+def _kafka_healthy(config: StackConfig) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    quiet = logging.getLogger("cdc_router.local.probe")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    settings: dict[str, object] = {"bootstrap.servers": config.bootstrap_servers, "logger": quiet}
+    # confluent-kafka takes a Python logger here, though its type stubs only list scalars.
+    admin = AdminClient(settings)  # type: ignore[arg-type]
+    try:
+        admin.list_topics(timeout=2)
+        return True
+    except Exception:  # KafkaException while the broker is not yet listening
+        return False
+
+
+# Connect -------------------------------------------------------------------------------------
+
+def _start_connect(config: StackConfig) -> int:
+    base = config.part_dir("connect")
+    base.mkdir(parents=True, exist_ok=True)
+    properties = base / "connect-distributed.properties"
+    properties.write_text(to_properties(connect_properties(config)))
+    env = dict(os.environ)
+    # Connector configs reference the Debezium role's password as ${env:CDC_ROUTER_DB_PASSWORD}.
+    env.setdefault("CDC_ROUTER_DB_PASSWORD", config.replication_password)
+    return process.spawn(
+        _java_command(config, config.connect_heap_mb,
+                      "org.apache.kafka.connect.cli.ConnectDistributed", str(properties)),
+        log_path=config.log_path("connect"), pid_path=config.pid_path("connect"), env=env,
+        cwd=base)
+
+
+def _connect_healthy(config: StackConfig) -> bool:
+    try:
+        with urllib.request.urlopen(f"{config.connect_url}/connector-plugins", timeout=3) as reply:
+            plugins = json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return any(plugin.get("class") == _POSTGRES_CONNECTOR for plugin in plugins)

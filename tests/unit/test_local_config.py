@@ -1,0 +1,93 @@
+"""Rendering of the local stack's configuration files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cdc_router.errors import ConfigError
+from cdc_router.local import config as stack_config
+from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> stack_config.StackConfig:
+    return stack_config.StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
+
+
+def test_kafka_is_one_kraft_node_with_transactions_and_no_auto_create(config):
+    props = stack_config.kafka_properties(config)
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["transaction.state.log.replication.factor"] == "1"
+    assert props["transaction.state.log.min.isr"] == "1"
+    assert props["log.dirs"] == str(config.home / "kafka" / "data")
+
+
+def test_connect_has_exactly_once_sources_config_providers_and_debezium(config):
+    props = stack_config.connect_properties(config)
+    assert props["exactly.once.source.support"] == "enabled"
+    assert props["config.providers"] == "env,file,dir"
+    for name in ("env", "file", "dir"):
+        assert props[f"config.providers.{name}.class"].startswith(
+            "org.apache.kafka.common.config.provider.")
+    plugins = config.jar_cache / f"debezium-{DEBEZIUM_VERSION}" / "plugins"
+    assert props["plugin.path"] == str(plugins)
+    assert props["bootstrap.servers"] == "127.0.0.1:19092"
+    assert props["listeners"] == "http://127.0.0.1:18083"
+
+
+def test_postgres_has_logical_wal_on_loopback_only(config):
+    conf = stack_config.postgres_conf(config)
+    assert "wal_level = logical\n" in conf
+    assert "listen_addresses = '127.0.0.1'\n" in conf
+    assert "port = 15432\n" in conf
+    assert "wal_writer_delay = 10ms\n" in conf
+    hba = stack_config.pg_hba_conf()
+    assert "0.0.0.0" not in hba and "replication" in hba
+
+
+def test_custom_ports_flow_into_every_file(tmp_path):
+    config = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, kafka_port=29092,
+                                      controller_port=29093, connect_port=28083,
+                                      postgres_port=25432)
+    assert stack_config.connect_properties(config)["bootstrap.servers"] == "127.0.0.1:29092"
+    assert "29093" in stack_config.kafka_properties(config)["controller.quorum.voters"]
+    assert config.postgres_dsn.endswith("@127.0.0.1:25432/postgres")
+    assert config.connect_url == "http://127.0.0.1:28083"
+
+
+def test_two_parts_on_one_port_is_a_config_error(tmp_path):
+    config = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, kafka_port=18083)
+    with pytest.raises(ConfigError, match="18083"):
+        config.check_ports_distinct()
+
+
+def test_properties_escape_backslashes():
+    assert stack_config.to_properties({"a": r"C:\x", "b": "1"}) == "a=C:\\\\x\nb=1\n"
+
+
+def test_saved_settings_round_trip(config):
+    stack_config.save(config)
+    assert stack_config.load_saved(config.home) == config
+    assert stack_config.load_saved(config.home / "elsewhere") is None
+
+
+def test_unreadable_saved_settings_name_the_file(config):
+    config.home.mkdir(parents=True)
+    (config.home / "stack.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"stack\.json"):
+        stack_config.load_saved(config.home)
+
+
+def test_poms_pin_the_versions_the_stack_uses():
+    maven = Path(stack_config.__file__).parent / "maven"
+    kafka_pom = (maven / "kafka" / "pom.xml").read_text()
+    debezium_pom = (maven / "debezium" / "pom.xml").read_text()
+    assert re.search(r"<kafka.version>(.*?)</kafka.version>", kafka_pom).group(1) == KAFKA_VERSION
+    assert re.search(r"<debezium.version>(.*?)</debezium.version>",
+                     debezium_pom).group(1) == DEBEZIUM_VERSION
