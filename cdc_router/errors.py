@@ -52,3 +52,13 @@ class SerializeError(CdcRouterError):
 
 class DeliveryError(CdcRouterError):
     """Kafka refused or lost a record, or the transaction could not commit (stage: produce)."""
+
+    def __init__(self, message: str, *, kafka_error: object = None,
+                 source: tuple[str, int, int] | None = None) -> None:
+        super().__init__(message)
+        self.kafka_error = kafka_error
+        self.source = source  # the input record (topic, partition, offset) it came from
+
+
+class FatalKafkaError(CdcRouterError):
+    """This process can't go on (fenced, unauthorised, misconfigured): it exits non-zero."""

@@ -80,20 +80,26 @@ def connector(stack: StackEndpoints, name: str, config: dict[str, str]) -> Itera
 
 
 def read_topic(bootstrap: str, topic: str, count: int, timeout_s: float = 60,
-               isolation: str = "read_committed") -> list[Message]:
-    """Read `count` records from the start of `topic` (fewer if the timeout passes)."""
+               isolation: str = "read_committed", idle_s: float | None = None) -> list[Message]:
+    """Read `count` records from the start of `topic` (fewer if the timeout passes).
+
+    With `idle_s`, stop as soon as no record has come for that long.
+    """
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": isolation})
     consumer.subscribe([topic])
     records: list[Message] = []
     deadline = time.monotonic() + timeout_s
+    last = time.monotonic()
     try:
-        while len(records) < count and time.monotonic() < deadline:
+        while len(records) < count and (time.monotonic() < deadline if idle_s is None
+                                        else time.monotonic() - last < idle_s):
             message = consumer.poll(0.5)
             if message is None or message.error():
                 continue
             records.append(message)
+            last = time.monotonic()
     finally:
         consumer.close()
     return records

@@ -1,0 +1,50 @@
+"""Dead letters: the raw input record unchanged, with headers saying where it came from and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Stage = Literal["decode", "route", "serialize", "produce"]
+
+# Header names shared with the idempotent consumer's dead letters (cdc_router.consumer).
+SOURCE_TOPIC = "dlq.source.topic"
+SOURCE_PARTITION = "dlq.source.partition"
+SOURCE_OFFSET = "dlq.source.offset"
+STAGE = "dlq.stage"
+ERROR_CLASS = "dlq.error.class"
+ERROR_MESSAGE = "dlq.error.message"
+EVENT_ID = "dlq.event.id"
+
+# A reason is for people; an unbounded one could push the record over the broker's size limit.
+_MAX_REASON = 2000
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A poison input record and its reason, ready to produce to the dead-letter topic."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    stage: Stage
+    reason: str
+
+
+def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
+                value: bytes | None, original_headers: list[tuple[str, bytes]] | None,
+                stage: Stage, error: BaseException, event_id: str | None = None) -> DeadLetter:
+    """The dead letter for an input record that failed at `stage` with `error`."""
+    reason = str(error)[:_MAX_REASON]
+    ours = [
+        (SOURCE_TOPIC, topic.encode()),
+        (SOURCE_PARTITION, str(partition).encode()),
+        (SOURCE_OFFSET, str(offset).encode()),
+        (STAGE, stage.encode()),
+        (ERROR_CLASS, type(error).__name__.encode()),
+        (ERROR_MESSAGE, reason.encode()),
+    ]
+    if event_id:
+        ours.append((EVENT_ID, event_id.encode()))
+    headers = tuple(original_headers or ()) + tuple(ours)
+    return DeadLetter(key, value, headers, stage, reason)

@@ -1,0 +1,1 @@
+"""Thin typed wrappers of confluent-kafka: error classes, producer, consumer, admin."""

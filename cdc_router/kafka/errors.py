@@ -1,0 +1,51 @@
+"""Kafka errors classified once: retry, abort the transaction and rewind, or stop."""
+
+from __future__ import annotations
+
+import enum
+
+from confluent_kafka import KafkaError, KafkaException
+
+
+class Action(enum.Enum):
+    """What the router does about a Kafka error."""
+
+    RETRY = "retry"  # transient: the same call again, after a backoff
+    ABORT = "abort"  # the transaction is lost: abort it, rewind to the committed offsets
+    FATAL = "fatal"  # this producer can never work again (fenced, misconfigured): exit non-zero
+
+
+# Fenced by a newer instance with our transactional.id or group.instance.id: carrying on would
+# break exactly-once, so these stop the process even when librdkafka doesn't flag them fatal.
+_FENCED = frozenset({
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+})
+
+
+def kafka_error_of(error: BaseException) -> KafkaError | None:
+    """The KafkaError inside a KafkaException, or None for anything else."""
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        return error.args[0]
+    return None
+
+
+def classify(error: KafkaError) -> Action:
+    """The one place that decides: fatal, then abortable, then retriable; otherwise abort."""
+    if error.fatal() or error.code() in _FENCED:
+        return Action.FATAL
+    if error.txn_requires_abort():
+        return Action.ABORT
+    if error.retriable():
+        return Action.RETRY
+    return Action.ABORT
+
+
+def describe(error: KafkaError) -> str:
+    """One line: the error's name and librdkafka's text."""
+    return f"{error.name()}: {error.str()}"

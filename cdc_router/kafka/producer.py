@@ -1,0 +1,105 @@
+"""The producer: a thin wrapper that latches the first delivery error and raises it on flush."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+
+from cdc_router.errors import DeliveryError
+from cdc_router.kafka.errors import describe
+
+Headers = list[tuple[str, bytes]]
+Source = tuple[str, int, int]  # the input record a produced record came from
+
+
+class LatchingProducer:
+    """Nothing fails silently in a callback: a failed delivery surfaces on the next flush."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = dict(config)
+        self._producer: Producer | None = None
+        self._error: KafkaError | None = None
+        self._error_topic: str | None = None
+        self._error_source: Source | None = None
+
+    @property
+    def client(self) -> Producer:
+        """Built on first use, so that constructing the router makes no network call."""
+        if self._producer is None:
+            self._producer = Producer(self._config)
+        return self._producer
+
+    def _latch(self, error: KafkaError, message: Message, source: Source | None) -> None:
+        if self._error is None:
+            self._error, self._error_topic, self._error_source = error, message.topic(), source
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
+                headers: Headers, partition: int | None = None,
+                timestamp_ms: int | None = None, source: Source | None = None) -> None:
+        """Queue one record; waits for room when librdkafka's queue is full."""
+        self.raise_latched()
+
+        def on_delivery(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                self._latch(error, message, source)
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
+                                  "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        while True:
+            try:
+                self.client.produce(topic, **kwargs)
+                return
+            except BufferError:
+                # The local queue is full (queue.buffering.max.messages): let deliveries drain.
+                self.client.poll(0.1)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every queued record is delivered; raise the first delivery error."""
+        remaining = self.client.flush(timeout_s)
+        self.raise_latched()
+        if remaining:
+            raise DeliveryError(f"{remaining} records still undelivered after {timeout_s:.0f}s")
+
+    def raise_latched(self) -> None:
+        if self._error is not None:
+            error, topic, source = self._error, self._error_topic, self._error_source
+            self.clear_latched()
+            raise DeliveryError(f"delivery to {topic} failed: {describe(error)}",
+                                kafka_error=error, source=source)
+
+    def clear_latched(self) -> None:
+        """Forget a latched error once its transaction has been aborted."""
+        self._error = None
+        self._error_topic = None
+        self._error_source = None
+
+    # Transactions: thin pass-throughs, so the router's procedure reads against KIP-98/447.
+    def init_transactions(self, timeout_s: float) -> None:
+        self.client.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        self.client.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: list[TopicPartition], group_metadata: Any,
+                                    timeout_s: float) -> None:
+        self.client.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        self.client.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.client.abort_transaction(timeout_s)
+
+    def partitions_for(self, topic: str, timeout_s: float) -> int | None:
+        """The topic's partition count from cluster metadata, or None if it does not exist."""
+        metadata = self.client.list_topics(topic, timeout=timeout_s)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return None
+        return len(found.partitions)

@@ -1,0 +1,79 @@
+"""Prometheus metrics of the router and its /metrics and /healthz endpoints."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from cdc_router.router import Delivered
+
+
+class RouterMetrics:
+    """Counters of one router; each instance has its own registry (tests run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.routed = Counter("cdc_router_events_routed", "Events committed on a destination "
+                              "topic", ["topic"], registry=r)
+        self.skipped = Counter("cdc_router_records_skipped", "Raw records with no event to "
+                               "deliver (deletes, tombstones, heartbeats, ...)", ["reason"],
+                               registry=r)
+        self.duplicates = Counter("cdc_router_duplicates_dropped", "Replayed events dropped "
+                                  "because their id was already delivered", registry=r)
+        self.dead_letters = Counter("cdc_router_dead_letters", "Records sent to the dead-letter "
+                                    "topic", ["stage"], registry=r)
+        self.transactions = Counter("cdc_router_batches_committed", "Batches committed",
+                                    registry=r)
+        self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read",
+                               registry=r)
+        self.latency = Histogram("cdc_router_end_to_end_seconds", "From the outbox row's "
+                                 "created_at to the commit of its record", registry=r,
+                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+
+    def committed(self, delivered: Sequence[Delivered], now_ms: int) -> None:
+        self.transactions.inc()
+        for event in delivered:
+            self.routed.labels(event.topic).inc()
+            if event.created_at_ms is not None:
+                self.latency.observe(max(0.0, (now_ms - event.created_at_ms) / 1000))
+
+
+def serve(metrics: RouterMetrics, port: int, alive: Callable[[], bool],
+          host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz (200 while `alive()`, else 503) on a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                body, status, kind = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
+            elif self.path == "/healthz":
+                ok = alive()
+                body, status, kind = (b"ok\n" if ok else b"stalled\n"), (200 if ok else 503), \
+                    "text/plain"
+            else:
+                body, status, kind = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # one line per scrape would drown the router's own logs
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def poll_is_recent(last_poll: Callable[[], float], max_age_s: float) -> Callable[[], bool]:
+    """Liveness: the loop polled Kafka within `max_age_s` (a stuck loop stops polling)."""
+    return lambda: time.monotonic() - last_poll() < max_age_s

@@ -1,0 +1,30 @@
+"""Kafka errors are classified in one place: retry, abort and rewind, or stop."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.kafka.errors import Action, classify, kafka_error_of
+
+
+def test_fatal_wins_over_everything():
+    error = KafkaError(KafkaError._FATAL, "fatal", fatal=True, retriable=True)
+    assert classify(error) is Action.FATAL
+
+
+def test_fencing_is_fatal_even_unflagged():
+    assert classify(KafkaError(KafkaError.PRODUCER_FENCED)) is Action.FATAL
+    assert classify(KafkaError(KafkaError.FENCED_INSTANCE_ID)) is Action.FATAL
+
+
+def test_abortable_then_retriable_then_abort_by_default():
+    assert classify(KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True,
+                               retriable=True)) is Action.ABORT
+    assert classify(KafkaError(KafkaError._TIMED_OUT, retriable=True)) is Action.RETRY
+    assert classify(KafkaError(KafkaError.INVALID_RECORD)) is Action.ABORT
+
+
+def test_kafka_error_of_unwraps_exceptions():
+    inner = KafkaError(KafkaError._TRANSPORT)
+    assert kafka_error_of(KafkaException(inner)) is inner
+    assert kafka_error_of(ValueError("x")) is None
