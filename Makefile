@@ -5,6 +5,7 @@ APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-
 
 .DEFAULT_GOAL := help
 .PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench clean
+.PHONY: up down compose-config
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -39,5 +40,29 @@ typecheck: ## mypy (strict)
 demo: stack ## The whole pipeline on the local stack, with defaults
 	$(CDC) local status
 
+bench: stack ## Router throughput (100k events) per delivery mode, beside a plain loop
+	$(PYTHON) -m tests.bench.router_throughput --events 100000
+
 clean: ## Stop the local stack and remove its data
 	-$(CDC) local down --purge
+
+# Docker (docker/README.md). Compose v2 when the docker CLI has it, else Debian's docker-compose v1.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_FILE := docker/docker-compose.yml
+COMPOSE_PROFILES_ALL := redis registry
+PROFILES ?=
+
+up: docker/.env ## Docker: build and start the pipeline; PROFILES="redis registry" adds those
+	$(COMPOSE) -f $(COMPOSE_FILE) --env-file docker/.env $(foreach p,$(PROFILES),--profile $(p)) up -d --build
+
+down: ## Docker: stop and remove the containers (the data volumes stay)
+	$(COMPOSE) -f $(COMPOSE_FILE) --env-file $(firstword $(wildcard docker/.env) docker/.env.example) $(foreach p,$(COMPOSE_PROFILES_ALL),--profile $(p)) down
+
+compose-config: ## Docker: validate docker/docker-compose.yml (no engine needed)
+	$(COMPOSE) -f $(COMPOSE_FILE) --env-file docker/.env.example $(foreach p,$(COMPOSE_PROFILES_ALL),--profile $(p)) config -q
+
+# The first `make up` writes docker/.env (git-ignored, mode 600) from the example, with a new
+# random value for each change-me password.
+docker/.env:
+	@umask 077 && $(PYTHON) -c 'import re, secrets, sys; sys.stdout.write(re.sub(r"=change-me$$", lambda m: "=" + secrets.token_hex(16), open("docker/.env.example").read(), flags=re.M))' > $@.tmp && mv $@.tmp $@
+	@echo "wrote docker/.env with random passwords"
