@@ -1,0 +1,101 @@
+"""Dead-letter records of the idempotent consumer: the raw record plus where and why it failed.
+
+Header names match the router's, so one tool reads both dead-letter topics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cdc_router.consumer.event import KafkaMessage
+from cdc_router.errors import DeliveryError
+
+log = logging.getLogger(__name__)
+
+SOURCE_TOPIC = "dlq.source.topic"
+SOURCE_PARTITION = "dlq.source.partition"
+SOURCE_OFFSET = "dlq.source.offset"
+STAGE = "dlq.stage"
+ERROR_CLASS = "dlq.error.class"
+ERROR_MESSAGE = "dlq.error.message"
+ATTEMPTS = "dlq.attempts"
+
+STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
+STAGE_HANDLE = "handle"  # the handler failed on every attempt
+
+# Keeps a runaway exception text (a whole payload, a stack dump) from making the record
+# exceed the broker's message.max.bytes.
+_MAX_MESSAGE_CHARS = 2000
+
+
+def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseException,
+                        attempts: int) -> list[tuple[str, bytes]]:
+    """The dlq.* headers for `message` failing at `stage` with `error` after `attempts` tries."""
+    cause: BaseException = error.__cause__ if isinstance(error.__cause__, Exception) and \
+        stage == STAGE_DECODE else error
+    text = str(error)[:_MAX_MESSAGE_CHARS]
+    values = {
+        SOURCE_TOPIC: message.topic(),
+        SOURCE_PARTITION: str(message.partition()),
+        SOURCE_OFFSET: str(message.offset()),
+        STAGE: stage,
+        ERROR_CLASS: f"{type(cause).__module__}.{type(cause).__qualname__}",
+        ERROR_MESSAGE: text,
+        ATTEMPTS: str(attempts),
+    }
+    return [(name, value.encode("utf-8")) for name, value in values.items()]
+
+
+class DeadLetterWriter:
+    """Produces dead-letter records and waits for each acknowledgement before returning.
+
+    The consumer acknowledges a poison record only after its dead-letter copy is durable, so
+    a crash can repeat a dead-letter record but never lose one. The producer is built on
+    first use.
+    """
+
+    def __init__(self, topic: str, config: dict[str, str],
+                 producer_factory: Callable[[dict[str, str]], Any], timeout_s: float) -> None:
+        self.topic = topic
+        self._config = config
+        self._factory = producer_factory
+        self._timeout_s = timeout_s
+        self._producer: Any = None
+
+    def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
+             attempts: int) -> None:
+        """Write `message` unchanged plus dlq.* headers; raises DeliveryError if not acked."""
+        if self._producer is None:
+            self._producer = self._factory(self._config)
+        failures: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        headers = list(message.headers() or ()) + dead_letter_headers(
+            message, stage=stage, error=error, attempts=attempts)
+        try:
+            self._producer.produce(self.topic, key=message.key(), value=message.value(),
+                                   headers=headers, on_delivery=delivered)
+        except Exception as produce_error:  # BufferError, KafkaException
+            raise DeliveryError(f"cannot produce to dead-letter topic {self.topic}: "
+                                f"{produce_error}") from produce_error
+        # A few seconds more than delivery.timeout.ms, so the delivery report (success or
+        # timeout) arrives within the flush.
+        pending = self._producer.flush(self._timeout_s + 5)
+        if pending or failures:
+            reason = failures[0] if failures else "no acknowledgement in time"
+            raise DeliveryError(f"dead-letter record for {message.topic()}[{message.partition()}]"
+                                f"@{message.offset()} not written to {self.topic}: {reason}")
+        log.warning("event=dead_lettered topic=%s partition=%d offset=%d stage=%s "
+                    "error_class=%s attempts=%d", message.topic(), message.partition(),
+                    message.offset(), stage, type(error).__name__, attempts)
+
+    def close(self) -> None:
+        """Flush what is pending; nothing is pending after send returned."""
+        if self._producer is not None:
+            self._producer.flush(self._timeout_s)
+            self._producer = None

@@ -1,0 +1,94 @@
+"""The record as the handler sees it, and how its event id is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cdc_router.consumer.settings import EventIdSource
+
+
+class KafkaMessage(Protocol):
+    """The part of confluent_kafka.Message the loop reads."""
+
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def error(self) -> Any: ...
+
+
+class MalformedRecord(Exception):
+    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
+
+
+@dataclass(frozen=True)
+class ConsumedEvent:
+    """One consumed record with its event id; `payload` is the decoded value.
+
+    `attempt` counts this consumer's tries of this record (1 on the first), so a handler can
+    tell a retry from a first delivery; it restarts at 1 after a rebalance or a restart.
+    """
+
+    event_id: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    payload: Any
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int | None
+    attempt: int
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header `name`, or None when absent."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+Decoder = Callable[[bytes | None], Any]
+
+
+def _text(raw: bytes | None, where: str) -> str:
+    if raw is None or raw == b"":
+        raise MalformedRecord(f"no event id: {where} is missing or empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise MalformedRecord(f"event id in {where} is not UTF-8: {error}") from error
+    if not text.strip():
+        raise MalformedRecord(f"no event id: {where} is blank")
+    return text
+
+
+def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
+               decoder: Decoder | None, attempt: int) -> ConsumedEvent:
+    """Build the handler's view of `message`; raises MalformedRecord when it has none."""
+    headers = tuple(message.headers() or ())
+    if source == "key":
+        event_id = _text(message.key(), "the record key")
+    else:
+        values = [value for name, value in headers if name == header]
+        event_id = _text(values[-1] if values else None, f"header {header!r}")
+    value = message.value()
+    if decoder is None:
+        payload: Any = value
+    else:
+        try:
+            payload = decoder(value)
+        except Exception as error:
+            raise MalformedRecord(f"value cannot be decoded: {type(error).__name__}: "
+                                  f"{error}") from error
+    timestamp_type, timestamp = message.timestamp()
+    return ConsumedEvent(
+        event_id=event_id, topic=message.topic(), partition=message.partition(),
+        offset=message.offset(), key=message.key(), value=value, payload=payload,
+        headers=headers, timestamp_ms=timestamp if timestamp_type else None, attempt=attempt)

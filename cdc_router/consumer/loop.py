@@ -1,0 +1,303 @@
+"""The idempotent consume loop: effect first (through a dedup store), offset commit after.
+
+Per record, in partition order:
+1. read the event id (key or header) and decode the value; a malformed record is
+   dead-lettered at once (stage "decode");
+2. `store.run_once(group, event id, handler)`: DONE and DUPLICATE both mean the effect is
+   safe, so the offset is stored; BUSY (another worker's live claim) means wait and retry;
+3. a handler exception is retried with exponential backoff and full jitter; after
+   `retry.max_attempts` failures the record is dead-lettered (stage "handle") and acknowledged;
+4. a store failure (DedupStoreError) or a failed dead-letter write is retried without limit:
+   an outage is not the record's fault, and skipping it would lose it.
+A retry pauses the record's partition and seeks back to the record, so other partitions go on
+and polling continues (no race with max.poll.interval.ms, rebalances are served).
+Stored offsets are committed every `commit_interval_s`, on revoke and on stop. A crash between
+effect and commit redelivers the record; the dedup store turns it into a DUPLICATE.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.event import (
+    ConsumedEvent,
+    Decoder,
+    KafkaMessage,
+    MalformedRecord,
+    read_event,
+)
+from cdc_router.consumer.settings import ConsumerSettings
+from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Outcome
+from cdc_router.errors import CdcRouterError, DeliveryError
+
+log = logging.getLogger(__name__)
+
+Context = TypeVar("Context")
+Handler = Callable[[ConsumedEvent, Context], None]
+
+
+class ConsumerFailed(CdcRouterError):
+    """The Kafka client reported a fatal error; the consumer cannot go on."""
+
+
+@dataclass
+class _Retry:
+    """Retry bookkeeping of the one record a partition is rewound to."""
+
+    offset: int
+    failures: int = 0  # handler failures, counted against retry.max_attempts
+    waits: int = 0  # every retry, whatever the cause; drives the backoff
+    not_before: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """Counts since start: processed (effect ran), duplicates, dead-lettered, retries."""
+
+    processed: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+
+
+class IdempotentConsumer(Generic[Context]):
+    """Consumes `settings.topics` and runs `handler(event, context)` once per event id.
+
+    `context` is what the store hands the effect (the Postgres connection inside the dedup
+    transaction, the Redis client, None). run() blocks until stop() is called from another
+    thread or a signal handler; constructing the object makes no network call.
+    """
+
+    def __init__(self, settings: ConsumerSettings, store: DedupStore[Context],
+                 handler: Handler[Context], *, decoder: Decoder | None = None,
+                 consumer_factory: Callable[[dict[str, str]], Any] = Consumer,
+                 producer_factory: Callable[[dict[str, str]], Any] = Producer,
+                 rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._store = store
+        self._handler = handler
+        self._decoder = decoder
+        self._consumer_factory = consumer_factory
+        self._dead_letters = DeadLetterWriter(settings.dead_letter_topic,
+                                              settings.librdkafka_producer(), producer_factory,
+                                              settings.dead_letter_timeout_s)
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._stop = threading.Event()
+        self._consumer: Any = None
+        self._retries: dict[tuple[str, int], _Retry] = {}
+        self._rewound: set[tuple[str, int]] = set()
+        self._fresh: list[TopicPartition] = []
+        self._stored_since_commit = False
+        self._last_commit = 0.0
+        self._counts = {"processed": 0, "duplicates": 0, "dead_lettered": 0, "retries": 0}
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the counters."""
+        return ConsumerStats(**self._counts)
+
+    def stop(self) -> None:
+        """Ask run() to finish the record in hand, commit and close; safe from any thread."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Consume until stop(); commits what is done and closes the clients on the way out."""
+        self._consumer = self._consumer_factory(self.settings.librdkafka_consumer())
+        self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._last_commit = self._clock()
+        log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
+                 ",".join(self.settings.topics), type(self._store).__name__)
+        try:
+            while not self._stop.is_set():
+                self.poll_once()
+        finally:
+            self._shutdown()
+
+    def poll_once(self) -> None:
+        """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""
+        consumer = self._consumer
+        self._resume_due()
+        messages = consumer.consume(num_messages=self.settings.batch_size,
+                                    timeout=self._poll_timeout())
+        for message in messages:
+            if self._stop.is_set():
+                break  # its offset is not stored: the next owner gets it again
+            error = message.error()
+            if error is not None:
+                self._consumer_error(error)
+                continue
+            if (message.topic(), message.partition()) in self._rewound:
+                continue  # the partition was sought back; this record comes again
+            self._handle(message)
+        if self._stored_since_commit and \
+                self._clock() - self._last_commit >= self.settings.commit_interval_s:
+            self._commit()
+
+    def _handle(self, message: KafkaMessage) -> None:
+        tp = (message.topic(), message.partition())
+        retry = self._retries.get(tp)
+        if retry is not None and retry.offset != message.offset():
+            retry = None
+        attempt = (retry.failures if retry else 0) + 1
+        try:
+            event = read_event(message, source=self.settings.event_id_source,
+                               header=self.settings.event_id_header, decoder=self._decoder,
+                               attempt=attempt)
+        except MalformedRecord as error:
+            self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
+            return
+        key = DedupKey(self.settings.group_id, event.event_id)
+        try:
+            outcome = self._store.run_once(key, lambda context: self._handler(event, context))
+        except DedupStoreError as error:
+            self._retry_later(message, retry, "store_failed", error)
+            return
+        except Exception as error:
+            retry = retry or _Retry(offset=message.offset())
+            retry.failures += 1
+            if self.settings.retry.exhausted(retry.failures):
+                self._dead_letter(message, STAGE_HANDLE, error, attempts=retry.failures,
+                                  retry=retry)
+            else:
+                self._retry_later(message, retry, "handler_failed", error)
+            return
+        if outcome is Outcome.BUSY:
+            self._retry_later(message, retry, "claimed_elsewhere", None)
+            return
+        self._counts["processed" if outcome is Outcome.DONE else "duplicates"] += 1
+        log.debug("event=handled id=%s outcome=%s topic=%s partition=%d offset=%d",
+                  event.event_id, outcome.value, *tp, message.offset())
+        self._acknowledge(message)
+
+    def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
+                     attempts: int, retry: _Retry | None) -> None:
+        try:
+            self._dead_letters.send(message, stage=stage, error=error, attempts=attempts)
+        except DeliveryError as delivery_error:
+            self._retry_later(message, retry, "dead_letter_failed", delivery_error)
+            return
+        self._counts["dead_lettered"] += 1
+        self._acknowledge(message)
+
+    def _retry_later(self, message: KafkaMessage, retry: _Retry | None, reason: str,
+                     error: BaseException | None) -> None:
+        """Pause the partition and rewind it to `message`, to be resumed after a backoff."""
+        tp = (message.topic(), message.partition())
+        retry = retry or _Retry(offset=message.offset())
+        retry.waits += 1
+        delay = self.settings.retry.backoff(retry.waits, self._rng)
+        retry.not_before = self._clock() + delay
+        self._retries[tp] = retry
+        self._rewound.add(tp)
+        partition = TopicPartition(tp[0], tp[1], message.offset())
+        self._consumer.pause([partition])
+        self._consumer.seek(partition)
+        self._counts["retries"] += 1
+        log.warning("event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
+                    "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
+                    retry.failures, delay, "" if error is None else repr(error)[:300])
+
+    def _acknowledge(self, message: KafkaMessage) -> None:
+        tp = (message.topic(), message.partition())
+        self._retries.pop(tp, None)
+        try:
+            self._consumer.store_offsets(
+                offsets=[TopicPartition(tp[0], tp[1], message.offset() + 1)])
+        except KafkaException as error:
+            # The partition was revoked meanwhile; its new owner redelivers the record and
+            # the dedup store reports it as a duplicate.
+            log.info("event=offset_not_stored topic=%s partition=%d error=%s", *tp, error)
+            return
+        self._stored_since_commit = True
+
+    def _resume_due(self) -> None:
+        if self._fresh:
+            # After a rebalance a partition must not stay paused by a retry of an earlier
+            # assignment (unless a retry of this one paused it since); resume() of an
+            # unpaused partition is a no-op.
+            fresh = [p for p in self._fresh if (p.topic, p.partition) not in self._rewound]
+            if fresh:
+                self._consumer.resume(fresh)
+            self._fresh = []
+        now = self._clock()
+        due = [tp for tp in self._rewound if self._retries[tp].not_before <= now]
+        if due:
+            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in due])
+            self._rewound.difference_update(due)
+
+    def _poll_timeout(self) -> float:
+        timeout = self.settings.poll_timeout_s
+        if self._rewound:
+            next_due = min(self._retries[tp].not_before for tp in self._rewound)
+            timeout = min(timeout, max(0.0, next_due - self._clock()))
+        return timeout
+
+    def _commit(self) -> None:
+        """Commit the stored offsets synchronously; a refused commit only means redelivery."""
+        self._last_commit = self._clock()
+        self._stored_since_commit = False
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as error:
+            if error.args and error.args[0].code() == KafkaError._NO_OFFSET:
+                return
+            log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
+
+    def _consumer_error(self, error: Any) -> None:
+        if error.fatal():
+            raise ConsumerFailed(f"Kafka consumer failed fatally: {error.str()}")
+        if error.code() != KafkaError._PARTITION_EOF:
+            log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        for partition in partitions:
+            tp = (partition.topic, partition.partition)
+            self._retries.pop(tp, None)
+            self._rewound.discard(tp)
+
+    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._fresh.extend(partitions)
+        log.info("event=partitions_assigned group=%s partitions=%s", self.settings.group_id,
+                 _names(partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Still the owner here: commit what is done so the next owner starts after it.
+        if self._stored_since_commit:
+            self._commit()
+        self._forget(partitions)
+        log.info("event=partitions_revoked group=%s partitions=%s", self.settings.group_id,
+                 _names(partitions))
+
+    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        # No longer the owner: a commit would be refused; the new owner redelivers.
+        self._forget(partitions)
+        log.warning("event=partitions_lost group=%s partitions=%s", self.settings.group_id,
+                    _names(partitions))
+
+    def _shutdown(self) -> None:
+        try:
+            if self._stored_since_commit:
+                self._commit()
+        finally:
+            self._consumer.close()  # leaves the group; on_revoke commits anything stored since
+            self._consumer = None
+            self._dead_letters.close()
+            log.info("event=consumer_stopped group=%s processed=%d duplicates=%d "
+                     "dead_lettered=%d retries=%d", self.settings.group_id,
+                     *self._counts.values())
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ",".join(f"{p.topic}[{p.partition}]" for p in partitions)

@@ -1,0 +1,61 @@
+"""Retry policy of the idempotent consumer: exponential backoff with full jitter, bounded."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from cdc_router.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a failing handler is retried before its record is dead-lettered.
+
+    Attempt n (1-based) that fails waits a random time in [0, min(max_backoff_s,
+    initial_backoff_s * multiplier ** (n - 1))] ("full jitter"), so replicas that fail
+    together do not retry together. After `max_attempts` failed attempts the record goes to
+    the dead-letter topic. Waits never block polling (the partition is paused and rewound),
+    so no wait races `max.poll.interval.ms`.
+    """
+
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 30.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        source = "RetryPolicy"
+        if self.max_attempts < 1:
+            raise ConfigError("must be at least 1", source=source, field="max_attempts",
+                              value=self.max_attempts)
+        if self.initial_backoff_s < 0:
+            raise ConfigError("must not be negative", source=source, field="initial_backoff_s",
+                              value=self.initial_backoff_s)
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ConfigError("must be at least initial_backoff_s", source=source,
+                              field="max_backoff_s", value=self.max_backoff_s)
+        if self.multiplier < 1:
+            raise ConfigError("must be at least 1", source=source, field="multiplier",
+                              value=self.multiplier)
+
+    def ceiling(self, attempt: int) -> float:
+        """The longest wait after failed attempt `attempt` (1-based): the jitter's upper bound."""
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        # Compare exponents first: multiplier ** attempt overflows a float long before
+        # a consumer gives up on an unavailable store.
+        ceiling = self.initial_backoff_s
+        for _ in range(attempt - 1):
+            ceiling *= self.multiplier
+            if ceiling >= self.max_backoff_s:
+                return self.max_backoff_s
+        return min(ceiling, self.max_backoff_s)
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """A wait drawn uniformly from [0, ceiling(attempt)] (full jitter)."""
+        return (rng or random).uniform(0.0, self.ceiling(attempt))
+
+    def exhausted(self, attempt: int) -> bool:
+        """True once `attempt` failed attempts mean the record goes to the dead-letter topic."""
+        return attempt >= self.max_attempts

@@ -1,0 +1,106 @@
+"""Settings of the idempotent consumer and the librdkafka configs they render."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from cdc_router.consumer.retry import RetryPolicy
+from cdc_router.errors import ConfigError
+
+EventIdSource = Literal["key", "header"]
+
+# What makes the loop at-least-once with dedup; an override would silently break it.
+_PINNED_CONSUMER = {
+    "enable.auto.commit": "false",  # commit only after the effect is safe
+    "enable.auto.offset.store": "false",  # store each offset after its record is done
+    "isolation.level": "read_committed",  # never act on events of aborted transactions
+}
+_PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """Where to read, how to find the event id, where poison goes, how patiently to retry.
+
+    consumer_config/producer_config add librdkafka properties (security, timeouts); the
+    properties that make the loop safe are pinned and cannot be overridden.
+    """
+
+    bootstrap_servers: str
+    group_id: str
+    topics: tuple[str, ...]
+    dead_letter_topic: str
+    event_id_source: EventIdSource = "key"
+    event_id_header: str = "id"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Records per consume() call; the loop stores each offset as soon as its record is done.
+    batch_size: int = 500
+    # Upper bound of one consume() wait, so a stop request is seen within this time.
+    poll_timeout_s: float = 1.0
+    # Offsets are committed at most this often (and on revoke and stop); a crash redelivers
+    # at most this much work, which the dedup store then absorbs as duplicates.
+    commit_interval_s: float = 1.0
+    # How long a dead-letter record may take to be acknowledged; below max.poll.interval.ms
+    # (300 s by default) so a slow broker cannot get the consumer evicted from its group.
+    dead_letter_timeout_s: float = 30.0
+    consumer_config: Mapping[str, str] = field(default_factory=dict)
+    producer_config: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        source = "ConsumerSettings"
+        checks: list[tuple[bool, str, str, object]] = [
+            (bool(self.bootstrap_servers), "bootstrap_servers", "must not be empty",
+             self.bootstrap_servers),
+            (bool(self.group_id), "group_id", "must not be empty", self.group_id),
+            (bool(self.topics) and all(self.topics), "topics", "must name at least one topic",
+             self.topics),
+            (bool(self.dead_letter_topic), "dead_letter_topic",
+             "must name a topic: poison records are never dropped", self.dead_letter_topic),
+            (self.dead_letter_topic not in self.topics, "dead_letter_topic",
+             "must not be one of the consumed topics", self.dead_letter_topic),
+            (self.event_id_source in ("key", "header"), "event_id_source",
+             "must be 'key' or 'header'", self.event_id_source),
+            (bool(self.event_id_header), "event_id_header", "must not be empty",
+             self.event_id_header),
+            (self.batch_size >= 1, "batch_size", "must be at least 1", self.batch_size),
+            (self.poll_timeout_s > 0, "poll_timeout_s", "must be positive", self.poll_timeout_s),
+            (self.commit_interval_s >= 0, "commit_interval_s", "must not be negative",
+             self.commit_interval_s),
+            (self.dead_letter_timeout_s > 0, "dead_letter_timeout_s", "must be positive",
+             self.dead_letter_timeout_s),
+        ]
+        for ok, name, message, value in checks:
+            if not ok:
+                raise ConfigError(message, source=source, field=name, value=value)
+        for name, pinned, extra in (("consumer_config", _PINNED_CONSUMER, self.consumer_config),
+                                    ("producer_config", _PINNED_PRODUCER, self.producer_config)):
+            for key, value in extra.items():
+                if key in pinned and str(value).lower() != pinned[key]:
+                    raise ConfigError(f"{key} is pinned to {pinned[key]}", source=source,
+                                      field=f"{name}.{key}", value=value,
+                                      hint="the idempotent consumer depends on it")
+        object.__setattr__(self, "consumer_config", MappingProxyType(dict(self.consumer_config)))
+        object.__setattr__(self, "producer_config", MappingProxyType(dict(self.producer_config)))
+
+    def librdkafka_consumer(self) -> dict[str, str]:
+        """The confluent-kafka Consumer config: defaults, the user's additions, the pins."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "auto.offset.reset": "earliest",  # a new group must not skip existing events
+            **self.consumer_config,
+            **_PINNED_CONSUMER,
+        }
+
+    def librdkafka_producer(self) -> dict[str, str]:
+        """The dead-letter Producer config; delivery gives up before dead_letter_timeout_s."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "linger.ms": "0",  # each dead-letter record is flushed alone; nothing to batch
+            "delivery.timeout.ms": str(int(self.dead_letter_timeout_s * 1000)),
+            **self.producer_config,
+            **_PINNED_PRODUCER,
+        }

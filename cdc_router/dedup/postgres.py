@@ -1,0 +1,177 @@
+"""Postgres dedup store: the dedup row and the handler's own writes commit in ONE transaction.
+
+Table (default `public.cdc_router_dedup`):
+
+    consumer_group text, event_id text, processed_at timestamptz,
+    PRIMARY KEY (consumer_group, event_id)
+
+run_once opens a transaction, inserts the dedup row with `ON CONFLICT DO NOTHING`, and calls
+the effect with the same connection only when the row is new. Commit makes both durable, a
+raise or a crash neither. A second worker inserting the same key waits on the first one's
+row lock and then sees the conflict, so concurrent duplicates never both run.
+
+Retention: `purge(older_than)` deletes rows older than the window in bounded batches. A
+redelivery of an event older than the window is no longer recognised and runs again, so the
+window must exceed the longest time a record can be redelivered after it was first
+processed (consumer lag, offset resets, topic replays).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+from psycopg import sql
+
+from cdc_router.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TABLE = "public.cdc_router_dedup"
+
+
+def _table_identifier(table: str) -> sql.Identifier:
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2 or not all(parts):
+        raise ConfigError("must be `table` or `schema.table`", source="PostgresDedupStore",
+                          field="table", value=table)
+    return sql.Identifier(*parts)
+
+
+class PostgresDedupStore:
+    """Dedup rows in Postgres, committed atomically with the effect's writes (psycopg 3).
+
+    The effect receives the open `psycopg.Connection`; everything it executes on it is part
+    of the dedup transaction. It must not commit or roll back itself (nested
+    `conn.transaction()` blocks are savepoints and fine). One store owns one connection and
+    serves one thread; it connects lazily and reconnects after a broken connection.
+    """
+
+    def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
+                 connect_timeout_s: int = 10) -> None:
+        self._conninfo = conninfo
+        self._table = _table_identifier(table)
+        self._table_name = table
+        # Bounds how long a store call hangs on an unreachable server before it becomes a
+        # retryable DedupStoreError.
+        self._connect_timeout_s = connect_timeout_s
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True,
+                                             connect_timeout=self._connect_timeout_s)
+            except psycopg.Error as error:
+                raise DedupStoreError(f"cannot connect to the dedup database: {error}") from error
+        return self._conn
+
+    def _forget_broken(self) -> None:
+        if self._conn is not None and self._conn.broken:
+            self._conn.close()
+            self._conn = None
+
+    def ensure_schema(self) -> None:
+        """Create the dedup table and its retention index when missing (idempotent)."""
+        index = sql.Identifier(f"{self._table_name.split('.')[-1]}_processed_at_idx")
+        statements = [
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ("
+                    " consumer_group text NOT NULL,"
+                    " event_id text NOT NULL,"
+                    " processed_at timestamptz NOT NULL DEFAULT now(),"
+                    " PRIMARY KEY (consumer_group, event_id))").format(self._table),
+            # Purge scans by age; without this index each batch is a sequential scan.
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (processed_at)").format(
+                index, self._table),
+        ]
+        try:
+            conn = self._connection()
+            with conn.transaction():
+                for statement in statements:
+                    conn.execute(statement)
+        except psycopg.Error as error:
+            self._forget_broken()
+            raise DedupStoreError(f"cannot create {self._table_name}: {error}") from error
+
+    def run_once(self, key: DedupKey,
+                 effect: Callable[[psycopg.Connection[tuple[object, ...]]], None]) -> Outcome:
+        """Insert the dedup row and run `effect(conn)` in one transaction; see the module doc."""
+        conn = self._connection()
+        insert = sql.SQL("INSERT INTO {} (consumer_group, event_id) VALUES (%s, %s)"
+                         " ON CONFLICT DO NOTHING").format(self._table)
+        in_effect = False
+        try:
+            with conn.transaction():
+                if conn.execute(insert, (key.consumer_group, key.event_id)).rowcount == 0:
+                    return Outcome.DUPLICATE
+                in_effect = True
+                effect(conn)
+                in_effect = False
+            return Outcome.DONE
+        except psycopg.Error as error:
+            self._forget_broken()
+            if in_effect:
+                raise  # the handler's own failure: its retries and dead-lettering apply
+            raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
+                                  f"{error}") from error
+        except BaseException:
+            self._forget_broken()
+            raise
+
+    def purge(self, older_than: timedelta, *, batch_size: int = 5000,
+              consumer_group: str | None = None) -> int:
+        """Delete rows processed more than `older_than` ago, `batch_size` rows a transaction.
+
+        Short transactions keep locks and WAL bursts small on a busy table. Returns how many
+        rows were deleted. Rows inside the window are never touched.
+        """
+        if batch_size < 1:
+            raise ConfigError("must be at least 1", source="purge", field="batch_size",
+                              value=batch_size)
+        group_filter = sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
+        delete = sql.SQL(
+            "DELETE FROM {table} WHERE ctid IN ("
+            " SELECT ctid FROM {table} WHERE processed_at < now() - %(window)s{group}"
+            " LIMIT %(limit)s)").format(table=self._table, group=group_filter)
+        params = {"window": older_than, "group": consumer_group, "limit": batch_size}
+        deleted = 0
+        try:
+            conn = self._connection()
+            while True:
+                with conn.transaction():
+                    count = conn.execute(delete, params).rowcount
+                deleted += count
+                if count < batch_size:
+                    break
+        except psycopg.Error as error:
+            self._forget_broken()
+            raise DedupStoreError(f"purge of {self._table_name} failed after {deleted} rows: "
+                                  f"{error}") from error
+        log.info("event=dedup_purged table=%s deleted=%d older_than_s=%d", self._table_name,
+                 deleted, older_than.total_seconds())
+        return deleted
+
+    def close(self) -> None:
+        """Close the connection; the next call reconnects."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: timedelta,
+                   stop: threading.Event, batch_size: int = 5000) -> None:
+    """Purge every `every` until `stop` is set; a failed purge is logged and tried next time.
+
+    Run it in its own thread with its own store (a store serves one thread).
+    """
+    while not stop.is_set():
+        try:
+            store.purge(older_than, batch_size=batch_size)
+        except DedupStoreError as error:
+            log.warning("event=dedup_purge_failed error=%s", error)
+        stop.wait(every.total_seconds())
+    store.close()

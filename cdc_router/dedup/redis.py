@@ -1,0 +1,130 @@
+"""Redis dedup store: a leased "processing" claim before the effect, a "done" mark after.
+
+Protocol for one key `<prefix><consumer group>:<event id>`:
+1. `SET key processing:<token> NX PX lease_ms` claims the event for this worker.
+   - Taken and "done": the event is a duplicate, acknowledge it.
+   - Taken by another claim: BUSY; the consumer retries later and does not commit past it.
+2. Run the effect.
+3. `SET key done PX ttl_ms GET` marks it done; the GET tells whether our claim was still ours.
+   A raising effect instead deletes our claim (compare-and-delete), so a retry can start now.
+
+What this store promises: a crash between claim and effect loses nothing (the claim expires
+after the lease and the redelivered record is processed then), and a done mark within its TTL
+makes redeliveries duplicates.
+
+What it cannot promise (each shown by tests/integration/test_redis_store.py):
+- Effects outside Redis are not atomic with the done mark: a crash after the effect and
+  before the done mark runs the effect again after the lease. Use the Postgres store when
+  the effect is a database write, or make the effect itself idempotent.
+- A lease that expires while the handler still runs lets a second worker claim the event
+  and run it concurrently. Choose lease_ms well above the slowest handler; an expiry is
+  logged (event=dedup_lease_lost) when the first worker finishes.
+- A Redis restart without persistence (or a failover to a replica that missed the writes)
+  forgets done marks, and redelivered records run again. Use AOF with fsync for the marks
+  you cannot afford to lose.
+- Retention: a done mark expires after ttl_ms; a redelivery after that runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from cdc_router.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DONE = b"done"
+CLAIM_PREFIX = b"processing:"
+
+# Deletes the key only while it still holds our claim token: a claim that expired and was
+# taken by another worker must not be released by us.
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def _as_bytes(value: object) -> bytes | None:
+    """Redis replies as bytes, or as str when the client has decode_responses=True."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return str(value).encode()
+
+
+class RedisDedupStore:
+    """Claims and done marks in Redis (redis-py); the effect receives the Redis client."""
+
+    def __init__(self, client: redis.Redis, *, lease_ms: int = 60_000,
+                 ttl_ms: int = 7 * 24 * 3600 * 1000,
+                 key_prefix: str = "cdc-router:dedup:") -> None:
+        if lease_ms < 1:
+            raise ConfigError("must be at least 1", source="RedisDedupStore", field="lease_ms",
+                              value=lease_ms)
+        if ttl_ms < lease_ms:
+            raise ConfigError("must be at least lease_ms", source="RedisDedupStore",
+                              field="ttl_ms", value=ttl_ms,
+                              hint="a done mark must outlive the claim it replaces")
+        self._client = client
+        self.lease_ms = lease_ms
+        self.ttl_ms = ttl_ms
+        self._prefix = key_prefix
+        self._release = client.register_script(_RELEASE_SCRIPT)
+
+    def key(self, key: DedupKey) -> str:
+        """The Redis key that holds `key`'s claim or done mark."""
+        return f"{self._prefix}{key.consumer_group}:{key.event_id}"
+
+    def run_once(self, key: DedupKey, effect: Callable[[redis.Redis], None]) -> Outcome:
+        """Claim, run `effect(client)`, mark done; see the module doc for what it promises."""
+        name = self.key(key)
+        token = CLAIM_PREFIX + uuid.uuid4().hex.encode()
+        try:
+            claimed = self._client.set(name, token, nx=True, px=self.lease_ms)
+            if not claimed:
+                held = self._client.get(name)
+                # None: the holder's claim expired between our SET and GET; the caller's
+                # retry will claim it.
+                return Outcome.DUPLICATE if _as_bytes(held) == DONE else Outcome.BUSY
+        except redis.RedisError as error:
+            raise DedupStoreError(f"cannot claim event {key.event_id} in Redis: {error}") \
+                from error
+        try:
+            effect(self._client)
+        except BaseException:
+            self._release_claim(name, token)
+            raise
+        try:
+            previous = self._client.set(name, DONE, px=self.ttl_ms, get=True)
+        except redis.RedisError as error:
+            # The effect ran but is not marked: after the lease it runs again (documented).
+            raise DedupStoreError(f"effect of event {key.event_id} ran but its done mark "
+                                  f"failed: {error}") from error
+        if _as_bytes(previous) != token:
+            log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r", name,
+                        self.lease_ms, previous)
+        return Outcome.DONE
+
+    def state(self, key: DedupKey) -> str | None:
+        """"done", "processing" or None (unknown or expired): for tests and operators."""
+        value = self._client.get(self.key(key))
+        if value is None:
+            return None
+        return "done" if _as_bytes(value) == DONE else "processing"
+
+    def _release_claim(self, name: str, token: bytes) -> None:
+        try:
+            self._release(keys=[name], args=[token])
+        except redis.RedisError as error:
+            # The claim then simply expires after the lease; the retry waits until then.
+            log.warning("event=dedup_release_failed key=%s error=%s", name, error)
+
+    def close(self) -> None:
+        """Close the client's connection pool."""
+        self._client.close()

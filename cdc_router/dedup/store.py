@@ -1,0 +1,68 @@
+"""The one small protocol every dedup store implements, and the values it speaks in."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from cdc_router.errors import CdcRouterError
+
+Context = TypeVar("Context")
+Context_co = TypeVar("Context_co", covariant=True)
+
+# An effect receives the store's context: the open Postgres connection inside the dedup
+# transaction, the Redis client, or None for the in-memory store.
+Effect = Callable[[Context], None]
+
+
+class Outcome(enum.Enum):
+    """What `DedupStore.run_once` did with one event id."""
+
+    DONE = "done"
+    """The effect ran and is recorded: acknowledge the record."""
+    DUPLICATE = "duplicate"
+    """The event id was already done: the effect was skipped; acknowledge the record."""
+    BUSY = "busy"
+    """Another worker holds a live claim on the event id: retry later, do not acknowledge."""
+
+
+class DedupStoreError(CdcRouterError):
+    """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
+
+
+@dataclass(frozen=True)
+class DedupKey:
+    """Who processed what: the consumer group scopes the event id, so two services both act."""
+
+    consumer_group: str
+    event_id: str
+
+    def __post_init__(self) -> None:
+        if not self.consumer_group:
+            raise ValueError("consumer_group must not be empty")
+        if not self.event_id:
+            raise ValueError("event_id must not be empty")
+
+
+class DedupStore(Protocol[Context_co]):
+    """Runs an effect at most once per key, as far as the store can promise (see each store).
+
+    Contract of run_once:
+    - returns DONE after the effect ran and its key was recorded as done;
+    - returns DUPLICATE, without calling the effect, when the key is already done;
+    - returns BUSY, without calling the effect, when another worker holds a live claim;
+    - when the effect raises, the key is left not done (and unclaimed) and the exception
+      propagates unchanged, so the caller can retry it;
+    - when the store itself fails it raises DedupStoreError; the key may then be in any
+      state the store's documentation allows, never "done without its effect".
+    """
+
+    def run_once(self, key: DedupKey, effect: Callable[[Context_co], None]) -> Outcome:
+        """Run `effect` unless `key` is already done; see the class docstring."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the store may be used again (it reconnects lazily)."""
+        ...

@@ -1,0 +1,440 @@
+"""IdempotentConsumer against in-memory fakes of confluent-kafka's Consumer and Producer.
+
+The fakes keep a log per partition and honour pause/resume/seek/store_offsets/commit like
+librdkafka, and a fake clock advances when consume() waits, so backoffs cost no real time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from cdc_router.consumer import (
+    ConsumedEvent,
+    ConsumerFailed,
+    ConsumerSettings,
+    IdempotentConsumer,
+    RetryPolicy,
+)
+from cdc_router.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
+from cdc_router.errors import ConfigError
+
+TOPIC = "payments.confirmed"
+DLQ = "fulfillment.dlq"
+Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+class FakeMessage:
+    def __init__(self, topic: str, partition: int, offset: int, record: Record,
+                 error: KafkaError | None = None) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._key, self._value, self._headers = record
+        self._error = error
+
+    def topic(self) -> str: return self._topic
+    def partition(self) -> int: return self._partition
+    def offset(self) -> int: return self._offset
+    def key(self) -> bytes | None: return self._key
+    def value(self) -> bytes | None: return self._value
+    def headers(self) -> list[tuple[str, bytes | None]] | None: return self._headers or None
+    def timestamp(self) -> tuple[int, int]: return (1, 1_700_000_000_000)
+    def error(self) -> KafkaError | None: return self._error
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeConsumer:
+    """One consumer owning every partition of `logs`; `journal` records calls in order."""
+
+    def __init__(self, logs: dict[int, list[Record]], clock: FakeClock,
+                 on_idle: Callable[[], None]) -> None:
+        self.logs = logs
+        self.clock = clock
+        self.on_idle = on_idle
+        self.position = dict.fromkeys(logs, 0)
+        self.paused: set[int] = set()
+        self.assigned: set[int] = set()
+        self.stored: dict[int, int] = {}
+        self.committed: dict[int, int] = {}
+        self.journal: list[tuple[str, Any]] = []
+        self.pending_errors: list[KafkaError] = []
+        self.before_consume: list[Callable[[FakeConsumer], None]] = []
+        self.callbacks: dict[str, Any] = {}
+        self.config: dict[str, str] = {}
+        self.closed = False
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        assert topics == [TOPIC]
+        self.callbacks = callbacks
+
+    def rebalance(self) -> None:
+        revoked = [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
+        if revoked:
+            self.callbacks["on_revoke"](self, revoked)
+        self.assigned = set(self.logs)
+        self.position = {p: self.committed.get(p, 0) for p in self.logs}
+        self.journal.append(("rebalance", dict(self.committed)))
+        self.callbacks["on_assign"](self, [TopicPartition(TOPIC, p) for p in self.logs])
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        if not self.assigned:
+            self.rebalance()
+        while self.before_consume:
+            self.before_consume.pop(0)(self)
+        if self.pending_errors:
+            return [FakeMessage(TOPIC, -1, -1, (None, None, []), self.pending_errors.pop(0))]
+        batch: list[FakeMessage] = []
+        for partition in sorted(self.assigned - self.paused):
+            while self.position[partition] < len(self.logs[partition]) and \
+                    len(batch) < num_messages:
+                offset = self.position[partition]
+                batch.append(FakeMessage(TOPIC, partition, offset, self.logs[partition][offset]))
+                self.position[partition] += 1
+        if not batch:
+            self.clock.now += timeout
+            if not self.paused and all(self.position[p] == len(self.logs[p]) for p in self.logs):
+                self.on_idle()
+        return batch
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused.update(p.partition for p in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused.difference_update(p.partition for p in partitions)
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.position[partition.partition] = partition.offset
+
+    def store_offsets(self, offsets: list[TopicPartition]) -> None:
+        for tp in offsets:
+            if tp.partition not in self.assigned:
+                raise KafkaException(KafkaError(KafkaError._STATE))
+            self.stored[tp.partition] = tp.offset
+            self.journal.append(("store", (tp.partition, tp.offset)))
+
+    def commit(self, asynchronous: bool = True) -> None:
+        assert asynchronous is False
+        fresh = {p: o for p, o in self.stored.items() if self.committed.get(p) != o}
+        if not fresh:
+            raise KafkaException(KafkaError(KafkaError._NO_OFFSET))
+        self.committed.update(fresh)
+        self.journal.append(("commit", dict(self.committed)))
+
+    def close(self) -> None:
+        self.callbacks["on_revoke"](self, [TopicPartition(TOPIC, p) for p in self.assigned])
+        self.assigned.clear()
+        self.closed = True
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.failures_left = 0
+        self.config: dict[str, str] = {}
+        self._pending: list[tuple[Callable[..., None], dict[str, Any]]] = []
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes | None]],
+                on_delivery: Callable[..., None]) -> None:
+        self._pending.append((on_delivery, {"topic": topic, "key": key, "value": value,
+                                            "headers": headers}))
+
+    def flush(self, timeout: float) -> int:
+        for on_delivery, record in self._pending:
+            if self.failures_left:
+                self.failures_left -= 1
+                on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+            else:
+                self.sent.append(record)
+                on_delivery(None, None)
+        self._pending.clear()
+        return 0
+
+
+class Harness:
+    """Builds a consumer over fakes; run() returns when every record is handled or stopped."""
+
+    def __init__(self, logs: dict[int, list[Record]], *, store: Any = None,
+                 retry: RetryPolicy | None = None, decoder: Any = None,
+                 event_id_source: str = "key",
+                 handler: Callable[[ConsumedEvent, Any], None] | None = None) -> None:
+        self.clock = FakeClock()
+        self.effects: list[ConsumedEvent] = []
+        self.store = store or MemoryDedupStore()
+        self.producer = FakeProducer()
+        self.settings = ConsumerSettings(
+            bootstrap_servers="fake:9092", group_id="fulfillment", topics=(TOPIC,),
+            dead_letter_topic=DLQ, event_id_source=event_id_source,  # type: ignore[arg-type]
+            retry=retry or RetryPolicy(max_attempts=3, initial_backoff_s=1.0,
+                                       max_backoff_s=4.0),
+            commit_interval_s=5.0)
+        self.loop: IdempotentConsumer[Any] = IdempotentConsumer(
+            self.settings, self.store, handler or self.record_effect, decoder=decoder,
+            consumer_factory=self._make_consumer, producer_factory=self._make_producer,
+            rng=random.Random(1), clock=self.clock)
+        self.kafka = FakeConsumer(logs, self.clock, self.loop.stop)
+
+    def _make_consumer(self, config: dict[str, str]) -> FakeConsumer:
+        self.kafka.config = config
+        return self.kafka
+
+    def _make_producer(self, config: dict[str, str]) -> FakeProducer:
+        self.producer.config = config
+        return self.producer
+
+    def record_effect(self, event: ConsumedEvent, _context: Any) -> None:
+        self.effects.append(event)
+
+    def run(self) -> None:
+        self.loop.run()
+
+    def stored_offset_of(self, partition: int) -> int:
+        return self.kafka.stored.get(partition, 0)
+
+
+def rec(key: str | None, value: object = None, headers: list[tuple[str, bytes | None]] | None
+        = None) -> Record:
+    raw = None if value is None else json.dumps(value).encode()
+    return (None if key is None else key.encode(), raw, headers or [])
+
+
+def dlq_headers(record: dict[str, Any]) -> dict[str, str]:
+    return {k: v.decode() for k, v in record["headers"] if k.startswith("dlq.")}
+
+
+def test_effect_runs_before_its_offset_is_stored_and_everything_is_committed() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def handler(event: ConsumedEvent, _: None) -> None:
+        # The record's own offset must not be stored (let alone committed) yet.
+        assert h.stored_offset_of(event.partition) <= event.offset
+        assert h.kafka.committed.get(event.partition, 0) <= event.offset
+        seen.append((event.partition, event.offset))
+
+    h = Harness({0: [rec("a"), rec("b")], 1: [rec("c")]}, handler=handler)
+    h.run()
+    assert seen == [(0, 0), (0, 1), (1, 0)]
+    assert h.kafka.committed == {0: 2, 1: 1}
+    assert h.kafka.closed
+    pinned = h.kafka.config
+    assert (pinned["enable.auto.commit"], pinned["enable.auto.offset.store"],
+            pinned["isolation.level"]) == ("false", "false", "read_committed")
+
+
+def test_duplicates_are_acknowledged_without_running_the_effect() -> None:
+    h = Harness({0: [rec("a"), rec("a"), rec("b")], 1: [rec("a"), rec("b")]})
+    h.run()
+    assert sorted(e.event_id for e in h.effects) == ["a", "b"]
+    assert h.loop.stats.processed == 2 and h.loop.stats.duplicates == 3
+    assert h.kafka.committed == {0: 3, 1: 2}
+    assert h.producer.sent == []
+
+
+def test_event_id_can_come_from_the_id_header() -> None:
+    h = Harness({0: [rec("k1", headers=[("id", b"evt-1")]), rec("k2", headers=[("id", b"evt-1")])]},
+                event_id_source="header")
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-1"]
+
+
+def test_decoded_payload_reaches_the_handler() -> None:
+    h = Harness({0: [rec("a", {"order_id": "42"})]}, decoder=lambda raw: json.loads(raw or b""))
+    h.run()
+    assert h.effects[0].payload == {"order_id": "42"}
+    assert h.effects[0].attempt == 1
+
+
+@pytest.mark.parametrize(("record", "error_text"), [
+    (rec(None, {"x": 1}), "no event id"),
+    ((b"\xff\xfe", b"{}", []), "not UTF-8"),
+    ((b"e1", b"not json", [("trace", b"t1")]), "cannot be decoded"),
+])
+def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text: str) -> None:
+    h = Harness({0: [record, rec("ok", {"y": 2})]}, decoder=lambda raw: json.loads(raw or b""))
+    h.run()
+    assert [e.event_id for e in h.effects] == ["ok"]
+    [dead] = h.producer.sent
+    assert dead["topic"] == DLQ and dead["key"] == record[0] and dead["value"] == record[1]
+    headers = dlq_headers(dead)
+    assert headers["dlq.source.topic"] == TOPIC
+    assert (headers["dlq.source.partition"], headers["dlq.source.offset"]) == ("0", "0")
+    assert headers["dlq.stage"] == "decode"
+    assert error_text in headers["dlq.error.message"]
+    assert headers["dlq.error.class"]
+    # The record's own headers travel along unchanged.
+    assert [(k, v) for k, v in dead["headers"] if not k.startswith("dlq.")] == record[2]
+    assert h.kafka.committed == {0: 2}
+
+
+def test_a_failing_handler_is_retried_with_backoff_until_it_succeeds() -> None:
+    attempts: list[int] = []
+
+    def flaky(event: ConsumedEvent, _: None) -> None:
+        attempts.append(event.attempt)
+        if event.event_id == "a" and event.attempt < 3:
+            raise TimeoutError("carrier API timed out")
+        h.effects.append(event)
+
+    h = Harness({0: [rec("a"), rec("b")]}, handler=flaky)
+    start = h.clock.now
+    h.run()
+    assert attempts == [1, 2, 3, 1]
+    assert [e.event_id for e in h.effects] == ["a", "b"]
+    assert h.producer.sent == []
+    assert h.loop.stats.retries == 2
+    assert h.clock.now > start  # it waited (on the fake clock) before retrying
+
+
+def test_a_poison_record_is_dead_lettered_after_max_attempts_and_the_partition_goes_on() -> None:
+    def handler(event: ConsumedEvent, _: None) -> None:
+        if event.event_id == "poison":
+            raise ValueError("order 42 does not exist")
+        h.effects.append(event)
+
+    h = Harness({0: [rec("poison"), rec("b")], 1: [rec("c")]}, handler=handler)
+    h.run()
+    assert [e.event_id for e in h.effects] == ["c", "b"]  # p1 was not held up by p0's backoff
+    [dead] = h.producer.sent
+    headers = dlq_headers(dead)
+    assert headers["dlq.stage"] == "handle"
+    assert headers["dlq.error.class"] == "builtins.ValueError"
+    assert headers["dlq.error.message"] == "order 42 does not exist"
+    assert headers["dlq.attempts"] == "3"
+    assert h.kafka.committed == {0: 2, 1: 1}
+    assert h.loop.stats.dead_lettered == 1
+
+
+class ScriptedStore:
+    """Answers run_once from a script (an Outcome or an exception) before acting normally."""
+
+    def __init__(self, script: list[Outcome | Exception]) -> None:
+        self.script = script
+        self.inner = MemoryDedupStore()
+
+    def run_once(self, key: DedupKey, effect: Callable[[None], None]) -> Outcome:
+        if self.script:
+            step = self.script.pop(0)
+            if isinstance(step, Exception):
+                raise step
+            return step
+        return self.inner.run_once(key, effect)
+
+    def close(self) -> None:
+        pass
+
+
+def test_busy_records_are_retried_and_never_committed_past() -> None:
+    h = Harness({0: [rec("a"), rec("b")]}, store=ScriptedStore([Outcome.BUSY, Outcome.BUSY]))
+    h.run()
+    assert [e.event_id for e in h.effects] == ["a", "b"]
+    stores = [entry for entry in h.kafka.journal if entry[0] == "store"]
+    assert stores == [("store", (0, 1)), ("store", (0, 2))]
+    assert h.producer.sent == []
+
+
+def test_store_failures_are_retried_beyond_max_attempts_and_never_dead_lettered() -> None:
+    outage: list[Outcome | Exception] = [DedupStoreError("connection refused")] * 7
+    h = Harness({0: [rec("a")]}, store=ScriptedStore(outage))
+    h.run()
+    assert [e.event_id for e in h.effects] == ["a"]
+    assert h.producer.sent == []
+    assert h.loop.stats.retries == 7
+    assert h.kafka.committed == {0: 1}
+
+
+def test_a_failed_dead_letter_write_is_retried_before_the_offset_moves() -> None:
+    h = Harness({0: [rec(None), rec("b")]})
+    h.producer.failures_left = 2
+    h.run()
+    assert len(h.producer.sent) == 1
+    assert next(entry for entry in h.kafka.journal if entry[0] == "store") == ("store", (0, 1))
+    assert [e.event_id for e in h.effects] == ["b"]
+
+
+def test_revoke_commits_what_is_done_and_forgets_pending_retries() -> None:
+    rebalanced: list[bool] = []
+
+    def handler(event: ConsumedEvent, _: None) -> None:
+        if event.event_id == "slow" and not rebalanced:
+            rebalanced.append(True)
+            # Done records before it are stored; now a rebalance comes during the backoff.
+            h.kafka.before_consume.append(FakeConsumer.rebalance)
+            raise TimeoutError("later")
+        h.effects.append(event)
+
+    h = Harness({0: [rec("a"), rec("slow"), rec("c")]}, handler=handler)
+    h.run()
+    rebalances = [entry for entry in h.kafka.journal if entry[0] == "rebalance"]
+    assert rebalances[-1] == ("rebalance", {0: 1})  # committed on revoke, before reassignment
+    assert [e.event_id for e in h.effects] == ["a", "slow", "c"]
+    # The attempt count restarts with the new assignment.
+    assert [e.attempt for e in h.effects] == [1, 1, 1]
+    assert not h.kafka.paused
+    assert h.kafka.committed == {0: 3}
+
+
+def test_stop_finishes_the_record_in_hand_commits_and_closes() -> None:
+    def handler(event: ConsumedEvent, _: None) -> None:
+        h.effects.append(event)
+        if event.event_id == "b":
+            h.loop.stop()
+
+    h = Harness({0: [rec("a"), rec("b"), rec("c")]}, handler=handler)
+    h.run()
+    assert [e.event_id for e in h.effects] == ["a", "b"]
+    assert h.kafka.committed == {0: 2}
+    assert h.kafka.closed
+
+
+def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+    with pytest.raises(ConsumerFailed, match="fatal"):
+        h.run()
+    assert h.kafka.closed
+
+
+def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    h.run()
+    assert [e.event_id for e in h.effects] == ["a"]
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"consumer_config": {"enable.auto.commit": "true"}}, "enable.auto.commit"),
+    ({"consumer_config": {"isolation.level": "read_uncommitted"}}, "isolation.level"),
+    ({"producer_config": {"acks": "1"}}, "acks"),
+    ({"dead_letter_topic": ""}, "dead_letter_topic"),
+    ({"dead_letter_topic": TOPIC}, "dead_letter_topic"),
+    ({"topics": ()}, "topics"),
+    ({"event_id_source": "value"}, "event_id_source"),
+])
+def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
+    base: dict[str, Any] = {"bootstrap_servers": "b:9092", "group_id": "g", "topics": (TOPIC,),
+                            "dead_letter_topic": DLQ}
+    with pytest.raises(ConfigError, match=field):
+        ConsumerSettings(**{**base, **changes})
+
+
+def test_user_config_is_merged_into_the_client_configs() -> None:
+    settings = ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=(TOPIC,),
+                                dead_letter_topic=DLQ,
+                                consumer_config={"session.timeout.ms": "6000",
+                                                 "enable.auto.commit": "false"},
+                                producer_config={"security.protocol": "SSL"})
+    consumer = settings.librdkafka_consumer()
+    assert consumer["session.timeout.ms"] == "6000" and consumer["group.id"] == "g"
+    producer = settings.librdkafka_producer()
+    assert producer["security.protocol"] == "SSL" and producer["enable.idempotence"] == "true"
