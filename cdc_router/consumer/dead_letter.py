@@ -1,6 +1,7 @@
 """Dead-letter records of the idempotent consumer: the raw record plus where and why it failed.
 
-Header names match the router's, so one tool reads both dead-letter topics.
+Header names are the router's (cdc_router.dead_letter), so one tool reads both dead-letter
+topics; the consumer's stages are "decode" and "handle".
 """
 
 from __future__ import annotations
@@ -10,16 +11,20 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_router.consumer.event import KafkaMessage
+from cdc_router.dead_letter import (
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    EVENT_ID,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    STAGE,
+)
 from cdc_router.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 
-SOURCE_TOPIC = "dlq.source.topic"
-SOURCE_PARTITION = "dlq.source.partition"
-SOURCE_OFFSET = "dlq.source.offset"
-STAGE = "dlq.stage"
-ERROR_CLASS = "dlq.error.class"
-ERROR_MESSAGE = "dlq.error.message"
+# Only the consumer's: how many handler attempts failed (0 for a malformed record).
 ATTEMPTS = "dlq.attempts"
 
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
@@ -31,20 +36,24 @@ _MAX_MESSAGE_CHARS = 2000
 
 
 def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseException,
-                        attempts: int) -> list[tuple[str, bytes]]:
-    """The dlq.* headers for `message` failing at `stage` with `error` after `attempts` tries."""
-    cause: BaseException = error.__cause__ if isinstance(error.__cause__, Exception) and \
-        stage == STAGE_DECODE else error
-    text = str(error)[:_MAX_MESSAGE_CHARS]
+                        attempts: int, event_id: str | None = None) -> list[tuple[str, bytes]]:
+    """The dlq.* headers for `message` failing at `stage` with `error` after `attempts` tries.
+
+    For a malformed record the class is that of the underlying cause (UnicodeDecodeError,
+    JSONDecodeError) when there is one: that is what an operator searches for.
+    """
+    cause = error.__cause__ if stage == STAGE_DECODE and error.__cause__ is not None else error
     values = {
         SOURCE_TOPIC: message.topic(),
         SOURCE_PARTITION: str(message.partition()),
         SOURCE_OFFSET: str(message.offset()),
         STAGE: stage,
-        ERROR_CLASS: f"{type(cause).__module__}.{type(cause).__qualname__}",
-        ERROR_MESSAGE: text,
+        ERROR_CLASS: type(cause).__name__,
+        ERROR_MESSAGE: str(error)[:_MAX_MESSAGE_CHARS],
         ATTEMPTS: str(attempts),
     }
+    if event_id:
+        values[EVENT_ID] = event_id
     return [(name, value.encode("utf-8")) for name, value in values.items()]
 
 
@@ -65,7 +74,7 @@ class DeadLetterWriter:
         self._producer: Any = None
 
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
-             attempts: int) -> None:
+             attempts: int, event_id: str | None = None) -> None:
         """Write `message` unchanged plus dlq.* headers; raises DeliveryError if not acked."""
         if self._producer is None:
             self._producer = self._factory(self._config)
@@ -76,7 +85,7 @@ class DeadLetterWriter:
                 failures.append(str(err))
 
         headers = list(message.headers() or ()) + dead_letter_headers(
-            message, stage=stage, error=error, attempts=attempts)
+            message, stage=stage, error=error, attempts=attempts, event_id=event_id)
         try:
             self._producer.produce(self.topic, key=message.key(), value=message.value(),
                                    headers=headers, on_delivery=delivered)

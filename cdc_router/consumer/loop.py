@@ -169,7 +169,7 @@ class IdempotentConsumer(Generic[Context]):
             retry.failures += 1
             if self.settings.retry.exhausted(retry.failures):
                 self._dead_letter(message, STAGE_HANDLE, error, attempts=retry.failures,
-                                  retry=retry)
+                                  retry=retry, event_id=event.event_id)
             else:
                 self._retry_later(message, retry, "handler_failed", error)
             return
@@ -182,9 +182,10 @@ class IdempotentConsumer(Generic[Context]):
         self._acknowledge(message)
 
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
-                     attempts: int, retry: _Retry | None) -> None:
+                     attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
         try:
-            self._dead_letters.send(message, stage=stage, error=error, attempts=attempts)
+            self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
+                                    event_id=event_id)
         except DeliveryError as delivery_error:
             self._retry_later(message, retry, "dead_letter_failed", delivery_error)
             return

@@ -255,12 +255,13 @@ def test_decoded_payload_reaches_the_handler() -> None:
     assert h.effects[0].attempt == 1
 
 
-@pytest.mark.parametrize(("record", "error_text"), [
-    (rec(None, {"x": 1}), "no event id"),
-    ((b"\xff\xfe", b"{}", []), "not UTF-8"),
-    ((b"e1", b"not json", [("trace", b"t1")]), "cannot be decoded"),
+@pytest.mark.parametrize(("record", "error_text", "error_class"), [
+    (rec(None, {"x": 1}), "no event id", "MalformedRecord"),
+    ((b"\xff\xfe", b"{}", []), "not UTF-8", "UnicodeDecodeError"),
+    ((b"e1", b"not json", [("trace", b"t1")]), "cannot be decoded", "JSONDecodeError"),
 ])
-def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text: str) -> None:
+def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text: str,
+                                                     error_class: str) -> None:
     h = Harness({0: [record, rec("ok", {"y": 2})]}, decoder=lambda raw: json.loads(raw or b""))
     h.run()
     assert [e.event_id for e in h.effects] == ["ok"]
@@ -271,7 +272,8 @@ def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text:
     assert (headers["dlq.source.partition"], headers["dlq.source.offset"]) == ("0", "0")
     assert headers["dlq.stage"] == "decode"
     assert error_text in headers["dlq.error.message"]
-    assert headers["dlq.error.class"]
+    assert headers["dlq.error.class"] == error_class
+    assert headers["dlq.attempts"] == "0"
     # The record's own headers travel along unchanged.
     assert [(k, v) for k, v in dead["headers"] if not k.startswith("dlq.")] == record[2]
     assert h.kafka.committed == {0: 2}
@@ -308,7 +310,8 @@ def test_a_poison_record_is_dead_lettered_after_max_attempts_and_the_partition_g
     [dead] = h.producer.sent
     headers = dlq_headers(dead)
     assert headers["dlq.stage"] == "handle"
-    assert headers["dlq.error.class"] == "builtins.ValueError"
+    assert headers["dlq.error.class"] == "ValueError"
+    assert headers["dlq.event.id"] == "poison"
     assert headers["dlq.error.message"] == "order 42 does not exist"
     assert headers["dlq.attempts"] == "3"
     assert h.kafka.committed == {0: 2, 1: 1}
