@@ -1,0 +1,90 @@
+"""`${NAME}` / `${NAME:-default}` expansion for connector files, leaving Connect's own references.
+
+Two syntaxes share the `${...}` brackets in a connector file:
+
+- ours, expanded here from an environment mapping before the config is sent:
+  `${NAME}` and `${NAME:-default}`, NAME matching `[A-Z_][A-Z0-9_]*`;
+- Kafka Connect config-provider references such as `${env:CDC_ROUTER_DB_PASSWORD}` or
+  `${file:/etc/secrets.properties:password}`, which must reach Connect verbatim so that the
+  secret is resolved inside the worker and never travels through (or is stored by) our client.
+
+Anything else inside `${...}` is rejected rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from cdc_router.errors import ConfigError
+
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_OURS = re.compile(r"(?P<name>[A-Z_][A-Z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
+# Connect's ConfigTransformer pattern is `${provider:[path:]key}`, provider a word.
+_PROVIDER = re.compile(r"[A-Za-z0-9_.-]+:.+", re.DOTALL)
+
+
+def expand(text: str, env: Mapping[str, str], *, source: str, field: str | None = None) -> str:
+    """Return `text` with our placeholders replaced by values from `env`.
+
+    Config-provider references are left untouched. An unset `${NAME}` without a default, or a
+    `${...}` that is neither syntax, raises ConfigError naming `source` (the file) and `field`.
+    An empty default (`${NAME:-}`) expands to the empty string; a variable set to the empty
+    string counts as set (as in POSIX `${NAME-default}` it is not replaced by the default).
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        ours = _OURS.fullmatch(inner)
+        if ours is not None:
+            name, default = ours.group("name"), ours.group("default")
+            if default is not None and "${" in default:
+                raise ConfigError(
+                    f"nested placeholder in the default of ${{{name}}}", source=source,
+                    field=field, hint="defaults are literal text",
+                )
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(
+                f"${{{name}}} is not set and has no default", source=source, field=field,
+                hint=f"export {name}=... or write ${{{name}:-default}}",
+            )
+        if _PROVIDER.fullmatch(inner):
+            return match.group(0)
+        raise ConfigError(
+            f"unsupported placeholder {match.group(0)}", source=source, field=field,
+            hint="use ${NAME} or ${NAME:-default} (NAME in A-Z, 0-9, _) "
+                 "or a Connect config provider such as ${env:NAME}",
+        )
+
+    return _REFERENCE.sub(replace, text)
+
+
+def expand_tree(value: Any, env: Mapping[str, str], *, source: str, path: str = "") -> Any:
+    """Expand placeholders in every string (keys and values) of a JSON-like tree.
+
+    Expanding parsed values rather than raw file text means a value containing quotes or
+    backslashes can never break the JSON structure.
+    """
+    if isinstance(value, str):
+        return expand(value, env, source=source, field=path or None)
+    if isinstance(value, dict):
+        expanded: dict[str, Any] = {}
+        for key, item in value.items():
+            new_key = expand(key, env, source=source, field=path or None)
+            child = f"{path}.{new_key}" if path else new_key
+            expanded[new_key] = expand_tree(item, env, source=source, path=child)
+        return expanded
+    if isinstance(value, list):
+        return [expand_tree(item, env, source=source, path=f"{path}[{index}]")
+                for index, item in enumerate(value)]
+    return value
+
+
+def provider_references(text: str) -> list[str]:
+    """List the Connect config-provider references (`${provider:...}`) in `text`."""
+    return [match.group(0) for match in _REFERENCE.finditer(text)
+            if _OURS.fullmatch(match.group(1)) is None and _PROVIDER.fullmatch(match.group(1))]
