@@ -1,0 +1,219 @@
+"""RedisDedupStore on a real redis-server: what it promises and, one test each, what it cannot.
+
+Crashes are real: a child process claims (and maybe runs the effect) and dies with os._exit
+before the next step, exactly where a kill -9 would stop it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
+from cdc_router.dedup.redis import RedisDedupStore
+from cdc_router.errors import ConfigError
+from tests.integration.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+KEY = DedupKey("fulfillment", "evt-1")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    redis_server = RedisServer(tmp_path / "redis")
+    redis_server.start()
+    yield redis_server
+    redis_server.stop()
+
+
+class EffectLog:
+    """An effect outside Redis: a line appended to a file per run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def effect(self, _client: object) -> None:
+        with self.path.open("a") as file:
+            file.write("shipped\n")
+
+    @property
+    def runs(self) -> int:
+        return len(self.path.read_text().splitlines()) if self.path.exists() else 0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Poll `condition`; the timeout only bounds a hang, it asserts nothing about speed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+# The child claims, optionally runs the effect, then dies as kill -9 would: no cleanup, no
+# done mark, no release.
+_CRASHING_WORKER = """
+import os, sys
+import redis
+from cdc_router.dedup import DedupKey
+from cdc_router.dedup.redis import RedisDedupStore
+url, lease_ms, effect_file, crash_point = sys.argv[1:5]
+store = RedisDedupStore(redis.Redis.from_url(url), lease_ms=int(lease_ms))
+def effect(_client):
+    if crash_point == "after-effect":
+        with open(effect_file, "a") as f:
+            f.write("shipped\\n")
+    os._exit(9)
+store.run_once(DedupKey("fulfillment", "evt-1"), effect)
+"""
+
+
+def crash_worker(server: RedisServer, lease_ms: int, effects: EffectLog, point: str) -> None:
+    result = subprocess.run([sys.executable, "-c", _CRASHING_WORKER, server.url, str(lease_ms),
+                             str(effects.path), point], check=False, timeout=60)
+    assert result.returncode == 9
+
+
+def test_first_delivery_is_done_and_redeliveries_are_duplicates(
+        server: RedisServer, tmp_path: Path) -> None:
+    store = RedisDedupStore(server.client(), lease_ms=5_000, ttl_ms=60_000)
+    effects = EffectLog(tmp_path / "effects")
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert store.run_once(KEY, effects.effect) is Outcome.DUPLICATE
+    assert store.run_once(DedupKey("billing", "evt-1"), effects.effect) is Outcome.DONE
+    assert effects.runs == 2
+    assert store.state(KEY) == "done"
+    assert 55_000 < server.client().pttl(store.key(KEY)) <= 60_000  # the retention window
+
+
+def test_a_raising_effect_releases_its_claim_so_the_retry_runs_at_once(
+        server: RedisServer) -> None:
+    store = RedisDedupStore(server.client(), lease_ms=600_000)
+
+    def fail(_client: object) -> None:
+        raise ConnectionError("carrier API down")
+
+    with pytest.raises(ConnectionError):
+        store.run_once(KEY, fail)
+    assert store.state(KEY) is None
+    assert store.run_once(KEY, lambda _c: None) is Outcome.DONE
+
+
+def test_a_release_never_deletes_another_workers_claim(server: RedisServer) -> None:
+    client = server.client()
+    store = RedisDedupStore(client, lease_ms=600_000)
+
+    def lose_claim_then_fail(_client: object) -> None:
+        client.set(store.key(KEY), b"processing:other-worker", px=600_000)  # lease stolen
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        store.run_once(KEY, lose_claim_then_fail)
+    assert client.get(store.key(KEY)) == b"processing:other-worker"
+
+
+def test_crash_after_claim_before_effect_loses_nothing(server: RedisServer,
+                                                       tmp_path: Path) -> None:
+    effects = EffectLog(tmp_path / "effects")
+    crash_worker(server, 1_500, effects, "before-effect")
+    store = RedisDedupStore(server.client(), lease_ms=1_500)
+    # While the dead worker's lease lasts, the event is busy: not done, not skipped.
+    assert store.state(KEY) == "processing"
+    assert store.run_once(KEY, effects.effect) is Outcome.BUSY
+    assert effects.runs == 0
+    wait_until(lambda: store.state(KEY) is None)  # the lease expires
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert effects.runs == 1
+
+
+def test_limit_effect_outside_redis_runs_twice_after_crash_before_done_mark(
+        server: RedisServer, tmp_path: Path) -> None:
+    effects = EffectLog(tmp_path / "effects")
+    crash_worker(server, 1_500, effects, "after-effect")
+    assert effects.runs == 1
+    store = RedisDedupStore(server.client(), lease_ms=1_500)
+    wait_until(lambda: store.state(KEY) is None)
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert effects.runs == 2  # the documented limit: not atomic with the done mark
+
+
+def test_limit_a_lease_that_expires_while_the_handler_runs_lets_a_second_worker_run_it(
+        server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    effects = EffectLog(tmp_path / "effects")
+    slow = RedisDedupStore(server.client(), lease_ms=500)
+    fast = RedisDedupStore(server.client(), lease_ms=500)
+    in_effect, release = threading.Event(), threading.Event()
+    outcomes: list[Outcome] = []
+
+    def slow_effect(client: object) -> None:
+        in_effect.set()
+        assert release.wait(60)
+        effects.effect(client)
+
+    worker = threading.Thread(target=lambda: outcomes.append(slow.run_once(KEY, slow_effect)))
+    worker.start()
+    assert in_effect.wait(30)
+    wait_until(lambda: fast.state(KEY) is None)  # the slow worker's lease ran out
+    assert fast.run_once(KEY, effects.effect) is Outcome.DONE
+    assert effects.runs == 1
+    with caplog.at_level(logging.WARNING, logger="cdc_router.dedup.redis"):
+        release.set()
+        worker.join(30)
+    assert outcomes == [Outcome.DONE]
+    assert effects.runs == 2  # both workers ran the effect
+    assert "event=dedup_lease_lost" in caplog.text
+
+
+def test_limit_a_restart_without_persistence_forgets_done_marks(server: RedisServer,
+                                                                tmp_path: Path) -> None:
+    effects = EffectLog(tmp_path / "effects")
+    assert RedisDedupStore(server.client()).run_once(KEY, effects.effect) is Outcome.DONE
+    server.restart()
+    assert RedisDedupStore(server.client()).run_once(KEY, effects.effect) is Outcome.DONE
+    assert effects.runs == 2
+
+
+def test_with_aof_fsync_always_done_marks_survive_a_kill_9(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis-aof", persistent=True)
+    server.start()
+    try:
+        effects = EffectLog(tmp_path / "effects")
+        assert RedisDedupStore(server.client()).run_once(KEY, effects.effect) is Outcome.DONE
+        server.restart(signal.SIGKILL)
+        assert RedisDedupStore(server.client()).run_once(KEY, effects.effect) \
+            is Outcome.DUPLICATE
+        assert effects.runs == 1
+    finally:
+        server.stop()
+
+
+def test_a_redelivery_after_the_ttl_is_no_longer_recognised(server: RedisServer,
+                                                            tmp_path: Path) -> None:
+    effects = EffectLog(tmp_path / "effects")
+    store = RedisDedupStore(server.client(), lease_ms=100, ttl_ms=300)
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert store.run_once(KEY, effects.effect) is Outcome.DUPLICATE
+    wait_until(lambda: store.state(KEY) is None)  # the done mark aged out
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert effects.runs == 2
+
+
+def test_an_unreachable_redis_is_a_store_error_not_a_handler_failure(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis-gone")  # never started: nothing listens
+    store = RedisDedupStore(redis.Redis.from_url(server.url, socket_connect_timeout=1))
+    with pytest.raises(DedupStoreError, match="cannot claim"):
+        store.run_once(KEY, lambda _c: None)
+
+
+def test_bad_settings_are_config_errors(server: RedisServer) -> None:
+    with pytest.raises(ConfigError, match="ttl_ms"):
+        RedisDedupStore(server.client(), lease_ms=10_000, ttl_ms=1_000)
