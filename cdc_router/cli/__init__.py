@@ -14,6 +14,7 @@ from cdc_router.errors import CdcRouterError
 
 # Each module defines a click command or group named `cli`; add a line to register a new one.
 COMMAND_MODULES: dict[str, str] = {
+    "connectors": "cdc_router.cli.connectors",
     "local": "cdc_router.cli.local",
 }
 

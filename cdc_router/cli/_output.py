@@ -1,0 +1,43 @@
+"""`-o text|json` for read commands: one option, one function that prints either way."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_option(command: F) -> F:
+    """Add `-o/--output text|json` (passed to the command as `output`)."""
+    return click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
+                        show_default=True, help="Output format; json is stable for scripts.",
+                        )(command)
+
+
+def emit(value: Any, output: str, text: Callable[[Any], str]) -> None:
+    """Print `value` as indented JSON, or as `text(value)` for people."""
+    if output == "json":
+        click.echo(json.dumps(value, indent=2, default=_jsonable))
+    else:
+        click.echo(text(value))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces, headers first."""
+    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(len(row[index]) for row in cells) for index in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                     .rstrip() for row in cells)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

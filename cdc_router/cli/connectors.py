@@ -1,0 +1,285 @@
+"""`cdc-router connectors`: Kafka Connect connectors managed from files (plan, then apply)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cdc_router.cli._output import emit, output_option, table
+from cdc_router.connect import (
+    Action,
+    ConfigChange,
+    ConnectClient,
+    ConnectorPlan,
+    ConnectorSpec,
+    ConnectorStatus,
+    load_spec,
+    plain_secrets,
+    plan,
+    redact,
+)
+from cdc_router.errors import ConfigError
+
+DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
+# `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
+# other command, so a script can tell "differs" (2) from "could not compare" (1).
+EXIT_DIFFERS = 2
+STATES = ("RUNNING", "PAUSED", "STOPPED")
+
+
+@dataclass
+class _State:
+    """The group's options; the client is built on first use."""
+
+    url: str
+    auth: tuple[str, str] | None
+    _client: ConnectClient | None = field(default=None, init=False)
+
+    @property
+    def client(self) -> ConnectClient:
+        if self._client is None:
+            self._client = ConnectClient(self.url, auth=self.auth)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+pass_state = click.make_pass_decorator(_State)
+_FILES = click.option("-f", "--file", "files", multiple=True, required=True,
+                      type=click.Path(dir_okay=False, path_type=Path),
+                      help="Connector file (JSON, ${VAR} placeholders); repeatable.")
+_NAME = click.argument("name")
+
+
+@click.group("connectors")
+@click.option("--url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
+              show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
+@click.option("--user", envvar="CDC_ROUTER_CONNECT_USER",
+              help="Basic auth user [env CDC_ROUTER_CONNECT_USER].")
+@click.option("--password", envvar="CDC_ROUTER_CONNECT_PASSWORD",
+              help="Basic auth password [env CDC_ROUTER_CONNECT_PASSWORD].")
+@click.pass_context
+def cli(ctx: click.Context, url: str, user: str | None, password: str | None) -> None:
+    """Manage Kafka Connect connectors from files."""
+    if (user is None) != (password is None):
+        raise ConfigError("basic auth needs both --user and --password",
+                          hint="or CDC_ROUTER_CONNECT_USER and CDC_ROUTER_CONNECT_PASSWORD")
+    state = _State(url, (user, password) if user is not None and password is not None else None)
+    ctx.call_on_close(state.close)
+    ctx.obj = state
+
+
+def _load(files: tuple[Path, ...]) -> list[ConnectorSpec]:
+    specs = [load_spec(path, os.environ) for path in files]
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigError(f"connector {spec.name!r} is also declared in {seen[spec.name]}",
+                              source=spec.source)
+        seen[spec.name] = spec.source
+    return specs
+
+
+def _change_lines(changes: tuple[ConfigChange, ...]) -> list[str]:
+    lines = []
+    for change in changes:
+        old, new = redact(change.key, change.deployed), redact(change.key, change.desired)
+        if change.deployed is None:
+            lines.append(f"  + {change.key} = {new}")
+        elif change.desired is None:
+            lines.append(f"  - {change.key} = {old}")
+        else:
+            lines.append(f"  ~ {change.key}: {old} -> {new}")
+    return lines
+
+
+def _plan_text(plans: list[ConnectorPlan], *, all_keys: bool) -> str:
+    lines = []
+    for item in plans:
+        head = f"{item.spec.name} ({item.spec.source}): {item.action}"
+        if item.action is Action.UPDATE:
+            head += f" ({len(item.changes)} key{'s' if len(item.changes) != 1 else ''})"
+        lines.append(head)
+        if all_keys or item.action is Action.UPDATE:
+            lines.extend(_change_lines(item.changes))
+    return "\n".join(lines)
+
+
+def _plan_json(plans: list[ConnectorPlan]) -> list[dict[str, Any]]:
+    return [{"name": item.spec.name, "file": item.spec.source, "action": str(item.action),
+             "changes": [{"key": change.key, "deployed": redact(change.key, change.deployed),
+                          "desired": redact(change.key, change.desired)}
+                         for change in item.changes]}
+            for item in plans]
+
+
+def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
+    """Print Connect's per-field errors; ConfigError (exit 1) if any spec is invalid."""
+    invalid = []
+    for spec in specs:
+        verdict = client.validate(spec.connector_class, {**spec.config, "name": spec.name})
+        for key, messages in sorted(verdict.errors.items()):
+            for message in messages:
+                click.echo(f"{spec.source}: {spec.name}: {key}: {message}", err=True)
+        if not verdict.ok:
+            invalid.append(f"{spec.name} ({len(verdict.errors)} field(s))")
+    if invalid:
+        raise ConfigError(f"Kafka Connect rejects {', '.join(invalid)}",
+                          hint="see the per-field errors above")
+
+
+@cli.command()
+@_FILES
+@click.option("--dry-run", is_flag=True, help="Plan and validate only; exit 1 if invalid.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before applying.")
+@pass_state
+def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> None:
+    """Create or update connectors from files: plan, validate, confirm, PUT."""
+    specs = _load(files)
+    for spec in specs:
+        for key in plain_secrets(spec.config):
+            click.echo(f"warning: {spec.source}: {key} is plain text; use a config provider "
+                       "such as ${env:NAME}", err=True)
+    plans = [plan(state.client, spec) for spec in specs]
+    click.echo(_plan_text(plans, all_keys=False))
+    pending = [item for item in plans if item.action is not Action.UNCHANGED]
+    if dry_run:
+        _validate(state.client, specs)
+        click.echo(f"dry run: {len(pending)} to change, configuration valid")
+        return
+    if not pending:
+        click.echo("nothing to apply")
+        return
+    _validate(state.client, [item.spec for item in pending])
+    if sys.stdin.isatty() and not yes:
+        click.confirm(f"Apply {len(pending)} change(s)?", abort=True)
+    for item in pending:
+        created = state.client.put_config(item.spec.name, item.spec.config)
+        click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
+
+
+@cli.command()
+@_FILES
+@output_option
+@pass_state
+@click.pass_context
+def diff(ctx: click.Context, state: _State, files: tuple[Path, ...], output: str) -> None:
+    """Files against the deployed configs; exit 0 if equal, 2 if they differ, 1 on error."""
+    plans = [plan(state.client, spec) for spec in _load(files)]
+    emit(_plan_json(plans) if output == "json" else plans, output,
+         lambda items: _plan_text(items, all_keys=True))
+    if any(item.action is not Action.UNCHANGED for item in plans):
+        ctx.exit(EXIT_DIFFERS)
+
+
+def _tasks_text(status: ConnectorStatus) -> str:
+    return " ".join(f"{task.id}:{task.state}" for task in status.tasks) or "-"
+
+
+@cli.command("list")
+@output_option
+@pass_state
+def list_(state: _State, output: str) -> None:
+    """Connectors with their states."""
+    statuses = state.client.list_statuses()
+    emit(statuses, output, lambda items: table(
+        ["NAME", "STATE", "TASKS"],
+        [[item.name, item.state, _tasks_text(item)] for item in items]) if items
+        else "no connectors")
+
+
+@cli.command()
+@_NAME
+@output_option
+@pass_state
+def get(state: _State, name: str, output: str) -> None:
+    """A connector's deployed config (secrets masked unless they are provider references)."""
+    info = state.client.get(name)
+    info["config"] = {key: redact(key, value) for key, value in info["config"].items()}
+    emit(info, output, lambda data: "\n".join(
+        f"{key} = {value}" for key, value in sorted(data["config"].items())))
+
+
+@cli.command()
+@_NAME
+@output_option
+@pass_state
+def status(state: _State, name: str, output: str) -> None:
+    """Connector and task states, with the trace of whatever FAILED."""
+    current = state.client.get_status(name)
+    emit(current, output, _status_text)
+
+
+def _status_text(status: ConnectorStatus) -> str:
+    rows = [["connector", status.name, status.state, status.worker_id]]
+    rows += [["task", str(task.id), task.state, task.worker_id] for task in status.tasks]
+    lines = [table(["KIND", "NAME/ID", "STATE", "WORKER"], rows)]
+    if status.trace:
+        lines += ["", "connector trace:", status.trace.rstrip()]
+    for task in status.tasks:
+        if task.trace:
+            lines += ["", f"task {task.id} trace:", task.trace.rstrip()]
+    return "\n".join(lines)
+
+
+@cli.command()
+@_NAME
+@click.option("--tasks", type=click.Choice(["failed", "all"]), default=None,
+              help="Also restart tasks: only the failed ones, or all. Default: connector only.")
+@pass_state
+def restart(state: _State, name: str, tasks: str | None) -> None:
+    """Restart a connector (and, with --tasks, its tasks)."""
+    state.client.restart(name, include_tasks=tasks is not None, only_failed=tasks == "failed")
+    click.echo(f"{name}: restart requested")
+
+
+def _lifecycle_command(verb: str, summary: str) -> None:
+    """`pause NAME` / `resume NAME`: one REST call, asynchronous on Connect's side."""
+
+    @cli.command(verb, help=f"{summary} (then `wait --state ...` to see it done).")
+    @_NAME
+    @pass_state
+    def command(state: _State, name: str) -> None:
+        getattr(state.client, verb)(name)
+        click.echo(f"{name}: {verb} requested")
+
+
+_lifecycle_command("pause", "Pause a connector and its tasks")
+_lifecycle_command("resume", "Resume a paused connector")
+
+
+@cli.command()
+@_NAME
+@click.option("-y", "--yes", is_flag=True, help="Do not ask first.")
+@pass_state
+def delete(state: _State, name: str, yes: bool) -> None:
+    """Delete a connector (its replication slot stays in Postgres: see the hint)."""
+    config = state.client.get_config(name)
+    if sys.stdin.isatty() and not yes:
+        click.confirm(f"Delete connector {name}?", abort=True)
+    state.client.delete(name)
+    click.echo(f"{name}: deleted")
+    slot = config.get("slot.name")
+    if slot and "postgres" in config.get("connector.class", "").lower():
+        click.echo(f"hint: replication slot {slot!r} stays and retains WAL until dropped: "
+                   f"SELECT pg_drop_replication_slot('{slot}');", err=True)
+
+
+@cli.command()
+@_NAME
+@click.option("--state", "wanted", type=click.Choice(STATES), default="RUNNING",
+              show_default=True, help="State the connector and all its tasks must reach.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait before failing.")
+@pass_state
+def wait(state: _State, name: str, wanted: str, timeout: float) -> None:
+    """Wait until a connector and all its tasks reach a state (fails fast on FAILED)."""
+    reached = state.client.wait_for_state(name, wanted, timeout)
+    click.echo(f"{name}: {reached.state} ({len(reached.tasks)} task(s))")

@@ -1,0 +1,412 @@
+"""A small, synchronous Kafka Connect REST client, and connector files planned against it.
+
+Every failure is a ConnectError whose str() is one line: Connect unreachable (with the URL),
+an unknown connector (with its name), or Connect's status code and `message`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from cdc_router.errors import ConfigError, ConnectError
+from cdc_router.placeholders import expand_tree, provider_references
+
+# Connect's REST server gives a forwarded request (PUT config, restart, validate) up to 90 s
+# (ConnectResource's request timeout) before it answers 500 itself; reading a little longer
+# lets the user see Connect's own message instead of our guess. Connecting is a plain TCP
+# handshake: if it takes more than a few seconds, the worker is not there.
+DEFAULT_TIMEOUT = httpx.Timeout(100.0, connect=5.0)
+
+# A 409 means a rebalance or a concurrent config write is in flight; both settle within seconds
+# on a healthy cluster, so a short bounded retry beats failing the command.
+_CONFLICT_RETRIES = 8
+_CONFLICT_BACKOFF_S = 1.0
+
+# Keys that Connect adds to a stored config itself; a file need not (and usually does not) say.
+CONNECT_MANAGED_KEYS = frozenset({"name"})
+_SECRET_KEY = re.compile(r"password|secret|token|credential|jaas\.config|api\.key", re.I)
+_MASKED = re.compile(r"\*+|\[hidden\]")
+
+
+class UnknownConnectorError(ConnectError):
+    """The named connector does not exist on this Connect cluster."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        super().__init__(f"unknown connector {name!r} (Kafka Connect at {url})")
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task of a connector, as Connect reports it; `trace` is set when it FAILED."""
+
+    id: int
+    state: str
+    worker_id: str
+    trace: str | None = None
+
+
+@dataclass(frozen=True)
+class ConnectorStatus:
+    """A connector's state and its tasks' states (GET /connectors/{name}/status)."""
+
+    name: str
+    state: str
+    worker_id: str
+    tasks: tuple[TaskStatus, ...]
+    type: str | None = None
+    trace: str | None = None
+
+    def reached(self, state: str) -> bool:
+        """True when the connector and every task are in `state` (RUNNING needs >= 1 task)."""
+        if self.state != state:
+            return False
+        if state == "STOPPED":  # a stopped connector has no tasks at all
+            return True
+        return bool(self.tasks) and all(task.state == state for task in self.tasks)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ConnectorStatus:
+        connector = data.get("connector", {})
+        tasks = tuple(
+            TaskStatus(int(task["id"]), str(task["state"]), str(task.get("worker_id", "")),
+                       task.get("trace"))
+            for task in sorted(data.get("tasks", []), key=lambda task: int(task["id"]))
+        )
+        return cls(str(data["name"]), str(connector.get("state", "UNKNOWN")),
+                   str(connector.get("worker_id", "")), tasks, data.get("type"),
+                   connector.get("trace"))
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Connect's verdict on a config: per-field error messages, empty when valid."""
+
+    errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class ConnectClient:
+    """Kafka Connect REST API; constructing it makes no network call."""
+
+    def __init__(self, url: str, *, auth: tuple[str, str] | None = None,
+                 timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+                 transport: httpx.BaseTransport | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url.rstrip("/")
+        self._auth = httpx.BasicAuth(*auth) if auth else None
+        self._timeout = timeout
+        self._transport = transport
+        self._sleep = sleep
+        self._clock = clock
+        self._http: httpx.Client | None = None
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    def __enter__(self) -> ConnectClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def list(self) -> list[str]:
+        """Names of the deployed connectors, sorted."""
+        return sorted(self._request("GET", "/connectors").json())
+
+    def list_statuses(self) -> builtins.list[ConnectorStatus]:
+        """Every connector's status in one call (GET /connectors?expand=status)."""
+        data = self._request("GET", "/connectors", params={"expand": "status"}).json()
+        return [ConnectorStatus.from_json(item["status"]) for _, item in sorted(data.items())]
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The connector's info: name, type, config and task ids."""
+        info: dict[str, Any] = self._request("GET", _path(name), connector=name).json()
+        return info
+
+    def get_config(self, name: str) -> dict[str, str]:
+        """The connector's stored config, config-provider references unresolved."""
+        config: dict[str, str] = self._request("GET", _path(name, "config"),
+                                               connector=name).json()
+        return config
+
+    def get_status(self, name: str) -> ConnectorStatus:
+        return ConnectorStatus.from_json(
+            self._request("GET", _path(name, "status"), connector=name).json())
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put_config(self, name: str, config: Mapping[str, str]) -> bool:
+        """Create or replace the connector's whole config; True when it was created."""
+        response = self._request("PUT", _path(name, "config"), json=dict(config))
+        return response.status_code == httpx.codes.CREATED
+
+    def validate(self, connector_class: str, config: Mapping[str, str]) -> Validation:
+        """Ask the plugin to validate `config` (Debezium also tries the database).
+
+        Connect insists on a `name` in the config it validates; put the connector's name in.
+        """
+        body = {**config, "connector.class": connector_class}
+        data = self._request("PUT", f"/connector-plugins/{quote(connector_class, safe='')}"
+                                    "/config/validate", json=body).json()
+        errors = {
+            str(item["value"]["name"]): tuple(item["value"]["errors"])
+            for item in data.get("configs", []) if (item.get("value") or {}).get("errors")
+        }
+        return Validation(errors)
+
+    def restart(self, name: str, *, include_tasks: bool = False,
+                only_failed: bool = False) -> None:
+        params = {"includeTasks": str(include_tasks).lower(),
+                  "onlyFailed": str(only_failed).lower()}
+        self._request("POST", _path(name, "restart"), params=params, connector=name)
+
+    def pause(self, name: str) -> None:
+        self._request("PUT", _path(name, "pause"), connector=name)
+
+    def resume(self, name: str) -> None:
+        self._request("PUT", _path(name, "resume"), connector=name)
+
+    def delete(self, name: str) -> None:
+        self._request("DELETE", _path(name), connector=name)
+
+    def wait_for_state(self, name: str, state: str, timeout: float, *,
+                       poll_interval: float = 1.0) -> ConnectorStatus:
+        """Poll until the connector and all its tasks are in `state`; return that status.
+
+        Waiting for RUNNING fails at once when the connector or a task is FAILED (Connect does
+        not restart failed tasks on its own). A connector unknown right after a PUT is the
+        status topic catching up, so it is polled again until `timeout`.
+        """
+        deadline = self._clock() + timeout
+        last: ConnectorStatus | None = None
+        while True:
+            try:
+                last = self.get_status(name)
+            except UnknownConnectorError:
+                if self._clock() >= deadline:
+                    raise
+            else:
+                if last.reached(state):
+                    return last
+                if state == "RUNNING":
+                    _raise_if_failed(last)
+                if self._clock() >= deadline:
+                    tasks = ", ".join(f"task {t.id} {t.state}" for t in last.tasks) or "no tasks"
+                    raise ConnectError(f"connector {name!r} not {state} after {timeout:g}s "
+                                       f"(connector {last.state}, {tasks})")
+            self._sleep(poll_interval)
+
+    # -- transport ------------------------------------------------------------------------
+
+    @property
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, auth=self._auth, timeout=self._timeout,
+                                      transport=self._transport,
+                                      headers={"Accept": "application/json"})
+        return self._http
+
+    def _request(self, method: str, path: str, *, connector: str | None = None,
+                 **kwargs: Any) -> httpx.Response:
+        for attempt in range(_CONFLICT_RETRIES + 1):
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except httpx.TimeoutException as error:
+                raise ConnectError(f"Kafka Connect at {self.url} did not answer {method} {path} "
+                                   f"in time ({type(error).__name__})") from error
+            except httpx.TransportError as error:
+                raise ConnectError(f"Kafka Connect unreachable at {self.url}: "
+                                   f"{_one_line(str(error)) or type(error).__name__}") from error
+            if response.status_code == httpx.codes.CONFLICT and attempt < _CONFLICT_RETRIES:
+                self._sleep(_CONFLICT_BACKOFF_S)
+                continue
+            break
+        if response.status_code == httpx.codes.NOT_FOUND and connector is not None:
+            raise UnknownConnectorError(connector, self.url)
+        if response.is_error:
+            raise ConnectError(f"Kafka Connect answered {response.status_code} to {method} "
+                               f"{path}: {_message(response)}")
+        return response
+
+
+def _path(name: str, *parts: str) -> str:
+    return "/".join([f"/connectors/{quote(name, safe='')}", *parts])
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        message = response.json().get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return _one_line(str(message or response.reason_phrase or response.text))
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _raise_if_failed(status: ConnectorStatus) -> None:
+    if status.state == "FAILED":
+        raise ConnectError(f"connector {status.name!r} FAILED: {_first_line(status.trace)}")
+    for task in status.tasks:
+        if task.state == "FAILED":
+            raise ConnectError(f"connector {status.name!r} task {task.id} FAILED: "
+                               f"{_first_line(task.trace)}")
+
+
+def _first_line(trace: str | None) -> str:
+    lines = (trace or "").strip().splitlines()
+    return lines[0] if lines else "no trace"
+
+
+# -- connector files ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    """A connector as declared in a file, placeholders expanded, every value a string."""
+
+    name: str
+    config: Mapping[str, str]
+    source: str
+
+    @property
+    def connector_class(self) -> str:
+        return self.config["connector.class"]
+
+
+def load_spec(path: Path, env: Mapping[str, str]) -> ConnectorSpec:
+    """Read a connector file: Connect's `{"name": ..., "config": {...}}` or a flat config."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read connector file: {error.strerror}",
+                          source=str(path)) from error
+    return parse_spec(text, env, source=str(path))
+
+
+def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSpec:
+    """Parse and expand one connector document; ConfigError names the file and the field."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"not valid JSON: {error.msg} at line {error.lineno} column "
+                          f"{error.colno}", source=source) from error
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object", source=source)
+    data = expand_tree(data, env, source=source)
+    if "config" in data:
+        unknown = sorted(set(data) - {"name", "config"})
+        if unknown:
+            raise ConfigError("unexpected top-level keys", source=source, value=unknown,
+                              hint="a connector file holds only 'name' and 'config'")
+        raw_config = data["config"]
+        if not isinstance(raw_config, dict):
+            raise ConfigError("must be an object", source=source, field="config")
+        name = data.get("name", raw_config.get("name"))
+    else:
+        raw_config = data
+        name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a connector needs a non-empty name", source=source, field="name")
+    config = {key: _config_value(value, source, key) for key, value in raw_config.items()}
+    if config.get("name", name) != name:
+        raise ConfigError("differs from the top-level name", source=source,
+                          field="config.name", value=config["name"])
+    if not config.get("connector.class"):
+        raise ConfigError("is required", source=source, field="config.connector.class")
+    return ConnectorSpec(name, config, source)
+
+
+def _config_value(value: Any, source: str, key: str) -> str:
+    # Connect stores every value as a string; normalising here keeps `diff` exact.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ConfigError("must be a string, number or boolean", source=source,
+                      field=f"config.{key}", value=value)
+
+
+def is_secret_key(key: str) -> bool:
+    """True for config keys whose values are credentials (never printed in plain text)."""
+    return bool(_SECRET_KEY.search(key))
+
+
+def plain_secrets(config: Mapping[str, str]) -> list[str]:
+    """Secret keys whose value is written out instead of a config-provider reference."""
+    return sorted(key for key, value in config.items()
+                  if is_secret_key(key) and value and not provider_references(value))
+
+
+def redact(key: str, value: str | None) -> str | None:
+    """The value for display: secrets are shown only when they are provider references."""
+    if value is None or not is_secret_key(key) or provider_references(value):
+        return value
+    return "*****"
+
+
+class Action(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    UNCHANGED = "unchanged"
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One key that differs: `deployed` None means added by the file, `desired` None removed."""
+
+    key: str
+    deployed: str | None
+    desired: str | None
+
+
+@dataclass(frozen=True)
+class ConnectorPlan:
+    """What applying a spec would do to the cluster."""
+
+    spec: ConnectorSpec
+    action: Action
+    changes: tuple[ConfigChange, ...]
+
+
+def diff_config(desired: Mapping[str, str],
+                deployed: Mapping[str, str]) -> tuple[ConfigChange, ...]:
+    """Keys that differ, ignoring keys Connect manages and secrets it shows masked."""
+    changes = []
+    for key in sorted((set(desired) | set(deployed)) - CONNECT_MANAGED_KEYS):
+        new, old = desired.get(key), deployed.get(key)
+        if new == old or (new is not None and old is not None and _MASKED.fullmatch(old)):
+            continue
+        changes.append(ConfigChange(key, old, new))
+    return tuple(changes)
+
+
+def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
+    """Compare a spec with the deployed connector of the same name."""
+    try:
+        deployed = client.get_config(spec.name)
+    except UnknownConnectorError:
+        return ConnectorPlan(spec, Action.CREATE, diff_config(spec.config, {}))
+    changes = diff_config(spec.config, deployed)
+    return ConnectorPlan(spec, Action.UPDATE if changes else Action.UNCHANGED, changes)

@@ -1,0 +1,395 @@
+"""The Kafka Connect client against a scripted transport, connector files, plans and the CLI."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.connect import (
+    Action,
+    ConfigChange,
+    ConnectClient,
+    ConnectorStatus,
+    UnknownConnectorError,
+    diff_config,
+    load_spec,
+    parse_spec,
+    plain_secrets,
+    plan,
+    redact,
+)
+from cdc_router.errors import ConfigError, ConnectError
+
+URL = "http://connect.test:8083"
+CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for wait_for_state, without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def client(handler: Handler, clock: FakeClock | None = None, **kwargs: Any) -> ConnectClient:
+    clock = clock or FakeClock()
+    return ConnectClient(URL, transport=httpx.MockTransport(handler), sleep=clock.sleep,
+                         clock=clock, **kwargs)
+
+
+def status_json(name: str, state: str, *tasks: str, trace: str | None = None) -> dict[str, Any]:
+    return {"name": name, "type": "source",
+            "connector": {"state": state, "worker_id": "w:8083"},
+            "tasks": [{"id": index, "state": task, "worker_id": "w:8083",
+                       **({"trace": trace} if task == "FAILED" else {})}
+                      for index, task in enumerate(tasks)]}
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+def test_constructing_a_client_makes_no_request() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"unexpected request {request.url}")
+
+    with client(refuse) as connect:
+        assert connect.url == URL
+
+
+def test_reads_parse_connects_answers() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/connectors" and not request.url.params:
+            return httpx.Response(200, json=["b", "a"])
+        if request.url.path == "/connectors":
+            assert request.url.params["expand"] == "status"
+            return httpx.Response(200, json={"x": {"status": status_json("x", "RUNNING",
+                                                                           "RUNNING")}})
+        if request.url.path == "/connectors/x/config":
+            return httpx.Response(200, json={"name": "x", "tasks.max": "1"})
+        return httpx.Response(200, json=status_json("x", "RUNNING", "RUNNING", "FAILED",
+                                                    trace="boom\n at here"))
+
+    connect = client(answer)
+
+    assert connect.list() == ["a", "b"]
+    assert [status.name for status in connect.list_statuses()] == ["x"]
+    assert connect.get_config("x") == {"name": "x", "tasks.max": "1"}
+    status = connect.get_status("x")
+    assert status.state == "RUNNING"
+    assert [(task.id, task.state) for task in status.tasks] == [(0, "RUNNING"), (1, "FAILED")]
+    assert status.tasks[1].trace == "boom\n at here"
+    assert not status.reached("RUNNING")
+
+
+def test_put_config_tells_created_from_updated() -> None:
+    bodies = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        assert (request.method, request.url.raw_path) == ("PUT", b"/connectors/my%20c/config")
+        return httpx.Response(201 if len(bodies) == 1 else 200, json={})
+
+    connect = client(answer)
+
+    assert connect.put_config("my c", {"k": "v"}) is True
+    assert connect.put_config("my c", {"k": "w"}) is False
+    assert bodies == [{"k": "v"}, {"k": "w"}]
+
+
+def test_validate_returns_the_per_field_errors() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == ("/connector-plugins/io.debezium.connector.postgresql."
+                                    "PostgresConnector/config/validate")
+        assert json.loads(request.content)["connector.class"].endswith("PostgresConnector")
+        return httpx.Response(200, json={"error_count": 1, "configs": [
+            {"value": {"name": "snapshot.mode", "errors": ["Value must be one of initial"]}},
+            {"value": {"name": "slot.name", "errors": []}},
+            {"definition": {"name": "internal.x"}, "value": None},
+        ]})
+
+    verdict = client(answer).validate("io.debezium.connector.postgresql.PostgresConnector",
+                                      {"snapshot.mode": "sometimes"})
+
+    assert not verdict.ok
+    assert verdict.errors == {"snapshot.mode": ("Value must be one of initial",)}
+
+
+@pytest.mark.parametrize(("tasks", "query"), [
+    ({}, "includeTasks=false&onlyFailed=false"),
+    ({"include_tasks": True, "only_failed": True}, "includeTasks=true&onlyFailed=true"),
+    ({"include_tasks": True}, "includeTasks=true&onlyFailed=false"),
+])
+def test_restart_passes_the_task_options(tasks: dict[str, bool], query: str) -> None:
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.url.query.decode()))
+        return httpx.Response(204)
+
+    client(answer).restart("c", **tasks)
+
+    assert seen == [("POST", "/connectors/c/restart", query)]
+
+
+def test_pause_resume_delete_use_their_endpoints() -> None:
+    seen = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        return httpx.Response(202 if request.method == "PUT" else 204)
+
+    connect = client(answer)
+    connect.pause("c")
+    connect.resume("c")
+    connect.delete("c")
+
+    assert seen == [("PUT", "/connectors/c/pause"), ("PUT", "/connectors/c/resume"),
+                    ("DELETE", "/connectors/c")]
+
+
+def test_basic_auth_is_sent() -> None:
+    headers = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers["Authorization"])
+        return httpx.Response(200, json=[])
+
+    client(answer, auth=("admin", "s3cret")).list()
+
+    assert headers == ["Basic " + base64.b64encode(b"admin:s3cret").decode()]
+
+
+def test_an_unknown_connector_is_named() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error_code": 404, "message": "Connector x not found"})
+
+    with pytest.raises(UnknownConnectorError) as caught:
+        client(answer).get_status("x")
+
+    assert str(caught.value) == f"unknown connector 'x' (Kafka Connect at {URL})"
+
+
+def test_an_error_answer_carries_status_and_connects_message_on_one_line() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error_code": 400, "message":
+                                         "Connector configuration is invalid:\nA\nB\n"})
+
+    with pytest.raises(ConnectError) as caught:
+        client(answer).put_config("c", {})
+
+    assert str(caught.value) == ("Kafka Connect answered 400 to PUT /connectors/c/config: "
+                                 "Connector configuration is invalid:; A; B")
+
+
+def test_an_unreachable_connect_names_the_url() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with pytest.raises(ConnectError) as caught:
+        client(refuse).list()
+
+    assert str(caught.value) == (f"Kafka Connect unreachable at {URL}: "
+                                 "[Errno 111] Connection refused")
+
+
+def test_a_timeout_is_one_line_too() -> None:
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with pytest.raises(ConnectError, match="did not answer GET /connectors in time"):
+        client(slow).list()
+
+
+def test_a_conflict_during_a_rebalance_is_retried() -> None:
+    answers = iter([httpx.Response(409, json={"message": "rebalance in progress"}),
+                    httpx.Response(200, json=["c"])])
+    clock = FakeClock()
+
+    assert client(lambda request: next(answers), clock).list() == ["c"]
+    assert clock.now == 1.0
+
+
+def test_wait_for_state_polls_until_every_task_runs() -> None:
+    answers = iter([httpx.Response(404, json={"message": "No status found"}),
+                    httpx.Response(200, json=status_json("c", "RUNNING")),
+                    httpx.Response(200, json=status_json("c", "RUNNING", "UNASSIGNED")),
+                    httpx.Response(200, json=status_json("c", "RUNNING", "RUNNING"))])
+
+    status = client(lambda request: next(answers)).wait_for_state("c", "RUNNING", 30)
+
+    assert status.reached("RUNNING")
+
+
+def test_wait_for_running_fails_fast_on_a_failed_task() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=status_json(
+            "c", "RUNNING", "FAILED", trace="org.apache.kafka.connect.errors.ConnectException: "
+                                           "slot in use\n\tat io.debezium..."))
+
+    with pytest.raises(ConnectError) as caught:
+        client(answer).wait_for_state("c", "RUNNING", 30)
+
+    assert str(caught.value) == ("connector 'c' task 0 FAILED: org.apache.kafka.connect.errors."
+                                 "ConnectException: slot in use")
+
+
+def test_wait_for_state_gives_up_at_the_timeout_saying_where_it_stands() -> None:
+    clock = FakeClock()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=status_json("c", "RUNNING", "RUNNING"))
+
+    with pytest.raises(ConnectError) as caught:
+        client(answer, clock).wait_for_state("c", "PAUSED", 5, poll_interval=1)
+
+    assert str(caught.value) == ("connector 'c' not PAUSED after 5s "
+                                 "(connector RUNNING, task 0 RUNNING)")
+    assert clock.now == 5
+
+
+@pytest.mark.parametrize(("state", "tasks", "expected"), [
+    ("RUNNING", (), False), ("RUNNING", ("RUNNING",), True), ("PAUSED", ("PAUSED",), True),
+    ("PAUSED", ("RUNNING",), False), ("STOPPED", (), True),
+])
+def test_reached_needs_the_connector_and_all_tasks(state: str, tasks: tuple[str, ...],
+                                                   expected: bool) -> None:
+    status = ConnectorStatus.from_json(status_json("c", state, *tasks))
+
+    assert status.reached(state) is expected
+
+
+# -- connector files, diffs and plans -----------------------------------------------------
+
+
+def test_the_outbox_connector_file_expands_with_local_defaults() -> None:
+    spec = load_spec(CONNECTOR_FILE, {})
+    config = spec.config
+
+    assert spec.name == "outbox-connector"
+    assert config["database.password"] == "${env:CDC_ROUTER_DB_PASSWORD}"
+    assert plain_secrets(config) == []
+    assert (config["database.hostname"], config["database.port"], config["database.user"],
+            config["database.dbname"]) == ("127.0.0.1", "15432", "debezium", "postgres")
+    assert config["plugin.name"] == "pgoutput"
+    assert config["publication.autocreate.mode"] == "disabled"
+    assert config["table.include.list"] == "public.outbox"
+    assert config["topic.prefix"] == "outbox"
+    assert config["tombstones.on.delete"] == "false"
+    assert config["exactly.once.support"] == "required"
+    assert config["value.converter.schemas.enable"] == "false"
+    assert "public.debezium_heartbeat" in config["heartbeat.action.query"]
+    assert all("${" not in value for key, value in config.items() if key != "database.password")
+
+
+def test_the_outbox_connector_file_follows_the_environment() -> None:
+    spec = load_spec(CONNECTOR_FILE, {"CONNECTOR_NAME": "orders", "SLOT_NAME": "orders_slot",
+                                      "REPLICATION_FACTOR": "3", "RAW_TOPIC_PARTITIONS": "6"})
+
+    assert spec.name == "orders"
+    assert spec.config["slot.name"] == "orders_slot"
+    assert spec.config["topic.creation.default.replication.factor"] == "3"
+    assert spec.config["topic.creation.default.partitions"] == "6"
+
+
+def test_a_flat_config_and_scalar_values_are_accepted_as_connect_strings() -> None:
+    spec = parse_spec('{"name": "c", "connector.class": "C", "tasks.max": 1, "x": true}', {},
+                      source="c.json")
+
+    assert spec.config == {"name": "c", "connector.class": "C", "tasks.max": "1", "x": "true"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{", "not valid JSON"),
+    ("[]", "expected a JSON object"),
+    ('{"config": {"connector.class": "C"}}', "needs a non-empty name"),
+    ('{"name": "c", "config": {}}', "connector.class"),
+    ('{"name": "c", "config": {"connector.class": "C", "name": "d"}}', "differs"),
+    ('{"name": "c", "config": {"connector.class": "C", "x": {"y": 1}}}', "must be a string"),
+    ('{"name": "c", "config": {"connector.class": "C"}, "tasks": []}', "unexpected top-level"),
+])
+def test_bad_connector_files_name_the_file(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_spec(text, {}, source="bad.json")
+
+    assert str(caught.value).startswith("bad.json")
+
+
+def test_diff_ignores_the_name_and_masked_secrets() -> None:
+    desired = {"connector.class": "C", "database.password": "${env:P}", "a": "1", "new": "x"}
+    deployed = {"name": "c", "connector.class": "C", "database.password": "********", "a": "2",
+                "gone": "y"}
+
+    assert diff_config(desired, deployed) == (
+        ConfigChange("a", "2", "1"), ConfigChange("gone", "y", None),
+        ConfigChange("new", None, "x"))
+
+
+def test_a_changed_provider_reference_is_a_change() -> None:
+    assert diff_config({"database.password": "${env:B}"}, {"database.password": "${env:A}"}) \
+        == (ConfigChange("database.password", "${env:A}", "${env:B}"),)
+
+
+def test_plan_creates_updates_or_leaves_alone() -> None:
+    deployed: dict[str, dict[str, str]] = {"same": {"name": "same", "connector.class": "C"},
+                                           "other": {"name": "other", "connector.class": "D"}}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        name = request.url.path.split("/")[2]
+        if name not in deployed:
+            return httpx.Response(404, json={"message": "not found"})
+        return httpx.Response(200, json=deployed[name])
+
+    connect = client(answer)
+    plans = [plan(connect, parse_spec(json.dumps({"name": name, "connector.class": "C"}), {},
+                                      source="f")) for name in ("same", "other", "new")]
+
+    assert [item.action for item in plans] == [Action.UNCHANGED, Action.UPDATE, Action.CREATE]
+    assert plans[1].changes == (ConfigChange("connector.class", "D", "C"),)
+
+
+def test_secrets_are_redacted_unless_they_are_provider_references() -> None:
+    assert redact("database.password", "hunter2") == "*****"
+    assert redact("database.password", "${file:/s.properties:pw}") == "${file:/s.properties:pw}"
+    assert redact("sasl.jaas.config", "x required password=y;") == "*****"
+    assert redact("slot.name", "s") == "s"
+    assert plain_secrets({"database.password": "hunter2", "a.secret": "${env:S}"}) == [
+        "database.password"]
+
+
+# -- the CLI's error lines ----------------------------------------------------------------
+
+
+def test_an_unset_placeholder_is_one_line_naming_variable_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"name": "c", "config": {"connector.class": "C", "slot.name": "${SLOT}"}}')
+
+    result = CliRunner().invoke(main, ["connectors", "--url", "http://127.0.0.1:9",
+                                       "diff", "-f", str(path)], env={"SLOT": None})
+
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert "${SLOT} is not set and has no default" in result.stderr
+    assert str(path) in result.stderr
+
+
+def test_an_unreachable_connect_is_one_line_with_the_url() -> None:
+    result = CliRunner().invoke(main, ["connectors", "--url", "http://127.0.0.1:9", "list"])
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: Kafka Connect unreachable at http://127.0.0.1:9")
+    assert result.stderr.count("\n") == 1
