@@ -1,0 +1,137 @@
+"""Fulfillment: ships an order once per payment-confirmed event, however often it arrives.
+
+The consumer half of the outbox demo. The router delivers each PaymentConfirmed event at
+least once to the consumer (key = event id, value = the outbox payload as JSON, e.g.
+{"order_id": "42", "amount": "19.90"}); this service inserts one shipment per event id.
+The shipment row and the dedup row commit in one Postgres transaction, so a crash, a retry
+or a redelivery never ships twice, and the offset is committed only after that commit.
+
+    python examples/fulfillment.py --bootstrap 127.0.0.1:19092 \\
+        --dsn postgresql://postgres:postgres@127.0.0.1:15432/postgres \\
+        --topic payments.confirmed
+
+SIGTERM or Ctrl-C stops it gracefully: the record in hand finishes, offsets are committed.
+`--fail-after-write RATE` makes the handler raise after its insert on a share of first
+attempts, to watch the rollback and the retry do their work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import signal
+import sys
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
+from cdc_router.dedup.postgres import PostgresDedupStore
+from cdc_router.errors import CdcRouterError
+
+log = logging.getLogger("fulfillment")
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose after the shipment insert (--fail-after-write)."""
+
+
+def decode_payment(raw: bytes | None) -> dict[str, Any]:
+    """The payment-confirmed payload; one without an order id is malformed (dead-lettered)."""
+    payload = json.loads(raw or b"")
+    if not isinstance(payload, dict) or not payload.get("order_id"):
+        raise ValueError("payment-confirmed payload has no order_id")
+    return payload
+
+
+def _table(name: str) -> sql.Identifier:
+    return sql.Identifier(*name.split("."))
+
+
+def create_shipments_table(dsn: str, table: str) -> None:
+    """The effect table. No unique constraint on event_id on purpose: dedup is the store's job."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
+            " event_id text NOT NULL, amount text, shipped_at timestamptz NOT NULL DEFAULT now())"
+        ).format(_table(table)))
+
+
+class Fulfillment:
+    """The handler: one shipment row per event, written in the dedup transaction."""
+
+    def __init__(self, table: str, fail_after_write: float = 0.0,
+                 rng: random.Random | None = None) -> None:
+        self._insert = sql.SQL(
+            "INSERT INTO {} (order_id, event_id, amount) VALUES (%s, %s, %s)").format(
+                _table(table))
+        self._fail_after_write = fail_after_write
+        self._rng = rng or random.Random()
+
+    def ship_order(self, event: ConsumedEvent, conn: psycopg.Connection[Any]) -> None:
+        """Insert the shipment with `conn`: it commits with the dedup row, or not at all."""
+        payload = event.payload
+        conn.execute(self._insert, (payload["order_id"], event.event_id, payload.get("amount")))
+        if event.attempt == 1 and self._rng.random() < self._fail_after_write:
+            raise InjectedFailure(f"injected failure after shipping {event.event_id}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    parser.add_argument("--dsn", required=True, help="Postgres connection string")
+    parser.add_argument("--topic", required=True, action="append",
+                        help="payment-confirmed topic (repeatable)")
+    parser.add_argument("--group", default="fulfillment", help="consumer group id")
+    parser.add_argument("--dead-letter-topic", default="fulfillment.dlq")
+    parser.add_argument("--shipments-table", default="public.shipments")
+    parser.add_argument("--dedup-table", default="public.cdc_router_dedup")
+    parser.add_argument("--max-attempts", type=int, default=5)
+    parser.add_argument("--commit-interval", type=float, default=1.0,
+                        help="seconds between offset commits")
+    parser.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra librdkafka consumer property (repeatable)")
+    parser.add_argument("--fail-after-write", type=float, default=0.0, metavar="RATE",
+                        help="demo: raise after the insert on this share of first attempts")
+    return parser.parse_args(argv)
+
+
+def build(args: argparse.Namespace) -> IdempotentConsumer[psycopg.Connection[Any]]:
+    """The consumer for `args`; creates the tables it needs (idempotent)."""
+    extra = dict(item.split("=", 1) for item in args.consumer_config)
+    settings = ConsumerSettings(
+        bootstrap_servers=args.bootstrap, group_id=args.group, topics=tuple(args.topic),
+        dead_letter_topic=args.dead_letter_topic, commit_interval_s=args.commit_interval,
+        retry=RetryPolicy(max_attempts=args.max_attempts, initial_backoff_s=0.05,
+                          max_backoff_s=2.0),
+        consumer_config=extra)
+    store = PostgresDedupStore(args.dsn, table=args.dedup_table)
+    store.ensure_schema()
+    create_shipments_table(args.dsn, args.shipments_table)
+    handler = Fulfillment(args.shipments_table, args.fail_after_write)
+    return IdempotentConsumer(settings, store, handler.ship_order, decoder=decode_payment)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    try:
+        consumer = build(args)
+        # Signals only set the stop flag; the loop finishes its record, commits and closes.
+        signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
+        signal.signal(signal.SIGINT, lambda *_: consumer.stop())
+        consumer.run()
+    except CdcRouterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    stats = consumer.stats
+    log.info("event=fulfillment_stopped shipped=%d duplicates=%d dead_lettered=%d retries=%d",
+             stats.processed, stats.duplicates, stats.dead_lettered, stats.retries)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
