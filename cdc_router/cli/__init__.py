@@ -16,6 +16,7 @@ from cdc_router.errors import CdcRouterError
 COMMAND_MODULES: dict[str, str] = {
     "connectors": "cdc_router.cli.connectors",
     "local": "cdc_router.cli.local",
+    "outbox": "cdc_router.cli.outbox",
 }
 
 

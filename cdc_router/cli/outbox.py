@@ -1,0 +1,161 @@
+"""`cdc-router outbox`: create the outbox and what Debezium needs; write events from scripts.
+
+The option decorators (`dsn_option`, `schema_options`) and `database()` are meant for every
+command of this group, so that a new command (stats, purge, ...) is one function.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from cdc_router.errors import ConfigError
+from cdc_router.outbox import (
+    COLUMN_FIELDS,
+    DEFAULT_HEARTBEAT_TABLE,
+    DEFAULT_PUBLICATION,
+    PAYLOAD_TYPES,
+    CaptureSetup,
+    DatabaseError,
+    OutboxSchema,
+    init_outbox,
+    init_steps,
+    render_psql,
+    write_event,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
+
+dsn_option = click.option(
+    "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
+    help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
+
+
+def schema_options(command: F) -> F:
+    """--table, --column and --payload-type, handed to the command as `schema: OutboxSchema`."""
+
+    @click.option("--table", default="public.outbox", show_default=True,
+                  help="The outbox table, schema.table.")
+    @click.option("--column", "columns", multiple=True, metavar="DEFAULT=NAME",
+                  help=f"Rename a column ({', '.join(COLUMN_FIELDS)}); repeatable.")
+    @click.option("--payload-type", type=click.Choice(PAYLOAD_TYPES), default="jsonb",
+                  show_default=True, help="payload column type: JSON, or bytes already encoded.")
+    @functools.wraps(command)
+    def wrapper(*args: Any, table: str, columns: tuple[str, ...], payload_type: str,
+                **kwargs: Any) -> Any:
+        renames = dict(_key_value(item, "--column") for item in columns)
+        schema = OutboxSchema(table=table, payload_type=payload_type)  # type: ignore[arg-type]
+        return command(*args, schema=schema.with_columns(renames), **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _key_value(item: str, option: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigError("expected KEY=VALUE", field=option, value=item)
+    return key, value
+
+
+@contextmanager
+def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection whose failures become one-line DatabaseErrors naming host, port and db."""
+    where = _where(dsn)
+    try:
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            yield conn
+    except psycopg.Error as error:
+        raise DatabaseError(f"Postgres at {where}: {_one_line(error)}") from error
+
+
+def _where(dsn: str) -> str:
+    # Never echo the DSN itself: it may carry a password.
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        raise ConfigError("not a valid connection string", field="--dsn",
+                          hint=_one_line(error)) from error
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+def _one_line(error: Exception) -> str:
+    diag = getattr(error, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    text = primary or str(error)
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+@click.group("outbox")
+def cli() -> None:
+    """The outbox table, its publication and replication role; writing events."""
+
+
+@cli.command()
+@dsn_option
+@schema_options
+@click.option("--publication", default=DEFAULT_PUBLICATION, show_default=True,
+              help="Insert-only publication Debezium reads (publication.name).")
+@click.option("--heartbeat-table", default=DEFAULT_HEARTBEAT_TABLE, show_default=True,
+              help="Table that Debezium's heartbeat.action.query upserts.")
+@click.option("--replication-role", help="Also create this least-privilege role for Debezium.")
+@click.option("--replication-password", envvar="CDC_ROUTER_DB_PASSWORD",
+              help="The role's password [env CDC_ROUTER_DB_PASSWORD].")
+@click.option("--print", "print_sql", is_flag=True,
+              help="Print a psql script instead (psql -v replication_password=... -f -).")
+def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
+         replication_role: str | None, replication_password: str | None,
+         print_sql: bool) -> None:
+    """Create the outbox, heartbeat table, publication (and role) if missing; idempotent."""
+    setup = CaptureSetup(publication, heartbeat_table, replication_role)
+    if print_sql:
+        click.echo(render_psql(init_steps(schema, setup), replication_role), nl=False)
+        return
+    if replication_role is not None and not replication_password:
+        raise ConfigError("--replication-role needs a password", field="--replication-password",
+                          hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
+    with database(dsn) as conn:
+        report = init_outbox(conn, schema, setup, replication_password=replication_password)
+    for verb, label, _ in report.steps:
+        click.echo(f"{verb:<8} {label}")
+    if report.password is not None:
+        click.echo(f"password of role {replication_role}: {report.password}")
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo("outbox ready" + ("" if report.changed else " (nothing changed)"))
+
+
+@cli.command()
+@dsn_option
+@schema_options
+@click.option("--aggregate-type", required=True, help="What the event is about (Order).")
+@click.option("--aggregate-id", required=True, help="Which one (42).")
+@click.option("--type", "event_type", required=True, help="Event type (OrderPaid).")
+@click.option("--payload", required=True, help="JSON object or array; '-' reads stdin.")
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE",
+              help="A string header; repeatable.")
+@click.option("--event-id", help="Event id (UUID); default: a new UUIDv7.")
+def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str,
+          event_type: str, payload: str, headers: tuple[str, ...],
+          event_id: str | None) -> None:
+    """Write one event to the outbox (committed) and print its id."""
+    text = sys.stdin.read() if payload == "-" else payload
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"not valid JSON: {error.msg}", field="--payload") from error
+    if not isinstance(value, dict | list):
+        raise ConfigError("must be a JSON object or array", field="--payload", value=text)
+    header_map = dict(_key_value(item, "--header") for item in headers)
+    with database(dsn) as conn, conn.transaction():
+        written = write_event(conn, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
+                              type=event_type, payload=value, headers=header_map or None,
+                              event_id=event_id, schema=schema)
+    click.echo(written)

@@ -1,0 +1,392 @@
+"""The outbox table, what Debezium needs around it, and `write_event()` for applications.
+
+`init_steps()` lists the idempotent setup (table, heartbeat table, insert-only publication,
+least-privilege replication role); `init_outbox()` runs what is missing and says what it did;
+`render_psql()` prints it for a DBA.
+Identifiers always go through psycopg.sql, never through string formatting.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from cdc_router.errors import CdcRouterError, ConfigError
+
+PayloadType = Literal["jsonb", "bytea"]
+PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
+DEFAULT_PUBLICATION = "cdc_router_outbox"
+DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
+_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
+
+
+class DatabaseError(CdcRouterError):
+    """Postgres refused or could not be reached; str() is one line naming where."""
+
+
+class InvalidEventError(CdcRouterError, ValueError):
+    """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""
+
+
+def _check_identifier(name: str, what: str) -> str:
+    if not name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
+        raise ConfigError(f"not a usable Postgres identifier (1 to {_MAX_IDENTIFIER_BYTES} "
+                          "bytes)", field=what, value=name)
+    return name
+
+
+def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
+    """`schema.table` or `table` (schema `public`) → (schema, table), both checked."""
+    parts = qualified.split(".")
+    if len(parts) > 2:
+        raise ConfigError("expected schema.table or table", field=what, value=qualified)
+    schema, table = parts if len(parts) == 2 else ("public", parts[0])
+    return _check_identifier(schema, what), _check_identifier(table, what)
+
+
+# Default column name → OutboxSchema field, for renaming columns by the names people know.
+COLUMN_FIELDS: Mapping[str, str] = {
+    "id": "id_column", "aggregatetype": "aggregate_type_column",
+    "aggregateid": "aggregate_id_column", "type": "type_column", "payload": "payload_column",
+    "headers": "headers_column", "created_at": "created_at_column",
+}
+
+
+@dataclass(frozen=True)
+class OutboxSchema:
+    """Where the outbox lives and what its columns are called (EventRouter SMT defaults)."""
+
+    table: str = "public.outbox"
+    id_column: str = "id"
+    aggregate_type_column: str = "aggregatetype"
+    aggregate_id_column: str = "aggregateid"
+    type_column: str = "type"
+    payload_column: str = "payload"
+    headers_column: str = "headers"
+    created_at_column: str = "created_at"
+    payload_type: PayloadType = "jsonb"
+
+    def __post_init__(self) -> None:
+        split_table(self.table)
+        for name in COLUMN_FIELDS.values():
+            _check_identifier(getattr(self, name), name)
+        if self.payload_type not in PAYLOAD_TYPES:
+            raise ConfigError("must be jsonb or bytea", field="payload_type",
+                              value=self.payload_type)
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(*split_table(self.table))
+
+    def with_columns(self, renames: Mapping[str, str]) -> OutboxSchema:
+        """A copy with columns renamed by their default names: {"aggregatetype": "kind"}."""
+        unknown = sorted(set(renames) - set(COLUMN_FIELDS))
+        if unknown:
+            raise ConfigError("unknown outbox column", field="column", value=unknown,
+                              hint=f"one of {', '.join(COLUMN_FIELDS)}")
+        changes: dict[str, Any] = {COLUMN_FIELDS[key]: value for key, value in renames.items()}
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class CaptureSetup:
+    """The objects Debezium needs besides the outbox table itself."""
+
+    publication: str = DEFAULT_PUBLICATION
+    heartbeat_table: str = DEFAULT_HEARTBEAT_TABLE
+    replication_role: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_identifier(self.publication, "publication")
+        split_table(self.heartbeat_table, "heartbeat_table")
+        if self.replication_role is not None:
+            _check_identifier(self.replication_role, "replication_role")
+
+
+def _outbox_ddl(schema: OutboxSchema) -> sql.Composed:
+    # timestamp(6) without time zone: Debezium sends it as MicroTimestamp (an epoch number);
+    # the UTC default keeps that number right whatever the writing session's TimeZone is.
+    return sql.SQL("""CREATE TABLE IF NOT EXISTS {table} (
+    {id} uuid PRIMARY KEY,
+    {aggregatetype} text NOT NULL,
+    {aggregateid} text NOT NULL,
+    {type} text NOT NULL,
+    {payload} {payload_type} NOT NULL,
+    {headers} jsonb,
+    {created_at} timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')
+)""").format(
+        table=schema.identifier, id=sql.Identifier(schema.id_column),
+        aggregatetype=sql.Identifier(schema.aggregate_type_column),
+        aggregateid=sql.Identifier(schema.aggregate_id_column),
+        type=sql.Identifier(schema.type_column), payload=sql.Identifier(schema.payload_column),
+        payload_type=sql.SQL(schema.payload_type), headers=sql.Identifier(schema.headers_column),
+        created_at=sql.Identifier(schema.created_at_column))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One idempotent piece of the setup: skipped when `done_query` answers true."""
+
+    label: str
+    statement: sql.Composed
+    done_query: sql.Composed
+    verb: str = "created"
+    verb_if_done: str = "exists"
+    # CREATE PUBLICATION / CREATE ROLE have no IF NOT EXISTS: printed SQL must guard them.
+    guarded: bool = False
+
+
+def _exists(query: str, *values: str) -> sql.Composed:
+    return sql.SQL(query).format(*map(sql.Literal, values))
+
+
+def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
+    """The outbox, heartbeat table, publication and (optionally) role, in creation order.
+
+    The role's password is not a step (see set_password_statement): it is set apart so that
+    no plain-text password is ever printed or sent as SQL text.
+    """
+    outbox_schema, _ = split_table(schema.table)
+    heartbeat_schema, _ = split_table(setup.heartbeat_table, "heartbeat_table")
+    heartbeat = sql.Identifier(*split_table(setup.heartbeat_table, "heartbeat_table"))
+    quoted_outbox = schema.identifier.as_string(None)
+    quoted_heartbeat = heartbeat.as_string(None)
+    steps = [Step(f"schema {name}", sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                      sql.Identifier(name)),
+                  _exists("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = {})", name))
+             for name in sorted({outbox_schema, heartbeat_schema} - {"public"})]
+    steps += [
+        Step(f"table {schema.table}", _outbox_ddl(schema),
+             _exists("SELECT to_regclass({}) IS NOT NULL", quoted_outbox)),
+        Step(f"table {setup.heartbeat_table}", sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, ts timestamptz NOT NULL)"
+        ).format(heartbeat), _exists("SELECT to_regclass({}) IS NOT NULL", quoted_heartbeat)),
+        # Insert-only: deleting processed rows must never put anything on the raw topic. The
+        # heartbeat table stays out: Debezium's heartbeat advances the slot with a logical
+        # decoding message instead (see connectors/README.md).
+        Step(f"publication {setup.publication}", sql.SQL(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
+                sql.Identifier(setup.publication), schema.identifier),
+             _exists("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = {})",
+                     setup.publication), guarded=True),
+    ]
+    role_name = setup.replication_role
+    if role_name is None:
+        return steps
+    role = sql.Identifier(role_name)
+    steps += [
+        Step(f"role {role_name}", sql.SQL("CREATE ROLE {} WITH LOGIN REPLICATION").format(role),
+             _exists("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = {})", role_name),
+             guarded=True),
+        Step(f"role {role_name} LOGIN REPLICATION",
+             sql.SQL("ALTER ROLE {} WITH LOGIN REPLICATION").format(role),
+             _exists("SELECT rolcanlogin AND rolreplication FROM pg_roles WHERE rolname = {}",
+                     role_name), verb="altered", verb_if_done="ok", guarded=True),
+    ]
+    steps += [Step(f"USAGE on schema {name} to {role_name}",
+                   sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), role),
+                   _exists("SELECT has_schema_privilege({}, {}, 'USAGE')", role_name, name),
+                   verb="granted", verb_if_done="ok")
+              for name in sorted({outbox_schema, heartbeat_schema})]
+    steps += [
+        Step(f"SELECT on {schema.table} to {role_name}",
+             sql.SQL("GRANT SELECT ON {} TO {}").format(schema.identifier, role),
+             _exists("SELECT has_table_privilege({}, {}, 'SELECT')", role_name, quoted_outbox),
+             verb="granted", verb_if_done="ok"),
+        # INSERT/UPDATE so that heartbeat.action.query can upsert; SELECT for its RETURNING.
+        Step(f"SELECT, INSERT, UPDATE on {setup.heartbeat_table} to {role_name}",
+             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(heartbeat, role),
+             _exists("SELECT has_table_privilege({0}, {1}, 'SELECT') AND has_table_privilege("
+                     "{0}, {1}, 'INSERT') AND has_table_privilege({0}, {1}, 'UPDATE')",
+                     role_name, quoted_heartbeat), verb="granted", verb_if_done="ok"),
+    ]
+    return steps
+
+
+def set_password_statement(role: str, verifier: str | None = None) -> sql.Composed:
+    """ALTER ROLE ... PASSWORD with a libpq-hashed verifier, or psql's :'replication_password'."""
+    value: sql.Composable = (sql.Literal(verifier) if verifier is not None
+                             else sql.SQL(":'replication_password'"))
+    return sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), value)
+
+
+def render_psql(steps: list[Step], password_role: str | None = None) -> str:
+    """The steps as a psql script (`--print`): guarded ones inside \\if blocks.
+
+    psql rather than DO blocks: no dependency on PL/pgSQL, and the password can come from a
+    psql variable (`psql -v replication_password=...`) instead of the script's text.
+    """
+    lines = []
+    for step in steps:
+        statement = step.statement.as_string(None) + ";"
+        if step.guarded:
+            lines += [f"SELECT NOT ({step.done_query.as_string(None)}) AS missing \\gset",
+                      "\\if :missing", f"  {statement}", "\\endif"]
+        else:
+            lines.append(statement)
+        lines.append("")
+    if password_role is not None:
+        lines.append(set_password_statement(password_role).as_string(None) + ";")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+@dataclass(frozen=True)
+class InitReport:
+    """What init_outbox() did: (verb, label, changed) per step."""
+
+    steps: tuple[tuple[str, str, bool], ...]
+    password: Literal["set", "unchanged"] | None
+    warnings: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return any(changed for _, _, changed in self.steps) or self.password == "set"
+
+
+def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: CaptureSetup, *,
+                replication_password: str | None = None) -> InitReport:
+    """Create what is missing, all or nothing (one transaction, or a savepoint in the caller's).
+
+    With a replication role and a password, the password is set when the role is new or
+    (as far as this session can read pg_authid) does not already match.
+    """
+    done = []
+    with conn.transaction():
+        for step in init_steps(schema, setup):
+            row = conn.execute(step.done_query).fetchone()
+            if row is not None and row[0]:
+                done.append((step.verb_if_done, step.label, False))
+                continue
+            conn.execute(step.statement)
+            done.append((step.verb, step.label, True))
+        password: Literal["set", "unchanged"] | None = None
+        if setup.replication_role is not None and replication_password is not None:
+            password = _ensure_password(conn, setup.replication_role, replication_password)
+        warnings = _publication_warnings(conn, schema, setup)
+    return InitReport(tuple(done), password, tuple(warnings))
+
+
+def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
+                          setup: CaptureSetup) -> list[str]:
+    # An existing publication is never altered (it may serve others); say what is off instead.
+    outbox_schema, outbox_table = split_table(schema.table)
+    row = conn.execute(
+        "SELECT pubupdate OR pubdelete OR pubtruncate, EXISTS (SELECT FROM pg_publication_tables"
+        " t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s)"
+        " FROM pg_publication p WHERE p.pubname = %s",
+        (outbox_schema, outbox_table, setup.publication)).fetchone()
+    if row is None:
+        return []
+    warnings = []
+    if row[0]:
+        warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
+                        "processed outbox rows will reach Kafka")
+    if not row[1]:
+        warnings.append(f"publication {setup.publication} does not include {schema.table}: "
+                        "Debezium will capture nothing from it")
+    return warnings
+
+
+def _ensure_password(conn: psycopg.Connection[Any], role: str, password: str) -> Literal[
+        "set", "unchanged"]:
+    readable = conn.execute("SELECT has_table_privilege('pg_authid', 'SELECT')").fetchone()
+    if readable is not None and readable[0]:
+        row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s",
+                           (role,)).fetchone()
+        if row is not None and _password_matches(row[0], password, role):
+            return "unchanged"
+    algorithm_row = conn.execute("SHOW password_encryption").fetchone()
+    algorithm = str(algorithm_row[0]) if algorithm_row else "scram-sha-256"
+    # Hashed by libpq on this side, as psql's \password does: the plain text reaches neither
+    # the server's statement log nor pg_stat_activity.
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), algorithm.encode())
+    conn.execute(set_password_statement(role, verifier.decode()))
+    return "set"
+
+
+def _password_matches(verifier: str | None, password: str, role: str) -> bool:
+    # Non-ASCII passwords go through SASLprep on the server, so they may not match here; the
+    # cost of that is only an unneeded (harmless) password reset.
+    if not verifier:
+        return False
+    if verifier.startswith("SCRAM-SHA-256$"):
+        try:
+            counts, keys = verifier.removeprefix("SCRAM-SHA-256$").split("$")
+            iterations, salt = counts.split(":")
+            stored_key = keys.split(":")[0]
+            salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt),
+                                         int(iterations))
+        except ValueError:
+            return False
+        client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+        computed = base64.b64encode(hashlib.sha256(client_key).digest()).decode()
+        return hmac.compare_digest(computed, stored_key)
+    if verifier.startswith("md5"):
+        computed = "md5" + hashlib.md5((password + role).encode()).hexdigest()
+        return hmac.compare_digest(computed, verifier)
+    return False
+
+
+# -- the application's side ---------------------------------------------------------------
+
+
+def new_event_id() -> str:
+    """A UUIDv7 (RFC 9562): time-ordered, so primary-key inserts stay at the index's end."""
+    millis = time.time_ns() // 1_000_000
+    value = ((millis & (2**48 - 1)) << 80) | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate_id: str,
+                type: str, payload: dict[str, Any] | list[Any] | bytes,
+                headers: Mapping[str, str] | None = None,
+                event_id: str | uuid.UUID | None = None,
+                schema: OutboxSchema = OutboxSchema()) -> str:
+    """Insert one outbox row in the caller's transaction and return its event id.
+
+    Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
+    business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
+    column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
+    """
+    event = str(event_id) if event_id is not None else new_event_id()
+    try:
+        event = str(uuid.UUID(event))
+    except ValueError:
+        raise InvalidEventError(f"event_id is not a UUID: {event!r}") from None
+    value: Any
+    if isinstance(payload, bytes | bytearray | memoryview):
+        if schema.payload_type != "bytea":
+            raise InvalidEventError(f"bytes payload for a {schema.payload_type} column "
+                                    f"{schema.payload_column!r}; pass a dict or list")
+        value = bytes(payload)
+    elif isinstance(payload, dict | list):
+        value = (Jsonb(payload) if schema.payload_type == "jsonb"
+                 else json.dumps(payload, separators=(",", ":")).encode())
+    else:
+        raise InvalidEventError(f"payload must be a dict, list or bytes, not "
+                                f"{payload.__class__.__name__} (parse JSON text first)")
+    if headers is not None and not all(
+            isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
+        raise InvalidEventError("headers must map strings to strings")
+    columns = (schema.id_column, schema.aggregate_type_column, schema.aggregate_id_column,
+               schema.type_column, schema.payload_column, schema.headers_column)
+    query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        schema.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.SQL(", ").join(sql.Placeholder() * len(columns)))
+    conn.execute(query, (event, aggregate_type, aggregate_id, type, value,
+                         Jsonb(dict(headers)) if headers is not None else None))
+    return event

@@ -1,0 +1,317 @@
+"""`outbox init` + `connectors apply` on the real stack: the outbox captured by its own role."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from click.testing import CliRunner, Result
+from confluent_kafka import Consumer, Message
+from confluent_kafka.admin import AdminClient
+
+from cdc_router.cli import main
+from cdc_router.outbox import OutboxSchema, write_event
+from tests.integration.support import StackEndpoints, drop_slot, unique
+
+pytestmark = pytest.mark.integration
+
+CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"
+# The Connect worker resolves ${env:CDC_ROUTER_DB_PASSWORD} from its own environment, which
+# `cdc-router local up` sets to this variable's value or, by default, "debezium".
+ROLE_PASSWORD = os.environ.get("CDC_ROUTER_DB_PASSWORD", "debezium")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One outbox, publication, role and connector, all named for this test run."""
+
+    stack: StackEndpoints
+    base: str
+    env: dict[str, str]
+    earlier_event: str  # written before the connector exists
+
+    @property
+    def connector(self) -> str:
+        return self.env["CONNECTOR_NAME"]
+
+    @property
+    def role(self) -> str:
+        return self.env["DB_USER"]
+
+    @property
+    def schema(self) -> OutboxSchema:
+        return OutboxSchema(table=self.env["OUTBOX_TABLE"])
+
+    @property
+    def raw_topic(self) -> str:
+        return f"{self.env['TOPIC_PREFIX']}.{self.env['OUTBOX_TABLE']}"
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> Result:
+        return CliRunner().invoke(main, list(args), env={
+            **self.env, "CDC_ROUTER_CONNECT_URL": self.stack.connect_url,
+            "CDC_ROUTER_PG_DSN": self.stack.postgres_dsn, **(env or {})})
+
+    def init_args(self) -> list[str]:
+        return ["outbox", "init", "--table", self.env["OUTBOX_TABLE"],
+                "--publication", self.env["PUBLICATION"],
+                "--heartbeat-table", self.env["HEARTBEAT_TABLE"],
+                "--replication-role", self.role, "--replication-password", ROLE_PASSWORD]
+
+
+@pytest.fixture(scope="module")
+def deployment(stack: StackEndpoints) -> Iterator[Deployment]:
+    base = unique("obx")
+    dsn = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
+    env = {"CONNECTOR_NAME": base.replace("_", "-"), "DB_HOST": str(dsn.get("host", "127.0.0.1")),
+           "DB_PORT": str(dsn.get("port", 5432)), "DB_NAME": str(dsn.get("dbname", "postgres")),
+           "DB_USER": f"{base}_dbz", "PUBLICATION": base, "SLOT_NAME": base,
+           "OUTBOX_TABLE": f"public.{base}", "HEARTBEAT_TABLE": f"public.{base}_hb",
+           "TOPIC_PREFIX": base.replace("_", "-"), "HEARTBEAT_INTERVAL_MS": "1000"}
+    deployment = Deployment(stack, base, env, str(uuid.uuid4()))
+    try:
+        result = deployment.cli(*deployment.init_args())
+        assert result.exit_code == 0, result.output
+        yield deployment
+    finally:
+        _clean_up(deployment)
+
+
+def _clean_up(deployment: Deployment) -> None:
+    deleted = deployment.cli("connectors", "delete", deployment.connector, "--yes")
+    drop_slot(deployment.stack.postgres_dsn, deployment.base)
+    with psycopg.connect(deployment.stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP PUBLICATION IF EXISTS {deployment.base}")
+        for table in (deployment.base, f"{deployment.base}_hb", f"{deployment.base}_other"):
+            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
+        if conn.execute("SELECT FROM pg_roles WHERE rolname = %s",
+                        (deployment.role,)).fetchone() is not None:
+            conn.execute(f"DROP OWNED BY {deployment.role}")
+            conn.execute(f"DROP ROLE {deployment.role}")
+    admin = AdminClient({"bootstrap.servers": deployment.stack.bootstrap_servers})
+    prefix = deployment.env["TOPIC_PREFIX"]
+    topics = [name for name in admin.list_topics(timeout=10).topics
+              if name.startswith(f"{prefix}.") or name == f"__debezium-heartbeat.{prefix}"]
+    for future in admin.delete_topics(topics).values() if topics else ():
+        future.result()
+    assert deleted.exit_code in (0, 1), deleted.output  # 1: the connector never got created
+
+
+@pytest.fixture(scope="module")
+def running(deployment: Deployment) -> Deployment:
+    """The connector applied from connectors/outbox-connector.json and RUNNING."""
+    # Written before the connector exists: the snapshot (snapshot.mode) must deliver it.
+    with psycopg.connect(deployment.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="0", type="Earlier",
+                    payload={"before": "connector"}, event_id=deployment.earlier_event,
+                    schema=deployment.schema)
+    applied = deployment.cli("connectors", "apply", "-f", str(CONNECTOR_FILE))
+    assert applied.exit_code == 0, applied.output
+    assert f"{deployment.connector}: created" in applied.stdout
+    waited = deployment.cli("connectors", "wait", deployment.connector, "--state", "RUNNING",
+                            "--timeout", "120")
+    assert waited.exit_code == 0, waited.output
+    return deployment
+
+
+def test_init_a_second_time_changes_nothing(deployment: Deployment) -> None:
+    before = _catalog(deployment)
+
+    again = deployment.cli(*deployment.init_args())
+
+    assert again.exit_code == 0, again.output
+    assert not re.search(r"^(created|altered|granted) ", again.stdout, re.M)
+    assert "outbox ready (nothing changed)" in again.stdout
+    assert f"password of role {deployment.role}: unchanged" in again.stdout
+    assert _catalog(deployment) == before
+
+
+def test_status_shows_running_after_apply(running: Deployment) -> None:
+    text = running.cli("connectors", "status", running.connector)
+    as_json = running.cli("connectors", "status", running.connector, "-o", "json")
+
+    assert text.exit_code == 0, text.output
+    assert re.search(rf"connector\s+{running.connector}\s+RUNNING", text.stdout)
+    assert re.search(r"task\s+0\s+RUNNING", text.stdout)
+    status = json.loads(as_json.stdout)
+    assert status["state"] == "RUNNING"
+    assert [task["state"] for task in status["tasks"]] == ["RUNNING"]
+
+
+def test_events_reach_the_raw_topic_and_deletes_do_not(running: Deployment) -> None:
+    event = str(uuid.uuid4())
+    marker = str(uuid.uuid4())
+    with psycopg.connect(running.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="42", type="OrderPaid",
+                    payload={"total": 10}, headers={"tenant": "t1"}, event_id=event,
+                    schema=running.schema)
+    with psycopg.connect(running.stack.postgres_dsn) as conn:
+        conn.execute(f"DELETE FROM public.{running.base} WHERE id = %s", (event,))
+    with psycopg.connect(running.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="42", type="Marker",
+                    payload={}, event_id=marker, schema=running.schema)
+
+    records = _read_until(running, marker)
+
+    # Everything on the topic up to the marker, in order: the snapshot read, the insert,
+    # the marker. A delete event or a tombstone would sit between the insert and the marker.
+    values = [json.loads(record.value()) if record.value() is not None else None
+              for record in records]
+    assert [(value["op"], value["after"]["id"]) for value in values if value] == [
+        ("r", running.earlier_event), ("c", event), ("c", marker)]
+    assert None not in values
+    inserted = values[1]
+    assert inserted["after"]["aggregatetype"] == "Order"
+    assert json.loads(inserted["after"]["payload"]) == {"total": 10}
+    assert json.loads(inserted["after"]["headers"]) == {"tenant": "t1"}
+    assert isinstance(inserted["after"]["created_at"], int)  # MicroTimestamp
+    assert json.loads(records[1].key()) == {"id": event}
+
+
+def test_diff_is_empty_after_apply_and_shows_a_changed_field(running: Deployment,
+                                                             tmp_path: Path) -> None:
+    unchanged = running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE))
+    changed_file = tmp_path / "changed.json"
+    document = json.loads(CONNECTOR_FILE.read_text())
+    document["config"]["heartbeat.interval.ms"] = "2500"
+    changed_file.write_text(json.dumps(document))
+
+    changed = running.cli("connectors", "diff", "-f", str(changed_file))
+    as_json = running.cli("connectors", "diff", "-f", str(changed_file), "-o", "json")
+
+    assert unchanged.exit_code == 0, unchanged.output
+    assert f"{running.connector} ({CONNECTOR_FILE}): unchanged" in unchanged.stdout
+    assert changed.exit_code == 2, changed.output
+    assert "~ heartbeat.interval.ms: 1000 -> 2500" in changed.stdout
+    assert json.loads(as_json.stdout)[0]["changes"] == [
+        {"key": "heartbeat.interval.ms", "deployed": "1000", "desired": "2500"}]
+
+
+def test_apply_dry_run_prints_connects_error_for_a_bad_property(running: Deployment,
+                                                                 tmp_path: Path) -> None:
+    bad_file = tmp_path / "bad.json"
+    document = json.loads(CONNECTOR_FILE.read_text())
+    document["config"]["snapshot.mode"] = "sometimes"
+    bad_file.write_text(json.dumps(document))
+
+    result = running.cli("connectors", "apply", "--dry-run", "-f", str(bad_file))
+
+    assert result.exit_code == 1, result.output
+    assert re.search(r"bad\.json: .+: snapshot\.mode: .*value is invalid", result.stderr), \
+        result.stderr
+    assert "Kafka Connect rejects" in result.stderr
+    assert running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE)).exit_code == 0
+
+
+def test_the_replication_role_reads_only_the_outbox_and_still_streams(
+        running: Deployment) -> None:
+    with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{running.base}_other (secret text)")
+    role_dsn = psycopg.conninfo.make_conninfo(running.stack.postgres_dsn, user=running.role,
+                                              password=ROLE_PASSWORD)
+    with psycopg.connect(role_dsn, autocommit=True) as conn:
+        conn.execute(f"SELECT count(*) FROM public.{running.base}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f"SELECT * FROM public.{running.base}_other")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f"INSERT INTO public.{running.base} (id) VALUES (gen_random_uuid())")
+
+    deployed = httpx.get(f"{running.stack.connect_url}/connectors/{running.connector}/config",
+                         timeout=10).json()
+    assert deployed["database.user"] == running.role
+    # The heartbeat query runs as the role: its upsert lands within a few intervals.
+    assert _poll(lambda: _heartbeat_rows(running), timeout_s=60) == 1
+    assert running.cli("connectors", "wait", running.connector, "--timeout", "5").exit_code == 0
+
+
+def test_the_deployed_config_holds_no_plain_text_password(running: Deployment) -> None:
+    deployed = httpx.get(f"{running.stack.connect_url}/connectors/{running.connector}/config",
+                         timeout=10).json()
+
+    assert deployed["database.password"] == "${env:CDC_ROUTER_DB_PASSWORD}"
+    secrets = {key: value for key, value in deployed.items()
+               if re.search("password|secret", key, re.I)}
+    assert all(value.startswith("${") for value in secrets.values()), secrets
+
+
+def test_pause_and_resume(running: Deployment) -> None:
+    paused = running.cli("connectors", "pause", running.connector)
+    reached_paused = running.cli("connectors", "wait", running.connector, "--state", "PAUSED",
+                                 "--timeout", "60")
+    resumed = running.cli("connectors", "resume", running.connector)
+    reached_running = running.cli("connectors", "wait", running.connector, "--timeout", "60")
+
+    assert paused.exit_code == 0, paused.output
+    assert reached_paused.exit_code == 0, reached_paused.output
+    assert resumed.exit_code == 0, resumed.output
+    assert reached_running.exit_code == 0, reached_running.output
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _catalog(deployment: Deployment) -> dict[str, Any]:
+    """Identity of everything init creates: recreated or altered objects change these."""
+    with psycopg.connect(deployment.stack.postgres_dsn, autocommit=True) as conn:
+        return {
+            "tables": conn.execute(
+                "SELECT to_regclass(%s)::oid, to_regclass(%s)::oid",
+                (deployment.env["OUTBOX_TABLE"], deployment.env["HEARTBEAT_TABLE"])).fetchone(),
+            "publication": conn.execute(
+                "SELECT oid, pubinsert, pubupdate, pubdelete FROM pg_publication "
+                "WHERE pubname = %s", (deployment.env["PUBLICATION"],)).fetchone(),
+            "role": conn.execute(
+                "SELECT oid, rolcanlogin, rolreplication, rolpassword FROM pg_authid "
+                "WHERE rolname = %s", (deployment.role,)).fetchone(),
+            "grants": conn.execute(
+                "SELECT table_name, privilege_type FROM information_schema.role_table_grants "
+                "WHERE grantee = %s ORDER BY 1, 2", (deployment.role,)).fetchall(),
+        }
+
+
+def _heartbeat_rows(deployment: Deployment) -> int:
+    with psycopg.connect(deployment.stack.postgres_dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {deployment.env['HEARTBEAT_TABLE']}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _poll(probe: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+def _read_until(deployment: Deployment, event_id: str, timeout_s: float = 90) -> list[Message]:
+    """Records of the raw topic from the beginning, read_committed, up to `event_id`'s."""
+    admin = AdminClient({"bootstrap.servers": deployment.stack.bootstrap_servers})
+    assert _poll(lambda: deployment.raw_topic in admin.list_topics(timeout=10).topics, 60)
+    consumer = Consumer({"bootstrap.servers": deployment.stack.bootstrap_servers,
+                         "group.id": unique("obx_reader"), "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.subscribe([deployment.raw_topic])
+    records: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            records.append(message)
+            if message.value() and json.loads(message.value())["after"]["id"] == event_id:
+                return records
+    finally:
+        consumer.close()
+    raise AssertionError(f"{event_id} not on {deployment.raw_topic} after {timeout_s}s; "
+                         f"read {len(records)} record(s)")

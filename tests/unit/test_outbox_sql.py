@@ -1,0 +1,292 @@
+"""The outbox DDL as rendered, the schema value, write_event()'s inputs, and `outbox` CLI edges."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from cdc_router.cli import main
+from cdc_router.errors import ConfigError
+from cdc_router.outbox import (
+    CaptureSetup,
+    InvalidEventError,
+    OutboxSchema,
+    _password_matches,
+    init_steps,
+    new_event_id,
+    render_psql,
+    write_event,
+)
+
+# Postgres 15's verifier for the password "correct horse" (SET password_encryption =
+# 'scram-sha-256'; CREATE ROLE ... PASSWORD 'correct horse'; SELECT rolpassword ...).
+SCRAM_VERIFIER = ("SCRAM-SHA-256$4096:h35dCNSeG1hQvF0sfh8Dbg==$Fhk6KKKPUrKsDCQbW0f+tOSZtBRWUvAU6"
+                  "BJKKwn4aZY=:yYXNAzglNpJ3tkfNqkv8ZRloHw7PaczP7UVtnyD8FM4=")
+
+
+def script(schema: OutboxSchema | None = None, **setup: Any) -> str:
+    return render_psql(init_steps(schema or OutboxSchema(), CaptureSetup(**setup)),
+                       setup.get("replication_role"))
+
+
+# -- OutboxSchema ----------------------------------------------------------------------
+
+
+def test_the_default_schema_uses_the_event_router_column_names() -> None:
+    schema = OutboxSchema()
+
+    assert schema.table == "public.outbox"
+    assert (schema.id_column, schema.aggregate_type_column, schema.aggregate_id_column,
+            schema.type_column, schema.payload_column) == (
+        "id", "aggregatetype", "aggregateid", "type", "payload")
+    assert schema.payload_type == "jsonb"
+
+
+def test_columns_are_renamed_by_their_default_names() -> None:
+    schema = OutboxSchema().with_columns({"aggregatetype": "kind", "payload": "body"})
+
+    assert (schema.aggregate_type_column, schema.payload_column) == ("kind", "body")
+    with pytest.raises(ConfigError, match="unknown outbox column"):
+        OutboxSchema().with_columns({"aggregate_type": "kind"})
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"table": "a.b.c"}, "schema.table"),
+    ({"table": "public."}, "identifier"),
+    ({"table": "x" * 64}, "identifier"),
+    ({"payload_column": ""}, "identifier"),
+    ({"payload_type": "json"}, "jsonb or bytea"),
+])
+def test_bad_schemas_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        OutboxSchema(**kwargs)
+
+
+# -- the DDL ---------------------------------------------------------------------------
+
+
+def test_the_outbox_table_has_the_designed_columns() -> None:
+    text = script()
+
+    assert 'CREATE TABLE IF NOT EXISTS "public"."outbox" (' in text
+    for column in ('"id" uuid PRIMARY KEY', '"aggregatetype" text NOT NULL',
+                   '"aggregateid" text NOT NULL', '"type" text NOT NULL',
+                   '"payload" jsonb NOT NULL', '"headers" jsonb,',
+                   "\"created_at\" timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')"):
+        assert column in text
+
+
+def test_a_bytea_payload_and_renamed_columns_reach_the_ddl() -> None:
+    text = script(OutboxSchema(table="app.events", payload_type="bytea").with_columns(
+        {"id": "event_id"}))
+
+    assert 'CREATE SCHEMA IF NOT EXISTS "app"' in text
+    assert '"event_id" uuid PRIMARY KEY' in text
+    assert '"payload" bytea NOT NULL' in text
+
+
+def test_names_are_quoted_identifiers_never_spliced_text() -> None:
+    text = script(OutboxSchema(table='public.Out"box; DROP TABLE x'),
+                  publication="Pub", replication_role="dbz; --")
+
+    assert 'CREATE TABLE IF NOT EXISTS "public"."Out""box; DROP TABLE x"' in text
+    assert 'CREATE PUBLICATION "Pub" FOR TABLE "public"."Out""box; DROP TABLE x"' in text
+    assert 'CREATE ROLE "dbz; --" WITH LOGIN REPLICATION;' in text
+
+
+def test_the_publication_is_insert_only_on_the_outbox_and_created_only_if_absent() -> None:
+    text = script(publication="cdc_router_outbox")
+
+    assert ("SELECT NOT (SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = "
+            "'cdc_router_outbox')) AS missing \\gset\n\\if :missing\n  CREATE PUBLICATION "
+            "\"cdc_router_outbox\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert');\n"
+            "\\endif") in text
+
+
+def test_the_heartbeat_table_exists_but_stays_out_of_the_publication() -> None:
+    text = script()
+
+    assert ('CREATE TABLE IF NOT EXISTS "public"."debezium_heartbeat" '
+            "(id int PRIMARY KEY, ts timestamptz NOT NULL)") in text
+    assert "debezium_heartbeat" not in text.split("CREATE PUBLICATION")[1].split(";")[0]
+
+
+def test_the_role_may_replicate_and_read_only_the_outbox_and_heartbeat() -> None:
+    text = script(replication_role="debezium")
+    grants = [line for line in text.splitlines() if line.startswith("GRANT")]
+
+    assert 'CREATE ROLE "debezium" WITH LOGIN REPLICATION;' in text
+    assert grants == ['GRANT USAGE ON SCHEMA "public" TO "debezium";',
+                      'GRANT SELECT ON "public"."outbox" TO "debezium";',
+                      'GRANT SELECT, INSERT, UPDATE ON "public"."debezium_heartbeat" '
+                      'TO "debezium";']
+    assert "CREATE ON" not in text and "ALL PRIVILEGES" not in text
+
+
+def test_no_role_no_role_statements() -> None:
+    text = script()
+
+    assert "ROLE" not in text and "GRANT" not in text
+
+
+def test_the_printed_password_is_a_psql_variable() -> None:
+    text = script(replication_role="debezium")
+
+    assert text.rstrip().endswith(
+        "ALTER ROLE \"debezium\" WITH PASSWORD :'replication_password';")
+
+
+def test_every_step_that_creates_something_can_tell_it_is_done() -> None:
+    for step in init_steps(OutboxSchema(), CaptureSetup(replication_role="r")):
+        assert isinstance(step.done_query, sql.Composed)
+        assert step.done_query.as_string(None).startswith("SELECT ")
+
+
+# -- password verifiers ----------------------------------------------------------------
+
+
+def test_a_scram_verifier_matches_only_its_password() -> None:
+    assert _password_matches(SCRAM_VERIFIER, "correct horse", "anyone")
+    assert not _password_matches(SCRAM_VERIFIER, "correct horse!", "anyone")
+
+
+def test_an_md5_verifier_is_salted_with_the_role_name() -> None:
+    verifier = "md5" + hashlib.md5(b"pwdebezium").hexdigest()
+
+    assert _password_matches(verifier, "pw", "debezium")
+    assert not _password_matches(verifier, "pw", "other")
+    assert not _password_matches(None, "pw", "debezium")
+    assert not _password_matches("SCRAM-SHA-256$garbage", "pw", "debezium")
+
+
+# -- write_event -----------------------------------------------------------------------
+
+
+class RecordingConnection:
+    """Stands in for a psycopg connection: records what write_event() executes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.commits = 0
+
+    def execute(self, query: Any, params: tuple[Any, ...]) -> None:
+        self.calls.append((query, params))
+
+    def commit(self) -> None:
+        self.commits += 1
+
+
+def test_write_event_inserts_one_row_and_never_commits() -> None:
+    conn = RecordingConnection()
+
+    event_id = write_event(conn, aggregate_type="Order", aggregate_id="42",  # type: ignore[arg-type]
+                           type="OrderPaid", payload={"total": 10}, headers={"tenant": "t1"})
+
+    [(query, params)] = conn.calls
+    assert conn.commits == 0
+    assert query.as_string(None) == (
+        'INSERT INTO "public"."outbox" ("id", "aggregatetype", "aggregateid", "type", '
+        '"payload", "headers") VALUES (%s, %s, %s, %s, %s, %s)')
+    assert params[:4] == (event_id, "Order", "42", "OrderPaid")
+    assert isinstance(params[4], Jsonb) and params[4].obj == {"total": 10}
+    assert isinstance(params[5], Jsonb) and params[5].obj == {"tenant": "t1"}
+
+
+def test_write_event_keeps_a_given_id_and_stores_bytes_in_a_bytea_column() -> None:
+    conn = RecordingConnection()
+    given = uuid.uuid4()
+
+    event_id = write_event(conn, aggregate_type="A", aggregate_id="1",  # type: ignore[arg-type]
+                           type="T", payload=b"\x00avro", event_id=given,
+                           schema=OutboxSchema(payload_type="bytea"))
+
+    assert event_id == str(given)
+    assert conn.calls[0][1][4] == b"\x00avro"
+    assert conn.calls[0][1][5] is None
+
+
+def test_a_dict_for_a_bytea_column_is_stored_as_json_bytes() -> None:
+    conn = RecordingConnection()
+
+    write_event(conn, aggregate_type="A", aggregate_id="1", type="T",  # type: ignore[arg-type]
+                payload={"a": [1, 2]}, schema=OutboxSchema(payload_type="bytea"))
+
+    assert conn.calls[0][1][4] == b'{"a":[1,2]}'
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"payload": b"x"}, "bytes payload for a jsonb column"),
+    ({"payload": '{"a": 1}'}, "parse JSON text first"),
+    ({"payload": {}, "event_id": "not-a-uuid"}, "not a UUID"),
+    ({"payload": {}, "headers": {"n": 1}}, "strings to strings"),
+])
+def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: str) -> None:
+    conn = RecordingConnection()
+
+    with pytest.raises(InvalidEventError, match=message):
+        write_event(conn, aggregate_type="A", aggregate_id="1", type="T",  # type: ignore[arg-type]
+                    **kwargs)
+
+    assert conn.calls == []
+
+
+def test_new_event_ids_are_uuid7_ordered_by_time() -> None:
+    first = uuid.UUID(new_event_id())
+    time.sleep(0.002)
+    second = uuid.UUID(new_event_id())
+
+    assert (first.version, first.variant) == (7, uuid.RFC_4122)
+    assert str(first) < str(second)
+    assert abs((first.int >> 80) - time.time_ns() // 1_000_000) < 60_000
+
+
+# -- the CLI's edges (no database reached) ---------------------------------------------
+
+
+def test_print_shows_sql_and_never_the_password() -> None:
+    result = CliRunner().invoke(main, ["outbox", "init", "--print", "--replication-role",
+                                       "debezium", "--replication-password", "hunter2"])
+
+    assert result.exit_code == 0, result.output
+    assert "CREATE TABLE IF NOT EXISTS" in result.stdout
+    assert "hunter2" not in result.stdout
+    assert ":'replication_password'" in result.stdout
+
+
+def test_a_role_without_a_password_is_one_line() -> None:
+    result = CliRunner().invoke(main, ["outbox", "init", "--replication-role", "debezium"],
+                                env={"CDC_ROUTER_DB_PASSWORD": None})
+
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert "--replication-role needs a password" in result.stderr
+
+
+@pytest.mark.parametrize(("payload", "message"), [("{oops", "not valid JSON"),
+                                                  ("42", "JSON object or array")])
+def test_write_checks_the_payload_before_connecting(payload: str, message: str) -> None:
+    result = CliRunner().invoke(main, ["outbox", "write", "--dsn", "postgresql://x@127.0.0.1:9/db",
+                                       "--aggregate-type", "A", "--aggregate-id", "1",
+                                       "--type", "T", "--payload", payload])
+
+    assert result.exit_code == 1
+    assert message in result.stderr
+
+
+def test_an_unreachable_database_is_one_line_without_the_password() -> None:
+    result = CliRunner().invoke(main, ["outbox", "write", "--dsn",
+                                       "postgresql://u:hunter2@127.0.0.1:9/db",
+                                       "--aggregate-type", "A", "--aggregate-id", "1",
+                                       "--type", "T", "--payload", "{}"])
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: Postgres at 127.0.0.1:9/db: ")
+    assert result.stderr.count("\n") == 1
+    assert "hunter2" not in result.stderr
