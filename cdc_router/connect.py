@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +22,8 @@ import httpx
 
 from cdc_router.errors import ConfigError, ConnectError
 from cdc_router.placeholders import expand_tree, provider_references
+
+log = logging.getLogger("cdc_router.connect")
 
 # Connect's REST server gives a forwarded request (PUT config, restart, validate) up to 90 s
 # (ConnectResource's request timeout) before it answers 500 itself; reading a little longer
@@ -75,6 +78,16 @@ class ConnectorStatus:
         if state == "STOPPED":  # a stopped connector has no tasks at all
             return True
         return bool(self.tasks) and all(task.state == state for task in self.tasks)
+
+    def failure(self) -> str | None:
+        """'FAILED: <first trace line>' or 'task N FAILED: ...'; None when nothing failed."""
+        candidates = [("", self.state, self.trace)] + [
+            (f"task {task.id} ", task.state, task.trace) for task in self.tasks]
+        for what, state, trace in candidates:
+            if state == "FAILED":
+                lines = (trace or "").strip().splitlines()
+                return f"{what}FAILED: {lines[0] if lines else 'no trace'}"
+        return None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ConnectorStatus:
@@ -208,8 +221,8 @@ class ConnectClient:
             else:
                 if last.reached(state):
                     return last
-                if state == "RUNNING":
-                    _raise_if_failed(last)
+                if state == "RUNNING" and last.failure():
+                    raise ConnectError(f"connector {name!r} {last.failure()}")
                 if self._clock() >= deadline:
                     tasks = ", ".join(f"task {t.id} {t.state}" for t in last.tasks) or "no tasks"
                     raise ConnectError(f"connector {name!r} not {state} after {timeout:g}s "
@@ -237,6 +250,8 @@ class ConnectClient:
             except httpx.TransportError as error:
                 raise ConnectError(f"Kafka Connect unreachable at {self.url}: "
                                    f"{_one_line(str(error)) or type(error).__name__}") from error
+            log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
+                      path, response.status_code, attempt)
             if response.status_code == httpx.codes.CONFLICT and attempt < _CONFLICT_RETRIES:
                 self._sleep(_CONFLICT_BACKOFF_S)
                 continue
@@ -263,20 +278,6 @@ def _message(response: httpx.Response) -> str:
 
 def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
-
-
-def _raise_if_failed(status: ConnectorStatus) -> None:
-    if status.state == "FAILED":
-        raise ConnectError(f"connector {status.name!r} FAILED: {_first_line(status.trace)}")
-    for task in status.tasks:
-        if task.state == "FAILED":
-            raise ConnectError(f"connector {status.name!r} task {task.id} FAILED: "
-                               f"{_first_line(task.trace)}")
-
-
-def _first_line(trace: str | None) -> str:
-    lines = (trace or "").strip().splitlines()
-    return lines[0] if lines else "no trace"
 
 
 # -- connector files ----------------------------------------------------------------------

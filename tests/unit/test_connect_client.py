@@ -393,3 +393,98 @@ def test_an_unreachable_connect_is_one_line_with_the_url() -> None:
     assert result.exit_code == 1
     assert result.stderr.startswith("error: Kafka Connect unreachable at http://127.0.0.1:9")
     assert result.stderr.count("\n") == 1
+
+
+# -- the CLI against a scripted Connect ---------------------------------------------------
+
+
+class ScriptedConnect:
+    """A tiny in-memory Connect: configs by name, statuses, and a validation verdict."""
+
+    def __init__(self, configs: dict[str, dict[str, str]],
+                 errors: dict[str, list[str]] | None = None) -> None:
+        self.configs = configs
+        self.errors = errors or {}
+        self.puts: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        parts = request.url.path.strip("/").split("/")
+        if parts[0] == "connector-plugins":
+            return httpx.Response(200, json={"configs": [
+                {"value": {"name": key, "errors": messages}}
+                for key, messages in self.errors.items()]})
+        name = parts[1]
+        if request.method == "PUT" and parts[-1] == "config":
+            self.puts.append(name)
+            created = name not in self.configs
+            self.configs[name] = {**json.loads(request.content), "name": name}
+            return httpx.Response(201 if created else 200, json={})
+        if name not in self.configs:
+            return httpx.Response(404, json={"message": f"Connector {name} not found"})
+        if parts[-1] == "status":
+            return httpx.Response(200, json=status_json(
+                name, "RUNNING", "RUNNING", "FAILED",
+                trace="io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"))
+        return httpx.Response(200, json=self.configs[name])
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, connect: ScriptedConnect,
+            *args: str) -> Any:
+    def build(url: str, **kwargs: Any) -> ConnectClient:
+        return ConnectClient(url, transport=httpx.MockTransport(connect), **kwargs)
+
+    monkeypatch.setattr("cdc_router.cli.connectors.ConnectClient", build)
+    return CliRunner().invoke(main, ["connectors", *args])
+
+
+def connector_file(tmp_path: Path, **config: str) -> str:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"name": "c", "config": {"connector.class": "C", **config}}))
+    return str(path)
+
+
+def test_status_prints_the_failed_tasks_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_cli(monkeypatch, ScriptedConnect({"c": {"name": "c"}}), "status", "c")
+
+    assert result.exit_code == 0, result.output
+    assert "task 1 trace:\nio.debezium.DebeziumException: publication missing" in result.stdout
+
+
+def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C", "a": "1",
+                                     "database.password": "old"}})
+    path = connector_file(tmp_path, a="2", **{"database.password": "new"})
+
+    result = run_cli(monkeypatch, connect, "apply", "-f", path)
+
+    assert result.exit_code == 0, result.output
+    assert "c (" in result.stdout and "): update (2 keys)" in result.stdout
+    assert "  ~ a: 1 -> 2" in result.stdout
+    assert "  ~ database.password: ***** -> *****" in result.stdout
+    assert "old" not in result.stdout and "new" not in result.stdout
+    assert "database.password is plain text" in result.stderr
+    assert result.stdout.rstrip().endswith("c: updated")
+    assert connect.puts == ["c"]
+
+
+def test_apply_puts_nothing_when_connect_rejects_a_field(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    connect = ScriptedConnect({}, errors={"snapshot.mode": ["Value must be one of initial"]})
+
+    result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path))
+
+    assert result.exit_code == 1
+    assert "c.json: c: snapshot.mode: Value must be one of initial" in result.stderr
+    assert connect.puts == []
+
+
+def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C"}})
+
+    same = run_cli(monkeypatch, connect, "diff", "-f", connector_file(tmp_path))
+    differs = run_cli(monkeypatch, connect, "diff", "-f", connector_file(tmp_path, x="1"))
+
+    assert (same.exit_code, differs.exit_code) == (0, 2)
+    assert "  + x = 1" in differs.stdout
