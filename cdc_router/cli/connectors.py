@@ -104,7 +104,7 @@ def _plan_text(plans: list[ConnectorPlan], *, all_keys: bool) -> str:
     lines = []
     for item in plans:
         head = f"{item.spec.name} ({item.spec.source}): {item.action}"
-        if item.action is Action.UPDATE:
+        if item.action is not Action.UNCHANGED:
             head += f" ({len(item.changes)} key{'s' if len(item.changes) != 1 else ''})"
         lines.append(head)
         if all_keys or item.action is Action.UPDATE:
