@@ -179,6 +179,9 @@ def connect_properties(config: StackConfig) -> dict[str, str]:
         "rest.advertised.host.name": config.host,
         "rest.advertised.port": str(config.connect_port),
         "plugin.path": str(config.plugin_path),
+        # One worker: when it restarts there is nobody to wait for before reassigning its
+        # connectors (the default waits five minutes for a departed worker to come back).
+        "scheduled.rebalance.max.delay.ms": "0",
         # Every plugin here ships ServiceLoader manifests: skip the slow reflective scan.
         "plugin.discovery": "service_load",
     }

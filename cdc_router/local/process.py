@@ -62,6 +62,17 @@ def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
             start_new_session=True,
         )
     pid_path.write_text(f"{process.pid}\n")
+    # Right after exec the kernel shows an empty command line for a moment; is_running()
+    # reads it, so wait until the new program's arguments are visible.
+    deadline = time.monotonic() + 5
+    cmdline = Path(f"/proc/{process.pid}/cmdline")
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if cmdline.read_bytes():
+                break
+        except OSError:
+            break
+        time.sleep(0.005)
     return process.pid
 
 

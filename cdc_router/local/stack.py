@@ -237,7 +237,8 @@ def _postgres_healthy(config: StackConfig) -> bool:
 
 # Kafka ---------------------------------------------------------------------------------------
 
-def _java_command(config: StackConfig, heap_mb: int, main: str, *args: str) -> list[str]:
+def java_command(config: StackConfig, heap_mb: int, main: str, *args: str) -> list[str]:
+    """The java command line of one of the stack's JVMs (Kafka's jars, our logging)."""
     java = shutil.which("java") or "java"
     return [java, f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
@@ -253,13 +254,13 @@ def _start_kafka(config: StackConfig) -> int:
     properties.write_text(to_properties(kafka_properties(config)))
     if not (config.kafka_data / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        command = _java_command(config, 256, "kafka.tools.StorageTool", "format",
+        command = java_command(config, 256, "kafka.tools.StorageTool", "format",
                                 "-t", cluster_id, "-c", str(properties))
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise StackError(f"formatting Kafka's log directory failed: "
                              f"{(result.stderr or result.stdout).strip()[-500:]}")
-    return process.spawn(_java_command(config, config.kafka_heap_mb, "kafka.Kafka",
+    return process.spawn(java_command(config, config.kafka_heap_mb, "kafka.Kafka",
                                        str(properties)),
                          log_path=config.log_path("kafka"), pid_path=config.pid_path("kafka"),
                          cwd=base)
@@ -292,7 +293,7 @@ def _start_connect(config: StackConfig) -> int:
     # Connector configs reference the Debezium role's password as ${env:CDC_ROUTER_DB_PASSWORD}.
     env.setdefault("CDC_ROUTER_DB_PASSWORD", config.replication_password)
     return process.spawn(
-        _java_command(config, config.connect_heap_mb,
+        java_command(config, config.connect_heap_mb,
                       "org.apache.kafka.connect.cli.ConnectDistributed", str(properties)),
         log_path=config.log_path("connect"), pid_path=config.pid_path("connect"), env=env,
         cwd=base)
