@@ -73,7 +73,7 @@ def effect_table(dsn: str, schema: str) -> str:
 
 def count(dsn: str, query: str, *params: object) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query, params).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -136,14 +136,15 @@ def test_concurrent_duplicates_wait_for_the_first_and_run_once(
         target=lambda: outcomes.append(other.run_once(key, insert_effect(schema, "evt-1"))))
     second.start()
     # The second blocks on the first one's uncommitted dedup row until it commits.
-    wait_until(lambda: count(stack.postgres_dsn,
-                             "SELECT count(*) FROM pg_locks WHERE NOT granted") > 0,
+    waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+               " AND query LIKE %s")
+    wait_until(lambda: count(stack.postgres_dsn, waiting, f"%{schema}%") > 0,
                30, "second worker waiting on the row lock")
     release.set()
     first.join(30)
     second.join(30)
     other.close()
-    assert outcomes == [Outcome.DONE, Outcome.DUPLICATE]
+    assert sorted(outcome.value for outcome in outcomes) == ["done", "duplicate"]
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
 
 
@@ -212,3 +213,214 @@ def test_the_purge_loop_purges_until_stopped(stack: StackEndpoints, schema: str,
     stop.set()
     worker.join(30)
     assert not worker.is_alive()
+
+
+# --- the loop on a real broker -------------------------------------------------------------
+
+
+def create_topics(bootstrap: str, partitions: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, num_partitions=count, replication_factor=1)
+                                   for name, count in partitions.items()])
+    for future in futures.values():
+        future.result(60)
+
+
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(names).values():
+        future.result(60)
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes, int]]) -> None:
+    """Produce (key, value, partition) records in this order and wait for every ack."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 20})
+    for key, value, partition in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.1)  # local queue full: let deliveries drain
+    assert producer.flush(120) == 0
+
+
+def offsets(bootstrap: str, group: str, topic: str, partitions: int) -> tuple[list[int], list[int]]:
+    """(committed offsets of `group`, end offsets) per partition; -1001 for none committed."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                       "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        committed = [tp.offset for tp in reader.committed(tps, timeout=30)]
+        ends = [reader.get_watermark_offsets(tp, timeout=30)[1] for tp in tps]
+    finally:
+        reader.close()
+    return committed, ends
+
+
+@pytest.fixture
+def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
+    """A unique 4-partition input topic and its dead-letter topic, deleted afterwards."""
+    topic = unique("payments_confirmed")
+    dead_letter = f"{topic}.dlq"
+    create_topics(stack.bootstrap_servers, {topic: 4, dead_letter: 1})
+    yield topic, dead_letter
+    delete_topics(stack.bootstrap_servers, [topic, dead_letter])
+
+
+def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        topics: tuple[str, str]) -> None:
+    topic, dead_letter = topics
+    effect_table(stack.postgres_dsn, schema)
+    produce(stack.bootstrap_servers, topic, [
+        (None, b'{"order_id": "1"}', 0),  # no event id
+        (b"poison", b'{"order_id": "2"}', 0),
+        (b"good", b'{"order_id": "3"}', 0)])
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, event.event_id)(conn)
+        if event.event_id == "poison":
+            raise LookupError("order 2 is unknown")
+
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
+    consumer = IdempotentConsumer(settings, store, handler)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        wait_until(lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0]
+                   == 3, 120, "all three records committed")
+    finally:
+        consumer.stop()
+        runner.join(60)
+    effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
+    assert effects == 1  # "good"; the poison's write rolled back on every attempt
+    reader = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": unique("r"),
+                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    reader.assign([TopicPartition(dead_letter, 0, 0)])
+    dead: list[Any] = []
+    deadline = time.monotonic() + 60
+    while len(dead) < 2 and time.monotonic() < deadline:
+        message = reader.poll(0.5)
+        if message is not None and not message.error():
+            dead.append(message)
+    reader.close()
+    headers = [{k: v.decode() for k, v in m.headers()} for m in dead]
+    assert [(h["dlq.stage"], h["dlq.source.offset"]) for h in headers] == [
+        ("decode", "0"), ("handle", "1")]
+    assert headers[1]["dlq.error.class"] == "LookupError"
+    assert headers[1]["dlq.attempts"] == "3"
+    assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
+               for h in headers)
+    assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+class Worker:
+    """One fulfillment process (examples/fulfillment.py) we started; stopped by its pid."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen([sys.executable, str(EXAMPLE), *args], cwd=REPO,
+                                            stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    def kill_9(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def terminate(self) -> int:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+        return self.process.wait(60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+EVENTS = 10_000
+COPIES = 3
+PARTITIONS = 4
+PROCESSES = 4
+# kill -9 one consumer each time the shipments table passes one of these counts.
+KILL_AT = (1_500, 4_000, 6_500, 8_500)
+
+
+def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
+        stack: StackEndpoints, schema: str, topics: tuple[str, str], tmp_path: Path) -> None:
+    topic, dead_letter = topics
+    dsn = stack.postgres_dsn
+    rng = random.Random(20240607)
+    event_ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(EVENTS)]
+    deliveries = [event_id for event_id in event_ids for _ in range(COPIES)]
+    rng.shuffle(deliveries)
+    # Random partitions put copies of one event in different partitions, so different
+    # processes race on the same event id.
+    produce(stack.bootstrap_servers, topic, [
+        (event_id.encode(), json.dumps({"order_id": f"order-{event_id[:8]}",
+                                        "amount": "19.90"}).encode(), rng.randrange(PARTITIONS))
+        for event_id in deliveries])
+    group = unique("fulfillment")
+    shipments = f"{schema}.shipments"
+    args = ["--bootstrap", stack.bootstrap_servers, "--dsn", dsn, "--topic", topic,
+            "--group", group, "--dead-letter-topic", dead_letter,
+            "--shipments-table", shipments, "--dedup-table", f"{schema}.dedup",
+            "--commit-interval", "0.5", "--fail-after-write", "0.03",
+            # A killed member is noticed after session.timeout.ms (6 s is the broker's
+            # group.min.session.timeout.ms), not the 45 s default.
+            "--consumer-config", "session.timeout.ms=6000",
+            "--consumer-config", "heartbeat.interval.ms=1000"]
+    # The first process creates the tables; the others would race on CREATE IF NOT EXISTS.
+    PostgresDedupStore(dsn, table=f"{schema}.dedup").ensure_schema()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
+                             " event_id text NOT NULL, amount text, shipped_at timestamptz"
+                             " NOT NULL DEFAULT now())").format(sql.Identifier(schema,
+                                                                               "shipments")))
+    spawned = 0
+
+    def spawn() -> Worker:
+        nonlocal spawned
+        spawned += 1
+        return Worker(args, tmp_path / f"worker-{spawned}.log")
+
+    workers = [spawn() for _ in range(PROCESSES)]
+    killed: list[Worker] = []
+    shipped = f'SELECT count(*) FROM "{schema}".shipments'
+    try:
+        for threshold in KILL_AT:
+            wait_until(lambda: count(dsn, shipped) >= threshold,  # noqa: B023 (used at once)
+                       180, f"{threshold} shipments")
+            victim = workers.pop(0)
+            victim.kill_9()
+            killed.append(victim)
+            workers.append(spawn())
+
+        def all_committed() -> bool:
+            committed, ends = offsets(stack.bootstrap_servers, group, topic, PARTITIONS)
+            return committed == ends
+
+        wait_until(all_committed, 240, "every partition committed to its end")
+    finally:
+        exit_codes = [worker.terminate() for worker in workers]
+    logs = "".join(worker.log() for worker in killed + workers)
+    assert exit_codes == [0] * PROCESSES, logs[-5000:]
+    assert len(killed) == len(KILL_AT)
+
+    assert count(dsn, shipped) == EVENTS
+    assert count(dsn, f'SELECT count(DISTINCT event_id) FROM "{schema}".shipments') == EVENTS
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        shipped_ids = {row[0] for row in conn.execute(sql.SQL("SELECT event_id FROM {}").format(
+            sql.Identifier(schema, "shipments")))}
+    assert shipped_ids == set(event_ids)
+    assert count(dsn, f'SELECT count(*) FROM "{schema}".dedup WHERE consumer_group = %s',
+                 group) == EVENTS
+    committed, ends = offsets(stack.bootstrap_servers, group, topic, PARTITIONS)
+    assert committed == ends and sum(ends) == EVENTS * COPIES
+    assert offsets(stack.bootstrap_servers, group, dead_letter, 1)[1] == [0]  # nothing dead
+    # The faults really happened: injected failures were rolled back and retried.
+    assert logs.count("reason=handler_failed") > 0
