@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
 from cdc_router.dedup.redis import RedisDedupStore
 from cdc_router.errors import ConfigError
 from tests.integration.redis_server import RedisServer
+from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
@@ -66,20 +70,21 @@ import os, sys
 import redis
 from cdc_router.dedup import DedupKey
 from cdc_router.dedup.redis import RedisDedupStore
-url, lease_ms, effect_file, crash_point = sys.argv[1:5]
+url, lease_ms, effect_file, crash_point, group = sys.argv[1:6]
 store = RedisDedupStore(redis.Redis.from_url(url), lease_ms=int(lease_ms))
 def effect(_client):
     if crash_point == "after-effect":
         with open(effect_file, "a") as f:
             f.write("shipped\\n")
     os._exit(9)
-store.run_once(DedupKey("fulfillment", "evt-1"), effect)
+store.run_once(DedupKey(group, "evt-1"), effect)
 """
 
 
-def crash_worker(server: RedisServer, lease_ms: int, effects: EffectLog, point: str) -> None:
+def crash_worker(server: RedisServer, lease_ms: int, effects: EffectLog, point: str,
+                 group: str = "fulfillment") -> None:
     result = subprocess.run([sys.executable, "-c", _CRASHING_WORKER, server.url, str(lease_ms),
-                             str(effects.path), point], check=False, timeout=60)
+                             str(effects.path), point, group], check=False, timeout=60)
     assert result.returncode == 9
 
 
@@ -217,3 +222,55 @@ def test_an_unreachable_redis_is_a_store_error_not_a_handler_failure(tmp_path: P
 def test_bad_settings_are_config_errors(server: RedisServer) -> None:
     with pytest.raises(ConfigError, match="ttl_ms"):
         RedisDedupStore(server.client(), lease_ms=10_000, ttl_ms=1_000)
+
+
+def test_through_the_loop_a_crashed_claim_holds_the_partition_until_its_lease_ends(
+        stack: StackEndpoints, server: RedisServer, tmp_path: Path) -> None:
+    """The consume loop on a real broker: BUSY is retried, never committed past, then done."""
+    topic, group = unique("payments_confirmed"), unique("fulfillment")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 1, 1), NewTopic(f"{topic}.dlq", 1, 1)]
+                                      ).values():
+        future.result(60)
+    effects = EffectLog(tmp_path / "effects")
+    # A worker claims evt-1 and dies before its effect; its lease would last ten minutes.
+    crash_worker(server, 600_000, effects, "before-effect", group=group)
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+    producer.produce(topic, key=b"evt-1", value=b"{}")
+    producer.produce(topic, key=b"evt-2", value=b"{}")
+    assert producer.flush(60) == 0
+    store = RedisDedupStore(server.client(), lease_ms=600_000)
+    handled: list[str] = []
+
+    def handler(event: ConsumedEvent, client: redis.Redis) -> None:
+        handled.append(event.event_id)
+        effects.effect(client)
+
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=group, topics=(topic,),
+        dead_letter_topic=f"{topic}.dlq", commit_interval_s=0.1,
+        retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.05, max_backoff_s=0.2))
+    consumer = IdempotentConsumer(settings, store, handler)
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    reader = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": group})
+
+    def committed() -> int:
+        offset: int = reader.committed([TopicPartition(topic, 0)], timeout=30)[0].offset
+        return offset
+
+    try:
+        # Busy many times over, well past max_attempts: a live claim is no handler failure.
+        wait_until(lambda: consumer.stats.retries >= 5, 120)
+        assert handled == [] and committed() < 1 and consumer.stats.dead_lettered == 0
+        server.client().pexpire(store.key(DedupKey(group, "evt-1")), 1)  # the lease runs out
+        wait_until(lambda: committed() == 2, 120)
+    finally:
+        consumer.stop()
+        runner.join(60)
+        reader.close()
+        for future in admin.delete_topics([topic, f"{topic}.dlq"]).values():
+            future.result(60)
+    assert handled == ["evt-1", "evt-2"]
+    assert effects.runs == 2
+    assert store.state(DedupKey(group, "evt-1")) == "done"
