@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 DEFAULT_TABLE = "public.cdc_router_dedup"
 
 
+def _one_line(error: BaseException) -> str:
+    """psycopg errors span lines (LINE 1: ..., a caret); a user sees the first one."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def _table_identifier(table: str) -> sql.Identifier:
     parts = table.split(".")
     if not 1 <= len(parts) <= 2 or not all(parts):
@@ -67,7 +73,8 @@ class PostgresDedupStore:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True,
                                              connect_timeout=self._connect_timeout_s)
             except psycopg.Error as error:
-                raise DedupStoreError(f"cannot connect to the dedup database: {error}") from error
+                raise DedupStoreError(
+                    f"cannot connect to the dedup database: {_one_line(error)}") from error
         return self._conn
 
     def _forget_broken(self) -> None:
@@ -95,7 +102,8 @@ class PostgresDedupStore:
                     conn.execute(statement)
         except psycopg.Error as error:
             self._forget_broken()
-            raise DedupStoreError(f"cannot create {self._table_name}: {error}") from error
+            raise DedupStoreError(
+                f"cannot create {self._table_name}: {_one_line(error)}") from error
 
     def run_once(self, key: DedupKey,
                  effect: Callable[[psycopg.Connection[tuple[object, ...]]], None]) -> Outcome:
@@ -117,10 +125,29 @@ class PostgresDedupStore:
             if in_effect:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
-                                  f"{error}") from error
+                                  f"{_one_line(error)}") from error
         except BaseException:
             self._forget_broken()
             raise
+
+    def count_stale(self, older_than: timedelta, *, consumer_group: str | None = None) -> int:
+        """How many rows purge(older_than) would delete now (for a dry run)."""
+        query = sql.SQL("SELECT count(*) FROM {} WHERE processed_at < now() - %(window)s{}").format(
+            self._table, self._group_filter(consumer_group))
+        try:
+            row = self._connection().execute(
+                query, {"window": older_than, "group": consumer_group}).fetchone()
+        except psycopg.Error as error:
+            self._forget_broken()
+            raise DedupStoreError(
+                f"cannot count rows of {self._table_name}: {_one_line(error)}") from error
+        stale = row[0] if row else 0
+        assert isinstance(stale, int)  # count(*) is a bigint
+        return stale
+
+    @staticmethod
+    def _group_filter(consumer_group: str | None) -> sql.Composable:
+        return sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
 
     def purge(self, older_than: timedelta, *, batch_size: int = 5000,
               consumer_group: str | None = None) -> int:
@@ -132,11 +159,10 @@ class PostgresDedupStore:
         if batch_size < 1:
             raise ConfigError("must be at least 1", source="purge", field="batch_size",
                               value=batch_size)
-        group_filter = sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
         delete = sql.SQL(
             "DELETE FROM {table} WHERE ctid IN ("
             " SELECT ctid FROM {table} WHERE processed_at < now() - %(window)s{group}"
-            " LIMIT %(limit)s)").format(table=self._table, group=group_filter)
+            " LIMIT %(limit)s)").format(table=self._table, group=self._group_filter(consumer_group))
         params = {"window": older_than, "group": consumer_group, "limit": batch_size}
         deleted = 0
         try:
@@ -150,7 +176,7 @@ class PostgresDedupStore:
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(f"purge of {self._table_name} failed after {deleted} rows: "
-                                  f"{error}") from error
+                                  f"{_one_line(error)}") from error
         log.info("event=dedup_purged table=%s deleted=%d older_than_s=%d", self._table_name,
                  deleted, older_than.total_seconds())
         return deleted

@@ -21,10 +21,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
@@ -424,3 +426,28 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
     assert offsets(stack.bootstrap_servers, group, dead_letter, 1)[1] == [0]  # nothing dead
     # The faults really happened: injected failures were rolled back and retried.
     assert logs.count("reason=handler_failed") > 0
+
+
+def test_the_purge_command_plans_then_deletes_only_rows_older_than_the_window(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    for event_id in ("old-1", "old-2", "new"):
+        store.run_once(DedupKey("fulfillment", event_id), lambda conn: None)
+    age_rows(stack.postgres_dsn, schema, {"old-1": timedelta(days=10),
+                                          "old-2": timedelta(days=8)})
+    base = ["dedup", "purge", "--dsn", stack.postgres_dsn, "--table", f"{schema}.dedup",
+            "--older-than", "7d", "-o", "json"]
+    planned = CliRunner().invoke(main, [*base, "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.output)["would_delete"] == 2
+    assert len(remaining(stack.postgres_dsn, schema)) == 3
+    done = CliRunner().invoke(main, [*base, "--batch-size", "1"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == 2
+    assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "new")}
+
+
+def test_the_init_command_creates_the_table(stack: StackEndpoints, schema: str) -> None:
+    result = CliRunner().invoke(main, ["dedup", "init", "--dsn", stack.postgres_dsn,
+                                       "--table", f"{schema}.dedup"])
+    assert result.exit_code == 0, result.output
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0

@@ -1,0 +1,103 @@
+"""`cdc-router dedup`: the idempotent consumer's Postgres dedup table: create it, purge it.
+
+The retention window is a trade-off: a redelivery of an event whose dedup row was purged is
+no longer recognised and runs its effect again, so the window must exceed the longest time a
+record can come back (consumer lag, an offset reset, a replay of the topic).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from cdc_router.cli._output import emit, output_option
+from cdc_router.cli.outbox import dsn_option
+from cdc_router.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
+from cdc_router.errors import ConfigError
+
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+
+
+def parse_duration(text: str, *, option: str) -> timedelta:
+    """`90s`, `15m`, `12h`, `7d`, `2w` as a timedelta; anything else is a ConfigError."""
+    match = _DURATION.match(text)
+    if match is None or int(match.group(1)) == 0:
+        raise ConfigError("must be a positive number with a unit s, m, h, d or w",
+                          source="command line", field=option, value=text, hint="e.g. 7d")
+    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
+                            help="The dedup table, schema.table.")
+
+
+@click.group(name="dedup")
+def cli() -> None:
+    """The idempotent consumer's dedup table in Postgres (create, purge)."""
+
+
+@cli.command()
+@dsn_option
+@table_option
+def init(dsn: str, table: str) -> None:
+    """Create the dedup table and its retention index (idempotent)."""
+    store = PostgresDedupStore(dsn, table=table)
+    try:
+        store.ensure_schema()
+    finally:
+        store.close()
+    click.echo(f"dedup table {table} ready")
+
+
+@cli.command()
+@dsn_option
+@table_option
+@click.option("--older-than", "older_than", required=True,
+              help="Retention window, e.g. 7d: rows processed before it are deleted.")
+@click.option("--group", "consumer_group", default=None,
+              help="Only this consumer group's rows (default: all groups).")
+@click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1),
+              help="Rows deleted per transaction.")
+@click.option("--every", default=None,
+              help="Keep running and purge at this interval (e.g. 1h) until SIGTERM or Ctrl-C.")
+@click.option("--dry-run", is_flag=True, help="Only count the rows that would be deleted.")
+@output_option
+def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, batch_size: int,
+          every: str | None, dry_run: bool, output: str) -> None:
+    """Delete dedup rows older than the window, in bounded batches."""
+    window = parse_duration(older_than, option="--older-than")
+    interval = parse_duration(every, option="--every") if every else None
+    store = PostgresDedupStore(dsn, table=table)
+    summary: dict[str, Any] = {"table": table, "older_than_s": int(window.total_seconds()),
+                               "group": consumer_group}
+    try:
+        if dry_run:
+            summary["would_delete"] = store.count_stale(window, consumer_group=consumer_group)
+            emit(summary, output, lambda s: f"would delete {s['would_delete']} rows from "
+                                            f"{s['table']} older than {older_than}")
+            return
+        if interval is not None:
+            _purge_forever(store, window, interval, batch_size)
+            return
+        summary["deleted"] = store.purge(window, batch_size=batch_size,
+                                         consumer_group=consumer_group)
+    finally:
+        store.close()
+    emit(summary, output, lambda s: f"deleted {s['deleted']} rows from {s['table']} older "
+                                    f"than {older_than}")
+
+
+def _purge_forever(store: PostgresDedupStore, window: timedelta, interval: timedelta,
+                   batch_size: int) -> None:
+    stop = threading.Event()
+    # Signals only set the stop flag; the loop finishes its batch and returns.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    click.echo(f"purging rows older than {window} every {interval}; SIGTERM to stop", err=True)
+    run_purge_loop(store, window, every=interval, stop=stop, batch_size=batch_size)

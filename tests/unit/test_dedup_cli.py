@@ -1,0 +1,53 @@
+"""`cdc-router dedup`: the window parser and the one-line errors, without a database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.cli.consumer import parse_duration
+from cdc_router.dedup.postgres import PostgresDedupStore
+from cdc_router.errors import ConfigError
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("90s", timedelta(seconds=90)), ("15m", timedelta(minutes=15)), ("12h", timedelta(hours=12)),
+    ("7d", timedelta(days=7)), ("2w", timedelta(weeks=2)), (" 3 d ", timedelta(days=3))])
+def test_durations(text: str, expected: timedelta) -> None:
+    assert parse_duration(text, option="--older-than") == expected
+
+
+@pytest.mark.parametrize("text", ["7", "7x", "d", "-1d", "0d", "1.5h", ""])
+def test_bad_durations_name_the_option_and_value(text: str) -> None:
+    with pytest.raises(ConfigError, match="--older-than") as caught:
+        parse_duration(text, option="--older-than")
+    assert repr(text) in str(caught.value)
+
+
+def test_a_bad_window_is_one_line_and_exit_1() -> None:
+    result = CliRunner().invoke(main, ["dedup", "purge", "--older-than", "soon"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: command line: field '--older-than': must be a positive number with a unit "
+        "s, m, h, d or w (got 'soon'); e.g. 7d"]
+
+
+def test_an_unreachable_database_is_one_line_and_exit_1() -> None:
+    result = CliRunner().invoke(main, ["dedup", "purge", "--older-than", "7d", "--dsn",
+                                       "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"])
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: cannot connect to the dedup database")
+
+
+@pytest.mark.parametrize("table", ["a.b.c", "", ".x", "x."])
+def test_bad_table_names_are_config_errors(table: str) -> None:
+    with pytest.raises(ConfigError, match="table"):
+        PostgresDedupStore("postgresql://unused", table=table)
+
+
+def test_constructing_a_store_makes_no_connection() -> None:
+    PostgresDedupStore("postgresql://nobody@127.0.0.1:1/none")  # lazily connected: no error
