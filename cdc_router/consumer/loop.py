@@ -114,12 +114,12 @@ class IdempotentConsumer(Generic[Context]):
     def run(self) -> None:
         """Consume until stop(); commits what is done and closes the clients on the way out."""
         self._consumer = self._consumer_factory(self.settings.librdkafka_consumer())
-        self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._last_commit = self._clock()
         log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
                  ",".join(self.settings.topics), type(self._store).__name__)
         try:
+            self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
+                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
             while not self._stop.is_set():
                 self.poll_once()
         finally:
@@ -204,7 +204,13 @@ class IdempotentConsumer(Generic[Context]):
         self._rewound.add(tp)
         partition = TopicPartition(tp[0], tp[1], message.offset())
         self._consumer.pause([partition])
-        self._consumer.seek(partition)
+        try:
+            self._consumer.seek(partition)
+        except KafkaException as seek_error:
+            # Resuming without the rewind would skip the records fetched after this one.
+            # Stopping is safe: a restart resumes from the committed offsets.
+            raise ConsumerFailed(f"cannot rewind {tp[0]}[{tp[1]}] to offset "
+                                 f"{message.offset()} for a retry: {seek_error}") from seek_error
         self._counts["retries"] += 1
         log.warning("event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
                     "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),

@@ -441,3 +441,19 @@ def test_user_config_is_merged_into_the_client_configs() -> None:
     assert consumer["session.timeout.ms"] == "6000" and consumer["group.id"] == "g"
     producer = settings.librdkafka_producer()
     assert producer["security.protocol"] == "SSL" and producer["enable.idempotence"] == "true"
+
+
+def test_a_failed_rewind_stops_the_loop_rather_than_skip_records() -> None:
+    def handler(event: ConsumedEvent, _: None) -> None:
+        raise TimeoutError("retry me")
+
+    h = Harness({0: [rec("a"), rec("b")]}, handler=handler)
+
+    def broken_seek(partition: TopicPartition) -> None:
+        raise KafkaException(KafkaError(KafkaError._STATE))
+
+    h.kafka.seek = broken_seek  # type: ignore[method-assign]
+    with pytest.raises(ConsumerFailed, match="cannot rewind"):
+        h.run()
+    assert h.kafka.closed
+    assert h.kafka.committed == {}  # nothing acknowledged past the failed record
