@@ -1,0 +1,295 @@
+"""Pure decoding of Debezium PostgreSQL change events (Kafka Connect JsonConverter) to OutboxEvents.
+
+Both converter modes are read: with schemas (`{"schema": ..., "payload": envelope}`) and
+without (the bare envelope). Only the outbox columns matter; when a schema is present it tells
+how the payload and created_at columns are encoded, otherwise SourceSettings does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from cdc_router.errors import DecodeError
+
+if TYPE_CHECKING:
+    from cdc_router.settings import SourceSettings
+
+# Skipped.reason values, for counting.
+TOMBSTONE = "tombstone"
+DELETE = "delete"
+UPDATE = "update"
+TRUNCATE = "truncate"
+MESSAGE = "message"
+HEARTBEAT = "heartbeat"
+TRANSACTION_METADATA = "transaction_metadata"
+SNAPSHOT_DISABLED = "snapshot_disabled"
+
+_MILLIS_SCHEMAS = frozenset(
+    {"io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"})
+_MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
+_NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
+# Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
+_MICROS_THRESHOLD = 10**14
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One outbox row, as inserted: the event the router delivers."""
+
+    event_id: str
+    aggregate_type: str
+    aggregate_id: str
+    type: str
+    payload: bytes  # JSON text for jsonb/json/text columns, the raw bytes for bytea
+    payload_is_json: bool
+    headers: tuple[tuple[str, str], ...]
+    created_at_ms: int | None
+    op: str
+    lsn: int | None
+    tx_id: int | None
+    source_ts_ms: int | None
+    # The row's other columns, as text (non-strings JSON-encoded), for `key: <column>` routes.
+    extra_columns: tuple[tuple[str, str | None], ...] = ()
+
+    def column(self, name: str) -> str | None:
+        """The text of one of extra_columns; KeyError when the row has no such column."""
+        for column, value in self.extra_columns:
+            if column == name:
+                return value
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record that carries no event to deliver, and why (one of this module's reason names)."""
+
+    reason: str
+    detail: str = ""
+
+
+def decode(key: bytes | None, value: bytes | None, *, topic: str,
+           settings: SourceSettings) -> OutboxEvent | Skipped:
+    """Decode one raw change record into an OutboxEvent, or say why it carries none.
+
+    Routed: op c, and op r unless settings.snapshot_rows is off. Skipped: tombstones, deletes,
+    updates (unless settings.on_update is 'fail'), truncates, logical messages, heartbeats and
+    transaction metadata. Raises DecodeError, with the reason, for anything else. `key` is not
+    needed (the event id is a column) and is accepted for symmetry with the consumed record.
+    """
+    del key
+    if value is None:
+        return Skipped(TOMBSTONE)
+    if topic.startswith(settings.heartbeat_topic_prefix):
+        return Skipped(HEARTBEAT, topic)
+    document = _parse_json(value)
+    schema: dict[str, Any] | None = None
+    envelope: Any = document
+    if isinstance(document, dict) and set(document) == {"schema", "payload"}:
+        schema, envelope = document["schema"], document["payload"]
+    if not isinstance(envelope, dict):
+        raise DecodeError(f"not a Debezium change event: the value is {_kind(envelope)}, "
+                          "not an object")
+    op = envelope.get("op")
+    if op is None:
+        return _not_a_change(envelope)
+    if op == "d":
+        return Skipped(DELETE)
+    if op == "t":
+        return Skipped(TRUNCATE)
+    if op == "m":
+        return Skipped(MESSAGE)
+    if op == "u":
+        if settings.on_update == "fail":
+            raise DecodeError("update of an outbox row (op 'u'): an outbox is insert-only "
+                              "and source.on_update is 'fail'")
+        return Skipped(UPDATE)
+    if op == "r" and not settings.snapshot_rows:
+        return Skipped(SNAPSHOT_DISABLED)
+    if op not in ("c", "r"):
+        raise DecodeError(f"unknown Debezium op {_show(op)}; expected c, r, u, d, t or m")
+    row = envelope.get("after")
+    if not isinstance(row, dict):
+        raise DecodeError(f"op {op!r} event has no 'after' row (got {_kind(row)})")
+    return _outbox_event(row, envelope, _row_schema(schema), settings)
+
+
+def _parse_json(value: bytes) -> Any:
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DecodeError(f"the value is not UTF-8 (byte {error.start}); the router reads "
+                          "Kafka Connect's JsonConverter output") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DecodeError(f"malformed JSON at line {error.lineno}, column {error.colno}: "
+                          f"{error.msg}") from None
+
+
+def _not_a_change(envelope: dict[str, Any]) -> Skipped:
+    """Records without an op on a change topic: transaction metadata or heartbeats, else bad."""
+    if envelope.get("status") in ("BEGIN", "END") and "id" in envelope:
+        return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
+    if set(envelope) == {"ts_ms"}:
+        return Skipped(HEARTBEAT)
+    keys = ", ".join(sorted(map(str, envelope))[:8])
+    raise DecodeError(f"not a Debezium change event: no 'op' field (keys: {keys})")
+
+
+def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:
+    """Column name -> its Connect field schema, from the envelope schema's 'after' struct."""
+    if not isinstance(schema, dict):
+        return {}
+    for field in schema.get("fields") or []:
+        if isinstance(field, dict) and field.get("field") == "after":
+            return {f["field"]: f for f in field.get("fields") or []
+                    if isinstance(f, dict) and isinstance(f.get("field"), str)}
+    return {}
+
+
+def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
+                  columns: dict[str, dict[str, Any]], settings: SourceSettings) -> OutboxEvent:
+    names = settings.outbox
+    event_id = _text(row, names.id, "event id", None)
+    where = f"event {_show(event_id)}"
+    found = envelope.get("source")
+    source: dict[str, Any] = found if isinstance(found, dict) else {}
+    payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
+    used = {names.id, names.aggregatetype, names.aggregateid, names.type, names.payload,
+            names.headers, names.created_at}
+    return OutboxEvent(
+        event_id=event_id,
+        aggregate_type=_text(row, names.aggregatetype, "aggregate type", where),
+        aggregate_id=_text(row, names.aggregateid, "aggregate id", where),
+        type=_text(row, names.type, "event type", where),
+        payload=payload,
+        payload_is_json=is_json,
+        headers=_headers(row, names.headers, where),
+        created_at_ms=_created_at(row, names.created_at, columns, where),
+        op=str(envelope["op"]),
+        lsn=_optional_int(source.get("lsn")),
+        tx_id=_optional_int(source.get("txId")),
+        source_ts_ms=_optional_int(source.get("ts_ms")),
+        extra_columns=tuple((name, _as_text(value)) for name, value in row.items()
+                            if name not in used),
+    )
+
+
+def _text(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
+    """A required identifier column: text, uuid (a string) or an integer; never empty."""
+    prefix = f"{where}: " if where else ""
+    if column not in row:
+        raise DecodeError(f"{prefix}column {column!r} ({what}) is missing from the row; "
+                          "check source.outbox column names")
+    value = row[column]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise DecodeError(f"{prefix}column {column!r} ({what}) must be text, uuid or an "
+                          f"integer, got {_kind(value)}")
+    text = str(value)
+    if not text:
+        raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")
+    return text
+
+
+def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
+             settings: SourceSettings, where: str) -> tuple[bytes, bool]:
+    """The payload column as (bytes, is_json), per its schema or settings.payload_type."""
+    if column not in row:
+        raise DecodeError(f"{where}: payload column {column!r} is missing from the row")
+    value = row[column]
+    if value is None:
+        raise DecodeError(f"{where}: payload column {column!r} is null")
+    kind = settings.payload_type
+    if kind == "auto":
+        kind = "bytes" if schema is not None and schema.get("type") == "bytes" else "json"
+    if kind == "json":
+        if isinstance(value, str):
+            return value.encode("utf-8"), True
+        # A column already expanded into JSON (e.g. by an SMT): keep it as compact JSON text.
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode(), True
+    if not isinstance(value, str):
+        raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
+                          f"{settings.binary_handling} string, got {_kind(value)}")
+    try:
+        if settings.binary_handling == "hex":
+            return bytes.fromhex(value), False
+        return base64.b64decode(value, validate=True), False
+    except (ValueError, binascii.Error):
+        raise DecodeError(f"{where}: payload column {column!r} is not valid "
+                          f"{settings.binary_handling} (source.binary_handling must match the "
+                          "connector's binary.handling.mode)") from None
+
+
+def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple[str, str], ...]:
+    """The headers column: a JSON object (jsonb string) of headers; absent or null is none."""
+    raw = row.get(column) if column else None
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
+                              f"{error.msg} at column {error.colno}") from None
+    if not isinstance(raw, dict):
+        raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
+                          f"headers, got {_kind(raw)}")
+    return tuple((name, value if isinstance(value, str) else _json(value))
+                 for name, value in raw.items())
+
+
+def _created_at(row: dict[str, Any], column: str | None,
+                columns: dict[str, dict[str, Any]], where: str) -> int | None:
+    """created_at in epoch milliseconds, from any of Debezium's timestamp encodings."""
+    value = row.get(column) if column else None
+    if value is None:
+        return None
+    name = (columns.get(column or "") or {}).get("name")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if name == _MICROS_SCHEMA:
+            return value // 1000
+        if name == _NANOS_SCHEMA:
+            return value // 1_000_000
+        if name in _MILLIS_SCHEMAS:
+            return value
+        return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise DecodeError(f"{where}: created_at column {column!r} is not an ISO-8601 "
+                              f"timestamp: {_show(value)}") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)  # `timestamp` in isostring mode is UTC
+        return (moment - _EPOCH) // timedelta(milliseconds=1)
+    raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
+                      f"got {_kind(value)}")
+
+
+def _optional_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_text(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:79]}…"

@@ -1,0 +1,560 @@
+"""The router's configuration: pydantic models for router.yaml, frozen after load.
+
+`load_config()` reads the YAML file, applies `CDC_ROUTER__...` environment overrides passed in by
+the CLI (the library never reads the environment itself), and turns every problem into a single
+line ConfigError naming the file (or variable), the field path, the bad value and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from cdc_router.errors import ConfigError
+from cdc_router.routing import (
+    CLOUDEVENTS_HEADERS,
+    CONTRACT_HEADERS,
+    Router,
+    compile_pattern,
+    parse_topic_template,
+    topic_name_problem,
+)
+
+
+def _fail(field: str, message: str, value: object = None) -> PydanticCustomError:
+    """An error for a model validator that still names the exact sub-field at fault."""
+    return PydanticCustomError("field_problem", "{message}",
+                               {"message": message, "field": field, "value": value})
+
+
+def _stringify(value: Any) -> Any:
+    """YAML gives ints and bools; librdkafka and topic configs want strings ('true', '100')."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, bool):
+            out[key] = "true" if item else "false"
+        elif isinstance(item, int | float):
+            out[key] = str(item)
+        else:
+            out[key] = item
+    return out
+
+
+StringMap = Annotated[dict[str, str], BeforeValidator(_stringify)]
+Patterns = str | list[str]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class KafkaSettings(_Model):
+    """How to reach the cluster; `config` passes any other librdkafka property through."""
+
+    bootstrap_servers: str = Field(default="127.0.0.1:19092", min_length=1)
+    client_id: str = "cdc-router"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    config: StringMap = Field(default_factory=dict)
+
+    @field_validator("config")
+    @classmethod
+    def _no_shadowed_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = {"bootstrap.servers": "bootstrap_servers", "client.id": "client_id",
+                 "security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
+                 "sasl.username": "sasl_username", "sasl.password": "sasl_password"}
+        for key in value:
+            if key in owned:
+                raise ValueError(f"set kafka.{owned[key]} instead of kafka.config[{key!r}]")
+        return value
+
+    def librdkafka(self) -> dict[str, str]:
+        """The client properties every consumer, producer and admin client of ours shares."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id}
+        if self.security_protocol:
+            conf["security.protocol"] = self.security_protocol
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        conf.update(self.config)
+        return conf
+
+
+class OutboxColumns(_Model):
+    """Column names of the outbox table; defaults are those of Debezium's EventRouter SMT."""
+
+    id: str = "id"
+    aggregatetype: str = "aggregatetype"
+    aggregateid: str = "aggregateid"
+    type: str = "type"
+    payload: str = "payload"
+    headers: str | None = "headers"  # None: the table has no headers column
+    created_at: str | None = "created_at"  # None: records get the producer's time
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OutboxColumns:
+        seen: dict[str, str] = {}
+        for field, column in self.model_dump().items():
+            if column is None:
+                continue
+            if column in seen:
+                raise _fail(field, f"column {column!r} is already used for {seen[column]}", column)
+            seen[column] = field
+        return self
+
+
+class SourceSettings(_Model):
+    """The raw Debezium topics to consume and how to read their rows."""
+
+    topics: list[str] = Field(min_length=1)
+    group_id: str = Field(default="cdc-router", min_length=1)
+    outbox: OutboxColumns = Field(default_factory=OutboxColumns)
+    snapshot_rows: bool = True  # route op 'r' (rows read by Debezium's initial snapshot)
+    on_update: Literal["skip", "fail"] = "skip"  # an outbox is insert-only; 'fail' dead-letters
+    binary_handling: Literal["base64", "hex"] = "base64"  # the connector's binary.handling.mode
+    # How to read the payload column: 'auto' trusts the schema when the converter sends one
+    # and otherwise takes the value as JSON text (jsonb, json, text); 'bytes' is for bytea.
+    payload_type: Literal["auto", "json", "bytes"] = "auto"
+    heartbeat_topic_prefix: str = "__debezium-heartbeat"  # the connector's topic.heartbeat.prefix
+
+    @field_validator("topics")
+    @classmethod
+    def _legal_topics(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            # librdkafka subscribes to every topic matching a name that starts with '^'.
+            problem = None if topic.startswith("^") else topic_name_problem(
+                topic, internal_ok=True)
+            if problem:
+                raise ValueError(problem)
+        if len(set(topics)) != len(topics):
+            raise ValueError("a topic is listed twice")
+        return topics
+
+
+class RouteMatch(_Model):
+    """Conditions an event must meet, all of them; each pattern is exact, glob or `re:` regex."""
+
+    aggregate_type: Patterns | None = None
+    type: Patterns | None = None
+    header: dict[str, Patterns] | None = None  # the row's own headers (headers column)
+
+    @field_validator("aggregate_type", "type")
+    @classmethod
+    def _compile(cls, value: Patterns | None) -> Patterns | None:
+        for pattern in [value] if isinstance(value, str) else value or []:
+            compile_pattern(pattern)
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _compile_headers(cls, value: dict[str, Patterns] | None) -> dict[str, Patterns] | None:
+        for patterns in (value or {}).values():
+            cls._compile(patterns)
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RouteMatch:
+        if self.aggregate_type is None and self.type is None and not self.header:
+            raise ValueError("a match needs aggregate_type, type or header; "
+                             "leave out 'match' for a default route")
+        return self
+
+
+class RouteRule(_Model):
+    """One route: which events (match), where to (topic template) and how (key, partition...)."""
+
+    match: RouteMatch | None = None  # None: the default route, takes every event
+    topic: str
+    # "id" (the event id), "aggregate_id", or the name of any column of the outbox table
+    key: Literal["id", "aggregate_id"] | str = Field(default="id", min_length=1)
+    partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
+    format: Literal["json", "avro"] = "json"
+    schema_path: str | None = Field(None, alias="schema")  # Avro schema file, with format avro
+    cloudevents: bool = False  # add the CloudEvents Kafka binding (binary mode) headers
+    ce_source: str | None = None  # CloudEvents 'source', a URI-reference; needed with cloudevents
+    headers: StringMap = Field(default_factory=dict)  # static extra headers
+
+    @field_validator("topic")
+    @classmethod
+    def _valid_template(cls, topic: str) -> str:
+        pieces = parse_topic_template(topic)
+        if all(field is None for _, field in pieces):
+            problem = topic_name_problem(topic)
+            if problem:
+                raise ValueError(problem)
+        return topic
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouteRule:
+        if self.format == "avro" and not self.schema_path:
+            raise _fail("schema", "format avro needs a schema file")
+        if self.schema_path and self.format != "avro":
+            raise _fail("schema", "a schema only applies with format: avro", self.schema_path)
+        if self.cloudevents and not self.ce_source:
+            raise _fail("ce_source", "cloudevents: true needs ce_source, a URI-reference that "
+                        "names the producer (e.g. /orders-service)")
+        if self.ce_source and not self.cloudevents:
+            raise _fail("ce_source", "ce_source only applies with cloudevents: true",
+                        self.ce_source)
+        reserved = CONTRACT_HEADERS | (CLOUDEVENTS_HEADERS if self.cloudevents else frozenset())
+        for name in self.headers:
+            if name in reserved or name.startswith("ce_"):
+                raise _fail("headers", f"header {name!r} is written by the router itself", name)
+        return self
+
+    @property
+    def is_default(self) -> bool:
+        """True for a route without conditions: it takes every event that reaches it."""
+        return self.match is None
+
+
+class DeliverySettings(_Model):
+    """Delivery guarantee and the size of each transaction."""
+
+    guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    commit_interval_ms: PositiveInt = 100
+    commit_max_records: PositiveInt = 1000
+    transactional_id: str = Field(default="cdc-router", min_length=1)
+    max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
+
+
+class DeadLetterSettings(_Model):
+    """Where poison input goes, and how `topics apply` creates that topic."""
+
+    topic: str = "cdc-router.dlq"
+    partitions: PositiveInt = 1
+    replication_factor: PositiveInt | None = None  # None: the broker's default
+    config: StringMap = Field(default_factory=dict)
+
+
+class DedupSettings(_Model):
+    """The replay filter: ids delivered recently, bounded by time and count.
+
+    window_ms defaults to 7 days, the raw topic's default retention: Debezium cannot replay an
+    event older than what its topic still holds. max_ids bounds memory (about 150 bytes per id).
+    """
+
+    enabled: bool = True
+    window_ms: PositiveInt = 7 * 24 * 3600 * 1000
+    max_ids: PositiveInt = 1_000_000
+    changelog_topic: str = "cdc-router.dedup"
+    changelog_partitions: PositiveInt = 1
+    changelog_replication_factor: PositiveInt | None = None
+    changelog_config: StringMap = Field(default_factory=dict)
+
+    @field_validator("changelog_config")
+    @classmethod
+    def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
+        if value.get("cleanup.policy", "compact") != "compact":
+            raise ValueError("the dedup changelog must keep cleanup.policy=compact")
+        return value
+
+
+class CleanupSettings(_Model):
+    """Removing outbox rows once their events are committed downstream."""
+
+    mode: Literal["none", "delete", "retention"] = "none"
+    retention_ms: PositiveInt | None = None  # mode retention: delete rows older than this
+    batch_size: PositiveInt = 1000
+    interval_ms: PositiveInt = 1000
+    table: str = "public.outbox"
+    dsn: str | None = None  # Postgres DSN; set it through CDC_ROUTER__CLEANUP__DSN, not the file
+
+    @model_validator(mode="after")
+    def _complete(self) -> CleanupSettings:
+        if self.mode == "retention" and self.retention_ms is None:
+            raise _fail("retention_ms", "mode retention needs retention_ms")
+        if self.mode != "none" and not self.dsn:
+            raise _fail("dsn", f"mode {self.mode} needs the Postgres DSN (cleanup.dsn, "
+                        "or the environment variable CDC_ROUTER__CLEANUP__DSN)")
+        return self
+
+
+class TopicSpec(_Model):
+    """A topic `topics apply` creates; None leaves partitions or replication to the broker."""
+
+    name: str
+    partitions: PositiveInt | None = None
+    replication_factor: PositiveInt | None = None
+    config: StringMap = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _legal_name(cls, name: str) -> str:
+        problem = topic_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
+
+class RouterConfig(_Model):
+    """The whole router.yaml."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    source: SourceSettings
+    routes: list[RouteRule] = Field(min_length=1)
+    unmatched: Literal["dead_letter", "skip"] = "dead_letter"
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
+    dedup: DedupSettings = Field(default_factory=DedupSettings)
+    cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
+    topics: list[TopicSpec] = Field(default_factory=list)
+
+    def reserved_topics(self) -> frozenset[str]:
+        """Topics no route may write to: the sources, the dead-letter topic, the changelog."""
+        names = {self.dead_letter.topic, self.dedup.changelog_topic}
+        names.update(topic for topic in self.source.topics if not topic.startswith("^"))
+        return frozenset(names)
+
+    def topic_specs(self) -> list[TopicSpec]:
+        """Every topic the config names for creation: declared ones, dead-letter, changelog."""
+        specs = list(self.topics)
+        dlq = self.dead_letter
+        specs.append(TopicSpec(name=dlq.topic, partitions=dlq.partitions,
+                               replication_factor=dlq.replication_factor, config=dlq.config))
+        if self.dedup.enabled:
+            dedup = self.dedup
+            specs.append(TopicSpec(name=dedup.changelog_topic,
+                                   partitions=dedup.changelog_partitions,
+                                   replication_factor=dedup.changelog_replication_factor,
+                                   config={"cleanup.policy": "compact", **dedup.changelog_config}))
+        return specs
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RouterConfig:
+        for index, route in enumerate(self.routes[:-1]):
+            if route.is_default:
+                raise _fail(f"routes[{index + 1}]", f"unreachable: routes[{index}] has no match "
+                            "and takes every event; put the default route last")
+        own = {self.dead_letter.topic: "dead_letter.topic",
+               self.dedup.changelog_topic: "dedup.changelog_topic"}
+        if len(own) < 2:
+            raise _fail("dedup.changelog_topic", "must differ from dead_letter.topic",
+                        self.dedup.changelog_topic)
+        for name, field in own.items():
+            if name in self.source.topics:
+                raise _fail(field, "must differ from the source topics", name)
+            problem = topic_name_problem(name)
+            if problem:
+                raise _fail(field, problem, name)
+        reserved = self.reserved_topics()
+        for index, route in enumerate(self.routes):
+            problem = None
+            if all(field is None for _, field in parse_topic_template(route.topic)):
+                problem = topic_name_problem(route.topic, reserved)
+            if problem:
+                raise _fail(f"routes[{index}].topic", problem, route.topic)
+        for index, spec in enumerate(self.topics):
+            if spec.name in reserved:
+                raise _fail(f"topics[{index}].name", "this topic is configured elsewhere "
+                            "(source, dead_letter or dedup); declare it there", spec.name)
+        return self
+
+
+# --- loading: YAML file + environment overrides -> RouterConfig, or one ConfigError -----------
+
+ENV_PREFIX = "CDC_ROUTER__"
+_PROPERTY_MAPS = frozenset({"config", "changelog_config"})  # keys are Kafka properties (dots)
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read router.yaml at `path`, apply overrides from `env`, validate; raise ConfigError.
+
+    An override is a variable `CDC_ROUTER__<PATH>` where PATH walks the YAML with `__`
+    (case-insensitive; list items by index): `CDC_ROUTER__DELIVERY__GUARANTEE=at_least_once`,
+    `CDC_ROUTER__ROUTES__0__TOPIC=orders`. Under `config`/`changelog_config`, `_` stands for
+    `.`: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=5`. A value starting with `[` or `{` is JSON.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", source=source,
+                          hint="pass -c with the path of a router.yaml "
+                          "(examples/router.yaml is a commented one)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read the file: {error}", source=source) from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
+                          hint="fix the YAML at that line") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {error}", source=source) from None
+    if raw is None:
+        raise ConfigError("the file is empty", source=source,
+                          hint="it needs at least source.topics and routes")
+    if not isinstance(raw, dict):
+        raise ConfigError("the top level must be a mapping of settings", source=source,
+                          value=type(raw).__name__)
+    overridden = _apply_env(raw, env or {}, source)
+    try:
+        config = RouterConfig.model_validate(raw)
+    except ValidationError as error:
+        raise _config_error(error, source, overridden) from None
+    try:
+        Router(config)  # what only compiling the rules finds: key columns, serializers
+    except ConfigError as error:
+        raise ConfigError(str(error), source=source) from None
+    return config
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[str, str]:
+    """Write each CDC_ROUTER__ override into `raw`; return {field path: variable name}."""
+    applied: dict[str, str] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
+            continue
+        where = f"{source} via environment variable {name}"
+        path: list[str | int] = []
+        for segment in name[len(ENV_PREFIX):].split("__"):
+            if path and path[-1] in _PROPERTY_MAPS:
+                path.append(segment.lower().replace("_", "."))
+            else:
+                path.append(int(segment) if segment.isdigit() else segment.lower())
+        node: Any = raw
+        for depth, part in enumerate(path):
+            final = depth == len(path) - 1
+            if isinstance(node, list) and isinstance(part, int) and part < len(node):
+                if final:
+                    node[part] = _env_value(env[name], where)
+                node = node[part]
+            elif isinstance(node, dict) and isinstance(part, str):
+                if final:
+                    node[part] = _env_value(env[name], where)
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError("this path does not exist in the file", source=where,
+                                  field=_dotted(path[: depth + 1]),
+                                  hint="a list item must exist in the file to be overridden")
+        applied[_dotted(path)] = name
+    return applied
+
+
+def _env_value(value: str, where: str) -> Any:
+    if not value.lstrip().startswith(("[", "{")):
+        return value  # pydantic turns "100" or "true" into numbers and booleans as needed
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"invalid JSON: {error}", source=where, value=value) from None
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    """('routes', 1, 'topic') -> 'routes[1].topic'; keys with dots are quoted."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    """The keys the model allows at `loc`, for suggestions; [] when not a model there."""
+    model: Any = RouterConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return []
+        model = _model_in(fields[part].annotation)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _config_error(error: ValidationError, source: str, overridden: dict[str, str]) -> ConfigError:
+    # An unknown key usually is a misspelt one, which pydantic also reports as missing: the
+    # unknown key is the better clue.
+    first = min(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    loc = [part for part in first["loc"] if isinstance(part, int) or not _UNION_TAG.search(part)]
+    ctx = first.get("ctx") or {}
+    path = _dotted(loc)
+    if "field" in ctx:
+        path = f"{path}.{ctx['field']}" if path else str(ctx["field"])
+    value = ctx.get("value") if "field" in ctx else first.get("input")
+    message = str(ctx.get("message", first["msg"])).removeprefix("Value error, ")
+    if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
+        value = None  # a whole section would not fit on one line; the path says where
+    hint = "see examples/router.yaml"
+    if first["type"] == "extra_forbidden":
+        key, value = str(loc[-1]), None
+        message = f"unknown key {key!r}"
+        allowed = _keys_at(loc[:-1])
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed here: {', '.join(allowed)}"
+    elif first["type"] == "missing":
+        message, value, hint = "is required", None, "add it to the file"
+    elif isinstance(value, bool) and first["type"] in ("string_type", "literal_error"):
+        hint = "YAML reads yes/no/on/off/true/false as booleans: quote the value"
+    more = error.error_count() - 1
+    if more:
+        hint += f" ({more} more problem{'s' if more > 1 else ''} after this one)"
+    for prefix, variable in overridden.items():
+        if path == prefix or path.startswith((prefix + ".", prefix + "[")):
+            source = f"{source} via environment variable {variable}"
+    return ConfigError(message, source=source, field=path or None, value=value, hint=hint)

@@ -1,0 +1,208 @@
+"""router.yaml loading: defaults, env overrides, one-line errors naming file, field and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from cdc_router.errors import ConfigError
+from cdc_router.settings import RouterConfig, load_config
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "router.yaml"
+MINIMAL = "source: {topics: [outbox.public.outbox]}\nroutes:\n  - topic: 'outbox.event.{type}'\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "router.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env)
+    message = str(caught.value)
+    assert "\n" not in message, "a config error is one line"
+    assert message.startswith(str(path)), "a config error names its file"
+    return message
+
+
+def test_the_commented_example_loads() -> None:
+    config = load_config(EXAMPLE)
+    assert config.source.topics == ["outbox.public.outbox"]
+    assert [route.topic for route in config.routes] == [
+        "orders.{type}", "payments.confirmed", "outbox.event.{aggregate_type}"]
+    assert config.routes[1].cloudevents and config.routes[1].ce_source == "/payments-service"
+    assert config.kafka.config == {"linger.ms": "5"}  # YAML's int, as librdkafka's string
+
+
+def test_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.kafka.bootstrap_servers == "127.0.0.1:19092"
+    assert config.source.group_id == "cdc-router"
+    assert config.source.outbox.aggregatetype == "aggregatetype"
+    assert config.source.snapshot_rows and config.source.on_update == "skip"
+    route = config.routes[0]
+    assert (route.key, route.partition, route.format, route.cloudevents) == (
+        "id", "aggregate_id", "json", False)
+    assert config.unmatched == "dead_letter"
+    assert config.delivery.guarantee == "exactly_once"
+    assert config.delivery.max_payload_bytes == 1_000_000
+    assert config.dead_letter.topic == "cdc-router.dlq"
+    assert config.dedup.window_ms == 7 * 24 * 3600 * 1000
+    assert config.cleanup.mode == "none"
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(pydantic.ValidationError):
+        config.unmatched = "skip"
+
+
+def test_librdkafka_dict_and_secret(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + "kafka:\n  security_protocol: SASL_SSL\n"
+                               "  sasl_mechanism: SCRAM-SHA-512\n  sasl_username: router\n"
+                               "  config: {enable.idempotence: true, linger.ms: 5}\n"),
+                         {"CDC_ROUTER__KAFKA__SASL_PASSWORD": "s3cret"})
+    assert config.kafka.librdkafka() == {
+        "bootstrap.servers": "127.0.0.1:19092", "client.id": "cdc-router",
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "router", "sasl.password": "s3cret",
+        "enable.idempotence": "true", "linger.ms": "5"}
+    assert "s3cret" not in repr(config)
+
+
+def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
+    specs = {spec.name: spec for spec in load_config(EXAMPLE).topic_specs()}
+    assert specs["orders.OrderPaid"].partitions == 6
+    assert specs["cdc-router.dlq"].config == {"retention.ms": "2592000000"}
+    assert specs["cdc-router.dedup"].config["cleanup.policy"] == "compact"
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL), {
+        "CDC_ROUTER__DELIVERY__GUARANTEE": "at_least_once",
+        "CDC_ROUTER__DELIVERY__COMMIT_INTERVAL_MS": "250",
+        "CDC_ROUTER__ROUTES__0__TOPIC": "orders",
+        "CDC_ROUTER__SOURCE__TOPICS": '["a.public.outbox", "b.public.outbox"]',
+        "CDC_ROUTER__SOURCE__SNAPSHOT_ROWS": "false",
+        "CDC_ROUTER__KAFKA__CONFIG__LINGER_MS": "7",
+        "OTHER": "ignored",
+    })
+    assert config.delivery.guarantee == "at_least_once"
+    assert config.delivery.commit_interval_ms == 250
+    assert config.routes[0].topic == "orders"
+    assert config.source.topics == ["a.public.outbox", "b.public.outbox"]
+    assert config.source.snapshot_rows is False
+    assert config.kafka.config == {"linger.ms": "7"}
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"CDC_ROUTER__DELIVERY__GUARANTEE": "at_most_once"},
+     "via environment variable CDC_ROUTER__DELIVERY__GUARANTEE: field 'delivery.guarantee': "
+     "Input should be 'exactly_once' or 'at_least_once' (got 'at_most_once')"),
+    ({"CDC_ROUTER__ROUTES__3__TOPIC": "x"}, "field 'routes[3]': this path does not exist"),
+    ({"CDC_ROUTER__SOURCE__TOPICS": "[oops"}, "invalid JSON"),
+    ({"CDC_ROUTER__DELIVERY__GUARANTE": "at_least_once"},
+     "unknown key 'guarante'; did you mean 'guarantee'?"),
+])
+def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str],
+                                              expected: str) -> None:
+    assert expected in error_of(tmp_path, MINIMAL, env)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (MINIMAL + "delivery: {guarantee: exactly-once}\n",
+     "field 'delivery.guarantee': Input should be 'exactly_once' or 'at_least_once' "
+     "(got 'exactly-once')"),
+    (MINIMAL.replace("topic:", "topc:"), "field 'routes[0].topc': unknown key 'topc'; "
+     "did you mean 'topic'?"),
+    (MINIMAL + "dedupe: {}\n", "unknown key 'dedupe'; did you mean 'dedup'?"),
+    (MINIMAL + "delivery: {commit_interval_ms: fast}\n",
+     "field 'delivery.commit_interval_ms': Input should be a valid integer"),
+    (MINIMAL + "delivery: {commit_interval_ms: 0}\n", "greater than 0 (got 0)"),
+    ("routes: [{topic: x}]\n", "field 'source': is required"),
+    ("source: {topics: []}\nroutes: [{topic: x}]\n", "field 'source.topics'"),
+    ("source: {topics: [a]}\nroutes: []\n", "field 'routes'"),
+    ("source: {topics: [a]}\nroutes: [{topic: on}]\n",
+     "(got True); YAML reads yes/no/on/off/true/false as booleans: quote the value"),
+])
+def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+@pytest.mark.parametrize(("route", "expected"), [
+    ("{topic: 'x.{aggregat}'}", "field 'routes[0].topic': unknown template field {aggregat}"),
+    ("{topic: 'x.{type!r}'}", "unknown template field {type!r}"),
+    ("{topic: 'x.{type:>9}'}", "unknown template field {type:>9}"),
+    ("{topic: 'x.{id.__class__}'}", "unknown template field {id.__class__}"),
+    ("{topic: 'x.{type'}", "unbalanced braces"),
+    ("{topic: 'orders/{type}'}", "illegal characters '/'"),
+    ("{topic: __consumer_offsets}", "starts with '__'"),
+    ("{topic: cdc-router.dlq}", "one of the router's own topics"),
+    ("{topic: outbox.public.outbox}", "one of the router's own topics"),
+    ("{topic: x, match: {type: 're:(('}}", "field 'routes[0].match.type': invalid regular"),
+    ("{topic: x, match: {}}", "a match needs aggregate_type, type or header"),
+    ("{topic: x, cloudevents: true}", "field 'routes[0].ce_source': cloudevents: true needs"),
+    ("{topic: x, ce_source: /a}", "ce_source only applies with cloudevents: true"),
+    ("{topic: x, format: avro}", "field 'routes[0].schema': format avro needs a schema"),
+    ("{topic: x, schema: a.avsc}", "a schema only applies with format: avro"),
+    ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].format': format avro is "
+     "not supported yet"),
+    ("{topic: x, headers: {ce_id: 1}}", "header 'ce_id' is written by the router itself"),
+    ("{topic: x, key: created_at}", "field 'routes[0].key'"),
+    ("{topic: x, partition: hash}", "Input should be 'aggregate_id', 'key' or 'kafka_default'"),
+])
+def test_route_errors(tmp_path: Path, route: str, expected: str) -> None:
+    text = f"source: {{topics: [outbox.public.outbox]}}\nroutes:\n  - {route}\n"
+    assert expected in error_of(tmp_path, text)
+
+
+def test_default_route_must_be_last(tmp_path: Path) -> None:
+    message = error_of(tmp_path, MINIMAL + "  - {match: {type: A}, topic: a}\n")
+    assert "field 'routes[1]': unreachable: routes[0] has no match" in message
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("dead_letter: {topic: outbox.public.outbox}", "field 'dead_letter.topic': must differ"),
+    ("dedup: {changelog_topic: cdc-router.dlq}", "must differ from dead_letter.topic"),
+    ("dedup: {changelog_config: {cleanup.policy: delete}}", "must keep cleanup.policy=compact"),
+    ("cleanup: {mode: delete}", "field 'cleanup.dsn': mode delete needs the Postgres DSN"),
+    ("cleanup: {mode: retention, dsn: 'postgresql://x'}", "field 'cleanup.retention_ms'"),
+    ("kafka: {config: {bootstrap.servers: x}}", "set kafka.bootstrap_servers instead"),
+    ("topics: [{name: cdc-router.dlq}]", "field 'topics[0].name': this topic is configured"),
+    ("topics: [{name: 'a b'}]", "illegal characters ' '"),
+    ("source: {topics: [a, a]}", "a topic is listed twice"),
+    ("source: {topics: [a], outbox: {type: id}}",
+     "field 'source.outbox.type': column 'id' is already used for id"),
+])
+def test_section_errors(tmp_path: Path, extra: str, expected: str) -> None:
+    text = MINIMAL + extra + "\n" if not extra.startswith("source") else \
+        extra + "\nroutes: [{topic: x}]\n"
+    assert expected in error_of(tmp_path, text)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml: file not found; pass -c"):
+        load_config("nope.yaml")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("source: {topics: [a]\nroutes: []\n", "line 2, column 1: invalid YAML: expected ',' or '}'"),
+    ("source: {topics: [a]}\nroutes: [{topic: x}]\nroutes: []\n",
+     "line 3, column 1: invalid YAML: duplicate key 'routes'"),
+    ("a: b: c\n", "line 1, column 5: invalid YAML"),
+    ("", "the file is empty"),
+    ("- a\n- b\n", "the top level must be a mapping of settings (got 'list')"),
+])
+def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_python_built_config_equals_loaded() -> None:
+    loaded = load_config(EXAMPLE)
+    rebuilt = RouterConfig.model_validate(loaded.model_dump(by_alias=True))
+    assert rebuilt == loaded
