@@ -1,0 +1,278 @@
+"""Decoding real Debezium 3.6 change events captured from the local stack (fixtures/debezium)."""
+
+from __future__ import annotations
+
+import calendar
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.errors import DecodeError
+from cdc_router.settings import OutboxColumns, SourceSettings
+
+FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
+PAYLOAD = {"orderId": 42, "amount": "19.99", "currency": "EUR", "note": "crème brûlée ✓"}
+BYTEA = b"\x00\x01\xfe\xffbinary\x80"
+MODES = ["schema", "noschema"]
+
+
+def record(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))
+    return loaded
+
+
+def raw(value: Any) -> bytes | None:
+    return None if value is None else json.dumps(value, separators=(",", ":")).encode()
+
+
+def run(name: str, settings: SourceSettings | None = None, **changes: Any) -> OutboxEvent | Skipped:
+    rec = record(name)
+    return decode(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
+                  settings=settings or SourceSettings(topics=[rec["topic"]], **changes))
+
+
+def event(name: str, **changes: Any) -> OutboxEvent:
+    result = run(name, **changes)
+    assert isinstance(result, OutboxEvent), result
+    return result
+
+
+def row_of(value: dict[str, Any]) -> dict[str, Any]:
+    """The 'after' row inside a captured value, in either converter mode (to mutate it)."""
+    envelope: dict[str, Any] = value["payload"] if "schema" in value else value
+    after: dict[str, Any] = envelope["after"]
+    return after
+
+
+def decode_mutated(name: str, mutate: Any, **changes: Any) -> OutboxEvent | Skipped:
+    rec = record(name)
+    mutate(rec["value"])
+    return decode(None, raw(rec["value"]), topic=rec["topic"],
+                  settings=SourceSettings(topics=[rec["topic"]], **changes))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["jsonb", "json", "text"])
+def test_create_with_json_payload_columns(kind: str, mode: str) -> None:
+    rec = record(f"create_{kind}.{mode}")
+    decoded = event(f"create_{kind}.{mode}")
+    assert decoded.event_id == rec["key"].get("payload", rec["key"])["id"]
+    assert (decoded.aggregate_type, decoded.aggregate_id, decoded.op) != ("", "", "")
+    assert decoded.op == "c"
+    assert decoded.payload_is_json
+    assert json.loads(decoded.payload) == PAYLOAD
+    assert dict(decoded.headers) == {
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tenant": "acme-eu", "attempt": "3"}  # non-string header values come JSON-encoded
+
+
+def test_jsonb_event_fields_and_source_metadata() -> None:
+    decoded = event("create_jsonb.schema")
+    source = record("create_jsonb.schema")["value"]["payload"]["source"]
+    assert (decoded.aggregate_type, decoded.aggregate_id, decoded.type) == (
+        "Order", "order-42", "OrderPaid")
+    assert (decoded.lsn, decoded.tx_id, decoded.source_ts_ms) == (
+        source["lsn"], source["txId"], source["ts_ms"])
+    assert decoded.column("tenant") == "acme-eu"
+    assert ("tenant", "acme-eu") in decoded.extra_columns
+
+
+@pytest.mark.parametrize("name", ["create_jsonb", "create_json", "create_text", "snapshot_jsonb"])
+def test_both_converter_modes_decode_to_the_same_event(name: str) -> None:
+    # Two connectors read the same row; only where each read it (snapshots differ) may differ.
+    def row_only(decoded: OutboxEvent) -> OutboxEvent:
+        return replace(decoded, lsn=None, tx_id=None, source_ts_ms=None)
+
+    assert row_only(event(f"{name}.schema")) == row_only(event(f"{name}.noschema"))
+
+
+def test_timestamp_micro_from_timestamp6_column() -> None:
+    micros = row_of(record("create_jsonb.noschema")["value"])["created_at"]
+    assert event("create_jsonb.noschema").created_at_ms == micros // 1000
+    assert event("create_jsonb.schema").created_at_ms == micros // 1000
+
+
+def test_timestamp_zoned_from_timestamptz_column() -> None:
+    text = row_of(record("create_json.schema")["value"])["created_at"]
+    assert text.endswith("Z")  # io.debezium.time.ZonedTimestamp, UTC
+    moment = datetime.fromisoformat(text)
+    expected = calendar.timegm(moment.utctimetuple()) * 1000 + moment.microsecond // 1000
+    assert event("create_json.schema").created_at_ms == expected
+    assert event("create_json.noschema").created_at_ms == expected
+
+
+def test_timestamp_millis_from_timestamp3_column() -> None:
+    millis = row_of(record("create_text.schema")["value"])["created_at"]
+    assert event("create_text.schema").created_at_ms == millis  # io.debezium.time.Timestamp
+    assert event("create_text.noschema").created_at_ms == millis  # told apart by magnitude
+
+
+def test_naive_iso_timestamp_is_utc() -> None:
+    def naive(value: dict[str, Any]) -> None:
+        row_of(value)["created_at"] = "2024-05-01T10:11:12.345678"
+
+    decoded = decode_mutated("create_jsonb.noschema", naive)
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.created_at_ms == int(datetime(2024, 5, 1, 10, 11, 12, 345000,
+                                                 tzinfo=UTC).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("name", ["create_bytea.schema", "snapshot_bytea.schema"])
+def test_bytea_with_schema_is_recognised(name: str) -> None:
+    decoded = event(name)
+    assert decoded.payload == BYTEA
+    assert not decoded.payload_is_json
+
+
+def test_bytea_without_schema_needs_payload_type_bytes() -> None:
+    assert event("create_bytea.noschema", payload_type="bytes").payload == BYTEA
+    # Without a schema a base64 string looks like text: it is taken as JSON text (and the JSON
+    # serializer will refuse it), which is why source.payload_type exists.
+    assert event("create_bytea.noschema").payload_is_json
+
+
+def test_bytea_hex_mode() -> None:
+    decoded = event("create_bytea.hex", payload_type="bytes", binary_handling="hex")
+    assert decoded.payload == BYTEA
+    assert replace(event("create_bytea.schema"), lsn=None, tx_id=None, source_ts_ms=None) == \
+        replace(decoded, lsn=None, tx_id=None, source_ts_ms=None)
+
+
+def test_bytea_wrong_binary_handling_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="not valid base64"):
+        run("create_bytea.hex", payload_type="bytes")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_snapshot_rows_are_routed_unless_disabled(mode: str) -> None:
+    assert event(f"snapshot_jsonb.{mode}").op == "r"
+    assert run(f"snapshot_jsonb.{mode}", snapshot_rows=False) == Skipped("snapshot_disabled")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_update_is_skipped_or_fails(mode: str) -> None:
+    assert run(f"update.{mode}") == Skipped("update")
+    with pytest.raises(DecodeError, match="insert-only"):
+        run(f"update.{mode}", on_update="fail")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_delete_and_its_tombstone_are_skipped(mode: str) -> None:
+    assert run(f"delete.{mode}") == Skipped("delete")
+    assert record(f"tombstone.{mode}")["value"] is None
+    assert run(f"tombstone.{mode}") == Skipped("tombstone")
+
+
+@pytest.mark.parametrize("mode", [*MODES, "hex"])
+def test_heartbeats_are_skipped(mode: str) -> None:
+    result = run(f"heartbeat.{mode}")
+    assert isinstance(result, Skipped) and result.reason == "heartbeat"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_heartbeat_recognised_by_shape_on_any_topic(mode: str) -> None:
+    value = raw(record(f"heartbeat.{mode}")["value"])
+    result = decode(None, value, topic="outbox.public.outbox",
+                    settings=SourceSettings(topics=["outbox.public.outbox"]))
+    assert isinstance(result, Skipped) and result.reason == "heartbeat"
+
+
+@pytest.mark.parametrize("mode", [*MODES, "hex"])
+@pytest.mark.parametrize("status", ["begin", "end"])
+def test_transaction_metadata_is_skipped(status: str, mode: str) -> None:
+    result = run(f"transaction_{status}.{mode}")
+    assert isinstance(result, Skipped) and result.reason == "transaction_metadata"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("case", "aggregate_type"), [
+    ("internal_topic", "__consumer_offsets"), ("path_traversal", "../x"),
+    ("long_300", "A" * 300), ("crlf", "Order\r\nX-Injected: 1"), ("non_ascii", "Bestellung-Ü"),
+])
+def test_hostile_aggregate_types_decode_verbatim(case: str, aggregate_type: str,
+                                                 mode: str) -> None:
+    # Decoding does not judge values; routing refuses the topics they would build.
+    assert event(f"hostile_{case}.{mode}").aggregate_type == aggregate_type
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b'{"before": null, "after": {"id": ', "malformed JSON at line 1"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"[1, 2]", "the value is an array"),
+    (b'"text"', "the value is a string"),
+    (b'{"foo": 1}', "no 'op' field"),
+    (b'{"op": "x", "after": {}}', "unknown Debezium op 'x'"),
+    (b'{"op": "c", "after": null}', "no 'after' row"),
+    (b'{"schema": {}, "payload": {"op": "c"}}', "no 'after' row"),
+])
+def test_malformed_records_are_decode_errors(value: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason):
+        decode(None, value, topic="t", settings=SourceSettings(topics=["t"]))
+
+
+def _drop(column: str) -> Any:
+    return lambda value: row_of(value).pop(column)
+
+
+def _set(column: str, new: Any) -> Any:
+    return lambda value: row_of(value).__setitem__(column, new)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("mutate", "reason"), [
+    (_drop("aggregatetype"), "column 'aggregatetype' .aggregate type. is missing"),
+    (_drop("id"), "column 'id' .event id. is missing"),
+    (_drop("payload"), "payload column 'payload' is missing"),
+    (_set("aggregateid", None), "column 'aggregateid' .aggregate id. must be text"),
+    (_set("type", {"nested": 1}), "column 'type' .event type. must be text, uuid or an integer, "
+                                  "got an object"),
+    (_set("type", ""), "is empty"),
+    (_set("payload", None), "payload column 'payload' is null"),
+    (_set("headers", "{not json"), "headers column 'headers' is not valid JSON"),
+    (_set("headers", '["a"]'), "must be a JSON object of headers, got an array"),
+    (_set("created_at", "yesterday"), "not an ISO-8601 timestamp"),
+    (_set("created_at", True), "must be a timestamp"),
+])
+def test_bad_rows_are_decode_errors_naming_event_and_column(mutate: Any, reason: str,
+                                                            mode: str) -> None:
+    with pytest.raises(DecodeError, match=reason) as caught:
+        decode_mutated(f"create_jsonb.{mode}", mutate)
+    assert "\n" not in str(caught.value)
+
+
+def test_optional_columns_may_be_null_or_absent() -> None:
+    decoded = decode_mutated("create_jsonb.noschema",
+                             lambda v: (_set("headers", None)(v), _drop("created_at")(v)))
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.headers == () and decoded.created_at_ms is None
+
+
+def test_integer_ids_are_text() -> None:
+    decoded = decode_mutated("create_jsonb.noschema", _set("aggregateid", 12345))
+    assert isinstance(decoded, OutboxEvent) and decoded.aggregate_id == "12345"
+
+
+def test_custom_column_names() -> None:
+    def rename(value: dict[str, Any]) -> None:
+        row = row_of(value)
+        row["event_id"] = row.pop("id")
+        row["kind"] = row.pop("type")
+        row["body"] = row.pop("payload")
+
+    columns = OutboxColumns(id="event_id", type="kind", payload="body", headers=None)
+    decoded = decode_mutated("create_jsonb.noschema", rename, outbox=columns)
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.type == "OrderPaid" and json.loads(decoded.payload) == PAYLOAD
+    assert decoded.headers == ()  # no headers column configured
+    assert decoded.column("headers") is not None  # so it is one of the other columns
+
+
+def test_expanded_json_payload_is_kept_as_compact_json() -> None:
+    decoded = decode_mutated("create_jsonb.noschema", _set("payload", {"a": [1, "é"]}))
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.payload == '{"a":[1,"é"]}'.encode()
