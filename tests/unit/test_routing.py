@@ -1,0 +1,261 @@
+"""Routing real captured events: matching, topics, keys, partitions, headers, hostile inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.errors import ConfigError, RouteError, SerializeError
+from cdc_router.partitioner import java_default_partition
+from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.settings import RouterConfig, SourceSettings
+
+FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
+SOURCE = "outbox.public.outbox"
+
+
+def captured(name: str, **source: Any) -> OutboxEvent:
+    rec = json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))
+    value = json.dumps(rec["value"]).encode()
+    result = decode(None, value, topic=rec["topic"],
+                    settings=SourceSettings(topics=[SOURCE], **source))
+    assert isinstance(result, OutboxEvent)
+    return result
+
+
+ORDER = captured("create_jsonb.schema")  # Order / order-42 / OrderPaid, tenant acme-eu
+PAYMENT = captured("create_json.noschema")  # Payment / pay-7 / PaymentConfirmed
+DOCUMENT = captured("create_bytea.schema")  # Document / doc-9, bytea payload
+
+
+def router(*routes: dict[str, Any], **top: Any) -> Router:
+    return Router(RouterConfig.model_validate(
+        {"source": {"topics": [SOURCE]}, "routes": list(routes), **top}))
+
+
+def record(rt: Router, event: OutboxEvent, partitions: int = 6) -> OutboundRecord:
+    result = rt.route(event, lambda topic: partitions)
+    assert isinstance(result, OutboundRecord), result
+    return result
+
+
+def test_default_route_builds_the_contract_record() -> None:
+    out = record(router({"topic": "outbox.event.{aggregate_type}"}), ORDER)
+    assert out.topic == "outbox.event.Order"
+    assert out.key == ORDER.event_id.encode()
+    assert out.partition == java_default_partition(b"order-42", 6)
+    assert out.value == ORDER.payload
+    assert out.timestamp_ms == ORDER.created_at_ms
+    assert (out.event_id, out.route_index, out.format) == (ORDER.event_id, 0, "json")
+    assert out.headers[:4] == (("id", ORDER.event_id.encode()), ("type", b"OrderPaid"),
+                               ("aggregatetype", b"Order"), ("aggregateid", b"order-42"))
+    assert dict(out.headers)["tenant"] == b"acme-eu"  # the row's own headers follow
+    assert dict(out.headers)["attempt"] == b"3"
+
+
+def test_every_template_field() -> None:
+    out = record(router({"topic": "x.{aggregate_type}.{aggregate_id}.{type}.{id}"}), ORDER)
+    assert out.topic == f"x.Order.order-42.OrderPaid.{ORDER.event_id}"
+
+
+def test_first_matching_route_wins() -> None:
+    rt = router({"match": {"aggregate_type": "Order*"}, "topic": "orders"},
+                {"match": {"type": "OrderPaid"}, "topic": "paid"},
+                {"topic": "rest"})
+    assert record(rt, ORDER).topic == "orders"
+    assert record(rt, PAYMENT).topic == "rest"
+    found = rt.explain(PAYMENT)
+    assert found is not None and found[0] == 2 and found[1].topic == "rest"
+
+
+@pytest.mark.parametrize(("pattern", "matches"), [
+    ("Order", True), ("order", False), ("Ord", False),            # exact, case-sensitive
+    ("Ord*", True), ("O?der", True), ("[OP]rder", True), ("*x", False),  # glob
+    ("re:Or.er", True), ("re:Or", False), ("re:(?i)ORDER", True),  # regex, full match
+    (["Invoice", "Ord*"], True), (["Invoice", "Payment"], False),  # any of a list
+])
+def test_aggregate_type_patterns(pattern: Any, matches: bool) -> None:
+    rt = router({"match": {"aggregate_type": pattern}, "topic": "hit"}, unmatched="skip")
+    result = rt.route(ORDER, lambda topic: 1)
+    assert isinstance(result, OutboundRecord) == matches
+    assert (rt.explain(ORDER) is not None) == matches
+
+
+def test_header_match_on_the_rows_headers() -> None:
+    rt = router({"match": {"header": {"tenant": "acme-*"}}, "topic": "acme"},
+                {"match": {"header": {"missing": "*"}}, "topic": "never"},
+                {"topic": "rest"})
+    assert record(rt, ORDER).topic == "acme"
+    assert record(rt, replace(ORDER, headers=(("tenant", "other"),))).topic == "rest"
+
+
+def test_all_conditions_must_hold() -> None:
+    rt = router({"match": {"aggregate_type": "Order", "type": "OrderShipped"}, "topic": "a"},
+                {"topic": "b"})
+    assert record(rt, ORDER).topic == "b"
+
+
+def test_unmatched_goes_to_dead_letter_or_is_skipped() -> None:
+    with pytest.raises(RouteError, match="no route matches aggregate_type 'Payment'"):
+        router({"match": {"type": "OrderPaid"}, "topic": "t"}).route(PAYMENT, lambda t: 1)
+    skipping = router({"match": {"type": "OrderPaid"}, "topic": "t"}, unmatched="skip")
+    assert skipping.route(PAYMENT, lambda t: 1) == Skipped("unmatched")
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("id", ORDER.event_id), ("aggregate_id", "order-42"), ("aggregateid", "order-42"),
+    ("type", "OrderPaid"), ("tenant", "acme-eu"),
+])
+def test_key_options(key: str, expected: str) -> None:
+    assert record(router({"topic": "t", "key": key}), ORDER).key == expected.encode()
+
+
+def test_key_column_missing_or_null_is_a_route_error() -> None:
+    with pytest.raises(RouteError, match="key column 'region'"):
+        router({"topic": "t", "key": "region"}).route(ORDER, lambda t: 1)
+    with pytest.raises(RouteError, match="key column 'tenant'"):
+        router({"topic": "t", "key": "tenant"}).route(PAYMENT, lambda t: 1)  # tenant is null
+
+
+def test_payload_column_cannot_be_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"routes\[0\].key"):
+        router({"topic": "t", "key": "payload"})
+
+
+def test_partition_options() -> None:
+    by_key = record(router({"topic": "t", "partition": "key", "key": "aggregate_id"}), ORDER, 7)
+    assert by_key.partition == java_default_partition(b"order-42", 7)
+    asked: list[str] = []
+
+    def partitions_for(topic: str) -> int:
+        asked.append(topic)
+        return 1
+
+    default = router({"topic": "t", "partition": "kafka_default"}).route(ORDER, partitions_for)
+    assert isinstance(default, OutboundRecord) and default.partition is None and asked == []
+
+
+def test_events_of_one_aggregate_share_a_partition() -> None:
+    rt = router({"topic": "t"})
+    partitions = {record(rt, replace(ORDER, event_id=f"e{i}"), 12).partition for i in range(50)}
+    assert partitions == {java_default_partition(b"order-42", 12)}
+
+
+def test_topic_without_partitions_is_a_route_error() -> None:
+    with pytest.raises(RouteError, match="has no partitions"):
+        router({"topic": "t"}).route(ORDER, lambda topic: 0)
+
+
+@pytest.mark.parametrize(("case", "reason"), [
+    ("internal_topic", "starts with '__'"),
+    ("path_traversal", r"illegal characters '/'"),
+    ("long_300", "at most 249 characters"),
+    ("crlf", "illegal characters"),
+    ("non_ascii", "illegal characters 'Ü'"),
+])
+@pytest.mark.parametrize("mode", ["schema", "noschema"])
+def test_hostile_aggregate_types_never_make_a_bad_topic(case: str, reason: str,
+                                                        mode: str) -> None:
+    event = captured(f"hostile_{case}.{mode}")
+    with pytest.raises(RouteError, match=reason) as caught:
+        router({"topic": "{aggregate_type}"}).route(event, lambda topic: 1)
+    assert "\n" not in str(caught.value) and "\r" not in str(caught.value)
+    assert len(str(caught.value)) < 400  # the 300 characters are cut in the message
+
+
+def test_path_traversal_inside_a_template_is_refused() -> None:
+    event = captured("hostile_path_traversal.noschema")
+    with pytest.raises(RouteError, match="illegal characters '/'"):
+        router({"topic": "outbox.event.{aggregate_type}"}).route(event, lambda t: 1)
+
+
+@pytest.mark.parametrize("aggregate_type", ["dlq", "dedup", "public.outbox"])
+def test_template_cannot_reach_the_routers_own_topics(aggregate_type: str) -> None:
+    rt = router({"topic": "{type}.{aggregate_type}"})
+    target = {"dlq": "cdc-router", "dedup": "cdc-router", "public.outbox": "outbox"}
+    event = replace(ORDER, type=target[aggregate_type], aggregate_type=aggregate_type)
+    with pytest.raises(RouteError, match="one of the router's own topics"):
+        rt.route(event, lambda t: 1)
+
+
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+@given(st.text(max_size=300))
+def test_no_aggregate_type_yields_an_illegal_topic(aggregate_type: str) -> None:
+    rt = router({"topic": "{aggregate_type}"})
+    try:
+        result = rt.route(replace(ORDER, aggregate_type=aggregate_type), lambda topic: 3)
+    except RouteError as error:
+        assert "\n" not in str(error)
+        return
+    assert isinstance(result, OutboundRecord)
+    assert _LEGAL.fullmatch(result.topic) and result.topic not in (".", "..")
+    assert not result.topic.startswith("__")
+    assert result.topic not in {SOURCE, "cdc-router.dlq", "cdc-router.dedup"}
+
+
+def test_payload_over_the_limit_is_a_route_error() -> None:
+    rt = router({"topic": "t"}, delivery={"max_payload_bytes": 50})
+    with pytest.raises(RouteError, match=r"over delivery\.max_payload_bytes"):
+        rt.route(ORDER, lambda t: 1)
+
+
+def test_cloudevents_binary_mode_headers() -> None:
+    rt = router({"topic": "t", "cloudevents": True, "ce_source": "/orders"})
+    headers = dict(record(rt, ORDER).headers)
+    assert headers["ce_specversion"] == b"1.0"
+    assert headers["ce_id"] == ORDER.event_id.encode()
+    assert headers["ce_type"] == b"OrderPaid"
+    assert headers["ce_source"] == b"/orders"
+    assert ORDER.created_at_ms is not None
+    assert headers["ce_time"] == rfc3339(ORDER.created_at_ms).encode()
+    assert headers["content-type"] == b"application/json"
+    assert dict(record(rt, DOCUMENT).headers)["content-type"] == b"application/octet-stream"
+
+
+def test_rfc3339() -> None:
+    assert rfc3339(1_714_558_272_123) == "2024-05-01T10:11:12.123Z"
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+
+
+def test_static_route_headers_follow_the_rows() -> None:
+    headers = record(router({"topic": "t", "headers": {"producer": "cdc-router"}}), ORDER).headers
+    assert headers[-1] == ("producer", b"cdc-router")
+
+
+def test_row_header_may_not_shadow_a_contract_header() -> None:
+    with pytest.raises(RouteError, match="row header 'id' would shadow"):
+        router({"topic": "t"}).route(replace(ORDER, headers=(("id", "spoof"),)), lambda t: 1)
+
+
+def test_json_payload_is_checked_and_bytes_pass_through() -> None:
+    rt = router({"topic": "t"})
+    assert record(rt, DOCUMENT).value == b"\x00\x01\xfe\xffbinary\x80"
+    for bad in (b"{not json", b'{"a": NaN}'):
+        with pytest.raises(SerializeError, match="not valid JSON"):
+            rt.route(replace(ORDER, payload=bad), lambda t: 1)
+
+
+def test_bytea_read_as_text_fails_in_the_json_serializer() -> None:
+    wrong = captured("create_bytea.noschema")  # payload_type auto without schema: base64 text
+    with pytest.raises(SerializeError):
+        router({"topic": "t"}).route(wrong, lambda t: 1)
+
+
+def test_record_before_1970_is_a_route_error() -> None:
+    with pytest.raises(RouteError, match="before 1970"):
+        router({"topic": "t"}).route(replace(ORDER, created_at_ms=-5), lambda t: 1)
+
+
+def test_avro_is_not_supported_yet() -> None:
+    with pytest.raises(ConfigError, match=r"routes\[0\].format.*not supported yet"):
+        router({"topic": "t", "format": "avro", "schema": "s.avsc"})
