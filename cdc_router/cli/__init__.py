@@ -18,6 +18,7 @@ COMMAND_MODULES: dict[str, str] = {
     "dedup": "cdc_router.cli.consumer",
     "local": "cdc_router.cli.local",
     "outbox": "cdc_router.cli.outbox",
+    "rules": "cdc_router.cli.rules",
 }
 
 

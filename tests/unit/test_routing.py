@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_router.cli import main
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
@@ -259,3 +261,45 @@ def test_record_before_1970_is_a_route_error() -> None:
 def test_avro_is_not_supported_yet() -> None:
     with pytest.raises(ConfigError, match=r"routes\[0\].format.*not supported yet"):
         router({"topic": "t", "format": "avro", "schema": "s.avsc"})
+
+
+def explain(*args: str) -> tuple[int, str]:
+    config = Path(__file__).parents[2] / "examples" / "router.yaml"
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), *args])
+    return result.exit_code, result.output
+
+
+def test_explain_shows_the_route_and_record() -> None:
+    code, output = explain("--explain", str(FIXTURES / "create_jsonb.schema.json"),
+                           "--partitions", "6", "-o", "json")
+    assert code == 0, output
+    [result] = json.loads(output)["events"]
+    assert result["outcome"] == "routed" and result["route"]["index"] == 0
+    assert result["record"]["topic"] == "orders.OrderPaid"
+    assert result["record"]["key"] == ORDER.event_id
+    assert result["record"]["partition"] == java_default_partition(b"order-42", 6)
+    assert ["aggregateid", "order-42"] in result["record"]["headers"]
+    assert json.loads(result["record"]["value"]) == json.loads(ORDER.payload)
+
+
+def test_explain_skipped_and_dead_letter_outcomes(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(b'{"op": "c", "after": {"id": ')
+    code, output = explain("--explain", str(FIXTURES / "tombstone.noschema.json"),
+                           "--explain", str(FIXTURES / "hostile_path_traversal.schema.json"),
+                           "--explain", str(broken))
+    assert code == 1  # some event would be dead-lettered
+    assert "skipped   tombstone" in output
+    assert "dead letter to cdc-router.dlq (stage route)" in output and "illegal characters '/'" \
+        in output
+    assert "(stage decode): malformed JSON at line 1" in output
+
+
+def test_explain_bare_value_file(tmp_path: Path) -> None:
+    bare = tmp_path / "value.json"
+    bare.write_text(json.dumps(json.loads(
+        (FIXTURES / "create_text.noschema.json").read_text("utf-8"))["value"]), "utf-8")
+    code, output = explain("--explain", str(bare))
+    assert code == 0, output
+    assert "(from outbox.public.outbox)" in output
+    assert "record    topic outbox.event.Invoice, partition 0" in output

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pydantic
 import pytest
+from click.testing import CliRunner
 
+from cdc_router.cli import main
 from cdc_router.errors import ConfigError
 from cdc_router.settings import RouterConfig, load_config
 
@@ -206,3 +209,29 @@ def test_python_built_config_equals_loaded() -> None:
     loaded = load_config(EXAMPLE)
     rebuilt = RouterConfig.model_validate(loaded.model_dump(by_alias=True))
     assert rebuilt == loaded
+
+
+def test_rules_check_summarises_a_valid_config() -> None:
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    assert f"{EXAMPLE}: valid" in result.output
+    assert "[2]  (default)" in result.output and "outbox.event.{aggregate_type}" in result.output
+
+
+def test_rules_check_json_masks_secrets(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "cleanup: {mode: delete, dsn: 'postgresql://u:pw@h/db'}\n")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "-o", "json"],
+                                env={"CDC_ROUTER__KAFKA__SASL_PASSWORD": "s3cret"})
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["valid"] and report["config"]["routes"][0]["topic"] == "outbox.event.{type}"
+    assert "s3cret" not in result.output and "pw@" not in result.output
+
+
+def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "delivery: {guarantee: maybe}\n")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: {path}: field 'delivery.guarantee': Input should be 'exactly_once' or "
+        "'at_least_once' (got 'maybe'); see examples/router.yaml"]

@@ -1,0 +1,216 @@
+"""`cdc-router rules`: validate a router config and explain what it does with a change event."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cdc_router.cli._output import output_option, table
+from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.errors import DecodeError, RouteError, SerializeError
+from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.settings import RouteMatch, RouterConfig, RouteRule, load_config
+
+_PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
+
+
+@click.group(name="rules")
+def cli() -> None:
+    """Check routing rules, and see which route a change event takes."""
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@click.option("--explain", "events", multiple=True, type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), metavar="EVENT.json",
+              help="A raw Debezium change record value (as on the raw topic), or a captured "
+                   "record {topic, key, value}; repeatable.")
+@click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Partition count assumed for destination topics.")
+@click.option("--topic", "source_topic", help="Raw topic the event came from "
+              "[default: the captured record's, else the first source topic].")
+@output_option
+def check(config_path: Path, events: tuple[Path, ...], partitions: int,
+          source_topic: str | None, output: str) -> None:
+    """Validate router.yaml (with CDC_ROUTER__ overrides) and summarise it.
+
+    With --explain, also show for each event how it decodes, which route takes it and the
+    record it would produce. Exits 1 when the config is invalid or an event would go to the
+    dead-letter topic.
+    """
+    config = load_config(config_path, env=os.environ)
+    router = Router(config)
+    explained = [explain_event(path, config, router, partitions, source_topic)
+                 for path in events]
+    if output == "json":
+        click.echo(json.dumps({"file": str(config_path), "valid": True,
+                               "config": _public(config), "events": explained}, indent=2,
+                              ensure_ascii=False))
+    else:
+        click.echo(_summary(config_path, config))
+        for result in explained:
+            click.echo("")
+            click.echo(_describe(result))
+    if any(result["outcome"] == "dead_letter" for result in explained):
+        sys.exit(1)
+
+
+def explain_event(path: Path, config: RouterConfig, router: Router, partitions: int,
+                  source_topic: str | None) -> dict[str, Any]:
+    """What the router would do with the record in `path`, as a JSON-ready dict."""
+    topic, key, value = _read_record(path, source_topic or None, config.source.topics[0])
+    result: dict[str, Any] = {"file": str(path), "source_topic": topic}
+    stage = "decode"
+    try:
+        decoded = decode(key, value, topic=topic, settings=config.source)
+        if isinstance(decoded, Skipped):
+            return {**result, "outcome": "skipped", "reason": decoded.reason}
+        result["event"] = _event(decoded)
+        found = router.explain(decoded)
+        if found is not None:
+            result["route"] = {"index": found[0], "match": _match(found[1].match),
+                               "topic": found[1].topic}
+        stage = "route"
+        routed = router.route(decoded, lambda _topic: partitions)
+    except (DecodeError, RouteError, SerializeError) as error:
+        if isinstance(error, SerializeError):
+            stage = "serialize"
+        return {**result, "outcome": "dead_letter", "stage": stage, "reason": str(error),
+                "dead_letter_topic": config.dead_letter.topic}
+    if isinstance(routed, Skipped):
+        return {**result, "outcome": "skipped", "reason": routed.reason}
+    return {**result, "outcome": "routed", "record": _record(routed)}
+
+
+def _read_record(path: Path, topic: str | None,
+                 default_topic: str) -> tuple[str, bytes | None, bytes | None]:
+    """(topic, key, value) from a captured {topic, key, value} file or a raw value file."""
+    data = path.read_bytes()
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return topic or default_topic, None, data  # not JSON: decode will say why
+    if isinstance(parsed, dict) and {"topic", "value"} <= parsed.keys() and "op" not in parsed:
+        def encoded(part: Any) -> bytes | None:
+            return None if part is None else json.dumps(part).encode()
+
+        return topic or str(parsed["topic"]), encoded(parsed.get("key")), encoded(parsed["value"])
+    return topic or default_topic, None, (None if parsed is None else data)
+
+
+def _event(event: OutboxEvent) -> dict[str, Any]:
+    return {"id": event.event_id, "op": event.op, "aggregate_type": event.aggregate_type,
+            "aggregate_id": event.aggregate_id, "type": event.type,
+            "created_at": rfc3339(event.created_at_ms) if event.created_at_ms else None,
+            "headers": dict(event.headers), "payload_bytes": len(event.payload),
+            "payload_is_json": event.payload_is_json, "lsn": event.lsn, "tx_id": event.tx_id}
+
+
+def _record(record: OutboundRecord) -> dict[str, Any]:
+    return {"topic": record.topic, "partition": record.partition,
+            "key": _text(record.key), "timestamp_ms": record.timestamp_ms,
+            "headers": [[name, _text(value)] for name, value in record.headers],
+            "value": _text(record.value), "value_bytes": len(record.value),
+            "format": record.format, "route_index": record.route_index}
+
+
+def _text(data: bytes | None) -> str | None:
+    """Bytes as text when they are UTF-8, else as 'base64:...'."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode()
+
+
+def _match(match: RouteMatch | None) -> str:
+    if match is None:
+        return "(default)"
+    parts = [f"{name} ~ {_patterns(value)}" for name, value in
+             (("aggregate_type", match.aggregate_type), ("type", match.type)) if value is not None]
+    parts += [f"header {name} ~ {_patterns(value)}" for name, value in
+              (match.header or {}).items()]
+    return ", ".join(parts)
+
+
+def _patterns(value: str | list[str]) -> str:
+    return value if isinstance(value, str) else " | ".join(value)
+
+
+def _rule_options(rule: RouteRule) -> str:
+    options = [f"key {rule.key}", f"partition {rule.partition}", rule.format]
+    if rule.cloudevents:
+        options.append(f"cloudevents ({rule.ce_source})")
+    if rule.headers:
+        options.append("headers " + ", ".join(rule.headers))
+    return ", ".join(options)
+
+
+def _summary(path: Path, config: RouterConfig) -> str:
+    source, delivery, dedup = config.source, config.delivery, config.dedup
+    lines = [f"{path}: valid",
+             f"source     {', '.join(source.topics)} (group {source.group_id}; snapshot rows "
+             f"{'routed' if source.snapshot_rows else 'skipped'}; updates {source.on_update})",
+             f"routes     {len(config.routes)}, first match wins:"]
+    rows = [[f"[{index}]", _match(rule.match), "->", rule.topic, _rule_options(rule)]
+            for index, rule in enumerate(config.routes)]
+    lines += ["  " + line for line in table(["#", "match", "", "topic", "options"],
+                                            rows).splitlines()]
+    unmatched = (f"dead letter to {config.dead_letter.topic}" if config.unmatched ==
+                 "dead_letter" else "skipped and counted")
+    dedup_text = (f"on: {dedup.window_ms // 3_600_000} h / {dedup.max_ids} ids, changelog "
+                  f"{dedup.changelog_topic}" if dedup.enabled else "off")
+    lines += [f"unmatched  {unmatched}",
+              f"delivery   {delivery.guarantee} (commit every {delivery.commit_interval_ms} ms "
+              f"or {delivery.commit_max_records} records; max payload "
+              f"{delivery.max_payload_bytes} bytes)",
+              f"dead letter {config.dead_letter.topic}",
+              f"dedup      {dedup_text}",
+              f"cleanup    {config.cleanup.mode}",
+              f"topics     {', '.join(spec.name for spec in config.topic_specs())} "
+              "(created by `cdc-router topics apply`)"]
+    return "\n".join(lines)
+
+
+def _describe(result: dict[str, Any]) -> str:
+    lines = [f"{result['file']} (from {result['source_topic']})"]
+    event = result.get("event")
+    if event:
+        lines.append(f"  event     op {event['op']}, id {event['id']}, aggregate "
+                     f"{event['aggregate_type']!r}/{event['aggregate_id']!r}, type "
+                     f"{event['type']!r}, created_at {event['created_at']}")
+    route = result.get("route")
+    if route:
+        lines.append(f"  route     [{route['index']}] {route['match']} -> {route['topic']}")
+    if result["outcome"] == "skipped":
+        lines.append(f"  skipped   {result['reason']}")
+    elif result["outcome"] == "dead_letter":
+        lines.append(f"  dead letter to {result['dead_letter_topic']} (stage "
+                     f"{result['stage']}): {result['reason']}")
+    else:
+        record = result["record"]
+        value = record["value"] or ""
+        if len(value) > _PREVIEW_CHARS:
+            value = value[:_PREVIEW_CHARS] + "…"
+        lines += [f"  record    topic {record['topic']}, partition {record['partition']}, "
+                  f"key {record['key']}, timestamp {record['timestamp_ms']}",
+                  "  headers   " + ", ".join(f"{name}={value!r}" for name, value in
+                                            record["headers"]),
+                  f"  value     {value} ({record['value_bytes']} bytes, {record['format']})"]
+    return "\n".join(lines)
+
+
+def _public(config: RouterConfig) -> dict[str, Any]:
+    """The config as JSON, secrets masked (SecretStr dumps masked; the DSN holds a password)."""
+    data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
+    if data["cleanup"].get("dsn"):
+        data["cleanup"]["dsn"] = "**********"
+    return data
