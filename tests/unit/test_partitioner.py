@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_router.local.versions import KAFKA_VERSION
 from cdc_router.partitioner import java_default_partition, murmur2, to_positive
 
 # Apache Kafka, clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2.
@@ -59,3 +66,43 @@ def test_rejects_zero_partitions() -> None:
 def test_partition_is_in_range_and_hash_is_a_java_int(key: bytes, partitions: int) -> None:
     assert -(2**31) <= murmur2(key) < 2**31
     assert 0 <= java_default_partition(key, partitions) < partitions
+
+
+_JAVA_CHECK = """
+import java.io.*;
+import java.util.HexFormat;
+import org.apache.kafka.common.utils.Utils;
+import org.apache.kafka.clients.producer.internals.BuiltInPartitioner;
+
+public class Check {
+    public static void main(String[] args) throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        for (String line; (line = in.readLine()) != null; ) {
+            byte[] key = HexFormat.of().parseHex(line.trim());
+            int partition = BuiltInPartitioner.partitionForKey(key, 37);
+            System.out.println(Utils.murmur2(key) + " " + partition);
+        }
+    }
+}
+"""
+
+
+def _kafka_libs() -> Path | None:
+    cache = os.environ.get("CDC_ROUTER_JAR_CACHE") or str(Path.home() / ".cache/cdc-router/jars")
+    libs = Path(cache) / f"kafka-{KAFKA_VERSION}" / "libs"
+    return libs if (libs / f"kafka-clients-{KAFKA_VERSION}.jar").exists() else None
+
+
+@pytest.mark.skipif(shutil.which("java") is None or _kafka_libs() is None,
+                    reason="needs java and the local stack's Kafka jars (cdc-router local up)")
+def test_matches_kafkas_own_java_code_on_random_keys(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    keys = [b"", "Ünïcode-Bestellung".encode()] + [
+        rng.randbytes(rng.randrange(64)) for _ in range(2000)]
+    source = tmp_path / "Check.java"
+    source.write_text(_JAVA_CHECK, encoding="utf-8")
+    answer = subprocess.run(["java", "-cp", f"{_kafka_libs()}/*", str(source)], check=True,
+                            input="".join(key.hex() + "\n" for key in keys),
+                            capture_output=True, text=True, timeout=120).stdout.split()
+    java = [(int(answer[i]), int(answer[i + 1])) for i in range(0, len(answer), 2)]
+    assert java == [(murmur2(key), java_default_partition(key, 37)) for key in keys]
