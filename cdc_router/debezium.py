@@ -133,7 +133,12 @@ def _parse_json(value: bytes) -> Any:
 
 
 def _not_a_change(envelope: dict[str, Any]) -> Skipped:
-    """Records without an op on a change topic: transaction metadata or heartbeats, else bad."""
+    """Records without an op on a change topic: transaction metadata or heartbeats, else bad.
+
+    Told apart by shape, not by topic name: the router knows neither the connector's
+    topic.prefix nor its topic.transaction name, and a suffix test would also catch the change
+    topic of a table called `transaction`.
+    """
     if envelope.get("status") in ("BEGIN", "END") and "id" in envelope:
         return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
     if set(envelope) == {"ts_ms"}:

@@ -140,7 +140,8 @@ class SourceSettings(_Model):
     # How to read the payload column: 'auto' trusts the schema when the converter sends one
     # and otherwise takes the value as JSON text (jsonb, json, text); 'bytes' is for bytea.
     payload_type: Literal["auto", "json", "bytes"] = "auto"
-    heartbeat_topic_prefix: str = "__debezium-heartbeat"  # the connector's topic.heartbeat.prefix
+    # The connector's topic.heartbeat.prefix; records on topics starting with it are skipped.
+    heartbeat_topic_prefix: str = Field(default="__debezium-heartbeat", min_length=1)
 
     @field_validator("topics")
     @classmethod
