@@ -13,7 +13,7 @@ help: ## Show this help
 system-deps: ## Install Postgres 15, Java 17, Maven, Redis (Debian packages; needs root)
 	@if [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade $(APT_PACKAGES) >/dev/null; \
 	else \
 		for tool in java mvn redis-server; do command -v $$tool >/dev/null || { echo "missing $$tool: run 'sudo make system-deps'"; exit 1; }; done; \
 		ls /usr/lib/postgresql/15/bin/postgres >/dev/null || { echo "missing postgresql-15: run 'sudo make system-deps'"; exit 1; }; \

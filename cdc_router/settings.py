@@ -271,8 +271,9 @@ class DedupSettings(_Model):
     @field_validator("changelog_config")
     @classmethod
     def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
-        if value.get("cleanup.policy", "compact") != "compact":
-            raise ValueError("the dedup changelog must keep cleanup.policy=compact")
+        if value.get("cleanup.policy", "compact,delete") not in ("compact", "compact,delete"):
+            raise ValueError("the dedup changelog needs cleanup.policy compact,delete "
+                             "(or compact): one record per id, gone after the window")
         return value
 
 
@@ -343,7 +344,10 @@ class RouterConfig(_Model):
             specs.append(TopicSpec(name=dedup.changelog_topic,
                                    partitions=dedup.changelog_partitions,
                                    replication_factor=dedup.changelog_replication_factor,
-                                   config={"cleanup.policy": "compact", **dedup.changelog_config}))
+                                   config={"cleanup.policy": "compact,delete",
+                                           # ids older than the window are of no use
+                                           "retention.ms": str(dedup.window_ms),
+                                           **dedup.changelog_config}))
         return specs
 
     @model_validator(mode="after")

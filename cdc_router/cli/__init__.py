@@ -18,7 +18,9 @@ COMMAND_MODULES: dict[str, str] = {
     "dedup": "cdc_router.cli.consumer",
     "local": "cdc_router.cli.local",
     "outbox": "cdc_router.cli.outbox",
+    "run": "cdc_router.cli.run",
     "rules": "cdc_router.cli.rules",
+    "topics": "cdc_router.cli.topics",
 }
 
 

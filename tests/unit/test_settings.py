@@ -82,7 +82,8 @@ def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
     specs = {spec.name: spec for spec in load_config(EXAMPLE).topic_specs()}
     assert specs["orders.OrderPaid"].partitions == 6
     assert specs["cdc-router.dlq"].config == {"retention.ms": "2592000000"}
-    assert specs["cdc-router.dedup"].config["cleanup.policy"] == "compact"
+    assert specs["cdc-router.dedup"].config["cleanup.policy"] == "compact,delete"
+    assert specs["cdc-router.dedup"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
 
 
 def test_environment_overrides(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "expected"), [
     ("dead_letter: {topic: outbox.public.outbox}", "field 'dead_letter.topic': must differ"),
     ("dedup: {changelog_topic: cdc-router.dlq}", "must differ from dead_letter.topic"),
-    ("dedup: {changelog_config: {cleanup.policy: delete}}", "must keep cleanup.policy=compact"),
+    ("dedup: {changelog_config: {cleanup.policy: delete}}", "needs cleanup.policy compact,delete"),
     ("cleanup: {mode: delete}", "field 'cleanup.dsn': mode delete needs the Postgres DSN"),
     ("cleanup: {mode: retention, dsn: 'postgresql://x'}", "field 'cleanup.retention_ms'"),
     ("kafka: {config: {bootstrap.servers: x}}", "set kafka.bootstrap_servers instead"),

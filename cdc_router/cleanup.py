@@ -1,0 +1,196 @@
+"""Deleting, or ageing out, outbox rows whose events are committed on their destination topics.
+
+The router hands over each batch's delivered ids after its Kafka transaction committed. `delete`:
+a worker thread deletes them by id, in batches. `retention`: the same, once the row's created_at
+is `retention_ms` old. Memory is bounded: beyond MAX_PENDING_IDS the oldest ids are given up, and
+in `retention` mode a sweep deletes, in bounded chunks and oldest first, rows past the retention
+that are also older than the delivered horizon (the newest created_at committed downstream) less
+a margin for transactions that commit after younger ones: the raw topic is in commit order, so
+what was committed before a delivered event was delivered before it.
+
+A Postgres failure never stops routing: the ids wait, and the worker retries with backoff.
+Ids of events sent to the dead-letter topic are never handed over, so their rows stay.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from psycopg import sql
+
+from cdc_router.router import Delivered
+from cdc_router.settings import CleanupSettings
+
+log = logging.getLogger("cdc_router.cleanup")
+
+# How long a transaction that inserted outbox rows may stay open and still be safe from the
+# retention sweep: created_at is set at insert, but the row reaches the WAL, and so the router,
+# only at commit.
+RETENTION_SAFETY_MARGIN_MS = 5 * 60 * 1000
+# Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
+# for `cdc-router outbox purge`): memory is bounded, and no undelivered row is ever touched.
+MAX_PENDING_IDS = 2_000_000
+_CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
+_MAX_BACKOFF_S = 30.0
+
+
+def _table(qualified: str) -> sql.Identifier:
+    parts = qualified.split(".")
+    return sql.Identifier(*parts)
+
+
+class OutboxCleaner:
+    """Runs the cleanup policy on its own thread; `delivered()` is called by the router."""
+
+    def __init__(self, settings: CleanupSettings, *, id_column: str,
+                 created_at_column: str | None, registry: CollectorRegistry | None = None) -> None:
+        self._settings = settings
+        self._id_column = id_column
+        self._created_at_column = created_at_column
+        # (event id, when its row may go: epoch ms, monotonic clock of delivery)
+        self._pending: deque[tuple[str, int, float]] = deque()
+        self._lock = threading.Lock()
+        self._horizon_ms: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.deleted = Counter("cdc_router_outbox_rows_deleted", "Outbox rows deleted by the "
+                               "cleanup", registry=registry)
+        self.lag = Gauge("cdc_router_cleanup_lag_seconds", "Age of the oldest delivered id "
+                         "whose row is not deleted yet", registry=registry)
+        self.given_up = Counter("cdc_router_cleanup_ids_given_up", "Delivered ids dropped from "
+                                "the cleanup queue while Postgres was unreachable",
+                                registry=registry)
+
+    # Called by the router, after commit ----------------------------------------------------
+
+    def delivered(self, events: Sequence[Delivered]) -> None:
+        """Events committed on their destinations: their rows may go now (or when aged)."""
+        if self._settings.mode == "none":
+            return
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        retention = (self._settings.retention_ms or 0) if self._settings.mode == "retention" else 0
+        with self._lock:
+            self._pending.extend(
+                (event.event_id, (event.created_at_ms or now_ms) + retention, now)
+                for event in events)
+            while len(self._pending) > MAX_PENDING_IDS:
+                self._pending.popleft()
+                self.given_up.inc()
+            times = [e.created_at_ms for e in events if e.created_at_ms is not None]
+            if times:
+                self._horizon_ms = max(self._horizon_ms or 0, max(times))
+
+    # Lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._settings.mode == "none":
+            return
+        self._thread = threading.Thread(target=self._run, name="outbox-cleanup", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Delete what is pending (within the timeout), then stop."""
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + drain_timeout_s
+        while self.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
+        self._thread.join(timeout=drain_timeout_s)
+        if self._conn is not None:
+            self._conn.close()
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # The worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.5
+        interval_s = self._settings.interval_ms / 1000
+        while not self._stop.is_set():
+            try:
+                worked = self._delete_due()
+                if self._settings.mode == "retention":
+                    worked = self._sweep() or worked
+                backoff = 0.5
+            except psycopg.Error as error:
+                log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d",
+                            str(error).strip().splitlines()[0] if str(error) else error,
+                            backoff, self.pending_count())
+                self._drop_connection()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            self._update_lag()
+            if not worked:
+                self._stop.wait(interval_s)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            assert self._settings.dsn is not None
+            self._conn = psycopg.connect(self._settings.dsn, autocommit=True,
+                                         connect_timeout=_CONNECT_TIMEOUT_S,
+                                         application_name="cdc-router-cleanup")
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _delete_due(self) -> bool:
+        """Delete up to one batch of delivered ids that are due; True if there were any."""
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            batch: list[str] = []
+            for event_id, due_ms, _ in self._pending:
+                if due_ms > now_ms or len(batch) >= self._settings.batch_size:
+                    break
+                batch.append(event_id)
+        if not batch:
+            return False
+        query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::uuid[])").format(
+            _table(self._settings.table), sql.Identifier(self._id_column))
+        deleted = self._connection().execute(query, (batch,)).rowcount
+        with self._lock:
+            for _ in batch:
+                self._pending.popleft()
+        self.deleted.inc(max(deleted, 0))
+        log.debug("event=outbox_rows_deleted rows=%d", deleted)
+        return True
+
+    def _sweep(self) -> bool:
+        """Delete one chunk of rows past the retention and well behind the delivered horizon."""
+        if self._horizon_ms is None or self._created_at_column is None:
+            return False
+        retention = self._settings.retention_ms or 0
+        limit_ms = min(int(time.time() * 1000) - retention,
+                       self._horizon_ms - RETENTION_SAFETY_MARGIN_MS)
+        table, created = _table(self._settings.table), sql.Identifier(self._created_at_column)
+        # ctid chunks: each DELETE holds its row locks only for one bounded batch.
+        query = sql.SQL(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+            "WHERE {created} < to_timestamp(%s / 1000.0) AT TIME ZONE 'UTC' "
+            "ORDER BY {created} LIMIT %s))").format(table=table, created=created)
+        deleted = self._connection().execute(query, (limit_ms, self._settings.batch_size)).rowcount
+        self.deleted.inc(max(deleted, 0))
+        return deleted >= self._settings.batch_size
+
+    def _update_lag(self) -> None:
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            oldest = self._pending[0] if self._pending else None
+        # Lag: how long the oldest id has been due (retention's planned wait does not count).
+        self.lag.set(0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000))

@@ -1,0 +1,57 @@
+"""`cdc-router run`: the router process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from cdc_router.cleanup import OutboxCleaner
+from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
+from cdc_router.router import OutboxRouter
+from cdc_router.settings import load_config
+
+# /healthz fails when the loop has not polled for this long: far above a batch's commit time,
+# below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
+_STALL_S = 120.0
+
+
+@click.command(name="run")
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
+              show_default="the host name",
+              help="Unique per running instance: it names the transactional id and the static "
+                   "group member [env CDC_ROUTER_INSTANCE_ID].")
+@click.option("--metrics-port", type=int, default=9102, show_default=True,
+              envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) -> None:
+    """Route outbox events from the raw change topic to their destinations until stopped."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    config = load_config(config_path, env=os.environ)
+    metrics = RouterMetrics()
+    cleaner = OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
+                            created_at_column=config.source.outbox.created_at,
+                            registry=metrics.registry)
+    router = OutboxRouter(config, instance_id=instance_id, metrics=metrics,
+                          on_delivered=cleaner.delivered)
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        router.stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    if metrics_port:
+        serve(metrics, metrics_port, poll_is_recent(lambda: router.last_poll, _STALL_S))
+    cleaner.start()
+    try:
+        router.run()
+    finally:
+        cleaner.stop()

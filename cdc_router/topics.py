@@ -1,0 +1,114 @@
+"""Plan and apply the topics a router config names: destinations, dead letters, changelog."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from cdc_router.errors import CdcRouterError
+from cdc_router.settings import TopicSpec
+
+# Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
+_ADMIN_TIMEOUT_S = 30.0
+
+Action = Literal["create", "update", "unchanged"]
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """What `apply` would do to one topic, and why."""
+
+    name: str
+    action: Action
+    partitions: int | None
+    replication_factor: int | None
+    config_changes: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+class TopicAdmin:
+    """Reads the cluster's topics and makes them match the specs; built lazily."""
+
+    def __init__(self, client_config: dict[str, Any]) -> None:
+        self._config = client_config
+        self._admin: AdminClient | None = None
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self._config)
+        return self._admin
+
+    def plan(self, specs: list[TopicSpec]) -> list[TopicPlan]:
+        try:
+            existing = self.admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
+        except KafkaException as error:
+            raise CdcRouterError(f"cannot reach Kafka at {self._config.get('bootstrap.servers')}"
+                                 f": {error}; is the cluster up?") from error
+        plans = []
+        for spec in specs:
+            found = existing.get(spec.name)
+            if found is None:
+                plans.append(TopicPlan(spec.name, "create", spec.partitions,
+                                       spec.replication_factor,
+                                       {k: (None, v) for k, v in spec.config.items()}))
+                continue
+            warnings = []
+            count = len(found.partitions)
+            if spec.partitions is not None and spec.partitions != count:
+                # Adding partitions moves aggregates to other partitions and breaks their order.
+                warnings.append(f"has {count} partitions, the config says {spec.partitions}: "
+                                "left as is (changing it breaks per-aggregate order)")
+            changes = self._config_changes(spec)
+            plans.append(TopicPlan(spec.name, "update" if changes else "unchanged", count, None,
+                                   changes, tuple(warnings)))
+        return plans
+
+    def apply(self, plans: list[TopicPlan]) -> None:
+        creates = [NewTopic(p.name, num_partitions=p.partitions or -1,
+                            replication_factor=p.replication_factor or -1,
+                            config={k: v for k, (_, v) in p.config_changes.items()})
+                   for p in plans if p.action == "create"]
+        if creates:
+            for name, future in self.admin.create_topics(
+                    creates, request_timeout=_ADMIN_TIMEOUT_S).items():
+                _wait(future, f"creating topic {name}")
+        for plan in plans:
+            if plan.action != "update":
+                continue
+            resource = ConfigResource(ConfigResource.Type.TOPIC, plan.name, incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, (_, v) in plan.config_changes.items()])
+            for future in self.admin.incremental_alter_configs([resource]).values():
+                _wait(future, f"updating the config of topic {plan.name}")
+
+    def _config_changes(self, spec: TopicSpec) -> dict[str, tuple[str | None, str]]:
+        if not spec.config:
+            return {}
+        resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+        future = self.admin.describe_configs([resource])[resource]
+        current = _wait(future, f"reading the config of topic {spec.name}")
+        changes = {}
+        for key, wanted in spec.config.items():
+            entry = current.get(key)
+            have = entry.value if entry is not None else None
+            if have != wanted:
+                changes[key] = (have, wanted)
+        return changes
+
+
+def _wait(future: Any, what: str) -> Any:
+    try:
+        return future.result(timeout=_ADMIN_TIMEOUT_S)
+    except KafkaException as error:
+        raise CdcRouterError(f"{what} failed: {error.args[0].str() if error.args else error}") \
+            from error

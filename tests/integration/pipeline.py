@@ -1,0 +1,182 @@
+"""A whole outbox pipeline on the real stack for one test: table, connector, topics, routers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import yaml
+from confluent_kafka import Message
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.integration.support import (
+    POSTGRES_CONNECTOR,
+    StackEndpoints,
+    drop_slot,
+    read_topic,
+    unique,
+    wait_connector_running,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+Row = tuple[str, str, str, Any]  # aggregate type, aggregate id, event type, payload
+
+
+@dataclass
+class Pipeline:
+    """Names and handles of one test's pipeline; every name is unique to the test."""
+
+    stack: StackEndpoints
+    workdir: Path
+    name: str
+    table: str
+    raw_topic: str
+    orders_topic: str
+    events_topic: str
+    dlq_topic: str
+    changelog_topic: str
+    config_path: Path
+    routers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def insert(self, rows: Sequence[Row], per_transaction: int = 200) -> list[str]:
+        """Insert outbox rows in transactions of `per_transaction`; their ids, in order."""
+        ids = []
+        with psycopg.connect(self.stack.postgres_dsn) as conn:
+            for start in range(0, len(rows), per_transaction):
+                chunk = rows[start:start + per_transaction]
+                params = []
+                for aggregate_type, aggregate_id, event_type, payload in chunk:
+                    event_id = str(uuid.uuid4())
+                    ids.append(event_id)
+                    params.append((event_id, aggregate_type, aggregate_id, event_type,
+                                   payload if isinstance(payload, str) else json.dumps(payload)))
+                with conn.cursor() as cursor:
+                    cursor.executemany(
+                        f"INSERT INTO public.{self.table} (id, aggregatetype, aggregateid, type,"
+                        " payload) VALUES (%s, %s, %s, %s, %s::jsonb)", params)
+                conn.commit()
+        return ids
+
+    def start_router(self, instance: str = "a", *extra: str) -> int:
+        """Start `cdc-router run` as its own process; returns its pid."""
+        log = open(self.workdir / f"router-{instance}.log", "ab")  # noqa: SIM115 (child's)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cdc_router", "run", "-c", str(self.config_path),
+             "--instance-id", f"{self.name}-{instance}", "--metrics-port", "0", *extra],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
+        self.routers[instance] = process
+        return process.pid
+
+    def kill_router(self, instance: str = "a", sig: int = signal.SIGKILL) -> int:
+        """Signal a router by its pid and wait for it; its exit code."""
+        process = self.routers.pop(instance)
+        os.kill(process.pid, sig)
+        return process.wait(timeout=60)
+
+    def router_log(self, instance: str = "a") -> str:
+        path = self.workdir / f"router-{instance}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def read(self, topic: str, count: int, timeout_s: float = 240) -> list[Message]:
+        return read_topic(self.stack.bootstrap_servers, topic, count, timeout_s)
+
+    def read_all(self, topic: str, settle_s: float = 5) -> list[Message]:
+        """Everything committed on `topic`, waiting `settle_s` after the last record."""
+        return read_topic(self.stack.bootstrap_servers, topic, 10**9, settle_s, idle_s=settle_s)
+
+
+def apply_topics(pipe: Pipeline) -> None:
+    """`cdc-router topics apply` for the pipeline's config."""
+    applied = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                              str(pipe.config_path), "--yes"], capture_output=True, text=True,
+                             cwd=REPO, check=False)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+
+def _config(pipeline: Pipeline, partitions: int, extra: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": pipeline.stack.bootstrap_servers},
+        "source": {"topics": [pipeline.raw_topic], "group_id": pipeline.name},
+        "routes": [
+            {"match": {"aggregate_type": "Order*"}, "topic": pipeline.orders_topic},
+            {"topic": pipeline.events_topic},
+        ],
+        "dead_letter": {"topic": pipeline.dlq_topic},
+        "dedup": {"changelog_topic": pipeline.changelog_topic},
+        "topics": [{"name": pipeline.orders_topic, "partitions": partitions},
+                   {"name": pipeline.events_topic, "partitions": partitions}],
+    }
+    for key, value in extra.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+@contextmanager
+def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
+             config: dict[str, Any] | None = None,
+             connector: dict[str, str] | None = None,
+             connect_url: str | None = None) -> Iterator[Pipeline]:
+    """Set up table, publication, raw topic, connector, destination topics; tear all down."""
+    name = unique("p")
+    dashed = name.replace("_", "-")
+    pipe = Pipeline(stack, workdir, name, table=name, raw_topic=f"{dashed}.public.{name}",
+                    orders_topic=f"{dashed}-orders", events_topic=f"{dashed}-events",
+                    dlq_topic=f"{dashed}-dlq", changelog_topic=f"{dashed}-dedup",
+                    config_path=workdir / "router.yaml")
+    pipe.config_path.write_text(yaml.safe_dump(_config(pipe, partitions, config or {})))
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"""CREATE TABLE public.{name} (
+            id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+            type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
+            created_at timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'utc'))""")
+        conn.execute(f"CREATE PUBLICATION {name} FOR TABLE public.{name} "
+                     "WITH (publish = 'insert')")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    # One raw partition keeps the commit order; the router spreads events by aggregate.
+    for future in admin.create_topics([NewTopic(pipe.raw_topic, 1, 1)]).values():
+        future.result(timeout=30)
+    apply_topics(pipe)
+    params = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
+    connector_config = {
+        "connector.class": POSTGRES_CONNECTOR,
+        "database.hostname": "127.0.0.1", "database.port": str(params["port"]),
+        "database.user": str(params["user"]), "database.password": str(params["password"]),
+        "database.dbname": str(params["dbname"]), "topic.prefix": dashed,
+        "plugin.name": "pgoutput", "slot.name": name, "publication.name": name,
+        "publication.autocreate.mode": "disabled", "table.include.list": f"public.{name}",
+        "snapshot.mode": "no_data", "tombstones.on.delete": "false",
+        **(connector or {}),
+    }
+    connect = connect_url or stack.connect_url
+    reply = httpx.put(f"{connect}/connectors/{dashed}/config", json=connector_config, timeout=30)
+    assert reply.status_code in (200, 201), reply.text
+    try:
+        wait_connector_running(connect, dashed)
+        yield pipe
+    finally:
+        for instance in list(pipe.routers):
+            with suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                pipe.kill_router(instance, signal.SIGTERM)
+        httpx.delete(f"{connect}/connectors/{dashed}", timeout=30)
+        time.sleep(1)
+        drop_slot(stack.postgres_dsn, name)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {name}")
+            conn.execute(f"DROP TABLE IF EXISTS public.{name}")
+        topics = [pipe.raw_topic, pipe.orders_topic, pipe.events_topic, pipe.dlq_topic,
+                  pipe.changelog_topic]
+        for future in admin.delete_topics(topics).values():
+            with suppress(Exception):
+                future.result(timeout=30)
