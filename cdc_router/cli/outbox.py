@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
+from cdc_router.cli._output import emit, output_option
 from cdc_router.errors import ConfigError
 from cdc_router.outbox import (
     COLUMN_FIELDS,
@@ -159,3 +160,54 @@ def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str
                               type=event_type, payload=value, headers=header_map or None,
                               event_id=event_id, schema=schema)
     click.echo(written)
+
+
+@cli.command()
+@dsn_option
+@schema_options
+@output_option
+def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
+    """Rows pending in the outbox, the age of the oldest, the table's size."""
+    from cdc_router.cleanup import outbox_stats
+
+    with database(dsn) as conn:
+        found = outbox_stats(conn, schema.table, schema.created_at_column)
+    emit(found, output, lambda s: (
+        f"table        {s.table}\nrows         {s.rows}\n"
+        f"oldest       {'-' if s.oldest_age_s is None else f'{s.oldest_age_s:.1f}s ago'}\n"
+        f"size         {s.table_bytes / 1024 / 1024:.1f} MiB"))
+
+
+@cli.command()
+@dsn_option
+@schema_options
+@click.option("--older-than", required=True, metavar="DURATION",
+              help="Delete rows created longer ago than this: 30s, 15m, 12h, 7d.")
+@click.option("--batch-size", default=5000, show_default=True,
+              help="Rows per DELETE (each in its own short transaction).")
+@click.option("--dry-run", is_flag=True, help="Only count the rows that would go.")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_run: bool,
+          yes: bool) -> None:
+    """Delete old outbox rows, oldest first, in bounded chunks.
+
+    Rows go whether or not the router has delivered their events: Debezium took each event from
+    the WAL when its transaction committed, so check the router's lag before purging recent rows.
+    """
+    from cdc_router.cleanup import parse_duration_ms
+    from cdc_router.cleanup import purge as purge_rows
+
+    older_than_ms = parse_duration_ms(older_than)
+    with database(dsn) as conn:
+        count = purge_rows(conn, schema.table, schema.created_at_column, older_than_ms,
+                           batch_size, dry_run=True)
+        click.echo(f"{count} rows of {schema.table} are older than {older_than}")
+        if dry_run or count == 0:
+            return
+        if not yes and sys.stdin.isatty() and not click.confirm("delete them?"):
+            raise click.Abort()
+        conn.rollback()  # end the counting transaction; each chunk commits on its own
+        conn.autocommit = True
+        deleted = purge_rows(conn, schema.table, schema.created_at_column, older_than_ms,
+                             batch_size)
+    click.echo(f"deleted {deleted} rows")

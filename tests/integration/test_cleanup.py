@@ -141,3 +141,33 @@ def _point_cleanup_at(pipe: Pipeline) -> None:
     config = yaml.safe_load(pipe.config_path.read_text())
     config["cleanup"]["table"] = f"public.{pipe.table}"
     pipe.config_path.write_text(yaml.safe_dump(config))
+
+
+def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints) -> None:
+    table = f"purge_{os.getpid()}_{random.randrange(10**6)}"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{table} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),"
+                     " created_at timestamp(6) NOT NULL)")
+        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT (now() AT TIME ZONE 'UTC')"
+                     " - make_interval(hours => g) FROM generate_series(1, 30) g")
+        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT now() AT TIME ZONE 'UTC'"
+                     " FROM generate_series(1, 5)")
+    env = {**os.environ, "CDC_ROUTER_PG_DSN": stack.postgres_dsn}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cdc_router", "outbox", *args, "--table",
+                               f"public.{table}"], capture_output=True, text=True, env=env,
+                              cwd=REPO, check=False)
+
+    try:
+        before = json.loads(cli("stats", "-o", "json").stdout)
+        dry = cli("purge", "--older-than", "630m", "--dry-run")
+        purged = cli("purge", "--older-than", "630m", "--batch-size", "7", "--yes")
+        after = json.loads(cli("stats", "-o", "json").stdout)
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE public.{table}")
+    assert before["rows"] == 35 and before["oldest_age_s"] > 29 * 3600
+    assert "20 rows" in dry.stdout, dry.stdout + dry.stderr
+    assert "deleted 20 rows" in purged.stdout, purged.stdout + purged.stderr
+    assert after["rows"] == 15 and after["oldest_age_s"] < 10.5 * 3600
