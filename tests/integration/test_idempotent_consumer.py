@@ -336,9 +336,14 @@ class Worker:
         self.process.wait(30)
 
     def terminate(self) -> int:
+        """SIGTERM, the graceful stop; kill -9 only if it hangs (then the code is -9)."""
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
-        return self.process.wait(60)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.kill_9()
+            return -9
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -392,6 +397,7 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
 
     workers = [spawn() for _ in range(PROCESSES)]
     killed: list[Worker] = []
+    shipped_at_kill: list[int] = []
     shipped = f'SELECT count(*) FROM "{schema}".shipments'
     try:
         for threshold in KILL_AT:
@@ -400,6 +406,7 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
             victim = workers.pop(0)
             victim.kill_9()
             killed.append(victim)
+            shipped_at_kill.append(count(dsn, shipped))
             workers.append(spawn())
 
         def all_committed() -> bool:
@@ -412,6 +419,7 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
     logs = "".join(worker.log() for worker in killed + workers)
     assert exit_codes == [0] * PROCESSES, logs[-5000:]
     assert len(killed) == len(KILL_AT)
+    assert all(n < EVENTS for n in shipped_at_kill), shipped_at_kill  # really mid-run
 
     assert count(dsn, shipped) == EVENTS
     assert count(dsn, f'SELECT count(DISTINCT event_id) FROM "{schema}".shipments') == EVENTS
