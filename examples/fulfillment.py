@@ -18,6 +18,7 @@ attempts, to watch the rollback and the retry do their work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -53,11 +54,13 @@ def _table(name: str) -> sql.Identifier:
 
 def create_shipments_table(dsn: str, table: str) -> None:
     """The effect table. No unique constraint on event_id on purpose: dedup is the store's job."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # Another replica may create it at the same moment: IF NOT EXISTS is not atomic.
+    raced = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable)
+    with psycopg.connect(dsn, autocommit=True) as conn, contextlib.suppress(*raced):
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
-            " event_id text NOT NULL, amount text, shipped_at timestamptz NOT NULL DEFAULT now())"
-        ).format(_table(table)))
+            " event_id text NOT NULL, amount text,"
+            " shipped_at timestamptz NOT NULL DEFAULT now())").format(_table(table)))
 
 
 class Fulfillment:

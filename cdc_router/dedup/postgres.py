@@ -100,6 +100,11 @@ class PostgresDedupStore:
             with conn.transaction():
                 for statement in statements:
                     conn.execute(statement)
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable,
+                psycopg.errors.DuplicateObject):
+            # Replicas starting together race on IF NOT EXISTS (it is not atomic in the
+            # catalog); the loser finds what the winner created.
+            return
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(

@@ -381,7 +381,7 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
             # group.min.session.timeout.ms), not the 45 s default.
             "--consumer-config", "session.timeout.ms=6000",
             "--consumer-config", "heartbeat.interval.ms=1000"]
-    # The first process creates the tables; the others would race on CREATE IF NOT EXISTS.
+    # Tables exist before the workers start, so the run is about consuming, not DDL races.
     PostgresDedupStore(dsn, table=f"{schema}.dedup").ensure_schema()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"

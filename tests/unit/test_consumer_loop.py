@@ -248,6 +248,15 @@ def test_event_id_can_come_from_the_id_header() -> None:
     assert [e.event_id for e in h.effects] == ["evt-1"]
 
 
+def test_a_record_without_the_id_header_is_dead_lettered() -> None:
+    h = Harness({0: [rec("k1", headers=[("trace", b"t")]), rec("k2", headers=[("id", b"e2")])]},
+                event_id_source="header")
+    h.run()
+    assert [e.event_id for e in h.effects] == ["e2"]
+    [dead] = h.producer.sent
+    assert "header 'id'" in dlq_headers(dead)["dlq.error.message"]
+
+
 def test_decoded_payload_reaches_the_handler() -> None:
     h = Harness({0: [rec("a", {"order_id": "42"})]}, decoder=lambda raw: json.loads(raw or b""))
     h.run()
