@@ -212,9 +212,11 @@ class IdempotentConsumer(Generic[Context]):
             raise ConsumerFailed(f"cannot rewind {tp[0]}[{tp[1]}] to offset "
                                  f"{message.offset()} for a retry: {seek_error}") from seek_error
         self._counts["retries"] += 1
-        log.warning("event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
-                    "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
-                    retry.failures, delay, "" if error is None else repr(error)[:300])
+        # Waiting for another worker's claim is expected, not a problem worth a warning.
+        level = logging.DEBUG if error is None else logging.WARNING
+        log.log(level, "event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
+                "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
+                retry.failures, delay, "" if error is None else repr(error)[:300])
 
     def _acknowledge(self, message: KafkaMessage) -> None:
         tp = (message.topic(), message.partition())
