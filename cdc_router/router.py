@@ -136,7 +136,12 @@ class OutboxRouter:
         self._stop.set()
 
     def run(self) -> None:
-        """Consume until stop(); raises FatalKafkaError when it cannot go on."""
+        """Consume until stop(); raises FatalKafkaError when it cannot go on.
+
+        Also raises, before consuming anything, a CdcRouterError from a serializer's preflight
+        (an Avro schema missing from the schema registry is configuration, not a poison event).
+        """
+        self._router.preflight()
         if self._exactly_once:
             self._call(lambda: self._producer.init_transactions(_INIT_TIMEOUT_S), "init")
         consumer = Consumer(self._consumer_config)

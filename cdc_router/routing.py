@@ -179,9 +179,22 @@ class Router:
         for index, rule in enumerate(self._rules):
             if rule.format not in self._serializers:
                 try:
-                    self._serializers[rule.format] = serializer_for(rule)
+                    self._serializers[rule.format] = serializer_for(rule, config)
                 except ConfigError as error:
+                    if error.field:  # already names the route's field at fault
+                        raise
                     raise ConfigError(str(error), field=f"routes[{index}].format") from None
+
+    def preflight(self) -> None:
+        """Check, before the first event, what serializers need from outside (a registry).
+
+        Raises a CdcRouterError that should stop the router: a schema missing from the
+        registry is configuration, not a poison event.
+        """
+        for serializer in self._serializers.values():
+            check = getattr(serializer, "preflight", None)
+            if check is not None:
+                check()
 
     def explain(self, event: OutboxEvent) -> tuple[int, RouteRule] | None:
         """The first route whose match takes `event` (index, rule), or None when none does."""

@@ -13,6 +13,7 @@ import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -23,6 +24,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -195,7 +197,12 @@ class RouteRule(_Model):
     key: Literal["id", "aggregate_id"] | str = Field(default="id", min_length=1)
     partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
     format: Literal["json", "avro"] = "json"
-    schema_path: str | None = Field(None, alias="schema")  # Avro schema file, with format avro
+    # With format avro: one .avsc file, or a mapping of event type -> .avsc ("*": any other
+    # type). A relative path is relative to the folder of the config file.
+    schema_path: str | dict[str, str] | None = Field(None, alias="schema")
+    # Avro: payload keys the schema has no field for. 'reject' dead-letters the event (the
+    # schema is the contract; dropping data silently is worse); 'ignore' leaves them out.
+    extra_fields: Literal["reject", "ignore"] = "reject"
     cloudevents: bool = False  # add the CloudEvents Kafka binding (binary mode) headers
     ce_source: str | None = None  # CloudEvents 'source', a URI-reference; needed with cloudevents
     headers: StringMap = Field(default_factory=dict)  # static extra headers
@@ -210,10 +217,28 @@ class RouteRule(_Model):
                 raise ValueError(problem)
         return topic
 
+    @field_validator("schema_path")
+    @classmethod
+    def _schema_files(cls, value: str | dict[str, str] | None,
+                      info: ValidationInfo) -> str | dict[str, str] | None:
+        folder = (info.context or {}).get("config_dir")
+
+        def resolved(path: str) -> str:
+            if not path.strip():
+                raise ValueError("a schema file path cannot be empty")
+            return str(Path(folder, path)) if folder is not None else path
+
+        if isinstance(value, dict):
+            if any(not event_type for event_type in value):
+                raise ValueError("an event type in a schema mapping cannot be empty")
+            return {event_type: resolved(path) for event_type, path in value.items()}
+        return None if value is None else resolved(value)
+
     @model_validator(mode="after")
     def _consistent(self) -> RouteRule:
         if self.format == "avro" and not self.schema_path:
-            raise _fail("schema", "format avro needs a schema file")
+            raise _fail("schema", "format avro needs a schema file (or a mapping of event "
+                        "type to schema file)")
         if self.schema_path and self.format != "avro":
             raise _fail("schema", "a schema only applies with format: avro", self.schema_path)
         if self.cloudevents and not self.ce_source:
@@ -232,6 +257,57 @@ class RouteRule(_Model):
     def is_default(self) -> bool:
         """True for a route without conditions: it takes every event that reaches it."""
         return self.match is None
+
+
+# SchemaRegistryClient properties it wants as numbers; YAML and the environment give strings.
+_REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
+                               "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
+
+
+class SchemaRegistrySettings(_Model):
+    """A Confluent-compatible schema registry; with it, Avro routes use its wire format."""
+
+    url: str = Field(min_length=1)  # several: comma-separated; mock://<name>: in-memory, tests
+    basic_auth_user_info: SecretStr | None = None  # "user:password"
+    # Off: the router only looks schemas up, and a schema missing from its subject stops it
+    # (registering is a deployment step, e.g. `cdc-router schemas register`).
+    auto_register: bool = False
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    config: StringMap = Field(default_factory=dict)  # other client properties (ssl.*, timeout)
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        for url in value.split(","):
+            parts = urlsplit(url.strip())
+            if parts.scheme not in ("http", "https", "mock") or not parts.netloc:
+                raise ValueError("each url must be http://host:port, https://host:port or "
+                                 "mock://name (in-memory, for tests)")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _not_shadowed(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = {"url": "url", "basic.auth.user.info": "basic_auth_user_info",
+                 "auto.register.schemas": "auto_register"}
+        for key in value:
+            if key in owned:
+                raise ValueError(f"set schema_registry.{owned[key]} instead of "
+                                 f"schema_registry.config[{key!r}]")
+            if key in _REGISTRY_NUMBERS and not re.fullmatch(r"\d+(\.\d+)?", value[key]):
+                raise ValueError(f"{key} must be a number, not {value[key]!r}")
+        return value
+
+    def client_config(self) -> dict[str, str | float]:
+        """The configuration of confluent-kafka's SchemaRegistryClient."""
+        conf: dict[str, str | float] = {**self.config, "url": self.url}
+        for key in _REGISTRY_NUMBERS.intersection(self.config):
+            text = self.config[key]
+            conf[key] = float(text) if "." in text else int(text)
+        if self.basic_auth_user_info is not None:
+            conf["basic.auth.credentials.source"] = "USER_INFO"
+            conf["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
+        return conf
 
 
 class DeliverySettings(_Model):
@@ -321,6 +397,7 @@ class RouterConfig(_Model):
     source: SourceSettings
     routes: list[RouteRule] = Field(min_length=1)
     unmatched: Literal["dead_letter", "skip"] = "dead_letter"
+    schema_registry: SchemaRegistrySettings | None = None  # None: Avro single-object encoding
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)
@@ -443,7 +520,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Route
                           value=type(raw).__name__)
     overridden = _apply_env(raw, env or {}, source)
     try:
-        config = RouterConfig.model_validate(raw)
+        # Relative schema paths are relative to the config file, not to the working directory.
+        config = RouterConfig.model_validate(
+            raw, context={"config_dir": Path(path).resolve().parent})
     except ValidationError as error:
         raise _config_error(error, source, overridden) from None
     try:

@@ -1,7 +1,8 @@
 """Serializers: an OutboxEvent's payload -> the destination record's value, per route format.
 
-Each format has one Serializer; `serializer_for(rule)` builds it once per Router. JSON is here;
-Avro (issue 6) plugs in at serializer_for.
+Each format has one Serializer; `serializer_for(rule, config)` builds it once per Router. JSON
+passes payloads through (serde/json.py); Avro validates and encodes them (serde/avro.py), for a
+schema registry's wire format or Avro's single-object encoding.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from cdc_router.errors import ConfigError
 
 if TYPE_CHECKING:
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouteRule
+    from cdc_router.settings import RouterConfig, RouteRule
 
 
 class Serializer(Protocol):
@@ -23,11 +24,20 @@ class Serializer(Protocol):
         ...
 
 
-def serializer_for(rule: RouteRule) -> Serializer:
-    """The serializer for `rule.format`; ConfigError for a format not supported yet."""
+def serializer_for(rule: RouteRule, config: RouterConfig | None = None) -> Serializer:
+    """The serializer for `rule.format`, serving every route of `config` in that format.
+
+    Makes no network call. Raises ConfigError (naming the route's field) for a schema that
+    cannot be read or used, or a format without a serializer.
+    """
     if rule.format == "json":
         from cdc_router.serde.json import JsonSerializer
 
         return JsonSerializer()
-    raise ConfigError(f"format {rule.format} is not supported yet (it comes with issue 6)",
-                      hint="use format: json for now")
+    if rule.format == "avro":
+        from cdc_router.serde.avro import AvroSerializer
+
+        if config is None:
+            return AvroSerializer([rule])
+        return AvroSerializer(config.routes, config.schema_registry)
+    raise ConfigError(f"format {rule.format} has no serializer", hint="use json or avro")

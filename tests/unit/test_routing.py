@@ -258,8 +258,8 @@ def test_record_before_1970_is_a_route_error() -> None:
         router({"topic": "t"}).route(replace(ORDER, created_at_ms=-5), lambda t: 1)
 
 
-def test_avro_is_not_supported_yet() -> None:
-    with pytest.raises(ConfigError, match=r"routes\[0\].format.*not supported yet"):
+def test_an_avro_route_without_its_schema_file_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"routes\[0\].schema.*s.avsc: file not found"):
         router({"topic": "t", "format": "avro", "schema": "s.avsc"})
 
 

@@ -154,8 +154,7 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, ce_source: /a}", "ce_source only applies with cloudevents: true"),
     ("{topic: x, format: avro}", "field 'routes[0].schema': format avro needs a schema"),
     ("{topic: x, schema: a.avsc}", "a schema only applies with format: avro"),
-    ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].format': format avro is "
-     "not supported yet"),
+    ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].schema': Avro schema "),
     ("{topic: x, headers: {ce_id: 1}}", "header 'ce_id' is written by the router itself"),
     ("{topic: x, key: created_at}", "field 'routes[0].key'"),
     ("{topic: x, partition: hash}", "Input should be 'aggregate_id', 'key' or 'kafka_default'"),

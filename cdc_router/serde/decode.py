@@ -1,0 +1,165 @@
+"""The consumer's side: decode a destination record's value, whichever encoding its route used.
+
+- Confluent wire format (byte 0, a 4-byte schema id, the Avro body): the writer's schema comes
+  from the schema registry by id, once per id.
+- Avro single-object encoding (0xC3 0x01, an 8-byte fingerprint, the body): the writer's schema
+  comes from a store of known schemas keyed by CRC-64-AVRO fingerprint.
+- Anything else is taken as JSON, the router's other format.
+
+With a reader schema, Avro schema resolution turns the writer's data into the reader's shape
+(a consumer on an older or newer version of the schema).
+
+    decoder = PayloadDecoder.for_config(load_config("router.yaml"))
+    event = decoder.decode(message.value()).value
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import fastavro
+
+from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.serde.avro import (
+    CONFLUENT_HEADER,
+    CONFLUENT_MAGIC,
+    SINGLE_OBJECT_HEADER,
+    SINGLE_OBJECT_MAGIC,
+    AvroSchema,
+    load_schema,
+    parse_schema_text,
+)
+from cdc_router.serde.registry import RegistryError, SchemaIds
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from cdc_router.settings import RouterConfig
+
+Encoding = Literal["confluent", "single_object", "json"]
+
+
+class PayloadDecodeError(CdcRouterError):
+    """A record value could not be decoded: unknown schema, truncated or not what it claims."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decoded record value and how it was encoded."""
+
+    value: Any
+    encoding: Encoding
+    schema_id: int | None = None  # confluent: the registry's id of the writer's schema
+    fingerprint: bytes | None = None  # single_object: CRC-64-AVRO of the writer's schema
+    writer: str | None = None  # the writer schema's full name, when it has one
+
+
+def encoding_of(value: bytes) -> Encoding:
+    """Which encoding `value` carries, by its first bytes (JSON never starts with 0x00 or 0xC3)."""
+    if value[:2] == SINGLE_OBJECT_MAGIC:
+        return "single_object"
+    if value[:1] == CONFLUENT_MAGIC:
+        return "confluent"
+    return "json"
+
+
+class PayloadDecoder:
+    """Decodes record values of every route format; schemas are looked up once each."""
+
+    def __init__(self, *, schemas: Iterable[AvroSchema | str | Path] = (),
+                 registry: SchemaRegistryClient | None = None,
+                 reader_schema: AvroSchema | None = None) -> None:
+        """`schemas` fill the single-object store; `registry` serves Confluent ids."""
+        self._by_fingerprint: dict[bytes, AvroSchema] = {}
+        self._by_id: dict[int, AvroSchema] = {}
+        self._registry = registry
+        self._reader = reader_schema
+        for schema in schemas:
+            self.add_schema(schema)
+
+    @classmethod
+    def for_config(cls, config: RouterConfig,
+                   registry: SchemaRegistryClient | None = None) -> PayloadDecoder:
+        """A decoder that knows every schema of `config`'s routes and, if it has one, its
+        registry (`registry` overrides the client built from config.schema_registry)."""
+        files = []
+        for route in config.routes:
+            spec = route.schema_path
+            files += [spec] if isinstance(spec, str) else list((spec or {}).values())
+        if registry is None and config.schema_registry is not None:
+            registry = SchemaIds(config.schema_registry).client
+        return cls(schemas=files, registry=registry)
+
+    def add_schema(self, schema: AvroSchema | str | Path) -> AvroSchema:
+        """Add a writer schema (or an .avsc file) to the single-object store."""
+        parsed = schema if isinstance(schema, AvroSchema) else load_schema(schema)
+        self._by_fingerprint[parsed.fingerprint] = parsed
+        return parsed
+
+    def decode(self, value: bytes) -> Decoded:
+        """Decode one record value; PayloadDecodeError when its writer schema is unknown or
+        the bytes do not decode with it."""
+        encoding = encoding_of(value)
+        if encoding == "json":
+            try:
+                return Decoded(json.loads(value), "json")
+            except (ValueError, UnicodeDecodeError) as error:
+                raise PayloadDecodeError(f"neither Avro (no 0x00 or 0xC3 0x01 header) nor JSON: "
+                                         f"{error}") from None
+        if encoding == "single_object":
+            if len(value) < SINGLE_OBJECT_HEADER:
+                raise PayloadDecodeError(f"single-object header cut short ({len(value)} bytes)")
+            fingerprint = value[2:SINGLE_OBJECT_HEADER]
+            writer = self._by_fingerprint.get(fingerprint)
+            if writer is None:
+                raise PayloadDecodeError(f"no known schema has fingerprint {fingerprint.hex()}; "
+                                         "add the writer's .avsc to the decoder's schemas")
+            body = value[SINGLE_OBJECT_HEADER:]
+            return Decoded(self._read(body, writer), encoding, fingerprint=fingerprint,
+                           writer=writer.name)
+        if len(value) < CONFLUENT_HEADER:
+            raise PayloadDecodeError(f"wire-format header cut short ({len(value)} bytes)")
+        schema_id = int.from_bytes(value[1:CONFLUENT_HEADER], "big")
+        writer = self._writer_by_id(schema_id)
+        return Decoded(self._read(value[CONFLUENT_HEADER:], writer), encoding,
+                       schema_id=schema_id, writer=writer.name)
+
+    def _writer_by_id(self, schema_id: int) -> AvroSchema:
+        cached = self._by_id.get(schema_id)
+        if cached is not None:
+            return cached
+        if self._registry is None:
+            raise PayloadDecodeError(f"schema id {schema_id} needs a schema registry, and this "
+                                     "decoder has none")
+        try:
+            found = self._registry.get_schema(schema_id)
+        except Exception as error:  # the client's own, or its HTTP layer's
+            raise RegistryError(f"cannot read schema id {schema_id} from the registry: "
+                                f"{error}") from error
+        if (found.schema_type or "AVRO") != "AVRO":
+            raise PayloadDecodeError(f"schema id {schema_id} is {found.schema_type}, not AVRO")
+        try:
+            writer = parse_schema_text(str(found.schema_str), f"registry schema id {schema_id}")
+        except ConfigError as error:
+            raise PayloadDecodeError(str(error)) from None
+        self._by_id[schema_id] = writer
+        return writer
+
+    def _read(self, body: bytes, writer: AvroSchema) -> Any:
+        reader = self._reader.parsed if self._reader is not None else None
+        stream = io.BytesIO(body)
+        try:
+            datum = fastavro.schemaless_reader(stream, writer.parsed, reader)
+        except (EOFError, ValueError, TypeError, IndexError, KeyError,
+                fastavro.read.SchemaResolutionError) as error:
+            raise PayloadDecodeError(f"the Avro body does not decode with schema "
+                                     f"{writer.name or writer.path}: {error!r}") from None
+        if stream.tell() != len(body):
+            raise PayloadDecodeError(f"{len(body) - stream.tell()} bytes left over after "
+                                     f"decoding with schema {writer.name or writer.path}")
+        return datum

@@ -1,0 +1,179 @@
+"""The schema registry side of Avro: subject names, and schema ids looked up (or registered) once.
+
+Talks to any Confluent-compatible registry through confluent-kafka's SchemaRegistryClient
+(`mock://` URLs give its in-memory stand-in). The client is built on first use: constructing a
+SchemaIds makes no network call.
+
+What the registry refuses or cannot answer is a RegistryError, never a SerializeError: a schema
+missing from its subject, an incompatible one, wrong credentials or an unreachable registry are
+configuration or infrastructure, which dead-lettering every event would only hide. The router
+stops with the reason instead, and its uncommitted batch is redelivered once it is fixed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
+from cdc_router.errors import CdcRouterError
+
+if TYPE_CHECKING:
+    from cdc_router.serde.avro import AvroSchema
+    from cdc_router.settings import SchemaRegistrySettings
+
+log = logging.getLogger("cdc_router.serde.registry")
+
+T = TypeVar("T")
+
+# Confluent's error codes (the registry's REST API reference).
+SUBJECT_NOT_FOUND = 40401
+VERSION_NOT_FOUND = 40402
+SCHEMA_NOT_FOUND = 40403
+INVALID_SCHEMA = 42201
+
+
+class RegistryError(CdcRouterError):
+    """The schema registry refused a schema or could not be asked: the router must stop."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing  # the subject, or this schema under it, is not registered
+
+
+def subject_name(strategy: str, topic: str, record_name: str | None) -> str:
+    """The value subject under `strategy`, as confluent-kafka's *_subject_name_strategy names it.
+
+    topic: `<topic>-value`; record: the schema's full name; topic_record:
+    `<topic>-<full name>`. Raises ValueError for record strategies and an unnamed schema.
+    """
+    if strategy == "topic":
+        return f"{topic}-value"
+    if record_name is None:
+        raise ValueError(f"subject_name_strategy {strategy} needs a named schema "
+                         "(record, enum or fixed)")
+    if strategy == "record":
+        return record_name
+    if strategy == "topic_record":
+        return f"{topic}-{record_name}"
+    raise ValueError(f"unknown subject_name_strategy {strategy!r}")
+
+
+def registry_schema(schema: AvroSchema) -> Schema:
+    """The registry's view of a schema file: its text, type AVRO."""
+    return Schema(schema.text, "AVRO")
+
+
+class SchemaIds:
+    """Schema ids per (subject, schema), from the registry once, then from memory."""
+
+    def __init__(self, settings: SchemaRegistrySettings,
+                 client: SchemaRegistryClient | None = None) -> None:
+        self._settings = settings
+        self._client = client
+        self._ids: dict[tuple[str, str], int] = {}
+
+    @property
+    def auto_register(self) -> bool:
+        """Whether a schema missing from its subject is registered (else: RegistryError)."""
+        return self._settings.auto_register
+
+    @property
+    def strategy(self) -> str:
+        """The configured subject name strategy: topic, record or topic_record."""
+        return self._settings.subject_name_strategy
+
+    @property
+    def client(self) -> SchemaRegistryClient:
+        """The registry client, built on first use; RegistryError for a bad client config."""
+        if self._client is None:
+            try:
+                self._client = SchemaRegistryClient.new_client(self._settings.client_config())
+            except (ValueError, TypeError) as error:
+                raise RegistryError(f"schema_registry: {error}") from None
+        return self._client
+
+    def id_for(self, subject: str, schema: AvroSchema) -> int:
+        """The id of `schema` under `subject`: looked up, or registered with auto_register.
+
+        Raises RegistryError (missing=True) when the subject lacks the schema and
+        auto_register is off; RegistryError when the registry refuses or cannot be reached.
+        """
+        key = (subject, schema.canonical)
+        cached = self._ids.get(key)
+        if cached is not None:
+            return cached
+        schema_id = self.register(subject, schema) if self.auto_register else \
+            self.lookup(subject, schema)
+        self._ids[key] = schema_id
+        return schema_id
+
+    def lookup(self, subject: str, schema: AvroSchema) -> int:
+        """The id under which `subject` holds `schema`; RegistryError (missing=True) if none."""
+        registered = self._call(f"look up {schema.path} under subject {subject!r}",
+                                lambda: self.client.lookup_schema(subject,
+                                                                  registry_schema(schema)))
+        if registered.schema_id is None:
+            raise RegistryError(f"the registry gave no id for {schema.path} under subject "
+                                f"{subject!r}")
+        log.info("event=schema_found subject=%s id=%d file=%s", subject, registered.schema_id,
+                 schema.path)
+        return registered.schema_id
+
+    def register(self, subject: str, schema: AvroSchema) -> int:
+        """Register `schema` under `subject` (a no-op if it is there); its id."""
+        schema_id = self._call(f"register {schema.path} under subject {subject!r}",
+                               lambda: self.client.register_schema(subject,
+                                                                   registry_schema(schema)))
+        log.info("event=schema_registered subject=%s id=%d file=%s", subject, schema_id,
+                 schema.path)
+        return schema_id
+
+    def latest(self, subject: str) -> tuple[int, str] | None:
+        """(version, schema text) of the subject's latest version, or None without one."""
+        try:
+            found = self._call(f"read the latest version of subject {subject!r}",
+                               lambda: self.client.get_latest_version(subject))
+        except RegistryError as error:
+            if error.missing:
+                return None
+            raise
+        return found.version or 0, str(found.schema.schema_str)
+
+    def compatible(self, subject: str, schema: AvroSchema) -> bool:
+        """The registry's verdict on `schema` against the subject's latest version, under the
+        compatibility level the subject (or the registry) is configured with."""
+        return bool(self._call(f"test {schema.path} against subject {subject!r}",
+                               lambda: self.client.test_compatibility(
+                                   subject, registry_schema(schema))))
+
+    def _call(self, what: str, step: Callable[[], T]) -> T:
+        try:
+            return step()
+        except ClientError as error:
+            raise _refusal(what, error, self._settings.url) from None
+        except RegistryError:
+            raise
+        except Exception as error:  # the HTTP layer's own (httpx, httpx2, authlib: by version)
+            raise RegistryError(f"cannot {what}: the schema registry at {self._settings.url} "
+                                f"did not answer ({type(error).__name__}: {error})") from error
+
+
+def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
+    code: Any = error.error_code
+    status = error.http_status_code
+    if code in (SUBJECT_NOT_FOUND, SCHEMA_NOT_FOUND, VERSION_NOT_FOUND) or status == 404:
+        return RegistryError(f"cannot {what}: not registered ({error.error_message}); "
+                             "register it (`cdc-router schemas register -c ...`) or set "
+                             "schema_registry.auto_register: true", missing=True)
+    if status == 409:
+        return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
+                             "subject's registered versions (`cdc-router schemas check -c ...` "
+                             "names the field)")
+    if status in (401, 403):
+        return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
+                             f"(HTTP {status}); check schema_registry.basic_auth_user_info")
+    return RegistryError(f"cannot {what}: {error}")

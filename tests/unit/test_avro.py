@@ -1,0 +1,370 @@
+"""Avro serde: validation naming the field, single-object and registry framing, round trips."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import struct
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from cdc_router.debezium import OutboxEvent
+from cdc_router.errors import ConfigError, SerializeError
+from cdc_router.routing import OutboundRecord, Router
+from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text
+from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
+from cdc_router.serde.registry import RegistryError, subject_name
+from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings, load_config
+
+AVRO = Path(__file__).parent / "fixtures" / "avro"
+PAYMENT = AVRO / "payment_confirmed.avsc"
+SOURCE = "outbox.public.outbox"
+GOOD = {"payment_id": "pay-7", "order_id": 42, "amount_cents": 1999,
+        "lines": [{"sku": "brulee", "quantity": 2}]}
+
+
+def event(payload: Any, event_type: str = "PaymentConfirmed", *,
+          raw: bytes | None = None) -> OutboxEvent:
+    body = raw if raw is not None else json.dumps(payload).encode()
+    return OutboxEvent(event_id="7d3c0a8e-1f0b-4c5e-9a47-0d6f3b2c1a90", aggregate_type="Payment",
+                       aggregate_id="pay-7", type=event_type, payload=body,
+                       payload_is_json=raw is None, headers=(), created_at_ms=1_700_000_000_000,
+                       op="c", lsn=1, tx_id=1, source_ts_ms=1)
+
+
+def rule(schema: str | dict[str, str] = str(PAYMENT), **extra: Any) -> RouteRule:
+    return RouteRule.model_validate({"topic": "payments", "format": "avro", "schema": schema,
+                                     **extra})
+
+
+def mock_registry() -> SchemaRegistryClient:
+    return SchemaRegistryClient.new_client({"url": "mock://unit"})
+
+
+def registry(**settings: Any) -> SchemaRegistrySettings:
+    return SchemaRegistrySettings.model_validate({"url": "mock://unit", **settings})
+
+
+# --- the single-object encoding -------------------------------------------------------------
+
+@pytest.mark.parametrize(("schema", "java_fingerprint"), [
+    # Apache Avro's published vectors (share/test/data/schema-tests.txt): Java's signed longs.
+    ('"null"', 7195948357588979594),
+    ('"boolean"', -6970731678124411036),
+    ('{"type": "fixed", "name": "foo", "size": 15}', 1756455273707447556),
+    ('{"type": "record", "name": "foo", "fields": [{"name": "f1", "type": "boolean"}]}',
+     7843277075252814651),
+    ('{"type": "record", "name": "PigValue", "fields": [{"name": "value", '
+     '"type": ["null", "int", "long", "PigValue"]}]}', -1759257747318642341),
+])
+def test_fingerprints_match_avro_published_vectors(schema: str, java_fingerprint: int) -> None:
+    parsed = parse_schema_text(schema, "vector")
+    assert parsed.fingerprint == struct.pack("<q", java_fingerprint)  # little-endian, per spec
+
+
+def test_single_object_value_is_header_fingerprint_and_body() -> None:
+    serializer = AvroSerializer([rule()])
+    value = serializer.serialize(event(GOOD), rule(), "payments")
+    schema = load_schema(PAYMENT)
+    assert value[:2] == b"\xc3\x01"
+    assert value[2:10] == schema.fingerprint
+    body = fastavro.schemaless_reader(io.BytesIO(value[10:]), schema.parsed, None)
+    # Defaults fill what the payload leaves out, as a reader of the schema would expect.
+    assert body == {**GOOD, "currency": "EUR", "note": None, "tags": {}}
+
+
+def test_single_object_round_trip_through_the_decoder() -> None:
+    value = AvroSerializer([rule()]).serialize(event(GOOD), rule(), "payments")
+    decoded = PayloadDecoder(schemas=[PAYMENT]).decode(value)
+    assert decoded.encoding == "single_object"
+    assert decoded.writer == "shop.payments.PaymentConfirmed"
+    assert decoded.value == {**GOOD, "currency": "EUR", "note": None, "tags": {}}
+
+
+# --- payloads that do not fit: SerializeError naming the field --------------------------------
+
+@pytest.mark.parametrize(("payload", "expected"), [
+    ({k: v for k, v in GOOD.items() if k != "order_id"},
+     "field 'shop.payments.PaymentConfirmed.order_id' is missing or null, expected long"),
+    ({**GOOD, "order_id": "42"},
+     "field 'shop.payments.PaymentConfirmed.order_id' is str '42', expected long"),
+    ({**GOOD, "amount_cents": True}, "'shop.payments.PaymentConfirmed.amount_cents' is bool"),
+    ({**GOOD, "amount_cents": 2**63}, "amount_cents' is int 9223372036854775808, expected long"),
+    ({**GOOD, "note": 5}, "field 'shop.payments.PaymentConfirmed.note' is int 5, expected "
+     "null | string"),
+    ({**GOOD, "lines": [{"sku": "x", "quantity": 1.5}]},
+     "field 'shop.payments.Line.quantity' is float 1.5, expected int"),
+    ({**GOOD, "coupon": "X"}, "field 'shop.payments.PaymentConfirmed.coupon' is not in the "
+     "schema (payload key coupon; extra_fields: reject)"),
+    ({**GOOD, "lines": [{"sku": "x", "quantity": 1}, {"sku": "y", "quantity": 2, "c": 1}]},
+     "field 'shop.payments.Line.c' is not in the schema (payload key lines[1].c"),
+    ([1, 2], "field '(the payload)' is list [1, 2], expected record"),
+])
+def test_a_payload_that_does_not_fit_names_the_field(payload: Any, expected: str) -> None:
+    with pytest.raises(SerializeError) as caught:
+        AvroSerializer([rule()]).serialize(event(payload), rule(), "payments")
+    message = str(caught.value)
+    assert expected in message
+    assert "7d3c0a8e-1f0b-4c5e-9a47-0d6f3b2c1a90" in message and "'payments'" in message
+
+
+def test_nested_union_record_fields_are_checked_too() -> None:
+    shipped = rule(str(AVRO / "order_shipped.avsc"))
+    serializer = AvroSerializer([shipped])
+    bad = {"order_id": 1, "carrier": "DHL", "parcel": {"weight_grams": "9", "tracking": "t"}}
+    with pytest.raises(SerializeError, match=r"'shop.orders.Parcel.weight_grams' is str '9'"):
+        serializer.serialize(event(bad, "OrderShipped"), shipped, "t")
+    extra = {"order_id": 1, "carrier": "UPS", "parcel": {"weight_grams": 9, "tracking": "t",
+                                                         "insured": True}}
+    with pytest.raises(SerializeError, match=r"payload key parcel.insured"):
+        serializer.serialize(event(extra, "OrderShipped"), shipped, "t")
+    with pytest.raises(SerializeError, match=r"'FEDEX', expected enum shop.orders.Carrier"):
+        serializer.serialize(event({"order_id": 1, "carrier": "FEDEX"}, "OrderShipped"),
+                             shipped, "t")
+
+
+def test_extra_fields_ignore_leaves_unknown_keys_out() -> None:
+    lenient = rule(extra_fields="ignore")
+    value = AvroSerializer([lenient]).serialize(event({**GOOD, "coupon": "X"}), lenient, "p")
+    assert "coupon" not in PayloadDecoder(schemas=[PAYMENT]).decode(value).value
+
+
+def test_a_payload_that_is_not_json_is_a_serialize_error() -> None:
+    with pytest.raises(SerializeError, match="not valid JSON"):
+        AvroSerializer([rule()]).serialize(replace(event(GOOD), payload=b"{nope"), rule(), "p")
+
+
+# --- a schema per event type ---------------------------------------------------------------
+
+def test_each_event_type_gets_its_schema_and_star_takes_the_rest() -> None:
+    by_type = rule({"OrderPaid": str(AVRO / "order_paid.avsc"), "*": str(PAYMENT)})
+    serializer = AvroSerializer([by_type])
+    decoder = PayloadDecoder(schemas=[AVRO / "order_paid.avsc", PAYMENT])
+    paid = {"order_id": 42, "total_cents": 1999, "paid_at": 1_700_000_000_000}
+    value = serializer.serialize(event(paid, "OrderPaid"), by_type, "t")
+    assert decoder.decode(value).writer == "shop.orders.OrderPaid"
+    value = serializer.serialize(event(GOOD, "Anything"), by_type, "t")
+    assert decoder.decode(value).writer == "shop.payments.PaymentConfirmed"
+
+
+def test_an_event_type_without_a_schema_is_a_serialize_error() -> None:
+    by_type = rule({"OrderPaid": str(AVRO / "order_paid.avsc")})
+    with pytest.raises(SerializeError, match=r"no Avro schema for event type 'Refund'.*OrderPaid"):
+        AvroSerializer([by_type]).serialize(event(GOOD, "Refund"), by_type, "t")
+
+
+# --- bytes the application already encoded pass through ----------------------------------
+
+def test_already_encoded_payloads_pass_through_unchanged() -> None:
+    framed = b"\xc3\x01" + load_schema(PAYMENT).fingerprint + b"\x02x"
+    assert AvroSerializer([rule()]).serialize(event(None, raw=framed), rule(), "p") == framed
+    wire = b"\x00\x00\x00\x00\x07\x02x"
+    serializer = AvroSerializer([rule()], registry(), registry_client=mock_registry())
+    assert serializer.serialize(event(None, raw=wire), rule(), "p") == wire
+
+
+def test_unframed_bytes_are_a_serialize_error() -> None:
+    with pytest.raises(SerializeError, match="not framed in Avro single-object encoding"):
+        AvroSerializer([rule()]).serialize(event(None, raw=b"\x02x"), rule(), "p")
+    serializer = AvroSerializer([rule()], registry(), registry_client=mock_registry())
+    with pytest.raises(SerializeError, match="not framed in the registry's wire format"):
+        serializer.serialize(event(None, raw=b"\xc3\x01" + bytes(9)), rule(), "p")
+
+
+# --- the schema registry (confluent-kafka's in-memory mock) --------------------------------
+
+def test_without_auto_register_a_missing_schema_stops_the_router_not_the_event() -> None:
+    serializer = AvroSerializer([rule()], registry(), registry_client=mock_registry())
+    with pytest.raises(RegistryError, match=r"subject 'payments-value': not registered.*"
+                       "schemas register") as caught:
+        serializer.serialize(event(GOOD), rule(), "payments")
+    assert not isinstance(caught.value, SerializeError)  # never a dead letter
+    assert caught.value.missing
+
+
+def test_registered_schema_gives_the_wire_format_and_decodes_back() -> None:
+    client = mock_registry()
+    # The mock compares schema text exactly (a real registry compares canonical forms).
+    schema_id = client.register_schema("payments-value", Schema(load_schema(PAYMENT).text, "AVRO"))
+    serializer = AvroSerializer([rule()], registry(), registry_client=client)
+    value = serializer.serialize(event(GOOD), rule(), "payments")
+    assert value[0] == 0 and int.from_bytes(value[1:5], "big") == schema_id
+    decoded = PayloadDecoder(registry=client).decode(value)
+    assert (decoded.encoding, decoded.schema_id) == ("confluent", schema_id)
+    assert decoded.value["payment_id"] == "pay-7"
+
+
+@pytest.mark.parametrize(("strategy", "subject"), [
+    ("topic", "payments-value"),
+    ("record", "shop.payments.PaymentConfirmed"),
+    ("topic_record", "payments-shop.payments.PaymentConfirmed"),
+])
+def test_auto_register_uses_the_subject_name_strategy(strategy: str, subject: str) -> None:
+    client = mock_registry()
+    settings = registry(auto_register=True, subject_name_strategy=strategy)
+    serializer = AvroSerializer([rule()], settings, registry_client=client)
+    serializer.serialize(event(GOOD), rule(), "payments")
+    assert client.get_subjects() == [subject]
+    assert subject_name(strategy, "payments", "shop.payments.PaymentConfirmed") == subject
+
+
+def test_preflight_resolves_subjects_known_before_any_event() -> None:
+    static = rule(topic="payments")
+    templated = RouteRule.model_validate({"topic": "orders.{type}", "format": "avro",
+                                          "schema": {"OrderPaid": str(AVRO / "order_paid.avsc")}})
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_type}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    client = mock_registry()
+    serializer = AvroSerializer([static, templated, dynamic], registry(auto_register=True),
+                                registry_client=client)
+    subjects = [(p.route, p.topic, p.subject) for p in serializer.planned_subjects()]
+    assert subjects == [(0, "payments", "payments-value"),
+                        (1, "orders.OrderPaid", "orders.OrderPaid-value"), (2, None, None)]
+    serializer.preflight()
+    assert sorted(client.get_subjects()) == ["orders.OrderPaid-value", "payments-value"]
+    strict = AvroSerializer([static], registry(), registry_client=mock_registry())
+    with pytest.raises(RegistryError, match="not registered"):
+        strict.preflight()
+
+
+def test_record_strategies_need_a_named_schema(tmp_path: Path) -> None:
+    unnamed = tmp_path / "s.avsc"
+    unnamed.write_text('"string"')
+    with pytest.raises(ConfigError, match=r"routes\[0\].schema.*has no name, which "
+                       "subject_name_strategy record needs"):
+        AvroSerializer([rule(str(unnamed))], registry(subject_name_strategy="record"))
+
+
+def test_the_client_is_built_lazily_and_its_config_errors_are_ours() -> None:
+    serializer = AvroSerializer([rule()], registry(url="http://127.0.0.1:9",
+                                                   config={"no.such.property": "1"}))
+    assert serializer.registry is not None
+    with pytest.raises(RegistryError, match=r"Unrecognized properties: no\.such\.property"):
+        serializer.preflight()
+
+
+def test_an_unreachable_registry_is_a_registry_error() -> None:
+    # Port 9 (discard) on loopback: nothing listens in a test environment.
+    settings = registry(url="http://127.0.0.1:9", config={"max.retries": 0, "timeout": 5})
+    serializer = AvroSerializer([rule()], settings)
+    with pytest.raises(RegistryError, match="did not answer"):
+        serializer.serialize(event(GOOD), rule(), "payments")
+
+
+# --- the Router and router.yaml --------------------------------------------------------------
+
+def test_router_routes_avro_and_raises_serialize_error_for_bad_payloads() -> None:
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": [{"topic": "payments", "format": "avro",
+                                                      "schema": str(PAYMENT)}]})
+    router = Router(config)
+    out = router.route(event(GOOD), lambda topic: 3)
+    assert isinstance(out, OutboundRecord) and out.format == "avro"
+    assert out.value.startswith(b"\xc3\x01")
+    with pytest.raises(SerializeError, match="order_id"):
+        router.route(event({**GOOD, "order_id": None}), lambda topic: 3)
+
+
+def test_relative_schema_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "schemas").mkdir()
+    shutil.copy(PAYMENT, tmp_path / "schemas" / "p.avsc")
+    shutil.copy(AVRO / "order_paid.avsc", tmp_path / "schemas" / "o.avsc")
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\nroutes:\n"
+                    "  - {match: {type: P}, topic: p, format: avro, schema: schemas/p.avsc}\n"
+                    "  - {topic: o, format: avro, schema: {OrderPaid: schemas/o.avsc}}\n")
+    elsewhere = os.getcwd()
+    assert Path(elsewhere) != tmp_path
+    config = load_config(path)
+    assert config.routes[0].schema_path == str(tmp_path / "schemas" / "p.avsc")
+    assert config.routes[1].schema_path == {"OrderPaid": str(tmp_path / "schemas" / "o.avsc")}
+
+
+@pytest.mark.parametrize(("yaml_text", "expected"), [
+    ("routes: [{topic: p, format: avro, schema: missing.avsc}]",
+     "field 'routes[0].schema': Avro schema {dir}/missing.avsc: file not found"),
+    ("routes: [{topic: p, format: avro, schema: {A: missing.avsc}}]",
+     "field \"routes[0].schema['A']\": Avro schema {dir}/missing.avsc: file not found"),
+    ("routes: [{topic: p, format: avro, schema: {}}]", "format avro needs a schema file"),
+    ("routes: [{topic: p, format: json, extra_fields: sometimes}]",
+     "field 'routes[0].extra_fields'"),
+    ("routes: [{topic: p}]\nschema_registry: {url: 'localhost:8081'}",
+     "field 'schema_registry.url': each url must be http://host:port"),
+    ("routes: [{topic: p}]\nschema_registry: {url: 'http://r:8081', config: {url: x}}",
+     "set schema_registry.url instead of schema_registry.config['url']"),
+    ("routes: [{topic: p}]\nschema_registry: {url: 'http://r:8081', subject_name_strategy: t}",
+     "field 'schema_registry.subject_name_strategy'"),
+    ("routes: [{topic: p}]\nschema_registry: {url: 'http://r:8081', config: {timeout: soon}}",
+     "field 'schema_registry.config': timeout must be a number, not 'soon'"),
+])
+def test_avro_config_errors_name_file_and_field(tmp_path: Path, yaml_text: str,
+                                                expected: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\n" + yaml_text + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(str(path))
+    assert expected.format(dir=tmp_path) in message
+
+
+def test_bad_schema_files_are_config_errors_naming_the_file() -> None:
+    with pytest.raises(ConfigError, match=r"bad_json.avsc: invalid JSON at line 2, column 16"):
+        load_schema(AVRO / "bad_json.avsc")
+    with pytest.raises(ConfigError, match=r"bad_default.avsc: not a valid Avro schema: Default"):
+        load_schema(AVRO / "bad_default.avsc")
+
+
+def test_registry_credentials_are_secret_and_reach_the_client() -> None:
+    settings = registry(url="https://r:8081", basic_auth_user_info="user:pw",
+                        config={"ssl.ca.location": "/ca.pem"})
+    assert "pw" not in repr(settings)
+    assert settings.client_config() == {
+        "url": "https://r:8081", "ssl.ca.location": "/ca.pem",
+        "basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "user:pw"}
+
+
+# --- the decoder --------------------------------------------------------------------------
+
+def test_decoder_tells_encodings_apart_and_reads_json() -> None:
+    assert encoding_of(b'{"a": 1}') == "json"
+    assert encoding_of(b"\x00\x00\x00\x00\x01") == "confluent"
+    assert encoding_of(b"\xc3\x01") == "single_object"
+    assert PayloadDecoder().decode(b'{"a": 1}').value == {"a": 1}
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (b"\xc3\x01" + bytes(8) + b"\x02", "no known schema has fingerprint 0000000000000000"),
+    (b"\xc3\x01\x00", "header cut short"),
+    (b"\x00\x00\x00\x00\x05\x02", "needs a schema registry"),
+    (b"not json", "neither Avro"),
+])
+def test_decoder_errors(value: bytes, expected: str) -> None:
+    with pytest.raises(PayloadDecodeError, match=expected):
+        PayloadDecoder(schemas=[PAYMENT]).decode(value)
+
+
+def test_decoder_rejects_a_body_that_does_not_match_its_schema() -> None:
+    schema = load_schema(PAYMENT)
+    decoder = PayloadDecoder(schemas=[schema])
+    with pytest.raises(PayloadDecodeError, match=r"does not decode with schema shop\.payments"):
+        decoder.decode(schema.frame_single_object(b"\x02x\x02"))  # cut short
+    with pytest.raises(PayloadDecodeError, match="3 bytes left over"):
+        decoder.decode(schema.frame_single_object(b"\x02x\x02\x02\x06EUR\x00\x00\x00" + bytes(3)))
+
+
+def test_decoder_resolves_old_data_to_a_reader_schema() -> None:
+    old = load_schema(AVRO / "previous" / "payment_confirmed.avsc")
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old.parsed, {"payment_id": "p", "order_id": 1,
+                                                  "amount_cents": 5, "note": None})
+    decoder = PayloadDecoder(schemas=[old], reader_schema=load_schema(PAYMENT))
+    value = decoder.decode(old.frame_single_object(body.getvalue())).value
+    assert value["currency"] == "EUR" and value["lines"] == []  # the reader's defaults
