@@ -20,6 +20,7 @@ COMMAND_MODULES: dict[str, str] = {
     "outbox": "cdc_router.cli.outbox",
     "run": "cdc_router.cli.run",
     "rules": "cdc_router.cli.rules",
+    "schemas": "cdc_router.cli.schemas",
     "topics": "cdc_router.cli.topics",
 }
 

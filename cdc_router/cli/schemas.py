@@ -1,0 +1,141 @@
+"""`cdc-router schemas`: check the Avro schemas of a router config, and register them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from cdc_router.cli._output import output_option, table
+from cdc_router.errors import ConfigError
+from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.compatibility import SchemaCheck, check_schemas
+from cdc_router.serde.registry import RegistryError
+from cdc_router.settings import RouterConfig, load_config
+
+config_option = click.option("-c", "--config", "config_path", required=True,
+                             type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",
+                             help="router.yaml [env CDC_ROUTER_CONFIG].")
+
+
+@click.group(name="schemas")
+def cli() -> None:
+    """Check the Avro schemas of a router config; register them with the schema registry."""
+
+
+def _serializer(config: RouterConfig) -> AvroSerializer:
+    return AvroSerializer(config.routes, config.schema_registry)
+
+
+@cli.command()
+@config_option
+@click.option("--previous", "previous_dir", type=click.Path(exists=True, file_okay=False,
+              path_type=Path), help="Folder of the older versions of the .avsc files, by "
+              "file name (e.g. the schemas folder of the last release).")
+@click.option("--no-registry", is_flag=True,
+              help="Do not ask the schema registry, even if the config has one.")
+@output_option
+def check(config_path: Path, previous_dir: Path | None, no_registry: bool, output: str) -> None:
+    """Every schema parses; each reads data written with its older version, if any.
+
+    Older versions: the file of the same name under --previous, and the latest version of the
+    schema's subject in the registry (which judges by the subject's compatibility level; the
+    breaking field is named here). With auto_register off, a schema missing from its subject
+    is a problem too: the router would stop at start-up. Exits 1 on any problem.
+    """
+    config = load_config(config_path, env=os.environ)
+    checks = check_schemas(_serializer(config), previous_dir, use_registry=not no_registry)
+    if output == "json":
+        click.echo(json.dumps({"file": str(config_path), "ok": not _failed(checks),
+                               "schemas": [dataclasses.asdict(item) for item in checks]},
+                              indent=2))
+    else:
+        click.echo(_report(config_path, checks))
+    if _failed(checks):
+        sys.exit(1)
+
+
+def _failed(checks: list[SchemaCheck]) -> bool:
+    return any(item.problems for item in checks)
+
+
+def _report(path: Path, checks: list[SchemaCheck]) -> str:
+    if not checks:
+        return f"{path}: no route has format avro"
+    rows = [[f"[{item.route}]", item.event_type or "*", _relative(item.file), item.name or "-",
+             item.fingerprint, _relative(item.previous), item.subject or "-", item.registry]
+            for item in checks]
+    lines = table(["route", "type", "file", "name", "fingerprint", "previous", "subject",
+                   "registry"], rows).splitlines()
+    problems = [f"  routes[{item.route}] {_relative(item.file)}: {problem}"
+                for item in checks for problem in item.problems]
+    if problems:
+        verdict = f"{len(problems)} problem(s):"
+    else:
+        compared = sum(1 for item in checks if Path(item.previous).is_file())
+        compared += sum(1 for item in checks if "latest version" in item.registry)
+        verdict = f"ok: {len(checks)} schema(s) parse; {compared} older version(s) checked"
+    return "\n".join([*lines, "", verdict, *problems])
+
+
+def _relative(file: str) -> str:
+    try:
+        return str(Path(file).relative_to(Path.cwd()))
+    except ValueError:
+        return file
+
+
+@cli.command()
+@config_option
+@click.option("--dry-run", is_flag=True, help="Only show the plan.")
+@click.option("--yes", is_flag=True, help="Register without asking.")
+@output_option
+def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
+    """Register each route's schema under its subject, for routers with auto_register off.
+
+    Only subjects known before any event (a plain topic name, a topic template over {type}
+    with a schema per type, or the record strategy). The registry refuses a schema that is
+    incompatible with its subject's versions.
+    """
+    config = load_config(config_path, env=os.environ)
+    serializer = _serializer(config)
+    ids = serializer.registry
+    if ids is None:
+        raise ConfigError("the config has no schema_registry: Avro routes use single-object "
+                          "encoding, with nothing to register", source=str(config_path))
+    plan = []
+    for entry in serializer.planned_subjects():
+        if entry.subject is None:
+            continue
+        try:
+            current: int | None = ids.lookup(entry.subject, entry.schema)
+        except RegistryError as error:
+            if not error.missing:
+                raise
+            current = None
+        plan.append({"subject": entry.subject, "file": entry.schema.path,
+                     "action": "unchanged" if current is not None else "register",
+                     "id": current})
+    pending = [step for step in plan if step["action"] == "register"]
+    if output == "text":
+        for step in plan:
+            suffix = f" (id {step['id']})" if step["id"] is not None else ""
+            click.echo(f"{step['action']:<9} {step['subject']} <- "
+                       f"{_relative(str(step['file']))}{suffix}")
+        if not plan:
+            click.echo("no subject is known before events arrive: nothing to register")
+    if pending and not dry_run:
+        if not yes and sys.stdin.isatty() and not click.confirm("register these schemas?"):
+            raise click.Abort()
+        schemas = {entry.schema.path: entry.schema for entry in serializer.planned_subjects()}
+        for step in pending:
+            step["id"] = ids.register(str(step["subject"]), schemas[str(step["file"])])
+            step["action"] = "registered"
+            if output == "text":
+                click.echo(f"registered {step['subject']} as id {step['id']}")
+    if output == "json":
+        click.echo(json.dumps(plan, indent=2))

@@ -1,0 +1,207 @@
+"""`cdc-router schemas check|register` and the backward-compatibility report behind them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry._sync.mock_schema_registry_client import (
+    MockSchemaRegistryClient,
+)
+
+from cdc_router.cli import main
+from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text
+from cdc_router.serde.compatibility import backward_incompatibilities, check_schemas
+from cdc_router.settings import RouteRule, SchemaRegistrySettings
+
+AVRO = Path(__file__).parent / "fixtures" / "avro"
+
+
+def record(*fields: dict[str, Any], name: str = "R") -> dict[str, Any]:
+    return {"type": "record", "name": name, "namespace": "t", "fields": list(fields)}
+
+
+def problems(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    return [str(found) for found in
+            backward_incompatibilities(parse_schema_text(json.dumps(new), "new"), json.dumps(old))]
+
+
+@pytest.mark.parametrize(("new", "old", "expected"), [
+    (record({"name": "a", "type": "long"}), record({"name": "a", "type": "int"}), []),
+    (record({"name": "a", "type": "int"}, {"name": "b", "type": "int", "default": 0}),
+     record({"name": "a", "type": "int"}), []),
+    (record({"name": "b", "type": "int", "aliases": ["a"]}), record({"name": "a", "type": "int"}),
+     []),
+    (record({"name": "a", "type": "int"}), record({"name": "a", "type": "long"}),
+     ["field 'a': the new type int cannot read the old type long"]),
+    (record({"name": "a", "type": "int"}, {"name": "b", "type": "string"}),
+     record({"name": "a", "type": "int"}),
+     ["field 'b': added without a default, so data written with the old schema has no value "
+      "for it"]),
+    (record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}),
+     record({"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}}),
+     ["field 'e': enum t.E lost the symbols B (and has no default symbol)"]),
+    (record({"name": "u", "type": ["null", "int"]}),
+     record({"name": "u", "type": ["null", "int", "string"]}),
+     ["field 'u': no branch of the new union null | int reads the old type string"]),
+    (record({"name": "l", "type": {"type": "array", "items": record(
+        {"name": "x", "type": "int"}, {"name": "y", "type": "int"}, name="In")}}),
+     record({"name": "l", "type": {"type": "array", "items": record(
+         {"name": "x", "type": "int"}, name="In")}}),
+     ["field 'l[].y': added without a default, so data written with the old schema has no "
+      "value for it"]),
+    (record({"name": "p", "type": ["null", record({"name": "x", "type": "string"}, name="In")]}),
+     record({"name": "p", "type": ["null", record({"name": "x", "type": "int"}, name="In")]}),
+     ["field 'p.x': the new type string cannot read the old type int"]),
+    (record({"name": "x", "type": "int"}), record({"name": "x", "type": ["null", "int"]}),
+     ["field 'x': the new type int cannot read the old type null"]),
+    (record({"name": "a", "type": "int"}, name="New"), record({"name": "a", "type": "int"}),
+     ["field '(top level)': the record name changed from t.R to t.New (keep it, or list the "
+      "old one in aliases)"]),
+])
+def test_backward_compatibility_names_the_breaking_field(new: dict[str, Any], old: dict[str, Any],
+                                                         expected: list[str]) -> None:
+    assert problems(new, old) == expected
+
+
+class CompatibleMock(MockSchemaRegistryClient):  # type: ignore[misc]
+    """The in-memory registry, plus a BACKWARD compatibility check it lacks (Avro's own)."""
+
+    def test_compatibility(self, subject_name: str, schema: Schema, version: Any = "latest",
+                           normalize: bool = False, verbose: bool = False) -> bool:
+        latest = self.get_latest_version(subject_name)
+        new = parse_schema_text(schema.schema_str, "candidate")
+        return not backward_incompatibilities(new, latest.schema.schema_str)
+
+
+def serializer_with(client: SchemaRegistryClient, *, auto_register: bool = False,
+                    schema: Path = AVRO / "order_paid.avsc") -> AvroSerializer:
+    rule = RouteRule.model_validate({"topic": "orders", "format": "avro", "schema": str(schema)})
+    settings = SchemaRegistrySettings(url="mock://check", auto_register=auto_register)
+    return AvroSerializer([rule], settings, registry_client=client)
+
+
+def register(client: SchemaRegistryClient, subject: str, path: Path) -> int:
+    return client.register_schema(subject, Schema(load_schema(path).text, "AVRO"))
+
+
+def test_check_against_the_registry() -> None:
+    client = CompatibleMock({"url": "mock://check"})
+    [empty] = check_schemas(serializer_with(client))
+    assert empty.subject == "orders-value"
+    assert empty.problems == ("subject orders-value has no version and auto_register is off: "
+                              "the router would stop; run `cdc-router schemas register`",)
+    [auto] = check_schemas(serializer_with(client, auto_register=True))
+    assert auto.problems == () and "registered on first use" in auto.registry
+
+    schema_id = register(client, "orders-value", AVRO / "order_paid.avsc")
+    [same] = check_schemas(serializer_with(client))
+    assert (same.registry, same.problems) == (f"registered as id {schema_id} (latest version 1)",
+                                              ())
+    [breaking] = check_schemas(serializer_with(client, schema=AVRO / "order_paid_breaking.avsc"))
+    assert breaking.problems == (
+        "cannot read data written with orders-value version 1: field 'total_cents': the new "
+        "type int cannot read the old type long",
+        "cannot read data written with orders-value version 1: field 'customer': added without "
+        "a default, so data written with the old schema has no value for it")
+
+
+def test_two_schemas_under_one_topic_subject_are_a_problem(tmp_path: Path) -> None:
+    rule = RouteRule.model_validate({"topic": "orders", "format": "avro", "schema": {
+        "OrderPaid": str(AVRO / "order_paid.avsc"),
+        "OrderShipped": str(AVRO / "order_shipped.avsc")}})
+    settings = SchemaRegistrySettings(url="mock://check", auto_register=True)
+    checks = check_schemas(AvroSerializer([rule], settings,
+                                          registry_client=CompatibleMock({"url": "mock://c"})))
+    assert all("several schemas share subject orders-value" in item.problems[0]
+               for item in checks)
+
+
+def write_config(folder: Path, registry: str = "") -> Path:
+    (folder / "schemas").mkdir()
+    shutil.copy(AVRO / "payment_confirmed.avsc", folder / "schemas")
+    shutil.copy(AVRO / "order_paid_breaking.avsc", folder / "schemas" / "order_paid.avsc")
+    path = folder / "router.yaml"
+    path.write_text(f"""source: {{topics: [outbox.public.outbox]}}
+routes:
+  - match: {{type: PaymentConfirmed}}
+    topic: payments.confirmed
+    format: avro
+    schema: schemas/payment_confirmed.avsc
+  - topic: "orders.{{type}}"
+    format: avro
+    schema: {{OrderPaid: schemas/order_paid.avsc}}
+{registry}""")
+    return path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_schemas_check_without_previous_versions_passes(tmp_path: Path) -> None:
+    code, output = run("schemas", "check", "-c", str(write_config(tmp_path)))
+    assert code == 0, output
+    assert "ok: 2 schema(s) parse; 0 older version(s) checked" in output
+    assert "shop.payments.PaymentConfirmed  1d38a5b9264b0fbc" in output
+
+
+def test_schemas_check_names_the_field_that_breaks_the_previous_version(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    previous = tmp_path / "release-1"
+    previous.mkdir()
+    shutil.copy(AVRO / "order_paid.avsc", previous)
+    shutil.copy(AVRO / "previous" / "payment_confirmed.avsc", previous)
+    code, output = run("schemas", "check", "-c", str(config), "--previous", str(previous))
+    assert code == 1
+    assert "2 problem(s):" in output
+    assert "order_paid.avsc: field 'total_cents': the new type int cannot read the old type" \
+        in output
+    assert "field 'customer': added without a default" in output
+    code, output = run("schemas", "check", "-c", str(config), "--previous", str(previous),
+                       "-o", "json")
+    report = json.loads(output)
+    assert code == 1 and report["ok"] is False
+    assert [item["problems"] == [] for item in report["schemas"]] == [True, False]
+
+
+def test_schemas_check_fails_loudly_on_a_subject_the_registry_lacks(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "schema_registry: {url: 'mock://empty'}\n")
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 1
+    assert "subject payments.confirmed-value has no version and auto_register is off" in output
+    assert "orders.OrderPaid-value" in output  # {type} template + a schema per type: known
+
+
+def test_schemas_check_of_a_bad_schema_is_one_error_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    shutil.copy(AVRO / "bad_default.avsc", tmp_path / "schemas" / "payment_confirmed.avsc")
+    result = CliRunner().invoke(main, ["schemas", "check", "-c", str(config)])
+    assert result.exit_code == 1
+    assert "field 'routes[0].schema'" in result.output and "bad_default" not in result.output
+    assert "Default value <not an int> must match schema type: int" in result.output
+
+
+def test_schemas_register_needs_a_registry(tmp_path: Path) -> None:
+    code, output = run("schemas", "register", "-c", str(write_config(tmp_path)), "--yes")
+    assert code == 1
+    assert "the config has no schema_registry" in output
+
+
+def test_schemas_register_plans_then_registers(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "schema_registry: {url: 'mock://fresh'}\n")
+    code, output = run("schemas", "register", "-c", str(config), "--dry-run")
+    assert code == 0, output
+    assert "register  payments.confirmed-value <- " in output
+    assert "registered" not in output
+    code, output = run("schemas", "register", "-c", str(config), "--yes", "-o", "json")
+    assert code == 0, output
+    steps = json.loads(output)
+    assert [(step["subject"], step["action"]) for step in steps] == [
+        ("payments.confirmed-value", "registered"), ("orders.OrderPaid-value", "registered")]
