@@ -1,0 +1,161 @@
+"""Avro routes on the real stack: round trips through both framings, bad payloads dead-lettered.
+
+The registry path runs against tests/integration/registry_stub.py over real HTTP (no
+Confluent-compatible registry can be installed here; see that module).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Message
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from cdc_router.serde.decode import PayloadDecoder
+from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.registry_stub import registry_stub
+from tests.integration.support import StackEndpoints
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = Path(__file__).parents[1] / "unit" / "fixtures" / "avro" / "payment_confirmed.avsc"
+DEFAULTS = {"currency": "EUR", "note": None, "lines": [], "tags": {}}
+
+
+def payment(i: int) -> dict[str, Any]:
+    """A payload that fits the schema; every third one leaves the defaulted fields out."""
+    body: dict[str, Any] = {"payment_id": f"pay-{i}", "order_id": 1000 + i,
+                            "amount_cents": 1999 + i}
+    if i % 3:
+        body |= {"currency": "USD", "note": f"crème brûlée #{i}",
+                 "lines": [{"sku": f"sku-{i}", "quantity": i % 7 + 1}], "tags": {"n": str(i)}}
+    return body
+
+
+BAD = {  # payload -> the field its dead letter must name
+    "missing": ({"payment_id": "x", "amount_cents": 1}, "PaymentConfirmed.order_id"),
+    "wrong type": ({"payment_id": "x", "order_id": "42", "amount_cents": 1},
+                   "PaymentConfirmed.order_id"),
+    "nested": ({"payment_id": "x", "order_id": 1, "amount_cents": 1,
+                "lines": [{"sku": "s", "quantity": "two"}]}, "shop.payments.Line.quantity"),
+    "extra": ({"payment_id": "x", "order_id": 1, "amount_cents": 1, "coupon": "SAVE"},
+              "PaymentConfirmed.coupon"),
+}
+
+
+def avro_route(pipe: Pipeline, registry_url: str | None = None) -> None:
+    """Make the pipeline's Order route Avro, its schema relative to the config file."""
+    (pipe.workdir / "schemas").mkdir(exist_ok=True)
+    shutil.copy(SCHEMA, pipe.workdir / "schemas" / SCHEMA.name)
+    config = yaml.safe_load(pipe.config_path.read_text())
+    config["routes"][0] |= {"format": "avro", "schema": f"schemas/{SCHEMA.name}"}
+    if registry_url:
+        config["schema_registry"] = {"url": registry_url}
+    pipe.config_path.write_text(yaml.safe_dump(config))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cdc_router", *args], cwd=REPO,
+                          capture_output=True, text=True, check=False, timeout=120)
+
+
+def rows(good: int) -> tuple[list[tuple[str, str, str, Any]], list[str]]:
+    """Good payments with the bad payloads in the middle; the expected field per bad row."""
+    good_rows = [("Order", f"order-{i % 5}", "PaymentConfirmed", payment(i)) for i in range(good)]
+    bad_rows = [("Order", f"order-bad-{n}", "PaymentConfirmed", payload)
+                for n, (payload, _) in enumerate(BAD.values())]
+    half = good // 2
+    return good_rows[:half] + bad_rows + good_rows[half:], [field for _, field in BAD.values()]
+
+
+def check_round_trip(records: list[Message], ids: list[str], sent: list[tuple[Any, ...]],
+                     decoder: PayloadDecoder, encoding: str) -> None:
+    payloads = {event_id: row[3] for event_id, row in zip(ids, sent, strict=True)}
+    assert len(records) == len(payloads) - len(BAD)
+    for record in records:
+        decoded = decoder.decode(record.value())
+        assert decoded.encoding == encoding
+        assert decoded.writer == "shop.payments.PaymentConfirmed"
+        assert decoded.value == {**DEFAULTS, **payloads[record.key().decode()]}
+
+
+def check_dead_letters(letters: list[Message], ids: list[str], sent: list[tuple[Any, ...]],
+                       fields: list[str]) -> None:
+    bad_ids = [event_id for event_id, row in zip(ids, sent, strict=True)
+               if row[1].startswith("order-bad-")]
+    reasons = {}
+    for letter in letters:
+        headers = {name: value.decode() for name, value in letter.headers()}
+        assert (headers["dlq.stage"], headers["dlq.error.class"]) == ("serialize",
+                                                                      "SerializeError")
+        reasons[headers["dlq.event.id"]] = headers["dlq.error.message"]
+        raw = json.loads(letter.value())  # the change event as consumed, unchanged
+        assert raw.get("payload", raw)["after"]["id"] == headers["dlq.event.id"]
+    assert sorted(reasons) == sorted(bad_ids)
+    for event_id, field in zip(bad_ids, fields, strict=True):
+        assert field in reasons[event_id], reasons[event_id]
+
+
+def test_single_object_round_trip_and_bad_payloads_dead_lettered(stack: StackEndpoints,
+                                                                 tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        avro_route(pipe)
+        pipe.start_router()
+        sent, fields = rows(60)
+        ids = pipe.insert(sent, per_transaction=16)
+        records = pipe.read(pipe.orders_topic, 60)
+        letters = pipe.read(pipe.dlq_topic, len(BAD))
+        log = pipe.router_log()
+    assert "Traceback" not in log, log[-3000:]
+    check_round_trip(records, ids, sent, PayloadDecoder(schemas=[SCHEMA]), "single_object")
+    check_dead_letters(letters, ids, sent, fields)
+
+
+def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_router(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with registry_stub() as registry, pipeline(stack, tmp_path, partitions=2) as pipe:
+        avro_route(pipe, registry.url)
+        config = str(pipe.config_path)
+        subject = f"{pipe.orders_topic}-value"
+
+        # auto_register is off and the subject is empty: configuration, so fail loudly.
+        checked = cli("schemas", "check", "-c", config)
+        assert checked.returncode == 1
+        assert f"subject {subject} has no version and auto_register is off" in checked.stdout
+        pipe.start_router()
+        assert pipe.routers.pop("a").wait(timeout=120) == 1
+        assert f"subject {subject!r}: not registered" in pipe.router_log()
+
+        registered = cli("schemas", "register", "-c", config, "--yes")
+        assert registered.returncode == 0, registered.stdout + registered.stderr
+        assert registry.state.subjects == {subject: [1]}
+        checked = cli("schemas", "check", "-c", config)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "registered as id 1 (latest version 1)" in checked.stdout
+
+        pipe.start_router("b")
+        sent, fields = rows(40)
+        ids = pipe.insert(sent, per_transaction=11)
+        records = pipe.read(pipe.orders_topic, 40)
+        letters = pipe.read(pipe.dlq_topic, len(BAD))
+
+        # A schema change that breaks old data: the check names the field, against the
+        # registry's latest version.
+        breaking = json.loads(SCHEMA.read_text())
+        next(f for f in breaking["fields"] if f["name"] == "amount_cents")["type"] = "int"
+        (pipe.workdir / "schemas" / SCHEMA.name).write_text(json.dumps(breaking))
+        rechecked = cli("schemas", "check", "-c", config)
+        decoder = PayloadDecoder(registry=SchemaRegistryClient({"url": registry.url}))
+        check_round_trip(records, ids, sent, decoder, "confluent")
+    assert {decoder.decode(record.value()).schema_id for record in records} == {1}
+    check_dead_letters(letters, ids, sent, fields)
+    assert rechecked.returncode == 1
+    assert (f"cannot read data written with {subject} version 1: field 'amount_cents': the "
+            "new type int cannot read the old type long") in rechecked.stdout
