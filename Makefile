@@ -4,7 +4,7 @@ CDC := $(PYTHON) -m cdc_router
 APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-compose
 
 .DEFAULT_GOAL := help
-.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench clean
+.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-avro clean
 .PHONY: up down compose-config
 
 help: ## Show this help
@@ -42,6 +42,9 @@ demo: stack ## The whole pipeline on the local stack, with defaults
 
 bench: stack ## Router throughput (100k events) per delivery mode, beside a plain loop
 	$(PYTHON) -m tests.bench.router_throughput --events 100000
+
+bench-avro: ## Avro validation and encoding on their own (events/s; no stack needed)
+	$(PYTHON) -m tests.bench.avro_encoding --events 100000
 
 clean: ## Stop the local stack and remove its data
 	-$(CDC) local down --purge

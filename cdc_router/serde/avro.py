@@ -12,6 +12,7 @@ is checked. A payload that does not fit its schema raises SerializeError naming 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,8 @@ class AvroSchema:
     canonical: str  # Avro's Parsing Canonical Form
     fingerprint: bytes  # CRC-64-AVRO of the canonical form, little-endian, as in the header
     name: str | None  # full name of a named top-level schema: record subjects need it
+    # Per record (by id of its parsed dict): field names, and the fields that can hold records.
+    shapes: dict[int, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def frame_single_object(self, body: bytes) -> bytes:
         """`body` behind Avro's single-object header for this schema."""
@@ -268,12 +271,15 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
     `namespace.Record.field`); keys the schema has no field for count only when
     extra_fields is 'reject' (fastavro's writer would silently leave them out).
     """
-    try:
-        validate(datum, schema.parsed, raise_errors=True)
-    except ValidationError as error:
-        return _describe(error)
+    # Raising validation builds an exception for every union branch it rules out, even for
+    # a valid payload; ask the cheap way first and again only to say why.
+    if not validate_parsed(datum, schema.parsed, schema.named, "", False, _VALIDATE_OPTIONS):
+        try:
+            validate(datum, schema.parsed, raise_errors=True)
+        except ValidationError as error:
+            return _describe(error)
     if extra_fields == "reject":
-        extra = first_extra_field(datum, schema.parsed, schema.named, "")
+        extra = first_extra_field(datum, schema)
         if extra is not None:
             path, record = extra
             name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
@@ -316,44 +322,81 @@ def _type_name(schema: Any) -> str:
     return str(schema)
 
 
-def first_extra_field(datum: Any, schema: Any, named: Mapping[str, Any],
-                      path: str) -> tuple[str, str] | None:
+def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
     """(path, record name) of the first payload key no record field takes, or None.
 
     Walks the datum the way fastavro's writer does: a union branch is the first one the
     value validates against.
     """
-    if isinstance(schema, str):
-        schema = named.get(schema, schema)
-    if isinstance(schema, list):
-        for branch in schema:
+    return _first_extra(datum, schema.parsed, schema, "")
+
+
+def _first_extra(datum: Any, node: Any, schema: AvroSchema, path: str) -> tuple[str, str] | None:
+    named = schema.named
+    if isinstance(node, str):
+        node = named.get(node, node)
+    if isinstance(node, list):
+        for branch in node:
             resolved = named.get(branch, branch) if isinstance(branch, str) else branch
             if isinstance(resolved, dict) and validate_parsed(datum, resolved, named, "", False,
-                                                               _VALIDATE_OPTIONS):
-                return first_extra_field(datum, resolved, named, path)
+                                                              _VALIDATE_OPTIONS):
+                return _first_extra(datum, resolved, schema, path)
         return None
-    if not isinstance(schema, dict):
+    if not isinstance(node, dict):
         return None
-    kind = schema.get("type")
+    kind = node.get("type")
     if kind in ("record", "error") and isinstance(datum, dict):
-        fields = {field["name"]: field["type"] for field in schema["fields"]}
-        for key in datum:
-            if key not in fields and key != "-type":  # -type: fastavro's union branch hint
-                return (f"{path}.{key}" if path else str(key)), str(schema.get("name"))
-        for name, field_type in fields.items():
+        names, nested = _record_shape(node, schema)
+        if not names.issuperset(datum):
+            for key in datum:
+                if key not in names and key != "-type":  # -type: fastavro's union branch hint
+                    return (f"{path}.{key}" if path else str(key)), str(node.get("name"))
+        for name, field_type in nested:
             if name in datum:
-                found = first_extra_field(datum[name], field_type, named,
-                                          f"{path}.{name}" if path else name)
+                found = _first_extra(datum[name], field_type, schema,
+                                     f"{path}.{name}" if path else name)
                 if found is not None:
                     return found
     elif kind == "array" and isinstance(datum, list):
         for index, item in enumerate(datum):
-            found = first_extra_field(item, schema["items"], named, f"{path}[{index}]")
+            found = _first_extra(item, node["items"], schema, f"{path}[{index}]")
             if found is not None:
                 return found
     elif kind == "map" and isinstance(datum, dict):
         for key, value in datum.items():
-            found = first_extra_field(value, schema["values"], named, f"{path}[{key!r}]")
+            found = _first_extra(value, node["values"], schema, f"{path}[{key!r}]")
             if found is not None:
                 return found
     return None
+
+
+def _record_shape(record: dict[str, Any],
+                  schema: AvroSchema) -> tuple[frozenset[str], tuple[tuple[str, Any], ...]]:
+    """A record's field names, and the fields whose values can hold records (walked)."""
+    shape = schema.shapes.get(id(record))
+    if shape is None:
+        names = frozenset(field["name"] for field in record["fields"])
+        nested = tuple((field["name"], field["type"]) for field in record["fields"]
+                       if _can_hold_record(field["type"], schema.named, set()))
+        shape = schema.shapes[id(record)] = (names, nested)
+    return shape
+
+
+def _can_hold_record(node: Any, named: Mapping[str, Any], seen: set[str]) -> bool:
+    if isinstance(node, str):
+        if node in seen or node not in named:
+            return node in seen  # a recursive reference is a record's
+        seen.add(node)
+        node = named[node]
+    if isinstance(node, list):
+        return any(_can_hold_record(branch, named, seen) for branch in node)
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in ("record", "error"):
+        return True
+    if kind == "array":
+        return _can_hold_record(node["items"], named, seen)
+    if kind == "map":
+        return _can_hold_record(node["values"], named, seen)
+    return False

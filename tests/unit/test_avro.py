@@ -18,7 +18,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.routing import OutboundRecord, Router
-from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text
+from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text, payload_problem
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
 from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings, load_config
@@ -368,3 +368,20 @@ def test_decoder_resolves_old_data_to_a_reader_schema() -> None:
     decoder = PayloadDecoder(schemas=[old], reader_schema=load_schema(PAYMENT))
     value = decoder.decode(old.frame_single_object(body.getvalue())).value
     assert value["currency"] == "EUR" and value["lines"] == []  # the reader's defaults
+
+
+def test_extra_fields_are_found_in_recursive_and_referenced_records() -> None:
+    tree = parse_schema_text(json.dumps({
+        "type": "record", "name": "Node", "namespace": "t", "fields": [
+            {"name": "label", "type": "string"},
+            {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+            {"name": "same_kind", "type": "Kind"},
+            {"name": "children", "type": {"type": "array", "items": "Node"}, "default": []},
+            {"name": "by_name", "type": {"type": "map", "values": ["null", "Node"]},
+             "default": {}}]}), "tree.avsc")
+    leaf = {"label": "leaf", "kind": "A", "same_kind": "B"}
+    deep = {**leaf, "children": [{**leaf, "by_name": {"x": {**leaf, "colour": "red"}}}]}
+    assert payload_problem({**leaf, "children": [leaf]}, tree) is None
+    assert payload_problem(deep, tree) == ("field 't.Node.colour' is not in the schema (payload "
+                                           "key children[0].by_name['x'].colour; extra_fields: "
+                                           "reject)")
