@@ -38,7 +38,11 @@ typecheck: ## mypy (strict)
 	$(PYTHON) -m mypy
 
 demo: stack ## The whole pipeline on the local stack, with defaults
-	$(CDC) local status
+	CDC_ROUTER_DB_PASSWORD=$${CDC_ROUTER_DB_PASSWORD:-debezium} $(CDC) outbox init --replication-role debezium
+	$(CDC) connectors apply -f connectors/outbox-connector.json --yes
+	$(CDC) connectors wait outbox-connector --state RUNNING --timeout 120
+	$(CDC) topics apply -c cdc_router/examples/router.yaml --yes
+	$(CDC) demo -c cdc_router/examples/router.yaml
 
 bench: stack ## Router throughput (100k events) per delivery mode, beside a plain loop
 	$(PYTHON) -m tests.bench.router_throughput --events 100000

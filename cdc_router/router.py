@@ -103,17 +103,23 @@ class OutboxRouter:
         # Source records whose delivery Kafka refused for good: dead-lettered when met again.
         self._refused: dict[tuple[str, int, int], str] = {}
         self._topics: dict[str, tuple[int | None, float]] = {}
-        common = config.kafka.librdkafka()
+        # librdkafka's own log lines go through logging, not straight to stderr.
+        common: dict[str, Any] = {**config.kafka.librdkafka(),
+                                  "logger": logging.getLogger("cdc_router.librdkafka")}
         self._instance_id = instance_id
-        producer_config: dict[str, Any] = {**common, "enable.idempotence": True, "acks": "all",
-                                           "linger.ms": 5}
+        # The user's client properties first: those the guarantee depends on come after, and win.
+        producer_config: dict[str, Any] = {"linger.ms": 5, **common, **config.kafka.producer,
+                                           "enable.idempotence": True, "acks": "all"}
         if self._exactly_once:
             transactional_id = f"{config.delivery.transactional_id}-{instance_id}"
             producer_config["transactional.id"] = transactional_id
             producer_config["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
         self._producer = LatchingProducer(producer_config)
         self._consumer_config: dict[str, Any] = {
+            # A raw topic Debezium creates after we subscribed is noticed within this time.
+            "topic.metadata.refresh.interval.ms": 5000,
             **common,
+            **config.kafka.consumer,
             "group.id": config.source.group_id,
             # Static membership: a restarted instance takes its partitions back at once
             # instead of waiting session.timeout.ms for the group to notice it died.
@@ -128,6 +134,7 @@ class OutboxRouter:
         self._changelog = ChangelogReader(common, config.dedup.changelog_topic) \
             if config.dedup.enabled else None
         self.last_poll = time.monotonic()
+        self._waiting_for_source = False
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -380,6 +387,12 @@ class OutboxRouter:
 
     def _consumer_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            # Debezium creates the raw topic with its first event: not an error, a wait.
+            if not self._waiting_for_source:
+                log.info("event=source_topic_missing detail=%r", error.str())
+                self._waiting_for_source = True
             return
         if classify(error) is Action.FATAL:
             raise FatalKafkaError(f"the consumer failed for good: {describe(error)}")

@@ -80,8 +80,11 @@ class KafkaSettings(_Model):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     config: StringMap = Field(default_factory=dict)
+    # Properties for one kind of client only (librdkafka warns about the others' properties).
+    producer: StringMap = Field(default_factory=dict)
+    consumer: StringMap = Field(default_factory=dict)
 
-    @field_validator("config")
+    @field_validator("config", "producer", "consumer")
     @classmethod
     def _no_shadowed_fields(cls, value: dict[str, str]) -> dict[str, str]:
         owned = {"bootstrap.servers": "bootstrap_servers", "client.id": "client_id",
@@ -461,7 +464,8 @@ class RouterConfig(_Model):
 # --- loading: YAML file + environment overrides -> RouterConfig, or one ConfigError -----------
 
 ENV_PREFIX = "CDC_ROUTER__"
-_PROPERTY_MAPS = frozenset({"config", "changelog_config"})  # keys are Kafka properties (dots)
+# Maps whose keys are Kafka properties (dots).
+_PROPERTY_MAPS = frozenset({"config", "changelog_config", "producer", "consumer"})
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
 
 
@@ -499,7 +503,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Route
     except FileNotFoundError:
         raise ConfigError("file not found", source=source,
                           hint="pass -c with the path of a router.yaml "
-                          "(examples/router.yaml is a commented one)") from None
+                          "(cdc_router/examples/router.yaml is a commented one)") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read the file: {error}", source=source) from None
     try:
@@ -624,7 +628,7 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     message = str(ctx.get("message", first["msg"])).removeprefix("Value error, ")
     if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
-    hint = "see examples/router.yaml"
+    hint = "see cdc_router/examples/router.yaml"
     if first["type"] == "extra_forbidden":
         key, value = str(loc[-1]), None
         message = f"unknown key {key!r}"

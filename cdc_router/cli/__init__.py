@@ -16,6 +16,7 @@ from cdc_router.errors import CdcRouterError
 COMMAND_MODULES: dict[str, str] = {
     "connectors": "cdc_router.cli.connectors",
     "dedup": "cdc_router.cli.consumer",
+    "demo": "cdc_router.cli.demo",
     "local": "cdc_router.cli.local",
     "outbox": "cdc_router.cli.outbox",
     "run": "cdc_router.cli.run",

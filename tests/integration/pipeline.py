@@ -157,6 +157,8 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
         "plugin.name": "pgoutput", "slot.name": name, "publication.name": name,
         "publication.autocreate.mode": "disabled", "table.include.list": f"public.{name}",
         "snapshot.mode": "no_data", "tombstones.on.delete": "false",
+        # Logical decoding messages (another connector's heartbeats) are database-wide.
+        "message.prefix.exclude.list": ".*",
         **(connector or {}),
     }
     connect = connect_url or stack.connect_url

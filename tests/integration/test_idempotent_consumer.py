@@ -35,7 +35,7 @@ from tests.integration.support import StackEndpoints, unique
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "fulfillment.py"
+EXAMPLE = REPO / "cdc_router" / "examples" / "fulfillment.py"
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -322,7 +322,7 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
 
 
 class Worker:
-    """One fulfillment process (examples/fulfillment.py) we started; stopped by its pid."""
+    """One fulfillment process (cdc_router/examples/fulfillment.py) we started; stopped by pid."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
         self.log_path = log_path

@@ -34,7 +34,7 @@ DOCKER = REPO / "docker"
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 ENV_EXAMPLE = DOCKER / ".env.example"
 CONNECTOR_FILE = REPO / "connectors" / "outbox-connector.json"
-ROUTER_CONFIG = REPO / "examples" / "router.yaml"
+ROUTER_CONFIG = REPO / "cdc_router" / "examples" / "router.yaml"
 REPLICATION_ROLE = "debezium"
 
 # Local settings that may differ in containers, with the reason; every other one must match.

@@ -264,7 +264,7 @@ def test_an_avro_route_without_its_schema_file_is_a_config_error() -> None:
 
 
 def explain(*args: str) -> tuple[int, str]:
-    config = Path(__file__).parents[2] / "examples" / "router.yaml"
+    config = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
     result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), *args])
     return result.exit_code, result.output
 

@@ -13,7 +13,7 @@ from cdc_router.cli import main
 from cdc_router.errors import ConfigError
 from cdc_router.settings import RouterConfig, load_config
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "router.yaml"
+EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
 MINIMAL = "source: {topics: [outbox.public.outbox]}\nroutes:\n  - topic: 'outbox.event.{type}'\n"
 
 
@@ -39,7 +39,7 @@ def test_the_commented_example_loads() -> None:
     assert [route.topic for route in config.routes] == [
         "orders.{type}", "payments.confirmed", "outbox.event.{aggregate_type}"]
     assert config.routes[1].cloudevents and config.routes[1].ce_source == "/payments-service"
-    assert config.kafka.config == {"linger.ms": "5"}  # YAML's int, as librdkafka's string
+    assert config.kafka.producer == {"linger.ms": "5"}  # YAML's int, as librdkafka's string
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -234,4 +234,4 @@ def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"error: {path}: field 'delivery.guarantee': Input should be 'exactly_once' or "
-        "'at_least_once' (got 'maybe'); see examples/router.yaml"]
+        "'at_least_once' (got 'maybe'); see cdc_router/examples/router.yaml"]

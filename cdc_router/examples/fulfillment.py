@@ -6,7 +6,7 @@ least once to the consumer (key = event id, value = the outbox payload as JSON, 
 The shipment row and the dedup row commit in one Postgres transaction, so a crash, a retry
 or a redelivery never ships twice, and the offset is committed only after that commit.
 
-    python examples/fulfillment.py --bootstrap 127.0.0.1:19092 \\
+    python -m cdc_router.examples.fulfillment --bootstrap 127.0.0.1:19092 \\
         --dsn postgresql://postgres:postgres@127.0.0.1:15432/postgres \\
         --topic payments.confirmed
 

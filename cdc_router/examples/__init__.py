@@ -1,0 +1,1 @@
+"""Runnable examples: the demo router config and the fulfillment service."""
