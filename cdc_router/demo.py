@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, Message, Producer
 
 from cdc_router.errors import CdcRouterError
 from cdc_router.outbox import write_event
@@ -72,6 +72,48 @@ def run_demo(config: RouterConfig, dsn: str, say: Say) -> list[Message]:
         say(f"       headers {headers}")
         say(f"       value   {_text(record.value())}")
     return records
+
+
+def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
+                    redeliveries: int = 2) -> int:
+    """Deliver the payment event again (as at-least-once delivery may), run the fulfillment
+    service on it, and return how many shipments its event id got: one."""
+    from cdc_router.examples import fulfillment
+
+    topic = payment.topic() or ""
+    producer = Producer(config.kafka.librdkafka())
+    for _ in range(redeliveries):
+        producer.produce(topic, key=payment.key(), value=payment.value(),
+                         headers=payment.headers() or [])
+    producer.flush(30)
+    say(f"redelivered the {topic} record {redeliveries} more times")
+    args = fulfillment.parse_args([
+        "--bootstrap", config.kafka.bootstrap_servers, "--dsn", dsn, "--topic", topic,
+        "--group", f"demo-fulfillment-{uuid.uuid4().hex[:6]}",
+        "--dead-letter-topic", config.dead_letter.topic])
+    consumer = fulfillment.build(args)
+    thread = threading.Thread(target=consumer.run, name="fulfillment", daemon=True)
+    thread.start()
+    event_id = _text(payment.key())
+    deadline = time.monotonic() + _ROUTED_TIMEOUT_S
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                row = conn.execute("SELECT count(*) FROM public.cdc_router_dedup WHERE "
+                                   "event_id = %s", (event_id,)).fetchone()
+                if (row and row[0] and consumer.stats.duplicates >= redeliveries) or \
+                        time.monotonic() > deadline or not thread.is_alive():
+                    break
+                time.sleep(0.2)
+            shipped = conn.execute("SELECT count(*) FROM public.shipments WHERE event_id = %s",
+                                   (event_id,)).fetchone()
+    finally:
+        consumer.stop()
+        thread.join(timeout=30)
+    count = int(shipped[0]) if shipped else 0
+    say(f"fulfillment: {count} shipment for event {event_id} "
+        f"({consumer.stats.duplicates} duplicate deliveries acknowledged, not shipped)")
+    return count
 
 
 def _text(value: str | bytes | None) -> str:

@@ -24,6 +24,9 @@ def cli(config_path: Path, dsn: str) -> None:
     does all of it).
     """
     logging.basicConfig(level="WARNING", format="%(asctime)s level=%(levelname)s %(message)s")
-    from cdc_router.demo import run_demo
+    from cdc_router.demo import run_demo, run_fulfillment
 
-    run_demo(load_config(config_path, env=os.environ), dsn, click.echo)
+    config = load_config(config_path, env=os.environ)
+    records = run_demo(config, dsn, click.echo)
+    payments = [r for r in records if r.topic() != records[0].topic()] or records
+    run_fulfillment(config, dsn, payments[-1], click.echo)
