@@ -1,0 +1,99 @@
+"""`cdc-router local` on a second, private stack: kill -9 recovery, status after down, ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cdc_router.local import process
+from cdc_router.local.config import load_saved
+from tests.integration.support import read_topic
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+# Ports of the private stack: clear of the shared one (15432, 19092, 19093, 18083).
+PORTS = {"--postgres-port": "25432", "--kafka-port": "29092", "--kafka-controller-port": "29093",
+         "--connect-port": "28083"}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cdc_router", "local", *args], cwd=REPO,
+                          capture_output=True, text=True, check=False, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def private_home() -> Iterator[Path]:
+    # Beside the shared stack's home: the postgres user can reach it (pytest's tmp is 0700).
+    home = REPO / f".cdc-router-private-{uuid.uuid4().hex[:8]}"
+    flags = [item for pair in PORTS.items() for item in pair]
+    started = _cli("up", "--home", str(home), *flags)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield home
+    finally:
+        _cli("down", "--home", str(home), "--purge")
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_kill_9_of_kafka_then_up_brings_back_its_topics_and_data(private_home: Path) -> None:
+    config = load_saved(private_home)
+    assert config is not None
+    topic = f"survivor-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(timeout=30)
+    producer = Producer({"bootstrap.servers": config.bootstrap_servers, "acks": "all"})
+    for i in range(100):
+        producer.produce(topic, key=str(i).encode(), value=f"record-{i}".encode())
+    assert producer.flush(30) == 0
+    pid = process.read_pid(config.pid_path("kafka"))
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    status = _cli("status", "--home", str(private_home))
+    assert "kafka     stale" in status.stdout, status.stdout
+    again = _cli("up", "--home", str(private_home))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "postgres  already running" in again.stdout
+    assert "connect   already running" in again.stdout
+
+    metadata = AdminClient({"bootstrap.servers": config.bootstrap_servers}).list_topics(
+        timeout=30)
+    assert len(metadata.topics[topic].partitions) == 3
+    values = sorted(m.value() for m in read_topic(config.bootstrap_servers, topic, 100))
+    assert values == sorted(f"record-{i}".encode() for i in range(100))
+
+
+def test_up_fails_naming_a_port_another_process_holds(private_home: Path,
+                                                      tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        result = _cli("up", "--home", str(tmp_path / "other"), "--kafka-port", str(port),
+                      "--postgres-port", "35432", "--kafka-controller-port", "39093",
+                      "--connect-port", "38083")
+    assert result.returncode == 1
+    assert f"port {port} (kafka)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "other" / "postgres" / "postgres.pid").exists()
+
+
+def test_status_after_down_says_nothing_runs(private_home: Path) -> None:
+    down = _cli("down", "--home", str(private_home))
+    assert down.returncode == 0
+    status = _cli("status", "--home", str(private_home))
+    assert status.stdout.startswith("nothing is running"), status.stdout
+    for part in ("postgres", "kafka", "connect"):
+        assert not (private_home / part / f"{part}.pid").exists()
