@@ -12,10 +12,11 @@ from typing import Any
 import click
 
 from cdc_router.cli._output import output_option, table
+from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
-from cdc_router.settings import RouteMatch, RouterConfig, RouteRule, load_config
+from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
 

@@ -12,9 +12,9 @@ from types import FrameType
 import click
 
 from cdc_router.cleanup import OutboxCleaner
+from cdc_router.config_file import load_config
 from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import load_config
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.

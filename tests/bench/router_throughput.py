@@ -22,9 +22,9 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cdc_router.config_file import load_config
 from cdc_router.metrics import RouterMetrics
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import load_config
 from cdc_router.topics import TopicAdmin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"

@@ -1,0 +1,207 @@
+"""Loading router.yaml: YAML file + environment overrides -> RouterConfig, or one ConfigError.
+
+`load_config()` reads the YAML file strictly (no duplicate keys), applies `CDC_ROUTER__...`
+environment overrides passed in by the CLI (the library never reads the environment itself), and
+turns every problem into a single line ConfigError naming the file (or variable), the field path,
+the bad value and what to do. The models themselves live in cdc_router.settings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from cdc_router.errors import ConfigError
+from cdc_router.routing import Router
+from cdc_router.settings import RouterConfig
+
+ENV_PREFIX = "CDC_ROUTER__"
+# Maps whose keys are Kafka properties (dots).
+_PROPERTY_MAPS = frozenset({"config", "changelog_config", "producer", "consumer"})
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """Read router.yaml at `path`, apply overrides from `env`, validate; raise ConfigError.
+
+    An override is a variable `CDC_ROUTER__<PATH>` where PATH walks the YAML with `__`
+    (case-insensitive; list items by index): `CDC_ROUTER__DELIVERY__GUARANTEE=at_least_once`,
+    `CDC_ROUTER__ROUTES__0__TOPIC=orders`. Under `config`/`changelog_config`, `_` stands for
+    `.`: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=5`. A value starting with `[` or `{` is JSON.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", source=source,
+                          hint="pass -c with the path of a router.yaml "
+                          "(cdc_router/examples/router.yaml is a commented one)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read the file: {error}", source=source) from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
+                          hint="fix the YAML at that line") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {error}", source=source) from None
+    if raw is None:
+        raise ConfigError("the file is empty", source=source,
+                          hint="it needs at least source.topics and routes")
+    if not isinstance(raw, dict):
+        raise ConfigError("the top level must be a mapping of settings", source=source,
+                          value=type(raw).__name__)
+    overridden = _apply_env(raw, env or {}, source)
+    try:
+        # Relative schema paths are relative to the config file, not to the working directory.
+        config = RouterConfig.model_validate(
+            raw, context={"config_dir": Path(path).resolve().parent})
+    except ValidationError as error:
+        raise _config_error(error, source, overridden) from None
+    try:
+        Router(config)  # what only compiling the rules finds: key columns, serializers
+    except ConfigError as error:
+        raise ConfigError(str(error), source=source) from None
+    return config
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[str, str]:
+    """Write each CDC_ROUTER__ override into `raw`; return {field path: variable name}."""
+    applied: dict[str, str] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
+            continue
+        where = f"{source} via environment variable {name}"
+        path: list[str | int] = []
+        for segment in name[len(ENV_PREFIX):].split("__"):
+            if path and path[-1] in _PROPERTY_MAPS:
+                path.append(segment.lower().replace("_", "."))
+            else:
+                path.append(int(segment) if segment.isdigit() else segment.lower())
+        node: Any = raw
+        for depth, part in enumerate(path):
+            final = depth == len(path) - 1
+            if isinstance(node, list) and isinstance(part, int) and part < len(node):
+                if final:
+                    node[part] = _env_value(env[name], where)
+                node = node[part]
+            elif isinstance(node, dict) and isinstance(part, str):
+                if final:
+                    node[part] = _env_value(env[name], where)
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError("this path does not exist in the file", source=where,
+                                  field=_dotted(path[: depth + 1]),
+                                  hint="a list item must exist in the file to be overridden")
+        applied[_dotted(path)] = name
+    return applied
+
+
+def _env_value(value: str, where: str) -> Any:
+    if not value.lstrip().startswith(("[", "{")):
+        return value  # pydantic turns "100" or "true" into numbers and booleans as needed
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"invalid JSON: {error}", source=where, value=value) from None
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    """('routes', 1, 'topic') -> 'routes[1].topic'; keys with dots are quoted."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    """The keys the model allows at `loc`, for suggestions; [] when not a model there."""
+    model: Any = RouterConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return []
+        model = _model_in(fields[part].annotation)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _config_error(error: ValidationError, source: str, overridden: dict[str, str]) -> ConfigError:
+    # An unknown key usually is a misspelt one, which pydantic also reports as missing: the
+    # unknown key is the better clue.
+    first = min(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    loc = [part for part in first["loc"] if isinstance(part, int) or not _UNION_TAG.search(part)]
+    ctx = first.get("ctx") or {}
+    path = _dotted(loc)
+    if "field" in ctx:
+        path = f"{path}.{ctx['field']}" if path else str(ctx["field"])
+    value = ctx.get("value") if "field" in ctx else first.get("input")
+    message = str(ctx.get("message", first["msg"])).removeprefix("Value error, ")
+    if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
+        value = None  # a whole section would not fit on one line; the path says where
+    hint = "see cdc_router/examples/router.yaml"
+    if first["type"] == "extra_forbidden":
+        key, value = str(loc[-1]), None
+        message = f"unknown key {key!r}"
+        allowed = _keys_at(loc[:-1])
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed here: {', '.join(allowed)}"
+    elif first["type"] == "missing":
+        message, value, hint = "is required", None, "add it to the file"
+    elif isinstance(value, bool) and first["type"] in ("string_type", "literal_error"):
+        hint = "YAML reads yes/no/on/off/true/false as booleans: quote the value"
+    more = error.error_count() - 1
+    if more:
+        hint += f" ({more} more problem{'s' if more > 1 else ''} after this one)"
+    for prefix, variable in overridden.items():
+        if path == prefix or path.startswith((prefix + ".", prefix + "[")):
+            source = f"{source} via environment variable {variable}"
+    return ConfigError(message, source=source, field=path or None, value=value, hint=hint)
