@@ -118,6 +118,9 @@ class OutboxRouter:
         self._consumer_config: dict[str, Any] = {
             # A raw topic Debezium creates after we subscribed is noticed within this time.
             "topic.metadata.refresh.interval.ms": 5000,
+            # A static member that stops (or dies and stays away) keeps its partitions until
+            # this passes: 10 s bounds that stall, well above the 3 s heartbeat interval.
+            "session.timeout.ms": 10_000,
             **common,
             **config.kafka.consumer,
             "group.id": config.source.group_id,

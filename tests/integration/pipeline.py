@@ -127,7 +127,7 @@ def _config(pipeline: Pipeline, partitions: int, extra: dict[str, Any]) -> dict[
 def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
              config: dict[str, Any] | None = None,
              connector: dict[str, str] | None = None,
-             connect_url: str | None = None) -> Iterator[Pipeline]:
+             connect_url: str | None = None, raw_partitions: int = 1) -> Iterator[Pipeline]:
     """Set up table, publication, raw topic, connector, destination topics; tear all down."""
     name = unique("p")
     dashed = name.replace("_", "-")
@@ -145,7 +145,7 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
                      "WITH (publish = 'insert')")
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     # One raw partition keeps the commit order; the router spreads events by aggregate.
-    for future in admin.create_topics([NewTopic(pipe.raw_topic, 1, 1)]).values():
+    for future in admin.create_topics([NewTopic(pipe.raw_topic, raw_partitions, 1)]).values():
         future.result(timeout=30)
     apply_topics(pipe)
     params = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
