@@ -40,6 +40,7 @@ RETENTION_SAFETY_MARGIN_MS = 5 * 60 * 1000
 # Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
 # for `cdc-router outbox purge`): memory is bounded, and no undelivered row is ever touched.
 MAX_PENDING_IDS = 2_000_000
+LOG_EVERY_S = 30.0  # a summary line, not one per batch
 _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
 _MAX_BACKOFF_S = 30.0
 
@@ -64,6 +65,10 @@ class OutboxCleaner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
+        self._deleted_total = 0
+        self._lag_s = 0.0
+        self._logged_deleted = 0
+        self._logged_at = time.monotonic()
         self.deleted = Counter("cdc_router_outbox_rows_deleted", "Outbox rows deleted by the "
                                "cleanup", registry=registry)
         self.lag = Gauge("cdc_router_cleanup_lag_seconds", "Age of the oldest delivered id "
@@ -104,7 +109,7 @@ class OutboxCleaner:
         if self._thread is None:
             return
         deadline = time.monotonic() + drain_timeout_s
-        while self.pending_count() and time.monotonic() < deadline:
+        while self._due_count() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=drain_timeout_s)
@@ -114,6 +119,11 @@ class OutboxCleaner:
     def pending_count(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def _due_count(self) -> int:
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            return sum(1 for _, due_ms, _ in self._pending if due_ms <= now_ms)
 
     # The worker ----------------------------------------------------------------------------
 
@@ -135,6 +145,7 @@ class OutboxCleaner:
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             self._update_lag()
+            self._log_progress()
             if not worked:
                 self._stop.wait(interval_s)
 
@@ -170,7 +181,7 @@ class OutboxCleaner:
         with self._lock:
             for _ in batch:
                 self._pending.popleft()
-        self.deleted.inc(max(deleted, 0))
+        self._count_deleted(deleted)
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
         return True
 
@@ -188,15 +199,30 @@ class OutboxCleaner:
             "WHERE {created} < to_timestamp(%s / 1000.0) AT TIME ZONE 'UTC' "
             "ORDER BY {created} LIMIT %s))").format(table=table, created=created)
         deleted = self._connection().execute(query, (limit_ms, self._settings.batch_size)).rowcount
-        self.deleted.inc(max(deleted, 0))
+        self._count_deleted(deleted)
         return deleted >= self._settings.batch_size
+
+    def _log_progress(self) -> None:
+        """One INFO line per LOG_EVERY_S at most, while rows are being deleted."""
+        deleted = self._deleted_total
+        now = time.monotonic()
+        if deleted > self._logged_deleted and now - self._logged_at >= LOG_EVERY_S:
+            log.info("event=outbox_rows_deleted rows=%d total=%d pending=%d lag_s=%.1f",
+                     deleted - self._logged_deleted, deleted, self.pending_count(),
+                     self._lag_s)
+            self._logged_deleted, self._logged_at = deleted, now
 
     def _update_lag(self) -> None:
         now_ms = int(time.time() * 1000)
         with self._lock:
             oldest = self._pending[0] if self._pending else None
         # Lag: how long the oldest id has been due (retention's planned wait does not count).
-        self.lag.set(0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000))
+        self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000)
+        self.lag.set(self._lag_s)
+
+    def _count_deleted(self, rows: int) -> None:
+        self._deleted_total += max(rows, 0)
+        self.deleted.inc(max(rows, 0))
 
 
 # Operators' tools: stats and purge ----------------------------------------------------------

@@ -1,0 +1,62 @@
+"""The cleanup's bookkeeping, without Postgres: what is due when, durations, bounds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from cdc_router import cleanup
+from cdc_router.cleanup import OutboxCleaner, parse_duration_ms
+from cdc_router.errors import ConfigError
+from cdc_router.router import Delivered
+from cdc_router.settings import CleanupSettings
+
+
+def _cleaner(**settings: object) -> OutboxCleaner:
+    return OutboxCleaner(CleanupSettings(dsn="postgresql://unused", **settings),
+                         id_column="id", created_at_column="created_at",
+                         registry=CollectorRegistry())
+
+
+def test_delete_mode_makes_delivered_ids_due_at_once():
+    cleaner = _cleaner(mode="delete")
+    cleaner.delivered([Delivered("a", "t", 1), Delivered("b", "t", None)])
+    assert cleaner.pending_count() == 2
+    assert cleaner._due_count() == 2
+
+
+def test_retention_mode_waits_until_created_at_plus_retention():
+    cleaner = _cleaner(mode="retention", retention_ms=60_000)
+    now_ms = int(time.time() * 1000)
+    cleaner.delivered([Delivered("old", "t", now_ms - 120_000), Delivered("new", "t", now_ms)])
+    assert cleaner.pending_count() == 2
+    assert cleaner._due_count() == 1
+
+
+def test_mode_none_keeps_nothing():
+    cleaner = OutboxCleaner(
+        CleanupSettings(), id_column="id", created_at_column=None, registry=CollectorRegistry())
+    cleaner.delivered([Delivered("a", "t", 1)])
+    assert cleaner.pending_count() == 0
+
+
+def test_pending_ids_are_bounded_oldest_given_up(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(cleanup, "MAX_PENDING_IDS", 3)
+    cleaner = _cleaner(mode="delete")
+    cleaner.delivered([Delivered(str(i), "t", 1) for i in range(5)])
+    assert cleaner.pending_count() == 3
+    assert [event_id for event_id, _, _ in cleaner._pending] == ["2", "3", "4"]
+
+
+@pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("15m", 900_000),
+                                          ("12h", 43_200_000), ("7d", 604_800_000)])
+def test_durations(text: str, ms: int):
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "7", "7w", "-1d", "1.5h"])
+def test_bad_durations_name_the_option(text: str):
+    with pytest.raises(ConfigError, match="--older-than"):
+        parse_duration_ms(text)
