@@ -5,10 +5,10 @@ delivers is remembered here and written, in the same Kafka transaction as the de
 changelog topic (key: the event id), from which a restarted or newly assigned router restores it.
 
 Memory is bounded twice: ids older than `window_ms` are forgotten, and beyond `max_ids` the oldest
-go first. Each id costs about 250 bytes of Python objects (measured: a 36-character str key, an int
-and the ordered dict's entry), so the default million ids take about 250 MB. A replay of an id forgotten by
-either bound is delivered again: size the window to cover Debezium's replays (minutes after a
-Connect crash) and the raw topic's retention.
+go first. Each id costs about 250 bytes of Python objects (measured: a 36-character str key, an
+int and the ordered dict's entry), so the default million ids take about 250 MB. A replay of an
+id forgotten by either bound is delivered again: size the window to cover Debezium's replays
+(minutes after a Connect crash) and the raw topic's retention.
 """
 
 from __future__ import annotations
