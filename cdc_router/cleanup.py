@@ -2,11 +2,9 @@
 
 The router hands over each batch's delivered ids after its Kafka transaction committed. `delete`:
 a worker thread deletes them by id, in batches. `retention`: the same, once the row's created_at
-is `retention_ms` old. Memory is bounded: beyond MAX_PENDING_IDS the oldest ids are given up, and
-in `retention` mode a sweep deletes, in bounded chunks and oldest first, rows past the retention
-that are also older than the delivered horizon (the newest created_at committed downstream) less
-a margin for transactions that commit after younger ones: the raw topic is in commit order, so
-what was committed before a delivered event was delivered before it.
+is `retention_ms` old. Memory is bounded: beyond MAX_PENDING_IDS the oldest ids are given up,
+and their rows stay for `cdc-router outbox purge` (never guessed at by age: with several raw
+partitions or router instances, no single instance knows what the others have delivered).
 
 A Postgres failure never stops routing: the ids wait, and the worker retries with backoff.
 Ids of events sent to the dead-letter topic are never handed over, so their rows stay.
@@ -33,10 +31,6 @@ from cdc_router.settings import CleanupSettings
 
 log = logging.getLogger("cdc_router.cleanup")
 
-# How long a transaction that inserted outbox rows may stay open and still be safe from the
-# retention sweep: created_at is set at insert, but the row reaches the WAL, and so the router,
-# only at commit.
-RETENTION_SAFETY_MARGIN_MS = 5 * 60 * 1000
 # Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
 # for `cdc-router outbox purge`): memory is bounded, and no undelivered row is ever touched.
 MAX_PENDING_IDS = 2_000_000
@@ -61,11 +55,11 @@ class OutboxCleaner:
         # (event id, when its row may go: epoch ms, monotonic clock of delivery)
         self._pending: deque[tuple[str, int, float]] = deque()
         self._lock = threading.Lock()
-        self._horizon_ms: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._deleted_total = 0
+        self._id_sql_type: str | None = None
         self._lag_s = 0.0
         self._logged_deleted = 0
         self._logged_at = time.monotonic()
@@ -92,9 +86,6 @@ class OutboxCleaner:
             while len(self._pending) > MAX_PENDING_IDS:
                 self._pending.popleft()
                 self.given_up.inc()
-            times = [e.created_at_ms for e in events if e.created_at_ms is not None]
-            if times:
-                self._horizon_ms = max(self._horizon_ms or 0, max(times))
 
     # Lifecycle -----------------------------------------------------------------------------
 
@@ -133,8 +124,6 @@ class OutboxCleaner:
         while not self._stop.is_set():
             try:
                 worked = self._delete_due()
-                if self._settings.mode == "retention":
-                    worked = self._sweep() or worked
                 backoff = 0.5
             except psycopg.Error as error:
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d",
@@ -175,32 +164,32 @@ class OutboxCleaner:
                 batch.append(event_id)
         if not batch:
             return False
-        query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::uuid[])").format(
-            _table(self._settings.table), sql.Identifier(self._id_column))
-        deleted = self._connection().execute(query, (batch,)).rowcount
+        conn = self._connection()
+        query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
+            _table(self._settings.table), sql.Identifier(self._id_column),
+            sql.SQL(self._id_type(conn)))
+        deleted = conn.execute(query, (batch,)).rowcount
         with self._lock:
-            for _ in batch:
-                self._pending.popleft()
+            # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
+            for event_id in batch:
+                if self._pending and self._pending[0][0] == event_id:
+                    self._pending.popleft()
         self._count_deleted(deleted)
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
         return True
 
-    def _sweep(self) -> bool:
-        """Delete one chunk of rows past the retention and well behind the delivered horizon."""
-        if self._horizon_ms is None or self._created_at_column is None:
-            return False
-        retention = self._settings.retention_ms or 0
-        limit_ms = min(int(time.time() * 1000) - retention,
-                       self._horizon_ms - RETENTION_SAFETY_MARGIN_MS)
-        table, created = _table(self._settings.table), sql.Identifier(self._created_at_column)
-        # ctid chunks: each DELETE holds its row locks only for one bounded batch.
-        query = sql.SQL(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-            "WHERE {created} < to_timestamp(%s / 1000.0) AT TIME ZONE 'UTC' "
-            "ORDER BY {created} LIMIT %s))").format(table=table, created=created)
-        deleted = self._connection().execute(query, (limit_ms, self._settings.batch_size)).rowcount
-        self._count_deleted(deleted)
-        return deleted >= self._settings.batch_size
+    def _id_type(self, conn: psycopg.Connection[Any]) -> str:
+        """The id column's SQL type (uuid, text, bigint, ...), read once, for the array cast."""
+        if self._id_sql_type is None:
+            row = conn.execute(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
+                (self._settings.table, self._id_column)).fetchone()
+            if row is None:
+                raise psycopg.errors.UndefinedColumn(
+                    f"{self._settings.table} has no column {self._id_column}")
+            self._id_sql_type = str(row[0])
+        return self._id_sql_type
 
     def _log_progress(self) -> None:
         """One INFO line per LOG_EVERY_S at most, while rows are being deleted."""

@@ -15,6 +15,8 @@ STAGE = "dlq.stage"
 ERROR_CLASS = "dlq.error.class"
 ERROR_MESSAGE = "dlq.error.message"
 EVENT_ID = "dlq.event.id"
+# Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.
+VALUE_DROPPED = "dlq.value.dropped.bytes"
 
 # A reason is for people; an unbounded one could push the record over the broker's size limit.
 _MAX_REASON = 2000

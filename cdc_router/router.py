@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from cdc_router.dead_letter import VALUE_DROPPED as DEAD_LETTER_VALUE_DROPPED
 from cdc_router.dead_letter import DeadLetter, Stage, dead_letter
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import (
@@ -28,8 +29,8 @@ from cdc_router.errors import (
     SerializeError,
 )
 from cdc_router.kafka.consumer import ChangelogReader, rewind_to_committed
-from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
-from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
+from cdc_router.kafka.producer import LatchingProducer, Source
 from cdc_router.metrics import RouterMetrics
 from cdc_router.replay import ReplayFilter, changelog_record, parse_changelog
 from cdc_router.routing import OutboundRecord, Router
@@ -47,13 +48,9 @@ _TXN_CALL_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000
 # transaction, which takes up to transaction.timeout.ms.
 _INIT_TIMEOUT_S = 2 * _TXN_CALL_TIMEOUT_S
 _RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-# Delivery errors that no retry can fix: the record itself is refused, so it is dead-lettered.
-_RECORD_REFUSED = frozenset({
-    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-    KafkaError.POLICY_VIOLATION,
-})
+# librdkafka's default message.max.bytes; a dead letter keeps well below it (headers, framing).
+_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+_DEAD_LETTER_MARGIN_BYTES = 64 * 1024
 # A topic missing from metadata is asked for again after this long (it may have been created).
 _MISSING_TOPIC_RECHECK_S = 10.0
 
@@ -75,6 +72,8 @@ class _Batch:
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     delivered: list[Delivered] = field(default_factory=list)
+    # Input records whose refusal this batch settled (dead-lettered, or found innocent).
+    settled: list[Source] = field(default_factory=list)
 
     @property
     def open(self) -> bool:
@@ -100,8 +99,15 @@ class OutboxRouter:
         self._batch = _Batch()
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
-        # Source records whose delivery Kafka refused for good: dead-lettered when met again.
-        self._refused: dict[tuple[str, int, int], str] = {}
+        # Input records whose output the broker refused. A refusal can name a whole produce
+        # request, so they are suspects, produced alone when met again; one refused alone is
+        # confirmed, and dead-lettered when met again. Both are forgotten once that commits.
+        self._suspects: dict[Source, str] = {}
+        self._refused: dict[Source, str] = {}
+        self._isolated: Source | None = None
+        self._dead_letter_max_bytes = int(config.kafka.producer.get(
+            "message.max.bytes", config.kafka.config.get(
+                "message.max.bytes", _DEFAULT_MESSAGE_MAX_BYTES))) - _DEAD_LETTER_MARGIN_BYTES
         self._topics: dict[str, tuple[int | None, float]] = {}
         # librdkafka's own log lines go through logging, not straight to stderr.
         common: dict[str, Any] = {**config.kafka.librdkafka(),
@@ -132,6 +138,8 @@ class OutboxRouter:
             # Debezium's exactly-once source tasks write in transactions: never read aborted ones.
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            # An eager assignor: every member commits or aborts before any partition moves.
+            "partition.assignment.strategy": "range,roundrobin",
         }
         self._consumer: Consumer | None = None
         self._changelog = ChangelogReader(common, config.dedup.changelog_topic) \
@@ -176,8 +184,26 @@ class OutboxRouter:
                     self._commit()
             if self._batch.open:
                 self._commit()
+        except BaseException:
+            # The batch's offsets may already cover a record that was not produced: closing
+            # the consumer must not commit them (its revoke callback would).
+            self._discard_batch()
+            raise
         finally:
             self._close()
+
+    def _discard_batch(self) -> None:
+        """Forget the open batch after an unexpected failure; abort its transaction."""
+        if not self._batch.open:
+            return
+        self._batch = _Batch()
+        if self._replay is not None:
+            self._replay.abort()
+        if self._exactly_once:
+            try:
+                self._producer.abort_transaction(_TXN_CALL_TIMEOUT_S)
+            except KafkaException as failure:
+                log.warning("event=abort_failed error=%r", str(failure))
 
     def _close(self) -> None:
         if self._consumer is not None:
@@ -198,9 +224,11 @@ class OutboxRouter:
         assert topic is not None and partition is not None and offset is not None
         self._begin()
         self._batch.offsets[(topic, partition)] = offset + 1
-        refused = self._refused.pop((topic, partition, offset), None)
+        refused = self._refused.get((topic, partition, offset))
         if refused is not None:
-            self._dead_letter(message, "produce", DeliveryError(refused))
+            self._batch.settled.append((topic, partition, offset))
+            self._dead_letter(message, "produce", DeliveryError(refused),
+                              self._event_id_of(message))
             return
         try:
             decoded = decode(message.key(), message.value(), topic=topic,
@@ -229,15 +257,34 @@ class OutboxRouter:
             return
         self._produce(message, decoded, routed)
 
+    def _event_id_of(self, message: Message) -> str | None:
+        try:
+            decoded = decode(message.key(), message.value(), topic=message.topic() or "",
+                             settings=self._config.source)
+        except DecodeError:
+            return None
+        return decoded.event_id if isinstance(decoded, OutboxEvent) else None
+
     def _produce(self, message: Message, event: OutboxEvent, record: OutboundRecord) -> None:
         source = (message.topic() or "", message.partition() or 0, message.offset() or 0)
+        suspect = source in self._suspects
+        if suspect:
+            # Alone in its produce request: deliver what came before, then only this record.
+            self._producer.flush(_TXN_CALL_TIMEOUT_S)
+            self._isolated = source
         try:
             self._producer.produce(record.topic, key=record.key, value=record.value,
                                    headers=list(record.headers), partition=record.partition,
                                    timestamp_ms=record.timestamp_ms, source=source)
+            if suspect:
+                self._producer.flush(_TXN_CALL_TIMEOUT_S)
+                self._isolated = None
+                self._batch.settled.append(source)  # delivered alone: it was innocent
         except KafkaException as failure:
             kafka_error = kafka_error_of(failure)
-            if kafka_error is not None and kafka_error.code() in _RECORD_REFUSED:
+            if kafka_error is not None and kafka_error.code() in RECORD_REFUSED:
+                # Refused before it left (too big for librdkafka): certainly this record.
+                self._isolated = None
                 self._dead_letter(message, "produce", failure, event.event_id)
                 return
             self._abort_and_rewind(failure)
@@ -251,9 +298,17 @@ class OutboxRouter:
         headers = [(name, value if isinstance(value, bytes) else (value or "").encode())
                    for name, value in (raw_headers.items() if isinstance(raw_headers, dict)
                                        else raw_headers)]
+        value = message.value()
+        size = len(message.key() or b"") + len(value or b"") + sum(
+            len(name) + len(header) for name, header in headers)
+        if size > self._dead_letter_max_bytes:
+            # A dead letter the broker refused would block the stream: keep its coordinates
+            # and reason, drop the value (the raw topic still holds it).
+            headers.append((DEAD_LETTER_VALUE_DROPPED, str(len(value or b"")).encode()))
+            value = None
         letter: DeadLetter = dead_letter(
             topic=message.topic() or "", partition=message.partition() or 0,
-            offset=message.offset() or 0, key=message.key(), value=message.value(),
+            offset=message.offset() or 0, key=message.key(), value=value,
             original_headers=headers, stage=stage, error=error, event_id=event_id)
         self._producer.produce(self._config.dead_letter.topic, key=letter.key,
                                value=letter.value, headers=list(letter.headers))
@@ -338,6 +393,9 @@ class OutboxRouter:
         now_ms = int(time.time() * 1000)
         if self._replay is not None:
             self._replay.commit(now_ms)
+        for source in batch.settled:
+            self._suspects.pop(source, None)
+            self._refused.pop(source, None)
         self._batch = _Batch()
         self._metrics.committed(batch.delivered, now_ms)
         if self._on_delivered is not None and batch.delivered:
@@ -349,13 +407,12 @@ class OutboxRouter:
         if isinstance(kafka_error, KafkaError) and classify(kafka_error) is Action.FATAL:
             raise FatalKafkaError(f"Kafka refused this router for good ({describe(kafka_error)}); "
                                   "another instance may use the same instance id") from failure
-        source = getattr(failure, "source", None)
-        if (isinstance(kafka_error, KafkaError) and kafka_error.code() in _RECORD_REFUSED
-                and source is not None):
-            self._refused[source] = str(failure)
+        self._collect_refusals()
         log.warning("event=batch_aborted records=%d reason=%r", self._batch.records, str(failure))
         if self._exactly_once:
             self._call(lambda: self._producer.abort_transaction(_TXN_CALL_TIMEOUT_S), "abort")
+        self._collect_refusals()
+        self._isolated = None
         self._producer.clear_latched()
         if self._replay is not None:
             self._replay.abort()
@@ -365,6 +422,18 @@ class OutboxRouter:
             rewind_to_committed(self._consumer, _TXN_CALL_TIMEOUT_S)
         if raise_rewind:
             raise _Rewind
+
+    def _collect_refusals(self) -> None:
+        """Learn which input records' output the broker refused, from the delivery reports."""
+        refused, own = self._producer.take_refused()
+        if own is not None:
+            raise FatalKafkaError(f"{own}; the dead-letter or dedup changelog topic must accept "
+                                  "the router's records (size limits, ACLs)")
+        for source, reason in refused.items():
+            if source == self._isolated:
+                self._refused[source] = reason  # refused alone: certainly this record
+            else:
+                self._suspects[source] = reason
 
     def _call(self, step: Callable[[], None], name: str) -> None:
         """Run a transactional call, retrying retriable errors; abortable ones propagate."""
@@ -405,6 +474,10 @@ class OutboxRouter:
         """Before reading new partitions, learn every id delivered so far (any instance)."""
         if self._changelog is None or self._replay is None:
             return
+        # A previous owner may still hold an open transaction with offsets (and dedup marks)
+        # for these partitions; fetching the committed offsets waits until it is resolved
+        # (require_stable), so that the changelog read below sees its marks.
+        consumer.committed(partitions, timeout=_INIT_TIMEOUT_S)
         now_ms = int(time.time() * 1000)
         started, restored = time.monotonic(), 0
         for key, value in self._changelog.catch_up():

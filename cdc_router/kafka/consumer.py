@@ -6,7 +6,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    IsolationLevel,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError
 
@@ -17,6 +25,9 @@ def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:
     if not assignment:
         return
     for committed in consumer.committed(assignment, timeout=timeout_s):
+        if committed.error is not None:
+            # Without the committed offset we would re-read from the start: refuse instead.
+            raise KafkaException(committed.error)
         offset = committed.offset if committed.offset != OFFSET_INVALID else OFFSET_BEGINNING
         consumer.seek(TopicPartition(committed.topic, committed.partition, offset))
 
@@ -33,28 +44,28 @@ class ChangelogReader:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
         }
+        self._client_config = dict(config)
         self._topic = topic
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
 
-    def catch_up(self, idle_s: float = 1.0, timeout_s: float = 300.0) -> Iterator[tuple[
-            bytes | None, bytes | None]]:
-        """Yield (key, value) of every committed record not yet read, up to the end."""
+    def catch_up(self, timeout_s: float = 300.0) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """Yield (key, value) of every committed record up to the log's end as of now.
+
+        The end is the high watermark, not the last stable offset: a transaction still open
+        is waited for (until it commits or aborts, at most transaction.timeout.ms), so that
+        no mark written before this call is missed. Control markers are passed over.
+        """
         consumer = self._assigned()
         ends = self._high_watermarks(consumer)
         deadline = time.monotonic() + timeout_s
-        last_record = time.monotonic()
         while not self._reached(consumer, ends):
-            # Transaction markers hold offsets no record has; when nothing arrives for
-            # `idle_s`, everything visible to read_committed has been read.
-            if time.monotonic() - last_record > idle_s:
-                return
             if time.monotonic() > deadline:
-                raise DeliveryError(f"reading the changelog {self._topic} took over "
-                                    f"{timeout_s:.0f}s; is the broker overloaded?")
+                raise DeliveryError(f"reading the dedup changelog {self._topic} to its end took "
+                                    f"over {timeout_s:.0f}s; is a transaction stuck open?")
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
                 if message.error():
                     continue
-                last_record = time.monotonic()
                 yield message.key(), message.value()
 
     def close(self) -> None:
@@ -77,13 +88,19 @@ class ChangelogReader:
         return self._consumer
 
     def _high_watermarks(self, consumer: Consumer) -> dict[int, int]:
-        ends = {}
-        for tp in consumer.assignment():
-            _, high = consumer.get_watermark_offsets(tp, timeout=30, cached=False)
-            ends[tp.partition] = high
-        return ends
+        # A read_committed consumer's watermarks stop at the last stable offset, which an open
+        # transaction holds back: ask for the log end as read_uncommitted sees it.
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config)
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        wanted = {TopicPartition(self._topic, tp.partition): latest
+                  for tp in consumer.assignment()}
+        futures = self._admin.list_offsets(wanted,
+                                           isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                           request_timeout=30)
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
 
     def _reached(self, consumer: Consumer, ends: dict[int, int]) -> bool:
         positions = consumer.position([TopicPartition(self._topic, p) for p in ends])
-        return all((tp.offset >= 0 and tp.offset >= ends[tp.partition]) or ends[tp.partition] == 0
+        return all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition]
                    for tp in positions)

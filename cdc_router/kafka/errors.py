@@ -28,6 +28,17 @@ _FENCED = frozenset({
 })
 
 
+# Delivery errors that no retry can fix: the broker refuses the record itself. A refusal may hit
+# a whole produce request, so the records it names are only suspects until one fails alone.
+RECORD_REFUSED = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError.POLICY_VIOLATION,
+})
+# Reports of records the producer dropped itself when their transaction was aborted.
+PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
 def kafka_error_of(error: BaseException) -> KafkaError | None:
     """The KafkaError inside a KafkaException, or None for anything else."""
     if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):

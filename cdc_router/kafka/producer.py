@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import describe
+from cdc_router.kafka.errors import PURGED, RECORD_REFUSED, describe
 
 Headers = list[tuple[str, bytes]]
 Source = tuple[str, int, int]  # the input record a produced record came from
@@ -23,6 +23,11 @@ class LatchingProducer:
         self._error: KafkaError | None = None
         self._error_topic: str | None = None
         self._error_source: Source | None = None
+        # Reports of an aborted transaction arrive late: each carries the generation it was
+        # produced in, and only the current generation's count.
+        self._generation = 0
+        self._refused: dict[Source, str] = {}
+        self._own_refused: str | None = None
 
     @property
     def client(self) -> Producer:
@@ -31,19 +36,36 @@ class LatchingProducer:
             self._producer = Producer(self._config)
         return self._producer
 
-    def _latch(self, error: KafkaError, message: Message, source: Source | None) -> None:
+    def _latch(self, error: KafkaError, message: Message, source: Source | None,
+               generation: int) -> None:
+        if generation != self._generation or error.code() in PURGED:
+            return
+        if error.code() in RECORD_REFUSED:
+            reason = f"Kafka refused the record for {message.topic()}: {describe(error)}"
+            if source is None:
+                self._own_refused = reason  # a dead letter or changelog mark: ours to fix
+            else:
+                self._refused[source] = reason
         if self._error is None:
             self._error, self._error_topic, self._error_source = error, message.topic(), source
+
+    def take_refused(self) -> tuple[dict[Source, str], str | None]:
+        """The input records whose output the broker refused, and a refusal of our own."""
+        self.client.poll(0)  # serve the delivery reports that have arrived
+        refused, own = self._refused, self._own_refused
+        self._refused, self._own_refused = {}, None
+        return refused, own
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: Headers, partition: int | None = None,
                 timestamp_ms: int | None = None, source: Source | None = None) -> None:
         """Queue one record; waits for room when librdkafka's queue is full."""
         self.raise_latched()
+        generation = self._generation
 
         def on_delivery(error: KafkaError | None, message: Message) -> None:
             if error is not None:
-                self._latch(error, message, source)
+                self._latch(error, message, source, generation)
 
         kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
                                   "on_delivery": on_delivery}
@@ -75,6 +97,7 @@ class LatchingProducer:
 
     def clear_latched(self) -> None:
         """Forget a latched error once its transaction has been aborted."""
+        self._generation += 1
         self._error = None
         self._error_topic = None
         self._error_source = None

@@ -9,13 +9,17 @@ import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from cdc_router.config_file import load_config
 from cdc_router.partitioner import java_default_partition
+from cdc_router.router import OutboxRouter
+from cdc_router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import apply_topics, pipeline
 from tests.integration.support import StackEndpoints
@@ -175,6 +179,10 @@ def test_two_instances_share_the_raw_partitions_and_sigterm_commits_and_exits_0(
     with pipeline(stack, tmp_path, partitions=2, raw_partitions=2) as pipe:
         pipe.start_router("a")
         pipe.start_router("b")
+        deadline = time.monotonic() + 60
+        while not all("event=assigned" in pipe.router_log(i) for i in "ab"):
+            assert time.monotonic() < deadline, "the two instances never both got partitions"
+            time.sleep(0.2)
         ids = pipe.insert(_orders(3_000, 30))
         first = pipe.read(pipe.orders_topic, 3_000)
         exit_code = pipe.kill_router("b", signal.SIGTERM)  # b's partitions move to a
@@ -189,3 +197,76 @@ def test_two_instances_share_the_raw_partitions_and_sigterm_commits_and_exits_0(
     assert "event=assigned" in log_a and "event=assigned" in log_b
     assert len(settled) == 5_000
     assert Counter(r.key().decode() for r in records) == Counter(ids + more)
+
+
+def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_flows(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        resource = ConfigResource(ConfigResource.Type.TOPIC, pipe.orders_topic,
+                                  incremental_configs=[ConfigEntry(
+                                      "max.message.bytes", "200000",
+                                      incremental_operation=AlterConfigOpType.SET)])
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=30)
+        pipe.start_router()
+        rows = _orders(3_000, 20)
+        rows.insert(1_500, ("Order", "order-big", "OrderPaid", {"blob": "x" * 300_000}))
+        ids = pipe.insert(rows)
+        big = ids[1_500]
+        letters = pipe.read(pipe.dlq_topic, 1, timeout_s=120)
+        records = pipe.read(pipe.orders_topic, 3_000)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=3)
+        more_letters = pipe.read_all(pipe.dlq_topic, settle_s=2)
+    assert len(settled) == 3_000
+    assert Counter(r.key().decode() for r in records) == Counter(set(ids) - {big})
+    assert len(more_letters) == 1
+    headers = dict(letters[0].headers())
+    assert headers["dlq.stage"] == b"produce"
+    assert headers["dlq.event.id"].decode() == big
+    assert b"MSG_SIZE_TOO_LARGE" in headers["dlq.error.message"]
+
+
+def test_a_dead_letter_too_big_for_kafka_keeps_its_reason_without_the_value(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=1) as pipe:
+        producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                             "message.max.bytes": 2_000_000})
+        producer.produce(pipe.raw_topic, key=b"k", value=b"x" * 1_005_000)
+        assert producer.flush(30) == 0
+        pipe.start_router()
+        ids = pipe.insert(_orders(20, 2))
+        letters = pipe.read(pipe.dlq_topic, 1)
+        orders = pipe.read(pipe.orders_topic, 20)
+    assert len(letters) == 1
+    headers = dict(letters[0].headers())
+    assert letters[0].value() is None
+    assert headers["dlq.value.dropped.bytes"] == b"1005000"
+    assert headers["dlq.stage"] == b"decode"
+    assert sorted(r.key().decode() for r in orders) == sorted(ids)
+
+
+def test_an_unexpected_error_mid_batch_commits_nothing_and_loses_nothing(
+        stack: StackEndpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        ids = pipe.insert(_orders(50, 5))
+        assert len(pipe.read(pipe.raw_topic, 50)) == 50
+        config = load_config(pipe.config_path)
+        real_route = Router.route
+        calls = {"n": 0}
+
+        def route_failing_once(self: Router, event: Any, partitions_for: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 25:
+                raise RuntimeError("injected: a bug in a serializer")
+            return real_route(self, event, partitions_for)
+
+        monkeypatch.setattr(Router, "route", route_failing_once)
+        with pytest.raises(RuntimeError, match="injected"):
+            OutboxRouter(config, instance_id=f"{pipe.name}-inproc").run()
+        monkeypatch.setattr(Router, "route", real_route)
+        pipe.start_router()
+        records = pipe.read(pipe.orders_topic, 50)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=3)
+    assert len(settled) == 50
+    assert Counter(r.key().decode() for r in records) == Counter(ids)
