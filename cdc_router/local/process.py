@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from cdc_router.errors import StackError
 
@@ -57,7 +58,7 @@ def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None, cwd=cwd, user=user,
+            env=dict(env) if env is not None else None, cwd=cwd, **as_user(user),
             # Its own session: a Ctrl-C in the shell that ran `up` must not stop the stack.
             start_new_session=True,
         )
@@ -74,6 +75,14 @@ def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
             break
         time.sleep(0.005)
     return process.pid
+
+
+def as_user(user: str | None) -> dict[str, Any]:
+    """Popen arguments that run a child as `user` with that user's own group and no others:
+    keeping root's groups would make root-group directories deny it (group bits win)."""
+    if user is None:
+        return {}
+    return {"user": user, "group": user, "extra_groups": []}
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -186,6 +186,20 @@ def _pg_bin(name: str) -> str:
     return found
 
 
+def _let_postgres_reach(path: Path, uid: int, gid: int) -> None:
+    """Give the postgres user search (x) permission on the parents of its data, if it lacks it.
+
+    A checkout under /root (mode 700) would otherwise stop initdb; only search is granted,
+    never read, and only where needed.
+    """
+    for parent in reversed(path.parents):
+        info = parent.stat()
+        reachable = (info.st_mode & 0o001 or (info.st_uid == uid and info.st_mode & 0o100)
+                     or (info.st_gid == gid and info.st_mode & 0o010))
+        if not reachable:
+            os.chmod(parent, info.st_mode | 0o001)
+
+
 def _start_postgres(config: StackConfig) -> int:
     user, uid, gid = _postgres_user()
     base = config.part_dir("postgres")
@@ -193,6 +207,8 @@ def _start_postgres(config: StackConfig) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         if uid is not None and gid is not None:
             os.chown(directory, uid, gid)
+    if uid is not None and gid is not None:
+        _let_postgres_reach(base, uid, gid)
     data = config.postgres_data
     log = config.log_path("postgres")
     if not (data / "PG_VERSION").exists():
@@ -203,7 +219,7 @@ def _start_postgres(config: StackConfig) -> int:
         result = subprocess.run(
             [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--locale=C",
              "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"],
-            capture_output=True, text=True, user=user, check=False, cwd=base)
+            capture_output=True, text=True, check=False, cwd=base, **process.as_user(user))
         pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise StackError(f"initdb failed for {data}: {result.stderr.strip()[-500:]}"
