@@ -78,12 +78,13 @@ def test_kill_9_of_kafka_then_up_brings_back_its_topics_and_data(private_home: P
 def test_up_fails_naming_a_port_another_process_holds(private_home: Path,
                                                       tmp_path: Path) -> None:
     with socket.socket() as squatter:
+        # An ephemeral port (32768 and up), so it never equals the fixed ones below it.
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
         result = _cli("up", "--home", str(tmp_path / "other"), "--kafka-port", str(port),
-                      "--postgres-port", "35432", "--kafka-controller-port", "39093",
-                      "--connect-port", "38083")
+                      "--postgres-port", "21432", "--kafka-controller-port", "21093",
+                      "--connect-port", "21083")
     assert result.returncode == 1
     assert f"port {port} (kafka)" in result.stderr
     assert "Traceback" not in result.stderr
