@@ -89,7 +89,7 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     say(f"redelivered the {topic} record {redeliveries} more times")
     args = fulfillment.parse_args([
         "--bootstrap", config.kafka.bootstrap_servers, "--dsn", dsn, "--topic", topic,
-        "--group", f"demo-fulfillment-{uuid.uuid4().hex[:6]}",
+        "--group", "demo-fulfillment",  # offsets persist: each run sees only its own copies
         "--dead-letter-topic", config.dead_letter.topic])
     consumer = fulfillment.build(args)
     thread = threading.Thread(target=consumer.run, name="fulfillment", daemon=True)
