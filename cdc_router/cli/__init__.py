@@ -17,6 +17,7 @@ COMMAND_MODULES: dict[str, str] = {
     "connectors": "cdc_router.cli.connectors",
     "dedup": "cdc_router.cli.consumer",
     "demo": "cdc_router.cli.demo",
+    "dlq": "cdc_router.cli.dlq",
     "local": "cdc_router.cli.local",
     "outbox": "cdc_router.cli.outbox",
     "run": "cdc_router.cli.run",

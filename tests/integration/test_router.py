@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -141,6 +143,12 @@ def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_pa
         ids = pipe.insert(_orders(10, 2))
         letters = pipe.read(pipe.dlq_topic, 3)
         orders = pipe.read(pipe.orders_topic, 10)
+        listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
+                                 str(pipe.config_path), "-o", "json"], capture_output=True,
+                                text=True, check=True)
+    shown = json.loads(listed.stdout)
+    assert [entry["stage"] for entry in shown] == ["decode"] * 3
+    assert all(entry["source"].startswith(pipe.raw_topic) and entry["reason"] for entry in shown)
     assert sorted(letter.value() for letter in letters) == sorted(
         [b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe"])
     assert {dict(letter.headers())["dlq.stage"] for letter in letters} == {b"decode"}
