@@ -161,7 +161,9 @@ class OutboxRouter:
         """
         self._router.preflight()
         if self._exactly_once:
-            self._call(lambda: self._producer.init_transactions(_INIT_TIMEOUT_S), "init")
+            # One try: its timeout already covers waiting out a predecessor's transaction.
+            self._call(lambda: self._producer.init_transactions(_INIT_TIMEOUT_S), "init",
+                       backoffs=())
         consumer = Consumer(self._consumer_config)
         self._consumer = consumer
         consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
@@ -435,9 +437,10 @@ class OutboxRouter:
             else:
                 self._suspects[source] = reason
 
-    def _call(self, step: Callable[[], None], name: str) -> None:
+    def _call(self, step: Callable[[], None], name: str,
+              backoffs: tuple[float, ...] = _RETRY_BACKOFF_S) -> None:
         """Run a transactional call, retrying retriable errors; abortable ones propagate."""
-        for attempt, backoff in enumerate((*_RETRY_BACKOFF_S, None)):
+        for attempt, backoff in enumerate((*backoffs, None)):
             try:
                 step()
                 return
@@ -449,8 +452,14 @@ class OutboxRouter:
                 if action is Action.FATAL:
                     raise FatalKafkaError(f"Kafka transaction step {name!r} failed for good: "
                                           f"{describe(kafka_error)}") from failure
-                if action is Action.ABORT or backoff is None:
+                if action is Action.ABORT:
                     raise
+                if backoff is None:
+                    raise DeliveryError(
+                        f"Kafka transaction step {name!r} still fails after {attempt + 1} "
+                        f"tries: {describe(kafka_error)}; is the cluster at "
+                        f"{self._config.kafka.bootstrap_servers} reachable?",
+                        kafka_error=kafka_error) from failure
                 log.info("event=retry step=%s attempt=%d error=%s", name, attempt + 1,
                          describe(kafka_error))
                 time.sleep(backoff)

@@ -10,9 +10,11 @@ from pathlib import Path
 from types import FrameType
 
 import click
+from confluent_kafka import KafkaException
 
 from cdc_router.cleanup import OutboxCleaner
 from cdc_router.config_file import load_config
+from cdc_router.errors import DeliveryError
 from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router import OutboxRouter
 
@@ -53,5 +55,8 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     cleaner.start()
     try:
         router.run()
+    except KafkaException as failure:
+        # The last net at the edge: whatever Kafka error got this far is one line, not a trace.
+        raise DeliveryError(f"the router stopped on a Kafka error: {failure}") from failure
     finally:
         cleaner.stop()
