@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
+from cdc_router.outbox import table_identifier
 from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 
@@ -37,11 +38,6 @@ MAX_PENDING_IDS = 2_000_000
 LOG_EVERY_S = 30.0  # a summary line, not one per batch
 _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
 _MAX_BACKOFF_S = 30.0
-
-
-def _table(qualified: str) -> sql.Identifier:
-    parts = qualified.split(".")
-    return sql.Identifier(*parts)
 
 
 class OutboxCleaner:
@@ -166,8 +162,8 @@ class OutboxCleaner:
             return False
         conn = self._connection()
         query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
-            _table(self._settings.table), sql.Identifier(self._id_column),
-            sql.SQL(self._id_type(conn)))
+            table_identifier(self._settings.table, "cleanup.table"),
+            sql.Identifier(self._id_column), sql.SQL(self._id_type(conn)))
         deleted = conn.execute(query, (batch,)).rowcount
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
@@ -244,7 +240,7 @@ def outbox_stats(conn: psycopg.Connection[Any], table: str, created_at_column: s
     query = sql.SQL(
         "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
         "pg_total_relation_size(%s::regclass) FROM {table}").format(
-        created=sql.Identifier(created_at_column), table=_table(table))
+        created=sql.Identifier(created_at_column), table=table_identifier(table))
     row = conn.execute(query, (table,)).fetchone()
     assert row is not None
     rows, age, size = row
@@ -261,13 +257,13 @@ def purge(conn: psycopg.Connection[Any], table: str, created_at_column: str, old
     cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
     if dry_run:
         query = sql.SQL("SELECT count(*) FROM {table} WHERE {created} < {cutoff}").format(
-            table=_table(table), created=created, cutoff=cutoff)
+            table=table_identifier(table), created=created, cutoff=cutoff)
         row = conn.execute(query, (older_than_ms,)).fetchone()
         return int(row[0]) if row else 0
     chunk = sql.SQL(
         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
         "WHERE {created} < {cutoff} ORDER BY {created} LIMIT %s))").format(
-        table=_table(table), created=created, cutoff=cutoff)
+        table=table_identifier(table), created=created, cutoff=cutoff)
     total = 0
     while True:
         # One short transaction per chunk: row locks are held for one chunk only.

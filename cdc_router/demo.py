@@ -13,6 +13,7 @@ import psycopg
 from confluent_kafka import Consumer, Message, Producer
 
 from cdc_router.errors import CdcRouterError
+from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import write_event
 from cdc_router.router import OutboxRouter
 from cdc_router.settings import RouterConfig
@@ -64,9 +65,7 @@ def run_demo(config: RouterConfig, dsn: str, say: Say) -> list[Message]:
         router.stop()
         thread.join(timeout=30)
     for record in records:
-        raw_headers = record.headers() or []
-        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
-        headers = ", ".join(f"{name}={_text(value)}" for name, value in pairs)
+        headers = ", ".join(f"{name}={_text(value)}" for name, value in record_headers(record))
         say(f"routed {record.topic()}[{record.partition()}]@{record.offset()}")
         say(f"       key     {_text(record.key())}")
         say(f"       headers {headers}")

@@ -56,6 +56,11 @@ def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
     return _check_identifier(schema, what), _check_identifier(table, what)
 
 
+def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
+    """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
+    return sql.Identifier(*split_table(qualified, what))
+
+
 # Default column name → OutboxSchema field, for renaming columns by the names people know.
 COLUMN_FIELDS: Mapping[str, str] = {
     "id": "id_column", "aggregatetype": "aggregate_type_column",
@@ -88,7 +93,7 @@ class OutboxSchema:
 
     @property
     def identifier(self) -> sql.Identifier:
-        return sql.Identifier(*split_table(self.table))
+        return table_identifier(self.table)
 
     def with_columns(self, renames: Mapping[str, str]) -> OutboxSchema:
         """A copy with columns renamed by their default names: {"aggregatetype": "kind"}."""
@@ -160,7 +165,7 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     """
     outbox_schema, _ = split_table(schema.table)
     heartbeat_schema, _ = split_table(setup.heartbeat_table, "heartbeat_table")
-    heartbeat = sql.Identifier(*split_table(setup.heartbeat_table, "heartbeat_table"))
+    heartbeat = table_identifier(setup.heartbeat_table, "heartbeat_table")
     quoted_outbox = schema.identifier.as_string(None)
     quoted_heartbeat = heartbeat.as_string(None)
     steps = [Step(f"schema {name}", sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(

@@ -28,7 +28,7 @@ from cdc_router.errors import (
     RouteError,
     SerializeError,
 )
-from cdc_router.kafka.consumer import ChangelogReader, rewind_to_committed
+from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
 from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer, Source
 from cdc_router.metrics import RouterMetrics
@@ -296,10 +296,7 @@ class OutboxRouter:
 
     def _dead_letter(self, message: Message, stage: Stage, error: BaseException,
                      event_id: str | None = None) -> None:
-        raw_headers = message.headers() or []
-        headers = [(name, value if isinstance(value, bytes) else (value or "").encode())
-                   for name, value in (raw_headers.items() if isinstance(raw_headers, dict)
-                                       else raw_headers)]
+        headers = record_headers(message)
         value = message.value()
         size = len(message.key() or b"") + len(value or b"") + sum(
             len(name) + len(header) for name, header in headers)

@@ -22,6 +22,7 @@ from cdc_router.dead_letter import (
     SOURCE_TOPIC,
     STAGE,
 )
+from cdc_router.kafka.consumer import record_headers
 
 # Stop once nothing new has arrived for this long: the topic has been read to its end.
 _IDLE_S = 3.0
@@ -53,10 +54,8 @@ def list_letters(config_path: Path, limit: int, output: str) -> None:
             if message is None or message.error():
                 continue
             last = time.monotonic()
-            raw = message.headers() or []
-            pairs = raw.items() if isinstance(raw, dict) else raw
-            headers = {name: (value.decode(errors="replace") if isinstance(value, bytes)
-                              else str(value)) for name, value in pairs}
+            headers = {name: value.decode(errors="replace")
+                       for name, value in record_headers(message)}
             letters.append({
                 "offset": message.offset(), "stage": headers.get(STAGE),
                 "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]"

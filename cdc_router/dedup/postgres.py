@@ -28,6 +28,7 @@ from psycopg import sql
 
 from cdc_router.dedup.store import DedupKey, DedupStoreError, Outcome
 from cdc_router.errors import ConfigError
+from cdc_router.outbox import table_identifier
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,6 @@ def _one_line(error: BaseException) -> str:
     """psycopg errors span lines (LINE 1: ..., a caret); a user sees the first one."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
-
-
-def _table_identifier(table: str) -> sql.Identifier:
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(parts):
-        raise ConfigError("must be `table` or `schema.table`", source="PostgresDedupStore",
-                          field="table", value=table)
-    return sql.Identifier(*parts)
 
 
 class PostgresDedupStore:
@@ -60,7 +53,7 @@ class PostgresDedupStore:
     def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
                  connect_timeout_s: int = 10) -> None:
         self._conninfo = conninfo
-        self._table = _table_identifier(table)
+        self._table = table_identifier(table)
         self._table_name = table
         # Bounds how long a store call hangs on an unreachable server before it becomes a
         # retryable DedupStoreError.

@@ -32,6 +32,7 @@ from psycopg import sql
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
+from cdc_router.outbox import table_identifier
 
 log = logging.getLogger("fulfillment")
 
@@ -48,10 +49,6 @@ def decode_payment(raw: bytes | None) -> dict[str, Any]:
     return payload
 
 
-def _table(name: str) -> sql.Identifier:
-    return sql.Identifier(*name.split("."))
-
-
 def create_shipments_table(dsn: str, table: str) -> None:
     """The effect table. No unique constraint on event_id on purpose: dedup is the store's job."""
     # Another replica may create it at the same moment: IF NOT EXISTS is not atomic.
@@ -60,7 +57,7 @@ def create_shipments_table(dsn: str, table: str) -> None:
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
             " event_id text NOT NULL, amount text,"
-            " shipped_at timestamptz NOT NULL DEFAULT now())").format(_table(table)))
+            " shipped_at timestamptz NOT NULL DEFAULT now())").format(table_identifier(table)))
 
 
 class Fulfillment:
@@ -70,7 +67,7 @@ class Fulfillment:
                  rng: random.Random | None = None) -> None:
         self._insert = sql.SQL(
             "INSERT INTO {} (order_id, event_id, amount) VALUES (%s, %s, %s)").format(
-                _table(table))
+                table_identifier(table))
         self._fail_after_write = fail_after_write
         self._rng = rng or random.Random()
 

@@ -12,11 +12,20 @@ from confluent_kafka import (
     Consumer,
     IsolationLevel,
     KafkaException,
+    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError
+
+
+def record_headers(message: Message) -> list[tuple[str, bytes]]:
+    """A consumed record's headers as (name, bytes) pairs; a null header value is b''."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(name, value if isinstance(value, bytes) else (value or "").encode())
+            for name, value in pairs]
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

@@ -22,8 +22,10 @@ from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.support import (
-    POSTGRES_CONNECTOR,
     StackEndpoints,
+    create_outbox_table,
+    debezium_config,
+    drop_outbox_table,
     drop_slot,
     read_topic,
     unique,
@@ -136,31 +138,13 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
                     dlq_topic=f"{dashed}-dlq", changelog_topic=f"{dashed}-dedup",
                     config_path=workdir / "router.yaml")
     pipe.config_path.write_text(yaml.safe_dump(_config(pipe, partitions, config or {})))
-    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"""CREATE TABLE public.{name} (
-            id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
-            type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
-            created_at timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'utc'))""")
-        conn.execute(f"CREATE PUBLICATION {name} FOR TABLE public.{name} "
-                     "WITH (publish = 'insert')")
+    create_outbox_table(stack.postgres_dsn, name)
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     # One raw partition keeps the commit order; the router spreads events by aggregate.
     for future in admin.create_topics([NewTopic(pipe.raw_topic, raw_partitions, 1)]).values():
         future.result(timeout=30)
     apply_topics(pipe)
-    params = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
-    connector_config = {
-        "connector.class": POSTGRES_CONNECTOR,
-        "database.hostname": "127.0.0.1", "database.port": str(params["port"]),
-        "database.user": str(params["user"]), "database.password": str(params["password"]),
-        "database.dbname": str(params["dbname"]), "topic.prefix": dashed,
-        "plugin.name": "pgoutput", "slot.name": name, "publication.name": name,
-        "publication.autocreate.mode": "disabled", "table.include.list": f"public.{name}",
-        "snapshot.mode": "no_data", "tombstones.on.delete": "false",
-        # Logical decoding messages (another connector's heartbeats) are database-wide.
-        "message.prefix.exclude.list": ".*",
-        **(connector or {}),
-    }
+    connector_config = debezium_config(stack, name=name, prefix=dashed, **(connector or {}))
     connect = connect_url or stack.connect_url
     reply = httpx.put(f"{connect}/connectors/{dashed}/config", json=connector_config, timeout=30)
     assert reply.status_code in (200, 201), reply.text
@@ -174,9 +158,7 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
         httpx.delete(f"{connect}/connectors/{dashed}", timeout=30)
         time.sleep(1)
         drop_slot(stack.postgres_dsn, name)
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {name}")
-            conn.execute(f"DROP TABLE IF EXISTS public.{name}")
+        drop_outbox_table(stack.postgres_dsn, name)
         topics = [pipe.raw_topic, pipe.orders_topic, pipe.events_topic, pipe.dlq_topic,
                   pipe.changelog_topic]
         for future in admin.delete_topics(topics).values():

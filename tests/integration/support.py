@@ -103,3 +103,39 @@ def read_topic(bootstrap: str, topic: str, count: int, timeout_s: float = 60,
     finally:
         consumer.close()
     return records
+
+
+def create_outbox_table(dsn: str, name: str) -> None:
+    """An outbox table `public.<name>` and its insert-only publication `<name>`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"""CREATE TABLE public.{name} (
+            id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+            type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
+            created_at timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'utc'))""")
+        conn.execute(f"CREATE PUBLICATION {name} FOR TABLE public.{name} "
+                     "WITH (publish = 'insert')")
+
+
+def drop_outbox_table(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP PUBLICATION IF EXISTS {name}")
+        conn.execute(f"DROP TABLE IF EXISTS public.{name}")
+
+
+def debezium_config(stack: StackEndpoints, *, name: str, prefix: str,
+                    **extra: str) -> dict[str, str]:
+    """A Debezium connector capturing `public.<name>` (slot and publication `<name>`) into
+    `<prefix>.public.<name>`, as the superuser of the test stack."""
+    params = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
+    return {
+        "connector.class": POSTGRES_CONNECTOR,
+        "database.hostname": "127.0.0.1", "database.port": str(params["port"]),
+        "database.user": str(params["user"]), "database.password": str(params["password"]),
+        "database.dbname": str(params["dbname"]), "topic.prefix": prefix,
+        "plugin.name": "pgoutput", "slot.name": name, "publication.name": name,
+        "publication.autocreate.mode": "disabled", "table.include.list": f"public.{name}",
+        "snapshot.mode": "no_data", "tombstones.on.delete": "false",
+        # Logical decoding messages (another connector's heartbeats) are database-wide.
+        "message.prefix.exclude.list": ".*",
+        **extra,
+    }
