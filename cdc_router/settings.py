@@ -314,6 +314,24 @@ class DeliverySettings(_Model):
     commit_max_records: PositiveInt = 1000
     transactional_id: str = Field(default="cdc-router", min_length=1)
     max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
+    # The producer's transaction.timeout.ms: how long a crashed instance's open transaction
+    # blocks read_committed readers. Kafka's own default; the broker caps it at its
+    # transaction.max.timeout.ms (15 minutes by default).
+    transaction_timeout_ms: PositiveInt = 60_000
+    # A record's Kafka timestamp: the row's created_at, or the router's clock. A broker refuses
+    # a timestamp outside message.timestamp.{before,after}.max.ms (after: 1 hour by default);
+    # with created_at such a row is dead-lettered with that reason, with now it is delivered.
+    record_timestamp: Literal["created_at", "now"] = "created_at"
+
+    @model_validator(mode="after")
+    def _commit_well_inside_transaction(self) -> DeliverySettings:
+        # A batch must commit long before the broker aborts its transaction: a tenth leaves
+        # room for the flush, the offsets and a slow broker.
+        if self.commit_interval_ms * 10 > self.transaction_timeout_ms:
+            raise _fail("commit_interval_ms", f"must be at most a tenth of "
+                        f"transaction_timeout_ms ({self.transaction_timeout_ms})",
+                        self.commit_interval_ms)
+        return self
 
 
 class DeadLetterSettings(_Model):
