@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from cdc_router.debezium import OutboxEvent, Skipped
 from cdc_router.errors import ConfigError, RouteError
 from cdc_router.partitioner import java_default_partition
+from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
 
 if TYPE_CHECKING:
     from cdc_router.serde import Serializer
@@ -30,6 +31,9 @@ CONTRACT_HEADERS = frozenset({"id", "type", "aggregatetype", "aggregateid"})
 CLOUDEVENTS_HEADERS = frozenset(
     {"ce_id", "ce_type", "ce_source", "ce_time", "ce_specversion", "content-type"}
 )
+# 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z, the ends of what RFC 3339 can write.
+_RFC3339_START_MS = -62_135_596_800_000
+_RFC3339_END_MS = 253_402_300_800_000
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _REGEX_PREFIX = "re:"
 _GLOB_CHARS = frozenset("*?[")
@@ -264,6 +268,9 @@ class Router:
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] is missing or null in the row")
+        if not utf8_encodable(value):
+            raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
+                             f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
 
 
@@ -300,19 +307,43 @@ def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ..
         if name in reserved:
             raise RouteError(f"event {show(event.event_id)}: row header {name!r} would shadow "
                              "a header the router writes; rename it in the headers column")
+        if not name.isascii() and not utf8_encodable(name):
+            raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
+                             f"column, {show(name)}, holds {LONE_SURROGATE}")
         headers.append((name, value))
     headers.extend(rule.headers.items())
     if rule.cloudevents:
         headers += [("ce_specversion", "1.0"), ("ce_id", event.event_id),
                     ("ce_type", event.type), ("ce_source", rule.ce_source or "")]
         if event.created_at_ms is not None:
-            headers.append(("ce_time", rfc3339(event.created_at_ms)))
+            headers.append(("ce_time", _ce_time(event, event.created_at_ms)))
         content_type = "application/json" if event.payload_is_json else "application/octet-stream"
         headers.append(("content-type", content_type))
-    return tuple((name, value.encode()) for name, value in headers)
+    try:
+        return tuple((name, value.encode()) for name, value in headers)
+    except UnicodeEncodeError:  # a row header's value: the others are checked text
+        name = next(name for name, value in headers if not utf8_encodable(value))
+        raise RouteError(f"event {show(event.event_id)}: header {show(name)} holds "
+                         f"{LONE_SURROGATE}; fix the row's headers column") from None
+
+
+def _ce_time(event: OutboxEvent, created_at_ms: int) -> str:
+    try:
+        return rfc3339(created_at_ms)
+    except ValueError as error:
+        raise RouteError(f"event {show(event.event_id)}: created_at cannot be CloudEvents' "
+                         f"ce_time: {error}") from None
 
 
 def rfc3339(epoch_ms: int) -> str:
-    """Epoch milliseconds as RFC 3339 UTC with milliseconds: 2024-05-01T10:11:12.123Z."""
+    """Epoch milliseconds as RFC 3339 UTC with milliseconds: 2024-05-01T10:11:12.123Z.
+
+    ValueError outside the years 1 to 9999: RFC 3339 writes a year with 4 digits.
+    """
+    if epoch_ms >= _RFC3339_END_MS:
+        raise ValueError(f"{epoch_ms} ms since 1970 is after year 9999, and RFC 3339 "
+                         "writes 4-digit years")
+    if epoch_ms < _RFC3339_START_MS:
+        raise ValueError(f"{epoch_ms} ms since 1970 is before year 1")
     moment = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{epoch_ms % 1000:03d}Z"
+    return f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{epoch_ms % 1000:03d}Z"

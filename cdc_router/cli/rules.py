@@ -109,9 +109,19 @@ def _read_record(path: Path, topic: str | None,
 def _event(event: OutboxEvent) -> dict[str, Any]:
     return {"id": event.event_id, "op": event.op, "aggregate_type": event.aggregate_type,
             "aggregate_id": event.aggregate_id, "type": event.type,
-            "created_at": rfc3339(event.created_at_ms) if event.created_at_ms else None,
+            "created_at": _moment(event.created_at_ms),
             "headers": dict(event.headers), "payload_bytes": len(event.payload),
             "payload_is_json": event.payload_is_json, "lsn": event.lsn, "tx_id": event.tx_id}
+
+
+def _moment(epoch_ms: int | None) -> str | None:
+    """created_at as RFC 3339, or as milliseconds where RFC 3339 has no year for it."""
+    if epoch_ms is None:
+        return None
+    try:
+        return rfc3339(epoch_ms)
+    except ValueError:
+        return f"{epoch_ms} ms since 1970"
 
 
 def _record(record: OutboundRecord) -> dict[str, Any]:
