@@ -17,6 +17,7 @@ from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
+from cdc_router.topic_names import template_warnings
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
 
@@ -42,20 +43,25 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
           source_topic: str | None, output: str) -> None:
     """Validate router.yaml (with CDC_ROUTER__ overrides) and summarise it.
 
+    Warns about templated routes that can name a topic the router consumes, or any topic.
+
     With --explain, also show for each event how it decodes, which route takes it and the
     record it would produce. Exits 1 when the config is invalid or an event would go to the
     dead-letter topic.
     """
     config = load_config(config_path, env=os.environ)
     router = Router(config)
+    warnings = template_warnings(config)
     explained = [explain_event(path, config, router, partitions, source_topic)
                  for path in events]
     if output == "json":
-        click.echo(json.dumps({"file": str(config_path), "valid": True,
+        click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
                                "config": _public(config), "events": explained}, indent=2,
                               ensure_ascii=False))
     else:
         click.echo(_summary(config_path, config))
+        for warning in warnings:
+            click.echo(f"warning: {warning}")
         for result in explained:
             click.echo("")
             click.echo(_describe(result))
@@ -187,7 +193,10 @@ def _summary(path: Path, config: RouterConfig) -> str:
               f"dedup      {dedup_text}",
               f"cleanup    {config.cleanup.mode}",
               f"topics     {', '.join(spec.name for spec in config.topic_specs())} "
-              "(created by `cdc-router topics apply`)"]
+              "(created by `cdc-router topics apply`)",
+              f"protected  {', '.join(config.protected_topics)}, __*, the source and the "
+              "router's own topics",
+              f"allowed    {', '.join(config.allowed_topics or ['any name not protected'])}"]
     return "\n".join(lines)
 
 

@@ -28,9 +28,9 @@ from fastavro.validation import ValidationError, validate
 from fastavro.validation import _validate as validate_parsed  # takes the named types we hold
 
 from cdc_router.errors import ConfigError, SerializeError, show
-from cdc_router.routing import parse_topic_template
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
+from cdc_router.topic_names import parse_topic_template
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
