@@ -237,9 +237,11 @@ def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
     if kind == "json":
         # A column already expanded into JSON (e.g. by an SMT): keep it as compact JSON text.
         text = value if isinstance(value, str) else _json(value)
-        if not utf8_encodable(text):
-            raise DecodeError(f"{where}: payload column {column!r} holds {LONE_SURROGATE}")
-        return text.encode("utf-8"), True
+        try:
+            return text.encode("utf-8"), True
+        except UnicodeEncodeError:
+            raise DecodeError(f"{where}: payload column {column!r} holds "
+                              f"{LONE_SURROGATE}") from None
     if not isinstance(value, str):
         raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
                           f"{settings.binary_handling} string, got {_kind(value)}")

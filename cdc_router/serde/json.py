@@ -23,16 +23,16 @@ if TYPE_CHECKING:
 # stack, and Postgres jsonb accepts thousands; event payloads rarely pass 20 levels, and some
 # consumers' parsers stop far earlier (Rust's serde_json at 128).
 MAX_JSON_DEPTH = 256
-# A string, skipped when measuring depth: brackets inside it do not nest.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# Measuring depth keeps only what nests: brackets, and the quotes that delimit strings.
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_QUOTED = re.compile(rb'"[^"]*"')
+_DEPTH_STEP = [0] * 256
+_DEPTH_STEP[ord("[")] = _DEPTH_STEP[ord("{")] = 1
+_DEPTH_STEP[ord("]")] = _DEPTH_STEP[ord("}")] = -1
 # The escaped form of a UTF-16 surrogate (\uD800 to \uDFFF): the only way JSON text that is
 # valid UTF-8 can carry one. A match only means "look closer": it may be a paired surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
-
 
 # What a text with a lone surrogate holds, for reasons: "... holds " + LONE_SURROGATE.
 LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), which UTF-8 "
@@ -68,15 +68,16 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
 
 def _deeper_than(text: str | bytes, limit: int) -> bool:
     # Fewer brackets than the limit cannot nest deeper: two C-speed counts for most values.
-    if isinstance(text, bytes):
-        if text.count(b"[") + text.count(b"{") <= limit:
+    if isinstance(text, str):
+        if text.count("[") + text.count("{") <= limit:
             return False
-        text = _STRING_BYTES.sub(b"", text).decode("latin-1")  # only ASCII brackets matter
-    elif text.count("[") + text.count("{") <= limit:
+        text = text.encode("utf-8", "surrogatepass")
+    elif text.count(b"[") + text.count(b"{") <= limit:
         return False
-    else:
-        text = _STRING.sub("", text)
-    brackets = _NOT_BRACKET.sub("", text)
+    # Brackets inside strings do not nest. Escaped backslashes go first, then escaped quotes,
+    # so that the quotes left delimit strings; then all but brackets and quotes; then strings.
+    skeleton = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    brackets = _QUOTED.sub(b"", skeleton)
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
 
 
@@ -94,8 +95,9 @@ def lone_surrogate(text: str | bytes, parsed: Any) -> str | None:
     cannot encode a lone surrogate, so Avro, Kafka headers and strict JSON parsers refuse it.
     Cheap unless `text` has a surrogate escape.
     """
-    pattern = _SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE
-    if pattern.search(text) is None:  # type: ignore[arg-type]
+    escaped = (_SURROGATE_ESCAPE_BYTES.search(text) if isinstance(text, bytes)
+               else _SURROGATE_ESCAPE.search(text))
+    if escaped is None:
         return None
     return _surrogate_path(parsed, "")
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdc_router.cli import main
 from cdc_router.debezium import OutboxEvent, decode
@@ -106,6 +108,31 @@ def test_depth_limit_is_exact_and_ignores_brackets_inside_strings() -> None:
     brackets_in_text = json.dumps({"note": "[" * 5000, "quote\"[": ["]" * 10]})
     assert parse_json(brackets_in_text)["note"] == "[" * 5000
     assert parse_json(brackets_in_text.encode())["quote\"["] == ["]" * 10]
+
+
+def _depth(value: Any) -> int:
+    children = value.values() if isinstance(value, dict) else value
+    if not isinstance(value, dict | list):
+        return 0
+    return 1 + max(map(_depth, children), default=0)
+
+
+_TRICKY_TEXT = st.text(alphabet='[]{}"\\ ab\u00e9', max_size=6)
+_JSON_VALUES = st.recursive(st.none() | st.integers() | _TRICKY_TEXT, lambda inner: st.lists(
+    inner, max_size=3) | st.dictionaries(_TRICKY_TEXT, inner, max_size=3), max_leaves=40)
+
+
+@given(_JSON_VALUES, st.booleans())
+def test_measured_depth_is_the_real_depth(value: Any, ascii_only: bool) -> None:
+    # Brackets, quotes and backslashes inside strings must not count: the cases that a
+    # scan of the raw text gets wrong.
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    depth = _depth(value)
+    parse_json(text, max_depth=depth)
+    parse_json(text.encode(), max_depth=depth)
+    if depth:
+        with pytest.raises(JsonTooDeep):
+            parse_json(text.encode(), max_depth=depth - 1)
 
 
 def test_consumer_side_decoder_refuses_deep_json() -> None:
