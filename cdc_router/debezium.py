@@ -161,7 +161,7 @@ def _not_a_change(envelope: dict[str, Any]) -> Skipped:
         return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
     if set(envelope) == {"ts_ms"}:
         return Skipped(HEARTBEAT)
-    keys = ", ".join(sorted(map(str, envelope))[:8])
+    keys = ", ".join(show(key, 40) for key in sorted(map(str, envelope))[:8])
     raise DecodeError(f"not a Debezium change event: no 'op' field (keys: {keys})")
 
 

@@ -287,9 +287,14 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
         if extra is not None:
             path, record = extra
             name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
-            return (f"field '{record}.{name}' is not in the schema (payload key {path}; "
-                    "extra_fields: reject)")
+            return (f"field '{record}.{_plain(name)}' is not in the schema (payload key "
+                    f"{_plain(path)}; extra_fields: reject)")
     return None
+
+
+def _plain(text: str, limit: int = 60) -> str:
+    """A payload key as is, or escaped and cut when it would break the one-line reason."""
+    return text if text.isprintable() and len(text) <= limit else show(text, limit)
 
 
 def _describe(error: ValidationError) -> str:

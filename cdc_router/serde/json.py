@@ -150,5 +150,5 @@ class JsonSerializer:
 
 def surrogate_message(event: OutboxEvent, topic: str, where: str) -> str:
     """The reason for a payload with a lone surrogate at `where` (a lone_surrogate path)."""
-    return (f"event {show(event.event_id)}: payload field {where!r} for {topic!r} holds "
+    return (f"event {show(event.event_id)}: payload field {show(where)} for {topic!r} holds "
             f"{LONE_SURROGATE}; fix the text in the outbox row")

@@ -238,3 +238,29 @@ def test_explain_shows_a_year_12000_event_without_crashing() -> None:
                                        str(FIXTURES / "hostile_year_12000.schema.json")])
     assert result.exit_code == 0, result.output
     assert "created_at 316516204800000 ms since 1970" in result.output
+
+
+# --- reasons stay one line whatever the row holds ---------------------------------------------
+
+def test_an_unknown_payload_key_with_a_line_break_is_escaped_in_the_reason(
+        tmp_path: Path) -> None:
+    schema = tmp_path / "payment.avsc"
+    schema.write_text(json.dumps(PAYMENT_SCHEMA))
+    payload = {"orderId": 42, "amount": "19.99", "currency": "EUR", "note": "n",
+               "X-Injected:\r\n" + "k" * 300: 1}
+    hostile = OutboxEvent(**{**event("create_json.noschema").__dict__,
+                             "payload": json.dumps(payload).encode()})
+    with pytest.raises(SerializeError, match=r"is not in the schema \(payload key "
+                                             r"'X-Injected:\\r\\nkkk") as caught:
+        route(hostile, format="avro", schema=str(schema))
+    one_line(caught.value)
+
+
+def test_an_envelope_without_op_names_its_keys_escaped() -> None:
+    value = {"ts_ms": 1, "evil\nkey\ud800": 2}
+    with pytest.raises(DecodeError, match=r"no 'op' field \(keys: 'evil\\nkey\\ud800', "
+                                          r"'ts_ms'\)") as caught:
+        decode(None, json.dumps(value).encode(), topic="t",
+               settings=SourceSettings(topics=["t"]))
+    one_line(caught.value)
+    str(caught.value).encode("utf-8")  # a dead letter's reason header is UTF-8
