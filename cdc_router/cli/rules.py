@@ -16,6 +16,7 @@ from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.serde.json import parse_json
 from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 from cdc_router.topic_names import template_warnings
 
@@ -101,9 +102,9 @@ def _read_record(path: Path, topic: str | None,
     """(topic, key, value) from a captured {topic, key, value} file or a raw value file."""
     data = path.read_bytes()
     try:
-        parsed = json.loads(data)
-    except ValueError:
-        return topic or default_topic, None, data  # not JSON: decode will say why
+        parsed = parse_json(data, max_depth=sys.getrecursionlimit() // 2)
+    except (ValueError, UnicodeDecodeError):
+        return topic or default_topic, None, data  # not JSON (or too deep): decode says why
     if isinstance(parsed, dict) and {"topic", "value"} <= parsed.keys() and "op" not in parsed:
         def encoded(part: Any) -> bytes | None:
             return None if part is None else json.dumps(part).encode()

@@ -232,12 +232,23 @@ def test_rfc3339_covers_years_1_to_9999_with_four_digits() -> None:
             rfc3339(outside)
 
 
+EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
+
+
 def test_explain_shows_a_year_12000_event_without_crashing() -> None:
-    config = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
-    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), "--explain",
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(EXAMPLE), "--explain",
                                        str(FIXTURES / "hostile_year_12000.schema.json")])
     assert result.exit_code == 0, result.output
     assert "created_at 316516204800000 ms since 1970" in result.output
+
+
+def test_explain_a_deep_event_file_is_a_decode_dead_letter(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"op": "c", "after": ' + "[" * 5000 + "]" * 5000 + "}")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(EXAMPLE), "--explain",
+                                       str(deep)])
+    assert result.exit_code == 1, result.output
+    assert "(stage decode): the value is JSON nested deeper than 259 levels" in result.output
 
 
 # --- reasons stay one line whatever the row holds ---------------------------------------------
