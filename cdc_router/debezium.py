@@ -10,11 +10,19 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from cdc_router.errors import DecodeError
+from cdc_router.errors import DecodeError, show
+from cdc_router.serde.json import (
+    LONE_SURROGATE,
+    MAX_JSON_DEPTH,
+    JsonTooDeep,
+    parse_json,
+    utf8_encodable,
+)
 
 if TYPE_CHECKING:
     from cdc_router.settings import SourceSettings
@@ -36,6 +44,12 @@ _NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
 # Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
 _MICROS_THRESHOLD = 10**14
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Levels a column value sits below the record value's top: {schema, payload} > after > column.
+_ENVELOPE_LEVELS = 3
+# Java's ISO formatter writes years past 9999 with a sign ("+12000-01-01T00:00:00Z"), and
+# years before 1 as negative; Python's datetime holds years 1 to 9999 only.
+_EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
+_INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,7 @@ def decode(key: bytes | None, value: bytes | None, *, topic: str,
     if op == "r" and not settings.snapshot_rows:
         return Skipped(SNAPSHOT_DISABLED)
     if op not in ("c", "r"):
-        raise DecodeError(f"unknown Debezium op {_show(op)}; expected c, r, u, d, t or m")
+        raise DecodeError(f"unknown Debezium op {show(op)}; expected c, r, u, d, t or m")
     row = envelope.get("after")
     if not isinstance(row, dict):
         raise DecodeError(f"op {op!r} event has no 'after' row (got {_kind(row)})")
@@ -126,7 +140,11 @@ def _parse_json(value: bytes) -> Any:
         raise DecodeError(f"the value is not UTF-8 (byte {error.start}); the router reads "
                           "Kafka Connect's JsonConverter output") from None
     try:
-        return json.loads(text)
+        # A column may hold MAX_JSON_DEPTH levels of its own, below the envelope's.
+        return parse_json(text, max_depth=MAX_JSON_DEPTH + _ENVELOPE_LEVELS)
+    except JsonTooDeep as error:
+        raise DecodeError(f"the value is JSON {error}: a column holds more than "
+                          f"{MAX_JSON_DEPTH} (MAX_JSON_DEPTH)") from None
     except json.JSONDecodeError as error:
         raise DecodeError(f"malformed JSON at line {error.lineno}, column {error.colno}: "
                           f"{error.msg}") from None
@@ -143,7 +161,7 @@ def _not_a_change(envelope: dict[str, Any]) -> Skipped:
         return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
     if set(envelope) == {"ts_ms"}:
         return Skipped(HEARTBEAT)
-    keys = ", ".join(sorted(map(str, envelope))[:8])
+    keys = ", ".join(show(key, 40) for key in sorted(map(str, envelope))[:8])
     raise DecodeError(f"not a Debezium change event: no 'op' field (keys: {keys})")
 
 
@@ -162,7 +180,7 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
                   columns: dict[str, dict[str, Any]], settings: SourceSettings) -> OutboxEvent:
     names = settings.outbox
     event_id = _text(row, names.id, "event id", None)
-    where = f"event {_show(event_id)}"
+    where = f"event {show(event_id)}"
     found = envelope.get("source")
     source: dict[str, Any] = found if isinstance(found, dict) else {}
     payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
@@ -199,6 +217,9 @@ def _text(row: dict[str, Any], column: str, what: str, where: str | None) -> str
     text = str(value)
     if not text:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")
+    if not text.isascii() and not utf8_encodable(text):
+        raise DecodeError(f"{prefix}column {column!r} ({what}) holds {LONE_SURROGATE}: "
+                          f"{show(text)}")
     return text
 
 
@@ -214,10 +235,13 @@ def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
     if kind == "auto":
         kind = "bytes" if schema is not None and schema.get("type") == "bytes" else "json"
     if kind == "json":
-        if isinstance(value, str):
-            return value.encode("utf-8"), True
         # A column already expanded into JSON (e.g. by an SMT): keep it as compact JSON text.
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode(), True
+        text = value if isinstance(value, str) else _json(value)
+        try:
+            return text.encode("utf-8"), True
+        except UnicodeEncodeError:
+            raise DecodeError(f"{where}: payload column {column!r} holds "
+                              f"{LONE_SURROGATE}") from None
     if not isinstance(value, str):
         raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
                           f"{settings.binary_handling} string, got {_kind(value)}")
@@ -238,7 +262,10 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
         return ()
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = parse_json(raw)
+        except JsonTooDeep as error:
+            raise DecodeError(f"{where}: headers column {column!r} is JSON {error} "
+                              "(MAX_JSON_DEPTH); headers are a flat object of strings") from None
         except json.JSONDecodeError as error:
             raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
                               f"{error.msg} at column {error.colno}") from None
@@ -257,24 +284,35 @@ def _created_at(row: dict[str, Any], column: str | None,
         return None
     name = (columns.get(column or "") or {}).get("name")
     if isinstance(value, int) and not isinstance(value, bool):
-        if name == _MICROS_SCHEMA:
-            return value // 1000
-        if name == _NANOS_SCHEMA:
-            return value // 1_000_000
-        if name in _MILLIS_SCHEMAS:
-            return value
-        return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
+        millis = _epoch_millis(value, name)
+        if not -_INT64 <= millis < _INT64:
+            raise DecodeError(f"{where}: created_at column {column!r} is {value}, beyond any "
+                              "Kafka timestamp (64-bit milliseconds)")
+        return millis
     if isinstance(value, str):
+        if _EXPANDED_YEAR.match(value):
+            raise DecodeError(f"{where}: created_at column {column!r} is {show(value)}, "
+                              "outside the years 1 to 9999 the router can represent")
         try:
             moment = datetime.fromisoformat(value)
+            return (moment.replace(tzinfo=moment.tzinfo or UTC)  # isostring `timestamp`: UTC
+                    - _EPOCH) // timedelta(milliseconds=1)
         except ValueError:
             raise DecodeError(f"{where}: created_at column {column!r} is not an ISO-8601 "
-                              f"timestamp: {_show(value)}") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)  # `timestamp` in isostring mode is UTC
-        return (moment - _EPOCH) // timedelta(milliseconds=1)
+                              f"timestamp: {show(value)}") from None
     raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
                       f"got {_kind(value)}")
+
+
+def _epoch_millis(value: int, schema_name: str | None) -> int:
+    """An integer timestamp of any of Debezium's encodings, in epoch milliseconds."""
+    if schema_name == _MICROS_SCHEMA:
+        return value // 1000
+    if schema_name == _NANOS_SCHEMA:
+        return value // 1_000_000
+    if schema_name in _MILLIS_SCHEMAS:
+        return value
+    return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
 
 
 def _optional_int(value: Any) -> int | None:
@@ -293,8 +331,3 @@ def _kind(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
              int: "a number", float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:79]}…"

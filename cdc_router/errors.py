@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def show(value: object, limit: int = 80) -> str:
+    """repr() of a value for a one-line message: escapes CR/LF, cuts long values."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
 class CdcRouterError(Exception):
     """Root of the project's errors: the CLI prints str(error) and exits 1."""
 

@@ -1,117 +1,36 @@
 """Pure routing: config rules + OutboxEvent -> OutboundRecord (topic, key, partition, headers).
 
-Also the rules every destination name obeys (Kafka's, plus never an internal or one of the
-router's own topics), topic templates and match patterns, which settings.py checks at load.
+Which names a rendered topic may take is topic_names.py's (TopicGuard); match patterns are
+patterns.py's.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
-import string
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from cdc_router.debezium import OutboxEvent, Skipped
-from cdc_router.errors import ConfigError, RouteError
+from cdc_router.errors import ConfigError, RouteError, show
 from cdc_router.partitioner import java_default_partition
+from cdc_router.patterns import compile_pattern
+from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
+from cdc_router.topic_names import TopicGuard, parse_topic_template, static_topic
 
 if TYPE_CHECKING:
     from cdc_router.serde import Serializer
     from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 
 UNMATCHED = "unmatched"  # Skipped.reason when no route matches and unmatched is 'skip'
-MAX_TOPIC_LENGTH = 249
-TOPIC_TEMPLATE_FIELDS = ("aggregate_type", "aggregate_id", "type", "id")
 # Headers the router writes itself; a route must not add a second header of the same name.
 CONTRACT_HEADERS = frozenset({"id", "type", "aggregatetype", "aggregateid"})
 CLOUDEVENTS_HEADERS = frozenset(
     {"ce_id", "ce_type", "ce_source", "ce_time", "ce_specversion", "content-type"}
 )
-_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
-_REGEX_PREFIX = "re:"
-_GLOB_CHARS = frozenset("*?[")
-
-
-def show(value: object, limit: int = 80) -> str:
-    """repr() of a value for a one-line message: escapes CR/LF, cuts long values."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 1]}…"
-
-
-def topic_name_problem(name: str, reserved: Collection[str] = (), *,
-                       internal_ok: bool = False) -> str | None:
-    """Why Kafka would refuse `name` as a destination topic, or None when it is fine.
-
-    Kafka's rules (legal characters, length, `.`/`..`), plus ours: never an internal topic
-    (any name starting with `__`, unless internal_ok), never one of `reserved` (the router's
-    own topics).
-    """
-    if not name:
-        return "a topic name cannot be empty"
-    if len(name) > MAX_TOPIC_LENGTH:
-        return f"a topic name has at most {MAX_TOPIC_LENGTH} characters, this one has {len(name)}"
-    if name in (".", ".."):
-        return f"{name!r} is not a legal topic name"
-    if not _LEGAL_TOPIC.fullmatch(name):
-        bad = "".join(sorted({ch for ch in name if not _LEGAL_TOPIC.fullmatch(ch)}))
-        return (f"illegal characters {show(bad)} in topic {show(name)}; Kafka allows only "
-                "ASCII letters, digits, '.', '_' and '-'")
-    if name.startswith("__") and not internal_ok:
-        return f"{show(name)} starts with '__', which marks Kafka's internal topics"
-    if name in reserved:
-        return (f"{name!r} is one of the router's own topics "
-                "(source, dead-letter or dedup changelog)")
-    return None
-
-
-def parse_topic_template(template: str) -> tuple[tuple[str, str | None], ...]:
-    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid.
-
-    Fields are plain `{name}`s from TOPIC_TEMPLATE_FIELDS: no conversions, format specs, indexes
-    or attributes (those would let a template reach into Python objects).
-    """
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as error:
-        raise ValueError(f"unbalanced braces in topic template: {error}") from None
-    pieces: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in parsed:
-        if literal:
-            problem = topic_name_problem(literal)
-            if problem and not literal.startswith("__") and literal not in (".", ".."):
-                raise ValueError(problem)
-        if field is None:
-            pieces.append((literal, None))
-            continue
-        if field not in TOPIC_TEMPLATE_FIELDS or spec or conversion:
-            allowed = ", ".join("{" + name + "}" for name in TOPIC_TEMPLATE_FIELDS)
-            shown = "{" + field + ("!" + conversion if conversion else "")
-            shown += (":" + spec if spec else "") + "}"
-            raise ValueError(f"unknown template field {shown}; the fields are {allowed}")
-        pieces.append((literal, field))
-    return tuple(pieces)
-
-
-def compile_pattern(pattern: str) -> Callable[[str], bool]:
-    """A predicate for one match pattern: `re:<regex>` (full match), a glob, or an exact value.
-
-    A pattern containing `*`, `?` or `[` is a glob (fnmatch, case-sensitive); one starting with
-    `re:` is a Python regular expression that must match the whole value; anything else must be
-    equal. Raises ValueError for a regex that does not compile.
-    """
-    if pattern.startswith(_REGEX_PREFIX):
-        try:
-            regex = re.compile(pattern[len(_REGEX_PREFIX):])
-        except re.error as error:
-            raise ValueError(f"invalid regular expression: {error}") from None
-        return lambda value: regex.fullmatch(value) is not None
-    if _GLOB_CHARS.intersection(pattern):
-        glob = re.compile(fnmatch.translate(pattern))
-        return lambda value: glob.match(value) is not None
-    return lambda value: value == pattern
+# 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z, the ends of what RFC 3339 can write.
+_RFC3339_START_MS = -62_135_596_800_000
+_RFC3339_END_MS = 253_402_300_800_000
 
 
 @dataclass(frozen=True)
@@ -170,7 +89,9 @@ class Router:
         self._rules = list(config.routes)
         self._matchers = [_Matcher(rule.match) for rule in self._rules]
         self._templates = [parse_topic_template(rule.topic) for rule in self._rules]
-        self._reserved = config.reserved_topics()
+        # A static topic was checked at load (settings.py); a rendered one is, per event.
+        self._static = [static_topic(pieces) for pieces in self._templates]
+        self._guard = TopicGuard.for_config(config)
         self._max_bytes = config.delivery.max_payload_bytes
         columns = config.source.outbox
         self._key_fields = [_key_field(rule.key, columns.model_dump(), index)
@@ -238,15 +159,20 @@ class Router:
                               event_id=event.event_id, route_index=index, format=rule.format)
 
     def topic_for(self, event: OutboxEvent, index: int) -> str:
-        """Render route `index`'s topic for `event`; RouteError when Kafka or we refuse it."""
+        """Render route `index`'s topic for `event`; RouteError when Kafka or TopicGuard
+        refuses the name."""
+        static = self._static[index]
+        if static is not None:
+            return static
         fields = {"aggregate_type": event.aggregate_type, "aggregate_id": event.aggregate_id,
                   "type": event.type, "id": event.event_id}
         topic = "".join(literal + (fields[field] if field else "")
                         for literal, field in self._templates[index])
-        problem = topic_name_problem(topic, self._reserved)
+        problem = self._guard.problem(topic)
         if problem:
             raise RouteError(f"event {show(event.event_id)}: routes[{index}] topic "
-                             f"{show(self._rules[index].topic)} gives a bad name: {problem}")
+                             f"{show(self._rules[index].topic)} gives a name it may not "
+                             f"write to: {problem}")
         return topic
 
     def _key(self, event: OutboxEvent, index: int) -> bytes:
@@ -264,6 +190,9 @@ class Router:
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] is missing or null in the row")
+        if not utf8_encodable(value):
+            raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
+                             f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
 
 
@@ -300,19 +229,43 @@ def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ..
         if name in reserved:
             raise RouteError(f"event {show(event.event_id)}: row header {name!r} would shadow "
                              "a header the router writes; rename it in the headers column")
+        if not name.isascii() and not utf8_encodable(name):
+            raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
+                             f"column, {show(name)}, holds {LONE_SURROGATE}")
         headers.append((name, value))
     headers.extend(rule.headers.items())
     if rule.cloudevents:
         headers += [("ce_specversion", "1.0"), ("ce_id", event.event_id),
                     ("ce_type", event.type), ("ce_source", rule.ce_source or "")]
         if event.created_at_ms is not None:
-            headers.append(("ce_time", rfc3339(event.created_at_ms)))
+            headers.append(("ce_time", _ce_time(event, event.created_at_ms)))
         content_type = "application/json" if event.payload_is_json else "application/octet-stream"
         headers.append(("content-type", content_type))
-    return tuple((name, value.encode()) for name, value in headers)
+    try:
+        return tuple((name, value.encode()) for name, value in headers)
+    except UnicodeEncodeError:  # a row header's value: the others are checked text
+        name = next(name for name, value in headers if not utf8_encodable(value))
+        raise RouteError(f"event {show(event.event_id)}: header {show(name)} holds "
+                         f"{LONE_SURROGATE}; fix the row's headers column") from None
+
+
+def _ce_time(event: OutboxEvent, created_at_ms: int) -> str:
+    try:
+        return rfc3339(created_at_ms)
+    except ValueError as error:
+        raise RouteError(f"event {show(event.event_id)}: created_at cannot be CloudEvents' "
+                         f"ce_time: {error}") from None
 
 
 def rfc3339(epoch_ms: int) -> str:
-    """Epoch milliseconds as RFC 3339 UTC with milliseconds: 2024-05-01T10:11:12.123Z."""
+    """Epoch milliseconds as RFC 3339 UTC with milliseconds: 2024-05-01T10:11:12.123Z.
+
+    ValueError outside the years 1 to 9999: RFC 3339 writes a year with 4 digits.
+    """
+    if epoch_ms >= _RFC3339_END_MS:
+        raise ValueError(f"{epoch_ms} ms since 1970 is after year 9999, and RFC 3339 "
+                         "writes 4-digit years")
+    if epoch_ms < _RFC3339_START_MS:
+        raise ValueError(f"{epoch_ms} ms since 1970 is before year 1")
     moment = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{epoch_ms % 1000:03d}Z"
+    return f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{epoch_ms % 1000:03d}Z"

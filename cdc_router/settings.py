@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -25,11 +26,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from cdc_router.routing import (
-    CLOUDEVENTS_HEADERS,
-    CONTRACT_HEADERS,
-    compile_pattern,
+from cdc_router.patterns import compile_pattern
+from cdc_router.routing import CLOUDEVENTS_HEADERS, CONTRACT_HEADERS
+from cdc_router.topic_names import (
+    DEFAULT_PROTECTED_TOPICS,
+    TopicGuard,
     parse_topic_template,
+    source_regex,
+    static_topic,
     topic_name_problem,
 )
 
@@ -55,8 +59,16 @@ def _stringify(value: Any) -> Any:
     return out
 
 
+def _topic_pattern(pattern: str) -> str:
+    if not pattern:
+        raise ValueError("a topic pattern cannot be empty")
+    compile_pattern(pattern)
+    return pattern
+
+
 StringMap = Annotated[dict[str, str], BeforeValidator(_stringify)]
 Patterns = str | list[str]
+TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or re:regex
 
 
 class _Model(BaseModel):
@@ -146,8 +158,10 @@ class SourceSettings(_Model):
     def _legal_topics(cls, topics: list[str]) -> list[str]:
         for topic in topics:
             # librdkafka subscribes to every topic matching a name that starts with '^'.
-            problem = None if topic.startswith("^") else topic_name_problem(
-                topic, internal_ok=True)
+            if topic.startswith("^"):
+                source_regex(topic)
+                continue
+            problem = topic_name_problem(topic, internal_ok=True)
             if problem:
                 raise ValueError(problem)
         if len(set(topics)) != len(topics):
@@ -206,8 +220,7 @@ class RouteRule(_Model):
     @field_validator("topic")
     @classmethod
     def _valid_template(cls, topic: str) -> str:
-        pieces = parse_topic_template(topic)
-        if all(field is None for _, field in pieces):
+        if static_topic(parse_topic_template(topic)) is not None:
             problem = topic_name_problem(topic)
             if problem:
                 raise ValueError(problem)
@@ -417,12 +430,14 @@ class RouterConfig(_Model):
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
     topics: list[TopicSpec] = Field(default_factory=list)
-
-    def reserved_topics(self) -> frozenset[str]:
-        """Topics no route may write to: the sources, the dead-letter topic, the changelog."""
-        names = {self.dead_letter.topic, self.dedup.changelog_topic}
-        names.update(topic for topic in self.source.topics if not topic.startswith("^"))
-        return frozenset(names)
+    # Topics no route may write to, besides `__*`, the sources and the router's own topics
+    # (topic_names.py): Kafka Connect's and the schema registry's by default. Setting the list
+    # replaces the defaults: name your Connect cluster's *.storage.topic settings here.
+    protected_topics: list[TopicPattern] = Field(
+        default_factory=lambda: list(DEFAULT_PROTECTED_TOPICS))
+    # When set, a templated route may write only to names matching one of these, and a static
+    # route topic must match one at load. None: any name TopicGuard does not refuse.
+    allowed_topics: list[TopicPattern] | None = Field(default=None, min_length=1)
 
     def topic_specs(self) -> list[TopicSpec]:
         """Every topic the config names for creation: declared ones, dead-letter, changelog."""
@@ -452,21 +467,28 @@ class RouterConfig(_Model):
         if len(own) < 2:
             raise _fail("dedup.changelog_topic", "must differ from dead_letter.topic",
                         self.dedup.changelog_topic)
+        guard = TopicGuard.for_config(self)
         for name, field in own.items():
-            if name in self.source.topics:
-                raise _fail(field, "must differ from the source topics", name)
+            source = guard.source_of(name)
+            if source is not None:
+                raise _fail(field, f"must differ from the source topics ({source!r} consumes "
+                            "it, so the router would read its own output)", name)
             problem = topic_name_problem(name)
             if problem:
                 raise _fail(field, problem, name)
-        reserved = self.reserved_topics()
         for index, route in enumerate(self.routes):
-            problem = None
-            if all(field is None for _, field in parse_topic_template(route.topic)):
-                problem = topic_name_problem(route.topic, reserved)
+            topic = static_topic(parse_topic_template(route.topic))
+            problem = guard.problem(topic) if topic is not None else None
             if problem:
                 raise _fail(f"routes[{index}].topic", problem, route.topic)
+        configured = {*own, *guard.source_names}
         for index, spec in enumerate(self.topics):
-            if spec.name in reserved:
+            if spec.name in configured:
                 raise _fail(f"topics[{index}].name", "this topic is configured elsewhere "
                             "(source, dead_letter or dedup); declare it there", spec.name)
+            protector = guard.protected_by(spec.name)
+            if protector is not None:
+                raise _fail(f"topics[{index}].name", f"protected by protected_topics entry "
+                            f"{protector!r}: topics apply must not create or alter it",
+                            spec.name)
         return self

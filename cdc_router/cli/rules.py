@@ -16,7 +16,9 @@ from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.serde.json import parse_json
 from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
+from cdc_router.topic_names import template_warnings
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
 
@@ -42,20 +44,25 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
           source_topic: str | None, output: str) -> None:
     """Validate router.yaml (with CDC_ROUTER__ overrides) and summarise it.
 
+    Warns about templated routes that can name a topic the router consumes, or any topic.
+
     With --explain, also show for each event how it decodes, which route takes it and the
     record it would produce. Exits 1 when the config is invalid or an event would go to the
     dead-letter topic.
     """
     config = load_config(config_path, env=os.environ)
     router = Router(config)
+    warnings = template_warnings(config)
     explained = [explain_event(path, config, router, partitions, source_topic)
                  for path in events]
     if output == "json":
-        click.echo(json.dumps({"file": str(config_path), "valid": True,
+        click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
                                "config": _public(config), "events": explained}, indent=2,
                               ensure_ascii=False))
     else:
         click.echo(_summary(config_path, config))
+        for warning in warnings:
+            click.echo(f"warning: {warning}")
         for result in explained:
             click.echo("")
             click.echo(_describe(result))
@@ -95,9 +102,9 @@ def _read_record(path: Path, topic: str | None,
     """(topic, key, value) from a captured {topic, key, value} file or a raw value file."""
     data = path.read_bytes()
     try:
-        parsed = json.loads(data)
-    except ValueError:
-        return topic or default_topic, None, data  # not JSON: decode will say why
+        parsed = parse_json(data, max_depth=sys.getrecursionlimit() // 2)
+    except (ValueError, UnicodeDecodeError):
+        return topic or default_topic, None, data  # not JSON (or too deep): decode says why
     if isinstance(parsed, dict) and {"topic", "value"} <= parsed.keys() and "op" not in parsed:
         def encoded(part: Any) -> bytes | None:
             return None if part is None else json.dumps(part).encode()
@@ -109,9 +116,19 @@ def _read_record(path: Path, topic: str | None,
 def _event(event: OutboxEvent) -> dict[str, Any]:
     return {"id": event.event_id, "op": event.op, "aggregate_type": event.aggregate_type,
             "aggregate_id": event.aggregate_id, "type": event.type,
-            "created_at": rfc3339(event.created_at_ms) if event.created_at_ms else None,
+            "created_at": _moment(event.created_at_ms),
             "headers": dict(event.headers), "payload_bytes": len(event.payload),
             "payload_is_json": event.payload_is_json, "lsn": event.lsn, "tx_id": event.tx_id}
+
+
+def _moment(epoch_ms: int | None) -> str | None:
+    """created_at as RFC 3339, or as milliseconds where RFC 3339 has no year for it."""
+    if epoch_ms is None:
+        return None
+    try:
+        return rfc3339(epoch_ms)
+    except ValueError:
+        return f"{epoch_ms} ms since 1970"
 
 
 def _record(record: OutboundRecord) -> dict[str, Any]:
@@ -177,7 +194,10 @@ def _summary(path: Path, config: RouterConfig) -> str:
               f"dedup      {dedup_text}",
               f"cleanup    {config.cleanup.mode}",
               f"topics     {', '.join(spec.name for spec in config.topic_specs())} "
-              "(created by `cdc-router topics apply`)"]
+              "(created by `cdc-router topics apply`)",
+              f"protected  {', '.join(config.protected_topics)}, __*, the source and the "
+              "router's own topics",
+              f"allowed    {', '.join(config.allowed_topics or ['any name not protected'])}"]
     return "\n".join(lines)
 
 

@@ -27,9 +27,10 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.validation import ValidationError, validate
 from fastavro.validation import _validate as validate_parsed  # takes the named types we hold
 
-from cdc_router.errors import ConfigError, SerializeError
-from cdc_router.routing import parse_topic_template, show
+from cdc_router.errors import ConfigError, SerializeError, show
+from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
+from cdc_router.topic_names import parse_topic_template
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -216,10 +217,13 @@ class AvroSerializer:
                                  f"{show(event.type)} on {topic!r} (the route lists {listed}; "
                                  f"'{ANY_TYPE}' takes any other type)")
         try:
-            datum = json.loads(event.payload)
+            datum = parse_json(event.payload)
         except (ValueError, UnicodeDecodeError) as error:
-            raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} is not "
-                                 f"valid JSON: {error}") from None
+            raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} "
+                                 f"{json_problem(error)}") from None
+        where = lone_surrogate(event.payload, datum)  # fastavro's UTF-8 encoding would fail
+        if where is not None:
+            raise SerializeError(surrogate_message(event, topic, where))
         problem = payload_problem(datum, schema, rule.extra_fields)
         if problem is not None:
             raise SerializeError(f"event {show(event.event_id)}: payload does not fit Avro "
@@ -283,9 +287,14 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
         if extra is not None:
             path, record = extra
             name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
-            return (f"field '{record}.{name}' is not in the schema (payload key {path}; "
-                    "extra_fields: reject)")
+            return (f"field '{record}.{_plain(name)}' is not in the schema (payload key "
+                    f"{_plain(path)}; extra_fields: reject)")
     return None
+
+
+def _plain(text: str, limit: int = 60) -> str:
+    """A payload key as is, or escaped and cut when it would break the one-line reason."""
+    return text if text.isprintable() and len(text) <= limit else show(text, limit)
 
 
 def _describe(error: ValidationError) -> str:

@@ -16,7 +16,6 @@ With a reader schema, Avro schema resolution turns the writer's data into the re
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from cdc_router.serde.avro import (
     load_schema,
     parse_schema_text,
 )
+from cdc_router.serde.json import parse_json
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class PayloadDecoder:
         encoding = encoding_of(value)
         if encoding == "json":
             try:
-                return Decoded(json.loads(value), "json")
+                return Decoded(parse_json(value), "json")
             except (ValueError, UnicodeDecodeError) as error:
                 raise PayloadDecodeError(f"neither Avro (no 0x00 or 0xC3 0x01 header) nor JSON: "
                                          f"{error}") from None

@@ -1,15 +1,49 @@
-"""JSON: the payload goes out as the bytes the row holds, once checked to be JSON."""
+"""JSON: parsing with bounded nesting, and the JSON route format (the payload passed through).
+
+Every place that parses JSON from a record (the change event, the headers column, a payload)
+goes through `parse_json`, so a hostile row fails with one readable reason instead of a
+RecursionError or a UnicodeEncodeError further down.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, NoReturn
+import re
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from cdc_router.errors import SerializeError
+from cdc_router.errors import SerializeError, show
 
 if TYPE_CHECKING:
     from cdc_router.debezium import OutboxEvent
     from cdc_router.settings import RouteRule
+
+# Deepest nesting of objects and arrays accepted in a payload or headers column. Python's parser
+# recurses once per level and stops near 1,000 (sys.getrecursionlimit()) minus the caller's
+# stack, and Postgres jsonb accepts thousands; event payloads rarely pass 20 levels, and some
+# consumers' parsers stop far earlier (Rust's serde_json at 128).
+MAX_JSON_DEPTH = 256
+# Measuring depth keeps only what nests: brackets, and the quotes that delimit strings.
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_QUOTED = re.compile(rb'"[^"]*"')
+_DEPTH_STEP = [0] * 256
+_DEPTH_STEP[ord("[")] = _DEPTH_STEP[ord("{")] = 1
+_DEPTH_STEP[ord("]")] = _DEPTH_STEP[ord("}")] = -1
+# The escaped form of a UTF-16 surrogate (\uD800 to \uDFFF): the only way JSON text that is
+# valid UTF-8 can carry one. A match only means "look closer": it may be a paired surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+
+# What a text with a lone surrogate holds, for reasons: "... holds " + LONE_SURROGATE.
+LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), which UTF-8 "
+                  "cannot encode")
+
+
+class JsonTooDeep(ValueError):
+    """JSON text nested deeper than the limit; str() is the reason."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"nested deeper than {limit} levels")
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -17,15 +51,104 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
+def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
+               strict: bool = False) -> Any:
+    """json.loads, refusing nesting deeper than `max_depth` levels (JsonTooDeep).
+
+    Raises ValueError (json.JSONDecodeError for malformed text, JsonTooDeep) or
+    UnicodeDecodeError (bytes that are not UTF-8). `strict` also refuses NaN and Infinity.
+    """
+    if _deeper_than(text, max_depth):
+        raise JsonTooDeep(max_depth)
+    try:
+        return json.loads(text, parse_constant=_reject_constant if strict else None)
+    except RecursionError:  # only when the caller's own stack is already deep
+        raise JsonTooDeep(max_depth) from None
+
+
+def _deeper_than(text: str | bytes, limit: int) -> bool:
+    # Fewer brackets than the limit cannot nest deeper: two C-speed counts for most values.
+    if isinstance(text, str):
+        if text.count("[") + text.count("{") <= limit:
+            return False
+        text = text.encode("utf-8", "surrogatepass")
+    elif text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    # Brackets inside strings do not nest. Escaped backslashes go first, then escaped quotes,
+    # so that the quotes left delimit strings; then all but brackets and quotes; then strings.
+    skeleton = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    brackets = _QUOTED.sub(b"", skeleton)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
+
+
+def json_problem(error: ValueError | UnicodeDecodeError) -> str:
+    """Why parse_json refused a text, to follow its noun: 'is not valid JSON: ...'."""
+    if isinstance(error, JsonTooDeep):
+        return f"is JSON {error} (MAX_JSON_DEPTH)"
+    return f"is not valid JSON: {error}"
+
+
+def lone_surrogate(text: str | bytes, parsed: Any) -> str | None:
+    """Where `parsed` (the value of JSON `text`) holds a lone surrogate, or None.
+
+    The answer is a path like `items[2].name` (or `(the payload)`, `key of items[2]`): UTF-8
+    cannot encode a lone surrogate, so Avro, Kafka headers and strict JSON parsers refuse it.
+    Cheap unless `text` has a surrogate escape.
+    """
+    escaped = (_SURROGATE_ESCAPE_BYTES.search(text) if isinstance(text, bytes)
+               else _SURROGATE_ESCAPE.search(text))
+    if escaped is None:
+        return None
+    return _surrogate_path(parsed, "")
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        return None if utf8_encodable(value) else (path or "(the value)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if not utf8_encodable(key):
+                return f"a key in {path or '(the value)'}"
+            found = _surrogate_path(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _surrogate_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def utf8_encodable(text: str) -> bool:
+    """False when `text` holds a lone surrogate, the one thing UTF-8 cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class JsonSerializer:
     """Passes the payload through unchanged: JSON text checked to parse, or bytea as is."""
 
     def serialize(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
-        """The payload bytes; SerializeError when a JSON payload does not parse as JSON."""
+        """The payload bytes; SerializeError when a JSON payload is not JSON every consumer
+        reads: malformed, NaN, nested deeper than MAX_JSON_DEPTH, or a lone surrogate."""
         if event.payload_is_json:
             try:
-                json.loads(event.payload, parse_constant=_reject_constant)
+                parsed = parse_json(event.payload, strict=True)
             except (ValueError, UnicodeDecodeError) as error:
-                raise SerializeError(f"event {event.event_id!r}: payload for {topic!r} is not "
-                                     f"valid JSON: {error}") from None
+                raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} "
+                                     f"{json_problem(error)}") from None
+            where = lone_surrogate(event.payload, parsed)
+            if where is not None:
+                raise SerializeError(surrogate_message(event, topic, where))
         return event.payload
+
+
+def surrogate_message(event: OutboxEvent, topic: str, where: str) -> str:
+    """The reason for a payload with a lone surrogate at `where` (a lone_surrogate path)."""
+    return (f"event {show(event.event_id)}: payload field {show(where)} for {topic!r} holds "
+            f"{LONE_SURROGATE}; fix the text in the outbox row")

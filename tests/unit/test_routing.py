@@ -188,6 +188,70 @@ def test_template_cannot_reach_the_routers_own_topics(aggregate_type: str) -> No
         rt.route(event, lambda t: 1)
 
 
+def refused(rt: Router, aggregate_type: str) -> str:
+    """The reason `rt` refuses the event whose aggregate type renders the topic."""
+    with pytest.raises(RouteError) as caught:
+        rt.route(replace(ORDER, aggregate_type=aggregate_type), lambda t: 1)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"event {ORDER.event_id!r}: routes[0]")
+    return message
+
+
+@pytest.mark.parametrize("name", ["connect-configs", "connect-offsets", "connect-status",
+                                  "_schemas"])
+def test_kafka_connect_and_registry_topics_are_protected_by_default(name: str) -> None:
+    assert f"{name!r} is protected by protected_topics entry {name!r}" in refused(
+        router({"topic": "{aggregate_type}"}), name)
+
+
+@pytest.mark.parametrize("name", ["__consumer_offsets", "__transaction_state",
+                                  "__debezium-heartbeat.outbox"])
+def test_internal_topics_are_refused(name: str) -> None:
+    assert "starts with '__', which marks Kafka's internal topics" in refused(
+        router({"topic": "{aggregate_type}"}), name)
+
+
+def test_protected_topics_replace_the_defaults_and_take_globs() -> None:
+    rt = router({"topic": "{aggregate_type}"}, protected_topics=["prod-connect-*", "re:_.*"])
+    assert "protected by protected_topics entry 'prod-connect-*'" in refused(
+        rt, "prod-connect-offsets")
+    assert "protected by protected_topics entry 're:_.*'" in refused(rt, "_schemas")
+    assert record(rt, ORDER, 1).topic == "Order"
+    assert record(rt, replace(ORDER, aggregate_type="connect-offsets"), 1).topic == \
+        "connect-offsets"  # not this cluster's Connect topic any more
+    assert "starts with '__'" in refused(rt, "__consumer_offsets")  # always
+    assert "one of the router's own topics" in refused(rt, SOURCE)  # always
+
+
+@pytest.mark.parametrize("name", [SOURCE, "outbox.other.outbox", "outbox.x"])
+def test_a_regex_source_protects_every_name_it_subscribes_to(name: str) -> None:
+    rt = Router(RouterConfig.model_validate({"source": {"topics": [r"^outbox\..*"]},
+                                             "routes": [{"topic": "{aggregate_type}"}]}))
+    assert (f"{name!r} matches source pattern '^outbox\\\\..*', that is one of the router's "
+            "own topics (source.topics): it would consume its own output") in refused(rt, name)
+    assert record(rt, replace(ORDER, aggregate_type="outboxes")).topic == "outboxes"
+
+
+def test_dead_letter_and_changelog_are_refused_naming_the_setting() -> None:
+    rt = router({"topic": "{aggregate_type}"}, dead_letter={"topic": "dlq"},
+                dedup={"changelog_topic": "seen"})
+    assert "'dlq' is one of the router's own topics (its dead-letter topic, dead_letter.topic)" \
+        in refused(rt, "dlq")
+    assert "(its dedup changelog, dedup.changelog_topic)" in refused(rt, "seen")
+
+
+def test_allowed_topics_limit_templated_routes() -> None:
+    rt = router({"topic": "events.{aggregate_type}"},
+                allowed_topics=["events.Order*", "re:events\\.(Payment|Invoice)"])
+    assert record(rt, ORDER).topic == "events.Order"
+    assert record(rt, PAYMENT).topic == "events.Payment"
+    assert ("'events.Shipment' matches none of allowed_topics ('events.Order*', "
+            "'re:events\\\\.(Payment|Invoice)'); add a pattern for it there, or change the "
+            "route's topic") in refused(rt, "Shipment")
+    protected = router({"topic": "{aggregate_type}"}, allowed_topics=["*"])
+    assert "is protected" in refused(protected, "connect-status")  # allowed never overrides
+
+
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
@@ -202,7 +266,8 @@ def test_no_aggregate_type_yields_an_illegal_topic(aggregate_type: str) -> None:
     assert isinstance(result, OutboundRecord)
     assert _LEGAL.fullmatch(result.topic) and result.topic not in (".", "..")
     assert not result.topic.startswith("__")
-    assert result.topic not in {SOURCE, "cdc-router.dlq", "cdc-router.dedup"}
+    assert result.topic not in {SOURCE, "cdc-router.dlq", "cdc-router.dedup", "connect-configs",
+                                "connect-offsets", "connect-status", "_schemas"}
 
 
 def test_payload_over_the_limit_is_a_route_error() -> None:

@@ -236,3 +236,101 @@ def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
     assert result.output.strip().splitlines() == [
         f"error: {path}: field 'delivery.guarantee': Input should be 'exactly_once' or "
         "'at_least_once' (got 'maybe'); see cdc_router/examples/router.yaml"]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # A static route topic is checked once, at load: every rule the router applies per event.
+    ("source: {topics: [outbox.public.outbox]}\nroutes: [{topic: connect-offsets}]\n",
+     "field 'routes[0].topic': 'connect-offsets' is protected by protected_topics entry "
+     "'connect-offsets' (by default Kafka Connect's storage topics and _schemas)"),
+    ("source: {topics: [outbox.public.outbox]}\nroutes: [{topic: _schemas}]\n",
+     "field 'routes[0].topic': '_schemas' is protected"),
+    ("source: {topics: ['^outbox\\..*']}\nroutes: [{topic: outbox.event.Order}]\n",
+     "field 'routes[0].topic': 'outbox.event.Order' matches source pattern '^outbox\\\\..*', "
+     "that is one of the router's own topics (source.topics): it would consume its own output"),
+    ("source: {topics: [a]}\nallowed_topics: ['orders.*']\nroutes: [{topic: payments}]\n",
+     "field 'routes[0].topic': 'payments' matches none of allowed_topics ('orders.*'); add a "
+     "pattern for it there, or change the route's topic"),
+    ("source: {topics: [a]}\nallowed_topics: []\nroutes: [{topic: x}]\n",
+     "field 'allowed_topics': List should have at least 1 item"),
+    ("source: {topics: [a]}\nprotected_topics: [ok, 're:(']\nroutes: [{topic: x}]\n",
+     "field 'protected_topics[1]': invalid regular expression: missing ), unterminated "
+     "subpattern at position 0 (got 're:(')"),
+    ("source: {topics: [a]}\nallowed_topics: ['']\nroutes: [{topic: x}]\n",
+     "field 'allowed_topics[0]': a topic pattern cannot be empty"),
+    ("source: {topics: ['^(']}\nroutes: [{topic: x}]\n",
+     "field 'source.topics': invalid regular expression in source topic '^('"),
+    ("source: {topics: ['^cdc-.*']}\nroutes: [{topic: x}]\n",
+     "field 'dead_letter.topic': must differ from the source topics ('^cdc-.*' consumes it, so "
+     "the router would read its own output) (got 'cdc-router.dlq')"),
+    ("source: {topics: [a]}\nroutes: [{topic: x}]\ntopics: [{name: connect-configs}]\n",
+     "field 'topics[0].name': protected by protected_topics entry 'connect-configs': topics "
+     "apply must not create or alter it"),
+])
+def test_topic_rules_at_load_name_field_and_value(tmp_path: Path, text: str,
+                                                  expected: str) -> None:
+    assert expected in error_of(tmp_path, text)
+
+
+def test_protected_and_allowed_topics_load(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.protected_topics == ["connect-configs", "connect-offsets", "connect-status",
+                                       "_schemas"]
+    assert config.allowed_topics is None
+    mine = load_config(write(tmp_path, MINIMAL + "protected_topics: [my-connect-*]\n"
+                             "allowed_topics: ['outbox.event.*', connect-offsets]\n"))
+    assert mine.protected_topics == ["my-connect-*"]  # replaces the defaults
+    assert mine.allowed_topics == ["outbox.event.*", "connect-offsets"]
+
+
+def rules_check(path: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), *args])
+    return result.exit_code, result.output
+
+
+def test_rules_check_warns_about_templates_that_reach_a_source(tmp_path: Path) -> None:
+    path = write(tmp_path, "source: {topics: ['^outbox\\..*', raw.orders]}\nroutes:\n"
+                 "  - {match: {type: A}, topic: 'outbox.{aggregate_type}'}\n"
+                 "  - {match: {type: B}, topic: 'orders.{type}'}\n"
+                 "  - {topic: '{aggregate_type}.orders'}\n")
+    code, output = rules_check(path)
+    assert code == 0, output
+    warnings = [line for line in output.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: routes[0] topic 'outbox.{aggregate_type}' renders names source pattern "
+        "'^outbox\\\\..*' subscribes to (e.g. 'outbox.x'): such events are dead-lettered, as "
+        "the router never consumes its own output; give the template a fixed start that "
+        "source cannot match",
+        "warning: routes[2] topic '{aggregate_type}.orders' renders names source pattern "
+        "'^outbox\\\\..*' subscribes to (e.g. 'outbox.x.orders'): such events are "
+        "dead-lettered, as the router never consumes its own output; give the template a "
+        "fixed start that source cannot match",
+        "warning: routes[2] topic '{aggregate_type}.orders' renders source topic 'raw.orders' "
+        "(with aggregate_type 'raw'): such events are dead-lettered, as the router never "
+        "consumes its own output; give the template a fixed start that source cannot match",
+        "warning: routes[2] topic '{aggregate_type}.orders' starts with row data, so a row can "
+        "name any topic (only Kafka's, protected and the router's own are refused); consider "
+        "allowed_topics"]
+    code, output = rules_check(path, "-o", "json")
+    assert json.loads(output)["warnings"] == [line.removeprefix("warning: ")
+                                              for line in warnings]
+
+
+def test_rules_check_allowed_topics_narrow_the_warnings(tmp_path: Path) -> None:
+    path = write(tmp_path, "source: {topics: [raw.orders, '^cdc\\.src\\..*']}\n"
+                 "allowed_topics: ['*.events']\nroutes: [{topic: '{aggregate_type}.events'}]\n")
+    code, output = rules_check(path)
+    assert code == 0, output
+    # raw.orders is not allowed, so it is not reachable; the regex source is, conservatively.
+    assert [line for line in output.splitlines() if line.startswith("warning: ")] == [
+        "warning: routes[0] topic '{aggregate_type}.events' renders names source pattern "
+        "'^cdc\\\\.src\\\\..*' subscribes to (e.g. 'cdc.src.x.events'): such events are "
+        "dead-lettered, as the router never consumes its own output; give the template a fixed "
+        "start that source cannot match"]
+    assert "allowed    *.events" in output
+
+
+def test_rules_check_example_has_no_warnings() -> None:
+    code, output = rules_check(EXAMPLE)
+    assert code == 0 and "warning" not in output, output
+    assert "protected  connect-configs, connect-offsets, connect-status, _schemas, __*" in output

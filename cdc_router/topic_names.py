@@ -1,0 +1,265 @@
+"""Which topics the router may produce to: Kafka's naming rules, topic templates, TopicGuard.
+
+A route's topic is a template filled from row data, so one row can name any topic. TopicGuard,
+compiled once per config, refuses a name (a dead letter at run time; a ConfigError at load for
+a static route topic) that:
+- Kafka refuses (characters, length, `.`, `..`), or that starts with `__` (Kafka's internal
+  topics, Debezium's heartbeats);
+- is one of the router's own: a source topic, a name a `^regex` source subscribes to (the router
+  would consume its own output), the dead-letter topic, the dedup changelog;
+- matches protected_topics: by default Kafka Connect's config, offset and status storage and
+  the schema registry's `_schemas`;
+- matches no allowed_topics pattern, when that list is set.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from cdc_router.errors import show
+from cdc_router.patterns import compile_pattern
+
+if TYPE_CHECKING:
+    from cdc_router.settings import RouterConfig
+
+MAX_TOPIC_LENGTH = 249
+TOPIC_TEMPLATE_FIELDS = ("aggregate_type", "aggregate_id", "type", "id")
+# Kafka Connect's default config.storage.topic, offset.storage.topic and status.storage.topic,
+# and the schema registry's kafkastore.topic.
+DEFAULT_PROTECTED_TOPICS = ("connect-configs", "connect-offsets", "connect-status", "_schemas")
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+
+Template = tuple[tuple[str, str | None], ...]  # (literal, field or None) pieces
+
+
+def topic_name_problem(name: str, *, internal_ok: bool = False) -> str | None:
+    """Why Kafka would refuse `name` as a topic, or None when it is fine.
+
+    Kafka's rules (legal characters, length, `.`/`..`), plus: never an internal topic (any
+    name starting with `__`), unless internal_ok.
+    """
+    if not name:
+        return "a topic name cannot be empty"
+    if len(name) > MAX_TOPIC_LENGTH:
+        return f"a topic name has at most {MAX_TOPIC_LENGTH} characters, this one has {len(name)}"
+    if name in (".", ".."):
+        return f"{name!r} is not a legal topic name"
+    if not _LEGAL_TOPIC.fullmatch(name):
+        bad = "".join(sorted({ch for ch in name if not _LEGAL_TOPIC.fullmatch(ch)}))
+        return (f"illegal characters {show(bad)} in topic {show(name)}; Kafka allows only "
+                "ASCII letters, digits, '.', '_' and '-'")
+    if name.startswith("__") and not internal_ok:
+        return f"{show(name)} starts with '__', which marks Kafka's internal topics"
+    return None
+
+
+def parse_topic_template(template: str) -> Template:
+    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid.
+
+    Fields are plain `{name}`s from TOPIC_TEMPLATE_FIELDS: no conversions, format specs, indexes
+    or attributes (those would let a template reach into Python objects).
+    """
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ValueError(f"unbalanced braces in topic template: {error}") from None
+    pieces: list[tuple[str, str | None]] = []
+    for literal, field, spec, conversion in parsed:
+        if literal:
+            problem = topic_name_problem(literal)
+            if problem and not literal.startswith("__") and literal not in (".", ".."):
+                raise ValueError(problem)
+        if field is None:
+            pieces.append((literal, None))
+            continue
+        if field not in TOPIC_TEMPLATE_FIELDS or spec or conversion:
+            allowed = ", ".join("{" + name + "}" for name in TOPIC_TEMPLATE_FIELDS)
+            shown = "{" + field + ("!" + conversion if conversion else "")
+            shown += (":" + spec if spec else "") + "}"
+            raise ValueError(f"unknown template field {shown}; the fields are {allowed}")
+        pieces.append((literal, field))
+    return tuple(pieces)
+
+
+def static_topic(pieces: Template) -> str | None:
+    """The topic of a template without fields, or None when row data fills it."""
+    return None if any(field for _, field in pieces) else "".join(lit for lit, _ in pieces)
+
+
+def source_regex(pattern: str) -> re.Pattern[str]:
+    """A `^regex` source topic as librdkafka reads it (searched, anchored only by its `^`).
+
+    Python's syntax stands in for librdkafka's POSIX-like one: the same for usual patterns.
+    Raises ValueError when it does not compile.
+    """
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"invalid regular expression in source topic {pattern!r}: "
+                         f"{error}") from None
+
+
+class TopicGuard:
+    """The names the router may produce to, compiled once; problem() is pure and cheap."""
+
+    def __init__(self, *, sources: Sequence[str], own: Mapping[str, str],
+                 protected: Sequence[str] = DEFAULT_PROTECTED_TOPICS,
+                 allowed: Sequence[str] | None = None) -> None:
+        """`own` maps the router's output topics to what they are, for the reason."""
+        self._own = dict(own)
+        self._source_names = frozenset(name for name in sources if not name.startswith("^"))
+        self._source_patterns = [(pattern, source_regex(pattern)) for pattern in sources
+                                 if pattern.startswith("^")]
+        self._protected = _compiled(protected)
+        self._allowed = None if allowed is None else _compiled(allowed)
+        self._allowed_text = ", ".join(map(repr, allowed or ()))
+
+    @classmethod
+    def for_config(cls, config: RouterConfig) -> TopicGuard:
+        """The guard of a whole router.yaml."""
+        return cls(sources=config.source.topics, own=own_topics(config),
+                   protected=config.protected_topics, allowed=config.allowed_topics)
+
+    def problem(self, name: str) -> str | None:
+        """Why the router may not produce to `name` (one line naming the rule), or None."""
+        problem = topic_name_problem(name)
+        if problem is not None:
+            return problem
+        role = self._own.get(name)
+        if role is not None:
+            return f"{show(name)} is one of the router's own topics (its {role})"
+        source = self.source_of(name)
+        if source is not None:
+            how = "is" if source == name else f"matches source pattern {source!r}, that is"
+            return (f"{show(name)} {how} one of the router's own topics (source.topics): it "
+                    "would consume its own output")
+        for pattern, matches in self._protected:
+            if matches(name):
+                return (f"{show(name)} is protected by protected_topics entry {pattern!r} "
+                        "(by default Kafka Connect's storage topics and _schemas)")
+        if self._allowed is not None and not any(matches(name) for _, matches in self._allowed):
+            return (f"{show(name)} matches none of allowed_topics ({self._allowed_text}); add "
+                    "a pattern for it there, or change the route's topic")
+        return None
+
+    @property
+    def source_names(self) -> frozenset[str]:
+        """The source topics given by name (not by `^regex`)."""
+        return self._source_names
+
+    def source_of(self, name: str) -> str | None:
+        """The source.topics entry (a name, or a `^regex` pattern) that consumes `name`."""
+        if name in self._source_names:
+            return name
+        for pattern, regex in self._source_patterns:
+            if regex.search(name):
+                return pattern
+        return None
+
+    def protected_by(self, name: str) -> str | None:
+        """The protected_topics entry that protects `name`, or None."""
+        return next((pattern for pattern, matches in self._protected if matches(name)), None)
+
+
+def own_topics(config: RouterConfig) -> dict[str, str]:
+    """The router's output topics besides destinations, and what each is (for reasons)."""
+    return {config.dead_letter.topic: "dead-letter topic, dead_letter.topic",
+            config.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
+
+
+def _compiled(patterns: Sequence[str]) -> list[tuple[str, Callable[[str], bool]]]:
+    return [(pattern, compile_pattern(pattern)) for pattern in patterns]
+
+
+def template_warnings(config: RouterConfig) -> list[str]:
+    """What `rules check` warns about the templated routes: names row data can reach.
+
+    - A template that can render a source topic, or a name a `^regex` source subscribes to. The
+      router dead-letters such an event rather than consume its own output, but the config is
+      likely wrong. For a regex the test is conservative: the template's fixed start and the
+      pattern's literal start agree (one begins the other), or a sample rendering matches.
+    - A template that starts with a field, without allowed_topics: a row can name any topic.
+    """
+    warnings = []
+    allowed = None if config.allowed_topics is None else _compiled(config.allowed_topics)
+    for index, rule in enumerate(config.routes):
+        pieces = parse_topic_template(rule.topic)
+        if static_topic(pieces) is not None:
+            continue  # a static topic a source reads is refused at load
+        where = f"routes[{index}] topic {rule.topic!r}"
+        for source in config.source.topics:
+            if allowed is not None and not source.startswith("^") and not any(
+                    matches(source) for _, matches in allowed):
+                continue
+            reach = _reaches(pieces, source)
+            if reach is not None:
+                warnings.append(f"{where} {reach}: such events are dead-lettered, as the router "
+                                "never consumes its own output; give the template a fixed start "
+                                "that source cannot match")
+        if pieces[0][0] == "" and allowed is None:
+            warnings.append(f"{where} starts with row data, so a row can name any topic (only "
+                            "Kafka's, protected and the router's own are refused); consider "
+                            "allowed_topics")
+    return warnings
+
+
+def _reaches(pieces: Template, source: str) -> str | None:
+    """How the template can render a name `source` consumes, or None when it cannot."""
+    if not source.startswith("^"):
+        shape = re.compile("".join(re.escape(literal) + ("([a-zA-Z0-9._-]+)" if field else "")
+                                   for literal, field in pieces))
+        found = shape.fullmatch(source)
+        if found is None:
+            return None
+        fields = [field for _, field in pieces if field]
+        when = ", ".join(f"{field} {value!r}" for field, value in zip(fields, found.groups(),
+                                                                       strict=True))
+        return f"renders source topic {source!r} (with {when})"
+    regex = source_regex(source)
+    fixed, pattern_start = pieces[0][0], _literal_start(source)
+    if not (fixed.startswith(pattern_start) or pattern_start.startswith(fixed)):
+        return None
+    # A sample: the pattern's literal start where the template leaves it open, then 'x'.
+    first = pattern_start[len(fixed):] + "x"
+    sample = "".join(literal + (first if i == 0 else "x") if field else literal
+                     for i, (literal, field) in enumerate(pieces))
+    if regex.search(sample):
+        return f"renders names source pattern {source!r} subscribes to (e.g. {sample!r})"
+    return (f"may render names source pattern {source!r} subscribes to (its fixed start "
+            f"{fixed!r} and the pattern's {pattern_start!r} agree)")
+
+
+def _literal_start(pattern: str) -> str:
+    """The text every match of a `^regex` begins with: '^orders\\.v1.*' gives 'orders.v1'."""
+    if _top_level_alternation(pattern):
+        return ""
+    out: list[str] = []
+    i = 1  # after the '^'
+    while i < len(pattern):
+        char, step = pattern[i], 1
+        if char == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            char, step = pattern[i + 1], 2  # an escaped symbol: '\\.' is a dot
+        elif not (char.isalnum() or char in "-_"):
+            break  # '.', a class, a group, an anchor, a quantifier: no longer literal
+        if pattern[i + step:i + step + 1] in ("?", "*", "{"):
+            break  # that character may be absent
+        out.append(char)
+        i += step
+    return "".join(out)
+
+
+def _top_level_alternation(pattern: str) -> bool:
+    depth, i = 0, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        depth += (char == "(") - (char == ")")
+        if char == "|" and depth == 0:
+            return True
+        i += 1
+    return False
