@@ -5,6 +5,7 @@ failures after the effect's write) proving every event took effect exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -28,7 +29,7 @@ from psycopg import sql
 
 from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
+from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
 from tests.integration.support import StackEndpoints, unique
 
@@ -116,6 +117,45 @@ def test_a_failing_effect_rolls_back_its_writes_and_the_dedup_row(
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
     assert store.run_once(key, insert_effect(schema, "evt-1")) is Outcome.DONE
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+
+
+def test_an_effect_that_swallows_a_database_error_is_never_reported_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # The common `except UniqueViolation: pass` leaves the dedup transaction aborted, and
+    # Postgres answers its COMMIT with ROLLBACK: the effect and the dedup row are both gone.
+    effect_table(stack.postgres_dsn, schema)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE UNIQUE INDEX ON {} (event_id)").format(
+            sql.Identifier(schema, "effects")))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES ('taken')").format(
+            sql.Identifier(schema, "effects")))
+    key = DedupKey("fulfillment", "evt-1")
+
+    def write_and_swallow(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "evt-1")(conn)
+        with contextlib.suppress(psycopg.errors.UniqueViolation):  # "harmless", it thinks
+            insert_effect(schema, "taken")(conn)
+
+    with pytest.raises(EffectAborted, match=r"evt-1.*savepoint"):
+        store.run_once(key, write_and_swallow)
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
+    # Not a duplicate on the retry: the key was never marked done.
+    assert store.run_once(key, insert_effect(schema, "evt-1")) is Outcome.DONE
+    assert count(stack.postgres_dsn,
+                 f'SELECT count(*) FROM "{schema}".effects WHERE event_id = %s', "evt-1") == 1
+
+    def write_and_swallow_in_a_savepoint(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "evt-2")(conn)
+        try:
+            with conn.transaction():  # a savepoint: its failure leaves the rest intact
+                insert_effect(schema, "taken")(conn)
+        except psycopg.errors.UniqueViolation:
+            pass
+
+    assert store.run_once(DedupKey("fulfillment", "evt-2"), write_and_swallow_in_a_savepoint) \
+        is Outcome.DONE
+    assert count(stack.postgres_dsn,
+                 f'SELECT count(*) FROM "{schema}".effects WHERE event_id = %s', "evt-2") == 1
 
 
 def test_concurrent_duplicates_wait_for_the_first_and_run_once(
