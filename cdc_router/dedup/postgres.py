@@ -200,8 +200,8 @@ class PostgresDedupStore:
             self._forget_broken()
             raise DedupStoreError(f"purge of {self._table_name} failed after {deleted} rows: "
                                   f"{_one_line(error)}") from error
-        log.info("event=dedup_purged table=%s deleted=%d older_than_s=%d", self._table_name,
-                 deleted, older_than.total_seconds())
+        log.info("event=dedup_purged table=%s group=%s deleted=%d older_than_s=%d",
+                 self._table_name, consumer_group or "*", deleted, older_than.total_seconds())
         return deleted
 
     def close(self) -> None:
@@ -212,14 +212,16 @@ class PostgresDedupStore:
 
 
 def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: timedelta,
-                   stop: threading.Event, batch_size: int = 5000) -> None:
+                   stop: threading.Event, batch_size: int = 5000,
+                   consumer_group: str | None = None) -> None:
     """Purge every `every` until `stop` is set; a failed purge is logged and tried next time.
 
+    Only `consumer_group`'s rows when given (other services keep theirs), else every group's.
     Run it in its own thread with its own store (a store serves one thread).
     """
     while not stop.is_set():
         try:
-            store.purge(older_than, batch_size=batch_size)
+            store.purge(older_than, batch_size=batch_size, consumer_group=consumer_group)
         except DedupStoreError as error:
             log.warning("event=dedup_purge_failed error=%s", error)
         stop.wait(every.total_seconds())

@@ -494,6 +494,51 @@ def test_the_purge_command_plans_then_deletes_only_rows_older_than_the_window(
     assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "new")}
 
 
+def two_groups_with_old_rows(dsn: str, schema: str, store: PostgresDedupStore) -> None:
+    """Groups A and B each with an expired row and a fresh one."""
+    for group in ("A", "B"):
+        for event_id in ("old", "new"):
+            store.run_once(DedupKey(group, event_id), lambda conn: None)
+    age_rows(dsn, schema, {"old": timedelta(days=10)})
+
+
+def test_the_purge_command_with_a_group_purges_only_that_groups_rows(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    two_groups_with_old_rows(stack.postgres_dsn, schema, store)
+    base = ["dedup", "purge", "--dsn", stack.postgres_dsn, "--table", f"{schema}.dedup",
+            "--older-than", "7d", "--group", "A", "-o", "json"]
+    planned = CliRunner().invoke(main, [*base, "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.output)["would_delete"] == 1
+    done = CliRunner().invoke(main, base)
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == 1
+    assert remaining(stack.postgres_dsn, schema) == {("A", "new"), ("B", "old"), ("B", "new")}
+
+
+def test_the_periodic_purge_command_with_a_group_purges_only_that_groups_rows(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore, tmp_path: Path) -> None:
+    two_groups_with_old_rows(stack.postgres_dsn, schema, store)
+    log_path = tmp_path / "purge.log"
+    with log_path.open("wb") as log:
+        purger = subprocess.Popen(
+            [sys.executable, "-m", "cdc_router", "dedup", "purge", "--dsn", stack.postgres_dsn,
+             "--table", f"{schema}.dedup", "--older-than", "7d", "--group", "A",
+             "--every", "1s"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: ("A", "old") not in remaining(stack.postgres_dsn, schema), 60,
+                   "A's expired row purged")
+        # A's row and B's would go in the same DELETE: B's surviving it is the proof.
+        assert remaining(stack.postgres_dsn, schema) == {("A", "new"), ("B", "old"),
+                                                         ("B", "new")}
+    finally:
+        if purger.poll() is None:
+            os.kill(purger.pid, signal.SIGTERM)
+        code = purger.wait(60)
+    assert code == 0, log_path.read_text()
+
+
 def test_the_init_command_creates_the_table(stack: StackEndpoints, schema: str) -> None:
     result = CliRunner().invoke(main, ["dedup", "init", "--dsn", stack.postgres_dsn,
                                        "--table", f"{schema}.dedup"])
