@@ -73,10 +73,12 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
                decoder: Decoder | None, attempt: int) -> ConsumedEvent:
     """Build the handler's view of `message`; raises MalformedRecord when it has none."""
     headers = tuple(message.headers() or ())
-    if source == "key":
+    values = [value for name, value in headers if name == header]
+    if source == "key" or (source == "auto" and not values):
         event_id = _text(message.key(), "the record key")
     else:
-        values = [value for name, value in headers if name == header]
+        # A present but empty header is malformed, never replaced by the key: the key may be
+        # an aggregate id, shared by many events.
         event_id = _text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:

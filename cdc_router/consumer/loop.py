@@ -1,7 +1,7 @@
 """The idempotent consume loop: effect first (through a dedup store), offset commit after.
 
 Per record, in partition order:
-1. read the event id (key or header) and decode the value; a malformed record is
+1. read the event id (the `id` header, else the key) and decode the value; a malformed record is
    dead-lettered at once (stage "decode");
 2. `store.run_once(group, event id, handler)`: DONE and DUPLICATE both mean the effect is
    safe, so the offset is stored; BUSY (another worker's live claim) means wait and retry;

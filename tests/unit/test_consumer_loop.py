@@ -167,15 +167,16 @@ class Harness:
 
     def __init__(self, logs: dict[int, list[Record]], *, store: Any = None,
                  retry: RetryPolicy | None = None, decoder: Any = None,
-                 event_id_source: str = "key",
+                 event_id_source: str | None = None,
                  handler: Callable[[ConsumedEvent, Any], None] | None = None) -> None:
         self.clock = FakeClock()
         self.effects: list[ConsumedEvent] = []
         self.store = store or MemoryDedupStore()
         self.producer = FakeProducer()
+        chosen = {} if event_id_source is None else {"event_id_source": event_id_source}
         self.settings = ConsumerSettings(
             bootstrap_servers="fake:9092", group_id="fulfillment", topics=(TOPIC,),
-            dead_letter_topic=DLQ, event_id_source=event_id_source,  # type: ignore[arg-type]
+            dead_letter_topic=DLQ, **chosen,  # type: ignore[arg-type]
             retry=retry or RetryPolicy(max_attempts=3, initial_backoff_s=1.0,
                                        max_backoff_s=4.0),
             commit_interval_s=5.0)
@@ -246,6 +247,42 @@ def test_event_id_can_come_from_the_id_header() -> None:
                 event_id_source="header")
     h.run()
     assert [e.event_id for e in h.effects] == ["evt-1"]
+
+
+def test_by_default_the_id_header_wins_over_a_key_that_is_not_the_event_id() -> None:
+    # A route with `key: aggregate_id`: every event of order 42 has the key "42". Taking the
+    # key as the event id would acknowledge all but the first as duplicates, skipping them.
+    order_42 = [rec("42", headers=[("id", f"evt-{n}".encode()), ("type", b"OrderPaid")])
+                for n in range(3)]
+    h = Harness({0: [*order_42, rec("42", headers=[("id", b"evt-1")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-0", "evt-1", "evt-2"]
+    assert h.loop.stats.duplicates == 1  # the true duplicate of evt-1
+    assert h.settings.event_id_source == "auto"
+
+
+def test_by_default_a_record_without_an_id_header_falls_back_to_its_key() -> None:
+    h = Harness({0: [rec("evt-1"), rec("evt-1", headers=[("id", b"evt-1")]),
+                     rec("evt-2", headers=[("trace", b"t")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-1", "evt-2"]
+    assert h.loop.stats.duplicates == 1
+
+
+def test_by_default_an_empty_id_header_is_malformed_not_replaced_by_the_key() -> None:
+    # The key may be an aggregate id: falling back to it would merge distinct events.
+    h = Harness({0: [rec("42", headers=[("id", b"")]), rec("42", headers=[("id", b"e2")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["e2"]
+    [dead] = h.producer.sent
+    assert "header 'id'" in dlq_headers(dead)["dlq.error.message"]
+
+
+def test_event_id_source_key_reads_only_the_key() -> None:
+    h = Harness({0: [rec("k1", headers=[("id", b"evt-1")]), rec("k2", headers=[("id", b"evt-1")])]},
+                event_id_source="key")
+    h.run()
+    assert [e.event_id for e in h.effects] == ["k1", "k2"]
 
 
 def test_a_record_without_the_id_header_is_dead_lettered() -> None:
