@@ -7,8 +7,9 @@ Per record, in partition order:
    safe, so the offset is stored; BUSY (another worker's live claim) means wait and retry;
 3. a handler exception is retried with exponential backoff and full jitter; after
    `retry.max_attempts` failures the record is dead-lettered (stage "handle") and acknowledged;
-4. a store failure (DedupStoreError) or a failed dead-letter write is retried without limit:
-   an outage is not the record's fault, and skipping it would lose it.
+4. a store failure (DedupStoreError), a schema registry that cannot answer (RegistryError
+   from the decoder) or a failed dead-letter write is retried without limit: an outage is
+   not the record's fault, and skipping it would lose it.
 A retry pauses the record's partition and seeks back to the record, so other partitions go on
 and polling continues (no race with max.poll.interval.ms, rebalances are served).
 Stored offsets are committed every `commit_interval_s`, on revoke and on stop. A crash between
@@ -38,6 +39,7 @@ from cdc_router.consumer.event import (
 from cdc_router.consumer.settings import ConsumerSettings
 from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Outcome
 from cdc_router.errors import CdcRouterError, DeliveryError
+from cdc_router.serde.registry import RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,10 @@ class IdempotentConsumer(Generic[Context]):
                                attempt=attempt)
         except MalformedRecord as error:
             self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
+            return
+        except RegistryError as error:
+            # An outage, like a store failure: the record is fine, so wait and retry it.
+            self._retry_later(message, retry, "registry_unavailable", error)
             return
         key = DedupKey(self.settings.group_id, event.event_id)
         try:
