@@ -23,10 +23,9 @@ from cdc_router.serde.decode import PayloadDecoder
 from tests.integration.registry_stub import registry_stub
 from tests.integration.support import StackEndpoints, unique
 from tests.integration.test_idempotent_consumer import (
-    create_topics,
-    delete_topics,
     offsets,
     produce,
+    topic_and_dead_letter_topic,
     wait_until,
 )
 
@@ -48,11 +47,8 @@ def wire_format(schema_id: int, payment_id: str) -> bytes:
 
 @pytest.fixture
 def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
-    topic = unique("payments_avro")
-    dead_letter = f"{topic}.dlq"
-    create_topics(stack.bootstrap_servers, {topic: 1, dead_letter: 1})
-    yield topic, dead_letter
-    delete_topics(stack.bootstrap_servers, [topic, dead_letter])
+    with topic_and_dead_letter_topic(stack.bootstrap_servers, "payments_avro", 1) as pair:
+        yield pair
 
 
 def read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:

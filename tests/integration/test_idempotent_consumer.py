@@ -301,14 +301,24 @@ def offsets(bootstrap: str, group: str, topic: str, partitions: int) -> tuple[li
     return committed, ends
 
 
+@contextlib.contextmanager
+def topic_and_dead_letter_topic(bootstrap: str, prefix: str,
+                                partitions: int) -> Iterator[tuple[str, str]]:
+    """A unique input topic and its 1-partition dead-letter topic, deleted afterwards."""
+    topic = unique(prefix)
+    dead_letter = f"{topic}.dlq"
+    create_topics(bootstrap, {topic: partitions, dead_letter: 1})
+    try:
+        yield topic, dead_letter
+    finally:
+        delete_topics(bootstrap, [topic, dead_letter])
+
+
 @pytest.fixture
 def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
     """A unique 4-partition input topic and its dead-letter topic, deleted afterwards."""
-    topic = unique("payments_confirmed")
-    dead_letter = f"{topic}.dlq"
-    create_topics(stack.bootstrap_servers, {topic: 4, dead_letter: 1})
-    yield topic, dead_letter
-    delete_topics(stack.bootstrap_servers, [topic, dead_letter])
+    with topic_and_dead_letter_topic(stack.bootstrap_servers, "payments_confirmed", 4) as pair:
+        yield pair
 
 
 def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
