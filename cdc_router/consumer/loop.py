@@ -28,7 +28,12 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.dead_letter import (
+    STAGE_DECODE,
+    STAGE_HANDLE,
+    DeadLetterRefused,
+    DeadLetterWriter,
+)
 from cdc_router.consumer.event import (
     ConsumedEvent,
     Decoder,
@@ -59,6 +64,8 @@ class _Retry:
     failures: int = 0  # handler failures, counted against retry.max_attempts
     waits: int = 0  # every retry, whatever the cause; drives the backoff
     not_before: float = 0.0
+    refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
+    drop_value: bool = False  # a dead letter was refused as too large: retry it without value
 
 
 @dataclass(frozen=True)
@@ -191,8 +198,22 @@ class IdempotentConsumer(Generic[Context]):
                      attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
-                                    event_id=event_id)
+                                    event_id=event_id, drop_value=bool(retry and retry.drop_value))
+        except DeadLetterRefused as refused:
+            retry = retry or _Retry(offset=message.offset())
+            retry.refusals += 1
+            retry.drop_value = retry.drop_value or refused.too_large
+            if self.settings.retry.exhausted(retry.refusals):
+                # Skipping the record would lose it, and retrying it unchanged never ends:
+                # stop with the reason; a restart resumes here once the topic is fixed.
+                raise ConsumerFailed(
+                    f"{refused}; Kafka refused it {retry.refusals} times, so the consumer "
+                    "stops rather than skip the record: check that the topic exists, that "
+                    "this consumer may write to it, and its max.message.bytes") from refused
+            self._retry_later(message, retry, "dead_letter_refused", refused)
+            return
         except DeliveryError as delivery_error:
+            # Not the record's fault (a broker away, a timeout): retried without limit.
             self._retry_later(message, retry, "dead_letter_failed", delivery_error)
             return
         self._counts["dead_lettered"] += 1

@@ -66,6 +66,7 @@ class FakeConsumer:
         self.callbacks: dict[str, Any] = {}
         self.config: dict[str, str] = {}
         self.closed = False
+        self.polls = 0
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         assert topics == [TOPIC]
@@ -81,6 +82,9 @@ class FakeConsumer:
         self.callbacks["on_assign"](self, [TopicPartition(TOPIC, p) for p in self.logs])
 
     def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        self.polls += 1
+        # A loop that retries without end would hang the test run instead of failing it.
+        assert self.polls < 10_000, "the loop never finished: a partition is stuck"
         if not self.assigned:
             self.rebalance()
         while self.before_consume:
@@ -130,22 +134,39 @@ class FakeConsumer:
         self.closed = True
 
 
+def record_size(key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes | None]]) -> int:
+    return len(key or b"") + len(value or b"") + sum(len(n) + len(v or b"") for n, v in headers)
+
+
 class FakeProducer:
+    """Refuses a record over message.max.bytes in produce(), as librdkafka does; `failures_left`
+    delivery reports time out, and `refusals` are delivery errors the broker answers, in turn."""
+
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
         self.failures_left = 0
+        self.refusals: list[KafkaError] = []
+        self.attempts = 0
         self.config: dict[str, str] = {}
         self._pending: list[tuple[Callable[..., None], dict[str, Any]]] = []
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes | None]],
                 on_delivery: Callable[..., None]) -> None:
+        self.attempts += 1
+        limit = int(self.config.get("message.max.bytes", 1_000_000))
+        if record_size(key, value, headers) > limit:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE,
+                                            "Broker: Message size too large"))
         self._pending.append((on_delivery, {"topic": topic, "key": key, "value": value,
                                             "headers": headers}))
 
     def flush(self, timeout: float) -> int:
         for on_delivery, record in self._pending:
-            if self.failures_left:
+            if self.refusals:
+                on_delivery(self.refusals.pop(0), None)
+            elif self.failures_left:
                 self.failures_left -= 1
                 on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), None)
             else:
@@ -161,7 +182,8 @@ class Harness:
     def __init__(self, logs: dict[int, list[Record]], *, store: Any = None,
                  retry: RetryPolicy | None = None, decoder: Any = None,
                  event_id_source: str | None = None,
-                 handler: Callable[[ConsumedEvent, Any], None] | None = None) -> None:
+                 handler: Callable[[ConsumedEvent, Any], None] | None = None,
+                 producer_config: dict[str, str] | None = None) -> None:
         self.clock = FakeClock()
         self.effects: list[ConsumedEvent] = []
         self.store = store or MemoryDedupStore()
@@ -172,7 +194,8 @@ class Harness:
             dead_letter_topic=DLQ, **chosen,  # type: ignore[arg-type]
             retry=retry or RetryPolicy(max_attempts=3, initial_backoff_s=1.0,
                                        max_backoff_s=4.0),
-            commit_interval_s=5.0)
+            commit_interval_s=5.0, producer_config=producer_config or {})
+        self.producers_built = 0
         self.loop: IdempotentConsumer[Any] = IdempotentConsumer(
             self.settings, self.store, handler or self.record_effect, decoder=decoder,
             consumer_factory=self._make_consumer, producer_factory=self._make_producer,
@@ -184,6 +207,7 @@ class Harness:
         return self.kafka
 
     def _make_producer(self, config: dict[str, str]) -> FakeProducer:
+        self.producers_built += 1
         self.producer.config = config
         return self.producer
 
