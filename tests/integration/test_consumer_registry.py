@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
@@ -25,6 +22,7 @@ from tests.integration.support import StackEndpoints, unique
 from tests.integration.test_idempotent_consumer import (
     offsets,
     produce,
+    read_dead_letters,
     topic_and_dead_letter_topic,
     wait_until,
 )
@@ -49,20 +47,6 @@ def wire_format(schema_id: int, payment_id: str) -> bytes:
 def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
     with topic_and_dead_letter_topic(stack.bootstrap_servers, "payments_avro", 1) as pair:
         yield pair
-
-
-def read_all(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
-                       "isolation.level": "read_committed"})
-    reader.assign([TopicPartition(topic, 0, 0)])  # assigned directly: no group wait
-    found: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(found) < expected and time.monotonic() < deadline:
-        message = reader.poll(0.5)
-        if message is not None and not message.error():
-            found.append(message)
-    reader.close()
-    return found
 
 
 def test_a_registry_outage_is_waited_out_and_an_unknown_id_is_dead_lettered(
@@ -104,7 +88,7 @@ def test_a_registry_outage_is_waited_out_and_an_unknown_id_is_dead_lettered(
         runner.join(60)
     assert [(e.event_id, e.payload["payment_id"]) for e in effects] == [
         ("evt-1", "pay-1"), ("evt-2", "pay-2")]
-    [dead] = read_all(stack.bootstrap_servers, dead_letter, 1)
+    [dead] = read_dead_letters(stack.bootstrap_servers, dead_letter, 1)
     headers = {name: value.decode() for name, value in dead.headers()}
     assert (headers["dlq.stage"], headers["dlq.source.offset"]) == ("decode", "2")
     assert f"schema id {schema_id + 998} is unknown" in headers["dlq.error.message"]

@@ -29,7 +29,7 @@ from psycopg import sql
 
 from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, Outcome
+from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, MemoryDedupStore, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
 from tests.integration.support import StackEndpoints, unique
 
@@ -321,6 +321,32 @@ def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
         yield pair
 
 
+def run_until(consumer: IdempotentConsumer[Any], done: Callable[[], bool], what: str) -> None:
+    """Run `consumer` in a thread until `done()`, then stop it."""
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        wait_until(done, 120, what)
+    finally:
+        consumer.stop()
+        runner.join(60)
+
+
+def read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[Any]:
+    """The first `expected` committed records of partition 0 of `topic` (fewer after 60 s)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
+                       "isolation.level": "read_committed"})
+    reader.assign([TopicPartition(topic, 0, 0)])  # assigned directly: no group wait
+    found: list[Any] = []
+    deadline = time.monotonic() + 60
+    while len(found) < expected and time.monotonic() < deadline:
+        message = reader.poll(0.5)
+        if message is not None and not message.error():
+            found.append(message)
+    reader.close()
+    return found
+
+
 def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore,
         topics: tuple[str, str]) -> None:
@@ -340,27 +366,12 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
         bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
         topics=(topic,), dead_letter_topic=dead_letter,
         retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
-    consumer = IdempotentConsumer(settings, store, handler)
-    runner = threading.Thread(target=consumer.run)
-    runner.start()
-    try:
-        wait_until(lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0]
-                   == 3, 120, "all three records committed")
-    finally:
-        consumer.stop()
-        runner.join(60)
+    run_until(IdempotentConsumer(settings, store, handler),
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 3,
+              "all three records committed")
     effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert effects == 1  # "good"; the poison's write rolled back on every attempt
-    reader = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": unique("r"),
-                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    reader.assign([TopicPartition(dead_letter, 0, 0)])
-    dead: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(dead) < 2 and time.monotonic() < deadline:
-        message = reader.poll(0.5)
-        if message is not None and not message.error():
-            dead.append(message)
-    reader.close()
+    dead = read_dead_letters(stack.bootstrap_servers, dead_letter, 2)
     headers = [{k: v.decode() for k, v in m.headers()} for m in dead]
     assert [(h["dlq.stage"], h["dlq.source.offset"]) for h in headers] == [
         ("decode", "0"), ("handle", "1")]
@@ -369,6 +380,38 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
     assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
                for h in headers)
     assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+def test_a_poison_record_near_message_max_bytes_is_dead_lettered_without_its_value(
+        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+    # 999,000 bytes fit the producer's message.max.bytes (1,000,000) alone, not with the
+    # dlq.* headers and a long reason: the dead letter must leave the value behind.
+    topic, dead_letter = topics
+    big = bytes(random.Random(5).getrandbits(8) for _ in range(999_000))
+    produce(stack.bootstrap_servers, topic, [(b"big", big, 0), (b"next", b"{}", 0)])
+    done: list[str] = []
+
+    def handler(event: Any, _: None) -> None:
+        if event.event_id == "big":
+            raise ValueError("order 42 is unknown; " + "details " * 300)
+        done.append(event.event_id)
+
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.05, max_backoff_s=0.2))
+    run_until(IdempotentConsumer(settings, MemoryDedupStore(), handler),
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 2,
+              "both records committed")
+    assert done == ["next"]
+    [message] = read_dead_letters(stack.bootstrap_servers, dead_letter, 1)
+    headers = {k: v.decode() for k, v in message.headers()}
+    assert message.key() == b"big" and not message.value()
+    assert headers["dlq.value.dropped.bytes"] == "999000"
+    assert (headers["dlq.source.topic"], headers["dlq.source.partition"],
+            headers["dlq.source.offset"]) == (topic, "0", "0")
+    assert headers["dlq.stage"] == "handle" and headers["dlq.error.class"] == "ValueError"
+    assert headers["dlq.error.message"].startswith("order 42 is unknown")
 
 
 class Worker:
