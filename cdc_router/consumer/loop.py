@@ -44,6 +44,7 @@ from cdc_router.consumer.event import (
 from cdc_router.consumer.settings import ConsumerSettings
 from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Outcome
 from cdc_router.errors import CdcRouterError, DeliveryError
+from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
 from cdc_router.serde.registry import RegistryError
 
 log = logging.getLogger(__name__)
@@ -287,13 +288,19 @@ class IdempotentConsumer(Generic[Context]):
         try:
             self._consumer.commit(asynchronous=False)
         except KafkaException as error:
-            if error.args and error.args[0].code() == KafkaError._NO_OFFSET:
+            kafka_error = kafka_error_of(error)
+            if kafka_error is not None and kafka_error.code() == KafkaError._NO_OFFSET:
                 return
+            if kafka_error is not None and classify(kafka_error) is Action.FATAL:
+                raise ConsumerFailed(f"cannot commit offsets of group {self.settings.group_id}: "
+                                     f"{describe(kafka_error)}") from error
             log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
 
     def _consumer_error(self, error: Any) -> None:
-        if error.fatal():
-            raise ConsumerFailed(f"Kafka consumer failed fatally: {error.str()}")
+        # The router's one classifier: fenced (another member with our group.instance.id)
+        # stops us too, although librdkafka does not flag it fatal.
+        if classify(error) is Action.FATAL:
+            raise ConsumerFailed(f"Kafka consumer failed fatally: {describe(error)}")
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 

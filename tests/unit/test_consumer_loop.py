@@ -263,6 +263,29 @@ def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
     assert h.kafka.closed
 
 
+def test_a_fenced_static_member_stops_the_loop_although_librdkafka_calls_it_not_fatal() -> None:
+    # Classified by cdc_router.kafka.errors like the router's errors: another instance with
+    # our group.instance.id took over, and carrying on would process its records twice.
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
+    with pytest.raises(ConsumerFailed, match="FENCED_INSTANCE_ID"):
+        h.run()
+    assert h.kafka.closed
+
+
+def test_a_commit_refused_because_we_are_fenced_stops_the_loop() -> None:
+    h = Harness({0: [rec("a")]})
+
+    def fenced_commit(asynchronous: bool = True) -> None:
+        raise KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
+
+    h.kafka.commit = fenced_commit  # type: ignore[method-assign]
+    with pytest.raises(ConsumerFailed, match="cannot commit offsets of group fulfillment: "
+                                             "FENCED_INSTANCE_ID"):
+        h.run()
+    assert h.kafka.closed
+
+
 def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError._TRANSPORT, "broker down"))
