@@ -83,7 +83,7 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
                                             f"{s['table']} older than {older_than}")
             return
         if interval is not None:
-            _purge_forever(store, window, interval, batch_size)
+            _purge_forever(store, window, interval, batch_size, consumer_group)
             return
         summary["deleted"] = store.purge(window, batch_size=batch_size,
                                          consumer_group=consumer_group)
@@ -94,10 +94,13 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
 
 
 def _purge_forever(store: PostgresDedupStore, window: timedelta, interval: timedelta,
-                   batch_size: int) -> None:
+                   batch_size: int, consumer_group: str | None) -> None:
     stop = threading.Event()
     # Signals only set the stop flag; the loop finishes its batch and returns.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    click.echo(f"purging rows older than {window} every {interval}; SIGTERM to stop", err=True)
-    run_purge_loop(store, window, every=interval, stop=stop, batch_size=batch_size)
+    which = f"group {consumer_group}'s rows" if consumer_group else "rows of every group"
+    click.echo(f"purging {which} older than {window} every {interval}; SIGTERM to stop",
+               err=True)
+    run_purge_loop(store, window, every=interval, stop=stop, batch_size=batch_size,
+                   consumer_group=consumer_group)

@@ -4,12 +4,16 @@
     consumer = IdempotentConsumer(settings, store, ship_order)
     consumer.run()          # until consumer.stop()
 
-See docs/idempotent-consumer.md for the guarantees and the limits of each store.
+See cdc_router/consumer/README.md for the guarantees and the limits of each store.
 """
 
 from __future__ import annotations
 
-from cdc_router.consumer.dead_letter import DeadLetterWriter, dead_letter_headers
+from cdc_router.consumer.dead_letter import (
+    DeadLetterRefused,
+    DeadLetterWriter,
+    dead_letter_headers,
+)
 from cdc_router.consumer.event import ConsumedEvent, MalformedRecord
 from cdc_router.consumer.loop import ConsumerFailed, ConsumerStats, Handler, IdempotentConsumer
 from cdc_router.consumer.retry import RetryPolicy
@@ -20,6 +24,7 @@ __all__ = [
     "ConsumerFailed",
     "ConsumerSettings",
     "ConsumerStats",
+    "DeadLetterRefused",
     "DeadLetterWriter",
     "EventIdSource",
     "Handler",

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.event import KafkaMessage
 from cdc_router.dead_letter import (
@@ -19,8 +21,10 @@ from cdc_router.dead_letter import (
     SOURCE_PARTITION,
     SOURCE_TOPIC,
     STAGE,
+    VALUE_DROPPED,
 )
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,12 @@ ATTEMPTS = "dlq.attempts"
 
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
+
+# librdkafka's default message.max.bytes, the producer's limit for one record.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+# Room for what _size does not count: the record and batch framing, and header lengths.
+_HEADROOM_BYTES = 64 * 1024
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
 
 # Keeps a runaway exception text (a whole payload, a stack dump) from making the record
 # exceed the broker's message.max.bytes.
@@ -57,12 +67,33 @@ def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseExcepti
     return [(name, value.encode("utf-8")) for name, value in values.items()]
 
 
+class DeadLetterRefused(DeliveryError):
+    """Kafka refused the dead-letter record itself (too large, not authorised, no such topic):
+    retrying it unchanged cannot succeed."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def too_large(self) -> bool:
+        """Whether the record was refused for its size: without its value it may pass."""
+        return self.code in _TOO_LARGE
+
+
+def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> int:
+    return len(key or b"") + len(value or b"") + sum(
+        len(name) + len(header or b"") for name, header in headers)
+
+
 class DeadLetterWriter:
     """Produces dead-letter records and waits for each acknowledgement before returning.
 
     The consumer acknowledges a poison record only after its dead-letter copy is durable, so
-    a crash can repeat a dead-letter record but never lose one. The producer is built on
-    first use.
+    a crash can repeat a dead-letter record but never lose one. A record that would exceed
+    the producer's message.max.bytes with the dlq.* headers goes without its value (the
+    source topic still holds it): a dead letter Kafka refuses would stall the partition.
+    The producer is built on first use, and built again after a fatal error.
     """
 
     def __init__(self, topic: str, config: dict[str, str],
@@ -72,36 +103,60 @@ class DeadLetterWriter:
         self._factory = producer_factory
         self._timeout_s = timeout_s
         self._producer: Any = None
+        self._max_bytes = int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)) \
+            - _HEADROOM_BYTES
 
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
-             attempts: int, event_id: str | None = None) -> None:
-        """Write `message` unchanged plus dlq.* headers; raises DeliveryError if not acked."""
+             attempts: int, event_id: str | None = None, drop_value: bool = False) -> None:
+        """Write `message` plus dlq.* headers, without its value when it would not fit (or
+        `drop_value`); DeadLetterRefused if Kafka refuses it, DeliveryError if not acked."""
         if self._producer is None:
             self._producer = self._factory(self._config)
-        failures: list[str] = []
+        failures: list[KafkaError] = []
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
-                failures.append(str(err))
+                failures.append(err)
 
         headers = list(message.headers() or ()) + dead_letter_headers(
             message, stage=stage, error=error, attempts=attempts, event_id=event_id)
+        value = message.value()
+        if value is not None and (drop_value or
+                                  _size(message.key(), value, headers) > self._max_bytes):
+            headers.append((VALUE_DROPPED, str(len(value)).encode()))
+            value = None
+        where = f"dead-letter record for {message.topic()}[{message.partition()}]" \
+                f"@{message.offset()}"
         try:
-            self._producer.produce(self.topic, key=message.key(), value=message.value(),
+            self._producer.produce(self.topic, key=message.key(), value=value,
                                    headers=headers, on_delivery=delivered)
-        except Exception as produce_error:  # BufferError, KafkaException
-            raise DeliveryError(f"cannot produce to dead-letter topic {self.topic}: "
-                                f"{produce_error}") from produce_error
+        except KafkaException as produce_error:
+            self._raise(where, kafka_error_of(produce_error), str(produce_error))
+        except BufferError as produce_error:
+            raise DeliveryError(f"{where} not written to {self.topic}: {produce_error}") \
+                from produce_error
         # A few seconds more than delivery.timeout.ms, so the delivery report (success or
         # timeout) arrives within the flush.
         pending = self._producer.flush(self._timeout_s + 5)
-        if pending or failures:
-            reason = failures[0] if failures else "no acknowledgement in time"
-            raise DeliveryError(f"dead-letter record for {message.topic()}[{message.partition()}]"
-                                f"@{message.offset()} not written to {self.topic}: {reason}")
+        if failures:
+            self._raise(where, failures[0], describe(failures[0]))
+        if pending:
+            raise DeliveryError(f"{where} not written to {self.topic}: no acknowledgement "
+                                "in time")
         log.warning("event=dead_lettered topic=%s partition=%d offset=%d stage=%s "
-                    "error_class=%s attempts=%d", message.topic(), message.partition(),
-                    message.offset(), stage, type(error).__name__, attempts)
+                    "error_class=%s attempts=%d value_dropped=%s", message.topic(),
+                    message.partition(), message.offset(), stage, type(error).__name__,
+                    attempts, value is None and message.value() is not None)
+
+    def _raise(self, where: str, error: KafkaError | None, text: str) -> NoReturn:
+        if error is not None and classify(error) is Action.FATAL:
+            # This producer can never deliver again (its idempotence state is broken, say);
+            # the retry builds a new one.
+            self._producer = None
+        reason = f"{where} not written to {self.topic}: {text}"
+        if error is not None and error.code() in RECORD_REFUSED:
+            raise DeadLetterRefused(reason, code=error.code())
+        raise DeliveryError(reason)
 
     def close(self) -> None:
         """Flush what is pending; nothing is pending after send returned."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
+from cdc_router.serde.registry import RegistryError
 
 
 class KafkaMessage(Protocol):
@@ -71,12 +72,19 @@ def _text(raw: bytes | None, where: str) -> str:
 
 def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
                decoder: Decoder | None, attempt: int) -> ConsumedEvent:
-    """Build the handler's view of `message`; raises MalformedRecord when it has none."""
+    """Build the handler's view of `message`; raises MalformedRecord when it has none.
+
+    A RegistryError of the decoder (the schema registry unreachable, failing, timing out)
+    passes through unchanged: the record is not at fault and must be retried, not
+    dead-lettered.
+    """
     headers = tuple(message.headers() or ())
-    if source == "key":
+    values = [value for name, value in headers if name == header]
+    if source == "key" or (source == "auto" and not values):
         event_id = _text(message.key(), "the record key")
     else:
-        values = [value for name, value in headers if name == header]
+        # A present but empty header is malformed, never replaced by the key: the key may be
+        # an aggregate id, shared by many events.
         event_id = _text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:
@@ -84,6 +92,10 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     else:
         try:
             payload = decoder(value)
+        except RegistryError as error:
+            if not error.missing:
+                raise  # the registry is down or refuses us: retry, the record is fine
+            raise MalformedRecord(f"value cannot be decoded: {error}") from error
         except Exception as error:
             raise MalformedRecord(f"value cannot be decoded: {type(error).__name__}: "
                                   f"{error}") from error

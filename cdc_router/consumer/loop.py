@@ -1,14 +1,15 @@
 """The idempotent consume loop: effect first (through a dedup store), offset commit after.
 
 Per record, in partition order:
-1. read the event id (key or header) and decode the value; a malformed record is
+1. read the event id (the `id` header, else the key) and decode the value; a malformed record is
    dead-lettered at once (stage "decode");
 2. `store.run_once(group, event id, handler)`: DONE and DUPLICATE both mean the effect is
    safe, so the offset is stored; BUSY (another worker's live claim) means wait and retry;
 3. a handler exception is retried with exponential backoff and full jitter; after
    `retry.max_attempts` failures the record is dead-lettered (stage "handle") and acknowledged;
-4. a store failure (DedupStoreError) or a failed dead-letter write is retried without limit:
-   an outage is not the record's fault, and skipping it would lose it.
+4. a store failure (DedupStoreError), a schema registry that cannot answer (RegistryError
+   from the decoder) or a failed dead-letter write is retried without limit: an outage is
+   not the record's fault, and skipping it would lose it.
 A retry pauses the record's partition and seeks back to the record, so other partitions go on
 and polling continues (no race with max.poll.interval.ms, rebalances are served).
 Stored offsets are committed every `commit_interval_s`, on revoke and on stop. A crash between
@@ -27,7 +28,12 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.dead_letter import (
+    STAGE_DECODE,
+    STAGE_HANDLE,
+    DeadLetterRefused,
+    DeadLetterWriter,
+)
 from cdc_router.consumer.event import (
     ConsumedEvent,
     Decoder,
@@ -38,6 +44,8 @@ from cdc_router.consumer.event import (
 from cdc_router.consumer.settings import ConsumerSettings
 from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Outcome
 from cdc_router.errors import CdcRouterError, DeliveryError
+from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
+from cdc_router.serde.registry import RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,8 @@ class _Retry:
     failures: int = 0  # handler failures, counted against retry.max_attempts
     waits: int = 0  # every retry, whatever the cause; drives the backoff
     not_before: float = 0.0
+    refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
+    drop_value: bool = False  # a dead letter was refused as too large: retry it without value
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,10 @@ class IdempotentConsumer(Generic[Context]):
         except MalformedRecord as error:
             self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
             return
+        except RegistryError as error:
+            # An outage, like a store failure: the record is fine, so wait and retry it.
+            self._retry_later(message, retry, "registry_unavailable", error)
+            return
         key = DedupKey(self.settings.group_id, event.event_id)
         try:
             outcome = self._store.run_once(key, lambda context: self._handler(event, context))
@@ -185,8 +199,22 @@ class IdempotentConsumer(Generic[Context]):
                      attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
-                                    event_id=event_id)
+                                    event_id=event_id, drop_value=bool(retry and retry.drop_value))
+        except DeadLetterRefused as refused:
+            retry = retry or _Retry(offset=message.offset())
+            retry.refusals += 1
+            retry.drop_value = retry.drop_value or refused.too_large
+            if self.settings.retry.exhausted(retry.refusals):
+                # Skipping the record would lose it, and retrying it unchanged never ends:
+                # stop with the reason; a restart resumes here once the topic is fixed.
+                raise ConsumerFailed(
+                    f"{refused}; Kafka refused it {retry.refusals} times, so the consumer "
+                    "stops rather than skip the record: check that the topic exists, that "
+                    "this consumer may write to it, and its max.message.bytes") from refused
+            self._retry_later(message, retry, "dead_letter_refused", refused)
+            return
         except DeliveryError as delivery_error:
+            # Not the record's fault (a broker away, a timeout): retried without limit.
             self._retry_later(message, retry, "dead_letter_failed", delivery_error)
             return
         self._counts["dead_lettered"] += 1
@@ -260,13 +288,19 @@ class IdempotentConsumer(Generic[Context]):
         try:
             self._consumer.commit(asynchronous=False)
         except KafkaException as error:
-            if error.args and error.args[0].code() == KafkaError._NO_OFFSET:
+            kafka_error = kafka_error_of(error)
+            if kafka_error is not None and kafka_error.code() == KafkaError._NO_OFFSET:
                 return
+            if kafka_error is not None and classify(kafka_error) is Action.FATAL:
+                raise ConsumerFailed(f"cannot commit offsets of group {self.settings.group_id}: "
+                                     f"{describe(kafka_error)}") from error
             log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
 
     def _consumer_error(self, error: Any) -> None:
-        if error.fatal():
-            raise ConsumerFailed(f"Kafka consumer failed fatally: {error.str()}")
+        # The router's one classifier: fenced (another member with our group.instance.id)
+        # stops us too, although librdkafka does not flag it fatal.
+        if classify(error) is Action.FATAL:
+            raise ConsumerFailed(f"Kafka consumer failed fatally: {describe(error)}")
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 

@@ -10,7 +10,9 @@ from typing import Literal
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.errors import ConfigError
 
-EventIdSource = Literal["key", "header"]
+# auto: the `event_id_header` header when the record has one (the router always writes it),
+# else the key. key / header: only that one, for producers other than the router.
+EventIdSource = Literal["auto", "key", "header"]
 
 # What makes the loop at-least-once with dedup; an override would silently break it.
 _PINNED_CONSUMER = {
@@ -33,7 +35,9 @@ class ConsumerSettings:
     group_id: str
     topics: tuple[str, ...]
     dead_letter_topic: str
-    event_id_source: EventIdSource = "key"
+    # Not "key": a route may key records by aggregate id, and then every event of an aggregate
+    # after the first would be taken for a duplicate of it.
+    event_id_source: EventIdSource = "auto"
     event_id_header: str = "id"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Records per consume() call; the loop stores each offset as soon as its record is done.
@@ -61,8 +65,8 @@ class ConsumerSettings:
              "must name a topic: poison records are never dropped", self.dead_letter_topic),
             (self.dead_letter_topic not in self.topics, "dead_letter_topic",
              "must not be one of the consumed topics", self.dead_letter_topic),
-            (self.event_id_source in ("key", "header"), "event_id_source",
-             "must be 'key' or 'header'", self.event_id_source),
+            (self.event_id_source in ("auto", "key", "header"), "event_id_source",
+             "must be 'auto', 'key' or 'header'", self.event_id_source),
             (bool(self.event_id_header), "event_id_header", "must not be empty",
              self.event_id_header),
             (self.batch_size >= 1, "batch_size", "must be at least 1", self.batch_size),

@@ -7,6 +7,14 @@ Store implementations import their client library lazily: `dedup.redis` needs re
 from __future__ import annotations
 
 from cdc_router.dedup.memory import MemoryDedupStore
-from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Effect, Outcome
+from cdc_router.dedup.store import (
+    DedupKey,
+    DedupStore,
+    DedupStoreError,
+    Effect,
+    EffectAborted,
+    Outcome,
+)
 
-__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "Effect", "MemoryDedupStore", "Outcome"]
+__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "Effect", "EffectAborted",
+           "MemoryDedupStore", "Outcome"]

@@ -7,7 +7,9 @@ Table (default `public.cdc_router_dedup`):
 
 run_once opens a transaction, inserts the dedup row with `ON CONFLICT DO NOTHING`, and calls
 the effect with the same connection only when the row is new. Commit makes both durable, a
-raise or a crash neither. A second worker inserting the same key waits on the first one's
+raise or a crash neither. An effect that swallows a database error (the transaction is then
+aborted, and its COMMIT would silently roll back) makes run_once raise EffectAborted, never
+return DONE. A second worker inserting the same key waits on the first one's
 row lock and then sees the conflict, so concurrent duplicates never both run.
 
 Retention: `purge(older_than)` deletes rows older than the window in bounded batches. A
@@ -25,8 +27,9 @@ from datetime import timedelta
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
-from cdc_router.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.dedup.store import DedupKey, DedupStoreError, EffectAborted, Outcome
 from cdc_router.errors import ConfigError
 from cdc_router.outbox import table_identifier
 
@@ -39,6 +42,27 @@ def _one_line(error: BaseException) -> str:
     """psycopg errors span lines (LINE 1: ..., a caret); a user sees the first one."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupKey) -> None:
+    """Raise EffectAborted unless the dedup transaction can still commit what it holds.
+
+    An effect that catches a database error (`except UniqueViolation: pass`) leaves the
+    transaction aborted; Postgres answers the COMMIT with ROLLBACK and psycopg does not
+    raise, so without this check the record would be acknowledged with neither its effect
+    nor its dedup row.
+    """
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise EffectAborted(
+            f"the effect of event {key.event_id} caught a database error and returned, so "
+            "Postgres rolled back its writes and the dedup row; let the error propagate, or "
+            "wrap the statement that may fail in a savepoint (`with conn.transaction():`)")
+    if status != TransactionStatus.INTRANS:
+        raise EffectAborted(
+            f"the effect of event {key.event_id} ended the dedup transaction itself "
+            f"(status {status.name}); it must not commit or roll back, so that its writes "
+            "and the dedup row commit together")
 
 
 class PostgresDedupStore:
@@ -117,6 +141,7 @@ class PostgresDedupStore:
                 in_effect = True
                 effect(conn)
                 in_effect = False
+                _check_committable(conn, key)
             return Outcome.DONE
         except psycopg.Error as error:
             self._forget_broken()
@@ -175,8 +200,8 @@ class PostgresDedupStore:
             self._forget_broken()
             raise DedupStoreError(f"purge of {self._table_name} failed after {deleted} rows: "
                                   f"{_one_line(error)}") from error
-        log.info("event=dedup_purged table=%s deleted=%d older_than_s=%d", self._table_name,
-                 deleted, older_than.total_seconds())
+        log.info("event=dedup_purged table=%s group=%s deleted=%d older_than_s=%d",
+                 self._table_name, consumer_group or "*", deleted, older_than.total_seconds())
         return deleted
 
     def close(self) -> None:
@@ -187,14 +212,16 @@ class PostgresDedupStore:
 
 
 def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: timedelta,
-                   stop: threading.Event, batch_size: int = 5000) -> None:
+                   stop: threading.Event, batch_size: int = 5000,
+                   consumer_group: str | None = None) -> None:
     """Purge every `every` until `stop` is set; a failed purge is logged and tried next time.
 
+    Only `consumer_group`'s rows when given (other services keep theirs), else every group's.
     Run it in its own thread with its own store (a store serves one thread).
     """
     while not stop.is_set():
         try:
-            store.purge(older_than, batch_size=batch_size)
+            store.purge(older_than, batch_size=batch_size, consumer_group=consumer_group)
         except DedupStoreError as error:
             log.warning("event=dedup_purge_failed error=%s", error)
         stop.wait(every.total_seconds())

@@ -32,6 +32,12 @@ class DedupStoreError(CdcRouterError):
     """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
 
 
+class EffectAborted(CdcRouterError):
+    """The effect returned, but left its transaction unable to commit (it swallowed a database
+    error, or ended the transaction itself): nothing is done; the handler's failure, retried
+    and then dead-lettered like any exception it raises."""
+
+
 @dataclass(frozen=True)
 class DedupKey:
     """Who processed what: the consumer group scopes the event id, so two services both act."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import fastavro
+from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.serde.avro import (
@@ -34,7 +35,7 @@ from cdc_router.serde.avro import (
     parse_schema_text,
 )
 from cdc_router.serde.json import parse_json
-from cdc_router.serde.registry import RegistryError, SchemaIds
+from cdc_router.serde.registry import NOT_FOUND, SCHEMA_NOT_FOUND, RegistryError, SchemaIds
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -66,6 +67,18 @@ def encoding_of(value: bytes) -> Encoding:
     if value[:1] == CONFLUENT_MAGIC:
         return "confluent"
     return "json"
+
+
+def _schema_unknown(error: ClientError) -> bool:
+    """Whether the registry itself said "no such schema id" (a 404 with a registry error code).
+
+    Anything else (5xx, 401/403, a 404 without the registry's code from a wrong URL or a
+    proxy) is the registry being unavailable or misconfigured: RegistryError, retried by a
+    consumer rather than dead-lettering every record meanwhile.
+    """
+    code: Any = error.error_code
+    # 40403 is Confluent's "schema not found"; confluent-kafka's mock:// registry says 40400.
+    return error.http_status_code == 404 and code in (SCHEMA_NOT_FOUND, NOT_FOUND)
 
 
 class PayloadDecoder:
@@ -103,7 +116,8 @@ class PayloadDecoder:
 
     def decode(self, value: bytes) -> Decoded:
         """Decode one record value; PayloadDecodeError when its writer schema is unknown or
-        the bytes do not decode with it."""
+        the bytes do not decode with it (the record's fault), RegistryError when the registry
+        cannot be asked (unreachable, 5xx, timeout, refused credentials: try again later)."""
         encoding = encoding_of(value)
         if encoding == "json":
             try:
@@ -138,9 +152,16 @@ class PayloadDecoder:
                                      "decoder has none")
         try:
             found = self._registry.get_schema(schema_id)
-        except Exception as error:  # the client's own, or its HTTP layer's
+        except ClientError as error:
+            if _schema_unknown(error):
+                # The registry answered and has no such id: the record's fault, for good.
+                raise PayloadDecodeError(f"schema id {schema_id} is unknown to the registry "
+                                         f"({error.error_message})") from None
             raise RegistryError(f"cannot read schema id {schema_id} from the registry: "
                                 f"{error}") from error
+        except Exception as error:  # the HTTP layer's: refused, reset, timed out
+            raise RegistryError(f"cannot read schema id {schema_id} from the registry: "
+                                f"{type(error).__name__}: {error}") from error
         if (found.schema_type or "AVRO") != "AVRO":
             raise PayloadDecodeError(f"schema id {schema_id} is {found.schema_type}, not AVRO")
         try:

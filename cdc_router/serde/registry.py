@@ -30,6 +30,7 @@ log = logging.getLogger("cdc_router.serde.registry")
 T = TypeVar("T")
 
 # Confluent's error codes (the registry's REST API reference).
+NOT_FOUND = 40400  # generic; what confluent-kafka's mock:// registry answers for an unknown id
 SUBJECT_NOT_FOUND = 40401
 VERSION_NOT_FOUND = 40402
 SCHEMA_NOT_FOUND = 40403

@@ -144,11 +144,13 @@ class RegistryStub:
 
 
 @contextmanager
-def registry_stub() -> Iterator[RegistryStub]:
-    """Serve a fresh registry on a free loopback port while the block runs."""
-    state = RegistryState()
+def registry_stub(*, port: int = 0, state: RegistryState | None = None
+                  ) -> Iterator[RegistryStub]:
+    """Serve a registry on a loopback port while the block runs: a fresh one on a free port,
+    or, given `port` and `state`, the one a previous block served (a registry back up)."""
+    state = state or RegistryState()
     handler = type("Handler", (_Handler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=server.serve_forever, name="registry-stub", daemon=True)
     thread.start()
     try:

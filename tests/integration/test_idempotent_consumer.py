@@ -5,6 +5,7 @@ failures after the effect's write) proving every event took effect exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -28,7 +29,7 @@ from psycopg import sql
 
 from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
+from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, MemoryDedupStore, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
 from tests.integration.support import StackEndpoints, unique
 
@@ -116,6 +117,45 @@ def test_a_failing_effect_rolls_back_its_writes_and_the_dedup_row(
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
     assert store.run_once(key, insert_effect(schema, "evt-1")) is Outcome.DONE
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+
+
+def test_an_effect_that_swallows_a_database_error_is_never_reported_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # The common `except UniqueViolation: pass` leaves the dedup transaction aborted, and
+    # Postgres answers its COMMIT with ROLLBACK: the effect and the dedup row are both gone.
+    effect_table(stack.postgres_dsn, schema)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE UNIQUE INDEX ON {} (event_id)").format(
+            sql.Identifier(schema, "effects")))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES ('taken')").format(
+            sql.Identifier(schema, "effects")))
+    key = DedupKey("fulfillment", "evt-1")
+
+    def write_and_swallow(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "evt-1")(conn)
+        with contextlib.suppress(psycopg.errors.UniqueViolation):  # "harmless", it thinks
+            insert_effect(schema, "taken")(conn)
+
+    with pytest.raises(EffectAborted, match=r"evt-1.*savepoint"):
+        store.run_once(key, write_and_swallow)
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
+    # Not a duplicate on the retry: the key was never marked done.
+    assert store.run_once(key, insert_effect(schema, "evt-1")) is Outcome.DONE
+    assert count(stack.postgres_dsn,
+                 f'SELECT count(*) FROM "{schema}".effects WHERE event_id = %s', "evt-1") == 1
+
+    def write_and_swallow_in_a_savepoint(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "evt-2")(conn)
+        try:
+            with conn.transaction():  # a savepoint: its failure leaves the rest intact
+                insert_effect(schema, "taken")(conn)
+        except psycopg.errors.UniqueViolation:
+            pass
+
+    assert store.run_once(DedupKey("fulfillment", "evt-2"), write_and_swallow_in_a_savepoint) \
+        is Outcome.DONE
+    assert count(stack.postgres_dsn,
+                 f'SELECT count(*) FROM "{schema}".effects WHERE event_id = %s', "evt-2") == 1
 
 
 def test_concurrent_duplicates_wait_for_the_first_and_run_once(
@@ -261,14 +301,50 @@ def offsets(bootstrap: str, group: str, topic: str, partitions: int) -> tuple[li
     return committed, ends
 
 
+@contextlib.contextmanager
+def topic_and_dead_letter_topic(bootstrap: str, prefix: str,
+                                partitions: int) -> Iterator[tuple[str, str]]:
+    """A unique input topic and its 1-partition dead-letter topic, deleted afterwards."""
+    topic = unique(prefix)
+    dead_letter = f"{topic}.dlq"
+    create_topics(bootstrap, {topic: partitions, dead_letter: 1})
+    try:
+        yield topic, dead_letter
+    finally:
+        delete_topics(bootstrap, [topic, dead_letter])
+
+
 @pytest.fixture
 def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
     """A unique 4-partition input topic and its dead-letter topic, deleted afterwards."""
-    topic = unique("payments_confirmed")
-    dead_letter = f"{topic}.dlq"
-    create_topics(stack.bootstrap_servers, {topic: 4, dead_letter: 1})
-    yield topic, dead_letter
-    delete_topics(stack.bootstrap_servers, [topic, dead_letter])
+    with topic_and_dead_letter_topic(stack.bootstrap_servers, "payments_confirmed", 4) as pair:
+        yield pair
+
+
+def run_until(consumer: IdempotentConsumer[Any], done: Callable[[], bool], what: str) -> None:
+    """Run `consumer` in a thread until `done()`, then stop it."""
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        wait_until(done, 120, what)
+    finally:
+        consumer.stop()
+        runner.join(60)
+
+
+def read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[Any]:
+    """The first `expected` committed records of partition 0 of `topic` (fewer after 60 s)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
+                       "isolation.level": "read_committed"})
+    reader.assign([TopicPartition(topic, 0, 0)])  # assigned directly: no group wait
+    found: list[Any] = []
+    deadline = time.monotonic() + 60
+    while len(found) < expected and time.monotonic() < deadline:
+        message = reader.poll(0.5)
+        if message is not None and not message.error():
+            found.append(message)
+    reader.close()
+    return found
 
 
 def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
@@ -290,27 +366,12 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
         bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
         topics=(topic,), dead_letter_topic=dead_letter,
         retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
-    consumer = IdempotentConsumer(settings, store, handler)
-    runner = threading.Thread(target=consumer.run)
-    runner.start()
-    try:
-        wait_until(lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0]
-                   == 3, 120, "all three records committed")
-    finally:
-        consumer.stop()
-        runner.join(60)
+    run_until(IdempotentConsumer(settings, store, handler),
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 3,
+              "all three records committed")
     effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert effects == 1  # "good"; the poison's write rolled back on every attempt
-    reader = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": unique("r"),
-                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    reader.assign([TopicPartition(dead_letter, 0, 0)])
-    dead: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(dead) < 2 and time.monotonic() < deadline:
-        message = reader.poll(0.5)
-        if message is not None and not message.error():
-            dead.append(message)
-    reader.close()
+    dead = read_dead_letters(stack.bootstrap_servers, dead_letter, 2)
     headers = [{k: v.decode() for k, v in m.headers()} for m in dead]
     assert [(h["dlq.stage"], h["dlq.source.offset"]) for h in headers] == [
         ("decode", "0"), ("handle", "1")]
@@ -319,6 +380,38 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
     assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
                for h in headers)
     assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+def test_a_poison_record_near_message_max_bytes_is_dead_lettered_without_its_value(
+        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+    # 999,000 bytes fit the producer's message.max.bytes (1,000,000) alone, not with the
+    # dlq.* headers and a long reason: the dead letter must leave the value behind.
+    topic, dead_letter = topics
+    big = bytes(random.Random(5).getrandbits(8) for _ in range(999_000))
+    produce(stack.bootstrap_servers, topic, [(b"big", big, 0), (b"next", b"{}", 0)])
+    done: list[str] = []
+
+    def handler(event: Any, _: None) -> None:
+        if event.event_id == "big":
+            raise ValueError("order 42 is unknown; " + "details " * 300)
+        done.append(event.event_id)
+
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.05, max_backoff_s=0.2))
+    run_until(IdempotentConsumer(settings, MemoryDedupStore(), handler),
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 2,
+              "both records committed")
+    assert done == ["next"]
+    [message] = read_dead_letters(stack.bootstrap_servers, dead_letter, 1)
+    headers = {k: v.decode() for k, v in message.headers()}
+    assert message.key() == b"big" and not message.value()
+    assert headers["dlq.value.dropped.bytes"] == "999000"
+    assert (headers["dlq.source.topic"], headers["dlq.source.partition"],
+            headers["dlq.source.offset"]) == (topic, "0", "0")
+    assert headers["dlq.stage"] == "handle" and headers["dlq.error.class"] == "ValueError"
+    assert headers["dlq.error.message"].startswith("order 42 is unknown")
 
 
 class Worker:
@@ -452,6 +545,51 @@ def test_the_purge_command_plans_then_deletes_only_rows_older_than_the_window(
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["deleted"] == 2
     assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "new")}
+
+
+def two_groups_with_old_rows(dsn: str, schema: str, store: PostgresDedupStore) -> None:
+    """Groups A and B each with an expired row and a fresh one."""
+    for group in ("A", "B"):
+        for event_id in ("old", "new"):
+            store.run_once(DedupKey(group, event_id), lambda conn: None)
+    age_rows(dsn, schema, {"old": timedelta(days=10)})
+
+
+def test_the_purge_command_with_a_group_purges_only_that_groups_rows(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    two_groups_with_old_rows(stack.postgres_dsn, schema, store)
+    base = ["dedup", "purge", "--dsn", stack.postgres_dsn, "--table", f"{schema}.dedup",
+            "--older-than", "7d", "--group", "A", "-o", "json"]
+    planned = CliRunner().invoke(main, [*base, "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.output)["would_delete"] == 1
+    done = CliRunner().invoke(main, base)
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == 1
+    assert remaining(stack.postgres_dsn, schema) == {("A", "new"), ("B", "old"), ("B", "new")}
+
+
+def test_the_periodic_purge_command_with_a_group_purges_only_that_groups_rows(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore, tmp_path: Path) -> None:
+    two_groups_with_old_rows(stack.postgres_dsn, schema, store)
+    log_path = tmp_path / "purge.log"
+    with log_path.open("wb") as log:
+        purger = subprocess.Popen(
+            [sys.executable, "-m", "cdc_router", "dedup", "purge", "--dsn", stack.postgres_dsn,
+             "--table", f"{schema}.dedup", "--older-than", "7d", "--group", "A",
+             "--every", "1s"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: ("A", "old") not in remaining(stack.postgres_dsn, schema), 60,
+                   "A's expired row purged")
+        # A's row and B's would go in the same DELETE: B's surviving it is the proof.
+        assert remaining(stack.postgres_dsn, schema) == {("A", "new"), ("B", "old"),
+                                                         ("B", "new")}
+    finally:
+        if purger.poll() is None:
+            os.kill(purger.pid, signal.SIGTERM)
+        code = purger.wait(60)
+    assert code == 0, log_path.read_text()
 
 
 def test_the_init_command_creates_the_table(stack: StackEndpoints, schema: str) -> None:

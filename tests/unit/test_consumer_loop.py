@@ -1,216 +1,26 @@
-"""IdempotentConsumer against in-memory fakes of confluent-kafka's Consumer and Producer.
-
-The fakes keep a log per partition and honour pause/resume/seek/store_offsets/commit like
-librdkafka, and a fake clock advances when consume() waits, so backoffs cost no real time.
-"""
+"""IdempotentConsumer against the in-memory fakes of tests/unit/consumer_fakes.py."""
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from cdc_router.consumer import (
-    ConsumedEvent,
-    ConsumerFailed,
-    ConsumerSettings,
-    IdempotentConsumer,
-    RetryPolicy,
-)
+from cdc_router.consumer import ConsumedEvent, ConsumerFailed, ConsumerSettings
 from cdc_router.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
 from cdc_router.errors import ConfigError
-
-TOPIC = "payments.confirmed"
-DLQ = "fulfillment.dlq"
-Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
-
-
-class FakeMessage:
-    def __init__(self, topic: str, partition: int, offset: int, record: Record,
-                 error: KafkaError | None = None) -> None:
-        self._topic, self._partition, self._offset = topic, partition, offset
-        self._key, self._value, self._headers = record
-        self._error = error
-
-    def topic(self) -> str: return self._topic
-    def partition(self) -> int: return self._partition
-    def offset(self) -> int: return self._offset
-    def key(self) -> bytes | None: return self._key
-    def value(self) -> bytes | None: return self._value
-    def headers(self) -> list[tuple[str, bytes | None]] | None: return self._headers or None
-    def timestamp(self) -> tuple[int, int]: return (1, 1_700_000_000_000)
-    def error(self) -> KafkaError | None: return self._error
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeConsumer:
-    """One consumer owning every partition of `logs`; `journal` records calls in order."""
-
-    def __init__(self, logs: dict[int, list[Record]], clock: FakeClock,
-                 on_idle: Callable[[], None]) -> None:
-        self.logs = logs
-        self.clock = clock
-        self.on_idle = on_idle
-        self.position = dict.fromkeys(logs, 0)
-        self.paused: set[int] = set()
-        self.assigned: set[int] = set()
-        self.stored: dict[int, int] = {}
-        self.committed: dict[int, int] = {}
-        self.journal: list[tuple[str, Any]] = []
-        self.pending_errors: list[KafkaError] = []
-        self.before_consume: list[Callable[[FakeConsumer], None]] = []
-        self.callbacks: dict[str, Any] = {}
-        self.config: dict[str, str] = {}
-        self.closed = False
-
-    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
-        assert topics == [TOPIC]
-        self.callbacks = callbacks
-
-    def rebalance(self) -> None:
-        revoked = [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
-        if revoked:
-            self.callbacks["on_revoke"](self, revoked)
-        self.assigned = set(self.logs)
-        self.position = {p: self.committed.get(p, 0) for p in self.logs}
-        self.journal.append(("rebalance", dict(self.committed)))
-        self.callbacks["on_assign"](self, [TopicPartition(TOPIC, p) for p in self.logs])
-
-    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
-        if not self.assigned:
-            self.rebalance()
-        while self.before_consume:
-            self.before_consume.pop(0)(self)
-        if self.pending_errors:
-            return [FakeMessage(TOPIC, -1, -1, (None, None, []), self.pending_errors.pop(0))]
-        batch: list[FakeMessage] = []
-        for partition in sorted(self.assigned - self.paused):
-            while self.position[partition] < len(self.logs[partition]) and \
-                    len(batch) < num_messages:
-                offset = self.position[partition]
-                batch.append(FakeMessage(TOPIC, partition, offset, self.logs[partition][offset]))
-                self.position[partition] += 1
-        if not batch:
-            self.clock.now += timeout
-            if not self.paused and all(self.position[p] == len(self.logs[p]) for p in self.logs):
-                self.on_idle()
-        return batch
-
-    def pause(self, partitions: list[TopicPartition]) -> None:
-        self.paused.update(p.partition for p in partitions)
-
-    def resume(self, partitions: list[TopicPartition]) -> None:
-        self.paused.difference_update(p.partition for p in partitions)
-
-    def seek(self, partition: TopicPartition) -> None:
-        self.position[partition.partition] = partition.offset
-
-    def store_offsets(self, offsets: list[TopicPartition]) -> None:
-        for tp in offsets:
-            if tp.partition not in self.assigned:
-                raise KafkaException(KafkaError(KafkaError._STATE))
-            self.stored[tp.partition] = tp.offset
-            self.journal.append(("store", (tp.partition, tp.offset)))
-
-    def commit(self, asynchronous: bool = True) -> None:
-        assert asynchronous is False
-        fresh = {p: o for p, o in self.stored.items() if self.committed.get(p) != o}
-        if not fresh:
-            raise KafkaException(KafkaError(KafkaError._NO_OFFSET))
-        self.committed.update(fresh)
-        self.journal.append(("commit", dict(self.committed)))
-
-    def close(self) -> None:
-        self.callbacks["on_revoke"](self, [TopicPartition(TOPIC, p) for p in self.assigned])
-        self.assigned.clear()
-        self.closed = True
-
-
-class FakeProducer:
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-        self.failures_left = 0
-        self.config: dict[str, str] = {}
-        self._pending: list[tuple[Callable[..., None], dict[str, Any]]] = []
-
-    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes | None]],
-                on_delivery: Callable[..., None]) -> None:
-        self._pending.append((on_delivery, {"topic": topic, "key": key, "value": value,
-                                            "headers": headers}))
-
-    def flush(self, timeout: float) -> int:
-        for on_delivery, record in self._pending:
-            if self.failures_left:
-                self.failures_left -= 1
-                on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), None)
-            else:
-                self.sent.append(record)
-                on_delivery(None, None)
-        self._pending.clear()
-        return 0
-
-
-class Harness:
-    """Builds a consumer over fakes; run() returns when every record is handled or stopped."""
-
-    def __init__(self, logs: dict[int, list[Record]], *, store: Any = None,
-                 retry: RetryPolicy | None = None, decoder: Any = None,
-                 event_id_source: str = "key",
-                 handler: Callable[[ConsumedEvent, Any], None] | None = None) -> None:
-        self.clock = FakeClock()
-        self.effects: list[ConsumedEvent] = []
-        self.store = store or MemoryDedupStore()
-        self.producer = FakeProducer()
-        self.settings = ConsumerSettings(
-            bootstrap_servers="fake:9092", group_id="fulfillment", topics=(TOPIC,),
-            dead_letter_topic=DLQ, event_id_source=event_id_source,  # type: ignore[arg-type]
-            retry=retry or RetryPolicy(max_attempts=3, initial_backoff_s=1.0,
-                                       max_backoff_s=4.0),
-            commit_interval_s=5.0)
-        self.loop: IdempotentConsumer[Any] = IdempotentConsumer(
-            self.settings, self.store, handler or self.record_effect, decoder=decoder,
-            consumer_factory=self._make_consumer, producer_factory=self._make_producer,
-            rng=random.Random(1), clock=self.clock)
-        self.kafka = FakeConsumer(logs, self.clock, self.loop.stop)
-
-    def _make_consumer(self, config: dict[str, str]) -> FakeConsumer:
-        self.kafka.config = config
-        return self.kafka
-
-    def _make_producer(self, config: dict[str, str]) -> FakeProducer:
-        self.producer.config = config
-        return self.producer
-
-    def record_effect(self, event: ConsumedEvent, _context: Any) -> None:
-        self.effects.append(event)
-
-    def run(self) -> None:
-        self.loop.run()
-
-    def stored_offset_of(self, partition: int) -> int:
-        return self.kafka.stored.get(partition, 0)
-
-
-def rec(key: str | None, value: object = None, headers: list[tuple[str, bytes | None]] | None
-        = None) -> Record:
-    raw = None if value is None else json.dumps(value).encode()
-    return (None if key is None else key.encode(), raw, headers or [])
-
-
-def dlq_headers(record: dict[str, Any]) -> dict[str, str]:
-    return {k: v.decode() for k, v in record["headers"] if k.startswith("dlq.")}
+from tests.unit.consumer_fakes import (
+    DLQ,
+    TOPIC,
+    FakeConsumer,
+    Harness,
+    Record,
+    dlq_headers,
+    rec,
+)
 
 
 def test_effect_runs_before_its_offset_is_stored_and_everything_is_committed() -> None:
@@ -246,6 +56,42 @@ def test_event_id_can_come_from_the_id_header() -> None:
                 event_id_source="header")
     h.run()
     assert [e.event_id for e in h.effects] == ["evt-1"]
+
+
+def test_by_default_the_id_header_wins_over_a_key_that_is_not_the_event_id() -> None:
+    # A route with `key: aggregate_id`: every event of order 42 has the key "42". Taking the
+    # key as the event id would acknowledge all but the first as duplicates, skipping them.
+    order_42 = [rec("42", headers=[("id", f"evt-{n}".encode()), ("type", b"OrderPaid")])
+                for n in range(3)]
+    h = Harness({0: [*order_42, rec("42", headers=[("id", b"evt-1")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-0", "evt-1", "evt-2"]
+    assert h.loop.stats.duplicates == 1  # the true duplicate of evt-1
+    assert h.settings.event_id_source == "auto"
+
+
+def test_by_default_a_record_without_an_id_header_falls_back_to_its_key() -> None:
+    h = Harness({0: [rec("evt-1"), rec("evt-1", headers=[("id", b"evt-1")]),
+                     rec("evt-2", headers=[("trace", b"t")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-1", "evt-2"]
+    assert h.loop.stats.duplicates == 1
+
+
+def test_by_default_an_empty_id_header_is_malformed_not_replaced_by_the_key() -> None:
+    # The key may be an aggregate id: falling back to it would merge distinct events.
+    h = Harness({0: [rec("42", headers=[("id", b"")]), rec("42", headers=[("id", b"e2")])]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["e2"]
+    [dead] = h.producer.sent
+    assert "header 'id'" in dlq_headers(dead)["dlq.error.message"]
+
+
+def test_event_id_source_key_reads_only_the_key() -> None:
+    h = Harness({0: [rec("k1", headers=[("id", b"evt-1")]), rec("k2", headers=[("id", b"evt-1")])]},
+                event_id_source="key")
+    h.run()
+    assert [e.event_id for e in h.effects] == ["k1", "k2"]
 
 
 def test_a_record_without_the_id_header_is_dead_lettered() -> None:
@@ -413,6 +259,29 @@ def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
     with pytest.raises(ConsumerFailed, match="fatal"):
+        h.run()
+    assert h.kafka.closed
+
+
+def test_a_fenced_static_member_stops_the_loop_although_librdkafka_calls_it_not_fatal() -> None:
+    # Classified by cdc_router.kafka.errors like the router's errors: another instance with
+    # our group.instance.id took over, and carrying on would process its records twice.
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
+    with pytest.raises(ConsumerFailed, match="FENCED_INSTANCE_ID"):
+        h.run()
+    assert h.kafka.closed
+
+
+def test_a_commit_refused_because_we_are_fenced_stops_the_loop() -> None:
+    h = Harness({0: [rec("a")]})
+
+    def fenced_commit(asynchronous: bool = True) -> None:
+        raise KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
+
+    h.kafka.commit = fenced_commit  # type: ignore[method-assign]
+    with pytest.raises(ConsumerFailed, match="cannot commit offsets of group fulfillment: "
+                                             "FENCED_INSTANCE_ID"):
         h.run()
     assert h.kafka.closed
 

@@ -1,0 +1,89 @@
+"""Dead letters Kafka will not take as they are: a record near message.max.bytes loses its value
+(not its coordinates), and a dead letter Kafka refuses for good stops the consumer with one
+line instead of retrying forever."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.consumer import ConsumedEvent, ConsumerFailed
+from cdc_router.dead_letter import VALUE_DROPPED
+from tests.unit.consumer_fakes import Harness, dlq_headers, rec, record_size
+
+NEAR_1_MB = b"x" * 999_000
+
+
+def poison(event: ConsumedEvent, _: None) -> None:
+    if event.event_id == "big":
+        raise ValueError("order 42 is unknown: " + "why " * 400)
+
+
+def test_a_record_near_message_max_bytes_is_dead_lettered_without_its_value() -> None:
+    h = Harness({0: [(b"big", NEAR_1_MB, [("trace", b"t-1")]), rec("next")]}, handler=poison)
+    h.run()
+    [dead] = h.producer.sent
+    assert dead["value"] is None and dead["key"] == b"big"
+    headers = dlq_headers(dead)
+    assert headers[VALUE_DROPPED] == str(len(NEAR_1_MB))
+    assert (headers["dlq.source.offset"], headers["dlq.stage"]) == ("0", "handle")
+    assert headers["dlq.error.message"].startswith("order 42 is unknown")
+    assert ("trace", b"t-1") in dead["headers"]  # the record's own headers travel along
+    assert record_size(dead["key"], dead["value"], dead["headers"]) < 1_000_000
+    assert h.loop.stats.processed == 1  # "next": the partition moved on
+    assert h.kafka.committed == {0: 2}
+
+
+def test_a_record_that_fits_keeps_its_value() -> None:
+    value = b"y" * 10_000
+    h = Harness({0: [(b"big", value, [])]}, handler=poison)
+    h.run()
+    [dead] = h.producer.sent
+    assert dead["value"] == value and VALUE_DROPPED not in dlq_headers(dead)
+
+
+def test_the_limit_follows_the_producers_message_max_bytes() -> None:
+    h = Harness({0: [(b"big", b"z" * 150_000, [])]}, handler=poison,
+                producer_config={"message.max.bytes": "200000"})
+    h.run()
+    [dead] = h.producer.sent
+    assert dead["value"] is None and dlq_headers(dead)[VALUE_DROPPED] == "150000"
+
+
+def test_a_dead_letter_the_broker_finds_too_large_is_retried_without_its_value() -> None:
+    # The dead-letter topic's max.message.bytes may be below the producer's limit.
+    h = Harness({0: [(b"big", b"v" * 100_000, []), rec("next")]}, handler=poison)
+    h.producer.refusals = [KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)]
+    h.run()
+    [dead] = h.producer.sent
+    assert dead["value"] is None and dlq_headers(dead)[VALUE_DROPPED] == "100000"
+    assert h.kafka.committed == {0: 2}
+
+
+@pytest.mark.parametrize("code", [KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                  KafkaError.MSG_SIZE_TOO_LARGE])
+def test_a_dead_letter_refused_for_good_stops_the_consumer_after_max_attempts(code: int) -> None:
+    h = Harness({0: [(None, b"{}", [])]})  # malformed: no event id
+    h.producer.refusals = [KafkaError(code)] * 10
+    with pytest.raises(ConsumerFailed, match=r"dead-letter .*payments.confirmed\[0\]@0.*"
+                                             r"fulfillment.dlq.*refused it 3 times"):
+        h.run()
+    assert h.producer.attempts == 3  # max_attempts, not forever
+    assert h.kafka.stored == {} and h.kafka.closed
+
+
+def test_a_dead_letter_that_times_out_is_retried_beyond_max_attempts() -> None:
+    # Not a refusal of the record: the broker may be away; never give up on it.
+    h = Harness({0: [(None, b"{}", []), rec("next")]})
+    h.producer.failures_left = 7
+    h.run()
+    assert len(h.producer.sent) == 1 and h.producer.attempts == 8
+    assert h.kafka.committed == {0: 2}
+
+
+def test_a_fatal_dead_letter_producer_is_rebuilt() -> None:
+    h = Harness({0: [(None, b"{}", [])]})
+    h.producer.refusals = [KafkaError(KafkaError._FATAL, "idempotence broken", fatal=True)]
+    h.run()
+    assert h.producers_built == 2  # the fatal one was dropped, not retried
+    assert len(h.producer.sent) == 1

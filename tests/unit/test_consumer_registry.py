@@ -1,0 +1,113 @@
+"""The idempotent consumer decoding Avro with a schema registry that fails: an outage is retried
+like a dedup-store outage (never acknowledged), an unknown schema id is dead-lettered."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import httpx
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from cdc_router.serde.avro import CONFLUENT_MAGIC, load_schema
+from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
+from cdc_router.serde.registry import RegistryError
+from tests.unit.consumer_fakes import Harness, Record, dlq_headers
+
+PAYMENT = Path(__file__).parent / "fixtures" / "avro" / "payment_confirmed.avsc"
+GOOD = {"payment_id": "pay-7", "order_id": 42, "amount_cents": 1999,
+        "lines": [{"sku": "brulee", "quantity": 2}]}
+
+
+class FlakyRegistry:
+    """confluent-kafka's mock registry behind a switch: the next `failures_left` lookups raise
+    `failure`, as the real client does when the registry is down, slow or failing."""
+
+    def __init__(self) -> None:
+        self.inner = SchemaRegistryClient.new_client({"url": "mock://consumer-registry"})
+        self.failure: Exception = RuntimeError("unused")
+        self.failures_left = 0
+
+    def get_schema(self, schema_id: int) -> Any:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise self.failure
+        return self.inner.get_schema(schema_id)
+
+
+def wire_format(registry: FlakyRegistry, schema_id: int | None = None) -> bytes:
+    """GOOD in the Confluent wire format; `schema_id` overrides the registered id."""
+    schema = load_schema(PAYMENT)
+    registered = registry.inner.register_schema("payments-value", Schema(schema.text, "AVRO"))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema.parsed, GOOD)
+    framing = (schema_id if schema_id is not None else registered).to_bytes(4, "big")
+    return CONFLUENT_MAGIC + framing + body.getvalue()
+
+
+OUTAGES = [
+    httpx.ConnectError("[Errno 111] Connection refused"),
+    httpx.ReadTimeout("timed out"),
+    SchemaRegistryError(503, 50003, "Error while forwarding the request to the leader"),
+    SchemaRegistryError(500, 50001, "Error in the backend data store"),
+    SchemaRegistryError(401, 40101, "Unauthorized"),
+    # A 404 without the registry's "schema not found" code: a wrong URL or a proxy's page.
+    SchemaRegistryError(404, -1, "<html>Not Found</html>"),
+]
+
+
+@pytest.mark.parametrize("failure", OUTAGES, ids=lambda e: type(e).__name__)
+def test_a_registry_that_cannot_answer_is_a_registry_error(failure: Exception) -> None:
+    registry = FlakyRegistry()
+    value = wire_format(registry)
+    registry.failure, registry.failures_left = failure, 1
+    with pytest.raises(RegistryError, match="schema id 1"):
+        PayloadDecoder(registry=registry).decode(value)  # type: ignore[arg-type]
+
+
+def test_an_id_the_registry_does_not_know_is_the_records_fault() -> None:
+    registry = FlakyRegistry()
+    with pytest.raises(PayloadDecodeError, match="schema id 99 is unknown to the registry"):
+        PayloadDecoder(registry=registry).decode(  # type: ignore[arg-type]
+            wire_format(registry, schema_id=99))
+
+
+def avro_harness(registry: FlakyRegistry, records: list[Record]) -> Harness:
+    decoder = PayloadDecoder(registry=registry)  # type: ignore[arg-type]
+    return Harness({0: records}, decoder=lambda raw: decoder.decode(raw or b"").value)
+
+
+@pytest.mark.parametrize("failure", OUTAGES, ids=lambda e: type(e).__name__)
+def test_a_registry_outage_is_retried_beyond_max_attempts_and_never_dead_lettered(
+        failure: Exception) -> None:
+    registry = FlakyRegistry()
+    value = wire_format(registry)
+    h = avro_harness(registry, [(b"evt-1", value, []), (b"evt-2", value, [])])
+    # More failures than max_attempts (3): an outage is not the record's fault.
+    registry.failure, registry.failures_left = failure, 7
+    h.run()
+    assert h.producer.sent == []
+    assert [e.event_id for e in h.effects] == ["evt-1", "evt-2"]
+    assert h.effects[0].payload["payment_id"] == "pay-7"
+    assert h.loop.stats.retries == 7
+    # Nothing was acknowledged while the registry was down: the first store is evt-1's.
+    stores = [entry for entry in h.kafka.journal if entry[0] == "store"]
+    assert stores == [("store", (0, 1)), ("store", (0, 2))]
+    assert h.kafka.committed == {0: 2}
+
+
+def test_an_unknown_schema_id_is_dead_lettered_and_the_partition_goes_on() -> None:
+    registry = FlakyRegistry()
+    h = avro_harness(registry, [(b"evt-1", wire_format(registry, schema_id=99), []),
+                                (b"evt-2", wire_format(registry), [])])
+    h.run()
+    assert [e.event_id for e in h.effects] == ["evt-2"]
+    [dead] = h.producer.sent
+    headers = dlq_headers(dead)
+    assert headers["dlq.stage"] == "decode"
+    assert "schema id 99 is unknown" in headers["dlq.error.message"]
+    assert h.kafka.committed == {0: 2}
