@@ -253,6 +253,9 @@ def purge(conn: psycopg.Connection[Any], table: str, created_at_column: str, old
 
     With an autocommit connection each chunk commits by itself; otherwise the caller commits.
     """
+    if batch_size < 1:
+        # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
+        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     created = sql.Identifier(created_at_column)
     cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
     if dry_run:

@@ -290,3 +290,21 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
     assert result.stderr.startswith("error: Postgres at 127.0.0.1:9/db: ")
     assert result.stderr.count("\n") == 1
     assert "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("size", ["0", "-5"])
+def test_purge_refuses_a_batch_size_below_one_before_connecting(size: str) -> None:
+    # A batch of 0 deletes 0 rows, which is "less than a full batch" never: it looped forever.
+    result = CliRunner().invoke(main, ["outbox", "purge", "--dsn", "postgresql://x@127.0.0.1:9/db",
+                                       "--older-than", "7d", "--batch-size", size, "--yes"])
+
+    assert result.exit_code == 2, result.output
+    assert "--batch-size" in result.stderr
+    assert "Postgres at" not in result.stderr
+
+
+def test_purge_itself_refuses_a_batch_size_below_one() -> None:
+    from cdc_router.cleanup import purge
+
+    with pytest.raises(ConfigError, match="batch_size"):
+        purge(None, "public.outbox", "created_at", 1000, 0)  # type: ignore[arg-type]
