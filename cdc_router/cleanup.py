@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.outbox import table_identifier
+from cdc_router.outbox import regclass_text, table_identifier
 from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 
@@ -48,6 +48,9 @@ class OutboxCleaner:
         self._settings = settings
         self._id_column = id_column
         self._created_at_column = created_at_column
+        # Checked here, so that a bad name stops `run` at once rather than the worker thread.
+        self._table = table_identifier(settings.table, "cleanup.table")
+        self._table_regclass = regclass_text(settings.table, "cleanup.table")
         # (event id, when its row may go: epoch ms, monotonic clock of delivery)
         self._pending: deque[tuple[str, int, float]] = deque()
         self._lock = threading.Lock()
@@ -162,8 +165,7 @@ class OutboxCleaner:
             return False
         conn = self._connection()
         query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
-            table_identifier(self._settings.table, "cleanup.table"),
-            sql.Identifier(self._id_column), sql.SQL(self._id_type(conn)))
+            self._table, sql.Identifier(self._id_column), sql.SQL(self._id_type(conn)))
         deleted = conn.execute(query, (batch,)).rowcount
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
@@ -180,7 +182,7 @@ class OutboxCleaner:
             row = conn.execute(
                 "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
                 "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
-                (self._settings.table, self._id_column)).fetchone()
+                (self._table_regclass, self._id_column)).fetchone()
             if row is None:
                 raise psycopg.errors.UndefinedColumn(
                     f"{self._settings.table} has no column {self._id_column}")
@@ -241,7 +243,7 @@ def outbox_stats(conn: psycopg.Connection[Any], table: str, created_at_column: s
         "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
         "pg_total_relation_size(%s::regclass) FROM {table}").format(
         created=sql.Identifier(created_at_column), table=table_identifier(table))
-    row = conn.execute(query, (table,)).fetchone()
+    row = conn.execute(query, (regclass_text(table),)).fetchone()
     assert row is not None
     rows, age, size = row
     return OutboxStats(table, int(rows), float(age) if age is not None else None, int(size))

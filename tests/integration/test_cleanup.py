@@ -14,9 +14,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
+from psycopg import sql
 
+from cdc_router.cleanup import OutboxCleaner
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
+from cdc_router.router import Delivered
+from cdc_router.settings import CleanupSettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints
 
@@ -143,31 +148,79 @@ def _point_cleanup_at(pipe: Pipeline) -> None:
     pipe.config_path.write_text(yaml.safe_dump(config))
 
 
-def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints) -> None:
-    table = f"purge_{os.getpid()}_{random.randrange(10**6)}"
+def _created_table(dsn: str, name: str) -> sql.Identifier:
+    table = sql.Identifier("public", name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),"
+                             " created_at timestamp(6) NOT NULL)").format(table))
+    return table
+
+
+def _drop(dsn: str, table: sql.Identifier) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+
+
+# The table as the user writes it: lower case, mixed case as is, mixed case in SQL's quotes.
+SPELLINGS = [("purge_{}", "public.{}"), ("Purge_{}", "public.{}"), ("Purge_{}", 'public."{}"')]
+
+
+@pytest.mark.parametrize(("name", "spelling"), SPELLINGS)
+def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints, name: str,
+                                                       spelling: str) -> None:
+    name = name.format(f"{os.getpid()}_{random.randrange(10**6)}")
+    table = _created_table(stack.postgres_dsn, name)
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE public.{table} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),"
-                     " created_at timestamp(6) NOT NULL)")
-        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT (now() AT TIME ZONE 'UTC')"
-                     " - make_interval(hours => g) FROM generate_series(1, 30) g")
-        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT now() AT TIME ZONE 'UTC'"
-                     " FROM generate_series(1, 5)")
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT (now() AT TIME ZONE 'UTC')"
+                             " - make_interval(hours => g) FROM generate_series(1, 30) g"
+                             ).format(table))
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC'"
+                             " FROM generate_series(1, 5)").format(table))
     env = {**os.environ, "CDC_ROUTER_PG_DSN": stack.postgres_dsn}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "cdc_router", "outbox", *args, "--table",
-                               f"public.{table}"], capture_output=True, text=True, env=env,
+                               spelling.format(name)], capture_output=True, text=True, env=env,
                               cwd=REPO, check=False)
 
     try:
-        before = json.loads(cli("stats", "-o", "json").stdout)
+        stats = cli("stats", "-o", "json")
+        assert stats.returncode == 0, stats.stderr
+        before = json.loads(stats.stdout)
         dry = cli("purge", "--older-than", "630m", "--dry-run")
         purged = cli("purge", "--older-than", "630m", "--batch-size", "7", "--yes")
         after = json.loads(cli("stats", "-o", "json").stdout)
     finally:
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE public.{table}")
+        _drop(stack.postgres_dsn, table)
     assert before["rows"] == 35 and before["oldest_age_s"] > 29 * 3600
     assert "20 rows" in dry.stdout, dry.stdout + dry.stderr
     assert "deleted 20 rows" in purged.stdout, purged.stdout + purged.stderr
     assert after["rows"] == 15 and after["oldest_age_s"] < 10.5 * 3600
+
+
+@pytest.mark.parametrize(("name", "spelling"), SPELLINGS[1:])
+def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name: str,
+                                                     spelling: str) -> None:
+    name = name.format(f"{os.getpid()}_{random.randrange(10**6)}")
+    table = _created_table(stack.postgres_dsn, name)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        ids = [str(row[0]) for row in conn.execute(sql.SQL(
+            "INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC' FROM "
+            "generate_series(1, 20) RETURNING id").format(table))]
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn=stack.postgres_dsn,
+                                            table=spelling.format(name), interval_ms=100),
+                            id_column="id", created_at_column="created_at",
+                            registry=CollectorRegistry())
+    cleaner.start()
+    try:
+        cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids[:15]])
+        deadline = time.monotonic() + 20
+        while cleaner.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        cleaner.stop()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            left = {str(row[0]) for row in conn.execute(
+                sql.SQL("SELECT id FROM {}").format(table))}
+        _drop(stack.postgres_dsn, table)
+    assert left == set(ids[15:])

@@ -60,3 +60,8 @@ def test_durations(text: str, ms: int):
 def test_bad_durations_name_the_option(text: str):
     with pytest.raises(ConfigError, match="--older-than"):
         parse_duration_ms(text)
+
+
+def test_a_bad_table_name_stops_the_cleaner_at_construction():
+    with pytest.raises(ConfigError, match=r"cleanup\.table"):
+        _cleaner(mode="delete", table="a.b.c")

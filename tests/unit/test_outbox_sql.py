@@ -21,7 +21,9 @@ from cdc_router.outbox import (
     _password_matches,
     init_steps,
     new_event_id,
+    regclass_text,
     render_psql,
+    split_table,
     write_event,
 )
 
@@ -67,6 +69,25 @@ def test_columns_are_renamed_by_their_default_names() -> None:
 def test_bad_schemas_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         OutboxSchema(**kwargs)
+
+
+@pytest.mark.parametrize(("written", "parts", "regclass"), [
+    ("outbox", ("public", "outbox"), '"public"."outbox"'),
+    ("public.OutBox", ("public", "OutBox"), '"public"."OutBox"'),
+    ('public."OutBox"', ("public", "OutBox"), '"public"."OutBox"'),
+    ('"My.Schema"."a""b"', ("My.Schema", 'a"b'), '"My.Schema"."a""b"'),
+])
+def test_table_names_keep_their_case_and_may_be_quoted(written: str, parts: tuple[str, str],
+                                                       regclass: str) -> None:
+    # ::regclass folds an unquoted name to lower case: lookups must get the quoted form.
+    assert split_table(written) == parts
+    assert regclass_text(written) == regclass
+
+
+@pytest.mark.parametrize("written", ['"OutBox', 'public."Out"Box', '"a".b.c'])
+def test_badly_quoted_table_names_are_config_errors(written: str) -> None:
+    with pytest.raises(ConfigError, match="table"):
+        split_table(written)
 
 
 # -- the DDL ---------------------------------------------------------------------------
