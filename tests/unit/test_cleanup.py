@@ -14,9 +14,9 @@ from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 
 
-def _cleaner(**settings: object) -> OutboxCleaner:
+def _cleaner(created_at_column: str | None = "created_at", **settings: object) -> OutboxCleaner:
     return OutboxCleaner(CleanupSettings(dsn="postgresql://unused", **settings),
-                         id_column="id", created_at_column="created_at",
+                         id_column="id", created_at_column=created_at_column,
                          registry=CollectorRegistry())
 
 
@@ -35,6 +35,65 @@ def test_retention_mode_waits_until_created_at_plus_retention():
     assert cleaner._due_count() == 1
 
 
+class _Result:
+    def __init__(self, rows: list[tuple[object, ...]]) -> None:
+        self.rowcount = len(rows)
+        self._rows = rows
+
+    def fetchall(self) -> list[tuple[object, ...]]:
+        return self._rows
+
+
+class _Outbox:
+    """A faithful stand-in for the connection: a table of ids, DELETE ... = ANY(%s) by id."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.rows = set(ids)
+        self.deletes: list[list[str]] = []
+
+    def execute(self, query: object, params: tuple[list[str], ...]) -> _Result:
+        text = query.as_string(None) if hasattr(query, "as_string") else str(query)
+        assert text.startswith("DELETE"), text
+        batch = list(params[0])
+        self.deletes.append(batch)
+        gone = [event_id for event_id in batch if event_id in self.rows]
+        self.rows -= set(gone)
+        return _Result([(event_id,) for event_id in gone])
+
+
+def _attach(cleaner: OutboxCleaner, outbox: _Outbox) -> None:
+    cleaner._connection = lambda: outbox  # type: ignore[method-assign,assignment,return-value]
+    cleaner._id_type = lambda conn: "uuid"  # type: ignore[method-assign]
+
+
+def test_delete_mode_ignores_created_at_so_a_future_row_blocks_nothing():
+    cleaner = _cleaner(mode="delete")
+    outbox = _Outbox(["future", "a", "b"])
+    _attach(cleaner, outbox)
+    in_3_hours = int(time.time() * 1000) + 3 * 3_600_000
+    cleaner.delivered([Delivered("future", "t", in_3_hours), Delivered("a", "t", 1),
+                       Delivered("b", "t", None)])
+
+    assert cleaner._delete_due()
+    assert outbox.deletes == [["future", "a", "b"]]
+    assert cleaner.pending_count() == 0
+
+
+def test_retention_mode_deletes_due_rows_behind_one_that_is_not_due():
+    cleaner = _cleaner(mode="retention", retention_ms=60_000, created_at_column=None)
+    outbox = _Outbox(["future", "old", "older"])
+    _attach(cleaner, outbox)
+    now_ms = int(time.time() * 1000)
+    cleaner.delivered([Delivered("future", "t", now_ms + 3 * 3_600_000),
+                       Delivered("old", "t", now_ms - 120_000),
+                       Delivered("older", "t", now_ms - 180_000)])
+
+    assert cleaner._delete_due()
+    assert sorted(outbox.deletes[0]) == ["old", "older"]
+    assert outbox.rows == {"future"}
+    assert cleaner.pending_count() == 1 and cleaner._due_count() == 0
+
+
 def test_mode_none_keeps_nothing():
     cleaner = OutboxCleaner(
         CleanupSettings(), id_column="id", created_at_column=None, registry=CollectorRegistry())
@@ -47,7 +106,7 @@ def test_pending_ids_are_bounded_oldest_given_up(monkeypatch: pytest.MonkeyPatch
     cleaner = _cleaner(mode="delete")
     cleaner.delivered([Delivered(str(i), "t", 1) for i in range(5)])
     assert cleaner.pending_count() == 3
-    assert [event_id for event_id, _, _ in cleaner._pending] == ["2", "3", "4"]
+    assert [event_id for event_id, _ in cleaner._due] == ["2", "3", "4"]
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("15m", 900_000),
