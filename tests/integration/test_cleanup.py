@@ -10,10 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
@@ -23,7 +26,7 @@ from cdc_router.local.config import load_saved
 from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
@@ -89,27 +92,145 @@ def test_retention_removes_rows_after_it_and_not_before(stack: StackEndpoints,
     assert early == [], f"{len(early)} rows removed before 2 s"
 
 
-def test_kill_9_during_delete_never_removes_an_undelivered_row(stack: StackEndpoints,
-                                                               tmp_path: Path) -> None:
+# Kill timings are random but replayable: a failure message names the seed.
+SEED = int(os.environ.get("CDC_ROUTER_TEST_SEED", "20240612"))
+
+
+def _committed_keys(pipe: Pipeline, topic: str, timeout_s: float = 60) -> set[str]:
+    """Keys of every record committed on `topic` so far, read by assigned partitions.
+
+    The end is the last stable offset: everything committed below the oldest open transaction
+    (a killed router's stays open until its successor fences it). No idle clock, no group.
+    """
+    bootstrap = pipe.stack.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
+                                  for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED,
+                                 request_timeout=30)
+    ends = {tp.partition: future.result().offset for tp, future in futures.items()}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("keys"),
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    keys: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                if not message.error():
+                    keys.add((message.key() or b"").decode())
+            behind = [tp for tp in consumer.position(
+                [TopicPartition(topic, p) for p in ends]) if tp.offset < ends[tp.partition]]
+            if not behind or all(consumer.get_watermark_offsets(tp, timeout=10)[0]
+                                 >= ends[tp.partition] for tp in behind):
+                return keys
+            assert time.monotonic() < deadline, f"{topic} not read to its end in {timeout_s}s"
+    finally:
+        consumer.close()
+
+
+def test_kill_9_during_delete_never_removes_an_undelivered_row_and_leaks_none(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    rng = random.Random(SEED)
     with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
         _point_cleanup_at(pipe)
         pipe.start_router()
         ids: list[str] = []
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(_orders(10_000), 100)))
         writer.start()
-        for _ in range(5):
-            time.sleep(random.uniform(0.5, 2.0))
+        for kill in range(5):
+            time.sleep(rng.uniform(0.5, 2.0))
             pipe.kill_router()
             left = _remaining(pipe)
-            delivered = {r.key().decode() for r in pipe.read_all(pipe.orders_topic, 2)}
+            delivered = _committed_keys(pipe, pipe.orders_topic)
             gone = set(ids) - left
-            assert gone <= delivered, f"{len(gone - delivered)} rows deleted before delivery"
+            assert gone <= delivered, (f"seed {SEED}, kill {kill}: {len(gone - delivered)} "
+                                       "rows deleted before delivery")
             pipe.start_router()
         writer.join()
         assert len(pipe.read(pipe.orders_topic, 10_000)) == 10_000
-        left = _remaining(pipe)
-        delivered = {r.key().decode() for r in pipe.read_all(pipe.orders_topic, 3)}
+        # The backlog is drained: every row is delivered, so none may stay, not even those a
+        # killed instance had committed but not deleted (the sweep reads them back).
+        left = _wait_until_empty(pipe, timeout_s=120)
+        delivered = _committed_keys(pipe, pipe.orders_topic)
     assert set(ids) - left <= delivered
+    assert left == set(), (f"seed {SEED}: {len(left)} delivered rows stay in the outbox; "
+                           f"router log:\n{pipe.router_log()[-2000:]}")
+
+
+def _count(pipe: Pipeline) -> int:
+    with psycopg.connect(pipe.stack.postgres_dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM public.{pipe.table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_rows_a_killed_router_delivered_are_deleted_after_all(stack: StackEndpoints,
+                                                              tmp_path: Path) -> None:
+    # Each kill lands while the router is deleting rows it has just committed: those ids
+    # lived only in the killed process's memory; the next instance reads them back from the
+    # changelog. The backlog is captured first, so that every life of the router routes.
+    rng = random.Random(SEED)
+    total = 20_000
+    with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
+        _point_cleanup_at(pipe)
+        ids = pipe.insert(_orders(total), 500)
+        assert len(pipe.read(pipe.raw_topic, total)) == total
+        kills = 0
+        for kill in range(5):
+            pipe.start_router()
+            before = _count(pipe)
+            deadline = time.monotonic() + 120
+            while _count(pipe) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _count(pipe) == 0:
+                break  # all routed already: nothing left to kill during
+            time.sleep(rng.uniform(0.05, 0.5))
+            pipe.kill_router()
+            kills += 1
+            left = _remaining(pipe)
+            delivered = _committed_keys(pipe, pipe.orders_topic)
+            gone = set(ids) - left
+            assert gone <= delivered, (f"seed {SEED}, kill {kill}: {len(gone - delivered)} "
+                                       "rows deleted before delivery")
+        pipe.start_router()
+        assert len(pipe.read(pipe.orders_topic, total)) == total
+        left = _wait_until_empty(pipe, timeout_s=120)
+    assert kills >= 3, f"seed {SEED}: the router was killed only {kills} times while routing"
+    assert left == set(), (f"seed {SEED}: {len(left)} delivered rows stay in the outbox after "
+                           f"{kills} kills; router log:\n{pipe.router_log()[-2000:]}")
+
+
+def test_a_row_dated_in_the_future_holds_up_no_delete_and_dead_letters_stay(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # 50 minutes ahead: still within the broker's message.timestamp.after.max.ms (1 hour), so
+    # the row is delivered. The oversized row is dead-lettered: its id is in the changelog,
+    # which the sweep reads, and its row must stay all the same.
+    config = {**_cleanup(stack, mode="delete"), "delivery": {"max_payload_bytes": 1000}}
+    with pipeline(stack, tmp_path, config=config) as pipe:
+        _point_cleanup_at(pipe)
+        pipe.start_router()
+        ids = pipe.insert(_orders(100))
+        future = str(uuid.uuid4())
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, "
+                         "type, payload, created_at) VALUES (%s, 'Order', 'order-x', "
+                         "'OrderPaid', '{}', (now() AT TIME ZONE 'UTC') + interval '50 minutes')",
+                         (future,))
+        ids += pipe.insert([("Order", "order-y", "OrderPaid", {"pad": "x" * 2000})]) + \
+            pipe.insert(_orders(100))
+        poison = ids[100]
+        assert len(pipe.read(pipe.orders_topic, 201)) == 201
+        assert len(pipe.read(pipe.dlq_topic, 1)) == 1
+        deadline = time.monotonic() + 60
+        left = _remaining(pipe)
+        while left != {poison} and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _remaining(pipe)
+        time.sleep(3)  # a sweep that would wrongly delete the dead-lettered row has had time
+        left = _remaining(pipe)
+    assert left == {poison}, f"{len(left)} rows left; router log:\n{pipe.router_log()[-2000:]}"
 
 
 def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndpoints,
