@@ -130,6 +130,13 @@ def _committed_keys(pipe: Pipeline, topic: str, timeout_s: float = 60) -> set[st
         consumer.close()
 
 
+def _assert_only_delivered_rows_gone(pipe: Pipeline, ids: list[str], when: str) -> None:
+    left = _remaining(pipe)  # first: a row deleted after this was delivered before the read
+    delivered = _committed_keys(pipe, pipe.orders_topic)
+    gone = set(ids) - left
+    assert gone <= delivered, f"{when}: {len(gone - delivered)} rows deleted before delivery"
+
+
 def test_kill_9_during_delete_never_removes_an_undelivered_row_and_leaks_none(
         stack: StackEndpoints, tmp_path: Path) -> None:
     rng = random.Random(SEED)
@@ -142,11 +149,7 @@ def test_kill_9_during_delete_never_removes_an_undelivered_row_and_leaks_none(
         for kill in range(5):
             time.sleep(rng.uniform(0.5, 2.0))
             pipe.kill_router()
-            left = _remaining(pipe)
-            delivered = _committed_keys(pipe, pipe.orders_topic)
-            gone = set(ids) - left
-            assert gone <= delivered, (f"seed {SEED}, kill {kill}: {len(gone - delivered)} "
-                                       "rows deleted before delivery")
+            _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
             pipe.start_router()
         writer.join()
         assert len(pipe.read(pipe.orders_topic, 10_000)) == 10_000
@@ -189,11 +192,7 @@ def test_rows_a_killed_router_delivered_are_deleted_after_all(stack: StackEndpoi
             time.sleep(rng.uniform(0.05, 0.5))
             pipe.kill_router()
             kills += 1
-            left = _remaining(pipe)
-            delivered = _committed_keys(pipe, pipe.orders_topic)
-            gone = set(ids) - left
-            assert gone <= delivered, (f"seed {SEED}, kill {kill}: {len(gone - delivered)} "
-                                       "rows deleted before delivery")
+            _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
         pipe.start_router()
         assert len(pipe.read(pipe.orders_topic, total)) == total
         left = _wait_until_empty(pipe, timeout_s=120)
