@@ -131,9 +131,13 @@ def _committed_keys(pipe: Pipeline, topic: str, timeout_s: float = 60) -> set[st
 
 
 def _assert_only_delivered_rows_gone(pipe: Pipeline, ids: list[str], when: str) -> None:
-    left = _remaining(pipe)  # first: a row deleted after this was delivered before the read
+    # In this order: the ids first (a writer thread may fill the list only now, after the
+    # table was read: its rows would look gone), then the table, then the destination (a row
+    # deleted after the table was read was delivered before the destination is read).
+    written = set(ids)
+    left = _remaining(pipe)
     delivered = _committed_keys(pipe, pipe.orders_topic)
-    gone = set(ids) - left
+    gone = written - left
     assert gone <= delivered, f"{when}: {len(gone - delivered)} rows deleted before delivery"
 
 
