@@ -1,17 +1,26 @@
 """Deleting, or ageing out, outbox rows whose events are committed on their destination topics.
 
 The router hands over each batch's delivered ids after its Kafka transaction committed. `delete`:
-a worker thread deletes them by id, in batches. `retention`: the same, once the row's created_at
-is `retention_ms` old. Memory is bounded: beyond MAX_PENDING_IDS the oldest ids are given up,
-and their rows stay for `cdc-router outbox purge` (never guessed at by age: with several raw
-partitions or router instances, no single instance knows what the others have delivered).
+a worker thread deletes them by id, in batches, at once. `retention`: the same, once the row's
+created_at is `retention_ms` old by Postgres's clock; ids wait in a heap by due time, so a row
+that is not due (even one dated in the future) holds up no other.
 
-A Postgres failure never stops routing: the ids wait, and the worker retries with backoff.
-Ids of events sent to the dead-letter topic are never handed over, so their rows stay.
+A killed router loses the ids it had committed but not yet deleted. With a `sweep`
+(CommittedIds: the dedup changelog, whose marks commit with the deliveries) the worker also reads
+every committed id back, from the changelog's start and then as it grows, and deletes those rows
+too: the cleanup converges after any crash. Without one (dedup disabled, or at_least_once) such
+rows stay for `cdc-router outbox purge --older-than`.
+
+Memory is bounded: beyond MAX_PENDING_IDS the oldest ids are given up, and their rows stay for
+the sweep or `outbox purge` (never guessed at by age: with several raw partitions or router
+instances, no single instance knows what the others have delivered). A Postgres or Kafka failure
+never stops routing: the ids wait, and the worker retries with backoff.
+Ids of events sent to the dead-letter topic are never handed over, nor swept: their rows stay.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import threading
@@ -19,37 +28,59 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import islice
+from typing import Any, Protocol
 
 import psycopg
+from confluent_kafka import KafkaException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
-from cdc_router.errors import ConfigError
-from cdc_router.outbox import table_identifier
+from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.outbox import regclass_text, table_identifier
 from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 
 log = logging.getLogger("cdc_router.cleanup")
 
 # Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
-# for `cdc-router outbox purge`): memory is bounded, and no undelivered row is ever touched.
+# for the sweep or `cdc-router outbox purge`): memory is bounded, and no undelivered row is
+# ever touched.
 MAX_PENDING_IDS = 2_000_000
+# Ids the sweep reads per step, in delete batches: it feeds the queue only while the queue is
+# short, so that the live ids go first and the queue stays small.
+SWEEP_BATCHES = 10
 LOG_EVERY_S = 30.0  # a summary line, not one per batch
 _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
 _MAX_BACKOFF_S = 30.0
+
+
+class CommittedIdSource(Protocol):
+    """Where the sweep reads committed ids from (cdc_router.committed_ids.CommittedIds)."""
+
+    def next(self, max_ids: int) -> list[tuple[str, int]]: ...
+
+    def close(self) -> None: ...
 
 
 class OutboxCleaner:
     """Runs the cleanup policy on its own thread; `delivered()` is called by the router."""
 
     def __init__(self, settings: CleanupSettings, *, id_column: str,
-                 created_at_column: str | None, registry: CollectorRegistry | None = None) -> None:
+                 created_at_column: str | None, registry: CollectorRegistry | None = None,
+                 sweep: CommittedIdSource | None = None) -> None:
         self._settings = settings
         self._id_column = id_column
         self._created_at_column = created_at_column
-        # (event id, when its row may go: epoch ms, monotonic clock of delivery)
-        self._pending: deque[tuple[str, int, float]] = deque()
+        # Checked here, so that a bad name stops `run` at once rather than the worker thread.
+        self._table = table_identifier(settings.table, "cleanup.table")
+        self._table_regclass = regclass_text(settings.table, "cleanup.table")
+        self._retention_ms = (settings.retention_ms or 0) if settings.mode == "retention" else None
+        self._sweep_source = sweep
+        self._sweep_retry_at = 0.0
+        self._sweep_backoff = 0.5
+        self._due: deque[tuple[str, int]] = deque()  # (event id, due since: epoch ms), FIFO
+        self._waiting: list[tuple[int, str]] = []  # retention: heap of (due at: epoch ms, id)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,6 +97,8 @@ class OutboxCleaner:
         self.given_up = Counter("cdc_router_cleanup_ids_given_up", "Delivered ids dropped from "
                                 "the cleanup queue while Postgres was unreachable",
                                 registry=registry)
+        self.swept = Counter("cdc_router_cleanup_ids_swept", "Committed ids the cleanup read "
+                             "back from the dedup changelog", registry=registry)
 
     # Called by the router, after commit ----------------------------------------------------
 
@@ -73,14 +106,23 @@ class OutboxCleaner:
         """Events committed on their destinations: their rows may go now (or when aged)."""
         if self._settings.mode == "none":
             return
-        now, now_ms = time.monotonic(), int(time.time() * 1000)
-        retention = (self._settings.retention_ms or 0) if self._settings.mode == "retention" else 0
+        now_ms = int(time.time() * 1000)
+        self._enqueue([(event.event_id, event.created_at_ms or now_ms) for event in events],
+                      now_ms)
+
+    def _enqueue(self, entries: Sequence[tuple[str, int]], now_ms: int) -> None:
+        """(event id, created or delivered ms): due now (delete) or after the retention."""
         with self._lock:
-            self._pending.extend(
-                (event.event_id, (event.created_at_ms or now_ms) + retention, now)
-                for event in events)
-            while len(self._pending) > MAX_PENDING_IDS:
-                self._pending.popleft()
+            if self._retention_ms is None:
+                self._due.extend((event_id, now_ms) for event_id, _ in entries)
+            else:
+                for event_id, since_ms in entries:
+                    heapq.heappush(self._waiting, (since_ms + self._retention_ms, event_id))
+            while len(self._due) + len(self._waiting) > MAX_PENDING_IDS:
+                if self._due:
+                    self._due.popleft()
+                else:
+                    heapq.heappop(self._waiting)
                 self.given_up.inc()
 
     # Lifecycle -----------------------------------------------------------------------------
@@ -102,15 +144,17 @@ class OutboxCleaner:
         self._thread.join(timeout=drain_timeout_s)
         if self._conn is not None:
             self._conn.close()
+        if self._sweep_source is not None and not self._thread.is_alive():
+            self._sweep_source.close()
 
     def pending_count(self) -> int:
         with self._lock:
-            return len(self._pending)
+            return len(self._due) + len(self._waiting)
 
     def _due_count(self) -> int:
         now_ms = int(time.time() * 1000)
         with self._lock:
-            return sum(1 for _, due_ms, _ in self._pending if due_ms <= now_ms)
+            return len(self._due) + sum(1 for due_ms, _ in self._waiting if due_ms <= now_ms)
 
     # The worker ----------------------------------------------------------------------------
 
@@ -119,6 +163,7 @@ class OutboxCleaner:
         interval_s = self._settings.interval_ms / 1000
         while not self._stop.is_set():
             try:
+                swept = self._sweep()
                 worked = self._delete_due()
                 backoff = 0.5
             except psycopg.Error as error:
@@ -131,8 +176,30 @@ class OutboxCleaner:
                 continue
             self._update_lag()
             self._log_progress()
-            if not worked:
+            if not worked and not swept:
                 self._stop.wait(interval_s)
+
+    def _sweep(self) -> bool:
+        """Queue the next committed ids from the changelog; True if some came."""
+        if self._sweep_source is None or time.monotonic() < self._sweep_retry_at:
+            return False
+        batch_size = self._settings.batch_size
+        with self._lock:
+            if len(self._due) >= batch_size:
+                return False  # deletes first: the queue stays short
+        try:
+            found = self._sweep_source.next(batch_size * SWEEP_BATCHES)
+        except (KafkaException, CdcRouterError) as error:
+            # Kafka's trouble must not stop the deletes: they go on, the sweep tries again.
+            log.warning("event=cleanup_sweep_failed error=%r retry_in_s=%.1f", str(error),
+                        self._sweep_backoff)
+            self._sweep_retry_at = time.monotonic() + self._sweep_backoff
+            self._sweep_backoff = min(self._sweep_backoff * 2, _MAX_BACKOFF_S)
+            return False
+        self._sweep_backoff = 0.5
+        self._enqueue(found, int(time.time() * 1000))
+        self.swept.inc(len(found))
+        return bool(found)
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -149,30 +216,59 @@ class OutboxCleaner:
             finally:
                 self._conn = None
 
+    def _take_batch(self, now_ms: int) -> list[str]:
+        """Up to one batch of due ids (left queued until deleted)."""
+        with self._lock:
+            while self._waiting and self._waiting[0][0] <= now_ms:
+                due_ms, event_id = heapq.heappop(self._waiting)
+                self._due.append((event_id, due_ms))
+            return [event_id for event_id, _ in islice(self._due, self._settings.batch_size)]
+
     def _delete_due(self) -> bool:
         """Delete up to one batch of delivered ids that are due; True if there were any."""
         now_ms = int(time.time() * 1000)
-        with self._lock:
-            batch: list[str] = []
-            for event_id, due_ms, _ in self._pending:
-                if due_ms > now_ms or len(batch) >= self._settings.batch_size:
-                    break
-                batch.append(event_id)
+        batch = self._take_batch(now_ms)
         if not batch:
             return False
         conn = self._connection()
-        query = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
-            table_identifier(self._settings.table, "cleanup.table"),
-            sql.Identifier(self._id_column), sql.SQL(self._id_type(conn)))
-        deleted = conn.execute(query, (batch,)).rowcount
+        deleted, not_yet = self._delete(conn, batch, now_ms)
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
             for event_id in batch:
-                if self._pending and self._pending[0][0] == event_id:
-                    self._pending.popleft()
+                if self._due and self._due[0][0] == event_id:
+                    self._due.popleft()
+            for entry in not_yet:
+                heapq.heappush(self._waiting, entry)
         self._count_deleted(deleted)
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
         return True
+
+    def _delete(self, conn: psycopg.Connection[Any], batch: list[str],
+                now_ms: int) -> tuple[int, list[tuple[int, str]]]:
+        """Delete the batch's rows; (rows deleted, (due ms, id) of rows Postgres finds young)."""
+        where = sql.SQL("{} = ANY(%s::{}[])").format(sql.Identifier(self._id_column),
+                                                      sql.SQL(self._id_type(conn)))
+        if self._retention_ms is None or self._created_at_column is None:
+            return conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(self._table, where),
+                                (batch,)).rowcount, []
+        # Retention: the due time came from the router's clock (or, for swept ids, from the
+        # delivery time); Postgres's created_at and clock decide. Rows still young wait again.
+        created = sql.Identifier(self._created_at_column)
+        cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
+        gone = {row[0] for row in conn.execute(sql.SQL(
+            "DELETE FROM {} WHERE {} AND {} < {} RETURNING {}::text").format(
+            self._table, where, created, cutoff, sql.Identifier(self._id_column)),
+            (batch, self._retention_ms)).fetchall()}
+        rest = [event_id for event_id in batch if event_id not in gone]
+        if not rest:
+            return len(gone), []
+        young = conn.execute(sql.SQL(
+            "SELECT {}::text, (extract(epoch FROM {}) * 1000)::bigint FROM {} WHERE {}").format(
+            sql.Identifier(self._id_column), created, self._table, where), (rest,)).fetchall()
+        # Never sooner than the next round: a clock behind Postgres's must not spin the worker.
+        soonest = now_ms + self._settings.interval_ms
+        return len(gone), [(max(int(created_ms) + self._retention_ms, soonest), str(event_id))
+                           for event_id, created_ms in young]
 
     def _id_type(self, conn: psycopg.Connection[Any]) -> str:
         """The id column's SQL type (uuid, text, bigint, ...), read once, for the array cast."""
@@ -180,7 +276,7 @@ class OutboxCleaner:
             row = conn.execute(
                 "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
                 "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
-                (self._settings.table, self._id_column)).fetchone()
+                (self._table_regclass, self._id_column)).fetchone()
             if row is None:
                 raise psycopg.errors.UndefinedColumn(
                     f"{self._settings.table} has no column {self._id_column}")
@@ -200,7 +296,7 @@ class OutboxCleaner:
     def _update_lag(self) -> None:
         now_ms = int(time.time() * 1000)
         with self._lock:
-            oldest = self._pending[0] if self._pending else None
+            oldest = self._due[0] if self._due else None
         # Lag: how long the oldest id has been due (retention's planned wait does not count).
         self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000)
         self.lag.set(self._lag_s)
@@ -241,7 +337,7 @@ def outbox_stats(conn: psycopg.Connection[Any], table: str, created_at_column: s
         "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
         "pg_total_relation_size(%s::regclass) FROM {table}").format(
         created=sql.Identifier(created_at_column), table=table_identifier(table))
-    row = conn.execute(query, (table,)).fetchone()
+    row = conn.execute(query, (regclass_text(table),)).fetchone()
     assert row is not None
     rows, age, size = row
     return OutboxStats(table, int(rows), float(age) if age is not None else None, int(size))
@@ -253,6 +349,9 @@ def purge(conn: psycopg.Connection[Any], table: str, created_at_column: str, old
 
     With an autocommit connection each chunk commits by itself; otherwise the caller commits.
     """
+    if batch_size < 1:
+        # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
+        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     created = sql.Identifier(created_at_column)
     cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
     if dry_run:

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
 DEFAULT_PUBLICATION = "cdc_router_outbox"
 DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
 _MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
+_QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
 
 
 class DatabaseError(CdcRouterError):
@@ -48,17 +50,45 @@ def _check_identifier(name: str, what: str) -> str:
 
 
 def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
-    """`schema.table` or `table` (schema `public`) → (schema, table), both checked."""
-    parts = qualified.split(".")
+    """`schema.table` or `table` (schema `public`) → (schema, table), both checked.
+
+    A name is taken as written, case included (`public.OutBox` is the table "OutBox"); a part
+    may also be double-quoted as in SQL (`public."Out.Box"`), the quotes are then removed.
+    """
+    parts = _name_parts(qualified, what)
     if len(parts) > 2:
         raise ConfigError("expected schema.table or table", field=what, value=qualified)
     schema, table = parts if len(parts) == 2 else ("public", parts[0])
     return _check_identifier(schema, what), _check_identifier(table, what)
 
 
+def _name_parts(qualified: str, what: str) -> list[str]:
+    parts, rest = [], qualified
+    while True:
+        if rest.startswith('"'):
+            quoted = _QUOTED_PART.match(rest)
+            if quoted is None or (quoted.end() < len(rest) and rest[quoted.end()] != "."):
+                raise ConfigError("unbalanced double quotes", field=what, value=qualified,
+                                  hint='write schema."Table", doubling any " inside')
+            parts.append(quoted.group(1).replace('""', '"'))
+            rest = rest[quoted.end():]
+        else:
+            part = rest.partition(".")[0]
+            parts.append(part)
+            rest = rest[len(part):]
+        if not rest:
+            return parts
+        rest = rest[1:]  # the dot
+
+
 def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
     """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
     return sql.Identifier(*split_table(qualified, what))
+
+
+def regclass_text(qualified: str, what: str = "table") -> str:
+    """The table's quoted name as text, for `%s::regclass`: the cast folds unquoted names."""
+    return table_identifier(qualified, what).as_string(None)
 
 
 # Default column name → OutboxSchema field, for renaming columns by the names people know.
@@ -166,8 +196,8 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     outbox_schema, _ = split_table(schema.table)
     heartbeat_schema, _ = split_table(setup.heartbeat_table, "heartbeat_table")
     heartbeat = table_identifier(setup.heartbeat_table, "heartbeat_table")
-    quoted_outbox = schema.identifier.as_string(None)
-    quoted_heartbeat = heartbeat.as_string(None)
+    quoted_outbox = regclass_text(schema.table)
+    quoted_heartbeat = regclass_text(setup.heartbeat_table, "heartbeat_table")
     steps = [Step(f"schema {name}", sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                       sql.Identifier(name)),
                   _exists("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = {})", name))

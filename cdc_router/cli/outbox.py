@@ -183,7 +183,7 @@ def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
 @schema_options
 @click.option("--older-than", required=True, metavar="DURATION",
               help="Delete rows created longer ago than this: 30s, 15m, 12h, 7d.")
-@click.option("--batch-size", default=5000, show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Rows per DELETE (each in its own short transaction).")
 @click.option("--dry-run", is_flag=True, help="Only count the rows that would go.")
 @click.option("--yes", is_flag=True, help="Do not ask.")

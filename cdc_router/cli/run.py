@@ -13,14 +13,28 @@ import click
 from confluent_kafka import KafkaException
 
 from cdc_router.cleanup import OutboxCleaner
+from cdc_router.committed_ids import CommittedIds
 from cdc_router.config_file import load_config
 from cdc_router.errors import DeliveryError
 from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router import OutboxRouter
+from cdc_router.settings import RouterConfig
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
 _STALL_S = 120.0
+
+
+def _sweep(config: RouterConfig) -> CommittedIds | None:
+    """The cleanup's sweep over the dedup changelog, where its marks prove a delivery."""
+    if (config.cleanup.mode == "none" or not config.dedup.enabled
+            or config.delivery.guarantee != "exactly_once"):
+        return None
+    # librdkafka's own log lines go through logging, as the router's do.
+    kafka = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
+    return CommittedIds(kafka, changelog_topic=config.dedup.changelog_topic,
+                        dead_letter_topic=config.dead_letter.topic,
+                        window_ms=config.dedup.window_ms)
 
 
 @click.command(name="run")
@@ -41,7 +55,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     metrics = RouterMetrics()
     cleaner = OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
                             created_at_column=config.source.outbox.created_at,
-                            registry=metrics.registry)
+                            registry=metrics.registry, sweep=_sweep(config))
     router = OutboxRouter(config, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
 

@@ -41,6 +41,19 @@ def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:
         consumer.seek(TopicPartition(committed.topic, committed.partition, offset))
 
 
+def log_end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+    """partition → the log end offset as read_uncommitted sees it (open transactions included).
+
+    A read_committed consumer's watermarks stop at the last stable offset, which an open
+    transaction holds back; this is where a record written before now certainly lies below.
+    """
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    futures = admin.list_offsets({TopicPartition(topic, p): latest for p in partitions},
+                                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                 request_timeout=30)
+    return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+
 class ChangelogReader:
     """Reads every partition of a compacted changelog topic, resuming where it stopped."""
 
@@ -97,17 +110,10 @@ class ChangelogReader:
         return self._consumer
 
     def _high_watermarks(self, consumer: Consumer) -> dict[int, int]:
-        # A read_committed consumer's watermarks stop at the last stable offset, which an open
-        # transaction holds back: ask for the log end as read_uncommitted sees it.
         if self._admin is None:
             self._admin = AdminClient(self._client_config)
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        wanted = {TopicPartition(self._topic, tp.partition): latest
-                  for tp in consumer.assignment()}
-        futures = self._admin.list_offsets(wanted,
-                                           isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                           request_timeout=30)
-        return {tp.partition: future.result().offset for tp, future in futures.items()}
+        return log_end_offsets(self._admin, self._topic,
+                               [tp.partition for tp in consumer.assignment()])
 
     def _reached(self, consumer: Consumer, ends: dict[int, int]) -> bool:
         positions = consumer.position([TopicPartition(self._topic, p) for p in ends])

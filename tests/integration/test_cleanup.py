@@ -10,15 +10,23 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from prometheus_client import CollectorRegistry
+from psycopg import sql
 
+from cdc_router.cleanup import OutboxCleaner
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
+from cdc_router.router import Delivered
+from cdc_router.settings import CleanupSettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
@@ -84,27 +92,152 @@ def test_retention_removes_rows_after_it_and_not_before(stack: StackEndpoints,
     assert early == [], f"{len(early)} rows removed before 2 s"
 
 
-def test_kill_9_during_delete_never_removes_an_undelivered_row(stack: StackEndpoints,
-                                                               tmp_path: Path) -> None:
+# Kill timings are random but replayable: a failure message names the seed.
+SEED = int(os.environ.get("CDC_ROUTER_TEST_SEED", "20240612"))
+
+
+def _committed_keys(pipe: Pipeline, topic: str, timeout_s: float = 60) -> set[str]:
+    """Keys of every record committed on `topic` so far, read by assigned partitions.
+
+    The end is the last stable offset: everything committed below the oldest open transaction
+    (a killed router's stays open until its successor fences it). No idle clock, no group.
+    """
+    bootstrap = pipe.stack.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
+                                  for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED,
+                                 request_timeout=30)
+    ends = {tp.partition: future.result().offset for tp, future in futures.items()}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("keys"),
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    keys: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                if not message.error():
+                    keys.add((message.key() or b"").decode())
+            behind = [tp for tp in consumer.position(
+                [TopicPartition(topic, p) for p in ends]) if tp.offset < ends[tp.partition]]
+            if not behind or all(consumer.get_watermark_offsets(tp, timeout=10)[0]
+                                 >= ends[tp.partition] for tp in behind):
+                return keys
+            assert time.monotonic() < deadline, f"{topic} not read to its end in {timeout_s}s"
+    finally:
+        consumer.close()
+
+
+def _assert_only_delivered_rows_gone(pipe: Pipeline, ids: list[str], when: str) -> None:
+    # In this order: the ids first (a writer thread may fill the list only now, after the
+    # table was read: its rows would look gone), then the table, then the destination (a row
+    # deleted after the table was read was delivered before the destination is read).
+    written = set(ids)
+    left = _remaining(pipe)
+    delivered = _committed_keys(pipe, pipe.orders_topic)
+    gone = written - left
+    assert gone <= delivered, f"{when}: {len(gone - delivered)} rows deleted before delivery"
+
+
+def test_kill_9_during_delete_never_removes_an_undelivered_row_and_leaks_none(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    rng = random.Random(SEED)
     with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
         _point_cleanup_at(pipe)
         pipe.start_router()
         ids: list[str] = []
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(_orders(10_000), 100)))
         writer.start()
-        for _ in range(5):
-            time.sleep(random.uniform(0.5, 2.0))
+        for kill in range(5):
+            time.sleep(rng.uniform(0.5, 2.0))
             pipe.kill_router()
-            left = _remaining(pipe)
-            delivered = {r.key().decode() for r in pipe.read_all(pipe.orders_topic, 2)}
-            gone = set(ids) - left
-            assert gone <= delivered, f"{len(gone - delivered)} rows deleted before delivery"
+            _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
             pipe.start_router()
         writer.join()
         assert len(pipe.read(pipe.orders_topic, 10_000)) == 10_000
-        left = _remaining(pipe)
-        delivered = {r.key().decode() for r in pipe.read_all(pipe.orders_topic, 3)}
+        # The backlog is drained: every row is delivered, so none may stay, not even those a
+        # killed instance had committed but not deleted (the sweep reads them back).
+        left = _wait_until_empty(pipe, timeout_s=120)
+        delivered = _committed_keys(pipe, pipe.orders_topic)
     assert set(ids) - left <= delivered
+    assert left == set(), (f"seed {SEED}: {len(left)} delivered rows stay in the outbox; "
+                           f"router log:\n{pipe.router_log()[-2000:]}")
+
+
+def _count(pipe: Pipeline) -> int:
+    with psycopg.connect(pipe.stack.postgres_dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM public.{pipe.table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_rows_a_killed_router_delivered_are_deleted_after_all(stack: StackEndpoints,
+                                                              tmp_path: Path) -> None:
+    # Each kill lands while the router is deleting rows it has just committed: those ids
+    # lived only in the killed process's memory; the next instance reads them back from the
+    # changelog. The backlog is captured first, so that every life of the router routes.
+    rng = random.Random(SEED)
+    total = 20_000
+    with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
+        _point_cleanup_at(pipe)
+        ids = pipe.insert(_orders(total), 500)
+        assert len(pipe.read(pipe.raw_topic, total)) == total
+        kills = 0
+        for kill in range(5):
+            pipe.start_router()
+            before = _count(pipe)
+            deadline = time.monotonic() + 120
+            while _count(pipe) == before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _count(pipe) == 0:
+                break  # all routed already: nothing left to kill during
+            time.sleep(rng.uniform(0.05, 0.5))
+            pipe.kill_router()
+            kills += 1
+            _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
+        pipe.start_router()
+        assert len(pipe.read(pipe.orders_topic, total)) == total
+        left = _wait_until_empty(pipe, timeout_s=120)
+    assert kills >= 3, f"seed {SEED}: the router was killed only {kills} times while routing"
+    assert left == set(), (f"seed {SEED}: {len(left)} delivered rows stay in the outbox after "
+                           f"{kills} kills; router log:\n{pipe.router_log()[-2000:]}")
+
+
+@pytest.mark.parametrize("mode", ["delete", "retention"])
+def test_a_row_dated_in_the_future_holds_up_no_delete_and_dead_letters_stay(
+        stack: StackEndpoints, tmp_path: Path, mode: str) -> None:
+    # 50 minutes ahead: still within the broker's message.timestamp.after.max.ms (1 hour), so
+    # the row is delivered (and, with a retention, stays: it is not old enough). The oversized
+    # row is dead-lettered: its id is in the changelog, which the sweep reads, and its row must
+    # stay all the same.
+    retention = {"retention_ms": 2_000} if mode == "retention" else {}
+    config = {**_cleanup(stack, mode=mode, **retention), "delivery": {"max_payload_bytes": 1000}}
+    with pipeline(stack, tmp_path, config=config) as pipe:
+        _point_cleanup_at(pipe)
+        pipe.start_router()
+        ids = pipe.insert(_orders(100))
+        future = str(uuid.uuid4())
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, "
+                         "type, payload, created_at) VALUES (%s, 'Order', 'order-x', "
+                         "'OrderPaid', '{}', (now() AT TIME ZONE 'UTC') + interval '50 minutes')",
+                         (future,))
+        ids += pipe.insert([("Order", "order-y", "OrderPaid", {"pad": "x" * 2000})]) + \
+            pipe.insert(_orders(100))
+        poison = ids[100]
+        expected = {poison} if mode == "delete" else {poison, future}
+        assert len(pipe.read(pipe.orders_topic, 201)) == 201
+        assert len(pipe.read(pipe.dlq_topic, 1)) == 1
+        deadline = time.monotonic() + 60
+        left = _remaining(pipe)
+        while left != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _remaining(pipe)
+        time.sleep(3)  # a sweep that would wrongly delete the dead-lettered row has had time
+        left = _remaining(pipe)
+    assert left == expected, f"{len(left)} rows left; router log:\n{pipe.router_log()[-2000:]}"
 
 
 def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndpoints,
@@ -143,31 +276,79 @@ def _point_cleanup_at(pipe: Pipeline) -> None:
     pipe.config_path.write_text(yaml.safe_dump(config))
 
 
-def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints) -> None:
-    table = f"purge_{os.getpid()}_{random.randrange(10**6)}"
+def _created_table(dsn: str, name: str) -> sql.Identifier:
+    table = sql.Identifier("public", name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),"
+                             " created_at timestamp(6) NOT NULL)").format(table))
+    return table
+
+
+def _drop(dsn: str, table: sql.Identifier) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+
+
+# The table as the user writes it: lower case, mixed case as is, mixed case in SQL's quotes.
+SPELLINGS = [("purge_{}", "public.{}"), ("Purge_{}", "public.{}"), ("Purge_{}", 'public."{}"')]
+
+
+@pytest.mark.parametrize(("name", "spelling"), SPELLINGS)
+def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints, name: str,
+                                                       spelling: str) -> None:
+    name = name.format(f"{os.getpid()}_{random.randrange(10**6)}")
+    table = _created_table(stack.postgres_dsn, name)
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE public.{table} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(),"
-                     " created_at timestamp(6) NOT NULL)")
-        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT (now() AT TIME ZONE 'UTC')"
-                     " - make_interval(hours => g) FROM generate_series(1, 30) g")
-        conn.execute(f"INSERT INTO public.{table} (created_at) SELECT now() AT TIME ZONE 'UTC'"
-                     " FROM generate_series(1, 5)")
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT (now() AT TIME ZONE 'UTC')"
+                             " - make_interval(hours => g) FROM generate_series(1, 30) g"
+                             ).format(table))
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC'"
+                             " FROM generate_series(1, 5)").format(table))
     env = {**os.environ, "CDC_ROUTER_PG_DSN": stack.postgres_dsn}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "cdc_router", "outbox", *args, "--table",
-                               f"public.{table}"], capture_output=True, text=True, env=env,
+                               spelling.format(name)], capture_output=True, text=True, env=env,
                               cwd=REPO, check=False)
 
     try:
-        before = json.loads(cli("stats", "-o", "json").stdout)
+        stats = cli("stats", "-o", "json")
+        assert stats.returncode == 0, stats.stderr
+        before = json.loads(stats.stdout)
         dry = cli("purge", "--older-than", "630m", "--dry-run")
         purged = cli("purge", "--older-than", "630m", "--batch-size", "7", "--yes")
         after = json.loads(cli("stats", "-o", "json").stdout)
     finally:
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE public.{table}")
+        _drop(stack.postgres_dsn, table)
     assert before["rows"] == 35 and before["oldest_age_s"] > 29 * 3600
     assert "20 rows" in dry.stdout, dry.stdout + dry.stderr
     assert "deleted 20 rows" in purged.stdout, purged.stdout + purged.stderr
     assert after["rows"] == 15 and after["oldest_age_s"] < 10.5 * 3600
+
+
+@pytest.mark.parametrize(("name", "spelling"), SPELLINGS[1:])
+def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name: str,
+                                                     spelling: str) -> None:
+    name = name.format(f"{os.getpid()}_{random.randrange(10**6)}")
+    table = _created_table(stack.postgres_dsn, name)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        ids = [str(row[0]) for row in conn.execute(sql.SQL(
+            "INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC' FROM "
+            "generate_series(1, 20) RETURNING id").format(table))]
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn=stack.postgres_dsn,
+                                            table=spelling.format(name), interval_ms=100),
+                            id_column="id", created_at_column="created_at",
+                            registry=CollectorRegistry())
+    cleaner.start()
+    try:
+        cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids[:15]])
+        deadline = time.monotonic() + 20
+        while cleaner.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        cleaner.stop()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            left = {str(row[0]) for row in conn.execute(
+                sql.SQL("SELECT id FROM {}").format(table))}
+        _drop(stack.postgres_dsn, table)
+    assert left == set(ids[15:])

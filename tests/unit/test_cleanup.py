@@ -5,18 +5,20 @@ from __future__ import annotations
 import time
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
 from cdc_router import cleanup
 from cdc_router.cleanup import OutboxCleaner, parse_duration_ms
+from cdc_router.committed_ids import CommittedIds
 from cdc_router.errors import ConfigError
 from cdc_router.router import Delivered
-from cdc_router.settings import CleanupSettings
+from cdc_router.settings import CleanupSettings, RouterConfig
 
 
-def _cleaner(**settings: object) -> OutboxCleaner:
+def _cleaner(created_at_column: str | None = "created_at", **settings: object) -> OutboxCleaner:
     return OutboxCleaner(CleanupSettings(dsn="postgresql://unused", **settings),
-                         id_column="id", created_at_column="created_at",
+                         id_column="id", created_at_column=created_at_column,
                          registry=CollectorRegistry())
 
 
@@ -35,6 +37,65 @@ def test_retention_mode_waits_until_created_at_plus_retention():
     assert cleaner._due_count() == 1
 
 
+class _Result:
+    def __init__(self, rows: list[tuple[object, ...]]) -> None:
+        self.rowcount = len(rows)
+        self._rows = rows
+
+    def fetchall(self) -> list[tuple[object, ...]]:
+        return self._rows
+
+
+class _Outbox:
+    """A faithful stand-in for the connection: a table of ids, DELETE ... = ANY(%s) by id."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.rows = set(ids)
+        self.deletes: list[list[str]] = []
+
+    def execute(self, query: object, params: tuple[list[str], ...]) -> _Result:
+        text = query.as_string(None) if hasattr(query, "as_string") else str(query)
+        assert text.startswith("DELETE"), text
+        batch = list(params[0])
+        self.deletes.append(batch)
+        gone = [event_id for event_id in batch if event_id in self.rows]
+        self.rows -= set(gone)
+        return _Result([(event_id,) for event_id in gone])
+
+
+def _attach(cleaner: OutboxCleaner, outbox: _Outbox) -> None:
+    cleaner._connection = lambda: outbox  # type: ignore[method-assign,assignment,return-value]
+    cleaner._id_type = lambda conn: "uuid"  # type: ignore[method-assign]
+
+
+def test_delete_mode_ignores_created_at_so_a_future_row_blocks_nothing():
+    cleaner = _cleaner(mode="delete")
+    outbox = _Outbox(["future", "a", "b"])
+    _attach(cleaner, outbox)
+    in_3_hours = int(time.time() * 1000) + 3 * 3_600_000
+    cleaner.delivered([Delivered("future", "t", in_3_hours), Delivered("a", "t", 1),
+                       Delivered("b", "t", None)])
+
+    assert cleaner._delete_due()
+    assert outbox.deletes == [["future", "a", "b"]]
+    assert cleaner.pending_count() == 0
+
+
+def test_retention_mode_deletes_due_rows_behind_one_that_is_not_due():
+    cleaner = _cleaner(mode="retention", retention_ms=60_000, created_at_column=None)
+    outbox = _Outbox(["future", "old", "older"])
+    _attach(cleaner, outbox)
+    now_ms = int(time.time() * 1000)
+    cleaner.delivered([Delivered("future", "t", now_ms + 3 * 3_600_000),
+                       Delivered("old", "t", now_ms - 120_000),
+                       Delivered("older", "t", now_ms - 180_000)])
+
+    assert cleaner._delete_due()
+    assert sorted(outbox.deletes[0]) == ["old", "older"]
+    assert outbox.rows == {"future"}
+    assert cleaner.pending_count() == 1 and cleaner._due_count() == 0
+
+
 def test_mode_none_keeps_nothing():
     cleaner = OutboxCleaner(
         CleanupSettings(), id_column="id", created_at_column=None, registry=CollectorRegistry())
@@ -47,7 +108,7 @@ def test_pending_ids_are_bounded_oldest_given_up(monkeypatch: pytest.MonkeyPatch
     cleaner = _cleaner(mode="delete")
     cleaner.delivered([Delivered(str(i), "t", 1) for i in range(5)])
     assert cleaner.pending_count() == 3
-    assert [event_id for event_id, _, _ in cleaner._pending] == ["2", "3", "4"]
+    assert [event_id for event_id, _ in cleaner._due] == ["2", "3", "4"]
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("15m", 900_000),
@@ -60,3 +121,93 @@ def test_durations(text: str, ms: int):
 def test_bad_durations_name_the_option(text: str):
     with pytest.raises(ConfigError, match="--older-than"):
         parse_duration_ms(text)
+
+
+def test_a_bad_table_name_stops_the_cleaner_at_construction():
+    with pytest.raises(ConfigError, match=r"cleanup\.table"):
+        _cleaner(mode="delete", table="a.b.c")
+
+
+class _Changelog:
+    """Stands in for CommittedIds: hands out prepared chunks, or raises what it is given."""
+
+    def __init__(self, *chunks: list[tuple[str, int]] | Exception) -> None:
+        self.chunks = list(chunks)
+        self.calls = 0
+
+    def next(self, max_ids: int) -> list[tuple[str, int]]:
+        self.calls += 1
+        chunk = self.chunks.pop(0) if self.chunks else []
+        if isinstance(chunk, Exception):
+            raise chunk
+        return chunk[:max_ids]
+
+    def close(self) -> None:
+        pass
+
+
+def _swept(changelog: _Changelog, **settings: object) -> OutboxCleaner:
+    return OutboxCleaner(CleanupSettings(dsn="postgresql://unused", **settings), id_column="id",
+                         created_at_column=None, registry=CollectorRegistry(), sweep=changelog)
+
+
+def test_ids_read_back_from_the_changelog_are_deleted():
+    cleaner = _swept(_Changelog([("x", 1), ("y", 2)]), mode="delete")
+    outbox = _Outbox(["x", "y", "undelivered"])
+    _attach(cleaner, outbox)
+
+    assert cleaner._sweep()
+    assert cleaner._delete_due()
+    assert outbox.rows == {"undelivered"}
+    assert cleaner.swept._value.get() == 2  # type: ignore[attr-defined]
+
+
+def test_a_kafka_failure_of_the_sweep_backs_off_and_deletes_go_on():
+    changelog = _Changelog(KafkaException(KafkaError(KafkaError._TRANSPORT)), [("x", 1)])
+    cleaner = _swept(changelog, mode="delete")
+    outbox = _Outbox(["live", "x"])
+    _attach(cleaner, outbox)
+    cleaner.delivered([Delivered("live", "t", None)])
+
+    assert not cleaner._sweep()
+    assert cleaner._delete_due()
+    assert not cleaner._sweep() and changelog.calls == 1  # still backing off
+    cleaner._sweep_retry_at = 0.0
+    assert cleaner._sweep() and cleaner._delete_due()
+    assert outbox.rows == set()
+
+
+def test_the_sweep_waits_while_the_queue_is_long():
+    changelog = _Changelog([("x", 1)])
+    cleaner = _swept(changelog, mode="delete", batch_size=2)
+    cleaner.delivered([Delivered("a", "t", None), Delivered("b", "t", None)])
+
+    assert not cleaner._sweep()
+    assert changelog.calls == 0
+
+
+def test_swept_ids_wait_for_the_retention_after_their_delivery():
+    now_ms = int(time.time() * 1000)
+    changelog = _Changelog([("old", now_ms - 120_000), ("new", now_ms)])
+    cleaner = _swept(changelog, mode="retention", retention_ms=60_000)
+
+    assert cleaner._sweep()
+    assert cleaner.pending_count() == 2 and cleaner._due_count() == 1
+
+
+@pytest.mark.parametrize(("overrides", "sweeps"), [
+    ({}, True),
+    ({"delivery": {"guarantee": "at_least_once"}}, False),  # its marks prove no delivery
+    ({"dedup": {"enabled": False}}, False),  # no changelog
+    ({"cleanup": {"mode": "none"}}, False),
+])
+def test_run_sweeps_the_changelog_only_where_its_marks_prove_a_delivery(
+        overrides: dict[str, dict[str, object]], sweeps: bool):
+    from cdc_router.cli.run import _sweep
+
+    raw: dict[str, object] = {"source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
+                              "cleanup": {"mode": "delete", "dsn": "postgresql://unused"}}
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value}  # type: ignore[dict-item]
+    found = _sweep(RouterConfig.model_validate(raw))
+    assert isinstance(found, CommittedIds) if sweeps else found is None

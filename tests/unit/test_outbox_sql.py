@@ -21,7 +21,9 @@ from cdc_router.outbox import (
     _password_matches,
     init_steps,
     new_event_id,
+    regclass_text,
     render_psql,
+    split_table,
     write_event,
 )
 
@@ -67,6 +69,25 @@ def test_columns_are_renamed_by_their_default_names() -> None:
 def test_bad_schemas_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         OutboxSchema(**kwargs)
+
+
+@pytest.mark.parametrize(("written", "parts", "regclass"), [
+    ("outbox", ("public", "outbox"), '"public"."outbox"'),
+    ("public.OutBox", ("public", "OutBox"), '"public"."OutBox"'),
+    ('public."OutBox"', ("public", "OutBox"), '"public"."OutBox"'),
+    ('"My.Schema"."a""b"', ("My.Schema", 'a"b'), '"My.Schema"."a""b"'),
+])
+def test_table_names_keep_their_case_and_may_be_quoted(written: str, parts: tuple[str, str],
+                                                       regclass: str) -> None:
+    # ::regclass folds an unquoted name to lower case: lookups must get the quoted form.
+    assert split_table(written) == parts
+    assert regclass_text(written) == regclass
+
+
+@pytest.mark.parametrize("written", ['"OutBox', 'public."Out"Box', '"a".b.c'])
+def test_badly_quoted_table_names_are_config_errors(written: str) -> None:
+    with pytest.raises(ConfigError, match="table"):
+        split_table(written)
 
 
 # -- the DDL ---------------------------------------------------------------------------
@@ -290,3 +311,21 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
     assert result.stderr.startswith("error: Postgres at 127.0.0.1:9/db: ")
     assert result.stderr.count("\n") == 1
     assert "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("size", ["0", "-5"])
+def test_purge_refuses_a_batch_size_below_one_before_connecting(size: str) -> None:
+    # A batch of 0 deletes 0 rows, which is "less than a full batch" never: it looped forever.
+    result = CliRunner().invoke(main, ["outbox", "purge", "--dsn", "postgresql://x@127.0.0.1:9/db",
+                                       "--older-than", "7d", "--batch-size", size, "--yes"])
+
+    assert result.exit_code == 2, result.output
+    assert "--batch-size" in result.stderr
+    assert "Postgres at" not in result.stderr
+
+
+def test_purge_itself_refuses_a_batch_size_below_one() -> None:
+    from cdc_router.cleanup import purge
+
+    with pytest.raises(ConfigError, match="batch_size"):
+        purge(None, "public.outbox", "created_at", 1000, 0)  # type: ignore[arg-type]

@@ -1,0 +1,151 @@
+"""Ids whose events are committed on their destinations, read back from the dedup changelog.
+
+The router writes each id it delivers to the changelog in the same Kafka transaction as the
+delivery, so a committed mark is proof of delivery that outlives the process that wrote it.
+The cleanup reads the marks back (its sweep) so that the rows a killed router had delivered but
+not yet deleted are deleted all the same. Two kinds of marks are not proof:
+- marks of open or aborted transactions: the changelog is read with read_committed;
+- marks of dead-lettered events (the router remembers their ids too, so that a replay is not
+  dead-lettered twice), whose rows stay. Their ids are in the dead-letter topic's `dlq.event.id`
+  header, written in the same transaction as the mark. A chunk of marks is released only once
+  the dead-letter topic has been read past its log end as of after the chunk was read: every
+  dead letter of those transactions lies below that end, so it has been seen.
+
+Only for `delivery.guarantee: exactly_once`: in at_least_once the marks are not written in a
+transaction with their records, so a mark does not prove a delivery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cdc_router.dead_letter import EVENT_ID
+from cdc_router.errors import DeliveryError
+from cdc_router.kafka.consumer import log_end_offsets, record_headers
+from cdc_router.replay import parse_changelog
+
+# Dead-lettered ids are kept a little longer than their marks can live (the changelog's
+# retention.ms is the window): a mark and its dead letter carry about the same time.
+_DEAD_LETTER_MARGIN_MS = 3_600_000
+# Short polls: the sweep runs on the cleaner's thread between deletes, and must not hold them up.
+_POLL_S = 0.1
+
+
+class CommittedIds:
+    """Reads the changelog from its start, then follows it; never commits offsets."""
+
+    def __init__(self, kafka_config: Mapping[str, Any], *, changelog_topic: str,
+                 dead_letter_topic: str, window_ms: int) -> None:
+        self._config = {
+            **kafka_config,
+            "group.id": f"{kafka_config.get('client.id', 'cdc-router')}-cleanup-sweep",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+        self._client_config = dict(kafka_config)
+        self._changelog_topic = changelog_topic
+        self._dead_letter_topic = dead_letter_topic
+        self._keep_dead_ms = window_ms + _DEAD_LETTER_MARGIN_MS
+        self._changelog: Consumer | None = None
+        self._dead_letters: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
+        # Marks read but not released yet, and the dead-letter log ends to read past first.
+        self._held: tuple[list[tuple[str, int]], dict[int, int]] | None = None
+
+    def next(self, max_ids: int) -> list[tuple[str, int]]:
+        """Up to `max_ids` more (event id, delivered ms) in changelog order; [] if none is ready.
+
+        Raises KafkaException or DeliveryError (a topic missing) when Kafka cannot answer; the
+        caller retries later, and nothing read so far is lost.
+        """
+        if self._held is None:
+            marks = self._read_marks(max_ids)
+            if not marks:
+                return []
+            self._held = (marks, self._dead_letter_ends())
+        self._read_dead_letters()
+        marks, ends = self._held
+        if not self._dead_letters_reached(ends):
+            return []
+        self._held = None
+        return [(event_id, ms) for event_id, ms in marks if event_id not in self._dead]
+
+    def close(self) -> None:
+        for consumer in (self._changelog, self._dead_letters):
+            if consumer is not None:
+                consumer.close()
+        self._changelog = self._dead_letters = None
+
+    def _read_marks(self, max_ids: int) -> list[tuple[str, int]]:
+        if self._changelog is None:
+            self._changelog = self._consumer(self._changelog_topic, "dedup changelog")
+        marks = []
+        for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
+            if message.error():
+                continue
+            parsed = parse_changelog(message.key(), message.value())
+            if parsed is not None:
+                marks.append(parsed)
+        return marks
+
+    def _dead_letter_consumer(self) -> Consumer:
+        if self._dead_letters is None:
+            self._dead_letters = self._consumer(self._dead_letter_topic, "dead-letter")
+        return self._dead_letters
+
+    def _read_dead_letters(self) -> None:
+        consumer = self._dead_letter_consumer()
+        now_ms = int(time.time() * 1000)
+        while messages := consumer.consume(num_messages=10_000, timeout=_POLL_S):
+            for message in messages:
+                if message.error():
+                    continue
+                for name, value in record_headers(message):
+                    if name == EVENT_ID:
+                        event_id = value.decode(errors="replace")
+                        self._dead[event_id] = now_ms
+                        self._dead.move_to_end(event_id)
+        while self._dead and next(iter(self._dead.values())) < now_ms - self._keep_dead_ms:
+            self._dead.popitem(last=False)
+
+    def _dead_letter_ends(self) -> dict[int, int]:
+        if self._admin is None:
+            self._admin = AdminClient(self._client_config)
+        return log_end_offsets(self._admin, self._dead_letter_topic,
+                               [tp.partition for tp in self._dead_letter_consumer().assignment()])
+
+    def _dead_letters_reached(self, ends: dict[int, int]) -> bool:
+        consumer = self._dead_letter_consumer()
+        for position in consumer.position(
+                [TopicPartition(self._dead_letter_topic, p) for p in ends]):
+            end = ends[position.partition]
+            if end <= 0 or position.offset >= end:
+                continue
+            if position.offset < 0:
+                # Nothing consumed yet: reached only if the partition holds nothing below end.
+                low, _ = consumer.get_watermark_offsets(position, timeout=10, cached=False)
+                if low >= end:
+                    continue
+            return False
+        return True
+
+    def _consumer(self, topic: str, what: str) -> Consumer:
+        consumer = Consumer(self._config)
+        try:
+            found = consumer.list_topics(topic, timeout=30).topics.get(topic)
+            if found is None or found.error is not None:
+                raise DeliveryError(f"the {what} topic {topic} does not exist: run "
+                                    "`cdc-router topics apply -c <config>` first")
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                             for p in found.partitions])
+        except BaseException:
+            consumer.close()
+            raise
+        return consumer

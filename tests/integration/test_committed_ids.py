@@ -1,0 +1,88 @@
+"""The cleanup's sweep source on the real broker: committed marks only, never dead letters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cdc_router.committed_ids import CommittedIds
+from cdc_router.dead_letter import EVENT_ID
+from cdc_router.replay import changelog_record
+from tests.integration.support import StackEndpoints, unique
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
+    name = unique("sweep").replace("_", "-")
+    changelog, dead_letters = f"{name}-dedup", f"{name}-dlq"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(changelog, 2, 1),
+                                       NewTopic(dead_letters, 2, 1)]).values():
+        future.result(timeout=30)
+    yield changelog, dead_letters
+    for future in admin.delete_topics([changelog, dead_letters]).values():
+        future.result(timeout=30)
+
+
+def _transaction(producer: Producer, changelog: str, dead_letters: str, delivered: list[str],
+                 dead: list[str], *, commit: bool) -> None:
+    producer.begin_transaction()
+    for event_id in dead:  # as the router does: the dead letter, then its mark
+        producer.produce(dead_letters, key=b"raw", value=b"poison",
+                         headers=[(EVENT_ID, event_id.encode())])
+    for event_id in delivered + dead:
+        mark = changelog_record(event_id, int(time.time() * 1000))
+        producer.produce(changelog, key=mark.key, value=mark.value)
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(30)
+
+
+def _all(source: CommittedIds, timeout_s: float = 30) -> list[str]:
+    found: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    idle_since: float | None = None
+    while time.monotonic() < deadline:
+        batch = source.next(3)
+        found += [event_id for event_id, _ in batch]
+        if batch:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > 3:
+            break
+    return found
+
+
+def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints,
+                                                           topics: tuple[str, str]) -> None:
+    changelog, dead_letters = topics
+    committed = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                          "transactional.id": unique("sweep-a")})
+    committed.init_transactions(30)
+    aborted = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                        "transactional.id": unique("sweep-b")})
+    aborted.init_transactions(30)
+    _transaction(committed, changelog, dead_letters, ["a", "b", "c", "d"], ["dead-1"],
+                 commit=True)
+    _transaction(aborted, changelog, dead_letters, ["never-1"], ["never-dead"], commit=False)
+    _transaction(committed, changelog, dead_letters, ["e"], ["dead-2"], commit=True)
+    aborted.abort_transaction(30)
+    _transaction(committed, changelog, dead_letters, ["f"], [], commit=True)
+    source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
+                          changelog_topic=changelog, dead_letter_topic=dead_letters,
+                          window_ms=3_600_000)
+    try:
+        first = _all(source)
+        _transaction(committed, changelog, dead_letters, ["g"], ["dead-3"], commit=True)
+        later = _all(source)
+    finally:
+        source.close()
+    assert sorted(first) == ["a", "b", "c", "d", "e", "f"]
+    assert later == ["g"]
