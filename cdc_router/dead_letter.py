@@ -18,6 +18,18 @@ EVENT_ID = "dlq.event.id"
 # Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.
 VALUE_DROPPED = "dlq.value.dropped.bytes"
 
+# librdkafka's default message.max.bytes, the producer's limit for one record.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+# Room a dead letter keeps below that limit for what its size check does not count: the
+# record and batch framing, and header lengths.
+HEADROOM_BYTES = 64 * 1024
+
+
+def dead_letter_max_bytes(message_max_bytes: str | int | None) -> int:
+    """The largest dead letter to send whole, for a producer's message.max.bytes setting."""
+    return int(message_max_bytes or DEFAULT_MESSAGE_MAX_BYTES) - HEADROOM_BYTES
+
+
 # A reason is for people; an unbounded one could push the record over the broker's size limit.
 _MAX_REASON = 2000
 

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.dead_letter import VALUE_DROPPED as DEAD_LETTER_VALUE_DROPPED
-from cdc_router.dead_letter import DeadLetter, Stage, dead_letter
+from cdc_router.dead_letter import DeadLetter, Stage, dead_letter, dead_letter_max_bytes
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import (
     DecodeError,
@@ -48,9 +48,6 @@ _TXN_CALL_TIMEOUT_S = TRANSACTION_TIMEOUT_MS / 1000
 # transaction, which takes up to transaction.timeout.ms.
 _INIT_TIMEOUT_S = 2 * _TXN_CALL_TIMEOUT_S
 _RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-# librdkafka's default message.max.bytes; a dead letter keeps well below it (headers, framing).
-_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-_DEAD_LETTER_MARGIN_BYTES = 64 * 1024
 # A topic missing from metadata is asked for again after this long (it may have been created).
 _MISSING_TOPIC_RECHECK_S = 10.0
 
@@ -105,9 +102,8 @@ class OutboxRouter:
         self._suspects: dict[Source, str] = {}
         self._refused: dict[Source, str] = {}
         self._isolated: Source | None = None
-        self._dead_letter_max_bytes = int(config.kafka.producer.get(
-            "message.max.bytes", config.kafka.config.get(
-                "message.max.bytes", _DEFAULT_MESSAGE_MAX_BYTES))) - _DEAD_LETTER_MARGIN_BYTES
+        self._dead_letter_max_bytes = dead_letter_max_bytes(config.kafka.producer.get(
+            "message.max.bytes", config.kafka.config.get("message.max.bytes")))
         self._topics: dict[str, tuple[int | None, float]] = {}
         # librdkafka's own log lines go through logging, not straight to stderr.
         common: dict[str, Any] = {**config.kafka.librdkafka(),

@@ -22,6 +22,7 @@ from cdc_router.dead_letter import (
     SOURCE_TOPIC,
     STAGE,
     VALUE_DROPPED,
+    dead_letter_max_bytes,
 )
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
@@ -34,10 +35,6 @@ ATTEMPTS = "dlq.attempts"
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
 
-# librdkafka's default message.max.bytes, the producer's limit for one record.
-DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-# Room for what _size does not count: the record and batch framing, and header lengths.
-_HEADROOM_BYTES = 64 * 1024
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
 
 # Keeps a runaway exception text (a whole payload, a stack dump) from making the record
@@ -103,8 +100,7 @@ class DeadLetterWriter:
         self._factory = producer_factory
         self._timeout_s = timeout_s
         self._producer: Any = None
-        self._max_bytes = int(config.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES)) \
-            - _HEADROOM_BYTES
+        self._max_bytes = dead_letter_max_bytes(config.get("message.max.bytes"))
 
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
              attempts: int, event_id: str | None = None, drop_value: bool = False) -> None:
