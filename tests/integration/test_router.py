@@ -266,11 +266,12 @@ def test_an_unexpected_error_mid_batch_commits_nothing_and_loses_nothing(
         def route_failing_once(self: Router, event: Any, partitions_for: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == 25:
-                raise RuntimeError("injected: a bug in a serializer")
+                # Process-level: a record's own exceptions are dead letters, this one is not.
+                raise MemoryError("injected: out of memory mid-batch")
             return real_route(self, event, partitions_for)
 
         monkeypatch.setattr(Router, "route", route_failing_once)
-        with pytest.raises(RuntimeError, match="injected"):
+        with pytest.raises(MemoryError, match="injected"):
             OutboxRouter(config, instance_id=f"{pipe.name}-inproc").run()
         monkeypatch.setattr(Router, "route", real_route)
         pipe.start_router()
