@@ -49,7 +49,10 @@ class OutboxRouter:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], object] | None = None) -> None:
+        """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
+        every backoff, by default interrupted by stop()."""
         self._config = config
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
@@ -57,6 +60,7 @@ class OutboxRouter:
         self._consumer_factory = consumer_factory
         self._clock = clock
         self._stop = threading.Event()
+        self._wait = wait or self._stop.wait
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
@@ -67,7 +71,7 @@ class OutboxRouter:
                                           producer_factory)
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
         self._step = RecordStep(config, self._destinations.partitions,
-                                seen=self._replay.seen if self._replay else _never)
+                                seen=self._replay.seen if self._replay is not None else _never)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_max_bytes(config)
         self._consumer: Any = None
@@ -97,7 +101,8 @@ class OutboxRouter:
         txn = self._txn = Transaction(self._producer, consumer, delivery=self._config.delivery,
                                       changelog_topic=self._config.dedup.changelog_topic
                                       if self._replay is not None else None,
-                                      bootstrap=self._config.kafka.bootstrap_servers)
+                                      bootstrap=self._config.kafka.bootstrap_servers,
+                                      sleep=self._wait)
         try:
             try:
                 txn.init()
@@ -131,6 +136,8 @@ class OutboxRouter:
             except (BatchFailed, KafkaException) as failure:
                 self._abort(failure)
                 return  # the rest of this poll is re-read after the rewind
+            if txn.due():  # commit_max_records holds within a poll too
+                self._commit()
         if txn.due():
             self._commit()
 
@@ -262,7 +269,7 @@ class OutboxRouter:
         log.warning("event=batch_aborted cause=cluster consecutive=%d backoff_s=%.1f reason=%r",
                     self._consecutive_aborts, delay if wait else 0.0, reason)
         if wait:
-            self._stop.wait(delay)
+            self._wait(delay)
 
     def _recovered(self) -> bool:
         """Finish an abort that failed and the rewind; False (after a backoff) if not yet."""

@@ -78,7 +78,7 @@ class Transaction:
 
     def __init__(self, producer: LatchingProducer, consumer: Any, *,
                  delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._producer = producer
         self._consumer = consumer
