@@ -77,6 +77,7 @@ class OutboxRouter:
         self._consumer: Any = None
         self._txn: Transaction | None = None
         self._consecutive_aborts = 0
+        self._after_refusal = False  # the last abort was a record's refusal
         self._pending_abort = False
         self._needs_rewind = False
         self._waiting_for_source = False
@@ -136,8 +137,10 @@ class OutboxRouter:
             except (BatchFailed, KafkaException) as failure:
                 self._abort(failure)
                 return  # the rest of this poll is re-read after the rewind
-            if txn.due():  # commit_max_records holds within a poll too
-                self._commit()
+            # commit_max_records holds within a poll too; after a failed commit the rest of
+            # this poll is re-read after the rewind, like after any abort.
+            if txn.due() and not self._commit():
+                return
         if txn.due():
             self._commit()
 
@@ -219,22 +222,25 @@ class OutboxRouter:
 
     # Commit, abort, recovery ----------------------------------------------------------------
 
-    def _commit(self, *, backoff: bool = True) -> None:
+    def _commit(self, *, backoff: bool = True) -> bool:
+        """Commit the open batch; False when it failed and was aborted (rewind pending)."""
         assert self._txn is not None
         try:
             delivered = self._txn.commit()
         except BatchFailed as failure:
             self._abort(failure, backoff=backoff)
-            return
+            return False
         now_ms = int(time.time() * 1000)
         if self._replay is not None:
             self._replay.commit(now_ms)  # only now do the ids count as delivered
         self._poison.committed()
+        self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(delivered, now_ms)
         if self._on_delivered is not None and delivered:
             self._on_delivered(delivered)
+        return True
 
     def _abort(self, failure: BaseException, *, backoff: bool = True) -> None:
         """Abort the open batch and rewind; isolate the records at fault, or back off."""
@@ -258,6 +264,15 @@ class OutboxRouter:
         if self._poison.learn(failures, error, sources):
             log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
                         self._poison.suspects, str(failure))
+            self._after_refusal = True
+            return
+        if self._after_refusal:
+            # Refused records leave a gap in the producer's sequence numbers: librdkafka fails
+            # the next transaction once (OUT_OF_ORDER_SEQUENCE_NUMBER, "requires epoch bump",
+            # measured on Kafka 4.x) and bumps its epoch on that abort (KIP-360). Not the
+            # cluster's fault: no backoff.
+            self._after_refusal = False
+            log.warning("event=batch_aborted cause=epoch_bump reason=%r", str(failure))
             return
         self._back_off(str(failure), backoff)
 

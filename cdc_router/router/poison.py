@@ -3,7 +3,8 @@
 In a transaction, a record the broker refuses makes the whole transaction abortable, and the
 refusal names every record of its produce request (measured on Kafka 4.x: one INVALID_TIMESTAMP
 fails all 11 records of its request to that partition). So one poison record costs at most two
-aborted batches:
+aborted batches of its own, each followed by one in which librdkafka bumps its producer epoch
+(loop.py):
 
 1. its batch aborts; every input record named by the refusal becomes a suspect;
 2. on the re-read, each suspect is produced alone (flush before, flush after): delivered, it

@@ -80,6 +80,9 @@ class FakeProducer:
         self._pending_offsets: dict[tuple[str, int], int] = {}
         self._abortable: KafkaError | None = None
         self._in_txn = False
+        # Refused records leave a gap in their partition's sequence numbers: as librdkafka
+        # does, the next request there fails and the abort bumps the epoch (KIP-360).
+        self._gaps: set[tuple[str, int]] = set()
 
     def _fence_check(self) -> None:
         if self.cluster.fenced:
@@ -105,11 +108,15 @@ class FakeProducer:
         for item in self._queue:
             requests.setdefault((item[0].topic, item[0].partition), []).append(item)
         self._queue = []
-        for (topic, _), items in requests.items():
+        for (topic, partition), items in requests.items():
             codes = [self.cluster.refuse(topic, s.value, s.timestamp) for s, _ in items]
             if topic not in self.cluster.partitions:
                 codes.append(KafkaError.UNKNOWN_TOPIC_OR_PART)
             code = next((c for c in codes if c is not None), None)
+            if code is not None and self.transactional:
+                self._gaps.add((topic, partition))
+            elif (topic, partition) in self._gaps:
+                code = KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
             error = KafkaError(code) if code is not None else None
             for stored, callback in items:
                 message = Message(topic=topic, partition=stored.partition, key=stored.key,
@@ -174,6 +181,9 @@ class FakeProducer:
             self._reports.append((callback, KafkaError(KafkaError._PURGE_QUEUE), Message()))
         self._queue = []
         self.cluster.journal.append("abort")
+        if self._abortable is not None and \
+                self._abortable.code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER:
+            self._gaps.clear()  # the epoch is bumped
         self._end()
 
     def _end(self) -> None:
