@@ -21,9 +21,9 @@ import psycopg
 import pytest
 import yaml
 from confluent_kafka import Message
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient
 
-from tests.integration.pipeline import Pipeline, pipeline
+from tests.integration.pipeline import Pipeline, pipeline, set_topic_config
 from tests.integration.support import StackEndpoints
 
 pytestmark = pytest.mark.integration
@@ -145,13 +145,7 @@ def test_at_least_once_kill_9_and_refused_records_lose_nothing(
     rng = random.Random(12)  # seeded: a failure replays with the same kill timings
     config = {"delivery": {"guarantee": "at_least_once"}}
     with pipeline(stack, tmp_path, partitions=2, config=config) as pipe:
-        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-        resource = ConfigResource(ConfigResource.Type.TOPIC, pipe.orders_topic,
-                                  incremental_configs=[ConfigEntry(
-                                      "max.message.bytes", "20000",
-                                      incremental_operation=AlterConfigOpType.SET)])
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=30)
+        set_topic_config(pipe, pipe.orders_topic, "max.message.bytes", "20000")
         rows = ordinary(4_000)
         big = {"payload": json.dumps({"blob": "x" * 30_000})}  # refused: over the topic's limit
         for position in sorted(rng.sample(range(len(rows)), 6), reverse=True):
