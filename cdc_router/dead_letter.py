@@ -47,9 +47,21 @@ class DeadLetter:
 
 def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
                 value: bytes | None, original_headers: list[tuple[str, bytes]] | None,
-                stage: Stage, error: BaseException, event_id: str | None = None) -> DeadLetter:
-    """The dead letter for an input record that failed at `stage` with `error`."""
-    reason = str(error)[:_MAX_REASON]
+                stage: Stage, error: BaseException, event_id: str | None = None,
+                max_bytes: int | None = None) -> DeadLetter:
+    """The dead letter for an input record that failed at `stage` with `error`.
+
+    With `max_bytes`, a raw record bigger than that keeps its coordinates and reason but not
+    its value (VALUE_DROPPED says its size): a dead letter the broker refused would block the
+    stream, and the raw topic still holds the value.
+    """
+    reason = (str(error) or type(error).__name__)[:_MAX_REASON]
+    original_headers = list(original_headers or ())
+    size = len(key or b"") + len(value or b"") + sum(
+        len(name) + len(header) for name, header in original_headers)
+    if max_bytes is not None and size > max_bytes:
+        original_headers.append((VALUE_DROPPED, str(len(value or b"")).encode()))
+        value = None
     ours = [
         (SOURCE_TOPIC, topic.encode()),
         (SOURCE_PARTITION, str(partition).encode()),
@@ -60,5 +72,5 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
     ]
     if event_id:
         ours.append((EVENT_ID, event_id.encode()))
-    headers = tuple(original_headers or ()) + tuple(ours)
+    headers = tuple(original_headers) + tuple(ours)
     return DeadLetter(key, value, headers, stage, reason)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ class RouterMetrics:
                                     registry=r)
         self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read",
                                registry=r)
+        self.consecutive_aborts = Gauge("cdc_router_consecutive_aborts", "Batches aborted in "
+                                        "a row for no record's fault (broker down, coordinator "
+                                        "moving); 0 once a batch commits", registry=r)
         self.latency = Histogram("cdc_router_end_to_end_seconds", "From the outbox row's "
                                  "created_at to the commit of its record", registry=r,
                                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))

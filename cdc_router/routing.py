@@ -83,8 +83,6 @@ class Router:
     def __init__(self, config: RouterConfig,
                  serializers: dict[str, Serializer] | None = None) -> None:
         """Compile the rules; raises ConfigError for a format without a serializer."""
-        from cdc_router.serde import serializer_for
-
         self._config = config
         self._rules = list(config.routes)
         self._matchers = [_Matcher(rule.match) for rule in self._rules]
@@ -96,15 +94,7 @@ class Router:
         columns = config.source.outbox
         self._key_fields = [_key_field(rule.key, columns.model_dump(), index)
                             for index, rule in enumerate(self._rules)]
-        self._serializers = dict(serializers or {})
-        for index, rule in enumerate(self._rules):
-            if rule.format not in self._serializers:
-                try:
-                    self._serializers[rule.format] = serializer_for(rule, config)
-                except ConfigError as error:
-                    if error.field:  # already names the route's field at fault
-                        raise
-                    raise ConfigError(str(error), field=f"routes[{index}].format") from None
+        self._serializers = build_serializers(config, serializers)
 
     def preflight(self) -> None:
         """Check, before the first event, what serializers need from outside (a registry).
@@ -194,6 +184,26 @@ class Router:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
+
+
+def build_serializers(config: RouterConfig, given: dict[str, Serializer] | None = None
+                      ) -> dict[str, Serializer]:
+    """One serializer per route format of `config`, `given` ones first.
+
+    Raises ConfigError naming the route whose format has no usable serializer.
+    """
+    from cdc_router.serde import serializer_for
+
+    serializers = dict(given or {})
+    for index, rule in enumerate(config.routes):
+        if rule.format not in serializers:
+            try:
+                serializers[rule.format] = serializer_for(rule, config)
+            except ConfigError as error:
+                if error.field:  # already names the route's field at fault
+                    raise
+                raise ConfigError(str(error), field=f"routes[{index}].format") from None
+    return serializers
 
 
 def _key_field(key: str, columns: dict[str, str | None], index: int) -> str:

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,9 @@ import click
 
 from cdc_router.cli._output import output_option, table
 from cdc_router.config_file import load_config
-from cdc_router.debezium import OutboxEvent, Skipped, decode
-from cdc_router.errors import DecodeError, RouteError, SerializeError
-from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.debezium import OutboxEvent
+from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
+from cdc_router.routing import OutboundRecord, rfc3339
 from cdc_router.serde.json import parse_json
 from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 from cdc_router.topic_names import template_warnings
@@ -36,7 +37,7 @@ def cli() -> None:
               help="A raw Debezium change record value (as on the raw topic), or a captured "
                    "record {topic, key, value}; repeatable.")
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Partition count assumed for destination topics.")
+              help="Partition count assumed for declared destination topics without one.")
 @click.option("--topic", "source_topic", help="Raw topic the event came from "
               "[default: the captured record's, else the first source topic].")
 @output_option
@@ -47,14 +48,14 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     Warns about templated routes that can name a topic the router consumes, or any topic.
 
     With --explain, also show for each event how it decodes, which route takes it and the
-    record it would produce. Exits 1 when the config is invalid or an event would go to the
-    dead-letter topic.
+    record it would produce, through the router's own per-record step. A destination topic
+    not declared under `topics:` counts as missing, as the router would find it. Exits 1 when
+    the config is invalid or an event would go to the dead-letter topic.
     """
     config = load_config(config_path, env=os.environ)
-    router = Router(config)
     warnings = template_warnings(config)
-    explained = [explain_event(path, config, router, partitions, source_topic)
-                 for path in events]
+    step = RecordStep(config, declared_partitions(config, partitions), missing=_not_declared)
+    explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
                                "config": _public(config), "events": explained}, indent=2,
@@ -70,31 +71,45 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
         sys.exit(1)
 
 
-def explain_event(path: Path, config: RouterConfig, router: Router, partitions: int,
+def explain_event(path: Path, config: RouterConfig, step: RecordStep,
                   source_topic: str | None) -> dict[str, Any]:
-    """What the router would do with the record in `path`, as a JSON-ready dict."""
+    """What the router would do with the record in `path`, as a JSON-ready dict.
+
+    `step` is the router's own per-record step (router/step.py), so the outcome is the
+    router's: routed, skipped, or dead letter at the stage it would fail.
+    """
     topic, key, value = _read_record(path, source_topic or None, config.source.topics[0])
     result: dict[str, Any] = {"file": str(path), "source_topic": topic}
-    stage = "decode"
-    try:
-        decoded = decode(key, value, topic=topic, settings=config.source)
-        if isinstance(decoded, Skipped):
-            return {**result, "outcome": "skipped", "reason": decoded.reason}
-        result["event"] = _event(decoded)
-        found = router.explain(decoded)
+    outcome = step(topic, key, value)
+    event = outcome.event if isinstance(outcome, Routed | Skipped | DeadLettered) else None
+    if event is not None:
+        result["event"] = _event(event)
+        found = step.explain(event)
         if found is not None:
             result["route"] = {"index": found[0], "match": _match(found[1].match),
                                "topic": found[1].topic}
-        stage = "route"
-        routed = router.route(decoded, lambda _topic: partitions)
-    except (DecodeError, RouteError, SerializeError) as error:
-        if isinstance(error, SerializeError):
-            stage = "serialize"
-        return {**result, "outcome": "dead_letter", "stage": stage, "reason": str(error),
+    if isinstance(outcome, DeadLettered):
+        return {**result, "outcome": "dead_letter", "stage": outcome.stage,
+                "reason": str(outcome.error) or type(outcome.error).__name__,
+                "error_class": type(outcome.error).__name__,
                 "dead_letter_topic": config.dead_letter.topic}
-    if isinstance(routed, Skipped):
-        return {**result, "outcome": "skipped", "reason": routed.reason}
-    return {**result, "outcome": "routed", "record": _record(routed)}
+    if isinstance(outcome, Skipped):
+        return {**result, "outcome": "skipped", "reason": outcome.reason}
+    assert isinstance(outcome, Routed)  # no replay filter here: never a Duplicate
+    return {**result, "outcome": "routed", "record": _record(outcome.record)}
+
+
+def declared_partitions(config: RouterConfig, assumed: int) -> Callable[[str], int | None]:
+    """Offline destinations: the topics the config declares (`topics apply` creates them),
+    with their partition count or `assumed`; any other topic does not exist."""
+    declared = {spec.name: spec.partitions or assumed for spec in config.topic_specs()}
+    return declared.get
+
+
+def _not_declared(topic: str) -> str:
+    return (f"destination topic {topic} is not declared under `topics:`; the router never "
+            "creates topics and dead-letters events whose destination does not exist "
+            "(declare it, then run `cdc-router topics apply`)")
 
 
 def _read_record(path: Path, topic: str | None,

@@ -65,8 +65,11 @@ class ChangelogReader:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            # Never create the changelog by looking it up: `topics apply` creates it.
+            "allow.auto.create.topics": False,
         }
-        self._client_config = dict(config)
+        self._client_config = {key: value for key, value in config.items()
+                               if key != "allow.auto.create.topics"}  # not an admin property
         self._topic = topic
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None

@@ -28,12 +28,18 @@ _FENCED = frozenset({
 })
 
 
-# Delivery errors that no retry can fix: the broker refuses the record itself. A refusal may hit
-# a whole produce request, so the records it names are only suspects until one fails alone.
+# Delivery errors that no retry can fix: the broker refuses the record itself, for something in
+# it (size, timestamp, format) or about its one topic (policy, ACL, deleted under us). A refusal
+# hits a whole produce request (measured: one INVALID_TIMESTAMP fails all 11 records of its
+# request to that partition), so the records it names are only suspects until one fails alone.
+# Not here: errors about the request or the cluster (INVALID_REQUIRED_ACKS, NOT_ENOUGH_REPLICAS,
+# timeouts), which say nothing about any one record.
 RECORD_REFUSED = frozenset({
-    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_RECORD,
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,  # INVALID_MSG is Kafka's CORRUPT_MESSAGE
+    KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION,
     KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError.POLICY_VIOLATION,
+    KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
 })
 # Reports of records the producer dropped itself when their transaction was aborted.
 PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})

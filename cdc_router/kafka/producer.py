@@ -2,59 +2,67 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import PURGED, RECORD_REFUSED, describe
+from cdc_router.kafka.errors import PURGED, describe
 
 Headers = list[tuple[str, bytes]]
 Source = tuple[str, int, int]  # the input record a produced record came from
 
 
-class LatchingProducer:
-    """Nothing fails silently in a callback: a failed delivery surfaces on the next flush."""
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """One record the broker did not take: where it went, why, and the input it came from."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    topic: str
+    error: KafkaError
+    source: Source | None  # None: one of the router's own records (dead letter, changelog mark)
+
+
+class LatchingProducer:
+    """Nothing fails silently in a callback: a failed delivery surfaces on the next flush.
+
+    Every failed delivery of the current transaction is also kept, with the input record it
+    came from, for the poison isolation to read (take_failures).
+    """
+
+    def __init__(self, config: Mapping[str, Any],
+                 factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
         self._config = dict(config)
-        self._producer: Producer | None = None
-        self._error: KafkaError | None = None
-        self._error_topic: str | None = None
-        self._error_source: Source | None = None
+        self._factory = factory
+        self._producer: Any = None
+        self._error: DeliveryFailure | None = None
         # Reports of an aborted transaction arrive late: each carries the generation it was
         # produced in, and only the current generation's count.
         self._generation = 0
-        self._refused: dict[Source, str] = {}
-        self._own_refused: str | None = None
+        self._failures: list[DeliveryFailure] = []
 
     @property
-    def client(self) -> Producer:
+    def client(self) -> Any:
         """Built on first use, so that constructing the router makes no network call."""
         if self._producer is None:
-            self._producer = Producer(self._config)
+            self._producer = self._factory(self._config)
         return self._producer
 
     def _latch(self, error: KafkaError, message: Message, source: Source | None,
                generation: int) -> None:
         if generation != self._generation or error.code() in PURGED:
             return
-        if error.code() in RECORD_REFUSED:
-            reason = f"Kafka refused the record for {message.topic()}: {describe(error)}"
-            if source is None:
-                self._own_refused = reason  # a dead letter or changelog mark: ours to fix
-            else:
-                self._refused[source] = reason
+        failure = DeliveryFailure(message.topic() or "", error, source)
+        self._failures.append(failure)
         if self._error is None:
-            self._error, self._error_topic, self._error_source = error, message.topic(), source
+            self._error = failure
 
-    def take_refused(self) -> tuple[dict[Source, str], str | None]:
-        """The input records whose output the broker refused, and a refusal of our own."""
+    def take_failures(self) -> list[DeliveryFailure]:
+        """The failed deliveries reported so far in this transaction (each once)."""
         self.client.poll(0)  # serve the delivery reports that have arrived
-        refused, own = self._refused, self._own_refused
-        self._refused, self._own_refused = {}, None
-        return refused, own
+        failures, self._failures = self._failures, []
+        return failures
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: Headers, partition: int | None = None,
@@ -90,17 +98,16 @@ class LatchingProducer:
 
     def raise_latched(self) -> None:
         if self._error is not None:
-            error, topic, source = self._error, self._error_topic, self._error_source
-            self.clear_latched()
-            raise DeliveryError(f"delivery to {topic} failed: {describe(error)}",
-                                kafka_error=error, source=source)
+            failure = self._error
+            self._error = None
+            raise DeliveryError(f"delivery to {failure.topic} failed: {describe(failure.error)}",
+                                kafka_error=failure.error, source=failure.source)
 
     def clear_latched(self) -> None:
-        """Forget a latched error once its transaction has been aborted."""
+        """Forget a latched error and the failures once their transaction has been aborted."""
         self._generation += 1
         self._error = None
-        self._error_topic = None
-        self._error_source = None
+        self._failures = []
 
     # Transactions: thin pass-throughs, so the router's procedure reads against KIP-98/447.
     def init_transactions(self, timeout_s: float) -> None:
@@ -123,6 +130,9 @@ class LatchingProducer:
         """The topic's partition count from cluster metadata, or None if it does not exist."""
         metadata = self.client.list_topics(topic, timeout=timeout_s)
         found = metadata.topics.get(topic)
+        if found is not None and found.error is not None and \
+                found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise KafkaException(found.error)  # e.g. no leader yet, or not authorised
         if found is None or found.error is not None or not found.partitions:
             return None
         return len(found.partitions)

@@ -19,7 +19,13 @@ import httpx
 import psycopg
 import yaml
 from confluent_kafka import Message
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from tests.integration.support import (
     StackEndpoints,
@@ -97,6 +103,15 @@ class Pipeline:
     def read_all(self, topic: str, settle_s: float = 5) -> list[Message]:
         """Everything committed on `topic`, waiting `settle_s` after the last record."""
         return read_topic(self.stack.bootstrap_servers, topic, 10**9, settle_s, idle_s=settle_s)
+
+
+def set_topic_config(pipe: Pipeline, topic: str, name: str, value: str) -> None:
+    """Set one config of a topic of the pipeline (e.g. a small max.message.bytes)."""
+    admin = AdminClient({"bootstrap.servers": pipe.stack.bootstrap_servers})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
 
 
 def apply_topics(pipe: Pipeline) -> None:

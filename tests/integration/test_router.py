@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient
 
 from cdc_router.config_file import load_config
 from cdc_router.partitioner import java_default_partition
 from cdc_router.router import OutboxRouter
 from cdc_router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
-from tests.integration.pipeline import apply_topics, pipeline
+from tests.integration.pipeline import apply_topics, pipeline, set_topic_config
 from tests.integration.support import StackEndpoints
 
 pytestmark = pytest.mark.integration
@@ -210,13 +210,7 @@ def test_two_instances_share_the_raw_partitions_and_sigterm_commits_and_exits_0(
 def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_flows(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
-        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-        resource = ConfigResource(ConfigResource.Type.TOPIC, pipe.orders_topic,
-                                  incremental_configs=[ConfigEntry(
-                                      "max.message.bytes", "200000",
-                                      incremental_operation=AlterConfigOpType.SET)])
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=30)
+        set_topic_config(pipe, pipe.orders_topic, "max.message.bytes", "200000")
         pipe.start_router()
         rows = _orders(3_000, 20)
         rows.insert(1_500, ("Order", "order-big", "OrderPaid", {"blob": "x" * 300_000}))
@@ -266,11 +260,12 @@ def test_an_unexpected_error_mid_batch_commits_nothing_and_loses_nothing(
         def route_failing_once(self: Router, event: Any, partitions_for: Any) -> Any:
             calls["n"] += 1
             if calls["n"] == 25:
-                raise RuntimeError("injected: a bug in a serializer")
+                # Process-level: a record's own exceptions are dead letters, this one is not.
+                raise MemoryError("injected: out of memory mid-batch")
             return real_route(self, event, partitions_for)
 
         monkeypatch.setattr(Router, "route", route_failing_once)
-        with pytest.raises(RuntimeError, match="injected"):
+        with pytest.raises(MemoryError, match="injected"):
             OutboxRouter(config, instance_id=f"{pipe.name}-inproc").run()
         monkeypatch.setattr(Router, "route", real_route)
         pipe.start_router()

@@ -363,8 +363,20 @@ def test_explain_skipped_and_dead_letter_outcomes(tmp_path: Path) -> None:
 def test_explain_bare_value_file(tmp_path: Path) -> None:
     bare = tmp_path / "value.json"
     bare.write_text(json.dumps(json.loads(
-        (FIXTURES / "create_text.noschema.json").read_text("utf-8"))["value"]), "utf-8")
+        (FIXTURES / "create_jsonb.noschema.json").read_text("utf-8"))["value"]), "utf-8")
     code, output = explain("--explain", str(bare))
     assert code == 0, output
     assert "(from outbox.public.outbox)" in output
-    assert "record    topic outbox.event.Invoice, partition 0" in output
+    assert "record    topic orders.OrderPaid, partition " in output
+
+
+def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missing(
+        tmp_path: Path) -> None:
+    # The default route renders outbox.event.Invoice, which the example config does not
+    # declare: the router dead-letters such an event, so the explanation must say so.
+    code, output = explain("--explain", str(FIXTURES / "create_text.noschema.json"), "-o", "json")
+    assert code == 1, output
+    [result] = json.loads(output)["events"]
+    assert result["outcome"] == "dead_letter" and result["stage"] == "route"
+    assert "outbox.event.Invoice is not declared under `topics:`" in result["reason"]
+    assert result["route"]["index"] == 2

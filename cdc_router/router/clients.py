@@ -1,0 +1,91 @@
+"""The router's Kafka client policy: every client it builds, configured in one place.
+
+The user's client properties come first; those the guarantees depend on come after, and win.
+Every client sets allow.auto.create.topics=false: librdkafka's producer defaults to true, and on
+a broker with auto.create.topics.enable=true (Apache Kafka's default) a mere metadata lookup of
+a name rendered from row data would create that topic.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from cdc_router.dead_letter import dead_letter_max_bytes
+from cdc_router.settings import RouterConfig
+
+_NO_AUTO_CREATE = {"allow.auto.create.topics": False}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Waits on the broker, each derived from delivery.transaction_timeout_ms."""
+
+    transaction_ms: int
+
+    @property
+    def call_s(self) -> float:
+        """A transactional call (flush, offsets, commit, abort): a call that outlasts the
+        transaction is useless, the coordinator aborts the transaction at that point anyway."""
+        return self.transaction_ms / 1000
+
+    @property
+    def init_s(self) -> float:
+        """init_transactions has the coordinator end a previous incarnation's open transaction
+        first; it takes at most one transaction timeout."""
+        return self.transaction_ms / 1000
+
+    @property
+    def stable_offsets_s(self) -> float:
+        """Committed offsets of newly assigned partitions wait (require_stable) for a previous
+        owner's open transaction; a dead owner's lasts one transaction timeout, plus margin."""
+        return 2 * self.transaction_ms / 1000
+
+
+def common_config(config: RouterConfig) -> dict[str, Any]:
+    """What every client of the router shares: connection, security, no topic creation."""
+    # librdkafka's own log lines go through logging, not straight to stderr.
+    return {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka"),
+            **_NO_AUTO_CREATE}
+
+
+def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
+    """The producer: idempotent, acks=all; transactional under exactly_once."""
+    produced: dict[str, Any] = {"linger.ms": 5, **common_config(config), **config.kafka.producer,
+                                "enable.idempotence": True, "acks": "all", **_NO_AUTO_CREATE}
+    if config.delivery.guarantee == "exactly_once":
+        produced["transactional.id"] = f"{config.delivery.transactional_id}-{instance_id}"
+        produced["transaction.timeout.ms"] = config.delivery.transaction_timeout_ms
+    return produced
+
+
+def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
+    """The raw-topic consumer: read_committed, manual commits, static membership."""
+    return {
+        # A raw topic Debezium creates after we subscribed is noticed within this time.
+        "topic.metadata.refresh.interval.ms": 5000,
+        # A static member that stops (or dies and stays away) keeps its partitions until
+        # this passes: 10 s bounds that stall, well above the 3 s heartbeat interval.
+        "session.timeout.ms": 10_000,
+        **common_config(config),
+        **config.kafka.consumer,
+        "group.id": config.source.group_id,
+        # Static membership: a restarted instance takes its partitions back at once
+        # instead of waiting session.timeout.ms for the group to notice it died.
+        "group.instance.id": instance_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        # Debezium's exactly-once source tasks write in transactions: never read aborted ones.
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        # An eager assignor: every member commits or aborts before any partition moves.
+        "partition.assignment.strategy": "range,roundrobin",
+        **_NO_AUTO_CREATE,
+    }
+
+
+def dead_letter_limit(config: RouterConfig) -> int:
+    """The largest dead letter the router's producer sends whole (its message.max.bytes)."""
+    return dead_letter_max_bytes(config.kafka.producer.get(
+        "message.max.bytes", config.kafka.config.get("message.max.bytes")))

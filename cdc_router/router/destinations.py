@@ -1,0 +1,65 @@
+"""Destination topics' partition counts from cluster metadata, in a bounded cache.
+
+A template over aggregate_id renders one topic name per aggregate, so the cache is an LRU of
+at most `max_topics` names. A topic found missing is asked for again after a while: someone may
+have created it since (the router never creates topics).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from confluent_kafka import KafkaException
+
+from cdc_router.errors import RouteError
+from cdc_router.kafka.errors import RECORD_REFUSED, describe, kafka_error_of
+
+MAX_TOPICS = 4096
+# A topic missing from metadata is asked for again after this long (it may have been created).
+MISSING_RECHECK_S = 10.0
+# One metadata request: well above a healthy broker's answer time, and a timeout is a cluster
+# problem (the batch aborts and backs off), never a reason to dead-letter.
+LOOKUP_TIMEOUT_S = 10.0
+
+
+def missing_topic(topic: str) -> str:
+    return (f"destination topic {topic} does not exist (the router never creates topics): "
+            "declare it under `topics:` and run `cdc-router topics apply`")
+
+
+class DestinationMetadata:
+    """partitions(topic): the partition count, None for a missing topic; cached, bounded."""
+
+    def __init__(self, lookup: Callable[[str, float], int | None], *,
+                 max_topics: int = MAX_TOPICS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._lookup = lookup
+        self._max_topics = max_topics
+        self._clock = clock
+        self._topics: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    def partitions(self, topic: str) -> int | None:
+        """Raises RouteError when the cluster refuses this one topic (e.g. not authorised);
+        a KafkaException for anything else (the cluster is the problem, not the record)."""
+        now = self._clock()
+        cached = self._topics.get(topic)
+        if cached is not None and (cached[0] is not None or now - cached[1] < MISSING_RECHECK_S):
+            self._topics.move_to_end(topic)
+            return cached[0]
+        try:
+            count = self._lookup(topic, LOOKUP_TIMEOUT_S)
+        except KafkaException as failure:
+            error = kafka_error_of(failure)
+            if error is not None and error.code() in RECORD_REFUSED:
+                raise RouteError(f"destination topic {topic}: {describe(error)}") from None
+            raise
+        self._topics[topic] = (count, now)
+        self._topics.move_to_end(topic)
+        while len(self._topics) > self._max_topics:
+            self._topics.popitem(last=False)
+        return count

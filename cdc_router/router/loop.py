@@ -1,0 +1,350 @@
+"""The router's loop: it owns the clients, feeds each raw record to the step, and hands the
+step's results to the transaction. Rebalances: an assignment first restores the replay filter
+from the changelog; a revocation commits the open batch; lost partitions abort it.
+
+A batch that fails aborts and rewinds to the committed offsets. When the poison isolation
+(router/poison.py) can name the input records at fault, the re-read isolates them at once;
+otherwise the failure is the cluster's (broker down, coordinator moving, commit timeout): the
+loop backs off exponentially (BACKOFF_S), logs each abort at WARNING with its reason and shows
+the count in cdc_router_consecutive_aborts, and never dead-letters a record for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from cdc_router.dead_letter import dead_letter
+from cdc_router.errors import DeliveryError, FatalKafkaError
+from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
+from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
+from cdc_router.kafka.producer import LatchingProducer, Source
+from cdc_router.metrics import RouterMetrics
+from cdc_router.replay import ReplayFilter, parse_changelog
+from cdc_router.router import clients
+from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.poison import PoisonIsolation, record_refusals
+from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
+from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
+from cdc_router.settings import RouterConfig
+
+log = logging.getLogger("cdc_router.router")
+
+# Backoff after batches aborted in a row for no record's fault: doubles from the first to the
+# last. 30 s stays far below max.poll.interval.ms (300 s), so the group keeps us meanwhile.
+BACKOFF_S = (0.5, 30.0)
+
+
+class OutboxRouter:
+    """Routes the raw change topic's outbox events until stop() is called."""
+
+    def __init__(self, config: RouterConfig, *, instance_id: str,
+                 metrics: RouterMetrics | None = None,
+                 on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
+                 producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+                 consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+                 changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], object] | None = None) -> None:
+        """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
+        every backoff, by default interrupted by stop()."""
+        self._config = config
+        self._instance_id = instance_id
+        self._metrics = metrics or RouterMetrics()
+        self._on_delivered = on_delivered
+        self._consumer_factory = consumer_factory
+        self._clock = clock
+        self._stop = threading.Event()
+        self._wait = wait or self._stop.wait
+        self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
+        self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
+                                    max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        self._changelog = changelog_factory(clients.common_config(config),
+                                            config.dedup.changelog_topic) \
+            if config.dedup.enabled else None
+        self._producer = LatchingProducer(clients.producer_config(config, instance_id),
+                                          producer_factory)
+        self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
+        self._step = RecordStep(config, self._destinations.partitions,
+                                seen=self._replay.seen if self._replay is not None else _never)
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+        self._dead_letter_max_bytes = clients.dead_letter_limit(config)
+        self._consumer: Any = None
+        self._txn: Transaction | None = None
+        self._consecutive_aborts = 0
+        self._after_refusal = False  # the last abort was a record's refusal
+        self._pending_abort = False
+        self._needs_rewind = False
+        self._waiting_for_source = False
+        self.last_poll = clock()
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish its batch, commit and return; safe from a signal handler."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Consume until stop(); raises FatalKafkaError when it cannot go on.
+
+        Also raises, before consuming anything, a CdcRouterError from a serializer's preflight
+        (an Avro schema missing from the schema registry is configuration, not a poison event).
+        """
+        self._step.preflight()
+        consumer = self._consumer_factory(clients.consumer_config(self._config,
+                                                                  self._instance_id))
+        self._consumer = consumer
+        txn = self._txn = Transaction(self._producer, consumer, delivery=self._config.delivery,
+                                      changelog_topic=self._config.dedup.changelog_topic
+                                      if self._replay is not None else None,
+                                      bootstrap=self._config.kafka.bootstrap_servers,
+                                      sleep=self._wait)
+        try:
+            try:
+                txn.init()
+            except BatchFailed as failure:
+                raise DeliveryError(str(failure)) from failure
+            consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
+                               on_revoke=self._on_revoke, on_lost=self._on_lost)
+            log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
+                     self._config.delivery.guarantee, ",".join(self._config.source.topics))
+            while not self._stop.is_set():
+                if self._recovered():
+                    self._poll_once(consumer, txn)
+            if txn.open:
+                self._commit()
+        except BaseException:
+            # The batch's offsets may cover a record that was not produced: closing the
+            # consumer must not commit them (its revoke callback would).
+            if self._replay is not None:
+                self._replay.abort()
+            txn.discard()
+            raise
+        finally:
+            self._close()
+
+    def _poll_once(self, consumer: Any, txn: Transaction) -> None:
+        messages = consumer.consume(num_messages=500, timeout=0.1)
+        self.last_poll = self._clock()
+        for message in messages:
+            try:
+                self._handle(message)
+            except (BatchFailed, KafkaException) as failure:
+                self._abort(failure)
+                return  # the rest of this poll is re-read after the rewind
+            # commit_max_records holds within a poll too; after a failed commit the rest of
+            # this poll is re-read after the rewind, like after any abort.
+            if txn.due() and not self._commit():
+                return
+        if txn.due():
+            self._commit()
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._changelog is not None:
+            self._changelog.close()
+        log.info("event=stopped instance=%s", self._instance_id)
+
+    # One record ----------------------------------------------------------------------------
+
+    def _handle(self, message: Message) -> None:
+        error = message.error()
+        if error is not None:
+            self._consumer_error(error)
+            return
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        assert topic is not None and partition is not None and offset is not None
+        assert self._txn is not None
+        self._txn.begin()
+        self._txn.consumed(topic, partition, offset)
+        result: StepResult = self._step(topic, message.key(), message.value())
+        if isinstance(result, Routed):
+            self._produce(message, result, (topic, partition, offset))
+        elif isinstance(result, DeadLettered):
+            self._dead_letter(message, result)
+        elif isinstance(result, Duplicate):
+            self._metrics.duplicates.inc()
+        else:
+            self._metrics.skipped.labels(result.reason).inc()
+
+    def _produce(self, message: Message, routed: Routed, source: Source) -> None:
+        assert self._txn is not None
+        record = routed.record
+        refused = self._poison.refused(source)
+        if refused is not None:
+            self._dead_letter(message, DeadLettered("produce", DeliveryError(refused),
+                                                    record.event_id, routed.event))
+            return
+        alone = self._poison.alone(source)
+        try:
+            self._txn.produce(record, source, alone=alone)
+        except RecordRefused as refusal:
+            # Refused before it left (e.g. too big for librdkafka): certainly this record.
+            reason = f"Kafka refused the record for {record.topic}: {refusal}"
+            self._dead_letter(message, DeadLettered("produce", DeliveryError(reason),
+                                                    record.event_id, routed.event))
+            return
+        if alone:
+            self._poison.delivered_alone(source)
+        self._remember(record.event_id)
+        self._txn.delivered(Delivered(record.event_id, record.topic, routed.event.created_at_ms))
+
+    def _dead_letter(self, message: Message, result: DeadLettered) -> None:
+        assert self._txn is not None
+        letter = dead_letter(
+            topic=message.topic() or "", partition=message.partition() or 0,
+            offset=message.offset() or 0, key=message.key(), value=message.value(),
+            original_headers=record_headers(message), stage=result.stage, error=result.error,
+            event_id=result.event_id, max_bytes=self._dead_letter_max_bytes)
+        self._txn.dead_letter(self._config.dead_letter.topic, letter)
+        if result.event_id is not None:
+            self._remember(result.event_id)
+        self._metrics.dead_letters.labels(result.stage).inc()
+        log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
+                    "error=%s reason=%r", result.stage, message.topic(), message.partition(),
+                    message.offset(), result.event_id, type(result.error).__name__,
+                    letter.reason)
+
+    def _remember(self, event_id: str) -> None:
+        """Mark the id delivered, with the batch, so that a replay of it is dropped."""
+        if self._replay is None or self._txn is None:
+            return
+        now_ms = int(time.time() * 1000)
+        self._replay.add_pending(event_id, now_ms)
+        self._txn.mark(event_id, now_ms)
+
+    # Commit, abort, recovery ----------------------------------------------------------------
+
+    def _commit(self, *, backoff: bool = True) -> bool:
+        """Commit the open batch; False when it failed and was aborted (rewind pending)."""
+        assert self._txn is not None
+        try:
+            delivered = self._txn.commit()
+        except BatchFailed as failure:
+            self._abort(failure, backoff=backoff)
+            return False
+        now_ms = int(time.time() * 1000)
+        if self._replay is not None:
+            self._replay.commit(now_ms)  # only now do the ids count as delivered
+        self._poison.committed()
+        self._after_refusal = False
+        self._consecutive_aborts = 0
+        self._metrics.consecutive_aborts.set(0)
+        self._metrics.committed(delivered, now_ms)
+        if self._on_delivered is not None and delivered:
+            self._on_delivered(delivered)
+        return True
+
+    def _abort(self, failure: BaseException, *, backoff: bool = True) -> None:
+        """Abort the open batch and rewind; isolate the records at fault, or back off."""
+        assert self._txn is not None
+        error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
+        error = error if isinstance(error, KafkaError) else None
+        if error is not None and classify(error) is Action.FATAL:
+            raise FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
+                                  "another instance may use the same instance id") from failure
+        sources = self._txn.sources
+        if self._replay is not None:
+            self._replay.abort()
+        self._metrics.aborted.inc()
+        self._needs_rewind = True
+        try:
+            failures = self._txn.abort()
+        except BatchFailed as abort_failure:
+            self._pending_abort = True
+            self._back_off(f"{failure}; then the abort failed: {abort_failure}", backoff)
+            return
+        if self._poison.learn(failures, error, sources):
+            log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
+                        self._poison.suspects, str(failure))
+            self._after_refusal = True
+            return
+        if self._after_refusal:
+            # Refused records leave a gap in the producer's sequence numbers: librdkafka fails
+            # the next transaction once (OUT_OF_ORDER_SEQUENCE_NUMBER, "requires epoch bump",
+            # measured on Kafka 4.x) and bumps its epoch on that abort (KIP-360). Not the
+            # cluster's fault: no backoff.
+            self._after_refusal = False
+            log.warning("event=batch_aborted cause=epoch_bump reason=%r", str(failure))
+            return
+        self._back_off(str(failure), backoff)
+
+    def _back_off(self, reason: str, wait: bool) -> None:
+        self._consecutive_aborts += 1
+        self._metrics.consecutive_aborts.set(self._consecutive_aborts)
+        low, high = BACKOFF_S
+        delay = min(high, low * 2 ** (self._consecutive_aborts - 1))
+        log.warning("event=batch_aborted cause=cluster consecutive=%d backoff_s=%.1f reason=%r",
+                    self._consecutive_aborts, delay if wait else 0.0, reason)
+        if wait:
+            self._wait(delay)
+
+    def _recovered(self) -> bool:
+        """Finish an abort that failed and the rewind; False (after a backoff) if not yet."""
+        assert self._txn is not None
+        try:
+            if self._pending_abort:
+                self._txn.abort()
+                self._pending_abort = False
+            if self._needs_rewind:
+                rewind_to_committed(self._consumer, self._timeouts.call_s)
+                self._needs_rewind = False
+        except (BatchFailed, KafkaException) as failure:
+            self._back_off(f"recovering from an aborted batch: {failure}", True)
+            return False
+        return True
+
+    # Consumer events -----------------------------------------------------------------------
+
+    def _consumer_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            # Debezium creates the raw topic with its first event: not an error, a wait.
+            if not self._waiting_for_source:
+                log.info("event=source_topic_missing detail=%r", error.str())
+                self._waiting_for_source = True
+            return
+        if classify(error) is Action.FATAL:
+            raise FatalKafkaError(f"the consumer failed for good: {describe(error)}")
+        log.warning("event=consumer_error error=%s", describe(error))
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Before reading new partitions, learn every id delivered so far (any instance)."""
+        if self._changelog is None or self._replay is None:
+            return
+        # A previous owner may still hold an open transaction with offsets (and dedup marks)
+        # for these partitions; fetching the committed offsets waits until it is resolved
+        # (require_stable), so that the changelog read below sees its marks.
+        consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
+        now_ms = int(time.time() * 1000)
+        started, restored = self._clock(), 0
+        for key, value in self._changelog.catch_up():
+            parsed = parse_changelog(key, value)
+            if parsed is not None:
+                self._replay.restore([parsed], now_ms)
+                restored += 1
+        log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
+                 ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
+                 restored, self._clock() - started)
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Commit what the batch holds while the group's generation still owns it."""
+        if self._txn is not None and self._txn.open:
+            self._commit(backoff=False)  # no sleeping inside a rebalance
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Our generation is gone: the batch's offsets can't commit, so it must abort."""
+        if self._txn is not None and self._txn.open:
+            self._abort(BatchFailed("partitions lost"), backoff=False)
+
+
+def _never(event_id: str) -> bool:
+    return False

@@ -1,0 +1,128 @@
+"""Poison isolation: find the input record whose output the broker refuses, and dead-letter it.
+
+In a transaction, a record the broker refuses makes the whole transaction abortable, and the
+refusal names every record of its produce request (measured on Kafka 4.x: one INVALID_TIMESTAMP
+fails all 11 records of its request to that partition). So one poison record costs at most two
+aborted batches of its own, each followed by one in which librdkafka bumps its producer epoch
+(loop.py):
+
+1. its batch aborts; every input record named by the refusal becomes a suspect;
+2. on the re-read, each suspect is produced alone (flush before, flush after): delivered, it
+   was innocent and is forgotten; refused, it is confirmed, and its batch aborts again;
+3. on the next re-read a confirmed record is dead-lettered (stage produce) without being
+   produced, and forgotten once that batch commits.
+
+A refusal of the router's own records (a dead letter, a changelog mark) is no input record's
+fault and no re-read can fix it: it stops the router (FatalKafkaError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from confluent_kafka import KafkaError
+
+from cdc_router.errors import FatalKafkaError
+from cdc_router.kafka.errors import RECORD_REFUSED, describe
+from cdc_router.kafka.producer import DeliveryFailure, Source
+
+_TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
+                   "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
+                   "delivery.record_timestamp: now to deliver such rows with the router's clock")
+
+
+def record_refusals(record_timestamp: str) -> frozenset[int]:
+    """The error codes that refuse one record. With record_timestamp 'now' the timestamps are
+    the producer's own: an INVALID_TIMESTAMP is then the host's clock, no record's fault."""
+    if record_timestamp == "now":
+        return RECORD_REFUSED - {KafkaError.INVALID_TIMESTAMP}
+    return RECORD_REFUSED
+
+
+def refusal_reason(failure: DeliveryFailure) -> str:
+    """One line for a dead letter: who refused what, why, and what to do."""
+    reason = f"Kafka refused the record for {failure.topic}: {describe(failure.error)}"
+    if failure.error.code() == KafkaError.INVALID_TIMESTAMP:
+        reason += _TIMESTAMP_HINT
+    return reason
+
+
+class PoisonIsolation:
+    """Suspects, confirmed refusals and the one record produced alone; see the module doc."""
+
+    def __init__(self, refusals: frozenset[int] = RECORD_REFUSED) -> None:
+        self._refusals = refusals
+        self._suspects: dict[Source, str] = {}
+        self._refused: dict[Source, str] = {}
+        self._isolated: Source | None = None
+        self._settling: set[Source] = set()  # dead-lettered in the open batch
+
+    @property
+    def suspects(self) -> int:
+        return len(self._suspects)
+
+    def is_refusal(self, error: KafkaError | None) -> bool:
+        return error is not None and error.code() in self._refusals
+
+    def refused(self, source: Source) -> str | None:
+        """The reason to dead-letter `source` without producing it, when it was refused alone."""
+        reason = self._refused.get(source)
+        if reason is not None:
+            self._settling.add(source)
+        return reason
+
+    def alone(self, source: Source) -> bool:
+        """True when `source` is a suspect: it must be produced alone (see delivered_alone)."""
+        if source in self._suspects:
+            self._isolated = source
+            return True
+        return False
+
+    def delivered_alone(self, source: Source) -> None:
+        """A suspect went through alone: it was innocent."""
+        self._suspects.pop(source, None)
+        self._isolated = None
+
+    def learn(self, failures: Iterable[DeliveryFailure], batch_error: KafkaError | None,
+              batch_sources: Sequence[Source]) -> bool:
+        """Take an aborted batch's refusals; True when they name at least one input record.
+
+        When the batch failed with a refusal (`batch_error`, e.g. from the commit) that no
+        delivery report attributes, every input record the batch produced becomes a suspect:
+        the refusal is attributed whatever path it surfaced by.
+        """
+        learned = False
+        for failure in failures:
+            if not self.is_refusal(failure.error):
+                continue
+            if failure.source is None:
+                raise FatalKafkaError(f"{refusal_reason(failure)}; the dead-letter and dedup "
+                                      "changelog topics must accept the router's records "
+                                      "(size limits, ACLs)")
+            learned |= self._blame(failure.source, refusal_reason(failure))
+        if not learned and self.is_refusal(batch_error) and batch_error is not None:
+            reason = f"Kafka refused the batch: {describe(batch_error)}"
+            for source in batch_sources:
+                learned |= self._blame(source, reason)
+        self._isolated = None
+        self._settling.clear()
+        return learned
+
+    def _blame(self, source: Source, reason: str) -> bool:
+        if source in self._refused:
+            return False
+        if source == self._isolated:
+            self._suspects.pop(source, None)
+            self._refused[source] = reason  # refused alone: certainly this record
+            return True
+        if source in self._suspects:
+            return False
+        self._suspects[source] = reason
+        return True
+
+    def committed(self) -> None:
+        """The batch committed: the refused records it dead-lettered are settled for good."""
+        for source in self._settling:
+            self._refused.pop(source, None)
+        self._settling.clear()
+        self._isolated = None

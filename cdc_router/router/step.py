@@ -1,0 +1,176 @@
+"""The pure per-record step: decode -> replay check -> route -> serialize, one result per record.
+
+It takes a raw record's values and returns a frozen result: Routed, Skipped, Duplicate or
+DeadLettered. Any exception one record raises while it is decoded, routed or serialized (our
+DecodeError, RouteError and SerializeError, but as well a library's own exception that no check
+foresaw) is that record's dead letter, at the stage it failed, with its class and message: no
+single row can stop the router.
+Only failures that are no record's fault escape (PROCESS_LEVEL): configuration, the schema
+registry, the Kafka cluster, memory.
+
+Its two lookups are handed in, so that the router (cluster metadata, the replay filter) and
+`cdc-router rules check --explain` (the config's topics) share every decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaException
+
+from cdc_router import debezium
+from cdc_router.dead_letter import Stage
+from cdc_router.debezium import OutboxEvent
+from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, RouteError
+from cdc_router.router.destinations import missing_topic
+from cdc_router.routing import OutboundRecord, Router, build_serializers
+from cdc_router.serde.registry import RegistryError
+
+if TYPE_CHECKING:
+    from cdc_router.serde import Serializer
+    from cdc_router.settings import RouterConfig, RouteRule
+
+# Failures that are not one record's: they stop the router (configuration, the registry, a
+# fenced producer, memory) or fail the batch (the cluster), never dead-letter a record.
+PROCESS_LEVEL: tuple[type[BaseException], ...] = (
+    ConfigError, RegistryError, FatalKafkaError, DeliveryError, KafkaException, MemoryError)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """The record to produce for an event."""
+
+    record: OutboundRecord
+    event: OutboxEvent
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record with no event to deliver (tombstone, heartbeat, unmatched and 'skip', ...)."""
+
+    reason: str
+    detail: str = ""
+    event: OutboxEvent | None = None
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """An event whose id was already delivered: a replay, dropped."""
+
+    event_id: str
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    """A record that failed at `stage`; `error` is what it raised."""
+
+    stage: Stage
+    error: BaseException
+    event_id: str | None = None
+    event: OutboxEvent | None = None
+
+
+StepResult = Routed | Skipped | Duplicate | DeadLettered
+
+
+class _SerializeFailed(Exception):
+    """Carries a serializer's exception out of Router.route, to name the stage."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Staged:
+    """A serializer whose record-level failures are told apart from the routing's."""
+
+    def __init__(self, inner: Serializer) -> None:
+        self._inner = inner
+
+    def serialize(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
+        try:
+            return self._inner.serialize(event, rule, topic)
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            raise _SerializeFailed(error) from error
+
+    def preflight(self) -> None:
+        check = getattr(self._inner, "preflight", None)
+        if check is not None:
+            check()
+
+
+def _never(event_id: str) -> bool:
+    return False
+
+
+class RecordStep:
+    """One RouterConfig's per-record decisions, compiled once.
+
+    `partitions_for(topic)` is a destination's partition count, None when it does not exist (a
+    dead letter at stage route, with `missing(topic)` as the reason); `seen(event_id)` says
+    whether the replay filter knows the id.
+    """
+
+    def __init__(self, config: RouterConfig, partitions_for: Callable[[str], int | None], *,
+                 seen: Callable[[str], bool] = _never,
+                 missing: Callable[[str], str] = missing_topic) -> None:
+        """Raises ConfigError for a route whose format has no usable serializer."""
+        staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
+                                         build_serializers(config).items()}
+        self._router = Router(config, staged)
+        self._source = config.source
+        self._partitions_for = partitions_for
+        self._seen = seen
+        self._missing = missing
+        self._created_at = config.delivery.record_timestamp == "created_at"
+
+    def preflight(self) -> None:
+        """What serializers need from outside (a registry), checked before the first record."""
+        self._router.preflight()
+
+    def explain(self, event: OutboxEvent) -> tuple[int, RouteRule] | None:
+        """The route that takes `event` (index, rule), or None."""
+        return self._router.explain(event)
+
+    def __call__(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
+        """Decode, check for a replay, route and serialize one raw record."""
+        try:
+            decoded = debezium.decode(key, value, topic=topic, settings=self._source)
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            return DeadLettered("decode", error)
+        if isinstance(decoded, debezium.Skipped):
+            return Skipped(decoded.reason, decoded.detail)
+        if self._seen(decoded.event_id):
+            return Duplicate(decoded.event_id)
+        return self.route(decoded)
+
+    def route(self, event: OutboxEvent) -> StepResult:
+        """Route and serialize one decoded event."""
+        try:
+            routed = self._router.route(event, self._partition_count)
+            if isinstance(routed, OutboundRecord) and self._partitions_for(routed.topic) is None:
+                raise RouteError(self._missing(routed.topic))
+        except _SerializeFailed as failed:
+            return DeadLettered("serialize", failed.error, event.event_id, event)
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            return DeadLettered("route", error, event.event_id, event)
+        if isinstance(routed, debezium.Skipped):
+            return Skipped(routed.reason, routed.detail, event)
+        if not self._created_at:
+            # delivery.record_timestamp: now: no explicit timestamp, the producer's clock.
+            routed = replace(routed, timestamp_ms=None)
+        return Routed(routed, event)
+
+    def _partition_count(self, topic: str) -> int:
+        count = self._partitions_for(topic)
+        if count is None:
+            raise RouteError(self._missing(topic))
+        return count

@@ -1,0 +1,279 @@
+"""One batch of the router: its records, dead letters, changelog marks and consumed offsets.
+
+Exactly once (KIP-98 transactions, KIP-447 offsets with the group metadata): everything of a
+batch commits in one transaction, so read_committed readers see all of it or none of it, and
+the offsets move with it. At least once: an idempotent producer; the changelog marks are
+produced only once every record of the batch is acknowledged, and the offsets committed only
+once the marks are, so a mark never stands for an event that was not delivered.
+
+The object is handed its clients (the LatchingProducer and the consumer), so that every path
+can be unit-tested with fakes. Kafka errors are classified by cdc_router.kafka.errors.classify:
+retriable -> the same call again after a backoff; abortable -> BatchFailed (the caller aborts
+and rewinds); fatal or fenced -> FatalKafkaError (the router exits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from cdc_router.dead_letter import DeadLetter
+from cdc_router.errors import DeliveryError, FatalKafkaError
+from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
+from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, Source
+from cdc_router.replay import changelog_record
+from cdc_router.router.clients import Timeouts
+from cdc_router.routing import OutboundRecord
+from cdc_router.settings import DeliverySettings
+
+log = logging.getLogger("cdc_router.router")
+
+# Retries of one transactional call on a retriable error; about 9 s in all, then the batch
+# fails and the loop's own backoff (router/loop.py) takes over.
+RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """An event whose record is committed on its destination topic."""
+
+    event_id: str
+    topic: str
+    created_at_ms: int | None
+
+
+class BatchFailed(Exception):
+    """The open batch cannot commit: abort it and rewind to the committed offsets."""
+
+    def __init__(self, reason: str, kafka_error: KafkaError | None = None) -> None:
+        super().__init__(reason)
+        self.kafka_error = kafka_error
+
+
+class RecordRefused(Exception):
+    """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        super().__init__(describe(error))
+        self.kafka_error = error
+
+
+@dataclass
+class _Batch:
+    started: float = 0.0
+    records: int = 0
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    delivered: list[Delivered] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+    marks: list[tuple[str, int]] = field(default_factory=list)  # at least once: not yet sent
+
+
+class Transaction:
+    """The open batch and the procedure that commits it; see the module doc."""
+
+    def __init__(self, producer: LatchingProducer, consumer: Any, *,
+                 delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
+                 sleep: Callable[[float], object] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._producer = producer
+        self._consumer = consumer
+        self._delivery = delivery
+        self._exactly_once = delivery.guarantee == "exactly_once"
+        self._changelog_topic = changelog_topic
+        self._bootstrap = bootstrap
+        self._timeouts = Timeouts(delivery.transaction_timeout_ms)
+        self._sleep = sleep
+        self._clock = clock
+        self._batch = _Batch()
+        self._open = False
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    @property
+    def records(self) -> int:
+        return self._batch.records
+
+    @property
+    def sources(self) -> list[Source]:
+        """The input records whose output this batch produced."""
+        return list(self._batch.sources)
+
+    def init(self) -> None:
+        """Register the transactional id, fencing a previous incarnation (exactly once)."""
+        if self._exactly_once:
+            # One try: its timeout already covers waiting out a predecessor's transaction.
+            self._call(lambda: self._producer.init_transactions(self._timeouts.init_s), "init",
+                       backoffs=())
+
+    def begin(self) -> None:
+        if self._open:
+            return
+        if self._exactly_once:
+            self._call(self._producer.begin_transaction, "begin")
+        self._batch = _Batch(started=self._clock())
+        self._open = True
+
+    def due(self) -> bool:
+        """The batch is big or old enough to commit."""
+        return self._open and (
+            self._batch.records >= self._delivery.commit_max_records
+            or (self._clock() - self._batch.started) * 1000 >= self._delivery.commit_interval_ms)
+
+    def consumed(self, topic: str, partition: int, offset: int) -> None:
+        """The input record at `offset` is handled: the batch's offsets move past it."""
+        self._batch.offsets[(topic, partition)] = offset + 1
+
+    def produce(self, record: OutboundRecord, source: Source, *, alone: bool = False) -> None:
+        """Queue one destination record; `alone` delivers what came before, then only it.
+
+        Raises RecordRefused when librdkafka refuses it on the spot, BatchFailed when a
+        delivery failed (this one alone, or an earlier one).
+        """
+        try:
+            if alone:
+                self._producer.flush(self._timeouts.call_s)
+            self._producer.produce(record.topic, key=record.key, value=record.value,
+                                   headers=list(record.headers), partition=record.partition,
+                                   timestamp_ms=record.timestamp_ms, source=source)
+            self._batch.sources.append(source)
+            if alone:
+                self._producer.flush(self._timeouts.call_s)
+        except KafkaException as failure:
+            error = kafka_error_of(failure)
+            if error is not None and error.code() in RECORD_REFUSED:
+                raise RecordRefused(error) from failure
+            raise self._failed(failure) from failure
+        except DeliveryError as failure:
+            raise self._failed(failure) from failure
+        self._batch.records += 1
+
+    def dead_letter(self, topic: str, letter: DeadLetter) -> None:
+        """Queue one dead letter (sized by dead_letter(max_bytes=...) to fit)."""
+        self._send(topic, letter.key, letter.value, list(letter.headers))
+        self._batch.records += 1
+
+    def mark(self, event_id: str, now_ms: int) -> None:
+        """Record `event_id` as delivered in the changelog, so that a replay of it drops."""
+        if self._changelog_topic is None:
+            return
+        if self._exactly_once:
+            self._send_mark(event_id, now_ms)  # in the transaction: visible with the record
+        else:
+            self._batch.marks.append((event_id, now_ms))  # only after the records' acks
+
+    def delivered(self, delivered: Delivered) -> None:
+        self._batch.delivered.append(delivered)
+
+    def commit(self) -> list[Delivered]:
+        """Commit the open batch, as a numbered procedure; its delivered events.
+
+        Raises BatchFailed (abort and rewind) or FatalKafkaError.
+        """
+        consumer, producer, wait_s = self._consumer, self._producer, self._timeouts.call_s
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._batch.offsets.items()]
+        # 1. Deliver every record and dead letter of the batch (exactly once: and its marks);
+        #    a single failed delivery fails the whole batch.
+        self._flush()
+        if self._exactly_once:
+            # 2. Add the consumed offsets to the transaction with the group's metadata
+            #    (KIP-447): a zombie of an older generation cannot commit them.
+            self._call(lambda: producer.send_offsets_to_transaction(
+                offsets, consumer.consumer_group_metadata(), wait_s), "offsets")
+            # 3. Commit: records, dead letters, changelog marks and offsets become visible
+            #    together, or (on any failure) none of them.
+            self._call(lambda: producer.commit_transaction(wait_s), "commit")
+        else:
+            # 2. Only now the changelog marks: every record they stand for is acknowledged.
+            for event_id, now_ms in self._batch.marks:
+                self._send_mark(event_id, now_ms)
+            # 3. Deliver the marks.
+            self._flush()
+            # 4. Commit the offsets: every record and mark of the batch is durable.
+            self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False), "offsets")
+        delivered = self._batch.delivered
+        self._reset()
+        return delivered
+
+    def abort(self) -> list[DeliveryFailure]:
+        """Abort the open batch; the deliveries that failed in it, for the poison isolation.
+
+        Raises BatchFailed when the abort itself cannot complete (call it again later).
+        """
+        failures = self._producer.take_failures()
+        if self._exactly_once and self._open:
+            self._call(lambda: self._producer.abort_transaction(self._timeouts.call_s), "abort")
+        failures += self._producer.take_failures()
+        self._producer.clear_latched()
+        self._reset()
+        return failures
+
+    def discard(self) -> None:
+        """Forget the open batch after an unexpected failure; abort it if Kafka lets us."""
+        try:
+            self.abort()
+        except (BatchFailed, FatalKafkaError, KafkaException) as failure:
+            log.warning("event=abort_failed error=%r", str(failure))
+        finally:
+            self._reset()
+
+    def _reset(self) -> None:
+        self._batch = _Batch()
+        self._open = False
+
+    def _send_mark(self, event_id: str, now_ms: int) -> None:
+        assert self._changelog_topic is not None
+        mark = changelog_record(event_id, now_ms)
+        self._send(self._changelog_topic, mark.key, mark.value, [])
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None,
+              headers: list[tuple[str, bytes]]) -> None:
+        try:
+            self._producer.produce(topic, key=key, value=value, headers=headers)
+        except (KafkaException, DeliveryError) as failure:
+            raise self._failed(failure) from failure
+
+    def _flush(self) -> None:
+        try:
+            self._producer.flush(self._timeouts.call_s)
+        except DeliveryError as failure:
+            raise self._failed(failure) from failure
+
+    def _failed(self, failure: BaseException) -> BaseException:
+        """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
+        error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
+        error = error if isinstance(error, KafkaError) else None
+        if error is not None and classify(error) is Action.FATAL:
+            return FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
+                                   "another instance may use the same instance id")
+        return BatchFailed(str(failure), error)
+
+    def _call(self, step: Callable[[], None], name: str,
+              backoffs: tuple[float, ...] = RETRY_BACKOFF_S) -> None:
+        """Run a transactional call, retrying retriable errors; BatchFailed when abortable or
+        still failing after the retries, FatalKafkaError when fatal."""
+        for attempt, backoff in enumerate((*backoffs, None)):
+            try:
+                step()
+                return
+            except KafkaException as failure:
+                error = kafka_error_of(failure)
+                action = classify(error) if error is not None else Action.ABORT
+                if action is Action.FATAL and error is not None:
+                    raise FatalKafkaError(f"Kafka transaction step {name!r} failed for good: "
+                                          f"{describe(error)}") from failure
+                if action is Action.ABORT:
+                    raise BatchFailed(f"step {name!r}: {failure}", error) from failure
+                if backoff is None:
+                    raise BatchFailed(
+                        f"Kafka transaction step {name!r} still fails after {attempt + 1} "
+                        f"tries: {failure}; is the cluster at {self._bootstrap} reachable?",
+                        error) from failure
+                log.info("event=retry step=%s attempt=%d error=%s", name, attempt + 1, failure)
+                self._sleep(backoff)

@@ -1,0 +1,307 @@
+"""In-memory fakes of confluent-kafka's Producer and Consumer over one fake cluster.
+
+They behave like librdkafka where the router depends on it (measured on the real stack):
+- a broker refusal (a `refuse` rule) fails every record of its produce request, i.e. all
+  records sent together to that topic-partition, each with a delivery report carrying the
+  error, and puts the transaction in an abortable state: commit_transaction then raises the
+  same code with txn_requires_abort;
+- produce() refuses on the spot a value over message.max.bytes (MSG_SIZE_TOO_LARGE);
+- transactional records and offsets become visible on commit only; abort discards them;
+- list_topics answers UNKNOWN_TOPIC_OR_PART for a topic that does not exist, never creates one.
+Records the router consumes are real confluent_kafka.Message objects.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
+
+FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
+RAW = "outbox.public.outbox"
+ORDERS = "orders"
+DLQ = "cdc-router.dlq"
+CHANGELOG = "cdc-router.dedup"
+Refusal = Callable[[str, bytes | None, int | None], int | None]  # topic, value, timestamp
+
+
+@dataclass
+class Stored:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp: int | None
+
+    def header(self, name: str) -> str:
+        return dict(self.headers)[name].decode()
+
+
+@dataclass
+class FakeCluster:
+    """Topics (committed records only), the group's offsets, and what goes wrong."""
+
+    partitions: dict[str, int] = field(default_factory=lambda: {
+        RAW: 1, ORDERS: 3, DLQ: 1, CHANGELOG: 1})
+    raw: dict[int, list[tuple[bytes | None, bytes | None]]] = field(default_factory=dict)
+    topics: dict[str, list[Stored]] = field(default_factory=dict)
+    group_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    refuse: Refusal = lambda topic, value, timestamp: None
+    max_message_bytes: int = 1_000_000
+    commit_failures: list[KafkaError] = field(default_factory=list)  # next commits fail so
+    fenced: bool = False
+    journal: list[str] = field(default_factory=list)
+    created_topics: list[str] = field(default_factory=list)
+
+    def committed(self, topic: str) -> list[Stored]:
+        return self.topics.get(topic, [])
+
+    def publish(self, topic: str, records: list[Stored]) -> None:
+        self.topics.setdefault(topic, []).extend(records)
+
+
+# Producer ---------------------------------------------------------------------------------
+
+class FakeProducer:
+    def __init__(self, cluster: FakeCluster, config: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.transactional = "transactional.id" in config
+        self._queue: list[tuple[Stored, Callable[..., None]]] = []
+        self._reports: list[tuple[Callable[..., None], KafkaError | None, Message]] = []
+        self._pending: list[Stored] = []
+        self._pending_offsets: dict[tuple[str, int], int] = {}
+        self._abortable: KafkaError | None = None
+        self._in_txn = False
+        # Refused records leave a gap in their partition's sequence numbers: as librdkafka
+        # does, the next request there fails and the abort bumps the epoch (KIP-360).
+        self._gaps: set[tuple[str, int]] = set()
+
+    def _fence_check(self) -> None:
+        if self.cluster.fenced:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance",
+                                            fatal=True))
+
+    def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes]], on_delivery: Callable[..., None],
+                partition: int | None = None, timestamp: int | None = None) -> None:
+        self._fence_check()
+        if self.transactional and not self._in_txn:
+            raise KafkaException(KafkaError(KafkaError._STATE, "no transaction"))
+        if value is not None and len(value) > self.cluster.max_message_bytes:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE,
+                                            "Broker: Message size too large"))
+        chosen = partition if partition is not None else (hash(key) % self.cluster.partitions
+                                                          .get(topic, 1))
+        self._queue.append((Stored(topic, chosen, key, value, headers, timestamp), on_delivery))
+
+    def _send(self) -> None:
+        """One produce request per topic-partition, as librdkafka batches them."""
+        requests: dict[tuple[str, int], list[tuple[Stored, Callable[..., None]]]] = {}
+        for item in self._queue:
+            requests.setdefault((item[0].topic, item[0].partition), []).append(item)
+        self._queue = []
+        for (topic, partition), items in requests.items():
+            codes = [self.cluster.refuse(topic, s.value, s.timestamp) for s, _ in items]
+            if topic not in self.cluster.partitions:
+                codes.append(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            code = next((c for c in codes if c is not None), None)
+            if code is not None and self.transactional:
+                self._gaps.add((topic, partition))
+            elif (topic, partition) in self._gaps:
+                code = KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+            error = KafkaError(code) if code is not None else None
+            for stored, callback in items:
+                message = Message(topic=topic, partition=stored.partition, key=stored.key,
+                                  value=stored.value)
+                self._reports.append((callback, error, message))
+                if error is None:
+                    self.cluster.journal.append(f"acked {topic}")
+                    if self.transactional:
+                        self._pending.append(stored)
+                    else:
+                        self.cluster.publish(topic, [stored])
+            if error is not None and self.transactional and self._abortable is None:
+                self._abortable = KafkaError(code, f"ProduceRequest for {topic} with "
+                                             f"{len(items)} message(s) failed",
+                                             txn_requires_abort=True)
+
+    def poll(self, timeout: float = 0) -> int:
+        self._send()
+        reports, self._reports = self._reports, []
+        for callback, error, message in reports:
+            callback(error, message)
+        return len(reports)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.cluster.journal.append("flush")
+        self.poll(0)
+        return 0
+
+    def init_transactions(self, timeout: float) -> None:
+        self._fence_check()
+
+    def begin_transaction(self) -> None:
+        self._fence_check()
+        assert not self._in_txn, "begin_transaction inside an open transaction"
+        self._in_txn = True
+
+    def send_offsets_to_transaction(self, offsets: list[TopicPartition], metadata: Any,
+                                    timeout: float) -> None:
+        self._fence_check()
+        assert metadata == "group-metadata"
+        if self._abortable is not None:
+            raise KafkaException(self._abortable)
+        self.cluster.journal.append("send_offsets")
+        self._pending_offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._fence_check()
+        self.poll(0)
+        if self._abortable is not None:
+            raise KafkaException(self._abortable)
+        if self.cluster.commit_failures:
+            raise KafkaException(self.cluster.commit_failures.pop(0))
+        for stored in self._pending:
+            self.cluster.publish(stored.topic, [stored])
+        self.cluster.group_offsets.update(self._pending_offsets)
+        self.cluster.journal.append("commit")
+        self._end()
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._fence_check()
+        for _, callback in self._queue:  # purged, reported as such
+            self._reports.append((callback, KafkaError(KafkaError._PURGE_QUEUE), Message()))
+        self._queue = []
+        self.cluster.journal.append("abort")
+        if self._abortable is not None and \
+                self._abortable.code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER:
+            self._gaps.clear()  # the epoch is bumped
+        self._end()
+
+    def _end(self) -> None:
+        self._pending, self._pending_offsets, self._abortable = [], {}, None
+        self._in_txn = False
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        count = self.cluster.partitions.get(topic)
+        error = None if count else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+        found = SimpleNamespace(error=error, partitions=dict.fromkeys(range(count or 0)))
+        return SimpleNamespace(topics={topic: found})
+
+
+# Consumer ---------------------------------------------------------------------------------
+
+class FakeConsumer:
+    """Owns every partition of the raw topic; `before_consume` hooks inject events."""
+
+    def __init__(self, cluster: FakeCluster, config: dict[str, Any],
+                 on_idle: Callable[[], None]) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.on_idle = on_idle
+        self.callbacks: dict[str, Any] = {}
+        self.assigned: list[int] = []
+        self.position: dict[int, int] = {}
+        self.before_consume: list[Callable[[FakeConsumer], None]] = []
+        self.closed = False
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        assert topics == [RAW]
+        self.callbacks = callbacks
+
+    def _partitions(self) -> list[TopicPartition]:
+        return [TopicPartition(RAW, p) for p in self.assigned]
+
+    def assign_all(self) -> None:
+        self.assigned = sorted(self.cluster.raw)
+        self.position = {p: self.cluster.group_offsets.get((RAW, p), 0) for p in self.assigned}
+        self.callbacks["on_assign"](self, self._partitions())
+
+    def revoke_all(self, lost: bool = False) -> None:
+        self.callbacks["on_lost" if lost else "on_revoke"](self, self._partitions())
+        self.assigned = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        hooks, self.before_consume = self.before_consume, []
+        for hook in hooks:  # a hook that adds hooks defers them to the next consume()
+            hook(self)
+        if not self.assigned:
+            self.assign_all()
+        batch = []
+        for p in self.assigned:
+            log = self.cluster.raw[p]
+            while self.position[p] < len(log) and len(batch) < num_messages:
+                key, value = log[self.position[p]]
+                batch.append(Message(topic=RAW, partition=p, offset=self.position[p], key=key,
+                                     value=value))
+                self.position[p] += 1
+        if not batch:
+            time.sleep(min(timeout, 0.01))  # librdkafka waits for records, up to the timeout
+            self.on_idle()
+        return batch
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._partitions()
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition,
+                               self.cluster.group_offsets.get((tp.topic, tp.partition),
+                                                              OFFSET_INVALID))
+                for tp in partitions]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.cluster.journal.append(f"seek {tp.partition}@{tp.offset}")
+        self.position[tp.partition] = max(tp.offset, 0)
+
+    def consumer_group_metadata(self) -> str:
+        return "group-metadata"
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        assert asynchronous is False
+        self.cluster.group_offsets.update({(tp.topic, tp.partition): tp.offset
+                                           for tp in offsets})
+        self.cluster.journal.append("commit_offsets")
+
+    def close(self) -> None:
+        if self.assigned:
+            self.revoke_all()
+        self.closed = True
+
+
+class FakeChangelog:
+    def __init__(self, cluster: FakeCluster, topic: str) -> None:
+        self.cluster = cluster
+        self.topic = topic
+
+    def catch_up(self) -> Iterator[tuple[bytes | None, bytes | None]]:
+        for stored in self.cluster.committed(self.topic):
+            yield stored.key, stored.value
+
+    def close(self) -> None:
+        pass
+
+
+# Raw records ------------------------------------------------------------------------------
+
+_TEMPLATE = json.loads((FIXTURES / "create_jsonb.noschema.json").read_text("utf-8"))["value"]
+
+
+def raw_event(event_id: str, *, aggregate_type: str = "Order", aggregate_id: str = "order-1",
+              event_type: str = "OrderPaid", payload: str = '{"n": 1}',
+              headers: str | None = None, created_at_us: int | None = None) -> bytes:
+    """A captured Debezium create event (JsonConverter, no schema) with these columns."""
+    envelope = json.loads(json.dumps(_TEMPLATE))
+    after = envelope["after"]
+    after.update(id=event_id, aggregatetype=aggregate_type, aggregateid=aggregate_id,
+                 type=event_type, payload=payload, headers=headers)
+    if created_at_us is not None:
+        after["created_at"] = created_at_us
+    return json.dumps(envelope).encode()

@@ -1,0 +1,85 @@
+"""Client policy and the destination metadata cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.errors import RouteError
+from cdc_router.kafka.consumer import ChangelogReader
+from cdc_router.router import clients
+from cdc_router.router.destinations import MISSING_RECHECK_S, DestinationMetadata
+from cdc_router.settings import RouterConfig
+
+
+def config(**kafka: Any) -> RouterConfig:
+    return RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                        "routes": [{"topic": "{aggregate_id}"}],
+                                        "kafka": kafka})
+
+
+def test_no_client_of_the_router_creates_topics_even_when_the_user_asks() -> None:
+    asked = config(config={"allow.auto.create.topics": "true"},
+                   producer={"allow.auto.create.topics": "true"},
+                   consumer={"allow.auto.create.topics": "true"})
+    built = [clients.producer_config(asked, "i"), clients.consumer_config(asked, "i"),
+             clients.common_config(asked),
+             ChangelogReader(clients.common_config(asked), "dedup")._config]
+    assert all(client["allow.auto.create.topics"] is False for client in built)
+
+
+def test_transactional_settings_come_from_delivery() -> None:
+    settings = RouterConfig.model_validate({
+        "source": {"topics": ["raw"]}, "routes": [{"topic": "t"}],
+        "delivery": {"transaction_timeout_ms": 90_000}})
+    produced = clients.producer_config(settings, "i-1")
+    assert produced["transaction.timeout.ms"] == 90_000
+    assert produced["transactional.id"] == "cdc-router-i-1"
+    timeouts = clients.Timeouts(90_000)
+    assert (timeouts.call_s, timeouts.init_s, timeouts.stable_offsets_s) == (90, 90, 180)
+
+
+class Lookup:
+    def __init__(self, answers: dict[str, int | KafkaError | None]) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+
+    def __call__(self, topic: str, timeout_s: float) -> int | None:
+        self.calls.append(topic)
+        answer = self.answers.get(topic)
+        if isinstance(answer, KafkaError):
+            raise KafkaException(answer)
+        return answer
+
+
+def test_the_metadata_cache_is_a_bounded_lru() -> None:
+    lookup = Lookup({f"t{i}": 1 for i in range(10)})
+    cache = DestinationMetadata(lookup, max_topics=3)
+    for topic in ("t0", "t1", "t2", "t0", "t3"):  # t1 is the least recently used
+        cache.partitions(topic)
+    assert len(cache) == 3
+    cache.partitions("t0")
+    cache.partitions("t1")
+    assert lookup.calls == ["t0", "t1", "t2", "t3", "t1"]
+
+
+def test_a_missing_topic_is_asked_again_after_a_while() -> None:
+    now = [0.0]
+    lookup = Lookup({})
+    cache = DestinationMetadata(lookup, clock=lambda: now[0])
+    assert cache.partitions("x") is None and cache.partitions("x") is None
+    now[0] += MISSING_RECHECK_S
+    lookup.answers["x"] = 4
+    assert cache.partitions("x") == 4 and lookup.calls == ["x", "x"]
+
+
+def test_a_topic_level_refusal_is_the_records_a_cluster_failure_is_not() -> None:
+    cache = DestinationMetadata(Lookup({
+        "denied": KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED),
+        "slow": KafkaError(KafkaError._TIMED_OUT)}))
+    with pytest.raises(RouteError, match="TOPIC_AUTHORIZATION_FAILED"):
+        cache.partitions("denied")
+    with pytest.raises(KafkaException):
+        cache.partitions("slow")

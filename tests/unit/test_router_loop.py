@@ -1,0 +1,257 @@
+"""OutboxRouter against fake clients over a fake cluster (tests/unit/router_fakes.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.errors import FatalKafkaError
+from cdc_router.metrics import RouterMetrics
+from cdc_router.replay import changelog_record
+from cdc_router.router import OutboxRouter
+from cdc_router.settings import RouterConfig
+from tests.unit.router_fakes import (
+    CHANGELOG,
+    DLQ,
+    ORDERS,
+    RAW,
+    FakeChangelog,
+    FakeCluster,
+    FakeConsumer,
+    FakeProducer,
+    Stored,
+    raw_event,
+)
+
+NOW_US = int(time.time() * 1_000_000)
+HOUR_US = 3600 * 1_000_000
+
+
+def broker_timestamp_rule(topic: str, value: bytes | None, timestamp: int | None) -> int | None:
+    """message.timestamp.after.max.ms = 1 hour, as Kafka 4.x defaults."""
+    if timestamp is not None and timestamp > time.time() * 1000 + 3600_000:
+        return KafkaError.INVALID_TIMESTAMP
+    return None
+
+
+class Harness:
+    """One router over `cluster`; stops once every raw record's offset is committed."""
+
+    def __init__(self, cluster: FakeCluster, hooks: list[Any] | None = None,
+                 **config: Any) -> None:
+        self.cluster = cluster
+        self.hooks = hooks or []
+        self.waits: list[float] = []
+        self.metrics = RouterMetrics()
+        self.consumer: FakeConsumer | None = None
+        self.idle_calls = 0
+        settings = RouterConfig.model_validate({
+            "source": {"topics": [RAW], "group_id": "g"},
+            "routes": config.pop("routes", [{"topic": ORDERS}]),
+            "dead_letter": {"topic": DLQ}, "dedup": {"changelog_topic": CHANGELOG},
+            **config})
+        self.router = OutboxRouter(
+            settings, instance_id="i-1", metrics=self.metrics,
+            producer_factory=lambda conf: FakeProducer(cluster, conf),
+            consumer_factory=self._consumer, wait=self.waits.append,
+            changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic))
+
+    def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
+        consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
+        if self.hooks:  # run before the second consume(), with the first poll's batch open
+            consumer.before_consume.append(lambda c: c.before_consume.extend(self.hooks))
+        return consumer
+
+    def _idle(self) -> None:
+        self.idle_calls += 1
+        done = all(self.cluster.group_offsets.get((RAW, p), 0) == len(log)
+                   for p, log in self.cluster.raw.items())
+        if done or self.idle_calls > 2_000:
+            self.router.stop()
+
+    def run(self) -> Harness:
+        self.router.run()
+        assert self.idle_calls <= 2_000, "the router never committed everything"
+        return self
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def delivered(self) -> list[str]:
+        return [s.key.decode() for s in self.cluster.committed(ORDERS) if s.key]
+
+    def letters(self) -> list[Stored]:
+        return self.cluster.committed(DLQ)
+
+
+def cluster_with(*values: bytes | None, **kwargs: Any) -> FakeCluster:
+    cluster = FakeCluster(**kwargs)
+    cluster.raw[0] = [(b"k", value) for value in values]
+    return cluster
+
+
+def events(count: int, **columns: Any) -> list[bytes]:
+    return [raw_event(f"e-{i}", aggregate_id=f"order-{i % 3}", **columns) for i in range(count)]
+
+
+def test_every_event_once_with_its_offsets_and_changelog_marks() -> None:
+    cluster = cluster_with(*events(30))
+    harness = Harness(cluster, delivery={"commit_max_records": 10}).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(30))
+    assert sorted(s.key for s in cluster.committed(CHANGELOG)) == sorted(
+        f"e-{i}".encode() for i in range(30))
+    assert cluster.group_offsets == {(RAW, 0): 30}
+    assert cluster.journal.count("commit") >= 3
+    assert harness.waits == [] and harness.metric("cdc_router_batches_aborted_total") == 0
+
+
+def test_every_dead_letter_stage_and_the_stream_goes_on() -> None:
+    nested = '{"a": ' * 3000 + "1" + "}" * 3000
+    poison = {
+        "decode": b'{"op": "c", "after": {"id": ',
+        "decode-depth": raw_event("p-headers", headers=nested),
+        "route": raw_event("p-route", event_type="Missing"),
+        "serialize": raw_event("p-payload", payload=nested),
+        "produce": raw_event("p-future", created_at_us=NOW_US + 3 * HOUR_US),
+    }
+    good = events(12, created_at_us=NOW_US)
+    cluster = cluster_with(*good[:6], *poison.values(), *good[6:], refuse=broker_timestamp_rule)
+    harness = Harness(cluster, routes=[{"match": {"type": "Missing"}, "topic": "nowhere"},
+                                       {"topic": ORDERS}]).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(12))
+    by_stage = {(s.header("dlq.stage"), s.header("dlq.error.class")) for s in harness.letters()}
+    assert by_stage == {("decode", "DecodeError"), ("route", "RouteError"),
+                        ("serialize", "SerializeError"), ("produce", "DeliveryError")}
+    assert len(harness.letters()) == 5
+    assert harness.metric("cdc_router_batches_aborted_total") <= 4
+    assert harness.waits == []
+
+
+def test_a_timestamp_the_broker_refuses_costs_at_most_two_aborts_then_a_dead_letter() -> None:
+    values = events(20, created_at_us=NOW_US)
+    values[9] = raw_event("p-future", created_at_us=NOW_US + 3 * HOUR_US)
+    cluster = cluster_with(*values, refuse=broker_timestamp_rule)
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(20) if i != 9)
+    [letter] = harness.letters()
+    assert letter.header("dlq.stage") == "produce"
+    assert letter.header("dlq.event.id") == "p-future"
+    assert "INVALID_TIMESTAMP" in letter.header("dlq.error.message")
+    assert "delivery.record_timestamp: now" in letter.header("dlq.error.message")
+    # Two refusals, each followed by the abort in which librdkafka bumps its epoch.
+    assert harness.metric("cdc_router_batches_aborted_total") <= 4
+    assert harness.waits == []  # a record's fault: no backoff
+
+
+def test_record_timestamp_now_delivers_the_row_with_a_future_created_at() -> None:
+    values = [*events(5, created_at_us=NOW_US),
+              raw_event("future", created_at_us=NOW_US + 3 * HOUR_US)]
+    cluster = cluster_with(*values, refuse=broker_timestamp_rule)
+    harness = Harness(cluster, delivery={"record_timestamp": "now"}).run()
+    assert "future" in harness.delivered() and harness.letters() == []
+    assert all(s.timestamp is None for s in cluster.committed(ORDERS))
+
+
+def test_a_batch_failing_for_cluster_reasons_backs_off_and_dead_letters_nothing() -> None:
+    timeout = KafkaError(KafkaError._TIMED_OUT, "coordinator moving", txn_requires_abort=True)
+    cluster = cluster_with(*events(10), commit_failures=[timeout] * 9)
+    harness = Harness(cluster).run()
+    assert harness.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert harness.letters() == []
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(10))
+    assert harness.metric("cdc_router_consecutive_aborts") == 0  # reset by the commit
+
+
+def test_a_fenced_producer_stops_the_router() -> None:
+    cluster = cluster_with(*events(10))
+    harness = Harness(cluster)
+    cluster.fenced = True
+    with pytest.raises(FatalKafkaError):
+        harness.run()
+    assert cluster.committed(ORDERS) == [] and cluster.group_offsets == {}
+    assert harness.consumer is not None and harness.consumer.closed
+
+
+def test_a_refusal_of_a_dead_letter_stops_the_router() -> None:
+    cluster = cluster_with(b"{broken", refuse=lambda topic, value, ts:
+                           KafkaError.TOPIC_AUTHORIZATION_FAILED if topic == DLQ else None)
+    with pytest.raises(FatalKafkaError, match="dead-letter and dedup changelog"):
+        Harness(cluster).run()
+    assert cluster.group_offsets == {}
+
+
+def test_revoke_commits_the_open_batch() -> None:
+    cluster = cluster_with(*events(10))
+    seen: dict[str, Any] = {}
+
+    def revoke(consumer: FakeConsumer) -> None:
+        consumer.revoke_all()
+        seen["offsets"] = dict(cluster.group_offsets)
+
+    harness = Harness(cluster, hooks=[revoke], delivery={"commit_interval_ms": 6000}).run()
+    assert seen["offsets"] == {(RAW, 0): 10}
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(10))
+
+
+def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
+    cluster = cluster_with(*events(10))
+    harness = Harness(cluster, hooks=[lambda consumer: consumer.revoke_all(lost=True)],
+                      delivery={"commit_interval_ms": 6000}).run()
+    assert "abort" in cluster.journal
+    assert harness.waits == []  # no backoff inside a rebalance
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(10))
+
+
+def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
+    cluster = cluster_with(*events(10))
+    cluster.topics[CHANGELOG] = [
+        Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+        for mark in (changelog_record(f"e-{i}", int(time.time() * 1000)) for i in range(5))]
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(5, 10))
+    assert harness.metric("cdc_router_duplicates_dropped_total") == 5
+
+
+def test_stop_finishes_and_commits_the_open_batch() -> None:
+    cluster = cluster_with(*events(10))
+    stopper: list[Harness] = []
+    harness = Harness(cluster, hooks=[lambda consumer: stopper[0].router.stop()],
+                      delivery={"commit_interval_ms": 6000})
+    stopper.append(harness)
+    harness.run()
+    assert cluster.group_offsets == {(RAW, 0): 10} and len(harness.delivered()) == 10
+
+
+def test_a_dead_letter_too_big_for_kafka_keeps_its_reason_without_the_value() -> None:
+    cluster = cluster_with(b"x" * 950_000, *events(2))
+    harness = Harness(cluster).run()
+    [letter] = harness.letters()
+    assert letter.value is None and letter.header("dlq.value.dropped.bytes") == "950000"
+    assert letter.header("dlq.stage") == "decode"
+
+
+def test_at_least_once_a_refused_record_never_leaves_a_mark_without_its_record() -> None:
+    values = events(8)
+    values[3] = raw_event("big", payload='{"blob": "' + "x" * 500 + '"}')
+    cluster = cluster_with(*values, refuse=lambda topic, value, ts:
+                           KafkaError.MSG_SIZE_TOO_LARGE if topic == ORDERS and value
+                           and len(value) > 400 else None)
+    harness = Harness(cluster, delivery={"guarantee": "at_least_once"}).run()
+    marks = {s.key.decode() for s in cluster.committed(CHANGELOG) if s.key}
+    letters = {letter.header("dlq.event.id") for letter in harness.letters()}
+    assert letters == {"big"}
+    assert set(harness.delivered()) == {f"e-{i}" for i in range(8) if i != 3}
+    assert marks <= set(harness.delivered()) | letters
+
+
+def test_a_commit_failing_mid_poll_rereads_the_rest_of_the_poll_and_loses_nothing() -> None:
+    # One poll brings all 20 records; the first of its four commits fails. The records after
+    # it in the same poll must not go into a new batch whose offsets would skip the aborted one.
+    failed = KafkaError(KafkaError._TIMED_OUT, "coordinator moving", txn_requires_abort=True)
+    cluster = cluster_with(*events(20), commit_failures=[failed])
+    harness = Harness(cluster, delivery={"commit_max_records": 5}).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(20))
+    assert cluster.group_offsets == {(RAW, 0): 20}

@@ -1,0 +1,75 @@
+"""Poison isolation: a refused record is found and dead-lettered within two aborted batches."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.errors import FatalKafkaError
+from cdc_router.kafka.producer import DeliveryFailure
+from cdc_router.router.poison import PoisonIsolation, record_refusals
+
+A, B, C = ("raw", 0, 1), ("raw", 0, 2), ("raw", 0, 3)
+TIMESTAMP = KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")
+
+
+def refused(source: tuple[str, int, int] | None, error: KafkaError = TIMESTAMP) -> DeliveryFailure:
+    return DeliveryFailure("orders", error, source)
+
+
+def test_a_refusal_of_a_whole_request_makes_suspects_then_the_one_refused_alone_is_confirmed(
+) -> None:
+    poison = PoisonIsolation()
+    # Abort 1: the broker names every record of the request.
+    assert poison.learn([refused(A), refused(B), refused(C)], None, [A, B, C])
+    assert poison.suspects == 3 and poison.refused(A) is None
+    # Re-read: each suspect alone; A and C go through, B is refused alone (abort 2).
+    assert poison.alone(A)
+    poison.delivered_alone(A)
+    assert poison.alone(B)
+    assert poison.learn([refused(B)], None, [A, B])
+    # Next re-read: B is dead-lettered without producing, C is still produced alone.
+    reason = poison.refused(B)
+    assert reason is not None and "INVALID_TIMESTAMP" in reason
+    assert "delivery.record_timestamp: now" in reason
+    assert not poison.alone(A) and poison.alone(C)
+    poison.delivered_alone(C)
+    poison.committed()
+    assert poison.refused(B) is None and poison.suspects == 0
+
+
+def test_an_abort_that_is_no_records_fault_teaches_nothing() -> None:
+    poison = PoisonIsolation()
+    timed_out = KafkaError(KafkaError._MSG_TIMED_OUT)
+    assert not poison.learn([refused(A, timed_out)], timed_out, [A])
+    assert not poison.learn([], KafkaError(KafkaError.NOT_ENOUGH_REPLICAS), [A, B])
+    assert not poison.learn([refused(A, KafkaError(KafkaError.INVALID_REQUIRED_ACKS))], None, [A])
+    assert poison.suspects == 0
+
+
+def test_a_refusal_no_report_attributes_makes_every_record_of_the_batch_a_suspect() -> None:
+    poison = PoisonIsolation()
+    assert poison.learn([], KafkaError(KafkaError.INVALID_TIMESTAMP), [A, B])
+    assert poison.suspects == 2
+
+
+def test_a_refusal_of_the_routers_own_record_is_fatal() -> None:
+    with pytest.raises(FatalKafkaError, match="dead-letter and dedup changelog"):
+        PoisonIsolation().learn([refused(None, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))],
+                                None, [])
+
+
+def test_with_record_timestamp_now_an_invalid_timestamp_is_the_clock_not_a_record() -> None:
+    poison = PoisonIsolation(record_refusals("now"))
+    assert not poison.learn([refused(A)], TIMESTAMP, [A])
+    assert PoisonIsolation(record_refusals("created_at")).learn([refused(A)], None, [A])
+
+
+def test_an_aborted_batch_keeps_the_refusal_it_was_dead_lettering() -> None:
+    poison = PoisonIsolation()
+    poison.learn([refused(A)], None, [A])
+    assert poison.alone(A)
+    poison.learn([refused(A)], None, [A])
+    assert poison.refused(A) is not None
+    poison.learn([], KafkaError(KafkaError._TRANSPORT), [])  # that batch failed elsewhere
+    assert poison.refused(A) is not None  # still dead-lettered on the next re-read

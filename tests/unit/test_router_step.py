@@ -1,0 +1,139 @@
+"""The pure per-record step on real captured Debezium events: every outcome, every stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router import debezium, routing
+from cdc_router.errors import DecodeError, RouteError, SerializeError
+from cdc_router.partitioner import java_default_partition
+from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, Skipped
+from cdc_router.serde.json import JsonSerializer
+from cdc_router.settings import RouterConfig
+from tests.unit.router_fakes import FIXTURES, raw_event
+
+AVRO = Path(__file__).parent / "fixtures" / "avro"
+SOURCE = "outbox.public.outbox"
+EVENT_ID = "73484e51-061a-454f-81ea-e90c17837bc9"
+
+
+def step(*routes: dict[str, Any], partitions: dict[str, int] | None = None,
+         seen: frozenset[str] = frozenset(), **top: Any) -> RecordStep:
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": list(routes), **top})
+    known = partitions if partitions is not None else {"orders": 6}
+    return RecordStep(config, known.get, seen=seen.__contains__)
+
+
+def captured(name: str) -> bytes:
+    return json.dumps(json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))["value"]).encode()
+
+
+def nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def test_a_captured_event_is_routed_with_its_record() -> None:
+    result = step({"topic": "orders"})(SOURCE, None, captured("create_jsonb.noschema"))
+    assert isinstance(result, Routed)
+    record = result.record
+    assert (record.topic, record.key) == ("orders", EVENT_ID.encode())
+    assert record.partition == java_default_partition(b"order-42", 6)
+    assert record.timestamp_ms == 1796021196617  # created_at, µs -> ms
+    assert result.event.event_id == EVENT_ID
+
+
+def test_record_timestamp_now_leaves_the_timestamp_to_the_producer() -> None:
+    result = step({"topic": "orders"}, delivery={"record_timestamp": "now"})(
+        SOURCE, None, captured("create_jsonb.noschema"))
+    assert isinstance(result, Routed) and result.record.timestamp_ms is None
+
+
+def test_skipped_and_duplicate() -> None:
+    routed = step({"topic": "orders"}, seen=frozenset({EVENT_ID}))
+    assert routed(SOURCE, b"k", None) == Skipped("tombstone")
+    assert routed(SOURCE, None, captured("create_jsonb.noschema")) == Duplicate(EVENT_ID)
+    unmatched = step({"match": {"type": "Nope"}, "topic": "orders"}, unmatched="skip")
+    result = unmatched(SOURCE, None, captured("create_jsonb.noschema"))
+    assert isinstance(result, Skipped) and result.reason == "unmatched"
+    assert result.event is not None and result.event.event_id == EVENT_ID
+
+
+def test_malformed_json_is_a_decode_dead_letter() -> None:
+    result = step({"topic": "orders"})(SOURCE, b"k", b'{"op": "c", "after": {"id": ')
+    assert isinstance(result, DeadLettered) and result.stage == "decode"
+    assert type(result.error).__name__ == "DecodeError" and result.event_id is None
+
+
+def test_headers_nested_3000_deep_is_a_decode_dead_letter_not_a_crash() -> None:
+    value = raw_event("e-1", headers=nested(3000))
+    result = step({"topic": "orders"})(SOURCE, None, value)
+    assert isinstance(result, DeadLettered) and result.stage == "decode"
+    assert isinstance(result.error, DecodeError) and "MAX_JSON_DEPTH" in str(result.error)
+
+
+def test_payload_nested_3000_deep_is_a_serialize_dead_letter() -> None:
+    result = step({"topic": "orders"})(SOURCE, None, raw_event("e-2", payload=nested(3000)))
+    assert isinstance(result, DeadLettered) and result.stage == "serialize"
+    assert isinstance(result.error, SerializeError) and result.event_id == "e-2"
+    assert "MAX_JSON_DEPTH" in str(result.error)
+
+
+def test_a_lone_surrogate_on_an_avro_route_is_a_serialize_dead_letter() -> None:
+    route = {"topic": "payments", "format": "avro",
+             "schema": str(AVRO / "payment_confirmed.avsc")}
+    payload = json.dumps({"payment_id": "\ud800", "order_id": 1, "amount_cents": 5})
+    result = step(route, partitions={"payments": 1})(
+        SOURCE, None, raw_event("e-3", event_type="PaymentConfirmed", payload=payload))
+    assert isinstance(result, DeadLettered) and result.stage == "serialize"
+    assert isinstance(result.error, SerializeError) and "surrogate" in str(result.error)
+
+
+def test_created_at_in_year_12000_on_a_cloudevents_route_is_a_route_dead_letter() -> None:
+    year_12000_us = 316_592_000_000 * 1_000_000
+    route = {"topic": "orders", "cloudevents": True, "ce_source": "/shop"}
+    result = step(route)(SOURCE, None, raw_event("e-4", created_at_us=year_12000_us))
+    assert isinstance(result, DeadLettered) and result.stage == "route"
+    assert isinstance(result.error, RouteError) and "year 9999" in str(result.error)
+
+
+@pytest.mark.parametrize("stage", ["decode", "route", "serialize"])
+def test_an_unforeseen_exception_is_that_records_dead_letter(
+        stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure no check foresaw (a library's own exception) still ends as a dead letter."""
+    def boom(*args: object, **kwargs: object) -> NoReturn:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    target = {"decode": (debezium, "decode"), "route": (routing.Router, "route"),
+              "serialize": (JsonSerializer, "serialize")}[stage]
+    monkeypatch.setattr(*target, boom)
+    result = step({"topic": "orders"})(SOURCE, None, raw_event("e-5"))
+    assert isinstance(result, DeadLettered) and result.stage == stage
+    assert isinstance(result.error, UnicodeEncodeError)
+
+
+def test_a_missing_destination_is_a_route_dead_letter() -> None:
+    result = step({"topic": "orders.{type}"})(SOURCE, None, captured("create_jsonb.noschema"))
+    assert isinstance(result, DeadLettered) and result.stage == "route"
+    assert isinstance(result.error, RouteError)
+    assert "orders.OrderPaid does not exist" in str(result.error)
+
+
+@pytest.mark.parametrize("failure", [
+    KafkaException(KafkaError(KafkaError._TIMED_OUT, "metadata timed out")),
+    MemoryError("out of memory"),
+])
+def test_process_level_failures_escape_instead_of_dead_lettering(failure: BaseException) -> None:
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": [{"topic": "orders"}]})
+
+    def broken_lookup(topic: str) -> int | None:
+        raise failure
+
+    with pytest.raises(type(failure)):
+        RecordStep(config, broken_lookup)(SOURCE, None, captured("create_jsonb.noschema"))
