@@ -15,6 +15,7 @@ from cdc_router.cli._output import output_option, table
 from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
+from cdc_router.redact import redact_tree
 from cdc_router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 
@@ -210,8 +211,7 @@ def _describe(result: dict[str, Any]) -> str:
 
 
 def _public(config: RouterConfig) -> dict[str, Any]:
-    """The config as JSON, secrets masked (SecretStr dumps masked; the DSN holds a password)."""
-    data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
-    if data["cleanup"].get("dsn"):
-        data["cleanup"]["dsn"] = "**********"
+    """The config as JSON, secrets masked: SecretStr fields, the DSN, and every secret-named
+    property passed through (kafka.config, kafka.producer, schema_registry.config, ...)."""
+    data: dict[str, Any] = redact_tree(config.model_dump(mode="json", by_alias=True))
     return data

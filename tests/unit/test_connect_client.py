@@ -24,9 +24,9 @@ from cdc_router.connect import (
     parse_spec,
     plain_secrets,
     plan,
-    redact,
 )
 from cdc_router.errors import ConfigError, ConnectError
+from cdc_router.redact import redact
 
 URL = "http://connect.test:8083"
 CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"
