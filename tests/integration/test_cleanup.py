@@ -18,7 +18,7 @@ import pytest
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, replay_seed
 
 pytestmark = pytest.mark.integration
 
@@ -92,13 +92,16 @@ def test_kill_9_during_delete_never_removes_an_undelivered_row(stack: StackEndpo
         ids: list[str] = []
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(_orders(10_000), 100)))
         writer.start()
+        seed = replay_seed(912)
+        pauses = seed.random()
         for _ in range(5):
-            time.sleep(random.uniform(0.5, 2.0))
+            time.sleep(pauses.uniform(0.5, 2.0))
             pipe.kill_router()
             left = _remaining(pipe)
             delivered = {r.key().decode() for r in pipe.read_all(pipe.orders_topic, 2)}
             gone = set(ids) - left
-            assert gone <= delivered, f"{len(gone - delivered)} rows deleted before delivery"
+            assert gone <= delivered, \
+                f"{len(gone - delivered)} rows deleted before delivery; {seed}"
             pipe.start_router()
         writer.join()
         assert len(pipe.read(pipe.orders_topic, 10_000)) == 10_000

@@ -30,7 +30,7 @@ from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
-from tests.integration.support import StackEndpoints, unique
+from tests.integration.support import StackEndpoints, read_topic, unique
 
 pytestmark = pytest.mark.integration
 
@@ -301,16 +301,7 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
         runner.join(60)
     effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert effects == 1  # "good"; the poison's write rolled back on every attempt
-    reader = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": unique("r"),
-                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    reader.assign([TopicPartition(dead_letter, 0, 0)])
-    dead: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(dead) < 2 and time.monotonic() < deadline:
-        message = reader.poll(0.5)
-        if message is not None and not message.error():
-            dead.append(message)
-    reader.close()
+    dead = read_topic(stack.bootstrap_servers, dead_letter, 2)
     headers = [{k: v.decode() for k, v in m.headers()} for m in dead]
     assert [(h["dlq.stage"], h["dlq.source.offset"]) for h in headers] == [
         ("decode", "0"), ("handle", "1")]

@@ -24,7 +24,7 @@ from cdc_router.router import OutboxRouter
 from cdc_router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import apply_topics, pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, replay_seed
 
 pytestmark = pytest.mark.integration
 
@@ -67,9 +67,11 @@ def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackE
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(rows, 100)))
         ids: list[str] = []
         writer.start()
+        seed = replay_seed(5)
+        pauses = seed.random()
         kills = 0
         while kills < 5:
-            time.sleep(random.uniform(1.0, 2.5))
+            time.sleep(pauses.uniform(1.0, 2.5))
             pipe.kill_router()
             kills += 1
             pipe.start_router()
@@ -79,9 +81,9 @@ def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackE
         log = pipe.router_log()
     assert kills == 5
     assert len(ids) == 20_000
-    assert len(settled) == 20_000, log[-3000:]
+    assert len(settled) == 20_000, f"{seed}\n{log[-3000:]}"
     keys = Counter(record.key().decode() for record in records)
-    assert keys == Counter(ids), "every event id exactly once after five kill -9"
+    assert keys == Counter(ids), f"every event id exactly once after five kill -9; {seed}"
 
 
 def test_poison_rows_become_dead_letters_and_the_stream_goes_on(stack: StackEndpoints,
