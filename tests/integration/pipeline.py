@@ -35,6 +35,7 @@ from tests.integration.support import (
 
 REPO = Path(__file__).resolve().parents[2]
 Row = tuple[str, str, str, Any]  # aggregate type, aggregate id, event type, payload
+_ASSIGNED = "event=assigned"  # the router's log line once it has its raw partitions
 
 
 @dataclass
@@ -72,15 +73,31 @@ class Pipeline:
                 conn.commit()
         return ids
 
-    def start_router(self, instance: str = "a", *extra: str) -> int:
-        """Start `cdc-router run` as its own process; returns its pid."""
+    def start_router(self, instance: str = "a", *extra: str, wait: bool = False) -> int:
+        """Start `cdc-router run` as its own process; returns its pid.
+
+        With `wait`, return only once it has its partitions (its log says `event=assigned`),
+        so that a kill timed from here hits a running router, not an interpreter starting up
+        (which takes seconds on a busy machine).
+        """
+        assigned_before = self.router_log(instance).count(_ASSIGNED)
         log = open(self.workdir / f"router-{instance}.log", "ab")  # noqa: SIM115 (child's)
         process = subprocess.Popen(
             [sys.executable, "-m", "cdc_router", "run", "-c", str(self.config_path),
              "--instance-id", f"{self.name}-{instance}", "--metrics-port", "0", *extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
         self.routers[instance] = process
+        if wait:
+            self._wait_assigned(instance, assigned_before)
         return process.pid
+
+    def _wait_assigned(self, instance: str, before: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.router_log(instance).count(_ASSIGNED) <= before:
+            if self.routers[instance].poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"router {instance} got no partitions:\n"
+                                     f"{self.router_log(instance)[-3000:]}")
+            time.sleep(0.1)
 
     def kill_router(self, instance: str = "a", sig: int = signal.SIGKILL) -> int:
         """Signal a router by its pid and wait for it; its exit code."""

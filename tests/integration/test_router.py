@@ -63,7 +63,7 @@ def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackE
                                                                    tmp_path: Path) -> None:
     rows = _orders(20_000, 50)
     with pipeline(stack, tmp_path, partitions=4) as pipe:
-        pipe.start_router()
+        pipe.start_router(wait=True)
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(rows, 100)))
         ids: list[str] = []
         writer.start()
@@ -74,7 +74,7 @@ def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackE
             time.sleep(pauses.uniform(1.0, 2.5))
             pipe.kill_router()
             kills += 1
-            pipe.start_router()
+            pipe.start_router(wait=True)
         writer.join()
         records = pipe.read(pipe.orders_topic, 20_000)
         settled = pipe.read_all(pipe.orders_topic, settle_s=5)
