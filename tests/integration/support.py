@@ -14,7 +14,14 @@ from typing import Any
 
 import httpx
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -138,6 +145,21 @@ def read_topic(bootstrap: str, topic: str, count: int, timeout_s: float = 60,
     return records
 
 
+def _watermarks(consumer: Consumer, partition: TopicPartition,
+                deadline: float) -> tuple[int, int]:
+    """(low, high) of `partition`, retried until `deadline`: a topic just created answers
+    NOT_LEADER_FOR_PARTITION until its leader is known (librdkafka does not flag that error
+    retriable here)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
 def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60,
                 isolation: str = "read_committed") -> list[Message]:
     """Every record of `topic` below the end offsets it has when called, all partitions.
@@ -154,7 +176,7 @@ def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60,
     try:
         ends = {}
         for partition in _partitions(consumer, topic, deadline):
-            low, high = consumer.get_watermark_offsets(partition, timeout=30)
+            low, high = _watermarks(consumer, partition, deadline)
             if high > low:
                 ends[partition.partition] = high
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)
