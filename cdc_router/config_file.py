@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cdc_router.errors import ConfigError
+from cdc_router.redact import MASK, is_secret_key
 from cdc_router.routing import Router
 from cdc_router.settings import RouterConfig
 
@@ -187,6 +188,9 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     message = str(ctx.get("message", first["msg"])).removeprefix("Value error, ")
     if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
+    key = str(ctx.get("field", loc[-1] if loc else ""))
+    if value is not None and is_secret_key(key):
+        value = MASK  # a password of the wrong type is still a password
     hint = "see cdc_router/examples/router.yaml"
     if first["type"] == "extra_forbidden":
         key, value = str(loc[-1]), None

@@ -22,6 +22,7 @@ import httpx
 
 from cdc_router.errors import ConfigError, ConnectError
 from cdc_router.placeholders import expand_tree, provider_references
+from cdc_router.redact import is_secret_key
 
 log = logging.getLogger("cdc_router.connect")
 
@@ -38,7 +39,6 @@ _CONFLICT_BACKOFF_S = 1.0
 
 # Keys that Connect adds to a stored config itself; a file need not (and usually does not) say.
 CONNECT_MANAGED_KEYS = frozenset({"name"})
-_SECRET_KEY = re.compile(r"password|secret|token|credential|jaas\.config|api\.key", re.I)
 _MASKED = re.compile(r"\*+|\[hidden\]")
 
 
@@ -349,22 +349,10 @@ def _config_value(value: Any, source: str, key: str) -> str:
                       field=f"config.{key}", value=value)
 
 
-def is_secret_key(key: str) -> bool:
-    """True for config keys whose values are credentials (never printed in plain text)."""
-    return bool(_SECRET_KEY.search(key))
-
-
 def plain_secrets(config: Mapping[str, str]) -> list[str]:
     """Secret keys whose value is written out instead of a config-provider reference."""
     return sorted(key for key, value in config.items()
                   if is_secret_key(key) and value and not provider_references(value))
-
-
-def redact(key: str, value: str | None) -> str | None:
-    """The value for display: secrets are shown only when they are provider references."""
-    if value is None or not is_secret_key(key) or provider_references(value):
-        return value
-    return "*****"
 
 
 class Action(StrEnum):

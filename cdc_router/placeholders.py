@@ -8,7 +8,9 @@ Two syntaxes share the `${...}` brackets in a connector file:
   `${file:/etc/secrets.properties:password}`, which must reach Connect verbatim so that the
   secret is resolved inside the worker and never travels through (or is stored by) our client.
 
-Anything else inside `${...}` is rejected rather than guessed at.
+Anything else inside `${...}` belongs to someone else and is sent verbatim too: Debezium's
+EventRouter SMT, for one, puts `${routedByValue}` in `route.topic.replacement` and resolves it
+per record, so refusing (or expanding) it would make a user's EventRouter connector unusable.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ _PROVIDER = re.compile(r"[A-Za-z0-9_.-]+:.+", re.DOTALL)
 def expand(text: str, env: Mapping[str, str], *, source: str, field: str | None = None) -> str:
     """Return `text` with our placeholders replaced by values from `env`.
 
-    Config-provider references are left untouched. An unset `${NAME}` without a default, or a
-    `${...}` that is neither syntax, raises ConfigError naming `source` (the file) and `field`.
+    Config-provider references and any other `${...}` (e.g. `${routedByValue}`) are left
+    untouched. An unset `${NAME}` without a default raises ConfigError naming `source` (the
+    file) and `field`.
     An empty default (`${NAME:-}`) expands to the empty string; a variable set to the empty
     string counts as set (as in POSIX `${NAME-default}` it is not replaced by the default).
     """
@@ -52,13 +55,7 @@ def expand(text: str, env: Mapping[str, str], *, source: str, field: str | None 
                 f"${{{name}}} is not set and has no default", source=source, field=field,
                 hint=f"export {name}=... or write ${{{name}:-default}}",
             )
-        if _PROVIDER.fullmatch(inner):
-            return match.group(0)
-        raise ConfigError(
-            f"unsupported placeholder {match.group(0)}", source=source, field=field,
-            hint="use ${NAME} or ${NAME:-default} (NAME in A-Z, 0-9, _) "
-                 "or a Connect config provider such as ${env:NAME}",
-        )
+        return match.group(0)  # a provider reference, or another tool's: not ours to touch
 
     return _REFERENCE.sub(replace, text)
 

@@ -21,9 +21,9 @@ from cdc_router.connect import (
     load_spec,
     plain_secrets,
     plan,
-    redact,
 )
 from cdc_router.errors import ConfigError
+from cdc_router.redact import redact
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every

@@ -15,6 +15,7 @@ import click
 from cdc_router.cli._output import output_option, table
 from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent
+from cdc_router.redact import redact_tree
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
 from cdc_router.routing import OutboundRecord, rfc3339
 from cdc_router.serde.json import parse_json
@@ -245,8 +246,7 @@ def _describe(result: dict[str, Any]) -> str:
 
 
 def _public(config: RouterConfig) -> dict[str, Any]:
-    """The config as JSON, secrets masked (SecretStr dumps masked; the DSN holds a password)."""
-    data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
-    if data["cleanup"].get("dsn"):
-        data["cleanup"]["dsn"] = "**********"
+    """The config as JSON, secrets masked: SecretStr fields, the DSN, and every secret-named
+    property passed through (kafka.config, kafka.producer, schema_registry.config, ...)."""
+    data: dict[str, Any] = redact_tree(config.model_dump(mode="json", by_alias=True))
     return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,7 @@ from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
 
 Part = Literal["postgres", "kafka", "connect"]
 PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect")
+STACK_FILE_MODE = 0o600  # stack.json holds passwords
 
 # Settings the router and Connect rely on; docker/ must set the same (the drift test reads these).
 BROKER_CONTRACT: dict[str, str] = {
@@ -124,7 +126,14 @@ class StackConfig(BaseModel):
 def save(config: StackConfig) -> None:
     """Record the effective settings so that status and down find what up started."""
     config.home.mkdir(parents=True, exist_ok=True)
-    (config.home / "stack.json").write_text(config.model_dump_json(indent=2) + "\n")
+    # It holds the Postgres and replication passwords: owner-only from its creation (the umask
+    # can only take bits away from 0o600), and an existing file that an older version wrote
+    # world-readable is tightened before the new content goes in.
+    descriptor = os.open(config.home / "stack.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                         STACK_FILE_MODE)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        os.fchmod(file.fileno(), STACK_FILE_MODE)
+        file.write(config.model_dump_json(indent=2) + "\n")
 
 
 def load_saved(home: Path) -> StackConfig | None:

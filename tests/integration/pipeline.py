@@ -33,6 +33,7 @@ from tests.integration.support import (
     debezium_config,
     drop_outbox_table,
     drop_slot,
+    read_to_end,
     read_topic,
     unique,
     wait_connector_running,
@@ -40,6 +41,7 @@ from tests.integration.support import (
 
 REPO = Path(__file__).resolve().parents[2]
 Row = tuple[str, str, str, Any]  # aggregate type, aggregate id, event type, payload
+_ASSIGNED = "event=assigned"  # the router's log line once it has its raw partitions
 
 
 @dataclass
@@ -77,15 +79,31 @@ class Pipeline:
                 conn.commit()
         return ids
 
-    def start_router(self, instance: str = "a", *extra: str) -> int:
-        """Start `cdc-router run` as its own process; returns its pid."""
+    def start_router(self, instance: str = "a", *extra: str, wait: bool = False) -> int:
+        """Start `cdc-router run` as its own process; returns its pid.
+
+        With `wait`, return only once it has its partitions (its log says `event=assigned`),
+        so that a kill timed from here hits a running router, not an interpreter starting up
+        (which takes seconds on a busy machine).
+        """
+        assigned_before = self.router_log(instance).count(_ASSIGNED)
         log = open(self.workdir / f"router-{instance}.log", "ab")  # noqa: SIM115 (child's)
         process = subprocess.Popen(
             [sys.executable, "-m", "cdc_router", "run", "-c", str(self.config_path),
              "--instance-id", f"{self.name}-{instance}", "--metrics-port", "0", *extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
         self.routers[instance] = process
+        if wait:
+            self._wait_assigned(instance, assigned_before)
         return process.pid
+
+    def _wait_assigned(self, instance: str, before: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.router_log(instance).count(_ASSIGNED) <= before:
+            if self.routers[instance].poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"router {instance} got no partitions:\n"
+                                     f"{self.router_log(instance)[-3000:]}")
+            time.sleep(0.1)
 
     def kill_router(self, instance: str = "a", sig: int = signal.SIGKILL) -> int:
         """Signal a router by its pid and wait for it; its exit code."""
@@ -98,11 +116,17 @@ class Pipeline:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def read(self, topic: str, count: int, timeout_s: float = 240) -> list[Message]:
+        """The first `count` records of `topic` as they arrive (fewer after `timeout_s`)."""
         return read_topic(self.stack.bootstrap_servers, topic, count, timeout_s)
 
     def read_all(self, topic: str, settle_s: float = 5) -> list[Message]:
-        """Everything committed on `topic`, waiting `settle_s` after the last record."""
-        return read_topic(self.stack.bootstrap_servers, topic, 10**9, settle_s, idle_s=settle_s)
+        """Everything committed on `topic` once `settle_s` have passed, to the end offsets.
+
+        The wait lets late writes (a duplicate after the expected records, a transaction being
+        committed) land first; the read itself stops at the end offsets, not on a quiet spell.
+        """
+        time.sleep(settle_s)
+        return read_to_end(self.stack.bootstrap_servers, topic)
 
 
 def set_topic_config(pipe: Pipeline, topic: str, name: str, value: str) -> None:

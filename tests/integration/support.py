@@ -1,18 +1,27 @@
-"""Helpers the integration tests share: Connect registration, slots, raw-topic reads."""
+"""Helpers the integration tests share: Connect registration, slots, topic reads, seeds."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import psycopg
-from confluent_kafka import Consumer, Message
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -79,27 +88,119 @@ def connector(stack: StackEndpoints, name: str, config: dict[str, str]) -> Itera
             drop_slot(stack.postgres_dsn, config["slot.name"])
 
 
-def read_topic(bootstrap: str, topic: str, count: int, timeout_s: float = 60,
-               isolation: str = "read_committed", idle_s: float | None = None) -> list[Message]:
-    """Read `count` records from the start of `topic` (fewer if the timeout passes).
+def _reader(bootstrap: str, isolation: str) -> Consumer:
+    """A consumer for assign() only: it never joins its group and commits nothing."""
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
+                     "enable.auto.commit": False, "isolation.level": isolation,
+                     "enable.partition.eof": True})
 
-    With `idle_s`, stop as soon as no record has come for that long.
+
+def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[TopicPartition]:
+    """Every partition of `topic` at its beginning, once the topic exists (Connect may still
+    be creating it)."""
+    while True:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is not None and metadata.error is None and metadata.partitions:
+            return [TopicPartition(topic, partition, OFFSET_BEGINNING)
+                    for partition in sorted(metadata.partitions)]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topic {topic} does not exist: {metadata and metadata.error}")
+        time.sleep(0.5)
+
+
+def _record(message: Message | None) -> Message | None:
+    """The record `message` is, or None for nothing, end-of-partition or a transient error."""
+    if message is None:
+        return None
+    error = message.error()
+    if error is None:
+        return message
+    if error.fatal():
+        raise AssertionError(f"reading {message.topic()}: {error}")
+    return None
+
+
+def read_topic(bootstrap: str, topic: str, count: int, timeout_s: float = 60,
+               isolation: str = "read_committed",
+               until: Callable[[Message], bool] | None = None) -> list[Message]:
+    """The first `count` records of `topic` (or those up to the first for which `until` holds),
+    reading every partition from its beginning as records arrive; fewer if `timeout_s` passes.
+
+    The partitions are assigned, not subscribed to: there is no group join to wait for, so the
+    whole timeout goes to reading.
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": isolation})
-    consumer.subscribe([topic])
-    records: list[Message] = []
     deadline = time.monotonic() + timeout_s
-    last = time.monotonic()
+    consumer = _reader(bootstrap, isolation)
+    records: list[Message] = []
     try:
-        while len(records) < count and (time.monotonic() < deadline if idle_s is None
-                                        else time.monotonic() - last < idle_s):
+        consumer.assign(_partitions(consumer, topic, deadline))
+        while len(records) < count and time.monotonic() < deadline:
+            record = _record(consumer.poll(0.5))
+            if record is not None:
+                records.append(record)
+                if until is not None and until(record):
+                    break
+    finally:
+        consumer.close()
+    return records
+
+
+def _watermarks(consumer: Consumer, partition: TopicPartition,
+                deadline: float) -> tuple[int, int]:
+    """(low, high) of `partition`, retried until `deadline`: a topic just created answers
+    NOT_LEADER_FOR_PARTITION until its leader is known (librdkafka does not flag that error
+    retriable here)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60,
+                isolation: str = "read_committed") -> list[Message]:
+    """Every record of `topic` below the end offsets it has when called, all partitions.
+
+    Deterministic, unlike "stop after N idle seconds": each partition is read from its
+    beginning up to the end offset fetched first (`get_watermark_offsets`; under read_committed
+    that is the last stable offset, so an open transaction's records are not waited for).
+    Records committed after the call are not included; AssertionError if the end is not
+    reached within `timeout_s`.
+    """
+    deadline = time.monotonic() + timeout_s
+    consumer = _reader(bootstrap, isolation)
+    records: list[Message] = []
+    try:
+        ends = {}
+        for partition in _partitions(consumer, topic, deadline):
+            low, high = _watermarks(consumer, partition, deadline)
+            if high > low:
+                ends[partition.partition] = high
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)
+                         for partition in ends])
+        while ends:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: partitions not read to their end offsets "
+                                     f"{ends} in {timeout_s}s")
             message = consumer.poll(0.5)
-            if message is None or message.error():
+            if message is None:
                 continue
-            records.append(message)
-            last = time.monotonic()
+            partition, offset = message.partition(), message.offset()
+            if partition not in ends:
+                continue
+            error = message.error()
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                _record(message)  # raises if fatal; a transient error is retried by the client
+                continue
+            if error is None and offset < ends[partition]:
+                records.append(message)
+            # At end of partition the offset is the reader's position (past any transaction
+            # markers); after a record it is that record's.
+            if (offset if error is not None else offset + 1) >= ends[partition]:
+                del ends[partition]
     finally:
         consumer.close()
     return records
@@ -139,3 +240,25 @@ def debezium_config(stack: StackEndpoints, *, name: str, prefix: str,
         "message.prefix.exclude.list": ".*",
         **extra,
     }
+
+
+SEED_ENV = "CDC_ROUTER_TEST_SEED"
+
+
+@dataclass(frozen=True)
+class ReplaySeed:
+    """The seed of a test's random choices (kill timings); str() says how to replay it."""
+
+    value: int
+
+    def random(self) -> random.Random:
+        return random.Random(self.value)
+
+    def __str__(self) -> str:
+        return f"random seed {self.value} (replay: {SEED_ENV}={self.value})"
+
+
+def replay_seed(default: int) -> ReplaySeed:
+    """`default`, so that every run makes the same choices, unless SEED_ENV names another."""
+    text = os.environ.get(SEED_ENV)
+    return ReplaySeed(int(text) if text else default)

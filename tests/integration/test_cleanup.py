@@ -146,15 +146,21 @@ def test_kill_9_during_delete_never_removes_an_undelivered_row_and_leaks_none(
     rng = random.Random(SEED)
     with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
         _point_cleanup_at(pipe)
-        pipe.start_router()
+        pipe.start_router(wait=True)
         ids: list[str] = []
-        writer = threading.Thread(target=lambda: ids.extend(pipe.insert(_orders(10_000), 100)))
+        rows = _orders(10_000)
+
+        def write() -> None:  # ids published per committed transaction, not all at the end
+            for start in range(0, len(rows), 100):
+                ids.extend(pipe.insert(rows[start:start + 100]))
+
+        writer = threading.Thread(target=write)
         writer.start()
         for kill in range(5):
             time.sleep(rng.uniform(0.5, 2.0))
             pipe.kill_router()
             _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
-            pipe.start_router()
+            pipe.start_router(wait=True)
         writer.join()
         assert len(pipe.read(pipe.orders_topic, 10_000)) == 10_000
         # The backlog is drained: every row is delivered, so none may stay, not even those a

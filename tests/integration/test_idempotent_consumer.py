@@ -31,7 +31,7 @@ from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, MemoryDedupStore, Outcome
 from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
-from tests.integration.support import StackEndpoints, unique
+from tests.integration.support import StackEndpoints, read_topic, unique
 
 pytestmark = pytest.mark.integration
 
@@ -332,21 +332,6 @@ def run_until(consumer: IdempotentConsumer[Any], done: Callable[[], bool], what:
         runner.join(60)
 
 
-def read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    """The first `expected` committed records of partition 0 of `topic` (fewer after 60 s)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
-                       "isolation.level": "read_committed"})
-    reader.assign([TopicPartition(topic, 0, 0)])  # assigned directly: no group wait
-    found: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(found) < expected and time.monotonic() < deadline:
-        message = reader.poll(0.5)
-        if message is not None and not message.error():
-            found.append(message)
-    reader.close()
-    return found
-
-
 def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore,
         topics: tuple[str, str]) -> None:
@@ -371,7 +356,7 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
               "all three records committed")
     effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert effects == 1  # "good"; the poison's write rolled back on every attempt
-    dead = read_dead_letters(stack.bootstrap_servers, dead_letter, 2)
+    dead = read_topic(stack.bootstrap_servers, dead_letter, 2)
     headers = [{k: v.decode() for k, v in m.headers()} for m in dead]
     assert [(h["dlq.stage"], h["dlq.source.offset"]) for h in headers] == [
         ("decode", "0"), ("handle", "1")]
@@ -404,7 +389,7 @@ def test_a_poison_record_near_message_max_bytes_is_dead_lettered_without_its_val
               lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 2,
               "both records committed")
     assert done == ["next"]
-    [message] = read_dead_letters(stack.bootstrap_servers, dead_letter, 1)
+    [message] = read_topic(stack.bootstrap_servers, dead_letter, 1)
     headers = {k: v.decode() for k, v in message.headers()}
     assert message.key() == b"big" and not message.value()
     assert headers["dlq.value.dropped.bytes"] == "999000"

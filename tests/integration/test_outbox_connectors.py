@@ -16,12 +16,12 @@ import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.cli import main
 from cdc_router.outbox import OutboxSchema, write_event
-from tests.integration.support import StackEndpoints, drop_slot, unique
+from tests.integration.support import StackEndpoints, drop_slot, read_topic, unique
 
 pytestmark = pytest.mark.integration
 
@@ -295,23 +295,13 @@ def _poll(probe: Any, timeout_s: float) -> Any:
 
 def _read_until(deployment: Deployment, event_id: str, timeout_s: float = 90) -> list[Message]:
     """Records of the raw topic from the beginning, read_committed, up to `event_id`'s."""
-    admin = AdminClient({"bootstrap.servers": deployment.stack.bootstrap_servers})
-    assert _poll(lambda: deployment.raw_topic in admin.list_topics(timeout=10).topics, 60)
-    consumer = Consumer({"bootstrap.servers": deployment.stack.bootstrap_servers,
-                         "group.id": unique("obx_reader"), "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.subscribe([deployment.raw_topic])
-    records: list[Message] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            records.append(message)
-            if message.value() and json.loads(message.value())["after"]["id"] == event_id:
-                return records
-    finally:
-        consumer.close()
+
+    def is_marker(message: Message) -> bool:
+        return bool(message.value()) and json.loads(message.value())["after"]["id"] == event_id
+
+    records = read_topic(deployment.stack.bootstrap_servers, deployment.raw_topic, 10**9,
+                         timeout_s, until=is_marker)
+    if records and is_marker(records[-1]):
+        return records
     raise AssertionError(f"{event_id} not on {deployment.raw_topic} after {timeout_s}s; "
                          f"read {len(records)} record(s)")

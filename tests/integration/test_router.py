@@ -24,7 +24,7 @@ from cdc_router.router import OutboxRouter
 from cdc_router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import apply_topics, pipeline, set_topic_config
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, replay_seed
 
 pytestmark = pytest.mark.integration
 
@@ -63,25 +63,27 @@ def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackE
                                                                    tmp_path: Path) -> None:
     rows = _orders(20_000, 50)
     with pipeline(stack, tmp_path, partitions=4) as pipe:
-        pipe.start_router()
+        pipe.start_router(wait=True)
         writer = threading.Thread(target=lambda: ids.extend(pipe.insert(rows, 100)))
         ids: list[str] = []
         writer.start()
+        seed = replay_seed(5)
+        pauses = seed.random()
         kills = 0
         while kills < 5:
-            time.sleep(random.uniform(1.0, 2.5))
+            time.sleep(pauses.uniform(1.0, 2.5))
             pipe.kill_router()
             kills += 1
-            pipe.start_router()
+            pipe.start_router(wait=True)
         writer.join()
         records = pipe.read(pipe.orders_topic, 20_000)
         settled = pipe.read_all(pipe.orders_topic, settle_s=5)
         log = pipe.router_log()
     assert kills == 5
     assert len(ids) == 20_000
-    assert len(settled) == 20_000, log[-3000:]
+    assert len(settled) == 20_000, f"{seed}\n{log[-3000:]}"
     keys = Counter(record.key().decode() for record in records)
-    assert keys == Counter(ids), "every event id exactly once after five kill -9"
+    assert keys == Counter(ids), f"every event id exactly once after five kill -9; {seed}"
 
 
 def test_poison_rows_become_dead_letters_and_the_stream_goes_on(stack: StackEndpoints,

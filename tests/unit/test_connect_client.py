@@ -24,12 +24,14 @@ from cdc_router.connect import (
     parse_spec,
     plain_secrets,
     plan,
-    redact,
 )
 from cdc_router.errors import ConfigError, ConnectError
+from cdc_router.redact import redact
 
 URL = "http://connect.test:8083"
 CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"
+# A Debezium outbox connector with Debezium's own EventRouter SMT, as its docs write it.
+EVENTROUTER_FILE = Path(__file__).parent / "fixtures" / "connectors" / "eventrouter-connector.json"
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
@@ -477,6 +479,22 @@ def test_apply_puts_nothing_when_connect_rejects_a_field(monkeypatch: pytest.Mon
     assert result.exit_code == 1
     assert "c.json: c: snapshot.mode: Value must be one of initial" in result.stderr
     assert connect.puts == []
+
+
+def test_apply_sends_debeziums_eventrouter_placeholder_verbatim(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect({})
+
+    result = run_cli(monkeypatch, connect, "apply", "--yes", "-f", str(EVENTROUTER_FILE))
+
+    assert result.exit_code == 0, result.output
+    assert connect.puts == ["orders-outbox"]
+    sent = connect.configs["orders-outbox"]
+    assert sent["transforms.outbox.route.topic.replacement"] == "outbox.event.${routedByValue}"
+    assert sent["database.password"] == "${env:CDC_ROUTER_DB_PASSWORD}"
+    assert sent["database.hostname"] == "127.0.0.1"
+    again = run_cli(monkeypatch, connect, "diff", "-f", str(EVENTROUTER_FILE))
+    assert again.exit_code == 0, again.output  # what Connect stores is what the file says
 
 
 def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,

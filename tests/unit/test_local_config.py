@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,27 @@ def test_saved_settings_round_trip(config):
     stack_config.save(config)
     assert stack_config.load_saved(config.home) == config
     assert stack_config.load_saved(config.home / "elsewhere") is None
+
+
+def test_saved_settings_holding_passwords_are_readable_by_the_owner_only(config):
+    previous = os.umask(0o022)  # the usual umask, which leaves new files world-readable
+    try:
+        stack_config.save(config)
+    finally:
+        os.umask(previous)
+    path = config.home / "stack.json"
+    assert '"replication_password"' in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_saving_tightens_a_world_readable_stack_file(config):
+    config.home.mkdir(parents=True)
+    path = config.home / "stack.json"
+    path.write_text("{}")
+    path.chmod(0o644)
+    stack_config.save(config)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stack_config.load_saved(config.home) == config
 
 
 def test_unreadable_saved_settings_name_the_file(config):

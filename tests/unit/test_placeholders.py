@@ -51,10 +51,21 @@ def test_an_unset_variable_without_default_names_the_variable_file_and_field() -
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("text", ["${lower}", "${}", "${1ABC}", "${A-B}"])
-def test_anything_else_in_braces_is_rejected(text: str) -> None:
-    with pytest.raises(ConfigError, match="unsupported placeholder"):
-        expand(text, {"lower": "x"}, source="f")
+@pytest.mark.parametrize("text", [
+    "outbox.event.${routedByValue}",  # Debezium EventRouter's route.topic.replacement
+    "${lower}", "${}", "${1ABC}", "${A-B}", "${routedByValue:-x}",
+])
+def test_anything_else_in_braces_is_left_verbatim_for_its_owner(text: str) -> None:
+    assert expand(text, {"lower": "x", "routedByValue": "y", "A": "a"}, source="f") == text
+
+
+def test_the_eventrouter_placeholder_is_not_taken_for_a_provider_reference() -> None:
+    assert provider_references("outbox.event.${routedByValue}") == []
+
+
+def test_ours_and_foreign_placeholders_mix_in_one_value() -> None:
+    assert expand("${PREFIX:-outbox}.event.${routedByValue}", {}, source="f") == \
+        "outbox.event.${routedByValue}"
 
 
 def test_a_nested_placeholder_in_a_default_is_rejected_not_half_expanded() -> None:

@@ -1,0 +1,78 @@
+"""Secrets masked for display: the one rule for every config we print.
+
+A value is a secret when its key says so (`database.password`, `ssl.keystore.key`,
+`basic.auth.user.info`, `sasl.jaas.config`, ...), whatever the case. Connectors, router.yaml
+sections and error lines all pass what they show through `redact` or `redact_tree`.
+
+A Kafka Connect config-provider reference (`${env:DB_PASSWORD}`, `${file:/s.properties:pw}`) is
+not a secret but where to find one, and users need to see which one a connector uses: it is
+always shown, and only the text around it is masked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cdc_router.placeholders import provider_references
+
+MASK = "*****"
+
+# Words that name a credential in Kafka, librdkafka, Connect, Debezium and schema-registry keys.
+_SECRET_KEY = re.compile(
+    r"password|passwd|passphrase|secret|token|credential|user[._-]?info|jaas[._-]?config"
+    r"|keystore[._-]?key|private[._-]?key|api[._-]?key|(?:^|[._-])dsn$",
+    re.IGNORECASE)
+# Keys holding one of those words that say where or how to get a secret, not the secret:
+# `basic.auth.credentials.source`, `sasl.oauthbearer.token.endpoint.url`, `*.location`, ...
+_NOT_SECRET_KEY = re.compile(r"[._-](source|location|file|url|type|class|mechanism)$",
+                             re.IGNORECASE)
+# `scheme://user:password@host` inside any value (a registry URL, a MongoDB connection string).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)@")
+
+
+def is_secret_key(key: str) -> bool:
+    """True for config keys whose values are credentials (never printed in plain text)."""
+    return bool(_SECRET_KEY.search(key)) and not _NOT_SECRET_KEY.search(key)
+
+
+def redact(key: str, value: str | None) -> str | None:
+    """`value` fit to print: a secret key's text is masked except its provider references.
+
+    Any other value only loses the password of a `scheme://user:password@` URL in it.
+    None and the empty string stay as they are (nothing to hide, and "unset" is worth seeing).
+    """
+    if not value:
+        return value
+    if is_secret_key(key):
+        return _mask_around_references(value)
+    return _URL_PASSWORD.sub(_mask_url_password, value)
+
+
+def redact_tree(value: Any, key: str = "") -> Any:
+    """A JSON-like tree with every string under a secret key (at any depth) redacted."""
+    if isinstance(value, dict):
+        return {name: redact_tree(item, str(name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [redact_tree(item, key) for item in value]
+    if isinstance(value, str):
+        return redact(key, value)
+    if value is not None and is_secret_key(key) and not isinstance(value, bool):
+        return MASK  # a number under a password key is still the password
+    return value
+
+
+def _mask_around_references(value: str) -> str:
+    references = provider_references(value)
+    if not references:
+        return MASK
+    pattern = "(" + "|".join(re.escape(reference) for reference in references) + ")"
+    parts = re.split(pattern, value)
+    return "".join(part if part in references else (MASK if part else "") for part in parts)
+
+
+def _mask_url_password(match: re.Match[str]) -> str:
+    password = match.group("password")
+    if provider_references(password) == [password]:
+        return match.group(0)
+    return f"{match.group('head')}{MASK}@"

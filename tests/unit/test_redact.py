@@ -1,0 +1,227 @@
+"""Secrets never printed: the key rule, and every command that shows a config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.redact import MASK, is_secret_key, redact, redact_tree
+from tests.unit.test_connect_client import ScriptedConnect, run_cli
+
+PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n"
+       "-----END PRIVATE KEY-----")
+# Every plain secret below; none of them may appear in any output.
+SECRETS = ("sr-user:sr-Pa55", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+           "k3y-pa55", "jaas-Pa55", "db-Pa55", "tok-3n", "cl13nt-s3cret")
+# A Connect connector as users write them: secrets inline, and one through a config provider.
+CONNECTOR = {
+    "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+    "database.password": "db-Pa55",
+    "database.user": "debezium",
+    "value.converter": "io.confluent.connect.avro.AvroConverter",
+    "value.converter.basic.auth.credentials.source": "USER_INFO",
+    "value.converter.basic.auth.user.info": "sr-user:sr-Pa55",
+    "value.converter.schema.registry.url": "https://registry:8081",
+    "producer.override.ssl.keystore.key": PEM,
+    "producer.override.ssl.key.password": "k3y-pa55",
+    "producer.override.sasl.jaas.config":
+        'org.apache.kafka.common.security.plain.PlainLoginModule required username="app" '
+        'password="${file:/etc/kafka/secrets.properties:jaas}";',
+    "database.sslpassword": "${env:DB_SSL_PASSWORD}",
+}
+CONNECTOR_OLD = {**CONNECTOR, "database.password": "old-Pa55",
+                 "value.converter.basic.auth.user.info": "sr-user:old-Pa55"}
+
+
+def assert_no_secret(text: str) -> None:
+    leaked = [secret for secret in (*SECRETS, "old-Pa55") if secret in text]
+    assert not leaked, f"printed in clear: {leaked}"
+
+
+# -- the rule -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [
+    "database.password", "SSL.KEY.PASSWORD", "ssl.keystore.key", "ssl.truststore.password",
+    "basic.auth.user.info", "value.converter.basic.auth.user.info", "sasl.jaas.config",
+    "sasl.oauthbearer.client.secret", "client_secret", "access.token", "aws.credentials",
+    "private.key", "private.key.passphrase", "api.key", "sasl_password", "dsn", "cleanup.dsn",
+    "basic_auth_user_info",
+])
+def test_credential_keys_are_secret(key: str) -> None:
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize("key", [
+    "database.user", "sasl.username", "slot.name", "ssl.keystore.location", "ssl.keystore.type",
+    "basic.auth.credentials.source", "sasl.oauthbearer.token.endpoint.url",
+    "ssl.truststore.certificates", "topic.prefix", "transactional_id",
+])
+def test_other_keys_are_not(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+def test_a_secret_is_masked_but_provider_references_in_it_stay_visible() -> None:
+    assert redact("database.password", "hunter2") == MASK
+    assert redact("database.password", "${env:DB_PASSWORD}") == "${env:DB_PASSWORD}"
+    assert redact("basic.auth.user.info", "user:${file:/s.properties:pw}") == \
+        f"{MASK}${{file:/s.properties:pw}}"
+    assert redact("sasl.jaas.config", 'M required password="${dir:/run/s:pw}";') == \
+        f'{MASK}${{dir:/run/s:pw}}{MASK}'
+    assert redact("database.password", "") == ""
+    assert redact("database.password", None) is None
+
+
+def test_a_password_in_a_url_is_masked_under_any_key() -> None:
+    assert redact("schema.registry.url", "https://u:p4ss@registry:8081/x") == \
+        f"https://u:{MASK}@registry:8081/x"
+    assert redact("url", "https://u:${env:P}@registry") == "https://u:${env:P}@registry"
+    assert redact("url", "http://registry:8081") == "http://registry:8081"
+
+
+def test_redact_tree_masks_at_any_depth_and_keeps_the_rest() -> None:
+    tree = {"kafka": {"sasl_password": "x", "config": {"ssl.key.password": "y", "acks": "all"},
+                      "n": 3},
+            "list": [{"token": "z"}], "password_length": None, "flag": True}
+
+    assert redact_tree(tree) == {
+        "kafka": {"sasl_password": MASK, "config": {"ssl.key.password": MASK, "acks": "all"},
+                  "n": 3},
+        "list": [{"token": MASK}], "password_length": None, "flag": True}
+
+
+# -- connectors get / diff / apply ---------------------------------------------------------
+
+
+def connector_file(tmp_path: Path) -> str:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"name": "c", "config": CONNECTOR}))
+    return str(path)
+
+
+class ConnectWithInfo(ScriptedConnect):
+    """Also answers GET /connectors/{name} with Connect's info document."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        parts = request.url.path.strip("/").split("/")
+        if request.method == "GET" and len(parts) == 2 and parts[1] in self.configs:
+            return httpx.Response(200, json={"name": parts[1], "type": "source", "tasks": [],
+                                             "config": self.configs[parts[1]]})
+        return super().__call__(request)
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_connectors_get_masks_secrets(monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    connect = ConnectWithInfo({"c": {"name": "c", **CONNECTOR}})
+
+    result = run_cli(monkeypatch, connect, "get", "c", "-o", output)
+
+    assert result.exit_code == 0, result.output
+    assert_no_secret(result.stdout)
+    assert "${env:DB_SSL_PASSWORD}" in result.stdout
+    assert "${file:/etc/kafka/secrets.properties:jaas}" in result.stdout
+    assert "debezium" in result.stdout and "USER_INFO" in result.stdout
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_connectors_diff_masks_both_sides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                          output: str) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", **CONNECTOR_OLD}})
+
+    result = run_cli(monkeypatch, connect, "diff", "-f", connector_file(tmp_path), "-o", output)
+
+    assert result.exit_code == 2, result.output
+    assert_no_secret(result.stdout)
+    assert "value.converter.basic.auth.user.info" in result.stdout
+
+
+def test_connectors_apply_dry_run_plan_masks_secrets(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    connect = ScriptedConnect({})  # a new connector: the plan lists every key
+
+    result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                     connector_file(tmp_path))
+
+    assert result.exit_code == 0, result.output
+    assert_no_secret(result.output)
+    assert "): create (" in result.stdout
+    assert "dry run: 1 to change" in result.stdout
+    assert connect.puts == []
+
+
+def test_connectors_apply_update_plan_masks_secrets(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", **CONNECTOR_OLD}})
+
+    result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                     connector_file(tmp_path))
+
+    assert result.exit_code == 0, result.output
+    assert_no_secret(result.output)
+    assert f"  ~ value.converter.basic.auth.user.info: {MASK} -> {MASK}" in result.stdout
+
+
+# -- rules check ---------------------------------------------------------------------------
+
+ROUTER_YAML = """\
+source: {topics: [outbox.public.outbox]}
+routes:
+  - topic: 'outbox.event.{type}'
+kafka:
+  security_protocol: SASL_SSL
+  sasl_mechanism: PLAIN
+  sasl_username: app
+  config:
+    ssl.key.password: k3y-pa55
+    sasl.oauthbearer.client.secret: cl13nt-s3cret
+    ssl.keystore.location: /etc/kafka/app.p12
+  producer:
+    sasl.jaas.config: 'PlainLoginModule required password="jaas-Pa55";'
+  consumer:
+    sasl.oauthbearer.token: tok-3n
+schema_registry:
+  url: https://registry:8081
+  basic_auth_user_info: 'sr-user:sr-Pa55'
+  config:
+    ssl.keystore.key: |
+      -----BEGIN PRIVATE KEY-----
+      MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7
+      -----END PRIVATE KEY-----
+cleanup: {mode: delete, dsn: 'postgresql://u:db-Pa55@h/db'}
+"""
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_rules_check_masks_every_secret(tmp_path: Path, output: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(ROUTER_YAML)
+
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "-o", output])
+
+    assert result.exit_code == 0, result.output
+    assert_no_secret(result.output)
+    if output == "json":
+        config = json.loads(result.stdout)["config"]
+        assert config["kafka"]["config"] == {"ssl.key.password": MASK,
+                                             "sasl.oauthbearer.client.secret": MASK,
+                                             "ssl.keystore.location": "/etc/kafka/app.p12"}
+        assert config["kafka"]["producer"]["sasl.jaas.config"] == MASK
+        assert config["kafka"]["sasl_username"] == "app"
+        assert config["schema_registry"]["config"]["ssl.keystore.key"] == MASK
+        assert config["schema_registry"]["url"] == "https://registry:8081"
+
+
+def test_a_secret_of_the_wrong_type_is_not_echoed_in_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [t]}\nroutes: [{topic: x}]\n"
+                    "kafka: {sasl_password: 905512345}\n")
+
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+
+    assert result.exit_code == 1
+    assert "kafka.sasl_password" in result.stderr and "905512345" not in result.stderr
