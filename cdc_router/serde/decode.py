@@ -25,9 +25,8 @@ import fastavro
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.serde.avro import (
-    CONFLUENT_HEADER,
-    CONFLUENT_MAGIC,
+from cdc_router.serde.avro import CONFLUENT_HEADER, CONFLUENT_MAGIC
+from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_HEADER,
     SINGLE_OBJECT_MAGIC,
     AvroSchema,

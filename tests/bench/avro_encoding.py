@@ -26,7 +26,9 @@ from typing import Any
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.debezium import OutboxEvent
-from cdc_router.serde.avro import AvroSerializer, encode, load_schema, payload_problem
+from cdc_router.serde.avro import AvroSerializer, encode
+from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_schema import load_schema
 from cdc_router.serde.json import JsonSerializer
 from cdc_router.settings import RouteRule, SchemaRegistrySettings
 

@@ -19,7 +19,9 @@ from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.routing import OutboundRecord, Router
-from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text, payload_problem
+from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
 from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings
