@@ -9,8 +9,8 @@ and the best of --repeat runs is shown:
 - validate: fastavro's validation plus our extra-fields walk, on parsed payloads;
 - encode: fastavro's schemaless_writer, on parsed payloads;
 - serialize: what the router calls per event (parse, validate, walk, encode, frame), for
-  single-object encoding and for the registry's wire format (the schema id cached, as after
-  the first event of a subject; confluent-kafka's mock:// client);
+  single-object encoding and for the registry's wire format (confluent-kafka's AvroSerializer,
+  its subject known, as after the first event of a subject; its mock:// client);
 - the JSON serializer, for comparison.
 """
 

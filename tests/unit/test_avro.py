@@ -436,6 +436,26 @@ def test_decoder_resolves_old_data_to_a_reader_schema() -> None:
     assert value["currency"] == "EUR" and value["lines"] == []  # the reader's defaults
 
 
+def test_decoder_reads_the_wire_format_with_confluent_kafkas_deserializer() -> None:
+    client = mock_registry()
+    old = load_schema(AVRO / "previous" / "payment_confirmed.avsc")
+    old_id = client.register_schema("old-value", Schema(old.text, "AVRO"))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old.parsed, {"payment_id": "p", "order_id": 1,
+                                                  "amount_cents": 5, "note": None})
+    value = b"\x00" + old_id.to_bytes(4, "big") + body.getvalue()
+    decoder = PayloadDecoder(registry=client, reader_schema=load_schema(PAYMENT))
+    decoded = decoder.decode(value)
+    assert (decoded.schema_id, decoded.writer) == (old_id, "shop.payments.PaymentConfirmed")
+    assert decoded.value["currency"] == "EUR" and decoded.value["lines"] == []  # the reader's
+    with pytest.raises(PayloadDecodeError, match="2 bytes left over"):
+        decoder.decode(value + b"\x00\x00")
+    with pytest.raises(PayloadDecodeError, match=r"does not decode with schema shop\.payments"):
+        decoder.decode(value[:7])
+    with pytest.raises(PayloadDecodeError, match="not in the registry's wire format"):
+        decoder.decode(b"\x00\x00\x01")
+
+
 def test_extra_fields_are_found_in_recursive_and_referenced_records() -> None:
     tree = parse_schema_text(json.dumps({
         "type": "record", "name": "Node", "namespace": "t", "fields": [
