@@ -99,10 +99,30 @@ def _type_name(schema: Any) -> str:
 def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
     """(path, record name) of the first payload key no record field takes, or None.
 
-    Walks the datum the way fastavro's writer does: a union branch is the first one the
-    value validates against.
+    Walks the datum the way fastavro's writer does, union branches included (_writer_branch).
     """
     return _first_extra(datum, schema.parsed, schema, "")
+
+
+def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
+    """The branch of `union` that fastavro's writer takes for a dict or list `datum`, or None.
+
+    As its write_union does: the first branch the value validates against, except that among
+    records it keeps looking for the one with the most of the datum's keys.
+    """
+    chosen, most = None, -1
+    for branch in union:
+        resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
+        kind = resolved.get("type") if isinstance(resolved, dict) else None
+        # Only these take a dict or a list: skip validating the others (null, string, ...).
+        if kind not in ("record", "error", "array", "map") or not fits(datum, schema, resolved):
+            continue
+        if kind not in ("record", "error"):
+            return resolved
+        keys = len(_record_shape(resolved, schema)[0].intersection(datum))
+        if keys > most:
+            chosen, most = resolved, keys
+    return chosen
 
 
 def _first_extra(datum: Any, node: Any, schema: AvroSchema, path: str) -> tuple[str, str] | None:
@@ -110,11 +130,10 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema, path: str) -> tuple[
     if isinstance(node, str):
         node = named.get(node, node)
     if isinstance(node, list):
-        for branch in node:
-            resolved = named.get(branch, branch) if isinstance(branch, str) else branch
-            if isinstance(resolved, dict) and fits(datum, schema, resolved):
-                return _first_extra(datum, resolved, schema, path)
-        return None
+        if not isinstance(datum, dict | list):
+            return None  # a scalar holds no keys
+        branch = _writer_branch(datum, node, schema)
+        return None if branch is None else _first_extra(datum, branch, schema, path)
     if not isinstance(node, dict):
         return None
     kind = node.get("type")

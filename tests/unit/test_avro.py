@@ -456,6 +456,23 @@ def test_decoder_reads_the_wire_format_with_confluent_kafkas_deserializer() -> N
         decoder.decode(b"\x00\x00\x01")
 
 
+def test_extra_fields_follow_the_union_branch_the_writer_takes(tmp_path: Path) -> None:
+    # fastavro's writer takes, of the record branches a value validates against, the one
+    # with the most of its keys: here B, which has a field for every key, so nothing is lost.
+    path = tmp_path / "u.avsc"
+    path.write_text(json.dumps({"type": "record", "name": "R", "namespace": "t", "fields": [
+        {"name": "u", "type": [
+            {"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]},
+            {"type": "record", "name": "B", "fields": [{"name": "x", "type": "int"},
+                                                      {"name": "y", "type": "int"}]}]}]}))
+    route = rule(str(path))
+    serializer = AvroSerializer([route])
+    value = serializer.serialize(event({"u": {"x": 1, "y": 2}}, "T"), route, "t")
+    assert PayloadDecoder(schemas=[path]).decode(value).value == {"u": {"x": 1, "y": 2}}
+    with pytest.raises(SerializeError, match=r"field 't\.A\.z' is not in the schema"):
+        serializer.serialize(event({"u": {"x": 1, "z": 3}}, "T"), route, "t")
+
+
 def test_extra_fields_are_found_in_recursive_and_referenced_records() -> None:
     tree = parse_schema_text(json.dumps({
         "type": "record", "name": "Node", "namespace": "t", "fields": [
