@@ -28,7 +28,7 @@ def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
 
 def _standalone(part: dict[str, Any], schema: AvroSchema) -> Any:
     """`part` of `schema` parsed as a schema of its own (its named types known), once."""
-    key = ("standalone", id(part))
+    key = ("standalone", id(part))  # a record's shape is memoised under its plain id
     parsed = schema.memo.get(key)
     if parsed is None:
         parsed = schema.memo[key] = fastavro.parse_schema(part, named_schemas=dict(schema.named))
@@ -101,7 +101,12 @@ def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
 
     Walks the datum the way fastavro's writer does, union branches included (_writer_branch).
     """
-    return _first_extra(datum, schema.parsed, schema, "")
+    found = _first_extra(datum, schema.parsed, schema)
+    if found is None:
+        return None
+    steps, record = found
+    path = "".join(reversed(steps))  # ".c", "[1]", ".lines" -> .lines[1].c
+    return path.removeprefix("."), record
 
 
 def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
@@ -125,39 +130,45 @@ def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
     return chosen
 
 
-def _first_extra(datum: Any, node: Any, schema: AvroSchema, path: str) -> tuple[str, str] | None:
-    named = schema.named
+def _first_extra(datum: Any, node: Any, schema: AvroSchema) -> tuple[list[str], str] | None:
+    """The steps to the first extra key (deepest first) and its record's name, or None.
+
+    The path is only built when a key is found: this runs for every valid payload.
+    """
     if isinstance(node, str):
-        node = named.get(node, node)
+        node = schema.named.get(node, node)
     if isinstance(node, list):
-        if not isinstance(datum, dict | list):
+        if not isinstance(datum, (dict, list)):
             return None  # a scalar holds no keys
         branch = _writer_branch(datum, node, schema)
-        return None if branch is None else _first_extra(datum, branch, schema, path)
+        return None if branch is None else _first_extra(datum, branch, schema)
     if not isinstance(node, dict):
         return None
     kind = node.get("type")
+    found = None
     if kind in ("record", "error") and isinstance(datum, dict):
         names, nested = _record_shape(node, schema)
         if not names.issuperset(datum):
             for key in datum:
                 if key not in names and key != "-type":  # -type: fastavro's union branch hint
-                    return (f"{path}.{key}" if path else str(key)), str(node.get("name"))
+                    return [f".{key}"], str(node.get("name"))
         for name, field_type in nested:
             if name in datum:
-                found = _first_extra(datum[name], field_type, schema,
-                                     f"{path}.{name}" if path else name)
+                found = _first_extra(datum[name], field_type, schema)
                 if found is not None:
+                    found[0].append(f".{name}")
                     return found
     elif kind == "array" and isinstance(datum, list):
         for index, item in enumerate(datum):
-            found = _first_extra(item, node["items"], schema, f"{path}[{index}]")
+            found = _first_extra(item, node["items"], schema)
             if found is not None:
+                found[0].append(f"[{index}]")
                 return found
     elif kind == "map" and isinstance(datum, dict):
         for key, value in datum.items():
-            found = _first_extra(value, node["values"], schema, f"{path}[{key!r}]")
+            found = _first_extra(value, node["values"], schema)
             if found is not None:
+                found[0].append(f"[{key!r}]")
                 return found
     return None
 
@@ -165,12 +176,12 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema, path: str) -> tuple[
 def _record_shape(record: dict[str, Any],
                   schema: AvroSchema) -> tuple[frozenset[str], tuple[tuple[str, Any], ...]]:
     """A record's field names, and the fields whose values can hold records (walked)."""
-    shape = schema.memo.get(("shape", id(record)))
+    shape = schema.memo.get(id(record))
     if shape is None:
         names = frozenset(field["name"] for field in record["fields"])
         nested = tuple((field["name"], field["type"]) for field in record["fields"]
                        if _can_hold_record(field["type"], schema.named, set()))
-        shape = schema.memo[("shape", id(record))] = (names, nested)
+        shape = schema.memo[id(record)] = (names, nested)
     return shape
 
 
