@@ -3,6 +3,13 @@
 Each format has one Serializer; `serializer_for(rule, config)` builds it once per Router. JSON
 passes payloads through (serde/json.py); Avro validates and encodes them (serde/avro.py), for a
 schema registry's wire format or Avro's single-object encoding.
+
+    avro_schema.py       .avsc files loaded once per route; the single-object header
+    avro_diagnostics.py  why a payload does not fit, naming the field; the extra-field check
+    avro.py              the Avro serializer: validate, encode, frame
+    registry.py          confluent-kafka's registry client, serializers and subject names
+    decode.py            the consumer's side: any route format back to a value
+    compatibility.py     `schemas check`: can the new schema read the old data
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from avro.schema import (
 )
 
 from cdc_router.errors import ConfigError
-from cdc_router.serde.avro import AvroSchema, AvroSerializer, load_schema
+from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro_schema import AvroSchema, load_schema
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
 

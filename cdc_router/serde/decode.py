@@ -1,7 +1,7 @@
 """The consumer's side: decode a destination record's value, whichever encoding its route used.
 
-- Confluent wire format (byte 0, a 4-byte schema id, the Avro body): the writer's schema comes
-  from the schema registry by id, once per id.
+- Confluent wire format (byte 0, a 4-byte schema id, the Avro body): read by confluent-kafka's
+  AvroDeserializer; the writer's schema comes from the schema registry by id, once per id.
 - Avro single-object encoding (0xC3 0x01, an 8-byte fingerprint, the body): the writer's schema
   comes from a store of known schemas keyed by CRC-64-AVRO fingerprint.
 - Anything else is taken as JSON, the router's other format.
@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import fastavro
+from confluent_kafka.schema_registry import Schema, dual_schema_id_deserializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+from confluent_kafka.serialization import SerializationContext, SerializationError
 
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.serde.avro import (
-    CONFLUENT_HEADER,
-    CONFLUENT_MAGIC,
+from cdc_router.serde.avro import CONFLUENT_MAGIC
+from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_HEADER,
     SINGLE_OBJECT_MAGIC,
     AvroSchema,
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
     from cdc_router.settings import RouterConfig
 
 Encoding = Literal["confluent", "single_object", "json"]
+
+# What fastavro's reader raises for a body that is not what its writer schema says.
+_BODY_ERRORS = (EOFError, ValueError, TypeError, IndexError, KeyError,
+                fastavro.read.SchemaResolutionError)
 
 
 class PayloadDecodeError(CdcRouterError):
@@ -92,6 +98,9 @@ class PayloadDecoder:
         self._by_id: dict[int, AvroSchema] = {}
         self._registry = registry
         self._reader = reader_schema
+        self._wire: AvroDeserializer | None = None  # built on the first wire-format value
+        # What the library's header reading saw for the value being decoded (see _header).
+        self._writer: tuple[int, AvroSchema, io.BytesIO] | None = None
         for schema in schemas:
             self.add_schema(schema)
 
@@ -136,12 +145,43 @@ class PayloadDecoder:
             body = value[SINGLE_OBJECT_HEADER:]
             return Decoded(self._read(body, writer), encoding, fingerprint=fingerprint,
                            writer=writer.name)
-        if len(value) < CONFLUENT_HEADER:
-            raise PayloadDecodeError(f"wire-format header cut short ({len(value)} bytes)")
-        schema_id = int.from_bytes(value[1:CONFLUENT_HEADER], "big")
-        writer = self._writer_by_id(schema_id)
-        return Decoded(self._read(value[CONFLUENT_HEADER:], writer), encoding,
-                       schema_id=schema_id, writer=writer.name)
+        return self._wire_format(value)
+
+    def _wire_format(self, value: bytes) -> Decoded:
+        """A value in the registry's wire format, read by confluent-kafka's AvroDeserializer."""
+        if self._registry is None:
+            raise PayloadDecodeError("a value in the registry's wire format needs a schema "
+                                     "registry, and this decoder has none")
+        if self._wire is None:
+            reader = Schema(self._reader.text, "AVRO") if self._reader is not None else None
+            self._wire = AvroDeserializer(self._registry, reader,
+                                          conf={"schema.id.deserializer": self._header})
+        self._writer = None
+        try:
+            datum = self._wire(value, None)
+        except (PayloadDecodeError, RegistryError):
+            raise
+        except SerializationError as error:  # the framing itself: too short, bad magic byte
+            raise PayloadDecodeError(f"not in the registry's wire format: {error}") from None
+        except _BODY_ERRORS as error:
+            assert self._writer is not None  # the library reads the header before the body
+            raise _undecodable(self._writer[1], error) from None
+        assert self._writer is not None
+        schema_id, writer, body = self._writer
+        _check_consumed(body, writer)
+        return Decoded(datum, "confluent", schema_id=schema_id, writer=writer.name)
+
+    def _header(self, data: bytes, ctx: SerializationContext | None,
+                schema_id: Any) -> io.BytesIO:
+        """The library's own reading of the header (its schema.id.deserializer), which also
+        fetches the writer schema here first, so that a registry failure is classified as
+        ours: the record's fault (unknown id) or an outage."""
+        body: io.BytesIO = dual_schema_id_deserializer(data, ctx, schema_id)
+        if schema_id.id is None:
+            raise PayloadDecodeError("the value names its schema by GUID, which this decoder "
+                                     "does not look up")
+        self._writer = (schema_id.id, self._writer_by_id(schema_id.id), body)
+        return body
 
     def _writer_by_id(self, schema_id: int) -> AvroSchema:
         cached = self._by_id.get(schema_id)
@@ -176,11 +216,20 @@ class PayloadDecoder:
         stream = io.BytesIO(body)
         try:
             datum = fastavro.schemaless_reader(stream, writer.parsed, reader)
-        except (EOFError, ValueError, TypeError, IndexError, KeyError,
-                fastavro.read.SchemaResolutionError) as error:
-            raise PayloadDecodeError(f"the Avro body does not decode with schema "
-                                     f"{writer.name or writer.path}: {error!r}") from None
-        if stream.tell() != len(body):
-            raise PayloadDecodeError(f"{len(body) - stream.tell()} bytes left over after "
-                                     f"decoding with schema {writer.name or writer.path}")
+        except _BODY_ERRORS as error:
+            raise _undecodable(writer, error) from None
+        _check_consumed(stream, writer)
         return datum
+
+
+def _undecodable(writer: AvroSchema, error: Exception) -> PayloadDecodeError:
+    return PayloadDecodeError(f"the Avro body does not decode with schema "
+                              f"{writer.name or writer.path}: {error!r}")
+
+
+def _check_consumed(body: io.BytesIO, writer: AvroSchema) -> None:
+    """PayloadDecodeError when bytes are left after the datum: not what the schema wrote."""
+    left = len(body.getbuffer()) - body.tell()
+    if left:
+        raise PayloadDecodeError(f"{left} bytes left over after decoding with schema "
+                                 f"{writer.name or writer.path}")

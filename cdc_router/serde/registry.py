@@ -1,8 +1,9 @@
-"""The schema registry side of Avro: subject names, and schema ids looked up (or registered) once.
+"""The schema registry side of Avro, through confluent-kafka's schema-registry package.
 
 Talks to any Confluent-compatible registry through confluent-kafka's SchemaRegistryClient
-(`mock://` URLs give its in-memory stand-in). The client is built on first use: constructing a
-SchemaIds makes no network call.
+(`mock://` URLs give its in-memory stand-in). Record values are framed by its AvroSerializer
+(magic byte 0, the 4-byte schema id, the body), under its subject-name strategies. The client
+is built on first use: constructing a SchemaIds makes no network call.
 
 What the registry refuses or cannot answer is a RegistryError, never a SerializeError: a schema
 missing from its subject, an incompatible one, wrong credentials or an unreachable registry are
@@ -16,8 +17,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaRegistryClient,
+    record_subject_name_strategy,
+    topic_record_subject_name_strategy,
+    topic_subject_name_strategy,
+)
+from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.errors import CdcRouterError
 
@@ -34,7 +43,13 @@ NOT_FOUND = 40400  # generic; what confluent-kafka's mock:// registry answers fo
 SUBJECT_NOT_FOUND = 40401
 VERSION_NOT_FOUND = 40402
 SCHEMA_NOT_FOUND = 40403
-INVALID_SCHEMA = 42201
+
+# schema_registry.subject_name_strategy -> confluent-kafka's strategy of that name.
+STRATEGIES: dict[str, Callable[[SerializationContext, str | None], str | None]] = {
+    "topic": topic_subject_name_strategy,
+    "record": record_subject_name_strategy,
+    "topic_record": topic_record_subject_name_strategy,
+}
 
 
 class RegistryError(CdcRouterError):
@@ -46,21 +61,19 @@ class RegistryError(CdcRouterError):
 
 
 def subject_name(strategy: str, topic: str, record_name: str | None) -> str:
-    """The value subject under `strategy`, as confluent-kafka's *_subject_name_strategy names it.
+    """The value subject of `topic` under `strategy`, named by confluent-kafka's strategy.
 
     topic: `<topic>-value`; record: the schema's full name; topic_record:
     `<topic>-<full name>`. Raises ValueError for record strategies and an unnamed schema.
     """
-    if strategy == "topic":
-        return f"{topic}-value"
-    if record_name is None:
+    name_of = STRATEGIES.get(strategy)
+    if name_of is None:
+        raise ValueError(f"unknown subject_name_strategy {strategy!r}")
+    subject = name_of(SerializationContext(topic, MessageField.VALUE), record_name)
+    if subject is None:
         raise ValueError(f"subject_name_strategy {strategy} needs a named schema "
                          "(record, enum or fixed)")
-    if strategy == "record":
-        return record_name
-    if strategy == "topic_record":
-        return f"{topic}-{record_name}"
-    raise ValueError(f"unknown subject_name_strategy {strategy!r}")
+    return subject
 
 
 def registry_schema(schema: AvroSchema) -> Schema:
@@ -69,13 +82,12 @@ def registry_schema(schema: AvroSchema) -> Schema:
 
 
 class SchemaIds:
-    """Schema ids per (subject, schema), from the registry once, then from memory."""
+    """The registry as the router uses it: its client, subjects, ids and serializers."""
 
     def __init__(self, settings: SchemaRegistrySettings,
                  client: SchemaRegistryClient | None = None) -> None:
         self._settings = settings
         self._client = client
-        self._ids: dict[tuple[str, str], int] = {}
 
     @property
     def auto_register(self) -> bool:
@@ -97,20 +109,32 @@ class SchemaIds:
                 raise RegistryError(f"schema_registry: {error}") from None
         return self._client
 
+    def value_serializer(self, schema: AvroSchema) -> ValueSerializer:
+        """confluent-kafka's serializer of record values in `schema`: it names the subject,
+        looks the schema up (or registers it, with auto_register) on first use per subject,
+        and frames the body with the id. Raises RegistryError for a bad client config."""
+        serializer: ValueSerializer = ValueSerializer(self.client, registry_schema(schema), conf={
+            "auto.register.schemas": self.auto_register,
+            # Encode with the route's file, never the subject's latest version, which may
+            # differ from it (and which the library refuses together with auto-registering).
+            "use.latest.version": False,
+            # Look up and register the file as written, as `cdc-router schemas register` does.
+            "normalize.schemas": False,
+            # Named, not left to the default: in confluent-kafka 2.16 that is ASSOCIATED,
+            # which asks the registry for a topic's associations.
+            "subject.name.strategy": STRATEGIES[self.strategy],
+        })
+        return serializer
+
     def id_for(self, subject: str, schema: AvroSchema) -> int:
-        """The id of `schema` under `subject`: looked up, or registered with auto_register.
+        """The id of `schema` under `subject`: looked up, or registered with auto_register,
+        as the value serializer does on its first use of the subject.
 
         Raises RegistryError (missing=True) when the subject lacks the schema and
         auto_register is off; RegistryError when the registry refuses or cannot be reached.
         """
-        key = (subject, schema.canonical)
-        cached = self._ids.get(key)
-        if cached is not None:
-            return cached
-        schema_id = self.register(subject, schema) if self.auto_register else \
+        return self.register(subject, schema) if self.auto_register else \
             self.lookup(subject, schema)
-        self._ids[key] = schema_id
-        return schema_id
 
     def lookup(self, subject: str, schema: AvroSchema) -> int:
         """The id under which `subject` holds `schema`; RegistryError (missing=True) if none."""
@@ -151,16 +175,25 @@ class SchemaIds:
                                lambda: self.client.test_compatibility(
                                    subject, registry_schema(schema))))
 
+    def failure(self, what: str, error: Exception) -> RegistryError:
+        """The RegistryError for `error`, raised by the registry client while trying to `what`."""
+        if isinstance(error, RegistryError):
+            return error
+        if isinstance(error, ClientError):
+            return _refusal(what, error, self._settings.url)
+        # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
+        return RegistryError(f"cannot {what}: the schema registry at {self._settings.url} did "
+                             f"not answer ({type(error).__name__}: {error})")
+
     def _call(self, what: str, step: Callable[[], T]) -> T:
         try:
             return step()
-        except ClientError as error:
-            raise _refusal(what, error, self._settings.url) from None
         except RegistryError:
             raise
-        except Exception as error:  # the HTTP layer's own (httpx, httpx2, authlib: by version)
-            raise RegistryError(f"cannot {what}: the schema registry at {self._settings.url} "
-                                f"did not answer ({type(error).__name__}: {error})") from error
+        except ClientError as error:
+            raise self.failure(what, error) from None
+        except Exception as error:
+            raise self.failure(what, error) from error
 
 
 def _refusal(what: str, error: ClientError, url: str) -> RegistryError:

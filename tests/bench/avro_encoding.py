@@ -9,8 +9,8 @@ and the best of --repeat runs is shown:
 - validate: fastavro's validation plus our extra-fields walk, on parsed payloads;
 - encode: fastavro's schemaless_writer, on parsed payloads;
 - serialize: what the router calls per event (parse, validate, walk, encode, frame), for
-  single-object encoding and for the registry's wire format (the schema id cached, as after
-  the first event of a subject; confluent-kafka's mock:// client);
+  single-object encoding and for the registry's wire format (confluent-kafka's AvroSerializer,
+  its subject known, as after the first event of a subject; its mock:// client);
 - the JSON serializer, for comparison.
 """
 
@@ -26,7 +26,9 @@ from typing import Any
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.debezium import OutboxEvent
-from cdc_router.serde.avro import AvroSerializer, encode, load_schema, payload_problem
+from cdc_router.serde.avro import AvroSerializer, encode
+from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_schema import load_schema
 from cdc_router.serde.json import JsonSerializer
 from cdc_router.settings import RouteRule, SchemaRegistrySettings
 

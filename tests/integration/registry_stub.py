@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from cdc_router.serde.avro import parse_schema_text
+from cdc_router.serde.avro_schema import parse_schema_text
 from cdc_router.serde.compatibility import backward_incompatibilities
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,12 @@ import yaml
 from confluent_kafka import Message
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from cdc_router.debezium import OutboxEvent
+from cdc_router.errors import SerializeError
+from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.decode import PayloadDecoder
+from cdc_router.serde.registry import RegistryError
+from cdc_router.settings import RouteRule, SchemaRegistrySettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.registry_stub import registry_stub
 from tests.integration.support import StackEndpoints
@@ -159,3 +165,40 @@ def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_rout
     assert rechecked.returncode == 1
     assert (f"cannot read data written with {subject} version 1: field 'amount_cents': the "
             "new type int cannot read the old type long") in rechecked.stdout
+
+
+def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_record() -> None:
+    """The library's serializer against a registry over real HTTP (no Kafka needed): each
+    strategy's subject is registered on first use; while the registry is down a topic it
+    already knows keeps flowing, a new one stops the router (RegistryError) without blaming
+    the record, and a bad payload is still the record's fault."""
+    templated = RouteRule.model_validate({"topic": "pay.{type}", "format": "avro",
+                                          "schema": str(SCHEMA)})
+    good = OutboxEvent(event_id="e-1", aggregate_type="Payment", aggregate_id="p-1",
+                       type="PaymentConfirmed", payload=json.dumps(payment(1)).encode(),
+                       payload_is_json=True, headers=(), created_at_ms=0, op="c", lsn=1,
+                       tx_id=1, source_ts_ms=None)
+    bad = replace(good, payload=json.dumps({**payment(1), "order_id": "x"}).encode())
+    with registry_stub() as registry:
+        for strategy in ("topic", "record", "topic_record"):
+            settings = SchemaRegistrySettings.model_validate({
+                "url": registry.url, "auto_register": True, "subject_name_strategy": strategy,
+                "config": {"max.retries": "0", "timeout": "5"}})
+            serializer = AvroSerializer([templated], settings)
+            value = serializer.serialize(good, templated, "pay.Known")
+            assert PayloadDecoder(registry=serializer.registry.client).decode(
+                value).value["payment_id"] == "pay-1"  # type: ignore[union-attr]
+        assert sorted(registry.state.subjects) == [
+            "pay.Known-shop.payments.PaymentConfirmed", "pay.Known-value",
+            "shop.payments.PaymentConfirmed"]
+    # The registry is down; `serializer` is the topic_record one, built last.
+    assert serializer.serialize(good, templated, "pay.Known") == value
+    with pytest.raises(RegistryError, match="did not answer") as caught:
+        serializer.serialize(good, templated, "pay.New")
+    assert not isinstance(caught.value, SerializeError)
+    with pytest.raises(SerializeError, match="order_id"):
+        serializer.serialize(bad, templated, "pay.New")
+    port = int(registry.url.rsplit(":", 1)[1])
+    with registry_stub(port=port, state=registry.state):
+        assert serializer.serialize(good, templated, "pay.New")[:1] == b"\x00"
+    assert "pay.New-shop.payments.PaymentConfirmed" in registry.state.subjects

@@ -14,12 +14,16 @@ from typing import Any
 import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config_file import load_config
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.routing import OutboundRecord, Router
-from cdc_router.serde.avro import AvroSerializer, load_schema, parse_schema_text, payload_problem
+from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
 from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings
@@ -47,6 +51,10 @@ def rule(schema: str | dict[str, str] = str(PAYMENT), **extra: Any) -> RouteRule
 
 def mock_registry() -> SchemaRegistryClient:
     return SchemaRegistryClient.new_client({"url": "mock://unit"})
+
+
+# confluent-kafka's in-memory registry class, through its public factory (its module is private).
+MockRegistry: Any = type(SchemaRegistryClient.new_client({"url": "mock://class"}))
 
 
 def registry(**settings: Any) -> SchemaRegistrySettings:
@@ -216,6 +224,63 @@ def test_auto_register_uses_the_subject_name_strategy(strategy: str, subject: st
     assert subject_name(strategy, "payments", "shop.payments.PaymentConfirmed") == subject
 
 
+def test_the_wire_format_is_confluent_kafkas_and_each_topic_has_its_subject() -> None:
+    client = mock_registry()
+    templated = rule(topic="pay.{aggregate_type}")
+    serializer = AvroSerializer([templated], registry(auto_register=True),
+                                registry_client=client)
+    for topic in ("pay.Card", "pay.Wire", "pay.Card"):
+        value = serializer.serialize(event(GOOD), templated, topic)
+        read = AvroDeserializer(client)(value, SerializationContext(topic, MessageField.VALUE))
+        assert read["payment_id"] == "pay-7" and read["lines"] == GOOD["lines"]
+    assert sorted(client.get_subjects()) == ["pay.Card-value", "pay.Wire-value"]
+
+
+class FlakyRegistry(MockRegistry):  # type: ignore[misc,valid-type]
+    """The in-memory registry, unreachable while `down` is set."""
+
+    down = False
+
+    def lookup_schema(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return super().lookup_schema(*args, **kwargs)
+
+
+def test_a_registry_outage_at_serialize_time_blames_no_record() -> None:
+    client = FlakyRegistry({"url": "mock://flaky"})
+    client.register_schema("payments-value", Schema(load_schema(PAYMENT).text, "AVRO"))
+    config = RouterConfig.model_validate({
+        "source": {"topics": [SOURCE]}, "schema_registry": {"url": "mock://flaky"},
+        "routes": [{"topic": "payments", "format": "avro", "schema": str(PAYMENT)}]})
+    serializer = AvroSerializer(config.routes, config.schema_registry, registry_client=client)
+    router = Router(config, serializers={"avro": serializer})
+    client.down = True
+    # A good record is not dead-lettered (SerializeError) but stops the router, uncommitted.
+    with pytest.raises(RegistryError, match=r"cannot look up .*payment_confirmed.avsc under "
+                       r"subject 'payments-value': the schema registry at mock://flaky did "
+                       r"not answer \(ConnectionRefusedError") as caught:
+        router.route(event(GOOD), lambda topic: 3)
+    assert not isinstance(caught.value, SerializeError) and not caught.value.missing
+    # A bad one is still the record's fault: checked before the registry is asked.
+    with pytest.raises(SerializeError, match="order_id"):
+        router.route(event({**GOOD, "order_id": None}), lambda topic: 3)
+    client.down = False  # back: the same serializer asks again, nothing was remembered
+    out = router.route(event(GOOD), lambda topic: 3)
+    assert isinstance(out, OutboundRecord) and out.value[:1] == b"\x00"
+
+
+def test_a_null_payload_on_the_registry_path_is_not_a_tombstone(tmp_path: Path) -> None:
+    nullable = tmp_path / "nullable.avsc"
+    nullable.write_text('["null", "string"]')
+    route = rule(str(nullable))
+    serializer = AvroSerializer([route], registry(auto_register=True),
+                                registry_client=mock_registry())
+    assert serializer.serialize(event("x"), route, "p")[:1] == b"\x00"
+    with pytest.raises(SerializeError, match=r"JSON null.*tombstone"):
+        serializer.serialize(event(None), route, "p")
+
+
 def test_preflight_resolves_subjects_known_before_any_event() -> None:
     static = rule(topic="payments")
     templated = RouteRule.model_validate({"topic": "orders.{type}", "format": "avro",
@@ -369,6 +434,43 @@ def test_decoder_resolves_old_data_to_a_reader_schema() -> None:
     decoder = PayloadDecoder(schemas=[old], reader_schema=load_schema(PAYMENT))
     value = decoder.decode(old.frame_single_object(body.getvalue())).value
     assert value["currency"] == "EUR" and value["lines"] == []  # the reader's defaults
+
+
+def test_decoder_reads_the_wire_format_with_confluent_kafkas_deserializer() -> None:
+    client = mock_registry()
+    old = load_schema(AVRO / "previous" / "payment_confirmed.avsc")
+    old_id = client.register_schema("old-value", Schema(old.text, "AVRO"))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old.parsed, {"payment_id": "p", "order_id": 1,
+                                                  "amount_cents": 5, "note": None})
+    value = b"\x00" + old_id.to_bytes(4, "big") + body.getvalue()
+    decoder = PayloadDecoder(registry=client, reader_schema=load_schema(PAYMENT))
+    decoded = decoder.decode(value)
+    assert (decoded.schema_id, decoded.writer) == (old_id, "shop.payments.PaymentConfirmed")
+    assert decoded.value["currency"] == "EUR" and decoded.value["lines"] == []  # the reader's
+    with pytest.raises(PayloadDecodeError, match="2 bytes left over"):
+        decoder.decode(value + b"\x00\x00")
+    with pytest.raises(PayloadDecodeError, match=r"does not decode with schema shop\.payments"):
+        decoder.decode(value[:7])
+    with pytest.raises(PayloadDecodeError, match="not in the registry's wire format"):
+        decoder.decode(b"\x00\x00\x01")
+
+
+def test_extra_fields_follow_the_union_branch_the_writer_takes(tmp_path: Path) -> None:
+    # fastavro's writer takes, of the record branches a value validates against, the one
+    # with the most of its keys: here B, which has a field for every key, so nothing is lost.
+    path = tmp_path / "u.avsc"
+    path.write_text(json.dumps({"type": "record", "name": "R", "namespace": "t", "fields": [
+        {"name": "u", "type": [
+            {"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]},
+            {"type": "record", "name": "B", "fields": [{"name": "x", "type": "int"},
+                                                      {"name": "y", "type": "int"}]}]}]}))
+    route = rule(str(path))
+    serializer = AvroSerializer([route])
+    value = serializer.serialize(event({"u": {"x": 1, "y": 2}}, "T"), route, "t")
+    assert PayloadDecoder(schemas=[path]).decode(value).value == {"u": {"x": 1, "y": 2}}
+    with pytest.raises(SerializeError, match=r"field 't\.A\.z' is not in the schema"):
+        serializer.serialize(event({"u": {"x": 1, "z": 3}}, "T"), route, "t")
 
 
 def test_extra_fields_are_found_in_recursive_and_referenced_records() -> None:

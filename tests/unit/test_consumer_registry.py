@@ -32,11 +32,14 @@ class FlakyRegistry:
         self.failure: Exception = RuntimeError("unused")
         self.failures_left = 0
 
-    def get_schema(self, schema_id: int) -> Any:
+    def config(self) -> dict[str, Any]:
+        return self.inner.config()  # type: ignore[no-any-return]
+
+    def get_schema(self, schema_id: int, *rest: Any) -> Any:
         if self.failures_left:
             self.failures_left -= 1
             raise self.failure
-        return self.inner.get_schema(schema_id)
+        return self.inner.get_schema(schema_id, *rest)
 
 
 def wire_format(registry: FlakyRegistry, schema_id: int | None = None) -> bytes:

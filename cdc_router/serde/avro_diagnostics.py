@@ -1,0 +1,205 @@
+"""Why a payload does not fit its Avro schema, as one line that names the field.
+
+Types and missing fields are fastavro's validation (its public `validate`), turned into a
+reason that names the deepest field and the types it may take. Payload keys that no field of
+the schema takes are our own check: fastavro's writer (and so confluent-kafka's serializer)
+would silently leave them out, which `extra_fields: reject` refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import fastavro
+from fastavro.validation import ValidationError, validate
+
+from cdc_router.errors import show
+from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
+
+
+def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
+    """Whether `datum` validates against `schema`, or against `part` of it (a union branch)."""
+    # Raising validation builds an exception for every union branch it rules out, even for
+    # a valid payload: ask the cheap way first, and again with errors only to say why.
+    return bool(validate(datum, schema.parsed if part is None else _standalone(part, schema),
+                         raise_errors=False))
+
+
+def _standalone(part: dict[str, Any], schema: AvroSchema) -> Any:
+    """`part` of `schema` parsed as a schema of its own (its named types known), once."""
+    key = ("standalone", id(part))  # a record's shape is memoised under its plain id
+    parsed = schema.memo.get(key)
+    if parsed is None:
+        parsed = schema.memo[key] = fastavro.parse_schema(part, named_schemas=dict(schema.named))
+    return parsed
+
+
+def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject") -> str | None:
+    """Why `datum` does not fit `schema`, naming the field; None when it does.
+
+    Types and missing fields are fastavro's validation (a field is named as
+    `namespace.Record.field`); keys the schema has no field for count only when
+    extra_fields is 'reject' (fastavro's writer would silently leave them out).
+    """
+    if not fits(datum, schema):
+        try:
+            validate(datum, schema.parsed, raise_errors=True)
+        except ValidationError as error:
+            return _describe(error)
+    if extra_fields == "reject":
+        extra = first_extra_field(datum, schema)
+        if extra is not None:
+            path, record = extra
+            name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
+            return (f"field '{record}.{_plain(name)}' is not in the schema (payload key "
+                    f"{_plain(path)}; extra_fields: reject)")
+    return None
+
+
+def _plain(text: str, limit: int = 60) -> str:
+    """A payload key as is, or escaped and cut when it would break the one-line reason."""
+    return text if text.isprintable() and len(text) <= limit else show(text, limit)
+
+
+def _describe(error: ValidationError) -> str:
+    found = list(getattr(error, "errors", None) or ())
+    if not found:
+        return str(error)
+    # Validation stops at the first field that fails; a union there reports one error per
+    # branch, a record branch its nested field after its own. The last field reported is the
+    # deepest: name it, with every type the union's branches would take there.
+    deepest = found[-1]
+    expected = " | ".join(dict.fromkeys(_type_name(entry.schema) for entry in found
+                                        if entry.field == deepest.field))
+    field = deepest.field or "(the payload)"
+    if deepest.datum is None:
+        return f"field {field!r} is missing or null, expected {expected}"
+    return (f"field {field!r} is {type(deepest.datum).__name__} {show(deepest.datum, 60)}, "
+            f"expected {expected}")
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, list):
+        return " | ".join(_type_name(branch) for branch in schema)
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        if isinstance(kind, str) and kind in NAMED_TYPES and "name" in schema:
+            return f"{kind} {schema['name']}"
+        if schema.get("logicalType"):
+            return f"{kind} ({schema['logicalType']})"
+        if kind == "array":
+            return f"array of {_type_name(schema.get('items'))}"
+        if kind == "map":
+            return f"map of {_type_name(schema.get('values'))}"
+        return _type_name(kind)
+    return str(schema)
+
+
+def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
+    """(path, record name) of the first payload key no record field takes, or None.
+
+    Walks the datum the way fastavro's writer does, union branches included (_writer_branch).
+    """
+    found = _first_extra(datum, schema.parsed, schema)
+    if found is None:
+        return None
+    steps, record = found
+    path = "".join(reversed(steps))  # ".c", "[1]", ".lines" -> .lines[1].c
+    return path.removeprefix("."), record
+
+
+def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
+    """The branch of `union` that fastavro's writer takes for a dict or list `datum`, or None.
+
+    As its write_union does: the first branch the value validates against, except that among
+    records it keeps looking for the one with the most of the datum's keys.
+    """
+    chosen, most = None, -1
+    for branch in union:
+        resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
+        kind = resolved.get("type") if isinstance(resolved, dict) else None
+        # Only these take a dict or a list: skip validating the others (null, string, ...).
+        if kind not in ("record", "error", "array", "map") or not fits(datum, schema, resolved):
+            continue
+        if kind not in ("record", "error"):
+            return resolved
+        keys = len(_record_shape(resolved, schema)[0].intersection(datum))
+        if keys > most:
+            chosen, most = resolved, keys
+    return chosen
+
+
+def _first_extra(datum: Any, node: Any, schema: AvroSchema) -> tuple[list[str], str] | None:
+    """The steps to the first extra key (deepest first) and its record's name, or None.
+
+    The path is only built when a key is found: this runs for every valid payload.
+    """
+    if isinstance(node, str):
+        node = schema.named.get(node, node)
+    if isinstance(node, list):
+        if not isinstance(datum, (dict, list)):
+            return None  # a scalar holds no keys
+        branch = _writer_branch(datum, node, schema)
+        return None if branch is None else _first_extra(datum, branch, schema)
+    if not isinstance(node, dict):
+        return None
+    kind = node.get("type")
+    found = None
+    if kind in ("record", "error") and isinstance(datum, dict):
+        names, nested = _record_shape(node, schema)
+        if not names.issuperset(datum):
+            for key in datum:
+                if key not in names and key != "-type":  # -type: fastavro's union branch hint
+                    return [f".{key}"], str(node.get("name"))
+        for name, field_type in nested:
+            if name in datum:
+                found = _first_extra(datum[name], field_type, schema)
+                if found is not None:
+                    found[0].append(f".{name}")
+                    return found
+    elif kind == "array" and isinstance(datum, list):
+        for index, item in enumerate(datum):
+            found = _first_extra(item, node["items"], schema)
+            if found is not None:
+                found[0].append(f"[{index}]")
+                return found
+    elif kind == "map" and isinstance(datum, dict):
+        for key, value in datum.items():
+            found = _first_extra(value, node["values"], schema)
+            if found is not None:
+                found[0].append(f"[{key!r}]")
+                return found
+    return None
+
+
+def _record_shape(record: dict[str, Any],
+                  schema: AvroSchema) -> tuple[frozenset[str], tuple[tuple[str, Any], ...]]:
+    """A record's field names, and the fields whose values can hold records (walked)."""
+    shape = schema.memo.get(id(record))
+    if shape is None:
+        names = frozenset(field["name"] for field in record["fields"])
+        nested = tuple((field["name"], field["type"]) for field in record["fields"]
+                       if _can_hold_record(field["type"], schema.named, set()))
+        shape = schema.memo[id(record)] = (names, nested)
+    return shape
+
+
+def _can_hold_record(node: Any, named: Mapping[str, Any], seen: set[str]) -> bool:
+    if isinstance(node, str):
+        if node in seen or node not in named:
+            return node in seen  # a recursive reference is a record's
+        seen.add(node)
+        node = named[node]
+    if isinstance(node, list):
+        return any(_can_hold_record(branch, named, seen) for branch in node)
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in ("record", "error"):
+        return True
+    if kind == "array":
+        return _can_hold_record(node["items"], named, seen)
+    if kind == "map":
+        return _can_hold_record(node["values"], named, seen)
+    return False

@@ -1,0 +1,115 @@
+"""Avro schemas as the router holds them: .avsc files read and parsed once, per route.
+
+A schema is parsed twice at load, by fastavro (what encodes and validates) and by Apache Avro
+(as strict as the Java parser registries and most consumers run), so a file either side would
+refuse is a ConfigError naming the file and the route's field before any event is read.
+
+Also the one home of Avro's single-object encoding (no registry): 0xC3 0x01, the schema's
+8-byte CRC-64-AVRO fingerprint (little-endian), then the body; readers find the schema by its
+fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import avro.errors
+import avro.schema
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from cdc_router.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cdc_router.settings import RouteRule
+
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"  # Avro specification, "Single-object encoding"
+SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
+ANY_TYPE = "*"  # in a schema mapping: the schema for event types not listed
+NAMED_TYPES = ("record", "enum", "fixed", "error")
+
+
+@dataclass(frozen=True, eq=False)
+class AvroSchema:
+    """One .avsc file, parsed once: what encoding, registering and checking it need."""
+
+    path: str
+    text: str  # the file as written: what a registry is given
+    parsed: Any  # fastavro's parsed schema
+    named: Mapping[str, Any]  # every named type it defines, by full name (fastavro's form)
+    canonical: str  # Avro's Parsing Canonical Form
+    fingerprint: bytes  # CRC-64-AVRO of the canonical form, little-endian, as in the header
+    name: str | None  # full name of a named top-level schema: record subjects need it
+    # What diagnostics work out once per part of the schema (by id of its parsed dict).
+    memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    def frame_single_object(self, body: bytes) -> bytes:
+        """`body` behind Avro's single-object header for this schema."""
+        return SINGLE_OBJECT_MAGIC + self.fingerprint + body
+
+
+def load_schema(path: str | Path, field: str | None = None) -> AvroSchema:
+    """Read and parse an .avsc file; ConfigError naming `field` and the file when it can't."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"Avro schema {path}: file not found", field=field,
+                          hint="a relative path is relative to the config file's folder") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"Avro schema {path}: cannot read the file: {error}",
+                          field=field) from None
+    return parse_schema_text(text, str(path), field)
+
+
+def parse_schema_text(text: str, where: str, field: str | None = None) -> AvroSchema:
+    """Parse an Avro schema's JSON text; ConfigError naming `where` (and `field`) when invalid."""
+    text = text.strip()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"Avro schema {where}: invalid JSON at line {error.lineno}, column "
+                          f"{error.colno}: {error.msg}", field=field) from None
+    named: dict[str, Any] = {}
+    try:
+        parsed = fastavro.parse_schema(document, named_schemas=named)
+        # Apache Avro's parser is as strict as the Java one that registries and most
+        # consumers run: it also refuses defaults that do not match their field's type.
+        avro.schema.parse(text)
+        canonical = to_parsing_canonical_form(document)
+    except (avro.errors.AvroException, fastavro.schema.SchemaParseException,
+            fastavro.schema.UnknownType, ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"Avro schema {where}: not a valid Avro schema: {error}",
+                          field=field) from None
+    kind = document.get("type") if isinstance(document, dict) else None
+    name = parsed.get("name") if isinstance(parsed, dict) and kind in NAMED_TYPES else None
+    return AvroSchema(path=where, text=text, parsed=parsed, named=named, canonical=canonical,
+                      fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
+                      name=name)
+
+
+class RouteSchemas:
+    """The schema, or schemas by event type, of one Avro route."""
+
+    def __init__(self, rule: RouteRule, field: str) -> None:
+        spec = rule.schema_path
+        if spec is None:
+            raise ConfigError("format avro needs a schema file", field=field)
+        files = {ANY_TYPE: spec} if isinstance(spec, str) else dict(spec)
+        self.by_type = {event_type: load_schema(path, f"{field}[{event_type!r}]"
+                                                if isinstance(spec, dict) else field)
+                        for event_type, path in files.items()}
+
+    def for_type(self, event_type: str) -> AvroSchema | None:
+        """The schema for events of `event_type`, or None when the route has none for it."""
+        return self.by_type.get(event_type) or self.by_type.get(ANY_TYPE)
+
+
+def route_key(rule: RouteRule) -> Any:
+    """What identifies a route's schemas: routes naming the same files share them."""
+    spec = rule.schema_path
+    return tuple(sorted(spec.items())) if isinstance(spec, dict) else spec
