@@ -18,11 +18,10 @@ from cdc_router.dedup import MemoryDedupStore
 from cdc_router.serde.avro import CONFLUENT_MAGIC, load_schema
 from cdc_router.serde.decode import PayloadDecoder
 from tests.integration.registry_stub import registry_stub
-from tests.integration.support import StackEndpoints, unique
+from tests.integration.support import StackEndpoints, read_topic, unique
 from tests.integration.test_idempotent_consumer import (
     offsets,
     produce,
-    read_dead_letters,
     topic_and_dead_letter_topic,
     wait_until,
 )
@@ -88,7 +87,7 @@ def test_a_registry_outage_is_waited_out_and_an_unknown_id_is_dead_lettered(
         runner.join(60)
     assert [(e.event_id, e.payload["payment_id"]) for e in effects] == [
         ("evt-1", "pay-1"), ("evt-2", "pay-2")]
-    [dead] = read_dead_letters(stack.bootstrap_servers, dead_letter, 1)
+    [dead] = read_topic(stack.bootstrap_servers, dead_letter, 1)
     headers = {name: value.decode() for name, value in dead.headers()}
     assert (headers["dlq.stage"], headers["dlq.source.offset"]) == ("decode", "2")
     assert f"schema id {schema_id + 998} is unknown" in headers["dlq.error.message"]
