@@ -24,12 +24,14 @@ from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.pipeline import Pipeline, pipeline, set_topic_config
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, read_to_end
 
 pytestmark = pytest.mark.integration
 
 AVRO_SCHEMA = Path(__file__).parents[1] / "unit" / "fixtures" / "avro" / "payment_confirmed.avsc"
 NOW = "now() AT TIME ZONE 'utc'"
+# Kafka Connect's storage topics in the local stack.
+CONNECT_TOPICS = ("connect-configs", "connect-offsets", "connect-status")
 
 
 def insert(pipe: Pipeline, rows: list[dict[str, Any]], per_transaction: int = 200) -> list[str]:
@@ -82,7 +84,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
             {"match": {"type": "PaymentConfirmed"}, "topic": pipe.events_topic,
              "format": "avro", "schema": str(AVRO_SCHEMA)},
             {"match": {"type": "CloudEvent"}, "topic": pipe.events_topic,
-             "cloudevents": True, "ce_source": "/test"}]
+             "cloudevents": True, "ce_source": "/test"},
+            {"match": {"type": "Hostile"}, "topic": "{aggregate_type}"}]
         pipe.config_path.write_text(yaml.safe_dump(config))
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
         topics_before = set(admin.list_topics(timeout=10).topics)
@@ -96,6 +99,12 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                                     '{"payment_id": "\\ud800", "order_id": 1, '
                                     '"amount_cents": 5}'},
         }
+        # Names a templated route renders from row data: Connect's and the registry's storage
+        # topics, the broker's, the router's own source, and one that does not exist.
+        ghost = f"{pipe.name.replace('_', '-')}-ghost"
+        rendered = [*CONNECT_TOPICS, "_schemas", "__consumer_offsets", pipe.raw_topic, ghost]
+        hostile.update({f"renders {name}": {"type": "Hostile", "aggregate_type": name}
+                        for name in rendered})
         rows = ordinary(2_000)
         positions = random.Random(11).sample(range(len(rows)), len(hostile))
         for position, (name, row) in sorted(zip(positions, hostile.items(), strict=True),
@@ -118,6 +127,10 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
         still_running = router.poll() is None
         topics_after = set(admin.list_topics(timeout=10).topics)
         log = pipe.router_log()
+        leaked = [record for topic in CONNECT_TOPICS for record in
+                  read_to_end(stack.bootstrap_servers, topic, isolation="read_uncommitted")
+                  if any(event_id.encode() in (record.value() or b"")
+                         for event_id in hostile_ids.values())]
     assert still_running, log[-3000:]
     assert len(settled) == len(ordinary_ids), log[-3000:]
     assert Counter(r.key().decode() for r in orders) == Counter(ordinary_ids)
@@ -135,9 +148,16 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
     timestamp_reason = letters[hostile_ids["created_at_3h_ahead"]]["dlq.error.message"]
     assert "INVALID_TIMESTAMP" in timestamp_reason
     assert "delivery.record_timestamp: now" in timestamp_reason
+    for name in rendered:
+        headers = letters[hostile_ids[f"renders {name}"]]
+        assert (headers["dlq.stage"], headers["dlq.error.class"]) == ("route", "RouteError")
+        assert name in headers["dlq.error.message"], headers
+    assert leaked == [], "hostile rows reached Connect's storage topics"
     assert log.count("cause=record_refused") <= 2, "one poison record, at most two aborts"
+    assert "Traceback" not in log, log[-3000:]
     ours = pipe.name.replace("_", "-")
     assert {t for t in topics_after - topics_before if ours in t} == set()
+    assert ghost not in topics_after
 
 
 def test_at_least_once_kill_9_and_refused_records_lose_nothing(
