@@ -11,23 +11,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from cdc_router.config.headers import CLOUDEVENTS_HEADERS, CONTRACT_HEADERS
+from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.topic_names import TopicGuard, parse_topic_template, static_topic
 from cdc_router.debezium import OutboxEvent, Skipped
 from cdc_router.errors import ConfigError, RouteError, show
 from cdc_router.partitioner import java_default_partition
-from cdc_router.patterns import compile_pattern
 from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
-from cdc_router.topic_names import TopicGuard, parse_topic_template, static_topic
 
 if TYPE_CHECKING:
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.config.routes import RouteMatch, RouteRule
     from cdc_router.serde import Serializer
-    from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 
 UNMATCHED = "unmatched"  # Skipped.reason when no route matches and unmatched is 'skip'
-# Headers the router writes itself; a route must not add a second header of the same name.
-CONTRACT_HEADERS = frozenset({"id", "type", "aggregatetype", "aggregateid"})
-CLOUDEVENTS_HEADERS = frozenset(
-    {"ce_id", "ce_type", "ce_source", "ce_time", "ce_specversion", "content-type"}
-)
 # 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z, the ends of what RFC 3339 can write.
 _RFC3339_START_MS = -62_135_596_800_000
 _RFC3339_END_MS = 253_402_300_800_000
@@ -87,7 +84,7 @@ class Router:
         self._rules = list(config.routes)
         self._matchers = [_Matcher(rule.match) for rule in self._rules]
         self._templates = [parse_topic_template(rule.topic) for rule in self._rules]
-        # A static topic was checked at load (settings.py); a rendered one is, per event.
+        # A static topic was checked at load (config/routes.py); a rendered one is, per event.
         self._static = [static_topic(pieces) for pieces in self._templates]
         self._guard = TopicGuard.for_config(config)
         self._max_bytes = config.delivery.max_payload_bytes

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli.outbox import dsn_option
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 
 
 @click.command(name="demo")

@@ -12,7 +12,7 @@ import click
 from confluent_kafka import Consumer
 
 from cdc_router.cli._output import emit, output_option, table
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.dead_letter import (
     ERROR_CLASS,
     ERROR_MESSAGE,

@@ -11,12 +11,12 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._output import output_option, table
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
 from cdc_router.serde.registry import RegistryError
-from cdc_router.settings import RouterConfig
 
 config_option = click.option("-c", "--config", "config_path", required=True,
                              type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",

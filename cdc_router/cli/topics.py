@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.topics import TopicAdmin, TopicPlan
 
 config_option = click.option("-c", "--config", "config_path", required=True,

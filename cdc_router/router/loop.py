@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import DeliveryError, FatalKafkaError
 from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
@@ -31,7 +32,6 @@ from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.poison import PoisonIsolation, record_refusals
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
-from cdc_router.settings import RouterConfig
 
 log = logging.getLogger("cdc_router.router")
 

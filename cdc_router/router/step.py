@@ -29,8 +29,9 @@ from cdc_router.routing import OutboundRecord, Router, build_serializers
 from cdc_router.serde.registry import RegistryError
 
 if TYPE_CHECKING:
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
-    from cdc_router.settings import RouterConfig, RouteRule
 
 # Failures that are not one record's: they stop the router (configuration, the registry, a
 # fenced producer, memory) or fail the batch (the cluster), never dead-letter a record.

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 from cdc_router.errors import ConfigError
 
 if TYPE_CHECKING:
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.config.routes import RouteRule
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouterConfig, RouteRule
 
 
 class Serializer(Protocol):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from cdc_router.config.topic_names import parse_topic_template
 from cdc_router.errors import ConfigError, SerializeError, show
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import (
@@ -37,14 +38,14 @@ from cdc_router.serde.avro_schema import (
 )
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
-from cdc_router.topic_names import parse_topic_template
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializer
 
+    from cdc_router.config.connections import SchemaRegistrySettings
+    from cdc_router.config.routes import RouteRule
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouteRule, SchemaRegistrySettings
 
 # Recognised, never written here: confluent-kafka's serializer writes the wire format.
 CONFLUENT_MAGIC = b"\x00"  # Confluent wire format: magic byte, then a 4-byte schema id

@@ -42,7 +42,7 @@ from cdc_router.serde.registry import NOT_FOUND, SCHEMA_NOT_FOUND, RegistryError
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from cdc_router.settings import RouterConfig
+    from cdc_router.config.model import RouterConfig
 
 Encoding = Literal["confluent", "single_object", "json"]
 

@@ -22,7 +22,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.metrics import RouterMetrics
 from cdc_router.router import OutboxRouter
 from cdc_router.topics import TopicAdmin

@@ -17,7 +17,10 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from cdc_router.config_file import load_config
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.routes import RouteRule
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.routing import OutboundRecord, Router
@@ -26,7 +29,6 @@ from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
-from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"
 PAYMENT = AVRO / "payment_confirmed.avsc"

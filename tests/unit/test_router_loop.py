@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import FatalKafkaError
 from cdc_router.metrics import RouterMetrics
 from cdc_router.replay import changelog_record
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import RouterConfig
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,

@@ -10,11 +10,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router import debezium, routing
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, Skipped
 from cdc_router.serde.json import JsonSerializer
-from cdc_router.settings import RouterConfig
 from tests.unit.router_fakes import FIXTURES, raw_event
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"

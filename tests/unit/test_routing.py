@@ -14,11 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.source import SourceSettings
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.routing import OutboundRecord, Router, rfc3339
-from cdc_router.settings import RouterConfig, SourceSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 SOURCE = "outbox.public.outbox"

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
-from cdc_router.settings import RouterConfig
 
 EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
 MINIMAL = "source: {topics: [outbox.public.outbox]}\nroutes:\n  - topic: 'outbox.event.{type}'\n"

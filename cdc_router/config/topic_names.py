@@ -19,11 +19,11 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from cdc_router.config.patterns import compile_pattern
 from cdc_router.errors import show
-from cdc_router.patterns import compile_pattern
 
 if TYPE_CHECKING:
-    from cdc_router.settings import RouterConfig
+    from cdc_router.config.model import RouterConfig
 
 MAX_TOPIC_LENGTH = 249
 TOPIC_TEMPLATE_FIELDS = ("aggregate_type", "aggregate_id", "type", "id")

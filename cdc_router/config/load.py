@@ -3,7 +3,8 @@
 `load_config()` reads the YAML file strictly (no duplicate keys), applies `CDC_ROUTER__...`
 environment overrides passed in by the CLI (the library never reads the environment itself), and
 turns every problem into a single line ConfigError naming the file (or variable), the field path,
-the bad value and what to do. The models themselves live in cdc_router.settings.
+the bad value and what to do. The models themselves live in
+cdc_router.config.model and its sections.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.redact import MASK, is_secret_key
 from cdc_router.routing import Router
-from cdc_router.settings import RouterConfig
 
 ENV_PREFIX = "CDC_ROUTER__"
 # Maps whose keys are Kafka properties (dots).
