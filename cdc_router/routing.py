@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from cdc_router.config.headers import CLOUDEVENTS_HEADERS, CONTRACT_HEADERS
+from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import TopicGuard, parse_topic_template, static_topic
 from cdc_router.debezium import OutboxEvent, Skipped
@@ -231,11 +231,11 @@ def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ..
     """The contract headers, the row's own, the route's static ones, and CloudEvents."""
     headers = [("id", event.event_id), ("type", event.type),
                ("aggregatetype", event.aggregate_type), ("aggregateid", event.aggregate_id)]
-    reserved = CONTRACT_HEADERS | (CLOUDEVENTS_HEADERS if rule.cloudevents else frozenset())
     for name, value in event.headers:
-        if name in reserved:
-            raise RouteError(f"event {show(event.event_id)}: row header {name!r} would shadow "
-                             "a header the router writes; rename it in the headers column")
+        if is_reserved_header(name, cloudevents=rule.cloudevents):
+            raise RouteError(f"event {show(event.event_id)}: row header {name!r} is reserved "
+                             f"for the router ({RESERVED_HEADERS}); rename it in the headers "
+                             "column")
         if not name.isascii() and not utf8_encodable(name):
             raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
                              f"column, {show(name)}, holds {LONE_SURROGATE}")

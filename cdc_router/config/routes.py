@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import Patterns, StringMap
 from cdc_router.config.fields import field_problem as _fail
-from cdc_router.config.headers import CLOUDEVENTS_HEADERS, CONTRACT_HEADERS
+from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import parse_topic_template, static_topic, topic_name_problem
 
@@ -103,10 +103,10 @@ class RouteRule(_Model):
         if self.ce_source and not self.cloudevents:
             raise _fail("ce_source", "ce_source only applies with cloudevents: true",
                         self.ce_source)
-        reserved = CONTRACT_HEADERS | (CLOUDEVENTS_HEADERS if self.cloudevents else frozenset())
         for name in self.headers:
-            if name in reserved or name.startswith("ce_"):
-                raise _fail("headers", f"header {name!r} is written by the router itself", name)
+            if is_reserved_header(name, cloudevents=self.cloudevents):
+                raise _fail("headers", f"header {name!r} is reserved for the router: "
+                            f"{RESERVED_HEADERS}", name)
         return self
 
     @property

@@ -301,8 +301,25 @@ def test_static_route_headers_follow_the_rows() -> None:
 
 
 def test_row_header_may_not_shadow_a_contract_header() -> None:
-    with pytest.raises(RouteError, match="row header 'id' would shadow"):
+    with pytest.raises(RouteError, match="row header 'id' is reserved for the router"):
         router({"topic": "t"}).route(replace(ORDER, headers=(("id", "spoof"),)), lambda t: 1)
+
+
+@pytest.mark.parametrize("cloudevents", [False, True])
+@pytest.mark.parametrize("name", ["ce_id", "ce_subject", "ce_dataschema"])
+def test_row_ce_headers_are_refused_on_every_route(name: str, cloudevents: bool) -> None:
+    # A consumer reads every ce_* header as a CloudEvents attribute: a row's ce_id would pose
+    # as the event id. The same rule refuses them among a route's static headers.
+    route = {"topic": "t", **({"cloudevents": True, "ce_source": "/o"} if cloudevents else {})}
+    with pytest.raises(RouteError, match=f"row header '{name}' is reserved for the router"):
+        router(route).route(replace(ORDER, headers=((name, "spoof"),)), lambda t: 1)
+
+
+def test_a_rows_content_type_is_refused_only_on_a_cloudevents_route() -> None:
+    row = replace(ORDER, headers=(("content-type", "text/plain"),))
+    assert dict(record(router({"topic": "t"}), row).headers)["content-type"] == b"text/plain"
+    with pytest.raises(RouteError, match="row header 'content-type' is reserved"):
+        router({"topic": "t", "cloudevents": True, "ce_source": "/o"}).route(row, lambda t: 1)
 
 
 def test_json_payload_is_checked_and_bytes_pass_through() -> None:

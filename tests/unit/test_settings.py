@@ -156,7 +156,12 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, format: avro}", "field 'routes[0].schema': format avro needs a schema"),
     ("{topic: x, schema: a.avsc}", "a schema only applies with format: avro"),
     ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].schema': Avro schema "),
-    ("{topic: x, headers: {ce_id: 1}}", "header 'ce_id' is written by the router itself"),
+    ("{topic: x, headers: {ce_id: 1}}", "field 'routes[0].headers': header 'ce_id' is "
+     "reserved for the router"),
+    ("{topic: x, headers: {ce_subject: a}}", "header 'ce_subject' is reserved"),
+    ("{topic: x, headers: {aggregateid: a}}", "header 'aggregateid' is reserved"),
+    ("{topic: x, cloudevents: true, ce_source: /a, headers: {content-type: a}}",
+     "header 'content-type' is reserved"),
     ("{topic: x, key: created_at}", "field 'routes[0].key'"),
     ("{topic: x, partition: hash}", "Input should be 'aggregate_id', 'key' or 'kafka_default'"),
 ])
