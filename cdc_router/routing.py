@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
 from cdc_router.config.patterns import compile_pattern
-from cdc_router.config.topic_names import TopicGuard, parse_topic_template, static_topic
+from cdc_router.config.topic_names import TopicGuard, parse_topic_template, render_topic
 from cdc_router.debezium import OutboxEvent, Skipped
 from cdc_router.errors import ConfigError, RouteError, show
 from cdc_router.partitioner import java_default_partition
@@ -85,7 +85,7 @@ class Router:
         self._matchers = [_Matcher(rule.match) for rule in self._rules]
         self._templates = [parse_topic_template(rule.topic) for rule in self._rules]
         # A static topic was checked at load (config/routes.py); a rendered one is, per event.
-        self._static = [static_topic(pieces) for pieces in self._templates]
+        self._static = [render_topic(pieces, {}) for pieces in self._templates]
         self._guard = TopicGuard.for_config(config)
         self._max_bytes = config.delivery.max_payload_bytes
         columns = config.source.outbox
@@ -153,8 +153,7 @@ class Router:
             return static
         fields = {"aggregate_type": event.aggregate_type, "aggregate_id": event.aggregate_id,
                   "type": event.type, "id": event.event_id}
-        topic = "".join(literal + (fields[field] if field else "")
-                        for literal, field in self._templates[index])
+        topic = render_topic(self._templates[index], fields) or ""  # every field is given
         problem = self._guard.problem(topic)
         if problem:
             raise RouteError(f"event {show(event.event_id)}: routes[{index}] topic "

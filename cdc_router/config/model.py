@@ -24,7 +24,7 @@ from cdc_router.config.topic_names import (
     DEFAULT_PROTECTED_TOPICS,
     TopicGuard,
     parse_topic_template,
-    static_topic,
+    render_topic,
     topic_name_problem,
 )
 
@@ -106,7 +106,7 @@ class RouterConfig(_Model):
             if problem:
                 raise _fail(field, problem, name)
         for index, route in enumerate(self.routes):
-            topic = static_topic(parse_topic_template(route.topic))
+            topic = render_topic(parse_topic_template(route.topic), {})
             problem = guard.problem(topic) if topic is not None else None
             if problem:
                 raise _fail(f"routes[{index}].topic", problem, route.topic)

@@ -13,7 +13,11 @@ from cdc_router.config.fields import Patterns, StringMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
 from cdc_router.config.patterns import compile_pattern
-from cdc_router.config.topic_names import parse_topic_template, static_topic, topic_name_problem
+from cdc_router.config.topic_names import (
+    parse_topic_template,
+    render_topic,
+    topic_name_problem,
+)
 
 
 class RouteMatch(_Model):
@@ -67,7 +71,7 @@ class RouteRule(_Model):
     @field_validator("topic")
     @classmethod
     def _valid_template(cls, topic: str) -> str:
-        if static_topic(parse_topic_template(topic)) is not None:
+        if render_topic(parse_topic_template(topic), {}) is not None:
             problem = topic_name_problem(topic)
             if problem:
                 raise ValueError(problem)

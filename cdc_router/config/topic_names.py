@@ -84,9 +84,21 @@ def parse_topic_template(template: str) -> Template:
     return tuple(pieces)
 
 
-def static_topic(pieces: Template) -> str | None:
-    """The topic of a template without fields, or None when row data fills it."""
-    return None if any(field for _, field in pieces) else "".join(lit for lit, _ in pieces)
+def render_topic(pieces: Template, fields: Mapping[str, str]) -> str | None:
+    """The topic `pieces` name with `fields` filled in; None when they use a field not given.
+
+    The one rendering of a template: with no fields it gives the topic of a static route (None
+    when row data fills it); with an event's fields, that event's destination; with the type
+    alone, what the Avro subject planning can know before any event.
+    """
+    out = []
+    for literal, field in pieces:
+        out.append(literal)
+        if field is not None:
+            if field not in fields:
+                return None
+            out.append(fields[field])
+    return "".join(out)
 
 
 def source_regex(pattern: str) -> re.Pattern[str]:
@@ -187,7 +199,7 @@ def template_warnings(config: RouterConfig) -> list[str]:
     allowed = None if config.allowed_topics is None else _compiled(config.allowed_topics)
     for index, rule in enumerate(config.routes):
         pieces = parse_topic_template(rule.topic)
-        if static_topic(pieces) is not None:
+        if render_topic(pieces, {}) is not None:
             continue  # a static topic a source reads is refused at load
         where = f"routes[{index}] topic {rule.topic!r}"
         for source in config.source.topics:
@@ -223,9 +235,8 @@ def _reaches(pieces: Template, source: str) -> str | None:
     if not (fixed.startswith(pattern_start) or pattern_start.startswith(fixed)):
         return None
     # A sample: the pattern's literal start where the template leaves it open, then 'x'.
-    first = pattern_start[len(fixed):] + "x"
-    sample = "".join(literal + (first if i == 0 else "x") if field else literal
-                     for i, (literal, field) in enumerate(pieces))
+    first = {pieces[0][1] or "": pattern_start[len(fixed):] + "x"}
+    sample = render_topic(pieces, dict.fromkeys(TOPIC_TEMPLATE_FIELDS, "x") | first) or ""
     if regex.search(sample):
         return f"renders names source pattern {source!r} subscribes to (e.g. {sample!r})"
     return (f"may render names source pattern {source!r} subscribes to (its fixed start "

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from cdc_router.cli import main
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
+from cdc_router.config.topic_names import parse_topic_template, render_topic
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
@@ -398,3 +399,12 @@ def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missin
     assert result["outcome"] == "dead_letter" and result["stage"] == "route"
     assert "outbox.event.Invoice is not declared under `topics:`" in result["reason"]
     assert result["route"]["index"] == 2
+
+
+def test_one_rendering_serves_static_topics_avro_planning_and_events() -> None:
+    pieces = parse_topic_template("orders.{type}.{aggregate_id}")
+    assert render_topic(parse_topic_template("orders.paid"), {}) == "orders.paid"
+    assert render_topic(pieces, {}) is None  # row data fills it
+    assert render_topic(pieces, {"type": "OrderPaid"}) is None  # the Avro plan cannot know it
+    assert render_topic(pieces, {"type": "OrderPaid", "aggregate_id": "42"}) == \
+        "orders.OrderPaid.42"
