@@ -54,9 +54,10 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     not declared under `topics:` counts as missing, as the router would find it. Exits 1 when
     the config is invalid or an event would go to the dead-letter topic.
     """
-    config = load_config(config_path, env=os.environ)
+    compiled = load_config(config_path, env=os.environ)
+    config = compiled.config
     warnings = template_warnings(config)
-    step = RecordStep(config, declared_partitions(config, partitions), missing=_not_declared)
+    step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,

@@ -51,12 +51,13 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     """Route outbox events from the raw change topic to their destinations until stopped."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    config = load_config(config_path, env=os.environ)
+    compiled = load_config(config_path, env=os.environ)
+    config = compiled.config
     metrics = RouterMetrics()
     cleaner = OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
                             created_at_column=config.source.outbox.created_at,
                             registry=metrics.registry, sweep=_sweep(config))
-    router = OutboxRouter(config, instance_id=instance_id, metrics=metrics,
+    router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

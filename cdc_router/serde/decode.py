@@ -9,7 +9,7 @@
 With a reader schema, Avro schema resolution turns the writer's data into the reader's shape
 (a consumer on an older or newer version of the schema).
 
-    decoder = PayloadDecoder.for_config(load_config("router.yaml"))
+    decoder = PayloadDecoder.for_config(load_config("router.yaml").config)
     event = decoder.decode(message.value()).value
 """
 

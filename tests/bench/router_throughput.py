@@ -72,11 +72,12 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str, workdir: P
         "dedup": {"changelog_topic": f"{name}-dedup"},
         "topics": [{"name": f"{name}-orders", "partitions": 4}],
     }))
-    config = load_config(config_path)
+    compiled = load_config(config_path)
+    config = compiled.config
     admin = TopicAdmin(config.kafka.librdkafka())
     admin.apply(admin.plan(config.topic_specs()))
     metrics = RouterMetrics()
-    router = OutboxRouter(config, instance_id=name, metrics=metrics)
+    router = OutboxRouter(compiled, instance_id=name, metrics=metrics)
     thread = threading.Thread(target=router.run)
     started = time.monotonic()
     thread.start()

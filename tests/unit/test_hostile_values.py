@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
+from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
 from cdc_router.debezium import OutboxEvent, decode
@@ -53,8 +54,8 @@ def event(name: str) -> OutboxEvent:
 
 
 def route(event: OutboxEvent, **rule: Any) -> OutboundRecord:
-    router = Router(RouterConfig.model_validate(
-        {"source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": "t", **rule}]}))
+    router = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": "t", **rule}]})))
     result = router.route(event, lambda topic: 3)
     assert isinstance(result, OutboundRecord), result
     return result

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
+from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.topic_names import parse_topic_template, render_topic
@@ -41,8 +42,8 @@ DOCUMENT = captured("create_bytea.schema")  # Document / doc-9, bytea payload
 
 
 def router(*routes: dict[str, Any], **top: Any) -> Router:
-    return Router(RouterConfig.model_validate(
-        {"source": {"topics": [SOURCE]}, "routes": list(routes), **top}))
+    return Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": [SOURCE]}, "routes": list(routes), **top})))
 
 
 def record(rt: Router, event: OutboxEvent, partitions: int = 6) -> OutboundRecord:
@@ -227,8 +228,8 @@ def test_protected_topics_replace_the_defaults_and_take_globs() -> None:
 
 @pytest.mark.parametrize("name", [SOURCE, "outbox.other.outbox", "outbox.x"])
 def test_a_regex_source_protects_every_name_it_subscribes_to(name: str) -> None:
-    rt = Router(RouterConfig.model_validate({"source": {"topics": [r"^outbox\..*"]},
-                                             "routes": [{"topic": "{aggregate_type}"}]}))
+    rt = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": [r"^outbox\..*"]}, "routes": [{"topic": "{aggregate_type}"}]})))
     assert (f"{name!r} matches source pattern '^outbox\\\\..*', that is one of the router's "
             "own topics (source.topics): it would consume its own output") in refused(rt, name)
     assert record(rt, replace(ORDER, aggregate_type="outboxes")).topic == "outboxes"
