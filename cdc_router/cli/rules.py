@@ -56,7 +56,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     """
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    warnings = template_warnings(config)
+    warnings = template_warnings([route.topic for route in config.routes],
+                                 config.source.topics, config.allowed_topics)
     step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":

@@ -89,7 +89,7 @@ def compile_config(config: RouterConfig,
         routes.append(CompiledRoute(index, rule, RouteMatcher(rule.match), template,
                                     render_topic(template, {}),
                                     _key_field(rule.key, columns, index)))
-    return CompiledConfig(config, tuple(routes), TopicGuard.for_config(config),
+    return CompiledConfig(config, tuple(routes), config.topic_guard(),
                           _serializers(config, serializers))
 
 

@@ -85,6 +85,13 @@ class RouterConfig(_Model):
                                            **dedup.changelog_config}))
         return specs
 
+    def topic_guard(self) -> TopicGuard:
+        """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""
+        own = {self.dead_letter.topic: "dead-letter topic, dead_letter.topic",
+               self.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
+        return TopicGuard(sources=self.source.topics, own=own,
+                          protected=self.protected_topics, allowed=self.allowed_topics)
+
     @model_validator(mode="after")
     def _coherent(self) -> RouterConfig:
         for index, route in enumerate(self.routes[:-1]):
@@ -96,7 +103,7 @@ class RouterConfig(_Model):
         if len(own) < 2:
             raise _fail("dedup.changelog_topic", "must differ from dead_letter.topic",
                         self.dedup.changelog_topic)
-        guard = TopicGuard.for_config(self)
+        guard = self.topic_guard()
         for name, field in own.items():
             source = guard.source_of(name)
             if source is not None:

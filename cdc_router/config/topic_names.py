@@ -17,13 +17,9 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.errors import show
-
-if TYPE_CHECKING:
-    from cdc_router.config.model import RouterConfig
 
 MAX_TOPIC_LENGTH = 249
 TOPIC_TEMPLATE_FIELDS = ("aggregate_type", "aggregate_id", "type", "id")
@@ -129,12 +125,6 @@ class TopicGuard:
         self._allowed = None if allowed is None else _compiled(allowed)
         self._allowed_text = ", ".join(map(repr, allowed or ()))
 
-    @classmethod
-    def for_config(cls, config: RouterConfig) -> TopicGuard:
-        """The guard of a whole router.yaml."""
-        return cls(sources=config.source.topics, own=own_topics(config),
-                   protected=config.protected_topics, allowed=config.allowed_topics)
-
     def problem(self, name: str) -> str | None:
         """Why the router may not produce to `name` (one line naming the rule), or None."""
         problem = topic_name_problem(name)
@@ -176,18 +166,15 @@ class TopicGuard:
         return next((pattern for pattern, matches in self._protected if matches(name)), None)
 
 
-def own_topics(config: RouterConfig) -> dict[str, str]:
-    """The router's output topics besides destinations, and what each is (for reasons)."""
-    return {config.dead_letter.topic: "dead-letter topic, dead_letter.topic",
-            config.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
-
-
 def _compiled(patterns: Sequence[str]) -> list[tuple[str, Callable[[str], bool]]]:
     return [(pattern, compile_pattern(pattern)) for pattern in patterns]
 
 
-def template_warnings(config: RouterConfig) -> list[str]:
+def template_warnings(templates: Sequence[str], sources: Sequence[str],
+                      allowed_topics: Sequence[str] | None) -> list[str]:
     """What `rules check` warns about the templated routes: names row data can reach.
+
+    `templates` are the routes' topics in order; `sources` and `allowed_topics` the config's.
 
     - A template that can render a source topic, or a name a `^regex` source subscribes to. The
       router dead-letters such an event rather than consume its own output, but the config is
@@ -196,13 +183,13 @@ def template_warnings(config: RouterConfig) -> list[str]:
     - A template that starts with a field, without allowed_topics: a row can name any topic.
     """
     warnings = []
-    allowed = None if config.allowed_topics is None else _compiled(config.allowed_topics)
-    for index, rule in enumerate(config.routes):
-        pieces = parse_topic_template(rule.topic)
+    allowed = None if allowed_topics is None else _compiled(allowed_topics)
+    for index, template in enumerate(templates):
+        pieces = parse_topic_template(template)
         if render_topic(pieces, {}) is not None:
             continue  # a static topic a source reads is refused at load
-        where = f"routes[{index}] topic {rule.topic!r}"
-        for source in config.source.topics:
+        where = f"routes[{index}] topic {template!r}"
+        for source in sources:
             if allowed is not None and not source.startswith("^") and not any(
                     matches(source) for _, matches in allowed):
                 continue
