@@ -36,10 +36,10 @@ from confluent_kafka import KafkaException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
+from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.outbox import regclass_text, table_identifier
 from cdc_router.router import Delivered
-from cdc_router.settings import CleanupSettings
 
 log = logging.getLogger("cdc_router.cleanup")
 

@@ -25,7 +25,7 @@ from cdc_router.serde.json import (
 )
 
 if TYPE_CHECKING:
-    from cdc_router.settings import SourceSettings
+    from cdc_router.config.source import SourceSettings
 
 # Skipped.reason values, for counting.
 TOMBSTONE = "tombstone"

@@ -12,11 +12,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Message, Producer
 
+from cdc_router.config.compiled import CompiledConfig
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import write_event
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import RouterConfig
 
 Say = Callable[[str], None]
 # Debezium needs a moment to see the commit, the router one batch to commit it: seconds.
@@ -44,9 +45,9 @@ def sample_events(order_id: str) -> list[SampleEvent]:
     ]
 
 
-def run_demo(config: RouterConfig, dsn: str, say: Say) -> list[Message]:
+def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
     """Route two sample events end to end and return their destination records."""
-    router = OutboxRouter(config, instance_id=f"demo-{uuid.uuid4().hex[:6]}")
+    router = OutboxRouter(compiled, instance_id=f"demo-{uuid.uuid4().hex[:6]}")
     thread = threading.Thread(target=router.run, name="router", daemon=True)
     thread.start()
     try:
@@ -60,7 +61,7 @@ def run_demo(config: RouterConfig, dsn: str, say: Say) -> list[Message]:
                 ids[event_id] = event
                 say(f"wrote  {event.type:<17} id={event_id} aggregate={event.aggregate_type}"
                     f"/{event.aggregate_id}")
-        records = _read_routed(config, set(ids), thread)
+        records = _read_routed(compiled.config, set(ids), thread)
     finally:
         router.stop()
         thread.join(timeout=30)

@@ -1,33 +1,30 @@
-"""Pure routing: config rules + OutboxEvent -> OutboundRecord (topic, key, partition, headers).
+"""Routing: a compiled config + OutboxEvent -> OutboundRecord (topic, key, partition, headers).
 
-Which names a rendered topic may take is topic_names.py's (TopicGuard); match patterns are
-patterns.py's.
+The rules are the config's: config/compiled.py compiles the routes once (matchers, templates,
+key fields, serializers), config/topic_names.py says which names a rendered topic may take
+(TopicGuard) and config/headers.py which headers the router reserves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.topic_names import render_topic
 from cdc_router.debezium import OutboxEvent, Skipped
-from cdc_router.errors import ConfigError, RouteError, show
+from cdc_router.errors import RouteError, show
 from cdc_router.partitioner import java_default_partition
-from cdc_router.patterns import compile_pattern
 from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
-from cdc_router.topic_names import TopicGuard, parse_topic_template, static_topic
 
 if TYPE_CHECKING:
+    from cdc_router.config.compiled import CompiledConfig
+    from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
-    from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
 
 UNMATCHED = "unmatched"  # Skipped.reason when no route matches and unmatched is 'skip'
-# Headers the router writes itself; a route must not add a second header of the same name.
-CONTRACT_HEADERS = frozenset({"id", "type", "aggregatetype", "aggregateid"})
-CLOUDEVENTS_HEADERS = frozenset(
-    {"ce_id", "ce_type", "ce_source", "ce_time", "ce_specversion", "content-type"}
-)
 # 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z, the ends of what RFC 3339 can write.
 _RFC3339_START_MS = -62_135_596_800_000
 _RFC3339_END_MS = 253_402_300_800_000
@@ -48,53 +45,22 @@ class OutboundRecord:
     format: str
 
 
-class _Matcher:
-    """One RouteMatch compiled: every given condition must hold (any pattern of a list)."""
-
-    def __init__(self, match: RouteMatch | None) -> None:
-        def compiled(patterns: str | list[str] | None) -> list[Callable[[str], bool]] | None:
-            if patterns is None:
-                return None
-            return [compile_pattern(p) for p in ([patterns] if isinstance(patterns, str)
-                                                 else patterns)]
-
-        self._aggregate_type = compiled(match.aggregate_type) if match else None
-        self._type = compiled(match.type) if match else None
-        self._headers = {name: compiled(p) or [] for name, p in
-                         ((match.header or {}).items() if match else ())}
-
-    def __call__(self, event: OutboxEvent) -> bool:
-        if self._aggregate_type and not any(p(event.aggregate_type)
-                                            for p in self._aggregate_type):
-            return False
-        if self._type and not any(p(event.type) for p in self._type):
-            return False
-        if self._headers:
-            headers = dict(event.headers)
-            for name, patterns in self._headers.items():
-                if name not in headers or not any(p(headers[name]) for p in patterns):
-                    return False
-        return True
-
-
 class Router:
-    """The routing rules of one RouterConfig, compiled once; route() is pure and cheap."""
+    """The routes of one CompiledConfig applied to events.
 
-    def __init__(self, config: RouterConfig,
-                 serializers: dict[str, Serializer] | None = None) -> None:
-        """Compile the rules; raises ConfigError for a format without a serializer."""
-        self._config = config
-        self._rules = list(config.routes)
-        self._matchers = [_Matcher(rule.match) for rule in self._rules]
-        self._templates = [parse_topic_template(rule.topic) for rule in self._rules]
-        # A static topic was checked at load (settings.py); a rendered one is, per event.
-        self._static = [static_topic(pieces) for pieces in self._templates]
-        self._guard = TopicGuard.for_config(config)
-        self._max_bytes = config.delivery.max_payload_bytes
-        columns = config.source.outbox
-        self._key_fields = [_key_field(rule.key, columns.model_dump(), index)
-                            for index, rule in enumerate(self._rules)]
-        self._serializers = build_serializers(config, serializers)
+    route() has no side effect of its own, but is not free: the route's serializer may ask the
+    schema registry (first use of a subject), and partitions_for may ask the broker.
+    """
+
+    def __init__(self, compiled: CompiledConfig,
+                 serializers: Mapping[str, Serializer] | None = None) -> None:
+        """Route by `compiled`; `serializers` stand in for its own (the router's step wraps
+        them). Costs nothing: compile_config() did the work."""
+        self._config = compiled.config
+        self._routes = compiled.routes
+        self._guard = compiled.guard
+        self._max_bytes = compiled.config.delivery.max_payload_bytes
+        self._serializers = compiled.serializers if serializers is None else serializers
 
     def preflight(self) -> None:
         """Check, before the first event, what serializers need from outside (a registry).
@@ -109,9 +75,9 @@ class Router:
 
     def explain(self, event: OutboxEvent) -> tuple[int, RouteRule] | None:
         """The first route whose match takes `event` (index, rule), or None when none does."""
-        for index, matcher in enumerate(self._matchers):
-            if matcher(event):
-                return index, self._rules[index]
+        for route in self._routes:
+            if route.matches(event):
+                return route.index, route.rule
         return None
 
     def route(self, event: OutboxEvent,
@@ -151,22 +117,21 @@ class Router:
     def topic_for(self, event: OutboxEvent, index: int) -> str:
         """Render route `index`'s topic for `event`; RouteError when Kafka or TopicGuard
         refuses the name."""
-        static = self._static[index]
-        if static is not None:
-            return static
+        route = self._routes[index]
+        if route.static_topic is not None:
+            return route.static_topic
         fields = {"aggregate_type": event.aggregate_type, "aggregate_id": event.aggregate_id,
                   "type": event.type, "id": event.event_id}
-        topic = "".join(literal + (fields[field] if field else "")
-                        for literal, field in self._templates[index])
+        topic = render_topic(route.template, fields) or ""  # every field is given
         problem = self._guard.problem(topic)
         if problem:
             raise RouteError(f"event {show(event.event_id)}: routes[{index}] topic "
-                             f"{show(self._rules[index].topic)} gives a name it may not "
+                             f"{show(route.rule.topic)} gives a name it may not "
                              f"write to: {problem}")
         return topic
 
     def _key(self, event: OutboxEvent, index: int) -> bytes:
-        field = self._key_fields[index]
+        field = self._routes[index].key_field
         if field == "id":
             return event.event_id.encode()
         if field == "aggregate_id":
@@ -186,41 +151,6 @@ class Router:
         return value.encode()
 
 
-def build_serializers(config: RouterConfig, given: dict[str, Serializer] | None = None
-                      ) -> dict[str, Serializer]:
-    """One serializer per route format of `config`, `given` ones first.
-
-    Raises ConfigError naming the route whose format has no usable serializer.
-    """
-    from cdc_router.serde import serializer_for
-
-    serializers = dict(given or {})
-    for index, rule in enumerate(config.routes):
-        if rule.format not in serializers:
-            try:
-                serializers[rule.format] = serializer_for(rule, config)
-            except ConfigError as error:
-                if error.field:  # already names the route's field at fault
-                    raise
-                raise ConfigError(str(error), field=f"routes[{index}].format") from None
-    return serializers
-
-
-def _key_field(key: str, columns: dict[str, str | None], index: int) -> str:
-    """Resolve a route's `key` to an OutboxEvent field name, or a column of extra_columns."""
-    if key in ("id", "aggregate_id"):
-        return key
-    by_column = {columns["id"]: "id", columns["aggregateid"]: "aggregate_id",
-                 columns["aggregatetype"]: "aggregate_type", columns["type"]: "type"}
-    if key in by_column:
-        return by_column[key]
-    if key in (columns["payload"], columns["headers"], columns["created_at"]):
-        raise ConfigError("the payload, headers or created_at column cannot be the key",
-                          field=f"routes[{index}].key", value=key,
-                          hint="use id, aggregate_id or another column of the outbox table")
-    return key
-
-
 def _partition_count(partitions_for: Callable[[str], int], topic: str,
                      event: OutboxEvent) -> int:
     count = partitions_for(topic)
@@ -234,11 +164,11 @@ def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ..
     """The contract headers, the row's own, the route's static ones, and CloudEvents."""
     headers = [("id", event.event_id), ("type", event.type),
                ("aggregatetype", event.aggregate_type), ("aggregateid", event.aggregate_id)]
-    reserved = CONTRACT_HEADERS | (CLOUDEVENTS_HEADERS if rule.cloudevents else frozenset())
     for name, value in event.headers:
-        if name in reserved:
-            raise RouteError(f"event {show(event.event_id)}: row header {name!r} would shadow "
-                             "a header the router writes; rename it in the headers column")
+        if is_reserved_header(name, cloudevents=rule.cloudevents):
+            raise RouteError(f"event {show(event.event_id)}: row header {name!r} is reserved "
+                             f"for the router ({RESERVED_HEADERS}); rename it in the headers "
+                             "column")
         if not name.isascii() and not utf8_encodable(name):
             raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
                              f"column, {show(name)}, holds {LONE_SURROGATE}")

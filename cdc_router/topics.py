@@ -14,8 +14,8 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
-from cdc_router.settings import TopicSpec
 
 # Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
 _ADMIN_TIMEOUT_S = 30.0

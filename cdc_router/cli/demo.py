@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli.outbox import dsn_option
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 
 
 @click.command(name="demo")
@@ -26,7 +26,7 @@ def cli(config_path: Path, dsn: str) -> None:
     logging.basicConfig(level="WARNING", format="%(asctime)s level=%(levelname)s %(message)s")
     from cdc_router.demo import run_demo, run_fulfillment
 
-    config = load_config(config_path, env=os.environ)
-    records = run_demo(config, dsn, click.echo)
+    compiled = load_config(config_path, env=os.environ)
+    records = run_demo(compiled, dsn, click.echo)
     payments = [r for r in records if r.topic() != records[0].topic()] or records
-    run_fulfillment(config, dsn, payments[-1], click.echo)
+    run_fulfillment(compiled.config, dsn, payments[-1], click.echo)

@@ -12,7 +12,7 @@ import click
 from confluent_kafka import Consumer
 
 from cdc_router.cli._output import emit, output_option, table
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.dead_letter import (
     ERROR_CLASS,
     ERROR_MESSAGE,
@@ -41,7 +41,7 @@ def cli() -> None:
 @output_option
 def list_letters(config_path: Path, limit: int, output: str) -> None:
     """Dead letters with where they came from, the stage that failed, and why."""
-    config = load_config(config_path, env=os.environ)
+    config = load_config(config_path, env=os.environ).config
     consumer = Consumer({**config.kafka.librdkafka(), "group.id": f"dlq-list-{uuid.uuid4()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})

@@ -13,14 +13,15 @@ from typing import Any
 import click
 
 from cdc_router.cli._output import output_option, table
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.routes import RouteMatch, RouteRule
+from cdc_router.config.topic_names import template_warnings
 from cdc_router.debezium import OutboxEvent
 from cdc_router.redact import redact_tree
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
 from cdc_router.routing import OutboundRecord, rfc3339
 from cdc_router.serde.json import parse_json
-from cdc_router.settings import RouteMatch, RouterConfig, RouteRule
-from cdc_router.topic_names import template_warnings
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
 
@@ -53,9 +54,11 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     not declared under `topics:` counts as missing, as the router would find it. Exits 1 when
     the config is invalid or an event would go to the dead-letter topic.
     """
-    config = load_config(config_path, env=os.environ)
-    warnings = template_warnings(config)
-    step = RecordStep(config, declared_partitions(config, partitions), missing=_not_declared)
+    compiled = load_config(config_path, env=os.environ)
+    config = compiled.config
+    warnings = template_warnings([route.topic for route in config.routes],
+                                 config.source.topics, config.allowed_topics)
+    step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,

@@ -14,11 +14,11 @@ from confluent_kafka import KafkaException
 
 from cdc_router.cleanup import OutboxCleaner
 from cdc_router.committed_ids import CommittedIds
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
 from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import RouterConfig
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
@@ -51,12 +51,13 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     """Route outbox events from the raw change topic to their destinations until stopped."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
-    config = load_config(config_path, env=os.environ)
+    compiled = load_config(config_path, env=os.environ)
+    config = compiled.config
     metrics = RouterMetrics()
     cleaner = OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
                             created_at_column=config.source.outbox.created_at,
                             registry=metrics.registry, sweep=_sweep(config))
-    router = OutboxRouter(config, instance_id=instance_id, metrics=metrics,
+    router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._output import output_option, table
-from cdc_router.config_file import load_config
+from cdc_router.config.compiled import CompiledConfig
+from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
 from cdc_router.serde.registry import RegistryError
-from cdc_router.settings import RouterConfig
 
 config_option = click.option("-c", "--config", "config_path", required=True,
                              type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",
@@ -28,8 +28,12 @@ def cli() -> None:
     """Check the Avro schemas of a router config; register them with the schema registry."""
 
 
-def _serializer(config: RouterConfig) -> AvroSerializer:
-    return AvroSerializer(config.routes, config.schema_registry)
+def _serializer(compiled: CompiledConfig) -> AvroSerializer:
+    """The router's own Avro serializer, compiled at load; an empty one when no route is Avro."""
+    serializer = compiled.serializers.get("avro")
+    if isinstance(serializer, AvroSerializer):
+        return serializer
+    return AvroSerializer([], compiled.config.schema_registry)
 
 
 @cli.command()
@@ -48,8 +52,8 @@ def check(config_path: Path, previous_dir: Path | None, no_registry: bool, outpu
     breaking field is named here). With auto_register off, a schema missing from its subject
     is a problem too: the router would stop at start-up. Exits 1 on any problem.
     """
-    config = load_config(config_path, env=os.environ)
-    checks = check_schemas(_serializer(config), previous_dir, use_registry=not no_registry)
+    compiled = load_config(config_path, env=os.environ)
+    checks = check_schemas(_serializer(compiled), previous_dir, use_registry=not no_registry)
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "ok": not _failed(checks),
                                "schemas": [dataclasses.asdict(item) for item in checks]},
@@ -102,8 +106,8 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     with a schema per type, or the record strategy). The registry refuses a schema that is
     incompatible with its subject's versions.
     """
-    config = load_config(config_path, env=os.environ)
-    serializer = _serializer(config)
+    compiled = load_config(config_path, env=os.environ)
+    serializer = _serializer(compiled)
     ids = serializer.registry
     if ids is None:
         raise ConfigError("the config has no schema_registry: Avro routes use single-object "

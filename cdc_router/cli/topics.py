@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.topics import TopicAdmin, TopicPlan
 
 config_option = click.option("-c", "--config", "config_path", required=True,
@@ -39,7 +39,7 @@ def _describe(plan: TopicPlan) -> list[str]:
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
 def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""
-    config = load_config(config_path, env=os.environ)
+    config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(config.kafka.librdkafka())
     plans = admin.plan(config.topic_specs())
     if output == "json":

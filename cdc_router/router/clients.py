@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
-from cdc_router.settings import RouterConfig
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 

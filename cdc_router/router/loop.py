@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import DeliveryError, FatalKafkaError
 from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
@@ -31,7 +32,6 @@ from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.poison import PoisonIsolation, record_refusals
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
-from cdc_router.settings import RouterConfig
 
 log = logging.getLogger("cdc_router.router")
 
@@ -43,7 +43,7 @@ BACKOFF_S = (0.5, 30.0)
 class OutboxRouter:
     """Routes the raw change topic's outbox events until stop() is called."""
 
-    def __init__(self, config: RouterConfig, *, instance_id: str,
+    def __init__(self, compiled: CompiledConfig, *, instance_id: str,
                  metrics: RouterMetrics | None = None,
                  on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
@@ -53,7 +53,7 @@ class OutboxRouter:
                  wait: Callable[[float], object] | None = None) -> None:
         """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
         every backoff, by default interrupted by stop()."""
-        self._config = config
+        config = self._config = compiled.config
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
@@ -70,7 +70,7 @@ class OutboxRouter:
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),
                                           producer_factory)
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
-        self._step = RecordStep(config, self._destinations.partitions,
+        self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None else _never)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)

@@ -25,12 +25,13 @@ from cdc_router.dead_letter import Stage
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, RouteError
 from cdc_router.router.destinations import missing_topic
-from cdc_router.routing import OutboundRecord, Router, build_serializers
+from cdc_router.routing import OutboundRecord, Router
 from cdc_router.serde.registry import RegistryError
 
 if TYPE_CHECKING:
+    from cdc_router.config.compiled import CompiledConfig
+    from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
-    from cdc_router.settings import RouterConfig, RouteRule
 
 # Failures that are not one record's: they stop the router (configuration, the registry, a
 # fenced producer, memory) or fail the batch (the cluster), never dead-letter a record.
@@ -108,20 +109,21 @@ def _never(event_id: str) -> bool:
 
 
 class RecordStep:
-    """One RouterConfig's per-record decisions, compiled once.
+    """One compiled config's per-record decisions.
 
     `partitions_for(topic)` is a destination's partition count, None when it does not exist (a
     dead letter at stage route, with `missing(topic)` as the reason); `seen(event_id)` says
     whether the replay filter knows the id.
     """
 
-    def __init__(self, config: RouterConfig, partitions_for: Callable[[str], int | None], *,
-                 seen: Callable[[str], bool] = _never,
+    def __init__(self, compiled: CompiledConfig, partitions_for: Callable[[str], int | None],
+                 *, seen: Callable[[str], bool] = _never,
                  missing: Callable[[str], str] = missing_topic) -> None:
-        """Raises ConfigError for a route whose format has no usable serializer."""
+        """Reuses what compile_config() built; only wraps its serializers to name the stage."""
+        config = compiled.config
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
-                                         build_serializers(config).items()}
-        self._router = Router(config, staged)
+                                         compiled.serializers.items()}
+        self._router = Router(compiled, staged)
         self._source = config.source
         self._partitions_for = partitions_for
         self._seen = seen

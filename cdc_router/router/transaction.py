@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import DeliveryError, FatalKafkaError
 from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
@@ -29,7 +30,6 @@ from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, Source
 from cdc_router.replay import changelog_record
 from cdc_router.router.clients import Timeouts
 from cdc_router.routing import OutboundRecord
-from cdc_router.settings import DeliverySettings
 
 log = logging.getLogger("cdc_router.router")
 

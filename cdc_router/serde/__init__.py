@@ -1,8 +1,9 @@
 """Serializers: an OutboxEvent's payload -> the destination record's value, per route format.
 
-Each format has one Serializer; `serializer_for(rule, config)` builds it once per Router. JSON
-passes payloads through (serde/json.py); Avro validates and encodes them (serde/avro.py), for a
-schema registry's wire format or Avro's single-object encoding.
+Each format has one Serializer; `serializer_for(rule, config)` builds it once, when the config is
+compiled (config/compiled.py). JSON passes payloads through (serde/json.py); Avro validates and
+encodes them (serde/avro.py), for a schema registry's wire format or Avro's single-object
+encoding.
 
     avro_schema.py       .avsc files loaded once per route; the single-object header
     avro_diagnostics.py  why a payload does not fit, naming the field; the extra-field check
@@ -19,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 from cdc_router.errors import ConfigError
 
 if TYPE_CHECKING:
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.config.routes import RouteRule
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouterConfig, RouteRule
 
 
 class Serializer(Protocol):

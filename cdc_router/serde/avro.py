@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from cdc_router.config.topic_names import parse_topic_template, render_topic
 from cdc_router.errors import ConfigError, SerializeError, show
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import (
@@ -37,14 +38,14 @@ from cdc_router.serde.avro_schema import (
 )
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
-from cdc_router.topic_names import parse_topic_template
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializer
 
+    from cdc_router.config.connections import SchemaRegistrySettings
+    from cdc_router.config.routes import RouteRule
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouteRule, SchemaRegistrySettings
 
 # Recognised, never written here: confluent-kafka's serializer writes the wire format.
 CONFLUENT_MAGIC = b"\x00"  # Confluent wire format: magic byte, then a 4-byte schema id
@@ -119,13 +120,10 @@ class AvroSerializer:
         planned = []
         for index, rule, compiled in self._compiled:
             pieces = parse_topic_template(rule.topic)
-            fields = {field for _, field in pieces if field is not None}
             for event_type, schema in compiled.by_type.items():
                 known_type = None if event_type == ANY_TYPE else event_type
-                topic = None
-                if not fields or (fields == {"type"} and known_type is not None):
-                    topic = "".join(literal + (known_type or "") if field else literal
-                                    for literal, field in pieces)
+                # Known before any event: a static topic, or one over {type} alone.
+                topic = render_topic(pieces, {} if known_type is None else {"type": known_type})
                 subject = None
                 if self._ids is not None and (topic is not None or self._ids.strategy == "record"):
                     subject = subject_name(self._ids.strategy, topic or "", schema.name)

@@ -26,7 +26,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from cdc_router.errors import ConfigError
 
 if TYPE_CHECKING:
-    from cdc_router.settings import RouteRule
+    from cdc_router.config.routes import RouteRule
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"  # Avro specification, "Single-object encoding"
 SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MAGIC) + 8

@@ -9,7 +9,7 @@
 With a reader schema, Avro schema resolution turns the writer's data into the reader's shape
 (a consumer on an older or newer version of the schema).
 
-    decoder = PayloadDecoder.for_config(load_config("router.yaml"))
+    decoder = PayloadDecoder.for_config(load_config("router.yaml").config)
     event = decoder.decode(message.value()).value
 """
 
@@ -42,7 +42,7 @@ from cdc_router.serde.registry import NOT_FOUND, SCHEMA_NOT_FOUND, RegistryError
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from cdc_router.settings import RouterConfig
+    from cdc_router.config.model import RouterConfig
 
 Encoding = Literal["confluent", "single_object", "json"]
 

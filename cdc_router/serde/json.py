@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from cdc_router.errors import SerializeError, show
 
 if TYPE_CHECKING:
+    from cdc_router.config.routes import RouteRule
     from cdc_router.debezium import OutboxEvent
-    from cdc_router.settings import RouteRule
 
 # Deepest nesting of objects and arrays accepted in a payload or headers column. Python's parser
 # recurses once per level and stops near 1,000 (sys.getrecursionlimit()) minus the caller's

@@ -31,8 +31,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from cdc_router.errors import CdcRouterError
 
 if TYPE_CHECKING:
+    from cdc_router.config.connections import SchemaRegistrySettings
     from cdc_router.serde.avro import AvroSchema
-    from cdc_router.settings import SchemaRegistrySettings
 
 log = logging.getLogger("cdc_router.serde.registry")
 

@@ -25,12 +25,13 @@ from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.routes import RouteRule
 from cdc_router.debezium import OutboxEvent
 from cdc_router.serde.avro import AvroSerializer, encode
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import load_schema
 from cdc_router.serde.json import JsonSerializer
-from cdc_router.settings import RouteRule, SchemaRegistrySettings
 
 SCHEMA = Path(__file__).resolve().parents[1] / "unit/fixtures/avro/payment_confirmed.avsc"
 TOPIC = "payments"

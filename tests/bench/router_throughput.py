@@ -22,7 +22,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.metrics import RouterMetrics
 from cdc_router.router import OutboxRouter
 from cdc_router.topics import TopicAdmin
@@ -72,11 +72,12 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str, workdir: P
         "dedup": {"changelog_topic": f"{name}-dedup"},
         "topics": [{"name": f"{name}-orders", "partitions": 4}],
     }))
-    config = load_config(config_path)
+    compiled = load_config(config_path)
+    config = compiled.config
     admin = TopicAdmin(config.kafka.librdkafka())
     admin.apply(admin.plan(config.topic_specs()))
     metrics = RouterMetrics()
-    router = OutboxRouter(config, instance_id=name, metrics=metrics)
+    router = OutboxRouter(compiled, instance_id=name, metrics=metrics)
     thread = threading.Thread(target=router.run)
     started = time.monotonic()
     thread.start()

@@ -19,12 +19,13 @@ import yaml
 from confluent_kafka import Message
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.routes import RouteRule
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import SerializeError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.decode import PayloadDecoder
 from cdc_router.serde.registry import RegistryError
-from cdc_router.settings import RouteRule, SchemaRegistrySettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.registry_stub import registry_stub
 from tests.integration.support import StackEndpoints

@@ -21,10 +21,10 @@ from prometheus_client import CollectorRegistry
 from psycopg import sql
 
 from cdc_router.cleanup import OutboxCleaner
+from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
 from cdc_router.router import Delivered
-from cdc_router.settings import CleanupSettings
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints, unique
 

@@ -18,7 +18,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
 from cdc_router.partitioner import java_default_partition
 from cdc_router.router import OutboxRouter
 from cdc_router.routing import Router

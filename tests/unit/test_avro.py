@@ -17,7 +17,11 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from cdc_router.config_file import load_config
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.routes import RouteRule
 from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.routing import OutboundRecord, Router
@@ -26,7 +30,6 @@ from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
-from cdc_router.settings import RouterConfig, RouteRule, SchemaRegistrySettings
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"
 PAYMENT = AVRO / "payment_confirmed.avsc"
@@ -254,7 +257,7 @@ def test_a_registry_outage_at_serialize_time_blames_no_record() -> None:
         "source": {"topics": [SOURCE]}, "schema_registry": {"url": "mock://flaky"},
         "routes": [{"topic": "payments", "format": "avro", "schema": str(PAYMENT)}]})
     serializer = AvroSerializer(config.routes, config.schema_registry, registry_client=client)
-    router = Router(config, serializers={"avro": serializer})
+    router = Router(compile_config(config, serializers={"avro": serializer}))
     client.down = True
     # A good record is not dead-lettered (SerializeError) but stops the router, uncommitted.
     with pytest.raises(RegistryError, match=r"cannot look up .*payment_confirmed.avsc under "
@@ -330,7 +333,7 @@ def test_router_routes_avro_and_raises_serialize_error_for_bad_payloads() -> Non
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": [{"topic": "payments", "format": "avro",
                                                       "schema": str(PAYMENT)}]})
-    router = Router(config)
+    router = Router(compile_config(config))
     out = router.route(event(GOOD), lambda topic: 3)
     assert isinstance(out, OutboundRecord) and out.format == "avro"
     assert out.value.startswith(b"\xc3\x01")
@@ -348,7 +351,7 @@ def test_relative_schema_paths_resolve_against_the_config_folder(tmp_path: Path)
                     "  - {topic: o, format: avro, schema: {OrderPaid: schemas/o.avsc}}\n")
     elsewhere = os.getcwd()
     assert Path(elsewhere) != tmp_path
-    config = load_config(path)
+    config = load_config(path).config
     assert config.routes[0].schema_path == str(tmp_path / "schemas" / "p.avsc")
     assert config.routes[1].schema_path == {"OrderPaid": str(tmp_path / "schemas" / "o.avsc")}
 

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.cli import main
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.routes import RouteRule
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.compatibility import backward_incompatibilities, check_schemas
-from cdc_router.settings import RouteRule, SchemaRegistrySettings
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"
 

@@ -11,9 +11,10 @@ from prometheus_client import CollectorRegistry
 from cdc_router import cleanup
 from cdc_router.cleanup import OutboxCleaner, parse_duration_ms
 from cdc_router.committed_ids import CommittedIds
+from cdc_router.config.cleanup import CleanupSettings
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.router import Delivered
-from cdc_router.settings import CleanupSettings, RouterConfig
 
 
 def _cleaner(created_at_column: str | None = "created_at", **settings: object) -> OutboxCleaner:

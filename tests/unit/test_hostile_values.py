@@ -16,12 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.source import SourceSettings
 from cdc_router.debezium import OutboxEvent, decode
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
 from cdc_router.serde.json import MAX_JSON_DEPTH, JsonTooDeep, lone_surrogate, parse_json
-from cdc_router.settings import RouterConfig, SourceSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 MODES = ["schema", "noschema"]
@@ -52,8 +54,8 @@ def event(name: str) -> OutboxEvent:
 
 
 def route(event: OutboxEvent, **rule: Any) -> OutboundRecord:
-    router = Router(RouterConfig.model_validate(
-        {"source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": "t", **rule}]}))
+    router = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": "t", **rule}]})))
     result = router.route(event, lambda topic: 3)
     assert isinstance(result, OutboundRecord), result
     return result

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RouteError
 from cdc_router.kafka.consumer import ChangelogReader
 from cdc_router.router import clients
 from cdc_router.router.destinations import MISSING_RECHECK_S, DestinationMetadata
-from cdc_router.settings import RouterConfig
 
 
 def config(**kafka: Any) -> RouterConfig:

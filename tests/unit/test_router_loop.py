@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import FatalKafkaError
 from cdc_router.metrics import RouterMetrics
 from cdc_router.replay import changelog_record
 from cdc_router.router import OutboxRouter
-from cdc_router.settings import RouterConfig
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -54,7 +55,7 @@ class Harness:
             "dead_letter": {"topic": DLQ}, "dedup": {"changelog_topic": CHANGELOG},
             **config})
         self.router = OutboxRouter(
-            settings, instance_id="i-1", metrics=self.metrics,
+            compile_config(settings), instance_id="i-1", metrics=self.metrics,
             producer_factory=lambda conf: FakeProducer(cluster, conf),
             consumer_factory=self._consumer, wait=self.waits.append,
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic))

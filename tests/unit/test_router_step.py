@@ -10,11 +10,16 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router import debezium, routing
+from cdc_router.config import compiled as compiled_module
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.routes import RouteRule
 from cdc_router.errors import DecodeError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, Skipped
+from cdc_router.serde import Serializer, serializer_for
 from cdc_router.serde.json import JsonSerializer
-from cdc_router.settings import RouterConfig
 from tests.unit.router_fakes import FIXTURES, raw_event
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"
@@ -27,7 +32,7 @@ def step(*routes: dict[str, Any], partitions: dict[str, int] | None = None,
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": list(routes), **top})
     known = partitions if partitions is not None else {"orders": 6}
-    return RecordStep(config, known.get, seen=seen.__contains__)
+    return RecordStep(compile_config(config), known.get, seen=seen.__contains__)
 
 
 def captured(name: str) -> bytes:
@@ -136,4 +141,21 @@ def test_process_level_failures_escape_instead_of_dead_lettering(failure: BaseEx
         raise failure
 
     with pytest.raises(type(failure)):
-        RecordStep(config, broken_lookup)(SOURCE, None, captured("create_jsonb.noschema"))
+        RecordStep(compile_config(config), broken_lookup)(
+            SOURCE, None, captured("create_jsonb.noschema"))
+
+
+def test_the_step_reuses_the_serializers_compiled_at_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    def counting(rule: RouteRule, config: RouterConfig | None = None) -> Serializer:
+        built.append(rule.format)
+        return serializer_for(rule, config)
+
+    monkeypatch.setattr(compiled_module, "serializer_for", counting)
+    path = tmp_path / "router.yaml"
+    path.write_text(f"source: {{topics: [{SOURCE}]}}\nroutes: [{{topic: orders}}]\n")
+    step = RecordStep(load_config(path), {"orders": 6}.get)
+    assert isinstance(step(SOURCE, None, captured("create_jsonb.noschema")), Routed)
+    assert built == ["json"]  # once, at load: the step compiles nothing again

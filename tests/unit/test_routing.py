@@ -14,11 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.source import SourceSettings
+from cdc_router.config.topic_names import parse_topic_template, render_topic
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.routing import OutboundRecord, Router, rfc3339
-from cdc_router.settings import RouterConfig, SourceSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 SOURCE = "outbox.public.outbox"
@@ -39,8 +42,8 @@ DOCUMENT = captured("create_bytea.schema")  # Document / doc-9, bytea payload
 
 
 def router(*routes: dict[str, Any], **top: Any) -> Router:
-    return Router(RouterConfig.model_validate(
-        {"source": {"topics": [SOURCE]}, "routes": list(routes), **top}))
+    return Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": [SOURCE]}, "routes": list(routes), **top})))
 
 
 def record(rt: Router, event: OutboxEvent, partitions: int = 6) -> OutboundRecord:
@@ -225,8 +228,8 @@ def test_protected_topics_replace_the_defaults_and_take_globs() -> None:
 
 @pytest.mark.parametrize("name", [SOURCE, "outbox.other.outbox", "outbox.x"])
 def test_a_regex_source_protects_every_name_it_subscribes_to(name: str) -> None:
-    rt = Router(RouterConfig.model_validate({"source": {"topics": [r"^outbox\..*"]},
-                                             "routes": [{"topic": "{aggregate_type}"}]}))
+    rt = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": [r"^outbox\..*"]}, "routes": [{"topic": "{aggregate_type}"}]})))
     assert (f"{name!r} matches source pattern '^outbox\\\\..*', that is one of the router's "
             "own topics (source.topics): it would consume its own output") in refused(rt, name)
     assert record(rt, replace(ORDER, aggregate_type="outboxes")).topic == "outboxes"
@@ -300,8 +303,25 @@ def test_static_route_headers_follow_the_rows() -> None:
 
 
 def test_row_header_may_not_shadow_a_contract_header() -> None:
-    with pytest.raises(RouteError, match="row header 'id' would shadow"):
+    with pytest.raises(RouteError, match="row header 'id' is reserved for the router"):
         router({"topic": "t"}).route(replace(ORDER, headers=(("id", "spoof"),)), lambda t: 1)
+
+
+@pytest.mark.parametrize("cloudevents", [False, True])
+@pytest.mark.parametrize("name", ["ce_id", "ce_subject", "ce_dataschema"])
+def test_row_ce_headers_are_refused_on_every_route(name: str, cloudevents: bool) -> None:
+    # A consumer reads every ce_* header as a CloudEvents attribute: a row's ce_id would pose
+    # as the event id. The same rule refuses them among a route's static headers.
+    route = {"topic": "t", **({"cloudevents": True, "ce_source": "/o"} if cloudevents else {})}
+    with pytest.raises(RouteError, match=f"row header '{name}' is reserved for the router"):
+        router(route).route(replace(ORDER, headers=((name, "spoof"),)), lambda t: 1)
+
+
+def test_a_rows_content_type_is_refused_only_on_a_cloudevents_route() -> None:
+    row = replace(ORDER, headers=(("content-type", "text/plain"),))
+    assert dict(record(router({"topic": "t"}), row).headers)["content-type"] == b"text/plain"
+    with pytest.raises(RouteError, match="row header 'content-type' is reserved"):
+        router({"topic": "t", "cloudevents": True, "ce_source": "/o"}).route(row, lambda t: 1)
 
 
 def test_json_payload_is_checked_and_bytes_pass_through() -> None:
@@ -380,3 +400,12 @@ def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missin
     assert result["outcome"] == "dead_letter" and result["stage"] == "route"
     assert "outbox.event.Invoice is not declared under `topics:`" in result["reason"]
     assert result["route"]["index"] == 2
+
+
+def test_one_rendering_serves_static_topics_avro_planning_and_events() -> None:
+    pieces = parse_topic_template("orders.{type}.{aggregate_id}")
+    assert render_topic(parse_topic_template("orders.paid"), {}) == "orders.paid"
+    assert render_topic(pieces, {}) is None  # row data fills it
+    assert render_topic(pieces, {"type": "OrderPaid"}) is None  # the Avro plan cannot know it
+    assert render_topic(pieces, {"type": "OrderPaid", "aggregate_id": "42"}) == \
+        "orders.OrderPaid.42"

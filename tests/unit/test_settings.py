@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.config_file import load_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
-from cdc_router.settings import RouterConfig
 
 EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
 MINIMAL = "source: {topics: [outbox.public.outbox]}\nroutes:\n  - topic: 'outbox.event.{type}'\n"
@@ -22,6 +22,10 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "router.yaml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def loaded(path: str | Path, env: dict[str, str] | None = None) -> RouterConfig:
+    return load_config(path, env).config
 
 
 def error_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
@@ -35,7 +39,7 @@ def error_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> st
 
 
 def test_the_commented_example_loads() -> None:
-    config = load_config(EXAMPLE)
+    config = loaded(EXAMPLE)
     assert config.source.topics == ["outbox.public.outbox"]
     assert [route.topic for route in config.routes] == [
         "orders.{type}", "payments.confirmed", "outbox.event.{aggregate_type}"]
@@ -44,7 +48,7 @@ def test_the_commented_example_loads() -> None:
 
 
 def test_defaults(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, MINIMAL))
+    config = loaded(write(tmp_path, MINIMAL))
     assert config.kafka.bootstrap_servers == "127.0.0.1:19092"
     assert config.source.group_id == "cdc-router"
     assert config.source.outbox.aggregatetype == "aggregatetype"
@@ -61,13 +65,13 @@ def test_defaults(tmp_path: Path) -> None:
 
 
 def test_config_is_frozen(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, MINIMAL))
+    config = loaded(write(tmp_path, MINIMAL))
     with pytest.raises(pydantic.ValidationError):
         config.unmatched = "skip"
 
 
 def test_librdkafka_dict_and_secret(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, MINIMAL + "kafka:\n  security_protocol: SASL_SSL\n"
+    config = loaded(write(tmp_path, MINIMAL + "kafka:\n  security_protocol: SASL_SSL\n"
                                "  sasl_mechanism: SCRAM-SHA-512\n  sasl_username: router\n"
                                "  config: {enable.idempotence: true, linger.ms: 5}\n"),
                          {"CDC_ROUTER__KAFKA__SASL_PASSWORD": "s3cret"})
@@ -80,7 +84,7 @@ def test_librdkafka_dict_and_secret(tmp_path: Path) -> None:
 
 
 def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
-    specs = {spec.name: spec for spec in load_config(EXAMPLE).topic_specs()}
+    specs = {spec.name: spec for spec in loaded(EXAMPLE).topic_specs()}
     assert specs["orders.OrderPaid"].partitions == 6
     assert specs["cdc-router.dlq"].config == {"retention.ms": "2592000000"}
     assert specs["cdc-router.dedup"].config["cleanup.policy"] == "compact,delete"
@@ -88,7 +92,7 @@ def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
 
 
 def test_environment_overrides(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, MINIMAL), {
+    config = loaded(write(tmp_path, MINIMAL), {
         "CDC_ROUTER__DELIVERY__GUARANTEE": "at_least_once",
         "CDC_ROUTER__DELIVERY__COMMIT_INTERVAL_MS": "250",
         "CDC_ROUTER__ROUTES__0__TOPIC": "orders",
@@ -156,7 +160,12 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, format: avro}", "field 'routes[0].schema': format avro needs a schema"),
     ("{topic: x, schema: a.avsc}", "a schema only applies with format: avro"),
     ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].schema': Avro schema "),
-    ("{topic: x, headers: {ce_id: 1}}", "header 'ce_id' is written by the router itself"),
+    ("{topic: x, headers: {ce_id: 1}}", "field 'routes[0].headers': header 'ce_id' is "
+     "reserved for the router"),
+    ("{topic: x, headers: {ce_subject: a}}", "header 'ce_subject' is reserved"),
+    ("{topic: x, headers: {aggregateid: a}}", "header 'aggregateid' is reserved"),
+    ("{topic: x, cloudevents: true, ce_source: /a, headers: {content-type: a}}",
+     "header 'content-type' is reserved"),
     ("{topic: x, key: created_at}", "field 'routes[0].key'"),
     ("{topic: x, partition: hash}", "Input should be 'aggregate_id', 'key' or 'kafka_default'"),
 ])
@@ -207,9 +216,9 @@ def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
 
 
 def test_python_built_config_equals_loaded() -> None:
-    loaded = load_config(EXAMPLE)
-    rebuilt = RouterConfig.model_validate(loaded.model_dump(by_alias=True))
-    assert rebuilt == loaded
+    config = loaded(EXAMPLE)
+    rebuilt = RouterConfig.model_validate(config.model_dump(by_alias=True))
+    assert rebuilt == config
 
 
 def test_rules_check_summarises_a_valid_config() -> None:
@@ -273,11 +282,11 @@ def test_topic_rules_at_load_name_field_and_value(tmp_path: Path, text: str,
 
 
 def test_protected_and_allowed_topics_load(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, MINIMAL))
+    config = loaded(write(tmp_path, MINIMAL))
     assert config.protected_topics == ["connect-configs", "connect-offsets", "connect-status",
                                        "_schemas"]
     assert config.allowed_topics is None
-    mine = load_config(write(tmp_path, MINIMAL + "protected_topics: [my-connect-*]\n"
+    mine = loaded(write(tmp_path, MINIMAL + "protected_topics: [my-connect-*]\n"
                              "allowed_topics: ['outbox.event.*', connect-offsets]\n"))
     assert mine.protected_topics == ["my-connect-*"]  # replaces the defaults
     assert mine.allowed_topics == ["outbox.event.*", "connect-offsets"]

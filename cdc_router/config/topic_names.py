@@ -17,13 +17,9 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
+from cdc_router.config.patterns import compile_pattern
 from cdc_router.errors import show
-from cdc_router.patterns import compile_pattern
-
-if TYPE_CHECKING:
-    from cdc_router.settings import RouterConfig
 
 MAX_TOPIC_LENGTH = 249
 TOPIC_TEMPLATE_FIELDS = ("aggregate_type", "aggregate_id", "type", "id")
@@ -84,9 +80,21 @@ def parse_topic_template(template: str) -> Template:
     return tuple(pieces)
 
 
-def static_topic(pieces: Template) -> str | None:
-    """The topic of a template without fields, or None when row data fills it."""
-    return None if any(field for _, field in pieces) else "".join(lit for lit, _ in pieces)
+def render_topic(pieces: Template, fields: Mapping[str, str]) -> str | None:
+    """The topic `pieces` name with `fields` filled in; None when they use a field not given.
+
+    The one rendering of a template: with no fields it gives the topic of a static route (None
+    when row data fills it); with an event's fields, that event's destination; with the type
+    alone, what the Avro subject planning can know before any event.
+    """
+    out = []
+    for literal, field in pieces:
+        out.append(literal)
+        if field is not None:
+            if field not in fields:
+                return None
+            out.append(fields[field])
+    return "".join(out)
 
 
 def source_regex(pattern: str) -> re.Pattern[str]:
@@ -116,12 +124,6 @@ class TopicGuard:
         self._protected = _compiled(protected)
         self._allowed = None if allowed is None else _compiled(allowed)
         self._allowed_text = ", ".join(map(repr, allowed or ()))
-
-    @classmethod
-    def for_config(cls, config: RouterConfig) -> TopicGuard:
-        """The guard of a whole router.yaml."""
-        return cls(sources=config.source.topics, own=own_topics(config),
-                   protected=config.protected_topics, allowed=config.allowed_topics)
 
     def problem(self, name: str) -> str | None:
         """Why the router may not produce to `name` (one line naming the rule), or None."""
@@ -164,18 +166,15 @@ class TopicGuard:
         return next((pattern for pattern, matches in self._protected if matches(name)), None)
 
 
-def own_topics(config: RouterConfig) -> dict[str, str]:
-    """The router's output topics besides destinations, and what each is (for reasons)."""
-    return {config.dead_letter.topic: "dead-letter topic, dead_letter.topic",
-            config.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
-
-
 def _compiled(patterns: Sequence[str]) -> list[tuple[str, Callable[[str], bool]]]:
     return [(pattern, compile_pattern(pattern)) for pattern in patterns]
 
 
-def template_warnings(config: RouterConfig) -> list[str]:
+def template_warnings(templates: Sequence[str], sources: Sequence[str],
+                      allowed_topics: Sequence[str] | None) -> list[str]:
     """What `rules check` warns about the templated routes: names row data can reach.
+
+    `templates` are the routes' topics in order; `sources` and `allowed_topics` the config's.
 
     - A template that can render a source topic, or a name a `^regex` source subscribes to. The
       router dead-letters such an event rather than consume its own output, but the config is
@@ -184,13 +183,13 @@ def template_warnings(config: RouterConfig) -> list[str]:
     - A template that starts with a field, without allowed_topics: a row can name any topic.
     """
     warnings = []
-    allowed = None if config.allowed_topics is None else _compiled(config.allowed_topics)
-    for index, rule in enumerate(config.routes):
-        pieces = parse_topic_template(rule.topic)
-        if static_topic(pieces) is not None:
+    allowed = None if allowed_topics is None else _compiled(allowed_topics)
+    for index, template in enumerate(templates):
+        pieces = parse_topic_template(template)
+        if render_topic(pieces, {}) is not None:
             continue  # a static topic a source reads is refused at load
-        where = f"routes[{index}] topic {rule.topic!r}"
-        for source in config.source.topics:
+        where = f"routes[{index}] topic {template!r}"
+        for source in sources:
             if allowed is not None and not source.startswith("^") and not any(
                     matches(source) for _, matches in allowed):
                 continue
@@ -223,9 +222,8 @@ def _reaches(pieces: Template, source: str) -> str | None:
     if not (fixed.startswith(pattern_start) or pattern_start.startswith(fixed)):
         return None
     # A sample: the pattern's literal start where the template leaves it open, then 'x'.
-    first = pattern_start[len(fixed):] + "x"
-    sample = "".join(literal + (first if i == 0 else "x") if field else literal
-                     for i, (literal, field) in enumerate(pieces))
+    first = {pieces[0][1] or "": pattern_start[len(fixed):] + "x"}
+    sample = render_topic(pieces, dict.fromkeys(TOPIC_TEMPLATE_FIELDS, "x") | first) or ""
     if regex.search(sample):
         return f"renders names source pattern {source!r} subscribes to (e.g. {sample!r})"
     return (f"may render names source pattern {source!r} subscribes to (its fixed start "

@@ -1,9 +1,10 @@
-"""Loading router.yaml: YAML file + environment overrides -> RouterConfig, or one ConfigError.
+"""Loading router.yaml: YAML file + environment overrides -> CompiledConfig, or one ConfigError.
 
 `load_config()` reads the YAML file strictly (no duplicate keys), applies `CDC_ROUTER__...`
 environment overrides passed in by the CLI (the library never reads the environment itself), and
 turns every problem into a single line ConfigError naming the file (or variable), the field path,
-the bad value and what to do. The models themselves live in cdc_router.settings.
+the bad value and what to do. The models themselves live in
+cdc_router.config.model and its sections.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from cdc_router.config.compiled import CompiledConfig, compile_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.redact import MASK, is_secret_key
-from cdc_router.routing import Router
-from cdc_router.settings import RouterConfig
 
 ENV_PREFIX = "CDC_ROUTER__"
 # Maps whose keys are Kafka properties (dots).
@@ -49,8 +50,11 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _mapping_without_duplicates)
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> RouterConfig:
-    """Read router.yaml at `path`, apply overrides from `env`, validate; raise ConfigError.
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> CompiledConfig:
+    """Read router.yaml at `path`, apply overrides from `env`, validate and compile it.
+
+    Raises ConfigError. The result holds the RouterConfig (`.config`) and its compiled routes
+    and serializers, which the router reuses: nothing is compiled twice.
 
     An override is a variable `CDC_ROUTER__<PATH>` where PATH walks the YAML with `__`
     (case-insensitive; list items by index): `CDC_ROUTER__DELIVERY__GUARANTEE=at_least_once`,
@@ -90,10 +94,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Route
     except ValidationError as error:
         raise _config_error(error, source, overridden) from None
     try:
-        Router(config)  # what only compiling the rules finds: key columns, serializers
+        return compile_config(config)  # what only compiling finds: key columns, serializers
     except ConfigError as error:
         raise ConfigError(str(error), source=source) from None
-    return config
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[str, str]:

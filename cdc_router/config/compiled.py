@@ -1,0 +1,122 @@
+"""A RouterConfig compiled once: what routing needs per event, ready before the first one.
+
+`compile_config()` turns each route into its matcher, parsed topic template, static topic and
+key field, builds the name guard and one serializer per format. load_config() calls it, so a
+config that loads has compiled; the router and `rules check --explain` reuse the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.routes import RouteMatch, RouteRule
+from cdc_router.config.topic_names import Template, TopicGuard, parse_topic_template, render_topic
+from cdc_router.errors import ConfigError
+from cdc_router.serde import Serializer, serializer_for
+
+if TYPE_CHECKING:
+    from cdc_router.debezium import OutboxEvent
+
+
+class RouteMatcher:
+    """One RouteMatch compiled: every given condition must hold (any pattern of a list)."""
+
+    def __init__(self, match: RouteMatch | None) -> None:
+        def compiled(patterns: str | list[str] | None) -> list[Callable[[str], bool]] | None:
+            if patterns is None:
+                return None
+            return [compile_pattern(p) for p in ([patterns] if isinstance(patterns, str)
+                                                 else patterns)]
+
+        self._aggregate_type = compiled(match.aggregate_type) if match else None
+        self._type = compiled(match.type) if match else None
+        self._headers = {name: compiled(p) or [] for name, p in
+                         ((match.header or {}).items() if match else ())}
+
+    def __call__(self, event: OutboxEvent) -> bool:
+        if self._aggregate_type and not any(p(event.aggregate_type)
+                                            for p in self._aggregate_type):
+            return False
+        if self._type and not any(p(event.type) for p in self._type):
+            return False
+        if self._headers:
+            headers = dict(event.headers)
+            for name, patterns in self._headers.items():
+                if name not in headers or not any(p(headers[name]) for p in patterns):
+                    return False
+        return True
+
+
+@dataclass(frozen=True)
+class CompiledRoute:
+    """One route of the config, ready to match and render."""
+
+    index: int
+    rule: RouteRule
+    matches: RouteMatcher
+    template: Template
+    static_topic: str | None  # None: row data fills the template, checked per event
+    key_field: str  # an OutboxEvent field (id, aggregate_id, type, aggregate_type) or a column
+
+
+@dataclass(frozen=True)
+class CompiledConfig:
+    """A RouterConfig and what compiling it gave; built once, by load_config() (or
+    compile_config()), and handed to the router."""
+
+    config: RouterConfig
+    routes: tuple[CompiledRoute, ...]
+    guard: TopicGuard
+    serializers: Mapping[str, Serializer]  # one per route format
+
+
+def compile_config(config: RouterConfig,
+                   serializers: Mapping[str, Serializer] | None = None) -> CompiledConfig:
+    """Compile `config`'s routes, topic guard and serializers (`serializers` given ones first).
+
+    Makes no network call. Raises ConfigError naming the route's field: a key column that
+    cannot be one, a format without a usable serializer (an Avro schema that cannot be read).
+    """
+    columns = config.source.outbox.model_dump()
+    routes = []
+    for index, rule in enumerate(config.routes):
+        template = parse_topic_template(rule.topic)
+        # A static topic was checked at load (config/model.py); a rendered one is, per event.
+        routes.append(CompiledRoute(index, rule, RouteMatcher(rule.match), template,
+                                    render_topic(template, {}),
+                                    _key_field(rule.key, columns, index)))
+    return CompiledConfig(config, tuple(routes), config.topic_guard(),
+                          _serializers(config, serializers))
+
+
+def _serializers(config: RouterConfig, given: Mapping[str, Serializer] | None
+                 ) -> dict[str, Serializer]:
+    serializers = dict(given or {})
+    for index, rule in enumerate(config.routes):
+        if rule.format not in serializers:
+            try:
+                serializers[rule.format] = serializer_for(rule, config)
+            except ConfigError as error:
+                if error.field:  # already names the route's field at fault
+                    raise
+                raise ConfigError(str(error), field=f"routes[{index}].format") from None
+    return serializers
+
+
+def _key_field(key: str, columns: dict[str, str | None], index: int) -> str:
+    """Resolve a route's `key` to an OutboxEvent field name, or a column of extra_columns."""
+    if key in ("id", "aggregate_id"):
+        return key
+    by_column = {columns["id"]: "id", columns["aggregateid"]: "aggregate_id",
+                 columns["aggregatetype"]: "aggregate_type", columns["type"]: "type"}
+    if key in by_column:
+        return by_column[key]
+    if key in (columns["payload"], columns["headers"], columns["created_at"]):
+        raise ConfigError("the payload, headers or created_at column cannot be the key",
+                          field=f"routes[{index}].key", value=key,
+                          hint="use id, aggregate_id or another column of the outbox table")
+    return key

@@ -1,0 +1,104 @@
+"""How to reach Kafka and the schema registry: the `kafka` and `schema_registry` sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+# Moved from settings.py with their bodies unchanged, hence the short local names.
+from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import StringMap
+
+
+class KafkaSettings(_Model):
+    """How to reach the cluster; `config` passes any other librdkafka property through."""
+
+    bootstrap_servers: str = Field(default="127.0.0.1:19092", min_length=1)
+    client_id: str = "cdc-router"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    config: StringMap = Field(default_factory=dict)
+    # Properties for one kind of client only (librdkafka warns about the others' properties).
+    producer: StringMap = Field(default_factory=dict)
+    consumer: StringMap = Field(default_factory=dict)
+
+    @field_validator("config", "producer", "consumer")
+    @classmethod
+    def _no_shadowed_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = {"bootstrap.servers": "bootstrap_servers", "client.id": "client_id",
+                 "security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
+                 "sasl.username": "sasl_username", "sasl.password": "sasl_password"}
+        for key in value:
+            if key in owned:
+                raise ValueError(f"set kafka.{owned[key]} instead of kafka.config[{key!r}]")
+        return value
+
+    def librdkafka(self) -> dict[str, str]:
+        """The client properties every consumer, producer and admin client of ours shares."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id}
+        if self.security_protocol:
+            conf["security.protocol"] = self.security_protocol
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        conf.update(self.config)
+        return conf
+
+
+# SchemaRegistryClient properties it wants as numbers; YAML and the environment give strings.
+_REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
+                               "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
+
+
+class SchemaRegistrySettings(_Model):
+    """A Confluent-compatible schema registry; with it, Avro routes use its wire format."""
+
+    url: str = Field(min_length=1)  # several: comma-separated; mock://<name>: in-memory, tests
+    basic_auth_user_info: SecretStr | None = None  # "user:password"
+    # Off: the router only looks schemas up, and a schema missing from its subject stops it
+    # (registering is a deployment step, e.g. `cdc-router schemas register`).
+    auto_register: bool = False
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    config: StringMap = Field(default_factory=dict)  # other client properties (ssl.*, timeout)
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        for url in value.split(","):
+            parts = urlsplit(url.strip())
+            if parts.scheme not in ("http", "https", "mock") or not parts.netloc:
+                raise ValueError("each url must be http://host:port, https://host:port or "
+                                 "mock://name (in-memory, for tests)")
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _not_shadowed(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = {"url": "url", "basic.auth.user.info": "basic_auth_user_info",
+                 "auto.register.schemas": "auto_register"}
+        for key in value:
+            if key in owned:
+                raise ValueError(f"set schema_registry.{owned[key]} instead of "
+                                 f"schema_registry.config[{key!r}]")
+            if key in _REGISTRY_NUMBERS and not re.fullmatch(r"\d+(\.\d+)?", value[key]):
+                raise ValueError(f"{key} must be a number, not {value[key]!r}")
+        return value
+
+    def client_config(self) -> dict[str, str | float]:
+        """The configuration of confluent-kafka's SchemaRegistryClient."""
+        conf: dict[str, str | float] = {**self.config, "url": self.url}
+        for key in _REGISTRY_NUMBERS.intersection(self.config):
+            text = self.config[key]
+            conf[key] = float(text) if "." in text else int(text)
+        if self.basic_auth_user_info is not None:
+            conf["basic.auth.credentials.source"] = "USER_INFO"
+            conf["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
+        return conf

@@ -1,0 +1,73 @@
+"""The `delivery`, `dead_letter` and `dedup` sections: transactions and what guards them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+# Moved from settings.py with their bodies unchanged, hence the short local names.
+from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import StringMap
+from cdc_router.config.fields import field_problem as _fail
+
+
+class DeliverySettings(_Model):
+    """Delivery guarantee and the size of each transaction."""
+
+    guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    commit_interval_ms: PositiveInt = 100
+    commit_max_records: PositiveInt = 1000
+    transactional_id: str = Field(default="cdc-router", min_length=1)
+    max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
+    # The producer's transaction.timeout.ms: how long a crashed instance's open transaction
+    # blocks read_committed readers. Kafka's own default; the broker caps it at its
+    # transaction.max.timeout.ms (15 minutes by default).
+    transaction_timeout_ms: PositiveInt = 60_000
+    # A record's Kafka timestamp: the row's created_at, or the router's clock. A broker refuses
+    # a timestamp outside message.timestamp.{before,after}.max.ms (after: 1 hour by default);
+    # with created_at such a row is dead-lettered with that reason, with now it is delivered.
+    record_timestamp: Literal["created_at", "now"] = "created_at"
+
+    @model_validator(mode="after")
+    def _commit_well_inside_transaction(self) -> DeliverySettings:
+        # A batch must commit long before the broker aborts its transaction: a tenth leaves
+        # room for the flush, the offsets and a slow broker.
+        if self.commit_interval_ms * 10 > self.transaction_timeout_ms:
+            raise _fail("commit_interval_ms", f"must be at most a tenth of "
+                        f"transaction_timeout_ms ({self.transaction_timeout_ms})",
+                        self.commit_interval_ms)
+        return self
+
+
+class DeadLetterSettings(_Model):
+    """Where poison input goes, and how `topics apply` creates that topic."""
+
+    topic: str = "cdc-router.dlq"
+    partitions: PositiveInt = 1
+    replication_factor: PositiveInt | None = None  # None: the broker's default
+    config: StringMap = Field(default_factory=dict)
+
+
+class DedupSettings(_Model):
+    """The replay filter: ids delivered recently, bounded by time and count.
+
+    window_ms defaults to 7 days, the raw topic's default retention: Debezium cannot replay an
+    event older than what its topic still holds. max_ids bounds memory (about 250 bytes per id).
+    """
+
+    enabled: bool = True
+    window_ms: PositiveInt = 7 * 24 * 3600 * 1000
+    max_ids: PositiveInt = 1_000_000
+    changelog_topic: str = "cdc-router.dedup"
+    changelog_partitions: PositiveInt = 1
+    changelog_replication_factor: PositiveInt | None = None
+    changelog_config: StringMap = Field(default_factory=dict)
+
+    @field_validator("changelog_config")
+    @classmethod
+    def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
+        if value.get("cleanup.policy", "compact,delete") not in ("compact", "compact,delete"):
+            raise ValueError("the dedup changelog needs cleanup.policy compact,delete "
+                             "(or compact): one record per id, gone after the window")
+        return value

@@ -1,0 +1,53 @@
+"""What every section of router.yaml shares: the frozen base model and its field types.
+
+Model validators that check several fields raise `field_problem(field, ...)` so that the
+ConfigError it turns into (config/load.py) still names the sub-field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic_core import PydanticCustomError
+
+from cdc_router.config.patterns import compile_pattern
+
+
+def field_problem(field: str, message: str, value: object = None) -> PydanticCustomError:
+    """An error for a model validator that still names the exact sub-field at fault."""
+    return PydanticCustomError("field_problem", "{message}",
+                               {"message": message, "field": field, "value": value})
+
+
+def _stringify(value: Any) -> Any:
+    """YAML gives ints and bools; librdkafka and topic configs want strings ('true', '100')."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, bool):
+            out[key] = "true" if item else "false"
+        elif isinstance(item, int | float):
+            out[key] = str(item)
+        else:
+            out[key] = item
+    return out
+
+
+def _topic_pattern(pattern: str) -> str:
+    if not pattern:
+        raise ValueError("a topic pattern cannot be empty")
+    compile_pattern(pattern)
+    return pattern
+
+
+StringMap = Annotated[dict[str, str], BeforeValidator(_stringify)]
+Patterns = str | list[str]
+TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or re:regex
+
+
+class ConfigModel(BaseModel):
+    """A section of router.yaml: frozen after load, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)

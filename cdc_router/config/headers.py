@@ -1,0 +1,32 @@
+"""The headers the router writes itself, which neither a route nor a row may write too.
+
+One rule for both: config validation refuses such a name among a route's static `headers`, and
+routing dead-letters an event whose row carries one in its headers column.
+"""
+
+from __future__ import annotations
+
+# The destination record's contract headers (DESIGN.md), on every record.
+CONTRACT_HEADERS = frozenset({"id", "type", "aggregatetype", "aggregateid"})
+# What the CloudEvents Kafka binding (binary mode) writes besides its `ce_*` attributes.
+CLOUDEVENTS_CONTENT_TYPE = "content-type"
+CLOUDEVENTS_PREFIX = "ce_"
+# For error lines: which names is_reserved_header() refuses.
+RESERVED_HEADERS = ("the contract headers (id, type, aggregatetype, aggregateid), every ce_* "
+                    "name, and content-type on a cloudevents route")
+
+
+def is_reserved_header(name: str, *, cloudevents: bool) -> bool:
+    """True when a route (static headers) or a row (headers column) may not write `name`.
+
+    Reserved always: the contract headers and every `ce_*` name; with cloudevents on, also
+    content-type. `ce_*` is reserved whatever the route says, not only the five attributes the
+    router writes, because the CloudEvents Kafka binding reads every `ce_*` header as an
+    attribute and a consumer takes a record with `ce_specversion` for a CloudEvent: a row's
+    `ce_id` would then stand for the event id that downstream dedup relies on, and a row's
+    `ce_subject` would pass for part of the envelope. Refusing them on every route also means
+    that turning cloudevents on for a route leaves a row's `ce_*` headers as refused as before.
+    """
+    if name in CONTRACT_HEADERS or name.startswith(CLOUDEVENTS_PREFIX):
+        return True
+    return cloudevents and name == CLOUDEVENTS_CONTENT_TYPE

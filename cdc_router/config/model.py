@@ -1,0 +1,130 @@
+"""RouterConfig, the whole router.yaml, and the checks across its sections.
+
+Reading the file, applying `CDC_ROUTER__...` overrides and turning validation errors into one-line
+ConfigErrors is config/load.py's job (`load_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from cdc_router.config.cleanup import CleanupSettings
+from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
+from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, DeliverySettings
+
+# Moved from settings.py with their bodies unchanged, hence the short local names.
+from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import StringMap, TopicPattern
+from cdc_router.config.fields import field_problem as _fail
+from cdc_router.config.routes import RouteRule
+from cdc_router.config.source import SourceSettings
+from cdc_router.config.topic_names import (
+    DEFAULT_PROTECTED_TOPICS,
+    TopicGuard,
+    parse_topic_template,
+    render_topic,
+    topic_name_problem,
+)
+
+
+class TopicSpec(_Model):
+    """A topic `topics apply` creates; None leaves partitions or replication to the broker."""
+
+    name: str
+    partitions: PositiveInt | None = None
+    replication_factor: PositiveInt | None = None
+    config: StringMap = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _legal_name(cls, name: str) -> str:
+        problem = topic_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
+
+class RouterConfig(_Model):
+    """The whole router.yaml."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    source: SourceSettings
+    routes: list[RouteRule] = Field(min_length=1)
+    unmatched: Literal["dead_letter", "skip"] = "dead_letter"
+    schema_registry: SchemaRegistrySettings | None = None  # None: Avro single-object encoding
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
+    dedup: DedupSettings = Field(default_factory=DedupSettings)
+    cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
+    topics: list[TopicSpec] = Field(default_factory=list)
+    # Topics no route may write to, besides `__*`, the sources and the router's own topics
+    # (topic_names.py): Kafka Connect's and the schema registry's by default. Setting the list
+    # replaces the defaults: name your Connect cluster's *.storage.topic settings here.
+    protected_topics: list[TopicPattern] = Field(
+        default_factory=lambda: list(DEFAULT_PROTECTED_TOPICS))
+    # When set, a templated route may write only to names matching one of these, and a static
+    # route topic must match one at load. None: any name TopicGuard does not refuse.
+    allowed_topics: list[TopicPattern] | None = Field(default=None, min_length=1)
+
+    def topic_specs(self) -> list[TopicSpec]:
+        """Every topic the config names for creation: declared ones, dead-letter, changelog."""
+        specs = list(self.topics)
+        dlq = self.dead_letter
+        specs.append(TopicSpec(name=dlq.topic, partitions=dlq.partitions,
+                               replication_factor=dlq.replication_factor, config=dlq.config))
+        if self.dedup.enabled:
+            dedup = self.dedup
+            specs.append(TopicSpec(name=dedup.changelog_topic,
+                                   partitions=dedup.changelog_partitions,
+                                   replication_factor=dedup.changelog_replication_factor,
+                                   config={"cleanup.policy": "compact,delete",
+                                           # ids older than the window are of no use
+                                           "retention.ms": str(dedup.window_ms),
+                                           **dedup.changelog_config}))
+        return specs
+
+    def topic_guard(self) -> TopicGuard:
+        """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""
+        own = {self.dead_letter.topic: "dead-letter topic, dead_letter.topic",
+               self.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
+        return TopicGuard(sources=self.source.topics, own=own,
+                          protected=self.protected_topics, allowed=self.allowed_topics)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RouterConfig:
+        for index, route in enumerate(self.routes[:-1]):
+            if route.is_default:
+                raise _fail(f"routes[{index + 1}]", f"unreachable: routes[{index}] has no match "
+                            "and takes every event; put the default route last")
+        own = {self.dead_letter.topic: "dead_letter.topic",
+               self.dedup.changelog_topic: "dedup.changelog_topic"}
+        if len(own) < 2:
+            raise _fail("dedup.changelog_topic", "must differ from dead_letter.topic",
+                        self.dedup.changelog_topic)
+        guard = self.topic_guard()
+        for name, field in own.items():
+            source = guard.source_of(name)
+            if source is not None:
+                raise _fail(field, f"must differ from the source topics ({source!r} consumes "
+                            "it, so the router would read its own output)", name)
+            problem = topic_name_problem(name)
+            if problem:
+                raise _fail(field, problem, name)
+        for index, route in enumerate(self.routes):
+            topic = render_topic(parse_topic_template(route.topic), {})
+            problem = guard.problem(topic) if topic is not None else None
+            if problem:
+                raise _fail(f"routes[{index}].topic", problem, route.topic)
+        configured = {*own, *guard.source_names}
+        for index, spec in enumerate(self.topics):
+            if spec.name in configured:
+                raise _fail(f"topics[{index}].name", "this topic is configured elsewhere "
+                            "(source, dead_letter or dedup); declare it there", spec.name)
+            protector = guard.protected_by(spec.name)
+            if protector is not None:
+                raise _fail(f"topics[{index}].name", f"protected by protected_topics entry "
+                            f"{protector!r}: topics apply must not create or alter it",
+                            spec.name)
+        return self

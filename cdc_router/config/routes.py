@@ -1,0 +1,119 @@
+"""The `routes` section: which events go where, keyed and framed how."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+# Moved from settings.py with their bodies unchanged, hence the short local names.
+from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import Patterns, StringMap
+from cdc_router.config.fields import field_problem as _fail
+from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.topic_names import (
+    parse_topic_template,
+    render_topic,
+    topic_name_problem,
+)
+
+
+class RouteMatch(_Model):
+    """Conditions an event must meet, all of them; each pattern is exact, glob or `re:` regex."""
+
+    aggregate_type: Patterns | None = None
+    type: Patterns | None = None
+    header: dict[str, Patterns] | None = None  # the row's own headers (headers column)
+
+    @field_validator("aggregate_type", "type")
+    @classmethod
+    def _compile(cls, value: Patterns | None) -> Patterns | None:
+        for pattern in [value] if isinstance(value, str) else value or []:
+            compile_pattern(pattern)
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _compile_headers(cls, value: dict[str, Patterns] | None) -> dict[str, Patterns] | None:
+        for patterns in (value or {}).values():
+            cls._compile(patterns)
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RouteMatch:
+        if self.aggregate_type is None and self.type is None and not self.header:
+            raise ValueError("a match needs aggregate_type, type or header; "
+                             "leave out 'match' for a default route")
+        return self
+
+
+class RouteRule(_Model):
+    """One route: which events (match), where to (topic template) and how (key, partition...)."""
+
+    match: RouteMatch | None = None  # None: the default route, takes every event
+    topic: str
+    # "id" (the event id), "aggregate_id", or the name of any column of the outbox table
+    key: Literal["id", "aggregate_id"] | str = Field(default="id", min_length=1)
+    partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
+    format: Literal["json", "avro"] = "json"
+    # With format avro: one .avsc file, or a mapping of event type -> .avsc ("*": any other
+    # type). A relative path is relative to the folder of the config file.
+    schema_path: str | dict[str, str] | None = Field(None, alias="schema")
+    # Avro: payload keys the schema has no field for. 'reject' dead-letters the event (the
+    # schema is the contract; dropping data silently is worse); 'ignore' leaves them out.
+    extra_fields: Literal["reject", "ignore"] = "reject"
+    cloudevents: bool = False  # add the CloudEvents Kafka binding (binary mode) headers
+    ce_source: str | None = None  # CloudEvents 'source', a URI-reference; needed with cloudevents
+    headers: StringMap = Field(default_factory=dict)  # static extra headers
+
+    @field_validator("topic")
+    @classmethod
+    def _valid_template(cls, topic: str) -> str:
+        if render_topic(parse_topic_template(topic), {}) is not None:
+            problem = topic_name_problem(topic)
+            if problem:
+                raise ValueError(problem)
+        return topic
+
+    @field_validator("schema_path")
+    @classmethod
+    def _schema_files(cls, value: str | dict[str, str] | None,
+                      info: ValidationInfo) -> str | dict[str, str] | None:
+        folder = (info.context or {}).get("config_dir")
+
+        def resolved(path: str) -> str:
+            if not path.strip():
+                raise ValueError("a schema file path cannot be empty")
+            return str(Path(folder, path)) if folder is not None else path
+
+        if isinstance(value, dict):
+            if any(not event_type for event_type in value):
+                raise ValueError("an event type in a schema mapping cannot be empty")
+            return {event_type: resolved(path) for event_type, path in value.items()}
+        return None if value is None else resolved(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouteRule:
+        if self.format == "avro" and not self.schema_path:
+            raise _fail("schema", "format avro needs a schema file (or a mapping of event "
+                        "type to schema file)")
+        if self.schema_path and self.format != "avro":
+            raise _fail("schema", "a schema only applies with format: avro", self.schema_path)
+        if self.cloudevents and not self.ce_source:
+            raise _fail("ce_source", "cloudevents: true needs ce_source, a URI-reference that "
+                        "names the producer (e.g. /orders-service)")
+        if self.ce_source and not self.cloudevents:
+            raise _fail("ce_source", "ce_source only applies with cloudevents: true",
+                        self.ce_source)
+        for name in self.headers:
+            if is_reserved_header(name, cloudevents=self.cloudevents):
+                raise _fail("headers", f"header {name!r} is reserved for the router: "
+                            f"{RESERVED_HEADERS}", name)
+        return self
+
+    @property
+    def is_default(self) -> bool:
+        """True for a route without conditions: it takes every event that reaches it."""
+        return self.match is None
