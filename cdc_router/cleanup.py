@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.outbox import regclass_text, table_identifier
+from cdc_router.postgres import delete_in_chunks, one_line, regclass_text, table_identifier
 from cdc_router.router import Delivered
 from cdc_router.settings import CleanupSettings
 
@@ -168,7 +168,7 @@ class OutboxCleaner:
                 backoff = 0.5
             except psycopg.Error as error:
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d",
-                            str(error).strip().splitlines()[0] if str(error) else error,
+                            one_line(error),
                             backoff, self.pending_count())
                 self._drop_connection()
                 self._stop.wait(backoff)
@@ -349,25 +349,12 @@ def purge(conn: psycopg.Connection[Any], table: str, created_at_column: str, old
 
     With an autocommit connection each chunk commits by itself; otherwise the caller commits.
     """
-    if batch_size < 1:
-        # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
-        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     created = sql.Identifier(created_at_column)
-    cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
+    older = sql.SQL("{} < (now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)").format(
+        created)
     if dry_run:
-        query = sql.SQL("SELECT count(*) FROM {table} WHERE {created} < {cutoff}").format(
-            table=table_identifier(table), created=created, cutoff=cutoff)
+        query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table_identifier(table), older)
         row = conn.execute(query, (older_than_ms,)).fetchone()
         return int(row[0]) if row else 0
-    chunk = sql.SQL(
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-        "WHERE {created} < {cutoff} ORDER BY {created} LIMIT %s))").format(
-        table=table_identifier(table), created=created, cutoff=cutoff)
-    total = 0
-    while True:
-        # One short transaction per chunk: row locks are held for one chunk only.
-        with conn.transaction():
-            deleted = conn.execute(chunk, (older_than_ms, batch_size)).rowcount
-        total += max(deleted, 0)
-        if deleted < batch_size:
-            return total
+    return sum(delete_in_chunks(conn, table_identifier(table), older, (older_than_ms,),
+                                batch_size=batch_size, order_by=created))

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -25,70 +24,16 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.postgres import check_identifier, regclass_text, split_table, table_identifier
 
 PayloadType = Literal["jsonb", "bytea"]
 PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
 DEFAULT_PUBLICATION = "cdc_router_outbox"
 DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
-_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
-_QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
-
-
-class DatabaseError(CdcRouterError):
-    """Postgres refused or could not be reached; str() is one line naming where."""
 
 
 class InvalidEventError(CdcRouterError, ValueError):
     """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""
-
-
-def _check_identifier(name: str, what: str) -> str:
-    if not name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
-        raise ConfigError(f"not a usable Postgres identifier (1 to {_MAX_IDENTIFIER_BYTES} "
-                          "bytes)", field=what, value=name)
-    return name
-
-
-def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
-    """`schema.table` or `table` (schema `public`) → (schema, table), both checked.
-
-    A name is taken as written, case included (`public.OutBox` is the table "OutBox"); a part
-    may also be double-quoted as in SQL (`public."Out.Box"`), the quotes are then removed.
-    """
-    parts = _name_parts(qualified, what)
-    if len(parts) > 2:
-        raise ConfigError("expected schema.table or table", field=what, value=qualified)
-    schema, table = parts if len(parts) == 2 else ("public", parts[0])
-    return _check_identifier(schema, what), _check_identifier(table, what)
-
-
-def _name_parts(qualified: str, what: str) -> list[str]:
-    parts, rest = [], qualified
-    while True:
-        if rest.startswith('"'):
-            quoted = _QUOTED_PART.match(rest)
-            if quoted is None or (quoted.end() < len(rest) and rest[quoted.end()] != "."):
-                raise ConfigError("unbalanced double quotes", field=what, value=qualified,
-                                  hint='write schema."Table", doubling any " inside')
-            parts.append(quoted.group(1).replace('""', '"'))
-            rest = rest[quoted.end():]
-        else:
-            part = rest.partition(".")[0]
-            parts.append(part)
-            rest = rest[len(part):]
-        if not rest:
-            return parts
-        rest = rest[1:]  # the dot
-
-
-def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
-    """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
-    return sql.Identifier(*split_table(qualified, what))
-
-
-def regclass_text(qualified: str, what: str = "table") -> str:
-    """The table's quoted name as text, for `%s::regclass`: the cast folds unquoted names."""
-    return table_identifier(qualified, what).as_string(None)
 
 
 # Default column name → OutboxSchema field, for renaming columns by the names people know.
@@ -116,7 +61,7 @@ class OutboxSchema:
     def __post_init__(self) -> None:
         split_table(self.table)
         for name in COLUMN_FIELDS.values():
-            _check_identifier(getattr(self, name), name)
+            check_identifier(getattr(self, name), name)
         if self.payload_type not in PAYLOAD_TYPES:
             raise ConfigError("must be jsonb or bytea", field="payload_type",
                               value=self.payload_type)
@@ -144,10 +89,10 @@ class CaptureSetup:
     replication_role: str | None = None
 
     def __post_init__(self) -> None:
-        _check_identifier(self.publication, "publication")
+        check_identifier(self.publication, "publication")
         split_table(self.heartbeat_table, "heartbeat_table")
         if self.replication_role is not None:
-            _check_identifier(self.replication_role, "replication_role")
+            check_identifier(self.replication_role, "replication_role")
 
 
 def _outbox_ddl(schema: OutboxSchema) -> sql.Composed:

@@ -24,13 +24,13 @@ from cdc_router.outbox import (
     DEFAULT_PUBLICATION,
     PAYLOAD_TYPES,
     CaptureSetup,
-    DatabaseError,
     OutboxSchema,
     init_outbox,
     init_steps,
     render_psql,
     write_event,
 )
+from cdc_router.postgres import DatabaseError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
@@ -74,7 +74,7 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
             yield conn
     except psycopg.Error as error:
-        raise DatabaseError(f"Postgres at {where}: {_one_line(error)}") from error
+        raise DatabaseError(f"Postgres at {where}: {one_line(error)}") from error
 
 
 def _where(dsn: str) -> str:
@@ -83,15 +83,8 @@ def _where(dsn: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
         raise ConfigError("not a valid connection string", field="--dsn",
-                          hint=_one_line(error)) from error
+                          hint=one_line(error)) from error
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-
-
-def _one_line(error: Exception) -> str:
-    diag = getattr(error, "diag", None)
-    primary = getattr(diag, "message_primary", None)
-    text = primary or str(error)
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 @click.group("outbox")

@@ -21,11 +21,10 @@ from cdc_router.outbox import (
     _password_matches,
     init_steps,
     new_event_id,
-    regclass_text,
     render_psql,
-    split_table,
     write_event,
 )
+from cdc_router.postgres import regclass_text, split_table
 
 # Postgres 15's verifier for the password "correct horse" (SET password_encryption =
 # 'scram-sha-256'; CREATE ROLE ... PASSWORD 'correct horse'; SELECT rolpassword ...).
