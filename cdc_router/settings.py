@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from cdc_router.outbox.table import OutboxColumns
 from cdc_router.patterns import compile_pattern
 from cdc_router.routing import CLOUDEVENTS_HEADERS, CONTRACT_HEADERS
 from cdc_router.topic_names import (
@@ -113,29 +114,6 @@ class KafkaSettings(_Model):
             conf["sasl.password"] = self.sasl_password.get_secret_value()
         conf.update(self.config)
         return conf
-
-
-class OutboxColumns(_Model):
-    """Column names of the outbox table; defaults are those of Debezium's EventRouter SMT."""
-
-    id: str = "id"
-    aggregatetype: str = "aggregatetype"
-    aggregateid: str = "aggregateid"
-    type: str = "type"
-    payload: str = "payload"
-    headers: str | None = "headers"  # None: the table has no headers column
-    created_at: str | None = "created_at"  # None: records get the producer's time
-
-    @model_validator(mode="after")
-    def _distinct(self) -> OutboxColumns:
-        seen: dict[str, str] = {}
-        for field, column in self.model_dump().items():
-            if column is None:
-                continue
-            if column in seen:
-                raise _fail(field, f"column {column!r} is already used for {seen[column]}", column)
-            seen[column] = field
-        return self
 
 
 class SourceSettings(_Model):

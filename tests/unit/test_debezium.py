@@ -13,7 +13,8 @@ import pytest
 
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError
-from cdc_router.settings import OutboxColumns, SourceSettings
+from cdc_router.outbox import OutboxColumns
+from cdc_router.settings import SourceSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 PAYLOAD = {"orderId": 42, "amount": "19.99", "currency": "EUR", "note": "crème brûlée ✓"}
