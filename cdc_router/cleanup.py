@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import heapq
 import logging
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
@@ -37,8 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
 from cdc_router.config.cleanup import CleanupSettings
-from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.outbox import regclass_text, table_identifier
+from cdc_router.errors import CdcRouterError
+from cdc_router.postgres import one_line, regclass_text, table_identifier
 from cdc_router.router import Delivered
 
 log = logging.getLogger("cdc_router.cleanup")
@@ -168,7 +166,7 @@ class OutboxCleaner:
                 backoff = 0.5
             except psycopg.Error as error:
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d",
-                            str(error).strip().splitlines()[0] if str(error) else error,
+                            one_line(error),
                             backoff, self.pending_count())
                 self._drop_connection()
                 self._stop.wait(backoff)
@@ -304,70 +302,3 @@ class OutboxCleaner:
     def _count_deleted(self, rows: int) -> None:
         self._deleted_total += max(rows, 0)
         self.deleted.inc(max(rows, 0))
-
-
-# Operators' tools: stats and purge ----------------------------------------------------------
-
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_duration_ms(text: str, field: str = "--older-than") -> int:
-    """'500ms', '30s', '15m', '12h', '7d' → milliseconds; ConfigError otherwise."""
-    found = _DURATION.match(text)
-    if found is None:
-        raise ConfigError("not a duration", field=field, value=text,
-                          hint="write a number and a unit: 500ms, 30s, 15m, 12h or 7d")
-    return int(found.group(1)) * _UNIT_MS[found.group(2)]
-
-
-@dataclass(frozen=True)
-class OutboxStats:
-    """How big the outbox is and how old its oldest row."""
-
-    table: str
-    rows: int
-    oldest_age_s: float | None
-    table_bytes: int
-
-
-def outbox_stats(conn: psycopg.Connection[Any], table: str, created_at_column: str) -> OutboxStats:
-    """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST."""
-    query = sql.SQL(
-        "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
-        "pg_total_relation_size(%s::regclass) FROM {table}").format(
-        created=sql.Identifier(created_at_column), table=table_identifier(table))
-    row = conn.execute(query, (regclass_text(table),)).fetchone()
-    assert row is not None
-    rows, age, size = row
-    return OutboxStats(table, int(rows), float(age) if age is not None else None, int(size))
-
-
-def purge(conn: psycopg.Connection[Any], table: str, created_at_column: str, older_than_ms: int,
-          batch_size: int, *, dry_run: bool = False) -> int:
-    """Delete rows created more than `older_than_ms` ago, oldest first, in bounded chunks.
-
-    With an autocommit connection each chunk commits by itself; otherwise the caller commits.
-    """
-    if batch_size < 1:
-        # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
-        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
-    created = sql.Identifier(created_at_column)
-    cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
-    if dry_run:
-        query = sql.SQL("SELECT count(*) FROM {table} WHERE {created} < {cutoff}").format(
-            table=table_identifier(table), created=created, cutoff=cutoff)
-        row = conn.execute(query, (older_than_ms,)).fetchone()
-        return int(row[0]) if row else 0
-    chunk = sql.SQL(
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-        "WHERE {created} < {cutoff} ORDER BY {created} LIMIT %s))").format(
-        table=table_identifier(table), created=created, cutoff=cutoff)
-    total = 0
-    while True:
-        # One short transaction per chunk: row locks are held for one chunk only.
-        with conn.transaction():
-            deleted = conn.execute(chunk, (older_than_ms, batch_size)).rowcount
-        total += max(deleted, 0)
-        if deleted < batch_size:
-            return total

@@ -7,7 +7,6 @@ record can come back (consumer lag, an offset reset, a replay of the topic).
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 from datetime import timedelta
@@ -15,23 +14,10 @@ from typing import Any
 
 import click
 
+from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
 from cdc_router.cli.outbox import dsn_option
 from cdc_router.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
-from cdc_router.errors import ConfigError
-
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-
-
-def parse_duration(text: str, *, option: str) -> timedelta:
-    """`90s`, `15m`, `12h`, `7d`, `2w` as a timedelta; anything else is a ConfigError."""
-    match = _DURATION.match(text)
-    if match is None or int(match.group(1)) == 0:
-        raise ConfigError("must be a positive number with a unit s, m, h, d or w",
-                          source="command line", field=option, value=text, hint="e.g. 7d")
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")

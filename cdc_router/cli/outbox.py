@@ -11,26 +11,30 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
 import psycopg
 
+from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
 from cdc_router.errors import ConfigError
 from cdc_router.outbox import (
-    COLUMN_FIELDS,
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
     PAYLOAD_TYPES,
     CaptureSetup,
-    DatabaseError,
+    OutboxColumns,
     OutboxSchema,
     init_outbox,
     init_steps,
+    outbox_stats,
     render_psql,
     write_event,
 )
+from cdc_router.outbox import purge as purge_rows
+from cdc_router.postgres import DatabaseError, one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
@@ -46,7 +50,7 @@ def schema_options(command: F) -> F:
     @click.option("--table", default="public.outbox", show_default=True,
                   help="The outbox table, schema.table.")
     @click.option("--column", "columns", multiple=True, metavar="DEFAULT=NAME",
-                  help=f"Rename a column ({', '.join(COLUMN_FIELDS)}); repeatable.")
+                  help=f"Rename a column ({', '.join(OutboxColumns.model_fields)}); repeatable.")
     @click.option("--payload-type", type=click.Choice(PAYLOAD_TYPES), default="jsonb",
                   show_default=True, help="payload column type: JSON, or bytes already encoded.")
     @functools.wraps(command)
@@ -74,7 +78,7 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
             yield conn
     except psycopg.Error as error:
-        raise DatabaseError(f"Postgres at {where}: {_one_line(error)}") from error
+        raise DatabaseError(f"Postgres at {where}: {one_line(error)}") from error
 
 
 def _where(dsn: str) -> str:
@@ -83,15 +87,8 @@ def _where(dsn: str) -> str:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
         raise ConfigError("not a valid connection string", field="--dsn",
-                          hint=_one_line(error)) from error
+                          hint=one_line(error)) from error
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-
-
-def _one_line(error: Exception) -> str:
-    diag = getattr(error, "diag", None)
-    primary = getattr(diag, "message_primary", None)
-    text = primary or str(error)
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 @click.group("outbox")
@@ -168,10 +165,8 @@ def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str
 @output_option
 def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
     """Rows pending in the outbox, the age of the oldest, the table's size."""
-    from cdc_router.cleanup import outbox_stats
-
     with database(dsn) as conn:
-        found = outbox_stats(conn, schema.table, schema.created_at_column)
+        found = outbox_stats(conn, schema)
     emit(found, output, lambda s: (
         f"table        {s.table}\nrows         {s.rows}\n"
         f"oldest       {'-' if s.oldest_age_s is None else f'{s.oldest_age_s:.1f}s ago'}\n"
@@ -194,13 +189,10 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
     Rows go whether or not the router has delivered their events: Debezium took each event from
     the WAL when its transaction committed, so check the router's lag before purging recent rows.
     """
-    from cdc_router.cleanup import parse_duration_ms
-    from cdc_router.cleanup import purge as purge_rows
-
-    older_than_ms = parse_duration_ms(older_than)
+    window = parse_duration(older_than, option="--older-than", allow_zero=True)
+    older_than_ms = window // timedelta(milliseconds=1)
     with database(dsn) as conn:
-        count = purge_rows(conn, schema.table, schema.created_at_column, older_than_ms,
-                           batch_size, dry_run=True)
+        count = purge_rows(conn, schema, older_than_ms, batch_size, dry_run=True)
         click.echo(f"{count} rows of {schema.table} are older than {older_than}")
         if dry_run or count == 0:
             return
@@ -208,6 +200,5 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
             raise click.Abort()
         conn.rollback()  # end the counting transaction; each chunk commits on its own
         conn.autocommit = True
-        deleted = purge_rows(conn, schema.table, schema.created_at_column, older_than_ms,
-                             batch_size)
+        deleted = purge_rows(conn, schema, older_than_ms, batch_size)
     click.echo(f"deleted {deleted} rows")

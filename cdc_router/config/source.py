@@ -4,35 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.topic_names import source_regex, topic_name_problem
-
-
-class OutboxColumns(_Model):
-    """Column names of the outbox table; defaults are those of Debezium's EventRouter SMT."""
-
-    id: str = "id"
-    aggregatetype: str = "aggregatetype"
-    aggregateid: str = "aggregateid"
-    type: str = "type"
-    payload: str = "payload"
-    headers: str | None = "headers"  # None: the table has no headers column
-    created_at: str | None = "created_at"  # None: records get the producer's time
-
-    @model_validator(mode="after")
-    def _distinct(self) -> OutboxColumns:
-        seen: dict[str, str] = {}
-        for field, column in self.model_dump().items():
-            if column is None:
-                continue
-            if column in seen:
-                raise _fail(field, f"column {column!r} is already used for {seen[column]}", column)
-            seen[column] = field
-        return self
+from cdc_router.outbox.table import OutboxColumns
 
 
 class SourceSettings(_Model):

@@ -30,18 +30,11 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from cdc_router.dedup.store import DedupKey, DedupStoreError, EffectAborted, Outcome
-from cdc_router.errors import ConfigError
-from cdc_router.outbox import table_identifier
+from cdc_router.postgres import delete_in_chunks, one_line, table_identifier
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TABLE = "public.cdc_router_dedup"
-
-
-def _one_line(error: BaseException) -> str:
-    """psycopg errors span lines (LINE 1: ..., a caret); a user sees the first one."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupKey) -> None:
@@ -91,7 +84,7 @@ class PostgresDedupStore:
                                              connect_timeout=self._connect_timeout_s)
             except psycopg.Error as error:
                 raise DedupStoreError(
-                    f"cannot connect to the dedup database: {_one_line(error)}") from error
+                    f"cannot connect to the dedup database: {one_line(error)}") from error
         return self._conn
 
     def _forget_broken(self) -> None:
@@ -125,7 +118,7 @@ class PostgresDedupStore:
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(
-                f"cannot create {self._table_name}: {_one_line(error)}") from error
+                f"cannot create {self._table_name}: {one_line(error)}") from error
 
     def run_once(self, key: DedupKey,
                  effect: Callable[[psycopg.Connection[tuple[object, ...]]], None]) -> Outcome:
@@ -148,29 +141,31 @@ class PostgresDedupStore:
             if in_effect:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
-                                  f"{_one_line(error)}") from error
+                                  f"{one_line(error)}") from error
         except BaseException:
             self._forget_broken()
             raise
 
     def count_stale(self, older_than: timedelta, *, consumer_group: str | None = None) -> int:
         """How many rows purge(older_than) would delete now (for a dry run)."""
-        query = sql.SQL("SELECT count(*) FROM {} WHERE processed_at < now() - %(window)s{}").format(
-            self._table, self._group_filter(consumer_group))
+        query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+            self._table, self._stale(consumer_group))
         try:
             row = self._connection().execute(
                 query, {"window": older_than, "group": consumer_group}).fetchone()
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(
-                f"cannot count rows of {self._table_name}: {_one_line(error)}") from error
+                f"cannot count rows of {self._table_name}: {one_line(error)}") from error
         stale = row[0] if row else 0
         assert isinstance(stale, int)  # count(*) is a bigint
         return stale
 
     @staticmethod
-    def _group_filter(consumer_group: str | None) -> sql.Composable:
-        return sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
+    def _stale(consumer_group: str | None) -> sql.Composable:
+        """Rows older than %(window)s, of %(group)s only when a group is given."""
+        group = sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
+        return sql.SQL("processed_at < now() - %(window)s{}").format(group)
 
     def purge(self, older_than: timedelta, *, batch_size: int = 5000,
               consumer_group: str | None = None) -> int:
@@ -179,27 +174,17 @@ class PostgresDedupStore:
         Short transactions keep locks and WAL bursts small on a busy table. Returns how many
         rows were deleted. Rows inside the window are never touched.
         """
-        if batch_size < 1:
-            raise ConfigError("must be at least 1", source="purge", field="batch_size",
-                              value=batch_size)
-        delete = sql.SQL(
-            "DELETE FROM {table} WHERE ctid IN ("
-            " SELECT ctid FROM {table} WHERE processed_at < now() - %(window)s{group}"
-            " LIMIT %(limit)s)").format(table=self._table, group=self._group_filter(consumer_group))
-        params = {"window": older_than, "group": consumer_group, "limit": batch_size}
+        chunks = delete_in_chunks(self._connection(), self._table, self._stale(consumer_group),
+                                  {"window": older_than, "group": consumer_group},
+                                  batch_size=batch_size)
         deleted = 0
         try:
-            conn = self._connection()
-            while True:
-                with conn.transaction():
-                    count = conn.execute(delete, params).rowcount
+            for count in chunks:
                 deleted += count
-                if count < batch_size:
-                    break
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(f"purge of {self._table_name} failed after {deleted} rows: "
-                                  f"{_one_line(error)}") from error
+                                  f"{one_line(error)}") from error
         log.info("event=dedup_purged table=%s group=%s deleted=%d older_than_s=%d",
                  self._table_name, consumer_group or "*", deleted, older_than.total_seconds())
         return deleted

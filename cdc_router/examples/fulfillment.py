@@ -32,7 +32,7 @@ from psycopg import sql
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
-from cdc_router.outbox import table_identifier
+from cdc_router.postgres import table_identifier
 
 log = logging.getLogger("fulfillment")
 

@@ -1,4 +1,4 @@
-"""The cleanup's bookkeeping, without Postgres: what is due when, durations, bounds."""
+"""The cleanup's bookkeeping, without Postgres: what is due when, bounds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
 from cdc_router import cleanup
-from cdc_router.cleanup import OutboxCleaner, parse_duration_ms
+from cdc_router.cleanup import OutboxCleaner
 from cdc_router.committed_ids import CommittedIds
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
@@ -110,18 +110,6 @@ def test_pending_ids_are_bounded_oldest_given_up(monkeypatch: pytest.MonkeyPatch
     cleaner.delivered([Delivered(str(i), "t", 1) for i in range(5)])
     assert cleaner.pending_count() == 3
     assert [event_id for event_id, _ in cleaner._due] == ["2", "3", "4"]
-
-
-@pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("15m", 900_000),
-                                          ("12h", 43_200_000), ("7d", 604_800_000)])
-def test_durations(text: str, ms: int):
-    assert parse_duration_ms(text) == ms
-
-
-@pytest.mark.parametrize("text", ["", "7", "7w", "-1d", "1.5h"])
-def test_bad_durations_name_the_option(text: str):
-    with pytest.raises(ConfigError, match="--older-than"):
-        parse_duration_ms(text)
 
 
 def test_a_bad_table_name_stops_the_cleaner_at_construction():

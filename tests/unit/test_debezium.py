@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from cdc_router.config.source import OutboxColumns, SourceSettings
+from cdc_router.config.source import SourceSettings
 from cdc_router.debezium import OutboxEvent, Skipped, decode
 from cdc_router.errors import DecodeError
+from cdc_router.outbox import OutboxColumns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 PAYLOAD = {"orderId": 42, "amount": "19.99", "currency": "EUR", "note": "crème brûlée ✓"}

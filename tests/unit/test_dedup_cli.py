@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.cli.consumer import parse_duration
+from cdc_router.cli._durations import parse_duration
 from cdc_router.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import ConfigError
 
@@ -32,7 +32,7 @@ def test_a_bad_window_is_one_line_and_exit_1() -> None:
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         "error: command line: field '--older-than': must be a positive number with a unit "
-        "s, m, h, d or w (got 'soon'); e.g. 7d"]
+        "ms, s, m, h, d or w (got 'soon'); e.g. 7d"]
 
 
 def test_an_unreachable_database_is_one_line_and_exit_1() -> None:

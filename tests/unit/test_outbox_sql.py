@@ -17,15 +17,15 @@ from cdc_router.errors import ConfigError
 from cdc_router.outbox import (
     CaptureSetup,
     InvalidEventError,
+    OutboxColumns,
     OutboxSchema,
-    _password_matches,
     init_steps,
     new_event_id,
-    regclass_text,
     render_psql,
-    split_table,
     write_event,
 )
+from cdc_router.outbox.setup import _password_matches
+from cdc_router.postgres import regclass_text, split_table
 
 # Postgres 15's verifier for the password "correct horse" (SET password_encryption =
 # 'scram-sha-256'; CREATE ROLE ... PASSWORD 'correct horse'; SELECT rolpassword ...).
@@ -45,25 +45,33 @@ def test_the_default_schema_uses_the_event_router_column_names() -> None:
     schema = OutboxSchema()
 
     assert schema.table == "public.outbox"
-    assert (schema.id_column, schema.aggregate_type_column, schema.aggregate_id_column,
-            schema.type_column, schema.payload_column) == (
-        "id", "aggregatetype", "aggregateid", "type", "payload")
+    assert schema.columns == OutboxColumns()
+    assert schema.columns.model_dump() == {
+        "id": "id", "aggregatetype": "aggregatetype", "aggregateid": "aggregateid",
+        "type": "type", "payload": "payload", "headers": "headers", "created_at": "created_at"}
     assert schema.payload_type == "jsonb"
 
 
 def test_columns_are_renamed_by_their_default_names() -> None:
     schema = OutboxSchema().with_columns({"aggregatetype": "kind", "payload": "body"})
 
-    assert (schema.aggregate_type_column, schema.payload_column) == ("kind", "body")
+    assert (schema.columns.aggregatetype, schema.columns.payload) == ("kind", "body")
     with pytest.raises(ConfigError, match="unknown outbox column"):
         OutboxSchema().with_columns({"aggregate_type": "kind"})
+
+
+def test_a_rename_onto_a_column_in_use_is_refused_by_name() -> None:
+    # Before the one column model, this reached Postgres as a CREATE TABLE with "id" twice.
+    with pytest.raises(ConfigError, match="field 'type': column 'id' is already used for id"):
+        OutboxSchema().with_columns({"type": "id"})
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"table": "a.b.c"}, "schema.table"),
     ({"table": "public."}, "identifier"),
     ({"table": "x" * 64}, "identifier"),
-    ({"payload_column": ""}, "identifier"),
+    ({"columns": OutboxColumns(payload="")}, "identifier"),
+    ({"columns": OutboxColumns(headers="h" * 64)}, "identifier"),
     ({"payload_type": "json"}, "jsonb or bytea"),
 ])
 def test_bad_schemas_are_config_errors(kwargs: dict[str, Any], message: str) -> None:
@@ -102,6 +110,14 @@ def test_the_outbox_table_has_the_designed_columns() -> None:
                    '"payload" jsonb NOT NULL', '"headers" jsonb,',
                    "\"created_at\" timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')"):
         assert column in text
+
+
+def test_a_table_the_config_reads_without_headers_or_created_at_is_created_without_them() -> None:
+    # The same OutboxColumns as router.yaml's source.outbox, where null means "no such column".
+    text = script(OutboxSchema(columns=OutboxColumns(headers=None, created_at=None)))
+
+    assert '"payload" jsonb NOT NULL\n)' in text
+    assert '"headers"' not in text and '"created_at"' not in text
 
 
 def test_a_bytea_payload_and_renamed_columns_reach_the_ddl() -> None:
@@ -258,6 +274,33 @@ def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: 
     assert conn.calls == []
 
 
+def test_without_a_headers_column_the_row_has_none_and_headers_are_refused() -> None:
+    conn = RecordingConnection()
+    schema = OutboxSchema(columns=OutboxColumns(headers=None))
+
+    write_event(conn, aggregate_type="A", aggregate_id="1", type="T",  # type: ignore[arg-type]
+                payload={}, schema=schema)
+    with pytest.raises(InvalidEventError, match="no headers column"):
+        write_event(conn, aggregate_type="A", aggregate_id="1", type="T",  # type: ignore[arg-type]
+                    payload={}, headers={"tenant": "t1"}, schema=schema)
+
+    [(query, params)] = conn.calls
+    assert query.as_string(None) == (
+        'INSERT INTO "public"."outbox" ("id", "aggregatetype", "aggregateid", "type", "payload")'
+        " VALUES (%s, %s, %s, %s, %s)")
+    assert len(params) == 5
+
+
+def test_the_tools_need_a_created_at_column_to_tell_age() -> None:
+    from cdc_router.outbox import outbox_stats, purge
+
+    schema = OutboxSchema(columns=OutboxColumns(created_at=None))
+    with pytest.raises(ConfigError, match="no created_at column"):
+        purge(None, schema, 1000, 10)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no created_at column"):
+        outbox_stats(None, schema)  # type: ignore[arg-type]
+
+
 def test_new_event_ids_are_uuid7_ordered_by_time() -> None:
     first = uuid.UUID(new_event_id())
     time.sleep(0.002)
@@ -325,7 +368,7 @@ def test_purge_refuses_a_batch_size_below_one_before_connecting(size: str) -> No
 
 
 def test_purge_itself_refuses_a_batch_size_below_one() -> None:
-    from cdc_router.cleanup import purge
+    from cdc_router.outbox import purge
 
     with pytest.raises(ConfigError, match="batch_size"):
-        purge(None, "public.outbox", "created_at", 1000, 0)  # type: ignore[arg-type]
+        purge(None, OutboxSchema(), 1000, 0)  # type: ignore[arg-type]

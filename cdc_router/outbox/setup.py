@@ -1,4 +1,4 @@
-"""The outbox table, what Debezium needs around it, and `write_event()` for applications.
+"""Creating the outbox table and what Debezium needs around it: publication, heartbeat, role.
 
 `init_steps()` lists the idempotent setup (table, heartbeat table, insert-only publication,
 least-privilege replication role); `init_outbox()` runs what is missing and says what it did;
@@ -11,128 +11,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
-import os
-import re
-import time
-import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.outbox.table import OutboxSchema
+from cdc_router.postgres import check_identifier, regclass_text, split_table, table_identifier
 
-PayloadType = Literal["jsonb", "bytea"]
-PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
 DEFAULT_PUBLICATION = "cdc_router_outbox"
 DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
-_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
-_QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
-
-
-class DatabaseError(CdcRouterError):
-    """Postgres refused or could not be reached; str() is one line naming where."""
-
-
-class InvalidEventError(CdcRouterError, ValueError):
-    """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""
-
-
-def _check_identifier(name: str, what: str) -> str:
-    if not name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
-        raise ConfigError(f"not a usable Postgres identifier (1 to {_MAX_IDENTIFIER_BYTES} "
-                          "bytes)", field=what, value=name)
-    return name
-
-
-def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
-    """`schema.table` or `table` (schema `public`) → (schema, table), both checked.
-
-    A name is taken as written, case included (`public.OutBox` is the table "OutBox"); a part
-    may also be double-quoted as in SQL (`public."Out.Box"`), the quotes are then removed.
-    """
-    parts = _name_parts(qualified, what)
-    if len(parts) > 2:
-        raise ConfigError("expected schema.table or table", field=what, value=qualified)
-    schema, table = parts if len(parts) == 2 else ("public", parts[0])
-    return _check_identifier(schema, what), _check_identifier(table, what)
-
-
-def _name_parts(qualified: str, what: str) -> list[str]:
-    parts, rest = [], qualified
-    while True:
-        if rest.startswith('"'):
-            quoted = _QUOTED_PART.match(rest)
-            if quoted is None or (quoted.end() < len(rest) and rest[quoted.end()] != "."):
-                raise ConfigError("unbalanced double quotes", field=what, value=qualified,
-                                  hint='write schema."Table", doubling any " inside')
-            parts.append(quoted.group(1).replace('""', '"'))
-            rest = rest[quoted.end():]
-        else:
-            part = rest.partition(".")[0]
-            parts.append(part)
-            rest = rest[len(part):]
-        if not rest:
-            return parts
-        rest = rest[1:]  # the dot
-
-
-def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
-    """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
-    return sql.Identifier(*split_table(qualified, what))
-
-
-def regclass_text(qualified: str, what: str = "table") -> str:
-    """The table's quoted name as text, for `%s::regclass`: the cast folds unquoted names."""
-    return table_identifier(qualified, what).as_string(None)
-
-
-# Default column name → OutboxSchema field, for renaming columns by the names people know.
-COLUMN_FIELDS: Mapping[str, str] = {
-    "id": "id_column", "aggregatetype": "aggregate_type_column",
-    "aggregateid": "aggregate_id_column", "type": "type_column", "payload": "payload_column",
-    "headers": "headers_column", "created_at": "created_at_column",
-}
-
-
-@dataclass(frozen=True)
-class OutboxSchema:
-    """Where the outbox lives and what its columns are called (EventRouter SMT defaults)."""
-
-    table: str = "public.outbox"
-    id_column: str = "id"
-    aggregate_type_column: str = "aggregatetype"
-    aggregate_id_column: str = "aggregateid"
-    type_column: str = "type"
-    payload_column: str = "payload"
-    headers_column: str = "headers"
-    created_at_column: str = "created_at"
-    payload_type: PayloadType = "jsonb"
-
-    def __post_init__(self) -> None:
-        split_table(self.table)
-        for name in COLUMN_FIELDS.values():
-            _check_identifier(getattr(self, name), name)
-        if self.payload_type not in PAYLOAD_TYPES:
-            raise ConfigError("must be jsonb or bytea", field="payload_type",
-                              value=self.payload_type)
-
-    @property
-    def identifier(self) -> sql.Identifier:
-        return table_identifier(self.table)
-
-    def with_columns(self, renames: Mapping[str, str]) -> OutboxSchema:
-        """A copy with columns renamed by their default names: {"aggregatetype": "kind"}."""
-        unknown = sorted(set(renames) - set(COLUMN_FIELDS))
-        if unknown:
-            raise ConfigError("unknown outbox column", field="column", value=unknown,
-                              hint=f"one of {', '.join(COLUMN_FIELDS)}")
-        changes: dict[str, Any] = {COLUMN_FIELDS[key]: value for key, value in renames.items()}
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -144,30 +33,28 @@ class CaptureSetup:
     replication_role: str | None = None
 
     def __post_init__(self) -> None:
-        _check_identifier(self.publication, "publication")
+        check_identifier(self.publication, "publication")
         split_table(self.heartbeat_table, "heartbeat_table")
         if self.replication_role is not None:
-            _check_identifier(self.replication_role, "replication_role")
+            check_identifier(self.replication_role, "replication_role")
 
 
 def _outbox_ddl(schema: OutboxSchema) -> sql.Composed:
-    # timestamp(6) without time zone: Debezium sends it as MicroTimestamp (an epoch number);
-    # the UTC default keeps that number right whatever the writing session's TimeZone is.
-    return sql.SQL("""CREATE TABLE IF NOT EXISTS {table} (
-    {id} uuid PRIMARY KEY,
-    {aggregatetype} text NOT NULL,
-    {aggregateid} text NOT NULL,
-    {type} text NOT NULL,
-    {payload} {payload_type} NOT NULL,
-    {headers} jsonb,
-    {created_at} timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')
-)""").format(
-        table=schema.identifier, id=sql.Identifier(schema.id_column),
-        aggregatetype=sql.Identifier(schema.aggregate_type_column),
-        aggregateid=sql.Identifier(schema.aggregate_id_column),
-        type=sql.Identifier(schema.type_column), payload=sql.Identifier(schema.payload_column),
-        payload_type=sql.SQL(schema.payload_type), headers=sql.Identifier(schema.headers_column),
-        created_at=sql.Identifier(schema.created_at_column))
+    columns = schema.columns
+    lines = [sql.SQL("{} uuid PRIMARY KEY").format(sql.Identifier(columns.id))]
+    lines += [sql.SQL("{} text NOT NULL").format(sql.Identifier(name))
+              for name in (columns.aggregatetype, columns.aggregateid, columns.type)]
+    lines.append(sql.SQL("{} {} NOT NULL").format(sql.Identifier(columns.payload),
+                                                  sql.SQL(schema.payload_type)))
+    if columns.headers is not None:
+        lines.append(sql.SQL("{} jsonb").format(sql.Identifier(columns.headers)))
+    if columns.created_at is not None:
+        # timestamp(6) without time zone: Debezium sends it as MicroTimestamp (an epoch number);
+        # the UTC default keeps that number right whatever the writing session's TimeZone is.
+        lines.append(sql.SQL("{} timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')")
+                     .format(sql.Identifier(columns.created_at)))
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} (\n    {}\n)").format(
+        schema.identifier, sql.SQL(",\n    ").join(lines))
 
 
 @dataclass(frozen=True)
@@ -372,56 +259,3 @@ def _password_matches(verifier: str | None, password: str, role: str) -> bool:
         computed = "md5" + hashlib.md5((password + role).encode()).hexdigest()
         return hmac.compare_digest(computed, verifier)
     return False
-
-
-# -- the application's side ---------------------------------------------------------------
-
-
-def new_event_id() -> str:
-    """A UUIDv7 (RFC 9562): time-ordered, so primary-key inserts stay at the index's end."""
-    millis = time.time_ns() // 1_000_000
-    value = ((millis & (2**48 - 1)) << 80) | int.from_bytes(os.urandom(10), "big")
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return str(uuid.UUID(int=value))
-
-
-def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate_id: str,
-                type: str, payload: dict[str, Any] | list[Any] | bytes,
-                headers: Mapping[str, str] | None = None,
-                event_id: str | uuid.UUID | None = None,
-                schema: OutboxSchema = OutboxSchema()) -> str:
-    """Insert one outbox row in the caller's transaction and return its event id.
-
-    Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
-    business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
-    column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
-    """
-    event = str(event_id) if event_id is not None else new_event_id()
-    try:
-        event = str(uuid.UUID(event))
-    except ValueError:
-        raise InvalidEventError(f"event_id is not a UUID: {event!r}") from None
-    value: Any
-    if isinstance(payload, bytes | bytearray | memoryview):
-        if schema.payload_type != "bytea":
-            raise InvalidEventError(f"bytes payload for a {schema.payload_type} column "
-                                    f"{schema.payload_column!r}; pass a dict or list")
-        value = bytes(payload)
-    elif isinstance(payload, dict | list):
-        value = (Jsonb(payload) if schema.payload_type == "jsonb"
-                 else json.dumps(payload, separators=(",", ":")).encode())
-    else:
-        raise InvalidEventError(f"payload must be a dict, list or bytes, not "
-                                f"{payload.__class__.__name__} (parse JSON text first)")
-    if headers is not None and not all(
-            isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
-        raise InvalidEventError("headers must map strings to strings")
-    columns = (schema.id_column, schema.aggregate_type_column, schema.aggregate_id_column,
-               schema.type_column, schema.payload_column, schema.headers_column)
-    query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-        schema.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
-        sql.SQL(", ").join(sql.Placeholder() * len(columns)))
-    conn.execute(query, (event, aggregate_type, aggregate_id, type, value,
-                         Jsonb(dict(headers)) if headers is not None else None))
-    return event

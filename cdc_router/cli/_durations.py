@@ -1,0 +1,25 @@
+"""Durations on the command line (`--older-than 7d`, `--every 1h`), one syntax for every command."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from cdc_router.errors import ConfigError
+
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days",
+          "w": "weeks"}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+
+
+def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timedelta:
+    """`500ms`, `90s`, `15m`, `12h`, `7d`, `2w` as a timedelta; anything else is a ConfigError.
+
+    Zero is refused unless `allow_zero`: for a retention window it would mean "forget all".
+    """
+    match = _DURATION.match(text)
+    if match is None or (int(match.group(1)) == 0 and not allow_zero):
+        kind = "whole" if allow_zero else "positive"
+        raise ConfigError(f"must be a {kind} number with a unit ms, s, m, h, d or w",
+                          source="command line", field=option, value=text, hint="e.g. 7d")
+    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})

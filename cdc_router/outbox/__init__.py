@@ -1,0 +1,45 @@
+"""The database side: the outbox table, its setup for Debezium, write_event(), operators' tools.
+
+    table   where the outbox lives and what its columns are called (OutboxColumns: the one
+            column model, also router.yaml's `source.outbox`)
+    setup   the idempotent DDL: table, heartbeat table, insert-only publication, replication role
+    writer  write_event(): one outbox row in the application's own transaction
+    tools   stats and purge, for operators
+
+Applications import from here: `from cdc_router.outbox import write_event`.
+"""
+
+from cdc_router.outbox.setup import (
+    DEFAULT_HEARTBEAT_TABLE,
+    DEFAULT_PUBLICATION,
+    CaptureSetup,
+    InitReport,
+    Step,
+    init_outbox,
+    init_steps,
+    render_psql,
+)
+from cdc_router.outbox.table import PAYLOAD_TYPES, OutboxColumns, OutboxSchema, PayloadType
+from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge
+from cdc_router.outbox.writer import InvalidEventError, new_event_id, write_event
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_TABLE",
+    "DEFAULT_PUBLICATION",
+    "PAYLOAD_TYPES",
+    "CaptureSetup",
+    "InitReport",
+    "InvalidEventError",
+    "OutboxColumns",
+    "OutboxSchema",
+    "OutboxStats",
+    "PayloadType",
+    "Step",
+    "init_outbox",
+    "init_steps",
+    "new_event_id",
+    "outbox_stats",
+    "purge",
+    "render_psql",
+    "write_event",
+]

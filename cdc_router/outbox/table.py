@@ -1,0 +1,97 @@
+"""The outbox table: where it lives, what its columns are called, how its payload is stored.
+
+OutboxColumns is the one model of the column names: router.yaml's `source.outbox` section is
+this model (so its YAML keys are its field names), and the setup, the writer and the operator
+tools read the same fields. The defaults are those of Debezium's EventRouter SMT, so a team can
+switch from the SMT without touching its schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from psycopg import sql
+from pydantic import ValidationError, model_validator
+
+from cdc_router.config.fields import ConfigModel, field_problem
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import check_identifier, split_table, table_identifier
+
+PayloadType = Literal["jsonb", "bytea"]
+PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
+
+
+class OutboxColumns(ConfigModel):
+    """Column names of the outbox table; defaults are those of Debezium's EventRouter SMT."""
+
+    id: str = "id"
+    aggregatetype: str = "aggregatetype"
+    aggregateid: str = "aggregateid"
+    type: str = "type"
+    payload: str = "payload"
+    headers: str | None = "headers"  # None: the table has no headers column
+    created_at: str | None = "created_at"  # None: records get the producer's time
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OutboxColumns:
+        seen: dict[str, str] = {}
+        for name, column in self.model_dump().items():
+            if column is None:
+                continue
+            if column in seen:
+                raise field_problem(name, f"column {column!r} is already used for "
+                                    f"{seen[column]}", column)
+            seen[column] = name
+        return self
+
+
+@dataclass(frozen=True)
+class OutboxSchema:
+    """Where the outbox lives, its columns and its payload column's type, all checked."""
+
+    table: str = "public.outbox"
+    columns: OutboxColumns = field(default_factory=OutboxColumns)
+    payload_type: PayloadType = "jsonb"
+
+    def __post_init__(self) -> None:
+        split_table(self.table)
+        for name, column in self.columns.model_dump().items():
+            if column is not None:
+                check_identifier(column, name)
+        if self.payload_type not in PAYLOAD_TYPES:
+            raise ConfigError("must be jsonb or bytea", field="payload_type",
+                              value=self.payload_type)
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return table_identifier(self.table)
+
+    @property
+    def created_at_column(self) -> str:
+        """The created_at column, which the operator tools need to tell a row's age."""
+        if self.columns.created_at is None:
+            raise ConfigError("the outbox has no created_at column, so rows have no age",
+                              field="created_at", hint="name the column that holds it")
+        return self.columns.created_at
+
+    def with_columns(self, renames: Mapping[str, str]) -> OutboxSchema:
+        """A copy with columns renamed by their default names: {"aggregatetype": "kind"}."""
+        names = OutboxColumns.model_fields
+        unknown = sorted(set(renames) - set(names))
+        if unknown:
+            raise ConfigError("unknown outbox column", field="column", value=unknown,
+                              hint=f"one of {', '.join(names)}")
+        try:
+            columns = OutboxColumns.model_validate({**self.columns.model_dump(), **renames})
+        except ValidationError as error:
+            raise _config_error(error) from None
+        return OutboxSchema(self.table, columns, self.payload_type)
+
+
+def _config_error(error: ValidationError) -> ConfigError:
+    first = error.errors()[0]
+    ctx: dict[str, Any] = dict(first.get("ctx") or {})
+    return ConfigError(str(ctx.get("message", first["msg"])), field=ctx.get("field", "column"),
+                       value=ctx.get("value"))

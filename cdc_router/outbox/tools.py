@@ -1,0 +1,57 @@
+"""Operators' tools for the outbox: how big and old it is, and purging old rows by age.
+
+The router's own cleanup (cdc_router.cleanup) deletes rows once their events are delivered;
+these are for a person at a terminal (`cdc-router outbox stats`, `outbox purge`), e.g. for rows
+that a crashed router without a dedup changelog left behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_router.outbox.table import OutboxSchema
+from cdc_router.postgres import delete_in_chunks, regclass_text
+
+
+@dataclass(frozen=True)
+class OutboxStats:
+    """How big the outbox is and how old its oldest row."""
+
+    table: str
+    rows: int
+    oldest_age_s: float | None
+    table_bytes: int
+
+
+def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxStats:
+    """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST."""
+    query = sql.SQL(
+        "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
+        "pg_total_relation_size(%s::regclass) FROM {table}").format(
+        created=sql.Identifier(schema.created_at_column), table=schema.identifier)
+    row = conn.execute(query, (regclass_text(schema.table),)).fetchone()
+    assert row is not None
+    rows, age, size = row
+    return OutboxStats(schema.table, int(rows), float(age) if age is not None else None,
+                       int(size))
+
+
+def purge(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than_ms: int,
+          batch_size: int, *, dry_run: bool = False) -> int:
+    """Delete rows created more than `older_than_ms` ago, oldest first, in bounded chunks.
+
+    With an autocommit connection each chunk commits by itself; otherwise the caller commits.
+    """
+    created = sql.Identifier(schema.created_at_column)
+    older = sql.SQL("{} < (now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)").format(
+        created)
+    if dry_run:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(schema.identifier, older)
+        row = conn.execute(query, (older_than_ms,)).fetchone()
+        return int(row[0]) if row else 0
+    return sum(delete_in_chunks(conn, schema.identifier, older, (older_than_ms,),
+                                batch_size=batch_size, order_by=created))

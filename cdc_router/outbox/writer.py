@@ -1,0 +1,86 @@
+"""`write_event()`: the application's side of the outbox, one row in the caller's transaction.
+
+    from cdc_router.outbox import write_event
+
+    with conn.transaction():
+        ...  # the business change
+        write_event(conn, aggregate_type="Order", aggregate_id="42", type="OrderPaid",
+                    payload={"total": "19.90"})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from cdc_router.errors import CdcRouterError
+from cdc_router.outbox.table import OutboxSchema
+
+DEFAULT_SCHEMA = OutboxSchema()  # public.outbox with the EventRouter SMT's column names
+
+
+class InvalidEventError(CdcRouterError, ValueError):
+    """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""
+
+
+def new_event_id() -> str:
+    """A UUIDv7 (RFC 9562): time-ordered, so primary-key inserts stay at the index's end."""
+    millis = time.time_ns() // 1_000_000
+    value = ((millis & (2**48 - 1)) << 80) | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate_id: str,
+                type: str, payload: dict[str, Any] | list[Any] | bytes,
+                headers: Mapping[str, str] | None = None,
+                event_id: str | uuid.UUID | None = None,
+                schema: OutboxSchema = DEFAULT_SCHEMA) -> str:
+    """Insert one outbox row in the caller's transaction and return its event id.
+
+    Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
+    business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
+    column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
+    """
+    event = str(event_id) if event_id is not None else new_event_id()
+    try:
+        event = str(uuid.UUID(event))
+    except ValueError:
+        raise InvalidEventError(f"event_id is not a UUID: {event!r}") from None
+    value: Any
+    if isinstance(payload, bytes | bytearray | memoryview):
+        if schema.payload_type != "bytea":
+            raise InvalidEventError(f"bytes payload for a {schema.payload_type} column "
+                                    f"{schema.columns.payload!r}; pass a dict or list")
+        value = bytes(payload)
+    elif isinstance(payload, dict | list):
+        value = (Jsonb(payload) if schema.payload_type == "jsonb"
+                 else json.dumps(payload, separators=(",", ":")).encode())
+    else:
+        raise InvalidEventError(f"payload must be a dict, list or bytes, not "
+                                f"{payload.__class__.__name__} (parse JSON text first)")
+    if headers is not None and not all(
+            isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
+        raise InvalidEventError("headers must map strings to strings")
+    names = schema.columns
+    columns = [names.id, names.aggregatetype, names.aggregateid, names.type, names.payload]
+    values = [event, aggregate_type, aggregate_id, type, value]
+    if names.headers is not None:
+        columns.append(names.headers)
+        values.append(Jsonb(dict(headers)) if headers is not None else None)
+    elif headers is not None:
+        raise InvalidEventError("headers given, but the outbox has no headers column")
+    query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        schema.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
+        sql.SQL(", ").join(sql.Placeholder() * len(columns)))
+    conn.execute(query, tuple(values))
+    return event

@@ -1,0 +1,117 @@
+"""What every Postgres user here needs: checked table names, one-line errors, chunked deletes.
+
+The outbox setup and tools, the router's cleanup, the dedup store and the example service all
+name tables from configuration, report psycopg errors to people, and delete old rows without
+long locks; each of those is written once, here. Identifiers always go through psycopg.sql,
+never through string formatting.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_router.errors import CdcRouterError, ConfigError
+
+MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
+_QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
+
+
+class DatabaseError(CdcRouterError):
+    """Postgres refused or could not be reached; str() is one line naming where."""
+
+
+def check_identifier(name: str, what: str) -> str:
+    """`name` unchanged if Postgres can use it as one identifier; ConfigError naming `what`."""
+    if not name or len(name.encode()) > MAX_IDENTIFIER_BYTES:
+        raise ConfigError(f"not a usable Postgres identifier (1 to {MAX_IDENTIFIER_BYTES} "
+                          "bytes)", field=what, value=name)
+    return name
+
+
+def split_table(qualified: str, what: str = "table") -> tuple[str, str]:
+    """`schema.table` or `table` (schema `public`) → (schema, table), both checked.
+
+    A name is taken as written, case included (`public.OutBox` is the table "OutBox"); a part
+    may also be double-quoted as in SQL (`public."Out.Box"`), the quotes are then removed.
+    """
+    parts = _name_parts(qualified, what)
+    if len(parts) > 2:
+        raise ConfigError("expected schema.table or table", field=what, value=qualified)
+    schema, table = parts if len(parts) == 2 else ("public", parts[0])
+    return check_identifier(schema, what), check_identifier(table, what)
+
+
+def _name_parts(qualified: str, what: str) -> list[str]:
+    parts, rest = [], qualified
+    while True:
+        if rest.startswith('"'):
+            quoted = _QUOTED_PART.match(rest)
+            if quoted is None or (quoted.end() < len(rest) and rest[quoted.end()] != "."):
+                raise ConfigError("unbalanced double quotes", field=what, value=qualified,
+                                  hint='write schema."Table", doubling any " inside')
+            parts.append(quoted.group(1).replace('""', '"'))
+            rest = rest[quoted.end():]
+        else:
+            part = rest.partition(".")[0]
+            parts.append(part)
+            rest = rest[len(part):]
+        if not rest:
+            return parts
+        rest = rest[1:]  # the dot
+
+
+def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
+    """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
+    return sql.Identifier(*split_table(qualified, what))
+
+
+def regclass_text(qualified: str, what: str = "table") -> str:
+    """The table's quoted name as text, for `%s::regclass`: the cast folds unquoted names."""
+    return table_identifier(qualified, what).as_string(None)
+
+
+def one_line(error: BaseException) -> str:
+    """A psycopg error as one line for a person: the server's message, without LINE 1/caret.
+
+    Errors from the server carry their primary message apart; a client-side error (refused
+    connection, bad DSN) spans lines that are all worth reading, so they are joined.
+    """
+    primary = getattr(getattr(error, "diag", None), "message_primary", None)
+    text = str(primary or error)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or (
+        type(error).__name__)
+
+
+def delete_in_chunks(conn: psycopg.Connection[Any], table: sql.Composable,
+                     where: sql.Composable, params: Sequence[Any] | Mapping[str, Any], *,
+                     batch_size: int, order_by: sql.Composable | None = None) -> Iterator[int]:
+    """Delete the rows matching `where`, `batch_size` a transaction; yields each chunk's count.
+
+    One short transaction per chunk (a savepoint inside the caller's): row locks and WAL bursts
+    stay small on a busy table. The chunks end with the first short one; a caller that stops
+    iterating stops deleting. `where` takes its values from `params`.
+    """
+    if batch_size < 1:
+        # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
+        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
+    order = sql.SQL(" ORDER BY {}").format(order_by) if order_by is not None else sql.SQL("")
+    # By ctid: the chunk's rows are found once and deleted without a second index lookup.
+    chunk = sql.SQL("DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+                    "WHERE {where}{order} LIMIT {limit}))").format(
+        table=table, where=where, order=order, limit=sql.Literal(batch_size))
+    return _chunks(conn, chunk, params, batch_size)
+
+
+def _chunks(conn: psycopg.Connection[Any], chunk: sql.Composed,
+            params: Sequence[Any] | Mapping[str, Any], batch_size: int) -> Iterator[int]:
+    while True:
+        with conn.transaction():
+            deleted = max(conn.execute(chunk, params).rowcount, 0)
+        yield deleted
+        if deleted < batch_size:
+            return

@@ -1,0 +1,32 @@
+"""The one duration syntax of the command line (`outbox purge`, `dedup purge --every`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from cdc_router.cli._durations import parse_duration
+from cdc_router.errors import ConfigError
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("500ms", timedelta(milliseconds=500)), ("30s", timedelta(seconds=30)),
+    ("15m", timedelta(minutes=15)), ("12h", timedelta(hours=12)), ("7d", timedelta(days=7)),
+    ("2w", timedelta(weeks=2))])
+def test_every_unit_reads_the_same_for_every_command(text: str, expected: timedelta) -> None:
+    assert parse_duration(text, option="--older-than") == expected
+    assert parse_duration(text, option="--older-than", allow_zero=True) == expected
+
+
+def test_zero_only_where_the_command_allows_it() -> None:
+    assert parse_duration("0s", option="--older-than", allow_zero=True) == timedelta(0)
+    with pytest.raises(ConfigError, match="positive number"):
+        parse_duration("0s", option="--older-than")
+
+
+@pytest.mark.parametrize("text", ["", "7", "7x", "-1d", "1.5h", "7 days"])
+def test_bad_durations_name_the_option_and_value(text: str) -> None:
+    with pytest.raises(ConfigError, match="--older-than") as caught:
+        parse_duration(text, option="--older-than", allow_zero=True)
+    assert repr(text) in str(caught.value)

@@ -1,0 +1,95 @@
+"""The shared Postgres helpers: one-line error text and the chunked delete, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import delete_in_chunks, one_line
+
+
+class _Diag:
+    message_primary = 'relation "public.nope" does not exist'
+
+
+class _ServerError(psycopg.errors.UndefinedTable):
+    diag = _Diag()  # type: ignore[assignment]
+
+
+def test_a_server_error_is_its_primary_message_without_the_caret() -> None:
+    error = _ServerError('relation "public.nope" does not exist\nLINE 1: SELECT * FROM public.'
+                         'nope\n                      ^')
+
+    assert one_line(error) == 'relation "public.nope" does not exist'
+
+
+def test_a_client_error_keeps_every_line_on_one() -> None:
+    error = psycopg.OperationalError('connection to server at "127.0.0.1", port 9 failed: '
+                                     'Connection refused\n\tIs the server running on that host?\n')
+
+    assert one_line(error) == ('connection to server at "127.0.0.1", port 9 failed: Connection '
+                               "refused; Is the server running on that host?")
+
+
+def test_an_error_without_text_is_its_class_name() -> None:
+    assert one_line(psycopg.InterfaceError()) == "InterfaceError"
+
+
+class _Transaction:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Result:
+    def __init__(self, rowcount: int) -> None:
+        self.rowcount = rowcount
+
+
+class ChunkedConnection:
+    """Answers each DELETE with the next of `counts`, one transaction per statement."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+        self.statements: list[tuple[str, Any]] = []
+        self.transactions = 0
+
+    def transaction(self) -> _Transaction:
+        self.transactions += 1
+        return _Transaction()
+
+    def execute(self, query: sql.Composed, params: Any) -> _Result:
+        self.statements.append((query.as_string(None), params))
+        return _Result(self.counts.pop(0))
+
+
+def test_chunks_go_on_until_a_short_one_each_in_its_own_transaction() -> None:
+    conn = ChunkedConnection([3, 3, 1, 3])
+
+    counts = list(delete_in_chunks(conn, sql.Identifier("public", "t"),  # type: ignore[arg-type]
+                                   sql.SQL("age > %s"), (7,), batch_size=3,
+                                   order_by=sql.Identifier("age")))
+
+    assert counts == [3, 3, 1]
+    assert conn.transactions == 3
+    statement, params = conn.statements[0]
+    assert statement == ('DELETE FROM "public"."t" WHERE ctid = ANY(ARRAY(SELECT ctid FROM '
+                         '"public"."t" WHERE age > %s ORDER BY "age" LIMIT 3))')
+    assert params == (7,)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_below_one_is_refused_before_any_statement(batch_size: int) -> None:
+    conn = ChunkedConnection([])
+
+    with pytest.raises(ConfigError, match="batch_size"):
+        delete_in_chunks(conn, sql.Identifier("t"), sql.SQL("true"), (),  # type: ignore[arg-type]
+                         batch_size=batch_size)
+
+    assert conn.statements == []
