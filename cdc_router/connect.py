@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from cdc_router.errors import ConfigError, ConnectError
+from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
 from cdc_router.placeholders import expand_tree, provider_references
 from cdc_router.redact import is_secret_key
 
@@ -40,14 +40,6 @@ _CONFLICT_BACKOFF_S = 1.0
 # Keys that Connect adds to a stored config itself; a file need not (and usually does not) say.
 CONNECT_MANAGED_KEYS = frozenset({"name"})
 _MASKED = re.compile(r"\*+|\[hidden\]")
-
-
-class UnknownConnectorError(ConnectError):
-    """The named connector does not exist on this Connect cluster."""
-
-    def __init__(self, name: str, url: str) -> None:
-        self.name = name
-        super().__init__(f"unknown connector {name!r} (Kafka Connect at {url})")
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from cdc_router.errors import DecodeError, show
+from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
-    JsonTooDeep,
     parse_json,
     utf8_encodable,
 )

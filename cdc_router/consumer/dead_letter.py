@@ -24,8 +24,8 @@ from cdc_router.dead_letter import (
     VALUE_DROPPED,
     dead_letter_max_bytes,
 )
-from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
+from cdc_router.errors import DeadLetterRefused, DeliveryError
+from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,6 @@ ATTEMPTS = "dlq.attempts"
 
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
-
-_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
 
 # Keeps a runaway exception text (a whole payload, a stack dump) from making the record
 # exceed the broker's message.max.bytes.
@@ -62,20 +60,6 @@ def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseExcepti
     if event_id:
         values[EVENT_ID] = event_id
     return [(name, value.encode("utf-8")) for name, value in values.items()]
-
-
-class DeadLetterRefused(DeliveryError):
-    """Kafka refused the dead-letter record itself (too large, not authorised, no such topic):
-    retrying it unchanged cannot succeed."""
-
-    def __init__(self, message: str, *, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @property
-    def too_large(self) -> bool:
-        """Whether the record was refused for its size: without its value it may pass."""
-        return self.code in _TOO_LARGE
 
 
 def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> int:
@@ -145,7 +129,7 @@ class DeadLetterWriter:
                     attempts, value is None and message.value() is not None)
 
     def _raise(self, where: str, error: KafkaError | None, text: str) -> NoReturn:
-        if error is not None and classify(error) is Action.FATAL:
+        if error is not None and classify(error) is ErrorAction.FATAL:
             # This producer can never deliver again (its idempotence state is broken, say);
             # the retry builds a new one.
             self._producer = None

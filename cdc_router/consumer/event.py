@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
-from cdc_router.serde.registry import RegistryError
+from cdc_router.errors import MalformedRecord, RegistryError
 
 
 class KafkaMessage(Protocol):
@@ -21,10 +21,6 @@ class KafkaMessage(Protocol):
     def headers(self) -> list[tuple[str, bytes | None]] | None: ...
     def timestamp(self) -> tuple[int, int]: ...
     def error(self) -> Any: ...
-
-
-class MalformedRecord(Exception):
-    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
 
 
 @dataclass(frozen=True)

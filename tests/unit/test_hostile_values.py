@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from cdc_router.cli import main
 from cdc_router.debezium import OutboxEvent, decode
-from cdc_router.errors import DecodeError, RouteError, SerializeError
+from cdc_router.errors import DecodeError, JsonTooDeep, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
-from cdc_router.serde.json import MAX_JSON_DEPTH, JsonTooDeep, lone_surrogate, parse_json
+from cdc_router.serde.json import MAX_JSON_DEPTH, lone_surrogate, parse_json
 from cdc_router.settings import RouterConfig, SourceSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
