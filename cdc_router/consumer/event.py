@@ -54,7 +54,7 @@ class ConsumedEvent:
 Decoder = Callable[[bytes | None], Any]
 
 
-def _text(raw: bytes | None, where: str) -> str:
+def _event_id_text(raw: bytes | None, where: str) -> str:
     if raw is None or raw == b"":
         raise MalformedRecord(f"no event id: {where} is missing or empty")
     try:
@@ -77,11 +77,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     headers = tuple(message.headers() or ())
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
-        event_id = _text(message.key(), "the record key")
+        event_id = _event_id_text(message.key(), "the record key")
     else:
         # A present but empty header is malformed, never replaced by the key: the key may be
         # an aggregate id, shared by many events.
-        event_id = _text(values[-1] if values else None, f"header {header!r}")
+        event_id = _event_id_text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:
         payload: Any = value

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import DecodeError
 from cdc_router.settings import OutboxColumns, SourceSettings
 
@@ -32,7 +32,7 @@ def raw(value: Any) -> bytes | None:
 
 def run(name: str, settings: SourceSettings | None = None, **changes: Any) -> OutboxEvent | Skipped:
     rec = record(name)
-    return decode(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
+    return decode_change(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
                   settings=settings or SourceSettings(topics=[rec["topic"]], **changes))
 
 
@@ -52,7 +52,7 @@ def row_of(value: dict[str, Any]) -> dict[str, Any]:
 def decode_mutated(name: str, mutate: Any, **changes: Any) -> OutboxEvent | Skipped:
     rec = record(name)
     mutate(rec["value"])
-    return decode(None, raw(rec["value"]), topic=rec["topic"],
+    return decode_change(None, raw(rec["value"]), topic=rec["topic"],
                   settings=SourceSettings(topics=[rec["topic"]], **changes))
 
 
@@ -177,7 +177,7 @@ def test_heartbeats_are_skipped(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_heartbeat_recognised_by_shape_on_any_topic(mode: str) -> None:
     value = raw(record(f"heartbeat.{mode}")["value"])
-    result = decode(None, value, topic="outbox.public.outbox",
+    result = decode_change(None, value, topic="outbox.public.outbox",
                     settings=SourceSettings(topics=["outbox.public.outbox"]))
     assert isinstance(result, Skipped) and result.reason == "heartbeat"
 
@@ -212,7 +212,7 @@ def test_hostile_aggregate_types_decode_verbatim(case: str, aggregate_type: str,
 ])
 def test_malformed_records_are_decode_errors(value: bytes, reason: str) -> None:
     with pytest.raises(DecodeError, match=reason):
-        decode(None, value, topic="t", settings=SourceSettings(topics=["t"]))
+        decode_change(None, value, topic="t", settings=SourceSettings(topics=["t"]))
 
 
 def _drop(column: str) -> Any:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.cli.consumer import parse_duration
+from cdc_router.cli.dedup import parse_duration
 from cdc_router.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import ConfigError
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.cli import main
-from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.routing import OutboundRecord, Router, rfc3339
@@ -27,7 +27,7 @@ SOURCE = "outbox.public.outbox"
 def captured(name: str, **source: Any) -> OutboxEvent:
     rec = json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))
     value = json.dumps(rec["value"]).encode()
-    result = decode(None, value, topic=rec["topic"],
+    result = decode_change(None, value, topic=rec["topic"],
                     settings=SourceSettings(topics=[SOURCE], **source))
     assert isinstance(result, OutboxEvent)
     return result
