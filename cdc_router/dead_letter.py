@@ -115,3 +115,17 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
         event_id=event_id)
     value, headers = fitted(key, value, headers, max_bytes)
     return DeadLetter(key, value, tuple(headers), stage, reason_of(error))
+
+
+def dead_letter_origin(headers: list[tuple[str, bytes]]) -> dict[str, str | None]:
+    """What the dlq.* headers of a consumed dead letter say, as text: stage, source
+    (topic[partition]@offset), event_id, error (the class) and reason."""
+    values = {name: value.decode(errors="replace") for name, value in headers}
+    return {
+        "stage": values.get(STAGE),
+        "source": f"{values.get(SOURCE_TOPIC)}[{values.get(SOURCE_PARTITION)}]"
+                  f"@{values.get(SOURCE_OFFSET)}",
+        "event_id": values.get(EVENT_ID),
+        "error": values.get(ERROR_CLASS),
+        "reason": values.get(ERROR_MESSAGE),
+    }

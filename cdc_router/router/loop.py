@@ -21,9 +21,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
-from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
+from cdc_router.kafka.consumer import record_headers, rewind_to_committed
 from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
+from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.metrics import RouterMetrics
 from cdc_router.replay import ReplayFilter, parse_changelog
 from cdc_router.router import clients
