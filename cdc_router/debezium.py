@@ -66,7 +66,6 @@ class OutboxEvent:
     op: str
     lsn: int | None
     tx_id: int | None
-    source_ts_ms: int | None
     # The row's other columns, as text (non-strings JSON-encoded), for `key: <column>` routes.
     extra_columns: tuple[tuple[str, str | None], ...] = ()
 
@@ -197,7 +196,6 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
         op=str(envelope["op"]),
         lsn=_optional_int(source.get("lsn")),
         tx_id=_optional_int(source.get("txId")),
-        source_ts_ms=_optional_int(source.get("ts_ms")),
         extra_columns=tuple((name, _as_text(value)) for name, value in row.items()
                             if name not in used),
     )

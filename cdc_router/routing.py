@@ -78,7 +78,8 @@ class _Matcher:
 
 
 class Router:
-    """The routing rules of one RouterConfig, compiled once; route() is pure and cheap."""
+    """The routing rules of one RouterConfig, compiled once; route() may do I/O: the Avro
+    serializer asks the schema registry, partitions_for may ask the broker."""
 
     def __init__(self, config: RouterConfig,
                  serializers: dict[str, Serializer] | None = None) -> None:
