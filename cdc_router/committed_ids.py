@@ -22,12 +22,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.dead_letter import EVENT_ID
-from cdc_router.errors import DeliveryError
-from cdc_router.kafka.consumer import log_end_offsets, record_headers
+from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.reader import assign_from_beginning, log_end_offsets, reached
 from cdc_router.replay import parse_changelog
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
@@ -122,29 +122,12 @@ class CommittedIds:
                                [tp.partition for tp in self._dead_letter_consumer().assignment()])
 
     def _dead_letters_reached(self, ends: dict[int, int]) -> bool:
-        consumer = self._dead_letter_consumer()
-        for position in consumer.position(
-                [TopicPartition(self._dead_letter_topic, p) for p in ends]):
-            end = ends[position.partition]
-            if end <= 0 or position.offset >= end:
-                continue
-            if position.offset < 0:
-                # Nothing consumed yet: reached only if the partition holds nothing below end.
-                low, _ = consumer.get_watermark_offsets(position, timeout=10, cached=False)
-                if low >= end:
-                    continue
-            return False
-        return True
+        return reached(self._dead_letter_consumer(), self._dead_letter_topic, ends)
 
     def _consumer(self, topic: str, what: str) -> Consumer:
         consumer = Consumer(self._config)
         try:
-            found = consumer.list_topics(topic, timeout=30).topics.get(topic)
-            if found is None or found.error is not None:
-                raise DeliveryError(f"the {what} topic {topic} does not exist: run "
-                                    "`cdc-router topics apply -c <config>` first")
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
-                             for p in found.partitions])
+            assign_from_beginning(consumer, topic, what)
         except BaseException:
             consumer.close()
             raise

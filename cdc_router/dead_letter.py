@@ -15,6 +15,8 @@ STAGE = "dlq.stage"
 ERROR_CLASS = "dlq.error.class"
 ERROR_MESSAGE = "dlq.error.message"
 EVENT_ID = "dlq.event.id"
+# Only the idempotent consumer's: how many handler attempts failed (0 for a malformed record).
+ATTEMPTS = "dlq.attempts"
 # Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.
 VALUE_DROPPED = "dlq.value.dropped.bytes"
 
@@ -33,6 +35,8 @@ def dead_letter_max_bytes(message_max_bytes: str | int | None) -> int:
 # A reason is for people; an unbounded one could push the record over the broker's size limit.
 _MAX_REASON = 2000
 
+Headers = list[tuple[str, bytes]]
+
 
 @dataclass(frozen=True)
 class DeadLetter:
@@ -45,32 +49,83 @@ class DeadLetter:
     reason: str
 
 
+def reason_of(error: BaseException) -> str:
+    """The dlq.error.message of `error`: its text (its class when it has none), bounded."""
+    return (str(error) or type(error).__name__)[:_MAX_REASON]
+
+
+def dead_letter_headers(*, topic: str, partition: int, offset: int, stage: str,
+                        error: BaseException, attempts: int | None = None,
+                        event_id: str | None = None, error_class: str | None = None) -> Headers:
+    """The dlq.* headers of the record at topic[partition]@offset that failed at `stage`.
+
+    The one builder for the router's and the consumer's dead letters. `attempts` (the
+    consumer's handler tries) is written when given; `error_class` names another class than
+    the error's own (the consumer names a malformed record's underlying cause).
+    """
+    values = [
+        (SOURCE_TOPIC, topic),
+        (SOURCE_PARTITION, str(partition)),
+        (SOURCE_OFFSET, str(offset)),
+        (STAGE, stage),
+        (ERROR_CLASS, error_class or type(error).__name__),
+        (ERROR_MESSAGE, reason_of(error)),
+    ]
+    if attempts is not None:
+        values.append((ATTEMPTS, str(attempts)))
+    if event_id:
+        values.append((EVENT_ID, event_id))
+    return [(name, value.encode()) for name, value in values]
+
+
+def record_size(key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes | None]]) -> int:
+    """What a record's size check counts: key, value, header names and values."""
+    return len(key or b"") + len(value or b"") + sum(
+        len(name) + len(header or b"") for name, header in headers)
+
+
+def fitted(key: bytes | None, value: bytes | None, headers: Headers, max_bytes: int | None,
+           *, drop_value: bool = False) -> tuple[bytes | None, Headers]:
+    """The value and headers to send: without the value (VALUE_DROPPED says its size) when
+    the record is over `max_bytes`, or when `drop_value`.
+
+    A dead letter the broker refused would block the stream; the raw topic still holds
+    the value.
+    """
+    if value is None:
+        return value, headers
+    over = max_bytes is not None and record_size(key, value, list(headers)) > max_bytes
+    if not (drop_value or over):
+        return value, headers
+    return None, [*headers, (VALUE_DROPPED, str(len(value)).encode())]
+
+
 def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
                 value: bytes | None, original_headers: list[tuple[str, bytes]] | None,
                 stage: Stage, error: BaseException, event_id: str | None = None,
                 max_bytes: int | None = None) -> DeadLetter:
-    """The dead letter for an input record that failed at `stage` with `error`.
+    """The router's dead letter for an input record that failed at `stage` with `error`.
 
-    With `max_bytes`, a raw record bigger than that keeps its coordinates and reason but not
-    its value (VALUE_DROPPED says its size): a dead letter the broker refused would block the
-    stream, and the raw topic still holds the value.
+    With `max_bytes`, a record bigger than that keeps its coordinates and reason but not its
+    value (see fitted).
     """
-    reason = (str(error) or type(error).__name__)[:_MAX_REASON]
-    original_headers = list(original_headers or ())
-    size = len(key or b"") + len(value or b"") + sum(
-        len(name) + len(header) for name, header in original_headers)
-    if max_bytes is not None and size > max_bytes:
-        original_headers.append((VALUE_DROPPED, str(len(value or b"")).encode()))
-        value = None
-    ours = [
-        (SOURCE_TOPIC, topic.encode()),
-        (SOURCE_PARTITION, str(partition).encode()),
-        (SOURCE_OFFSET, str(offset).encode()),
-        (STAGE, stage.encode()),
-        (ERROR_CLASS, type(error).__name__.encode()),
-        (ERROR_MESSAGE, reason.encode()),
-    ]
-    if event_id:
-        ours.append((EVENT_ID, event_id.encode()))
-    headers = tuple(original_headers) + tuple(ours)
-    return DeadLetter(key, value, headers, stage, reason)
+    headers = list(original_headers or ()) + dead_letter_headers(
+        topic=topic, partition=partition, offset=offset, stage=stage, error=error,
+        event_id=event_id)
+    value, headers = fitted(key, value, headers, max_bytes)
+    return DeadLetter(key, value, tuple(headers), stage, reason_of(error))
+
+
+def dead_letter_origin(headers: list[tuple[str, bytes]]) -> dict[str, str | None]:
+    """What the dlq.* headers of a consumed dead letter say, as text: stage, source
+    (topic[partition]@offset), event_id, error (the class) and reason."""
+    values = {name: value.decode(errors="replace") for name, value in headers}
+    return {
+        "stage": values.get(STAGE),
+        "source": f"{values.get(SOURCE_TOPIC)}[{values.get(SOURCE_PARTITION)}]"
+                  f"@{values.get(SOURCE_OFFSET)}",
+        "event_id": values.get(EVENT_ID),
+        "error": values.get(ERROR_CLASS),
+        "reason": values.get(ERROR_MESSAGE),
+    }

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from cdc_router.errors import DecodeError, show
+from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
-    JsonTooDeep,
     parse_json,
     utf8_encodable,
 )
@@ -67,7 +66,6 @@ class OutboxEvent:
     op: str
     lsn: int | None
     tx_id: int | None
-    source_ts_ms: int | None
     # The row's other columns, as text (non-strings JSON-encoded), for `key: <column>` routes.
     extra_columns: tuple[tuple[str, str | None], ...] = ()
 
@@ -87,7 +85,7 @@ class Skipped:
     detail: str = ""
 
 
-def decode(key: bytes | None, value: bytes | None, *, topic: str,
+def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
            settings: SourceSettings) -> OutboxEvent | Skipped:
     """Decode one raw change record into an OutboxEvent, or say why it carries none.
 
@@ -179,7 +177,7 @@ def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:
 def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
                   columns: dict[str, dict[str, Any]], settings: SourceSettings) -> OutboxEvent:
     names = settings.outbox
-    event_id = _text(row, names.id, "event id", None)
+    event_id = _identifier(row, names.id, "event id", None)
     where = f"event {show(event_id)}"
     found = envelope.get("source")
     source: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -188,9 +186,9 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
             names.headers, names.created_at}
     return OutboxEvent(
         event_id=event_id,
-        aggregate_type=_text(row, names.aggregatetype, "aggregate type", where),
-        aggregate_id=_text(row, names.aggregateid, "aggregate id", where),
-        type=_text(row, names.type, "event type", where),
+        aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", where),
+        aggregate_id=_identifier(row, names.aggregateid, "aggregate id", where),
+        type=_identifier(row, names.type, "event type", where),
         payload=payload,
         payload_is_json=is_json,
         headers=_headers(row, names.headers, where),
@@ -198,13 +196,12 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
         op=str(envelope["op"]),
         lsn=_optional_int(source.get("lsn")),
         tx_id=_optional_int(source.get("txId")),
-        source_ts_ms=_optional_int(source.get("ts_ms")),
         extra_columns=tuple((name, _as_text(value)) for name, value in row.items()
                             if name not in used),
     )
 
 
-def _text(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
+def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
     """A required identifier column: text, uuid (a string) or an integer; never empty."""
     prefix = f"{where}: " if where else ""
     if column not in row:

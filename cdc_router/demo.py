@@ -66,11 +66,11 @@ def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
         router.stop()
         thread.join(timeout=30)
     for record in records:
-        headers = ", ".join(f"{name}={_text(value)}" for name, value in record_headers(record))
+        headers = ", ".join(f"{name}={_printable(value)}" for name, value in record_headers(record))
         say(f"routed {record.topic()}[{record.partition()}]@{record.offset()}")
-        say(f"       key     {_text(record.key())}")
+        say(f"       key     {_printable(record.key())}")
         say(f"       headers {headers}")
-        say(f"       value   {_text(record.value())}")
+        say(f"       value   {_printable(record.value())}")
     return records
 
 
@@ -94,7 +94,7 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     consumer = fulfillment.build(args)
     thread = threading.Thread(target=consumer.run, name="fulfillment", daemon=True)
     thread.start()
-    event_id = _text(payment.key())
+    event_id = _printable(payment.key())
     deadline = time.monotonic() + _ROUTED_TIMEOUT_S
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -116,7 +116,7 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     return count
 
 
-def _text(value: str | bytes | None) -> str:
+def _printable(value: str | bytes | None) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
@@ -140,7 +140,7 @@ def _read_routed(config: RouterConfig, ids: set[str], router: threading.Thread) 
             message = consumer.poll(0.5)
             if message is None or message.error() or message.key() is None:
                 continue
-            key = _text(message.key())
+            key = _printable(message.key())
             if key in ids:
                 found[key] = message
     finally:

@@ -1,6 +1,14 @@
-"""One root exception for everything a user may see; each str() is one readable line."""
+"""Every exception class of the package, under one root; each str() is one readable line.
+
+The few that are not CdcRouterError are control flow inside one component (a batch to abort,
+a record to dead-letter) and never reach a user.
+"""
 
 from __future__ import annotations
+
+from confluent_kafka import KafkaError
+
+from cdc_router.kafka.errors import describe
 
 
 def show(value: object, limit: int = 80) -> str:
@@ -59,12 +67,103 @@ class SerializeError(CdcRouterError):
 class DeliveryError(CdcRouterError):
     """Kafka refused or lost a record, or the transaction could not commit (stage: produce)."""
 
-    def __init__(self, message: str, *, kafka_error: object = None,
-                 source: tuple[str, int, int] | None = None) -> None:
+    def __init__(self, message: str, *, kafka_error: object = None) -> None:
         super().__init__(message)
         self.kafka_error = kafka_error
-        self.source = source  # the input record (topic, partition, offset) it came from
 
 
 class FatalKafkaError(CdcRouterError):
-    """This process can't go on (fenced, unauthorised, misconfigured): it exits non-zero."""
+    """This process can't go on (fenced, unauthorised, misconfigured, a record Kafka refuses
+    for good): the router exits non-zero, the idempotent consumer's run() raises it.
+
+    The one fatal class of the router and the consumer (the consumer's `ConsumerFailed` is
+    this class under its old name).
+    """
+
+
+# Kafka and Connect ---------------------------------------------------------------------------
+
+class UnknownConnectorError(ConnectError):
+    """The named connector does not exist on this Connect cluster."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        super().__init__(f"unknown connector {name!r} (Kafka Connect at {url})")
+
+
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
+
+
+class DeadLetterRefused(DeliveryError):
+    """Kafka refused the dead-letter record itself (too large, not authorised, no such topic):
+    retrying it unchanged cannot succeed."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def too_large(self) -> bool:
+        """Whether the record was refused for its size: without its value it may pass."""
+        return self.code in _TOO_LARGE
+
+
+class BatchFailed(Exception):
+    """The router's open batch cannot commit: abort it and rewind to the committed offsets."""
+
+    def __init__(self, reason: str, kafka_error: KafkaError | None = None) -> None:
+        super().__init__(reason)
+        self.kafka_error = kafka_error
+
+
+class RecordRefused(Exception):
+    """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        super().__init__(describe(error))
+        self.kafka_error = error
+
+
+# Serde ---------------------------------------------------------------------------------------
+
+class RegistryError(CdcRouterError):
+    """The schema registry refused a schema or could not be asked: the router must stop."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing  # the subject, or this schema under it, is not registered
+
+
+class PayloadDecodeError(CdcRouterError):
+    """A record value could not be decoded: unknown schema, truncated or not what it claims."""
+
+
+class JsonTooDeep(ValueError):
+    """JSON text nested deeper than the limit; str() is the reason."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"nested deeper than {limit} levels")
+
+
+# The idempotent consumer and its dedup stores ------------------------------------------------
+
+class MalformedRecord(Exception):
+    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
+
+
+class DedupStoreError(CdcRouterError):
+    """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
+
+
+class EffectAborted(CdcRouterError):
+    """The effect returned, but left its transaction unable to commit (it swallowed a database
+    error, or ended the transaction itself): nothing is done; the handler's failure, retried
+    and then dead-lettered like any exception it raises."""
+
+
+class DatabaseError(CdcRouterError):
+    """Postgres refused or could not be reached; str() is one line naming where."""
+
+
+class InvalidEventError(CdcRouterError, ValueError):
+    """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 if TYPE_CHECKING:
     from cdc_router.router import Delivered
@@ -49,30 +49,38 @@ class RouterMetrics:
                 self.latency.observe(max(0.0, (now_ms - event.created_at_ms) / 1000))
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # one line per scrape would drown the router's own logs
+
+
+def metrics_app(metrics: RouterMetrics,
+                alive: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
+    """The WSGI app: prometheus_client's own exposition on /metrics, liveness on /healthz
+    (200 while `alive()`, else 503), 404 elsewhere."""
+    exposition = make_wsgi_app(metrics.registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return exposition(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            ok = alive()
+            body, status = (b"ok\n", "200 OK") if ok else (b"stalled\n", "503 Service Unavailable")
+        else:
+            body, status = b"not found\n", "404 Not Found"
+        start_response(status, [("Content-Type", "text/plain"),
+                                ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
 def serve(metrics: RouterMetrics, port: int, alive: Callable[[], bool],
-          host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz (200 while `alive()`, else 503) on a daemon thread."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                body, status, kind = generate_latest(metrics.registry), 200, CONTENT_TYPE_LATEST
-            elif self.path == "/healthz":
-                ok = alive()
-                body, status, kind = (b"ok\n" if ok else b"stalled\n"), (200 if ok else 503), \
-                    "text/plain"
-            else:
-                body, status, kind = b"not found\n", 404, "text/plain"
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return  # one line per scrape would drown the router's own logs
-
-    server = ThreadingHTTPServer((host, port), Handler)
+          host: str = "0.0.0.0") -> WSGIServer:
+    """Serve /metrics and /healthz (see metrics_app) on a daemon thread."""
+    server = make_server(host, port, metrics_app(metrics, alive), ThreadingWSGIServer,
+                         handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 

@@ -15,14 +15,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.errors import ConfigError
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
-
-
-class DatabaseError(CdcRouterError):
-    """Postgres refused or could not be reached; str() is one line naming where."""
 
 
 def check_identifier(name: str, what: str) -> str:

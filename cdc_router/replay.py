@@ -60,9 +60,6 @@ class ReplayFilter:
     def add_pending(self, event_id: str, now_ms: int) -> None:
         self._pending[event_id] = now_ms
 
-    def pending(self) -> dict[str, int]:
-        return dict(self._pending)
-
     def commit(self, now_ms: int) -> None:
         """The batch's transaction committed: its ids are now delivered."""
         self.restore(self._pending.items(), now_ms)

@@ -20,7 +20,7 @@ from cdc_router.errors import CdcRouterError
 # Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
 _ADMIN_TIMEOUT_S = 30.0
 
-Action = Literal["create", "update", "unchanged"]
+TopicAction = Literal["create", "update", "unchanged"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class TopicPlan:
     """What `apply` would do to one topic, and why."""
 
     name: str
-    action: Action
+    action: TopicAction
     partitions: int | None
     replication_factor: int | None
     config_changes: dict[str, tuple[str | None, str]] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from cdc_router.errors import CdcRouterError
 # Each module defines a click command or group named `cli`; add a line to register a new one.
 COMMAND_MODULES: dict[str, str] = {
     "connectors": "cdc_router.cli.connectors",
-    "dedup": "cdc_router.cli.consumer",
+    "dedup": "cdc_router.cli.dedup",
     "demo": "cdc_router.cli.demo",
     "dlq": "cdc_router.cli.dlq",
     "local": "cdc_router.cli.local",

@@ -11,17 +11,9 @@ from typing import Any
 import click
 
 from cdc_router.cli._output import emit, output_option, table
-from cdc_router.connect import (
-    Action,
-    ConfigChange,
-    ConnectClient,
-    ConnectorPlan,
-    ConnectorSpec,
-    ConnectorStatus,
-    load_spec,
-    plain_secrets,
-    plan,
-)
+from cdc_router.connect.client import ConnectClient, ConnectorStatus
+from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
+from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError
 from cdc_router.redact import redact
 
@@ -104,10 +96,10 @@ def _plan_text(plans: list[ConnectorPlan], *, all_keys: bool) -> str:
     lines = []
     for item in plans:
         head = f"{item.spec.name} ({item.spec.source}): {item.action}"
-        if item.action is not Action.UNCHANGED:
+        if item.action is not ConnectorAction.UNCHANGED:
             head += f" ({len(item.changes)} key{'s' if len(item.changes) != 1 else ''})"
         lines.append(head)
-        if all_keys or item.action is Action.UPDATE:
+        if all_keys or item.action is ConnectorAction.UPDATE:
             lines.extend(_change_lines(item.changes))
     return "\n".join(lines)
 
@@ -149,7 +141,7 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
                        "such as ${env:NAME}", err=True)
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
-    pending = [item for item in plans if item.action is not Action.UNCHANGED]
+    pending = [item for item in plans if item.action is not ConnectorAction.UNCHANGED]
     if dry_run:
         _validate(state.client, specs)
         click.echo(f"dry run: {len(pending)} to change, configuration valid")
@@ -175,7 +167,7 @@ def diff(ctx: click.Context, state: _State, files: tuple[Path, ...], output: str
     plans = [plan(state.client, spec) for spec in _load(files)]
     emit(_plan_json(plans) if output == "json" else plans, output,
          lambda items: _plan_text(items, all_keys=True))
-    if any(item.action is not Action.UNCHANGED for item in plans):
+    if any(item.action is not ConnectorAction.UNCHANGED for item in plans):
         ctx.exit(EXIT_DIFFERS)
 
 

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import click
-from confluent_kafka import Consumer
 
 from cdc_router.cli._output import emit, output_option, table
 from cdc_router.config.load import load_config
-from cdc_router.dead_letter import (
-    ERROR_CLASS,
-    ERROR_MESSAGE,
-    EVENT_ID,
-    SOURCE_OFFSET,
-    SOURCE_PARTITION,
-    SOURCE_TOPIC,
-    STAGE,
-)
+from cdc_router.dead_letter import dead_letter_origin
 from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.reader import TopicReader
 
-# Stop once nothing new has arrived for this long: the topic has been read to its end.
-_IDLE_S = 3.0
+# Reading the dead-letter topic to its end: on a cluster that answers, seconds; past this, say
+# so rather than hang.
+_READ_TIMEOUT_S = 60.0
 
 
 @click.group(name="dlq")
@@ -42,28 +34,18 @@ def cli() -> None:
 def list_letters(config_path: Path, limit: int, output: str) -> None:
     """Dead letters with where they came from, the stage that failed, and why."""
     config = load_config(config_path, env=os.environ).config
-    consumer = Consumer({**config.kafka.librdkafka(), "group.id": f"dlq-list-{uuid.uuid4()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    consumer.subscribe([config.dead_letter.topic])
+    # Up to the last stable offset as of now: a router's open transaction is not waited for.
+    reader = TopicReader(config.kafka.librdkafka(), config.dead_letter.topic,
+                         group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: list[dict[str, Any]] = []
-    last = time.monotonic()
     try:
-        while len(letters) < limit and time.monotonic() - last < _IDLE_S:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            last = time.monotonic()
-            headers = {name: value.decode(errors="replace")
-                       for name, value in record_headers(message)}
-            letters.append({
-                "offset": message.offset(), "stage": headers.get(STAGE),
-                "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]"
-                          f"@{headers.get(SOURCE_OFFSET)}",
-                "event_id": headers.get(EVENT_ID), "error": headers.get(ERROR_CLASS),
-                "reason": headers.get(ERROR_MESSAGE)})
+        for message in reader.read_to_end(end="stable", timeout_s=_READ_TIMEOUT_S):
+            letters.append({"offset": message.offset(),
+                            **dead_letter_origin(record_headers(message))})
+            if len(letters) >= limit:
+                break
     finally:
-        consumer.close()
+        reader.close()
     emit(letters, output, lambda rows: table(
         ["offset", "stage", "source", "event id", "error", "reason"],
         [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],

@@ -19,7 +19,7 @@ import psycopg
 
 from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
@@ -34,7 +34,7 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
-from cdc_router.postgres import DatabaseError, one_line
+from cdc_router.postgres import one_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"

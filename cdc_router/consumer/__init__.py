@@ -9,15 +9,15 @@ See cdc_router/consumer/README.md for the guarantees and the limits of each stor
 
 from __future__ import annotations
 
-from cdc_router.consumer.dead_letter import (
-    DeadLetterRefused,
-    DeadLetterWriter,
-    dead_letter_headers,
-)
-from cdc_router.consumer.event import ConsumedEvent, MalformedRecord
-from cdc_router.consumer.loop import ConsumerFailed, ConsumerStats, Handler, IdempotentConsumer
+from cdc_router.consumer.dead_letter import DeadLetterWriter, dead_letter_headers
+from cdc_router.consumer.event import ConsumedEvent
+from cdc_router.consumer.loop import ConsumerStats, Handler, IdempotentConsumer
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import ConsumerSettings, EventIdSource
+from cdc_router.errors import DeadLetterRefused, FatalKafkaError, MalformedRecord
+
+# The consumer's fatal error under its first name; the one fatal class is FatalKafkaError.
+ConsumerFailed = FatalKafkaError
 
 __all__ = [
     "ConsumedEvent",
@@ -27,6 +27,7 @@ __all__ = [
     "DeadLetterRefused",
     "DeadLetterWriter",
     "EventIdSource",
+    "FatalKafkaError",
     "Handler",
     "IdempotentConsumer",
     "MalformedRecord",

@@ -13,33 +13,15 @@ from typing import Any, NoReturn
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.event import KafkaMessage
-from cdc_router.dead_letter import (
-    ERROR_CLASS,
-    ERROR_MESSAGE,
-    EVENT_ID,
-    SOURCE_OFFSET,
-    SOURCE_PARTITION,
-    SOURCE_TOPIC,
-    STAGE,
-    VALUE_DROPPED,
-    dead_letter_max_bytes,
-)
-from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
+from cdc_router.dead_letter import dead_letter_headers as _headers
+from cdc_router.dead_letter import dead_letter_max_bytes, fitted
+from cdc_router.errors import DeadLetterRefused, DeliveryError
+from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 
 log = logging.getLogger(__name__)
 
-# Only the consumer's: how many handler attempts failed (0 for a malformed record).
-ATTEMPTS = "dlq.attempts"
-
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
-
-_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
-
-# Keeps a runaway exception text (a whole payload, a stack dump) from making the record
-# exceed the broker's message.max.bytes.
-_MAX_MESSAGE_CHARS = 2000
 
 
 def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseException,
@@ -50,37 +32,9 @@ def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseExcepti
     JSONDecodeError) when there is one: that is what an operator searches for.
     """
     cause = error.__cause__ if stage == STAGE_DECODE and error.__cause__ is not None else error
-    values = {
-        SOURCE_TOPIC: message.topic(),
-        SOURCE_PARTITION: str(message.partition()),
-        SOURCE_OFFSET: str(message.offset()),
-        STAGE: stage,
-        ERROR_CLASS: type(cause).__name__,
-        ERROR_MESSAGE: str(error)[:_MAX_MESSAGE_CHARS],
-        ATTEMPTS: str(attempts),
-    }
-    if event_id:
-        values[EVENT_ID] = event_id
-    return [(name, value.encode("utf-8")) for name, value in values.items()]
-
-
-class DeadLetterRefused(DeliveryError):
-    """Kafka refused the dead-letter record itself (too large, not authorised, no such topic):
-    retrying it unchanged cannot succeed."""
-
-    def __init__(self, message: str, *, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @property
-    def too_large(self) -> bool:
-        """Whether the record was refused for its size: without its value it may pass."""
-        return self.code in _TOO_LARGE
-
-
-def _size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> int:
-    return len(key or b"") + len(value or b"") + sum(
-        len(name) + len(header or b"") for name, header in headers)
+    return _headers(topic=message.topic(), partition=message.partition(),
+                    offset=message.offset(), stage=stage, error=error, attempts=attempts,
+                    event_id=event_id, error_class=type(cause).__name__)
 
 
 class DeadLetterWriter:
@@ -114,13 +68,10 @@ class DeadLetterWriter:
             if err is not None:
                 failures.append(err)
 
-        headers = list(message.headers() or ()) + dead_letter_headers(
-            message, stage=stage, error=error, attempts=attempts, event_id=event_id)
-        value = message.value()
-        if value is not None and (drop_value or
-                                  _size(message.key(), value, headers) > self._max_bytes):
-            headers.append((VALUE_DROPPED, str(len(value)).encode()))
-            value = None
+        headers = [(name, header or b"") for name, header in message.headers() or ()]
+        value, headers = fitted(message.key(), message.value(), headers + dead_letter_headers(
+            message, stage=stage, error=error, attempts=attempts, event_id=event_id),
+            self._max_bytes, drop_value=drop_value)
         where = f"dead-letter record for {message.topic()}[{message.partition()}]" \
                 f"@{message.offset()}"
         try:
@@ -145,7 +96,7 @@ class DeadLetterWriter:
                     attempts, value is None and message.value() is not None)
 
     def _raise(self, where: str, error: KafkaError | None, text: str) -> NoReturn:
-        if error is not None and classify(error) is Action.FATAL:
+        if error is not None and classify(error) is ErrorAction.FATAL:
             # This producer can never deliver again (its idempotence state is broken, say);
             # the retry builds a new one.
             self._producer = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
-from cdc_router.serde.registry import RegistryError
+from cdc_router.errors import MalformedRecord, RegistryError
 
 
 class KafkaMessage(Protocol):
@@ -21,10 +21,6 @@ class KafkaMessage(Protocol):
     def headers(self) -> list[tuple[str, bytes | None]] | None: ...
     def timestamp(self) -> tuple[int, int]: ...
     def error(self) -> Any: ...
-
-
-class MalformedRecord(Exception):
-    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ class ConsumedEvent:
 Decoder = Callable[[bytes | None], Any]
 
 
-def _text(raw: bytes | None, where: str) -> str:
+def _event_id_text(raw: bytes | None, where: str) -> str:
     if raw is None or raw == b"":
         raise MalformedRecord(f"no event id: {where} is missing or empty")
     try:
@@ -81,11 +77,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     headers = tuple(message.headers() or ())
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
-        event_id = _text(message.key(), "the record key")
+        event_id = _event_id_text(message.key(), "the record key")
     else:
         # A present but empty header is malformed, never replaced by the key: the key may be
         # an aggregate id, shared by many events.
-        event_id = _text(values[-1] if values else None, f"header {header!r}")
+        event_id = _event_id_text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:
         payload: Any = value

@@ -28,33 +28,24 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.dead_letter import (
-    STAGE_DECODE,
-    STAGE_HANDLE,
-    DeadLetterRefused,
-    DeadLetterWriter,
-)
-from cdc_router.consumer.event import (
-    ConsumedEvent,
-    Decoder,
-    KafkaMessage,
-    MalformedRecord,
-    read_event,
-)
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
 from cdc_router.consumer.settings import ConsumerSettings
-from cdc_router.dedup.store import DedupKey, DedupStore, DedupStoreError, Outcome
-from cdc_router.errors import CdcRouterError, DeliveryError
-from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
-from cdc_router.serde.registry import RegistryError
+from cdc_router.dedup.store import DedupKey, DedupStore, Outcome
+from cdc_router.errors import (
+    DeadLetterRefused,
+    DedupStoreError,
+    DeliveryError,
+    FatalKafkaError,
+    MalformedRecord,
+    RegistryError,
+)
+from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
 
 log = logging.getLogger(__name__)
 
 Context = TypeVar("Context")
 Handler = Callable[[ConsumedEvent, Context], None]
-
-
-class ConsumerFailed(CdcRouterError):
-    """The Kafka client reported a fatal error; the consumer cannot go on."""
 
 
 @dataclass
@@ -207,7 +198,7 @@ class IdempotentConsumer(Generic[Context]):
             if self.settings.retry.exhausted(retry.refusals):
                 # Skipping the record would lose it, and retrying it unchanged never ends:
                 # stop with the reason; a restart resumes here once the topic is fixed.
-                raise ConsumerFailed(
+                raise FatalKafkaError(
                     f"{refused}; Kafka refused it {retry.refusals} times, so the consumer "
                     "stops rather than skip the record: check that the topic exists, that "
                     "this consumer may write to it, and its max.message.bytes") from refused
@@ -237,7 +228,7 @@ class IdempotentConsumer(Generic[Context]):
         except KafkaException as seek_error:
             # Resuming without the rewind would skip the records fetched after this one.
             # Stopping is safe: a restart resumes from the committed offsets.
-            raise ConsumerFailed(f"cannot rewind {tp[0]}[{tp[1]}] to offset "
+            raise FatalKafkaError(f"cannot rewind {tp[0]}[{tp[1]}] to offset "
                                  f"{message.offset()} for a retry: {seek_error}") from seek_error
         self._counts["retries"] += 1
         # Waiting for another worker's claim is expected, not a problem worth a warning.
@@ -291,16 +282,16 @@ class IdempotentConsumer(Generic[Context]):
             kafka_error = kafka_error_of(error)
             if kafka_error is not None and kafka_error.code() == KafkaError._NO_OFFSET:
                 return
-            if kafka_error is not None and classify(kafka_error) is Action.FATAL:
-                raise ConsumerFailed(f"cannot commit offsets of group {self.settings.group_id}: "
+            if kafka_error is not None and classify(kafka_error) is ErrorAction.FATAL:
+                raise FatalKafkaError(f"cannot commit offsets of group {self.settings.group_id}: "
                                      f"{describe(kafka_error)}") from error
             log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
 
     def _consumer_error(self, error: Any) -> None:
         # The router's one classifier: fenced (another member with our group.instance.id)
         # stops us too, although librdkafka does not flag it fatal.
-        if classify(error) is Action.FATAL:
-            raise ConsumerFailed(f"Kafka consumer failed fatally: {describe(error)}")
+        if classify(error) is ErrorAction.FATAL:
+            raise FatalKafkaError(f"Kafka consumer failed fatally: {describe(error)}")
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 

@@ -7,14 +7,8 @@ Store implementations import their client library lazily: `dedup.redis` needs re
 from __future__ import annotations
 
 from cdc_router.dedup.memory import MemoryDedupStore
-from cdc_router.dedup.store import (
-    DedupKey,
-    DedupStore,
-    DedupStoreError,
-    Effect,
-    EffectAborted,
-    Outcome,
-)
+from cdc_router.dedup.store import DedupKey, DedupStore, Effect, Outcome
+from cdc_router.errors import DedupStoreError, EffectAborted
 
 __all__ = ["DedupKey", "DedupStore", "DedupStoreError", "Effect", "EffectAborted",
            "MemoryDedupStore", "Outcome"]

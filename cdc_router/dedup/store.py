@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from cdc_router.errors import CdcRouterError
+# Re-exported: the stores and users import them from here and from cdc_router.dedup.
+from cdc_router.errors import DedupStoreError as DedupStoreError
+from cdc_router.errors import EffectAborted as EffectAborted
 
 Context = TypeVar("Context")
 Context_co = TypeVar("Context_co", covariant=True)
@@ -26,16 +28,6 @@ class Outcome(enum.Enum):
     """The event id was already done: the effect was skipped; acknowledge the record."""
     BUSY = "busy"
     """Another worker holds a live claim on the event id: retry later, do not acknowledge."""
-
-
-class DedupStoreError(CdcRouterError):
-    """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
-
-
-class EffectAborted(CdcRouterError):
-    """The effect returned, but left its transaction unable to commit (it swallowed a database
-    error, or ended the transaction itself): nothing is done; the handler's failure, retried
-    and then dead-lettered like any exception it raises."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import enum
 from confluent_kafka import KafkaError, KafkaException
 
 
-class Action(enum.Enum):
+class ErrorAction(enum.Enum):
     """What the router does about a Kafka error."""
 
     RETRY = "retry"  # transient: the same call again, after a backoff
@@ -52,15 +52,15 @@ def kafka_error_of(error: BaseException) -> KafkaError | None:
     return None
 
 
-def classify(error: KafkaError) -> Action:
+def classify(error: KafkaError) -> ErrorAction:
     """The one place that decides: fatal, then abortable, then retriable; otherwise abort."""
     if error.fatal() or error.code() in _FENCED:
-        return Action.FATAL
+        return ErrorAction.FATAL
     if error.txn_requires_abort():
-        return Action.ABORT
+        return ErrorAction.ABORT
     if error.retriable():
-        return Action.RETRY
-    return Action.ABORT
+        return ErrorAction.RETRY
+    return ErrorAction.ABORT
 
 
 def describe(error: KafkaError) -> str:

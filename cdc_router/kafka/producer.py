@@ -12,7 +12,7 @@ from cdc_router.errors import DeliveryError
 from cdc_router.kafka.errors import PURGED, describe
 
 Headers = list[tuple[str, bytes]]
-Source = tuple[str, int, int]  # the input record a produced record came from
+RecordCoordinates = tuple[str, int, int]  # the input record a produced record came from
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class DeliveryFailure:
 
     topic: str
     error: KafkaError
-    source: Source | None  # None: one of the router's own records (dead letter, changelog mark)
+    # None: one of the router's own records (dead letter, changelog mark).
+    source: RecordCoordinates | None
 
 
 class LatchingProducer:
@@ -49,7 +50,7 @@ class LatchingProducer:
             self._producer = self._factory(self._config)
         return self._producer
 
-    def _latch(self, error: KafkaError, message: Message, source: Source | None,
+    def _latch(self, error: KafkaError, message: Message, source: RecordCoordinates | None,
                generation: int) -> None:
         if generation != self._generation or error.code() in PURGED:
             return
@@ -66,7 +67,7 @@ class LatchingProducer:
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: Headers, partition: int | None = None,
-                timestamp_ms: int | None = None, source: Source | None = None) -> None:
+                timestamp_ms: int | None = None, source: RecordCoordinates | None = None) -> None:
         """Queue one record; waits for room when librdkafka's queue is full."""
         self.raise_latched()
         generation = self._generation
@@ -101,7 +102,7 @@ class LatchingProducer:
             failure = self._error
             self._error = None
             raise DeliveryError(f"delivery to {failure.topic} failed: {describe(failure.error)}",
-                                kafka_error=failure.error, source=failure.source)
+                                kafka_error=failure.error)
 
     def clear_latched(self) -> None:
         """Forget a latched error and the failures once their transaction has been aborted."""

@@ -9,6 +9,7 @@
 Applications import from here: `from cdc_router.outbox import write_event`.
 """
 
+from cdc_router.errors import InvalidEventError
 from cdc_router.outbox.setup import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
@@ -21,7 +22,7 @@ from cdc_router.outbox.setup import (
 )
 from cdc_router.outbox.table import PAYLOAD_TYPES, OutboxColumns, OutboxSchema, PayloadType
 from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge
-from cdc_router.outbox.writer import InvalidEventError, new_event_id, write_event
+from cdc_router.outbox.writer import new_event_id, write_event
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TABLE",

@@ -21,14 +21,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cdc_router.errors import CdcRouterError
+from cdc_router.errors import InvalidEventError
 from cdc_router.outbox.table import OutboxSchema
 
 DEFAULT_SCHEMA = OutboxSchema()  # public.outbox with the EventRouter SMT's column names
-
-
-class InvalidEventError(CdcRouterError, ValueError):
-    """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""
 
 
 def new_event_id() -> str:

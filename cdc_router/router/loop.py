@@ -21,17 +21,18 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import DeliveryError, FatalKafkaError
-from cdc_router.kafka.consumer import ChangelogReader, record_headers, rewind_to_committed
-from cdc_router.kafka.errors import Action, classify, describe, kafka_error_of
-from cdc_router.kafka.producer import LatchingProducer, Source
+from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
+from cdc_router.kafka.consumer import record_headers, rewind_to_committed
+from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
+from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.metrics import RouterMetrics
 from cdc_router.replay import ReplayFilter, parse_changelog
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.poison import PoisonIsolation, record_refusals
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
-from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
+from cdc_router.router.transaction import Delivered, Transaction
 
 log = logging.getLogger("cdc_router.router")
 
@@ -174,7 +175,7 @@ class OutboxRouter:
         else:
             self._metrics.skipped.labels(result.reason).inc()
 
-    def _produce(self, message: Message, routed: Routed, source: Source) -> None:
+    def _produce(self, message: Message, routed: Routed, source: RecordCoordinates) -> None:
         assert self._txn is not None
         record = routed.record
         refused = self._poison.refused(source)
@@ -247,7 +248,7 @@ class OutboxRouter:
         assert self._txn is not None
         error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
         error = error if isinstance(error, KafkaError) else None
-        if error is not None and classify(error) is Action.FATAL:
+        if error is not None and classify(error) is ErrorAction.FATAL:
             raise FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
                                   "another instance may use the same instance id") from failure
         sources = self._txn.sources
@@ -312,7 +313,7 @@ class OutboxRouter:
                 log.info("event=source_topic_missing detail=%r", error.str())
                 self._waiting_for_source = True
             return
-        if classify(error) is Action.FATAL:
+        if classify(error) is ErrorAction.FATAL:
             raise FatalKafkaError(f"the consumer failed for good: {describe(error)}")
         log.warning("event=consumer_error error=%s", describe(error))
 

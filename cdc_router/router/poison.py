@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka.errors import RECORD_REFUSED, describe
-from cdc_router.kafka.producer import DeliveryFailure, Source
+from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 
 _TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                    "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
@@ -52,10 +52,10 @@ class PoisonIsolation:
 
     def __init__(self, refusals: frozenset[int] = RECORD_REFUSED) -> None:
         self._refusals = refusals
-        self._suspects: dict[Source, str] = {}
-        self._refused: dict[Source, str] = {}
-        self._isolated: Source | None = None
-        self._settling: set[Source] = set()  # dead-lettered in the open batch
+        self._suspects: dict[RecordCoordinates, str] = {}
+        self._refused: dict[RecordCoordinates, str] = {}
+        self._isolated: RecordCoordinates | None = None
+        self._settling: set[RecordCoordinates] = set()  # dead-lettered in the open batch
 
     @property
     def suspects(self) -> int:
@@ -64,27 +64,27 @@ class PoisonIsolation:
     def is_refusal(self, error: KafkaError | None) -> bool:
         return error is not None and error.code() in self._refusals
 
-    def refused(self, source: Source) -> str | None:
+    def refused(self, source: RecordCoordinates) -> str | None:
         """The reason to dead-letter `source` without producing it, when it was refused alone."""
         reason = self._refused.get(source)
         if reason is not None:
             self._settling.add(source)
         return reason
 
-    def alone(self, source: Source) -> bool:
+    def alone(self, source: RecordCoordinates) -> bool:
         """True when `source` is a suspect: it must be produced alone (see delivered_alone)."""
         if source in self._suspects:
             self._isolated = source
             return True
         return False
 
-    def delivered_alone(self, source: Source) -> None:
+    def delivered_alone(self, source: RecordCoordinates) -> None:
         """A suspect went through alone: it was innocent."""
         self._suspects.pop(source, None)
         self._isolated = None
 
     def learn(self, failures: Iterable[DeliveryFailure], batch_error: KafkaError | None,
-              batch_sources: Sequence[Source]) -> bool:
+              batch_sources: Sequence[RecordCoordinates]) -> bool:
         """Take an aborted batch's refusals; True when they name at least one input record.
 
         When the batch failed with a refusal (`batch_error`, e.g. from the commit) that no
@@ -108,7 +108,7 @@ class PoisonIsolation:
         self._settling.clear()
         return learned
 
-    def _blame(self, source: Source, reason: str) -> bool:
+    def _blame(self, source: RecordCoordinates, reason: str) -> bool:
         if source in self._refused:
             return False
         if source == self._isolated:

@@ -141,7 +141,7 @@ class RecordStep:
     def __call__(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
         """Decode, check for a replay, route and serialize one raw record."""
         try:
-            decoded = debezium.decode(key, value, topic=topic, settings=self._source)
+            decoded = debezium.decode_change(key, value, topic=topic, settings=self._source)
         except PROCESS_LEVEL:
             raise
         except Exception as error:

@@ -24,9 +24,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
-from cdc_router.errors import DeliveryError, FatalKafkaError
-from cdc_router.kafka.errors import RECORD_REFUSED, Action, classify, describe, kafka_error_of
-from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, Source
+from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
+from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.replay import changelog_record
 from cdc_router.router.clients import Timeouts
 from cdc_router.routing import OutboundRecord
@@ -47,29 +47,13 @@ class Delivered:
     created_at_ms: int | None
 
 
-class BatchFailed(Exception):
-    """The open batch cannot commit: abort it and rewind to the committed offsets."""
-
-    def __init__(self, reason: str, kafka_error: KafkaError | None = None) -> None:
-        super().__init__(reason)
-        self.kafka_error = kafka_error
-
-
-class RecordRefused(Exception):
-    """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
-
-    def __init__(self, error: KafkaError) -> None:
-        super().__init__(describe(error))
-        self.kafka_error = error
-
-
 @dataclass
 class _Batch:
     started: float = 0.0
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     delivered: list[Delivered] = field(default_factory=list)
-    sources: list[Source] = field(default_factory=list)
+    sources: list[RecordCoordinates] = field(default_factory=list)
     marks: list[tuple[str, int]] = field(default_factory=list)  # at least once: not yet sent
 
 
@@ -101,7 +85,7 @@ class Transaction:
         return self._batch.records
 
     @property
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[RecordCoordinates]:
         """The input records whose output this batch produced."""
         return list(self._batch.sources)
 
@@ -130,7 +114,8 @@ class Transaction:
         """The input record at `offset` is handled: the batch's offsets move past it."""
         self._batch.offsets[(topic, partition)] = offset + 1
 
-    def produce(self, record: OutboundRecord, source: Source, *, alone: bool = False) -> None:
+    def produce(self, record: OutboundRecord, source: RecordCoordinates, *,
+                alone: bool = False) -> None:
         """Queue one destination record; `alone` delivers what came before, then only it.
 
         Raises RecordRefused when librdkafka refuses it on the spot, BatchFailed when a
@@ -249,7 +234,7 @@ class Transaction:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
         error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
         error = error if isinstance(error, KafkaError) else None
-        if error is not None and classify(error) is Action.FATAL:
+        if error is not None and classify(error) is ErrorAction.FATAL:
             return FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
                                    "another instance may use the same instance id")
         return BatchFailed(str(failure), error)
@@ -264,11 +249,11 @@ class Transaction:
                 return
             except KafkaException as failure:
                 error = kafka_error_of(failure)
-                action = classify(error) if error is not None else Action.ABORT
-                if action is Action.FATAL and error is not None:
+                action = classify(error) if error is not None else ErrorAction.ABORT
+                if action is ErrorAction.FATAL and error is not None:
                     raise FatalKafkaError(f"Kafka transaction step {name!r} failed for good: "
                                           f"{describe(error)}") from failure
-                if action is Action.ABORT:
+                if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
                 if backoff is None:
                     raise BatchFailed(

@@ -27,7 +27,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import SerializationContext, SerializationError
 
-from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.errors import ConfigError
+from cdc_router.errors import PayloadDecodeError as PayloadDecodeError
 from cdc_router.serde.avro import CONFLUENT_MAGIC
 from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_HEADER,
@@ -49,10 +50,6 @@ Encoding = Literal["confluent", "single_object", "json"]
 # What fastavro's reader raises for a body that is not what its writer schema says.
 _BODY_ERRORS = (EOFError, ValueError, TypeError, IndexError, KeyError,
                 fastavro.read.SchemaResolutionError)
-
-
-class PayloadDecodeError(CdcRouterError):
-    """A record value could not be decoded: unknown schema, truncated or not what it claims."""
 
 
 @dataclass(frozen=True)

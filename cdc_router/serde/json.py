@@ -12,7 +12,7 @@ import re
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from cdc_router.errors import SerializeError, show
+from cdc_router.errors import JsonTooDeep, SerializeError, show
 
 if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
@@ -37,13 +37,6 @@ _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 # What a text with a lone surrogate holds, for reasons: "... holds " + LONE_SURROGATE.
 LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), which UTF-8 "
                   "cannot encode")
-
-
-class JsonTooDeep(ValueError):
-    """JSON text nested deeper than the limit; str() is the reason."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"nested deeper than {limit} levels")
 
 
 def _reject_constant(name: str) -> NoReturn:

@@ -28,7 +28,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializ
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from cdc_router.errors import CdcRouterError
+from cdc_router.errors import RegistryError as RegistryError  # re-exported: its old home
 
 if TYPE_CHECKING:
     from cdc_router.config.connections import SchemaRegistrySettings
@@ -50,14 +50,6 @@ STRATEGIES: dict[str, Callable[[SerializationContext, str | None], str | None]] 
     "record": record_subject_name_strategy,
     "topic_record": topic_record_subject_name_strategy,
 }
-
-
-class RegistryError(CdcRouterError):
-    """The schema registry refused a schema or could not be asked: the router must stop."""
-
-    def __init__(self, message: str, *, missing: bool = False) -> None:
-        super().__init__(message)
-        self.missing = missing  # the subject, or this schema under it, is not registered
 
 
 def subject_name(strategy: str, topic: str, record_name: str | None) -> str:

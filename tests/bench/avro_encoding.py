@@ -48,8 +48,8 @@ def events(count: int) -> list[OutboxEvent]:
     return [OutboxEvent(event_id=f"00000000-0000-0000-0000-{i:012d}", aggregate_type="Payment",
                         aggregate_id=f"pay-{i}", type="PaymentConfirmed",
                         payload=json.dumps(payload(i)).encode(), payload_is_json=True,
-                        headers=(), created_at_ms=1_700_000_000_000 + i, op="c", lsn=i, tx_id=i,
-                        source_ts_ms=None) for i in range(count)]
+                        headers=(), created_at_ms=1_700_000_000_000 + i, op="c", lsn=i, tx_id=i)
+            for i in range(count)]
 
 
 def best_rate(step: Callable[[Any], object], items: Sequence[Any], repeat: int) -> float:

@@ -178,7 +178,7 @@ def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_
     good = OutboxEvent(event_id="e-1", aggregate_type="Payment", aggregate_id="p-1",
                        type="PaymentConfirmed", payload=json.dumps(payment(1)).encode(),
                        payload_is_json=True, headers=(), created_at_ms=0, op="c", lsn=1,
-                       tx_id=1, source_ts_ms=None)
+                       tx_id=1)
     bad = replace(good, payload=json.dumps({**payment(1), "order_id": "x"}).encode())
     with registry_stub() as registry:
         for strategy in ("topic", "record", "topic_record"):

@@ -1,15 +1,24 @@
-"""The topic readers every integration test relies on: deterministic, whatever the timing."""
+"""The topic readers every integration test relies on, and the package's own (kafka/reader.py,
+used by `dlq list` and the changelog restore): deterministic, whatever the timing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cdc_router.dead_letter import dead_letter_headers
+from cdc_router.errors import DeliveryError
+from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from tests.integration.support import StackEndpoints, read_to_end, read_topic, unique
 
 pytestmark = pytest.mark.integration
@@ -96,3 +105,103 @@ def test_read_topic_waits_for_a_topic_that_does_not_exist_yet(stack: StackEndpoi
             future.result(timeout=30)
     assert _values(records) == sorted(f"v{i}".encode() for i in range(10))
     assert until[-1].value() == b"v4" and len(until) <= 10
+
+
+# cdc_router.kafka.reader ----------------------------------------------------------------
+
+def _commit(producer: Producer, topic: str, values: list[bytes],
+            headers: list[tuple[str, bytes]] | None = None) -> None:
+    producer.begin_transaction()
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, partition=i % 3, headers=headers or [])
+    producer.commit_transaction(30)
+
+
+def _reader(stack: StackEndpoints, topic: str) -> TopicReader:
+    return TopicReader({"bootstrap.servers": stack.bootstrap_servers}, topic,
+                       group_id=unique("reader"), what="test")
+
+
+def test_stable_end_is_the_committed_records_and_an_open_transaction_does_not_hold_it(
+        stack: StackEndpoints, topic: str) -> None:
+    writer, other = _transactional(stack, topic), _transactional(stack, topic)
+    committed = [f"c{i}".encode() for i in range(30)]
+    _commit(writer, topic, committed)
+    writer.begin_transaction()
+    writer.produce(topic, value=b"aborted", partition=1)
+    writer.flush(30)
+    writer.abort_transaction(30)
+    other.begin_transaction()
+    other.produce(topic, value=b"open", partition=0)
+    other.flush(30)
+    reader = _reader(stack, topic)
+    try:
+        started = time.monotonic()
+        values = sorted(m.value() for m in reader.read_to_end(end="stable", timeout_s=30))
+        took = time.monotonic() - started
+        # Partition 1: partition 0's stable end stays below the open transaction.
+        writer.begin_transaction()
+        writer.produce(topic, value=b"later", partition=1)
+        writer.commit_transaction(30)
+        again = [m.value() for m in reader.read_to_end(end="stable", timeout_s=30)]
+    finally:
+        reader.close()
+        other.abort_transaction(30)
+    assert values == sorted(committed)
+    assert took < 15, f"reading to the end took {took:.1f}s"
+    assert again == [b"later"]  # the second read goes on where the first stopped
+
+
+def test_log_end_waits_for_a_transaction_open_when_called(stack: StackEndpoints,
+                                                          topic: str) -> None:
+    writer = _transactional(stack, topic)
+    _commit(writer, topic, [b"first"])
+    writer.begin_transaction()
+    writer.produce(topic, key=b"id-2", value=b"second", partition=2)
+    writer.flush(30)
+    committer = threading.Timer(3.0, writer.commit_transaction, args=(30,))
+    reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
+    committer.start()
+    try:
+        marks = list(reader.catch_up(timeout_s=60))
+    finally:
+        committer.join()
+        reader.close()
+    assert sorted(value for _, value in marks if value) == [b"first", b"second"]
+
+
+def test_a_missing_topic_is_one_line_naming_it(stack: StackEndpoints) -> None:
+    missing = unique("no_such_topic").replace("_", "-")
+    reader = _reader(stack, missing)
+    with pytest.raises(DeliveryError, match=f"the test topic {missing} does not exist"):
+        list(reader.read_to_end())
+    reader.close()
+
+
+def test_dlq_list_shows_the_committed_dead_letters_at_once(stack: StackEndpoints, topic: str,
+                                                          tmp_path: Path) -> None:
+    writer, other = _transactional(stack, topic), _transactional(stack, topic)
+    headers = dead_letter_headers(topic="raw", partition=0, offset=5, stage="route",
+                                  error=ValueError("no route"), event_id="e-1")
+    _commit(writer, topic, [b"v1", b"v2"], headers)
+    other.begin_transaction()
+    other.produce(topic, value=b"open", partition=0, headers=headers)
+    other.flush(30)
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "dead_letter": {"topic": topic}}))
+    try:
+        started = time.monotonic()
+        listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
+                                 str(config), "-o", "json"], capture_output=True, text=True,
+                                check=True, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        other.abort_transaction(30)
+    shown = json.loads(listed.stdout)
+    assert [(entry["stage"], entry["source"], entry["event_id"], entry["error"],
+             entry["reason"]) for entry in shown] == [
+        ("route", "raw[0]@5", "e-1", "ValueError", "no route")] * 2
+    assert took < 20, f"dlq list took {took:.1f}s"

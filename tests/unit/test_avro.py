@@ -44,7 +44,7 @@ def event(payload: Any, event_type: str = "PaymentConfirmed", *,
     return OutboxEvent(event_id="7d3c0a8e-1f0b-4c5e-9a47-0d6f3b2c1a90", aggregate_type="Payment",
                        aggregate_id="pay-7", type=event_type, payload=body,
                        payload_is_json=raw is None, headers=(), created_at_ms=1_700_000_000_000,
-                       op="c", lsn=1, tx_id=1, source_ts_ms=1)
+                       op="c", lsn=1, tx_id=1)
 
 
 def rule(schema: str | dict[str, str] = str(PAYMENT), **extra: Any) -> RouteRule:

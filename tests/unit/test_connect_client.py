@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.connect import (
-    Action,
     ConfigChange,
     ConnectClient,
+    ConnectorAction,
     ConnectorStatus,
     UnknownConnectorError,
     diff_config,
@@ -360,7 +360,8 @@ def test_plan_creates_updates_or_leaves_alone() -> None:
     plans = [plan(connect, parse_spec(json.dumps({"name": name, "connector.class": "C"}), {},
                                       source="f")) for name in ("same", "other", "new")]
 
-    assert [item.action for item in plans] == [Action.UNCHANGED, Action.UPDATE, Action.CREATE]
+    assert [item.action for item in plans] == [
+        ConnectorAction.UNCHANGED, ConnectorAction.UPDATE, ConnectorAction.CREATE]
     assert plans[1].changes == (ConfigChange("connector.class", "D", "C"),)
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from cdc_router.consumer import ConsumedEvent, ConsumerFailed
+from cdc_router.consumer import ConsumedEvent
 from cdc_router.dead_letter import VALUE_DROPPED
+from cdc_router.errors import FatalKafkaError
 from tests.unit.consumer_fakes import Harness, dlq_headers, rec, record_size
 
 NEAR_1_MB = b"x" * 999_000
@@ -65,7 +66,7 @@ def test_a_dead_letter_the_broker_finds_too_large_is_retried_without_its_value()
 def test_a_dead_letter_refused_for_good_stops_the_consumer_after_max_attempts(code: int) -> None:
     h = Harness({0: [(None, b"{}", [])]})  # malformed: no event id
     h.producer.refusals = [KafkaError(code)] * 10
-    with pytest.raises(ConsumerFailed, match=r"dead-letter .*payments.confirmed\[0\]@0.*"
+    with pytest.raises(FatalKafkaError, match=r"dead-letter .*payments.confirmed\[0\]@0.*"
                                              r"fulfillment.dlq.*refused it 3 times"):
         h.run()
     assert h.producer.attempts == 3  # max_attempts, not forever

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from cdc_router.consumer import ConsumedEvent, ConsumerFailed, ConsumerSettings
+from cdc_router.consumer import ConsumedEvent, ConsumerSettings
 from cdc_router.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, FatalKafkaError
 from tests.unit.consumer_fakes import (
     DLQ,
     TOPIC,
@@ -258,7 +258,7 @@ def test_stop_finishes_the_record_in_hand_commits_and_closes() -> None:
 def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
-    with pytest.raises(ConsumerFailed, match="fatal"):
+    with pytest.raises(FatalKafkaError, match="fatal"):
         h.run()
     assert h.kafka.closed
 
@@ -268,7 +268,7 @@ def test_a_fenced_static_member_stops_the_loop_although_librdkafka_calls_it_not_
     # our group.instance.id took over, and carrying on would process its records twice.
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
-    with pytest.raises(ConsumerFailed, match="FENCED_INSTANCE_ID"):
+    with pytest.raises(FatalKafkaError, match="FENCED_INSTANCE_ID"):
         h.run()
     assert h.kafka.closed
 
@@ -280,7 +280,7 @@ def test_a_commit_refused_because_we_are_fenced_stops_the_loop() -> None:
         raise KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
 
     h.kafka.commit = fenced_commit  # type: ignore[method-assign]
-    with pytest.raises(ConsumerFailed, match="cannot commit offsets of group fulfillment: "
+    with pytest.raises(FatalKafkaError, match="cannot commit offsets of group fulfillment: "
                                              "FENCED_INSTANCE_ID"):
         h.run()
     assert h.kafka.closed
@@ -331,7 +331,13 @@ def test_a_failed_rewind_stops_the_loop_rather_than_skip_records() -> None:
         raise KafkaException(KafkaError(KafkaError._STATE))
 
     h.kafka.seek = broken_seek  # type: ignore[method-assign]
-    with pytest.raises(ConsumerFailed, match="cannot rewind"):
+    with pytest.raises(FatalKafkaError, match="cannot rewind"):
         h.run()
     assert h.kafka.closed
     assert h.kafka.committed == {}  # nothing acknowledged past the failed record
+
+
+def test_the_consumers_old_fatal_name_is_the_one_fatal_class() -> None:
+    # cdc_router.consumer documented ConsumerFailed; code catching it must catch the fatal error.
+    from cdc_router.consumer import ConsumerFailed
+    assert ConsumerFailed is FatalKafkaError

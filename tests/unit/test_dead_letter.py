@@ -29,3 +29,40 @@ def test_a_huge_reason_is_cut():
     headers = dict(letter.headers)
     assert len(headers["dlq.error.message"]) == 2000
     assert headers["dlq.event.id"] == b"e1"
+
+
+def test_router_and_consumer_dead_letters_carry_the_same_headers_but_attempts() -> None:
+    from cdc_router.consumer import dead_letter_headers
+
+    class Message:
+        def topic(self) -> str:
+            return "t"
+
+        def partition(self) -> int:
+            return 1
+
+        def offset(self) -> int:
+            return 7
+
+    error = ValueError("bad")
+    router = dead_letter(topic="t", partition=1, offset=7, key=None, value=None,
+                         original_headers=None, stage="decode", error=error, event_id="e1")
+    consumer = dict(dead_letter_headers(Message(), stage="decode", error=error, attempts=0,
+                                        event_id="e1"))
+    assert consumer.pop("dlq.attempts") == b"0"
+    assert dict(router.headers) == consumer
+
+
+def test_an_error_without_text_is_named_by_its_class() -> None:
+    letter = dead_letter(topic="t", partition=0, offset=0, key=None, value=b"v",
+                         original_headers=None, stage="route", error=KeyError())
+    assert dict(letter.headers)["dlq.error.message"] == b"KeyError"
+
+
+def test_a_record_over_the_limit_keeps_its_headers_and_loses_its_value() -> None:
+    letter = dead_letter(topic="t", partition=0, offset=0, key=b"k", value=b"v" * 500,
+                         original_headers=[("trace", b"t1")], stage="route",
+                         error=ValueError("x"), max_bytes=400)
+    headers = dict(letter.headers)
+    assert letter.value is None and headers["dlq.value.dropped.bytes"] == b"500"
+    assert headers["trace"] == b"t1" and headers["dlq.stage"] == b"route"

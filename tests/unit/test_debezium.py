@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cdc_router.config.source import SourceSettings
-from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import DecodeError
 from cdc_router.outbox import OutboxColumns
 
@@ -33,7 +33,7 @@ def raw(value: Any) -> bytes | None:
 
 def run(name: str, settings: SourceSettings | None = None, **changes: Any) -> OutboxEvent | Skipped:
     rec = record(name)
-    return decode(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
+    return decode_change(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
                   settings=settings or SourceSettings(topics=[rec["topic"]], **changes))
 
 
@@ -53,7 +53,7 @@ def row_of(value: dict[str, Any]) -> dict[str, Any]:
 def decode_mutated(name: str, mutate: Any, **changes: Any) -> OutboxEvent | Skipped:
     rec = record(name)
     mutate(rec["value"])
-    return decode(None, raw(rec["value"]), topic=rec["topic"],
+    return decode_change(None, raw(rec["value"]), topic=rec["topic"],
                   settings=SourceSettings(topics=[rec["topic"]], **changes))
 
 
@@ -77,8 +77,7 @@ def test_jsonb_event_fields_and_source_metadata() -> None:
     source = record("create_jsonb.schema")["value"]["payload"]["source"]
     assert (decoded.aggregate_type, decoded.aggregate_id, decoded.type) == (
         "Order", "order-42", "OrderPaid")
-    assert (decoded.lsn, decoded.tx_id, decoded.source_ts_ms) == (
-        source["lsn"], source["txId"], source["ts_ms"])
+    assert (decoded.lsn, decoded.tx_id) == (source["lsn"], source["txId"])
     assert decoded.column("tenant") == "acme-eu"
     assert ("tenant", "acme-eu") in decoded.extra_columns
 
@@ -87,7 +86,7 @@ def test_jsonb_event_fields_and_source_metadata() -> None:
 def test_both_converter_modes_decode_to_the_same_event(name: str) -> None:
     # Two connectors read the same row; only where each read it (snapshots differ) may differ.
     def row_only(decoded: OutboxEvent) -> OutboxEvent:
-        return replace(decoded, lsn=None, tx_id=None, source_ts_ms=None)
+        return replace(decoded, lsn=None, tx_id=None)
 
     assert row_only(event(f"{name}.schema")) == row_only(event(f"{name}.noschema"))
 
@@ -140,8 +139,8 @@ def test_bytea_without_schema_needs_payload_type_bytes() -> None:
 def test_bytea_hex_mode() -> None:
     decoded = event("create_bytea.hex", payload_type="bytes", binary_handling="hex")
     assert decoded.payload == BYTEA
-    assert replace(event("create_bytea.schema"), lsn=None, tx_id=None, source_ts_ms=None) == \
-        replace(decoded, lsn=None, tx_id=None, source_ts_ms=None)
+    assert replace(event("create_bytea.schema"), lsn=None, tx_id=None) == \
+        replace(decoded, lsn=None, tx_id=None)
 
 
 def test_bytea_wrong_binary_handling_is_a_decode_error() -> None:
@@ -178,7 +177,7 @@ def test_heartbeats_are_skipped(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_heartbeat_recognised_by_shape_on_any_topic(mode: str) -> None:
     value = raw(record(f"heartbeat.{mode}")["value"])
-    result = decode(None, value, topic="outbox.public.outbox",
+    result = decode_change(None, value, topic="outbox.public.outbox",
                     settings=SourceSettings(topics=["outbox.public.outbox"]))
     assert isinstance(result, Skipped) and result.reason == "heartbeat"
 
@@ -213,7 +212,7 @@ def test_hostile_aggregate_types_decode_verbatim(case: str, aggregate_type: str,
 ])
 def test_malformed_records_are_decode_errors(value: bytes, reason: str) -> None:
     with pytest.raises(DecodeError, match=reason):
-        decode(None, value, topic="t", settings=SourceSettings(topics=["t"]))
+        decode_change(None, value, topic="t", settings=SourceSettings(topics=["t"]))
 
 
 def _drop(column: str) -> Any:

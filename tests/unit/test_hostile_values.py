@@ -1,7 +1,7 @@
 """Hostile values in one row fail in their own stage with one readable reason, never a crash.
 
 Each case is a real captured Debezium event with its row altered (fixtures/debezium/hostile_*,
-see their "altered" note), put through decode() and Router.route() as the router does.
+see their "altered" note), put through decode_change() and Router.route() as the router does.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from cdc_router.cli import main
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
-from cdc_router.debezium import OutboxEvent, decode
-from cdc_router.errors import DecodeError, RouteError, SerializeError
+from cdc_router.debezium import OutboxEvent, decode_change
+from cdc_router.errors import DecodeError, JsonTooDeep, RouteError, SerializeError
 from cdc_router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
-from cdc_router.serde.json import MAX_JSON_DEPTH, JsonTooDeep, lone_surrogate, parse_json
+from cdc_router.serde.json import MAX_JSON_DEPTH, lone_surrogate, parse_json
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 MODES = ["schema", "noschema"]
@@ -41,10 +41,11 @@ def captured(name: str) -> dict[str, Any]:
 
 
 def decoded(name: str, value: dict[str, Any] | None = None) -> OutboxEvent | Any:
-    """decode() of the fixture's value, or of `value` (an altered copy) on its topic."""
+    """decode_change() of the fixture's value, or of `value` (an altered copy) on its topic."""
     rec = captured(name)
     raw = json.dumps(value if value is not None else rec["value"]).encode()
-    return decode(None, raw, topic=rec["topic"], settings=SourceSettings(topics=[rec["topic"]]))
+    return decode_change(None, raw, topic=rec["topic"],
+                         settings=SourceSettings(topics=[rec["topic"]]))
 
 
 def event(name: str) -> OutboxEvent:
@@ -273,7 +274,7 @@ def test_an_envelope_without_op_names_its_keys_escaped() -> None:
     value = {"ts_ms": 1, "evil\nkey\ud800": 2}
     with pytest.raises(DecodeError, match=r"no 'op' field \(keys: 'evil\\nkey\\ud800', "
                                           r"'ts_ms'\)") as caught:
-        decode(None, json.dumps(value).encode(), topic="t",
+        decode_change(None, json.dumps(value).encode(), topic="t",
                settings=SourceSettings(topics=["t"]))
     one_line(caught.value)
     str(caught.value).encode("utf-8")  # a dead letter's reason header is UTF-8

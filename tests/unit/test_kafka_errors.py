@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_router.kafka.errors import Action, classify, kafka_error_of
+from cdc_router.kafka.errors import ErrorAction, classify, kafka_error_of
 
 
 def test_fatal_wins_over_everything():
     error = KafkaError(KafkaError._FATAL, "fatal", fatal=True, retriable=True)
-    assert classify(error) is Action.FATAL
+    assert classify(error) is ErrorAction.FATAL
 
 
 def test_fencing_is_fatal_even_unflagged():
-    assert classify(KafkaError(KafkaError.PRODUCER_FENCED)) is Action.FATAL
-    assert classify(KafkaError(KafkaError.FENCED_INSTANCE_ID)) is Action.FATAL
+    assert classify(KafkaError(KafkaError.PRODUCER_FENCED)) is ErrorAction.FATAL
+    assert classify(KafkaError(KafkaError.FENCED_INSTANCE_ID)) is ErrorAction.FATAL
 
 
 def test_abortable_then_retriable_then_abort_by_default():
     assert classify(KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True,
-                               retriable=True)) is Action.ABORT
-    assert classify(KafkaError(KafkaError._TIMED_OUT, retriable=True)) is Action.RETRY
-    assert classify(KafkaError(KafkaError.INVALID_RECORD)) is Action.ABORT
+                               retriable=True)) is ErrorAction.ABORT
+    assert classify(KafkaError(KafkaError._TIMED_OUT, retriable=True)) is ErrorAction.RETRY
+    assert classify(KafkaError(KafkaError.INVALID_RECORD)) is ErrorAction.ABORT
 
 
 def test_kafka_error_of_unwraps_exceptions():

@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RouteError
-from cdc_router.kafka.consumer import ChangelogReader
+from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.router import clients
 from cdc_router.router.destinations import MISSING_RECHECK_S, DestinationMetadata
 

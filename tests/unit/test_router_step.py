@@ -114,7 +114,7 @@ def test_an_unforeseen_exception_is_that_records_dead_letter(
     def boom(*args: object, **kwargs: object) -> NoReturn:
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
 
-    target = {"decode": (debezium, "decode"), "route": (routing.Router, "route"),
+    target = {"decode": (debezium, "decode_change"), "route": (routing.Router, "route"),
               "serialize": (JsonSerializer, "serialize")}[stage]
     monkeypatch.setattr(*target, boom)
     result = step({"topic": "orders"})(SOURCE, None, raw_event("e-5"))

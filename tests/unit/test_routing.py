@@ -18,7 +18,7 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.topic_names import parse_topic_template, render_topic
-from cdc_router.debezium import OutboxEvent, Skipped, decode
+from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.partitioner import java_default_partition
 from cdc_router.routing import OutboundRecord, Router, rfc3339
@@ -30,7 +30,7 @@ SOURCE = "outbox.public.outbox"
 def captured(name: str, **source: Any) -> OutboxEvent:
     rec = json.loads((FIXTURES / f"{name}.json").read_text("utf-8"))
     value = json.dumps(rec["value"]).encode()
-    result = decode(None, value, topic=rec["topic"],
+    result = decode_change(None, value, topic=rec["topic"],
                     settings=SourceSettings(topics=[SOURCE], **source))
     assert isinstance(result, OutboxEvent)
     return result

@@ -1,4 +1,4 @@
-"""A small, synchronous Kafka Connect REST client, and connector files planned against it.
+"""A small, synchronous Kafka Connect REST client.
 
 Every failure is a ConnectError whose str() is one line: Connect unreachable (with the URL),
 an unknown connector (with its name), or Connect's status code and `message`.
@@ -7,22 +7,16 @@ an unknown connector (with its name), or Connect's status code and `message`.
 from __future__ import annotations
 
 import builtins
-import json
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from cdc_router.errors import ConfigError, ConnectError
-from cdc_router.placeholders import expand_tree, provider_references
-from cdc_router.redact import is_secret_key
+from cdc_router.errors import ConnectError, UnknownConnectorError
 
 log = logging.getLogger("cdc_router.connect")
 
@@ -37,17 +31,6 @@ DEFAULT_TIMEOUT = httpx.Timeout(100.0, connect=5.0)
 _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 1.0
 
-# Keys that Connect adds to a stored config itself; a file need not (and usually does not) say.
-CONNECT_MANAGED_KEYS = frozenset({"name"})
-_MASKED = re.compile(r"\*+|\[hidden\]")
-
-
-class UnknownConnectorError(ConnectError):
-    """The named connector does not exist on this Connect cluster."""
-
-    def __init__(self, name: str, url: str) -> None:
-        self.name = name
-        super().__init__(f"unknown connector {name!r} (Kafka Connect at {url})")
 
 
 @dataclass(frozen=True)
@@ -278,124 +261,3 @@ def _message(response: httpx.Response) -> str:
 
 def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
-
-
-# -- connector files ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConnectorSpec:
-    """A connector as declared in a file, placeholders expanded, every value a string."""
-
-    name: str
-    config: Mapping[str, str]
-    source: str
-
-    @property
-    def connector_class(self) -> str:
-        return self.config["connector.class"]
-
-
-def load_spec(path: Path, env: Mapping[str, str]) -> ConnectorSpec:
-    """Read a connector file: Connect's `{"name": ..., "config": {...}}` or a flat config."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read connector file: {error.strerror}",
-                          source=str(path)) from error
-    return parse_spec(text, env, source=str(path))
-
-
-def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSpec:
-    """Parse and expand one connector document; ConfigError names the file and the field."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"not valid JSON: {error.msg} at line {error.lineno} column "
-                          f"{error.colno}", source=source) from error
-    if not isinstance(data, dict):
-        raise ConfigError("expected a JSON object", source=source)
-    data = expand_tree(data, env, source=source)
-    if "config" in data:
-        unknown = sorted(set(data) - {"name", "config"})
-        if unknown:
-            raise ConfigError("unexpected top-level keys", source=source, value=unknown,
-                              hint="a connector file holds only 'name' and 'config'")
-        raw_config = data["config"]
-        if not isinstance(raw_config, dict):
-            raise ConfigError("must be an object", source=source, field="config")
-        name = data.get("name", raw_config.get("name"))
-    else:
-        raw_config = data
-        name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError("a connector needs a non-empty name", source=source, field="name")
-    config = {key: _config_value(value, source, key) for key, value in raw_config.items()}
-    if config.get("name", name) != name:
-        raise ConfigError("differs from the top-level name", source=source,
-                          field="config.name", value=config["name"])
-    if not config.get("connector.class"):
-        raise ConfigError("is required", source=source, field="config.connector.class")
-    return ConnectorSpec(name, config, source)
-
-
-def _config_value(value: Any, source: str, key: str) -> str:
-    # Connect stores every value as a string; normalising here keeps `diff` exact.
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str | int | float):
-        return str(value)
-    raise ConfigError("must be a string, number or boolean", source=source,
-                      field=f"config.{key}", value=value)
-
-
-def plain_secrets(config: Mapping[str, str]) -> list[str]:
-    """Secret keys whose value is written out instead of a config-provider reference."""
-    return sorted(key for key, value in config.items()
-                  if is_secret_key(key) and value and not provider_references(value))
-
-
-class Action(StrEnum):
-    CREATE = "create"
-    UPDATE = "update"
-    UNCHANGED = "unchanged"
-
-
-@dataclass(frozen=True)
-class ConfigChange:
-    """One key that differs: `deployed` None means added by the file, `desired` None removed."""
-
-    key: str
-    deployed: str | None
-    desired: str | None
-
-
-@dataclass(frozen=True)
-class ConnectorPlan:
-    """What applying a spec would do to the cluster."""
-
-    spec: ConnectorSpec
-    action: Action
-    changes: tuple[ConfigChange, ...]
-
-
-def diff_config(desired: Mapping[str, str],
-                deployed: Mapping[str, str]) -> tuple[ConfigChange, ...]:
-    """Keys that differ, ignoring keys Connect manages and secrets it shows masked."""
-    changes = []
-    for key in sorted((set(desired) | set(deployed)) - CONNECT_MANAGED_KEYS):
-        new, old = desired.get(key), deployed.get(key)
-        if new == old or (new is not None and old is not None and _MASKED.fullmatch(old)):
-            continue
-        changes.append(ConfigChange(key, old, new))
-    return tuple(changes)
-
-
-def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
-    """Compare a spec with the deployed connector of the same name."""
-    try:
-        deployed = client.get_config(spec.name)
-    except UnknownConnectorError:
-        return ConnectorPlan(spec, Action.CREATE, diff_config(spec.config, {}))
-    changes = diff_config(spec.config, deployed)
-    return ConnectorPlan(spec, Action.UPDATE if changes else Action.UNCHANGED, changes)

@@ -1,0 +1,178 @@
+"""Reading a topic to its end: every partition from its beginning, up to ends taken first.
+
+Deterministic, unlike "stop once nothing came for N seconds": the end offsets are fetched
+before reading, and the read stops when every partition's position has reached its end.
+Read with read_committed and without a group: no offsets are ever committed.
+
+Two ends, for two questions:
+- "stable" (the last stable offset): what is committed now; an open transaction is not waited
+  for (`dlq list`);
+- "log_end" (the high watermark, open transactions included): nothing written before the call
+  may be missed, so an open transaction is waited for until it commits or aborts (the router's
+  dedup changelog restore).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from cdc_router.errors import DeliveryError
+
+End = Literal["stable", "log_end"]
+
+# Metadata and offset lookups: the broker answers in milliseconds; 30 s covers a controller
+# election, after which the caller's own retry (or the user) takes over.
+_LOOKUP_TIMEOUT_S = 30
+# A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
+# does not retry that for a watermark query, so we do, this often.
+_LEADER_WAIT_S = 0.5
+
+
+def log_end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+    """partition → the log end offset as read_uncommitted sees it (open transactions included).
+
+    A read_committed consumer's watermarks stop at the last stable offset, which an open
+    transaction holds back; this is where a record written before now certainly lies below.
+    """
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    futures = admin.list_offsets({TopicPartition(topic, p): latest for p in partitions},
+                                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                 request_timeout=_LOOKUP_TIMEOUT_S)
+    return {tp.partition: future.result().offset for tp, future in futures.items()}
+
+
+def stable_offsets(consumer: Consumer, topic: str, partitions: list[int],
+                   deadline: float) -> dict[int, int]:
+    """partition → the last stable offset (a read_committed consumer's high watermark)."""
+    ends = {}
+    for partition in partitions:
+        while True:
+            try:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=_LOOKUP_TIMEOUT_S, cached=False)
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(_LEADER_WAIT_S)
+        ends[partition] = int(high)
+    return ends
+
+
+def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int]:
+    """Assign every partition of `topic` from its first offset; DeliveryError if it is missing.
+
+    Never creates the topic by looking it up (the consumer's allow.auto.create.topics is off):
+    `topics apply` creates it.
+    """
+    found = consumer.list_topics(topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(topic)
+    if found is None or found.error is not None:
+        raise DeliveryError(f"the {what} topic {topic} does not exist: run "
+                            "`cdc-router topics apply -c <config>` first")
+    partitions = sorted(found.partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    return partitions
+
+
+def reached(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
+    """Whether every partition's position is at its end, or it holds nothing below it."""
+    for position in consumer.position([TopicPartition(topic, p) for p in ends]):
+        end = ends[position.partition]
+        if end <= 0 or position.offset >= end:
+            continue
+        if position.offset < 0:
+            # Nothing consumed yet: reached only if retention left nothing below the end.
+            low, _ = consumer.get_watermark_offsets(position, timeout=_LOOKUP_TIMEOUT_S,
+                                                    cached=False)
+            if low >= end:
+                continue
+        return False
+    return True
+
+
+class TopicReader:
+    """Reads one topic to its end, and again later from where it stopped; built lazily."""
+
+    def __init__(self, config: Mapping[str, Any], topic: str, *, group_id: str,
+                 what: str) -> None:
+        self._config = {
+            **config,
+            # Needed by librdkafka, never joined: partitions are assigned, offsets not committed.
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "allow.auto.create.topics": False,
+        }
+        self._client_config = {key: value for key, value in config.items()
+                               if key != "allow.auto.create.topics"}  # not an admin property
+        self._topic = topic
+        self._what = what
+        self._consumer: Consumer | None = None
+        self._partitions: list[int] = []
+        self._admin: AdminClient | None = None
+
+    def read_to_end(self, *, end: End = "stable",
+                    timeout_s: float = 300.0) -> Iterator[Message]:
+        """Yield every committed record up to the ends as of this call (see the module doc).
+
+        Records consumed past an end in the last fetch are yielded too, not dropped: the
+        next call goes on after them. Control markers and transient errors are passed over.
+        """
+        deadline = time.monotonic() + timeout_s
+        consumer = self._assigned()
+        if end == "stable":
+            ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
+        else:
+            if self._admin is None:
+                self._admin = AdminClient(self._client_config)
+            ends = log_end_offsets(self._admin, self._topic, self._partitions)
+        while not reached(consumer, self._topic, ends):
+            if time.monotonic() > deadline:
+                raise DeliveryError(f"reading the {self._what} topic {self._topic} to its end "
+                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
+            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                if message.error() is None:
+                    yield message
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _assigned(self) -> Consumer:
+        if self._consumer is None:
+            consumer = Consumer(self._config)
+            try:
+                self._partitions = assign_from_beginning(consumer, self._topic, self._what)
+            except BaseException:
+                consumer.close()
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+
+class ChangelogReader(TopicReader):
+    """The router's dedup changelog, read to its log end on each partition assignment."""
+
+    def __init__(self, config: Mapping[str, Any], topic: str) -> None:
+        super().__init__(config, topic, what="dedup changelog",
+                         group_id=f"{config.get('client.id', 'cdc-router')}-changelog-reader")
+
+    def catch_up(self, timeout_s: float = 300.0) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """(key, value) of every committed mark written before this call, waiting for a
+        transaction still open (it may hold marks of a previous owner of our partitions)."""
+        for message in self.read_to_end(end="log_end", timeout_s=timeout_s):
+            yield message.key(), message.value()

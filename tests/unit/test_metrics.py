@@ -1,0 +1,49 @@
+"""/metrics (prometheus_client's exposition) and /healthz over real HTTP on a free port."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from cdc_router.metrics import RouterMetrics, serve
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[RouterMetrics, list[bool], str]]:
+    metrics, alive = RouterMetrics(), [True]
+    server = serve(metrics, 0, lambda: alive[0], host="127.0.0.1")
+    try:
+        yield metrics, alive, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+def test_metrics_are_prometheus_text(served: tuple[RouterMetrics, list[bool], str]) -> None:
+    metrics, _, base = served
+    metrics.dead_letters.labels("route").inc(3)
+    status, kind, body = get(f"{base}/metrics")
+    assert status == 200 and kind.startswith("text/plain")
+    assert 'cdc_router_dead_letters_total{stage="route"} 3.0' in body
+
+
+def test_healthz_follows_liveness(served: tuple[RouterMetrics, list[bool], str]) -> None:
+    _, alive, base = served
+    assert get(f"{base}/healthz")[::2] == (200, "ok\n")
+    alive[0] = False
+    assert get(f"{base}/healthz")[::2] == (503, "stalled\n")
+
+
+def test_other_paths_are_not_found(served: tuple[RouterMetrics, list[bool], str]) -> None:
+    assert get(f"{served[2]}/")[0] == 404
