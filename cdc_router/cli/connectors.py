@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,11 @@ from typing import Any
 import click
 
 from cdc_router.cli._output import emit, output_option, table
+from cdc_router.config.redact import redact
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError
-from cdc_router.redact import redact
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
@@ -48,6 +49,12 @@ _FILES = click.option("-f", "--file", "files", multiple=True, required=True,
                       type=click.Path(dir_okay=False, path_type=Path),
                       help="Connector file (JSON, ${VAR} placeholders); repeatable.")
 _NAME = click.argument("name")
+
+
+def _shows_one_connector(function: Callable[..., None]) -> click.Command:
+    """A command about one connector, by name, with -o text|json."""
+    command: click.Command = cli.command()(_NAME(output_option(pass_state(function))))
+    return command
 
 
 @click.group("connectors")
@@ -187,10 +194,7 @@ def list_(state: _State, output: str) -> None:
         else "no connectors")
 
 
-@cli.command()
-@_NAME
-@output_option
-@pass_state
+@_shows_one_connector
 def get(state: _State, name: str, output: str) -> None:
     """A connector's deployed config (secrets masked unless they are provider references)."""
     info = state.client.get(name)
@@ -199,10 +203,7 @@ def get(state: _State, name: str, output: str) -> None:
         f"{key} = {value}" for key, value in sorted(data["config"].items())))
 
 
-@cli.command()
-@_NAME
-@output_option
-@pass_state
+@_shows_one_connector
 def status(state: _State, name: str, output: str) -> None:
     """Connector and task states, with the trace of whatever FAILED."""
     current = state.client.get_status(name)

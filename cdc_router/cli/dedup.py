@@ -17,7 +17,7 @@ import click
 from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
 from cdc_router.cli.outbox import dsn_option
-from cdc_router.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
+from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")

@@ -24,7 +24,7 @@ def cli(config_path: Path, dsn: str) -> None:
     does all of it).
     """
     logging.basicConfig(level="WARNING", format="%(asctime)s level=%(levelname)s %(message)s")
-    from cdc_router.demo import run_demo, run_fulfillment
+    from cdc_router.local.demo import run_demo, run_fulfillment
 
     compiled = load_config(config_path, env=os.environ)
     records = run_demo(compiled, dsn, click.echo)

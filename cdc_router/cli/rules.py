@@ -15,12 +15,12 @@ import click
 from cdc_router.cli._output import output_option, table
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.redact import redact_tree
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
-from cdc_router.debezium import OutboxEvent
-from cdc_router.redact import redact_tree
+from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
-from cdc_router.routing import OutboundRecord, rfc3339
 from cdc_router.serde.json import parse_json
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole

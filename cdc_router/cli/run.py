@@ -12,13 +12,13 @@ from types import FrameType
 import click
 from confluent_kafka import KafkaException
 
-from cdc_router.cleanup import OutboxCleaner
-from cdc_router.committed_ids import CommittedIds
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
-from cdc_router.metrics import RouterMetrics, poll_is_recent, serve
-from cdc_router.router import OutboxRouter
+from cdc_router.router.cleanup import OutboxCleaner
+from cdc_router.router.committed_ids import CommittedIds
+from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from cdc_router.config.load import load_config
-from cdc_router.topics import TopicAdmin, TopicPlan
+from cdc_router.router.topics import TopicAdmin, TopicPlan
 
 config_option = click.option("-c", "--config", "config_path", required=True,
                              type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",

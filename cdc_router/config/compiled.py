@@ -19,7 +19,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.serde import Serializer, serializer_for
 
 if TYPE_CHECKING:
-    from cdc_router.debezium import OutboxEvent
+    from cdc_router.router.debezium import OutboxEvent
 
 
 class RouteMatcher:

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.redact import MASK, is_secret_key
 from cdc_router.errors import ConfigError
-from cdc_router.redact import MASK, is_secret_key
 
 ENV_PREFIX = "CDC_ROUTER__"
 # Maps whose keys are Kafka properties (dots).

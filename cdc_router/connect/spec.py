@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_router.config.placeholders import expand_tree, provider_references
+from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
-from cdc_router.placeholders import expand_tree, provider_references
-from cdc_router.redact import is_secret_key
 
 
 @dataclass(frozen=True)

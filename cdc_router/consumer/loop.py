@@ -29,9 +29,9 @@ from typing import Any, Generic, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
 from cdc_router.consumer.settings import ConsumerSettings
-from cdc_router.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,

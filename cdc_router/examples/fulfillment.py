@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup.postgres import PostgresDedupStore
+from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import table_identifier
 

@@ -1,6 +1,6 @@
 """Operators' tools for the outbox: how big and old it is, and purging old rows by age.
 
-The router's own cleanup (cdc_router.cleanup) deletes rows once their events are delivered;
+The router's own cleanup (cdc_router.router.cleanup) deletes rows once their events are delivered;
 these are for a person at a terminal (`cdc-router outbox stats`, `outbox purge`), e.g. for rows
 that a crashed router without a dedup changelog left behind.
 """

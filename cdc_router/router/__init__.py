@@ -4,10 +4,13 @@
 - transaction.py: one batch and the numbered procedure that commits it (KIP-98/KIP-447);
 - poison.py: finding and dead-lettering the record the broker refuses;
 - loop.py: OutboxRouter, the loop that owns the clients and handles rebalances;
-- clients.py: every client's configuration; destinations.py: the topic metadata cache.
+- clients.py: every client's configuration; destinations.py: the topic metadata cache;
+- debezium.py: the Debezium change-event envelope to an OutboxEvent;
+- routing.py: the routes applied to an event; partitioner.py: Kafka's default partitioner;
+- replay.py: the replay filter over the dedup changelog; committed_ids.py: its sweep;
+- cleanup.py: deleting or ageing out delivered outbox rows; topics.py: `topics apply`;
+- metrics.py: Prometheus metrics and the health endpoint.
+
+This file imports nothing, so that a module needing one piece (config needs the OutboxEvent
+type) does not load the whole router.
 """
-
-from cdc_router.router.loop import OutboxRouter
-from cdc_router.router.transaction import Delivered
-
-__all__ = ["Delivered", "OutboxRouter"]

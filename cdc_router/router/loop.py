@@ -26,11 +26,11 @@ from cdc_router.kafka.consumer import record_headers, rewind_to_committed
 from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
-from cdc_router.metrics import RouterMetrics
-from cdc_router.replay import ReplayFilter, parse_changelog
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, record_refusals
+from cdc_router.router.replay import ReplayFilter, parse_changelog
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.transaction import Delivered, Transaction
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
-from cdc_router import debezium
 from cdc_router.dead_letter import Stage
-from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, RouteError
+from cdc_router.router import debezium
+from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
-from cdc_router.routing import OutboundRecord, Router
+from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.serde.registry import RegistryError
 
 if TYPE_CHECKING:

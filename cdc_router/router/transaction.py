@@ -27,9 +27,9 @@ from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
-from cdc_router.replay import changelog_record
 from cdc_router.router.clients import Timeouts
-from cdc_router.routing import OutboundRecord
+from cdc_router.router.replay import changelog_record
+from cdc_router.router.routing import OutboundRecord
 
 log = logging.getLogger("cdc_router.router")
 

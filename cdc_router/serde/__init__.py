@@ -22,7 +22,7 @@ from cdc_router.errors import ConfigError
 if TYPE_CHECKING:
     from cdc_router.config.model import RouterConfig
     from cdc_router.config.routes import RouteRule
-    from cdc_router.debezium import OutboxEvent
+    from cdc_router.router.debezium import OutboxEvent
 
 
 class Serializer(Protocol):

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from cdc_router.config.connections import SchemaRegistrySettings
     from cdc_router.config.routes import RouteRule
-    from cdc_router.debezium import OutboxEvent
+    from cdc_router.router.debezium import OutboxEvent
 
 # Recognised, never written here: confluent-kafka's serializer writes the wire format.
 CONFLUENT_MAGIC = b"\x00"  # Confluent wire format: magic byte, then a 4-byte schema id

@@ -16,7 +16,7 @@ from cdc_router.errors import JsonTooDeep, SerializeError, show
 
 if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
-    from cdc_router.debezium import OutboxEvent
+    from cdc_router.router.debezium import OutboxEvent
 
 # Deepest nesting of objects and arrays accepted in a payload or headers column. Python's parser
 # recurses once per level and stops near 1,000 (sys.getrecursionlimit()) minus the caller's

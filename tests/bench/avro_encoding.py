@@ -27,7 +27,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
-from cdc_router.debezium import OutboxEvent
+from cdc_router.router.debezium import OutboxEvent
 from cdc_router.serde.avro import AvroSerializer, encode
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import load_schema

@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
-from cdc_router.metrics import RouterMetrics
-from cdc_router.router import OutboxRouter
-from cdc_router.topics import TopicAdmin
+from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.topics import TopicAdmin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"
 

@@ -21,8 +21,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
-from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import SerializeError
+from cdc_router.router.debezium import OutboxEvent
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.decode import PayloadDecoder
 from cdc_router.serde.registry import RegistryError

@@ -20,11 +20,11 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
-from cdc_router.cleanup import OutboxCleaner
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
-from cdc_router.router import Delivered
+from cdc_router.router.cleanup import OutboxCleaner
+from cdc_router.router.transaction import Delivered
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints, unique
 

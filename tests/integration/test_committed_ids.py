@@ -9,9 +9,9 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.committed_ids import CommittedIds
 from cdc_router.dead_letter import EVENT_ID
-from cdc_router.replay import changelog_record
+from cdc_router.router.committed_ids import CommittedIds
+from cdc_router.router.replay import changelog_record
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import MemoryDedupStore
+from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.serde.avro import CONFLUENT_MAGIC, load_schema
 from cdc_router.serde.decode import PayloadDecoder
 from tests.integration.registry_stub import registry_stub

@@ -29,8 +29,14 @@ from psycopg import sql
 
 from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import DedupKey, DedupStoreError, EffectAborted, MemoryDedupStore, Outcome
-from cdc_router.dedup.postgres import PostgresDedupStore, run_purge_loop
+from cdc_router.consumer.dedup import (
+    DedupKey,
+    DedupStoreError,
+    EffectAborted,
+    MemoryDedupStore,
+    Outcome,
+)
+from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
 from tests.integration.support import StackEndpoints, read_topic, unique
 
 pytestmark = pytest.mark.integration

@@ -21,8 +21,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import DedupKey, DedupStoreError, Outcome
-from cdc_router.dedup.redis import RedisDedupStore
+from cdc_router.consumer.dedup import DedupKey, DedupStoreError, Outcome
+from cdc_router.consumer.dedup.redis import RedisDedupStore
 from cdc_router.errors import ConfigError
 from tests.integration.redis_server import RedisServer
 from tests.integration.support import StackEndpoints, unique
@@ -68,8 +68,8 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
 _CRASHING_WORKER = """
 import os, sys
 import redis
-from cdc_router.dedup import DedupKey
-from cdc_router.dedup.redis import RedisDedupStore
+from cdc_router.consumer.dedup import DedupKey
+from cdc_router.consumer.dedup.redis import RedisDedupStore
 url, lease_ms, effect_file, crash_point, group = sys.argv[1:6]
 store = RedisDedupStore(redis.Redis.from_url(url), lease_ms=int(lease_ms))
 def effect(_client):
@@ -170,7 +170,7 @@ def test_limit_a_lease_that_expires_while_the_handler_runs_lets_a_second_worker_
     wait_until(lambda: fast.state(KEY) is None)  # the slow worker's lease ran out
     assert fast.run_once(KEY, effects.effect) is Outcome.DONE
     assert effects.runs == 1
-    with caplog.at_level(logging.WARNING, logger="cdc_router.dedup.redis"):
+    with caplog.at_level(logging.WARNING, logger="cdc_router.consumer.dedup.redis"):
         release.set()
         worker.join(30)
     assert outcomes == [Outcome.DONE]

@@ -19,9 +19,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.config.load import load_config
-from cdc_router.partitioner import java_default_partition
-from cdc_router.router import OutboxRouter
-from cdc_router.routing import Router
+from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import apply_topics, pipeline, set_topic_config
 from tests.integration.support import StackEndpoints, replay_seed

@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
+from cdc_router.config.placeholders import expand_tree, provider_references
 from cdc_router.errors import ConfigError
 from cdc_router.local import config as local
 from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION, POSTGRES_MAJOR
-from cdc_router.placeholders import expand_tree, provider_references
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
-from cdc_router.dedup import MemoryDedupStore
+from cdc_router.consumer.dedup import MemoryDedupStore
 
 TOPIC = "payments.confirmed"
 DLQ = "fulfillment.dlq"

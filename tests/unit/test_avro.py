@@ -22,9 +22,9 @@ from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.routes import RouteRule
-from cdc_router.debezium import OutboxEvent
 from cdc_router.errors import ConfigError, SerializeError
-from cdc_router.routing import OutboundRecord, Router
+from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text

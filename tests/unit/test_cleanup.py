@@ -8,13 +8,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
-from cdc_router import cleanup
-from cdc_router.cleanup import OutboxCleaner
-from cdc_router.committed_ids import CommittedIds
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
-from cdc_router.router import Delivered
+from cdc_router.router import cleanup
+from cdc_router.router.cleanup import OutboxCleaner
+from cdc_router.router.committed_ids import CommittedIds
+from cdc_router.router.transaction import Delivered
 
 
 def _cleaner(created_at_column: str | None = "created_at", **settings: object) -> OutboxCleaner:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
+from cdc_router.config.redact import redact
 from cdc_router.connect import (
     ConfigChange,
     ConnectClient,
@@ -26,7 +27,6 @@ from cdc_router.connect import (
     plan,
 )
 from cdc_router.errors import ConfigError, ConnectError
-from cdc_router.redact import redact
 
 URL = "http://connect.test:8083"
 CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings
-from cdc_router.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
+from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
 from cdc_router.errors import ConfigError, FatalKafkaError
 from tests.unit.consumer_fakes import (
     DLQ,

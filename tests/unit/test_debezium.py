@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from cdc_router.config.source import SourceSettings
-from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import DecodeError
 from cdc_router.outbox import OutboxColumns
+from cdc_router.router.debezium import OutboxEvent, Skipped, decode_change
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 PAYLOAD = {"orderId": 42, "amount": "19.99", "currency": "EUR", "note": "crème brûlée ✓"}

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.cli._durations import parse_duration
-from cdc_router.dedup.postgres import PostgresDedupStore
+from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import ConfigError
 
 

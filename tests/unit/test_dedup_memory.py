@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from cdc_router.dedup import DedupKey, MemoryDedupStore, Outcome
+from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore, Outcome
 
 
 def test_first_run_is_done_then_duplicate() -> None:

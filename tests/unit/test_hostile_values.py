@@ -19,9 +19,9 @@ from cdc_router.cli import main
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
-from cdc_router.debezium import OutboxEvent, decode_change
 from cdc_router.errors import DecodeError, JsonTooDeep, RouteError, SerializeError
-from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.router.debezium import OutboxEvent, decode_change
+from cdc_router.router.routing import OutboundRecord, Router, rfc3339
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
 from cdc_router.serde.json import MAX_JSON_DEPTH, lone_surrogate, parse_json
 

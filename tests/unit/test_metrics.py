@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc_router.metrics import RouterMetrics, serve
+from cdc_router.router.metrics import RouterMetrics, serve
 
 
 @pytest.fixture

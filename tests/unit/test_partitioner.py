@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_router.local.versions import KAFKA_VERSION
-from cdc_router.partitioner import java_default_partition, murmur2, to_positive
+from cdc_router.router.partitioner import java_default_partition, murmur2, to_positive
 
 # Apache Kafka, clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2.
 KAFKA_MURMUR2_VECTORS = [

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cdc_router.config.placeholders import expand, expand_tree, provider_references
 from cdc_router.errors import ConfigError
-from cdc_router.placeholders import expand, expand_tree, provider_references
 
 
 def test_a_set_variable_is_substituted() -> None:

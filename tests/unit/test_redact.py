@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.redact import MASK, is_secret_key, redact, redact_tree
+from cdc_router.config.redact import MASK, is_secret_key, redact, redact_tree
 from tests.unit.test_connect_client import ScriptedConnect, run_cli
 
 PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_router.replay import ReplayFilter, changelog_record, parse_changelog
+from cdc_router.router.replay import ReplayFilter, changelog_record, parse_changelog
 
 
 def test_pending_ids_count_within_the_batch_and_only_survive_a_commit():

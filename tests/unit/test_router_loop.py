@@ -11,9 +11,9 @@ from confluent_kafka import KafkaError
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import FatalKafkaError
-from cdc_router.metrics import RouterMetrics
-from cdc_router.replay import changelog_record
-from cdc_router.router import OutboxRouter
+from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.replay import changelog_record
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,

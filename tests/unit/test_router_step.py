@@ -9,14 +9,14 @@ from typing import Any, NoReturn
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_router import debezium, routing
 from cdc_router.config import compiled as compiled_module
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.routes import RouteRule
 from cdc_router.errors import DecodeError, RouteError, SerializeError
-from cdc_router.partitioner import java_default_partition
+from cdc_router.router import debezium, routing
+from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, Skipped
 from cdc_router.serde import Serializer, serializer_for
 from cdc_router.serde.json import JsonSerializer

@@ -11,8 +11,8 @@ from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
-from cdc_router.routing import OutboundRecord
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,

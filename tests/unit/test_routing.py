@@ -18,10 +18,10 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.topic_names import parse_topic_template, render_topic
-from cdc_router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.errors import ConfigError, RouteError, SerializeError
-from cdc_router.partitioner import java_default_partition
-from cdc_router.routing import OutboundRecord, Router, rfc3339
+from cdc_router.router.debezium import OutboxEvent, Skipped, decode_change
+from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.routing import OutboundRecord, Router, rfc3339
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 SOURCE = "outbox.public.outbox"

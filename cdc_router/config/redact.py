@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cdc_router.placeholders import provider_references
+from cdc_router.config.placeholders import provider_references
 
 MASK = "*****"
 

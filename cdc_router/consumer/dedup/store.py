@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-# Re-exported: the stores and users import them from here and from cdc_router.dedup.
+# Re-exported: the stores and users import them from here and from cdc_router.consumer.dedup.
 from cdc_router.errors import DedupStoreError as DedupStoreError
 from cdc_router.errors import EffectAborted as EffectAborted
 

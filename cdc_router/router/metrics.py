@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 if TYPE_CHECKING:
-    from cdc_router.router import Delivered
+    from cdc_router.router.transaction import Delivered
 
 
 class RouterMetrics:

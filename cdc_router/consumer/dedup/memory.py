@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from cdc_router.dedup.store import DedupKey, Outcome
+from cdc_router.consumer.dedup.store import DedupKey, Outcome
 
 
 class MemoryDedupStore:

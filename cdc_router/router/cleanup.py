@@ -37,9 +37,9 @@ from psycopg import sql
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import one_line, regclass_text, table_identifier
-from cdc_router.router import Delivered
+from cdc_router.router.transaction import Delivered
 
-log = logging.getLogger("cdc_router.cleanup")
+log = logging.getLogger("cdc_router.router.cleanup")
 
 # Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
 # for the sweep or `cdc-router outbox purge`): memory is bounded, and no undelivered row is
@@ -54,7 +54,7 @@ _MAX_BACKOFF_S = 30.0
 
 
 class CommittedIdSource(Protocol):
-    """Where the sweep reads committed ids from (cdc_router.committed_ids.CommittedIds)."""
+    """Where the sweep reads committed ids from (cdc_router.router.committed_ids.CommittedIds)."""
 
     def next(self, max_ids: int) -> list[tuple[str, int]]: ...
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import redis
 
-from cdc_router.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome
 from cdc_router.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import write_event
-from cdc_router.router import OutboxRouter
+from cdc_router.router.loop import OutboxRouter
 
 Say = Callable[[str], None]
 # Debezium needs a moment to see the commit, the router one batch to commit it: seconds.

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
 from cdc_router.config.topic_names import render_topic
-from cdc_router.debezium import OutboxEvent, Skipped
 from cdc_router.errors import RouteError, show
-from cdc_router.partitioner import java_default_partition
+from cdc_router.router.debezium import OutboxEvent, Skipped
+from cdc_router.router.partitioner import java_default_partition
 from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.dead_letter import EVENT_ID
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import assign_from_beginning, log_end_offsets, reached
-from cdc_router.replay import parse_changelog
+from cdc_router.router.replay import parse_changelog
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
 # retention.ms is the window): a mark and its dead letter carry about the same time.

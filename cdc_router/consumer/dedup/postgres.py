@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from cdc_router.dedup.store import DedupKey, DedupStoreError, EffectAborted, Outcome
+from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, EffectAborted, Outcome
 from cdc_router.postgres import delete_in_chunks, one_line, table_identifier
 
 log = logging.getLogger(__name__)
