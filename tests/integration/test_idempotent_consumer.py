@@ -42,7 +42,9 @@ from tests.integration.support import StackEndpoints, read_topic, unique
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "cdc_router" / "examples" / "fulfillment.py"
+# Run as a module from the checkout (cwd=REPO), so that it imports this checkout's package,
+# not whichever one an editable install points at.
+EXAMPLE = "cdc_router.examples.fulfillment"
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -411,7 +413,7 @@ class Worker:
     def __init__(self, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
         with log_path.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, str(EXAMPLE), *args], cwd=REPO,
+            self.process = subprocess.Popen([sys.executable, "-m", EXAMPLE, *args], cwd=REPO,
                                             stdin=subprocess.DEVNULL, stdout=log,
                                             stderr=subprocess.STDOUT)
 
