@@ -8,7 +8,9 @@ The raw topic is filled with Debezium change events in the exact shape the conne
 (JsonConverter, schemas disabled; see tests/unit/fixtures/debezium/create_jsonb.noschema.json),
 the same ones on every run (seeded ids). Each router rate is also shown as a ratio to the plain
 loop's, measured in the same run: on a shared machine only the ratio compares across runs.
-`--profile` runs the router (exactly once) under cProfile instead and prints its top functions.
+`--profile` runs the router (exactly once) under cProfile instead and prints its top functions;
+`--step` times the pure per-record step alone (decode, replay check, route, serialize) on the
+same events, without a broker: the CPU cost per event, steadier than the rates on a busy machine.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cdc_router.config.load import load_config
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.step import RecordStep
 from cdc_router.router.topics import TopicAdmin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"
@@ -174,13 +177,37 @@ def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
     return events / elapsed
 
 
+def time_step(events: int, workdir: Path, repeat: int = 3) -> float:
+    """Events/s of RecordStep alone over the bench's events, the best of `repeat` runs."""
+    config_path = workdir / "step.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "source": {"topics": ["raw"]},
+        "routes": [{"topic": "orders"}], "dead_letter": {"topic": "dlq"}}))
+    step = RecordStep(load_config(config_path), lambda topic: 4)
+    records = raw_records(events)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for key, value in records:
+            step("raw", key, value)
+        best = min(best, time.perf_counter() - started)
+    return events / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--bootstrap", default="127.0.0.1:19092")
     parser.add_argument("--profile", action="store_true",
                         help="profile the router (exactly once) instead of the benchmark")
+    parser.add_argument("--step", action="store_true",
+                        help="time the per-record step alone, no broker needed")
     args = parser.parse_args()
+    if args.step:
+        with tempfile.TemporaryDirectory() as workdir:
+            rate = time_step(args.events, Path(workdir))
+        print(f"step alone: {rate:,.0f} events/s, {1e6 / rate:.1f} us/event")
+        return
     raw = f"bench-raw-{uuid.uuid4().hex[:6]}"
     print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
     fill_raw_topic(args.bootstrap, raw, args.events)
