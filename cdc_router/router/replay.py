@@ -28,7 +28,8 @@ class ChangelogRecord:
 
 
 def changelog_record(event_id: str, delivered_ms: int) -> ChangelogRecord:
-    return ChangelogRecord(event_id.encode(), json.dumps({"ts": delivered_ms}).encode())
+    # json.dumps({"ts": delivered_ms}) byte for byte, without its cost on every event.
+    return ChangelogRecord(event_id.encode(), b'{"ts": %d}' % delivered_ms)
 
 
 def parse_changelog(key: bytes | None, value: bytes | None) -> tuple[str, int] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from cdc_router.router.replay import ReplayFilter, changelog_record, parse_changelog
 
 
@@ -31,6 +33,7 @@ def test_beyond_max_ids_the_oldest_go_first():
 
 def test_changelog_records_round_trip_and_garbage_is_ignored():
     record = changelog_record("6f1c", 1234)
+    assert record.value == json.dumps({"ts": 1234}).encode()  # what earlier versions wrote
     assert parse_changelog(record.key, record.value) == ("6f1c", 1234)
     assert parse_changelog(None, record.value) is None
     assert parse_changelog(b"x", None) is None
