@@ -23,6 +23,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
+from cdc_router.router.replay import parse_changelog
+
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 RAW = "outbox.public.outbox"
 ORDERS = "orders"
@@ -292,6 +294,12 @@ class FakeChangelog:
 # Raw records ------------------------------------------------------------------------------
 
 _TEMPLATE = json.loads((FIXTURES / "create_jsonb.noschema.json").read_text("utf-8"))["value"]
+
+
+def marked_ids(stored: list[Stored]) -> list[str]:
+    """The ids the changelog records `stored` mark delivered, in order (either format)."""
+    return [event_id for record in stored for event_id, _ in parse_changelog(record.key,
+                                                                             record.value)]
 
 
 def raw_event(event_id: str, *, aggregate_type: str = "Order", aggregate_id: str = "order-1",
