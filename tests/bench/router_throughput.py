@@ -7,7 +7,8 @@ beside a plain consume-and-produce loop with no transformation (the ceiling of t
 The raw topic is filled with Debezium change events in the exact shape the connector emits
 (JsonConverter, schemas disabled; see tests/unit/fixtures/debezium/create_jsonb.noschema.json),
 the same ones on every run (seeded ids). Each router rate is also shown as a ratio to the plain
-loop's, measured in the same run: on a shared machine only the ratio compares across runs.
+loop's, measured in the same run: on a shared machine only the ratio compares across runs; and
+with the CPU time of the router's own thread per event.
 `--profile` runs the router (exactly once) under cProfile instead and prints its top functions;
 `--step` times the pure per-record step alone (decode, replay check, route, serialize) on the
 same events, without a broker: the CPU cost per event, steadier than the rates on a busy machine.
@@ -113,17 +114,26 @@ def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int)
     router.stop()
 
 
-def run_router(bootstrap: str, raw: str, events: int, guarantee: str, workdir: Path) -> float:
+def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
+               workdir: Path) -> tuple[float, float]:
+    """(events/s, CPU seconds of the router's own thread per event)."""
     name, router = build_router(bootstrap, raw, guarantee, workdir)
     offsets = CommittedOffsets(bootstrap, name, raw)
-    thread = threading.Thread(target=router.run)
+    cpu: list[float] = []
+
+    def run() -> None:
+        started_cpu = time.thread_time()
+        router.run()
+        cpu.append(time.thread_time() - started_cpu)
+
+    thread = threading.Thread(target=run)
     started = time.monotonic()
     thread.start()
     stop_when_done(router, offsets, events)
     elapsed = time.monotonic() - started
     thread.join()
     offsets.close()
-    return events / elapsed
+    return events / elapsed, cpu[0] / events
 
 
 def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None:
@@ -216,14 +226,15 @@ def main() -> None:
             profile_router(args.bootstrap, raw, args.events, Path(workdir))
             return
         plain = run_plain_loop(args.bootstrap, raw, args.events)
-        results: dict[str, float] = {}
+        results: dict[str, tuple[float, float]] = {}
         for guarantee in ("exactly_once", "at_least_once"):
             results[f"cdc-router {guarantee}"] = run_router(
                 args.bootstrap, raw, args.events, guarantee, Path(workdir))
-    print(f"\n{'hop':<40} {'events/s':>10} {'/ plain':>8}")
+    print(f"\n{'hop':<40} {'events/s':>10} {'/ plain':>8} {'CPU us/event':>13}")
     print(f"{'plain consume-produce loop (ceiling)':<40} {plain:>10,.0f} {1:>8.3f}")
-    for name, rate in results.items():
-        print(f"{name:<40} {rate:>10,.0f} {rate / plain:>8.3f}")
+    for name, (rate, cpu) in results.items():
+        # CPU: the router's own thread (librdkafka's threads not counted), steadier than rates.
+        print(f"{name:<40} {rate:>10,.0f} {rate / plain:>8.3f} {cpu * 1e6:>13.1f}")
 
 
 if __name__ == "__main__":
