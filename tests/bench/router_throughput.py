@@ -187,7 +187,7 @@ def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
     return events / elapsed
 
 
-def time_step(events: int, workdir: Path, repeat: int = 3) -> float:
+def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
     """Events/s of RecordStep alone over the bench's events, the best of `repeat` runs."""
     config_path = workdir / "step.yaml"
     config_path.write_text(yaml.safe_dump({
