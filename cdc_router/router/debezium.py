@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from cdc_router.errors import DecodeError, JsonTooDeep, show
+from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
@@ -51,6 +52,7 @@ _EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
 _INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 
+@quick_init
 @dataclass(frozen=True)
 class OutboxEvent:
     """One outbox row, as inserted: the event the router delivers."""

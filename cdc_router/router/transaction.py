@@ -30,6 +30,7 @@ from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordC
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.replay import changelog_records
 from cdc_router.router.routing import OutboundRecord
+from cdc_router.router.values import quick_init
 
 log = logging.getLogger("cdc_router.router")
 
@@ -38,6 +39,7 @@ log = logging.getLogger("cdc_router.router")
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Delivered:
     """An event whose record is committed on its destination topic."""
