@@ -108,8 +108,13 @@ def build_router(bootstrap: str, raw: str, guarantee: str,
     return name, OutboxRouter(compiled, instance_id=name, metrics=RouterMetrics())
 
 
-def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int) -> None:
+def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int,
+                   running: threading.Thread) -> None:
+    """Stop the router once the group committed `events`; give up if its thread died (its
+    exception is printed by the thread) instead of waiting forever."""
     while offsets.total() < events:
+        if not running.is_alive():
+            raise SystemExit(f"the router stopped before committing {events} events")
         time.sleep(0.2)
     router.stop()
 
@@ -129,7 +134,7 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
     thread = threading.Thread(target=run)
     started = time.monotonic()
     thread.start()
-    stop_when_done(router, offsets, events)
+    stop_when_done(router, offsets, events, thread)
     elapsed = time.monotonic() - started
     thread.join()
     offsets.close()
@@ -140,7 +145,9 @@ def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None
     """Run the router (exactly once) in this thread under cProfile; print its top functions."""
     name, router = build_router(bootstrap, raw, "exactly_once", workdir)
     offsets = CommittedOffsets(bootstrap, name, raw)
-    watcher = threading.Thread(target=stop_when_done, args=(router, offsets, events))
+    watcher = threading.Thread(target=stop_when_done,
+                               args=(router, offsets, events, threading.current_thread()),
+                               daemon=True)  # a failed run must not leave it waiting
     watcher.start()
     profiler = cProfile.Profile()
     started = time.monotonic()
