@@ -69,22 +69,23 @@ class LatchingProducer:
                 headers: Headers, partition: int | None = None,
                 timestamp_ms: int | None = None, source: RecordCoordinates | None = None) -> None:
         """Queue one record; waits for room when librdkafka's queue is full."""
-        self.raise_latched()
+        if self._error is not None:
+            self.raise_latched()
         generation = self._generation
 
         def on_delivery(error: KafkaError | None, message: Message) -> None:
             if error is not None:
                 self._latch(error, message, source, generation)
 
-        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
-                                  "on_delivery": on_delivery}
-        if partition is not None:
-            kwargs["partition"] = partition
-        if timestamp_ms is not None:
-            kwargs["timestamp"] = timestamp_ms
+        client = self.client
+        # confluent-kafka's own defaults: partition -1 lets librdkafka choose, timestamp 0 is
+        # the producer's clock (a created_at of exactly 0 ms was always sent as 0 too).
+        chosen = -1 if partition is None else partition
+        timestamp = 0 if timestamp_ms is None else timestamp_ms
         while True:
             try:
-                self.client.produce(topic, **kwargs)
+                client.produce(topic, value=value, key=key, partition=chosen,
+                               on_delivery=on_delivery, timestamp=timestamp, headers=headers)
                 return
             except BufferError:
                 # The local queue is full (queue.buffering.max.messages): let deliveries drain.

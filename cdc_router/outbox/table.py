@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from psycopg import sql
@@ -45,6 +46,11 @@ class OutboxColumns(ConfigModel):
                                     f"{seen[column]}", column)
             seen[column] = name
         return self
+
+    @cached_property
+    def named(self) -> frozenset[str]:
+        """The columns given a name here; a row's other columns are its extra columns."""
+        return frozenset(column for column in self.model_dump().values() if column is not None)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ class CommittedIds:
         self._dead_letters: Consumer | None = None
         self._admin: AdminClient | None = None
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
+        # Marks read from the changelog but not handed out yet: a record holds a batch's ids.
+        self._unread: list[tuple[str, int]] = []
         # Marks read but not released yet, and the dead-letter log ends to read past first.
         self._held: tuple[list[tuple[str, int]], dict[int, int]] | None = None
 
@@ -86,13 +88,11 @@ class CommittedIds:
     def _read_marks(self, max_ids: int) -> list[tuple[str, int]]:
         if self._changelog is None:
             self._changelog = self._consumer(self._changelog_topic, "dedup changelog")
-        marks = []
-        for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
-            if message.error():
-                continue
-            parsed = parse_changelog(message.key(), message.value())
-            if parsed is not None:
-                marks.append(parsed)
+        if not self._unread:
+            for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
+                if not message.error():
+                    self._unread += parse_changelog(message.key(), message.value())
+        marks, self._unread = self._unread[:max_ids], self._unread[max_ids:]
         return marks
 
     def _dead_letter_consumer(self) -> Consumer:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from cdc_router.errors import DecodeError, JsonTooDeep, show
+from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
@@ -51,6 +52,7 @@ _EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
 _INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 
+@quick_init
 @dataclass(frozen=True)
 class OutboxEvent:
     """One outbox row, as inserted: the event the router delivers."""
@@ -182,8 +184,7 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
     found = envelope.get("source")
     source: dict[str, Any] = found if isinstance(found, dict) else {}
     payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
-    used = {names.id, names.aggregatetype, names.aggregateid, names.type, names.payload,
-            names.headers, names.created_at}
+    named = names.named
     return OutboxEvent(
         event_id=event_id,
         aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", where),
@@ -196,18 +197,20 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
         op=str(envelope["op"]),
         lsn=_optional_int(source.get("lsn")),
         tx_id=_optional_int(source.get("txId")),
-        extra_columns=tuple((name, _as_text(value)) for name, value in row.items()
-                            if name not in used),
+        extra_columns=tuple((name, _column_text(value)) for name, value in row.items()
+                            if name not in named),
     )
 
 
 def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
     """A required identifier column: text, uuid (a string) or an integer; never empty."""
+    value = row.get(column)
+    if type(value) is str and value and value.isascii():
+        return value  # the common case: every check below would pass
     prefix = f"{where}: " if where else ""
     if column not in row:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is missing from the row; "
                           "check source.outbox column names")
-    value = row[column]
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise DecodeError(f"{prefix}column {column!r} ({what}) must be text, uuid or an "
                           f"integer, got {_kind(value)}")
@@ -269,8 +272,7 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
     if not isinstance(raw, dict):
         raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
                           f"headers, got {_kind(raw)}")
-    return tuple((name, value if isinstance(value, str) else _json(value))
-                 for name, value in raw.items())
+    return tuple((name, _as_text(value)) for name, value in raw.items())
 
 
 def _created_at(row: dict[str, Any], column: str | None,
@@ -316,8 +318,17 @@ def _optional_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _as_text(value: Any) -> str | None:
-    return value if value is None or isinstance(value, str) else _json(value)
+def _as_text(value: Any) -> str:
+    """A value as text: a string as is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    if type(value) is int:
+        return str(value)  # what json.dumps writes for an int (bool is not int's type)
+    return _json(value)
+
+
+def _column_text(value: Any) -> str | None:
+    return None if value is None else _as_text(value)
 
 
 def _json(value: Any) -> str:

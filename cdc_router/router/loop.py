@@ -328,10 +328,9 @@ class OutboxRouter:
         now_ms = int(time.time() * 1000)
         started, restored = self._clock(), 0
         for key, value in self._changelog.catch_up():
-            parsed = parse_changelog(key, value)
-            if parsed is not None:
-                self._replay.restore([parsed], now_ms)
-                restored += 1
+            marks = parse_changelog(key, value)
+            self._replay.restore(marks, now_ms)
+            restored += len(marks)
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)

@@ -2,7 +2,14 @@
 
 After a crash Debezium re-emits the events since its last flushed offset. Each id the router
 delivers is remembered here and written, in the same Kafka transaction as the delivery, to a
-changelog topic (key: the event id), from which a restarted or newly assigned router restores it.
+changelog topic, from which a restarted or newly assigned router restores it.
+
+The changelog holds one record per batch, not per id: a produce() per event was a top cost of the
+router (#14). Its value is `{"ts": delivered_ms, "ids": [...]}`, at most MARK_MAX_BYTES of ids
+(a big batch takes several records), its key `batch:` and the first id. Earlier versions wrote
+one record per id (key: the id, value `{"ts": delivered_ms}`); both are read. The topic stays
+`compact,delete`: batch keys are unique, so compaction keeps them all, and the time retention
+(dedup.window_ms) removes them as it removed the single marks.
 
 Memory is bounded twice: ids older than `window_ms` are forgotten, and beyond `max_ids` the oldest
 go first. Each id costs about 250 bytes of Python objects (measured: a 36-character str key, an
@@ -15,30 +22,55 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from cdc_router.serde.json import parse_json
+
+# Ids per changelog record, in bytes of JSON: far below a broker's message.max.bytes (1 MB by
+# default), large enough that a batch of commit_max_records (1000) uuids takes one record.
+MARK_MAX_BYTES = 64_000
+BATCH_KEY_PREFIX = "batch:"
 
 
 @dataclass(frozen=True)
 class ChangelogRecord:
-    """One delivered id as the changelog topic stores it."""
+    """Delivered ids as the changelog topic stores them."""
 
     key: bytes
     value: bytes
 
 
-def changelog_record(event_id: str, delivered_ms: int) -> ChangelogRecord:
-    return ChangelogRecord(event_id.encode(), json.dumps({"ts": delivered_ms}).encode())
+def changelog_records(event_ids: Sequence[str], delivered_ms: int) -> list[ChangelogRecord]:
+    """The records that mark `event_ids` delivered: one, or halves until each fits
+    MARK_MAX_BYTES (a single id is never split)."""
+    if not event_ids:
+        return []
+    # ensure_ascii: any id is writable, and the value is plain ASCII.
+    value = json.dumps({"ts": delivered_ms, "ids": list(event_ids)}, separators=(",", ":"))
+    if len(value) > MARK_MAX_BYTES and len(event_ids) > 1:
+        half = len(event_ids) // 2
+        return [*changelog_records(event_ids[:half], delivered_ms),
+                *changelog_records(event_ids[half:], delivered_ms)]
+    key = f"{BATCH_KEY_PREFIX}{event_ids[0]}".encode("utf-8", "surrogatepass")
+    return [ChangelogRecord(key, value.encode())]
 
 
-def parse_changelog(key: bytes | None, value: bytes | None) -> tuple[str, int] | None:
-    """(event id, delivered_ms) from a changelog record; None for one we can't read."""
+def parse_changelog(key: bytes | None, value: bytes | None) -> list[tuple[str, int]]:
+    """(event id, delivered_ms) of every id a changelog record holds, either format; [] for
+    one we can't read."""
     if key is None or value is None:
-        return None
+        return []
     try:
-        return key.decode(), int(json.loads(value)["ts"])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return None
+        document: Any = parse_json(value)
+        delivered_ms = int(document["ts"])
+        ids = document.get("ids")
+        if ids is None:
+            return [(key.decode(), delivered_ms)]  # one record per id (earlier versions)
+        return [(event_id, delivered_ms) for event_id in ids if isinstance(event_id, str)]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 class ReplayFilter:

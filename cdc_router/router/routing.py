@@ -17,6 +17,7 @@ from cdc_router.config.topic_names import render_topic
 from cdc_router.errors import RouteError, show
 from cdc_router.router.debezium import OutboxEvent, Skipped
 from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.values import quick_init
 from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ _RFC3339_START_MS = -62_135_596_800_000
 _RFC3339_END_MS = 253_402_300_800_000
 
 
+@quick_init
 @dataclass(frozen=True)
 class OutboundRecord:
     """What to produce for one event; partition None lets the producer choose."""

@@ -26,6 +26,7 @@ from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
 from cdc_router.router.routing import OutboundRecord, Router
+from cdc_router.router.values import quick_init
 from cdc_router.serde.registry import RegistryError
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ PROCESS_LEVEL: tuple[type[BaseException], ...] = (
     ConfigError, RegistryError, FatalKafkaError, DeliveryError, KafkaException, MemoryError)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Routed:
     """The record to produce for an event."""

@@ -28,8 +28,9 @@ from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, Recor
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.router.clients import Timeouts
-from cdc_router.router.replay import changelog_record
+from cdc_router.router.replay import changelog_records
 from cdc_router.router.routing import OutboundRecord
+from cdc_router.router.values import quick_init
 
 log = logging.getLogger("cdc_router.router")
 
@@ -38,6 +39,7 @@ log = logging.getLogger("cdc_router.router")
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Delivered:
     """An event whose record is committed on its destination topic."""
@@ -54,7 +56,8 @@ class _Batch:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     delivered: list[Delivered] = field(default_factory=list)
     sources: list[RecordCoordinates] = field(default_factory=list)
-    marks: list[tuple[str, int]] = field(default_factory=list)  # at least once: not yet sent
+    marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
+    marked_ms: int = 0
 
 
 class Transaction:
@@ -145,13 +148,16 @@ class Transaction:
         self._batch.records += 1
 
     def mark(self, event_id: str, now_ms: int) -> None:
-        """Record `event_id` as delivered in the changelog, so that a replay of it drops."""
+        """Record `event_id` as delivered in the changelog, so that a replay of it drops.
+
+        The batch's ids go out at commit in one changelog record (router/replay.py): exactly
+        once inside the transaction, visible with the records; at least once only after the
+        records' acks.
+        """
         if self._changelog_topic is None:
             return
-        if self._exactly_once:
-            self._send_mark(event_id, now_ms)  # in the transaction: visible with the record
-        else:
-            self._batch.marks.append((event_id, now_ms))  # only after the records' acks
+        self._batch.marks.append(event_id)
+        self._batch.marked_ms = now_ms
 
     def delivered(self, delivered: Delivered) -> None:
         self._batch.delivered.append(delivered)
@@ -163,6 +169,8 @@ class Transaction:
         """
         consumer, producer, wait_s = self._consumer, self._producer, self._timeouts.call_s
         offsets = [TopicPartition(t, p, o) for (t, p), o in self._batch.offsets.items()]
+        if self._exactly_once:
+            self._send_marks()
         # 1. Deliver every record and dead letter of the batch (exactly once: and its marks);
         #    a single failed delivery fails the whole batch.
         self._flush()
@@ -176,8 +184,7 @@ class Transaction:
             self._call(lambda: producer.commit_transaction(wait_s), "commit")
         else:
             # 2. Only now the changelog marks: every record they stand for is acknowledged.
-            for event_id, now_ms in self._batch.marks:
-                self._send_mark(event_id, now_ms)
+            self._send_marks()
             # 3. Deliver the marks.
             self._flush()
             # 4. Commit the offsets: every record and mark of the batch is durable.
@@ -212,10 +219,11 @@ class Transaction:
         self._batch = _Batch()
         self._open = False
 
-    def _send_mark(self, event_id: str, now_ms: int) -> None:
-        assert self._changelog_topic is not None
-        mark = changelog_record(event_id, now_ms)
-        self._send(self._changelog_topic, mark.key, mark.value, [])
+    def _send_marks(self) -> None:
+        if self._changelog_topic is None:
+            return
+        for mark in changelog_records(self._batch.marks, self._batch.marked_ms):
+            self._send(self._changelog_topic, mark.key, mark.value, [])
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               headers: list[tuple[str, bytes]]) -> None:

@@ -3,6 +3,13 @@
 Every place that parses JSON from a record (the change event, the headers column, a payload)
 goes through `parse_json`, so a hostile row fails with one readable reason instead of a
 RecursionError or a UnicodeEncodeError further down.
+
+`parse_json` parses with msgspec (about 3x faster than json.loads on a change event) and hands
+every text msgspec refuses to json.loads, which decides and words the outcome: NaN, Infinity
+and numbers beyond a double (json.loads reads them), lone surrogates (json.loads keeps them,
+the callers name where), malformed text (json.loads's line and column). What msgspec accepts,
+json.loads reads to the same value (integers of any size stay exact, floats correctly rounded,
+the last of duplicate keys wins); tests/unit/test_json_parse.py checks it.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ import json
 import re
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
+
+import msgspec
 
 from cdc_router.errors import JsonTooDeep, SerializeError, show
 
@@ -37,6 +46,7 @@ _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 # What a text with a lone surrogate holds, for reasons: "... holds " + LONE_SURROGATE.
 LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), which UTF-8 "
                   "cannot encode")
+_FAST = msgspec.json.Decoder()
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -53,6 +63,10 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
     """
     if _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
+    try:
+        return _FAST.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        pass  # json.loads decides, and words the reason (see the module doc)
     try:
         return json.loads(text, parse_constant=_reject_constant if strict else None)
     except RecursionError:  # only when the caller's own stack is already deep

@@ -2,21 +2,30 @@
 beside a plain consume-and-produce loop with no transformation (the ceiling of this hop).
 
     python -m tests.bench.router_throughput [--events 100000] [--bootstrap 127.0.0.1:19092]
+    python -m tests.bench.router_throughput --profile [--events 50000]
 
 The raw topic is filled with Debezium change events in the exact shape the connector emits
-(JsonConverter, schemas disabled; see tests/unit/fixtures/debezium/create_jsonb.noschema.json).
+(JsonConverter, schemas disabled; see tests/unit/fixtures/debezium/create_jsonb.noschema.json),
+the same ones on every run (seeded ids). Each router rate is also shown as a ratio to the plain
+loop's, measured in the same run: on a shared machine only the ratio compares across runs; and
+with the CPU time of the router's own thread per event.
+`--profile` runs the router (exactly once) under cProfile instead and prints its top functions;
+`--step` times the pure per-record step alone (decode, replay check, route, serialize) on the
+same events, without a broker: the CPU cost per event, steadier than the rates on a busy machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
+import random
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -25,42 +34,62 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cdc_router.config.load import load_config
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.step import RecordStep
 from cdc_router.router.topics import TopicAdmin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"
 
 
-def fill_raw_topic(bootstrap: str, topic: str, events: int) -> None:
+SEED = 14
+
+
+def raw_records(events: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of `events` change events; the same ones on every call (seeded ids)."""
     template = json.loads(FIXTURE.read_text())["value"]
+    rng = random.Random(SEED)
+    records = []
+    for i in range(events):
+        event_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        after = {**template["after"], "id": event_id, "aggregateid": f"order-{i % 500}",
+                 "payload": json.dumps({"order": i % 500, "seq": i, "total": "12.50"})}
+        records.append((json.dumps({"id": event_id}).encode(),
+                        json.dumps({**template, "after": after}).encode()))
+    return records
+
+
+def fill_raw_topic(bootstrap: str, topic: str, events: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         future.result(timeout=30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
                          "compression.type": "lz4"})
-    for i in range(events):
-        event_id = str(uuid.uuid4())
-        after = {**template["after"], "id": event_id, "aggregateid": f"order-{i % 500}",
-                 "payload": json.dumps({"order": i % 500, "seq": i, "total": "12.50"})}
-        value = json.dumps({**template, "after": after}).encode()
+    for key, value in raw_records(events):
         while True:
             try:
-                producer.produce(topic, key=json.dumps({"id": event_id}).encode(), value=value)
+                producer.produce(topic, key=key, value=value)
                 break
             except BufferError:
                 producer.poll(0.1)
     producer.flush(120)
 
 
-def committed_total(bootstrap: str, group: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        offsets = consumer.committed([TopicPartition(topic, 0)], timeout=10)
+class CommittedOffsets:
+    """The group's committed offset on the raw topic, asked through one reused client."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        self._partition = TopicPartition(topic, 0)
+
+    def total(self) -> int:
+        offsets = self._consumer.committed([self._partition], timeout=10)
         return max(0, offsets[0].offset)
-    finally:
-        consumer.close()
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
-def run_router(bootstrap: str, raw: str, events: int, guarantee: str, workdir: Path) -> float:
+def build_router(bootstrap: str, raw: str, guarantee: str,
+                 workdir: Path) -> tuple[str, OutboxRouter]:
     name = f"bench-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({
@@ -76,17 +105,60 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str, workdir: P
     config = compiled.config
     admin = TopicAdmin(config.kafka.librdkafka())
     admin.apply(admin.plan(config.topic_specs()))
-    metrics = RouterMetrics()
-    router = OutboxRouter(compiled, instance_id=name, metrics=metrics)
-    thread = threading.Thread(target=router.run)
+    return name, OutboxRouter(compiled, instance_id=name, metrics=RouterMetrics())
+
+
+def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int,
+                   running: threading.Thread) -> None:
+    """Stop the router once the group committed `events`; give up if its thread died (its
+    exception is printed by the thread) instead of waiting forever."""
+    while offsets.total() < events:
+        if not running.is_alive():
+            raise SystemExit(f"the router stopped before committing {events} events")
+        time.sleep(0.2)
+    router.stop()
+
+
+def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
+               workdir: Path) -> tuple[float, float]:
+    """(events/s, CPU seconds of the router's own thread per event)."""
+    name, router = build_router(bootstrap, raw, guarantee, workdir)
+    offsets = CommittedOffsets(bootstrap, name, raw)
+    cpu: list[float] = []
+
+    def run() -> None:
+        started_cpu = time.thread_time()
+        router.run()
+        cpu.append(time.thread_time() - started_cpu)
+
+    thread = threading.Thread(target=run)
     started = time.monotonic()
     thread.start()
-    while committed_total(bootstrap, name, raw) < events:
-        time.sleep(0.2)
+    stop_when_done(router, offsets, events, thread)
     elapsed = time.monotonic() - started
-    router.stop()
     thread.join()
-    return events / elapsed
+    offsets.close()
+    return events / elapsed, cpu[0] / events
+
+
+def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None:
+    """Run the router (exactly once) in this thread under cProfile; print its top functions."""
+    name, router = build_router(bootstrap, raw, "exactly_once", workdir)
+    offsets = CommittedOffsets(bootstrap, name, raw)
+    watcher = threading.Thread(target=stop_when_done,
+                               args=(router, offsets, events, threading.current_thread()),
+                               daemon=True)  # a failed run must not leave it waiting
+    watcher.start()
+    profiler = cProfile.Profile()
+    started = time.monotonic()
+    profiler.runcall(router.run)
+    elapsed = time.monotonic() - started
+    watcher.join()
+    offsets.close()
+    print(f"profiled: {events / elapsed:,.0f} events/s under cProfile")
+    stats = pstats.Stats(profiler)
+    for order in ("cumulative", "tottime"):
+        stats.sort_stats(order).print_stats(25)
 
 
 def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
@@ -122,24 +194,54 @@ def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
     return events / elapsed
 
 
+def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
+    """Events/s of RecordStep alone over the bench's events, the best of `repeat` runs."""
+    config_path = workdir / "step.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "source": {"topics": ["raw"]},
+        "routes": [{"topic": "orders"}], "dead_letter": {"topic": "dlq"}}))
+    step = RecordStep(load_config(config_path), lambda topic: 4)
+    records = raw_records(events)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for key, value in records:
+            step("raw", key, value)
+        best = min(best, time.perf_counter() - started)
+    return events / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--bootstrap", default="127.0.0.1:19092")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the router (exactly once) instead of the benchmark")
+    parser.add_argument("--step", action="store_true",
+                        help="time the per-record step alone, no broker needed")
     args = parser.parse_args()
+    if args.step:
+        with tempfile.TemporaryDirectory() as workdir:
+            rate = time_step(args.events, Path(workdir))
+        print(f"step alone: {rate:,.0f} events/s, {1e6 / rate:.1f} us/event")
+        return
     raw = f"bench-raw-{uuid.uuid4().hex[:6]}"
     print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
     fill_raw_topic(args.bootstrap, raw, args.events)
-    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as workdir:
-        results["plain consume-produce loop (ceiling)"] = run_plain_loop(
-            args.bootstrap, raw, args.events)
+        if args.profile:
+            profile_router(args.bootstrap, raw, args.events, Path(workdir))
+            return
+        plain = run_plain_loop(args.bootstrap, raw, args.events)
+        results: dict[str, tuple[float, float]] = {}
         for guarantee in ("exactly_once", "at_least_once"):
             results[f"cdc-router {guarantee}"] = run_router(
                 args.bootstrap, raw, args.events, guarantee, Path(workdir))
-    print(f"\n{'hop':<40} {'events/s':>10}")
-    for name, rate in results.items():
-        print(f"{name:<40} {rate:>10,.0f}")
+    print(f"\n{'hop':<40} {'events/s':>10} {'/ plain':>8} {'CPU us/event':>13}")
+    print(f"{'plain consume-produce loop (ceiling)':<40} {plain:>10,.0f} {1:>8.3f}")
+    for name, (rate, cpu) in results.items():
+        # CPU: the router's own thread (librdkafka's threads not counted), steadier than rates.
+        print(f"{name:<40} {rate:>10,.0f} {rate / plain:>8.3f} {cpu * 1e6:>13.1f}")
 
 
 if __name__ == "__main__":

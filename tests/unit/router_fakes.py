@@ -23,6 +23,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
+from cdc_router.router.replay import parse_changelog
+
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 RAW = "outbox.public.outbox"
 ORDERS = "orders"
@@ -91,16 +93,18 @@ class FakeProducer:
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes]], on_delivery: Callable[..., None],
-                partition: int | None = None, timestamp: int | None = None) -> None:
+                partition: int = -1, timestamp: int = 0) -> None:
+        # confluent-kafka's defaults: partition -1 (librdkafka chooses), timestamp 0 (now).
         self._fence_check()
         if self.transactional and not self._in_txn:
             raise KafkaException(KafkaError(KafkaError._STATE, "no transaction"))
         if value is not None and len(value) > self.cluster.max_message_bytes:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE,
                                             "Broker: Message size too large"))
-        chosen = partition if partition is not None else (hash(key) % self.cluster.partitions
-                                                          .get(topic, 1))
-        self._queue.append((Stored(topic, chosen, key, value, headers, timestamp), on_delivery))
+        chosen = partition if partition != -1 else (hash(key) % self.cluster.partitions
+                                                    .get(topic, 1))
+        self._queue.append((Stored(topic, chosen, key, value, headers, timestamp or None),
+                            on_delivery))
 
     def _send(self) -> None:
         """One produce request per topic-partition, as librdkafka batches them."""
@@ -292,6 +296,12 @@ class FakeChangelog:
 # Raw records ------------------------------------------------------------------------------
 
 _TEMPLATE = json.loads((FIXTURES / "create_jsonb.noschema.json").read_text("utf-8"))["value"]
+
+
+def marked_ids(stored: list[Stored]) -> list[str]:
+    """The ids the changelog records `stored` mark delivered, in order (either format)."""
+    return [event_id for record in stored for event_id, _ in parse_changelog(record.key,
+                                                                             record.value)]
 
 
 def raw_event(event_id: str, *, aggregate_type: str = "Order", aggregate_id: str = "order-1",

@@ -276,3 +276,20 @@ def test_expanded_json_payload_is_kept_as_compact_json() -> None:
     decoded = decode_mutated("create_jsonb.noschema", _set("payload", {"a": [1, "é"]}))
     assert isinstance(decoded, OutboxEvent)
     assert decoded.payload == '{"a":[1,"é"]}'.encode()
+
+
+def test_header_and_column_values_of_every_json_kind_are_json_text() -> None:
+    values: list[Any] = [3, -2**70, True, False, None, 1.5, 1e16, [1, "é"], {"k": None}, "text"]
+
+    def fill(value: dict[str, Any]) -> None:
+        row = row_of(value)
+        row["headers"] = json.dumps({f"h{i}": v for i, v in enumerate(values)})
+        row.update({f"c{i}": v for i, v in enumerate(values)})
+
+    decoded = decode_mutated("create_jsonb.noschema", fill)
+    assert isinstance(decoded, OutboxEvent)
+    as_json = [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False,
+                                                       separators=(",", ":")) for v in values]
+    assert decoded.headers == tuple((f"h{i}", text) for i, text in enumerate(as_json))
+    assert [decoded.column(f"c{i}") for i in range(len(values))] == \
+        [None if v is None else text for v, text in zip(values, as_json, strict=True)]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cdc_router.router.metrics import RouterMetrics, serve
+from cdc_router.router.transaction import Delivered
 
 
 @pytest.fixture
@@ -47,3 +48,16 @@ def test_healthz_follows_liveness(served: tuple[RouterMetrics, list[bool], str])
 
 def test_other_paths_are_not_found(served: tuple[RouterMetrics, list[bool], str]) -> None:
     assert get(f"{served[2]}/")[0] == 404
+
+
+def test_a_committed_batch_counts_each_topic_and_each_latency() -> None:
+    metrics = RouterMetrics()
+    delivered = [Delivered("a", "orders", 1_000), Delivered("b", "orders", None),
+                 Delivered("c", "payments", 500)]
+    metrics.committed(delivered, now_ms=2_000)
+    value = metrics.registry.get_sample_value
+    assert value("cdc_router_events_routed_total", {"topic": "orders"}) == 2
+    assert value("cdc_router_events_routed_total", {"topic": "payments"}) == 1
+    assert value("cdc_router_end_to_end_seconds_count") == 2
+    assert value("cdc_router_end_to_end_seconds_sum") == 2.5
+    assert value("cdc_router_batches_committed_total") == 1

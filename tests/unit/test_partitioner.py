@@ -106,3 +106,14 @@ def test_matches_kafkas_own_java_code_on_random_keys(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120).stdout.split()
     java = [(int(answer[i]), int(answer[i + 1])) for i in range(0, len(answer), 2)]
     assert java == [(murmur2(key), java_default_partition(key, 37)) for key in keys]
+
+
+def test_cached_partitions_are_the_computed_ones() -> None:
+    rng = random.Random(14)
+    keys = [rng.randbytes(rng.randint(0, 40)) for _ in range(300)]
+    for _ in range(2):  # the second round is served by the cache
+        for key in keys:
+            for count in (1, 7, 1000):
+                assert java_default_partition(key, count) == to_positive(murmur2(key)) % count
+    with pytest.raises(ValueError, match="at least 1"):
+        java_default_partition(b"k", 0)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from cdc_router.router.replay import ReplayFilter, changelog_record, parse_changelog
+import json
+
+from cdc_router.router.replay import (
+    MARK_MAX_BYTES,
+    ReplayFilter,
+    changelog_records,
+    parse_changelog,
+)
 
 
 def test_pending_ids_count_within_the_batch_and_only_survive_a_commit():
@@ -29,11 +36,36 @@ def test_beyond_max_ids_the_oldest_go_first():
     assert [replay.seen(f"id{i}") for i in range(5)] == [False, False, True, True, True]
 
 
-def test_changelog_records_round_trip_and_garbage_is_ignored():
-    record = changelog_record("6f1c", 1234)
-    assert parse_changelog(record.key, record.value) == ("6f1c", 1234)
-    assert parse_changelog(None, record.value) is None
-    assert parse_changelog(b"x", None) is None
-    assert parse_changelog(b"x", b"{not json") is None
-    assert parse_changelog(b"x", b'{"other": 1}') is None
-    assert parse_changelog(b"\xff", record.value) is None
+def test_a_batch_of_ids_is_one_changelog_record_that_round_trips():
+    ids = [f"6f1c-{i}" for i in range(1000)] + ["crème ✓"]
+    [record] = changelog_records(ids, 1234)
+    assert record.key == b"batch:6f1c-0"
+    assert parse_changelog(record.key, record.value) == [(i, 1234) for i in ids]
+    assert changelog_records([], 1234) == []
+
+
+def test_a_batch_over_mark_max_bytes_takes_several_records_each_under_it():
+    ids = [f"{i:08d}-" + "x" * 40 for i in range(5000)]
+    records = changelog_records(ids, 7)
+    assert len(records) > 1 and all(len(r.value) <= MARK_MAX_BYTES for r in records)
+    assert len({r.key for r in records}) == len(records)  # compaction keeps them all
+    assert [i for r in records for i, _ in parse_changelog(r.key, r.value)] == ids
+    [huge] = changelog_records(["y" * (MARK_MAX_BYTES + 1)], 7)  # one id is never split
+    assert parse_changelog(huge.key, huge.value) == [("y" * (MARK_MAX_BYTES + 1), 7)]
+
+
+def test_one_record_per_id_of_earlier_versions_is_read_too():
+    value = json.dumps({"ts": 1234}).encode()  # what earlier versions wrote, key: the id
+    assert parse_changelog(b"6f1c", value) == [("6f1c", 1234)]
+    assert parse_changelog(b"\xff", value) == []
+
+
+def test_changelog_garbage_is_ignored():
+    [record] = changelog_records(["a"], 1)
+    assert parse_changelog(None, record.value) == []
+    assert parse_changelog(b"x", None) == []
+    assert parse_changelog(b"x", b"{not json") == []
+    assert parse_changelog(b"x", b'{"other": 1}') == []
+    assert parse_changelog(b"x", b"[1]") == []
+    assert parse_changelog(b"x", b'{"ts": "soon", "ids": ["a"]}') == []
+    assert parse_changelog(b"x", b'{"ts": 5, "ids": ["a", 7, null]}') == [("a", 5)]

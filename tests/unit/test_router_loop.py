@@ -13,7 +13,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import FatalKafkaError
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.replay import changelog_record
+from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -24,6 +24,7 @@ from tests.unit.router_fakes import (
     FakeConsumer,
     FakeProducer,
     Stored,
+    marked_ids,
     raw_event,
 )
 
@@ -102,8 +103,10 @@ def test_every_event_once_with_its_offsets_and_changelog_marks() -> None:
     cluster = cluster_with(*events(30))
     harness = Harness(cluster, delivery={"commit_max_records": 10}).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(30))
-    assert sorted(s.key for s in cluster.committed(CHANGELOG)) == sorted(
-        f"e-{i}".encode() for i in range(30))
+    assert sorted(marked_ids(cluster.committed(CHANGELOG))) == sorted(
+        f"e-{i}" for i in range(30))
+    # One changelog record per batch, not per event (#14).
+    assert len(cluster.committed(CHANGELOG)) == cluster.journal.count("commit")
     assert cluster.group_offsets == {(RAW, 0): 30}
     assert cluster.journal.count("commit") >= 3
     assert harness.waits == [] and harness.metric("cdc_router_batches_aborted_total") == 0
@@ -207,10 +210,13 @@ def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
 
 
 def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
+    # Both formats: a batch's ids in one record, and one record per id (earlier versions).
+    now_ms = int(time.time() * 1000)
     cluster = cluster_with(*events(10))
-    cluster.topics[CHANGELOG] = [
-        Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
-        for mark in (changelog_record(f"e-{i}", int(time.time() * 1000)) for i in range(5))]
+    [batch] = changelog_records(["e-0", "e-1", "e-2"], now_ms)
+    cluster.topics[CHANGELOG] = [Stored(CHANGELOG, 0, batch.key, batch.value, [], None)] + [
+        Stored(CHANGELOG, 0, f"e-{i}".encode(), b'{"ts": %d}' % now_ms, [], None)
+        for i in (3, 4)]
     harness = Harness(cluster).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(5, 10))
     assert harness.metric("cdc_router_duplicates_dropped_total") == 5
@@ -241,7 +247,7 @@ def test_at_least_once_a_refused_record_never_leaves_a_mark_without_its_record()
                            KafkaError.MSG_SIZE_TOO_LARGE if topic == ORDERS and value
                            and len(value) > 400 else None)
     harness = Harness(cluster, delivery={"guarantee": "at_least_once"}).run()
-    marks = {s.key.decode() for s in cluster.committed(CHANGELOG) if s.key}
+    marks = set(marked_ids(cluster.committed(CHANGELOG)))
     letters = {letter.header("dlq.event.id") for letter in harness.letters()}
     assert letters == {"big"}
     assert set(harness.delivered()) == {f"e-{i}" for i in range(8) if i != 3}

@@ -1,0 +1,66 @@
+"""parse_json reads with msgspec and hands what msgspec refuses to json.loads: every text must
+come out exactly as json.loads alone reads it (value and type, or the same error)."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from cdc_router.serde.json import parse_json
+
+EDGE_CASES = [
+    '"a\x01b"', '"\t"', "01", "-0", "-0.0", "1E5", "1e-400", "1e308", "2e308", "-2e308", "[1,]",
+    '{"a":1,}', "//c\n1", "\x00", " \n\r\t1 \n", "\u00a01", '"\\u0000"', "tru", "1.", ".5", "+1",
+    "0x10", '"\\x41"', '"\\/"', "1e", "-", "[]]", "{} {}", "1 2", '"\\ud800\\udc00"',
+    '"\\ud800"', '"\\udc00x"', '{"\\ud800": 1}', '"\\uDBFF\\uDFFF"', "4.9e-324",
+    "123456789012345678901234567890", "-9223372036854775809", "18446744073709551616",
+    "123456789012345678901234567890.5e-3", "2.2250738585072011e-308", "9007199254740993",
+    "1.7976931348623157e308", "1.7976931348623158e308", "NaN", "Infinity", "-Infinity",
+    '{"a" : 1 , "a": [true, false, null]}', "\ufeff{}", '"\u2028"', '{"\\u0061":1}', "",
+    '{"nested": {"k": [1, 2.5, "x", {"y": null}]}}',
+]
+
+
+def outcome(parse: Any, text: str | bytes) -> tuple[str, Any]:
+    try:
+        value = parse(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        return "error", type(error)
+    return "value", (repr(value), type(value))
+
+
+@pytest.mark.parametrize("text", EDGE_CASES)
+def test_parse_json_reads_edge_cases_as_json_loads_does(text: str) -> None:
+    for given in (text, text.encode("utf-8", "surrogatepass")):
+        assert outcome(parse_json, given) == outcome(json.loads, given)
+
+
+def test_parse_json_reads_numbers_as_json_loads_does() -> None:
+    rng = random.Random(14)
+    for i in range(30_000):
+        if i % 3 == 0:
+            number = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+            text = repr(number) if number == number and abs(number) != float("inf") else "0"
+        elif i % 3 == 1:
+            text = (f"{rng.randint(-10**25, 10**25)}.{rng.randint(0, 10**rng.randint(1, 30))}"
+                    f"e{rng.randint(-330, 330)}")
+        else:
+            text = str(rng.randint(-10**40, 10**40))
+        assert outcome(parse_json, text) == outcome(json.loads, text), text
+
+
+def test_malformed_text_keeps_json_loads_position() -> None:
+    with pytest.raises(json.JSONDecodeError) as failure:
+        parse_json('{"a": 1,\n "b": nope}')
+    assert (failure.value.lineno, failure.value.colno) == (2, 7)
+
+
+def test_strict_refuses_nan_and_lone_surrogates_pass_through() -> None:
+    with pytest.raises(ValueError, match="NaN is not JSON"):
+        parse_json('{"a": NaN}', strict=True)
+    assert parse_json('{"a": NaN}')["a"] != parse_json('{"a": NaN}')["a"]  # NaN, as json reads
+    assert parse_json('"\\ud800"') == "\ud800"  # kept: the callers name where it is
