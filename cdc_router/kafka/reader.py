@@ -40,17 +40,28 @@ _LOOKUP_TIMEOUT_S = 30
 _LEADER_WAIT_S = 0.5
 
 
-def log_end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+def log_end_offsets(admin: AdminClient, topic: str, partitions: list[int],
+                    deadline: float | None = None) -> dict[int, int]:
     """partition → the log end offset as read_uncommitted sees it (open transactions included).
 
     A read_committed consumer's watermarks stop at the last stable offset, which an open
     transaction holds back; this is where a record written before now certainly lies below.
+    Failures (a leader not yet known) are retried until `deadline` (default: one lookup's
+    timeout from now), then raised.
     """
+    deadline = time.monotonic() + _LOOKUP_TIMEOUT_S if deadline is None else deadline
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    futures = admin.list_offsets({TopicPartition(topic, p): latest for p in partitions},
-                                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                 request_timeout=_LOOKUP_TIMEOUT_S)
-    return {tp.partition: future.result().offset for tp, future in futures.items()}
+    while True:
+        try:
+            futures = admin.list_offsets(
+                {TopicPartition(topic, p): latest for p in partitions},
+                isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                request_timeout=_LOOKUP_TIMEOUT_S)
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(_LEADER_WAIT_S)
 
 
 def stable_offsets(consumer: Consumer, topic: str, partitions: list[int],
@@ -138,7 +149,7 @@ class TopicReader:
         else:
             if self._admin is None:
                 self._admin = AdminClient(self._client_config)
-            ends = log_end_offsets(self._admin, self._topic, self._partitions)
+            ends = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
         while not reached(consumer, self._topic, ends):
             if time.monotonic() > deadline:
                 raise DeliveryError(f"reading the {self._what} topic {self._topic} to its end "
