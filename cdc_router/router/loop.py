@@ -130,7 +130,14 @@ class OutboxRouter:
             self._close()
 
     def _poll_once(self, consumer: Any, txn: Transaction) -> None:
-        messages = consumer.consume(num_messages=500, timeout=0.1)
+        try:
+            messages = consumer.consume(num_messages=500, timeout=0.1)
+        except KafkaException as failure:
+            # The cluster, not a record: a broker restarting answers FENCED_LEADER_EPOCH,
+            # NOT_LEADER, ... for a while. Abort what is open, rewind, back off; a fatal error
+            # still stops the router (_abort raises it).
+            self._abort(failure)
+            return
         self.last_poll = self._clock()
         for message in messages:
             try:

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
@@ -262,3 +262,27 @@ def test_a_commit_failing_mid_poll_rereads_the_rest_of_the_poll_and_loses_nothin
     harness = Harness(cluster, delivery={"commit_max_records": 5}).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(20))
     assert cluster.group_offsets == {(RAW, 0): 20}
+
+
+def test_consume_raising_a_cluster_error_aborts_rewinds_and_goes_on() -> None:
+    """A broker restarting makes consume() raise (FENCED_LEADER_EPOCH, seen on Kafka 4.x after
+    a kill -9): the open batch is aborted and re-read, nothing lost or doubled, no exit."""
+    def broker_restarting(consumer: FakeConsumer) -> None:
+        raise KafkaException(KafkaError(KafkaError.FENCED_LEADER_EPOCH,
+                                        "Leader epoch is older than broker epoch"))
+
+    cluster = cluster_with(*events(30))
+    harness = Harness(cluster, hooks=[broker_restarting],
+                      delivery={"commit_interval_ms": 6000}).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(30))
+    assert harness.metric("cdc_router_batches_aborted_total") == 1
+    assert harness.waits, "a batch failing for no record's fault backs off"
+
+
+def test_consume_raising_a_fatal_error_stops_the_router() -> None:
+    def fatal(consumer: FakeConsumer) -> None:
+        raise KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
+
+    harness = Harness(cluster_with(*events(5)), hooks=[fatal])
+    with pytest.raises(FatalKafkaError):
+        harness.run()
