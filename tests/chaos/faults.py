@@ -70,7 +70,9 @@ class Progress:
         self._partition = TopicPartition(raw_topic, 0)
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                    "enable.auto.commit": False,
-                                   "isolation.level": "read_committed"})
+                                   "isolation.level": "read_committed",
+                                   # Broker outages are the point here: no log line per retry.
+                                   "log_level": 0})
 
     def raw_end(self) -> int | None:
         try:
@@ -111,7 +113,7 @@ class Injector:
         raw_end = self._wait_value(self._progress.raw_end)
         started = time.monotonic()
         getattr(self, f"_{fault.kind}")(fault, record)
-        record.recovery_s = self._recovered(raw_end, started)
+        record.recovery_s = self._recovered(raw_end, started, record)
         for task in self._connect.failed_tasks(self._connector_name):
             record.findings.append(f"connector task FAILED after {fault.kind}: "
                                    f"{str(task.get('trace', ''))[:300]}")
@@ -121,9 +123,22 @@ class Injector:
                                    f"{fault.kind}")
         return record
 
-    def _recovered(self, raw_end: int, started: float) -> float | None:
+    def _restart_exited(self, record: FaultRecord) -> None:
+        """A router that exited on its own is a finding; restart it, as a supervisor would."""
+        main = self._fleet.live.get(MAIN)
+        if main is None or main.process.poll() is None:
+            return
+        lines = main.log.read_text(errors="replace").splitlines()
+        last = [line for line in lines if "librdkafka" not in line][-1:] or ["(empty log)"]
+        record.findings.append(f"router exited with code {main.process.returncode} after "
+                               f"{record.kind}: {last[0][:300]}")
+        self._fleet.live.pop(MAIN)
+        self._fleet.start(MAIN, wait=False)
+
+    def _recovered(self, raw_end: int, started: float, record: FaultRecord) -> float | None:
         deadline = started + RECOVERY_TIMEOUT_S
         while time.monotonic() < deadline:
+            self._restart_exited(record)
             committed = self._progress.committed()
             if committed is not None and committed > raw_end:
                 return round(time.monotonic() - started, 1)

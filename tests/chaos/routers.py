@@ -49,7 +49,7 @@ class RouterFleet:
         port = _free_port()
         with open(log, "ab") as out:
             child = subprocess.Popen(
-                [sys.executable, "-m", "cdc_router", "run", "-c", str(self._config),
+                [sys.executable, "-m", "cdc_router", "-v", "run", "-c", str(self._config),
                  "--instance-id", f"{self._run}-{name}", "--metrics-port", str(port)],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=self._env)
         router = RouterProcess(name, child, port, log)
