@@ -149,6 +149,7 @@ class Load:
         self._rate = rate_per_s / writers
         self._lock = threading.Lock()
         self._budget = 0
+        self._in_flight = 0  # rows reserved by a writer whose transaction is not done yet
         self._stop = threading.Event()
         self.written = 0
         self.write_errors = 0
@@ -189,12 +190,15 @@ class Load:
         pending: list[Row] = []
         while not self._stop.is_set():
             if not pending:
+                rows = factory.transaction()
+                # Reserve the rows under the lock: two writers must not both fill one room.
                 with self._lock:
-                    room = self._budget - self.written
-                if room <= 0:
+                    room = self._budget - self.written - self._in_flight
+                    pending = rows[:max(0, room)]
+                    self._in_flight += len(pending)
+                if not pending:
                     time.sleep(0.05)
                     continue
-                pending = factory.transaction()[:room]
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._dsn, connect_timeout=5)
@@ -203,6 +207,8 @@ class Load:
                 # Postgres down or restarting. Whether the COMMIT landed is the ledger's to
                 # say; the rows are not retried (their ids may exist), new ones are written.
                 self.write_errors += 1
+                with self._lock:
+                    self._in_flight -= len(pending)
                 pending = []
                 if conn is not None:
                     conn.close()
@@ -211,6 +217,7 @@ class Load:
                 continue
             with self._lock:
                 self.written += len(pending)
+                self._in_flight -= len(pending)
                 self.timeline.append((time.monotonic(), self.written))
             time.sleep(len(pending) / self._rate)
             pending = []
