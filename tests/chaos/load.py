@@ -123,9 +123,10 @@ class RowFactory:
     def _poison(self, aggregate: str, kind: str) -> Row:
         now = datetime.now(UTC).replace(tzinfo=None)
         event_id = str(uuid.uuid4())
-        if kind == "deep":  # deeper than the router's MAX_JSON_DEPTH (256)
+        if kind == "deep":  # deeper than the router's MAX_JSON_DEPTH (256): its JSON
+            # serializer refuses it (measured: dlq.stage=serialize)
             return Row(event_id, "Order", aggregate, "OrderPaid", _nested(3000), now,
-                       self._seq, "decode", "")
+                       self._seq, "serialize", "")
         if kind == "connect_offsets":  # renders Connect's offsets topic on {aggregate_type}
             return Row(event_id, "connect-offsets", aggregate, "Broadcast", "{}", now,
                        self._seq, "route", "")
