@@ -5,6 +5,7 @@ APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-
 
 .DEFAULT_GOAL := help
 .PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-avro clean
+.PHONY: chaos chaos-short
 .PHONY: up down compose-config
 
 help: ## Show this help
@@ -46,6 +47,21 @@ demo: stack ## The whole pipeline on the local stack, with defaults
 
 bench: stack ## Router throughput (100k events) per delivery mode, beside a plain loop
 	$(PYTHON) -m tests.bench.router_throughput --events 100000
+
+# The chaos campaign kills Kafka, Connect and Postgres: it runs on a stack of its own
+# (CHAOS_HOME, other ports), never on the one `make stack` starts for everybody.
+CHAOS_HOME ?= $(CURDIR)/.chaos-stack
+CHAOS_STACK := --home $(CHAOS_HOME) --postgres-port 25432 --kafka-port 29092 --kafka-controller-port 29093 --connect-port 28083
+CHAOS_ENV := CDC_ROUTER_HOME=$(CHAOS_HOME) CDC_ROUTER_BOOTSTRAP_SERVERS=127.0.0.1:29092 CDC_ROUTER_CONNECT_URL=http://127.0.0.1:28083 CDC_ROUTER_PG_DSN=postgresql://postgres:postgres@127.0.0.1:25432/postgres
+CHAOS_SEED ?= 15
+
+chaos: install ## Chaos campaign: 100k events, every fault kind, on its own stack (README)
+	$(CDC) local up $(CHAOS_STACK)
+	$(CHAOS_ENV) $(PYTHON) -m tests.chaos --profile full --events 100000 --seed $(CHAOS_SEED) --report chaos-report.json
+
+chaos-short: install ## Chaos campaign, short: 10k events, one fault of each kind (CI)
+	$(CDC) local up $(CHAOS_STACK)
+	$(CHAOS_ENV) $(PYTHON) -m tests.chaos --profile short --events 10000 --seed $(CHAOS_SEED) --report chaos-report-short.json
 
 bench-avro: ## Avro validation and encoding on their own (events/s; no stack needed)
 	$(PYTHON) -m tests.bench.avro_encoding --events 100000

@@ -1,0 +1,3 @@
+from tests.chaos.campaign import main
+
+main()

@@ -1,0 +1,87 @@
+"""The chaos campaign's own logic: the verifier's murmur2, the fault schedule, the report."""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+
+from cdc_router.router.partitioner import java_default_partition
+from tests.chaos import faults, report, verifier
+
+# Kafka's own vectors (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java).
+KAFKA_VECTORS = {
+    "21": -973932308,
+    "foobar": -790332482,
+    "a-little-bit-long-string": -985981536,
+    "a-little-bit-longer-string": -1486304829,
+    "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    "abc": 479470107,
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), KAFKA_VECTORS.items())
+def test_verifier_murmur2_matches_kafka(text: str, expected: int) -> None:
+    assert verifier.murmur2(text.encode()) == expected
+
+
+def test_verifier_partition_agrees_with_the_router_on_random_ids() -> None:
+    rng = random.Random(15)
+    for _ in range(2000):
+        text = "".join(rng.choice("abcxyz0123-éß") for _ in range(rng.randrange(0, 40)))
+        partitions = rng.randrange(1, 13)
+        assert verifier.java_partition(text, partitions) == java_default_partition(
+            text.encode(), partitions)
+
+
+def test_verifier_imports_nothing_from_cdc_router() -> None:
+    source = Path(verifier.__file__).read_text()
+    imported = {alias.name for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.ImportFrom)}
+    assert not [name for name in imported if name.startswith(("cdc_router", "tests"))]
+
+
+def test_schedule_is_seeded_and_has_every_fault_of_the_profile() -> None:
+    plan = faults.schedule("full", seed=7)
+    assert plan == faults.schedule("full", seed=7)
+    assert plan != faults.schedule("full", seed=8)
+    kinds = [fault.kind for fault in plan]
+    assert {kind: kinds.count(kind) for kind in kinds} == faults.PROFILES["full"]
+    assert kinds.count("router_kill") == 10
+    assert all(0.2 <= fault.at_fraction <= 0.6 for fault in plan)
+
+
+def test_short_profile_has_one_fault_of_each_kind() -> None:
+    assert sorted(f.kind for f in faults.schedule("short", 1)) == sorted(faults.PROFILES["full"])
+
+
+def test_verdict_fails_on_any_failure_count_or_new_topic() -> None:
+    assert verifier.Verdict().passed
+    assert not verifier.Verdict(duplicates=1).passed
+    assert not verifier.Verdict(leaked_rows=3).passed
+    assert not verifier.Verdict(new_topics=["connect-offsets-2"]).passed
+    # Replays on the raw topic are what the router must absorb, not a failure by themselves.
+    assert verifier.Verdict(raw_replays=120, dead_letter_duplicates=1).passed
+
+
+def test_throughput_buckets_the_writers_timeline() -> None:
+    timeline = [(100.5, 10), (101.0, 30), (106.0, 80)]
+    assert report.throughput(timeline, start=100.0, bucket_s=5) == [(0.0, 6.0), (5.0, 10.0)]
+
+
+def test_render_names_every_failure_and_finding() -> None:
+    verdict = verifier.Verdict(ledger_events=10, expected_deliveries=9, lost=1)
+    verdict.sample("lost", "some-id")
+    record = faults.FaultRecord("connect_kill", 12.0, None, findings=["task FAILED"])
+    built = report.build(header={"run": "r", "profile": "short", "seed": 1, "elapsed_s": 3.0},
+                         faults=[record], verdict=verdict, duplicates_dropped=0,
+                         write_errors=0, timeline=[])
+    text = report.render(built)
+    assert not built["passed"]
+    assert "FAILED lost: some-id" in text
+    assert "FINDING: task FAILED" in text
+    assert text.endswith("FAILED")
