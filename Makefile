@@ -51,8 +51,8 @@ bench: stack ## Router throughput (100k events) per delivery mode, beside a plai
 # The chaos campaign kills Kafka, Connect and Postgres: it runs on a stack of its own
 # (CHAOS_HOME, other ports), never on the one `make stack` starts for everybody.
 CHAOS_HOME ?= $(CURDIR)/.chaos-stack
-CHAOS_STACK := --home $(CHAOS_HOME) --postgres-port 25432 --kafka-port 29092 --kafka-controller-port 29093 --connect-port 28083
-CHAOS_ENV := CDC_ROUTER_HOME=$(CHAOS_HOME) CDC_ROUTER_BOOTSTRAP_SERVERS=127.0.0.1:29092 CDC_ROUTER_CONNECT_URL=http://127.0.0.1:28083 CDC_ROUTER_PG_DSN=postgresql://postgres:postgres@127.0.0.1:25432/postgres
+CHAOS_STACK := --home $(CHAOS_HOME) --postgres-port 35432 --kafka-port 39092 --kafka-controller-port 39093 --connect-port 38083
+CHAOS_ENV := CDC_ROUTER_HOME=$(CHAOS_HOME) CDC_ROUTER_BOOTSTRAP_SERVERS=127.0.0.1:39092 CDC_ROUTER_CONNECT_URL=http://127.0.0.1:38083 CDC_ROUTER_PG_DSN=postgresql://postgres:postgres@127.0.0.1:35432/postgres
 CHAOS_SEED ?= 15
 
 chaos: install ## Chaos campaign: 100k events, every fault kind, on its own stack (README)
