@@ -14,8 +14,9 @@ Two ends, for two questions:
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import (
@@ -32,6 +33,8 @@ from cdc_router.errors import DeliveryError
 
 End = Literal["stable", "log_end"]
 
+log = logging.getLogger("cdc_router.kafka")
+
 # Metadata and offset lookups: the broker answers in milliseconds; 30 s covers a controller
 # election, after which the caller's own retry (or the user) takes over.
 _LOOKUP_TIMEOUT_S = 30
@@ -40,27 +43,53 @@ _LOOKUP_TIMEOUT_S = 30
 _LEADER_WAIT_S = 0.5
 
 
-def log_end_offsets(admin: AdminClient, topic: str, partitions: list[int],
+class AdminConnection:
+    """An AdminClient made on first use, and made anew after a failed lookup.
+
+    After a broker restart a long-lived AdminClient keeps answering FENCED_LEADER_EPOCH from
+    its stale metadata (measured on Kafka 4.3 with librdkafka 2.x: still failing after 20 s)
+    where a new one answers at once.
+    """
+
+    def __init__(self, config: Mapping[str, Any],
+                 factory: Callable[[dict[str, Any]], AdminClient] = AdminClient) -> None:
+        self._config = dict(config)
+        self._factory = factory
+        self._client: AdminClient | None = None
+
+    def client(self) -> AdminClient:
+        if self._client is None:
+            self._client = self._factory(self._config)
+        return self._client
+
+    def reset(self) -> None:
+        self._client = None
+
+
+def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
                     deadline: float | None = None) -> dict[int, int]:
     """partition → the log end offset as read_uncommitted sees it (open transactions included).
 
     A read_committed consumer's watermarks stop at the last stable offset, which an open
     transaction holds back; this is where a record written before now certainly lies below.
-    Failures (a leader not yet known) are retried until `deadline` (default: one lookup's
-    timeout from now), then raised.
+    Failures (a leader not yet known, a broker just restarted) are retried with a new client
+    until `deadline` (default: one lookup's timeout from now), then raised.
     """
     deadline = time.monotonic() + _LOOKUP_TIMEOUT_S if deadline is None else deadline
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
     while True:
         try:
-            futures = admin.list_offsets(
+            futures = admin.client().list_offsets(
                 {TopicPartition(topic, p): latest for p in partitions},
                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
                 request_timeout=_LOOKUP_TIMEOUT_S)
             return {tp.partition: future.result().offset for tp, future in futures.items()}
-        except KafkaException:
+        except KafkaException as failure:
             if time.monotonic() > deadline:
                 raise
+            log.warning("event=offsets_lookup_failed topic=%s error=%r; retrying with a new "
+                        "admin client", topic, str(failure))
+            admin.reset()
         time.sleep(_LEADER_WAIT_S)
 
 
@@ -133,7 +162,7 @@ class TopicReader:
         self._what = what
         self._consumer: Consumer | None = None
         self._partitions: list[int] = []
-        self._admin: AdminClient | None = None
+        self._admin = AdminConnection(self._client_config)
 
     def read_to_end(self, *, end: End = "stable",
                     timeout_s: float = 300.0) -> Iterator[Message]:
@@ -147,8 +176,6 @@ class TopicReader:
         if end == "stable":
             ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
         else:
-            if self._admin is None:
-                self._admin = AdminClient(self._client_config)
             ends = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
         while not reached(consumer, self._topic, ends):
             if time.monotonic() > deadline:

@@ -23,11 +23,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient
 
 from cdc_router.dead_letter import EVENT_ID
 from cdc_router.kafka.consumer import record_headers
-from cdc_router.kafka.reader import assign_from_beginning, log_end_offsets, reached
+from cdc_router.kafka.reader import (
+    AdminConnection,
+    assign_from_beginning,
+    log_end_offsets,
+    reached,
+)
 from cdc_router.router.replay import parse_changelog
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
@@ -54,7 +58,7 @@ class CommittedIds:
         self._keep_dead_ms = window_ms + _DEAD_LETTER_MARGIN_MS
         self._changelog: Consumer | None = None
         self._dead_letters: Consumer | None = None
-        self._admin: AdminClient | None = None
+        self._admin = AdminConnection(self._client_config)
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
         # Marks read from the changelog but not handed out yet: a record holds a batch's ids.
         self._unread: list[tuple[str, int]] = []
@@ -116,8 +120,6 @@ class CommittedIds:
             self._dead.popitem(last=False)
 
     def _dead_letter_ends(self) -> dict[int, int]:
-        if self._admin is None:
-            self._admin = AdminClient(self._client_config)
         return log_end_offsets(self._admin, self._dead_letter_topic,
                                [tp.partition for tp in self._dead_letter_consumer().assignment()])
 

@@ -17,24 +17,35 @@ class _ListedOffset:
 
 
 class _Admin:
-    """list_offsets fails `failures` times with NOT_LEADER_FOR_PARTITION, then answers."""
+    """list_offsets fails with FENCED_LEADER_EPOCH `failures` times in all, then answers."""
 
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
+    def __init__(self, failures: list[int]) -> None:
+        self.failures = failures  # shared by the clients of one test: [left]
         self.calls = 0
 
     def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[Any, Any]:
         self.calls += 1
         answers: dict[TopicPartition, Future[Any]] = {}
+        failing = self.failures[0] > 0
+        self.failures[0] -= 1
         for tp in request:
             future: Future[Any] = Future()
-            if self.calls <= self.failures:
+            if failing:
                 future.set_exception(KafkaException(KafkaError(
-                    KafkaError.NOT_LEADER_FOR_PARTITION, "not leader")))
+                    KafkaError.FENCED_LEADER_EPOCH, "Leader epoch is older than broker epoch")))
             else:
                 future.set_result(_ListedOffset(10 + tp.partition))
             answers[tp] = future
         return answers
+
+
+class _StaleAfterRestart(_Admin):
+    """A client made before a broker restart: it never recovers (librdkafka's stale leader
+    epoch, measured on Kafka 4.3); only a new client answers."""
+
+    def list_offsets(self, request: dict[TopicPartition, Any], **kwargs: Any) -> dict[Any, Any]:
+        self.failures[0] = max(self.failures[0], 1)
+        return super().list_offsets(request, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -42,15 +53,29 @@ def _no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reader.time, "sleep", lambda _seconds: None)
 
 
-def test_log_end_offsets_retries_a_leader_not_known_yet() -> None:
-    admin = _Admin(failures=3)
-    ends = reader.log_end_offsets(admin, "t", [0, 1])  # type: ignore[arg-type]
+def test_log_end_offsets_retries_with_a_new_client_after_a_broker_restart() -> None:
+    made: list[_Admin] = []
+
+    def factory(config: dict[str, Any]) -> Any:
+        made.append(_StaleAfterRestart([1]) if not made else _Admin([0]))
+        return made[-1]
+
+    ends = reader.log_end_offsets(reader.AdminConnection({}, factory), "t", [0, 1])
     assert ends == {0: 10, 1: 11}
-    assert admin.calls == 4
+    assert len(made) == 2 and made[0].calls == 1 and made[1].calls == 1
+
+
+def test_log_end_offsets_retries_a_leader_not_known_yet() -> None:
+    left = [3]
+    ends = reader.log_end_offsets(reader.AdminConnection({}, lambda _c: _Admin(left)),
+                                  "t", [0, 1])
+    assert ends == {0: 10, 1: 11}
+    assert left == [-1]
 
 
 def test_log_end_offsets_raises_once_its_deadline_passed() -> None:
-    admin = _Admin(failures=10**9)
+    admin = _Admin([10**9])
     with pytest.raises(KafkaException):
-        reader.log_end_offsets(admin, "t", [0], deadline=reader.time.monotonic() - 1)  # type: ignore[arg-type]
+        reader.log_end_offsets(reader.AdminConnection({}, lambda _c: admin), "t", [0],
+                               deadline=reader.time.monotonic() - 1)
     assert admin.calls == 1
