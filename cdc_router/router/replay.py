@@ -21,12 +21,15 @@ id forgotten by either bound is delivered again: size the window to cover Debezi
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cdc_router.serde.json import parse_json
+
+log = logging.getLogger("cdc_router.router")
 
 # Ids per changelog record, in bytes of JSON: far below a broker's message.max.bytes (1 MB by
 # default), large enough that a batch of commit_max_records (1000) uuids takes one record.
@@ -69,7 +72,9 @@ def parse_changelog(key: bytes | None, value: bytes | None) -> list[tuple[str, i
         if ids is None:
             return [(key.decode(), delivered_ms)]  # one record per id (earlier versions)
         return [(event_id, delivered_ms) for event_id in ids if isinstance(event_id, str)]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        # Not ours (someone wrote to the changelog): its ids, if any, are not remembered.
+        log.warning("event=changelog_record_unreadable key=%r error=%r", key[:80], str(error))
         return []
 
 
