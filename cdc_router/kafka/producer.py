@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka.errors import PURGED, describe
+from cdc_router.kafka.watchdog import CallWatchdog
 
 Headers = list[tuple[str, bytes]]
 RecordCoordinates = tuple[str, int, int]  # the input record a produced record came from
@@ -30,12 +31,17 @@ class LatchingProducer:
 
     Every failed delivery of the current transaction is also kept, with the input record it
     came from, for the poison isolation to read (take_failures).
+
+    Every call that blocks on the broker runs under a watchdog (kafka/watchdog.py): a call
+    that outlives its own timeout by far ends the process rather than stall it for good.
     """
 
     def __init__(self, config: Mapping[str, Any],
-                 factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
+                 factory: Callable[[dict[str, Any]], Any] = Producer,
+                 watchdog: CallWatchdog | None = None) -> None:
         self._config = dict(config)
         self._factory = factory
+        self._watchdog = watchdog or CallWatchdog()
         self._producer: Any = None
         self._error: DeliveryFailure | None = None
         # Reports of an aborted transaction arrive late: each carries the generation it was
@@ -93,7 +99,8 @@ class LatchingProducer:
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every queued record is delivered; raise the first delivery error."""
-        remaining = self.client.flush(timeout_s)
+        with self._watchdog.guard("flush", timeout_s):
+            remaining = self.client.flush(timeout_s)
         self.raise_latched()
         if remaining:
             raise DeliveryError(f"{remaining} records still undelivered after {timeout_s:.0f}s")
@@ -113,20 +120,24 @@ class LatchingProducer:
 
     # Transactions: thin pass-throughs, so the router's procedure reads against KIP-98/447.
     def init_transactions(self, timeout_s: float) -> None:
-        self.client.init_transactions(timeout_s)
+        with self._watchdog.guard("init_transactions", timeout_s):
+            self.client.init_transactions(timeout_s)
 
     def begin_transaction(self) -> None:
         self.client.begin_transaction()
 
     def send_offsets_to_transaction(self, offsets: list[TopicPartition], group_metadata: Any,
                                     timeout_s: float) -> None:
-        self.client.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+        with self._watchdog.guard("send_offsets_to_transaction", timeout_s):
+            self.client.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
 
     def commit_transaction(self, timeout_s: float) -> None:
-        self.client.commit_transaction(timeout_s)
+        with self._watchdog.guard("commit_transaction", timeout_s):
+            self.client.commit_transaction(timeout_s)
 
     def abort_transaction(self, timeout_s: float) -> None:
-        self.client.abort_transaction(timeout_s)
+        with self._watchdog.guard("abort_transaction", timeout_s):
+            self.client.abort_transaction(timeout_s)
 
     def partitions_for(self, topic: str, timeout_s: float) -> int | None:
         """The topic's partition count from cluster metadata, or None if it does not exist."""

@@ -1,0 +1,100 @@
+"""A watchdog for librdkafka calls that can block past their own timeout.
+
+librdkafka's transactional calls take a timeout, and nearly always honour it. Not always: after
+the group coordinator's broker is killed and restarted, `send_offsets_to_transaction` can block
+for good (librdkafka issues #5456 and #5511, both open in 2026: the coordinator request's
+timeout is never checked, and a decommissioned coordinator is never looked up again). The chaos
+campaign saw a router blocked there for more than five minutes past a 60 s timeout.
+
+No Python code can interrupt a thread blocked inside a C call. So a thread of ours watches the
+call, and when it outlives its timeout by far, it ends the process with EXIT_HUNG, for the
+supervisor (docker's `restart: unless-stopped`, systemd, Kubernetes) to start it again. That is
+safe for the guarantees: the transaction left open commits nothing; the next incarnation's
+init_transactions fences this one and aborts it, and its consumer resumes from the last committed
+offsets, so the batch is re-read and produced once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger("cdc_router.kafka")
+
+# EX_TEMPFAIL (sysexits.h): a temporary failure, run me again.
+EXIT_HUNG = 75
+
+
+def _exit_process(name: str, waited_s: float, timeout_s: float) -> None:
+    log.critical("event=client_call_hung call=%s waited_s=%.0f timeout_s=%.0f: librdkafka did "
+                 "not return within its own timeout (librdkafka issues #5456, #5511); the "
+                 "process exits with %d for its supervisor to restart it; the open "
+                 "transaction is aborted by the next incarnation", name, waited_s, timeout_s,
+                 EXIT_HUNG)
+    logging.shutdown()
+    sys.stderr.flush()
+    # sys.exit would only raise in this thread; the main thread is blocked in C.
+    os._exit(EXIT_HUNG)
+
+
+class CallWatchdog:
+    """Calls `on_hang` when a guarded call lasts longer than `factor` x its timeout + `slack_s`.
+
+    One call is guarded at a time (the producer's transactional calls run on one thread).
+    """
+
+    def __init__(self, *, factor: float = 2.0, slack_s: float = 10.0,
+                 on_hang: Callable[[str, float, float], None] = _exit_process,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._factor = factor
+        self._slack_s = slack_s
+        self._on_hang = on_hang
+        self._clock = clock
+        self._changed = threading.Condition()
+        # (name, started, timeout_s) of the guarded call, None when nothing is guarded.
+        self._call: tuple[str, float, float] | None = None
+        self._thread: threading.Thread | None = None
+
+    def limit_s(self, timeout_s: float) -> float:
+        """How long a call with this timeout may block before the watchdog acts."""
+        return self._factor * timeout_s + self._slack_s
+
+    @contextmanager
+    def guard(self, name: str, timeout_s: float) -> Iterator[None]:
+        """Watch the call made inside this block."""
+        self._start()
+        with self._changed:
+            self._call = (name, self._clock(), timeout_s)
+            self._changed.notify()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._call = None
+                self._changed.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="cdc-router-watchdog",
+                                            daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            with self._changed:
+                call = self._call
+                if call is None:
+                    self._changed.wait()
+                    continue
+                name, started, timeout_s = call
+                waited_s = self._clock() - started
+                if waited_s < self.limit_s(timeout_s):
+                    self._changed.wait(self.limit_s(timeout_s) - waited_s)
+                    continue
+                self._call = None
+            self._on_hang(name, waited_s, timeout_s)

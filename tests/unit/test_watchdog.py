@@ -1,0 +1,73 @@
+"""The watchdog of blocking librdkafka calls (kafka/watchdog.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.watchdog import EXIT_HUNG, CallWatchdog
+
+
+class _HangingClient:
+    """A producer client whose send_offsets_to_transaction blocks, as librdkafka's did after a
+    broker kill -9 (issues #5456, #5511), until `release` is set."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout_s: float) -> None:
+        assert self.release.wait(30), "the watchdog never acted"
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        return None
+
+
+def test_a_call_outliving_its_timeout_is_reported_with_its_name() -> None:
+    release = threading.Event()
+    hung: list[tuple[str, float, float]] = []
+
+    def on_hang(name: str, waited_s: float, timeout_s: float) -> None:
+        hung.append((name, waited_s, timeout_s))
+        release.set()
+
+    producer = LatchingProducer({}, lambda conf: _HangingClient(release),
+                                watchdog=CallWatchdog(factor=2.0, slack_s=0.05, on_hang=on_hang))
+    producer.send_offsets_to_transaction([], None, 0.01)
+
+    [(name, waited_s, timeout_s)] = hung
+    assert name == "send_offsets_to_transaction"
+    assert timeout_s == 0.01
+    assert waited_s >= 2.0 * 0.01 + 0.05
+
+
+def test_calls_that_return_are_never_reported() -> None:
+    hung: list[str] = []
+    watchdog = CallWatchdog(factor=1.0, slack_s=1.0, on_hang=lambda name, *_: hung.append(name))
+    producer = LatchingProducer({}, lambda conf: _HangingClient(threading.Event()),
+                                watchdog=watchdog)
+    for _ in range(3):
+        producer.commit_transaction(0.01)
+    # Well past the 1.01 s limit of those calls: the watchdog was disarmed when each returned.
+    time.sleep(1.5)
+    assert hung == []
+
+
+def test_the_limit_scales_with_the_timeout() -> None:
+    assert CallWatchdog(factor=2.0, slack_s=10.0).limit_s(60.0) == 130.0
+
+
+def test_by_default_a_hung_call_ends_the_process_with_exit_hung() -> None:
+    # The main thread is blocked (here in sleep, in the router in librdkafka's C code): only
+    # ending the process from the watchdog's thread gets the router going again.
+    script = ("import time\n"
+              "from cdc_router.kafka.watchdog import CallWatchdog\n"
+              "with CallWatchdog(factor=1.0, slack_s=0.2).guard('commit_transaction', 0.1):\n"
+              "    time.sleep(60)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == EXIT_HUNG
+    assert "event=client_call_hung call=commit_transaction" in done.stderr
