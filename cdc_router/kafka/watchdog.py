@@ -48,7 +48,7 @@ class CallWatchdog:
     One call is guarded at a time (the producer's transactional calls run on one thread).
     """
 
-    def __init__(self, *, factor: float = 2.0, slack_s: float = 10.0,
+    def __init__(self, *, factor: float = 1.0, slack_s: float = 15.0,
                  on_hang: Callable[[str, float, float], None] = _exit_process,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._factor = factor

@@ -36,6 +36,11 @@ from cdc_router.router.transaction import Delivered, Transaction
 
 log = logging.getLogger("cdc_router.router")
 
+# Records handed to the step per poll, and the longest a poll waits for the first of them (a
+# stop request is seen within it).
+POLL_BATCH = 500
+POLL_WAIT_S = 0.1
+
 # Backoff after batches aborted in a row for no record's fault: doubles from the first to the
 # last. 30 s stays far below max.poll.interval.ms (300 s), so the group keeps us meanwhile.
 BACKOFF_S = (0.5, 30.0)
@@ -131,7 +136,7 @@ class OutboxRouter:
 
     def _poll_once(self, consumer: Any, txn: Transaction) -> None:
         try:
-            messages = consumer.consume(num_messages=500, timeout=0.1)
+            messages = self._next_records(consumer)
         except KafkaException as failure:
             # The cluster, not a record: a broker restarting answers FENCED_LEADER_EPOCH,
             # NOT_LEADER, ... for a while. Abort what is open, rewind, back off; a fatal error
@@ -149,8 +154,23 @@ class OutboxRouter:
             # this poll is re-read after the rewind, like after any abort.
             if txn.due() and not self._commit():
                 return
-        if txn.due():
+        # Caught up (the poll took less than a full batch): commit now, so that no record
+        # waits for commit_interval_ms on a quiet stream. Under load polls come back full and
+        # batches grow to commit_interval_ms / commit_max_records, which is what pays for the
+        # transaction's round trips.
+        if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
+
+    @staticmethod
+    def _next_records(consumer: Any) -> list[Message]:
+        """Up to POLL_BATCH records: block for the first (at most POLL_WAIT_S), then take what
+        has already arrived. One consume() of POLL_BATCH would wait its whole timeout for the
+        batch to fill, and every record of a quiet stream would wait with it."""
+        first: list[Message] = consumer.consume(num_messages=1, timeout=POLL_WAIT_S)
+        if not first:
+            return first
+        arrived: list[Message] = consumer.consume(num_messages=POLL_BATCH - 1, timeout=0)
+        return first + arrived
 
     def _close(self) -> None:
         if self._consumer is not None:

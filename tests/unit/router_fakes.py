@@ -234,9 +234,12 @@ class FakeConsumer:
         self.assigned = []
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        hooks, self.before_consume = self.before_consume, []
-        for hook in hooks:  # a hook that adds hooks defers them to the next consume()
-            hook(self)
+        # Hooks run between the router's polls: at a poll's first, waiting consume(), not at
+        # the consume(timeout=0) that takes what has already arrived.
+        if timeout > 0:
+            hooks, self.before_consume = self.before_consume, []
+            for hook in hooks:  # a hook that adds hooks defers them to the next poll
+                hook(self)
         if not self.assigned:
             self.assign_all()
         batch = []

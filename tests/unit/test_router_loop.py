@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import FatalKafkaError
-from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import (
@@ -187,8 +187,12 @@ def test_a_refusal_of_a_dead_letter_stops_the_router() -> None:
     assert cluster.group_offsets == {}
 
 
+# More than one full poll: a batch stays open after the first poll (a short poll commits).
+_BUSY = POLL_BATCH + 10
+
+
 def test_revoke_commits_the_open_batch() -> None:
-    cluster = cluster_with(*events(10))
+    cluster = cluster_with(*events(_BUSY))
     seen: dict[str, Any] = {}
 
     def revoke(consumer: FakeConsumer) -> None:
@@ -196,17 +200,39 @@ def test_revoke_commits_the_open_batch() -> None:
         seen["offsets"] = dict(cluster.group_offsets)
 
     harness = Harness(cluster, hooks=[revoke], delivery={"commit_interval_ms": 6000}).run()
-    assert seen["offsets"] == {(RAW, 0): 10}
-    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(10))
+    assert seen["offsets"] == {(RAW, 0): POLL_BATCH}
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(_BUSY))
 
 
 def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
-    cluster = cluster_with(*events(10))
+    cluster = cluster_with(*events(_BUSY))
     harness = Harness(cluster, hooks=[lambda consumer: consumer.revoke_all(lost=True)],
                       delivery={"commit_interval_ms": 6000}).run()
     assert "abort" in cluster.journal
     assert harness.waits == []  # no backoff inside a rebalance
-    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(10))
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(_BUSY))
+
+
+def test_a_poll_that_takes_less_than_a_full_batch_commits_at_once() -> None:
+    # Caught up: nothing waits for commit_interval_ms (an hour here) on a quiet stream.
+    cluster = cluster_with(*events(3))
+    seen: dict[str, Any] = {}
+    harness = Harness(cluster, hooks=[lambda _: seen.update(offsets=dict(cluster.group_offsets))],
+                      delivery={"commit_interval_ms": 3_600_000,
+                                "transaction_timeout_ms": 36_000_000}).run()
+    assert seen["offsets"] == {(RAW, 0): 3}  # committed before the next poll
+    assert sorted(harness.delivered()) == ["e-0", "e-1", "e-2"]
+
+
+def test_full_polls_share_one_transaction_until_it_is_due() -> None:
+    cluster = cluster_with(*events(3 * POLL_BATCH))
+    Harness(cluster, delivery={"commit_interval_ms": 3_600_000,
+                               "transaction_timeout_ms": 36_000_000,
+                               "commit_max_records": 2 * POLL_BATCH}).run()
+    # Two full polls make one due batch; the third poll is full too, and the empty poll
+    # after it finds the stream caught up and commits the rest.
+    assert cluster.journal.count("commit") == 2
+    assert cluster.group_offsets == {(RAW, 0): 3 * POLL_BATCH}
 
 
 def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
