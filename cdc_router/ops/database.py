@@ -63,8 +63,8 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str]) -> WalState:
     row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
                        ).fetchone()
     limit = int(row[0]) if row is not None else None
-    found = {slot: Slot(slot, True, bool(active), status, _int(safe), _int(retained),
-                        _int(lag))
+    found = {slot: Slot(slot, True, bool(active), status, retained_wal_bytes=_int(retained),
+                        safe_wal_size_bytes=_int(safe), flush_lag_bytes=_int(lag))
              for slot, active, status, safe, retained, lag in conn.execute(_SLOTS, (names,))}
     return WalState(max_slot_wal_keep_size_bytes=limit,
                     slots=tuple(found.get(name, Slot(name, exists=False)) for name in names))
