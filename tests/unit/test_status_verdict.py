@@ -18,6 +18,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.kafka.commit_stamp import commit_metadata, committed_ms
 from cdc_router.ops.exporter import StatusCollector
 from cdc_router.ops.report import (
+    ChangelogState,
     ConnectorState,
     DeadLetterInfo,
     DeadLetterState,
@@ -53,6 +54,8 @@ def healthy() -> Report:
                            members=(Member("router-1", "cdc-router", "/10.0.0.1",
                                            ("outbox.public.outbox[0]",)),)),
         dead_letters=DeadLetterState(topic="cdc-router.dlq", count=0),
+        dedup_changelog=ChangelogState(topic="cdc-router.dedup", partitions=1,
+                                       retained_offsets=12),
     )
 
 
