@@ -45,11 +45,15 @@ def judge(report: Report, settings: StatusSettings,
 
 
 def _unreachable(report: Report) -> Iterator[Problem]:
+    """One line per unreachable part, naming every section it left unchecked."""
+    sections: dict[str, list[str]] = {}
     for name in ("wal", "publication", "outbox", "connector", "router", "dead_letters",
                  "dedup_changelog"):
         error = getattr(report, name).error
         if error is not None:
-            yield Problem("critical", name, f"cannot check it: {error}")
+            sections.setdefault(error, []).append(name)
+    for error, names in sections.items():
+        yield Problem("critical", ", ".join(names), f"cannot check it: {error}")
 
 
 def size(count: float | None) -> str:
@@ -217,5 +221,6 @@ def _dead_letters(report: Report, settings: StatusSettings,
         return
     before = previous.dead_letters.count if previous is not None else None
     if before is not None and letters.count > before:
-        yield Problem("warning", "dead_letters", f"{letters.count - before} new dead letters "
+        new = letters.count - before
+        yield Problem("warning", "dead_letters", f"{new} new dead letter{'s' if new > 1 else ''} "
                       f"on {letters.topic} since the last check{why}; {todo}")

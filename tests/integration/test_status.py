@@ -4,8 +4,12 @@ paused connector makes it exit non-zero with the reason on one line."""
 from __future__ import annotations
 
 import json
+import queue
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -90,6 +94,49 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert changelog["topic"] == pipe.changelog_topic and changelog["retained_offsets"] > 0
     text = _status(pipe)
     assert text.returncode == 0 and text.stdout.rstrip().endswith("status: ok"), text.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pipeline) -> None:
+    pipe, port = routed, _free_port()
+    connector = pipe.name.replace("_", "-")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
+         "--connector", connector, "--connect-url", pipe.stack.connect_url, "--dsn",
+         pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
+         "--watch", "2", "--serve", str(port), "-o", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    ticks: queue.Queue[dict[str, Any]] = queue.Queue()
+    threading.Thread(target=lambda: [ticks.put(json.loads(line)) for line in process.stdout
+                                     or []], daemon=True).start()
+    try:
+        first = ticks.get(timeout=60)
+        assert first["dead_letters"]["count"] == 1
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert f'cdc_router_connector_state{{connector="{connector}",state="RUNNING"}} 1.0' \
+            in metrics
+        assert f'cdc_router_slot_active{{slot="{pipe.name}"}} 1.0' in metrics
+        assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 1.0' in metrics
+        pipe.insert([("Order", "o-poison-2", "OrderPaid", _POISON)])
+        deadline = time.monotonic() + 90
+        while True:
+            tick = ticks.get(timeout=60)
+            grew = [p["message"] for p in tick["problems"] if p["component"] == "dead_letters"]
+            if grew or time.monotonic() > deadline:
+                break
+        assert tick["exit_code"] == 1 and grew and grew[0].startswith(
+            f"1 new dead letter on {pipe.dlq_topic} since the last check; newest: stage "), grew
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 2.0' in metrics
+    finally:
+        process.send_signal(signal.SIGINT)  # --watch stops on Ctrl-C, with the last verdict
+        process.wait(timeout=30)
+    assert process.returncode in (0, 1)
 
 
 def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> None:

@@ -242,3 +242,11 @@ def test_the_exporter_shows_the_latest_report_as_gauges() -> None:
     assert value("cdc_router_group_lag", {"group": "cdc-router", "topic": "outbox.public.outbox",
                                           "partition": "0"}) == 0
     assert value("cdc_router_dlq_records", {"topic": "cdc-router.dlq"}) == 0
+
+
+def test_one_part_down_is_one_line_naming_the_sections_it_left_unchecked() -> None:
+    down = "Postgres: connection refused"
+    report = replace(healthy(), wal=WalState(error=down), publication=PublicationState(
+        error=down), outbox=OutboxState(error=down))
+    assert lines(report) == ["critical: wal, publication, outbox: cannot check it: Postgres: "
+                             "connection refused"]
