@@ -14,13 +14,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cdc_router.ops.report import Report
+from cdc_router.ops.report import SECTIONS, Report
 from cdc_router.ops.verdict import EXIT_CODES, Problem, verdict
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")
-SECTIONS = ("wal", "publication", "outbox", "connector", "router", "dead_letters",
-            "dedup_changelog")
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:

@@ -7,7 +7,7 @@ field names are the JSON keys of `status -o json`: renaming one breaks scripts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -164,3 +164,7 @@ class Report:
     router: RouterState = field(default_factory=RouterState)
     dead_letters: DeadLetterState = field(default_factory=DeadLetterState)
     dedup_changelog: ChangelogState = field(default_factory=ChangelogState)
+
+
+# The parts of a Report, each with its `error`: wal, publication, outbox, connector, ...
+SECTIONS = tuple(f.name for f in fields(Report) if f.name != "checked_at")

@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cdc_router.config.status import Level, StatusSettings
-from cdc_router.ops.report import ConnectorState, Report, RouterState, Slot, WalState
+from cdc_router.ops.report import (
+    SECTIONS,
+    ConnectorState,
+    Report,
+    RouterState,
+    Slot,
+    WalState,
+)
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
-RUNBOOK = "see README, Operations"
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 
 
@@ -47,8 +53,7 @@ def judge(report: Report, settings: StatusSettings,
 def _unreachable(report: Report) -> Iterator[Problem]:
     """One line per unreachable part, naming every section it left unchecked."""
     sections: dict[str, list[str]] = {}
-    for name in ("wal", "publication", "outbox", "connector", "router", "dead_letters",
-                 "dedup_changelog"):
+    for name in SECTIONS:
         error = getattr(report, name).error
         if error is not None:
             sections.setdefault(error, []).append(name)
