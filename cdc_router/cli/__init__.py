@@ -23,6 +23,7 @@ COMMAND_MODULES: dict[str, str] = {
     "run": "cdc_router.cli.run",
     "rules": "cdc_router.cli.rules",
     "schemas": "cdc_router.cli.schemas",
+    "status": "cdc_router.cli.status",
     "topics": "cdc_router.cli.topics",
 }
 

@@ -8,6 +8,7 @@
     routes.py       routes: match, topic template, key, format, headers
     delivery.py     delivery, dead_letter, dedup
     cleanup.py      cleanup
+    status.py       status: where `cdc-router status` looks, and its thresholds
     fields.py       the base model and the field types the sections share
     topic_names.py  the naming rules: Kafka's topic names, topic templates, TopicGuard
     patterns.py     the pattern language: exact, glob or re:regex

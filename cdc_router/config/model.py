@@ -20,6 +20,7 @@ from cdc_router.config.fields import StringMap, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
+from cdc_router.config.status import StatusSettings
 from cdc_router.config.topic_names import (
     DEFAULT_PROTECTED_TOPICS,
     TopicGuard,
@@ -59,6 +60,7 @@ class RouterConfig(_Model):
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
     topics: list[TopicSpec] = Field(default_factory=list)
+    status: StatusSettings = Field(default_factory=StatusSettings)  # `cdc-router status`
     # Topics no route may write to, besides `__*`, the sources and the router's own topics
     # (topic_names.py): Kafka Connect's and the schema registry's by default. Setting the list
     # replaces the defaults: name your Connect cluster's *.storage.topic settings here.

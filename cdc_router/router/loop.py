@@ -44,6 +44,9 @@ POLL_WAIT_S = 0.1
 # Backoff after batches aborted in a row for no record's fault: doubles from the first to the
 # last. 30 s stays far below max.poll.interval.ms (300 s), so the group keeps us meanwhile.
 BACKOFF_S = (0.5, 30.0)
+# The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
+# refresh is a call per assigned partition.
+LAG_INTERVAL_S = 1.0
 
 
 class OutboxRouter:
@@ -88,6 +91,7 @@ class OutboxRouter:
         self._needs_rewind = False
         self._waiting_for_source = False
         self.last_poll = clock()
+        self._lag_observed = float("-inf")
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -144,6 +148,7 @@ class OutboxRouter:
             self._abort(failure)
             return
         self.last_poll = self._clock()
+        self._observe_lag(consumer)
         for message in messages:
             try:
                 self._handle(message)
@@ -171,6 +176,18 @@ class OutboxRouter:
             return first
         arrived: list[Message] = consumer.consume(num_messages=POLL_BATCH - 1, timeout=0)
         return first + arrived
+
+    def _observe_lag(self, consumer: Any) -> None:
+        """cdc_router_consumer_lag from the watermarks of the last fetch (no network call)."""
+        if self.last_poll - self._lag_observed < LAG_INTERVAL_S:
+            return
+        self._lag_observed = self.last_poll
+        lags = {}
+        for position in consumer.position(consumer.assignment()):
+            _, high = consumer.get_watermark_offsets(position, cached=True)
+            if position.offset >= 0 and high >= 0:
+                lags[(position.topic, position.partition)] = max(0, high - position.offset)
+        self._metrics.lag(lags)
 
     def _close(self) -> None:
         if self._consumer is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -38,12 +38,29 @@ class RouterMetrics:
         self.consecutive_aborts = Gauge("cdc_router_consecutive_aborts", "Batches aborted in "
                                         "a row for no record's fault (broker down, coordinator "
                                         "moving); 0 once a batch commits", registry=r)
+        self.consumer_lag = Gauge("cdc_router_consumer_lag", "Records of an assigned raw "
+                                  "partition the router has not read yet (high watermark - "
+                                  "position)", ["topic", "partition"], registry=r)
+        self.last_commit = Gauge("cdc_router_last_commit_timestamp_seconds", "When the router "
+                                 "last committed a batch (Unix time; its start before that)",
+                                 registry=r)
+        self.last_commit.set(time.time())
+        # Computed at each scrape, so a stuck loop shows a growing age without updating it.
+        last_commit_age = Gauge("cdc_router_last_commit_age_seconds", "Seconds since the "
+                                "router last committed a batch (since its start before that); "
+                                "it grows when idle, so alert on it only with consumer lag",
+                                registry=r)
+        last_commit_age.set_function(lambda: time.time() - self._last_commit_s)
+        self._last_commit_s = time.time()
+        self._lag_labels: set[tuple[str, str]] = set()
         self.latency = Histogram("cdc_router_end_to_end_seconds", "From the outbox row's "
                                  "created_at to the commit of its record", registry=r,
                                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
 
     def committed(self, delivered: Sequence[Delivered], now_ms: int) -> None:
         self.transactions.inc()
+        self._last_commit_s = now_ms / 1000
+        self.last_commit.set(self._last_commit_s)
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.
         for topic, count in Tally(event.topic for event in delivered).items():
             self.routed.labels(topic).inc(count)
@@ -51,6 +68,16 @@ class RouterMetrics:
         for event in delivered:
             if event.created_at_ms is not None:
                 observe(max(0.0, (now_ms - event.created_at_ms) / 1000))
+
+
+    def lag(self, lags: Mapping[tuple[str, int], int]) -> None:
+        """Set the consumer lag of the assigned partitions; partitions gone lose their series."""
+        labels = {(topic, str(partition)) for topic, partition in lags}
+        for gone in self._lag_labels - labels:
+            self.consumer_lag.remove(*gone)
+        for (topic, partition), lag in lags.items():
+            self.consumer_lag.labels(topic, str(partition)).set(lag)
+        self._lag_labels = labels
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
+from cdc_router.kafka.commit_stamp import commit_metadata
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.router.clients import Timeouts
@@ -168,7 +169,10 @@ class Transaction:
         Raises BatchFailed (abort and rewind) or FatalKafkaError.
         """
         consumer, producer, wait_s = self._consumer, self._producer, self._timeouts.call_s
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._batch.offsets.items()]
+        # The commit stamp: `cdc-router status` tells the age of the group's last commit by it.
+        stamp = commit_metadata(int(time.time() * 1000))
+        offsets = [TopicPartition(t, p, o, metadata=stamp)
+                   for (t, p), o in self._batch.offsets.items()]
         if self._exactly_once:
             self._send_marks()
         # 1. Deliver every record and dead letter of the batch (exactly once: and its marks);

@@ -55,6 +55,8 @@ class FakeCluster:
     raw: dict[int, list[tuple[bytes | None, bytes | None]]] = field(default_factory=dict)
     topics: dict[str, list[Stored]] = field(default_factory=dict)
     group_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    # The metadata each committed offset was committed with (the router's commit stamp).
+    offset_metadata: dict[tuple[str, int], str | None] = field(default_factory=dict)
     refuse: Refusal = lambda topic, value, timestamp: None
     max_message_bytes: int = 1_000_000
     commit_failures: list[KafkaError] = field(default_factory=list)  # next commits fail so
@@ -80,6 +82,7 @@ class FakeProducer:
         self._reports: list[tuple[Callable[..., None], KafkaError | None, Message]] = []
         self._pending: list[Stored] = []
         self._pending_offsets: dict[tuple[str, int], int] = {}
+        self._pending_metadata: dict[tuple[str, int], str | None] = {}
         self._abortable: KafkaError | None = None
         self._in_txn = False
         # Refused records leave a gap in their partition's sequence numbers: as librdkafka
@@ -165,6 +168,7 @@ class FakeProducer:
             raise KafkaException(self._abortable)
         self.cluster.journal.append("send_offsets")
         self._pending_offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        self._pending_metadata.update({(tp.topic, tp.partition): tp.metadata for tp in offsets})
 
     def commit_transaction(self, timeout: float) -> None:
         self._fence_check()
@@ -176,6 +180,7 @@ class FakeProducer:
         for stored in self._pending:
             self.cluster.publish(stored.topic, [stored])
         self.cluster.group_offsets.update(self._pending_offsets)
+        self.cluster.offset_metadata.update(self._pending_metadata)
         self.cluster.journal.append("commit")
         self._end()
 
@@ -192,6 +197,7 @@ class FakeProducer:
 
     def _end(self) -> None:
         self._pending, self._pending_offsets, self._abortable = [], {}, None
+        self._pending_metadata = {}
         self._in_txn = False
 
     def list_topics(self, topic: str, timeout: float) -> Any:
@@ -213,7 +219,7 @@ class FakeConsumer:
         self.on_idle = on_idle
         self.callbacks: dict[str, Any] = {}
         self.assigned: list[int] = []
-        self.position: dict[int, int] = {}
+        self.positions: dict[int, int] = {}
         self.before_consume: list[Callable[[FakeConsumer], None]] = []
         self.closed = False
 
@@ -226,7 +232,7 @@ class FakeConsumer:
 
     def assign_all(self) -> None:
         self.assigned = sorted(self.cluster.raw)
-        self.position = {p: self.cluster.group_offsets.get((RAW, p), 0) for p in self.assigned}
+        self.positions = {p: self.cluster.group_offsets.get((RAW, p), 0) for p in self.assigned}
         self.callbacks["on_assign"](self, self._partitions())
 
     def revoke_all(self, lost: bool = False) -> None:
@@ -245,11 +251,11 @@ class FakeConsumer:
         batch = []
         for p in self.assigned:
             log = self.cluster.raw[p]
-            while self.position[p] < len(log) and len(batch) < num_messages:
-                key, value = log[self.position[p]]
-                batch.append(Message(topic=RAW, partition=p, offset=self.position[p], key=key,
+            while self.positions[p] < len(log) and len(batch) < num_messages:
+                key, value = log[self.positions[p]]
+                batch.append(Message(topic=RAW, partition=p, offset=self.positions[p], key=key,
                                      value=value))
-                self.position[p] += 1
+                self.positions[p] += 1
         if not batch:
             time.sleep(min(timeout, 0.01))  # librdkafka waits for records, up to the timeout
             self.on_idle()
@@ -257,6 +263,14 @@ class FakeConsumer:
 
     def assignment(self) -> list[TopicPartition]:
         return self._partitions()
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.positions[tp.partition])
+                for tp in partitions]
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        return 0, len(self.cluster.raw[tp.partition])
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition,
@@ -266,7 +280,7 @@ class FakeConsumer:
 
     def seek(self, tp: TopicPartition) -> None:
         self.cluster.journal.append(f"seek {tp.partition}@{tp.offset}")
-        self.position[tp.partition] = max(tp.offset, 0)
+        self.positions[tp.partition] = max(tp.offset, 0)
 
     def consumer_group_metadata(self) -> str:
         return "group-metadata"
@@ -275,6 +289,8 @@ class FakeConsumer:
         assert asynchronous is False
         self.cluster.group_offsets.update({(tp.topic, tp.partition): tp.offset
                                            for tp in offsets})
+        self.cluster.offset_metadata.update({(tp.topic, tp.partition): tp.metadata
+                                             for tp in offsets})
         self.cluster.journal.append("commit_offsets")
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -61,3 +62,20 @@ def test_a_committed_batch_counts_each_topic_and_each_latency() -> None:
     assert value("cdc_router_end_to_end_seconds_count") == 2
     assert value("cdc_router_end_to_end_seconds_sum") == 2.5
     assert value("cdc_router_batches_committed_total") == 1
+
+
+def test_consumer_lag_follows_the_assignment() -> None:
+    metrics = RouterMetrics()
+    value = metrics.registry.get_sample_value
+    metrics.lag({("raw", 0): 5, ("raw", 1): 0})
+    assert value("cdc_router_consumer_lag", {"topic": "raw", "partition": "0"}) == 5
+    metrics.lag({("raw", 1): 3})  # partition 0 was revoked: its series goes
+    assert value("cdc_router_consumer_lag", {"topic": "raw", "partition": "0"}) is None
+    assert value("cdc_router_consumer_lag", {"topic": "raw", "partition": "1"}) == 3
+
+
+def test_the_last_commit_age_is_computed_at_each_scrape() -> None:
+    metrics = RouterMetrics()
+    metrics.committed([], now_ms=int(time.time() * 1000) - 90_000)
+    age = metrics.registry.get_sample_value("cdc_router_last_commit_age_seconds")
+    assert age is not None and 90 <= age < 150

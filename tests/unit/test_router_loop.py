@@ -312,3 +312,16 @@ def test_consume_raising_a_fatal_error_stops_the_router() -> None:
     harness = Harness(cluster_with(*events(5)), hooks=[fatal])
     with pytest.raises(FatalKafkaError):
         harness.run()
+
+
+def test_consumer_lag_and_the_last_commit_are_in_the_metrics() -> None:
+    seen: list[float] = []
+    cluster = cluster_with(*events(700))
+    harness = Harness(cluster, hooks=[lambda consumer: seen.append(
+        harness.metric("cdc_router_consumer_lag", topic=RAW, partition="0"))])
+    started = time.time()
+    harness.run()
+    assert seen == [200.0]  # after the first poll of 500 records, 200 left to read
+    last_commit = harness.metric("cdc_router_last_commit_timestamp_seconds")
+    assert started <= last_commit <= time.time()
+    assert 0 <= harness.metric("cdc_router_last_commit_age_seconds") < 60

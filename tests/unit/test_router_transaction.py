@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from confluent_kafka import KafkaError
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import FatalKafkaError
+from cdc_router.kafka.commit_stamp import committed_ms
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
@@ -65,6 +67,8 @@ def test_exactly_once_commits_records_marks_and_offsets_together() -> None:
     assert marked_ids(cluster.committed(CHANGELOG)) == ["e-0", "e-1"]
     assert len(cluster.committed(CHANGELOG)) == 1  # one record for the batch
     assert cluster.group_offsets == {(RAW, 0): 2}
+    stamp = committed_ms(cluster.offset_metadata[(RAW, 0)])
+    assert stamp is not None and abs(stamp - time.time() * 1000) < 60_000
     steps = [entry for entry in cluster.journal if not entry.startswith("acked")]
     assert steps == ["flush", "send_offsets", "commit"]
     assert not txn.open
@@ -141,3 +145,4 @@ def test_at_least_once_marks_go_after_every_record_is_acked_and_offsets_last() -
     assert cluster.journal == ["flush", f"acked {ORDERS}", f"acked {DLQ}", "flush",
                                f"acked {CHANGELOG}", "commit_offsets"]
     assert cluster.group_offsets == {(RAW, 0): 2}
+    assert committed_ms(cluster.offset_metadata[(RAW, 0)]) is not None

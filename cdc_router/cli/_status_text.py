@@ -1,0 +1,128 @@
+"""`status`'s Report and problems for people (text) and scripts (a dict of stable keys)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from cdc_router.cli._output import table
+from cdc_router.ops.report import Report
+from cdc_router.ops.verdict import EXIT_CODES, Problem, size, verdict
+
+
+def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
+    """The JSON document of `status -o json`: verdict first, then the report's sections."""
+    status = verdict(problems)
+    return {"status": status, "exit_code": EXIT_CODES[status],
+            "problems": [dataclasses.asdict(problem) for problem in problems],
+            **dataclasses.asdict(report)}
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s ago"
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
+    return ["  " + line for line in table(headers, rows).splitlines()]
+
+
+def as_text(report: Report, problems: list[Problem]) -> str:
+    """The report for a terminal: one block per part, then the problems and the verdict."""
+    lines = [f"checked at {report.checked_at}"]
+    sections: list[Callable[[Report], list[str]]] = [
+        _wal, _publication, _outbox, _connector, _router, _dead_letters, _changelog]
+    for section in sections:
+        lines += section(report)
+    lines.append("")
+    lines += [f"{problem}" for problem in problems]
+    lines.append(f"status: {verdict(problems)}")
+    return "\n".join(lines)
+
+
+def _failed(what: str, error: str | None) -> list[str] | None:
+    return [f"{what}: UNREACHABLE: {error}"] if error is not None else None
+
+
+def _wal(report: Report) -> list[str]:
+    wal = report.wal
+    if (failed := _failed("replication slots", wal.error)) is not None:
+        return failed
+    limit = wal.max_slot_wal_keep_size_bytes
+    lines = [f"replication slots (max_slot_wal_keep_size "
+             f"{'unlimited' if limit == -1 else size(limit)}):"]
+    return lines + _table(
+        ["slot", "active", "wal_status", "retained WAL", "safe_wal_size", "flush lag"],
+        [[s.name, "missing" if not s.exists else "yes" if s.active else "NO",
+          s.wal_status or "-", size(s.retained_wal_bytes), size(s.safe_wal_size_bytes),
+          size(s.flush_lag_bytes)] for s in wal.slots])
+
+
+def _publication(report: Report) -> list[str]:
+    pub = report.publication
+    if (failed := _failed("publication", pub.error)) is not None:
+        return failed
+    if not pub.exists:
+        return [f"publication {pub.name}: MISSING"]
+    return [f"publication {pub.name} ({', '.join(pub.operations) or 'nothing'}): "
+            f"{', '.join(pub.tables) or 'no tables'}"]
+
+
+def _outbox(report: Report) -> list[str]:
+    outbox = report.outbox
+    if (failed := _failed(f"outbox {outbox.table or ''}".rstrip(), outbox.error)) is not None:
+        return failed
+    return [f"outbox {outbox.table}: {outbox.rows} rows, oldest {_age(outbox.oldest_age_s)}, "
+            f"{size(outbox.size_bytes)} on disk"]
+
+
+def _connector(report: Report) -> list[str]:
+    c = report.connector
+    if (failed := _failed(f"connector {c.name}", c.error)) is not None:
+        return failed
+    if not c.exists:
+        return [f"connector {c.name}: NOT DEPLOYED"]
+    lines = [f"connector {c.name}: {c.state} on {c.worker_id}"
+             + (f": {c.failure}" if c.failure else "")]
+    lines += [f"  task {t.id}: {t.state} on {t.worker_id}" + (f": {t.failure}" if t.failure
+                                                                else "") for t in c.tasks]
+    return lines
+
+
+def _router(report: Report) -> list[str]:
+    r = report.router
+    if (failed := _failed(f"router group {r.group}", r.error)) is not None:
+        return failed
+    lines = [f"router group {r.group} ({r.group_state}): lag {r.lag}, last commit "
+             f"{_age(r.last_commit_age_s)}, oldest waiting record {_age(r.oldest_pending_age_s)}"]
+    lines += _table(["topic", "partition", "committed", "end", "lag", "last commit"],
+                    [[p.topic, p.partition, "-" if p.committed is None else p.committed, p.end,
+                      p.lag if p.lag_exact else f"~{p.lag}", _age(p.last_commit_age_s)]
+                     for p in r.partitions])
+    lines.append(f"router instances: {len(r.members)}")
+    lines += [f"  {m.instance_id or m.client_id} on {m.host}: {', '.join(m.partitions) or '-'}"
+              for m in r.members]
+    return lines
+
+
+def _dead_letters(report: Report) -> list[str]:
+    d = report.dead_letters
+    if (failed := _failed(f"dead letters {d.topic}", d.error)) is not None:
+        return failed
+    count = f"{d.count}" if d.count_exact else f"at least {d.count}"
+    line = f"dead letters on {d.topic}: {count}"
+    if d.newest is not None:
+        n = d.newest
+        line += (f"; newest {_age(n.age_s)} (offset {n.partition}:{n.offset}): stage {n.stage}, "
+                 f"{n.error}: {(n.reason or '')[:160]}")
+    return [line]
+
+
+def _changelog(report: Report) -> list[str]:
+    c = report.dedup_changelog
+    if not c.enabled:
+        return ["dedup changelog: disabled (dedup.enabled false)"]
+    if (failed := _failed(f"dedup changelog {c.topic}", c.error)) is not None:
+        return failed
+    return [f"dedup changelog {c.topic}: {c.retained_offsets} offsets retained in "
+            f"{c.partitions} partition{'' if c.partitions == 1 else 's'}"]

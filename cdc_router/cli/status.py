@@ -1,0 +1,111 @@
+"""`cdc-router status`: the whole pipeline in one view, with an exit code for cron and probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import click
+from pydantic import ValidationError
+
+from cdc_router.cli._output import output_option
+from cdc_router.cli._status_text import as_json, as_text
+from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
+from cdc_router.cli.outbox import DEFAULT_DSN
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.status import StatusSettings
+from cdc_router.errors import ConfigError
+from cdc_router.ops.exporter import StatusCollector, serve
+from cdc_router.ops.probe import Endpoints, check
+from cdc_router.ops.report import Report
+from cdc_router.ops.verdict import EXIT_CODES, Problem, judge, verdict
+
+# --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
+DEFAULT_SERVE_INTERVAL_S = 30.0
+
+
+@click.command(name="status")
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@click.option("--connector", help="The Debezium connector [default: status.connector, "
+              "outbox-connector].")
+@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", help="Postgres [env CDC_ROUTER_PG_DSN; "
+              "default: cleanup.dsn, else the local stack].")
+@click.option("--connect-url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
+              show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
+@click.option("--bootstrap-servers", envvar="CDC_ROUTER_BOOTSTRAP_SERVERS",
+              help="Kafka [env CDC_ROUTER_BOOTSTRAP_SERVERS; default: kafka.bootstrap_servers].")
+@click.option("--threshold", "thresholds", multiple=True, metavar="KEY=VALUE",
+              help="Override a key of the status section for this run, e.g. lag_warning=500; "
+                   "'none' turns a check off. Repeatable.")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="Check again every SECONDS until interrupted; new dead letters warn.")
+@click.option("--serve", "port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve the gauges on http://0.0.0.0:PORT/metrics, checking every --watch "
+                   f"seconds (default {DEFAULT_SERVE_INTERVAL_S:g}).")
+@output_option
+def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: str,
+        bootstrap_servers: str | None, thresholds: tuple[str, ...], watch_s: float | None,
+        port: int | None, output: str) -> None:
+    """Slots and WAL, publication, outbox, connector, router lag, dead letters; exit 0 ok,
+    1 warning, 2 critical."""
+    config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
+    kafka = config.kafka.librdkafka()
+    if bootstrap_servers:
+        kafka["bootstrap.servers"] = bootstrap_servers
+    endpoints = Endpoints(dsn or config.cleanup.dsn or DEFAULT_DSN, connect_url, kafka)
+    collector = StatusCollector() if port is not None else None
+    if collector is not None and port is not None:
+        serve(collector, port)
+        watch_s = watch_s or DEFAULT_SERVE_INTERVAL_S
+    previous: Report | None = None
+    code = 0
+    try:
+        while True:
+            report = check(config, endpoints, connector=connector)
+            problems = judge(report, config.status, previous)
+            code = EXIT_CODES[verdict(problems)]
+            if collector is not None:
+                collector.update(report, problems)
+            _show(report, problems, output, watching=watch_s is not None)
+            if watch_s is None:
+                break
+            previous = report
+            time.sleep(watch_s)
+    except KeyboardInterrupt:
+        pass
+    raise SystemExit(code)
+
+
+def _show(report: Report, problems: list[Problem], output: str, *, watching: bool) -> None:
+    if output == "json":
+        # Watching: one document per line (JSON Lines), so a script can read them one by one.
+        click.echo(json.dumps(as_json(report, problems), indent=None if watching else 2))
+    else:
+        click.echo(as_text(report, problems) + ("\n" if watching else ""))
+
+
+def with_thresholds(config: RouterConfig, overrides: tuple[str, ...]) -> RouterConfig:
+    """`config` with --threshold KEY=VALUE applied to its status section, validated."""
+    if not overrides:
+        return config
+    values = config.status.model_dump()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or key not in StatusSettings.model_fields:
+            raise ConfigError("expected KEY=VALUE with a key of the status section",
+                              source="command line", field="--threshold", value=item,
+                              hint=f"keys: {', '.join(StatusSettings.model_fields)}")
+        values[key] = None if value.lower() == "none" else value
+    try:
+        status = StatusSettings.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        ctx = first.get("ctx") or {}
+        field = str(ctx.get("field") or ".".join(str(part) for part in first["loc"]))
+        raise ConfigError(str(ctx.get("message", first["msg"])), source="command line",
+                          field=f"--threshold {field}", value=values.get(field)) from None
+    return config.model_copy(update={"status": status})

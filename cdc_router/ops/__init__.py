@@ -1,0 +1,13 @@
+"""Operations: `cdc-router status`, what it checks and how it judges, and its exporter.
+
+    probe       check(): asks each part below and builds one Report; never raises for a part
+                that is down
+    connector   Kafka Connect: the connector's state and what its config captures
+    database    Postgres: the slots and their WAL, the publication, the outbox
+    group       Kafka: the router group's lag per partition, last commit and members
+    topics      Kafka: dead letters (count, newest) and the dedup changelog's size
+    offsets     the admin lookups and bounded read_committed scans the two above share
+    report      the Report and its sections (their field names are the JSON keys)
+    verdict     pure: a Report and the thresholds (config/status.py) -> problems, exit code
+    exporter    the latest Report as Prometheus gauges (`status --serve`)
+"""

@@ -1,0 +1,66 @@
+"""Kafka Connect's side of `status`: the connector's state, and where its config points.
+
+The connector's config names the slot, the publication and the captured table, so that
+`status` looks at what Debezium really uses rather than at defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from cdc_router.connect.client import ConnectClient, ConnectorStatus
+from cdc_router.errors import ConnectError, UnknownConnectorError
+from cdc_router.ops.report import ConnectorState, TaskState
+
+# Debezium's PostgreSQL connector defaults for slot.name and publication.name.
+DEFAULT_SLOT = "debezium"
+DEFAULT_PUBLICATION = "dbz_publication"
+# A status check answers in seconds: Connect's GETs answer in milliseconds when it is there.
+TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+_PLAIN_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What the connector reads: its slot, its publication, its one table (None: several or a
+    regex)."""
+
+    slot: str
+    publication: str
+    table: str | None
+
+
+def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
+    """The connector's state and what it captures; None when its config could not be read."""
+    with ConnectClient(url, timeout=TIMEOUT) as client:
+        try:
+            status = client.get_status(name)
+            config = client.get_config(name)
+        except UnknownConnectorError:
+            return ConnectorState(name=name, exists=False), None
+        except ConnectError as error:
+            return ConnectorState(error=str(error), name=name), None
+    return connector_state(status), capture_of(config)
+
+
+def connector_state(status: ConnectorStatus) -> ConnectorState:
+    tasks = tuple(TaskState(task.id, task.state, task.worker_id, _first_line(task.trace)
+                            if task.state == "FAILED" else None) for task in status.tasks)
+    return ConnectorState(name=status.name, exists=True, state=status.state,
+                          worker_id=status.worker_id, tasks=tasks,
+                          failure=_first_line(status.trace) if status.state == "FAILED" else None)
+
+
+def capture_of(config: dict[str, str]) -> Capture:
+    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
+    return Capture(config.get("slot.name", DEFAULT_SLOT),
+                   config.get("publication.name", DEFAULT_PUBLICATION), table)
+
+
+def _first_line(trace: str | None) -> str | None:
+    lines = (trace or "").strip().splitlines()
+    return lines[0] if lines else None

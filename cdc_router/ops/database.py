@@ -1,0 +1,89 @@
+"""Postgres's side of `status`: the connector's slots and their WAL, the publication, the outbox.
+
+One short connection, read only. The WAL a slot holds back is measured as Postgres itself
+does for `max_slot_wal_keep_size`: from its restart_lsn to the current WAL position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
+from cdc_router.outbox.table import OutboxSchema
+from cdc_router.outbox.tools import outbox_stats
+from cdc_router.postgres import one_line
+
+T = TypeVar("T")
+
+# A status check answers in seconds or says why: a Postgres that does not accept the TCP
+# connection in 5 s is reported as unreachable rather than waited for.
+CONNECT_TIMEOUT_S = 5
+
+_SLOTS = """
+SELECT slot_name, active, wal_status, safe_wal_size,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = ANY(%s)
+"""
+_PUBLICATION = """
+SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+       coalesce(array_agg(t.schemaname || '.' || t.tablename ORDER BY 1)
+                FILTER (WHERE t.tablename IS NOT NULL), '{}')
+FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname
+WHERE p.pubname = %s GROUP BY 1, 2, 3, 4
+"""
+
+
+def probe_database(dsn: str, slots: list[str], publication: str,
+                   outbox: OutboxSchema) -> tuple[WalState, PublicationState, OutboxState]:
+    """The three Postgres sections; each holds the error when its query failed."""
+    try:
+        conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+    except psycopg.Error as error:
+        message = f"Postgres: {one_line(error)}"
+        return WalState(error=message), PublicationState(error=message, name=publication), \
+            OutboxState(error=message, table=outbox.table)
+    with conn:
+        return (_guarded(lambda: wal_state(conn, slots), WalState),
+                _guarded(lambda: publication_state(conn, publication), PublicationState),
+                _guarded(lambda: outbox_state(conn, outbox), OutboxState))
+
+
+def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
+    try:
+        return read()
+    except psycopg.Error as error:
+        return kind(error=f"Postgres: {one_line(error)}")
+
+
+def wal_state(conn: psycopg.Connection[Any], names: list[str]) -> WalState:
+    row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
+                       ).fetchone()
+    limit = int(row[0]) if row is not None else None
+    found = {slot: Slot(slot, True, bool(active), status, retained_wal_bytes=_int(retained),
+                        safe_wal_size_bytes=_int(safe), flush_lag_bytes=_int(lag))
+             for slot, active, status, safe, retained, lag in conn.execute(_SLOTS, (names,))}
+    return WalState(max_slot_wal_keep_size_bytes=limit,
+                    slots=tuple(found.get(name, Slot(name, exists=False)) for name in names))
+
+
+def publication_state(conn: psycopg.Connection[Any], name: str) -> PublicationState:
+    row = conn.execute(_PUBLICATION, (name,)).fetchone()
+    if row is None:
+        return PublicationState(name=name, exists=False)
+    operations = tuple(op for op, on in zip(("insert", "update", "delete", "truncate"), row[:4],
+                                            strict=True) if on)
+    return PublicationState(name=name, exists=True, tables=tuple(row[4]), operations=operations)
+
+
+def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxState:
+    stats = outbox_stats(conn, schema)
+    return OutboxState(table=stats.table, rows=stats.rows, oldest_age_s=stats.oldest_age_s,
+                       size_bytes=stats.table_bytes)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)

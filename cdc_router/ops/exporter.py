@@ -1,0 +1,169 @@
+"""`status --serve`: the latest Report as Prometheus gauges, for dashboards and alert rules.
+
+A collector renders the latest check at each scrape, so a slot or partition that went away
+disappears from the exposition instead of keeping its last value. A section that could not
+be checked sets cdc_router_status_up{part} to 0 and exposes none of its gauges.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cdc_router.ops.report import SECTIONS, Report
+from cdc_router.ops.verdict import EXIT_CODES, Problem, verdict
+
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"cdc_router_{name}", doc, labels=list(labels))
+
+
+class StatusCollector(Collector):
+    """Gauges of the latest Report; `update` is called by the check loop, `collect` by scrapes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: tuple[Report, list[Problem]] | None = None
+
+    def update(self, report: Report, problems: list[Problem]) -> None:
+        with self._lock:
+            self._latest = (report, problems)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            latest = self._latest
+        if latest is None:
+            return
+        report, problems = latest
+        yield from _verdict(report, problems)
+        yield from _wal(report)
+        yield from _outbox(report)
+        yield from _connector(report)
+        yield from _router(report)
+        yield from _topics(report)
+
+
+def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFamily]:
+    status = _gauge("status", "Verdict of the last check: 0 ok, 1 warning, 2 critical")
+    status.add_metric([], EXIT_CODES[verdict(problems)])
+    count = _gauge("status_problems", "Problems found by the last check", ("level",))
+    for level in ("warning", "critical"):
+        count.add_metric([level], sum(1 for p in problems if p.level == level))
+    up = _gauge("status_up", "1 when the last check could read this part", ("part",))
+    for name in SECTIONS:
+        up.add_metric([name], 0 if getattr(report, name).error else 1)
+    yield from (status, count, up)
+
+
+def _wal(report: Report) -> Iterator[GaugeMetricFamily]:
+    wal = report.wal
+    if wal.error is not None:
+        return
+    if wal.max_slot_wal_keep_size_bytes is not None:
+        limit = _gauge("max_slot_wal_keep_size_bytes", "Postgres max_slot_wal_keep_size; "
+                       "-1: unlimited")
+        limit.add_metric([], wal.max_slot_wal_keep_size_bytes)
+        yield limit
+    exists = _gauge("slot_exists", "1 when the connector's replication slot exists", ("slot",))
+    active = _gauge("slot_active", "1 while a client streams from the slot", ("slot",))
+    retained = _gauge("slot_retained_wal_bytes", "WAL the slot holds back: current LSN - "
+                      "restart_lsn", ("slot",))
+    safe = _gauge("slot_safe_wal_size_bytes", "WAL that may still be written before the "
+                  "slot is lost (absent: no limit)", ("slot",))
+    lag = _gauge("slot_flush_lag_bytes", "current LSN - confirmed_flush_lsn", ("slot",))
+    status = _gauge("slot_wal_status", "1 for the slot's wal_status", ("slot", "wal_status"))
+    for slot in wal.slots:
+        exists.add_metric([slot.name], int(slot.exists))
+        if not slot.exists:
+            continue
+        active.add_metric([slot.name], int(bool(slot.active)))
+        for family, value in ((retained, slot.retained_wal_bytes),
+                              (safe, slot.safe_wal_size_bytes), (lag, slot.flush_lag_bytes)):
+            if value is not None:
+                family.add_metric([slot.name], value)
+        for name in WAL_STATUSES:
+            status.add_metric([slot.name, name], int(slot.wal_status == name))
+    yield from (exists, active, retained, safe, lag, status)
+
+
+def _outbox(report: Report) -> Iterator[GaugeMetricFamily]:
+    outbox = report.outbox
+    if outbox.error is not None or outbox.rows is None:
+        return
+    labels = [outbox.table or ""]
+    rows = _gauge("outbox_rows", "Rows in the outbox table (backlog)", ("table",))
+    rows.add_metric(labels, outbox.rows)
+    size = _gauge("outbox_size_bytes", "The outbox table's size with indexes and TOAST",
+                  ("table",))
+    size.add_metric(labels, outbox.size_bytes or 0)
+    age = _gauge("outbox_oldest_row_age_seconds", "Age of the oldest outbox row; 0 when empty",
+                 ("table",))
+    age.add_metric(labels, outbox.oldest_age_s or 0.0)
+    yield from (rows, size, age)
+
+
+def _connector(report: Report) -> Iterator[GaugeMetricFamily]:
+    connector = report.connector
+    if connector.error is not None or connector.name is None:
+        return
+    state = _gauge("connector_state", "1 for the connector's state (MISSING: not deployed)",
+                   ("connector", "state"))
+    current = connector.state if connector.exists else "MISSING"
+    for name in (*CONNECTOR_STATES, "MISSING"):
+        state.add_metric([connector.name, name], int(current == name))
+    failed = _gauge("connector_failed_tasks", "Tasks of the connector in state FAILED",
+                    ("connector",))
+    failed.add_metric([connector.name], sum(1 for t in connector.tasks if t.state == "FAILED"))
+    yield from (state, failed)
+
+
+def _router(report: Report) -> Iterator[GaugeMetricFamily]:
+    router = report.router
+    if router.error is not None:
+        return
+    labels = ("group", "topic", "partition")
+    lag = _gauge("group_lag", "Committed raw records the router group has not committed",
+                 labels)
+    commit = _gauge("group_last_commit_age_seconds", "Since the group's last offset commit, "
+                    "per partition (from the router's commit stamp)", labels)
+    for p in router.partitions:
+        values = [router.group or "", p.topic, str(p.partition)]
+        lag.add_metric(values, p.lag)
+        if p.last_commit_age_s is not None:
+            commit.add_metric(values, p.last_commit_age_s)
+    members = _gauge("group_members", "Router instances in the group", ("group",))
+    members.add_metric([router.group or ""], len(router.members))
+    yield from (lag, commit, members)
+
+
+def _topics(report: Report) -> Iterator[GaugeMetricFamily]:
+    letters = report.dead_letters
+    if letters.error is None and letters.count is not None:
+        count = _gauge("dlq_records", "Dead letters on the dead-letter topic", ("topic",))
+        count.add_metric([letters.topic or ""], letters.count)
+        yield count
+        if letters.newest is not None and letters.newest.age_s is not None:
+            age = _gauge("dlq_newest_age_seconds", "Age of the newest dead letter",
+                         ("topic",))
+            age.add_metric([letters.topic or ""], letters.newest.age_s)
+            yield age
+    changelog = report.dedup_changelog
+    if changelog.error is None and changelog.retained_offsets is not None:
+        size = _gauge("dedup_changelog_offsets", "Offsets retained in the dedup changelog",
+                      ("topic",))
+        size.add_metric([changelog.topic or ""], changelog.retained_offsets)
+        yield size
+
+
+def serve(collector: StatusCollector, port: int, host: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` from a daemon thread."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(port, addr=host, registry=registry)

@@ -1,0 +1,74 @@
+"""The router group against its raw topics: lag per partition, the last commit, the members.
+
+The lag counts committed records, not offsets: Debezium writes the raw topic in transactions
+(exactly.once.support), and the router's committed offset may sit on a commit marker, which
+would read as a lag of 1 forever. Up to SCAN_LIMIT records behind, the waiting records are read
+and counted; beyond, the lag is the offset difference (`lag_exact` false).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cdc_router.kafka.commit_stamp import committed_ms
+from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, age_s, offsets, scan, timestamp_ms
+from cdc_router.ops.report import Member, PartitionLag, RouterState
+
+SCAN_LIMIT = 10_000
+
+
+def source_partitions(admin: AdminClient, sources: list[str]) -> list[TopicPartition]:
+    """Every partition of the source topics (a `^regex` source: of each topic it matches)."""
+    topics = admin.list_topics(timeout=LOOKUP_TIMEOUT_S).topics
+    names = sorted({name for name in topics for source in sources
+                    if name == source or (source.startswith("^") and re.match(source, name))})
+    return [TopicPartition(name, p) for name in names for p in sorted(topics[name].partitions)]
+
+
+def router_state(admin: AdminClient, kafka: Mapping[str, str], group: str,
+                 sources: list[str], now_ms: int) -> RouterState:
+    partitions = source_partitions(admin, sources)
+    if not partitions:
+        return RouterState(group=group, error=f"no source topic exists ({', '.join(sources)}): "
+                           "the connector creates it with its first event, or run "
+                           "`cdc-router topics apply`")
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    answer = admin.list_consumer_group_offsets(request, request_timeout=LOOKUP_TIMEOUT_S)
+    committed = {(tp.topic, tp.partition): tp for tp in answer[group].result().topic_partitions}
+    starts = offsets(admin, partitions, "earliest")
+    ends = offsets(admin, partitions, "latest")
+    lags = [_partition_lag(kafka, key, committed.get(key), starts[key], ends[key], now_ms)
+            for key in sorted(ends)]
+    description = admin.describe_consumer_groups(
+        [group], request_timeout=LOOKUP_TIMEOUT_S)[group].result()
+    members = tuple(sorted((Member(m.group_instance_id, m.client_id, m.host, tuple(
+        f"{tp.topic}[{tp.partition}]" for tp in m.assignment.topic_partitions))
+        for m in description.members), key=lambda m: (m.instance_id or "", m.client_id)))
+    commit_ages = [lag.last_commit_age_s for lag in lags if lag.last_commit_age_s is not None]
+    pending = [lag.oldest_pending_age_s for lag in lags if lag.oldest_pending_age_s is not None]
+    state = description.state
+    return RouterState(group=group, group_state=getattr(state, "name", str(state)).lower(),
+                       lag=sum(lag.lag for lag in lags),
+                       last_commit_age_s=min(commit_ages) if commit_ages else None,
+                       oldest_pending_age_s=max(pending) if pending else None,
+                       partitions=tuple(lags), members=members)
+
+
+def _partition_lag(kafka: Mapping[str, str], key: tuple[str, int],
+                   committed: TopicPartition | None, start: int, end: int,
+                   now_ms: int) -> PartitionLag:
+    topic, partition = key
+    offset = committed.offset if committed is not None and committed.offset >= 0 else None
+    stamp = committed_ms(committed.metadata) if committed is not None else None
+    # Below the log start, the records were deleted by retention: they wait no longer.
+    first = start if offset is None else max(offset, start)
+    stop = min(end, first + SCAN_LIMIT)
+    seen = scan(kafka, topic, {partition: (first, stop)})[partition]
+    exact = stop == end and seen.complete
+    lag = seen.count if exact else end - first
+    oldest = age_s(timestamp_ms(seen.first), now_ms) if seen.first is not None else None
+    return PartitionLag(topic, partition, offset, end, lag, exact, age_s(stamp, now_ms), oldest)

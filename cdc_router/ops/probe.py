@@ -1,0 +1,121 @@
+"""One `status` check: ask Connect, Postgres and Kafka, and put their answers in a Report.
+
+Connect first, because the connector's config says which slot, publication and table to look
+at. A part that does not answer becomes its sections' `error`; the others are still checked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import CdcRouterError
+from cdc_router.kafka.errors import describe, kafka_error_of
+from cdc_router.ops.connector import Capture, capture_of, probe_connector
+from cdc_router.ops.database import probe_database
+from cdc_router.ops.group import router_state
+from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
+from cdc_router.ops.report import (
+    ChangelogState,
+    DeadLetterState,
+    OutboxState,
+    PublicationState,
+    Report,
+    RouterState,
+    WalState,
+)
+from cdc_router.ops.topics import changelog_state, dead_letter_state
+from cdc_router.outbox.table import OutboxSchema
+
+T = TypeVar("T")
+# librdkafka logs each refused connection to stderr; `status` reports the failure itself.
+QUIET = {"log_level": "0"}
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the pipeline's parts answer (the CLI fills these from options and environment)."""
+
+    dsn: str
+    connect_url: str
+    kafka: Mapping[str, str]  # librdkafka properties
+
+
+def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None = None,
+          clock: Callable[[], float] = time.time) -> Report:
+    """A Report of the pipeline `config` describes; never raises for a part that is down."""
+    now_ms = int(clock() * 1000)
+    settings = config.status
+    name = connector or settings.connector
+    connector_state, capture = probe_connector(endpoints.connect_url, name)
+    capture = capture or capture_of({})  # Debezium's defaults, when Connect did not tell
+    wal, publication, outbox = _database(config, endpoints, capture)
+    kafka = {**endpoints.kafka, **QUIET}
+    admin = admin_client(kafka)
+    # One lookup first: an unreachable cluster costs one timeout, not one per section.
+    down = _kafka_down(admin)
+    if down is not None:
+        return Report(_iso(now_ms), wal, publication, outbox, connector_state,
+                      RouterState(group=config.source.group_id, error=down),
+                      DeadLetterState(topic=config.dead_letter.topic, error=down),
+                      ChangelogState(topic=config.dedup.changelog_topic, error=down))
+    router = _kafka(lambda: router_state(admin, kafka, config.source.group_id,
+                                         list(config.source.topics), now_ms),
+                    lambda e: RouterState(group=config.source.group_id, error=e))
+    letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms),
+                     lambda e: DeadLetterState(topic=config.dead_letter.topic, error=e))
+    changelog = _kafka(lambda: changelog_state(admin, config.dedup.changelog_topic,
+                                               config.dedup.enabled),
+                       lambda e: ChangelogState(topic=config.dedup.changelog_topic, error=e))
+    return Report(_iso(now_ms), wal, publication, outbox, connector_state, router, letters,
+                  changelog)
+
+
+def _iso(now_ms: int) -> str:
+    return datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def outbox_table(config: RouterConfig, capture: Capture) -> str:
+    """status.outbox_table, else the one table the connector captures, else cleanup.table."""
+    return config.status.outbox_table or capture.table or config.cleanup.table
+
+
+def _database(config: RouterConfig, endpoints: Endpoints,
+              capture: Capture) -> tuple[WalState, PublicationState, OutboxState]:
+    table = outbox_table(config, capture)
+    try:
+        schema = OutboxSchema(table, config.source.outbox)
+    except CdcRouterError as error:
+        return (WalState(error=str(error)), PublicationState(error=str(error)),
+                OutboxState(error=str(error), table=table))
+    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema)
+
+
+def _kafka_down(admin: AdminClient) -> str | None:
+    """Why the cluster does not answer a metadata request; None when it does."""
+    try:
+        admin.list_topics(timeout=LOOKUP_TIMEOUT_S)
+    except KafkaException as error:
+        return _kafka_message(error)
+    return None
+
+
+def _kafka(read: Callable[[], T], failed: Callable[[str], T]) -> T:
+    try:
+        return read()
+    except KafkaException as error:
+        return failed(_kafka_message(error))
+    except CdcRouterError as error:
+        return failed(str(error))
+
+
+def _kafka_message(error: KafkaException) -> str:
+    kafka_error = kafka_error_of(error)
+    return f"Kafka: {describe(kafka_error) if kafka_error else error}"

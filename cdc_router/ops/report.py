@@ -1,0 +1,170 @@
+"""What `cdc-router status` found: one frozen value per part of the pipeline.
+
+Each section carries `error`, set (and every other field left empty) when its part could not
+be reached, so that one dead component is one line of the report, never a traceback. The
+field names are the JSON keys of `status -o json`: renaming one breaks scripts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One replication slot (pg_replication_slots), its WAL measured from pg_current_wal_lsn()."""
+
+    name: str
+    exists: bool
+    active: bool | None = None
+    wal_status: str | None = None  # reserved, extended, unreserved, lost
+    retained_wal_bytes: int | None = None  # current LSN - restart_lsn
+    safe_wal_size_bytes: int | None = None  # WAL left before the slot is lost; None: no limit
+    flush_lag_bytes: int | None = None  # current LSN - confirmed_flush_lsn
+
+
+@dataclass(frozen=True)
+class WalState:
+    """The connector's slots and the server's limit on the WAL a slot may hold back."""
+
+    error: str | None = None
+    max_slot_wal_keep_size_bytes: int | None = None  # -1: unlimited
+    slots: tuple[Slot, ...] = ()
+
+
+@dataclass(frozen=True)
+class PublicationState:
+    """The publication Debezium reads and the tables it publishes."""
+
+    error: str | None = None
+    name: str | None = None
+    exists: bool | None = None
+    tables: tuple[str, ...] = ()
+    operations: tuple[str, ...] = ()  # of insert, update, delete, truncate
+
+
+@dataclass(frozen=True)
+class OutboxState:
+    """Rows waiting in the outbox table, the oldest's age, the table's size on disk."""
+
+    error: str | None = None
+    table: str | None = None
+    rows: int | None = None
+    oldest_age_s: float | None = None
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskState:
+    id: int
+    state: str
+    worker_id: str
+    failure: str | None = None  # the first line of the trace when FAILED
+
+
+@dataclass(frozen=True)
+class ConnectorState:
+    """The connector and its tasks as Kafka Connect reports them."""
+
+    error: str | None = None
+    name: str | None = None
+    exists: bool | None = None
+    state: str | None = None
+    worker_id: str | None = None
+    failure: str | None = None
+    tasks: tuple[TaskState, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One raw topic partition against the router group's committed offset.
+
+    `lag` counts committed records (read_committed) between the group's offset and the end;
+    transaction markers are not records. Over the scan limit it is the offset difference and
+    `lag_exact` is false.
+    """
+
+    topic: str
+    partition: int
+    committed: int | None  # None: the group never committed this partition
+    end: int
+    lag: int
+    lag_exact: bool = True
+    last_commit_age_s: float | None = None  # from the router's offset commit metadata
+    oldest_pending_age_s: float | None = None  # the first uncommitted record's timestamp
+
+
+@dataclass(frozen=True)
+class Member:
+    """One router instance in the group."""
+
+    instance_id: str | None
+    client_id: str
+    host: str
+    partitions: tuple[str, ...]  # "topic[partition]"
+
+
+@dataclass(frozen=True)
+class RouterState:
+    """The router group: how far behind the raw topic it is and who is in it."""
+
+    error: str | None = None
+    group: str | None = None
+    group_state: str | None = None
+    lag: int | None = None
+    last_commit_age_s: float | None = None  # the newest commit of any partition
+    oldest_pending_age_s: float | None = None
+    partitions: tuple[PartitionLag, ...] = ()
+    members: tuple[Member, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeadLetterInfo:
+    """The newest dead letter: where it came from, the stage that failed, and why."""
+
+    partition: int
+    offset: int
+    age_s: float | None
+    stage: str | None
+    source: str
+    event_id: str | None
+    error: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class DeadLetterState:
+    error: str | None = None
+    topic: str | None = None
+    count: int | None = None
+    count_exact: bool = True  # false: only the newest records of a large topic were counted
+    newest: DeadLetterInfo | None = None
+
+
+@dataclass(frozen=True)
+class ChangelogState:
+    """The dedup changelog's size: offsets retained (records plus transaction markers)."""
+
+    error: str | None = None
+    topic: str | None = None
+    enabled: bool = True
+    partitions: int | None = None
+    retained_offsets: int | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one `status` run saw, in the order of the data path."""
+
+    checked_at: str
+    wal: WalState = field(default_factory=WalState)
+    publication: PublicationState = field(default_factory=PublicationState)
+    outbox: OutboxState = field(default_factory=OutboxState)
+    connector: ConnectorState = field(default_factory=ConnectorState)
+    router: RouterState = field(default_factory=RouterState)
+    dead_letters: DeadLetterState = field(default_factory=DeadLetterState)
+    dedup_changelog: ChangelogState = field(default_factory=ChangelogState)
+
+
+# The parts of a Report, each with its `error`: wal, publication, outbox, connector, ...
+SECTIONS = tuple(f.name for f in fields(Report) if f.name != "checked_at")

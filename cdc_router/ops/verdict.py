@@ -1,0 +1,231 @@
+"""The verdict on a Report: each problem one line (what, the value, what to do) and an exit code.
+
+Pure: a Report and the thresholds in, problems out; `--watch` and `--serve` pass the previous
+tick's Report so that growing dead letters are seen. Exit codes for cron jobs and probes:
+0 all well, 1 a warning, 2 a critical problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from cdc_router.config.status import Level, StatusSettings
+from cdc_router.ops.report import (
+    SECTIONS,
+    ConnectorState,
+    Report,
+    RouterState,
+    Slot,
+    WalState,
+)
+
+EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
+LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
+
+
+@dataclass(frozen=True)
+class Problem:
+    level: Level
+    component: str  # a key of the report: wal, connector, router, ...
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.component}: {self.message}"
+
+
+def verdict(problems: list[Problem]) -> Literal["ok", "warning", "critical"]:
+    if any(problem.level == "critical" for problem in problems):
+        return "critical"
+    return "warning" if problems else "ok"
+
+
+def judge(report: Report, settings: StatusSettings,
+          previous: Report | None = None) -> list[Problem]:
+    """Every problem of `report`, critical ones first."""
+    found = [*_unreachable(report), *_wal(report.wal, settings), *_publication(report),
+             *_outbox(report, settings), *_connector(report.connector),
+             *_router(report.router, settings), *_dead_letters(report, settings, previous)]
+    return sorted(found, key=lambda problem: problem.level != "critical")
+
+
+def _unreachable(report: Report) -> Iterator[Problem]:
+    """One line per unreachable part, naming every section it left unchecked."""
+    sections: dict[str, list[str]] = {}
+    for name in SECTIONS:
+        error = getattr(report, name).error
+        if error is not None:
+            sections.setdefault(error, []).append(name)
+    for error, names in sections.items():
+        yield Problem("critical", ", ".join(names), f"cannot check it: {error}")
+
+
+def size(count: float | None) -> str:
+    """A byte count for people: 512 B, 3.2 MiB; '-' for None."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _over(value: float, critical: float | None,
+          warning: float | None) -> tuple[Level, float] | None:
+    """The level whose threshold `value` reaches, critical first; None below both."""
+    levels: tuple[tuple[Level, float | None], ...] = (("critical", critical), ("warning", warning))
+    for level, threshold in levels:
+        if threshold is not None and value >= threshold:
+            return level, threshold
+    return None
+
+
+def _wal(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
+    for slot in wal.slots:
+        yield from _slot(slot, wal.max_slot_wal_keep_size_bytes, settings)
+
+
+def _slot(slot: Slot, limit: int | None, settings: StatusSettings) -> Iterator[Problem]:
+    where = f"slot {slot.name}"
+    if not slot.exists:
+        yield Problem("critical", "wal", f"{where} does not exist: Debezium streams nothing, "
+                      f"and events written while it is missing are lost; {LOST_SLOT_RUNBOOK}")
+        return
+    if slot.wal_status == "lost":
+        yield Problem("critical", "wal", f"{where} wal_status lost: Postgres removed WAL it "
+                      f"still needed, events are lost; {LOST_SLOT_RUNBOOK}")
+    elif slot.wal_status == "unreserved":
+        yield Problem("critical", "wal", f"{where} wal_status unreserved: the next checkpoint "
+                      "removes WAL it needs; resume or fix the connector now, or raise "
+                      "max_slot_wal_keep_size")
+    if slot.active is False:
+        yield Problem(settings.slot_inactive, "wal", f"{where} inactive: nobody streams from "
+                      f"it and it retains {size(slot.retained_wal_bytes or 0)} of WAL; check "
+                      "the connector and its task (`cdc-router connectors status`)")
+    retained = slot.retained_wal_bytes
+    if retained is None or slot.wal_status == "lost":
+        return
+    if limit is not None and limit >= 0:
+        percent = 100.0 * retained / limit if limit else 100.0
+        over = _over(percent, settings.wal_critical_percent, settings.wal_warning_percent)
+        if over is not None:
+            yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL, "
+                          f"{percent:.0f}% of max_slot_wal_keep_size ({size(limit)}; "
+                          f"{over[0]} at {over[1]:g}%): the slot is invalidated at 100%; "
+                          "make the connector catch up (is it running? is the heartbeat on?)")
+        return
+    over = _over(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
+    if over is not None:
+        yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL ({over[0]} at "
+                      f"{size(over[1])}) and max_slot_wal_keep_size is -1, so it can fill the "
+                      "disk; make the connector catch up, and set max_slot_wal_keep_size")
+
+
+def _publication(report: Report) -> Iterator[Problem]:
+    publication, outbox = report.publication, report.outbox
+    if publication.error is not None or publication.name is None:
+        return
+    if not publication.exists:
+        yield Problem("critical", "publication", f"publication {publication.name} does not "
+                      "exist: the connector cannot stream; run `cdc-router outbox init` "
+                      "with its name (--publication)")
+        return
+    if outbox.table is not None and outbox.error is None and \
+            _unquoted(outbox.table) not in {_unquoted(t) for t in publication.tables}:
+        yield Problem("critical", "publication", f"publication {publication.name} does not "
+                      f"publish {outbox.table} (it has: {', '.join(publication.tables) or 'none'}"
+                      "); run `cdc-router outbox init` for that table")
+
+
+def _unquoted(table: str) -> str:
+    name = table.replace('"', "")
+    return name if "." in name else f"public.{name}"
+
+
+def _outbox(report: Report, settings: StatusSettings) -> Iterator[Problem]:
+    outbox = report.outbox
+    if outbox.error is not None:
+        return
+    age, limit = outbox.oldest_age_s, settings.outbox_age_warning_s
+    if age is not None and limit is not None and age >= limit:
+        yield Problem("warning", "outbox", f"{outbox.table}'s oldest row is {age:.0f}s old "
+                      f"(warning at {limit:g}s): with cleanup on, the router is behind or a "
+                      "row is dead-lettered; check the router's lag and `cdc-router dlq list`")
+    rows, most = outbox.rows, settings.outbox_rows_warning
+    if rows is not None and most is not None and rows >= most:
+        yield Problem("warning", "outbox", f"{outbox.table} holds {rows} rows (warning at "
+                      f"{most}): check the cleanup (cleanup.mode) and the router's lag")
+
+
+def _connector(connector: ConnectorState) -> Iterator[Problem]:
+    if connector.error is not None or connector.name is None:
+        return
+    name = f"connector {connector.name}"
+    if not connector.exists:
+        yield Problem("critical", "connector", f"{name} is not deployed: nothing captures "
+                      "the outbox; `cdc-router connectors apply -f <file>`")
+        return
+    if connector.state == "FAILED" or any(task.state == "FAILED" for task in connector.tasks):
+        failure = connector.failure or next(
+            (f"task {t.id}: {t.failure}" for t in connector.tasks if t.state == "FAILED"), "")
+        yield Problem("critical", "connector", f"{name} FAILED: {failure}; fix the cause, then "
+                      f"`cdc-router connectors restart {connector.name} --tasks failed`")
+    elif connector.state == "PAUSED":
+        yield Problem("warning", "connector", f"{name} is PAUSED: no event is captured and "
+                      f"its slot retains WAL; `cdc-router connectors resume {connector.name}`")
+    elif connector.state != "RUNNING" or not connector.tasks or any(
+            task.state != "RUNNING" for task in connector.tasks):
+        tasks = ", ".join(f"task {t.id} {t.state}" for t in connector.tasks) or "no tasks"
+        yield Problem("warning", "connector", f"{name} is {connector.state} ({tasks}): "
+                      "events are not captured; check Connect's log, or `cdc-router "
+                      f"connectors resume/restart {connector.name}`")
+
+
+def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
+    if router.error is not None or router.lag is None:
+        return
+    group = f"router group {router.group}"
+    if router.lag > 0 and not router.members:
+        yield Problem(settings.no_router, "router", f"{group} has no running instance and "
+                      f"{router.lag} records wait on the raw topic; start `cdc-router run`")
+    over = _over(router.lag, settings.lag_critical, settings.lag_warning)
+    if over is not None:
+        yield Problem(over[0], "router", f"{group} lags {router.lag} records behind the raw "
+                      f"topic ({over[0]} at {over[1]:g}); check its /metrics "
+                      "(cdc_router_consecutive_aborts), or add instances (up to the raw "
+                      "topic's partitions)")
+    age = router.last_commit_age_s
+    waiting = router.oldest_pending_age_s
+    if router.lag == 0 or (age is None and waiting is None):
+        return
+    # Stalled: records wait and nothing was committed for a while (the age of the oldest
+    # waiting record stands in when the group never committed).
+    stalled = min(a for a in (age, waiting) if a is not None)
+    over = _over(stalled, settings.stalled_critical_s, settings.stalled_warning_s)
+    if over is not None:
+        yield Problem(over[0], "router", f"{group} has not committed for {stalled:.0f}s while "
+                      f"{router.lag} records wait ({over[0]} at {over[1]:g}s): the router is "
+                      "stuck or down; read its log for event=batch_aborted")
+
+
+def _dead_letters(report: Report, settings: StatusSettings,
+                  previous: Report | None) -> Iterator[Problem]:
+    letters = report.dead_letters
+    if letters.error is not None or letters.count is None:
+        return
+    newest = letters.newest
+    why = f"; newest: stage {newest.stage}, {newest.reason}" if newest is not None else ""
+    todo = "see `cdc-router dlq list`, fix the rules or the producer of those rows"
+    over = _over(letters.count, settings.dead_letters_critical, settings.dead_letters_warning)
+    if over is not None:
+        yield Problem(over[0], "dead_letters", f"{letters.count} dead letters on "
+                      f"{letters.topic} ({over[0]} at {over[1]:g}){why}; {todo}")
+        return
+    before = previous.dead_letters.count if previous is not None else None
+    if before is not None and letters.count > before:
+        new = letters.count - before
+        yield Problem("warning", "dead_letters", f"{new} new dead letter{'s' if new > 1 else ''} "
+                      f"on {letters.topic} since the last check{why}; {todo}")

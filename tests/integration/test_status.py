@@ -1,0 +1,166 @@
+"""`cdc-router status` on the real stack: a healthy pipeline exits 0 and shows every part; a
+paused connector makes it exit non-zero with the reason on one line."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.support import StackEndpoints
+
+pytestmark = pytest.mark.integration
+
+# Deeper than the router's JSON depth limit (MAX_JSON_DEPTH): this row is dead-lettered.
+_POISON = "[" * 3000 + "]" * 3000
+
+
+def _status(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    connector = pipe.name.replace("_", "-")
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
+         "--connector", connector, "--connect-url", pipe.stack.connect_url,
+         "--dsn", pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
+         *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+
+
+def _json_status(pipe: Pipeline) -> tuple[int, dict[str, Any]]:
+    done = _status(pipe, "-o", "json")
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def routed(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """A pipeline whose router has delivered 5 events and dead-lettered one."""
+    with pipeline(stack, tmp_path_factory.mktemp("status"), partitions=2) as pipe:
+        pipe.start_router(wait=True)
+        pipe.insert([("Order", f"o-{i}", "OrderPaid", {"n": i}) for i in range(5)])
+        pipe.insert([("Order", "o-poison", "OrderPaid", _POISON)])
+        assert len(pipe.read(pipe.orders_topic, 5, timeout_s=120)) == 5
+        assert len(pipe.read(pipe.dlq_topic, 1, timeout_s=60)) == 1, pipe.router_log()[-3000:]
+        yield pipe
+
+
+def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> None:
+    pipe = routed
+    deadline = time.monotonic() + 60
+    while True:  # the router's last commit and Connect's offsets may trail the records
+        code, report = _json_status(pipe)
+        if code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert code == 0 and report["status"] == "ok", report["problems"]
+    assert report["problems"] == []
+    (slot,) = report["wal"]["slots"]
+    assert slot["name"] == pipe.name and slot["exists"] and slot["active"]
+    assert slot["wal_status"] in ("reserved", "extended")
+    assert slot["retained_wal_bytes"] >= 0 and slot["flush_lag_bytes"] >= 0
+    assert report["wal"]["max_slot_wal_keep_size_bytes"] is not None
+    assert report["publication"] == {"error": None, "name": pipe.name, "exists": True,
+                                     "tables": [f"public.{pipe.name}"],
+                                     "operations": ["insert"]}
+    outbox = report["outbox"]
+    assert outbox["table"] == f"public.{pipe.name}" and outbox["rows"] == 6
+    assert outbox["oldest_age_s"] >= 0 and outbox["size_bytes"] > 0
+    connector = report["connector"]
+    assert connector["state"] == "RUNNING" and [t["state"] for t in connector["tasks"]] == [
+        "RUNNING"]
+    router = report["router"]
+    assert router["group"] == pipe.name and router["lag"] == 0
+    (partition,) = router["partitions"]
+    assert partition["topic"] == pipe.raw_topic and partition["committed"] >= 6
+    # The commit stamp went through send_offsets_to_transaction into the group's offsets.
+    assert partition["last_commit_age_s"] is not None and partition["last_commit_age_s"] < 300
+    (member,) = router["members"]
+    assert member["instance_id"] == f"{pipe.name}-a"
+    assert member["partitions"] == [f"{pipe.raw_topic}[0]"]
+    letters = report["dead_letters"]
+    assert letters["topic"] == pipe.dlq_topic and letters["count"] == 1 and letters["count_exact"]
+    assert letters["newest"]["stage"] in ("decode", "serialize")  # JSON too deep: either
+    assert "deep" in letters["newest"]["reason"] and letters["newest"]["age_s"] < 600
+    changelog = report["dedup_changelog"]
+    assert changelog["topic"] == pipe.changelog_topic and changelog["retained_offsets"] > 0
+    text = _status(pipe)
+    assert text.returncode == 0 and text.stdout.rstrip().endswith("status: ok"), text.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pipeline) -> None:
+    pipe, port = routed, _free_port()
+    connector = pipe.name.replace("_", "-")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
+         "--connector", connector, "--connect-url", pipe.stack.connect_url, "--dsn",
+         pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
+         "--watch", "2", "--serve", str(port), "-o", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    ticks: queue.Queue[dict[str, Any]] = queue.Queue()
+    threading.Thread(target=lambda: [ticks.put(json.loads(line)) for line in process.stdout
+                                     or []], daemon=True).start()
+    try:
+        first = ticks.get(timeout=60)
+        assert first["dead_letters"]["count"] == 1
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert f'cdc_router_connector_state{{connector="{connector}",state="RUNNING"}} 1.0' \
+            in metrics
+        assert f'cdc_router_slot_active{{slot="{pipe.name}"}} 1.0' in metrics
+        assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 1.0' in metrics
+        pipe.insert([("Order", "o-poison-2", "OrderPaid", _POISON)])
+        deadline = time.monotonic() + 90
+        while True:
+            tick = ticks.get(timeout=60)
+            grew = [p["message"] for p in tick["problems"] if p["component"] == "dead_letters"]
+            if grew or time.monotonic() > deadline:
+                break
+        assert tick["exit_code"] == 1 and grew and grew[0].startswith(
+            f"1 new dead letter on {pipe.dlq_topic} since the last check; newest: stage "), grew
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 2.0' in metrics
+    finally:
+        process.send_signal(signal.SIGINT)  # --watch stops on Ctrl-C, with the last verdict
+        process.wait(timeout=30)
+    assert process.returncode in (0, 1)
+
+
+def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> None:
+    pipe = routed
+    name = pipe.name.replace("_", "-")
+    httpx.put(f"{pipe.stack.connect_url}/connectors/{name}/pause", timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            done = _status(pipe)
+            if "is PAUSED" in done.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert done.returncode in (1, 2), done.stdout
+        reasons = [line for line in done.stdout.splitlines() if "is PAUSED" in line]
+        assert reasons == [f"warning: connector: connector {name} is PAUSED: no event is "
+                           f"captured and its slot retains WAL; `cdc-router connectors resume "
+                           f"{name}`"], done.stdout
+    finally:
+        httpx.put(f"{pipe.stack.connect_url}/connectors/{name}/resume", timeout=30)
+
+
+def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
+    done = _status(routed, "--connect-url", "http://127.0.0.1:1")
+    assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
+    assert "critical: connector: cannot check it: Kafka Connect unreachable at " \
+           "http://127.0.0.1:1" in done.stdout

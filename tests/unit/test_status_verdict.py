@@ -1,0 +1,252 @@
+"""`cdc-router status`'s verdict: thresholds to problems and exit codes, and its rendering."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from cdc_router.cli._status_text import as_json, as_text
+from cdc_router.cli.status import with_thresholds
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.status import StatusSettings
+from cdc_router.errors import ConfigError
+from cdc_router.kafka.commit_stamp import commit_metadata, committed_ms
+from cdc_router.ops.exporter import StatusCollector
+from cdc_router.ops.report import (
+    ChangelogState,
+    ConnectorState,
+    DeadLetterInfo,
+    DeadLetterState,
+    Member,
+    OutboxState,
+    PartitionLag,
+    PublicationState,
+    Report,
+    RouterState,
+    Slot,
+    TaskState,
+    WalState,
+)
+from cdc_router.ops.verdict import EXIT_CODES, judge, verdict
+
+GIB = 1024**3
+SETTINGS = StatusSettings()
+
+
+def healthy() -> Report:
+    return Report(
+        checked_at="2026-12-01T12:00:00+00:00",
+        wal=WalState(max_slot_wal_keep_size_bytes=2 * GIB, slots=(
+            Slot("outbox_slot", True, True, "reserved", 1024, 2 * GIB - 1024, 512),)),
+        publication=PublicationState(name="outbox_pub", exists=True,
+                                     tables=("public.outbox",), operations=("insert",)),
+        outbox=OutboxState(table="public.outbox", rows=3, oldest_age_s=0.5, size_bytes=8192),
+        connector=ConnectorState(name="outbox-connector", exists=True, state="RUNNING",
+                                 worker_id="w:8083", tasks=(TaskState(0, "RUNNING", "w:8083"),)),
+        router=RouterState(group="cdc-router", group_state="stable", lag=0,
+                           last_commit_age_s=2.0, partitions=(
+                               PartitionLag("outbox.public.outbox", 0, 14, 15, 0, True, 2.0),),
+                           members=(Member("router-1", "cdc-router", "/10.0.0.1",
+                                           ("outbox.public.outbox[0]",)),)),
+        dead_letters=DeadLetterState(topic="cdc-router.dlq", count=0),
+        dedup_changelog=ChangelogState(topic="cdc-router.dedup", partitions=1,
+                                       retained_offsets=12),
+    )
+
+
+def lines(report: Report, settings: StatusSettings = SETTINGS,
+          previous: Report | None = None) -> list[str]:
+    return [str(problem) for problem in judge(report, settings, previous)]
+
+
+def test_a_healthy_pipeline_has_no_problem_and_exits_0() -> None:
+    assert lines(healthy()) == []
+    assert EXIT_CODES[verdict(judge(healthy(), SETTINGS))] == 0
+
+
+@pytest.mark.parametrize(("retained_gib", "level"), [(0.9, None), (1.0, "warning"),
+                                                     (1.7, "critical")])
+def test_retained_wal_against_max_slot_wal_keep_size(retained_gib: float,
+                                                     level: str | None) -> None:
+    slot = Slot("s", True, True, "reserved", int(retained_gib * GIB), None, 0)
+    report = replace(healthy(), wal=WalState(max_slot_wal_keep_size_bytes=2 * GIB,
+                                             slots=(slot,)))
+    found = judge(report, SETTINGS)
+    assert [p.level for p in found] == ([level] if level else [])
+    if level:
+        assert f"{retained_gib / 2 * 100:.0f}% of max_slot_wal_keep_size" in found[0].message
+
+
+def test_unlimited_wal_keep_size_uses_the_byte_thresholds() -> None:
+    settings = StatusSettings(wal_warning_bytes="1GiB", wal_critical_bytes="3GiB")
+    slot = Slot("s", True, True, "extended", 2 * GIB, None, 0)
+    report = replace(healthy(), wal=WalState(max_slot_wal_keep_size_bytes=-1, slots=(slot,)))
+    assert lines(report, settings) == [
+        "warning: wal: slot s retains 2.0 GiB of WAL (warning at 1.0 GiB) and "
+        "max_slot_wal_keep_size is -1, so it can fill the disk; make the connector catch up, "
+        "and set max_slot_wal_keep_size"]
+
+
+@pytest.mark.parametrize("wal_status", ["unreserved", "lost"])
+def test_a_slot_losing_its_wal_is_critical(wal_status: str) -> None:
+    slot = Slot("s", True, False, wal_status, 10, None, 0)
+    report = replace(healthy(), wal=WalState(max_slot_wal_keep_size_bytes=2 * GIB,
+                                             slots=(slot,)))
+    found = judge(report, SETTINGS)
+    assert found[0].level == "critical" and f"wal_status {wal_status}" in found[0].message
+    assert any("inactive" in p.message and p.level == "warning" for p in found)
+
+
+def test_a_missing_slot_points_to_the_runbook() -> None:
+    report = replace(healthy(), wal=WalState(max_slot_wal_keep_size_bytes=-1,
+                                             slots=(Slot("s", exists=False),)))
+    (problem,) = judge(report, SETTINGS)
+    assert problem.level == "critical" and "the slot was dropped" in problem.message
+
+
+def test_a_paused_connector_warns_and_a_failed_task_is_critical_with_its_trace() -> None:
+    paused = replace(healthy(), connector=replace(healthy().connector, state="PAUSED"))
+    assert lines(paused) == [
+        "warning: connector: connector outbox-connector is PAUSED: no event is captured and "
+        "its slot retains WAL; `cdc-router connectors resume outbox-connector`"]
+    failed = replace(healthy(), connector=replace(healthy().connector, tasks=(
+        TaskState(0, "FAILED", "w", "org.postgresql.util.PSQLException: FATAL: no slot"),)))
+    (problem,) = judge(failed, SETTINGS)
+    assert problem.level == "critical"
+    assert "task 0: org.postgresql.util.PSQLException: FATAL: no slot" in problem.message
+    assert EXIT_CODES[verdict([problem])] == 2
+
+
+def test_an_unreachable_part_is_critical_and_the_others_are_still_judged() -> None:
+    report = replace(healthy(), connector=ConnectorState(
+        error="Kafka Connect unreachable at http://x:8083: connection refused", name="c"),
+        outbox=replace(healthy().outbox, rows=10), )
+    assert lines(report, StatusSettings(outbox_rows_warning=5)) == [
+        "critical: connector: cannot check it: Kafka Connect unreachable at http://x:8083: "
+        "connection refused",
+        "warning: outbox: public.outbox holds 10 rows (warning at 5): check the cleanup "
+        "(cleanup.mode) and the router's lag"]
+
+
+def test_router_lag_no_instance_and_a_stalled_group() -> None:
+    lagging = replace(healthy().router, lag=50, last_commit_age_s=400.0, members=())
+    found = lines(replace(healthy(), router=lagging), StatusSettings(lag_warning=20))
+    assert found == [
+        "critical: router: router group cdc-router has no running instance and 50 records "
+        "wait on the raw topic; start `cdc-router run`",
+        "critical: router: router group cdc-router has not committed for 400s while 50 "
+        "records wait (critical at 300s): the router is stuck or down; read its log for "
+        "event=batch_aborted",
+        "warning: router: router group cdc-router lags 50 records behind the raw topic "
+        "(warning at 20); check its /metrics (cdc_router_consecutive_aborts), or add "
+        "instances (up to the raw topic's partitions)"]
+    idle = replace(healthy().router, lag=0, last_commit_age_s=9999.0, members=())
+    assert lines(replace(healthy(), router=idle)) == []  # idle is not stuck
+
+
+def test_dead_letters_above_a_threshold_and_growing_between_ticks() -> None:
+    newest = DeadLetterInfo(0, 7, 3.0, "route", "raw[0]@41", "e-1", "RouteError",
+                            "no route matches")
+    before = replace(healthy(), dead_letters=DeadLetterState(topic="dlq", count=2))
+    after = replace(healthy(), dead_letters=DeadLetterState(topic="dlq", count=5,
+                                                             newest=newest))
+    assert lines(after) == []  # no threshold, no previous tick
+    assert lines(after, previous=before) == [
+        "warning: dead_letters: 3 new dead letters on dlq since the last check; newest: stage "
+        "route, no route matches; see `cdc-router dlq list`, fix the rules or the producer "
+        "of those rows"]
+    assert lines(after, StatusSettings(dead_letters_critical=5))[0].startswith(
+        "critical: dead_letters: 5 dead letters on dlq (critical at 5)")
+
+
+def test_the_publication_must_publish_the_outbox() -> None:
+    report = replace(healthy(), publication=replace(healthy().publication,
+                                                    tables=("public.other",)))
+    assert lines(report) == [
+        "critical: publication: publication outbox_pub does not publish public.outbox (it "
+        "has: public.other); run `cdc-router outbox init` for that table"]
+
+
+def test_json_has_stable_keys_and_text_names_every_part() -> None:
+    document = json.loads(json.dumps(as_json(healthy(), [])))
+    assert list(document) == ["status", "exit_code", "problems", "checked_at", "wal",
+                              "publication", "outbox", "connector", "router", "dead_letters",
+                              "dedup_changelog"]
+    assert document["status"] == "ok" and document["exit_code"] == 0
+    assert list(document["wal"]["slots"][0]) == [
+        "name", "exists", "active", "wal_status", "retained_wal_bytes", "safe_wal_size_bytes",
+        "flush_lag_bytes"]
+    assert list(document["router"]["partitions"][0]) == [
+        "topic", "partition", "committed", "end", "lag", "lag_exact", "last_commit_age_s",
+        "oldest_pending_age_s"]
+    text = as_text(healthy(), [])
+    for expected in ("outbox_slot  yes     reserved", "publication outbox_pub (insert): "
+                     "public.outbox", "outbox public.outbox: 3 rows",
+                     "connector outbox-connector: RUNNING", "router group cdc-router (stable): "
+                     "lag 0", "router-1 on /10.0.0.1: outbox.public.outbox[0]",
+                     "dead letters on cdc-router.dlq: 0", "status: ok"):
+        assert expected in text
+
+
+def test_thresholds_validate_with_one_line_errors() -> None:
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "out"}]})
+    changed = with_thresholds(config, ("lag_warning=5", "stalled_critical_s=none"))
+    assert changed.status.lag_warning == 5 and changed.status.stalled_critical_s is None
+    with pytest.raises(ConfigError, match="lag_critcal"):
+        with_thresholds(config, ("lag_critcal=5",))
+    with pytest.raises(ConfigError, match="must not be above wal_critical_percent"):
+        with_thresholds(config, ("wal_warning_percent=90",))
+
+
+def test_commit_stamps_round_trip_and_foreign_metadata_is_none() -> None:
+    assert committed_ms(commit_metadata(1_764_590_000_123)) == 1_764_590_000_123
+    assert committed_ms("") is None and committed_ms(None) is None
+    assert committed_ms("some other client") is None
+
+
+def test_the_status_section_of_router_yaml_is_validated_with_its_field(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\nroutes: [{topic: out}]\n"
+                    "status: {connector: c, wal_warning_bytes: 1GiB, lag_warning: -1}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "status.lag_warning" in str(caught.value) and "-1" in str(caught.value)
+    path.write_text("source: {topics: [raw]}\nroutes: [{topic: out}]\n"
+                    "status: {connector: c, wal_warning_bytes: 1GiB}\n")
+    assert load_config(path).config.status.wal_warning_bytes == GIB
+
+
+def test_the_exporter_shows_the_latest_report_as_gauges() -> None:
+    collector = StatusCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    assert generate_latest(registry) == b""  # nothing before the first check
+    paused = replace(healthy(), connector=replace(healthy().connector, state="PAUSED"),
+                     outbox=OutboxState(error="Postgres: connection refused"))
+    collector.update(paused, judge(paused, SETTINGS))
+    value = registry.get_sample_value
+    assert value("cdc_router_status", {}) == 2
+    assert value("cdc_router_status_up", {"part": "outbox"}) == 0
+    assert value("cdc_router_outbox_rows", {"table": "public.outbox"}) is None
+    assert value("cdc_router_slot_retained_wal_bytes", {"slot": "outbox_slot"}) == 1024
+    assert value("cdc_router_slot_wal_status", {"slot": "outbox_slot",
+                                                "wal_status": "reserved"}) == 1
+    assert value("cdc_router_connector_state", {"connector": "outbox-connector",
+                                                "state": "PAUSED"}) == 1
+    assert value("cdc_router_group_lag", {"group": "cdc-router", "topic": "outbox.public.outbox",
+                                          "partition": "0"}) == 0
+    assert value("cdc_router_dlq_records", {"topic": "cdc-router.dlq"}) == 0
+
+
+def test_one_part_down_is_one_line_naming_the_sections_it_left_unchecked() -> None:
+    down = "Postgres: connection refused"
+    report = replace(healthy(), wal=WalState(error=down), publication=PublicationState(
+        error=down), outbox=OutboxState(error=down))
+    assert lines(report) == ["critical: wal, publication, outbox: cannot check it: Postgres: "
+                             "connection refused"]
