@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import yaml
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
 from cdc_router.connect import ConnectClient, load_spec
@@ -266,32 +266,38 @@ class BenchStack:
                 conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(role))
 
     def _drop_kafka(self) -> None:
-        admin = self.admin.admin
-        topics = [topic for topic in admin.list_topics(timeout=30).topics
-                  if topic.startswith(self.dashed)
-                  or topic.startswith(f"__debezium-heartbeat.{self.dashed}")]
-        for future in (admin.delete_topics(topics).values() if topics else ()):
-            future.result(timeout=60)
-        existing = {group.group_id for group in admin.list_consumer_groups().result().valid}
-        self._delete_groups([group for group in self._groups if group in existing])
+        delete_topics(self.admin.admin, [self.dashed, f"__debezium-heartbeat.{self.dashed}"])
+        delete_groups(self.admin.admin, self._groups)
 
-    def _delete_groups(self, groups: list[str]) -> None:
-        # The router's members are static (group.instance.id): leaving does not remove them,
-        # the broker does after session.timeout.ms (10 s), and until then the group is not empty.
-        deadline = time.monotonic() + 60
-        while groups:
-            left = []
-            for group, future in self.admin.admin.delete_consumer_groups(groups).items():
-                try:
-                    future.result(timeout=30)
-                except KafkaException as error:
-                    if (error.args[0].code() != KafkaError.NON_EMPTY_GROUP
-                            or time.monotonic() > deadline):
-                        raise
-                    left.append(group)
-            groups = left
-            if groups:
-                time.sleep(2)
+
+def delete_topics(admin: AdminClient, prefixes: list[str]) -> None:
+    """Delete every topic whose name starts with one of `prefixes`."""
+    topics = [topic for topic in admin.list_topics(timeout=30).topics
+              if topic.startswith(tuple(prefixes))]
+    for future in (admin.delete_topics(topics).values() if topics else ()):
+        future.result(timeout=60)
+
+
+def delete_groups(admin: AdminClient, groups: list[str], timeout_s: float = 60) -> None:
+    """Delete those of `groups` that exist, waiting for static members to time out."""
+    existing = {group.group_id for group in admin.list_consumer_groups().result().valid}
+    groups = [group for group in groups if group in existing]
+    # The router's members are static (group.instance.id): leaving does not remove them, the
+    # broker does after session.timeout.ms (10 s), and until then the group is not empty.
+    deadline = time.monotonic() + timeout_s
+    while groups:
+        left = []
+        for group, future in admin.delete_consumer_groups(groups).items():
+            try:
+                future.result(timeout=30)
+            except KafkaException as error:
+                if (error.args[0].code() != KafkaError.NON_EMPTY_GROUP
+                        or time.monotonic() > deadline):
+                    raise
+                left.append(group)
+        groups = left
+        if groups:
+            time.sleep(2)
 
 
 def outbox_row(event_id: str, seq: int) -> tuple[str, str, str, str, str]:

@@ -36,6 +36,7 @@ from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.step import RecordStep
 from cdc_router.router.topics import TopicAdmin
+from tests.bench.bench_stack import delete_groups, delete_topics
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"
 
@@ -88,9 +89,9 @@ class CommittedOffsets:
         self._consumer.close()
 
 
-def build_router(bootstrap: str, raw: str, guarantee: str,
-                 workdir: Path) -> tuple[str, OutboxRouter]:
-    name = f"bench-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+def build_router(bootstrap: str, raw: str, guarantee: str, workdir: Path,
+                 prefix: str = "bench") -> tuple[str, OutboxRouter]:
+    name = f"{prefix}-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": bootstrap},
@@ -120,9 +121,9 @@ def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int,
 
 
 def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
-               workdir: Path) -> tuple[float, float]:
+               workdir: Path, prefix: str = "bench") -> tuple[float, float]:
     """(events/s, CPU seconds of the router's own thread per event)."""
-    name, router = build_router(bootstrap, raw, guarantee, workdir)
+    name, router = build_router(bootstrap, raw, guarantee, workdir, prefix)
     offsets = CommittedOffsets(bootstrap, name, raw)
     cpu: list[float] = []
 
@@ -141,9 +142,10 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
     return events / elapsed, cpu[0] / events
 
 
-def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None:
+def profile_router(bootstrap: str, raw: str, events: int, workdir: Path,
+                   prefix: str = "bench") -> None:
     """Run the router (exactly once) in this thread under cProfile; print its top functions."""
-    name, router = build_router(bootstrap, raw, "exactly_once", workdir)
+    name, router = build_router(bootstrap, raw, "exactly_once", workdir, prefix)
     offsets = CommittedOffsets(bootstrap, name, raw)
     watcher = threading.Thread(target=stop_when_done,
                                args=(router, offsets, events, threading.current_thread()),
@@ -216,6 +218,15 @@ def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
     return events / best
 
 
+def remove_run(bootstrap: str, run: str) -> None:
+    """Delete the run's topics and consumer groups from the shared cluster."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    delete_topics(admin, [run])
+    groups = [group.group_id for group in admin.list_consumer_groups().result().valid
+              if group.group_id.startswith(run)]
+    delete_groups(admin, groups)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -230,18 +241,22 @@ def main() -> None:
             rate = time_step(args.events, Path(workdir))
         print(f"step alone: {rate:,.0f} events/s, {1e6 / rate:.1f} us/event")
         return
-    raw = f"bench-raw-{uuid.uuid4().hex[:6]}"
-    print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
-    fill_raw_topic(args.bootstrap, raw, args.events)
-    with tempfile.TemporaryDirectory() as workdir:
-        if args.profile:
-            profile_router(args.bootstrap, raw, args.events, Path(workdir))
-            return
-        plain = run_plain_loop(args.bootstrap, raw, args.events)
-        results: dict[str, tuple[float, float]] = {}
-        for guarantee in ("exactly_once", "at_least_once"):
-            results[f"cdc-router {guarantee}"] = run_router(
-                args.bootstrap, raw, args.events, guarantee, Path(workdir))
+    run = f"bench-{uuid.uuid4().hex[:6]}"  # every topic and group of this run starts so
+    raw = f"{run}-raw"
+    try:
+        print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
+        fill_raw_topic(args.bootstrap, raw, args.events)
+        with tempfile.TemporaryDirectory() as workdir:
+            if args.profile:
+                profile_router(args.bootstrap, raw, args.events, Path(workdir), run)
+                return
+            plain = run_plain_loop(args.bootstrap, raw, args.events, f"{run}-plain")
+            results: dict[str, tuple[float, float]] = {}
+            for guarantee in ("exactly_once", "at_least_once"):
+                results[f"cdc-router {guarantee}"] = run_router(
+                    args.bootstrap, raw, args.events, guarantee, Path(workdir), run)
+    finally:
+        remove_run(args.bootstrap, run)
     print(f"\n{'hop':<40} {'events/s':>10} {'/ plain':>8} {'CPU us/event':>13}")
     print(f"{'plain consume-produce loop (ceiling)':<40} {plain:>10,.0f} {1:>8.3f}")
     for name, (rate, cpu) in results.items():
