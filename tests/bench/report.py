@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 RAW = "debezium raw ingest"
@@ -69,24 +69,18 @@ class Results:
     """Everything one run measured, and the setup it ran on."""
 
     setup: Mapping[str, Any]
-    throughput: Sequence[Throughput]  # Debezium's raw ingest too: paths named RAW...
+    throughput: Sequence[Throughput]  # with Debezium's raw ingest alone: the path named RAW
     latency: Sequence[Latency]
-    path_raw_rate: Mapping[str, float] = field(default_factory=dict)  # the pass's own raw rate
-
-    @property
-    def raw_rates(self) -> list[float]:
-        """Debezium's raw ingest rate in each bulk pass that measured it."""
-        return [item.rate for item in self.throughput if item.path.startswith(RAW)]
 
     @property
     def raw_rate(self) -> float | None:
-        """The mean raw ingest rate of the run: what every other rate is divided by."""
-        rates = self.raw_rates
-        return sum(rates) / len(rates) if rates else None
+        """Debezium's raw ingest rate with nothing else running: what other rates are over."""
+        raw = _find(self.throughput, RAW)
+        return raw.rate if raw is not None else None
 
     def ratio(self, item: Throughput) -> float | None:
-        """The path's rate over Debezium's raw ingest: the same pass's when it had one."""
-        raw = self.path_raw_rate.get(item.path, self.raw_rate)
+        """The path's rate over Debezium's raw ingest rate alone."""
+        raw = self.raw_rate
         return item.rate / raw if raw else None
 
 
@@ -158,7 +152,6 @@ def to_json(results: Results) -> dict[str, Any]:
     return {
         "setup": dict(results.setup),
         "raw_ingest_rows_per_s": results.raw_rate,
-        "raw_ingest_passes_rows_per_s": list(results.raw_rates),
         "throughput": [{**asdict(item), "rows_per_s": item.rate, "complete": item.complete,
                         "ratio_to_raw_ingest": results.ratio(item)}
                        for item in results.throughput],
