@@ -30,7 +30,7 @@ class Throughput:
     path: str
     rows: int
     seconds: float
-    expected: int  # rows the path was given; fewer seen means it was cut off by the time limit
+    expected: int  # rows the path was given; fewer: lost, or not there by the time limit
     note: str = ""
 
     @property
@@ -131,7 +131,7 @@ def render_table(results: Results) -> str:
     """The results as the plain-text tables the benchmark prints and README shows."""
     lines = [f"{'throughput (bulk)':<30} {'rows':>8} {'s':>7} {'rows/s':>9} {'/ raw':>6}  note"]
     for item in results.throughput:
-        note = item.note if item.complete else f"cut off at {item.expected:,} expected; {item.note}"
+        note = item.note if item.complete else f"{item.expected:,} expected; {item.note}"
         lines.append(f"{item.path:<30} {item.rows:>8,} {item.seconds:>7.1f} "
                      f"{item.rate:>9,.0f} {_number(results.ratio(item), 2):>6}  {note}".rstrip())
     lines += ["", f"{'latency (commit to visible)':<30} {'rows':>6} {'miss':>5} {'p50 ms':>7} "
