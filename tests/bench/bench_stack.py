@@ -242,13 +242,21 @@ class BenchStack:
         for process in self._processes:
             self._attempt(problems, f"stopping pid {process.pid}", self.stop, process.pid)
         for name, slot in self._connectors.items():
-            self._attempt(problems, f"deleting connector {name}", self.connect.delete, name)
+            self._attempt(problems, f"deleting connector {name}", self._remove_connector, name)
             self._attempt(problems, f"dropping slot {slot}", drop_slot,
                           self.stack.postgres_dsn, slot)
         self._attempt(problems, "dropping tables, publications, role", self._drop_postgres)
         self._attempt(problems, "deleting topics and groups", self._drop_kafka)
         self.connect.close()
         return problems
+
+    def _remove_connector(self, name: str) -> None:
+        # Stopped first, so that its offsets can be removed too: Connect keeps them after a
+        # delete, in the shared worker's offsets topic.
+        self.connect.stop(name)
+        self.connect.wait_for_state(name, "STOPPED", timeout=60, poll_interval=0.5)
+        self.connect.reset_offsets(name)
+        self.connect.delete(name)
 
     @staticmethod
     def _attempt(problems: list[str], what: str, action: Any, *args: Any) -> None:
