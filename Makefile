@@ -4,7 +4,7 @@ CDC := $(PYTHON) -m cdc_router
 APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-compose
 
 .DEFAULT_GOAL := help
-.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-avro clean
+.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-avro clean
 .PHONY: chaos chaos-short
 .PHONY: up down compose-config
 
@@ -45,7 +45,12 @@ demo: stack ## The whole pipeline on the local stack, with defaults
 	$(CDC) topics apply -c cdc_router/examples/router.yaml --yes
 	$(CDC) demo -c cdc_router/examples/router.yaml
 
-bench: stack ## Router throughput (100k events) per delivery mode, beside a plain loop
+BENCH_ARGS ?= --rows 100000 --latency-seconds 20
+
+bench: stack ## Every outbox path side by side (router, SMT, pollers): table, JSON, PNG (README)
+	$(PYTHON) -m tests.bench.side_by_side $(BENCH_ARGS) --json bench-results.json --png bench-results.png
+
+bench-router: stack ## Router alone (100k events) per delivery mode, beside a plain loop
 	$(PYTHON) -m tests.bench.router_throughput --events 100000
 
 # The chaos campaign kills Kafka, Connect and Postgres: it runs on a stack of its own

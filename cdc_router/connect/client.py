@@ -182,6 +182,18 @@ class ConnectClient:
     def resume(self, name: str) -> None:
         self._request("PUT", _path(name, "resume"), connector=name)
 
+    def stop(self, name: str) -> None:
+        """Stop the connector and its tasks (state STOPPED, no tasks); `resume` starts it."""
+        self._request("PUT", _path(name, "stop"), connector=name)
+
+    def reset_offsets(self, name: str) -> None:
+        """Forget the connector's source offsets (KIP-875); Connect requires it STOPPED.
+
+        Deleting a connector leaves its offsets behind, and a later connector of the same
+        name would resume from them.
+        """
+        self._request("DELETE", _path(name, "offsets"), connector=name)
+
     def delete(self, name: str) -> None:
         self._request("DELETE", _path(name), connector=name)
 

@@ -36,6 +36,7 @@ from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.step import RecordStep
 from cdc_router.router.topics import TopicAdmin
+from tests.bench.bench_stack import delete_groups, delete_topics
 
 FIXTURE = Path(__file__).resolve().parents[1] / "unit/fixtures/debezium/create_jsonb.noschema.json"
 
@@ -88,9 +89,9 @@ class CommittedOffsets:
         self._consumer.close()
 
 
-def build_router(bootstrap: str, raw: str, guarantee: str,
-                 workdir: Path) -> tuple[str, OutboxRouter]:
-    name = f"bench-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+def build_router(bootstrap: str, raw: str, guarantee: str, workdir: Path,
+                 prefix: str = "bench") -> tuple[str, OutboxRouter]:
+    name = f"{prefix}-{guarantee.replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": bootstrap},
@@ -120,9 +121,9 @@ def stop_when_done(router: OutboxRouter, offsets: CommittedOffsets, events: int,
 
 
 def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
-               workdir: Path) -> tuple[float, float]:
+               workdir: Path, prefix: str = "bench") -> tuple[float, float]:
     """(events/s, CPU seconds of the router's own thread per event)."""
-    name, router = build_router(bootstrap, raw, guarantee, workdir)
+    name, router = build_router(bootstrap, raw, guarantee, workdir, prefix)
     offsets = CommittedOffsets(bootstrap, name, raw)
     cpu: list[float] = []
 
@@ -141,9 +142,10 @@ def run_router(bootstrap: str, raw: str, events: int, guarantee: str,
     return events / elapsed, cpu[0] / events
 
 
-def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None:
+def profile_router(bootstrap: str, raw: str, events: int, workdir: Path,
+                   prefix: str = "bench") -> None:
     """Run the router (exactly once) in this thread under cProfile; print its top functions."""
-    name, router = build_router(bootstrap, raw, "exactly_once", workdir)
+    name, router = build_router(bootstrap, raw, "exactly_once", workdir, prefix)
     offsets = CommittedOffsets(bootstrap, name, raw)
     watcher = threading.Thread(target=stop_when_done,
                                args=(router, offsets, events, threading.current_thread()),
@@ -161,9 +163,13 @@ def profile_router(bootstrap: str, raw: str, events: int, workdir: Path) -> None
         stats.sort_stats(order).print_stats(25)
 
 
-def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
-    """The ceiling: consume, produce the value unchanged, commit offsets after delivery."""
-    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
+def run_plain_loop(bootstrap: str, raw: str, events: int, name: str | None = None) -> float:
+    """The ceiling: consume, produce the value unchanged, commit offsets after delivery.
+
+    `name` (group, and `<name>-out` topic) defaults to a new one. The clock starts with the
+    first record, so that joining the group does not count.
+    """
+    name = name or f"bench-plain-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(f"{name}-out", 4, 1)]).values():
         future.result(timeout=30)
@@ -173,9 +179,10 @@ def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
                          "linger.ms": 5})
     consumer.subscribe([raw])
     done = 0
-    started = time.monotonic()
+    started: float | None = None
     while done < events:
         batch = consumer.consume(num_messages=500, timeout=0.5)
+        started = started or (time.monotonic() if batch else None)
         for message in batch:
             if message.error():
                 continue
@@ -189,7 +196,7 @@ def run_plain_loop(bootstrap: str, raw: str, events: int) -> float:
         if batch:
             producer.flush(60)
             consumer.commit(asynchronous=False)
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - (started or 0.0)
     consumer.close()
     return events / elapsed
 
@@ -211,6 +218,15 @@ def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
     return events / best
 
 
+def remove_run(bootstrap: str, run: str) -> None:
+    """Delete the run's topics and consumer groups from the shared cluster."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    delete_topics(admin, [run])
+    groups = [group.group_id for group in admin.list_consumer_groups().result().valid
+              if group.group_id.startswith(run)]
+    delete_groups(admin, groups)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -225,18 +241,22 @@ def main() -> None:
             rate = time_step(args.events, Path(workdir))
         print(f"step alone: {rate:,.0f} events/s, {1e6 / rate:.1f} us/event")
         return
-    raw = f"bench-raw-{uuid.uuid4().hex[:6]}"
-    print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
-    fill_raw_topic(args.bootstrap, raw, args.events)
-    with tempfile.TemporaryDirectory() as workdir:
-        if args.profile:
-            profile_router(args.bootstrap, raw, args.events, Path(workdir))
-            return
-        plain = run_plain_loop(args.bootstrap, raw, args.events)
-        results: dict[str, tuple[float, float]] = {}
-        for guarantee in ("exactly_once", "at_least_once"):
-            results[f"cdc-router {guarantee}"] = run_router(
-                args.bootstrap, raw, args.events, guarantee, Path(workdir))
+    run = f"bench-{uuid.uuid4().hex[:6]}"  # every topic and group of this run starts so
+    raw = f"{run}-raw"
+    try:
+        print(f"filling {raw} with {args.events} Debezium change events ...", flush=True)
+        fill_raw_topic(args.bootstrap, raw, args.events)
+        with tempfile.TemporaryDirectory() as workdir:
+            if args.profile:
+                profile_router(args.bootstrap, raw, args.events, Path(workdir), run)
+                return
+            plain = run_plain_loop(args.bootstrap, raw, args.events, f"{run}-plain")
+            results: dict[str, tuple[float, float]] = {}
+            for guarantee in ("exactly_once", "at_least_once"):
+                results[f"cdc-router {guarantee}"] = run_router(
+                    args.bootstrap, raw, args.events, guarantee, Path(workdir), run)
+    finally:
+        remove_run(args.bootstrap, run)
     print(f"\n{'hop':<40} {'events/s':>10} {'/ plain':>8} {'CPU us/event':>13}")
     print(f"{'plain consume-produce loop (ceiling)':<40} {plain:>10,.0f} {1:>8.3f}")
     for name, (rate, cpu) in results.items():

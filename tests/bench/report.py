@@ -1,0 +1,162 @@
+"""The side-by-side benchmark's results: percentiles, ratios to Debezium's raw ingest, the issue's
+goals, the printed table and the JSON document. Pure functions over plain values, no I/O.
+
+Ratios, not rates, compare across runs: every rate is divided by Debezium's raw ingest rate
+measured in the same run, on the same busy machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RAW = "debezium raw ingest"
+ROUTER_EOS = "router path, exactly-once"
+ROUTER_ALO = "router path, at-least-once"
+ALONE_EOS = "router alone, exactly-once"
+ALONE_ALO = "router alone, at-least-once"
+PLAIN = "plain consume-produce hop"
+SMT = "EventRouter SMT"
+NAIVE = "naive polling relay"
+TUNED = "tuned poller"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One path's bulk run: `rows` seen on its output between the first and the last one."""
+
+    path: str
+    rows: int
+    seconds: float
+    expected: int  # rows the path was given; fewer: lost, or not there by the time limit
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.rows >= self.expected
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One path's commit-to-visible latencies in ms; `missing` rows never became visible."""
+
+    path: str
+    samples_ms: Sequence[float]
+    missing: int = 0
+
+    def percentile(self, q: float) -> float | None:
+        return percentile(self.samples_ms, q)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One of issue 14's goals, checked on this run's numbers."""
+
+    name: str
+    value: float | None
+    target: str
+    met: bool | None  # None: the run lacks a number it needs
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything one run measured, and the setup it ran on."""
+
+    setup: Mapping[str, Any]
+    throughput: Sequence[Throughput]  # with Debezium's raw ingest alone: the path named RAW
+    latency: Sequence[Latency]
+
+    @property
+    def raw_rate(self) -> float | None:
+        """Debezium's raw ingest rate with nothing else running: what other rates are over."""
+        raw = _find(self.throughput, RAW)
+        return raw.rate if raw is not None else None
+
+    def ratio(self, item: Throughput) -> float | None:
+        """The path's rate over Debezium's raw ingest rate alone."""
+        raw = self.raw_rate
+        return item.rate / raw if raw else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation between closest ranks, as numpy's
+    default; None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0..100")
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _find(items: Sequence[Any], path: str) -> Any:
+    return next((item for item in items if item.path == path), None)
+
+
+def goals(results: Results) -> list[Goal]:
+    """Issue 14's goals, each on numbers from this one run."""
+    checked = []
+    path = _find(results.throughput, ROUTER_EOS)
+    ratio = results.ratio(path) if path else None
+    checked.append(Goal("router path / raw ingest", ratio, ">= 0.95",
+                        None if ratio is None else ratio >= 0.95))
+    alone = _find(results.throughput, ALONE_EOS)
+    ratio = results.ratio(alone) if alone else None
+    checked.append(Goal("router alone (exactly-once) / raw ingest", ratio, ">= 2.0",
+                        None if ratio is None else ratio >= 2.0))
+    router, smt = _find(results.latency, ROUTER_EOS), _find(results.latency, SMT)
+    router_p99 = router.percentile(99) if router else None
+    smt_p99 = smt.percentile(99) if smt else None
+    gap = router_p99 - smt_p99 if router_p99 is not None and smt_p99 is not None else None
+    checked.append(Goal("router p99 - SMT p99 (ms)", gap, "<= 50",
+                        None if gap is None else gap <= 50))
+    checked.append(Goal("router path p99 (ms)", router_p99, "< 300",
+                        None if router_p99 is None else router_p99 < 300))
+    return checked
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_table(results: Results) -> str:
+    """The results as the plain-text tables the benchmark prints and README shows."""
+    lines = [f"{'throughput (bulk)':<30} {'rows':>8} {'s':>7} {'rows/s':>9} {'/ raw':>6}  note"]
+    for item in results.throughput:
+        note = item.note if item.complete else f"{item.expected:,} expected; {item.note}"
+        lines.append(f"{item.path:<30} {item.rows:>8,} {item.seconds:>7.1f} "
+                     f"{item.rate:>9,.0f} {_number(results.ratio(item), 2):>6}  {note}".rstrip())
+    lines += ["", f"{'latency (commit to visible)':<30} {'rows':>6} {'miss':>5} {'p50 ms':>7} "
+                  f"{'p95 ms':>7} {'p99 ms':>7} {'max ms':>7}"]
+    for path in results.latency:
+        cells = [_number(path.percentile(q)) for q in (50, 95, 99, 100)]
+        lines.append(f"{path.path:<30} {len(path.samples_ms):>6,} {path.missing:>5,} "
+                     + " ".join(f"{cell:>7}" for cell in cells))
+    lines += ["", f"{'goal (issue 14)':<42} {'value':>8} {'target':>8}  met"]
+    for goal in goals(results):
+        met = {True: "yes", False: "NO", None: "n/a"}[goal.met]
+        lines.append(f"{goal.name:<42} {_number(goal.value, 2):>8} {goal.target:>8}  {met}")
+    return "\n".join(lines)
+
+
+def to_json(results: Results) -> dict[str, Any]:
+    """The results as one JSON-ready document (the samples themselves are left out)."""
+    return {
+        "setup": dict(results.setup),
+        "raw_ingest_rows_per_s": results.raw_rate,
+        "throughput": [{**asdict(item), "rows_per_s": item.rate, "complete": item.complete,
+                        "ratio_to_raw_ingest": results.ratio(item)}
+                       for item in results.throughput],
+        "latency": [{"path": item.path, "rows": len(item.samples_ms), "missing": item.missing,
+                     **{f"p{q}_ms": item.percentile(q) for q in (50, 95, 99)},
+                     "max_ms": item.percentile(100)} for item in results.latency],
+        "goals": [asdict(goal) for goal in goals(results)],
+    }

@@ -1,0 +1,289 @@
+"""Benchmark: Postgres outbox rows to a destination topic, every path side by side, in one run.
+
+    python -m tests.bench.side_by_side [--rows 100000] [--latency-seconds 20] [--rate 200]
+                                       [--json bench-results.json] [--png bench-results.png]
+
+Runs against the stack named by CDC_ROUTER_BOOTSTRAP_SERVERS, CDC_ROUTER_CONNECT_URL and
+CDC_ROUTER_PG_DSN (default: the local stack's addresses). Every object it creates there is
+named for the run and removed at the end, also when the run fails.
+
+Paths: Debezium (connectors/outbox-connector.json) then `cdc-router run` exactly-once and
+at-least-once; Debezium with the EventRouter SMT (a second connector, its own slot); a naive
+polling relay and a tuned poller (tests/bench/relays.py); and, on the raw topic Debezium filled,
+the router alone and a plain consume-produce hop.
+
+Throughput: a bulk of rows per path, rows/s between the first and the last record a
+read_committed reader sees on the path's output. For the Debezium paths the connector is paused
+while the bulk is inserted, then resumed, so that the rate is Debezium's and not the inserts'.
+Latency: one writer commits a row a transaction at a steady rate into every path's table at
+once (same id, same commit); latency = time the reader sees the row minus the time right after
+COMMIT returned on the writer. Ratios to Debezium's raw ingest rate in the same run are the
+numbers to compare across runs; rates alone depend on what else the machine was doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdc_router.local.versions import DEBEZIUM_VERSION
+from cdc_router.postgres import table_identifier
+from tests.bench import report
+from tests.bench.bench_stack import EVENT_ROUTER as SMT_CLASS
+from tests.bench.bench_stack import REPO, BenchStack, endpoints_from_env, leftover_objects
+from tests.bench.report import Latency, Results, Throughput
+from tests.bench.router_throughput import run_plain_loop
+from tests.bench.watcher import Watcher
+
+# Logical decoding messages are database-wide: another connector's heartbeat messages on the
+# shared stack must not land on this run's raw topic and be counted as rows.
+NO_MESSAGES = {"message.prefix.exclude.list": ".*"}
+
+
+@dataclass(frozen=True)
+class Options:
+    rows: int
+    naive_rows: int
+    rate: float
+    latency_seconds: float
+    timeout_s: float  # per path: a path still short of its rows after this is cut off
+
+
+@dataclass
+class Paths:
+    """The run's tables, topics, connectors and router configs, once set up."""
+
+    router_table: str
+    smt_table: str
+    naive_table: str
+    tuned_table: str
+    raw: str
+    smt_topic: str
+    naive_topic: str
+    tuned_topic: str
+    router_connector: str
+    smt_connector: str
+    eos_config: Path
+    eos_topic: str
+    alo_config: Path
+    alo_topic: str
+
+
+def log(text: str) -> None:
+    print(f"{datetime.now(UTC):%H:%M:%S} {text}", flush=True)
+
+
+def set_up(bench: BenchStack) -> Paths:
+    router_table, smt_table = bench.outbox("r"), bench.outbox("s")
+    naive_table, tuned_table = bench.polled_table("n"), bench.polled_table("t")
+    # Debezium names its topic <prefix>.<schema>.<table>; created here with the one partition
+    # the shipped config gives it, so that readers can be assigned before the first record.
+    raw = bench.topic(f"{bench.dashed}-r.{router_table}")
+    smt_topic = bench.topic(f"{bench.dashed}-smt-out")
+    router_connector = bench.connector("r", router_table, **NO_MESSAGES)
+    smt_connector = bench.connector("s", smt_table, **NO_MESSAGES, **{
+        "transforms": "outbox", "transforms.outbox.type": SMT_CLASS,
+        # Keyed by the event id, as the router keys its records.
+        "transforms.outbox.table.field.event.key": "id",
+        "transforms.outbox.route.topic.replacement": smt_topic})
+    eos_config, eos_topic = bench.router_config("eos", raw, "exactly_once")
+    alo_config, alo_topic = bench.router_config("alo", raw, "at_least_once")
+    return Paths(router_table, smt_table, naive_table, tuned_table, raw, smt_topic,
+                 bench.topic(f"{bench.dashed}-naive"), bench.topic(f"{bench.dashed}-tuned"),
+                 router_connector, smt_connector, eos_config, eos_topic, alo_config, alo_topic)
+
+
+def seen(watcher: Watcher, path: str, topic: str, expected: int, note: str = "") -> Throughput:
+    found = watcher.seen[topic]
+    return Throughput(path, found.count, found.span(), expected, note)
+
+
+def bulk_pass(bench: BenchStack, connector: str, table: str, topics: dict[str, str],
+              options: Options) -> list[Throughput]:
+    """Insert the bulk with the connector paused, resume it, and time each path's output."""
+    bench.pause(connector)
+    watcher = Watcher(bench.stack.bootstrap_servers, topics.values())
+    try:
+        inserted = bench.bulk_insert(table, options.rows)
+        log(f"  {options.rows:,} rows inserted in {inserted:.1f}s; resuming {connector}")
+        bench.resume(connector)
+        deadline = time.monotonic() + options.timeout_s
+        expected = options.rows
+        for topic in topics.values():
+            watcher.wait_for(topic, expected, max(0.0, deadline - time.monotonic()))
+            # Downstream of the raw topic, only what reached it can arrive.
+            expected = min(expected, watcher.count(topic))
+    finally:
+        watcher.stop()
+    return [seen(watcher, path, topic, options.rows) for path, topic in topics.items()]
+
+
+def drain(bench: BenchStack, start: Any, path: str, topic: str, rows: int,
+          options: Options, note: str) -> tuple[Throughput, int]:
+    """Start a process (`start()` returns its pid) on a backlog of `rows`; time its output."""
+    watcher = Watcher(bench.stack.bootstrap_servers, [topic])
+    try:
+        pid = start()
+        watcher.wait_for(topic, rows, options.timeout_s)
+    finally:
+        watcher.stop()
+    return seen(watcher, path, topic, rows, note), pid
+
+
+def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throughput]:
+    """Every path's bulk run, one after the other, Debezium's raw ingest alone first."""
+    raw, connector, table = report.RAW, paths.router_connector, paths.router_table
+    filled = "cdc-router run on the raw topic Debezium filled"
+    log("debezium raw ingest alone: bulk pass 0, no router running")
+    (raw_alone,) = bulk_pass(bench, connector, table, {raw: paths.raw}, options)
+    log("router alone, exactly-once: a new group drains pass 0 from the raw topic")
+    alone_eos, eos_pid = drain(bench, lambda: bench.start_router(paths.eos_config, "eos"),
+                               report.ALONE_EOS, paths.eos_topic, raw_alone.rows, options,
+                               filled)
+    log("router path, exactly-once: bulk pass 1")
+    raw_1, eos_path = bulk_pass(bench, connector, table, {
+        "debezium raw, EOS router on": paths.raw, report.ROUTER_EOS: paths.eos_topic},
+        options)
+    log("router alone, at-least-once: a new group drains passes 0 and 1")
+    alone_alo, _ = drain(bench, lambda: bench.start_router(paths.alo_config, "alo"),
+                         report.ALONE_ALO, paths.alo_topic, raw_alone.rows + raw_1.rows,
+                         options, filled)
+    bench.stop(eos_pid)
+    log("router path, at-least-once: bulk pass 2")
+    raw_2, alo_path = bulk_pass(bench, connector, table, {
+        "debezium raw, ALO router on": paths.raw, report.ROUTER_ALO: paths.alo_topic},
+        options)
+    log("the exactly-once router catches up on pass 2 (not timed)")
+    drain(bench, lambda: bench.start_router(paths.eos_config, "eos"), report.ALONE_EOS,
+          paths.eos_topic, raw_2.rows, options, filled)
+    on_raw = raw_alone.rows + raw_1.rows + raw_2.rows  # fewer than 3 x rows if some were lost
+    log(f"plain consume-produce hop over the three passes ({on_raw:,} records)")
+    plain_rate = run_plain_loop(bench.stack.bootstrap_servers, paths.raw, on_raw,
+                                name=bench.group("plain"))
+    plain = Throughput(report.PLAIN, on_raw, on_raw / plain_rate, on_raw,
+                       "tests/bench/router_throughput.py's loop, no transformation")
+    log("EventRouter SMT: bulk pass")
+    (smt,) = bulk_pass(bench, paths.smt_connector, paths.smt_table,
+                       {report.SMT: paths.smt_topic}, options)
+    naive, tuned = relay_throughput(bench, paths, options)
+    return [raw_alone, raw_1, raw_2, eos_path, alo_path, alone_eos, alone_alo, plain, smt,
+            naive, tuned]
+
+
+def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> tuple[
+        Throughput, Throughput]:
+    log(f"naive polling relay: {options.naive_rows:,} rows (its ceiling is 200 rows/s)")
+    bench.bulk_insert(paths.naive_table, options.naive_rows)
+    naive, pid = drain(bench, lambda: bench.start_relay("naive", paths.naive_table,
+                                                        paths.naive_topic),
+                       report.NAIVE, paths.naive_topic, options.naive_rows, options,
+                       "500 ms tick, LIMIT 100, UPDATE per row")
+    bench.stop(pid)
+    log("tuned poller: bulk")
+    bench.bulk_insert(paths.tuned_table, options.rows)
+    tuned, pid = drain(bench, lambda: bench.start_relay("tuned", paths.tuned_table,
+                                                        paths.tuned_topic),
+                       report.TUNED, paths.tuned_topic, options.rows, options,
+                       "adaptive, 2,000 a batch, DELETE ... RETURNING")
+    bench.stop(pid)
+    with psycopg.connect(bench.stack.postgres_dsn, autocommit=True) as conn:
+        for table in (paths.naive_table, paths.tuned_table):  # a cut-off relay leaves rows
+            conn.execute(psycopg.sql.SQL("TRUNCATE {}").format(table_identifier(table)))
+    return naive, tuned
+
+
+def latency(bench: BenchStack, paths: Paths, options: Options) -> list[Latency]:
+    """All paths at once on the same commits (both routers are running and caught up)."""
+    log(f"latency: {options.rate:g} rows/s for {options.latency_seconds:g}s into every path")
+    relays = [bench.start_relay("naive", paths.naive_table, paths.naive_topic),
+              bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic)]
+    topics = {report.RAW: paths.raw, report.ROUTER_EOS: paths.eos_topic,
+              report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic,
+              report.NAIVE: paths.naive_topic, report.TUNED: paths.tuned_topic}
+    time.sleep(3)  # the relays' interpreters start up; the routers already poll
+    watcher = Watcher(bench.stack.bootstrap_servers, topics.values(), ids=True)
+    try:
+        commits = bench.steady_insert([paths.router_table, paths.smt_table, paths.naive_table,
+                                       paths.tuned_table], options.rate, options.latency_seconds)
+        watcher.wait_for_ids(topics.values(), set(commits), options.timeout_s)
+    finally:
+        watcher.stop()
+    for pid in relays:
+        bench.stop(pid)
+    results = []
+    for path, topic in topics.items():
+        visible = watcher.seen[topic].ids
+        samples = [(visible[row] - committed) * 1000 for row, committed in commits.items()
+                   if row in visible]
+        results.append(Latency(path, samples, len(commits) - len(samples)))
+    return results
+
+
+def describe_setup(options: Options) -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO, check=False).stdout.strip()
+    return {"rows": options.rows, "naive_rows": options.naive_rows, "rate": options.rate,
+            "latency_seconds": options.latency_seconds, "git_commit": commit,
+            "started": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
+            "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start",
+            "debezium": DEBEZIUM_VERSION, "command": " ".join(["python", "-m",
+                                                                "tests.bench.side_by_side",
+                                                                *sys.argv[1:]])}
+
+
+def parse_options() -> tuple[Options, Path, Path]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000, help="bulk rows per path")
+    parser.add_argument("--naive-rows", type=int, default=3_000,
+                        help="bulk rows for the naive relay (it does 200 rows/s at most)")
+    parser.add_argument("--rate", type=float, default=200, help="rows/s in the latency phase")
+    parser.add_argument("--latency-seconds", type=float, default=20)
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per path at most")
+    parser.add_argument("--json", type=Path, default=Path("bench-results.json"))
+    parser.add_argument("--png", type=Path, default=Path("bench-results.png"))
+    args = parser.parse_args()
+    return (Options(args.rows, min(args.naive_rows, args.rows), args.rate,
+                    args.latency_seconds, args.timeout), args.json, args.png)
+
+
+def main() -> None:
+    options, json_path, png_path = parse_options()
+    setup = describe_setup(options)
+    with tempfile.TemporaryDirectory(prefix="cdc-router-bench-") as workdir:
+        bench = BenchStack(endpoints_from_env(), Path(workdir))
+        log(f"run {bench.name}: setting up tables, connectors, topics")
+        try:
+            paths = set_up(bench)
+            bulk = throughput(bench, paths, options)
+            latencies = latency(bench, paths, options)
+        finally:
+            log("removing everything the run created")
+            problems = bench.close()
+            left = leftover_objects(bench.stack, bench.name)
+            for problem in problems:
+                print(f"cleanup: {problem}", file=sys.stderr)
+            if left:
+                print(f"cleanup: still there: {', '.join(left)}", file=sys.stderr)
+    results = Results(setup, bulk, latencies)
+    print()
+    print(report.render_table(results))
+    json_path.write_text(json.dumps(report.to_json(results), indent=2) + "\n")
+    from tests.bench.chart import draw  # matplotlib only once there is something to draw
+
+    draw(results, png_path)
+    print(f"\nwrote {json_path} and {png_path}")
+
+
+if __name__ == "__main__":
+    main()

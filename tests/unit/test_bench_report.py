@@ -1,0 +1,110 @@
+"""The side-by-side benchmark's pure logic: percentiles, ratios, goals, table, JSON, row ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bench import report
+from tests.bench.report import Goal, Latency, Results, Throughput, goals, percentile
+from tests.bench.watcher import row_id
+
+ID = "0192f1a4-6b1c-7d2e-8f30-4a5b6c7d8e9f"
+
+
+def test_percentile_interpolates_between_closest_ranks_as_numpy_does() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0) == 1.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    assert percentile([float(value) for value in range(1, 101)], 99) == pytest.approx(99.01)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_percentile_of_nothing_is_none_and_outside_0_100_is_refused() -> None:
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError, match=r"outside 0\.\.100"):
+        percentile([1.0], 101)
+
+
+def test_throughput_rate_and_a_cut_off_path() -> None:
+    assert Throughput("p", 1000, 2.0, 1000).rate == 500
+    assert Throughput("p", 1000, 2.0, 1000).complete
+    assert not Throughput("p", 600, 3.0, 1000).complete
+    assert Throughput("p", 0, 0.0, 1000).rate == 0.0
+
+
+def results(router_p99: float = 400.0, smt_p99: float = 380.0) -> Results:
+    throughput = [
+        Throughput(report.RAW, 1000, 1.0, 1000),  # 1,000 rows/s
+        Throughput("debezium raw, EOS router on", 1000, 2.0, 1000),  # not the reference
+        Throughput(report.ROUTER_EOS, 1000, 1.05, 1000),
+        Throughput(report.ALONE_EOS, 1000, 0.25, 1000),  # 4,000 rows/s
+        Throughput(report.NAIVE, 300, 2.0, 3000, "500 ms tick"),
+    ]
+    latency = [Latency(report.ROUTER_EOS, [router_p99] * 100),
+               Latency(report.SMT, [smt_p99] * 98, missing=2)]
+    return Results({"rows": 1000}, throughput, latency)
+
+
+def test_ratios_are_over_debezium_raw_ingest_alone() -> None:
+    run = results()
+    assert run.raw_rate == 1000.0
+    assert run.ratio(run.throughput[1]) == 0.5
+    assert run.ratio(run.throughput[2]) == pytest.approx(1000 / 1.05 / 1000)
+    assert run.ratio(run.throughput[3]) == 4.0
+
+
+def test_goals_are_checked_on_the_run_numbers() -> None:
+    checked = {goal.name: goal for goal in goals(results())}
+    path = checked["router path / raw ingest"]
+    assert path.met is True and path.value == pytest.approx(0.952, abs=1e-3)
+    assert checked["router alone (exactly-once) / raw ingest"].met is True
+    gap = checked["router p99 - SMT p99 (ms)"]
+    assert gap.value == pytest.approx(20.0) and gap.met is True
+    assert checked["router path p99 (ms)"].met is False  # 400 ms is not under 300
+
+
+def test_a_latency_gap_over_50_ms_misses_its_goal() -> None:
+    checked = {goal.name: goal for goal in goals(results(router_p99=500, smt_p99=300))}
+    assert checked["router p99 - SMT p99 (ms)"] == Goal("router p99 - SMT p99 (ms)", 200.0,
+                                                        "<= 50", False)
+
+
+def test_goals_without_their_numbers_are_not_applicable() -> None:
+    empty = Results({}, [], [])
+    assert [goal.met for goal in goals(empty)] == [None, None, None, None]
+    assert "n/a" in report.render_table(empty)
+
+
+def test_table_shows_rates_ratios_cut_off_paths_and_unmet_goals() -> None:
+    table = report.render_table(results())
+    lines = table.splitlines()
+    router = next(line for line in lines if line.startswith(report.ROUTER_EOS))
+    assert "952" in router and "0.95" in router
+    naive = next(line for line in lines if line.startswith(report.NAIVE))
+    assert "3,000 expected; 500 ms tick" in naive
+    smt = next(line for line in lines if line.startswith(report.SMT))
+    assert smt.removeprefix(report.SMT).split()[:2] == ["98", "2"]  # rows seen, rows missing
+    goal = next(line for line in lines if line.startswith("router path p99"))
+    assert goal.endswith("NO")
+
+
+def test_json_document_is_serializable_and_carries_ratios_and_goals() -> None:
+    document = json.loads(json.dumps(report.to_json(results())))
+    assert document["raw_ingest_rows_per_s"] == 1000.0
+    router = next(item for item in document["throughput"] if item["path"] == report.ROUTER_EOS)
+    assert router["ratio_to_raw_ingest"] == pytest.approx(0.952, abs=1e-3)
+    smt = next(item for item in document["latency"] if item["path"] == report.SMT)
+    assert smt["p99_ms"] == 380.0 and smt["missing"] == 2
+    assert [goal["met"] for goal in document["goals"]] == [True, True, True, False]
+
+
+@pytest.mark.parametrize("key", [ID.encode(), f'{{"id":"{ID}"}}'.encode(), f'"{ID}"'.encode()])
+def test_row_id_is_found_in_every_path_key_shape(key: bytes) -> None:
+    assert row_id(key) == ID
+
+
+def test_a_key_without_a_row_id_has_none() -> None:
+    assert row_id(b"order-42") is None
+    assert row_id(None) is None
