@@ -182,6 +182,15 @@ class ConnectClient:
     def resume(self, name: str) -> None:
         self._request("PUT", _path(name, "resume"), connector=name)
 
+    def stop(self, name: str) -> None:
+        """Shut the connector's tasks down, keeping its config (KIP-875, Kafka 3.5+)."""
+        self._request("PUT", _path(name, "stop"), connector=name)
+
+    def reset_offsets(self, name: str) -> None:
+        """Forget the source offsets of a STOPPED connector (KIP-875, Kafka 3.6+): Debezium
+        then starts as new, per its snapshot.mode."""
+        self._request("DELETE", _path(name, "offsets"), connector=name)
+
     def delete(self, name: str) -> None:
         self._request("DELETE", _path(name), connector=name)
 
