@@ -148,7 +148,7 @@ def test_restart_passes_the_task_options(tasks: dict[str, bool], query: str) -> 
     assert seen == [("POST", "/connectors/c/restart", query)]
 
 
-def test_pause_resume_delete_use_their_endpoints() -> None:
+def test_pause_resume_stop_reset_offsets_delete_use_their_endpoints() -> None:
     seen = []
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -158,9 +158,12 @@ def test_pause_resume_delete_use_their_endpoints() -> None:
     connect = client(answer)
     connect.pause("c")
     connect.resume("c")
+    connect.stop("c")
+    connect.reset_offsets("c")
     connect.delete("c")
 
     assert seen == [("PUT", "/connectors/c/pause"), ("PUT", "/connectors/c/resume"),
+                    ("PUT", "/connectors/c/stop"), ("DELETE", "/connectors/c/offsets"),
                     ("DELETE", "/connectors/c")]
 
 
