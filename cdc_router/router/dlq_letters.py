@@ -158,8 +158,8 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
             continue
         if letter.value_dropped:
             planned.append(Planned(letter, "not_replayable", note=(
-                "its value was left out (dlq.value.dropped.bytes); republish its row: "
-                f"cdc-router outbox republish --ids {letter.event_id or '<event id>'}")))
+                "its value was left out (dlq.value.dropped.bytes); the raw record is at "
+                f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")))
             continue
         result = step(letter.source_topic, letter.key, letter.value)
         planned.append(_planned(letter, result, before))
