@@ -68,8 +68,10 @@ def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
     """How many rows `selection` takes, and the oldest one's created_at (naive UTC)."""
     conn.execute("SET TIME ZONE 'UTC'")  # a timestamp column holds UTC, as write_event writes
     where, params = selection.where(schema)
-    query = sql.SQL("SELECT count(*), min({}) FROM {} WHERE {}").format(
-        sql.Identifier(schema.created_at_column), schema.identifier, where)
+    oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL("min({})").format(
+        sql.Identifier(schema.columns.created_at))
+    query = sql.SQL("SELECT count(*), {} FROM {} WHERE {}").format(
+        oldest, schema.identifier, where)
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return int(row[0]), row[1]
@@ -83,9 +85,10 @@ def outbox_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
         conn.adapters.register_loader(name, TextLoader)
     conn.execute("SET TIME ZONE 'UTC'")
     where, params = selection.where(schema)
-    query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY {}, {}").format(
-        schema.identifier, where, sql.Identifier(schema.created_at_column),
-        sql.Identifier(schema.columns.id))
+    order = [sql.Identifier(column) for column in (schema.columns.created_at, schema.columns.id)
+             if column is not None]
+    query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY {}").format(
+        schema.identifier, where, sql.SQL(", ").join(order))
     with conn.cursor(name="cdc_router_republish", row_factory=dict_row) as cursor:
         cursor.itersize = _FETCH_ROWS
         cursor.execute(query, params)
