@@ -38,13 +38,26 @@ def _republish(pipe: Pipeline, *args: str) -> str:
     return _cli(pipe.stack, "outbox", "republish", "-c", str(pipe.config_path), "--yes", *args)
 
 
+def _lose_the_slot_and_resume(pipe: Pipeline) -> list[str]:
+    """README's runbook, steps 2 to 4: stop the connector, drop its slot, forget its offsets
+    (they name WAL that is gone), resume. Returns the ids of rows written with no slot."""
+    stack, connector = pipe.stack, pipe.name.replace("_", "-")
+    _cli(stack, "connectors", "stop", connector)
+    _cli(stack, "connectors", "wait", connector, "--state", "STOPPED")
+    drop_slot(stack.postgres_dsn, pipe.table)
+    lost = pipe.insert(_orders(1_000_000, 100))  # no slot at all: certainly not captured
+    _cli(stack, "connectors", "reset-offsets", connector, "--yes")
+    _cli(stack, "connectors", "resume", connector)
+    _cli(stack, "connectors", "wait", connector, "--state", "RUNNING", "--timeout", "90")
+    return lost
+
+
 def test_a_slot_dropped_while_rows_flow_loses_nothing_and_doubles_nothing_after_republish(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
         config = yaml.safe_load(pipe.config_path.read_text())
         config["cleanup"] = {"mode": "none", "table": f"public.{pipe.table}"}
         pipe.config_path.write_text(yaml.safe_dump(config))
-        connector = pipe.name.replace("_", "-")
         since = datetime.now(UTC).isoformat()
         pipe.start_router(wait=True)
         ids: list[str] = []
@@ -61,15 +74,8 @@ def test_a_slot_dropped_while_rows_flow_loses_nothing_and_doubles_nothing_after_
         writer.start()
         try:
             assert len(pipe.read(pipe.orders_topic, 200, timeout_s=120)) == 200
-            # The slot goes while the writer goes on; then README's runbook: stop the
-            # connector, forget its offsets (they name WAL that is gone), resume it.
-            _cli(stack, "connectors", "stop", connector)
-            _cli(stack, "connectors", "wait", connector, "--state", "STOPPED")
-            drop_slot(stack.postgres_dsn, pipe.table)
-            lost = pipe.insert(_orders(1_000_000, 100))  # no slot at all: certainly lost
-            _cli(stack, "connectors", "reset-offsets", connector, "--yes")
-            _cli(stack, "connectors", "resume", connector)
-            _cli(stack, "connectors", "wait", connector, "--state", "RUNNING", "--timeout", "90")
+            # The slot goes while the writer goes on.
+            lost = _lose_the_slot_and_resume(pipe)
             time.sleep(3)
         finally:
             stop.set()
@@ -90,6 +96,24 @@ def test_a_slot_dropped_while_rows_flow_loses_nothing_and_doubles_nothing_after_
     assert len(settled) == len(every), log[-3000:]
     assert Counter(record.key().decode() for record in records) == Counter(every), \
         "every committed row exactly once: 0 lost, 0 duplicates"
+
+
+def test_with_when_needed_the_resumed_connector_snapshots_the_gap_back(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=2,
+                  connector={"snapshot.mode": "when_needed"}) as pipe:
+        pipe.start_router(wait=True)
+        ids = pipe.insert(_orders(0, 100))
+        assert len(pipe.read(pipe.orders_topic, 100)) == 100
+        lost = _lose_the_slot_and_resume(pipe)
+        after = pipe.insert(_orders(2_000_000, 50))
+        every = ids + lost + after
+        records = pipe.read(pipe.orders_topic, len(every))
+        settled = pipe.read_all(pipe.orders_topic, settle_s=5)
+        log = pipe.router_log()
+    assert len(settled) == len(every), log[-3000:]
+    assert Counter(record.key().decode() for record in records) == Counter(every), \
+        "the snapshot brings the gap back; the replay filter drops the rows delivered before"
 
 
 def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_path: Path) -> None:
