@@ -52,6 +52,14 @@ def _lose_the_slot_and_resume(pipe: Pipeline) -> list[str]:
     return lost
 
 
+def _assert_each_once(pipe: Pipeline, ids: list[str]) -> None:
+    """Every id exactly once on the destination (read_committed): 0 lost, 0 duplicates."""
+    records = pipe.read(pipe.orders_topic, len(ids))
+    settled = pipe.read_all(pipe.orders_topic, settle_s=5)
+    assert len(settled) == len(ids), pipe.router_log()[-3000:]
+    assert Counter(record.key().decode() for record in records) == Counter(ids)
+
+
 def test_a_slot_dropped_while_rows_flow_loses_nothing_and_doubles_nothing_after_republish(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
@@ -90,12 +98,7 @@ def test_a_slot_dropped_while_rows_flow_loses_nothing_and_doubles_nothing_after_
 
         out = _republish(pipe, "--since", since)
         assert f"republished {len(every)} change events" in out, out
-        records = pipe.read(pipe.orders_topic, len(every))
-        settled = pipe.read_all(pipe.orders_topic, settle_s=5)
-        log = pipe.router_log()
-    assert len(settled) == len(every), log[-3000:]
-    assert Counter(record.key().decode() for record in records) == Counter(every), \
-        "every committed row exactly once: 0 lost, 0 duplicates"
+        _assert_each_once(pipe, every)
 
 
 def test_with_when_needed_the_resumed_connector_snapshots_the_gap_back(
@@ -108,12 +111,8 @@ def test_with_when_needed_the_resumed_connector_snapshots_the_gap_back(
         lost = _lose_the_slot_and_resume(pipe)
         after = pipe.insert(_orders(2_000_000, 50))
         every = ids + lost + after
-        records = pipe.read(pipe.orders_topic, len(every))
-        settled = pipe.read_all(pipe.orders_topic, settle_s=5)
-        log = pipe.router_log()
-    assert len(settled) == len(every), log[-3000:]
-    assert Counter(record.key().decode() for record in records) == Counter(every), \
-        "the snapshot brings the gap back; the replay filter drops the rows delivered before"
+        # The snapshot brings the gap back; the replay filter drops the rows delivered before.
+        _assert_each_once(pipe, every)
 
 
 def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_path: Path) -> None:
