@@ -19,6 +19,10 @@ EVENT_ID = "dlq.event.id"
 ATTEMPTS = "dlq.attempts"
 # Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.
 VALUE_DROPPED = "dlq.value.dropped.bytes"
+# Set by `cdc-router dlq replay` on a letter it dead-lettered again: the earlier letter,
+# dead-letter-topic[partition]@offset.
+REPLAY_OF = "dlq.replay.of"
+HEADER_PREFIX = "dlq."
 
 # librdkafka's default message.max.bytes, the producer's limit for one record.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
@@ -115,6 +119,11 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
         event_id=event_id)
     value, headers = fitted(key, value, headers, max_bytes)
     return DeadLetter(key, value, tuple(headers), stage, reason_of(error))
+
+
+def without_dead_letter_headers(headers: list[tuple[str, bytes]]) -> Headers:
+    """A dead letter's headers less the dlq.* ones: the raw input record's own headers."""
+    return [(name, value) for name, value in headers if not name.startswith(HEADER_PREFIX)]
 
 
 def dead_letter_origin(headers: list[tuple[str, bytes]]) -> dict[str, str | None]:

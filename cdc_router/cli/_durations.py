@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from cdc_router.errors import ConfigError
 
@@ -23,3 +23,21 @@ def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timed
         raise ConfigError(f"must be a {kind} number with a unit ms, s, m, h, d or w",
                           source="command line", field=option, value=text, hint="e.g. 7d")
     return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def parse_since(text: str, *, option: str, now_ms: int) -> int:
+    """`--since`: an ISO-8601 time (UTC unless it says otherwise) or a duration back from now
+    (`2h`), as epoch milliseconds."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            back = parse_duration(text, option=option, allow_zero=True)
+        except ConfigError:
+            raise ConfigError("must be an ISO-8601 time or a duration back from now",
+                              source="command line", field=option, value=text,
+                              hint="e.g. 2026-12-01T09:30:00Z or 2h") from None
+        return now_ms - back // timedelta(milliseconds=1)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

@@ -245,7 +245,20 @@ def _lifecycle_command(verb: str, summary: str) -> None:
 
 
 _lifecycle_command("pause", "Pause a connector and its tasks")
-_lifecycle_command("resume", "Resume a paused connector")
+_lifecycle_command("resume", "Resume a paused or stopped connector")
+_lifecycle_command("stop", "Stop a connector: its tasks shut down, its config stays")
+
+
+@cli.command(name="reset-offsets")
+@_NAME
+@click.option("-y", "--yes", is_flag=True, help="Do not ask first.")
+@pass_state
+def reset_offsets(state: _State, name: str, yes: bool) -> None:
+    """Forget a STOPPED connector's source offsets (after its slot was lost), then resume it."""
+    if sys.stdin.isatty() and not yes:
+        click.confirm(f"Forget the offsets of connector {name}?", abort=True)
+    state.client.reset_offsets(name)
+    click.echo(f"{name}: offsets reset")
 
 
 @cli.command()

@@ -1,19 +1,25 @@
-"""`cdc-router dlq`: what went to the dead-letter topic, and why."""
+"""`cdc-router dlq`: what went to the dead-letter topic, and why; replaying it once fixed."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import click
 
+from cdc_router.cli._durations import parse_since
 from cdc_router.cli._output import emit, output_option, table
 from cdc_router.config.load import load_config
 from cdc_router.dead_letter import dead_letter_origin
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
+from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
+from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group
+from cdc_router.router.step import Routed
 
 # Reading the dead-letter topic to its end: on a cluster that answers, seconds; past this, say
 # so rather than hang.
@@ -22,12 +28,16 @@ _READ_TIMEOUT_S = 60.0
 
 @click.group(name="dlq")
 def cli() -> None:
-    """Inspect the dead-letter topic of a router config."""
+    """Inspect the dead-letter topic of a router config, and replay it."""
+
+
+config_option = click.option(
+    "-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+    envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
 
 
 @cli.command(name="list")
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@config_option
 @click.option("-n", "--limit", default=50, show_default=True, help="At most this many, oldest "
               "first.")
 @output_option
@@ -51,3 +61,83 @@ def list_letters(config_path: Path, limit: int, output: str) -> None:
         [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],
           (r["reason"] or "")[:120]] for r in rows]) if rows
         else f"no dead letters on {config.dead_letter.topic}")
+
+
+@cli.command()
+@config_option
+@click.option("--stage", "stages", multiple=True, type=click.Choice(sorted(ROUTER_STAGES)),
+              help="Only letters that failed at this stage; repeatable.")
+@click.option("--id", "ids", multiple=True, metavar="EVENT_ID",
+              help="Only the letters of this event id; repeatable.")
+@click.option("--since", metavar="TIME", help="Only letters written at or after TIME: "
+              "ISO-8601 (UTC unless it says) or a duration back from now (2h).")
+@click.option("--dry-run", is_flag=True, help="Only show where each letter would go.")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@output_option
+def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
+           since: str | None, dry_run: bool, yes: bool, output: str) -> None:
+    """Route dead letters again with the current rules, exactly once.
+
+    Every replay reads the dead-letter topic from its beginning; ids already delivered (by
+    the router or an earlier replay) are skipped, a letter that fails again is dead-lettered
+    again with its new reason. Offsets are committed under the group <source.group_id>.dlq-replay.
+    """
+    compiled = load_config(config_path, env=os.environ)
+    selection = Selection(
+        frozenset(stages), frozenset(ids),
+        None if since is None else parse_since(since, option="--since",
+                                               now_ms=int(time.time() * 1000)))
+    replayer = DeadLetterReplay(compiled, dry_run=dry_run)
+    try:
+        plan = replayer.plan(selection)
+        todo = sum(1 for item in plan.planned if item.action in ("deliver", "dead_letter"))
+        if output == "text":
+            click.echo(_plan_text(plan, compiled.config.dead_letter.topic))
+        if dry_run or todo == 0:
+            if output == "json":
+                emit(_plan_json(plan, compiled.config, None), output, str)
+            return
+        if not yes and sys.stdin.isatty() and not click.confirm(
+                f"replay {todo} dead letters?"):
+            raise click.Abort()
+        result = replayer.apply(plan)
+    finally:
+        replayer.close()
+    if output == "json":
+        emit(_plan_json(plan, compiled.config, result.committed), output, str)
+    else:
+        click.echo("committed: " + _counts(result.committed)
+                   + f" (group {replay_group(compiled.config)})")
+
+
+def _destination(item: Planned) -> str:
+    if isinstance(item.result, Routed):
+        record = item.result.record
+        key = (record.key or b"").decode(errors="replace")
+        return f"{record.topic}[{record.partition}] key={key}"
+    return item.note
+
+
+def _plan_rows(plan: ReplayPlan) -> list[dict[str, Any]]:
+    return [{"partition": item.letter.partition, "offset": item.letter.offset,
+             "event_id": item.letter.event_id, "stage": item.letter.stage,
+             "action": item.action, "to": _destination(item)} for item in plan.planned]
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{count} {action}" for action, count in sorted(counts.items())) or "none"
+
+
+def _plan_text(plan: ReplayPlan, topic: str) -> str:
+    if not plan.planned:
+        return f"no dead letters selected ({plan.read} on {topic})"
+    rows = [[f"{row['partition']}@{row['offset']}", row["event_id"] or "-", row["stage"],
+             row["action"], row["to"][:120]] for row in _plan_rows(plan)]
+    return (table(["letter", "event id", "stage", "action", "to / why"], rows)
+            + f"\n{len(plan.planned)} of {plan.read} letters selected: {_counts(plan.counts())}")
+
+
+def _plan_json(plan: ReplayPlan, config: Any, committed: dict[str, int] | None
+               ) -> dict[str, Any]:
+    return {"group": replay_group(config), "read": plan.read, "letters": _plan_rows(plan),
+            "planned": plan.counts(), "committed": committed}

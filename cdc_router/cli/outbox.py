@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 import psycopg
 
-from cdc_router.cli._durations import parse_duration
+from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._output import emit, output_option
+from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
@@ -34,7 +38,10 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
+from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
 from cdc_router.postgres import one_line
+from cdc_router.router.republish import check_republish, raw_topic
+from cdc_router.router.republish import republish as republish_events
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
@@ -202,3 +209,59 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
         conn.autocommit = True
         deleted = purge_rows(conn, schema, older_than_ms, batch_size)
     click.echo(f"deleted {deleted} rows")
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN",
+              help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: cleanup.dsn, "
+                   "else the local stack].")
+@click.option("--since", metavar="TIME", help="Rows created at or after TIME: ISO-8601 (UTC "
+              "unless it says) or a duration back from now (2h).")
+@click.option("--ids", "id_lists", multiple=True, metavar="ID[,ID...]",
+              help="Only these event ids; repeatable.")
+@click.option("--topic", help="The raw change topic [default: the config's source topic].")
+@click.option("--dry-run", is_flag=True, help="Only count the rows.")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: tuple[str, ...],
+              topic: str | None, dry_run: bool, yes: bool) -> None:
+    """Re-emit outbox rows onto the raw topic, after a lost slot or a connector reset.
+
+    The rows become change events shaped like Debezium's; the running router routes them and
+    drops those it already delivered (its replay filter), so each event arrives once.
+    """
+    if (since is None) == (not id_lists):
+        raise ConfigError("give --since or --ids (one of them)", field="--since/--ids")
+    config = load_config(config_path, env=os.environ).config
+    check_republish(config)
+    target = raw_topic(config, topic)
+    now_ms = int(time.time() * 1000)
+    selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
+        if since is not None else RowSelection(ids=tuple(
+            part.strip() for item in id_lists for part in item.split(",") if part.strip()))
+    schema = OutboxSchema(config.cleanup.table, config.source.outbox)
+    with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
+        count, oldest = count_rows(conn, schema, selection)
+        conn.commit()
+        click.echo(f"{count} rows of {schema.table} to republish onto {target}")
+        _warn_beyond_window(oldest, now_ms, config.dedup.window_ms)
+        if dry_run or count == 0:
+            return
+        if not yes and sys.stdin.isatty() and not click.confirm("republish them?"):
+            raise click.Abort()
+        events = (change_event(row, schema, binary_handling=config.source.binary_handling,
+                               ts_ms=now_ms) for row in outbox_rows(conn, schema, selection))
+        done = republish_events(config, target, events)
+    click.echo(f"republished {done} change events onto {target}; the router drops those it "
+               "already delivered")
+
+
+def _warn_beyond_window(oldest: datetime | None, now_ms: int, window_ms: int) -> None:
+    if oldest is None:
+        return
+    oldest_ms = int(oldest.replace(tzinfo=UTC).timestamp() * 1000)
+    if now_ms - oldest_ms > window_ms:
+        click.echo(f"warning: rows created before {oldest.isoformat()}Z are older than "
+                   "dedup.window_ms: an event delivered longer ago than that is forgotten by "
+                   "the replay filter and would be delivered again", err=True)

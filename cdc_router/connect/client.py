@@ -183,15 +183,12 @@ class ConnectClient:
         self._request("PUT", _path(name, "resume"), connector=name)
 
     def stop(self, name: str) -> None:
-        """Stop the connector and its tasks (state STOPPED, no tasks); `resume` starts it."""
+        """Shut the connector's tasks down, keeping its config (KIP-875, Kafka 3.5+)."""
         self._request("PUT", _path(name, "stop"), connector=name)
 
     def reset_offsets(self, name: str) -> None:
-        """Forget the connector's source offsets (KIP-875); Connect requires it STOPPED.
-
-        Deleting a connector leaves its offsets behind, and a later connector of the same
-        name would resume from them.
-        """
+        """Forget the source offsets of a STOPPED connector (KIP-875, Kafka 3.6+): Debezium
+        then starts as new, per its snapshot.mode."""
         self._request("DELETE", _path(name, "offsets"), connector=name)
 
     def delete(self, name: str) -> None:

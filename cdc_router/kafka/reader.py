@@ -190,6 +190,12 @@ class TopicReader:
             self._consumer.close()
             self._consumer = None
 
+    @property
+    def consumer(self) -> Consumer:
+        """The consumer, built and assigned on first use: its group metadata names the reader's
+        group (`dlq replay` commits offsets under it in a transaction)."""
+        return self._assigned()
+
     def _assigned(self) -> Consumer:
         if self._consumer is None:
             consumer = Consumer(self._config)

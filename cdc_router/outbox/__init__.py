@@ -5,6 +5,7 @@
     setup   the idempotent DDL: table, heartbeat table, insert-only publication, replication role
     writer  write_event(): one outbox row in the application's own transaction
     tools   stats and purge, for operators
+    republish  rows as Debezium's change events, for `outbox republish` after a lost slot
 
 Applications import from here: `from cdc_router.outbox import write_event`.
 """

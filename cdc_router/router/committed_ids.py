@@ -10,6 +10,8 @@ not yet deleted are deleted all the same. Two kinds of marks are not proof:
   header, written in the same transaction as the mark. A chunk of marks is released only once
   the dead-letter topic has been read past its log end as of after the chunk was read: every
   dead letter of those transactions lies below that end, so it has been seen.
+  A mark written by `cdc-router dlq replay` (key `replayed:`) is proof all the same: the
+  replay delivered that dead letter, so its row goes too.
 
 Only for `delivery.guarantee: exactly_once`: in at_least_once the marks are not written in a
 transaction with their records, so a mark does not prove a delivery.
@@ -32,7 +34,7 @@ from cdc_router.kafka.reader import (
     log_end_offsets,
     reached,
 )
-from cdc_router.router.replay import parse_changelog
+from cdc_router.router.replay import REPLAYED_KEY_PREFIX, parse_changelog
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
 # retention.ms is the window): a mark and its dead letter carry about the same time.
@@ -61,9 +63,10 @@ class CommittedIds:
         self._admin = AdminConnection(self._client_config)
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
         # Marks read from the changelog but not handed out yet: a record holds a batch's ids.
-        self._unread: list[tuple[str, int]] = []
+        # The flag: written by a dlq replay, so a delivery even though the id was dead.
+        self._unread: list[tuple[str, int, bool]] = []
         # Marks read but not released yet, and the dead-letter log ends to read past first.
-        self._held: tuple[list[tuple[str, int]], dict[int, int]] | None = None
+        self._held: tuple[list[tuple[str, int, bool]], dict[int, int]] | None = None
 
     def next(self, max_ids: int) -> list[tuple[str, int]]:
         """Up to `max_ids` more (event id, delivered ms) in changelog order; [] if none is ready.
@@ -81,7 +84,8 @@ class CommittedIds:
         if not self._dead_letters_reached(ends):
             return []
         self._held = None
-        return [(event_id, ms) for event_id, ms in marks if event_id not in self._dead]
+        return [(event_id, ms) for event_id, ms, replayed in marks
+                if replayed or event_id not in self._dead]
 
     def close(self) -> None:
         for consumer in (self._changelog, self._dead_letters):
@@ -89,13 +93,17 @@ class CommittedIds:
                 consumer.close()
         self._changelog = self._dead_letters = None
 
-    def _read_marks(self, max_ids: int) -> list[tuple[str, int]]:
+    def _read_marks(self, max_ids: int) -> list[tuple[str, int, bool]]:
         if self._changelog is None:
             self._changelog = self._consumer(self._changelog_topic, "dedup changelog")
         if not self._unread:
+            replayed = REPLAYED_KEY_PREFIX.encode()
             for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
                 if not message.error():
-                    self._unread += parse_changelog(message.key(), message.value())
+                    key = message.key()
+                    by_replay = key is not None and key.startswith(replayed)
+                    self._unread += [(event_id, ms, by_replay) for event_id, ms
+                                     in parse_changelog(key, message.value())]
         marks, self._unread = self._unread[:max_ids], self._unread[max_ids:]
         return marks
 

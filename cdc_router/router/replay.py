@@ -35,6 +35,9 @@ log = logging.getLogger("cdc_router.router")
 # default), large enough that a batch of commit_max_records (1000) uuids takes one record.
 MARK_MAX_BYTES = 64_000
 BATCH_KEY_PREFIX = "batch:"
+# Marks written by `cdc-router dlq replay` for the dead letters it delivered: read like any
+# batch, and told apart from the marks of dead-lettered ids (router/dlq_letters.py).
+REPLAYED_KEY_PREFIX = "replayed:"
 
 
 @dataclass(frozen=True)
@@ -45,18 +48,19 @@ class ChangelogRecord:
     value: bytes
 
 
-def changelog_records(event_ids: Sequence[str], delivered_ms: int) -> list[ChangelogRecord]:
+def changelog_records(event_ids: Sequence[str], delivered_ms: int,
+                      key_prefix: str = BATCH_KEY_PREFIX) -> list[ChangelogRecord]:
     """The records that mark `event_ids` delivered: one, or halves until each fits
-    MARK_MAX_BYTES (a single id is never split)."""
+    MARK_MAX_BYTES (a single id is never split); keys are `key_prefix` and the first id."""
     if not event_ids:
         return []
     # ensure_ascii: any id is writable, and the value is plain ASCII.
     value = json.dumps({"ts": delivered_ms, "ids": list(event_ids)}, separators=(",", ":"))
     if len(value) > MARK_MAX_BYTES and len(event_ids) > 1:
         half = len(event_ids) // 2
-        return [*changelog_records(event_ids[:half], delivered_ms),
-                *changelog_records(event_ids[half:], delivered_ms)]
-    key = f"{BATCH_KEY_PREFIX}{event_ids[0]}".encode("utf-8", "surrogatepass")
+        return [*changelog_records(event_ids[:half], delivered_ms, key_prefix),
+                *changelog_records(event_ids[half:], delivered_ms, key_prefix)]
+    key = f"{key_prefix}{event_ids[0]}".encode("utf-8", "surrogatepass")
     return [ChangelogRecord(key, value.encode())]
 
 

@@ -29,7 +29,7 @@ from cdc_router.kafka.commit_stamp import commit_metadata
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.router.clients import Timeouts
-from cdc_router.router.replay import changelog_records
+from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.values import quick_init
 
@@ -67,12 +67,16 @@ class Transaction:
     def __init__(self, producer: LatchingProducer, consumer: Any, *,
                  delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
                  sleep: Callable[[float], object] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 mark_key_prefix: str = BATCH_KEY_PREFIX) -> None:
+        """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
+        `mark_key_prefix` keys the changelog marks (router/replay.py)."""
         self._producer = producer
         self._consumer = consumer
         self._delivery = delivery
         self._exactly_once = delivery.guarantee == "exactly_once"
         self._changelog_topic = changelog_topic
+        self._mark_key_prefix = mark_key_prefix
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep = sleep
@@ -181,8 +185,9 @@ class Transaction:
         if self._exactly_once:
             # 2. Add the consumed offsets to the transaction with the group's metadata
             #    (KIP-447): a zombie of an older generation cannot commit them.
-            self._call(lambda: producer.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), wait_s), "offsets")
+            if offsets:
+                self._call(lambda: producer.send_offsets_to_transaction(
+                    offsets, consumer.consumer_group_metadata(), wait_s), "offsets")
             # 3. Commit: records, dead letters, changelog marks and offsets become visible
             #    together, or (on any failure) none of them.
             self._call(lambda: producer.commit_transaction(wait_s), "commit")
@@ -192,7 +197,9 @@ class Transaction:
             # 3. Deliver the marks.
             self._flush()
             # 4. Commit the offsets: every record and mark of the batch is durable.
-            self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False), "offsets")
+            if offsets:
+                self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False),
+                           "offsets")
         delivered = self._batch.delivered
         self._reset()
         return delivered
@@ -226,7 +233,8 @@ class Transaction:
     def _send_marks(self) -> None:
         if self._changelog_topic is None:
             return
-        for mark in changelog_records(self._batch.marks, self._batch.marked_ms):
+        for mark in changelog_records(self._batch.marks, self._batch.marked_ms,
+                                      self._mark_key_prefix):
             self._send(self._changelog_topic, mark.key, mark.value, [])
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,

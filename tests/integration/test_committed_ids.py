@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.dead_letter import EVENT_ID
 from cdc_router.router.committed_ids import CommittedIds
-from cdc_router.router.replay import changelog_records
+from cdc_router.router.replay import REPLAYED_KEY_PREFIX, changelog_records
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,8 @@ def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
 
 
 def _transaction(producer: Producer, changelog: str, dead_letters: str, delivered: list[str],
-                 dead: list[str], *, commit: bool, legacy: bool = False) -> None:
+                 dead: list[str], *, commit: bool, legacy: bool = False,
+                 replayed: list[str] | None = None) -> None:
     producer.begin_transaction()
     for event_id in dead:  # as the router does: the dead letter, then its mark
         producer.produce(dead_letters, key=b"raw", value=b"poison",
@@ -42,6 +43,8 @@ def _transaction(producer: Producer, changelog: str, dead_letters: str, delivere
             producer.produce(changelog, key=event_id.encode(), value=b'{"ts": %d}' % now_ms)
     for mark in [] if legacy else changelog_records(delivered + dead, now_ms):
         producer.produce(changelog, key=mark.key, value=mark.value)
+    for mark in changelog_records(replayed or [], now_ms, REPLAYED_KEY_PREFIX):
+        producer.produce(changelog, key=mark.key, value=mark.value)  # as `dlq replay` does
     producer.flush(30)
     if commit:
         producer.commit_transaction(30)
@@ -87,7 +90,12 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
         first = _all(source)
         _transaction(committed, changelog, dead_letters, ["g"], ["dead-3"], commit=True)
         later = _all(source)
+        # `dlq replay` delivered dead-1: its replayed: mark is proof, though dead-1 is dead.
+        _transaction(committed, changelog, dead_letters, [], [], commit=True,
+                     replayed=["dead-1"])
+        replayed = _all(source)
     finally:
         source.close()
     assert sorted(first) == ["a", "b", "c", "d", "d2", "e", "f"]
     assert later == ["g"]
+    assert replayed == ["dead-1"]

@@ -148,7 +148,7 @@ def test_restart_passes_the_task_options(tasks: dict[str, bool], query: str) -> 
     assert seen == [("POST", "/connectors/c/restart", query)]
 
 
-def test_pause_resume_stop_reset_delete_use_their_endpoints() -> None:
+def test_pause_resume_stop_reset_offsets_delete_use_their_endpoints() -> None:
     seen = []
 
     def answer(request: httpx.Request) -> httpx.Response:

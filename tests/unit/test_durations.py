@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from cdc_router.cli._durations import parse_duration
+from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.errors import ConfigError
 
 
@@ -30,3 +30,13 @@ def test_bad_durations_name_the_option_and_value(text: str) -> None:
     with pytest.raises(ConfigError, match="--older-than") as caught:
         parse_duration(text, option="--older-than", allow_zero=True)
     assert repr(text) in str(caught.value)
+
+
+def test_since_takes_an_iso_time_utc_unless_it_says_or_a_duration_back_from_now() -> None:
+    now_ms = 1_800_000_000_000
+    assert parse_since("2h", option="--since", now_ms=now_ms) == now_ms - 7_200_000
+    assert parse_since("2027-01-15T08:00:00", option="--since", now_ms=now_ms) == \
+        parse_since("2027-01-15T09:00:00+01:00", option="--since", now_ms=now_ms) == \
+        1_800_000_000_000
+    with pytest.raises(ConfigError, match="ISO-8601 time or a duration"):
+        parse_since("yesterday", option="--since", now_ms=now_ms)

@@ -146,3 +146,19 @@ def test_at_least_once_marks_go_after_every_record_is_acked_and_offsets_last() -
                                f"acked {CHANGELOG}", "commit_offsets"]
     assert cluster.group_offsets == {(RAW, 0): 2}
     assert committed_ms(cluster.offset_metadata[(RAW, 0)]) is not None
+
+
+def test_marks_take_the_key_prefix_given_and_a_batch_without_offsets_sends_none() -> None:
+    cluster = FakeCluster()
+    producer = LatchingProducer({"bootstrap.servers": "x", "transactional.id": "t-1"},
+                                lambda conf: FakeProducer(cluster, conf))
+    txn = Transaction(producer, None, delivery=DeliverySettings(), changelog_topic=CHANGELOG,
+                      bootstrap="x", mark_key_prefix="replayed:")
+    txn.init()
+    txn.begin()
+    txn.produce(record("e-0"), (RAW, 0, 0))
+    txn.mark("e-0", 1000)
+    txn.commit()
+    assert [s.key for s in cluster.committed(CHANGELOG)] == [b"replayed:e-0"]
+    assert cluster.group_offsets == {}
+    assert "send_offsets" not in cluster.journal

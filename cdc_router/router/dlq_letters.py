@@ -1,0 +1,202 @@
+"""Dead letters read back for `cdc-router dlq replay`: which to replay, which ids are already
+delivered, and what the routing step makes of each. Values in, values out; the clients are in
+router/dlq_replay.py.
+
+A router dead letter holds the raw change record unchanged (key, value, its own headers) plus
+the dlq.* headers, so the replay hands that key and value to the same RecordStep the router
+uses, with the same replay filter in front of it.
+
+Delivered ids. The router marks in the dedup changelog every id it delivers and also every id
+it dead-letters (so that a replay of it by Debezium is not dead-lettered twice): a mark alone
+does not say "delivered". An id counts as delivered when
+- a replay delivered it: the key of its mark starts with REPLAYED_KEY_PREFIX, or
+- it has more marks than the router wrote dead letters for it (those without dlq.replay.of):
+  the others are deliveries (the router delivered it after its replay filter forgot it).
+A letter the replay dead-letters again gets no mark: the router's mark of the first letter
+already drops Debezium's replays of that id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from cdc_router.dead_letter import (
+    ATTEMPTS,
+    ERROR_MESSAGE,
+    EVENT_ID,
+    REPLAY_OF,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    STAGE,
+    VALUE_DROPPED,
+    DeadLetter,
+    dead_letter,
+    without_dead_letter_headers,
+)
+from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter, parse_changelog
+from cdc_router.router.step import DeadLettered, Duplicate, Routed, Skipped, StepResult
+
+ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
+
+Action = Literal["deliver", "dead_letter", "already_delivered", "repeated", "skip",
+                 "not_replayable"]
+
+
+@dataclass(frozen=True)
+class Letter:
+    """One record of the dead-letter topic, its dlq.* headers read."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]  # the raw record's own, without dlq.*
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    stage: str
+    event_id: str | None
+    reason: str
+    value_dropped: bool
+    replay_of: str | None
+    from_router: bool  # False: the idempotent consumer's, or not a dead letter at all
+
+
+def read_letter(partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                value: bytes | None, headers: list[tuple[str, bytes]]) -> Letter:
+    """A consumed dead-letter record as a Letter (a record without dlq.* headers is one too,
+    with from_router False)."""
+    named = {name: raw.decode(errors="replace") for name, raw in headers}
+    stage = named.get(STAGE, "")
+    source_topic = named.get(SOURCE_TOPIC, "")
+    return Letter(
+        partition=partition, offset=offset, timestamp_ms=timestamp_ms, key=key, value=value,
+        headers=tuple(without_dead_letter_headers(headers)),
+        source_topic=source_topic,
+        source_partition=_int(named.get(SOURCE_PARTITION)),
+        source_offset=_int(named.get(SOURCE_OFFSET)),
+        stage=stage, event_id=named.get(EVENT_ID) or None,
+        reason=named.get(ERROR_MESSAGE, ""),
+        value_dropped=VALUE_DROPPED in named,
+        replay_of=named.get(REPLAY_OF),
+        from_router=stage in ROUTER_STAGES and bool(source_topic) and ATTEMPTS not in named)
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or "")
+    except ValueError:
+        return -1
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which letters to replay: every filter given must hold; none given selects all."""
+
+    stages: frozenset[str] = frozenset()
+    ids: frozenset[str] = frozenset()
+    since_ms: int | None = None
+
+    def selects(self, letter: Letter) -> bool:
+        return ((not self.stages or letter.stage in self.stages)
+                and (not self.ids or letter.event_id in self.ids)
+                and (self.since_ms is None or letter.timestamp_ms >= self.since_ms))
+
+
+def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
+                  letters: Iterable[Letter]) -> dict[str, int]:
+    """Event id -> delivered ms of every id delivered, from the changelog's records and every
+    letter of the dead-letter topic (see the module doc)."""
+    counts: Counter[str] = Counter()
+    latest: dict[str, int] = {}
+    replayed: set[str] = set()
+    prefix = REPLAYED_KEY_PREFIX.encode()
+    for key, value in marks:
+        by_replay = key is not None and key.startswith(prefix)
+        for event_id, delivered_ms in parse_changelog(key, value):
+            counts[event_id] += 1
+            latest[event_id] = max(latest.get(event_id, delivered_ms), delivered_ms)
+            if by_replay:
+                replayed.add(event_id)
+    dead = Counter(letter.event_id for letter in letters
+                   if letter.event_id and letter.from_router and letter.replay_of is None)
+    return {event_id: latest[event_id] for event_id, count in counts.items()
+            if event_id in replayed or count > dead[event_id]}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the replay does with one selected letter."""
+
+    letter: Letter
+    action: Action
+    result: StepResult | None = None
+    note: str = ""
+
+
+Step = Callable[[str, bytes | None, bytes | None], StepResult]
+
+
+def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
+                delivered: Iterable[str]) -> list[Planned]:
+    """Each letter through `step` (whose replay check is `seen`), in the order given.
+
+    An id delivered in this replay is pending in `seen`, so a second letter of it is
+    `repeated`, not delivered twice.
+    """
+    before = set(delivered)
+    planned = []
+    for letter in letters:
+        if not letter.from_router:
+            planned.append(Planned(letter, "not_replayable",
+                                   note="not a router dead letter (no dlq.stage of the router)"))
+            continue
+        if letter.value_dropped:
+            planned.append(Planned(letter, "not_replayable", note=(
+                "its value was left out (dlq.value.dropped.bytes); the raw record is at "
+                f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")))
+            continue
+        result = step(letter.source_topic, letter.key, letter.value)
+        planned.append(_planned(letter, result, before))
+        handled = _event_id(result)
+        if handled is not None and not isinstance(result, Duplicate):
+            seen.add_pending(handled, 0)
+    return planned
+
+
+def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:
+    if isinstance(result, Routed):
+        return Planned(letter, "deliver", result)
+    if isinstance(result, DeadLettered):
+        return Planned(letter, "dead_letter", result, note=str(result.error))
+    if isinstance(result, Duplicate):
+        if result.event_id in before:
+            return Planned(letter, "already_delivered", result)
+        return Planned(letter, "repeated", result, note="an earlier letter of this replay")
+    return Planned(letter, "skip", result, note=f"{result.reason} {result.detail}".strip())
+
+
+def _event_id(result: StepResult) -> str | None:
+    if isinstance(result, Routed):
+        return result.record.event_id
+    if isinstance(result, DeadLettered | Duplicate):
+        return result.event_id
+    assert isinstance(result, Skipped)
+    return None
+
+
+def dead_letter_again(letter: Letter, result: DeadLettered, *, dead_letter_topic: str,
+                      max_bytes: int | None) -> DeadLetter:
+    """The new dead letter of a letter that failed again: the same raw record and source
+    coordinates, the new stage and reason, and dlq.replay.of naming the earlier letter."""
+    earlier = f"{dead_letter_topic}[{letter.partition}]@{letter.offset}".encode()
+    return dead_letter(topic=letter.source_topic, partition=letter.source_partition,
+                       offset=letter.source_offset, key=letter.key, value=letter.value,
+                       original_headers=[*letter.headers, (REPLAY_OF, earlier)],
+                       stage=result.stage, error=result.error, event_id=result.event_id,
+                       max_bytes=max_bytes)

@@ -1,0 +1,208 @@
+"""`cdc-router dlq replay`: dead letters back through the routing step, exactly once.
+
+The procedure:
+1. Register the transactional id `<delivery.transactional_id>-dlq-replay` (init_transactions):
+   a replay still running elsewhere is fenced, and its open transaction ends first.
+2. Read the dedup changelog to its log end (open transactions waited for) and the whole
+   dead-letter topic to its last stable offset, from the beginning, with the consumer group
+   `<source.group_id>.dlq-replay` (its partitions are assigned, the group is never joined).
+3. Work out the ids already delivered (router/dlq_letters.py) and plan each selected letter with
+   the router's RecordStep and replay filter: deliver, dead-letter again, skip.
+4. Apply in the router's Transaction: destination records, the new dead letters, the
+   `replayed:` changelog marks and the dead-letter group's offsets commit together, by
+   delivery.commit_max_records / commit_interval_ms; the last transaction moves the group's
+   offsets to the end read in 2.
+
+Every replay reads the topic from its beginning, so letters left out by --stage, --id or
+--since are never consumed-and-lost; the group's offsets only say how far the last replay
+read. A second replay of the same letters finds their `replayed:` marks and skips them. A
+crash or a failed batch leaves every committed batch delivered and marked: run it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Producer
+
+from cdc_router.config.compiled import CompiledConfig
+from cdc_router.config.model import RouterConfig
+from cdc_router.dead_letter import DeadLetter
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
+from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.router import clients
+from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.dlq_letters import (
+    Letter,
+    Planned,
+    Selection,
+    dead_letter_again,
+    delivered_ids,
+    plan_replay,
+    read_letter,
+)
+from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
+from cdc_router.router.step import DeadLettered, RecordStep, Routed
+from cdc_router.router.transaction import Transaction
+
+log = logging.getLogger("cdc_router.router")
+
+INSTANCE = "dlq-replay"
+# Reading the dead-letter topic to its end: seconds on a cluster that answers.
+_READ_TIMEOUT_S = 300.0
+
+
+def replay_group(config: RouterConfig) -> str:
+    """The consumer group whose offsets the replay commits."""
+    return f"{config.source.group_id}.dlq-replay"
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The selected letters and what happens to each; `read` letters were read in all."""
+
+    planned: list[Planned]
+    read: int
+    ends: dict[int, int]  # dead-letter partition -> the offset after the last letter read
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(item.action for item in self.planned))
+
+
+@dataclass
+class ReplayResult:
+    committed: dict[str, int] = field(default_factory=dict)  # action -> letters committed
+
+
+def _check(config: RouterConfig) -> None:
+    if config.delivery.guarantee != "exactly_once" or not config.dedup.enabled:
+        raise ConfigError("dlq replay needs delivery.guarantee exactly_once and dedup "
+                          "enabled: only committed changelog marks tell which ids were "
+                          "delivered", field="delivery.guarantee / dedup.enabled")
+
+
+class DeadLetterReplay:
+    """Plans, then applies, one replay; see the module doc. Clients are built lazily."""
+
+    def __init__(self, compiled: CompiledConfig, *, dry_run: bool,
+                 producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+                 changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
+                 reader_factory: Callable[..., Any] = TopicReader) -> None:
+        config = self._config = compiled.config
+        _check(config)
+        self._dry_run = dry_run
+        common = clients.common_config(config)
+        # A dry run only looks up partition counts: a plain producer, never transactional.
+        self._producer = LatchingProducer(
+            common if dry_run else clients.producer_config(config, INSTANCE), producer_factory)
+        self._changelog = changelog_factory(common, config.dedup.changelog_topic)
+        self._letters = reader_factory(common, config.dead_letter.topic,
+                                       group_id=replay_group(config), what="dead-letter")
+        self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
+                                    max_ids=config.dedup.max_ids)
+        destinations = DestinationMetadata(self._producer.partitions_for)
+        self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen)
+        self._max_bytes = clients.dead_letter_limit(config)
+        self._txn: Transaction | None = None
+
+    def plan(self, selection: Selection) -> ReplayPlan:
+        """Steps 1 to 3 of the module doc; nothing is produced."""
+        self._step.preflight()
+        if not self._dry_run:
+            txn = self._txn = Transaction(
+                self._producer, self._letters.consumer, delivery=self._config.delivery,
+                changelog_topic=self._config.dedup.changelog_topic,
+                bootstrap=self._config.kafka.bootstrap_servers,
+                mark_key_prefix=REPLAYED_KEY_PREFIX)
+            try:
+                txn.init()
+            except BatchFailed as failure:
+                raise DeliveryError(str(failure)) from failure
+        marks = list(self._changelog.catch_up(timeout_s=_READ_TIMEOUT_S))
+        letters, ends = self._read_letters()
+        delivered = delivered_ids(marks, letters)
+        self._filter.restore(delivered.items(), int(time.time() * 1000))
+        selected = [letter for letter in letters if selection.selects(letter)]
+        planned = plan_replay(selected, self._step, self._filter, delivered)
+        return ReplayPlan(planned, len(letters), ends)
+
+    def apply(self, plan: ReplayPlan) -> ReplayResult:
+        """Step 4: deliver and dead-letter again, with marks and offsets, in transactions.
+
+        Raises DeliveryError when a batch fails (it is aborted; the batches before it stay
+        committed), FatalKafkaError when another replay fenced this one.
+        """
+        assert self._txn is not None, "plan() first, and not a dry run"
+        txn, result, batch = self._txn, ReplayResult(), Counter[str]()
+        topic = self._config.dead_letter.topic
+        try:
+            for item in plan.planned:
+                if item.action in ("deliver", "dead_letter"):
+                    txn.begin()
+                    txn.consumed(topic, item.letter.partition, item.letter.offset)
+                    batch[self._apply_one(txn, item)] += 1
+                if txn.due():
+                    txn.commit()
+                    result.committed = dict(Counter(result.committed) + batch)
+                    batch.clear()
+            for partition, end in plan.ends.items():
+                txn.begin()
+                txn.consumed(topic, partition, end - 1)
+            if txn.open:
+                txn.commit()
+                result.committed = dict(Counter(result.committed) + batch)
+        except BatchFailed as failure:
+            txn.discard()
+            done = sum(result.committed.values())
+            raise DeliveryError(f"dlq replay stopped: {failure}; {done} letters were committed "
+                                "before; run it again (what was delivered is skipped)"
+                                ) from failure
+        return result
+
+    def _apply_one(self, txn: Transaction, item: Planned) -> str:
+        letter, step = item.letter, item.result
+        topic = self._config.dead_letter.topic
+        if isinstance(step, Routed):
+            source = (topic, letter.partition, letter.offset)
+            try:
+                txn.produce(step.record, source)
+            except RecordRefused as refusal:
+                reason = f"Kafka refused the record for {step.record.topic}: {refusal}"
+                step_failed = DeadLettered("produce", DeliveryError(reason),
+                                           step.record.event_id, step.event)
+                txn.dead_letter(topic, self._again(letter, step_failed))
+                return "dead_letter"
+            txn.mark(step.record.event_id, int(time.time() * 1000))
+            return "deliver"
+        assert isinstance(step, DeadLettered)
+        txn.dead_letter(topic, self._again(letter, step))
+        log.warning("event=dead_letter_again id=%s stage=%s reason=%r", step.event_id,
+                    step.stage, str(step.error))
+        return "dead_letter"
+
+    def _again(self, letter: Letter, failed: DeadLettered) -> DeadLetter:
+        return dead_letter_again(letter, failed, dead_letter_topic=self._config.dead_letter.topic,
+                                 max_bytes=self._max_bytes)
+
+    def _read_letters(self) -> tuple[list[Letter], dict[int, int]]:
+        letters: list[Letter] = []
+        ends: dict[int, int] = {}
+        for message in self._letters.read_to_end(end="stable", timeout_s=_READ_TIMEOUT_S):
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None
+            letters.append(read_letter(partition, offset, message.timestamp()[1], message.key(),
+                                       message.value(), record_headers(message)))
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        return letters, ends
+
+    def close(self) -> None:
+        self._letters.close()
+        self._changelog.close()
+

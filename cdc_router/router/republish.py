@@ -1,0 +1,89 @@
+"""`cdc-router outbox republish`: outbox rows back onto the raw topic, for the router to route.
+
+Why through the raw topic and not straight to the destinations: the running router is then the
+only one that delivers, and its replay filter (restored from the dedup changelog) is the one
+place that decides what was delivered; a republish racing the router on the same ids cannot
+deliver one twice. The change events (cdc_router/outbox/republish.py) are produced in the
+router's Transaction, under the transactional id `<delivery.transactional_id>-outbox-republish`,
+by delivery.commit_max_records / commit_interval_ms, so the router (read_committed) sees whole
+batches. Each lands on the raw partition Kafka Connect's producer gives Debezium's record of
+the same row (murmur2 of the key), so one router instance sees both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import Producer
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.outbox.republish import ChangeEvent
+from cdc_router.router import clients
+from cdc_router.router.destinations import LOOKUP_TIMEOUT_S
+from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.routing import OutboundRecord
+from cdc_router.router.transaction import Transaction
+
+INSTANCE = "outbox-republish"
+
+
+def raw_topic(config: RouterConfig, topic: str | None) -> str:
+    """The raw change topic to republish onto: `topic`, or the config's one source topic."""
+    if topic:
+        return topic
+    topics = config.source.topics
+    if len(topics) == 1 and not topics[0].startswith("^"):
+        return topics[0]
+    raise ConfigError("the config reads several raw topics (or a pattern): name the outbox's",
+                      field="--topic", value=topics)
+
+
+def check_republish(config: RouterConfig) -> None:
+    """ConfigError unless the router drops what it already delivered."""
+    if not config.dedup.enabled:
+        raise ConfigError("republish needs dedup enabled: without the replay filter the "
+                          "router would deliver every republished row again",
+                          field="dedup.enabled", value=False)
+
+
+def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *,
+              producer_factory: Callable[[dict[str, Any]], Any] = Producer) -> int:
+    """Produce `events` onto `topic` in transactions; how many were committed.
+
+    Raises DeliveryError when the topic is missing or a batch fails (the batches before it
+    stay committed: running it again is safe).
+    """
+    check_republish(config)
+    producer = LatchingProducer(clients.producer_config(config, INSTANCE), producer_factory)
+    partitions = producer.partitions_for(topic, LOOKUP_TIMEOUT_S)
+    if partitions is None:
+        raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
+                            "--topic")
+    txn = Transaction(producer, None, delivery=config.delivery, changelog_topic=None,
+                      bootstrap=config.kafka.bootstrap_servers)
+    committed = pending = 0
+    try:
+        txn.init()
+        for event in events:
+            txn.begin()
+            txn.produce(OutboundRecord(
+                topic=topic, key=event.key, value=event.value,
+                partition=java_default_partition(event.key, partitions), headers=(),
+                timestamp_ms=None, event_id=event.event_id, route_index=-1, format="json"),
+                (topic, -1, -1))
+            pending += 1
+            if txn.due():
+                txn.commit()
+                committed, pending = committed + pending, 0
+        if txn.open:
+            txn.commit()
+            committed += pending
+    except BatchFailed as failure:
+        txn.discard()
+        raise DeliveryError(f"republish stopped after {committed} committed events: {failure}; "
+                            "run it again (the router drops what it already delivered)"
+                            ) from failure
+    return committed

@@ -1,0 +1,104 @@
+"""`cdc-router dlq replay` on the real stack: rules fixed, letters replayed exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+from cdc_router.dead_letter import REPLAY_OF
+from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.support import StackEndpoints, unique
+
+pytestmark = pytest.mark.integration
+
+
+def _replay(config: Path, *extra: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "replay", "-c",
+                           str(config), "-o", "json", *extra], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _with_routes(pipe: Pipeline, path: Path, routes: list[dict[str, Any]]) -> Path:
+    config = yaml.safe_load(pipe.config_path.read_text())
+    config["routes"] = routes
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _committed(pipe: Pipeline, group: str) -> int:
+    consumer = Consumer({"bootstrap.servers": pipe.stack.bootstrap_servers, "group.id": group})
+    try:
+        [found] = consumer.committed([TopicPartition(pipe.dlq_topic, 0)], timeout=30)
+        return int(found.offset)
+    finally:
+        consumer.close()
+
+
+def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        orders_only = [{"match": {"aggregate_type": "Order*"}, "topic": pipe.orders_topic}]
+        _with_routes(pipe, pipe.config_path, orders_only)
+        pipe.start_router(wait=True)
+        rows = ([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(20)]
+                + [("Customer", f"c-{i}", "CustomerCreated", {"i": i}) for i in range(10)]
+                + [("Bad", f"b-{i}", "Broken", {"i": i}) for i in range(3)])
+        ids = pipe.insert(rows)
+        customer_ids = ids[20:30]
+        assert len(pipe.read(pipe.orders_topic, 20)) == 20
+        letters = pipe.read(pipe.dlq_topic, 13)
+        assert len(letters) == 13, pipe.router_log()[-3000:]
+        # The rules fixed: Customer events now have a route; Bad ones still have none.
+        fixed = _with_routes(pipe, tmp_path / "fixed.yaml", [
+            *orders_only,
+            {"match": {"aggregate_type": "Customer"}, "topic": pipe.events_topic}])
+
+        dry = _replay(fixed, "--dry-run")
+        assert dry["planned"] == {"deliver": 10, "dead_letter": 3}
+        assert dry["committed"] is None
+        assert {row["to"].split("[")[0] for row in dry["letters"]
+                if row["action"] == "deliver"} == {pipe.events_topic}
+        assert pipe.read_all(pipe.events_topic, settle_s=1) == [], "a dry run produces nothing"
+
+        first = _replay(fixed, "--yes")
+        assert first["committed"] == {"deliver": 10, "dead_letter": 3}
+        events = pipe.read_all(pipe.events_topic, settle_s=1)
+        assert Counter(r.key().decode() for r in events) == Counter(customer_ids)
+        dlq = pipe.read_all(pipe.dlq_topic, settle_s=0)
+        again = [r for r in dlq if REPLAY_OF in dict(r.headers() or [])]
+        assert len(dlq) == 16 and len(again) == 3, "the Bad letters are dead-lettered again"
+        group = first["group"]
+        assert group == f"{pipe.name}.dlq-replay"
+        assert _committed(pipe, group) == 13, "the replay group's offset is the end it read"
+
+        second = _replay(fixed, "--yes")
+        assert second["planned"] == {"already_delivered": 10, "dead_letter": 3, "repeated": 3}
+        only_customers = _replay(fixed, "--dry-run", "--id", customer_ids[0])
+        assert only_customers["planned"] == {"already_delivered": 1}
+        events = pipe.read_all(pipe.events_topic, settle_s=1)
+    assert Counter(r.key().decode() for r in events) == Counter(customer_ids), \
+        "each replayed event exactly once after two replays"
+
+
+def test_replay_refuses_a_config_without_dedup(stack: StackEndpoints, tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "source": {"topics": [unique("raw")]}, "routes": [{"topic": "x"}],
+        "dedup": {"enabled": False}}))
+    done = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "replay", "-c",
+                           str(config), "--dry-run"], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+    assert done.returncode == 1
+    assert "dedup" in done.stderr and len(done.stderr.strip().splitlines()) == 1

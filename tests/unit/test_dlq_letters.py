@@ -1,0 +1,124 @@
+"""Dead letters read back for `dlq replay`: selection, delivered ids, the plan, letters again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.dead_letter import ATTEMPTS, REPLAY_OF, dead_letter
+from cdc_router.errors import RouteError
+from cdc_router.router.dlq_letters import (
+    Letter,
+    Selection,
+    dead_letter_again,
+    delivered_ids,
+    plan_replay,
+    read_letter,
+)
+from cdc_router.router.replay import (
+    BATCH_KEY_PREFIX,
+    REPLAYED_KEY_PREFIX,
+    ReplayFilter,
+    changelog_records,
+)
+from cdc_router.router.step import DeadLettered, RecordStep, Routed
+from tests.unit.router_fakes import raw_event
+
+RAW = "outbox.public.outbox"
+DLQ = "cdc-router.dlq"
+
+
+def letter(event_id: str | None, *, offset: int = 0, aggregate_type: str = "Customer",
+           stage: str = "route", timestamp_ms: int = 1_000, max_bytes: int | None = None,
+           extra: list[tuple[str, bytes]] | None = None) -> Letter:
+    """The router's dead letter of a raw event, as the replay reads it back."""
+    value = raw_event(event_id or "no-id", aggregate_type=aggregate_type)
+    made = dead_letter(topic=RAW, partition=0, offset=40 + offset, key=b'{"id":"k"}',
+                       value=value, original_headers=[("h", b"1")], stage=stage,  # type: ignore[arg-type]
+                       error=RouteError("no route matches"), event_id=event_id,
+                       max_bytes=max_bytes)
+    return read_letter(0, offset, timestamp_ms, made.key, made.value,
+                       [*made.headers, *(extra or [])])
+
+
+def marks(prefix: str, *event_ids: str) -> list[tuple[bytes | None, bytes | None]]:
+    return [(r.key, r.value) for r in changelog_records(list(event_ids), 5, prefix)]
+
+
+def step(**top: Any) -> tuple[RecordStep, ReplayFilter]:
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW]},
+        "routes": [{"match": {"aggregate_type": "Customer"}, "topic": "customers"}], **top})
+    seen = ReplayFilter(window_ms=10**12, max_ids=1000)
+    return RecordStep(compile_config(config), {"customers": 3}.get, seen=seen.seen), seen
+
+
+def test_a_router_dead_letter_reads_back_with_its_origin_and_raw_headers() -> None:
+    read = letter("e-1", offset=7)
+    assert (read.source_topic, read.source_partition, read.source_offset) == (RAW, 0, 47)
+    assert (read.stage, read.event_id, read.reason) == ("route", "e-1", "no route matches")
+    assert read.headers == (("h", b"1"),) and read.from_router
+    assert read.key == b'{"id":"k"}' and read.value == raw_event("e-1",
+                                                                 aggregate_type="Customer")
+
+
+def test_the_consumers_dead_letters_are_not_the_routers() -> None:
+    assert not letter("e-1", extra=[(ATTEMPTS, b"3")]).from_router
+    assert not read_letter(0, 0, 0, None, b"x", []).from_router
+
+
+def test_selection_filters_by_stage_id_and_time() -> None:
+    one = letter("e-1", timestamp_ms=2_000)
+    assert Selection().selects(one)
+    assert Selection(stages=frozenset({"route"}), ids=frozenset({"e-1"}),
+                     since_ms=2_000).selects(one)
+    assert not Selection(stages=frozenset({"decode"})).selects(one)
+    assert not Selection(ids=frozenset({"e-2"})).selects(one)
+    assert not Selection(since_ms=2_001).selects(one)
+
+
+def test_a_dead_letters_own_mark_is_not_a_delivery() -> None:
+    letters = [letter("dead")]
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters) == {"routed": 5}
+
+
+def test_a_replayed_mark_or_one_mark_more_than_letters_is_a_delivery() -> None:
+    letters = [letter("replayed"), letter("twice", offset=1)]
+    found = delivered_ids([*marks(BATCH_KEY_PREFIX, "replayed", "twice"),
+                           *marks(REPLAYED_KEY_PREFIX, "replayed"),
+                           *marks(BATCH_KEY_PREFIX, "twice")], letters)
+    assert set(found) == {"replayed", "twice"}
+
+
+def test_a_letter_the_replay_wrote_again_is_not_counted_as_the_routers() -> None:
+    again = letter("e-1", offset=1, extra=[(REPLAY_OF, b"dlq[0]@0")])
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [again]) == {"e-1": 5}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [letter("e-1"), again]) == {}
+
+
+def test_the_plan_delivers_once_skips_delivered_and_dead_letters_what_still_fails() -> None:
+    routed_step, seen = step()
+    letters = [letter("new"), letter("new", offset=1), letter("old", offset=2),
+               letter("bad", offset=3, aggregate_type="Bad"),
+               letter("big", offset=4, max_bytes=10), letter("x", offset=5,
+                                                              extra=[(ATTEMPTS, b"1")])]
+    seen.restore([("old", 5)], 10)
+    planned = plan_replay(letters, routed_step, seen, {"old"})
+    assert [item.action for item in planned] == [
+        "deliver", "repeated", "already_delivered", "dead_letter", "not_replayable",
+        "not_replayable"]
+    first = planned[0].result
+    assert isinstance(first, Routed) and first.record.topic == "customers"
+    assert "no route matches aggregate_type 'Bad'" in planned[3].note
+    assert f"the raw record is at {RAW}[0]@44" in planned[4].note
+
+
+def test_a_letter_dead_lettered_again_keeps_its_source_and_names_the_earlier_one() -> None:
+    earlier = letter("bad", offset=3, aggregate_type="Bad")
+    failed = DeadLettered("route", RouteError("still no route"), "bad")
+    again = dead_letter_again(earlier, failed, dead_letter_topic=DLQ, max_bytes=None)
+    read = read_letter(0, 9, 0, again.key, again.value, list(again.headers))
+    assert (read.source_topic, read.source_offset, read.reason) == (RAW, 43, "still no route")
+    assert read.replay_of == f"{DLQ}[0]@3" and read.headers == (("h", b"1"),)
+    assert read.value == earlier.value and read.from_router

@@ -1,0 +1,127 @@
+"""`dlq replay`'s procedure against the fake cluster: one transaction per batch, a failed batch
+commits nothing and the next replay delivers it, a second replay skips what the first did."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.dead_letter import REPLAY_OF, dead_letter
+from cdc_router.errors import DeliveryError, RouteError
+from cdc_router.router.dlq_letters import Selection
+from cdc_router.router.dlq_replay import DeadLetterReplay
+from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
+from tests.unit.router_fakes import (
+    CHANGELOG,
+    DLQ,
+    RAW,
+    FakeChangelog,
+    FakeCluster,
+    FakeConsumer,
+    FakeProducer,
+    Stored,
+    marked_ids,
+    raw_event,
+)
+
+CUSTOMERS = "customers"
+
+
+class FakeLetters:
+    """The dead-letter topic's reader: every committed letter, then its consumer's offsets."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+        self.consumer = FakeConsumer(cluster, {}, on_idle=lambda: None)
+
+    def read_to_end(self, *, end: str, timeout_s: float) -> Iterator[Message]:
+        for offset, stored in enumerate(self.cluster.committed(DLQ)):
+            yield Message(topic=DLQ, partition=0, offset=offset, key=stored.key,
+                          value=stored.value, headers=stored.headers, timestamp=(1, 1_000))
+
+    def close(self) -> None:
+        pass
+
+
+class Changelog(FakeChangelog):
+    def catch_up(self, timeout_s: float = 0) -> Iterator[tuple[bytes | None, bytes | None]]:
+        return super().catch_up()
+
+
+def cluster_with_letters(*aggregate_types: str) -> FakeCluster:
+    """Letters of events e-0, e-1, ... dead-lettered by the router (each with its mark)."""
+    cluster = FakeCluster(partitions={RAW: 1, CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    ids = [f"e-{n}" for n in range(len(aggregate_types))]
+    for n, (event_id, kind) in enumerate(zip(ids, aggregate_types, strict=True)):
+        letter = dead_letter(topic=RAW, partition=0, offset=n, key=None,
+                             value=raw_event(event_id, aggregate_type=kind), original_headers=[],
+                             stage="route", error=RouteError("no route"), event_id=event_id)
+        cluster.publish(DLQ, [Stored(DLQ, 0, letter.key, letter.value, list(letter.headers),
+                                     None)])
+    mark = changelog_records(ids, 1, BATCH_KEY_PREFIX)[0]
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)])
+    return cluster
+
+
+def replayer(cluster: FakeCluster, **delivery: Any) -> DeadLetterReplay:
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "g"}, "dead_letter": {"topic": DLQ},
+        "dedup": {"changelog_topic": CHANGELOG}, "delivery": delivery,
+        "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS}]})
+    return DeadLetterReplay(
+        compile_config(config), dry_run=False,
+        producer_factory=lambda conf: FakeProducer(cluster, conf),
+        changelog_factory=lambda conf, topic: Changelog(cluster, topic),
+        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster))
+
+
+def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> None:
+    cluster = cluster_with_letters("Customer", "Customer", "Bad")
+    replay = replayer(cluster, commit_interval_ms=5_000)  # one batch, however slow the host
+    result = replay.apply(replay.plan(Selection()))
+    assert result.committed == {"deliver": 2, "dead_letter": 1}
+    assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1"]
+    replayed = cluster.committed(CHANGELOG)[1:]
+    assert [s.key for s in replayed] == [b"replayed:e-0"] and marked_ids(replayed) == [
+        "e-0", "e-1"]
+    again = cluster.committed(DLQ)[3]
+    assert again.header(REPLAY_OF) == f"{DLQ}[0]@2"
+    assert cluster.group_offsets == {(DLQ, 0): 3}
+    assert [step for step in cluster.journal if not step.startswith("acked")] == [
+        "flush", "send_offsets", "commit"]
+
+
+def test_a_failed_batch_commits_nothing_and_the_next_replay_delivers_it() -> None:
+    cluster = cluster_with_letters("Customer", "Customer")
+    cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)]
+    failing = replayer(cluster)
+    with pytest.raises(DeliveryError, match="0 letters were committed before; run it again"):
+        failing.apply(failing.plan(Selection()))
+    assert cluster.committed(CUSTOMERS) == [] and cluster.group_offsets == {}
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
+    second = replayer(cluster).plan(Selection())
+    assert second.counts() == {"already_delivered": 2}
+    assert len(cluster.committed(CUSTOMERS)) == 2
+
+
+def test_batches_commit_by_commit_max_records_each_with_its_offsets() -> None:
+    cluster = cluster_with_letters("Customer", "Customer", "Customer")
+    replay = replayer(cluster, commit_max_records=2, commit_interval_ms=5_000)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 3}
+    assert cluster.journal.count("commit") == 2
+    assert cluster.group_offsets == {(DLQ, 0): 3}
+
+
+def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:
+    cluster = cluster_with_letters("Customer", "Customer")
+    replay = replayer(cluster)
+    replay.apply(replay.plan(Selection(ids=frozenset({"e-1"}))))
+    assert [s.key for s in cluster.committed(CUSTOMERS)] == [b"e-1"]
+    later = replayer(cluster)
+    assert later.plan(Selection()).counts() == {"already_delivered": 1, "deliver": 1}

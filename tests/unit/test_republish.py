@@ -1,0 +1,86 @@
+"""`outbox republish`: rows as Debezium's change events, read back by the router's decoder,
+and produced onto the raw topic where Kafka Connect would have put them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import ConfigError, DeliveryError
+from cdc_router.outbox.republish import change_event
+from cdc_router.outbox.table import OutboxSchema
+from cdc_router.router import debezium
+from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.republish import raw_topic, republish
+from tests.unit.router_fakes import RAW, FakeCluster, FakeProducer
+
+EVENT_ID = uuid.UUID("73484e51-061a-454f-81ea-e90c17837bc9")
+CREATED = datetime(2026, 12, 1, 9, 30, 0, 123456)  # naive: `timestamp` holds UTC
+
+
+def row(**changes: Any) -> dict[str, Any]:
+    """A row as psycopg returns it, with json(b) columns as their Postgres text."""
+    return {"id": EVENT_ID, "aggregatetype": "Order", "aggregateid": "42",
+            "type": "OrderPaid", "payload": '{"total": "19.90"}',
+            "headers": '{"tenant": "acme"}', "created_at": CREATED, "region": "eu",
+            **changes}
+
+
+def config(**top: Any) -> RouterConfig:
+    return RouterConfig.model_validate({"source": {"topics": [RAW]},
+                                        "routes": [{"topic": "orders"}], **top})
+
+
+def test_a_row_becomes_the_event_the_router_decodes_from_debezium() -> None:
+    settings = config().source
+    event = change_event(row(), OutboxSchema(), binary_handling="base64", ts_ms=5)
+    assert event.key == b'{"id":"73484e51-061a-454f-81ea-e90c17837bc9"}'
+    decoded = debezium.decode_change(event.key, event.value, topic=RAW, settings=settings)
+    assert isinstance(decoded, debezium.OutboxEvent)
+    assert (decoded.event_id, decoded.aggregate_type, decoded.aggregate_id, decoded.type) == (
+        str(EVENT_ID), "Order", "42", "OrderPaid")
+    assert decoded.payload == b'{"total": "19.90"}' and decoded.payload_is_json
+    assert decoded.headers == (("tenant", "acme"),)
+    assert decoded.created_at_ms == int(CREATED.replace(tzinfo=UTC).timestamp() * 1000)
+    assert decoded.op == "c" and decoded.column("region") == "eu"
+
+
+@pytest.mark.parametrize("handling", ["base64", "hex"])
+def test_a_bytea_payload_is_encoded_as_the_connector_says(handling: str) -> None:
+    settings = config(source={"topics": [RAW], "binary_handling": handling,
+                              "payload_type": "bytes"}).source
+    event = change_event(row(payload=b"\xc3\x01avro"), OutboxSchema(),
+                         binary_handling=handling, ts_ms=5)
+    decoded = debezium.decode_change(None, event.value, topic=RAW, settings=settings)
+    assert isinstance(decoded, debezium.OutboxEvent) and decoded.payload == b"\xc3\x01avro"
+
+
+def test_events_land_on_the_partition_kafka_connect_gives_their_key() -> None:
+    cluster = FakeCluster(partitions={RAW: 4})
+    events = [change_event(row(id=uuid.UUID(int=n)), OutboxSchema(), binary_handling="base64",
+                           ts_ms=5) for n in range(6)]
+    done = republish(config(), RAW, events,
+                     producer_factory=lambda conf: FakeProducer(cluster, conf))
+    assert done == 6
+    stored = {s.key: (s.partition, s.value) for s in cluster.committed(RAW)}
+    assert stored == {e.key: (java_default_partition(e.key, 4), e.value) for e in events}
+    assert len({partition for partition, _ in stored.values()}) > 1
+
+
+def test_republish_refuses_a_missing_topic_and_a_router_without_dedup() -> None:
+    cluster = FakeCluster(partitions={})
+    with pytest.raises(DeliveryError, match="does not exist"):
+        republish(config(), RAW, [], producer_factory=lambda conf: FakeProducer(cluster, conf))
+    with pytest.raises(ConfigError, match="dedup"):
+        republish(config(dedup={"enabled": False}), RAW, [])
+
+
+def test_the_raw_topic_is_the_configs_one_source_unless_named() -> None:
+    assert raw_topic(config(), None) == RAW
+    assert raw_topic(config(source={"topics": ["^outbox.*"]}), "outbox.x") == "outbox.x"
+    with pytest.raises(ConfigError, match="--topic"):
+        raw_topic(config(source={"topics": ["a", "b"]}), None)
