@@ -237,27 +237,40 @@ def test_an_idle_outbox_holds_no_wal_even_after_a_restart(running: Deployment) -
     # The pain most reported with Postgres CDC: a busy database, a quiet outbox, and a slot
     # that keeps every byte of WAL since the last outbox row until the disk fills. The
     # heartbeat must move confirmed_flush_lsn past WAL that holds no outbox row, also after a
-    # restart: a restarted task first looks for its last commit in the stream and skips
-    # everything until it sees a transaction, so a heartbeat that is not one never ends that
-    # search (found on the local stack: 230 MB held behind an idle outbox).
+    # restart whose last processed event was an outbox row's commit: the restarted task
+    # looks for that commit in the stream and skips everything until a transaction ends, so
+    # a heartbeat message sent outside a transaction never ends the search (found on the
+    # local stack: 1.2 GB of WAL held behind an idle outbox, heartbeats flowing; switching the
+    # deployed connector to the transactional message freed it within a minute). On a
+    # database where other sessions commit, their transactions can end the search too, so
+    # this test guards the path, and fails without the fix only on a quiet database.
+    deployed = httpx.get(f"{running.stack.connect_url}/connectors/{running.connector}/config",
+                         timeout=10).json()
     with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
-        write_event(conn, aggregate_type="Order", aggregate_id="1", type="BeforeRestart",
-                    payload={}, schema=running.schema)
-        after_row = _wal_now(conn)
-        assert _poll(lambda: _flushed_past(conn, running.base, after_row), timeout_s=90)
-        before = _walsender(conn, running.base)
-        restarted = running.cli("connectors", "restart", running.connector, "--tasks", "all")
-        assert restarted.exit_code == 0, restarted.output
-        assert _poll(lambda: _walsender(conn, running.base) not in (None, before),
-                     timeout_s=60), "the restarted task never streamed from its slot"
+        # No heartbeat meanwhile: the last event the task processes is the row's commit.
+        _reconfigure(running, conn, {**deployed, "heartbeat.interval.ms": "3600000"})
+        row_id = write_event(conn, aggregate_type="Order", aggregate_id="1",
+                             type="BeforeRestart", payload={}, schema=running.schema)
+        _read_until(running, row_id)  # processed, and its offset committed with it (EOS)
+        _reconfigure(running, conn, deployed)  # restarts the task, heartbeats every second
         conn.execute(f"CREATE TABLE IF NOT EXISTS public.{running.base}_other (secret text)")
         conn.execute(f"INSERT INTO public.{running.base}_other "
                      "SELECT repeat('x', 100) FROM generate_series(1, 20000)")
         written = _wal_now(conn)
 
-        # Heartbeats every second (HEARTBEAT_INTERVAL_MS); the slot follows within a few.
         assert _poll(lambda: _flushed_past(conn, running.base, written), timeout_s=90), \
             "the slot did not advance past WAL without outbox rows"
+
+
+def _reconfigure(running: Deployment, conn: psycopg.Connection[Any],
+                 config: dict[str, str]) -> None:
+    """Apply `config` and wait until the restarted task streams from the slot again."""
+    before = _walsender(conn, running.base)
+    reply = httpx.put(f"{running.stack.connect_url}/connectors/{running.connector}/config",
+                      json=config, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert _poll(lambda: _walsender(conn, running.base) not in (None, before), timeout_s=60), \
+        "the restarted task never streamed from its slot"
 
 
 def _wal_now(conn: psycopg.Connection[Any]) -> str:
