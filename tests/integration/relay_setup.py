@@ -98,21 +98,26 @@ def _config(setup: RelaySetup, extra: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def relay_setup(stack: StackEndpoints, workdir: Path, *, relay_columns: bool = True,
-                config: dict[str, Any] | None = None) -> Iterator[RelaySetup]:
-    """Create the table (with the relay's columns) and the topics; tear all down after."""
+                config: dict[str, Any] | None = None,
+                table: str | None = None) -> Iterator[RelaySetup]:
+    """Create the table (with the relay's columns) and the topics; tear all down after.
+
+    With `table`, relay that existing table instead (the caller creates and drops it).
+    """
     name = unique("relay")
     dashed = name.replace("_", "-")
-    setup = RelaySetup(stack, workdir, name, table=name, orders_topic=f"{dashed}-orders",
+    setup = RelaySetup(stack, workdir, name, table=table or name, orders_topic=f"{dashed}-orders",
                        dlq_topic=f"{dashed}-dlq", changelog_topic=f"{dashed}-dedup",
                        position_topic=f"{dashed}.relay-position",
                        config_path=workdir / "router.yaml")
     setup.config_path.write_text(yaml.safe_dump(_config(setup, config or {})))
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"""CREATE TABLE public.{name} (
+        if table is None:
+            conn.execute(f"""CREATE TABLE public.{name} (
             id uuid PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL,
             type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
             created_at timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'utc'))""")
-        if relay_columns:
+        if relay_columns and table is None:
             for statement in relay_columns_ddl(f"public.{name}", "txid", "seq"):
                 conn.execute(statement)
     applied = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
@@ -125,8 +130,9 @@ def relay_setup(stack: StackEndpoints, workdir: Path, *, relay_columns: bool = T
         for instance in list(setup.relays):
             with suppress(ProcessLookupError, subprocess.TimeoutExpired):
                 setup.kill(instance, signal.SIGTERM)
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS public.{name}")
+        if table is None:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP TABLE IF EXISTS public.{name}")
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
         topics = [setup.orders_topic, setup.dlq_topic, setup.changelog_topic,
                   setup.position_topic]

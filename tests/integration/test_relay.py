@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.integration.pipeline import REPO
+from cdc_router.outbox.relay_columns import relay_columns_ddl
+from tests.integration.pipeline import REPO, pipeline
 from tests.integration.relay_setup import STARTED, WAITING, RelaySetup, relay_setup
 from tests.integration.support import StackEndpoints, read_to_end, read_topic, replay_seed
 
@@ -152,3 +153,41 @@ def test_a_table_without_the_relay_columns_is_one_line_naming_the_fix(
     assert error.startswith("error: ") and "column 'txid' of type xid8" in error
     assert "ADD COLUMN IF NOT EXISTS \"txid\" xid8 NOT NULL DEFAULT pg_current_xact_id()" \
         in error
+
+
+def test_the_relay_writes_the_records_the_router_writes_from_debezium(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    """One table, captured by Debezium and routed by `run`, and read by `relay`: the same key,
+    partition, value, headers and timestamp for every event."""
+    rows = [(str(uuid.uuid4()), f"order-{i % 7}", json.dumps(
+        {"seq": i, "total": "19.90", "nested": {"list": [1, 2.5, None], "text": "naïve ✓"}}),
+             json.dumps({"traceparent": f"00-{i:032x}-{i:016x}-01"}) if i % 2 else None,
+             f"2026-03-0{1 + i % 9} 10:11:12.{i:06d}") for i in range(200)]
+    (tmp_path / "router").mkdir()
+    with pipeline(stack, tmp_path / "router") as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            for statement in relay_columns_ddl(f"public.{pipe.table}", "txid", "seq"):
+                conn.execute(statement)
+        relay_dir = tmp_path / "relay"
+        relay_dir.mkdir()
+        with relay_setup(stack, relay_dir, table=pipe.table,
+                         config={"cleanup": {"mode": "none"}}) as setup:
+            pipe.start_router(wait=True)
+            with psycopg.connect(stack.postgres_dsn) as conn, conn.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, type, "
+                    "payload, headers, created_at) VALUES (%s, 'Order', %s, 'OrderPaid', "
+                    "%s::jsonb, %s::jsonb, %s::timestamp)", rows)
+            routed = pipe.read(pipe.orders_topic, len(rows))
+            setup.start("a")
+            relayed = read_topic(stack.bootstrap_servers, setup.orders_topic, len(rows), 120)
+    assert len(relayed) == len(routed) == len(rows)
+    by_key = {record.key(): record for record in routed}
+    differences = [
+        (record.key(), record.value(), twin.value(), record.headers(), twin.headers(),
+         record.timestamp(), twin.timestamp())
+        for record in relayed
+        if (record.partition(), record.value(), record.headers(), record.timestamp()) != (
+            (twin := by_key[record.key()]).partition(), twin.value(), twin.headers(),
+            twin.timestamp())]
+    assert differences == []
