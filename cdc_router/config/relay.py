@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, PositiveInt, field_validator
 
 from cdc_router.config.fields import ConfigModel, StringMap
+from cdc_router.errors import ConfigError
 from cdc_router.postgres import check_identifier, split_table
 
 # The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
@@ -33,13 +34,19 @@ class RelaySettings(ConfigModel):
     @field_validator("table")
     @classmethod
     def _table(cls, table: str) -> str:
-        split_table(table, "relay.table")
+        try:
+            split_table(table)
+        except ConfigError as error:  # pydantic's ValueError names the file and the field
+            raise ValueError(error.args[0].partition(": ")[2]) from None
         return table
 
     @field_validator("txid_column", "seq_column")
     @classmethod
     def _column(cls, column: str) -> str:
-        return check_identifier(column, "relay column")
+        try:
+            return check_identifier(column, "column")
+        except ConfigError as error:
+            raise ValueError(error.args[0].partition(": ")[2]) from None
 
     @field_validator("position_config")
     @classmethod

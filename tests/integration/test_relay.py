@@ -20,7 +20,13 @@ import pytest
 from cdc_router.outbox.relay_columns import relay_columns_ddl
 from tests.integration.pipeline import REPO, pipeline
 from tests.integration.relay_setup import STARTED, WAITING, RelaySetup, relay_setup
-from tests.integration.support import StackEndpoints, read_to_end, read_topic, replay_seed
+from tests.integration.support import (
+    StackEndpoints,
+    read_to_end,
+    read_topic,
+    replay_seed,
+    unique,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -191,3 +197,33 @@ def test_the_relay_writes_the_records_the_router_writes_from_debezium(
             (twin := by_key[record.key()]).partition(), twin.value(), twin.headers(),
             twin.timestamp())]
     assert differences == []
+
+
+def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
+    table = unique("relay_init")
+
+    def init() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
+             "--table", f"public.{table}", "--publication", table, "--relay"],
+            capture_output=True, text=True, cwd=REPO, check=False)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    try:
+        assert "ensured  relay columns txid, seq" in init()
+        init()  # idempotent
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            types = dict(conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE "
+                "attrelid = %s::regclass AND attname IN ('txid', 'seq')",
+                (f"public.{table}",)).fetchall())
+            conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
+                         "payload) VALUES (gen_random_uuid(), 'A', '1', 'T', '{}')")
+            row = conn.execute(f"SELECT seq, txid::text FROM public.{table}").fetchone()
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
+    assert types == {"txid": "xid8", "seq": "bigint"}
+    assert row is not None and row[0] == 1 and int(row[1]) > 0
