@@ -143,6 +143,8 @@ def test_kill_9_of_the_active_relay_under_concurrent_writers_delivers_each_row_o
         numbers = [n for _, _, n in sorted(entries)]
         assert numbers == sorted(numbers), f"{aggregate} out of commit order; {seed}"
     assert len(takeovers) == KILLS
+    print(f"takeovers_s={[round(t, 1) for t in takeovers]} "
+          f"out_of_order_commits={_out_of_order_commits(written.commits)}")
     assert max(takeovers) < 30, takeovers
     assert rows_left == 0, "the cleanup deletes every delivered row, kills or not"
 
