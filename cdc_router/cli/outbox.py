@@ -110,7 +110,7 @@ def cli() -> None:
 @click.option("--replication-password", envvar="CDC_ROUTER_DB_PASSWORD",
               help="The role's password [env CDC_ROUTER_DB_PASSWORD].")
 @click.option("--relay", "relay_columns", is_flag=True,
-              help="Also add the columns `cdc-router relay` reads (txid, seq) and their index.")
+              help="Also add the columns `cdc-router relay` reads (txid, seq) and their indexes.")
 @click.option("--print", "print_sql", is_flag=True,
               help="Print a psql script instead (psql -v replication_password=... -f -).")
 def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,

@@ -130,6 +130,7 @@ class OutboxReader:
                               field="relay.table", value=table,
                               hint="create it with `cdc-router outbox init`")
         self._check_relay_columns(types)
+        self._check_indexes(conn)
         names = self._source.outbox
         required = (names.id, names.aggregatetype, names.aggregateid, names.type, names.payload)
         for column in required:
@@ -158,6 +159,18 @@ class OutboxReader:
             # encode(..., 'base64') breaks lines every 76 characters; Debezium does not.
             return sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(name)
         return sql.SQL("{}::text").format(name)
+
+    def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
+        """Warn when txid or seq leads no index: the relay works, but scans (relay_columns.py)."""
+        indexed = {str(row[0]) for row in conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
+            (regclass_text(self._relay.table, "relay.table"),)).fetchall()}
+        for column in (self._relay.txid_column, self._relay.seq_column):
+            if column not in indexed:
+                log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
+                            "the table (%s): without it every read scans the table'",
+                            self._relay.table, column, column)
 
     def _check_relay_columns(self, types: dict[str, str]) -> None:
         relay = self._relay

@@ -59,4 +59,5 @@ def test_the_relay_columns_ddl_is_idempotent_and_quoted() -> None:
         'DEFAULT AS IDENTITY;\n'
         'ALTER TABLE "public"."Out Box" ADD COLUMN IF NOT EXISTS "txid" xid8 NOT NULL DEFAULT '
         'pg_current_xact_id();\n'
-        'CREATE INDEX IF NOT EXISTS "Out Box_txid_idx" ON "public"."Out Box" ("txid");\n')
+        'CREATE INDEX IF NOT EXISTS "Out Box_txid_idx" ON "public"."Out Box" ("txid");\n'
+        'CREATE INDEX IF NOT EXISTS "Out Box_seq_idx" ON "public"."Out Box" ("seq");\n')
