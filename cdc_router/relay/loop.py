@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -39,7 +39,7 @@ from cdc_router.errors import (
     RecordRefused,
 )
 from cdc_router.kafka.producer import LatchingProducer
-from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.lock import TableLock
@@ -75,8 +75,13 @@ class OutboxRelay:
                  metrics: RouterMetrics | None = None,
                  on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
-                 connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect) -> None:
-        """Builds no client: run() does (the producer on first use)."""
+                 connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
+                 reader: OutboxReader | None = None, lock: TableLock | None = None,
+                 records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None
+                 ) -> None:
+        """Builds no client: run() does (the producer on first use). Tests hand fakes: the
+        table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
+        (key, value) of a topic (the changelog, the position topic)."""
         config = self._config = compiled.config
         assert config.relay is not None, "the relay needs a relay: section"
         self._relay = config.relay
@@ -85,15 +90,18 @@ class OutboxRelay:
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
         self._stop = threading.Event()
-        self._lock = TableLock(dsn, self._table, connect=connect)
-        self._reader = OutboxReader(dsn, config.relay, config.source, connect=connect)
+        self._lock = lock or TableLock(dsn, self._table, connect=connect)
+        self._reader = reader or OutboxReader(dsn, config.relay, config.source, connect=connect)
+        self._records = records or topic_records
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         # One transactional id per table, shared by all its relays: a newcomer fences the last.
         self._producer = LatchingProducer(
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
+        # `is not None`: an empty ReplayFilter is falsy (it has a length).
+        seen = self._replay.seen if self._replay is not None else _never
         self._step = RecordStep(compiled, DestinationMetadata(self._producer.partitions_for)
-                                .partitions, seen=self._replay.seen if self._replay else _never)
+                                .partitions, seen=seen)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._txn = Transaction(self._producer, None, delivery=config.delivery,
@@ -154,15 +162,12 @@ class OutboxRelay:
         kafka = clients.common_config(self._config)
         restored = 0
         if self._replay is not None:
-            changelog = ChangelogReader(kafka, self._config.dedup.changelog_topic)
-            try:
-                now_ms = int(time.time() * 1000)
-                for key, value in changelog.catch_up():
-                    marks = parse_changelog(key, value)
-                    self._replay.restore(marks, now_ms)
-                    restored += len(marks)
-            finally:
-                changelog.close()
+            now_ms = int(time.time() * 1000)
+            for key, value in self._records(kafka, self._config.dedup.changelog_topic,
+                                            "dedup changelog"):
+                marks = parse_changelog(key, value)
+                self._replay.restore(marks, now_ms)
+                restored += len(marks)
         self.position = self._stored_position(kafka)
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
                  self._instance_id, self._table, self.position.to_json().decode(), restored)
@@ -171,15 +176,10 @@ class OutboxRelay:
         """The last committed position of this table (our init_transactions resolved any
         transaction still open on the topic), or the start for a table never relayed."""
         topic = self._config.relay_position_topic
-        reader = TopicReader(kafka, topic, what="relay position",
-                             group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-position")
         found: bytes | None = None
-        try:
-            for message in reader.read_to_end(end="log_end"):
-                if message.key() == self._position_key:
-                    found = message.value()
-        finally:
-            reader.close()
+        for key, value in self._records(kafka, topic, "relay position"):
+            if key == self._position_key:
+                found = value
         if found is None:
             return RelayPosition()
         try:
@@ -335,3 +335,18 @@ class OutboxRelay:
 
 def _never(event_id: str) -> bool:
     return False
+
+
+KeyValue = tuple[bytes | None, bytes | None]
+
+
+def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
+    """Every committed (key, value) of `topic` up to its log end as of now: a transaction
+    still open there is waited for (our init_transactions has ended any of ours)."""
+    reader = TopicReader(kafka, topic, what=what,
+                         group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
+    try:
+        for message in reader.read_to_end(end="log_end"):
+            yield message.key(), message.value()
+    finally:
+        reader.close()
