@@ -184,3 +184,19 @@ def test_a_lost_lock_stops_the_relay_with_one_line() -> None:
     with pytest.raises(DatabaseError, match=r"lost its lock on public\.outbox"):
         relay.run()
     assert lock.released
+
+
+def test_a_row_the_broker_refuses_is_isolated_and_dead_lettered_the_rest_once() -> None:
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in range(1, 6)]
+    poison = table.add(6, 10, payload=json.dumps({"poison": True}))
+    table.now = Snapshot(11, 11)
+    cluster.refuse = lambda topic, value, timestamp: (
+        KafkaError.MSG_SIZE_TOO_LARGE if topic == ORDERS and b"poison" in (value or b"")
+        else None)
+    relay, delivered = _relay(cluster, table, batch_rows=10)
+    _run_until(relay, lambda: len(cluster.committed(DLQ)) == 1)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids
+    [letter] = cluster.committed(DLQ)
+    assert letter.header("dlq.stage") == "produce" and letter.header("dlq.event.id") == poison
+    assert delivered == ids
