@@ -34,13 +34,14 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import (
     BatchFailed,
+    ConfigError,
     DatabaseError,
     DeliveryError,
     RecordRefused,
 )
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import TopicReader
-from cdc_router.postgres import one_line
+from cdc_router.postgres import one_line, split_table
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
@@ -83,14 +84,18 @@ class OutboxRelay:
         table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
         (key, value) of a topic (the changelog, the position topic)."""
         config = self._config = compiled.config
-        assert config.relay is not None, "the relay needs a relay: section"
+        if config.relay is None:
+            raise ConfigError("no relay: section", field="relay",
+                              hint="add `relay: {table: public.outbox}`")
         self._relay = config.relay
-        self._table = config.relay.table
+        # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
+        # with one position, one transactional id.
+        self._table = ".".join(split_table(config.relay.table, "relay.table"))
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
         self._stop = threading.Event()
-        self._lock = lock or TableLock(dsn, self._table, connect=connect)
+        self._lock = lock or TableLock(dsn, config.relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, config.relay, config.source, connect=connect)
         self._records = records or topic_records
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,

@@ -69,10 +69,10 @@ class FakeLock:
 
 
 def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
-           batch_rows: int = 3) -> tuple[OutboxRelay, list[str]]:
+           batch_rows: int = 3, name: str = TABLE) -> tuple[OutboxRelay, list[str]]:
     config = RouterConfig.model_validate({
         "source": {"group_id": "shop"}, "routes": [{"topic": ORDERS}],
-        "relay": {"table": TABLE, "batch_rows": batch_rows, "poll_interval_ms": 10}})
+        "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
     delivered: list[str] = []
 
     def records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[tuple[Any, Any]]:
@@ -130,7 +130,7 @@ def test_a_restarted_relay_goes_on_from_the_committed_position() -> None:
     relay, _ = _relay(cluster, table)
     _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1)
     table.now = Snapshot(12, 12)
-    again, _ = _relay(cluster, table)
+    again, _ = _relay(cluster, table, name="outbox")  # the same table, spelled otherwise
     _run_until(again, lambda: len(cluster.committed(ORDERS)) == 2)
     keys = [s.key.decode() for s in cluster.committed(ORDERS)]
     assert keys[0] == first and len(set(keys)) == 2
