@@ -69,9 +69,11 @@ class FakeLock:
 
 
 def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
-           batch_rows: int = 3, name: str = TABLE) -> tuple[OutboxRelay, list[str]]:
+           batch_rows: int = 3, name: str = TABLE,
+           dedup: bool = True) -> tuple[OutboxRelay, list[str]]:
     config = RouterConfig.model_validate({
         "source": {"group_id": "shop"}, "routes": [{"topic": ORDERS}],
+        "dedup": {"enabled": dedup},
         "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
     delivered: list[str] = []
 
@@ -123,17 +125,18 @@ def test_each_batch_commits_its_records_with_the_next_position() -> None:
 
 
 def test_a_restarted_relay_goes_on_from_the_committed_position() -> None:
+    """Without the replay filter: the position alone keeps the first row from going twice."""
     cluster, table = _cluster(), FakeTable()
     first = table.add(1, 10)
-    table.add(2, 11)  # still running at the first snapshot
+    second = table.add(2, 11)  # still running at the first snapshot
     table.now = Snapshot(11, 12, (11,))
-    relay, _ = _relay(cluster, table)
+    relay, _ = _relay(cluster, table, dedup=False)
     _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1)
     table.now = Snapshot(12, 12)
-    again, _ = _relay(cluster, table, name="outbox")  # the same table, spelled otherwise
-    _run_until(again, lambda: len(cluster.committed(ORDERS)) == 2)
-    keys = [s.key.decode() for s in cluster.committed(ORDERS)]
-    assert keys[0] == first and len(set(keys)) == 2
+    # The same table, spelled otherwise: the same position.
+    again, _ = _relay(cluster, table, name="outbox", dedup=False)
+    _run_until(again, lambda: len(cluster.committed(ORDERS)) >= 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first, second]
 
 
 def test_a_failed_commit_keeps_the_position_and_the_batch_is_read_again() -> None:
