@@ -20,6 +20,7 @@ COMMAND_MODULES: dict[str, str] = {
     "dlq": "cdc_router.cli.dlq",
     "local": "cdc_router.cli.local",
     "outbox": "cdc_router.cli.outbox",
+    "relay": "cdc_router.cli.relay",
     "run": "cdc_router.cli.run",
     "rules": "cdc_router.cli.rules",
     "schemas": "cdc_router.cli.schemas",

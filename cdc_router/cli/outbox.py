@@ -23,6 +23,7 @@ import psycopg
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._output import emit, output_option
 from cdc_router.config.load import load_config
+from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
 from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
@@ -34,6 +35,8 @@ from cdc_router.outbox import (
     init_outbox,
     init_steps,
     outbox_stats,
+    relay_columns_ddl,
+    render_ddl,
     render_psql,
     write_event,
 )
@@ -113,23 +116,34 @@ def cli() -> None:
 @click.option("--replication-role", help="Also create this least-privilege role for Debezium.")
 @click.option("--replication-password", envvar="CDC_ROUTER_DB_PASSWORD",
               help="The role's password [env CDC_ROUTER_DB_PASSWORD].")
+@click.option("--relay", "relay_columns", is_flag=True,
+              help="Also add the columns `cdc-router relay` reads (txid, seq) and their indexes.")
 @click.option("--print", "print_sql", is_flag=True,
               help="Print a psql script instead (psql -v replication_password=... -f -).")
 def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
          replication_role: str | None, replication_password: str | None,
-         print_sql: bool) -> None:
+         relay_columns: bool, print_sql: bool) -> None:
     """Create the outbox, heartbeat table, publication (and role) if missing; idempotent."""
     setup = CaptureSetup(publication, heartbeat_table, replication_role)
+    relay_ddl = relay_columns_ddl(schema.table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN) \
+        if relay_columns else []
     if print_sql:
-        click.echo(render_psql(init_steps(schema, setup), replication_role), nl=False)
+        click.echo(render_psql(init_steps(schema, setup), replication_role) +
+                   render_ddl(relay_ddl), nl=False)
         return
     if replication_role is not None and not replication_password:
         raise ConfigError("--replication-role needs a password", field="--replication-password",
                           hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
     with database(dsn) as conn:
         report = init_outbox(conn, schema, setup, replication_password=replication_password)
+        for statement in relay_ddl:
+            conn.execute(statement)
+        conn.commit()
     for verb, label, _ in report.steps:
         click.echo(f"{verb:<8} {label}")
+    if relay_ddl:
+        click.echo(f"ensured  relay columns {DEFAULT_TXID_COLUMN}, {DEFAULT_SEQ_COLUMN} on "
+                   f"{schema.table}")
     if report.password is not None:
         click.echo(f"password of role {replication_role}: {report.password}")
     for warning in report.warnings:

@@ -8,6 +8,7 @@ import signal
 import socket
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import click
 from confluent_kafka import KafkaException
@@ -25,7 +26,7 @@ from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 _STALL_S = 120.0
 
 
-def _sweep(config: RouterConfig) -> CommittedIds | None:
+def sweep_of(config: RouterConfig) -> CommittedIds | None:
     """The cleanup's sweep over the dedup changelog, where its marks prove a delivery."""
     if (config.cleanup.mode == "none" or not config.dedup.enabled
             or config.delivery.guarantee != "exactly_once"):
@@ -54,24 +55,46 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
     metrics = RouterMetrics()
-    cleaner = OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
-                            created_at_column=config.source.outbox.created_at,
-                            registry=metrics.registry, sweep=_sweep(config))
+    cleaner = cleaner_of(config, metrics)
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
+    run_until_stopped(router, cleaner, metrics, metrics_port, "router")
+
+
+class Process(Protocol):
+    """The router or the relay: runs until stopped, and says when its loop last went round."""
+
+    last_poll: float
+
+    def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
+    """The cleanup of delivered outbox rows, with its sweep when the changelog proves delivery."""
+    return OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
+                         created_at_column=config.source.outbox.created_at,
+                         registry=metrics.registry, sweep=sweep_of(config))
+
+
+def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
+                      metrics_port: int, what: str) -> None:
+    """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
+    commit and return."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
-        router.stop()
+        process.stop()
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     if metrics_port:
-        serve(metrics, metrics_port, poll_is_recent(lambda: router.last_poll, _STALL_S))
+        serve(metrics, metrics_port, poll_is_recent(lambda: process.last_poll, _STALL_S))
     cleaner.start()
     try:
-        router.run()
+        process.run()
     except KafkaException as failure:
         # The last net at the edge: whatever Kafka error got this far is one line, not a trace.
-        raise DeliveryError(f"the router stopped on a Kafka error: {failure}") from failure
+        raise DeliveryError(f"the {what} stopped on a Kafka error: {failure}") from failure
     finally:
         cleaner.stop()

@@ -18,6 +18,7 @@ from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, Delive
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import StringMap, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
+from cdc_router.config.relay import RelaySettings
 from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.status import StatusSettings
@@ -28,6 +29,7 @@ from cdc_router.config.topic_names import (
     render_topic,
     topic_name_problem,
 )
+from cdc_router.postgres import split_table
 
 
 class TopicSpec(_Model):
@@ -59,6 +61,7 @@ class RouterConfig(_Model):
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
+    relay: RelaySettings | None = None  # `cdc-router relay` only
     topics: list[TopicSpec] = Field(default_factory=list)
     status: StatusSettings = Field(default_factory=StatusSettings)  # `cdc-router status`
     # Topics no route may write to, besides `__*`, the sources and the router's own topics
@@ -85,12 +88,34 @@ class RouterConfig(_Model):
                                            # ids older than the window are of no use
                                            "retention.ms": str(dedup.window_ms),
                                            **dedup.changelog_config}))
+        if self.relay is not None:
+            specs.append(TopicSpec(name=self.relay_position_topic, partitions=1,
+                                   replication_factor=self.relay.position_replication_factor,
+                                   config={"cleanup.policy": "compact",
+                                           **self.relay.position_config}))
         return specs
+
+    @property
+    def relay_position_topic(self) -> str:
+        """Where the relay keeps its position: relay.position_topic, or
+        `<source.group_id>.relay-position`."""
+        if self.relay is not None and self.relay.position_topic:
+            return self.relay.position_topic
+        return f"{self.source.group_id}.relay-position"
+
+    def _own_topics(self) -> dict[str, str]:
+        """The router's (and relay's) own topics, by the field that names them."""
+        own = {self.dead_letter.topic: "dead_letter.topic",
+               self.dedup.changelog_topic: "dedup.changelog_topic"}
+        if self.relay is not None:
+            own[self.relay_position_topic] = "relay.position_topic"
+        return own
 
     def topic_guard(self) -> TopicGuard:
         """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""
-        own = {self.dead_letter.topic: "dead-letter topic, dead_letter.topic",
-               self.dedup.changelog_topic: "dedup changelog, dedup.changelog_topic"}
+        what = {"dead_letter.topic": "dead-letter topic", "dedup.changelog_topic":
+                "dedup changelog", "relay.position_topic": "relay position topic"}
+        own = {name: f"{what[field]}, {field}" for name, field in self._own_topics().items()}
         return TopicGuard(sources=self.source.topics, own=own,
                           protected=self.protected_topics, allowed=self.allowed_topics)
 
@@ -100,11 +125,22 @@ class RouterConfig(_Model):
             if route.is_default:
                 raise _fail(f"routes[{index + 1}]", f"unreachable: routes[{index}] has no match "
                             "and takes every event; put the default route last")
-        own = {self.dead_letter.topic: "dead_letter.topic",
-               self.dedup.changelog_topic: "dedup.changelog_topic"}
-        if len(own) < 2:
+        if self.dedup.changelog_topic == self.dead_letter.topic:
             raise _fail("dedup.changelog_topic", "must differ from dead_letter.topic",
                         self.dedup.changelog_topic)
+        if self.relay is not None and self.relay_position_topic in (
+                self.dead_letter.topic, self.dedup.changelog_topic):
+            raise _fail("relay.position_topic", "must differ from dead_letter.topic and "
+                        "dedup.changelog_topic", self.relay_position_topic)
+        own = self._own_topics()
+        if not self.source.topics and self.relay is None:
+            raise _fail("source.topics", "needs at least one raw topic (only `cdc-router "
+                        "relay`, with a relay: section, reads no topic)")
+        relay = self.relay
+        if relay is not None and self.cleanup.mode != "none" and \
+                split_table(self.cleanup.table) != split_table(relay.table):
+            raise _fail("cleanup.table", f"must name the relay's table {relay.table!r}: the "
+                        "relay deletes the rows it delivered", self.cleanup.table)
         guard = self.topic_guard()
         for name, field in own.items():
             source = guard.source_of(name)

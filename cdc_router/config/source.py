@@ -15,7 +15,7 @@ from cdc_router.outbox.table import OutboxColumns
 class SourceSettings(_Model):
     """The raw Debezium topics to consume and how to read their rows."""
 
-    topics: list[str] = Field(min_length=1)
+    topics: list[str] = Field(default_factory=list)  # empty only for `relay` (model.py)
     group_id: str = Field(default="cdc-router", min_length=1)
     outbox: OutboxColumns = Field(default_factory=OutboxColumns)
     snapshot_rows: bool = True  # route op 'r' (rows read by Debezium's initial snapshot)

@@ -46,7 +46,11 @@ PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def kafka_error_of(error: BaseException) -> KafkaError | None:
-    """The KafkaError inside a KafkaException, or None for anything else."""
+    """The KafkaError inside a KafkaException, or the one our own errors carry (`kafka_error`
+    of DeliveryError and BatchFailed), or None for anything else."""
+    carried = getattr(error, "kafka_error", None)
+    if isinstance(carried, KafkaError):
+        return carried
     if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
         return error.args[0]
     return None

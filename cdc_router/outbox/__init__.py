@@ -4,6 +4,7 @@
             column model, also router.yaml's `source.outbox`)
     setup   the idempotent DDL: table, heartbeat table, insert-only publication, replication role
     writer  write_event(): one outbox row in the application's own transaction
+    relay_columns  the two columns (and index) `cdc-router relay` reads
     tools   stats and purge, for operators
     republish  rows as Debezium's change events, for `outbox republish` after a lost slot
 
@@ -11,6 +12,7 @@ Applications import from here: `from cdc_router.outbox import write_event`.
 """
 
 from cdc_router.errors import InvalidEventError
+from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
 from cdc_router.outbox.setup import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
@@ -42,6 +44,8 @@ __all__ = [
     "new_event_id",
     "outbox_stats",
     "purge",
+    "relay_columns_ddl",
+    "render_ddl",
     "render_psql",
     "write_event",
 ]

@@ -130,7 +130,11 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     row = envelope.get("after")
     if not isinstance(row, dict):
         raise DecodeError(f"op {op!r} event has no 'after' row (got {_kind(row)})")
-    return _outbox_event(row, envelope, _row_schema(schema), settings)
+    found = envelope.get("source")
+    source: dict[str, Any] = found if isinstance(found, dict) else {}
+    return event_from_row(row, settings, columns=_row_schema(schema), op=str(op),
+                          lsn=_optional_int(source.get("lsn")),
+                          tx_id=_optional_int(source.get("txId")))
 
 
 def _parse_json(value: bytes) -> Any:
@@ -176,13 +180,19 @@ def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
-                  columns: dict[str, dict[str, Any]], settings: SourceSettings) -> OutboxEvent:
+def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
+                   columns: dict[str, dict[str, Any]] | None = None, op: str = "c",
+                   lsn: int | None = None, tx_id: int | None = None) -> OutboxEvent:
+    """One outbox row, its values encoded as Debezium's JsonConverter sends them, as an event.
+
+    The one home of the row's checks, for the router (a change event's `after`) and the relay
+    (a row it read itself). `columns`: column name -> its Connect field schema, when known.
+    Raises DecodeError, with the reason.
+    """
+    columns = columns or {}
     names = settings.outbox
     event_id = _identifier(row, names.id, "event id", None)
     where = f"event {show(event_id)}"
-    found = envelope.get("source")
-    source: dict[str, Any] = found if isinstance(found, dict) else {}
     payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
     named = names.named
     return OutboxEvent(
@@ -194,9 +204,9 @@ def _outbox_event(row: dict[str, Any], envelope: dict[str, Any],
         payload_is_json=is_json,
         headers=_headers(row, names.headers, where),
         created_at_ms=_created_at(row, names.created_at, columns, where),
-        op=str(envelope["op"]),
-        lsn=_optional_int(source.get("lsn")),
-        tx_id=_optional_int(source.get("txId")),
+        op=op,
+        lsn=lsn,
+        tx_id=tx_id,
         extra_columns=tuple((name, _column_text(value)) for name, value in row.items()
                             if name not in named),
     )

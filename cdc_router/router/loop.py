@@ -23,13 +23,13 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
 from cdc_router.kafka.consumer import record_headers, rewind_to_committed
-from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.errors import ErrorAction, classify, describe
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import PoisonIsolation, record_refusals
+from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import ReplayFilter, parse_changelog
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.transaction import Delivered, Transaction
@@ -290,25 +290,17 @@ class OutboxRouter:
     def _abort(self, failure: BaseException, *, backoff: bool = True) -> None:
         """Abort the open batch and rewind; isolate the records at fault, or back off."""
         assert self._txn is not None
-        error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
-        error = error if isinstance(error, KafkaError) else None
-        if error is not None and classify(error) is ErrorAction.FATAL:
-            raise FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
-                                  "another instance may use the same instance id") from failure
-        sources = self._txn.sources
         if self._replay is not None:
             self._replay.abort()
         self._metrics.aborted.inc()
         self._needs_rewind = True
-        try:
-            failures = self._txn.abort()
-        except BatchFailed as abort_failure:
+        cause, reason = abort_batch(self._txn, self._poison, failure, who="router",
+                                    fenced_hint="another instance may use the same instance id")
+        if cause == "abort_failed":
             self._pending_abort = True
-            self._back_off(f"{failure}; then the abort failed: {abort_failure}", backoff)
+            self._back_off(reason, backoff)
             return
-        if self._poison.learn(failures, error, sources):
-            log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
-                        self._poison.suspects, str(failure))
+        if cause == "record_refused":
             self._after_refusal = True
             return
         if self._after_refusal:
@@ -317,9 +309,9 @@ class OutboxRouter:
             # measured on Kafka 4.x) and bumps its epoch on that abort (KIP-360). Not the
             # cluster's fault: no backoff.
             self._after_refusal = False
-            log.warning("event=batch_aborted cause=epoch_bump reason=%r", str(failure))
+            log.warning("event=batch_aborted cause=epoch_bump reason=%r", reason)
             return
-        self._back_off(str(failure), backoff)
+        self._back_off(reason, backoff)
 
     def _back_off(self, reason: str, wait: bool) -> None:
         self._consecutive_aborts += 1

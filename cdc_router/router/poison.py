@@ -18,13 +18,24 @@ fault and no re-read can fix it: it stops the router (FatalKafkaError).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError
-from cdc_router.kafka.errors import RECORD_REFUSED, describe
+from cdc_router.errors import BatchFailed, FatalKafkaError
+from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
+
+if TYPE_CHECKING:
+    from cdc_router.router.transaction import Transaction
+
+log = logging.getLogger("cdc_router.router")
+
+# Why a batch was aborted: a record the broker refused (re-read at once, the suspects alone),
+# the abort itself failed (call Transaction.abort() again later), or nobody's record (back off).
+AbortCause = Literal["record_refused", "abort_failed", "cluster"]
 
 _TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                    "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
@@ -126,3 +137,26 @@ class PoisonIsolation:
             self._refused.pop(source, None)
         self._settling.clear()
         self._isolated = None
+
+
+def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseException, *,
+                who: str, fenced_hint: str) -> tuple[AbortCause, str]:
+    """Abort the open batch after `failure` and learn which input records the broker refused;
+    the cause and a reason for the log. The router and the relay share it.
+
+    Raises FatalKafkaError when `failure` is fatal, naming `who` and the likely cause.
+    """
+    error = kafka_error_of(failure)
+    if error is not None and classify(error) is ErrorAction.FATAL:
+        raise FatalKafkaError(f"Kafka refused this {who} for good ({describe(error)}); "
+                              f"{fenced_hint}") from failure
+    sources = txn.sources
+    try:
+        failures = txn.abort()
+    except BatchFailed as abort_failure:
+        return "abort_failed", f"{failure}; then the abort failed: {abort_failure}"
+    if poison.learn(failures, error, sources):
+        log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
+                    poison.suspects, str(failure))
+        return "record_refused", str(failure)
+    return "cluster", str(failure)

@@ -150,9 +150,14 @@ class RecordStep:
             return DeadLettered("decode", error)
         if isinstance(decoded, debezium.Skipped):
             return Skipped(decoded.reason, decoded.detail)
-        if self._seen(decoded.event_id):
-            return Duplicate(decoded.event_id)
-        return self.route(decoded)
+        return self.event(decoded)
+
+    def event(self, event: OutboxEvent) -> StepResult:
+        """Check one decoded event for a replay, then route and serialize it: the step after
+        decoding, shared by the router and the relay (which reads rows, not change events)."""
+        if self._seen(event.event_id):
+            return Duplicate(event.event_id)
+        return self.route(event)
 
     def route(self, event: OutboxEvent) -> StepResult:
         """Route and serialize one decoded event."""

@@ -7,7 +7,9 @@ produced only once every record of the batch is acknowledged, and the offsets co
 once the marks are, so a mark never stands for an event that was not delivered.
 
 The object is handed its clients (the LatchingProducer and the consumer), so that every path
-can be unit-tested with fakes. Kafka errors are classified by cdc_router.kafka.errors.classify:
+can be unit-tested with fakes. The relay (cdc_router/relay) has no consumer: its progress is a
+record of its own (progress()), sent with the changelog marks, in place of consumed offsets.
+Kafka errors are classified by cdc_router.kafka.errors.classify:
 retriable -> the same call again after a backoff; abortable -> BatchFailed (the caller aborts
 and rewinds); fatal or fenced -> FatalKafkaError (the router exits).
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
@@ -59,6 +61,7 @@ class _Batch:
     sources: list[RecordCoordinates] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
     marked_ms: int = 0
+    progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
 
 
 class Transaction:
@@ -167,6 +170,11 @@ class Transaction:
     def delivered(self, delivered: Delivered) -> None:
         self._batch.delivered.append(delivered)
 
+    def progress(self, topic: str, key: bytes, value: bytes) -> None:
+        """A record that says how far the batch got (the relay's position), sent at commit
+        with the marks: in the transaction (exactly once), or after the records' acks."""
+        self._batch.progress.append((topic, key, value))
+
     def commit(self) -> list[Delivered]:
         """Commit the open batch, as a numbered procedure; its delivered events.
 
@@ -184,8 +192,9 @@ class Transaction:
         self._flush()
         if self._exactly_once:
             # 2. Add the consumed offsets to the transaction with the group's metadata
-            #    (KIP-447): a zombie of an older generation cannot commit them.
-            if offsets:
+            #    (KIP-447): a zombie of an older generation cannot commit them. (The relay
+            #    has no consumer: its progress record is in the transaction already.)
+            if consumer is not None and offsets:
                 self._call(lambda: producer.send_offsets_to_transaction(
                     offsets, consumer.consumer_group_metadata(), wait_s), "offsets")
             # 3. Commit: records, dead letters, changelog marks and offsets become visible
@@ -197,7 +206,7 @@ class Transaction:
             # 3. Deliver the marks.
             self._flush()
             # 4. Commit the offsets: every record and mark of the batch is durable.
-            if offsets:
+            if consumer is not None and offsets:
                 self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False),
                            "offsets")
         delivered = self._batch.delivered
@@ -231,11 +240,12 @@ class Transaction:
         self._open = False
 
     def _send_marks(self) -> None:
-        if self._changelog_topic is None:
-            return
-        for mark in changelog_records(self._batch.marks, self._batch.marked_ms,
-                                      self._mark_key_prefix):
-            self._send(self._changelog_topic, mark.key, mark.value, [])
+        if self._changelog_topic is not None:
+            for mark in changelog_records(self._batch.marks, self._batch.marked_ms,
+                                          self._mark_key_prefix):
+                self._send(self._changelog_topic, mark.key, mark.value, [])
+        for topic, key, value in self._batch.progress:
+            self._send(topic, key, value, [])
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               headers: list[tuple[str, bytes]]) -> None:
@@ -252,8 +262,7 @@ class Transaction:
 
     def _failed(self, failure: BaseException) -> BaseException:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
-        error = getattr(failure, "kafka_error", None) or kafka_error_of(failure)
-        error = error if isinstance(error, KafkaError) else None
+        error = kafka_error_of(failure)
         if error is not None and classify(error) is ErrorAction.FATAL:
             return FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
                                    "another instance may use the same instance id")

@@ -192,11 +192,11 @@ def test_swept_ids_wait_for_the_retention_after_their_delivery():
 ])
 def test_run_sweeps_the_changelog_only_where_its_marks_prove_a_delivery(
         overrides: dict[str, dict[str, object]], sweeps: bool):
-    from cdc_router.cli.run import _sweep
+    from cdc_router.cli.run import sweep_of
 
     raw: dict[str, object] = {"source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
                               "cleanup": {"mode": "delete", "dsn": "postgresql://unused"}}
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value}  # type: ignore[dict-item]
-    found = _sweep(RouterConfig.model_validate(raw))
+    found = sweep_of(RouterConfig.model_validate(raw))
     assert isinstance(found, CommittedIds) if sweeps else found is None

@@ -1,0 +1,50 @@
+"""`cdc-router relay`: the polling relay process, for databases without logical decoding."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import click
+
+from cdc_router.cli.run import cleaner_of, run_until_stopped
+from cdc_router.config.load import load_config
+from cdc_router.errors import ConfigError
+from cdc_router.relay.loop import OutboxRelay
+from cdc_router.router.metrics import RouterMetrics
+
+
+@click.command(name="relay")
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
+              envvar="CDC_ROUTER_CONFIG", help="router.yaml with a relay: section "
+                                               "[env CDC_ROUTER_CONFIG].")
+@click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
+              show_default="the host name", help="Names this relay in its logs "
+                                                 "[env CDC_ROUTER_INSTANCE_ID].")
+@click.option("--metrics-port", type=int, default=9103, show_default=True,
+              envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) -> None:
+    """Relay outbox rows from the table itself to their destinations until stopped.
+
+    One relay per table is active (a Postgres advisory lock); start a second one anywhere and it
+    waits, and takes over when the first one dies.
+    """
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    compiled = load_config(config_path, env=os.environ)
+    config = compiled.config
+    if config.relay is None:
+        raise ConfigError("no relay: section", source=str(config_path), field="relay",
+                          hint="add `relay: {table: public.outbox}` (see README, The relay)")
+    dsn = config.relay.dsn or config.cleanup.dsn
+    if not dsn:
+        raise ConfigError("the relay needs the Postgres DSN", source=str(config_path),
+                          field="relay.dsn", hint="set CDC_ROUTER__RELAY__DSN")
+    metrics = RouterMetrics()
+    cleaner = cleaner_of(config, metrics)
+    relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
+                        on_delivered=cleaner.delivered)
+    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay")

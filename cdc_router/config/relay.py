@@ -1,0 +1,57 @@
+"""The `relay` section: `cdc-router relay`, which polls the outbox table instead of Debezium."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveInt, field_validator
+
+from cdc_router.config.fields import ConfigModel, StringMap
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import check_identifier, split_table
+
+# The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
+DEFAULT_TXID_COLUMN = "txid"
+DEFAULT_SEQ_COLUMN = "seq"
+
+
+class RelaySettings(ConfigModel):
+    """Where the relay reads, how often and how much, and where it keeps its position."""
+
+    table: str = "public.outbox"
+    dsn: str | None = None  # set it through CDC_ROUTER__RELAY__DSN, not the file
+    # An idle relay looks for new rows this often; a full batch is followed at once by the next.
+    poll_interval_ms: PositiveInt = 200
+    batch_rows: PositiveInt = Field(default=1000, le=100_000)
+    # The inserting transaction's id (xid8, DEFAULT pg_current_xact_id()) and the insert order
+    # (an identity column); see cdc_router/relay/guard.py.
+    txid_column: str = DEFAULT_TXID_COLUMN
+    seq_column: str = DEFAULT_SEQ_COLUMN
+    # Compacted topic holding the relay's position, one record per table; by default
+    # `<source.group_id>.relay-position`.
+    position_topic: str | None = None
+    position_replication_factor: PositiveInt | None = None
+    position_config: StringMap = Field(default_factory=dict)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, table: str) -> str:
+        try:
+            split_table(table)
+        except ConfigError as error:  # pydantic's ValueError names the file and the field
+            raise ValueError(error.args[0].partition(": ")[2]) from None
+        return table
+
+    @field_validator("txid_column", "seq_column")
+    @classmethod
+    def _column(cls, column: str) -> str:
+        try:
+            return check_identifier(column, "column")
+        except ConfigError as error:
+            raise ValueError(error.args[0].partition(": ")[2]) from None
+
+    @field_validator("position_config")
+    @classmethod
+    def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
+        if value.get("cleanup.policy", "compact") != "compact":
+            raise ValueError("the relay's position topic needs cleanup.policy compact: only "
+                             "the latest position per table matters, and it must never expire")
+        return value

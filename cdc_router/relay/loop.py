@@ -1,0 +1,357 @@
+"""The relay's loop: it owns the clients, reads batches of outbox rows, and delivers each batch
+in one Kafka transaction with the relay's position.
+
+Start: wait for the table's advisory lock (relay/lock.py); init_transactions with the table's
+transactional id, which fences a previous relay of the table and aborts its open transaction;
+restore the replay filter from the dedup changelog; read the position (guard.py) back from the
+position topic. Then each cycle: take a snapshot when no read is in progress, fetch up to
+relay.batch_rows wanted rows, run each through the router's step (router/step.py: replay check,
+route, serialize; a row that fails is a dead letter), and commit records, dead letters,
+changelog marks and the next position in one transaction (router/transaction.py). A full batch
+is followed at once by the next; a short one ends the read, and the loop sleeps
+relay.poll_interval_ms.
+
+How close to exactly once: the position moves only with a committed transaction, and the
+records of a transaction that did not commit are invisible to read_committed readers. A crash
+(kill -9 included) re-sends the uncommitted batch, which no reader saw: nothing is doubled. The
+replay filter and its changelog are the second net, for what the position cannot cover: a
+position lost or reset, or rows delivered by `cdc-router run` from the same table and changelog.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaException, Producer
+
+from cdc_router.config.compiled import CompiledConfig
+from cdc_router.dead_letter import dead_letter
+from cdc_router.errors import (
+    BatchFailed,
+    ConfigError,
+    DatabaseError,
+    DeliveryError,
+    RecordRefused,
+)
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.reader import TopicReader
+from cdc_router.postgres import one_line, split_table
+from cdc_router.relay.guard import RelayPosition
+from cdc_router.relay.lock import TableLock
+from cdc_router.relay.reader import OutboxReader, RelayRow
+from cdc_router.router import clients, debezium
+from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.replay import ReplayFilter, parse_changelog
+from cdc_router.router.step import (
+    PROCESS_LEVEL,
+    DeadLettered,
+    Duplicate,
+    RecordStep,
+    Routed,
+    StepResult,
+)
+from cdc_router.router.transaction import Delivered, Transaction
+
+log = logging.getLogger("cdc_router.relay")
+
+# Backoff after a failed batch or a Postgres failure: doubles from the first to the last.
+BACKOFF_S = (0.5, 30.0)
+# How often the lock's connection is asked whether it is still there: a lost lock stops the
+# relay within this (the fencing already stops a successor's zombie at its next commit).
+LOCK_CHECK_S = 1.0
+
+
+class OutboxRelay:
+    """Relays one outbox table's rows to their destinations until stop() is called."""
+
+    def __init__(self, compiled: CompiledConfig, *, dsn: str, instance_id: str,
+                 metrics: RouterMetrics | None = None,
+                 on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
+                 producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+                 connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
+                 reader: OutboxReader | None = None, lock: TableLock | None = None,
+                 records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None
+                 ) -> None:
+        """Builds no client: run() does (the producer on first use). Tests hand fakes: the
+        table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
+        (key, value) of a topic (the changelog, the position topic)."""
+        config = self._config = compiled.config
+        if config.relay is None:
+            raise ConfigError("no relay: section", field="relay",
+                              hint="add `relay: {table: public.outbox}`")
+        self._relay = config.relay
+        # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
+        # with one position, one transactional id.
+        self._table = ".".join(split_table(config.relay.table, "relay.table"))
+        self._instance_id = instance_id
+        self._metrics = metrics or RouterMetrics()
+        self._on_delivered = on_delivered
+        self._stop = threading.Event()
+        self._lock = lock or TableLock(dsn, config.relay.table, connect=connect)
+        self._reader = reader or OutboxReader(dsn, config.relay, config.source, connect=connect)
+        self._records = records or topic_records
+        self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
+                                    max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        # One transactional id per table, shared by all its relays: a newcomer fences the last.
+        self._producer = LatchingProducer(
+            clients.producer_config(config, f"relay-{self._table}"), producer_factory)
+        # `is not None`: an empty ReplayFilter is falsy (it has a length).
+        seen = self._replay.seen if self._replay is not None else _never
+        self._step = RecordStep(compiled, DestinationMetadata(self._producer.partitions_for)
+                                .partitions, seen=seen)
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+        self._dead_letter_max_bytes = clients.dead_letter_limit(config)
+        self._txn = Transaction(self._producer, None, delivery=config.delivery,
+                                changelog_topic=config.dedup.changelog_topic
+                                if self._replay is not None else None,
+                                bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait)
+        self._position_key = self._table.encode()
+        self.position = RelayPosition()
+        self._aborts = 0
+        self._pending_abort = False  # an abort that failed, to finish before the next batch
+        self._lock_checked = 0.0
+        self.last_poll = time.monotonic()
+
+    def stop(self) -> None:
+        """Finish the batch, commit it and return; safe from a signal handler."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Wait for the table's lock, then relay until stop(); raises FatalKafkaError, or a
+        DatabaseError when the lock is lost (the process should exit and start again)."""
+        self._step.preflight()
+        if not self._lock.acquire(self._standing_by):
+            return
+        try:
+            self._start()
+            while not self._stop.is_set():
+                self.last_poll = time.monotonic()
+                self._check_lock()
+                if not self._cycle():
+                    self._stop.wait(self._relay.poll_interval_ms / 1000)
+        except BaseException:
+            if self._replay is not None:
+                self._replay.abort()
+            self._txn.discard()
+            raise
+        finally:
+            self._reader.reset()
+            self._lock.release()
+            log.info("event=stopped instance=%s table=%s", self._instance_id, self._table)
+
+    # Start ----------------------------------------------------------------------------------
+
+    def _standing_by(self, seconds: float) -> bool:
+        """Wait while another relay holds the lock: a standby is healthy (/healthz)."""
+        self.last_poll = time.monotonic()
+        return self._stop.wait(seconds)
+
+    def _start(self) -> None:
+        try:
+            self._reader.snapshot()  # the table and its columns are checked before anything
+        except psycopg.Error as error:
+            raise DatabaseError(f"the relay cannot read {self._table}: {one_line(error)}") \
+                from error
+        try:
+            self._txn.init()  # fences the previous relay of this table, aborts its batch
+        except BatchFailed as failure:
+            raise DeliveryError(str(failure)) from failure
+        kafka = clients.common_config(self._config)
+        restored = 0
+        if self._replay is not None:
+            now_ms = int(time.time() * 1000)
+            for key, value in self._records(kafka, self._config.dedup.changelog_topic,
+                                            "dedup changelog"):
+                marks = parse_changelog(key, value)
+                self._replay.restore(marks, now_ms)
+                restored += len(marks)
+        self.position = self._stored_position(kafka)
+        log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
+                 self._instance_id, self._table, self.position.to_json().decode(), restored)
+
+    def _stored_position(self, kafka: dict[str, Any]) -> RelayPosition:
+        """The last committed position of this table (our init_transactions resolved any
+        transaction still open on the topic), or the start for a table never relayed."""
+        topic = self._config.relay_position_topic
+        found: bytes | None = None
+        for key, value in self._records(kafka, topic, "relay position"):
+            if key == self._position_key:
+                found = value
+        if found is None:
+            return RelayPosition()
+        try:
+            return RelayPosition.from_json(found)
+        except ValueError as error:
+            raise DeliveryError(f"the relay position topic {topic} holds a bad record for "
+                                f"{self._table}: {error}; fix or delete it") from None
+
+    def _check_lock(self) -> None:
+        now = time.monotonic()
+        if now - self._lock_checked < LOCK_CHECK_S:
+            return
+        self._lock_checked = now
+        if not self._lock.held():
+            raise DatabaseError(f"the relay lost its lock on {self._table} (its Postgres "
+                                "connection dropped); another relay may take over: exiting, "
+                                "start it again to wait for the lock")
+
+    # One batch ------------------------------------------------------------------------------
+
+    def _cycle(self) -> bool:
+        """Read and deliver one batch; True when the next one should follow at once."""
+        limit = self._relay.batch_rows
+        if self._pending_abort:
+            try:
+                self._txn.abort()
+            except BatchFailed as failure:
+                self._back_off(f"finishing an aborted batch: {failure}")
+                return True
+            self._pending_abort = False
+        try:
+            position = self.position
+            if position.reading is None:
+                position = position.start_read(self._reader.snapshot())
+            rows = self._reader.fetch(position, limit)
+        except psycopg.Error as error:
+            self._reader.reset()
+            self._back_off(f"Postgres: {one_line(error)}")
+            return True
+        following = position.after_batch(len(rows), limit, rows[-1].seq if rows else None)
+        if not rows:
+            self.position = following  # nothing between the two snapshots: no commit needed
+            return False
+        try:
+            self._deliver(rows, following)
+        except (BatchFailed, KafkaException) as failure:
+            self._abort(failure)
+            return True
+        self.position = following
+        return len(rows) == limit
+
+    def _deliver(self, rows: list[RelayRow], following: RelayPosition) -> None:
+        self._txn.begin()
+        for row in rows:
+            self._handle(row, self._result(row))
+        self._txn.progress(self._config.relay_position_topic, self._position_key,
+                           following.to_json())
+        delivered = self._txn.commit()
+        now_ms = int(time.time() * 1000)
+        if self._replay is not None:
+            self._replay.commit(now_ms)
+        self._poison.committed()
+        self._aborts = 0
+        self._metrics.consecutive_aborts.set(0)
+        self._metrics.committed(delivered, now_ms)
+        if self._on_delivered is not None and delivered:
+            self._on_delivered(delivered)
+
+    def _result(self, row: RelayRow) -> StepResult:
+        try:
+            event = debezium.event_from_row(row.values, self._config.source,
+                                            columns=self._reader.columns, tx_id=row.txid)
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            return DeadLettered("decode", error)
+        return self._step.event(event)
+
+    def _handle(self, row: RelayRow, result: StepResult) -> None:
+        source = (self._table, 0, row.seq)
+        if isinstance(result, Routed):
+            record = result.record
+            refused = self._poison.refused(source)
+            if refused is None:
+                try:
+                    alone = self._poison.alone(source)
+                    self._txn.produce(record, source, alone=alone)
+                    if alone:
+                        self._poison.delivered_alone(source)
+                    self._remember(record.event_id)
+                    self._txn.delivered(Delivered(record.event_id, record.topic,
+                                                  result.event.created_at_ms))
+                    return
+                except RecordRefused as refusal:
+                    refused = f"Kafka refused the record for {record.topic}: {refusal}"
+            result = DeadLettered("produce", DeliveryError(refused), record.event_id,
+                                  result.event)
+        if isinstance(result, DeadLettered):
+            self._dead_letter(row, result)
+        elif isinstance(result, Duplicate):
+            self._metrics.duplicates.inc()
+        else:
+            self._metrics.skipped.labels(result.reason).inc()
+
+    def _dead_letter(self, row: RelayRow, result: DeadLettered) -> None:
+        """The row as read, as JSON (`after`, with where it came from), is the raw value."""
+        value = json.dumps({"source": {"table": self._table, "seq": row.seq, "txid": row.txid},
+                            "after": row.values}, ensure_ascii=False).encode(errors="replace")
+        key = row.values.get(self._config.source.outbox.id)
+        letter = dead_letter(topic=self._table, partition=0, offset=row.seq,
+                             key=None if key is None else str(key).encode(errors="replace"),
+                             value=value, original_headers=None, stage=result.stage,
+                             error=result.error, event_id=result.event_id,
+                             max_bytes=self._dead_letter_max_bytes)
+        self._txn.dead_letter(self._config.dead_letter.topic, letter)
+        if result.event_id is not None:
+            self._remember(result.event_id)
+        self._metrics.dead_letters.labels(result.stage).inc()
+        log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
+                    result.stage, self._table, row.seq, result.event_id,
+                    type(result.error).__name__, letter.reason)
+
+    def _remember(self, event_id: str) -> None:
+        if self._replay is not None:
+            now_ms = int(time.time() * 1000)
+            self._replay.add_pending(event_id, now_ms)
+            self._txn.mark(event_id, now_ms)
+
+    # Failures -------------------------------------------------------------------------------
+
+    def _abort(self, failure: BaseException) -> None:
+        """Abort the batch (the position stays, so it is read again); isolate the records at
+        fault, or back off."""
+        if self._replay is not None:
+            self._replay.abort()
+        self._metrics.aborted.inc()
+        cause, reason = abort_batch(self._txn, self._poison, failure, who="relay",
+                                    fenced_hint="another relay of the table may have taken over")
+        if cause == "abort_failed":
+            self._pending_abort = True
+        if cause != "record_refused":
+            self._back_off(reason)
+
+    def _back_off(self, reason: str) -> None:
+        self._aborts += 1
+        self._metrics.consecutive_aborts.set(self._aborts)
+        low, high = BACKOFF_S
+        delay = min(high, low * 2 ** (self._aborts - 1))
+        log.warning("event=batch_failed consecutive=%d backoff_s=%.1f reason=%r", self._aborts,
+                    delay, reason)
+        self._stop.wait(delay)
+
+
+def _never(event_id: str) -> bool:
+    return False
+
+
+KeyValue = tuple[bytes | None, bytes | None]
+
+
+def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
+    """Every committed (key, value) of `topic` up to its log end as of now: a transaction
+    still open there is waited for (our init_transactions has ended any of ours)."""
+    reader = TopicReader(kafka, topic, what=what,
+                         group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
+    try:
+        for message in reader.read_to_end(end="log_end"):
+            yield message.key(), message.value()
+    finally:
+        reader.close()

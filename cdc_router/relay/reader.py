@@ -1,0 +1,189 @@
+"""The relay's reads of the outbox table: the current snapshot, and the rows a position wants.
+
+Each row comes back as the values Debezium's JsonConverter would send for it (text for text,
+uuid and jsonb columns, base64 or hex for a bytea payload per source.binary_handling, ISO text
+for created_at in UTC), so that debezium.event_from_row applies the router's very checks and
+builds the same OutboxEvent. The row's other columns are extra columns as Postgres's text; the
+relay's own two columns are left out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_router.config.relay import RelaySettings
+from cdc_router.config.source import SourceSettings
+from cdc_router.errors import ConfigError
+from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
+from cdc_router.postgres import regclass_text, table_identifier
+from cdc_router.relay.guard import RelayPosition, Snapshot
+
+log = logging.getLogger("cdc_router.relay")
+
+_CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the loop for long
+_INTEGER_TYPES = frozenset({"bigint", "integer", "smallint"})
+
+
+@dataclass(frozen=True)
+class RelayRow:
+    """One outbox row as read: its insert order, its transaction, its values by column."""
+
+    seq: int
+    txid: int
+    values: dict[str, Any]
+
+
+class OutboxReader:
+    """Reads one outbox table on its own connection (made on first use, again after a failure).
+
+    Raises psycopg.Error when Postgres fails (the caller backs off and calls again) and
+    ConfigError when the table lacks what the relay needs.
+    """
+
+    def __init__(self, dsn: str, relay: RelaySettings, source: SourceSettings, *,
+                 connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect) -> None:
+        self._dsn = dsn
+        self._relay = relay
+        self._source = source
+        self._connect = connect
+        self._conn: psycopg.Connection[Any] | None = None
+        self._select: sql.Composable | None = None
+        self._names: list[str] = []
+        # Column name -> its Connect field schema, as debezium.event_from_row reads it.
+        self.columns: dict[str, dict[str, Any]] = {}
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot: which transactions have completed by now."""
+        row = self._connection().execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        return Snapshot.parse(str(row[0]))
+
+    def fetch(self, position: RelayPosition, limit: int) -> list[RelayRow]:
+        """Up to `limit` rows that `position` wants (RelayPosition.wanted), in seq order."""
+        conn = self._connection()
+        reading = position.reading
+        if reading is None:
+            raise ValueError("fetch needs a read in progress (RelayPosition.start_read)")
+        txid, seq = (sql.Identifier(self._relay.txid_column),
+                     sql.Identifier(self._relay.seq_column))
+        # The bounds on txid alone let the index on it narrow the scan; the
+        # pg_visible_in_snapshot calls then decide row by row.
+        where = [sql.SQL("{} < %(xmax)s::xid8 AND pg_visible_in_snapshot({}, "
+                         "%(reading)s::pg_snapshot)").format(txid, txid)]
+        params: dict[str, Any] = {"xmax": str(reading.xmax), "reading": str(reading),
+                                  "limit": limit}
+        if position.done is not None:
+            where.append(sql.SQL("{} >= %(xmin)s::xid8 AND NOT pg_visible_in_snapshot({}, "
+                                 "%(done)s::pg_snapshot)").format(txid, txid))
+            params.update(xmin=str(position.done.xmin), done=str(position.done))
+        if position.after_seq is not None:
+            where.append(sql.SQL("{} > %(after)s").format(seq))
+            params["after"] = position.after_seq
+        assert self._select is not None
+        query = sql.SQL("{} WHERE {} ORDER BY {} LIMIT %(limit)s").format(
+            self._select, sql.SQL(" AND ").join(where), seq)
+        rows = []
+        for found in conn.execute(query, params):
+            row = RelayRow(int(found[0]), int(found[1]), dict(zip(self._names, found[2:],
+                                                                  strict=True)))
+            if not position.wanted(row.txid, row.seq):  # the SQL and the model must agree
+                raise AssertionError(f"row seq {row.seq} txid {row.txid} is not wanted by "
+                                     f"the position {position}")
+            rows.append(row)
+        return rows
+
+    def reset(self) -> None:
+        """Drop the connection (after a failure); the next call makes a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(psycopg.Error):  # gone either way (and a lock with it)
+                conn.close()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            conn = self._connect(self._dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
+                                 application_name="cdc-router-relay")
+            # created_at as ISO text in UTC, whatever the server's or role's defaults.
+            conn.execute("SET TimeZone = 'UTC'")
+            conn.execute("SET DateStyle = 'ISO'")
+            self._conn = conn
+            if self._select is None:
+                self._prepare(conn)
+        return self._conn
+
+    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+        """Read the table's columns once, check them, and build the select list."""
+        table = self._relay.table
+        types = {str(name): str(kind) for name, kind in conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid "
+            "= to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (regclass_text(table, "relay.table"),)).fetchall()}
+        if not types:
+            raise ConfigError("the outbox table does not exist (or is not readable)",
+                              field="relay.table", value=table,
+                              hint="create it with `cdc-router outbox init`")
+        self._check_relay_columns(types)
+        self._check_indexes(conn)
+        names = self._source.outbox
+        required = (names.id, names.aggregatetype, names.aggregateid, names.type, names.payload)
+        for column in required:
+            if column not in types:
+                raise ConfigError(f"the outbox table {table} has no column {column!r}",
+                                  field="source.outbox", value=sorted(types),
+                                  hint="name the table's columns under source.outbox")
+        own = {self._relay.txid_column, self._relay.seq_column}
+        selected: list[sql.Composable] = [sql.SQL("{}, {}::text").format(
+            sql.Identifier(self._relay.seq_column), sql.Identifier(self._relay.txid_column))]
+        self._names = []
+        for column, kind in types.items():
+            if column in own:
+                continue
+            selected.append(self._select_one(column, kind))
+            self._names.append(column)
+        self._select = sql.SQL("SELECT {} FROM {}").format(
+            sql.SQL(", ").join(selected), table_identifier(table, "relay.table"))
+
+    def _select_one(self, column: str, kind: str) -> sql.Composable:
+        name = sql.Identifier(column)
+        if column == self._source.outbox.payload and kind == "bytea":
+            self.columns[column] = {"type": "bytes"}
+            if self._source.binary_handling == "hex":
+                return sql.SQL("encode({}, 'hex')").format(name)
+            # encode(..., 'base64') breaks lines every 76 characters; Debezium does not.
+            return sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(name)
+        return sql.SQL("{}::text").format(name)
+
+    def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
+        """Warn when txid or seq leads no index: the relay works, but scans (relay_columns.py)."""
+        indexed = {str(row[0]) for row in conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
+            (regclass_text(self._relay.table, "relay.table"),)).fetchall()}
+        for column in (self._relay.txid_column, self._relay.seq_column):
+            if column not in indexed:
+                log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
+                            "the table (%s): without it every read scans the table'",
+                            self._relay.table, column, column)
+
+    def _check_relay_columns(self, types: dict[str, str]) -> None:
+        relay = self._relay
+        problems = []
+        if types.get(relay.txid_column) != "xid8":
+            problems.append(f"column {relay.txid_column!r} of type xid8 "
+                            f"(found {types.get(relay.txid_column) or 'none'})")
+        if types.get(relay.seq_column) not in _INTEGER_TYPES:
+            problems.append(f"integer column {relay.seq_column!r} "
+                            f"(found {types.get(relay.seq_column) or 'none'})")
+        if problems:
+            ddl = render_ddl(relay_columns_ddl(relay.table, relay.txid_column,
+                                               relay.seq_column)).replace("\n", " ")
+            raise ConfigError(f"the relay needs {' and '.join(problems)} on {relay.table}",
+                              field="relay.txid_column/seq_column",
+                              hint=f"add them (Postgres 13 or later): {ddl.strip()}")

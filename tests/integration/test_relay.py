@@ -1,0 +1,231 @@
+"""`cdc-router relay` on the real stack: concurrent writers whose commits land out of insert
+order, the active relay killed with kill -9 again and again, a standby taking over."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cdc_router.outbox.relay_columns import relay_columns_ddl
+from tests.integration.pipeline import REPO, pipeline
+from tests.integration.relay_setup import STARTED, WAITING, RelaySetup, relay_setup
+from tests.integration.support import (
+    StackEndpoints,
+    read_to_end,
+    read_topic,
+    replay_seed,
+    unique,
+)
+
+pytestmark = pytest.mark.integration
+
+WRITERS = 8
+ROWS_PER_WRITER = 700
+KILLS = 4
+
+
+@dataclass
+class _Written:
+    """What the writers committed and rolled back, and when each transaction committed."""
+
+    committed: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    commits: list[tuple[float, list[int]]] = field(default_factory=list)  # (when, seqs)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _writer(setup: RelaySetup, number: int, seed: int, written: _Written) -> None:
+    """Transactions of 1 to 12 rows, with pauses inside them, a tenth rolled back; each writer
+    owns its aggregates, so their events' order is this writer's commit order."""
+    rng = random.Random(seed)
+    done = 0
+    with psycopg.connect(setup.stack.postgres_dsn) as conn:
+        while done < ROWS_PER_WRITER:
+            ids, seqs = [], []
+            for _ in range(min(rng.randint(1, 12), ROWS_PER_WRITER - done)):
+                event_id = str(uuid.uuid4())
+                row = conn.execute(
+                    f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid, type, "
+                    "payload) VALUES (%s, 'Order', %s, 'OrderPaid', %s::jsonb) RETURNING seq",
+                    (event_id, f"w{number}-a{done % 3}", json.dumps(
+                        {"writer": number, "n": done}))).fetchone()
+                assert row is not None
+                ids.append(event_id)
+                seqs.append(int(row[0]))
+                done += 1
+                time.sleep(rng.uniform(0, 0.03))
+            if rng.random() < 0.1:
+                conn.rollback()
+                done -= len(ids)  # the writer's numbers stay dense over committed rows
+                with written.lock:
+                    written.rolled_back += ids
+                continue
+            conn.commit()
+            with written.lock:
+                written.committed += ids
+                written.commits.append((time.monotonic(), seqs))
+
+
+def _out_of_order_commits(commits: list[tuple[float, list[int]]]) -> int:
+    """Transactions that committed after one holding a higher seq: the relay's hard case."""
+    highest, count = 0, 0
+    for _, seqs in sorted(commits):
+        if min(seqs) < highest:
+            count += 1
+        highest = max(highest, max(seqs))
+    return count
+
+
+def test_kill_9_of_the_active_relay_under_concurrent_writers_delivers_each_row_once(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    seed = replay_seed(17)
+    rng = seed.random()
+    written = _Written()
+    takeovers: list[float] = []
+    with relay_setup(stack, tmp_path) as setup:
+        active, started = "a", {"a": 1, "b": 0}  # relay_started lines in each log
+        setup.start("a")
+        setup.wait_for("a", STARTED, 1)
+        setup.start("b")
+        setup.wait_for("b", WAITING, 1)
+        writers = [threading.Thread(target=_writer, args=(setup, n, seed.value * 100 + n,
+                                                          written)) for n in range(WRITERS)]
+        for writer in writers:
+            writer.start()
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(1.5, 3.0))
+            victim, standby = active, "b" if active == "a" else "a"
+            setup.kill(victim)
+            killed_at = time.monotonic()
+            # The standby takes over: its relay_started comes after the kill.
+            took_over_at = setup.wait_for(standby, STARTED, started[standby] + 1)
+            started[standby] += 1
+            active = standby
+            takeovers.append(took_over_at - killed_at)
+            waiting = setup.log(victim).count(WAITING)
+            setup.start(victim)  # back as the standby
+            setup.wait_for(victim, WAITING, waiting + 1)
+        for writer in writers:
+            writer.join()
+        expected = len(written.committed)
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, expected, 240)
+        time.sleep(3)  # a duplicate, if any, would land after the expected records
+        settled = read_to_end(stack.bootstrap_servers, setup.orders_topic)
+        deadline = time.monotonic() + 60
+        while setup.rows_left() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        rows_left = setup.rows_left()
+        logs = setup.log("a")[-2000:] + setup.log("b")[-2000:]
+    assert expected == WRITERS * ROWS_PER_WRITER
+    assert _out_of_order_commits(written.commits) > 20, "the writers' commits were in order"
+    assert len(settled) == expected, f"{seed}\n{logs}"
+    keys = Counter(record.key().decode() for record in records)
+    assert keys == Counter(written.committed), f"each committed row once; {seed}"
+    assert not set(keys) & set(written.rolled_back)
+    by_aggregate: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for record in settled:
+        headers = dict(record.headers())
+        body = json.loads(record.value())
+        by_aggregate[headers["aggregateid"].decode()].append(
+            (record.partition(), record.offset(), body["n"]))
+    for aggregate, entries in by_aggregate.items():
+        numbers = [n for _, _, n in sorted(entries)]
+        assert numbers == sorted(numbers), f"{aggregate} out of commit order; {seed}"
+    assert len(takeovers) == KILLS
+    print(f"takeovers_s={[round(t, 1) for t in takeovers]} "
+          f"out_of_order_commits={_out_of_order_commits(written.commits)}")
+    assert max(takeovers) < 30, takeovers
+    assert rows_left == 0, "the cleanup deletes every delivered row, kills or not"
+
+
+def test_a_table_without_the_relay_columns_is_one_line_naming_the_fix(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with relay_setup(stack, tmp_path, relay_columns=False) as setup:
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "relay", "-c", str(setup.config_path),
+             "--metrics-port", "0"], capture_output=True, text=True, cwd=REPO, timeout=120,
+            check=False)
+    assert result.returncode == 1
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "column 'txid' of type xid8" in error
+    assert "ADD COLUMN IF NOT EXISTS \"txid\" xid8 NOT NULL DEFAULT pg_current_xact_id()" \
+        in error
+
+
+def test_the_relay_writes_the_records_the_router_writes_from_debezium(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    """One table, captured by Debezium and routed by `run`, and read by `relay`: the same key,
+    partition, value, headers and timestamp for every event."""
+    rows = [(str(uuid.uuid4()), f"order-{i % 7}", json.dumps(
+        {"seq": i, "total": "19.90", "nested": {"list": [1, 2.5, None], "text": "naïve ✓"}}),
+             json.dumps({"traceparent": f"00-{i:032x}-{i:016x}-01"}) if i % 2 else None,
+             f"2026-03-0{1 + i % 9} 10:11:12.{i:06d}") for i in range(200)]
+    (tmp_path / "router").mkdir()
+    with pipeline(stack, tmp_path / "router") as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            for statement in relay_columns_ddl(f"public.{pipe.table}", "txid", "seq"):
+                conn.execute(statement)
+        relay_dir = tmp_path / "relay"
+        relay_dir.mkdir()
+        with relay_setup(stack, relay_dir, table=pipe.table,
+                         config={"cleanup": {"mode": "none"}}) as setup:
+            pipe.start_router(wait=True)
+            with psycopg.connect(stack.postgres_dsn) as conn, conn.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, type, "
+                    "payload, headers, created_at) VALUES (%s, 'Order', %s, 'OrderPaid', "
+                    "%s::jsonb, %s::jsonb, %s::timestamp)", rows)
+            routed = pipe.read(pipe.orders_topic, len(rows))
+            setup.start("a")
+            relayed = read_topic(stack.bootstrap_servers, setup.orders_topic, len(rows), 120)
+    assert len(relayed) == len(routed) == len(rows)
+    by_key = {record.key(): record for record in routed}
+    differences = [
+        (record.key(), record.value(), twin.value(), record.headers(), twin.headers(),
+         record.timestamp(), twin.timestamp())
+        for record in relayed
+        if (record.partition(), record.value(), record.headers(), record.timestamp()) != (
+            (twin := by_key[record.key()]).partition(), twin.value(), twin.headers(),
+            twin.timestamp())]
+    assert differences == []
+
+
+def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
+    table = unique("relay_init")
+
+    def init() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
+             "--table", f"public.{table}", "--publication", table, "--relay"],
+            capture_output=True, text=True, cwd=REPO, check=False)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    try:
+        assert "ensured  relay columns txid, seq" in init()
+        init()  # idempotent
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            types = dict(conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE "
+                "attrelid = %s::regclass AND attname IN ('txid', 'seq')",
+                (f"public.{table}",)).fetchall())
+            conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
+                         "payload) VALUES (gen_random_uuid(), 'A', '1', 'T', '{}')")
+            row = conn.execute(f"SELECT seq, txid::text FROM public.{table}").fetchone()
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
+    assert types == {"txid": "xid8", "seq": "bigint"}
+    assert row is not None and row[0] == 1 and int(row[1]) > 0

@@ -1,0 +1,205 @@
+"""The relay's loop over fakes: the fake cluster of router_fakes, a table of rows, a lock."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import DatabaseError
+from cdc_router.relay.guard import RelayPosition, Snapshot
+from cdc_router.relay.loop import OutboxRelay
+from cdc_router.relay.reader import RelayRow
+from cdc_router.router.replay import changelog_records
+from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakeProducer, Stored
+
+TABLE = "public.outbox"
+POSITION = "shop.relay-position"
+
+
+class FakeTable:
+    """Committed rows (seq, txid); the snapshot is set by the test."""
+
+    def __init__(self) -> None:
+        self.rows: list[RelayRow] = []
+        self.now = Snapshot(1, 1)
+        self.columns: dict[str, dict[str, Any]] = {}
+        self.fetches = 0
+
+    def add(self, seq: int, txid: int, **values: Any) -> str:
+        event_id = f"00000000-0000-4000-8000-{seq:012d}"
+        self.rows.append(RelayRow(seq, txid, {
+            "id": event_id, "aggregatetype": "Order", "aggregateid": f"o-{seq % 3}",
+            "type": "OrderPaid", "payload": json.dumps({"seq": seq}), "headers": None,
+            "created_at": "2026-03-01 10:11:12.123456", **values}))
+        return event_id
+
+    def snapshot(self) -> Snapshot:
+        return self.now
+
+    def fetch(self, position: RelayPosition, limit: int) -> list[RelayRow]:
+        self.fetches += 1
+        return sorted((row for row in self.rows if position.wanted(row.txid, row.seq)),
+                      key=lambda row: row.seq)[:limit]
+
+    def reset(self) -> None:
+        pass
+
+
+class FakeLock:
+    def __init__(self) -> None:
+        self.alive = True
+        self.released = False
+
+    def acquire(self, wait: Any) -> bool:
+        return True
+
+    def held(self) -> bool:
+        return self.alive
+
+    def release(self) -> None:
+        self.released = True
+
+
+def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
+           batch_rows: int = 3, name: str = TABLE,
+           dedup: bool = True) -> tuple[OutboxRelay, list[str]]:
+    config = RouterConfig.model_validate({
+        "source": {"group_id": "shop"}, "routes": [{"topic": ORDERS}],
+        "dedup": {"enabled": dedup},
+        "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
+    delivered: list[str] = []
+
+    def records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[tuple[Any, Any]]:
+        for stored in cluster.committed(topic):
+            yield stored.key, stored.value
+
+    relay = OutboxRelay(compile_config(config), dsn="postgresql://unused", instance_id="t",
+                        producer_factory=lambda conf: FakeProducer(cluster, conf),
+                        reader=table, lock=lock or FakeLock(), records=records,  # type: ignore[arg-type]
+                        on_delivered=lambda events: delivered.extend(e.event_id for e in events))
+    return relay, delivered
+
+
+def _cluster() -> FakeCluster:
+    cluster = FakeCluster()
+    cluster.partitions[POSITION] = 1
+    return cluster
+
+
+def _run_until(relay: OutboxRelay, done: Any, timeout_s: float = 10) -> None:
+    """Run the relay on a thread until `done()` holds, then stop it."""
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    deadline = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if done():
+            break
+        deadline.wait(0.01)
+    relay.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_each_batch_commits_its_records_with_the_next_position() -> None:
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, txid) for seq, txid in ((1, 10), (2, 12), (3, 10), (4, 11))]
+    table.now = Snapshot(13, 13)
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 4)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # seq order
+    positions = [RelayPosition.from_json(s.value) for s in cluster.committed(POSITION)
+                 if s.value is not None]
+    # A full batch of 3 pages on within the read; the short one ends it.
+    assert positions == [RelayPosition(None, Snapshot(13, 13), 3), RelayPosition(
+        Snapshot(13, 13))]
+    assert [s.key for s in cluster.committed(POSITION)] == [TABLE.encode()] * 2
+    assert delivered == ids
+
+
+def test_a_restarted_relay_goes_on_from_the_committed_position() -> None:
+    """Without the replay filter: the position alone keeps the first row from going twice."""
+    cluster, table = _cluster(), FakeTable()
+    first = table.add(1, 10)
+    second = table.add(2, 11)  # still running at the first snapshot
+    table.now = Snapshot(11, 12, (11,))
+    relay, _ = _relay(cluster, table, dedup=False)
+    _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1)
+    table.now = Snapshot(12, 12)
+    # The same table, spelled otherwise: the same position.
+    again, _ = _relay(cluster, table, name="outbox", dedup=False)
+    _run_until(again, lambda: len(cluster.committed(ORDERS)) >= 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first, second]
+
+
+def test_a_failed_commit_keeps_the_position_and_the_batch_is_read_again() -> None:
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                              txn_requires_abort=True))
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert cluster.journal.count("abort") == 1 and table.fetches >= 2
+    assert relay.position == RelayPosition(Snapshot(11, 11))
+
+
+def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
+    cluster, table = _cluster(), FakeTable()
+    bad = table.add(1, 10, payload=None)
+    good = table.add(2, 10)
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 1)
+    [letter] = cluster.committed(DLQ)
+    assert letter.header("dlq.stage") == "decode"
+    assert letter.header("dlq.source.topic") == TABLE
+    assert letter.header("dlq.source.offset") == "1"
+    assert json.loads(letter.value or b"")["after"]["id"] == bad
+    assert delivered == [good]
+
+
+def test_an_id_in_the_changelog_is_dropped_as_a_replay() -> None:
+    cluster, table = _cluster(), FakeTable()
+    seen = table.add(1, 10)
+    fresh = table.add(2, 10)
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+                                for mark in changelog_records([seen], int(time.time() * 1000))])
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 1)
+    assert delivered == [fresh]
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [fresh]
+
+
+def test_a_lost_lock_stops_the_relay_with_one_line() -> None:
+    cluster, table, lock = _cluster(), FakeTable(), FakeLock()
+    lock.alive = False
+    relay, _ = _relay(cluster, table, lock)
+    with pytest.raises(DatabaseError, match=r"lost its lock on public\.outbox"):
+        relay.run()
+    assert lock.released
+
+
+def test_a_row_the_broker_refuses_is_isolated_and_dead_lettered_the_rest_once() -> None:
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in range(1, 6)]
+    poison = table.add(6, 10, payload=json.dumps({"poison": True}))
+    table.now = Snapshot(11, 11)
+    cluster.refuse = lambda topic, value, timestamp: (
+        KafkaError.MSG_SIZE_TOO_LARGE if topic == ORDERS and b"poison" in (value or b"")
+        else None)
+    relay, delivered = _relay(cluster, table, batch_rows=10)
+    _run_until(relay, lambda: len(cluster.committed(DLQ)) == 1)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids
+    [letter] = cluster.committed(DLQ)
+    assert letter.header("dlq.stage") == "produce" and letter.header("dlq.event.id") == poison
+    assert delivered == ids
