@@ -23,8 +23,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
+from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
 from cdc_router.connect import ConnectClient, load_spec
 from cdc_router.outbox import CaptureSetup, OutboxSchema, init_outbox, init_steps, new_event_id
+from cdc_router.outbox.relay_columns import relay_columns_ddl
 from cdc_router.postgres import table_identifier
 from cdc_router.router.topics import TopicAdmin
 from tests.integration.support import StackEndpoints, drop_slot
@@ -82,18 +84,31 @@ class BenchStack:
 
     def polled_table(self, suffix: str) -> str:
         """An outbox with a `published` flag, for the polling relays (no publication)."""
+        table = self._plain_outbox(suffix)
+        identifier = table_identifier(table)
+        with psycopg.connect(self.stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL(
+                "ALTER TABLE {} ADD COLUMN published boolean NOT NULL DEFAULT false").format(
+                identifier))
+            conn.execute(psycopg.sql.SQL("CREATE INDEX ON {} (created_at)").format(identifier))
+        return table
+
+    def _plain_outbox(self, suffix: str) -> str:
+        """The outbox table `outbox init` creates, without publication or role; its name."""
         table = f"public.{self.name}_{suffix}"
-        schema = OutboxSchema(table=table)
         self._tables.append(table)
-        create = next(step for step in init_steps(schema, CaptureSetup())
+        create = next(step for step in init_steps(OutboxSchema(table=table), CaptureSetup())
                       if step.label == f"table {table}")
         with psycopg.connect(self.stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(create.statement)
-            conn.execute(psycopg.sql.SQL(
-                "ALTER TABLE {} ADD COLUMN published boolean NOT NULL DEFAULT false").format(
-                schema.identifier))
-            conn.execute(psycopg.sql.SQL("CREATE INDEX ON {} (created_at)").format(
-                schema.identifier))
+        return table
+
+    def relay_table(self, suffix: str) -> str:
+        """An outbox with the columns `cdc-router relay` needs (`outbox init --relay`)."""
+        table = self._plain_outbox(suffix)
+        with psycopg.connect(self.stack.postgres_dsn, autocommit=True) as conn:
+            for statement in relay_columns_ddl(table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN):
+                conn.execute(statement)
         return table
 
     def bulk_insert(self, table: str, rows: int) -> float:
@@ -195,17 +210,55 @@ class BenchStack:
         self.admin.apply(self.admin.plan(config.topic_specs()))
         return path, destination
 
+    def relay_config(self, suffix: str, table: str) -> tuple[Path, str]:
+        """A router.yaml for `cdc-router relay` on `table` into `<run>-<suffix>` (4
+        partitions), cleanup delete; its topics created; (config path, destination topic)."""
+        destination = f"{self.dashed}-{suffix}"
+        path = self.workdir / f"{suffix}.yaml"
+        path.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": self.stack.bootstrap_servers},
+            "source": {"group_id": self.group(suffix)},
+            "relay": {"table": table},
+            "routes": [{"topic": destination}],
+            "dead_letter": {"topic": f"{destination}-dlq"},
+            "dedup": {"changelog_topic": f"{destination}-dedup"},
+            "cleanup": {"mode": "delete", "table": table},
+            "topics": [{"name": destination, "partitions": 4}],
+        }))
+        config = load_config(path, env=self._relay_env()).config
+        self.admin.apply(self.admin.plan(config.topic_specs()))
+        return path, destination
+
+    def start_cdc_relay(self, config: Path, timeout_s: float = 120) -> int:
+        """`cdc-router relay` as a process of its own (its DSN from the environment); returns
+        once it holds the table's lock and has read its position back."""
+        return self._start_logged(
+            ["-m", "cdc_router", "relay", "-c", str(config), "--instance-id",
+             f"{self.dashed}-relay", "--metrics-port", "0"], self.workdir / "cdc-relay.log",
+            "event=relay_started", timeout_s, env=self._relay_env())
+
+    def _relay_env(self) -> dict[str, str]:
+        """The relay's DSN and its cleanup's, as a deployment sets them: by environment."""
+        return {"CDC_ROUTER__RELAY__DSN": self.stack.postgres_dsn,
+                "CDC_ROUTER__CLEANUP__DSN": self.stack.postgres_dsn}
+
     def start_router(self, config: Path, instance: str, timeout_s: float = 120) -> int:
         """`cdc-router run` as a process of its own; returns once it has its partitions."""
-        log_path = self.workdir / f"{instance}.log"
-        before = log_path.read_text().count("event=assigned") if log_path.exists() else 0
-        process = self._spawn(["-m", "cdc_router", "run", "-c", str(config), "--instance-id",
-                               f"{self.dashed}-{instance}", "--metrics-port", "0"], log_path)
+        return self._start_logged(
+            ["-m", "cdc_router", "run", "-c", str(config), "--instance-id",
+             f"{self.dashed}-{instance}", "--metrics-port", "0"],
+            self.workdir / f"{instance}.log", "event=assigned", timeout_s)
+
+    def _start_logged(self, args: list[str], log_path: Path, ready: str, timeout_s: float,
+                      env: dict[str, str] | None = None) -> int:
+        """Spawn a process and wait until its log says `ready` (once more than before)."""
+        before = log_path.read_text().count(ready) if log_path.exists() else 0
+        process = self._spawn(args, log_path, env=env)
         deadline = time.monotonic() + timeout_s
-        while log_path.read_text(errors="replace").count("event=assigned") <= before:
+        while log_path.read_text(errors="replace").count(ready) <= before:
             if process.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"router {instance} got no partitions; its log ends:\n{tail}")
+                raise RuntimeError(f"{args[1:4]} never logged {ready}; its log ends:\n{tail}")
             time.sleep(0.1)
         return process.pid
 
@@ -216,10 +269,12 @@ class BenchStack:
                               self.workdir / f"relay-{kind}.log")
         return process.pid
 
-    def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_path: Path,
+               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log:
             process = subprocess.Popen([sys.executable, *args], stdout=log,
-                                       stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
+                                       stderr=subprocess.STDOUT, cwd=REPO,
+                                       env={**os.environ, **(env or {})})
         self._processes.append(process)
         return process
 

@@ -19,6 +19,7 @@ ALONE_EOS = "router alone, exactly-once"
 ALONE_ALO = "router alone, at-least-once"
 PLAIN = "plain consume-produce hop"
 SMT = "EventRouter SMT"
+RELAY = "cdc-router relay"
 NAIVE = "naive polling relay"
 TUNED = "tuned poller"
 

@@ -8,8 +8,9 @@ CDC_ROUTER_PG_DSN (default: the local stack's addresses). Every object it create
 named for the run and removed at the end, also when the run fails.
 
 Paths: Debezium (connectors/outbox-connector.json) then `cdc-router run` exactly-once and
-at-least-once; Debezium with the EventRouter SMT (a second connector, its own slot); a naive
-polling relay and a tuned poller (tests/bench/relays.py); and, on the raw topic Debezium filled,
+at-least-once; Debezium with the EventRouter SMT (a second connector, its own slot);
+`cdc-router relay` (exactly-once, cleanup delete); a naive polling relay and a tuned poller
+(tests/bench/relays.py); and, on the raw topic Debezium filled,
 the router alone and a plain consume-produce hop.
 
 Throughput: a bulk of rows per path, rows/s between the first and the last record a
@@ -78,6 +79,9 @@ class Paths:
     eos_topic: str
     alo_config: Path
     alo_topic: str
+    relay_table: str
+    relay_config: Path
+    relay_topic: str
 
 
 def log(text: str) -> None:
@@ -99,9 +103,12 @@ def set_up(bench: BenchStack) -> Paths:
         "transforms.outbox.route.topic.replacement": smt_topic})
     eos_config, eos_topic = bench.router_config("eos", raw, "exactly_once")
     alo_config, alo_topic = bench.router_config("alo", raw, "at_least_once")
+    relay_table = bench.relay_table("c")
+    relay_config, relay_topic = bench.relay_config("relay", relay_table)
     return Paths(router_table, smt_table, naive_table, tuned_table, raw, smt_topic,
                  bench.topic(f"{bench.dashed}-naive"), bench.topic(f"{bench.dashed}-tuned"),
-                 router_connector, smt_connector, eos_config, eos_topic, alo_config, alo_topic)
+                 router_connector, smt_connector, eos_config, eos_topic, alo_config, alo_topic,
+                 relay_table, relay_config, relay_topic)
 
 
 def seen(watcher: Watcher, path: str, topic: str, expected: int, note: str = "") -> Throughput:
@@ -176,13 +183,18 @@ def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throug
     log("EventRouter SMT: bulk pass")
     (smt,) = bulk_pass(bench, paths.smt_connector, paths.smt_table,
                        {report.SMT: paths.smt_topic}, options)
-    naive, tuned = relay_throughput(bench, paths, options)
     return [raw_alone, raw_1, raw_2, eos_path, alo_path, alone_eos, alone_alo, plain, smt,
-            naive, tuned]
+            *relay_throughput(bench, paths, options)]
 
 
-def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> tuple[
-        Throughput, Throughput]:
+def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throughput]:
+    """The pollers on a backlog: cdc-router relay, the naive relay, the tuned poller."""
+    log("cdc-router relay: bulk (exactly-once, cleanup delete)")
+    bench.bulk_insert(paths.relay_table, options.rows)
+    relay, relay_pid = drain(bench, lambda: bench.start_cdc_relay(paths.relay_config),
+                             report.RELAY, paths.relay_topic, options.rows, options,
+                             "visibility guard, Kafka transactions, DELETE after commit")
+    bench.stop(relay_pid)
     log(f"naive polling relay: {options.naive_rows:,} rows (its ceiling is 200 rows/s)")
     bench.bulk_insert(paths.naive_table, options.naive_rows)
     naive, pid = drain(bench, lambda: bench.start_relay("naive", paths.naive_table,
@@ -198,24 +210,28 @@ def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> tuple
                        "adaptive, 2,000 a batch, DELETE ... RETURNING")
     bench.stop(pid)
     with psycopg.connect(bench.stack.postgres_dsn, autocommit=True) as conn:
-        for table in (paths.naive_table, paths.tuned_table):  # a cut-off relay leaves rows
+        for table in (paths.naive_table, paths.tuned_table, paths.relay_table):
+            # A cut-off relay leaves rows.
             conn.execute(psycopg.sql.SQL("TRUNCATE {}").format(table_identifier(table)))
-    return naive, tuned
+    return [relay, naive, tuned]
 
 
 def latency(bench: BenchStack, paths: Paths, options: Options) -> list[Latency]:
     """All paths at once on the same commits (both routers are running and caught up)."""
     log(f"latency: {options.rate:g} rows/s for {options.latency_seconds:g}s into every path")
     relays = [bench.start_relay("naive", paths.naive_table, paths.naive_topic),
-              bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic)]
+              bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic),
+              bench.start_cdc_relay(paths.relay_config)]
     topics = {report.RAW: paths.raw, report.ROUTER_EOS: paths.eos_topic,
               report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic,
-              report.NAIVE: paths.naive_topic, report.TUNED: paths.tuned_topic}
+              report.RELAY: paths.relay_topic, report.NAIVE: paths.naive_topic,
+              report.TUNED: paths.tuned_topic}
     time.sleep(3)  # the relays' interpreters start up; the routers already poll
     watcher = Watcher(bench.stack.bootstrap_servers, topics.values(), ids=True)
     try:
         commits = bench.steady_insert([paths.router_table, paths.smt_table, paths.naive_table,
-                                       paths.tuned_table], options.rate, options.latency_seconds)
+                                       paths.tuned_table, paths.relay_table], options.rate,
+                                      options.latency_seconds)
         watcher.wait_for_ids(topics.values(), set(commits), options.timeout_s)
     finally:
         watcher.stop()
