@@ -183,7 +183,9 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
     for future in admin.create_topics([NewTopic(pipe.raw_topic, raw_partitions, 1)]).values():
         future.result(timeout=30)
     apply_topics(pipe)
-    connector_config = debezium_config(stack, name=name, prefix=dashed, **(connector or {}))
+    # Overrides may name the run's table as {table} (e.g. message.key.columns).
+    overrides = {key: value.replace("{table}", name) for key, value in (connector or {}).items()}
+    connector_config = debezium_config(stack, name=name, prefix=dashed, **overrides)
     connect = connect_url or stack.connect_url
     reply = httpx.put(f"{connect}/connectors/{dashed}/config", json=connector_config, timeout=30)
     assert reply.status_code in (200, 201), reply.text

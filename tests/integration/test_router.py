@@ -42,6 +42,12 @@ def test_10k_events_over_50_aggregates_each_once_in_order(stack: StackEndpoints,
         records = pipe.read(pipe.orders_topic, 10_000)
         extra = pipe.read_all(pipe.orders_topic, settle_s=3)
         assert len(extra) == 10_000, pipe.router_log()[-3000:]
+    _assert_each_once_in_commit_order(records, ids, partitions=4, aggregates=50)
+
+
+def _assert_each_once_in_commit_order(records: list[Any], ids: list[str], *, partitions: int,
+                                      aggregates: int) -> None:
+    """Every id once, keyed and partitioned by the contract, each aggregate in seq order."""
     keys = Counter(record.key().decode() for record in records)
     assert keys == Counter(ids), "every event id exactly once"
     by_aggregate: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
@@ -50,13 +56,41 @@ def test_10k_events_over_50_aggregates_each_once_in_order(stack: StackEndpoints,
         assert headers["id"] == record.key().decode()
         assert headers["aggregatetype"] == "Order" and headers["type"] == "OrderPaid"
         aggregate = headers["aggregateid"]
-        assert record.partition() == java_default_partition(aggregate.encode(), 4)
+        assert record.partition() == java_default_partition(aggregate.encode(), partitions)
         seq = json.loads(record.value())["seq"]
         by_aggregate[aggregate].append((record.partition(), record.offset(), seq))
-    assert len(by_aggregate) == 50
+    assert len(by_aggregate) == aggregates
     for aggregate, entries in by_aggregate.items():
         seqs = [seq for _, _, seq in sorted(entries)]
         assert seqs == sorted(seqs), f"{aggregate}'s events out of commit order"
+
+
+def test_scale_out_raw_partitions_keyed_by_aggregate_two_instances_keep_its_order(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # README, "Scaling out": Debezium keys the raw topic by the aggregate id
+    # (message.key.columns), so an aggregate's events share a raw partition in commit order,
+    # and each instance of one group owns whole raw partitions. One instance is killed -9
+    # midway: its partitions move, and its open batch is re-read by the other.
+    with pipeline(stack, tmp_path, partitions=4, raw_partitions=2,
+                  connector={"message.key.columns": "public.{table}:aggregateid"}) as pipe:
+        pipe.start_router("a", wait=True)
+        pipe.start_router("b", wait=True)
+        rows = _orders(4_000, 40)
+        ids = pipe.insert(rows[:2_000], per_transaction=50)
+        pipe.read(pipe.orders_topic, 1_000)
+        pipe.kill_router("b")
+        ids += pipe.insert(rows[2_000:], per_transaction=50)
+        records = pipe.read(pipe.orders_topic, 4_000)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=3)
+        raw = pipe.read_all(pipe.raw_topic, settle_s=1)
+    assert len(settled) == 4_000
+    raw_partitions: dict[str, set[int]] = defaultdict(set)
+    for record in raw:
+        raw_partitions[json.loads(record.value())["after"]["aggregateid"]].add(
+            record.partition())
+    assert all(len(found) == 1 for found in raw_partitions.values()), "one raw partition each"
+    assert {p for found in raw_partitions.values() for p in found} == {0, 1}
+    _assert_each_once_in_commit_order(records, ids, partitions=4, aggregates=40)
 
 
 def test_kill_9_of_the_router_five_times_loses_and_doubles_nothing(stack: StackEndpoints,
