@@ -63,6 +63,7 @@ class JetStreamPublisher:
         self._thread: threading.Thread | None = None
         self._client: Any = None
         self._js: Any = None
+        self._closing = False
 
     def publish_batch(self, messages: Sequence[NatsMessage]) -> BatchAcks:
         """Publish every message and wait for all their acks (at most the ack timeout).
@@ -123,8 +124,9 @@ class JetStreamPublisher:
                 self._client = await asyncio.wait_for(nats.connect(
                     self._url, name=self._name, connect_timeout=self._connect_timeout_s,
                     max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                    allow_reconnect=True, error_cb=_log_error, disconnected_cb=_log_disconnected,
-                    reconnected_cb=_log_reconnected), timeout=self._connect_timeout_s)
+                    allow_reconnect=True, error_cb=_log_error,
+                    disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected),
+                    timeout=self._connect_timeout_s)
             except (NatsError, OSError, TimeoutError) as error:
                 self._client = None
                 raise JetStreamError(f"cannot connect to NATS at {self._url}: "
@@ -152,7 +154,12 @@ class JetStreamPublisher:
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
 
+    async def _disconnected(self) -> None:
+        if not self._closing:
+            log.warning("event=nats_disconnected url=%s", self._url)
+
     async def _disconnect(self) -> None:
+        self._closing = True
         if self._client is not None and not self._client.is_closed:
             await self._client.drain()
         self._client = self._js = None
@@ -165,10 +172,6 @@ def _text(error: BaseException) -> str:
 # nats-py's default callbacks print a traceback per failed reconnect: one line each instead.
 async def _log_error(error: Exception) -> None:
     log.debug("event=nats_error error=%s", _text(error))
-
-
-async def _log_disconnected() -> None:
-    log.warning("event=nats_disconnected")
 
 
 async def _log_reconnected() -> None:

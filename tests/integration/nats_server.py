@@ -1,0 +1,53 @@
+"""A real nats-server (Debian's) with JetStream for tests, started by the local stack's own
+code on a free port under a home of the test's, stopped by its pid; and a stream reader."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from cdc_router.local import process, stack
+from cdc_router.local.config import StackConfig
+from tests.integration.redis_server import free_port
+
+
+@contextmanager
+def nats_server(home: Path) -> Iterator[str]:
+    """nats-server with JetStream under `home`; yields its URL, stops it by pid at the end."""
+    config = StackConfig(home=home.resolve(), jar_cache=home / "jars", nats_port=free_port())
+    stack.up_nats(config, lambda line: None)
+    try:
+        yield config.nats_url
+    finally:
+        pid = process.read_pid(config.pid_path("nats"))
+        if pid is not None:
+            process.stop(pid, str(config.home), sig=signal.SIGTERM)
+
+
+def read_stream(url: str, stream: str, timeout_s: float = 5.0) -> list[Any]:
+    """Every message stored in `stream`, first to last (a pull consumer of our own)."""
+
+    async def read() -> list[Any]:
+        client = await nats.connect(url)
+        try:
+            js = client.jetstream()
+            total = (await js.stream_info(stream)).state.messages
+            subscription = await js.pull_subscribe("", stream=stream)
+            messages: list[Any] = []
+            while len(messages) < total:
+                batch = await subscription.fetch(min(500, total - len(messages)),
+                                                 timeout=timeout_s)
+                for message in batch:
+                    await message.ack()
+                messages += batch
+            return messages
+        finally:
+            await client.close()
+
+    return asyncio.run(read())
