@@ -17,17 +17,33 @@ from cdc_router.local.config import StackConfig
 from tests.integration.redis_server import free_port
 
 
-@contextmanager
-def nats_server(home: Path) -> Iterator[str]:
-    """nats-server with JetStream under `home`; yields its URL, stops it by pid at the end."""
-    config = StackConfig(home=home.resolve(), jar_cache=home / "jars", nats_port=free_port())
-    stack.up_nats(config, lambda line: None)
-    try:
-        yield config.nats_url
-    finally:
-        pid = process.read_pid(config.pid_path("nats"))
+class NatsServer:
+    """nats-server with JetStream under `home`, on a free port; start() again keeps its store."""
+
+    def __init__(self, home: Path) -> None:
+        self.config = StackConfig(home=home.resolve(), jar_cache=home / "jars",
+                                  nats_port=free_port())
+        self.url = self.config.nats_url
+
+    def start(self) -> None:
+        stack.up_nats(self.config, lambda line: None)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Stop the server by its pid (never by name)."""
+        pid = process.read_pid(self.config.pid_path("nats"))
         if pid is not None:
-            process.stop(pid, str(config.home), sig=signal.SIGTERM)
+            process.stop(pid, str(self.config.home), sig=sig)
+
+
+@contextmanager
+def nats_server(home: Path) -> Iterator[NatsServer]:
+    """A started NatsServer under `home`, stopped at the end."""
+    server = NatsServer(home)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def read_stream(url: str, stream: str, timeout_s: float = 5.0) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -29,8 +30,8 @@ HOSTILE_TYPES = ["Order Paid", "a.>", "*", "a.", "x\r\nPUB y 1", "..", "x" * 300
 
 @pytest.fixture(scope="module")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with nats_server(tmp_path_factory.mktemp("nats-home")) as url:
-        yield url
+    with nats_server(tmp_path_factory.mktemp("nats-home")) as server:
+        yield server.url
 
 
 def _use_jetstream(pipe: Pipeline, url: str) -> tuple[str, str]:
@@ -145,3 +146,32 @@ def test_a_crash_between_the_acks_and_the_kafka_commit_is_absorbed_by_the_duplic
         log = pipe.router_log()
     assert absorbed in log, log[-3000:]
     assert Counter(message.headers["id"] for message in messages) == Counter(ids)
+
+
+def test_a_nats_outage_fails_batches_and_the_router_catches_up_when_it_is_back(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    rows: list[Row] = [("Order", f"order-{i % 5}", "OrderPaid", {"seq": i}) for i in range(400)]
+    with nats_server(tmp_path / "own-nats") as server, \
+            pipeline(stack, tmp_path, partitions=2) as pipe:
+        stream, _ = _use_jetstream(pipe, server.url)
+        pipe.start_router(wait=True)
+        ids = pipe.insert(rows[:200])
+        deadline = time.monotonic() + 60
+        while len(read_stream(server.url, stream)) < 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        server.stop(signal.SIGKILL)
+        ids += pipe.insert(rows[200:])
+        deadline = time.monotonic() + 60
+        while "event=batch_aborted" not in pipe.router_log() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        server.start()
+        deadline = time.monotonic() + 120
+        while len(read_stream(server.url, stream)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(2)
+        messages = read_stream(server.url, stream)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=0)
+        log = pipe.router_log()
+    assert "event=batch_aborted cause=cluster" in log, log[-3000:]
+    assert letters == [], "an outage is no record's fault: nothing is dead-lettered"
+    assert Counter(message.headers["id"] for message in messages) == Counter(ids), log[-3000:]
