@@ -183,7 +183,9 @@ def _patterns(value: str | list[str]) -> str:
 
 
 def _rule_options(rule: RouteRule) -> str:
-    options = [f"key {rule.key}", f"partition {rule.partition}", rule.format]
+    # JetStream has no keys or partitions: a nats route's record is its subject, data, headers.
+    options: list[str] = [rule.format] if rule.nats else [f"key {rule.key}",
+                                               f"partition {rule.partition}", rule.format]
     if rule.cloudevents:
         options.append(f"cloudevents ({rule.ce_source})")
     if rule.headers:
@@ -218,6 +220,11 @@ def _summary(path: Path, config: RouterConfig) -> str:
               f"protected  {', '.join(config.protected_topics)}, __*, the source and the "
               "router's own topics",
               f"allowed    {', '.join(config.allowed_topics or ['any name not protected'])}"]
+    if config.nats is not None:
+        streams = ", ".join(f"{stream.name} ({' '.join(stream.subjects)})"
+                            for stream in config.nats.streams)
+        lines.append(f"nats       {config.nats.url}; streams {streams or 'none'} (created by "
+                     "`cdc-router streams apply`)")
     return "\n".join(lines)
 
 

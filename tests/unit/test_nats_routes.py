@@ -126,3 +126,17 @@ def test_a_kafka_and_a_nats_route_load_side_by_side(tmp_path: Path) -> None:
     assert [route.nats for route in compiled.routes] == [True, False]
     assert compiled.config.nats is not None
     assert compiled.config.nats.streams[0].duplicate_window_ms == 3_600_000
+
+
+def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\nroutes:\n"
+                 "  - {nats: {subject: 'orders.{type}'}}\n"
+                 "nats: {streams: [{name: ORDERS, subjects: ['orders.>']}]}\n")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "nats orders.{type}  json" in result.output
+    assert "streams ORDERS (orders.>)" in result.output
