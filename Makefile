@@ -78,10 +78,10 @@ clean: ## Stop the local stack and remove its data
 # Docker (docker/README.md). Compose v2 when the docker CLI has it, else Debian's docker-compose v1.
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := docker/docker-compose.yml
-COMPOSE_PROFILES_ALL := redis registry monitoring
+COMPOSE_PROFILES_ALL := redis registry monitoring nats
 PROFILES ?=
 
-up: docker/.env ## Docker: build and start the pipeline; PROFILES="redis registry monitoring" adds those
+up: docker/.env ## Docker: build and start the pipeline; PROFILES="redis registry monitoring nats" adds those
 	$(COMPOSE) -f $(COMPOSE_FILE) --env-file docker/.env $(foreach p,$(PROFILES),--profile $(p)) up -d --build
 
 down: ## Docker: stop and remove the containers (the data volumes stay)
