@@ -140,3 +140,24 @@ def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "nats orders.{type}  json" in result.output
     assert "streams ORDERS (orders.>)" in result.output
+
+
+JETSTREAM_CONFIG = {"source": {"topics": [SOURCE], "group_id": "g"},
+                    "routes": [{"nats": {"subject": "orders.{type}"}}], "nats": STREAMS}
+
+
+def test_the_relay_refuses_a_jetstream_route_before_it_starts() -> None:
+    from cdc_router.relay.loop import OutboxRelay
+
+    config = RouterConfig.model_validate({**JETSTREAM_CONFIG, "relay": {"table": "outbox"}})
+    with pytest.raises(ConfigError, match=r"field 'routes\[0\]\.nats': cdc-router relay does "
+                       "not publish to NATS JetStream yet"):
+        OutboxRelay(compile_config(config), dsn="postgresql://unused", instance_id="t")
+
+
+def test_dlq_replay_refuses_a_jetstream_route_before_it_starts() -> None:
+    from cdc_router.router.dlq_replay import DeadLetterReplay
+
+    config = RouterConfig.model_validate(JETSTREAM_CONFIG)
+    with pytest.raises(ConfigError, match="cdc-router dlq replay does not publish to NATS"):
+        DeadLetterReplay(compile_config(config), dry_run=True)
