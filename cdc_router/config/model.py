@@ -129,6 +129,15 @@ class RouterConfig(_Model):
             problem = guard.problem(subject) if subject is not None else None
             if problem:
                 raise _fail(f"routes[{index}].nats.subject", problem, subject)
+        nats = self.nats
+        longest_wait_ms = nats.connect_timeout_ms + nats.ack_timeout_ms if nats else 0
+        if routes and nats is not None and \
+                longest_wait_ms >= self.delivery.transaction_timeout_ms:
+            # The Kafka transaction stays open while the batch waits for its acks: a wait
+            # that outlasts it would have the coordinator abort the batch under us.
+            raise _fail("nats.ack_timeout_ms", "nats.connect_timeout_ms + nats.ack_timeout_ms "
+                        "must stay below delivery.transaction_timeout_ms "
+                        f"({self.delivery.transaction_timeout_ms})", nats.ack_timeout_ms)
         names = [stream.name for stream in (self.nats.streams if self.nats else [])]
         for index, name in enumerate(names):
             if name in names[:index]:

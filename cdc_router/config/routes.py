@@ -102,6 +102,10 @@ class RouteRule(_Model):
         if (self.topic is None) == (self.nats is None):
             raise _fail("topic", "a route needs exactly one destination: `topic:` (Kafka) or "
                         "`nats: {subject: ...}` (JetStream)", self.topic)
+        given = {"key", "partition"} & self.model_fields_set
+        if self.nats is not None and given:
+            raise _fail(sorted(given)[0], "a JetStream route has no key or partition: the "
+                        "event id travels as Nats-Msg-Id, and a stream has no partitions")
         if self.format == "avro" and not self.schema_path:
             raise _fail("schema", "format avro needs a schema file (or a mapping of event "
                         "type to schema file)")

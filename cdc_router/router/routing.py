@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
-from cdc_router.config.nats import nats_header_problem
+from cdc_router.config.nats import MSG_ID_HEADER, nats_header_problem
 from cdc_router.config.topic_names import render_topic
 from cdc_router.errors import RouteError, show
 from cdc_router.router.debezium import OutboxEvent, Skipped
@@ -172,7 +172,8 @@ def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ..
     """RouteError when NATS would refuse or misread the message: a header that cannot be a
     NATS header line, or a message over the server's max_payload (which would close the
     connection, stalling every batch)."""
-    size = len(value)
+    # The header block: "NATS/1.0\r\n", a line per header, Nats-Msg-Id's, a closing "\r\n".
+    size = len(value) + len("NATS/1.0\r\n\r\n") + len(MSG_ID_HEADER) + len(event.event_id) + 4
     for name, raw in headers:
         text = raw.decode()
         problem = nats_header_problem(name, text)

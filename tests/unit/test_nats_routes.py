@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,20 @@ def test_dlq_replay_refuses_a_jetstream_route_before_it_starts() -> None:
     config = RouterConfig.model_validate(JETSTREAM_CONFIG)
     with pytest.raises(ConfigError, match="cdc-router dlq replay does not publish to NATS"):
         DeadLetterReplay(compile_config(config), dry_run=True)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("routes: [{nats: {subject: orders.x}, key: aggregate_id}]",
+     "field 'routes[0].key': a JetStream route has no key or partition"),
+    ("routes: [{nats: {subject: orders.x}, partition: key}]",
+     "field 'routes[0].partition': a JetStream route has no key or partition"),
+    ("routes: [{nats: {subject: orders.x}}]\ndelivery: {transaction_timeout_ms: 10000}",
+     "field 'nats.ack_timeout_ms': nats.connect_timeout_ms + nats.ack_timeout_ms must stay "
+     "below delivery.transaction_timeout_ms (10000)"),
+])
+def test_nats_route_settings_that_cannot_apply_are_refused(tmp_path: Path, text: str,
+                                                          expected: str) -> None:
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\n" + text + "\n"
+                 "nats: {streams: [{name: O, subjects: [orders.>]}]}\n")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(path)
