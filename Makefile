@@ -1,7 +1,7 @@
 # cdc-router: `make help` lists the targets.
 PYTHON ?= python3
 CDC := $(PYTHON) -m cdc_router
-APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-compose
+APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose
 
 .DEFAULT_GOAL := help
 .PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-scale bench-avro clean
@@ -11,13 +11,14 @@ APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server docker-
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-system-deps: ## Install Postgres 15, Java 17, Maven, Redis (Debian packages; needs root)
+system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server (Debian packages; needs root)
 	@if [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade $(APT_PACKAGES) >/dev/null; \
 	else \
 		for tool in java mvn redis-server; do command -v $$tool >/dev/null || { echo "missing $$tool: run 'sudo make system-deps'"; exit 1; }; done; \
 		ls /usr/lib/postgresql/15/bin/postgres >/dev/null || { echo "missing postgresql-15: run 'sudo make system-deps'"; exit 1; }; \
+		command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { echo "missing nats-server: run 'sudo make system-deps'"; exit 1; }; \
 	fi
 
 install: system-deps ## Install the package with its dev extra
@@ -80,10 +81,10 @@ clean: ## Stop the local stack and remove its data
 # Docker (docker/README.md). Compose v2 when the docker CLI has it, else Debian's docker-compose v1.
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := docker/docker-compose.yml
-COMPOSE_PROFILES_ALL := redis registry monitoring
+COMPOSE_PROFILES_ALL := redis registry monitoring nats
 PROFILES ?=
 
-up: docker/.env ## Docker: build and start the pipeline; PROFILES="redis registry monitoring" adds those
+up: docker/.env ## Docker: build and start the pipeline; PROFILES="redis registry monitoring nats" adds those
 	$(COMPOSE) -f $(COMPOSE_FILE) --env-file docker/.env $(foreach p,$(PROFILES),--profile $(p)) up -d --build
 
 down: ## Docker: stop and remove the containers (the data volumes stay)

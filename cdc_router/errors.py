@@ -108,6 +108,10 @@ class DeadLetterRefused(DeliveryError):
         return self.code in _TOO_LARGE
 
 
+class JetStreamError(CdcRouterError):
+    """NATS JetStream did not acknowledge a batch (server down, no stream, ack timeout)."""
+
+
 class BatchFailed(Exception):
     """The router's open batch cannot commit: abort it and rewind to the committed offsets."""
 

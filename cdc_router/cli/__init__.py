@@ -25,6 +25,7 @@ COMMAND_MODULES: dict[str, str] = {
     "rules": "cdc_router.cli.rules",
     "schemas": "cdc_router.cli.schemas",
     "status": "cdc_router.cli.status",
+    "streams": "cdc_router.cli.streams",
     "topics": "cdc_router.cli.topics",
 }
 

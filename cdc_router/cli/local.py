@@ -1,4 +1,5 @@
-"""`cdc-router local`: the stack without Docker (Postgres, Kafka, Connect + Debezium)."""
+"""`cdc-router local`: the stack without Docker (Postgres, Kafka, Connect + Debezium, and
+nats-server with `--with nats`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import click
 
 from cdc_router.local import stack
-from cdc_router.local.config import PARTS, StackConfig, load_saved
+from cdc_router.local.config import OPTIONAL_PARTS, PARTS, StackConfig, load_saved
 
 
 def _default_cache() -> Path:
@@ -48,9 +49,13 @@ def cli() -> None:
 @click.option("--kafka-port", type=int, help="Default 19092.")
 @click.option("--kafka-controller-port", "controller_port", type=int, help="Default 19093.")
 @click.option("--connect-port", type=int, help="Default 18083.")
+@click.option("--nats-port", type=int, help="Default 14222 (with `--with nats`).")
 @click.option("--connect-offset-flush-interval-ms", type=int,
               help="Connect's offset.flush.interval.ms (default 10000).")
-def up(home: Path, jar_cache: Path | None, **ports: int | None) -> None:
+@click.option("--with", "with_parts", type=click.Choice(OPTIONAL_PARTS), multiple=True,
+              help="Also start an optional part: nats (nats-server with JetStream).")
+def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
+       **ports: int | None) -> None:
     """Start what is not running and wait until each part is healthy (idempotent)."""
     current = _saved_or_default(home)
     changes: dict[str, object] = {key: value for key, value in ports.items() if value is not None}
@@ -58,7 +63,7 @@ def up(home: Path, jar_cache: Path | None, **ports: int | None) -> None:
         changes["jar_cache"] = jar_cache.resolve()
     config = StackConfig.model_validate({**current.model_dump(), **changes})
     started = time.monotonic()
-    stack.up(config, _say)
+    stack.up(config, _say, with_nats="nats" in with_parts)
     click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
 
 
@@ -111,3 +116,4 @@ def env(home: Path) -> None:
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
+    click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")

@@ -56,7 +56,7 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     """
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    warnings = template_warnings([route.topic for route in config.routes],
+    warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
     step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
@@ -91,7 +91,7 @@ def explain_event(path: Path, config: RouterConfig, step: RecordStep,
         found = step.explain(event)
         if found is not None:
             result["route"] = {"index": found[0], "match": _match(found[1].match),
-                               "topic": found[1].topic}
+                               "topic": found[1].destination}
     if isinstance(outcome, DeadLettered):
         return {**result, "outcome": "dead_letter", "stage": outcome.stage,
                 "reason": str(outcome.error) or type(outcome.error).__name__,
@@ -183,7 +183,9 @@ def _patterns(value: str | list[str]) -> str:
 
 
 def _rule_options(rule: RouteRule) -> str:
-    options = [f"key {rule.key}", f"partition {rule.partition}", rule.format]
+    # JetStream has no keys or partitions: a nats route's record is its subject, data, headers.
+    options: list[str] = [rule.format] if rule.nats else [f"key {rule.key}",
+                                               f"partition {rule.partition}", rule.format]
     if rule.cloudevents:
         options.append(f"cloudevents ({rule.ce_source})")
     if rule.headers:
@@ -197,7 +199,8 @@ def _summary(path: Path, config: RouterConfig) -> str:
              f"source     {', '.join(source.topics)} (group {source.group_id}; snapshot rows "
              f"{'routed' if source.snapshot_rows else 'skipped'}; updates {source.on_update})",
              f"routes     {len(config.routes)}, first match wins:"]
-    rows = [[f"[{index}]", _match(rule.match), "->", rule.topic, _rule_options(rule)]
+    rows = [[f"[{index}]", _match(rule.match), "->",
+             f"nats {rule.destination}" if rule.nats else rule.destination, _rule_options(rule)]
             for index, rule in enumerate(config.routes)]
     lines += ["  " + line for line in table(["#", "match", "", "topic", "options"],
                                             rows).splitlines()]
@@ -217,6 +220,11 @@ def _summary(path: Path, config: RouterConfig) -> str:
               f"protected  {', '.join(config.protected_topics)}, __*, the source and the "
               "router's own topics",
               f"allowed    {', '.join(config.allowed_topics or ['any name not protected'])}"]
+    if config.nats is not None:
+        streams = ", ".join(f"{stream.name} ({' '.join(stream.subjects)})"
+                            for stream in config.nats.streams)
+        lines.append(f"nats       {config.nats.url}; streams {streams or 'none'} (created by "
+                     "`cdc-router streams apply`)")
     return "\n".join(lines)
 
 

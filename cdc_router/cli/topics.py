@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from pathlib import Path
 
 import click
 
+from cdc_router.cli._plan import apply_options, describe, show_and_apply
 from cdc_router.config.load import load_config
 from cdc_router.router.topics import TopicAdmin, TopicPlan
 
@@ -23,39 +22,19 @@ def cli() -> None:
 
 
 def _describe(plan: TopicPlan) -> list[str]:
-    lines = [f"{plan.action:<9} {plan.name}" + (
+    head = f"{plan.action:<9} {plan.name}" + (
         f" (partitions {plan.partitions or 'broker default'}, replication "
-        f"{plan.replication_factor or 'broker default'})" if plan.action == "create" else "")]
-    for key, (have, want) in plan.config_changes.items():
-        lines.append(f"            {key}: {have if have is not None else '-'} -> {want}")
-    lines += [f"  warning: {warning}" for warning in plan.warnings]
-    return lines
+        f"{plan.replication_factor or 'broker default'})" if plan.action == "create" else "")
+    return describe(head, plan.config_changes, plan.warnings)
 
 
 @cli.command()
 @config_option
-@click.option("--dry-run", is_flag=True, help="Only show the plan.")
-@click.option("--yes", is_flag=True, help="Apply without asking.")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
+@apply_options
 def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""
     config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(config.kafka.librdkafka())
-    plans = admin.plan(config.topic_specs())
-    if output == "json":
-        click.echo(json.dumps([{**plan.__dict__, "warnings": list(plan.warnings)}
-                               for plan in plans], indent=2))
-    else:
-        for plan in plans:
-            for line in _describe(plan):
-                click.echo(line)
-    pending = [plan for plan in plans if plan.action != "unchanged"]
-    if dry_run or not pending:
-        if output == "text" and not pending:
-            click.echo("nothing to do")
-        return
-    if not yes and sys.stdin.isatty() and not click.confirm("apply these changes?"):
-        raise click.Abort()
-    admin.apply(pending)
-    if output == "text":
-        click.echo(f"applied {len(pending)} change(s)")
+    show_and_apply(admin.plan(config.topic_specs()), describe=_describe,
+                   as_json=lambda plan: {**plan.__dict__, "warnings": list(plan.warnings)},
+                   apply=admin.apply, dry_run=dry_run, yes=yes, output=output)

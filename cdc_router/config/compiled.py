@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.nats import SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import Template, TopicGuard, parse_topic_template, render_topic
@@ -61,6 +62,7 @@ class CompiledRoute:
     template: Template
     static_topic: str | None  # None: row data fills the template, checked per event
     key_field: str  # an OutboxEvent field (id, aggregate_id, type, aggregate_type) or a column
+    nats: bool = False  # the template is a JetStream subject, not a Kafka topic
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class CompiledConfig:
     routes: tuple[CompiledRoute, ...]
     guard: TopicGuard
     serializers: Mapping[str, Serializer]  # one per route format
+    subjects: SubjectGuard  # the JetStream routes' subjects
 
 
 def compile_config(config: RouterConfig,
@@ -84,13 +87,14 @@ def compile_config(config: RouterConfig,
     columns = config.source.outbox.model_dump()
     routes = []
     for index, rule in enumerate(config.routes):
-        template = parse_topic_template(rule.topic)
+        template = parse_subject_template(rule.nats.subject) if rule.nats is not None \
+            else parse_topic_template(rule.destination)
         # A static topic was checked at load (config/model.py); a rendered one is, per event.
         routes.append(CompiledRoute(index, rule, RouteMatcher(rule.match), template,
                                     render_topic(template, {}),
-                                    _key_field(rule.key, columns, index)))
+                                    _key_field(rule.key, columns, index), rule.nats is not None))
     return CompiledConfig(config, tuple(routes), config.topic_guard(),
-                          _serializers(config, serializers))
+                          _serializers(config, serializers), config.subject_guard())
 
 
 def _serializers(config: RouterConfig, given: Mapping[str, Serializer] | None

@@ -18,6 +18,7 @@ from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, Delive
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import StringMap, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
+from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
@@ -62,6 +63,7 @@ class RouterConfig(_Model):
     dedup: DedupSettings = Field(default_factory=DedupSettings)
     cleanup: CleanupSettings = Field(default_factory=CleanupSettings)
     relay: RelaySettings | None = None  # `cdc-router relay` only
+    nats: NatsSettings | None = None  # needed by routes with a `nats:` destination
     topics: list[TopicSpec] = Field(default_factory=list)
     status: StatusSettings = Field(default_factory=StatusSettings)  # `cdc-router status`
     # Topics no route may write to, besides `__*`, the sources and the router's own topics
@@ -111,6 +113,36 @@ class RouterConfig(_Model):
             own[self.relay_position_topic] = "relay.position_topic"
         return own
 
+    def subject_guard(self) -> SubjectGuard:
+        """The subjects this config's JetStream routes may publish to (config/nats.py)."""
+        return SubjectGuard(self.nats.streams if self.nats is not None else [])
+
+    def _check_nats_routes(self) -> None:
+        routes = [(index, route) for index, route in enumerate(self.routes) if route.nats]
+        if routes and (self.nats is None or not self.nats.streams):
+            raise _fail(f"routes[{routes[0][0]}].nats", "a JetStream route needs `nats:` with "
+                        "the streams that capture its subjects (nats.streams)",
+                        routes[0][1].destination)
+        guard = self.subject_guard()
+        for index, route in routes:
+            subject = render_topic(parse_subject_template(route.destination), {})
+            problem = guard.problem(subject) if subject is not None else None
+            if problem:
+                raise _fail(f"routes[{index}].nats.subject", problem, subject)
+        nats = self.nats
+        longest_wait_ms = nats.connect_timeout_ms + nats.ack_timeout_ms if nats else 0
+        if routes and nats is not None and \
+                longest_wait_ms >= self.delivery.transaction_timeout_ms:
+            # The Kafka transaction stays open while the batch waits for its acks: a wait
+            # that outlasts it would have the coordinator abort the batch under us.
+            raise _fail("nats.ack_timeout_ms", "nats.connect_timeout_ms + nats.ack_timeout_ms "
+                        "must stay below delivery.transaction_timeout_ms "
+                        f"({self.delivery.transaction_timeout_ms})", nats.ack_timeout_ms)
+        names = [stream.name for stream in (self.nats.streams if self.nats else [])]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise _fail(f"nats.streams[{index}].name", "declared twice", name)
+
     def topic_guard(self) -> TopicGuard:
         """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""
         what = {"dead_letter.topic": "dead-letter topic", "dedup.changelog_topic":
@@ -150,7 +182,10 @@ class RouterConfig(_Model):
             problem = topic_name_problem(name)
             if problem:
                 raise _fail(field, problem, name)
+        self._check_nats_routes()
         for index, route in enumerate(self.routes):
+            if route.topic is None:
+                continue
             topic = render_topic(parse_topic_template(route.topic), {})
             problem = guard.problem(topic) if topic is not None else None
             if problem:

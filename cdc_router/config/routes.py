@@ -12,6 +12,7 @@ from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import Patterns, StringMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import (
     parse_topic_template,
@@ -50,10 +51,12 @@ class RouteMatch(_Model):
 
 
 class RouteRule(_Model):
-    """One route: which events (match), where to (topic template) and how (key, partition...)."""
+    """One route: which events (match), where to (a Kafka topic template, or a JetStream
+    subject template under `nats:`; exactly one) and how (key, partition...)."""
 
     match: RouteMatch | None = None  # None: the default route, takes every event
-    topic: str
+    topic: str | None = None
+    nats: NatsDestination | None = None
     # "id" (the event id), "aggregate_id", or the name of any column of the outbox table
     key: Literal["id", "aggregate_id"] | str = Field(default="id", min_length=1)
     partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
@@ -70,8 +73,8 @@ class RouteRule(_Model):
 
     @field_validator("topic")
     @classmethod
-    def _valid_template(cls, topic: str) -> str:
-        if render_topic(parse_topic_template(topic), {}) is not None:
+    def _valid_template(cls, topic: str | None) -> str | None:
+        if topic is not None and render_topic(parse_topic_template(topic), {}) is not None:
             problem = topic_name_problem(topic)
             if problem:
                 raise ValueError(problem)
@@ -96,6 +99,13 @@ class RouteRule(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> RouteRule:
+        if (self.topic is None) == (self.nats is None):
+            raise _fail("topic", "a route needs exactly one destination: `topic:` (Kafka) or "
+                        "`nats: {subject: ...}` (JetStream)", self.topic)
+        given = {"key", "partition"} & self.model_fields_set
+        if self.nats is not None and given:
+            raise _fail(sorted(given)[0], "a JetStream route has no key or partition: the "
+                        "event id travels as Nats-Msg-Id, and a stream has no partitions")
         if self.format == "avro" and not self.schema_path:
             raise _fail("schema", "format avro needs a schema file (or a mapping of event "
                         "type to schema file)")
@@ -111,7 +121,15 @@ class RouteRule(_Model):
             if is_reserved_header(name, cloudevents=self.cloudevents):
                 raise _fail("headers", f"header {name!r} is reserved for the router: "
                             f"{RESERVED_HEADERS}", name)
+            problem = nats_header_problem(name, self.headers[name]) if self.nats else None
+            if problem:
+                raise _fail("headers", problem, name)
         return self
+
+    @property
+    def destination(self) -> str:
+        """The destination template: the topic, or the JetStream subject."""
+        return self.nats.subject if self.nats is not None else self.topic or ""
 
     @property
     def is_default(self) -> bool:

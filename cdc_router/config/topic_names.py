@@ -52,8 +52,21 @@ def topic_name_problem(name: str, *, internal_ok: bool = False) -> str | None:
     return None
 
 
+def _topic_literal_problem(literal: str) -> str | None:
+    problem = topic_name_problem(literal)
+    if problem and not literal.startswith("__") and literal not in (".", ".."):
+        return problem
+    return None
+
+
 def parse_topic_template(template: str) -> Template:
-    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid.
+    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid."""
+    return parse_template(template, _topic_literal_problem)
+
+
+def parse_template(template: str, literal_problem: Callable[[str], str | None]) -> Template:
+    """Split a destination template (a topic, a NATS subject) into (literal, field-or-None)
+    pieces; ValueError when a literal has a `literal_problem` or a field is unknown.
 
     Fields are plain `{name}`s from TOPIC_TEMPLATE_FIELDS: no conversions, format specs, indexes
     or attributes (those would let a template reach into Python objects).
@@ -61,12 +74,12 @@ def parse_topic_template(template: str) -> Template:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as error:
-        raise ValueError(f"unbalanced braces in topic template: {error}") from None
+        raise ValueError(f"unbalanced braces in template {template!r}: {error}") from None
     pieces: list[tuple[str, str | None]] = []
     for literal, field, spec, conversion in parsed:
         if literal:
-            problem = topic_name_problem(literal)
-            if problem and not literal.startswith("__") and literal not in (".", ".."):
+            problem = literal_problem(literal)
+            if problem:
                 raise ValueError(problem)
         if field is None:
             pieces.append((literal, None))

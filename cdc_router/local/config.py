@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from cdc_router.errors import ConfigError
 from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
 
-Part = Literal["postgres", "kafka", "connect"]
-PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect")
+Part = Literal["postgres", "kafka", "connect", "nats"]
+PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect", "nats")
+# Parts `up` starts only when asked (`local up --with nats`); the others always.
+OPTIONAL_PARTS: tuple[Part, ...] = ("nats",)
 STACK_FILE_MODE = 0o600  # stack.json holds passwords
 
 # Settings the router and Connect rely on; docker/ must set the same (the drift test reads these).
@@ -53,6 +55,7 @@ class StackConfig(BaseModel):
     kafka_port: int = Field(default=19092, ge=1, le=65535)
     controller_port: int = Field(default=19093, ge=1, le=65535)
     connect_port: int = Field(default=18083, ge=1, le=65535)
+    nats_port: int = Field(default=14222, ge=1, le=65535)
     kafka_heap_mb: int = Field(default=512, ge=128)
     connect_heap_mb: int = Field(default=768, ge=256)
     postgres_password: str = "postgres"
@@ -84,6 +87,10 @@ class StackConfig(BaseModel):
         return self.part_dir("kafka") / "data"
 
     @property
+    def nats_data(self) -> Path:
+        return self.part_dir("nats") / "data"
+
+    @property
     def kafka_libs(self) -> Path:
         return self.jar_cache / f"kafka-{KAFKA_VERSION}" / "libs"
 
@@ -101,6 +108,10 @@ class StackConfig(BaseModel):
         return f"http://{self.host}:{self.connect_port}"
 
     @property
+    def nats_url(self) -> str:
+        return f"nats://{self.host}:{self.nats_port}"
+
+    @property
     def postgres_dsn(self) -> str:
         return (f"postgresql://postgres:{self.postgres_password}@{self.host}:"
                 f"{self.postgres_port}/postgres")
@@ -112,6 +123,7 @@ class StackConfig(BaseModel):
             "kafka": self.kafka_port,
             "kafka controller": self.controller_port,
             "connect": self.connect_port,
+            "nats": self.nats_port,
         }
 
     def check_ports_distinct(self) -> None:
@@ -222,6 +234,26 @@ def pg_hba_conf() -> str:
         "host    all          all    127.0.0.1/32    scram-sha-256\n"
         "host    replication  all    127.0.0.1/32    scram-sha-256\n"
     )
+
+
+def nats_server_conf(config: StackConfig) -> str:
+    """nats-server.conf: one server with JetStream, on loopback, its store under the home."""
+    # JSON strings are valid NATS config strings (its format is a superset of JSON).
+    return (
+        f"server_name: cdc-router-local\n"
+        f"listen: {json.dumps(f'{config.host}:{config.nats_port}')}\n"
+        "jetstream {\n"
+        f"  store_dir: {json.dumps(str(config.nats_data))}\n"
+        # A developer's machine: bounded, so that a runaway test cannot fill memory or disk.
+        "  max_memory_store: 256MB\n"
+        "  max_file_store: 4GB\n"
+        "}\n"
+    )
+
+
+def nats_command(config: StackConfig, executable: str) -> list[str]:
+    """The nats-server command line; its config path names the home (the pid check's marker)."""
+    return [executable, "-c", str(config.part_dir("nats") / "nats-server.conf")]
 
 
 def log4j2_properties() -> str:

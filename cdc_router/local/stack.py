@@ -1,4 +1,5 @@
-"""Bring the local stack up, report on it, and take it down: Postgres, Kafka, Connect."""
+"""Bring the local stack up, report on it, and take it down: Postgres, Kafka, Connect, and
+nats-server (JetStream) when asked for."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -26,6 +28,8 @@ from cdc_router.local.config import (
     connect_properties,
     kafka_properties,
     log4j2_properties,
+    nats_command,
+    nats_server_conf,
     pg_hba_conf,
     postgres_conf,
     save,
@@ -36,7 +40,7 @@ from cdc_router.local.jars import ensure_jars
 Say = Callable[[str], None]
 
 # Start-up limits, generous for 2 cores: Connect scans its plugin path and creates three topics.
-_TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240}
+_TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240, "nats": 30}
 _POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
 
@@ -57,7 +61,7 @@ def _marker(config: StackConfig) -> str:
 
 def _address(config: StackConfig, part: Part) -> str:
     return {"postgres": config.postgres_dsn, "kafka": config.bootstrap_servers,
-            "connect": config.connect_url}[part]
+            "connect": config.connect_url, "nats": config.nats_url}[part]
 
 
 def status(config: StackConfig) -> list[PartStatus]:
@@ -76,14 +80,17 @@ def status(config: StackConfig) -> list[PartStatus]:
     return result
 
 
-def up(config: StackConfig, say: Say) -> None:
-    """Start what is not running, wait until each part is healthy; what runs is left alone."""
+def up(config: StackConfig, say: Say, *, with_nats: bool = False) -> None:
+    """Start what is not running, wait until each part is healthy; what runs is left alone.
+
+    nats-server is optional: started only `with_nats`.
+    """
     config.check_ports_distinct()
     _check_java()
     ensure_jars(config, say)
     save(config)
     running = {s.part for s in status(config) if s.state == "running"}
-    _check_ports(config, running)
+    _check_ports(config, running | (set() if with_nats else {"nats"}))
     # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
         ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
@@ -100,10 +107,31 @@ def up(config: StackConfig, say: Say) -> None:
         say("connect   already running")
     else:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
+    if with_nats:
+        _up_nats(config, say, "nats" in running)
     say("")
     say(f"bootstrap servers  {config.bootstrap_servers}")
     say(f"connect url        {config.connect_url}")
     say(f"postgres dsn       {config.postgres_dsn}")
+    if with_nats:
+        say(f"nats url           {config.nats_url}")
+
+
+def up_nats(config: StackConfig, say: Say) -> None:
+    """Start nats-server alone (no Java, no jars): for tests and a JetStream-only setup."""
+    config.check_ports_distinct()
+    save(config)
+    running = process.is_running(process.read_pid(config.pid_path("nats")), _marker(config))
+    if not running:
+        _check_ports(config, {"postgres", "kafka", "connect"})
+    _up_nats(config, say, running)
+
+
+def _up_nats(config: StackConfig, say: Say, running: bool) -> None:
+    if running:
+        say("nats      already running")
+    else:
+        _wait(config, "nats", _start_nats(config), _nats_healthy, say)
 
 
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:
@@ -112,6 +140,8 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
         # SIGINT is Postgres' fast shutdown: SIGTERM would wait for Debezium's replication
         # connection, which only ends when Connect is gone.
         "postgres": signal.SIGINT, "kafka": signal.SIGTERM, "connect": signal.SIGTERM,
+        # nats-server's graceful stop: flushes JetStream's store and closes its clients.
+        "nats": signal.SIGTERM,
     }
     for part in reversed(PARTS):
         pid = process.read_pid(config.pid_path(part))
@@ -142,7 +172,7 @@ def _check_java() -> None:
 
 def _check_ports(config: StackConfig, running: set[Part]) -> None:
     owned: dict[str, Part] = {"postgres": "postgres", "kafka": "kafka",
-                              "kafka controller": "kafka", "connect": "connect"}
+                              "kafka controller": "kafka", "connect": "connect", "nats": "nats"}
     for name, port in config.ports().items():
         if owned[name] in running:
             continue
@@ -322,3 +352,38 @@ def _connect_healthy(config: StackConfig) -> bool:
     except (urllib.error.URLError, OSError, ValueError):
         return False
     return any(plugin.get("class") == _POSTGRES_CONNECTOR for plugin in plugins)
+
+
+# NATS ----------------------------------------------------------------------------------------
+
+def _nats_executable() -> str:
+    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
+    if found is None:
+        raise StackError("nats-server is not installed: run `apt-get install -y nats-server` "
+                         "(or `sudo make system-deps`)")
+    return found
+
+
+def _start_nats(config: StackConfig) -> int:
+    base = config.part_dir("nats")
+    config.nats_data.mkdir(parents=True, exist_ok=True)
+    (base / "nats-server.conf").write_text(nats_server_conf(config))
+    return process.spawn(nats_command(config, _nats_executable()),
+                         log_path=config.log_path("nats"), pid_path=config.pid_path("nats"),
+                         cwd=base)
+
+
+def _nats_healthy(config: StackConfig) -> bool:
+    """The server greets with its INFO line, and JetStream is on in it."""
+    try:
+        with socket.create_connection((config.host, config.nats_port), timeout=2) as conn:
+            greeting = conn.recv(4096)
+    except OSError:
+        return False
+    if not greeting.startswith(b"INFO "):
+        return False
+    try:
+        info = json.loads(greeting[5:].split(b"\r\n")[0])
+    except ValueError:
+        return False
+    return bool(info.get("jetstream"))

@@ -101,6 +101,7 @@ class OutboxRelay:
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         # One transactional id per table, shared by all its relays: a newcomer fences the last.
+        clients.refuse_jetstream_routes(config, "cdc-router relay")
         self._producer = LatchingProducer(
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).

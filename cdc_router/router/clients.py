@@ -14,6 +14,8 @@ from typing import Any
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
+from cdc_router.errors import ConfigError
+from cdc_router.nats.publisher import JetStreamPublisher
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
@@ -89,3 +91,22 @@ def dead_letter_limit(config: RouterConfig) -> int:
     """The largest dead letter the router's producer sends whole (its message.max.bytes)."""
     return dead_letter_max_bytes(config.kafka.producer.get(
         "message.max.bytes", config.kafka.config.get("message.max.bytes")))
+
+
+def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPublisher | None:
+    """The publisher of the config's JetStream routes (lazy: no connection yet), or None."""
+    if config.nats is None or not any(route.nats for route in config.routes):
+        return None
+    return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
+                              connect_timeout_s=config.nats.connect_timeout_ms / 1000,
+                              name=f"cdc-router-{instance_id}")
+
+
+def refuse_jetstream_routes(config: RouterConfig, command: str) -> None:
+    """ConfigError, before anything starts, when `command` would meet a JetStream route: only
+    `cdc-router run` publishes to NATS so far."""
+    for index, route in enumerate(config.routes):
+        if route.nats is not None:
+            raise ConfigError(f"{command} does not publish to NATS JetStream yet",
+                              field=f"routes[{index}].nats", value=route.nats.subject,
+                              hint="only `cdc-router run` delivers JetStream routes")

@@ -97,6 +97,7 @@ class DeadLetterReplay:
                  reader_factory: Callable[..., Any] = TopicReader) -> None:
         config = self._config = compiled.config
         _check(config)
+        clients.refuse_jetstream_routes(config, "cdc-router dlq replay")
         self._dry_run = dry_run
         common = clients.common_config(config)
         # A dry run only looks up partition counts: a plain producer, never transactional.

@@ -26,6 +26,7 @@ from cdc_router.kafka.consumer import record_headers, rewind_to_committed
 from cdc_router.kafka.errors import ErrorAction, classify, describe
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.metrics import RouterMetrics
@@ -59,9 +60,11 @@ class OutboxRouter:
                  consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
                  clock: Callable[[], float] = time.monotonic,
-                 wait: Callable[[float], object] | None = None) -> None:
+                 wait: Callable[[float], object] | None = None,
+                 publisher: JetStreamPublisher | None = None) -> None:
         """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
-        every backoff, by default interrupted by stop()."""
+        every backoff, by default interrupted by stop(); `publisher` delivers JetStream routes
+        (by default one for `nats.url` when a route publishes to NATS)."""
         config = self._config = compiled.config
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
@@ -83,6 +86,7 @@ class OutboxRouter:
                                 seen=self._replay.seen if self._replay is not None else _never)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
+        self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
         self._txn: Transaction | None = None
         self._consecutive_aborts = 0
@@ -113,7 +117,7 @@ class OutboxRouter:
                                       changelog_topic=self._config.dedup.changelog_topic
                                       if self._replay is not None else None,
                                       bootstrap=self._config.kafka.bootstrap_servers,
-                                      sleep=self._wait)
+                                      sleep=self._wait, publisher=self._publisher)
         try:
             try:
                 txn.init()
@@ -195,6 +199,8 @@ class OutboxRouter:
             self._consumer = None
         if self._changelog is not None:
             self._changelog.close()
+        if self._publisher is not None:
+            self._publisher.close()
         log.info("event=stopped instance=%s", self._instance_id)
 
     # One record ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.nats import MSG_ID_HEADER, nats_header_problem
 from cdc_router.config.topic_names import render_topic
 from cdc_router.errors import RouteError, show
 from cdc_router.router.debezium import OutboxEvent, Skipped
@@ -45,6 +46,7 @@ class OutboundRecord:
     event_id: str
     route_index: int
     format: str
+    nats: bool = False  # `topic` is a JetStream subject: published, not produced
 
 
 class Router:
@@ -61,6 +63,9 @@ class Router:
         self._config = compiled.config
         self._routes = compiled.routes
         self._guard = compiled.guard
+        self._subjects = compiled.subjects
+        self._nats_max_bytes = (compiled.config.nats.max_payload_bytes
+                                if compiled.config.nats is not None else 0)
         self._max_bytes = compiled.config.delivery.max_payload_bytes
         self._serializers = compiled.serializers if serializers is None else serializers
 
@@ -104,6 +109,14 @@ class Router:
         if len(value) > self._max_bytes:
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
                              f"over delivery.max_payload_bytes ({self._max_bytes})")
+        headers = _headers(event, rule)
+        if rule.nats is not None:
+            # JetStream: no partitions, and the headers travel as NATS header lines.
+            _check_nats_message(event, headers, value, self._nats_max_bytes)
+            return OutboundRecord(topic=topic, key=key, value=value, partition=None,
+                                  headers=headers, timestamp_ms=event.created_at_ms,
+                                  event_id=event.event_id, route_index=index,
+                                  format=rule.format, nats=True)
         partition: int | None = None
         if rule.partition != "kafka_default":
             hashed = event.aggregate_id.encode() if rule.partition == "aggregate_id" else key
@@ -113,7 +126,7 @@ class Router:
             raise RouteError(f"event {show(event.event_id)}: created_at is before 1970, which "
                              "Kafka cannot store as a record timestamp")
         return OutboundRecord(topic=topic, key=key, value=value, partition=partition,
-                              headers=_headers(event, rule), timestamp_ms=event.created_at_ms,
+                              headers=headers, timestamp_ms=event.created_at_ms,
                               event_id=event.event_id, route_index=index, format=rule.format)
 
     def topic_for(self, event: OutboxEvent, index: int) -> str:
@@ -125,10 +138,11 @@ class Router:
         fields = {"aggregate_type": event.aggregate_type, "aggregate_id": event.aggregate_id,
                   "type": event.type, "id": event.event_id}
         topic = render_topic(route.template, fields) or ""  # every field is given
-        problem = self._guard.problem(topic)
+        problem = self._subjects.problem(topic) if route.nats else self._guard.problem(topic)
         if problem:
-            raise RouteError(f"event {show(event.event_id)}: routes[{index}] topic "
-                             f"{show(route.rule.topic)} gives a name it may not "
+            what = "nats.subject" if route.nats else "topic"
+            raise RouteError(f"event {show(event.event_id)}: routes[{index}] {what} "
+                             f"{show(route.rule.destination)} gives a name it may not "
                              f"write to: {problem}")
         return topic
 
@@ -151,6 +165,24 @@ class Router:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
+
+
+def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ...],
+                        value: bytes, max_bytes: int) -> None:
+    """RouteError when NATS would refuse or misread the message: a header that cannot be a
+    NATS header line, or a message over the server's max_payload (which would close the
+    connection, stalling every batch)."""
+    # The header block: "NATS/1.0\r\n", a line per header, Nats-Msg-Id's, a closing "\r\n".
+    size = len(value) + len("NATS/1.0\r\n\r\n") + len(MSG_ID_HEADER) + len(event.event_id) + 4
+    for name, raw in headers:
+        text = raw.decode()
+        problem = nats_header_problem(name, text)
+        if problem:
+            raise RouteError(f"event {show(event.event_id)}: {problem}")
+        size += len(name) + len(raw) + 4  # "name: value\r\n"
+    if size > max_bytes:
+        raise RouteError(f"event {show(event.event_id)}: the NATS message of {size} bytes is "
+                         f"over nats.max_payload_bytes ({max_bytes})")
 
 
 def _partition_count(partitions_for: Callable[[str], int], topic: str,

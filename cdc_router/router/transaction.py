@@ -9,6 +9,9 @@ once the marks are, so a mark never stands for an event that was not delivered.
 The object is handed its clients (the LatchingProducer and the consumer), so that every path
 can be unit-tested with fakes. The relay (cdc_router/relay) has no consumer: its progress is a
 record of its own (progress()), sent with the changelog marks, in place of consumed offsets.
+JetStream routes (cdc_router/nats): their records wait in the batch and are published at
+commit, before anything of the Kafka side, and the offsets commit only once JetStream acked
+every one of them; see commit().
 Kafka errors are classified by cdc_router.kafka.errors.classify:
 retriable -> the same call again after a backoff; abortable -> BatchFailed (the caller aborts
 and rewinds); fatal or fenced -> FatalKafkaError (the router exits).
@@ -26,10 +29,18 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
-from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
+from cdc_router.errors import (
+    BatchFailed,
+    ConfigError,
+    DeliveryError,
+    FatalKafkaError,
+    JetStreamError,
+    RecordRefused,
+)
 from cdc_router.kafka.commit_stamp import commit_metadata
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
+from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
 from cdc_router.router.routing import OutboundRecord
@@ -62,6 +73,7 @@ class _Batch:
     marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
     marked_ms: int = 0
     progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
+    nats: list[NatsMessage] = field(default_factory=list)  # published at commit
 
 
 class Transaction:
@@ -71,10 +83,13 @@ class Transaction:
                  delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
                  sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
-                 mark_key_prefix: str = BATCH_KEY_PREFIX) -> None:
+                 mark_key_prefix: str = BATCH_KEY_PREFIX,
+                 publisher: JetStreamPublisher | None = None) -> None:
         """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
-        `mark_key_prefix` keys the changelog marks (router/replay.py)."""
+        `mark_key_prefix` keys the changelog marks (router/replay.py); `publisher` delivers
+        the records of JetStream routes (None: this command has no JetStream routes)."""
         self._producer = producer
+        self._publisher = publisher
         self._consumer = consumer
         self._delivery = delivery
         self._exactly_once = delivery.guarantee == "exactly_once"
@@ -130,8 +145,12 @@ class Transaction:
         """Queue one destination record; `alone` delivers what came before, then only it.
 
         Raises RecordRefused when librdkafka refuses it on the spot, BatchFailed when a
-        delivery failed (this one alone, or an earlier one).
+        delivery failed (this one alone, or an earlier one). A JetStream record waits for the
+        commit (ConfigError when there is no publisher).
         """
+        if record.nats:
+            self._queue_nats(record, source)
+            return
         try:
             if alone:
                 self._producer.flush(self._timeouts.call_s)
@@ -148,6 +167,17 @@ class Transaction:
             raise self._failed(failure) from failure
         except DeliveryError as failure:
             raise self._failed(failure) from failure
+        self._batch.records += 1
+
+    def _queue_nats(self, record: OutboundRecord, source: RecordCoordinates) -> None:
+        if self._publisher is None:
+            raise ConfigError(f"routes[{record.route_index}] publishes to NATS JetStream, "
+                              "which this command does not deliver to yet",
+                              hint="only `cdc-router run` does")
+        headers = {name: value.decode() for name, value in record.headers}
+        self._batch.nats.append(NatsMessage(record.topic, record.value, headers,
+                                            record.event_id))
+        self._batch.sources.append(source)
         self._batch.records += 1
 
     def dead_letter(self, topic: str, letter: DeadLetter) -> None:
@@ -185,6 +215,11 @@ class Transaction:
         stamp = commit_metadata(int(time.time() * 1000))
         offsets = [TopicPartition(t, p, o, metadata=stamp)
                    for (t, p), o in self._batch.offsets.items()]
+        # 0. Publish the batch's JetStream records and wait for every ack, before any Kafka
+        #    step: the offsets (and marks) must never move past an event JetStream has not
+        #    stored. A crash after the acks re-publishes them; the stream's duplicate window
+        #    (Nats-Msg-Id = event id) acks those as duplicates without storing them again.
+        self._publish()
         if self._exactly_once:
             self._send_marks()
         # 1. Deliver every record and dead letter of the batch (exactly once: and its marks);
@@ -246,6 +281,17 @@ class Transaction:
                 self._send(self._changelog_topic, mark.key, mark.value, [])
         for topic, key, value in self._batch.progress:
             self._send(topic, key, value, [])
+
+    def _publish(self) -> None:
+        if not self._batch.nats or self._publisher is None:
+            return
+        try:
+            acks = self._publisher.publish_batch(self._batch.nats)
+        except JetStreamError as failure:
+            raise BatchFailed(str(failure)) from failure
+        if acks.duplicates:
+            log.info("event=jetstream_duplicates count=%d", acks.duplicates)
+        self._batch.nats = []  # a retried commit() must not publish them again
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None,
               headers: list[tuple[str, bytes]]) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from cdc_router.config.topic_names import parse_topic_template, render_topic
+from cdc_router.config.topic_names import parse_template, render_topic
 from cdc_router.errors import ConfigError, SerializeError, show
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import (
@@ -119,7 +119,8 @@ class AvroSerializer:
         """Every schema of every Avro route, with its topic and subject where known."""
         planned = []
         for index, rule, compiled in self._compiled:
-            pieces = parse_topic_template(rule.topic)
+            # Checked at load: a topic, or a JetStream subject (the subject names the schema).
+            pieces = parse_template(rule.destination, lambda _: None)
             for event_type, schema in compiled.by_type.items():
                 known_type = None if event_type == ANY_TYPE else event_type
                 # Known before any event: a static topic, or one over {type} alone.

@@ -117,6 +117,15 @@ def test_the_stack_converges_through_healthchecks_and_conditions(compose):
         "condition": "service_completed_successfully"}
     assert services["redis"]["profiles"] == ["redis"]
     assert services["schema-registry"]["profiles"] == ["registry"]
+    assert services["nats"]["profiles"] == ["nats"]
+
+
+def test_the_nats_profile_runs_jetstream_on_the_local_stacks_port(compose):
+    nats = compose["services"]["nats"]
+    assert "--jetstream" in nats["command"]
+    host_port = interpolate(nats["ports"][0].split(":")[0], {})
+    assert host_port == str(local.StackConfig.model_fields["nats_port"].default)
+    assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
 
 
 def test_the_router_image_installs_the_repository_and_runs_unprivileged(compose):

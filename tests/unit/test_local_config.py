@@ -114,3 +114,38 @@ def test_poms_pin_the_versions_the_stack_uses():
     assert re.search(r"<kafka.version>(.*?)</kafka.version>", kafka_pom).group(1) == KAFKA_VERSION
     assert re.search(r"<debezium.version>(.*?)</debezium.version>",
                      debezium_pom).group(1) == DEBEZIUM_VERSION
+
+
+def test_nats_server_runs_jetstream_on_loopback_with_its_store_under_the_home(config):
+    conf = stack_config.nats_server_conf(config)
+    assert 'listen: "127.0.0.1:14222"' in conf
+    assert f'store_dir: "{config.home / "nats" / "data"}"' in conf
+    assert "jetstream {" in conf
+    assert config.nats_url == "nats://127.0.0.1:14222"
+
+
+def test_nats_port_is_an_option_and_counts_in_the_distinct_ports_check(tmp_path):
+    config = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, nats_port=24222)
+    assert 'listen: "127.0.0.1:24222"' in stack_config.nats_server_conf(config)
+    clash = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, nats_port=19092)
+    with pytest.raises(ConfigError, match="19092"):
+        clash.check_ports_distinct()
+
+
+def test_nats_command_names_its_config_under_the_home_so_the_pid_check_finds_it(config):
+    command = stack_config.nats_command(config, "/usr/sbin/nats-server")
+    assert command == ["/usr/sbin/nats-server", "-c",
+                       str(config.home / "nats" / "nats-server.conf")]
+    assert str(config.home) in " ".join(command)
+    assert config.pid_path("nats") == config.home / "nats" / "nats.pid"
+    assert "nats" in stack_config.OPTIONAL_PARTS
+
+
+def test_local_env_prints_the_nats_url(tmp_path):
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.output

@@ -1,0 +1,60 @@
+"""Declarative `apply` commands (topics, streams): show the plan, ask, then apply."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P", bound="Plan")
+
+
+class Plan(Protocol):
+    @property
+    def action(self) -> str: ...
+
+
+def describe(head: str, changes: dict[str, tuple[Any, Any]],
+             warnings: Sequence[str]) -> list[str]:
+    """One plan's lines: its head, each `key: have -> want`, each warning."""
+    lines = [head]
+    for key, (have, want) in changes.items():
+        lines.append(f"            {key}: {have if have is not None else '-'} -> {want}")
+    return lines + [f"  warning: {warning}" for warning in warnings]
+
+
+def apply_options(command: F) -> F:
+    """--dry-run, --yes and -o text|json, as every apply command takes them."""
+    for option in reversed((
+            click.option("--dry-run", is_flag=True, help="Only show the plan."),
+            click.option("--yes", is_flag=True, help="Apply without asking."),
+            click.option("-o", "--output", type=click.Choice(["text", "json"]),
+                         default="text"))):
+        command = option(command)
+    return command
+
+
+def show_and_apply(plans: Sequence[P], *, describe: Callable[[P], list[str]],
+                   as_json: Callable[[P], dict[str, Any]], apply: Callable[[list[P]], None],
+                   dry_run: bool, yes: bool, output: str) -> None:
+    """Print the plan; unless --dry-run or nothing changes, confirm (or --yes) and apply."""
+    if output == "json":
+        click.echo(json.dumps([as_json(plan) for plan in plans], indent=2))
+    else:
+        for plan in plans:
+            for line in describe(plan):
+                click.echo(line)
+    pending = [plan for plan in plans if plan.action != "unchanged"]
+    if dry_run or not pending:
+        if output == "text" and not pending:
+            click.echo("nothing to do")
+        return
+    if not yes and sys.stdin.isatty() and not click.confirm("apply these changes?"):
+        raise click.Abort()
+    apply(pending)
+    if output == "text":
+        click.echo(f"applied {len(pending)} change(s)")

@@ -1,0 +1,176 @@
+"""The `nats` section and NATS's rules for subjects: where JetStream routes publish.
+
+A route names a subject template (`nats: {subject: "orders.{type}"}`) in place of a topic.
+A subject built from row data is checked per event (subject_problem, SubjectGuard): one that
+NATS would refuse or misread (empty tokens, whitespace, control characters, the wildcards `*`
+and `>`, too long), a system or inbox subject (`$JS.API...`, `_INBOX...`), or one no stream of
+`nats.streams` captures is a dead letter at stage route, never a publish. The stream list is the
+allow list: a JetStream publish to a subject no stream captures gets no ack, which would stall
+every batch after it, so the router only publishes where a declared stream will answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
+
+from cdc_router.config.fields import ConfigModel
+from cdc_router.config.topic_names import Template, parse_template
+from cdc_router.errors import show
+
+# The client's PUB line also carries the reply inbox and sizes within the server's 4 KB
+# max_control_line; 255 bytes keeps far under it and matches what NATS tooling recommends.
+MAX_SUBJECT_BYTES = 255
+# Stream names become subjects of the JetStream API ($JS.API.STREAM.INFO.<name>).
+_STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# NATS headers are MIME-style: a name is printable ASCII without ':' or space.
+_HEADER_NAME = re.compile(r"[!-9;-~]+")
+MSG_ID_HEADER = "Nats-Msg-Id"
+DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
+
+
+def subject_problem(subject: str, *, wildcards: bool = False) -> str | None:
+    """Why NATS would refuse or misread `subject` as a publish subject, or None.
+
+    `wildcards` allows `*` and `>` tokens (a stream's subject filter, never a publish).
+    """
+    if not subject:
+        return "a subject cannot be empty"
+    size = len(subject.encode("utf-8", "surrogatepass"))
+    if size > MAX_SUBJECT_BYTES:
+        return f"a subject has at most {MAX_SUBJECT_BYTES} bytes, this one has {size}"
+    bad = sorted({ch for ch in subject if ch.isspace() or not ch.isprintable()})
+    if bad:
+        return (f"subject {show(subject)} holds whitespace or control characters "
+                f"{show(''.join(bad))}")
+    tokens = subject.split(".")
+    if "" in tokens:
+        return f"subject {show(subject)} has an empty token (a leading, trailing or double '.')"
+    for position, token in enumerate(tokens):
+        if ("*" in token or ">" in token) and not (
+                wildcards and (token == "*" or (token == ">" and position == len(tokens) - 1))):
+            return (f"subject {show(subject)} holds a wildcard ('*' or '>'), which "
+                    "a published subject may not")
+    if subject.startswith("$") or subject.startswith("_INBOX."):
+        return (f"subject {show(subject)} is a NATS system or inbox subject ($JS, $SYS, "
+                "_INBOX); no route may publish there")
+    return None
+
+
+def subject_matches(filter_: str, subject: str) -> bool:
+    """NATS's match: `*` is one token, a final `>` one or more."""
+    wanted, tokens = filter_.split("."), subject.split(".")
+    for index, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (token != "*" and token != tokens[index]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+def parse_subject_template(template: str) -> Template:
+    """A subject template's pieces (the topic templates' fields); ValueError when invalid."""
+
+    def literal_problem(literal: str) -> str | None:
+        if any(ch.isspace() or not ch.isprintable() or ch in "*>" for ch in literal):
+            return f"subject template {show(template)} holds whitespace, '*' or '>'"
+        return None
+
+    return parse_template(template, literal_problem)
+
+
+def nats_header_problem(name: str, value: str) -> str | None:
+    """Why `name: value` cannot travel as a NATS header, or None (one header line each)."""
+    if not _HEADER_NAME.fullmatch(name):
+        return f"header name {show(name)} is not printable ASCII without ':' and spaces"
+    if name.lower().startswith("nats-"):
+        return f"header {show(name)} is reserved for NATS (Nats-*)"
+    if "\r" in value or "\n" in value:
+        return f"header {show(name)} has a line break in its value"
+    return None
+
+
+class StreamSpec(ConfigModel):
+    """A JetStream stream `streams apply` creates or updates."""
+
+    name: str
+    subjects: list[str] = Field(min_length=1)
+    # Publishes with a Nats-Msg-Id seen within this window are acked as duplicates and not
+    # stored. It must cover the longest a re-publish can come after the first publish: a router
+    # killed after the acks and before its Kafka commit re-publishes when it (or another
+    # instance) reads the batch again, so size it like dedup.window_ms: longer than the
+    # longest outage of the router group you want to survive without a duplicate.
+    duplicate_window_ms: PositiveInt = DEFAULT_DUPLICATE_WINDOW_MS
+    max_age_ms: NonNegativeInt = 0  # 0: no age limit
+    max_bytes: int = Field(default=-1, ge=-1)  # -1: no limit
+    max_msgs: int = Field(default=-1, ge=-1)
+    storage: Literal["file", "memory"] = "file"
+    replicas: PositiveInt = 1
+
+    @field_validator("name")
+    @classmethod
+    def _legal_name(cls, name: str) -> str:
+        if not _STREAM_NAME.fullmatch(name):
+            raise ValueError(f"stream name {show(name)} must be 1 to 64 letters, digits, "
+                             "'_' or '-'")
+        return name
+
+    @field_validator("subjects")
+    @classmethod
+    def _legal_subjects(cls, subjects: list[str]) -> list[str]:
+        for subject in subjects:
+            problem = subject_problem(subject, wildcards=True)
+            if problem:
+                raise ValueError(problem)
+        return subjects
+
+
+class NatsSettings(ConfigModel):
+    """How the router reaches NATS, and the streams its routes publish into."""
+
+    url: str = Field(default="nats://127.0.0.1:14222", min_length=1)  # comma-separated servers
+    # A batch waits this long for all its JetStream acks, then fails (abort, rewind, backoff).
+    # Far below delivery.transaction_timeout_ms, so that the Kafka transaction outlives it.
+    ack_timeout_ms: PositiveInt = 10_000
+    connect_timeout_ms: PositiveInt = 5_000
+    # nats-server's max_payload (1 MiB by default): a bigger message would close the
+    # connection, so it is a dead letter at stage route instead.
+    max_payload_bytes: PositiveInt = 1024 * 1024
+    streams: list[StreamSpec] = Field(default_factory=list)
+
+
+class NatsDestination(ConfigModel):
+    """A route's JetStream destination."""
+
+    subject: str
+
+    @field_validator("subject")
+    @classmethod
+    def _valid_template(cls, subject: str) -> str:
+        parse_subject_template(subject)
+        return subject
+
+
+class SubjectGuard:
+    """The subjects the router may publish to: valid, and captured by a declared stream."""
+
+    def __init__(self, streams: Sequence[StreamSpec]) -> None:
+        self._filters = [(stream.name, subject) for stream in streams
+                         for subject in stream.subjects]
+
+    def stream_of(self, subject: str) -> str | None:
+        return next((name for name, filter_ in self._filters
+                     if subject_matches(filter_, subject)), None)
+
+    def problem(self, subject: str) -> str | None:
+        """Why the router may not publish to `subject` (one line), or None."""
+        problem = subject_problem(subject)
+        if problem is not None:
+            return problem
+        if self.stream_of(subject) is None:
+            return (f"no stream of nats.streams captures subject {show(subject)}: declare one "
+                    "and run `cdc-router streams apply`")
+        return None

@@ -1,0 +1,1 @@
+"""NATS JetStream: the synchronous publisher the router delivers through, and stream planning."""

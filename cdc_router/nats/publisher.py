@@ -1,0 +1,178 @@
+"""A synchronous JetStream publisher over nats-py's asyncio client.
+
+The router's loop is synchronous; nats-py is asyncio. The publisher runs one event loop in a
+thread of its own and hands it whole batches: publish_batch() publishes every message at once
+(pipelined on one connection), then waits for all the JetStream acks or fails the batch. Nothing
+is published between batches, so a failed batch leaves nothing half-done that the next one
+depends on: the router aborts its Kafka transaction, rewinds and publishes the same messages
+again, and the stream's duplicate window (Nats-Msg-Id = event id) acks the ones it already
+stored as duplicates without storing them twice.
+
+Built lazily: constructing it makes no network call and starts no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.errors import JetStreamError
+
+log = logging.getLogger("cdc_router.nats")
+T = TypeVar("T")
+
+# Beyond the ack timeout, how long the caller waits for the loop thread to report: the acks'
+# own timeouts end the batch; this only guards against a loop that stopped answering.
+_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class NatsMessage:
+    """One JetStream publish: its subject, data, headers, and the id JetStream dedups on."""
+
+    subject: str
+    data: bytes
+    headers: Mapping[str, str]
+    msg_id: str
+
+
+@dataclass(frozen=True)
+class BatchAcks:
+    """What JetStream said about a batch: stored, or recognised as a duplicate."""
+
+    stored: int
+    duplicates: int
+
+
+class JetStreamPublisher:
+    """publish_batch(messages) -> BatchAcks once every message is acked; JetStreamError else."""
+
+    def __init__(self, url: str, *, ack_timeout_s: float, connect_timeout_s: float,
+                 name: str = "cdc-router") -> None:
+        self._url = url
+        self._ack_timeout_s = ack_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Any = None
+        self._js: Any = None
+        self._closing = False
+
+    def publish_batch(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        """Publish every message and wait for all their acks (at most the ack timeout).
+
+        Raises JetStreamError naming the first failure: NATS unreachable, no stream for a
+        subject, an ack that did not come in time. The caller fails its batch for it.
+        """
+        if not messages:
+            return BatchAcks(0, 0)
+        return self._run(self._publish_all(messages),
+                         self._connect_timeout_s + self._ack_timeout_s + _GRACE_S)
+
+    def close(self) -> None:
+        """Drain the connection and stop the loop thread; safe to call twice."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            self._run(self._disconnect(), self._connect_timeout_s + _GRACE_S)
+        except JetStreamError as failure:
+            log.warning("event=nats_close_failed error=%r", str(failure))
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=_GRACE_S)
+        self._loop = self._thread = None
+
+    # The loop thread ---------------------------------------------------------------------
+
+    def _run(self, work: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        loop = self._started()
+        future = asyncio.run_coroutine_threadsafe(work, loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise JetStreamError(f"NATS at {self._url} did not answer within {timeout_s:.0f}s"
+                                 ) from None
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="nats-publisher",
+                                      daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+        return self._loop
+
+    async def _connected(self) -> Any:
+        import nats
+        from nats.errors import Error as NatsError
+
+        if self._client is not None and self._client.is_connected:
+            return self._js
+        if self._client is None or self._client.is_closed:
+            try:
+                # Reconnects for ever once connected: an outage is a run of failed batches that
+                # end when the server is back, not a reason to stop the router.
+                # (nats-py's first connect retries for ever too: wait_for bounds it.)
+                self._client = await asyncio.wait_for(nats.connect(
+                    self._url, name=self._name, connect_timeout=self._connect_timeout_s,
+                    max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                    allow_reconnect=True, error_cb=_log_error,
+                    disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected),
+                    timeout=self._connect_timeout_s)
+            except (NatsError, OSError, TimeoutError) as error:
+                self._client = None
+                raise JetStreamError(f"cannot connect to NATS at {self._url}: "
+                                     f"{_text(error)}; is nats-server running?") from None
+            self._js = self._client.jetstream(timeout=self._ack_timeout_s)
+            log.info("event=nats_connected url=%s", self._url)
+        # Reconnecting: publishes would wait in the client's buffer; fail the batch now.
+        if not self._client.is_connected:
+            raise JetStreamError(f"NATS at {self._url} is not connected (reconnecting)")
+        return self._js
+
+    async def _publish_all(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        js = await self._connected()
+        results = await asyncio.gather(
+            *(js.publish(message.subject, message.data, timeout=self._ack_timeout_s,
+                         headers={**message.headers, MSG_ID_HEADER: message.msg_id})
+              for message in messages), return_exceptions=True)
+        failed = [(message, result) for message, result in zip(messages, results, strict=True)
+                  if isinstance(result, BaseException)]
+        if failed:
+            message, error = failed[0]
+            raise JetStreamError(
+                f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
+                f"first: subject {message.subject!r} id {message.msg_id}: {_text(error)}")
+        duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
+        return BatchAcks(len(messages) - duplicates, duplicates)
+
+    async def _disconnected(self) -> None:
+        if not self._closing:
+            log.warning("event=nats_disconnected url=%s", self._url)
+
+    async def _disconnect(self) -> None:
+        self._closing = True
+        if self._client is not None and not self._client.is_closed:
+            await self._client.drain()
+        self._client = self._js = None
+
+
+def _text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+# nats-py's default callbacks print a traceback per failed reconnect: one line each instead.
+async def _log_error(error: Exception) -> None:
+    log.debug("event=nats_error error=%s", _text(error))
+
+
+async def _log_reconnected() -> None:
+    log.info("event=nats_reconnected")

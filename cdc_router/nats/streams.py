@@ -1,0 +1,135 @@
+"""Plan and apply the JetStream streams a router config declares (`cdc-router streams apply`).
+
+The plan compares each declared stream with the server's: missing ones are created; subjects
+and limits (duplicate window, age, bytes, messages) are updated in place; storage and replica
+count cannot change on a live stream, so a difference there is a warning, never a recreate.
+Planning is pure (plan_streams over the server's current configs); only StreamAdmin talks to
+the server, with asyncio.run, as a CLI command is synchronous and short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cdc_router.config.nats import StreamSpec
+from cdc_router.errors import JetStreamError
+
+StreamAction = Literal["create", "update", "unchanged"]
+# One JetStream API call: stream creation on a loaded server takes a second at most.
+_API_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What `apply` would do to one stream, and why."""
+
+    name: str
+    action: StreamAction
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def wanted(spec: StreamSpec) -> dict[str, Any]:
+    """The stream's settings as JetStream's StreamConfig names them (durations in seconds)."""
+    return {"subjects": sorted(spec.subjects),
+            "duplicate_window": spec.duplicate_window_ms / 1000,
+            "max_age": spec.max_age_ms / 1000, "max_bytes": spec.max_bytes,
+            "max_msgs": spec.max_msgs, "storage": spec.storage, "num_replicas": spec.replicas}
+
+
+_FIXED = ("storage", "num_replicas")  # JetStream refuses to change these on a live stream
+
+
+def plan_streams(specs: Sequence[StreamSpec],
+                 existing: Mapping[str, Mapping[str, Any]]) -> list[StreamPlan]:
+    """The plan for `specs` given the server's streams (name -> settings as wanted() names)."""
+    plans = []
+    for spec in specs:
+        want = wanted(spec)
+        have = existing.get(spec.name)
+        if have is None:
+            plans.append(StreamPlan(spec.name, "create", {k: (None, v) for k, v in want.items()}))
+            continue
+        changes = {key: (have.get(key), value) for key, value in want.items()
+                   if key not in _FIXED and have.get(key) != value}
+        warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is "
+                         "(JetStream cannot change it on a live stream)"
+                         for key, value in want.items()
+                         if key in _FIXED and have.get(key) != value)
+        plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
+                                warnings))
+    return plans
+
+
+class StreamAdmin:
+    """Reads and writes streams on the server at `url`; each call connects and disconnects."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def plan(self, specs: Sequence[StreamSpec]) -> list[StreamPlan]:
+        existing = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
+        return plan_streams(specs, existing)
+
+    def apply(self, specs: Sequence[StreamSpec], plans: Sequence[StreamPlan]) -> None:
+        by_name = {spec.name: spec for spec in specs}
+        asyncio.run(self._call(self._write, [(by_name[p.name], p) for p in plans]))
+
+    async def _call(self, work: Any, argument: Any) -> Any:
+        import nats
+        from nats.errors import Error as NatsError
+
+        try:
+            client = await asyncio.wait_for(nats.connect(
+                self._url, connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
+                error_cb=_quiet), timeout=_API_TIMEOUT_S)
+        except (NatsError, OSError, TimeoutError) as error:
+            raise JetStreamError(f"cannot connect to NATS at {self._url} "
+                                 f"({type(error).__name__}); is nats-server running?") from None
+        try:
+            return await work(client.jetstream(timeout=_API_TIMEOUT_S), argument)
+        except NatsError as error:
+            raise JetStreamError(f"JetStream at {self._url} refused: {error}") from None
+        finally:
+            await client.close()
+
+    @staticmethod
+    async def _read(js: Any, names: list[str]) -> dict[str, dict[str, Any]]:
+        from nats.js.errors import NotFoundError
+
+        found = {}
+        for name in names:
+            try:
+                info = await js.stream_info(name)
+            except NotFoundError:
+                continue
+            config = info.config
+            found[name] = {
+                "subjects": sorted(config.subjects or []),
+                "duplicate_window": config.duplicate_window, "max_age": config.max_age,
+                "max_bytes": config.max_bytes, "max_msgs": config.max_msgs,
+                "storage": getattr(config.storage, "value", config.storage),
+                "num_replicas": config.num_replicas}
+        return found
+
+    @staticmethod
+    async def _write(js: Any, work: list[tuple[StreamSpec, StreamPlan]]) -> None:
+        from nats.js.api import StorageType, StreamConfig
+
+        for spec, plan in work:
+            settings = wanted(spec)
+            if plan.action == "create":
+                await js.add_stream(StreamConfig(
+                    name=spec.name, **{**settings, "storage": StorageType(spec.storage)}))
+            elif plan.action == "update":
+                current = (await js.stream_info(spec.name)).config
+                for key, (_, value) in plan.changes.items():
+                    setattr(current, key, value)
+                await js.update_stream(current)
+
+
+async def _quiet(error: Exception) -> None:
+    """nats-py prints a traceback per connection error by default; _call reports one line."""

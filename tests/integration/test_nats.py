@@ -1,0 +1,177 @@
+"""JetStream routes on the real stack and a real nats-server: exactly once across kill -9."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc_router.config.load import load_config
+from cdc_router.nats.publisher import BatchAcks, JetStreamPublisher
+from cdc_router.router.loop import OutboxRouter
+from tests.integration.nats_server import nats_server, read_stream
+from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
+from tests.integration.support import StackEndpoints, replay_seed
+
+pytestmark = pytest.mark.integration
+
+EVENTS = 3_000
+HOSTILE_TYPES = ["Order Paid", "a.>", "*", "a.", "x\r\nPUB y 1", "..", "x" * 300]
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with nats_server(tmp_path_factory.mktemp("nats-home")) as server:
+        yield server.url
+
+
+def _use_jetstream(pipe: Pipeline, url: str) -> tuple[str, str]:
+    """Route Order events to `<prefix>.<type>` in a stream of the test's; streams apply."""
+    prefix = pipe.name.replace("_", "-")
+    stream = prefix.upper()
+    config = yaml.safe_load(pipe.config_path.read_text())
+    config["routes"][0] = {"match": {"aggregate_type": "Order*"},
+                           "nats": {"subject": prefix + ".{type}"}}
+    config["nats"] = {"url": url, "ack_timeout_ms": 5_000,
+                      "streams": [{"name": stream, "subjects": [f"{prefix}.>"],
+                                   "duplicate_window_ms": 3_600_000}]}
+    pipe.config_path.write_text(yaml.safe_dump(config))
+    applied = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                              str(pipe.config_path), "--yes"], capture_output=True, text=True,
+                             cwd=REPO, check=False)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert f"create    {stream}" in applied.stdout
+    return stream, prefix
+
+
+def _insert_slowly(pipe: Pipeline, rows: list[Row], ids: list[str]) -> None:
+    """Small transactions with pauses, so that the kills land while events flow."""
+    for start in range(0, len(rows), 50):
+        ids.extend(pipe.insert(rows[start:start + 50], 50))
+        time.sleep(0.1)
+
+
+def test_kill_9_of_a_router_publishing_to_jetstream_stores_each_event_once(
+        stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
+    good: list[Row] = [("Order", f"order-{i % 50}", "OrderPaid", {"seq": i})
+                       for i in range(EVENTS)]
+    hostile: list[Row] = [("Order", f"bad-{i}", kind, {"i": i})
+                          for i, kind in enumerate(HOSTILE_TYPES)]
+    rows = good[:EVENTS // 2] + hostile + good[EVENTS // 2:]
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        stream, prefix = _use_jetstream(pipe, nats_url)
+        pipe.start_router(wait=True)
+        ids: list[str] = []
+        writer = threading.Thread(target=_insert_slowly, args=(pipe, rows, ids))
+        writer.start()
+        seed = replay_seed(18)
+        pauses = seed.random()
+        for _ in range(3):
+            time.sleep(pauses.uniform(1.0, 2.5))
+            pipe.kill_router()
+            pipe.start_router(wait=True)
+        writer.join()
+        letters = pipe.read(pipe.dlq_topic, len(HOSTILE_TYPES))
+        bad_ids = {event_id for event_id, row in zip(ids, rows, strict=True)
+                   if row[1].startswith("bad-")}
+        good_ids = [event_id for event_id in ids if event_id not in bad_ids]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            messages = read_stream(nats_url, stream)
+            if len(messages) >= len(good_ids):
+                break
+            time.sleep(1)
+        time.sleep(3)  # anything late (a duplicate) lands before the final read
+        messages = read_stream(nats_url, stream)
+        log = pipe.router_log()
+    assert len(ids) == len(rows)
+    seen = Counter(message.headers["id"] for message in messages)
+    assert seen == Counter(good_ids), f"each event id exactly once in the stream; {seed}\n" \
+        f"{log[-3000:]}"
+    for message in messages[:50]:
+        assert message.headers["Nats-Msg-Id"] == message.headers["id"]
+        assert message.subject == f"{prefix}.OrderPaid"
+        assert message.headers["aggregatetype"] == "Order"
+    letter_headers = [{name: value.decode(errors="replace") for name, value in letter.headers()}
+                      for letter in letters]
+    assert {h["dlq.event.id"] for h in letter_headers} == bad_ids
+    assert {h["dlq.stage"] for h in letter_headers} == {"route"}
+    assert all("nats.subject" in h["dlq.error.message"] for h in letter_headers)
+
+
+class _Crash(BaseException):
+    """Stands for a kill -9 at the worst moment: after JetStream's acks, before Kafka's commit."""
+
+
+def test_a_crash_between_the_acks_and_the_kafka_commit_is_absorbed_by_the_duplicate_window(
+        stack: StackEndpoints, nats_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rows: list[Row] = [("Order", f"order-{i % 5}", "OrderPaid", {"seq": i}) for i in range(60)]
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        stream, _ = _use_jetstream(pipe, nats_url)
+        ids = pipe.insert(rows)
+        assert len(pipe.read(pipe.raw_topic, len(ids))) == len(ids)
+        real_publish = JetStreamPublisher.publish_batch
+        published: list[int] = []
+
+        def publish_then_crash(self: JetStreamPublisher, messages: Any) -> BatchAcks:
+            acks = real_publish(self, messages)
+            published.append(acks.stored)
+            raise _Crash
+
+        monkeypatch.setattr(JetStreamPublisher, "publish_batch", publish_then_crash)
+        with pytest.raises(_Crash):
+            OutboxRouter(load_config(pipe.config_path),
+                         instance_id=f"{pipe.name}-inproc").run()
+        monkeypatch.setattr(JetStreamPublisher, "publish_batch", real_publish)
+        assert published and published[0] > 0
+        pipe.start_router()
+        # The stream holds the crashed batch already: wait for the restarted router to
+        # publish it again (JetStream acks those as duplicates), then read.
+        absorbed = f"event=jetstream_duplicates count={published[0]}"
+        deadline = time.monotonic() + 90
+        while absorbed not in pipe.router_log() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)
+        messages = read_stream(nats_url, stream)
+        log = pipe.router_log()
+    assert absorbed in log, log[-3000:]
+    assert Counter(message.headers["id"] for message in messages) == Counter(ids)
+
+
+def test_a_nats_outage_fails_batches_and_the_router_catches_up_when_it_is_back(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    rows: list[Row] = [("Order", f"order-{i % 5}", "OrderPaid", {"seq": i}) for i in range(400)]
+    with nats_server(tmp_path / "own-nats") as server, \
+            pipeline(stack, tmp_path, partitions=2) as pipe:
+        stream, _ = _use_jetstream(pipe, server.url)
+        pipe.start_router(wait=True)
+        ids = pipe.insert(rows[:200])
+        deadline = time.monotonic() + 60
+        while len(read_stream(server.url, stream)) < 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        server.stop(signal.SIGKILL)
+        ids += pipe.insert(rows[200:])
+        deadline = time.monotonic() + 60
+        while "event=batch_aborted" not in pipe.router_log() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        server.start()
+        deadline = time.monotonic() + 120
+        while len(read_stream(server.url, stream)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(2)
+        messages = read_stream(server.url, stream)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=0)
+        log = pipe.router_log()
+    assert "event=batch_aborted cause=cluster" in log, log[-3000:]
+    assert letters == [], "an outage is no record's fault: nothing is dead-lettered"
+    assert Counter(message.headers["id"] for message in messages) == Counter(ids), log[-3000:]

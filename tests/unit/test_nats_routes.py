@@ -1,0 +1,181 @@
+"""JetStream routes: the nats section, subject rules, and routing captured events to subjects."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.nats import subject_matches, subject_problem
+from cdc_router.errors import ConfigError, RouteError
+from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.routing import OutboundRecord, Router
+from tests.unit.test_routing import ORDER, SOURCE
+
+STREAMS = {"streams": [{"name": "ORDERS", "subjects": ["orders.>"]}]}
+
+
+def router(*routes: dict[str, Any], nats: dict[str, Any] | None = None) -> Router:
+    return Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": [SOURCE]}, "routes": list(routes), "nats": nats or STREAMS})))
+
+
+def with_type(event: OutboxEvent, value: str) -> OutboxEvent:
+    values = {**event.__dict__, "type": value}
+    return type(event)(**values)
+
+
+def test_a_nats_route_renders_its_subject_with_the_contract_headers() -> None:
+    out = router({"nats": {"subject": "orders.{type}"}}).route(ORDER, lambda topic: 1 / 0)
+    assert isinstance(out, OutboundRecord)
+    assert (out.nats, out.topic, out.partition) == (True, "orders.OrderPaid", None)
+    assert out.value == ORDER.payload
+    assert dict(out.headers)["id"] == ORDER.event_id.encode()
+
+
+@pytest.mark.parametrize(("event_type", "reason"), [
+    ("a b", "whitespace or control characters"),
+    ("a\r\nPUB x 1", "whitespace or control characters"),
+    ("*", "wildcard"),
+    (">", "wildcard"),
+    ("x.", "empty token"),
+    ("", "empty token"),
+    ("x" * 300, "at most 255 bytes"),
+])
+def test_a_subject_nats_would_refuse_is_a_route_error(event_type: str, reason: str) -> None:
+    rt = router({"nats": {"subject": "orders.{type}"}})
+    with pytest.raises(RouteError, match=f"routes\\[0\\] nats.subject .*{reason}"):
+        rt.route(with_type(ORDER, event_type), lambda topic: 1)
+
+
+def test_a_subject_no_declared_stream_captures_is_a_route_error() -> None:
+    rt = router({"nats": {"subject": "{type}.x"}})
+    with pytest.raises(RouteError, match=r"no stream of nats\.streams captures subject"):
+        rt.route(ORDER, lambda topic: 1)
+    with pytest.raises(RouteError, match="system or inbox subject"):
+        rt.route(with_type(ORDER, "$JS.API.STREAM.DELETE.ORDERS"), lambda topic: 1)
+
+
+def test_a_header_that_cannot_be_a_nats_header_line_is_a_route_error() -> None:
+    rt = router({"nats": {"subject": "orders.x"}})
+    hostile = type(ORDER)(**{**ORDER.__dict__, "headers": (("tenant", "a\r\nNats-Msg-Id: x"),)})
+    with pytest.raises(RouteError, match="line break"):
+        rt.route(hostile, lambda topic: 1)
+    reserved = type(ORDER)(**{**ORDER.__dict__, "headers": (("Nats-Msg-Id", "x"),)})
+    with pytest.raises(RouteError, match="reserved for NATS"):
+        rt.route(reserved, lambda topic: 1)
+
+
+def test_a_message_over_max_payload_is_a_route_error() -> None:
+    rt = router({"nats": {"subject": "orders.x"}}, nats={**STREAMS, "max_payload_bytes": 64})
+    with pytest.raises(RouteError, match=r"over nats\.max_payload_bytes"):
+        rt.route(ORDER, lambda topic: 1)
+
+
+def test_subject_rules_and_matching() -> None:
+    assert subject_problem("orders.OrderPaid") is None
+    assert subject_problem("orders.>", wildcards=True) is None
+    assert subject_problem("orders.>.x", wildcards=True) is not None
+    assert subject_problem("orders.a*b") is not None
+    assert subject_matches("orders.>", "orders.a.b")
+    assert not subject_matches("orders.>", "orders")
+    assert subject_matches("orders.*", "orders.a")
+    assert not subject_matches("orders.*", "orders.a.b")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "router.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("routes: [{nats: {subject: orders.x}}]",
+     "field 'routes[0].nats': a JetStream route needs `nats:` with the streams"),
+    ("routes: [{topic: x, nats: {subject: orders.x}}]\nnats: {streams: [{name: O, "
+     "subjects: [orders.>]}]}", "field 'routes[0].topic': a route needs exactly one destination"),
+    ("routes: [{nats: {subject: 'orders *.{type}'}}]", "holds whitespace, '*' or '>'"),
+    ("routes: [{nats: {subject: 'orders.{tipe}'}}]", "unknown template field {tipe}"),
+    ("routes: [{nats: {subject: other.x}}]\nnats: {streams: [{name: O, subjects: [orders.>]}]}",
+     "field 'routes[0].nats.subject': no stream of nats.streams captures subject 'other.x'"),
+    ("routes: [{nats: {subject: orders.x}}]\nnats: {streams: [{name: 'a.b', "
+     "subjects: [orders.>]}]}", "field 'nats.streams[0].name': stream name 'a.b' must be"),
+    ("routes: [{nats: {subject: orders.x}, headers: {'a b': c}}]\nnats: {streams: [{name: O, "
+     "subjects: [orders.>]}]}", "field 'routes[0].headers': header name 'a b'"),
+])
+def test_nats_config_errors_are_one_line_naming_field_and_value(tmp_path: Path, text: str,
+                                                              expected: str) -> None:
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\n" + text + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "\n" not in str(caught.value)
+    assert expected in str(caught.value)
+
+
+def test_a_kafka_and_a_nats_route_load_side_by_side(tmp_path: Path) -> None:
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\nroutes:\n"
+                 "  - {match: {type: 'Order*'}, nats: {subject: 'orders.{type}'}}\n"
+                 "  - {topic: 'outbox.event.{aggregate_type}'}\n"
+                 "nats: {url: 'nats://127.0.0.1:4222', streams: [{name: ORDERS, "
+                 "subjects: ['orders.>'], duplicate_window_ms: 3600000}]}\n")
+    compiled = load_config(path)
+    assert [route.nats for route in compiled.routes] == [True, False]
+    assert compiled.config.nats is not None
+    assert compiled.config.nats.streams[0].duplicate_window_ms == 3_600_000
+
+
+def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\nroutes:\n"
+                 "  - {nats: {subject: 'orders.{type}'}}\n"
+                 "nats: {streams: [{name: ORDERS, subjects: ['orders.>']}]}\n")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "nats orders.{type}  json" in result.output
+    assert "streams ORDERS (orders.>)" in result.output
+
+
+JETSTREAM_CONFIG = {"source": {"topics": [SOURCE], "group_id": "g"},
+                    "routes": [{"nats": {"subject": "orders.{type}"}}], "nats": STREAMS}
+
+
+def test_the_relay_refuses_a_jetstream_route_before_it_starts() -> None:
+    from cdc_router.relay.loop import OutboxRelay
+
+    config = RouterConfig.model_validate({**JETSTREAM_CONFIG, "relay": {"table": "outbox"}})
+    with pytest.raises(ConfigError, match=r"field 'routes\[0\]\.nats': cdc-router relay does "
+                       "not publish to NATS JetStream yet"):
+        OutboxRelay(compile_config(config), dsn="postgresql://unused", instance_id="t")
+
+
+def test_dlq_replay_refuses_a_jetstream_route_before_it_starts() -> None:
+    from cdc_router.router.dlq_replay import DeadLetterReplay
+
+    config = RouterConfig.model_validate(JETSTREAM_CONFIG)
+    with pytest.raises(ConfigError, match="cdc-router dlq replay does not publish to NATS"):
+        DeadLetterReplay(compile_config(config), dry_run=True)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("routes: [{nats: {subject: orders.x}, key: aggregate_id}]",
+     "field 'routes[0].key': a JetStream route has no key or partition"),
+    ("routes: [{nats: {subject: orders.x}, partition: key}]",
+     "field 'routes[0].partition': a JetStream route has no key or partition"),
+    ("routes: [{nats: {subject: orders.x}}]\ndelivery: {transaction_timeout_ms: 10000}",
+     "field 'nats.ack_timeout_ms': nats.connect_timeout_ms + nats.ack_timeout_ms must stay "
+     "below delivery.transaction_timeout_ms (10000)"),
+])
+def test_nats_route_settings_that_cannot_apply_are_refused(tmp_path: Path, text: str,
+                                                          expected: str) -> None:
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\n" + text + "\n"
+                 "nats: {streams: [{name: O, subjects: [orders.>]}]}\n")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(path)
