@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     load = Load(endpoints.dsn, names, writers=args.writers, seed=args.seed,
                 poison_rate=args.poison_rate, rate_per_s=args.rate)
     started = time.monotonic()
+    sampler = faults.ProgressSampler(endpoints.bootstrap, names.raw, names.run, started)
 
     injector = faults.Injector(stack, connect, fleet, progress, connector, workdir,
                                lambda: time.monotonic() - started, load.write_more,
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         fleet.start(faults.MAIN)
         load.start()
+        sampler.start()
         segment = args.events // (len(plan) + 1)
         for planned in plan:
             base = load.written
@@ -165,6 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         load.write_more(max(0, args.events - load.written))
         load.stop()
         drain_s = drain(progress, endpoints, names)
+        sampler.stop()
         print(f"chaos: drained in {drain_s}s; verifying", flush=True)
         fleet.stop_all()
         elapsed = time.monotonic() - started
@@ -182,9 +185,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         return report.build(header=header, faults=records, verdict=verdict,
                             duplicates_dropped=fleet.duplicates_dropped(),
                             write_errors=load.write_errors,
-                            timeline=report.throughput(load.timeline, started))
+                            timeline=report.throughput(load.timeline, started),
+                            router_progress=sampler.samples)
     finally:
         load.stop()
+        sampler.stop()
         fleet.stop_all()
         progress.close()
         if not args.keep:

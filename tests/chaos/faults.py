@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -92,6 +93,37 @@ class Progress:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class ProgressSampler:
+    """Samples the raw topic's end and the router's committed offset every `every_s`, for
+    the report's timeline. Its own consumer: librdkafka handles are not shared across threads
+    here, and the injector's probes must not wait behind a sample."""
+
+    def __init__(self, bootstrap: str, raw_topic: str, group: str, start: float,
+                 every_s: float = 5) -> None:
+        self._progress = Progress(bootstrap, raw_topic, group)
+        self._start = start
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-sampler", daemon=True)
+        self.samples: list[tuple[float, int | None, int | None]] = []  # (s, raw end, committed)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self.samples.append((round(time.monotonic() - self._start, 1),
+                                 self._progress.raw_end(), self._progress.committed()))
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._progress.close()
 
 
 class Injector:

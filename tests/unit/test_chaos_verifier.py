@@ -79,7 +79,7 @@ def test_render_names_every_failure_and_finding() -> None:
     record = faults.FaultRecord("connect_kill", 12.0, None, findings=["task FAILED"])
     built = report.build(header={"run": "r", "profile": "short", "seed": 1, "elapsed_s": 3.0},
                          faults=[record], verdict=verdict, duplicates_dropped=0,
-                         write_errors=0, timeline=[])
+                         write_errors=0, timeline=[], router_progress=[])
     text = report.render(built)
     assert not built["passed"]
     assert "FAILED lost: some-id" in text
