@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.chaos import faults, report, verifier
+from tests.chaos import faults, report, timeline, verifier
 from tests.chaos.load import Load, Names, create_tables
 from tests.chaos.routers import RouterFleet
 from tests.chaos.stack import REPO, Connect, Endpoints, LocalStack, drop_run
@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poison-rate", type=float, default=0.002)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="timeline PNG path (default: the JSON report's, with .png)")
+    parser.add_argument("--from-report", type=Path, default=None, metavar="JSON",
+                        help="run nothing: print the table and draw the PNG of a saved report")
     parser.add_argument("--keep", action="store_true", help="keep tables and topics")
     return parser.parse_args(argv)
 
@@ -202,10 +206,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    result = run(args)
-    path = args.report or Path("/tmp") / f"{result['run']}.json"
-    report.save(result, path)
+    if args.from_report:
+        path = args.from_report
+        result = json.loads(path.read_text())
+    else:
+        signal.signal(signal.SIGTERM, _interrupt)
+        result = run(args)
+        path = args.report or Path("/tmp") / f"{result['run']}.json"
+        report.save(result, path)
+    png = args.png or path.with_suffix(".png")
+    timeline.draw(result, png)
     print(report.render(result))
-    print(f"report: {path}")
+    print(f"report: {path}\ntimeline: {png}")
     sys.exit(0 if result["passed"] else 1)
