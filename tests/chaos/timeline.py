@@ -28,7 +28,7 @@ class FaultMark:
 class Timeline:
     writers: list[tuple[float, float]]  # (s, events/s committed in Postgres)
     router: list[tuple[float, float]]  # (s, raw offsets/s the router committed)
-    lag: list[tuple[float, int]]  # (s, raw end - committed offset)
+    lag: list[tuple[float, int | None]]  # (s, raw end - committed); None: no reading there
     faults: list[FaultMark]
     end_s: float
 
@@ -45,21 +45,25 @@ def writer_rates(buckets: list[list[float]] | list[tuple[float, float]],
 
 
 def router_rates(samples: list[list[Any]] | list[tuple[float, int | None, int | None]]
-                 ) -> tuple[list[tuple[float, float]], list[tuple[float, int]]]:
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, int | None]]]:
     """Offsets/s the router committed between readings, and its lag at each reading.
 
     A reading is missing while the broker is down (None) or before the group's first commit
-    (a negative offset, librdkafka's OFFSET_INVALID); a rate spans two known readings, so the
-    offsets committed during an outage show up after it rather than vanish.
+    (a negative offset, librdkafka's OFFSET_INVALID). A rate spans two known readings, so the
+    offsets committed during an outage show up after it rather than vanish; the lag has a gap
+    (None) there instead of a line drawn through readings nobody took.
     """
     rates: list[tuple[float, float]] = []
-    lag: list[tuple[float, int]] = []
+    lag: list[tuple[float, int | None]] = []
     previous: tuple[float, int] | None = None
     for when, end, committed in samples:
+        if committed is None or committed < 0 or end is None:
+            if lag and lag[-1][1] is not None:
+                lag.append((when, None))
+        else:
+            lag.append((when, max(0, end - committed)))
         if committed is None or committed < 0:
             continue
-        if end is not None:
-            lag.append((when, max(0, end - committed)))
         if previous is not None and when > previous[0]:
             rates.append((when, (committed - previous[1]) / (when - previous[0])))
         previous = (when, committed)
@@ -89,8 +93,8 @@ def draw(report: dict[str, Any], path: Path) -> None:
     rates, lags = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1.3))
     rates.step(*_xy(data.writers), where="post", label="writers: events/s committed",
                color="tab:blue")
-    if data.router:
-        rates.plot(*_xy(data.router), label="router: raw offsets/s committed",
+    if data.router:  # each rate holds for the interval that ends at its reading
+        rates.step(*_xy(data.router), where="pre", label="router: raw offsets/s committed",
                    color="tab:orange", alpha=0.8)
     if data.lag:
         lags.plot(*_xy(data.lag), color="tab:red", label="router lag: raw end - committed")
@@ -126,6 +130,8 @@ _COLOURS = {"router_kill": "tab:red", "connect_kill": "tab:purple", "kafka_kill"
             "replay_phase": "tab:pink"}
 
 
-def _xy(points: list[tuple[float, float]] | list[tuple[float, int]]
+def _xy(points: list[tuple[float, float]] | list[tuple[float, int | None]]
         ) -> tuple[list[float], list[float]]:
-    return [float(x) for x, _ in points], [float(y) for _, y in points]
+    """x and y for matplotlib; a None becomes NaN, which it draws as a gap."""
+    return ([float(x) for x, _ in points],
+            [float("nan") if y is None else float(y) for _, y in points])

@@ -17,7 +17,7 @@ def test_writer_rates_fill_silent_windows_with_zero() -> None:
     assert timeline.writer_rates([]) == []
 
 
-def test_router_rates_span_unknown_readings_and_lag_needs_both_offsets() -> None:
+def test_router_rates_span_unknown_readings_and_lag_has_a_gap_there() -> None:
     samples = [(5.0, 100, -1001),  # before the group's first commit
                (10.0, 200, 150),
                (15.0, None, None),  # broker down
@@ -25,7 +25,7 @@ def test_router_rates_span_unknown_readings_and_lag_needs_both_offsets() -> None
                (25.0, 400, 400)]
     rates, lag = timeline.router_rates(samples)
     assert rates == [(20.0, 10.0), (25.0, 30.0)]
-    assert lag == [(10.0, 50), (25.0, 0)]
+    assert lag == [(10.0, 50), (15.0, None), (25.0, 0)]  # one gap while unknown
 
 
 def test_fault_marks_run_from_injection_to_recovery_or_to_the_end() -> None:
