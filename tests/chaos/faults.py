@@ -168,10 +168,8 @@ class Injector:
         main = self._fleet.live.get(MAIN)
         if main is None or main.process.poll() is None:
             return
-        lines = main.log.read_text(errors="replace").splitlines()
-        last = [line for line in lines if "librdkafka" not in line][-1:] or ["(empty log)"]
         said = (f"router exited with code {main.process.returncode} after {record.kind}: "
-                f"{last[0][:300]}")
+                f"{last_words(main.log.read_text(errors='replace'))[:300]}")
         (record.notes if main.process.returncode == EXIT_HUNG else record.findings).append(said)
         self._fleet.live.pop(MAIN)
         self._fleet.start(MAIN, wait=False)
@@ -294,6 +292,14 @@ class Injector:
             worker.stop()
         self._connect.put(name, self._connector_config)
         self._connect.wait_running(name)
+
+
+def last_words(log: str) -> str:
+    """The router's last line of its own, past librdkafka's logger (its retries and
+    disconnects come after the line that says why the router stopped)."""
+    own = [line for line in log.splitlines()
+           if line.strip() and "logger=cdc_router.librdkafka " not in line]
+    return own[-1] if own else "(empty log)"
 
 
 def register_connector(connect: Connect, dsn: str, table: str,

@@ -55,3 +55,4 @@ def test_from_report_draws_the_png_next_to_the_report(tmp_path: Path) -> None:
         campaign.main(["--from-report", str(tmp_path / "run.json")])
     assert exited.value.code == 0
     assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+

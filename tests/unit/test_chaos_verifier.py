@@ -85,3 +85,13 @@ def test_render_names_every_failure_and_finding() -> None:
     assert "FAILED lost: some-id" in text
     assert "FINDING: task FAILED" in text
     assert text.endswith("FAILED")
+
+
+def test_last_words_skip_librdkafka_lines_but_not_ours_that_name_it() -> None:
+    # The watchdog's line mentions librdkafka; the campaign once quoted the line before it.
+    log = ("2026 level=INFO logger=cdc_router.router event=assigned partitions=raw[0]\n"
+           "2026 level=CRITICAL logger=cdc_router.kafka event=client_call_hung "
+           "call=send_offsets_to_transaction: librdkafka did not return within its timeout\n"
+           "2026 level=INFO logger=cdc_router.librdkafka FAIL [thrd:1]: Disconnected\n\n")
+    assert "event=client_call_hung" in faults.last_words(log)
+    assert faults.last_words("") == "(empty log)"
