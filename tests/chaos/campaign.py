@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.chaos import faults, report, verifier
+from tests.chaos import faults, report, timeline, verifier
 from tests.chaos.load import Load, Names, create_tables
 from tests.chaos.routers import RouterFleet
 from tests.chaos.stack import REPO, Connect, Endpoints, LocalStack, drop_run
@@ -45,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poison-rate", type=float, default=0.002)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="JSON report path")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="timeline PNG path (default: the JSON report's, with .png)")
+    parser.add_argument("--from-report", type=Path, default=None, metavar="JSON",
+                        help="run nothing: print the table and draw the PNG of a saved report")
     parser.add_argument("--keep", action="store_true", help="keep tables and topics")
     return parser.parse_args(argv)
 
@@ -142,6 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     load = Load(endpoints.dsn, names, writers=args.writers, seed=args.seed,
                 poison_rate=args.poison_rate, rate_per_s=args.rate)
     started = time.monotonic()
+    sampler = faults.ProgressSampler(endpoints.bootstrap, names.raw, names.run, started)
 
     injector = faults.Injector(stack, connect, fleet, progress, connector, workdir,
                                lambda: time.monotonic() - started, load.write_more,
@@ -150,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     try:
         fleet.start(faults.MAIN)
         load.start()
+        sampler.start()
         segment = args.events // (len(plan) + 1)
         for planned in plan:
             base = load.written
@@ -165,6 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         load.write_more(max(0, args.events - load.written))
         load.stop()
         drain_s = drain(progress, endpoints, names)
+        sampler.stop()
         print(f"chaos: drained in {drain_s}s; verifying", flush=True)
         fleet.stop_all()
         elapsed = time.monotonic() - started
@@ -182,9 +189,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         return report.build(header=header, faults=records, verdict=verdict,
                             duplicates_dropped=fleet.duplicates_dropped(),
                             write_errors=load.write_errors,
-                            timeline=report.throughput(load.timeline, started))
+                            timeline=report.throughput(load.timeline, started),
+                            router_progress=sampler.samples)
     finally:
         load.stop()
+        sampler.stop()
         fleet.stop_all()
         progress.close()
         if not args.keep:
@@ -197,10 +206,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    result = run(args)
-    path = args.report or Path("/tmp") / f"{result['run']}.json"
-    report.save(result, path)
+    if args.from_report:
+        path = args.from_report
+        result = json.loads(path.read_text())
+    else:
+        signal.signal(signal.SIGTERM, _interrupt)
+        result = run(args)
+        path = args.report or Path("/tmp") / f"{result['run']}.json"
+        report.save(result, path)
+    png = args.png or path.with_suffix(".png")
+    timeline.draw(result, png)
     print(report.render(result))
-    print(f"report: {path}")
+    print(f"report: {path}\ntimeline: {png}")
     sys.exit(0 if result["passed"] else 1)

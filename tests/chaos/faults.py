@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -94,6 +95,37 @@ class Progress:
         self._consumer.close()
 
 
+class ProgressSampler:
+    """Samples the raw topic's end and the router's committed offset every `every_s`, for
+    the report's timeline. Its own consumer: librdkafka handles are not shared across threads
+    here, and the injector's probes must not wait behind a sample."""
+
+    def __init__(self, bootstrap: str, raw_topic: str, group: str, start: float,
+                 every_s: float = 5) -> None:
+        self._progress = Progress(bootstrap, raw_topic, group)
+        self._start = start
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-sampler", daemon=True)
+        self.samples: list[tuple[float, int | None, int | None]] = []  # (s, raw end, committed)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self.samples.append((round(time.monotonic() - self._start, 1),
+                                 self._progress.raw_end(), self._progress.committed()))
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._progress.close()
+
+
 class Injector:
     """Injects each kind of fault into the stack and the fleet, and measures the recovery."""
 
@@ -136,10 +168,8 @@ class Injector:
         main = self._fleet.live.get(MAIN)
         if main is None or main.process.poll() is None:
             return
-        lines = main.log.read_text(errors="replace").splitlines()
-        last = [line for line in lines if "librdkafka" not in line][-1:] or ["(empty log)"]
         said = (f"router exited with code {main.process.returncode} after {record.kind}: "
-                f"{last[0][:300]}")
+                f"{last_words(main.log.read_text(errors='replace'))[:300]}")
         (record.notes if main.process.returncode == EXIT_HUNG else record.findings).append(said)
         self._fleet.live.pop(MAIN)
         self._fleet.start(MAIN, wait=False)
@@ -262,6 +292,14 @@ class Injector:
             worker.stop()
         self._connect.put(name, self._connector_config)
         self._connect.wait_running(name)
+
+
+def last_words(log: str) -> str:
+    """The router's last line of its own, past librdkafka's logger (its retries and
+    disconnects come after the line that says why the router stopped)."""
+    own = [line for line in log.splitlines()
+           if line.strip() and "logger=cdc_router.librdkafka " not in line]
+    return own[-1] if own else "(empty log)"
 
 
 def register_connector(connect: Connect, dsn: str, table: str,

@@ -25,12 +25,16 @@ def throughput(timeline: list[tuple[float, int]], start: float,
 
 def build(*, header: dict[str, Any], faults: list[FaultRecord], verdict: Verdict,
           duplicates_dropped: int, write_errors: int,
-          timeline: list[tuple[float, float]]) -> dict[str, Any]:
+          timeline: list[tuple[float, float]],
+          router_progress: list[tuple[float, int | None, int | None]]) -> dict[str, Any]:
     return {**header, "passed": verdict.passed and not any(f.findings for f in faults),
             "faults": [asdict(f) for f in faults], "replays_on_raw_topic": verdict.raw_replays,
             "duplicates_dropped_by_router": duplicates_dropped,
             "writer_errors": write_errors, "verdict": as_dict(verdict),
-            "throughput_events_per_s": timeline}
+            "throughput_events_per_s": timeline,
+            # (s since start, raw topic end offset, router group's committed offset); None
+            # while the broker did not answer.
+            "router_progress": router_progress}
 
 
 def render(report: dict[str, Any]) -> str:

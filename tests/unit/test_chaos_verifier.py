@@ -79,9 +79,19 @@ def test_render_names_every_failure_and_finding() -> None:
     record = faults.FaultRecord("connect_kill", 12.0, None, findings=["task FAILED"])
     built = report.build(header={"run": "r", "profile": "short", "seed": 1, "elapsed_s": 3.0},
                          faults=[record], verdict=verdict, duplicates_dropped=0,
-                         write_errors=0, timeline=[])
+                         write_errors=0, timeline=[], router_progress=[])
     text = report.render(built)
     assert not built["passed"]
     assert "FAILED lost: some-id" in text
     assert "FINDING: task FAILED" in text
     assert text.endswith("FAILED")
+
+
+def test_last_words_skip_librdkafka_lines_but_not_ours_that_name_it() -> None:
+    # The watchdog's line mentions librdkafka; the campaign once quoted the line before it.
+    log = ("2026 level=INFO logger=cdc_router.router event=assigned partitions=raw[0]\n"
+           "2026 level=CRITICAL logger=cdc_router.kafka event=client_call_hung "
+           "call=send_offsets_to_transaction: librdkafka did not return within its timeout\n"
+           "2026 level=INFO logger=cdc_router.librdkafka FAIL [thrd:1]: Disconnected\n\n")
+    assert "event=client_call_hung" in faults.last_words(log)
+    assert faults.last_words("") == "(empty log)"
