@@ -17,8 +17,15 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
+# EX_TEMPFAIL (sysexits.h): a temporary failure, run me again. The router exits with it when
+# only a new process can go on and a supervisor's restart is the cure (README, "Guarantees").
+EXIT_RESTART = 75
+
+
 class CdcRouterError(Exception):
-    """Root of the project's errors: the CLI prints str(error) and exits 1."""
+    """Root of the project's errors: the CLI prints str(error) and exits with exit_code."""
+
+    exit_code = 1
 
 
 class ConfigError(CdcRouterError):
@@ -79,6 +86,29 @@ class FatalKafkaError(CdcRouterError):
     The one fatal class of the router and the consumer (the consumer's `ConsumerFailed` is
     this class under its old name).
     """
+
+
+class MemberFenced(FatalKafkaError):
+    """The group fenced this process's static member (FENCED_INSTANCE_ID): only a new consumer
+    can rejoin, so the router exits EXIT_RESTART for its supervisor to start it again.
+
+    Seen after a broker outage longer than session.timeout.ms: the coordinator expired the
+    member, and librdkafka's next requests from the same process came with an empty member id
+    and were fenced against the old one (the chaos campaign, seed 15). A second instance with
+    the same --instance-id would be fenced the same way, and also by its transactional id
+    (PRODUCER_FENCED, exit 1).
+    """
+
+    exit_code = EXIT_RESTART
+
+
+def fatal_kafka_error(message: str, error: KafkaError | None) -> FatalKafkaError:
+    """The fatal error for a Kafka error classified FATAL: MemberFenced for a fenced static
+    member, FatalKafkaError for the rest."""
+    if error is not None and error.code() == KafkaError.FENCED_INSTANCE_ID:
+        return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
+                            "restart this router (each instance needs its own --instance-id)")
+    return FatalKafkaError(message)
 
 
 # Kafka and Connect ---------------------------------------------------------------------------

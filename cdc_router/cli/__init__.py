@@ -50,7 +50,7 @@ class _Root(click.Group):
             if ctx.obj and ctx.obj.get("verbose"):
                 traceback.print_exc()
             click.echo(f"error: {error}", err=True)
-            sys.exit(1)
+            sys.exit(error.exit_code)
 
 
 @click.group(cls=_Root)

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from cdc_router.errors import EXIT_RESTART
+
 log = logging.getLogger("cdc_router.kafka")
 
-# EX_TEMPFAIL (sysexits.h): a temporary failure, run me again.
-EXIT_HUNG = 75
+EXIT_HUNG = EXIT_RESTART
 
 
 def _exit_process(name: str, waited_s: float, timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import BatchFailed, DeliveryError, FatalKafkaError, RecordRefused
+from cdc_router.errors import BatchFailed, DeliveryError, RecordRefused, fatal_kafka_error
 from cdc_router.kafka.consumer import record_headers, rewind_to_committed
 from cdc_router.kafka.errors import ErrorAction, classify, describe
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
@@ -356,7 +356,7 @@ class OutboxRouter:
                 self._waiting_for_source = True
             return
         if classify(error) is ErrorAction.FATAL:
-            raise FatalKafkaError(f"the consumer failed for good: {describe(error)}")
+            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error)
         log.warning("event=consumer_error error=%s", describe(error))
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import BatchFailed, FatalKafkaError
+from cdc_router.errors import BatchFailed, FatalKafkaError, fatal_kafka_error
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 
@@ -148,8 +148,8 @@ def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseExceptio
     """
     error = kafka_error_of(failure)
     if error is not None and classify(error) is ErrorAction.FATAL:
-        raise FatalKafkaError(f"Kafka refused this {who} for good ({describe(error)}); "
-                              f"{fenced_hint}") from failure
+        raise fatal_kafka_error(f"Kafka refused this {who} for good ({describe(error)}); "
+                                f"{fenced_hint}", error) from failure
     sources = txn.sources
     try:
         failures = txn.abort()

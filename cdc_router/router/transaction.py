@@ -36,6 +36,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     JetStreamError,
     RecordRefused,
+    fatal_kafka_error,
 )
 from cdc_router.kafka.commit_stamp import commit_metadata
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
@@ -310,8 +311,8 @@ class Transaction:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
         error = kafka_error_of(failure)
         if error is not None and classify(error) is ErrorAction.FATAL:
-            return FatalKafkaError(f"Kafka refused this router for good ({describe(error)}); "
-                                   "another instance may use the same instance id")
+            return fatal_kafka_error(f"Kafka refused this router for good ({describe(error)}); "
+                                     "another instance may use the same instance id", error)
         return BatchFailed(str(failure), error)
 
     def _call(self, step: Callable[[], None], name: str,
@@ -326,8 +327,8 @@ class Transaction:
                 error = kafka_error_of(failure)
                 action = classify(error) if error is not None else ErrorAction.ABORT
                 if action is ErrorAction.FATAL and error is not None:
-                    raise FatalKafkaError(f"Kafka transaction step {name!r} failed for good: "
-                                          f"{describe(error)}") from failure
+                    raise fatal_kafka_error(f"Kafka transaction step {name!r} failed for "
+                                            f"good: {describe(error)}", error) from failure
                 if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
                 if backoff is None:

@@ -30,10 +30,11 @@ from tests.chaos.stack import (
 MAIN = "main"
 SESSION_TIMEOUT_S = 10  # the router's session.timeout.ms (cdc_router/router/clients.py)
 RECOVERY_TIMEOUT_S = 300
-# The router's exit code for "a Kafka client call hung past its timeout; restart me"
-# (sysexits' EX_TEMPFAIL; cdc_router/kafka/watchdog.py). Spelled here: the campaign drives the
-# router as a user's supervisor would, by its command line and exit codes.
-EXIT_HUNG = 75
+# The router's exit code for "restart me": a Kafka client call hung past its timeout
+# (cdc_router/kafka/watchdog.py) or its static member was fenced (sysexits' EX_TEMPFAIL).
+# Spelled here: the campaign drives the router as a user's supervisor would, by its command
+# line and exit codes.
+EXIT_RESTART = 75
 
 PROFILES: dict[str, dict[str, int]] = {
     "short": {"router_kill": 1, "connect_kill": 1, "kafka_kill": 1, "postgres_stop": 1,
@@ -162,15 +163,16 @@ class Injector:
     def _restart_exited(self, record: FaultRecord) -> None:
         """Restart a router that exited on its own, as a supervisor would.
 
-        Exit code EXIT_HUNG is the router's documented way out of a librdkafka call that
-        blocks past its timeout (README, "Guarantees"): a note. Any other exit is a finding.
+        Exit code EXIT_RESTART is the router's documented "restart me" (a librdkafka call hung
+        past its timeout, or its static member fenced; README, "Guarantees"): a note. Any
+        other exit is a finding.
         """
         main = self._fleet.live.get(MAIN)
         if main is None or main.process.poll() is None:
             return
         said = (f"router exited with code {main.process.returncode} after {record.kind}: "
                 f"{last_words(main.log.read_text(errors='replace'))[:300]}")
-        (record.notes if main.process.returncode == EXIT_HUNG else record.findings).append(said)
+        (record.notes if main.process.returncode == EXIT_RESTART else record.findings).append(said)
         self._fleet.live.pop(MAIN)
         self._fleet.start(MAIN, wait=False)
 

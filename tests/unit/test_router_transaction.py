@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import FatalKafkaError
+from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced
 from cdc_router.kafka.commit_stamp import committed_ms
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router.routing import OutboundRecord
@@ -117,6 +117,20 @@ def test_a_fenced_producer_is_fatal() -> None:
     cluster.fenced = True
     with pytest.raises(FatalKafkaError, match="for good"):
         txn.commit()
+
+
+def test_a_fenced_static_member_exits_for_a_restart_not_for_good() -> None:
+    # The chaos campaign (seed 15): after a broker outage longer than session.timeout.ms the
+    # coordinator fenced this very process's member; a new process rejoins at once.
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    cluster.commit_failures = [KafkaError(KafkaError.FENCED_INSTANCE_ID,
+                                          "Static consumer fenced by other consumer")]
+    with pytest.raises(MemberFenced, match=r"FENCED_INSTANCE_ID.*exiting with 75") as raised:
+        txn.commit()
+    assert raised.value.exit_code == EXIT_RESTART == 75
+    assert FatalKafkaError("x").exit_code == 1
 
 
 def test_at_least_once_a_failed_delivery_leaves_no_changelog_mark() -> None:
