@@ -163,7 +163,9 @@ class RecordStep:
         """Route and serialize one decoded event."""
         try:
             routed = self._router.route(event, self._partition_count)
-            if isinstance(routed, OutboundRecord) and self._partitions_for(routed.topic) is None:
+            # A computed partition has asked for the topic already (and found it).
+            if isinstance(routed, OutboundRecord) and routed.partition is None and \
+                    self._partitions_for(routed.topic) is None:
                 raise RouteError(self._missing(routed.topic))
         except _SerializeFailed as failed:
             return DeadLettered("serialize", failed.error, event.event_id, event)
