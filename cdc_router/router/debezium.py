@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
@@ -101,6 +103,9 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
         return Skipped(TOMBSTONE)
     if topic.startswith(settings.heartbeat_topic_prefix):
         return Skipped(HEARTBEAT, topic)
+    inserted = _common_insert(value, settings)
+    if inserted is not None:
+        return inserted
     document = _parse_json(value)
     schema: dict[str, Any] | None = None
     envelope: Any = document
@@ -135,6 +140,46 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     return event_from_row(row, settings, columns=_row_schema(schema), op=str(op),
                           lsn=_optional_int(source.get("lsn")),
                           tx_id=_optional_int(source.get("txId")))
+
+
+class _Source(msgspec.Struct):
+    lsn: int | None = None
+    txId: int | None = None  # Debezium's name
+
+
+class _Insert(msgspec.Struct):
+    """The fields the router reads of an insert without a schema (the shipped connector's
+    JsonConverter, schemas.enable=false); msgspec skips the others without building them."""
+
+    op: str
+    after: dict[str, Any]
+    source: _Source | None = None
+
+
+_INSERT = msgspec.json.Decoder(_Insert)
+
+
+def _common_insert(value: bytes, settings: SourceSettings) -> OutboxEvent | None:
+    """The event of an insert (or routed snapshot read) in the common shape, decoded straight
+    into typed fields; None for any other record or shape, which the general path decodes.
+
+    Equal to the general path wherever it answers: the same msgspec parse of the same text (a
+    text msgspec refuses goes to the general path, which words the reason), the same row
+    checks (event_from_row), and no more brackets than the general path's depth limit.
+    """
+    if value.count(b"{") + value.count(b"[") > MAX_JSON_DEPTH + _ENVELOPE_LEVELS:
+        return None
+    try:
+        change = _INSERT.decode(value)
+    except msgspec.DecodeError:  # also a field of another type (ValidationError)
+        return None
+    op = change.op
+    if op != "c" and (op != "r" or not settings.snapshot_rows):
+        return None
+    source = change.source
+    if source is None:
+        return event_from_row(change.after, settings, op=op)
+    return event_from_row(change.after, settings, op=op, lsn=source.lsn, tx_id=source.txId)
 
 
 def _parse_json(value: bytes) -> Any:
@@ -207,8 +252,10 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
         op=op,
         lsn=lsn,
         tx_id=tx_id,
-        extra_columns=tuple((name, _column_text(value)) for name, value in row.items()
-                            if name not in named),
+        # A list comprehension, then a tuple: faster than a generator, and a str (most
+        # columns) is its own text.
+        extra_columns=tuple([(name, value if type(value) is str else _column_text(value))
+                             for name, value in row.items() if name not in named]),
     )
 
 
@@ -282,7 +329,8 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
     if not isinstance(raw, dict):
         raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
                           f"headers, got {_kind(raw)}")
-    return tuple((name, _as_text(value)) for name, value in raw.items())
+    return tuple([(name, value if type(value) is str else _as_text(value))
+                  for name, value in raw.items()])
 
 
 def _created_at(row: dict[str, Any], column: str | None,

@@ -68,6 +68,9 @@ class Router:
                                 if compiled.config.nats is not None else 0)
         self._max_bytes = compiled.config.delivery.max_payload_bytes
         self._serializers = compiled.serializers if serializers is None else serializers
+        # Each route's static headers, encoded once (None: one is not UTF-8, and _headers
+        # names it per event, as it always did).
+        self._static_headers = tuple(_encoded(route.rule.headers) for route in self._routes)
 
     def preflight(self) -> None:
         """Check, before the first event, what serializers need from outside (a registry).
@@ -109,7 +112,7 @@ class Router:
         if len(value) > self._max_bytes:
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
                              f"over delivery.max_payload_bytes ({self._max_bytes})")
-        headers = _headers(event, rule)
+        headers = _headers(event, rule, self._static_headers[index])
         if rule.nats is not None:
             # JetStream: no partitions, and the headers travel as NATS header lines.
             _check_nats_message(event, headers, value, self._nats_max_bytes)
@@ -194,11 +197,11 @@ def _partition_count(partitions_for: Callable[[str], int], topic: str,
     return count
 
 
-def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ...]:
-    """The contract headers, the row's own, the route's static ones, and CloudEvents."""
-    headers = [("id", event.event_id), ("type", event.type),
-               ("aggregatetype", event.aggregate_type), ("aggregateid", event.aggregate_id)]
-    for name, value in event.headers:
+def _headers(event: OutboxEvent, rule: RouteRule,
+             static: tuple[tuple[str, bytes], ...] | None) -> tuple[tuple[str, bytes], ...]:
+    """The contract headers, the row's own, the route's static ones (`static`, encoded once
+    per route), and CloudEvents."""
+    for name, _ in event.headers:
         if is_reserved_header(name, cloudevents=rule.cloudevents):
             raise RouteError(f"event {show(event.event_id)}: row header {name!r} is reserved "
                              f"for the router ({RESERVED_HEADERS}); rename it in the headers "
@@ -206,21 +209,45 @@ def _headers(event: OutboxEvent, rule: RouteRule) -> tuple[tuple[str, bytes], ..
         if not name.isascii() and not utf8_encodable(name):
             raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
                              f"column, {show(name)}, holds {LONE_SURROGATE}")
-        headers.append((name, value))
-    headers.extend(rule.headers.items())
-    if rule.cloudevents:
-        headers += [("ce_specversion", "1.0"), ("ce_id", event.event_id),
-                    ("ce_type", event.type), ("ce_source", rule.ce_source or "")]
-        if event.created_at_ms is not None:
-            headers.append(("ce_time", _ce_time(event, event.created_at_ms)))
-        content_type = "application/json" if event.payload_is_json else "application/octet-stream"
-        headers.append(("content-type", content_type))
+    cloudevents = _cloudevents(event, rule) if rule.cloudevents else []
     try:
-        return tuple((name, value.encode()) for name, value in headers)
+        # Encoded straight from the event's fields: one list, no intermediate text pairs.
+        headers = [("id", event.event_id.encode()), ("type", event.type.encode()),
+                   ("aggregatetype", event.aggregate_type.encode()),
+                   ("aggregateid", event.aggregate_id.encode())]
+        headers += [(name, value.encode()) for name, value in event.headers]
+        headers += static if static is not None else _encoded_or_raise(rule.headers)
+        headers += [(name, value.encode()) for name, value in cloudevents]
     except UnicodeEncodeError:  # a row header's value: the others are checked text
-        name = next(name for name, value in headers if not utf8_encodable(value))
+        texts = [("id", event.event_id), ("type", event.type),
+                 ("aggregatetype", event.aggregate_type), ("aggregateid", event.aggregate_id),
+                 *event.headers, *rule.headers.items(), *cloudevents]
+        name = next(name for name, value in texts if not utf8_encodable(value))
         raise RouteError(f"event {show(event.event_id)}: header {show(name)} holds "
                          f"{LONE_SURROGATE}; fix the row's headers column") from None
+    return tuple(headers)
+
+
+def _cloudevents(event: OutboxEvent, rule: RouteRule) -> list[tuple[str, str]]:
+    """The CloudEvents Kafka binding's headers (binary mode), as text."""
+    headers = [("ce_specversion", "1.0"), ("ce_id", event.event_id),
+               ("ce_type", event.type), ("ce_source", rule.ce_source or "")]
+    if event.created_at_ms is not None:
+        headers.append(("ce_time", _ce_time(event, event.created_at_ms)))
+    content_type = "application/json" if event.payload_is_json else "application/octet-stream"
+    headers.append(("content-type", content_type))
+    return headers
+
+
+def _encoded_or_raise(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    return [(name, value.encode()) for name, value in headers.items()]
+
+
+def _encoded(headers: Mapping[str, str]) -> tuple[tuple[str, bytes], ...] | None:
+    try:
+        return tuple(_encoded_or_raise(headers))
+    except UnicodeEncodeError:
+        return None
 
 
 def _ce_time(event: OutboxEvent, created_at_ms: int) -> str:

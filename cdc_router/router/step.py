@@ -163,7 +163,10 @@ class RecordStep:
         """Route and serialize one decoded event."""
         try:
             routed = self._router.route(event, self._partition_count)
+            # A computed partition has asked for the topic already (and found it); a
+            # JetStream subject has no partitions to ask for.
             if isinstance(routed, OutboundRecord) and not routed.nats and \
+                    routed.partition is None and \
                     self._partitions_for(routed.topic) is None:
                 raise RouteError(self._missing(routed.topic))
         except _SerializeFailed as failed:

@@ -1,0 +1,48 @@
+"""Headers are encoded once per route where they can be: a header that UTF-8 cannot encode is
+still named per event, in the order the record carries its headers."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import RouteError
+from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.routing import OutboundRecord, Router
+
+
+def event(headers: tuple[tuple[str, str], ...] = ()) -> OutboxEvent:
+    return OutboxEvent(event_id="e-1", aggregate_type="Order", aggregate_id="42",
+                       type="OrderPaid", payload=b"{}", payload_is_json=True, headers=headers,
+                       created_at_ms=1_714_558_272_123, op="c", lsn=None, tx_id=None)
+
+
+def routed(event: OutboxEvent, **rule: object) -> OutboundRecord:
+    router = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": ["raw"]}, "routes": [{"topic": "t", **rule}]})))
+    result = router.route(event, lambda topic: 3)
+    assert isinstance(result, OutboundRecord), result
+    return result
+
+
+def test_every_header_in_order_on_a_cloudevents_route() -> None:
+    record = routed(event((("tenant", "acme"), ("attempt", "3"))), headers={"team": "pay"},
+                    cloudevents=True, ce_source="/orders")
+    assert record.headers == (
+        ("id", b"e-1"), ("type", b"OrderPaid"), ("aggregatetype", b"Order"),
+        ("aggregateid", b"42"), ("tenant", b"acme"), ("attempt", b"3"), ("team", b"pay"),
+        ("ce_specversion", b"1.0"), ("ce_id", b"e-1"), ("ce_type", b"OrderPaid"),
+        ("ce_source", b"/orders"), ("ce_time", b"2024-05-01T10:11:12.123Z"),
+        ("content-type", b"application/json"))
+
+
+def test_a_row_header_value_with_a_lone_surrogate_is_named() -> None:
+    with pytest.raises(RouteError, match=r"header 'trace' holds a lone UTF-16 surrogate"):
+        routed(event((("tenant", "acme"), ("trace", "x\ud800"))), headers={"team": "pay"})
+
+
+def test_a_static_header_with_a_lone_surrogate_is_named_per_event() -> None:
+    # Not UTF-8: it cannot be encoded once for the route, and each event names it as before.
+    with pytest.raises(RouteError, match=r"header 'team' holds a lone UTF-16 surrogate"):
+        routed(event((("tenant", "acme"),)), headers={"team": "p\udc00"})
