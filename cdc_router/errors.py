@@ -102,10 +102,17 @@ class MemberFenced(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
-def fatal_kafka_error(message: str, error: KafkaError | None) -> FatalKafkaError:
+def fatal_kafka_error(message: str, error: KafkaError | None, *,
+                      consumer: bool = False) -> FatalKafkaError:
     """The fatal error for a Kafka error classified FATAL: MemberFenced for a fenced static
-    member, FatalKafkaError for the rest."""
-    if error is not None and error.code() == KafkaError.FENCED_INSTANCE_ID:
+    member, FatalKafkaError for the rest.
+
+    `consumer`: the error came from the consumer, where librdkafka's generic _FATAL has one
+    cause, a fenced static member (librdkafka's INTRODUCTION.md, "Fatal consumer errors").
+    """
+    fenced = (KafkaError.FENCED_INSTANCE_ID, KafkaError._FATAL) if consumer \
+        else (KafkaError.FENCED_INSTANCE_ID,)
+    if error is not None and error.code() in fenced:
         return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
                             "restart this router (each instance needs its own --instance-id)")
     return FatalKafkaError(message)

@@ -18,6 +18,10 @@ class ErrorAction(enum.Enum):
 # Fenced by a newer instance with our transactional.id or group.instance.id: carrying on would
 # break exactly-once, so these stop the process even when librdkafka doesn't flag them fatal.
 _FENCED = frozenset({
+    # librdkafka's generic fatal error; a consumer hands it over as a message error that is
+    # not flagged fatal() (its one cause there: a fenced static member), and a consumer that
+    # had it never delivers again: polling on would wait for ever.
+    KafkaError._FATAL,
     KafkaError._FENCED,
     KafkaError.PRODUCER_FENCED,
     KafkaError.INVALID_PRODUCER_EPOCH,

@@ -356,7 +356,8 @@ class OutboxRouter:
                 self._waiting_for_source = True
             return
         if classify(error) is ErrorAction.FATAL:
-            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error)
+            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
+                                    consumer=True)
         log.warning("event=consumer_error error=%s", describe(error))
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:

@@ -221,6 +221,7 @@ class FakeConsumer:
         self.assigned: list[int] = []
         self.positions: dict[int, int] = {}
         self.before_consume: list[Callable[[FakeConsumer], None]] = []
+        self.events: list[Message] = []
         self.closed = False
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
@@ -248,7 +249,8 @@ class FakeConsumer:
                 hook(self)
         if not self.assigned:
             self.assign_all()
-        batch = []
+        # Consumer events a hook queued (librdkafka hands them over as messages with error()).
+        batch, self.events = self.events[:num_messages], self.events[num_messages:]
         for p in self.assigned:
             log = self.cluster.raw[p]
             while self.positions[p] < len(log) and len(batch) < num_messages:

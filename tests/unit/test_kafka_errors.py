@@ -28,3 +28,8 @@ def test_kafka_error_of_unwraps_exceptions():
     inner = KafkaError(KafkaError._TRANSPORT)
     assert kafka_error_of(KafkaException(inner)) is inner
     assert kafka_error_of(ValueError("x")) is None
+
+
+def test_a_consumer_fatal_error_not_flagged_fatal_is_fatal_all_the_same() -> None:
+    # How librdkafka hands a fenced static member's consumer its fatal error (chaos, seed 15).
+    assert classify(KafkaError(KafkaError._FATAL, "Static consumer fenced")) is ErrorAction.FATAL

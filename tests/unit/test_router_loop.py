@@ -6,11 +6,11 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import FatalKafkaError
+from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.replay import changelog_records
@@ -312,6 +312,21 @@ def test_consume_raising_a_fatal_error_stops_the_router() -> None:
     harness = Harness(cluster_with(*events(5)), hooks=[fatal])
     with pytest.raises(FatalKafkaError):
         harness.run()
+
+
+def test_a_consumer_fenced_for_good_exits_for_a_restart_instead_of_polling_on() -> None:
+    # The full chaos campaign (seed 15): after a broker outage longer than session.timeout.ms
+    # librdkafka raised its fatal consumer error (static member fenced) as a message error,
+    # not flagged fatal(); the router logged it and polled a dead consumer for good.
+    def fenced(consumer: FakeConsumer) -> None:
+        consumer.events.append(Message(topic=RAW, partition=0, error=KafkaError(
+            KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other consumer "
+            "with same group.instance.id")))
+
+    harness = Harness(cluster_with(*events(5)), hooks=[fenced])
+    with pytest.raises(MemberFenced, match="Static consumer fenced") as raised:
+        harness.run()
+    assert raised.value.exit_code == EXIT_RESTART
 
 
 def test_consumer_lag_and_the_last_commit_are_in_the_metrics() -> None:
