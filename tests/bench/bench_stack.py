@@ -195,39 +195,34 @@ class BenchStack:
     def router_config(self, suffix: str, raw: str, guarantee: str) -> tuple[Path, str]:
         """A router.yaml reading `raw` into `<run>-<suffix>` (4 partitions), its topics
         created; (config path, destination topic)."""
+        return self._config(suffix, {"source": {"topics": [raw], "group_id": self.group(suffix)},
+                                     "delivery": {"guarantee": guarantee}})
+
+    def _config(self, suffix: str, sections: dict[str, Any],
+                env: dict[str, str] | None = None) -> tuple[Path, str]:
+        """A router.yaml with one route into `<run>-<suffix>`, its dead-letter topic and
+        changelog, plus `sections`; its topics created; (config path, destination topic)."""
         destination = f"{self.dashed}-{suffix}"
         path = self.workdir / f"{suffix}.yaml"
         path.write_text(yaml.safe_dump({
             "kafka": {"bootstrap_servers": self.stack.bootstrap_servers},
-            "source": {"topics": [raw], "group_id": self.group(suffix)},
             "routes": [{"topic": destination}],
-            "delivery": {"guarantee": guarantee},
             "dead_letter": {"topic": f"{destination}-dlq"},
             "dedup": {"changelog_topic": f"{destination}-dedup"},
             "topics": [{"name": destination, "partitions": 4}],
+            **sections,
         }))
-        config = load_config(path).config
+        config = load_config(path, env=env).config
         self.admin.apply(self.admin.plan(config.topic_specs()))
         return path, destination
 
     def relay_config(self, suffix: str, table: str) -> tuple[Path, str]:
         """A router.yaml for `cdc-router relay` on `table` into `<run>-<suffix>` (4
         partitions), cleanup delete; its topics created; (config path, destination topic)."""
-        destination = f"{self.dashed}-{suffix}"
-        path = self.workdir / f"{suffix}.yaml"
-        path.write_text(yaml.safe_dump({
-            "kafka": {"bootstrap_servers": self.stack.bootstrap_servers},
-            "source": {"group_id": self.group(suffix)},
-            "relay": {"table": table},
-            "routes": [{"topic": destination}],
-            "dead_letter": {"topic": f"{destination}-dlq"},
-            "dedup": {"changelog_topic": f"{destination}-dedup"},
-            "cleanup": {"mode": "delete", "table": table},
-            "topics": [{"name": destination, "partitions": 4}],
-        }))
-        config = load_config(path, env=self._relay_env()).config
-        self.admin.apply(self.admin.plan(config.topic_specs()))
-        return path, destination
+        return self._config(suffix, {"source": {"group_id": self.group(suffix)},
+                                     "relay": {"table": table},
+                                     "cleanup": {"mode": "delete", "table": table}},
+                            env=self._relay_env())
 
     def start_cdc_relay(self, config: Path, timeout_s: float = 120) -> int:
         """`cdc-router relay` as a process of its own (its DSN from the environment); returns

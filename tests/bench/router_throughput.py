@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -58,13 +59,17 @@ def raw_records(events: int) -> list[tuple[bytes, bytes]]:
     return records
 
 
-def fill_raw_topic(bootstrap: str, topic: str, events: int) -> None:
+def fill_raw_topic(bootstrap: str, topic: str, events: int, partitions: int = 1,
+                   key_of: Callable[[bytes, bytes], bytes] | None = None) -> None:
+    """Create `topic` and fill it with raw_records(events); `key_of(key, value)` picks each
+    record's key (default: Debezium's, the row id)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(timeout=30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
                          "compression.type": "lz4"})
     for key, value in raw_records(events):
+        key = key if key_of is None else key_of(key, value)
         while True:
             try:
                 producer.produce(topic, key=key, value=value)

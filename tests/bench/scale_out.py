@@ -16,53 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import NewTopic
-
 from tests.bench.bench_stack import BenchStack, endpoints_from_env
-from tests.bench.router_throughput import raw_records
+from tests.bench.router_throughput import fill_raw_topic
 from tests.bench.watcher import Watcher
 
 
-def fill(bench: BenchStack, events: int, partitions: int) -> str:
-    """A raw topic of `partitions`, filled with `events` change events keyed by aggregate."""
-    raw = f"{bench.dashed}-raw"
-    futures = bench.admin.admin.create_topics([NewTopic(raw, partitions, 1)])
-    for future in futures.values():
-        future.result(timeout=30)
-    producer = Producer({"bootstrap.servers": bench.stack.bootstrap_servers, "linger.ms": 20})
-    for _, value in raw_records(events):
-        aggregate = json.loads(value)["after"]["aggregateid"]
-        while True:
-            try:
-                producer.produce(raw, key=json.dumps({"aggregateid": aggregate}).encode(),
-                                 value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(120) == 0
-    return raw
-
-
-def wait_for_leaders(bench: BenchStack, topic: str, timeout_s: float = 30) -> None:
-    """A topic just created answers NOT_LEADER until its partitions have leaders."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = bench.admin.admin.list_topics(topic, timeout=10).topics.get(topic)
-        if found and found.partitions and all(p.leader >= 0 and p.error is None
-                                              for p in found.partitions.values()):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"topic {topic} has no leaders after {timeout_s:.0f}s")
+def aggregate_key(_key: bytes, value: bytes) -> bytes:
+    """The key Debezium writes with message.key.columns=<table>:aggregateid."""
+    return json.dumps({"aggregateid": json.loads(value)["after"]["aggregateid"]}).encode()
 
 
 def drain(bench: BenchStack, raw: str, events: int, instances: int) -> float:
     """Events/s of `instances` routers of one new group draining `raw`."""
     config, destination = bench.router_config(f"x{instances}", raw, "exactly_once")
-    wait_for_leaders(bench, destination)
     watcher = Watcher(bench.stack.bootstrap_servers, [destination])
     pids = []
     try:
@@ -87,7 +55,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cdc-router-scale-") as workdir:
         bench = BenchStack(endpoints_from_env(), Path(workdir))
         try:
-            raw = fill(bench, args.events, args.partitions)
+            raw = f"{bench.dashed}-raw"
+            fill_raw_topic(bench.stack.bootstrap_servers, raw, args.events, args.partitions,
+                           key_of=aggregate_key)
             rates = {n: drain(bench, raw, args.events, n) for n in (1, 2)}
         finally:
             for problem in bench.close():

@@ -189,31 +189,29 @@ def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throug
 
 def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throughput]:
     """The pollers on a backlog: cdc-router relay, the naive relay, the tuned poller."""
-    log("cdc-router relay: bulk (exactly-once, cleanup delete)")
-    bench.bulk_insert(paths.relay_table, options.rows)
-    relay, relay_pid = drain(bench, lambda: bench.start_cdc_relay(paths.relay_config),
-                             report.RELAY, paths.relay_topic, options.rows, options,
-                             "visibility guard, Kafka transactions, DELETE after commit")
-    bench.stop(relay_pid)
-    log(f"naive polling relay: {options.naive_rows:,} rows (its ceiling is 200 rows/s)")
-    bench.bulk_insert(paths.naive_table, options.naive_rows)
-    naive, pid = drain(bench, lambda: bench.start_relay("naive", paths.naive_table,
-                                                        paths.naive_topic),
-                       report.NAIVE, paths.naive_topic, options.naive_rows, options,
-                       "500 ms tick, LIMIT 100, UPDATE per row")
-    bench.stop(pid)
-    log("tuned poller: bulk")
-    bench.bulk_insert(paths.tuned_table, options.rows)
-    tuned, pid = drain(bench, lambda: bench.start_relay("tuned", paths.tuned_table,
-                                                        paths.tuned_topic),
-                       report.TUNED, paths.tuned_topic, options.rows, options,
-                       "adaptive, 2,000 a batch, DELETE ... RETURNING")
-    bench.stop(pid)
+    pollers = [
+        (report.RELAY, paths.relay_table, paths.relay_topic, options.rows,
+         lambda: bench.start_cdc_relay(paths.relay_config),
+         "visibility guard, Kafka transactions, DELETE after commit"),
+        (report.NAIVE, paths.naive_table, paths.naive_topic, options.naive_rows,
+         lambda: bench.start_relay("naive", paths.naive_table, paths.naive_topic),
+         "500 ms tick, LIMIT 100, UPDATE per row"),
+        (report.TUNED, paths.tuned_table, paths.tuned_topic, options.rows,
+         lambda: bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic),
+         "adaptive, 2,000 a batch, DELETE ... RETURNING"),
+    ]
+    results = []
+    for path, table, topic, rows, start, note in pollers:
+        log(f"{path}: {rows:,} rows")
+        bench.bulk_insert(table, rows)
+        result, pid = drain(bench, start, path, topic, rows, options, note)
+        bench.stop(pid)
+        results.append(result)
     with psycopg.connect(bench.stack.postgres_dsn, autocommit=True) as conn:
         for table in (paths.naive_table, paths.tuned_table, paths.relay_table):
             # A cut-off relay leaves rows.
             conn.execute(psycopg.sql.SQL("TRUNCATE {}").format(table_identifier(table)))
-    return [relay, naive, tuned]
+    return results
 
 
 def latency(bench: BenchStack, paths: Paths, options: Options) -> list[Latency]:

@@ -65,12 +65,20 @@ class Watcher:
         metadata = self._consumer.list_topics(topic, timeout=30).topics[topic]
         if metadata.error is not None:
             raise KafkaException(metadata.error)
-        partitions = []
-        for number in sorted(metadata.partitions):
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, number),
-                                                           timeout=30)
-            partitions.append(TopicPartition(topic, number, high))
-        return partitions
+        return [TopicPartition(topic, number, self._high(TopicPartition(topic, number)))
+                for number in sorted(metadata.partitions)]
+
+    def _high(self, partition: TopicPartition, timeout_s: float = 30) -> int:
+        """The partition's end offset; a topic just created answers NOT_LEADER_FOR_PARTITION
+        until its leader is known, which librdkafka does not retry for this query."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return int(self._consumer.get_watermark_offsets(partition, timeout=10)[1])
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def _run(self) -> None:
         try:

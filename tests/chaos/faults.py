@@ -204,20 +204,23 @@ class Injector:
         record.notes.append(f"connect pid {pid} killed, restarted by local up")
 
     def _kafka_kill(self, fault: PlannedFault, record: FaultRecord) -> None:
-        pid = self._stack.signal("kafka", signal.SIGKILL)
-        self._stack.wait_dead(pid)
-        time.sleep(fault.pause_s)
-        self._stack.up()
+        pid = self._down_and_up("kafka", signal.SIGKILL, fault.pause_s)
         record.notes.append(f"kafka pid {pid} killed, down {fault.pause_s}s")
 
     def _postgres_stop(self, fault: PlannedFault, record: FaultRecord) -> None:
         # SIGQUIT to the postmaster is pg_ctl's `stop -m immediate`: no checkpoint, crash
         # recovery on the next start.
-        pid = self._stack.signal("postgres", signal.SIGQUIT)
-        self._stack.wait_dead(pid)
-        time.sleep(fault.pause_s)
-        self._stack.up()
+        pid = self._down_and_up("postgres", signal.SIGQUIT, fault.pause_s)
         record.notes.append(f"postgres pid {pid} stopped (immediate), down {fault.pause_s}s")
+
+    def _down_and_up(self, part: str, sig: signal.Signals, pause_s: float) -> int:
+        """Signal a part of the stack, wait for it to die, leave it down `pause_s`, start it
+        again with `local up`; the pid it had."""
+        pid = self._stack.signal(part, sig)
+        self._stack.wait_dead(pid)
+        time.sleep(pause_s)
+        self._stack.up()
+        return pid
 
     def _zombie(self, fault: PlannedFault, record: FaultRecord) -> None:
         """Freeze the router past its session timeout while a second instance takes over."""
