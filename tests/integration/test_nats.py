@@ -24,7 +24,8 @@ from tests.integration.support import StackEndpoints, replay_seed
 
 pytestmark = pytest.mark.integration
 
-EVENTS = 3_000
+EVENTS = 10_000  # the acceptance size
+KILLS = 5
 HOSTILE_TYPES = ["Order Paid", "a.>", "*", "a.", "x\r\nPUB y 1", "..", "x" * 300]
 
 
@@ -74,9 +75,13 @@ def test_kill_9_of_a_router_publishing_to_jetstream_stores_each_event_once(
         writer = threading.Thread(target=_insert_slowly, args=(pipe, rows, ids))
         writer.start()
         seed = replay_seed(18)
-        pauses = seed.random()
-        for _ in range(3):
-            time.sleep(pauses.uniform(1.0, 2.5))
+        jitter = seed.random()
+        # Each kill lands once the writer has passed its share of the rows (plus a seeded
+        # jitter), so the kills fall while events flow however fast this machine is.
+        for kill in range(1, KILLS + 1):
+            mark = len(rows) * kill // (KILLS + 1) + jitter.randrange(0, 200)
+            while len(ids) < mark and writer.is_alive():
+                time.sleep(0.05)
             pipe.kill_router()
             pipe.start_router(wait=True)
         writer.join()
