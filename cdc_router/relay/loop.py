@@ -101,7 +101,6 @@ class OutboxRelay:
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         # One transactional id per table, shared by all its relays: a newcomer fences the last.
-        clients.refuse_jetstream_routes(config, "cdc-router relay")
         self._producer = LatchingProducer(
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
@@ -110,10 +109,13 @@ class OutboxRelay:
                                 .partitions, seen=seen)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
+        # JetStream routes: published and acked at each batch's commit, before Kafka's.
+        self._publisher = clients.jetstream_publisher(config, f"relay-{self._table}")
         self._txn = Transaction(self._producer, None, delivery=config.delivery,
                                 changelog_topic=config.dedup.changelog_topic
                                 if self._replay is not None else None,
-                                bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait)
+                                bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait,
+                                publisher=self._publisher)
         self._position_key = self._table.encode()
         self.position = RelayPosition()
         self._aborts = 0
@@ -146,6 +148,8 @@ class OutboxRelay:
         finally:
             self._reader.reset()
             self._lock.release()
+            if self._publisher is not None:
+                self._publisher.close()
             log.info("event=stopped instance=%s table=%s", self._instance_id, self._table)
 
     # Start ----------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from typing import Any
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
-from cdc_router.errors import ConfigError
 from cdc_router.nats.publisher import JetStreamPublisher
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
@@ -100,13 +99,3 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
     return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
                               connect_timeout_s=config.nats.connect_timeout_ms / 1000,
                               name=f"cdc-router-{instance_id}")
-
-
-def refuse_jetstream_routes(config: RouterConfig, command: str) -> None:
-    """ConfigError, before anything starts, when `command` would meet a JetStream route: only
-    `cdc-router run` publishes to NATS so far."""
-    for index, route in enumerate(config.routes):
-        if route.nats is not None:
-            raise ConfigError(f"{command} does not publish to NATS JetStream yet",
-                              field=f"routes[{index}].nats", value=route.nats.subject,
-                              hint="only `cdc-router run` delivers JetStream routes")

@@ -9,7 +9,8 @@ The procedure:
 3. Work out the ids already delivered (router/dlq_letters.py) and plan each selected letter with
    the router's RecordStep and replay filter: deliver, dead-letter again, skip.
 4. Apply in the router's Transaction: destination records, the new dead letters, the
-   `replayed:` changelog marks and the dead-letter group's offsets commit together, by
+   `replayed:` changelog marks and the dead-letter group's offsets commit together (a fixed
+   route to a JetStream subject publishes at commit and waits for the acks first), by
    delivery.commit_max_records / commit_interval_ms; the last transaction moves the group's
    offsets to the end read in 2.
 
@@ -97,7 +98,6 @@ class DeadLetterReplay:
                  reader_factory: Callable[..., Any] = TopicReader) -> None:
         config = self._config = compiled.config
         _check(config)
-        clients.refuse_jetstream_routes(config, "cdc-router dlq replay")
         self._dry_run = dry_run
         common = clients.common_config(config)
         # A dry run only looks up partition counts: a plain producer, never transactional.
@@ -111,6 +111,9 @@ class DeadLetterReplay:
         destinations = DestinationMetadata(self._producer.partitions_for)
         self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen)
         self._max_bytes = clients.dead_letter_limit(config)
+        # A letter whose fixed route is a JetStream subject is published at its batch's
+        # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.
+        self._publisher = None if dry_run else clients.jetstream_publisher(config, INSTANCE)
         self._txn: Transaction | None = None
 
     def plan(self, selection: Selection) -> ReplayPlan:
@@ -121,7 +124,7 @@ class DeadLetterReplay:
                 self._producer, self._letters.consumer, delivery=self._config.delivery,
                 changelog_topic=self._config.dedup.changelog_topic,
                 bootstrap=self._config.kafka.bootstrap_servers,
-                mark_key_prefix=REPLAYED_KEY_PREFIX)
+                mark_key_prefix=REPLAYED_KEY_PREFIX, publisher=self._publisher)
             try:
                 txn.init()
             except BatchFailed as failure:
@@ -206,4 +209,6 @@ class DeadLetterReplay:
     def close(self) -> None:
         self._letters.close()
         self._changelog.close()
+        if self._publisher is not None:
+            self._publisher.close()
 

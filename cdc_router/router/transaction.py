@@ -173,8 +173,8 @@ class Transaction:
     def _queue_nats(self, record: OutboundRecord, source: RecordCoordinates) -> None:
         if self._publisher is None:
             raise ConfigError(f"routes[{record.route_index}] publishes to NATS JetStream, "
-                              "which this command does not deliver to yet",
-                              hint="only `cdc-router run` does")
+                              "and this transaction was given no JetStream publisher",
+                              hint="build it with clients.jetstream_publisher(config, ...)")
         headers = {name: value.decode() for name, value in record.headers}
         self._batch.nats.append(NatsMessage(record.topic, record.value, headers,
                                             record.event_id))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -20,6 +23,7 @@ from cdc_router.nats.publisher import BatchAcks, JetStreamPublisher
 from cdc_router.router.loop import OutboxRouter
 from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
+from tests.integration.relay_setup import relay_setup
 from tests.integration.support import StackEndpoints, replay_seed
 
 pytestmark = pytest.mark.integration
@@ -38,20 +42,25 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _use_jetstream(pipe: Pipeline, url: str) -> tuple[str, str]:
     """Route Order events to `<prefix>.<type>` in a stream of the test's; streams apply."""
     prefix = pipe.name.replace("_", "-")
-    stream = prefix.upper()
     config = yaml.safe_load(pipe.config_path.read_text())
     config["routes"][0] = {"match": {"aggregate_type": "Order*"},
                            "nats": {"subject": prefix + ".{type}"}}
+    return _apply_streams(pipe.config_path, config, url, prefix), prefix
+
+
+def _apply_streams(path: Path, config: dict[str, Any], url: str, prefix: str) -> str:
+    """Write `config` with a stream `<PREFIX>` capturing `<prefix>.>`; streams apply."""
+    stream = prefix.upper()
     config["nats"] = {"url": url, "ack_timeout_ms": 5_000,
                       "streams": [{"name": stream, "subjects": [f"{prefix}.>"],
                                    "duplicate_window_ms": 3_600_000}]}
-    pipe.config_path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config))
     applied = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
-                              str(pipe.config_path), "--yes"], capture_output=True, text=True,
+                              str(path), "--yes"], capture_output=True, text=True,
                              cwd=REPO, check=False)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert f"create    {stream}" in applied.stdout
-    return stream, prefix
+    return stream
 
 
 def _insert_slowly(pipe: Pipeline, rows: list[Row], ids: list[str]) -> None:
@@ -180,3 +189,78 @@ def test_a_nats_outage_fails_batches_and_the_router_catches_up_when_it_is_back(
     assert "event=batch_aborted cause=cluster" in log, log[-3000:]
     assert letters == [], "an outage is no record's fault: nothing is dead-lettered"
     assert Counter(message.headers["id"] for message in messages) == Counter(ids), log[-3000:]
+
+
+def _stream_ids(url: str, stream: str, expected: int) -> Counter[str]:
+    """The `id` header of every message in `stream`, once it holds `expected` (or 90 s
+    passed), read again after a pause so that a late duplicate is counted."""
+    deadline = time.monotonic() + 90
+    while len(read_stream(url, stream)) < expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    return Counter(message.headers["id"] for message in read_stream(url, stream))
+
+
+def _dlq_replay(config: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "replay", "-c",
+                           str(config), "-o", "json", "--yes"], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_dlq_replay_delivers_letters_to_a_jetstream_route_once(
+        stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path) as pipe:
+        prefix = pipe.name.replace("_", "-")
+        config = yaml.safe_load(pipe.config_path.read_text())
+        # Customer events have no route yet: they are dead-lettered.
+        config["routes"] = [{"match": {"aggregate_type": "Order*"},
+                             "nats": {"subject": prefix + ".{type}"}}]
+        stream = _apply_streams(pipe.config_path, config, nats_url, prefix)
+        pipe.start_router(wait=True)
+        rows: list[Row] = ([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(10)]
+                           + [("Customer", f"c-{i}", "CustomerCreated", {"i": i})
+                              for i in range(10)])
+        ids = pipe.insert(rows)
+        assert len(pipe.read(pipe.dlq_topic, 10)) == 10, pipe.router_log()[-3000:]
+        config["routes"].append({"match": {"aggregate_type": "Customer"},
+                                 "nats": {"subject": prefix + ".customers"}})
+        fixed = tmp_path / "fixed.yaml"
+        fixed.write_text(yaml.safe_dump(config))
+        first = _dlq_replay(fixed)
+        second = _dlq_replay(fixed)
+        seen = _stream_ids(nats_url, stream, len(ids))
+    assert first["committed"] == {"deliver": 10}
+    assert second["planned"] == {"already_delivered": 10}
+    assert seen == Counter(ids), "orders from the router, customers from one replay, each once"
+
+
+def test_the_relay_publishes_to_jetstream_once_across_a_kill_9(
+        stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
+    with relay_setup(stack, tmp_path) as setup:
+        prefix = setup.name.replace("_", "-")
+        config = yaml.safe_load(setup.config_path.read_text())
+        config["routes"] = [{"nats": {"subject": prefix + ".{type}"}}]
+        stream = _apply_streams(setup.config_path, config, nats_url, prefix)
+        ids = [str(uuid.uuid4()) for _ in range(2_000)]
+        _insert_outbox(stack, setup.table, ids[:1_000])
+        setup.start("a")
+        deadline = time.monotonic() + 60
+        while not read_stream(nats_url, stream) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        setup.kill("a")  # SIGKILL, while its batches flow
+        _insert_outbox(stack, setup.table, ids[1_000:])
+        setup.start("b")
+        seen = _stream_ids(nats_url, stream, len(ids))
+        log = setup.log("a") + setup.log("b")
+    assert seen == Counter(ids), log[-3000:]
+
+
+def _insert_outbox(stack: StackEndpoints, table: str, ids: list[str]) -> None:
+    with psycopg.connect(stack.postgres_dsn) as conn, conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, payload) "
+            "VALUES (%s, 'Order', %s, 'OrderPaid', '{}'::jsonb)",
+            [(event_id, f"order-{i % 9}") for i, event_id in enumerate(ids)])

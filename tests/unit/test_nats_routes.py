@@ -147,23 +147,6 @@ JETSTREAM_CONFIG = {"source": {"topics": [SOURCE], "group_id": "g"},
                     "routes": [{"nats": {"subject": "orders.{type}"}}], "nats": STREAMS}
 
 
-def test_the_relay_refuses_a_jetstream_route_before_it_starts() -> None:
-    from cdc_router.relay.loop import OutboxRelay
-
-    config = RouterConfig.model_validate({**JETSTREAM_CONFIG, "relay": {"table": "outbox"}})
-    with pytest.raises(ConfigError, match=r"field 'routes\[0\]\.nats': cdc-router relay does "
-                       "not publish to NATS JetStream yet"):
-        OutboxRelay(compile_config(config), dsn="postgresql://unused", instance_id="t")
-
-
-def test_dlq_replay_refuses_a_jetstream_route_before_it_starts() -> None:
-    from cdc_router.router.dlq_replay import DeadLetterReplay
-
-    config = RouterConfig.model_validate(JETSTREAM_CONFIG)
-    with pytest.raises(ConfigError, match="cdc-router dlq replay does not publish to NATS"):
-        DeadLetterReplay(compile_config(config), dry_run=True)
-
-
 @pytest.mark.parametrize(("text", "expected"), [
     ("routes: [{nats: {subject: orders.x}, key: aggregate_id}]",
      "field 'routes[0].key': a JetStream route has no key or partition"),

@@ -92,5 +92,5 @@ def test_a_jetstream_record_without_a_publisher_is_a_config_error() -> None:
     cluster = FakeCluster()
     txn = transaction(cluster, None)
     txn.begin()
-    with pytest.raises(ConfigError, match="does not deliver to yet"):
+    with pytest.raises(ConfigError, match="was given no JetStream publisher"):
         txn.produce(nats_record("e-0"), (RAW, 0, 0))
