@@ -106,7 +106,8 @@ class OutboxRelay:
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
         self._step = RecordStep(compiled, DestinationMetadata(self._producer.partitions_for)
-                                .partitions, seen=seen)
+                                .partitions, seen=seen,
+                                timestamp_limits=clients.timestamp_limits(config))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.

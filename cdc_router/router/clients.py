@@ -15,6 +15,7 @@ from typing import Any
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.nats.publisher import JetStreamPublisher
+from cdc_router.router.timestamps import TopicTimestampLimits, admin_describe
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
@@ -99,3 +100,10 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
     return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
                               connect_timeout_s=config.nats.connect_timeout_ms / 1000,
                               name=f"cdc-router-{instance_id}")
+
+
+def timestamp_limits(config: RouterConfig) -> TopicTimestampLimits:
+    """The destination topics' timestamp limits (router/timestamps.py), read with an admin
+    client of the router's connection settings."""
+    admin = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
+    return TopicTimestampLimits(admin_describe(admin))

@@ -109,7 +109,8 @@ class DeadLetterReplay:
         self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids)
         destinations = DestinationMetadata(self._producer.partitions_for)
-        self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen)
+        self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen,
+                                timestamp_limits=clients.timestamp_limits(config))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.

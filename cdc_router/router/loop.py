@@ -83,7 +83,8 @@ class OutboxRouter:
                                           producer_factory)
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
         self._step = RecordStep(compiled, self._destinations.partitions,
-                                seen=self._replay.seen if self._replay is not None else _never)
+                                seen=self._replay.seen if self._replay is not None else _never,
+                                timestamp_limits=clients.timestamp_limits(config))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)

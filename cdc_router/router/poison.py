@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError
 from cdc_router.errors import BatchFailed, FatalKafkaError, fatal_kafka_error
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
+from cdc_router.router.timestamps import TIMESTAMP_HINT
 
 if TYPE_CHECKING:
     from cdc_router.router.transaction import Transaction
@@ -37,9 +38,7 @@ log = logging.getLogger("cdc_router.router")
 # the abort itself failed (call Transaction.abort() again later), or nobody's record (back off).
 AbortCause = Literal["record_refused", "abort_failed", "cluster"]
 
-_TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
-                   "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
-                   "delivery.record_timestamp: now to deliver such rows with the router's clock")
+
 
 
 def record_refusals(record_timestamp: str) -> frozenset[int]:
@@ -54,7 +53,7 @@ def refusal_reason(failure: DeliveryFailure) -> str:
     """One line for a dead letter: who refused what, why, and what to do."""
     reason = f"Kafka refused the record for {failure.topic}: {describe(failure.error)}"
     if failure.error.code() == KafkaError.INVALID_TIMESTAMP:
-        reason += _TIMESTAMP_HINT
+        reason += TIMESTAMP_HINT
     return reason
 
 

@@ -14,6 +14,7 @@ Its two lookups are handed in, so that the router (cluster metadata, the replay 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
 from cdc_router.router.routing import OutboundRecord, Router
+from cdc_router.router.timestamps import TimestampLimits
 from cdc_router.router.values import quick_init
 from cdc_router.serde.registry import RegistryError
 
@@ -120,8 +122,12 @@ class RecordStep:
 
     def __init__(self, compiled: CompiledConfig, partitions_for: Callable[[str], int | None],
                  *, seen: Callable[[str], bool] = _never,
-                 missing: Callable[[str], str] = missing_topic) -> None:
-        """Reuses what compile_config() built; only wraps its serializers to name the stage."""
+                 missing: Callable[[str], str] = missing_topic,
+                 timestamp_limits: Callable[[str], TimestampLimits | None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """Reuses what compile_config() built; only wraps its serializers to name the stage.
+        `timestamp_limits` (router/timestamps.py) dead-letters a created_at the destination
+        topic would refuse, before it is produced."""
         config = compiled.config
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
                                          compiled.serializers.items()}
@@ -131,6 +137,8 @@ class RecordStep:
         self._seen = seen
         self._missing = missing
         self._created_at = config.delivery.record_timestamp == "created_at"
+        self._timestamp_limits = timestamp_limits if self._created_at else None
+        self._clock = clock
 
     def preflight(self) -> None:
         """What serializers need from outside (a registry), checked before the first record."""
@@ -180,6 +188,13 @@ class RecordStep:
         if not self._created_at:
             # delivery.record_timestamp: now: no explicit timestamp, the producer's clock.
             routed = replace(routed, timestamp_ms=None)
+        elif self._timestamp_limits is not None and not routed.nats and \
+                routed.timestamp_ms is not None:
+            limits = self._timestamp_limits(routed.topic)
+            problem = limits and limits.problem(routed.topic, routed.timestamp_ms,
+                                                int(self._clock() * 1000))
+            if problem:
+                return DeadLettered("produce", DeliveryError(problem), event.event_id, event)
         return Routed(routed, event)
 
     def _partition_count(self, topic: str) -> int:

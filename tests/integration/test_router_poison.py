@@ -153,7 +153,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
         assert (headers["dlq.stage"], headers["dlq.error.class"]) == ("route", "RouteError")
         assert name in headers["dlq.error.message"], headers
     assert leaked == [], "hostile rows reached Connect's storage topics"
-    assert log.count("cause=record_refused") <= 2, "one poison record, at most two aborts"
+    assert "cause=record_refused" not in log, \
+        "the created_at the topic would refuse is dead-lettered before it is produced: no abort"
     assert "Traceback" not in log, log[-3000:]
     ours = pipe.name.replace("_", "-")
     assert {t for t in topics_after - topics_before if ours in t} == set()

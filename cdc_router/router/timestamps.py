@@ -1,0 +1,122 @@
+"""Destination topics' timestamp limits, so that a row's created_at the broker would refuse is
+dead-lettered before it is produced.
+
+With `delivery.record_timestamp: created_at` a record carries its row's time, and a topic with
+`message.timestamp.type=CreateTime` refuses a record whose timestamp lies further from the
+broker's clock than `message.timestamp.before.max.ms` / `message.timestamp.after.max.ms`
+(Kafka 4: one hour ahead by default). That refusal is survivable (router/poison.py isolates the
+record), but in a transaction it costs two aborted batches and an epoch bump, during which the
+stream stalled for about a minute (measured in the chaos campaign, seed 16). Checking the
+documented rule first turns such a row into an ordinary dead letter on the spot.
+
+The limits come from the topic's configuration (DescribeConfigs), cached per topic and read
+again after LIMITS_TTL_S. A topic whose configuration cannot be read gets no check: the
+broker's refusal, isolated as before, is still the safety net. The check keeps MARGIN_MS inside
+each limit, because the broker compares with its own clock when the batch arrives, up to a
+commit interval later, and clocks drift: a row within a minute of a limit is dead-lettered too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from cdc_router.router.destinations import MAX_TOPICS
+
+log = logging.getLogger("cdc_router.router")
+
+MARGIN_MS = 60_000
+LIMITS_TTL_S = 300.0
+DESCRIBE_TIMEOUT_S = 10.0
+TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
+                  "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
+                  "delivery.record_timestamp: now to deliver such rows with the router's clock")
+
+
+@dataclass(frozen=True)
+class TimestampLimits:
+    """How far a record's timestamp may lie before and after the broker's clock (ms)."""
+
+    before_ms: int
+    after_ms: int
+
+    def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
+        """Why the broker would refuse `timestamp_ms` on `topic` now, or None."""
+        if timestamp_ms > now_ms + self.after_ms - MARGIN_MS:
+            side, limit, name = "ahead of", self.after_ms, "after"
+        elif timestamp_ms < now_ms - self.before_ms + MARGIN_MS:
+            side, limit, name = "behind", self.before_ms, "before"
+        else:
+            return None
+        return (f"Kafka would refuse the record for {topic} (INVALID_TIMESTAMP): its timestamp "
+                f"{_iso(timestamp_ms)} is {abs(timestamp_ms - now_ms) // 1000} s {side} the "
+                f"clock, over the topic's message.timestamp.{name}.max.ms ({limit}) less a "
+                f"{MARGIN_MS // 1000} s margin; dead-lettered before producing{TIMESTAMP_HINT}")
+
+
+def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
+    """The limits a topic's configuration sets; None when the broker stamps its own time."""
+    if entries.get("message.timestamp.type", "CreateTime") != "CreateTime":
+        return None
+    return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", 2**63 - 1)),
+                           int(entries.get("message.timestamp.after.max.ms", 3_600_000)))
+
+
+class TopicTimestampLimits:
+    """limits(topic): the topic's TimestampLimits or None; cached, bounded, refreshed."""
+
+    def __init__(self, describe: Callable[[str, float], Mapping[str, str]], *,
+                 max_topics: int = MAX_TOPICS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._describe = describe
+        self._max_topics = max_topics
+        self._clock = clock
+        self._topics: OrderedDict[str, tuple[TimestampLimits | None, float]] = OrderedDict()
+
+    def __call__(self, topic: str) -> TimestampLimits | None:
+        now = self._clock()
+        cached = self._topics.get(topic)
+        if cached is not None and now - cached[1] < LIMITS_TTL_S:
+            return cached[0]
+        try:
+            limits = limits_from_config(self._describe(topic, DESCRIBE_TIMEOUT_S))
+        except (KafkaException, TimeoutError, ValueError) as error:
+            # No check for a while; the broker's own refusal still isolates a bad row.
+            log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+            limits = None
+        self._topics[topic] = (limits, now)
+        self._topics.move_to_end(topic)
+        while len(self._topics) > self._max_topics:
+            self._topics.popitem(last=False)
+        return limits
+
+
+def admin_describe(admin_config: Mapping[str, Any]) -> Callable[[str, float], dict[str, str]]:
+    """describe(topic, timeout_s): the topic's configuration, by an AdminClient made on first
+    use (a router whose records never carry their own timestamp never makes it)."""
+    admin: list[AdminClient] = []
+
+    def describe(topic: str, timeout_s: float) -> dict[str, str]:
+        if not admin:
+            admin.append(AdminClient(dict(admin_config)))
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        future = admin[0].describe_configs([resource], request_timeout=timeout_s)[resource]
+        return {name: entry.value for name, entry in future.result(timeout=timeout_s).items()
+                if entry.value is not None}
+
+    return describe
+
+
+def _iso(timestamp_ms: int) -> str:
+    try:
+        return datetime.fromtimestamp(timestamp_ms / 1000, UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp_ms} ms"

@@ -1,0 +1,110 @@
+"""Destination topics' timestamp limits: a created_at the broker would refuse is a dead letter
+before it is produced (router/timestamps.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.config.compiled import compile_config
+from cdc_router.config.model import RouterConfig
+from cdc_router.router.step import DeadLettered, RecordStep, Routed
+from cdc_router.router.timestamps import (
+    LIMITS_TTL_S,
+    MARGIN_MS,
+    TimestampLimits,
+    TopicTimestampLimits,
+    limits_from_config,
+)
+from tests.unit.router_fakes import raw_event
+
+SOURCE = "outbox.public.outbox"
+NOW_MS = 1_796_021_196_617
+HOUR_MS = 3_600_000
+KAFKA_4_DEFAULTS = {"message.timestamp.type": "CreateTime",
+                    "message.timestamp.before.max.ms": str(2**63 - 1),
+                    "message.timestamp.after.max.ms": str(HOUR_MS)}
+
+
+def test_kafka_4_defaults_refuse_an_hour_ahead_less_the_margin_and_nothing_behind() -> None:
+    limits = limits_from_config(KAFKA_4_DEFAULTS)
+    assert limits == TimestampLimits(2**63 - 1, HOUR_MS)
+    assert limits.problem("orders", NOW_MS + HOUR_MS - MARGIN_MS, NOW_MS) is None
+    ahead = limits.problem("orders", NOW_MS + HOUR_MS - MARGIN_MS + 1, NOW_MS)
+    assert ahead is not None
+    assert "orders" in ahead and "INVALID_TIMESTAMP" in ahead
+    assert "message.timestamp.after.max.ms (3600000)" in ahead
+    assert "delivery.record_timestamp: now" in ahead
+    assert limits.problem("orders", 0, NOW_MS) is None, "the epoch is fine without a before limit"
+
+
+def test_a_before_limit_refuses_an_old_timestamp() -> None:
+    limits = TimestampLimits(before_ms=24 * HOUR_MS, after_ms=HOUR_MS)
+    old = limits.problem("orders", NOW_MS - 24 * HOUR_MS, NOW_MS)
+    assert old is not None and "behind" in old and "before.max.ms" in old
+    assert limits.problem("orders", NOW_MS - 23 * HOUR_MS, NOW_MS) is None
+
+
+def test_log_append_time_topics_have_no_limit() -> None:
+    assert limits_from_config({"message.timestamp.type": "LogAppendTime"}) is None
+
+
+class _Describe:
+    def __init__(self, answers: Mapping[str, Mapping[str, str] | Exception]) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+
+    def __call__(self, topic: str, timeout_s: float) -> Mapping[str, str]:
+        self.calls.append(topic)
+        answer = self.answers[topic]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_limits_are_cached_and_read_again_after_their_ttl() -> None:
+    describe, now = _Describe({"orders": KAFKA_4_DEFAULTS}), [0.0]
+    limits = TopicTimestampLimits(describe, clock=lambda: now[0])
+    assert limits("orders") == limits("orders") == TimestampLimits(2**63 - 1, HOUR_MS)
+    assert describe.calls == ["orders"]
+    now[0] = LIMITS_TTL_S + 1
+    limits("orders")
+    assert describe.calls == ["orders", "orders"]
+
+
+def test_an_unreadable_config_means_no_check_never_a_failure() -> None:
+    refused = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    limits = TopicTimestampLimits(_Describe({"orders": refused, "slow": TimeoutError()}))
+    assert limits("orders") is None
+    assert limits("slow") is None
+
+
+def _step(limits: dict[str, TimestampLimits | None], **delivery: Any) -> RecordStep:
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": [{"topic": "orders"}],
+                                          "delivery": delivery})
+    return RecordStep(compile_config(config), {"orders": 3}.get, timestamp_limits=limits.get,
+                      clock=lambda: NOW_MS / 1000)
+
+
+@pytest.mark.parametrize(("ahead_ms", "dead"), [(0, False), (HOUR_MS // 2, False),
+                                                 (3 * HOUR_MS, True)])
+def test_the_step_dead_letters_a_created_at_the_topic_would_refuse(ahead_ms: int,
+                                                                   dead: bool) -> None:
+    step = _step({"orders": TimestampLimits(2**63 - 1, HOUR_MS)})
+    result = step(SOURCE, None, raw_event("e-1", created_at_us=(NOW_MS + ahead_ms) * 1000))
+    if dead:
+        assert isinstance(result, DeadLettered)
+        assert (result.stage, result.event_id) == ("produce", "e-1")
+        assert "INVALID_TIMESTAMP" in str(result.error)
+    else:
+        assert isinstance(result, Routed)
+
+
+def test_record_timestamp_now_is_never_checked() -> None:
+    step = _step({"orders": TimestampLimits(0, 0)}, record_timestamp="now")
+    result = step(SOURCE, None, raw_event("e-1", created_at_us=(NOW_MS + 3 * HOUR_MS) * 1000))
+    assert isinstance(result, Routed) and result.record.timestamp_ms is None
