@@ -11,6 +11,7 @@ from cdc_router.cli._plan import apply_options, describe, show_and_apply
 from cdc_router.cli.topics import config_option
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
+from cdc_router.nats.connection import connect_options
 from cdc_router.nats.streams import StreamAdmin, StreamPlan
 
 
@@ -33,7 +34,7 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
         raise ConfigError("declares no JetStream stream", source=str(config_path),
                           field="nats.streams", hint="add the streams your nats: routes use")
     specs = config.nats.streams
-    admin = StreamAdmin(config.nats.url)
+    admin = StreamAdmin(config.nats.url, connect_options(config.nats))
     show_and_apply(admin.plan(specs), describe=_describe,
                    as_json=lambda plan: {"name": plan.name, "action": plan.action,
                                          "changes": plan.changes,

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from cdc_router.config.fields import ConfigModel
 from cdc_router.config.topic_names import Template, parse_template
@@ -128,10 +128,33 @@ class StreamSpec(ConfigModel):
         return subjects
 
 
+class NatsTls(ConfigModel):
+    """TLS to nats-server: the CA that signed its certificate, and ours for mutual TLS."""
+
+    ca_file: str | None = None  # None: the system's trusted CAs
+    cert_file: str | None = None
+    key_file: str | None = None
+    hostname: str | None = None  # the name its certificate holds, when the URL's differs
+
+    @model_validator(mode="after")
+    def _pair(self) -> NatsTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+        return self
+
+
 class NatsSettings(ConfigModel):
     """How the router reaches NATS, and the streams its routes publish into."""
 
     url: str = Field(default="nats://127.0.0.1:14222", min_length=1)  # comma-separated servers
+    # Credentials, one kind at most (nats-server's authorization): user and password, a
+    # token, or a .creds file (a user JWT and its NKey seed, for operator/account setups).
+    # Secrets belong in CDC_ROUTER__NATS__PASSWORD-style overrides, not in the file.
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    credentials_file: str | None = None
+    tls: NatsTls | None = None
     # A batch waits this long for all its JetStream acks, then fails (abort, rewind, backoff).
     # Far below delivery.transaction_timeout_ms, so that the Kafka transaction outlives it.
     ack_timeout_ms: PositiveInt = 10_000
@@ -140,6 +163,17 @@ class NatsSettings(ConfigModel):
     # connection, so it is a dead letter at stage route instead.
     max_payload_bytes: PositiveInt = 1024 * 1024
     streams: list[StreamSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_kind_of_credentials(self) -> NatsSettings:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("user and password go together")
+        kinds = [name for name, value in (("user/password", self.user), ("token", self.token),
+                                          ("credentials_file", self.credentials_file))
+                 if value is not None]
+        if len(kinds) > 1:
+            raise ValueError(f"give one kind of credentials, not {' and '.join(kinds)}")
+        return self
 
 
 class NatsDestination(ConfigModel):

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.errors import JetStreamError
+from cdc_router.nats.connection import credentials_refused, refused_error
 
 log = logging.getLogger("cdc_router.nats")
 T = TypeVar("T")
@@ -54,8 +55,11 @@ class JetStreamPublisher:
     """publish_batch(messages) -> BatchAcks once every message is acked; JetStreamError else."""
 
     def __init__(self, url: str, *, ack_timeout_s: float, connect_timeout_s: float,
-                 name: str = "cdc-router") -> None:
+                 name: str = "cdc-router", options: Mapping[str, Any] | None = None) -> None:
+        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py)."""
         self._url = url
+        self._options = dict(options or {})
+        self._last_error: BaseException | None = None
         self._ack_timeout_s = ack_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
@@ -124,17 +128,20 @@ class JetStreamPublisher:
                 self._client = await asyncio.wait_for(nats.connect(
                     self._url, name=self._name, connect_timeout=self._connect_timeout_s,
                     max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                    allow_reconnect=True, error_cb=_log_error,
-                    disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected),
+                    allow_reconnect=True, error_cb=self._error,
+                    disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,
+                    **self._options),
                     timeout=self._connect_timeout_s)
             except (NatsError, OSError, TimeoutError) as error:
                 self._client = None
+                self._refused(error)
                 raise JetStreamError(f"cannot connect to NATS at {self._url}: "
                                      f"{_text(error)}; is nats-server running?") from None
             self._js = self._client.jetstream(timeout=self._ack_timeout_s)
             log.info("event=nats_connected url=%s", self._url)
         # Reconnecting: publishes would wait in the client's buffer; fail the batch now.
         if not self._client.is_connected:
+            self._refused(None)
             raise JetStreamError(f"NATS at {self._url} is not connected (reconnecting)")
         return self._js
 
@@ -153,6 +160,16 @@ class JetStreamPublisher:
                 f"first: subject {message.subject!r} id {message.msg_id}: {_text(error)}")
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
+
+    def _refused(self, error: BaseException | None) -> None:
+        """Stop (ConfigError) when the server refused our credentials: no retry mends that."""
+        for candidate in (error, self._last_error):
+            if candidate is not None and credentials_refused(candidate):
+                raise refused_error(self._url, candidate)
+
+    async def _error(self, error: Exception) -> None:
+        self._last_error = error
+        await _log_error(error)
 
     async def _disconnected(self) -> None:
         if not self._closing:

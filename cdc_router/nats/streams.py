@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import StreamSpec
 from cdc_router.errors import JetStreamError
+from cdc_router.nats.connection import credentials_refused, refused_error
 
 StreamAction = Literal["create", "update", "unchanged"]
 # One JetStream API call: stream creation on a loaded server takes a second at most.
@@ -67,8 +68,10 @@ def plan_streams(specs: Sequence[StreamSpec],
 class StreamAdmin:
     """Reads and writes streams on the server at `url`; each call connects and disconnects."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py)."""
         self._url = url
+        self._options = dict(options or {})
 
     def plan(self, specs: Sequence[StreamSpec]) -> list[StreamPlan]:
         existing = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
@@ -85,8 +88,10 @@ class StreamAdmin:
         try:
             client = await asyncio.wait_for(nats.connect(
                 self._url, connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
-                error_cb=_quiet), timeout=_API_TIMEOUT_S)
+                error_cb=_quiet, **self._options), timeout=_API_TIMEOUT_S)
         except (NatsError, OSError, TimeoutError) as error:
+            if credentials_refused(error):
+                raise refused_error(self._url, error) from None
             raise JetStreamError(f"cannot connect to NATS at {self._url} "
                                  f"({type(error).__name__}); is nats-server running?") from None
         try:

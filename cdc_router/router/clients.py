@@ -14,6 +14,7 @@ from typing import Any
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
+from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router.timestamps import TopicTimestampLimits, admin_describe
 
@@ -99,7 +100,8 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
         return None
     return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
                               connect_timeout_s=config.nats.connect_timeout_ms / 1000,
-                              name=f"cdc-router-{instance_id}")
+                              name=f"cdc-router-{instance_id}",
+                              options=connect_options(config.nats))
 
 
 def timestamp_limits(config: RouterConfig) -> TopicTimestampLimits:

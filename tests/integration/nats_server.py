@@ -46,11 +46,12 @@ def nats_server(home: Path) -> Iterator[NatsServer]:
         server.stop()
 
 
-def read_stream(url: str, stream: str, timeout_s: float = 5.0) -> list[Any]:
-    """Every message stored in `stream`, first to last (a pull consumer of our own)."""
+def read_stream(url: str, stream: str, timeout_s: float = 5.0, **options: Any) -> list[Any]:
+    """Every message stored in `stream`, first to last (a pull consumer of our own);
+    `options`: nats.connect() keywords (credentials, TLS)."""
 
     async def read() -> list[Any]:
-        client = await nats.connect(url)
+        client = await nats.connect(url, **options)
         try:
             js = client.jetstream()
             total = (await js.stream_info(stream)).state.messages

@@ -1,0 +1,143 @@
+"""NATS with credentials and TLS on a real nats-server: the router, `streams apply` and the
+stream reader reach it with the `nats:` section's user, password and CA; a wrong password
+stops the router with one line naming the fields, never a retry loop or a traceback."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.integration.nats_server import read_stream
+from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
+from tests.integration.redis_server import free_port
+from tests.integration.support import StackEndpoints
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD = "router", "s3cret-Pa55"
+
+
+def _certificate(subject: str, key: Any, issuer: tuple[str, Any] | None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (subject, key)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1)))
+    if issuer is None:
+        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None),
+                                        critical=True)
+    else:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write_pki(home: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 it signed: (ca, cert, key) PEM files."""
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), \
+        ec.generate_private_key(ec.SECP256R1())
+    ca = _certificate("cdc-router test CA", ca_key, None)
+    server = _certificate("127.0.0.1", server_key, ("cdc-router test CA", ca_key))
+    paths = home / "ca.pem", home / "server.pem", home / "server-key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(server_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return paths
+
+
+@contextmanager
+def _secured_nats(home: Path) -> Iterator[tuple[str, Path]]:
+    """nats-server with JetStream, a user and TLS; (url, CA file). Stopped by its pid."""
+    ca, cert, key = _write_pki(home)
+    port = free_port()
+    config = home / "nats.conf"
+    config.write_text(
+        f'listen: "127.0.0.1:{port}"\n'
+        f'jetstream {{ store_dir: "{home / "store"}" }}\n'
+        f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}\n'
+        f'tls {{ cert_file: "{cert}", key_file: "{key}", ca_file: "{ca}" }}\n')
+    log = (home / "nats.log").open("ab")
+    server = subprocess.Popen(["nats-server", "-c", str(config)], stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while b"Server is ready" not in (home / "nats.log").read_bytes():
+            assert server.poll() is None and time.monotonic() < deadline, \
+                (home / "nats.log").read_text()
+            time.sleep(0.1)
+        yield f"tls://127.0.0.1:{port}", ca
+    finally:
+        server.terminate()  # by its pid
+        server.wait(timeout=30)
+        log.close()
+
+
+def _configure(pipe: Pipeline, url: str, ca: Path, password: str) -> tuple[Path, str]:
+    prefix = pipe.name.replace("_", "-")
+    config = yaml.safe_load(pipe.config_path.read_text())
+    config["routes"][0] = {"match": {"aggregate_type": "Order*"},
+                           "nats": {"subject": prefix + ".{type}"}}
+    config["nats"] = {"url": url, "user": USER, "password": password,
+                      "tls": {"ca_file": str(ca)},
+                      "streams": [{"name": prefix.upper(), "subjects": [f"{prefix}.>"]}]}
+    pipe.config_path.write_text(yaml.safe_dump(config))
+    return pipe.config_path, prefix.upper()
+
+
+def test_the_router_publishes_over_tls_with_a_password_and_a_wrong_one_stops_it(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    rows: list[Row] = [("Order", f"order-{i % 5}", "OrderPaid", {"seq": i}) for i in range(200)]
+    with _secured_nats(tmp_path) as (url, ca), pipeline(stack, tmp_path) as pipe:
+        path, stream = _configure(pipe, url, ca, PASSWORD)
+        applied = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                                  str(path), "--yes"], capture_output=True, text=True, cwd=REPO,
+                                 check=False)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        pipe.start_router(wait=True)
+        ids = pipe.insert(rows)
+        tls = {"user": USER, "password": PASSWORD,
+               "tls": ssl.create_default_context(cafile=str(ca))}
+        deadline = time.monotonic() + 90
+        while len(read_stream(url, stream, **tls)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        seen = Counter(message.headers["id"] for message in read_stream(url, stream, **tls))
+        pipe.kill_router()
+
+        _configure(pipe, url, ca, "wrong")
+        pipe.start_router("b")
+        pipe.insert(rows[:5])  # a batch with JetStream records makes it connect
+        refused = pipe.routers["b"].wait(timeout=120)
+        log = pipe.router_log("b")
+        wrong_apply = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply",
+                                      "-c", str(path), "--dry-run"], capture_output=True,
+                                     text=True, cwd=REPO, check=False)
+    assert seen == Counter(ids), pipe.router_log()[-3000:]
+    assert refused == 1, log[-3000:]
+    assert "refused our credentials" in log and "nats.password" in log, log[-3000:]
+    assert "wrong" not in log, "the password is never printed"
+    assert "Traceback" not in log
+    assert wrong_apply.returncode == 1
+    assert "refused our credentials" in wrong_apply.stderr
+    assert len(wrong_apply.stderr.strip().splitlines()) == 1, wrong_apply.stderr

@@ -1,0 +1,78 @@
+"""The `nats:` section's credentials and TLS as nats-py's connect options, and a refusal of
+our credentials told apart from an outage (nats/connection.py)."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+from nats.errors import AuthorizationError
+from nats.errors import Error as NatsError
+from pydantic import ValidationError
+
+from cdc_router.config.nats import NatsSettings
+from cdc_router.errors import ConfigError
+from cdc_router.nats.connection import connect_options, credentials_refused, refused_error
+
+
+def test_no_credentials_no_options() -> None:
+    assert connect_options(NatsSettings()) == {}
+
+
+def test_user_and_password_or_a_token() -> None:
+    assert connect_options(NatsSettings(user="u", password="p")) == {"user": "u",
+                                                                      "password": "p"}
+    assert connect_options(NatsSettings(token="t")) == {"token": "t"}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"user": "u"}, "user and password go together"),
+    ({"password": "p"}, "user and password go together"),
+    ({"user": "u", "password": "p", "token": "t"}, "not user/password and token"),
+    ({"token": "t", "credentials_file": "x.creds"}, "not token and credentials_file"),
+    ({"tls": {"cert_file": "c.pem"}}, "cert_file and key_file go together"),
+])
+def test_credentials_of_more_than_one_kind_or_half_a_pair_are_refused(
+        fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        NatsSettings.model_validate(fields)
+
+
+def test_a_missing_file_names_its_field(tmp_path: Path) -> None:
+    missing = str(tmp_path / "none.creds")
+    with pytest.raises(ConfigError, match=r"field 'nats.credentials_file': file not found"):
+        connect_options(NatsSettings(credentials_file=missing))
+    with pytest.raises(ConfigError, match=r"field 'nats.tls.ca_file': file not found"):
+        connect_options(NatsSettings.model_validate({"tls": {"ca_file": missing}}))
+
+
+def test_a_file_that_holds_no_ca_is_one_line(tmp_path: Path) -> None:
+    junk = tmp_path / "ca.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=r"field 'nats.tls.ca_file': .*no CA certificate"):
+        connect_options(NatsSettings.model_validate({"tls": {"ca_file": str(junk)}}))
+
+
+def test_tls_without_a_ca_trusts_the_system_and_keeps_the_hostname() -> None:
+    options = connect_options(NatsSettings.model_validate({"tls": {"hostname": "nats.local"}}))
+    assert isinstance(options["tls"], ssl.SSLContext)
+    assert options["tls_hostname"] == "nats.local"
+
+
+@pytest.mark.parametrize(("error", "refused"), [
+    (AuthorizationError(), True),
+    (NatsError("nats: 'Authorization Violation'"), True),
+    (NatsError("nats: 'User Authentication Expired'"), True),
+    (ConnectionRefusedError(111, "Connection refused"), False),
+    (TimeoutError(), False),
+    (None, False),
+])
+def test_a_refusal_of_our_credentials_is_not_an_outage(error: BaseException | None,
+                                                       refused: bool) -> None:
+    assert credentials_refused(error) is refused
+
+
+def test_the_refusal_names_the_fields_and_never_the_secret() -> None:
+    text = str(refused_error("nats://h:4222", NatsError("nats: 'Authorization Violation'")))
+    assert "nats.password" in text and "nats.token" in text and "refused our credentials" in text
