@@ -38,10 +38,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
+from cdc_router.consumer import (
+    ConsumedEvent,
+    ConsumerSettings,
+    IdempotentConsumer,
+    JetStreamConsumer,
+    JetStreamSettings,
+    RetryPolicy,
+)
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
-from cdc_router.consumer.jetstream import JetStreamConsumer
-from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import table_identifier
 
