@@ -84,6 +84,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._js: Any = None
         self._dead_letter_stream = ""
         self._max_payload = 1024 * 1024
+        self._closing = False
 
     def run(self) -> None:
         """Consume until stop(); the unhandled rest of a batch is naked for redelivery."""
@@ -113,6 +114,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 if batch:
                     await self._handle_batch(batch)
         finally:
+            self._closing = True
             await _close(client)
 
     async def _connect(self) -> Any:
@@ -142,7 +144,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 "and are the URL's credentials right?") from None
 
     async def _disconnected(self) -> None:
-        if not self._stop.is_set():
+        if not (self._stop.is_set() or self._closing):
             log.warning("event=nats_disconnected url=%s", self.settings.url)
 
     async def _subscribe(self) -> Any:
