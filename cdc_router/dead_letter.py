@@ -15,6 +15,9 @@ STAGE = "dlq.stage"
 ERROR_CLASS = "dlq.error.class"
 ERROR_MESSAGE = "dlq.error.message"
 EVENT_ID = "dlq.event.id"
+# Only the JetStream consumer's: the stream a message came from (its subject is
+# SOURCE_TOPIC, its stream sequence SOURCE_OFFSET, and SOURCE_PARTITION is 0).
+SOURCE_STREAM = "dlq.source.stream"
 # Only the idempotent consumer's: how many handler attempts failed (0 for a malformed record).
 ATTEMPTS = "dlq.attempts"
 # Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.

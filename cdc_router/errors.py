@@ -149,6 +149,11 @@ class JetStreamError(CdcRouterError):
     """NATS JetStream did not acknowledge a batch (server down, no stream, ack timeout)."""
 
 
+class JetStreamConsumerError(CdcRouterError):
+    """The JetStream consumer cannot run: NATS unreachable or refusing us, no such stream, a
+    durable consumer or a dead-letter subject that would break its guarantees."""
+
+
 class BatchFailed(Exception):
     """The router's open batch cannot commit: abort it and rewind to the committed offsets."""
 

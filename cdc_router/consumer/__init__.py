@@ -4,6 +4,8 @@
     consumer = IdempotentConsumer(settings, store, ship_order)
     consumer.run()          # until consumer.stop()
 
+On NATS JetStream: JetStreamConsumer(JetStreamSettings(...), store, ship_order), same handler.
+
 See cdc_router/consumer/README.md for the guarantees and the limits of each store.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 from cdc_router.consumer.dead_letter import DeadLetterWriter, dead_letter_headers
 from cdc_router.consumer.event import ConsumedEvent
+from cdc_router.consumer.jetstream import JetStreamConsumer
+from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.loop import ConsumerStats, Handler, IdempotentConsumer
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import ConsumerSettings, EventIdSource
@@ -30,6 +34,8 @@ __all__ = [
     "FatalKafkaError",
     "Handler",
     "IdempotentConsumer",
+    "JetStreamConsumer",
+    "JetStreamSettings",
     "MalformedRecord",
     "RetryPolicy",
     "dead_letter_headers",

@@ -67,8 +67,11 @@ def _event_id_text(raw: bytes | None, where: str) -> str:
 
 
 def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
-               decoder: Decoder | None, attempt: int) -> ConsumedEvent:
+               decoder: Decoder | None, attempt: int,
+               key_name: str = "the record key") -> ConsumedEvent:
     """Build the handler's view of `message`; raises MalformedRecord when it has none.
+
+    `key_name` names the key in that error (the JetStream consumer's key is Nats-Msg-Id).
 
     A RegistryError of the decoder (the schema registry unreachable, failing, timing out)
     passes through unchanged: the record is not at fault and must be retried, not
@@ -77,7 +80,7 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     headers = tuple(message.headers() or ())
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
-        event_id = _event_id_text(message.key(), "the record key")
+        event_id = _event_id_text(message.key(), key_name)
     else:
         # A present but empty header is malformed, never replaced by the key: the key may be
         # an aggregate id, shared by many events.

@@ -70,7 +70,24 @@ class ConsumerStats:
     retries: int = 0
 
 
-class IdempotentConsumer(Generic[Context]):
+class ConsumerControls:
+    """What every idempotent consumer shares: the stop flag and the counters."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._counts = {"processed": 0, "duplicates": 0, "dead_lettered": 0, "retries": 0}
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the counters."""
+        return ConsumerStats(**self._counts)
+
+    def stop(self) -> None:
+        """Ask run() to finish the record in hand, settle it and close; safe from any thread."""
+        self._stop.set()
+
+
+class IdempotentConsumer(ConsumerControls, Generic[Context]):
     """Consumes `settings.topics` and runs `handler(event, context)` once per event id.
 
     `context` is what the store hands the effect (the Postgres connection inside the dedup
@@ -84,6 +101,7 @@ class IdempotentConsumer(Generic[Context]):
                  producer_factory: Callable[[dict[str, str]], Any] = Producer,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self.settings = settings
         self._store = store
         self._handler = handler
@@ -94,23 +112,12 @@ class IdempotentConsumer(Generic[Context]):
                                               settings.dead_letter_timeout_s)
         self._rng = rng or random.Random()
         self._clock = clock
-        self._stop = threading.Event()
         self._consumer: Any = None
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
         self._stored_since_commit = False
         self._last_commit = 0.0
-        self._counts = {"processed": 0, "duplicates": 0, "dead_lettered": 0, "retries": 0}
-
-    @property
-    def stats(self) -> ConsumerStats:
-        """A snapshot of the counters."""
-        return ConsumerStats(**self._counts)
-
-    def stop(self) -> None:
-        """Ask run() to finish the record in hand, commit and close; safe from any thread."""
-        self._stop.set()
 
     def run(self) -> None:
         """Consume until stop(); commits what is done and closes the clients on the way out."""

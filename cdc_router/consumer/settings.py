@@ -23,6 +23,17 @@ _PINNED_CONSUMER = {
 _PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 
 
+# (passes, field, what it must be, its value)
+Check = tuple[bool, str, str, object]
+
+
+def check_all(source: str, checks: list[Check]) -> None:
+    """Raise a ConfigError naming `source` and the field of the first failed check."""
+    for ok, name, message, value in checks:
+        if not ok:
+            raise ConfigError(message, source=source, field=name, value=value)
+
+
 @dataclass(frozen=True)
 class ConsumerSettings:
     """Where to read, how to find the event id, where poison goes, how patiently to retry.
@@ -55,7 +66,7 @@ class ConsumerSettings:
 
     def __post_init__(self) -> None:
         source = "ConsumerSettings"
-        checks: list[tuple[bool, str, str, object]] = [
+        checks: list[Check] = [
             (bool(self.bootstrap_servers), "bootstrap_servers", "must not be empty",
              self.bootstrap_servers),
             (bool(self.group_id), "group_id", "must not be empty", self.group_id),
@@ -76,9 +87,7 @@ class ConsumerSettings:
             (self.dead_letter_timeout_s > 0, "dead_letter_timeout_s", "must be positive",
              self.dead_letter_timeout_s),
         ]
-        for ok, name, message, value in checks:
-            if not ok:
-                raise ConfigError(message, source=source, field=name, value=value)
+        check_all(source, checks)
         for name, pinned, extra in (("consumer_config", _PINNED_CONSUMER, self.consumer_config),
                                     ("producer_config", _PINNED_PRODUCER, self.producer_config)):
             for key, value in extra.items():

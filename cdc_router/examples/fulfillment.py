@@ -10,9 +10,18 @@ or a redelivery never ships twice, and the offset is committed only after that c
         --dsn postgresql://postgres:postgres@127.0.0.1:15432/postgres \\
         --topic payments.confirmed
 
-SIGTERM or Ctrl-C stops it gracefully: the record in hand finishes, offsets are committed.
+The same service on NATS JetStream (a durable pull consumer `--durable`, default the group;
+the dead-letter subject must be in a stream):
+
+    python -m cdc_router.examples.fulfillment --nats-url nats://127.0.0.1:14222 \\
+        --dsn postgresql://postgres:postgres@127.0.0.1:15432/postgres \\
+        --stream PAYMENTS --subject payments.confirmed --dead-letter-subject fulfillment.dlq
+
+SIGTERM or Ctrl-C stops it gracefully: the record in hand finishes, offsets are committed
+(on JetStream: the rest of the fetched batch is naked for redelivery).
 `--fail-after-write RATE` makes the handler raise after its insert on a share of first
-attempts, to watch the rollback and the retry do their work.
+attempts (of the first `--failing-attempts N` attempts), to watch the rollback and the retry
+do their work.
 """
 
 from __future__ import annotations
@@ -29,7 +38,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
+from cdc_router.consumer import (
+    ConsumedEvent,
+    ConsumerSettings,
+    IdempotentConsumer,
+    JetStreamConsumer,
+    JetStreamSettings,
+    RetryPolicy,
+)
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import table_identifier
@@ -64,29 +80,40 @@ class Fulfillment:
     """The handler: one shipment row per event, written in the dedup transaction."""
 
     def __init__(self, table: str, fail_after_write: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, failing_attempts: int = 1) -> None:
         self._insert = sql.SQL(
             "INSERT INTO {} (order_id, event_id, amount) VALUES (%s, %s, %s)").format(
                 table_identifier(table))
         self._fail_after_write = fail_after_write
+        self._failing_attempts = failing_attempts
         self._rng = rng or random.Random()
 
     def ship_order(self, event: ConsumedEvent, conn: psycopg.Connection[Any]) -> None:
         """Insert the shipment with `conn`: it commits with the dedup row, or not at all."""
         payload = event.payload
         conn.execute(self._insert, (payload["order_id"], event.event_id, payload.get("amount")))
-        if event.attempt == 1 and self._rng.random() < self._fail_after_write:
+        if event.attempt <= self._failing_attempts and \
+                self._rng.random() < self._fail_after_write:
             raise InjectedFailure(f"injected failure after shipping {event.event_id}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--bootstrap", help="Kafka bootstrap servers")
+    source.add_argument("--nats-url", help="NATS server URL: consume JetStream instead")
     parser.add_argument("--dsn", required=True, help="Postgres connection string")
-    parser.add_argument("--topic", required=True, action="append",
-                        help="payment-confirmed topic (repeatable)")
+    parser.add_argument("--topic", action="append", default=[],
+                        help="Kafka: payment-confirmed topic (repeatable)")
     parser.add_argument("--group", default="fulfillment", help="consumer group id")
     parser.add_argument("--dead-letter-topic", default="fulfillment.dlq")
+    parser.add_argument("--stream", help="JetStream: the stream to consume")
+    parser.add_argument("--durable", help="JetStream: durable consumer name (default: --group)")
+    parser.add_argument("--subject", action="append", default=[],
+                        help="JetStream: filter subject (repeatable; default: the whole stream)")
+    parser.add_argument("--dead-letter-subject", default="fulfillment.dlq")
+    parser.add_argument("--ack-wait", type=float, default=30.0,
+                        help="JetStream: seconds before an unacked message is redelivered")
     parser.add_argument("--shipments-table", default="public.shipments")
     parser.add_argument("--dedup-table", default="public.cdc_router_dedup")
     parser.add_argument("--max-attempts", type=int, default=5)
@@ -96,22 +123,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="extra librdkafka consumer property (repeatable)")
     parser.add_argument("--fail-after-write", type=float, default=0.0, metavar="RATE",
                         help="demo: raise after the insert on this share of first attempts")
-    return parser.parse_args(argv)
+    parser.add_argument("--failing-attempts", type=int, default=1, metavar="N",
+                        help="demo: --fail-after-write applies to attempts 1..N")
+    args = parser.parse_args(argv)
+    if args.bootstrap and not args.topic:
+        parser.error("--bootstrap needs at least one --topic")
+    if args.nats_url and not args.stream:
+        parser.error("--nats-url needs --stream")
+    return args
 
 
-def build(args: argparse.Namespace) -> IdempotentConsumer[psycopg.Connection[Any]]:
-    """The consumer for `args`; creates the tables it needs (idempotent)."""
+Service = IdempotentConsumer[psycopg.Connection[Any]] | JetStreamConsumer[psycopg.Connection[Any]]
+
+
+def build(args: argparse.Namespace) -> Service:
+    """The consumer for `args` (Kafka or JetStream); creates the tables it needs (idempotent)."""
+    retry = RetryPolicy(max_attempts=args.max_attempts, initial_backoff_s=0.05,
+                        max_backoff_s=2.0)
+    store = PostgresDedupStore(args.dsn, table=args.dedup_table)
+    store.ensure_schema()
+    create_shipments_table(args.dsn, args.shipments_table)
+    handler = Fulfillment(args.shipments_table, args.fail_after_write,
+                          failing_attempts=args.failing_attempts)
+    if args.nats_url:
+        jetstream = JetStreamSettings(
+            url=args.nats_url, stream=args.stream, durable=args.durable or args.group,
+            group_id=args.group, filter_subjects=tuple(args.subject),
+            dead_letter_subject=args.dead_letter_subject, ack_wait_s=args.ack_wait,
+            retry=retry)
+        return JetStreamConsumer(jetstream, store, handler.ship_order, decoder=decode_payment)
     extra = dict(item.split("=", 1) for item in args.consumer_config)
     settings = ConsumerSettings(
         bootstrap_servers=args.bootstrap, group_id=args.group, topics=tuple(args.topic),
         dead_letter_topic=args.dead_letter_topic, commit_interval_s=args.commit_interval,
-        retry=RetryPolicy(max_attempts=args.max_attempts, initial_backoff_s=0.05,
-                          max_backoff_s=2.0),
-        consumer_config=extra)
-    store = PostgresDedupStore(args.dsn, table=args.dedup_table)
-    store.ensure_schema()
-    create_shipments_table(args.dsn, args.shipments_table)
-    handler = Fulfillment(args.shipments_table, args.fail_after_write)
+        retry=retry, consumer_config=extra)
     return IdempotentConsumer(settings, store, handler.ship_order, decoder=decode_payment)
 
 

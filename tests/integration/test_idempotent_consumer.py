@@ -37,6 +37,7 @@ from cdc_router.consumer.dedup import (
     Outcome,
 )
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
+from cdc_router.examples.fulfillment import create_shipments_table
 from tests.integration.support import StackEndpoints, read_topic, unique
 
 pytestmark = pytest.mark.integration
@@ -435,6 +436,52 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
 
+class Crew:
+    """`size` fulfillment processes with `args`; kill_mid_run() kill -9s and replaces them."""
+
+    def __init__(self, args: list[str], log_dir: Path, size: int) -> None:
+        self._args, self._log_dir = args, log_dir
+        self._spawned = 0
+        self.workers = [self._spawn() for _ in range(size)]
+        self.killed: list[Worker] = []
+        self.shipped_at_kill: list[int] = []
+
+    def _spawn(self) -> Worker:
+        self._spawned += 1
+        return Worker(self._args, self._log_dir / f"worker-{self._spawned}.log")
+
+    def run_with_kills(self, thresholds: tuple[int, ...], shipped: Callable[[], int],
+                       events: int, done: Callable[[], bool], what: str,
+                       timeout_s: float) -> str:
+        """Each time shipped() reaches a threshold, kill -9 the oldest worker and start
+        another; then wait for done() and stop the rest gracefully. Asserts that every kill
+        landed mid-run and that every live worker exited 0; returns all the workers' logs."""
+        try:
+            for threshold in thresholds:
+                wait_until(lambda: shipped() >= threshold,  # noqa: B023 (used at once)
+                           timeout_s, f"{threshold} shipments")
+                victim = self.workers.pop(0)
+                victim.kill_9()
+                self.killed.append(victim)
+                self.shipped_at_kill.append(shipped())
+                self.workers.append(self._spawn())
+            wait_until(done, timeout_s, what)
+        finally:
+            exit_codes = [worker.terminate() for worker in self.workers]
+        logs = "".join(worker.log() for worker in self.killed + self.workers)
+        assert exit_codes == [0] * len(self.workers), logs[-5000:]
+        assert len(self.killed) == len(thresholds)
+        assert all(n < events for n in self.shipped_at_kill), self.shipped_at_kill  # mid-run
+        return logs
+
+
+def shipped_event_ids(dsn: str, schema: str) -> list[str]:
+    """The event id of every row of `schema`.shipments, duplicates included."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [row[0] for row in conn.execute(sql.SQL("SELECT event_id FROM {}").format(
+            sql.Identifier(schema, "shipments")))]
+
+
 EVENTS = 10_000
 COPIES = 3
 PARTITIONS = 4
@@ -469,50 +516,20 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
             "--consumer-config", "heartbeat.interval.ms=1000"]
     # Tables exist before the workers start, so the run is about consuming, not DDL races.
     PostgresDedupStore(dsn, table=f"{schema}.dedup").ensure_schema()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
-                             " event_id text NOT NULL, amount text, shipped_at timestamptz"
-                             " NOT NULL DEFAULT now())").format(sql.Identifier(schema,
-                                                                               "shipments")))
-    spawned = 0
-
-    def spawn() -> Worker:
-        nonlocal spawned
-        spawned += 1
-        return Worker(args, tmp_path / f"worker-{spawned}.log")
-
-    workers = [spawn() for _ in range(PROCESSES)]
-    killed: list[Worker] = []
-    shipped_at_kill: list[int] = []
+    create_shipments_table(dsn, shipments)
     shipped = f'SELECT count(*) FROM "{schema}".shipments'
-    try:
-        for threshold in KILL_AT:
-            wait_until(lambda: count(dsn, shipped) >= threshold,  # noqa: B023 (used at once)
-                       180, f"{threshold} shipments")
-            victim = workers.pop(0)
-            victim.kill_9()
-            killed.append(victim)
-            shipped_at_kill.append(count(dsn, shipped))
-            workers.append(spawn())
 
-        def all_committed() -> bool:
-            committed, ends = offsets(stack.bootstrap_servers, group, topic, PARTITIONS)
-            return committed == ends
+    def all_committed() -> bool:
+        committed, ends = offsets(stack.bootstrap_servers, group, topic, PARTITIONS)
+        return committed == ends
 
-        wait_until(all_committed, 240, "every partition committed to its end")
-    finally:
-        exit_codes = [worker.terminate() for worker in workers]
-    logs = "".join(worker.log() for worker in killed + workers)
-    assert exit_codes == [0] * PROCESSES, logs[-5000:]
-    assert len(killed) == len(KILL_AT)
-    assert all(n < EVENTS for n in shipped_at_kill), shipped_at_kill  # really mid-run
+    logs = Crew(args, tmp_path, PROCESSES).run_with_kills(
+        KILL_AT, lambda: count(dsn, shipped), EVENTS, all_committed,
+        "every partition committed to its end", 240)
 
     assert count(dsn, shipped) == EVENTS
     assert count(dsn, f'SELECT count(DISTINCT event_id) FROM "{schema}".shipments') == EVENTS
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        shipped_ids = {row[0] for row in conn.execute(sql.SQL("SELECT event_id FROM {}").format(
-            sql.Identifier(schema, "shipments")))}
-    assert shipped_ids == set(event_ids)
+    assert set(shipped_event_ids(dsn, schema)) == set(event_ids)
     assert count(dsn, f'SELECT count(*) FROM "{schema}".dedup WHERE consumer_group = %s',
                  group) == EVENTS
     committed, ends = offsets(stack.bootstrap_servers, group, topic, PARTITIONS)

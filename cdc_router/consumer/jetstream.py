@@ -1,0 +1,383 @@
+"""The idempotent consume loop on NATS JetStream: effect first (through a dedup store), ack after.
+
+A durable pull consumer with explicit ack. Per message of a fetched batch, in stream order:
+1. read the event id (the `id` header, else Nats-Msg-Id) and decode the data; a malformed
+   message is dead-lettered at once (stage "decode");
+2. `store.run_once(group, event id, handler)`: DONE and DUPLICATE both mean the effect is
+   safe, so the message is acked; BUSY (another worker's live claim) naks it with a delay;
+3. a handler exception naks with a delay (exponential backoff, full jitter, RetryPolicy); on
+   the `retry.max_attempts`-th attempt (the delivery count) it is dead-lettered instead
+   (stage "handle"): published to the dead-letter subject, and after JetStream acked that
+   publish, the original is TERMed;
+4. a store failure (DedupStoreError), a registry outage (RegistryError) or a failed
+   dead-letter publish naks with a delay and is *excused*: not counted as an attempt.
+
+Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
+parts, the decoder and the store with the handler inside, run one at a time in one worker
+thread, so the loop stays free to keep the batch alive (in-progress acks every AckWait / 3,
+for handlers slower than AckWait), to answer the server's pings and to see stop(). Messages
+are still handled strictly one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE
+from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
+from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
+from cdc_router.consumer.jetstream_message import (
+    GiveUp,
+    JetStreamRecord,
+    after_handler_failure,
+    attempt_number,
+    dead_letter_message,
+    kafka_source,
+    record_of,
+)
+from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
+from cdc_router.consumer.loop import ConsumerControls, Handler
+from cdc_router.errors import (
+    DedupStoreError,
+    JetStreamConsumerError,
+    MalformedRecord,
+    RegistryError,
+)
+
+log = logging.getLogger(__name__)
+
+Context = TypeVar("Context")
+T = TypeVar("T")
+
+# Outage naks remembered per stream sequence; beyond this many the oldest are forgotten (they
+# then count as attempts again: at worst an early dead letter, after a real handler failure).
+_MAX_EXCUSED = 10_000
+
+
+class JetStreamConsumer(ConsumerControls, Generic[Context]):
+    """Consumes `settings.stream` through durable `settings.durable`, running
+    `handler(event, context)` once per event id; same handler and stores as on Kafka.
+
+    run() blocks until stop() is called from another thread or a signal handler, and raises
+    JetStreamConsumerError when it cannot run at all (NATS unreachable, no stream, an
+    incompatible durable). Constructing it makes no network call.
+    """
+
+    def __init__(self, settings: JetStreamSettings, store: DedupStore[Context],
+                 handler: Handler[Context], *, decoder: Decoder | None = None,
+                 rng: random.Random | None = None) -> None:
+        super().__init__()
+        self.settings = settings
+        self._store = store
+        self._handler = handler
+        self._decoder = decoder
+        self._rng = rng or random.Random()
+        self._excused: dict[int, int] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._js: Any = None
+        self._dead_letter_stream = ""
+        self._max_payload = 1024 * 1024
+        self._closing = False
+
+    def run(self) -> None:
+        """Consume until stop(); the unhandled rest of a batch is naked for redelivery."""
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jetstream-effect")
+        try:
+            asyncio.run(self._main())
+        finally:
+            self._executor.shutdown(wait=True)
+            log.info("event=consumer_stopped stream=%s durable=%s processed=%d duplicates=%d "
+                     "dead_lettered=%d retries=%d", self.settings.stream, self.settings.durable,
+                     *self._counts.values())
+
+    # Setup ----------------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        client = await self._connect()
+        try:
+            self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
+            self._max_payload = int(client.max_payload)
+            subscription = await self._subscribe()
+            log.info("event=consumer_started transport=jetstream stream=%s durable=%s "
+                     "dead_letter_subject=%s store=%s", self.settings.stream,
+                     self.settings.durable, self.settings.dead_letter_subject,
+                     type(self._store).__name__)
+            while not self._stop.is_set():
+                batch = await self._fetch(subscription, client)
+                if batch:
+                    await self._handle_batch(batch)
+        finally:
+            self._closing = True
+            await _close(client)
+
+    async def _connect(self) -> Any:
+        import nats
+        from nats.errors import Error as NatsError
+
+        errors: list[str] = []
+
+        async def on_error(error: Exception) -> None:
+            errors.append(_text(error))
+            log.debug("event=nats_error error=%s", _text(error))
+
+        url = self.settings.url
+        try:
+            # Reconnects for ever once connected: an outage is a pause, not a reason to stop.
+            # (nats-py's first connect retries too: wait_for bounds it.)
+            return await asyncio.wait_for(nats.connect(
+                url, name=f"cdc-router-consumer-{self.settings.durable}",
+                connect_timeout=self.settings.connect_timeout_s, allow_reconnect=True,
+                max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=on_error,
+                disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected),
+                timeout=self.settings.connect_timeout_s)
+        except (NatsError, OSError, TimeoutError) as error:
+            reason = errors[-1] if errors else _text(error)
+            raise JetStreamConsumerError(
+                f"cannot connect to NATS at {url}: {reason}; is nats-server running there, "
+                "and are the URL's credentials right?") from None
+
+    async def _disconnected(self) -> None:
+        if not (self._stop.is_set() or self._closing):
+            log.warning("event=nats_disconnected url=%s", self.settings.url)
+
+    async def _subscribe(self) -> Any:
+        """Check the streams, create or bind the durable, and return its pull subscription."""
+        from nats.errors import Error as NatsError
+        from nats.js.api import AckPolicy, ConsumerConfig
+        from nats.js.errors import NotFoundError
+
+        settings, js = self.settings, self._js
+        where = f"NATS at {settings.url}"
+        try:
+            try:
+                await js.stream_info(settings.stream)
+            except NotFoundError:
+                raise JetStreamConsumerError(
+                    f"no JetStream stream {settings.stream!r} at {where}: create it first "
+                    "(cdc-router streams apply -c router.yaml)") from None
+            self._dead_letter_stream = await self._dead_letter_stream_name()
+            try:
+                info = await js.consumer_info(settings.stream, settings.durable)
+            except NotFoundError:
+                filters = settings.filter_subjects
+                await js.add_consumer(settings.stream, ConsumerConfig(
+                    durable_name=settings.durable, ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=settings.ack_wait_s,
+                    # Unlimited: the server would stop redelivering after MaxDeliver even
+                    # the naks of a store outage; the consumer counts attempts itself.
+                    max_deliver=-1, max_ack_pending=settings.max_ack_pending,
+                    filter_subject=filters[0] if len(filters) == 1 else None,
+                    filter_subjects=list(filters) if len(filters) > 1 else None))
+                log.info("event=jetstream_consumer_created stream=%s durable=%s",
+                         settings.stream, settings.durable)
+            else:
+                problem = consumer_problem(info.config, settings)
+                if problem is not None:
+                    raise JetStreamConsumerError(
+                        f"durable consumer {settings.durable!r} of stream {settings.stream!r} "
+                        f"{problem}; delete it (nats consumer rm {settings.stream} "
+                        f"{settings.durable}) or use another durable name") from None
+            return await js.pull_subscribe_bind(durable=settings.durable, stream=settings.stream)
+        except NatsError as error:
+            raise JetStreamConsumerError(
+                f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
+                f"stream {settings.stream!r}: {_text(error)}; is JetStream enabled?") from None
+
+    async def _dead_letter_stream_name(self) -> str:
+        from nats.js.errors import NotFoundError
+
+        settings = self.settings
+        subject = settings.dead_letter_subject
+        try:
+            name: str = await self._js.find_stream_name_by_subject(subject)
+        except NotFoundError:
+            # A plain NATS publish would be lost when nobody listens: poison must be stored.
+            raise JetStreamConsumerError(
+                f"dead-letter subject {subject!r} is in no JetStream stream at NATS "
+                f"{settings.url}: add it to a stream (nats.streams in router.yaml, then "
+                "cdc-router streams apply), or poison messages would be lost") from None
+        if name == settings.stream and (not settings.filter_subjects or settings.consumes(subject)):
+            raise JetStreamConsumerError(
+                f"dead-letter subject {subject!r} is in stream {name!r}, and durable "
+                f"{settings.durable!r} would read its own dead letters: put them in another "
+                "stream, or give filter_subjects that exclude it")
+        return name
+
+    # The loop ---------------------------------------------------------------------------------
+
+    async def _fetch(self, subscription: Any, client: Any) -> list[Any]:
+        from nats.errors import Error as NatsError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        try:
+            batch: list[Any] = await subscription.fetch(self.settings.batch_size,
+                                                        timeout=self.settings.poll_timeout_s)
+            return batch
+        except (NatsTimeout, TimeoutError):
+            return []  # nothing to do within the poll timeout (fetch raises either)
+        except NatsError as error:
+            if client.is_closed:
+                raise JetStreamConsumerError(
+                    f"the connection to NATS at {self.settings.url} closed: "
+                    f"{_text(error)}") from None
+            # Reconnecting, or the server is busy: fetch again after a pause.
+            log.warning("event=fetch_failed stream=%s durable=%s error=%s",
+                        self.settings.stream, self.settings.durable, _text(error))
+            await asyncio.sleep(self.settings.poll_timeout_s)
+            return []
+
+    async def _handle_batch(self, batch: list[Any]) -> None:
+        unsettled = list(batch)
+        keep_alive = asyncio.create_task(self._keep_alive(unsettled))
+        try:
+            for message in batch:
+                if self._stop.is_set():
+                    break
+                await self._handle(message)
+                unsettled.remove(message)
+        finally:
+            keep_alive.cancel()
+            # Stopping (or failing): hand the rest back now rather than after AckWait.
+            for message in unsettled:
+                await _quietly(message.nak(), "nak")
+
+    async def _keep_alive(self, unsettled: list[Any]) -> None:
+        """In-progress acks for the batch, so JetStream does not redeliver what waits here."""
+        while True:
+            await asyncio.sleep(self.settings.ack_wait_s / 3)
+            for message in list(unsettled):
+                await _quietly(message.in_progress(), "in_progress")
+
+    async def _handle(self, message: Any) -> None:
+        record = record_of(message.subject, message.data, message.headers, message.metadata)
+        attempt = attempt_number(record.num_delivered, self._excused.get(record.sequence, 0))
+        settings = self.settings
+        try:
+            event = await self._blocking(functools.partial(
+                read_event, record, source=kafka_source(settings.event_id_source),
+                header=settings.event_id_header, decoder=self._decoder, attempt=attempt,
+                key_name=f"header {MSG_ID_HEADER!r}"))
+        except MalformedRecord as error:
+            await self._dead_letter(message, record, STAGE_DECODE, error, attempts=0)
+            return
+        except RegistryError as error:
+            await self._excuse(message, record, "registry_unavailable", error)
+            return
+        key = DedupKey(settings.dedup_group, event.event_id)
+        try:
+            outcome = await self._blocking(functools.partial(
+                self._store.run_once, key, functools.partial(self._run_handler, event)))
+        except DedupStoreError as error:
+            await self._excuse(message, record, "store_failed", error)
+            return
+        except Exception as error:
+            await self._handler_failed(message, record, event, attempt, error)
+            return
+        if outcome is Outcome.BUSY:
+            await self._excuse(message, record, "claimed_elsewhere", None)
+            return
+        self._counts["processed" if outcome is Outcome.DONE else "duplicates"] += 1
+        log.debug("event=handled id=%s outcome=%s stream=%s sequence=%d", event.event_id,
+                  outcome.value, record.stream, record.sequence)
+        await self._settle(message, record, term=False)
+
+    def _run_handler(self, event: ConsumedEvent, context: Context) -> None:
+        self._handler(event, context)
+
+    async def _handler_failed(self, message: Any, record: JetStreamRecord,
+                              event: ConsumedEvent, attempt: int, error: Exception) -> None:
+        verdict = after_handler_failure(attempt, self.settings.retry, self._rng)
+        if isinstance(verdict, GiveUp):
+            await self._dead_letter(message, record, STAGE_HANDLE, error,
+                                    attempts=verdict.attempts, event_id=event.event_id)
+            return
+        self._counts["retries"] += 1
+        log.warning("event=retry_scheduled reason=handler_failed stream=%s sequence=%d id=%s "
+                    "attempt=%d delay_s=%.3f error=%s", record.stream, record.sequence,
+                    event.event_id, attempt, verdict.delay_s, repr(error)[:300])
+        await _quietly(message.nak(delay=verdict.delay_s), "nak")
+
+    async def _excuse(self, message: Any, record: JetStreamRecord, reason: str,
+                      error: BaseException | None) -> None:
+        """Nak after an outage, without counting the delivery as an attempt."""
+        waits = self._excused.pop(record.sequence, 0) + 1
+        self._excused[record.sequence] = waits  # re-inserted: the newest stays longest
+        while len(self._excused) > _MAX_EXCUSED:
+            del self._excused[next(iter(self._excused))]
+        delay = self.settings.retry.backoff(waits, self._rng)
+        self._counts["retries"] += 1
+        # Waiting for another worker's claim is expected, not a problem worth a warning.
+        level = logging.DEBUG if error is None else logging.WARNING
+        log.log(level, "event=retry_scheduled reason=%s stream=%s sequence=%d delay_s=%.3f "
+                "error=%s", reason, record.stream, record.sequence, delay,
+                "" if error is None else repr(error)[:300])
+        await _quietly(message.nak(delay=delay), "nak")
+
+    async def _dead_letter(self, message: Any, record: JetStreamRecord, stage: str,
+                           error: BaseException, *, attempts: int,
+                           event_id: str | None = None) -> None:
+        """Publish the dead letter, wait for its JetStream ack, then TERM the original."""
+        import nats.errors
+
+        letter = dead_letter_message(record, durable=self.settings.durable, stage=stage,
+                                     error=error, attempts=attempts, event_id=event_id,
+                                     max_payload=self._max_payload)
+        try:
+            await self._js.publish(self.settings.dead_letter_subject, letter.data,
+                                   timeout=self.settings.dead_letter_timeout_s,
+                                   stream=self._dead_letter_stream,
+                                   headers={**letter.headers, MSG_ID_HEADER: letter.msg_id})
+        except (nats.errors.Error, TimeoutError) as failure:
+            # Not the message's fault: it comes back and is dead-lettered then.
+            await self._excuse(message, record, "dead_letter_failed", failure)
+            return
+        self._counts["dead_lettered"] += 1
+        log.warning("event=dead_lettered stream=%s sequence=%d subject=%s stage=%s "
+                    "error_class=%s attempts=%d", record.stream, record.sequence,
+                    record.subject, stage, type(error).__name__, attempts)
+        await self._settle(message, record, term=True)
+
+    async def _settle(self, message: Any, record: JetStreamRecord, *, term: bool) -> None:
+        self._excused.pop(record.sequence, None)
+        # A lost ack only means a redelivery, which the store reports as a duplicate.
+        await _quietly(message.term() if term else message.ack(), "term" if term else "ack")
+
+    async def _blocking(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+
+async def _quietly(acknowledgement: Any, what: str) -> None:
+    """Send an ack, nak, term or in-progress; a failure is logged, never raised."""
+    from nats.errors import Error as NatsError
+
+    try:
+        await acknowledgement
+    except NatsError as error:
+        log.info("event=%s_not_sent error=%s", what, _text(error))
+
+
+async def _close(client: Any) -> None:
+    """Flush the acks sent so far, then close. Not drain(): every fetched message is settled
+    by now, and draining a pull subscription waits on fetch replies that never come."""
+    from nats.errors import Error as NatsError
+
+    try:
+        await client.flush(timeout=5)
+    except (NatsError, TimeoutError, OSError) as error:
+        log.info("event=nats_flush_failed error=%s", _text(error))
+    await client.close()
+
+
+def _text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+async def _log_reconnected() -> None:
+    log.info("event=nats_reconnected")

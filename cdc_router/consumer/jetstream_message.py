@@ -1,0 +1,148 @@
+"""The pure half of the JetStream consumer: a JetStream message seen as the Kafka loop's record,
+the attempt number, what to do after a handler failure, and the dead-letter message.
+
+A message becomes a `JetStreamRecord` with the shape of the Kafka loop's record (subject as
+topic, partition 0, stream sequence as offset, Nats-Msg-Id as key), so the event id, the
+decoding and the dlq.* headers come from the same code as on Kafka.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.consumer.dead_letter import dead_letter_headers
+from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
+from cdc_router.consumer.retry import RetryPolicy
+from cdc_router.consumer.settings import EventIdSource
+from cdc_router.dead_letter import SOURCE_STREAM, fitted
+
+# The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
+_BROKER_TIME = 2
+# Nats-* headers steer the server (Nats-Expected-Stream, Nats-Msg-Id, ...): a copy of the
+# original's would make the dead-letter publish fail or be dropped as a duplicate.
+_RESERVED_PREFIX = "nats-"
+# What NATS adds to a message beyond the sizes `fitted` counts: the NATS/1.0 status line
+# and ": " plus CRLF per header.
+_FRAMING_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class JetStreamRecord:
+    """One delivered JetStream message, shaped like the Kafka loop's record."""
+
+    subject: str
+    data: bytes
+    header_map: tuple[tuple[str, str], ...]
+    stream: str
+    sequence: int  # the stream sequence: the message's place in the stream, for ever
+    timestamp_ms: int | None
+    num_delivered: int
+
+    def topic(self) -> str: return self.subject
+    def partition(self) -> int: return 0
+    def offset(self) -> int: return self.sequence
+    def value(self) -> bytes | None: return self.data
+    def error(self) -> Any: return None
+
+    def key(self) -> bytes | None:
+        for name, value in self.header_map:
+            if name == MSG_ID_HEADER:
+                return value.encode()
+        return None
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return [(name, value.encode()) for name, value in self.header_map] or None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0) if self.timestamp_ms is None else (_BROKER_TIME, self.timestamp_ms)
+
+
+def record_of(subject: str, data: bytes, headers: Mapping[str, str] | None,
+              metadata: Any) -> JetStreamRecord:
+    """The record of a nats-py message's parts (`metadata`: its Msg.Metadata)."""
+    stamp: datetime.datetime | None = getattr(metadata, "timestamp", None)
+    return JetStreamRecord(
+        subject=subject, data=data, header_map=tuple((headers or {}).items()),
+        stream=metadata.stream, sequence=metadata.sequence.stream,
+        timestamp_ms=None if stamp is None else int(stamp.timestamp() * 1000),
+        num_delivered=metadata.num_delivered)
+
+
+def kafka_source(source: JetStreamEventIdSource) -> EventIdSource:
+    """The Kafka loop's name for `source`: Nats-Msg-Id plays the record key."""
+    return "key" if source == "msg_id" else source
+
+
+def attempt_number(num_delivered: int, excused: int) -> int:
+    """This delivery's attempt (1-based): deliveries less those naked for an outage.
+
+    A store or registry outage is not the message's fault, so its naks do not bring the
+    message closer to the dead-letter subject. Every other delivery counts, including one
+    after a crash mid-handler (a handler that kills its process is a poison candidate too).
+    """
+    return max(1, num_delivered - excused)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Nak the message: JetStream redelivers it after `delay_s`."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The handler failed on the last allowed attempt: dead-letter the message."""
+
+    attempts: int
+
+
+def after_handler_failure(attempt: int, policy: RetryPolicy,
+                          rng: random.Random) -> Retry | GiveUp:
+    """What follows a handler failure on attempt `attempt`: a delayed nak, or the dead letter."""
+    if policy.exhausted(attempt):
+        return GiveUp(attempts=attempt)
+    return Retry(delay_s=policy.backoff(attempt, rng))
+
+
+@dataclass(frozen=True)
+class DeadLetterMessage:
+    """What goes to the dead-letter subject: the data (unless too big) and the headers."""
+
+    data: bytes
+    headers: dict[str, str]
+    msg_id: str
+
+
+def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
+                        error: BaseException, attempts: int, event_id: str | None,
+                        max_payload: int) -> DeadLetterMessage:
+    """The dead letter of `record`: its data and headers (less Nats-*) plus the dlq.* headers.
+
+    Its own Nats-Msg-Id names the durable and the stream sequence, so a crash between the
+    dead-letter publish and the ack repeats the publish, which the dead-letter stream's
+    duplicate window drops, while two services' dead letters of one message both stay.
+    A message over the server's `max_payload` with the dlq.* headers goes without its data
+    (dlq.value.dropped.bytes says its size); the stream still holds it.
+    """
+    kept = [(name, value.encode()) for name, value in record.header_map
+            if not name.lower().startswith(_RESERVED_PREFIX)]
+    dlq = dead_letter_headers(record, stage=stage, error=error, attempts=attempts,
+                              event_id=event_id)
+    dlq.append((SOURCE_STREAM, record.stream.encode()))
+    value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES)
+    return DeadLetterMessage(
+        data=value or b"",
+        headers={name: _header_text(raw) for name, raw in headers},
+        msg_id=f"dlq:{record.stream}:{durable}:{record.sequence}")
+
+
+def _header_text(raw: bytes) -> str:
+    """A NATS header value: one line (an error message may hold line breaks)."""
+    text = raw.decode("utf-8", "replace")
+    return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text

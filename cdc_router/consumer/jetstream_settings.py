@@ -1,0 +1,112 @@
+"""Settings of the JetStream idempotent consumer: where to read, where poison goes, how to retry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cdc_router.config.nats import subject_matches, subject_problem
+from cdc_router.consumer.retry import RetryPolicy
+from cdc_router.consumer.settings import Check, check_all
+
+# auto: the `event_id_header` header when the message has one (the router always writes it,
+# equal to Nats-Msg-Id), else Nats-Msg-Id. A copy re-published under a fresh Nats-Msg-Id (to
+# pass the stream's duplicate window) keeps its `id` header, so auto still sees the same event.
+# msg_id / header: only that one, for publishers other than the router.
+JetStreamEventIdSource = Literal["auto", "msg_id", "header"]
+
+
+@dataclass(frozen=True)
+class JetStreamSettings:
+    """A durable pull consumer on `stream`, its dead-letter subject, and the retry policy.
+
+    `retry.max_attempts` is the consumer's MaxDeliver: a message whose handler fails on its
+    max_attempts-th delivery goes to `dead_letter_subject`. The server-side consumer is created
+    with MaxDeliver unlimited on purpose (see cdc_router/consumer/README.md).
+    """
+
+    url: str
+    stream: str
+    durable: str
+    dead_letter_subject: str
+    # Empty: the whole stream. Several need nats-server 2.10 or later (filter_subjects).
+    filter_subjects: tuple[str, ...] = ()
+    # The dedup store's consumer group; the durable name when None. Give the Kafka consumer's
+    # group id to carry its done marks over when a service moves from Kafka to JetStream.
+    group_id: str | None = None
+    event_id_source: JetStreamEventIdSource = "auto"
+    event_id_header: str = "id"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # How long JetStream waits for an ack before it redelivers (to this or another worker):
+    # the redelivery delay after a crash. Long handlers are kept alive with in-progress acks.
+    ack_wait_s: float = 30.0
+    # Messages per fetch; all of them are kept alive (in-progress) while the batch is handled.
+    batch_size: int = 50
+    # Upper bound of one fetch wait, so a stop request is seen within this time.
+    poll_timeout_s: float = 1.0
+    connect_timeout_s: float = 5.0
+    # How long a dead-letter publish may wait for its JetStream ack before it is retried.
+    dead_letter_timeout_s: float = 10.0
+    # JetStream's own bound on unacked messages (None: the server's default, 1000).
+    max_ack_pending: int | None = None
+
+    def __post_init__(self) -> None:
+        source = "JetStreamSettings"
+        checks: list[Check] = [
+            (bool(self.url), "url", "must not be empty", self.url),
+            (bool(self.stream), "stream", "must name a stream", self.stream),
+            (bool(self.durable) and not any(ch in self.durable for ch in ".*> \t"), "durable",
+             "must be a name without '.', '*', '>' or whitespace", self.durable),
+            (subject_problem(self.dead_letter_subject) is None, "dead_letter_subject",
+             "must be a valid subject without wildcards: poison messages are never dropped",
+             self.dead_letter_subject),
+            (all(subject_problem(s, wildcards=True) is None for s in self.filter_subjects),
+             "filter_subjects", "must be valid subjects (wildcards allowed)",
+             self.filter_subjects),
+            (not self.consumes(self.dead_letter_subject), "dead_letter_subject",
+             "must not be one of the consumed subjects", self.dead_letter_subject),
+            (self.event_id_source in ("auto", "msg_id", "header"), "event_id_source",
+             "must be 'auto', 'msg_id' or 'header'", self.event_id_source),
+            (bool(self.event_id_header), "event_id_header", "must not be empty",
+             self.event_id_header),
+            (self.ack_wait_s >= 1, "ack_wait_s", "must be at least 1 s", self.ack_wait_s),
+            (self.batch_size >= 1, "batch_size", "must be at least 1", self.batch_size),
+            (self.poll_timeout_s > 0, "poll_timeout_s", "must be positive", self.poll_timeout_s),
+            (self.connect_timeout_s > 0, "connect_timeout_s", "must be positive",
+             self.connect_timeout_s),
+            (self.dead_letter_timeout_s > 0, "dead_letter_timeout_s", "must be positive",
+             self.dead_letter_timeout_s),
+            (self.max_ack_pending is None or self.max_ack_pending >= 1, "max_ack_pending",
+             "must be at least 1", self.max_ack_pending),
+        ]
+        check_all(source, checks)
+
+    @property
+    def dedup_group(self) -> str:
+        """The consumer group of the dedup keys."""
+        return self.group_id or self.durable
+
+    def consumes(self, subject: str) -> bool:
+        """Whether `subject` is one this consumer reads (if it is in the stream)."""
+        if not self.filter_subjects:
+            return False  # the whole stream: the stream check at start decides
+        return any(subject_matches(filter_, subject) for filter_ in self.filter_subjects)
+
+
+def consumer_problem(existing: Any, settings: JetStreamSettings) -> str | None:
+    """Why an existing durable consumer (its nats-py ConsumerConfig) cannot serve `settings`."""
+    if existing.deliver_subject:
+        return "is a push consumer; this consumer pulls"
+    ack_policy = str(getattr(existing.ack_policy, "value", existing.ack_policy))
+    if ack_policy != "explicit":
+        return f"acknowledges {ack_policy!r}, not 'explicit'"
+    if existing.max_deliver not in (None, 0, -1):
+        return (f"has MaxDeliver {existing.max_deliver}: JetStream would stop redelivering a "
+                "message after that many deliveries, even those naked for a store outage "
+                "(the consumer enforces retry.max_attempts itself); set it to -1")
+    filters = set(existing.filter_subjects or ()) | (
+        {existing.filter_subject} if existing.filter_subject else set())
+    if filters != set(settings.filter_subjects):
+        return (f"filters {sorted(filters) or 'the whole stream'}, the settings say "
+                f"{sorted(settings.filter_subjects) or 'the whole stream'}")
+    return None

@@ -1,0 +1,301 @@
+"""The idempotent consumer on a real nats-server (JetStream) and the real Postgres store: the
+fulfillment example through 3x redelivery and kill -9, poison and malformed messages
+dead-lettered with their dlq.* headers while the stream goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import psycopg
+import pytest
+from psycopg import sql
+
+from cdc_router.consumer import RetryPolicy
+from cdc_router.consumer.dedup.postgres import PostgresDedupStore
+from cdc_router.consumer.jetstream import JetStreamConsumer
+from cdc_router.consumer.jetstream_settings import JetStreamSettings
+from cdc_router.errors import JetStreamConsumerError
+from cdc_router.examples.fulfillment import create_shipments_table
+from tests.integration import test_idempotent_consumer
+from tests.integration.nats_server import nats_server, read_stream
+from tests.integration.support import StackEndpoints, unique
+from tests.integration.test_idempotent_consumer import (
+    Crew,
+    count,
+    shipped_event_ids,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+Message = tuple[str, bytes, dict[str, str]]
+# A fresh Postgres schema per test (the idempotent consumer's fixture).
+schema = test_idempotent_consumer.schema
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with nats_server(tmp_path_factory.mktemp("nats-home")) as server:
+        yield server.url
+
+
+class Streams:
+    """A stream of payments and a stream of dead letters, named for one test."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = unique("jsc").replace("_", "-")
+        self.stream = self.prefix.upper()
+        self.dead_letters = self.stream + "-DLQ"
+        self.subject = f"{self.prefix}.payments.confirmed"
+        self.dead_letter_subject = f"{self.prefix}.dlq"
+        asyncio.run(self._admin(create=True))
+
+    def delete(self) -> None:
+        asyncio.run(self._admin(create=False))
+
+    async def _admin(self, *, create: bool) -> None:
+        client = await nats.connect(self.url)
+        try:
+            js = client.jetstream()
+            for name, subjects in ((self.stream, [f"{self.prefix}.payments.>"]),
+                                   (self.dead_letters, [self.dead_letter_subject])):
+                if create:
+                    await js.add_stream(name=name, subjects=subjects)
+                else:
+                    await js.delete_stream(name)
+        finally:
+            await client.close()
+
+    def publish(self, messages: list[Message]) -> None:
+        async def publish() -> None:
+            client = await nats.connect(self.url)
+            try:
+                js = client.jetstream()
+                for subject, data, headers in messages:
+                    await js.publish(subject, data, headers=headers or None)
+            finally:
+                await client.close()
+
+        asyncio.run(publish())
+
+    def consumer_settled(self, durable: str) -> bool:
+        """Every message of the stream delivered to `durable` and acked (or termed)."""
+        async def state() -> bool:
+            client = await nats.connect(self.url)
+            try:
+                info = await client.jetstream().consumer_info(self.stream, durable)
+                return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+            finally:
+                await client.close()
+
+        return asyncio.run(state())
+
+    def dead_letter_count(self) -> int:
+        async def total() -> int:
+            client = await nats.connect(self.url)
+            try:
+                return int((await client.jetstream().stream_info(self.dead_letters))
+                           .state.messages)
+            finally:
+                await client.close()
+
+        return asyncio.run(total())
+
+
+@pytest.fixture
+def streams(nats_url: str) -> Iterator[Streams]:
+    created = Streams(nats_url)
+    yield created
+    created.delete()
+
+
+def payment(subject: str, event_id: str, msg_id: str) -> Message:
+    return (subject, json.dumps({"order_id": f"order-{event_id[:8]}", "amount": "19.90"}).encode(),
+            {"Nats-Msg-Id": msg_id, "id": event_id})
+
+
+# --- the acceptance run: the fulfillment example on JetStream -----------------------------
+
+EVENTS = 300
+PROCESSES = 2
+# kill -9 one consumer each time the shipments table passes one of these counts.
+KILL_AT = (60, 140, 220)
+
+
+def test_the_fulfillment_example_ships_once_per_event_through_redeliveries_and_kill_9(
+        stack: StackEndpoints, schema: str, streams: Streams, tmp_path: Path) -> None:
+    dsn = stack.postgres_dsn
+    rng = random.Random(20261201)
+    event_ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(EVENTS)]
+    # Each event twice: under its own Nats-Msg-Id and as a copy under another one (as a
+    # re-publish past the duplicate window would), same `id` header; shuffled.
+    messages = [payment(streams.subject, event_id, event_id + suffix)
+                for event_id in event_ids for suffix in ("", "#copy")]
+    rng.shuffle(messages)
+    streams.publish(messages)
+    group = unique("fulfillment")
+    shipments = f"{schema}.shipments"
+    args = ["--nats-url", streams.url, "--dsn", dsn, "--stream", streams.stream,
+            "--subject", f"{streams.prefix}.payments.>", "--group", group,
+            "--dead-letter-subject", streams.dead_letter_subject,
+            "--shipments-table", shipments, "--dedup-table", f"{schema}.dedup",
+            # A killed worker's messages come back after 2 s, not the default 30.
+            "--ack-wait", "2", "--max-attempts", "5",
+            # Every event's first two attempts fail after the insert: 3 deliveries each.
+            "--fail-after-write", "1.0", "--failing-attempts", "2"]
+    # Tables and the durable exist before the workers start: the run is about consuming.
+    PostgresDedupStore(dsn, table=f"{schema}.dedup").ensure_schema()
+    create_shipments_table(dsn, shipments)
+    shipped = f'SELECT count(*) FROM "{schema}".shipments'
+    logs = Crew(args, tmp_path, PROCESSES).run_with_kills(
+        KILL_AT, lambda: count(dsn, shipped), EVENTS, lambda: streams.consumer_settled(group),
+        "every message acked by the durable consumer", 60)
+
+    assert count(dsn, shipped) == EVENTS
+    assert sorted(shipped_event_ids(dsn, schema)) == sorted(event_ids)  # each exactly once
+    assert count(dsn, f'SELECT count(*) FROM "{schema}".dedup WHERE consumer_group = %s',
+                 group) == EVENTS
+    assert streams.dead_letter_count() == 0
+    # The faults really happened: failed attempts were rolled back and naked (at least one
+    # per event: a kill mid-attempt can stand in for one of the two), and copies were
+    # recognised as duplicates.
+    assert logs.count("reason=handler_failed") >= EVENTS, logs[-3000:]
+    stopped = re.findall(r"event=fulfillment_stopped shipped=(\d+) duplicates=(\d+)", logs)
+    assert len(stopped) == PROCESSES and sum(int(dups) for _, dups in stopped) > 0, stopped
+
+
+# --- poison and malformed messages --------------------------------------------------------
+
+
+def consumer(streams: Streams, store: PostgresDedupStore, handler: Any,
+             durable: str) -> JetStreamConsumer[Any]:
+    settings = JetStreamSettings(
+        url=streams.url, stream=streams.stream, durable=durable,
+        dead_letter_subject=streams.dead_letter_subject, ack_wait_s=2,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
+    return JetStreamConsumer(settings, store, handler, decoder=json.loads)
+
+
+def run_until_dead_letters(jetstream: JetStreamConsumer[Any], streams: Streams, durable: str,
+                           dead: int) -> None:
+    runner = threading.Thread(target=jetstream.run)
+    runner.start()
+    try:
+        wait_until(lambda: streams.dead_letter_count() >= dead
+                   and streams.consumer_settled(durable), 30, f"{dead} dead letters")
+    finally:
+        jetstream.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+
+
+def shipping_handler(schema: str, poison: str, calls: list[str]) -> Any:
+    def ship(event: Any, conn: psycopg.Connection[Any]) -> None:
+        calls.append(event.event_id)
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(
+            sql.Identifier(schema, "effects")), (event.event_id,))
+        if event.event_id == poison:
+            raise ValueError(f"order of {poison} is unknown\nsecond line")
+    return ship
+
+
+@pytest.fixture
+def store(stack: StackEndpoints, schema: str) -> Iterator[PostgresDedupStore]:
+    dedup = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup")
+    dedup.ensure_schema()
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (event_id text NOT NULL)").format(
+            sql.Identifier(schema, "effects")))
+    yield dedup
+    dedup.close()
+
+
+def effects(dsn: str, schema: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return sorted(row[0] for row in conn.execute(sql.SQL("SELECT event_id FROM {}").format(
+            sql.Identifier(schema, "effects"))))
+
+
+def test_a_poison_message_is_dead_lettered_after_max_deliver_and_the_stream_goes_on(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    subject = streams.subject
+    streams.publish([payment(subject, "ok-1", "ok-1"), payment(subject, "poison", "poison"),
+                     payment(subject, "ok-2", "ok-2")])
+    calls: list[str] = []
+    durable = unique("poison")
+    jetstream = consumer(streams, store, shipping_handler(schema, "poison", calls), durable)
+    run_until_dead_letters(jetstream, streams, durable, 1)
+
+    assert effects(stack.postgres_dsn, schema) == ["ok-1", "ok-2"]  # the poison's rolled back
+    assert calls.count("poison") == 3  # MaxDeliver (retry.max_attempts) tries, no more
+    [letter] = read_stream(streams.url, streams.dead_letters)
+    assert letter.subject == streams.dead_letter_subject
+    assert json.loads(letter.data) == json.loads(payment(subject, "poison", "poison")[1])
+    headers = letter.headers
+    assert headers["id"] == "poison"  # the original headers travel along
+    assert (headers["dlq.source.topic"], headers["dlq.source.partition"],
+            headers["dlq.source.offset"], headers["dlq.source.stream"]) == \
+        (subject, "0", "2", streams.stream)
+    assert (headers["dlq.stage"], headers["dlq.attempts"], headers["dlq.event.id"]) == \
+        ("handle", "3", "poison")
+    assert headers["dlq.error.class"] == "ValueError"
+    assert headers["dlq.error.message"] == "order of poison is unknown second line"
+    assert headers["Nats-Msg-Id"] == f"dlq:{streams.stream}:{durable}:2"
+    assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 2
+
+
+def test_malformed_messages_are_dead_lettered_at_once(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    subject = streams.subject
+    streams.publish([(subject, b'{"order_id": "1"}', {}),  # no event id at all
+                     (subject, b"not json", {"id": "bad-json", "Nats-Msg-Id": "bad-json"}),
+                     payment(subject, "ok-1", "ok-1")])
+    calls: list[str] = []
+    durable = unique("malformed")
+    jetstream = consumer(streams, store, shipping_handler(schema, "-", calls), durable)
+    run_until_dead_letters(jetstream, streams, durable, 2)
+
+    assert calls == ["ok-1"] and effects(stack.postgres_dsn, schema) == ["ok-1"]
+    letters = read_stream(streams.url, streams.dead_letters)
+    assert [(m.headers["dlq.source.offset"], m.headers["dlq.stage"], m.headers["dlq.attempts"],
+             m.headers["dlq.error.class"]) for m in letters] == [
+        ("1", "decode", "0", "MalformedRecord"), ("2", "decode", "0", "JSONDecodeError")]
+    assert "no event id" in letters[0].headers["dlq.error.message"]
+    assert letters[1].data == b"not json"
+    assert jetstream.stats.retries == 0  # at once: no nak, no second delivery
+
+
+# --- errors that are no message's fault ----------------------------------------------------
+
+
+def test_nats_unreachable_stops_run_with_one_readable_line(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    from tests.integration.redis_server import free_port
+
+    settings = JetStreamSettings(url=f"nats://127.0.0.1:{free_port()}", stream="PAYMENTS",
+                                 durable="fulfillment", dead_letter_subject="fulfillment.dlq",
+                                 connect_timeout_s=1)
+    with pytest.raises(JetStreamConsumerError, match=r"cannot connect to NATS at nats://") as info:
+        JetStreamConsumer(settings, store, lambda event, conn: None).run()
+    assert "\n" not in str(info.value)
+
+
+def test_a_dead_letter_subject_in_no_stream_stops_run_before_consuming(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    settings = JetStreamSettings(url=streams.url, stream=streams.stream, durable="d",
+                                 dead_letter_subject=f"{streams.prefix}.nowhere")
+    with pytest.raises(JetStreamConsumerError, match=r"is in no JetStream stream"):
+        JetStreamConsumer(settings, store, lambda event, conn: None).run()

@@ -1,0 +1,279 @@
+"""The JetStream consumer's decisions: the record a message becomes, attempt numbers, naks,
+dead letters, outages excused; per-message handling over faithful fakes of nats-py's message
+(ack, nak(delay), term) and of the JetStream publish."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import random
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import nats.errors
+import pytest
+
+from cdc_router.consumer import RetryPolicy
+from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
+from cdc_router.consumer.event import read_event
+from cdc_router.consumer.jetstream import JetStreamConsumer
+from cdc_router.consumer.jetstream_message import (
+    GiveUp,
+    Retry,
+    after_handler_failure,
+    attempt_number,
+    dead_letter_message,
+    kafka_source,
+    record_of,
+)
+from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
+from cdc_router.errors import ConfigError, MalformedRecord
+
+STAMP = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+SUBJECT = "payments.confirmed"
+
+
+def metadata(sequence: int, delivered: int) -> SimpleNamespace:
+    return SimpleNamespace(stream="PAYMENTS", sequence=SimpleNamespace(stream=sequence),
+                           num_delivered=delivered, timestamp=STAMP)
+
+
+class FakeMessage:
+    """nats-py's Msg as the consumer uses it; records what it was told."""
+
+    def __init__(self, data: bytes, headers: dict[str, str] | None, sequence: int = 7,
+                 delivered: int = 1) -> None:
+        self.subject, self.data, self.headers = SUBJECT, data, headers
+        self.metadata = metadata(sequence, delivered)
+        self.told: list[tuple[str, float | None]] = []
+
+    async def ack(self) -> None: self.told.append(("ack", None))
+    async def term(self) -> None: self.told.append(("term", None))
+    async def in_progress(self) -> None: self.told.append(("in_progress", None))
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.told.append(("nak", delay))
+
+
+class FakeJetStream:
+    """The JetStream publish of dead letters: stores them, or fails while `down`."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes, dict[str, str], str | None]] = []
+        self.down = False
+
+    async def publish(self, subject: str, payload: bytes, timeout: float, stream: str | None,
+                      headers: dict[str, str]) -> None:
+        if self.down:
+            raise nats.errors.TimeoutError
+        self.published.append((subject, payload, headers, stream))
+
+
+def payment(event_id: str, **more: Any) -> FakeMessage:
+    return FakeMessage(json.dumps({"order_id": "42"}).encode(),
+                       {"Nats-Msg-Id": event_id, "id": event_id}, **more)
+
+
+SETTINGS = JetStreamSettings(url="nats://x:4222", stream="PAYMENTS", durable="fulfillment",
+                             dead_letter_subject="fulfillment.dlq",
+                             retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.1,
+                                               max_backoff_s=1.0))
+
+
+class Harness:
+    """A JetStreamConsumer whose messages are handed to it one by one."""
+
+    def __init__(self, handler: Callable[[Any, Any], None], store: Any = None) -> None:
+        self.consumer = JetStreamConsumer(SETTINGS, store or MemoryDedupStore(), handler,
+                                          decoder=json.loads, rng=random.Random(1))
+        self.js = FakeJetStream()
+        self.consumer._js = self.js  # what run() connects and checks; the tested seam
+        self.consumer._dead_letter_stream = "FULFILLMENT-DLQ"
+
+    def handle(self, message: FakeMessage) -> list[tuple[str, float | None]]:
+        asyncio.run(self.consumer._handle(message))
+        return message.told
+
+
+def failing(error: Exception) -> Callable[[Any, Any], None]:
+    def handler(event: Any, context: Any) -> None:
+        raise error
+    return handler
+
+
+# --- the record and its event id ---------------------------------------------------------
+
+
+def test_a_message_becomes_a_record_shaped_like_a_kafka_one() -> None:
+    record = record_of(SUBJECT, b"{}", {"Nats-Msg-Id": "m1", "id": "e1"}, metadata(7, 2))
+    assert (record.topic(), record.partition(), record.offset(), record.key()) == \
+        (SUBJECT, 0, 7, b"m1")
+    assert record.headers() == [("Nats-Msg-Id", b"m1"), ("id", b"e1")]
+    assert record.timestamp() == (2, int(STAMP.timestamp() * 1000))
+    assert (record.stream, record.num_delivered) == ("PAYMENTS", 2)
+
+
+@pytest.mark.parametrize(("source", "expected"), [("auto", "e1"), ("header", "e1"),
+                                                  ("msg_id", "m1")])
+def test_the_event_id_is_the_id_header_else_nats_msg_id(source: Any, expected: str) -> None:
+    record = record_of(SUBJECT, b"{}", {"Nats-Msg-Id": "m1", "id": "e1"}, metadata(1, 1))
+    event = read_event(record, source=kafka_source(source), header="id", decoder=None,
+                       attempt=1, key_name="header 'Nats-Msg-Id'")
+    assert event.event_id == expected
+
+
+def test_auto_falls_back_to_nats_msg_id_and_names_it_when_both_are_missing() -> None:
+    only_msg_id = record_of(SUBJECT, b"{}", {"Nats-Msg-Id": "m1"}, metadata(1, 1))
+    assert read_event(only_msg_id, source="auto", header="id", decoder=None,
+                      attempt=1).event_id == "m1"
+    bare = record_of(SUBJECT, b"{}", None, metadata(1, 1))
+    with pytest.raises(MalformedRecord, match="header 'Nats-Msg-Id' is missing"):
+        read_event(bare, source="auto", header="id", decoder=None, attempt=1,
+                   key_name="header 'Nats-Msg-Id'")
+
+
+# --- attempts and backoff ------------------------------------------------------------------
+
+
+def test_deliveries_naked_for_an_outage_do_not_count_as_attempts() -> None:
+    assert attempt_number(num_delivered=1, excused=0) == 1
+    assert attempt_number(num_delivered=5, excused=3) == 2
+    assert attempt_number(num_delivered=2, excused=9) == 1  # never below 1
+
+
+def test_a_handler_failure_naks_with_jittered_backoff_until_the_last_attempt() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.1, max_backoff_s=1.0)
+    delays = [after_handler_failure(attempt, policy, random.Random(5)) for attempt in (1, 2)]
+    assert all(isinstance(d, Retry) for d in delays)
+    assert [d.delay_s for d in delays if isinstance(d, Retry)] == [
+        random.Random(5).uniform(0, 0.1), random.Random(5).uniform(0, 0.2)]
+    assert after_handler_failure(3, policy, random.Random(5)) == GiveUp(attempts=3)
+
+
+# --- the dead-letter message ---------------------------------------------------------------
+
+
+def test_a_dead_letter_keeps_data_and_headers_less_nats_ones_plus_one_line_dlq_headers() -> None:
+    record = record_of(SUBJECT, b'{"a": 1}', {"Nats-Msg-Id": "e1", "Nats-Expected-Stream": "X",
+                                              "id": "e1", "tenant": "t"}, metadata(7, 3))
+    letter = dead_letter_message(record, durable="fulfillment", stage="handle",
+                                 error=ValueError("bad\r\norder"), attempts=3, event_id="e1",
+                                 max_payload=1024 * 1024)
+    assert letter.data == b'{"a": 1}'
+    assert letter.msg_id == "dlq:PAYMENTS:fulfillment:7"
+    assert letter.headers == {
+        "id": "e1", "tenant": "t", "dlq.source.topic": SUBJECT, "dlq.source.partition": "0",
+        "dlq.source.offset": "7", "dlq.stage": "handle", "dlq.error.class": "ValueError",
+        "dlq.error.message": "bad order", "dlq.attempts": "3", "dlq.event.id": "e1",
+        "dlq.source.stream": "PAYMENTS"}
+
+
+def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
+    record = record_of(SUBJECT, b"x" * 10_000, {"id": "e1"}, metadata(7, 1))
+    letter = dead_letter_message(record, durable="d", stage="decode", error=ValueError("x"),
+                                 attempts=0, event_id=None, max_payload=8192)
+    assert letter.data == b"" and letter.headers["dlq.value.dropped.bytes"] == "10000"
+
+
+# --- settings and an existing durable -------------------------------------------------------
+
+
+def test_the_dead_letter_subject_may_not_be_a_consumed_one() -> None:
+    with pytest.raises(ConfigError, match="dead_letter_subject"):
+        JetStreamSettings(url="nats://x", stream="S", durable="d", dead_letter_subject="pay.dlq",
+                          filter_subjects=("pay.>",))
+
+
+def durable_config(**changes: Any) -> SimpleNamespace:
+    config = dict(deliver_subject=None, ack_policy="explicit", max_deliver=-1,
+                  filter_subject=None, filter_subjects=None)
+    return SimpleNamespace(**{**config, **changes})
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    ({}, None),
+    ({"deliver_subject": "inbox"}, "push consumer"),
+    ({"ack_policy": "none"}, "not 'explicit'"),
+    ({"max_deliver": 5}, "MaxDeliver 5"),
+    ({"filter_subject": "pay.>"}, "filters ['pay.>']"),
+])
+def test_an_existing_durable_that_would_break_the_guarantees_is_refused(
+        changes: dict[str, Any], problem: str | None) -> None:
+    found = consumer_problem(durable_config(**changes), SETTINGS)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+# --- handling one message ------------------------------------------------------------------
+
+
+def test_the_effect_runs_once_and_both_copies_are_acked() -> None:
+    calls: list[str] = []
+    harness = Harness(lambda event, _: calls.append(event.event_id))
+    assert harness.handle(payment("e1", sequence=1)) == [("ack", None)]
+    copy = FakeMessage(b'{"order_id": "42"}', {"Nats-Msg-Id": "e1#copy", "id": "e1"}, 2)
+    assert harness.handle(copy) == [("ack", None)]
+    assert calls == ["e1"]
+    assert harness.consumer.stats.processed == 1 and harness.consumer.stats.duplicates == 1
+
+
+def test_a_failing_handler_is_naked_with_a_delay_then_dead_lettered_and_termed() -> None:
+    harness = Harness(failing(ValueError("unknown order")))
+    [(told, delay)] = harness.handle(payment("e1", delivered=2))
+    assert told == "nak" and delay is not None and 0 <= delay <= 0.2
+    assert harness.js.published == []
+    assert harness.handle(payment("e1", delivered=3)) == [("term", None)]
+    [(subject, data, headers, stream)] = harness.js.published
+    assert (subject, stream) == ("fulfillment.dlq", "FULFILLMENT-DLQ")
+    assert json.loads(data) == {"order_id": "42"}
+    assert (headers["dlq.stage"], headers["dlq.attempts"], headers["Nats-Msg-Id"]) == \
+        ("handle", "3", "dlq:PAYMENTS:fulfillment:7")
+
+
+def test_a_malformed_message_is_dead_lettered_on_its_first_delivery() -> None:
+    harness = Harness(failing(AssertionError("never called")))
+    assert harness.handle(FakeMessage(b"not json", {"id": "e1"})) == [("term", None)]
+    [(_, data, headers, _)] = harness.js.published
+    assert data == b"not json"
+    assert (headers["dlq.stage"], headers["dlq.attempts"], headers["dlq.error.class"]) == \
+        ("decode", "0", "JSONDecodeError")
+
+
+class DownStore:
+    """A dedup store whose database is away."""
+
+    def run_once(self, key: DedupKey, effect: Any) -> Outcome:
+        raise DedupStoreError("database unreachable")
+
+    def close(self) -> None: ...
+
+
+def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt() -> None:
+    harness = Harness(failing(ValueError("unknown order")), store=DownStore())
+    for delivered in range(1, 6):  # far past max_attempts=3
+        [(told, _)] = harness.handle(payment("e1", delivered=delivered))
+        assert told == "nak"
+    assert harness.js.published == []
+    # The store is back: the 6th delivery is the handler's first attempt, naked, not dead.
+    harness.consumer._store = MemoryDedupStore()
+    [(told, _)] = harness.handle(payment("e1", delivered=6))
+    assert told == "nak" and harness.js.published == []
+
+
+def test_an_unacknowledged_dead_letter_leaves_the_message_to_come_back() -> None:
+    harness = Harness(failing(ValueError("unknown order")))
+    harness.js.down = True
+    [(told, _)] = harness.handle(payment("e1", delivered=3))
+    assert told == "nak"  # not termed: its dead letter is not stored
+    harness.js.down = False
+    assert harness.handle(payment("e1", delivered=4)) == [("term", None)]
+    assert len(harness.js.published) == 1
+
+
+def test_stop_finishes_the_message_in_hand_and_hands_the_rest_of_the_batch_back() -> None:
+    harness = Harness(lambda event, _: harness.consumer.stop())
+    batch = [payment(f"e{n}", sequence=n) for n in range(3)]
+    asyncio.run(harness.consumer._handle_batch(list(batch)))
+    assert [message.told for message in batch] == [[("ack", None)], [("nak", None)],
+                                                   [("nak", None)]]
