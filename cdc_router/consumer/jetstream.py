@@ -50,6 +50,7 @@ from cdc_router.errors import (
     MalformedRecord,
     RegistryError,
 )
+from cdc_router.nats.connection import credentials_refused
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,11 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
         errors: list[str] = []
 
+        refusals: list[Exception] = []
+
         async def on_error(error: Exception) -> None:
             errors.append(_text(error))
+            refusals.append(error)
             log.debug("event=nats_error error=%s", _text(error))
 
         url = self.settings.url
@@ -135,10 +139,16 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 url, name=f"cdc-router-consumer-{self.settings.durable}",
                 connect_timeout=self.settings.connect_timeout_s, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=on_error,
-                disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected),
+                disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,
+                **self.settings.connect_options),
                 timeout=self.settings.connect_timeout_s)
         except (NatsError, OSError, TimeoutError) as error:
             reason = errors[-1] if errors else _text(error)
+            if credentials_refused(error) or any(map(credentials_refused, refusals)):
+                raise JetStreamConsumerError(
+                    f"NATS at {url} refused our credentials ({reason}): check "
+                    "JetStreamSettings.connect_options (user and password, token, "
+                    "user_credentials) against the server's authorization") from None
             raise JetStreamConsumerError(
                 f"cannot connect to NATS at {url}: {reason}; is nats-server running there, "
                 "and are the URL's credentials right?") from None

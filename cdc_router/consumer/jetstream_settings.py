@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,6 +50,9 @@ class JetStreamSettings:
     dead_letter_timeout_s: float = 10.0
     # JetStream's own bound on unacked messages (None: the server's default, 1000).
     max_ack_pending: int | None = None
+    # nats.connect() keywords for credentials and TLS, e.g. the router's own `nats:` section:
+    # cdc_router.nats.connection.connect_options(NatsSettings(user=..., password=..., tls=...)).
+    connect_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         source = "JetStreamSettings"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +25,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from cdc_router.config.nats import NatsSettings
+from cdc_router.consumer import ConsumedEvent, JetStreamConsumer, JetStreamSettings
+from cdc_router.consumer.dedup.memory import MemoryDedupStore
+from cdc_router.errors import JetStreamConsumerError
+from cdc_router.nats.connection import connect_options
 from tests.integration.nats_server import read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
 from tests.integration.redis_server import free_port
@@ -124,6 +131,9 @@ def test_the_router_publishes_over_tls_with_a_password_and_a_wrong_one_stops_it(
             time.sleep(0.5)
         seen = Counter(message.headers["id"] for message in read_stream(url, stream, **tls))
         pipe.kill_router()
+        consumed = _consume(url, stream, ca, PASSWORD, len(ids))
+        with pytest.raises(JetStreamConsumerError, match="refused our credentials") as refusal:
+            _consume(url, stream, ca, "wrong", 1)
 
         _configure(pipe, url, ca, "wrong")
         pipe.start_router("b")
@@ -134,6 +144,8 @@ def test_the_router_publishes_over_tls_with_a_password_and_a_wrong_one_stops_it(
                                       "-c", str(path), "--dry-run"], capture_output=True,
                                      text=True, cwd=REPO, check=False)
     assert seen == Counter(ids), pipe.router_log()[-3000:]
+    assert consumed == Counter(ids), "the idempotent consumer reads it with the same settings"
+    assert "\n" not in str(refusal.value) and "wrong" not in str(refusal.value)
     assert refused == 1, log[-3000:]
     assert "refused our credentials" in log and "nats.password" in log, log[-3000:]
     assert "wrong" not in log, "the password is never printed"
@@ -141,3 +153,29 @@ def test_the_router_publishes_over_tls_with_a_password_and_a_wrong_one_stops_it(
     assert wrong_apply.returncode == 1
     assert "refused our credentials" in wrong_apply.stderr
     assert len(wrong_apply.stderr.strip().splitlines()) == 1, wrong_apply.stderr
+
+
+def _consume(url: str, stream: str, ca: Path, password: str, count: int) -> Counter[str]:
+    """Run a JetStreamConsumer with the router's kind of `nats:` settings until it handled
+    `count` events (at most 60 s); the event ids it handled."""
+    handled: Counter[str] = Counter()
+    options = connect_options(NatsSettings.model_validate(
+        {"url": url, "user": USER, "password": password, "tls": {"ca_file": str(ca)}}))
+    settings = JetStreamSettings(url=url, stream=stream, durable=f"auth-{password}",
+                                 filter_subjects=(f"{stream.lower()}.OrderPaid",),
+                                 dead_letter_subject=f"{stream.lower()}.dlq",
+                                 connect_timeout_s=3, connect_options=options)
+
+    def handle(event: ConsumedEvent, context: Any) -> None:
+        handled[event.event_id] += 1
+        if sum(handled.values()) >= count:
+            consumer.stop()
+
+    consumer = JetStreamConsumer(settings, MemoryDedupStore(), handle, decoder=json.loads)
+    timer = threading.Timer(60, consumer.stop)
+    timer.start()
+    try:
+        consumer.run()
+    finally:
+        timer.cancel()
+    return handled
