@@ -26,35 +26,17 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from confluent_kafka import Producer
 
 from cdc_router.router.replay import changelog_records
 from tests.bench.bench_stack import BenchStack, endpoints_from_env
+from tests.bench.report import Memory, memory_json, render_memory
 
 SEED = 14
 NON_UUID_SHARE = 0.02  # ids that are not canonical uuids: other key types, other spellings
 SETTLE_S = 2.0  # after event=assigned: the restore's garbage is freed, threads are up
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Memory:
-    """One run's numbers: the router's resident memory without and with `ids` remembered."""
-
-    ids: int
-    baseline_rss_mb: float
-    baseline_hwm_mb: float
-    rss_mb: float
-    hwm_mb: float
-    restored: int  # ids the router says it restored (its event=assigned line)
-    restore_s: float  # the router's own timing of the restore
-
-    @property
-    def bytes_per_id(self) -> float:
-        return (self.rss_mb - self.baseline_rss_mb) * MIB / self.ids if self.ids else 0.0
 
 
 def delivered_batches(ids: int, now_ms: int) -> Iterator[tuple[list[str], int]]:
@@ -125,20 +107,6 @@ def measure(bench: BenchStack, ids: int) -> Memory:
     return Memory(ids, base_rss, base_hwm, rss, hwm, restored, seconds)
 
 
-def render(memory: Memory) -> str:
-    return "\n".join([
-        f"{'router memory (dedup window)':<30} {'ids':>9} {'RSS MB':>7} {'peak MB':>8}",
-        f"{'empty changelog':<30} {0:>9,} {memory.baseline_rss_mb:>7.1f} "
-        f"{memory.baseline_hwm_mb:>8.1f}",
-        f"{'restored':<30} {memory.restored:>9,} {memory.rss_mb:>7.1f} {memory.hwm_mb:>8.1f}",
-        f"per id: {memory.bytes_per_id:.0f} bytes; restore took {memory.restore_s:.1f}s",
-    ])
-
-
-def to_json(memory: Memory) -> dict[str, float]:
-    return {**asdict(memory), "bytes_per_id": memory.bytes_per_id}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=1_000_000, help="ids in the changelog")
@@ -151,9 +119,9 @@ def main() -> None:
         finally:
             for problem in bench.close():
                 print(f"cleanup: {problem}", file=sys.stderr)
-    print(render(memory))
+    print(render_memory(memory))
     if args.json:
-        args.json.write_text(json.dumps(to_json(memory), indent=2) + "\n")
+        args.json.write_text(json.dumps(memory_json(memory), indent=2) + "\n")
 
 
 if __name__ == "__main__":
