@@ -111,8 +111,9 @@ def compact_key(event_id: str) -> Key:
         raw = bytes.fromhex(digits)
     except ValueError:
         return event_id
-    # fromhex also takes uppercase digits and skips whitespace: only an exact round trip counts.
-    return raw if len(raw) == 16 and raw.hex() == digits else event_id
+    # fromhex also takes uppercase digits and skips whitespace: 16 bytes rule out whitespace,
+    # islower() uppercase (and keeps as a str the rare uuid of digits only, which is still exact).
+    return raw if len(raw) == 16 and digits.islower() else event_id
 
 
 class ReplayFilter:

@@ -85,6 +85,8 @@ def test_a_canonical_uuid_is_kept_as_its_16_bytes_and_any_other_string_as_itself
                   UUID[:-2] + " 6", UUID[:-2] + "_6", "+" + UUID[1:], UUID[:-1] + "٦",
                   UUID.replace("-", ":"), "order-42", ""):
         assert compact_key(other) == other
+    digits_only = "12345678-1234-4234-8234-123456789012"  # exact either way: kept as a str
+    assert compact_key(digits_only) == digits_only
 
 
 def test_another_spelling_of_a_uuid_is_another_id():
