@@ -48,7 +48,7 @@ demo: stack ## The whole pipeline on the local stack, with defaults
 
 BENCH_ARGS ?= --rows 100000 --latency-seconds 20
 
-bench: stack ## Every outbox path side by side (router, SMT, pollers): table, JSON, PNG (README)
+bench: stack ## Every outbox path side by side (router, SMT, pollers), router memory: table, JSON, PNG (README)
 	$(PYTHON) -m tests.bench.side_by_side $(BENCH_ARGS) --json bench-results.json --png bench-results.png
 
 bench-router: stack ## Router alone (100k events) per delivery mode, beside a plain loop
