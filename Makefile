@@ -4,7 +4,7 @@ CDC := $(PYTHON) -m cdc_router
 APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose
 
 .DEFAULT_GOAL := help
-.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-scale bench-avro clean
+.PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-scale bench-memory bench-avro clean
 .PHONY: chaos chaos-short
 .PHONY: up down compose-config
 
@@ -48,7 +48,7 @@ demo: stack ## The whole pipeline on the local stack, with defaults
 
 BENCH_ARGS ?= --rows 100000 --latency-seconds 20
 
-bench: stack ## Every outbox path side by side (router, SMT, pollers): table, JSON, PNG (README)
+bench: stack ## Every outbox path side by side (router, SMT, pollers), router memory: table, JSON, PNG (README)
 	$(PYTHON) -m tests.bench.side_by_side $(BENCH_ARGS) --json bench-results.json --png bench-results.png
 
 bench-router: stack ## Router alone (100k events) per delivery mode, beside a plain loop
@@ -56,6 +56,9 @@ bench-router: stack ## Router alone (100k events) per delivery mode, beside a pl
 
 bench-scale: stack ## One router instance against two, on a raw topic of two partitions
 	$(PYTHON) -m tests.bench.scale_out --events 100000
+
+bench-memory: stack ## Router RSS with 1M ids in the dedup window, against none (issue 14's goal)
+	$(PYTHON) -m tests.bench.replay_memory --ids 1000000 --json bench-memory.json
 
 # The chaos campaign kills Kafka, Connect and Postgres: it runs on a stack of its own
 # (CHAOS_HOME, other ports), never on the one `make stack` starts for everybody.

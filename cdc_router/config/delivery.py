@@ -53,7 +53,8 @@ class DedupSettings(_Model):
     """The replay filter: ids delivered recently, bounded by time and count.
 
     window_ms defaults to 7 days, the raw topic's default retention: Debezium cannot replay an
-    event older than what its topic still holds. max_ids bounds memory (about 250 bytes per id).
+    event older than what its topic still holds. max_ids bounds memory (about 120 bytes per id,
+    router/replay.py).
     """
 
     enabled: bool = True

@@ -41,6 +41,18 @@ _LOOKUP_TIMEOUT_S = 30
 # A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
 # does not retry that for a watermark query, so we do, this often.
 _LEADER_WAIT_S = 0.5
+# Messages a consume() call returns, and librdkafka's prefetch queue (queued.max.messages.kbytes),
+# of a lean reader: a dedup changelog holds records of up to 64 KB (router/replay.py), and with
+# the defaults (10,000 messages, a 64 MB queue) a restore kept up to ~70 MB of fetched records
+# alive at once, which the C heap kept after the restore (measured: 70 MB of a router's RSS
+# restoring 1M ids, against 3 MB with these; tests/bench/replay_memory.py).
+_DEFAULT_BATCH = 10_000
+_LEAN_BATCH = 100
+_LEAN_QUEUE_KBYTES = 4096
+# A full queue postpones the next fetch by fetch.queue.backoff.ms (librdkafka's default 1 s):
+# a small queue fills at once, so the wait must be short too (at 1 s a 1M-id restore took 8.6 s
+# instead of 1.9).
+_LEAN_QUEUE_BACKOFF_MS = 10
 
 
 class AdminConnection:
@@ -146,9 +158,13 @@ class TopicReader:
     """Reads one topic to its end, and again later from where it stopped; built lazily."""
 
     def __init__(self, config: Mapping[str, Any], topic: str, *, group_id: str,
-                 what: str) -> None:
+                 what: str, lean: bool = False) -> None:
+        """`lean`: little buffered at a time, for a topic of large records read once."""
+        self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
         self._config = {
             **config,
+            **({"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
+                "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS} if lean else {}),
             # Needed by librdkafka, never joined: partitions are assigned, offsets not committed.
             "group.id": group_id,
             "enable.auto.commit": False,
@@ -181,7 +197,7 @@ class TopicReader:
             if time.monotonic() > deadline:
                 raise DeliveryError(f"reading the {self._what} topic {self._topic} to its end "
                                     f"took over {timeout_s:.0f}s; is a transaction stuck open?")
-            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+            for message in consumer.consume(num_messages=self._batch, timeout=0.2):
                 if message.error() is None:
                     yield message
 
@@ -212,7 +228,7 @@ class ChangelogReader(TopicReader):
     """The router's dedup changelog, read to its log end on each partition assignment."""
 
     def __init__(self, config: Mapping[str, Any], topic: str) -> None:
-        super().__init__(config, topic, what="dedup changelog",
+        super().__init__(config, topic, what="dedup changelog", lean=True,
                          group_id=f"{config.get('client.id', 'cdc-router')}-changelog-reader")
 
     def catch_up(self, timeout_s: float = 300.0) -> Iterator[tuple[bytes | None, bytes | None]]:

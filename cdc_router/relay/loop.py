@@ -354,7 +354,7 @@ KeyValue = tuple[bytes | None, bytes | None]
 def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
     """Every committed (key, value) of `topic` up to its log end as of now: a transaction
     still open there is waited for (our init_transactions has ended any of ours)."""
-    reader = TopicReader(kafka, topic, what=what,
+    reader = TopicReader(kafka, topic, what=what, lean=True,
                          group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
     try:
         for message in reader.read_to_end(end="log_end"):

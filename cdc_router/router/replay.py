@@ -12,17 +12,21 @@ one record per id (key: the id, value `{"ts": delivered_ms}`); both are read. Th
 (dedup.window_ms) removes them as it removed the single marks.
 
 Memory is bounded twice: ids older than `window_ms` are forgotten, and beyond `max_ids` the oldest
-go first. Each id costs about 250 bytes of Python objects (measured: a 36-character str key, an
-int and the ordered dict's entry), so the default million ids take about 250 MB. A replay of an
-id forgotten by either bound is delivered again: size the window to cover Debezium's replays
-(minutes after a Connect crash) and the raw topic's retention.
+go first. A replay of an id forgotten by either bound is delivered again: size the window to
+cover Debezium's replays (minutes after a Connect crash) and the raw topic's retention.
+
+Each id costs about 120 bytes (measured with tests/bench/replay_memory.py, a `cdc-router run`
+restoring 1,000,000 ids: 118 bytes of RSS an id, 187 MB in all against 75 MB with none; the
+ordered dict of str -> int it replaces cost 255): a canonical uuid, which the outbox's ids are,
+is kept as its 16 bytes (56 bytes of object against 88 for the str), in one set of every id
+(33 bytes an id) and in its batch's list (8); a batch, not each id, has a timestamp.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,46 +86,154 @@ def parse_changelog(key: bytes | None, value: bytes | None) -> list[tuple[str, i
         return []
 
 
+# A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
+# kept as its 16 bytes, 56 bytes of Python object against 88 for the str.
+_UUID_TEXT_LENGTH = 36
+# Ids per remembered batch at most: trimming the oldest batch by max_ids deletes from the front
+# of its list, so a batch stays short enough for that to be cheap.
+BATCH_MAX_IDS = 4096
+
+Key = str | bytes
+
+
+def compact_key(event_id: str) -> Key:
+    """The key the filter keeps for an id: a canonical UUID's 16 bytes, any other str itself.
+
+    Only a string that is exactly `str(uuid)` (lowercase, hyphenated) becomes bytes, so two
+    different ids never share a key: an uppercase or braced variant stays a str, and a str is
+    never equal to bytes.
+    """
+    # The hyphens are at 8, 13, 18 and 23: one slice checks them all (the hot path).
+    if len(event_id) != _UUID_TEXT_LENGTH or event_id[8:24:5] != "----":
+        return event_id
+    digits = event_id.replace("-", "")
+    try:
+        raw = bytes.fromhex(digits)
+    except ValueError:
+        return event_id
+    # fromhex also takes uppercase digits and skips whitespace: 16 bytes rule out whitespace,
+    # islower() uppercase (and keeps as a str the rare uuid of digits only, which is still exact).
+    return raw if len(raw) == 16 and digits.islower() else event_id
+
+
 class ReplayFilter:
-    """Ids delivered within the window; a batch's ids count only once its transaction commits."""
+    """Ids delivered within the window; a batch's ids count only once its transaction commits.
+
+    Delivered ids are kept by batch, oldest first, one timestamp per batch: a committed batch
+    takes the time of its last add_pending (the time its changelog record carries), restore()
+    groups consecutive ids of one timestamp. An id delivered again (a changelog with repeated
+    marks) lives until its last batch expires.
+    """
 
     def __init__(self, *, window_ms: int, max_ids: int) -> None:
         self._window_ms = window_ms
         self._max_ids = max_ids
-        self._delivered: OrderedDict[str, int] = OrderedDict()
-        self._pending: dict[str, int] = {}
+        self._keys: set[Key] = set()  # every delivered id
+        self._batches: deque[tuple[int, list[Key]]] = deque()  # (delivered_ms, keys), oldest first
+        # Keys held by more than one batch: how many of their batches may expire before them.
+        self._repeats: dict[Key, int] = {}
+        self._pending: dict[Key, None] = {}  # the open batch's ids, in order
+        self._pending_ms = 0
+        # seen() then add_pending() of the same id is the router's per-event path: one
+        # conversion serves both.
+        self._last_id = ""
+        self._last_key: Key = ""
 
     def __len__(self) -> int:
-        return len(self._delivered)
+        return len(self._keys)
+
+    def _key(self, event_id: str) -> Key:
+        if event_id is not self._last_id:
+            self._last_key = compact_key(event_id)
+            self._last_id = event_id
+        return self._last_key
 
     def seen(self, event_id: str) -> bool:
         """True if the id was delivered, or is being delivered in the open batch."""
-        return event_id in self._pending or event_id in self._delivered
+        key = self._key(event_id)
+        return key in self._pending or key in self._keys
 
     def add_pending(self, event_id: str, now_ms: int) -> None:
-        self._pending[event_id] = now_ms
+        self._pending[self._key(event_id)] = None
+        if now_ms > self._pending_ms:
+            self._pending_ms = now_ms
 
     def commit(self, now_ms: int) -> None:
         """The batch's transaction committed: its ids are now delivered."""
-        self.restore(self._pending.items(), now_ms)
-        self._pending.clear()
+        if self._pending:
+            self._remember(list(self._pending), self._pending_ms)
+        self.abort()
+        self.expire(now_ms)
 
     def abort(self) -> None:
         """The batch's transaction aborted: its records never became visible."""
         self._pending.clear()
+        self._pending_ms = 0
 
     def restore(self, entries: Iterable[tuple[str, int]], now_ms: int) -> None:
-        """Remember delivered ids (from the changelog or a commit), then apply both bounds."""
+        """Remember delivered ids (from the changelog), then apply both bounds."""
+        run: list[Key] = []
+        run_ms = 0
         for event_id, delivered_ms in entries:
-            self._delivered[event_id] = delivered_ms
-            self._delivered.move_to_end(event_id)
+            if delivered_ms != run_ms and run:
+                self._remember(run, run_ms)
+                run = []
+            run_ms = delivered_ms
+            run.append(compact_key(event_id))
+        if run:
+            self._remember(run, run_ms)
         self.expire(now_ms)
 
+    def _remember(self, keys: list[Key], delivered_ms: int) -> None:
+        """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
+        known, repeats = self._keys, self._repeats
+        for key in keys:
+            if key in known:
+                repeats[key] = repeats.get(key, 0) + 1
+            else:
+                known.add(key)
+        batches = self._batches
+        joined = 0
+        if batches and batches[-1][0] == delivered_ms:
+            newest = batches[-1][1]
+            joined = max(0, BATCH_MAX_IDS - len(newest))
+            newest.extend(keys[:joined])
+        for start in range(joined, len(keys), BATCH_MAX_IDS):
+            batches.append((delivered_ms, keys[start:start + BATCH_MAX_IDS]))
+
     def expire(self, now_ms: int) -> None:
+        """Forget batches older than the window, then the oldest ids beyond max_ids."""
         horizon = now_ms - self._window_ms
-        delivered = self._delivered
-        while delivered:
-            oldest_id, oldest_ms = next(iter(delivered.items()))
-            if oldest_ms >= horizon and len(delivered) <= self._max_ids:
-                break
-            del delivered[oldest_id]
+        batches = self._batches
+        while batches:
+            delivered_ms, keys = batches[0]
+            if delivered_ms < horizon:
+                self._forget(keys, len(keys))
+                batches.popleft()
+                continue
+            over = len(self._keys) - self._max_ids
+            if over <= 0:
+                return
+            dropped = self._forget(keys, over)
+            if dropped == len(keys):
+                batches.popleft()
+            else:
+                del keys[:dropped]
+
+    def _forget(self, keys: list[Key], wanted: int) -> int:
+        """Drop `keys` from the front until `wanted` ids are forgotten (a repeated key only
+        counts at its last batch); how many keys were dropped."""
+        known, repeats = self._keys, self._repeats
+        forgotten = 0
+        for dropped, key in enumerate(keys, 1):
+            left = repeats.get(key) if repeats else None
+            if left is None:
+                known.discard(key)
+                forgotten += 1
+                if forgotten == wanted:
+                    return dropped
+            elif left == 1:
+                del repeats[key]
+            else:
+                repeats[key] = left - 1
+        return len(keys)

@@ -1,5 +1,6 @@
-"""The side-by-side benchmark's results: percentiles, ratios to Debezium's raw ingest, the issue's
-goals, the printed table and the JSON document. Pure functions over plain values, no I/O.
+"""The side-by-side benchmark's results: percentiles, ratios to Debezium's raw ingest, the router's
+memory, the issue's goals, the printed table and the JSON document. Pure functions over plain
+values, no I/O.
 
 Ratios, not rates, compare across runs: every rate is divided by Debezium's raw ingest rate
 measured in the same run, on the same busy machine.
@@ -22,6 +23,7 @@ SMT = "EventRouter SMT"
 RELAY = "cdc-router relay"
 NAIVE = "naive polling relay"
 TUNED = "tuned poller"
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,28 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """A router's resident memory in MiB (tests/bench/replay_memory.py): with an empty dedup
+    changelog, and with `ids` ids in it, restored when it got its partitions."""
+
+    ids: int
+    baseline_rss_mb: float
+    baseline_hwm_mb: float  # VmHWM: the peak, start-up (and restore) included
+    rss_mb: float
+    hwm_mb: float
+    restored: int  # ids the router says it restored (its event=assigned line)
+    restore_s: float  # the router's own timing of the restore
+
+    @property
+    def bytes_per_id(self) -> float:
+        return (self.rss_mb - self.baseline_rss_mb) * MIB / self.restored if self.restored else 0.0
+
+
+MEMORY_GOAL_IDS = 1_000_000
+MEMORY_GOAL = f"router RSS with {MEMORY_GOAL_IDS:,} dedup ids (MB)"
+
+
+@dataclass(frozen=True)
 class Goal:
     """One of issue 14's goals, checked on this run's numbers."""
 
@@ -72,6 +96,7 @@ class Results:
     setup: Mapping[str, Any]
     throughput: Sequence[Throughput]  # with Debezium's raw ingest alone: the path named RAW
     latency: Sequence[Latency]
+    memory: Memory | None = None
 
     @property
     def raw_rate(self) -> float | None:
@@ -121,6 +146,9 @@ def goals(results: Results) -> list[Goal]:
                         None if gap is None else gap <= 50))
     checked.append(Goal("router path p99 (ms)", router_p99, "< 300",
                         None if router_p99 is None else router_p99 < 300))
+    memory = results.memory
+    rss = memory.rss_mb if memory is not None and memory.restored >= MEMORY_GOAL_IDS else None
+    checked.append(Goal(MEMORY_GOAL, rss, "<= 250", None if rss is None else rss <= 250))
     return checked
 
 
@@ -141,11 +169,29 @@ def render_table(results: Results) -> str:
         cells = [_number(path.percentile(q)) for q in (50, 95, 99, 100)]
         lines.append(f"{path.path:<30} {len(path.samples_ms):>6,} {path.missing:>5,} "
                      + " ".join(f"{cell:>7}" for cell in cells))
+    if results.memory is not None:
+        lines += ["", render_memory(results.memory)]
     lines += ["", f"{'goal (issue 14)':<42} {'value':>8} {'target':>8}  met"]
     for goal in goals(results):
         met = {True: "yes", False: "NO", None: "n/a"}[goal.met]
         lines.append(f"{goal.name:<42} {_number(goal.value, 2):>8} {goal.target:>8}  {met}")
     return "\n".join(lines)
+
+
+def render_memory(memory: Memory) -> str:
+    """The memory numbers as a small table, with the cost of an id."""
+    return "\n".join([
+        f"{'router memory (dedup window)':<30} {'ids':>9} {'RSS MB':>7} {'peak MB':>8}",
+        f"{'empty changelog':<30} {0:>9,} {memory.baseline_rss_mb:>7.1f} "
+        f"{memory.baseline_hwm_mb:>8.1f}",
+        f"{'restored':<30} {memory.restored:>9,} {memory.rss_mb:>7.1f} {memory.hwm_mb:>8.1f}",
+        f"per id: {memory.bytes_per_id:,.0f} bytes of RSS; the restore took "
+        f"{memory.restore_s:.1f}s",
+    ])
+
+
+def memory_json(memory: Memory) -> dict[str, Any]:
+    return {**asdict(memory), "bytes_per_id": memory.bytes_per_id}
 
 
 def to_json(results: Results) -> dict[str, Any]:
@@ -159,5 +205,6 @@ def to_json(results: Results) -> dict[str, Any]:
         "latency": [{"path": item.path, "rows": len(item.samples_ms), "missing": item.missing,
                      **{f"p{q}_ms": item.percentile(q) for q in (50, 95, 99)},
                      "max_ms": item.percentile(100)} for item in results.latency],
+        "memory": memory_json(results.memory) if results.memory is not None else None,
         "goals": [asdict(goal) for goal in goals(results)],
     }

@@ -11,7 +11,8 @@ Paths: Debezium (connectors/outbox-connector.json) then `cdc-router run` exactly
 at-least-once; Debezium with the EventRouter SMT (a second connector, its own slot);
 `cdc-router relay` (exactly-once, cleanup delete); a naive polling relay and a tuned poller
 (tests/bench/relays.py); and, on the raw topic Debezium filled,
-the router alone and a plain consume-produce hop.
+the router alone and a plain consume-produce hop; then the router's memory with an empty dedup
+changelog and with `--memory-ids` ids in it (tests/bench/replay_memory.py).
 
 Throughput: a bulk of rows per path, rows/s between the first and the last record a
 read_committed reader sees on the path's output. For the Debezium paths the connector is paused
@@ -40,7 +41,7 @@ import psycopg
 
 from cdc_router.local.versions import DEBEZIUM_VERSION
 from cdc_router.postgres import table_identifier
-from tests.bench import report
+from tests.bench import replay_memory, report
 from tests.bench.bench_stack import EVENT_ROUTER as SMT_CLASS
 from tests.bench.bench_stack import REPO, BenchStack, endpoints_from_env, leftover_objects
 from tests.bench.report import Latency, Results, Throughput
@@ -59,6 +60,7 @@ class Options:
     rate: float
     latency_seconds: float
     timeout_s: float  # per path: a path still short of its rows after this is cut off
+    memory_ids: int  # dedup ids for the router's memory (0: not measured)
 
 
 @dataclass
@@ -248,7 +250,8 @@ def describe_setup(options: Options) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=REPO, check=False).stdout.strip()
     return {"rows": options.rows, "naive_rows": options.naive_rows, "rate": options.rate,
-            "latency_seconds": options.latency_seconds, "git_commit": commit,
+            "latency_seconds": options.latency_seconds, "memory_ids": options.memory_ids,
+            "git_commit": commit,
             "started": f"{datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
             "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start",
             "debezium": DEBEZIUM_VERSION, "command": " ".join(["python", "-m",
@@ -264,11 +267,13 @@ def parse_options() -> tuple[Options, Path, Path]:
     parser.add_argument("--rate", type=float, default=200, help="rows/s in the latency phase")
     parser.add_argument("--latency-seconds", type=float, default=20)
     parser.add_argument("--timeout", type=float, default=120, help="seconds per path at most")
+    parser.add_argument("--memory-ids", type=int, default=1_000_000,
+                        help="ids in the dedup changelog for the router's memory (0: skip)")
     parser.add_argument("--json", type=Path, default=Path("bench-results.json"))
     parser.add_argument("--png", type=Path, default=Path("bench-results.png"))
     args = parser.parse_args()
     return (Options(args.rows, min(args.naive_rows, args.rows), args.rate,
-                    args.latency_seconds, args.timeout), args.json, args.png)
+                    args.latency_seconds, args.timeout, args.memory_ids), args.json, args.png)
 
 
 def main() -> None:
@@ -281,6 +286,10 @@ def main() -> None:
             paths = set_up(bench)
             bulk = throughput(bench, paths, options)
             latencies = latency(bench, paths, options)
+            memory = None
+            if options.memory_ids:
+                log(f"router memory: an empty dedup changelog, then {options.memory_ids:,} ids")
+                memory = replay_memory.measure(bench, options.memory_ids)
         finally:
             log("removing everything the run created")
             problems = bench.close()
@@ -289,7 +298,7 @@ def main() -> None:
                 print(f"cleanup: {problem}", file=sys.stderr)
             if left:
                 print(f"cleanup: still there: {', '.join(left)}", file=sys.stderr)
-    results = Results(setup, bulk, latencies)
+    results = Results(setup, bulk, latencies, memory)
     print()
     print(report.render_table(results))
     json_path.write_text(json.dumps(report.to_json(results), indent=2) + "\n")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.bench import report
-from tests.bench.report import Goal, Latency, Results, Throughput, goals, percentile
+from tests.bench.report import Goal, Latency, Memory, Results, Throughput, goals, percentile
 from tests.bench.watcher import row_id
 
 ID = "0192f1a4-6b1c-7d2e-8f30-4a5b6c7d8e9f"
@@ -73,7 +73,7 @@ def test_a_latency_gap_over_50_ms_misses_its_goal() -> None:
 
 def test_goals_without_their_numbers_are_not_applicable() -> None:
     empty = Results({}, [], [])
-    assert [goal.met for goal in goals(empty)] == [None, None, None, None]
+    assert [goal.met for goal in goals(empty)] == [None, None, None, None, None]
     assert "n/a" in report.render_table(empty)
 
 
@@ -97,7 +97,34 @@ def test_json_document_is_serializable_and_carries_ratios_and_goals() -> None:
     assert router["ratio_to_raw_ingest"] == pytest.approx(0.952, abs=1e-3)
     smt = next(item for item in document["latency"] if item["path"] == report.SMT)
     assert smt["p99_ms"] == 380.0 and smt["missing"] == 2
-    assert [goal["met"] for goal in document["goals"]] == [True, True, True, False]
+    assert [goal["met"] for goal in document["goals"]] == [True, True, True, False, None]
+    assert document["memory"] is None
+
+
+MEMORY = Memory(ids=1_000_000, baseline_rss_mb=75.0, baseline_hwm_mb=76.0, rss_mb=187.5,
+                hwm_mb=190.0, restored=1_000_000, restore_s=1.9)
+
+
+def test_the_memory_goal_is_the_rss_with_a_million_ids_and_an_id_costs_the_difference() -> None:
+    assert MEMORY.bytes_per_id == pytest.approx(112.5 * 1024 * 1024 / 1_000_000)
+    run = Results({}, [], [], MEMORY)
+    assert goals(run)[-1] == Goal(report.MEMORY_GOAL, 187.5, "<= 250", True)
+    over = Results({}, [], [], Memory(1_000_000, 75.0, 76.0, 251.0, 251.0, 1_000_000, 2.0))
+    assert goals(over)[-1].met is False
+    # Fewer ids restored than the goal names (a shorter run, or a lost record): no verdict.
+    short = Results({}, [], [], Memory(1_000_000, 75.0, 76.0, 120.0, 120.0, 999_000, 2.0))
+    assert goals(short)[-1].met is None
+
+
+def test_table_and_json_carry_the_memory_numbers() -> None:
+    run = Results({}, [], [], MEMORY)
+    table = report.render_table(run)
+    restored = next(line for line in table.splitlines() if line.startswith("restored"))
+    assert restored.split()[1:] == ["1,000,000", "187.5", "190.0"]
+    assert "per id: 118 bytes of RSS" in table
+    document = json.loads(json.dumps(report.to_json(run)))
+    assert document["memory"]["rss_mb"] == 187.5
+    assert document["memory"]["bytes_per_id"] == pytest.approx(117.96, abs=0.01)
 
 
 @pytest.mark.parametrize("key", [ID.encode(), f'{{"id":"{ID}"}}'.encode(), f'"{ID}"'.encode()])

@@ -1,13 +1,18 @@
-"""The replay filter: ids count once committed, both memory bounds, the changelog format."""
+"""The replay filter: ids count once committed, both memory bounds, the changelog format, the
+compact keys of uuids."""
 
 from __future__ import annotations
 
 import json
+import random
+import uuid
+from collections import OrderedDict
 
 from cdc_router.router.replay import (
     MARK_MAX_BYTES,
     ReplayFilter,
     changelog_records,
+    compact_key,
     parse_changelog,
 )
 
@@ -69,3 +74,140 @@ def test_changelog_garbage_is_ignored():
     assert parse_changelog(b"x", b"[1]") == []
     assert parse_changelog(b"x", b'{"ts": "soon", "ids": ["a"]}') == []
     assert parse_changelog(b"x", b'{"ts": 5, "ids": ["a", 7, null]}') == [("a", 5)]
+
+
+UUID = "6f1c2a4e-8b3d-4c5e-9f60-718293a4b5c6"
+
+
+def test_a_canonical_uuid_is_kept_as_its_16_bytes_and_any_other_string_as_itself():
+    assert compact_key(UUID) == bytes.fromhex(UUID.replace("-", ""))
+    for other in (UUID.upper(), f"{{{UUID}}}", UUID.replace("-", ""), UUID[:-1] + "g",
+                  UUID[:-2] + " 6", UUID[:-2] + "_6", "+" + UUID[1:], UUID[:-1] + "٦",
+                  UUID.replace("-", ":"), "order-42", ""):
+        assert compact_key(other) == other
+    digits_only = "12345678-1234-4234-8234-123456789012"  # exact either way: kept as a str
+    assert compact_key(digits_only) == digits_only
+
+
+def test_another_spelling_of_a_uuid_is_another_id():
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    replay.restore([(UUID, 1_000)], now_ms=1_000)
+    assert replay.seen(UUID)
+    assert not replay.seen(UUID.upper()) and not replay.seen(f"{{{UUID}}}")
+    replay.add_pending(UUID.upper(), 1_000)
+    assert replay.seen(UUID.upper()) and not replay.seen(f"{{{UUID}}}")
+    replay.commit(1_000)
+    assert len(replay) == 2
+
+
+def test_batches_expire_oldest_first_each_at_the_time_of_its_last_id():
+    replay = ReplayFilter(window_ms=100, max_ids=100)
+    for delivered_ms, event_id in [(0, "a"), (50, "b"), (60, "c")]:
+        replay.add_pending(event_id, delivered_ms)
+        replay.add_pending(f"{event_id}2", delivered_ms - 40)  # the batch keeps its latest
+        replay.commit(delivered_ms)
+    replay.expire(now_ms=120)  # horizon 20: the batch of 0 goes, the batch of 50 stays
+    assert [replay.seen(i) for i in ("a", "a2", "b", "b2", "c", "c2")] == [
+        False, False, True, True, True, True]
+    replay.expire(now_ms=155)
+    assert [replay.seen(i) for i in ("b", "b2", "c", "c2")] == [False, False, True, True]
+    assert len(replay) == 2
+
+
+def test_max_ids_trims_the_oldest_batch_partly():
+    replay = ReplayFilter(window_ms=10**9, max_ids=6)
+    for batch in range(3):
+        replay.restore([(f"{batch}-{i}", batch) for i in range(4)], now_ms=10)
+    assert len(replay) == 6
+    assert [replay.seen(f"1-{i}") for i in range(4)] == [False, False, True, True]
+    assert all(replay.seen(f"2-{i}") for i in range(4)) and not replay.seen("0-3")
+    replay.add_pending("new", 10)
+    replay.commit(10)
+    assert not replay.seen("1-2") and replay.seen("1-3") and replay.seen("new")
+
+
+def test_ids_of_an_aborted_batch_are_forgotten_and_never_committed_later():
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    replay.add_pending(UUID, 1_000)
+    replay.add_pending("x", 1_000)
+    replay.abort()
+    replay.add_pending("y", 2_000)
+    replay.commit(2_000)
+    assert not replay.seen(UUID) and not replay.seen("x") and replay.seen("y")
+    assert len(replay) == 1
+    replay.commit(2_000)  # an empty batch remembers nothing
+    assert len(replay) == 1
+
+
+def test_restore_reads_both_changelog_formats_and_an_id_marked_twice_lives_to_its_last_mark():
+    old = [(UUID.encode(), json.dumps({"ts": 1_000}).encode()),
+           (b"order-1", json.dumps({"ts": 1_000}).encode())]
+    new = [(r.key, r.value) for r in changelog_records(["b", UUID], 5_000)]
+    replay = ReplayFilter(window_ms=3_000, max_ids=10)
+    for key, value in old + new:
+        replay.restore(parse_changelog(key, value), now_ms=5_000)
+    assert [replay.seen(i) for i in (UUID, "order-1", "b")] == [True, False, True]
+    assert len(replay) == 2
+    replay.expire(now_ms=8_001)
+    assert len(replay) == 0 and not replay.seen(UUID)
+
+
+class Reference:
+    """The filter as it was (an ordered dict of id -> time), with a commit's ids at the time of
+    the batch's last add_pending: what the compact filter must answer."""
+
+    def __init__(self, window_ms: int, max_ids: int) -> None:
+        self.window_ms, self.max_ids = window_ms, max_ids
+        self.delivered: OrderedDict[str, int] = OrderedDict()
+        self.pending: dict[str, int] = {}
+
+    def seen(self, event_id: str) -> bool:
+        return event_id in self.pending or event_id in self.delivered
+
+    def commit(self, now_ms: int) -> None:
+        latest = max(self.pending.values(), default=0)
+        self.restore([(i, latest) for i in self.pending], now_ms)
+        self.pending.clear()
+
+    def restore(self, entries: list[tuple[str, int]], now_ms: int) -> None:
+        for event_id, delivered_ms in entries:
+            self.delivered[event_id] = delivered_ms
+            self.delivered.move_to_end(event_id)
+        horizon = now_ms - self.window_ms
+        while self.delivered:
+            oldest_id, oldest_ms = next(iter(self.delivered.items()))
+            if oldest_ms >= horizon and len(self.delivered) <= self.max_ids:
+                break
+            del self.delivered[oldest_id]
+
+
+def test_the_compact_filter_answers_as_the_ordered_dict_did():
+    rng = random.Random(14)
+    uuids = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(40)]
+    pool = uuids + [u.upper() for u in uuids[:10]] + [f"{{{u}}}" for u in uuids[:5]] + \
+        [f"order-{i}" for i in range(20)]
+    compact, reference = ReplayFilter(window_ms=500, max_ids=25), Reference(500, 25)
+    now = 0
+    for _ in range(3000):
+        now += rng.randint(0, 30)  # the clock never goes back
+        operation = rng.random()
+        if operation < 0.5:
+            event_id = rng.choice(pool)
+            if not compact.seen(event_id):
+                compact.add_pending(event_id, now)
+                reference.pending[event_id] = now
+        elif operation < 0.6:
+            compact.commit(now)
+            reference.commit(now)
+        elif operation < 0.65:
+            compact.abort()
+            reference.pending.clear()
+        elif operation < 0.75:
+            entries = [(rng.choice(pool), now) for _ in range(rng.randint(1, 8))]
+            compact.restore(entries, now)
+            reference.restore(entries, now)
+        else:
+            compact.expire(now)
+            reference.restore([], now)
+        assert [compact.seen(i) for i in pool] == [reference.seen(i) for i in pool]
+        assert len(compact) == len(reference.delivered)
