@@ -49,7 +49,7 @@ BACKOFF_S = (0.5, 30.0)
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
 # refresh is a call per assigned partition.
 LAG_INTERVAL_S = 1.0
-# Once started: gc.freeze(), gen-0 threshold GC_GEN0 (not 700); GC 5-8 -> <3 us/event (#14).
+# Once started: gc.freeze(), gen-0 threshold GC_GEN0 (not 700); GC 3-8 -> 2-4 us/event (#14).
 GC_FREEZE, GC_GEN0 = True, 5000
 
 
