@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from cdc_router.router.transaction import Delivered
@@ -53,9 +57,10 @@ class RouterMetrics:
         last_commit_age.set_function(lambda: time.time() - self._last_commit_s)
         self._last_commit_s = time.time()
         self._lag_labels: set[tuple[str, str]] = set()
-        self.latency = Histogram("cdc_router_end_to_end_seconds", "From the outbox row's "
-                                 "created_at to the commit of its record", registry=r,
-                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "
+                                      "row's created_at to the commit of its record",
+                                      (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        r.register(self.latency)
 
     def committed(self, delivered: Sequence[Delivered], now_ms: int) -> None:
         self.transactions.inc()
@@ -64,10 +69,8 @@ class RouterMetrics:
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.
         for topic, count in Tally(event.topic for event in delivered).items():
             self.routed.labels(topic).inc(count)
-        observe = self.latency.observe
-        for event in delivered:
-            if event.created_at_ms is not None:
-                observe(max(0.0, (now_ms - event.created_at_ms) / 1000))
+        self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
+                                  for event in delivered if event.created_at_ms is not None])
 
 
     def lag(self, lags: Mapping[tuple[str, int], int]) -> None:
@@ -78,6 +81,40 @@ class RouterMetrics:
         for (topic, partition), lag in lags.items():
             self.consumer_lag.labels(topic, str(partition)).set(lag)
         self._lag_labels = labels
+
+
+class BatchHistogram(Collector):
+    """A histogram observed a batch at a time, exposed like prometheus_client's Histogram.
+
+    Histogram.observe() takes a lock for the sum and one for the bucket: 2.7 us an event of
+    CPU at each commit, measured (#14). This one takes its lock once per batch.
+    """
+
+    def __init__(self, name: str, documentation: str, bounds: Sequence[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = [float(bound) for bound in bounds]
+        self._labels = [repr(bound) for bound in self._bounds] + ["+Inf"]  # as Histogram's
+        self._lock = threading.Lock()
+        self._counts = [0] * len(self._labels)  # per bucket, not cumulative; the last: +Inf
+        self._sum = 0.0
+
+    def observe_all(self, amounts: Sequence[float]) -> None:
+        counts = [0] * len(self._counts)
+        bounds = self._bounds
+        for amount in amounts:
+            counts[bisect_left(bounds, amount)] += 1  # the first bucket whose le >= amount
+        total = sum(amounts)
+        with self._lock:
+            self._counts = [mine + new for mine, new in zip(self._counts, counts, strict=True)]
+            self._sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = self._counts, self._sum
+        yield HistogramMetricFamily(self._name, self._documentation, sum_value=total,
+                                    buckets=list(zip(self._labels, accumulate(counts),
+                                                     strict=True)))
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -8,6 +8,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 
 from cdc_router.router.metrics import RouterMetrics, serve
 from cdc_router.router.transaction import Delivered
@@ -79,3 +80,24 @@ def test_the_last_commit_age_is_computed_at_each_scrape() -> None:
     metrics.committed([], now_ms=int(time.time() * 1000) - 90_000)
     age = metrics.registry.get_sample_value("cdc_router_last_commit_age_seconds")
     assert age is not None and 90 <= age < 150
+
+
+def test_the_latency_histogram_exposes_what_prometheus_clients_histogram_would() -> None:
+    # Observed a batch at a time (BatchHistogram): the same samples as one observe() each.
+    amounts = [0.0, 0.004, 0.01, 0.0100001, 0.3, 1.0, 2.5, 59.9, 60.0, 61.0, 3600.0]
+    metrics = RouterMetrics()
+    metrics.latency.observe_all(amounts[:4])
+    metrics.latency.observe_all(amounts[4:])
+    reference_registry = CollectorRegistry()
+    reference = Histogram("cdc_router_end_to_end_seconds", "x", registry=reference_registry,
+                          buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+    for amount in amounts:
+        reference.observe(amount)
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        return {(sample.name, sample.labels.get("le", "")): sample.value
+                for family in registry.collect() for sample in family.samples
+                if sample.name.startswith("cdc_router_end_to_end_seconds")
+                and not sample.name.endswith("_created")}
+
+    assert samples(metrics.registry) == samples(reference_registry)
