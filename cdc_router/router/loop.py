@@ -50,7 +50,7 @@ BACKOFF_S = (0.5, 30.0)
 # refresh is a call per assigned partition.
 LAG_INTERVAL_S = 1.0
 # Once started: gc.freeze(), gen-0 threshold GC_GEN0 (not 700); GC 3-8 -> 2-4 us/event (#14).
-GC_FREEZE, GC_GEN0 = True, 5000
+GC_GEN0 = 5000
 
 
 class OutboxRouter:
@@ -129,10 +129,9 @@ class OutboxRouter:
                 raise DeliveryError(str(failure)) from failure
             consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
-            if GC_FREEZE:  # start-up's modules, config, clients: never walked again
-                gc.collect()
-                gc.freeze()
-                gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
+            gc.collect()  # start-up's modules, config, clients: frozen, never walked again
+            gc.freeze()
+            gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
                      self._config.delivery.guarantee, ",".join(self._config.source.topics))
             while not self._stop.is_set():
