@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -24,6 +25,8 @@ from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
 _STALL_S = 120.0
+# Generation-0 collections every this many allocations once started (tune_gc; Python's: 700).
+GC_GEN0 = 5000
 
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:
@@ -78,6 +81,16 @@ def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
                          registry=metrics.registry, sweep=sweep_of(config))
 
 
+def tune_gc() -> None:
+    """Freeze what start-up built (modules, config, compiled rules: never garbage, never walked
+    again) and collect generation 0 every GC_GEN0 allocations instead of 700: the collector's
+    time per event halved (3-8 -> 2-4 us, issue 14). Process-wide, so done here, at the edge
+    of the `run` and `relay` processes, never inside the library's run()."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
+
+
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
                       metrics_port: int, what: str) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
@@ -91,6 +104,7 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
     if metrics_port:
         serve(metrics, metrics_port, poll_is_recent(lambda: process.last_poll, _STALL_S))
     cleaner.start()
+    tune_gc()
     try:
         process.run()
     except KafkaException as failure:

@@ -11,7 +11,6 @@ the count in cdc_router_consecutive_aborts, and never dead-letters a record for 
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -49,8 +48,6 @@ BACKOFF_S = (0.5, 30.0)
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
 # refresh is a call per assigned partition.
 LAG_INTERVAL_S = 1.0
-# Once started: gc.freeze(), gen-0 threshold GC_GEN0 (not 700); GC 3-8 -> 2-4 us/event (#14).
-GC_GEN0 = 5000
 
 
 class OutboxRouter:
@@ -129,9 +126,6 @@ class OutboxRouter:
                 raise DeliveryError(str(failure)) from failure
             consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
-            gc.collect()  # start-up's modules, config, clients: frozen, never walked again
-            gc.freeze()
-            gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
                      self._config.delivery.guarantee, ",".join(self._config.source.topics))
             while not self._stop.is_set():

@@ -39,8 +39,6 @@ log = logging.getLogger("cdc_router.router")
 AbortCause = Literal["record_refused", "abort_failed", "cluster"]
 
 
-
-
 def record_refusals(record_timestamp: str) -> frozenset[int]:
     """The error codes that refuse one record. With record_timestamp 'now' the timestamps are
     the producer's own: an INVALID_TIMESTAMP is then the host's clock, no record's fault."""

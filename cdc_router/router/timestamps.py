@@ -33,9 +33,19 @@ from cdc_router.router.destinations import MAX_TOPICS
 
 log = logging.getLogger("cdc_router.router")
 
+# The check stays this far inside a limit, but never more than a tenth of it: a topic that
+# accepts 30 s ahead must not lose the rows of the current second.
 MARGIN_MS = 60_000
+# A topic's limits are read again after this long: an operator may change them while the router
+# runs, and a stale limit only costs the broker's refusal path (isolated, slower), never a loss.
 LIMITS_TTL_S = 300.0
-DESCRIBE_TIMEOUT_S = 10.0
+# One DescribeConfigs, on the poll loop (a new destination topic, then every LIMITS_TTL_S): short
+# enough against max.poll.interval.ms and the transaction's timeout, and a timeout only means
+# no check for that topic until the next read.
+DESCRIBE_TIMEOUT_S = 5.0
+# Before Kafka 3.6 one symmetric limit; without it (and without the newer keys) there is none.
+_LEGACY_LIMIT = "message.timestamp.difference.max.ms"
+_UNLIMITED = 2**63 - 1
 TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                   "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
                   "delivery.record_timestamp: now to deliver such rows with the router's clock")
@@ -50,24 +60,30 @@ class TimestampLimits:
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
         """Why the broker would refuse `timestamp_ms` on `topic` now, or None."""
-        if timestamp_ms > now_ms + self.after_ms - MARGIN_MS:
+        if timestamp_ms > now_ms + self.after_ms - _margin(self.after_ms):
             side, limit, name = "ahead of", self.after_ms, "after"
-        elif timestamp_ms < now_ms - self.before_ms + MARGIN_MS:
+        elif timestamp_ms < now_ms - self.before_ms + _margin(self.before_ms):
             side, limit, name = "behind", self.before_ms, "before"
         else:
             return None
         return (f"Kafka would refuse the record for {topic} (INVALID_TIMESTAMP): its timestamp "
-                f"{_iso(timestamp_ms)} is {abs(timestamp_ms - now_ms) // 1000} s {side} the "
+                f"{_iso(timestamp_ms)} is {abs(timestamp_ms - now_ms) / 1000:.1f} s {side} the "
                 f"clock, over the topic's message.timestamp.{name}.max.ms ({limit}) less a "
-                f"{MARGIN_MS // 1000} s margin; dead-lettered before producing{TIMESTAMP_HINT}")
+                f"{_margin(limit) / 1000:g} s margin; dead-lettered before producing"
+                f"{TIMESTAMP_HINT}")
+
+
+def _margin(limit_ms: int) -> int:
+    return min(MARGIN_MS, limit_ms // 10)
 
 
 def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
     """The limits a topic's configuration sets; None when the broker stamps its own time."""
     if entries.get("message.timestamp.type", "CreateTime") != "CreateTime":
         return None
-    return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", 2**63 - 1)),
-                           int(entries.get("message.timestamp.after.max.ms", 3_600_000)))
+    legacy = int(entries.get(_LEGACY_LIMIT, _UNLIMITED))
+    return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", legacy)),
+                           int(entries.get("message.timestamp.after.max.ms", legacy)))
 
 
 class TopicTimestampLimits:

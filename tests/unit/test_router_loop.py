@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from cdc_router.cli.run import GC_GEN0, tune_gc
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced
-from cdc_router.router.loop import GC_GEN0, POLL_BATCH, OutboxRouter
+from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import (
@@ -343,16 +344,20 @@ def test_consumer_lag_and_the_last_commit_are_in_the_metrics() -> None:
     assert 0 <= harness.metric("cdc_router_last_commit_age_seconds") < 60
 
 
-
-def test_once_started_the_start_up_objects_are_frozen_and_collections_are_rarer() -> None:
+def test_tune_gc_freezes_the_start_up_objects_and_makes_collections_rarer() -> None:
     thresholds = gc.get_threshold()
     gc.unfreeze()
-    seen: dict[str, Any] = {}
     try:
-        Harness(cluster_with(*events(3)), hooks=[lambda _: seen.update(
-            frozen=gc.get_freeze_count(), thresholds=gc.get_threshold())]).run()
+        tune_gc()
+        frozen, tuned = gc.get_freeze_count(), gc.get_threshold()
     finally:  # the rest of the test session's objects stay collectable, as often as before
         gc.unfreeze()
         gc.set_threshold(*thresholds)
-    assert seen["frozen"] > 0
-    assert seen["thresholds"] == (GC_GEN0, *thresholds[1:])
+    assert frozen > 0
+    assert tuned == (GC_GEN0, *thresholds[1:])
+
+
+def test_the_library_run_leaves_the_collector_alone() -> None:
+    thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
+    Harness(cluster_with(*events(3))).run()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (thresholds, frozen)

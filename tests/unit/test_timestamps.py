@@ -48,6 +48,27 @@ def test_a_before_limit_refuses_an_old_timestamp() -> None:
     assert limits.problem("orders", NOW_MS - 23 * HOUR_MS, NOW_MS) is None
 
 
+@pytest.mark.parametrize(("limits", "timestamp_ms", "refused"), [
+    # A 30 s limit: a row of this second is fine; the margin is a tenth of the limit.
+    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 50, False),
+    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 26_999, False),
+    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 27_001, True),
+    # A 2 min before limit: a backlog a minute behind is still delivered.
+    (TimestampLimits(120_000, HOUR_MS), NOW_MS - 61_000, False),
+    (TimestampLimits(120_000, HOUR_MS), NOW_MS - 108_001, True),
+])
+def test_the_margin_is_at_most_a_tenth_of_a_short_limit(limits: TimestampLimits,
+                                                        timestamp_ms: int,
+                                                        refused: bool) -> None:
+    assert (limits.problem("orders", timestamp_ms, NOW_MS) is not None) is refused
+
+
+def test_a_broker_before_3_6_has_one_symmetric_limit_or_none() -> None:
+    assert limits_from_config({"message.timestamp.difference.max.ms": "600000"}) == \
+        TimestampLimits(600_000, 600_000)
+    assert limits_from_config({}) == TimestampLimits(2**63 - 1, 2**63 - 1)
+
+
 def test_log_append_time_topics_have_no_limit() -> None:
     assert limits_from_config({"message.timestamp.type": "LogAppendTime"}) is None
 
