@@ -15,7 +15,14 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from cdc_router.config.fields import ConfigModel
 from cdc_router.config.topic_names import Template, parse_template
@@ -151,8 +158,8 @@ class NatsSettings(ConfigModel):
     # token, or a .creds file (a user JWT and its NKey seed, for operator/account setups).
     # Secrets belong in CDC_ROUTER__NATS__PASSWORD-style overrides, not in the file.
     user: str | None = None
-    password: str | None = None
-    token: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
     credentials_file: str | None = None
     tls: NatsTls | None = None
     # A batch waits this long for all its JetStream acks, then fails (abort, rewind, backoff).

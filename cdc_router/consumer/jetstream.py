@@ -25,6 +25,7 @@ import asyncio
 import functools
 import logging
 import random
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -45,12 +46,13 @@ from cdc_router.consumer.jetstream_message import (
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.consumer.loop import ConsumerControls, Handler
 from cdc_router.errors import (
+    ConfigError,
     DedupStoreError,
     JetStreamConsumerError,
     MalformedRecord,
     RegistryError,
 )
-from cdc_router.nats.connection import credentials_refused
+from cdc_router.nats.connection import RECENT_ERRORS, config_failure, error_text, require_tls
 
 log = logging.getLogger(__name__)
 
@@ -122,17 +124,17 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         import nats
         from nats.errors import Error as NatsError
 
-        errors: list[str] = []
-
-        refusals: list[Exception] = []
+        # The last errors nats-py reported while connecting (a refusal is often followed by a
+        # broken pipe as the server hangs up).
+        last: deque[BaseException] = deque(maxlen=RECENT_ERRORS)
 
         async def on_error(error: Exception) -> None:
-            errors.append(_text(error))
-            refusals.append(error)
-            log.debug("event=nats_error error=%s", _text(error))
+            last.append(error)
+            log.debug("event=nats_error error=%s", error_text(error))
 
-        url = self.settings.url
+        url, options = self.settings.url, dict(self.settings.connect_options)
         try:
+            await require_tls(url, options, self.settings.connect_timeout_s)
             # Reconnects for ever once connected: an outage is a pause, not a reason to stop.
             # (nats-py's first connect retries too: wait_for bounds it.)
             return await asyncio.wait_for(nats.connect(
@@ -140,15 +142,17 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 connect_timeout=self.settings.connect_timeout_s, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=on_error,
                 disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,
-                **self.settings.connect_options),
+                **options),
                 timeout=self.settings.connect_timeout_s)
+        except ConfigError as refused:
+            raise JetStreamConsumerError(f"{refused}; set JetStreamSettings.connect_options "
+                                         "accordingly") from None
         except (NatsError, OSError, TimeoutError) as error:
-            reason = errors[-1] if errors else _text(error)
-            if credentials_refused(error) or any(map(credentials_refused, refusals)):
-                raise JetStreamConsumerError(
-                    f"NATS at {url} refused our credentials ({reason}): check "
-                    "JetStreamSettings.connect_options (user and password, token, "
-                    "user_credentials) against the server's authorization") from None
+            failure = config_failure(url, [error, *last])
+            if failure is not None:
+                raise JetStreamConsumerError(f"{failure} (JetStreamSettings.connect_options)"
+                                             ) from None
+            reason = error_text(last[-1] if last else error)
             raise JetStreamConsumerError(
                 f"cannot connect to NATS at {url}: {reason}; is nats-server running there, "
                 "and are the URL's credentials right?") from None
@@ -198,7 +202,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except NatsError as error:
             raise JetStreamConsumerError(
                 f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
-                f"stream {settings.stream!r}: {_text(error)}; is JetStream enabled?") from None
+                f"stream {settings.stream!r}: {error_text(error)}; is JetStream enabled?") from None
 
     async def _dead_letter_stream_name(self) -> str:
         from nats.js.errors import NotFoundError
@@ -236,10 +240,10 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             if client.is_closed:
                 raise JetStreamConsumerError(
                     f"the connection to NATS at {self.settings.url} closed: "
-                    f"{_text(error)}") from None
+                    f"{error_text(error)}") from None
             # Reconnecting, or the server is busy: fetch again after a pause.
             log.warning("event=fetch_failed stream=%s durable=%s error=%s",
-                        self.settings.stream, self.settings.durable, _text(error))
+                        self.settings.stream, self.settings.durable, error_text(error))
             await asyncio.sleep(self.settings.poll_timeout_s)
             return []
 
@@ -370,7 +374,7 @@ async def _quietly(acknowledgement: Any, what: str) -> None:
     try:
         await acknowledgement
     except NatsError as error:
-        log.info("event=%s_not_sent error=%s", what, _text(error))
+        log.info("event=%s_not_sent error=%s", what, error_text(error))
 
 
 async def _close(client: Any) -> None:
@@ -381,12 +385,8 @@ async def _close(client: Any) -> None:
     try:
         await client.flush(timeout=5)
     except (NatsError, TimeoutError, OSError) as error:
-        log.info("event=nats_flush_failed error=%s", _text(error))
+        log.info("event=nats_flush_failed error=%s", error_text(error))
     await client.close()
-
-
-def _text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 async def _log_reconnected() -> None:

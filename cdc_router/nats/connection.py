@@ -2,21 +2,35 @@
 
 The publisher, `streams apply` and the JetStream consumer share it, so credentials and TLS are
 read, checked and refused in one place. A server that refuses our credentials answers
-`Authorization Violation` (or `Authentication ...` for an expired JWT) and nats-py then retries
-for ever; `credentials_refused` tells that answer apart from an outage, so that the caller stops
-with the fields to check instead of retrying a password that will never work.
+`Authorization Violation` (or `Authentication ...` for an expired JWT), and a certificate that
+does not verify fails the TLS handshake; nats-py retries either for ever. `config_failure`
+tells those apart from an outage, so that the caller stops with the fields to check instead of
+retrying what will never work.
+
+nats-py upgrades a connection to TLS only when the server's INFO requires it, whatever the URL
+or the `tls` option say: pointed at a plain port, it would send our password in clear text.
+`require_tls` reads each server's INFO first and refuses a server that does not require TLS.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cdc_router.config.nats import NatsSettings
 from cdc_router.errors import ConfigError
 
+log = logging.getLogger("cdc_router.nats")
+
+# How many of the errors nats-py reports while connecting a caller keeps for config_failure: a
+# refusal is followed by the server hanging up (a broken pipe, a reset), so the last alone hides it.
+RECENT_ERRORS = 8
 CREDENTIAL_FIELDS = "nats.user / nats.password, nats.token or nats.credentials_file"
 # Substrings of nats-server's -ERR lines that say who we are was refused, not where.
 _REFUSED = ("authorization violation", "authentication expired", "authentication revoked")
@@ -37,36 +51,81 @@ def connect_options(settings: NatsSettings) -> dict[str, Any]:
     Raises ConfigError naming the field when a file it names cannot be read.
     """
     options: dict[str, Any] = {}
-    if settings.user is not None:
-        options.update(user=settings.user, password=settings.password)
+    if settings.user is not None and settings.password is not None:
+        options.update(user=settings.user, password=settings.password.get_secret_value())
     if settings.token is not None:
-        options["token"] = settings.token
+        options["token"] = settings.token.get_secret_value()
     if settings.credentials_file is not None:
         options["user_credentials"] = _readable(settings.credentials_file,
                                                 "nats.credentials_file")
     if settings.tls is not None:
-        tls = settings.tls
-        try:
-            context = ssl.create_default_context(
-                cafile=_readable(tls.ca_file, "nats.tls.ca_file") if tls.ca_file else None)
-        except ssl.SSLError as error:
-            raise ConfigError(f"nats.tls.ca_file holds no CA certificate: {error}",
-                              field="nats.tls.ca_file", value=tls.ca_file,
-                              hint="give the PEM file of the CA that signed the server's "
-                                   "certificate") from None
-        if tls.cert_file is not None and tls.key_file is not None:
-            try:
-                context.load_cert_chain(_readable(tls.cert_file, "nats.tls.cert_file"),
-                                        _readable(tls.key_file, "nats.tls.key_file"))
-            except ssl.SSLError as error:
-                raise ConfigError(f"nats.tls.cert_file and key_file do not make a key pair: "
-                                  f"{error}", field="nats.tls.cert_file",
-                                  value=tls.cert_file,
-                                  hint="give the PEM certificate and its private key") from None
-        options["tls"] = context
-        if tls.hostname is not None:
-            options["tls_hostname"] = tls.hostname
+        options.update(_tls_options(settings))
     return options
+
+
+def _tls_options(settings: NatsSettings) -> dict[str, Any]:
+    tls = settings.tls
+    assert tls is not None
+    try:
+        context = ssl.create_default_context(
+            cafile=_readable(tls.ca_file, "nats.tls.ca_file") if tls.ca_file else None)
+    except (ssl.SSLError, OSError) as error:
+        raise ConfigError(f"nats.tls.ca_file holds no readable CA certificate: {error}",
+                          field="nats.tls.ca_file", value=tls.ca_file,
+                          hint="give the PEM file of the CA that signed the server's "
+                               "certificate") from None
+    if tls.cert_file is not None and tls.key_file is not None:
+        try:
+            context.load_cert_chain(_readable(tls.cert_file, "nats.tls.cert_file"),
+                                    _readable(tls.key_file, "nats.tls.key_file"))
+        except (ssl.SSLError, OSError) as error:
+            raise ConfigError(f"nats.tls.cert_file and key_file are no readable key pair: "
+                              f"{error}", field="nats.tls.cert_file", value=tls.cert_file,
+                              hint="give the PEM certificate and its private key") from None
+    options: dict[str, Any] = {"tls": context}
+    if tls.hostname is not None:
+        options["tls_hostname"] = tls.hostname
+    return options
+
+
+async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> None:
+    """With TLS configured, refuse (ConfigError) a server of `url` whose INFO does not require
+    TLS. A server that does not answer is left to the connection to report."""
+    if "tls" not in options:
+        return
+    for server in _servers(url):
+        info = await _server_info(server, timeout_s)
+        if info is not None and not info.get("tls_required"):
+            raise ConfigError(f"the NATS server at {server} does not require TLS, so nats-py "
+                              "would send our credentials in clear text", field="nats.tls",
+                              hint="point nats.url at the server's TLS listener, or remove "
+                                   "nats.tls")
+
+
+def _servers(url: str) -> list[str]:
+    return [server.strip() for server in url.split(",") if server.strip()]
+
+
+async def _server_info(server: str, timeout_s: float) -> dict[str, Any] | None:
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(parts.hostname, parts.port or 4222), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        writer.close()
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        info: dict[str, Any] = json.loads(line[5:])
+    except ValueError:
+        return None
+    return info
 
 
 def credentials_refused(error: BaseException | None) -> bool:
@@ -77,12 +136,28 @@ def credentials_refused(error: BaseException | None) -> bool:
         refused in text for refused in _REFUSED)
 
 
-def refused_error(url: str, error: BaseException) -> ConfigError:
-    """The one line a refusal of our credentials stops a command with."""
-    return ConfigError(f"NATS at {url} refused our credentials ({str(error).strip()})",
-                       field=CREDENTIAL_FIELDS,
-                       hint="check them against the server's authorization (or the account "
-                            "of the .creds file); an outage would not say this")
+def config_failure(url: str, errors: Sequence[BaseException | None]) -> ConfigError | None:
+    """The ConfigError to stop with when one of `errors` (seen while connecting) is no outage:
+    our credentials refused, or a TLS handshake that failed (certificate, hostname); else None."""
+    for error in errors:
+        if error is None:
+            continue
+        if credentials_refused(error):
+            return ConfigError(f"NATS at {url} refused our credentials ({str(error).strip()})",
+                               field=CREDENTIAL_FIELDS,
+                               hint="check them against the server's authorization (or the "
+                                    "account of the .creds file); an outage would not say this")
+        if isinstance(error, ssl.SSLError):
+            return ConfigError(f"the TLS handshake with NATS at {url} failed: {error}",
+                               field="nats.tls.ca_file / nats.tls.hostname",
+                               hint="give the CA that signed the server's certificate, and the "
+                                    "name the certificate holds when the URL's differs")
+    return None
+
+
+def error_text(error: BaseException) -> str:
+    """One line for a nats-py error: its class, and its message when it has one."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _readable(path: str, field: str) -> str:

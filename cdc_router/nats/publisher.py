@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import credentials_refused, refused_error
+from cdc_router.nats.connection import RECENT_ERRORS, config_failure, error_text, require_tls
 
 log = logging.getLogger("cdc_router.nats")
 T = TypeVar("T")
@@ -59,7 +60,7 @@ class JetStreamPublisher:
         """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py)."""
         self._url = url
         self._options = dict(options or {})
-        self._last_error: BaseException | None = None
+        self._errors: deque[BaseException] = deque(maxlen=RECENT_ERRORS)  # since connected
         self._ack_timeout_s = ack_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
@@ -121,6 +122,8 @@ class JetStreamPublisher:
         if self._client is not None and self._client.is_connected:
             return self._js
         if self._client is None or self._client.is_closed:
+            await require_tls(self._url, self._options, self._connect_timeout_s)
+            self._errors.clear()
             try:
                 # Reconnects for ever once connected: an outage is a run of failed batches that
                 # end when the server is back, not a reason to stop the router.
@@ -129,19 +132,20 @@ class JetStreamPublisher:
                     self._url, name=self._name, connect_timeout=self._connect_timeout_s,
                     max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                     allow_reconnect=True, error_cb=self._error,
-                    disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,
+                    disconnected_cb=self._disconnected, reconnected_cb=self._reconnected,
                     **self._options),
                     timeout=self._connect_timeout_s)
             except (NatsError, OSError, TimeoutError) as error:
                 self._client = None
-                self._refused(error)
+                self._stop_on_config_failure(error)
                 raise JetStreamError(f"cannot connect to NATS at {self._url}: "
-                                     f"{_text(error)}; is nats-server running?") from None
+                                     f"{error_text(error)}; is nats-server running?") from None
+            self._errors.clear()
             self._js = self._client.jetstream(timeout=self._ack_timeout_s)
             log.info("event=nats_connected url=%s", self._url)
         # Reconnecting: publishes would wait in the client's buffer; fail the batch now.
         if not self._client.is_connected:
-            self._refused(None)
+            self._stop_on_config_failure(None)
             raise JetStreamError(f"NATS at {self._url} is not connected (reconnecting)")
         return self._js
 
@@ -157,19 +161,24 @@ class JetStreamPublisher:
             message, error = failed[0]
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
-                f"first: subject {message.subject!r} id {message.msg_id}: {_text(error)}")
+                f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}")
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
 
-    def _refused(self, error: BaseException | None) -> None:
-        """Stop (ConfigError) when the server refused our credentials: no retry mends that."""
-        for candidate in (error, self._last_error):
-            if candidate is not None and credentials_refused(candidate):
-                raise refused_error(self._url, candidate)
+    def _stop_on_config_failure(self, error: BaseException | None) -> None:
+        """Raise ConfigError when `error`, or the last error since we were last connected, is
+        our credentials or our TLS settings refused: no retry mends those."""
+        failure = config_failure(self._url, [error, *self._errors])
+        if failure is not None:
+            raise failure
 
     async def _error(self, error: Exception) -> None:
-        self._last_error = error
-        await _log_error(error)
+        self._errors.append(error)
+        log.debug("event=nats_error error=%s", error_text(error))
+
+    async def _reconnected(self) -> None:
+        self._errors.clear()  # an error before the reconnect says nothing about now
+        log.info("event=nats_reconnected")
 
     async def _disconnected(self) -> None:
         if not self._closing:
@@ -180,16 +189,3 @@ class JetStreamPublisher:
         if self._client is not None and not self._client.is_closed:
             await self._client.drain()
         self._client = self._js = None
-
-
-def _text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-# nats-py's default callbacks print a traceback per failed reconnect: one line each instead.
-async def _log_error(error: Exception) -> None:
-    log.debug("event=nats_error error=%s", _text(error))
-
-
-async def _log_reconnected() -> None:
-    log.info("event=nats_reconnected")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import StreamSpec
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import credentials_refused, refused_error
+from cdc_router.nats.connection import config_failure, require_tls
 
 StreamAction = Literal["create", "update", "unchanged"]
 # One JetStream API call: stream creation on a loaded server takes a second at most.
@@ -85,13 +85,15 @@ class StreamAdmin:
         import nats
         from nats.errors import Error as NatsError
 
+        await require_tls(self._url, self._options, _API_TIMEOUT_S)
         try:
             client = await asyncio.wait_for(nats.connect(
                 self._url, connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
                 error_cb=_quiet, **self._options), timeout=_API_TIMEOUT_S)
         except (NatsError, OSError, TimeoutError) as error:
-            if credentials_refused(error):
-                raise refused_error(self._url, error) from None
+            failure = config_failure(self._url, [error])
+            if failure is not None:
+                raise failure from None
             raise JetStreamError(f"cannot connect to NATS at {self._url} "
                                  f"({type(error).__name__}); is nats-server running?") from None
         try:

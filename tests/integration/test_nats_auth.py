@@ -30,7 +30,7 @@ from cdc_router.consumer import ConsumedEvent, JetStreamConsumer, JetStreamSetti
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
 from cdc_router.errors import JetStreamConsumerError
 from cdc_router.nats.connection import connect_options
-from tests.integration.nats_server import read_stream
+from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
 from tests.integration.redis_server import free_port
 from tests.integration.support import StackEndpoints
@@ -161,7 +161,8 @@ def _consume(url: str, stream: str, ca: Path, password: str, count: int) -> Coun
     handled: Counter[str] = Counter()
     options = connect_options(NatsSettings.model_validate(
         {"url": url, "user": USER, "password": password, "tls": {"ca_file": str(ca)}}))
-    settings = JetStreamSettings(url=url, stream=stream, durable=f"auth-{password}",
+    durable = "auth-ok" if password == PASSWORD else "auth-bad"  # never the password itself
+    settings = JetStreamSettings(url=url, stream=stream, durable=durable,
                                  filter_subjects=(f"{stream.lower()}.OrderPaid",),
                                  dead_letter_subject=f"{stream.lower()}.dlq",
                                  connect_timeout_s=3, connect_options=options)
@@ -179,3 +180,38 @@ def _consume(url: str, stream: str, ca: Path, password: str, count: int) -> Coun
     finally:
         timer.cancel()
     return handled
+
+
+def _streams_apply(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                           str(config), "--dry-run"], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+
+
+def _config_file(path: Path, url: str, tls: dict[str, str]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "routes": [{"nats": {"subject": "orders.x"}}],
+        "nats": {"url": url, "user": USER, "password": PASSWORD, "tls": tls,
+                 "streams": [{"name": "ORDERS", "subjects": ["orders.>"]}]}}))
+    return path
+
+
+def test_tls_settings_that_cannot_work_stop_with_one_line_naming_the_field(
+        tmp_path: Path) -> None:
+    (tmp_path / "secured").mkdir()
+    (tmp_path / "other-ca").mkdir()
+    (tmp_path / "plain").mkdir()
+    other_ca, _, _ = _write_pki(tmp_path / "other-ca")
+    with _secured_nats(tmp_path / "secured") as (url, ca), \
+            nats_server(tmp_path / "plain") as plain:
+        untrusted = _streams_apply(_config_file(tmp_path / "a.yaml", url,
+                                                {"ca_file": str(other_ca)}))
+        clear_text = _streams_apply(_config_file(tmp_path / "b.yaml", plain.url,
+                                                 {"ca_file": str(ca)}))
+    assert untrusted.returncode == 1, untrusted.stdout + untrusted.stderr
+    assert "TLS handshake" in untrusted.stderr and "nats.tls.ca_file" in untrusted.stderr
+    assert clear_text.returncode == 1, clear_text.stdout + clear_text.stderr
+    assert "does not require TLS" in clear_text.stderr and "'nats.tls'" in clear_text.stderr
+    for done in (untrusted, clear_text):
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert PASSWORD not in done.stderr

@@ -3,6 +3,7 @@ our credentials told apart from an outage (nats/connection.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 
@@ -13,7 +14,12 @@ from pydantic import ValidationError
 
 from cdc_router.config.nats import NatsSettings
 from cdc_router.errors import ConfigError
-from cdc_router.nats.connection import connect_options, credentials_refused, refused_error
+from cdc_router.nats.connection import (
+    config_failure,
+    connect_options,
+    credentials_refused,
+    require_tls,
+)
 
 
 def test_no_credentials_no_options() -> None:
@@ -50,7 +56,8 @@ def test_a_missing_file_names_its_field(tmp_path: Path) -> None:
 def test_a_file_that_holds_no_ca_is_one_line(tmp_path: Path) -> None:
     junk = tmp_path / "ca.pem"
     junk.write_text("not a certificate\n")
-    with pytest.raises(ConfigError, match=r"field 'nats.tls.ca_file': .*no CA certificate"):
+    with pytest.raises(ConfigError,
+                       match=r"field 'nats.tls.ca_file': .*no readable CA certificate"):
         connect_options(NatsSettings.model_validate({"tls": {"ca_file": str(junk)}}))
 
 
@@ -74,5 +81,63 @@ def test_a_refusal_of_our_credentials_is_not_an_outage(error: BaseException | No
 
 
 def test_the_refusal_names_the_fields_and_never_the_secret() -> None:
-    text = str(refused_error("nats://h:4222", NatsError("nats: 'Authorization Violation'")))
+    failure = config_failure("nats://h:4222", [None, NatsError("nats: 'Authorization Violation'")])
+    text = str(failure)
     assert "nats.password" in text and "nats.token" in text and "refused our credentials" in text
+
+
+def test_a_certificate_that_does_not_verify_is_a_config_failure_and_an_outage_is_not() -> None:
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed: unable to get local "
+                                             "issuer certificate")
+    failure = config_failure("tls://h:4222", [TimeoutError(), verify])
+    assert failure is not None and "nats.tls.ca_file" in str(failure)
+    assert config_failure("nats://h:4222", [ConnectionRefusedError(111, "refused"), None]) is None
+
+
+def test_an_unreadable_ca_file_is_one_line(tmp_path: Path) -> None:
+    unreadable = tmp_path / "ca-dir.pem"
+    unreadable.mkdir()  # a directory: is_file() is False
+    with pytest.raises(ConfigError, match=r"field 'nats.tls.ca_file'"):
+        connect_options(NatsSettings.model_validate({"tls": {"ca_file": str(unreadable)}}))
+
+
+def test_secrets_are_never_in_the_settings_repr() -> None:
+    settings = NatsSettings(user="u", password="hunter2", token=None)
+    assert "hunter2" not in repr(settings)
+
+
+async def _serve_info(info: bytes) -> tuple[asyncio.Server, str]:
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(info)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(greet, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"tls://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(("info", "refused"), [
+    (b'INFO {"server_id":"x","tls_required":true}\r\n', False),
+    (b'INFO {"server_id":"x","tls_available":true}\r\n', True),
+    (b'INFO {"server_id":"x"}\r\n', True),
+    (b"", False),  # says nothing: the connection itself will report
+])
+def test_with_tls_configured_a_server_that_does_not_require_it_is_refused(info: bytes,
+                                                                          refused: bool) -> None:
+    async def check() -> None:
+        server, url = await _serve_info(info)
+        try:
+            await require_tls(url, {"tls": ssl.create_default_context()}, 2.0)
+        finally:
+            server.close()
+
+    if refused:
+        with pytest.raises(ConfigError, match=r"does not require TLS.*clear text"):
+            asyncio.run(check())
+    else:
+        asyncio.run(check())
+
+
+def test_without_tls_nothing_is_probed() -> None:
+    asyncio.run(require_tls("nats://127.0.0.1:1", {}, 0.1))
