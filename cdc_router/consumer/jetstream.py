@@ -6,11 +6,13 @@ A durable pull consumer with explicit ack. Per message of a fetched batch, in st
 2. `store.run_once(group, event id, handler)`: DONE and DUPLICATE both mean the effect is
    safe, so the message is acked; BUSY (another worker's live claim) naks it with a delay;
 3. a handler exception naks with a delay (exponential backoff, full jitter, RetryPolicy); on
-   the `retry.max_attempts`-th attempt (the delivery count) it is dead-lettered instead
-   (stage "handle"): published to the dead-letter subject, and after JetStream acked that
-   publish, the original is TERMed;
+   its `retry.max_attempts`-th failure in this process it is dead-lettered instead (stage
+   "handle"): published to the dead-letter subject, and after JetStream acked that publish,
+   the original is TERMed. Attempts are the handler's failures counted here, not JetStream's
+   delivery count, which also counts deliveries cut short by a stop, a crash or another
+   worker's outage: those must never bring a message closer to the dead-letter subject;
 4. a store failure (DedupStoreError), a registry outage (RegistryError) or a failed
-   dead-letter publish naks with a delay and is *excused*: not counted as an attempt.
+   dead-letter publish naks with a delay and counts as no attempt.
 
 Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
 parts, the decoder and the store with the handler inside, run one at a time in one worker
@@ -25,6 +27,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,12 +41,12 @@ from cdc_router.consumer.jetstream_message import (
     GiveUp,
     JetStreamRecord,
     after_handler_failure,
-    attempt_number,
     dead_letter_message,
     kafka_source,
     record_of,
 )
-from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
+from cdc_router.consumer.jetstream_settings import JetStreamSettings
+from cdc_router.consumer.jetstream_setup import check_durable, subscribe
 from cdc_router.consumer.loop import ConsumerControls, Handler
 from cdc_router.errors import (
     ConfigError,
@@ -59,9 +62,11 @@ log = logging.getLogger(__name__)
 Context = TypeVar("Context")
 T = TypeVar("T")
 
-# Outage naks remembered per stream sequence; beyond this many the oldest are forgotten (they
-# then count as attempts again: at worst an early dead letter, after a real handler failure).
-_MAX_EXCUSED = 10_000
+# Handler failures and outage naks remembered per stream sequence; beyond this many the oldest
+# are forgotten (a forgotten message starts again from attempt 1: more tries, never fewer).
+_MAX_REMEMBERED = 10_000
+# While nothing arrives, the durable is looked up this often (see _check_durable).
+DURABLE_CHECK_S = 30.0
 
 
 class JetStreamConsumer(ConsumerControls, Generic[Context]):
@@ -82,7 +87,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._handler = handler
         self._decoder = decoder
         self._rng = rng or random.Random()
-        self._excused: dict[int, int] = {}
+        self._failures: dict[int, int] = {}  # stream sequence -> handler failures here
+        self._waits: dict[int, int] = {}  # stream sequence -> outage naks here (their backoff)
         self._executor: ThreadPoolExecutor | None = None
         self._js: Any = None
         self._dead_letter_stream = ""
@@ -107,15 +113,19 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         try:
             self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
             self._max_payload = int(client.max_payload)
-            subscription = await self._subscribe()
+            subscription, self._dead_letter_stream = await subscribe(self._js, self.settings)
             log.info("event=consumer_started transport=jetstream stream=%s durable=%s "
                      "dead_letter_subject=%s store=%s", self.settings.stream,
                      self.settings.durable, self.settings.dead_letter_subject,
                      type(self._store).__name__)
+            checked = time.monotonic()
             while not self._stop.is_set():
                 batch = await self._fetch(subscription, client)
                 if batch:
                     await self._handle_batch(batch)
+                elif time.monotonic() - checked > DURABLE_CHECK_S:
+                    await check_durable(self._js, self.settings)
+                    checked = time.monotonic()
         finally:
             self._closing = True
             await _close(client)
@@ -160,69 +170,6 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _disconnected(self) -> None:
         if not (self._stop.is_set() or self._closing):
             log.warning("event=nats_disconnected url=%s", self.settings.url)
-
-    async def _subscribe(self) -> Any:
-        """Check the streams, create or bind the durable, and return its pull subscription."""
-        from nats.errors import Error as NatsError
-        from nats.js.api import AckPolicy, ConsumerConfig
-        from nats.js.errors import NotFoundError
-
-        settings, js = self.settings, self._js
-        where = f"NATS at {settings.url}"
-        try:
-            try:
-                await js.stream_info(settings.stream)
-            except NotFoundError:
-                raise JetStreamConsumerError(
-                    f"no JetStream stream {settings.stream!r} at {where}: create it first "
-                    "(cdc-router streams apply -c router.yaml)") from None
-            self._dead_letter_stream = await self._dead_letter_stream_name()
-            try:
-                info = await js.consumer_info(settings.stream, settings.durable)
-            except NotFoundError:
-                filters = settings.filter_subjects
-                await js.add_consumer(settings.stream, ConsumerConfig(
-                    durable_name=settings.durable, ack_policy=AckPolicy.EXPLICIT,
-                    ack_wait=settings.ack_wait_s,
-                    # Unlimited: the server would stop redelivering after MaxDeliver even
-                    # the naks of a store outage; the consumer counts attempts itself.
-                    max_deliver=-1, max_ack_pending=settings.max_ack_pending,
-                    filter_subject=filters[0] if len(filters) == 1 else None,
-                    filter_subjects=list(filters) if len(filters) > 1 else None))
-                log.info("event=jetstream_consumer_created stream=%s durable=%s",
-                         settings.stream, settings.durable)
-            else:
-                problem = consumer_problem(info.config, settings)
-                if problem is not None:
-                    raise JetStreamConsumerError(
-                        f"durable consumer {settings.durable!r} of stream {settings.stream!r} "
-                        f"{problem}; delete it (nats consumer rm {settings.stream} "
-                        f"{settings.durable}) or use another durable name") from None
-            return await js.pull_subscribe_bind(durable=settings.durable, stream=settings.stream)
-        except NatsError as error:
-            raise JetStreamConsumerError(
-                f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
-                f"stream {settings.stream!r}: {error_text(error)}; is JetStream enabled?") from None
-
-    async def _dead_letter_stream_name(self) -> str:
-        from nats.js.errors import NotFoundError
-
-        settings = self.settings
-        subject = settings.dead_letter_subject
-        try:
-            name: str = await self._js.find_stream_name_by_subject(subject)
-        except NotFoundError:
-            # A plain NATS publish would be lost when nobody listens: poison must be stored.
-            raise JetStreamConsumerError(
-                f"dead-letter subject {subject!r} is in no JetStream stream at NATS "
-                f"{settings.url}: add it to a stream (nats.streams in router.yaml, then "
-                "cdc-router streams apply), or poison messages would be lost") from None
-        if name == settings.stream and (not settings.filter_subjects or settings.consumes(subject)):
-            raise JetStreamConsumerError(
-                f"dead-letter subject {subject!r} is in stream {name!r}, and durable "
-                f"{settings.durable!r} would read its own dead letters: put them in another "
-                "stream, or give filter_subjects that exclude it")
-        return name
 
     # The loop ---------------------------------------------------------------------------------
 
@@ -271,7 +218,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
     async def _handle(self, message: Any) -> None:
         record = record_of(message.subject, message.data, message.headers, message.metadata)
-        attempt = attempt_number(record.num_delivered, self._excused.get(record.sequence, 0))
+        attempt = self._failures.get(record.sequence, 0) + 1
         settings = self.settings
         try:
             event = await self._blocking(functools.partial(
@@ -307,6 +254,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
     async def _handler_failed(self, message: Any, record: JetStreamRecord,
                               event: ConsumedEvent, attempt: int, error: Exception) -> None:
+        _count(self._failures, record.sequence)
         verdict = after_handler_failure(attempt, self.settings.retry, self._rng)
         if isinstance(verdict, GiveUp):
             await self._dead_letter(message, record, STAGE_HANDLE, error,
@@ -321,10 +269,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _excuse(self, message: Any, record: JetStreamRecord, reason: str,
                       error: BaseException | None) -> None:
         """Nak after an outage, without counting the delivery as an attempt."""
-        waits = self._excused.pop(record.sequence, 0) + 1
-        self._excused[record.sequence] = waits  # re-inserted: the newest stays longest
-        while len(self._excused) > _MAX_EXCUSED:
-            del self._excused[next(iter(self._excused))]
+        waits = _count(self._waits, record.sequence)
         delay = self.settings.retry.backoff(waits, self._rng)
         self._counts["retries"] += 1
         # Waiting for another worker's claim is expected, not a problem worth a warning.
@@ -359,12 +304,22 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         await self._settle(message, record, term=True)
 
     async def _settle(self, message: Any, record: JetStreamRecord, *, term: bool) -> None:
-        self._excused.pop(record.sequence, None)
+        self._failures.pop(record.sequence, None)
+        self._waits.pop(record.sequence, None)
         # A lost ack only means a redelivery, which the store reports as a duplicate.
         await _quietly(message.term() if term else message.ack(), "term" if term else "ack")
 
     async def _blocking(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+
+def _count(counts: dict[int, int], sequence: int) -> int:
+    """One more for `sequence` (re-inserted: the newest stays longest); the new count."""
+    count = counts.pop(sequence, 0) + 1
+    counts[sequence] = count
+    while len(counts) > _MAX_REMEMBERED:
+        del counts[next(iter(counts))]
+    return count
 
 
 async def _quietly(acknowledgement: Any, what: str) -> None:

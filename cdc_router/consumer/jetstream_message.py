@@ -78,16 +78,6 @@ def kafka_source(source: JetStreamEventIdSource) -> EventIdSource:
     return "key" if source == "msg_id" else source
 
 
-def attempt_number(num_delivered: int, excused: int) -> int:
-    """This delivery's attempt (1-based): deliveries less those naked for an outage.
-
-    A store or registry outage is not the message's fault, so its naks do not bring the
-    message closer to the dead-letter subject. Every other delivery counts, including one
-    after a crash mid-handler (a handler that kills its process is a poison candidate too).
-    """
-    return max(1, num_delivered - excused)
-
-
 @dataclass(frozen=True)
 class Retry:
     """Nak the message: JetStream redelivers it after `delay_s`."""

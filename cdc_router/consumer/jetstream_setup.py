@@ -1,0 +1,102 @@
+"""Setting up the JetStream consumer's durable, and checking it stays there.
+
+At start the stream must exist, the dead-letter subject must be stored by a stream (a plain
+publish nobody hears would lose poison) that the durable does not read, and an existing durable
+must keep the guarantees (pull, explicit ack, MaxDeliver unlimited, our filters): each failure
+is one line (JetStreamConsumerError), never a consumer that runs on wrong terms.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
+from cdc_router.errors import JetStreamConsumerError
+from cdc_router.nats.connection import error_text
+
+log = logging.getLogger("cdc_router.consumer.jetstream")
+
+
+async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str]:
+    """Check the streams, create or bind the durable; its pull subscription, and the name of
+    the dead-letter subject's stream."""
+    from nats.errors import Error as NatsError
+    from nats.js.api import AckPolicy, ConsumerConfig
+    from nats.js.errors import NotFoundError
+
+    where = f"NATS at {settings.url}"
+    try:
+        try:
+            await js.stream_info(settings.stream)
+        except NotFoundError:
+            raise JetStreamConsumerError(
+                f"no JetStream stream {settings.stream!r} at {where}: create it first "
+                "(cdc-router streams apply -c router.yaml)") from None
+        dead_letter_stream = await _dead_letter_stream_name(js, settings)
+        try:
+            info = await js.consumer_info(settings.stream, settings.durable)
+        except NotFoundError:
+            filters = settings.filter_subjects
+            await js.add_consumer(settings.stream, ConsumerConfig(
+                durable_name=settings.durable, ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=settings.ack_wait_s,
+                # Unlimited: the server would stop redelivering after MaxDeliver even
+                # the naks of a store outage; the consumer counts attempts itself.
+                max_deliver=-1, max_ack_pending=settings.max_ack_pending,
+                filter_subject=filters[0] if len(filters) == 1 else None,
+                filter_subjects=list(filters) if len(filters) > 1 else None))
+            log.info("event=jetstream_consumer_created stream=%s durable=%s",
+                     settings.stream, settings.durable)
+        else:
+            problem = consumer_problem(info.config, settings)
+            if problem is not None:
+                raise JetStreamConsumerError(
+                    f"durable consumer {settings.durable!r} of stream {settings.stream!r} "
+                    f"{problem}; delete it (nats consumer rm {settings.stream} "
+                    f"{settings.durable}) or use another durable name") from None
+        subscription = await js.pull_subscribe_bind(durable=settings.durable,
+                                                   stream=settings.stream)
+        return subscription, dead_letter_stream
+    except NatsError as error:
+        raise JetStreamConsumerError(
+            f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
+            f"stream {settings.stream!r}: {error_text(error)}; is JetStream enabled?") from None
+
+
+async def check_durable(js: Any, settings: JetStreamSettings) -> None:
+    """Stop when the durable is gone: a pull from a deleted consumer only times out, so
+    an idle stream would hide it for ever."""
+    from nats.errors import Error as NatsError
+    from nats.js.errors import NotFoundError
+
+    try:
+        await js.consumer_info(settings.stream, settings.durable)
+    except NotFoundError:
+        raise JetStreamConsumerError(
+            f"durable consumer {settings.durable!r} of stream {settings.stream!r} was "
+            "deleted while this consumer ran: start it again to create it (it then "
+            "delivers from the stream's start; the dedup store skips what was done)"
+            ) from None
+    except (NatsError, TimeoutError) as error:  # reconnecting: look again later
+        log.info("event=durable_check_failed error=%s", error_text(error))
+
+
+async def _dead_letter_stream_name(js: Any, settings: JetStreamSettings) -> str:
+    from nats.js.errors import NotFoundError
+
+    subject = settings.dead_letter_subject
+    try:
+        name: str = await js.find_stream_name_by_subject(subject)
+    except NotFoundError:
+        # A plain NATS publish would be lost when nobody listens: poison must be stored.
+        raise JetStreamConsumerError(
+            f"dead-letter subject {subject!r} is in no JetStream stream at NATS "
+            f"{settings.url}: add it to a stream (nats.streams in router.yaml, then "
+            "cdc-router streams apply), or poison messages would be lost") from None
+    if name == settings.stream and (not settings.filter_subjects or settings.consumes(subject)):
+        raise JetStreamConsumerError(
+            f"dead-letter subject {subject!r} is in stream {name!r}, and durable "
+            f"{settings.durable!r} would read its own dead letters: put them in another "
+            "stream, or give filter_subjects that exclude it")
+    return name
