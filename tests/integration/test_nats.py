@@ -192,12 +192,12 @@ def test_a_nats_outage_fails_batches_and_the_router_catches_up_when_it_is_back(
 
 
 def _stream_ids(url: str, stream: str, expected: int) -> Counter[str]:
-    """The `id` header of every message in `stream`, once it holds `expected` (or 90 s
-    passed), read again after a pause so that a late duplicate is counted."""
+    """The `id` header of every message in `stream` once it holds `expected` (or 90 s
+    passed). Call it with every writer of the stream stopped, or a late duplicate would be
+    missed."""
     deadline = time.monotonic() + 90
     while len(read_stream(url, stream)) < expected and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(2)
     return Counter(message.headers["id"] for message in read_stream(url, stream))
 
 
@@ -225,6 +225,9 @@ def test_dlq_replay_delivers_letters_to_a_jetstream_route_once(
                               for i in range(10)])
         ids = pipe.insert(rows)
         assert len(pipe.read(pipe.dlq_topic, 10)) == 10, pipe.router_log()[-3000:]
+        # The orders went out with those letters' batches (published before the Kafka commit
+        # that made the letters visible): stopped now, the router can add nothing later.
+        pipe.kill_router(sig=signal.SIGTERM)
         config["routes"].append({"match": {"aggregate_type": "Customer"},
                                  "nats": {"subject": prefix + ".customers"}})
         fixed = tmp_path / "fixed.yaml"
@@ -239,7 +242,8 @@ def test_dlq_replay_delivers_letters_to_a_jetstream_route_once(
 
 def test_the_relay_publishes_to_jetstream_once_across_a_kill_9(
         stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
-    with relay_setup(stack, tmp_path) as setup:
+    # Batches of 50: the kill below lands while relay a is still inside its 1,000 rows.
+    with relay_setup(stack, tmp_path, config={"relay": {"batch_rows": 50}}) as setup:
         prefix = setup.name.replace("_", "-")
         config = yaml.safe_load(setup.config_path.read_text())
         config["routes"] = [{"nats": {"subject": prefix + ".{type}"}}]
@@ -251,10 +255,16 @@ def test_the_relay_publishes_to_jetstream_once_across_a_kill_9(
         while not read_stream(nats_url, stream) and time.monotonic() < deadline:
             time.sleep(0.05)
         setup.kill("a")  # SIGKILL, while its batches flow
+        at_kill = len(read_stream(nats_url, stream))
         _insert_outbox(stack, setup.table, ids[1_000:])
         setup.start("b")
+        deadline = time.monotonic() + 90
+        while len(read_stream(nats_url, stream)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        setup.kill("b", signal.SIGTERM)  # stopped: nothing can land after the read below
         seen = _stream_ids(nats_url, stream, len(ids))
         log = setup.log("a") + setup.log("b")
+    assert 0 < at_kill < 1_000, f"the kill landed mid-stream: {at_kill} of 1,000 published"
     assert seen == Counter(ids), log[-3000:]
 
 
