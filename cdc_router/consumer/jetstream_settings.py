@@ -52,7 +52,7 @@ class JetStreamSettings:
     max_ack_pending: int | None = None
     # nats.connect() keywords for credentials and TLS, e.g. the router's own `nats:` section:
     # cdc_router.nats.connection.connect_options(NatsSettings(user=..., password=..., tls=...)).
-    connect_options: Mapping[str, Any] = field(default_factory=dict)
+    connect_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # secrets
 
     def __post_init__(self) -> None:
         source = "JetStreamSettings"
