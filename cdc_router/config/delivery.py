@@ -21,9 +21,13 @@ class DeliverySettings(_Model):
     transactional_id: str = Field(default="cdc-router", min_length=1)
     max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
     # The producer's transaction.timeout.ms: how long a crashed instance's open transaction
-    # blocks read_committed readers. Kafka's own default; the broker caps it at its
-    # transaction.max.timeout.ms (15 minutes by default).
-    transaction_timeout_ms: PositiveInt = 60_000
+    # blocks read_committed readers (when no restart of the same instance fences it first), and
+    # the watchdog's base (kafka/watchdog.py: a call hung 15 s past it ends the process). 20 s,
+    # not the producer's 60 s: like Kafka Streams' exactly-once default (10 s), short enough
+    # that a dead instance stalls readers and a hung client briefly, long enough for a batch
+    # (commit_interval_ms 100) and for nats.connect_timeout_ms + nats.ack_timeout_ms (15 s).
+    # The broker caps it at transaction.max.timeout.ms (15 minutes by default).
+    transaction_timeout_ms: PositiveInt = 20_000
     # A record's Kafka timestamp: the row's created_at, or the router's clock. A broker refuses
     # a timestamp outside message.timestamp.{before,after}.max.ms (after: 1 hour by default);
     # with created_at such a row is dead-lettered with that reason, with now it is delivered.

@@ -82,7 +82,8 @@ def replayer(cluster: FakeCluster, **delivery: Any) -> DeadLetterReplay:
 
 def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> None:
     cluster = cluster_with_letters("Customer", "Customer", "Bad")
-    replay = replayer(cluster, commit_interval_ms=5_000)  # one batch, however slow the host
+    # One batch, however slow the host.
+    replay = replayer(cluster, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
     result = replay.apply(replay.plan(Selection()))
     assert result.committed == {"deliver": 2, "dead_letter": 1}
     assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1"]
@@ -112,7 +113,8 @@ def test_a_failed_batch_commits_nothing_and_the_next_replay_delivers_it() -> Non
 
 def test_batches_commit_by_commit_max_records_each_with_its_offsets() -> None:
     cluster = cluster_with_letters("Customer", "Customer", "Customer")
-    replay = replayer(cluster, commit_max_records=2, commit_interval_ms=5_000)
+    replay = replayer(cluster, commit_max_records=2, commit_interval_ms=5_000,
+                      transaction_timeout_ms=50_000)
     assert replay.apply(replay.plan(Selection())).committed == {"deliver": 3}
     assert cluster.journal.count("commit") == 2
     assert cluster.group_offsets == {(DLQ, 0): 3}

@@ -33,6 +33,9 @@ from tests.unit.router_fakes import (
 NOW_US = int(time.time() * 1_000_000)
 HOUR_US = 3600 * 1_000_000
 
+# One batch however slow the host: commits only at a revoke, a stop or a full poll.
+SLOW_COMMIT = {"commit_interval_ms": 6000, "transaction_timeout_ms": 60_000}
+
 
 def broker_timestamp_rule(topic: str, value: bytes | None, timestamp: int | None) -> int | None:
     """message.timestamp.after.max.ms = 1 hour, as Kafka 4.x defaults."""
@@ -201,7 +204,7 @@ def test_revoke_commits_the_open_batch() -> None:
         consumer.revoke_all()
         seen["offsets"] = dict(cluster.group_offsets)
 
-    harness = Harness(cluster, hooks=[revoke], delivery={"commit_interval_ms": 6000}).run()
+    harness = Harness(cluster, hooks=[revoke], delivery=SLOW_COMMIT).run()
     assert seen["offsets"] == {(RAW, 0): POLL_BATCH}
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(_BUSY))
 
@@ -209,7 +212,7 @@ def test_revoke_commits_the_open_batch() -> None:
 def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
     cluster = cluster_with(*events(_BUSY))
     harness = Harness(cluster, hooks=[lambda consumer: consumer.revoke_all(lost=True)],
-                      delivery={"commit_interval_ms": 6000}).run()
+                      delivery=SLOW_COMMIT).run()
     assert "abort" in cluster.journal
     assert harness.waits == []  # no backoff inside a rebalance
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(_BUSY))
@@ -254,7 +257,7 @@ def test_stop_finishes_and_commits_the_open_batch() -> None:
     cluster = cluster_with(*events(10))
     stopper: list[Harness] = []
     harness = Harness(cluster, hooks=[lambda consumer: stopper[0].router.stop()],
-                      delivery={"commit_interval_ms": 6000})
+                      delivery=SLOW_COMMIT)
     stopper.append(harness)
     harness.run()
     assert cluster.group_offsets == {(RAW, 0): 10} and len(harness.delivered()) == 10
@@ -301,7 +304,7 @@ def test_consume_raising_a_cluster_error_aborts_rewinds_and_goes_on() -> None:
 
     cluster = cluster_with(*events(30))
     harness = Harness(cluster, hooks=[broker_restarting],
-                      delivery={"commit_interval_ms": 6000}).run()
+                      delivery=SLOW_COMMIT).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(30))
     assert harness.metric("cdc_router_batches_aborted_total") == 1
     assert harness.waits, "a batch failing for no record's fault backs off"
