@@ -58,6 +58,7 @@ from cdc_router.router.step import (
     Routed,
     StepResult,
 )
+from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Delivered, Transaction
 
 log = logging.getLogger("cdc_router.relay")
@@ -78,8 +79,8 @@ class OutboxRelay:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
                  reader: OutboxReader | None = None, lock: TableLock | None = None,
-                 records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None
-                 ) -> None:
+                 records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None,
+                 describe_factory: DescribeFactory = admin_describe) -> None:
         """Builds no client: run() does (the producer on first use). Tests hand fakes: the
         table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
         (key, value) of a topic (the changelog, the position topic)."""
@@ -107,7 +108,7 @@ class OutboxRelay:
         seen = self._replay.seen if self._replay is not None else _never
         self._step = RecordStep(compiled, DestinationMetadata(self._producer.partitions_for)
                                 .partitions, seen=seen,
-                                timestamp_limits=clients.timestamp_limits(config))
+                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.

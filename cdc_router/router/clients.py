@@ -16,7 +16,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
-from cdc_router.router.timestamps import TopicTimestampLimits, admin_describe
+from cdc_router.router.timestamps import DescribeFactory, TopicTimestampLimits, admin_describe
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
@@ -104,8 +104,9 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
                               options=connect_options(config.nats))
 
 
-def timestamp_limits(config: RouterConfig) -> TopicTimestampLimits:
+def timestamp_limits(config: RouterConfig,
+                     describe_factory: DescribeFactory = admin_describe) -> TopicTimestampLimits:
     """The destination topics' timestamp limits (router/timestamps.py), read with an admin
-    client of the router's connection settings."""
+    client of the router's connection settings (tests hand a fake `describe_factory`)."""
     admin = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
-    return TopicTimestampLimits(admin_describe(admin))
+    return TopicTimestampLimits(describe_factory(admin))

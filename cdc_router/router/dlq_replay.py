@@ -51,6 +51,7 @@ from cdc_router.router.dlq_letters import (
 )
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import DeadLettered, RecordStep, Routed
+from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 
 log = logging.getLogger("cdc_router.router")
@@ -95,7 +96,8 @@ class DeadLetterReplay:
     def __init__(self, compiled: CompiledConfig, *, dry_run: bool,
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
-                 reader_factory: Callable[..., Any] = TopicReader) -> None:
+                 reader_factory: Callable[..., Any] = TopicReader,
+                 describe_factory: DescribeFactory = admin_describe) -> None:
         config = self._config = compiled.config
         _check(config)
         self._dry_run = dry_run
@@ -110,7 +112,7 @@ class DeadLetterReplay:
                                     max_ids=config.dedup.max_ids)
         destinations = DestinationMetadata(self._producer.partitions_for)
         self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen,
-                                timestamp_limits=clients.timestamp_limits(config))
+                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.

@@ -33,6 +33,7 @@ from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import ReplayFilter, parse_changelog
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
+from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Delivered, Transaction
 
 log = logging.getLogger("cdc_router.router")
@@ -61,7 +62,8 @@ class OutboxRouter:
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[float], object] | None = None,
-                 publisher: JetStreamPublisher | None = None) -> None:
+                 publisher: JetStreamPublisher | None = None,
+                 describe_factory: DescribeFactory = admin_describe) -> None:
         """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
         every backoff, by default interrupted by stop(); `publisher` delivers JetStream routes
         (by default one for `nats.url` when a route publishes to NATS)."""
@@ -84,7 +86,7 @@ class OutboxRouter:
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None else _never,
-                                timestamp_limits=clients.timestamp_limits(config))
+                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)

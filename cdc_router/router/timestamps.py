@@ -46,6 +46,10 @@ DESCRIBE_TIMEOUT_S = 5.0
 # Before Kafka 3.6 one symmetric limit; without it (and without the newer keys) there is none.
 _LEGACY_LIMIT = "message.timestamp.difference.max.ms"
 _UNLIMITED = 2**63 - 1
+
+# describe(topic, timeout_s): a topic's configuration; its factory takes the admin config.
+Describe = Callable[[str, float], Mapping[str, str]]
+DescribeFactory = Callable[[Mapping[str, Any]], Describe]
 TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                   "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "
                   "delivery.record_timestamp: now to deliver such rows with the router's clock")
@@ -89,7 +93,7 @@ def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
 class TopicTimestampLimits:
     """limits(topic): the topic's TimestampLimits or None; cached, bounded, refreshed."""
 
-    def __init__(self, describe: Callable[[str, float], Mapping[str, str]], *,
+    def __init__(self, describe: Describe, *,
                  max_topics: int = MAX_TOPICS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._describe = describe
@@ -115,7 +119,7 @@ class TopicTimestampLimits:
         return limits
 
 
-def admin_describe(admin_config: Mapping[str, Any]) -> Callable[[str, float], dict[str, str]]:
+def admin_describe(admin_config: Mapping[str, Any]) -> Describe:
     """describe(topic, timeout_s): the topic's configuration, by an AdminClient made on first
     use (a router whose records never carry their own timestamp never makes it)."""
     admin: list[AdminClient] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +63,13 @@ class FakeCluster:
     fenced: bool = False
     journal: list[str] = field(default_factory=list)
     created_topics: list[str] = field(default_factory=list)
+    # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
+    topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def describe_factory(self, admin_config: Mapping[str, Any]) -> Callable[[str, float],
+                                                                             dict[str, str]]:
+        """A describe(topic, timeout_s) over topic_configs, for the clients' factory."""
+        return lambda topic, timeout_s: self.topic_configs.get(topic, {})
 
     def committed(self, topic: str) -> list[Stored]:
         return self.topics.get(topic, [])

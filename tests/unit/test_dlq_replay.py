@@ -77,7 +77,8 @@ def replayer(cluster: FakeCluster, **delivery: Any) -> DeadLetterReplay:
         compile_config(config), dry_run=False,
         producer_factory=lambda conf: FakeProducer(cluster, conf),
         changelog_factory=lambda conf, topic: Changelog(cluster, topic),
-        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster))
+        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
+        describe_factory=cluster.describe_factory)
 
 
 def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> None:

@@ -64,7 +64,8 @@ class Harness:
             compile_config(settings), instance_id="i-1", metrics=self.metrics,
             producer_factory=lambda conf: FakeProducer(cluster, conf),
             consumer_factory=self._consumer, wait=self.waits.append,
-            changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic))
+            changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
+            describe_factory=cluster.describe_factory)
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
@@ -153,6 +154,20 @@ def test_a_timestamp_the_broker_refuses_costs_at_most_two_aborts_then_a_dead_let
     # Two refusals, each followed by the abort in which librdkafka bumps its epoch.
     assert harness.metric("cdc_router_batches_aborted_total") <= 4
     assert harness.waits == []  # a record's fault: no backoff
+
+
+def test_with_the_topics_limits_known_the_refused_timestamp_is_never_produced() -> None:
+    values = events(20, created_at_us=NOW_US)
+    values[9] = raw_event("p-future", created_at_us=NOW_US + 3 * HOUR_US)
+    cluster = cluster_with(*values, refuse=broker_timestamp_rule)
+    cluster.topic_configs[ORDERS] = {"message.timestamp.type": "CreateTime",
+                                     "message.timestamp.after.max.ms": "3600000"}
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(20) if i != 9)
+    [letter] = harness.letters()
+    assert (letter.header("dlq.stage"), letter.header("dlq.event.id")) == ("produce", "p-future")
+    assert "dead-lettered before producing" in letter.header("dlq.error.message")
+    assert harness.metric("cdc_router_batches_aborted_total") == 0, "no refusal, no abort"
 
 
 def test_record_timestamp_now_delivers_the_row_with_a_future_created_at() -> None:
