@@ -26,8 +26,6 @@ from urllib.parse import urlsplit
 from cdc_router.config.nats import NatsSettings
 from cdc_router.errors import ConfigError
 
-log = logging.getLogger("cdc_router.nats")
-
 # How many of the errors nats-py reports while connecting a caller keeps for config_failure: a
 # refusal is followed by the server hanging up (a broken pipe, a reset), so the last alone hides it.
 RECENT_ERRORS = 8
