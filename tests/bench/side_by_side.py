@@ -17,9 +17,10 @@ changelog and with `--memory-ids` ids in it (tests/bench/replay_memory.py).
 Throughput: a bulk of rows per path, rows/s between the first and the last record a
 read_committed reader sees on the path's output. For the Debezium paths the connector is paused
 while the bulk is inserted, then resumed, so that the rate is Debezium's and not the inserts'.
-Latency: one writer commits a row a transaction at a steady rate into every path's table at
-once (same id, same commit); latency = time the reader sees the row minus the time right after
-COMMIT returned on the writer. Ratios to Debezium's raw ingest rate in the same run are the
+Latency: one writer commits a row a transaction at a steady rate into the tables of the paths
+measured together (same id, same commit); latency = time the reader sees the row minus the time
+right after COMMIT returned on the writer. Three phases, each with the SMT path beside it: the
+exactly-once router, the at-least-once router, the three pollers (see latency()). Ratios to Debezium's raw ingest rate in the same run are the
 numbers to compare across runs; rates alone depend on what else the machine was doing.
 """
 
@@ -51,6 +52,9 @@ from tests.bench.watcher import Watcher
 # Logical decoding messages are database-wide: another connector's heartbeat messages on the
 # shared stack must not land on this run's raw topic and be counted as rows.
 NO_MESSAGES = {"message.prefix.exclude.list": ".*"}
+# Each latency phase first writes rows for this long, not counted: a path restarted for the
+# phase catches up, and every process is past its start-up.
+WARM_UP_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,10 @@ def drain(bench: BenchStack, start: Any, path: str, topic: str, rows: int,
     return seen(watcher, path, topic, rows, note), pid
 
 
-def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throughput]:
-    """Every path's bulk run, one after the other, Debezium's raw ingest alone first."""
+def throughput(bench: BenchStack, paths: Paths, options: Options,
+               routers: dict[str, int]) -> list[Throughput]:
+    """Every path's bulk run, one after the other, Debezium's raw ingest alone first; the two
+    routers are left running, their pids in `routers` ("eos", "alo")."""
     raw, connector, table = report.RAW, paths.router_connector, paths.router_table
     filled = "cdc-router run on the raw topic Debezium filled"
     log("debezium raw ingest alone: bulk pass 0, no router running")
@@ -165,17 +171,17 @@ def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throug
         "debezium raw, EOS router on": paths.raw, report.ROUTER_EOS: paths.eos_topic},
         options)
     log("router alone, at-least-once: a new group drains passes 0 and 1")
-    alone_alo, _ = drain(bench, lambda: bench.start_router(paths.alo_config, "alo"),
-                         report.ALONE_ALO, paths.alo_topic, raw_alone.rows + raw_1.rows,
-                         options, filled)
+    alone_alo, alo_pid = drain(bench, lambda: bench.start_router(paths.alo_config, "alo"),
+                               report.ALONE_ALO, paths.alo_topic,
+                               raw_alone.rows + raw_1.rows, options, filled)
     bench.stop(eos_pid)
     log("router path, at-least-once: bulk pass 2")
     raw_2, alo_path = bulk_pass(bench, connector, table, {
         "debezium raw, ALO router on": paths.raw, report.ROUTER_ALO: paths.alo_topic},
         options)
     log("the exactly-once router catches up on pass 2 (not timed)")
-    drain(bench, lambda: bench.start_router(paths.eos_config, "eos"), report.ALONE_EOS,
-          paths.eos_topic, raw_2.rows, options, filled)
+    _, eos_pid = drain(bench, lambda: bench.start_router(paths.eos_config, "eos"),
+                       report.ALONE_EOS, paths.eos_topic, raw_2.rows, options, filled)
     on_raw = raw_alone.rows + raw_1.rows + raw_2.rows  # fewer than 3 x rows if some were lost
     log(f"plain consume-produce hop over the three passes ({on_raw:,} records)")
     plain_rate = run_plain_loop(bench.stack.bootstrap_servers, paths.raw, on_raw,
@@ -185,6 +191,7 @@ def throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throug
     log("EventRouter SMT: bulk pass")
     (smt,) = bulk_pass(bench, paths.smt_connector, paths.smt_table,
                        {report.SMT: paths.smt_topic}, options)
+    routers.update(eos=eos_pid, alo=alo_pid)
     return [raw_alone, raw_1, raw_2, eos_path, alo_path, alone_eos, alone_alo, plain, smt,
             *relay_throughput(bench, paths, options)]
 
@@ -216,33 +223,65 @@ def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[
     return results
 
 
-def latency(bench: BenchStack, paths: Paths, options: Options) -> list[Latency]:
-    """All paths at once on the same commits (both routers are running and caught up)."""
-    log(f"latency: {options.rate:g} rows/s for {options.latency_seconds:g}s into every path")
+def latency(bench: BenchStack, paths: Paths, options: Options,
+            routers: dict[str, int]) -> list[Latency]:
+    """Each alternative on its own, beside Debezium's two connectors, on the same commits as
+    the SMT path: the exactly-once router, then the at-least-once router, then the three
+    pollers. A deployment runs one of them; run all at once on two cores, their CPU fell on
+    each other (the Python processes most), and the router's p99 measured the pollers' load.
+
+    `routers`: the pids of the two routers still running from the throughput phase. The raw
+    and SMT rows reported are those of the exactly-once phase, the goal's pair.
+    """
+    bench.stop(routers["alo"])
+    measured = latency_phase(bench, options, [paths.router_table, paths.smt_table], {
+        report.RAW: paths.raw, report.ROUTER_EOS: paths.eos_topic, report.SMT: paths.smt_topic})
+    bench.stop(routers["eos"])
+    bench.start_router(paths.alo_config, "alo")  # catches up in the phase's warm-up
+    alo = latency_phase(bench, options, [paths.router_table, paths.smt_table], {
+        report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic})
+    measured[report.ROUTER_ALO] = alo[report.ROUTER_ALO]
     relays = [bench.start_relay("naive", paths.naive_table, paths.naive_topic),
               bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic),
               bench.start_cdc_relay(paths.relay_config)]
-    topics = {report.RAW: paths.raw, report.ROUTER_EOS: paths.eos_topic,
-              report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic,
-              report.RELAY: paths.relay_topic, report.NAIVE: paths.naive_topic,
-              report.TUNED: paths.tuned_topic}
-    time.sleep(3)  # the relays' interpreters start up; the routers already poll
+    try:
+        pollers = latency_phase(
+            bench, options, [paths.naive_table, paths.tuned_table, paths.relay_table,
+                             paths.smt_table],
+            {report.RELAY: paths.relay_topic, report.NAIVE: paths.naive_topic,
+             report.TUNED: paths.tuned_topic, report.SMT: paths.smt_topic})
+    finally:
+        for pid in relays:
+            bench.stop(pid)
+    measured.update({path: pollers[path] for path in (report.RELAY, report.NAIVE, report.TUNED)})
+    order = (report.RAW, report.ROUTER_EOS, report.ROUTER_ALO, report.SMT, report.RELAY,
+             report.NAIVE, report.TUNED)
+    return [measured[path] for path in order]
+
+
+def latency_phase(bench: BenchStack, options: Options, tables: list[str],
+                  topics: dict[str, str]) -> dict[str, Latency]:
+    """One row a transaction into every one of `tables` at options.rate: a warm-up (not
+    counted) until every path delivers it, then options.latency_seconds measured."""
+    names = ", ".join(topics)
+    log(f"latency: {names}: {options.rate:g} rows/s, {WARM_UP_S:g}s warm-up, "
+        f"{options.latency_seconds:g}s measured")
     watcher = Watcher(bench.stack.bootstrap_servers, topics.values(), ids=True)
     try:
-        commits = bench.steady_insert([paths.router_table, paths.smt_table, paths.naive_table,
-                                       paths.tuned_table, paths.relay_table], options.rate,
-                                      options.latency_seconds)
+        warm = bench.steady_insert(tables, options.rate, WARM_UP_S)
+        watcher.wait_for_ids(topics.values(), set(warm), options.timeout_s)
+        commits = bench.steady_insert(tables, options.rate, options.latency_seconds)
         watcher.wait_for_ids(topics.values(), set(commits), options.timeout_s)
     finally:
         watcher.stop()
-    for pid in relays:
-        bench.stop(pid)
-    results = []
+    results = {}
     for path, topic in topics.items():
         visible = watcher.seen[topic].ids
         samples = [(visible[row] - committed) * 1000 for row, committed in commits.items()
                    if row in visible]
-        results.append(Latency(path, samples, len(commits) - len(samples)))
+        results[path] = Latency(path, samples, len(commits) - len(samples))
+    log("  p99: " + ", ".join(f"{path} {result.percentile(99) or 0:.0f} ms"
+                              for path, result in results.items()))
     return results
 
 
@@ -284,8 +323,9 @@ def main() -> None:
         log(f"run {bench.name}: setting up tables, connectors, topics")
         try:
             paths = set_up(bench)
-            bulk = throughput(bench, paths, options)
-            latencies = latency(bench, paths, options)
+            routers: dict[str, int] = {}
+            bulk = throughput(bench, paths, options, routers)
+            latencies = latency(bench, paths, options, routers)
             memory = None
             if options.memory_ids:
                 log(f"router memory: an empty dedup changelog, then {options.memory_ids:,} ids")
