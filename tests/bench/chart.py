@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 from tests.bench.report import Results
 
@@ -38,6 +39,11 @@ def draw(results: Results, path: Path) -> None:
     right.set_yticks(range(len(paths)), paths)
     right.invert_yaxis()
     right.set_xscale("log")
+    # Plain numbers at 10, 20, 50, 100, ... ms; matplotlib's own minor labels (2x10^1, ...)
+    # overlap each other.
+    right.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    right.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    right.xaxis.set_minor_formatter(ticker.NullFormatter())
     right.set_xlabel("commit to visible (ms, log scale)")
     right.set_title(f"Latency at {results.setup.get('rate', '?')} rows/s, "
                     f"{results.setup.get('latency_seconds', '?')} s")
