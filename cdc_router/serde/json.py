@@ -74,6 +74,10 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
 
 
 def _deeper_than(text: str | bytes, limit: int) -> bool:
+    # A text no longer than the limit has no more brackets than that (most headers columns
+    # and payloads): nothing to count.
+    if len(text) <= limit:
+        return False
     # Fewer brackets than the limit cannot nest deeper: two C-speed counts for most values.
     if isinstance(text, str):
         if text.count("[") + text.count("{") <= limit:

@@ -20,8 +20,9 @@ while the bulk is inserted, then resumed, so that the rate is Debezium's and not
 Latency: one writer commits a row a transaction at a steady rate into the tables of the paths
 measured together (same id, same commit); latency = time the reader sees the row minus the time
 right after COMMIT returned on the writer. Three phases, each with the SMT path beside it: the
-exactly-once router, the at-least-once router, the three pollers (see latency()). Ratios to Debezium's raw ingest rate in the same run are the
-numbers to compare across runs; rates alone depend on what else the machine was doing.
+exactly-once router, the at-least-once router, the three pollers (see latency()).
+Ratios to Debezium's raw ingest rate in the same run are the numbers to compare across runs;
+rates alone depend on what else the machine was doing.
 """
 
 from __future__ import annotations
