@@ -64,6 +64,8 @@ class TimestampLimits:
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
         """Why the broker would refuse `timestamp_ms` on `topic` now, or None."""
+        if now_ms - self.before_ms + MARGIN_MS < timestamp_ms < now_ms + self.after_ms - MARGIN_MS:
+            return None  # inside both limits by more than any margin: the common case
         if timestamp_ms > now_ms + self.after_ms - _margin(self.after_ms):
             side, limit, name = "ahead of", self.after_ms, "after"
         elif timestamp_ms < now_ms - self.before_ms + _margin(self.before_ms):
