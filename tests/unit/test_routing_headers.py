@@ -3,6 +3,8 @@ still named per event, in the order the record carries its headers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cdc_router.config.compiled import compile_config
@@ -46,3 +48,22 @@ def test_a_static_header_with_a_lone_surrogate_is_named_per_event() -> None:
     # Not UTF-8: it cannot be encoded once for the route, and each event names it as before.
     with pytest.raises(RouteError, match=r"header 'team' holds a lone UTF-16 surrogate"):
         routed(event((("tenant", "acme"),)), headers={"team": "p\udc00"})
+
+
+def test_a_name_allowed_on_one_kind_of_route_is_still_refused_on_the_other() -> None:
+    # The Router remembers the row header names it allowed, per kind of route: content-type
+    # is a row's own header on a plain route, and reserved on a CloudEvents route.
+    router = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": ["raw"]}, "routes": [
+            {"match": {"type": "Plain"}, "topic": "plain"},
+            {"topic": "ce", "cloudevents": True, "ce_source": "/orders"}]})))
+    row = (("content-type", "text/csv"), ("tenant", "acme"))
+    for _ in range(2):  # the second time from what the router remembers
+        plain = router.route(replace(event(row), type="Plain"), lambda topic: 3)
+        assert isinstance(plain, OutboundRecord)
+        assert ("content-type", b"text/csv") in plain.headers
+        with pytest.raises(RouteError, match=r"row header 'content-type' is reserved"):
+            router.route(event(row), lambda topic: 3)
+    with pytest.raises(RouteError, match=r"row header 'id' is reserved"):
+        router.route(replace(event((("tenant", "acme"), ("id", "x"))), type="Plain"),
+                     lambda topic: 3)
