@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
 
-# Row header names a Router remembers as allowed (see Router.__init__); past this many, a new
-# name is checked every time, so that rows of ever new names cannot grow the sets.
-_ACCEPTED_NAMES_MAX = 1024
 UNMATCHED = "unmatched"  # Skipped.reason when no route matches and unmatched is 'skip'
 # 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z, the ends of what RFC 3339 can write.
 _RFC3339_START_MS = -62_135_596_800_000
@@ -74,9 +71,6 @@ class Router:
         # Each route's static headers, encoded once (None: one is not UTF-8, and _headers
         # names it per event, as it always did).
         self._static_headers = tuple(_encoded(route.rule.headers) for route in self._routes)
-        # Row header names found allowed, by whether the route writes CloudEvents (which
-        # reserves content-type too): rows repeat their names, and each check is a call.
-        self._accepted_names: dict[bool, set[str]] = {False: set(), True: set()}
 
     def preflight(self) -> None:
         """Check, before the first event, what serializers need from outside (a registry).
@@ -118,8 +112,7 @@ class Router:
         if len(value) > self._max_bytes:
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
                              f"over delivery.max_payload_bytes ({self._max_bytes})")
-        headers = _headers(event, rule, self._static_headers[index],
-                           self._accepted_names[rule.cloudevents])
+        headers = _headers(event, rule, self._static_headers[index])
         if rule.nats is not None:
             # JetStream: no partitions, and the headers travel as NATS header lines.
             _check_nats_message(event, headers, value, self._nats_max_bytes)
@@ -204,25 +197,19 @@ def _partition_count(partitions_for: Callable[[str], int], topic: str,
     return count
 
 
-def _headers(event: OutboxEvent, rule: RouteRule, static: tuple[tuple[str, bytes], ...] | None,
-             accepted: set[str]) -> tuple[tuple[str, bytes], ...]:
+def _headers(event: OutboxEvent, rule: RouteRule,
+             static: tuple[tuple[str, bytes], ...] | None) -> tuple[tuple[str, bytes], ...]:
     """The contract headers, the row's own, the route's static ones (`static`, encoded once
-    per route), and CloudEvents. `accepted`: row header names already found allowed on a
-    route like this one (the names this call finds allowed are added)."""
-    cloudevents_on = rule.cloudevents
+    per route), and CloudEvents."""
     for name, _ in event.headers:
-        if name in accepted:
-            continue  # checked before, on a route of the same kind
-        if is_reserved_header(name, cloudevents=cloudevents_on):
+        if is_reserved_header(name, cloudevents=rule.cloudevents):
             raise RouteError(f"event {show(event.event_id)}: row header {name!r} is reserved "
                              f"for the router ({RESERVED_HEADERS}); rename it in the headers "
                              "column")
         if not name.isascii() and not utf8_encodable(name):
             raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
                              f"column, {show(name)}, holds {LONE_SURROGATE}")
-        if len(accepted) < _ACCEPTED_NAMES_MAX:
-            accepted.add(name)
-    cloudevents = _cloudevents(event, rule) if cloudevents_on else []
+    cloudevents = _cloudevents(event, rule) if rule.cloudevents else []
     try:
         # Encoded straight from the event's fields: one list, no intermediate text pairs.
         headers = [("id", event.event_id.encode()), ("type", event.type.encode()),

@@ -65,7 +65,9 @@ class TimestampLimits:
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
         """Why the broker would refuse `timestamp_ms` on `topic` now, or None."""
         if now_ms - self.before_ms + MARGIN_MS < timestamp_ms < now_ms + self.after_ms - MARGIN_MS:
-            return None  # inside both limits by more than any margin: the common case
+            # Inside both limits by more than any margin (_margin never exceeds MARGIN_MS):
+            # the common case, and no refusal below could apply.
+            return None
         if timestamp_ms > now_ms + self.after_ms - _margin(self.after_ms):
             side, limit, name = "ahead of", self.after_ms, "after"
         elif timestamp_ms < now_ms - self.before_ms + _margin(self.before_ms):

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ NO_MESSAGES = {"message.prefix.exclude.list": ".*"}
 # Each latency phase first writes rows for this long, not counted: a path restarted for the
 # phase catches up, and every process is past its start-up.
 WARM_UP_S = 3.0
+# The SMT path measured beside the other latency phases (the exactly-once phase's is report.SMT).
+SMT_BESIDE_ALO = f"{report.SMT} (at-least-once phase)"
+SMT_BESIDE_POLLERS = f"{report.SMT} (pollers' phase)"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,14 @@ class Paths:
     relay_table: str
     relay_config: Path
     relay_topic: str
+
+
+@dataclass(frozen=True)
+class RouterPids:
+    """The two `cdc-router run` processes the throughput phase leaves running."""
+
+    eos: int
+    alo: int
 
 
 def log(text: str) -> None:
@@ -155,10 +166,10 @@ def drain(bench: BenchStack, start: Any, path: str, topic: str, rows: int,
     return seen(watcher, path, topic, rows, note), pid
 
 
-def throughput(bench: BenchStack, paths: Paths, options: Options,
-               routers: dict[str, int]) -> list[Throughput]:
+def throughput(bench: BenchStack, paths: Paths,
+               options: Options) -> tuple[list[Throughput], RouterPids]:
     """Every path's bulk run, one after the other, Debezium's raw ingest alone first; the two
-    routers are left running, their pids in `routers` ("eos", "alo")."""
+    routers are left running (their pids)."""
     raw, connector, table = report.RAW, paths.router_connector, paths.router_table
     filled = "cdc-router run on the raw topic Debezium filled"
     log("debezium raw ingest alone: bulk pass 0, no router running")
@@ -192,9 +203,8 @@ def throughput(bench: BenchStack, paths: Paths, options: Options,
     log("EventRouter SMT: bulk pass")
     (smt,) = bulk_pass(bench, paths.smt_connector, paths.smt_table,
                        {report.SMT: paths.smt_topic}, options)
-    routers.update(eos=eos_pid, alo=alo_pid)
     return [raw_alone, raw_1, raw_2, eos_path, alo_path, alone_eos, alone_alo, plain, smt,
-            *relay_throughput(bench, paths, options)]
+            *relay_throughput(bench, paths, options)], RouterPids(eos=eos_pid, alo=alo_pid)
 
 
 def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[Throughput]:
@@ -225,23 +235,28 @@ def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[
 
 
 def latency(bench: BenchStack, paths: Paths, options: Options,
-            routers: dict[str, int]) -> list[Latency]:
+            routers: RouterPids) -> list[Latency]:
     """Each alternative on its own, beside Debezium's two connectors, on the same commits as
     the SMT path: the exactly-once router, then the at-least-once router, then the three
     pollers. A deployment runs one of them; run all at once on two cores, their CPU fell on
     each other (the Python processes most), and the router's p99 measured the pollers' load.
 
-    `routers`: the pids of the two routers still running from the throughput phase. The raw
-    and SMT rows reported are those of the exactly-once phase, the goal's pair.
+    `routers`: the two routers still running from the throughput phase. The raw and SMT rows
+    are the exactly-once phase's (the goal's pair); the SMT of each other phase has a row of its
+    own.
     """
-    bench.stop(routers["alo"])
+    bench.stop(routers.alo)
     measured = latency_phase(bench, options, [paths.router_table, paths.smt_table], {
         report.RAW: paths.raw, report.ROUTER_EOS: paths.eos_topic, report.SMT: paths.smt_topic})
-    bench.stop(routers["eos"])
-    bench.start_router(paths.alo_config, "alo")  # catches up in the phase's warm-up
-    alo = latency_phase(bench, options, [paths.router_table, paths.smt_table], {
-        report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic})
+    bench.stop(routers.eos)
+    alo_pid = bench.start_router(paths.alo_config, "alo")  # catches up in the warm-up
+    try:
+        alo = latency_phase(bench, options, [paths.router_table, paths.smt_table], {
+            report.ROUTER_ALO: paths.alo_topic, report.SMT: paths.smt_topic})
+    finally:
+        bench.stop(alo_pid)
     measured[report.ROUTER_ALO] = alo[report.ROUTER_ALO]
+    measured[SMT_BESIDE_ALO] = replace(alo[report.SMT], path=SMT_BESIDE_ALO)
     relays = [bench.start_relay("naive", paths.naive_table, paths.naive_topic),
               bench.start_relay("tuned", paths.tuned_table, paths.tuned_topic),
               bench.start_cdc_relay(paths.relay_config)]
@@ -255,8 +270,9 @@ def latency(bench: BenchStack, paths: Paths, options: Options,
         for pid in relays:
             bench.stop(pid)
     measured.update({path: pollers[path] for path in (report.RELAY, report.NAIVE, report.TUNED)})
-    order = (report.RAW, report.ROUTER_EOS, report.ROUTER_ALO, report.SMT, report.RELAY,
-             report.NAIVE, report.TUNED)
+    measured[SMT_BESIDE_POLLERS] = replace(pollers[report.SMT], path=SMT_BESIDE_POLLERS)
+    order = (report.RAW, report.ROUTER_EOS, report.SMT, report.ROUTER_ALO, SMT_BESIDE_ALO,
+             report.RELAY, report.NAIVE, report.TUNED, SMT_BESIDE_POLLERS)
     return [measured[path] for path in order]
 
 
@@ -270,7 +286,9 @@ def latency_phase(bench: BenchStack, options: Options, tables: list[str],
     watcher = Watcher(bench.stack.bootstrap_servers, topics.values(), ids=True)
     try:
         warm = bench.steady_insert(tables, options.rate, WARM_UP_S)
-        watcher.wait_for_ids(topics.values(), set(warm), options.timeout_s)
+        if not watcher.wait_for_ids(topics.values(), set(warm), options.timeout_s):
+            log(f"  warm-up incomplete after {options.timeout_s:g}s: a path is still catching "
+                "up, and its latency counts that")
         commits = bench.steady_insert(tables, options.rate, options.latency_seconds)
         watcher.wait_for_ids(topics.values(), set(commits), options.timeout_s)
     finally:
@@ -324,8 +342,7 @@ def main() -> None:
         log(f"run {bench.name}: setting up tables, connectors, topics")
         try:
             paths = set_up(bench)
-            routers: dict[str, int] = {}
-            bulk = throughput(bench, paths, options, routers)
+            bulk, routers = throughput(bench, paths, options)
             latencies = latency(bench, paths, options, routers)
             memory = None
             if options.memory_ids:

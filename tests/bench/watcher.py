@@ -120,15 +120,20 @@ class Watcher:
             time.sleep(0.05)
         return True
 
-    def wait_for_ids(self, topics: Iterable[str], ids: set[str], timeout_s: float) -> None:
-        """Wait until every topic has seen every id, or `timeout_s` passed."""
+    def wait_for_ids(self, topics: Iterable[str], ids: set[str], timeout_s: float) -> bool:
+        """Wait until every topic has seen every id (True), or `timeout_s` passed (False)."""
         deadline = time.monotonic() + timeout_s
+        complete = True
         for topic in topics:
-            while time.monotonic() < deadline:
+            while True:
                 with self._lock:
                     if ids <= self.seen[topic].ids.keys():
                         break
+                if time.monotonic() >= deadline:
+                    complete = False
+                    break
                 time.sleep(0.1)
+        return complete
 
     def stop(self) -> None:
         self._stop.set()

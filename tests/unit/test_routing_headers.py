@@ -51,8 +51,8 @@ def test_a_static_header_with_a_lone_surrogate_is_named_per_event() -> None:
 
 
 def test_a_name_allowed_on_one_kind_of_route_is_still_refused_on_the_other() -> None:
-    # The Router remembers the row header names it allowed, per kind of route: content-type
-    # is a row's own header on a plain route, and reserved on a CloudEvents route.
+    # content-type is a row's own header on a plain route, and reserved on a CloudEvents
+    # route of the same Router, however often either was seen before.
     router = Router(compile_config(RouterConfig.model_validate(
         {"source": {"topics": ["raw"]}, "routes": [
             {"match": {"type": "Plain"}, "topic": "plain"},
@@ -67,3 +67,4 @@ def test_a_name_allowed_on_one_kind_of_route_is_still_refused_on_the_other() -> 
     with pytest.raises(RouteError, match=r"row header 'id' is reserved"):
         router.route(replace(event((("tenant", "acme"), ("id", "x"))), type="Plain"),
                      lambda topic: 3)
+
