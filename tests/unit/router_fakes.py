@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.router.replay import parse_changelog
+from cdc_router.router.timestamps import Describe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 RAW = "outbox.public.outbox"
@@ -66,8 +67,7 @@ class FakeCluster:
     # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def describe_factory(self, admin_config: Mapping[str, Any]) -> Callable[[str, float],
-                                                                             dict[str, str]]:
+    def describe_factory(self, admin_config: Mapping[str, Any]) -> Describe:
         """A describe(topic, timeout_s) over topic_configs, for the clients' factory."""
         return lambda topic, timeout_s: self.topic_configs.get(topic, {})
 
