@@ -12,6 +12,13 @@ with the CPU time of the router's own thread per event.
 `--profile` runs the router (exactly once) under cProfile instead and prints its top functions;
 `--step` times the pure per-record step alone (decode, replay check, route, serialize) on the
 same events, without a broker: the CPU cost per event, steadier than the rates on a busy machine.
+`--step-once N` runs that step once, untimed, over the first N events, for an instruction count
+that does not move with the machine's load (the difference of two runs is N2 - N1 events'):
+
+    PY=$(python3 -c 'import sys; print(sys.executable)')  # valgrind a shim, and it counts bash
+    export PYTHONHASHSEED=0
+    valgrind --tool=callgrind $PY -m tests.bench.router_throughput --events 2500 --step-once 500
+    valgrind --tool=callgrind $PY -m tests.bench.router_throughput --events 2500 --step-once 2500
 """
 
 from __future__ import annotations
@@ -209,29 +216,38 @@ def run_plain_loop(bootstrap: str, raw: str, events: int, name: str | None = Non
     return events / elapsed
 
 
-def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
-    """Events/s of RecordStep alone over the bench's events, the best of `repeat` runs."""
+def step_harness(workdir: Path) -> Callable[[list[tuple[bytes, bytes]]], None]:
+    """run(records): the step over `records` as the router builds it, each call afresh: cached
+    destination metadata, a replay filter that learns each id, and the destination's timestamp
+    limits (Kafka 4's default: one hour ahead)."""
     config_path = workdir / "step.yaml"
     config_path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "source": {"topics": ["raw"]},
         "routes": [{"topic": "orders"}], "dead_letter": {"topic": "dlq"}}))
     compiled = load_config(config_path)
-    records = raw_records(events)
-    best = float("inf")
-    for _ in range(repeat):
-        # As the router builds it: cached destination metadata, a replay filter that learns
-        # each id, and the destination's timestamp limits (Kafka 4's default: one hour ahead).
+
+    def run(records: list[tuple[bytes, bytes]]) -> None:
         replay = ReplayFilter(window_ms=compiled.config.dedup.window_ms,
                               max_ids=compiled.config.dedup.max_ids)
         limits = TopicTimestampLimits(
             lambda topic, timeout_s: {"message.timestamp.after.max.ms": "3600000"})
         step = RecordStep(compiled, DestinationMetadata(lambda topic, timeout_s: 4).partitions,
                           seen=replay.seen, timestamp_limits=limits)
-        started = time.perf_counter()
         for key, value in records:
             result = step("raw", key, value)
             if isinstance(result, Routed):
                 replay.add_pending(result.record.event_id, 0)
+
+    return run
+
+
+def time_step(events: int, workdir: Path, repeat: int = 7) -> float:
+    """Events/s of RecordStep alone over the bench's events, the best of `repeat` runs."""
+    run, records = step_harness(workdir), raw_records(events)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run(records)
         best = min(best, time.perf_counter() - started)
     return events / best
 
@@ -251,9 +267,17 @@ def main() -> None:
     parser.add_argument("--bootstrap", default="127.0.0.1:19092")
     parser.add_argument("--profile", action="store_true",
                         help="profile the router (exactly once) instead of the benchmark")
+    parser.add_argument("--step-once", type=int, metavar="N",
+                        help="run the step once over the first N of --events events, untimed: "
+                             "for `valgrind --tool=callgrind` (see the module doc)")
     parser.add_argument("--step", action="store_true",
                         help="time the per-record step alone, no broker needed")
     args = parser.parse_args()
+    if args.step_once is not None:
+        records = raw_records(args.events)[:args.step_once]
+        with tempfile.TemporaryDirectory() as workdir:
+            step_harness(Path(workdir))(records)
+        return
     if args.step:
         with tempfile.TemporaryDirectory() as workdir:
             rate = time_step(args.events, Path(workdir))
