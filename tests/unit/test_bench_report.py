@@ -1,4 +1,5 @@
-"""The side-by-side benchmark's pure logic: percentiles, ratios, goals, table, JSON, row ids."""
+"""The side-by-side benchmark's pure logic: percentiles, ratios, goals, table, JSON, row ids;
+and the router's loop over null clients, which --loop-once measures."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import pytest
 
 from tests.bench import report
+from tests.bench.null_clients import run_loop
 from tests.bench.report import Goal, Latency, Memory, Results, Throughput, goals, percentile
+from tests.bench.router_throughput import raw_records
 from tests.bench.watcher import row_id
 
 ID = "0192f1a4-6b1c-7d2e-8f30-4a5b6c7d8e9f"
@@ -135,3 +138,9 @@ def test_row_id_is_found_in_every_path_key_shape(key: bytes) -> None:
 def test_a_key_without_a_row_id_has_none() -> None:
     assert row_id(b"order-42") is None
     assert row_id(None) is None
+
+
+def test_the_loop_over_null_clients_routes_every_event_and_one_changelog_mark() -> None:
+    # router_throughput.py's --loop-once counts the instructions of this run: it must go
+    # through the whole loop (step, produce, marks, commit), not stop early.
+    assert run_loop(raw_records(40)) == 40 + 1
