@@ -1,4 +1,5 @@
-"""The headers the router writes itself, which neither a route nor a row may write too.
+"""The headers the router writes itself, which neither a route nor a row may write too, and the
+header names that Kafka clients cannot carry.
 
 One rule for both: config validation refuses such a name among a route's static `headers`, and
 routing dead-letters an event whose row carries one in its headers column.
@@ -30,3 +31,16 @@ def is_reserved_header(name: str, *, cloudevents: bool) -> bool:
     if name in CONTRACT_HEADERS or name.startswith(CLOUDEVENTS_PREFIX):
         return True
     return cloudevents and name == CLOUDEVENTS_CONTENT_TYPE
+
+
+def header_name_problem(name: str) -> str | None:
+    """Why a Kafka record cannot carry a header named `name` as written, or None.
+
+    librdkafka takes a header name as a C string, which ends at the first NUL: `id\\0x` would
+    arrive as a second `id` header, a forged event id for downstream dedup.
+    """
+    if "\x00" not in name:
+        return None
+    arrives_as = name.partition("\x00")[0]
+    return (f"holds a NUL character, at which Kafka clients end a header name (it would arrive "
+            f"as {arrives_as!r})")

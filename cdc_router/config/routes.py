@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import Patterns, StringMap
 from cdc_router.config.fields import field_problem as _fail
-from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import (
@@ -121,6 +121,9 @@ class RouteRule(_Model):
             if is_reserved_header(name, cloudevents=self.cloudevents):
                 raise _fail("headers", f"header {name!r} is reserved for the router: "
                             f"{RESERVED_HEADERS}", name)
+            problem = header_name_problem(name)
+            if problem:
+                raise _fail("headers", f"header name {name!r} {problem}", name)
             problem = nats_header_problem(name, self.headers[name]) if self.nats else None
             if problem:
                 raise _fail("headers", problem, name)

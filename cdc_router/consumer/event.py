@@ -83,7 +83,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         event_id = _event_id_text(message.key(), key_name)
     else:
         # A present but empty header is malformed, never replaced by the key: the key may be
-        # an aggregate id, shared by many events.
+        # an aggregate id, shared by many events. Two that differ are too: either could be
+        # the forged one, and dedup on the wrong id skips or repeats an effect.
+        if len(set(values)) > 1:
+            raise MalformedRecord(f"{len(values)} {header!r} headers with different values: "
+                                  "the event id is ambiguous")
         event_id = _event_id_text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from cdc_router.config.headers import RESERVED_HEADERS, is_reserved_header
+from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import MSG_ID_HEADER, nats_header_problem
 from cdc_router.config.topic_names import render_topic
 from cdc_router.errors import RouteError, show
@@ -209,6 +209,10 @@ def _headers(event: OutboxEvent, rule: RouteRule,
         if not name.isascii() and not utf8_encodable(name):
             raise RouteError(f"event {show(event.event_id)}: a header name in the headers "
                              f"column, {show(name)}, holds {LONE_SURROGATE}")
+        problem = header_name_problem(name)
+        if problem:
+            raise RouteError(f"event {show(event.event_id)}: row header name {show(name)} "
+                             f"{problem}; fix the headers column")
     cloudevents = _cloudevents(event, rule) if rule.cloudevents else []
     try:
         # Encoded straight from the event's fields: one list, no intermediate text pairs.

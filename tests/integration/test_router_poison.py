@@ -46,7 +46,7 @@ def insert(pipe: Pipeline, rows: list[dict[str, Any]], per_transaction: int = 20
                 conn.execute(
                     f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, type, "
                     f"payload, headers, created_at) VALUES (%s, %s, %s, %s, %s::json, "
-                    f"%s::jsonb, COALESCE(%s::timestamp, {NOW}))",
+                    f"%s::json, COALESCE(%s::timestamp, {NOW}))",
                     (event_id, row.get("aggregate_type", "Order"), row.get("aggregate_id", "o-1"),
                      row.get("type", "OrderPaid"), row.get("payload", '{"n": 1}'),
                      row.get("headers"), row.get("created_at")))
@@ -77,8 +77,10 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            # json, not jsonb: jsonb refuses a lone surrogate, json keeps the escape verbatim.
-            conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN payload TYPE json")
+            # json, not jsonb: jsonb refuses a lone surrogate and NUL, json keeps the escapes
+            # verbatim.
+            conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN payload TYPE json, "
+                         "ALTER COLUMN headers TYPE json")
         config = yaml.safe_load(pipe.config_path.read_text())
         config["routes"][:0] = [
             {"match": {"type": "PaymentConfirmed"}, "topic": pipe.events_topic,
@@ -98,6 +100,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
             "lone_surrogate_avro": {"type": "PaymentConfirmed", "payload":
                                     '{"payment_id": "\\ud800", "order_id": 1, '
                                     '"amount_cents": 5}'},
+            # librdkafka would cut the name at NUL into a second `id` header: a forged id.
+            "header_name_nul": {"headers": '{"id\\u0000x": "00000000-0000-0000-0000-0000dead"}'},
         }
         # Names a templated route renders from row data: Connect's and the registry's storage
         # topics, the broker's, the router's own source, and one that does not exist.
@@ -139,12 +143,14 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                 "headers_3000_deep": ("decode", "DecodeError"),
                 "created_at_3h_ahead": ("produce", "DeliveryError"),
                 "created_at_year_12000": ("route", "RouteError"),
-                "lone_surrogate_avro": ("serialize", "SerializeError")}
+                "lone_surrogate_avro": ("serialize", "SerializeError"),
+                "header_name_nul": ("route", "RouteError")}
     for name, (stage, error_class) in expected.items():
         headers = letters[hostile_ids[name]] if name != "headers_3000_deep" else next(
             h for h in letters.values() if h["dlq.stage"] == "decode")
         assert (headers["dlq.stage"], headers["dlq.error.class"]) == (stage, error_class), name
         assert headers["dlq.error.message"], name
+    assert "holds a NUL character" in letters[hostile_ids["header_name_nul"]]["dlq.error.message"]
     timestamp_reason = letters[hostile_ids["created_at_3h_ahead"]]["dlq.error.message"]
     assert "INVALID_TIMESTAMP" in timestamp_reason
     assert "delivery.record_timestamp: now" in timestamp_reason

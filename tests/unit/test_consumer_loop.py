@@ -87,6 +87,18 @@ def test_by_default_an_empty_id_header_is_malformed_not_replaced_by_the_key() ->
     assert "header 'id'" in dlq_headers(dead)["dlq.error.message"]
 
 
+def test_two_id_headers_that_differ_are_malformed_and_two_equal_ones_are_one_id() -> None:
+    # A record with a second, different `id` header: either may be forged, and deduplicating
+    # on the wrong one would skip another event's effect or run this one twice.
+    forged = rec("e1", headers=[("id", b"e1"), ("id", b"e9")])
+    h = Harness({0: [forged, rec("e2", headers=[("id", b"e2"), ("id", b"e2")]), rec("e9")]})
+    h.run()
+    assert [e.event_id for e in h.effects] == ["e2", "e9"]
+    [dead] = h.producer.sent
+    assert "2 'id' headers with different values: the event id is ambiguous" in \
+        dlq_headers(dead)["dlq.error.message"]
+
+
 def test_event_id_source_key_reads_only_the_key() -> None:
     h = Harness({0: [rec("k1", headers=[("id", b"evt-1")]), rec("k2", headers=[("id", b"evt-1")])]},
                 event_id_source="key")

@@ -3,6 +3,7 @@ still named per event, in the order the record carries its headers."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -66,3 +67,15 @@ def test_a_name_allowed_on_one_kind_of_route_is_still_refused_on_the_other() -> 
     with pytest.raises(RouteError, match=r"row header 'id' is reserved"):
         router.route(replace(event((("tenant", "acme"), ("id", "x"))), type="Plain"),
                      lambda topic: 3)
+
+
+@pytest.mark.parametrize("name, arrives_as", [("id\x00x", "id"), ("tenant\x00", "tenant"),
+                                              ("\x00", "")])
+def test_a_row_header_name_with_nul_is_refused_not_cut_into_another_header(
+        name: str, arrives_as: str) -> None:
+    # librdkafka ends a header name at NUL: "id\0x" would arrive as a second `id` header and
+    # forge the event id that the idempotent consumer keys on.
+    with pytest.raises(RouteError, match=rf"event 'e-1': row header name {re.escape(repr(name))} "
+                                         rf"holds a NUL character.*arrive as {arrives_as!r}"):
+        routed(event((("tenant", "acme"), (name, "00000000-dead"))))
+

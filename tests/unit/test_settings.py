@@ -164,6 +164,8 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
      "reserved for the router"),
     ("{topic: x, headers: {ce_subject: a}}", "header 'ce_subject' is reserved"),
     ("{topic: x, headers: {aggregateid: a}}", "header 'aggregateid' is reserved"),
+    ('{topic: x, headers: {"id\\0x": a}}', "field 'routes[0].headers': header name 'id\\x00x' "
+     "holds a NUL character, at which Kafka clients end a header name (it would arrive as 'id')"),
     ("{topic: x, cloudevents: true, ce_source: /a, headers: {content-type: a}}",
      "header 'content-type' is reserved"),
     ("{topic: x, key: created_at}", "field 'routes[0].key'"),
