@@ -47,10 +47,32 @@ class _Root(click.Group):
         try:
             return super().invoke(ctx)
         except CdcRouterError as error:
-            if ctx.obj and ctx.obj.get("verbose"):
-                traceback.print_exc()
-            click.echo(f"error: {error}", err=True)
-            sys.exit(error.exit_code)
+            _fail(ctx, str(error), error.exit_code)
+        except Exception as error:
+            line = _kafka_failure(error)
+            if line is None:
+                raise
+            _fail(ctx, line, 1)
+
+
+def _fail(ctx: click.Context, line: str, exit_code: int) -> None:
+    if ctx.obj and ctx.obj.get("verbose"):
+        traceback.print_exc()
+    click.echo(f"error: {line}", err=True)
+    sys.exit(exit_code)
+
+
+def _kafka_failure(error: Exception) -> str | None:
+    """One line for a Kafka call's error that no command turned into its own (a cluster that
+    does not answer a read command's metadata request, say), or None for any other error."""
+    kafka = sys.modules.get("confluent_kafka")  # not imported: no Kafka call was made
+    if kafka is None or not isinstance(error, kafka.KafkaException):
+        return None
+    from cdc_router.kafka.errors import describe, kafka_error_of  # loads confluent_kafka only
+
+    found = kafka_error_of(error)
+    return (f"a Kafka call failed: {describe(found) if found is not None else error}; check "
+            "kafka.bootstrap_servers and the security settings, and that the cluster is up")
 
 
 @click.group(cls=_Root)

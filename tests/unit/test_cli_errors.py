@@ -1,0 +1,60 @@
+"""The CLI's last net: a Kafka error that no command turned into its own is one line, exit 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.cli import dlq, main
+
+CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
+          "routes: [{topic: x}]\n")
+
+
+class _Unreachable:
+    """A reader whose metadata request fails, as TopicReader's does with no broker."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def read_to_end(self, **kwargs: Any) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: "
+                                        "Broker transport failure"))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_kafka_error_no_command_caught_is_one_line_naming_what_to_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "router.yaml").write_text(CONFIG)
+    monkeypatch.setattr(dlq, "TopicReader", _Unreachable)
+
+    result = CliRunner().invoke(main, ["dlq", "list", "-c", str(tmp_path / "router.yaml")])
+
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "error: a Kafka call failed: _TRANSPORT: Failed to get metadata: Local: Broker transport "
+        "failure; check kafka.bootstrap_servers and the security settings, and that the cluster "
+        "is up\n")
+    assert "Traceback" not in result.output
+
+
+def test_any_other_exception_is_not_swallowed(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bug is not a Kafka failure: it keeps its traceback (and its test fails loudly).
+    (tmp_path / "router.yaml").write_text(CONFIG)
+
+    class _Broken(_Unreachable):
+        def read_to_end(self, **kwargs: Any) -> Any:
+            raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(dlq, "TopicReader", _Broken)
+
+    result = CliRunner().invoke(main, ["dlq", "list", "-c", str(tmp_path / "router.yaml")])
+
+    assert isinstance(result.exception, ZeroDivisionError)
