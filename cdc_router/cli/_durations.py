@@ -10,6 +10,9 @@ from cdc_router.errors import ConfigError
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days",
           "w": "weeks"}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+# Longer than any retention window or look-back: a time this far back is before year 1 (or
+# out of Postgres' and Python's range) for some commands, and a typo for all of them.
+_LONGEST = timedelta(days=100 * 365)
 
 
 def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timedelta:
@@ -22,22 +25,28 @@ def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timed
         kind = "whole" if allow_zero else "positive"
         raise ConfigError(f"must be a {kind} number with a unit ms, s, m, h, d or w",
                           source="command line", field=option, value=text, hint="e.g. 7d")
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    try:
+        duration = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    except OverflowError:
+        duration = timedelta.max
+    if duration > _LONGEST:
+        raise ConfigError("must be at most 100 years (36500d)", source="command line",
+                          field=option, value=text)
+    return duration
 
 
 def parse_since(text: str, *, option: str, now_ms: int) -> int:
     """`--since`: an ISO-8601 time (UTC unless it says otherwise) or a duration back from now
     (`2h`), as epoch milliseconds."""
+    if _DURATION.match(text):
+        return now_ms - parse_duration(text, option=option, allow_zero=True) // timedelta(
+            milliseconds=1)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        try:
-            back = parse_duration(text, option=option, allow_zero=True)
-        except ConfigError:
-            raise ConfigError("must be an ISO-8601 time or a duration back from now",
-                              source="command line", field=option, value=text,
-                              hint="e.g. 2026-12-01T09:30:00Z or 2h") from None
-        return now_ms - back // timedelta(milliseconds=1)
+        raise ConfigError("must be an ISO-8601 time or a duration back from now",
+                          source="command line", field=option, value=text,
+                          hint="e.g. 2026-12-01T09:30:00Z or 2h") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)

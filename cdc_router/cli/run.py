@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException
 
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import DeliveryError
+from cdc_router.errors import ConfigError, DeliveryError
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.loop import OutboxRouter
@@ -102,7 +102,14 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     if metrics_port:
-        serve(metrics, metrics_port, poll_is_recent(lambda: process.last_poll, _STALL_S))
+        try:
+            serve(metrics, metrics_port, poll_is_recent(lambda: process.last_poll, _STALL_S))
+        except OSError as error:  # in use (a second instance on the host), or privileged
+            raise ConfigError(f"cannot serve /metrics on port {metrics_port}: "
+                              f"{error.strerror or error}", source="command line",
+                              field="--metrics-port",
+                              hint="give each instance on a host its own port "
+                                   "[env CDC_ROUTER_METRICS_PORT], or 0 for none") from None
     cleaner.start()
     tune_gc()
     try:

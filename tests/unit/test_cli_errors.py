@@ -1,8 +1,12 @@
-"""The CLI's last net: a Kafka error that no command turned into its own is one line, exit 1."""
+"""One-line errors at the CLI's edge: a Kafka error that no command turned into its own, and a
+--metrics-port in use."""
 
 from __future__ import annotations
 
+import signal
+import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,6 +14,9 @@ from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.cli import dlq, main
+from cdc_router.cli.run import run_until_stopped
+from cdc_router.errors import ConfigError
+from cdc_router.router.metrics import RouterMetrics
 
 CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
           "routes: [{topic: x}]\n")
@@ -58,3 +65,23 @@ def test_any_other_exception_is_not_swallowed(tmp_path: Path,
     result = CliRunner().invoke(main, ["dlq", "list", "-c", str(tmp_path / "router.yaml")])
 
     assert isinstance(result.exception, ZeroDivisionError)
+
+
+def test_a_metrics_port_in_use_is_a_config_error_before_anything_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second instance on one host with the default --metrics-port: a traceback before.
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # keep pytest's
+    started: list[str] = []
+    process = SimpleNamespace(last_poll=0.0, run=lambda: started.append("run"), stop=lambda: None)
+    cleaner = SimpleNamespace(start=lambda: started.append("cleaner"), stop=lambda: None)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as caught:
+            run_until_stopped(process, cleaner, RouterMetrics(), port, "router")  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        f"command line: field '--metrics-port': cannot serve /metrics on port {port}: Address "
+        "already in use; give each instance on a host its own port [env "
+        "CDC_ROUTER_METRICS_PORT], or 0 for none")
+    assert started == []

@@ -27,6 +27,14 @@ def test_bad_durations_name_the_option_and_value(text: str) -> None:
     assert repr(text) in str(caught.value)
 
 
+@pytest.mark.parametrize("text", ["36501d", "99999999d", "999999999999d", "9" * 40 + "w"])
+def test_durations_past_100_years_are_refused_not_overflowed(text: str) -> None:
+    # Past that, `now - duration` is before year 1 or timedelta overflows: a traceback before.
+    with pytest.raises(ConfigError, match=r"field '--since': must be at most 100 years"):
+        parse_duration(text, option="--since")
+    assert parse_duration("36500d", option="--since") == timedelta(days=36500)
+
+
 def test_a_bad_window_is_one_line_and_exit_1() -> None:
     result = CliRunner().invoke(main, ["dedup", "purge", "--older-than", "soon"])
     assert result.exit_code == 1
