@@ -30,8 +30,11 @@ class OutboxStats:
 def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxStats:
     """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST."""
     query = sql.SQL(
-        "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created})), "
-        "pg_total_relation_size(%s::regclass) FROM {table}").format(
+        # A row dated 'infinity' or '-infinity' has no age (the subtraction fails): the oldest
+        # is the oldest of the others.
+        "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created}) "
+        "FILTER (WHERE isfinite({created}))), pg_total_relation_size(%s::regclass) "
+        "FROM {table}").format(
         created=sql.Identifier(schema.created_at_column), table=schema.identifier)
     row = conn.execute(query, (regclass_text(schema.table),)).fetchone()
     assert row is not None

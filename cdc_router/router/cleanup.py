@@ -261,12 +261,21 @@ class OutboxCleaner:
         if not rest:
             return len(gone), []
         young = conn.execute(sql.SQL(
-            "SELECT {}::text, (extract(epoch FROM {}) * 1000)::bigint FROM {} WHERE {}").format(
-            sql.Identifier(self._id_column), created, self._table, where), (rest,)).fetchall()
+            "SELECT {id}::text, CASE WHEN isfinite({created}) THEN "
+            "(extract(epoch FROM {created}) * 1000)::bigint END FROM {table} WHERE {where}").format(
+            id=sql.Identifier(self._id_column), created=created, table=self._table,
+            where=where), (rest,)).fetchall()
         # Never sooner than the next round: a clock behind Postgres's must not spin the worker.
         soonest = now_ms + self._settings.interval_ms
+        ageless = [str(event_id) for event_id, created_ms in young if created_ms is None]
+        if ageless:
+            # NULL or 'infinity' never grows retention_ms old: waiting again would spin for
+            # ever, so such a row stays, as a dead-lettered one does.
+            log.warning("event=cleanup_row_kept reason=%r ids=%s",
+                        "created_at is NULL or infinity, so the row never reaches retention_ms",
+                        ",".join(ageless[:10]))
         return len(gone), [(max(int(created_ms) + self._retention_ms, soonest), str(event_id))
-                           for event_id, created_ms in young]
+                           for event_id, created_ms in young if created_ms is not None]
 
     def _id_type(self, conn: psycopg.Connection[Any]) -> str:
         """The id column's SQL type (uuid, text, bigint, ...), read once, for the array cast."""

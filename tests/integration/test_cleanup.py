@@ -23,6 +23,8 @@ from psycopg import sql
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
+from cdc_router.outbox.table import OutboxSchema
+from cdc_router.outbox.tools import outbox_stats
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.transaction import Delivered
 from tests.integration.pipeline import REPO, Pipeline, pipeline
@@ -358,3 +360,47 @@ def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name
                 sql.SQL("SELECT id FROM {}").format(table))}
         _drop(stack.postgres_dsn, table)
     assert left == set(ids[15:])
+
+
+def test_retention_keeps_rows_that_never_age_and_goes_on_deleting_the_others(
+        stack: StackEndpoints) -> None:
+    # created_at 'infinity' or NULL never grows retention_ms old; before, the cleaner failed on
+    # 'infinity' (cannot convert infinity to bigint) and on NULL, and retried that batch for
+    # ever; `outbox stats` (and `status`) failed on 'infinity' (cannot subtract infinite
+    # timestamps).
+    name = f"ageless_{os.getpid()}_{random.randrange(10**6)}"
+    table = _created_table(stack.postgres_dsn, name)
+    insert = sql.SQL("INSERT INTO {} (created_at) VALUES (%s) RETURNING id").format(table)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN created_at DROP NOT NULL").format(table))
+        ageless = [str(conn.execute(insert, (created,)).fetchone()[0])  # type: ignore[index]
+                   for created in ("infinity", None)]
+        old = [str(row[0]) for row in conn.execute(sql.SQL(
+            "INSERT INTO {} (created_at) SELECT (now() AT TIME ZONE 'UTC') - interval '1 hour' "
+            "FROM generate_series(1, 10) RETURNING id").format(table))]
+        stats = outbox_stats(conn, OutboxSchema(table=f"public.{name}"))
+    cleaner = OutboxCleaner(CleanupSettings(mode="retention", retention_ms=60_000,
+                                            dsn=stack.postgres_dsn, table=f"public.{name}",
+                                            interval_ms=100),
+                            id_column="id", created_at_column="created_at",
+                            registry=CollectorRegistry())
+    cleaner.start()
+    try:
+        # Due at once by the router's clock (created an hour ago): Postgres's created_at decides.
+        hour_ago_ms = int(time.time() * 1000) - 3_600_000
+        cleaner.delivered([Delivered(event_id, "t", hour_ago_ms)
+                           for event_id in ageless + old[:5]])
+        cleaner.delivered([Delivered(event_id, "t", hour_ago_ms) for event_id in old[5:]])
+        deadline = time.monotonic() + 20
+        while cleaner.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pending = cleaner.pending_count()
+    finally:
+        cleaner.stop()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            left = {str(row[0]) for row in conn.execute(
+                sql.SQL("SELECT id FROM {}").format(table))}
+        _drop(stack.postgres_dsn, table)
+    assert left == set(ageless)
+    assert pending == 0, "the rows that never age are not waited for again"
+    assert stats.rows == 12 and stats.oldest_age_s is not None and stats.oldest_age_s > 3500
