@@ -347,19 +347,29 @@ def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name
                                             table=spelling.format(name), interval_ms=100),
                             id_column="id", created_at_column="created_at",
                             registry=CollectorRegistry())
+    left, _ = _clean(cleaner, [Delivered(event_id, "t", None) for event_id in ids[:15]],
+                     stack.postgres_dsn, table)
+    assert left == set(ids[15:])
+
+
+def _clean(cleaner: OutboxCleaner, delivered: list[Delivered], dsn: str,
+           table: sql.Identifier) -> tuple[set[str], int]:
+    """Run `cleaner` on `delivered` until nothing is pending (20 s at most), then drop `table`;
+    (the ids left in it, the ids still pending)."""
     cleaner.start()
     try:
-        cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids[:15]])
+        cleaner.delivered(delivered)
         deadline = time.monotonic() + 20
         while cleaner.pending_count() and time.monotonic() < deadline:
             time.sleep(0.1)
+        pending = cleaner.pending_count()
     finally:
         cleaner.stop()
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
             left = {str(row[0]) for row in conn.execute(
                 sql.SQL("SELECT id FROM {}").format(table))}
-        _drop(stack.postgres_dsn, table)
-    assert left == set(ids[15:])
+        _drop(dsn, table)
+    return left, pending
 
 
 def test_retention_keeps_rows_that_never_age_and_goes_on_deleting_the_others(
@@ -384,23 +394,10 @@ def test_retention_keeps_rows_that_never_age_and_goes_on_deleting_the_others(
                                             interval_ms=100),
                             id_column="id", created_at_column="created_at",
                             registry=CollectorRegistry())
-    cleaner.start()
-    try:
-        # Due at once by the router's clock (created an hour ago): Postgres's created_at decides.
-        hour_ago_ms = int(time.time() * 1000) - 3_600_000
-        cleaner.delivered([Delivered(event_id, "t", hour_ago_ms)
-                           for event_id in ageless + old[:5]])
-        cleaner.delivered([Delivered(event_id, "t", hour_ago_ms) for event_id in old[5:]])
-        deadline = time.monotonic() + 20
-        while cleaner.pending_count() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pending = cleaner.pending_count()
-    finally:
-        cleaner.stop()
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            left = {str(row[0]) for row in conn.execute(
-                sql.SQL("SELECT id FROM {}").format(table))}
-        _drop(stack.postgres_dsn, table)
+    # Due at once by the router's clock (created an hour ago): Postgres's created_at decides.
+    hour_ago_ms = int(time.time() * 1000) - 3_600_000
+    left, pending = _clean(cleaner, [Delivered(event_id, "t", hour_ago_ms)
+                                     for event_id in ageless + old], stack.postgres_dsn, table)
     assert left == set(ageless)
     assert pending == 0, "the rows that never age are not waited for again"
     assert stats.rows == 12 and stats.oldest_age_s is not None and stats.oldest_age_s > 3500
