@@ -60,7 +60,13 @@ class ConnectError(CdcRouterError):
 
 
 class DecodeError(CdcRouterError):
-    """A raw change record is not a Debezium event we can read (stage: decode)."""
+    """A raw change record is not a Debezium event we can read (stage: decode).
+
+    `event_id`: the row's id when it was read before the failure, for the dead letter's
+    `dlq.event.id` (`dlq list`, `dlq replay --id`).
+    """
+
+    event_id: str | None = None
 
 
 class RouteError(CdcRouterError):

@@ -57,6 +57,7 @@ from cdc_router.router.step import (
     RecordStep,
     Routed,
     StepResult,
+    decode_letter,
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Delivered, Transaction
@@ -267,7 +268,7 @@ class OutboxRelay:
         except PROCESS_LEVEL:
             raise
         except Exception as error:
-            return DeadLettered("decode", error)
+            return decode_letter(error)
         return self._step.event(event)
 
     def _handle(self, row: RelayRow, result: StepResult) -> None:

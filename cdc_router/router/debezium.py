@@ -19,12 +19,7 @@ import msgspec
 
 from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.router.values import quick_init
-from cdc_router.serde.json import (
-    LONE_SURROGATE,
-    MAX_JSON_DEPTH,
-    parse_json,
-    utf8_encodable,
-)
+from cdc_router.serde.json import LONE_SURROGATE, MAX_JSON_DEPTH, parse_json, utf8_encodable
 
 if TYPE_CHECKING:
     from cdc_router.config.source import SourceSettings
@@ -237,26 +232,30 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     columns = columns or {}
     names = settings.outbox
     event_id = _identifier(row, names.id, "event id", None)
-    where = f"event {show(event_id)}"
-    payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
-    named = names.named
-    return OutboxEvent(
-        event_id=event_id,
-        aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", where),
-        aggregate_id=_identifier(row, names.aggregateid, "aggregate id", where),
-        type=_identifier(row, names.type, "event type", where),
-        payload=payload,
-        payload_is_json=is_json,
-        headers=_headers(row, names.headers, where),
-        created_at_ms=_created_at(row, names.created_at, columns, where),
-        op=op,
-        lsn=lsn,
-        tx_id=tx_id,
-        # A list comprehension, then a tuple: faster than a generator, and a str (most
-        # columns) is its own text.
-        extra_columns=tuple([(name, value if type(value) is str else _column_text(value))
-                             for name, value in row.items() if name not in named]),
-    )
+    try:
+        where = f"event {show(event_id)}"
+        payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
+        named = names.named
+        return OutboxEvent(
+            event_id=event_id,
+            aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", where),
+            aggregate_id=_identifier(row, names.aggregateid, "aggregate id", where),
+            type=_identifier(row, names.type, "event type", where),
+            payload=payload,
+            payload_is_json=is_json,
+            headers=_headers(row, names.headers, where),
+            created_at_ms=_created_at(row, names.created_at, columns, where),
+            op=op,
+            lsn=lsn,
+            tx_id=tx_id,
+            # A list comprehension, then a tuple: faster than a generator, and a str (most
+            # columns) is its own text.
+            extra_columns=tuple([(name, value if type(value) is str else _column_text(value))
+                                 for name, value in row.items() if name not in named]),
+        )
+    except DecodeError as error:
+        error.event_id = event_id  # for the dead letter's dlq.event.id
+        raise
 
 
 def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) -> str:

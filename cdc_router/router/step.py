@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaException
 
 from cdc_router.dead_letter import Stage
-from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, RouteError
+from cdc_router.errors import (
+    ConfigError,
+    DecodeError,
+    DeliveryError,
+    FatalKafkaError,
+    RouteError,
+)
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
@@ -78,6 +84,11 @@ class DeadLettered:
 
 
 StepResult = Routed | Skipped | Duplicate | DeadLettered
+
+
+def decode_letter(error: Exception) -> DeadLettered:
+    """The dead letter of a record that failed to decode, with its event id when it was read."""
+    return DeadLettered("decode", error, error.event_id if isinstance(error, DecodeError) else None)
 
 
 class _SerializeFailed(Exception):
@@ -155,7 +166,7 @@ class RecordStep:
         except PROCESS_LEVEL:
             raise
         except Exception as error:
-            return DeadLettered("decode", error)
+            return decode_letter(error)
         if isinstance(decoded, debezium.Skipped):
             return Skipped(decoded.reason, decoded.detail)
         return self.event(decoded)

@@ -80,6 +80,20 @@ def test_headers_nested_3000_deep_is_a_decode_dead_letter_not_a_crash() -> None:
     result = step({"topic": "orders"})(SOURCE, None, value)
     assert isinstance(result, DeadLettered) and result.stage == "decode"
     assert isinstance(result.error, DecodeError) and "MAX_JSON_DEPTH" in str(result.error)
+    assert result.event_id == "e-1"
+
+
+@pytest.mark.parametrize("columns", [{"aggregate_type": ""}, {"event_type": ""},
+                                     {"headers": '["not", "an", "object"]'},
+                                     {"created_at_us": 2**80}])
+def test_a_row_that_fails_after_its_id_names_the_id_for_dlq_list_and_replay(
+        columns: dict[str, Any]) -> None:
+    # dlq.event.id: `dlq list` shows it and `dlq replay --id` selects the letter by it.
+    result = step({"topic": "orders"})(SOURCE, None, raw_event("e-7", **columns))
+    assert isinstance(result, DeadLettered) and result.stage == "decode", result
+    assert result.event_id == "e-7" and "event 'e-7'" in str(result.error)
+    no_id = step({"topic": "orders"})(SOURCE, None, raw_event(""))
+    assert isinstance(no_id, DeadLettered) and no_id.event_id is None
 
 
 def test_payload_nested_3000_deep_is_a_serialize_dead_letter() -> None:
