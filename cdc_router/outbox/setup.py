@@ -22,6 +22,15 @@ from cdc_router.postgres import check_identifier, regclass_text, split_table, ta
 
 DEFAULT_PUBLICATION = "cdc_router_outbox"
 DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
+# The outbox's size check: the payload's and headers' text, in bytes. Debezium sends both as
+# JSON strings, which escaping can double, inside an envelope of a few kB: 2 x 4 MB stays well
+# under the 16 MiB that connectors/outbox-connector.json lets its raw change events have
+# (MAX_RECORD_BYTES). A bigger row would make Connect's producer refuse its change event and
+# kill the connector's task on it for good, holding up every later event: refused at INSERT
+# instead, in the writer's transaction. Rows within it but over delivery.max_payload_bytes
+# reach the router, which dead-letters them with the reason.
+MAX_EVENT_BYTES = 4_000_000
+SIZE_CHECK = "cdc_router_event_size"
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     steps += [
         Step(f"table {schema.table}", _outbox_ddl(schema),
              _exists("SELECT to_regclass({}) IS NOT NULL", quoted_outbox)),
+        _size_check(schema, quoted_outbox),
         Step(f"table {setup.heartbeat_table}", sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, ts timestamptz NOT NULL)"
         ).format(heartbeat), _exists("SELECT to_regclass({}) IS NOT NULL", quoted_heartbeat)),
@@ -135,6 +145,21 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
                      role_name, quoted_heartbeat), verb="granted", verb_if_done="ok"),
     ]
     return steps
+
+
+def _size_check(schema: OutboxSchema, quoted_outbox: str) -> Step:
+    """The CHECK that refuses a row too big for the pipeline (MAX_EVENT_BYTES); NOT VALID, so
+    that adding it to a table in use reads none of the rows already there."""
+    columns = schema.columns
+    size = sql.SQL("octet_length({}::text)").format(sql.Identifier(columns.payload))
+    if columns.headers is not None:
+        size = sql.SQL("{} + coalesce(octet_length({}::text), 0)").format(
+            size, sql.Identifier(columns.headers))
+    return Step(f"size check {SIZE_CHECK} on {schema.table}", sql.SQL(
+        "ALTER TABLE {} ADD CONSTRAINT {} CHECK ({} <= {}) NOT VALID").format(
+            schema.identifier, sql.Identifier(SIZE_CHECK), size, sql.Literal(MAX_EVENT_BYTES)),
+        _exists("SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass({}) "
+                "AND conname = {})", quoted_outbox, SIZE_CHECK), verb="added", guarded=True)
 
 
 def set_password_statement(role: str, verifier: str | None = None) -> sql.Composed:

@@ -177,6 +177,31 @@ def test_events_reach_the_raw_topic_and_deletes_do_not(running: Deployment) -> N
     assert json.loads(records[1].key()) == {"id": event}
 
 
+def test_a_big_row_reaches_the_raw_topic_and_one_too_big_is_refused_at_insert(
+        running: Deployment) -> None:
+    # Before: Connect's producer refused a change event over 1 MiB and the task died on it for
+    # good. 600,000 quotes are 1.2 MB of jsonb text, escaped again in the change event.
+    big, marker = str(uuid.uuid4()), str(uuid.uuid4())
+    with psycopg.connect(running.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="big", type="Big",
+                    payload={"s": '"' * 600_000}, event_id=big, schema=running.schema)
+    with pytest.raises(psycopg.errors.CheckViolation, match="cdc_router_event_size"), \
+            psycopg.connect(running.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="huge", type="Huge",
+                    payload={"s": "x" * 4_000_000}, schema=running.schema)
+    with psycopg.connect(running.stack.postgres_dsn) as conn:
+        write_event(conn, aggregate_type="Order", aggregate_id="big", type="Marker", payload={},
+                    event_id=marker, schema=running.schema)
+
+    records = _read_until(running, marker)
+
+    sizes = {json.loads(record.value())["after"]["id"]: len(record.value())
+             for record in records if record.value()}
+    assert sizes[big] > 2_400_000, "the change event is over the 1 MiB Connect refused before"
+    status = running.cli("connectors", "status", running.connector, "-o", "json")
+    assert [task["state"] for task in json.loads(status.stdout)["tasks"]] == ["RUNNING"]
+
+
 def test_diff_is_empty_after_apply_and_shows_a_changed_field(running: Deployment,
                                                              tmp_path: Path) -> None:
     unchanged = running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE))

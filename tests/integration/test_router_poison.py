@@ -75,7 +75,11 @@ def _letters_by_id(pipe: Pipeline, count: int,
 
 def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
         stack: StackEndpoints, tmp_path: Path) -> None:
-    with pipeline(stack, tmp_path, partitions=2) as pipe:
+    # The limits of connectors/outbox-connector.json (MAX_RECORD_BYTES), so that a payload
+    # over the router's max_payload_bytes reaches the router.
+    big = {"producer.override.max.request.size": "16777216"}
+    with pipeline(stack, tmp_path, partitions=2, connector=big) as pipe:
+        set_topic_config(pipe, pipe.raw_topic, "max.message.bytes", "16777216")
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             # json, not jsonb: jsonb refuses a lone surrogate and NUL, json keeps the escapes
             # verbatim.
@@ -102,6 +106,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                                     '"amount_cents": 5}'},
             # librdkafka would cut the name at NUL into a second `id` header: a forged id.
             "header_name_nul": {"headers": '{"id\\u0000x": "00000000-0000-0000-0000-0000dead"}'},
+            # 1.2 MB of JSON text, 2.4 MB as the change event's escaped string.
+            "payload_1_2_mb": {"payload": json.dumps({"s": '"' * 600_000})},
         }
         # Names a templated route renders from row data: Connect's and the registry's storage
         # topics, the broker's, the router's own source, and one that does not exist.
@@ -144,13 +150,16 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                 "created_at_3h_ahead": ("produce", "DeliveryError"),
                 "created_at_year_12000": ("route", "RouteError"),
                 "lone_surrogate_avro": ("serialize", "SerializeError"),
-                "header_name_nul": ("route", "RouteError")}
+                "header_name_nul": ("route", "RouteError"),
+                "payload_1_2_mb": ("route", "RouteError")}
     for name, (stage, error_class) in expected.items():
         headers = letters[hostile_ids[name]] if name != "headers_3000_deep" else next(
             h for h in letters.values() if h["dlq.stage"] == "decode")
         assert (headers["dlq.stage"], headers["dlq.error.class"]) == (stage, error_class), name
         assert headers["dlq.error.message"], name
     assert "holds a NUL character" in letters[hostile_ids["header_name_nul"]]["dlq.error.message"]
+    assert "over delivery.max_payload_bytes" in \
+        letters[hostile_ids["payload_1_2_mb"]]["dlq.error.message"]
     timestamp_reason = letters[hostile_ids["created_at_3h_ahead"]]["dlq.error.message"]
     assert "INVALID_TIMESTAMP" in timestamp_reason
     assert "delivery.record_timestamp: now" in timestamp_reason

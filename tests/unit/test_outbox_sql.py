@@ -112,6 +112,17 @@ def test_the_outbox_table_has_the_designed_columns() -> None:
         assert column in text
 
 
+def test_a_size_check_refuses_rows_too_big_for_the_pipeline_and_reads_no_existing_row() -> None:
+    # Debezium's producer would refuse their change events and its task would die on them.
+    check = ('ALTER TABLE "public"."outbox" ADD CONSTRAINT "cdc_router_event_size" CHECK ('
+             '{} <= 4000000) NOT VALID;')
+    assert check.format('octet_length("payload"::text) + coalesce(octet_length("headers"::text)'
+                        ', 0)') in script()
+    no_headers = script(OutboxSchema(columns=OutboxColumns(headers=None)))
+    assert check.format('octet_length("payload"::text)') in no_headers
+    assert "conname = 'cdc_router_event_size'" in no_headers  # added once, as a guarded step
+
+
 def test_a_table_the_config_reads_without_headers_or_created_at_is_created_without_them() -> None:
     # The same OutboxColumns as router.yaml's source.outbox, where null means "no such column".
     text = script(OutboxSchema(columns=OutboxColumns(headers=None, created_at=None)))
