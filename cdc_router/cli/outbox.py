@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -271,11 +271,18 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
                "already delivered")
 
 
-def _warn_beyond_window(oldest: datetime | None, now_ms: int, window_ms: int) -> None:
-    if oldest is None:
+def _warn_beyond_window(oldest_us: int | None, now_ms: int, window_ms: int) -> None:
+    if oldest_us is None:
         return
-    oldest_ms = int(oldest.replace(tzinfo=UTC).timestamp() * 1000)
-    if now_ms - oldest_ms > window_ms:
-        click.echo(f"warning: rows created before {oldest.isoformat()}Z are older than "
+    if now_ms - oldest_us // 1000 > window_ms:
+        click.echo(f"warning: rows created before {_utc(oldest_us)} are older than "
                    "dedup.window_ms: an event delivered longer ago than that is forgotten by "
                    "the replay filter and would be delivered again", err=True)
+
+
+def _utc(epoch_us: int) -> str:
+    """ISO-8601 UTC of epoch microseconds, or the number where Python's years end."""
+    try:
+        return (datetime(1970, 1, 1) + timedelta(microseconds=epoch_us)).isoformat() + "Z"
+    except OverflowError:
+        return f"{epoch_us} us since 1970"

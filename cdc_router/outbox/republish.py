@@ -12,13 +12,18 @@ those whose ids it already delivered.
 Column values follow the shipped connector's settings: jsonb and json as their Postgres text,
 bytea as base64 or hex (source.binary_handling), a timestamp without time zone as epoch
 microseconds (time.precision.mode adaptive_time_microseconds), with a time zone as ISO-8601
-UTC, numeric as text (decimal.handling.mode string), uuid as text.
+UTC, numeric as text (decimal.handling.mode string), uuid as text. A timestamp Python cannot
+hold (after year 9999, BC, 'infinity') is read from its text, never as a datetime: Debezium
+sends it too (measured on the local stack: 'infinity' as 9223372036825200000, pgjdbc's
+DATE_POSITIVE_INFINITY, taken for microseconds), and the router dead-letters such a row with
+its reason rather than one row stopping the whole republish.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -26,7 +31,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Loader
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import TextLoader
 
 from cdc_router.outbox.table import OutboxSchema
@@ -37,6 +44,10 @@ _FETCH_ROWS = 1000
 _EPOCH = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
 CONNECTOR_NAME = "cdc-router-republish"  # source.connector of every republished event
+# What Debezium writes for a timestamp without time zone of 'infinity' and '-infinity'.
+_INFINITY_MICROS = {b"infinity": 9223372036825200000, b"-infinity": -9223372036832400000}
+# Postgres's ISO output of a timestamp without time zone (DateStyle ISO), any year.
+_TIMESTAMP = re.compile(rb"(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?( BC)?")
 
 
 @dataclass(frozen=True)
@@ -63,13 +74,66 @@ class RowSelection:
         return sql.SQL("{} >= %s").format(sql.Identifier(schema.created_at_column)), (since,)
 
 
+class _MicrosLoader(Loader):
+    """A timestamp without time zone as Debezium's MicroTimestamp: epoch microseconds, for any
+    year Postgres holds (proleptic Gregorian, as both Postgres and Java count)."""
+
+    def load(self, data: Any) -> int:
+        text = bytes(data)
+        if text in _INFINITY_MICROS:
+            return _INFINITY_MICROS[text]
+        found = _TIMESTAMP.fullmatch(text)
+        if found is None:
+            raise psycopg.DataError(f"unexpected timestamp text {text!r} (DateStyle ISO?)")
+        year, month, day, hour, minute, second = map(int, found.groups()[:6])
+        if found.group(8):
+            year = 1 - year  # 1 BC is year 0
+        fraction = int((found.group(7) or b"0").ljust(6, b"0"))
+        seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
+        return seconds * 1_000_000 + fraction
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date, any year (H. Hinnant's method)."""
+    year -= month <= 2
+    era = year // 400
+    of_era = year - era * 400
+    of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    return era * 146097 + of_era * 365 + of_era // 4 - of_era // 100 + of_year - 719468
+
+
+class _ZonedLoader(Loader):
+    """A timestamp with time zone as a datetime, or its text when Python cannot hold it."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._datetime = TimestamptzLoader(oid, context)
+
+    def load(self, data: Any) -> datetime | str:
+        try:
+            return self._datetime.load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
+
+
+def _read_as_debezium(conn: psycopg.Connection[Any]) -> None:
+    """json and jsonb as their Postgres text, timestamps as _MicrosLoader and _ZonedLoader
+    say, in UTC (a timestamp column holds UTC, as write_event writes)."""
+    for name in ("json", "jsonb"):
+        conn.adapters.register_loader(name, TextLoader)
+    conn.adapters.register_loader("timestamp", _MicrosLoader)
+    conn.adapters.register_loader("timestamptz", _ZonedLoader)
+    conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute("SET DateStyle = 'ISO'")
+
+
 def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
-               selection: RowSelection) -> tuple[int, datetime | None]:
-    """How many rows `selection` takes, and the oldest one's created_at (naive UTC)."""
-    conn.execute("SET TIME ZONE 'UTC'")  # a timestamp column holds UTC, as write_event writes
+               selection: RowSelection) -> tuple[int, int | None]:
+    """How many rows `selection` takes, and the oldest finite created_at (epoch micros)."""
+    _read_as_debezium(conn)
     where, params = selection.where(schema)
-    oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL("min({})").format(
-        sql.Identifier(schema.columns.created_at))
+    oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL(
+        "min({0}) FILTER (WHERE isfinite({0}))").format(sql.Identifier(schema.columns.created_at))
     query = sql.SQL("SELECT count(*), {} FROM {} WHERE {}").format(
         oldest, schema.identifier, where)
     row = conn.execute(query, params).fetchone()
@@ -81,9 +145,7 @@ def outbox_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
                 selection: RowSelection) -> Iterator[dict[str, Any]]:
     """The rows `selection` takes, oldest first; json and jsonb columns as their Postgres
     text, as Debezium sends them. Runs in a transaction of its own (a server-side cursor)."""
-    for name in ("json", "jsonb"):
-        conn.adapters.register_loader(name, TextLoader)
-    conn.execute("SET TIME ZONE 'UTC'")
+    _read_as_debezium(conn)
     where, params = selection.where(schema)
     order = [sql.Identifier(column) for column in (schema.columns.created_at, schema.columns.id)
              if column is not None]
@@ -120,7 +182,7 @@ def _column(value: Any, binary_handling: str) -> Any:
     if isinstance(value, bytes | memoryview):
         raw = bytes(value)
         return raw.hex() if binary_handling == "hex" else base64.b64encode(raw).decode()
-    if isinstance(value, datetime):
+    if isinstance(value, datetime):  # naive: not from outbox_rows, which reads micros
         if value.tzinfo is None:
             return (value - _EPOCH) // _MICROSECOND
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

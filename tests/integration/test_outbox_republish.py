@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,9 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 import yaml
 
@@ -136,3 +139,32 @@ def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_pat
     [debezium] = [r for r in captured if ids[2].encode() in r.value()]
     assert len(raw) == 6
     assert raw[-1].key() == debezium.key(), "the same key bytes, so the same raw partition"
+
+
+def test_timestamps_python_cannot_hold_are_republished_as_debezium_sends_them(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Before, one such row failed the whole command (timestamp too large (after year 10K)).
+    created = ["infinity", "-infinity", "20000-01-01 00:00:00", "0044-03-15 10:00:00 BC",
+               "2026-01-01 00:00:00.5"]
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["cleanup"] = {"table": f"public.{pipe.table}"}
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            ids = [str(conn.execute(
+                f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, type, "
+                "payload, created_at) VALUES (gen_random_uuid(), 'Order', 'o-1', 'OrderPaid', "
+                "'{}', %s) RETURNING id", (text,)).fetchone()[0])  # type: ignore[index]
+                   for text in created]
+        captured = pipe.read(pipe.raw_topic, len(ids), timeout_s=60)
+        out = _republish(pipe, "--ids", ",".join(ids))
+        raw = pipe.read(pipe.raw_topic, 2 * len(ids), timeout_s=60)
+    assert f"republished {len(ids)} change events" in out
+
+    def created_at(records: list[Any]) -> dict[str, Any]:
+        return {after["id"]: after["created_at"] for after in (
+            json.loads(record.value())["after"] for record in records)}
+
+    debezium, ours = created_at(captured), created_at(raw[len(ids):])
+    assert ours == debezium
+    assert debezium[ids[0]] == 9223372036825200000  # 'infinity', as Debezium 3 sends it
