@@ -68,7 +68,10 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
     except (msgspec.DecodeError, RecursionError):
         pass  # json.loads decides, and words the reason (see the module doc)
     try:
-        return json.loads(text, parse_constant=_reject_constant if strict else None)
+        # JSON between systems is UTF-8 without a byte order mark (RFC 8259 8.1); json.loads
+        # of bytes would also take UTF-16, UTF-32 and a BOM, which consumers then choke on.
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text,
+                          parse_constant=_reject_constant if strict else None)
     except RecursionError:  # only when the caller's own stack is already deep
         raise JsonTooDeep(max_depth) from None
 
@@ -96,6 +99,9 @@ def json_problem(error: ValueError | UnicodeDecodeError) -> str:
     """Why parse_json refused a text, to follow its noun: 'is not valid JSON: ...'."""
     if isinstance(error, JsonTooDeep):
         return f"is JSON {error} (MAX_JSON_DEPTH)"
+    if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
+        return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
+                "sent between systems must not have (RFC 8259 8.1); remove it")
     return f"is not valid JSON: {error}"
 
 

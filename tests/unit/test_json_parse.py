@@ -1,5 +1,7 @@
 """parse_json reads with msgspec and hands what msgspec refuses to json.loads: every text must
-come out exactly as json.loads alone reads it (value and type, or the same error)."""
+come out exactly as json.loads alone reads it (value and type, or the same error), and bytes as
+json.loads reads their UTF-8 text (RFC 8259 8.1: no BOM, no UTF-16 or UTF-32, which json.loads
+of bytes would take)."""
 
 from __future__ import annotations
 
@@ -35,8 +37,18 @@ def outcome(parse: Any, text: str | bytes) -> tuple[str, Any]:
 
 @pytest.mark.parametrize("text", EDGE_CASES)
 def test_parse_json_reads_edge_cases_as_json_loads_does(text: str) -> None:
-    for given in (text, text.encode("utf-8", "surrogatepass")):
-        assert outcome(parse_json, given) == outcome(json.loads, given)
+    assert outcome(parse_json, text) == outcome(json.loads, text)
+    given = text.encode("utf-8", "surrogatepass")
+    assert outcome(parse_json, given) == outcome(lambda raw: json.loads(raw.decode()), given)
+
+
+@pytest.mark.parametrize("raw", [b'\xef\xbb\xbf{"a": 1}', '{"a": 1}'.encode("utf-16"),
+                                 '{"a": 1}'.encode("utf-32-le")])
+def test_bytes_that_are_not_plain_utf8_json_are_refused(raw: bytes) -> None:
+    # json.loads(bytes) reads all three; a consumer reading UTF-8 JSON chokes on each.
+    assert json.loads(raw) == {"a": 1}
+    with pytest.raises(ValueError):  # JSONDecodeError (BOM) or UnicodeDecodeError
+        parse_json(raw)
 
 
 def test_parse_json_reads_numbers_as_json_loads_does() -> None:

@@ -96,6 +96,14 @@ def test_a_row_that_fails_after_its_id_names_the_id_for_dlq_list_and_replay(
     assert isinstance(no_id, DeadLettered) and no_id.event_id is None
 
 
+def test_a_payload_with_a_byte_order_mark_is_a_serialize_dead_letter_saying_so() -> None:
+    # A text payload column may hold one; json.loads of bytes skipped it, Python's json.loads
+    # of the consumer's text (and other parsers) refuse it.
+    result = step({"topic": "orders"})(SOURCE, None, raw_event("e-9", payload='\ufeff{"a": 1}'))
+    assert isinstance(result, DeadLettered) and result.stage == "serialize"
+    assert "starts with a byte order mark (U+FEFF)" in str(result.error)
+
+
 def test_payload_nested_3000_deep_is_a_serialize_dead_letter() -> None:
     result = step({"topic": "orders"})(SOURCE, None, raw_event("e-2", payload=nested(3000)))
     assert isinstance(result, DeadLettered) and result.stage == "serialize"
