@@ -100,7 +100,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[str, str]:
-    """Write each CDC_ROUTER__ override into `raw`; return {field path: variable name}."""
+    """Write each CDC_ROUTER__ override into `raw`; return {field path: variable name}, with
+    the path of each key a variable adds to the file's."""
     applied: dict[str, str] = {}
     for name in sorted(env):
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
@@ -120,6 +121,8 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
                     node[part] = _env_value(env[name], where)
                 node = node[part]
             elif isinstance(node, dict) and isinstance(part, str):
+                if part not in node:  # a key the variable brings: its errors are the variable's
+                    applied.setdefault(_dotted(path[: depth + 1]), name)
                 if final:
                     node[part] = _env_value(env[name], where)
                 node = node.setdefault(part, {})

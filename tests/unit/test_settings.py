@@ -116,7 +116,12 @@ def test_environment_overrides(tmp_path: Path) -> None:
     ({"CDC_ROUTER__ROUTES__3__TOPIC": "x"}, "field 'routes[3]': this path does not exist"),
     ({"CDC_ROUTER__SOURCE__TOPICS": "[oops"}, "invalid JSON"),
     ({"CDC_ROUTER__DELIVERY__GUARANTE": "at_least_once"},
+     "via environment variable CDC_ROUTER__DELIVERY__GUARANTE: field 'delivery.guarante': "
      "unknown key 'guarante'; did you mean 'guarantee'?"),
+    # A misspelt section: the variable brought the unknown key, not the file.
+    ({"CDC_ROUTER__DELIVRY__GUARANTEE": "at_least_once"},
+     "via environment variable CDC_ROUTER__DELIVRY__GUARANTEE: field 'delivry': unknown key "
+     "'delivry'; did you mean 'delivery'?"),
 ])
 def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str],
                                               expected: str) -> None:
