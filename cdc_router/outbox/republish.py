@@ -12,11 +12,13 @@ those whose ids it already delivered.
 Column values follow the shipped connector's settings: jsonb and json as their Postgres text,
 bytea as base64 or hex (source.binary_handling), a timestamp without time zone as epoch
 microseconds (time.precision.mode adaptive_time_microseconds), with a time zone as ISO-8601
-UTC, numeric as text (decimal.handling.mode string), uuid as text. A timestamp Python cannot
-hold (after year 9999, BC, 'infinity') is read from its text, never as a datetime: Debezium
-sends it too (measured on the local stack: 'infinity' as 9223372036825200000, pgjdbc's
-DATE_POSITIVE_INFINITY, taken for microseconds), and the router dead-letters such a row with
-its reason rather than one row stopping the whole republish.
+UTC, numeric as text (decimal.handling.mode string), uuid as text. A timestamp without time
+zone that Python cannot hold (after year 9999, BC, 'infinity') is read from its text, never as
+a datetime, into the number Debezium sends (measured on the local stack: 'infinity' as
+9223372036825200000, pgjdbc's DATE_POSITIVE_INFINITY taken for microseconds), and the router
+dead-letters such a row with its reason rather than one row stopping the whole republish. A
+timestamptz Python cannot hold goes as Postgres's text, which the router dead-letters at
+decode (Debezium writes `+20000-01-01T00:00:00Z`; the router dead-letters that too).
 """
 
 from __future__ import annotations
@@ -129,11 +131,13 @@ def _read_as_debezium(conn: psycopg.Connection[Any]) -> None:
 
 def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
                selection: RowSelection) -> tuple[int, int | None]:
-    """How many rows `selection` takes, and the oldest finite created_at (epoch micros)."""
+    """How many rows `selection` takes, and the oldest finite created_at (epoch micros, UTC),
+    whatever the column's type (timestamp, timestamptz, date)."""
     _read_as_debezium(conn)
     where, params = selection.where(schema)
     oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL(
-        "min({0}) FILTER (WHERE isfinite({0}))").format(sql.Identifier(schema.columns.created_at))
+        "(extract(epoch FROM min({0}) FILTER (WHERE isfinite({0}))) * 1000000)::bigint").format(
+        sql.Identifier(schema.columns.created_at))
     query = sql.SQL("SELECT count(*), {} FROM {} WHERE {}").format(
         oldest, schema.identifier, where)
     row = conn.execute(query, params).fetchone()
@@ -182,7 +186,7 @@ def _column(value: Any, binary_handling: str) -> Any:
     if isinstance(value, bytes | memoryview):
         raw = bytes(value)
         return raw.hex() if binary_handling == "hex" else base64.b64encode(raw).decode()
-    if isinstance(value, datetime):  # naive: not from outbox_rows, which reads micros
+    if isinstance(value, datetime):  # outbox_rows reads a timestamptz as one
         if value.tzinfo is None:
             return (value - _EPOCH) // _MICROSECOND
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

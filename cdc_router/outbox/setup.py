@@ -30,6 +30,8 @@ DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
 # instead, in the writer's transaction. Rows within it but over delivery.max_payload_bytes
 # reach the router, which dead-letters them with the reason.
 MAX_EVENT_BYTES = 4_000_000
+# connectors/outbox-connector.json's MAX_RECORD_BYTES: the largest raw change event.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
 SIZE_CHECK = "cdc_router_event_size"
 
 

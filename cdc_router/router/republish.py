@@ -18,9 +18,10 @@ from typing import Any
 from confluent_kafka import Producer
 
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import BatchFailed, ConfigError, DeliveryError
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.outbox.republish import ChangeEvent
+from cdc_router.outbox.setup import MAX_RECORD_BYTES
 from cdc_router.router import clients
 from cdc_router.router.destinations import LOOKUP_TIMEOUT_S
 from cdc_router.router.partitioner import java_default_partition
@@ -57,7 +58,9 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     stay committed: running it again is safe).
     """
     check_republish(config)
-    producer = LatchingProducer(clients.producer_config(config, INSTANCE), producer_factory)
+    # A raw change event may be as big as Debezium's (connectors/outbox-connector.json).
+    producer = LatchingProducer({**clients.producer_config(config, INSTANCE),
+                                 "message.max.bytes": MAX_RECORD_BYTES}, producer_factory)
     partitions = producer.partitions_for(topic, LOOKUP_TIMEOUT_S)
     if partitions is None:
         raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
@@ -69,11 +72,15 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
         txn.init()
         for event in events:
             txn.begin()
-            txn.produce(OutboundRecord(
-                topic=topic, key=event.key, value=event.value,
-                partition=java_default_partition(event.key, partitions), headers=(),
-                timestamp_ms=None, event_id=event.event_id, route_index=-1, format="json"),
-                (topic, -1, -1))
+            try:
+                txn.produce(OutboundRecord(
+                    topic=topic, key=event.key, value=event.value,
+                    partition=java_default_partition(event.key, partitions), headers=(),
+                    timestamp_ms=None, event_id=event.event_id, route_index=-1, format="json"),
+                    (topic, -1, -1))
+            except RecordRefused as refusal:
+                raise BatchFailed(f"Kafka refused the change event of {event.event_id} "
+                                  f"({len(event.value)} bytes): {refusal}") from refusal
             pending += 1
             if txn.due():
                 txn.commit()

@@ -17,6 +17,8 @@ import psycopg
 import pytest
 import yaml
 
+from cdc_router.outbox.republish import RowSelection, count_rows, outbox_rows
+from cdc_router.outbox.table import OutboxSchema
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints, drop_slot
 
@@ -168,3 +170,29 @@ def test_timestamps_python_cannot_hold_are_republished_as_debezium_sends_them(
     debezium, ours = created_at(captured), created_at(raw[len(ids):])
     assert ours == debezium
     assert debezium[ids[0]] == 9223372036825200000  # 'infinity', as Debezium 3 sends it
+
+
+def test_rows_of_a_timestamptz_outbox_are_counted_and_read(stack: StackEndpoints) -> None:
+    # count_rows's oldest is epoch micros whatever created_at's type; a timestamptz Python
+    # cannot hold is read as Postgres's text (the router dead-letters it) instead of failing.
+    name = f"tz_{os.getpid()}_{time.monotonic_ns() % 10**6}"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{name} (id uuid PRIMARY KEY, aggregatetype text, "
+                     "aggregateid text, type text, payload jsonb, headers jsonb, "
+                     "created_at timestamptz)")
+        for created in ("2026-01-01 00:00:00+00", "20000-01-01 00:00:00+00", "infinity"):
+            conn.execute(f"INSERT INTO public.{name} VALUES (gen_random_uuid(), 'A', '1', 'T', "
+                         "'{}', NULL, %s)", (created,))
+    schema = OutboxSchema(table=f"public.{name}")
+    try:
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            count, oldest = count_rows(conn, schema, RowSelection(since_ms=0))
+            conn.commit()
+            created_at = [row["created_at"] for row in outbox_rows(conn, schema,
+                                                                   RowSelection(since_ms=0))]
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE public.{name}")
+    assert (count, oldest) == (3, 1_767_225_600_000_000)
+    assert created_at == [datetime(2026, 1, 1, tzinfo=UTC), "20000-01-01 00:00:00+00",
+                          "infinity"]

@@ -71,6 +71,24 @@ def test_events_land_on_the_partition_kafka_connect_gives_their_key() -> None:
     assert len({partition for partition, _ in stored.values()}) > 1
 
 
+def test_a_change_event_kafka_refuses_stops_the_republish_in_one_line_naming_its_id() -> None:
+    # Debezium's events may be 16 MiB (connectors/outbox-connector.json): so may ours; one the
+    # cluster still refuses is named, after the batches before it (none here) committed.
+    cluster = FakeCluster(partitions={RAW: 1}, max_message_bytes=2000)
+    configs: list[dict[str, Any]] = []
+
+    def factory(conf: dict[str, Any]) -> FakeProducer:
+        configs.append(conf)
+        return FakeProducer(cluster, conf)
+
+    big = change_event(row(payload='"' + "x" * 3000 + '"'), OutboxSchema(),
+                       binary_handling="base64", ts_ms=5)
+    with pytest.raises(DeliveryError, match=rf"republish stopped after 0 committed events: Kafka "
+                                            rf"refused the change event of {EVENT_ID} \(\d+ bytes"):
+        republish(config(), RAW, [big], producer_factory=factory)
+    assert configs[0]["message.max.bytes"] == 16 * 1024 * 1024
+
+
 def test_republish_refuses_a_missing_topic_and_a_router_without_dedup() -> None:
     cluster = FakeCluster(partitions={})
     with pytest.raises(DeliveryError, match="does not exist"):
