@@ -211,7 +211,10 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     more = error.error_count() - 1
     if more:
         hint += f" ({more} more problem{'s' if more > 1 else ''} after this one)"
-    for prefix, variable in overridden.items():
-        if path == prefix or path.startswith((prefix + ".", prefix + "[")):
-            source = f"{source} via environment variable {variable}"
+    # The variable of the longest path that holds the error's (a section a variable brought,
+    # or the field it set), named once.
+    covering = [prefix for prefix in overridden
+                if path == prefix or path.startswith((prefix + ".", prefix + "["))]
+    if covering:
+        source = f"{source} via environment variable {overridden[max(covering, key=len)]}"
     return ConfigError(message, source=source, field=path or None, value=value, hint=hint)
