@@ -27,6 +27,14 @@ VALUE_DROPPED = "dlq.value.dropped.bytes"
 REPLAY_OF = "dlq.replay.of"
 HEADER_PREFIX = "dlq."
 
+
+def marks_delivery(stage: str) -> bool:
+    """Whether a router's dead letter at `stage` counts as its event's one delivery: its id
+    goes to the dedup changelog, so that a replay of the event drops, and the cleanup keeps its
+    row. Not at stage decode: the row itself failed, and may come back fixed (`outbox
+    republish`), to be routed then."""
+    return stage != "decode"
+
 # librdkafka's default message.max.bytes, the producer's limit for one record.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 # Room a dead letter keeps below that limit for what its size check does not count: the

@@ -308,8 +308,8 @@ class OutboxRelay:
                              error=result.error, event_id=result.event_id,
                              max_bytes=self._dead_letter_max_bytes)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
-        if result.event_id is not None:
-            self._remember(result.event_id)
+        if result.marked_id is not None:
+            self._remember(result.marked_id)
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
                     result.stage, self._table, row.seq, result.event_id,

@@ -26,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from cdc_router.dead_letter import EVENT_ID
+from cdc_router.dead_letter import EVENT_ID, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import (
     AdminConnection,
@@ -119,11 +119,12 @@ class CommittedIds:
             for message in messages:
                 if message.error():
                     continue
-                for name, value in record_headers(message):
-                    if name == EVENT_ID:
-                        event_id = value.decode(errors="replace")
-                        self._dead[event_id] = now_ms
-                        self._dead.move_to_end(event_id)
+                headers = {name: value.decode(errors="replace")
+                           for name, value in record_headers(message)}
+                event_id = headers.get(EVENT_ID)
+                if event_id is not None and marks_delivery(headers.get(STAGE, "")):
+                    self._dead[event_id] = now_ms
+                    self._dead.move_to_end(event_id)
         while self._dead and next(iter(self._dead.values())) < now_ms - self._keep_dead_ms:
             self._dead.popitem(last=False)
 

@@ -35,6 +35,7 @@ from cdc_router.dead_letter import (
     VALUE_DROPPED,
     DeadLetter,
     dead_letter,
+    marks_delivery,
     without_dead_letter_headers,
 )
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter, parse_changelog
@@ -124,7 +125,8 @@ def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
             if by_replay:
                 replayed.add(event_id)
     dead = Counter(letter.event_id for letter in letters
-                   if letter.event_id and letter.from_router and letter.replay_of is None)
+                   if letter.event_id and letter.from_router and letter.replay_of is None
+                   and marks_delivery(letter.stage))
     return {event_id: latest[event_id] for event_id, count in counts.items()
             if event_id in replayed or count > dead[event_id]}
 

@@ -258,8 +258,8 @@ class OutboxRouter:
             original_headers=record_headers(message), stage=result.stage, error=result.error,
             event_id=result.event_id, max_bytes=self._dead_letter_max_bytes)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
-        if result.event_id is not None:
-            self._remember(result.event_id)
+        if result.marked_id is not None:
+            self._remember(result.marked_id)
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
                     "error=%s reason=%r", result.stage, message.topic(), message.partition(),

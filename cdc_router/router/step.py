@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
-from cdc_router.dead_letter import Stage
+from cdc_router.dead_letter import Stage, marks_delivery
 from cdc_router.errors import (
     ConfigError,
     DecodeError,
@@ -81,6 +81,11 @@ class DeadLettered:
     error: BaseException
     event_id: str | None = None
     event: OutboxEvent | None = None
+
+    @property
+    def marked_id(self) -> str | None:
+        """The id to mark delivered with the letter (dead_letter.marks_delivery), or None."""
+        return self.event_id if marks_delivery(self.stage) else None
 
 
 StepResult = Routed | Skipped | Duplicate | DeadLettered

@@ -83,6 +83,12 @@ def test_a_dead_letters_own_mark_is_not_a_delivery() -> None:
     assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters) == {"routed": 5}
 
 
+def test_a_decode_letter_leaves_no_mark_so_its_rows_later_mark_is_a_delivery() -> None:
+    # The row failed to decode, was fixed and republished: its one mark is that delivery.
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "fixed"), [letter("fixed", stage="decode")]) \
+        == {"fixed": 5}
+
+
 def test_a_replayed_mark_or_one_mark_more_than_letters_is_a_delivery() -> None:
     letters = [letter("replayed"), letter("twice", offset=1)]
     found = delivered_ids([*marks(BATCH_KEY_PREFIX, "replayed", "twice"),

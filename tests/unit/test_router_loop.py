@@ -286,6 +286,22 @@ def test_a_dead_letter_too_big_for_kafka_keeps_its_reason_without_the_value() ->
     assert letter.header("dlq.stage") == "decode"
 
 
+def test_a_row_failing_to_decode_is_dead_lettered_with_its_id_and_left_unmarked() -> None:
+    # dlq.event.id lets `dlq list` show it and `dlq replay --id` select it; no changelog mark,
+    # so that the row, once fixed and republished, is routed instead of dropped as a replay.
+    # A route-stage letter's id is marked: a replay of that event drops.
+    values = [*events(3), raw_event("bad-row", aggregate_type=""),
+              raw_event("no-route", aggregate_type="Nope")]
+    cluster = cluster_with(*values)
+    harness = Harness(cluster, routes=[{"match": {"aggregate_type": "Order"}, "topic": ORDERS}],
+                      unmatched="dead_letter").run()
+    stages = {letter.header("dlq.event.id"): letter.header("dlq.stage")
+              for letter in harness.letters()}
+    assert stages == {"bad-row": "decode", "no-route": "route"}
+    marks = set(marked_ids(cluster.committed(CHANGELOG)))
+    assert "no-route" in marks and "bad-row" not in marks
+
+
 def test_at_least_once_a_refused_record_never_leaves_a_mark_without_its_record() -> None:
     values = events(8)
     values[3] = raw_event("big", payload='{"blob": "' + "x" * 500 + '"}')
