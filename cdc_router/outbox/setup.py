@@ -64,6 +64,7 @@ def _outbox_ddl(schema: OutboxSchema) -> sql.Composed:
         # the UTC default keeps that number right whatever the writing session's TimeZone is.
         lines.append(sql.SQL("{} timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')")
                      .format(sql.Identifier(columns.created_at)))
+    lines.append(_size_check(schema))
     return sql.SQL("CREATE TABLE IF NOT EXISTS {} (\n    {}\n)").format(
         schema.identifier, sql.SQL(",\n    ").join(lines))
 
@@ -103,7 +104,6 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     steps += [
         Step(f"table {schema.table}", _outbox_ddl(schema),
              _exists("SELECT to_regclass({}) IS NOT NULL", quoted_outbox)),
-        _size_check(schema, quoted_outbox),
         Step(f"table {setup.heartbeat_table}", sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, ts timestamptz NOT NULL)"
         ).format(heartbeat), _exists("SELECT to_regclass({}) IS NOT NULL", quoted_heartbeat)),
@@ -149,19 +149,24 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     return steps
 
 
-def _size_check(schema: OutboxSchema, quoted_outbox: str) -> Step:
-    """The CHECK that refuses a row too big for the pipeline (MAX_EVENT_BYTES); NOT VALID, so
-    that adding it to a table in use reads none of the rows already there."""
+def _size_check(schema: OutboxSchema) -> sql.Composed:
+    """The CHECK that refuses a row too big for the pipeline (MAX_EVENT_BYTES): the payload's
+    and headers' text, or a bytea payload's own bytes (Debezium sends them as base64)."""
     columns = schema.columns
-    size = sql.SQL("octet_length({}::text)").format(sql.Identifier(columns.payload))
+    as_text = sql.SQL("" if schema.payload_type == "bytea" else "::text")
+    size = sql.SQL("octet_length({}{})").format(sql.Identifier(columns.payload), as_text)
     if columns.headers is not None:
         size = sql.SQL("{} + coalesce(octet_length({}::text), 0)").format(
             size, sql.Identifier(columns.headers))
-    return Step(f"size check {SIZE_CHECK} on {schema.table}", sql.SQL(
-        "ALTER TABLE {} ADD CONSTRAINT {} CHECK ({} <= {}) NOT VALID").format(
-            schema.identifier, sql.Identifier(SIZE_CHECK), size, sql.Literal(MAX_EVENT_BYTES)),
-        _exists("SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass({}) "
-                "AND conname = {})", quoted_outbox, SIZE_CHECK), verb="added", guarded=True)
+    return sql.SQL("CONSTRAINT {} CHECK ({} <= {})").format(
+        sql.Identifier(SIZE_CHECK), size, sql.Literal(MAX_EVENT_BYTES))
+
+
+def add_size_check_statement(schema: OutboxSchema) -> sql.Composed:
+    """The size check for a table created before it existed: NOT VALID reads none of the rows
+    there, but the ALTER TABLE takes a short exclusive lock, so init only prints it."""
+    return sql.SQL("ALTER TABLE {} ADD {} NOT VALID").format(schema.identifier,
+                                                              _size_check(schema))
 
 
 def set_password_statement(role: str, verifier: str | None = None) -> sql.Composed:
@@ -223,7 +228,7 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         password: Literal["set", "unchanged"] | None = None
         if setup.replication_role is not None and replication_password is not None:
             password = _ensure_password(conn, setup.replication_role, replication_password)
-        warnings = _publication_warnings(conn, schema, setup)
+        warnings = _publication_warnings(conn, schema, setup) + _size_check_warnings(conn, schema)
     return InitReport(tuple(done), password, tuple(warnings))
 
 
@@ -246,6 +251,18 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
         warnings.append(f"publication {setup.publication} does not include {schema.table}: "
                         "Debezium will capture nothing from it")
     return warnings
+
+
+def _size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:
+    # An existing table is never altered by init (the lock; another owner): say what to run.
+    row = conn.execute("SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = "
+                       "to_regclass(%s) AND conname = %s)",
+                       (regclass_text(schema.table), SIZE_CHECK)).fetchone()
+    if row is None or row[0]:
+        return []
+    return [f"{schema.table} has no size check {SIZE_CHECK}: a row too big for Kafka would stop "
+            "Debezium's task for good (connectors/README.md, \"Big rows\"); when writers can "
+            f"wait a moment, run: {add_size_check_statement(schema).as_string(conn)}"]
 
 
 def _ensure_password(conn: psycopg.Connection[Any], role: str, password: str) -> Literal[

@@ -21,7 +21,14 @@ from confluent_kafka.admin import AdminClient
 
 from cdc_router.cli import main
 from cdc_router.outbox import OutboxSchema, write_event
-from tests.integration.support import StackEndpoints, drop_slot, read_topic, unique
+from tests.integration.support import (
+    StackEndpoints,
+    create_outbox_table,
+    drop_outbox_table,
+    drop_slot,
+    read_topic,
+    unique,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -389,3 +396,25 @@ def _read_until(deployment: Deployment, event_id: str, timeout_s: float = 90) ->
         return records
     raise AssertionError(f"{event_id} not on {deployment.raw_topic} after {timeout_s}s; "
                          f"read {len(records)} record(s)")
+
+
+def test_init_never_alters_an_existing_outbox_and_prints_its_size_check(
+        stack: StackEndpoints) -> None:
+    # The ALTER TABLE would take an exclusive lock on a table in use: init says what to run.
+    name = unique("old_obx")
+    create_outbox_table(stack.postgres_dsn, name)
+    try:
+        result = CliRunner().invoke(main, ["outbox", "init", "--table", f"public.{name}",
+                                           "--publication", name],
+                                    env={"CDC_ROUTER_PG_DSN": stack.postgres_dsn})
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            checks = conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = "
+                                  "to_regclass(%s) AND contype = 'c'",
+                                  (f"public.{name}",)).fetchone()
+    finally:
+        drop_outbox_table(stack.postgres_dsn, name)
+    assert result.exit_code == 0, result.output
+    assert f"warning: public.{name} has no size check cdc_router_event_size" in result.stderr
+    assert f'ALTER TABLE "public"."{name}" ADD CONSTRAINT "cdc_router_event_size"' in \
+        result.stderr
+    assert checks == (0,)

@@ -24,7 +24,7 @@ from cdc_router.outbox import (
     render_psql,
     write_event,
 )
-from cdc_router.outbox.setup import _password_matches
+from cdc_router.outbox.setup import _password_matches, add_size_check_statement
 from cdc_router.postgres import regclass_text, split_table
 
 # Postgres 15's verifier for the password "correct horse" (SET password_encryption =
@@ -112,22 +112,30 @@ def test_the_outbox_table_has_the_designed_columns() -> None:
         assert column in text
 
 
-def test_a_size_check_refuses_rows_too_big_for_the_pipeline_and_reads_no_existing_row() -> None:
+def test_a_new_outbox_refuses_rows_too_big_for_the_pipeline() -> None:
     # Debezium's producer would refuse their change events and its task would die on them.
-    check = ('ALTER TABLE "public"."outbox" ADD CONSTRAINT "cdc_router_event_size" CHECK ('
-             '{} <= 4000000) NOT VALID;')
+    check = 'CONSTRAINT "cdc_router_event_size" CHECK ({} <= 4000000)\n)'
     assert check.format('octet_length("payload"::text) + coalesce(octet_length("headers"::text)'
                         ', 0)') in script()
     no_headers = script(OutboxSchema(columns=OutboxColumns(headers=None)))
     assert check.format('octet_length("payload"::text)') in no_headers
-    assert "conname = 'cdc_router_event_size'" in no_headers  # added once, as a guarded step
+    bytea = script(OutboxSchema(payload_type="bytea", columns=OutboxColumns(headers=None)))
+    assert check.format('octet_length("payload")') in bytea  # its bytes, not its hex text
+    assert "ALTER TABLE" not in script()  # init never alters a table in use
+
+
+def test_the_size_check_for_an_existing_table_is_printed_not_valid() -> None:
+    assert add_size_check_statement(OutboxSchema()).as_string(None) == (
+        'ALTER TABLE "public"."outbox" ADD CONSTRAINT "cdc_router_event_size" CHECK ('
+        'octet_length("payload"::text) + coalesce(octet_length("headers"::text), 0) <= 4000000)'
+        " NOT VALID")
 
 
 def test_a_table_the_config_reads_without_headers_or_created_at_is_created_without_them() -> None:
     # The same OutboxColumns as router.yaml's source.outbox, where null means "no such column".
     text = script(OutboxSchema(columns=OutboxColumns(headers=None, created_at=None)))
 
-    assert '"payload" jsonb NOT NULL\n)' in text
+    assert '"payload" jsonb NOT NULL,\n    CONSTRAINT "cdc_router_event_size"' in text
     assert '"headers"' not in text and '"created_at"' not in text
 
 
