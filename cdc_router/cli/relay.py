@@ -23,7 +23,8 @@ from cdc_router.router.metrics import RouterMetrics
 @click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
               show_default="the host name", help="Names this relay in its logs "
                                                  "[env CDC_ROUTER_INSTANCE_ID].")
-@click.option("--metrics-port", type=int, default=9103, show_default=True,
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9103,
+              show_default=True,
               envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
 def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) -> None:

@@ -14,9 +14,10 @@ from typing import Protocol
 import click
 from confluent_kafka import KafkaException
 
+from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import ConfigError, DeliveryError
+from cdc_router.errors import DeliveryError
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.loop import OutboxRouter
@@ -48,7 +49,8 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
               show_default="the host name",
               help="Unique per running instance: it names the transactional id and the static "
                    "group member [env CDC_ROUTER_INSTANCE_ID].")
-@click.option("--metrics-port", type=int, default=9102, show_default=True,
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9102,
+              show_default=True,
               envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
 def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) -> None:
@@ -102,14 +104,12 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     if metrics_port:
-        try:
-            serve(metrics, metrics_port, poll_is_recent(lambda: process.last_poll, _STALL_S))
-        except OSError as error:  # in use (a second instance on the host), or privileged
-            raise ConfigError(f"cannot serve /metrics on port {metrics_port}: "
-                              f"{error.strerror or error}", source="command line",
-                              field="--metrics-port",
-                              hint="give each instance on a host its own port "
-                                   "[env CDC_ROUTER_METRICS_PORT], or 0 for none") from None
+        # In use: a second instance on the host.
+        serve_on("--metrics-port", metrics_port,
+                 lambda: serve(metrics, metrics_port,
+                               poll_is_recent(lambda: process.last_poll, _STALL_S)),
+                 hint="give each instance on a host its own port [env CDC_ROUTER_METRICS_PORT], "
+                      "or 0 for none")
     cleaner.start()
     tune_gc()
     try:

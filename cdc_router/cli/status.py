@@ -11,6 +11,7 @@ import click
 from pydantic import ValidationError
 
 from cdc_router.cli._output import output_option
+from cdc_router.cli._ports import serve_on
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
 from cdc_router.cli.outbox import DEFAULT_DSN
@@ -59,7 +60,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     endpoints = Endpoints(dsn or config.cleanup.dsn or DEFAULT_DSN, connect_url, kafka)
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
-        serve(collector, port)
+        serve_on("--serve", port, lambda: serve(collector, port),
+                 hint="pick a free port for the exporter")
         watch_s = watch_s or DEFAULT_SERVE_INTERVAL_S
     previous: Report | None = None
     code = 0
