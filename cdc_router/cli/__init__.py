@@ -71,8 +71,14 @@ def _kafka_failure(error: Exception) -> str | None:
     from cdc_router.kafka.errors import describe, kafka_error_of  # loads confluent_kafka only
 
     found = kafka_error_of(error)
-    return (f"a Kafka call failed: {describe(found) if found is not None else error}; check "
-            "kafka.bootstrap_servers and the security settings, and that the cluster is up")
+    if found is None:
+        return f"a Kafka call failed: {error}"
+    codes = kafka.KafkaError
+    unreachable = found.code() in (codes._TRANSPORT, codes._ALL_BROKERS_DOWN, codes._TIMED_OUT,
+                                   codes._RESOLVE)
+    hint = ("; check kafka.bootstrap_servers and the security settings, and that the cluster "
+            "is up") if unreachable else ""
+    return f"a Kafka call failed: {describe(found)}{hint}"
 
 
 @click.group(cls=_Root)

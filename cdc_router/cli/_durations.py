@@ -9,7 +9,7 @@ from cdc_router.errors import ConfigError
 
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days",
           "w": "weeks"}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+_DURATION = re.compile(r"^\s*(\d{1,19})\s*(ms|s|m|h|d|w)\s*$")  # 19 digits: past 100 years
 # Longer than any retention window or look-back: a time this far back is before year 1 (or
 # out of Postgres' and Python's range) for some commands, and a typo for all of them.
 _LONGEST = timedelta(days=100 * 365)

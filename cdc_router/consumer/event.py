@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
-from cdc_router.errors import MalformedRecord, RegistryError
+from cdc_router.errors import MalformedRecord, RegistryError, show
 
 
 class KafkaMessage(Protocol):
@@ -85,9 +85,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         # A present but empty header is malformed, never replaced by the key: the key may be
         # an aggregate id, shared by many events. Two that differ are too: either could be
         # the forged one, and dedup on the wrong id skips or repeats an effect.
-        if len(set(values)) > 1:
-            raise MalformedRecord(f"{len(values)} {header!r} headers with different values: "
-                                  "the event id is ambiguous")
+        if len(values) > 1 and any(value != values[0] for value in values[1:]):
+            raise MalformedRecord(
+                f"{len(values)} {header!r} headers with different values "
+                f"({', '.join(show(value, 40) for value in values[:4])}): the event id is "
+                "ambiguous; the producer (or a proxy on the way) must write one")
         event_id = _event_id_text(values[-1] if values else None, f"header {header!r}")
     value = message.value()
     if decoder is None:

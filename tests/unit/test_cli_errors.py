@@ -51,6 +51,22 @@ def test_a_kafka_error_no_command_caught_is_one_line_naming_what_to_check(
     assert "Traceback" not in result.output
 
 
+def test_a_kafka_error_of_another_kind_does_not_blame_the_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "router.yaml").write_text(CONFIG)
+
+    class _Denied(_Unreachable):
+        def read_to_end(self, **kwargs: Any) -> Any:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied"))
+
+    monkeypatch.setattr(dlq, "TopicReader", _Denied)
+
+    result = CliRunner().invoke(main, ["dlq", "list", "-c", str(tmp_path / "router.yaml")])
+
+    assert result.exit_code == 1
+    assert result.stderr == "error: a Kafka call failed: TOPIC_AUTHORIZATION_FAILED: denied\n"
+
+
 def test_any_other_exception_is_not_swallowed(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # A bug is not a Kafka failure: it keeps its traceback (and its test fails loudly).

@@ -95,7 +95,7 @@ def test_two_id_headers_that_differ_are_malformed_and_two_equal_ones_are_one_id(
     h.run()
     assert [e.event_id for e in h.effects] == ["e2", "e9"]
     [dead] = h.producer.sent
-    assert "2 'id' headers with different values: the event id is ambiguous" in \
+    assert "2 'id' headers with different values (b'e1', b'e9'): the event id is ambiguous" in \
         dlq_headers(dead)["dlq.error.message"]
 
 
