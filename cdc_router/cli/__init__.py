@@ -75,7 +75,8 @@ def _kafka_failure(error: Exception) -> str | None:
         return f"a Kafka call failed: {error}"
     codes = kafka.KafkaError
     unreachable = found.code() in (codes._TRANSPORT, codes._ALL_BROKERS_DOWN, codes._TIMED_OUT,
-                                   codes._RESOLVE)
+                                   codes._RESOLVE, codes._AUTHENTICATION, codes._SSL,
+                                   codes.SASL_AUTHENTICATION_FAILED)
     hint = ("; check kafka.bootstrap_servers and the security settings, and that the cluster "
             "is up") if unreachable else ""
     return f"a Kafka call failed: {describe(found)}{hint}"

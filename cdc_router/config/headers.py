@@ -37,7 +37,8 @@ def header_name_problem(name: str) -> str | None:
     """Why a Kafka record cannot carry a header named `name` as written, or None.
 
     librdkafka takes a header name as a C string, which ends at the first NUL: `id\\0x` would
-    arrive as a second `id` header, a forged event id for downstream dedup.
+    arrive as a second `id` header, a forged event id for downstream dedup. Routing tests a row
+    header's name for NUL inline (router/routing.py, the hot path): a new case goes there too.
     """
     if "\x00" not in name:
         return None

@@ -6,8 +6,9 @@ The cleanup reads the marks back (its sweep) so that the rows a killed router ha
 not yet deleted are deleted all the same. Two kinds of marks are not proof:
 - marks of open or aborted transactions: the changelog is read with read_committed;
 - marks of dead-lettered events (the router remembers their ids too, so that a replay is not
-  dead-lettered twice), whose rows stay. Their ids are in the dead-letter topic's `dlq.event.id`
-  header, written in the same transaction as the mark. A chunk of marks is released only once
+  dead-lettered twice; not at stage decode: dead_letter.marks_delivery), whose rows stay. Their
+  ids are in the dead-letter topic's `dlq.event.id` header, written in the same transaction as
+  the mark. A chunk of marks is released only once
   the dead-letter topic has been read past its log end as of after the chunk was read: every
   dead letter of those transactions lies below that end, so it has been seen.
   A mark written by `cdc-router dlq replay` (key `replayed:`) is proof all the same: the

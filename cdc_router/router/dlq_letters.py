@@ -7,13 +7,15 @@ the dlq.* headers, so the replay hands that key and value to the same RecordStep
 uses, with the same replay filter in front of it.
 
 Delivered ids. The router marks in the dedup changelog every id it delivers and also every id
-it dead-letters (so that a replay of it by Debezium is not dead-lettered twice): a mark alone
-does not say "delivered". An id counts as delivered when
+it dead-letters past stage decode (dead_letter.marks_delivery: so that a replay of it by
+Debezium is not dead-lettered twice): a mark alone does not say "delivered". An id counts as
+delivered when
 - a replay delivered it: the key of its mark starts with REPLAYED_KEY_PREFIX, or
-- it has more marks than the router wrote dead letters for it (those without dlq.replay.of):
-  the others are deliveries (the router delivered it after its replay filter forgot it).
+- it has more marks than the router wrote marking dead letters for it (those without
+  dlq.replay.of): the others are deliveries (the router delivered it after its replay filter
+  forgot it, or its row, dead-lettered at decode, came back fixed).
 A letter the replay dead-letters again gets no mark: the router's mark of the first letter
-already drops Debezium's replays of that id.
+already drops Debezium's replays of that id (a decode letter's replays decode no better).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.dead_letter import EVENT_ID
+from cdc_router.dead_letter import EVENT_ID, STAGE
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, changelog_records
 from tests.integration.support import StackEndpoints, unique
@@ -32,11 +32,14 @@ def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
 
 def _transaction(producer: Producer, changelog: str, dead_letters: str, delivered: list[str],
                  dead: list[str], *, commit: bool, legacy: bool = False,
-                 replayed: list[str] | None = None) -> None:
+                 replayed: list[str] | None = None, undecoded: list[str] | None = None) -> None:
     producer.begin_transaction()
     for event_id in dead:  # as the router does: the dead letter, then its mark
         producer.produce(dead_letters, key=b"raw", value=b"poison",
                          headers=[(EVENT_ID, event_id.encode())])
+    for event_id in undecoded or []:  # a letter at stage decode: no mark
+        producer.produce(dead_letters, key=b"raw", value=b"poison",
+                         headers=[(EVENT_ID, event_id.encode()), (STAGE, b"decode")])
     now_ms = int(time.time() * 1000)
     if legacy:  # one record per id, as versions before #14 wrote
         for event_id in delivered + dead:
@@ -94,8 +97,14 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
         _transaction(committed, changelog, dead_letters, [], [], commit=True,
                      replayed=["dead-1"])
         replayed = _all(source)
+        # A row dead-lettered at decode, fixed and republished: its one mark is its delivery.
+        _transaction(committed, changelog, dead_letters, [], [], commit=True,
+                     undecoded=["fixed-1"])
+        _transaction(committed, changelog, dead_letters, ["fixed-1"], [], commit=True)
+        fixed = _all(source)
     finally:
         source.close()
     assert sorted(first) == ["a", "b", "c", "d", "d2", "e", "f"]
     assert later == ["g"]
     assert replayed == ["dead-1"]
+    assert fixed == ["fixed-1"]
