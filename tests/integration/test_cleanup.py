@@ -186,8 +186,10 @@ def test_rows_a_killed_router_delivered_are_deleted_after_all(stack: StackEndpoi
     # Each kill lands while the router is deleting rows it has just committed: those ids
     # lived only in the killed process's memory; the next instance reads them back from the
     # changelog. The backlog is captured first, so that every life of the router routes.
+    # 60,000 rows: a life routes until its first deletes show, plus a moment; on a run where
+    # the cleanup's first deletes came late, two lives routed all of 20,000.
     rng = random.Random(SEED)
-    total = 20_000
+    total = 60_000
     with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
         _point_cleanup_at(pipe)
         ids = pipe.insert(_orders(total), 500)
@@ -201,7 +203,7 @@ def test_rows_a_killed_router_delivered_are_deleted_after_all(stack: StackEndpoi
                 time.sleep(0.05)
             if _count(pipe) == 0:
                 break  # all routed already: nothing left to kill during
-            time.sleep(rng.uniform(0.05, 0.5))
+            time.sleep(rng.uniform(0.05, 0.3))
             pipe.kill_router()
             kills += 1
             _assert_only_delivered_rows_gone(pipe, ids, f"seed {SEED}, kill {kill}")
