@@ -71,6 +71,16 @@ def regclass_text(qualified: str, what: str = "table") -> str:
     return table_identifier(qualified, what).as_string(None)
 
 
+def column_types(conn: psycopg.Connection[Any], qualified: str,
+                 what: str = "table") -> dict[str, str]:
+    """Column name -> its SQL type (format_type) of a table, in column order; {} when the table
+    does not exist (or is not readable)."""
+    return {str(name): str(kind) for name, kind in conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid "
+        "= to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (regclass_text(qualified, what),)).fetchall()}
+
+
 def one_line(error: BaseException) -> str:
     """A psycopg error as one line for a person: the server's message, without LINE 1/caret.
 

@@ -18,7 +18,13 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.postgres import check_identifier, regclass_text, split_table, table_identifier
+from cdc_router.postgres import (
+    check_identifier,
+    column_types,
+    regclass_text,
+    split_table,
+    table_identifier,
+)
 
 DEFAULT_PUBLICATION = "cdc_router_outbox"
 DEFAULT_HEARTBEAT_TABLE = "public.debezium_heartbeat"
@@ -261,10 +267,7 @@ def _size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) ->
     if row is None or row[0]:
         return []
     # The statement fits the table as it is, whatever this command's flags say.
-    types = dict(conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
-        "to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-        (regclass_text(schema.table),)).fetchall())
+    types = column_types(conn, schema.table)
     if schema.columns.payload not in types:
         return []  # not an outbox this command knows how to size
     actual = replace(schema, payload_type="bytea" if types[schema.columns.payload] == "bytea"

@@ -22,7 +22,7 @@ from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
-from cdc_router.postgres import regclass_text, table_identifier
+from cdc_router.postgres import column_types, regclass_text, table_identifier
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
 log = logging.getLogger("cdc_router.relay")
@@ -121,10 +121,7 @@ class OutboxReader:
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         """Read the table's columns once, check them, and build the select list."""
         table = self._relay.table
-        types = {str(name): str(kind) for name, kind in conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid "
-            "= to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (regclass_text(table, "relay.table"),)).fetchall()}
+        types = column_types(conn, table, "relay.table")
         if not types:
             raise ConfigError("the outbox table does not exist (or is not readable)",
                               field="relay.table", value=table,
