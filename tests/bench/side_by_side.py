@@ -202,7 +202,7 @@ def throughput(bench: BenchStack, paths: Paths,
                                filled)
     log("router path, exactly-once: bulk pass 1")
     raw_1, eos_path = bulk_pass(bench, connector, table, {
-        "debezium raw, EOS router on": paths.raw, report.ROUTER_EOS: paths.eos_topic},
+        report.RAW_BESIDE_EOS: paths.raw, report.ROUTER_EOS: paths.eos_topic},
         options)
     log("router alone, at-least-once: a new group drains passes 0 and 1")
     alone_alo, alo_pid = drain(bench, lambda: bench.start_router(paths.alo_config, "alo"),
@@ -211,7 +211,7 @@ def throughput(bench: BenchStack, paths: Paths,
     bench.stop(eos_pid)
     log("router path, at-least-once: bulk pass 2")
     raw_2, alo_path = bulk_pass(bench, connector, table, {
-        "debezium raw, ALO router on": paths.raw, report.ROUTER_ALO: paths.alo_topic},
+        report.RAW_BESIDE_ALO: paths.raw, report.ROUTER_ALO: paths.alo_topic},
         options)
     log("the exactly-once router catches up on pass 2 (not timed)")
     _, eos_pid = drain(bench, lambda: bench.start_router(paths.eos_config, "eos"),
