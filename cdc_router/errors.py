@@ -108,6 +108,19 @@ class MemberFenced(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class RestoreFailed(CdcRouterError):
+    """The replay filter could not learn the ids delivered on partitions just assigned: routing
+    them with a filter short of ids would deliver replays again, so the router exits
+    EXIT_RESTART and its next life restores from the start (the cluster, not a record)."""
+
+    exit_code = EXIT_RESTART
+
+    def __init__(self, changelog_topic: str, failure: object) -> None:
+        super().__init__(f"could not read the dedup changelog {changelog_topic!r} for the "
+                         f"partitions just assigned ({failure}); exiting with {EXIT_RESTART} "
+                         "for the supervisor to restart this router once the cluster answers")
+
+
 def fatal_kafka_error(message: str, error: KafkaError | None, *,
                       consumer: bool = False) -> FatalKafkaError:
     """The fatal error for a Kafka error classified FATAL: MemberFenced for a fenced static

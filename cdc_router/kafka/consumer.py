@@ -1,4 +1,5 @@
-"""Consumer helpers: a record's headers, rewinding to committed offsets.
+"""Consumer helpers: a record's headers, rewinding to committed offsets, the next batch of
+records, the lag of each partition.
 
 Reading a topic to its end is kafka/reader.py.
 """
@@ -34,3 +35,36 @@ def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:
             raise KafkaException(committed.error)
         offset = committed.offset if committed.offset != OFFSET_INVALID else OFFSET_BEGINNING
         consumer.seek(TopicPartition(committed.topic, committed.partition, offset))
+
+
+def partition_lags(consumer: Consumer) -> dict[tuple[str, int], int]:
+    """Records behind the high watermark per assigned partition, from the last fetch's
+    watermarks (no network call); partitions with no position yet are left out."""
+    lags = {}
+    for position in consumer.position(consumer.assignment()):
+        _, high = consumer.get_watermark_offsets(position, cached=True)
+        if position.offset >= 0 and high >= 0:
+            lags[(position.topic, position.partition)] = max(0, high - position.offset)
+    return lags
+
+
+def next_records(consumer: Consumer, batch: int, wait_s: float,
+                 revoked: set[tuple[str, int]]) -> list[Message]:
+    """Up to `batch` records: block for the first (at most wait_s), then take what has already
+    arrived. One consume() of `batch` would wait its whole timeout for the batch to fill, and
+    every record of a quiet stream would wait with it.
+
+    `revoked` is where the caller's rebalance callbacks add the partitions they give up. The
+    second consume() may serve a rebalance that takes the first record's partition: its offset
+    was committed on revoke without it, and whoever owns the partition now reads it again, so
+    it is dropped here (librdkafka drops such records only within one consume() call).
+    """
+    first: list[Message] = consumer.consume(num_messages=1, timeout=wait_s)
+    if not first:
+        return first
+    revoked.clear()
+    arrived: list[Message] = consumer.consume(num_messages=batch - 1, timeout=0)
+    if revoked:
+        first = [message for message in first
+                 if (message.topic(), message.partition()) not in revoked]
+    return first + arrived

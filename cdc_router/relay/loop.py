@@ -49,7 +49,7 @@ from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
-from cdc_router.router.replay import ReplayFilter, parse_changelog
+from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import (
     PROCESS_LEVEL,
     DeadLettered,
@@ -175,12 +175,9 @@ class OutboxRelay:
         kafka = clients.common_config(self._config)
         restored = 0
         if self._replay is not None:
-            now_ms = int(time.time() * 1000)
-            for key, value in self._records(kafka, self._config.dedup.changelog_topic,
-                                            "dedup changelog"):
-                marks = parse_changelog(key, value)
-                self._replay.restore(marks, now_ms)
-                restored += len(marks)
+            restored = self._replay.restore_changelog(
+                self._records(kafka, self._config.dedup.changelog_topic, "dedup changelog"),
+                int(time.time() * 1000))
         self.position = self._stored_position(kafka)
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
                  self._instance_id, self._table, self.position.to_json().decode(), restored)

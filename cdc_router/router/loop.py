@@ -21,8 +21,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import BatchFailed, DeliveryError, RecordRefused, fatal_kafka_error
-from cdc_router.kafka.consumer import record_headers, rewind_to_committed
+from cdc_router.errors import (
+    BatchFailed,
+    DeliveryError,
+    RecordRefused,
+    RestoreFailed,
+    fatal_kafka_error,
+)
+from cdc_router.kafka.consumer import (
+    next_records,
+    partition_lags,
+    record_headers,
+    rewind_to_committed,
+)
 from cdc_router.kafka.errors import ErrorAction, classify, describe
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
@@ -31,7 +42,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
-from cdc_router.router.replay import ReplayFilter, parse_changelog
+from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Delivered, Transaction
@@ -99,6 +110,7 @@ class OutboxRouter:
         self._waiting_for_source = False
         self.last_poll = clock()
         self._lag_observed = float("-inf")
+        self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -147,7 +159,7 @@ class OutboxRouter:
 
     def _poll_once(self, consumer: Any, txn: Transaction) -> None:
         try:
-            messages = self._next_records(consumer)
+            messages = next_records(consumer, POLL_BATCH, POLL_WAIT_S, self._revoked)
         except KafkaException as failure:
             # The cluster, not a record: a broker restarting answers FENCED_LEADER_EPOCH,
             # NOT_LEADER, ... for a while. Abort what is open, rewind, back off; a fatal error
@@ -173,28 +185,12 @@ class OutboxRouter:
         if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
 
-    @staticmethod
-    def _next_records(consumer: Any) -> list[Message]:
-        """Up to POLL_BATCH records: block for the first (at most POLL_WAIT_S), then take what
-        has already arrived. One consume() of POLL_BATCH would wait its whole timeout for the
-        batch to fill, and every record of a quiet stream would wait with it."""
-        first: list[Message] = consumer.consume(num_messages=1, timeout=POLL_WAIT_S)
-        if not first:
-            return first
-        arrived: list[Message] = consumer.consume(num_messages=POLL_BATCH - 1, timeout=0)
-        return first + arrived
-
     def _observe_lag(self, consumer: Any) -> None:
         """cdc_router_consumer_lag from the watermarks of the last fetch (no network call)."""
         if self.last_poll - self._lag_observed < LAG_INTERVAL_S:
             return
         self._lag_observed = self.last_poll
-        lags = {}
-        for position in consumer.position(consumer.assignment()):
-            _, high = consumer.get_watermark_offsets(position, cached=True)
-            if position.offset >= 0 and high >= 0:
-                lags[(position.topic, position.partition)] = max(0, high - position.offset)
-        self._metrics.lag(lags)
+        self._metrics.lag(partition_lags(consumer))
 
     def _close(self) -> None:
         if self._consumer is not None:
@@ -370,24 +366,28 @@ class OutboxRouter:
         # A previous owner may still hold an open transaction with offsets (and dedup marks)
         # for these partitions; fetching the committed offsets waits until it is resolved
         # (require_stable), so that the changelog read below sees its marks.
-        consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
-        now_ms = int(time.time() * 1000)
         started, restored = self._clock(), 0
-        for key, value in self._changelog.catch_up():
-            marks = parse_changelog(key, value)
-            self._replay.restore(marks, now_ms)
-            restored += len(marks)
+        try:
+            consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
+            restored = self._replay.restore_changelog(self._changelog.catch_up(),
+                                                      int(time.time() * 1000))
+        except KafkaException as failure:
+            # Not a KafkaException out of consume(): _poll_once would take it for a passing
+            # outage and route on, while confluent-kafka assigns the partitions anyway.
+            raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Commit what the batch holds while the group's generation still owns it."""
+        self._revoked.update((tp.topic, tp.partition) for tp in partitions)
         if self._txn is not None and self._txn.open:
             self._commit(backoff=False)  # no sleeping inside a rebalance
 
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Our generation is gone: the batch's offsets can't commit, so it must abort."""
+        self._revoked.update((tp.topic, tp.partition) for tp in partitions)
         if self._txn is not None and self._txn.open:
             self._abort(BatchFailed("partitions lost"), backoff=False)
 

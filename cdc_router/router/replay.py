@@ -184,6 +184,16 @@ class ReplayFilter:
             self._remember(run, run_ms)
         self.expire(now_ms)
 
+    def restore_changelog(self, records: Iterable[tuple[bytes | None, bytes | None]],
+                          now_ms: int) -> int:
+        """restore() the marks of changelog records (key, value); how many there were."""
+        restored = 0
+        for key, value in records:
+            marks = parse_changelog(key, value)
+            self.restore(marks, now_ms)
+            restored += len(marks)
+        return restored
+
     def _remember(self, keys: list[Key], delivered_ms: int) -> None:
         """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
         known, repeats = self._keys, self._repeats
