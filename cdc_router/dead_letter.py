@@ -90,7 +90,9 @@ def dead_letter_headers(*, topic: str, partition: int, offset: int, stage: str,
         values.append((ATTEMPTS, str(attempts)))
     if event_id:
         values.append((EVENT_ID, event_id))
-    return [(name, value.encode()) for name, value in values]
+    # An error's message may quote the record, lone surrogates included (json.loads lets
+    # them through): strict UTF-8 would fail the dead letter itself.
+    return [(name, value.encode("utf-8", "backslashreplace")) for name, value in values]
 
 
 def record_size(key: bytes | None, value: bytes | None,

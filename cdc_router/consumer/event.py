@@ -54,9 +54,21 @@ class ConsumedEvent:
 Decoder = Callable[[bytes | None], Any]
 
 
+# A UUID is 36 bytes. Far longer ids are no id this project writes, and a dedup store must
+# index them: Postgres refuses a btree entry over about 2,700 bytes, for ever, which would
+# have been retried as a store outage.
+MAX_EVENT_ID_BYTES = 1024
+
+
 def _event_id_text(raw: bytes | None, where: str) -> str:
     if raw is None or raw == b"":
         raise MalformedRecord(f"no event id: {where} is missing or empty")
+    if len(raw) > MAX_EVENT_ID_BYTES:
+        raise MalformedRecord(f"event id in {where} is {len(raw):,} bytes, over the "
+                              f"{MAX_EVENT_ID_BYTES:,} an id may have: {show(raw, 60)}")
+    if b"\x00" in raw:
+        # Postgres text cannot hold NUL: the store would refuse the id on every retry.
+        raise MalformedRecord(f"event id in {where} holds a NUL byte: {show(raw)}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -126,6 +126,10 @@ def test_decoded_payload_reaches_the_handler() -> None:
     (rec(None, {"x": 1}), "no event id", "MalformedRecord"),
     ((b"\xff\xfe", b"{}", []), "not UTF-8", "UnicodeDecodeError"),
     ((b"e1", b"not json", [("trace", b"t1")]), "cannot be decoded", "JSONDecodeError"),
+    # The Postgres store can never hold these ids: retried as a store outage, they blocked the
+    # partition for good (review, session 25).
+    ((b"e\x001", b"{}", []), "holds a NUL byte", "MalformedRecord"),
+    ((b"e" * 1025, b"{}", []), "1,025 bytes, over the 1,024", "MalformedRecord"),
 ])
 def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text: str,
                                                      error_class: str) -> None:
@@ -183,6 +187,23 @@ def test_a_poison_record_is_dead_lettered_after_max_attempts_and_the_partition_g
     assert headers["dlq.attempts"] == "3"
     assert h.kafka.committed == {0: 2, 1: 1}
     assert h.loop.stats.dead_lettered == 1
+
+
+def test_a_handler_error_quoting_a_lone_surrogate_is_dead_lettered_not_a_crash() -> None:
+    # json.loads lets "\ud800" through; a strict UTF-8 header made the dead letter raise
+    # UnicodeEncodeError out of run(), and the record crashed every restart (review, session 25).
+    def handler(event: ConsumedEvent, _: None) -> None:
+        if event.payload["sku"] != "ok":
+            raise ValueError(f"unknown sku {event.payload['sku']}")
+        h.effects.append(event)
+
+    h = Harness({0: [(b"k1", b'{"sku": "\\ud800"}', [("id", b"e1")]),
+                     (b"k2", b'{"sku": "ok"}', [("id", b"e2")])]},
+                handler=handler, decoder=lambda raw: json.loads(raw or b""))
+    h.run()
+    assert [e.event_id for e in h.effects] == ["e2"]
+    [dead] = h.producer.sent
+    assert dlq_headers(dead)["dlq.error.message"] == "unknown sku \\ud800"
 
 
 class ScriptedStore:
