@@ -81,6 +81,16 @@ def column_types(conn: psycopg.Connection[Any], qualified: str,
         (regclass_text(qualified, what),)).fetchall()}
 
 
+def utc_now_for(column_type: str) -> sql.Composable:
+    """now(), to compare with a column of `column_type` (format_type). A timestamp without time
+    zone holds UTC here (write_event, outbox init's default), so it gets UTC's wall clock; a
+    timestamptz gets now() itself: compared with a plain timestamp, Postgres would read that
+    timestamp in the session's TimeZone, hours off outside UTC."""
+    if column_type.startswith("timestamp with time zone"):
+        return sql.SQL("now()")
+    return sql.SQL("(now() AT TIME ZONE 'UTC')")
+
+
 def one_line(error: BaseException) -> str:
     """A psycopg error as one line for a person: the server's message, without LINE 1/caret.
 

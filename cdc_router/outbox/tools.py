@@ -13,8 +13,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc_router.errors import ConfigError
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.postgres import delete_in_chunks, regclass_text
+from cdc_router.postgres import column_types, delete_in_chunks, regclass_text, utc_now_for
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxS
     query = sql.SQL(
         # A row dated 'infinity' or '-infinity' has no age (the subtraction fails): the oldest
         # is the oldest of the others.
-        "SELECT count(*), extract(epoch FROM (now() AT TIME ZONE 'UTC') - min({created}) "
+        # Epochs, not a difference of timestamps: right for timestamp (UTC) and timestamptz
+        # columns alike, whatever the session's TimeZone.
+        "SELECT count(*), extract(epoch FROM now()) - extract(epoch FROM min({created}) "
         "FILTER (WHERE isfinite({created}))), pg_total_relation_size(%s::regclass) "
         "FROM {table}").format(
         created=sql.Identifier(schema.created_at_column), table=schema.identifier)
@@ -49,9 +52,12 @@ def purge(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than_ms: in
 
     With an autocommit connection each chunk commits by itself; otherwise the caller commits.
     """
+    if batch_size < 1:  # before any query; a dry run too
+        raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     created = sql.Identifier(schema.created_at_column)
-    older = sql.SQL("{} < (now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)").format(
-        created)
+    column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
+    older = sql.SQL("{} < {} - make_interval(secs => %s / 1000.0)").format(
+        created, utc_now_for(column_type))
     if dry_run:
         query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(schema.identifier, older)
         row = conn.execute(query, (older_than_ms,)).fetchone()

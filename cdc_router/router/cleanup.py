@@ -36,7 +36,7 @@ from psycopg import sql
 
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError
-from cdc_router.postgres import one_line, regclass_text, table_identifier
+from cdc_router.postgres import column_types, one_line, table_identifier, utc_now_for
 from cdc_router.router.transaction import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
@@ -72,7 +72,6 @@ class OutboxCleaner:
         self._created_at_column = created_at_column
         # Checked here, so that a bad name stops `run` at once rather than the worker thread.
         self._table = table_identifier(settings.table, "cleanup.table")
-        self._table_regclass = regclass_text(settings.table, "cleanup.table")
         self._retention_ms = (settings.retention_ms or 0) if settings.mode == "retention" else None
         self._sweep_source = sweep
         self._sweep_retry_at = 0.0
@@ -84,7 +83,7 @@ class OutboxCleaner:
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._deleted_total = 0
-        self._id_sql_type: str | None = None
+        self._column_types: dict[str, str] | None = None
         self._lag_s = 0.0
         self._logged_deleted = 0
         self._logged_at = time.monotonic()
@@ -229,7 +228,12 @@ class OutboxCleaner:
         if not batch:
             return False
         conn = self._connection()
-        deleted, not_yet = self._delete(conn, batch, now_ms)
+        try:
+            deleted, not_yet = self._delete(conn, batch, now_ms)
+        except psycopg.DataError:
+            # An id the id column cannot hold (another table's, a NUL) fails the whole batch,
+            # and the next round would take the same one: one by one, leaving such ids.
+            deleted, not_yet = self._delete_each(conn, batch, now_ms)
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
             for event_id in batch:
@@ -241,18 +245,34 @@ class OutboxCleaner:
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
         return True
 
+    def _delete_each(self, conn: psycopg.Connection[Any], batch: list[str],
+                     now_ms: int) -> tuple[int, list[tuple[int, str]]]:
+        deleted, not_yet = 0, []
+        for event_id in batch:
+            try:
+                one, later = self._delete(conn, [event_id], now_ms)
+            except psycopg.DataError as error:
+                log.warning("event=cleanup_id_skipped id=%r reason=%r", event_id,
+                            one_line(error))
+                continue
+            deleted += one
+            not_yet += later
+        return deleted, not_yet
+
     def _delete(self, conn: psycopg.Connection[Any], batch: list[str],
                 now_ms: int) -> tuple[int, list[tuple[int, str]]]:
         """Delete the batch's rows; (rows deleted, (due ms, id) of rows Postgres finds young)."""
+        types = self._types(conn)
         where = sql.SQL("{} = ANY(%s::{}[])").format(sql.Identifier(self._id_column),
-                                                      sql.SQL(self._id_type(conn)))
+                                                      sql.SQL(types[self._id_column]))
         if self._retention_ms is None or self._created_at_column is None:
             return conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(self._table, where),
                                 (batch,)).rowcount, []
         # Retention: the due time came from the router's clock (or, for swept ids, from the
         # delivery time); Postgres's created_at and clock decide. Rows still young wait again.
         created = sql.Identifier(self._created_at_column)
-        cutoff = sql.SQL("(now() AT TIME ZONE 'UTC') - make_interval(secs => %s / 1000.0)")
+        cutoff = sql.SQL("{} - make_interval(secs => %s / 1000.0)").format(
+            utc_now_for(types.get(self._created_at_column, "")))
         gone = {row[0] for row in conn.execute(sql.SQL(
             "DELETE FROM {} WHERE {} AND {} < {} RETURNING {}::text").format(
             self._table, where, created, cutoff, sql.Identifier(self._id_column)),
@@ -277,18 +297,18 @@ class OutboxCleaner:
         return len(gone), [(max(int(created_ms) + self._retention_ms, soonest), str(event_id))
                            for event_id, created_ms in young if created_ms is not None]
 
-    def _id_type(self, conn: psycopg.Connection[Any]) -> str:
-        """The id column's SQL type (uuid, text, bigint, ...), read once, for the array cast."""
-        if self._id_sql_type is None:
-            row = conn.execute(
-                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-                "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
-                (self._table_regclass, self._id_column)).fetchone()
-            if row is None:
+    def _types(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
+        """The table's column types (uuid, text, bigint, ...), read once: the id's for the
+        array cast, created_at's for the retention cutoff."""
+        if self._column_types is None:
+            types = column_types(conn, self._settings.table, "cleanup.table")
+            if not types:
+                raise psycopg.errors.UndefinedTable(f"{self._settings.table} does not exist")
+            if self._id_column not in types:
                 raise psycopg.errors.UndefinedColumn(
                     f"{self._settings.table} has no column {self._id_column}")
-            self._id_sql_type = str(row[0])
-        return self._id_sql_type
+            self._column_types = types
+        return self._column_types
 
     def _log_progress(self) -> None:
         """One INFO line per LOG_EVERY_S at most, while rows are being deleted."""

@@ -340,18 +340,27 @@ def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints, na
 def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name: str,
                                                      spelling: str) -> None:
     name = name.format(f"{os.getpid()}_{random.randrange(10**6)}")
-    table = _created_table(stack.postgres_dsn, name)
-    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        ids = [str(row[0]) for row in conn.execute(sql.SQL(
-            "INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC' FROM "
-            "generate_series(1, 20) RETURNING id").format(table))]
-    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn=stack.postgres_dsn,
-                                            table=spelling.format(name), interval_ms=100),
-                            id_column="id", created_at_column="created_at",
-                            registry=CollectorRegistry())
+    table, ids, cleaner = _twenty_rows_and_a_cleaner(stack.postgres_dsn, name,
+                                                     spelling.format(name))
     left, _ = _clean(cleaner, [Delivered(event_id, "t", None) for event_id in ids[:15]],
                      stack.postgres_dsn, table)
     assert left == set(ids[15:])
+
+
+def _twenty_rows_and_a_cleaner(dsn: str, name: str, spelling: str
+                               ) -> tuple[sql.Identifier, list[str], OutboxCleaner]:
+    """A new table `name` of 20 rows created now, their ids, and a delete-mode cleaner of the
+    table as `spelling` names it."""
+    table = _created_table(dsn, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = [str(row[0]) for row in conn.execute(sql.SQL(
+            "INSERT INTO {} (created_at) SELECT now() AT TIME ZONE 'UTC' FROM "
+            "generate_series(1, 20) RETURNING id").format(table))]
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn=dsn, table=spelling,
+                                            interval_ms=100),
+                            id_column="id", created_at_column="created_at",
+                            registry=CollectorRegistry())
+    return table, ids, cleaner
 
 
 def _clean(cleaner: OutboxCleaner, delivered: list[Delivered], dsn: str,
@@ -403,3 +412,66 @@ def test_retention_keeps_rows_that_never_age_and_goes_on_deleting_the_others(
     assert left == set(ageless)
     assert pending == 0, "the rows that never age are not waited for again"
     assert stats.rows == 12 and stats.oldest_age_s is not None and stats.oldest_age_s > 3500
+
+
+def test_a_timestamptz_created_at_ages_right_in_a_session_outside_utc(
+        stack: StackEndpoints) -> None:
+    # Compared with `now() AT TIME ZONE 'UTC'`, a timestamptz column was read in the session's
+    # TimeZone: in New York, `purge --older-than 1h` deleted rows 10 minutes old, and the
+    # retention cleanup deleted rows 5 hours early (review, session 25).
+    dsn = psycopg.conninfo.make_conninfo(stack.postgres_dsn,
+                                         options="-c TimeZone=America/New_York")
+    name = f"zoned_{os.getpid()}_{random.randrange(10**6)}"
+    table = sql.Identifier("public", name)
+    insert = sql.SQL("INSERT INTO {} (created_at) SELECT now() - %s::interval "
+                     "FROM generate_series(1, 10) RETURNING id").format(table)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
+                             "created_at timestamptz NOT NULL)").format(table))
+        old = [str(row[0]) for row in conn.execute(insert, ("2 hours",))]
+        young = [str(row[0]) for row in conn.execute(insert, ("10 minutes",))]
+        stats = outbox_stats(conn, OutboxSchema(table=f"public.{name}"))
+    env = {**os.environ, "CDC_ROUTER_PG_DSN": dsn}
+    try:
+        assert stats.oldest_age_s is not None and 7100 < stats.oldest_age_s < 7300
+        dry = subprocess.run([sys.executable, "-m", "cdc_router", "outbox", "purge", "--table",
+                              f"public.{name}", "--older-than", "1h", "--dry-run"],
+                             capture_output=True, text=True, env=env, cwd=REPO, check=False)
+        assert dry.returncode == 0 and "10 rows" in dry.stdout, dry.stdout + dry.stderr
+        cleaner = OutboxCleaner(CleanupSettings(mode="retention", retention_ms=3_600_000,
+                                                dsn=dsn, table=f"public.{name}",
+                                                interval_ms=100),
+                                id_column="id", created_at_column="created_at",
+                                registry=CollectorRegistry())
+        # Due at once by the router's clock; Postgres's created_at decides.
+        day_ago_ms = int(time.time() * 1000) - 86_400_000
+        cleaner.start()
+        try:
+            cleaner.delivered([Delivered(event_id, "t", day_ago_ms) for event_id in old + young])
+            deadline = time.monotonic() + 20
+            left = set(old)
+            while left & set(old) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                with psycopg.connect(dsn) as conn:
+                    left = {str(row[0]) for row in conn.execute(
+                        sql.SQL("SELECT id FROM {}").format(table))}
+            time.sleep(0.5)  # a few more rounds: the young rows must stay
+        finally:
+            cleaner.stop()
+        with psycopg.connect(dsn) as conn:
+            left = {str(row[0]) for row in conn.execute(sql.SQL("SELECT id FROM {}").format(table))}
+    finally:
+        _drop(stack.postgres_dsn, table)
+    assert left == set(young)
+
+
+def test_ids_the_id_column_cannot_hold_leave_the_rest_of_their_batch_deleted(
+        stack: StackEndpoints) -> None:
+    # One such id failed the whole DELETE, and every round retried the same batch (review,
+    # session 25): a raw topic shared with a table of text ids, say.
+    name = f"castless_{os.getpid()}_{random.randrange(10**6)}"
+    table, ids, cleaner = _twenty_rows_and_a_cleaner(stack.postgres_dsn, name, f"public.{name}")
+    delivered = [Delivered(event_id, "t", None)
+                 for event_id in [*ids[:5], "order-17", "nul\x00id", *ids[5:15]]]
+    left, pending = _clean(cleaner, delivered, stack.postgres_dsn, table)
+    assert left == set(ids[15:]) and pending == 0
