@@ -14,12 +14,14 @@ table share one Kafka transactional id, so the newcomer's init_transactions fenc
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 import psycopg
 
+from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.postgres import one_line, regclass_text
 
 log = logging.getLogger("cdc_router.relay")
@@ -32,12 +34,32 @@ _CONNECT_TIMEOUT_S = 5
 _MAX_BACKOFF_S = 30.0
 
 
+# Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting
+# cures. Elsewhere (a server still starting, refused connections) the lock is tried again.
+_REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"
+                               r"database \S+ does not exist|no pg_hba\.conf entry")
+
+
+def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
+    """Raise, as one line, an error that retrying the lock cannot cure: the table is not there,
+    the role may not read it, or the server refuses these credentials. Waiting would leave a
+    relay that never starts while its /healthz answers like a standby's."""
+    if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        raise ConfigError("the outbox table does not exist (or is not readable)",
+                          field="relay.table", value=table,
+                          hint="create it with `cdc-router outbox init`") from error
+    if isinstance(error, psycopg.errors.InsufficientPrivilege) or (
+            error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error))):
+        raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}") from error
+
+
 class TableLock:
     """The advisory lock of one outbox table, on a dedicated connection."""
 
     def __init__(self, dsn: str, table: str, *,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect) -> None:
         self._dsn = dsn
+        self._name = table
         self._table = regclass_text(table, "relay.table")
         self._connect = connect
         self._conn: psycopg.Connection[Any] | None = None
@@ -57,6 +79,7 @@ class TableLock:
                              "table; taking over when it stops'", self._table)
                     waiting_logged = True
             except psycopg.Error as error:
+                _raise_if_for_good(error, self._name)
                 log.warning("event=lock_failed table=%s error=%r retry_in_s=%.1f", self._table,
                             one_line(error), backoff)
                 self.release()

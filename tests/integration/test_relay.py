@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 
 from cdc_router.outbox.relay_columns import relay_columns_ddl
 from tests.integration.pipeline import REPO, pipeline
@@ -161,6 +162,33 @@ def test_a_table_without_the_relay_columns_is_one_line_naming_the_fix(
     assert error.startswith("error: ") and "column 'txid' of type xid8" in error
     assert "ADD COLUMN IF NOT EXISTS \"txid\" xid8 NOT NULL DEFAULT pg_current_xact_id()" \
         in error
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"table": "public.no_such_outbox"},
+     "field 'relay.table': the outbox table does not exist (or is not readable)"),
+    ({"dsn": "postgresql://postgres:wrong-password@{host}/postgres"},
+     "password authentication failed"),
+])
+def test_a_relay_table_or_credentials_no_wait_cures_exit_with_one_line(
+        stack: StackEndpoints, tmp_path: Path, change: dict[str, str], expected: str) -> None:
+    # Both were retried as outages for ever, before the lock, with /healthz answering like a
+    # standby's (review, session 25).
+    host = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
+    with relay_setup(stack, tmp_path) as setup:
+        config = yaml.safe_load(setup.config_path.read_text())
+        for section in ("relay", "cleanup"):  # the cleanup must name the relay's table
+            config[section].update({key: value.format(host=f"{host['host']}:{host['port']}")
+                                    for key, value in change.items()})
+        broken = tmp_path / "broken.yaml"
+        broken.write_text(yaml.safe_dump(config))
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "relay", "-c", str(broken), "--metrics-port",
+             "0"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert result.returncode == 1, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and expected in error, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_the_relay_writes_the_records_the_router_writes_from_debezium(
