@@ -306,17 +306,17 @@ class OutboxRelay:
                              max_bytes=self._dead_letter_max_bytes)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
-            self._remember(result.marked_id)
+            self._remember(result.marked_id, dead_lettered=True)
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
                     result.stage, self._table, row.seq, result.event_id,
                     type(result.error).__name__, letter.reason)
 
-    def _remember(self, event_id: str) -> None:
+    def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:
         if self._replay is not None:
             now_ms = int(time.time() * 1000)
             self._replay.add_pending(event_id, now_ms)
-            self._txn.mark(event_id, now_ms)
+            self._txn.mark(event_id, now_ms, dead_lettered=dead_lettered)
 
     # Failures -------------------------------------------------------------------------------
 

@@ -6,11 +6,13 @@ The cleanup reads the marks back (its sweep) so that the rows a killed router ha
 not yet deleted are deleted all the same. Two kinds of marks are not proof:
 - marks of open or aborted transactions: the changelog is read with read_committed;
 - marks of dead-lettered events (the router remembers their ids too, so that a replay is not
-  dead-lettered twice; not at stage decode: dead_letter.marks_delivery), whose rows stay. Their
-  ids are in the dead-letter topic's `dlq.event.id` header, written in the same transaction as
-  the mark. A chunk of marks is released only once
+  dead-lettered twice; not at stage decode: dead_letter.marks_delivery), whose rows stay. They
+  are keyed `dead:` (replay.DEAD_LETTERED_KEY_PREFIX) and skipped. Earlier versions marked them
+  like deliveries; for those, the ids in the dead-letter topic's `dlq.event.id` header, written
+  in the same transaction as the mark, are left out. A chunk of marks is released only once
   the dead-letter topic has been read past its log end as of after the chunk was read: every
-  dead letter of those transactions lies below that end, so it has been seen.
+  dead letter of those transactions lies below that end, so it has been seen. A letter gone
+  from that topic (its retention) leaves such an old mark unguarded; a `dead:` mark needs none.
   A mark written by `cdc-router dlq replay` (key `replayed:`) is proof all the same: the
   replay delivered that dead letter, so its row goes too.
 
@@ -35,7 +37,11 @@ from cdc_router.kafka.reader import (
     log_end_offsets,
     reached,
 )
-from cdc_router.router.replay import REPLAYED_KEY_PREFIX, parse_changelog
+from cdc_router.router.replay import (
+    DEAD_LETTERED_KEY_PREFIX,
+    REPLAYED_KEY_PREFIX,
+    parse_changelog,
+)
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
 # retention.ms is the window): a mark and its dead letter carry about the same time.
@@ -99,9 +105,10 @@ class CommittedIds:
             self._changelog = self._consumer(self._changelog_topic, "dedup changelog")
         if not self._unread:
             replayed = REPLAYED_KEY_PREFIX.encode()
+            dead = DEAD_LETTERED_KEY_PREFIX.encode()
             for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
-                if not message.error():
-                    key = message.key()
+                key = message.key()
+                if not message.error() and not (key is not None and key.startswith(dead)):
                     by_replay = key is not None and key.startswith(replayed)
                     self._unread += [(event_id, ms, by_replay) for event_id, ms
                                      in parse_changelog(key, message.value())]

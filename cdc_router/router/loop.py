@@ -255,20 +255,21 @@ class OutboxRouter:
             event_id=result.event_id, max_bytes=self._dead_letter_max_bytes)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
-            self._remember(result.marked_id)
+            self._remember(result.marked_id, dead_lettered=True)
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
                     "error=%s reason=%r", result.stage, message.topic(), message.partition(),
                     message.offset(), result.event_id, type(result.error).__name__,
                     letter.reason)
 
-    def _remember(self, event_id: str) -> None:
-        """Mark the id delivered, with the batch, so that a replay of it is dropped."""
+    def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:
+        """Mark the id delivered (or dead-lettered), with the batch, so that a replay of it is
+        dropped."""
         if self._replay is None or self._txn is None:
             return
         now_ms = int(time.time() * 1000)
         self._replay.add_pending(event_id, now_ms)
-        self._txn.mark(event_id, now_ms)
+        self._txn.mark(event_id, now_ms, dead_lettered=dead_lettered)
 
     # Commit, abort, recovery ----------------------------------------------------------------
 

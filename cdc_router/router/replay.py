@@ -42,6 +42,10 @@ BATCH_KEY_PREFIX = "batch:"
 # Marks written by `cdc-router dlq replay` for the dead letters it delivered: read like any
 # batch, and told apart from the marks of dead-lettered ids (router/dlq_letters.py).
 REPLAYED_KEY_PREFIX = "replayed:"
+# Marks of dead-lettered ids: the replay filter reads them like any batch (a replay is not
+# dead-lettered twice); the cleanup's sweep never takes them for a delivery
+# (router/committed_ids.py). Earlier versions marked them under BATCH_KEY_PREFIX.
+DEAD_LETTERED_KEY_PREFIX = "dead:"
 
 
 @dataclass(frozen=True)

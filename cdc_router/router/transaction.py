@@ -43,7 +43,7 @@ from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, descr
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.router.clients import Timeouts
-from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
+from cdc_router.router.replay import BATCH_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX, changelog_records
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.values import quick_init
 
@@ -72,6 +72,7 @@ class _Batch:
     delivered: list[Delivered] = field(default_factory=list)
     sources: list[RecordCoordinates] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
+    dead_marks: list[str] = field(default_factory=list)  # ids dead-lettered, sent at commit
     marked_ms: int = 0
     progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
     nats: list[NatsMessage] = field(default_factory=list)  # published at commit
@@ -186,8 +187,9 @@ class Transaction:
         self._send(topic, letter.key, letter.value, list(letter.headers))
         self._batch.records += 1
 
-    def mark(self, event_id: str, now_ms: int) -> None:
-        """Record `event_id` as delivered in the changelog, so that a replay of it drops.
+    def mark(self, event_id: str, now_ms: int, *, dead_lettered: bool = False) -> None:
+        """Record `event_id` as delivered in the changelog, so that a replay of it drops;
+        `dead_lettered`: as dead-lettered, which is no delivery for the cleanup's sweep.
 
         The batch's ids go out at commit in one changelog record (router/replay.py): exactly
         once inside the transaction, visible with the records; at least once only after the
@@ -195,7 +197,7 @@ class Transaction:
         """
         if self._changelog_topic is None:
             return
-        self._batch.marks.append(event_id)
+        (self._batch.dead_marks if dead_lettered else self._batch.marks).append(event_id)
         self._batch.marked_ms = now_ms
 
     def delivered(self, delivered: Delivered) -> None:
@@ -277,8 +279,11 @@ class Transaction:
 
     def _send_marks(self) -> None:
         if self._changelog_topic is not None:
-            for mark in changelog_records(self._batch.marks, self._batch.marked_ms,
-                                          self._mark_key_prefix):
+            marks = [*changelog_records(self._batch.marks, self._batch.marked_ms,
+                                        self._mark_key_prefix),
+                     *changelog_records(self._batch.dead_marks, self._batch.marked_ms,
+                                        DEAD_LETTERED_KEY_PREFIX)]
+            for mark in marks:
                 self._send(self._changelog_topic, mark.key, mark.value, [])
         for topic, key, value in self._batch.progress:
             self._send(topic, key, value, [])

@@ -11,7 +11,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.dead_letter import EVENT_ID, STAGE
 from cdc_router.router.committed_ids import CommittedIds
-from cdc_router.router.replay import REPLAYED_KEY_PREFIX, changelog_records
+from cdc_router.router.replay import (
+    DEAD_LETTERED_KEY_PREFIX,
+    REPLAYED_KEY_PREFIX,
+    changelog_records,
+)
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
@@ -108,3 +112,28 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
     assert later == ["g"]
     assert replayed == ["dead-1"]
     assert fixed == ["fixed-1"]
+
+
+def test_a_dead_lettered_mark_is_no_delivery_once_its_letter_is_gone(
+        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+    # QA, session 25: with the dead-letter topic's retention past (delete_records), the marks
+    # of dead-lettered ids read as deliveries, and a restarted router's sweep deleted the rows
+    # of 301 undelivered events. Marks keyed `dead:` need no letter.
+    changelog, dead_letters = topics
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                         "transactional.id": unique("sweep-c")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    now_ms = int(time.time() * 1000)
+    for mark in [*changelog_records(["h"], now_ms),
+                 *changelog_records(["dead-4", "dead-5"], now_ms, DEAD_LETTERED_KEY_PREFIX)]:
+        producer.produce(changelog, key=mark.key, value=mark.value)
+    producer.commit_transaction(30)
+    source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
+                          changelog_topic=changelog, dead_letter_topic=dead_letters,
+                          window_ms=3_600_000)
+    try:
+        found = _all(source)
+    finally:
+        source.close()
+    assert found == ["h"]

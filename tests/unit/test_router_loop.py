@@ -138,6 +138,13 @@ def test_every_dead_letter_stage_and_the_stream_goes_on() -> None:
     assert len(harness.letters()) == 5
     assert harness.metric("cdc_router_batches_aborted_total") <= 4
     assert harness.waits == []
+    # The ids dead-lettered after decoding are marked, keyed as dead letters: the cleanup's
+    # sweep must never take them for deliveries, letter or no letter (QA, session 25).
+    changelog = cluster.committed(CHANGELOG)
+    dead = [record for record in changelog if record.key.startswith(b"dead:")]
+    assert sorted(marked_ids(dead)) == ["p-future", "p-payload", "p-route"]
+    assert not set(marked_ids([r for r in changelog if r not in dead])) & {
+        "p-future", "p-payload", "p-route", "p-headers"}
 
 
 def test_a_timestamp_the_broker_refuses_costs_at_most_two_aborts_then_a_dead_letter() -> None:
