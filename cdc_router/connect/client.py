@@ -226,9 +226,13 @@ class ConnectClient:
     @property
     def _client(self) -> httpx.Client:
         if self._http is None:
-            self._http = httpx.Client(base_url=self.url, auth=self._auth, timeout=self._timeout,
-                                      transport=self._transport,
-                                      headers={"Accept": "application/json"})
+            try:
+                self._http = httpx.Client(base_url=self.url, auth=self._auth,
+                                          timeout=self._timeout, transport=self._transport,
+                                          headers={"Accept": "application/json"})
+            except httpx.InvalidURL as error:  # e.g. a port that is not a number
+                raise ConnectError(f"Kafka Connect URL {self.url!r} is not valid ({error}): "
+                                   "set --connect-url or CDC_ROUTER_CONNECT_URL") from error
         return self._http
 
     def _request(self, method: str, path: str, *, connector: str | None = None,

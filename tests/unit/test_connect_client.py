@@ -510,3 +510,11 @@ def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,
 
     assert (same.exit_code, differs.exit_code) == (0, 2)
     assert "  + x = 1" in differs.stdout
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1"])
+def test_a_url_httpx_cannot_parse_is_one_line_naming_the_setting(url: str) -> None:
+    # httpx.InvalidURL came out of every `connectors` command and `status` as a traceback (QA,
+    # session 25).
+    with pytest.raises(ConnectError, match=r"not valid .*: set --connect-url or CDC_ROUTER_"):
+        ConnectClient(url).list()
