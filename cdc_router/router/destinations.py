@@ -2,7 +2,9 @@
 
 A template over aggregate_id renders one topic name per aggregate, so the cache is an LRU of
 at most `max_topics` names. A topic found missing is asked for again after a while: someone may
-have created it since (the router never creates topics).
+have created it since (the router never creates topics). A topic found is asked for again after
+FOUND_RECHECK_S, as the Java producer refreshes its metadata (metadata.max.age.ms, 5 min): after
+partitions are added, events go where Kafka's default partitioner would send them from then on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from cdc_router.kafka.errors import RECORD_REFUSED, describe, kafka_error_of
 MAX_TOPICS = 4096
 # A topic missing from metadata is asked for again after this long (it may have been created).
 MISSING_RECHECK_S = 10.0
+# A topic found is asked for again after this long: the Java producer's metadata.max.age.ms.
+FOUND_RECHECK_S = 300.0
 # One metadata request: well above a healthy broker's answer time, and a timeout is a cluster
 # problem (the batch aborts and backs off), never a reason to dead-letter.
 LOOKUP_TIMEOUT_S = 10.0
@@ -48,7 +52,8 @@ class DestinationMetadata:
         a KafkaException for anything else (the cluster is the problem, not the record)."""
         now = self._clock()
         cached = self._topics.get(topic)
-        if cached is not None and (cached[0] is not None or now - cached[1] < MISSING_RECHECK_S):
+        if cached is not None and now - cached[1] < (
+                MISSING_RECHECK_S if cached[0] is None else FOUND_RECHECK_S):
             self._topics.move_to_end(topic)
             return cached[0]
         try:

@@ -11,7 +11,11 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RouteError
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.router import clients
-from cdc_router.router.destinations import MISSING_RECHECK_S, DestinationMetadata
+from cdc_router.router.destinations import (
+    FOUND_RECHECK_S,
+    MISSING_RECHECK_S,
+    DestinationMetadata,
+)
 
 
 def config(**kafka: Any) -> RouterConfig:
@@ -73,6 +77,20 @@ def test_a_missing_topic_is_asked_again_after_a_while() -> None:
     now[0] += MISSING_RECHECK_S
     lookup.answers["x"] = 4
     assert cache.partitions("x") == 4 and lookup.calls == ["x", "x"]
+
+
+def test_a_topic_found_is_asked_again_after_the_producers_metadata_age() -> None:
+    # Cached for the process's life, partitions added to a destination moved its aggregates
+    # only at some later restart (review, session 25).
+    now = [0.0]
+    lookup = Lookup({"x": 3})
+    cache = DestinationMetadata(lookup, clock=lambda: now[0])
+    assert cache.partitions("x") == 3
+    lookup.answers["x"] = 6
+    now[0] += FOUND_RECHECK_S - 1
+    assert cache.partitions("x") == 3
+    now[0] += 1
+    assert cache.partitions("x") == 6 and lookup.calls == ["x", "x"]
 
 
 def test_a_topic_level_refusal_is_the_records_a_cluster_failure_is_not() -> None:
