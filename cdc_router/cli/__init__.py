@@ -11,6 +11,7 @@ import click
 
 from cdc_router import __version__
 from cdc_router.errors import CdcRouterError
+from cdc_router.serde.json import utf8_encodable
 
 # Each module defines a click command or group named `cli`; add a line to register a new one.
 COMMAND_MODULES: dict[str, str] = {
@@ -42,6 +43,15 @@ class _Root(click.Group):
             return None
         command: click.Command = importlib.import_module(module_name).cli
         return command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for position, argument in enumerate(args, start=1):
+            if not utf8_encodable(argument):
+                # Python keeps such bytes as lone surrogates, which every encode (psycopg's,
+                # librdkafka's) refuses later, as a traceback.
+                _fail(ctx, f"argument {position} ({argument!a}) is not valid UTF-8: pass text "
+                      "in UTF-8", 2)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

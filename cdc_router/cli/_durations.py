@@ -13,6 +13,9 @@ _DURATION = re.compile(r"^\s*(\d{1,19})\s*(ms|s|m|h|d|w)\s*$")  # 19 digits: pas
 # Longer than any retention window or look-back: a time this far back is before year 1 (or
 # out of Postgres' and Python's range) for some commands, and a typo for all of them.
 _LONGEST = timedelta(days=100 * 365)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A --since earlier than this (0001-01-01 in a zone east of UTC) has no Python or Postgres date.
+_YEAR_1_MS = (datetime(1, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
 
 
 def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timedelta:
@@ -39,14 +42,20 @@ def parse_since(text: str, *, option: str, now_ms: int) -> int:
     """`--since`: an ISO-8601 time (UTC unless it says otherwise) or a duration back from now
     (`2h`), as epoch milliseconds."""
     if _DURATION.match(text):
-        return now_ms - parse_duration(text, option=option, allow_zero=True) // timedelta(
+        since_ms = now_ms - parse_duration(text, option=option, allow_zero=True) // timedelta(
             milliseconds=1)
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigError("must be an ISO-8601 time or a duration back from now",
+    else:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ConfigError("must be an ISO-8601 time or a duration back from now",
+                              source="command line", field=option, value=text,
+                              hint="e.g. 2026-12-01T09:30:00Z or 2h") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        since_ms = (moment - _EPOCH) // timedelta(milliseconds=1)  # exact, no float
+    if since_ms < _YEAR_1_MS:
+        raise ConfigError("is before the year 1, which Postgres and Python dates start at",
                           source="command line", field=option, value=text,
-                          hint="e.g. 2026-12-01T09:30:00Z or 2h") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+                          hint="give a later time, e.g. 2026-12-01T09:30:00Z or 2h")
+    return since_ms

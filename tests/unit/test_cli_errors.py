@@ -101,3 +101,12 @@ def test_a_metrics_port_in_use_is_a_config_error_before_anything_starts(
         "already in use; give each instance on a host its own port [env "
         "CDC_ROUTER_METRICS_PORT], or 0 for none")
     assert started == []
+
+
+def test_an_argument_that_is_not_utf8_is_one_line_before_any_command_runs() -> None:
+    result = CliRunner().invoke(main, ["outbox", "write", "--aggregate-type",
+                                       b"\xff".decode("utf-8", "surrogateescape"),
+                                       "--aggregate-id", "1", "--type", "T", "--payload", "{}"])
+    assert result.exit_code == 2
+    assert "argument 4 ('\\udcff') is not valid UTF-8" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)

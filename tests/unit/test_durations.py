@@ -40,3 +40,16 @@ def test_since_takes_an_iso_time_utc_unless_it_says_or_a_duration_back_from_now(
         1_800_000_000_000
     with pytest.raises(ConfigError, match="ISO-8601 time or a duration"):
         parse_since("yesterday", option="--since", now_ms=now_ms)
+
+
+def test_since_keeps_milliseconds_and_refuses_a_time_before_the_year_1() -> None:
+    # 0001-01-01 east of UTC came out of republish as "year 0 is out of range", a traceback;
+    # a float product lost the last millisecond (review, session 25).
+    now_ms = 1_800_000_000_000
+    assert parse_since("2026-12-01T00:00:00.001Z", option="--since", now_ms=now_ms) == \
+        1_796_083_200_001
+    assert parse_since("0001-01-01T00:00:00Z", option="--since", now_ms=now_ms) == \
+        -62_135_596_800_000
+    with pytest.raises(ConfigError, match="'--since': is before the year 1"):
+        parse_since("0001-01-01T00:00:00+01:00", option="--since", now_ms=now_ms)
+
