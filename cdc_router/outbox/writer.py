@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from cdc_router.errors import InvalidEventError
+from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.table import OutboxSchema
 
 DEFAULT_SCHEMA = OutboxSchema()  # public.outbox with the EventRouter SMT's column names
@@ -47,6 +47,9 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
     column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
     """
+    for name, text in (("aggregate_type", aggregate_type), ("aggregate_id", aggregate_id),
+                       ("type", type)):
+        _check_text(name, text)
     event = str(event_id) if event_id is not None else new_event_id()
     try:
         event = str(uuid.UUID(event))
@@ -80,3 +83,18 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
         sql.SQL(", ").join(sql.Placeholder() * len(columns)))
     conn.execute(query, tuple(values))
     return event
+
+
+def _check_text(name: str, text: object) -> None:
+    """What the router could only dead-letter (an empty column) or Postgres refuses (NUL, text
+    that is not UTF-8) is refused here, in the writer's own terms."""
+    if not isinstance(text, str) or text == "":
+        raise InvalidEventError(f"{name} must be non-empty text, not {show(text)}")
+    try:
+        text.encode("utf-8")  # a lone surrogate fails (serde.json would make an import cycle)
+        storable = "\x00" not in text
+    except UnicodeEncodeError:
+        storable = False
+    if not storable:
+        raise InvalidEventError(f"{name} holds a NUL or a lone surrogate, which Postgres text "
+                                f"cannot store: {show(text)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from typing import Any
@@ -290,6 +291,24 @@ def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: 
         write_event(conn, aggregate_type="A", aggregate_id="1", type="T",  # type: ignore[arg-type]
                     **kwargs)
 
+    assert conn.calls == []
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("aggregate_type", "", "aggregate_type must be non-empty text, not ''"),
+    ("aggregate_id", 42, "aggregate_id must be non-empty text, not 42"),
+    ("type", "Paid\x00", "type holds a NUL or a lone surrogate"),
+    ("aggregate_id", "\ud800", "aggregate_id holds a NUL or a lone surrogate"),
+])
+def test_columns_the_router_could_only_dead_letter_are_refused_before_any_sql(
+        field: str, value: object, message: str) -> None:
+    # The router dead-letters an empty column at decode; psycopg raised UnicodeEncodeError on
+    # a lone surrogate (review, session 25).
+    conn = RecordingConnection()
+    columns: dict[str, Any] = {"aggregate_type": "A", "aggregate_id": "1", "type": "T",
+                               field: value}
+    with pytest.raises(InvalidEventError, match=re.escape(message)):
+        write_event(conn, payload={}, **columns)  # type: ignore[arg-type]
     assert conn.calls == []
 
 
