@@ -12,6 +12,7 @@ the same row (murmur2 of the key), so one router instance sees both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,10 +33,21 @@ INSTANCE = "outbox-republish"
 
 
 def raw_topic(config: RouterConfig, topic: str | None) -> str:
-    """The raw change topic to republish onto: `topic`, or the config's one source topic."""
-    if topic:
-        return topic
+    """The raw change topic to republish onto: `topic`, or the config's one source topic.
+
+    `topic` must be one the router reads: a change event anywhere else (a destination, the
+    dead-letter topic, the changelog) would reach its readers as it is, with no router to drop
+    what was delivered already.
+    """
     topics = config.source.topics
+    if topic:
+        # A "^" entry is a pattern, which librdkafka matches with a regex search.
+        if not any(topic == read or (read.startswith("^") and re.search(read, topic))
+                   for read in topics):
+            raise ConfigError("is not a topic the router reads: republish onto the raw "
+                              "change topic, where the router drops what it delivered already",
+                              field="--topic", value=topic, hint=f"source.topics: {topics}")
+        return topic
     if len(topics) == 1 and not topics[0].startswith("^"):
         return topics[0]
     raise ConfigError("the config reads several raw topics (or a pattern): name the outbox's",

@@ -102,3 +102,12 @@ def test_the_raw_topic_is_the_configs_one_source_unless_named() -> None:
     assert raw_topic(config(source={"topics": ["^outbox.*"]}), "outbox.x") == "outbox.x"
     with pytest.raises(ConfigError, match="--topic"):
         raw_topic(config(source={"topics": ["a", "b"]}), None)
+    assert raw_topic(config(source={"topics": ["a", "b"]}), "b") == "b"
+
+
+@pytest.mark.parametrize("topic", ["orders", "dlq", "changelog", "outbox.y.z", "nosuch"])
+def test_only_a_topic_the_router_reads_takes_republished_change_events(topic: str) -> None:
+    # QA, session 25: `--topic` wrote Debezium envelopes onto a destination topic and the
+    # changelog, and said the router would drop what it delivered.
+    with pytest.raises(ConfigError, match=rf"'--topic': is not a topic the router reads.*{topic}"):
+        raw_topic(config(source={"topics": ["^outbox\\.x\\..*", RAW]}), topic)
