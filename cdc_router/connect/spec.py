@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +34,24 @@ def load_spec(path: Path, env: Mapping[str, str]) -> ConnectorSpec:
     except OSError as error:
         raise ConfigError(f"cannot read connector file: {error.strerror}",
                           source=str(path)) from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"not UTF-8: byte 0x{error.object[error.start]:02x} at position "
+                          f"{error.start}", source=str(path),
+                          hint="save the file as UTF-8") from error
     return parse_spec(text, env, source=str(path))
 
 
 def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSpec:
     """Parse and expand one connector document; ConfigError names the file and the field."""
+    def one_of_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        twice = sorted(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
+        if twice:  # json.loads would keep the last one silently
+            raise ConfigError("a key appears twice in one object", source=source, value=twice,
+                              hint="keep one of them")
+        return dict(pairs)
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=one_of_each)
     except json.JSONDecodeError as error:
         raise ConfigError(f"not valid JSON: {error.msg} at line {error.lineno} column "
                           f"{error.colno}", source=source) from error

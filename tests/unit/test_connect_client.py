@@ -518,3 +518,15 @@ def test_a_url_httpx_cannot_parse_is_one_line_naming_the_setting(url: str) -> No
     # session 25).
     with pytest.raises(ConnectError, match=r"not valid .*: set --connect-url or CDC_ROUTER_"):
         ConnectClient(url).list()
+
+
+def test_a_connector_file_not_in_utf8_or_with_a_key_twice_is_one_line(tmp_path: Path) -> None:
+    # QA, session 25: Latin-1 text was a UnicodeDecodeError traceback; a second "config" was
+    # kept silently, the first one dropped.
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"name": "q", "config": {"connector.class": "x", "a": "caf\xe9"}}')
+    with pytest.raises(ConfigError, match=r"not UTF-8: byte 0xe9 at position 58.*as UTF-8"):
+        load_spec(latin1, {})
+    twice = '{"name": "q", "config": {"connector.class": "x"}, "config": {"a": "b"}}'
+    with pytest.raises(ConfigError, match=r"a key appears twice in one object \(got \['config'\]"):
+        parse_spec(twice, {}, source="f.json")
