@@ -8,7 +8,9 @@ Two framings, as the route's config says:
 
 Either way the payload is checked first (serde/avro_diagnostics.py): one that does not fit its
 schema raises SerializeError naming the field, and is dead-lettered. What the registry refuses
-or cannot answer is a RegistryError, which stops the router: no record is blamed for it.
+or cannot answer is a RegistryError, which stops the router: no record is blamed for it; but a
+subject missing from the registry that only an event's destination names (a template over its
+data) is that event's dead letter.
 A payload that is already bytes (bytea column) is passed through unchanged once its framing
 is checked.
 """
@@ -85,6 +87,7 @@ class AvroSerializer:
         # confluent-kafka's serializer and its context, per (topic, schema): each serializer
         # remembers one schema id, and a context is a topic's.
         self._wire: dict[tuple[str, int], tuple[ValueSerializer, SerializationContext]] = {}
+        self._known: set[str] | None = None  # _known_subjects()
         for index, rule in enumerate(routes):
             if rule.format != "avro":
                 continue
@@ -185,10 +188,22 @@ class AvroSerializer:
             _encode_record(event, datum, schema, topic)
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
-            raise ids.failure(f"{action} {schema.path} under subject {subject!r}",
-                              error) from error
+            failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
+            if failure.missing and subject not in self._known_subjects():
+                # The subject comes from this event's destination (a template over its
+                # data), so no start-up check could see it: the event's fault, not the
+                # router's, or one row would stop the stream for good.
+                raise SerializeError(f"event {show(event.event_id)}: {failure}") from error
+            raise failure from error
         assert value is not None  # None only for a None datum, refused above
         return value
+
+    def _known_subjects(self) -> set[str]:
+        """The subjects known before any event (preflight checks them)."""
+        if self._known is None:
+            self._known = {planned.subject for planned in self.planned_subjects()
+                           if planned.subject is not None}
+        return self._known
 
     def preflight(self) -> None:
         """Resolve the ids of the subjects known before any event; RegistryError if one is

@@ -201,6 +201,17 @@ def test_without_auto_register_a_missing_schema_stops_the_router_not_the_event()
     assert caught.value.missing
 
 
+def test_a_missing_subject_only_an_events_destination_names_is_that_events_dead_letter() -> None:
+    # QA, session 25: a subject rendered from the row's data, never registered, stopped the
+    # router (exit 1), and the restarted router stopped on the same row, for good.
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    serializer = AvroSerializer([dynamic], registry(), registry_client=mock_registry())
+    serializer.preflight()  # nothing known before any event
+    with pytest.raises(SerializeError, match=r"subject 'x.n01-value': not registered"):
+        serializer.serialize(event(GOOD), dynamic, "x.n01")
+
+
 def test_registered_schema_gives_the_wire_format_and_decodes_back() -> None:
     client = mock_registry()
     # The mock compares schema text exactly (a real registry compares canonical forms).
