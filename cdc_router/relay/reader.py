@@ -21,7 +21,7 @@ from psycopg import sql
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
+from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl, unique_seq_ddl
 from cdc_router.postgres import column_types, regclass_text, table_identifier
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
@@ -158,16 +158,26 @@ class OutboxReader:
         return sql.SQL("{}::text").format(name)
 
     def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
-        """Warn when txid or seq leads no index: the relay works, but scans (relay_columns.py)."""
-        indexed = {str(row[0]) for row in conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        """Refuse a seq without a unique index (relay_columns.unique_seq_ddl: equal values
+        across a page's end would be skipped); warn when txid leads no index: the relay works,
+        but scans (relay_columns.py)."""
+        rows = conn.execute(
+            "SELECT a.attname, i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL "
+            "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
             "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
-            (regclass_text(self._relay.table, "relay.table"),)).fetchall()}
-        for column in (self._relay.txid_column, self._relay.seq_column):
-            if column not in indexed:
-                log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
-                            "the table (%s): without it every read scans the table'",
-                            self._relay.table, column, column)
+            (regclass_text(self._relay.table, "relay.table"),)).fetchall()
+        indexed = {str(name) for name, _ in rows}
+        if not any(name == self._relay.seq_column and unique for name, unique in rows):
+            ddl = unique_seq_ddl(self._relay.table, self._relay.seq_column, concurrently=True)
+            raise ConfigError(
+                f"the relay pages a read by {self._relay.seq_column!r}, whose values must be "
+                "unique (rows sharing one across a page's end would be skipped)",
+                field="relay.seq_column", value=self._relay.seq_column,
+                hint=f"add its unique index: {ddl.as_string(None)}")
+        if self._relay.txid_column not in indexed:
+            log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
+                        "the table (%s): without it every read scans the table'",
+                        self._relay.table, self._relay.txid_column, self._relay.txid_column)
 
     def _check_relay_columns(self, types: dict[str, str]) -> None:
         relay = self._relay

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -189,6 +190,39 @@ def test_a_relay_table_or_credentials_no_wait_cures_exit_with_one_line(
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: ") and expected in error, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_rows_that_set_seq_or_txid_themselves_are_refused_or_still_relayed(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA, session 25: rows sharing a seq across a page's end were skipped for good, and a row
+    # whose txid was written (an INSERT ... SELECT from an old outbox) was never read. seq is
+    # unique now, and the trigger of `outbox init --relay` gives txid its transaction's id.
+    insert = ("INSERT INTO public.{} (id, aggregatetype, aggregateid, type, payload{}) "
+              "VALUES (%s, 'Order', %s, 'OrderPaid', '{{}}'{})")
+    with relay_setup(stack, tmp_path, config={"relay": {"batch_rows": 2}}) as setup:
+        ids = [str(uuid.uuid4()) for _ in range(4)]
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            for n, txid in enumerate(("100", "99999999")):  # done long ago; in the future
+                conn.execute(insert.format(setup.table, ", txid", ", %s"), (ids[n], "t", txid))
+            conn.execute(insert.format(setup.table, ", seq", ", %s"), (ids[2], "s", 1_000_000))
+        with pytest.raises(psycopg.errors.UniqueViolation), \
+                psycopg.connect(stack.postgres_dsn) as conn:
+            conn.execute(insert.format(setup.table, ", seq", ", %s"), (ids[3], "s", 1_000_000))
+        setup.start("a")
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, 3, 60)
+        setup.kill("a", signal.SIGTERM)
+        # Without the unique index, the relay refuses the table, naming the statement.
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP INDEX public."{setup.table}_seq_key"')
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "relay", "-c", str(setup.config_path),
+             "--metrics-port", "0"], capture_output=True, text=True, cwd=REPO, timeout=120,
+            check=False)
+    assert sorted(record.key().decode() for record in records) == sorted(ids[:3])
+    assert result.returncode == 1
+    error = result.stderr.strip().splitlines()[-1]
+    assert "field 'relay.seq_column'" in error and "must be unique" in error, error
+    assert f'CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "{setup.table}_seq_key"' in error
 
 
 def test_the_relay_writes_the_records_the_router_writes_from_debezium(
