@@ -88,6 +88,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._decoder = decoder
         self._rng = rng or random.Random()
         self._failures: dict[int, int] = {}  # stream sequence -> handler failures here
+        self._outages = 0  # batches in a row cut short by an outage (the loop's pause)
         self._waits: dict[int, int] = {}  # stream sequence -> outage naks here (their backoff)
         self._executor: ThreadPoolExecutor | None = None
         self._js: Any = None
@@ -195,19 +196,34 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             return []
 
     async def _handle_batch(self, batch: list[Any]) -> None:
-        unsettled = list(batch)
+        unsettled, outage = list(batch), None
         keep_alive = asyncio.create_task(self._keep_alive(unsettled))
         try:
             for message in batch:
                 if self._stop.is_set():
                     break
-                await self._handle(message)
+                outage = await self._handle(message)
                 unsettled.remove(message)
+                if outage is not None:
+                    # The store or the registry is down: the rest of the batch would fail the
+                    # same way, one warning and one new connection each. Hand it back and
+                    # wait before fetching again, as the Kafka consumer pauses.
+                    break
+            else:
+                self._outages = 0
         finally:
             keep_alive.cancel()
             # Stopping (or failing): hand the rest back now rather than after AckWait.
             for message in unsettled:
                 await _quietly(message.nak(), "nak")
+        if outage is not None:
+            await self._pause(outage)
+
+    async def _pause(self, delay_s: float) -> None:
+        """Wait `delay_s` (less if stop() comes) before the next fetch."""
+        deadline = time.monotonic() + delay_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     async def _keep_alive(self, unsettled: list[Any]) -> None:
         """In-progress acks for the batch, so JetStream does not redeliver what waits here."""
@@ -216,7 +232,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             for message in list(unsettled):
                 await _quietly(message.in_progress(), "in_progress")
 
-    async def _handle(self, message: Any) -> None:
+    async def _handle(self, message: Any) -> float | None:
+        """Handle one message; the delay to wait before the next fetch after an outage."""
         record = record_of(message.subject, message.data, message.headers, message.metadata)
         attempt = self._failures.get(record.sequence, 0) + 1
         settings = self.settings
@@ -227,27 +244,26 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 key_name=f"header {MSG_ID_HEADER!r}"))
         except MalformedRecord as error:
             await self._dead_letter(message, record, STAGE_DECODE, error, attempts=0)
-            return
+            return None
         except RegistryError as error:
-            await self._excuse(message, record, "registry_unavailable", error)
-            return
+            return await self._outage(message, record, "registry_unavailable", error)
         key = DedupKey(settings.dedup_group, event.event_id)
         try:
             outcome = await self._blocking(functools.partial(
                 self._store.run_once, key, functools.partial(self._run_handler, event)))
         except DedupStoreError as error:
-            await self._excuse(message, record, "store_failed", error)
-            return
+            return await self._outage(message, record, "store_failed", error)
         except Exception as error:
             await self._handler_failed(message, record, event, attempt, error)
-            return
+            return None
         if outcome is Outcome.BUSY:
             await self._excuse(message, record, "claimed_elsewhere", None)
-            return
+            return None
         self._counts["processed" if outcome is Outcome.DONE else "duplicates"] += 1
         log.debug("event=handled id=%s outcome=%s stream=%s sequence=%d", event.event_id,
                   outcome.value, record.stream, record.sequence)
         await self._settle(message, record, term=False)
+        return None
 
     def _run_handler(self, event: ConsumedEvent, context: Context) -> None:
         self._handler(event, context)
@@ -265,6 +281,13 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                     "attempt=%d delay_s=%.3f error=%s", record.stream, record.sequence,
                     event.event_id, attempt, verdict.delay_s, repr(error)[:300])
         await _quietly(message.nak(delay=verdict.delay_s), "nak")
+
+    async def _outage(self, message: Any, record: JetStreamRecord, reason: str,
+                      error: BaseException) -> float:
+        """_excuse the message; the loop's pause, growing with the outages in a row."""
+        await self._excuse(message, record, reason, error)
+        self._outages += 1
+        return self.settings.retry.backoff(self._outages, self._rng)
 
     async def _excuse(self, message: Any, record: JetStreamRecord, reason: str,
                       error: BaseException | None) -> None:

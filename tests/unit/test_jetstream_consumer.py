@@ -257,6 +257,41 @@ def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt() ->
     assert told == "nak" and harness.js.published == []
 
 
+class CountingDownStore(DownStore):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run_once(self, key: DedupKey, effect: Any) -> Outcome:
+        self.calls += 1
+        return super().run_once(key, effect)
+
+
+def test_a_store_outage_hands_the_batch_back_and_pauses_the_loop_growing() -> None:
+    # QA, session 25: during a 12 s outage the loop naked message after message, 10,608
+    # warnings and as many connection attempts; the Kafka consumer pauses instead.
+    store = CountingDownStore()
+    harness = Harness(lambda event, _: None, store=store)
+    pauses: list[float] = []
+
+    async def pause(delay_s: float) -> None:
+        pauses.append(delay_s)
+
+    harness.consumer._pause = pause  # type: ignore[method-assign]
+    for _ in range(2):
+        batch = [payment(f"e{n}", sequence=n) for n in range(5)]
+        asyncio.run(harness.consumer._handle_batch(list(batch)))
+        assert [told for told, _ in batch[0].told] == ["nak"]
+        assert all(message.told == [("nak", None)] for message in batch[1:])
+    assert store.calls == 2  # one try a batch, not one a message
+    # Full jitter under a cap that doubles: 0.1 s, then 0.2 s (initial_backoff_s 0.1).
+    assert len(pauses) == 2 and 0 < pauses[0] <= 0.1 and 0 < pauses[1] <= 0.2
+    harness.consumer._store = MemoryDedupStore()
+    batch = [payment(f"e{n}", sequence=n) for n in range(5)]
+    asyncio.run(harness.consumer._handle_batch(list(batch)))
+    assert all(message.told == [("ack", None)] for message in batch)
+    assert len(pauses) == 2 and harness.consumer._outages == 0
+
+
 def test_an_unacknowledged_dead_letter_leaves_the_message_to_come_back() -> None:
     harness = Harness(failing(ValueError("unknown order")))
     for delivered in (1, 2):
