@@ -50,6 +50,10 @@ MAX_PENDING_IDS = 2_000_000
 SWEEP_BATCHES = 10
 LOG_EVERY_S = 30.0  # a summary line, not one per batch
 _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
+# A DELETE waits this long at most for a row another transaction has locked (a session idle in
+# transaction, a report with FOR UPDATE): it then fails with a warning naming the lock and is
+# tried again, instead of holding every later delete silently for as long as the lock lasts.
+_LOCK_TIMEOUT = "5s"
 _MAX_BACKOFF_S = 30.0
 
 
@@ -164,9 +168,12 @@ class OutboxCleaner:
                 worked = self._delete_due()
                 backoff = 0.5
             except psycopg.Error as error:
-                log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d",
-                            one_line(error),
-                            backoff, self.pending_count())
+                reason = ("another transaction holds a lock on rows to delete (see "
+                          "pg_locks); the deletes wait for it, routing goes on"
+                          if isinstance(error, psycopg.errors.LockNotAvailable) else "")
+                log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d%s",
+                            one_line(error), backoff, self.pending_count(),
+                            f" reason={reason!r}" if reason else "")
                 self._drop_connection()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
@@ -201,9 +208,11 @@ class OutboxCleaner:
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             assert self._settings.dsn is not None
-            self._conn = psycopg.connect(self._settings.dsn, autocommit=True,
-                                         connect_timeout=_CONNECT_TIMEOUT_S,
-                                         application_name="cdc-router-cleanup")
+            conn = psycopg.connect(self._settings.dsn, autocommit=True,
+                                   connect_timeout=_CONNECT_TIMEOUT_S,
+                                   application_name="cdc-router-cleanup")
+            conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")  # a constant, not input
+            self._conn = conn
         return self._conn
 
     def _drop_connection(self) -> None:

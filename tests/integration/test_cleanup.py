@@ -475,3 +475,31 @@ def test_ids_the_id_column_cannot_hold_leave_the_rest_of_their_batch_deleted(
                  for event_id in [*ids[:5], "order-17", "nul\x00id", *ids[5:15]]]
     left, pending = _clean(cleaner, delivered, stack.postgres_dsn, table)
     assert left == set(ids[15:]) and pending == 0
+
+
+def test_a_row_locked_elsewhere_holds_the_deletes_with_a_warning_then_they_catch_up(
+        stack: StackEndpoints, caplog: pytest.LogCaptureFixture) -> None:
+    # QA, session 25: a session holding one row's lock (FOR UPDATE, idle in transaction) held
+    # every instance's cleanup for as long as it lasted, with no line in any log.
+    name = f"locked_{os.getpid()}_{random.randrange(10**6)}"
+    table, ids, cleaner = _twenty_rows_and_a_cleaner(stack.postgres_dsn, name, f"public.{name}")
+    with psycopg.connect(stack.postgres_dsn) as holder:
+        holder.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(table),
+                       (ids[0],))
+        cleaner.start()
+        try:
+            cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids])
+            deadline = time.monotonic() + 30
+            while "holds a lock on rows to delete" not in caplog.text:
+                assert time.monotonic() < deadline, "no warning while the lock is held"
+                time.sleep(0.2)
+            holder.rollback()  # the lock goes
+            deadline = time.monotonic() + 30
+            while cleaner.pending_count() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            cleaner.stop()
+    with psycopg.connect(stack.postgres_dsn) as conn:
+        left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+    _drop(stack.postgres_dsn, table)
+    assert left == (0,)
