@@ -23,13 +23,16 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
+    KafkaError,
     KafkaException,
     Message,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka.errors import kafka_error_of
 
 End = Literal["stable", "log_end"]
 
@@ -97,12 +100,30 @@ def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
                 request_timeout=_LOOKUP_TIMEOUT_S)
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as failure:
+            if _deleted(admin, topic):
+                # No wait brings it back: retrying would log twice a second until the deadline.
+                raise DeliveryError(f"topic {topic} does not exist any more (deleted while in "
+                                    "use?): recreate it with `cdc-router topics apply -c "
+                                    "<config>`; what it held is gone") from failure
             if time.monotonic() > deadline:
                 raise
             log.warning("event=offsets_lookup_failed topic=%s error=%r; retrying with a new "
                         "admin client", topic, str(failure))
             admin.reset()
         time.sleep(_LEADER_WAIT_S)
+
+
+def _deleted(admin: AdminConnection, topic: str) -> bool:
+    """Whether the cluster answers that `topic` does not exist (False when it cannot answer).
+    DescribeTopics, not a metadata request, which a broker may answer by creating the topic."""
+    futures = admin.client().describe_topics(TopicCollection([topic]),
+                                             request_timeout=_LOOKUP_TIMEOUT_S)
+    try:
+        futures[topic].result()
+    except KafkaException as failure:
+        error = kafka_error_of(failure)
+        return error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    return False
 
 
 def stable_offsets(consumer: Consumer, topic: str, partitions: list[int],

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from cdc_router.errors import DeliveryError
 from cdc_router.kafka import reader
 
 
@@ -22,6 +23,17 @@ class _Admin:
     def __init__(self, failures: list[int]) -> None:
         self.failures = failures  # shared by the clients of one test: [left]
         self.calls = 0
+
+    deleted = False  # describe_topics answers that the topic does not exist
+
+    def describe_topics(self, topics: Any, **_: Any) -> dict[str, Future[Any]]:
+        future: Future[Any] = Future()
+        if self.deleted:
+            future.set_exception(KafkaException(KafkaError(
+                KafkaError.UNKNOWN_TOPIC_OR_PART, "Broker: Unknown topic or partition")))
+        else:
+            future.set_result(None)
+        return {name: future for name in topics.topic_names}
 
     def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[Any, Any]:
         self.calls += 1
@@ -78,4 +90,14 @@ def test_log_end_offsets_raises_once_its_deadline_passed() -> None:
     with pytest.raises(KafkaException):
         reader.log_end_offsets(reader.AdminConnection({}, lambda _c: admin), "t", [0],
                                deadline=reader.time.monotonic() - 1)
+    assert admin.calls == 1
+
+
+def test_log_end_offsets_of_a_deleted_topic_is_one_error_at_once_not_retries() -> None:
+    # QA, session 25: with the dedup changelog deleted under a running group, a router logged
+    # offsets_lookup_failed twice a second for the whole deadline, naming no cause.
+    admin = _Admin([10**6])
+    admin.deleted = True
+    with pytest.raises(DeliveryError, match=r"topic t does not exist any more.*topics apply"):
+        reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
     assert admin.calls == 1
