@@ -47,7 +47,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
           source_topic: str | None, output: str) -> None:
     """Validate router.yaml (with CDC_ROUTER__ overrides) and summarise it.
 
-    Warns about templated routes that can name a topic the router consumes, or any topic.
+    Warns about templated routes that can name a topic the router consumes, or any topic,
+    and Avro schema fields no JSON payload can fill.
 
     With --explain, also show for each event how it decodes, which route takes it and the
     record it would produce, through the router's own per-record step. A destination topic
@@ -58,6 +59,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     config = compiled.config
     warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
+    for serializer in compiled.serializers.values():
+        warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
     step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":

@@ -18,6 +18,7 @@ is checked.
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.topic_names import parse_template, render_topic
 from cdc_router.errors import ConfigError, SerializeError, show
-from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_diagnostics import json_unfillable, payload_problem
 from cdc_router.serde.avro_schema import (
     ANY_TYPE,
     SINGLE_OBJECT_HEADER,
@@ -56,6 +57,8 @@ CONFLUENT_HEADER = len(CONFLUENT_MAGIC) + 4
 # Names other modules import from here, whose homes are the schema and diagnostics modules.
 __all__ = ["CONFLUENT_HEADER", "CONFLUENT_MAGIC", "AvroSchema", "AvroSerializer",
            "PlannedSubject", "encode", "load_schema", "parse_schema_text", "payload_problem"]
+
+log = logging.getLogger("cdc_router.serde")
 
 
 @dataclass(frozen=True)
@@ -205,10 +208,27 @@ class AvroSerializer:
                            if planned.subject is not None}
         return self._known
 
+    def warnings(self) -> list[str]:
+        """What `rules check` and the router's start warn about: schema fields no JSON payload
+        can fill (serde/avro_diagnostics.json_unfillable)."""
+        found = []
+        for index, rule, compiled in self._compiled:
+            for schema in compiled.by_type.values():
+                fields = json_unfillable(schema)
+                if fields:
+                    found.append(
+                        f"routes[{index}] ({rule.destination}): Avro schema {schema.path} has "
+                        f"fields no JSON payload can fill (bytes, fixed or decimal): "
+                        f"{', '.join(fields)}; a JSON payload that reaches one is dead-lettered "
+                        "(a bytea payload, already encoded, passes through)")
+        return found
+
     def preflight(self) -> None:
         """Resolve the ids of the subjects known before any event; RegistryError if one is
         missing (auto_register off) or the registry cannot be asked. Nothing to do without
-        a registry."""
+        a registry. Logs warnings() first."""
+        for warning in self.warnings():
+            log.warning("event=avro_schema_warning detail=%r", warning)
         if self._ids is None:
             return
         for planned in self.planned_subjects():

@@ -203,3 +203,50 @@ def _can_hold_record(node: Any, named: Mapping[str, Any], seen: set[str]) -> boo
     if kind == "map":
         return _can_hold_record(node["values"], named, seen)
     return False
+
+
+def json_unfillable(schema: AvroSchema) -> list[str]:
+    """The fields of `schema` no JSON payload can fill, as dotted paths: bytes, fixed and
+    decimal ones (JSON has no bytes; fastavro refuses a string there, even a schema default),
+    unless a union offers another type. A payload that reaches one is dead-lettered."""
+    found: list[str] = []
+    if not _holds_json(schema.parsed, schema.named):
+        return ["(the whole payload)"]
+    _unfillable_below(schema.parsed, schema.named, [], found, set())
+    return found
+
+
+def _holds_json(node: Any, named: Mapping[str, Any]) -> bool:
+    if isinstance(node, list):
+        return any(_holds_json(branch, named) for branch in node)
+    if isinstance(node, str):
+        target = named.get(node)
+        return node not in ("bytes", "fixed") if target is None else _holds_json(target, named)
+    return node.get("type") not in ("bytes", "fixed")
+
+
+def _unfillable_below(node: Any, named: Mapping[str, Any], path: list[str], found: list[str],
+                      seen: set[str]) -> None:
+    if isinstance(node, list):
+        for branch in node:
+            _unfillable_below(branch, named, path, found, seen)
+        return
+    if isinstance(node, str):
+        if node in named and node not in seen:  # a named type: walked once (it may recurse)
+            seen.add(node)
+            _unfillable_below(named[node], named, path, found, seen)
+        return
+    kind = node.get("type")
+    parts: list[tuple[list[str], Any]] = []
+    if kind in ("record", "error"):
+        seen.add(node.get("name", ""))
+        parts = [([*path, field["name"]], field["type"]) for field in node["fields"]]
+    elif kind == "array":
+        parts = [([*path, "[]"], node["items"])]
+    elif kind == "map":
+        parts = [([*path, "{}"], node["values"])]
+    for where, part in parts:
+        if _holds_json(part, named):
+            _unfillable_below(part, named, where, found, seen)
+        else:
+            found.append(".".join(where))

@@ -26,7 +26,7 @@ from cdc_router.errors import ConfigError, SerializeError
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.serde.avro import AvroSerializer
-from cdc_router.serde.avro_diagnostics import payload_problem
+from cdc_router.serde.avro_diagnostics import json_unfillable, payload_problem
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder, encoding_of
 from cdc_router.serde.registry import RegistryError, subject_name
@@ -502,3 +502,24 @@ def test_extra_fields_are_found_in_recursive_and_referenced_records() -> None:
     assert payload_problem(deep, tree) == ("field 't.Node.colour' is not in the schema (payload "
                                            "key children[0].by_name['x'].colour; extra_fields: "
                                            "reject)")
+
+
+def test_fields_no_json_payload_can_fill_are_named_for_rules_check_and_the_start(
+        tmp_path: Path) -> None:
+    # QA, session 25: every event of a route whose schema has a bytes, fixed or decimal field
+    # was dead-lettered, the field's default "" included, and nothing said so beforehand.
+    schema = tmp_path / "pay.avsc"
+    schema.write_text(json.dumps({"type": "record", "name": "Pay", "namespace": "qa", "fields": [
+        {"name": "blob", "type": "bytes", "default": ""},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9,
+                                    "scale": 2}},
+        {"name": "id", "type": {"type": "fixed", "name": "Id", "size": 16}},
+        {"name": "maybe", "type": ["null", "qa.Id"]},  # null fills it
+        {"name": "either", "type": ["string", "bytes"]},
+        {"name": "parts", "type": {"type": "array", "items": "bytes"}},
+        {"name": "note", "type": "string"}]}))
+    assert json_unfillable(load_schema(schema)) == ["blob", "amount", "id", "parts.[]"]
+    route = RouteRule.model_validate({"topic": "pay", "format": "avro", "schema": str(schema)})
+    [warning] = AvroSerializer([route]).warnings()
+    assert "routes[0] (pay)" in warning and "blob, amount, id, parts.[]" in warning
+    assert AvroSerializer([rule()]).warnings() == []
