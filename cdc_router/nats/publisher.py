@@ -150,6 +150,8 @@ class JetStreamPublisher:
         return self._js
 
     async def _publish_all(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        from nats.js.errors import NoStreamResponseError
+
         js = await self._connected()
         results = await asyncio.gather(
             *(js.publish(message.subject, message.data, timeout=self._ack_timeout_s,
@@ -159,9 +161,15 @@ class JetStreamPublisher:
                   if isinstance(result, BaseException)]
         if failed:
             message, error = failed[0]
+            # The stream that captured the subject at start is gone (deleted, or its subjects
+            # changed): nothing answers the publish. The batch waits; `streams apply` mends it.
+            hint = ("; no stream captures this subject now (was one deleted?): run "
+                    "`cdc-router streams apply -c <config>`"
+                    if isinstance(error, NoStreamResponseError) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
-                f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}")
+                f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"
+                f"{hint}")
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from cdc_router.config.load import load_config
-from cdc_router.nats.publisher import BatchAcks, JetStreamPublisher
+from cdc_router.errors import JetStreamError
+from cdc_router.nats.publisher import BatchAcks, JetStreamPublisher, NatsMessage
 from cdc_router.router.loop import OutboxRouter
 from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
@@ -274,3 +275,15 @@ def _insert_outbox(stack: StackEndpoints, table: str, ids: list[str]) -> None:
             f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, payload) "
             "VALUES (%s, 'Order', %s, 'OrderPaid', '{}'::jsonb)",
             [(event_id, f"order-{i % 9}") for i, event_id in enumerate(ids)])
+
+
+def test_a_publish_no_stream_captures_names_the_fix(nats_url: str) -> None:
+    # QA, session 25: with a stream deleted on the server, every batch failed with "nats: no
+    # response from stream", naming neither the cause nor `streams apply`.
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=5, connect_timeout_s=5)
+    try:
+        with pytest.raises(JetStreamError, match=r"subject 'nowhere\.x'.*no stream captures "
+                           r"this subject now.*streams apply"):
+            publisher.publish_batch([NatsMessage("nowhere.x", b"{}", {}, "id-1")])
+    finally:
+        publisher.close()
