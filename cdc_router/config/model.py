@@ -125,10 +125,13 @@ class RouterConfig(_Model):
                         routes[0][1].destination)
         guard = self.subject_guard()
         for index, route in routes:
-            subject = render_topic(parse_subject_template(route.destination), {})
-            problem = guard.problem(subject) if subject is not None else None
+            pieces = parse_subject_template(route.destination)
+            subject = render_topic(pieces, {})
+            problem = guard.problem(subject) if subject is not None else \
+                guard.template_problem(pieces)
             if problem:
-                raise _fail(f"routes[{index}].nats.subject", problem, subject)
+                raise _fail(f"routes[{index}].nats.subject", problem, subject or
+                            route.destination)
         nats = self.nats
         longest_wait_ms = nats.connect_timeout_ms + nats.ack_timeout_ms if nats else 0
         if routes and nats is not None and \

@@ -206,6 +206,27 @@ class SubjectGuard:
         return next((name for name, filter_ in self._filters
                      if subject_matches(filter_, subject)), None)
 
+    def template_problem(self, pieces: Template) -> str | None:
+        """Why no subject a template renders can be captured (its whole tokens before the first
+        field already match no stream's subjects), or None when some may be."""
+        fixed = ""
+        for literal, field in pieces:  # a piece is a literal, then the field that follows it
+            fixed += literal
+            if field is not None:
+                break
+        fixed += "\0"  # where row data starts
+        prefix = fixed.split(".")[:-1]  # whole tokens only: the last one holds row data
+        for _, filter_ in self._filters:
+            tokens = filter_.split(".")
+            for index, token in enumerate(tokens):
+                if token == ">" or index == len(prefix):
+                    return None  # the rest of the subject may match
+                if token not in ("*", prefix[index]):
+                    break
+        return ("no stream of nats.streams captures a subject that starts "
+                f"{show('.'.join(prefix) + '.')}, as every subject this template renders does: "
+                "declare one and run `cdc-router streams apply`")
+
     def problem(self, subject: str) -> str | None:
         """Why the router may not publish to `subject` (one line), or None."""
         problem = subject_problem(subject)

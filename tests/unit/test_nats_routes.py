@@ -103,6 +103,11 @@ def write(tmp_path: Path, text: str) -> Path:
     ("routes: [{nats: {subject: 'orders.{tipe}'}}]", "unknown template field {tipe}"),
     ("routes: [{nats: {subject: other.x}}]\nnats: {streams: [{name: O, subjects: [orders.>]}]}",
      "field 'routes[0].nats.subject': no stream of nats.streams captures subject 'other.x'"),
+    # A template whose whole tokens before row data already match no stream (QA, session 25:
+    # accepted, then every event of the route was dead-lettered).
+    ("routes: [{nats: {subject: 'nocap.{aggregate_id}'}}]\nnats: {streams: [{name: O, "
+     "subjects: [orders.>, 'nocap']}]}", "field 'routes[0].nats.subject': no stream of "
+     "nats.streams captures a subject that starts 'nocap.'"),
     ("routes: [{nats: {subject: orders.x}}]\nnats: {streams: [{name: 'a.b', "
      "subjects: [orders.>]}]}", "field 'nats.streams[0].name': stream name 'a.b' must be"),
     ("routes: [{nats: {subject: orders.x}, headers: {'a b': c}}]\nnats: {streams: [{name: O, "
@@ -115,6 +120,18 @@ def test_nats_config_errors_are_one_line_naming_field_and_value(tmp_path: Path, 
         load_config(path)
     assert "\n" not in str(caught.value)
     assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize(("template", "filters"), [
+    ("orders.{aggregate_id}", ["orders.*"]), ("orders.eu.{type}", ["orders.*.*"]),
+    ("orders.{type}.paid", ["orders.>"]), ("x-{type}.y", ["a.b"]), ("{type}", ["a"]),
+    ("orders.{type}", [">"])])
+def test_a_template_some_stream_may_capture_loads(tmp_path: Path, template: str,
+                                                  filters: list[str]) -> None:
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\n"
+                 f"routes: [{{nats: {{subject: '{template}'}}}}]\n"
+                 f"nats: {{streams: [{{name: S, subjects: {filters}}}]}}\n")
+    assert load_config(path).config.routes[0].destination == template
 
 
 def test_a_kafka_and_a_nats_route_load_side_by_side(tmp_path: Path) -> None:
