@@ -86,7 +86,7 @@ def utc_now_for(column_type: str) -> sql.Composable:
     zone holds UTC here (write_event, outbox init's default), so it gets UTC's wall clock; a
     timestamptz gets now() itself: compared with a plain timestamp, Postgres would read that
     timestamp in the session's TimeZone, hours off outside UTC."""
-    if column_type.startswith("timestamp with time zone"):
+    if column_type.endswith("with time zone"):  # format_type: "timestamp(6) with time zone"
         return sql.SQL("now()")
     return sql.SQL("(now() AT TIME ZONE 'UTC')")
 

@@ -427,7 +427,7 @@ def test_a_timestamptz_created_at_ages_right_in_a_session_outside_utc(
                      "FROM generate_series(1, 10) RETURNING id").format(table)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
-                             "created_at timestamptz NOT NULL)").format(table))
+                             "created_at timestamptz(6) NOT NULL)").format(table))
         old = [str(row[0]) for row in conn.execute(insert, ("2 hours",))]
         young = [str(row[0]) for row in conn.execute(insert, ("10 minutes",))]
         stats = outbox_stats(conn, OutboxSchema(table=f"public.{name}"))

@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import delete_in_chunks, one_line
+from cdc_router.postgres import delete_in_chunks, one_line, utc_now_for
 
 
 class _Diag:
@@ -93,3 +93,16 @@ def test_a_batch_below_one_is_refused_before_any_statement(batch_size: int) -> N
                          batch_size=batch_size)
 
     assert conn.statements == []
+
+
+@pytest.mark.parametrize(("column_type", "now"), [
+    ("timestamp with time zone", "now()"),
+    ("timestamp(6) with time zone", "now()"),  # how format_type prints timestamptz(6)
+    ("timestamp without time zone", "(now() AT TIME ZONE 'UTC')"),
+    ("timestamp(3) without time zone", "(now() AT TIME ZONE 'UTC')"),
+    ("date", "(now() AT TIME ZONE 'UTC')"),
+])
+def test_now_is_compared_in_the_columns_own_type(column_type: str, now: str) -> None:
+    # A timestamptz compared with UTC's wall clock is read in the session's TimeZone: hours off
+    # outside UTC (review, session 25; timestamptz(6) was missed at first).
+    assert utc_now_for(column_type).as_string(None) == now
