@@ -192,10 +192,13 @@ class AvroSerializer:
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
             failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
-            if failure.missing and subject not in self._known_subjects():
+            if failure.missing and subject not in self._known_subjects() and \
+                    ids.latest(subject) is None:
                 # The subject comes from this event's destination (a template over its
                 # data), so no start-up check could see it: the event's fault, not the
-                # router's, or one row would stop the stream for good.
+                # router's, or one row would stop the stream for good. A subject that exists
+                # without this schema (a version not registered yet) is the config's: the
+                # router stops.
                 raise SerializeError(f"event {show(event.event_id)}: {failure}") from error
             raise failure from error
         assert value is not None  # None only for a None datum, refused above
@@ -231,6 +234,7 @@ class AvroSerializer:
             log.warning("event=avro_schema_warning detail=%r", warning)
         if self._ids is None:
             return
+        self._ids.check_answers()  # templated routes' subjects are checked only per event
         for planned in self.planned_subjects():
             if planned.subject is not None:
                 self._ids.id_for(planned.subject, planned.schema)

@@ -160,6 +160,11 @@ class SchemaIds:
             raise
         return found.version or 0, str(found.schema.schema_str)
 
+    def check_answers(self) -> None:
+        """RegistryError unless the registry lists its subjects: a wrong URL or path (404 for
+        everything) must stop the router, not read as subjects that do not exist."""
+        self._call("list the registry's subjects", self.client.get_subjects)
+
     def compatible(self, subject: str, schema: AvroSchema) -> bool:
         """The registry's verdict on `schema` against the subject's latest version, under the
         compatibility level the subject (or the registry) is configured with."""

@@ -210,6 +210,14 @@ def test_a_missing_subject_only_an_events_destination_names_is_that_events_dead_
     serializer.preflight()  # nothing known before any event
     with pytest.raises(SerializeError, match=r"subject 'x.n01-value': not registered"):
         serializer.serialize(event(GOOD), dynamic, "x.n01")
+    # A subject that exists without this schema (a version not registered yet) is the
+    # config's, not the event's: the router stops (second review, session 25).
+    client = mock_registry()
+    client.register_schema("x.n02-value", Schema('"string"', "AVRO"))
+    serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+    with pytest.raises(RegistryError, match="not registered") as caught:
+        serializer.serialize(event(GOOD), dynamic, "x.n02")
+    assert not isinstance(caught.value, SerializeError)
 
 
 def test_registered_schema_gives_the_wire_format_and_decodes_back() -> None:
