@@ -14,8 +14,9 @@ _DURATION = re.compile(r"^\s*(\d{1,19})\s*(ms|s|m|h|d|w)\s*$")  # 19 digits: pas
 # out of Postgres' and Python's range) for some commands, and a typo for all of them.
 _LONGEST = timedelta(days=100 * 365)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# A --since earlier than this (0001-01-01 in a zone east of UTC) has no Python or Postgres date.
+# A --since outside these (0001-01-01 east of UTC, 9999-12-31 west of it) has no Python date.
 _YEAR_1_MS = (datetime(1, 1, 1, tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
+_YEAR_10000_MS = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1) + 1
 
 
 def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timedelta:
@@ -54,8 +55,8 @@ def parse_since(text: str, *, option: str, now_ms: int) -> int:
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         since_ms = (moment - _EPOCH) // timedelta(milliseconds=1)  # exact, no float
-    if since_ms < _YEAR_1_MS:
-        raise ConfigError("is before the year 1, which Postgres and Python dates start at",
+    if not _YEAR_1_MS <= since_ms < _YEAR_10000_MS:
+        raise ConfigError("is outside the years 1 to 9999 (UTC), which Python's dates hold",
                           source="command line", field=option, value=text,
-                          hint="give a later time, e.g. 2026-12-01T09:30:00Z or 2h")
+                          hint="e.g. 2026-12-01T09:30:00Z or 2h")
     return since_ms

@@ -47,6 +47,8 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
     column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
     """
+    if isinstance(aggregate_id, int) and not isinstance(aggregate_id, bool):
+        aggregate_id = str(aggregate_id)  # a numeric order id, stored as its text as before
     for name, text in (("aggregate_type", aggregate_type), ("aggregate_id", aggregate_id),
                        ("type", type)):
         _check_text(name, text)

@@ -50,6 +50,9 @@ def test_since_keeps_milliseconds_and_refuses_a_time_before_the_year_1() -> None
         1_796_083_200_001
     assert parse_since("0001-01-01T00:00:00Z", option="--since", now_ms=now_ms) == \
         -62_135_596_800_000
-    with pytest.raises(ConfigError, match="'--since': is before the year 1"):
-        parse_since("0001-01-01T00:00:00+01:00", option="--since", now_ms=now_ms)
+    for text in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:00:00-14:00"):
+        with pytest.raises(ConfigError, match="'--since': is outside the years 1 to 9999"):
+            parse_since(text, option="--since", now_ms=now_ms)
+    assert parse_since("9999-12-31T23:59:59.999Z", option="--since", now_ms=now_ms) == \
+        253_402_300_799_999
 

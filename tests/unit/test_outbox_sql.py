@@ -296,7 +296,8 @@ def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("aggregate_type", "", "aggregate_type must be non-empty text, not ''"),
-    ("aggregate_id", 42, "aggregate_id must be non-empty text, not 42"),
+    ("aggregate_id", 4.2, "aggregate_id must be non-empty text, not 4.2"),
+    ("aggregate_id", True, "aggregate_id must be non-empty text, not True"),
     ("type", "Paid\x00", "type holds a NUL or a lone surrogate"),
     ("aggregate_id", "\ud800", "aggregate_id holds a NUL or a lone surrogate"),
 ])
@@ -310,6 +311,13 @@ def test_columns_the_router_could_only_dead_letter_are_refused_before_any_sql(
     with pytest.raises(InvalidEventError, match=re.escape(message)):
         write_event(conn, payload={}, **columns)  # type: ignore[arg-type]
     assert conn.calls == []
+
+
+def test_an_integer_aggregate_id_is_stored_as_its_text_as_before() -> None:
+    conn = RecordingConnection()
+    write_event(conn, aggregate_type="A", aggregate_id=42, type="T",  # type: ignore[arg-type]
+                payload={})
+    assert conn.calls[0][1][2] == "42"
 
 
 def test_without_a_headers_column_the_row_has_none_and_headers_are_refused() -> None:
