@@ -44,6 +44,9 @@ _LOOKUP_TIMEOUT_S = 30
 # A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
 # does not retry that for a watermark query, so we do, this often.
 _LEADER_WAIT_S = 0.5
+# A topic is taken for deleted after this many such answers in a row, _LEADER_WAIT_S apart: a
+# broker just restarted may say so once of a topic that exists.
+_DELETED_ANSWERS = 3
 # Messages a consume() call returns, and librdkafka's prefetch queue (queued.max.messages.kbytes),
 # of a lean reader: a dedup changelog holds records of up to 64 KB (router/replay.py), and with
 # the defaults (10,000 messages, a 64 MB queue) a restore kept up to ~70 MB of fetched records
@@ -81,6 +84,11 @@ class AdminConnection:
         self._client = None
 
 
+class ReadTimedOut(DeliveryError):
+    """A topic was not read to its end in time: the cluster is slow or a transaction is stuck,
+    not a setting to change."""
+
+
 def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
                     deadline: float | None = None) -> dict[int, int]:
     """partition → the log end offset as read_uncommitted sees it (open transactions included).
@@ -92,6 +100,7 @@ def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
     """
     deadline = time.monotonic() + _LOOKUP_TIMEOUT_S if deadline is None else deadline
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    said_deleted = 0  # answers in a row that the topic does not exist
     while True:
         try:
             futures = admin.client().list_offsets(
@@ -100,7 +109,8 @@ def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
                 request_timeout=_LOOKUP_TIMEOUT_S)
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as failure:
-            if _deleted(admin, topic):
+            said_deleted = said_deleted + 1 if _deleted(admin, topic) else 0
+            if said_deleted >= _DELETED_ANSWERS:
                 # No wait brings it back: retrying would log twice a second until the deadline.
                 raise DeliveryError(f"topic {topic} does not exist any more (deleted while in "
                                     "use?): recreate it with `cdc-router topics apply -c "
@@ -216,8 +226,8 @@ class TopicReader:
             ends = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
         while not reached(consumer, self._topic, ends):
             if time.monotonic() > deadline:
-                raise DeliveryError(f"reading the {self._what} topic {self._topic} to its end "
-                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
+                raise ReadTimedOut(f"reading the {self._what} topic {self._topic} to its end "
+                                   f"took over {timeout_s:.0f}s; is a transaction stuck open?")
             for message in consumer.consume(num_messages=self._batch, timeout=0.2):
                 if message.error() is None:
                     yield message

@@ -36,7 +36,7 @@ from cdc_router.kafka.consumer import (
 )
 from cdc_router.kafka.errors import ErrorAction, classify, describe
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
-from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
@@ -372,7 +372,7 @@ class OutboxRouter:
             consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
             restored = self._replay.restore_changelog(self._changelog.catch_up(),
                                                       int(time.time() * 1000))
-        except KafkaException as failure:
+        except (KafkaException, ReadTimedOut) as failure:
             # Not a KafkaException out of consume(): _poll_once would take it for a passing
             # outage and route on, while confluent-kafka assigns the partitions anyway.
             raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure

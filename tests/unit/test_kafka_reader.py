@@ -93,11 +93,25 @@ def test_log_end_offsets_raises_once_its_deadline_passed() -> None:
     assert admin.calls == 1
 
 
-def test_log_end_offsets_of_a_deleted_topic_is_one_error_at_once_not_retries() -> None:
+def test_log_end_offsets_of_a_deleted_topic_is_one_error_after_three_answers() -> None:
     # QA, session 25: with the dedup changelog deleted under a running group, a router logged
     # offsets_lookup_failed twice a second for the whole deadline, naming no cause.
     admin = _Admin([10**6])
     admin.deleted = True
     with pytest.raises(DeliveryError, match=r"topic t does not exist any more.*topics apply"):
         reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
-    assert admin.calls == 1
+    assert admin.calls == 3  # three answers in a row: a broker just restarted may say it once
+
+
+def test_one_answer_that_the_topic_is_gone_is_not_believed() -> None:
+    class Flickering(_Admin):
+        answers = 0
+
+        def describe_topics(self, topics: Any, **kwargs: Any) -> dict[str, Future[Any]]:
+            self.answers += 1
+            self.deleted = self.answers == 1
+            return super().describe_topics(topics, **kwargs)
+
+    admin = Flickering([2])
+    ends = reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
+    assert ends == {0: 10} and admin.calls == 3
