@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 import psycopg
+from psycopg import sql
 
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._output import emit, output_option
@@ -41,8 +42,9 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
+from cdc_router.outbox.relay_columns import unique_seq_index
 from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
-from cdc_router.postgres import one_line
+from cdc_router.postgres import column_types, one_line, regclass_text, split_table
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
 
@@ -136,9 +138,9 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
                           hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
     with database(dsn) as conn:
         report = init_outbox(conn, schema, setup, replication_password=replication_password)
-        for statement in relay_ddl:
-            conn.execute(statement)
         conn.commit()
+        if relay_columns:
+            _add_relay_columns(conn, schema.table)
     for verb, label, _ in report.steps:
         click.echo(f"{verb:<8} {label}")
     if relay_ddl:
@@ -149,6 +151,27 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo("outbox ready" + ("" if report.changed else " (nothing changed)"))
+
+
+def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
+    """The relay's columns, indexes and trigger, each statement on its own (the indexes are
+    built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid unique index left by a
+    build that failed (repeated values) is dropped first, or IF NOT EXISTS would keep it."""
+    conn.autocommit = True
+    # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
+    conn.execute("SET lock_timeout = '10s'")
+    index = unique_seq_index(table, DEFAULT_SEQ_COLUMN)
+    invalid = conn.execute(
+        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
+        "to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
+        (regclass_text(table), index)).fetchone()
+    if invalid is not None:
+        schema_name, _ = split_table(table)
+        conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+            sql.Identifier(schema_name, index)))
+    for statement in relay_columns_ddl(table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN,
+                                       existing=column_types(conn, table)):
+        conn.execute(statement)
 
 
 @cli.command()

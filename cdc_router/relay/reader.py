@@ -21,7 +21,7 @@ from psycopg import sql
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl, unique_seq_ddl
+from cdc_router.outbox.relay_columns import relay_columns_ddl, relay_trigger, render_ddl
 from cdc_router.postgres import column_types, regclass_text, table_identifier
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
@@ -158,26 +158,36 @@ class OutboxReader:
         return sql.SQL("{}::text").format(name)
 
     def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
-        """Refuse a seq without a unique index (relay_columns.unique_seq_ddl: equal values
-        across a page's end would be skipped); warn when txid leads no index: the relay works,
-        but scans (relay_columns.py)."""
+        """Refuse a table without a valid unique index on seq or without the trigger that
+        sets txid and seq (relay_columns.py: rows would be skipped for good); warn when txid
+        leads no index: the relay works, but scans."""
+        relay = self._relay
+        table = regclass_text(relay.table, "relay.table")
         rows = conn.execute(
-            "SELECT a.attname, i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL "
-            "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
-            (regclass_text(self._relay.table, "relay.table"),)).fetchall()
-        indexed = {str(name) for name, _ in rows}
-        if not any(name == self._relay.seq_column and unique for name, unique in rows):
-            ddl = unique_seq_ddl(self._relay.table, self._relay.seq_column, concurrently=True)
+            "SELECT a.attname, i.indisunique AND i.indisvalid AND i.indnkeyatts = 1 "
+            "AND i.indpred IS NULL FROM pg_index i JOIN pg_attribute a ON a.attrelid = "
+            "i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
+            (table,)).fetchall()
+        missing = []
+        if not any(name == relay.seq_column and unique for name, unique in rows):
+            missing.append(f"a valid unique index on {relay.seq_column!r} (reads are paged by "
+                           "it: rows sharing a value would be skipped)")
+        if conn.execute("SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = "
+                        "%s AND tgenabled <> 'D'",
+                        (table, relay_trigger(relay.table, relay.txid_column))).fetchone() is None:
+            missing.append(f"the trigger that sets {relay.txid_column!r} and "
+                           f"{relay.seq_column!r} (a row inserted with its own would never be "
+                           "read)")
+        if missing:
             raise ConfigError(
-                f"the relay pages a read by {self._relay.seq_column!r}, whose values must be "
-                "unique (rows sharing one across a page's end would be skipped)",
-                field="relay.seq_column", value=self._relay.seq_column,
-                hint=f"add its unique index: {ddl.as_string(None)}")
-        if self._relay.txid_column not in indexed:
+                f"the outbox table {relay.table} lacks {' and '.join(missing)}",
+                field="relay.table", value=relay.table,
+                hint="run `cdc-router outbox init --relay` (idempotent; `--print` shows the "
+                     "SQL); if the unique index fails, renumber the repeated values first")
+        if relay.txid_column not in {str(name) for name, _ in rows}:
             log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
                         "the table (%s): without it every read scans the table'",
-                        self._relay.table, self._relay.txid_column, self._relay.txid_column)
+                        relay.table, relay.txid_column, relay.txid_column)
 
     def _check_relay_columns(self, types: dict[str, str]) -> None:
         relay = self._relay

@@ -59,10 +59,16 @@ def test_the_relay_columns_ddl_is_idempotent_and_quoted() -> None:
         'DEFAULT AS IDENTITY;\n'
         'ALTER TABLE "public"."Out Box" ADD COLUMN IF NOT EXISTS "txid" xid8 NOT NULL DEFAULT '
         'pg_current_xact_id();\n'
-        'CREATE INDEX IF NOT EXISTS "Out Box_txid_idx" ON "public"."Out Box" ("txid");\n'
-        'CREATE UNIQUE INDEX IF NOT EXISTS "Out Box_seq_key" ON "public"."Out Box" ("seq");\n'
+        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "Out Box_txid_idx" ON "public"."Out Box" '
+        '("txid");\n'
+        'CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "Out Box_seq_key" ON "public"."Out Box" '
+        '("seq");\n'
         'CREATE OR REPLACE FUNCTION "public"."Out Box_txid_fn"() RETURNS trigger LANGUAGE '
-        'plpgsql AS $$BEGIN NEW."txid" := pg_current_xact_id(); RETURN NEW; END$$;\n'
-        'DROP TRIGGER IF EXISTS "Out Box_txid" ON "public"."Out Box";\n'
-        'CREATE TRIGGER "Out Box_txid" BEFORE INSERT ON "public"."Out Box" FOR EACH ROW '
-        'EXECUTE FUNCTION "public"."Out Box_txid_fn"();\n')
+        'plpgsql AS $$BEGIN NEW."txid" := pg_current_xact_id(); NEW."seq" := coalesce(nextval('
+        'pg_get_serial_sequence(\'"public"."Out Box"\', \'seq\')), NEW."seq"); RETURN NEW; '
+        'END$$;\n'
+        'CREATE OR REPLACE TRIGGER "Out Box_txid" BEFORE INSERT ON "public"."Out Box" FOR EACH '
+        'ROW EXECUTE FUNCTION "public"."Out Box_txid_fn"();\n')
+    # An ALTER TABLE locks the table even when its column is there: left out then.
+    kept = render_ddl(relay_columns_ddl("public.o", "txid", "seq", existing={"seq", "txid"}))
+    assert "ALTER TABLE" not in kept and kept.count(";\n") == 4
