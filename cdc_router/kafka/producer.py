@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import PURGED, describe
+from cdc_router.kafka.errors import PURGED, describe, kafka_error_of
 from cdc_router.kafka.watchdog import CallWatchdog
 
 Headers = list[tuple[str, bytes]]
@@ -67,7 +68,8 @@ class LatchingProducer:
 
     def take_failures(self) -> list[DeliveryFailure]:
         """The failed deliveries reported so far in this transaction (each once)."""
-        self.client.poll(0)  # serve the delivery reports that have arrived
+        with _fatal_unwrapped():
+            self.client.poll(0)  # serve the delivery reports that have arrived
         failures, self._failures = self._failures, []
         return failures
 
@@ -99,7 +101,7 @@ class LatchingProducer:
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every queued record is delivered; raise the first delivery error."""
-        with self._watchdog.guard("flush", timeout_s):
+        with self._watchdog.guard("flush", timeout_s), _fatal_unwrapped():
             remaining = self.client.flush(timeout_s)
         self.raise_latched()
         if remaining:
@@ -149,3 +151,20 @@ class LatchingProducer:
         if found is None or found.error is not None or not found.partitions:
             return None
         return len(found.partitions)
+
+
+@contextmanager
+def _fatal_unwrapped() -> Iterator[None]:
+    """A fatal error as the DeliveryError it is. confluent-kafka (2.16) can serve a delivery
+    report while a fatal error it raised is pending: the report's callback then fails at its
+    first call into the library, and the call ends in a SystemError caused by that error
+    (measured: a second producer with the same transactional id fencing this one)."""
+    try:
+        yield
+    except SystemError as failure:
+        cause = failure.__cause__ or failure.__context__
+        error = kafka_error_of(cause) if isinstance(cause, KafkaException) else None
+        if error is None:
+            raise
+        raise DeliveryError(f"the producer failed: {describe(error)}",
+                            kafka_error=error) from cause

@@ -16,15 +16,18 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
+from cdc_router.errors import DeliveryError
+from cdc_router.kafka.errors import ErrorAction, classify
+from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import apply_topics, pipeline, set_topic_config
-from tests.integration.support import StackEndpoints, replay_seed
+from tests.integration.support import StackEndpoints, replay_seed, unique
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +312,29 @@ def test_an_unexpected_error_mid_batch_commits_nothing_and_loses_nothing(
         settled = pipe.read_all(pipe.orders_topic, settle_s=3)
     assert len(settled) == 50
     assert Counter(r.key().decode() for r in records) == Counter(ids)
+
+
+def test_a_producer_fenced_by_a_second_one_with_its_transactional_id_is_one_line(
+        stack: StackEndpoints) -> None:
+    # QA, session 25: a second router with the same --instance-id ended the first with a
+    # SystemError traceback: confluent-kafka served a delivery report while the fatal _FENCED
+    # it raised was pending. The flush now says what happened, as a fatal DeliveryError.
+    topic = unique("fenced").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(timeout=30)
+    config = {"bootstrap.servers": stack.bootstrap_servers, "transactional.id": topic}
+    first = LatchingProducer(config)
+    try:
+        first.client.init_transactions(30)
+        first.client.begin_transaction()
+        first.produce(topic, key=b"k", value=b"v", headers=[])
+        Producer(config).init_transactions(30)  # the second instance fences the first
+        with pytest.raises(DeliveryError, match="_FENCED") as raised:
+            for _ in range(3):
+                first.produce(topic, key=b"k", value=b"v", headers=[])
+                first.flush(30)
+        assert classify(raised.value.kafka_error) is ErrorAction.FATAL  # type: ignore[arg-type]
+    finally:
+        for future in admin.delete_topics([topic]).values():
+            future.result(timeout=30)
