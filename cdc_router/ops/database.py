@@ -26,7 +26,8 @@ _SLOTS = """
 SELECT slot_name, active, wal_status, safe_wal_size,
        pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
        pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-FROM pg_replication_slots WHERE slot_name = ANY(%s)
+FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
+   OR (%(names)s IS NULL AND slot_type = 'logical')
 """
 _PUBLICATION = """
 SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
@@ -37,9 +38,10 @@ WHERE p.pubname = %s GROUP BY 1, 2, 3, 4
 """
 
 
-def probe_database(dsn: str, slots: list[str], publication: str,
+def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema) -> tuple[WalState, PublicationState, OutboxState]:
-    """The three Postgres sections; each holds the error when its query failed."""
+    """The three Postgres sections; each holds the error when its query failed. `slots` None:
+    every logical slot of the server; `publication` None: not checked (an empty state)."""
     try:
         conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as error:
@@ -48,7 +50,8 @@ def probe_database(dsn: str, slots: list[str], publication: str,
             OutboxState(error=message, table=outbox.table)
     with conn:
         return (_guarded(lambda: wal_state(conn, slots), WalState),
-                _guarded(lambda: publication_state(conn, publication), PublicationState),
+                _guarded(lambda: publication_state(conn, publication), PublicationState)
+                if publication is not None else PublicationState(),
                 _guarded(lambda: outbox_state(conn, outbox), OutboxState))
 
 
@@ -59,15 +62,18 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
         return kind(error=f"Postgres: {one_line(error)}")
 
 
-def wal_state(conn: psycopg.Connection[Any], names: list[str]) -> WalState:
+def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:
+    """The slots `names` (each, found or not), or every logical slot for None."""
     row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
                        ).fetchone()
     limit = int(row[0]) if row is not None else None
     found = {slot: Slot(slot, True, bool(active), status, retained_wal_bytes=_int(retained),
                         safe_wal_size_bytes=_int(safe), flush_lag_bytes=_int(lag))
-             for slot, active, status, safe, retained, lag in conn.execute(_SLOTS, (names,))}
+             for slot, active, status, safe, retained, lag in conn.execute(
+                 _SLOTS, {"names": names})}
     return WalState(max_slot_wal_keep_size_bytes=limit,
-                    slots=tuple(found.get(name, Slot(name, exists=False)) for name in names))
+                    slots=tuple(found.values()) if names is None else
+                    tuple(found.get(name, Slot(name, exists=False)) for name in names))
 
 
 def publication_state(conn: psycopg.Connection[Any], name: str) -> PublicationState:

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
-from cdc_router.ops.connector import Capture, capture_of, probe_connector
+from cdc_router.ops.connector import Capture, probe_connector
 from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
@@ -55,8 +55,14 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     settings = config.status
     name = connector or settings.connector
     connector_state, capture = probe_connector(endpoints.connect_url, name)
-    capture = capture or capture_of({})  # Debezium's defaults, when Connect did not tell
     wal, publication, outbox = _database(config, endpoints, capture)
+    if capture is None and publication.error is None:
+        # Without the connector's config, its slot and publication are unknown: Debezium's
+        # default names would be reported missing, and point at the lost-slot runbook. Every
+        # logical slot is shown instead, and the publication is left unchecked, as the
+        # connector is (one line names both when Connect is down).
+        publication = PublicationState(error=connector_state.error or (
+            f"connector {name} does not exist, and its config names the publication"))
     kafka = {**endpoints.kafka, **QUIET}
     admin = admin_client(kafka)
     # One lookup first: an unreachable cluster costs one timeout, not one per section.
@@ -82,19 +88,21 @@ def _iso(now_ms: int) -> str:
     return datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="seconds")
 
 
-def outbox_table(config: RouterConfig, capture: Capture) -> str:
+def outbox_table(config: RouterConfig, capture: Capture | None) -> str:
     """status.outbox_table, else the one table the connector captures, else cleanup.table."""
-    return config.status.outbox_table or capture.table or config.cleanup.table
+    return config.status.outbox_table or (capture and capture.table) or config.cleanup.table
 
 
 def _database(config: RouterConfig, endpoints: Endpoints,
-              capture: Capture) -> tuple[WalState, PublicationState, OutboxState]:
+              capture: Capture | None) -> tuple[WalState, PublicationState, OutboxState]:
     table = outbox_table(config, capture)
     try:
         schema = OutboxSchema(table, config.source.outbox)
     except CdcRouterError as error:
         return (WalState(error=str(error)), PublicationState(error=str(error)),
                 OutboxState(error=str(error), table=table))
+    if capture is None:
+        return probe_database(endpoints.dsn, None, None, schema)
     return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema)
 
 

@@ -162,5 +162,11 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
 def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
     done = _status(routed, "--connect-url", "http://127.0.0.1:1")
     assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
-    assert "critical: connector: cannot check it: Kafka Connect unreachable at " \
+    # Without the connector's config the publication is not checked either: one line names
+    # both. Before, Debezium's default slot and publication names were reported missing, two
+    # false critical lines pointing at the lost-slot runbook (QA, session 25).
+    assert "critical: publication, connector: cannot check it: Kafka Connect unreachable at " \
            "http://127.0.0.1:1" in done.stdout
+    assert "does not exist" not in done.stdout and "dbz_publication" not in done.stdout
+    # Every logical slot is shown instead, this pipeline's among them.
+    assert routed.name in done.stdout, done.stdout
