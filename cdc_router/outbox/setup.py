@@ -17,6 +17,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from cdc_router.errors import ConfigError
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
     check_identifier,
@@ -224,6 +225,7 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
     """
     done = []
     with conn.transaction():
+        _check_existing_table(conn, schema)
         for step in init_steps(schema, setup):
             row = conn.execute(step.done_query).fetchone()
             if row is not None and row[0]:
@@ -236,6 +238,21 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
             password = _ensure_password(conn, setup.replication_role, replication_password)
         warnings = _publication_warnings(conn, schema, setup) + _size_check_warnings(conn, schema)
     return InitReport(tuple(done), password, tuple(warnings))
+
+
+def _check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -> None:
+    """ConfigError when the table exists without an outbox's columns: published, its every
+    row would be dead-lettered at decode, which is where the user would first hear of it."""
+    types = column_types(conn, schema.table)
+    names = schema.columns
+    missing = [column for column in (names.id, names.aggregatetype, names.aggregateid,
+                                     names.type, names.payload) if column not in types]
+    if types and missing:
+        raise ConfigError(f"the table exists and is not an outbox: it has no column "
+                          f"{', '.join(map(repr, missing))}", field="--table",
+                          value=schema.table,
+                          hint="name its columns with --column DEFAULT=NAME, or pick another "
+                               "--table")
 
 
 def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,

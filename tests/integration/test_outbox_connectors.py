@@ -142,6 +142,26 @@ def test_init_a_second_time_changes_nothing(deployment: Deployment) -> None:
     assert _catalog(deployment) == before
 
 
+def test_init_on_a_table_that_is_not_an_outbox_is_one_line_and_publishes_nothing(
+        deployment: Deployment) -> None:
+    # QA, session 25: it said "outbox ready" and published the table; every row would then
+    # have been dead-lettered at decode.
+    table, publication = f"{deployment.env['OUTBOX_TABLE']}_audit", unique("np")
+    with psycopg.connect(deployment.stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id uuid, created_at timestamp)")
+        try:
+            refused = deployment.cli("outbox", "init", "--table", table,
+                                     "--publication", publication)
+            published = conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s",
+                                     (publication,)).fetchone()
+        finally:
+            conn.execute(f"DROP TABLE {table}")
+    assert refused.exit_code == 1, refused.output
+    assert "field '--table': the table exists and is not an outbox: it has no column " \
+           "'aggregatetype', 'aggregateid', 'type', 'payload'" in refused.output
+    assert published == (0,)
+
+
 def test_status_shows_running_after_apply(running: Deployment) -> None:
     text = running.cli("connectors", "status", running.connector)
     as_json = running.cli("connectors", "status", running.connector, "-o", "json")
