@@ -9,6 +9,8 @@ from typing import Any, Protocol, TypeVar
 
 import click
 
+from cdc_router.errors import ConfigError
+
 F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P", bound="Plan")
 
@@ -53,8 +55,20 @@ def show_and_apply(plans: Sequence[P], *, describe: Callable[[P], list[str]],
         if output == "text" and not pending:
             click.echo("nothing to do")
         return
-    if not yes and sys.stdin.isatty() and not click.confirm("apply these changes?"):
-        raise click.Abort()
+    confirm("apply these changes?", yes)
     apply(pending)
     if output == "text":
         click.echo(f"applied {len(pending)} change(s)")
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Go on with --yes, or when the person at the terminal says yes; click.Abort otherwise.
+    Without a terminal (a script, cron, CI, a pipe) nobody can say yes: a ConfigError naming
+    --yes, never an action nobody asked for."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigError("no terminal to confirm on", field="--yes",
+                          hint="pass --yes to go on without asking, or --dry-run to only plan")
+    if not click.confirm(question):
+        raise click.Abort()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import click
 
 from cdc_router.cli._output import emit, output_option, table
+from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
@@ -157,8 +157,7 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
         click.echo("nothing to apply")
         return
     _validate(state.client, [item.spec for item in pending])
-    if sys.stdin.isatty() and not yes:
-        click.confirm(f"Apply {len(pending)} change(s)?", abort=True)
+    confirm(f"Apply {len(pending)} change(s)?", yes)
     for item in pending:
         created = state.client.put_config(item.spec.name, item.spec.config)
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
@@ -255,8 +254,7 @@ _lifecycle_command("stop", "Stop a connector: its tasks shut down, its config st
 @pass_state
 def reset_offsets(state: _State, name: str, yes: bool) -> None:
     """Forget a STOPPED connector's source offsets (after its slot was lost), then resume it."""
-    if sys.stdin.isatty() and not yes:
-        click.confirm(f"Forget the offsets of connector {name}?", abort=True)
+    confirm(f"Forget the offsets of connector {name}?", yes)
     state.client.reset_offsets(name)
     click.echo(f"{name}: offsets reset")
 
@@ -268,8 +266,7 @@ def reset_offsets(state: _State, name: str, yes: bool) -> None:
 def delete(state: _State, name: str, yes: bool) -> None:
     """Delete a connector (its replication slot stays in Postgres: see the hint)."""
     config = state.client.get_config(name)
-    if sys.stdin.isatty() and not yes:
-        click.confirm(f"Delete connector {name}?", abort=True)
+    confirm(f"Delete connector {name}?", yes)
     state.client.delete(name)
     click.echo(f"{name}: deleted")
     slot = config.get("slot.name")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ import click
 
 from cdc_router.cli._durations import parse_since
 from cdc_router.cli._output import emit, output_option, table
+from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
 from cdc_router.dead_letter import dead_letter_origin
 from cdc_router.kafka.consumer import record_headers
@@ -97,9 +97,7 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
             if output == "json":
                 emit(_plan_json(plan, compiled.config, None), output, str)
             return
-        if not yes and sys.stdin.isatty() and not click.confirm(
-                f"replay {todo} dead letters?"):
-            raise click.Abort()
+        confirm(f"replay {todo} dead letters?", yes)
         result = replayer.apply(plan)
     finally:
         replayer.close()

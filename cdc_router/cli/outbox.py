@@ -23,6 +23,7 @@ from psycopg import sql
 
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._output import emit, output_option
+from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
 from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
 from cdc_router.errors import ConfigError, DatabaseError
@@ -240,8 +241,7 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
         click.echo(f"{count} rows of {schema.table} are older than {older_than}")
         if dry_run or count == 0:
             return
-        if not yes and sys.stdin.isatty() and not click.confirm("delete them?"):
-            raise click.Abort()
+        confirm("delete them?", yes)
         conn.rollback()  # end the counting transaction; each chunk commits on its own
         conn.autocommit = True
         deleted = purge_rows(conn, schema, older_than_ms, batch_size)
@@ -285,8 +285,7 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
         _warn_beyond_window(oldest, now_ms, config.dedup.window_ms)
         if dry_run or count == 0:
             return
-        if not yes and sys.stdin.isatty() and not click.confirm("republish them?"):
-            raise click.Abort()
+        confirm("republish them?", yes)
         events = (change_event(row, schema, binary_handling=config.source.binary_handling,
                                ts_ms=now_ms) for row in outbox_rows(conn, schema, selection))
         done = republish_events(config, target, events)

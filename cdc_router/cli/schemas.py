@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._output import output_option, table
+from cdc_router.cli._plan import confirm
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
@@ -134,8 +135,7 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
         if not plan:
             click.echo("no subject is known before events arrive: nothing to register")
     if pending and not dry_run:
-        if not yes and sys.stdin.isatty() and not click.confirm("register these schemas?"):
-            raise click.Abort()
+        confirm("register these schemas?", yes)
         schemas = {entry.schema.path: entry.schema for entry in serializer.planned_subjects()}
         for step in pending:
             step["id"] = ids.register(str(step["subject"]), schemas[str(step["file"])])

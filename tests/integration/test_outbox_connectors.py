@@ -121,7 +121,7 @@ def running(deployment: Deployment) -> Deployment:
         write_event(conn, aggregate_type="Order", aggregate_id="0", type="Earlier",
                     payload={"before": "connector"}, event_id=deployment.earlier_event,
                     schema=deployment.schema)
-    applied = deployment.cli("connectors", "apply", "-f", str(CONNECTOR_FILE))
+    applied = deployment.cli("connectors", "apply", "-f", str(CONNECTOR_FILE), "--yes")
     assert applied.exit_code == 0, applied.output
     assert f"{deployment.connector}: created" in applied.stdout
     waited = deployment.cli("connectors", "wait", deployment.connector, "--state", "RUNNING",

@@ -462,7 +462,7 @@ def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyP
                                      "database.password": "old"}})
     path = connector_file(tmp_path, a="2", **{"database.password": "new"})
 
-    result = run_cli(monkeypatch, connect, "apply", "-f", path)
+    result = run_cli(monkeypatch, connect, "apply", "-f", path, "--yes")
 
     assert result.exit_code == 0, result.output
     assert "c (" in result.stdout and "): update (2 keys)" in result.stdout
@@ -472,6 +472,18 @@ def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyP
     assert "database.password is plain text" in result.stderr
     assert result.stdout.rstrip().endswith("c: updated")
     assert connect.puts == ["c"]
+
+
+def test_without_a_terminal_apply_plans_and_asks_for_yes_instead_of_applying(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA, session 25: every prompt was skipped when stdin was no terminal (cron, CI, a pipe):
+    # `echo n | cdc-router connectors delete x` deleted it.
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C", "a": "1"}})
+    result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path, a="2"))
+    assert result.exit_code == 1
+    assert "  ~ a: 1 -> 2" in result.stdout
+    assert "field '--yes': no terminal to confirm on; pass --yes" in result.stderr
+    assert connect.puts == []
 
 
 def test_apply_puts_nothing_when_connect_rejects_a_field(monkeypatch: pytest.MonkeyPatch,
