@@ -35,6 +35,8 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""
     config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(config.kafka.librdkafka())
-    show_and_apply(admin.plan(config.topic_specs()), describe=_describe,
+    plans = admin.plan(config.topic_specs())
+    admin.apply(plans, validate_only=True)  # a refusal is one line before any change
+    show_and_apply(plans, describe=_describe,
                    as_json=lambda plan: {**plan.__dict__, "warnings": list(plan.warnings)},
                    apply=admin.apply, dry_run=dry_run, yes=yes, output=output)

@@ -73,14 +73,18 @@ class TopicAdmin:
                                    changes, tuple(warnings)))
         return plans
 
-    def apply(self, plans: list[TopicPlan]) -> None:
+    def apply(self, plans: list[TopicPlan], *, validate_only: bool = False) -> None:
+        """Create and update the topics `plans` name; with validate_only, only ask the
+        controller whether it would (a config key it does not know, a value out of range),
+        so that a plan never shows what its apply would then refuse."""
         creates = [NewTopic(p.name, num_partitions=p.partitions or -1,
                             replication_factor=p.replication_factor or -1,
                             config={k: v for k, (_, v) in p.config_changes.items()})
                    for p in plans if p.action == "create"]
         if creates:
             for name, future in self.admin.create_topics(
-                    creates, request_timeout=_ADMIN_TIMEOUT_S).items():
+                    creates, request_timeout=_ADMIN_TIMEOUT_S,
+                    validate_only=validate_only).items():
                 _wait(future, f"creating topic {name}")
         for plan in plans:
             if plan.action != "update":
@@ -88,7 +92,8 @@ class TopicAdmin:
             resource = ConfigResource(ConfigResource.Type.TOPIC, plan.name, incremental_configs=[
                 ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
                 for k, (_, v) in plan.config_changes.items()])
-            for future in self.admin.incremental_alter_configs([resource]).values():
+            for future in self.admin.incremental_alter_configs(
+                    [resource], validate_only=validate_only).values():
                 _wait(future, f"updating the config of topic {plan.name}")
 
     def _config_changes(self, spec: TopicSpec) -> dict[str, tuple[str | None, str]]:

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from tests.integration.pipeline import REPO
 from tests.integration.support import StackEndpoints, read_to_end, read_topic, unique
 
 pytestmark = pytest.mark.integration
@@ -205,3 +206,25 @@ def test_dlq_list_shows_the_committed_dead_letters_at_once(stack: StackEndpoints
              entry["reason"]) for entry in shown] == [
         ("route", "raw[0]@5", "e-1", "ValueError", "no route")] * 2
     assert took < 20, f"dlq list took {took:.1f}s"
+
+
+def test_topics_apply_refuses_in_its_plan_what_the_cluster_would_refuse(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA, session 25: `--dry-run` planned an unknown topic config key as a change, and only
+    # the apply failed. The plan asks the controller first (validate_only); nothing is made.
+    name = unique("tv").replace("_", "-")
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "source": {"topics": [f"{name}.raw"]}, "routes": [{"topic": f"{name}.orders"}],
+        "dead_letter": {"topic": f"{name}.dlq", "config": {"bogus.key": "1"}},
+        "dedup": {"changelog_topic": f"{name}.dedup"}}))
+    for extra in ("--dry-run", "--yes"):
+        done = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                               str(config), extra], capture_output=True, text=True, cwd=REPO,
+                              check=False)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"creating topic {name}.dlq failed: Unknown topic config name: bogus.key" \
+            in done.stderr.strip().splitlines()[-1]
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    assert not [t for t in admin.list_topics(timeout=30).topics if t.startswith(name)]
