@@ -43,7 +43,7 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
-from cdc_router.outbox.relay_columns import unique_seq_index
+from cdc_router.outbox.relay_columns import seq_always_ddl, txid_index, unique_seq_index
 from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
 from cdc_router.postgres import column_types, one_line, regclass_text, split_table
 from cdc_router.router.republish import check_republish, raw_topic
@@ -156,23 +156,30 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
 
 def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
     """The relay's columns, indexes and trigger, each statement on its own (the indexes are
-    built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid unique index left by a
-    build that failed (repeated values) is dropped first, or IF NOT EXISTS would keep it."""
+    built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid index left by a build
+    that failed (repeated values, a lock timeout) is dropped first, or IF NOT EXISTS would
+    keep it; an identity seq of an earlier version becomes GENERATED ALWAYS."""
     conn.autocommit = True
     # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
     conn.execute("SET lock_timeout = '10s'")
-    index = unique_seq_index(table, DEFAULT_SEQ_COLUMN)
-    invalid = conn.execute(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
-        "to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
-        (regclass_text(table), index)).fetchone()
-    if invalid is not None:
-        schema_name, _ = split_table(table)
-        conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
-            sql.Identifier(schema_name, index)))
+    schema_name, _ = split_table(table)
+    for index in (txid_index(table, DEFAULT_TXID_COLUMN),
+                  unique_seq_index(table, DEFAULT_SEQ_COLUMN)):
+        invalid = conn.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
+            "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
+            (regclass_text(table), index)).fetchone()
+        if invalid is not None:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                sql.Identifier(schema_name, index)))
     for statement in relay_columns_ddl(table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN,
                                        existing=column_types(conn, table)):
         conn.execute(statement)
+    identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
+                            "to_regclass(%s) AND attname = %s",
+                            (regclass_text(table), DEFAULT_SEQ_COLUMN)).fetchone()
+    if identity is not None and identity[0] == "d":
+        conn.execute(seq_always_ddl(table, DEFAULT_SEQ_COLUMN))
 
 
 @cli.command()

@@ -162,7 +162,7 @@ def _fatal_unwrapped() -> Iterator[None]:
     try:
         yield
     except SystemError as failure:
-        cause = failure.__cause__ or failure.__context__
+        cause = failure.__cause__  # where CPython puts the pending error
         error = kafka_error_of(cause) if isinstance(cause, KafkaException) else None
         if error is None:
             raise

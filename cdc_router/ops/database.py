@@ -27,7 +27,7 @@ SELECT slot_name, active, wal_status, safe_wal_size,
        pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
        pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
 FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
-   OR (%(names)s IS NULL AND slot_type = 'logical')
+   OR (%(names)s IS NULL AND slot_type = 'logical' AND database = current_database())
 """
 _PUBLICATION = """
 SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
@@ -41,7 +41,7 @@ WHERE p.pubname = %s GROUP BY 1, 2, 3, 4
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
-    every logical slot of the server; `publication` None: not checked (an empty state)."""
+    every logical slot of this database; `publication` None: not checked (an empty state)."""
     try:
         conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as error:
@@ -63,7 +63,8 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
 
 
 def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:
-    """The slots `names` (each, found or not), or every logical slot for None."""
+    """The slots `names` (each, found or not), or every logical slot of this database for
+    None."""
     row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
                        ).fetchone()
     limit = int(row[0]) if row is not None else None

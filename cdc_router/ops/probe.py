@@ -59,8 +59,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     if capture is None and publication.error is None:
         # Without the connector's config, its slot and publication are unknown: Debezium's
         # default names would be reported missing, and point at the lost-slot runbook. Every
-        # logical slot is shown instead, and the publication is left unchecked, as the
-        # connector is (one line names both when Connect is down).
+        # logical slot of the database is shown instead, and the publication is left
+        # unchecked, as the connector is (one line names both when Connect is down).
         publication = PublicationState(error=connector_state.error or (
             f"connector {name} does not exist, and its config names the publication"))
     kafka = {**endpoints.kafka, **QUIET}

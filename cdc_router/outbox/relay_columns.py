@@ -2,8 +2,8 @@
 
 `txid xid8 DEFAULT pg_current_xact_id()` is the inserting transaction's full id, which the
 relay's visibility guard compares with Postgres snapshots (cdc_router/relay/guard.py); `seq`, an
-identity column with a unique index, is the insert order the relay delivers a read's rows in.
-Both are filled by their defaults: the application never writes them (write_event does not).
+identity column (GENERATED ALWAYS) with a unique index, is the insert order the relay delivers
+a read's rows in. Both are filled by the database: the application never writes them.
 Debezium ignores `xid8` columns (an unknown type to it), so the same table serves both.
 """
 
@@ -18,8 +18,8 @@ from cdc_router.postgres import check_identifier, split_table, table_identifier
 
 def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
                       existing: Collection[str] = ()) -> list[sql.Composed]:
-    """Idempotent statements that add the relay's columns, indexes and trigger (Postgres 14 or
-    later), each to run on its own, as psql runs a script (no transaction block: the indexes
+    """Idempotent statements that add the relay's columns, indexes and txid trigger (Postgres
+    14 or later), each to run on its own, as psql runs a script (no transaction block: the indexes
     are built CONCURRENTLY, so that an outbox in use keeps taking INSERTs meanwhile).
 
     An ALTER TABLE takes an ACCESS EXCLUSIVE lock even when its column is there: it is left
@@ -30,8 +30,7 @@ def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
     statements = []
     if seq_column not in existing:
         statements.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint GENERATED "
-                                  "BY DEFAULT AS IDENTITY").format(target,
-                                                                   sql.Identifier(seq_column)))
+                                  "ALWAYS AS IDENTITY").format(target, sql.Identifier(seq_column)))
     if txid_column not in existing:
         statements.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} xid8 NOT NULL "
                                   "DEFAULT pg_current_xact_id()").format(
@@ -39,12 +38,10 @@ def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
     # txid: a new read finds the rows of transactions completed since the last one. seq: a
     # read bigger than a batch is paged in seq order; without this index each page sorts the
     # whole read again (measured: 200k rows in pages of 1000 took 32 s, with it 1.8 s).
-    index = check_identifier(f"{split_table(table, 'relay.table')[1]}_{txid_column}_idx"[:63],
-                             "relay index")
     statements.append(sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} ({})").format(
-        sql.Identifier(index), target, sql.Identifier(txid_column)))
+        sql.Identifier(txid_index(table, txid_column)), target, sql.Identifier(txid_column)))
     statements.append(unique_seq_ddl(table, seq_column))
-    statements += trigger_ddl(table, txid_column, seq_column)
+    statements += trigger_ddl(table, txid_column)
     return statements
 
 
@@ -56,41 +53,47 @@ def unique_seq_ddl(table: str, seq_column: str) -> sql.Composed:
         table_identifier(table, "relay.table"), sql.Identifier(seq_column))
 
 
+def txid_index(table: str, txid_column: str) -> str:
+    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{txid_column}_idx"[:63],
+                            "relay index")
+
+
 def unique_seq_index(table: str, seq_column: str) -> str:
     return check_identifier(f"{split_table(table, 'relay.table')[1]}_{seq_column}_key"[:63],
                             "relay index")
 
 
 def relay_trigger(table: str, txid_column: str) -> str:
-    """The name of the trigger that gives txid and seq their values (trigger_ddl)."""
+    """The name of the trigger that gives txid its value (trigger_ddl)."""
     return check_identifier(f"{split_table(table, 'relay.table')[1]}_{txid_column}"[:63],
                             "relay trigger")
 
 
-def trigger_ddl(table: str, txid_column: str, seq_column: str) -> list[sql.Composed]:
-    """The BEFORE INSERT trigger that sets txid to the inserting transaction's id and seq to the
-    next of its sequence, whatever the INSERT says. A txid written by the application (an
-    INSERT ... SELECT from an old outbox copies it) is a transaction the relay's position may
-    count as done already, or one in the future: the row would never be read. A seq written
-    by it could repeat one (refused by the unique index) or run ahead of the sequence, and a
-    later ordinary INSERT would then be refused."""
+def trigger_ddl(table: str, txid_column: str) -> list[sql.Composed]:
+    """The BEFORE INSERT trigger that sets txid to the inserting transaction's id, whatever the
+    INSERT says: a txid written by the application (an INSERT ... SELECT from an old outbox
+    copies it) is a transaction the relay's position may count as done already, or one in the
+    future, and the row would never be read. It names no table and uses no sequence (no
+    privilege beyond the INSERT's), so a rename leaves it working."""
     schema, name = split_table(table, "relay.table")
-    target = table_identifier(table, "relay.table")
     function = sql.Identifier(schema, check_identifier(f"{name}_{txid_column}_fn"[:63],
                                                        "relay trigger function"))
-    sequence = sql.SQL("pg_get_serial_sequence({}, {})").format(
-        sql.Literal(target.as_string(None)), sql.Literal(seq_column))
     return [
-        # No sequence (a seq column of the application's own): its value is kept.
         sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$BEGIN NEW.{} := pg_current_xact_id(); NEW.{} := coalesce(nextval({}), "
-                "NEW.{}); RETURN NEW; END$$").format(
-            function, sql.Identifier(txid_column), sql.Identifier(seq_column), sequence,
-            sql.Identifier(seq_column)),
+                "$cdc_router$BEGIN NEW.{} := pg_current_xact_id(); RETURN NEW; END"
+                "$cdc_router$").format(function, sql.Identifier(txid_column)),
         sql.SQL("CREATE OR REPLACE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE "
                 "FUNCTION {}()").format(sql.Identifier(relay_trigger(table, txid_column)),
-                                        target, function),
+                                        table_identifier(table, "relay.table"), function),
     ]
+
+
+def seq_always_ddl(table: str, seq_column: str) -> sql.Composed:
+    """An identity seq made GENERATED ALWAYS (a catalog change, no rewrite): an INSERT that
+    gives its own seq is refused at once, rather than run ahead of the sequence until a later
+    ordinary INSERT collides with it on the unique index."""
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET GENERATED ALWAYS").format(
+        table_identifier(table, "relay.table"), sql.Identifier(seq_column))
 
 
 def render_ddl(statements: list[sql.Composed]) -> str:

@@ -21,7 +21,13 @@ from psycopg import sql
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.relay_columns import relay_columns_ddl, relay_trigger, render_ddl
+from cdc_router.outbox.relay_columns import (
+    relay_columns_ddl,
+    relay_trigger,
+    render_ddl,
+    trigger_ddl,
+    unique_seq_ddl,
+)
 from cdc_router.postgres import column_types, regclass_text, table_identifier
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
@@ -159,34 +165,36 @@ class OutboxReader:
 
     def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
         """Refuse a table without a valid unique index on seq or without the trigger that
-        sets txid and seq (relay_columns.py: rows would be skipped for good); warn when txid
-        leads no index: the relay works, but scans."""
+        sets txid (relay_columns.py: rows would be skipped for good); warn when txid leads no
+        valid index: the relay works, but scans."""
         relay = self._relay
         table = regclass_text(relay.table, "relay.table")
         rows = conn.execute(
-            "SELECT a.attname, i.indisunique AND i.indisvalid AND i.indnkeyatts = 1 "
+            "SELECT a.attname, i.indisvalid, i.indisunique AND i.indnkeyatts = 1 "
             "AND i.indpred IS NULL FROM pg_index i JOIN pg_attribute a ON a.attrelid = "
             "i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass(%s)",
             (table,)).fetchall()
-        missing = []
-        if not any(name == relay.seq_column and unique for name, unique in rows):
+        missing, statements = [], []
+        if not any(name == relay.seq_column and valid and unique for name, valid, unique in rows):
             missing.append(f"a valid unique index on {relay.seq_column!r} (reads are paged by "
                            "it: rows sharing a value would be skipped)")
+            statements.append(unique_seq_ddl(relay.table, relay.seq_column))
         if conn.execute("SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = "
                         "%s AND tgenabled <> 'D'",
                         (table, relay_trigger(relay.table, relay.txid_column))).fetchone() is None:
-            missing.append(f"the trigger that sets {relay.txid_column!r} and "
-                           f"{relay.seq_column!r} (a row inserted with its own would never be "
-                           "read)")
+            missing.append(f"the trigger that sets {relay.txid_column!r} (a row inserted with "
+                           "its own would never be read)")
+            statements += trigger_ddl(relay.table, relay.txid_column)
         if missing:
             raise ConfigError(
                 f"the outbox table {relay.table} lacks {' and '.join(missing)}",
                 field="relay.table", value=relay.table,
-                hint="run `cdc-router outbox init --relay` (idempotent; `--print` shows the "
-                     "SQL); if the unique index fails, renumber the repeated values first")
-        if relay.txid_column not in {str(name) for name, _ in rows}:
+                hint="`cdc-router outbox init --relay` adds them for the default column names;"
+                     " or run (renumber repeated values first if the index fails): "
+                     + render_ddl(statements).replace("\n", " ").strip())
+        if not any(name == relay.txid_column and valid for name, valid, _ in rows):
             log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
-                        "the table (%s): without it every read scans the table'",
+                        "the table (%s): without a valid one every read scans the table'",
                         relay.table, relay.txid_column, relay.txid_column)
 
     def _check_relay_columns(self, types: dict[str, str]) -> None:
@@ -203,4 +211,4 @@ class OutboxReader:
                                                relay.seq_column)).replace("\n", " ")
             raise ConfigError(f"the relay needs {' and '.join(problems)} on {relay.table}",
                               field="relay.txid_column/seq_column",
-                              hint=f"add them (Postgres 13 or later): {ddl.strip()}")
+                              hint=f"add them (Postgres 14 or later): {ddl.strip()}")

@@ -234,7 +234,6 @@ class AvroSerializer:
             log.warning("event=avro_schema_warning detail=%r", warning)
         if self._ids is None:
             return
-        self._ids.check_answers()  # templated routes' subjects are checked only per event
         for planned in self.planned_subjects():
             if planned.subject is not None:
                 self._ids.id_for(planned.subject, planned.schema)

@@ -160,11 +160,6 @@ class SchemaIds:
             raise
         return found.version or 0, str(found.schema.schema_str)
 
-    def check_answers(self) -> None:
-        """RegistryError unless the registry lists its subjects: a wrong URL or path (404 for
-        everything) must stop the router, not read as subjects that do not exist."""
-        self._call("list the registry's subjects", self.client.get_subjects)
-
     def compatible(self, subject: str, schema: AvroSchema) -> bool:
         """The registry's verdict on `schema` against the subject's latest version, under the
         compatibility level the subject (or the registry) is configured with."""
@@ -196,7 +191,10 @@ class SchemaIds:
 def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     code: Any = error.error_code
     status = error.http_status_code
-    if code in (SUBJECT_NOT_FOUND, SCHEMA_NOT_FOUND, VERSION_NOT_FOUND) or status == 404:
+    # The registry's own not-found codes (404xx) only: a bare 404, from a wrong URL or path,
+    # is no subject missing, and must stop the router rather than dead-letter events.
+    if code in (SUBJECT_NOT_FOUND, SCHEMA_NOT_FOUND, VERSION_NOT_FOUND) or (
+            status == 404 and isinstance(code, int) and code // 100 == 404):
         return RegistryError(f"cannot {what}: not registered ({error.error_message}); "
                              "register it (`cdc-router schemas register -c ...`) or set "
                              "schema_registry.auto_register: true", missing=True)

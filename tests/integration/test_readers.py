@@ -224,7 +224,7 @@ def test_topics_apply_refuses_in_its_plan_what_the_cluster_would_refuse(
                                str(config), extra], capture_output=True, text=True, cwd=REPO,
                               check=False)
         assert done.returncode == 1, done.stdout + done.stderr
-        assert f"creating topic {name}.dlq failed: Unknown topic config name: bogus.key" \
-            in done.stderr.strip().splitlines()[-1]
+        assert f"Kafka would refuse creating topic {name}.dlq: Unknown topic config name: " \
+               "bogus.key" in done.stderr.strip().splitlines()[-1]
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     assert not [t for t in admin.list_topics(timeout=30).topics if t.startswith(name)]

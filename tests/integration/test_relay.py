@@ -192,24 +192,26 @@ def test_a_relay_table_or_credentials_no_wait_cures_exit_with_one_line(
     assert "Traceback" not in result.stderr
 
 
-def test_rows_that_set_seq_or_txid_themselves_are_still_relayed_and_init_upgrades_a_table(
+def test_rows_that_set_txid_are_relayed_seq_is_the_databases_and_init_upgrades_a_table(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA, session 25: rows sharing a seq across a page's end were skipped for good, and a row
     # whose txid was written (an INSERT ... SELECT from an old outbox) was never read. The
-    # trigger of `outbox init --relay` gives both their values, whatever the INSERT says, and
-    # seq has a unique index; the relay refuses a table without them.
+    # trigger of `outbox init --relay` sets txid whatever the INSERT says, seq is GENERATED
+    # ALWAYS with a unique index, and the relay refuses a table without them.
     insert = ("INSERT INTO public.{} (id, aggregatetype, aggregateid, type, payload{}) "
               "VALUES (%s, 'Order', %s, 'OrderPaid', '{{}}'{})")
     with relay_setup(stack, tmp_path, config={"relay": {"batch_rows": 2}}) as setup:
-        ids = [str(uuid.uuid4()) for _ in range(5)]
+        ids = [str(uuid.uuid4()) for _ in range(3)]
         with psycopg.connect(stack.postgres_dsn) as conn:
             for n, txid in enumerate(("100", "99999999")):  # done long ago; in the future
                 conn.execute(insert.format(setup.table, ", txid", ", %s"), (ids[n], "t", txid))
-            for n in (2, 3, 4):  # one seq for three rows, across a page's end
-                conn.execute(insert.format(setup.table, ", seq", ", %s"),
-                             (ids[n], "s", 1_000_000))
+            conn.execute(insert.format(setup.table, "", ""), (ids[2], "plain"))
+        with pytest.raises(psycopg.errors.GeneratedAlways), \
+                psycopg.connect(stack.postgres_dsn) as conn:
+            conn.execute(insert.format(setup.table, ", seq", ", %s"),
+                         (str(uuid.uuid4()), "s", 1_000_000))
         setup.start("a")
-        records = read_topic(stack.bootstrap_servers, setup.orders_topic, 5, 60)
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, 3, 60)
         setup.kill("a", signal.SIGTERM)
         # Without the trigger and the unique index, the relay refuses the table ...
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
@@ -232,7 +234,8 @@ def test_rows_that_set_seq_or_txid_themselves_are_still_relayed_and_init_upgrade
     assert refused.returncode == 1
     error = refused.stderr.strip().splitlines()[-1]
     assert "field 'relay.table'" in error and "a valid unique index on 'seq'" in error, error
-    assert "the trigger that sets 'txid' and 'seq'" in error and "outbox init --relay" in error
+    assert "the trigger that sets 'txid'" in error and "outbox init --relay" in error
+    assert f'CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS "{setup.table}_seq_key"' in error
     assert init.returncode == 0, init.stderr
 
 

@@ -1,0 +1,51 @@
+"""topics apply's plan check: what the controller would refuse, and whom it may not answer."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.errors import CdcRouterError
+from cdc_router.router.topics import TopicAdmin, TopicPlan
+
+
+class _Refusing:
+    """An admin client whose create_topics answers every topic with `error`."""
+
+    def __init__(self, error: KafkaError) -> None:
+        self.error = error
+
+    def create_topics(self, topics: list[Any], **_: Any) -> dict[str, Future[Any]]:
+        answers = {}
+        for topic in topics:
+            future: Future[Any] = Future()
+            future.set_exception(KafkaException(self.error))
+            answers[topic.topic] = future
+        return answers
+
+
+def _admin(error: KafkaError) -> TopicAdmin:
+    admin = TopicAdmin({})
+    admin._admin = _Refusing(error)  # type: ignore[assignment]
+    return admin
+
+
+PLAN = [TopicPlan("t", "create", 1, None, {"bogus.key": (None, "1")})]
+
+
+def test_the_check_says_what_the_controller_would_refuse() -> None:
+    admin = _admin(KafkaError(KafkaError.INVALID_CONFIG, "Unknown topic config name: bogus.key"))
+    with pytest.raises(CdcRouterError, match="Kafka would refuse creating topic t: Unknown"):
+        admin.apply(PLAN, validate_only=True)
+
+
+def test_an_account_that_may_not_change_topics_still_gets_its_plan() -> None:
+    # A read-only account (a CI drift check) runs --dry-run: the check is not its to make,
+    # and the real apply would say so anyway (review, session 25).
+    admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorised"))
+    admin.apply(PLAN, validate_only=True)
+    with pytest.raises(CdcRouterError, match="creating topic t failed: not authorised"):
+        admin.apply(PLAN)
