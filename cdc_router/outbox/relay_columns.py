@@ -53,20 +53,23 @@ def unique_seq_ddl(table: str, seq_column: str) -> sql.Composed:
         table_identifier(table, "relay.table"), sql.Identifier(seq_column))
 
 
+def _named(table: str, suffix: str, what: str) -> str:
+    """The name of one of the relay's objects on `table`: the table's name and `suffix`, cut to
+    Postgres's 63 bytes."""
+    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{suffix}"[:63], what)
+
+
 def txid_index(table: str, txid_column: str) -> str:
-    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{txid_column}_idx"[:63],
-                            "relay index")
+    return _named(table, f"{txid_column}_idx", "relay index")
 
 
 def unique_seq_index(table: str, seq_column: str) -> str:
-    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{seq_column}_key"[:63],
-                            "relay index")
+    return _named(table, f"{seq_column}_key", "relay index")
 
 
 def relay_trigger(table: str, txid_column: str) -> str:
     """The name of the trigger that gives txid its value (trigger_ddl)."""
-    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{txid_column}"[:63],
-                            "relay trigger")
+    return _named(table, txid_column, "relay trigger")
 
 
 def trigger_ddl(table: str, txid_column: str) -> list[sql.Composed]:
@@ -75,9 +78,8 @@ def trigger_ddl(table: str, txid_column: str) -> list[sql.Composed]:
     copies it) is a transaction the relay's position may count as done already, or one in the
     future, and the row would never be read. It names no table and uses no sequence (no
     privilege beyond the INSERT's), so a rename leaves it working."""
-    schema, name = split_table(table, "relay.table")
-    function = sql.Identifier(schema, check_identifier(f"{name}_{txid_column}_fn"[:63],
-                                                       "relay trigger function"))
+    function = sql.Identifier(split_table(table, "relay.table")[0],
+                              _named(table, f"{txid_column}_fn", "relay trigger function"))
     return [
         sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
                 "$cdc_router$BEGIN NEW.{} := pg_current_xact_id(); RETURN NEW; END"

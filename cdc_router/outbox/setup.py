@@ -244,9 +244,7 @@ def _check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -
     """ConfigError when the table exists without an outbox's columns: published, its every
     row would be dead-lettered at decode, which is where the user would first hear of it."""
     types = column_types(conn, schema.table)
-    names = schema.columns
-    missing = [column for column in (names.id, names.aggregatetype, names.aggregateid,
-                                     names.type, names.payload) if column not in types]
+    missing = [column for column in schema.columns.required if column not in types]
     if types and missing:
         raise ConfigError(f"the table exists and is not an outbox: it has no column "
                           f"{', '.join(map(repr, missing))}", field="--table",

@@ -35,6 +35,12 @@ class OutboxColumns(ConfigModel):
     headers: str | None = "headers"  # None: the table has no headers column
     created_at: str | None = "created_at"  # None: records get the producer's time
 
+    @property
+    def required(self) -> tuple[str, str, str, str, str]:
+        """The columns every outbox has, in this order (headers and created_at may be
+        absent)."""
+        return self.id, self.aggregatetype, self.aggregateid, self.type, self.payload
+
     @model_validator(mode="after")
     def _distinct(self) -> OutboxColumns:
         seen: dict[str, str] = {}

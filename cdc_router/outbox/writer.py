@@ -73,7 +73,7 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
             isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
         raise InvalidEventError("headers must map strings to strings")
     names = schema.columns
-    columns = [names.id, names.aggregatetype, names.aggregateid, names.type, names.payload]
+    columns = list(names.required)
     values = [event, aggregate_type, aggregate_id, type, value]
     if names.headers is not None:
         columns.append(names.headers)

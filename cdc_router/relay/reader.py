@@ -134,9 +134,7 @@ class OutboxReader:
                               hint="create it with `cdc-router outbox init`")
         self._check_relay_columns(types)
         self._check_indexes(conn)
-        names = self._source.outbox
-        required = (names.id, names.aggregatetype, names.aggregateid, names.type, names.payload)
-        for column in required:
+        for column in self._source.outbox.required:
             if column not in types:
                 raise ConfigError(f"the outbox table {table} has no column {column!r}",
                                   field="source.outbox", value=sorted(types),

@@ -16,6 +16,7 @@ from confluent_kafka.admin import (
 
 from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
+from cdc_router.kafka.errors import kafka_error_of
 
 # Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
 _ADMIN_TIMEOUT_S = 30.0
@@ -120,9 +121,9 @@ def _wait(future: Any, what: str, validate_only: bool = False) -> Any:
     try:
         return future.result(timeout=_ADMIN_TIMEOUT_S)
     except KafkaException as error:
-        code = error.args[0].code() if error.args else None
-        if validate_only and code in _NOT_ALLOWED:
+        found = kafka_error_of(error)
+        if validate_only and found is not None and found.code() in _NOT_ALLOWED:
             return None  # the real apply says so, if it comes to that
-        reason = error.args[0].str() if error.args else error
+        reason = found.str() if found is not None else error
         raise CdcRouterError(f"Kafka would refuse {what}: {reason}" if validate_only
                              else f"{what} failed: {reason}") from error
