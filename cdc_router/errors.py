@@ -108,6 +108,15 @@ class MemberFenced(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class TransactionInDoubt(FatalKafkaError):
+    """A transaction's commit (or its offsets) got no answer through every retry: only the
+    coordinator knows whether it committed, and librdkafka refuses an abort while the call is
+    unresolved. Only a new process settles it (init_transactions commits or aborts it), and the
+    next one goes on from what Kafka holds, so the router exits EXIT_RESTART."""
+
+    exit_code = EXIT_RESTART
+
+
 class RestoreFailed(CdcRouterError):
     """The replay filter could not learn the ids delivered on partitions just assigned: routing
     them with a filter short of ids would deliver replays again, so the router exits

@@ -38,6 +38,7 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
     # librdkafka's own log lines go through logging, as the router's do.
     kafka = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
     return CommittedIds(kafka, changelog_topic=config.dedup.changelog_topic,
+                        group=config.source.group_id,
                         dead_letter_topic=config.dead_letter.topic,
                         window_ms=config.dedup.window_ms)
 

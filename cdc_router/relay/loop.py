@@ -118,7 +118,7 @@ class OutboxRelay:
                                 changelog_topic=config.dedup.changelog_topic
                                 if self._replay is not None else None,
                                 bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait,
-                                publisher=self._publisher)
+                                mark_group=config.source.group_id, publisher=self._publisher)
         self._position_key = self._table.encode()
         self.position = RelayPosition()
         self._aborts = 0
@@ -177,7 +177,7 @@ class OutboxRelay:
         if self._replay is not None:
             restored = self._replay.restore_changelog(
                 self._records(kafka, self._config.dedup.changelog_topic, "dedup changelog"),
-                int(time.time() * 1000))
+                int(time.time() * 1000), group=self._config.source.group_id)
         self.position = self._stored_position(kafka)
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
                  self._instance_id, self._table, self.position.to_json().decode(), restored)

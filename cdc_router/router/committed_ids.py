@@ -53,8 +53,9 @@ _POLL_S = 0.1
 class CommittedIds:
     """Reads the changelog from its start, then follows it; never commits offsets."""
 
-    def __init__(self, kafka_config: Mapping[str, Any], *, changelog_topic: str,
+    def __init__(self, kafka_config: Mapping[str, Any], *, changelog_topic: str, group: str,
                  dead_letter_topic: str, window_ms: int) -> None:
+        """`group`: this pipeline's source.group_id; only its marks prove a delivery."""
         self._config = {
             **kafka_config,
             "group.id": f"{kafka_config.get('client.id', 'cdc-router')}-cleanup-sweep",
@@ -63,6 +64,7 @@ class CommittedIds:
         }
         self._client_config = dict(kafka_config)
         self._changelog_topic = changelog_topic
+        self._group = group
         self._dead_letter_topic = dead_letter_topic
         self._keep_dead_ms = window_ms + _DEAD_LETTER_MARGIN_MS
         self._changelog: Consumer | None = None
@@ -111,7 +113,8 @@ class CommittedIds:
                 if not message.error() and not (key is not None and key.startswith(dead)):
                     by_replay = key is not None and key.startswith(replayed)
                     self._unread += [(event_id, ms, by_replay) for event_id, ms
-                                     in parse_changelog(key, message.value())]
+                                     in parse_changelog(key, message.value(),
+                                                        group=self._group)]
         marks, self._unread = self._unread[:max_ids], self._unread[max_ids:]
         return marks
 

@@ -112,16 +112,16 @@ class Selection:
 
 
 def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
-                  letters: Iterable[Letter]) -> dict[str, int]:
-    """Event id -> delivered ms of every id delivered, from the changelog's records and every
-    letter of the dead-letter topic (see the module doc)."""
+                  letters: Iterable[Letter], *, group: str) -> dict[str, int]:
+    """Event id -> delivered ms of every id `group` delivered, from the changelog's records and
+    every letter of the dead-letter topic (see the module doc)."""
     counts: Counter[str] = Counter()
     latest: dict[str, int] = {}
     replayed: set[str] = set()
     prefix = REPLAYED_KEY_PREFIX.encode()
     for key, value in marks:
         by_replay = key is not None and key.startswith(prefix)
-        for event_id, delivered_ms in parse_changelog(key, value):
+        for event_id, delivered_ms in parse_changelog(key, value, group=group):
             counts[event_id] += 1
             latest[event_id] = max(latest.get(event_id, delivered_ms), delivered_ms)
             if by_replay:

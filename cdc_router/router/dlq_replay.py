@@ -127,14 +127,15 @@ class DeadLetterReplay:
                 self._producer, self._letters.consumer, delivery=self._config.delivery,
                 changelog_topic=self._config.dedup.changelog_topic,
                 bootstrap=self._config.kafka.bootstrap_servers,
-                mark_key_prefix=REPLAYED_KEY_PREFIX, publisher=self._publisher)
+                mark_key_prefix=REPLAYED_KEY_PREFIX,
+                mark_group=self._config.source.group_id, publisher=self._publisher)
             try:
                 txn.init()
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
         marks = list(self._changelog.catch_up(timeout_s=_READ_TIMEOUT_S))
         letters, ends = self._read_letters()
-        delivered = delivered_ids(marks, letters)
+        delivered = delivered_ids(marks, letters, group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
         planned = plan_replay(selected, self._step, self._filter, delivered)

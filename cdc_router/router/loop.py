@@ -132,6 +132,7 @@ class OutboxRouter:
                                       changelog_topic=self._config.dedup.changelog_topic
                                       if self._replay is not None else None,
                                       bootstrap=self._config.kafka.bootstrap_servers,
+                                      mark_group=self._config.source.group_id,
                                       sleep=self._wait, publisher=self._publisher)
         try:
             try:
@@ -371,7 +372,8 @@ class OutboxRouter:
         try:
             consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
             restored = self._replay.restore_changelog(self._changelog.catch_up(),
-                                                      int(time.time() * 1000))
+                                                      int(time.time() * 1000),
+                                                      group=self._config.source.group_id)
         except (KafkaException, ReadTimedOut) as failure:
             # Not a KafkaException out of consume(): _poll_once would take it for a passing
             # outage and route on, while confluent-kafka assigns the partitions anyway.

@@ -5,11 +5,16 @@ delivers is remembered here and written, in the same Kafka transaction as the de
 changelog topic, from which a restarted or newly assigned router restores it.
 
 The changelog holds one record per batch, not per id: a produce() per event was a top cost of the
-router (#14). Its value is `{"ts": delivered_ms, "ids": [...]}`, at most MARK_MAX_BYTES of ids
-(a big batch takes several records), its key `batch:` and the first id. Earlier versions wrote
-one record per id (key: the id, value `{"ts": delivered_ms}`); both are read. The topic stays
-`compact,delete`: batch keys are unique, so compaction keeps them all, and the time retention
-(dedup.window_ms) removes them as it removed the single marks.
+router (#14). Its value is `{"ts": delivered_ms, "ids": [...], "group": source.group_id}`, at
+most MARK_MAX_BYTES of ids (a big batch takes several records), its key `batch:`, the group and
+the first id. Earlier versions wrote one record per id (key: the id, value `{"ts": ...}`), then
+batches without a group; all are read. The topic stays `compact,delete`: batch keys are unique,
+so compaction keeps them all, and the time retention (dedup.window_ms) removes them as it
+removed the single marks.
+
+Several pipelines may share one changelog (its default name is the same for all): each reads
+only the marks of its own source.group_id, since two outboxes may well use the same ids (integer
+ids, say). The router and the relay of one outbox share a config, so a group, and its marks.
 
 Memory is bounded twice: ids older than `window_ms` are forgotten, and beyond `max_ids` the oldest
 go first. A replay of an id forgotten by either bound is delivered again: size the window to
@@ -57,29 +62,41 @@ class ChangelogRecord:
 
 
 def changelog_records(event_ids: Sequence[str], delivered_ms: int,
-                      key_prefix: str = BATCH_KEY_PREFIX) -> list[ChangelogRecord]:
-    """The records that mark `event_ids` delivered: one, or halves until each fits
-    MARK_MAX_BYTES (a single id is never split); keys are `key_prefix` and the first id."""
+                      key_prefix: str = BATCH_KEY_PREFIX, *,
+                      group: str | None = None) -> list[ChangelogRecord]:
+    """The records that mark `event_ids` delivered by `group`: one, or halves until each fits
+    MARK_MAX_BYTES (a single id is never split); keys are `key_prefix`, the group and the
+    first id (two pipelines' batches never share a key, which compaction would merge)."""
     if not event_ids:
         return []
+    document: dict[str, Any] = {"ts": delivered_ms, "ids": list(event_ids)}
+    if group is not None:
+        document["group"] = group
     # ensure_ascii: any id is writable, and the value is plain ASCII.
-    value = json.dumps({"ts": delivered_ms, "ids": list(event_ids)}, separators=(",", ":"))
+    value = json.dumps(document, separators=(",", ":"))
     if len(value) > MARK_MAX_BYTES and len(event_ids) > 1:
         half = len(event_ids) // 2
-        return [*changelog_records(event_ids[:half], delivered_ms, key_prefix),
-                *changelog_records(event_ids[half:], delivered_ms, key_prefix)]
-    key = f"{key_prefix}{event_ids[0]}".encode("utf-8", "surrogatepass")
+        return [*changelog_records(event_ids[:half], delivered_ms, key_prefix, group=group),
+                *changelog_records(event_ids[half:], delivered_ms, key_prefix, group=group)]
+    owner = "" if group is None else f"{len(group)}:{group}:"
+    key = f"{key_prefix}{owner}{event_ids[0]}".encode("utf-8", "surrogatepass")
     return [ChangelogRecord(key, value.encode())]
 
 
-def parse_changelog(key: bytes | None, value: bytes | None) -> list[tuple[str, int]]:
+def parse_changelog(key: bytes | None, value: bytes | None, *,
+                    group: str | None = None) -> list[tuple[str, int]]:
     """(event id, delivered_ms) of every id a changelog record holds, either format; [] for
-    one we can't read."""
+    one we can't read, and for a mark of another group than `group` (another pipeline's ids
+    prove nothing here: its outbox may use the same ids). A mark of no group (written before
+    marks named theirs) counts for every group."""
     if key is None or value is None:
         return []
     try:
         document: Any = parse_json(value)
         delivered_ms = int(document["ts"])
+        owner = document.get("group")
+        if group is not None and owner is not None and owner != group:
+            return []
         ids = document.get("ids")
         if ids is None:
             return [(key.decode(), delivered_ms)]  # one record per id (earlier versions)
@@ -189,11 +206,11 @@ class ReplayFilter:
         self.expire(now_ms)
 
     def restore_changelog(self, records: Iterable[tuple[bytes | None, bytes | None]],
-                          now_ms: int) -> int:
-        """restore() the marks of changelog records (key, value); how many there were."""
+                          now_ms: int, *, group: str) -> int:
+        """restore() `group`'s marks of changelog records (key, value); how many there were."""
         restored = 0
         for key, value in records:
-            marks = parse_changelog(key, value)
+            marks = parse_changelog(key, value, group=group)
             self.restore(marks, now_ms)
             restored += len(marks)
         return restored

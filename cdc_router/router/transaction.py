@@ -25,17 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import (
+    EXIT_RESTART,
     BatchFailed,
     ConfigError,
     DeliveryError,
     FatalKafkaError,
     JetStreamError,
     RecordRefused,
+    TransactionInDoubt,
     fatal_kafka_error,
 )
 from cdc_router.kafka.commit_stamp import commit_metadata
@@ -52,6 +54,8 @@ log = logging.getLogger("cdc_router.router")
 # Retries of one transactional call on a retriable error; about 9 s in all, then the batch
 # fails and the loop's own backoff (router/loop.py) takes over.
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+# Transactional calls whose unanswered end leaves the transaction in doubt (TransactionInDoubt).
+_IN_DOUBT_STEPS = ("offsets", "commit")
 
 
 @quick_init
@@ -85,11 +89,12 @@ class Transaction:
                  delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
                  sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
-                 mark_key_prefix: str = BATCH_KEY_PREFIX,
+                 mark_key_prefix: str = BATCH_KEY_PREFIX, mark_group: str | None = None,
                  publisher: JetStreamPublisher | None = None) -> None:
         """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
-        `mark_key_prefix` keys the changelog marks (router/replay.py); `publisher` delivers
-        the records of JetStream routes (None: this command has no JetStream routes)."""
+        `mark_key_prefix` keys the changelog marks and `mark_group` names their pipeline
+        (source.group_id; router/replay.py); `publisher` delivers the records of JetStream
+        routes (None: this command has no JetStream routes)."""
         self._producer = producer
         self._publisher = publisher
         self._consumer = consumer
@@ -97,6 +102,7 @@ class Transaction:
         self._exactly_once = delivery.guarantee == "exactly_once"
         self._changelog_topic = changelog_topic
         self._mark_key_prefix = mark_key_prefix
+        self._mark_group = mark_group
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep = sleep
@@ -280,9 +286,9 @@ class Transaction:
     def _send_marks(self) -> None:
         if self._changelog_topic is not None:
             marks = [*changelog_records(self._batch.marks, self._batch.marked_ms,
-                                        self._mark_key_prefix),
+                                        self._mark_key_prefix, group=self._mark_group),
                      *changelog_records(self._batch.dead_marks, self._batch.marked_ms,
-                                        DEAD_LETTERED_KEY_PREFIX)]
+                                        DEAD_LETTERED_KEY_PREFIX, group=self._mark_group)]
             for mark in marks:
                 self._send(self._changelog_topic, mark.key, mark.value, [])
         for topic, key, value in self._batch.progress:
@@ -320,6 +326,22 @@ class Transaction:
                                      "another instance may use the same instance id", error)
         return BatchFailed(str(failure), error)
 
+    def _settle_in_doubt(self, name: str, failure: KafkaException, conflict: bool) -> None:
+        """Raise TransactionInDoubt when a commit or its offsets got no answer through every
+        retry, or librdkafka refuses a call while such a one is unresolved (_CONFLICT).
+
+        librdkafka lets only the same call resume then, and refuses the abort: the router
+        would retry the abort for ever. The batch is forgotten (no abort on the way out); the
+        next process's init_transactions settles the transaction either way.
+        """
+        if self._exactly_once and (conflict or name in _IN_DOUBT_STEPS):
+            self._reset()
+            raise TransactionInDoubt(
+                f"Kafka transaction step {name!r} got no answer (after retries): {failure}; "
+                "only Kafka knows whether the batch committed, so this router exits with "
+                f"{EXIT_RESTART} for its supervisor to restart it: the next start settles "
+                "the transaction and goes on from the offsets Kafka holds") from failure
+
     def _call(self, step: Callable[[], None], name: str,
               backoffs: tuple[float, ...] = RETRY_BACKOFF_S) -> None:
         """Run a transactional call, retrying retriable errors; BatchFailed when abortable or
@@ -336,7 +358,9 @@ class Transaction:
                                             f"good: {describe(error)}", error) from failure
                 if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
-                if backoff is None:
+                conflict = error is not None and error.code() == KafkaError._CONFLICT
+                if backoff is None or conflict:
+                    self._settle_in_doubt(name, failure, conflict)
                     raise BatchFailed(
                         f"Kafka transaction step {name!r} still fails after {attempt + 1} "
                         f"tries: {failure}; is the cluster at {self._bootstrap} reachable?",

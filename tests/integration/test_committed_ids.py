@@ -14,6 +14,7 @@ from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,
+    ChangelogRecord,
     changelog_records,
 )
 from tests.integration.support import StackEndpoints, unique
@@ -91,7 +92,7 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
     aborted.abort_transaction(30)
     _transaction(committed, changelog, dead_letters, ["f"], [], commit=True)
     source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
-                          changelog_topic=changelog, dead_letter_topic=dead_letters,
+                          changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
                           window_ms=3_600_000)
     try:
         first = _all(source)
@@ -119,21 +120,38 @@ def test_a_dead_lettered_mark_is_no_delivery_once_its_letter_is_gone(
     # QA, session 25: with the dead-letter topic's retention past (delete_records), the marks
     # of dead-lettered ids read as deliveries, and a restarted router's sweep deleted the rows
     # of 301 undelivered events. Marks keyed `dead:` need no letter.
+    now_ms = int(time.time() * 1000)
+    assert _committed_after(stack, topics, [
+        *changelog_records(["h"], now_ms),
+        *changelog_records(["dead-4", "dead-5"], now_ms, DEAD_LETTERED_KEY_PREFIX)]) == ["h"]
+
+
+def test_another_pipelines_marks_on_a_shared_changelog_are_no_delivery(
+        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+    # Review, session 26: two pipelines left dedup.changelog_topic at its default, both with
+    # integer ids. The other pipeline's "1" proves nothing of ours: its row must stay.
+    now_ms = int(time.time() * 1000)
+    assert _committed_after(stack, topics, [
+        *changelog_records(["1", "2"], now_ms, group="billing"),
+        *changelog_records(["3"], now_ms, REPLAYED_KEY_PREFIX, group="billing"),
+        *changelog_records(["2", "4"], now_ms, group="g")]) == ["2", "4"]
+
+
+def _committed_after(stack: StackEndpoints, topics: tuple[str, str],
+                     marks: list[ChangelogRecord]) -> list[str]:
+    """The ids group "g"'s sweep hands out once `marks` are committed to the changelog."""
     changelog, dead_letters = topics
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
-                         "transactional.id": unique("sweep-c")})
+                         "transactional.id": unique("sweep-m")})
     producer.init_transactions(30)
     producer.begin_transaction()
-    now_ms = int(time.time() * 1000)
-    for mark in [*changelog_records(["h"], now_ms),
-                 *changelog_records(["dead-4", "dead-5"], now_ms, DEAD_LETTERED_KEY_PREFIX)]:
+    for mark in marks:
         producer.produce(changelog, key=mark.key, value=mark.value)
     producer.commit_transaction(30)
     source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
-                          changelog_topic=changelog, dead_letter_topic=dead_letters,
+                          changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
                           window_ms=3_600_000)
     try:
-        found = _all(source)
+        return _all(source)
     finally:
         source.close()
-    assert found == ["h"]

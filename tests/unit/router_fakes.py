@@ -61,6 +61,9 @@ class FakeCluster:
     refuse: Refusal = lambda topic, value, timestamp: None
     max_message_bytes: int = 1_000_000
     commit_failures: list[KafkaError] = field(default_factory=list)  # next commits fail so
+    # the next offsets commits (in a transaction, or the consumer's) fail so, as do the aborts
+    offsets_failures: list[KafkaError] = field(default_factory=list)
+    abort_failures: list[KafkaError] = field(default_factory=list)
     fenced: bool = False
     journal: list[str] = field(default_factory=list)
     created_topics: list[str] = field(default_factory=list)
@@ -173,6 +176,8 @@ class FakeProducer:
         assert metadata == "group-metadata"
         if self._abortable is not None:
             raise KafkaException(self._abortable)
+        if self.cluster.offsets_failures:
+            raise KafkaException(self.cluster.offsets_failures.pop(0))
         self.cluster.journal.append("send_offsets")
         self._pending_offsets.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         self._pending_metadata.update({(tp.topic, tp.partition): tp.metadata for tp in offsets})
@@ -193,6 +198,8 @@ class FakeProducer:
 
     def abort_transaction(self, timeout: float) -> None:
         self._fence_check()
+        if self.cluster.abort_failures:
+            raise KafkaException(self.cluster.abort_failures.pop(0))
         for _, callback in self._queue:  # purged, reported as such
             self._reports.append((callback, KafkaError(KafkaError._PURGE_QUEUE), Message()))
         self._queue = []
@@ -296,6 +303,8 @@ class FakeConsumer:
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
         assert asynchronous is False
+        if self.cluster.offsets_failures:
+            raise KafkaException(self.cluster.offsets_failures.pop(0))
         self.cluster.group_offsets.update({(tp.topic, tp.partition): tp.offset
                                            for tp in offsets})
         self.cluster.offset_metadata.update({(tp.topic, tp.partition): tp.metadata

@@ -42,8 +42,9 @@ def letter(event_id: str | None, *, offset: int = 0, aggregate_type: str = "Cust
                        [*made.headers, *(extra or [])])
 
 
-def marks(prefix: str, *event_ids: str) -> list[tuple[bytes | None, bytes | None]]:
-    return [(r.key, r.value) for r in changelog_records(list(event_ids), 5, prefix)]
+def marks(prefix: str, *event_ids: str, group: str = "g"
+          ) -> list[tuple[bytes | None, bytes | None]]:
+    return [(r.key, r.value) for r in changelog_records(list(event_ids), 5, prefix, group=group)]
 
 
 def step(**top: Any) -> tuple[RecordStep, ReplayFilter]:
@@ -80,27 +81,39 @@ def test_selection_filters_by_stage_id_and_time() -> None:
 
 def test_a_dead_letters_own_mark_is_not_a_delivery() -> None:
     letters = [letter("dead")]
-    assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters) == {"routed": 5}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters, group="g") \
+        == {"routed": 5}
 
 
 def test_a_decode_letter_leaves_no_mark_so_its_rows_later_mark_is_a_delivery() -> None:
     # The row failed to decode, was fixed and republished: its one mark is that delivery.
-    assert delivered_ids(marks(BATCH_KEY_PREFIX, "fixed"), [letter("fixed", stage="decode")]) \
-        == {"fixed": 5}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "fixed"), [letter("fixed", stage="decode")],
+                         group="g") == {"fixed": 5}
 
 
 def test_a_replayed_mark_or_one_mark_more_than_letters_is_a_delivery() -> None:
     letters = [letter("replayed"), letter("twice", offset=1)]
     found = delivered_ids([*marks(BATCH_KEY_PREFIX, "replayed", "twice"),
                            *marks(REPLAYED_KEY_PREFIX, "replayed"),
-                           *marks(BATCH_KEY_PREFIX, "twice")], letters)
+                           *marks(BATCH_KEY_PREFIX, "twice")], letters, group="g")
     assert set(found) == {"replayed", "twice"}
 
 
 def test_a_letter_the_replay_wrote_again_is_not_counted_as_the_routers() -> None:
     again = letter("e-1", offset=1, extra=[(REPLAY_OF, b"dlq[0]@0")])
-    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [again]) == {"e-1": 5}
-    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [letter("e-1"), again]) == {}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [again], group="g") == {"e-1": 5}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e-1"), [letter("e-1"), again], group="g") == {}
+
+
+def test_another_pipelines_marks_are_no_delivery_and_unnamed_old_ones_are() -> None:
+    # Two pipelines sharing the default changelog, both with integer ids: the other's "1"
+    # is not ours.
+    found = delivered_ids([*marks(BATCH_KEY_PREFIX, "1", "2", group="other"),
+                           *marks(REPLAYED_KEY_PREFIX, "3", group="other"),
+                           *marks(BATCH_KEY_PREFIX, "4", group="g"),
+                           *[(r.key, r.value) for r in changelog_records(["5"], 5)]],
+                          [], group="g")
+    assert found == {"4": 5, "5": 5}
 
 
 def test_the_plan_delivers_once_skips_delivered_and_dead_letters_what_still_fails() -> None:

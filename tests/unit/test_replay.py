@@ -89,6 +89,20 @@ def test_a_canonical_uuid_is_kept_as_its_16_bytes_and_any_other_string_as_itself
     assert compact_key(digits_only) == digits_only
 
 
+def test_a_pipeline_restores_its_own_marks_and_unnamed_ones_never_anothers():
+    # Review, session 26: two pipelines on the default changelog, both with integer ids.
+    ours = changelog_records(["1", "2"], 1_000, group="orders")
+    theirs = changelog_records(["1", "3"], 1_000, group="billing")
+    unnamed = changelog_records(["4"], 1_000)  # written before marks named their group
+    assert ours[0].key != theirs[0].key  # compaction keeps both batches
+    assert json.loads(ours[0].value)["group"] == "orders"
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    records = [(r.key, r.value) for r in (*ours, *theirs, *unnamed)]
+    assert replay.restore_changelog(records, 1_000, group="orders") == 3
+    assert [replay.seen(i) for i in ("1", "2", "3", "4")] == [True, True, False, True]
+    assert parse_changelog(theirs[0].key, theirs[0].value) == [("1", 1_000), ("3", 1_000)]
+
+
 def test_another_spelling_of_a_uuid_is_another_id():
     replay = ReplayFilter(window_ms=60_000, max_ids=10)
     replay.restore([(UUID, 1_000)], now_ms=1_000)

@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced
+from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced, TransactionInDoubt
 from cdc_router.kafka.commit_stamp import committed_ms
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router.routing import OutboundRecord
@@ -107,6 +107,51 @@ def test_retriable_commit_errors_are_retried_abortable_ones_fail_the_batch() -> 
     cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)]
     add(txn, 1, "e-1")
     with pytest.raises(BatchFailed):
+        txn.commit()
+
+
+@pytest.mark.parametrize("step", ["commit", "offsets"])
+def test_a_commit_unanswered_through_every_retry_exits_for_a_restart_without_an_abort(
+        step: str) -> None:
+    # librdkafka 2.16 (measured against a paused broker): a commit_transaction that timed out
+    # can only be resumed; abort_transaction answers _CONFLICT for ever, even once the broker
+    # is back. Only a new process's init_transactions settles it.
+    timed_out = KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True)
+    cluster = FakeCluster()
+    txn, slept = transaction(cluster)
+    add(txn, 0, "e-0")
+    if step == "commit":
+        cluster.commit_failures = [timed_out] * 6
+    else:
+        cluster.offsets_failures = [timed_out] * 6
+    with pytest.raises(TransactionInDoubt, match=rf"step '{step}' got no answer.*exits with 75"
+                       ) as raised:
+        txn.commit()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert slept == [0.1, 0.5, 1.0, 2.0, 5.0]
+    assert not txn.open
+    txn.discard()  # the router's way out: no abort_transaction of the unresolved commit
+    assert "abort" not in cluster.journal and cluster.committed(ORDERS) == []
+
+
+def test_an_abort_refused_as_conflicting_exits_for_a_restart() -> None:
+    cluster = FakeCluster()
+    txn, slept = transaction(cluster)
+    add(txn, 0, "e-0")
+    cluster.abort_failures = [KafkaError(
+        KafkaError._CONFLICT, "Conflicting commit_transaction API call is already in progress",
+        retriable=True)]
+    with pytest.raises(TransactionInDoubt, match="step 'abort'"):
+        txn.abort()
+    assert slept == []
+
+
+def test_at_least_once_offsets_unanswered_fail_the_batch_not_the_process() -> None:
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster, "at_least_once")
+    add(txn, 0, "e-0")
+    cluster.offsets_failures = [KafkaError(KafkaError._TIMED_OUT, retriable=True)] * 6
+    with pytest.raises(BatchFailed, match="still fails after 6 tries"):
         txn.commit()
 
 
