@@ -20,12 +20,23 @@ EVENT_ID = "dlq.event.id"
 SOURCE_STREAM = "dlq.source.stream"
 # Only the idempotent consumer's: how many handler attempts failed (0 for a malformed record).
 ATTEMPTS = "dlq.attempts"
-# Set, to the raw value's size, when the value was left out to keep the dead letter deliverable.
+# Set, to the raw value's size, when the value was left out to keep the dead letter deliverable;
+# then, if it was still too large, the key's (KEY_DROPPED) and the record's own headers'
+# (HEADERS_DROPPED, how many) as well: the dlq.* headers always stay.
 VALUE_DROPPED = "dlq.value.dropped.bytes"
+KEY_DROPPED = "dlq.key.dropped.bytes"
+HEADERS_DROPPED = "dlq.headers.dropped"
 # Set by `cdc-router dlq replay` on a letter it dead-lettered again: the earlier letter,
 # dead-letter-topic[partition]@offset.
 REPLAY_OF = "dlq.replay.of"
 HEADER_PREFIX = "dlq."
+
+# The longest event id, in UTF-8 bytes, the router routes and the idempotent consumer takes. A
+# UUID is 36 bytes; far longer ids are no id this project writes, a dedup store must index them
+# (Postgres refuses a btree entry over about 2,700 bytes, for ever), and an id rides in a
+# record's key and headers and in the dedup changelog, where one of 500 KB made even its dead
+# letter too large for Kafka.
+MAX_EVENT_ID_BYTES = 1024
 
 
 def marks_delivery(stage: str) -> bool:
@@ -103,19 +114,29 @@ def record_size(key: bytes | None, value: bytes | None,
 
 
 def fitted(key: bytes | None, value: bytes | None, headers: Headers, max_bytes: int | None,
-           *, drop_value: bool = False) -> tuple[bytes | None, Headers]:
-    """The value and headers to send: without the value (VALUE_DROPPED says its size) when
-    the record is over `max_bytes`, or when `drop_value`.
+           *, drop_value: bool = False) -> tuple[bytes | None, bytes | None, Headers]:
+    """The key, value and headers to send: without the value (VALUE_DROPPED says its size) when
+    the record is over `max_bytes`, or when `drop_value`; still over, without the key too
+    (KEY_DROPPED), then without the record's own headers (HEADERS_DROPPED), never without the
+    dlq.* ones.
 
     A dead letter the broker refused would block the stream; the raw topic still holds
-    the value.
+    what was left out.
     """
-    if value is None:
-        return value, headers
-    over = max_bytes is not None and record_size(key, value, list(headers)) > max_bytes
-    if not (drop_value or over):
-        return value, headers
-    return None, [*headers, (VALUE_DROPPED, str(len(value)).encode())]
+    def over() -> bool:
+        return max_bytes is not None and record_size(key, value, list(headers)) > max_bytes
+
+    if value is not None and (drop_value or over()):
+        headers = [*headers, (VALUE_DROPPED, str(len(value)).encode())]
+        value = None
+    if key and over():
+        headers = [*headers, (KEY_DROPPED, str(len(key)).encode())]
+        key = None
+    if over():
+        own = [header for header in headers if not header[0].startswith(HEADER_PREFIX)]
+        headers = [header for header in headers if header[0].startswith(HEADER_PREFIX)]
+        headers.append((HEADERS_DROPPED, str(len(own)).encode()))
+    return key, value, headers
 
 
 def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
@@ -125,12 +146,12 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
     """The router's dead letter for an input record that failed at `stage` with `error`.
 
     With `max_bytes`, a record bigger than that keeps its coordinates and reason but not its
-    value (see fitted).
+    value, nor if need be its key and own headers (see fitted).
     """
     headers = list(original_headers or ()) + dead_letter_headers(
         topic=topic, partition=partition, offset=offset, stage=stage, error=error,
         event_id=event_id)
-    value, headers = fitted(key, value, headers, max_bytes)
+    key, value, headers = fitted(key, value, headers, max_bytes)
     return DeadLetter(key, value, tuple(headers), stage, reason_of(error))
 
 

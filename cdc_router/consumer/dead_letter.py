@@ -69,13 +69,14 @@ class DeadLetterWriter:
                 failures.append(err)
 
         headers = [(name, header or b"") for name, header in message.headers() or ()]
-        value, headers = fitted(message.key(), message.value(), headers + dead_letter_headers(
-            message, stage=stage, error=error, attempts=attempts, event_id=event_id),
+        key, value, headers = fitted(
+            message.key(), message.value(), headers + dead_letter_headers(
+                message, stage=stage, error=error, attempts=attempts, event_id=event_id),
             self._max_bytes, drop_value=drop_value)
         where = f"dead-letter record for {message.topic()}[{message.partition()}]" \
                 f"@{message.offset()}"
         try:
-            self._producer.produce(self.topic, key=message.key(), value=value,
+            self._producer.produce(self.topic, key=key, value=value,
                                    headers=headers, on_delivery=delivered)
         except KafkaException as produce_error:
             self._raise(where, kafka_error_of(produce_error), str(produce_error))

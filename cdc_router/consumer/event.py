@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
+from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import MalformedRecord, RegistryError, show
 
 
@@ -52,12 +53,6 @@ class ConsumedEvent:
 
 
 Decoder = Callable[[bytes | None], Any]
-
-
-# A UUID is 36 bytes. Far longer ids are no id this project writes, and a dedup store must
-# index them: Postgres refuses a btree entry over about 2,700 bytes, for ever, which would
-# have been retried as a store outage.
-MAX_EVENT_ID_BYTES = 1024
 
 
 def _event_id_text(raw: bytes | None, where: str) -> str:

@@ -118,14 +118,15 @@ def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
     dead-letter publish and the ack repeats the publish, which the dead-letter stream's
     duplicate window drops, while two services' dead letters of one message both stay.
     A message over the server's `max_payload` with the dlq.* headers goes without its data
-    (dlq.value.dropped.bytes says its size); the stream still holds it.
+    (dlq.value.dropped.bytes says its size), if need be without its own headers too; the
+    stream still holds them.
     """
     kept = [(name, value.encode()) for name, value in record.header_map
             if not name.lower().startswith(_RESERVED_PREFIX)]
     dlq = dead_letter_headers(record, stage=stage, error=error, attempts=attempts,
                               event_id=event_id)
     dlq.append((SOURCE_STREAM, record.stream.encode()))
-    value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES)
+    _, value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES)
     return DeadLetterMessage(
         data=value or b"",
         headers={name: _header_text(raw) for name, raw in headers},

@@ -5,7 +5,8 @@
 - poison.py: finding and dead-lettering the record the broker refuses;
 - loop.py: OutboxRouter, the loop that owns the clients and handles rebalances;
 - clients.py: every client's configuration; destinations.py: the topic metadata cache;
-- debezium.py: the Debezium change-event envelope to an OutboxEvent;
+- debezium.py: the Debezium change-event envelope to an OutboxEvent (connect_time.py: its
+  timestamps);
 - routing.py: the routes applied to an event; partitioner.py: Kafka's default partitioner;
 - replay.py: the replay filter over the dedup changelog; committed_ids.py: its sweep;
 - cleanup.py: deleting or ageing out delivered outbox rows; topics.py: `topics apply`;

@@ -10,14 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, show
+from cdc_router.router.connect_time import epoch_millis
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import LONE_SURROGATE, MAX_JSON_DEPTH, parse_json, utf8_encodable
 
@@ -34,19 +34,8 @@ HEARTBEAT = "heartbeat"
 TRANSACTION_METADATA = "transaction_metadata"
 SNAPSHOT_DISABLED = "snapshot_disabled"
 
-_MILLIS_SCHEMAS = frozenset(
-    {"io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"})
-_MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
-_NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
-# Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
-_MICROS_THRESHOLD = 10**14
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Levels a column value sits below the record value's top: {schema, payload} > after > column.
 _ENVELOPE_LEVELS = 3
-# Java's ISO formatter writes years past 9999 with a sign ("+12000-01-01T00:00:00Z"), and
-# years before 1 as negative; Python's datetime holds years 1 to 9999 only.
-_EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
-_INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 
 @quick_init
@@ -232,6 +221,8 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     columns = columns or {}
     names = settings.outbox
     event_id = _identifier(row, names.id, "event id", None)
+    if len(event_id) > MAX_EVENT_ID_BYTES // 4:  # a str of fewer characters fits anyway
+        _check_id_size(event_id, names.id)
     try:
         where = f"event {show(event_id)}"
         payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
@@ -277,6 +268,17 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
         raise DecodeError(f"{prefix}column {column!r} ({what}) holds {LONE_SURROGATE}: "
                           f"{show(text)}")
     return text
+
+
+def _check_id_size(event_id: str, column: str) -> None:
+    """DecodeError for an id over MAX_EVENT_ID_BYTES: the letter carries no dlq.event.id
+    (neither does it have a mark), as the id itself is the trouble."""
+    size = len(event_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_EVENT_ID_BYTES:
+        raise DecodeError(f"column {column!r} (event id) is {size:,} bytes, over the "
+                          f"{MAX_EVENT_ID_BYTES:,} an event id may have (the idempotent "
+                          f"consumer and its dedup stores refuse longer ids): "
+                          f"{show(event_id, 60)}")
 
 
 def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
@@ -338,37 +340,13 @@ def _created_at(row: dict[str, Any], column: str | None,
     value = row.get(column) if column else None
     if value is None:
         return None
-    name = (columns.get(column or "") or {}).get("name")
-    if isinstance(value, int) and not isinstance(value, bool):
-        millis = _epoch_millis(value, name)
-        if not -_INT64 <= millis < _INT64:
-            raise DecodeError(f"{where}: created_at column {column!r} is {value}, beyond any "
-                              "Kafka timestamp (64-bit milliseconds)")
-        return millis
-    if isinstance(value, str):
-        if _EXPANDED_YEAR.match(value):
-            raise DecodeError(f"{where}: created_at column {column!r} is {show(value)}, "
-                              "outside the years 1 to 9999 the router can represent")
-        try:
-            moment = datetime.fromisoformat(value)
-            return (moment.replace(tzinfo=moment.tzinfo or UTC)  # isostring `timestamp`: UTC
-                    - _EPOCH) // timedelta(milliseconds=1)
-        except ValueError:
-            raise DecodeError(f"{where}: created_at column {column!r} is not an ISO-8601 "
-                              f"timestamp: {show(value)}") from None
-    raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
-                      f"got {_kind(value)}")
-
-
-def _epoch_millis(value: int, schema_name: str | None) -> int:
-    """An integer timestamp of any of Debezium's encodings, in epoch milliseconds."""
-    if schema_name == _MICROS_SCHEMA:
-        return value // 1000
-    if schema_name == _NANOS_SCHEMA:
-        return value // 1_000_000
-    if schema_name in _MILLIS_SCHEMAS:
-        return value
-    return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
+                          f"got {_kind(value)}")
+    try:
+        return epoch_millis(value, (columns.get(column or "") or {}).get("name"))
+    except ValueError as error:
+        raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
 
 
 def _optional_int(value: Any) -> int | None:

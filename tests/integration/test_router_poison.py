@@ -35,13 +35,14 @@ CONNECT_TOPICS = ("connect-configs", "connect-offsets", "connect-status")
 
 
 def insert(pipe: Pipeline, rows: list[dict[str, Any]], per_transaction: int = 200) -> list[str]:
-    """Outbox rows with any columns: payload (text, cast to the column's type), headers (JSON
-    text), created_at (an SQL timestamp literal, default now); their ids, in order."""
+    """Outbox rows with any columns: id (default a new uuid), payload (text, cast to the
+    column's type), headers (JSON text), created_at (an SQL timestamp literal, default now);
+    their ids, in order."""
     ids = []
     with psycopg.connect(pipe.stack.postgres_dsn) as conn:
         for start in range(0, len(rows), per_transaction):
             for row in rows[start:start + per_transaction]:
-                event_id = str(uuid.uuid4())
+                event_id = row.get("id") or str(uuid.uuid4())
                 ids.append(event_id)
                 conn.execute(
                     f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, type, "
@@ -82,9 +83,9 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
         set_topic_config(pipe, pipe.raw_topic, "max.message.bytes", "16777216")
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             # json, not jsonb: jsonb refuses a lone surrogate and NUL, json keeps the escapes
-            # verbatim.
+            # verbatim; and a text id, which may be any length.
             conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN payload TYPE json, "
-                         "ALTER COLUMN headers TYPE json")
+                         "ALTER COLUMN headers TYPE json, ALTER COLUMN id TYPE text")
         config = yaml.safe_load(pipe.config_path.read_text())
         config["routes"][:0] = [
             {"match": {"type": "PaymentConfirmed"}, "topic": pipe.events_topic,
@@ -108,6 +109,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
             "header_name_nul": {"headers": '{"id\\u0000x": "00000000-0000-0000-0000-0000dead"}'},
             # 1.2 MB of JSON text, 2.4 MB as the change event's escaped string.
             "payload_1_2_mb": {"payload": json.dumps({"s": '"' * 600_000})},
+            # Over the 1,024 bytes an id may have (compressible, for the primary key's index).
+            "id_5000_bytes": {"id": "x" * 5_000},
         }
         # Names a templated route renders from row data: Connect's and the registry's storage
         # topics, the broker's, the router's own source, and one that does not exist.
@@ -152,9 +155,11 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                 "lone_surrogate_avro": ("serialize", "SerializeError"),
                 "header_name_nul": ("route", "RouteError"),
                 "payload_1_2_mb": ("route", "RouteError")}
+    expected["id_5000_bytes"] = ("decode", "DecodeError")
     for name, (stage, error_class) in expected.items():
-        headers = letters[hostile_ids[name]] if name != "headers_3000_deep" else next(
-            h for h in letters.values() if h["dlq.stage"] == "decode")
+        headers = letters.get(hostile_ids[name]) or next(  # a decode letter of no id
+            h for h in letters.values() if h["dlq.stage"] == "decode"
+            and ("5,000 bytes" in h["dlq.error.message"]) == (name == "id_5000_bytes"))
         assert (headers["dlq.stage"], headers["dlq.error.class"]) == (stage, error_class), name
         assert headers["dlq.error.message"], name
     assert "holds a NUL character" in letters[hostile_ids["header_name_nul"]]["dlq.error.message"]

@@ -1,0 +1,50 @@
+"""Debezium's timestamp encodings (Kafka Connect JsonConverter) as epoch milliseconds."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from cdc_router.errors import show
+
+_MILLIS_SCHEMAS = frozenset(
+    {"io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp"})
+_MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
+_NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
+# Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
+_MICROS_THRESHOLD = 10**14
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Java's ISO formatter writes years past 9999 with a sign ("+12000-01-01T00:00:00Z"), and
+# years before 1 as negative; Python's datetime holds years 1 to 9999 only.
+_EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
+_INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
+
+
+def epoch_millis(value: int | str, schema_name: str | None) -> int:
+    """A timestamp column's value in epoch milliseconds: an integer of any of Debezium's
+    encodings (`schema_name`: its Connect schema's name, when known), or an ISO-8601 string
+    (isostring; without an offset it is UTC). ValueError says what is wrong with it, as the
+    end of a sentence that names the column."""
+    if isinstance(value, int):
+        millis = _integer_millis(value, schema_name)
+        if not -_INT64 <= millis < _INT64:
+            raise ValueError(f"is {value}, beyond any Kafka timestamp (64-bit milliseconds)")
+        return millis
+    if _EXPANDED_YEAR.match(value):
+        raise ValueError(f"is {show(value)}, outside the years 1 to 9999 the router can "
+                         "represent")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"is not an ISO-8601 timestamp: {show(value)}") from None
+    return (moment.replace(tzinfo=moment.tzinfo or UTC) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _integer_millis(value: int, schema_name: str | None) -> int:
+    if schema_name == _MICROS_SCHEMA:
+        return value // 1000
+    if schema_name == _NANOS_SCHEMA:
+        return value // 1_000_000
+    if schema_name in _MILLIS_SCHEMAS:
+        return value
+    return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
