@@ -85,7 +85,9 @@ def explain_event(path: Path, config: RouterConfig, step: RecordStep,
     `step` is the router's own per-record step (router/step.py), so the outcome is the
     router's: routed, skipped, or dead letter at the stage it would fail.
     """
-    topic, key, value = _read_record(path, source_topic or None, config.source.topics[0])
+    # A relay-only config has no source topic: the relay hands its rows to the same step.
+    default_topic = config.source.topics[0] if config.source.topics else "(relay)"
+    topic, key, value = _read_record(path, source_topic or None, default_topic)
     result: dict[str, Any] = {"file": str(path), "source_topic": topic}
     outcome = step(topic, key, value)
     event = outcome.event if isinstance(outcome, Routed | Skipped | DeadLettered) else None

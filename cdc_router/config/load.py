@@ -14,10 +14,11 @@ import json
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
@@ -118,13 +119,13 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
             final = depth == len(path) - 1
             if isinstance(node, list) and isinstance(part, int) and part < len(node):
                 if final:
-                    node[part] = _env_value(env[name], where)
+                    node[part] = _env_value(env[name], where, path)
                 node = node[part]
             elif isinstance(node, dict) and isinstance(part, str):
                 if part not in node:  # a key the variable brings: its errors are the variable's
                     applied.setdefault(_dotted(path[: depth + 1]), name)
                 if final:
-                    node[part] = _env_value(env[name], where)
+                    node[part] = _env_value(env[name], where, path)
                 node = node.setdefault(part, {})
             else:
                 raise ConfigError("this path does not exist in the file", source=where,
@@ -134,13 +135,68 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
     return applied
 
 
-def _env_value(value: str, where: str) -> Any:
-    if not value.lstrip().startswith(("[", "{")):
-        return value  # pydantic turns "100" or "true" into numbers and booleans as needed
+def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
+    """A variable's value for the field at `path`: text as it is (pydantic turns "100" or
+    "true" into numbers and booleans as needed), JSON for a list or mapping (`[...]`, `{...}`).
+
+    Where the field takes text, a value is JSON only when it parses as such: a topic template
+    `{aggregate_type}.events` or a glob `[OP]rder*` stays text, where it can only be text (a
+    password `[s3cr3t`, a template) it always does. A secret is never shown.
+    """
+    secret = bool(path) and is_secret_key(str(path[-1]))
+    kinds = _kinds(_annotations_at(path))
+    if secret or kinds == {"text"} or not value.lstrip().startswith(("[", "{")):
+        return value
     try:
         return json.loads(value)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"invalid JSON: {error}", source=where, value=value) from None
+        if "text" in kinds:
+            return value
+        raise ConfigError(f"invalid JSON: {error}", source=where,
+                          value=MASK if secret else value) from None
+
+
+def _annotations_at(path: Sequence[str | int]) -> list[Any]:
+    """The type annotations the config's models give the field at `path` ([] if unknown)."""
+    found: list[Any] = [RouterConfig]
+    for part in path:
+        found = [child for annotation in found for child in _children(annotation, part)]
+    return found
+
+
+def _children(annotation: Any, part: str | int) -> list[Any]:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _children(args[0], part)
+    if origin is Union or origin is UnionType:
+        return [child for arg in args for child in _children(arg, part)]
+    if origin in (list, tuple) and isinstance(part, int):
+        return [args[0]]
+    if origin is dict and isinstance(part, str):
+        return [args[1]]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and \
+            isinstance(part, str):
+        fields = {field.alias or name: field for name, field in annotation.model_fields.items()}
+        return [fields[part].annotation] if part in fields else []
+    return []
+
+
+def _kinds(annotations: list[Any]) -> set[str]:
+    """"text" for each annotation that takes a string, "other" for one that takes anything
+    else but None; an unknown field (no annotation) takes anything."""
+    kinds: set[str] = set() if annotations else {"text", "other"}
+    for annotation in annotations:
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is Annotated:
+            kinds |= _kinds([args[0]])
+        elif origin is Union or origin is UnionType:
+            kinds |= _kinds(list(args))
+        elif annotation in (str, SecretStr) or (
+                origin is Literal and all(isinstance(arg, str) for arg in args)):
+            kinds.add("text")
+        elif annotation is not type(None):
+            kinds.add("other")
+    return kinds
 
 
 def _dotted(loc: Sequence[str | int]) -> str:

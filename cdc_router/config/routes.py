@@ -31,6 +31,9 @@ class RouteMatch(_Model):
     @field_validator("aggregate_type", "type")
     @classmethod
     def _compile(cls, value: Patterns | None) -> Patterns | None:
+        if value == []:  # a list rendered from an empty template value, say
+            raise ValueError("an empty list of patterns matches no event; give at least one "
+                             "pattern, or leave the key out")
         for pattern in [value] if isinstance(value, str) else value or []:
             compile_pattern(pattern)
         return value

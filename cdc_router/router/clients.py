@@ -54,8 +54,11 @@ def common_config(config: RouterConfig) -> dict[str, Any]:
 
 
 def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
-    """The producer: idempotent, acks=all; transactional under exactly_once."""
-    produced: dict[str, Any] = {"linger.ms": 5, **common_config(config), **config.kafka.producer,
+    """The producer: idempotent, acks=all; transactional under exactly_once. Its partitioner
+    is the Java client's (murmur2 of the key), which `partition: kafka_default` routes leave
+    the partition to, unless kafka.producer.partitioner names another."""
+    produced: dict[str, Any] = {"linger.ms": 5, "partitioner": "murmur2_random",
+                                **common_config(config), **config.kafka.producer,
                                 "enable.idempotence": True, "acks": "all", **_NO_AUTO_CREATE}
     if config.delivery.guarantee == "exactly_once":
         produced["transactional.id"] = f"{config.delivery.transactional_id}-{instance_id}"

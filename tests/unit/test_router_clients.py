@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RouteError
@@ -16,6 +16,7 @@ from cdc_router.router.destinations import (
     MISSING_RECHECK_S,
     DestinationMetadata,
 )
+from cdc_router.router.partitioner import java_default_partition
 
 
 def config(**kafka: Any) -> RouterConfig:
@@ -43,6 +44,27 @@ def test_transactional_settings_come_from_delivery() -> None:
     assert produced["transactional.id"] == "cdc-router-i-1"
     timeouts = clients.Timeouts(90_000)
     assert (timeouts.call_s, timeouts.init_s, timeouts.stable_offsets_s) == (90, 90, 180)
+
+
+def test_the_producer_partitions_keys_as_javas_default_partitioner_does() -> None:
+    # QA, session 26: `partition: kafka_default` left it to librdkafka's own default, CRC32
+    # (consistent_random), so a key landed elsewhere than from a Java producer. Real
+    # librdkafka, on its mock cluster (4 partitions a topic).
+    settings = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                            "routes": [{"topic": "t"}],
+                                            "delivery": {"guarantee": "at_least_once"}})
+    producer = Producer({**clients.producer_config(settings, "i"), "bootstrap.servers": "",
+                         "test.mock.num.brokers": 1, "allow.auto.create.topics": True})
+    placed: dict[bytes, int] = {}
+    for key in [f"tenant{i}".encode() for i in range(20)]:
+        producer.produce("t", key=key, value=b"v", on_delivery=lambda error, message, key=key:
+                         placed.__setitem__(key, -1 if error else message.partition()))
+    assert producer.flush(30) == 0
+    partitions = len(producer.list_topics("t", timeout=10).topics["t"].partitions)
+    assert placed == {key: java_default_partition(key, partitions) for key in placed}
+    assert len(set(placed.values())) > 1
+    assert clients.producer_config(config(producer={"partitioner": "consistent_random"}),
+                                   "i")["partitioner"] == "consistent_random"
 
 
 class Lookup:

@@ -390,6 +390,20 @@ def test_explain_bare_value_file(tmp_path: Path) -> None:
     assert "record    topic orders.OrderPaid, partition " in output
 
 
+def test_explain_with_a_relay_only_config_routes_the_event(tmp_path: Path) -> None:
+    # QA, session 26: a config with no source topic (the relay's) ended in a traceback.
+    config = tmp_path / "relay.yaml"
+    config.write_text("source: {group_id: shop}\nroutes: [{topic: 'outbox.event.{type}'}]\n"
+                      "relay: {table: public.outbox}\n", "utf-8")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), "--explain",
+                                       str(FIXTURES / "create_jsonb.noschema.json"), "-o", "json"])
+    # exit 1: the destination is not declared, so the event would be dead-lettered
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    [explained] = json.loads(result.output)["events"]
+    assert explained["event"]["type"] == "OrderPaid"
+    assert explained["route"]["topic"] == "outbox.event.{type}"
+
+
 def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missing(
         tmp_path: Path) -> None:
     # The default route renders outbox.event.Invoice, which the example config does not

@@ -109,6 +109,28 @@ def test_environment_overrides(tmp_path: Path) -> None:
     assert config.kafka.config == {"linger.ms": "7"}
 
 
+def test_environment_text_that_starts_like_json_is_text_where_a_field_takes_text(
+        tmp_path: Path) -> None:
+    # QA, session 26: an EventRouter-style template, a glob and a generated password were
+    # "invalid JSON", and the refusal printed the password.
+    text = MINIMAL.replace("routes:\n", "routes:\n  - {match: {type: X}, topic: t}\n")
+    config = loaded(write(tmp_path, text), {
+        "CDC_ROUTER__ROUTES__1__TOPIC": "{aggregate_type}.events",
+        "CDC_ROUTER__ROUTES__0__MATCH__AGGREGATE_TYPE": "[OP]rder*",
+        "CDC_ROUTER__ROUTES__0__MATCH__TYPE": '["A", "B"]',
+        "CDC_ROUTER__KAFKA__SASL_PASSWORD": "[s3cr3t",
+        "CDC_ROUTER__NATS__USER": "router",
+        "CDC_ROUTER__NATS__PASSWORD": '{"not": "json to a password"}',
+    })
+    assert config.routes[1].topic == "{aggregate_type}.events"
+    assert config.routes[0].match is not None
+    assert (config.routes[0].match.aggregate_type, config.routes[0].match.type) == (
+        "[OP]rder*", ["A", "B"])
+    assert config.kafka.librdkafka()["sasl.password"] == "[s3cr3t"
+    assert config.nats.password is not None
+    assert config.nats.password.get_secret_value() == '{"not": "json to a password"}'
+
+
 @pytest.mark.parametrize(("env", "expected"), [
     ({"CDC_ROUTER__DELIVERY__GUARANTEE": "at_most_once"},
      "via environment variable CDC_ROUTER__DELIVERY__GUARANTEE: field 'delivery.guarantee': "
@@ -131,6 +153,11 @@ def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str
 
 
 @pytest.mark.parametrize(("text", "expected"), [
+    # QA, session 26: an empty list matched every event, a catch-all before the others.
+    (MINIMAL.replace("  - topic:", "  - match: {type: []}\n    topic:"),
+     "field 'routes[0].match.type': an empty list of patterns matches no event"),
+    (MINIMAL.replace("  - topic:", "  - match: {header: {tenant: []}}\n    topic:"),
+     "field 'routes[0].match.header': an empty list of patterns matches no event"),
     (MINIMAL + "delivery: {guarantee: exactly-once}\n",
      "field 'delivery.guarantee': Input should be 'exactly_once' or 'at_least_once' "
      "(got 'exactly-once')"),
