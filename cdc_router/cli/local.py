@@ -111,9 +111,13 @@ def logs(home: Path, part: str, lines: int, follow: bool) -> None:
 @cli.command()
 @home_option
 def env(home: Path) -> None:
-    """Print `export` lines naming the stack's addresses, for scripts and tests."""
+    """Print `export` lines naming the stack's addresses, for scripts and tests: the options'
+    variables (status, connectors, outbox) and the router.yaml overrides of kafka and nats
+    (run, relay, topics, dlq, rules, streams), so that every command talks to this stack."""
     config = _saved_or_default(home)
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
     click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")
+    click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
+    click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")

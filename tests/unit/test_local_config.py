@@ -149,3 +149,27 @@ def test_local_env_prints_the_nats_url(tmp_path):
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.output
+
+
+def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
+    # QA, session 26: `topics apply`, `run`, `dlq` and `streams apply` read Kafka and NATS
+    # from router.yaml, not from CDC_ROUTER_BOOTSTRAP_SERVERS: after eval "$(local env)" of a
+    # stack on other ports they still talked to the default ports' cluster.
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+    from cdc_router.config.load import load_config
+
+    (tmp_path / "stack").mkdir()
+    stack_config.save(stack_config.StackConfig(home=tmp_path / "stack", jar_cache=tmp_path,
+                                               kafka_port=49092,
+                                               nats_port=44222))
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "stack")])
+    assert result.exit_code == 0, result.output
+    exported = dict(line.removeprefix("export ").split("=", 1)
+                    for line in result.output.splitlines())
+    router = tmp_path / "router.yaml"
+    router.write_text("source: {topics: [raw]}\nroutes: [{topic: t}]\n", "utf-8")
+    config = load_config(router, env=exported).config
+    assert config.kafka.bootstrap_servers == "127.0.0.1:49092"
+    assert config.nats is not None and config.nats.url == "nats://127.0.0.1:44222"
