@@ -113,6 +113,29 @@ def test_a_raising_effect_releases_its_claim_so_the_retry_runs_at_once(
     assert store.run_once(KEY, lambda _c: None) is Outcome.DONE
 
 
+def test_a_done_mark_redis_refuses_is_written_by_the_retry_without_a_second_effect(
+        server: RedisServer, tmp_path: Path) -> None:
+    # Review, session 26: Redis refused the done mark once (here NOREPLICAS, as in a failover);
+    # the retry found its own claim BUSY until the lease ended, then ran the effect again.
+    store = RedisDedupStore(server.client(), lease_ms=200, ttl_ms=60_000)
+    operator = server.client()
+    effects = EffectLog(tmp_path / "effects")
+
+    def effect_then_refusal(client: object) -> None:
+        effects.effect(client)
+        operator.config_set("min-replicas-to-write", 1)  # writes refused from now on
+
+    with pytest.raises(DedupStoreError, match=r"done mark failed.*without running it again"):
+        store.run_once(KEY, effect_then_refusal)
+    with pytest.raises(DedupStoreError):  # still refused: still no second effect
+        store.run_once(KEY, effects.effect)
+    time.sleep(0.4)  # the claim's lease is over
+    operator.config_set("min-replicas-to-write", 0)
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert store.run_once(KEY, effects.effect) is Outcome.DUPLICATE
+    assert effects.runs == 1 and store.state(KEY) == "done"
+
+
 def test_a_release_never_deletes_another_workers_claim(server: RedisServer) -> None:
     client = server.client()
     store = RedisDedupStore(client, lease_ms=600_000)

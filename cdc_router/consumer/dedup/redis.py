@@ -12,9 +12,13 @@ What this store promises: a crash between claim and effect loses nothing (the cl
 after the lease and the redelivered record is processed then), and a done mark within its TTL
 makes redeliveries duplicates.
 
+A done mark Redis refuses (a failover, a timeout) is remembered: the consumer's retry of the
+same event in this process writes the mark without running the effect again.
+
 What it cannot promise (each shown by tests/integration/test_redis_store.py):
 - Effects outside Redis are not atomic with the done mark: a crash after the effect and
-  before the done mark runs the effect again after the lease. Use the Postgres store when
+  before the done mark (or a retry in another process, after a rebalance) runs the effect
+  again after the lease. Use the Postgres store when
   the effect is a database write, or make the effect itself idempotent.
 - A lease that expires while the handler still runs lets a second worker claim the event
   and run it concurrently. Choose lease_ms well above the slowest handler; an expiry is
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 
 import redis
@@ -40,6 +45,9 @@ log = logging.getLogger(__name__)
 
 DONE = b"done"
 CLAIM_PREFIX = b"processing:"
+# Events whose effect ran but whose done mark Redis refused, remembered for the retry; the
+# oldest are forgotten beyond this (a retry comes within seconds, not thousands of events).
+MAX_UNMARKED = 10_000
 
 # Deletes the key only while it still holds our claim token: a claim that expired and was
 # taken by another worker must not be released by us.
@@ -76,6 +84,7 @@ class RedisDedupStore:
         self.ttl_ms = ttl_ms
         self._prefix = key_prefix
         self._release = client.register_script(_RELEASE_SCRIPT)
+        self._unmarked: OrderedDict[str, bytes] = OrderedDict()  # key -> our claim token
 
     def key(self, key: DedupKey) -> str:
         """The Redis key that holds `key`'s claim or done mark."""
@@ -84,6 +93,9 @@ class RedisDedupStore:
     def run_once(self, key: DedupKey, effect: Callable[[redis.Redis], None]) -> Outcome:
         """Claim, run `effect(client)`, mark done; see the module doc for what it promises."""
         name = self.key(key)
+        unmarked = self._unmarked.get(name)
+        if unmarked is not None:  # the effect ran already: only its mark is missing
+            return self._mark_done(key, name, unmarked)
         token = CLAIM_PREFIX + uuid.uuid4().hex.encode()
         try:
             claimed = self._client.set(name, token, nx=True, px=self.lease_ms)
@@ -100,13 +112,24 @@ class RedisDedupStore:
         except BaseException:
             self._release_claim(name, token)
             raise
+        return self._mark_done(key, name, token)
+
+    def _mark_done(self, key: DedupKey, name: str, token: bytes) -> Outcome:
+        """Mark `name` done over our claim `token`; DedupStoreError, and `name` remembered as
+        unmarked for the retry, when Redis refuses."""
         try:
-            previous = self._client.set(name, DONE, px=self.ttl_ms, get=True)
+            previous = _as_bytes(self._client.set(name, DONE, px=self.ttl_ms, get=True))
         except redis.RedisError as error:
-            # The effect ran but is not marked: after the lease it runs again (documented).
+            self._unmarked[name] = token
+            self._unmarked.move_to_end(name)
+            while len(self._unmarked) > MAX_UNMARKED:
+                self._unmarked.popitem(last=False)
             raise DedupStoreError(f"effect of event {key.event_id} ran but its done mark "
-                                  f"failed: {error}") from error
-        if _as_bytes(previous) != token:
+                                  f"failed: {error}; the retry marks it without running it "
+                                  "again") from error
+        self._unmarked.pop(name, None)
+        # DONE: an earlier try that failed in the client (a timeout) had written it after all.
+        if previous not in (token, DONE):
             log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r", name,
                         self.lease_ms, previous)
         return Outcome.DONE
