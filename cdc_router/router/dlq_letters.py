@@ -147,11 +147,14 @@ Step = Callable[[str, bytes | None, bytes | None], StepResult]
 
 
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
-                delivered: Iterable[str]) -> list[Planned]:
+                delivered: Iterable[str], ours: Callable[[str], bool] = lambda topic: True
+                ) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id delivered in this replay is pending in `seen`, so a second letter of it is
-    `repeated`, not delivered twice.
+    `repeated`, not delivered twice. `ours(source topic)` tells this pipeline's letters from
+    those of another that shares the dead-letter topic (its default name is the same for all):
+    those are not replayed with this pipeline's routes.
     """
     before = set(delivered)
     planned = []
@@ -159,6 +162,11 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         if not letter.from_router:
             planned.append(Planned(letter, "not_replayable",
                                    note="not a router dead letter (no dlq.stage of the router)"))
+            continue
+        if not ours(letter.source_topic):
+            planned.append(Planned(letter, "not_replayable", note=(
+                f"another pipeline's: its source {letter.source_topic!r} is none of this "
+                "config's source.topics (nor its relay.table)")))
             continue
         if letter.value_dropped:
             planned.append(Planned(letter, "not_replayable", note=(

@@ -33,11 +33,13 @@ from confluent_kafka import Producer
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.postgres import split_table
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.dlq_letters import (
@@ -90,6 +92,16 @@ def _check(config: RouterConfig) -> None:
                           "delivered", field="delivery.guarantee / dedup.enabled")
 
 
+def sources_of(config: RouterConfig) -> Callable[[str], bool]:
+    """Whether a letter's dlq.source.topic is this config's: one of source.topics (a `^regex`
+    one by its pattern), or the relay's table."""
+    names = {topic for topic in config.source.topics if not topic.startswith("^")}
+    patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
+    if config.relay is not None:
+        names.add(".".join(split_table(config.relay.table, "relay.table")))
+    return lambda topic: topic in names or any(pattern.search(topic) for pattern in patterns)
+
+
 class DeadLetterReplay:
     """Plans, then applies, one replay; see the module doc. Clients are built lazily."""
 
@@ -138,7 +150,8 @@ class DeadLetterReplay:
         delivered = delivered_ids(marks, letters, group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
-        planned = plan_replay(selected, self._step, self._filter, delivered)
+        planned = plan_replay(selected, self._step, self._filter, delivered,
+                              ours=sources_of(self._config))
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:

@@ -16,6 +16,7 @@ from cdc_router.router.dlq_letters import (
     plan_replay,
     read_letter,
 )
+from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (
     BATCH_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,
@@ -31,10 +32,10 @@ DLQ = "cdc-router.dlq"
 
 def letter(event_id: str | None, *, offset: int = 0, aggregate_type: str = "Customer",
            stage: str = "route", timestamp_ms: int = 1_000, max_bytes: int | None = None,
-           extra: list[tuple[str, bytes]] | None = None) -> Letter:
+           extra: list[tuple[str, bytes]] | None = None, topic: str = RAW) -> Letter:
     """The router's dead letter of a raw event, as the replay reads it back."""
     value = raw_event(event_id or "no-id", aggregate_type=aggregate_type)
-    made = dead_letter(topic=RAW, partition=0, offset=40 + offset, key=b'{"id":"k"}',
+    made = dead_letter(topic=topic, partition=0, offset=40 + offset, key=b'{"id":"k"}',
                        value=value, original_headers=[("h", b"1")], stage=stage,  # type: ignore[arg-type]
                        error=RouteError("no route matches"), event_id=event_id,
                        max_bytes=max_bytes)
@@ -131,6 +132,21 @@ def test_the_plan_delivers_once_skips_delivered_and_dead_letters_what_still_fail
     assert isinstance(first, Routed) and first.record.topic == "customers"
     assert "no route matches aggregate_type 'Bad'" in planned[3].note
     assert f"the raw record is at {RAW}[0]@44" in planned[4].note
+
+
+def test_another_pipelines_letters_on_a_shared_dead_letter_topic_are_not_replayed() -> None:
+    # Review, session 26: the dead-letter topic's default name is the same for every pipeline.
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW, "^billing\\..*"]}, "routes": [{"topic": "customers"}],
+        "relay": {"table": "shop.outbox"}})
+    ours = sources_of(config)
+    assert [ours(topic) for topic in (RAW, "billing.public.outbox", "shop.outbox",
+                                      "other.public.outbox")] == [True, True, True, False]
+    routed_step, seen = step()
+    planned = plan_replay([letter("mine"), letter("theirs", topic="other.public.outbox")],
+                          routed_step, seen, set(), ours)
+    assert [item.action for item in planned] == ["deliver", "not_replayable"]
+    assert "another pipeline's: its source 'other.public.outbox'" in planned[1].note
 
 
 def test_a_letter_dead_lettered_again_keeps_its_source_and_names_the_earlier_one() -> None:
