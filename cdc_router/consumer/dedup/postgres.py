@@ -137,8 +137,11 @@ class PostgresDedupStore:
                 _check_committable(conn, key)
             return Outcome.DONE
         except psycopg.Error as error:
+            # A connection lost under the effect (a failover, pg_terminate_backend) is the
+            # database's outage, retried without limit, not the handler's failure.
+            lost = conn.broken
             self._forget_broken()
-            if in_effect:
+            if in_effect and not lost:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
                                   f"{one_line(error)}") from error
