@@ -40,7 +40,13 @@ from cdc_router.errors import (
     MalformedRecord,
     RegistryError,
 )
-from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.errors import (
+    REFUSED_CREDENTIALS,
+    ErrorAction,
+    classify,
+    describe,
+    kafka_error_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -296,8 +302,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
 
     def _consumer_error(self, error: Any) -> None:
         # The router's one classifier: fenced (another member with our group.instance.id)
-        # stops us too, although librdkafka does not flag it fatal.
-        if classify(error) is ErrorAction.FATAL:
+        # stops us too, although librdkafka does not flag it fatal; so do credentials that
+        # may not read the topics.
+        if classify(error) is ErrorAction.FATAL or error.code() in REFUSED_CREDENTIALS:
             raise FatalKafkaError(f"Kafka consumer failed fatally: {describe(error)}")
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())

@@ -32,6 +32,14 @@ _FENCED = frozenset({
 })
 
 
+# A consumer's errors that say the credentials cannot read what the process must (its source
+# topics): the operator's to fix, so the process stops with the reason, never polls on.
+REFUSED_CREDENTIALS = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._AUTHENTICATION,
+})
+
+
 # Delivery errors that no retry can fix: the broker refuses the record itself, for something in
 # it (size, timestamp, format) or about its one topic (policy, ACL, deleted under us). A refusal
 # hits a whole produce request (measured: one INVALID_TIMESTAMP fails all 11 records of its

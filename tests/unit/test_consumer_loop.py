@@ -296,6 +296,15 @@ def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
     assert h.kafka.closed
 
 
+def test_a_topic_the_credentials_may_not_read_stops_the_loop_with_the_reason() -> None:
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                             "Broker: Topic authorization failed"))
+    with pytest.raises(FatalKafkaError, match="TOPIC_AUTHORIZATION_FAILED"):
+        h.run()
+    assert h.kafka.closed
+
+
 def test_a_fenced_static_member_stops_the_loop_although_librdkafka_calls_it_not_fatal() -> None:
     # Classified by cdc_router.kafka.errors like the router's errors: another instance with
     # our group.instance.id took over, and carrying on would process its records twice.

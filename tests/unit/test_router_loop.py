@@ -373,6 +373,19 @@ def test_a_consumer_fenced_for_good_exits_for_a_restart_instead_of_polling_on() 
     assert raised.value.exit_code == EXIT_RESTART
 
 
+def test_a_source_topic_the_credentials_may_not_read_stops_the_router_with_the_reason() -> None:
+    # Review, session 26: TOPIC_AUTHORIZATION_FAILED arrived as a message error, and the
+    # router logged a warning for each poll, for ever.
+    def refused(consumer: FakeConsumer) -> None:
+        consumer.events.append(Message(topic=RAW, partition=0, error=KafkaError(
+            KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed")))
+
+    harness = Harness(cluster_with(*events(5)), hooks=[refused])
+    with pytest.raises(FatalKafkaError, match="TOPIC_AUTHORIZATION_FAILED") as raised:
+        harness.run()
+    assert raised.value.exit_code == 1
+
+
 class _FlakyChangelog(FakeChangelog):
     error: Exception = KafkaException(KafkaError(KafkaError._TIMED_OUT, "ListOffsets timed out"))
 
