@@ -18,7 +18,9 @@ class DeliverySettings(_Model):
     guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
     commit_interval_ms: PositiveInt = 100
     commit_max_records: PositiveInt = 1000
-    transactional_id: str = Field(default="cdc-router", min_length=1)
+    # The transactional ids' prefix, `<prefix>-<instance id>`; by default source.group_id, so
+    # that two pipelines on one host (both --instance-id the host name) never fence each other.
+    transactional_id: str | None = Field(default=None, min_length=1)
     max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
     # The producer's transaction.timeout.ms: how long a crashed instance's open transaction
     # blocks read_committed readers (when no restart of the same instance fences it first), and

@@ -61,7 +61,8 @@ def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
                                 **common_config(config), **config.kafka.producer,
                                 "enable.idempotence": True, "acks": "all", **_NO_AUTO_CREATE}
     if config.delivery.guarantee == "exactly_once":
-        produced["transactional.id"] = f"{config.delivery.transactional_id}-{instance_id}"
+        prefix = config.delivery.transactional_id or config.source.group_id
+        produced["transactional.id"] = f"{prefix}-{instance_id}"
         produced["transaction.timeout.ms"] = config.delivery.transaction_timeout_ms
     return produced
 

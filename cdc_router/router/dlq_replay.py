@@ -1,8 +1,9 @@
 """`cdc-router dlq replay`: dead letters back through the routing step, exactly once.
 
 The procedure:
-1. Register the transactional id `<delivery.transactional_id>-dlq-replay` (init_transactions):
-   a replay still running elsewhere is fenced, and its open transaction ends first.
+1. Register the transactional id `<prefix>-dlq-replay` (init_transactions; the prefix is
+   delivery.transactional_id, by default source.group_id): a replay still running elsewhere
+   is fenced, and its open transaction ends first.
 2. Read the dedup changelog to its log end (open transactions waited for) and the whole
    dead-letter topic to its last stable offset, from the beginning, with the consumer group
    `<source.group_id>.dlq-replay` (its partitions are assigned, the group is never joined).

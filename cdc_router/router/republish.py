@@ -4,10 +4,11 @@ Why through the raw topic and not straight to the destinations: the running rout
 only one that delivers, and its replay filter (restored from the dedup changelog) is the one
 place that decides what was delivered; a republish racing the router on the same ids cannot
 deliver one twice. The change events (cdc_router/outbox/republish.py) are produced in the
-router's Transaction, under the transactional id `<delivery.transactional_id>-outbox-republish`,
-by delivery.commit_max_records / commit_interval_ms, so the router (read_committed) sees whole
-batches. Each lands on the raw partition Kafka Connect's producer gives Debezium's record of
-the same row (murmur2 of the key), so one router instance sees both.
+router's Transaction, under the transactional id `<prefix>-outbox-republish` (the prefix is
+delivery.transactional_id, by default source.group_id), by delivery.commit_max_records /
+commit_interval_ms, so the router (read_committed) sees whole batches. Each lands on the raw
+partition Kafka Connect's producer gives Debezium's record of the same row (murmur2 of the
+key), so one router instance sees both.
 """
 
 from __future__ import annotations

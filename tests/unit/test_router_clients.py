@@ -42,6 +42,12 @@ def test_transactional_settings_come_from_delivery() -> None:
     produced = clients.producer_config(settings, "i-1")
     assert produced["transaction.timeout.ms"] == 90_000
     assert produced["transactional.id"] == "cdc-router-i-1"
+    # QA, session 26: two pipelines on one host (--instance-id the host name by default)
+    # shared `cdc-router-<host>` and fenced each other; the prefix is the group's by default.
+    groups = [RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": group},
+                                           "routes": [{"topic": "t"}]}) for group in "ab"]
+    assert [clients.producer_config(c, "host")["transactional.id"] for c in groups] == [
+        "a-host", "b-host"]
     timeouts = clients.Timeouts(90_000)
     assert (timeouts.call_s, timeouts.init_s, timeouts.stable_offsets_s) == (90, 90, 180)
 
