@@ -18,6 +18,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
+from cdc_router.nats.connection import shown_url
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
@@ -228,8 +229,8 @@ def _summary(path: Path, config: RouterConfig) -> str:
     if config.nats is not None:
         streams = ", ".join(f"{stream.name} ({' '.join(stream.subjects)})"
                             for stream in config.nats.streams)
-        lines.append(f"nats       {config.nats.url}; streams {streams or 'none'} (created by "
-                     "`cdc-router streams apply`)")
+        lines.append(f"nats       {shown_url(config.nats.url)}; streams {streams or 'none'} "
+                     "(created by `cdc-router streams apply`)")
     return "\n".join(lines)
 
 

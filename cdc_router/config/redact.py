@@ -21,7 +21,7 @@ MASK = "*****"
 # Words that name a credential in Kafka, librdkafka, Connect, Debezium and schema-registry keys.
 _SECRET_KEY = re.compile(
     r"password|passwd|passphrase|secret|token|credential|user[._-]?info|jaas[._-]?config"
-    r"|keystore[._-]?key|private[._-]?key|api[._-]?key|(?:^|[._-])dsn$",
+    r"|keystore[._-]?key|private[._-]?key|api[._-]?key|key[._-]?pem|(?:^|[._-])dsn$",
     re.IGNORECASE)
 # Keys holding one of those words that say where or how to get a secret, not the secret:
 # `basic.auth.credentials.source`, `sasl.oauthbearer.token.endpoint.url`, `*.location`, ...

@@ -55,7 +55,13 @@ from cdc_router.errors import (
     MalformedRecord,
     RegistryError,
 )
-from cdc_router.nats.connection import RECENT_ERRORS, config_failure, error_text, require_tls
+from cdc_router.nats.connection import (
+    RECENT_ERRORS,
+    config_failure,
+    error_text,
+    require_tls,
+    shown_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +171,12 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                                              ) from None
             reason = error_text(last[-1] if last else error)
             raise JetStreamConsumerError(
-                f"cannot connect to NATS at {url}: {reason}; is nats-server running there, "
-                "and are the URL's credentials right?") from None
+                f"cannot connect to NATS at {shown_url(url)}: {reason}; is nats-server running "
+                "there, and are the URL's credentials right?") from None
 
     async def _disconnected(self) -> None:
         if not (self._stop.is_set() or self._closing):
-            log.warning("event=nats_disconnected url=%s", self.settings.url)
+            log.warning("event=nats_disconnected url=%s", shown_url(self.settings.url))
 
     # The loop ---------------------------------------------------------------------------------
 
@@ -187,7 +193,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except NatsError as error:
             if client.is_closed:
                 raise JetStreamConsumerError(
-                    f"the connection to NATS at {self.settings.url} closed: "
+                    f"the connection to NATS at {shown_url(self.settings.url)} closed: "
                     f"{error_text(error)}") from None
             # Reconnecting, or the server is busy: fetch again after a pause.
             log.warning("event=fetch_failed stream=%s durable=%s error=%s",

@@ -13,7 +13,7 @@ from typing import Any
 
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.errors import JetStreamConsumerError
-from cdc_router.nats.connection import error_text
+from cdc_router.nats.connection import error_text, shown_url
 
 log = logging.getLogger("cdc_router.consumer.jetstream")
 
@@ -25,7 +25,7 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str]:
     from nats.js.api import AckPolicy, ConsumerConfig
     from nats.js.errors import NotFoundError
 
-    where = f"NATS at {settings.url}"
+    where = f"NATS at {shown_url(settings.url)}"
     try:
         try:
             await js.stream_info(settings.stream)
@@ -92,7 +92,7 @@ async def _dead_letter_stream_name(js: Any, settings: JetStreamSettings) -> str:
         # A plain NATS publish would be lost when nobody listens: poison must be stored.
         raise JetStreamConsumerError(
             f"dead-letter subject {subject!r} is in no JetStream stream at NATS "
-            f"{settings.url}: add it to a stream (nats.streams in router.yaml, then "
+            f"{shown_url(settings.url)}: add it to a stream (nats.streams in router.yaml, then "
             "cdc-router streams apply), or poison messages would be lost") from None
     if name == settings.stream and (not settings.filter_subjects or settings.consumes(subject)):
         raise JetStreamConsumerError(

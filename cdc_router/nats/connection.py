@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cdc_router.config.nats import NatsSettings
+from cdc_router.config.redact import MASK
 from cdc_router.errors import ConfigError
 
 # How many of the errors nats-py reports while connecting a caller keeps for config_failure: a
@@ -94,14 +96,28 @@ async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> No
     for server in _servers(url):
         info = await _server_info(server, timeout_s)
         if info is not None and not info.get("tls_required"):
-            raise ConfigError(f"the NATS server at {server} does not require TLS, so nats-py "
-                              "would send our credentials in clear text", field="nats.tls",
+            raise ConfigError(f"the NATS server at {shown_url(server)} does not require TLS, "
+                              "so nats-py would send our credentials in clear text",
+                              field="nats.tls",
                               hint="point nats.url at the server's TLS listener, or remove "
                                    "nats.tls")
 
 
 def _servers(url: str) -> list[str]:
     return [server.strip() for server in url.split(",") if server.strip()]
+
+
+# The user info of a server URL: `user:password@` or a token, `token@`.
+_USER_INFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>[^@/]*)@")
+
+
+def shown_url(url: str) -> str:
+    """`url` fit for a log or an error line: each server's password or token masked."""
+    def masked(match: re.Match[str]) -> str:
+        user, colon, _ = match["info"].partition(":")
+        return f"{match['scheme'] or ''}{user + ':' if colon else ''}{MASK}@"
+
+    return ",".join(_USER_INFO.sub(masked, server) for server in _servers(url))
 
 
 async def _server_info(server: str, timeout_s: float) -> dict[str, Any] | None:
@@ -141,12 +157,13 @@ def config_failure(url: str, errors: Sequence[BaseException | None]) -> ConfigEr
         if error is None:
             continue
         if credentials_refused(error):
-            return ConfigError(f"NATS at {url} refused our credentials ({str(error).strip()})",
+            return ConfigError(f"NATS at {shown_url(url)} refused our credentials "
+                               f"({str(error).strip()})",
                                field=CREDENTIAL_FIELDS,
                                hint="check them against the server's authorization (or the "
                                     "account of the .creds file); an outage would not say this")
         if isinstance(error, ssl.SSLError):
-            return ConfigError(f"the TLS handshake with NATS at {url} failed: {error}",
+            return ConfigError(f"the TLS handshake with NATS at {shown_url(url)} failed: {error}",
                                field="nats.tls.ca_file / nats.tls.hostname",
                                hint="give the CA that signed the server's certificate, and the "
                                     "name the certificate holds when the URL's differs")

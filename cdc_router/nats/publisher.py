@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import RECENT_ERRORS, config_failure, error_text, require_tls
+from cdc_router.nats.connection import (
+    RECENT_ERRORS,
+    config_failure,
+    error_text,
+    require_tls,
+    shown_url,
+)
 
 log = logging.getLogger("cdc_router.nats")
 T = TypeVar("T")
@@ -103,8 +109,8 @@ class JetStreamPublisher:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             future.cancel()
-            raise JetStreamError(f"NATS at {self._url} did not answer within {timeout_s:.0f}s"
-                                 ) from None
+            raise JetStreamError(f"NATS at {shown_url(self._url)} did not answer within "
+                                 f"{timeout_s:.0f}s") from None
 
     def _started(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -138,15 +144,15 @@ class JetStreamPublisher:
             except (NatsError, OSError, TimeoutError) as error:
                 self._client = None
                 self._stop_on_config_failure(error)
-                raise JetStreamError(f"cannot connect to NATS at {self._url}: "
+                raise JetStreamError(f"cannot connect to NATS at {shown_url(self._url)}: "
                                      f"{error_text(error)}; is nats-server running?") from None
             self._errors.clear()
             self._js = self._client.jetstream(timeout=self._ack_timeout_s)
-            log.info("event=nats_connected url=%s", self._url)
+            log.info("event=nats_connected url=%s", shown_url(self._url))
         # Reconnecting: publishes would wait in the client's buffer; fail the batch now.
         if not self._client.is_connected:
             self._stop_on_config_failure(None)
-            raise JetStreamError(f"NATS at {self._url} is not connected (reconnecting)")
+            raise JetStreamError(f"NATS at {shown_url(self._url)} is not connected (reconnecting)")
         return self._js
 
     async def _publish_all(self, messages: Sequence[NatsMessage]) -> BatchAcks:
@@ -190,7 +196,7 @@ class JetStreamPublisher:
 
     async def _disconnected(self) -> None:
         if not self._closing:
-            log.warning("event=nats_disconnected url=%s", self._url)
+            log.warning("event=nats_disconnected url=%s", shown_url(self._url))
 
     async def _disconnect(self) -> None:
         self._closing = True

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import StreamSpec
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import config_failure, require_tls
+from cdc_router.nats.connection import config_failure, require_tls, shown_url
 
 StreamAction = Literal["create", "update", "unchanged"]
 # One JetStream API call: stream creation on a loaded server takes a second at most.
@@ -94,12 +94,12 @@ class StreamAdmin:
             failure = config_failure(self._url, [error])
             if failure is not None:
                 raise failure from None
-            raise JetStreamError(f"cannot connect to NATS at {self._url} "
+            raise JetStreamError(f"cannot connect to NATS at {shown_url(self._url)} "
                                  f"({type(error).__name__}); is nats-server running?") from None
         try:
             return await work(client.jetstream(timeout=_API_TIMEOUT_S), argument)
         except NatsError as error:
-            raise JetStreamError(f"JetStream at {self._url} refused: {error}") from None
+            raise JetStreamError(f"JetStream at {shown_url(self._url)} refused: {error}") from None
         finally:
             await client.close()
 

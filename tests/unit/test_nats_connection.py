@@ -19,6 +19,7 @@ from cdc_router.nats.connection import (
     connect_options,
     credentials_refused,
     require_tls,
+    shown_url,
 )
 
 
@@ -141,3 +142,9 @@ def test_with_tls_configured_a_server_that_does_not_require_it_is_refused(info: 
 
 def test_without_tls_nothing_is_probed() -> None:
     asyncio.run(require_tls("nats://127.0.0.1:1", {}, 0.1))
+
+
+def test_a_url_in_a_log_or_error_line_shows_no_password_nor_token() -> None:
+    # QA, session 26: nats-py takes credentials from the URL; the router logged them.
+    assert shown_url("nats://u:s3cret@h:4222,tls://t0ken@h2:4223,h3") == \
+        "nats://u:*****@h:4222,tls://*****@h2:4223,h3"

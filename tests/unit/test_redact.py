@@ -17,7 +17,8 @@ PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgE
        "-----END PRIVATE KEY-----")
 # Every plain secret below; none of them may appear in any output.
 SECRETS = ("sr-user:sr-Pa55", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
-           "k3y-pa55", "jaas-Pa55", "db-Pa55", "tok-3n", "cl13nt-s3cret")
+           "k3y-pa55", "jaas-Pa55", "db-Pa55", "tok-3n", "cl13nt-s3cret", "n4ts-Pa55",
+           "PEM-K3Y-BODY")
 # A Connect connector as users write them: secrets inline, and one through a config provider.
 CONNECTOR = {
     "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -51,7 +52,7 @@ def assert_no_secret(text: str) -> None:
     "basic.auth.user.info", "value.converter.basic.auth.user.info", "sasl.jaas.config",
     "sasl.oauthbearer.client.secret", "client_secret", "access.token", "aws.credentials",
     "private.key", "private.key.passphrase", "api.key", "sasl_password", "dsn", "cleanup.dsn",
-    "basic_auth_user_info",
+    "basic_auth_user_info", "ssl.key.pem",
 ])
 def test_credential_keys_are_secret(key: str) -> None:
     assert is_secret_key(key)
@@ -180,6 +181,7 @@ kafka:
     ssl.key.password: k3y-pa55
     sasl.oauthbearer.client.secret: cl13nt-s3cret
     ssl.keystore.location: /etc/kafka/app.p12
+    ssl.key.pem: PEM-K3Y-BODY
   producer:
     sasl.jaas.config: 'PlainLoginModule required password="jaas-Pa55";'
   consumer:
@@ -193,6 +195,7 @@ schema_registry:
       MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7
       -----END PRIVATE KEY-----
 cleanup: {mode: delete, dsn: 'postgresql://u:db-Pa55@h/db'}
+nats: {url: 'nats://nuser:n4ts-Pa55@127.0.0.1:4222'}
 """
 
 
@@ -209,7 +212,8 @@ def test_rules_check_masks_every_secret(tmp_path: Path, output: str) -> None:
         config = json.loads(result.stdout)["config"]
         assert config["kafka"]["config"] == {"ssl.key.password": MASK,
                                              "sasl.oauthbearer.client.secret": MASK,
-                                             "ssl.keystore.location": "/etc/kafka/app.p12"}
+                                             "ssl.keystore.location": "/etc/kafka/app.p12",
+                                             "ssl.key.pem": MASK}
         assert config["kafka"]["producer"]["sasl.jaas.config"] == MASK
         assert config["kafka"]["sasl_username"] == "app"
         assert config["schema_registry"]["config"]["ssl.keystore.key"] == MASK
