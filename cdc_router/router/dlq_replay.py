@@ -148,11 +148,14 @@ class DeadLetterReplay:
                 raise DeliveryError(str(failure)) from failure
         marks = list(self._changelog.catch_up(timeout_s=_READ_TIMEOUT_S))
         letters, ends = self._read_letters()
-        delivered = delivered_ids(marks, letters, group=self._config.source.group_id)
+        ours = sources_of(self._config)
+        # Another pipeline's letter of an id of ours says nothing of our delivery of it.
+        delivered = delivered_ids(marks, [letter for letter in letters
+                                          if ours(letter.source_topic)],
+                                  group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
-        planned = plan_replay(selected, self._step, self._filter, delivered,
-                              ours=sources_of(self._config))
+        planned = plan_replay(selected, self._step, self._filter, delivered, ours=ours)
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:

@@ -210,15 +210,22 @@ def test_a_lost_connection_is_a_store_error_and_the_store_reconnects(
     assert store.run_once(DedupKey("g", "e2"), lambda conn: None) is Outcome.DONE
 
 
+@pytest.mark.parametrize("handler", ["lets_it_through", "catches_it", "wraps_it"])
 def test_a_connection_lost_under_the_effect_is_a_store_error_not_the_handlers_failure(
-        stack: StackEndpoints, store: PostgresDedupStore) -> None:
+        stack: StackEndpoints, store: PostgresDedupStore, handler: str) -> None:
     # Review, session 26: the OperationalError of a connection terminated while the effect
-    # ran was re-raised as the handler's own failure, which counts toward retry.max_attempts
-    # and dead-letters a good event after a failover.
+    # ran was the handler's own failure, which counts toward retry.max_attempts and
+    # dead-letters a good event after a failover; whatever the handler does with it.
     def effect_on_a_dying_connection(conn: psycopg.Connection[Any]) -> None:
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-        conn.execute("SELECT 1")  # the effect's own statement meets the lost connection
+        try:
+            conn.execute("SELECT 1")  # the effect's own statement meets the lost connection
+        except psycopg.OperationalError as error:
+            if handler == "wraps_it":
+                raise RuntimeError("could not record the shipment") from error
+            if handler == "lets_it_through":
+                raise
 
     with pytest.raises(DedupStoreError, match="dedup transaction failed for event e3"):
         store.run_once(DedupKey("g", "e3"), effect_on_a_dying_connection)

@@ -3,6 +3,7 @@ commits nothing and the next replay delivers it, a second replay skips what the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,3 +129,20 @@ def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:
     assert [s.key for s in cluster.committed(CUSTOMERS)] == [b"e-1"]
     later = replayer(cluster)
     assert later.plan(Selection()).counts() == {"already_delivered": 1, "deliver": 1}
+
+
+def test_another_pipelines_letter_of_one_of_our_ids_does_not_make_it_undelivered() -> None:
+    # Review 2, session 26: e-0 was dead-lettered by us, then delivered (a fixed row
+    # republished); another pipeline sharing the dead-letter topic dead-lettered its own e-0.
+    # Counted with ours, its letter made our delivery look undone: replayed a second time.
+    cluster = cluster_with_letters("Customer")
+    mark = changelog_records(["e-0"], int(time.time() * 1000), BATCH_KEY_PREFIX, group="g")[0]
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)])
+    theirs = dead_letter(topic="billing.public.outbox", partition=0, offset=9, key=None,
+                         value=raw_event("e-0", aggregate_type="Customer"),
+                         original_headers=[], stage="route", error=RouteError("no route"),
+                         event_id="e-0")
+    cluster.publish(DLQ, [Stored(DLQ, 0, theirs.key, theirs.value, list(theirs.headers),
+                                 None)])
+    plan = replayer(cluster).plan(Selection())
+    assert [item.action for item in plan.planned] == ["already_delivered", "not_replayable"]

@@ -45,6 +45,9 @@ def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupK
     raise, so without this check the record would be acknowledged with neither its effect
     nor its dedup row.
     """
+    if conn.broken:  # the effect caught the error of a lost connection: an outage
+        raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: the "
+                              "connection to Postgres was lost while the effect ran")
     status = conn.info.transaction_status
     if status == TransactionStatus.INERROR:
         raise EffectAborted(
@@ -145,8 +148,16 @@ class PostgresDedupStore:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
                                   f"{one_line(error)}") from error
-        except BaseException:
+        except DedupStoreError:
             self._forget_broken()
+            raise
+        except BaseException as error:
+            lost = in_effect and conn.broken  # the handler wrapped a lost connection's error
+            self._forget_broken()
+            if lost and isinstance(error, Exception):
+                raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
+                                      f"the connection to Postgres was lost while the effect "
+                                      f"ran ({one_line(error)})") from error
             raise
 
     def count_stale(self, older_than: timedelta, *, consumer_group: str | None = None) -> int:

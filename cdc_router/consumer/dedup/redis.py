@@ -95,7 +95,7 @@ class RedisDedupStore:
         name = self.key(key)
         unmarked = self._unmarked.get(name)
         if unmarked is not None:  # the effect ran already: only its mark is missing
-            return self._mark_done(key, name, unmarked)
+            return self._mark_done(key, name, unmarked, retry=True)
         token = CLAIM_PREFIX + uuid.uuid4().hex.encode()
         try:
             claimed = self._client.set(name, token, nx=True, px=self.lease_ms)
@@ -112,9 +112,9 @@ class RedisDedupStore:
         except BaseException:
             self._release_claim(name, token)
             raise
-        return self._mark_done(key, name, token)
+        return self._mark_done(key, name, token, retry=False)
 
-    def _mark_done(self, key: DedupKey, name: str, token: bytes) -> Outcome:
+    def _mark_done(self, key: DedupKey, name: str, token: bytes, *, retry: bool) -> Outcome:
         """Mark `name` done over our claim `token`; DedupStoreError, and `name` remembered as
         unmarked for the retry, when Redis refuses."""
         try:
@@ -128,8 +128,9 @@ class RedisDedupStore:
                                   f"failed: {error}; the retry marks it without running it "
                                   "again") from error
         self._unmarked.pop(name, None)
-        # DONE: an earlier try that failed in the client (a timeout) had written it after all.
-        if previous not in (token, DONE):
+        # On a retry, DONE may be our own earlier try, which failed in the client (a timeout)
+        # after Redis had written it; the first time, it is another worker's: our lease is lost.
+        if previous != token and not (retry and previous == DONE):
             log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r", name,
                         self.lease_ms, previous)
         return Outcome.DONE
