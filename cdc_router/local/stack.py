@@ -10,7 +10,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -28,14 +27,13 @@ from cdc_router.local.config import (
     connect_properties,
     kafka_properties,
     log4j2_properties,
-    nats_command,
-    nats_server_conf,
     pg_hba_conf,
     postgres_conf,
     save,
     to_properties,
 )
 from cdc_router.local.jars import ensure_jars
+from cdc_router.local.nats_server import nats_healthy, start_nats
 
 Say = Callable[[str], None]
 
@@ -131,7 +129,7 @@ def _up_nats(config: StackConfig, say: Say, running: bool) -> None:
     if running:
         say("nats      already running")
     else:
-        _wait(config, "nats", _start_nats(config), _nats_healthy, say)
+        _wait(config, "nats", start_nats(config), nats_healthy, say)
 
 
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:
@@ -352,38 +350,3 @@ def _connect_healthy(config: StackConfig) -> bool:
     except (urllib.error.URLError, OSError, ValueError):
         return False
     return any(plugin.get("class") == _POSTGRES_CONNECTOR for plugin in plugins)
-
-
-# NATS ----------------------------------------------------------------------------------------
-
-def _nats_executable() -> str:
-    found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
-    if found is None:
-        raise StackError("nats-server is not installed: run `apt-get install -y nats-server` "
-                         "(or `sudo make system-deps`)")
-    return found
-
-
-def _start_nats(config: StackConfig) -> int:
-    base = config.part_dir("nats")
-    config.nats_data.mkdir(parents=True, exist_ok=True)
-    (base / "nats-server.conf").write_text(nats_server_conf(config))
-    return process.spawn(nats_command(config, _nats_executable()),
-                         log_path=config.log_path("nats"), pid_path=config.pid_path("nats"),
-                         cwd=base)
-
-
-def _nats_healthy(config: StackConfig) -> bool:
-    """The server greets with its INFO line, and JetStream is on in it."""
-    try:
-        with socket.create_connection((config.host, config.nats_port), timeout=2) as conn:
-            greeting = conn.recv(4096)
-    except OSError:
-        return False
-    if not greeting.startswith(b"INFO "):
-        return False
-    try:
-        info = json.loads(greeting[5:].split(b"\r\n")[0])
-    except ValueError:
-        return False
-    return bool(info.get("jetstream"))
