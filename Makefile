@@ -24,8 +24,8 @@ system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server (Debian 
 install: system-deps ## Install the package with its dev extra
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]'
 
-stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium)
-	$(CDC) local up
+stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium, schema registry)
+	$(CDC) local up --with registry
 
 test: stack ## Unit tests, then integration tests on the real local stack
 	$(PYTHON) -m pytest tests

@@ -1,5 +1,5 @@
 """`cdc-router local`: the stack without Docker (Postgres, Kafka, Connect + Debezium, and
-nats-server with `--with nats`)."""
+nats-server with `--with nats`, the schema registry with `--with registry`)."""
 
 from __future__ import annotations
 
@@ -43,17 +43,19 @@ def cli() -> None:
 @cli.command()
 @home_option
 @click.option("--jar-cache", type=click.Path(path_type=Path), envvar="CDC_ROUTER_JAR_CACHE",
-              help="Where the Kafka and Debezium jars are cached [env CDC_ROUTER_JAR_CACHE; "
-                   "default ~/.cache/cdc-router/jars].")
+              help="Where the Kafka, Debezium and registry jars are cached "
+                   "[env CDC_ROUTER_JAR_CACHE; default ~/.cache/cdc-router/jars].")
 @click.option("--postgres-port", type=int, help="Default 15432.")
 @click.option("--kafka-port", type=int, help="Default 19092.")
 @click.option("--kafka-controller-port", "controller_port", type=int, help="Default 19093.")
 @click.option("--connect-port", type=int, help="Default 18083.")
 @click.option("--nats-port", type=int, help="Default 14222 (with `--with nats`).")
+@click.option("--registry-port", type=int, help="Default 18081 (with `--with registry`).")
 @click.option("--connect-offset-flush-interval-ms", type=int,
               help="Connect's offset.flush.interval.ms (default 10000).")
 @click.option("--with", "with_parts", type=click.Choice(OPTIONAL_PARTS), multiple=True,
-              help="Also start an optional part: nats (nats-server with JetStream).")
+              help="Also start an optional part: nats (nats-server with JetStream), "
+                   "registry (Apicurio Registry, Confluent API at /apis/ccompat/v7).")
 def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
        **ports: int | None) -> None:
     """Start what is not running and wait until each part is healthy (idempotent)."""
@@ -63,7 +65,8 @@ def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
         changes["jar_cache"] = jar_cache.resolve()
     config = StackConfig.model_validate({**current.model_dump(), **changes})
     started = time.monotonic()
-    stack.up(config, _say, with_nats="nats" in with_parts)
+    stack.up(config, _say, with_nats="nats" in with_parts,
+             with_registry="registry" in with_parts)
     click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
 
 
@@ -119,5 +122,6 @@ def env(home: Path) -> None:
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
     click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")
+    click.echo(f"export CDC_ROUTER_REGISTRY_URL={config.registry_url}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")

@@ -10,12 +10,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdc_router.errors import ConfigError
-from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
+from cdc_router.local.versions import APICURIO_REGISTRY_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 
-Part = Literal["postgres", "kafka", "connect", "nats"]
-PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect", "nats")
+Part = Literal["postgres", "kafka", "connect", "nats", "registry"]
+PARTS: tuple[Part, ...] = ("postgres", "kafka", "connect", "nats", "registry")
 # Parts `up` starts only when asked (`local up --with nats`); the others always.
-OPTIONAL_PARTS: tuple[Part, ...] = ("nats",)
+OPTIONAL_PARTS: tuple[Part, ...] = ("nats", "registry")
 STACK_FILE_MODE = 0o600  # stack.json holds passwords
 
 # Settings the router and Connect rely on; docker/ must set the same (the drift test reads these).
@@ -56,8 +56,10 @@ class StackConfig(BaseModel):
     controller_port: int = Field(default=19093, ge=1, le=65535)
     connect_port: int = Field(default=18083, ge=1, le=65535)
     nats_port: int = Field(default=14222, ge=1, le=65535)
+    registry_port: int = Field(default=18081, ge=1, le=65535)
     kafka_heap_mb: int = Field(default=512, ge=128)
     connect_heap_mb: int = Field(default=768, ge=256)
+    registry_heap_mb: int = Field(default=256, ge=128)
     postgres_password: str = "postgres"
     # The Debezium role's password, handed to Connect's environment for `${env:...}`.
     replication_password: str = "debezium"
@@ -91,12 +93,20 @@ class StackConfig(BaseModel):
         return self.part_dir("nats") / "data"
 
     @property
+    def registry_data(self) -> Path:
+        return self.part_dir("registry") / "data"
+
+    @property
     def kafka_libs(self) -> Path:
         return self.jar_cache / f"kafka-{KAFKA_VERSION}" / "libs"
 
     @property
     def plugin_path(self) -> Path:
         return self.jar_cache / f"debezium-{DEBEZIUM_VERSION}" / "plugins"
+
+    @property
+    def registry_app(self) -> Path:
+        return self.jar_cache / f"apicurio-registry-{APICURIO_REGISTRY_VERSION}"
 
     # Addresses -----------------------------------------------------------------------------
     @property
@@ -112,6 +122,11 @@ class StackConfig(BaseModel):
         return f"nats://{self.host}:{self.nats_port}"
 
     @property
+    def registry_url(self) -> str:
+        """The registry's Confluent-compatible API (what schema_registry.url names)."""
+        return f"http://{self.host}:{self.registry_port}/apis/ccompat/v7"
+
+    @property
     def postgres_dsn(self) -> str:
         return (f"postgresql://postgres:{self.postgres_password}@{self.host}:"
                 f"{self.postgres_port}/postgres")
@@ -124,6 +139,7 @@ class StackConfig(BaseModel):
             "kafka controller": self.controller_port,
             "connect": self.connect_port,
             "nats": self.nats_port,
+            "registry": self.registry_port,
         }
 
     def check_ports_distinct(self) -> None:

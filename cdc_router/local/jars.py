@@ -4,52 +4,88 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from cdc_router.errors import StackError
 from cdc_router.local.config import StackConfig
+from cdc_router.local.versions import APICURIO_REGISTRY_VERSION
 
 _POMS = Path(__file__).parent / "maven"
 _COMPLETE = ".complete"
+_REGISTRY_ARCHIVE = (Path("io/apicurio/apicurio-registry-app") / APICURIO_REGISTRY_VERSION /
+                     f"apicurio-registry-app-{APICURIO_REGISTRY_VERSION}-all.tar.gz")
 
 
-def ensure_jars(config: StackConfig, say: Callable[[str], None]) -> None:
-    """Make the Kafka runtime and the Debezium plugin available; no network once cached."""
+def ensure_jars(config: StackConfig, say: Callable[[str], None], *,
+                with_registry: bool = False) -> None:
+    """Make the Kafka runtime and the Debezium plugin available (and the schema registry's
+    bundle `with_registry`); no network once cached."""
     _resolve("kafka", config.kafka_libs, config.jar_cache, say, excludes=())
     # Connect gives plugins its own Kafka and SLF4J classes; copies inside the plugin conflict.
     _resolve("debezium", config.plugin_path / "debezium-connector-postgres", config.jar_cache,
              say, excludes=("-DexcludeGroupIds=org.apache.kafka", "-DexcludeArtifactIds=slf4j-api"))
+    if with_registry:
+        _resolve_registry(config.registry_app, config.jar_cache, say)
 
 
 def _resolve(name: str, target: Path, cache: Path, say: Callable[[str], None],
              excludes: tuple[str, ...]) -> None:
     if (target / _COMPLETE).exists():
         return
+    say(f"jars      resolving {name} from Maven Central into {target.parent}")
+    with tempfile.TemporaryDirectory(dir=_mkdir(cache), prefix=f".{name}-") as work:
+        staging = Path(work) / "libs"
+        _maven(name, cache, Path(work), ["dependency:copy-dependencies",
+                                         f"-DoutputDirectory={staging}",
+                                         "-DincludeScope=runtime", *excludes])
+        _install(staging, target)
+
+
+def _resolve_registry(target: Path, cache: Path, say: Callable[[str], None]) -> None:
+    """Apicurio Registry's bundle: one tar.gz (runner jar and lib/), fetched by the POM's
+    `dependency:get` into the cache's Maven repository, then unpacked into `target`."""
+    if (target / _COMPLETE).exists():
+        return
+    say(f"jars      resolving the schema registry from Maven Central into {target.parent}")
+    with tempfile.TemporaryDirectory(dir=_mkdir(cache), prefix=".registry-") as work:
+        _maven("registry", cache, Path(work), ["dependency:get"])
+        staging = Path(work) / "app"
+        with tarfile.open(cache / "m2" / _REGISTRY_ARCHIVE) as archive:
+            archive.extractall(staging, filter="data")
+        _install(staging, target)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
+    """Run Maven on a copy of the POM `name` in `work` (it writes target/ beside the POM, so
+    never in the package), its local repository under `cache`."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError("Maven (mvn) is not installed; it fetches the Kafka and Debezium jars: "
                          "run `apt-get install -y maven`, then `cdc-router local up` again")
-    say(f"jars      resolving {name} from Maven Central into {target.parent}")
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache, prefix=f".{name}-") as work:
-        # Maven writes target/ beside the POM, so run it on a copy, never in the package.
-        pom = Path(work) / "pom.xml"
-        shutil.copyfile(_POMS / name / "pom.xml", pom)
-        staging = Path(work) / "libs"
-        command = [mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}",
-                   "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
-                   "-DincludeScope=runtime", *excludes]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            errors = [line for line in result.stdout.splitlines() if "ERROR" in line]
-            detail = errors[0] if errors else (result.stderr.strip().splitlines() or ["?"])[-1]
-            raise StackError(f"downloading the {name} jars from Maven Central failed: "
-                             f"{detail.replace('[ERROR] ', '').strip()} "
-                             "(check that Maven Central is reachable, then run `up` again)")
-        (staging / _COMPLETE).write_text("")
-        if target.exists():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(target)
+    pom = work / "pom.xml"
+    shutil.copyfile(_POMS / name / "pom.xml", pom)
+    command = [mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}", *goal]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        errors = [line for line in result.stdout.splitlines() if "ERROR" in line]
+        detail = errors[0] if errors else (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise StackError(f"downloading the {name} jars from Maven Central failed: "
+                         f"{detail.replace('[ERROR] ', '').strip()} "
+                         "(check that Maven Central is reachable, then run `up` again)")
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Move a complete download into place, marked complete only once whole."""
+    (staging / _COMPLETE).write_text("")
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(target)

@@ -1,5 +1,5 @@
 """Bring the local stack up, report on it, and take it down: Postgres, Kafka, Connect, and
-nats-server (JetStream) when asked for."""
+nats-server (JetStream) and the schema registry when asked for."""
 
 from __future__ import annotations
 
@@ -34,11 +34,14 @@ from cdc_router.local.config import (
 )
 from cdc_router.local.jars import ensure_jars
 from cdc_router.local.nats_server import nats_healthy, start_nats
+from cdc_router.local.registry import registry_healthy, start_registry
 
 Say = Callable[[str], None]
 
 # Start-up limits, generous for 2 cores: Connect scans its plugin path and creates three topics.
-_TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240, "nats": 30}
+# The registry (Quarkus) starts in 8 to 36 s on a loaded machine, most of it creating its H2 schema.
+_TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240, "nats": 30,
+                                  "registry": 180}
 _POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
 
@@ -59,7 +62,8 @@ def _marker(config: StackConfig) -> str:
 
 def _address(config: StackConfig, part: Part) -> str:
     return {"postgres": config.postgres_dsn, "kafka": config.bootstrap_servers,
-            "connect": config.connect_url, "nats": config.nats_url}[part]
+            "connect": config.connect_url, "nats": config.nats_url,
+            "registry": config.registry_url}[part]
 
 
 def status(config: StackConfig) -> list[PartStatus]:
@@ -78,17 +82,21 @@ def status(config: StackConfig) -> list[PartStatus]:
     return result
 
 
-def up(config: StackConfig, say: Say, *, with_nats: bool = False) -> None:
+def up(config: StackConfig, say: Say, *, with_nats: bool = False,
+       with_registry: bool = False) -> None:
     """Start what is not running, wait until each part is healthy; what runs is left alone.
 
-    nats-server is optional: started only `with_nats`.
+    nats-server and the schema registry are optional: started only `with_nats`,
+    `with_registry`.
     """
     config.check_ports_distinct()
     _check_java()
-    ensure_jars(config, say)
+    ensure_jars(config, say, with_registry=with_registry)
     save(config)
     running = {s.part for s in status(config) if s.state == "running"}
-    _check_ports(config, running | (set() if with_nats else {"nats"}))
+    asked: dict[Part, bool] = {"nats": with_nats, "registry": with_registry}
+    not_asked = {part for part, wanted in asked.items() if not wanted}
+    _check_ports(config, running | not_asked)
     # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
         ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
@@ -107,12 +115,18 @@ def up(config: StackConfig, say: Say, *, with_nats: bool = False) -> None:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
     if with_nats:
         _up_nats(config, say, "nats" in running)
+    if with_registry and "registry" in running:
+        say("registry  already running")
+    elif with_registry:
+        _wait(config, "registry", start_registry(config), registry_healthy, say)
     say("")
     say(f"bootstrap servers  {config.bootstrap_servers}")
     say(f"connect url        {config.connect_url}")
     say(f"postgres dsn       {config.postgres_dsn}")
     if with_nats:
         say(f"nats url           {config.nats_url}")
+    if with_registry:
+        say(f"registry url       {config.registry_url}")
 
 
 def up_nats(config: StackConfig, say: Say) -> None:
@@ -121,7 +135,7 @@ def up_nats(config: StackConfig, say: Say) -> None:
     save(config)
     running = process.is_running(process.read_pid(config.pid_path("nats")), _marker(config))
     if not running:
-        _check_ports(config, {"postgres", "kafka", "connect"})
+        _check_ports(config, {"postgres", "kafka", "connect", "registry"})
     _up_nats(config, say, running)
 
 
@@ -140,6 +154,8 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
         "postgres": signal.SIGINT, "kafka": signal.SIGTERM, "connect": signal.SIGTERM,
         # nats-server's graceful stop: flushes JetStream's store and closes its clients.
         "nats": signal.SIGTERM,
+        # Quarkus' graceful shutdown: finishes its requests and closes the H2 file.
+        "registry": signal.SIGTERM,
     }
     for part in reversed(PARTS):
         pid = process.read_pid(config.pid_path(part))
@@ -170,7 +186,8 @@ def _check_java() -> None:
 
 def _check_ports(config: StackConfig, running: set[Part]) -> None:
     owned: dict[str, Part] = {"postgres": "postgres", "kafka": "kafka",
-                              "kafka controller": "kafka", "connect": "connect", "nats": "nats"}
+                              "kafka controller": "kafka", "connect": "connect", "nats": "nats",
+                              "registry": "registry"}
     for name, port in config.ports().items():
         if owned[name] in running:
             continue

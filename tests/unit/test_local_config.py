@@ -11,7 +11,8 @@ import pytest
 
 from cdc_router.errors import ConfigError
 from cdc_router.local import config as stack_config
-from cdc_router.local.versions import DEBEZIUM_VERSION, KAFKA_VERSION
+from cdc_router.local.registry import registry_command, registry_environment
+from cdc_router.local.versions import APICURIO_REGISTRY_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 
 
 @pytest.fixture
@@ -114,6 +115,9 @@ def test_poms_pin_the_versions_the_stack_uses():
     assert re.search(r"<kafka.version>(.*?)</kafka.version>", kafka_pom).group(1) == KAFKA_VERSION
     assert re.search(r"<debezium.version>(.*?)</debezium.version>",
                      debezium_pom).group(1) == DEBEZIUM_VERSION
+    registry_pom = (maven / "registry" / "pom.xml").read_text()
+    assert re.search(r"<apicurio.version>(.*?)</apicurio.version>",
+                     registry_pom).group(1) == APICURIO_REGISTRY_VERSION
 
 
 def test_nats_server_runs_jetstream_on_loopback_with_its_store_under_the_home(config):
@@ -173,3 +177,44 @@ def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
     config = load_config(router, env=exported).config
     assert config.kafka.bootstrap_servers == "127.0.0.1:49092"
     assert config.nats is not None and config.nats.url == "nats://127.0.0.1:44222"
+
+
+def test_registry_runs_on_loopback_with_backward_compatibility_and_its_store_under_the_home(
+        config):
+    env = registry_environment(config)
+    assert (env["QUARKUS_HTTP_HOST"], env["QUARKUS_HTTP_PORT"]) == ("127.0.0.1", "18081")
+    assert env["APICURIO_RULES_GLOBAL_COMPATIBILITY"] == "BACKWARD"
+    assert env["APICURIO_CCOMPAT_USE_CANONICAL_HASH"] == "true"
+    assert env["APICURIO_DATASOURCE_URL"] == (
+        f"jdbc:h2:file:{config.home / 'registry' / 'data' / 'registry'}")
+    assert config.registry_url == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert "registry" in stack_config.OPTIONAL_PARTS
+
+
+def test_registry_command_runs_the_pinned_bundle_with_a_small_heap_and_names_the_home(config):
+    command = registry_command(config)
+    runner = (config.jar_cache / f"apicurio-registry-{APICURIO_REGISTRY_VERSION}" /
+              f"apicurio-registry-app-{APICURIO_REGISTRY_VERSION}-runner.jar")
+    assert command[-2:] == ["-jar", str(runner)]
+    assert "-Xmx256m" in command
+    assert str(config.home) in " ".join(command)  # the pid check's marker
+    assert config.pid_path("registry") == config.home / "registry" / "registry.pid"
+
+
+def test_registry_port_is_an_option_and_counts_in_the_distinct_ports_check(tmp_path):
+    config = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, registry_port=28081)
+    assert registry_environment(config)["QUARKUS_HTTP_PORT"] == "28081"
+    clash = stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path, registry_port=18083)
+    with pytest.raises(ConfigError, match="18083"):
+        clash.check_ports_distinct()
+
+
+def test_local_env_prints_the_registry_url(tmp_path):
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert ("export CDC_ROUTER_REGISTRY_URL=http://127.0.0.1:18081/apis/ccompat/v7"
+            in result.output)
