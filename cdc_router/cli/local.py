@@ -15,7 +15,8 @@ from cdc_router.local import stack
 from cdc_router.local.config import OPTIONAL_PARTS, PARTS, StackConfig, load_saved
 
 
-def _default_cache() -> Path:
+def default_jar_cache() -> Path:
+    """~/.cache/cdc-router/jars, or under XDG_CACHE_HOME."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cdc-router" / "jars"
 
@@ -28,7 +29,7 @@ home_option = click.option(
 
 def _saved_or_default(home: Path) -> StackConfig:
     home = home.resolve()
-    return load_saved(home) or StackConfig(home=home, jar_cache=_default_cache())
+    return load_saved(home) or StackConfig(home=home, jar_cache=default_jar_cache())
 
 
 def _say(line: str) -> None:

@@ -19,16 +19,12 @@ _REGISTRY_ARCHIVE = (Path("io/apicurio/apicurio-registry-app") / APICURIO_REGIST
                      f"apicurio-registry-app-{APICURIO_REGISTRY_VERSION}-all.tar.gz")
 
 
-def ensure_jars(config: StackConfig, say: Callable[[str], None], *,
-                with_registry: bool = False) -> None:
-    """Make the Kafka runtime and the Debezium plugin available (and the schema registry's
-    bundle `with_registry`); no network once cached."""
+def ensure_jars(config: StackConfig, say: Callable[[str], None]) -> None:
+    """Make the Kafka runtime and the Debezium plugin available; no network once cached."""
     _resolve("kafka", config.kafka_libs, config.jar_cache, say, excludes=())
     # Connect gives plugins its own Kafka and SLF4J classes; copies inside the plugin conflict.
     _resolve("debezium", config.plugin_path / "debezium-connector-postgres", config.jar_cache,
              say, excludes=("-DexcludeGroupIds=org.apache.kafka", "-DexcludeArtifactIds=slf4j-api"))
-    if with_registry:
-        _resolve_registry(config.registry_app, config.jar_cache, say)
 
 
 def _resolve(name: str, target: Path, cache: Path, say: Callable[[str], None],
@@ -44,9 +40,11 @@ def _resolve(name: str, target: Path, cache: Path, say: Callable[[str], None],
         _install(staging, target)
 
 
-def _resolve_registry(target: Path, cache: Path, say: Callable[[str], None]) -> None:
-    """Apicurio Registry's bundle: one tar.gz (runner jar and lib/), fetched by the POM's
-    `dependency:get` into the cache's Maven repository, then unpacked into `target`."""
+def ensure_registry(config: StackConfig, say: Callable[[str], None]) -> None:
+    """Make Apicurio Registry's bundle available: one tar.gz (runner jar and lib/), fetched by
+    the POM's `dependency:get` into the cache's Maven repository, then unpacked; no network
+    once cached."""
+    target, cache = config.registry_app, config.jar_cache
     if (target / _COMPLETE).exists():
         return
     say(f"jars      resolving the schema registry from Maven Central into {target.parent}")

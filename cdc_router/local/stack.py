@@ -32,7 +32,7 @@ from cdc_router.local.config import (
     save,
     to_properties,
 )
-from cdc_router.local.jars import ensure_jars
+from cdc_router.local.jars import ensure_jars, ensure_registry
 from cdc_router.local.nats_server import nats_healthy, start_nats
 from cdc_router.local.registry import registry_healthy, start_registry
 
@@ -91,7 +91,9 @@ def up(config: StackConfig, say: Say, *, with_nats: bool = False,
     """
     config.check_ports_distinct()
     _check_java()
-    ensure_jars(config, say, with_registry=with_registry)
+    ensure_jars(config, say)
+    if with_registry:
+        ensure_registry(config, say)
     save(config)
     running = {s.part for s in status(config) if s.state == "running"}
     asked: dict[Part, bool] = {"nats": with_nats, "registry": with_registry}
@@ -113,12 +115,8 @@ def up(config: StackConfig, say: Say, *, with_nats: bool = False,
         say("connect   already running")
     else:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
-    if with_nats:
-        _up_nats(config, say, "nats" in running)
-    if with_registry and "registry" in running:
-        say("registry  already running")
-    elif with_registry:
-        _wait(config, "registry", start_registry(config), registry_healthy, say)
+    for part in sorted(part for part, wanted in asked.items() if wanted):
+        _up_optional(config, part, say, part in running)
     say("")
     say(f"bootstrap servers  {config.bootstrap_servers}")
     say(f"connect url        {config.connect_url}")
@@ -129,21 +127,31 @@ def up(config: StackConfig, say: Say, *, with_nats: bool = False,
         say(f"registry url       {config.registry_url}")
 
 
-def up_nats(config: StackConfig, say: Say) -> None:
-    """Start nats-server alone (no Java, no jars): for tests and a JetStream-only setup."""
+# The optional parts: how each starts, and when it is healthy.
+_OPTIONAL: dict[Part, tuple[Callable[[StackConfig], int], Callable[[StackConfig], bool]]] = {
+    "nats": (start_nats, nats_healthy), "registry": (start_registry, registry_healthy)}
+
+
+def up_alone(config: StackConfig, part: Part, say: Say) -> None:
+    """Start one optional part alone, nats-server (no Java, no jars) or the schema registry:
+    for tests, and a JetStream-only setup."""
     config.check_ports_distinct()
+    if part == "registry":
+        _check_java()
+        ensure_registry(config, say)
     save(config)
-    running = process.is_running(process.read_pid(config.pid_path("nats")), _marker(config))
+    running = process.is_running(process.read_pid(config.pid_path(part)), _marker(config))
     if not running:
-        _check_ports(config, {"postgres", "kafka", "connect", "registry"})
-    _up_nats(config, say, running)
+        _check_ports(config, set(PARTS) - {part})
+    _up_optional(config, part, say, running)
 
 
-def _up_nats(config: StackConfig, say: Say, running: bool) -> None:
+def _up_optional(config: StackConfig, part: Part, say: Say, running: bool) -> None:
     if running:
-        say("nats      already running")
+        say(f"{part:<9} already running")
     else:
-        _wait(config, "nats", start_nats(config), nats_healthy, say)
+        start, healthy = _OPTIONAL[part]
+        _wait(config, part, start(config), healthy, say)
 
 
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:

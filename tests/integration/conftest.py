@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_router.local.config import load_saved
+from cdc_router.cli.local import default_jar_cache
+from cdc_router.local import stack as local_stack
+from cdc_router.local.config import OPTIONAL_PARTS, load_saved
 from tests.integration.support import StackEndpoints
 
 _ENV = ("CDC_ROUTER_BOOTSTRAP_SERVERS", "CDC_ROUTER_CONNECT_URL", "CDC_ROUTER_PG_DSN")
@@ -23,18 +25,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, check=False)
 
 
+def _home() -> Path:
+    return Path(os.environ.get("CDC_ROUTER_HOME", _REPO / ".cdc-router")).resolve()
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackEndpoints]:
     """The stack's addresses. Stops it at the end only if this session started it."""
     if all(os.environ.get(name) for name in _ENV):
         yield StackEndpoints(*(os.environ[name] for name in _ENV))
         return
-    home = Path(os.environ.get("CDC_ROUTER_HOME", _REPO / ".cdc-router")).resolve()
+    home = _home()
     before = _cli("local", "status", "--home", str(home), "-o", "json").stdout
-    # Postgres, Kafka and Connect; nats-server is optional and does not count.
+    # Postgres, Kafka and Connect; the optional parts do not count (a registry this session
+    # adds to a running stack is left running with it).
     was_running = all(part["state"] == "running" for part in json.loads(before or "[]")
-                      if part["part"] != "nats") and bool(before)
-    result = _cli("local", "up", "--home", str(home))
+                      if part["part"] not in OPTIONAL_PARTS) and bool(before)
+    result = _cli("local", "up", "--with", "registry", "--home", str(home))
     if result.returncode != 0:
         pytest.fail(f"cdc-router local up failed:\n{result.stdout}\n{result.stderr}")
     config = load_saved(home)
@@ -42,3 +49,26 @@ def stack() -> Iterator[StackEndpoints]:
     yield StackEndpoints(config.bootstrap_servers, config.connect_url, config.postgres_dsn)
     if not was_running and os.environ.get("CDC_ROUTER_KEEP_STACK") != "1":
         _cli("local", "down", "--home", str(home))
+
+
+@pytest.fixture(scope="session")
+def registry_url(stack: StackEndpoints) -> str:
+    """The real schema registry's Confluent API: CDC_ROUTER_REGISTRY_URL, else the registry of
+    the stack under CDC_ROUTER_HOME (`cdc-router local up --with registry`)."""
+    if os.environ.get("CDC_ROUTER_REGISTRY_URL"):
+        return os.environ["CDC_ROUTER_REGISTRY_URL"]
+    config = load_saved(_home())
+    running = config is not None and any(
+        part.part == "registry" and part.state == "running"
+        for part in local_stack.status(config))
+    if config is None or not running:
+        pytest.fail(f"no schema registry runs in the stack under {_home()}: run `cdc-router "
+                    "local up --with registry` there, or set CDC_ROUTER_REGISTRY_URL")
+    return config.registry_url
+
+
+@pytest.fixture(scope="session")
+def jar_cache() -> Path:
+    """Where the stack's jars are (the registry's bundle included), for private servers."""
+    config = load_saved(_home())
+    return config.jar_cache if config is not None else default_jar_cache()

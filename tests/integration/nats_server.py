@@ -4,46 +4,29 @@ code on a free port under a home of the test's, stopped by its pid; and a stream
 from __future__ import annotations
 
 import asyncio
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import nats
 
-from cdc_router.local import process, stack
 from cdc_router.local.config import StackConfig
+from tests.integration.optional_part import OptionalPart, running
 from tests.integration.redis_server import free_port
 
 
-class NatsServer:
+class NatsServer(OptionalPart):
     """nats-server with JetStream under `home`, on a free port; start() again keeps its store."""
 
     def __init__(self, home: Path) -> None:
-        self.config = StackConfig(home=home.resolve(), jar_cache=home / "jars",
-                                  nats_port=free_port())
+        super().__init__(StackConfig(home=home.resolve(), jar_cache=home / "jars",
+                                     nats_port=free_port()), "nats")
         self.url = self.config.nats_url
 
-    def start(self) -> None:
-        stack.up_nats(self.config, lambda line: None)
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        """Stop the server by its pid (never by name)."""
-        pid = process.read_pid(self.config.pid_path("nats"))
-        if pid is not None:
-            process.stop(pid, str(self.config.home), sig=sig)
-
-
-@contextmanager
-def nats_server(home: Path) -> Iterator[NatsServer]:
+def nats_server(home: Path) -> AbstractContextManager[NatsServer]:
     """A started NatsServer under `home`, stopped at the end."""
-    server = NatsServer(home)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(NatsServer(home))
 
 
 def read_stream(url: str, stream: str, timeout_s: float = 5.0, **options: Any) -> list[Any]:

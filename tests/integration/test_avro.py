@@ -1,12 +1,14 @@
 """Avro routes on the real stack: round trips through both framings, bad payloads dead-lettered.
 
-The registry path runs against tests/integration/registry_stub.py over real HTTP (no
-Confluent-compatible registry can be installed here; see that module).
+The registry path runs against a real registry: Apicurio's Confluent API, the stack's
+(`local up --with registry`), or one of the test's own where it is stopped and restarted.
+Apicurio's ids are content ids, which skip numbers: the tests read them, never assume 1.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.decode import PayloadDecoder
 from cdc_router.serde.registry import RegistryError
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.registry_stub import registry_stub
+from tests.integration.registry_server import registry_server
 from tests.integration.support import StackEndpoints
 
 pytestmark = pytest.mark.integration
@@ -126,11 +128,12 @@ def test_single_object_round_trip_and_bad_payloads_dead_lettered(stack: StackEnd
 
 
 def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_router(
-        stack: StackEndpoints, tmp_path: Path) -> None:
-    with registry_stub() as registry, pipeline(stack, tmp_path, partitions=2) as pipe:
-        avro_route(pipe, registry.url)
+        stack: StackEndpoints, registry_url: str, tmp_path: Path) -> None:
+    client = SchemaRegistryClient({"url": registry_url})
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        avro_route(pipe, registry_url)
         config = str(pipe.config_path)
-        subject = f"{pipe.orders_topic}-value"
+        subject = f"{pipe.orders_topic}-value"  # the pipeline's topics are unique per test
 
         # auto_register is off and the subject is empty: configuration, so fail loudly.
         checked = cli("schemas", "check", "-c", config)
@@ -142,10 +145,14 @@ def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_rout
 
         registered = cli("schemas", "register", "-c", config, "--yes")
         assert registered.returncode == 0, registered.stdout + registered.stderr
-        assert registry.state.subjects == {subject: [1]}
+        said = re.search(rf"registered {re.escape(subject)} as id (\d+)", registered.stdout)
+        assert said, registered.stdout
+        schema_id = int(said.group(1))
+        assert client.get_versions(subject) == [1]
+        assert client.get_latest_version(subject).schema_id == schema_id
         checked = cli("schemas", "check", "-c", config)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        assert "registered as id 1 (latest version 1)" in checked.stdout
+        assert f"registered as id {schema_id} (latest version 1)" in checked.stdout
 
         pipe.start_router("b")
         sent, fields = rows(40)
@@ -159,20 +166,22 @@ def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_rout
         next(f for f in breaking["fields"] if f["name"] == "amount_cents")["type"] = "int"
         (pipe.workdir / "schemas" / SCHEMA.name).write_text(json.dumps(breaking))
         rechecked = cli("schemas", "check", "-c", config)
-        decoder = PayloadDecoder(registry=SchemaRegistryClient({"url": registry.url}))
+        decoder = PayloadDecoder(registry=SchemaRegistryClient({"url": registry_url}))
         check_round_trip(records, ids, sent, decoder, "confluent")
-    assert {decoder.decode(record.value()).schema_id for record in records} == {1}
+    assert {decoder.decode(record.value()).schema_id for record in records} == {schema_id}
     check_dead_letters(letters, ids, sent, fields)
     assert rechecked.returncode == 1
     assert (f"cannot read data written with {subject} version 1: field 'amount_cents': the "
             "new type int cannot read the old type long") in rechecked.stdout
 
 
-def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_record() -> None:
-    """The library's serializer against a registry over real HTTP (no Kafka needed): each
-    strategy's subject is registered on first use; while the registry is down a topic it
-    already knows keeps flowing, a new one stops the router (RegistryError) without blaming
-    the record, and a bad payload is still the record's fault."""
+def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_record(
+        tmp_path: Path, jar_cache: Path) -> None:
+    """The library's serializer against a real registry of its own (no Kafka needed), which
+    it stops and restarts: each strategy's subject is registered on first use; while the
+    registry is down a topic it already knows keeps flowing, a new one stops the router
+    (RegistryError) without blaming the record, and a bad payload is still the record's
+    fault."""
     templated = RouteRule.model_validate({"topic": "pay.{type}", "format": "avro",
                                           "schema": str(SCHEMA)})
     good = OutboxEvent(event_id="e-1", aggregate_type="Payment", aggregate_id="p-1",
@@ -180,16 +189,17 @@ def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_
                        payload_is_json=True, headers=(), created_at_ms=0, op="c", lsn=1,
                        tx_id=1)
     bad = replace(good, payload=json.dumps({**payment(1), "order_id": "x"}).encode())
-    with registry_stub() as registry:
+    with registry_server(tmp_path / "registry", jar_cache) as server:
+        admin = SchemaRegistryClient({"url": server.url})
         for strategy in ("topic", "record", "topic_record"):
             settings = SchemaRegistrySettings.model_validate({
-                "url": registry.url, "auto_register": True, "subject_name_strategy": strategy,
+                "url": server.url, "auto_register": True, "subject_name_strategy": strategy,
                 "config": {"max.retries": "0", "timeout": "5"}})
             serializer = AvroSerializer([templated], settings)
             value = serializer.serialize(good, templated, "pay.Known")
             assert PayloadDecoder(registry=serializer.registry.client).decode(
                 value).value["payment_id"] == "pay-1"  # type: ignore[union-attr]
-        assert sorted(registry.state.subjects) == [
+        assert sorted(admin.get_subjects()) == [
             "pay.Known-shop.payments.PaymentConfirmed", "pay.Known-value",
             "shop.payments.PaymentConfirmed"]
     # The registry is down; `serializer` is the topic_record one, built last.
@@ -199,7 +209,10 @@ def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_
     assert not isinstance(caught.value, SerializeError)
     with pytest.raises(SerializeError, match="order_id"):
         serializer.serialize(bad, templated, "pay.New")
-    port = int(registry.url.rsplit(":", 1)[1])
-    with registry_stub(port=port, state=registry.state):
+    try:
+        server.start()  # the same port and H2 file: the schemas registered before the outage
         assert serializer.serialize(good, templated, "pay.New")[:1] == b"\x00"
-    assert "pay.New-shop.payments.PaymentConfirmed" in registry.state.subjects
+        assert "pay.New-shop.payments.PaymentConfirmed" in SchemaRegistryClient(
+            {"url": server.url}).get_subjects()
+    finally:
+        server.stop()

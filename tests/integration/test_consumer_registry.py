@@ -1,6 +1,8 @@
 """The idempotent consumer decoding the router's Avro wire format while the schema registry goes
 down and comes back: nothing is acknowledged or dead-lettered during the outage, every event
-takes effect once it is back, and an id the registry does not know is dead-lettered."""
+takes effect once it is back, and an id the registry does not know is dead-lettered. The
+registry is a real one of the test's own (Apicurio, as the local stack runs it), stopped and
+restarted by its pid; its H2 file keeps the schema across the restart."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsu
 from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.serde.avro import CONFLUENT_MAGIC, load_schema
 from cdc_router.serde.decode import PayloadDecoder
-from tests.integration.registry_stub import registry_stub
+from tests.integration.registry_server import registry_server
 from tests.integration.support import StackEndpoints, read_topic, unique
 from tests.integration.test_idempotent_consumer import (
     offsets,
@@ -49,18 +51,20 @@ def topics(stack: StackEndpoints) -> Iterator[tuple[str, str]]:
 
 
 def test_a_registry_outage_is_waited_out_and_an_unknown_id_is_dead_lettered(
-        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+        stack: StackEndpoints, topics: tuple[str, str], tmp_path: Path,
+        jar_cache: Path) -> None:
     topic, dead_letter = topics
-    with registry_stub() as registry:
+    with registry_server(tmp_path / "registry", jar_cache) as registry:
         client = SchemaRegistryClient({"url": registry.url})
         schema_id = client.register_schema(f"{topic}-value",
                                            Schema(load_schema(PAYMENT).text, "AVRO"))
     # The registry is down from here on, before the consumer has looked up any schema.
-    port = int(registry.url.rsplit(":", 1)[1])
+    # Its ids are content ids, counted from its start: none this far above ours is taken.
+    unknown_id = schema_id + 998
     produce(stack.bootstrap_servers, topic, [
         (b"evt-1", wire_format(schema_id, "pay-1"), 0),
         (b"evt-2", wire_format(schema_id, "pay-2"), 0),
-        (b"evt-3", wire_format(schema_id + 998, "pay-3"), 0)])  # an id nobody registered
+        (b"evt-3", wire_format(unknown_id, "pay-3"), 0)])  # an id nobody registered
     effects: list[ConsumedEvent] = []
     decoder = PayloadDecoder(registry=SchemaRegistryClient({"url": registry.url}))
     settings = ConsumerSettings(
@@ -79,15 +83,16 @@ def test_a_registry_outage_is_waited_out_and_an_unknown_id_is_dead_lettered(
         assert consumer.stats.dead_lettered == 0
         assert offsets(stack.bootstrap_servers, settings.group_id, topic, 1)[0] == \
             [NOT_COMMITTED]
-        with registry_stub(port=port, state=registry.state):
-            wait_until(lambda: offsets(stack.bootstrap_servers, settings.group_id, topic,
-                                       1)[0] == [3], 120, "all three records committed")
+        registry.start()  # the same port and H2 file
+        wait_until(lambda: offsets(stack.bootstrap_servers, settings.group_id, topic,
+                                   1)[0] == [3], 120, "all three records committed")
     finally:
         consumer.stop()
         runner.join(60)
+        registry.stop()
     assert [(e.event_id, e.payload["payment_id"]) for e in effects] == [
         ("evt-1", "pay-1"), ("evt-2", "pay-2")]
     [dead] = read_topic(stack.bootstrap_servers, dead_letter, 1)
     headers = {name: value.decode() for name, value in dead.headers()}
     assert (headers["dlq.stage"], headers["dlq.source.offset"]) == ("decode", "2")
-    assert f"schema id {schema_id + 998} is unknown" in headers["dlq.error.message"]
+    assert f"schema id {unknown_id} is unknown" in headers["dlq.error.message"]
