@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -16,15 +15,11 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.local import process
 from cdc_router.local.config import StackConfig, connect_properties, load_saved, to_properties
 from cdc_router.local.stack import java_command
+from tests.integration.redis_server import free_port
 from tests.integration.support import POSTGRES_CONNECTOR, unique
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -76,7 +71,7 @@ def at_least_once_worker(workdir: Path, flush_interval_ms: int = 600_000) -> Ite
     stack = load_saved(home)
     assert stack is not None, f"no local stack under {home}: its jars start the worker"
     name = unique("aloconnect")
-    port = _free_port()
+    port = free_port()
     props = {
         **connect_properties(stack),
         "group.id": name,

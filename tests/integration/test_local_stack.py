@@ -18,14 +18,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
+from tests.integration.redis_server import free_port
 from tests.integration.support import read_topic
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-# Ports of the private stack: clear of the shared one (15432, 19092, 19093, 18083).
-PORTS = {"--postgres-port": "25432", "--kafka-port": "29092", "--kafka-controller-port": "29093",
-         "--connect-port": "28083"}
+# The private stack's ports: free ones, clear of the shared stack and of any other on the host.
+PORT_OPTIONS = ("--postgres-port", "--kafka-port", "--kafka-controller-port", "--connect-port")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,7 +37,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def private_home() -> Iterator[Path]:
     # Beside the shared stack's home: the postgres user can reach it (pytest's tmp is 0700).
     home = REPO / f".cdc-router-private-{uuid.uuid4().hex[:8]}"
-    flags = [item for pair in PORTS.items() for item in pair]
+    flags = [item for option in PORT_OPTIONS for item in (option, str(free_port()))]
     started = _cli("up", "--home", str(home), *flags)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -78,13 +78,13 @@ def test_kill_9_of_kafka_then_up_brings_back_its_topics_and_data(private_home: P
 def test_up_fails_naming_a_port_another_process_holds(private_home: Path,
                                                       tmp_path: Path) -> None:
     with socket.socket() as squatter:
-        # An ephemeral port (32768 and up), so it never equals the fixed ones below it.
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
+        others = [item for option in PORT_OPTIONS if option != "--kafka-port"
+                  for item in (option, str(free_port()))]
         result = _cli("up", "--home", str(tmp_path / "other"), "--kafka-port", str(port),
-                      "--postgres-port", "21432", "--kafka-controller-port", "21093",
-                      "--connect-port", "21083")
+                      *others)
     assert result.returncode == 1
     assert f"port {port} (kafka)" in result.stderr
     assert "Traceback" not in result.stderr

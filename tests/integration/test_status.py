@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.redis_server import free_port
 from tests.integration.support import StackEndpoints
 
 pytestmark = pytest.mark.integration
@@ -96,14 +96,9 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert text.returncode == 0 and text.stdout.rstrip().endswith("status: ok"), text.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pipeline) -> None:
-    pipe, port = routed, _free_port()
+    pipe, port = routed, free_port()
     connector = pipe.name.replace("_", "-")
     process = subprocess.Popen(
         [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
