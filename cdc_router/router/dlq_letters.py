@@ -147,8 +147,7 @@ Step = Callable[[str, bytes | None, bytes | None], StepResult]
 
 
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
-                delivered: Iterable[str], ours: Callable[[str], bool] = lambda topic: True
-                ) -> list[Planned]:
+                delivered: Iterable[str], ours: Callable[[str], bool]) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id delivered in this replay is pending in `seen`, so a second letter of it is

@@ -6,11 +6,11 @@ changelog topic, from which a restarted or newly assigned router restores it.
 
 The changelog holds one record per batch, not per id: a produce() per event was a top cost of the
 router (#14). Its value is `{"ts": delivered_ms, "ids": [...], "group": source.group_id}`, at
-most MARK_MAX_BYTES of ids (a big batch takes several records), its key `batch:`, the group and
-the first id. Earlier versions wrote one record per id (key: the id, value `{"ts": ...}`), then
-batches without a group; all are read. The topic stays `compact,delete`: batch keys are unique,
-so compaction keeps them all, and the time retention (dedup.window_ms) removes them as it
-removed the single marks.
+most MARK_MAX_BYTES of ids (a big batch takes several records), its key `batch:`, the group, the
+first id and a random tail. Earlier versions wrote one record per id (key: the id, value
+`{"ts": ...}`), then batches without a group; all are read. The topic stays `compact,delete`:
+batch keys are unique, so compaction keeps them all, and the time retention (dedup.window_ms)
+removes them as it removed the single marks.
 
 Several pipelines may share one changelog (its default name is the same for all): each reads
 only the marks of its own source.group_id, since two outboxes may well use the same ids (integer
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -79,8 +80,11 @@ def changelog_records(event_ids: Sequence[str], delivered_ms: int,
         return [*changelog_records(event_ids[:half], delivered_ms, key_prefix, group=group),
                 *changelog_records(event_ids[half:], delivered_ms, key_prefix, group=group)]
     owner = "" if group is None else f"{len(group)}:{group}:"
-    key = f"{key_prefix}{owner}{event_ids[0]}".encode("utf-8", "surrogatepass")
-    return [ChangelogRecord(key, value.encode())]
+    # The first id names the batch for people; the random tail makes the key unique, as a
+    # later batch may start with the same id (an id delivered again after the window, a second
+    # `dlq replay`), and compaction would drop the older batch's other ids.
+    key = f"{key_prefix}{owner}{event_ids[0]}#{secrets.token_hex(6)}"
+    return [ChangelogRecord(key.encode("utf-8", "surrogatepass"), value.encode())]
 
 
 def parse_changelog(key: bytes | None, value: bytes | None, *,

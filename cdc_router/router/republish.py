@@ -79,7 +79,7 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
         raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
                             "--topic")
     txn = Transaction(producer, None, delivery=config.delivery, changelog_topic=None,
-                      bootstrap=config.kafka.bootstrap_servers)
+                      mark_group=None, bootstrap=config.kafka.bootstrap_servers)
     committed = pending = 0
     try:
         txn.init()

@@ -89,7 +89,7 @@ class Transaction:
                  delivery: DeliverySettings, changelog_topic: str | None, bootstrap: str,
                  sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
-                 mark_key_prefix: str = BATCH_KEY_PREFIX, mark_group: str | None = None,
+                 mark_group: str | None, mark_key_prefix: str = BATCH_KEY_PREFIX,
                  publisher: JetStreamPublisher | None = None) -> None:
         """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
         `mark_key_prefix` keys the changelog marks and `mark_group` names their pipeline

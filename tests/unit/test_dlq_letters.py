@@ -124,7 +124,7 @@ def test_the_plan_delivers_once_skips_delivered_and_dead_letters_what_still_fail
                letter("big", offset=4, max_bytes=10), letter("x", offset=5,
                                                               extra=[(ATTEMPTS, b"1")])]
     seen.restore([("old", 5)], 10)
-    planned = plan_replay(letters, routed_step, seen, {"old"})
+    planned = plan_replay(letters, routed_step, seen, {"old"}, lambda topic: True)
     assert [item.action for item in planned] == [
         "deliver", "repeated", "already_delivered", "dead_letter", "not_replayable",
         "not_replayable"]

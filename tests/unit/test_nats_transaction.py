@@ -39,6 +39,7 @@ def transaction(cluster: FakeCluster, publisher: Any, guarantee: str = "exactly_
     producer = LatchingProducer(config, lambda conf: FakeProducer(cluster, conf))
     consumer = FakeConsumer(cluster, {}, on_idle=lambda: None)
     txn = Transaction(producer, consumer, delivery=DeliverySettings(guarantee=guarantee),
+                      mark_group="g",
                       changelog_topic=CHANGELOG, bootstrap="x", sleep=lambda s: None,
                       publisher=publisher)
     txn.init()

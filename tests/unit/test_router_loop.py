@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import time
 from typing import Any
 
@@ -274,6 +275,21 @@ def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
     harness = Harness(cluster).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(5, 10))
     assert harness.metric("cdc_router_duplicates_dropped_total") == 5
+
+
+def test_marks_of_another_group_on_a_shared_changelog_are_not_replays() -> None:
+    # Review, session 26: two pipelines on the default changelog; the other's e-0..e-2 are
+    # not ours. The router marks what it delivers with its own group.
+    now_ms = int(time.time() * 1000)
+    cluster = cluster_with(*events(5))
+    theirs = changelog_records(["e-0", "e-1", "e-2"], now_ms, group="billing")
+    ours = changelog_records(["e-3"], now_ms, group="g")
+    cluster.topics[CHANGELOG] = [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+                                 for mark in (*theirs, *ours)]
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == ["e-0", "e-1", "e-2", "e-4"]
+    written = [json.loads(stored.value) for stored in cluster.committed(CHANGELOG)[2:]]
+    assert {mark["group"] for mark in written} == {"g"}
 
 
 def test_stop_finishes_and_commits_the_open_batch() -> None:

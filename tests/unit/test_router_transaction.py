@@ -36,6 +36,7 @@ def transaction(cluster: FakeCluster, guarantee: str = "exactly_once"
     consumer = FakeConsumer(cluster, {}, on_idle=lambda: None)
     slept: list[float] = []
     txn = Transaction(producer, consumer, delivery=DeliverySettings(guarantee=guarantee),
+                      mark_group="g",
                       changelog_topic=CHANGELOG, bootstrap="x", sleep=slept.append)
     txn.init()
     return txn, slept
@@ -212,12 +213,12 @@ def test_marks_take_the_key_prefix_given_and_a_batch_without_offsets_sends_none(
     producer = LatchingProducer({"bootstrap.servers": "x", "transactional.id": "t-1"},
                                 lambda conf: FakeProducer(cluster, conf))
     txn = Transaction(producer, None, delivery=DeliverySettings(), changelog_topic=CHANGELOG,
-                      bootstrap="x", mark_key_prefix="replayed:")
+                      mark_group="g", bootstrap="x", mark_key_prefix="replayed:")
     txn.init()
     txn.begin()
     txn.produce(record("e-0"), (RAW, 0, 0))
     txn.mark("e-0", 1000)
     txn.commit()
-    assert [s.key for s in cluster.committed(CHANGELOG)] == [b"replayed:e-0"]
+    assert [s.key[:17] for s in cluster.committed(CHANGELOG)] == [b"replayed:1:g:e-0#"]
     assert cluster.group_offsets == {}
     assert "send_offsets" not in cluster.journal
