@@ -43,6 +43,21 @@ def _topic_pattern(pattern: str) -> str:
 
 
 StringMap = Annotated[dict[str, str], BeforeValidator(_stringify)]
+
+
+def _text_values(value: Any) -> Any:
+    """Header values are data, and YAML changes unquoted ones it reads as numbers or booleans
+    (1.10 is 1.1, 01234 the octal 668, on is true): refuse them rather than send another text."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, bool | int | float):
+                raise ValueError(f"the value of {key!r} is YAML's {type(item).__name__} "
+                                 f"{item!r}, which may not be what the file says (1.10 reads as "
+                                 "1.1, 01234 as 668, on as true); quote it to send it as text")
+    return value
+
+
+TextMap = Annotated[dict[str, str], BeforeValidator(_text_values)]  # values taken as written
 Patterns = str | list[str]
 TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or re:regex
 

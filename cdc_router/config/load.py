@@ -35,9 +35,14 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently."""
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # `<<: *anchor`: construct_mapping merges it; explicit keys override it
         key = loader.construct_object(key_node)
         if isinstance(key, Hashable):
             if key in seen:
@@ -60,7 +65,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     An override is a variable `CDC_ROUTER__<PATH>` where PATH walks the YAML with `__`
     (case-insensitive; list items by index): `CDC_ROUTER__DELIVERY__GUARANTEE=at_least_once`,
     `CDC_ROUTER__ROUTES__0__TOPIC=orders`. Under `config`/`changelog_config`, `_` stands for
-    `.`: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=5`. A value starting with `[` or `{` is JSON.
+    `.`: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=5`. A value starting with `[` or `{` is JSON
+    where the field takes a list or a mapping (see _env_value).
     """
     source = str(path)
     try:
@@ -87,6 +93,10 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     if not isinstance(raw, dict):
         raise ConfigError("the top level must be a mapping of settings", source=source,
                           value=type(raw).__name__)
+    # Top-level `x-` keys hold YAML anchors (`x-base: &base {...}`, then `<<: *base`), as
+    # docker-compose's extension fields do; they are no setting.
+    raw = {key: value for key, value in raw.items()
+           if not (isinstance(key, str) and key.startswith("x-"))}
     overridden = _apply_env(raw, env or {}, source)
     try:
         # Relative schema paths are relative to the config file, not to the working directory.
@@ -152,8 +162,10 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
     except json.JSONDecodeError as error:
         if "text" in kinds:
             return value
+        # Not the value: a mapping's text may hold a secret (`{"sasl.password": ...`).
         raise ConfigError(f"invalid JSON: {error}", source=where,
-                          value=MASK if secret else value) from None
+                          hint="give the list or mapping as JSON, or set its items one by "
+                               "one") from None
 
 
 def _annotations_at(path: Sequence[str | int]) -> list[Any]:

@@ -9,7 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import Patterns, StringMap
+from cdc_router.config.fields import Patterns, TextMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import NatsDestination, nats_header_problem
@@ -72,7 +72,7 @@ class RouteRule(_Model):
     extra_fields: Literal["reject", "ignore"] = "reject"
     cloudevents: bool = False  # add the CloudEvents Kafka binding (binary mode) headers
     ce_source: str | None = None  # CloudEvents 'source', a URI-reference; needed with cloudevents
-    headers: StringMap = Field(default_factory=dict)  # static extra headers
+    headers: TextMap = Field(default_factory=dict)  # static extra headers
 
     @field_validator("topic")
     @classmethod

@@ -194,8 +194,12 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, format: avro}", "field 'routes[0].schema': format avro needs a schema"),
     ("{topic: x, schema: a.avsc}", "a schema only applies with format: avro"),
     ("{topic: x, format: avro, schema: a.avsc}", "field 'routes[0].schema': Avro schema "),
-    ("{topic: x, headers: {ce_id: 1}}", "field 'routes[0].headers': header 'ce_id' is "
+    ("{topic: x, headers: {ce_id: '1'}}", "field 'routes[0].headers': header 'ce_id' is "
      "reserved for the router"),
+    # QA, session 26: YAML changed unquoted values, silently: 1.10 was sent as "1.1".
+    ("{topic: x, headers: {x-version: 1.10}}", "field 'routes[0].headers': the value of "
+     "'x-version' is YAML's float 1.1, which may not be what the file says"),
+    ("{topic: x, headers: {code: 01234}}", "the value of 'code' is YAML's int 668"),
     ("{topic: x, headers: {ce_subject: a}}", "header 'ce_subject' is reserved"),
     ("{topic: x, headers: {aggregateid: a}}", "header 'aggregateid' is reserved"),
     ('{topic: x, headers: {"id\\0x": a}}', "field 'routes[0].headers': header name 'id\\x00x' "
@@ -249,6 +253,29 @@ def test_missing_file() -> None:
 ])
 def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
+
+
+def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> None:
+    # QA, session 26: `<<: *base` was "invalid YAML" (the duplicate-key check met the merge
+    # key), although PyYAML's safe loader reads it; anchors live under `x-` keys, as in
+    # docker-compose. An explicit key overrides a merged one, and is no duplicate.
+    config = loaded(write(tmp_path, (
+        "source: {topics: [a]}\n"
+        "x-base: &base {topic: t, key: aggregate_id}\n"
+        "routes:\n"
+        "  - <<: *base\n    match: {type: A}\n"
+        "  - <<: *base\n    topic: u\n")))
+    assert [(route.topic, route.key) for route in config.routes] == [
+        ("t", "aggregate_id"), ("u", "aggregate_id")]
+    assert "duplicate key 'topic'" in error_of(tmp_path, (
+        "source: {topics: [a]}\nroutes:\n  - {topic: t, topic: u}\n"))
+
+
+def test_an_invalid_json_override_is_not_echoed(tmp_path: Path) -> None:
+    # Review 2, session 26: a mapping's text may hold a secret.
+    message = error_of(tmp_path, MINIMAL, {
+        "CDC_ROUTER__KAFKA__CONFIG": '{"sasl.password": "s3cret-Pa55"'})
+    assert "invalid JSON" in message and "s3cret-Pa55" not in message
 
 
 def test_python_built_config_equals_loaded() -> None:
