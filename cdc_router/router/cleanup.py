@@ -175,6 +175,8 @@ class OutboxCleaner:
                             one_line(error), backoff, self.pending_count(),
                             f" reason={reason!r}" if reason else "")
                 self._drop_connection()
+                # An ALTER TABLE may be the cause (`text = uuid`): read the types again.
+                self._column_types = None
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
@@ -307,8 +309,8 @@ class OutboxCleaner:
                            for event_id, created_ms in young if created_ms is not None]
 
     def _types(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
-        """The table's column types (uuid, text, bigint, ...), read once: the id's for the
-        array cast, created_at's for the retention cutoff."""
+        """The table's column types (uuid, text, bigint, ...), read once and again after a
+        failure: the id's for the array cast, created_at's for the retention cutoff."""
         if self._column_types is None:
             types = column_types(conn, self._settings.table, "cleanup.table")
             if not types:

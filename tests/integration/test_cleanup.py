@@ -503,3 +503,33 @@ def test_a_row_locked_elsewhere_holds_the_deletes_with_a_warning_then_they_catch
         left = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
     _drop(stack.postgres_dsn, table)
     assert left == (0,)
+
+
+def test_an_id_column_whose_type_changes_under_the_cleaner_is_read_again(
+        stack: StackEndpoints) -> None:
+    # QA, session 26: the types were read once; after ALTER COLUMN id TYPE text every DELETE
+    # failed (`text = uuid`) until the router restarted.
+    name = f"retyped_{os.getpid()}_{random.randrange(10**6)}"
+    table, ids, cleaner = _twenty_rows_and_a_cleaner(stack.postgres_dsn, name, f"public.{name}")
+
+    def drained() -> int:
+        deadline = time.monotonic() + 20  # bounds a hang; asserts nothing about speed
+        while cleaner.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return cleaner.pending_count()
+
+    cleaner.start()
+    try:
+        cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids[:5]])
+        assert drained() == 0
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN id TYPE text").format(table))
+        cleaner.delivered([Delivered(event_id, "t", None) for event_id in ids[5:15]])
+        pending = drained()
+    finally:
+        cleaner.stop()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            left = {str(row[0]) for row in conn.execute(
+                sql.SQL("SELECT id FROM {}").format(table))}
+        _drop(stack.postgres_dsn, table)
+    assert left == set(ids[15:]) and pending == 0
