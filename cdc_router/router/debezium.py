@@ -109,8 +109,14 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
         return Skipped(MESSAGE)
     if op == "u":
         if settings.on_update == "fail":
-            raise DecodeError("update of an outbox row (op 'u'): an outbox is insert-only "
-                              "and source.on_update is 'fail'")
+            failure = DecodeError("update of an outbox row (op 'u'): an outbox is insert-only "
+                                  "and source.on_update is 'fail'")
+            after = envelope.get("after")
+            updated = after.get(settings.outbox.id) if isinstance(after, dict) else None
+            if isinstance(updated, str | int) and not isinstance(updated, bool) and \
+                    len(str(updated).encode("utf-8", "surrogatepass")) <= MAX_EVENT_ID_BYTES:
+                failure.event_id = str(updated)  # for dlq list and dlq replay --id
+            raise failure
         return Skipped(UPDATE)
     if op == "r" and not settings.snapshot_rows:
         return Skipped(SNAPSHOT_DISABLED)

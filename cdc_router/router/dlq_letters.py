@@ -172,6 +172,12 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 "its value was left out (dlq.value.dropped.bytes); the raw record is at "
                 f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")))
             continue
+        if letter.stage == "decode" and letter.event_id in before:
+            # Delivered since: a Debezium replay or snapshot read the row once it decoded (its
+            # letter's raw record still fails, before any replay check).
+            planned.append(Planned(letter, "already_delivered",
+                                   note="delivered since it was dead-lettered"))
+            continue
         result = step(letter.source_topic, letter.key, letter.value)
         planned.append(_planned(letter, result, before))
         handled = _event_id(result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from cdc_router.config.compiled import compile_config
@@ -147,6 +148,16 @@ def test_another_pipelines_letters_on_a_shared_dead_letter_topic_are_not_replaye
                           routed_step, seen, set(), ours)
     assert [item.action for item in planned] == ["deliver", "not_replayable"]
     assert "another pipeline's: its source 'other.public.outbox'" in planned[1].note
+
+
+def test_a_decode_letter_of_an_id_delivered_since_is_already_delivered() -> None:
+    # QA, session 26: a snapshot read the row once it decoded again and delivered it; the
+    # replay planned its letter (whose raw record still fails) as dead_letter again.
+    routed_step, seen = step()
+    broken = letter("fixed", stage="decode")
+    broken = replace(broken, value=b"{not json")
+    planned = plan_replay([broken], routed_step, seen, {"fixed"}, lambda topic: True)
+    assert [item.action for item in planned] == ["already_delivered"]
 
 
 def test_a_letter_dead_lettered_again_keeps_its_source_and_names_the_earlier_one() -> None:
