@@ -109,10 +109,10 @@ class MemberFenced(FatalKafkaError):
 
 
 class TransactionInDoubt(FatalKafkaError):
-    """A transaction's commit (or its offsets) got no answer through every retry: only the
-    coordinator knows whether it committed, and librdkafka refuses an abort while the call is
-    unresolved. Only a new process settles it (init_transactions commits or aborts it), and the
-    next one goes on from what Kafka holds, so the router exits EXIT_RESTART."""
+    """A transaction's commit (or its offsets) got no answer through every retry, and
+    librdkafka refuses an abort while the call is unresolved. Only a new process settles it
+    (init_transactions ends it), and the next one goes on from what Kafka holds, so the
+    process (the router, the relay, `dlq replay`, `outbox republish`) exits EXIT_RESTART."""
 
     exit_code = EXIT_RESTART
 

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from cdc_router.config.headers import header_name_problem, is_reserved_header
 from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.table import OutboxSchema
 
@@ -72,6 +73,13 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     if headers is not None and not all(
             isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
         raise InvalidEventError("headers must map strings to strings")
+    for name in headers or {}:
+        # Such a row could only be dead-lettered (router/routing.py): refuse it at the source.
+        problem = ("is reserved for the router (id, type, aggregatetype, aggregateid, ce_*)"
+                   if is_reserved_header(name, cloudevents=False) else header_name_problem(name))
+        if problem:
+            raise InvalidEventError(f"header name {show(name)} {problem}; the router would "
+                                    "dead-letter the event")
     names = schema.columns
     columns = list(names.required)
     values = [event, aggregate_type, aggregate_id, type, value]

@@ -338,9 +338,10 @@ class Transaction:
             self._reset()
             raise TransactionInDoubt(
                 f"Kafka transaction step {name!r} got no answer (after retries): {failure}; "
-                "only Kafka knows whether the batch committed, so this router exits with "
-                f"{EXIT_RESTART} for its supervisor to restart it: the next start settles "
-                "the transaction and goes on from the offsets Kafka holds") from failure
+                "librdkafka lets this process neither finish nor abort the transaction, so it "
+                f"exits with {EXIT_RESTART}: start it again (a supervisor restarts the router) "
+                "and the next start settles the transaction and goes on from what Kafka "
+                "committed") from failure
 
     def _call(self, step: Callable[[], None], name: str,
               backoffs: tuple[float, ...] = RETRY_BACKOFF_S) -> None:

@@ -283,6 +283,10 @@ def test_a_dict_for_a_bytea_column_is_stored_as_json_bytes() -> None:
     ({"payload": '{"a": 1}'}, "parse JSON text first"),
     ({"payload": {}, "event_id": "not-a-uuid"}, "not a UUID"),
     ({"payload": {}, "headers": {"n": 1}}, "strings to strings"),
+    # QA, session 26: rows the router could only dead-letter were committed.
+    ({"payload": {}, "headers": {"id": "forged"}}, "header name 'id' is reserved"),
+    ({"payload": {}, "headers": {"ce_type": "x"}}, "header name 'ce_type' is reserved"),
+    ({"payload": {}, "headers": {"a\x00b": "x"}}, "holds a NUL character"),
 ])
 def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: str) -> None:
     conn = RecordingConnection()
