@@ -18,17 +18,32 @@ from cdc_router.cli.outbox import DEFAULT_DSN
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
-from cdc_router.errors import ConfigError
+from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.report import Report
-from cdc_router.ops.verdict import EXIT_CODES, Problem, judge, verdict
+from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
 
 # --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
 DEFAULT_SERVE_INTERVAL_S = 30.0
 
 
-@click.command(name="status")
+class _StatusCommand(click.Command):
+    """Bad arguments exit EXIT_UNKNOWN, not click's 2, which is `status`'s critical."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            error.exit_code = EXIT_UNKNOWN
+            raise
+
+
+class _CheckImpossible(CdcRouterError):
+    exit_code = EXIT_UNKNOWN
+
+
+@click.command(name="status", cls=_StatusCommand)
 @click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
               envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
 @click.option("--connector", help="The Debezium connector [default: status.connector, "
@@ -52,8 +67,11 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         bootstrap_servers: str | None, thresholds: tuple[str, ...], watch_s: float | None,
         port: int | None, output: str) -> None:
     """Slots and WAL, publication, outbox, connector, router lag, dead letters; exit 0 ok,
-    1 warning, 2 critical."""
-    config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
+    1 warning, 2 critical, 3 when it cannot check (bad config or arguments)."""
+    try:
+        config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
+    except CdcRouterError as error:
+        raise _CheckImpossible(str(error)) from error
     kafka = config.kafka.librdkafka()
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers

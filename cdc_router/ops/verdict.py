@@ -22,6 +22,9 @@ from cdc_router.ops.report import (
 )
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
+# `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart
+# from the verdicts, so that a probe never reads a broken check as a mere warning.
+EXIT_UNKNOWN = 3
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 
 

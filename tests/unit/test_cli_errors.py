@@ -35,6 +35,8 @@ class _Unreachable:
     def close(self) -> None:
         pass
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "cdc_router" / "examples" / "router.yaml"
+
 
 def test_a_kafka_error_no_command_caught_is_one_line_naming_what_to_check(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,3 +112,15 @@ def test_an_argument_that_is_not_utf8_is_one_line_before_any_command_runs() -> N
     assert result.exit_code == 2
     assert "argument 4 ('\\udcff') is not valid UTF-8" in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("args", [
+    ["-c", "/nonexistent/router.yaml"],
+    ["-c", str(EXAMPLE), "--threshold", "nosuch=1"],
+    ["-c", str(EXAMPLE), "--watch", "0"],
+])
+def test_status_that_cannot_check_exits_3_never_a_verdict(args: list[str]) -> None:
+    # QA, session 26: a missing config exited 1 (warning) and a bad option 2 (critical): a
+    # probe paging on 2 and logging 1 took "the check never ran" for a warning.
+    result = CliRunner().invoke(main, ["status", *args])
+    assert result.exit_code == 3, result.output
