@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc_router.errors import ConfigError
 
@@ -89,6 +90,18 @@ def utc_now_for(column_type: str) -> sql.Composable:
     if column_type.endswith("with time zone"):  # format_type: "timestamp(6) with time zone"
         return sql.SQL("now()")
     return sql.SQL("(now() AT TIME ZONE 'UTC')")
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why `dsn` is no Postgres connection string, or None; never quotes it (it holds the
+    password)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        # Not libpq's reason either: it quotes the string's words, a password among them.
+        return ("not a Postgres connection string; give "
+                "postgresql://user:password@host:port/dbname or key=value pairs")
+    return None
 
 
 def one_line(error: BaseException) -> str:

@@ -38,8 +38,8 @@ config_option = click.option(
 
 @cli.command(name="list")
 @config_option
-@click.option("-n", "--limit", default=50, show_default=True, help="At most this many, oldest "
-              "first.")
+@click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),
+              help="At most this many, oldest first.")
 @output_option
 def list_letters(config_path: Path, limit: int, output: str) -> None:
     """Dead letters with where they came from, the stage that failed, and why."""

@@ -8,6 +8,7 @@ from pydantic import PositiveInt, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import Dsn, TableName
 from cdc_router.config.fields import field_problem as _fail
 
 
@@ -18,8 +19,8 @@ class CleanupSettings(_Model):
     retention_ms: PositiveInt | None = None  # mode retention: delete rows older than this
     batch_size: PositiveInt = 1000
     interval_ms: PositiveInt = 1000
-    table: str = "public.outbox"
-    dsn: str | None = None  # Postgres DSN; set it through CDC_ROUTER__CLEANUP__DSN, not the file
+    table: TableName = "public.outbox"
+    dsn: Dsn = None  # Postgres DSN; set it through CDC_ROUTER__CLEANUP__DSN, not the file
 
     @model_validator(mode="after")
     def _complete(self) -> CleanupSettings:

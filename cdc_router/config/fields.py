@@ -12,6 +12,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
 from cdc_router.config.patterns import compile_pattern
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import dsn_problem, split_table
 
 
 def field_problem(field: str, message: str, value: object = None) -> PydanticCustomError:
@@ -58,6 +60,25 @@ def _text_values(value: Any) -> Any:
 
 
 TextMap = Annotated[dict[str, str], BeforeValidator(_text_values)]  # values taken as written
+
+
+def _table_name(table: str) -> str:
+    try:
+        split_table(table)
+    except ConfigError as error:  # pydantic's ValueError names the file and the field
+        raise ValueError(error.args[0].partition(": ")[2]) from None
+    return table
+
+
+def _dsn(dsn: str | None) -> str | None:
+    problem = dsn_problem(dsn) if dsn else None
+    if problem:
+        raise ValueError(problem)
+    return dsn
+
+
+TableName = Annotated[str, AfterValidator(_table_name)]  # schema.table or table
+Dsn = Annotated[str | None, AfterValidator(_dsn)]  # a Postgres connection string, never shown
 Patterns = str | list[str]
 TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or re:regex
 

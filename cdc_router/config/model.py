@@ -145,6 +145,10 @@ class RouterConfig(_Model):
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise _fail(f"nats.streams[{index}].name", "declared twice", name)
+        declared = [spec.name for spec in self.topics]
+        for index, name in enumerate(declared):
+            if name in declared[:index]:
+                raise _fail(f"topics[{index}].name", "declared twice", name)
 
     def topic_guard(self) -> TopicGuard:
         """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""

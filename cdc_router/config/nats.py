@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -24,7 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from cdc_router.config.fields import ConfigModel
+from cdc_router.config.fields import ConfigModel, field_problem
+from cdc_router.config.redact import redact
 from cdc_router.config.topic_names import Template, parse_template
 from cdc_router.errors import show
 
@@ -150,6 +152,9 @@ class NatsTls(ConfigModel):
         return self
 
 
+_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
 class NatsSettings(ConfigModel):
     """How the router reaches NATS, and the streams its routes publish into."""
 
@@ -170,6 +175,21 @@ class NatsSettings(ConfigModel):
     # connection, so it is a dead letter at stage route instead.
     max_payload_bytes: PositiveInt = 1024 * 1024
     streams: list[StreamSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _servers(self) -> NatsSettings:
+        for server in (part.strip() for part in self.url.split(",")):
+            parts = urlsplit(server if "://" in server else f"nats://{server}")
+            try:
+                parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+                usable = parts.scheme in _NATS_SCHEMES and bool(parts.hostname)
+            except ValueError:
+                usable = False
+            if not usable:
+                raise field_problem("url", "each server is [nats|tls|ws|wss://][user:password@]"
+                                    "host[:port], comma-separated",
+                                    redact("url", server))
+        return self
 
     @model_validator(mode="after")
     def _one_kind_of_credentials(self) -> NatsSettings:

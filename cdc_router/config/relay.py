@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, field_validator
 
-from cdc_router.config.fields import ConfigModel, StringMap
+from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import check_identifier, split_table
+from cdc_router.postgres import check_identifier
 
 # The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
 DEFAULT_TXID_COLUMN = "txid"
@@ -16,8 +16,8 @@ DEFAULT_SEQ_COLUMN = "seq"
 class RelaySettings(ConfigModel):
     """Where the relay reads, how often and how much, and where it keeps its position."""
 
-    table: str = "public.outbox"
-    dsn: str | None = None  # set it through CDC_ROUTER__RELAY__DSN, not the file
+    table: TableName = "public.outbox"
+    dsn: Dsn = None  # set it through CDC_ROUTER__RELAY__DSN, not the file
     # An idle relay looks for new rows this often; a full batch is followed at once by the next.
     poll_interval_ms: PositiveInt = 200
     batch_rows: PositiveInt = Field(default=1000, le=100_000)
@@ -30,15 +30,6 @@ class RelaySettings(ConfigModel):
     position_topic: str | None = None
     position_replication_factor: PositiveInt | None = None
     position_config: StringMap = Field(default_factory=dict)
-
-    @field_validator("table")
-    @classmethod
-    def _table(cls, table: str) -> str:
-        try:
-            split_table(table)
-        except ConfigError as error:  # pydantic's ValueError names the file and the field
-            raise ValueError(error.args[0].partition(": ")[2]) from None
-        return table
 
     @field_validator("txid_column", "seq_column")
     @classmethod

@@ -271,6 +271,23 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
         "source: {topics: [a]}\nroutes:\n  - {topic: t, topic: u}\n"))
 
 
+@pytest.mark.parametrize(("section", "expected"), [
+    ("cleanup: {mode: delete, table: a.b.c, dsn: 'postgresql://u:p@h/db'}",
+     "field 'cleanup.table': expected schema.table or table (got 'a.b.c')"),
+    ("cleanup: {mode: delete, dsn: 'not a dsn s3cret'}",
+     "field 'cleanup.dsn': not a Postgres connection string"),
+    ("relay: {dsn: 'password=s3cret host'}", "field 'relay.dsn': not a Postgres connection"),
+    ("topics: [{name: a.b}, {name: a.b}]", "field 'topics[1].name': declared twice"),
+    ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': each server is"),
+    ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
+])
+def test_what_only_the_router_refused_rules_check_refuses(tmp_path: Path, section: str,
+                                                         expected: str) -> None:
+    # QA, session 26: `rules check` said valid, `run` retried a malformed DSN for ever.
+    message = error_of(tmp_path, MINIMAL + section + "\n")
+    assert expected in message and "s3cret" not in message
+
+
 def test_an_invalid_json_override_is_not_echoed(tmp_path: Path) -> None:
     # Review 2, session 26: a mapping's text may hold a secret.
     message = error_of(tmp_path, MINIMAL, {
