@@ -41,11 +41,11 @@ from cdc_router.errors import (
     RegistryError,
 )
 from cdc_router.kafka.errors import (
-    REFUSED_CREDENTIALS,
     ErrorAction,
     classify,
     describe,
     kafka_error_of,
+    stops_consumer,
 )
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         # The router's one classifier: fenced (another member with our group.instance.id)
         # stops us too, although librdkafka does not flag it fatal; so do credentials that
         # may not read the topics.
-        if classify(error) is ErrorAction.FATAL or error.code() in REFUSED_CREDENTIALS:
+        if stops_consumer(error):
             raise FatalKafkaError(f"Kafka consumer failed fatally: {describe(error)}")
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())

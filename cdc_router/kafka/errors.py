@@ -79,6 +79,12 @@ def classify(error: KafkaError) -> ErrorAction:
     return ErrorAction.ABORT
 
 
+def stops_consumer(error: KafkaError) -> bool:
+    """Whether a consumer's error must stop the process: fatal or fenced (classify), or
+    credentials that may not read its topics (REFUSED_CREDENTIALS)."""
+    return classify(error) is ErrorAction.FATAL or error.code() in REFUSED_CREDENTIALS
+
+
 def describe(error: KafkaError) -> str:
     """One line: the error's name and librdkafka's text."""
     return f"{error.name()}: {error.str()}"

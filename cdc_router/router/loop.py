@@ -34,7 +34,7 @@ from cdc_router.kafka.consumer import (
     record_headers,
     rewind_to_committed,
 )
-from cdc_router.kafka.errors import REFUSED_CREDENTIALS, ErrorAction, classify, describe
+from cdc_router.kafka.errors import describe, stops_consumer
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -356,7 +356,7 @@ class OutboxRouter:
                 log.info("event=source_topic_missing detail=%r", error.str())
                 self._waiting_for_source = True
             return
-        if classify(error) is ErrorAction.FATAL or error.code() in REFUSED_CREDENTIALS:
+        if stops_consumer(error):
             raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
                                     consumer=True)
         log.warning("event=consumer_error error=%s", describe(error))
