@@ -253,10 +253,11 @@ _lifecycle_command("stop", "Stop a connector: its tasks shut down, its config st
 @click.option("-y", "--yes", is_flag=True, help="Do not ask first.")
 @pass_state
 def reset_offsets(state: _State, name: str, yes: bool) -> None:
-    """Forget a STOPPED connector's source offsets (after its slot was lost), then resume it."""
+    """Forget a STOPPED connector's source offsets (after its slot was lost); it stays
+    STOPPED until `connectors resume`."""
     confirm(f"Forget the offsets of connector {name}?", yes)
     state.client.reset_offsets(name)
-    click.echo(f"{name}: offsets reset")
+    click.echo(f"{name}: offsets reset; it stays STOPPED: `cdc-router connectors resume {name}`")
 
 
 @cli.command()
