@@ -15,11 +15,9 @@ import click
 from cdc_router.cli._output import output_option, table
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.redact import redact_tree
+from cdc_router.config.redact import redact_tree, shown_url
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
-from cdc_router.nats.connection import shown_url
-from cdc_router.postgres import split_table
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
@@ -90,7 +88,7 @@ def explain_event(path: Path, config: RouterConfig, step: RecordStep,
     # A relay-only config has no source topic: the relay hands its rows to the same step,
     # and its dead letters name the table as their source.
     default_topic = config.source.topics[0] if config.source.topics else \
-        ".".join(split_table(config.relay.table, "relay.table")) if config.relay else "(none)"
+        config.relay.qualified_table if config.relay else "(none)"
     topic, key, value = _read_record(path, source_topic or None, default_topic)
     result: dict[str, Any] = {"file": str(path), "source_topic": topic}
     outcome = step(topic, key, value)

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from cdc_router.config.fields import ConfigModel, field_problem
-from cdc_router.config.redact import redact
+from cdc_router.config.redact import shown_url
 from cdc_router.config.topic_names import Template, parse_template
 from cdc_router.errors import show
 
@@ -188,7 +188,7 @@ class NatsSettings(ConfigModel):
             if not usable:
                 raise field_problem("url", "each server is [nats|tls|ws|wss://][user:password@]"
                                     "host[:port], comma-separated",
-                                    redact("url", server))
+                                    shown_url(server))
         return self
 
     @model_validator(mode="after")

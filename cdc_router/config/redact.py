@@ -49,6 +49,21 @@ def redact(key: str, value: str | None) -> str | None:
     return _URL_PASSWORD.sub(_mask_url_password, value)
 
 
+# The user info of one server of a URL list: `user:password@`, or a token, `token@` (NATS).
+_USER_INFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>[^@/]*)@")
+
+
+def shown_url(url: str) -> str:
+    """A comma-separated list of server URLs fit for a log or an error line: each server's
+    password, or its token, masked."""
+    def masked(match: re.Match[str]) -> str:
+        user, colon, _ = match["info"].partition(":")
+        return f"{match['scheme'] or ''}{user + ':' if colon else ''}{MASK}@"
+
+    return ",".join(_USER_INFO.sub(masked, server.strip()) for server in url.split(",")
+                    if server.strip())
+
+
 def redact_tree(value: Any, key: str = "") -> Any:
     """A JSON-like tree with every string under a secret key (at any depth) redacted."""
     if isinstance(value, dict):

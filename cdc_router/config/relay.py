@@ -6,7 +6,7 @@ from pydantic import Field, PositiveInt, field_validator
 
 from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import check_identifier
+from cdc_router.postgres import check_identifier, split_table
 
 # The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
 DEFAULT_TXID_COLUMN = "txid"
@@ -30,6 +30,12 @@ class RelaySettings(ConfigModel):
     position_topic: str | None = None
     position_replication_factor: PositiveInt | None = None
     position_config: StringMap = Field(default_factory=dict)
+
+    @property
+    def qualified_table(self) -> str:
+        """`schema.table`: how the relay names its table (its position key, the source of its
+        dead letters)."""
+        return ".".join(split_table(self.table, "relay.table"))
 
     @field_validator("txid_column", "seq_column")
     @classmethod

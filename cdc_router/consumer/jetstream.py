@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.config.redact import shown_url
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
@@ -60,7 +61,6 @@ from cdc_router.nats.connection import (
     config_failure,
     error_text,
     require_tls,
-    shown_url,
 )
 
 log = logging.getLogger(__name__)

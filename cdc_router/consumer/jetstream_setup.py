@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cdc_router.config.redact import shown_url
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.errors import JetStreamConsumerError
-from cdc_router.nats.connection import error_text, shown_url
+from cdc_router.nats.connection import error_text
 
 log = logging.getLogger("cdc_router.consumer.jetstream")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cdc_router.config.nats import NatsSettings
-from cdc_router.config.redact import MASK
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError
 
 # How many of the errors nats-py reports while connecting a caller keeps for config_failure: a
@@ -105,19 +104,6 @@ async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> No
 
 def _servers(url: str) -> list[str]:
     return [server.strip() for server in url.split(",") if server.strip()]
-
-
-# The user info of a server URL: `user:password@` or a token, `token@`.
-_USER_INFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>[^@/]*)@")
-
-
-def shown_url(url: str) -> str:
-    """`url` fit for a log or an error line: each server's password or token masked."""
-    def masked(match: re.Match[str]) -> str:
-        user, colon, _ = match["info"].partition(":")
-        return f"{match['scheme'] or ''}{user + ':' if colon else ''}{MASK}@"
-
-    return ",".join(_USER_INFO.sub(masked, server) for server in _servers(url))
 
 
 async def _server_info(server: str, timeout_s: float) -> dict[str, Any] | None:

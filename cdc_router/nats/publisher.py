@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import JetStreamError
 from cdc_router.nats.connection import (
     RECENT_ERRORS,
     config_failure,
     error_text,
     require_tls,
-    shown_url,
 )
 
 log = logging.getLogger("cdc_router.nats")

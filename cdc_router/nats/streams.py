@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import StreamSpec
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import config_failure, require_tls, shown_url
+from cdc_router.nats.connection import config_failure, require_tls
 
 StreamAction = Literal["create", "update", "unchanged"]
 # One JetStream API call: stream creation on a loaded server takes a second at most.

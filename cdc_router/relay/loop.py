@@ -41,7 +41,7 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import TopicReader
-from cdc_router.postgres import one_line, split_table
+from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
@@ -92,7 +92,7 @@ class OutboxRelay:
         self._relay = config.relay
         # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
         # with one position, one transactional id.
-        self._table = ".".join(split_table(config.relay.table, "relay.table"))
+        self._table = config.relay.qualified_table
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered

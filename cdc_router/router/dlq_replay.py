@@ -40,7 +40,6 @@ from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRef
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
-from cdc_router.postgres import split_table
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.dlq_letters import (
@@ -99,7 +98,7 @@ def sources_of(config: RouterConfig) -> Callable[[str], bool]:
     names = {topic for topic in config.source.topics if not topic.startswith("^")}
     patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
     if config.relay is not None:
-        names.add(".".join(split_table(config.relay.table, "relay.table")))
+        names.add(config.relay.qualified_table)
     return lambda topic: topic in names or any(pattern.search(topic) for pattern in patterns)
 
 

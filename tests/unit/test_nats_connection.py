@@ -13,13 +13,13 @@ from nats.errors import Error as NatsError
 from pydantic import ValidationError
 
 from cdc_router.config.nats import NatsSettings
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError
 from cdc_router.nats.connection import (
     config_failure,
     connect_options,
     credentials_refused,
     require_tls,
-    shown_url,
 )
 
 
