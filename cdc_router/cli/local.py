@@ -8,11 +8,12 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 import click
 
 from cdc_router.local import stack
-from cdc_router.local.config import OPTIONAL_PARTS, PARTS, StackConfig, load_saved
+from cdc_router.local.config import OPTIONAL_PARTS, PARTS, Part, StackConfig, load_saved
 
 
 def default_jar_cache() -> Path:
@@ -66,8 +67,7 @@ def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
         changes["jar_cache"] = jar_cache.resolve()
     config = StackConfig.model_validate({**current.model_dump(), **changes})
     started = time.monotonic()
-    stack.up(config, _say, with_nats="nats" in with_parts,
-             with_registry="registry" in with_parts)
+    stack.up(config, _say, optional=cast("tuple[Part, ...]", with_parts))
     click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
 
 

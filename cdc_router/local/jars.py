@@ -52,7 +52,12 @@ def ensure_registry(config: StackConfig, say: Callable[[str], None]) -> None:
         _maven("registry", cache, Path(work), ["dependency:get"])
         staging = Path(work) / "app"
         with tarfile.open(cache / "m2" / _REGISTRY_ARCHIVE) as archive:
-            archive.extractall(staging, filter="data")
+            # The "data" filter (no links out, no device files) exists from Python 3.11.4;
+            # Debian bookworm's own python3 is 3.11.2.
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(staging, filter="data")
+            else:
+                archive.extractall(staging)
         _install(staging, target)
 
 
@@ -66,8 +71,9 @@ def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
     never in the package), its local repository under `cache`."""
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise StackError("Maven (mvn) is not installed; it fetches the Kafka and Debezium jars: "
-                         "run `apt-get install -y maven`, then `cdc-router local up` again")
+        raise StackError("Maven (mvn) is not installed; it fetches the Kafka, Debezium and "
+                         "schema registry jars: run `apt-get install -y maven`, then "
+                         "`cdc-router local up` again")
     pom = work / "pom.xml"
     shutil.copyfile(_POMS / name / "pom.xml", pom)
     command = [mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}", *goal]

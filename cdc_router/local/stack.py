@@ -14,13 +14,14 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdc_router.errors import StackError
 from cdc_router.local import process
 from cdc_router.local.config import (
+    OPTIONAL_PARTS,
     PARTS,
     Part,
     StackConfig,
@@ -82,23 +83,18 @@ def status(config: StackConfig) -> list[PartStatus]:
     return result
 
 
-def up(config: StackConfig, say: Say, *, with_nats: bool = False,
-       with_registry: bool = False) -> None:
+def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> None:
     """Start what is not running, wait until each part is healthy; what runs is left alone.
 
-    nats-server and the schema registry are optional: started only `with_nats`,
-    `with_registry`.
+    nats-server and the schema registry (OPTIONAL_PARTS) are started only when in `optional`.
     """
     config.check_ports_distinct()
     _check_java()
     ensure_jars(config, say)
-    if with_registry:
-        ensure_registry(config, say)
+    _prepare(config, optional, say)
     save(config)
     running = {s.part for s in status(config) if s.state == "running"}
-    asked: dict[Part, bool] = {"nats": with_nats, "registry": with_registry}
-    not_asked = {part for part, wanted in asked.items() if not wanted}
-    _check_ports(config, running | not_asked)
+    _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
     # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
         ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
@@ -115,16 +111,21 @@ def up(config: StackConfig, say: Say, *, with_nats: bool = False,
         say("connect   already running")
     else:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
-    for part in sorted(part for part, wanted in asked.items() if wanted):
+    for part in sorted(optional):
         _up_optional(config, part, say, part in running)
     say("")
     say(f"bootstrap servers  {config.bootstrap_servers}")
     say(f"connect url        {config.connect_url}")
     say(f"postgres dsn       {config.postgres_dsn}")
-    if with_nats:
-        say(f"nats url           {config.nats_url}")
-    if with_registry:
-        say(f"registry url       {config.registry_url}")
+    for part in sorted(optional):
+        say(f"{part + ' url':<19}{_address(config, part)}")
+
+
+def _prepare(config: StackConfig, parts: Collection[Part], say: Say) -> None:
+    """What an optional part needs before it starts: the registry, Java and its bundle."""
+    if "registry" in parts:
+        _check_java()
+        ensure_registry(config, say)
 
 
 # The optional parts: how each starts, and when it is healthy.
@@ -136,9 +137,7 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     """Start one optional part alone, nats-server (no Java, no jars) or the schema registry:
     for tests, and a JetStream-only setup."""
     config.check_ports_distinct()
-    if part == "registry":
-        _check_java()
-        ensure_registry(config, say)
+    _prepare(config, (part,), say)
     save(config)
     running = process.is_running(process.read_pid(config.pid_path(part)), _marker(config))
     if not running:

@@ -15,8 +15,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.local import process
 from cdc_router.local.config import StackConfig, connect_properties, load_saved, to_properties
 from cdc_router.local.stack import java_command
-from tests.integration.redis_server import free_port
-from tests.integration.support import POSTGRES_CONNECTOR, unique
+from tests.integration.support import POSTGRES_CONNECTOR, free_port, unique
 
 REPO = Path(__file__).resolve().parents[2]
 

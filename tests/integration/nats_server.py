@@ -12,7 +12,7 @@ import nats
 
 from cdc_router.local.config import StackConfig
 from tests.integration.optional_part import OptionalPart, running
-from tests.integration.redis_server import free_port
+from tests.integration.support import free_port
 
 
 class NatsServer(OptionalPart):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -262,3 +263,21 @@ def replay_seed(default: int) -> ReplaySeed:
     """`default`, so that every run makes the same choices, unless SEED_ENV names another."""
     text = os.environ.get(SEED_ENV)
     return ReplaySeed(int(text) if text else default)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now: held open
+    together while they are chosen, so never twice the same."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    return free_ports(1)[0]

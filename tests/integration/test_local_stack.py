@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
-from tests.integration.support import read_topic
+from tests.integration.support import free_ports, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -27,16 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 PORT_OPTIONS = ("--postgres-port", "--kafka-port", "--kafka-controller-port", "--connect-port")
 
 
-def _free_ports(count: int) -> list[str]:
-    """`count` distinct ports nothing listens on: held open together while they are chosen."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [str(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
+def _port_flags(options: tuple[str, ...]) -> list[str]:
+    """`--option PORT` pairs, each with a free port of its own."""
+    return [item for option, port in zip(options, free_ports(len(options)), strict=True)
+            for item in (option, str(port))]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -48,9 +42,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def private_home() -> Iterator[Path]:
     # Beside the shared stack's home: the postgres user can reach it (pytest's tmp is 0700).
     home = REPO / f".cdc-router-private-{uuid.uuid4().hex[:8]}"
-    flags = [item for pair in zip(PORT_OPTIONS, _free_ports(len(PORT_OPTIONS)), strict=True)
-             for item in pair]
-    started = _cli("up", "--home", str(home), *flags)
+    started = _cli("up", "--home", str(home), *_port_flags(PORT_OPTIONS))
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         yield home
@@ -93,11 +85,9 @@ def test_up_fails_naming_a_port_another_process_holds(private_home: Path,
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        options = [option for option in PORT_OPTIONS if option != "--kafka-port"]
-        others = [item for pair in zip(options, _free_ports(len(options)), strict=True)
-                  for item in pair]
+        others = tuple(option for option in PORT_OPTIONS if option != "--kafka-port")
         result = _cli("up", "--home", str(tmp_path / "other"), "--kafka-port", str(port),
-                      *others)
+                      *_port_flags(others))
     assert result.returncode == 1
     assert f"port {port} (kafka)" in result.stderr
     assert "Traceback" not in result.stderr

@@ -32,8 +32,7 @@ from cdc_router.errors import JetStreamConsumerError
 from cdc_router.nats.connection import connect_options
 from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
-from tests.integration.redis_server import free_port
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -282,7 +282,7 @@ def test_malformed_messages_are_dead_lettered_at_once(
 
 def test_nats_unreachable_stops_run_with_one_readable_line(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
-    from tests.integration.redis_server import free_port
+    from tests.integration.support import free_port
 
     settings = JetStreamSettings(url=f"nats://127.0.0.1:{free_port()}", stream="PAYMENTS",
                                  durable="fulfillment", dead_letter_subject="fulfillment.dlq",

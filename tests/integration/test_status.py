@@ -17,8 +17,7 @@ import httpx
 import pytest
 
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.redis_server import free_port
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, free_port
 
 pytestmark = pytest.mark.integration
 
