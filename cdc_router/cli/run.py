@@ -20,6 +20,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
+from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 
@@ -40,7 +41,7 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
     return CommittedIds(kafka, changelog_topic=config.dedup.changelog_topic,
                         group=config.source.group_id,
                         dead_letter_topic=config.dead_letter.topic,
-                        window_ms=config.dedup.window_ms)
+                        window_ms=config.dedup.window_ms, ours=sources_of(config))
 
 
 @click.command(name="run")

@@ -13,6 +13,8 @@ not yet deleted are deleted all the same. Two kinds of marks are not proof:
   the dead-letter topic has been read past its log end as of after the chunk was read: every
   dead letter of those transactions lies below that end, so it has been seen. A letter gone
   from that topic (its retention) leaves such an old mark unguarded; a `dead:` mark needs none.
+  Only letters of this pipeline's sources count: another pipeline sharing the dead-letter topic
+  may dead-letter the same id from its own raw topic while this one delivers it.
   A mark written by `cdc-router dlq replay` (key `replayed:`) is proof all the same: the
   replay delivered that dead letter, so its row goes too.
 
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer
 
-from cdc_router.dead_letter import EVENT_ID, STAGE, marks_delivery
+from cdc_router.dead_letter import EVENT_ID, SOURCE_TOPIC, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import (
     AdminConnection,
@@ -54,8 +56,10 @@ class CommittedIds:
     """Reads the changelog from its start, then follows it; never commits offsets."""
 
     def __init__(self, kafka_config: Mapping[str, Any], *, changelog_topic: str, group: str,
-                 dead_letter_topic: str, window_ms: int) -> None:
-        """`group`: this pipeline's source.group_id; only its marks prove a delivery."""
+                 dead_letter_topic: str, window_ms: int,
+                 ours: Callable[[str], bool]) -> None:
+        """`group`: this pipeline's source.group_id; only its marks prove a delivery.
+        `ours(dlq.source.topic)`: whether a dead letter is of this pipeline's sources."""
         self._config = {
             **kafka_config,
             "group.id": f"{kafka_config.get('client.id', 'cdc-router')}-cleanup-sweep",
@@ -66,6 +70,7 @@ class CommittedIds:
         self._changelog_topic = changelog_topic
         self._group = group
         self._dead_letter_topic = dead_letter_topic
+        self._ours = ours
         self._keep_dead_ms = window_ms + _DEAD_LETTER_MARGIN_MS
         self._changelog: Consumer | None = None
         self._dead_letters: Consumer | None = None
@@ -133,7 +138,8 @@ class CommittedIds:
                 headers = {name: value.decode(errors="replace")
                            for name, value in record_headers(message)}
                 event_id = headers.get(EVENT_ID)
-                if event_id is not None and marks_delivery(headers.get(STAGE, "")):
+                if (event_id is not None and marks_delivery(headers.get(STAGE, ""))
+                        and self._ours(headers.get(SOURCE_TOPIC, ""))):
                     self._dead[event_id] = now_ms
                     self._dead.move_to_end(event_id)
         while self._dead and next(iter(self._dead.values())) < now_ms - self._keep_dead_ms:

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.dead_letter import EVENT_ID, STAGE
+from cdc_router.dead_letter import EVENT_ID, SOURCE_TOPIC, STAGE
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
@@ -20,6 +20,14 @@ from cdc_router.router.replay import (
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
+
+RAW = b"raw.outbox"  # the sweeping pipeline's source topic
+
+
+def _sweep(stack: StackEndpoints, changelog: str, dead_letters: str) -> CommittedIds:
+    return CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
+                        changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
+                        window_ms=3_600_000, ours=lambda topic: topic == RAW.decode())
 
 
 @pytest.fixture
@@ -41,10 +49,11 @@ def _transaction(producer: Producer, changelog: str, dead_letters: str, delivere
     producer.begin_transaction()
     for event_id in dead:  # as the router does: the dead letter, then its mark
         producer.produce(dead_letters, key=b"raw", value=b"poison",
-                         headers=[(EVENT_ID, event_id.encode())])
+                         headers=[(EVENT_ID, event_id.encode()), (SOURCE_TOPIC, RAW)])
     for event_id in undecoded or []:  # a letter at stage decode: no mark
         producer.produce(dead_letters, key=b"raw", value=b"poison",
-                         headers=[(EVENT_ID, event_id.encode()), (STAGE, b"decode")])
+                         headers=[(EVENT_ID, event_id.encode()), (STAGE, b"decode"),
+                                  (SOURCE_TOPIC, RAW)])
     now_ms = int(time.time() * 1000)
     if legacy:  # one record per id, as versions before #14 wrote
         for event_id in delivered + dead:
@@ -91,9 +100,7 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
     _transaction(committed, changelog, dead_letters, ["e"], ["dead-2"], commit=True)
     aborted.abort_transaction(30)
     _transaction(committed, changelog, dead_letters, ["f"], [], commit=True)
-    source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
-                          changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
-                          window_ms=3_600_000)
+    source = _sweep(stack, changelog, dead_letters)
     try:
         first = _all(source)
         _transaction(committed, changelog, dead_letters, ["g"], ["dead-3"], commit=True)
@@ -107,12 +114,24 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
                      undecoded=["fixed-1"])
         _transaction(committed, changelog, dead_letters, ["fixed-1"], [], commit=True)
         fixed = _all(source)
+        # Another pipeline sharing the dead-letter topic dead-lettered "shared" from its own
+        # raw topic while this one delivered it: its letter says nothing of our row.
+        committed.begin_transaction()
+        committed.produce(dead_letters, key=b"raw", value=b"poison",
+                          headers=[(EVENT_ID, b"shared"), (SOURCE_TOPIC, b"billing.raw")])
+        for mark in changelog_records(["shared"], int(time.time() * 1000),
+                                      DEAD_LETTERED_KEY_PREFIX, group="billing"):
+            committed.produce(changelog, key=mark.key, value=mark.value)
+        committed.commit_transaction(30)
+        _transaction(committed, changelog, dead_letters, ["shared"], [], commit=True)
+        shared = _all(source)
     finally:
         source.close()
     assert sorted(first) == ["a", "b", "c", "d", "d2", "e", "f"]
     assert later == ["g"]
     assert replayed == ["dead-1"]
     assert fixed == ["fixed-1"]
+    assert shared == ["shared"]
 
 
 def test_a_dead_lettered_mark_is_no_delivery_once_its_letter_is_gone(
@@ -148,9 +167,7 @@ def _committed_after(stack: StackEndpoints, topics: tuple[str, str],
     for mark in marks:
         producer.produce(changelog, key=mark.key, value=mark.value)
     producer.commit_transaction(30)
-    source = CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
-                          changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
-                          window_ms=3_600_000)
+    source = _sweep(stack, changelog, dead_letters)
     try:
         return _all(source)
     finally:
