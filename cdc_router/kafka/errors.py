@@ -46,12 +46,15 @@ REFUSED_CREDENTIALS = frozenset({
 # request to that partition), so the records it names are only suspects until one fails alone.
 # Not here: errors about the request or the cluster (INVALID_REQUIRED_ACKS, NOT_ENOUGH_REPLICAS,
 # timeouts), which say nothing about any one record.
+# A topic or partition unknown: to librdkafka's metadata (_UNKNOWN_*), or to the broker.
+UNKNOWN_TOPIC = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+})
 RECORD_REFUSED = frozenset({
     KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
     KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,  # INVALID_MSG is Kafka's CORRUPT_MESSAGE
     KafkaError.INVALID_TIMESTAMP, KafkaError.POLICY_VIOLATION,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, *UNKNOWN_TOPIC,
 })
 # Reports of records the producer dropped itself when their transaction was aborted.
 PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})

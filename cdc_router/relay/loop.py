@@ -107,8 +107,8 @@ class OutboxRelay:
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
-        self._step = RecordStep(compiled, DestinationMetadata(self._producer.partitions_for)
-                                .partitions, seen=seen,
+        self._destinations = DestinationMetadata(self._producer.partitions_for)
+        self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
                                 timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
@@ -284,6 +284,7 @@ class OutboxRelay:
                                                   result.event.created_at_ms))
                     return
                 except RecordRefused as refusal:
+                    self._destinations.check_refusal(record.topic, refusal)
                     refused = f"Kafka refused the record for {record.topic}: {refusal}"
             result = DeadLettered("produce", DeliveryError(refused), record.event_id,
                                   result.event)

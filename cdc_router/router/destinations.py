@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from cdc_router.errors import RouteError
-from cdc_router.kafka.errors import RECORD_REFUSED, describe, kafka_error_of
+from cdc_router.errors import BatchFailed, RecordRefused, RouteError
+from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
 
 MAX_TOPICS = 4096
 # A topic missing from metadata is asked for again after this long (it may have been created).
@@ -68,3 +68,16 @@ class DestinationMetadata:
         while len(self._topics) > self._max_topics:
             self._topics.popitem(last=False)
         return count
+
+    def check_refusal(self, topic: str, refusal: RecordRefused) -> None:
+        """After produce() refused a record for `topic` on the spot: raise BatchFailed when it
+        was refused as unknown but the cluster, asked again, lists the topic. librdkafka's own
+        metadata lags then (a broker restarting, the topic recreated with fewer partitions):
+        no record's fault, so the batch is retried, never dead-lettered. Returns otherwise (the
+        record is at fault: the topic is gone, or the refusal is of the record itself)."""
+        if refusal.kafka_error.code() not in UNKNOWN_TOPIC:
+            return
+        self._topics.pop(topic, None)
+        if self.partitions(topic) is not None:
+            raise BatchFailed(f"librdkafka refused a record for {topic} ({refusal}), but the "
+                              "cluster lists the topic: its metadata lags; retrying the batch")

@@ -96,7 +96,8 @@ class OutboxRouter:
                                           producer_factory)
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
         self._step = RecordStep(compiled, self._destinations.partitions,
-                                seen=self._replay.seen if self._replay is not None else _never,
+                                seen=self._replay.seen if self._replay is not None
+                                else lambda event_id: False,
                                 timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
@@ -238,6 +239,7 @@ class OutboxRouter:
             self._txn.produce(record, source, alone=alone)
         except RecordRefused as refusal:
             # Refused before it left (e.g. too big for librdkafka): certainly this record.
+            self._destinations.check_refusal(record.topic, refusal)
             reason = f"Kafka refused the record for {record.topic}: {refusal}"
             self._dead_letter(message, DeadLettered("produce", DeliveryError(reason),
                                                     record.event_id, routed.event))
@@ -393,7 +395,3 @@ class OutboxRouter:
         self._revoked.update((tp.topic, tp.partition) for tp in partitions)
         if self._txn is not None and self._txn.open:
             self._abort(BatchFailed("partitions lost"), backoff=False)
-
-
-def _never(event_id: str) -> bool:
-    return False

@@ -5,7 +5,8 @@ They behave like librdkafka where the router depends on it (measured on the real
   records sent together to that topic-partition, each with a delivery report carrying the
   error, and puts the transaction in an abortable state: commit_transaction then raises the
   same code with txn_requires_abort;
-- produce() refuses on the spot a value over message.max.bytes (MSG_SIZE_TOO_LARGE);
+- produce() refuses on the spot a value over message.max.bytes (MSG_SIZE_TOO_LARGE), and a
+  record for a topic its metadata does not know (`unknown_on_produce`: _UNKNOWN_TOPIC);
 - transactional records and offsets become visible on commit only; abort discards them;
 - list_topics answers UNKNOWN_TOPIC_OR_PART for a topic that does not exist, never creates one.
 Records the router consumes are real confluent_kafka.Message objects.
@@ -64,6 +65,9 @@ class FakeCluster:
     # the next offsets commits (in a transaction, or the consumer's) fail so, as do the aborts
     offsets_failures: list[KafkaError] = field(default_factory=list)
     abort_failures: list[KafkaError] = field(default_factory=list)
+    # topic -> how many more produce() calls librdkafka refuses on the spot as _UNKNOWN_TOPIC
+    # (its metadata cache lags, or the topic is gone), whatever list_topics answers.
+    unknown_on_produce: dict[str, int] = field(default_factory=dict)
     fenced: bool = False
     journal: list[str] = field(default_factory=list)
     created_topics: list[str] = field(default_factory=list)
@@ -114,6 +118,9 @@ class FakeProducer:
         if value is not None and len(value) > self.cluster.max_message_bytes:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE,
                                             "Broker: Message size too large"))
+        if self.cluster.unknown_on_produce.get(topic, 0) > 0:
+            self.cluster.unknown_on_produce[topic] -= 1
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))
         chosen = partition if partition != -1 else (hash(key) % self.cluster.partitions
                                                     .get(topic, 1))
         self._queue.append((Stored(topic, chosen, key, value, headers, timestamp or None),

@@ -204,3 +204,14 @@ def test_a_row_the_broker_refuses_is_isolated_and_dead_lettered_the_rest_once() 
     [letter] = cluster.committed(DLQ)
     assert letter.header("dlq.stage") == "produce" and letter.header("dlq.event.id") == poison
     assert delivered == ids
+
+
+def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried() -> None:
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in range(1, 5)]
+    table.now = Snapshot(11, 11)
+    cluster.unknown_on_produce[ORDERS] = 1  # librdkafka's metadata lags the cluster's
+    relay, delivered = _relay(cluster, table, batch_rows=10)
+    _run_until(relay, lambda: len(delivered) == 4)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids
+    assert cluster.committed(DLQ) == []

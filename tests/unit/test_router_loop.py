@@ -340,6 +340,34 @@ def test_at_least_once_a_refused_record_never_leaves_a_mark_without_its_record()
     assert marks <= set(harness.delivered()) | letters
 
 
+def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried_not_dead_lettered(
+) -> None:
+    # Review, session 26: produce() refusing _UNKNOWN_TOPIC on the spot was a dead letter at
+    # once, even when only librdkafka's metadata lagged (a broker restarting).
+    cluster = cluster_with(*events(6), unknown_on_produce={ORDERS: 2})
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(6))
+    assert harness.letters() == []
+    assert harness.metric("cdc_router_batches_aborted_total") >= 1
+
+
+def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events() -> None:
+    later = [raw_event(f"late-{i}") for i in range(3)]
+
+    def delete_orders(consumer: FakeConsumer) -> None:  # after the first poll's commit
+        del consumer.cluster.partitions[ORDERS]
+        consumer.cluster.unknown_on_produce[ORDERS] = 1  # librdkafka has not heard yet
+        consumer.cluster.raw[0] += [(b"k", value) for value in later]
+
+    harness = Harness(cluster_with(*events(6)), hooks=[delete_orders]).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(6))
+    letters = {letter.header("dlq.event.id"): letter.header("dlq.error.message")
+               for letter in harness.letters()}
+    assert sorted(letters) == ["late-0", "late-1", "late-2"]
+    assert "_UNKNOWN_TOPIC" in letters["late-0"]  # refused by produce(), the topic gone
+    assert "does not exist" in letters["late-1"]  # known missing since: never produced
+
+
 def test_a_commit_failing_mid_poll_rereads_the_rest_of_the_poll_and_loses_nothing() -> None:
     # One poll brings all 20 records; the first of its four commits fails. The records after
     # it in the same poll must not go into a new batch whose offsets would skip the aborted one.
