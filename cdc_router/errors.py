@@ -177,17 +177,30 @@ class JetStreamError(CdcRouterError):
     """NATS JetStream did not acknowledge a batch (server down, no stream, ack timeout)."""
 
 
+class JetStreamRefused(JetStreamError):
+    """JetStream refused some messages of a batch for what they are (too big for the stream's
+    max_msg_size): `refused` maps each one's index in the batch to the reason."""
+
+    def __init__(self, message: str, refused: dict[int, str]) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
 class JetStreamConsumerError(CdcRouterError):
     """The JetStream consumer cannot run: NATS unreachable or refusing us, no such stream, a
     durable consumer or a dead-letter subject that would break its guarantees."""
 
 
 class BatchFailed(Exception):
-    """The router's open batch cannot commit: abort it and rewind to the committed offsets."""
+    """The router's open batch cannot commit: abort it and rewind to the committed offsets.
+    `refused`: input records (topic, partition, offset) whose output was refused for what it
+    is, each with the reason (JetStream names them exactly): dead letters on the re-read."""
 
-    def __init__(self, reason: str, kafka_error: KafkaError | None = None) -> None:
+    def __init__(self, reason: str, kafka_error: KafkaError | None = None, *,
+                 refused: dict[tuple[str, int, int], str] | None = None) -> None:
         super().__init__(reason)
         self.kafka_error = kafka_error
+        self.refused = refused or {}
 
 
 class RecordRefused(Exception):

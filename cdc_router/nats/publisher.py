@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import JetStreamError
+from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.connection import (
     RECENT_ERRORS,
     config_failure,
@@ -38,6 +38,11 @@ T = TypeVar("T")
 # Beyond the ack timeout, how long the caller waits for the loop thread to report: the acks'
 # own timeouts end the batch; this only guards against a loop that stopped answering.
 _GRACE_S = 5.0
+# JetStream's refusals of one message for what it is (nats-server's errors.json): over the
+# stream's max_msg_size (JSStreamMessageExceedsMaximumErr), headers over its limit
+# (JSStreamHeaderExceedsMaximumErr). No retry mends them: the record is poison. A full stream
+# (discard new) refuses every message alike: that is the stream's limits, not a record.
+_MESSAGE_REFUSED = frozenset({10054, 10097})
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,14 @@ class JetStreamPublisher:
               for message in messages), return_exceptions=True)
         failed = [(message, result) for message, result in zip(messages, results, strict=True)
                   if isinstance(result, BaseException)]
+        refused = {index: f"JetStream refused the {len(message.data)}-byte message for "
+                          f"{message.subject}: {error_text(result)}; raise the stream's limit "
+                          "(max_msg_size), then `cdc-router dlq replay` the letter"
+                   for index, (message, result) in enumerate(zip(messages, results, strict=True))
+                   if getattr(result, "err_code", None) in _MESSAGE_REFUSED}
+        if refused:
+            raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "
+                                   f"messages; first: {next(iter(refused.values()))}", refused)
         if failed:
             message, error = failed[0]
             # The stream that captured the subject at start is gone (deleted, or its subjects
@@ -199,7 +212,16 @@ class JetStreamPublisher:
             log.warning("event=nats_disconnected url=%s", shown_url(self._url))
 
     async def _disconnect(self) -> None:
+        from nats.errors import Error as NatsError
+
         self._closing = True
-        if self._client is not None and not self._client.is_closed:
-            await self._client.drain()
-        self._client = self._js = None
+        client, self._client, self._js = self._client, None, None
+        if client is None or client.is_closed:
+            return
+        try:
+            await client.drain()
+        except (NatsError, OSError, TimeoutError) as error:
+            # Reconnecting (the server is down): nothing is in flight between batches, so
+            # there is nothing to drain; close without it.
+            log.info("event=nats_closed_without_drain reason=%r", error_text(error))
+            await client.close()

@@ -12,6 +12,9 @@ aborted batches of its own, each followed by one in which librdkafka bumps its p
 3. on the next re-read a confirmed record is dead-lettered (stage produce) without being
    produced, and forgotten once that batch commits.
 
+JetStream acks each message alone, so a message it refuses for what it is (too big for the
+stream) is confirmed at once (BatchFailed.refused): one aborted batch, then its dead letter.
+
 A refusal of the router's own records (a dead letter, a changelog mark) is no input record's
 fault and no re-read can fix it: it stops the router (FatalKafkaError).
 """
@@ -116,6 +119,16 @@ class PoisonIsolation:
         self._settling.clear()
         return learned
 
+    def confirm(self, refused: dict[RecordCoordinates, str]) -> bool:
+        """Records refused for certain (JetStream names each one): dead letters on the re-read,
+        never produced again. True when one of them is new."""
+        learned = False
+        for source, reason in refused.items():
+            self._suspects.pop(source, None)
+            learned |= source not in self._refused
+            self._refused.setdefault(source, reason)
+        return learned
+
     def _blame(self, source: RecordCoordinates, reason: str) -> bool:
         if source in self._refused:
             return False
@@ -152,7 +165,8 @@ def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseExceptio
         failures = txn.abort()
     except BatchFailed as abort_failure:
         return "abort_failed", f"{failure}; then the abort failed: {abort_failure}"
-    if poison.learn(failures, error, sources):
+    refused = failure.refused if isinstance(failure, BatchFailed) else {}
+    if poison.learn(failures, error, sources) | poison.confirm(refused):
         log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
                     poison.suspects, str(failure))
         return "record_refused", str(failure)

@@ -36,6 +36,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     JetStreamError,
+    JetStreamRefused,
     RecordRefused,
     TransactionInDoubt,
     fatal_kafka_error,
@@ -80,6 +81,7 @@ class _Batch:
     marked_ms: int = 0
     progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
     nats: list[NatsMessage] = field(default_factory=list)  # published at commit
+    nats_sources: list[RecordCoordinates] = field(default_factory=list)  # one a message
 
 
 class Transaction:
@@ -185,6 +187,7 @@ class Transaction:
         headers = {name: value.decode() for name, value in record.headers}
         self._batch.nats.append(NatsMessage(record.topic, record.value, headers,
                                             record.event_id))
+        self._batch.nats_sources.append(source)
         self._batch.sources.append(source)
         self._batch.records += 1
 
@@ -299,6 +302,11 @@ class Transaction:
             return
         try:
             acks = self._publisher.publish_batch(self._batch.nats)
+        except JetStreamRefused as failure:
+            sources = self._batch.nats_sources
+            raise BatchFailed(str(failure), refused={
+                sources[index]: reason for index, reason in failure.refused.items()}) \
+                from failure
         except JetStreamError as failure:
             raise BatchFailed(str(failure)) from failure
         if acks.duplicates:

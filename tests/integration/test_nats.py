@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -14,12 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import psycopg
 import pytest
 import yaml
+from nats.js.api import StreamConfig
 
 from cdc_router.config.load import load_config
-from cdc_router.errors import JetStreamError
+from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.publisher import BatchAcks, JetStreamPublisher, NatsMessage
 from cdc_router.router.loop import OutboxRouter
 from tests.integration.nats_server import nats_server, read_stream
@@ -287,3 +290,48 @@ def test_a_publish_no_stream_captures_names_the_fix(nats_url: str) -> None:
             publisher.publish_batch([NatsMessage("nowhere.x", b"{}", {}, "id-1")])
     finally:
         publisher.close()
+
+
+def test_a_message_over_the_streams_max_msg_size_is_refused_alone(nats_url: str) -> None:
+    # QA session 27-b: the stream's refusal (err_code 10054) failed the whole batch like an
+    # outage, for ever; it names its message, which is poison.
+    async def add_stream() -> None:
+        client = await nats.connect(nats_url)
+        try:
+            await client.jetstream().add_stream(StreamConfig(
+                name="SMALLMSG", subjects=["smallmsg.>"], max_msg_size=512))
+        finally:
+            await client.close()
+
+    asyncio.run(add_stream())
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=5, connect_timeout_s=5)
+    batch = [NatsMessage("smallmsg.x", b"{}", {}, "small-1"),
+             NatsMessage("smallmsg.x", b'"' + b"x" * 2000 + b'"', {}, "big-1"),
+             NatsMessage("smallmsg.x", b"{}", {}, "small-2")]
+    try:
+        with pytest.raises(JetStreamRefused) as refused:
+            publisher.publish_batch(batch)
+    finally:
+        publisher.close()
+    assert list(refused.value.refused) == [1]
+    assert "smallmsg.x" in refused.value.refused[1]
+    assert "exceeds maximum" in refused.value.refused[1]
+    assert [m.headers["Nats-Msg-Id"] for m in read_stream(nats_url, "SMALLMSG")] == [
+        "small-1", "small-2"]
+
+
+def test_closing_the_publisher_while_nats_is_down_returns_quietly(tmp_path: Path) -> None:
+    # QA session 27-b: SIGTERM to a router while nats-server was down ended in a traceback
+    # from drain() (ConnectionReconnectingError) and exit 1.
+    with nats_server(tmp_path / "own-nats") as server:
+        stream = _apply_streams(tmp_path / "r.yaml", {"source": {"topics": ["t"]},
+                                                      "routes": [{"topic": "x"}]},
+                                server.url, "closing")
+        publisher = JetStreamPublisher(server.url, ack_timeout_s=2, connect_timeout_s=2)
+        publisher.publish_batch([NatsMessage("closing.x", b"{}", {}, "c-1")])
+        server.stop(signal.SIGKILL)
+        with pytest.raises(JetStreamError):
+            publisher.publish_batch([NatsMessage("closing.x", b"{}", {}, "c-2")])
+        publisher.close()  # raises nothing
+        publisher.close()
+    assert stream == "CLOSING"

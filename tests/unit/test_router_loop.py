@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,8 +14,15 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from cdc_router.cli.run import GC_GEN0, tune_gc
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced, RestoreFailed
+from cdc_router.errors import (
+    EXIT_RESTART,
+    FatalKafkaError,
+    JetStreamRefused,
+    MemberFenced,
+    RestoreFailed,
+)
 from cdc_router.kafka.reader import ReadTimedOut
+from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.replay import changelog_records
@@ -50,7 +58,7 @@ class Harness:
     """One router over `cluster`; stops once every raw record's offset is committed."""
 
     def __init__(self, cluster: FakeCluster, hooks: list[Any] | None = None,
-                 **config: Any) -> None:
+                 publisher: Any = None, **config: Any) -> None:
         self.cluster = cluster
         self.hooks = hooks or []
         self.waits: list[float] = []
@@ -67,7 +75,7 @@ class Harness:
             producer_factory=lambda conf: FakeProducer(cluster, conf),
             consumer_factory=self._consumer, wait=self.waits.append,
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
-            describe_factory=cluster.describe_factory)
+            describe_factory=cluster.describe_factory, publisher=publisher)
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
@@ -366,6 +374,51 @@ def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events() 
     assert sorted(letters) == ["late-0", "late-1", "late-2"]
     assert "_UNKNOWN_TOPIC" in letters["late-0"]  # refused by produce(), the topic gone
     assert "does not exist" in letters["late-1"]  # known missing since: never produced
+
+
+class _StreamWithMaxMsgSize:
+    """A JetStream stream of max_msg_size 100: each bigger message is refused alone (err_code
+    10054), the others stored once (Nats-Msg-Id dedup)."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, bytes] = {}
+        self.batches = 0
+
+    def publish_batch(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        self.batches += 1
+        refused = {index: f"JetStream refused the message for {message.subject}: message "
+                          "size exceeds maximum allowed"
+                   for index, message in enumerate(messages) if len(message.data) > 100}
+        for index, message in enumerate(messages):
+            if index not in refused:
+                self.stored.setdefault(message.msg_id, message.data)
+        if refused:
+            raise JetStreamRefused("JetStream refused some", refused)
+        return BatchAcks(len(messages), 0)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_a_message_its_jetstream_stream_refuses_is_dead_lettered_and_the_rest_delivered(
+        guarantee: str) -> None:
+    # QA session 27-b: one event over its stream's max_msg_size failed every batch as if NATS
+    # were down, backing off for ever; nothing behind it was delivered.
+    values = events(8)
+    values[2] = raw_event("big-2", payload=json.dumps({"blob": "x" * 200}))
+    values[6] = raw_event("big-6", payload=json.dumps({"blob": "y" * 200}))
+    stream = _StreamWithMaxMsgSize()
+    harness = Harness(cluster_with(*values), publisher=stream,
+                      routes=[{"nats": {"subject": "orders.{type}"}}],
+                      nats={"streams": [{"name": "ORDERS", "subjects": ["orders.>"]}]},
+                      delivery={"guarantee": guarantee}).run()
+    assert sorted(stream.stored) == sorted(f"e-{i}" for i in range(8) if i not in (2, 6))
+    letters = {letter.header("dlq.event.id"): letter for letter in harness.letters()}
+    assert sorted(letters) == ["big-2", "big-6"]
+    assert letters["big-2"].header("dlq.stage") == "produce"
+    assert "exceeds maximum" in letters["big-2"].header("dlq.error.message")
+    assert harness.waits == []  # a refusal is no outage: no backoff
 
 
 def test_a_commit_failing_mid_poll_rereads_the_rest_of_the_poll_and_loses_nothing() -> None:
