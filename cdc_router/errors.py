@@ -214,11 +214,18 @@ class RecordRefused(Exception):
 # Serde ---------------------------------------------------------------------------------------
 
 class RegistryError(CdcRouterError):
-    """The schema registry refused a schema or could not be asked: the router must stop."""
+    """The schema registry refused a schema or could not be asked: the router must stop.
+    `missing`: the subject, or this schema under it, is not registered; `incompatible`: the
+    registry refused to register it (409); `outage`: no answer, or a server error, which a
+    restart may outlast (exit 75)."""
 
-    def __init__(self, message: str, *, missing: bool = False) -> None:
+    def __init__(self, message: str, *, missing: bool = False, incompatible: bool = False,
+                 outage: bool = False) -> None:
         super().__init__(message)
-        self.missing = missing  # the subject, or this schema under it, is not registered
+        self.missing = missing
+        self.incompatible = incompatible
+        if outage:
+            self.exit_code = EXIT_RESTART
 
 
 class PayloadDecodeError(CdcRouterError):

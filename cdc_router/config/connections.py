@@ -53,6 +53,11 @@ class KafkaSettings(_Model):
         return conf
 
 
+# Seconds a registry request may take (confluent-kafka's client waits for ever without one): a
+# registry that accepts connections and never answers must not hold the router's open
+# transaction past delivery.transaction_timeout_ms (20 s by default). schema_registry.config
+# `timeout` overrides it.
+REGISTRY_TIMEOUT_S = 10
 # SchemaRegistryClient properties it wants as numbers; YAML and the environment give strings.
 _REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
                                "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
@@ -94,7 +99,8 @@ class SchemaRegistrySettings(_Model):
 
     def client_config(self) -> dict[str, str | float]:
         """The configuration of confluent-kafka's SchemaRegistryClient."""
-        conf: dict[str, str | float] = {**self.config, "url": self.url}
+        conf: dict[str, str | float] = {"timeout": REGISTRY_TIMEOUT_S, **self.config,
+                                        "url": self.url}
         for key in _REGISTRY_NUMBERS.intersection(self.config):
             text = self.config[key]
             conf[key] = float(text) if "." in text else int(text)

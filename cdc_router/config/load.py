@@ -22,12 +22,13 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.redact import MASK, is_secret_key
+from cdc_router.config.redact import MASK, is_secret_key, shown_url
 from cdc_router.errors import ConfigError
 
 ENV_PREFIX = "CDC_ROUTER__"
 # Maps whose keys are Kafka properties (dots).
-_PROPERTY_MAPS = frozenset({"config", "changelog_config", "producer", "consumer"})
+_PROPERTY_MAPS = frozenset({"config", "changelog_config", "position_config", "producer",
+                            "consumer"})
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
 
 
@@ -265,6 +266,8 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     key = str(ctx.get("field", loc[-1] if loc else ""))
     if value is not None and is_secret_key(key):
         value = MASK  # a password of the wrong type is still a password
+    elif isinstance(value, str) and key == "url":
+        value = shown_url(value)  # a server URL may carry a password (user:password@host)
     hint = "see cdc_router/examples/router.yaml"
     if first["type"] == "extra_forbidden":
         key, value = str(loc[-1]), None

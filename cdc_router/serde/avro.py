@@ -96,6 +96,15 @@ class AvroSerializer:
                 continue
             compiled = self._compile(rule, f"routes[{index}].schema")
             self._compiled.append((index, rule, compiled))
+            for schema in compiled.by_type.values() if self._ids is not None else ():
+                # Measured: confluent-kafka 2.16's serializer fails on a bare "string" (an
+                # AttributeError for every event), and writes {"type": "string"}.
+                if isinstance(schema.parsed, str) and schema.text.startswith('"'):
+                    raise ConfigError(
+                        f"Avro schema {schema.path} is the bare primitive {schema.text}, which "
+                        "the schema registry's serializer (confluent-kafka's) cannot write",
+                        field=f"routes[{index}].schema",
+                        hint=f'write it as {{"type": {schema.text}}}')
             if self._ids is not None and self._ids.strategy != "topic":
                 for schema in compiled.by_type.values():
                     if schema.name is None:
@@ -192,14 +201,16 @@ class AvroSerializer:
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
             failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
-            if failure.missing and subject not in self._known_subjects() and \
-                    ids.latest(subject) is None:
+            if (failure.missing or failure.incompatible) and \
+                    subject not in self._known_subjects():
                 # The subject comes from this event's destination (a template over its
-                # data), so no start-up check could see it: the event's fault, not the
-                # router's, or one row would stop the stream for good. A subject that exists
-                # without this schema (a version not registered yet) is the config's: the
-                # router stops.
-                raise SerializeError(f"event {show(event.event_id)}: {failure}") from error
+                # data), so no start-up check could see it, and a restart would meet the same
+                # answer: the event's, or one row would stop the stream for good. Missing, or
+                # refused as incompatible (another producer's subject, a new version not
+                # registered yet): a dead letter, to replay once the subject is mended. An
+                # outage or refused credentials stop the router.
+                raise SerializeError(f"event {show(event.event_id)}: {failure}; then "
+                                     "`cdc-router dlq replay` it") from error
             raise failure from error
         assert value is not None  # None only for a None datum, refused above
         return value

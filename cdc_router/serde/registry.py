@@ -28,6 +28,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializ
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import RegistryError as RegistryError  # re-exported: its old home
 
 if TYPE_CHECKING:
@@ -171,11 +172,13 @@ class SchemaIds:
         """The RegistryError for `error`, raised by the registry client while trying to `what`."""
         if isinstance(error, RegistryError):
             return error
+        url = shown_url(self._settings.url)
         if isinstance(error, ClientError):
-            return _refusal(what, error, self._settings.url)
+            return _refusal(what, error, url)
         # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
-        return RegistryError(f"cannot {what}: the schema registry at {self._settings.url} did "
-                             f"not answer ({type(error).__name__}: {error})")
+        return RegistryError(f"cannot {what}: the schema registry at {url} did not answer "
+                             f"({type(error).__name__}: {_masked(str(error), self._settings.url)})",
+                             outage=True)
 
     def _call(self, what: str, step: Callable[[], T]) -> T:
         try:
@@ -201,8 +204,17 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     if status == 409:
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
                              "subject's registered versions (`cdc-router schemas check -c ...` "
-                             "names the field)")
+                             "names the field)", incompatible=True)
     if status in (401, 403):
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check schema_registry.basic_auth_user_info")
-    return RegistryError(f"cannot {what}: {error}")
+    return RegistryError(f"cannot {what}: {error}",
+                         outage=isinstance(status, int) and status >= 500)
+
+
+def _masked(text: str, url: str) -> str:
+    """`text` (an HTTP library's message, which may quote the URL) with each server URL of
+    `url` shown as shown_url() shows it."""
+    for server in url.split(","):
+        text = text.replace(server.strip(), shown_url(server)) if server.strip() else text
+    return text

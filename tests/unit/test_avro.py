@@ -18,11 +18,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.compiled import compile_config
-from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.connections import REGISTRY_TIMEOUT_S, SchemaRegistrySettings
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.routes import RouteRule
-from cdc_router.errors import ConfigError, SerializeError
+from cdc_router.errors import EXIT_RESTART, ConfigError, SerializeError
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.serde.avro import AvroSerializer
@@ -210,14 +210,16 @@ def test_a_missing_subject_only_an_events_destination_names_is_that_events_dead_
     serializer.preflight()  # nothing known before any event
     with pytest.raises(SerializeError, match=r"subject 'x.n01-value': not registered"):
         serializer.serialize(event(GOOD), dynamic, "x.n01")
-    # A subject that exists without this schema (a version not registered yet) is the
-    # config's, not the event's: the router stops (second review, session 25).
+    # A subject of the event's data that exists without this schema (another producer's
+    # subject, a new version not registered there yet) is the event's too: the router
+    # stopped, and stopped again on the same row after each restart (review and QA, session
+    # 27). A dead letter, to replay once the subject is mended.
     client = mock_registry()
     client.register_schema("x.n02-value", Schema('"string"', "AVRO"))
     serializer = AvroSerializer([dynamic], registry(), registry_client=client)
-    with pytest.raises(RegistryError, match="not registered") as caught:
+    with pytest.raises(SerializeError, match=r"subject 'x.n02-value': not registered.*"
+                       "dlq replay"):
         serializer.serialize(event(GOOD), dynamic, "x.n02")
-    assert not isinstance(caught.value, SerializeError)
 
 
 def test_registered_schema_gives_the_wire_format_and_decodes_back() -> None:
@@ -284,6 +286,7 @@ def test_a_registry_outage_at_serialize_time_blames_no_record() -> None:
                        r"not answer \(ConnectionRefusedError") as caught:
         router.route(event(GOOD), lambda topic: 3)
     assert not isinstance(caught.value, SerializeError) and not caught.value.missing
+    assert caught.value.exit_code == EXIT_RESTART  # an outage: a restart may outlast it
     # A bad one is still the record's fault: checked before the registry is asked.
     with pytest.raises(SerializeError, match="order_id"):
         router.route(event({**GOOD, "order_id": None}), lambda topic: 3)
@@ -324,7 +327,7 @@ def test_preflight_resolves_subjects_known_before_any_event() -> None:
 
 def test_record_strategies_need_a_named_schema(tmp_path: Path) -> None:
     unnamed = tmp_path / "s.avsc"
-    unnamed.write_text('"string"')
+    unnamed.write_text('{"type": "string"}')
     with pytest.raises(ConfigError, match=r"routes\[0\].schema.*has no name, which "
                        "subject_name_strategy record needs"):
         AvroSerializer([rule(str(unnamed))], registry(subject_name_strategy="record"))
@@ -415,7 +418,7 @@ def test_registry_credentials_are_secret_and_reach_the_client() -> None:
                         config={"ssl.ca.location": "/ca.pem"})
     assert "pw" not in repr(settings)
     assert settings.client_config() == {
-        "url": "https://r:8081", "ssl.ca.location": "/ca.pem",
+        "url": "https://r:8081", "ssl.ca.location": "/ca.pem", "timeout": REGISTRY_TIMEOUT_S,
         "basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "user:pw"}
 
 
@@ -531,3 +534,30 @@ def test_fields_no_json_payload_can_fill_are_named_for_rules_check_and_the_start
     [warning] = AvroSerializer([route]).warnings()
     assert "routes[0] (pay)" in warning and "blob, amount, id, parts.[]" in warning
     assert AvroSerializer([rule()]).warnings() == []
+
+
+def test_a_bare_primitive_schema_with_a_registry_is_a_config_error(tmp_path: Path) -> None:
+    # Review, session 27: confluent-kafka's serializer fails on a bare "string" with an
+    # AttributeError, and every event of the route was dead-lettered with it.
+    bare, wrapped = tmp_path / "bare.avsc", tmp_path / "wrapped.avsc"
+    bare.write_text('"string"')
+    wrapped.write_text('{"type": "string"}')
+    with pytest.raises(ConfigError, match=r"routes\[0\].schema.*bare primitive \"string\".*"
+                       r'write it as \{"type": "string"\}'):
+        AvroSerializer([rule(str(bare))], registry(auto_register=True),
+                       registry_client=mock_registry())
+    AvroSerializer([rule(str(bare))])  # single-object encoding writes it
+    serializer = AvroSerializer([rule(str(wrapped))], registry(auto_register=True),
+                                registry_client=mock_registry())
+    assert serializer.serialize(event("hi"), rule(str(wrapped)), "p")[:1] == b"\x00"
+
+
+def test_a_registry_url_with_a_password_is_masked_in_the_error_line() -> None:
+    settings = registry(url="http://svc:s3cret@127.0.0.1:1")
+    assert settings.client_config()["timeout"] == REGISTRY_TIMEOUT_S  # never unbounded
+    serializer = AvroSerializer([rule()], settings)
+    with pytest.raises(RegistryError) as caught:
+        serializer.preflight()
+    assert "s3cret" not in str(caught.value)
+    assert "http://svc:*****@127.0.0.1:1 did not answer" in str(caught.value)
+    assert caught.value.exit_code == EXIT_RESTART

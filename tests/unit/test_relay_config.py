@@ -71,3 +71,11 @@ def test_the_relay_columns_ddl_is_idempotent_and_quoted() -> None:
     # An ALTER TABLE locks the table even when its column is there: left out then.
     kept = render_ddl(relay_columns_ddl("public.o", "txid", "seq", existing={"seq", "txid"}))
     assert "ALTER TABLE" not in kept and kept.count(";\n") == 4
+
+
+def test_an_env_override_of_position_config_names_a_topic_property(tmp_path: Path) -> None:
+    # Review, session 27: RETENTION_MS became `retention_ms`, which Kafka does not know.
+    config = load_config(write(tmp_path, RELAY), {
+        "CDC_ROUTER__RELAY__POSITION_CONFIG__MIN_COMPACTION_LAG_MS": "60000"}).config
+    assert config.relay is not None
+    assert config.relay.position_config == {"min.compaction.lag.ms": "60000"}

@@ -423,3 +423,11 @@ def test_rules_check_example_has_no_warnings() -> None:
     code, output = rules_check(EXAMPLE)
     assert code == 0 and "warning" not in output, output
     assert "protected  connect-configs, connect-offsets, connect-status, _schemas, __*" in output
+
+
+def test_a_server_url_in_a_config_error_shows_no_password(tmp_path: Path) -> None:
+    # Review, session 27: a mistyped scheme printed the registry's password in clear.
+    message = error_of(tmp_path, MINIMAL + "schema_registry:\n"
+                       "  url: 'htps://svc:Sup3rS3cret@registry:8081'\n")
+    assert "Sup3rS3cret" not in message
+    assert "htps://svc:*****@registry:8081" in message
