@@ -103,9 +103,12 @@ def _relative(file: str) -> str:
 def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Register each route's schema under its subject, for routers with auto_register off.
 
-    Only subjects known before any event (a plain topic name, a topic template over {type}
-    with a schema per type, or the record strategy). The registry refuses a schema that is
-    incompatible with its subject's versions.
+    The subjects known before any event (a plain topic name, a topic template over {type}
+    with a schema per type, or the record strategy), and the registry's existing subjects
+    that a route's template renders from event data (e.g. `pay.{aggregate_type}`: a new
+    version of its schema goes under each). The registry refuses a schema incompatible with
+    its subject's versions: an error for a known subject, `incompatible` (skipped) for one
+    named by data, which may be another producer's.
     """
     compiled = load_config(config_path, env=os.environ)
     serializer = _serializer(compiled)
@@ -114,9 +117,11 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
         raise ConfigError("the config has no schema_registry: Avro routes use single-object "
                           "encoding, with nothing to register", source=str(config_path))
     plan = []
-    for entry in serializer.planned_subjects():
-        if entry.subject is None:
-            continue
+    planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
+    by_data = serializer.existing_subjects(ids.subjects()) \
+        if len(planned) < len(serializer.planned_subjects()) else []
+    for position, entry in enumerate(planned + by_data):
+        assert entry.subject is not None
         try:
             current: int | None = ids.lookup(entry.subject, entry.schema)
         except RegistryError as error:
@@ -125,7 +130,7 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
             current = None
         plan.append({"subject": entry.subject, "file": entry.schema.path,
                      "action": "unchanged" if current is not None else "register",
-                     "id": current})
+                     "id": current, "named_by_data": position >= len(planned)})
     pending = [step for step in plan if step["action"] == "register"]
     if output == "text":
         for step in plan:
@@ -138,7 +143,15 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
         confirm("register these schemas?", yes)
         schemas = {entry.schema.path: entry.schema for entry in serializer.planned_subjects()}
         for step in pending:
-            step["id"] = ids.register(str(step["subject"]), schemas[str(step["file"])])
+            try:
+                step["id"] = ids.register(str(step["subject"]), schemas[str(step["file"])])
+            except RegistryError as error:
+                if not (error.incompatible and step["named_by_data"]):
+                    raise
+                step["action"] = "incompatible"
+                if output == "text":
+                    click.echo(f"skipped   {step['subject']}: {error}")
+                continue
             step["action"] = "registered"
             if output == "text":
                 click.echo(f"registered {step['subject']} as id {step['id']}")

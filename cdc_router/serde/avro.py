@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,28 @@ class AvroSerializer:
                     subject = subject_name(self._ids.strategy, topic or "", schema.name)
                 planned.append(PlannedSubject(index, known_type, schema, topic, subject))
         return planned
+
+    def existing_subjects(self, subjects: Iterable[str]) -> list[PlannedSubject]:
+        """Of the registry's `subjects`, those an event's data may name: for each schema whose
+        subject is not known before any event, the ones its route's topic template renders
+        (topic strategies). What `schemas register` registers a new version under."""
+        if self._ids is None or self._ids.strategy == "record":
+            return []
+        rules = {index: rule for index, rule, _ in self._compiled}
+        found = []
+        for planned in self.planned_subjects():
+            if planned.subject is not None:
+                continue
+            suffix = subject_name(self._ids.strategy, "", planned.schema.name)
+            pattern = re.compile("".join(
+                re.escape(literal) + ("" if field is None else re.escape(planned.event_type)
+                                      if field == "type" and planned.event_type else r"\S+")
+                for literal, field in parse_template(rules[planned.route].destination,
+                                                     lambda _: None)) + re.escape(suffix))
+            found += [PlannedSubject(planned.route, planned.event_type, planned.schema,
+                                     subject.removesuffix(suffix), subject)
+                      for subject in subjects if pattern.fullmatch(subject)]
+        return found
 
     def serialize(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
         """The framed Avro record value of `event` for `topic`.

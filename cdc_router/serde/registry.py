@@ -150,6 +150,10 @@ class SchemaIds:
                  schema.path)
         return schema_id
 
+    def subjects(self) -> list[str]:
+        """Every subject the registry holds."""
+        return list(self._call("list the subjects", self.client.get_subjects))
+
     def latest(self, subject: str) -> tuple[int, str] | None:
         """(version, schema text) of the subject's latest version, or None without one."""
         try:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Message
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
@@ -216,3 +216,44 @@ def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_
             {"url": server.url}).get_subjects()
     finally:
         server.stop()
+
+
+def test_schemas_register_puts_a_new_version_under_the_subjects_event_data_named(
+        registry_url: str, tmp_path: Path) -> None:
+    # QA session 27-a: after a field was added to the schema of `dyn.{aggregate_type}`, the
+    # router stopped at the first event of an existing subject, and `schemas register` (which
+    # its error named) registered nothing there. Now: register covers them, and a subject
+    # it cannot take (another producer's) is skipped here and a dead letter in the router.
+    prefix = f"dyn{tmp_path.name[-8:].replace('_', '')}"
+    v1 = SCHEMA.read_text()
+    document = json.loads(v1)
+    document["fields"].append({"name": "channel", "type": ["null", "string"], "default": None})
+    (tmp_path / "v2.avsc").write_text(json.dumps(document))
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "schema_registry": {"url": registry_url},
+        "routes": [{"topic": prefix + ".{aggregate_type}", "format": "avro",
+                    "schema": "v2.avsc"}]}))
+    admin = SchemaRegistryClient({"url": registry_url})
+    for subject in (f"{prefix}.A-value", f"{prefix}.B-value", f"other{prefix}.A-value"):
+        admin.register_schema(subject, Schema(v1, "AVRO"))
+    other = {"type": "record", "name": "Legacy", "fields": [{"name": "n", "type": "int"}]}
+    admin.register_schema(f"{prefix}.C-value", Schema(json.dumps(other), "AVRO"))
+    registered = cli("schemas", "register", "-c", str(config), "--yes")
+    assert registered.returncode == 0, registered.stdout + registered.stderr
+    assert f"registered {prefix}.A-value" in registered.stdout
+    assert f"registered {prefix}.B-value" in registered.stdout
+    assert f"skipped   {prefix}.C-value" in registered.stdout
+    assert f"other{prefix}" not in registered.stdout
+    assert len(admin.get_versions(f"other{prefix}.A-value")) == 1
+    route = RouteRule.model_validate({"topic": prefix + ".{aggregate_type}", "format": "avro",
+                                      "schema": str(tmp_path / "v2.avsc")})
+    serializer = AvroSerializer([route], SchemaRegistrySettings.model_validate(
+        {"url": registry_url}))
+    event = OutboxEvent(event_id="e-1", aggregate_type="A", aggregate_id="p-1",
+                        type="PaymentConfirmed", payload=json.dumps(payment(1)).encode(),
+                        payload_is_json=True, headers=(), created_at_ms=0, op="c", lsn=1,
+                        tx_id=1)
+    assert serializer.serialize(event, route, f"{prefix}.A")[:1] == b"\x00"
+    with pytest.raises(SerializeError, match=f"subject '{prefix}.C-value'.*dlq replay"):
+        serializer.serialize(replace(event, aggregate_type="C"), route, f"{prefix}.C")
