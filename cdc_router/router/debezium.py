@@ -19,7 +19,13 @@ from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.router.connect_time import epoch_millis
 from cdc_router.router.values import quick_init
-from cdc_router.serde.json import LONE_SURROGATE, MAX_JSON_DEPTH, parse_json, utf8_encodable
+from cdc_router.serde.json import (
+    LONE_SURROGATE,
+    MAX_JSON_DEPTH,
+    exact_json_text,
+    parse_json,
+    utf8_encodable,
+)
 
 if TYPE_CHECKING:
     from cdc_router.config.source import SourceSettings
@@ -326,17 +332,21 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
         return ()
     if isinstance(raw, str):
         try:
-            raw = parse_json(raw)
+            # Exact numbers: a header value 1.10 is sent as "1.10", as the row wrote it.
+            raw = parse_json(raw, exact_numbers=True, strict=True)
         except JsonTooDeep as error:
             raise DecodeError(f"{where}: headers column {column!r} is JSON {error} "
                               "(MAX_JSON_DEPTH); headers are a flat object of strings") from None
         except json.JSONDecodeError as error:
             raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
                               f"{error.msg} at column {error.colno}") from None
+        except ValueError as error:  # e.g. an integer over Python's 4,300 digits
+            raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
+                              f"{error}") from None
     if not isinstance(raw, dict):
         raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
                           f"headers, got {_kind(raw)}")
-    return tuple([(name, value if type(value) is str else _as_text(value))
+    return tuple([(name, value if type(value) is str else exact_json_text(value))
                   for name, value in raw.items()])
 
 

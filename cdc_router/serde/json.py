@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -49,31 +50,65 @@ LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), w
 _FAST = msgspec.json.Decoder()
 
 
+class RawNumber(str):
+    """A JSON number with a fraction or an exponent, as its text was written (1.10 stays 1.10,
+    where a float would print 1.1): what parse_json(exact_numbers=True) gives for it."""
+
+
+_EXACT = msgspec.json.Decoder(float_hook=RawNumber)
+_EXACT_TEXT = msgspec.json.Encoder(decimal_format="number")
+
+
 def _reject_constant(name: str) -> NoReturn:
     # Python's json accepts NaN and Infinity; JSON (RFC 8259) and downstream parsers do not.
     raise ValueError(f"{name} is not JSON")
 
 
 def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
-               strict: bool = False) -> Any:
+               strict: bool = False, exact_numbers: bool = False) -> Any:
     """json.loads, refusing nesting deeper than `max_depth` levels (JsonTooDeep).
 
     Raises ValueError (json.JSONDecodeError for malformed text, JsonTooDeep) or
     UnicodeDecodeError (bytes that are not UTF-8). `strict` also refuses NaN and Infinity.
+    `exact_numbers`: non-integer numbers as RawNumber, their text (see exact_json_text).
     """
     if _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
     try:
-        return _FAST.decode(text)
+        return (_EXACT if exact_numbers else _FAST).decode(text)
     except (msgspec.DecodeError, RecursionError):
         pass  # json.loads decides, and words the reason (see the module doc)
     try:
         # JSON between systems is UTF-8 without a byte order mark (RFC 8259 8.1); json.loads
         # of bytes would also take UTF-16, UTF-32 and a BOM, which consumers then choke on.
         return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text,
-                          parse_constant=_reject_constant if strict else None)
+                          parse_constant=_reject_constant if strict else None,
+                          parse_float=RawNumber if exact_numbers else None)
     except RecursionError:  # only when the caller's own stack is already deep
         raise JsonTooDeep(max_depth) from None
+
+
+def exact_json_text(value: Any) -> str:
+    """Compact JSON text of a tree parse_json(exact_numbers=True) gave: its numbers as they
+    were written; non-ASCII as is (json.dumps's ensure_ascii=False). A lone surrogate, which
+    msgspec cannot write, stays in the text (as json.dumps leaves it) for the caller's check."""
+    if isinstance(value, RawNumber):
+        return str(value)  # its very text
+    tree = _decimals(value)  # inside an object or array: the same number, 1.5E+3 for 1.5e3
+    try:
+        return _EXACT_TEXT.encode(tree).decode()
+    except UnicodeEncodeError:
+        return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _decimals(value: Any) -> Any:
+    if isinstance(value, RawNumber):
+        return Decimal(value)
+    if isinstance(value, dict):
+        return {name: _decimals(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_decimals(item) for item in value]
+    return value
 
 
 def _deeper_than(text: str | bytes, limit: int) -> bool:

@@ -308,3 +308,27 @@ def test_an_event_id_over_1024_bytes_is_a_decode_error_that_does_not_repeat_it(m
             as raised:
         decode_mutated(name, _set("id", "é" * 513))
     assert raised.value.event_id is None
+
+
+def test_a_header_number_is_sent_as_the_row_wrote_it() -> None:
+    # Review, session 27: header numbers went through a float: 1.10 was sent as "1.1" (and a
+    # `match.header` on "1.10" missed), 12345678901234567890.5 as "1.2345678901234567e+19".
+    def fill(value: dict[str, Any]) -> None:
+        row_of(value)["headers"] = ('{"version": 1.10, "amount": 19.90, "exp": 1e+16, '
+                                    '"big": 12345678901234567890.5, "nested": {"v": [1.50]}}')
+
+    decoded = decode_mutated("create_jsonb.noschema", fill)
+    assert isinstance(decoded, OutboxEvent)
+    assert dict(decoded.headers) == {"version": "1.10", "amount": "19.90", "exp": "1e+16",
+                                     "big": "12345678901234567890.5", "nested": '{"v":[1.50]}'}
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ('{"v": NaN}', "NaN is not JSON"),
+    ('{"v": ' + "9" * 4400 + "}", "4300 digits")])
+def test_a_headers_column_json_cannot_hold_is_a_decode_error_with_the_event_id(
+        text: str, reason: str) -> None:
+    with pytest.raises(DecodeError, match=f"headers column 'headers' cannot be read: .*{reason}"
+                       ) as raised:
+        decode_mutated("create_jsonb.noschema", lambda value: row_of(value).update(headers=text))
+    assert raised.value.event_id is not None
