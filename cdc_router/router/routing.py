@@ -237,7 +237,9 @@ def _cloudevents(event: OutboxEvent, rule: RouteRule) -> list[tuple[str, str]]:
                ("ce_type", event.type), ("ce_source", rule.ce_source or "")]
     if event.created_at_ms is not None:
         headers.append(("ce_time", _ce_time(event, event.created_at_ms)))
-    content_type = "application/json" if event.payload_is_json else "application/octet-stream"
+    # datacontenttype: what the record's value is (the route's encoding), not the column's.
+    content_type = "application/avro" if rule.format == "avro" else \
+        "application/json" if event.payload_is_json else "application/octet-stream"
     headers.append(("content-type", content_type))
     return headers
 

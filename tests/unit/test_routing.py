@@ -292,6 +292,20 @@ def test_cloudevents_binary_mode_headers() -> None:
     assert dict(record(rt, DOCUMENT).headers)["content-type"] == b"application/octet-stream"
 
 
+def test_cloudevents_on_an_avro_route_say_the_value_is_avro(tmp_path: Path) -> None:
+    # Review, session 27: README's own CloudEvents + Avro route labelled its Avro records
+    # application/json (decided by the payload column, not the record's encoding).
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": name, "type": "string"} for name in ("note", "amount", "currency")] + [
+        {"name": "orderId", "type": "long"}]}))
+    rt = router({"topic": "t", "cloudevents": True, "ce_source": "/orders", "format": "avro",
+                 "schema": str(schema)})
+    out = record(rt, ORDER)
+    assert out.value[:2] == b"\xc3\x01"  # Avro single-object encoding
+    assert dict(out.headers)["content-type"] == b"application/avro"
+
+
 def test_rfc3339() -> None:
     assert rfc3339(1_714_558_272_123) == "2024-05-01T10:11:12.123Z"
     assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
