@@ -129,7 +129,13 @@ def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pi
         assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 2.0' in metrics
     finally:
         process.send_signal(signal.SIGINT)  # --watch stops on Ctrl-C, with the last verdict
-        process.wait(timeout=30)
+        # After the check under way, whose calls each have a timeout of their own (seen to
+        # take over 30 s on a machine running three stacks at once).
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail(f"status --watch did not stop on SIGINT: {process.communicate()[1]}")
     assert process.returncode in (0, 1)
 
 
