@@ -46,7 +46,7 @@ from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from cdc_router.router import clients, debezium
-from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.destinations import DestinationMetadata, require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import ReplayFilter
@@ -172,6 +172,7 @@ class OutboxRelay:
             self._txn.init()  # fences the previous relay of this table, aborts its batch
         except BatchFailed as failure:
             raise DeliveryError(str(failure)) from failure
+        require_own_topics(self._config, self._destinations.partitions)
         kafka = clients.common_config(self._config)
         restored = 0
         if self._replay is not None:

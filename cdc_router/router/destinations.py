@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from cdc_router.errors import BatchFailed, RecordRefused, RouteError
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
 
 MAX_TOPICS = 4096
@@ -31,6 +32,19 @@ LOOKUP_TIMEOUT_S = 10.0
 def missing_topic(topic: str) -> str:
     return (f"destination topic {topic} does not exist (the router never creates topics): "
             "declare it under `topics:` and run `cdc-router topics apply`")
+
+
+def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None]) -> None:
+    """ConfigError, at start, for a missing dead-letter or dedup changelog topic: the router
+    would otherwise fail only at its first poison event, or its first commit."""
+    own = {"dead_letter.topic": config.dead_letter.topic}
+    if config.dedup.enabled:
+        own["dedup.changelog_topic"] = config.dedup.changelog_topic
+    for field, topic in own.items():
+        if partitions(topic) is None:
+            raise ConfigError(f"topic {topic} does not exist (the router never creates "
+                              "topics)", field=field,
+                              hint="create it with `cdc-router topics apply -c <config>`")
 
 
 class DestinationMetadata:

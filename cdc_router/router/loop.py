@@ -39,7 +39,7 @@ from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
-from cdc_router.router.destinations import DestinationMetadata
+from cdc_router.router.destinations import DestinationMetadata, require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import ReplayFilter
@@ -140,6 +140,7 @@ class OutboxRouter:
                 txn.init()
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
+            require_own_topics(self._config, self._destinations.partitions)
             consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,

@@ -16,6 +16,7 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import (
     EXIT_RESTART,
+    ConfigError,
     FatalKafkaError,
     JetStreamRefused,
     MemberFenced,
@@ -588,3 +589,17 @@ def test_the_library_run_leaves_the_collector_alone() -> None:
     thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
     Harness(cluster_with(*events(3))).run()
     assert (gc.get_threshold(), gc.get_freeze_count()) == (thresholds, frozen)
+
+
+@pytest.mark.parametrize(("missing", "field"), [(DLQ, "dead_letter.topic"),
+                                                (CHANGELOG, "dedup.changelog_topic")])
+def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
+        missing: str, field: str) -> None:
+    # QA session 27-a: without its dead-letter topic the router ran until its first poison
+    # event, then every route halted 20 s and the router exited 1.
+    cluster = cluster_with(*events(3))
+    del cluster.partitions[missing]
+    with pytest.raises(ConfigError, match=f"field '{field}': topic {missing} does not exist.*"
+                       "topics apply"):
+        Harness(cluster).run()
+    assert cluster.committed(ORDERS) == []
