@@ -151,6 +151,12 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         click.echo(f"password of role {replication_role}: {report.password}")
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
+    if schema.payload_type == "bytea":
+        # The shipped connector sends no schemas: the router cannot tell a bytea column's
+        # base64 from JSON text by itself.
+        click.echo("note: a bytea payload needs `source: {payload_type: bytes}` in router.yaml "
+                   "when the connector sends no schemas (JsonConverter schemas.enable=false, "
+                   "as connectors/outbox-connector.json)")
     click.echo("outbox ready" + ("" if report.changed else " (nothing changed)"))
 
 

@@ -188,7 +188,7 @@ class AvroSerializer:
             datum = parse_json(event.payload)
         except (ValueError, UnicodeDecodeError) as error:
             raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} "
-                                 f"{json_problem(error)}") from None
+                                 f"{json_problem(error, event.payload)}") from None
         where = lone_surrogate(event.payload, datum)  # fastavro's UTF-8 encoding would fail
         if where is not None:
             raise SerializeError(surrogate_message(event, topic, where))

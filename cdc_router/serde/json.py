@@ -130,14 +130,22 @@ def _deeper_than(text: str | bytes, limit: int) -> bool:
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
 
 
-def json_problem(error: ValueError | UnicodeDecodeError) -> str:
-    """Why parse_json refused a text, to follow its noun: 'is not valid JSON: ...'."""
+def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> str:
+    """Why parse_json refused `text`, to follow its noun: 'is not valid JSON: ...'."""
     if isinstance(error, JsonTooDeep):
         return f"is JSON {error} (MAX_JSON_DEPTH)"
     if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
                 "sent between systems must not have (RFC 8259 8.1); remove it")
+    if _BASE64.fullmatch(text):
+        return (f"is not valid JSON: {error}; it looks like base64: a bytea payload column "
+                "needs source.payload_type: bytes when the connector sends no schemas")
     return f"is not valid JSON: {error}"
+
+
+# What a bytea column looks like through JsonConverter without schemas (binary.handling.mode
+# base64): only a hint in a reason, never a decision.
+_BASE64 = re.compile(rb"(?:[A-Za-z0-9+/]{4})+(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 
 def lone_surrogate(text: str | bytes, parsed: Any) -> str | None:
@@ -193,7 +201,7 @@ class JsonSerializer:
                 parsed = parse_json(event.payload, strict=True)
             except (ValueError, UnicodeDecodeError) as error:
                 raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} "
-                                     f"{json_problem(error)}") from None
+                                     f"{json_problem(error, event.payload)}") from None
             where = lone_surrogate(event.payload, parsed)
             if where is not None:
                 raise SerializeError(surrogate_message(event, topic, where))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cdc_router.serde.json import parse_json
+from cdc_router.serde.json import json_problem, parse_json
 
 EDGE_CASES = [
     '"a\x01b"', '"\t"', "01", "-0", "-0.0", "1E5", "1e-400", "1e308", "2e308", "-2e308", "[1,]",
@@ -76,3 +76,11 @@ def test_strict_refuses_nan_and_lone_surrogates_pass_through() -> None:
         parse_json('{"a": NaN}', strict=True)
     assert parse_json('{"a": NaN}')["a"] != parse_json('{"a": NaN}')["a"]  # NaN, as json reads
     assert parse_json('"\\ud800"') == "\ud800"  # kept: the callers name where it is
+
+
+def test_a_base64_payload_refused_as_json_names_the_payload_type_setting() -> None:
+    # QA session 27-a: a bytea outbox with payload_type auto was dead-lettered as "not valid
+    # JSON", with nothing pointing at source.payload_type.
+    error = json.JSONDecodeError("Expecting value", "q2/4AA==", 0)
+    assert "source.payload_type: bytes" in json_problem(error, b"q2/4AA==")
+    assert "payload_type" not in json_problem(error, b"{nope")
