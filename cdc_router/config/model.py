@@ -75,6 +75,18 @@ class RouterConfig(_Model):
     # route topic must match one at load. None: any name TopicGuard does not refuse.
     allowed_topics: list[TopicPattern] | None = Field(default=None, min_length=1)
 
+    def source_warnings(self) -> list[str]:
+        """What `rules check` and the router's start warn about the sources: several outbox
+        topics (tables) in one pipeline share one id space."""
+        topics = self.source.topics
+        if len(topics) < 2 and not any(topic.startswith("^") for topic in topics):
+            return []
+        return [f"source.topics {', '.join(topics)}: several outbox tables in one pipeline "
+                "share one space of event ids: an id met on one table is dropped as a replay "
+                "on another (the dedup filter), and the cleanup deletes delivered ids from "
+                "cleanup.table alone; give every table ids unique across all of them (UUIDs, "
+                "as write_event makes), or give each table a pipeline of its own"]
+
     def topic_specs(self) -> list[TopicSpec]:
         """Every topic the config names for creation: declared ones, dead-letter, changelog."""
         specs = list(self.topics)

@@ -431,3 +431,17 @@ def test_a_server_url_in_a_config_error_shows_no_password(tmp_path: Path) -> Non
                        "  url: 'htps://svc:Sup3rS3cret@registry:8081'\n")
     assert "Sup3rS3cret" not in message
     assert "htps://svc:*****@registry:8081" in message
+
+
+def test_several_outbox_topics_in_one_pipeline_are_warned_about(tmp_path: Path) -> None:
+    # QA session 27-a: two tables with bigint ids behind one router; an id of the second
+    # table that the first had used was dropped as a replay, and `rules check` said valid.
+    one = loaded(write(tmp_path, MINIMAL))
+    assert one.source_warnings() == []
+    two = loaded(write(tmp_path, MINIMAL.replace("[outbox.public.outbox]",
+                                                 "[a.public.outbox, b.public.outbox]")))
+    [warning] = two.source_warnings()
+    assert "a.public.outbox, b.public.outbox" in warning and "unique" in warning
+    pattern = loaded(write(tmp_path, MINIMAL.replace("[outbox.public.outbox]",
+                                                     "['^shop\\\\..*outbox']")))
+    assert pattern.source_warnings()
