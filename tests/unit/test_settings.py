@@ -385,7 +385,8 @@ def test_rules_check_warns_about_templates_that_reach_a_source(tmp_path: Path) -
     code, output = rules_check(path)
     assert code == 0, output
     warnings = [line for line in output.splitlines() if line.startswith("warning: ")]
-    assert warnings == [
+    assert warnings[-1].startswith("warning: source.topics ^outbox\\..*, raw.orders: several")
+    assert warnings[:-1] == [
         "warning: routes[0] topic 'outbox.{aggregate_type}' renders names source pattern "
         "'^outbox\\\\..*' subscribes to (e.g. 'outbox.x'): such events are dead-lettered, as "
         "the router never consumes its own output; give the template a fixed start that "
