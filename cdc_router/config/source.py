@@ -24,6 +24,10 @@ class SourceSettings(_Model):
     # How to read the payload column: 'auto' trusts the schema when the converter sends one
     # and otherwise takes the value as JSON text (jsonb, json, text); 'bytes' is for bytea.
     payload_type: Literal["auto", "json", "bytes"] = "auto"
+    # An integer created_at when the connector sends no schema: 'auto' takes values from 10^14
+    # up as microseconds (a timestamp(6) column after 1973), below as milliseconds; 'micros'
+    # (timestamp(4..6)) or 'millis' (timestamp(0..3)) say it, for rows dated before 1973.
+    created_at_unit: Literal["auto", "micros", "millis"] = "auto"
     # The connector's topic.heartbeat.prefix; records on topics starting with it are skipped.
     heartbeat_topic_prefix: str = Field(default="__debezium-heartbeat", min_length=1)
 

@@ -13,6 +13,8 @@ _MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
 _NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
 # Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
 _MICROS_THRESHOLD = 10**14
+# source.created_at_unit -> the schema name it stands for when the connector sends none.
+UNIT_SCHEMAS = {"micros": _MICROS_SCHEMA, "millis": "io.debezium.time.Timestamp"}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Java's ISO formatter writes years past 9999 with a sign ("+12000-01-01T00:00:00Z"), and
 # years before 1 as negative; Python's datetime holds years 1 to 9999 only.

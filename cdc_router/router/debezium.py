@@ -17,7 +17,7 @@ import msgspec
 
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, show
-from cdc_router.router.connect_time import epoch_millis
+from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
     LONE_SURROGATE,
@@ -247,7 +247,8 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
             payload=payload,
             payload_is_json=is_json,
             headers=_headers(row, names.headers, where),
-            created_at_ms=_created_at(row, names.created_at, columns, where),
+            created_at_ms=_created_at(row, names.created_at, columns, where,
+                                      settings.created_at_unit),
             op=op,
             lsn=lsn,
             tx_id=tx_id,
@@ -351,7 +352,7 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
 
 
 def _created_at(row: dict[str, Any], column: str | None,
-                columns: dict[str, dict[str, Any]], where: str) -> int | None:
+                columns: dict[str, dict[str, Any]], where: str, unit: str) -> int | None:
     """created_at in epoch milliseconds, from any of Debezium's timestamp encodings."""
     value = row.get(column) if column else None
     if value is None:
@@ -360,7 +361,8 @@ def _created_at(row: dict[str, Any], column: str | None,
         raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
                           f"got {_kind(value)}")
     try:
-        return epoch_millis(value, (columns.get(column or "") or {}).get("name"))
+        return epoch_millis(value, (columns.get(column or "") or {}).get("name")
+                            or UNIT_SCHEMAS.get(unit))
     except ValueError as error:
         raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
 

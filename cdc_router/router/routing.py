@@ -67,6 +67,8 @@ class Router:
         self._nats_max_bytes = (compiled.config.nats.max_payload_bytes
                                 if compiled.config.nats is not None else 0)
         self._max_bytes = compiled.config.delivery.max_payload_bytes
+        # record_timestamp: now: the records carry the producer's clock, not created_at.
+        self._created_at_stamps = compiled.config.delivery.record_timestamp == "created_at"
         self._serializers = compiled.serializers if serializers is None else serializers
         # Each route's static headers, encoded once (None: one is not UTF-8, and _headers
         # names it per event, as it always did).
@@ -125,7 +127,8 @@ class Router:
             hashed = event.aggregate_id.encode() if rule.partition == "aggregate_id" else key
             partition = java_default_partition(hashed or b"", _partition_count(
                 partitions_for, topic, event))
-        if event.created_at_ms is not None and event.created_at_ms < 0:
+        if self._created_at_stamps and event.created_at_ms is not None and \
+                event.created_at_ms < 0:
             raise RouteError(f"event {show(event.event_id)}: created_at is before 1970, which "
                              "Kafka cannot store as a record timestamp")
         return OutboundRecord(topic=topic, key=key, value=value, partition=partition,

@@ -97,6 +97,27 @@ def test_timestamp_micro_from_timestamp6_column() -> None:
     assert event("create_jsonb.schema").created_at_ms == micros // 1000
 
 
+def test_created_at_unit_reads_rows_dated_before_1973_without_schemas() -> None:
+    # Review and QA, session 27: 1972-01-01 as a timestamp(6) column without schemas
+    # (63072000000000 us) was read as milliseconds: the year 3968.
+    micros = 63_072_000_000_000
+
+    def dated(value: dict[str, Any]) -> None:
+        row_of(value)["created_at"] = micros
+
+    guessed = decode_mutated("create_jsonb.noschema", dated)
+    said = decode_mutated("create_jsonb.noschema", dated, created_at_unit="micros")
+    assert isinstance(guessed, OutboxEvent) and isinstance(said, OutboxEvent)
+    assert guessed.created_at_ms == micros  # auto: under 10^14 is taken for milliseconds
+    assert said.created_at_ms == micros // 1000  # 1972-01-01
+    millis = decode_mutated("create_jsonb.noschema", lambda value: row_of(value).update(
+        created_at=10**15), created_at_unit="millis")
+    assert isinstance(millis, OutboxEvent) and millis.created_at_ms == 10**15
+    # A schema the connector sends outranks the setting.
+    assert event("create_jsonb.schema").created_at_ms == decode_mutated(
+        "create_jsonb.schema", lambda value: None, created_at_unit="millis").created_at_ms  # type: ignore[union-attr]
+
+
 def test_timestamp_zoned_from_timestamptz_column() -> None:
     text = row_of(record("create_json.schema")["value"])["created_at"]
     assert text.endswith("Z")  # io.debezium.time.ZonedTimestamp, UTC

@@ -355,6 +355,10 @@ def test_bytea_read_as_text_fails_in_the_json_serializer() -> None:
 def test_record_before_1970_is_a_route_error() -> None:
     with pytest.raises(RouteError, match="before 1970"):
         router({"topic": "t"}).route(replace(ORDER, created_at_ms=-5), lambda t: 1)
+    # QA session 27-a: with record_timestamp now the record carries the producer's clock, so
+    # a created_at before 1970 is no reason to refuse it (no setting could deliver it).
+    now = router({"topic": "t"}, delivery={"record_timestamp": "now"})
+    assert isinstance(now.route(replace(ORDER, created_at_ms=-5), lambda t: 1), OutboundRecord)
 
 
 def test_an_avro_route_without_its_schema_file_is_a_config_error() -> None:
