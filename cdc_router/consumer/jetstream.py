@@ -370,7 +370,10 @@ async def _close(client: Any) -> None:
         await client.flush(timeout=5)
     except (NatsError, TimeoutError, OSError) as error:
         log.info("event=nats_flush_failed error=%s", error_text(error))
-    await client.close()
+    try:
+        await client.close()
+    except (NatsError, TimeoutError, OSError) as error:  # the server went away meanwhile
+        log.info("event=nats_close_failed error=%s", error_text(error))
 
 
 async def _log_reconnected() -> None:

@@ -161,6 +161,9 @@ class JetStreamPublisher:
         return self._js
 
     async def _publish_all(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        # MaxPayloadError: nats-py refuses, before sending, a message over the server's
+        # max_payload (nats.max_payload_bytes set above it): certainly that message's.
+        from nats.errors import MaxPayloadError
         from nats.js.errors import NoStreamResponseError
 
         js = await self._connected()
@@ -171,10 +174,12 @@ class JetStreamPublisher:
         failed = [(message, result) for message, result in zip(messages, results, strict=True)
                   if isinstance(result, BaseException)]
         refused = {index: f"JetStream refused the {len(message.data)}-byte message for "
-                          f"{message.subject}: {error_text(result)}; raise the stream's limit "
-                          "(max_msg_size), then `cdc-router dlq replay` the letter"
+                          f"{message.subject}: {error_text(result)}; raise the limit (the "
+                          "stream's max_msg_size, the server's max_payload), then `cdc-router "
+                          "dlq replay` the letter"
                    for index, (message, result) in enumerate(zip(messages, results, strict=True))
-                   if getattr(result, "err_code", None) in _MESSAGE_REFUSED}
+                   if getattr(result, "err_code", None) in _MESSAGE_REFUSED
+                   or isinstance(result, MaxPayloadError)}
         if refused:
             raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "
                                    f"messages; first: {next(iter(refused.values()))}", refused)
@@ -224,4 +229,7 @@ class JetStreamPublisher:
             # Reconnecting (the server is down): nothing is in flight between batches, so
             # there is nothing to drain; close without it.
             log.info("event=nats_closed_without_drain reason=%r", error_text(error))
-            await client.close()
+            try:
+                await client.close()
+            except (NatsError, OSError, TimeoutError) as closing:
+                log.info("event=nats_close_failed reason=%r", error_text(closing))
