@@ -118,7 +118,8 @@ class OutboxRelay:
                                 changelog_topic=config.dedup.changelog_topic
                                 if self._replay is not None else None,
                                 bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait,
-                                mark_group=config.source.group_id, publisher=self._publisher)
+                                mark_group=config.source.group_id, publisher=self._publisher,
+                                stopping=self._stop.is_set)
         self._position_key = self._table.encode()
         self.position = RelayPosition()
         self._aborts = 0

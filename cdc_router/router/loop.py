@@ -106,9 +106,7 @@ class OutboxRouter:
         self._txn: Transaction | None = None
         self._consecutive_aborts = 0
         self._after_refusal = False  # the last abort was a record's refusal
-        self._pending_abort = False
-        self._needs_rewind = False
-        self._waiting_for_source = False
+        self._pending_abort = self._needs_rewind = self._waiting_for_source = False
         self.last_poll = clock()
         self._lag_observed = float("-inf")
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
@@ -134,7 +132,8 @@ class OutboxRouter:
                                       if self._replay is not None else None,
                                       bootstrap=self._config.kafka.bootstrap_servers,
                                       mark_group=self._config.source.group_id,
-                                      sleep=self._wait, publisher=self._publisher)
+                                      sleep=self._wait, publisher=self._publisher,
+                                      stopping=self._stop.is_set)
         try:
             try:
                 txn.init()
@@ -148,8 +147,11 @@ class OutboxRouter:
             while not self._stop.is_set():
                 if self._recovered():
                     self._poll_once(consumer, txn)
-            if txn.open:
-                self._commit()
+            if txn.open and not (self._pending_abort or self._consecutive_aborts):
+                self._commit(backoff=False)  # one try: no retries once stopping
+            if txn.open:  # not after aborts (an outage): the next start fences it
+                log.warning("event=stopped_uncommitted records=%d", txn.records)
+                txn.forget()
         except BaseException:
             # The batch's offsets may cover a record that was not produced: closing the
             # consumer must not commit them (its revoke callback would).
@@ -199,10 +201,9 @@ class OutboxRouter:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        if self._changelog is not None:
-            self._changelog.close()
-        if self._publisher is not None:
-            self._publisher.close()
+        for client in (self._changelog, self._publisher):
+            if client is not None:
+                client.close()
         log.info("event=stopped instance=%s", self._instance_id)
 
     # One record ----------------------------------------------------------------------------

@@ -92,11 +92,13 @@ class Transaction:
                  sleep: Callable[[float], object] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
                  mark_group: str | None, mark_key_prefix: str = BATCH_KEY_PREFIX,
-                 publisher: JetStreamPublisher | None = None) -> None:
+                 publisher: JetStreamPublisher | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
         `mark_key_prefix` keys the changelog marks and `mark_group` names their pipeline
         (source.group_id; router/replay.py); `publisher` delivers the records of JetStream
-        routes (None: this command has no JetStream routes)."""
+        routes (None: this command has no JetStream routes); once `stopping()`, a failed
+        call is not retried (a stop during an outage must not wait out every retry)."""
         self._producer = producer
         self._publisher = publisher
         self._consumer = consumer
@@ -108,6 +110,7 @@ class Transaction:
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep = sleep
+        self._stopping = stopping
         self._clock = clock
         self._batch = _Batch()
         self._open = False
@@ -282,6 +285,11 @@ class Transaction:
         finally:
             self._reset()
 
+    def forget(self) -> None:
+        """Forget the open batch without aborting it, when stopping during an outage: nothing
+        of it committed, the broker aborts it at its timeout, and the next start fences it."""
+        self._reset()
+
     def _reset(self) -> None:
         self._batch = _Batch()
         self._open = False
@@ -368,7 +376,7 @@ class Transaction:
                 if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
                 conflict = error is not None and error.code() == KafkaError._CONFLICT
-                if backoff is None or conflict:
+                if backoff is None or conflict or self._stopping():
                     self._settle_in_doubt(name, failure, conflict)
                     raise BatchFailed(
                         f"Kafka transaction step {name!r} still fails after {attempt + 1} "

@@ -21,6 +21,7 @@ from cdc_router.errors import (
     JetStreamRefused,
     MemberFenced,
     RestoreFailed,
+    TransactionInDoubt,
 )
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
@@ -603,3 +604,27 @@ def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
                        "topics apply"):
         Harness(cluster).run()
     assert cluster.committed(ORDERS) == []
+
+
+def test_a_stop_during_an_outage_tries_the_commit_once_and_forgets_the_batch() -> None:
+    # QA session 27-b: SIGTERM with Kafka down took 6 min 18 s: the stop's commit, its abort
+    # and the close's revoke each waited out every retry of every call.
+    down = KafkaError(KafkaError._TIMED_OUT, "Kafka is down", retriable=True)
+    cluster = cluster_with(*events(4))
+    harness: Harness
+
+    def outage_then_stop(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.commit_failures = [down] * 50
+        cluster.abort_failures = [down] * 50
+        harness.router.stop()
+
+    harness = Harness(cluster, hooks=[outage_then_stop], delivery=SLOW_COMMIT)
+    # The commit got no answer: in doubt, which only a new process settles (exit 75).
+    with pytest.raises(TransactionInDoubt):
+        harness.router.run()
+    assert len(cluster.commit_failures) == 49  # one try, not six
+    assert len(cluster.abort_failures) == 50  # librdkafka refuses the abort then: none tried
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]  # the first batch
+    assert cluster.group_offsets == {(RAW, 0): 4}  # the rest is read again on restart
+
