@@ -223,6 +223,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             return
         self._counts["dead_lettered"] += 1
         self._acknowledge(message)
+        # At once, not at the next commit_interval_s: a crash before the commit would send
+        # the same dead letter again (nothing else records it). Dead letters are rare.
+        self._commit()
 
     def _retry_later(self, message: KafkaMessage, retry: _Retry | None, reason: str,
                      error: BaseException | None) -> None:

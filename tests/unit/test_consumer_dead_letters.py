@@ -88,3 +88,12 @@ def test_a_fatal_dead_letter_producer_is_rebuilt() -> None:
     h.run()
     assert h.producers_built == 2  # the fatal one was dropped, not retried
     assert len(h.producer.sent) == 1
+
+
+def test_a_dead_letters_offset_is_committed_at_once() -> None:
+    # QA session 27-b: a consumer killed within commit_interval_s of a dead letter sent it
+    # again on each restart (3 kills, 3 identical letters).
+    h = Harness({0: [rec("a"), (b"big", b"{}", []), rec("c")]}, handler=poison)
+    h.run()
+    sent = next(i for i, entry in enumerate(h.kafka.journal) if entry == ("store", (0, 2)))
+    assert h.kafka.journal[sent + 1] == ("commit", {0: 2})  # before any later record
