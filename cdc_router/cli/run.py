@@ -18,6 +18,7 @@ from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_replay import sources_of
@@ -37,7 +38,7 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
             or config.delivery.guarantee != "exactly_once"):
         return None
     # librdkafka's own log lines go through logging, as the router's do.
-    kafka = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
+    kafka = {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
     return CommittedIds(kafka, changelog_topic=config.dedup.changelog_topic,
                         group=config.source.group_id,
                         dead_letter_topic=config.dead_letter.topic,

@@ -286,4 +286,8 @@ def log4j2_properties() -> str:
         "logger.statechange.level = WARN\n"
         "logger.reflections.name = org.reflections\n"
         "logger.reflections.level = ERROR\n"
+        # The Java clients' INFO lines: config dumps, and during a broker outage about 4,000
+        # "Rebootstrapping" lines a second from Connect's admin client (QA session 27-b).
+        "logger.clients.name = org.apache.kafka.clients\n"
+        "logger.clients.level = WARN\n"
     )

@@ -8,12 +8,12 @@ a name rendered from row data would create that topic.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
+from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router.timestamps import DescribeFactory, TopicTimestampLimits, admin_describe
@@ -49,7 +49,7 @@ class Timeouts:
 def common_config(config: RouterConfig) -> dict[str, Any]:
     """What every client of the router shares: connection, security, no topic creation."""
     # librdkafka's own log lines go through logging, not straight to stderr.
-    return {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka"),
+    return {**config.kafka.librdkafka(), "logger": librdkafka_logger(),
             **_NO_AUTO_CREATE}
 
 
@@ -112,5 +112,5 @@ def timestamp_limits(config: RouterConfig,
                      describe_factory: DescribeFactory = admin_describe) -> TopicTimestampLimits:
     """The destination topics' timestamp limits (router/timestamps.py), read with an admin
     client of the router's connection settings (tests hand a fake `describe_factory`)."""
-    admin = {**config.kafka.librdkafka(), "logger": logging.getLogger("cdc_router.librdkafka")}
+    admin = {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
     return TopicTimestampLimits(describe_factory(admin))
