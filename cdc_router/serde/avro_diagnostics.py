@@ -8,6 +8,8 @@ would silently leave them out, which `extra_fields: reject` refuses.
 
 from __future__ import annotations
 
+import math
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +49,10 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
             validate(datum, schema.parsed, raise_errors=True)
         except ValidationError as error:
             return _describe(error)
+    if _has_checked_values(schema):
+        problem = _value_problem(datum, schema.parsed, schema, "")
+        if problem is not None:
+            return problem
     if extra_fields == "reject":
         extra = first_extra_field(datum, schema)
         if extra is not None:
@@ -250,3 +256,78 @@ def _unfillable_below(node: Any, named: Mapping[str, Any], path: list[str], foun
             _unfillable_below(part, named, where, found, seen)
         else:
             found.append(".".join(where))
+
+
+# What fastavro's validation takes and its writer then alters or its reader refuses: a float
+# beyond float's range (written as infinity), NaN or infinity from a JSON number beyond a
+# double, any text in a `uuid` string (readers with logical types refuse it).
+_FLOAT_MAX = 3.4028234663852886e38
+
+
+def _has_checked_values(schema: AvroSchema) -> bool:
+    found = schema.memo.get("checked_values")
+    if found is None:
+        text = schema.canonical + schema.text
+        found = schema.memo["checked_values"] = any(
+            word in text for word in ('"float"', '"double"', '"uuid"'))
+    return bool(found)
+
+
+def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str) -> str | None:
+    """The first value of a valid `datum` that the writer would alter or readers refuse."""
+    if isinstance(node, str):
+        if node in ("float", "double"):
+            return _number_problem(datum, node, path)
+        node = schema.named.get(node, node)
+        if isinstance(node, str):
+            return None
+    if isinstance(node, list):
+        for branch in node:
+            resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
+            if fits(datum, schema, resolved if isinstance(resolved, dict) else None) \
+                    if isinstance(resolved, dict) else _primitive_fits(datum, resolved):
+                return _value_problem(datum, resolved, schema, path)
+        return None
+    kind = node.get("type")
+    if node.get("logicalType") == "uuid" and isinstance(datum, str):
+        try:
+            uuid.UUID(datum)
+        except ValueError:
+            return (f"field {path.lstrip('.') or '(the payload)'!r} is str {show(datum, 60)}, "
+                    "expected string (uuid): not a UUID")
+        return None
+    if kind in ("float", "double"):
+        return _number_problem(datum, kind, path)
+    if kind in ("record", "error") and isinstance(datum, dict):
+        for field in node["fields"]:
+            if field["name"] in datum:
+                found = _value_problem(datum[field["name"]], field["type"], schema,
+                                       f"{node.get('name')}.{field['name']}")
+                if found is not None:
+                    return found
+    elif kind == "array" and isinstance(datum, list):
+        for index, item in enumerate(datum):
+            found = _value_problem(item, node["items"], schema, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif kind == "map" and isinstance(datum, dict):
+        for key, value in datum.items():
+            found = _value_problem(value, node["values"], schema, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _primitive_fits(datum: Any, name: Any) -> bool:
+    return bool(validate(datum, name, raise_errors=False)) if isinstance(name, str) else False
+
+
+def _number_problem(datum: Any, kind: str, path: str) -> str | None:
+    if not isinstance(datum, float):
+        return None
+    where = path.lstrip(".") or "(the payload)"
+    if not math.isfinite(datum):
+        return f"field {where!r} is {datum}, which JSON cannot carry: a number beyond a double?"
+    if kind == "float" and abs(datum) > _FLOAT_MAX:
+        return f"field {where!r} is {datum}, beyond an Avro float (write it as a double)"
+    return None
