@@ -48,4 +48,4 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     cleaner = cleaner_of(config, metrics)
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered)
-    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay")
+    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -12,12 +13,13 @@ from types import FrameType
 from typing import Protocol
 
 import click
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import DeliveryError
+from cdc_router.errors import ConfigError, DeliveryError
+from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
@@ -69,7 +71,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     cleaner = cleaner_of(config, metrics)
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
-    run_until_stopped(router, cleaner, metrics, metrics_port, "router")
+    run_until_stopped(router, cleaner, metrics, metrics_port, "router", config)
 
 
 class Process(Protocol):
@@ -100,7 +102,7 @@ def tune_gc() -> None:
 
 
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
-                      metrics_port: int, what: str) -> None:
+                      metrics_port: int, what: str, config: RouterConfig) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
     commit and return."""
 
@@ -120,8 +122,28 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
     tune_gc()
     try:
         process.run()
-    except KafkaException as failure:
+    except (KafkaException, DeliveryError) as failure:
+        refused = property_refused(failure, config)
+        if refused is not None:
+            raise refused from failure
+        if isinstance(failure, DeliveryError):
+            raise
         # The last net at the edge: whatever Kafka error got this far is one line, not a trace.
         raise DeliveryError(f"the {what} stopped on a Kafka error: {failure}") from failure
     finally:
         cleaner.stop()
+
+
+def property_refused(failure: BaseException, config: RouterConfig) -> ConfigError | None:
+    """A ConfigError naming the kafka.* section when librdkafka refused a client property
+    (unknown, or a bad value) as it built a client; None for any other failure."""
+    error = kafka_error_of(failure) or kafka_error_of(failure.__cause__ or failure)
+    if error is None or error.code() != KafkaError._INVALID_ARG:
+        return None
+    named = re.search(r'property "([^"]+)"|property: "([^"]+)"', error.str())
+    name = next((group for group in named.groups() if group), "") if named else ""
+    section = next((section for section in ("producer", "consumer", "config")
+                    if name in getattr(config.kafka, section)), "config")
+    return ConfigError(f"librdkafka refused a client property: {error.str()}",
+                       field=f"kafka.{section}" + (f".{name}" if name else ""),
+                       hint="see librdkafka's CONFIGURATION.md for the names and values")

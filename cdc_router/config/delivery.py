@@ -28,8 +28,10 @@ class DeliverySettings(_Model):
     # not the producer's 60 s: like Kafka Streams' exactly-once default (10 s), short enough
     # that a dead instance stalls readers and a hung client briefly, long enough for a batch
     # (commit_interval_ms 100) and for nats.connect_timeout_ms + nats.ack_timeout_ms (15 s).
-    # The broker caps it at transaction.max.timeout.ms (15 minutes by default).
-    transaction_timeout_ms: PositiveInt = 20_000
+    # The broker refuses a longer one than its transaction.max.timeout.ms (15 minutes by
+    # default: the bound here) with INVALID_TRANSACTION_TIMEOUT; librdkafka also takes it as
+    # a 32-bit number, so a bigger value would silently wrap.
+    transaction_timeout_ms: int = Field(default=20_000, gt=0, le=900_000)
     # A record's Kafka timestamp: the row's created_at, or the router's clock. A broker refuses
     # a timestamp outside message.timestamp.{before,after}.max.ms (after: 1 hour by default);
     # with created_at such a row is dead-lettered with that reason, with now it is delivered.

@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.cli import dlq, main
-from cdc_router.cli.run import run_until_stopped
-from cdc_router.errors import ConfigError
+from cdc_router.cli.run import property_refused, run_until_stopped
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import ConfigError, DeliveryError
 from cdc_router.router.metrics import RouterMetrics
 
 CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
@@ -97,7 +98,9 @@ def test_a_metrics_port_in_use_is_a_config_error_before_anything_starts(
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError) as caught:
-            run_until_stopped(process, cleaner, RouterMetrics(), port, "router")  # type: ignore[arg-type]
+            run_until_stopped(process, cleaner, RouterMetrics(), port,  # type: ignore[arg-type]
+                              "router", RouterConfig.model_validate(
+                                  {"source": {"topics": ["raw"]}, "routes": [{"topic": "x"}]}))
     assert str(caught.value) == (
         f"command line: field '--metrics-port': cannot serve /metrics on port {port}: Address "
         "already in use; give each instance on a host its own port [env "
@@ -124,3 +127,26 @@ def test_status_that_cannot_check_exits_3_never_a_verdict(args: list[str]) -> No
     # probe paging on 2 and logging 1 took "the check never ran" for a warning.
     result = CliRunner().invoke(main, ["status", *args])
     assert result.exit_code == 3, result.output
+
+
+@pytest.mark.parametrize(("kafka", "text", "field"), [
+    ({"config": {"no.such.property": "x"}}, 'No such configuration property: "no.such.property"',
+     "kafka.config.no.such.property"),
+    ({"producer": {"partitioner": "bogus"}},
+     'Invalid value for configuration property "partitioner": bogus',
+     "kafka.producer.partitioner")])
+def test_a_client_property_librdkafka_refuses_is_a_config_error_naming_it(
+        kafka: dict[str, Any], text: str, field: str) -> None:
+    # Review, session 27: `rules check` said valid, and `run` stopped with librdkafka's line,
+    # naming neither the file's section nor what to do.
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "x"}], "kafka": kafka})
+    refused = KafkaException(KafkaError(KafkaError._INVALID_ARG, text))
+    error = property_refused(DeliveryError("step 'init': ..."), config)
+    assert error is None
+    error = property_refused(refused, config)
+    assert error is not None and f"field '{field}'" in str(error)
+    assert "CONFIGURATION.md" in str(error)
+    wrapped = DeliveryError("step 'init'")
+    wrapped.__cause__ = refused
+    assert property_refused(wrapped, config) is not None

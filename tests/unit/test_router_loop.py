@@ -253,20 +253,20 @@ def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
 
 
 def test_a_poll_that_takes_less_than_a_full_batch_commits_at_once() -> None:
-    # Caught up: nothing waits for commit_interval_ms (an hour here) on a quiet stream.
+    # Caught up: nothing waits for commit_interval_ms (90 s here) on a quiet stream.
     cluster = cluster_with(*events(3))
     seen: dict[str, Any] = {}
     harness = Harness(cluster, hooks=[lambda _: seen.update(offsets=dict(cluster.group_offsets))],
-                      delivery={"commit_interval_ms": 3_600_000,
-                                "transaction_timeout_ms": 36_000_000}).run()
+                      delivery={"commit_interval_ms": 90_000,
+                                "transaction_timeout_ms": 900_000}).run()
     assert seen["offsets"] == {(RAW, 0): 3}  # committed before the next poll
     assert sorted(harness.delivered()) == ["e-0", "e-1", "e-2"]
 
 
 def test_full_polls_share_one_transaction_until_it_is_due() -> None:
     cluster = cluster_with(*events(3 * POLL_BATCH))
-    Harness(cluster, delivery={"commit_interval_ms": 3_600_000,
-                               "transaction_timeout_ms": 36_000_000,
+    Harness(cluster, delivery={"commit_interval_ms": 90_000,
+                               "transaction_timeout_ms": 900_000,
                                "commit_max_records": 2 * POLL_BATCH}).run()
     # Two full polls make one due batch; the third poll is full too, and the empty poll
     # after it finds the stream caught up and commits the rest.

@@ -446,3 +446,9 @@ def test_several_outbox_topics_in_one_pipeline_are_warned_about(tmp_path: Path) 
     pattern = loaded(write(tmp_path, MINIMAL.replace("[outbox.public.outbox]",
                                                      "['^shop\\\\..*outbox']")))
     assert pattern.source_warnings()
+
+
+def test_a_transaction_timeout_over_the_brokers_default_limit_is_refused(tmp_path: Path) -> None:
+    # Review, session 27: 4294968296 reached librdkafka as a 32-bit 1000 ms.
+    message = error_of(tmp_path, MINIMAL + "delivery: {transaction_timeout_ms: 4294968296}\n")
+    assert "delivery.transaction_timeout_ms" in message and "900000" in message
