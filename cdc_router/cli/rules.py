@@ -59,7 +59,7 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     config = compiled.config
     warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
-    warnings += config.source_warnings()
+    warnings += config.warnings()
     for serializer in compiled.serializers.values():
         warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
     step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)

@@ -64,7 +64,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    for warning in config.source_warnings():
+    for warning in config.warnings():
         logging.getLogger("cdc_router.router").warning("event=config_warning detail=%r",
                                                          warning)
     metrics = RouterMetrics()

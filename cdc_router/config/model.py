@@ -19,6 +19,7 @@ from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import StringMap, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
+from cdc_router.config.patterns import slow_pattern
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
@@ -74,6 +75,29 @@ class RouterConfig(_Model):
     # When set, a templated route may write only to names matching one of these, and a static
     # route topic must match one at load. None: any name TopicGuard does not refuse.
     allowed_topics: list[TopicPattern] | None = Field(default=None, min_length=1)
+
+    def warnings(self) -> list[str]:
+        """What `rules check` and the router's start warn about (besides the templates')."""
+        return self.source_warnings() + self.pattern_warnings()
+
+    def pattern_warnings(self) -> list[str]:
+        """`re:` match patterns that repeat a repeating group: one row can stall the router."""
+        found = []
+        for index, route in enumerate(self.routes):
+            match = route.match
+            if match is None:
+                continue
+            fields = {"aggregate_type": match.aggregate_type, "type": match.type,
+                      **{f"header.{name}": value for name, value in (match.header or {}).items()}}
+            for name, patterns in fields.items():
+                for pattern in [patterns] if isinstance(patterns, str) else patterns or []:
+                    if slow_pattern(pattern):
+                        found.append(
+                            f"routes[{index}].match.{name} {pattern!r} repeats a group that "
+                            "repeats itself: one value can take exponential time to match and "
+                            "hold the router (catastrophic backtracking); write it without "
+                            "nested repetition, or as a list of plain patterns")
+        return found
 
     def source_warnings(self) -> list[str]:
         """What `rules check` and the router's start warn about the sources: several outbox

@@ -452,3 +452,15 @@ def test_a_transaction_timeout_over_the_brokers_default_limit_is_refused(tmp_pat
     # Review, session 27: 4294968296 reached librdkafka as a 32-bit 1000 ms.
     message = error_of(tmp_path, MINIMAL + "delivery: {transaction_timeout_ms: 4294968296}\n")
     assert "delivery.transaction_timeout_ms" in message and "900000" in message
+
+
+def test_a_regex_that_repeats_a_repeating_group_is_warned_about(tmp_path: Path) -> None:
+    # Review, session 27: `re:(Order|[A-Za-z]+)+Paid` took 2.75 s for one 25-character type,
+    # doubling with each character: one row could hold the router for hours.
+    slow = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
+                        "  - {match: {type: 're:(Order|[A-Za-z]+)+Paid'}, topic: a}\n"
+                        "  - {match: {header: {v: ['x', 're:(a*)*b']}}, topic: b}\n"
+                        "  - {match: {type: 're:Order(Paid|Shipped)'}, topic: c}\n"))
+    assert [warning.split(" ")[0] for warning in slow.pattern_warnings()] == [
+        "routes[0].match.type", "routes[1].match.header.v"]
+    assert "exponential time" in slow.warnings()[0]
