@@ -28,7 +28,7 @@ import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.topic_names import parse_template, render_topic
-from cdc_router.errors import ConfigError, SerializeError, show
+from cdc_router.errors import ConfigError, RegistryError, SerializeError, show
 from cdc_router.serde.avro_diagnostics import json_unfillable, payload_problem
 from cdc_router.serde.avro_schema import (
     ANY_TYPE,
@@ -39,6 +39,7 @@ from cdc_router.serde.avro_schema import (
     load_schema,
     parse_schema_text,
     route_key,
+    unreadable,
 )
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
@@ -177,7 +178,7 @@ class AvroSerializer:
         (the router stops) when the registry lacks the schema or cannot be asked.
         """
         if not event.payload_is_json:
-            return self._pass_through(event, topic)
+            return self._pass_through(event, rule, topic)
         schema = self.schemas(rule).for_type(event.type)
         if schema is None:
             listed = ", ".join(sorted(self.schemas(rule).by_type))
@@ -272,7 +273,38 @@ class AvroSerializer:
             if planned.subject is not None:
                 self._ids.id_for(planned.subject, planned.schema)
 
-    def _pass_through(self, event: OutboxEvent, topic: str) -> bytes:
+    def _pass_through(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
+        """An already-encoded payload, unchanged, once its framing names a schema a reader can
+        get (one of the route's; an id the registry holds) and its body reads with it whole:
+        a record no consumer can read is a dead letter here, not poison downstream."""
+        value = event.payload
+        self._framed(event, topic)
+        where = f"event {show(event.event_id)}: the binary payload for {topic!r}"
+        if self._ids is None:
+            known = {schema.fingerprint: schema for schema in self.schemas(rule).by_type.values()}
+            writer = known.get(value[2:SINGLE_OBJECT_HEADER])
+            if writer is None:
+                listed = ", ".join(schema.path for schema in known.values())
+                raise SerializeError(f"{where} has fingerprint "
+                                     f"{value[2:SINGLE_OBJECT_HEADER].hex()}, of none of the "
+                                     f"route's schemas ({listed})")
+            parsed, body = writer.parsed, value[SINGLE_OBJECT_HEADER:]
+        else:
+            schema_id = int.from_bytes(value[1:CONFLUENT_HEADER], "big")
+            try:
+                parsed = self._ids.writer_schema(schema_id)
+            except RegistryError as error:
+                if not error.missing:
+                    raise  # the registry's outage, never the record's fault
+                raise SerializeError(f"{where} names schema id {schema_id}, which the "
+                                     "registry does not hold") from None
+            body = value[CONFLUENT_HEADER:]
+        problem = unreadable(body, parsed)
+        if problem is not None:
+            raise SerializeError(f"{where} does not read with its schema: {problem}")
+        return value
+
+    def _framed(self, event: OutboxEvent, topic: str) -> None:
         value = event.payload
         if self._ids is None:
             ok, framing = (value[:2] == SINGLE_OBJECT_MAGIC and len(value) > SINGLE_OBJECT_HEADER,
@@ -285,7 +317,6 @@ class AvroSerializer:
                                  f"{topic!r} is not framed in {framing}; already-encoded "
                                  f"payloads pass through unchanged, so they must be framed "
                                  f"(starts with {value[:4].hex() or 'nothing'})")
-        return value
 
 
 def _encode_record(event: OutboxEvent, datum: Any, schema: AvroSchema, topic: str) -> bytes:

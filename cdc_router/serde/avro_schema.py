@@ -12,6 +12,7 @@ fingerprint.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,3 +114,14 @@ def route_key(rule: RouteRule) -> Any:
     """What identifies a route's schemas: routes naming the same files share them."""
     spec = rule.schema_path
     return tuple(sorted(spec.items())) if isinstance(spec, dict) else spec
+
+
+def unreadable(body: bytes, parsed: Any) -> str | None:
+    """Why an Avro `body` does not read whole with the parsed writer schema; None if it does."""
+    stream = io.BytesIO(body)
+    try:
+        fastavro.schemaless_reader(stream, parsed, None)
+    except Exception as error:  # fastavro's reader raises many types, all the body's fault
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    left = len(body) - stream.tell()
+    return f"{left} bytes left over after the record" if left else None

@@ -13,10 +13,12 @@ stops with the reason instead, and its uncommitted batch is redelivered once it 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import fastavro
 from confluent_kafka.schema_registry import (
     Schema,
     SchemaRegistryClient,
@@ -81,6 +83,7 @@ class SchemaIds:
                  client: SchemaRegistryClient | None = None) -> None:
         self._settings = settings
         self._client = client
+        self._writers: dict[int, Any] = {}  # schema id -> fastavro's parsed schema
 
     @property
     def auto_register(self) -> bool:
@@ -149,6 +152,17 @@ class SchemaIds:
         log.info("event=schema_registered subject=%s id=%d file=%s", subject, schema_id,
                  schema.path)
         return schema_id
+
+    def writer_schema(self, schema_id: int) -> Any:
+        """The schema registered under `schema_id`, parsed by fastavro (cached); RegistryError
+        (missing=True) when the registry holds no such id."""
+        parsed = self._writers.get(schema_id)
+        if parsed is None:
+            found = self._call(f"read schema id {schema_id}",
+                               lambda: self.client.get_schema(schema_id))
+            parsed = self._writers[schema_id] = fastavro.parse_schema(
+                json.loads(str(found.schema_str)))
+        return parsed
 
     def subjects(self) -> list[str]:
         """Every subject the registry holds."""

@@ -175,11 +175,26 @@ def test_an_event_type_without_a_schema_is_a_serialize_error() -> None:
 # --- bytes the application already encoded pass through ----------------------------------
 
 def test_already_encoded_payloads_pass_through_unchanged() -> None:
-    framed = b"\xc3\x01" + load_schema(PAYMENT).fingerprint + b"\x02x"
+    schema = load_schema(PAYMENT)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema.parsed, GOOD)
+    framed = b"\xc3\x01" + schema.fingerprint + body.getvalue()
     assert AvroSerializer([rule()]).serialize(event(None, raw=framed), rule(), "p") == framed
-    wire = b"\x00\x00\x00\x00\x07\x02x"
-    serializer = AvroSerializer([rule()], registry(), registry_client=mock_registry())
+    client = mock_registry()
+    schema_id = client.register_schema("payments-value", Schema(schema.text, "AVRO"))
+    wire = b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+    serializer = AvroSerializer([rule()], registry(), registry_client=client)
     assert serializer.serialize(event(None, raw=wire), rule(), "p") == wire
+    # QA session 27-a: only the first bytes were looked at; an unknown schema id, a cut body
+    # and bytes after the record were delivered, poison to every reader.
+    for bad, reason in [
+            (framed[:-3], "does not read with its schema"),
+            (framed + b"\x00", "1 bytes left over"),
+            (b"\xc3\x01" + bytes(8) + body.getvalue(), "fingerprint 0000000000000000, of none"),
+            (b"\x00\x00\x01\x86\x9f" + body.getvalue(), "schema id 99999, which the registry")]:
+        with pytest.raises(SerializeError, match=reason):
+            (serializer if bad[:1] == b"\x00" else AvroSerializer([rule()])).serialize(
+                event(None, raw=bad), rule(), "p")
 
 
 def test_unframed_bytes_are_a_serialize_error() -> None:
