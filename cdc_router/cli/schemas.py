@@ -120,6 +120,11 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
     by_data = serializer.existing_subjects(ids.subjects()) \
         if len(planned) < len(serializer.planned_subjects()) else []
+    # Only subjects of topics the route may produce to (the guard: legal names, not a source,
+    # protected or the router's own, within allowed_topics), and none another route names.
+    guard, known = compiled.config.topic_guard(), {entry.subject for entry in planned}
+    by_data = [entry for entry in by_data if entry.subject not in known and entry.topic and (
+        compiled.config.routes[entry.route].nats is not None or guard.problem(entry.topic) is None)]
     for position, entry in enumerate(planned + by_data):
         assert entry.subject is not None
         try:

@@ -347,8 +347,12 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
     if not isinstance(raw, dict):
         raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
                           f"headers, got {_kind(raw)}")
-    return tuple([(name, value if type(value) is str else exact_json_text(value))
-                  for name, value in raw.items()])
+    try:
+        return tuple([(name, value if type(value) is str else exact_json_text(value))
+                      for name, value in raw.items()])
+    except ValueError as error:
+        raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
+                          f"{error}") from None
 
 
 def _created_at(row: dict[str, Any], column: str | None,

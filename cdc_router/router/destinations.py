@@ -92,6 +92,10 @@ class DestinationMetadata:
         if refusal.kafka_error.code() not in UNKNOWN_TOPIC:
             return
         self._topics.pop(topic, None)
-        if self.partitions(topic) is not None:
+        try:
+            listed = self.partitions(topic) is not None
+        except RouteError:  # refused now (not authorised): the record's dead letter
+            return
+        if listed:
             raise BatchFailed(f"librdkafka refused a record for {topic} ({refusal}), but the "
                               "cluster lists the topic: its metadata lags; retrying the batch")

@@ -147,9 +147,9 @@ class OutboxRouter:
             while not self._stop.is_set():
                 if self._recovered():
                     self._poll_once(consumer, txn)
-            if txn.open and not (self._pending_abort or self._consecutive_aborts):
+            if txn.open and not self._pending_abort:
                 self._commit(backoff=False)  # one try: no retries once stopping
-            if txn.open:  # not after aborts (an outage): the next start fences it
+            if txn.open:  # its abort failed (an outage): the next start fences it
                 log.warning("event=stopped_uncommitted records=%d", txn.records)
                 txn.forget()
         except BaseException:

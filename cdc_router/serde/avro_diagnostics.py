@@ -9,6 +9,7 @@ would silently leave them out, which `extra_fields: reject` refuses.
 from __future__ import annotations
 
 import math
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -282,12 +283,18 @@ def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str) -> str 
         if isinstance(node, str):
             return None
     if isinstance(node, list):
+        # A problem only if every branch the value fits has one: fastavro's writer may take
+        # a later branch (1e39 in ["float", "double"] is written as a double).
+        first = None
         for branch in node:
             resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
-            if fits(datum, schema, resolved if isinstance(resolved, dict) else None) \
-                    if isinstance(resolved, dict) else _primitive_fits(datum, resolved):
-                return _value_problem(datum, resolved, schema, path)
-        return None
+            if fits(datum, schema, resolved) if isinstance(resolved, dict) \
+                    else _primitive_fits(datum, resolved):
+                found = _value_problem(datum, resolved, schema, path)
+                if found is None:
+                    return None
+                first = first or found
+        return first
     kind = node.get("type")
     if node.get("logicalType") == "uuid" and isinstance(datum, str):
         try:
@@ -323,6 +330,11 @@ def _primitive_fits(datum: Any, name: Any) -> bool:
 
 
 def _number_problem(datum: Any, kind: str, path: str) -> str | None:
+    if type(datum) is int:  # a JSON integer in a float or double field
+        limit = _FLOAT_MAX if kind == "float" else sys.float_info.max
+        return None if abs(datum) <= limit else \
+            f"field {path.lstrip('.') or '(the payload)'!r} is {show(str(datum), 60)}, " \
+            f"beyond an Avro {kind}"
     if not isinstance(datum, float):
         return None
     where = path.lstrip(".") or "(the payload)"

@@ -91,7 +91,8 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
 def exact_json_text(value: Any) -> str:
     """Compact JSON text of a tree parse_json(exact_numbers=True) gave: its numbers as they
     were written; non-ASCII as is (json.dumps's ensure_ascii=False). A lone surrogate, which
-    msgspec cannot write, stays in the text (as json.dumps leaves it) for the caller's check."""
+    msgspec cannot write, stays in the text (as json.dumps leaves it) for the caller's check.
+    ValueError for a number nested in it that cannot be written back."""
     if isinstance(value, RawNumber):
         return str(value)  # its very text
     tree = _decimals(value)  # inside an object or array: the same number, 1.5E+3 for 1.5e3
@@ -103,7 +104,11 @@ def exact_json_text(value: Any) -> str:
 
 def _decimals(value: Any) -> Any:
     if isinstance(value, RawNumber):
-        return Decimal(value)
+        try:
+            return Decimal(value)
+        except ArithmeticError:  # an exponent beyond Decimal's, inside an object or array
+            raise ValueError(f"the number {show(str(value), 40)} cannot be written back as "
+                             "JSON") from None
     if isinstance(value, dict):
         return {name: _decimals(item) for name, item in value.items()}
     if isinstance(value, list):

@@ -14,6 +14,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cdc_router.cli import main
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
+from cdc_router.serde import registry as registry_module
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
 from cdc_router.serde.compatibility import backward_incompatibilities, check_schemas
@@ -208,3 +209,25 @@ def test_schemas_register_plans_then_registers(tmp_path: Path) -> None:
     steps = json.loads(output)
     assert [(step["subject"], step["action"]) for step in steps] == [
         ("payments.confirmed-value", "registered"), ("orders.OrderPaid-value", "registered")]
+
+
+def test_schemas_register_takes_only_existing_subjects_the_route_may_produce_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Second review, session 27: a route `{aggregate_type}` with allowed_topics ["pay.*"]
+    # registered our schema under other teams' subjects, a protected topic's, the source's
+    # and a name no topic can have.
+    client = SchemaRegistryClient.new_client({"url": "mock://guarded"})
+    other = '{"type": "record", "name": "Order", "fields": [{"name": "n", "type": "int"}]}'
+    for subject in ("pay.eu-value", "orders-value", "connect-offsets-value", "crm:o-value",
+                    "raw-value"):
+        client.register_schema(subject, Schema(other, "AVRO"))
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    shutil.copy(AVRO / "payment_confirmed.avsc", tmp_path / "p.avsc")
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nschema_registry: {url: 'mock://guarded'}\n"
+                      "allowed_topics: ['pay.*']\nroutes:\n"
+                      "  - {topic: '{aggregate_type}', format: avro, schema: p.avsc}\n")
+    code, output = run("schemas", "register", "-c", str(config), "--dry-run")
+    assert code == 0, output
+    assert [line.split()[1] for line in output.splitlines()] == ["pay.eu-value"]

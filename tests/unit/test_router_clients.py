@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import RouteError
+from cdc_router.errors import BatchFailed, RecordRefused, RouteError
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.router import clients
 from cdc_router.router.destinations import (
@@ -129,3 +129,14 @@ def test_a_topic_level_refusal_is_the_records_a_cluster_failure_is_not() -> None
         cache.partitions("denied")
     with pytest.raises(KafkaException):
         cache.partitions("slow")
+
+
+def test_a_refusal_as_unknown_of_a_topic_now_not_authorised_is_the_records() -> None:
+    # Second review, session 27: the re-check's RouteError escaped the loop (exit 1).
+    def lookup(topic: str, timeout_s: float) -> int | None:
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    refusal = RecordRefused(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))
+    DestinationMetadata(lookup).check_refusal("orders", refusal)  # returns: a dead letter
+    with pytest.raises(BatchFailed, match="metadata lags"):
+        DestinationMetadata(lambda topic, timeout_s: 3).check_refusal("orders", refusal)
