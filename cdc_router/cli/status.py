@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
+from types import FrameType
 
 import click
 from pydantic import ValidationError
@@ -83,6 +85,10 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         watch_s = watch_s or DEFAULT_SERVE_INTERVAL_S
     previous: Report | None = None
     code = 0
+    if watch_s is not None:
+        # A watching exporter is stopped as a service is (docker stop, systemd): SIGTERM ends
+        # it like Ctrl-C, with the last verdict's exit code.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             report = check(config, endpoints, connector=connector)
@@ -98,6 +104,10 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     except KeyboardInterrupt:
         pass
     raise SystemExit(code)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _show(report: Report, problems: list[Problem], output: str, *, watching: bool) -> None:
