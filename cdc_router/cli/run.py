@@ -20,7 +20,7 @@ from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError
 from cdc_router.kafka.errors import kafka_error_of
-from cdc_router.kafka.logs import librdkafka_logger
+from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_replay import sources_of
@@ -39,9 +39,8 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
     if (config.cleanup.mode == "none" or not config.dedup.enabled
             or config.delivery.guarantee != "exactly_once"):
         return None
-    # librdkafka's own log lines go through logging, as the router's do.
-    kafka = {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
-    return CommittedIds(kafka, changelog_topic=config.dedup.changelog_topic,
+    return CommittedIds(clients.common_config(config),
+                        changelog_topic=config.dedup.changelog_topic,
                         group=config.source.group_id,
                         dead_letter_topic=config.dead_letter.topic,
                         window_ms=config.dedup.window_ms, ours=sources_of(config))

@@ -268,9 +268,8 @@ _FLOAT_MAX = 3.4028234663852886e38
 def _has_checked_values(schema: AvroSchema) -> bool:
     found = schema.memo.get("checked_values")
     if found is None:
-        text = schema.canonical + schema.text
-        found = schema.memo["checked_values"] = any(
-            word in text for word in ('"float"', '"double"', '"uuid"'))
+        found = schema.memo["checked_values"] = any(  # the file's text: logicalType too
+            word in schema.text for word in ('"float"', '"double"', '"uuid"'))
     return bool(found)
 
 
