@@ -9,10 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from confluent_kafka import Producer
@@ -338,3 +340,35 @@ def test_a_producer_fenced_by_a_second_one_with_its_transactional_id_is_one_line
     finally:
         for future in admin.delete_topics([topic]).values():
             future.result(timeout=30)
+
+
+def test_header_numbers_arrive_as_written_and_a_missing_dead_letter_topic_stops_the_start(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review, session 27: a jsonb header 1.10 went through a float and arrived as "1.1" (and a
+    # match on "1.10" missed); QA, session 27: without its dead-letter topic the router ran
+    # until the first poison event.
+    with pipeline(stack, tmp_path) as pipe:
+        event_id = str(uuid.uuid4())
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, "
+                         "type, payload, headers) VALUES (%s, 'Order', 'o-1', 'OrderPaid', "
+                         "'{}', '{\"version\": 1.10, \"amount\": 19.90, \"big\": "
+                         "12345678901234567890.5}')", (event_id,))
+        pipe.start_router()
+        [record] = pipe.read(pipe.orders_topic, 1)
+        headers = {name: value.decode() for name, value in record.headers()}
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["dead_letter"]["topic"] = unique("missing-dlq").replace("_", "-")
+        missing = tmp_path / "missing-dlq.yaml"
+        missing.write_text(yaml.safe_dump(config))
+        started = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "run", "-c", str(missing), "--metrics-port",
+             "0", "--instance-id", unique("nodlq")], capture_output=True, text=True,
+            timeout=120, check=False)
+    assert record.key().decode() == event_id
+    assert (headers["version"], headers["amount"], headers["big"]) == (
+        "1.10", "19.90", "12345678901234567890.5")
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert f"field 'dead_letter.topic': topic {config['dead_letter']['topic']} does not " \
+        "exist" in started.stderr and "topics apply" in started.stderr
+    assert "Traceback" not in started.stderr
