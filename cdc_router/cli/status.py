@@ -60,7 +60,8 @@ class _CheckImpossible(CdcRouterError):
               help="Override a key of the status section for this run, e.g. lag_warning=500; "
                    "'none' turns a check off. Repeatable.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=1), metavar="SECONDS",
-              help="Check again every SECONDS until interrupted; new dead letters warn.")
+              help="Check again every SECONDS until Ctrl-C or SIGTERM; new dead "
+                   "letters warn.")
 @click.option("--serve", "port", type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve the gauges on http://0.0.0.0:PORT/metrics, checking every --watch "
                    f"seconds (default {DEFAULT_SERVE_INTERVAL_S:g}).")
