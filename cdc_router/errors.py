@@ -90,8 +90,12 @@ class FatalKafkaError(CdcRouterError):
     for good): the router exits non-zero, the idempotent consumer's run() raises it.
 
     The one fatal class of the router and the consumer (the consumer's `ConsumerFailed` is
-    this class under its old name).
+    this class under its old name). `code`: the Kafka error code behind it, when there is one.
     """
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class MemberFenced(FatalKafkaError):
@@ -143,7 +147,7 @@ def fatal_kafka_error(message: str, error: KafkaError | None, *,
     if error is not None and error.code() in fenced:
         return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
                             "restart this router (each instance needs its own --instance-id)")
-    return FatalKafkaError(message)
+    return FatalKafkaError(message, code=None if error is None else error.code())
 
 
 # Kafka and Connect ---------------------------------------------------------------------------

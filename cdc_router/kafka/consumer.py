@@ -1,19 +1,25 @@
-"""Consumer helpers: a record's headers, rewinding to committed offsets, the next batch of
-records, the lag of each partition.
+"""Consumer helpers: the router's handling of consumer errors, a record's headers, rewinding
+to committed offsets, the next batch of records, the lag of each partition.
 
 Reading a topic to its end is kafka/reader.py.
 """
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_INVALID,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
 )
+
+from cdc_router.errors import fatal_kafka_error
+from cdc_router.kafka.errors import describe, stops_consumer
 
 
 def record_headers(message: Message) -> list[tuple[str, bytes]]:
@@ -22,6 +28,30 @@ def record_headers(message: Message) -> list[tuple[str, bytes]]:
     pairs = raw.items() if isinstance(raw, dict) else raw
     return [(name, value if isinstance(value, bytes) else (value or "").encode())
             for name, value in pairs]
+
+
+class SourceErrors:
+    """What the router does with an error its consumer hands out in place of a record."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._waiting_for_source = False
+
+    def handle(self, error: KafkaError) -> None:
+        """Nothing for the end of a partition; a wait for a raw topic not created yet;
+        FatalKafkaError when the consumer cannot go on; else a warning."""
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            # Debezium creates the raw topic with its first event: not an error, a wait.
+            if not self._waiting_for_source:
+                self._log.info("event=source_topic_missing detail=%r", error.str())
+                self._waiting_for_source = True
+            return
+        if stops_consumer(error):
+            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
+                                    consumer=True)
+        self._log.warning("event=consumer_error error=%s", describe(error))
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +119,15 @@ class LatchingProducer:
         self._generation += 1
         self._error = None
         self._failures = []
+
+    def renew(self) -> None:
+        """Drop the client after it failed for good (its queue purged, not delivered): the
+        next call builds a new one, whose init_transactions fences the old one's epoch."""
+        if self._producer is not None:
+            with suppress(KafkaException, SystemError):
+                self._producer.purge()
+            self._producer = None
+        self.clear_latched()
 
     # Transactions: thin pass-throughs, so the router's procedure reads against KIP-98/447.
     def init_transactions(self, timeout_s: float) -> None:

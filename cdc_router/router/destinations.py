@@ -83,6 +83,10 @@ class DestinationMetadata:
             self._topics.popitem(last=False)
         return count
 
+    def clear(self) -> None:
+        """Forget every topic: the next record for each asks the cluster again."""
+        self._topics.clear()
+
     def check_refusal(self, topic: str, refusal: RecordRefused) -> None:
         """After produce() refused a record for `topic` on the spot: raise BatchFailed when it
         was refused as unknown but the cluster, asked again, lists the topic. librdkafka's own

@@ -17,24 +17,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import (
     BatchFailed,
     DeliveryError,
+    FatalKafkaError,
     RecordRefused,
     RestoreFailed,
-    fatal_kafka_error,
 )
 from cdc_router.kafka.consumer import (
+    SourceErrors,
     next_records,
-    partition_lags,
     record_headers,
     rewind_to_committed,
 )
-from cdc_router.kafka.errors import describe, stops_consumer
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -42,6 +41,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata, require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
@@ -57,9 +57,6 @@ POLL_WAIT_S = 0.1
 # Backoff after batches aborted in a row for no record's fault: doubles from the first to the
 # last. 30 s stays far below max.poll.interval.ms (300 s), so the group keeps us meanwhile.
 BACKOFF_S = (0.5, 30.0)
-# The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
-# refresh is a call per assigned partition.
-LAG_INTERVAL_S = 1.0
 
 
 class OutboxRouter:
@@ -100,15 +97,16 @@ class OutboxRouter:
                                 else lambda event_id: False,
                                 timestamp_limits=clients.timestamp_limits(config, describe_factory))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+        self._renewal = ProducerRenewal()
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
         self._txn: Transaction | None = None
         self._consecutive_aborts = 0
         self._after_refusal = False  # the last abort was a record's refusal
-        self._pending_abort = self._needs_rewind = self._waiting_for_source = False
+        self._pending_abort = self._needs_rewind = False
+        self._source_errors = SourceErrors(log)
         self.last_poll = clock()
-        self._lag_observed = float("-inf")
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
 
     # Lifecycle ----------------------------------------------------------------------------
@@ -145,8 +143,13 @@ class OutboxRouter:
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
                      self._config.delivery.guarantee, ",".join(self._config.source.topics))
             while not self._stop.is_set():
-                if self._recovered():
-                    self._poll_once(consumer, txn)
+                try:
+                    if self._recovered():
+                        self._poll_once(consumer, txn)
+                except FatalKafkaError as failure:
+                    if not self._renewal.allows(failure):
+                        raise
+                    self._renew(failure)
             if txn.open and not self._pending_abort:
                 self._commit(backoff=False)  # one try: no retries once stopping
             if txn.open:  # its abort failed (an outage): the next start fences it
@@ -172,7 +175,7 @@ class OutboxRouter:
             self._abort(failure)
             return
         self.last_poll = self._clock()
-        self._observe_lag(consumer)
+        self._metrics.observe_lag(consumer, self.last_poll)
         for message in messages:
             try:
                 self._handle(message)
@@ -190,13 +193,6 @@ class OutboxRouter:
         if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
 
-    def _observe_lag(self, consumer: Any) -> None:
-        """cdc_router_consumer_lag from the watermarks of the last fetch (no network call)."""
-        if self.last_poll - self._lag_observed < LAG_INTERVAL_S:
-            return
-        self._lag_observed = self.last_poll
-        self._metrics.lag(partition_lags(consumer))
-
     def _close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
@@ -211,7 +207,7 @@ class OutboxRouter:
     def _handle(self, message: Message) -> None:
         error = message.error()
         if error is not None:
-            self._consumer_error(error)
+            self._source_errors.handle(error)
             return
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
@@ -278,6 +274,17 @@ class OutboxRouter:
 
     # Commit, abort, recovery ----------------------------------------------------------------
 
+    def _renew(self, failure: FatalKafkaError) -> None:
+        """A new producer after the old one failed for good on its own (router/renewal.py);
+        the batch is forgotten and read again, the destinations' metadata asked again."""
+        assert self._txn is not None
+        log.warning("event=producer_renewed reason=%r", str(failure))
+        if self._replay is not None:
+            self._replay.abort()
+        self._destinations.clear()
+        self._txn.renew()
+        self._pending_abort, self._needs_rewind = False, True
+
     def _commit(self, *, backoff: bool = True) -> bool:
         """Commit the open batch; False when it failed and was aborted (rewind pending)."""
         assert self._txn is not None
@@ -290,6 +297,7 @@ class OutboxRouter:
         if self._replay is not None:
             self._replay.commit(now_ms)  # only now do the ids count as delivered
         self._poison.committed()
+        self._renewal.committed()
         self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
@@ -350,20 +358,6 @@ class OutboxRouter:
         return True
 
     # Consumer events -----------------------------------------------------------------------
-
-    def _consumer_error(self, error: KafkaError) -> None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            return
-        if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            # Debezium creates the raw topic with its first event: not an error, a wait.
-            if not self._waiting_for_source:
-                log.info("event=source_topic_missing detail=%r", error.str())
-                self._waiting_for_source = True
-            return
-        if stops_consumer(error):
-            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
-                                    consumer=True)
-        log.warning("event=consumer_error error=%s", describe(error))
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Before reading new partitions, learn every id delivered so far (any instance)."""

@@ -16,8 +16,14 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from cdc_router.kafka.consumer import partition_lags
+
 if TYPE_CHECKING:
     from cdc_router.router.transaction import Delivered
+
+# The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
+# refresh is a call per assigned partition.
+LAG_INTERVAL_S = 1.0
 
 
 class RouterMetrics:
@@ -57,6 +63,7 @@ class RouterMetrics:
         last_commit_age.set_function(lambda: time.time() - self._last_commit_s)
         self._last_commit_s = time.time()
         self._lag_labels: set[tuple[str, str]] = set()
+        self._lag_observed = float("-inf")
         self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "
                                       "row's created_at to the commit of its record",
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
@@ -72,6 +79,14 @@ class RouterMetrics:
         self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
                                   for event in delivered if event.created_at_ms is not None])
 
+
+    def observe_lag(self, consumer: Any, now: float) -> None:
+        """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
+        call), at most every LAG_INTERVAL_S."""
+        if now - self._lag_observed < LAG_INTERVAL_S:
+            return
+        self._lag_observed = now
+        self.lag(partition_lags(consumer))
 
     def lag(self, lags: Mapping[tuple[str, int], int]) -> None:
         """Set the consumer lag of the assigned partitions; partitions gone lose their series."""

@@ -290,6 +290,13 @@ class Transaction:
         of it committed, the broker aborts it at its timeout, and the next start fences it."""
         self._reset()
 
+    def renew(self) -> None:
+        """Forget the open batch and start over on a new producer (LatchingProducer.renew),
+        after the old one failed for good on its own (router/renewal.py)."""
+        self._reset()
+        self._producer.renew()
+        self.init()
+
     def _reset(self) -> None:
         self._batch = _Batch()
         self._open = False

@@ -24,6 +24,7 @@ from cdc_router.config.load import load_config
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka.errors import ErrorAction, classify
 from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.router.destinations import MISSING_RECHECK_S
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import Router
@@ -372,3 +373,48 @@ def test_header_numbers_arrive_as_written_and_a_missing_dead_letter_topic_stops_
     assert f"field 'dead_letter.topic': topic {config['dead_letter']['topic']} does not " \
         "exist" in started.stderr and "topics apply" in started.stderr
     assert "Traceback" not in started.stderr
+
+
+def _wait_topic_gone(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} is still listed"
+        time.sleep(0.5)
+
+
+def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events_until_recreated(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    customers = [("Customer", f"customer-{i % 3}", "CustomerMoved", {"seq": i})
+                 for i in range(30)]
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        pipe.start_router(wait=True)
+        before = pipe.insert(_orders(50, 5))
+        delivered_before = pipe.read(pipe.orders_topic, 50)
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.delete_topics([pipe.orders_topic])[pipe.orders_topic].result(timeout=30)
+        _wait_topic_gone(stack.bootstrap_servers, pipe.orders_topic)
+        orphans = pipe.insert([row for pair in zip(_orders(30, 3), customers, strict=True)
+                               for row in pair])[0::2]
+        letters = pipe.read(pipe.dlq_topic, 30, timeout_s=180)
+        moved = pipe.read(pipe.events_topic, 30, timeout_s=60)
+        recreated_too_early = pipe.orders_topic in admin.list_topics(timeout=10).topics
+        apply_topics(pipe)  # `topics apply`, as the dead letters' reason says
+        time.sleep(MISSING_RECHECK_S + 1)  # the router asks for a missing topic again so
+        after = pipe.insert(_orders(20, 5))
+        delivered_after = pipe.read(pipe.orders_topic, 20, timeout_s=180)
+        settled_letters = pipe.read_all(pipe.dlq_topic, settle_s=2)
+        still_running = pipe.routers["a"].poll() is None
+        log = pipe.router_log()
+    assert Counter(r.key().decode() for r in delivered_before) == Counter(before)
+    assert not recreated_too_early, "the router never creates topics"
+    assert len(moved) == 30, "the other route flows meanwhile"
+    assert len(settled_letters) == 30, log[-3000:]
+    by_id = {dict(letter.headers())["dlq.event.id"].decode():
+             dict(letter.headers()) for letter in letters}
+    assert set(by_id) == set(orphans), log[-3000:]
+    for headers in by_id.values():
+        assert headers["dlq.stage"] in (b"route", b"produce"), headers
+        assert pipe.orders_topic.encode() in headers["dlq.error.message"], headers
+    assert Counter(r.key().decode() for r in delivered_after) == Counter(after), log[-3000:]
+    assert still_running and "Traceback" not in log, log[-3000:]

@@ -69,6 +69,8 @@ class FakeCluster:
     # (its metadata cache lags, or the topic is gone), whatever list_topics answers.
     unknown_on_produce: dict[str, int] = field(default_factory=dict)
     fenced: bool = False
+    producers_initialised: int = 0  # init_transactions calls, of every producer
+    producers_purged: int = 0
     journal: list[str] = field(default_factory=list)
     created_topics: list[str] = field(default_factory=list)
     # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
@@ -171,6 +173,11 @@ class FakeProducer:
 
     def init_transactions(self, timeout: float) -> None:
         self._fence_check()
+        self.cluster.producers_initialised += 1
+
+    def purge(self) -> None:
+        self._queue, self._reports = [], []
+        self.cluster.producers_purged += 1
 
     def begin_transaction(self) -> None:
         self._fence_check()

@@ -628,3 +628,48 @@ def test_a_stop_during_an_outage_tries_the_commit_once_and_forgets_the_batch() -
     assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]  # the first batch
     assert cluster.group_offsets == {(RAW, 0): 4}  # the rest is read again on restart
 
+
+
+_INVALID_TXN_STATE = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction: "
+                                "Broker: Producer attempted a transactional operation in an "
+                                "invalid state", fatal=True)
+_TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "1 message(s) timed out",
+                        txn_requires_abort=True)
+
+
+def test_a_destination_deleted_under_an_open_batch_renews_the_producer_and_goes_on() -> None:
+    # Measured on Kafka 4.x: the records of a topic deleted under an open transaction time
+    # out, and the abort is refused for good (INVALID_TXN_STATE); the router stopped there.
+    cluster = cluster_with(*events(4))
+
+    def delete_orders(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        del cluster.partitions[ORDERS]
+        cluster.abort_failures = [_INVALID_TXN_STATE]
+
+    harness = Harness(cluster, hooks=[delete_orders], delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]
+    letters = harness.letters()
+    assert sorted(letter.header("dlq.event.id") for letter in letters) == \
+        [f"e-{i}" for i in range(4, 8)]
+    assert {letter.header("dlq.stage") for letter in letters} == {"route"}
+    assert all(f"{ORDERS} does not exist" in letter.header("dlq.error.message")
+               for letter in letters)
+    assert (cluster.producers_initialised, cluster.producers_purged) == (2, 1)
+    assert cluster.group_offsets == {(RAW, 0): 8}
+
+
+def test_a_second_fatal_transaction_error_before_any_commit_stops_the_router() -> None:
+    cluster = cluster_with(*events(4))
+
+    def fail_twice(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.commit_failures = [_TIMED_OUT, _TIMED_OUT]
+        cluster.abort_failures = [_INVALID_TXN_STATE, _INVALID_TXN_STATE]
+
+    harness = Harness(cluster, hooks=[fail_twice], delivery=SLOW_COMMIT)
+    with pytest.raises(FatalKafkaError, match="INVALID_TXN_STATE"):
+        harness.router.run()
+    assert cluster.producers_initialised == 2  # renewed once, then stopped
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]
+    assert cluster.group_offsets == {(RAW, 0): 4}
