@@ -29,6 +29,9 @@ HEADERS_DROPPED = "dlq.headers.dropped"
 # Set by `cdc-router dlq replay` on a letter it dead-lettered again: the earlier letter,
 # dead-letter-topic[partition]@offset.
 REPLAY_OF = "dlq.replay.of"
+# The source.group_id of the pipeline that wrote a router's (or relay's) dead letter: several
+# pipelines may share one dead-letter topic (its default name), and read one raw topic too.
+SOURCE_GROUP = "dlq.source.group"
 HEADER_PREFIX = "dlq."
 
 # The longest event id, in UTF-8 bytes, the router routes and the idempotent consumer takes. A
@@ -142,8 +145,9 @@ def fitted(key: bytes | None, value: bytes | None, headers: Headers, max_bytes: 
 def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
                 value: bytes | None, original_headers: list[tuple[str, bytes]] | None,
                 stage: Stage, error: BaseException, event_id: str | None = None,
-                max_bytes: int | None = None) -> DeadLetter:
-    """The router's dead letter for an input record that failed at `stage` with `error`.
+                max_bytes: int | None = None, group: str | None = None) -> DeadLetter:
+    """The router's dead letter for an input record that failed at `stage` with `error`;
+    `group`: the pipeline's source.group_id (SOURCE_GROUP).
 
     With `max_bytes`, a record bigger than that keeps its coordinates and reason but not its
     value, nor if need be its key and own headers (see fitted).
@@ -151,6 +155,8 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None,
     headers = list(original_headers or ()) + dead_letter_headers(
         topic=topic, partition=partition, offset=offset, stage=stage, error=error,
         event_id=event_id)
+    if group is not None:
+        headers.append((SOURCE_GROUP, group.encode("utf-8", "backslashreplace")))
     key, value, headers = fitted(key, value, headers, max_bytes)
     return DeadLetter(key, value, tuple(headers), stage, reason_of(error))
 

@@ -306,7 +306,8 @@ class OutboxRelay:
                              key=None if key is None else str(key).encode(errors="replace"),
                              value=value, original_headers=None, stage=result.stage,
                              error=result.error, event_id=result.event_id,
-                             max_bytes=self._dead_letter_max_bytes)
+                             max_bytes=self._dead_letter_max_bytes,
+                             group=self._config.source.group_id)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)

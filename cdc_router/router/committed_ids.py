@@ -31,7 +31,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from cdc_router.dead_letter import EVENT_ID, SOURCE_TOPIC, STAGE, marks_delivery
+from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import (
     AdminConnection,
@@ -57,9 +57,10 @@ class CommittedIds:
 
     def __init__(self, kafka_config: Mapping[str, Any], *, changelog_topic: str, group: str,
                  dead_letter_topic: str, window_ms: int,
-                 ours: Callable[[str], bool]) -> None:
+                 ours: Callable[[str, str | None], bool]) -> None:
         """`group`: this pipeline's source.group_id; only its marks prove a delivery.
-        `ours(dlq.source.topic)`: whether a dead letter is of this pipeline's sources."""
+        `ours(dlq.source.topic, dlq.source.group)`: whether a dead letter is this pipeline's
+        (router/dlq_replay.py, sources_of)."""
         self._config = {
             **kafka_config,
             "group.id": f"{kafka_config.get('client.id', 'cdc-router')}-cleanup-sweep",
@@ -139,7 +140,8 @@ class CommittedIds:
                            for name, value in record_headers(message)}
                 event_id = headers.get(EVENT_ID)
                 if (event_id is not None and marks_delivery(headers.get(STAGE, ""))
-                        and self._ours(headers.get(SOURCE_TOPIC, ""))):
+                        and self._ours(headers.get(SOURCE_TOPIC, ""),
+                                       headers.get(SOURCE_GROUP))):
                     self._dead[event_id] = now_ms
                     self._dead.move_to_end(event_id)
         while self._dead and next(iter(self._dead.values())) < now_ms - self._keep_dead_ms:

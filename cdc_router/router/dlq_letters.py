@@ -30,6 +30,7 @@ from cdc_router.dead_letter import (
     ERROR_MESSAGE,
     EVENT_ID,
     REPLAY_OF,
+    SOURCE_GROUP,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TOPIC,
@@ -60,6 +61,7 @@ class Letter:
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]  # the raw record's own, without dlq.*
     source_topic: str
+    source_group: str | None  # dlq.source.group; None in letters of earlier versions
     source_partition: int
     source_offset: int
     stage: str
@@ -81,6 +83,7 @@ def read_letter(partition: int, offset: int, timestamp_ms: int, key: bytes | Non
         partition=partition, offset=offset, timestamp_ms=timestamp_ms, key=key, value=value,
         headers=tuple(without_dead_letter_headers(headers)),
         source_topic=source_topic,
+        source_group=named.get(SOURCE_GROUP),
         source_partition=_int(named.get(SOURCE_PARTITION)),
         source_offset=_int(named.get(SOURCE_OFFSET)),
         stage=stage, event_id=named.get(EVENT_ID) or None,
@@ -144,16 +147,18 @@ class Planned:
 
 
 Step = Callable[[str, bytes | None, bytes | None], StepResult]
+# ours(dlq.source.topic, dlq.source.group): whether a dead letter is this pipeline's.
+OursTest = Callable[[str, str | None], bool]
 
 
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
-                delivered: Iterable[str], ours: Callable[[str], bool]) -> list[Planned]:
+                delivered: Iterable[str], ours: OursTest) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id delivered in this replay is pending in `seen`, so a second letter of it is
-    `repeated`, not delivered twice. `ours(source topic)` tells this pipeline's letters from
-    those of another that shares the dead-letter topic (its default name is the same for all):
-    those are not replayed with this pipeline's routes.
+    `repeated`, not delivered twice. `ours(source topic, source group)` tells this pipeline's
+    letters from those of another that shares the dead-letter topic (its default name is the
+    same for all): those are not replayed with this pipeline's routes.
     """
     before = set(delivered)
     planned = []
@@ -162,8 +167,10 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
             planned.append(Planned(letter, "not_replayable",
                                    note="not a router dead letter (no dlq.stage of the router)"))
             continue
-        if not ours(letter.source_topic):
+        if not ours(letter.source_topic, letter.source_group):
             planned.append(Planned(letter, "not_replayable", note=(
+                f"another pipeline's: written by group {letter.source_group!r}, not this "
+                "config's source.group_id" if letter.source_group is not None else
                 f"another pipeline's: its source {letter.source_topic!r} is none of this "
                 "config's source.topics (nor its relay.table)")))
             continue
@@ -208,11 +215,12 @@ def _event_id(result: StepResult) -> str | None:
 
 
 def dead_letter_again(letter: Letter, result: DeadLettered, *, dead_letter_topic: str,
-                      max_bytes: int | None) -> DeadLetter:
+                      max_bytes: int | None, group: str) -> DeadLetter:
     """The new dead letter of a letter that failed again: the same raw record and source
-    coordinates, the new stage and reason, and dlq.replay.of naming the earlier letter."""
+    coordinates, the new stage and reason, dlq.replay.of naming the earlier letter, and the
+    replaying pipeline's `group`."""
     earlier = f"{dead_letter_topic}[{letter.partition}]@{letter.offset}".encode()
-    return dead_letter(topic=letter.source_topic, partition=letter.source_partition,
+    return dead_letter(group=group, topic=letter.source_topic, partition=letter.source_partition,
                        offset=letter.source_offset, key=letter.key, value=letter.value,
                        original_headers=[*letter.headers, (REPLAY_OF, earlier)],
                        stage=result.stage, error=result.error, event_id=result.event_id,

@@ -44,6 +44,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.dlq_letters import (
     Letter,
+    OursTest,
     Planned,
     Selection,
     dead_letter_again,
@@ -92,14 +93,22 @@ def _check(config: RouterConfig) -> None:
                           "delivered", field="delivery.guarantee / dedup.enabled")
 
 
-def sources_of(config: RouterConfig) -> Callable[[str], bool]:
-    """Whether a letter's dlq.source.topic is this config's: one of source.topics (a `^regex`
-    one by its pattern), or the relay's table."""
+def sources_of(config: RouterConfig) -> OursTest:
+    """Whether a dead letter is this config's pipeline's: written by its source.group_id
+    (dlq.source.group); in a letter of an earlier version without that header, by its
+    dlq.source.topic: one of source.topics (a `^regex` one by its pattern), or the relay's
+    table. Two pipelines may read one raw topic and share a dead-letter topic."""
     names = {topic for topic in config.source.topics if not topic.startswith("^")}
     patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
     if config.relay is not None:
         names.add(config.relay.qualified_table)
-    return lambda topic: topic in names or any(pattern.search(topic) for pattern in patterns)
+    group = config.source.group_id
+
+    def ours(topic: str, letter_group: str | None) -> bool:
+        if letter_group is not None:
+            return letter_group == group
+        return topic in names or any(pattern.search(topic) for pattern in patterns)
+    return ours
 
 
 class DeadLetterReplay:
@@ -150,7 +159,7 @@ class DeadLetterReplay:
         ours = sources_of(self._config)
         # Another pipeline's letter of an id of ours says nothing of our delivery of it.
         delivered = delivered_ids(marks, [letter for letter in letters
-                                          if ours(letter.source_topic)],
+                                          if ours(letter.source_topic, letter.source_group)],
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
@@ -213,7 +222,7 @@ class DeadLetterReplay:
 
     def _again(self, letter: Letter, failed: DeadLettered) -> DeadLetter:
         return dead_letter_again(letter, failed, dead_letter_topic=self._config.dead_letter.topic,
-                                 max_bytes=self._max_bytes)
+                                 max_bytes=self._max_bytes, group=self._config.source.group_id)
 
     def _read_letters(self) -> tuple[list[Letter], dict[int, int]]:
         letters: list[Letter] = []

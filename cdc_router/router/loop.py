@@ -253,7 +253,8 @@ class OutboxRouter:
             topic=message.topic() or "", partition=message.partition() or 0,
             offset=message.offset() or 0, key=message.key(), value=message.value(),
             original_headers=record_headers(message), stage=result.stage, error=result.error,
-            event_id=result.event_id, max_bytes=self._dead_letter_max_bytes)
+            event_id=result.event_id, max_bytes=self._dead_letter_max_bytes,
+            group=self._config.source.group_id)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)

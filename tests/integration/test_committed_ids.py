@@ -27,7 +27,7 @@ RAW = b"raw.outbox"  # the sweeping pipeline's source topic
 def _sweep(stack: StackEndpoints, changelog: str, dead_letters: str) -> CommittedIds:
     return CommittedIds({"bootstrap.servers": stack.bootstrap_servers},
                         changelog_topic=changelog, group="g", dead_letter_topic=dead_letters,
-                        window_ms=3_600_000, ours=lambda topic: topic == RAW.decode())
+                        window_ms=3_600_000, ours=lambda topic, group: topic == RAW.decode())
 
 
 @pytest.fixture

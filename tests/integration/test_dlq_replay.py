@@ -102,3 +102,28 @@ def test_replay_refuses_a_config_without_dedup(stack: StackEndpoints, tmp_path: 
                           check=False)
     assert done.returncode == 1
     assert "dedup" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anothers_letters(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA, session 28: A delivered E, B (another group on the same raw topic, sharing the
+    # dead-letter topic) dead-lettered it, and `dlq replay -c A` delivered E a second time.
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        pipe.start_router(wait=True)
+        ids = pipe.insert([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(10)])
+        assert len(pipe.read(pipe.orders_topic, 10)) == 10
+        other = yaml.safe_load(pipe.config_path.read_text())
+        other["source"]["group_id"] = f"{pipe.name}-b"
+        other["routes"] = [{"topic": unique("missing").replace("_", "-")}]
+        (tmp_path / "b.yaml").write_text(yaml.safe_dump(other))
+        pipe.start_router("b", "-c", str(tmp_path / "b.yaml"), wait=True)
+        letters = pipe.read(pipe.dlq_topic, 10)
+        pipe.kill_router("b")
+        dry = _replay(pipe.config_path, "--dry-run")
+        replayed = _replay(pipe.config_path, "--yes")
+        orders = pipe.read_all(pipe.orders_topic, settle_s=1)
+    assert len(letters) == 10 and {dict(r.headers())["dlq.source.group"] for r in letters} == \
+        {f"{pipe.name}-b".encode()}
+    assert dry["planned"] == {"not_replayable": 10}, dry
+    assert replayed["committed"] in (None, {}), replayed
+    assert Counter(r.key().decode() for r in orders) == Counter(ids), "each event once"

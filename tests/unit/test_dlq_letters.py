@@ -33,13 +33,14 @@ DLQ = "cdc-router.dlq"
 
 def letter(event_id: str | None, *, offset: int = 0, aggregate_type: str = "Customer",
            stage: str = "route", timestamp_ms: int = 1_000, max_bytes: int | None = None,
-           extra: list[tuple[str, bytes]] | None = None, topic: str = RAW) -> Letter:
+           extra: list[tuple[str, bytes]] | None = None, topic: str = RAW,
+           group: str | None = None) -> Letter:
     """The router's dead letter of a raw event, as the replay reads it back."""
     value = raw_event(event_id or "no-id", aggregate_type=aggregate_type)
     made = dead_letter(topic=topic, partition=0, offset=40 + offset, key=b'{"id":"k"}',
                        value=value, original_headers=[("h", b"1")], stage=stage,  # type: ignore[arg-type]
                        error=RouteError("no route matches"), event_id=event_id,
-                       max_bytes=max_bytes)
+                       max_bytes=max_bytes, group=group)
     return read_letter(0, offset, timestamp_ms, made.key, made.value,
                        [*made.headers, *(extra or [])])
 
@@ -125,7 +126,7 @@ def test_the_plan_delivers_once_skips_delivered_and_dead_letters_what_still_fail
                letter("big", offset=4, max_bytes=10), letter("x", offset=5,
                                                               extra=[(ATTEMPTS, b"1")])]
     seen.restore([("old", 5)], 10)
-    planned = plan_replay(letters, routed_step, seen, {"old"}, lambda topic: True)
+    planned = plan_replay(letters, routed_step, seen, {"old"}, lambda topic, group: True)
     assert [item.action for item in planned] == [
         "deliver", "repeated", "already_delivered", "dead_letter", "not_replayable",
         "not_replayable"]
@@ -141,8 +142,8 @@ def test_another_pipelines_letters_on_a_shared_dead_letter_topic_are_not_replaye
         "source": {"topics": [RAW, "^billing\\..*"]}, "routes": [{"topic": "customers"}],
         "relay": {"table": "shop.outbox"}})
     ours = sources_of(config)
-    assert [ours(topic) for topic in (RAW, "billing.public.outbox", "shop.outbox",
-                                      "other.public.outbox")] == [True, True, True, False]
+    assert [ours(topic, None) for topic in (RAW, "billing.public.outbox", "shop.outbox",
+                                            "other.public.outbox")] == [True, True, True, False]
     routed_step, seen = step()
     planned = plan_replay([letter("mine"), letter("theirs", topic="other.public.outbox")],
                           routed_step, seen, set(), ours)
@@ -156,15 +157,36 @@ def test_a_decode_letter_of_an_id_delivered_since_is_already_delivered() -> None
     routed_step, seen = step()
     broken = letter("fixed", stage="decode")
     broken = replace(broken, value=b"{not json")
-    planned = plan_replay([broken], routed_step, seen, {"fixed"}, lambda topic: True)
+    planned = plan_replay([broken], routed_step, seen, {"fixed"}, lambda topic, group: True)
     assert [item.action for item in planned] == ["already_delivered"]
 
 
 def test_a_letter_dead_lettered_again_keeps_its_source_and_names_the_earlier_one() -> None:
     earlier = letter("bad", offset=3, aggregate_type="Bad")
     failed = DeadLettered("route", RouteError("still no route"), "bad")
-    again = dead_letter_again(earlier, failed, dead_letter_topic=DLQ, max_bytes=None)
+    again = dead_letter_again(earlier, failed, dead_letter_topic=DLQ, max_bytes=None,
+                              group="pipeline-a")
     read = read_letter(0, 9, 0, again.key, again.value, list(again.headers))
     assert (read.source_topic, read.source_offset, read.reason) == (RAW, 43, "still no route")
+    assert read.source_group == "pipeline-a"
     assert read.replay_of == f"{DLQ}[0]@3" and read.headers == (("h", b"1"),)
     assert read.value == earlier.value and read.from_router
+
+
+def test_letters_of_another_group_on_the_same_raw_topic_are_neither_replayed_nor_counted() -> None:
+    # QA, session 28: pipelines A and B read one raw topic and share the dead-letter topic. A
+    # delivered E, B dead-lettered it: B's letter cancelled A's one mark ("not delivered"), and
+    # A's replay delivered E a second time.
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "a"}, "routes": [{"topic": "customers"}]})
+    ours = sources_of(config)
+    assert (ours(RAW, "a"), ours(RAW, "b"), ours(RAW, None)) == (True, False, True)
+    theirs = letter("e", group="b")
+    assert theirs.source_group == "b"
+    mine = [item for item in [theirs] if ours(item.source_topic, item.source_group)]
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "e", group="a"), mine, group="a") == {"e": 5}
+    routed_step, seen = step()
+    planned = plan_replay([theirs, letter("f", group="a", offset=1)], routed_step, seen,
+                          {"e"}, ours)
+    assert [item.action for item in planned] == ["not_replayable", "deliver"]
+    assert "written by group 'b'" in planned[0].note
