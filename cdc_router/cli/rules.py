@@ -18,7 +18,10 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree, shown_url
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.router import clients
 from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.destinations import DestinationMetadata, missing_topic
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
 from cdc_router.serde.json import parse_json
@@ -42,18 +45,22 @@ def cli() -> None:
               help="Partition count assumed for declared destination topics without one.")
 @click.option("--topic", "source_topic", help="Raw topic the event came from "
               "[default: the captured record's, else the first source topic].")
+@click.option("--cluster", is_flag=True,
+              help="Ask Kafka (kafka.bootstrap_servers) for the destination topics and their "
+                   "partition counts, as the router does, instead of reading `topics:`.")
 @output_option
 def check(config_path: Path, events: tuple[Path, ...], partitions: int,
-          source_topic: str | None, output: str) -> None:
+          source_topic: str | None, cluster: bool, output: str) -> None:
     """Validate router.yaml (with CDC_ROUTER__ overrides) and summarise it.
 
     Warns about templated routes that can name a topic the router consumes, or any topic,
     and Avro schema fields no JSON payload can fill.
 
     With --explain, also show for each event how it decodes, which route takes it and the
-    record it would produce, through the router's own per-record step. A destination topic
-    not declared under `topics:` counts as missing, as the router would find it. Exits 1 when
-    the config is invalid or an event would go to the dead-letter topic.
+    record it would produce, through the router's own per-record step. Offline, a destination
+    topic not declared under `topics:` counts as missing (a topic created by other means
+    exists for the router: check it with --cluster, which asks Kafka as the router does).
+    Exits 1 when the config is invalid or an event would go to the dead-letter topic.
     """
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
@@ -62,7 +69,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     warnings += config.warnings()
     for serializer in compiled.serializers.values():
         warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
-    step = RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
+    step = RecordStep(compiled, _on_cluster(config), missing=missing_topic) if cluster else \
+        RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
@@ -118,9 +126,16 @@ def declared_partitions(config: RouterConfig, assumed: int) -> Callable[[str], i
     return declared.get
 
 
+def _on_cluster(config: RouterConfig) -> Callable[[str], int | None]:
+    """Destinations as the router finds them: the cluster's metadata."""
+    return DestinationMetadata(LatchingProducer(clients.common_config(config))
+                               .partitions_for).partitions
+
+
 def _not_declared(topic: str) -> str:
-    return (f"destination topic {topic} is not declared under `topics:`; the router never "
-            "creates topics and dead-letters events whose destination does not exist "
+    return (f"destination topic {topic} is not declared under `topics:` (checked offline: "
+            "if it was created otherwise, `rules check --cluster` asks Kafka); the router "
+            "never creates topics and dead-letters events whose destination does not exist "
             "(declare it, then run `cdc-router topics apply`)")
 
 

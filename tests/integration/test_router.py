@@ -29,7 +29,7 @@ from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import Router
 from tests.integration.connect_worker import at_least_once_worker
-from tests.integration.pipeline import apply_topics, pipeline, set_topic_config
+from tests.integration.pipeline import REPO, apply_topics, pipeline, set_topic_config
 from tests.integration.support import StackEndpoints, replay_seed, unique
 
 pytestmark = pytest.mark.integration
@@ -418,3 +418,33 @@ def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events_un
         assert pipe.orders_topic.encode() in headers["dlq.error.message"], headers
     assert Counter(r.key().decode() for r in delivered_after) == Counter(after), log[-3000:]
     assert still_running and "Traceback" not in log, log[-3000:]
+
+
+def test_rules_check_cluster_finds_a_destination_created_outside_the_config(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA, session 28: a topic made by Terraform, not under `topics:`, was "dead letter" (exit
+    # 1) for `rules check --explain`, while the router delivered to it.
+    topic = unique("terraformed").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(timeout=30)
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": topic}]}))
+    event = Path(__file__).parents[1] / "unit" / "fixtures" / "debezium" / \
+        "create_text.noschema.json"
+    try:
+        def check(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cdc_router", "rules", "check", "-c",
+                                   str(config), "--explain", str(event), "-o", "json", *extra],
+                                  capture_output=True, text=True, cwd=REPO, check=False)
+        offline, online = check(), check("--cluster")
+        config.write_text(config.read_text().replace(topic, topic + "-nowhere"))
+        nowhere = check("--cluster")
+    finally:
+        admin.delete_topics([topic])[topic].result(timeout=30)
+    assert offline.returncode == 1 and "--cluster" in offline.stdout, offline.stdout
+    assert online.returncode == 0, online.stdout + online.stderr
+    [explained] = json.loads(online.stdout)["events"]
+    assert explained["outcome"] == "routed" and explained["record"]["topic"] == topic
+    assert nowhere.returncode == 1 and "does not exist" in nowhere.stdout, nowhere.stdout

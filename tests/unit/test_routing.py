@@ -431,6 +431,7 @@ def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missin
     [result] = json.loads(output)["events"]
     assert result["outcome"] == "dead_letter" and result["stage"] == "route"
     assert "outbox.event.Invoice is not declared under `topics:`" in result["reason"]
+    assert "`rules check --cluster` asks Kafka" in result["reason"]
     assert result["route"]["index"] == 2
 
 
