@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -55,6 +56,9 @@ DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
 dsn_option = click.option(
     "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
     help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
+
+# A schema-qualified name SQL reads the same unquoted (lower case, no special characters).
+_PLAIN_SQL_NAME = re.compile(r"[a-z_][a-z0-9_$]*(\.[a-z_][a-z0-9_$]*)?")
 
 
 def schema_options(command: F) -> F:
@@ -157,6 +161,12 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         click.echo("note: a bytea payload needs `source: {payload_type: bytes}` in router.yaml "
                    "when the connector sends no schemas (JsonConverter schemas.enable=false, "
                    "as connectors/outbox-connector.json)")
+    if not _PLAIN_SQL_NAME.fullmatch(heartbeat_table):
+        # The connector pastes HEARTBEAT_TABLE into heartbeat.action.query as SQL, where an
+        # unquoted name folds to lower case.
+        quoted = regclass_text(heartbeat_table, "--heartbeat-table")
+        click.echo(f"note: the heartbeat table's name is case-sensitive SQL: give the "
+                   f"connector HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
     click.echo("outbox ready" + ("" if report.changed else " (nothing changed)"))
 
 

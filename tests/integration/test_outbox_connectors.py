@@ -71,7 +71,7 @@ class Deployment:
     def init_args(self) -> list[str]:
         return ["outbox", "init", "--table", self.env["OUTBOX_TABLE"],
                 "--publication", self.env["PUBLICATION"],
-                "--heartbeat-table", self.env["HEARTBEAT_TABLE"],
+                "--heartbeat-table", f"public.{self.base}_HB",
                 "--replication-role", self.role, "--replication-password", ROLE_PASSWORD]
 
 
@@ -82,12 +82,15 @@ def deployment(stack: StackEndpoints) -> Iterator[Deployment]:
     env = {"CONNECTOR_NAME": base.replace("_", "-"), "DB_HOST": str(dsn.get("host", "127.0.0.1")),
            "DB_PORT": str(dsn.get("port", 5432)), "DB_NAME": str(dsn.get("dbname", "postgres")),
            "DB_USER": f"{base}_dbz", "PUBLICATION": base, "SLOT_NAME": base,
-           "OUTBOX_TABLE": f"public.{base}", "HEARTBEAT_TABLE": f"public.{base}_hb",
+           "OUTBOX_TABLE": f"public.{base}", "HEARTBEAT_TABLE": f'"public"."{base}_HB"',
            "TOPIC_PREFIX": base.replace("_", "-"), "HEARTBEAT_INTERVAL_MS": "1000"}
     deployment = Deployment(stack, base, env, str(uuid.uuid4()))
     try:
         result = deployment.cli(*deployment.init_args())
         assert result.exit_code == 0, result.output
+        # An upper-case heartbeat table (QA, session 28): init names the quoted value the
+        # connector needs, which the fixture's env holds (the heartbeat tests need it to work).
+        assert f"HEARTBEAT_TABLE='{env['HEARTBEAT_TABLE']}'" in result.output
         yield deployment
     finally:
         _clean_up(deployment)
@@ -98,7 +101,7 @@ def _clean_up(deployment: Deployment) -> None:
     drop_slot(deployment.stack.postgres_dsn, deployment.base)
     with psycopg.connect(deployment.stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"DROP PUBLICATION IF EXISTS {deployment.base}")
-        for table in (deployment.base, f"{deployment.base}_hb", f"{deployment.base}_other"):
+        for table in (deployment.base, f'"{deployment.base}_HB"', f"{deployment.base}_other"):
             conn.execute(f"DROP TABLE IF EXISTS public.{table}")
         if conn.execute("SELECT FROM pg_roles WHERE rolname = %s",
                         (deployment.role,)).fetchone() is not None:
