@@ -116,13 +116,19 @@ def logs(home: Path, part: str, lines: int, follow: bool) -> None:
 @home_option
 def env(home: Path) -> None:
     """Print `export` lines naming the stack's addresses, for scripts and tests: the options'
-    variables (status, connectors, outbox) and the router.yaml overrides of kafka and nats
-    (run, relay, topics, dlq, rules, streams), so that every command talks to this stack."""
+    variables (status, connectors, outbox), the connector file's DB_HOST and DB_PORT, and the
+    router.yaml overrides of kafka and nats (run, relay, topics, dlq, rules, streams), so that
+    every command talks to this stack. Not schema_registry.url: a config without one encodes
+    Avro single-object; set CDC_ROUTER__SCHEMA_REGISTRY__URL=$CDC_ROUTER_REGISTRY_URL for one
+    that has it."""
     config = _saved_or_default(home)
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
     click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")
     click.echo(f"export CDC_ROUTER_REGISTRY_URL={config.registry_url}")
+    # The placeholders of connectors/outbox-connector.json (connectors apply).
+    click.echo("export DB_HOST=127.0.0.1")
+    click.echo(f"export DB_PORT={config.postgres_port}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")

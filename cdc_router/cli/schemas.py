@@ -14,6 +14,7 @@ from cdc_router.cli._output import output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.load import load_config
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
@@ -55,11 +56,18 @@ def check(config_path: Path, previous_dir: Path | None, no_registry: bool, outpu
     """
     compiled = load_config(config_path, env=os.environ)
     checks = check_schemas(_serializer(compiled), previous_dir, use_registry=not no_registry)
+    registry = compiled.config.schema_registry
+    # Which registry was asked: a config's url is not the local stack's unless overridden
+    # (CDC_ROUTER__SCHEMA_REGISTRY__URL).
+    asked = shown_url(registry.url) if registry is not None and not no_registry else None
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "ok": not _failed(checks),
+                               "registry_url": asked,
                                "schemas": [dataclasses.asdict(item) for item in checks]},
                               indent=2))
     else:
+        if asked is not None and checks:
+            click.echo(f"schema registry: {asked}")
         click.echo(_report(config_path, checks))
     if _failed(checks):
         sys.exit(1)

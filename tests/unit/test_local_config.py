@@ -167,7 +167,7 @@ def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
     (tmp_path / "stack").mkdir()
     stack_config.save(stack_config.StackConfig(home=tmp_path / "stack", jar_cache=tmp_path,
                                                kafka_port=49092,
-                                               nats_port=44222))
+                                               nats_port=44222, postgres_port=45432))
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "stack")])
     assert result.exit_code == 0, result.output
     exported = dict(line.removeprefix("export ").split("=", 1)
@@ -177,6 +177,13 @@ def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
     config = load_config(router, env=exported).config
     assert config.kafka.bootstrap_servers == "127.0.0.1:49092"
     assert config.nats is not None and config.nats.url == "nats://127.0.0.1:44222"
+    assert config.schema_registry is None, "a config without a registry keeps single-object"
+    # The connector file is pointed at this stack's Postgres too (QA, session 28).
+    from cdc_router.connect.spec import load_spec
+    connector = load_spec(Path(__file__).parents[2] / "connectors" / "outbox-connector.json",
+                          exported)
+    assert (connector.config["database.hostname"], connector.config["database.port"]) == \
+        ("127.0.0.1", "45432")
 
 
 def test_registry_runs_on_loopback_with_backward_compatibility_and_its_store_under_the_home(
