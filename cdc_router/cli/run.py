@@ -84,7 +84,11 @@ class Process(Protocol):
 
 
 def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
-    """The cleanup of delivered outbox rows, with its sweep when the changelog proves delivery."""
+    """The cleanup of delivered outbox rows, with its sweep when the changelog proves delivery.
+    ConfigError when it is on without its DSN."""
+    missing = config.cleanup.missing_dsn()
+    if missing is not None:
+        raise ConfigError(missing, field="cleanup.dsn")
     return OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
                          created_at_column=config.source.outbox.created_at,
                          registry=metrics.registry, sweep=sweep_of(config))

@@ -78,7 +78,10 @@ class RouterConfig(_Model):
 
     def warnings(self) -> list[str]:
         """What `rules check` and the router's start warn about (besides the templates')."""
-        return self.source_warnings() + self.pattern_warnings()
+        missing = self.cleanup.missing_dsn()
+        dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
+            if missing is not None else []
+        return self.source_warnings() + self.pattern_warnings() + dsn
 
     def pattern_warnings(self) -> list[str]:
         """`re:` match patterns that repeat a repeating group: one row can stall the router."""

@@ -150,3 +150,18 @@ def test_a_client_property_librdkafka_refuses_is_a_config_error_naming_it(
     wrapped = DeliveryError("step 'init'")
     wrapped.__cause__ = refused
     assert property_refused(wrapped, config) is not None
+
+
+def test_the_cleanup_dsn_is_needed_by_run_only(tmp_path: Path) -> None:
+    # QA, session 28: `rules check`, `topics apply` and `status` refused a config with
+    # `cleanup: {mode: delete}` and no DSN, so that CI (and docker-compose's init) needed the
+    # database secret to check rules or create topics.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG + "cleanup: {mode: delete}\n", "utf-8")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert checked.exit_code == 0, checked.output
+    assert "cleanup.dsn: mode delete needs the Postgres DSN" in checked.output
+    ran = CliRunner().invoke(main, ["run", "-c", str(config), "--metrics-port", "0"])
+    assert ran.exit_code == 1
+    assert "field 'cleanup.dsn': mode delete needs the Postgres DSN" in ran.output, ran.output
+    assert "CDC_ROUTER__CLEANUP__DSN" in ran.output

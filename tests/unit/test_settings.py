@@ -223,7 +223,6 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
     ("dead_letter: {topic: outbox.public.outbox}", "field 'dead_letter.topic': must differ"),
     ("dedup: {changelog_topic: cdc-router.dlq}", "must differ from dead_letter.topic"),
     ("dedup: {changelog_config: {cleanup.policy: delete}}", "needs cleanup.policy compact,delete"),
-    ("cleanup: {mode: delete}", "field 'cleanup.dsn': mode delete needs the Postgres DSN"),
     ("cleanup: {mode: retention, dsn: 'postgresql://x'}", "field 'cleanup.retention_ms'"),
     ("kafka: {config: {bootstrap.servers: x}}", "set kafka.bootstrap_servers instead"),
     ("topics: [{name: cdc-router.dlq}]", "field 'topics[0].name': this topic is configured"),
