@@ -14,7 +14,15 @@ from cdc_router.cli._output import emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
-from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
+from cdc_router.connect.plan import (
+    ConfigChange,
+    ConnectorAction,
+    ConnectorPlan,
+    plan,
+    slot_conflicts,
+    slot_of,
+    slot_users,
+)
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError
 
@@ -148,6 +156,13 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
                        "such as ${env:NAME}", err=True)
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
+    conflicts = slot_conflicts(specs, state.client.list_configs())
+    if conflicts:
+        for line in conflicts:
+            click.echo(line, err=True)
+        raise ConfigError(f"{len(conflicts)} connector(s) would share a replication slot, and "
+                          "each would miss what the other consumed",
+                          hint="give each connector its own slot.name (SLOT_NAME)")
     pending = [item for item in plans if item.action is not ConnectorAction.UNCHANGED]
     if dry_run:
         _validate(state.client, specs)
@@ -270,10 +285,17 @@ def delete(state: _State, name: str, yes: bool) -> None:
     confirm(f"Delete connector {name}?", yes)
     state.client.delete(name)
     click.echo(f"{name}: deleted")
-    slot = config.get("slot.name")
-    if slot and "postgres" in config.get("connector.class", "").lower():
-        click.echo(f"hint: replication slot {slot!r} stays and retains WAL until dropped: "
-                   f"SELECT pg_drop_replication_slot('{slot}');", err=True)
+    slot = slot_of(config)
+    if slot is None:
+        return
+    # The deleted one may still be listed for a moment (its removal travels the config topic).
+    users = [user for user in slot_users(state.client.list_configs(), slot) if user != name]
+    if users:
+        click.echo(f"hint: replication slot {slot[3]!r} stays: connector {', '.join(users)} "
+                   "streams from it", err=True)
+    else:
+        click.echo(f"hint: replication slot {slot[3]!r} stays and retains WAL until dropped: "
+                   f"SELECT pg_drop_replication_slot('{slot[3]}');", err=True)
 
 
 @cli.command()

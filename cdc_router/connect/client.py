@@ -134,6 +134,11 @@ class ConnectClient:
         data = self._request("GET", "/connectors", params={"expand": "status"}).json()
         return [ConnectorStatus.from_json(item["status"]) for _, item in sorted(data.items())]
 
+    def list_configs(self) -> dict[str, dict[str, str]]:
+        """Every connector's stored config by name, in one call (GET /connectors?expand=info)."""
+        data = self._request("GET", "/connectors", params={"expand": "info"}).json()
+        return {name: dict(item["info"]["config"]) for name, item in sorted(data.items())}
+
     def get(self, name: str) -> dict[str, Any]:
         """The connector's info: name, type, config and task ids."""
         info: dict[str, Any] = self._request("GET", _path(name), connector=name).json()

@@ -251,6 +251,18 @@ def test_diff_is_empty_after_apply_and_shows_a_changed_field(running: Deployment
         {"key": "heartbeat.interval.ms", "deployed": "1000", "desired": "2500"}]
 
 
+def test_apply_refuses_a_second_connector_on_the_slot_the_first_streams_from(
+        running: Deployment) -> None:
+    second = f"{running.connector}-second"
+    result = running.cli("connectors", "apply", "--yes", "-f", str(CONNECTOR_FILE),
+                         env={"CONNECTOR_NAME": second})
+    names = running.cli("connectors", "list", "-o", "json")
+    assert result.exit_code == 1, result.output
+    assert f"slot.name '{running.env['SLOT_NAME']}'" in result.stderr
+    assert f"already used by connector {running.connector}" in result.stderr
+    assert second not in names.stdout, "nothing was created"
+
+
 def test_apply_dry_run_prints_connects_error_for_a_bad_property(running: Deployment,
                                                                  tmp_path: Path) -> None:
     bad_file = tmp_path / "bad.json"

@@ -419,6 +419,9 @@ class ScriptedConnect:
             return httpx.Response(200, json={"configs": [
                 {"value": {"name": key, "errors": messages}}
                 for key, messages in self.errors.items()]})
+        if parts == ["connectors"]:  # ?expand=info
+            return httpx.Response(200, json={name: {"info": {"name": name, "config": config}}
+                                             for name, config in self.configs.items()})
         name = parts[1]
         if request.method == "PUT" and parts[-1] == "config":
             self.puts.append(name)
@@ -542,3 +545,36 @@ def test_a_connector_file_not_in_utf8_or_with_a_key_twice_is_one_line(tmp_path: 
     twice = '{"name": "q", "config": {"connector.class": "x"}, "config": {"a": "b"}}'
     with pytest.raises(ConfigError, match=r"a key appears twice in one object \(got \['config'\]"):
         parse_spec(twice, {}, source="f.json")
+
+
+_PG = {"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+       "database.hostname": "db", "database.port": "5432", "database.dbname": "shop"}
+
+
+def test_apply_refuses_a_connector_on_a_slot_another_one_streams_from(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA, session 28: a second connector on a used slot was "configuration valid" and RUNNING,
+    # while its task failed on "replication slot is active" and the two stole changes.
+    connect = ScriptedConnect({"orders": {"name": "orders", **_PG, "slot.name": "s"}})
+    taken = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
+                    connector_file(tmp_path, **_PG, **{"slot.name": "s"}))
+    assert taken.exit_code == 1
+    assert "c: slot.name 's' on db:5432/shop is already used by connector orders" in \
+        taken.stderr
+    assert "give each connector its own slot.name (SLOT_NAME)" in taken.stderr
+    assert connect.puts == []
+    elsewhere = run_cli(monkeypatch, connect, "apply", "--yes", "-f", connector_file(
+        tmp_path, **{**_PG, "database.dbname": "billing"}, **{"slot.name": "s"}))
+    assert elsewhere.exit_code == 0, elsewhere.output  # the same name in another database
+    assert connect.puts == ["c"]
+
+
+def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = {"a": {"name": "a", **_PG, "slot.name": "s"},
+              "b": {"name": "b", **_PG, "slot.name": "s"}}
+    first = run_cli(monkeypatch, ScriptedConnect(dict(shared)), "delete", "a", "--yes")
+    assert "replication slot 's' stays: connector b streams from it" in first.stderr
+    assert "pg_drop_replication_slot" not in first.stderr
+    alone = run_cli(monkeypatch, ScriptedConnect({"a": shared["a"]}), "delete", "a", "--yes")
+    assert "SELECT pg_drop_replication_slot('s');" in alone.stderr
