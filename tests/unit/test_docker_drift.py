@@ -254,3 +254,10 @@ def test_compose_interpolation_follows_compose():
         interpolate("${UNSET:?say so}", env)
     image_env = {"KAFKA_LOG_RETENTION_MS": "1", "KAFKA_OPTS": "-X", "KAFKA_A__B___C": "2"}
     assert kafka_image_properties(image_env) == {"log.retention.ms": "1", "a_b-c": "2"}
+
+
+def test_the_registry_profile_is_on_the_local_stacks_host_port(compose):
+    # QA, session 28: docker's registry was on 8081, the local stack's on 18081.
+    registry = compose["services"]["schema-registry"]
+    host_port = interpolate(registry["ports"][0].split(":")[0], {})
+    assert host_port == str(local.StackConfig.model_fields["registry_port"].default)
