@@ -111,6 +111,8 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
 def _destination(item: Planned) -> str:
     if isinstance(item.result, Routed):
         record = item.result.record
+        if record.nats:
+            return f"NATS subject {record.topic} Nats-Msg-Id={record.event_id}"
         key = (record.key or b"").decode(errors="replace")
         return f"{record.topic}[{record.partition}] key={key}"
     return item.note

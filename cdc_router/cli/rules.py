@@ -174,7 +174,8 @@ def _moment(epoch_ms: int | None) -> str | None:
 
 
 def _record(record: OutboundRecord) -> dict[str, Any]:
-    return {"topic": record.topic, "partition": record.partition,
+    return {"topic": record.topic, "partition": record.partition, "nats": record.nats,
+            "event_id": record.event_id,
             "key": _text(record.key), "timestamp_ms": record.timestamp_ms,
             "headers": [[name, _text(value)] for name, value in record.headers],
             "value": _text(record.value), "value_bytes": len(record.value),
@@ -271,8 +272,10 @@ def _describe(result: dict[str, Any]) -> str:
         value = record["value"] or ""
         if len(value) > _PREVIEW_CHARS:
             value = value[:_PREVIEW_CHARS] + "…"
-        lines += [f"  record    topic {record['topic']}, partition {record['partition']}, "
-                  f"key {record['key']}, timestamp {record['timestamp_ms']}",
+        where = (f"NATS subject {record['topic']}, Nats-Msg-Id {record['event_id']}"
+                 if record["nats"] else f"topic {record['topic']}, partition "
+                 f"{record['partition']}, key {record['key']}, timestamp {record['timestamp_ms']}")
+        lines += [f"  record    {where}",
                   "  headers   " + ", ".join(f"{name}={value!r}" for name, value in
                                             record["headers"]),
                   f"  value     {value} ({record['value_bytes']} bytes, {record['format']})"]

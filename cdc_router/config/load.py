@@ -250,6 +250,9 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+_PYDANTIC_CLASS = re.compile(r" or instance of \w+")
+
+
 def _config_error(error: ValidationError, source: str, overridden: dict[str, str]) -> ConfigError:
     # An unknown key usually is a misspelt one, which pydantic also reports as missing: the
     # unknown key is the better clue.
@@ -261,6 +264,10 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
         path = f"{path}.{ctx['field']}" if path else str(ctx["field"])
     value = ctx.get("value") if "field" in ctx else first.get("input")
     message = str(ctx.get("message", first["msg"])).removeprefix("Value error, ")
+    # pydantic's wording names our classes ("a valid dictionary or instance of RouteMatch"),
+    # and counts "items" of a text: say it as YAML does.
+    message = _PYDANTIC_CLASS.sub("", message).replace(
+        "should have at least 1 item after validation, not 0", "must not be empty")
     if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
     key = str(ctx.get("field", loc[-1] if loc else ""))

@@ -7,6 +7,8 @@ Reading a topic to its end is kafka/reader.py.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -30,12 +32,20 @@ def record_headers(message: Message) -> list[tuple[str, bytes]]:
             for name, value in pairs]
 
 
+# A source topic still missing after this long is named again at WARNING (a typo in
+# source.topics looks like a raw topic Debezium has not created yet), then as often.
+SOURCE_MISSING_WARN_S = 300.0
+
+
 class SourceErrors:
     """What the router does with an error its consumer hands out in place of a record."""
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
-        self._waiting_for_source = False
+        self._clock = clock
+        self._missing_since: float | None = None
+        self._missing_logged = 0.0
 
     def handle(self, error: KafkaError) -> None:
         """Nothing for the end of a partition; a wait for a raw topic not created yet;
@@ -44,9 +54,16 @@ class SourceErrors:
             return
         if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             # Debezium creates the raw topic with its first event: not an error, a wait.
-            if not self._waiting_for_source:
+            now = self._clock()
+            if self._missing_since is None:
                 self._log.info("event=source_topic_missing detail=%r", error.str())
-                self._waiting_for_source = True
+                self._missing_since = self._missing_logged = now
+            elif now - self._missing_logged >= SOURCE_MISSING_WARN_S:
+                self._log.warning(
+                    "event=source_topic_missing detail=%r missing_for_s=%.0f hint=%r",
+                    error.str(), now - self._missing_since,
+                    "check source.topics; Debezium creates the raw topic with its first event")
+                self._missing_logged = now
             return
         if stops_consumer(error):
             raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,

@@ -170,7 +170,10 @@ class OutboxCleaner:
             except psycopg.Error as error:
                 reason = ("another transaction holds a lock on rows to delete (see "
                           "pg_locks); the deletes wait for it, routing goes on"
-                          if isinstance(error, psycopg.errors.LockNotAvailable) else "")
+                          if isinstance(error, psycopg.errors.LockNotAvailable) else
+                          "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN): check "
+                          "its host, port, user and password; routing goes on, the rows wait"
+                          if self._conn is None else "")
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d%s",
                             one_line(error), backoff, self.pending_count(),
                             f" reason={reason!r}" if reason else "")

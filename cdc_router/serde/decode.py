@@ -19,7 +19,7 @@ import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, dual_schema_id_deserializer
@@ -43,6 +43,7 @@ from cdc_router.serde.registry import NOT_FOUND, SCHEMA_NOT_FOUND, RegistryError
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
+    from cdc_router.config.compiled import CompiledConfig
     from cdc_router.config.model import RouterConfig
 
 Encoding = Literal["confluent", "single_object", "json"]
@@ -102,16 +103,19 @@ class PayloadDecoder:
             self.add_schema(schema)
 
     @classmethod
-    def for_config(cls, config: RouterConfig,
+    def for_config(cls, config: RouterConfig | CompiledConfig,
                    registry: SchemaRegistryClient | None = None) -> PayloadDecoder:
         """A decoder that knows every schema of `config`'s routes and, if it has one, its
-        registry (`registry` overrides the client built from config.schema_registry)."""
+        registry (`registry` overrides the client built from config.schema_registry).
+        `config`: the router's, or what load_config() returns."""
+        # CompiledConfig holds the RouterConfig as .config; a RouterConfig has no such field.
+        settings = cast("RouterConfig", getattr(config, "config", config))
         files = []
-        for route in config.routes:
+        for route in settings.routes:
             spec = route.schema_path
             files += [spec] if isinstance(spec, str) else list((spec or {}).values())
-        if registry is None and config.schema_registry is not None:
-            registry = SchemaIds(config.schema_registry).client
+        if registry is None and settings.schema_registry is not None:
+            registry = SchemaIds(settings.schema_registry).client
         return cls(schemas=files, registry=registry)
 
     def add_schema(self, schema: AvroSchema | str | Path) -> AvroSchema:

@@ -624,3 +624,18 @@ def test_a_number_a_later_union_branch_takes_is_no_problem_but_an_integer_too_bi
                                       None) == {"x": 1e39, "f": 1.5}
     with pytest.raises(SerializeError, match=r"'N.f' is '10{39}', beyond an Avro float"):
         serializer.serialize(event({"x": None, "f": 10**39}), route, "p")
+
+
+def test_the_decoder_for_a_config_takes_what_load_config_returns(tmp_path: Path) -> None:
+    # QA, session 28: PayloadDecoder.for_config(load_config(...)), as a consumer would write
+    # it, raised AttributeError: it took only the RouterConfig inside.
+    from cdc_router.config.load import load_config
+
+    path = tmp_path / "router.yaml"
+    path.write_text(f"source: {{topics: [raw]}}\nroutes: [{{topic: payments, format: avro, "
+                    f"schema: '{PAYMENT}'}}]\n")
+    value = AvroSerializer([rule()]).serialize(event(GOOD), rule(), "payments")
+    compiled = load_config(path)
+    for config in (compiled, compiled.config):
+        decoded = PayloadDecoder.for_config(config).decode(value)
+        assert decoded.writer == "shop.payments.PaymentConfirmed"

@@ -220,3 +220,19 @@ def test_run_sweeps_the_changelog_only_where_its_marks_prove_a_delivery(
         raw[key] = {**raw.get(key, {}), **value}  # type: ignore[dict-item]
     found = sweep_of(RouterConfig.model_validate(raw))
     assert isinstance(found, CommittedIds) if sweeps else found is None
+
+
+def test_a_dsn_that_cannot_connect_is_named_in_the_warning(caplog: pytest.LogCaptureFixture):
+    # QA, session 28: a wrong cleanup.dsn retried for ever with a warning that did not say
+    # which setting to fix.
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn="postgresql://u@127.0.0.1:1/db"),
+                            id_column="id", created_at_column=None,
+                            registry=CollectorRegistry())
+    cleaner.delivered([Delivered("a", "t", None)])
+    with caplog.at_level("WARNING", logger="cdc_router.router.cleanup"):
+        cleaner.start()
+        deadline = time.monotonic() + 10
+        while "cleanup_failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cleaner.stop(drain_timeout_s=0)
+    assert "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN)" in caplog.text

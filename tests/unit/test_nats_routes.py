@@ -158,6 +158,13 @@ def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "nats orders.{type}  json" in result.output
     assert "streams ORDERS (orders.>)" in result.output
+    # QA, session 28: --explain showed "partition None" for a JetStream record.
+    event = Path(__file__).parent / "fixtures" / "debezium" / "create_text.noschema.json"
+    explained = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "--explain",
+                                          str(event)])
+    assert explained.exit_code == 0, explained.output
+    assert "record    NATS subject orders." in explained.output
+    assert "Nats-Msg-Id " in explained.output and "partition" not in explained.output
 
 
 JETSTREAM_CONFIG = {"source": {"topics": [SOURCE], "group_id": "g"},
