@@ -37,6 +37,7 @@ from cdc_router.errors import (
     ConfigError,
     DatabaseError,
     DeliveryError,
+    FatalKafkaError,
     RecordRefused,
 )
 from cdc_router.kafka.producer import LatchingProducer
@@ -49,6 +50,7 @@ from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import DestinationMetadata, require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import (
     PROCESS_LEVEL,
@@ -124,6 +126,7 @@ class OutboxRelay:
         self.position = RelayPosition()
         self._aborts = 0
         self._pending_abort = False  # an abort that failed, to finish before the next batch
+        self._renewal = ProducerRenewal()
         self._lock_checked = 0.0
         self.last_poll = time.monotonic()
 
@@ -142,8 +145,13 @@ class OutboxRelay:
             while not self._stop.is_set():
                 self.last_poll = time.monotonic()
                 self._check_lock()
-                if not self._cycle():
-                    self._stop.wait(self._relay.poll_interval_ms / 1000)
+                try:
+                    if not self._cycle():
+                        self._stop.wait(self._relay.poll_interval_ms / 1000)
+                except FatalKafkaError as failure:
+                    if not self._renewal.allows(failure):
+                        raise
+                    self._renew(failure)
         except BaseException:
             if self._replay is not None:
                 self._replay.abort()
@@ -212,6 +220,16 @@ class OutboxRelay:
 
     # One batch ------------------------------------------------------------------------------
 
+    def _renew(self, failure: FatalKafkaError) -> None:
+        """A new producer after the old one failed for good on its own (router/renewal.py);
+        the batch is read again from the position last committed."""
+        log.warning("event=producer_renewed table=%s reason=%r", self._table, str(failure))
+        if self._replay is not None:
+            self._replay.abort()
+        self._destinations.clear()
+        self._txn.renew()
+        self._pending_abort = False
+
     def _cycle(self) -> bool:
         """Read and deliver one batch; True when the next one should follow at once."""
         limit = self._relay.batch_rows
@@ -254,6 +272,7 @@ class OutboxRelay:
         if self._replay is not None:
             self._replay.commit(now_ms)
         self._poison.committed()
+        self._renewal.committed()
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(delivered, now_ms)

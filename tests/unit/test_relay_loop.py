@@ -153,6 +153,23 @@ def test_a_failed_commit_keeps_the_position_and_the_batch_is_read_again() -> Non
     assert relay.position == RelayPosition(Snapshot(11, 11))
 
 
+def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read_again() -> None:
+    # QA, session 28: after a 90 s Kafka outage the pending abort got a fatal INVALID_TXN_STATE
+    # when the broker came back, and the relay exited 1.
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                              txn_requires_abort=True))
+    cluster.abort_failures.append(KafkaError(
+        KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True))
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert cluster.producers_initialised == 2
+    assert relay.position == RelayPosition(Snapshot(11, 11))
+
+
 def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
     cluster, table = _cluster(), FakeTable()
     bad = table.add(1, 10, payload=None)
