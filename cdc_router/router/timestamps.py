@@ -9,6 +9,12 @@ record), but in a transaction it costs two aborted batches and an epoch bump, du
 stream stalled for about a minute (measured in the chaos campaign, seed 16). Checking the
 documented rule first turns such a row into an ordinary dead letter on the spot.
 
+Retention too: a topic that deletes by time (cleanup.policy delete) drops a record whose
+timestamp is older than its retention.ms within minutes of its write (the broker rolls and
+deletes a segment of such records at its next retention check, measured: 4 minutes). A row
+whose created_at is that old, or within RETENTION_HEADROOM_MS of it, would be delivered and
+then lost: it is dead-lettered instead, with the fix in its reason.
+
 The limits come from the topic's configuration (DescribeConfigs), cached per topic and read
 again after LIMITS_TTL_S. A topic whose configuration cannot be read gets no check: the
 broker's refusal, isolated as before, is still the safety net. The check keeps MARGIN_MS inside
@@ -46,6 +52,11 @@ DESCRIBE_TIMEOUT_S = 5.0
 # Before Kafka 3.6 one symmetric limit; without it (and without the newer keys) there is none.
 _LEGACY_LIMIT = "message.timestamp.difference.max.ms"
 _UNLIMITED = 2**63 - 1
+# A record must stay this long on its topic at least (never more than half the retention):
+# time for consumers to read it.
+RETENTION_HEADROOM_MS = 3_600_000
+RETENTION_HINT = ("; set delivery.record_timestamp: now to deliver old rows with the router's "
+                  "clock, or raise the topic's retention.ms")
 
 # describe(topic, timeout_s): a topic's configuration; its factory takes the admin config.
 Describe = Callable[[str, float], Mapping[str, str]]
@@ -61,9 +72,20 @@ class TimestampLimits:
 
     before_ms: int
     after_ms: int
+    retention_ms: int | None = None  # None: the topic does not delete by time
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
-        """Why the broker would refuse `timestamp_ms` on `topic` now, or None."""
+        """Why the broker would refuse `timestamp_ms` on `topic` now, or delete it within
+        minutes; None when neither."""
+        retention = self.retention_ms
+        if retention is not None:
+            headroom = min(RETENTION_HEADROOM_MS, retention // 2)
+            if timestamp_ms < now_ms - retention + headroom:
+                return (f"its timestamp {_iso(timestamp_ms)} is "
+                        f"{(now_ms - timestamp_ms) / 86_400_000:.2f} days old, within "
+                        f"{headroom // 1000} s of the retention.ms of {topic} ({retention}) or "
+                        "beyond: Kafka would delete the record within minutes of writing it; "
+                        f"dead-lettered before producing{RETENTION_HINT}")
         if now_ms - self.before_ms + MARGIN_MS < timestamp_ms < now_ms + self.after_ms - MARGIN_MS:
             # Inside both limits by more than any margin (_margin never exceeds MARGIN_MS):
             # the common case, and no refusal below could apply.
@@ -90,8 +112,11 @@ def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
     if entries.get("message.timestamp.type", "CreateTime") != "CreateTime":
         return None
     legacy = int(entries.get(_LEGACY_LIMIT, _UNLIMITED))
+    retention = int(entries.get("retention.ms", -1))
+    deletes = "delete" in entries.get("cleanup.policy", "delete").split(",")
     return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", legacy)),
-                           int(entries.get("message.timestamp.after.max.ms", legacy)))
+                           int(entries.get("message.timestamp.after.max.ms", legacy)),
+                           retention if deletes and retention >= 0 else None)
 
 
 class TopicTimestampLimits:

@@ -102,6 +102,8 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
             "headers_3000_deep": {"headers": nested(3000)},
             "created_at_3h_ahead": {"created_at": None, "ahead": True},
             "created_at_year_12000": {"type": "CloudEvent", "created_at": "12000-01-01 00:00:00"},
+            # Older than the topic's retention.ms (7 days): Kafka would delete it at once.
+            "created_at_year_2000": {"created_at": "2000-01-01 00:00:00"},
             "lone_surrogate_avro": {"type": "PaymentConfirmed", "payload":
                                     '{"payment_id": "\\ud800", "order_id": 1, '
                                     '"amount_cents": 5}'},
@@ -152,6 +154,7 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
                 "headers_3000_deep": ("decode", "DecodeError"),
                 "created_at_3h_ahead": ("produce", "DeliveryError"),
                 "created_at_year_12000": ("route", "RouteError"),
+                "created_at_year_2000": ("produce", "DeliveryError"),
                 "lone_surrogate_avro": ("serialize", "SerializeError"),
                 "header_name_nul": ("route", "RouteError"),
                 "payload_1_2_mb": ("route", "RouteError")}
@@ -165,6 +168,7 @@ def test_hostile_rows_are_dead_lettered_and_the_router_never_stops(
     assert "holds a NUL character" in letters[hostile_ids["header_name_nul"]]["dlq.error.message"]
     assert "over delivery.max_payload_bytes" in \
         letters[hostile_ids["payload_1_2_mb"]]["dlq.error.message"]
+    assert "retention.ms of" in letters[hostile_ids["created_at_year_2000"]]["dlq.error.message"]
     timestamp_reason = letters[hostile_ids["created_at_3h_ahead"]]["dlq.error.message"]
     assert "INVALID_TIMESTAMP" in timestamp_reason
     assert "delivery.record_timestamp: now" in timestamp_reason

@@ -69,6 +69,36 @@ def test_a_broker_before_3_6_has_one_symmetric_limit_or_none() -> None:
     assert limits_from_config({}) == TimestampLimits(2**63 - 1, 2**63 - 1)
 
 
+DAY_MS = 24 * HOUR_MS
+
+
+def test_a_timestamp_past_the_topics_time_retention_is_refused_before_it_is_lost() -> None:
+    # QA, session 28: 50 rows with a created_at 8 days old were delivered to a topic of 7 days'
+    # retention, and the broker deleted their segment 4 minutes later.
+    limits = limits_from_config({**KAFKA_4_DEFAULTS, "retention.ms": str(7 * DAY_MS),
+                                 "cleanup.policy": "delete"})
+    assert limits == TimestampLimits(2**63 - 1, HOUR_MS, 7 * DAY_MS)
+    old = limits.problem("orders", NOW_MS - 8 * DAY_MS, NOW_MS)
+    assert old is not None and "retention.ms of orders (604800000)" in old
+    assert "delivery.record_timestamp: now" in old and "8.00 days old" in old
+    assert limits.problem("orders", NOW_MS - 7 * DAY_MS + HOUR_MS - 1, NOW_MS) is not None
+    assert limits.problem("orders", NOW_MS - 7 * DAY_MS + HOUR_MS + 1, NOW_MS) is None
+    # A short retention keeps half of itself as headroom.
+    short = TimestampLimits(2**63 - 1, HOUR_MS, 60_000)
+    assert short.problem("t", NOW_MS - 29_000, NOW_MS) is None
+    assert short.problem("t", NOW_MS - 31_000, NOW_MS) is not None
+
+
+@pytest.mark.parametrize("entries", [
+    {"retention.ms": "-1", "cleanup.policy": "delete"},
+    {"retention.ms": str(DAY_MS), "cleanup.policy": "compact"},
+])
+def test_no_time_retention_no_retention_check(entries: dict[str, str]) -> None:
+    limits = limits_from_config({**KAFKA_4_DEFAULTS, **entries})
+    assert limits is not None and limits.retention_ms is None
+    assert limits.problem("t", 0, NOW_MS) is None
+
+
 def test_log_append_time_topics_have_no_limit() -> None:
     assert limits_from_config({"message.timestamp.type": "LogAppendTime"}) is None
 
