@@ -20,7 +20,6 @@ position lost or reset, or rows delivered by `cdc-router run` from the same tabl
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
+from cdc_router.relay.letters import letter_value
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from cdc_router.router import clients, debezium
@@ -317,9 +317,8 @@ class OutboxRelay:
             self._metrics.skipped.labels(result.reason).inc()
 
     def _dead_letter(self, row: RelayRow, result: DeadLettered) -> None:
-        """The row as read, as JSON (`after`, with where it came from), is the raw value."""
-        value = json.dumps({"source": {"table": self._table, "seq": row.seq, "txid": row.txid},
-                            "after": row.values}, ensure_ascii=False).encode(errors="replace")
+        """The row as read, as JSON (relay/letters.py), is the raw value."""
+        value = letter_value(self._table, row.seq, row.txid, row.values, self._reader.columns)
         key = row.values.get(self._config.source.outbox.id)
         letter = dead_letter(topic=self._table, partition=0, offset=row.seq,
                              key=None if key is None else str(key).encode(errors="replace"),

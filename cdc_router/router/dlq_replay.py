@@ -40,6 +40,7 @@ from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRef
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.relay.letters import letter_event
 from cdc_router.router import clients
 from cdc_router.router.destinations import DestinationMetadata
 from cdc_router.router.dlq_letters import (
@@ -53,7 +54,14 @@ from cdc_router.router.dlq_letters import (
     read_letter,
 )
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
-from cdc_router.router.step import DeadLettered, RecordStep, Routed
+from cdc_router.router.step import (
+    PROCESS_LEVEL,
+    DeadLettered,
+    RecordStep,
+    Routed,
+    StepResult,
+    decode_letter,
+)
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 
@@ -140,6 +148,21 @@ class DeadLetterReplay:
         self._publisher = None if dry_run else clients.jetstream_publisher(config, INSTANCE)
         self._txn: Transaction | None = None
 
+    def _letter_step(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
+        """The router's step for a router's letter; for the relay's (its source is the relay's
+        table), the row in its value decoded as the relay does (relay/letters.py), then the
+        step after decoding."""
+        relay = self._config.relay
+        if relay is None or topic != relay.qualified_table:
+            return self._step(topic, key, value)
+        try:
+            event = letter_event(value, self._config.source)
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            return decode_letter(error)
+        return self._step.event(event)
+
     def plan(self, selection: Selection) -> ReplayPlan:
         """Steps 1 to 3 of the module doc; nothing is produced."""
         self._step.preflight()
@@ -163,7 +186,7 @@ class DeadLetterReplay:
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
-        planned = plan_replay(selected, self._step, self._filter, delivered, ours=ours)
+        planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours)
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:

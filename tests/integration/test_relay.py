@@ -13,11 +13,13 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.outbox.relay_columns import relay_columns_ddl
 from tests.integration.pipeline import REPO, pipeline
@@ -243,10 +245,13 @@ def test_the_relay_writes_the_records_the_router_writes_from_debezium(
         stack: StackEndpoints, tmp_path: Path) -> None:
     """One table, captured by Debezium and routed by `run`, and read by `relay`: the same key,
     partition, value, headers and timestamp for every event."""
+    now = datetime.now(UTC).replace(tzinfo=None)
     rows = [(str(uuid.uuid4()), f"order-{i % 7}", json.dumps(
         {"seq": i, "total": "19.90", "nested": {"list": [1, 2.5, None], "text": "naïve ✓"}}),
              json.dumps({"traceparent": f"00-{i:032x}-{i:016x}-01"}) if i % 2 else None,
-             f"2026-03-0{1 + i % 9} 10:11:12.{i:06d}") for i in range(200)]
+             # Recent: a created_at past the topics' retention.ms is dead-lettered.
+             (now - timedelta(hours=i % 9, microseconds=i)).strftime("%Y-%m-%d %H:%M:%S.%f"))
+            for i in range(200)]
     (tmp_path / "router").mkdir()
     with pipeline(stack, tmp_path / "router") as pipe:
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
@@ -305,3 +310,39 @@ def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
             conn.execute(f"DROP TABLE IF EXISTS public.{table}")
     assert types == {"txid": "xid8", "seq": "bigint"}
     assert row is not None and row[0] > 0 and int(row[1]) > 0
+
+
+def test_dlq_replay_delivers_a_relay_letter_from_its_row(stack: StackEndpoints,
+                                                         tmp_path: Path) -> None:
+    # QA, session 28: every relay letter was decoded as a Debezium change event and
+    # dead-lettered again ("no 'op' field"), its event id lost.
+    late = unique("late").replace("_", "-")
+    with relay_setup(stack, tmp_path) as setup:
+        config = yaml.safe_load(setup.config_path.read_text())
+        config["routes"].insert(0, {"match": {"type": "Late"}, "topic": late})
+        setup.config_path.write_text(yaml.safe_dump(config))
+        setup.start("a")
+        ids = [str(uuid.uuid4()) for _ in range(3)]
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            for event_id, kind in zip(ids, ("OrderPaid", "Late", "OrderPaid"), strict=True):
+                conn.execute(f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid,"
+                             " type, payload) VALUES (%s, 'Order', 'o-1', %s, '{\"n\": 1}')",
+                             (event_id, kind))
+        letters = read_topic(stack.bootstrap_servers, setup.dlq_topic, 1, 60)
+        orders = read_topic(stack.bootstrap_servers, setup.orders_topic, 2, 60)
+        setup.kill("a", signal.SIGTERM)
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.create_topics([NewTopic(late, 1, 1)])[late].result(timeout=30)
+        try:
+            replayed = subprocess.run(
+                [sys.executable, "-m", "cdc_router", "dlq", "replay", "-c",
+                 str(setup.config_path), "--yes", "-o", "json"],
+                capture_output=True, text=True, cwd=REPO, check=False)
+            delivered = read_topic(stack.bootstrap_servers, late, 1, 60)
+        finally:
+            admin.delete_topics([late])[late].result(timeout=30)
+    assert len(letters) == 1 and len(orders) == 2
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert json.loads(replayed.stdout)["committed"] == {"deliver": 1}, replayed.stdout
+    assert [record.key().decode() for record in delivered] == [ids[1]]
+    assert json.loads(delivered[0].value()) == {"n": 1}

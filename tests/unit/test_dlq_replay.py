@@ -146,3 +146,33 @@ def test_another_pipelines_letter_of_one_of_our_ids_does_not_make_it_undelivered
                                  None)])
     plan = replayer(cluster).plan(Selection())
     assert [item.action for item in plan.planned] == ["already_delivered", "not_replayable"]
+
+
+def test_a_relay_letter_is_replayed_from_its_row() -> None:
+    # QA, session 28: every relay letter was decoded as a Debezium change event and
+    # dead-lettered again as "no 'op' field", without its event id.
+    from cdc_router.relay.letters import letter_value
+
+    cluster = FakeCluster(partitions={CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    row = {"id": "r-1", "aggregatetype": "Customer", "aggregateid": "c-1", "type": "Moved",
+           "payload": '{"to": "Lyon"}', "headers": None, "created_at": None}
+    letter = dead_letter(topic="public.outbox", partition=0, offset=7, key=b"r-1",
+                         value=letter_value("public.outbox", 7, 42, row, {}),
+                         original_headers=None, stage="route", error=RouteError("no route"),
+                         event_id="r-1", group="g")
+    cluster.publish(DLQ, [Stored(DLQ, 0, letter.key, letter.value, list(letter.headers),
+                                 None)])
+    config = RouterConfig.model_validate({
+        "source": {"group_id": "g"}, "dead_letter": {"topic": DLQ},
+        "dedup": {"changelog_topic": CHANGELOG}, "relay": {"table": "public.outbox"},
+        "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS}]})
+    replay = DeadLetterReplay(
+        compile_config(config), dry_run=False,
+        producer_factory=lambda conf: FakeProducer(cluster, conf),
+        changelog_factory=lambda conf, topic: Changelog(cluster, topic),
+        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
+        describe_factory=cluster.describe_factory)
+    result = replay.apply(replay.plan(Selection()))
+    assert result.committed == {"deliver": 1}
+    [delivered] = cluster.committed(CUSTOMERS)
+    assert (delivered.key, delivered.value) == (b"r-1", b'{"to": "Lyon"}')

@@ -1,0 +1,46 @@
+"""The relay's dead letters: a row as read, as JSON, and the event read back from one.
+
+A router dead letter holds the raw change event; the relay has none, so its letter's value is
+the row itself, `{"source": {table, seq, txid}, "after": {column: value}}` (values as
+Debezium's JsonConverter would send them), and `columns` when the reader knew a column's
+Connect schema (a bytea payload). `dlq replay` rebuilds the event from it with the relay's own
+decoding (debezium.event_from_row), then routes it like any other letter.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cdc_router.config.source import SourceSettings
+from cdc_router.errors import DecodeError
+from cdc_router.router import debezium
+from cdc_router.router.debezium import OutboxEvent
+
+
+def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
+                 columns: dict[str, dict[str, Any]]) -> bytes:
+    """The value of the relay's dead letter of one row."""
+    document: dict[str, Any] = {"source": {"table": table, "seq": seq, "txid": txid},
+                                "after": values}
+    if columns:
+        document["columns"] = columns
+    return json.dumps(document, ensure_ascii=False).encode(errors="replace")
+
+
+def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
+    """The event of a relay dead letter's row; DecodeError when it is not one, or the row
+    still fails to decode."""
+    try:
+        document = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        document = None
+    after = document.get("after") if isinstance(document, dict) else None
+    if not isinstance(after, dict):
+        raise DecodeError("not a relay dead letter: its value has no 'after' row")
+    source = document.get("source")
+    txid = source.get("txid") if isinstance(source, dict) else None
+    columns = document.get("columns")
+    return debezium.event_from_row(after, settings,
+                                   columns=columns if isinstance(columns, dict) else None,
+                                   tx_id=txid if isinstance(txid, int) else None)
