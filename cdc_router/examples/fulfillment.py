@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import random
 import signal
@@ -49,6 +48,7 @@ from cdc_router.consumer import (
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import table_identifier
+from cdc_router.serde.json import parse_json
 
 log = logging.getLogger("fulfillment")
 
@@ -59,7 +59,7 @@ class InjectedFailure(RuntimeError):
 
 def decode_payment(raw: bytes | None) -> dict[str, Any]:
     """The payment-confirmed payload; one without an order id is malformed (dead-lettered)."""
-    payload = json.loads(raw or b"")
+    payload = parse_json(raw or b"")  # UTF-8 JSON only, bounded nesting
     if not isinstance(payload, dict) or not payload.get("order_id"):
         raise ValueError("payment-confirmed payload has no order_id")
     return payload

@@ -265,7 +265,7 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
 def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
     """A required identifier column: text, uuid (a string) or an integer; never empty."""
     value = row.get(column)
-    if type(value) is str and value and value.isascii():
+    if type(value) is str and value and value.isascii() and not value.isspace():
         return value  # the common case: every check below would pass
     prefix = f"{where}: " if where else ""
     if column not in row:
@@ -277,6 +277,8 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
     text = str(value)
     if not text:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")
+    if text.isspace():  # the idempotent consumer refuses a blank id too (consumer/event.py)
+        raise DecodeError(f"{prefix}column {column!r} ({what}) is blank: {show(text)}")
     if not text.isascii() and not utf8_encodable(text):
         raise DecodeError(f"{prefix}column {column!r} ({what}) holds {LONE_SURROGATE}: "
                           f"{show(text)}")

@@ -255,6 +255,9 @@ def _set(column: str, new: Any) -> Any:
     (_set("type", {"nested": 1}), "column 'type' .event type. must be text, uuid or an integer, "
                                   "got an object"),
     (_set("type", ""), "is empty"),
+    # QA, session 28: blank ids were delivered, and the idempotent consumer refused them.
+    (_set("id", " "), "column 'id' .event id. is blank"),
+    (_set("id", "\t\u3000"), "column 'id' .event id. is blank"),
     (_set("payload", None), "payload column 'payload' is null"),
     (_set("headers", "{not json"), "headers column 'headers' is not valid JSON"),
     (_set("headers", '["a"]'), "must be a JSON object of headers, got an array"),

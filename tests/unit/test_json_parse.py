@@ -84,3 +84,13 @@ def test_a_base64_payload_refused_as_json_names_the_payload_type_setting() -> No
     error = json.JSONDecodeError("Expecting value", "q2/4AA==", 0)
     assert "source.payload_type: bytes" in json_problem(error, b"q2/4AA==")
     assert "payload_type" not in json_problem(error, b"{nope")
+
+
+def test_the_consumer_examples_decoder_refuses_a_byte_order_mark() -> None:
+    # QA, session 28: the consumer README said a BOM is refused, and its example decoded with
+    # json.loads, which takes one.
+    from cdc_router.examples.fulfillment import decode_payment
+
+    assert decode_payment(b'{"order_id": 7}') == {"order_id": 7}
+    with pytest.raises(ValueError):
+        decode_payment(b'\xef\xbb\xbf{"order_id": 7}')
