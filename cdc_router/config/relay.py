@@ -21,6 +21,9 @@ class RelaySettings(ConfigModel):
     # An idle relay looks for new rows this often; a full batch is followed at once by the next.
     poll_interval_ms: PositiveInt = 200
     batch_rows: PositiveInt = Field(default=1000, le=100_000)
+    # A batch also ends once its rows' values hold this many bytes (at least one row): rows of
+    # megabytes each would otherwise take gigabytes of memory at batch_rows a batch.
+    batch_bytes: PositiveInt = 16 * 1024 * 1024
     # The inserting transaction's id (xid8, DEFAULT pg_current_xact_id()) and the insert order
     # (an identity column); see cdc_router/relay/guard.py.
     txid_column: str = DEFAULT_TXID_COLUMN

@@ -249,7 +249,9 @@ class OutboxRelay:
             self._reader.reset()
             self._back_off(f"Postgres: {one_line(error)}")
             return True
-        following = position.after_batch(len(rows), limit, rows[-1].seq if rows else None)
+        # A batch cut at relay.batch_bytes is full: the read goes on after it.
+        full = len(rows) if getattr(rows, "truncated", False) else limit
+        following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
         if not rows:
             self.position = following  # nothing between the two snapshots: no commit needed
             return False
@@ -259,7 +261,7 @@ class OutboxRelay:
             self._abort(failure)
             return True
         self.position = following
-        return len(rows) == limit
+        return len(rows) == full
 
     def _deliver(self, rows: list[RelayRow], following: RelayPosition) -> None:
         self._txn.begin()

@@ -37,6 +37,10 @@ _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the loop for long
 _INTEGER_TYPES = frozenset({"bigint", "integer", "smallint"})
 
 
+# Rows taken from the server-side cursor at a time: the memory beyond relay.batch_bytes.
+_FETCH_ROWS = 20
+
+
 @dataclass(frozen=True)
 class RelayRow:
     """One outbox row as read: its insert order, its transaction, its values by column."""
@@ -44,6 +48,19 @@ class RelayRow:
     seq: int
     txid: int
     values: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        """The bytes of its text and binary values, what relay.batch_bytes counts."""
+        return sum(len(value) for value in self.values.values()
+                   if isinstance(value, str | bytes))
+
+
+class FetchedRows(list[RelayRow]):
+    """A batch of rows; `truncated`: it ended at relay.batch_bytes, not for want of rows, so
+    the read goes on after it (RelayPosition.after_batch)."""
+
+    truncated = False
 
 
 class OutboxReader:
@@ -71,8 +88,9 @@ class OutboxReader:
         assert row is not None
         return Snapshot.parse(str(row[0]))
 
-    def fetch(self, position: RelayPosition, limit: int) -> list[RelayRow]:
-        """Up to `limit` rows that `position` wants (RelayPosition.wanted), in seq order."""
+    def fetch(self, position: RelayPosition, limit: int) -> FetchedRows:
+        """Up to `limit` rows that `position` wants (RelayPosition.wanted), in seq order, and
+        no more than relay.batch_bytes of values past the first row (FetchedRows.truncated)."""
         conn = self._connection()
         reading = position.reading
         if reading is None:
@@ -95,14 +113,26 @@ class OutboxReader:
         assert self._select is not None
         query = sql.SQL("{} WHERE {} ORDER BY {} LIMIT %(limit)s").format(
             self._select, sql.SQL(" AND ").join(where), seq)
-        rows = []
-        for found in conn.execute(query, params):
-            row = RelayRow(int(found[0]), int(found[1]), dict(zip(self._names, found[2:],
-                                                                  strict=True)))
-            if not position.wanted(row.txid, row.seq):  # the SQL and the model must agree
-                raise AssertionError(f"row seq {row.seq} txid {row.txid} is not wanted by "
-                                     f"the position {position}")
-            rows.append(row)
+        rows, size = FetchedRows(), 0
+        # A server-side cursor (in a transaction), read a few rows at a time, so that the
+        # batch stops at its byte budget without the rest in memory.
+        with conn.transaction(), conn.cursor(name="cdc_router_relay_batch") as cursor:
+            cursor.execute(query, params)
+            while len(rows) < limit and size < self._relay.batch_bytes:
+                found_rows = cursor.fetchmany(_FETCH_ROWS)
+                if not found_rows:
+                    return rows
+                for found in found_rows:
+                    if rows and size >= self._relay.batch_bytes:
+                        break
+                    row = RelayRow(int(found[0]), int(found[1]),
+                                   dict(zip(self._names, found[2:], strict=True)))
+                    if not position.wanted(row.txid, row.seq):  # SQL and model must agree
+                        raise AssertionError(f"row seq {row.seq} txid {row.txid} is not "
+                                             f"wanted by the position {position}")
+                    rows.append(row)
+                    size += row.size
+            rows.truncated = len(rows) < limit
         return rows
 
     def reset(self) -> None:
