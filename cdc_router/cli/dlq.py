@@ -17,6 +17,7 @@ from cdc_router.config.load import load_config
 from cdc_router.dead_letter import dead_letter_origin
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
+from cdc_router.router import clients
 from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
 from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group
 from cdc_router.router.step import Routed
@@ -45,7 +46,7 @@ def list_letters(config_path: Path, limit: int, output: str) -> None:
     """Dead letters with where they came from, the stage that failed, and why."""
     config = load_config(config_path, env=os.environ).config
     # Up to the last stable offset as of now: a router's open transaction is not waited for.
-    reader = TopicReader(config.kafka.librdkafka(), config.dead_letter.topic,
+    reader = TopicReader(clients.logged_config(config), config.dead_letter.topic,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: list[dict[str, Any]] = []
     try:

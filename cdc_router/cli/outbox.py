@@ -92,7 +92,12 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection whose failures become one-line DatabaseErrors naming host, port and db."""
     where = _where(dsn)
     try:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
+        connection = psycopg.connect(dsn, connect_timeout=10)
+    except psycopg.Error as error:
+        raise DatabaseError(f"Postgres at {where}: {one_line(error)}; check --dsn (env "
+                            "CDC_ROUTER_PG_DSN)") from error
+    try:
+        with connection as conn:
             yield conn
     except psycopg.Error as error:
         raise DatabaseError(f"Postgres at {where}: {one_line(error)}") from error

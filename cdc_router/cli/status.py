@@ -25,6 +25,7 @@ from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.report import Report
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
+from cdc_router.router import clients
 
 # --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
 DEFAULT_SERVE_INTERVAL_S = 30.0
@@ -75,7 +76,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
-    kafka = config.kafka.librdkafka()
+    kafka = clients.logged_config(config)
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers
     endpoints = Endpoints(dsn or config.cleanup.dsn or DEFAULT_DSN, connect_url, kafka)

@@ -9,6 +9,7 @@ import click
 
 from cdc_router.cli._plan import apply_options, describe, show_and_apply
 from cdc_router.config.load import load_config
+from cdc_router.router import clients
 from cdc_router.router.topics import TopicAdmin, TopicPlan
 
 config_option = click.option("-c", "--config", "config_path", required=True,
@@ -34,7 +35,7 @@ def _describe(plan: TopicPlan) -> list[str]:
 def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""
     config = load_config(config_path, env=os.environ).config
-    admin = TopicAdmin(config.kafka.librdkafka())
+    admin = TopicAdmin(clients.logged_config(config))
     plans = admin.plan(config.topic_specs())
     admin.apply(plans, validate_only=True)  # a refusal is one line before any change
     show_and_apply(plans, describe=_describe,

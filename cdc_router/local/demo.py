@@ -17,6 +17,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import write_event
+from cdc_router.router import clients
 from cdc_router.router.loop import OutboxRouter
 
 Say = Callable[[str], None]
@@ -81,7 +82,7 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     from cdc_router.examples import fulfillment
 
     topic = payment.topic() or ""
-    producer = Producer(config.kafka.librdkafka())
+    producer = Producer(clients.logged_config(config))
     for _ in range(redeliveries):
         producer.produce(topic, key=payment.key(), value=payment.value(),
                          headers=payment.headers() or [])
@@ -124,7 +125,7 @@ def _printable(value: str | bytes | None) -> str:
 
 def _read_routed(config: RouterConfig, ids: set[str], router: threading.Thread) -> list[Message]:
     topics = sorted({spec.name for spec in config.topics})
-    consumer = Consumer({**config.kafka.librdkafka(), "group.id": f"demo-{uuid.uuid4().hex}",
+    consumer = Consumer({**clients.logged_config(config), "group.id": f"demo-{uuid.uuid4().hex}",
                          "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                          "enable.auto.commit": False})
     consumer.subscribe(topics)

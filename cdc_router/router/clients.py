@@ -46,11 +46,16 @@ class Timeouts:
         return 2 * self.transaction_ms / 1000
 
 
+def logged_config(config: RouterConfig) -> dict[str, Any]:
+    """Connection and security settings, with librdkafka's own log lines through logging (and
+    its RepeatFilter: an unreachable broker is a line a minute, not twenty a second), not
+    straight to stderr. Every client of every command starts from it."""
+    return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
+
+
 def common_config(config: RouterConfig) -> dict[str, Any]:
     """What every client of the router shares: connection, security, no topic creation."""
-    # librdkafka's own log lines go through logging, not straight to stderr.
-    return {**config.kafka.librdkafka(), "logger": librdkafka_logger(),
-            **_NO_AUTO_CREATE}
+    return {**logged_config(config), **_NO_AUTO_CREATE}
 
 
 def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
@@ -112,5 +117,5 @@ def timestamp_limits(config: RouterConfig,
                      describe_factory: DescribeFactory = admin_describe) -> TopicTimestampLimits:
     """The destination topics' timestamp limits (router/timestamps.py), read with an admin
     client of the router's connection settings (tests hand a fake `describe_factory`)."""
-    admin = {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
+    admin = logged_config(config)
     return TopicTimestampLimits(describe_factory(admin))

@@ -402,6 +402,7 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
 
     assert result.exit_code == 1
     assert result.stderr.startswith("error: Postgres at 127.0.0.1:9/db: ")
+    assert "check --dsn (env CDC_ROUTER_PG_DSN)" in result.stderr
     assert result.stderr.count("\n") == 1
     assert "hunter2" not in result.stderr
 

@@ -140,3 +140,18 @@ def test_a_refusal_as_unknown_of_a_topic_now_not_authorised_is_the_records() -> 
     DestinationMetadata(lookup).check_refusal("orders", refusal)  # returns: a dead letter
     with pytest.raises(BatchFailed, match="metadata lags"):
         DestinationMetadata(lambda topic, timeout_s: 3).check_refusal("orders", refusal)
+
+
+def test_every_command_builds_its_kafka_clients_with_the_logged_config() -> None:
+    # QA, session 28: `dlq list` against an unreachable broker printed about 600 raw
+    # librdkafka lines to stderr in 30 s; its client lacked the logger (and RepeatFilter).
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "cdc_router"
+    raw = [str(path.relative_to(package)) for path in package.rglob("*.py")
+           if ".kafka.librdkafka()" in path.read_text("utf-8")
+           and path.name != "clients.py"]
+    assert raw == [], "build Kafka clients from clients.logged_config(config)"
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "t"}]})
+    assert clients.logged_config(config)["logger"].name == "cdc_router.librdkafka"
