@@ -35,6 +35,9 @@ def record_headers(message: Message) -> list[tuple[str, bytes]]:
 # A source topic still missing after this long is named again at WARNING (a typo in
 # source.topics looks like a raw topic Debezium has not created yet), then as often.
 SOURCE_MISSING_WARN_S = 300.0
+# librdkafka repeats the error at every metadata refresh while the topic is missing (5 s for
+# the router's consumer): a longer silence means it was found in between.
+SOURCE_MISSING_EPISODE_S = 60.0
 
 
 class SourceErrors:
@@ -45,7 +48,7 @@ class SourceErrors:
         self._log = log
         self._clock = clock
         self._missing_since: float | None = None
-        self._missing_logged = 0.0
+        self._missing_logged = self._missing_seen = 0.0
 
     def handle(self, error: KafkaError) -> None:
         """Nothing for the end of a partition; a wait for a raw topic not created yet;
@@ -55,6 +58,10 @@ class SourceErrors:
         if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             # Debezium creates the raw topic with its first event: not an error, a wait.
             now = self._clock()
+            if self._missing_since is not None and \
+                    now - self._missing_seen > SOURCE_MISSING_EPISODE_S:
+                self._missing_since = None  # found in between: a new episode
+            self._missing_seen = now
             if self._missing_since is None:
                 self._log.info("event=source_topic_missing detail=%r", error.str())
                 self._missing_since = self._missing_logged = now

@@ -1,9 +1,9 @@
 """The relay's dead letters: a row as read, as JSON, and the event read back from one.
 
 A router dead letter holds the raw change event; the relay has none, so its letter's value is
-the row itself, `{"source": {table, seq, txid}, "after": {column: value}}` (values as
-Debezium's JsonConverter would send them), and `columns` when the reader knew a column's
-Connect schema (a bytea payload). `dlq replay` rebuilds the event from it with the relay's own
+the row itself, `{"source": {table, seq, txid}, "after": {column: value}, "columns": {...}}`
+(values as Debezium's JsonConverter would send them; `columns`: the Connect schemas the reader
+knew, a bytea payload's). `dlq replay` rebuilds the event from it with the relay's own
 decoding (debezium.event_from_row), then routes it like any other letter.
 """
 
@@ -21,10 +21,8 @@ from cdc_router.router.debezium import OutboxEvent
 def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
                  columns: dict[str, dict[str, Any]]) -> bytes:
     """The value of the relay's dead letter of one row."""
-    document: dict[str, Any] = {"source": {"table": table, "seq": seq, "txid": txid},
-                                "after": values}
-    if columns:
-        document["columns"] = columns
+    document = {"source": {"table": table, "seq": seq, "txid": txid}, "after": values,
+                "columns": columns}
     return json.dumps(document, ensure_ascii=False).encode(errors="replace")
 
 
@@ -41,6 +39,11 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     source = document.get("source")
     txid = source.get("txid") if isinstance(source, dict) else None
     columns = document.get("columns")
+    if not isinstance(columns, dict) and settings.payload_type == "auto":
+        # Written before letters kept the columns' types: a bytea payload's base64 text
+        # would pass for JSON.
+        raise DecodeError("a relay dead letter of an earlier version, without its columns' "
+                          "types: set source.payload_type (json or bytes) to replay it")
     return debezium.event_from_row(after, settings,
                                    columns=columns if isinstance(columns, dict) else None,
                                    tx_id=txid if isinstance(txid, int) else None)

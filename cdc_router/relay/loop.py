@@ -127,6 +127,7 @@ class OutboxRelay:
         self._aborts = 0
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal = ProducerRenewal()
+        self._needs_init = False  # a renewed producer's init_transactions, and the position
         self._lock_checked = 0.0
         self.last_poll = time.monotonic()
 
@@ -221,18 +222,30 @@ class OutboxRelay:
     # One batch ------------------------------------------------------------------------------
 
     def _renew(self, failure: FatalKafkaError) -> None:
-        """A new producer after the old one failed for good on its own (router/renewal.py);
-        the batch is read again from the position last committed."""
+        """A new producer after the old one failed for good on its own (router/renewal.py),
+        only while this relay still holds its table's lock (else another relay may own the
+        transactional id by now); the batch is read again from the position the position
+        topic holds once the new producer is initialised (_cycle)."""
+        self._lock_checked = 0.0
+        self._check_lock()
         log.warning("event=producer_renewed table=%s reason=%r", self._table, str(failure))
         if self._replay is not None:
             self._replay.abort()
         self._destinations.clear()
         self._txn.renew()
-        self._pending_abort = False
+        self._pending_abort, self._needs_init = False, True
 
     def _cycle(self) -> bool:
         """Read and deliver one batch; True when the next one should follow at once."""
         limit = self._relay.batch_rows
+        if self._needs_init:
+            try:
+                self._txn.init()
+                self.position = self._stored_position(clients.common_config(self._config))
+            except (BatchFailed, KafkaException) as failure:
+                self._back_off(f"starting a new producer: {failure}")
+                return True
+            self._needs_init = False
         if self._pending_abort:
             try:
                 self._txn.abort()

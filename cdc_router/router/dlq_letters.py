@@ -170,7 +170,7 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         if not ours(letter.source_topic, letter.source_group):
             planned.append(Planned(letter, "not_replayable", note=(
                 f"another pipeline's: written by group {letter.source_group!r}, not this "
-                "config's source.group_id" if letter.source_group is not None else
+                "config's source.group_id" if ours(letter.source_topic, None) else
                 f"another pipeline's: its source {letter.source_topic!r} is none of this "
                 "config's source.topics (nor its relay.table)")))
             continue

@@ -102,10 +102,11 @@ def _check(config: RouterConfig) -> None:
 
 
 def sources_of(config: RouterConfig) -> OursTest:
-    """Whether a dead letter is this config's pipeline's: written by its source.group_id
-    (dlq.source.group); in a letter of an earlier version without that header, by its
-    dlq.source.topic: one of source.topics (a `^regex` one by its pattern), or the relay's
-    table. Two pipelines may read one raw topic and share a dead-letter topic."""
+    """Whether a dead letter is this config's pipeline's: its dlq.source.topic is one of
+    source.topics (a `^regex` one by its pattern) or the relay's table, and its
+    dlq.source.group (absent in letters of earlier versions) is this source.group_id. Both:
+    two pipelines may read one raw topic and share a dead-letter topic, and a router and a
+    relay of one outbox share a group but not their configs' sources."""
     names = {topic for topic in config.source.topics if not topic.startswith("^")}
     patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
     if config.relay is not None:
@@ -113,8 +114,8 @@ def sources_of(config: RouterConfig) -> OursTest:
     group = config.source.group_id
 
     def ours(topic: str, letter_group: str | None) -> bool:
-        if letter_group is not None:
-            return letter_group == group
+        if letter_group is not None and letter_group != group:
+            return False
         return topic in names or any(pattern.search(topic) for pattern in patterns)
     return ours
 

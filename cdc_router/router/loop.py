@@ -104,7 +104,7 @@ class OutboxRouter:
         self._txn: Transaction | None = None
         self._consecutive_aborts = 0
         self._after_refusal = False  # the last abort was a record's refusal
-        self._pending_abort = self._needs_rewind = False
+        self._pending_abort = self._needs_rewind = self._needs_init = False
         self._source_errors = SourceErrors(log)
         self.last_poll = clock()
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
@@ -284,7 +284,7 @@ class OutboxRouter:
             self._replay.abort()
         self._destinations.clear()
         self._txn.renew()
-        self._pending_abort, self._needs_rewind = False, True
+        self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
 
     def _commit(self, *, backoff: bool = True) -> bool:
         """Commit the open batch; False when it failed and was aborted (rewind pending)."""
@@ -344,9 +344,13 @@ class OutboxRouter:
             self._wait(delay)
 
     def _recovered(self) -> bool:
-        """Finish an abort that failed and the rewind; False (after a backoff) if not yet."""
+        """Finish an abort that failed, a renewed producer's init and the rewind; False (after
+        a backoff) if not yet."""
         assert self._txn is not None
         try:
+            if self._needs_init:
+                self._txn.init()
+                self._needs_init = False
             if self._pending_abort:
                 self._txn.abort()
                 self._pending_abort = False

@@ -292,10 +292,9 @@ class Transaction:
 
     def renew(self) -> None:
         """Forget the open batch and start over on a new producer (LatchingProducer.renew),
-        after the old one failed for good on its own (router/renewal.py)."""
+        after the old one failed for good on its own (router/renewal.py); init() it next."""
         self._reset()
         self._producer.renew()
-        self.init()
 
     def _reset(self) -> None:
         self._batch = _Batch()

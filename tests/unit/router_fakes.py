@@ -71,6 +71,7 @@ class FakeCluster:
     fenced: bool = False
     producers_initialised: int = 0  # init_transactions calls, of every producer
     producers_purged: int = 0
+    init_failures: list[KafkaError] = field(default_factory=list)  # next init_transactions
     journal: list[str] = field(default_factory=list)
     created_topics: list[str] = field(default_factory=list)
     # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
@@ -173,6 +174,8 @@ class FakeProducer:
 
     def init_transactions(self, timeout: float) -> None:
         self._fence_check()
+        if self.cluster.init_failures:
+            raise KafkaException(self.cluster.init_failures.pop(0))
         self.cluster.producers_initialised += 1
 
     def purge(self) -> None:

@@ -181,6 +181,9 @@ def test_letters_of_another_group_on_the_same_raw_topic_are_neither_replayed_nor
         "source": {"topics": [RAW], "group_id": "a"}, "routes": [{"topic": "customers"}]})
     ours = sources_of(config)
     assert (ours(RAW, "a"), ours(RAW, "b"), ours(RAW, None)) == (True, False, True)
+    # Review, session 28: a relay of the same outbox shares the group, not the config's
+    # sources: its letters are not this router config's to replay.
+    assert ours("public.outbox", "a") is False
     theirs = letter("e", group="b")
     assert theirs.source_group == "b"
     mine = [item for item in [theirs] if ours(item.source_topic, item.source_group)]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
@@ -161,13 +161,40 @@ def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read
     table.now = Snapshot(11, 11)
     cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
                                               txn_requires_abort=True))
-    cluster.abort_failures.append(KafkaError(
-        KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True))
+
+    def refuse_the_abort(timeout: float) -> None:
+        # Review, session 28: the new producer's init can time out too: retried, no traceback.
+        cluster.init_failures.append(KafkaError(KafkaError._TIMED_OUT, "init timed out",
+                                                retriable=True))
+        raise KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end "
+                                        "transaction", fatal=True))
+
     relay, delivered = _relay(cluster, table)
+    relay._producer.client.abort_transaction = refuse_the_abort  # type: ignore[method-assign]
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
-    assert cluster.producers_initialised == 2
+    assert cluster.producers_initialised == 2 and cluster.init_failures == []
     assert relay.position == RelayPosition(Snapshot(11, 11))
+
+
+def test_a_relay_that_lost_its_lock_stops_instead_of_renewing_its_producer() -> None:
+    # Review, session 28: another relay may own the transactional id by now.
+    cluster, table, lock = _cluster(), FakeTable(), FakeLock()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                              txn_requires_abort=True))
+
+    def lose_lock_then_fail(timeout: float) -> None:
+        lock.alive = False
+        raise KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end "
+                                        "transaction", fatal=True))
+
+    relay, _ = _relay(cluster, table, lock=lock)
+    relay._producer.client.abort_transaction = lose_lock_then_fail  # type: ignore[method-assign]
+    with pytest.raises(DatabaseError, match="lost its lock"):
+        relay.run()
+    assert cluster.producers_initialised == 1
 
 
 def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
