@@ -52,8 +52,8 @@ DESCRIBE_TIMEOUT_S = 5.0
 # Before Kafka 3.6 one symmetric limit; without it (and without the newer keys) there is none.
 _LEGACY_LIMIT = "message.timestamp.difference.max.ms"
 _UNLIMITED = 2**63 - 1
-# A record must stay this long on its topic at least (never more than half the retention):
-# time for consumers to read it.
+# A record must stay this long on its topic at least (never more than a tenth of the retention,
+# so that a backlog on a short-retention topic still flows): time for consumers to read it.
 RETENTION_HEADROOM_MS = 3_600_000
 RETENTION_HINT = ("; set delivery.record_timestamp: now to deliver old rows with the router's "
                   "clock, or raise the topic's retention.ms")
@@ -79,7 +79,7 @@ class TimestampLimits:
         minutes; None when neither."""
         retention = self.retention_ms
         if retention is not None:
-            headroom = min(RETENTION_HEADROOM_MS, retention // 2)
+            headroom = min(RETENTION_HEADROOM_MS, retention // 10)
             if timestamp_ms < now_ms - retention + headroom:
                 return (f"its timestamp {_iso(timestamp_ms)} is "
                         f"{(now_ms - timestamp_ms) / 86_400_000:.2f} days old, within "
