@@ -110,8 +110,9 @@ class OutboxRelay:
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
         self._destinations = DestinationMetadata(self._producer.partitions_for)
+        self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
-                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
+                                timestamp_limits=clients.timestamp_limits(self._describe))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.
@@ -126,8 +127,7 @@ class OutboxRelay:
         self.position = RelayPosition()
         self._aborts = 0
         self._pending_abort = False  # an abort that failed, to finish before the next batch
-        self._renewal = ProducerRenewal()
-        self._needs_init = False  # a renewed producer's init_transactions, and the position
+        self._renewal, self._needs_init = ProducerRenewal(), False
         self._lock_checked = 0.0
         self.last_poll = time.monotonic()
 
@@ -183,6 +183,7 @@ class OutboxRelay:
         except BatchFailed as failure:
             raise DeliveryError(str(failure)) from failure
         require_own_topics(self._config, self._destinations.partitions)
+        self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
         restored = 0
         if self._replay is not None:
@@ -223,9 +224,9 @@ class OutboxRelay:
 
     def _renew(self, failure: FatalKafkaError) -> None:
         """A new producer after the old one failed for good on its own (router/renewal.py),
-        only while this relay still holds its table's lock (else another relay may own the
-        transactional id by now); the batch is read again from the position the position
-        topic holds once the new producer is initialised (_cycle)."""
+        only while this relay still holds its table's lock (else another relay may own the id
+        by now); once it is initialised (_cycle), the batch is read again from the stored
+        position."""
         self._lock_checked = 0.0
         self._check_lock()
         log.warning("event=producer_renewed table=%s reason=%r", self._table, str(failure))

@@ -8,15 +8,26 @@ a name rendered from row data would create that topic.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from confluent_kafka import KafkaException
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
-from cdc_router.router.timestamps import DescribeFactory, TopicTimestampLimits, admin_describe
+from cdc_router.router.timestamps import (
+    DESCRIBE_TIMEOUT_S,
+    Describe,
+    DescribeFactory,
+    TopicTimestampLimits,
+    admin_describe,
+)
+
+log = logging.getLogger("cdc_router.router")
 
 _NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
@@ -97,10 +108,22 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
     }
 
 
-def dead_letter_limit(config: RouterConfig) -> int:
-    """The largest dead letter the router's producer sends whole (its message.max.bytes)."""
-    return dead_letter_max_bytes(config.kafka.producer.get(
+def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) -> int:
+    """The largest dead letter the router sends whole: within its producer's
+    message.max.bytes and, with `describe` (one DescribeConfigs, at start), within the
+    dead-letter topic's max.message.bytes: a producer allowed bigger records than the topic
+    would have its letters refused, and a refused letter stops the router."""
+    limit = dead_letter_max_bytes(config.kafka.producer.get(
         "message.max.bytes", config.kafka.config.get("message.max.bytes")))
+    if describe is None:
+        return limit
+    topic = config.dead_letter.topic
+    try:
+        topic_max = describe(topic, DESCRIBE_TIMEOUT_S).get("max.message.bytes")
+        return min(limit, dead_letter_max_bytes(topic_max)) if topic_max else limit
+    except (KafkaException, TimeoutError, ValueError) as error:
+        log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+        return limit
 
 
 def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPublisher | None:
@@ -113,9 +136,13 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
                               options=connect_options(config.nats))
 
 
-def timestamp_limits(config: RouterConfig,
-                     describe_factory: DescribeFactory = admin_describe) -> TopicTimestampLimits:
-    """The destination topics' timestamp limits (router/timestamps.py), read with an admin
-    client of the router's connection settings (tests hand a fake `describe_factory`)."""
-    admin = logged_config(config)
-    return TopicTimestampLimits(describe_factory(admin))
+def topic_describe(config: RouterConfig,
+                   describe_factory: DescribeFactory = admin_describe) -> Describe:
+    """describe(topic, timeout_s): a topic's configuration, by one admin client of the
+    router's connection settings, made on first use (tests hand a fake `describe_factory`)."""
+    return describe_factory(logged_config(config))
+
+
+def timestamp_limits(describe: Describe) -> TopicTimestampLimits:
+    """The destination topics' timestamp and retention limits (router/timestamps.py)."""
+    return TopicTimestampLimits(describe)

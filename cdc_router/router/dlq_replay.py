@@ -141,8 +141,9 @@ class DeadLetterReplay:
         self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids)
         destinations = DestinationMetadata(self._producer.partitions_for)
+        self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen,
-                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
+                                timestamp_limits=clients.timestamp_limits(self._describe))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.
@@ -178,6 +179,7 @@ class DeadLetterReplay:
                 txn.init()
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
+            self._max_bytes = clients.dead_letter_limit(self._config, self._describe)
         marks = list(self._changelog.catch_up(timeout_s=_READ_TIMEOUT_S))
         letters, ends = self._read_letters()
         ours = sources_of(self._config)

@@ -92,10 +92,11 @@ class OutboxRouter:
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),
                                           producer_factory)
         self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
+        self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None
                                 else lambda event_id: False,
-                                timestamp_limits=clients.timestamp_limits(config, describe_factory))
+                                timestamp_limits=clients.timestamp_limits(self._describe))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._renewal = ProducerRenewal()
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
@@ -138,6 +139,7 @@ class OutboxRouter:
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
             require_own_topics(self._config, self._destinations.partitions)
+            self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
             consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,

@@ -247,3 +247,27 @@ def _read_until(pipe: Pipeline, topic: str, wanted: set[str],
         records = pipe.read_all(topic, settle_s=3)
         if wanted <= {event_id(r) for r in records} or time.monotonic() > deadline:
             return records
+
+
+def test_a_big_letter_fits_the_dead_letter_topic_when_the_producer_allows_bigger_records(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Found in session 28: with kafka.producer message.max.bytes raised to 8 MB (for big
+    # events) and the dead-letter topic at its 1 MB default, a 1.5 MB poison row's letter was
+    # sized for 8 MB, refused by the topic, and the refusal stopped the router.
+    big = {"producer.override.max.request.size": "16777216"}
+    producer = {"kafka": {"producer": {"message.max.bytes": 8_000_000}}}
+    with pipeline(stack, tmp_path, partitions=2, connector=big, config=producer) as pipe:
+        set_topic_config(pipe, pipe.raw_topic, "max.message.bytes", "16777216")
+        pipe.start_router()
+        rows = ordinary(20)
+        rows.insert(10, {"aggregate_id": "big", "payload": json.dumps({"s": "x" * 1_500_000})})
+        ids = insert(pipe, rows)
+        letters = pipe.read(pipe.dlq_topic, 1, timeout_s=120)
+        orders = pipe.read(pipe.orders_topic, 20)
+        still_running = pipe.routers["a"].poll() is None
+        log = pipe.router_log()
+    assert still_running and len(orders) == 20, log[-3000:]
+    headers = dict(letters[0].headers())
+    assert headers["dlq.event.id"].decode() == ids[10]
+    assert "over delivery.max_payload_bytes" in headers["dlq.error.message"].decode()
+    assert int(headers["dlq.value.dropped.bytes"]) > 1_500_000, "sent without its value"

@@ -155,3 +155,23 @@ def test_every_command_builds_its_kafka_clients_with_the_logged_config() -> None
     config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
                                           "routes": [{"topic": "t"}]})
     assert clients.logged_config(config)["logger"].name == "cdc_router.librdkafka"
+
+
+def test_dead_letters_fit_the_dead_letter_topic_when_the_producer_allows_bigger_records() -> None:
+    # Found measuring the relay (session 28): kafka.producer message.max.bytes raised to 8 MB
+    # for big events, the dead-letter topic at its 1 MB default: a big poison record's letter
+    # was sized for 8 MB, refused by the topic, and the refusal stopped the relay.
+    from cdc_router.dead_letter import HEADROOM_BYTES
+
+    config = RouterConfig.model_validate({
+        "source": {"topics": ["raw"]}, "routes": [{"topic": "t"}],
+        "kafka": {"producer": {"message.max.bytes": 8_000_000}}})
+    assert clients.dead_letter_limit(config) == 8_000_000 - HEADROOM_BYTES
+    topic = {"max.message.bytes": "1048588"}
+    assert clients.dead_letter_limit(config, lambda name, timeout_s: topic) == \
+        1_048_588 - HEADROOM_BYTES
+
+    def unreadable(name: str, timeout_s: float) -> dict[str, str]:
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    assert clients.dead_letter_limit(config, unreadable) == 8_000_000 - HEADROOM_BYTES
