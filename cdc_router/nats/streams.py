@@ -39,7 +39,10 @@ def wanted(spec: StreamSpec) -> dict[str, Any]:
     return {"subjects": sorted(spec.subjects),
             "duplicate_window": spec.duplicate_window_ms / 1000,
             "max_age": spec.max_age_ms / 1000, "max_bytes": spec.max_bytes,
-            "max_msgs": spec.max_msgs, "storage": spec.storage, "num_replicas": spec.replicas}
+            "max_msgs": spec.max_msgs, "storage": spec.storage, "num_replicas": spec.replicas,
+            # Always old: with `discard: new` a full stream refuses every publish, and the
+            # router, which cannot tell that from an outage, stalls every route (README).
+            "discard": "old"}
 
 
 _FIXED = ("storage", "num_replicas")  # JetStream refuses to change these on a live stream
@@ -61,6 +64,10 @@ def plan_streams(specs: Sequence[StreamSpec],
                          "(JetStream cannot change it on a live stream)"
                          for key, value in want.items()
                          if key in _FIXED and have.get(key) != value)
+        size = have.get("max_msg_size")
+        if isinstance(size, int) and size >= 0:
+            warnings += (f"max_msg_size is {size} (set outside the config): a bigger event "
+                         "is dead-lettered (stage produce)",)
         plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
                                 warnings))
     return plans
@@ -120,22 +127,25 @@ class StreamAdmin:
                 "duplicate_window": config.duplicate_window, "max_age": config.max_age,
                 "max_bytes": config.max_bytes, "max_msgs": config.max_msgs,
                 "storage": getattr(config.storage, "value", config.storage),
-                "num_replicas": config.num_replicas}
+                "num_replicas": config.num_replicas,
+                "discard": getattr(config.discard, "value", config.discard) or "old",
+                "max_msg_size": config.max_msg_size}
         return found
 
     @staticmethod
     async def _write(js: Any, work: list[tuple[StreamSpec, StreamPlan]]) -> None:
-        from nats.js.api import StorageType, StreamConfig
+        from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
         for spec, plan in work:
             settings = wanted(spec)
             if plan.action == "create":
                 await js.add_stream(StreamConfig(
-                    name=spec.name, **{**settings, "storage": StorageType(spec.storage)}))
+                    name=spec.name, **{**settings, "storage": StorageType(spec.storage),
+                                       "discard": DiscardPolicy.OLD}))
             elif plan.action == "update":
                 current = (await js.stream_info(spec.name)).config
                 for key, (_, value) in plan.changes.items():
-                    setattr(current, key, value)
+                    setattr(current, key, DiscardPolicy(value) if key == "discard" else value)
                 await js.update_stream(current)
 
 

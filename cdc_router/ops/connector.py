@@ -47,11 +47,11 @@ def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None
 
 
 def connector_state(status: ConnectorStatus) -> ConnectorState:
-    tasks = tuple(TaskState(task.id, task.state, task.worker_id, _first_line(task.trace)
+    tasks = tuple(TaskState(task.id, task.state, task.worker_id, failure_of(task.trace)
                             if task.state == "FAILED" else None) for task in status.tasks)
     return ConnectorState(name=status.name, exists=True, state=status.state,
                           worker_id=status.worker_id, tasks=tasks,
-                          failure=_first_line(status.trace) if status.state == "FAILED" else None)
+                          failure=failure_of(status.trace) if status.state == "FAILED" else None)
 
 
 def capture_of(config: dict[str, str]) -> Capture:
@@ -61,6 +61,15 @@ def capture_of(config: dict[str, str]) -> Capture:
                    config.get("publication.name", DEFAULT_PUBLICATION), table)
 
 
-def _first_line(trace: str | None) -> str | None:
-    lines = (trace or "").strip().splitlines()
-    return lines[0] if lines else None
+def failure_of(trace: str | None) -> str | None:
+    """A failed connector's or task's Java trace in one line: its first line and, when the
+    trace has one, its root cause (the last `Caused by:`). Debezium wraps most failures in the
+    same first line ("An exception occurred in the change event producer"), and the cause
+    (a publication missing, a refused login, a bad setting) is what says what to do."""
+    lines = [line.strip() for line in (trace or "").strip().splitlines()]
+    if not lines:
+        return None
+    causes = [line.removeprefix("Caused by:").strip() for line in lines
+              if line.startswith("Caused by:")]
+    return f"{lines[0]} (root cause: {causes[-1]})" if causes and causes[-1] != lines[0] \
+        else lines[0]

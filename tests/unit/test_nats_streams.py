@@ -28,3 +28,13 @@ def test_storage_and_replicas_are_never_changed_only_warned_about() -> None:
     [plan] = plan_streams([ORDERS], {"ORDERS": live})
     assert plan.action == "unchanged"
     assert [w.split(" is ")[0] for w in plan.warnings] == ["storage", "num_replicas"]
+
+
+def test_a_stream_switched_to_discard_new_is_put_back_and_a_message_size_limit_is_named() -> None:
+    # QA, session 28: both were "unchanged", though discard new stalls the whole router.
+    drifted = {**wanted(ORDERS), "discard": "new", "max_msg_size": 1024}
+    [plan] = plan_streams([ORDERS], {"ORDERS": drifted})
+    assert plan.action == "update" and plan.changes == {"discard": ("new", "old")}
+    assert any("max_msg_size is 1024" in warning for warning in plan.warnings)
+    unlimited = {**wanted(ORDERS), "max_msg_size": -1}
+    assert plan_streams([ORDERS], {"ORDERS": unlimited})[0].action == "unchanged"

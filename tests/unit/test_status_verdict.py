@@ -250,3 +250,20 @@ def test_one_part_down_is_one_line_naming_the_sections_it_left_unchecked() -> No
         error=down), outbox=OutboxState(error=down))
     assert lines(report) == ["critical: wal, publication, outbox: cannot check it: Postgres: "
                              "connection refused"]
+
+
+def test_a_failed_connectors_line_names_the_root_cause_of_its_trace() -> None:
+    # QA, session 28: Debezium's first trace line is nearly always the same wrapper; the
+    # `Caused by:` line is what says what to do.
+    from cdc_router.ops.connector import failure_of
+
+    trace = ("org.apache.kafka.connect.errors.ConnectException: An exception occurred in the "
+             "change event producer. This connector will be stopped.\n\tat io.debezium.X(X.java:1)"
+             "\nCaused by: io.debezium.DebeziumException: wrapped\n\tat y\nCaused by: "
+             "io.debezium.DebeziumException: Publication autocreation is disabled, please "
+             "create one and restart the connector.\n\tat z")
+    line = failure_of(trace)
+    assert line is not None and line.startswith("org.apache.kafka.connect.errors")
+    assert line.endswith("(root cause: io.debezium.DebeziumException: Publication autocreation"
+                         " is disabled, please create one and restart the connector.)")
+    assert failure_of("just one line") == "just one line" and failure_of(None) is None
