@@ -22,6 +22,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.ops.exporter import StatusCollector, serve
+from cdc_router.ops.isolated import IsolatedChecks
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.report import Report
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
@@ -91,9 +92,17 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         # A watching exporter is stopped as a service is (docker stop, systemd): SIGTERM ends
         # it like Ctrl-C, with the last verdict's exit code.
         signal.signal(signal.SIGTERM, _interrupt)
+    # Watching, each check runs in a worker process that a librdkafka crash cannot take the
+    # watch (or the exporter) down with (ops/isolated.py).
+    checks = IsolatedChecks(check) if watch_s is not None else check
     try:
         while True:
-            report = check(config, endpoints, connector=connector)
+            report = checks(config, endpoints, connector=connector)
+            if isinstance(report, str):
+                click.echo(f"critical: cannot check: {report}", err=True)
+                code = EXIT_CODES["critical"]
+                time.sleep(watch_s or 0)
+                continue
             problems = judge(report, config.status, previous)
             code = EXIT_CODES[verdict(problems)]
             if collector is not None:
@@ -105,6 +114,9 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
             time.sleep(watch_s)
     except KeyboardInterrupt:
         pass
+    finally:
+        if isinstance(checks, IsolatedChecks):
+            checks.close()
     raise SystemExit(code)
 
 
