@@ -16,6 +16,7 @@ from cdc_router.config.source import SourceSettings
 from cdc_router.errors import DecodeError
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
+from cdc_router.serde.json import parse_json
 
 
 def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
@@ -30,8 +31,8 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     """The event of a relay dead letter's row; DecodeError when it is not one, or the row
     still fails to decode."""
     try:
-        document = json.loads(value or b"")
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        document = parse_json(value or b"")
+    except ValueError:  # malformed, too deep, or not UTF-8 (UnicodeDecodeError)
         document = None
     after = document.get("after") if isinstance(document, dict) else None
     if not isinstance(after, dict):

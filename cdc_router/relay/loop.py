@@ -53,13 +53,11 @@ from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusa
 from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import (
-    PROCESS_LEVEL,
     DeadLettered,
     Duplicate,
     RecordStep,
     Routed,
     StepResult,
-    decode_letter,
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Delivered, Transaction
@@ -264,7 +262,7 @@ class OutboxRelay:
             self._back_off(f"Postgres: {one_line(error)}")
             return True
         # A batch cut at relay.batch_bytes is full: the read goes on after it.
-        full = len(rows) if getattr(rows, "truncated", False) else limit
+        full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
         if not rows:
             self.position = following  # nothing between the two snapshots: no commit needed
@@ -296,14 +294,8 @@ class OutboxRelay:
             self._on_delivered(delivered)
 
     def _result(self, row: RelayRow) -> StepResult:
-        try:
-            event = debezium.event_from_row(row.values, self._config.source,
-                                            columns=self._reader.columns, tx_id=row.txid)
-        except PROCESS_LEVEL:
-            raise
-        except Exception as error:
-            return decode_letter(error)
-        return self._step.event(event)
+        return self._step.decoded(lambda: debezium.event_from_row(
+            row.values, self._config.source, columns=self._reader.columns, tx_id=row.txid))
 
     def _handle(self, row: RelayRow, result: StepResult) -> None:
         source = (self._table, 0, row.seq)

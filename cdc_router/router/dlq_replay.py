@@ -55,12 +55,10 @@ from cdc_router.router.dlq_letters import (
 )
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
-    PROCESS_LEVEL,
     DeadLettered,
     RecordStep,
     Routed,
     StepResult,
-    decode_letter,
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
@@ -157,13 +155,7 @@ class DeadLetterReplay:
         relay = self._config.relay
         if relay is None or topic != relay.qualified_table:
             return self._step(topic, key, value)
-        try:
-            event = letter_event(value, self._config.source)
-        except PROCESS_LEVEL:
-            raise
-        except Exception as error:
-            return decode_letter(error)
-        return self._step.event(event)
+        return self._step.decoded(lambda: letter_event(value, self._config.source))
 
     def plan(self, selection: Selection) -> ReplayPlan:
         """Steps 1 to 3 of the module doc; nothing is produced."""

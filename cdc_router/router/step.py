@@ -183,6 +183,17 @@ class RecordStep:
             return Duplicate(event.event_id)
         return self.route(event)
 
+    def decoded(self, decode: Callable[[], OutboxEvent]) -> StepResult:
+        """The step for an event decoded otherwise than from a change record (a relay's row,
+        a relay's dead letter): a failure of `decode` is the record's decode letter."""
+        try:
+            event = decode()
+        except PROCESS_LEVEL:
+            raise
+        except Exception as error:
+            return decode_letter(error)
+        return self.event(event)
+
     def route(self, event: OutboxEvent) -> StepResult:
         """Route and serialize one decoded event."""
         try:

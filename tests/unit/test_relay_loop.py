@@ -16,7 +16,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DatabaseError
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
-from cdc_router.relay.reader import RelayRow
+from cdc_router.relay.reader import FetchedRows, RelayRow
 from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakeProducer, Stored
 
@@ -44,10 +44,11 @@ class FakeTable:
     def snapshot(self) -> Snapshot:
         return self.now
 
-    def fetch(self, position: RelayPosition, limit: int) -> list[RelayRow]:
+    def fetch(self, position: RelayPosition, limit: int) -> FetchedRows:
         self.fetches += 1
-        return sorted((row for row in self.rows if position.wanted(row.txid, row.seq)),
-                      key=lambda row: row.seq)[:limit]
+        return FetchedRows(sorted((row for row in self.rows
+                                   if position.wanted(row.txid, row.seq)),
+                                  key=lambda row: row.seq)[:limit])
 
     def reset(self) -> None:
         pass
