@@ -314,6 +314,18 @@ def java_command(config: StackConfig, heap_mb: int, main: str, *args: str) -> li
             "-cp", f"{config.kafka_libs}/*", main, *args]
 
 
+def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A new cluster id as Kafka writes one: 16 random bytes, URL-safe base64 without padding.
+
+    Like Kafka's own ``Uuid.randomUuid()``, an id that starts with ``-`` is drawn again: one
+    in 64 does, and ``kafka-storage format`` reads such an id as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def _start_kafka(config: StackConfig) -> int:
     base = config.part_dir("kafka")
     base.mkdir(parents=True, exist_ok=True)
@@ -321,9 +333,9 @@ def _start_kafka(config: StackConfig) -> int:
     properties = base / "server.properties"
     properties.write_text(to_properties(kafka_properties(config)))
     if not (config.kafka_data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         command = java_command(config, 256, "kafka.tools.StorageTool", "format",
-                                "-t", cluster_id, "-c", str(properties))
+                                f"--cluster-id={kafka_cluster_id()}",
+                                f"--config={properties}")
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise StackError(f"formatting Kafka's log directory failed: "
