@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tarfile
@@ -29,7 +30,8 @@ def ensure_jars(config: StackConfig, say: Callable[[str], None]) -> None:
 
 def _resolve(name: str, target: Path, cache: Path, say: Callable[[str], None],
              excludes: tuple[str, ...]) -> None:
-    if (target / _COMPLETE).exists():
+    pom = _POMS / name / "pom.xml"
+    if _is_complete(target, pom):
         return
     say(f"jars      resolving {name} from Maven Central into {target.parent}")
     with tempfile.TemporaryDirectory(dir=_mkdir(cache), prefix=f".{name}-") as work:
@@ -37,7 +39,7 @@ def _resolve(name: str, target: Path, cache: Path, say: Callable[[str], None],
         _maven(name, cache, Path(work), ["dependency:copy-dependencies",
                                          f"-DoutputDirectory={staging}",
                                          "-DincludeScope=runtime", *excludes])
-        _install(staging, target)
+        _install(staging, target, pom)
 
 
 def ensure_registry(config: StackConfig, say: Callable[[str], None]) -> None:
@@ -45,7 +47,8 @@ def ensure_registry(config: StackConfig, say: Callable[[str], None]) -> None:
     the POM's `dependency:get` into the cache's Maven repository, then unpacked; no network
     once cached."""
     target, cache = config.registry_app, config.jar_cache
-    if (target / _COMPLETE).exists():
+    pom = _POMS / "registry" / "pom.xml"
+    if _is_complete(target, pom):
         return
     say(f"jars      resolving the schema registry from Maven Central into {target.parent}")
     with tempfile.TemporaryDirectory(dir=_mkdir(cache), prefix=".registry-") as work:
@@ -58,7 +61,7 @@ def ensure_registry(config: StackConfig, say: Callable[[str], None]) -> None:
                 archive.extractall(staging, filter="data")
             else:
                 archive.extractall(staging)
-        _install(staging, target)
+        _install(staging, target, pom)
 
 
 def _mkdir(path: Path) -> Path:
@@ -86,9 +89,21 @@ def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
                          "(check that Maven Central is reachable, then run `up` again)")
 
 
-def _install(staging: Path, target: Path) -> None:
-    """Move a complete download into place, marked complete only once whole."""
-    (staging / _COMPLETE).write_text("")
+def _is_complete(target: Path, pom: Path) -> bool:
+    """Whether `target` holds a whole download of this very POM: one of an earlier POM (a
+    dependency added since) is resolved again."""
+    marker = target / _COMPLETE
+    return marker.exists() and marker.read_text().strip() == _digest(pom)
+
+
+def _digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
+
+
+def _install(staging: Path, target: Path, pom: Path) -> None:
+    """Move a complete download into place, marked complete (with its POM's digest) only once
+    whole."""
+    (staging / _COMPLETE).write_text(_digest(pom) + "\n")
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)

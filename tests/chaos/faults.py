@@ -30,6 +30,8 @@ from tests.chaos.stack import (
 MAIN = "main"
 SESSION_TIMEOUT_S = 10  # the router's session.timeout.ms (cdc_router/router/clients.py)
 RECOVERY_TIMEOUT_S = 300
+# No progress this long after a fault: look for a transaction Kafka left hanging.
+HANGING_CHECK_S = 120
 # The router's exit code for "restart me": a Kafka client call hung past its timeout
 # (cdc_router/kafka/watchdog.py) or its static member was fenced (sysexits' EX_TEMPFAIL).
 # Spelled here: the campaign drives the router as a user's supervisor would, by its command
@@ -178,13 +180,25 @@ class Injector:
 
     def _recovered(self, raw_end: int, started: float, record: FaultRecord) -> float | None:
         deadline = started + RECOVERY_TIMEOUT_S
+        checked = False
         while time.monotonic() < deadline:
             self._restart_exited(record)
+            if not checked and time.monotonic() - started > HANGING_CHECK_S:
+                checked = True
+                self._abort_hanging(record)
             committed = self._progress.committed()
             if committed is not None and committed > raw_end:
                 return round(time.monotonic() - started, 1)
             time.sleep(0.2)
         return None
+
+    def _abort_hanging(self, record: FaultRecord) -> None:
+        """Kafka's defect, not the router's: a note, and the operator's remedy (README)."""
+        aborted = self._stack.abort_hanging_transactions()
+        if aborted:
+            record.notes.append(f"Kafka left a hanging transaction after {record.kind}, "
+                                f"aborted with kafka-transactions: {', '.join(aborted)}")
+            self._connect.restart_all(self._connector_name)
 
     @staticmethod
     def _wait_value(probe: Callable[[], int | None]) -> int:

@@ -16,7 +16,13 @@ import httpx
 import psycopg
 
 from cdc_router.local import process
-from cdc_router.local.config import StackConfig, connect_properties, load_saved, to_properties
+from cdc_router.local.config import (
+    StackConfig,
+    connect_properties,
+    kafka_properties,
+    load_saved,
+    to_properties,
+)
 from cdc_router.local.stack import java_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +87,45 @@ class LocalStack:
             raise RuntimeError(f"chaos: local up failed: {result.stderr.strip()[-500:]}")
 
 
+    def abort_hanging_transactions(self) -> list[str]:
+        """Abort the transactions `kafka-transactions find-hanging` lists; the partitions.
+
+        Kafka 4.3.0 once left one in `connect-offsets` after a kill -9 (README, operations):
+        Connect's exactly-once task then never starts. This is the remedy README gives the
+        operator, with a 1-minute bound (the tool's default is 15) so the campaign goes on.
+        """
+        found = self._transactions("find-hanging", "--broker-id",
+                                   kafka_properties(self.config)["node.id"],
+                                   "--max-transaction-timeout", "1")
+        aborted = []
+        for topic, partition, start_offset in hanging_transactions(found):
+            self._transactions("abort", "--topic", topic, "--partition", partition,
+                               "--start-offset", start_offset)
+            aborted.append(f"{topic}-{partition} from offset {start_offset}")
+        return aborted
+
+    def _transactions(self, *args: str) -> str:
+        command = java_command(self.config, 256, "org.apache.kafka.tools.TransactionsCommand",
+                               "--bootstrap-server", self.config.bootstrap_servers, *args)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"chaos: kafka-transactions {args[0]} failed: "
+                               f"{(result.stderr or result.stdout).strip()[-500:]}")
+        return result.stdout
+
+
+def hanging_transactions(table: str) -> list[tuple[str, str, str]]:
+    """(topic, partition, start offset) of each row `find-hanging` printed (tab-separated,
+    under a header naming its columns)."""
+    lines = [line.split("\t") for line in table.splitlines() if line.strip()]
+    if not lines or "StartOffset" not in lines[0]:
+        return []
+    header = [column.strip() for column in lines[0]]
+    at = {name: header.index(name) for name in ("Topic", "Partition", "StartOffset")}
+    return [(row[at["Topic"]].strip(), row[at["Partition"]].strip(),
+             row[at["StartOffset"]].strip()) for row in lines[1:] if len(row) >= len(at)]
+
+
 class Connect:
     """Kafka Connect's REST API, just what the campaign needs."""
 
@@ -119,6 +164,10 @@ class Connect:
     def restart_failed(self, name: str) -> None:
         httpx.post(f"{self.url}/connectors/{name}/restart",
                    params={"includeTasks": "true", "onlyFailed": "true"}, timeout=60)
+
+    def restart_all(self, name: str) -> None:
+        httpx.post(f"{self.url}/connectors/{name}/restart",
+                   params={"includeTasks": "true"}, timeout=60)
 
     def wait_running(self, name: str, timeout_s: float = 240) -> bool:
         deadline = time.monotonic() + timeout_s

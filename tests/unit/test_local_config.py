@@ -236,3 +236,21 @@ def test_a_cluster_id_is_never_read_as_an_option():
     cluster_id = kafka_cluster_id(lambda: next(draws))
     assert cluster_id == "AAECAwQFBgcICQoLDA0ODw"
     assert len(kafka_cluster_id()) == 22
+
+
+def test_jars_of_an_earlier_pom_are_resolved_again(tmp_path):
+    # The marker holds the POM's digest: a dependency added to the POM (kafka-tools) reaches a
+    # machine whose cache holds the jars of the POM before it.
+    from cdc_router.local import jars
+
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<project>one</project>")
+    staging, target = tmp_path / "staging", tmp_path / "libs"
+    staging.mkdir()
+    assert not jars._is_complete(target, pom)
+    jars._install(staging, target, pom)
+    assert jars._is_complete(target, pom)
+    pom.write_text("<project>two</project>")
+    assert not jars._is_complete(target, pom)
+    (target / ".complete").write_text("")  # a cache marked before markers held a digest
+    assert not jars._is_complete(target, pom)
