@@ -22,6 +22,7 @@ import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.outbox.relay_columns import relay_columns_ddl
+from cdc_router.router.destinations import MISSING_RECHECK_S
 from tests.integration.pipeline import REPO, pipeline
 from tests.integration.relay_setup import STARTED, WAITING, RelaySetup, relay_setup
 from tests.integration.support import (
@@ -367,3 +368,68 @@ def test_batches_end_at_batch_bytes_and_every_row_still_goes_once_in_order(
     assert [record.key().decode() for record in records] == ids  # one aggregate: in order
     assert len(settled) == len(ids)
     assert len(positions) >= len(ids) // 4, "a batch holds at most 4 such rows"
+
+
+def _insert(stack: StackEndpoints, table: str, types: list[str]) -> list[str]:
+    """One row for each type, in one transaction; their event ids."""
+    ids = [str(uuid.uuid4()) for _ in types]
+    with psycopg.connect(stack.postgres_dsn) as conn:
+        for number, (event_id, kind) in enumerate(zip(ids, types, strict=True)):
+            conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
+                         "payload) VALUES (%s, 'Order', %s, %s, %s)",
+                         (event_id, f"o-{number % 3}", kind, json.dumps({"n": number})))
+    return ids
+
+
+def test_a_destination_topic_deleted_under_the_relay_dead_letters_its_rows_until_recreated(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # The relay's side of the router's test: records to a deleted topic time out in the open
+    # transaction and Kafka 4.x refuses its abort for good (INVALID_TXN_STATE); the relay
+    # replaces its producer while it holds the table's lock, and reads from its position.
+    moved = unique("moved").replace("_", "-")
+    with relay_setup(stack, tmp_path) as setup:
+        config = yaml.safe_load(setup.config_path.read_text())
+        config["routes"].insert(0, {"match": {"type": "Moved"}, "topic": moved})
+        config["topics"].append({"name": moved, "partitions": 1})
+        setup.config_path.write_text(yaml.safe_dump(config))
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.create_topics([NewTopic(moved, 1, 1)])[moved].result(timeout=30)
+        try:
+            setup.start("a")
+            before = _insert(stack, setup.table, ["OrderPaid"] * 10)
+            delivered_before = read_topic(stack.bootstrap_servers, setup.orders_topic, 10, 60)
+            admin.delete_topics([setup.orders_topic])[setup.orders_topic].result(timeout=30)
+            _wait_topic_gone(admin, setup.orders_topic)
+            orphans_and_moved = _insert(stack, setup.table, ["OrderPaid", "Moved"] * 10)
+            letters = read_topic(stack.bootstrap_servers, setup.dlq_topic, 10, 180)
+            moved_records = read_topic(stack.bootstrap_servers, moved, 10, 60)
+            applied = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply",
+                                      "-c", str(setup.config_path), "--yes"],
+                                     capture_output=True, text=True, cwd=REPO, check=False)
+            time.sleep(MISSING_RECHECK_S + 1)  # the relay asks for a missing topic again so
+            after = _insert(stack, setup.table, ["OrderPaid"] * 10)
+            delivered_after = read_topic(stack.bootstrap_servers, setup.orders_topic, 10, 180)
+            settled_letters = read_to_end(stack.bootstrap_servers, setup.dlq_topic)
+            still_running = setup.relays["a"].poll() is None
+            log = setup.log("a")
+        finally:
+            admin.delete_topics([moved])[moved].result(timeout=30)
+    assert Counter(r.key().decode() for r in delivered_before) == Counter(before)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert sorted(r.key().decode() for r in moved_records) == sorted(orphans_and_moved[1::2])
+    assert len(settled_letters) == 10, log[-3000:]
+    by_id = {dict(letter.headers())["dlq.event.id"].decode(): dict(letter.headers())
+             for letter in letters}
+    assert set(by_id) == set(orphans_and_moved[0::2]), log[-3000:]
+    for headers in by_id.values():
+        assert headers["dlq.stage"] in (b"route", b"produce"), headers
+        assert setup.orders_topic.encode() in headers["dlq.error.message"], headers
+    assert Counter(r.key().decode() for r in delivered_after) == Counter(after), log[-3000:]
+    assert still_running and "Traceback" not in log, log[-3000:]
+
+
+def _wait_topic_gone(admin: AdminClient, topic: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} is still listed"
+        time.sleep(0.5)
