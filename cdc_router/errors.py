@@ -105,8 +105,8 @@ class MemberFenced(FatalKafkaError):
     Seen after a broker outage longer than session.timeout.ms: the coordinator expired the
     member, and librdkafka's next requests from the same process came with an empty member id
     and were fenced against the old one (the chaos campaign, seed 15). A second instance with
-    the same --instance-id would be fenced the same way, and also by its transactional id
-    (PRODUCER_FENCED, exit 1).
+    the same --instance-id would be fenced the same way; its transactional id's fence renews
+    the producer once (router/renewal.py), and a second fence before a commit exits 1.
     """
 
     exit_code = EXIT_RESTART

@@ -68,8 +68,14 @@ class LatchingProducer:
 
     def take_failures(self) -> list[DeliveryFailure]:
         """The failed deliveries reported so far in this transaction (each once)."""
-        with _fatal_unwrapped():
-            self.client.poll(0)  # serve the delivery reports that have arrived
+        try:
+            with _fatal_unwrapped():
+                self.client.poll(0)  # serve the delivery reports that have arrived
+        except DeliveryError as failure:
+            if failure.kafka_error is not None:
+                raise
+            # No error to tell (see _fatal_unwrapped): the caller is aborting, and the abort
+            # meets the producer's fatal error itself.
         failures, self._failures = self._failures, []
         return failures
 
@@ -167,13 +173,17 @@ def _fatal_unwrapped() -> Iterator[None]:
     """A fatal error as the DeliveryError it is. confluent-kafka (2.16) can serve a delivery
     report while a fatal error it raised is pending: the report's callback then fails at its
     first call into the library, and the call ends in a SystemError caused by that error
-    (measured: a second producer with the same transactional id fencing this one)."""
+    (measured: a second producer with the same transactional id fencing this one). Sometimes
+    the SystemError carries no cause ("returned NULL without setting an exception", measured
+    the same way): then the batch fails without a Kafka error, and the abort that follows
+    meets the producer's fatal error itself (a fence: the router renews its producer)."""
     try:
         yield
     except SystemError as failure:
         cause = failure.__cause__  # where CPython puts the pending error
         error = kafka_error_of(cause) if isinstance(cause, KafkaException) else None
         if error is None:
-            raise
+            raise DeliveryError(f"the producer failed in confluent-kafka ({failure}); the "
+                                "batch is aborted") from failure
         raise DeliveryError(f"the producer failed: {describe(error)}",
                             kafka_error=error) from cause

@@ -3,15 +3,21 @@
 librdkafka makes some errors of the producer's own transaction fatal although nothing outside
 the process is wrong: a destination topic deleted under an open transaction fails its records
 by timeout, and the abort that follows is refused with INVALID_TXN_STATE (measured on Kafka
-4.x); an idempotence sequence gap is OUT_OF_ORDER_SEQUENCE_NUMBER. Kafka Streams replaces its
-producer for such errors; so does the router: a new producer (same transactional id, whose
-init_transactions fences the old epoch and ends its transaction), the batch forgotten and
-re-read from the committed offsets (the relay: from the position topic). The new producer's
-init_transactions is retried with the loop's backoff until the cluster answers
-(Transaction.renew leaves it to the caller). Never for a fence (another instance with the same
-id) or a refusal of credentials: those stop the router. And once only until a batch commits
-again: a second such error before any commit stops the router, so that a cluster that keeps
-refusing is never retried in a loop.
+4.x); an idempotence sequence gap is OUT_OF_ORDER_SEQUENCE_NUMBER; a transaction that stayed
+open past transaction.timeout.ms is aborted by its coordinator, which bumps the producer's
+epoch, and the next commit or abort is fenced (_FENCED, measured on Kafka 4.3 with a bare
+producer; QA saw a router exit so while a JetStream stream kept refusing its batches). Kafka
+Streams replaces its producer for such errors, a fence included (it rejoins the group: a real
+second instance is fenced by the group, KIP-447); so does the router: a new producer (same
+transactional id, whose init_transactions fences the old epoch and ends its transaction), the
+batch forgotten and re-read from the committed offsets (the relay: from the position topic,
+and only while it holds its table's lock). Offsets still commit only with the group's
+metadata, so a real second instance with the same --instance-id is refused by the group
+(FENCED_INSTANCE_ID stops it with exit 75). The new producer's init_transactions is retried
+with the loop's backoff until the cluster answers (Transaction.renew leaves it to the
+caller). Never for a refusal of credentials. And once only until a batch commits again: a
+second such error before any commit stops the router, so that a cluster that keeps refusing,
+or two processes that keep fencing each other's producer, are never retried in a loop.
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError
 
-# Only what was measured, or is librdkafka's documented idempotence dead end; never an error
-# that may mean another producer holds the id (INVALID_PRODUCER_ID_MAPPING, a fence).
+# Only what was measured, or is librdkafka's documented idempotence dead end, or a fence of
+# this transactional id (our own timed-out transaction, or a second instance: see above).
 RENEWABLE = frozenset({
     KafkaError.INVALID_TXN_STATE,
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
 })
 
 

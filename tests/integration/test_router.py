@@ -420,6 +420,30 @@ def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events_un
     assert still_running and "Traceback" not in log, log[-3000:]
 
 
+def test_a_router_whose_producer_is_fenced_once_renews_it_and_delivers_every_event_once(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA, session 28: a transaction that outlived transaction.timeout.ms (a JetStream stream
+    # refusing every batch) was aborted by its coordinator, which bumps the producer's epoch,
+    # and the router exited 1 on the fence that followed. Here another init_transactions of
+    # the router's transactional id bumps the epoch the same way.
+    with pipeline(stack, tmp_path) as pipe:
+        pipe.start_router(wait=True)
+        before = pipe.insert(_orders(20, 4))
+        delivered_before = pipe.read(pipe.orders_topic, 20)
+        rival = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                          "transactional.id": f"{pipe.name}-{pipe.name}-a"})
+        rival.init_transactions(30)
+        after = pipe.insert(_orders(20, 4))
+        pipe.read(pipe.orders_topic, 40, timeout_s=120)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=2)
+        still_running = pipe.routers["a"].poll() is None
+        log = pipe.router_log()
+    assert Counter(r.key().decode() for r in delivered_before) == Counter(before)
+    assert Counter(r.key().decode() for r in settled) == Counter(before + after), log[-3000:]
+    assert "event=producer_renewed" in log and "FENCED" in log, log[-3000:]
+    assert still_running and "Traceback" not in log, log[-3000:]
+
+
 def test_rules_check_cluster_finds_a_destination_created_outside_the_config(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA, session 28: a topic made by Terraform, not under `topics:`, was "dead letter" (exit

@@ -68,7 +68,10 @@ class FakeCluster:
     # topic -> how many more produce() calls librdkafka refuses on the spot as _UNKNOWN_TOPIC
     # (its metadata cache lags, or the topic is gone), whatever list_topics answers.
     unknown_on_produce: dict[str, int] = field(default_factory=dict)
-    fenced: bool = False
+    fenced: bool = False  # every producer, a new one too (a rival that keeps fencing)
+    # Bumped by fence(), as another init_transactions of the id (or the coordinator aborting a
+    # timed-out transaction) bumps the producer epoch: producers initialised before are fenced.
+    producer_epoch: int = 0
     producers_initialised: int = 0  # init_transactions calls, of every producer
     producers_purged: int = 0
     init_failures: list[KafkaError] = field(default_factory=list)  # next init_transactions
@@ -76,6 +79,9 @@ class FakeCluster:
     created_topics: list[str] = field(default_factory=list)
     # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def fence(self) -> None:
+        self.producer_epoch += 1
 
     def describe_factory(self, admin_config: Mapping[str, Any]) -> Describe:
         """A describe(topic, timeout_s) over topic_configs, for the clients' factory."""
@@ -95,6 +101,7 @@ class FakeProducer:
         self.cluster = cluster
         self.config = config
         self.transactional = "transactional.id" in config
+        self._epoch: int | None = None  # the cluster's producer_epoch at init_transactions
         self._queue: list[tuple[Stored, Callable[..., None]]] = []
         self._reports: list[tuple[Callable[..., None], KafkaError | None, Message]] = []
         self._pending: list[Stored] = []
@@ -107,7 +114,8 @@ class FakeProducer:
         self._gaps: set[tuple[str, int]] = set()
 
     def _fence_check(self) -> None:
-        if self.cluster.fenced:
+        if self.cluster.fenced or (self._epoch is not None and
+                                   self._epoch < self.cluster.producer_epoch):
             raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance",
                                             fatal=True))
 
@@ -177,6 +185,7 @@ class FakeProducer:
         if self.cluster.init_failures:
             raise KafkaException(self.cluster.init_failures.pop(0))
         self.cluster.producers_initialised += 1
+        self._epoch = self.cluster.producer_epoch
 
     def purge(self) -> None:
         self._queue, self._reports = [], []

@@ -208,14 +208,31 @@ def test_a_batch_failing_for_cluster_reasons_backs_off_and_dead_letters_nothing(
     assert harness.metric("cdc_router_consecutive_aborts") == 0  # reset by the commit
 
 
-def test_a_fenced_producer_stops_the_router() -> None:
+def test_a_producer_fenced_again_after_its_renewal_stops_the_router() -> None:
+    # A rival that fences every producer of the id: one renewal, then the router stops.
     cluster = cluster_with(*events(10))
     harness = Harness(cluster)
     cluster.fenced = True
-    with pytest.raises(FatalKafkaError):
+    with pytest.raises(FatalKafkaError, match="_FENCED"):
         harness.run()
     assert cluster.committed(ORDERS) == [] and cluster.group_offsets == {}
     assert harness.consumer is not None and harness.consumer.closed
+
+
+def test_a_producer_fenced_once_renews_and_every_event_goes_once() -> None:
+    # QA, session 28: a transaction that outlived transaction.timeout.ms was aborted by its
+    # coordinator, which bumps the epoch; the next end of transaction was fenced (_FENCED,
+    # measured with a bare producer on Kafka 4.3) and the router exited 1.
+    cluster = cluster_with(*events(4))
+
+    def fence(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.fence()
+
+    harness = Harness(cluster, hooks=[fence], delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]
+    assert cluster.producers_initialised == 2
+    assert cluster.group_offsets == {(RAW, 0): 8}
 
 
 def test_a_refusal_of_a_dead_letter_stops_the_router() -> None:

@@ -1,0 +1,63 @@
+"""LatchingProducer: what confluent-kafka's SystemError on a fatal producer becomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.errors import DeliveryError
+from cdc_router.kafka.errors import ErrorAction, classify, kafka_error_of
+from cdc_router.kafka.producer import LatchingProducer
+
+_FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+
+
+class _FailingFlush:
+    """A client whose flush fails as confluent-kafka 2.16 did once the producer was fenced."""
+
+    def __init__(self, cause: BaseException | None) -> None:
+        self._cause = cause
+
+    def flush(self, timeout: float) -> int:
+        failure = SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL "
+                              "without setting an exception")
+        if self._cause is not None:
+            raise failure from self._cause
+        raise failure
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def _flush(client: Any) -> DeliveryError:
+    with pytest.raises(DeliveryError) as raised:
+        LatchingProducer({}, lambda conf: client).flush(1)
+    return raised.value
+
+
+def test_a_system_error_caused_by_a_fatal_error_is_that_error() -> None:
+    failure = _flush(_FailingFlush(KafkaException(_FENCED)))
+    error = kafka_error_of(failure)
+    assert error is not None and classify(error) is ErrorAction.FATAL
+    assert "_FENCED" in str(failure)
+
+
+def test_a_system_error_without_a_cause_fails_the_batch_not_the_process() -> None:
+    # Measured (a router fenced by another init_transactions of its id): no cause at all, and
+    # the SystemError went up as a traceback. Now the batch fails; the abort meets the fence.
+    failure = _flush(_FailingFlush(None))
+    assert kafka_error_of(failure) is None
+    assert "returned NULL" in str(failure) and "aborted" in str(failure)
+
+
+class _FailingPoll(_FailingFlush):
+    def poll(self, timeout: float) -> int:
+        return self.flush(timeout)
+
+
+def test_the_failures_of_an_aborting_batch_survive_a_system_error_without_a_cause() -> None:
+    assert LatchingProducer({}, lambda conf: _FailingPoll(None)).take_failures() == []
+    with pytest.raises(DeliveryError, match="_FENCED"):
+        LatchingProducer({}, lambda conf: _FailingPoll(KafkaException(_FENCED))).take_failures()
