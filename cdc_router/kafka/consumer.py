@@ -21,7 +21,7 @@ from confluent_kafka import (
 )
 
 from cdc_router.errors import fatal_kafka_error
-from cdc_router.kafka.errors import describe, stops_consumer
+from cdc_router.kafka.errors import describe, kafka_error_of, stops_consumer
 
 
 def record_headers(message: Message) -> list[tuple[str, bytes]]:
@@ -113,12 +113,27 @@ def next_records(consumer: Consumer, batch: int, wait_s: float,
     was committed on revoke without it, and whoever owns the partition now reads it again, so
     it is dropped here (librdkafka drops such records only within one consume() call).
     """
-    first: list[Message] = consumer.consume(num_messages=1, timeout=wait_s)
+    first = _consume(consumer, 1, wait_s)
     if not first:
         return first
     revoked.clear()
-    arrived: list[Message] = consumer.consume(num_messages=batch - 1, timeout=0)
+    arrived = _consume(consumer, batch - 1, 0)
     if revoked:
         first = [message for message in first
                  if (message.topic(), message.partition()) not in revoked]
     return first + arrived
+
+
+def _consume(consumer: Consumer, count: int, wait_s: float) -> list[Message]:
+    """consume(); a fatal error it raises is the consumer's (fatal_kafka_error with
+    consumer=True: a fenced static member exits for a restart), never taken for the
+    producer's, which the router renews (router/renewal.py)."""
+    try:
+        records: list[Message] = consumer.consume(num_messages=count, timeout=wait_s)
+    except KafkaException as failure:
+        error = kafka_error_of(failure)
+        if error is not None and stops_consumer(error):
+            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
+                                    consumer=True) from failure
+        raise
+    return records

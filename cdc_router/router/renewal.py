@@ -24,16 +24,20 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError
+from cdc_router.errors import FatalKafkaError, MemberFenced
 
 # Only what was measured, or is librdkafka's documented idempotence dead end, or a fence of
 # this transactional id (our own timed-out transaction, or a second instance: see above).
+# _FATAL is how a producer already in its fatal state refuses the next produce() ("Unable to
+# produce message: Local: Fatal error", measured after a fence raised on librdkafka's thread);
+# the consumer's _FATAL is a fenced static member, MemberFenced, which is never renewed.
 RENEWABLE = frozenset({
     KafkaError.INVALID_TXN_STATE,
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
     KafkaError._FENCED,
     KafkaError.PRODUCER_FENCED,
     KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError._FATAL,
 })
 
 
@@ -44,7 +48,7 @@ class ProducerRenewal:
         self._spent = False
 
     def allows(self, failure: FatalKafkaError) -> bool:
-        if self._spent or failure.code not in RENEWABLE:
+        if self._spent or failure.code not in RENEWABLE or isinstance(failure, MemberFenced):
             return False
         self._spent = True
         return True

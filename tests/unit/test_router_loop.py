@@ -469,9 +469,11 @@ def test_consume_raising_a_fatal_error_stops_the_router() -> None:
     def fatal(consumer: FakeConsumer) -> None:
         raise KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
 
-    harness = Harness(cluster_with(*events(5)), hooks=[fatal])
-    with pytest.raises(FatalKafkaError):
+    cluster = cluster_with(*events(5))
+    harness = Harness(cluster, hooks=[fatal])
+    with pytest.raises(MemberFenced):  # the consumer's: never taken for the producer's
         harness.run()
+    assert cluster.producers_initialised == 1, "the producer is not renewed for it"
 
 
 def test_a_consumer_fenced_for_good_exits_for_a_restart_instead_of_polling_on() -> None:
