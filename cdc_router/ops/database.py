@@ -14,7 +14,7 @@ import psycopg
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
-from cdc_router.postgres import one_line
+from cdc_router.postgres import one_line, regclass_text
 
 T = TypeVar("T")
 
@@ -32,9 +32,9 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 _PUBLICATION = """
 SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
        coalesce(array_agg(t.schemaname || '.' || t.tablename ORDER BY 1)
-                FILTER (WHERE t.tablename IS NOT NULL), '{}')
+                FILTER (WHERE t.tablename IS NOT NULL), '{}'), p.pubviaroot
 FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname
-WHERE p.pubname = %s GROUP BY 1, 2, 3, 4
+WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 6
 """
 
 
@@ -83,13 +83,17 @@ def publication_state(conn: psycopg.Connection[Any], name: str) -> PublicationSt
         return PublicationState(name=name, exists=False)
     operations = tuple(op for op, on in zip(("insert", "update", "delete", "truncate"), row[:4],
                                             strict=True) if on)
-    return PublicationState(name=name, exists=True, tables=tuple(row[4]), operations=operations)
+    return PublicationState(name=name, exists=True, tables=tuple(row[4]), operations=operations,
+                            via_root=bool(row[5]))
 
 
 def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxState:
     stats = outbox_stats(conn, schema)
+    kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
+                        (regclass_text(schema.table),)).fetchone()
     return OutboxState(table=stats.table, rows=stats.rows, oldest_age_s=stats.oldest_age_s,
-                       size_bytes=stats.table_bytes)
+                       size_bytes=stats.table_bytes,
+                       partitioned=None if kind is None else kind[0] == "p")
 
 
 def _int(value: Any) -> int | None:

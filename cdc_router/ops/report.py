@@ -41,6 +41,7 @@ class PublicationState:
     exists: bool | None = None
     tables: tuple[str, ...] = ()
     operations: tuple[str, ...] = ()  # of insert, update, delete, truncate
+    via_root: bool | None = None  # publish_via_partition_root
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class OutboxState:
     rows: int | None = None
     oldest_age_s: float | None = None
     size_bytes: int | None = None
+    partitioned: bool | None = None  # a partitioned table (its rows live in partitions)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from cdc_router.ops.report import (
     Slot,
     WalState,
 )
+from cdc_router.outbox.setup import publication_fix
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart
@@ -138,9 +139,10 @@ def _publication(report: Report) -> Iterator[Problem]:
         return
     if outbox.table is not None and outbox.error is None and \
             _unquoted(outbox.table) not in {_unquoted(t) for t in publication.tables}:
-        yield Problem("critical", "publication", f"publication {publication.name} does not "
-                      f"publish {outbox.table} (it has: {', '.join(publication.tables) or 'none'}"
-                      "); run `cdc-router outbox init` for that table")
+        fix = publication_fix(publication.name, outbox.table, partitioned=bool(
+            outbox.partitioned) and not publication.via_root)
+        yield Problem("critical", "publication", f"{fix} (it publishes: "
+                      f"{', '.join(publication.tables) or 'nothing'})")
 
 
 def _unquoted(table: str) -> str:

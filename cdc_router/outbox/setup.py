@@ -118,7 +118,10 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
         # heartbeat table stays out: Debezium's heartbeat advances the slot with a logical
         # decoding message instead (see connectors/README.md).
         Step(f"publication {setup.publication}", sql.SQL(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')").format(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', "
+            # A partitioned outbox: its inserts are published under the outbox's own name
+            # (the connector's table.include.list), not each leaf partition's.
+            "publish_via_partition_root = true)").format(
                 sql.Identifier(setup.publication), schema.identifier),
              _exists("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = {})",
                      setup.publication), guarded=True),
@@ -259,9 +262,11 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     outbox_schema, outbox_table = split_table(schema.table)
     row = conn.execute(
         "SELECT pubupdate OR pubdelete OR pubtruncate, EXISTS (SELECT FROM pg_publication_tables"
-        " t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s)"
+        " t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s),"
+        " pubviaroot, (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s))"
         " FROM pg_publication p WHERE p.pubname = %s",
-        (outbox_schema, outbox_table, setup.publication)).fetchone()
+        (outbox_schema, outbox_table, regclass_text(schema.table),
+         setup.publication)).fetchone()
     if row is None:
         return []
     warnings = []
@@ -269,9 +274,24 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
         warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
                         "processed outbox rows will reach Kafka")
     if not row[1]:
-        warnings.append(f"publication {setup.publication} does not include {schema.table}: "
-                        "Debezium will capture nothing from it")
+        warnings.append(publication_fix(setup.publication, schema.table,
+                                        partitioned=bool(row[3]) and not row[2]))
     return warnings
+
+
+def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
+    """What to run when `publication` does not publish the outbox `table` under its name:
+    Debezium captures nothing from it, and the rows written meanwhile are not streamed later."""
+    pub = sql.Identifier(publication).as_string(None)
+    if partitioned:
+        cause = (f"publishes {table}'s partitions under their own names, which the connector's "
+                 "table.include.list does not match (publish_via_partition_root is false)")
+        fix = f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)"
+    else:
+        cause = f"does not include {table}"
+        fix = f"ALTER PUBLICATION {pub} ADD TABLE {table}"
+    return (f"publication {publication} {cause}: Debezium captures nothing from it; run "
+            f"`{fix}`, then `cdc-router outbox republish` for the rows written before")
 
 
 def _size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:

@@ -75,16 +75,21 @@ class Deployment:
                 "--replication-role", self.role, "--replication-password", ROLE_PASSWORD]
 
 
-@pytest.fixture(scope="module")
-def deployment(stack: StackEndpoints) -> Iterator[Deployment]:
-    base = unique("obx")
+def _named(stack: StackEndpoints, base: str) -> Deployment:
+    """A deployment whose every name derives from `base`; nothing created yet."""
     dsn = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
     env = {"CONNECTOR_NAME": base.replace("_", "-"), "DB_HOST": str(dsn.get("host", "127.0.0.1")),
            "DB_PORT": str(dsn.get("port", 5432)), "DB_NAME": str(dsn.get("dbname", "postgres")),
            "DB_USER": f"{base}_dbz", "PUBLICATION": base, "SLOT_NAME": base,
            "OUTBOX_TABLE": f"public.{base}", "HEARTBEAT_TABLE": f'"public"."{base}_HB"',
            "TOPIC_PREFIX": base.replace("_", "-"), "HEARTBEAT_INTERVAL_MS": "1000"}
-    deployment = Deployment(stack, base, env, str(uuid.uuid4()))
+    return Deployment(stack, base, env, str(uuid.uuid4()))
+
+
+@pytest.fixture(scope="module")
+def deployment(stack: StackEndpoints) -> Iterator[Deployment]:
+    deployment = _named(stack, unique("obx"))
+    env = deployment.env
     try:
         result = deployment.cli(*deployment.init_args())
         assert result.exit_code == 0, result.output
@@ -457,3 +462,43 @@ def test_init_never_alters_an_existing_outbox_and_prints_its_size_check(
     assert (f'ALTER TABLE "public"."{name}" ADD CONSTRAINT "cdc_router_event_size" CHECK ('
             'octet_length("payload") <= 4000000) NOT VALID') in result.stderr
     assert checks == (0,)
+
+
+def test_a_partitioned_outbox_is_captured_under_its_own_name(stack: StackEndpoints) -> None:
+    # QA, session 29 (LOSS): init's publication published a partitioned outbox's inserts under
+    # each partition's name, which table.include.list does not match: Debezium captured
+    # nothing, the connector stayed RUNNING, and the slot moved past the rows for good.
+    base = unique("pobx")
+    deployment = _named(stack, base)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"""CREATE TABLE public.{base} (
+            id uuid NOT NULL, aggregatetype text NOT NULL, aggregateid text NOT NULL,
+            type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
+            created_at timestamp(6) NOT NULL DEFAULT (now() AT TIME ZONE 'utc'),
+            PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)""")
+        conn.execute(f"CREATE TABLE public.{base}_rest PARTITION OF public.{base} DEFAULT")
+        # A publication of an earlier version, without publish_via_partition_root.
+        conn.execute(f"CREATE PUBLICATION {base}_old FOR TABLE public.{base} "
+                     "WITH (publish = 'insert')")
+    try:
+        old = deployment.cli("outbox", "init", "--table", f"public.{base}", "--publication",
+                             f"{base}_old", "--heartbeat-table", f"public.{base}_HB")
+        initialised = deployment.cli(*deployment.init_args())
+        assert initialised.exit_code == 0, initialised.output
+        applied = deployment.cli("connectors", "apply", "-f", str(CONNECTOR_FILE), "--yes")
+        assert applied.exit_code == 0, applied.output
+        waited = deployment.cli("connectors", "wait", deployment.connector, "--state",
+                                "RUNNING", "--timeout", "120")
+        assert waited.exit_code == 0, waited.output
+        event = str(uuid.uuid4())
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            write_event(conn, aggregate_type="Order", aggregate_id="1", type="OrderPaid",
+                        payload={"n": 1}, event_id=event, schema=deployment.schema)
+        records = _read_until(deployment, event)
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {base}_old")
+        _clean_up(deployment)
+    assert [json.loads(record.value())["after"]["id"] for record in records] == [event]
+    assert (f'ALTER PUBLICATION "{base}_old" SET (publish_via_partition_root = true)'
+            in old.stderr), old.output

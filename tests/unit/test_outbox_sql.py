@@ -163,7 +163,8 @@ def test_the_publication_is_insert_only_on_the_outbox_and_created_only_if_absent
 
     assert ("SELECT NOT (SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = "
             "'cdc_router_outbox')) AS missing \\gset\n\\if :missing\n  CREATE PUBLICATION "
-            "\"cdc_router_outbox\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert');\n"
+            "\"cdc_router_outbox\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert', "
+            "publish_via_partition_root = true);\n"
             "\\endif") in text
 
 

@@ -168,8 +168,22 @@ def test_the_publication_must_publish_the_outbox() -> None:
     report = replace(healthy(), publication=replace(healthy().publication,
                                                     tables=("public.other",)))
     assert lines(report) == [
-        "critical: publication: publication outbox_pub does not publish public.outbox (it "
-        "has: public.other); run `cdc-router outbox init` for that table"]
+        "critical: publication: publication outbox_pub does not include public.outbox: "
+        "Debezium captures nothing from it; run `ALTER PUBLICATION \"outbox_pub\" ADD TABLE "
+        "public.outbox`, then `cdc-router outbox republish` for the rows written before (it "
+        "publishes: public.other)"]
+
+
+def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
+    # QA, session 29: a partitioned outbox's inserts were published under each partition's
+    # name, which the connector does not capture; `outbox init` was the advice, and changed
+    # nothing.
+    report = replace(healthy(), publication=replace(
+        healthy().publication, tables=("public.outbox_2026",), via_root=False),
+        outbox=replace(healthy().outbox, partitioned=True))
+    [line] = lines(report)
+    assert "ALTER PUBLICATION \"outbox_pub\" SET (publish_via_partition_root = true)" in line
+    assert "(it publishes: public.outbox_2026)" in line
 
 
 def test_json_has_stable_keys_and_text_names_every_part() -> None:
