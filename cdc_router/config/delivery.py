@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
@@ -79,4 +79,21 @@ class DedupSettings(_Model):
         if value.get("cleanup.policy", "compact,delete") not in ("compact", "compact,delete"):
             raise ValueError("the dedup changelog needs cleanup.policy compact,delete "
                              "(or compact): one record per id, gone after the window")
+        return value
+
+    @field_validator("changelog_config")
+    @classmethod
+    def _holds_the_window(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        retention, window_ms = value.get("retention.ms"), info.data.get("window_ms")
+        try:
+            retention_ms = int(retention) if retention is not None else None
+        except ValueError:
+            raise ValueError(f"retention.ms must be a number of milliseconds, not "
+                             f"{retention!r}") from None
+        if retention_ms is not None and window_ms and 0 <= retention_ms < window_ms:
+            # The router restored from it would deliver again the replays of ids it forgot.
+            raise ValueError(f"retention.ms ({retention_ms}) is below dedup.window_ms "
+                             f"({window_ms}): ids forgotten sooner are delivered again when "
+                             "Debezium replays them; leave retention.ms out (it defaults to "
+                             "the window) or lower window_ms")
         return value

@@ -180,7 +180,7 @@ class OutboxRelay:
             self._txn.init()  # fences the previous relay of this table, aborts its batch
         except BatchFailed as failure:
             raise DeliveryError(str(failure)) from failure
-        require_own_topics(self._config, self._destinations.partitions)
+        require_own_topics(self._config, self._destinations.partitions, self._describe)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
         restored = 0

@@ -9,15 +9,22 @@ partitions are added, events go where Kafka's default partitioner would send the
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
+
+if TYPE_CHECKING:  # timestamps.py imports this module
+    from cdc_router.router.timestamps import Describe
+
+log = logging.getLogger("cdc_router.router")
 
 MAX_TOPICS = 4096
 # A topic missing from metadata is asked for again after this long (it may have been created).
@@ -34,9 +41,12 @@ def missing_topic(topic: str) -> str:
             "declare it under `topics:` and run `cdc-router topics apply`")
 
 
-def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None]) -> None:
+def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None],
+                       describe: Describe | None = None) -> None:
     """ConfigError, at start, for a missing dead-letter or dedup changelog topic: the router
-    would otherwise fail only at its first poison event, or its first commit."""
+    would otherwise fail only at its first poison event, or its first commit. With `describe`
+    (one DescribeConfigs), also for a changelog that forgets ids before dedup.window_ms: the
+    router restored from it would deliver those replays again (QA, session 29)."""
     own = {"dead_letter.topic": config.dead_letter.topic}
     if config.dedup.enabled:
         own["dedup.changelog_topic"] = config.dedup.changelog_topic
@@ -45,6 +55,25 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
             raise ConfigError(f"topic {topic} does not exist (the router never creates "
                               "topics)", field=field,
                               hint="create it with `cdc-router topics apply -c <config>`")
+    if describe is not None and config.dedup.enabled:
+        _require_changelog_retention(config, describe)
+
+
+def _require_changelog_retention(config: RouterConfig, describe: Describe) -> None:
+    topic, window_ms = config.dedup.changelog_topic, config.dedup.window_ms
+    try:
+        retention = describe(topic, LOOKUP_TIMEOUT_S).get("retention.ms")
+        retention_ms = int(retention) if retention else None
+    except (KafkaException, TimeoutError, ValueError) as error:
+        log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+        return
+    if retention_ms is not None and 0 <= retention_ms < window_ms:
+        raise ConfigError(
+            f"topic {topic} keeps its records {retention_ms} ms (retention.ms), less than "
+            f"dedup.window_ms ({window_ms}): the ids it forgets sooner are delivered again "
+            "when Debezium replays them", field="dedup.changelog_topic",
+            hint="set the topic's retention.ms to the window with `cdc-router topics apply -c "
+                 "<config>`, or lower dedup.window_ms")
 
 
 class DestinationMetadata:

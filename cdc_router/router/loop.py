@@ -138,7 +138,7 @@ class OutboxRouter:
                 txn.init()
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
-            require_own_topics(self._config, self._destinations.partitions)
+            require_own_topics(self._config, self._destinations.partitions, self._describe)
             self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
             consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)

@@ -625,6 +625,21 @@ def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
     assert cluster.committed(ORDERS) == []
 
 
+def test_a_changelog_that_forgets_ids_before_the_window_stops_the_router_at_start() -> None:
+    # QA session 29-b: a changelog kept 20 s restored 6 of 30 ids, and replays of the others
+    # were delivered again.
+    cluster = cluster_with(*events(3))
+    cluster.topic_configs[CHANGELOG] = {"retention.ms": "20000"}
+    with pytest.raises(ConfigError, match=f"field 'dedup.changelog_topic': topic {CHANGELOG} "
+                       r"keeps its records 20000 ms \(retention.ms\), less than "
+                       "dedup.window_ms.*topics apply"):
+        Harness(cluster).run()
+    assert cluster.committed(ORDERS) == []
+    cluster.topic_configs[CHANGELOG] = {"retention.ms": str(7 * 24 * 3600 * 1000)}
+    Harness(cluster).run()
+    assert len(cluster.committed(ORDERS)) == 3
+
+
 def test_a_stop_during_an_outage_tries_the_commit_once_and_forgets_the_batch() -> None:
     # QA session 27-b: SIGTERM with Kafka down took 6 min 18 s: the stop's commit, its abort
     # and the close's revoke each waited out every retry of every call.

@@ -223,6 +223,10 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
     ("dead_letter: {topic: outbox.public.outbox}", "field 'dead_letter.topic': must differ"),
     ("dedup: {changelog_topic: cdc-router.dlq}", "must differ from dead_letter.topic"),
     ("dedup: {changelog_config: {cleanup.policy: delete}}", "needs cleanup.policy compact,delete"),
+    # QA, session 29: a changelog kept shorter than the window forgot ids it should drop.
+    ("dedup: {changelog_config: {retention.ms: '20000'}}",
+     "field 'dedup.changelog_config': retention.ms (20000) is below dedup.window_ms"),
+    ("dedup: {changelog_config: {retention.ms: 1d}}", "not '1d'"),
     ("cleanup: {mode: retention, dsn: 'postgresql://x'}", "field 'cleanup.retention_ms'"),
     ("kafka: {config: {bootstrap.servers: x}}", "set kafka.bootstrap_servers instead"),
     ("topics: [{name: cdc-router.dlq}]", "field 'topics[0].name': this topic is configured"),
