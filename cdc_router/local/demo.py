@@ -49,7 +49,7 @@ def sample_events(order_id: str) -> list[SampleEvent]:
 def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
     """Route two sample events end to end and return their destination records."""
     router = OutboxRouter(compiled, instance_id=f"demo-{uuid.uuid4().hex[:6]}")
-    thread = threading.Thread(target=router.run, name="router", daemon=True)
+    thread = _RouterThread(router)
     thread.start()
     try:
         order_id = str(int(time.time()) % 100_000)
@@ -123,7 +123,29 @@ def _printable(value: str | bytes | None) -> str:
     return str(value)
 
 
-def _read_routed(config: RouterConfig, ids: set[str], router: threading.Thread) -> list[Message]:
+class _RouterThread(threading.Thread):
+    """The demo's router; what stopped it is kept for the demo to say (QA, session 29: a
+    missing dead-letter topic was a thread's traceback, then a timeout blaming the connector)."""
+
+    def __init__(self, router: OutboxRouter) -> None:
+        super().__init__(name="router", daemon=True)
+        self._router = router
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._router.run()
+        except BaseException as failure:  # kept, and raised by the demo
+            self.failure = failure
+
+    def raise_failure(self) -> None:
+        if isinstance(self.failure, CdcRouterError):
+            raise self.failure
+        if self.failure is not None:
+            raise CdcRouterError(f"the demo's router stopped: {self.failure!r}") from self.failure
+
+
+def _read_routed(config: RouterConfig, ids: set[str], router: _RouterThread) -> list[Message]:
     topics = sorted({spec.name for spec in config.topics})
     consumer = Consumer({**clients.logged_config(config), "group.id": f"demo-{uuid.uuid4().hex}",
                          "auto.offset.reset": "earliest", "isolation.level": "read_committed",
@@ -133,6 +155,8 @@ def _read_routed(config: RouterConfig, ids: set[str], router: threading.Thread) 
     deadline = time.monotonic() + _ROUTED_TIMEOUT_S
     try:
         while set(found) != ids:
+            if not router.is_alive():
+                router.raise_failure()
             if time.monotonic() > deadline or not router.is_alive():
                 raise CdcRouterError(
                     f"only {len(found)} of {len(ids)} sample events reached {', '.join(topics)} "
