@@ -116,6 +116,13 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
     the path of each key a variable adds to the file's."""
     applied: dict[str, str] = {}
     for name in sorted(env):
+        if name.startswith("CDC_ROUTER_") and not name.startswith(ENV_PREFIX) and "__" in name:
+            # QA, session 29: one underscore short, a secret override looked applied and the
+            # file's value was used.
+            raise ConfigError("looks like an override, but overrides start with CDC_ROUTER__ "
+                              "(two underscores), so it would be ignored",
+                              source=f"environment variable {name}",
+                              hint=f"rename it {ENV_PREFIX}{name[len('CDC_ROUTER_'):]}")
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
             continue
         where = f"{source} via environment variable {name}"

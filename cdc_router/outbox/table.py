@@ -47,6 +47,11 @@ class OutboxColumns(ConfigModel):
         for name, column in self.model_dump().items():
             if column is None:
                 continue
+            if not column.strip():
+                # QA, session 29: accepted, then every event was a decode dead letter.
+                raise field_problem(name, "a column name cannot be blank (leave the key out "
+                                    "for the default name, or null where the column is "
+                                    "optional)", column)
             if column in seen:
                 raise field_problem(name, f"column {column!r} is already used for "
                                     f"{seen[column]}", column)

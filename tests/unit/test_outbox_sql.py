@@ -65,13 +65,14 @@ def test_a_rename_onto_a_column_in_use_is_refused_by_name() -> None:
     # Before the one column model, this reached Postgres as a CREATE TABLE with "id" twice.
     with pytest.raises(ConfigError, match="field 'type': column 'id' is already used for id"):
         OutboxSchema().with_columns({"type": "id"})
+    with pytest.raises(ConfigError, match="field 'payload': a column name cannot be blank"):
+        OutboxSchema().with_columns({"payload": " "})
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"table": "a.b.c"}, "schema.table"),
     ({"table": "public."}, "identifier"),
     ({"table": "x" * 64}, "identifier"),
-    ({"columns": OutboxColumns(payload="")}, "identifier"),
     ({"columns": OutboxColumns(headers="h" * 64)}, "identifier"),
     ({"payload_type": "json"}, "jsonb or bytea"),
 ])

@@ -109,6 +109,16 @@ def test_environment_overrides(tmp_path: Path) -> None:
     assert config.kafka.config == {"linger.ms": "7"}
 
 
+def test_an_override_one_underscore_short_is_an_error_not_ignored(tmp_path: Path) -> None:
+    # QA, session 29: CDC_ROUTER_CLEANUP__DSN looked applied; the file's value was used.
+    with pytest.raises(ConfigError, match=r"environment variable CDC_ROUTER_CLEANUP__DSN: looks "
+                       r"like an override.*rename it CDC_ROUTER__CLEANUP__DSN"):
+        loaded(write(tmp_path, MINIMAL), {"CDC_ROUTER_CLEANUP__DSN": "postgresql://x"})
+    # The CLI's own variables have one underscore and no double one: not overrides.
+    loaded(write(tmp_path, MINIMAL), {"CDC_ROUTER_PG_DSN": "postgresql://x",
+                                      "CDC_ROUTER_BOOTSTRAP_SERVERS": "k:9092"})
+
+
 def test_environment_text_that_starts_like_json_is_text_where_a_field_takes_text(
         tmp_path: Path) -> None:
     # QA, session 26: an EventRouter-style template, a glob and a generated password were
@@ -236,6 +246,8 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
     ("dead_letter: 3", "field 'dead_letter': Input should be a valid dictionary (got 3)"),
     ("source: {topics: [a], outbox: {type: id}}",
      "field 'source.outbox.type': column 'id' is already used for id"),
+    ("source: {topics: [a], outbox: {aggregatetype: ''}}",
+     "field 'source.outbox.aggregatetype': a column name cannot be blank"),
 ])
 def test_section_errors(tmp_path: Path, extra: str, expected: str) -> None:
     text = MINIMAL + extra + "\n" if not extra.startswith("source") else \
