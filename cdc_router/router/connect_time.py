@@ -13,6 +13,10 @@ _MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
 _NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
 # Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
 _MICROS_THRESHOLD = 10**14
+# Without a schema (or with one not a timestamp's), an integer below this is no outbox row's
+# time in milliseconds (1973-03-03): days or seconds are, and source.created_at_unit says
+# otherwise for rows that old.
+_IMPLAUSIBLE_MILLIS = 10**11
 # source.created_at_unit -> the schema name it stands for when the connector sends none.
 UNIT_SCHEMAS = {"micros": _MICROS_SCHEMA, "millis": "io.debezium.time.Timestamp"}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -49,4 +53,13 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
         return value // 1_000_000
     if schema_name in _MILLIS_SCHEMAS:
         return value
+    if 0 <= value < _IMPLAUSIBLE_MILLIS:
+        # QA, session 29: a `date` column (days) or epoch seconds read as milliseconds gave
+        # records of January 1970, delivered so where the topic keeps records for ever.
+        moment = (_EPOCH + timedelta(milliseconds=value)).isoformat(timespec="milliseconds")
+        kind = f" (its schema: {schema_name})" if schema_name else ""
+        raise ValueError(
+            f"is {value}{kind}, which as milliseconds is {moment}: a date (days) or epoch "
+            "seconds, not a timestamp? Make the column timestamp(6) or timestamptz, or set "
+            "source.created_at_unit: millis if that is the time meant")
     return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value

@@ -118,6 +118,20 @@ def test_created_at_unit_reads_rows_dated_before_1973_without_schemas() -> None:
         "create_jsonb.schema", lambda value: None, created_at_unit="millis").created_at_ms  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(("value", "meant"), [(20_789, "days"), (1_796_228_597, "seconds")])
+def test_an_integer_created_at_that_is_days_or_seconds_is_a_decode_dead_letter(
+        value: int, meant: str) -> None:
+    # QA, session 29: a `date` column (days) and an epoch-seconds bigint were read as
+    # milliseconds: records of January 1970, delivered so on a topic that keeps records.
+    with pytest.raises(DecodeError, match=f"created_at column 'created_at' is {value}, which as "
+                       r"milliseconds is 1970-.*source\.created_at_unit: millis"):
+        decode_mutated("create_jsonb.noschema",
+                       lambda row: row_of(row).update(created_at=value))
+    said = decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(
+        created_at=value), created_at_unit="millis")  # the user says it is that time
+    assert isinstance(said, OutboxEvent) and said.created_at_ms == value, meant
+
+
 def test_timestamp_zoned_from_timestamptz_column() -> None:
     text = row_of(record("create_json.schema")["value"])["created_at"]
     assert text.endswith("Z")  # io.debezium.time.ZonedTimestamp, UTC
