@@ -210,8 +210,8 @@ class BatchFailed(Exception):
 class RecordRefused(Exception):
     """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
 
-    def __init__(self, error: KafkaError) -> None:
-        super().__init__(describe(error))
+    def __init__(self, error: KafkaError, detail: str | None = None) -> None:
+        super().__init__(f"{describe(error)}; {detail}" if detail else describe(error))
         self.kafka_error = error
 
 

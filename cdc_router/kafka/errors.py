@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -91,3 +92,18 @@ def stops_consumer(error: KafkaError) -> bool:
 def describe(error: KafkaError) -> str:
     """One line: the error's name and librdkafka's text."""
     return f"{error.name()}: {error.str()}"
+
+
+def size_refusal(error: KafkaError, key: bytes | None, value: bytes | None,
+                 headers: Sequence[tuple[str, bytes | None]]) -> str | None:
+    """What librdkafka's own refusal of a record's size means, for the dead letter: its text
+    says "Broker" though no broker saw the record (QA, session 29: a payload under
+    max_payload_bytes, over the producer's limit with its key and headers). None for other
+    errors."""
+    if error.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+        return None
+    size = len(key or b"") + len(value or b"") + sum(
+        len(name) + len(data or b"") for name, data in headers)
+    return (f"refused by the router's producer before sending, not by a broker: the record is "
+            f"{size} bytes with its key and headers, over the producer's message.max.bytes "
+            "(raise kafka.producer.message.max.bytes, within the topic's max.message.bytes)")

@@ -42,7 +42,14 @@ from cdc_router.errors import (
     fatal_kafka_error,
 )
 from cdc_router.kafka.commit_stamp import commit_metadata
-from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.errors import (
+    RECORD_REFUSED,
+    ErrorAction,
+    classify,
+    describe,
+    kafka_error_of,
+    size_refusal,
+)
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.router.clients import Timeouts
@@ -176,7 +183,8 @@ class Transaction:
         except KafkaException as failure:
             error = kafka_error_of(failure)
             if error is not None and error.code() in RECORD_REFUSED:
-                raise RecordRefused(error) from failure
+                raise RecordRefused(error, size_refusal(error, record.key, record.value,
+                                                        record.headers)) from failure
             raise self._failed(failure) from failure
         except DeliveryError as failure:
             raise self._failed(failure) from failure
