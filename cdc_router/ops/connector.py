@@ -31,6 +31,7 @@ class Capture:
     slot: str
     publication: str
     table: str | None
+    user: str | None = None  # database.user: the role the snapshot reads the table as
 
 
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
@@ -58,7 +59,8 @@ def capture_of(config: dict[str, str]) -> Capture:
     tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
     table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),
-                   config.get("publication.name", DEFAULT_PUBLICATION), table)
+                   config.get("publication.name", DEFAULT_PUBLICATION), table,
+                   config.get("database.user") or None)
 
 
 def failure_of(trace: str | None) -> str | None:

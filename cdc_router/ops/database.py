@@ -39,7 +39,8 @@ WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 6
 
 
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
-                   outbox: OutboxSchema) -> tuple[WalState, PublicationState, OutboxState]:
+                   outbox: OutboxSchema, *, reader: str | None = None,
+                   ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
     every logical slot of this database; `publication` None: not checked (an empty state)."""
     try:
@@ -52,7 +53,7 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
         return (_guarded(lambda: wal_state(conn, slots), WalState),
                 _guarded(lambda: publication_state(conn, publication), PublicationState)
                 if publication is not None else PublicationState(),
-                _guarded(lambda: outbox_state(conn, outbox), OutboxState))
+                _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState))
 
 
 def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
@@ -87,13 +88,20 @@ def publication_state(conn: psycopg.Connection[Any], name: str) -> PublicationSt
                             via_root=bool(row[5]))
 
 
-def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxState:
+def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema,
+                 reader: str | None = None) -> OutboxState:
+    """`reader`: the connector's role, asked whether it may SELECT the table (the snapshot
+    needs it; streaming does not, so a connector without it looks healthy until it
+    snapshots)."""
     stats = outbox_stats(conn, schema)
-    kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)",
-                        (regclass_text(schema.table),)).fetchone()
+    row = conn.execute(
+        "SELECT c.relkind, CASE WHEN r.oid IS NOT NULL THEN has_table_privilege(r.oid, c.oid, "
+        "'SELECT') END FROM pg_class c LEFT JOIN pg_roles r ON r.rolname = %s "
+        "WHERE c.oid = to_regclass(%s)", (reader, regclass_text(schema.table))).fetchone()
     return OutboxState(table=stats.table, rows=stats.rows, oldest_age_s=stats.oldest_age_s,
                        size_bytes=stats.table_bytes,
-                       partitioned=None if kind is None else kind[0] == "p")
+                       partitioned=None if row is None else row[0] == "p",
+                       reader=reader, reader_may_select=None if row is None else row[1])
 
 
 def _int(value: Any) -> int | None:

@@ -34,8 +34,8 @@ def router_state(admin: AdminClient, kafka: Mapping[str, str], group: str,
     partitions = source_partitions(admin, sources)
     if not partitions:
         return RouterState(group=group, error=f"no source topic exists ({', '.join(sources)}): "
-                           "the connector creates it with its first event, or run "
-                           "`cdc-router topics apply`")
+                           "the connector creates it with its first event; if rows wait in "
+                           "the outbox, see the connector's lines above and Connect's log")
     request = [ConsumerGroupTopicPartitions(group, partitions)]
     answer = admin.list_consumer_group_offsets(request, request_timeout=LOOKUP_TIMEOUT_S)
     committed = {(tp.topic, tp.partition): tp for tp in answer[group].result().topic_partitions}

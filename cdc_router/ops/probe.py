@@ -103,7 +103,8 @@ def _database(config: RouterConfig, endpoints: Endpoints,
                 OutboxState(error=str(error), table=table))
     if capture is None:
         return probe_database(endpoints.dsn, None, None, schema)
-    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema)
+    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
+                          reader=capture.user)
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

@@ -54,6 +54,8 @@ class OutboxState:
     oldest_age_s: float | None = None
     size_bytes: int | None = None
     partitioned: bool | None = None  # a partitioned table (its rows live in partitions)
+    reader: str | None = None  # the connector's database.user
+    reader_may_select: bool | None = None  # None: not known (no such role, not asked)
 
 
 @dataclass(frozen=True)

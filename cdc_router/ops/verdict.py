@@ -49,6 +49,7 @@ def judge(report: Report, settings: StatusSettings,
           previous: Report | None = None) -> list[Problem]:
     """Every problem of `report`, critical ones first."""
     found = [*_unreachable(report), *_wal(report.wal, settings), *_publication(report),
+             *_reader(report),
              *_outbox(report, settings), *_connector(report.connector),
              *_router(report.router, settings), *_dead_letters(report, settings, previous)]
     return sorted(found, key=lambda problem: problem.level != "critical")
@@ -143,6 +144,17 @@ def _publication(report: Report) -> Iterator[Problem]:
             outbox.partitioned) and not publication.via_root)
         yield Problem("critical", "publication", f"{fix} (it publishes: "
                       f"{', '.join(publication.tables) or 'nothing'})")
+
+
+def _reader(report: Report) -> Iterator[Problem]:
+    outbox = report.outbox
+    if outbox.error is None and outbox.reader_may_select is False:
+        # QA, session 29: the snapshot failed on `permission denied` and Connect retried it
+        # for ever, both states RUNNING; the cause was only in Connect's log.
+        yield Problem("critical", "outbox", f"the connector's role {outbox.reader} may not "
+                      f"SELECT {outbox.table}: Debezium's snapshot fails (its task restarts "
+                      "and shows RUNNING); run `cdc-router outbox init --replication-role "
+                      f"{outbox.reader}`, or GRANT SELECT ON {outbox.table} TO {outbox.reader}")
 
 
 def _unquoted(table: str) -> str:

@@ -20,6 +20,7 @@ from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.cli import main
+from cdc_router.ops.database import probe_database
 from cdc_router.outbox import OutboxSchema, write_event
 from tests.integration.support import (
     StackEndpoints,
@@ -502,3 +503,24 @@ def test_a_partitioned_outbox_is_captured_under_its_own_name(stack: StackEndpoin
     assert [json.loads(record.value())["after"]["id"] for record in records] == [event]
     assert (f'ALTER PUBLICATION "{base}_old" SET (publish_via_partition_root = true)'
             in old.stderr), old.output
+
+
+def test_status_knows_when_the_connector_role_may_not_select_the_outbox(
+        running: Deployment) -> None:
+    # QA, session 29: without SELECT the snapshot failed on `permission denied` and Connect
+    # retried it for ever, connector and task RUNNING; status blamed `topics apply`.
+    def may_select() -> bool | None:
+        _, _, outbox = probe_database(running.stack.postgres_dsn, [running.base],
+                                      running.env["PUBLICATION"], running.schema,
+                                      reader=running.role)
+        return outbox.reader_may_select
+
+    table = running.env["OUTBOX_TABLE"]
+    allowed = may_select()
+    with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"REVOKE SELECT ON {table} FROM {running.role}")
+        try:
+            refused = may_select()
+        finally:
+            conn.execute(f"GRANT SELECT ON {table} TO {running.role}")
+    assert (allowed, refused) == (True, False)

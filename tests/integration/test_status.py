@@ -69,9 +69,10 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert report["wal"]["max_slot_wal_keep_size_bytes"] is not None
     assert report["publication"] == {"error": None, "name": pipe.name, "exists": True,
                                      "tables": [f"public.{pipe.name}"],
-                                     "operations": ["insert"]}
+                                     "operations": ["insert"], "via_root": False}
     outbox = report["outbox"]
     assert outbox["table"] == f"public.{pipe.name}" and outbox["rows"] == 6
+    assert (outbox["partitioned"], outbox["reader_may_select"]) == (False, True)
     assert outbox["oldest_age_s"] >= 0 and outbox["size_bytes"] > 0
     connector = report["connector"]
     assert connector["state"] == "RUNNING" and [t["state"] for t in connector["tasks"]] == [

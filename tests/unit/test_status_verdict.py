@@ -186,6 +186,15 @@ def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
     assert "(it publishes: public.outbox_2026)" in line
 
 
+def test_a_connector_role_that_may_not_select_the_outbox_is_critical() -> None:
+    report = replace(healthy(), outbox=replace(healthy().outbox, reader="debezium",
+                                               reader_may_select=False))
+    [line] = lines(report)
+    assert line.startswith("critical: outbox: the connector's role debezium may not SELECT "
+                           "public.outbox: Debezium's snapshot fails")
+    assert "outbox init --replication-role debezium" in line
+
+
 def test_json_has_stable_keys_and_text_names_every_part() -> None:
     document = json.loads(json.dumps(as_json(healthy(), [])))
     assert list(document) == ["status", "exit_code", "problems", "checked_at", "wal",
