@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +13,12 @@ from typing import Any
 from cdc_router.config.placeholders import expand_tree, provider_references
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
+
+POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+_SNAPSHOT_OVERRIDES = "snapshot.select.statement.overrides"
+# schema.table as Debezium's include list names it: no regex, no quotes, and lower case, so
+# that the table it names in SQL is the one the (case-insensitive) include list matches.
+_PLAIN_TABLE = re.compile(r"[a-z_][a-z0-9_$]*\.[a-z_][a-z0-9_$]*")
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,29 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
                           field="config.name", value=config["name"])
     if not config.get("connector.class"):
         raise ConfigError("is required", source=source, field="config.connector.class")
-    return ConnectorSpec(name, config, source)
+    return ConnectorSpec(name, with_snapshot_order(config), source)
+
+
+def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
+    """A PostgreSQL connector of one plain lower-case table, without a snapshot statement of
+    its own, gets one that reads the table in the order its rows were written.
+
+    Debezium's snapshot is `SELECT * FROM <table>`: the heap's order, which in an outbox the
+    cleanup deletes from is not insert order, so one aggregate's backlog reached the raw topic
+    out of order (QA, session 29). The order is the inserting transaction's (`age(xmin)`,
+    oldest first, wraparound-safe), then the command within it (`cmin`), then the row's place:
+    the order Debezium's streaming would have given them, for any outbox's column names.
+    """
+    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    if config.get("connector.class") != POSTGRES_CONNECTOR or len(tables) != 1 or \
+            _PLAIN_TABLE.fullmatch(tables[0]) is None or \
+            any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config):
+        return config
+    schema, table = tables[0].split(".")
+    quoted = f'"{schema}"."{table}"'
+    return {**config, _SNAPSHOT_OVERRIDES: tables[0],
+            f"{_SNAPSHOT_OVERRIDES}.{tables[0]}":
+                f"SELECT * FROM {quoted} ORDER BY age(xmin) DESC, cmin::text::bigint, ctid"}
 
 
 def _config_value(value: Any, source: str, key: str) -> str:

@@ -524,3 +524,36 @@ def test_status_knows_when_the_connector_role_may_not_select_the_outbox(
         finally:
             conn.execute(f"GRANT SELECT ON {table} TO {running.role}")
     assert (allowed, refused) == (True, False)
+
+
+def test_the_snapshot_delivers_one_aggregates_backlog_in_the_order_it_was_written(
+        stack: StackEndpoints) -> None:
+    # QA, session 29: Debezium's snapshot read the outbox in heap order; after the cleanup's
+    # deletes and a VACUUM, new rows took the freed space and came out first.
+    deployment = _named(stack, unique("sobx"))
+    table = deployment.env["OUTBOX_TABLE"]
+    try:
+        assert deployment.cli(*deployment.init_args()).exit_code == 0
+
+        def write(count: int) -> list[str]:
+            ids = []
+            for _ in range(count):  # a transaction each, as an application writes them
+                with psycopg.connect(stack.postgres_dsn) as conn:
+                    ids.append(write_event(conn, aggregate_type="Order", aggregate_id="o-1",
+                                           type="OrderPaid", payload={}, schema=deployment.schema))
+            return ids
+
+        early = write(6)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (early[:4],))
+            conn.execute(f"VACUUM {table}")
+        written = early[4:] + write(3)
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            heap = [str(row[0]) for row in conn.execute(f"SELECT id FROM {table}")]
+        applied = deployment.cli("connectors", "apply", "-f", str(CONNECTOR_FILE), "--yes")
+        assert applied.exit_code == 0, applied.output
+        records = _read_until(deployment, written[-1])
+    finally:
+        _clean_up(deployment)
+    assert heap != written, "the premise: the heap holds the rows out of insert order"
+    assert [json.loads(record.value())["after"]["id"] for record in records] == written

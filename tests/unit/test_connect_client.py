@@ -311,6 +311,30 @@ def test_the_outbox_connector_file_follows_the_environment() -> None:
     assert spec.config["topic.creation.default.partitions"] == "6"
 
 
+def test_the_snapshot_of_one_plain_table_reads_it_in_the_order_its_rows_were_written() -> None:
+    # QA, session 29: the snapshot's heap order put one aggregate's backlog out of order.
+    config = load_spec(CONNECTOR_FILE, {"OUTBOX_TABLE": "billing.outbox"}).config
+    assert config["snapshot.select.statement.overrides"] == "billing.outbox"
+    assert config["snapshot.select.statement.overrides.billing.outbox"] == (
+        'SELECT * FROM "billing"."outbox" ORDER BY age(xmin) DESC, cmin::text::bigint, ctid')
+
+
+@pytest.mark.parametrize("tables", ["public.a,public.b", "public.out.*", "Sales.OutBox"])
+def test_no_snapshot_statement_for_several_tables_a_regex_or_a_mixed_case_name(
+        tables: str) -> None:
+    config = load_spec(CONNECTOR_FILE, {"OUTBOX_TABLE": tables}).config
+    assert not any(key.startswith("snapshot.select") for key in config)
+
+
+def test_a_snapshot_statement_of_the_users_own_is_kept() -> None:
+    text = json.dumps({"name": "c", "connector.class": "io.debezium.connector.postgresql."
+                       "PostgresConnector", "table.include.list": "public.outbox",
+                       "snapshot.select.statement.overrides": "public.outbox",
+                       "snapshot.select.statement.overrides.public.outbox": "SELECT 1"})
+    config = parse_spec(text, {}, source="c.json").config
+    assert config["snapshot.select.statement.overrides.public.outbox"] == "SELECT 1"
+
+
 def test_a_flat_config_and_scalar_values_are_accepted_as_connect_strings() -> None:
     spec = parse_spec('{"name": "c", "connector.class": "C", "tasks.max": 1, "x": true}', {},
                       source="c.json")
