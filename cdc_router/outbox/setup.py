@@ -161,12 +161,18 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
 
 def _size_check(schema: OutboxSchema) -> sql.Composed:
     """The CHECK that refuses a row too big for the pipeline (MAX_EVENT_BYTES): the payload's
-    and headers' text, or a bytea payload's own bytes (Debezium sends them as base64)."""
+    and headers' text, or a bytea payload's own bytes (Debezium sends them as base64).
+
+    The text is concat(column), not column::text: Postgres drops a cast to the column's own
+    type, so a check written on a text payload blocked changing it to jsonb (QA, session 29);
+    concat takes any type and stays as written.
+    """
     columns = schema.columns
-    as_text = sql.SQL("" if schema.payload_type == "bytea" else "::text")
-    size = sql.SQL("octet_length({}{})").format(sql.Identifier(columns.payload), as_text)
+    payload = sql.Identifier(columns.payload)
+    size = sql.SQL("octet_length({})").format(payload) if schema.payload_type == "bytea" else \
+        sql.SQL("octet_length(concat({}))").format(payload)
     if columns.headers is not None:
-        size = sql.SQL("{} + coalesce(octet_length({}::text), 0)").format(
+        size = sql.SQL("{} + octet_length(concat({}))").format(
             size, sql.Identifier(columns.headers))
     return sql.SQL("CONSTRAINT {} CHECK ({} <= {})").format(
         sql.Identifier(SIZE_CHECK), size, sql.Literal(MAX_EVENT_BYTES))
