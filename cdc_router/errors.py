@@ -105,8 +105,8 @@ class MemberFenced(FatalKafkaError):
     Seen after a broker outage longer than session.timeout.ms: the coordinator expired the
     member, and librdkafka's next requests from the same process came with an empty member id
     and were fenced against the old one (the chaos campaign, seed 15). A second instance with
-    the same --instance-id would be fenced the same way; its transactional id's fence renews
-    the producer once (router/renewal.py), and a second fence before a commit exits 1.
+    the same --instance-id would be fenced the same way; the two fence each other's producer
+    a few times (router/renewal.py renews it) until the group fences the older one here.
     """
 
     exit_code = EXIT_RESTART

@@ -84,6 +84,9 @@ class DedupSettings(_Model):
     @field_validator("changelog_config")
     @classmethod
     def _holds_the_window(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if not info.data.get("enabled", True) or \
+                "delete" not in value.get("cleanup.policy", "compact,delete"):
+            return value  # no dedup, or a compact-only changelog: nothing deleted by time
         retention, window_ms = value.get("retention.ms"), info.data.get("window_ms")
         try:
             retention_ms = int(retention) if retention is not None else None

@@ -103,7 +103,8 @@ def size_refusal(error: KafkaError, key: bytes | None, value: bytes | None,
     if error.code() != KafkaError.MSG_SIZE_TOO_LARGE:
         return None
     size = len(key or b"") + len(value or b"") + sum(
-        len(name) + len(data or b"") for name, data in headers)
+        len(name.encode()) + len(data or b"") for name, data in headers)
     return (f"refused by the router's producer before sending, not by a broker: the record is "
-            f"{size} bytes with its key and headers, over the producer's message.max.bytes "
+            f"{size} bytes with its key and headers (and librdkafka's framing), over the "
+            "producer's message.max.bytes "
             "(raise kafka.producer.message.max.bytes, within the topic's max.message.bytes)")

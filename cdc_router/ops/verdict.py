@@ -7,9 +7,12 @@ tick's Report so that growing dead letters are seen. Exit codes for cron jobs an
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from psycopg import sql
 
 from cdc_router.config.status import Level, StatusSettings
 from cdc_router.ops.report import (
@@ -151,10 +154,12 @@ def _reader(report: Report) -> Iterator[Problem]:
     if outbox.error is None and outbox.reader_may_select is False:
         # QA, session 29: the snapshot failed on `permission denied` and Connect retried it
         # for ever, both states RUNNING; the cause was only in Connect's log.
-        yield Problem("critical", "outbox", f"the connector's role {outbox.reader} may not "
-                      f"SELECT {outbox.table}: Debezium's snapshot fails (its task restarts "
-                      "and shows RUNNING); run `cdc-router outbox init --replication-role "
-                      f"{outbox.reader}`, or GRANT SELECT ON {outbox.table} TO {outbox.reader}")
+        role = outbox.reader or ""
+        yield Problem("critical", "outbox", f"the connector's role {role} may not SELECT "
+                      f"{outbox.table}: Debezium's snapshot fails (its task restarts and shows "
+                      "RUNNING); run `cdc-router outbox init --replication-role "
+                      f"{shlex.quote(role)}`, or `GRANT SELECT ON {outbox.table} TO "
+                      f"{sql.Identifier(role).as_string(None)}`")
 
 
 def _unquoted(table: str) -> str:

@@ -287,17 +287,20 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
 
 def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
     """What to run when `publication` does not publish the outbox `table` under its name:
-    Debezium captures nothing from it, and the rows written meanwhile are not streamed later."""
+    Debezium captures nothing from it, and the rows written meanwhile are not streamed later.
+    `partitioned`: the table is partitioned and the publication publishes partitions under
+    their own names (publish_via_partition_root false), whether or not the table is in it."""
     pub = sql.Identifier(publication).as_string(None)
+    add = f"ALTER PUBLICATION {pub} ADD TABLE {table}"
     if partitioned:
-        cause = (f"publishes {table}'s partitions under their own names, which the connector's "
-                 "table.include.list does not match (publish_via_partition_root is false)")
-        fix = f"ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)"
+        cause = (f"does not publish the partitioned {table} under its own name, which the "
+                 "connector's table.include.list matches (publish_via_partition_root is false)")
+        fix = (f"`ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)`, and "
+               f"`{add}` if the table is not in it")
     else:
-        cause = f"does not include {table}"
-        fix = f"ALTER PUBLICATION {pub} ADD TABLE {table}"
+        cause, fix = f"does not include {table}", f"`{add}`"
     return (f"publication {publication} {cause}: Debezium captures nothing from it; run "
-            f"`{fix}`, then `cdc-router outbox republish` for the rows written before")
+            f"{fix}, then `cdc-router outbox republish` for the rows written before")
 
 
 def _size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:

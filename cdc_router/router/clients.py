@@ -19,9 +19,9 @@ from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
+from cdc_router.router.destinations import Describe
 from cdc_router.router.timestamps import (
     DESCRIBE_TIMEOUT_S,
-    Describe,
     DescribeFactory,
     TopicTimestampLimits,
     admin_describe,

@@ -57,9 +57,11 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
         # QA, session 29: a `date` column (days) or epoch seconds read as milliseconds gave
         # records of January 1970, delivered so where the topic keeps records for ever.
         moment = (_EPOCH + timedelta(milliseconds=value)).isoformat(timespec="milliseconds")
-        kind = f" (its schema: {schema_name})" if schema_name else ""
+        if schema_name:  # the connector's schema, which source.created_at_unit cannot outrank
+            raise ValueError(f"is {value} (its schema: {schema_name}), not a timestamp: make "
+                             "the column timestamp(6) or timestamptz")
         raise ValueError(
-            f"is {value}{kind}, which as milliseconds is {moment}: a date (days) or epoch "
-            "seconds, not a timestamp? Make the column timestamp(6) or timestamptz, or set "
+            f"is {value}, which as milliseconds is {moment}: a date (days) or epoch seconds, "
+            "not a timestamp? Make the column timestamp(6) or timestamptz, or set "
             "source.created_at_unit: millis if that is the time meant")
     return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value

@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaException
 
@@ -21,11 +20,10 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
 
-if TYPE_CHECKING:  # timestamps.py imports this module
-    from cdc_router.router.timestamps import Describe
-
 log = logging.getLogger("cdc_router.router")
 
+# describe(topic, timeout_s): a topic's configuration (DescribeConfigs; router/timestamps.py).
+Describe = Callable[[str, float], Mapping[str, str]]
 MAX_TOPICS = 4096
 # A topic missing from metadata is asked for again after this long (it may have been created).
 MISSING_RECHECK_S = 10.0
@@ -62,7 +60,10 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
 def _require_changelog_retention(config: RouterConfig, describe: Describe) -> None:
     topic, window_ms = config.dedup.changelog_topic, config.dedup.window_ms
     try:
-        retention = describe(topic, LOOKUP_TIMEOUT_S).get("retention.ms")
+        settings = describe(topic, LOOKUP_TIMEOUT_S)
+        retention = settings.get("retention.ms")
+        if "delete" not in settings.get("cleanup.policy", "delete"):
+            return  # compact only: nothing is deleted by time
         retention_ms = int(retention) if retention else None
     except (KafkaException, TimeoutError, ValueError) as error:
         log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))

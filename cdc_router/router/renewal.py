@@ -7,48 +7,67 @@ by timeout, and the abort that follows is refused with INVALID_TXN_STATE (measur
 open past transaction.timeout.ms is aborted by its coordinator, which bumps the producer's
 epoch, and the next commit or abort is fenced (_FENCED, measured on Kafka 4.3 with a bare
 producer; QA saw a router exit so while a JetStream stream kept refusing its batches). Kafka
-Streams replaces its producer for such errors, a fence included (it rejoins the group: a real
-second instance is fenced by the group, KIP-447); so does the router: a new producer (same
-transactional id, whose init_transactions fences the old epoch and ends its transaction), the
-batch forgotten and re-read from the committed offsets (the relay: from the position topic,
-and only while it holds its table's lock). Offsets still commit only with the group's
-metadata, so a real second instance with the same --instance-id is refused by the group
-(FENCED_INSTANCE_ID stops it with exit 75). The new producer's init_transactions is retried
-with the loop's backoff until the cluster answers (Transaction.renew leaves it to the
-caller). Never for a refusal of credentials. And once only until a batch commits again: a
-second such error before any commit stops the router, so that a cluster that keeps refusing,
-or two processes that keep fencing each other's producer, are never retried in a loop.
+Streams replaces its producer for such errors, a fence included (it rejoins the group); so
+does the router: a new producer (same transactional id, whose init_transactions fences the old
+epoch and ends its transaction), the batch forgotten and re-read from the committed offsets
+(the relay: from the position topic, and only while it holds its table's lock). Offsets still
+commit only with the group's metadata (KIP-447), so a second process with the same
+--instance-id is refused by the group, which fences the older one's static member
+(FENCED_INSTANCE_ID: exit 75). The new producer's init_transactions is retried with the loop's
+backoff until the cluster answers (Transaction.renew leaves it to the caller).
+
+The budget: INVALID_TXN_STATE and OUT_OF_ORDER_SEQUENCE_NUMBER once until a batch commits
+again, so that a cluster that keeps refusing is never retried in a loop. Fences (and _FATAL,
+which is how a producer already fenced refuses its next produce) at most MAX_FENCES times in
+FENCE_WINDOW_S, commits or not: two processes starting with one --instance-id fence each other
+a few times before the group settles it, while a rival that keeps taking the transactional id
+(two pipelines sharing delivery.transactional_id on one host) stops the process, loudly. A
+refusal of credentials is never renewed (one raised on librdkafka's thread shows as _FATAL: the
+renewed producer's init then fails on the refusal itself, and the process stops).
 """
 
 from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced
 
-# Only what was measured, or is librdkafka's documented idempotence dead end, or a fence of
-# this transactional id (our own timed-out transaction, or a second instance: see above).
-# _FATAL is how a producer already in its fatal state refuses the next produce() ("Unable to
-# produce message: Local: Fatal error", measured after a fence raised on librdkafka's thread);
-# the consumer's _FATAL is a fenced static member, MemberFenced, which is never renewed.
-RENEWABLE = frozenset({
-    KafkaError.INVALID_TXN_STATE,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-    KafkaError._FENCED,
-    KafkaError.PRODUCER_FENCED,
-    KafkaError.INVALID_PRODUCER_EPOCH,
-    KafkaError._FATAL,
-})
+# Only what was measured, or is librdkafka's documented idempotence dead end.
+RENEWABLE_ONCE = frozenset({KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
+# A fence of this transactional id; _FATAL is how a producer in its fatal state refuses the next
+# produce() ("Unable to produce message: Local: Fatal error", measured after a fence raised on
+# librdkafka's thread). The consumer's _FATAL is MemberFenced, which is never renewed.
+FENCES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                    KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL})
+MAX_FENCES = 3
+FENCE_WINDOW_S = 600.0
 
 
 class ProducerRenewal:
-    """allows(failure): whether to replace the producer for it; committed() re-arms it."""
+    """allows(failure): whether to replace the producer for it; committed() re-arms the
+    once-until-commit budget (the fences' budget is a time window)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._spent = False
+        self._fences: deque[float] = deque()
 
     def allows(self, failure: FatalKafkaError) -> bool:
-        if self._spent or failure.code not in RENEWABLE or isinstance(failure, MemberFenced):
+        if isinstance(failure, MemberFenced):
+            return False
+        if failure.code in FENCES:
+            now = self._clock()
+            while self._fences and now - self._fences[0] > FENCE_WINDOW_S:
+                self._fences.popleft()
+            if len(self._fences) >= MAX_FENCES:
+                return False
+            self._fences.append(now)
+            return True
+        if self._spent or failure.code not in RENEWABLE_ONCE:
             return False
         self._spent = True
         return True

@@ -35,7 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from cdc_router.router.destinations import MAX_TOPICS
+from cdc_router.router.destinations import MAX_TOPICS, Describe
 
 log = logging.getLogger("cdc_router.router")
 
@@ -59,7 +59,6 @@ RETENTION_HINT = ("; set delivery.record_timestamp: now to deliver old rows with
                   "clock, or raise the topic's retention.ms")
 
 # describe(topic, timeout_s): a topic's configuration; its factory takes the admin config.
-Describe = Callable[[str, float], Mapping[str, str]]
 DescribeFactory = Callable[[Mapping[str, Any]], Describe]
 TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                   "(message.timestamp.before.max.ms / message.timestamp.after.max.ms): set "

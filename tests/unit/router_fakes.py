@@ -24,8 +24,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
+from cdc_router.router.destinations import Describe
 from cdc_router.router.replay import parse_changelog
-from cdc_router.router.timestamps import Describe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 RAW = "outbox.public.outbox"

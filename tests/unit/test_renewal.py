@@ -5,16 +5,15 @@ from __future__ import annotations
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced
-from cdc_router.router.renewal import ProducerRenewal
+from cdc_router.router.renewal import FENCE_WINDOW_S, MAX_FENCES, ProducerRenewal
 
 
 def _fatal(code: int) -> FatalKafkaError:
     return FatalKafkaError("failed for good", code=code)
 
 
-def test_a_fence_and_the_fatal_state_after_it_are_renewed_once_until_a_commit() -> None:
-    for code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError._FATAL,
-                 KafkaError.INVALID_TXN_STATE):
+def test_a_refused_abort_or_a_sequence_gap_is_renewed_once_until_a_commit() -> None:
+    for code in (KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER):
         renewal = ProducerRenewal()
         assert renewal.allows(_fatal(code))
         assert not renewal.allows(_fatal(code)), "a second one before a commit stops"
@@ -22,9 +21,24 @@ def test_a_fence_and_the_fatal_state_after_it_are_renewed_once_until_a_commit() 
         assert renewal.allows(_fatal(code))
 
 
+def test_fences_are_renewed_a_few_times_in_a_window_commits_or_not() -> None:
+    # Review, session 29: two processes with one --instance-id fence each other a few times
+    # before the group settles it; a rival that keeps taking the id must stop the process,
+    # although each of them commits in between.
+    now = [0.0]
+    renewal = ProducerRenewal(clock=lambda: now[0])
+    for code in (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED)[:MAX_FENCES]:
+        assert renewal.allows(_fatal(code))
+        renewal.committed()
+        now[0] += 10
+    assert not renewal.allows(_fatal(KafkaError._FENCED))
+    now[0] += FENCE_WINDOW_S
+    assert renewal.allows(_fatal(KafkaError._FENCED)), "the window moved on"
+
+
 def test_credentials_and_a_fenced_static_member_are_never_renewed() -> None:
     renewal = ProducerRenewal()
     assert not renewal.allows(_fatal(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
     assert not renewal.allows(MemberFenced("Static consumer fenced"))
     assert not renewal.allows(FatalKafkaError("no code"))
-    assert renewal.allows(_fatal(KafkaError._FENCED)), "nothing above spent the renewal"
+    assert renewal.allows(_fatal(KafkaError.INVALID_TXN_STATE)), "nothing above spent it"

@@ -255,6 +255,14 @@ def test_section_errors(tmp_path: Path, extra: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
 
 
+def test_a_short_changelog_retention_is_fine_when_nothing_is_deleted_by_time(
+        tmp_path: Path) -> None:
+    # Review, session 29: a compact-only changelog, or none (dedup off), was refused.
+    for dedup in ("{changelog_config: {cleanup.policy: compact, retention.ms: '20000'}}",
+                  "{enabled: false, changelog_config: {retention.ms: '20000'}}"):
+        loaded(write(tmp_path, MINIMAL + f"dedup: {dedup}\n"))
+
+
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: file not found; pass -c"):
         load_config("nope.yaml")

@@ -183,6 +183,9 @@ def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
         outbox=replace(healthy().outbox, partitioned=True))
     [line] = lines(report)
     assert "ALTER PUBLICATION \"outbox_pub\" SET (publish_via_partition_root = true)" in line
+    # Review, session 29: a partitioned outbox not in the publication at all needs both.
+    assert "`ALTER PUBLICATION \"outbox_pub\" ADD TABLE public.outbox` if the table is not " \
+        "in it" in line
     assert "(it publishes: public.outbox_2026)" in line
 
 
@@ -193,6 +196,12 @@ def test_a_connector_role_that_may_not_select_the_outbox_is_critical() -> None:
     assert line.startswith("critical: outbox: the connector's role debezium may not SELECT "
                            "public.outbox: Debezium's snapshot fails")
     assert "outbox init --replication-role debezium" in line
+    # Review, session 29: a role's name is quoted as SQL and as a shell word.
+    mixed = replace(report, outbox=replace(report.outbox, reader="Debezium-CDC"))
+    [line] = lines(mixed)
+    assert "--replication-role Debezium-CDC`" in line and 'TO "Debezium-CDC"`' in line
+    spaced = replace(report, outbox=replace(report.outbox, reader="cdc role"))
+    assert "--replication-role 'cdc role'`" in lines(spaced)[0]
 
 
 def test_json_has_stable_keys_and_text_names_every_part() -> None:
