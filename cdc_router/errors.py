@@ -220,14 +220,17 @@ class RecordRefused(Exception):
 class RegistryError(CdcRouterError):
     """The schema registry refused a schema or could not be asked: the router must stop.
     `missing`: the subject, or this schema under it, is not registered; `incompatible`: the
-    registry refused to register it (409); `outage`: no answer, or a server error, which a
+    registry refused to register it (409); `refused`: another definite answer about the
+    subject (a 4xx but 401 and the transient 408/429: an invalid schema, a per-subject ACL's
+    403, a 404 without the registry's code); `outage`: no answer, or a server error, which a
     restart may outlast (exit 75)."""
 
     def __init__(self, message: str, *, missing: bool = False, incompatible: bool = False,
-                 outage: bool = False) -> None:
+                 refused: bool = False, outage: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
         self.incompatible = incompatible
+        self.refused = refused
         if outage:
             self.exit_code = EXIT_RESTART
 

@@ -53,11 +53,14 @@ class KafkaSettings(_Model):
         return conf
 
 
-# Seconds a registry request may take (confluent-kafka's client waits for ever without one): a
-# registry that accepts connections and never answers must not hold the router's open
-# transaction past delivery.transaction_timeout_ms (20 s by default). schema_registry.config
-# `timeout` overrides it.
-REGISTRY_TIMEOUT_S = 10
+# Seconds a registry request may take (confluent-kafka's client waits for ever without one),
+# and how often its client tries a request again after a failure (its default, 3, made one
+# lookup of a silent registry take 44 s: QA, session 29): a registry that accepts connections
+# and never answers must not hold the router's open transaction past
+# delivery.transaction_timeout_ms (20 s by default). At most 5 + about 1 + 5 s this way;
+# schema_registry.config `timeout` and `max.retries` override them.
+REGISTRY_TIMEOUT_S = 5
+REGISTRY_MAX_RETRIES = 1
 # SchemaRegistryClient properties it wants as numbers; YAML and the environment give strings.
 _REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
                                "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
@@ -99,7 +102,8 @@ class SchemaRegistrySettings(_Model):
 
     def client_config(self) -> dict[str, str | float]:
         """The configuration of confluent-kafka's SchemaRegistryClient."""
-        conf: dict[str, str | float] = {"timeout": REGISTRY_TIMEOUT_S, **self.config,
+        conf: dict[str, str | float] = {"timeout": REGISTRY_TIMEOUT_S,
+                                        "max.retries": REGISTRY_MAX_RETRIES, **self.config,
                                         "url": self.url}
         for key in _REGISTRY_NUMBERS.intersection(self.config):
             text = self.config[key]

@@ -225,14 +225,15 @@ class AvroSerializer:
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
             failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
-            if (failure.missing or failure.incompatible) and \
+            if (failure.missing or failure.incompatible or failure.refused) and \
                     subject not in self._known_subjects():
                 # The subject comes from this event's destination (a template over its
                 # data), so no start-up check could see it, and a restart would meet the same
-                # answer: the event's, or one row would stop the stream for good. Missing, or
+                # answer: the event's, or one row would stop the stream for good. Missing,
                 # refused as incompatible (another producer's subject, a new version not
-                # registered yet): a dead letter, to replay once the subject is mended. An
-                # outage or refused credentials stop the router.
+                # registered yet), or any other definite 4xx about it (an invalid schema, a
+                # per-subject 403; QA, session 29): a dead letter, to replay once the subject
+                # is mended. An outage or refused credentials (401) stop the router.
                 raise SerializeError(f"event {show(event.event_id)}: {failure}; then "
                                      "`cdc-router dlq replay` it") from error
             raise failure from error

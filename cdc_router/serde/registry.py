@@ -223,11 +223,17 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
                              "subject's registered versions (`cdc-router schemas check -c ...` "
                              "names the field)", incompatible=True)
-    if status in (401, 403):
+    if status == 401:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check schema_registry.basic_auth_user_info")
-    return RegistryError(f"cannot {what}: {error}",
-                         outage=isinstance(status, int) and status >= 500)
+    if status == 403:
+        return RegistryError(f"cannot {what}: the registry at {url} forbids it (HTTP 403): "
+                             "check schema_registry.basic_auth_user_info and the registry's "
+                             "permissions for this subject", refused=True)
+    # 408 and 429 say "later": an outage's, not the subject's.
+    transient = isinstance(status, int) and (status >= 500 or status in (408, 429))
+    definite = isinstance(status, int) and 400 <= status < 500 and not transient
+    return RegistryError(f"cannot {what}: {error}", refused=definite, outage=transient)
 
 
 def _masked(text: str, url: str) -> str:

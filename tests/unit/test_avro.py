@@ -15,10 +15,15 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.compiled import compile_config
-from cdc_router.config.connections import REGISTRY_TIMEOUT_S, SchemaRegistrySettings
+from cdc_router.config.connections import (
+    REGISTRY_MAX_RETRIES,
+    REGISTRY_TIMEOUT_S,
+    SchemaRegistrySettings,
+)
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.routes import RouteRule
@@ -286,6 +291,50 @@ class FlakyRegistry(MockRegistry):  # type: ignore[misc,valid-type]
         return super().lookup_schema(*args, **kwargs)
 
 
+class RefusingRegistry(MockRegistry):  # type: ignore[misc,valid-type]
+    """The in-memory registry, answering `refusal` to every lookup."""
+
+    refusal: ClientError
+
+    def lookup_schema(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.refusal
+
+
+@pytest.mark.parametrize("refusal", [ClientError(422, 42201, "Invalid schema"),
+                                     ClientError(403, 40301, "Forbidden for this subject"),
+                                     ClientError(404, -1, "<html>Not Found</html>")])
+def test_any_definite_refusal_of_a_data_named_subject_is_that_events_dead_letter(
+        refusal: ClientError) -> None:
+    # QA, session 29: a 422 (or a per-subject 403, a bare 404) for a subject rendered from the
+    # row's data stopped the relay, and every restart met the same row.
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    client = RefusingRegistry({"url": "mock://refusing"})
+    client.refusal = refusal
+    serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+    with pytest.raises(SerializeError, match=r"subject 'x.n01-value'.*dlq replay"):
+        serializer.serialize(event(GOOD), dynamic, "x.n01")
+    # A subject known at start is configuration: the router stops, naming it.
+    serializer = AvroSerializer([rule()], registry(), registry_client=client)
+    with pytest.raises(RegistryError) as caught:
+        serializer.serialize(event(GOOD), rule(), "payments")
+    assert not isinstance(caught.value, SerializeError)
+
+
+def test_refused_credentials_and_a_throttle_are_never_an_events_dead_letter() -> None:
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    for refusal, restart in ((ClientError(401, 40101, "Unauthorized"), False),
+                             (ClientError(429, 42901, "Too many requests"), True)):
+        client = RefusingRegistry({"url": "mock://refusing"})
+        client.refusal = refusal
+        serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+        with pytest.raises(RegistryError) as caught:
+            serializer.serialize(event(GOOD), dynamic, "x.n01")
+        assert not isinstance(caught.value, SerializeError)
+        assert (caught.value.exit_code == EXIT_RESTART) is restart
+
+
 def test_a_registry_outage_at_serialize_time_blames_no_record() -> None:
     client = FlakyRegistry({"url": "mock://flaky"})
     client.register_schema("payments-value", Schema(load_schema(PAYMENT).text, "AVRO"))
@@ -434,7 +483,12 @@ def test_registry_credentials_are_secret_and_reach_the_client() -> None:
     assert "pw" not in repr(settings)
     assert settings.client_config() == {
         "url": "https://r:8081", "ssl.ca.location": "/ca.pem", "timeout": REGISTRY_TIMEOUT_S,
+        "max.retries": REGISTRY_MAX_RETRIES,
         "basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "user:pw"}
+    # QA, session 29: confluent-kafka's default of 3 retries made one lookup 44 s; at most
+    # two tries of REGISTRY_TIMEOUT_S stay under the transaction's 20 s.
+    assert 2 * REGISTRY_TIMEOUT_S + 2 < 20
+    assert registry(config={"max.retries": "3"}).client_config()["max.retries"] == 3
 
 
 # --- the decoder --------------------------------------------------------------------------
