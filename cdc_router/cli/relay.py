@@ -43,7 +43,8 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     dsn = config.relay.dsn or config.cleanup.dsn
     if not dsn:
         raise ConfigError("the relay needs the Postgres DSN", source=str(config_path),
-                          field="relay.dsn", hint="set CDC_ROUTER__RELAY__DSN")
+                          field="cleanup.dsn", hint="set CDC_ROUTER__CLEANUP__DSN (the relay "
+                          "cleans the table it reads; relay.dsn, if set, is its own)")
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,

@@ -17,7 +17,9 @@ class RelaySettings(ConfigModel):
     """Where the relay reads, how often and how much, and where it keeps its position."""
 
     table: TableName = "public.outbox"
-    dsn: Dsn = None  # set it through CDC_ROUTER__RELAY__DSN, not the file
+    # The relay's database when it is not cleanup.dsn's (the relay cleans the table it reads):
+    # a secret, for CDC_ROUTER__CLEANUP__DSN (or __RELAY__DSN) rather than the file.
+    dsn: Dsn = None
     # An idle relay looks for new rows this often; a full batch is followed at once by the next.
     poll_interval_ms: PositiveInt = 200
     batch_rows: PositiveInt = Field(default=1000, le=100_000)
