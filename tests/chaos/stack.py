@@ -114,16 +114,21 @@ class LocalStack:
         return result.stdout
 
 
-def hanging_transactions(table: str) -> list[tuple[str, str, str]]:
-    """(topic, partition, start offset) of each row `find-hanging` printed (tab-separated,
-    under a header naming its columns)."""
-    lines = [line.split("\t") for line in table.splitlines() if line.strip()]
-    if not lines or "StartOffset" not in lines[0]:
+def hanging_transactions(output: str) -> list[tuple[str, str, str]]:
+    """(topic, partition, start offset) of each row of the table `find-hanging` printed
+    (tab-separated, under a header naming its columns), amid the log lines the tool prints
+    before it with the stack's log4j configuration."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if line.split("\t")[0].strip() == "Topic" and "StartOffset" in line]
+    if not starts:
         return []
-    header = [column.strip() for column in lines[0]]
+    header = [column.strip() for column in lines[starts[0]].split("\t")]
     at = {name: header.index(name) for name in ("Topic", "Partition", "StartOffset")}
+    rows = [line.split("\t") for line in lines[starts[0] + 1:]]
     return [(row[at["Topic"]].strip(), row[at["Partition"]].strip(),
-             row[at["StartOffset"]].strip()) for row in lines[1:] if len(row) >= len(at)]
+             row[at["StartOffset"]].strip()) for row in rows
+            if len(row) >= len(header) - 1 and row[at["Partition"]].strip().isdigit()]
 
 
 class Connect:
