@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
@@ -84,19 +85,29 @@ class DedupSettings(_Model):
     @field_validator("changelog_config")
     @classmethod
     def _holds_the_window(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if not info.data.get("enabled", True) or \
-                "delete" not in value.get("cleanup.policy", "compact,delete"):
-            return value  # no dedup, or a compact-only changelog: nothing deleted by time
-        retention, window_ms = value.get("retention.ms"), info.data.get("window_ms")
+        window_ms = info.data.get("window_ms")
+        if not info.data.get("enabled", True) or not window_ms:
+            return value
         try:
-            retention_ms = int(retention) if retention is not None else None
+            forgets = forgets_before(value, window_ms, default_policy="compact,delete")
         except ValueError:
             raise ValueError(f"retention.ms must be a number of milliseconds, not "
-                             f"{retention!r}") from None
-        if retention_ms is not None and window_ms and 0 <= retention_ms < window_ms:
+                             f"{value.get('retention.ms')!r}") from None
+        if forgets:
             # The router restored from it would deliver again the replays of ids it forgot.
-            raise ValueError(f"retention.ms ({retention_ms}) is below dedup.window_ms "
+            raise ValueError(f"retention.ms ({value['retention.ms']}) is below dedup.window_ms "
                              f"({window_ms}): ids forgotten sooner are delivered again when "
                              "Debezium replays them; leave retention.ms out (it defaults to "
                              "the window) or lower window_ms")
         return value
+
+
+def forgets_before(topic_config: Mapping[str, str], window_ms: int, *,
+                   default_policy: str) -> bool:
+    """Whether a dedup changelog of this topic configuration deletes records by time sooner
+    than `window_ms` (a cleanup.policy with delete, 0 <= retention.ms < the window). Raises
+    ValueError for a retention.ms that is no number."""
+    retention = topic_config.get("retention.ms")
+    if retention is None or "delete" not in topic_config.get("cleanup.policy", default_policy):
+        return False
+    return 0 <= int(retention) < window_ms

@@ -88,6 +88,11 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
     return ConnectorSpec(name, with_snapshot_order(config), source)
 
 
+def included_tables(config: Mapping[str, str]) -> list[str]:
+    """The entries of a connector's table.include.list (regular expressions, comma-separated)."""
+    return [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+
+
 def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     """A PostgreSQL connector of one plain lower-case table, without a snapshot statement of
     its own, gets one that reads the table in the order its rows were written.
@@ -98,7 +103,7 @@ def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     oldest first, wraparound-safe), then the command within it (`cmin`), then the row's place:
     the order Debezium's streaming would have given them, for any outbox's column names.
     """
-    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    tables = included_tables(config)
     if config.get("connector.class") != POSTGRES_CONNECTOR or len(tables) != 1 or \
             _PLAIN_TABLE.fullmatch(tables[0]) is None or \
             any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config):

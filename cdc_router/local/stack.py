@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_router.connect.spec import POSTGRES_CONNECTOR
 from cdc_router.errors import StackError
 from cdc_router.local import process
 from cdc_router.local.config import (
@@ -43,7 +44,6 @@ Say = Callable[[str], None]
 # The registry (Quarkus) starts in 8 to 36 s on a loaded machine, most of it creating its H2 schema.
 _TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 120, "connect": 240, "nats": 30,
                                   "registry": 180}
-_POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
 
 @dataclass(frozen=True)
@@ -385,4 +385,4 @@ def _connect_healthy(config: StackConfig) -> bool:
             plugins = json.loads(reply.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False
-    return any(plugin.get("class") == _POSTGRES_CONNECTOR for plugin in plugins)
+    return any(plugin.get("class") == POSTGRES_CONNECTOR for plugin in plugins)

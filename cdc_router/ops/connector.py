@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
+from cdc_router.connect.spec import included_tables
 from cdc_router.errors import ConnectError, UnknownConnectorError
 from cdc_router.ops.report import ConnectorState, TaskState
 
@@ -56,7 +57,7 @@ def connector_state(status: ConnectorStatus) -> ConnectorState:
 
 
 def capture_of(config: dict[str, str]) -> Capture:
-    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    tables = included_tables(config)
     table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),
                    config.get("publication.name", DEFAULT_PUBLICATION), table,

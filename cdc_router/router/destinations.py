@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaException
 
+from cdc_router.config.delivery import forgets_before
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
@@ -61,14 +62,12 @@ def _require_changelog_retention(config: RouterConfig, describe: Describe) -> No
     topic, window_ms = config.dedup.changelog_topic, config.dedup.window_ms
     try:
         settings = describe(topic, LOOKUP_TIMEOUT_S)
-        retention = settings.get("retention.ms")
-        if "delete" not in settings.get("cleanup.policy", "delete"):
-            return  # compact only: nothing is deleted by time
-        retention_ms = int(retention) if retention else None
+        forgets = forgets_before(settings, window_ms, default_policy="delete")
     except (KafkaException, TimeoutError, ValueError) as error:
         log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
         return
-    if retention_ms is not None and 0 <= retention_ms < window_ms:
+    if forgets:
+        retention_ms = settings["retention.ms"]
         raise ConfigError(
             f"topic {topic} keeps its records {retention_ms} ms (retention.ms), less than "
             f"dedup.window_ms ({window_ms}): the ids it forgets sooner are delivered again "
