@@ -46,7 +46,7 @@ from cdc_router.outbox import (
 from cdc_router.outbox import purge as purge_rows
 from cdc_router.outbox.relay_columns import seq_always_ddl, txid_index, unique_seq_index
 from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
-from cdc_router.postgres import column_types, one_line, regclass_text, split_table
+from cdc_router.postgres import column_types, dsn_problem, one_line, regclass_text, split_table
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
 
@@ -107,9 +107,9 @@ def _where(dsn: str) -> str:
     # Never echo the DSN itself: it may carry a password.
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as error:
-        raise ConfigError("not a valid connection string", field="--dsn",
-                          hint=one_line(error)) from error
+    except psycopg.ProgrammingError:
+        # libpq's reason quotes the string's words, a password among them.
+        raise ConfigError(dsn_problem(dsn) or "not a connection string", field="--dsn") from None
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 

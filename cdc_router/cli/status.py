@@ -26,6 +26,7 @@ from cdc_router.ops.isolated import IsolatedChecks
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.report import Report
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
+from cdc_router.postgres import dsn_problem
 from cdc_router.router import clients
 
 # --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
@@ -77,6 +78,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
+    if dsn and (problem := dsn_problem(dsn)):
+        raise _CheckImpossible(f"--dsn: {problem}")
     kafka = clients.logged_config(config)
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers

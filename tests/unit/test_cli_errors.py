@@ -129,6 +129,16 @@ def test_status_that_cannot_check_exits_3_never_a_verdict(args: list[str]) -> No
     assert result.exit_code == 3, result.output
 
 
+def test_a_dsn_that_is_no_connection_string_is_a_bad_argument_never_quoted() -> None:
+    # `status --dsn notadsn` reported the part unreachable (critical, exit 2), quoting libpq's
+    # reason, which quotes the string's words (a password among them).
+    for command in (["status", "-c", str(EXAMPLE)], ["outbox", "init"]):
+        result = CliRunner().invoke(main, [*command, "--dsn", "host=db password=s3cret oops"])
+        assert result.exit_code in (1, 3), result.output
+        assert "--dsn" in result.stderr and "s3cret" not in result.output + result.stderr
+    assert CliRunner().invoke(main, ["status", "-c", str(EXAMPLE), "--dsn", "oops"]).exit_code == 3
+
+
 @pytest.mark.parametrize(("kafka", "text", "field"), [
     ({"config": {"no.such.property": "x"}}, 'No such configuration property: "no.such.property"',
      "kafka.config.no.such.property"),
