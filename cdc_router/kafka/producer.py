@@ -103,7 +103,8 @@ class LatchingProducer:
                 return
             except BufferError:
                 # The local queue is full (queue.buffering.max.messages): let deliveries drain.
-                self.client.poll(0.1)
+                with _fatal_unwrapped():
+                    self.client.poll(0.1)
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every queued record is delivered; raise the first delivery error."""
@@ -170,15 +171,22 @@ class LatchingProducer:
 
 @contextmanager
 def _fatal_unwrapped() -> Iterator[None]:
-    """A fatal error as the DeliveryError it is. confluent-kafka (2.16) can serve a delivery
-    report while a fatal error it raised is pending: the report's callback then fails at its
-    first call into the library, and the call ends in a SystemError caused by that error
-    (measured: a second producer with the same transactional id fencing this one). Sometimes
-    the SystemError carries no cause ("returned NULL without setting an exception", measured
-    the same way): then the batch fails without a Kafka error, and the abort that follows
-    meets the producer's fatal error itself (a fence: the router renews its producer)."""
+    """An error of a queue-serving call (poll, flush) as the DeliveryError it is, carrying its
+    Kafka error. confluent-kafka (2.16) raises a producer's fatal error (a fence) from the next
+    poll() or flush() as a KafkaException: left as it is, it passed every handler of the batch
+    and stopped the router (exit 1) where a fence renews the producer (CI rehearsal, session
+    29). confluent-kafka can also serve a delivery report while a fatal error it raised is
+    pending: the report's callback then fails at its first call into the library, and the call
+    ends in a SystemError caused by that error (measured: a second producer with the same
+    transactional id fencing this one). Sometimes the SystemError carries no cause ("returned
+    NULL without setting an exception", measured the same way): then the batch fails without
+    a Kafka error, and the abort that follows meets the producer's fatal error itself."""
     try:
         yield
+    except KafkaException as failure:
+        error = kafka_error_of(failure)
+        raise DeliveryError(f"the producer failed: {describe(error) if error else failure}",
+                            kafka_error=error) from failure
     except SystemError as failure:
         cause = failure.__cause__  # where CPython puts the pending error
         error = kafka_error_of(cause) if isinstance(cause, KafkaException) else None

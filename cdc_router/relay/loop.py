@@ -120,7 +120,8 @@ class OutboxRelay:
                                 if self._replay is not None else None,
                                 bootstrap=config.kafka.bootstrap_servers, sleep=self._stop.wait,
                                 mark_group=config.source.group_id, publisher=self._publisher,
-                                stopping=self._stop.is_set)
+                                stopping=self._stop.is_set,
+                                fenced_hint="another relay of the table may have taken over")
         self._position_key = self._table.encode()
         self.position = RelayPosition()
         self._aborts = 0
@@ -356,8 +357,7 @@ class OutboxRelay:
         if self._replay is not None:
             self._replay.abort()
         self._metrics.aborted.inc()
-        cause, reason = abort_batch(self._txn, self._poison, failure, who="relay",
-                                    fenced_hint="another relay of the table may have taken over")
+        cause, reason = abort_batch(self._txn, self._poison, failure, who="relay")
         if cause == "abort_failed":
             self._pending_abort = True
         if cause != "record_refused":

@@ -166,7 +166,8 @@ class DeadLetterReplay:
                 changelog_topic=self._config.dedup.changelog_topic,
                 bootstrap=self._config.kafka.bootstrap_servers,
                 mark_key_prefix=REPLAYED_KEY_PREFIX,
-                mark_group=self._config.source.group_id, publisher=self._publisher)
+                mark_group=self._config.source.group_id, publisher=self._publisher,
+                fenced_hint="another `dlq replay` of this pipeline took over: run one at a time")
             try:
                 txn.init()
             except BatchFailed as failure:

@@ -316,8 +316,7 @@ class OutboxRouter:
             self._replay.abort()
         self._metrics.aborted.inc()
         self._needs_rewind = True
-        cause, reason = abort_batch(self._txn, self._poison, failure, who="router",
-                                    fenced_hint="another instance may use the same instance id")
+        cause, reason = abort_batch(self._txn, self._poison, failure, who="router")
         if cause == "abort_failed":
             self._pending_abort = True
             self._back_off(reason, backoff)

@@ -150,16 +150,17 @@ class PoisonIsolation:
 
 
 def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseException, *,
-                who: str, fenced_hint: str) -> tuple[AbortCause, str]:
+                who: str) -> tuple[AbortCause, str]:
     """Abort the open batch after `failure` and learn which input records the broker refused;
     the cause and a reason for the log. The router and the relay share it.
 
-    Raises FatalKafkaError when `failure` is fatal, naming `who` and the likely cause.
+    Raises FatalKafkaError when `failure` is fatal, naming `who` and the likely cause (the
+    Transaction's fenced_hint).
     """
     error = kafka_error_of(failure)
     if error is not None and classify(error) is ErrorAction.FATAL:
         raise fatal_kafka_error(f"Kafka refused this {who} for good ({describe(error)}); "
-                                f"{fenced_hint}", error) from failure
+                                f"{txn.fenced_hint}", error) from failure
     sources = txn.sources
     try:
         failures = txn.abort()

@@ -79,7 +79,8 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
         raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
                             "--topic")
     txn = Transaction(producer, None, delivery=config.delivery, changelog_topic=None,
-                      mark_group=None, bootstrap=config.kafka.bootstrap_servers)
+                      mark_group=None, bootstrap=config.kafka.bootstrap_servers,
+                      fenced_hint="another `outbox republish` of this pipeline took over")
     committed = pending = 0
     try:
         txn.init()

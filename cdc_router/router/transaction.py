@@ -6,15 +6,12 @@ the offsets move with it. At least once: an idempotent producer; the changelog m
 produced only once every record of the batch is acknowledged, and the offsets committed only
 once the marks are, so a mark never stands for an event that was not delivered.
 
-The object is handed its clients (the LatchingProducer and the consumer), so that every path
-can be unit-tested with fakes. The relay (cdc_router/relay) has no consumer: its progress is a
-record of its own (progress()), sent with the changelog marks, in place of consumed offsets.
-JetStream routes (cdc_router/nats): their records wait in the batch and are published at
-commit, before anything of the Kafka side, and the offsets commit only once JetStream acked
-every one of them; see commit().
-Kafka errors are classified by cdc_router.kafka.errors.classify:
-retriable -> the same call again after a backoff; abortable -> BatchFailed (the caller aborts
-and rewinds); fatal or fenced -> FatalKafkaError (the router exits).
+It is handed its clients (LatchingProducer, consumer): every path is unit-tested with fakes.
+The relay (cdc_router/relay) has no consumer: its progress is a record of its own (progress()),
+sent with the changelog marks, in place of consumed offsets.
+JetStream routes' records wait in the batch and are published at commit; see commit().
+Kafka errors (kafka.errors.classify): retriable -> the same call again after a backoff;
+abortable -> BatchFailed (the caller aborts and rewinds); fatal or fenced -> FatalKafkaError.
 """
 
 from __future__ import annotations
@@ -100,15 +97,15 @@ class Transaction:
                  clock: Callable[[], float] = time.monotonic,
                  mark_group: str | None, mark_key_prefix: str = BATCH_KEY_PREFIX,
                  publisher: JetStreamPublisher | None = None,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+                 stopping: Callable[[], bool] = lambda: False,
+                 fenced_hint: str = "another instance may use the same instance id") -> None:
         """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
         `mark_key_prefix` keys the changelog marks and `mark_group` names their pipeline
         (source.group_id; router/replay.py); `publisher` delivers the records of JetStream
         routes (None: this command has no JetStream routes); once `stopping()`, a failed
-        call is not retried (a stop during an outage must not wait out every retry)."""
-        self._producer = producer
-        self._publisher = publisher
-        self._consumer = consumer
+        call is not retried (a stop during an outage must not wait out every retry);
+        `fenced_hint`: who else may take this transactional id."""
+        self._producer, self._publisher, self._consumer = producer, publisher, consumer
         self._delivery = delivery
         self._exactly_once = delivery.guarantee == "exactly_once"
         self._changelog_topic = changelog_topic
@@ -117,7 +114,7 @@ class Transaction:
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep = sleep
-        self._stopping = stopping
+        self._stopping, self.fenced_hint = stopping, fenced_hint
         self._clock = clock
         self._batch = _Batch()
         self._open = False
@@ -229,10 +226,8 @@ class Transaction:
         self._batch.progress.append((topic, key, value))
 
     def commit(self) -> list[Delivered]:
-        """Commit the open batch, as a numbered procedure; its delivered events.
-
-        Raises BatchFailed (abort and rewind) or FatalKafkaError.
-        """
+        """Commit the open batch, as a numbered procedure; its delivered events. Raises
+        BatchFailed (abort and rewind) or FatalKafkaError."""
         consumer, producer, wait_s = self._consumer, self._producer, self._timeouts.call_s
         # The commit stamp: `cdc-router status` tells the age of the group's last commit by it.
         stamp = commit_metadata(int(time.time() * 1000))
@@ -274,12 +269,17 @@ class Transaction:
     def abort(self) -> list[DeliveryFailure]:
         """Abort the open batch; the deliveries that failed in it, for the poison isolation.
 
-        Raises BatchFailed when the abort itself cannot complete (call it again later).
+        Raises BatchFailed when the abort itself cannot complete (call it again later), and
+        FatalKafkaError when the producer reports a fatal error (a fence) meanwhile.
         """
-        failures = self._producer.take_failures()
-        if self._exactly_once and self._open:
-            self._call(lambda: self._producer.abort_transaction(self._timeouts.call_s), "abort")
-        failures += self._producer.take_failures()
+        try:
+            failures = self._producer.take_failures()
+            if self._exactly_once and self._open:
+                self._call(lambda: self._producer.abort_transaction(self._timeouts.call_s),
+                           "abort")
+            failures += self._producer.take_failures()
+        except DeliveryError as failure:
+            raise self._failed(failure) from failure
         self._producer.clear_latched()
         self._reset()
         return failures
@@ -352,8 +352,8 @@ class Transaction:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
         error = kafka_error_of(failure)
         if error is not None and classify(error) is ErrorAction.FATAL:
-            return fatal_kafka_error(f"Kafka refused this router for good ({describe(error)}); "
-                                     "another instance may use the same instance id", error)
+            return fatal_kafka_error(f"Kafka refused this producer for good "
+                                     f"({describe(error)}); {self.fenced_hint}", error)
         return BatchFailed(str(failure), error)
 
     def _settle_in_doubt(self, name: str, failure: KafkaException, conflict: bool) -> None:

@@ -72,6 +72,9 @@ class FakeCluster:
     # Bumped by fence(), as another init_transactions of the id (or the coordinator aborting a
     # timed-out transaction) bumps the producer epoch: producers initialised before are fenced.
     producer_epoch: int = 0
+    # As confluent-kafka's error_cb: a producer fenced raises the fatal error once from its
+    # next poll() or flush(), before any transactional call meets it (what CI met, session 29).
+    fence_on_serve: bool = False
     producers_initialised: int = 0  # init_transactions calls, of every producer
     producers_purged: int = 0
     init_failures: list[KafkaError] = field(default_factory=list)  # next init_transactions
@@ -109,11 +112,16 @@ class FakeProducer:
         self._pending_metadata: dict[tuple[str, int], str | None] = {}
         self._abortable: KafkaError | None = None
         self._in_txn = False
+        self._fence_served = False
         # Refused records leave a gap in their partition's sequence numbers: as librdkafka
         # does, the next request there fails and the abort bumps the epoch (KIP-360).
         self._gaps: set[tuple[str, int]] = set()
 
-    def _fence_check(self) -> None:
+    def _fence_check(self, *, local: bool = False) -> None:
+        """`local`: a call that sends no request (produce, begin), which learns of a fence only
+        once it was served, with fence_on_serve."""
+        if local and self.cluster.fence_on_serve and not self._fence_served:
+            return
         if self.cluster.fenced or (self._epoch is not None and
                                    self._epoch < self.cluster.producer_epoch):
             raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance",
@@ -123,7 +131,7 @@ class FakeProducer:
                 headers: list[tuple[str, bytes]], on_delivery: Callable[..., None],
                 partition: int = -1, timestamp: int = 0) -> None:
         # confluent-kafka's defaults: partition -1 (librdkafka chooses), timestamp 0 (now).
-        self._fence_check()
+        self._fence_check(local=True)
         if self.transactional and not self._in_txn:
             raise KafkaException(KafkaError(KafkaError._STATE, "no transaction"))
         if value is not None and len(value) > self.cluster.max_message_bytes:
@@ -169,6 +177,12 @@ class FakeProducer:
                                              txn_requires_abort=True)
 
     def poll(self, timeout: float = 0) -> int:
+        if self.cluster.fence_on_serve and not self._fence_served and self._epoch is not None \
+                and self._epoch < self.cluster.producer_epoch:
+            self._fence_served = True
+            raise KafkaException(KafkaError(KafkaError._FENCED, "Fatal error: Local: This "
+                                            "instance has been fenced by a newer instance",
+                                            fatal=True))
         self._send()
         reports, self._reports = self._reports, []
         for callback, error, message in reports:
@@ -192,7 +206,7 @@ class FakeProducer:
         self.cluster.producers_purged += 1
 
     def begin_transaction(self) -> None:
-        self._fence_check()
+        self._fence_check(local=True)
         assert not self._in_txn, "begin_transaction inside an open transaction"
         self._in_txn = True
 

@@ -178,6 +178,27 @@ def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read
     assert relay.position == RelayPosition(Snapshot(11, 11))
 
 
+def test_a_fence_met_by_the_abort_of_a_failed_commit_renews_the_producer() -> None:
+    # Review, session 30: the commit fails abortably while a fence waits to be served; the
+    # abort's poll(0) raised it as a bare KafkaException and the relay exited 1.
+    cluster, table = _cluster(), FakeTable()
+    cluster.fence_on_serve = True
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    client = relay._producer.client
+
+    def fenced_meanwhile(timeout: float) -> None:
+        cluster.fence()
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                        txn_requires_abort=True))
+
+    client.commit_transaction = fenced_meanwhile  # type: ignore[method-assign]
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert cluster.producers_initialised == 2
+
+
 def test_a_relay_that_lost_its_lock_stops_instead_of_renewing_its_producer() -> None:
     # Review, session 28: another relay may own the transactional id by now.
     cluster, table, lock = _cluster(), FakeTable(), FakeLock()

@@ -168,6 +168,18 @@ def test_a_fenced_producer_is_fatal() -> None:
         txn.commit()
 
 
+def test_a_fence_served_by_the_flush_is_fatal_and_names_who_else_takes_the_id() -> None:
+    # confluent-kafka raises a producer's fatal error from its next flush() (CI, session 29);
+    # `dlq replay` and `outbox republish` say who else takes their ids, not "an instance".
+    cluster = FakeCluster(fence_on_serve=True)
+    txn, _ = transaction(cluster)
+    txn.fenced_hint = "another `dlq replay` of this pipeline took over"
+    add(txn, 0, "e-0")
+    cluster.fence()
+    with pytest.raises(FatalKafkaError, match=r"for good \(_FENCED.*another `dlq replay`"):
+        txn.commit()
+
+
 def test_a_fenced_static_member_exits_for_a_restart_not_for_good() -> None:
     # The chaos campaign (seed 15): after a broker outage longer than session.timeout.ms the
     # coordinator fenced this very process's member; a new process rejoins at once.
