@@ -252,6 +252,11 @@ class MalformedRecord(Exception):
     """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
 
 
+class UnreadableHeaders(MalformedRecord):
+    """confluent-kafka could not read the record's headers (a name that is not UTF-8): its
+    dead letter goes without them, and nothing may call Message.headers() on it again."""
+
+
 class DedupStoreError(CdcRouterError):
     """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
 

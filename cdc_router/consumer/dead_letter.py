@@ -15,7 +15,8 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc_router.consumer.event import KafkaMessage
 from cdc_router.dead_letter import dead_letter_headers as _headers
 from cdc_router.dead_letter import dead_letter_max_bytes, fitted
-from cdc_router.errors import DeadLetterRefused, DeliveryError
+from cdc_router.errors import DeadLetterRefused, DeliveryError, UnreadableHeaders
+from cdc_router.kafka.consumer import UNREADABLE_HEADERS, record_headers
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,10 @@ class DeadLetterWriter:
             if err is not None:
                 failures.append(err)
 
-        headers = [(name, header or b"") for name, header in message.headers() or ()]
+        # Message.headers() once a record, and never again on one whose headers it could not
+        # read (kafka/consumer.py: record_headers).
+        headers = list(UNREADABLE_HEADERS) if isinstance(error, UnreadableHeaders) \
+            else record_headers(message)
         key, value, headers = fitted(
             message.key(), message.value(), headers + dead_letter_headers(
                 message, stage=stage, error=error, attempts=attempts, event_id=event_id),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -20,13 +21,30 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from cdc_router.dead_letter import HEADERS_DROPPED
 from cdc_router.errors import fatal_kafka_error
 from cdc_router.kafka.errors import describe, kafka_error_of, stops_consumer
 
+# In place of the headers of a record whose header names confluent-kafka cannot read.
+UNREADABLE_HEADERS = ((HEADERS_DROPPED, b"a header name is not UTF-8"),)
 
-def record_headers(message: Message) -> list[tuple[str, bytes]]:
-    """A consumed record's headers as (name, bytes) pairs; a null header value is b''."""
-    raw = message.headers() or []
+
+class _WithHeaders(Protocol):
+    def headers(self) -> Any: ...
+
+
+def record_headers(message: _WithHeaders) -> list[tuple[str, bytes]]:
+    """A consumed record's headers as (name, bytes) pairs; a null header value is b''.
+
+    Call it once a record: confluent-kafka decodes header names as UTF-8, and a name that is
+    not (librdkafka's C API or kcat can write one) fails Message.headers() with a SystemError;
+    a second call returns a list holding a NULL, which crashes the interpreter (measured with
+    confluent-kafka 2.16). Such a record's headers are UNREADABLE_HEADERS.
+    """
+    try:
+        raw = message.headers() or []
+    except (SystemError, UnicodeDecodeError):
+        return list(UNREADABLE_HEADERS)
     pairs = raw.items() if isinstance(raw, dict) else raw
     return [(name, value if isinstance(value, bytes) else (value or "").encode())
             for name, value in pairs]

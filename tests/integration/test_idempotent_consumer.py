@@ -38,6 +38,7 @@ from cdc_router.consumer.dedup import (
 )
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
 from cdc_router.examples.fulfillment import create_shipments_table
+from tests.integration.c_producer import produce_with_header
 from tests.integration.support import StackEndpoints, read_topic, unique
 
 pytestmark = pytest.mark.integration
@@ -396,6 +397,31 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
     assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
                for h in headers)
     assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_rest_goes_on(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        topics: tuple[str, str]) -> None:
+    # Review, session 30: confluent-kafka cannot read such a header name (a SystemError), and
+    # a second read of the record's headers returns a NULL that crashes the interpreter.
+    topic, dead_letter = topics
+    effect_table(stack.postgres_dsn, schema)
+    produce_with_header(stack.bootstrap_servers, topic, key=b"odd", value=b'{"order_id": "1"}',
+                        header_name=b"id\xff", header_value=b"forged", partition=0)
+    produce(stack.bootstrap_servers, topic, [(b"good", b'{"order_id": "2"}', 0)])
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter)
+    run_until(IdempotentConsumer(settings, store,
+                                 lambda event, conn: insert_effect(schema, event.event_id)(conn)),
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 2,
+              "both records committed")
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+    [letter] = read_topic(stack.bootstrap_servers, dead_letter, 1)
+    headers = {name: value.decode() for name, value in letter.headers()}
+    assert headers["dlq.stage"] == "decode" and "not UTF-8" in headers["dlq.error.message"]
+    assert headers["dlq.headers.dropped"] == "a header name is not UTF-8"
+    assert letter.key() == b"odd" and letter.value() == b'{"order_id": "1"}'
 
 
 def test_a_poison_record_near_message_max_bytes_is_dead_lettered_without_its_value(

@@ -28,6 +28,7 @@ from cdc_router.router.destinations import MISSING_RECHECK_S
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import Router
+from tests.integration.c_producer import produce_with_header
 from tests.integration.connect_worker import at_least_once_worker
 from tests.integration.pipeline import REPO, apply_topics, pipeline, set_topic_config
 from tests.integration.support import StackEndpoints, replay_seed, unique
@@ -181,19 +182,24 @@ def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_pa
         for value in (b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe"):
             producer.produce(pipe.raw_topic, key=b"k", value=value)
         producer.flush(10)
+        # Review, session 30: confluent-kafka cannot read a header name that is not UTF-8
+        # (a SystemError), and reading the letter's headers stopped the router for good.
+        produce_with_header(stack.bootstrap_servers, pipe.raw_topic, key=b"k",
+                            value=b"{header", header_name=b"\xff", header_value=b"v")
         pipe.start_router()
         ids = pipe.insert(_orders(10, 2))
-        letters = pipe.read(pipe.dlq_topic, 3)
+        letters = pipe.read(pipe.dlq_topic, 4)
         orders = pipe.read(pipe.orders_topic, 10)
         listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
                                  str(pipe.config_path), "-o", "json"], capture_output=True,
                                 text=True, check=True)
     shown = json.loads(listed.stdout)
-    assert [entry["stage"] for entry in shown] == ["decode"] * 3
+    assert [entry["stage"] for entry in shown] == ["decode"] * 4
     assert all(entry["source"].startswith(pipe.raw_topic) and entry["reason"] for entry in shown)
     assert sorted(letter.value() for letter in letters) == sorted(
-        [b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe"])
+        [b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe", b"{header"])
     assert {dict(letter.headers())["dlq.stage"] for letter in letters} == {b"decode"}
+    assert dict(letters[-1].headers())["dlq.headers.dropped"] == b"a header name is not UTF-8"
     assert sorted(r.key().decode() for r in orders) == sorted(ids)
 
 
