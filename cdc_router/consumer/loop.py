@@ -132,12 +132,33 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
                  ",".join(self.settings.topics), type(self._store).__name__)
         try:
+            self._require_dead_letter_topic()
             self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)
             while not self._stop.is_set():
                 self.poll_once()
         finally:
             self._shutdown()
+
+    def _require_dead_letter_topic(self) -> None:
+        """Stop at start, in one line, when the dead-letter topic does not exist (QA, session
+        30): the first poison record would hold its partition for minutes, each try of its
+        letter timing out, and run its handler again at every try. An unreachable cluster is
+        no verdict: the consumer starts and waits for it, as before."""
+        topic = self.settings.dead_letter_topic
+        try:
+            found = self._consumer.list_topics(
+                topic, timeout=self.settings.dead_letter_timeout_s).topics.get(topic)
+        except KafkaException as error:
+            log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic, str(error))
+            return
+        code = found.error.code() if found is not None and found.error is not None else None
+        if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise FatalKafkaError(
+                f"the dead-letter topic {topic!r} does not exist: create it (kafka-topics.sh "
+                f"--create --topic {topic}), or name an existing one in dead_letter_topic; "
+                "poison records are never dropped, so the consumer does not start without it",
+                code=KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     def poll_once(self) -> None:
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""

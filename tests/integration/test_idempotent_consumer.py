@@ -37,6 +37,7 @@ from cdc_router.consumer.dedup import (
     Outcome,
 )
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
+from cdc_router.errors import FatalKafkaError
 from cdc_router.examples.fulfillment import create_shipments_table
 from tests.integration.c_producer import produce_with_header
 from tests.integration.support import StackEndpoints, read_topic, unique
@@ -422,6 +423,20 @@ def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_rest_go
     assert headers["dlq.stage"] == "decode" and "not UTF-8" in headers["dlq.error.message"]
     assert headers["dlq.headers.dropped"] == "a header name is not UTF-8"
     assert letter.key() == b"odd" and letter.value() == b'{"order_id": "1"}'
+
+
+def test_a_dead_letter_topic_that_does_not_exist_stops_the_start(
+        stack: StackEndpoints, store: PostgresDedupStore, topics: tuple[str, str]) -> None:
+    # QA, session 30: the consumer started, and its first poison record then held its
+    # partition for 4.5 minutes, running the handler at every try of its letter.
+    topic, _ = topics
+    missing = unique("nosuch.dlq")
+    settings = ConsumerSettings(bootstrap_servers=stack.bootstrap_servers,
+                                group_id=unique("fulfillment"), topics=(topic,),
+                                dead_letter_topic=missing)
+    consumer = IdempotentConsumer(settings, store, lambda event, conn: None)
+    with pytest.raises(FatalKafkaError, match=f"dead-letter topic '{missing}' does not exist"):
+        consumer.run()
 
 
 def test_a_poison_record_near_message_max_bytes_is_dead_lettered_without_its_value(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -67,10 +68,16 @@ class FakeConsumer:
         self.config: dict[str, str] = {}
         self.closed = False
         self.polls = 0
+        self.missing: set[str] = set()  # topics list_topics answers unknown
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         assert topics == [TOPIC]
         self.callbacks = callbacks
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        """The cluster's metadata: every topic but the ones in `missing` exists."""
+        error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if topic in self.missing else None
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={0: None})})
 
     def rebalance(self) -> None:
         revoked = [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
@@ -129,7 +136,8 @@ class FakeConsumer:
         self.journal.append(("commit", dict(self.committed)))
 
     def close(self) -> None:
-        self.callbacks["on_revoke"](self, [TopicPartition(TOPIC, p) for p in self.assigned])
+        if self.callbacks:  # subscribed
+            self.callbacks["on_revoke"](self, [TopicPartition(TOPIC, p) for p in self.assigned])
         self.assigned.clear()
         self.closed = True
 

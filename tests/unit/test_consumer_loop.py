@@ -42,6 +42,27 @@ def test_effect_runs_before_its_offset_is_stored_and_everything_is_committed() -
             pinned["isolation.level"]) == ("false", "false", "read_committed")
 
 
+def test_a_dead_letter_topic_that_does_not_exist_stops_the_start_in_one_line() -> None:
+    # QA, session 30: the consumer started, and its first poison record held its partition
+    # for 4.5 minutes (each try of the letter timing out) and ran its handler at every try.
+    h = Harness({0: [rec("a")]})
+    h.kafka.missing = {DLQ}
+    with pytest.raises(FatalKafkaError, match=f"dead-letter topic '{DLQ}' does not exist"):
+        h.run()
+    assert h.effects == [] and h.kafka.closed
+
+
+def test_a_dead_letter_topic_the_cluster_cannot_tell_of_yet_lets_the_consumer_start() -> None:
+    h = Harness({0: [rec("a")]})
+
+    def unreachable(topic: str, timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+
+    h.kafka.list_topics = unreachable  # type: ignore[method-assign]
+    h.run()
+    assert [event.event_id for event in h.effects] == ["a"]
+
+
 def test_duplicates_are_acknowledged_without_running_the_effect() -> None:
     h = Harness({0: [rec("a"), rec("a"), rec("b")], 1: [rec("a"), rec("b")]})
     h.run()
