@@ -16,6 +16,7 @@ import click
 
 from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
+from cdc_router.cli._plan import confirm
 from cdc_router.cli.outbox import dsn_option
 from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
 
@@ -53,10 +54,14 @@ def init(dsn: str, table: str) -> None:
 @click.option("--every", default=None,
               help="Keep running and purge at this interval (e.g. 1h) until SIGTERM or Ctrl-C.")
 @click.option("--dry-run", is_flag=True, help="Only count the rows that would be deleted.")
+@click.option("--yes", is_flag=True, help="Do not ask (--every never asks).")
 @output_option
 def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, batch_size: int,
-          every: str | None, dry_run: bool, output: str) -> None:
-    """Delete dedup rows older than the window, in bounded batches."""
+          every: str | None, dry_run: bool, yes: bool, output: str) -> None:
+    """Delete dedup rows older than the window, in bounded batches.
+
+    A redelivered event whose row is gone runs its effect again: keep the window longer than
+    any redelivery (a consumer's lag, a `dlq replay`, a replay of the topic)."""
     window = parse_duration(older_than, option="--older-than")
     interval = parse_duration(every, option="--every") if every else None
     store = PostgresDedupStore(dsn, table=table)
@@ -71,6 +76,10 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
         if interval is not None:
             _purge_forever(store, window, interval, batch_size, consumer_group)
             return
+        stale = store.count_stale(window, consumer_group=consumer_group)
+        if stale:  # QA, session 30: `--older-than 1s` deleted every group's rows unasked
+            confirm(f"delete {stale} rows of {table} older than {older_than} "
+                    f"({consumer_group or 'every consumer group'})?", yes)
         summary["deleted"] = store.purge(window, batch_size=batch_size,
                                          consumer_group=consumer_group)
     finally:

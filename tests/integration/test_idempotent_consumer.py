@@ -614,7 +614,11 @@ def test_the_purge_command_plans_then_deletes_only_rows_older_than_the_window(
     assert planned.exit_code == 0, planned.output
     assert json.loads(planned.output)["would_delete"] == 2
     assert len(remaining(stack.postgres_dsn, schema)) == 3
-    done = CliRunner().invoke(main, [*base, "--batch-size", "1"])
+    # QA, session 30: it deleted unasked; without a terminal it needs --yes.
+    unasked = CliRunner().invoke(main, [*base, "--batch-size", "1"])
+    assert unasked.exit_code != 0 and "--yes" in unasked.output
+    assert len(remaining(stack.postgres_dsn, schema)) == 3
+    done = CliRunner().invoke(main, [*base, "--batch-size", "1", "--yes"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["deleted"] == 2
     assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "new")}
@@ -636,7 +640,7 @@ def test_the_purge_command_with_a_group_purges_only_that_groups_rows(
     planned = CliRunner().invoke(main, [*base, "--dry-run"])
     assert planned.exit_code == 0, planned.output
     assert json.loads(planned.output)["would_delete"] == 1
-    done = CliRunner().invoke(main, base)
+    done = CliRunner().invoke(main, [*base, "--yes"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["deleted"] == 1
     assert remaining(stack.postgres_dsn, schema) == {("A", "new"), ("B", "old"), ("B", "new")}
