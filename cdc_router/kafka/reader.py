@@ -219,7 +219,7 @@ class TopicReader:
         next call goes on after them. Control markers and transient errors are passed over.
         """
         deadline = time.monotonic() + timeout_s
-        consumer = self._assigned()
+        consumer = self._assigned(refresh=True)
         if end == "stable":
             ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
         else:
@@ -243,7 +243,8 @@ class TopicReader:
         group (`dlq replay` commits offsets under it in a transaction)."""
         return self._assigned()
 
-    def _assigned(self) -> Consumer:
+    def _assigned(self, *, refresh: bool = False) -> Consumer:
+        """The consumer; `refresh`: assigned also the partitions added to the topic since."""
         if self._consumer is None:
             consumer = Consumer(self._config)
             try:
@@ -252,7 +253,24 @@ class TopicReader:
                 consumer.close()
                 raise
             self._consumer = consumer
+        elif refresh:
+            self._assign_added(self._consumer)
         return self._consumer
+
+    def _assign_added(self, consumer: Consumer) -> None:
+        """Read partitions added to the topic (kafka-topics --alter) from their beginning too.
+        QA, session 30: a router listed the changelog's partitions once, never read the marks
+        other instances wrote to the added ones, and delivered their replays again."""
+        found = consumer.list_topics(self._topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(
+            self._topic)
+        added = sorted(set(found.partitions) - set(self._partitions)) \
+            if found is not None and found.error is None else []
+        if added:
+            log.warning("event=partitions_added topic=%s partitions=%s what=%r", self._topic,
+                        ",".join(map(str, added)), self._what)
+            consumer.incremental_assign([TopicPartition(self._topic, p, OFFSET_BEGINNING)
+                                         for p in added])
+            self._partitions = sorted([*self._partitions, *added])
 
 
 class ChangelogReader(TopicReader):

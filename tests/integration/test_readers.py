@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
@@ -169,6 +169,29 @@ def test_log_end_waits_for_a_transaction_open_when_called(stack: StackEndpoints,
         committer.join()
         reader.close()
     assert sorted(value for _, value in marks if value) == [b"first", b"second"]
+
+
+def test_a_catch_up_reads_the_partitions_added_since_the_last_one(stack: StackEndpoints,
+                                                                 topic: str) -> None:
+    # QA, session 30: a router listed the changelog's partitions once; the marks other
+    # instances wrote to partitions added since were never read, and replays went out again.
+    writer = _transactional(stack, topic)
+    _commit(writer, topic, [b"first"])
+    reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
+    try:
+        assert [value for _, value in reader.catch_up(timeout_s=60)] == [b"first"]
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for future in admin.create_partitions([NewPartitions(topic, 5)]).values():
+            future.result(timeout=30)
+        added = Producer({"bootstrap.servers": stack.bootstrap_servers})
+        while 4 not in added.list_topics(topic, timeout=10).topics[topic].partitions:
+            time.sleep(0.2)  # the producer's metadata knows the new partitions
+        added.produce(topic, value=b"on-4", partition=4)
+        added.produce(topic, value=b"on-0", partition=0)
+        assert added.flush(30) == 0
+        assert sorted(value for _, value in reader.catch_up(timeout_s=60)) == [b"on-0", b"on-4"]
+    finally:
+        reader.close()
 
 
 def test_a_missing_topic_is_one_line_naming_it(stack: StackEndpoints) -> None:
