@@ -2,11 +2,10 @@
 step's results to the transaction. Rebalances: an assignment first restores the replay filter
 from the changelog; a revocation commits the open batch; lost partitions abort it.
 
-A batch that fails aborts and rewinds to the committed offsets. When the poison isolation
-(router/poison.py) can name the input records at fault, the re-read isolates them at once;
-otherwise the failure is the cluster's (broker down, coordinator moving, commit timeout): the
-loop backs off exponentially (BACKOFF_S), logs each abort at WARNING with its reason and shows
-the count in cdc_router_consecutive_aborts, and never dead-letters a record for it.
+A failed batch aborts and rewinds to the committed offsets. When the poison isolation
+(router/poison.py) names the input records at fault, the re-read isolates them; else the failure
+is the cluster's (broker down, coordinator moving, commit timeout): the loop backs off (BACKOFF_S),
+logs each abort at WARNING, counts them in cdc_router_consecutive_aborts, dead-letters nothing.
 """
 
 from __future__ import annotations
@@ -103,8 +102,7 @@ class OutboxRouter:
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
         self._txn: Transaction | None = None
-        self._consecutive_aborts = 0
-        self._after_refusal = False  # the last abort was a record's refusal
+        self._consecutive_aborts, self._after_refusal = 0, False  # last abort: a refusal?
         self._pending_abort = self._needs_rewind = self._needs_init = False
         self._source_errors = SourceErrors(log)
         self.last_poll = clock()
@@ -366,7 +364,10 @@ class OutboxRouter:
     # Consumer events -----------------------------------------------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Before reading new partitions, learn every id delivered so far (any instance)."""
+        """Before reading new partitions, learn every id delivered so far (any instance) and
+        the destinations' partition counts afresh (QA 30: caches that disagreed after partitions
+        were added sent an aggregate back and forth)."""
+        self._destinations.clear()
         if self._changelog is None or self._replay is None:
             return
         # A previous owner may still hold an open transaction with offsets (and dedup marks)

@@ -27,6 +27,7 @@ from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import (
     CHANGELOG,
@@ -292,6 +293,25 @@ def test_revoke_commits_the_open_batch() -> None:
     harness = Harness(cluster, hooks=[revoke], delivery=SLOW_COMMIT).run()
     assert seen["offsets"] == {(RAW, 0): POLL_BATCH}
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(_BUSY))
+
+
+def test_an_assignment_reads_the_destinations_partition_counts_afresh() -> None:
+    # QA, session 30: after partitions were added to a destination, instances whose cached
+    # counts disagreed (5 minutes) sent one aggregate's events back and forth at each rebalance.
+    cluster = cluster_with(*events(4))
+
+    def add_partitions_then_rebalance(consumer: FakeConsumer) -> None:
+        cluster.partitions[ORDERS] = 5
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        consumer.revoke_all()
+
+    Harness(cluster, hooks=[add_partitions_then_rebalance]).run()
+    after = [stored for stored in cluster.committed(ORDERS) if stored.key not in
+             {f"e-{i}".encode() for i in range(4)}]
+    assert len(after) == 4  # partitioned by aggregate id (order-<i % 3>), keyed by event id
+    assert [stored.partition for stored in after] == [
+        java_default_partition(f"order-{int(stored.key[2:]) % 3}".encode(), 5)
+        for stored in after]
 
 
 def test_lost_partitions_abort_and_the_batch_is_read_again_once() -> None:
