@@ -202,8 +202,8 @@ def _partition_count(partitions_for: Callable[[str], int], topic: str,
 
 def _headers(event: OutboxEvent, rule: RouteRule,
              static: tuple[tuple[str, bytes], ...] | None) -> tuple[tuple[str, bytes], ...]:
-    """The contract headers, the row's own, the route's static ones (`static`, encoded once
-    per route), and CloudEvents."""
+    """The contract headers, the row's own but those the route sets, the route's static ones
+    (`static`, encoded once per route), and CloudEvents."""
     for name, _ in event.headers:
         if is_reserved_header(name, cloudevents=rule.cloudevents):
             raise RouteError(f"event {show(event.event_id)}: row header {name!r} is reserved "
@@ -221,7 +221,10 @@ def _headers(event: OutboxEvent, rule: RouteRule,
         headers = [("id", event.event_id.encode()), ("type", event.type.encode()),
                    ("aggregatetype", event.aggregate_type.encode()),
                    ("aggregateid", event.aggregate_id.encode())]
-        headers += [(name, value.encode()) for name, value in event.headers]
+        # A route's static header replaces a row header of its name (QA, session 30: both
+        # went out, and which one a consumer saw depended on its client).
+        headers += [(name, value.encode()) for name, value in event.headers
+                    if not rule.headers or name not in rule.headers]
         headers += static if static is not None else _encoded_or_raise(rule.headers)
         headers += [(name, value.encode()) for name, value in cloudevents]
     except UnicodeEncodeError:  # a row header's value: the others are checked text

@@ -316,6 +316,14 @@ def test_static_route_headers_follow_the_rows() -> None:
     assert headers[-1] == ("producer", b"cdc-router")
 
 
+def test_a_static_route_header_replaces_a_row_header_of_its_name() -> None:
+    # QA, session 30: both went out, and a consumer saw the one its client picks.
+    row = replace(ORDER, headers=(("producer", "app"), ("trace", "t-1")))
+    headers = record(router({"topic": "t", "headers": {"producer": "cdc-router"}}), row).headers
+    assert [(name, value) for name, value in headers if name in ("producer", "trace")] == [
+        ("trace", b"t-1"), ("producer", b"cdc-router")]
+
+
 def test_row_header_may_not_shadow_a_contract_header() -> None:
     with pytest.raises(RouteError, match="row header 'id' is reserved for the router"):
         router({"topic": "t"}).route(replace(ORDER, headers=(("id", "spoof"),)), lambda t: 1)
