@@ -184,10 +184,14 @@ class RouterConfig(_Model):
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise _fail(f"nats.streams[{index}].name", "declared twice", name)
-        declared = [spec.name for spec in self.topics]
+        declared = [spec.name.replace(".", "_") for spec in self.topics]
         for index, name in enumerate(declared):
-            if name in declared[:index]:
-                raise _fail(f"topics[{index}].name", "declared twice", name)
+            if name in declared[:index]:  # Kafka's metric names: '.' and '_' collide
+                other = self.topics[declared.index(name)].name
+                raise _fail(f"topics[{index}].name", "declared twice" if other ==
+                            self.topics[index].name else f"collides with {other!r}: Kafka "
+                            "refuses topics whose names differ only in '.' and '_'",
+                            self.topics[index].name)
 
     def topic_guard(self) -> TopicGuard:
         """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""

@@ -303,6 +303,10 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
      "field 'cleanup.dsn': not a Postgres connection string"),
     ("relay: {dsn: 'password=s3cret host'}", "field 'relay.dsn': not a Postgres connection"),
     ("topics: [{name: a.b}, {name: a.b}]", "field 'topics[1].name': declared twice"),
+    # QA, session 30: topics apply created both in one request; Kafka refuses the second alone.
+    ("topics: [{name: a.b_c}, {name: x}, {name: a_b.c}]",
+     "field 'topics[2].name': collides with 'a.b_c': Kafka refuses topics whose names differ "
+     "only in '.' and '_'"),
     ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': each server is"),
     ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
 ])
