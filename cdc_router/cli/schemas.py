@@ -107,8 +107,13 @@ def _relative(file: str) -> str:
 @config_option
 @click.option("--dry-run", is_flag=True, help="Only show the plan.")
 @click.option("--yes", is_flag=True, help="Register without asking.")
+@click.option("--subject", "subjects", multiple=True, metavar="SUBJECT",
+              help="Also this subject, one a route's template renders from event data but "
+                   "the registry does not hold yet (a dead letter's reason names it); "
+                   "repeatable.")
 @output_option
-def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
+def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, ...],
+             output: str) -> None:
     """Register each route's schema under its subject, for routers with auto_register off.
 
     The subjects known before any event (a plain topic name, a topic template over {type}
@@ -116,7 +121,8 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     that a route's template renders from event data (e.g. `pay.{aggregate_type}`: a new
     version of its schema goes under each). The registry refuses a schema incompatible with
     its subject's versions: an error for a known subject, `incompatible` (skipped) for one
-    named by data, which may be another producer's.
+    named by data, which may be another producer's. `--subject` adds subjects named by data
+    that the registry does not hold yet.
     """
     compiled = load_config(config_path, env=os.environ)
     serializer = _serializer(compiled)
@@ -126,13 +132,18 @@ def register(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
                           "encoding, with nothing to register", source=str(config_path))
     plan = []
     planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
-    by_data = serializer.existing_subjects(ids.subjects()) \
+    by_data = serializer.existing_subjects(dict.fromkeys([*ids.subjects(), *subjects])) \
         if len(planned) < len(serializer.planned_subjects()) else []
     # Only subjects of topics the route may produce to (the guard: legal names, not a source,
     # protected or the router's own, within allowed_topics), and none another route names.
     guard, known = compiled.config.topic_guard(), {entry.subject for entry in planned}
     by_data = [entry for entry in by_data if entry.subject not in known and entry.topic and (
         compiled.config.routes[entry.route].nats is not None or guard.problem(entry.topic) is None)]
+    unknown = sorted(set(subjects) - {entry.subject for entry in planned + by_data})
+    if unknown:
+        raise ConfigError(f"no route of this config renders subject {unknown[0]!r} from event "
+                          "data", field="--subject", hint="name a subject a dead letter's "
+                          "reason gives, or check the route's topic template")
     for position, entry in enumerate(planned + by_data):
         assert entry.subject is not None
         try:

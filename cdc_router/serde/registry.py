@@ -217,8 +217,9 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     if code in (SUBJECT_NOT_FOUND, SCHEMA_NOT_FOUND, VERSION_NOT_FOUND) or (
             status == 404 and isinstance(code, int) and code // 100 == 404):
         return RegistryError(f"cannot {what}: not registered ({error.error_message}); "
-                             "register it (`cdc-router schemas register -c ...`) or set "
-                             "schema_registry.auto_register: true", missing=True)
+                             "register it (`cdc-router schemas register -c ... --subject "
+                             "<that subject>`) or set schema_registry.auto_register: true",
+                             missing=True)
     if status == 409:
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
                              "subject's registered versions (`cdc-router schemas check -c ...` "

@@ -258,3 +258,13 @@ def test_schemas_register_puts_a_new_version_under_the_subjects_event_data_named
     assert serializer.serialize(event, route, f"{prefix}.A")[:1] == b"\x00"
     with pytest.raises(SerializeError, match=f"subject '{prefix}.C-value'.*dlq replay"):
         serializer.serialize(replace(event, aggregate_type="C"), route, f"{prefix}.C")
+    # QA, session 30: a subject the registry does not hold yet (the first event of type D
+    # was dead-lettered, its reason naming `schemas register`): --subject registers it.
+    with pytest.raises(SerializeError, match=f"'{prefix}.D-value': not registered.*--subject"):
+        serializer.serialize(replace(event, aggregate_type="D"), route, f"{prefix}.D")
+    nowhere = cli("schemas", "register", "-c", str(config), "--yes", "--subject", "x.D-value")
+    assert nowhere.returncode != 0 and "--subject" in nowhere.stderr
+    named = cli("schemas", "register", "-c", str(config), "--yes", "--subject", f"{prefix}.D-value")
+    assert named.returncode == 0 and f"registered {prefix}.D-value" in named.stdout, named.stderr
+    assert serializer.serialize(replace(event, aggregate_type="D"), route, f"{prefix}.D")[:1] \
+        == b"\x00"
