@@ -519,6 +519,27 @@ def test_consume_raising_a_cluster_error_aborts_rewinds_and_goes_on() -> None:
     assert harness.waits, "a batch failing for no record's fault backs off"
 
 
+def test_a_fatal_consumer_error_in_the_rewind_stops_the_router_instead_of_backing_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review, session 30: committed() of the rewind after an abort raising the consumer's
+    # fatal error (a fenced static member) was backed off and retried for ever.
+    failed = KafkaError(KafkaError._TIMED_OUT, "coordinator moving", txn_requires_abort=True)
+    cluster = cluster_with(*events(5), commit_failures=[failed])
+    calls, real = [], FakeConsumer.committed
+
+    def committed(self: FakeConsumer, partitions: Any, timeout: float) -> Any:
+        calls.append(timeout)
+        if len(calls) == 1:  # the assignment's: the rewind's comes after the abort
+            return real(self, partitions, timeout)
+        raise KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True))
+
+    monkeypatch.setattr(FakeConsumer, "committed", committed)
+    harness = Harness(cluster, delivery=SLOW_COMMIT)
+    with pytest.raises(MemberFenced):
+        harness.run()
+    assert len(calls) == 2 and len(harness.waits) <= 1
+
+
 def test_consume_raising_a_fatal_error_stops_the_router() -> None:
     def fatal(consumer: FakeConsumer) -> None:
         raise KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
