@@ -295,10 +295,14 @@ class AvroSerializer:
             try:
                 parsed = self._ids.writer_schema(schema_id)
             except RegistryError as error:
-                if not error.missing:
-                    raise  # the registry's outage, never the record's fault
+                # The id comes from the record's own bytes: a definite refusal of it (missing,
+                # a bare 404, 400/422, a per-id 403) is the record's, as for a subject its data
+                # names (review, session 30); an outage or 401 still stops the router.
+                if not (error.missing or error.refused):
+                    raise
                 raise SerializeError(f"{where} names schema id {schema_id}, which the "
-                                     "registry does not hold") from None
+                                     "registry does not hold" if error.missing else
+                                     f"{where} names schema id {schema_id}: {error}") from None
             body = value[CONFLUENT_HEADER:]
         problem = unreadable(body, parsed)
         if problem is not None:
