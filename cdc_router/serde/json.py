@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from decimal import Decimal
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -142,6 +143,11 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> s
     if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
                 "sent between systems must not have (RFC 8259 8.1); remove it")
+    if "Exceeds the limit" in str(error) and "digits" in str(error):
+        # Valid JSON (QA, session 30): Python reads no integer over sys.get_int_max_str_digits.
+        return (f"holds an integer of over {sys.get_int_max_str_digits()} digits: valid "
+                "JSON, but beyond what this router (and most JSON readers) take; write it as a "
+                "string")
     if _BASE64.fullmatch(text):
         return (f"is not valid JSON: {error}; it looks like base64: a bytea payload column "
                 "needs source.payload_type: bytes when the connector sends no schemas")

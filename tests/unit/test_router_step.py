@@ -104,6 +104,14 @@ def test_a_payload_with_a_byte_order_mark_is_a_serialize_dead_letter_saying_so()
     assert "starts with a byte order mark (U+FEFF)" in str(result.error)
 
 
+def test_a_payload_with_an_integer_python_cannot_read_is_not_called_invalid_json() -> None:
+    # QA, session 30: Postgres took a 5,000-digit number; the reason said "not valid JSON".
+    result = step({"topic": "orders"})(SOURCE, None,
+                                       raw_event("e-10", payload='{"n": ' + "7" * 5000 + "}"))
+    assert isinstance(result, DeadLettered), result
+    assert "holds an integer of over 4300 digits: valid JSON" in str(result.error)
+
+
 def test_payload_nested_3000_deep_is_a_serialize_dead_letter() -> None:
     result = step({"topic": "orders"})(SOURCE, None, raw_event("e-2", payload=nested(3000)))
     assert isinstance(result, DeadLettered) and result.stage == "serialize"
