@@ -60,6 +60,9 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     record it would produce, through the router's own per-record step. Offline, a destination
     topic not declared under `topics:` counts as missing (a topic created by other means
     exists for the router: check it with --cluster, which asks Kafka as the router does).
+    A created_at the destination would refuse, or delete by retention.ms, is a dead letter as
+    in the router: offline by Kafka 4's timestamp defaults and a declared retention.ms, with
+    --cluster by the topic's configuration.
     Exits 1 when the config is invalid or an event would go to the dead-letter topic.
     """
     compiled = load_config(config_path, env=os.environ)
@@ -69,8 +72,14 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     warnings += config.warnings()
     for serializer in compiled.serializers.values():
         warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
-    step = RecordStep(compiled, _on_cluster(config), missing=missing_topic) if cluster else \
-        RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared)
+    # The destinations' timestamp and retention limits too, as the router checks them (QA,
+    # session 30: an explained record the router then dead-lettered at stage produce).
+    limits = clients.timestamp_limits(clients.topic_describe(config) if cluster
+                                      else declared_configs(config))
+    step = RecordStep(compiled, _on_cluster(config), missing=missing_topic,
+                      timestamp_limits=limits) if cluster else \
+        RecordStep(compiled, declared_partitions(config, partitions), missing=_not_declared,
+                   timestamp_limits=limits)
     explained = [explain_event(path, config, step, source_topic) for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
@@ -124,6 +133,22 @@ def declared_partitions(config: RouterConfig, assumed: int) -> Callable[[str], i
     with their partition count or `assumed`; any other topic does not exist."""
     declared = {spec.name: spec.partitions or assumed for spec in config.topic_specs()}
     return declared.get
+
+
+# Kafka 4's defaults of the timestamp limits of a topic created without them. Not its
+# retention: a broker's log.retention.* may set another, so offline only a declared
+# retention.ms is checked.
+KAFKA_TOPIC_DEFAULTS = {"message.timestamp.type": "CreateTime",
+                        "message.timestamp.before.max.ms": str(2**63 - 1),
+                        "message.timestamp.after.max.ms": "3600000"}
+
+
+def declared_configs(config: RouterConfig) -> Callable[[str, float], dict[str, str]]:
+    """Offline describe(topic, timeout_s): a declared topic's `config:` over Kafka 4's
+    timestamp defaults; nothing for another topic (offline, it does not exist)."""
+    declared = {spec.name: {**KAFKA_TOPIC_DEFAULTS, **spec.config}
+                for spec in config.topic_specs()}
+    return lambda topic, timeout_s: declared.get(topic, {})
 
 
 def _on_cluster(config: RouterConfig) -> Callable[[str], int | None]:

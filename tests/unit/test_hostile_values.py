@@ -239,10 +239,19 @@ EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
 
 
 def test_explain_shows_a_year_12000_event_without_crashing() -> None:
+    # And, as the router does (QA, session 30), dead-letters it: Kafka 4's default topic
+    # refuses a timestamp over an hour ahead.
     result = CliRunner().invoke(main, ["rules", "check", "-c", str(EXAMPLE), "--explain",
                                        str(FIXTURES / "hostile_year_12000.schema.json")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     assert "created_at 316516204800000 ms since 1970" in result.output
+    assert "(stage produce): Kafka would refuse the record for orders.OrderPaid " \
+        "(INVALID_TIMESTAMP)" in result.output
+    declared_now = CliRunner().invoke(
+        main, ["rules", "check", "-c", str(EXAMPLE), "--explain",
+               str(FIXTURES / "hostile_year_12000.schema.json")],
+        env={"CDC_ROUTER__DELIVERY__RECORD_TIMESTAMP": "now"})
+    assert declared_now.exit_code == 0, declared_now.output
 
 
 def test_explain_a_deep_event_file_is_a_decode_dead_letter(tmp_path: Path) -> None:

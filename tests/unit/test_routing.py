@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -404,6 +405,21 @@ def test_explain_skipped_and_dead_letter_outcomes(tmp_path: Path) -> None:
     assert "dead letter to cdc-router.dlq (stage route)" in output and "illegal characters '/'" \
         in output
     assert "(stage decode): malformed JSON at line 1" in output
+
+
+def test_explain_dead_letters_a_row_older_than_a_declared_retention(tmp_path: Path) -> None:
+    # QA, session 30: explain showed the record; the router dead-letters it at stage produce
+    # (Kafka would delete it within minutes). The fixture's row is from 2026-11-30.
+    config = yaml.safe_load((Path(__file__).parents[2] / "cdc_router" / "examples" /
+                             "router.yaml").read_text())
+    config["topics"] = [{"name": "orders.OrderPaid", "config": {"retention.ms": "3600000"}}]
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "--explain",
+                                       str(FIXTURES / "create_jsonb.schema.json")])
+    assert result.exit_code == 1, result.output
+    assert "(stage produce): its timestamp 2026-11-30" in result.output
+    assert "retention.ms of orders.OrderPaid (3600000)" in result.output
 
 
 def test_explain_bare_value_file(tmp_path: Path) -> None:
