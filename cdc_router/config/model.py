@@ -81,7 +81,23 @@ class RouterConfig(_Model):
         missing = self.cleanup.missing_dsn()
         dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
             if missing is not None else []
-        return self.source_warnings() + self.pattern_warnings() + dsn
+        return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + dsn
+
+    def route_warnings(self) -> list[str]:
+        """Routes that can never match (QA, session 30: `rules check` called them valid)."""
+        found = []
+        for index, route in enumerate(self.routes):
+            if route.match is None:
+                continue
+            earlier = next((i for i, other in enumerate(self.routes[:index])
+                            if other.match == route.match), None)
+            if earlier is not None:
+                found.append(f"routes[{index}] can never match: routes[{earlier}] has the same "
+                             "match and comes first (the first match wins)")
+            if route.match.header and self.source.outbox.headers is None:
+                found.append(f"routes[{index}].match.header can never match: "
+                             "source.outbox.headers is null (the rows have no headers column)")
+        return found
 
     def pattern_warnings(self) -> list[str]:
         """`re:` match patterns that repeat a repeating group: one row can stall the router."""

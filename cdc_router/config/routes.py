@@ -105,6 +105,10 @@ class RouteRule(_Model):
         if (self.topic is None) == (self.nats is None):
             raise _fail("topic", "a route needs exactly one destination: `topic:` (Kafka) or "
                         "`nats: {subject: ...}` (JetStream)", self.topic)
+        if "{" in self.key or "}" in self.key:
+            raise _fail("key", "names the column whose value keys the record (id, aggregate_id, "
+                        "type, aggregate_type or another outbox column), never a template; a "
+                        "composite key needs a column of its own", self.key)
         given = {"key", "partition"} & self.model_fields_set
         if self.nats is not None and given:
             raise _fail(sorted(given)[0], "a JetStream route has no key or partition: the "

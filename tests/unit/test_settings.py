@@ -493,3 +493,23 @@ def test_a_regex_that_repeats_a_repeating_group_is_warned_about(tmp_path: Path) 
     assert [warning.split(" ")[0] for warning in slow.pattern_warnings()] == [
         "routes[0].match.type", "routes[1].match.header.v"]
     assert "exponential time" in slow.warnings()[0]
+
+
+def test_routes_that_can_never_match_are_warned_about(tmp_path: Path) -> None:
+    # QA, session 30: `rules check` called these valid; `run` never used the routes.
+    config = loaded(write(tmp_path, "source: {topics: [raw], outbox: {headers: null}}\nroutes:\n"
+                          "  - {match: {type: Paid}, topic: a}\n"
+                          "  - {match: {type: Paid}, topic: b}\n"
+                          "  - {match: {header: {tenant: acme}}, topic: c}\n"
+                          "  - {match: {type: Shipped}, topic: d}\n"))
+    assert config.route_warnings() == [
+        "routes[1] can never match: routes[0] has the same match and comes first (the first "
+        "match wins)",
+        "routes[2].match.header can never match: source.outbox.headers is null (the rows have "
+        "no headers column)"]
+
+
+def test_a_template_as_a_routes_key_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "source: {topics: [raw]}\nroutes:\n"
+                       "  - {topic: a, key: '{aggregate_type}-{aggregate_id}'}\n")
+    assert "routes[0].key" in message and "never a template" in message
