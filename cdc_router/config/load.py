@@ -263,7 +263,9 @@ _PYDANTIC_CLASS = re.compile(r" or instance of \w+")
 def _config_error(error: ValidationError, source: str, overridden: dict[str, str]) -> ConfigError:
     # An unknown key usually is a misspelt one, which pydantic also reports as missing: the
     # unknown key is the better clue.
-    first = min(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    # An unknown key first; else the deepest: of a union's members (a pattern or a list of
+    # them), the one naming the bad item (QA, session 30: "Input should be a valid string").
+    first = min(error.errors(), key=lambda e: (e["type"] != "extra_forbidden", -len(e["loc"])))
     loc = [part for part in first["loc"] if isinstance(part, int) or not _UNION_TAG.search(part)]
     ctx = first.get("ctx") or {}
     path = _dotted(loc)
@@ -274,7 +276,9 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     # pydantic's wording names our classes ("a valid dictionary or instance of RouteMatch"),
     # and counts "items" of a text: say it as YAML does.
     message = _PYDANTIC_CLASS.sub("", message).replace(
-        "should have at least 1 item after validation, not 0", "must not be empty")
+        "List should have at least 1 item after validation, not 0",
+        "must not be empty: give at least one").replace(
+        "Input should be a valid list", "must be a list (YAML lines starting with '- ')")
     if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
     key = str(ctx.get("field", loc[-1] if loc else ""))

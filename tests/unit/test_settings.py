@@ -370,7 +370,7 @@ def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
      "field 'routes[0].topic': 'payments' matches none of allowed_topics ('orders.*'); add a "
      "pattern for it there, or change the route's topic"),
     ("source: {topics: [a]}\nallowed_topics: []\nroutes: [{topic: x}]\n",
-     "field 'allowed_topics': List must not be empty"),
+     "field 'allowed_topics': must not be empty: give at least one"),
     ("source: {topics: [a]}\nprotected_topics: [ok, 're:(']\nroutes: [{topic: x}]\n",
      "field 'protected_topics[1]': invalid regular expression: missing ), unterminated "
      "subpattern at position 0 (got 're:(')"),
@@ -507,6 +507,18 @@ def test_routes_that_can_never_match_are_warned_about(tmp_path: Path) -> None:
         "match wins)",
         "routes[2].match.header can never match: source.outbox.headers is null (the rows have "
         "no headers column)"]
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ("routes: []", "field 'routes': must not be empty: give at least one"),
+    ("routes: {a: 1}", "field 'routes': must be a list (YAML lines starting with '- ')"),
+    ("routes: [{match: {aggregate_type: [Order, 5]}, topic: a}]",
+     "field 'routes[0].match.aggregate_type[1]': Input should be a valid string (got 5)")])
+def test_pydantics_wording_names_the_item_and_what_to_write(tmp_path: Path, section: str,
+                                                            expected: str) -> None:
+    # QA, session 30: "List must not be empty", "Input should be a valid list", and a bad
+    # item of a list of patterns without its value.
+    assert expected in error_of(tmp_path, "source: {topics: [raw]}\n" + section + "\n")
 
 
 def test_a_template_as_a_routes_key_is_refused(tmp_path: Path) -> None:
