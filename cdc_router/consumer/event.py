@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import MalformedRecord, RegistryError, UnreadableHeaders, show
+from cdc_router.kafka.consumer import readable_headers
 
 
 class KafkaMessage(Protocol):
@@ -84,11 +85,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     passes through unchanged: the record is not at fault and must be retried, not
     dead-lettered.
     """
-    try:
-        headers = tuple(message.headers() or ())
-    except (SystemError, UnicodeDecodeError) as error:  # kafka/consumer.py: record_headers
+    readable = readable_headers(message)
+    if readable is None:
         raise UnreadableHeaders("a header name is not UTF-8: the record's headers cannot be "
-                                "read, nor its event id trusted") from error
+                                "read, nor its event id trusted")
+    headers = tuple(readable or ())
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
         event_id = _event_id_text(message.key(), key_name)

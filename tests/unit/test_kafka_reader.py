@@ -6,10 +6,11 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka import reader
+from cdc_router.kafka.consumer import readable_headers, record_headers
 
 
 class _ListedOffset:
@@ -115,3 +116,23 @@ def test_one_answer_that_the_topic_is_gone_is_not_believed() -> None:
     admin = Flickering([2])
     ends = reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
     assert ends == {0: 10} and admin.calls == 3
+
+
+class _UndecodableHeaders(Message):
+    """As confluent-kafka's Message for a header name that is not UTF-8 (its first call)."""
+
+    def headers(self) -> Any:
+        raise SystemError("<method 'headers' of 'confluent_kafka.cimpl.Message' objects> "
+                          "returned a result with an exception set")
+
+
+def test_record_headers_of_none_pairs_and_an_undecodable_name() -> None:
+    # Review, session 30: a record whose header name is not UTF-8 stopped the router.
+    # (The other face of it, a list holding a NULL name, needs a real broker's record:
+    # tests/integration, test_router.py and test_idempotent_consumer.py.)
+    assert record_headers(Message(headers=None)) == [] and readable_headers(Message()) == []
+    assert record_headers(Message(headers=[("a", b"1"), ("b", None)])) == [("a", b"1"),
+                                                                           ("b", b"")]
+    assert readable_headers(_UndecodableHeaders()) is None
+    assert record_headers(_UndecodableHeaders()) == [
+        ("dlq.headers.dropped", b"a header name is not UTF-8")]
