@@ -169,6 +169,21 @@ def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int
     return partitions
 
 
+def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: str) -> list[int]:
+    """Assign, from their beginning, the partitions added to `topic` (kafka-topics --alter)
+    since `partitions` were; every partition now assigned. QA, session 30: a router listed the
+    changelog's partitions once, never read the marks other instances wrote to the added ones,
+    and delivered their replays again."""
+    found = consumer.list_topics(topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(topic)
+    added = sorted(set(found.partitions) - set(partitions)) \
+        if found is not None and found.error is None else []
+    if added:
+        log.warning("event=partitions_added topic=%s partitions=%s what=%r", topic,
+                    ",".join(map(str, added)), what)
+        consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in added])
+    return sorted([*partitions, *added])
+
+
 def reached(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
     """Whether every partition's position is at its end, or it holds nothing below it."""
     for position in consumer.position([TopicPartition(topic, p) for p in ends]):
@@ -258,19 +273,7 @@ class TopicReader:
         return self._consumer
 
     def _assign_added(self, consumer: Consumer) -> None:
-        """Read partitions added to the topic (kafka-topics --alter) from their beginning too.
-        QA, session 30: a router listed the changelog's partitions once, never read the marks
-        other instances wrote to the added ones, and delivered their replays again."""
-        found = consumer.list_topics(self._topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(
-            self._topic)
-        added = sorted(set(found.partitions) - set(self._partitions)) \
-            if found is not None and found.error is None else []
-        if added:
-            log.warning("event=partitions_added topic=%s partitions=%s what=%r", self._topic,
-                        ",".join(map(str, added)), self._what)
-            consumer.incremental_assign([TopicPartition(self._topic, p, OFFSET_BEGINNING)
-                                         for p in added])
-            self._partitions = sorted([*self._partitions, *added])
+        self._partitions = assign_added(consumer, self._topic, self._partitions, self._what)
 
 
 class ChangelogReader(TopicReader):

@@ -35,6 +35,7 @@ from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, 
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import (
     AdminConnection,
+    assign_added,
     assign_from_beginning,
     log_end_offsets,
     reached,
@@ -50,6 +51,8 @@ from cdc_router.router.replay import (
 _DEAD_LETTER_MARGIN_MS = 3_600_000
 # Short polls: the sweep runs on the cleaner's thread between deletes, and must not hold them up.
 _POLL_S = 0.1
+# The changelog's partitions are listed again this often: partitions added since are read too.
+_RELIST_S = 60.0
 
 
 class CommittedIds:
@@ -74,6 +77,8 @@ class CommittedIds:
         self._ours = ours
         self._keep_dead_ms = window_ms + _DEAD_LETTER_MARGIN_MS
         self._changelog: Consumer | None = None
+        self._changelog_partitions: list[int] = []
+        self._listed = 0.0  # monotonic time the changelog's partitions were last listed
         self._dead_letters: Consumer | None = None
         self._admin = AdminConnection(self._client_config)
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
@@ -111,6 +116,14 @@ class CommittedIds:
     def _read_marks(self, max_ids: int) -> list[tuple[str, int, bool]]:
         if self._changelog is None:
             self._changelog = self._consumer(self._changelog_topic, "dedup changelog")
+            self._changelog_partitions = sorted(
+                tp.partition for tp in self._changelog.assignment())
+            self._listed = time.monotonic()
+        elif time.monotonic() - self._listed >= _RELIST_S:
+            self._changelog_partitions = assign_added(
+                self._changelog, self._changelog_topic, self._changelog_partitions,
+                "dedup changelog")
+            self._listed = time.monotonic()
         if not self._unread:
             replayed = REPLAYED_KEY_PREFIX.encode()
             dead = DEAD_LETTERED_KEY_PREFIX.encode()

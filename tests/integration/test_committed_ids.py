@@ -7,9 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import EVENT_ID, SOURCE_TOPIC, STAGE
+from cdc_router.router import committed_ids
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
@@ -154,6 +155,32 @@ def test_another_pipelines_marks_on_a_shared_changelog_are_no_delivery(
         *changelog_records(["1", "2"], now_ms, group="billing"),
         *changelog_records(["3"], now_ms, REPLAYED_KEY_PREFIX, group="billing"),
         *changelog_records(["2", "4"], now_ms, group="g")]) == ["2", "4"]
+
+
+def test_marks_on_changelog_partitions_added_while_sweeping_come_out(
+        stack: StackEndpoints, topics: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA, session 30: readers of the changelog listed its partitions once; the marks other
+    # instances wrote to partitions added since were never read.
+    monkeypatch.setattr(committed_ids, "_RELIST_S", 0.0)
+    changelog, dead_letters = topics
+    now_ms = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+    [first] = changelog_records(["before"], now_ms)
+    producer.produce(changelog, key=first.key, value=first.value, partition=0)
+    assert producer.flush(30) == 0
+    source = _sweep(stack, changelog, dead_letters)
+    try:
+        assert _all(source) == ["before"]
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.create_partitions([NewPartitions(changelog, 4)])[changelog].result(timeout=30)
+        while 3 not in producer.list_topics(changelog, timeout=10).topics[changelog].partitions:
+            time.sleep(0.2)
+        [added] = changelog_records(["after"], now_ms)
+        producer.produce(changelog, key=added.key, value=added.value, partition=3)
+        assert producer.flush(30) == 0
+        assert _all(source) == ["after"]
+    finally:
+        source.close()
 
 
 def _committed_after(stack: StackEndpoints, topics: tuple[str, str],
