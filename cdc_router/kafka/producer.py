@@ -157,6 +157,11 @@ class LatchingProducer:
         with self._watchdog.guard("abort_transaction", timeout_s):
             self.client.abort_transaction(timeout_s)
 
+    def topics(self, timeout_s: float) -> Mapping[str, Any]:
+        """Every topic of the cluster: name -> metadata (.partitions, .error), one request."""
+        topics: Mapping[str, Any] = self.client.list_topics(timeout=timeout_s).topics
+        return topics
+
     def partitions_for(self, topic: str, timeout_s: float) -> int | None:
         """The topic's partition count from cluster metadata, or None if it does not exist."""
         metadata = self.client.list_topics(topic, timeout=timeout_s)

@@ -37,7 +37,7 @@ from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
-from cdc_router.router.destinations import DestinationMetadata, require_own_topics
+from cdc_router.router.destinations import ClusterListing, DestinationMetadata, require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
@@ -90,7 +90,7 @@ class OutboxRouter:
             if config.dedup.enabled else None
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),
                                           producer_factory)
-        self._destinations = DestinationMetadata(self._producer.partitions_for, clock=clock)
+        self._destinations = DestinationMetadata(ClusterListing(self._producer.topics), clock=clock)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None

@@ -64,6 +64,16 @@ class NullConsumer:
         pass
 
 
+class _EveryTopic(dict[str, Any]):
+    """A cluster listing that holds any name asked for, with one partition."""
+
+    def __contains__(self, topic: object) -> bool:
+        return True
+
+    def get(self, topic: str, default: Any = None) -> Any:
+        return SimpleNamespace(error=None, partitions={0: 0})
+
+
 class NullProducer:
     """Takes every record and transaction call; delivers without reports."""
 
@@ -79,8 +89,9 @@ class NullProducer:
     def flush(self, timeout: float = 0) -> int:
         return 0
 
-    def list_topics(self, topic: str, timeout: float = -1) -> Any:
-        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: 0})})
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """Every topic exists, with one partition."""
+        return SimpleNamespace(topics=_EveryTopic())
 
     def init_transactions(self, timeout: float) -> None:
         pass

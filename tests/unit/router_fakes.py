@@ -75,6 +75,7 @@ class FakeCluster:
     # As confluent-kafka's error_cb: a producer fenced raises the fatal error once from its
     # next poll() or flush(), before any transactional call meets it (what CI met, session 29).
     fence_on_serve: bool = False
+    listings: int = 0  # whole-cluster metadata requests (list_topics() of every topic)
     producers_initialised: int = 0  # init_transactions calls, of every producer
     producers_purged: int = 0
     init_failures: list[KafkaError] = field(default_factory=list)  # next init_transactions
@@ -254,11 +255,17 @@ class FakeProducer:
         self._pending_metadata = {}
         self._in_txn = False
 
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        count = self.cluster.partitions.get(topic)
-        error = None if count else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-        found = SimpleNamespace(error=error, partitions=dict.fromkeys(range(count or 0)))
-        return SimpleNamespace(topics={topic: found})
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """One topic's metadata (an error for a missing one), or every topic's (None)."""
+        self.cluster.listings += topic is None
+        names = list(self.cluster.partitions) if topic is None else [topic]
+        topics = {}
+        for name in names:
+            count = self.cluster.partitions.get(name)
+            error = None if count else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            topics[name] = SimpleNamespace(error=error,
+                                           partitions=dict.fromkeys(range(count or 0)))
+        return SimpleNamespace(topics=topics)
 
 
 # Consumer ---------------------------------------------------------------------------------

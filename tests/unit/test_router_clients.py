@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import (
     FOUND_RECHECK_S,
     MISSING_RECHECK_S,
+    ClusterListing,
     DestinationMetadata,
 )
 from cdc_router.router.partitioner import java_default_partition
@@ -140,6 +142,32 @@ def test_a_refusal_as_unknown_of_a_topic_now_not_authorised_is_the_records() -> 
     DestinationMetadata(lookup).check_refusal("orders", refusal)  # returns: a dead letter
     with pytest.raises(BatchFailed, match="metadata lags"):
         DestinationMetadata(lambda topic, timeout_s: 3).check_refusal("orders", refusal)
+
+
+def _topic(partitions: int, error: int | None = None) -> Any:
+    return SimpleNamespace(partitions=dict.fromkeys(range(partitions)),
+                           error=None if error is None else KafkaError(error))
+
+
+def test_lookups_of_many_missing_names_cost_one_cluster_listing_a_while() -> None:
+    # QA, session 30: librdkafka keeps every name a client asks metadata for; 6,000 missing
+    # names a template rendered slowed the router to 3 events a second and grew its RSS.
+    now, listed = [0.0], []
+
+    def listing(timeout_s: float) -> dict[str, Any]:
+        listed.append(now[0])
+        return {"orders": _topic(3), "young": _topic(0, KafkaError.LEADER_NOT_AVAILABLE)}
+
+    lookup = ClusterListing(listing, clock=lambda: now[0])
+    cache = DestinationMetadata(lookup, clock=lambda: now[0])
+    assert [cache.partitions(f"t.{n}") for n in range(1000)] == [None] * 1000
+    assert cache.partitions("orders") == 3 and listed == [0.0]
+    with pytest.raises(KafkaException):  # no leader yet: the cluster's, never a dead letter
+        cache.partitions("young")
+    now[0] = MISSING_RECHECK_S
+    assert cache.partitions("t.1000") is None and listed == [0.0, MISSING_RECHECK_S]
+    cache.clear()  # an assignment: the listing is read again too
+    assert cache.partitions("orders") == 3 and len(listed) == 3
 
 
 def test_every_command_builds_its_kafka_clients_with_the_logged_config() -> None:
