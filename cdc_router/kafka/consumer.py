@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,21 +36,31 @@ class _WithHeaders(Protocol):
     def headers(self) -> Any: ...
 
 
+# Message.headers() called so that CPython always checks its result (a call through
+# PyObject_Call): see readable_headers.
+_HEADERS = operator.methodcaller("headers")
+
+
 def readable_headers(message: _WithHeaders) -> Any:
     """Message.headers() ([] for none), or None when confluent-kafka could not decode a
     header name.
 
     It decodes names as UTF-8; for a name that is not (librdkafka's C API, kcat or Go clients
-    can write one) it leaves a NULL in the pair, and then raises a SystemError, or returns
-    the list as if nothing happened (seen under load in the integration suite). Reading that
-    NULL crashes the interpreter, so the pairs are checked without reading their items: the
-    collector's view of a pair (gc.get_referents) skips a NULL. Measured, confluent-kafka 2.16.
+    can write one) it leaves a NULL in the pair and returns the list with the decode error
+    still set. CPython turns that into a SystemError only where it checks a call's result:
+    once a `message.headers()` call site is specialized (after a few calls) it does not, and
+    the list came back as if nothing happened; reading its NULL then crashed the interpreter
+    (the full integration suite, the idempotent consumer). So the call goes through
+    operator.methodcaller (always checked: 30 of 30 raised, against 7 of 30 for a plain call
+    site, measured on a real record), and a pair is also checked without reading its items
+    (the collector's view, gc.get_referents, skips a NULL): a list already cached by an
+    earlier call holds it. Measured with confluent-kafka 2.16 on CPython 3.11.
     """
     try:
-        raw = message.headers()
+        raw = _HEADERS(message)
+        if isinstance(raw, list) and any(len(gc.get_referents(pair)) < 2 for pair in raw):
+            return None
     except (SystemError, UnicodeDecodeError):
-        return None
-    if isinstance(raw, list) and any(len(gc.get_referents(pair)) < 2 for pair in raw):
         return None
     return [] if raw is None else raw
 

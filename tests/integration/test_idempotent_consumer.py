@@ -405,8 +405,11 @@ def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_rest_go
         topics: tuple[str, str]) -> None:
     # Review, session 30: confluent-kafka cannot read such a header name (a SystemError), and
     # a second read of the record's headers returns a NULL that crashes the interpreter.
+    # After 20 records: once CPython has specialized the call site of headers() it no longer
+    # raises there, and the NULL came back unnoticed (the full suite segfaulted on it).
     topic, dead_letter = topics
     effect_table(stack.postgres_dsn, schema)
+    produce(stack.bootstrap_servers, topic, [(f"warm-{n}".encode(), b"{}", 0) for n in range(20)])
     produce_with_header(stack.bootstrap_servers, topic, key=b"odd", value=b'{"order_id": "1"}',
                         header_name=b"id\xff", header_value=b"forged", partition=0)
     produce(stack.bootstrap_servers, topic, [(b"good", b'{"order_id": "2"}', 0)])
@@ -415,9 +418,9 @@ def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_rest_go
         topics=(topic,), dead_letter_topic=dead_letter)
     run_until(IdempotentConsumer(settings, store,
                                  lambda event, conn: insert_effect(schema, event.event_id)(conn)),
-              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 2,
-              "both records committed")
-    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 22,
+              "every record committed")
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 21
     [letter] = read_topic(stack.bootstrap_servers, dead_letter, 1)
     headers = {name: value.decode() for name, value in letter.headers()}
     assert headers["dlq.stage"] == "decode" and "not UTF-8" in headers["dlq.error.message"]

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Message, Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka.consumer import readable_headers, record_headers
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from tests.integration.c_producer import produce_with_header
 from tests.integration.pipeline import REPO
 from tests.integration.support import StackEndpoints, read_to_end, read_topic, unique
 
@@ -192,6 +194,30 @@ def test_a_catch_up_reads_the_partitions_added_since_the_last_one(stack: StackEn
         assert sorted(value for _, value in reader.catch_up(timeout_s=60)) == [b"on-0", b"on-4"]
     finally:
         reader.close()
+
+
+def test_an_undecodable_header_name_is_caught_however_often_it_is_read(stack: StackEndpoints,
+                                                                        topic: str) -> None:
+    # The full suite, session 30: once CPython had specialized a `message.headers()` call
+    # site, it returned the list with the decode error pending and a NULL name inside, no
+    # SystemError; the idempotent consumer then segfaulted. Fresh records, read 20 times.
+    produce_with_header(stack.bootstrap_servers, topic, key=b"k", value=b"v",
+                        header_name=b"\xff", header_value=b"x", partition=0)
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": unique("h"),
+                         "enable.auto.commit": False})
+    try:
+        seen = []
+        for _ in range(20):
+            consumer.assign([TopicPartition(topic, 0, 0)])
+            message = None
+            while message is None or message.error() is not None:
+                message = consumer.poll(10)
+            seen.append(readable_headers(message))
+            seen.append(readable_headers(message))  # a second read: the cached list
+        assert seen == [None] * 40
+        assert record_headers(message) == [("dlq.headers.dropped", b"a header name is not UTF-8")]
+    finally:
+        consumer.close()
 
 
 def test_a_missing_topic_is_one_line_naming_it(stack: StackEndpoints) -> None:
