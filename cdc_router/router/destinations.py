@@ -37,8 +37,9 @@ LOOKUP_TIMEOUT_S = 10.0
 
 
 def missing_topic(topic: str) -> str:
-    return (f"destination topic {topic} does not exist (the router never creates topics): "
-            "declare it under `topics:` and run `cdc-router topics apply`")
+    return (f"destination topic {topic} does not exist, or this router may not describe it "
+            "(the router never creates topics): declare it under `topics:` and run "
+            "`cdc-router topics apply`, or grant the router's principal Describe and Write")
 
 
 def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None],
@@ -131,7 +132,9 @@ class DestinationMetadata:
         """Raises RouteError when the cluster refuses this one topic (e.g. not authorised);
         a KafkaException for anything else (the cluster is the problem, not the record)."""
         now = self._clock()
-        cached = self._topics.get(topic)
+        # A ClusterListing is a cache dated by its listing: a second one here would add its
+        # age to the listing's (review 30-2: a count 600 s old, a new topic missing 20 s).
+        cached = None if isinstance(self._lookup, ClusterListing) else self._topics.get(topic)
         if cached is not None and now - cached[1] < (
                 MISSING_RECHECK_S if cached[0] is None else FOUND_RECHECK_S):
             self._topics.move_to_end(topic)
@@ -143,10 +146,11 @@ class DestinationMetadata:
             if error is not None and error.code() in RECORD_REFUSED:
                 raise RouteError(f"destination topic {topic}: {describe(error)}") from None
             raise
-        self._topics[topic] = (count, now)
-        self._topics.move_to_end(topic)
-        while len(self._topics) > self._max_topics:
-            self._topics.popitem(last=False)
+        if not isinstance(self._lookup, ClusterListing):
+            self._topics[topic] = (count, now)
+            self._topics.move_to_end(topic)
+            while len(self._topics) > self._max_topics:
+                self._topics.popitem(last=False)
         return count
 
     def clear(self) -> None:

@@ -63,6 +63,10 @@ __all__ = ["CONFLUENT_HEADER", "CONFLUENT_MAGIC", "AvroSchema", "AvroSerializer"
 log = logging.getLogger("cdc_router.serde")
 
 
+# A schema registry's ids are Java ints.
+_MAX_SCHEMA_ID = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class PlannedSubject:
     """One (route, event type, schema) and, when known before any event, its topic and subject.
@@ -292,17 +296,18 @@ class AvroSerializer:
             parsed, body = writer.parsed, value[SINGLE_OBJECT_HEADER:]
         else:
             schema_id = int.from_bytes(value[1:CONFLUENT_HEADER], "big")
+            if schema_id > _MAX_SCHEMA_ID:
+                # Review 30: a registry answers such an id with a bare 404 (Java's int does not
+                # hold it), which must stop the router for a wrong URL, not for one record.
+                raise SerializeError(f"{where} names schema id {schema_id}, which no registry "
+                                     f"holds (ids go up to {_MAX_SCHEMA_ID})")
             try:
                 parsed = self._ids.writer_schema(schema_id)
             except RegistryError as error:
-                # The id comes from the record's own bytes: a definite refusal of it (missing,
-                # a bare 404, 400/422, a per-id 403) is the record's, as for a subject its data
-                # names (review, session 30); an outage or 401 still stops the router.
-                if not (error.missing or error.refused):
-                    raise
+                if not error.missing:
+                    raise  # the registry's outage or a refusal of this router (a wrong URL)
                 raise SerializeError(f"{where} names schema id {schema_id}, which the "
-                                     "registry does not hold" if error.missing else
-                                     f"{where} names schema id {schema_id}: {error}") from None
+                                     "registry does not hold") from None
             body = value[CONFLUENT_HEADER:]
         problem = unreadable(body, parsed)
         if problem is not None:
