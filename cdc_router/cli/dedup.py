@@ -76,12 +76,15 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
         if interval is not None:
             _purge_forever(store, window, interval, batch_size, consumer_group)
             return
-        stale = store.count_stale(window, consumer_group=consumer_group)
+        # One cutoff for the count and the delete (review, session 30: rows processed while
+        # the person answered went too).
+        cutoff = store.stale_cutoff(window)
+        stale = store.count_stale(window, consumer_group=consumer_group, cutoff=cutoff)
         if stale:  # QA, session 30: `--older-than 1s` deleted every group's rows unasked
             confirm(f"delete {stale} rows of {table} older than {older_than} "
                     f"({consumer_group or 'every consumer group'})?", yes)
         summary["deleted"] = store.purge(window, batch_size=batch_size,
-                                         consumer_group=consumer_group)
+                                         consumer_group=consumer_group, cutoff=cutoff)
     finally:
         store.close()
     emit(summary, output, lambda s: f"deleted {s['deleted']} rows from {s['table']} older "

@@ -38,6 +38,7 @@ from cdc_router.outbox import (
     init_outbox,
     init_steps,
     outbox_stats,
+    purge_cutoff,
     relay_columns_ddl,
     render_ddl,
     render_psql,
@@ -265,14 +266,17 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
     window = parse_duration(older_than, option="--older-than", allow_zero=True)
     older_than_ms = window // timedelta(milliseconds=1)
     with database(dsn) as conn:
-        count = purge_rows(conn, schema, older_than_ms, batch_size, dry_run=True)
+        # One cutoff for the count and the delete: rows that age past the window while the
+        # person answers are not the rows they were asked about.
+        before = purge_cutoff(conn, schema, older_than_ms)
+        count = purge_rows(conn, schema, older_than_ms, batch_size, dry_run=True, before=before)
         click.echo(f"{count} rows of {schema.table} are older than {older_than}")
         if dry_run or count == 0:
             return
         confirm("delete them?", yes)
         conn.rollback()  # end the counting transaction; each chunk commits on its own
         conn.autocommit = True
-        deleted = purge_rows(conn, schema, older_than_ms, batch_size)
+        deleted = purge_rows(conn, schema, older_than_ms, batch_size, before=before)
     click.echo(f"deleted {deleted} rows")
 
 

@@ -24,7 +24,7 @@ from cdc_router.outbox.setup import (
     render_psql,
 )
 from cdc_router.outbox.table import PAYLOAD_TYPES, OutboxColumns, OutboxSchema, PayloadType
-from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge
+from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge, purge_cutoff
 from cdc_router.outbox.writer import new_event_id, write_event
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "new_event_id",
     "outbox_stats",
     "purge",
+    "purge_cutoff",
     "relay_columns_ddl",
     "render_ddl",
     "render_psql",

@@ -47,20 +47,32 @@ def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxS
 
 
 def purge(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than_ms: int,
-          batch_size: int, *, dry_run: bool = False) -> int:
-    """Delete rows created more than `older_than_ms` ago, oldest first, in bounded chunks.
+          batch_size: int, *, dry_run: bool = False, before: object = None) -> int:
+    """Delete rows created more than `older_than_ms` ago, oldest first, in bounded chunks; or
+    those created before `before` (purge_cutoff's), to delete the rows a dry run counted.
 
     With an autocommit connection each chunk commits by itself; otherwise the caller commits.
     """
     if batch_size < 1:  # before any query; a dry run too
         raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     created = sql.Identifier(schema.created_at_column)
-    column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
-    older = sql.SQL("{} < {} - make_interval(secs => %s / 1000.0)").format(
-        created, utc_now_for(column_type))
+    if before is None:
+        before = purge_cutoff(conn, schema, older_than_ms)
+    older = sql.SQL("{} < %s").format(created)
     if dry_run:
         query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(schema.identifier, older)
-        row = conn.execute(query, (older_than_ms,)).fetchone()
+        row = conn.execute(query, (before,)).fetchone()
         return int(row[0]) if row else 0
-    return sum(delete_in_chunks(conn, schema.identifier, older, (older_than_ms,),
+    return sum(delete_in_chunks(conn, schema.identifier, older, (before,),
                                 batch_size=batch_size, order_by=created))
+
+
+def purge_cutoff(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than_ms: int) -> object:
+    """The created_at value, in the column's own type, that rows older than `older_than_ms`
+    are below now: taken once, a count and the delete after it agree on the rows."""
+    column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
+    query = sql.SQL("SELECT {} - make_interval(secs => %s / 1000.0)").format(
+        utc_now_for(column_type))
+    row = conn.execute(query, (older_than_ms,)).fetchone()
+    assert row is not None  # a SELECT without FROM returns its row
+    return row[0]

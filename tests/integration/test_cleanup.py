@@ -15,11 +15,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
+from cdc_router.cli import main
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.local import process
 from cdc_router.local.config import load_saved
@@ -334,6 +336,40 @@ def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints, na
     assert "20 rows" in dry.stdout, dry.stdout + dry.stderr
     assert "deleted 20 rows" in purged.stdout, purged.stdout + purged.stderr
     assert after["rows"] == 15 and after["oldest_age_s"] < 10.5 * 3600
+
+
+@pytest.mark.parametrize("column_type", ["timestamp(6)", "timestamptz(6)"])
+def test_outbox_purge_deletes_only_the_rows_it_counted_before_asking(
+        stack: StackEndpoints, column_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The count's cutoff was taken before the question and the delete's after the answer:
+    # rows that aged past the window while the person read went too.
+    name = f"purge_ask_{os.getpid()}_{random.randrange(10**6)}"
+    table = sql.Identifier("public", name)
+    now = sql.SQL("now()" if column_type.startswith("timestamptz") else
+                  "(now() AT TIME ZONE 'UTC')")
+    insert = sql.SQL("INSERT INTO {} (created_at) SELECT {} - %s::interval "
+                     "FROM generate_series(1, %s)").format(table, now)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
+                             "created_at {} NOT NULL)").format(table, sql.SQL(column_type)))
+        conn.execute(insert, ("1 hour", 4))
+
+    def answer_slowly(question: str, yes: bool) -> None:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(insert, ("0 seconds", 3))
+        time.sleep(2.5)  # the new rows are older than the 2 s window by the answer
+
+    monkeypatch.setattr("cdc_router.cli.outbox.confirm", answer_slowly)
+    try:
+        done = CliRunner().invoke(main, ["outbox", "purge", "--dsn", stack.postgres_dsn,
+                                         "--table", f"public.{name}", "--older-than", "2s"])
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+    finally:
+        _drop(stack.postgres_dsn, table)
+    assert done.exit_code == 0, done.output
+    assert "4 rows" in done.output and "deleted 4 rows" in done.output, done.output
+    assert row == (3,)
 
 
 @pytest.mark.parametrize(("name", "spelling"), SPELLINGS[1:])

@@ -627,6 +627,27 @@ def test_the_purge_command_plans_then_deletes_only_rows_older_than_the_window(
     assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "new")}
 
 
+def test_the_purge_command_deletes_only_the_rows_it_counted_before_asking(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review, session 30: the count was taken before the question and the delete's cutoff
+    after the answer, so rows processed while the person read the question went too."""
+    store.run_once(DedupKey("fulfillment", "counted"), lambda conn: None)
+    time.sleep(1.2)  # older than the 1 s window
+
+    def answer_slowly(question: str, yes: bool) -> None:
+        assert "delete 1 rows" in question
+        store.run_once(DedupKey("fulfillment", "while-asking"), lambda conn: None)
+        time.sleep(1.2)  # the new row is older than the window too by the time of the answer
+
+    monkeypatch.setattr("cdc_router.cli.dedup.confirm", answer_slowly)
+    done = CliRunner().invoke(main, ["dedup", "purge", "--dsn", stack.postgres_dsn, "--table",
+                                     f"{schema}.dedup", "--older-than", "1s", "-o", "json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == 1
+    assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "while-asking")}
+
+
 def two_groups_with_old_rows(dsn: str, schema: str, store: PostgresDedupStore) -> None:
     """Groups A and B each with an expired row and a fresh one."""
     for group in ("A", "B"):

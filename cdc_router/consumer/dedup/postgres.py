@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -160,13 +161,27 @@ class PostgresDedupStore:
                                       f"ran ({one_line(error)})") from error
             raise
 
-    def count_stale(self, older_than: timedelta, *, consumer_group: str | None = None) -> int:
-        """How many rows purge(older_than) would delete now (for a dry run)."""
+    def stale_cutoff(self, older_than: timedelta) -> datetime:
+        """The database's `now() - older_than`: to count, then purge, the same rows."""
+        try:
+            row = self._connection().execute("SELECT now() - %s", (older_than,)).fetchone()
+        except psycopg.Error as error:
+            self._forget_broken()
+            raise DedupStoreError(
+                f"cannot read the time from {self._table_name}'s database: "
+                f"{one_line(error)}") from error
+        assert row is not None and isinstance(row[0], datetime)
+        return row[0]
+
+    def count_stale(self, older_than: timedelta, *, consumer_group: str | None = None,
+                    cutoff: datetime | None = None) -> int:
+        """How many rows purge(older_than) would delete now (for a dry run), or before
+        `cutoff` when given (see stale_cutoff)."""
         query = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
-            self._table, self._stale(consumer_group))
+            self._table, self._stale(consumer_group, cutoff))
         try:
             row = self._connection().execute(
-                query, {"window": older_than, "group": consumer_group}).fetchone()
+                query, _stale_params(older_than, consumer_group, cutoff)).fetchone()
         except psycopg.Error as error:
             self._forget_broken()
             raise DedupStoreError(
@@ -176,20 +191,23 @@ class PostgresDedupStore:
         return stale
 
     @staticmethod
-    def _stale(consumer_group: str | None) -> sql.Composable:
-        """Rows older than %(window)s, of %(group)s only when a group is given."""
+    def _stale(consumer_group: str | None, cutoff: datetime | None) -> sql.Composable:
+        """Rows older than %(window)s (or %(cutoff)s), of %(group)s only when a group is given."""
         group = sql.SQL(" AND consumer_group = %(group)s") if consumer_group else sql.SQL("")
-        return sql.SQL("processed_at < now() - %(window)s{}").format(group)
+        older = "processed_at < %(cutoff)s" if cutoff else "processed_at < now() - %(window)s"
+        return sql.SQL(older + "{}").format(group)
 
     def purge(self, older_than: timedelta, *, batch_size: int = 5000,
-              consumer_group: str | None = None) -> int:
+              consumer_group: str | None = None, cutoff: datetime | None = None) -> int:
         """Delete rows processed more than `older_than` ago, `batch_size` rows a transaction.
 
         Short transactions keep locks and WAL bursts small on a busy table. Returns how many
-        rows were deleted. Rows inside the window are never touched.
+        rows were deleted. Rows inside the window are never touched. With `cutoff` (see
+        stale_cutoff), rows processed before it: those count_stale counted with it.
         """
-        chunks = delete_in_chunks(self._connection(), self._table, self._stale(consumer_group),
-                                  {"window": older_than, "group": consumer_group},
+        chunks = delete_in_chunks(self._connection(), self._table,
+                                  self._stale(consumer_group, cutoff),
+                                  _stale_params(older_than, consumer_group, cutoff),
                                   batch_size=batch_size)
         deleted = 0
         try:
@@ -208,6 +226,11 @@ class PostgresDedupStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _stale_params(older_than: timedelta, consumer_group: str | None,
+                  cutoff: datetime | None) -> dict[str, Any]:
+    return {"window": older_than, "group": consumer_group, "cutoff": cutoff}
 
 
 def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: timedelta,
