@@ -163,6 +163,10 @@ class ReplayFilter:
         # conversion serves both.
         self._last_id = ""
         self._last_key: Key = ""
+        # Ids forgotten inside the window to stay within max_ids (QA 30-c: a restore that
+        # forgot thousands said so only in an INFO line's numbers).
+        self.crowded_out = 0
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -189,6 +193,7 @@ class ReplayFilter:
             self._remember(list(self._pending), self._pending_ms)
         self.abort()
         self.expire(now_ms)
+        self._warn_if_crowded()
 
     def abort(self) -> None:
         """The batch's transaction aborted: its records never became visible."""
@@ -217,7 +222,18 @@ class ReplayFilter:
             marks = parse_changelog(key, value, group=group)
             self.restore(marks, now_ms)
             restored += len(marks)
+        self._warn_if_crowded()
         return restored
+
+    def _warn_if_crowded(self) -> None:
+        """One WARNING the first time max_ids, not the window, forgets ids."""
+        if self.crowded_out and not self._warned:
+            self._warned = True
+            log.warning("event=dedup_max_ids_reached max_ids=%d forgotten=%d: ids delivered "
+                        "within dedup.window_ms were forgotten to stay within dedup.max_ids; "
+                        "Debezium replays of them would be delivered again. Raise "
+                        "dedup.max_ids (about 120 bytes of memory an id) or shorten "
+                        "dedup.window_ms", self._max_ids, self.crowded_out)
 
     def _remember(self, keys: list[Key], delivered_ms: int) -> None:
         """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
@@ -249,7 +265,9 @@ class ReplayFilter:
             over = len(self._keys) - self._max_ids
             if over <= 0:
                 return
+            held = len(self._keys)
             dropped = self._forget(keys, over)
+            self.crowded_out += held - len(self._keys)
             if dropped == len(keys):
                 batches.popleft()
             else:

@@ -41,6 +41,26 @@ def test_beyond_max_ids_the_oldest_go_first():
     assert [replay.seen(f"id{i}") for i in range(5)] == [False, False, True, True, True]
 
 
+def test_ids_max_ids_forgets_inside_the_window_are_counted_and_warned_once(caplog):
+    # QA 30-c: a restore that forgot 3,397 of them said so only as an INFO line's numbers.
+    replay = ReplayFilter(window_ms=10**9, max_ids=3)
+    records = changelog_records([f"id{i}" for i in range(5)], 10, group="g")
+    with caplog.at_level("WARNING", logger="cdc_router.router"):
+        replay.restore_changelog([(r.key, r.value) for r in records], 20, group="g")
+        for i in range(5, 8):
+            replay.add_pending(f"id{i}", 30)
+            replay.commit(30)
+    assert replay.crowded_out == 5
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "max_ids=3 forgotten=2" in warning and "Raise dedup.max_ids" in warning
+
+
+def test_ids_the_window_forgets_are_not_counted_as_crowded_out():
+    replay = ReplayFilter(window_ms=1_000, max_ids=10)
+    replay.restore([("old", 0), ("new", 5_000)], now_ms=5_500)
+    assert replay.crowded_out == 0
+
+
 def test_a_batch_of_ids_is_one_changelog_record_that_round_trips():
     ids = [f"6f1c-{i}" for i in range(1000)] + ["crème ✓"]
     [record] = changelog_records(ids, 1234)
