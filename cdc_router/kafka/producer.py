@@ -162,17 +162,6 @@ class LatchingProducer:
         topics: Mapping[str, Any] = self.client.list_topics(timeout=timeout_s).topics
         return topics
 
-    def partitions_for(self, topic: str, timeout_s: float) -> int | None:
-        """The topic's partition count from cluster metadata, or None if it does not exist."""
-        metadata = self.client.list_topics(topic, timeout=timeout_s)
-        found = metadata.topics.get(topic)
-        if found is not None and found.error is not None and \
-                found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-            raise KafkaException(found.error)  # e.g. no leader yet, or not authorised
-        if found is None or found.error is not None or not found.partitions:
-            return None
-        return len(found.partitions)
-
 
 @contextmanager
 def _fatal_unwrapped() -> Iterator[None]:

@@ -25,7 +25,7 @@ from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.outbox.republish import ChangeEvent
 from cdc_router.outbox.setup import MAX_RECORD_BYTES
 from cdc_router.router import clients
-from cdc_router.router.destinations import LOOKUP_TIMEOUT_S
+from cdc_router.router.destinations import LOOKUP_TIMEOUT_S, ClusterListing
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.transaction import Transaction
@@ -74,7 +74,7 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     # A raw change event may be as big as Debezium's (connectors/outbox-connector.json).
     producer = LatchingProducer({**clients.producer_config(config, INSTANCE),
                                  "message.max.bytes": MAX_RECORD_BYTES}, producer_factory)
-    partitions = producer.partitions_for(topic, LOOKUP_TIMEOUT_S)
+    partitions = ClusterListing(producer.topics)(topic, LOOKUP_TIMEOUT_S)
     if partitions is None:
         raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
                             "--topic")
