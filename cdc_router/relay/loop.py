@@ -39,6 +39,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     RecordRefused,
 )
+from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
@@ -160,8 +161,7 @@ class OutboxRelay:
         finally:
             self._reader.reset()
             self._lock.release()
-            if self._publisher is not None:
-                self._publisher.close()
+            close_all(self._publisher)
             log.info("event=stopped instance=%s table=%s", self._instance_id, self._table)
 
     # Start ----------------------------------------------------------------------------------

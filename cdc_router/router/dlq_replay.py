@@ -37,6 +37,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
+from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
@@ -255,8 +256,5 @@ class DeadLetterReplay:
         return letters, ends
 
     def close(self) -> None:
-        self._letters.close()
-        self._changelog.close()
-        if self._publisher is not None:
-            self._publisher.close()
+        close_all(self._letters, self._changelog, self._publisher)
 

@@ -27,6 +27,7 @@ from cdc_router.errors import (
     RecordRefused,
     RestoreFailed,
 )
+from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import (
     SourceErrors,
     next_records,
@@ -194,12 +195,8 @@ class OutboxRouter:
             self._commit()
 
     def _close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        for client in (self._changelog, self._publisher):
-            if client is not None:
-                client.close()
+        consumer, self._consumer = self._consumer, None
+        close_all(consumer, self._changelog, self._publisher)  # keeps the error run() leaves on
         log.info("event=stopped instance=%s", self._instance_id)
 
     # One record ----------------------------------------------------------------------------

@@ -220,6 +220,32 @@ def test_a_producer_fenced_again_after_its_renewal_stops_the_router() -> None:
     assert harness.consumer is not None and harness.consumer.closed
 
 
+def _close_fails(self: FakeConsumer) -> None:
+    raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down at close"))
+
+
+def test_a_close_failing_on_the_way_out_keeps_the_error_the_router_leaves_on(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 30: consumer.close() raised from run()'s finally and replaced the fence (and its
+    # exit code) with a bare KafkaException.
+    monkeypatch.setattr(FakeConsumer, "close", _close_fails)
+    cluster = cluster_with(*events(10))
+    harness = Harness(cluster)
+    cluster.fenced = True
+    with pytest.raises(FatalKafkaError, match="_FENCED"):
+        harness.run()
+    assert "event=close_failed client=FakeConsumer error=KafkaError" in caplog.text
+    assert "broker down at close" in caplog.text
+
+
+def test_a_close_failing_on_a_clean_stop_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FakeConsumer, "close", _close_fails)
+    cluster = cluster_with(*events(3))
+    with pytest.raises(KafkaException, match="broker down at close"):
+        Harness(cluster).run()
+    assert len(cluster.committed(ORDERS)) == 3
+
+
 def _fence_served_by_the_abort(cluster: FakeCluster) -> Any:
     """A producer factory whose batch fails for another reason (abortable offsets) while a
     fence waits to be served: the abort's poll(0) is the first call to meet it."""
