@@ -9,13 +9,15 @@ from __future__ import annotations
 import builtins
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConnectError, UnknownConnectorError
 
 log = logging.getLogger("cdc_router.connect")
@@ -105,6 +107,7 @@ class ConnectClient:
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url.rstrip("/")
+        self._shown = shown_url(self.url)  # httpx takes user:password@ in it as basic auth
         self._auth = httpx.BasicAuth(*auth) if auth else None
         self._timeout = timeout
         self._transport = transport
@@ -127,32 +130,39 @@ class ConnectClient:
 
     def list(self) -> list[str]:
         """Names of the deployed connectors, sorted."""
-        return sorted(self._request("GET", "/connectors").json())
+        names = self._json("GET", "/connectors", list)
+        if not all(isinstance(name, str) for name in names):
+            raise self._not_connect("GET", "/connectors", "a list of names")
+        return sorted(names)
 
     def list_statuses(self) -> builtins.list[ConnectorStatus]:
         """Every connector's status in one call (GET /connectors?expand=status)."""
-        data = self._request("GET", "/connectors", params={"expand": "status"}).json()
-        return [ConnectorStatus.from_json(item["status"]) for _, item in sorted(data.items())]
+        data = self._json("GET", "/connectors", dict, params={"expand": "status"})
+        with self._shaped("GET", "/connectors?expand=status"):
+            return [ConnectorStatus.from_json(item["status"]) for _, item in sorted(data.items())]
 
     def list_configs(self) -> dict[str, dict[str, str]]:
         """Every connector's stored config by name, in one call (GET /connectors?expand=info)."""
-        data = self._request("GET", "/connectors", params={"expand": "info"}).json()
-        return {name: dict(item["info"]["config"]) for name, item in sorted(data.items())}
+        data = self._json("GET", "/connectors", dict, params={"expand": "info"})
+        with self._shaped("GET", "/connectors?expand=info"):
+            return {name: dict(item["info"]["config"]) for name, item in sorted(data.items())}
 
     def get(self, name: str) -> dict[str, Any]:
         """The connector's info: name, type, config and task ids."""
-        info: dict[str, Any] = self._request("GET", _path(name), connector=name).json()
+        info: dict[str, Any] = self._json("GET", _path(name), dict, connector=name)
+        if not isinstance(info.get("config"), dict):
+            raise self._not_connect("GET", _path(name), "a connector's info")
         return info
 
     def get_config(self, name: str) -> dict[str, str]:
         """The connector's stored config, config-provider references unresolved."""
-        config: dict[str, str] = self._request("GET", _path(name, "config"),
-                                               connector=name).json()
+        config: dict[str, str] = self._json("GET", _path(name, "config"), dict, connector=name)
         return config
 
     def get_status(self, name: str) -> ConnectorStatus:
-        return ConnectorStatus.from_json(
-            self._request("GET", _path(name, "status"), connector=name).json())
+        data = self._json("GET", _path(name, "status"), dict, connector=name)
+        with self._shaped("GET", _path(name, "status")):
+            return ConnectorStatus.from_json(data)
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -167,12 +177,15 @@ class ConnectClient:
         Connect insists on a `name` in the config it validates; put the connector's name in.
         """
         body = {**config, "connector.class": connector_class}
-        data = self._request("PUT", f"/connector-plugins/{quote(connector_class, safe='')}"
-                                    "/config/validate", json=body).json()
-        errors = {
-            str(item["value"]["name"]): tuple(item["value"]["errors"])
-            for item in data.get("configs", []) if (item.get("value") or {}).get("errors")
-        }
+        path = f"/connector-plugins/{quote(connector_class, safe='')}/config/validate"
+        data = self._json("PUT", path, dict, json=body)
+        if not isinstance(data.get("configs"), list):  # else every config would be valid
+            raise self._not_connect("PUT", path, "a validation of a config")
+        with self._shaped("PUT", path):
+            errors = {
+                str(item["value"]["name"]): tuple(item["value"]["errors"])
+                for item in data["configs"] if (item.get("value") or {}).get("errors")
+            }
         return Validation(errors)
 
     def restart(self, name: str, *, include_tasks: bool = False,
@@ -236,8 +249,10 @@ class ConnectClient:
                                           timeout=self._timeout, transport=self._transport,
                                           headers={"Accept": "application/json"})
             except httpx.InvalidURL as error:  # e.g. a port that is not a number
-                raise ConnectError(f"Kafka Connect URL {self.url!r} is not valid ({error}): "
-                                   "set --connect-url or CDC_ROUTER_CONNECT_URL") from error
+                raise ConnectError(f"Kafka Connect URL {self._shown!r} is not valid ({error}): "
+                                   "give its REST URL, e.g. http://127.0.0.1:8083 (the "
+                                   "command's --url or --connect-url, or "
+                                   "CDC_ROUTER_CONNECT_URL)") from error
         return self._http
 
     def _request(self, method: str, path: str, *, connector: str | None = None,
@@ -246,10 +261,10 @@ class ConnectClient:
             try:
                 response = self._client.request(method, path, **kwargs)
             except httpx.TimeoutException as error:
-                raise ConnectError(f"Kafka Connect at {self.url} did not answer {method} {path} "
+                raise ConnectError(f"Kafka Connect at {self._shown} did not answer {method} {path} "
                                    f"in time ({type(error).__name__})") from error
             except httpx.TransportError as error:
-                raise ConnectError(f"Kafka Connect unreachable at {self.url}: "
+                raise ConnectError(f"Kafka Connect unreachable at {self._shown}: "
                                    f"{_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
                       path, response.status_code, attempt)
@@ -258,11 +273,40 @@ class ConnectClient:
                 continue
             break
         if response.status_code == httpx.codes.NOT_FOUND and connector is not None:
-            raise UnknownConnectorError(connector, self.url)
+            raise UnknownConnectorError(connector, self._shown)
         if response.is_error:
             raise ConnectError(f"Kafka Connect answered {response.status_code} to {method} "
                                f"{path}: {_message(response)}")
         return response
+
+
+    def _json(self, method: str, path: str, shape: type, *, connector: str | None = None,
+              **kwargs: Any) -> Any:
+        """The answer's JSON body, of type `shape`; a ConnectError for anything else (QA 31:
+        a metrics port or a login page answering 200 gave a JSONDecodeError traceback)."""
+        response = self._request(method, path, connector=connector, **kwargs)
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, shape):
+            kind = response.headers.get("content-type", "no content type").split(";")[0]
+            raise ConnectError(f"{self._shown} answered {method} {path} with "
+                               f"{response.status_code} but not Kafka Connect's JSON ({kind}): "
+                               "is this Kafka Connect's REST URL?")
+        return data
+
+    def _not_connect(self, method: str, path: str, expected: str) -> ConnectError:
+        return ConnectError(f"{self._shown} answered {method} {path} with JSON that is not "
+                            f"{expected}: is this Kafka Connect's REST URL?")
+
+    @contextmanager
+    def _shaped(self, method: str, path: str) -> Iterator[None]:
+        """An answer of another shape than Kafka Connect's is a ConnectError."""
+        try:
+            yield
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise self._not_connect(method, path, f"Kafka Connect's ({error!r})") from error
 
 
 def _path(name: str, *parts: str) -> str:

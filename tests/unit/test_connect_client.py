@@ -212,6 +212,58 @@ def test_an_unreachable_connect_names_the_url() -> None:
                                  "[Errno 111] Connection refused")
 
 
+def test_a_password_in_the_url_is_masked_in_every_error() -> None:
+    # Review 31: httpx sends a URL's user:password as basic auth, and the errors printed it.
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    def unknown(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error_code": 404, "message": "not found"})
+
+    url = "http://admin:s3cret@connect.test:8083"
+    errors = []
+    for handler, call in ((refuse, "list"), (unknown, "get_status")):
+        with pytest.raises(ConnectError) as caught:
+            made = ConnectClient(url, transport=httpx.MockTransport(handler))
+            made.list() if call == "list" else made.get_status("x")
+        errors.append(str(caught.value))
+    with pytest.raises(ConnectError) as caught:
+        ConnectClient("http://admin:s3cret@connect.test:abc").list()
+    errors.append(str(caught.value))
+    assert all("s3cret" not in error and "admin:" in error for error in errors), errors
+    assert "--url" in errors[-1]
+
+
+@pytest.mark.parametrize("call", ["list", "list_statuses", "list_configs", "get", "get_config",
+                                  "get_status", "validate"])
+@pytest.mark.parametrize(("body", "content_type"), [
+    (b"# HELP python_info\n", "text/plain; version=0.0.4"),  # a Prometheus port
+    (b"<html>Sign in</html>", "text/html"),  # a login page in front of Connect
+    (b"null", "application/json"),
+    (b"[1, 2]", "application/json"),
+    (b'{"name": 5, "connector": 7, "tasks": [{"id": "x"}]}', "application/json"),
+])
+def test_an_answer_that_is_not_connects_json_is_one_line_naming_the_url(
+        call: str, body: bytes, content_type: str) -> None:
+    # Review 31: a JSONDecodeError (or TypeError) traceback, and `status` exited 1, "warning".
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": content_type})
+
+    made = client(answer)
+    calls: dict[str, Callable[[], Any]] = {
+        "list": made.list, "list_statuses": made.list_statuses,
+        "list_configs": made.list_configs, "get": lambda: made.get("c"),
+        "get_config": lambda: made.get_config("c"), "get_status": lambda: made.get_status("c"),
+        "validate": lambda: made.validate("io.debezium.X", {})}
+    if call == "get_config" and body.startswith(b"{"):
+        calls[call]()  # a config is any object
+        return
+    with pytest.raises(ConnectError) as caught:
+        calls[call]()
+    assert URL in str(caught.value) and "Kafka Connect's" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 def test_a_timeout_is_one_line_too() -> None:
     def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
@@ -555,7 +607,7 @@ def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,
 def test_a_url_httpx_cannot_parse_is_one_line_naming_the_setting(url: str) -> None:
     # httpx.InvalidURL came out of every `connectors` command and `status` as a traceback (QA,
     # session 25).
-    with pytest.raises(ConnectError, match=r"not valid .*: set --connect-url or CDC_ROUTER_"):
+    with pytest.raises(ConnectError, match=r"not valid .*--connect-url, or CDC_ROUTER_"):
         ConnectClient(url).list()
 
 
