@@ -61,6 +61,7 @@ from cdc_router.nats.connection import (
     config_failure,
     error_text,
     require_tls,
+    servers,
 )
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             # Reconnects for ever once connected: an outage is a pause, not a reason to stop.
             # (nats-py's first connect retries too: wait_for bounds it.)
             return await asyncio.wait_for(nats.connect(
-                url, name=f"cdc-router-consumer-{self.settings.durable}",
+                servers(url), name=f"cdc-router-consumer-{self.settings.durable}",
                 connect_timeout=self.settings.connect_timeout_s, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=on_error,
                 disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,

@@ -92,7 +92,7 @@ async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> No
     TLS. A server that does not answer is left to the connection to report."""
     if "tls" not in options:
         return
-    for server in _servers(url):
+    for server in servers(url):
         info = await _server_info(server, timeout_s)
         if info is not None and not info.get("tls_required"):
             raise ConfigError(f"the NATS server at {shown_url(server)} does not require TLS, "
@@ -102,7 +102,9 @@ async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> No
                                    "nats.tls")
 
 
-def _servers(url: str) -> list[str]:
+def servers(url: str) -> list[str]:
+    """nats.url's comma-separated servers, as the list nats.connect() takes (review 31: given
+    the string whole, nats-py refused it as one URL, 'invalid connect url option')."""
     return [server.strip() for server in url.split(",") if server.strip()]
 
 

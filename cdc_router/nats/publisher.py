@@ -30,6 +30,7 @@ from cdc_router.nats.connection import (
     config_failure,
     error_text,
     require_tls,
+    servers,
 )
 
 log = logging.getLogger("cdc_router.nats")
@@ -140,7 +141,7 @@ class JetStreamPublisher:
                 # end when the server is back, not a reason to stop the router.
                 # (nats-py's first connect retries for ever too: wait_for bounds it.)
                 self._client = await asyncio.wait_for(nats.connect(
-                    self._url, name=self._name, connect_timeout=self._connect_timeout_s,
+                    servers(self._url), name=self._name, connect_timeout=self._connect_timeout_s,
                     max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                     allow_reconnect=True, error_cb=self._error,
                     disconnected_cb=self._disconnected, reconnected_cb=self._reconnected,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from cdc_router.config.nats import StreamSpec
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import JetStreamError
-from cdc_router.nats.connection import config_failure, require_tls
+from cdc_router.nats.connection import config_failure, require_tls, servers
 
 StreamAction = Literal["create", "update", "unchanged"]
 # One JetStream API call: stream creation on a loaded server takes a second at most.
@@ -96,7 +96,7 @@ class StreamAdmin:
         await require_tls(self._url, self._options, _API_TIMEOUT_S)
         try:
             client = await asyncio.wait_for(nats.connect(
-                self._url, connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
+                servers(self._url), connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
                 error_cb=_quiet, **self._options), timeout=_API_TIMEOUT_S)
         except (NatsError, OSError, TimeoutError) as error:
             failure = config_failure(self._url, [error])

@@ -301,6 +301,24 @@ def test_a_publish_no_stream_captures_names_the_fix(nats_url: str) -> None:
         publisher.close()
 
 
+def test_a_comma_separated_nats_url_reaches_the_server_that_is_up(nats_url: str,
+                                                                  tmp_path: Path) -> None:
+    # Review 31: nats.url is documented and validated as comma-separated servers, and nats-py
+    # refused the string whole ("invalid connect url option"): streams apply said "is
+    # nats-server running?" and the router's JetStream routes retried for ever.
+    url = f"nats://127.0.0.1:1,{nats_url}"
+    config = {"source": {"topics": ["outbox.public.outbox"]},
+              "routes": [{"nats": {"subject": "commasep.{type}"}}]}
+    stream = _apply_streams(tmp_path / "router.yaml", config, url, "commasep")
+    publisher = JetStreamPublisher(url, ack_timeout_s=5, connect_timeout_s=5)
+    try:
+        acks = publisher.publish_batch([NatsMessage("commasep.x", b"{}", {}, "comma-1")])
+    finally:
+        publisher.close()
+    assert acks == BatchAcks(stored=1, duplicates=0)
+    assert [m.headers["Nats-Msg-Id"] for m in read_stream(nats_url, stream)] == ["comma-1"]
+
+
 def test_a_message_over_the_streams_max_msg_size_is_refused_alone(nats_url: str) -> None:
     # QA session 27-b: the stream's refusal (err_code 10054) failed the whole batch like an
     # outage, for ever; it names its message, which is poison.
