@@ -15,6 +15,8 @@ import click
 from cdc_router.local import stack
 from cdc_router.local.config import OPTIONAL_PARTS, PARTS, Part, StackConfig, load_saved
 
+PORT = click.IntRange(1, 65535)
+
 
 def default_jar_cache() -> Path:
     """~/.cache/cdc-router/jars, or under XDG_CACHE_HOME."""
@@ -23,7 +25,7 @@ def default_jar_cache() -> Path:
 
 
 home_option = click.option(
-    "--home", type=click.Path(path_type=Path), default=Path(".cdc-router"), show_default=True,
+    "--home", type=click.Path(path_type=Path, file_okay=False), default=Path(".cdc-router"), show_default=True,
     envvar="CDC_ROUTER_HOME",
     help="Directory holding all of the stack's state [env CDC_ROUTER_HOME].")
 
@@ -47,14 +49,14 @@ def cli() -> None:
 @click.option("--jar-cache", type=click.Path(path_type=Path), envvar="CDC_ROUTER_JAR_CACHE",
               help="Where the Kafka, Debezium and registry jars are cached "
                    "[env CDC_ROUTER_JAR_CACHE; default ~/.cache/cdc-router/jars].")
-@click.option("--postgres-port", type=int, help="Default 15432.")
-@click.option("--kafka-port", type=int, help="Default 19092.")
-@click.option("--kafka-controller-port", "controller_port", type=int, help="Default 19093.")
-@click.option("--connect-port", type=int, help="Default 18083.")
-@click.option("--nats-port", type=int, help="Default 14222 (with `--with nats`).")
-@click.option("--registry-port", type=int, help="Default 18081 (with `--with registry`).")
-@click.option("--connect-offset-flush-interval-ms", type=int,
-              help="Connect's offset.flush.interval.ms (default 10000).")
+@click.option("--postgres-port", type=PORT, help="Default 15432.")
+@click.option("--kafka-port", type=PORT, help="Default 19092.")
+@click.option("--kafka-controller-port", "controller_port", type=PORT, help="Default 19093.")
+@click.option("--connect-port", type=PORT, help="Default 18083.")
+@click.option("--nats-port", type=PORT, help="Default 14222 (with `--with nats`).")
+@click.option("--registry-port", type=PORT, help="Default 18081 (with `--with registry`).")
+@click.option("--connect-offset-flush-interval-ms", type=click.IntRange(min=100),
+              help="Connect's offset.flush.interval.ms (default 10000, at least 100).")
 @click.option("--with", "with_parts", type=click.Choice(OPTIONAL_PARTS), multiple=True,
               help="Also start an optional part: nats (nats-server with JetStream), "
                    "registry (Apicurio Registry, Confluent API at /apis/ccompat/v7).")
@@ -63,12 +65,35 @@ def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
     """Start what is not running and wait until each part is healthy (idempotent)."""
     current = _saved_or_default(home)
     changes: dict[str, object] = {key: value for key, value in ports.items() if value is not None}
+    _refuse_moving_running_parts(current, changes)
     if jar_cache is not None:
         changes["jar_cache"] = jar_cache.resolve()
     config = StackConfig.model_validate({**current.model_dump(), **changes})
     started = time.monotonic()
     stack.up(config, _say, optional=cast("tuple[Part, ...]", with_parts))
     click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
+
+
+# What a running part was started with: its own settings (review 31: `up --kafka-port N` on a
+# running stack saved N, and `env`, `status` and later starts used a port nothing listened on).
+_PART_SETTINGS: dict[str, tuple[str, ...]] = {
+    "postgres": ("postgres_port",), "kafka": ("kafka_port", "controller_port"),
+    "connect": ("connect_port", "connect_offset_flush_interval_ms"), "nats": ("nats_port",),
+    "registry": ("registry_port",)}
+
+
+def _refuse_moving_running_parts(current: StackConfig, changes: dict[str, object]) -> None:
+    running = {s.part for s in stack.status(current) if s.state == "running"}
+    for part in PARTS:
+        for name in _PART_SETTINGS[part]:
+            was = getattr(current, name)
+            if part in running and name in changes and changes[name] != was:
+                option = "--kafka-controller-port" if name == "controller_port" else \
+                    "--" + name.replace("_", "-")
+                raise click.BadParameter(
+                    f"{part} is running with {was}: stop the stack first "
+                    f"(`cdc-router local down`), then `up` with the new value",
+                    param_hint=f"'{option}'")
 
 
 @cli.command()

@@ -57,8 +57,11 @@ class PartStatus:
     log: str
 
 
-def _marker(config: StackConfig) -> str:
-    return str(config.home)
+def process_marker(config: StackConfig) -> str:
+    """What a part's command line names: a path under the home. The home with its slash
+    (review 31: `/x/stack` matched the processes of `/x/stack2`, and `local down` of one home
+    with a stale pid file stopped the other's Kafka)."""
+    return f"{config.home}/"
 
 
 def _address(config: StackConfig, part: Part) -> str:
@@ -72,7 +75,7 @@ def status(config: StackConfig) -> list[PartStatus]:
     result = []
     for part in PARTS:
         pid = process.read_pid(config.pid_path(part))
-        if process.is_running(pid, _marker(config)):
+        if process.is_running(pid, process_marker(config)):
             state = "running"
         elif pid is not None:
             state = "stale"
@@ -139,7 +142,8 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     config.check_ports_distinct()
     _prepare(config, (part,), say)
     save(config)
-    running = process.is_running(process.read_pid(config.pid_path(part)), _marker(config))
+    running = process.is_running(process.read_pid(config.pid_path(part)),
+                                 process_marker(config))
     if not running:
         _check_ports(config, set(PARTS) - {part})
     _up_optional(config, part, say, running)
@@ -166,7 +170,7 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
     }
     for part in reversed(PARTS):
         pid = process.read_pid(config.pid_path(part))
-        if process.stop(pid, _marker(config), sig=stop_signal[part]) if pid else False:
+        if process.stop(pid, process_marker(config), sig=stop_signal[part]) if pid else False:
             say(f"{part:<9} stopped (pid {pid})")
         else:
             say(f"{part:<9} was not running")
@@ -208,7 +212,8 @@ def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfi
           say: Say) -> None:
     say(f"{part:<9} starting (pid {pid}, log {config.log_path(part)})")
     seconds = process.wait_until(lambda: check(config), name=part, timeout_s=_TIMEOUTS_S[part],
-                                 pid=pid, marker=_marker(config), log_path=config.log_path(part))
+                                 pid=pid, marker=process_marker(config),
+                                 log_path=config.log_path(part))
     say(f"{part:<9} healthy in {seconds:.1f}s  {_address(config, part)}")
 
 

@@ -23,7 +23,7 @@ from cdc_router.local.config import (
     load_saved,
     to_properties,
 )
-from cdc_router.local.stack import java_command
+from cdc_router.local.stack import java_command, process_marker
 
 REPO = Path(__file__).resolve().parents[2]
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
@@ -64,7 +64,7 @@ class LocalStack:
 
     def pid(self, part: str) -> int:
         pid = process.read_pid(self.config.pid_path(part))  # type: ignore[arg-type]
-        if pid is None or not process.is_running(pid, str(self.config.home)):
+        if pid is None or not process.is_running(pid, process_marker(self.config)):
             raise RuntimeError(f"chaos: {part} of {self.config.home} is not running")
         return pid
 
@@ -75,7 +75,7 @@ class LocalStack:
 
     def wait_dead(self, pid: int, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
-        while process.is_running(pid, str(self.config.home)) and time.monotonic() < deadline:
+        while process.is_running(pid, process_marker(self.config)) and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def up(self) -> None:

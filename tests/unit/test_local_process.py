@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cdc_router.local import process
 
 
@@ -37,3 +39,64 @@ def test_missing_or_garbled_pid_file_reads_as_none(tmp_path: Path):
     assert process.read_pid(tmp_path / "absent.pid") is None
     (tmp_path / "bad.pid").write_text("not a pid")
     assert process.read_pid(tmp_path / "bad.pid") is None
+
+
+def test_a_home_never_claims_the_processes_of_a_home_it_is_a_prefix_of(tmp_path: Path):
+    # Review 31: the marker was the home without its slash, so `local down --home /x/stack`
+    # with a stale pid file stopped a process of /x/stack2.
+    from cdc_router.local.config import StackConfig
+    from cdc_router.local.stack import process_marker
+
+    other = tmp_path / "stack2"
+    mine = process_marker(StackConfig(home=tmp_path / "stack", jar_cache=tmp_path))
+    theirs = process_marker(StackConfig(home=other, jar_cache=tmp_path))
+    pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
+                         str(other / "kafka" / "server.properties")],
+                        log_path=tmp_path / "p.log", pid_path=tmp_path / "p.pid")
+    try:
+        assert not process.is_running(pid, mine)
+        assert process.is_running(pid, theirs)
+    finally:
+        assert process.stop(pid, theirs, timeout_s=10)
+
+
+def test_up_refuses_to_move_a_running_part_to_another_port(tmp_path: Path):
+    # Review 31: `up --kafka-port N` on a running stack saved N, and `env`, `status` and later
+    # starts pointed at a port nothing listened on.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.local.config import StackConfig, load_saved, save
+
+    home = tmp_path / "stack"
+    save(StackConfig(home=home, jar_cache=tmp_path, kafka_port=28092))
+    (home / "kafka").mkdir()
+    pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
+                         str(home / "kafka" / "server.properties")],
+                        log_path=tmp_path / "k.log", pid_path=home / "kafka" / "kafka.pid")
+    try:
+        moved = CliRunner().invoke(main, ["local", "up", "--home", str(home),
+                                          "--kafka-port", "28999"])
+    finally:
+        assert process.stop(pid, f"{home}/", timeout_s=10)
+    assert moved.exit_code == 2
+    assert "'--kafka-port'" in moved.output and "kafka is running with 28092" in moved.output
+    saved = load_saved(home)
+    assert saved is not None and saved.kafka_port == 28092
+
+
+@pytest.mark.parametrize("args", [["--postgres-port", "0"], ["--kafka-port", "70000"],
+                                  ["--connect-offset-flush-interval-ms", "5"], ["--home", "FILE"]])
+def test_up_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str]):
+    # Review 31: a pydantic traceback, and a FileExistsError for a --home that is a file.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    (tmp_path / "file").touch()
+    args = [str(tmp_path / "file") if arg == "FILE" else arg for arg in args]
+    home = [] if "--home" in args else ["--home", str(tmp_path / "stack")]
+    refused = CliRunner().invoke(main, ["local", "up", *home, *args])
+    assert refused.exit_code == 2 and refused.exception is not None
+    assert f"'{args[0]}'" in refused.output and "Traceback" not in refused.output
+    assert not (tmp_path / "stack").exists()
