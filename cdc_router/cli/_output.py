@@ -19,6 +19,20 @@ def output_option(command: F) -> F:
                         )(command)
 
 
+class UsageExitCommand(click.Command):
+    """A command whose own exit codes give 2 a meaning (`status`: critical; `connectors
+    diff`: differs): a usage error exits `usage_exit_code` instead of click's 2."""
+
+    usage_exit_code = 1
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            error.exit_code = self.usage_exit_code
+            raise
+
+
 def emit(value: Any, output: str, text: Callable[[Any], str]) -> None:
     """Print `value` as indented JSON, or as `text(value)` for people."""
     if output == "json":

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from cdc_router.cli._output import emit, output_option, table
+from cdc_router.cli._output import UsageExitCommand, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
@@ -178,7 +178,12 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
 
 
-@cli.command()
+class _DiffCommand(UsageExitCommand):
+    """A usage error exits 1, "could not compare", not click's 2, which is "differs" (review
+    31: a typo in a CI script's options read as "differs")."""
+
+
+@cli.command(cls=_DiffCommand)
 @_FILES
 @output_option
 @pass_state

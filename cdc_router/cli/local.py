@@ -25,8 +25,8 @@ def default_jar_cache() -> Path:
 
 
 home_option = click.option(
-    "--home", type=click.Path(path_type=Path, file_okay=False), default=Path(".cdc-router"), show_default=True,
-    envvar="CDC_ROUTER_HOME",
+    "--home", type=click.Path(path_type=Path, file_okay=False), default=Path(".cdc-router"),
+    show_default=True, envvar="CDC_ROUTER_HOME",
     help="Directory holding all of the stack's state [env CDC_ROUTER_HOME].")
 
 

@@ -12,7 +12,7 @@ from types import FrameType
 import click
 from pydantic import ValidationError
 
-from cdc_router.cli._output import output_option
+from cdc_router.cli._output import UsageExitCommand, output_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
@@ -33,15 +33,10 @@ from cdc_router.router import clients
 DEFAULT_SERVE_INTERVAL_S = 30.0
 
 
-class _StatusCommand(click.Command):
+class _StatusCommand(UsageExitCommand):
     """Bad arguments exit EXIT_UNKNOWN, not click's 2, which is `status`'s critical."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            error.exit_code = EXIT_UNKNOWN
-            raise
+    usage_exit_code = EXIT_UNKNOWN
 
 
 class _CheckImpossible(CdcRouterError):

@@ -601,6 +601,10 @@ def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,
 
     assert (same.exit_code, differs.exit_code) == (0, 2)
     assert "  + x = 1" in differs.stdout
+    # Review 31: click's usage errors exit 2 too, and a typo read as "differs".
+    for usage in (["diff"], ["diff", "-f", connector_file(tmp_path), "-o", "yaml"]):
+        mistaken = run_cli(monkeypatch, connect, *usage)
+        assert mistaken.exit_code == 1, mistaken.output
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1"])
