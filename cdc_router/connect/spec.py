@@ -15,6 +15,9 @@ from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+# Kafka Connect also takes a plugin's simple name, and that name without "Connector" (review
+# 31: a file naming an alias got no ordered snapshot, silently).
+_POSTGRES_NAMES = frozenset({POSTGRES_CONNECTOR, "PostgresConnector", "Postgres"})
 _SNAPSHOT_OVERRIDES = "snapshot.select.statement.overrides"
 # schema.table as Debezium's include list names it: no regex, no quotes, and lower case, so
 # that the table it names in SQL is the one the (case-insensitive) include list matches.
@@ -88,9 +91,11 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
     return ConnectorSpec(name, with_snapshot_order(config), source)
 
 
-def included_tables(config: Mapping[str, str]) -> list[str]:
-    """The entries of a connector's table.include.list (regular expressions, comma-separated)."""
-    return [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+def included_tables(config: Mapping[str, str], *, unescaped: bool = False) -> list[str]:
+    """The entries of a connector's table.include.list (regular expressions, comma-separated);
+    `unescaped`: with `\\.` read as the dot it matches (`public\\.outbox` is public.outbox)."""
+    tables = [t.strip() for t in config.get("table.include.list", "").split(",") if t.strip()]
+    return [table.replace("\\.", ".") for table in tables] if unescaped else tables
 
 
 def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
@@ -103,8 +108,8 @@ def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     oldest first, wraparound-safe), then the command within it (`cmin`), then the row's place:
     the order Debezium's streaming would have given them, for any outbox's column names.
     """
-    tables = included_tables(config)
-    if config.get("connector.class") != POSTGRES_CONNECTOR or len(tables) != 1 or \
+    tables = included_tables(config, unescaped=True)
+    if config.get("connector.class") not in _POSTGRES_NAMES or len(tables) != 1 or \
             _PLAIN_TABLE.fullmatch(tables[0]) is None or \
             any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config):
         return config

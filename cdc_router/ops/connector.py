@@ -57,7 +57,7 @@ def connector_state(status: ConnectorStatus) -> ConnectorState:
 
 
 def capture_of(config: dict[str, str]) -> Capture:
-    tables = included_tables(config)
+    tables = included_tables(config, unescaped=True)
     table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),
                    config.get("publication.name", DEFAULT_PUBLICATION), table,

@@ -371,6 +371,18 @@ def test_the_snapshot_of_one_plain_table_reads_it_in_the_order_its_rows_were_wri
         'SELECT * FROM "billing"."outbox" ORDER BY age(xmin) DESC, cmin::text::bigint, ctid')
 
 
+@pytest.mark.parametrize("connector_class", ["PostgresConnector", "Postgres"])
+@pytest.mark.parametrize("tables", ["public.outbox", "public\\.outbox"])
+def test_an_alias_of_the_class_and_an_escaped_dot_get_the_ordered_snapshot_too(
+        connector_class: str, tables: str) -> None:
+    # Review 31: Connect takes both aliases and the regex's escaped dot; the order was skipped.
+    text = json.dumps({"name": "c", "connector.class": connector_class,
+                       "table.include.list": tables})
+    config = parse_spec(text, {}, source="c.json").config
+    assert config["snapshot.select.statement.overrides"] == "public.outbox"
+    assert "ORDER BY age(xmin)" in config["snapshot.select.statement.overrides.public.outbox"]
+
+
 @pytest.mark.parametrize("tables", ["public.a,public.b", "public.out.*", "Sales.OutBox"])
 def test_no_snapshot_statement_for_several_tables_a_regex_or_a_mixed_case_name(
         tables: str) -> None:
