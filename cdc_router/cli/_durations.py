@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
 
 from cdc_router.errors import ConfigError
 
@@ -60,3 +64,18 @@ def parse_since(text: str, *, option: str, now_ms: int) -> int:
                           source="command line", field=option, value=text,
                           hint="e.g. 2026-12-01T09:30:00Z or 2h")
     return since_ms
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds in a range, and finite (review 31: `nan` passed click's ranges,
+    whose comparisons it fails; `status --watch nan` raised, `connectors wait --timeout nan`
+    never returned; `inf` is no timeout either)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        seconds = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return super().convert(seconds, param, ctx)

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from cdc_router.cli._durations import Seconds
 from cdc_router.cli._output import UsageExitCommand, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
@@ -307,7 +308,7 @@ def delete(state: _State, name: str, yes: bool) -> None:
 @_NAME
 @click.option("--state", "wanted", type=click.Choice(STATES), default="RUNNING",
               show_default=True, help="State the connector and all its tasks must reach.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--timeout", type=Seconds(min=0), default=60.0, show_default=True,
               help="Seconds to wait before failing.")
 @pass_state
 def wait(state: _State, name: str, wanted: str, timeout: float) -> None:

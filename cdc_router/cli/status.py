@@ -12,6 +12,7 @@ from types import FrameType
 import click
 from pydantic import ValidationError
 
+from cdc_router.cli._durations import Seconds
 from cdc_router.cli._output import UsageExitCommand, output_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.cli._status_text import as_json, as_text
@@ -57,7 +58,7 @@ class _CheckImpossible(CdcRouterError):
 @click.option("--threshold", "thresholds", multiple=True, metavar="KEY=VALUE",
               help="Override a key of the status section for this run, e.g. lag_warning=500; "
                    "'none' turns a check off. Repeatable.")
-@click.option("--watch", "watch_s", type=click.FloatRange(min=1), metavar="SECONDS",
+@click.option("--watch", "watch_s", type=Seconds(min=1), metavar="SECONDS",
               help="Check again every SECONDS until Ctrl-C or SIGTERM; new dead "
                    "letters warn.")
 @click.option("--serve", "port", type=click.IntRange(1, 65535), metavar="PORT",

@@ -56,3 +56,17 @@ def test_since_keeps_milliseconds_and_refuses_a_time_before_the_year_1() -> None
     assert parse_since("9999-12-31T23:59:59.999Z", option="--since", now_ms=now_ms) == \
         253_402_300_799_999
 
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf"])
+def test_seconds_options_refuse_what_is_not_a_finite_number(value: str) -> None:
+    # Review 31: nan passed click's FloatRange (its comparisons are false): `status --watch nan`
+    # raised with exit 1, `connectors wait --timeout nan` never returned.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    wait = CliRunner().invoke(main, ["connectors", "wait", "x", "--timeout", value])
+    watch = CliRunner().invoke(main, ["status", "-c", "router.yaml", "--watch", value])
+    assert (wait.exit_code, watch.exit_code) == (2, 3)
+    assert "not a finite number of seconds" in wait.output + watch.output
