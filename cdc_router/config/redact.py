@@ -29,6 +29,10 @@ _NOT_SECRET_KEY = re.compile(r"[._-](source|location|file|url|type|class|mechani
                              re.IGNORECASE)
 # `scheme://user:password@host` inside any value (a registry URL, a MongoDB connection string).
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)@")
+# A password among a URL's parameters: JDBC's `?user=app&password=...`, `;password=...`
+# (review 31: a JDBC sink's connection.url was shown in clear).
+_PARAM_PASSWORD = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd)=)(?P<password>[^&;\s]+)",
+                             re.IGNORECASE)
 
 
 def is_secret_key(key: str) -> bool:
@@ -46,7 +50,8 @@ def redact(key: str, value: str | None) -> str | None:
         return value
     if is_secret_key(key):
         return _mask_around_references(value)
-    return _URL_PASSWORD.sub(_mask_url_password, value)
+    return _PARAM_PASSWORD.sub(_mask_param_password,
+                               _URL_PASSWORD.sub(_mask_url_password, value))
 
 
 # The user info of one server of a URL list: `user:password@`, or a token, `token@` (NATS).
@@ -91,3 +96,10 @@ def _mask_url_password(match: re.Match[str]) -> str:
     if provider_references(password) == [password]:
         return match.group(0)
     return f"{match.group('head')}{MASK}@"
+
+
+def _mask_param_password(match: re.Match[str]) -> str:
+    password = match.group("password")
+    if provider_references(password) == [password]:
+        return match.group(0)
+    return f"{match.group('head')}{MASK}"

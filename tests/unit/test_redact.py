@@ -85,6 +85,18 @@ def test_a_password_in_a_url_is_masked_under_any_key() -> None:
     assert redact("url", "http://registry:8081") == "http://registry:8081"
 
 
+def test_a_password_among_a_urls_parameters_is_masked() -> None:
+    # Review 31: a JDBC sink's connection.url was shown in clear by connectors get/diff/apply.
+    assert redact("connection.url", "jdbc:postgresql://db/app?user=app&password=s3cret&ssl=1") \
+        == f"jdbc:postgresql://db/app?user=app&password={MASK}&ssl=1"
+    assert redact("connection.url", "jdbc:sqlserver://h;databaseName=x;PWD=s3cret;user=u") == \
+        f"jdbc:sqlserver://h;databaseName=x;PWD={MASK};user=u"
+    assert redact("connection.url", "jdbc:mysql://h/db?password=${file:/s.properties:pw}") == \
+        "jdbc:mysql://h/db?password=${file:/s.properties:pw}"
+    assert redact("connection.url", "jdbc:mysql://h/db?password_hint=x&passwords=y") == \
+        "jdbc:mysql://h/db?password_hint=x&passwords=y"
+
+
 def test_redact_tree_masks_at_any_depth_and_keeps_the_rest() -> None:
     tree = {"kafka": {"sasl_password": "x", "config": {"ssl.key.password": "y", "acks": "all"},
                       "n": 3},
