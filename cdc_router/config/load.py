@@ -144,11 +144,16 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
                     applied.setdefault(_dotted(path[: depth + 1]), name)
                 if final:
                     node[part] = _env_value(env[name], where, path)
-                node = node.setdefault(part, {})
+                elif node.get(part) is None:  # absent, or a section left empty (null): review 31
+                    node[part] = {}
+                node = node[part]
             else:
                 raise ConfigError("this path does not exist in the file", source=where,
                                   field=_dotted(path[: depth + 1]),
-                                  hint="a list item must exist in the file to be overridden")
+                                  hint="a list item must exist in the file to be overridden"
+                                  if isinstance(node, list) else
+                                  f"{_dotted(path[:depth]) or 'the file'} is not a section "
+                                  "of the file (it holds a value, not keys)")
         applied[_dotted(path)] = name
     return applied
 

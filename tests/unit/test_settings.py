@@ -109,6 +109,18 @@ def test_environment_overrides(tmp_path: Path) -> None:
     assert config.kafka.config == {"linger.ms": "7"}
 
 
+def test_an_override_into_a_section_the_file_leaves_empty_fills_it(tmp_path: Path) -> None:
+    # Review 31: `nats:` with its keys commented out is YAML null, and `eval "$(local env)"`
+    # exports CDC_ROUTER__NATS__URL: "this path does not exist; a list item must exist".
+    config = loaded(write(tmp_path, MINIMAL + "nats:\n"),
+                    {"CDC_ROUTER__NATS__URL": "nats://127.0.0.1:14222"})
+    assert config.nats is not None and config.nats.url == "nats://127.0.0.1:14222"
+    with pytest.raises(ConfigError, match=r"field 'delivery.guarantee.x': this path does not "
+                       r"exist in the file; delivery.guarantee is not a section"):
+        loaded(write(tmp_path, MINIMAL + "delivery: {guarantee: exactly_once}\n"),
+               {"CDC_ROUTER__DELIVERY__GUARANTEE__X": "1"})
+
+
 def test_an_override_one_underscore_short_is_an_error_not_ignored(tmp_path: Path) -> None:
     # QA, session 29: CDC_ROUTER_CLEANUP__DSN looked applied; the file's value was used.
     with pytest.raises(ConfigError, match=r"environment variable CDC_ROUTER_CLEANUP__DSN: looks "
