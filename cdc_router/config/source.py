@@ -8,7 +8,11 @@ from pydantic import Field, field_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.topic_names import source_regex, topic_name_problem
+from cdc_router.config.topic_names import (
+    librdkafka_takes_pattern,
+    source_regex,
+    topic_name_problem,
+)
 from cdc_router.outbox.table import OutboxColumns
 
 
@@ -38,6 +42,7 @@ class SourceSettings(_Model):
             # librdkafka subscribes to every topic matching a name that starts with '^'.
             if topic.startswith("^"):
                 source_regex(topic)
+                librdkafka_takes_pattern(topic)
                 continue
             problem = topic_name_problem(topic, internal_ok=True)
             if problem:

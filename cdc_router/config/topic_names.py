@@ -123,6 +123,26 @@ def source_regex(pattern: str) -> re.Pattern[str]:
                          f"{error}") from None
 
 
+def librdkafka_takes_pattern(pattern: str) -> None:
+    """ValueError unless librdkafka's own regex engine takes `pattern` (review 31: Python's
+    took lookaheads and named groups, which librdkafka refuses at subscribe(), and the router
+    stopped there blaming kafka.config). Asks a consumer that never connects: subscribe()
+    compiles the pattern at once."""
+    from confluent_kafka import Consumer, KafkaException
+
+    consumer = Consumer({"group.id": "cdc-router-pattern-check", "log_level": 0,
+                         "bootstrap.servers": "127.0.0.1:9"})
+    try:
+        consumer.subscribe([pattern])
+    except KafkaException:
+        raise ValueError(f"librdkafka cannot read the regular expression of source topic "
+                         f"{pattern!r}: its engine is simpler than Python's (no lookarounds, named "
+                         "groups or backreferences); use plain groups, classes and "
+                         "alternatives") from None
+    finally:
+        consumer.close()
+
+
 class TopicGuard:
     """The names the router may produce to, compiled once; problem() is pure and cheap."""
 

@@ -390,6 +390,12 @@ def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
      "field 'allowed_topics[0]': a topic pattern cannot be empty"),
     ("source: {topics: ['^(']}\nroutes: [{topic: x}]\n",
      "field 'source.topics': invalid regular expression in source topic '^('"),
+    # Review 31: Python's engine took these, librdkafka's refused them at subscribe().
+    ("source: {topics: ['^(?=outbox)outbox\\..*']}\nroutes: [{topic: x}]\n",
+     "field 'source.topics': librdkafka cannot read the regular expression of source topic "
+     "'^(?=outbox)outbox\\\\..*': its engine is simpler than Python's"),
+    ("source: {topics: ['^(?P<t>outbox)\\..*']}\nroutes: [{topic: x}]\n",
+     "field 'source.topics': librdkafka cannot read the regular expression"),
     ("source: {topics: ['^cdc-.*']}\nroutes: [{topic: x}]\n",
      "field 'dead_letter.topic': must differ from the source topics ('^cdc-.*' consumes it, so "
      "the router would read its own output) (got 'cdc-router.dlq')"),
