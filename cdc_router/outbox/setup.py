@@ -278,7 +278,8 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     warnings = []
     if row[0]:
         warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
-                        "processed outbox rows will reach Kafka")
+                        "processed outbox rows will reach Kafka, and an UPDATE of a row's id "
+                        "reaches the router as an insert of the new id, delivered again")
     if not row[1]:
         warnings.append(publication_fix(setup.publication, schema.table,
                                         partitioned=bool(row[3]) and not row[2]))

@@ -174,6 +174,17 @@ def test_the_publication_must_publish_the_outbox() -> None:
         "publishes: public.other)"]
 
 
+def test_a_publication_of_updates_is_a_warning() -> None:
+    # QA 31-a: an UPDATE of an outbox row's id went out again as a new event, status said ok.
+    report = replace(healthy(), publication=replace(
+        healthy().publication, operations=("insert", "update", "delete", "truncate")))
+    assert lines(report) == [
+        "warning: publication: publication outbox_pub publishes updates: an UPDATE of an "
+        "outbox row's id reaches the router as an insert of the new id and is delivered "
+        "again; publish inserts only: ALTER PUBLICATION \"outbox_pub\" SET (publish = "
+        "'insert')"]
+
+
 def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
     # QA, session 29: a partitioned outbox's inserts were published under each partition's
     # name, which the connector does not capture; `outbox init` was the advice, and changed
