@@ -1,9 +1,8 @@
 """Pure decoding of Debezium PostgreSQL change events (Kafka Connect JsonConverter) to OutboxEvents.
 
-Both converter modes are read: with schemas (`{"schema": ..., "payload": envelope}`) and
-without (the bare envelope). Only the outbox columns matter; when a schema is present it tells
-how the payload and created_at columns are encoded, otherwise SourceSettings does.
-"""
+Both converter modes are read: with schemas (`{"schema": ..., "payload": envelope}`) and without
+(the bare envelope). A schema, when present, tells how payload, created_at and numeric columns
+are encoded (router/connect_decimal.py); otherwise SourceSettings does."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import msgspec
 
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, show
+from cdc_router.router.connect_decimal import decimals_as_text
 from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
@@ -131,10 +131,10 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     row = envelope.get("after")
     if not isinstance(row, dict):
         raise DecodeError(f"op {op!r} event has no 'after' row (got {_kind(row)})")
-    found = envelope.get("source")
+    found, columns = envelope.get("source"), _row_schema(schema)
     source: dict[str, Any] = found if isinstance(found, dict) else {}
-    return event_from_row(row, settings, columns=_row_schema(schema), op=str(op),
-                          lsn=_optional_int(source.get("lsn")),
+    return event_from_row(decimals_as_text(row, columns), settings, columns=columns,
+                          op=str(op), lsn=_optional_int(source.get("lsn")),
                           tx_id=_optional_int(source.get("txId")))
 
 

@@ -1,0 +1,50 @@
+"""Numeric columns as Debezium sends them with `decimal.handling.mode=precise` (its default), read
+back as decimal text when the envelope's schema says what they are.
+
+Precise mode sends a `numeric(p, s)` as Kafka Connect's Decimal (the unscaled value's two's-
+complement bytes, base64 in JSON, the scale in the schema's parameters) and a `numeric` without
+a scale as Debezium's VariableScaleDecimal (`{"scale": s, "value": base64}`). Taken as text, an
+aggregate id or a `key: <column>` of such a column was its base64 (QA 31-a: 19.90 went out as
+`B8Y=`). Without a schema (schemas.enable=false) the bytes cannot be told from text: the shipped
+connector sets `decimal.handling.mode=string` (connectors/README.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from decimal import Decimal
+from typing import Any
+
+CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+
+
+def decimals_as_text(row: dict[str, Any], columns: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`row` with each Decimal or VariableScaleDecimal value of `columns` (the row's Connect
+    field schemas) as its decimal text; a value that does not decode stays as it is, for the
+    row's own checks to word."""
+    decoded = {}
+    for name, schema in columns.items():
+        kind = schema.get("name")
+        if kind == CONNECT_DECIMAL:
+            text = _decimal_text(row.get(name), (schema.get("parameters") or {}).get("scale"))
+        elif kind == VARIABLE_SCALE_DECIMAL and isinstance(row.get(name), dict):
+            value = row[name]
+            text = _decimal_text(value.get("value"), value.get("scale"))
+        else:
+            continue
+        if text is not None:
+            decoded[name] = text
+    return {**row, **decoded} if decoded else row
+
+
+def _decimal_text(encoded: Any, scale: Any) -> str | None:
+    if not isinstance(encoded, str):
+        return None
+    try:
+        unscaled = int.from_bytes(base64.b64decode(encoded, validate=True), "big", signed=True)
+        sign, digits, _ = Decimal(unscaled).as_tuple()  # exact: no context's precision
+        return f"{Decimal((sign, digits, -int(scale))):f}"  # 1200, not 1.2E+3 (scale -2)
+    except (binascii.Error, ValueError, TypeError, ArithmeticError):
+        return None
