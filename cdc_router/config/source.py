@@ -24,7 +24,8 @@ class SourceSettings(_Model):
     outbox: OutboxColumns = Field(default_factory=OutboxColumns)
     snapshot_rows: bool = True  # route op 'r' (rows read by Debezium's initial snapshot)
     on_update: Literal["skip", "fail"] = "skip"  # an outbox is insert-only; 'fail' dead-letters
-    binary_handling: Literal["base64", "hex"] = "base64"  # the connector's binary.handling.mode
+    # The connector's binary.handling.mode ('bytes' is base64 in JSON too).
+    binary_handling: Literal["base64", "base64-url-safe", "hex"] = "base64"
     # How to read the payload column: 'auto' trusts the schema when the converter sends one
     # and otherwise takes the value as JSON text (jsonb, json, text); 'bytes' is for bytea.
     payload_type: Literal["auto", "json", "bytes"] = "auto"

@@ -1,8 +1,7 @@
 """Pure decoding of Debezium PostgreSQL change events (Kafka Connect JsonConverter) to OutboxEvents.
 
-Both converter modes are read: with schemas (`{"schema": ..., "payload": envelope}`) and without
-(the bare envelope). A schema, when present, tells how payload, created_at and numeric columns
-are encoded (router/connect_decimal.py); otherwise SourceSettings does."""
+Both converter modes are read, with schemas (`{"schema": ..., "payload": ...}`) and without. A
+schema tells how payload, created_at and numeric columns are encoded; else SourceSettings does."""
 
 from __future__ import annotations
 
@@ -321,7 +320,8 @@ def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
     try:
         if settings.binary_handling == "hex":
             return bytes.fromhex(value), False
-        return base64.b64decode(value, validate=True), False
+        url_safe = settings.binary_handling == "base64-url-safe"  # - and _ for + and /
+        return base64.b64decode(value, b"-_" if url_safe else None, validate=True), False
     except (ValueError, binascii.Error):
         raise DecodeError(f"{where}: payload column {column!r} is not valid "
                           f"{settings.binary_handling} (source.binary_handling must match the "

@@ -562,3 +562,25 @@ def test_numeric_columns_of_decimal_handling_precise_are_read_as_their_decimal_t
     headers = dict(record.headers() or [])
     assert headers["aggregateid"] == b"19.90"
     assert record.key() == b"-1234.5"
+
+
+def test_a_bytea_payload_of_a_base64_url_safe_connector_goes_through_as_its_bytes(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 31-a: Debezium's binary.handling.mode=base64-url-safe writes - and _ for + and /; a
+    # payload with those bytes was a dead letter, one without them went through.
+    payload = b"\xfb\xff\xfe" + bytes(range(256))
+    with pipeline(stack, tmp_path, partitions=1,
+                  connector={"binary.handling.mode": "base64-url-safe"},
+                  config={"source": {"payload_type": "bytes",
+                                     "binary_handling": "base64-url-safe"}}) as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN payload TYPE bytea "
+                         "USING convert_to(payload::text, 'UTF8')")
+            conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, "
+                         "type, payload) VALUES (%s, 'Order', 'o-1', 'OrderPaid', %s)",
+                         (str(uuid.uuid4()), payload))
+        pipe.start_router(wait=True)
+        [record] = pipe.read(pipe.orders_topic, 1)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=0)
+    assert record.value() == payload
+    assert letters == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import calendar
 import json
 from dataclasses import replace
@@ -181,6 +182,24 @@ def test_bytea_hex_mode() -> None:
 def test_bytea_wrong_binary_handling_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="not valid base64"):
         run("create_bytea.hex", payload_type="bytes")
+
+
+def test_bytea_base64_url_safe_mode() -> None:
+    # QA 31-a: Debezium's base64-url-safe mode writes - and _ for + and /: a payload with those
+    # bytes was a dead letter ("not valid base64"), others went through.
+    rec = record("create_bytea.noschema")
+    row_of(rec["value"])["payload"] = base64.urlsafe_b64encode(b"\xfb\xff" + BYTEA).decode()
+    assert "-" in row_of(rec["value"])["payload"] or "_" in row_of(rec["value"])["payload"]
+
+    def decoded(handling: str) -> OutboxEvent | Skipped:
+        return decode_change(raw(rec["key"]), raw(rec["value"]), topic=rec["topic"],
+                             settings=SourceSettings(topics=[rec["topic"]], payload_type="bytes",
+                                                     binary_handling=handling))
+
+    url_safe = decoded("base64-url-safe")
+    assert isinstance(url_safe, OutboxEvent) and url_safe.payload == b"\xfb\xff" + BYTEA
+    with pytest.raises(DecodeError, match="not valid base64"):
+        decoded("base64")
 
 
 @pytest.mark.parametrize("mode", MODES)
