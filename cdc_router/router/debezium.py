@@ -197,16 +197,16 @@ def _parse_json(value: bytes) -> Any:
 def _not_a_change(envelope: dict[str, Any]) -> Skipped:
     """Records without an op on a change topic: transaction metadata or heartbeats, else bad.
 
-    Told apart by shape, not by topic name: the router knows neither the connector's
-    topic.prefix nor its topic.transaction name, and a suffix test would also catch the change
-    topic of a table called `transaction`.
+    Told apart by shape, not by topic name: the router knows neither the connector's topic.prefix
+    nor its topic.transaction name, and a suffix test would catch a table called `transaction`.
     """
     if envelope.get("status") in ("BEGIN", "END") and "id" in envelope:
         return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
     if set(envelope) == {"ts_ms"}:
         return Skipped(HEARTBEAT)
     keys = ", ".join(show(key, 40) for key in sorted(map(str, envelope))[:8])
-    raise DecodeError(f"not a Debezium change event: no 'op' field (keys: {keys})")
+    raise DecodeError(f"not a Debezium change event: no 'op' field (keys: {keys}); a "
+                      "transform such as ExtractNewRecordState strips the envelope it reads")
 
 
 def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:

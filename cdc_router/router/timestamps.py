@@ -99,7 +99,18 @@ class TimestampLimits:
                 f"{_iso(timestamp_ms)} is {abs(timestamp_ms - now_ms) / 1000:.1f} s {side} the "
                 f"clock, over the topic's message.timestamp.{name}.max.ms ({limit}) less a "
                 f"{_margin(limit) / 1000:g} s margin; dead-lettered before producing"
-                f"{TIMESTAMP_HINT}")
+                f"{_zone_hint(timestamp_ms - now_ms)}{TIMESTAMP_HINT}")
+
+
+def _zone_hint(offset_ms: int) -> str:
+    """A skew of whole hours (or half hours) is a time zone's (QA 31-a: a created_at written
+    in Asia/Tokyo's local time was 9 h ahead, and the hint named only record_timestamp)."""
+    hours = round(offset_ms / 1_800_000) / 2
+    if 0 < abs(hours) <= 14 and abs(offset_ms - hours * 3_600_000) < 300_000:
+        return (f"; {abs(hours):g} h {'ahead' if hours > 0 else 'behind'}, a time zone's "
+                "offset: is created_at written in local time, not UTC (DEFAULT (now() AT "
+                "TIME ZONE 'utc'), connectors/README.md)?")
+    return ""
 
 
 def _margin(limit_ms: int) -> int:

@@ -41,6 +41,20 @@ def test_kafka_4_defaults_refuse_an_hour_ahead_less_the_margin_and_nothing_behin
     assert limits.problem("orders", 0, NOW_MS) is None, "the epoch is fine without a before limit"
 
 
+@pytest.mark.parametrize(("ahead_ms", "hint"), [
+    (9 * HOUR_MS - 500, "; 9 h ahead, a time zone's offset: is created_at written in local time"),
+    (int(5.5 * HOUR_MS) + 90_000, "; 5.5 h ahead, a time zone's offset"),
+    (2 * HOUR_MS + 20 * 60_000, None), (20 * HOUR_MS, None)])
+def test_a_skew_of_whole_hours_names_the_time_zone(ahead_ms: int, hint: str | None) -> None:
+    # QA 31-a: a created_at written in Tokyo's local time, 9 h ahead, was only told to set
+    # delivery.record_timestamp: now.
+    limits = limits_from_config(KAFKA_4_DEFAULTS)
+    assert limits is not None
+    problem = limits.problem("orders", NOW_MS + ahead_ms, NOW_MS)
+    assert problem is not None
+    assert (hint in problem) if hint else "time zone" not in problem
+
+
 def test_a_before_limit_refuses_an_old_timestamp() -> None:
     limits = TimestampLimits(before_ms=24 * HOUR_MS, after_ms=HOUR_MS)
     old = limits.problem("orders", NOW_MS - 24 * HOUR_MS, NOW_MS)
