@@ -112,6 +112,17 @@ class MemberFenced(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class OffsetsUnfetched(FatalKafkaError):
+    """librdkafka could not fetch the group's committed offsets for partitions just assigned
+    (a request-level NOT_COORDINATOR while the coordinator moved) and does not ask again:
+    librdkafka issue #5586 leaves the partitions assigned and never fetched, for ever (QA 31-b:
+    after a 90 s broker freeze the router polled an empty consumer for 5 min, lag growing, and
+    /healthz healthy). A new consumer fetches them, so the process exits EXIT_RESTART (the
+    idempotent consumer's run() raises it)."""
+
+    exit_code = EXIT_RESTART
+
+
 class TransactionInDoubt(FatalKafkaError):
     """A transaction's commit (or its offsets) got no answer through every retry, and
     librdkafka refuses an abort while the call is unresolved. Only a new process settles it

@@ -40,6 +40,7 @@ from cdc_router.errors import (
     MalformedRecord,
     RegistryError,
 )
+from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
     ErrorAction,
     classify,
@@ -330,6 +331,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         # may not read the topics.
         if stops_consumer(error):
             raise FatalKafkaError(f"Kafka consumer failed fatally: {describe(error)}")
+        stranded = unfetched_offsets(error)
+        if stranded is not None:
+            raise stranded
         if error.code() != KafkaError._PARTITION_EOF:
             log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 

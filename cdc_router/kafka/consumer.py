@@ -25,7 +25,7 @@ from confluent_kafka import (
 )
 
 from cdc_router.dead_letter import HEADERS_DROPPED
-from cdc_router.errors import fatal_kafka_error
+from cdc_router.errors import EXIT_RESTART, OffsetsUnfetched, fatal_kafka_error
 from cdc_router.kafka.errors import describe, kafka_error_of, stops_consumer
 
 # In place of the headers of a record whose header names confluent-kafka cannot read.
@@ -119,7 +119,19 @@ class SourceErrors:
         if stops_consumer(error):
             raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
                                     consumer=True)
+        stranded = unfetched_offsets(error)
+        if stranded is not None:
+            raise stranded
         self._log.warning("event=consumer_error error=%s", describe(error))
+
+
+def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
+    """The consumer error of librdkafka issue #5586 (errors.OffsetsUnfetched), else None."""
+    if "Failed to fetch committed offsets" not in error.str():
+        return None
+    return OffsetsUnfetched(f"the consumer's partitions will never be read: {describe(error)} "
+                            "(librdkafka does not ask again, its issue #5586); exiting with "
+                            f"{EXIT_RESTART} for a new consumer", code=error.code())
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

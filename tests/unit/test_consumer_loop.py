@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings
 from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
-from cdc_router.errors import ConfigError, FatalKafkaError
+from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched
 from tests.unit.consumer_fakes import (
     DLQ,
     TOPIC,
@@ -333,6 +333,19 @@ def test_a_fenced_static_member_stops_the_loop_although_librdkafka_calls_it_not_
     h.kafka.pending_errors.append(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced"))
     with pytest.raises(FatalKafkaError, match="FENCED_INSTANCE_ID"):
         h.run()
+    assert h.kafka.closed
+
+
+def test_committed_offsets_librdkafka_will_not_fetch_again_stop_the_loop_for_a_restart(
+) -> None:
+    # QA 31-b (librdkafka issue #5586): the partitions stay assigned and are never fetched.
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(
+        KafkaError.NOT_COORDINATOR, "Failed to fetch committed offsets for 0 partition(s) in "
+        "group \"g\": Broker: Not coordinator"))
+    with pytest.raises(OffsetsUnfetched, match="issue #5586") as raised:
+        h.run()
+    assert raised.value.exit_code == 75 and isinstance(raised.value, FatalKafkaError)
     assert h.kafka.closed
 
 

@@ -20,6 +20,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     JetStreamRefused,
     MemberFenced,
+    OffsetsUnfetched,
     RestoreFailed,
     TransactionInDoubt,
 )
@@ -590,6 +591,23 @@ def test_a_consumer_fenced_for_good_exits_for_a_restart_instead_of_polling_on() 
     with pytest.raises(MemberFenced, match="Static consumer fenced") as raised:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
+
+
+def test_committed_offsets_librdkafka_will_not_fetch_again_exit_for_a_new_consumer() -> None:
+    # QA 31-b: after a 90 s broker freeze the OffsetFetch of the new assignment met a
+    # request-level NOT_COORDINATOR; librdkafka (issue #5586) never asked again, and the router
+    # polled an assigned, never fetched partition for 5 min with this one warning.
+    def stranded(consumer: FakeConsumer) -> None:
+        consumer.events.append(Message(error=KafkaError(
+            KafkaError.NOT_COORDINATOR, "Failed to fetch committed offsets for 0 partition(s) "
+            "in group \"g\": Broker: Not coordinator")))
+
+    cluster = cluster_with(*events(5))
+    with pytest.raises(OffsetsUnfetched, match="issue #5586") as raised:
+        Harness(cluster, hooks=[stranded]).run()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert sorted(s.key for s in cluster.committed(ORDERS)) == [
+        f"e-{i}".encode() for i in range(5)]
 
 
 def test_a_source_topic_the_credentials_may_not_read_stops_the_router_with_the_reason() -> None:
