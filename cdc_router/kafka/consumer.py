@@ -127,7 +127,9 @@ class SourceErrors:
 
 def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
     """The consumer error of librdkafka issue #5586 (errors.OffsetsUnfetched), else None."""
-    if "Failed to fetch committed offsets" not in error.str():
+    # The issue's case: a request-level error, which names no partition (`for 0 partition(s)`);
+    # an error of a partition's own comes back with its partition, and the offset with it.
+    if "Failed to fetch committed offsets for 0 partition" not in error.str():
         return None
     return OffsetsUnfetched(f"the consumer's partitions will never be read: {describe(error)} "
                             "(librdkafka does not ask again, its issue #5586); exiting with "

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings
 from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
 from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched
+from cdc_router.kafka.consumer import unfetched_offsets
 from tests.unit.consumer_fakes import (
     DLQ,
     TOPIC,
@@ -347,6 +348,9 @@ def test_committed_offsets_librdkafka_will_not_fetch_again_stop_the_loop_for_a_r
         h.run()
     assert raised.value.exit_code == 75 and isinstance(raised.value, FatalKafkaError)
     assert h.kafka.closed
+    # A partition's own error names its partition: not the case.
+    assert unfetched_offsets(KafkaError(KafkaError.NOT_COORDINATOR, "Failed to fetch "
+                                        "committed offsets for 1 partition(s)")) is None
 
 
 def test_a_commit_refused_because_we_are_fenced_stops_the_loop() -> None:
