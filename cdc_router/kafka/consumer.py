@@ -127,13 +127,37 @@ class SourceErrors:
 
 def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
     """The consumer error of librdkafka issue #5586 (errors.OffsetsUnfetched), else None."""
-    # The issue's case: a request-level error, which names no partition (`for 0 partition(s)`);
-    # an error of a partition's own comes back with its partition, and the offset with it.
+    # The issue's case: a request-level error, which names no partition (`for 0 partition(s)`).
     if "Failed to fetch committed offsets for 0 partition" not in error.str():
         return None
     return OffsetsUnfetched(f"the consumer's partitions will never be read: {describe(error)} "
                             "(librdkafka does not ask again, its issue #5586); exiting with "
                             f"{EXIT_RESTART} for a new consumer", code=error.code())
+
+
+def report_deleted_offsets(consumer: Consumer, committed: list[TopicPartition],
+                           timeout_s: float, log: logging.Logger) -> None:
+    """Say when a partition's committed offset is below its log start: the records between were
+    deleted (retention) before the group read them, and librdkafka's auto.offset.reset goes on
+    from the log start with a line of its own only (QA 31-b: 55 events skipped, nothing said).
+    Best effort: a partition whose watermarks do not come is not checked."""
+    for partition in committed:
+        if partition.error is not None or partition.offset < 0:
+            continue  # no committed offset: a new group starts where auto.offset.reset says
+        try:
+            low, _ = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+        except KafkaException:
+            continue
+        if low > partition.offset:
+            gap = low - partition.offset
+            log.log(logging.WARNING if gap == 1 else logging.ERROR,
+                    "event=raw_records_deleted topic=%s partition=%d offsets=%d-%d count=%d "
+                    "hint=%r", partition.topic, partition.partition, partition.offset, low - 1,
+                    gap, "the raw topic's retention deleted them before this group read them; "
+                    "transaction markers and aborted records count too, but events among them "
+                    "were never delivered: their outbox rows are still there (the cleanup "
+                    "deletes delivered rows only); republish them with `cdc-router outbox "
+                    "republish --since TIME` (README, runbook)")
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

@@ -32,6 +32,7 @@ from cdc_router.kafka.consumer import (
     SourceErrors,
     next_records,
     record_headers,
+    report_deleted_offsets,
     rewind_to_committed,
 )
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
@@ -372,7 +373,7 @@ class OutboxRouter:
         # (require_stable), so that the changelog read below sees its marks.
         started, restored = self._clock(), 0
         try:
-            consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
+            offsets = consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
             restored = self._replay.restore_changelog(self._changelog.catch_up(),
                                                       int(time.time() * 1000),
                                                       group=self._config.source.group_id)
@@ -380,6 +381,7 @@ class OutboxRouter:
             # Not a KafkaException out of consume(): _poll_once would take it for a passing
             # outage and route on, while confluent-kafka assigns the partitions anyway.
             raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
+        report_deleted_offsets(consumer, offsets, self._timeouts.call_s, log)
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)
