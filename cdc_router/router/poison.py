@@ -107,9 +107,13 @@ class PoisonIsolation:
             if not self.is_refusal(failure.error):
                 continue
             if failure.source is None:
-                raise FatalKafkaError(f"{refusal_reason(failure)}; the dead-letter and dedup "
-                                      "changelog topics must accept the router's records "
-                                      "(size limits, ACLs)")
+                # QA 31-b: a deleted topic's reason named only size limits and ACLs.
+                missing = failure.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                raise FatalKafkaError(f"{refusal_reason(failure)}; " + (
+                    f"{failure.topic} does not exist (any more): create it with "
+                    "`cdc-router topics apply`" if missing else
+                    "the dead-letter and dedup changelog topics must accept the router's "
+                    "records (size limits, ACLs)"))
             learned |= self._blame(failure.source, refusal_reason(failure))
         if not learned and self.is_refusal(batch_error) and batch_error is not None:
             reason = f"Kafka refused the batch: {describe(batch_error)}"

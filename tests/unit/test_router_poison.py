@@ -57,6 +57,11 @@ def test_a_refusal_of_the_routers_own_record_is_fatal() -> None:
     with pytest.raises(FatalKafkaError, match="dead-letter and dedup changelog"):
         PoisonIsolation().learn([refused(None, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))],
                                 None, [])
+    # QA 31-b: a deleted topic's reason named only size limits and ACLs.
+    with pytest.raises(FatalKafkaError, match=r"does not exist \(any more\): create it with "
+                       "`cdc-router topics apply`"):
+        PoisonIsolation().learn([refused(None, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))],
+                                None, [])
 
 
 def test_with_record_timestamp_now_an_invalid_timestamp_is_the_clock_not_a_record() -> None:
