@@ -135,12 +135,19 @@ def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
                             f"{EXIT_RESTART} for a new consumer", code=error.code())
 
 
-def report_deleted_offsets(consumer: Consumer, committed: list[TopicPartition],
-                           timeout_s: float, log: logging.Logger) -> None:
+def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],
+                           timeout_s: float, log: logging.Logger, *,
+                           committed: list[TopicPartition] | None = None) -> None:
     """Say when a partition's committed offset is below its log start: the records between were
     deleted (retention) before the group read them, and librdkafka's auto.offset.reset goes on
     from the log start with a line of its own only (QA 31-b: 55 events skipped, nothing said).
-    Best effort: a partition whose watermarks do not come is not checked."""
+    `committed`: the partitions' committed offsets when the caller has them, else asked for.
+    Best effort: a partition whose offsets do not come is not checked."""
+    if committed is None:
+        try:
+            committed = consumer.committed(partitions, timeout=timeout_s)
+        except KafkaException:
+            return
     for partition in committed:
         if partition.error is not None or partition.offset < 0:
             continue  # no committed offset: a new group starts where auto.offset.reset says

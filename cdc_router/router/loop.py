@@ -367,6 +367,7 @@ class OutboxRouter:
         were added sent an aggregate back and forth)."""
         self._destinations.clear()
         if self._changelog is None or self._replay is None:
+            report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log)
             return
         # A previous owner may still hold an open transaction with offsets (and dedup marks)
         # for these partitions; fetching the committed offsets waits until it is resolved
@@ -381,7 +382,7 @@ class OutboxRouter:
             # Not a KafkaException out of consume(): _poll_once would take it for a passing
             # outage and route on, while confluent-kafka assigns the partitions anyway.
             raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
-        report_deleted_offsets(consumer, offsets, self._timeouts.call_s, log)
+        report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log, committed=offsets)
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)

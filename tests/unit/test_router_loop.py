@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.cli.run import GC_GEN0, tune_gc
 from cdc_router.config.compiled import compile_config
@@ -608,6 +608,25 @@ def test_committed_offsets_librdkafka_will_not_fetch_again_exit_for_a_new_consum
     assert raised.value.exit_code == EXIT_RESTART
     assert sorted(s.key for s in cluster.committed(ORDERS)) == [
         f"e-{i}".encode() for i in range(5)]
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_a_committed_offset_below_the_log_start_is_reported_with_or_without_dedup(
+        dedup: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 31-b: retention deleted records the group had not read, and nothing said so; review
+    # 31-2: the first fix said it only with dedup on.
+    cluster = cluster_with(*events(5))
+    cluster.group_offsets[(RAW, 0)] = 1
+
+    def log_start_3(self: FakeConsumer, tp: TopicPartition, timeout: Any = None,
+                    cached: bool = False) -> tuple[int, int]:
+        return 3, len(self.cluster.raw[tp.partition])
+
+    monkeypatch.setattr(FakeConsumer, "get_watermark_offsets", log_start_3)
+    Harness(cluster, dedup={"enabled": dedup, "changelog_topic": CHANGELOG}).run()
+    [line] = [r.getMessage() for r in caplog.records if "raw_records_deleted" in r.getMessage()]
+    assert f"topic={RAW} partition=0 offsets=1-2 count=2" in line
+    assert "outbox republish --since" in line
 
 
 def test_a_source_topic_the_credentials_may_not_read_stops_the_router_with_the_reason() -> None:
