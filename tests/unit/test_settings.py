@@ -393,9 +393,15 @@ def test_rules_check_invalid_config_is_one_error_line(tmp_path: Path) -> None:
     # Review 31: Python's engine took these, librdkafka's refused them at subscribe().
     ("source: {topics: ['^(?=outbox)outbox\\..*']}\nroutes: [{topic: x}]\n",
      "field 'source.topics': librdkafka cannot read the regular expression of source topic "
-     "'^(?=outbox)outbox\\\\..*': its engine is simpler than Python's"),
+     "'^(?=outbox)outbox\\\\..*': its engine (POSIX extended) has no lookarounds"),
     ("source: {topics: ['^(?P<t>outbox)\\..*']}\nroutes: [{topic: x}]\n",
      "field 'source.topics': librdkafka cannot read the regular expression"),
+    # Review 31-2: librdkafka (POSIX extended) reads \\d as a plain d: the subscription
+    # matched nothing, unsaid.
+    ("source: {topics: ['^outbox\\.tenant\\d+\\.public\\.outbox']}\nroutes: [{topic: x}]\n",
+     "reads \\d as a plain 'd'; write [0-9]"),
+    ("source: {topics: ['^outbox[[:digit:]]']}\nroutes: [{topic: x}]\n",
+     "a POSIX class such as [[:digit:]] is read otherwise"),
     ("source: {topics: ['^cdc-.*']}\nroutes: [{topic: x}]\n",
      "field 'dead_letter.topic': must differ from the source topics ('^cdc-.*' consumes it, so "
      "the router would read its own output) (got 'cdc-router.dlq')"),
