@@ -21,7 +21,7 @@ MASK = "*****"
 # Words that name a credential in Kafka, librdkafka, Connect, Debezium and schema-registry keys.
 _SECRET_KEY = re.compile(
     r"password|passwd|passphrase|secret|token|credential|user[._-]?info|jaas[._-]?config"
-    r"|keystore[._-]?key|private[._-]?key|api[._-]?key|key[._-]?pem|(?:^|[._-])dsn$",
+    r"|keystore[._-]?key|private[._-]?key|api[._-]?key|key[._-]?pem|(?:^|[._-])(?:dsn|pwd)$",
     re.IGNORECASE)
 # Keys holding one of those words that say where or how to get a secret, not the secret:
 # `basic.auth.credentials.source`, `sasl.oauthbearer.token.endpoint.url`, `*.location`, ...
@@ -29,10 +29,10 @@ _NOT_SECRET_KEY = re.compile(r"[._-](source|location|file|url|type|class|mechani
                              re.IGNORECASE)
 # `scheme://user:password@host` inside any value (a registry URL, a MongoDB connection string).
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)@")
-# A password among a URL's parameters: JDBC's `?user=app&password=...`, `;password=...`
-# (review 31: a JDBC sink's connection.url was shown in clear).
-_PARAM_PASSWORD = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd)=)(?P<password>[^&;\s]+)",
-                             re.IGNORECASE)
+# A URL's parameter, `?name=value`, `&name=value` or JDBC's `;name=value` (a value in braces
+# may hold `;`): a secret by is_secret_key's rule on its name (review 31: a JDBC sink's
+# connection.url was shown in clear; review 31-2: sslpassword, trustStorePassword, access_token).
+_URL_PARAMETER = re.compile(r"(?P<head>[?&;](?P<name>[\w.-]+)=)(?P<password>\{[^}]*\}?|[^&;]+)")
 
 
 def is_secret_key(key: str) -> bool:
@@ -50,8 +50,8 @@ def redact(key: str, value: str | None) -> str | None:
         return value
     if is_secret_key(key):
         return _mask_around_references(value)
-    return _PARAM_PASSWORD.sub(_mask_param_password,
-                               _URL_PASSWORD.sub(_mask_url_password, value))
+    return _URL_PARAMETER.sub(_mask_param_password,
+                              _URL_PASSWORD.sub(_mask_url_password, value))
 
 
 # The user info of one server of a URL list: `user:password@`, or a token, `token@` (NATS).
@@ -100,6 +100,6 @@ def _mask_url_password(match: re.Match[str]) -> str:
 
 def _mask_param_password(match: re.Match[str]) -> str:
     password = match.group("password")
-    if provider_references(password) == [password]:
+    if not is_secret_key(match.group("name")) or provider_references(password) == [password]:
         return match.group(0)
     return f"{match.group('head')}{MASK}"

@@ -93,8 +93,15 @@ def test_a_password_among_a_urls_parameters_is_masked() -> None:
         f"jdbc:sqlserver://h;databaseName=x;PWD={MASK};user=u"
     assert redact("connection.url", "jdbc:mysql://h/db?password=${file:/s.properties:pw}") == \
         "jdbc:mysql://h/db?password=${file:/s.properties:pw}"
-    assert redact("connection.url", "jdbc:mysql://h/db?password_hint=x&passwords=y") == \
-        "jdbc:mysql://h/db?password_hint=x&passwords=y"
+    # Review 31-2: every parameter whose name is a secret's, by is_secret_key's rule.
+    assert redact("connection.url", "jdbc:postgresql://db/app?sslpassword=K&user=u&x=1") == \
+        f"jdbc:postgresql://db/app?sslpassword={MASK}&user=u&x=1"
+    assert redact("connection.url", "jdbc:sqlserver://h;trustStorePassword=T;password={a;b};x=1"
+                  ) == f"jdbc:sqlserver://h;trustStorePassword={MASK};password={MASK};x=1"
+    assert redact("url", "https://h/api?access_token=TOK&page=2") == \
+        f"https://h/api?access_token={MASK}&page=2"
+    assert redact("connection.url", "jdbc:mysql://h/db?password=my pass&y=2") == \
+        f"jdbc:mysql://h/db?password={MASK}&y=2"
 
 
 def test_redact_tree_masks_at_any_depth_and_keeps_the_rest() -> None:
