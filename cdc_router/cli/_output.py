@@ -33,6 +33,28 @@ class UsageExitCommand(click.Command):
             raise
 
 
+class UsageExitGroup(click.Group):
+    """A group whose usage errors, its own options, an unknown command and its commands'
+    options, exit 1 (`connectors`: review 31-2, `connectors --bogus diff` read as "differs")."""
+
+    command_class = UsageExitCommand
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            error.exit_code = UsageExitCommand.usage_exit_code
+            raise
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as error:
+            error.exit_code = UsageExitCommand.usage_exit_code
+            raise
+
+
 def emit(value: Any, output: str, text: Callable[[Any], str]) -> None:
     """Print `value` as indented JSON, or as `text(value)` for people."""
     if output == "json":

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from cdc_router.cli._durations import Seconds
-from cdc_router.cli._output import UsageExitCommand, emit, output_option, table
+from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
@@ -66,7 +66,7 @@ def _shows_one_connector(function: Callable[..., None]) -> click.Command:
     return command
 
 
-@click.group("connectors")
+@click.group("connectors", cls=UsageExitGroup)
 @click.option("--url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
               show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
 @click.option("--user", envvar="CDC_ROUTER_CONNECT_USER",
@@ -179,12 +179,7 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
 
 
-class _DiffCommand(UsageExitCommand):
-    """A usage error exits 1, "could not compare", not click's 2, which is "differs" (review
-    31: a typo in a CI script's options read as "differs")."""
-
-
-@cli.command(cls=_DiffCommand)
+@cli.command()
 @_FILES
 @output_option
 @pass_state

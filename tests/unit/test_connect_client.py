@@ -613,9 +613,13 @@ def test_diff_exit_codes_follow_terraform(monkeypatch: pytest.MonkeyPatch,
 
     assert (same.exit_code, differs.exit_code) == (0, 2)
     assert "  + x = 1" in differs.stdout
-    # Review 31: click's usage errors exit 2 too, and a typo read as "differs".
+    # Review 31: click's usage errors exit 2 too, and a typo read as "differs"; review 31-2:
+    # the group's own too (an option of the group, an unknown command).
     for usage in (["diff"], ["diff", "-f", connector_file(tmp_path), "-o", "yaml"]):
         mistaken = run_cli(monkeypatch, connect, *usage)
+        assert mistaken.exit_code == 1, mistaken.output
+    for usage in (["connectors", "--bogus", "diff"], ["connectors", "dif", "-f", "x"]):
+        mistaken = CliRunner().invoke(main, usage)
         assert mistaken.exit_code == 1, mistaken.output
 
 
