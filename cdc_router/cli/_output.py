@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
@@ -26,11 +27,8 @@ class UsageExitCommand(click.Command):
     usage_exit_code = 1
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
+        with _usage_exit(self.usage_exit_code):
             return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            error.exit_code = self.usage_exit_code
-            raise
 
 
 class UsageExitGroup(click.Group):
@@ -40,19 +38,22 @@ class UsageExitGroup(click.Group):
     command_class = UsageExitCommand
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
+        with _usage_exit(UsageExitCommand.usage_exit_code):
             return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            error.exit_code = UsageExitCommand.usage_exit_code
-            raise
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
-        try:
+        with _usage_exit(UsageExitCommand.usage_exit_code):
             return super().resolve_command(ctx, args)
-        except click.UsageError as error:
-            error.exit_code = UsageExitCommand.usage_exit_code
-            raise
+
+
+@contextmanager
+def _usage_exit(code: int) -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as error:
+        error.exit_code = code
+        raise
 
 
 def emit(value: Any, output: str, text: Callable[[Any], str]) -> None:
