@@ -31,8 +31,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from cdc_router.errors import DeliveryError
-from cdc_router.kafka.errors import kafka_error_of
+from cdc_router.errors import DeliveryError, fatal_kafka_error
+from cdc_router.kafka.errors import describe, kafka_error_of, stops_consumer
 
 End = Literal["stable", "log_end"]
 
@@ -244,8 +244,18 @@ class TopicReader:
                 raise ReadTimedOut(f"reading the {self._what} topic {self._topic} to its end "
                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
             for message in consumer.consume(num_messages=self._batch, timeout=0.2):
-                if message.error() is None:
+                error = message.error()
+                if error is None:
                     yield message
+                elif stops_consumer(error):
+                    # QA 31-c: a topic the principal may not read was passed over like a
+                    # transient error for 300 s, then "is a transaction stuck open?".
+                    raise fatal_kafka_error(
+                        f"reading the {self._what} topic {self._topic} failed for good: "
+                        f"{describe(error)}; " + (
+                            "grant this principal Read on the topic"
+                            if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else
+                            "check the kafka section's security settings"), error)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -1,0 +1,78 @@
+"""TopicReader.read_to_end against a consumer that hands out errors (no broker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from cdc_router.errors import FatalKafkaError
+from cdc_router.kafka import reader as reader_module
+from cdc_router.kafka.reader import TopicReader
+
+
+class ErrorsOnly:
+    """A consumer whose every fetch is `error`."""
+
+    def __init__(self, error: KafkaError) -> None:
+        self.error = error
+        self.fetches = 0
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        self.fetches += 1
+        return [Message(topic="dlq", partition=0, error=self.error)]
+
+    def close(self) -> None:
+        pass
+
+
+def reading(monkeypatch: pytest.MonkeyPatch, error: KafkaError) -> tuple[TopicReader, Any]:
+    consumer = ErrorsOnly(error)
+    monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
+    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0])
+    monkeypatch.setattr(reader_module, "stable_offsets", lambda c, topic, parts, end: {0: 5})
+    monkeypatch.setattr(reader_module, "reached", lambda c, topic, ends: False)
+    return TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g",
+                       what="dead-letter"), consumer
+
+
+def test_a_topic_the_principal_may_not_read_fails_at_once_naming_the_grant(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 31-c: TOPIC_AUTHORIZATION_FAILED was passed over like a transient error for 300 s,
+    # then "is a transaction stuck open?" (dlq replay; the router's changelog, exit 75 for ever).
+    reader, consumer = reading(monkeypatch, KafkaError(
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed"))
+    with pytest.raises(FatalKafkaError, match=r"reading the dead-letter topic dlq failed for "
+                       r"good: TOPIC_AUTHORIZATION_FAILED.*grant this principal Read"):
+        list(reader.read_to_end(timeout_s=30))
+    assert consumer.fetches == 1
+
+
+def test_a_transient_error_is_passed_over_until_the_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reader, consumer = reading(monkeypatch, KafkaError(KafkaError._TRANSPORT, "down"))
+    with pytest.raises(reader_module.ReadTimedOut):
+        list(reader.read_to_end(timeout_s=0.3))
+    assert consumer.fetches > 1
+
+
+def test_the_status_scan_of_a_topic_the_principal_may_not_read_is_a_failed_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 31-c: status counted "at least 0" dead letters on a topic it could not read, and
+    # said ok; a KafkaException is its "cannot check" (ops/probe.py).
+    from confluent_kafka import KafkaException
+
+    from cdc_router.ops import offsets
+
+    class Refusing(ErrorsOnly):
+        def assign(self, partitions: list[Any]) -> None:
+            pass
+
+        def position(self, partitions: list[Any]) -> list[Any]:
+            return partitions  # offsets -1001: not done
+
+    monkeypatch.setattr(offsets, "Consumer", lambda config: Refusing(KafkaError(
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed")))
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        offsets.scan({"bootstrap.servers": "k:9092"}, "dlq", {0: (0, 90)}, timeout_s=30)
