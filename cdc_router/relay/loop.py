@@ -48,7 +48,7 @@ from cdc_router.relay.letters import letter_value
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from cdc_router.router import clients, debezium
-from cdc_router.router.destinations import ClusterListing, DestinationMetadata, require_own_topics
+from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
@@ -108,7 +108,7 @@ class OutboxRelay:
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
-        self._destinations = DestinationMetadata(ClusterListing(self._producer.topics))
+        self._destinations = clients.destinations(config, self._producer)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
                                 timestamp_limits=clients.timestamp_limits(self._describe))

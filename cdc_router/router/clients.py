@@ -9,6 +9,8 @@ a name rendered from row data would create that topic.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +19,11 @@ from confluent_kafka import KafkaException
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.kafka.logs import librdkafka_logger
+from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
-from cdc_router.router.destinations import Describe
+from cdc_router.router.destinations import ClusterListing, Describe, DestinationMetadata
+from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.timestamps import (
     DESCRIBE_TIMEOUT_S,
     DescribeFactory,
@@ -146,3 +150,12 @@ def topic_describe(config: RouterConfig,
 def timestamp_limits(describe: Describe) -> TopicTimestampLimits:
     """The destination topics' timestamp and retention limits (router/timestamps.py)."""
     return TopicTimestampLimits(describe)
+
+
+def destinations(config: RouterConfig, producer: LatchingProducer,
+                 operations_factory: OperationsFactory = admin_operations,
+                 clock: Callable[[], float] = time.monotonic) -> DestinationMetadata:
+    """The destination topics as the producer's cluster lists them, each checked once for
+    the principal's Write grant (router/grants.py) when `operations_factory` gives a lookup."""
+    return DestinationMetadata(ClusterListing(producer.topics), clock=clock,
+                               operations=operations_factory(logged_config(config)))

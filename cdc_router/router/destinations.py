@@ -21,6 +21,7 @@ from cdc_router.config.delivery import forgets_before
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
+from cdc_router.router.grants import Operations, refused
 
 log = logging.getLogger("cdc_router.router")
 
@@ -52,7 +53,11 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
     if config.dedup.enabled:
         own["dedup.changelog_topic"] = config.dedup.changelog_topic
     for field, topic in own.items():
-        if partitions(topic) is None:
+        try:
+            found = partitions(topic)
+        except RouteError as refusal:  # QA 31-c: the principal may not write to it
+            raise ConfigError(str(refusal), field=field) from None
+        if found is None:
             raise ConfigError(f"topic {topic} does not exist (the router never creates "
                               "topics)", field=field,
                               hint="create it with `cdc-router topics apply -c <config>`")
@@ -119,11 +124,16 @@ class DestinationMetadata:
 
     def __init__(self, lookup: Callable[[str, float], int | None], *,
                  max_topics: int = MAX_TOPICS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 operations: Operations | None = None) -> None:
+        """`operations` (router/grants.py): a topic found that the principal may not write to
+        is refused like one not authorised (RouteError), asked once until clear()."""
         self._lookup = lookup
         self._max_topics = max_topics
         self._clock = clock
         self._topics: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
+        self._operations = operations
+        self._write_refused: dict[str, str | None] = {}  # topic -> why not, None: may write
 
     def __len__(self) -> int:
         return len(self._topics)
@@ -131,6 +141,12 @@ class DestinationMetadata:
     def partitions(self, topic: str) -> int | None:
         """Raises RouteError when the cluster refuses this one topic (e.g. not authorised);
         a KafkaException for anything else (the cluster is the problem, not the record)."""
+        count = self._count(topic)
+        if count is not None and self._operations is not None:
+            self._require_write(topic, self._operations)
+        return count
+
+    def _count(self, topic: str) -> int | None:
         now = self._clock()
         # A ClusterListing is a cache dated by its listing: a second one here would add its
         # age to the listing's (review 30-2: a count 600 s old, a new topic missing 20 s).
@@ -153,9 +169,21 @@ class DestinationMetadata:
                 self._topics.popitem(last=False)
         return count
 
+    def _require_write(self, topic: str, operations: Operations) -> None:
+        try:
+            reason = self._write_refused[topic]  # per event: one lookup
+        except KeyError:
+            if len(self._write_refused) >= self._max_topics:
+                self._write_refused.clear()
+            reason = self._write_refused[topic] = refused(
+                topic, operations(topic, LOOKUP_TIMEOUT_S), "WRITE")
+        if reason is not None:
+            raise RouteError(reason)
+
     def clear(self) -> None:
         """Forget every topic: the next record for each asks the cluster again."""
         self._topics.clear()
+        self._write_refused.clear()
         self._refresh()
 
     def _refresh(self) -> None:

@@ -43,7 +43,6 @@ from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from cdc_router.relay.letters import letter_event
 from cdc_router.router import clients
-from cdc_router.router.destinations import ClusterListing, DestinationMetadata
 from cdc_router.router.dlq_letters import (
     Letter,
     OursTest,
@@ -139,7 +138,7 @@ class DeadLetterReplay:
                                        group_id=replay_group(config), what="dead-letter")
         self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids)
-        destinations = DestinationMetadata(ClusterListing(self._producer.topics))
+        destinations = clients.destinations(config, self._producer)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen,
                                 timestamp_limits=clients.timestamp_limits(self._describe))

@@ -39,7 +39,8 @@ from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
-from cdc_router.router.destinations import ClusterListing, DestinationMetadata, require_own_topics
+from cdc_router.router.destinations import require_own_topics
+from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
@@ -72,10 +73,10 @@ class OutboxRouter:
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[float], object] | None = None,
                  publisher: JetStreamPublisher | None = None,
-                 describe_factory: DescribeFactory = admin_describe) -> None:
-        """The factories build the clients in run() (tests hand fakes); `wait(seconds)` is
-        every backoff, by default interrupted by stop(); `publisher` delivers JetStream routes
-        (by default one for `nats.url` when a route publishes to NATS)."""
+                 describe_factory: DescribeFactory = admin_describe,
+                 operations_factory: OperationsFactory = admin_operations) -> None:
+        """Factories build the clients in run() (tests hand fakes); `wait(seconds)`: each
+        backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's)."""
         config = self._config = compiled.config
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
@@ -87,12 +88,11 @@ class OutboxRouter:
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
-        self._changelog = changelog_factory(clients.common_config(config),
-                                            config.dedup.changelog_topic) \
-            if config.dedup.enabled else None
+        self._changelog = None if not config.dedup.enabled else changelog_factory(
+            clients.common_config(config), config.dedup.changelog_topic)
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),
                                           producer_factory)
-        self._destinations = DestinationMetadata(ClusterListing(self._producer.topics), clock=clock)
+        self._destinations = clients.destinations(config, self._producer, operations_factory, clock)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None

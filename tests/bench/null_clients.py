@@ -145,7 +145,8 @@ def run_loop(records: list[tuple[bytes, bytes]]) -> int:
                               changelog_factory=NullChangelog,
                               clock=lambda: 0.0,  # no lag gauge or metadata refresh by time
                               describe_factory=lambda admin: lambda topic, timeout_s: {
-                                  "message.timestamp.after.max.ms": "3600000"})
+                                  "message.timestamp.after.max.ms": "3600000"},
+                              operations_factory=lambda admin: None)
     consumer.router = router
     router.run()
     return producer[0].records

@@ -611,3 +611,23 @@ def test_raw_records_deleted_before_the_group_read_them_are_reported_with_the_ru
     [line] = [line for line in log.splitlines() if "event=raw_records_deleted" in line]
     assert f"topic={pipe.raw_topic} partition=0" in line and "ERROR" in line
     assert "outbox republish --since" in line
+
+
+def test_the_grants_lookup_reads_a_topics_authorized_operations_from_the_broker(
+        stack: StackEndpoints) -> None:
+    # router/grants.py (QA 31-c): the broker says what the principal may do on a topic; this
+    # stack has no authorizer, so every operation, and nothing for a topic that is not there.
+    from cdc_router.router.grants import admin_operations, refused
+
+    topic = unique("grants").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    try:
+        operations = admin_operations({"bootstrap.servers": stack.bootstrap_servers})
+        granted = operations(topic, 10)
+        missing = operations(topic + "-nowhere", 10)
+    finally:
+        admin.delete_topics([topic])[topic].result(timeout=30)
+    assert granted is not None and {"READ", "WRITE", "DESCRIBE"} <= granted
+    assert refused(topic, granted, "WRITE") is None
+    assert missing is None

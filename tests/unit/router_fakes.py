@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.router.destinations import Describe
+from cdc_router.router.grants import Operations
 from cdc_router.router.replay import parse_changelog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
@@ -83,6 +84,8 @@ class FakeCluster:
     created_topics: list[str] = field(default_factory=list)
     # Topic configurations DescribeConfigs answers (router/timestamps.py); {} for the others.
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Topic -> the operations the principal may do there (router/grants.py).
+    granted: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def fence(self) -> None:
         self.producer_epoch += 1
@@ -90,6 +93,10 @@ class FakeCluster:
     def describe_factory(self, admin_config: Mapping[str, Any]) -> Describe:
         """A describe(topic, timeout_s) over topic_configs, for the clients' factory."""
         return lambda topic, timeout_s: self.topic_configs.get(topic, {})
+
+    def operations_factory(self, admin_config: Mapping[str, Any]) -> Operations:
+        """operations(topic, timeout_s) over `granted` (a topic not in it: not said)."""
+        return lambda topic, timeout_s: self.granted.get(topic)
 
     def committed(self, topic: str) -> list[Stored]:
         return self.topics.get(topic, [])

@@ -203,3 +203,31 @@ def test_dead_letters_fit_the_dead_letter_topic_when_the_producer_allows_bigger_
         raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 
     assert clients.dead_letter_limit(config, unreadable) == 8_000_000 - HEADROOM_BYTES
+
+
+def test_grants_refuse_only_what_the_broker_says_is_not_granted() -> None:
+    from cdc_router.router.grants import refused
+
+    assert refused("t", None, "WRITE") is None  # not said: left to the other checks
+    assert refused("t", frozenset({"ALL"}), "WRITE") is None
+    assert refused("t", frozenset({"READ", "WRITE", "DESCRIBE"}), "READ", "WRITE") is None
+    reason = refused("t", frozenset({"DESCRIBE"}), "READ", "WRITE")
+    assert reason == ("this process's Kafka principal may not read or write topic t (the "
+                      "broker grants it describe there): grant it Read and Write on the topic")
+
+
+def test_a_destination_not_writable_is_asked_once_until_cleared() -> None:
+    asked: list[str] = []
+
+    def operations(topic: str, timeout_s: float) -> frozenset[str]:
+        asked.append(topic)
+        return frozenset({"DESCRIBE"})
+
+    cache = DestinationMetadata(lambda topic, timeout_s: 3, operations=operations)
+    for _ in range(3):
+        with pytest.raises(RouteError, match="may not write topic orders"):
+            cache.partitions("orders")
+    cache.clear()
+    with pytest.raises(RouteError):
+        cache.partitions("orders")
+    assert asked == ["orders", "orders"]

@@ -79,7 +79,8 @@ class Harness:
             producer_factory=lambda conf: FakeProducer(cluster, conf),
             consumer_factory=self._consumer, wait=self.waits.append,
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
-            describe_factory=cluster.describe_factory, publisher=publisher)
+            describe_factory=cluster.describe_factory, publisher=publisher,
+            operations_factory=cluster.operations_factory)
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
@@ -237,6 +238,31 @@ def test_a_close_failing_on_the_way_out_keeps_the_error_the_router_leaves_on(
         harness.run()
     assert "event=close_failed client=FakeConsumer error=KafkaError" in caplog.text
     assert "broker down at close" in caplog.text
+
+
+def test_a_destination_the_principal_may_not_write_to_is_its_events_dead_letter() -> None:
+    # QA 31-c: Describe without Write on one route's topic: the refusal came in
+    # AddPartitionsToTxn, the abort failed INVALID_TXN_STATE, and the router stopped at every
+    # restart, every route with it.
+    cluster = cluster_with(*events(4), raw_event("p-1", aggregate_type="Payment"))
+    cluster.granted[ORDERS] = frozenset({"READ", "DESCRIBE"})
+    cluster.partitions["pay"] = 1
+    harness = Harness(cluster, routes=[{"match": {"aggregate_type": "Payment"}, "topic": "pay"},
+                                       {"topic": ORDERS}]).run()
+    assert [s.key for s in cluster.committed("pay")] == [b"p-1"]
+    reasons = [dict(s.headers)["dlq.error.message"].decode() for s in cluster.committed(DLQ)]
+    assert len(reasons) == 4 and all(
+        f"may not write topic {ORDERS} (the broker grants it describe, read there): grant it "
+        "Write on the topic" in reason for reason in reasons), reasons
+    assert harness.metric("cdc_router_dead_letters_total", stage="route") == 4
+
+
+def test_a_dead_letter_topic_the_principal_may_not_write_to_stops_the_start() -> None:
+    cluster = cluster_with(*events(2))
+    cluster.granted[DLQ] = frozenset({"DESCRIBE"})
+    with pytest.raises(ConfigError, match=r"field 'dead_letter.topic': .*may not write topic "):
+        Harness(cluster).run()
+    assert cluster.committed(ORDERS) == []
 
 
 def test_a_close_failing_on_a_clean_stop_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
