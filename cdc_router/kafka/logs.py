@@ -30,7 +30,10 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple[int, str], tuple[float, int]] = {}  # -> (passed at, held)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.levelno, _NUMBERS.sub("#", record.getMessage())[:300])
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING and "authentication" in text.lower():
+            _REFUSED_CREDENTIALS[:] = [text]
+        key = (record.levelno, _NUMBERS.sub("#", text)[:300])
         now = self._clock()
         passed = self._seen.get(key)
         if passed is not None and now - passed[0] < self._window_s:
@@ -45,6 +48,16 @@ class RepeatFilter(logging.Filter):
         while len(self._seen) > _MAX_KEYS:
             del self._seen[next(iter(self._seen))]
         return True
+
+
+# The last line of librdkafka's saying the cluster refused this process's credentials: a
+# wrong SASL password otherwise ends as a timeout, "is the cluster reachable?" (QA 31-c).
+_REFUSED_CREDENTIALS: list[str] = []
+
+
+def refused_credentials() -> str | None:
+    """librdkafka's last authentication failure in this process, or None."""
+    return _REFUSED_CREDENTIALS[0] if _REFUSED_CREDENTIALS else None
 
 
 def librdkafka_logger() -> logging.Logger:

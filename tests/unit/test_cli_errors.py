@@ -175,3 +175,20 @@ def test_the_cleanup_dsn_is_needed_by_run_only(tmp_path: Path) -> None:
     assert ran.exit_code == 1
     assert "field 'cleanup.dsn': mode delete needs the Postgres DSN" in ran.output, ran.output
     assert "CDC_ROUTER__CLEANUP__DSN" in ran.output
+
+
+def test_a_refusal_of_the_credentials_librdkafka_logged_is_named_in_the_error_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 31-c: a wrong SASL password ended as "is the cluster at ... reachable?" (run) or
+    # "cannot reach Kafka ... is the cluster up?" (topics apply).
+    from cdc_router.kafka import logs
+
+    monkeypatch.setattr(logs, "_REFUSED_CREDENTIALS", [])
+    logs.librdkafka_logger().error(
+        "SASL authentication error: Authentication failed: Invalid username or password "
+        "(after 3ms in state AUTH_REQ)")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(tmp_path / "absent.yaml")])
+    assert result.exit_code != 0
+    assert "Kafka refused this process's credentials: SASL authentication error: " \
+        "Authentication failed: Invalid username or password" in result.output
+    assert "check kafka.sasl_username, its password and kafka.sasl_mechanism" in result.output
