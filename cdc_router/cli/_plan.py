@@ -41,7 +41,7 @@ def apply_options(command: F) -> F:
 
 
 def show_and_apply(plans: Sequence[P], *, describe: Callable[[P], list[str]],
-                   as_json: Callable[[P], dict[str, Any]], apply: Callable[[list[P]], None],
+                   as_json: Callable[[P], dict[str, Any]], apply: Callable[[list[P]], object],
                    dry_run: bool, yes: bool, output: str) -> None:
     """Print the plan; unless --dry-run or nothing changes, confirm (or --yes) and apply."""
     if output == "json":

@@ -37,7 +37,7 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(clients.logged_config(config))
     plans = admin.plan(config.topic_specs())
-    admin.apply(plans, validate_only=True)  # a refusal is one line before any change
+    plans = admin.apply(plans, validate_only=True)  # a refusal: one line before any change
     show_and_apply(plans, describe=_describe,
                    as_json=lambda plan: {**plan.__dict__, "warnings": list(plan.warnings)},
                    apply=admin.apply, dry_run=dry_run, yes=yes, output=output)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
@@ -74,20 +74,24 @@ class TopicAdmin:
                                    changes, tuple(warnings)))
         return plans
 
-    def apply(self, plans: list[TopicPlan], *, validate_only: bool = False) -> None:
+    def apply(self, plans: list[TopicPlan], *, validate_only: bool = False) -> list[TopicPlan]:
         """Create and update the topics `plans` name; with validate_only, only ask the
         controller whether it would (a config key it does not know, a value out of range),
         so that a plan never shows what its apply would then refuse. An account that may
-        not change topics is not refused that question: a read-only dry run still plans."""
+        not change topics is not refused that question: a read-only dry run still plans, each
+        create it may not do warned (QA 31-c: a topic it may not describe is not listed, and
+        was planned as a create). Returns the plans, with those warnings."""
         creates = [NewTopic(p.name, num_partitions=p.partitions or -1,
                             replication_factor=p.replication_factor or -1,
                             config={k: v for k, (_, v) in p.config_changes.items()})
                    for p in plans if p.action == "create"]
+        not_allowed = set()
         if creates:
             for name, future in self.admin.create_topics(
                     creates, request_timeout=_ADMIN_TIMEOUT_S,
                     validate_only=validate_only).items():
-                _wait(future, f"creating topic {name}", validate_only)
+                if _wait(future, f"creating topic {name}", validate_only) is _NOT_ALLOWED_NOW:
+                    not_allowed.add(name)
         for plan in plans:
             if plan.action != "update":
                 continue
@@ -97,6 +101,11 @@ class TopicAdmin:
             for future in self.admin.incremental_alter_configs(
                     [resource], validate_only=validate_only).values():
                 _wait(future, f"updating the config of topic {plan.name}", validate_only)
+        return [replace(plan, warnings=(*plan.warnings, (
+            "this principal may not create the topic, or may not describe it if it exists "
+            "(the cluster does not list such a topic): the apply would fail; grant it Create "
+            "and Describe on the topic"))) if plan.name in not_allowed else plan
+                for plan in plans]
 
     def _config_changes(self, spec: TopicSpec) -> dict[str, tuple[str | None, str]]:
         if not spec.config:
@@ -115,6 +124,7 @@ class TopicAdmin:
 
 _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
                           KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+_NOT_ALLOWED_NOW = object()
 
 
 def _wait(future: Any, what: str, validate_only: bool = False) -> Any:
@@ -123,7 +133,7 @@ def _wait(future: Any, what: str, validate_only: bool = False) -> Any:
     except KafkaException as error:
         found = kafka_error_of(error)
         if validate_only and found is not None and found.code() in _NOT_ALLOWED:
-            return None  # the real apply says so, if it comes to that
+            return _NOT_ALLOWED_NOW  # a warning of the plan; the real apply fails
         reason = found.str() if found is not None else error
         raise CdcRouterError(f"Kafka would refuse {what}: {reason}" if validate_only
                              else f"{what} failed: {reason}") from error

@@ -46,6 +46,12 @@ def test_an_account_that_may_not_change_topics_still_gets_its_plan() -> None:
     # A read-only account (a CI drift check) runs --dry-run: the check is not its to make,
     # and the real apply would say so anyway (review, session 25).
     admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorised"))
-    admin.apply(PLAN, validate_only=True)
+    [planned] = admin.apply(PLAN, validate_only=True)
+    # QA 31-c: a topic the account may not describe is not listed, and was planned as a
+    # create without a word.
+    assert planned.action == "create" and planned.warnings == (
+        "this principal may not create the topic, or may not describe it if it exists (the "
+        "cluster does not list such a topic): the apply would fail; grant it Create and "
+        "Describe on the topic",)
     with pytest.raises(CdcRouterError, match="creating topic t failed: not authorised"):
         admin.apply(PLAN)
