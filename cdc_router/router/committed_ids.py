@@ -29,10 +29,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.errors import stops_consumer
 from cdc_router.kafka.reader import (
     AdminConnection,
     assign_added,
@@ -128,8 +129,11 @@ class CommittedIds:
             replayed = REPLAYED_KEY_PREFIX.encode()
             dead = DEAD_LETTERED_KEY_PREFIX.encode()
             for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
+                error = message.error()
+                if error is not None and stops_consumer(error):
+                    raise KafkaException(error)  # QA 31-c: was passed over, unsaid, for ever
                 key = message.key()
-                if not message.error() and not (key is not None and key.startswith(dead)):
+                if not error and not (key is not None and key.startswith(dead)):
                     by_replay = key is not None and key.startswith(replayed)
                     self._unread += [(event_id, ms, by_replay) for event_id, ms
                                      in parse_changelog(key, message.value(),
@@ -147,7 +151,10 @@ class CommittedIds:
         now_ms = int(time.time() * 1000)
         while messages := consumer.consume(num_messages=10_000, timeout=_POLL_S):
             for message in messages:
-                if message.error():
+                error = message.error()
+                if error is not None and stops_consumer(error):
+                    raise KafkaException(error)
+                if error:
                     continue
                 headers = {name: value.decode(errors="replace")
                            for name, value in record_headers(message)}

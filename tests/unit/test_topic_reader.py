@@ -76,3 +76,23 @@ def test_the_status_scan_of_a_topic_the_principal_may_not_read_is_a_failed_check
         KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed")))
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
         offsets.scan({"bootstrap.servers": "k:9092"}, "dlq", {0: (0, 90)}, timeout_s=30)
+
+
+def test_the_cleanup_sweep_says_it_may_not_read_the_changelog(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 31-c's reader finding, in the cleanup sweep's own reader: an authorization error was
+    # passed over for ever, and no delivered row was deleted by the sweep, unsaid. A
+    # KafkaException is the sweep's event=cleanup_sweep_failed (router/cleanup.py).
+    import time
+
+    from confluent_kafka import KafkaException
+
+    from cdc_router.router.committed_ids import CommittedIds
+
+    ids = CommittedIds({"bootstrap.servers": "k:9092"}, changelog_topic="dedup", group="g",
+                       dead_letter_topic="dlq", window_ms=1000, ours=lambda topic, group: True)
+    ids._changelog = ErrorsOnly(KafkaError(  # type: ignore[assignment]
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed"))
+    ids._listed = time.monotonic()
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        ids.next(10)
