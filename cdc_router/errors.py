@@ -123,6 +123,17 @@ class OffsetsUnfetched(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class GrantRevoked(FatalKafkaError):
+    """Kafka refused a topic of the batch (TOPIC_AUTHORIZATION_FAILED in AddPartitionsToTxn)
+    that no record's report names: a grant revoked while the process ran (its start checks
+    every topic's grants: router/grants.py). Aborting and isolating the batch's records went
+    round for ever (QA 31-c: 151 aborts in 75 s, blaming the records); the next process checks
+    the grants afresh (a destination's events are then its dead letters; a dead-letter or
+    changelog topic it may not write to stops it), so it exits EXIT_RESTART."""
+
+    exit_code = EXIT_RESTART
+
+
 class TransactionInDoubt(FatalKafkaError):
     """A transaction's commit (or its offsets) got no answer through every retry, and
     librdkafka refuses an abort while the call is unresolved. Only a new process settles it

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Literal
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import BatchFailed, FatalKafkaError, fatal_kafka_error
+from cdc_router.errors import (
+    EXIT_RESTART,
+    BatchFailed,
+    FatalKafkaError,
+    GrantRevoked,
+    fatal_kafka_error,
+)
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 from cdc_router.router.timestamps import TIMESTAMP_HINT
@@ -116,6 +122,12 @@ class PoisonIsolation:
                     "records (size limits, ACLs)"))
             learned |= self._blame(failure.source, refusal_reason(failure))
         if not learned and self.is_refusal(batch_error) and batch_error is not None:
+            if batch_error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise GrantRevoked(f"Kafka refused a topic of the batch: {describe(batch_error)}"
+                                   f"; a grant was revoked while this process ran: exiting "
+                                   f"with {EXIT_RESTART} so that the next start checks every "
+                                   "topic's grants (README, Kafka ACLs)",
+                                   code=batch_error.code())
             reason = f"Kafka refused the batch: {describe(batch_error)}"
             for source in batch_sources:
                 learned |= self._blame(source, reason)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError
+from cdc_router.errors import FatalKafkaError, GrantRevoked
 from cdc_router.kafka.producer import DeliveryFailure
 from cdc_router.router.poison import PoisonIsolation, record_refusals
 
@@ -51,6 +51,17 @@ def test_a_refusal_no_report_attributes_makes_every_record_of_the_batch_a_suspec
     poison = PoisonIsolation()
     assert poison.learn([], KafkaError(KafkaError.INVALID_TIMESTAMP), [A, B])
     assert poison.suspects == 2
+
+
+def test_an_authorization_refusal_no_report_names_exits_for_a_fresh_grants_check() -> None:
+    # QA 31-c: Write on the changelog revoked while the router ran: AddPartitionsToTxn refused
+    # the batch, each record was blamed and isolated in turn, 151 aborts in 75 s, for ever.
+    with pytest.raises(GrantRevoked, match="a grant was revoked while this process ran") as \
+            raised:
+        PoisonIsolation().learn([], KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                               "Failed to add partition(s) to transaction"),
+                                [A, B])
+    assert raised.value.exit_code == 75
 
 
 def test_a_refusal_of_the_routers_own_record_is_fatal() -> None:
