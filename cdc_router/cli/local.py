@@ -78,8 +78,9 @@ def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
 # running stack saved N, and `env`, `status` and later starts used a port nothing listened on).
 _PART_SETTINGS: dict[str, tuple[str, ...]] = {
     "postgres": ("postgres_port",), "kafka": ("kafka_port", "controller_port"),
-    "connect": ("connect_port", "connect_offset_flush_interval_ms"), "nats": ("nats_port",),
-    "registry": ("registry_port",)}
+    # Connect's worker dials Kafka (review 31-2: Kafka moved while Connect ran on the old port).
+    "connect": ("connect_port", "connect_offset_flush_interval_ms", "kafka_port"),
+    "nats": ("nats_port",), "registry": ("registry_port",)}
 
 
 def _refuse_moving_running_parts(current: StackConfig, changes: dict[str, object]) -> None:

@@ -85,6 +85,28 @@ def test_up_refuses_to_move_a_running_part_to_another_port(tmp_path: Path):
     assert saved is not None and saved.kafka_port == 28092
 
 
+def test_up_refuses_to_move_kafka_under_a_running_connect(tmp_path: Path):
+    # Review 31-2: Kafka stopped, Connect running: the new port was taken, Connect kept
+    # dialing the old one.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.local.config import StackConfig, save
+
+    home = tmp_path / "stack"
+    save(StackConfig(home=home, jar_cache=tmp_path, kafka_port=28092))
+    (home / "connect").mkdir()
+    pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
+                         str(home / "connect" / "connect-distributed.properties")],
+                        log_path=tmp_path / "c.log", pid_path=home / "connect" / "connect.pid")
+    try:
+        moved = CliRunner().invoke(main, ["local", "up", "--home", str(home),
+                                          "--kafka-port", "28999"])
+    finally:
+        assert process.stop(pid, f"{home}/", timeout_s=10)
+    assert moved.exit_code == 2 and "connect is running with 28092" in moved.output
+
+
 @pytest.mark.parametrize("args", [["--postgres-port", "0"], ["--kafka-port", "70000"],
                                   ["--connect-offset-flush-interval-ms", "5"], ["--home", "FILE"]])
 def test_up_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str]):
