@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,50 +61,43 @@ def test_a_home_never_claims_the_processes_of_a_home_it_is_a_prefix_of(tmp_path:
         assert process.stop(pid, theirs, timeout_s=10)
 
 
-def test_up_refuses_to_move_a_running_part_to_another_port(tmp_path: Path):
-    # Review 31: `up --kafka-port N` on a running stack saved N, and `env`, `status` and later
-    # starts pointed at a port nothing listened on.
+def _up_moving_kafka_while(part: str, properties: str, home: Path) -> Any:
+    """`local up --kafka-port 28999` on a home saved with 28092 whose `part` runs (a sleep
+    naming its properties file under the home, as the pid check reads it)."""
     from click.testing import CliRunner
 
     from cdc_router.cli import main
-    from cdc_router.local.config import StackConfig, load_saved, save
+    from cdc_router.local.config import StackConfig, save
 
-    home = tmp_path / "stack"
-    save(StackConfig(home=home, jar_cache=tmp_path, kafka_port=28092))
-    (home / "kafka").mkdir()
+    save(StackConfig(home=home, jar_cache=home.parent, kafka_port=28092))
+    (home / part).mkdir()
     pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
-                         str(home / "kafka" / "server.properties")],
-                        log_path=tmp_path / "k.log", pid_path=home / "kafka" / "kafka.pid")
+                         str(home / part / properties)],
+                        log_path=home.parent / f"{part}.log", pid_path=home / part / f"{part}.pid")
     try:
-        moved = CliRunner().invoke(main, ["local", "up", "--home", str(home),
-                                          "--kafka-port", "28999"])
+        return CliRunner().invoke(main, ["local", "up", "--home", str(home),
+                                         "--kafka-port", "28999"])
     finally:
         assert process.stop(pid, f"{home}/", timeout_s=10)
+
+
+def test_up_refuses_to_move_a_running_part_to_another_port(tmp_path: Path):
+    # Review 31: `up --kafka-port N` on a running stack saved N, and `env`, `status` and later
+    # starts pointed at a port nothing listened on.
+    from cdc_router.local.config import load_saved
+
+    moved = _up_moving_kafka_while("kafka", "server.properties", tmp_path / "stack")
     assert moved.exit_code == 2
     assert "'--kafka-port'" in moved.output and "kafka is running with 28092" in moved.output
-    saved = load_saved(home)
+    saved = load_saved(tmp_path / "stack")
     assert saved is not None and saved.kafka_port == 28092
 
 
 def test_up_refuses_to_move_kafka_under_a_running_connect(tmp_path: Path):
     # Review 31-2: Kafka stopped, Connect running: the new port was taken, Connect kept
     # dialing the old one.
-    from click.testing import CliRunner
-
-    from cdc_router.cli import main
-    from cdc_router.local.config import StackConfig, save
-
-    home = tmp_path / "stack"
-    save(StackConfig(home=home, jar_cache=tmp_path, kafka_port=28092))
-    (home / "connect").mkdir()
-    pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
-                         str(home / "connect" / "connect-distributed.properties")],
-                        log_path=tmp_path / "c.log", pid_path=home / "connect" / "connect.pid")
-    try:
-        moved = CliRunner().invoke(main, ["local", "up", "--home", str(home),
-                                          "--kafka-port", "28999"])
-    finally:
-        assert process.stop(pid, f"{home}/", timeout_s=10)
+    moved = _up_moving_kafka_while("connect", "connect-distributed.properties",
+                                   tmp_path / "stack")
     assert moved.exit_code == 2 and "connect is running with 28092" in moved.output
 
 
