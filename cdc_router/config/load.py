@@ -150,12 +150,23 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
             else:
                 raise ConfigError("this path does not exist in the file", source=where,
                                   field=_dotted(path[: depth + 1]),
-                                  hint="a list item must exist in the file to be overridden"
-                                  if isinstance(node, list) else
-                                  f"{_dotted(path[:depth]) or 'the file'} is not a section "
-                                  "of the file (it holds a value, not keys)")
+                                  hint=_path_hint(node, part, path[:depth]))
         applied[_dotted(path)] = name
     return applied
+
+
+def _path_hint(node: Any, part: str | int, above: Sequence[str | int]) -> str:
+    """What to write instead, for a variable's path segment `part` that `node` (at `above`)
+    cannot take (review 31-2: a number under a section was told the section holds a value)."""
+    parent = _dotted(above)
+    if isinstance(node, list) and isinstance(part, int):
+        return "a list item must exist in the file to be overridden"
+    if isinstance(node, list):
+        variable = ENV_PREFIX + "__".join(str(segment).upper() for segment in above)
+        return f"{parent} is a list: name an item by its index, e.g. {variable}__0__..."
+    if isinstance(node, dict):
+        return f"{parent or 'the file'} is a section: name one of its keys, not a number"
+    return f"{parent or 'the file'} holds a value, not keys"
 
 
 def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:

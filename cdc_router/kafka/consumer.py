@@ -131,8 +131,9 @@ def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
     if "Failed to fetch committed offsets for 0 partition" not in error.str():
         return None
     return OffsetsUnfetched(f"the consumer's partitions will never be read: {describe(error)} "
-                            "(librdkafka does not ask again, its issue #5586); exiting with "
-                            f"{EXIT_RESTART} for a new consumer", code=error.code())
+                            "(librdkafka does not ask again, its issue #5586); only a new "
+                            f"consumer reads them (the router exits {EXIT_RESTART} for its "
+                            "supervisor)", code=error.code())
 
 
 def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],

@@ -116,9 +116,15 @@ def test_an_override_into_a_section_the_file_leaves_empty_fills_it(tmp_path: Pat
                     {"CDC_ROUTER__NATS__URL": "nats://127.0.0.1:14222"})
     assert config.nats is not None and config.nats.url == "nats://127.0.0.1:14222"
     with pytest.raises(ConfigError, match=r"field 'delivery.guarantee.x': this path does not "
-                       r"exist in the file; delivery.guarantee is not a section"):
+                       r"exist in the file; delivery.guarantee holds a value, not keys"):
         loaded(write(tmp_path, MINIMAL + "delivery: {guarantee: exactly_once}\n"),
                {"CDC_ROUTER__DELIVERY__GUARANTEE__X": "1"})
+    # Review 31-2: a number under a section, a key into a list.
+    with pytest.raises(ConfigError, match=r"dedup is a section: name one of its keys"):
+        loaded(write(tmp_path, MINIMAL), {"CDC_ROUTER__DEDUP__1": "x"})
+    with pytest.raises(ConfigError, match=r"routes is a list: name an item by its index, e\.g\. "
+                       r"CDC_ROUTER__ROUTES__0__"):
+        loaded(write(tmp_path, MINIMAL), {"CDC_ROUTER__ROUTES__TOPIC": "x"})
 
 
 def test_an_override_one_underscore_short_is_an_error_not_ignored(tmp_path: Path) -> None:
