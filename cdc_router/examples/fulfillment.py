@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         consumer.run()
     except CdcRouterError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return error.exit_code  # 75 (OffsetsUnfetched, ...): a supervisor restarts it
     stats = consumer.stats
     log.info("event=fulfillment_stopped shipped=%d duplicates=%d dead_lettered=%d retries=%d",
              stats.processed, stats.duplicates, stats.dead_lettered, stats.retries)

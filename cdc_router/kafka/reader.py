@@ -32,7 +32,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError, fatal_kafka_error
-from cdc_router.kafka.errors import describe, kafka_error_of, stops_consumer
+from cdc_router.kafka.errors import REFUSED_CREDENTIALS, describe, kafka_error_of
 
 End = Literal["stable", "log_end"]
 
@@ -247,7 +247,7 @@ class TopicReader:
                 error = message.error()
                 if error is None:
                     yield message
-                elif stops_consumer(error):
+                elif error.code() in REFUSED_CREDENTIALS:  # not the group's: never joined (QA 31-d)
                     # QA 31-c: a topic the principal may not read was passed over like a
                     # transient error for 300 s, then "is a transaction stuck open?".
                     raise fatal_kafka_error(

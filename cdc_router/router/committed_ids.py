@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaException
 
 from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
-from cdc_router.kafka.errors import stops_consumer
+from cdc_router.kafka.errors import REFUSED_CREDENTIALS
 from cdc_router.kafka.reader import (
     AdminConnection,
     assign_added,
@@ -130,7 +130,7 @@ class CommittedIds:
             dead = DEAD_LETTERED_KEY_PREFIX.encode()
             for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
                 error = message.error()
-                if error is not None and stops_consumer(error):
+                if error is not None and error.code() in REFUSED_CREDENTIALS:
                     raise KafkaException(error)  # QA 31-c: was passed over, unsaid, for ever
                 key = message.key()
                 if not error and not (key is not None and key.startswith(dead)):
@@ -152,7 +152,7 @@ class CommittedIds:
         while messages := consumer.consume(num_messages=10_000, timeout=_POLL_S):
             for message in messages:
                 error = message.error()
-                if error is not None and stops_consumer(error):
+                if error is not None and error.code() in REFUSED_CREDENTIALS:
                     raise KafkaException(error)
                 if error:
                     continue
