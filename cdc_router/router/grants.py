@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient
+
+from cdc_router.kafka.reader import AdminConnection
 
 # operations(topic, timeout_s): the operations the principal may do on the topic (AclOperation
 # names: READ, WRITE, DESCRIBE, ...), or None when the broker does not say.
@@ -26,19 +27,18 @@ OperationsFactory = Callable[[Mapping[str, Any]], Operations | None]
 
 
 def admin_operations(admin_config: Mapping[str, Any]) -> Operations:
-    """operations() by an AdminClient made on first use (DescribeTopics with the topic's
-    authorized operations)."""
-    admin: list[AdminClient] = []
+    """operations() by an AdminConnection (DescribeTopics with the topic's authorized
+    operations), made anew after a failed lookup."""
+    admin = AdminConnection(admin_config)
 
     def operations(topic: str, timeout_s: float) -> frozenset[str] | None:
-        if not admin:
-            admin.append(AdminClient(dict(admin_config)))
         try:
-            future = admin[0].describe_topics(TopicCollection([topic]),
-                                              include_authorized_operations=True,
-                                              request_timeout=timeout_s)[topic]
+            future = admin.client().describe_topics(TopicCollection([topic]),
+                                                    include_authorized_operations=True,
+                                                    request_timeout=timeout_s)[topic]
             granted = future.result(timeout=timeout_s).authorized_operations
         except (KafkaException, TimeoutError):
+            admin.reset()
             return None  # the cluster's trouble, or a missing topic: the other checks say
         return None if granted is None else frozenset(operation.name for operation in granted)
 
