@@ -293,5 +293,14 @@ class DatabaseError(CdcRouterError):
     """Postgres refused or could not be reached; str() is one line naming where."""
 
 
+class LockLost(DatabaseError):
+    """The relay's advisory-lock connection dropped (Postgres restarted, or the connection was
+    cut): another relay may take the table over, so this one exits EXIT_RESTART, for its
+    supervisor to start it again, waiting for the lock (QA 31-e: it exited 1, and a supervisor
+    restarting only on 75 left the table without a relay)."""
+
+    exit_code = EXIT_RESTART
+
+
 class InvalidEventError(CdcRouterError, ValueError):
     """An event handed to write_event() cannot be stored (wrong payload type, bad id, ...)."""

@@ -37,6 +37,7 @@ from cdc_router.errors import (
     DatabaseError,
     DeliveryError,
     FatalKafkaError,
+    LockLost,
     RecordRefused,
 )
 from cdc_router.kafka.closing import close_all
@@ -136,8 +137,8 @@ class OutboxRelay:
         self._stop.set()
 
     def run(self) -> None:
-        """Wait for the table's lock, then relay until stop(); raises FatalKafkaError, or a
-        DatabaseError when the lock is lost (the process should exit and start again)."""
+        """Wait for the table's lock, then relay until stop(); raises FatalKafkaError, or
+        LockLost when the lock is lost (exit 75: the process should start again)."""
         self._step.preflight()
         if not self._lock.acquire(self._standing_by):
             return
@@ -215,7 +216,7 @@ class OutboxRelay:
             return
         self._lock_checked = now
         if not self._lock.held():
-            raise DatabaseError(f"the relay lost its lock on {self._table} (its Postgres "
+            raise LockLost(f"the relay lost its lock on {self._table} (its Postgres "
                                 "connection dropped); another relay may take over: exiting, "
                                 "start it again to wait for the lock")
 

@@ -433,3 +433,34 @@ def _wait_topic_gone(admin: AdminClient, topic: str, timeout_s: float = 60) -> N
     while topic in admin.list_topics(timeout=10).topics:
         assert time.monotonic() < deadline, f"{topic} is still listed"
         time.sleep(0.5)
+
+
+def test_a_relay_whose_lock_connection_drops_exits_75_and_its_restart_goes_on_once(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 31-e: a Postgres restart cut the lock's connection and the relay exited 1, which a
+    # supervisor restarting on 75 (as for `run`) took as final. Cutting that one connection is
+    # the same event for the relay, without restarting the suite's Postgres.
+    with relay_setup(stack, tmp_path) as setup:
+        setup.start("a")
+        setup.wait_for("a", STARTED, 1)
+        before = _insert(stack, setup.table, ["OrderPaid"] * 5)
+        delivered_before = read_topic(stack.bootstrap_servers, setup.orders_topic, 5, 60)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            cut = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND objid = %s::regclass::oid", (f"public.{setup.table}",)).fetchall()
+        exit_code = setup.relays["a"].wait(timeout=60)
+        first_log = setup.log("a")
+        del setup.relays["a"]
+        setup.start("a")
+        setup.wait_for("a", STARTED, 2)
+        after = _insert(stack, setup.table, ["OrderPaid"] * 5)
+        read_topic(stack.bootstrap_servers, setup.orders_topic, 10, 60)
+        time.sleep(3)  # a duplicate, if any, would land after the expected records
+        settled = read_to_end(stack.bootstrap_servers, setup.orders_topic)
+    assert cut == [(True,)], "the relay holds one advisory lock on its table"
+    assert Counter(r.key().decode() for r in delivered_before) == Counter(before)
+    assert exit_code == 75, first_log[-3000:]
+    assert f"lost its lock on public.{setup.table}" in first_log
+    assert "Traceback" not in first_log, first_log[-3000:]
+    assert Counter(r.key().decode() for r in settled) == Counter(before + after)

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import DatabaseError
+from cdc_router.errors import EXIT_RESTART, LockLost
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
@@ -214,7 +214,7 @@ def test_a_relay_that_lost_its_lock_stops_instead_of_renewing_its_producer() -> 
 
     relay, _ = _relay(cluster, table, lock=lock)
     relay._producer.client.abort_transaction = lose_lock_then_fail  # type: ignore[method-assign]
-    with pytest.raises(DatabaseError, match="lost its lock"):
+    with pytest.raises(LockLost, match="lost its lock"):
         relay.run()
     assert cluster.producers_initialised == 1
 
@@ -247,12 +247,13 @@ def test_an_id_in_the_changelog_is_dropped_as_a_replay() -> None:
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == [fresh]
 
 
-def test_a_lost_lock_stops_the_relay_with_one_line() -> None:
+def test_a_lost_lock_stops_the_relay_with_one_line_for_a_restart() -> None:
     cluster, table, lock = _cluster(), FakeTable(), FakeLock()
     lock.alive = False
     relay, _ = _relay(cluster, table, lock)
-    with pytest.raises(DatabaseError, match=r"lost its lock on public\.outbox"):
+    with pytest.raises(LockLost, match=r"lost its lock on public\.outbox") as stopped:
         relay.run()
+    assert stopped.value.exit_code == EXIT_RESTART
     assert lock.released
 
 
