@@ -32,6 +32,9 @@ MAX_TOPICS = 4096
 MISSING_RECHECK_S = 10.0
 # A topic found is asked for again after this long: the Java producer's metadata.max.age.ms.
 FOUND_RECHECK_S = 300.0
+# A topic the principal may not write to is asked for again after this long: the grant may
+# have been given since (QA 31-d saw it only at the next rebalance or restart).
+REFUSED_GRANT_RECHECK_S = 30.0
 # One metadata request: well above a healthy broker's answer time, and a timeout is a cluster
 # problem (the batch aborts and backs off), never a reason to dead-letter.
 LOOKUP_TIMEOUT_S = 10.0
@@ -127,13 +130,15 @@ class DestinationMetadata:
                  clock: Callable[[], float] = time.monotonic,
                  operations: Operations | None = None) -> None:
         """`operations` (router/grants.py): a topic found that the principal may not write to
-        is refused like one not authorised (RouteError), asked once until clear()."""
+        is refused like one not authorised (RouteError); a grant is asked once until clear(),
+        a refusal again after REFUSED_GRANT_RECHECK_S."""
         self._lookup = lookup
         self._max_topics = max_topics
         self._clock = clock
         self._topics: OrderedDict[str, tuple[int | None, float]] = OrderedDict()
         self._operations = operations
-        self._write_refused: dict[str, str | None] = {}  # topic -> why not, None: may write
+        # topic -> (why not, None: may write; when asked)
+        self._write_refused: dict[str, tuple[str | None, float]] = {}
 
     def __len__(self) -> int:
         return len(self._topics)
@@ -170,13 +175,16 @@ class DestinationMetadata:
         return count
 
     def _require_write(self, topic: str, operations: Operations) -> None:
-        try:
-            reason = self._write_refused[topic]  # per event: one lookup
-        except KeyError:
-            if len(self._write_refused) >= self._max_topics:
-                self._write_refused.clear()
-            reason = self._write_refused[topic] = refused(
-                topic, operations(topic, LOOKUP_TIMEOUT_S), "WRITE")
+        known = self._write_refused.get(topic)  # per event: one lookup
+        if known is not None:
+            if known[0] is None:
+                return
+            if self._clock() - known[1] < REFUSED_GRANT_RECHECK_S:
+                raise RouteError(known[0])
+        if len(self._write_refused) >= self._max_topics:
+            self._write_refused.clear()
+        reason = refused(topic, operations(topic, LOOKUP_TIMEOUT_S), "WRITE")
+        self._write_refused[topic] = (reason, self._clock())
         if reason is not None:
             raise RouteError(reason)
 

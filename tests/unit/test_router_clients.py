@@ -15,6 +15,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import (
     FOUND_RECHECK_S,
     MISSING_RECHECK_S,
+    REFUSED_GRANT_RECHECK_S,
     ClusterListing,
     DestinationMetadata,
 )
@@ -231,3 +232,30 @@ def test_a_destination_not_writable_is_asked_once_until_cleared() -> None:
     with pytest.raises(RouteError):
         cache.partitions("orders")
     assert asked == ["orders", "orders"]
+
+
+def test_a_refused_write_is_asked_again_after_a_while_and_a_grant_given_back_is_seen() -> None:
+    # QA 31-d: a Write grant given back was seen only at the next rebalance or restart.
+    granted = {"orders": frozenset({"DESCRIBE"}), "pay": frozenset({"DESCRIBE", "WRITE"})}
+    asked: list[str] = []
+    now = [0.0]
+
+    def operations(topic: str, timeout_s: float) -> frozenset[str]:
+        asked.append(topic)
+        return granted[topic]
+
+    cache = DestinationMetadata(lambda topic, timeout_s: 3, operations=operations,
+                                clock=lambda: now[0])
+    with pytest.raises(RouteError):
+        cache.partitions("orders")
+    assert cache.partitions("pay") == 3
+    granted["orders"] = frozenset({"DESCRIBE", "WRITE"})
+    now[0] = REFUSED_GRANT_RECHECK_S - 1
+    with pytest.raises(RouteError):
+        cache.partitions("orders")
+    assert cache.partitions("pay") == 3
+    now[0] = REFUSED_GRANT_RECHECK_S + 1
+    assert cache.partitions("orders") == 3
+    now[0] = 10 * REFUSED_GRANT_RECHECK_S
+    assert cache.partitions("orders") == 3 and cache.partitions("pay") == 3
+    assert asked == ["orders", "pay", "orders"]
