@@ -68,14 +68,9 @@ class _Root(click.Group):
 def _fail(ctx: click.Context, line: str, exit_code: int) -> None:
     if ctx.obj and ctx.obj.get("verbose"):
         traceback.print_exc()
-    from cdc_router.kafka.logs import refused_credentials  # no confluent_kafka import
+    from cdc_router.kafka.logs import with_refused_credentials  # no confluent_kafka import
 
-    refused = refused_credentials()
-    if refused is not None and "authentic" not in line.lower():
-        # QA 31-c: a wrong SASL password ended as "is the cluster reachable?".
-        line += (f" (Kafka refused this process's credentials: {refused}; check "
-                 "kafka.sasl_username, its password and kafka.sasl_mechanism)")
-    click.echo(f"error: {line}", err=True)
+    click.echo(f"error: {with_refused_credentials(line)}", err=True)
     sys.exit(exit_code)
 
 

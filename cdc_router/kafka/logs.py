@@ -12,6 +12,8 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
 
 REPEAT_WINDOW_S = 60.0
 _NUMBERS = re.compile(r"\d+")
@@ -58,6 +60,24 @@ _REFUSED_CREDENTIALS: list[str] = []
 def refused_credentials() -> str | None:
     """librdkafka's last authentication failure in this process, or None."""
     return _REFUSED_CREDENTIALS[0] if _REFUSED_CREDENTIALS else None
+
+
+def with_refused_credentials(line: str) -> str:
+    """`line`, naming the credentials Kafka refused when librdkafka said so (QA 31-c: a wrong
+    SASL password ended as "is the cluster reachable?")."""
+    refused = refused_credentials()
+    if refused is None or "authentic" in line.lower():
+        return line
+    return (f"{line} (Kafka refused this process's credentials: {refused}; check "
+            "kafka.sasl_username, its password and kafka.sasl_mechanism)")
+
+
+def serve_logs(admin: Any) -> None:
+    """Hand an admin client's queued librdkafka lines to its logger: an AdminClient serves
+    them only in poll(), which nothing else calls (QA 31-d: `topics apply` and `status` after
+    a wrong SASL password never saw the authentication failure)."""
+    with suppress(Exception):  # a client already closed has nothing to serve
+        admin.poll(0)
 
 
 def librdkafka_logger() -> logging.Logger:

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError, fatal_kafka_error
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS, describe, kafka_error_of
+from cdc_router.kafka.logs import serve_logs
 
 End = Literal["stable", "log_end"]
 
@@ -81,6 +82,8 @@ class AdminConnection:
         return self._client
 
     def reset(self) -> None:
+        if self._client is not None:
+            serve_logs(self._client)  # what it logged before failing
         self._client = None
 
 

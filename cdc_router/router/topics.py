@@ -17,6 +17,7 @@ from confluent_kafka.admin import (
 from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import kafka_error_of
+from cdc_router.kafka.logs import serve_logs
 
 # Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
 _ADMIN_TIMEOUT_S = 30.0
@@ -53,6 +54,7 @@ class TopicAdmin:
         try:
             existing = self.admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
         except KafkaException as error:
+            serve_logs(self.admin)  # librdkafka's authentication failure, if it logged one
             raise CdcRouterError(f"cannot reach Kafka at {self._config.get('bootstrap.servers')}"
                                  f": {error}; is the cluster up?") from error
         plans = []
@@ -90,7 +92,8 @@ class TopicAdmin:
             for name, future in self.admin.create_topics(
                     creates, request_timeout=_ADMIN_TIMEOUT_S,
                     validate_only=validate_only).items():
-                if _wait(future, f"creating topic {name}", validate_only) is _NOT_ALLOWED_NOW:
+                if _wait(future, f"creating topic {name}", "Create",
+                         validate_only) is _NOT_ALLOWED_NOW:
                     not_allowed.add(name)
         for plan in plans:
             if plan.action != "update":
@@ -100,7 +103,8 @@ class TopicAdmin:
                 for k, (_, v) in plan.config_changes.items()])
             for future in self.admin.incremental_alter_configs(
                     [resource], validate_only=validate_only).values():
-                _wait(future, f"updating the config of topic {plan.name}", validate_only)
+                _wait(future, f"updating the config of topic {plan.name}", "AlterConfigs",
+                      validate_only)
         return [replace(plan, warnings=(*plan.warnings, (
             "this principal may not create the topic, or may not describe it if it exists "
             "(the cluster does not list such a topic): the apply would fail; grant it Create "
@@ -112,7 +116,7 @@ class TopicAdmin:
             return {}
         resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
         future = self.admin.describe_configs([resource])[resource]
-        current = _wait(future, f"reading the config of topic {spec.name}")
+        current = _wait(future, f"reading the config of topic {spec.name}", "DescribeConfigs")
         changes = {}
         for key, wanted in spec.config.items():
             entry = current.get(key)
@@ -127,13 +131,17 @@ _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
 _NOT_ALLOWED_NOW = object()
 
 
-def _wait(future: Any, what: str, validate_only: bool = False) -> Any:
+def _wait(future: Any, what: str, grant: str, validate_only: bool = False) -> Any:
+    """The future's result; a one-line error naming `what`, and the `grant` (an ACL
+    operation on the topic) when the broker refused it for want of one."""
     try:
         return future.result(timeout=_ADMIN_TIMEOUT_S)
     except KafkaException as error:
         found = kafka_error_of(error)
-        if validate_only and found is not None and found.code() in _NOT_ALLOWED:
+        refused = found is not None and found.code() in _NOT_ALLOWED
+        if validate_only and refused:
             return _NOT_ALLOWED_NOW  # a warning of the plan; the real apply fails
         reason = found.str() if found is not None else error
-        raise CdcRouterError(f"Kafka would refuse {what}: {reason}" if validate_only
-                             else f"{what} failed: {reason}") from error
+        fix = f": grant this principal {grant} on the topic" if refused else ""
+        raise CdcRouterError(f"Kafka would refuse {what}: {reason}{fix}" if validate_only
+                             else f"{what} failed: {reason}{fix}") from error

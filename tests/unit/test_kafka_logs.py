@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from cdc_router.kafka.logs import RepeatFilter
 
 
@@ -27,3 +29,42 @@ def test_a_repeated_line_passes_once_a_window_and_then_counts_the_rest() -> None
     assert passed[1].endswith("(59 like it in the last 60s not logged)")
     assert repeats.filter(_record("another line"))  # other lines are not held
     assert repeats.filter(_record(line.format(1), logging.WARNING))  # nor other levels
+
+
+def test_an_admin_clients_lines_reach_its_logger_only_when_served() -> None:
+    # QA 31-d: an AdminClient hands librdkafka's lines to its logger only in poll(), which
+    # nothing called: `topics apply` and `status` never saw a wrong SASL password's line.
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from cdc_router.kafka.logs import serve_logs
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.served")
+    logger.addHandler(Collect())
+    admin = AdminClient({"bootstrap.servers": "127.0.0.1:1", "logger": logger})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=1)
+    assert lines == []
+    serve_logs(admin)
+    assert any("127.0.0.1:1" in line and "failed" in line for line in lines), lines
+
+
+def test_a_kafka_line_names_the_credentials_refused_once_and_only_then(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_router.kafka import logs
+
+    monkeypatch.setattr(logs, "_REFUSED_CREDENTIALS", [])
+    assert logs.with_refused_credentials("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
+    logs.librdkafka_logger().error("SASL authentication error: Authentication failed")
+    assert logs.with_refused_credentials("Kafka: _TRANSPORT") == (
+        "Kafka: _TRANSPORT (Kafka refused this process's credentials: SASL authentication "
+        "error: Authentication failed; check kafka.sasl_username, its password and "
+        "kafka.sasl_mechanism)")
+    said = "SASL authentication error: Authentication failed"
+    assert logs.with_refused_credentials(said) == said

@@ -8,23 +8,27 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
 from cdc_router.router.topics import TopicAdmin, TopicPlan
 
 
 class _Refusing:
-    """An admin client whose create_topics answers every topic with `error`."""
+    """An admin client whose create_topics and describe_configs answer with `error`."""
 
     def __init__(self, error: KafkaError) -> None:
         self.error = error
 
+    def _refused(self) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_exception(KafkaException(self.error))
+        return future
+
     def create_topics(self, topics: list[Any], **_: Any) -> dict[str, Future[Any]]:
-        answers = {}
-        for topic in topics:
-            future: Future[Any] = Future()
-            future.set_exception(KafkaException(self.error))
-            answers[topic.topic] = future
-        return answers
+        return {topic.topic: self._refused() for topic in topics}
+
+    def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, Future[Any]]:
+        return {resource: self._refused() for resource in resources}
 
 
 def _admin(error: KafkaError) -> TopicAdmin:
@@ -53,5 +57,16 @@ def test_an_account_that_may_not_change_topics_still_gets_its_plan() -> None:
         "this principal may not create the topic, or may not describe it if it exists (the "
         "cluster does not list such a topic): the apply would fail; grant it Create and "
         "Describe on the topic",)
-    with pytest.raises(CdcRouterError, match="creating topic t failed: not authorised"):
+    with pytest.raises(CdcRouterError, match="creating topic t failed: not authorised: grant "
+                                             "this principal Create on the topic"):
         admin.apply(PLAN)
+
+
+def test_a_config_the_account_may_not_read_names_the_grant() -> None:
+    # QA 31-d: without DescribeConfigs, `topics apply` stopped on the changelog's config
+    # naming no grant.
+    admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorised"))
+    with pytest.raises(CdcRouterError, match="reading the config of topic t failed: not "
+                                             "authorised: grant this principal "
+                                             "DescribeConfigs on the topic"):
+        admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}))
