@@ -77,8 +77,12 @@ class AdminConnection:
         self._client: AdminClient | None = None
 
     def client(self) -> AdminClient:
+        """The client; the lines it logged since its last use are served first (an AdminClient
+        queues them until poll(), which nothing else calls)."""
         if self._client is None:
             self._client = self._factory(self._config)
+        else:
+            serve_logs(self._client)
         return self._client
 
     def reset(self) -> None:

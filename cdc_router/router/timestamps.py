@@ -33,8 +33,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import ConfigResource, ResourceType
 
+from cdc_router.kafka.reader import AdminConnection
 from cdc_router.router.destinations import MAX_TOPICS, Describe
 
 log = logging.getLogger("cdc_router.router")
@@ -161,15 +162,18 @@ class TopicTimestampLimits:
 def admin_describe(admin_config: Mapping[str, Any]) -> Describe:
     """describe(topic, timeout_s): the topic's configuration, by an AdminClient made on first
     use (a router whose records never carry their own timestamp never makes it)."""
-    admin: list[AdminClient] = []
+    admin = AdminConnection(admin_config)
 
     def describe(topic: str, timeout_s: float) -> dict[str, str]:
-        if not admin:
-            admin.append(AdminClient(dict(admin_config)))
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        future = admin[0].describe_configs([resource], request_timeout=timeout_s)[resource]
-        return {name: entry.value for name, entry in future.result(timeout=timeout_s).items()
-                if entry.value is not None}
+        try:
+            future = admin.client().describe_configs([resource],
+                                                     request_timeout=timeout_s)[resource]
+            found = future.result(timeout=timeout_s)
+        except (KafkaException, TimeoutError):
+            admin.reset()  # a new client after a failure (kafka/reader.py: stale metadata)
+            raise
+        return {name: entry.value for name, entry in found.items() if entry.value is not None}
 
     return describe
 
