@@ -1,7 +1,7 @@
 # cdc-router: `make help` lists the targets.
 PYTHON ?= python3
 CDC := $(PYTHON) -m cdc_router
-APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose
+APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose python3-pip
 
 .DEFAULT_GOAL := help
 .PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-scale bench-memory bench-avro clean
@@ -11,7 +11,7 @@ APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-se
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server (Debian packages; needs root)
+system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server, pip (Debian packages; needs root)
 	@if [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade $(APT_PACKAGES) >/dev/null; \
@@ -21,8 +21,14 @@ system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server (Debian 
 		command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { echo "missing nats-server: run 'sudo make system-deps'"; exit 1; }; \
 	fi
 
+# Debian's own python3 is externally managed (PEP 668): pip refuses to install into it unless
+# told to. For a virtualenv instead, run make with PYTHON=path/to/venv/bin/python.
 install: system-deps ## Install the package with its dev extra
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@flag=; if $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"; then \
+		echo "$(PYTHON) is externally managed (PEP 668): pip install --break-system-packages (make PYTHON=<venv>/bin/python to use a virtualenv)"; \
+		flag=--break-system-packages; \
+	fi; \
+	$(PYTHON) -m pip install -q --disable-pip-version-check $$flag -e '.[dev]'
 
 stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium, schema registry)
 	$(CDC) local up --with registry
@@ -61,10 +67,12 @@ bench-memory: stack ## Router RSS with 1M ids in the dedup window, against none 
 	$(PYTHON) -m tests.bench.replay_memory --ids 1000000 --json bench-memory.json
 
 # The chaos campaign kills Kafka, Connect and Postgres: it runs on a stack of its own
-# (CHAOS_HOME, other ports), never on the one `make stack` starts for everybody.
+# (CHAOS_HOME, other ports), never on the one `make stack` starts for everybody. Its ports are
+# below Linux's ephemeral range (32768-60999): a client reconnecting to a killed broker may be
+# given the broker's own port there as its local port, and hold it (QA 31-e).
 CHAOS_HOME ?= $(CURDIR)/.chaos-stack
-CHAOS_STACK := --home $(CHAOS_HOME) --postgres-port 35432 --kafka-port 39092 --kafka-controller-port 39093 --connect-port 38083
-CHAOS_ENV := CDC_ROUTER_HOME=$(CHAOS_HOME) CDC_ROUTER_BOOTSTRAP_SERVERS=127.0.0.1:39092 CDC_ROUTER_CONNECT_URL=http://127.0.0.1:38083 CDC_ROUTER_PG_DSN=postgresql://postgres:postgres@127.0.0.1:35432/postgres
+CHAOS_STACK := --home $(CHAOS_HOME) --postgres-port 17432 --kafka-port 17092 --kafka-controller-port 17093 --connect-port 17083
+CHAOS_ENV := CDC_ROUTER_HOME=$(CHAOS_HOME) CDC_ROUTER_BOOTSTRAP_SERVERS=127.0.0.1:17092 CDC_ROUTER_CONNECT_URL=http://127.0.0.1:17083 CDC_ROUTER_PG_DSN=postgresql://postgres:postgres@127.0.0.1:17432/postgres
 CHAOS_SEED ?= 15
 
 chaos: install ## Chaos campaign: 100k events, every fault kind, on its own stack (README)

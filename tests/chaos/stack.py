@@ -78,13 +78,20 @@ class LocalStack:
         while process.is_running(pid, process_marker(self.config)) and time.monotonic() < deadline:
             time.sleep(0.1)
 
-    def up(self) -> None:
-        """`cdc-router local up`: restarts what is not running, with its data."""
-        result = subprocess.run(
-            [sys.executable, "-m", "cdc_router", "local", "up", "--home", str(self.config.home)],
-            capture_output=True, text=True, cwd=REPO, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"chaos: local up failed: {result.stderr.strip()[-500:]}")
+    def up(self, port_wait_s: float = 180) -> None:
+        """`cdc-router local up`: restarts what is not running, with its data. A port still
+        held is asked for again for `port_wait_s`: a client reconnecting to a killed part may
+        hold its port for a while (QA 31-e saw a minute, in the ephemeral range)."""
+        deadline = time.monotonic() + port_wait_s
+        while True:
+            result = subprocess.run(
+                [sys.executable, "-m", "cdc_router", "local", "up", "--home",
+                 str(self.config.home)], capture_output=True, text=True, cwd=REPO, check=False)
+            if result.returncode == 0:
+                return
+            if "already in use" not in result.stderr or time.monotonic() > deadline:
+                raise RuntimeError(f"chaos: local up failed: {result.stderr.strip()[-500:]}")
+            time.sleep(2)
 
 
     def abort_hanging_transactions(self) -> list[str]:

@@ -268,7 +268,7 @@ def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndp
         stopped_at = time.monotonic()
         try:
             pipe.start_router()
-            routed = pipe.read(pipe.orders_topic, 5_000, timeout_s=25)
+            routed = pipe.read(pipe.orders_topic, 5_000, timeout_s=90)  # a slow start too
             time.sleep(max(0.0, 30 - (time.monotonic() - stopped_at)))
         finally:
             subprocess.run([sys.executable, "-m", "cdc_router", "local", "up", "--home",

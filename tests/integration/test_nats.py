@@ -159,7 +159,9 @@ def test_a_crash_between_the_acks_and_the_kafka_commit_is_absorbed_by_the_duplic
         deadline = time.monotonic() + 90
         while absorbed not in pipe.router_log() and time.monotonic() < deadline:
             time.sleep(0.5)
-        time.sleep(2)
+        while len(read_stream(nats_url, stream)) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the batches after the crashed one
+        time.sleep(2)  # a duplicate, if any, would land after them
         messages = read_stream(nats_url, stream)
         log = pipe.router_log()
     assert absorbed in log, log[-3000:]
@@ -255,8 +257,9 @@ def test_dlq_replay_delivers_letters_to_a_jetstream_route_once(
 
 def test_the_relay_publishes_to_jetstream_once_across_a_kill_9(
         stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
-    # Batches of 50: the kill below lands while relay a is still inside its 1,000 rows.
-    with relay_setup(stack, tmp_path, config={"relay": {"batch_rows": 50}}) as setup:
+    # Batches of 10 (100 of them): the kill below lands while relay a is still inside its
+    # 1,000 rows, however loaded the machine.
+    with relay_setup(stack, tmp_path, config={"relay": {"batch_rows": 10}}) as setup:
         prefix = setup.name.replace("_", "-")
         config = yaml.safe_load(setup.config_path.read_text())
         config["routes"] = [{"nats": {"subject": prefix + ".{type}"}}]
