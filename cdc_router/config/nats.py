@@ -99,6 +99,11 @@ def nats_header_problem(name: str, value: str) -> str | None:
         return f"header {show(name)} is reserved for NATS (Nats-*)"
     if "\r" in value or "\n" in value:
         return f"header {show(name)} has a line break in its value"
+    if value != value.strip():
+        # nats-py strips every header value (Unicode whitespace) when it publishes and again
+        # when it reads: the value would arrive changed (QA 32-a).
+        return (f"header {show(name)} has whitespace at the start or end of its value, which "
+                "the NATS client strips")
     return None
 
 

@@ -178,6 +178,12 @@ def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ..
     """RouteError when NATS would refuse or misread the message: a header that cannot be a
     NATS header line, or a message over the server's max_payload (which would close the
     connection, stalling every batch)."""
+    if event.event_id != event.event_id.strip():
+        # QA 32-a: nats-py strips it from Nats-Msg-Id, and JetStream took ids that differ only
+        # so for duplicates of one another: acked, dropped, their rows deleted.
+        raise RouteError(f"event {show(event.event_id)}: the event id has whitespace at its "
+                         "start or end, which the NATS client strips from Nats-Msg-Id: "
+                         "JetStream would drop it as a duplicate of the id without it")
     # The header block: "NATS/1.0\r\n", a line per header, Nats-Msg-Id's, a closing "\r\n".
     size = len(value) + len("NATS/1.0\r\n\r\n") + len(MSG_ID_HEADER) + len(event.event_id) + 4
     for name, raw in headers:

@@ -370,3 +370,34 @@ def test_closing_the_publisher_while_nats_is_down_returns_quietly(tmp_path: Path
         publisher.close()  # raises nothing
         publisher.close()
     assert stream == "CLOSING"
+
+
+def test_ids_the_nats_client_would_strip_are_dead_letters_not_duplicates_of_another(
+        stack: StackEndpoints, nats_url: str, tmp_path: Path) -> None:
+    # QA 32-a: nats-py strips header values, Nats-Msg-Id's too: "  x" and "\u2028x" were
+    # acked as duplicates of "x" and dropped, and the cleanup deleted all three rows.
+    base = f"ws-{uuid.uuid4()}"
+    spaced = [f"  {base}", f"\u2028{base}", f"{base}\t"]
+    with pipeline(stack, tmp_path, partitions=1) as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN id TYPE text")
+        stream, _ = _use_jetstream(pipe, nats_url)
+        pipe.start_router(wait=True)
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            for event_id in [base, *spaced]:
+                conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid,"
+                             " type, payload) VALUES (%s, 'Order', 'o-1', 'OrderPaid', '{}')",
+                             (event_id,))
+        letters = pipe.read(pipe.dlq_topic, len(spaced), timeout_s=120)
+        deadline = time.monotonic() + 60
+        while not read_stream(nats_url, stream) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)  # a spaced id, were it published, lands with or after the first
+        messages = read_stream(nats_url, stream)
+        log = pipe.router_log()
+    assert [message.headers["id"] for message in messages] == [base], log[-3000:]
+    reasons = {dict(letter.headers())["dlq.event.id"].decode():
+               dict(letter.headers())["dlq.error.message"].decode() for letter in letters}
+    assert set(reasons) == set(spaced), reasons
+    assert all("which the NATS client strips from Nats-Msg-Id" in reason
+               for reason in reasons.values()), reasons

@@ -71,6 +71,24 @@ def test_a_header_that_cannot_be_a_nats_header_line_is_a_route_error() -> None:
         rt.route(reserved, lambda topic: 1)
 
 
+@pytest.mark.parametrize("id_or_value", ["  qa-1", "qa-1 ", "\u2028qa-1", "qa-1\t", "\xa0"])
+def test_whitespace_the_nats_client_strips_is_a_route_error_not_a_changed_id(
+        id_or_value: str) -> None:
+    # QA 32-a: nats-py strips every header value, Nats-Msg-Id's too: events whose ids differ
+    # only so were acked as duplicates of one another and dropped, their rows deleted.
+    rt = router({"nats": {"subject": "orders.x"}})
+    spaced_id = type(ORDER)(**{**ORDER.__dict__, "event_id": id_or_value})
+    with pytest.raises(RouteError, match="whitespace at its start or end, which the NATS "
+                                         "client strips from Nats-Msg-Id"):
+        rt.route(spaced_id, lambda topic: 1)
+    spaced_header = type(ORDER)(**{**ORDER.__dict__, "headers": (("tenant", id_or_value),)})
+    with pytest.raises(RouteError, match="header 'tenant' has whitespace at the start or end "
+                                         "of its value, which the NATS client strips"):
+        rt.route(spaced_header, lambda topic: 1)
+    assert isinstance(router({"topic": "orders"}).route(spaced_id, lambda topic: 1),
+                      OutboundRecord), "Kafka carries the id byte for byte"
+
+
 def test_a_message_over_max_payload_is_a_route_error() -> None:
     rt = router({"nats": {"subject": "orders.x"}}, nats={**STREAMS, "max_payload_bytes": 64})
     with pytest.raises(RouteError, match=r"over nats\.max_payload_bytes"):
