@@ -285,15 +285,14 @@ class OutboxRelay:
                            following.to_json())
         delivered = self._txn.commit()
         now_ms = int(time.time() * 1000)
-        if self._replay is not None:
-            self._replay.commit(now_ms)
+        replayed = self._replay.commit(now_ms) if self._replay is not None else []
         self._poison.committed()
         self._renewal.committed()
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(delivered, now_ms)
-        if self._on_delivered is not None and delivered:
-            self._on_delivered(delivered)
+        if self._on_delivered is not None and (delivered or replayed):
+            self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
 
     def _result(self, row: RelayRow) -> StepResult:
         return self._step.decoded(lambda: debezium.event_from_row(

@@ -293,16 +293,16 @@ class OutboxRouter:
             self._abort(failure, backoff=backoff)
             return False
         now_ms = int(time.time() * 1000)
-        if self._replay is not None:
-            self._replay.commit(now_ms)  # only now do the ids count as delivered
+        # Only now do the ids count as delivered; replays' rows go too (an id reused).
+        replayed = self._replay.commit(now_ms) if self._replay is not None else []
         self._poison.committed()
         self._renewal.committed()
         self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(delivered, now_ms)
-        if self._on_delivered is not None and delivered:
-            self._on_delivered(delivered)
+        if self._on_delivered is not None and (delivered or replayed):
+            self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
         return True
 
     def _abort(self, failure: BaseException, *, backoff: bool = True) -> None:

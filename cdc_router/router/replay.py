@@ -158,6 +158,7 @@ class ReplayFilter:
         # Keys held by more than one batch: how many of their batches may expire before them.
         self._repeats: dict[Key, int] = {}
         self._pending: dict[Key, None] = {}  # the open batch's ids, in order
+        self._replayed: list[str] = []  # the open batch's ids dropped as replays
         self._pending_ms = 0
         # seen() then add_pending() of the same id is the router's per-event path: one
         # conversion serves both.
@@ -178,25 +179,34 @@ class ReplayFilter:
         return self._last_key
 
     def seen(self, event_id: str) -> bool:
-        """True if the id was delivered, or is being delivered in the open batch."""
+        """True if the id was delivered, or is being delivered in the open batch (a replay,
+        which commit() returns)."""
         key = self._key(event_id)
-        return key in self._pending or key in self._keys
+        if key in self._pending or key in self._keys:
+            self._replayed.append(event_id)
+            return True
+        return False
 
     def add_pending(self, event_id: str, now_ms: int) -> None:
         self._pending[self._key(event_id)] = None
         if now_ms > self._pending_ms:
             self._pending_ms = now_ms
 
-    def commit(self, now_ms: int) -> None:
-        """The batch's transaction committed: its ids are now delivered."""
+    def commit(self, now_ms: int) -> list[str]:
+        """The batch's transaction committed: its ids are now delivered. Returns the ids the
+        batch dropped as replays, whose rows the cleanup deletes too (an id reused by a new
+        row: QA 32-a saw such rows stay until the next start's sweep)."""
+        replayed = self._replayed
         if self._pending:
             self._remember(list(self._pending), self._pending_ms)
         self.abort()
         self.expire(now_ms)
         self._warn_if_crowded()
+        return replayed
 
     def abort(self) -> None:
         """The batch's transaction aborted: its records never became visible."""
+        self._replayed = []
         self._pending.clear()
         self._pending_ms = 0
 

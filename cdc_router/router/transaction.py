@@ -66,7 +66,7 @@ _IN_DOUBT_STEPS = ("offsets", "commit")
 @quick_init
 @dataclass(frozen=True)
 class Delivered:
-    """An event whose record is committed on its destination topic."""
+    """An event whose record is committed on its destination topic ('': before, a replay)."""
 
     event_id: str
     topic: str

@@ -569,3 +569,27 @@ def test_an_id_column_whose_type_changes_under_the_cleaner_is_read_again(
                 sql.SQL("SELECT id FROM {}").format(table))}
         _drop(stack.postgres_dsn, table)
     assert left == set(ids[15:]) and pending == 0
+
+
+def test_a_row_reusing_a_delivered_id_is_dropped_and_deleted_without_a_restart(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 32-a: the replay was dropped, but its row stayed until the next start's sweep.
+    with pipeline(stack, tmp_path, config=_cleanup(stack, mode="delete")) as pipe:
+        _point_cleanup_at(pipe)
+        pipe.start_router(wait=True)
+        first = pipe.insert(_orders(3))
+        assert len(pipe.read(pipe.orders_topic, 3)) == 3
+        assert _wait_until_empty(pipe) == set()
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            for event_id in first[:2]:  # the ids again, in new rows
+                conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid,"
+                             " type, payload) VALUES (%s, 'Order', 'order-0', 'OrderPaid', "
+                             "'{\"again\": true}')", (event_id,))
+        fresh = pipe.insert(_orders(1))  # after them: once it is out, they were read
+        delivered = pipe.read(pipe.orders_topic, 4)
+        left = _wait_until_empty(pipe)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=2)
+        log = pipe.router_log()
+    assert [r.key().decode() for r in delivered][3:] == fresh
+    assert sorted(r.key().decode() for r in settled) == sorted(first + fresh), log[-3000:]
+    assert left == set(), f"rows of reused ids stay: {left}; {log[-3000:]}"

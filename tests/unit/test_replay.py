@@ -28,6 +28,19 @@ def test_pending_ids_count_within_the_batch_and_only_survive_a_commit():
     assert replay.seen("b") and len(replay) == 1
 
 
+def test_commit_returns_the_batchs_replays_once_and_an_abort_forgets_them():
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    replay.add_pending("a", 1_000)
+    assert replay.commit(1_000) == []
+    assert replay.seen("a") and not replay.seen("b")
+    replay.abort()  # the batch that saw "a" again never committed
+    assert replay.seen("a")
+    replay.add_pending("c", 2_000)
+    assert replay.seen("c")  # within its own batch
+    assert replay.commit(2_000) == ["a", "c"]
+    assert replay.commit(3_000) == []
+
+
 def test_ids_older_than_the_window_are_forgotten():
     replay = ReplayFilter(window_ms=1_000, max_ids=10)
     replay.restore([("old", 0), ("new", 5_000)], now_ms=5_500)
