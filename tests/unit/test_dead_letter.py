@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_router.dead_letter import dead_letter
+from cdc_router.dead_letter import dead_letter, record_size
 from cdc_router.errors import DecodeError
 
 
@@ -85,3 +85,32 @@ def test_a_letter_still_over_the_limit_loses_its_key_then_its_own_headers_never_
     headers = dict(letter.headers)
     assert letter.key is None and letter.value is None and "big" not in headers
     assert headers["dlq.headers.dropped"] == b"2" and headers["dlq.source.offset"] == b"7"
+
+
+def test_record_size_counts_headers_as_librdkafkas_size_check_does() -> None:
+    # Fuzz 32-c: header lengths left out, a letter with thousands of headers passed the check
+    # and librdkafka refused it (MSG_SIZE_TOO_LARGE), its batch aborted for ever. The largest
+    # value librdkafka takes leaves the same record_size whatever the headers.
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": 20_000,
+                         "log_level": 0})
+
+    def accepted(value: bytes, headers: list[tuple[str, bytes | None]]) -> bool:
+        try:
+            producer.produce("t", value=value, key=b"k", headers=headers)
+        except KafkaException:
+            return False
+        return True
+
+    def largest_size(headers: list[tuple[str, bytes | None]]) -> int:
+        low, high = 0, 20_000
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if accepted(b"x" * middle, headers) else (low, middle - 1)
+        return record_size(b"k", b"x" * low, headers)
+
+    plain = largest_size([])
+    assert largest_size([(f"h{i}", b"v" * (i % 20)) for i in range(400)]) == plain
+    assert largest_size([("é" * 70, None)] * 30) == plain
+    producer.purge()
