@@ -96,10 +96,11 @@ class Router:
               partitions_for: Callable[[str], int]) -> OutboundRecord | Skipped:
         """The record to produce for `event`, or Skipped('unmatched') when configured so.
 
-        `partitions_for(topic)` gives the destination's partition count (called only when the
-        route computes the partition). Raises RouteError (no route and unmatched is
-        'dead_letter', an illegal or reserved topic, a missing key column, a payload over
-        delivery.max_payload_bytes) and SerializeError from the route's serializer.
+        `partitions_for(topic)` gives the destination's partition count (called when the route
+        computes the partition, and before an Avro serializer meets the topic). Raises
+        RouteError (no route and unmatched is 'dead_letter', an illegal or reserved topic, a
+        missing key column or topic, a payload over delivery.max_payload_bytes) and
+        SerializeError from the route's serializer.
         """
         found = self.explain(event)
         if found is None:
@@ -110,6 +111,10 @@ class Router:
         index, rule = found
         topic = self.topic_for(event, index)
         key = self._key(event, index)
+        if rule.format == "avro" and rule.nats is None:
+            # Fuzz 32-c: an Avro serializer registers and caches a subject per topic; a topic
+            # that does not exist must not reach it (nor blame its schema).
+            _partition_count(partitions_for, topic, event)
         value = self._serializers[rule.format].serialize(event, rule, topic)
         if len(value) > self._max_bytes:
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
