@@ -28,7 +28,9 @@ def decimals_as_text(row: dict[str, Any], columns: dict[str, dict[str, Any]]) ->
     for name, schema in columns.items():
         kind = schema.get("name")
         if kind == CONNECT_DECIMAL:
-            text = _decimal_text(row.get(name), (schema.get("parameters") or {}).get("scale"))
+            parameters = schema.get("parameters")
+            text = _decimal_text(row.get(name), parameters.get("scale")
+                                 if isinstance(parameters, dict) else None)
         elif kind == VARIABLE_SCALE_DECIMAL and isinstance(row.get(name), dict):
             value = row[name]
             text = _decimal_text(value.get("value"), value.get("scale"))

@@ -22,6 +22,8 @@ from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
     exact_json_text,
+    json_kind,
+    json_problem,
     parse_json,
     utf8_encodable,
 )
@@ -101,7 +103,7 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     if isinstance(document, dict) and set(document) == {"schema", "payload"}:
         schema, envelope = document["schema"], document["payload"]
     if not isinstance(envelope, dict):
-        raise DecodeError(f"not a Debezium change event: the value is {_kind(envelope)}, "
+        raise DecodeError(f"not a Debezium change event: the value is {json_kind(envelope)}, "
                           "not an object")
     op = envelope.get("op")
     if op is None:
@@ -129,7 +131,7 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
         raise DecodeError(f"unknown Debezium op {show(op)}; expected c, r, u, d, t or m")
     row = envelope.get("after")
     if not isinstance(row, dict):
-        raise DecodeError(f"op {op!r} event has no 'after' row (got {_kind(row)})")
+        raise DecodeError(f"op {op!r} event has no 'after' row (got {json_kind(row)})")
     found, columns = envelope.get("source"), _row_schema(schema)
     source: dict[str, Any] = found if isinstance(found, dict) else {}
     return event_from_row(decimals_as_text(row, columns), settings, columns=columns,
@@ -189,9 +191,11 @@ def _parse_json(value: bytes) -> Any:
     except JsonTooDeep as error:
         raise DecodeError(f"the value is JSON {error}: a column holds more than "
                           f"{MAX_JSON_DEPTH} (MAX_JSON_DEPTH)") from None
-    except json.JSONDecodeError as error:
-        raise DecodeError(f"malformed JSON at line {error.lineno}, column {error.colno}: "
-                          f"{error.msg}") from None
+    except ValueError as error:  # JSONDecodeError; an integer over Python's 4,300 digits
+        if isinstance(error, json.JSONDecodeError) and "BOM" not in error.msg:
+            raise DecodeError(f"malformed JSON at line {error.lineno}, column {error.colno}: "
+                              f"{error.msg}") from None
+        raise DecodeError(f"the value {json_problem(error)}") from None  # fuzz 32-c
 
 
 def _not_a_change(envelope: dict[str, Any]) -> Skipped:
@@ -272,7 +276,7 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
                           "check source.outbox column names")
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise DecodeError(f"{prefix}column {column!r} ({what}) must be text, uuid or an "
-                          f"integer, got {_kind(value)}")
+                          f"integer, got {json_kind(value)}")
     text = str(value)
     if not text:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")
@@ -316,7 +320,7 @@ def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
                               f"{LONE_SURROGATE}") from None
     if not isinstance(value, str):
         raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
-                          f"{settings.binary_handling} string, got {_kind(value)}")
+                          f"{settings.binary_handling} string, got {json_kind(value)}")
     try:
         if settings.binary_handling == "hex":
             return bytes.fromhex(value), False
@@ -344,11 +348,11 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
             raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
                               f"{error.msg} at column {error.colno}") from None
         except ValueError as error:  # e.g. an integer over Python's 4,300 digits
-            raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
-                              f"{error}") from None
+            raise DecodeError(f"{where}: headers column {column!r} "
+                              f"{json_problem(error)}") from None
     if not isinstance(raw, dict):
         raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
-                          f"headers, got {_kind(raw)}")
+                          f"headers, got {json_kind(raw)}")
     try:
         return tuple([(name, value if type(value) is str else exact_json_text(value))
                       for name, value in raw.items()])
@@ -365,9 +369,10 @@ def _created_at(row: dict[str, Any], column: str | None,
         return None
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
-                          f"got {_kind(value)}")
+                          f"got {json_kind(value)}")
+    named = (columns.get(column or "") or {}).get("name")
     try:
-        return epoch_millis(value, (columns.get(column or "") or {}).get("name")
+        return epoch_millis(value, (named if isinstance(named, str) else None)
                             or UNIT_SCHEMAS.get(unit))
     except ValueError as error:
         raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
@@ -392,9 +397,3 @@ def _column_text(value: Any) -> str | None:
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _kind(value: Any) -> str:
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)

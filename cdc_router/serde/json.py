@@ -136,6 +136,13 @@ def _deeper_than(text: str | bytes, limit: int) -> bool:
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
 
 
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, for a reason: 'an object', 'null', ..."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> str:
     """Why parse_json refused `text`, to follow its noun: 'is not valid JSON: ...'."""
     if isinstance(error, JsonTooDeep):

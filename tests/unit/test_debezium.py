@@ -381,11 +381,40 @@ def test_a_header_number_is_sent_as_the_row_wrote_it() -> None:
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ('{"v": NaN}', "NaN is not JSON"),
-    ('{"v": ' + "9" * 4400 + "}", "4300 digits")])
+    ('{"v": NaN}', "is not valid JSON: NaN is not JSON"),
+    # Fuzz 32-c: Python's own words were the reason ("use sys.set_int_max_str_digits()").
+    ('{"v": ' + "9" * 4400 + "}", "holds an integer of over 4300 digits: valid JSON, but "
+                                  "beyond what this router")])
 def test_a_headers_column_json_cannot_hold_is_a_decode_error_with_the_event_id(
         text: str, reason: str) -> None:
-    with pytest.raises(DecodeError, match=f"headers column 'headers' cannot be read: .*{reason}"
-                       ) as raised:
+    with pytest.raises(DecodeError, match=f"headers column 'headers' {reason}") as raised:
         decode_mutated("create_jsonb.noschema", lambda value: row_of(value).update(headers=text))
     assert raised.value.event_id is not None
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b'{"op": "c", "v": ' + b"9" * 4400 + b"}", "the value holds an integer of over 4300 "
+                                               "digits: valid JSON, but beyond"),
+    ("\ufeff{}".encode(), "the value is not valid JSON: it starts with a byte order mark")])
+def test_an_envelope_python_cannot_read_is_worded_not_pythons_message(value: bytes,
+                                                                       reason: str) -> None:
+    # Fuzz 32-c: "... use sys.set_int_max_str_digits()", "... decode using utf-8-sig".
+    with pytest.raises(DecodeError, match=reason):
+        decode_change(None, value, topic="t", settings=SourceSettings(topics=["t"]))
+
+
+def test_odd_connect_schemas_of_a_decimal_or_created_at_column_are_read_past() -> None:
+    # Fuzz 32-c: a Decimal schema whose parameters were not an object raised AttributeError,
+    # a created_at schema named by a list TypeError, as the records' reasons.
+    def odd_schemas(value: dict[str, Any]) -> None:
+        after = next(f for f in value["schema"]["fields"] if f["field"] == "after")
+        for field in after["fields"]:
+            if field["field"] == "aggregateid":
+                field.update(name="org.apache.kafka.connect.data.Decimal", parameters="2")
+            if field["field"] == "created_at":
+                field["name"] = ["io.debezium.time.MicroTimestamp"]
+
+    decoded = decode_mutated("create_jsonb.schema", odd_schemas)
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.aggregate_id == event("create_jsonb.schema").aggregate_id
+    assert decoded.created_at_ms == event("create_jsonb.schema").created_at_ms
