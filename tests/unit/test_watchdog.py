@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -71,3 +72,23 @@ def test_by_default_a_hung_call_ends_the_process_with_exit_hung() -> None:
                           timeout=50)
     assert done.returncode == EXIT_HUNG
     assert "event=client_call_hung call=commit_transaction" in done.stderr
+
+
+def test_a_process_stopped_and_continued_is_not_a_hung_call() -> None:
+    # QA 32-b: a router paused 36 s (SIGSTOP; docker pause, a frozen VM alike) exited 75 with
+    # a line blaming librdkafka: the paused time counted as the call's.
+    script = ("import sys, time\n"
+              "from cdc_router.kafka.watchdog import CallWatchdog\n"
+              "with CallWatchdog(factor=1.0, slack_s=2.0).guard('flush', 2.0):\n"
+              "    print('guarding', flush=True)\n"
+              "    time.sleep(9)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "guarding\n"
+    child.send_signal(signal.SIGSTOP)
+    time.sleep(6)  # past the call's 4 s limit
+    child.send_signal(signal.SIGCONT)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr
+    assert "event=process_paused call=flush" in stderr
+    assert "client_call_hung" not in stderr
