@@ -125,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="demo: raise after the insert on this share of first attempts")
     parser.add_argument("--failing-attempts", type=int, default=1, metavar="N",
                         help="demo: --fail-after-write applies to attempts 1..N")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="demo: seed of --fail-after-write's choices (a run to replay)")
     args = parser.parse_args(argv)
     if args.bootstrap and not args.topic:
         parser.error("--bootstrap needs at least one --topic")
@@ -144,7 +146,7 @@ def build(args: argparse.Namespace) -> Service:
     store.ensure_schema()
     create_shipments_table(args.dsn, args.shipments_table)
     handler = Fulfillment(args.shipments_table, args.fail_after_write,
-                          failing_attempts=args.failing_attempts)
+                          random.Random(args.seed), failing_attempts=args.failing_attempts)
     if args.nats_url:
         jetstream = JetStreamSettings(
             url=args.nats_url, stream=args.stream, durable=args.durable or args.group,

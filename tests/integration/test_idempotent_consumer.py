@@ -575,7 +575,7 @@ def test_each_event_takes_effect_once_across_crashes_retries_and_redeliveries(
     args = ["--bootstrap", stack.bootstrap_servers, "--dsn", dsn, "--topic", topic,
             "--group", group, "--dead-letter-topic", dead_letter,
             "--shipments-table", shipments, "--dedup-table", f"{schema}.dedup",
-            "--commit-interval", "0.5", "--fail-after-write", "0.03",
+            "--commit-interval", "0.5", "--fail-after-write", "0.03", "--seed", "20240607",
             # A killed member is noticed after session.timeout.ms (6 s is the broker's
             # group.min.session.timeout.ms), not the 45 s default.
             "--consumer-config", "session.timeout.ms=6000",
