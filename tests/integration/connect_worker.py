@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -47,7 +48,7 @@ class ConnectWorker:
         """kill -9, by pid: no offset flush, no clean task stop."""
         os.kill(self.pid, 9)
         while process.is_running(self.pid, str(self.properties)):
-            pass
+            time.sleep(0.05)  # not a busy loop: two cores are shared with the stack
 
     def stop(self) -> None:
         process.stop(self.pid, str(self.properties))
