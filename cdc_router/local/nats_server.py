@@ -11,7 +11,7 @@ from cdc_router.local import process
 from cdc_router.local.config import StackConfig, nats_command, nats_server_conf
 
 
-def _nats_executable() -> str:
+def nats_executable() -> str:
     found = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/bin")
     if found is None:
         raise StackError("nats-server is not installed: run `apt-get install -y nats-server` "
@@ -24,7 +24,7 @@ def start_nats(config: StackConfig) -> int:
     base = config.part_dir("nats")
     config.nats_data.mkdir(parents=True, exist_ok=True)
     (base / "nats-server.conf").write_text(nats_server_conf(config))
-    return process.spawn(nats_command(config, _nats_executable()),
+    return process.spawn(nats_command(config, nats_executable()),
                          log_path=config.log_path("nats"), pid_path=config.pid_path("nats"),
                          cwd=base)
 

@@ -29,6 +29,7 @@ from cdc_router.config.nats import NatsSettings
 from cdc_router.consumer import ConsumedEvent, JetStreamConsumer, JetStreamSettings
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
 from cdc_router.errors import JetStreamConsumerError
+from cdc_router.local.nats_server import nats_executable  # /usr/sbin off PATH too
 from cdc_router.nats.connection import connect_options
 from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
@@ -85,7 +86,7 @@ def _secured_nats(home: Path) -> Iterator[tuple[str, Path]]:
         f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}\n'
         f'tls {{ cert_file: "{cert}", key_file: "{key}", ca_file: "{ca}" }}\n')
     log = (home / "nats.log").open("ab")
-    server = subprocess.Popen(["nats-server", "-c", str(config)], stdout=log,
+    server = subprocess.Popen([nats_executable(), "-c", str(config)], stdout=log,
                               stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
