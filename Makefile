@@ -24,7 +24,7 @@ system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server, pip (De
 # Debian's own python3 is externally managed (PEP 668): pip refuses to install into it unless
 # told to. For a virtualenv instead, run make with PYTHON=path/to/venv/bin/python.
 install: system-deps ## Install the package with its dev extra
-	@flag=; if $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"; then \
+	@flag=; if $(PYTHON) -c "import os, sys, sysconfig; sys.exit(sys.prefix != sys.base_prefix or not os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"; then \
 		echo "$(PYTHON) is externally managed (PEP 668): pip install --break-system-packages (make PYTHON=<venv>/bin/python to use a virtualenv)"; \
 		flag=--break-system-packages; \
 	fi; \

@@ -124,6 +124,10 @@ class RouteRule(_Model):
         if self.ce_source and not self.cloudevents:
             raise _fail("ce_source", "ce_source only applies with cloudevents: true",
                         self.ce_source)
+        if self.nats and self.ce_source:  # a header of every event (review 32-2)
+            problem = nats_header_problem("ce_source", self.ce_source)
+            if problem:
+                raise _fail("ce_source", problem, self.ce_source)
         for name in self.headers:
             if is_reserved_header(name, cloudevents=self.cloudevents):
                 raise _fail("headers", f"header {name!r} is reserved for the router: "

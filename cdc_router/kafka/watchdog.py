@@ -56,9 +56,11 @@ class CallWatchdog:
 
     def __init__(self, *, factor: float = 1.0, slack_s: float = 15.0,
                  on_hang: Callable[[str, float, float], None] = _exit_process,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tick_s: float = TICK_S,
+                 paused_s: float = PAUSED_S) -> None:
         self._factor = factor
         self._slack_s = slack_s
+        self._tick_s, self._paused_s = tick_s, paused_s
         self._on_hang = on_hang
         self._clock = clock
         self._changed = threading.Condition()
@@ -91,24 +93,29 @@ class CallWatchdog:
             self._thread.start()
 
     def _watch(self) -> None:
+        watched: tuple[str, float, float] | None = None  # the call this thread last waited on
+        due = 0.0  # when it asked to wake for it
         while True:
             with self._changed:
                 call = self._call
                 if call is None:
                     self._changed.wait()
                     continue
+                now = self._clock()
+                # Woken far later than asked, or first seeing a call far after it started: the
+                # process was stopped meanwhile, which is no call's time (review 32-2).
+                paused_s = now - (due if call is watched else call[1])
+                if paused_s > self._paused_s:
+                    call = self._call = (call[0], call[1] + paused_s, call[2])
+                    log.warning("event=process_paused call=%s paused_s=%.0f: the process was "
+                                "stopped (not the call hung); the call's time goes on from "
+                                "here", call[0], paused_s)
                 name, started, timeout_s = call
-                waited_s = self._clock() - started
+                waited_s = now - started
                 if waited_s < self.limit_s(timeout_s):
-                    asked_s = min(TICK_S, self.limit_s(timeout_s) - waited_s)
-                    before = self._clock()
+                    asked_s = min(self._tick_s, self.limit_s(timeout_s) - waited_s)
+                    watched, due = call, now + asked_s
                     self._changed.wait(asked_s)
-                    paused_s = self._clock() - before - asked_s
-                    if paused_s > PAUSED_S and self._call is call:
-                        self._call = (name, started + paused_s, timeout_s)
-                        log.warning("event=process_paused call=%s paused_s=%.0f: the process "
-                                    "was stopped (not the call hung); the call's time goes on "
-                                    "from here", name, paused_s)
                     continue
                 self._call = None
             self._on_hang(name, waited_s, timeout_s)

@@ -346,7 +346,7 @@ class OutboxRelay:
     def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:
         if self._replay is not None:
             now_ms = int(time.time() * 1000)
-            self._replay.add_pending(event_id, now_ms)
+            self._replay.add_pending(event_id, now_ms, dead_lettered=dead_lettered)
             self._txn.mark(event_id, now_ms, dead_lettered=dead_lettered)
 
     # Failures -------------------------------------------------------------------------------

@@ -268,7 +268,7 @@ class OutboxRouter:
         if self._replay is None or self._txn is None:
             return
         now_ms = int(time.time() * 1000)
-        self._replay.add_pending(event_id, now_ms)
+        self._replay.add_pending(event_id, now_ms, dead_lettered=dead_lettered)
         self._txn.mark(event_id, now_ms, dead_lettered=dead_lettered)
 
     # Commit, abort, recovery ----------------------------------------------------------------

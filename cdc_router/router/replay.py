@@ -159,6 +159,10 @@ class ReplayFilter:
         self._repeats: dict[Key, int] = {}
         self._pending: dict[Key, None] = {}  # the open batch's ids, in order
         self._replayed: list[str] = []  # the open batch's ids dropped as replays
+        # Dead-lettered ids among the known and pending ones: a replay of one is dropped, but
+        # was never delivered, so its row is no cleanup's (review 32-2).
+        self._dead: set[Key] = set()
+        self._pending_dead: set[Key] = set()
         self._pending_ms = 0
         # seen() then add_pending() of the same id is the router's per-event path: one
         # conversion serves both.
@@ -183,12 +187,16 @@ class ReplayFilter:
         which commit() returns)."""
         key = self._key(event_id)
         if key in self._pending or key in self._keys:
-            self._replayed.append(event_id)
+            if key not in self._dead and key not in self._pending_dead:
+                self._replayed.append(event_id)
             return True
         return False
 
-    def add_pending(self, event_id: str, now_ms: int) -> None:
-        self._pending[self._key(event_id)] = None
+    def add_pending(self, event_id: str, now_ms: int, *, dead_lettered: bool = False) -> None:
+        key = self._key(event_id)
+        self._pending[key] = None
+        if dead_lettered:
+            self._pending_dead.add(key)
         if now_ms > self._pending_ms:
             self._pending_ms = now_ms
 
@@ -199,6 +207,7 @@ class ReplayFilter:
         replayed = self._replayed
         if self._pending:
             self._remember(list(self._pending), self._pending_ms)
+        self._dead |= self._pending_dead
         self.abort()
         self.expire(now_ms)
         self._warn_if_crowded()
@@ -207,6 +216,7 @@ class ReplayFilter:
     def abort(self) -> None:
         """The batch's transaction aborted: its records never became visible."""
         self._replayed = []
+        self._pending_dead = set()
         self._pending.clear()
         self._pending_ms = 0
 
@@ -228,9 +238,12 @@ class ReplayFilter:
                           now_ms: int, *, group: str) -> int:
         """restore() `group`'s marks of changelog records (key, value); how many there were."""
         restored = 0
+        dead = DEAD_LETTERED_KEY_PREFIX.encode()
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
             self.restore(marks, now_ms)
+            if key is not None and key.startswith(dead):
+                self._dead.update(compact_key(event_id) for event_id, _ in marks)
             restored += len(marks)
         self._warn_if_crowded()
         return restored
@@ -292,6 +305,8 @@ class ReplayFilter:
             left = repeats.get(key) if repeats else None
             if left is None:
                 known.discard(key)
+                if self._dead:
+                    self._dead.discard(key)
                 forgotten += 1
                 if forgotten == wanted:
                     return dropped

@@ -111,10 +111,11 @@ class Router:
         index, rule = found
         topic = self.topic_for(event, index)
         key = self._key(event, index)
+        count: int | None = None
         if rule.format == "avro" and rule.nats is None:
             # Fuzz 32-c: an Avro serializer registers and caches a subject per topic; a topic
             # that does not exist must not reach it (nor blame its schema).
-            _partition_count(partitions_for, topic, event)
+            count = _partition_count(partitions_for, topic, event)
         value = self._serializers[rule.format].serialize(event, rule, topic)
         if len(value) > self._max_bytes:
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
@@ -130,7 +131,7 @@ class Router:
         partition: int | None = None
         if rule.partition != "kafka_default":
             hashed = event.aggregate_id.encode() if rule.partition == "aggregate_id" else key
-            partition = java_default_partition(hashed or b"", _partition_count(
+            partition = java_default_partition(hashed or b"", count or _partition_count(
                 partitions_for, topic, event))
         if self._created_at_stamps and event.created_at_ms is not None and \
                 event.created_at_ms < 0:

@@ -89,6 +89,13 @@ def test_whitespace_the_nats_client_strips_is_a_route_error_not_a_changed_id(
                       OutboundRecord), "Kafka carries the id byte for byte"
 
 
+def test_a_ce_source_the_nats_client_would_strip_is_a_config_error() -> None:
+    # Review 32-2: it loaded, and then every event of the route was a dead letter.
+    with pytest.raises(ValueError, match=r"ce_source.*whitespace at the start or end"):
+        router({"nats": {"subject": "orders.x"}, "cloudevents": True,
+                "ce_source": "/orders-service "})
+
+
 def test_a_message_over_max_payload_is_a_route_error() -> None:
     rt = router({"nats": {"subject": "orders.x"}}, nats={**STREAMS, "max_payload_bytes": 64})
     with pytest.raises(RouteError, match=r"over nats\.max_payload_bytes"):

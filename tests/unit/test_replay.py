@@ -9,6 +9,7 @@ import uuid
 from collections import OrderedDict
 
 from cdc_router.router.replay import (
+    DEAD_LETTERED_KEY_PREFIX,
     MARK_MAX_BYTES,
     ReplayFilter,
     changelog_records,
@@ -39,6 +40,22 @@ def test_commit_returns_the_batchs_replays_once_and_an_abort_forgets_them():
     assert replay.seen("c")  # within its own batch
     assert replay.commit(2_000) == ["a", "c"]
     assert replay.commit(3_000) == []
+
+
+def test_replays_of_dead_lettered_ids_are_not_returned_and_forgotten_with_the_window():
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    replay.add_pending("d", 1_000, dead_lettered=True)
+    assert replay.seen("d")  # within its own batch
+    assert replay.commit(1_000) == []
+    assert replay.seen("d") and replay.commit(2_000) == []
+    [mark] = changelog_records(["r"], 1_000, DEAD_LETTERED_KEY_PREFIX)
+    replay.restore_changelog([(mark.key, mark.value)], 1_000, group="g")
+    assert replay.seen("r") and replay.commit(2_000) == []
+    replay.expire(200_000)  # the window passed: both forgotten, the dead set with them
+    assert not replay.seen("d") and not replay._dead
+    replay.add_pending("d", 200_000)  # delivered this time
+    replay.commit(200_000)
+    assert replay.seen("d") and replay.commit(201_000) == ["d"]
 
 
 def test_ids_older_than_the_window_are_forgotten():

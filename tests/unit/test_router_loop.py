@@ -29,7 +29,7 @@ from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
-from cdc_router.router.replay import changelog_records
+from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -415,6 +415,21 @@ def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
     # stayed until the next start's sweep).
     assert sorted(harness.handed) == sorted([(f"e-{i}", "") for i in range(5)] +
                                             [(f"e-{i}", ORDERS) for i in range(5, 10)])
+
+
+def test_a_replay_of_a_dead_lettered_event_keeps_its_row() -> None:
+    # Review 32-2: replays' rows go to the cleanup (an id reused), but the filter holds
+    # dead-lettered ids too: their rows, never delivered, must stay (README).
+    now_ms = int(time.time() * 1000)
+    poison = raw_event("p-1", event_type="Missing")
+    cluster = cluster_with(poison, raw_event("e-0"), poison, raw_event("p-2",
+                                                                       event_type="Missing"))
+    [mark] = changelog_records(["p-2"], now_ms, DEAD_LETTERED_KEY_PREFIX, group="g")
+    cluster.topics[CHANGELOG] = [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)]
+    harness = Harness(cluster, routes=[{"match": {"type": "Missing"}, "topic": "nowhere"},
+                                       {"topic": ORDERS}]).run()
+    assert harness.handed == [("e-0", ORDERS)]
+    assert harness.metric("cdc_router_duplicates_dropped_total") == 2
 
 
 def test_marks_of_another_group_on_a_shared_changelog_are_not_replays() -> None:

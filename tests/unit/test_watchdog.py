@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from cdc_router.kafka.producer import LatchingProducer
@@ -76,19 +77,30 @@ def test_by_default_a_hung_call_ends_the_process_with_exit_hung() -> None:
 
 def test_a_process_stopped_and_continued_is_not_a_hung_call() -> None:
     # QA 32-b: a router paused 36 s (SIGSTOP; docker pause, a frozen VM alike) exited 75 with
-    # a line blaming librdkafka: the paused time counted as the call's.
-    script = ("import sys, time\n"
+    # a line blaming librdkafka: the paused time counted as the call's. The child stops itself
+    # inside the guarded call, so that how fast this (loaded) test process reacts counts for
+    # nothing; the stop lasts past the call's 4 s limit.
+    script = ("import os, signal, time\n"
               "from cdc_router.kafka.watchdog import CallWatchdog\n"
-              "with CallWatchdog(factor=1.0, slack_s=2.0).guard('flush', 2.0):\n"
-              "    print('guarding', flush=True)\n"
-              "    time.sleep(9)\n")
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    assert child.stdout is not None and child.stdout.readline() == "guarding\n"
-    child.send_signal(signal.SIGSTOP)
-    time.sleep(6)  # past the call's 4 s limit
+              "watchdog = CallWatchdog(factor=1.0, slack_s=2.0, tick_s=0.2, paused_s=1.0)\n"
+              "with watchdog.guard('flush', 2.0):\n"
+              "    time.sleep(0.2)\n"
+              "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+              "    time.sleep(1.0)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while _state(child.pid) != "T":
+        assert child.poll() is None and time.monotonic() < deadline, "the child never stopped"
+        time.sleep(0.05)
+    time.sleep(5)
     child.send_signal(signal.SIGCONT)
     _, stderr = child.communicate(timeout=60)
     assert child.returncode == 0, stderr
     assert "event=process_paused call=flush" in stderr
     assert "client_call_hung" not in stderr
+
+
+def _state(pid: int) -> str:
+    """A process's state letter in /proc (T: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
