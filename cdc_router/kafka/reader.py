@@ -72,7 +72,9 @@ class AdminConnection:
 
     def __init__(self, config: Mapping[str, Any],
                  factory: Callable[[dict[str, Any]], AdminClient] = AdminClient) -> None:
-        self._config = dict(config)
+        # Its lines are served now (serve_logs): not the broker's idle close of its connection
+        # every connections.max.idle.ms (10 min), a line each time it is used (review 32-2).
+        self._config = {**config, "log.connection.close": False}
         self._factory = factory
         self._client: AdminClient | None = None
 
