@@ -91,6 +91,10 @@ def _kafka_failure(error: Exception) -> str | None:
                                    codes.SASL_AUTHENTICATION_FAILED)
     hint = ("; check kafka.bootstrap_servers and the security settings, and that the cluster "
             "is up") if unreachable else ""
+    if found.code() == codes._INVALID_ARG and found.str().startswith("Failed to create"):
+        # QA 32-d: a certificate file it cannot read, a wrong key password, a bad property.
+        hint = ("; check kafka.config's file paths (ssl.*.location), the key password and the "
+                "property names")
     return f"a Kafka call failed: {describe(found)}{hint}"
 
 

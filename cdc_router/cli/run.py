@@ -19,7 +19,7 @@ from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError
-from cdc_router.kafka.errors import kafka_error_of
+from cdc_router.kafka.errors import kafka_error_of, missing_files
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
@@ -149,4 +149,6 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
                     if name in getattr(config.kafka, section)), "config")
     return ConfigError(f"librdkafka refused a client property: {error.str()}",
                        field=f"kafka.{section}" + (f".{name}" if name else ""),
-                       hint="see librdkafka's CONFIGURATION.md for the names and values")
+                       hint="; ".join(missing_files(config.kafka.config)) or (
+                           "see librdkafka's CONFIGURATION.md for the names and values, and "
+                           "check the key password of ssl.key.location"))

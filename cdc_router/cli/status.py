@@ -24,6 +24,7 @@ from cdc_router.config.status import StatusSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.isolated import IsolatedChecks
+from cdc_router.ops.offsets import client_config_problem
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.report import Report
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
@@ -79,6 +80,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     kafka = clients.logged_config(config)
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers
+    if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
+        raise _CheckImpossible(f"kafka: {problem}")
     endpoints = Endpoints(dsn or config.cleanup.dsn or DEFAULT_DSN, connect_url, kafka)
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:

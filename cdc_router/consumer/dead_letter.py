@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.event import KafkaMessage
+from cdc_router.consumer.settings import built
 from cdc_router.dead_letter import dead_letter_headers as _headers
 from cdc_router.dead_letter import dead_letter_max_bytes, fitted
 from cdc_router.errors import DeadLetterRefused, DeliveryError, UnreadableHeaders
@@ -62,7 +63,7 @@ class DeadLetterWriter:
         """Write `message` plus dlq.* headers, without its value when it would not fit (or
         `drop_value`); DeadLetterRefused if Kafka refuses it, DeliveryError if not acked."""
         if self._producer is None:
-            self._producer = self._factory(self._config)
+            self._producer = built(self._factory, self._config, "producer_config")
         failures: list[KafkaError] = []
 
         def delivered(err: Any, _msg: Any) -> None:

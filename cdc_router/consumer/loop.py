@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
-from cdc_router.consumer.settings import ConsumerSettings
+from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
@@ -128,7 +128,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
 
     def run(self) -> None:
         """Consume until stop(); commits what is done and closes the clients on the way out."""
-        self._consumer = self._consumer_factory(self.settings.librdkafka_consumer())
+        self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
+                               "consumer_config")
         self._last_commit = self._clock()
         log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
                  ",".join(self.settings.topics), type(self._store).__name__)

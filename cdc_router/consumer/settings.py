@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypeVar
+
+from confluent_kafka import KafkaException
 
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.errors import ConfigError
+from cdc_router.kafka.errors import refused_config
+
+T = TypeVar("T")
 
 # auto: the `event_id_header` header when the record has one (the router always writes it),
 # else the key. key / header: only that one, for producers other than the router.
@@ -21,6 +26,12 @@ _PINNED_CONSUMER = {
     "isolation.level": "read_committed",  # never act on events of aborted transactions
 }
 _PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
+# The consumer_config keys the dead-letter producer takes too unless producer_config sets
+# them: how to reach and authenticate to the cluster is one thing for both clients (QA 32-d:
+# with TLS settings in consumer_config only, the producer spoke PLAINTEXT to the TLS port and
+# the first poison record stalled the consumer for ever).
+_SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
+                    "client.dns.lookup", "broker.address.family", "socket.")
 
 
 # (passes, field, what it must be, its value)
@@ -109,11 +120,25 @@ class ConsumerSettings:
         }
 
     def librdkafka_producer(self) -> dict[str, str]:
-        """The dead-letter Producer config; delivery gives up before dead_letter_timeout_s."""
+        """The dead-letter Producer config; delivery gives up before dead_letter_timeout_s;
+        consumer_config's connection and security settings unless producer_config has its
+        own."""
         return {
             "bootstrap.servers": self.bootstrap_servers,
             "linger.ms": "0",  # each dead-letter record is flushed alone; nothing to batch
             "delivery.timeout.ms": str(int(self.dead_letter_timeout_s * 1000)),
+            **{key: value for key, value in self.consumer_config.items()
+               if key.startswith(_SHARED_PREFIXES)},
             **self.producer_config,
             **_PINNED_PRODUCER,
         }
+
+
+def built(factory: Callable[[dict[str, str]], T], config: dict[str, str], field: str) -> T:
+    """factory(config); a ConfigError naming `field` when librdkafka refuses the config (QA
+    32-d: a missing CA file was a traceback)."""
+    try:
+        return factory(config)
+    except KafkaException as error:
+        raise ConfigError(refused_config(error, config), source="ConsumerSettings",
+                          field=field) from None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -108,3 +110,19 @@ def size_refusal(error: KafkaError, key: bytes | None, value: bytes | None,
             f"{size} bytes with its key and headers (and librdkafka's framing), over the "
             "producer's message.max.bytes "
             "(raise kafka.producer.message.max.bytes, within the topic's max.message.bytes)")
+
+
+def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
+    """Why librdkafka refused to build a client with `config` (a certificate file it cannot
+    read, a wrong key password, an unknown property), naming the missing files (QA 32-d: an
+    OpenSSL code and a traceback)."""
+    found = kafka_error_of(error)
+    return (f"librdkafka refused the client config: {found.str() if found else error}; "
+            + ("; ".join(missing_files(config)) or "check the file paths, the key password and "
+                                                   "the property names"))
+
+
+def missing_files(config: Mapping[str, Any]) -> list[str]:
+    """'<key> <path> does not exist' for each file property (ssl.*.location) naming none."""
+    return [f"{key} {value} does not exist" for key, value in config.items()
+            if key.endswith(".location") and value and not os.path.exists(str(value))]

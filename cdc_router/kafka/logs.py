@@ -33,8 +33,12 @@ class RepeatFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if record.levelno >= logging.WARNING and "authentication" in text.lower():
-            _REFUSED_CREDENTIALS[:] = [text]
+        if record.levelno >= logging.WARNING:
+            lowered = text.lower()
+            if "authentication" in lowered:
+                _REFUSED_CREDENTIALS[:] = [text]
+            elif any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
+                _FAILED_TLS[:] = [text]
         key = (record.levelno, _NUMBERS.sub("#", text)[:300])
         now = self._clock()
         passed = self._seen.get(key)
@@ -62,14 +66,27 @@ def refused_credentials() -> str | None:
     return _REFUSED_CREDENTIALS[0] if _REFUSED_CREDENTIALS else None
 
 
+# The last line of librdkafka's saying a TLS handshake with the cluster failed, or that the
+# listener speaks another protocol: those ended as "is the cluster reachable?" too (QA 32-d).
+_FAILED_TLS: list[str] = []
+_TLS_FAILURE_SIGNS = ("ssl handshake failed", "state ssl_handshake", "ssl routines",
+                      "incorrect security.protocol")
+
+
 def with_refused_credentials(line: str) -> str:
-    """`line`, naming the credentials Kafka refused when librdkafka said so (QA 31-c: a wrong
-    SASL password ended as "is the cluster reachable?")."""
+    """`line`, naming the credentials Kafka refused or the TLS handshake that failed, when
+    librdkafka said so (QA 31-c: a wrong SASL password ended as "is the cluster reachable?";
+    QA 32-d: a wrong CA file, a certificate for another host name, likewise)."""
     refused = refused_credentials()
-    if refused is None or "authentic" in line.lower():
-        return line
-    return (f"{line} (Kafka refused this process's credentials: {refused}; check "
-            "kafka.sasl_username, its password and kafka.sasl_mechanism)")
+    if refused is not None and "authentic" not in line.lower():
+        return (f"{line} (Kafka refused this process's credentials: {refused}; check "
+                "kafka.sasl_username, its password and kafka.sasl_mechanism)")
+    if _FAILED_TLS and "handshake" not in line.lower():
+        return (f"{line} (the connection to Kafka failed: {_FAILED_TLS[0]}; check "
+                "kafka.security_protocol against the listener, and kafka.config's ssl.* "
+                "settings: the CA file, the client certificate and key, the broker's host "
+                "name in its certificate)")
+    return line
 
 
 def serve_logs(admin: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from cdc_router.kafka.errors import REFUSED_CREDENTIALS
+from cdc_router.kafka.errors import REFUSED_CREDENTIALS, refused_config
 
 # One answer from the cluster: milliseconds when it is there; past this, say it is not.
 LOOKUP_TIMEOUT_S = 10.0
@@ -26,6 +26,16 @@ def admin_client(kafka: Mapping[str, str]) -> AdminClient:
     config: dict[str, Any] = {key: value for key, value in kafka.items()
                               if key != "allow.auto.create.topics"}  # not an admin property
     return AdminClient(config)
+
+
+def client_config_problem(kafka: Mapping[str, str]) -> str | None:
+    """Why librdkafka refuses to build a client with `kafka`, or None: a bad config, not a
+    cluster to report unreachable (QA 32-d: `status` exited 1, "warning")."""
+    try:
+        admin_client(kafka)
+    except KafkaException as error:
+        return refused_config(error, kafka)
+    return None
 
 
 def offsets(admin: AdminClient, partitions: list[TopicPartition], spec: str,

@@ -192,3 +192,17 @@ def test_a_refusal_of_the_credentials_librdkafka_logged_is_named_in_the_error_li
     assert "Kafka refused this process's credentials: SASL authentication error: " \
         "Authentication failed: Invalid username or password" in result.output
     assert "check kafka.sasl_username, its password and kafka.sasl_mechanism" in result.output
+
+
+def test_status_with_a_kafka_client_config_librdkafka_refuses_cannot_check(
+        tmp_path: Path) -> None:
+    # QA 32-d: a missing CA file made `status` exit 1, its "warning".
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "kafka: {bootstrap_servers: '127.0.0.1:1', security_protocol: SSL,\n"
+        "        config: {ssl.ca.location: /nonexistent/ca.pem}}\n"
+        "source: {group_id: g, topics: [raw]}\nroutes: [{topic: orders}]\n")
+    result = CliRunner().invoke(main, ["status", "-c", str(config)])
+    assert result.exit_code == 3, result.output
+    assert "librdkafka refused the client config" in result.output
+    assert "ssl.ca.location /nonexistent/ca.pem does not exist" in result.output

@@ -97,3 +97,35 @@ def test_a_dead_letters_offset_is_committed_at_once() -> None:
     h.run()
     sent = next(i for i, entry in enumerate(h.kafka.journal) if entry == ("store", (0, 2)))
     assert h.kafka.journal[sent + 1] == ("commit", {0: 2})  # before any later record
+
+
+def test_the_dead_letter_producer_takes_the_consumers_security_settings() -> None:
+    # QA 32-d: with TLS in consumer_config only, the dead-letter producer spoke PLAINTEXT to
+    # the TLS port, and the first poison record stalled the consumer for ever.
+    from cdc_router.consumer import ConsumerSettings
+
+    settings = ConsumerSettings(
+        bootstrap_servers="b:9093", group_id="g", topics=("t",), dead_letter_topic="t.dlq",
+        consumer_config={"security.protocol": "SSL", "ssl.ca.location": "/ca.pem",
+                         "sasl.mechanism": "SCRAM-SHA-512", "fetch.min.bytes": "10"},
+        producer_config={"ssl.ca.location": "/producer-ca.pem"})
+    producer = settings.librdkafka_producer()
+    assert producer["security.protocol"] == "SSL" and producer["sasl.mechanism"] == \
+        "SCRAM-SHA-512"
+    assert producer["ssl.ca.location"] == "/producer-ca.pem"  # its own wins
+    assert "fetch.min.bytes" not in producer  # a consumer's own setting stays its own
+
+
+def test_a_client_config_librdkafka_refuses_is_a_config_error_naming_the_file() -> None:
+    # QA 32-d: a missing CA file was a cimpl.KafkaException traceback.
+    from confluent_kafka import Consumer
+
+    from cdc_router.consumer.settings import built
+    from cdc_router.errors import ConfigError
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "log_level": "0",
+              "security.protocol": "SSL", "ssl.ca.location": "/nonexistent/ca.pem"}
+    with pytest.raises(ConfigError, match=r"ConsumerSettings: field 'consumer_config': "
+                       r"librdkafka refused the client config: .*ssl\.ca\.location.*; "
+                       r"ssl\.ca\.location /nonexistent/ca\.pem does not exist"):
+        built(Consumer, config, "consumer_config")

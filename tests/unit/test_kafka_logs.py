@@ -68,3 +68,41 @@ def test_a_kafka_line_names_the_credentials_refused_once_and_only_then(
         "kafka.sasl_mechanism)")
     said = "SASL authentication error: Authentication failed"
     assert logs.with_refused_credentials(said) == said
+
+
+def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 32-d: a wrong CA file, a certificate for another host, SSL against a plaintext
+    # listener all ended as "is the cluster reachable?". Here: a listener that speaks no TLS.
+    import socket
+    import threading
+
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from cdc_router.kafka import logs
+
+    monkeypatch.setattr(logs, "_REFUSED_CREDENTIALS", [])
+    monkeypatch.setattr(logs, "_FAILED_TLS", [])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+
+    def answer_in_plain_text() -> None:
+        for _ in range(3):
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 50)
+
+    threading.Thread(target=answer_in_plain_text, daemon=True).start()
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{listener.getsockname()[1]}",
+                         "security.protocol": "SSL", "logger": logs.librdkafka_logger()})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+    logs.serve_logs(admin)
+    listener.close()
+    line = logs.with_refused_credentials("cannot reach Kafka at X; is the cluster up?")
+    assert "(the connection to Kafka failed: " in line and "SSL_HANDSHAKE" in line, line
+    assert "check kafka.security_protocol against the listener" in line
