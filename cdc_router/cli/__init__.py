@@ -68,9 +68,9 @@ class _Root(click.Group):
 def _fail(ctx: click.Context, line: str, exit_code: int) -> None:
     if ctx.obj and ctx.obj.get("verbose"):
         traceback.print_exc()
-    from cdc_router.kafka.logs import with_refused_credentials  # no confluent_kafka import
+    from cdc_router.kafka.logs import with_kafka_refusal  # no confluent_kafka import
 
-    click.echo(f"error: {with_refused_credentials(line)}", err=True)
+    click.echo(f"error: {with_kafka_refusal(line)}", err=True)
     sys.exit(exit_code)
 
 

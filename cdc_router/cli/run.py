@@ -149,6 +149,7 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
                     if name in getattr(config.kafka, section)), "config")
     return ConfigError(f"librdkafka refused a client property: {error.str()}",
                        field=f"kafka.{section}" + (f".{name}" if name else ""),
-                       hint="; ".join(missing_files(config.kafka.config)) or (
-                           "see librdkafka's CONFIGURATION.md for the names and values, and "
-                           "check the key password of ssl.key.location"))
+                       hint="".join(f"{missing}; " for missing in
+                                    missing_files(config.kafka.config))
+                       + "see librdkafka's CONFIGURATION.md for the names and values, and "
+                         "check the key password of ssl.key.location")

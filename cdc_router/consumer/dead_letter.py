@@ -58,12 +58,17 @@ class DeadLetterWriter:
         self._producer: Any = None
         self._max_bytes = dead_letter_max_bytes(config.get("message.max.bytes"))
 
+    def open(self) -> None:
+        """Build the producer, if not yet: at the consumer's start, so that a config
+        librdkafka refuses stops it then, not at its first poison record (review 32-3)."""
+        if self._producer is None:
+            self._producer = built(self._factory, self._config, "producer_config")
+
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
              attempts: int, event_id: str | None = None, drop_value: bool = False) -> None:
         """Write `message` plus dlq.* headers, without its value when it would not fit (or
         `drop_value`); DeadLetterRefused if Kafka refuses it, DeliveryError if not acked."""
-        if self._producer is None:
-            self._producer = built(self._factory, self._config, "producer_config")
+        self.open()
         failures: list[KafkaError] = []
 
         def delivered(err: Any, _msg: Any) -> None:

@@ -134,6 +134,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
                  ",".join(self.settings.topics), type(self._store).__name__)
         try:
+            self._dead_letters.open()
             self._require_dead_letter_topic()
             self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
                                      on_revoke=self._on_revoke, on_lost=self._on_lost)

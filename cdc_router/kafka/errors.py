@@ -118,11 +118,13 @@ def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
     OpenSSL code and a traceback)."""
     found = kafka_error_of(error)
     return (f"librdkafka refused the client config: {found.str() if found else error}; "
-            + ("; ".join(missing_files(config)) or "check the file paths, the key password and "
-                                                   "the property names"))
+            + "".join(f"{missing}; " for missing in missing_files(config))
+            + "check the file paths, the key password and the property names")
 
 
 def missing_files(config: Mapping[str, Any]) -> list[str]:
-    """'<key> <path> does not exist' for each file property (ssl.*.location) naming none."""
+    """'<key> <path> does not exist' for each file property (ssl.*.location) naming none
+    ('probe': librdkafka's search of the system's CA paths, no file)."""
     return [f"{key} {value} does not exist" for key, value in config.items()
-            if key.endswith(".location") and value and not os.path.exists(str(value))]
+            if key.endswith(".location") and value and value != "probe"
+            and not os.path.exists(str(value))]

@@ -34,11 +34,11 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if record.levelno >= logging.WARNING:
-            lowered = text.lower()
-            if "authentication" in lowered:
-                _REFUSED_CREDENTIALS[:] = [text]
-            elif any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
-                _FAILED_TLS[:] = [text]
+            lowered = text.lower()  # TLS first: "client SSL authentication might be required"
+            if any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
+                _REFUSALS[:] = [(time.monotonic(), _TLS, text)]
+            elif "authentication" in lowered:
+                _REFUSALS[:] = [(time.monotonic(), _CREDENTIALS, text)]
         key = (record.levelno, _NUMBERS.sub("#", text)[:300])
         now = self._clock()
         passed = self._seen.get(key)
@@ -56,37 +56,31 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-# The last line of librdkafka's saying the cluster refused this process's credentials: a
-# wrong SASL password otherwise ends as a timeout, "is the cluster reachable?" (QA 31-c).
-_REFUSED_CREDENTIALS: list[str] = []
+# librdkafka's newest line saying the cluster refused this process's credentials, or that a
+# TLS handshake failed: both otherwise end as a timeout, "is the cluster reachable?" (QA 31-c:
+# a wrong SASL password; QA 32-d: a wrong CA file, a certificate for another host name).
+# (monotonic time, kind, line); used while REFUSAL_FRESH_S old.
+_REFUSALS: list[tuple[float, str, str]] = []
+_CREDENTIALS, _TLS = "credentials", "tls"
+_TLS_FAILURE_SIGNS = ("ssl handshake failed", "ssl routines", "certificate verify failed")
+REFUSAL_FRESH_S = 300.0
 
 
-def refused_credentials() -> str | None:
-    """librdkafka's last authentication failure in this process, or None."""
-    return _REFUSED_CREDENTIALS[0] if _REFUSED_CREDENTIALS else None
-
-
-# The last line of librdkafka's saying a TLS handshake with the cluster failed, or that the
-# listener speaks another protocol: those ended as "is the cluster reachable?" too (QA 32-d).
-_FAILED_TLS: list[str] = []
-_TLS_FAILURE_SIGNS = ("ssl handshake failed", "state ssl_handshake", "ssl routines",
-                      "incorrect security.protocol")
-
-
-def with_refused_credentials(line: str) -> str:
-    """`line`, naming the credentials Kafka refused or the TLS handshake that failed, when
-    librdkafka said so (QA 31-c: a wrong SASL password ended as "is the cluster reachable?";
-    QA 32-d: a wrong CA file, a certificate for another host name, likewise)."""
-    refused = refused_credentials()
-    if refused is not None and "authentic" not in line.lower():
-        return (f"{line} (Kafka refused this process's credentials: {refused}; check "
+def with_kafka_refusal(line: str) -> str:
+    """`line` about Kafka, naming the credentials Kafka refused or the TLS handshake that
+    failed when librdkafka said so in the last REFUSAL_FRESH_S; other lines as they are
+    (review 32-3: a Postgres error line was blamed on TLS)."""
+    lowered = line.lower()
+    if not _REFUSALS or "kafka" not in lowered or "authentic" in lowered or \
+            "handshake" in lowered or time.monotonic() - _REFUSALS[0][0] > REFUSAL_FRESH_S:
+        return line
+    _, kind, said = _REFUSALS[0]
+    if kind == _CREDENTIALS:
+        return (f"{line} (Kafka refused this process's credentials: {said}; check "
                 "kafka.sasl_username, its password and kafka.sasl_mechanism)")
-    if _FAILED_TLS and "handshake" not in line.lower():
-        return (f"{line} (the connection to Kafka failed: {_FAILED_TLS[0]}; check "
-                "kafka.security_protocol against the listener, and kafka.config's ssl.* "
-                "settings: the CA file, the client certificate and key, the broker's host "
-                "name in its certificate)")
-    return line
+    return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
+            "settings: the CA file, the client certificate and key, the broker's host name in "
+            "its certificate, and kafka.security_protocol against the listener)")
 
 
 def serve_logs(admin: Any) -> None:

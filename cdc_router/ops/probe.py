@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
-from cdc_router.kafka.logs import serve_logs, with_refused_credentials
+from cdc_router.kafka.logs import serve_logs, with_kafka_refusal
 from cdc_router.ops.connector import Capture, probe_connector
 from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
@@ -129,4 +129,4 @@ def _kafka(read: Callable[[], T], failed: Callable[[str], T]) -> T:
 
 def _kafka_message(error: KafkaException) -> str:
     kafka_error = kafka_error_of(error)
-    return with_refused_credentials(f"Kafka: {describe(kafka_error) if kafka_error else error}")
+    return with_kafka_refusal(f"Kafka: {describe(kafka_error) if kafka_error else error}")

@@ -242,8 +242,9 @@ class ReplayFilter:
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
             self.restore(marks, now_ms)
-            if key is not None and key.startswith(dead):
-                self._dead.update(compact_key(event_id) for event_id, _ in marks)
+            if key is not None and key.startswith(dead):  # those the window still holds
+                self._dead.update(known for known in (compact_key(event_id) for event_id, _
+                                                      in marks) if known in self._keys)
             restored += len(marks)
         self._warn_if_crowded()
         return restored

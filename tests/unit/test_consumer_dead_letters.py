@@ -129,3 +129,24 @@ def test_a_client_config_librdkafka_refuses_is_a_config_error_naming_the_file() 
                        r"librdkafka refused the client config: .*ssl\.ca\.location.*; "
                        r"ssl\.ca\.location /nonexistent/ca\.pem does not exist"):
         built(Consumer, config, "consumer_config")
+
+
+def test_a_producer_config_librdkafka_refuses_stops_the_consumer_at_its_start() -> None:
+    # Review 32-3: the dead-letter producer was built at the first poison record, after the
+    # handler had failed max_attempts times.
+    from cdc_router.consumer import ConsumerSettings, IdempotentConsumer
+    from cdc_router.consumer.dedup.memory import MemoryDedupStore
+    from cdc_router.errors import ConfigError
+
+    handled: list[object] = []
+    settings = ConsumerSettings(
+        bootstrap_servers="127.0.0.1:1", group_id="g", topics=("t",), dead_letter_topic="t.dlq",
+        consumer_config={"log_level": "0"},
+        producer_config={"log_level": "0", "security.protocol": "SSL",
+                         "ssl.ca.location": "/nonexistent/producer-ca.pem"})
+    consumer = IdempotentConsumer(settings, MemoryDedupStore(),
+                                  lambda event, context: handled.append(event))
+    with pytest.raises(ConfigError, match=r"field 'producer_config': .*ssl\.ca\.location "
+                                          r"/nonexistent/producer-ca\.pem does not exist"):
+        consumer.run()
+    assert handled == []

@@ -55,19 +55,30 @@ def test_an_admin_clients_lines_reach_its_logger_only_when_served() -> None:
     assert any("127.0.0.1:1" in line and "failed" in line for line in lines), lines
 
 
-def test_a_kafka_line_names_the_credentials_refused_once_and_only_then(
+def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from cdc_router.kafka import logs
 
-    monkeypatch.setattr(logs, "_REFUSED_CREDENTIALS", [])
-    assert logs.with_refused_credentials("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
+    monkeypatch.setattr(logs, "_REFUSALS", [])
+    assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
     logs.librdkafka_logger().error("SASL authentication error: Authentication failed")
-    assert logs.with_refused_credentials("Kafka: _TRANSPORT") == (
+    assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == (
         "Kafka: _TRANSPORT (Kafka refused this process's credentials: SASL authentication "
         "error: Authentication failed; check kafka.sasl_username, its password and "
         "kafka.sasl_mechanism)")
     said = "SASL authentication error: Authentication failed"
-    assert logs.with_refused_credentials(said) == said
+    assert logs.with_kafka_refusal(said) == said
+    # Review 32-3: never on a line about something else; a missing client certificate is
+    # TLS's ("client SSL authentication might be required"), and the newest line counts.
+    assert logs.with_kafka_refusal("cannot connect to PostgreSQL") == \
+        "cannot connect to PostgreSQL"
+    logs.librdkafka_logger().error("SSL handshake failed: ... client SSL authentication might "
+                                   "be required (see ssl.key.location)")
+    assert "(the TLS handshake with Kafka failed: SSL handshake failed" in \
+        logs.with_kafka_refusal("Kafka: _TRANSPORT")
+    stale = logs._REFUSALS[0]
+    monkeypatch.setattr(logs, "_REFUSALS", [(stale[0] - logs.REFUSAL_FRESH_S - 1, *stale[1:])])
+    assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
 
 
 def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
@@ -82,8 +93,7 @@ def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
 
     from cdc_router.kafka import logs
 
-    monkeypatch.setattr(logs, "_REFUSED_CREDENTIALS", [])
-    monkeypatch.setattr(logs, "_FAILED_TLS", [])
+    monkeypatch.setattr(logs, "_REFUSALS", [])
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(10)
 
@@ -103,6 +113,6 @@ def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
         admin.list_topics(timeout=3)
     logs.serve_logs(admin)
     listener.close()
-    line = logs.with_refused_credentials("cannot reach Kafka at X; is the cluster up?")
-    assert "(the connection to Kafka failed: " in line and "SSL_HANDSHAKE" in line, line
-    assert "check kafka.security_protocol against the listener" in line
+    line = logs.with_kafka_refusal("cannot reach Kafka at X; is the cluster up?")
+    assert "(the TLS handshake with Kafka failed: " in line and "SSL routines" in line, line
+    assert "kafka.security_protocol against the listener" in line

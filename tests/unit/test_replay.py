@@ -53,6 +53,9 @@ def test_replays_of_dead_lettered_ids_are_not_returned_and_forgotten_with_the_wi
     assert replay.seen("r") and replay.commit(2_000) == []
     replay.expire(200_000)  # the window passed: both forgotten, the dead set with them
     assert not replay.seen("d") and not replay._dead
+    [old] = changelog_records(["o"], 1_000, DEAD_LETTERED_KEY_PREFIX)  # a mark the topic kept
+    replay.restore_changelog([(old.key, old.value)], 200_000, group="g")  # past the window
+    assert not replay.seen("o") and not replay._dead  # review 32-3
     replay.add_pending("d", 200_000)  # delivered this time
     replay.commit(200_000)
     assert replay.seen("d") and replay.commit(201_000) == ["d"]
