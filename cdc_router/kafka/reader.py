@@ -92,6 +92,15 @@ class AdminConnection:
             serve_logs(self._client)  # what it logged before failing
         self._client = None
 
+    def answer(self, request: Callable[[AdminClient], Any], timeout_s: float) -> Any:
+        """The result of the future `request(client)` gives; raised as it failed, after which
+        the next request gets a new client."""
+        try:
+            return request(self.client()).result(timeout=timeout_s)
+        except (KafkaException, TimeoutError):
+            self.reset()
+            raise
+
 
 class ReadTimedOut(DeliveryError):
     """A topic was not read to its end in time: the cluster is slow or a transaction is stuck,

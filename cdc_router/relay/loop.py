@@ -217,8 +217,8 @@ class OutboxRelay:
         self._lock_checked = now
         if not self._lock.held():
             raise LockLost(f"the relay lost its lock on {self._table} (its Postgres "
-                                "connection dropped); another relay may take over: exiting, "
-                                "start it again to wait for the lock")
+                           "connection dropped); another relay may take over: exiting, "
+                           "start it again to wait for the lock")
 
     # One batch ------------------------------------------------------------------------------
 

@@ -33,12 +33,10 @@ def admin_operations(admin_config: Mapping[str, Any]) -> Operations:
 
     def operations(topic: str, timeout_s: float) -> frozenset[str] | None:
         try:
-            future = admin.client().describe_topics(TopicCollection([topic]),
-                                                    include_authorized_operations=True,
-                                                    request_timeout=timeout_s)[topic]
-            granted = future.result(timeout=timeout_s).authorized_operations
+            granted = admin.answer(lambda client: client.describe_topics(
+                TopicCollection([topic]), include_authorized_operations=True,
+                request_timeout=timeout_s)[topic], timeout_s).authorized_operations
         except (KafkaException, TimeoutError):
-            admin.reset()
             return None  # the cluster's trouble, or a missing topic: the other checks say
         return None if granted is None else frozenset(operation.name for operation in granted)
 

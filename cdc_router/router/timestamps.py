@@ -166,13 +166,8 @@ def admin_describe(admin_config: Mapping[str, Any]) -> Describe:
 
     def describe(topic: str, timeout_s: float) -> dict[str, str]:
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        try:
-            future = admin.client().describe_configs([resource],
-                                                     request_timeout=timeout_s)[resource]
-            found = future.result(timeout=timeout_s)
-        except (KafkaException, TimeoutError):
-            admin.reset()  # a new client after a failure (kafka/reader.py: stale metadata)
-            raise
+        found = admin.answer(lambda client: client.describe_configs(
+            [resource], request_timeout=timeout_s)[resource], timeout_s)
         return {name: entry.value for name, entry in found.items() if entry.value is not None}
 
     return describe
