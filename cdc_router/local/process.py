@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,3 +124,17 @@ def stop(pid: int, marker: str, *, sig: signal.Signals = signal.SIGTERM,
     while is_running(pid, marker):
         time.sleep(0.1)
     return True
+
+
+def check_java() -> None:
+    """StackError unless a Java 17 or newer is on the PATH (Kafka 4, Connect, the registry)."""
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("java is not installed; Kafka and Connect need Java 17 or newer: "
+                         "run `apt-get install -y openjdk-17-jre-headless`")
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    first = (result.stderr or result.stdout).splitlines()[:1]
+    version = first[0].split('"')[1] if first and '"' in first[0] else "?"
+    major = version.split(".")[0]
+    if not major.isdigit() or int(major) < 17:
+        raise StackError(f"java {version} is too old: Kafka 4 needs Java 17 or newer")

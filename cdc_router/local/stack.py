@@ -92,7 +92,7 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     nats-server and the schema registry (OPTIONAL_PARTS) are started only when in `optional`.
     """
     config.check_ports_distinct()
-    _check_java()
+    process.check_java()
     ensure_jars(config, say)
     _prepare(config, optional, say)
     save(config)
@@ -102,16 +102,16 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
         ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
     started: dict[Part, int] = {}
-    for part, start, _ in starts:
+    for part, start, check in starts:
         if part in running:
-            say(f"{part:<9} already running")
+            _already_running(config, part, check, say)
         else:
             started[part] = start(config)
     for part, _, check in starts:
         if part in started:
             _wait(config, part, started[part], check, say)
     if "connect" in running:
-        say("connect   already running")
+        _already_running(config, "connect", _connect_healthy, say)
     else:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
     for part in sorted(optional):
@@ -127,7 +127,7 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
 def _prepare(config: StackConfig, parts: Collection[Part], say: Say) -> None:
     """What an optional part needs before it starts: the registry, Java and its bundle."""
     if "registry" in parts:
-        _check_java()
+        process.check_java()
         ensure_registry(config, say)
 
 
@@ -150,11 +150,26 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
 
 
 def _up_optional(config: StackConfig, part: Part, say: Say, running: bool) -> None:
+    start, healthy = _OPTIONAL[part]
     if running:
-        say(f"{part:<9} already running")
+        _already_running(config, part, healthy, say)
     else:
-        start, healthy = _OPTIONAL[part]
         _wait(config, part, start(config), healthy, say)
+
+
+def _already_running(config: StackConfig, part: Part, check: Callable[[StackConfig], bool],
+                     say: Say) -> None:
+    """A part an earlier `up` started: healthy, or waited for as a start is (a Postgres sent
+    SIGTERM waits for its clients to leave and answers no one: it was reported running)."""
+    if check(config):
+        say(f"{part:<9} already running")
+        return
+    pid = process.read_pid(config.pid_path(part)) or 0
+    try:
+        _wait(config, part, pid, check, say, doing="running but not answering yet")
+    except StackError as error:
+        raise StackError(f"{error}\nstop the stack (`cdc-router local down`) and start it "
+                         "again") from None
 
 
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:
@@ -182,19 +197,6 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
         say(f"removed the stack's data under {config.home}")
 
 
-def _check_java() -> None:
-    java = shutil.which("java")
-    if java is None:
-        raise StackError("java is not installed; Kafka and Connect need Java 17 or newer: "
-                         "run `apt-get install -y openjdk-17-jre-headless`")
-    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    first = (result.stderr or result.stdout).splitlines()[:1]
-    version = first[0].split('"')[1] if first and '"' in first[0] else "?"
-    major = version.split(".")[0]
-    if not major.isdigit() or int(major) < 17:
-        raise StackError(f"java {version} is too old: Kafka 4 needs Java 17 or newer")
-
-
 def _check_ports(config: StackConfig, running: set[Part]) -> None:
     owned: dict[str, Part] = {"postgres": "postgres", "kafka": "kafka",
                               "kafka controller": "kafka", "connect": "connect", "nats": "nats",
@@ -209,8 +211,8 @@ def _check_ports(config: StackConfig, running: set[Part]) -> None:
 
 
 def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfig], bool],
-          say: Say) -> None:
-    say(f"{part:<9} starting (pid {pid}, log {config.log_path(part)})")
+          say: Say, *, doing: str = "starting") -> None:
+    say(f"{part:<9} {doing} (pid {pid}, log {config.log_path(part)})")
     seconds = process.wait_until(lambda: check(config), name=part, timeout_s=_TIMEOUTS_S[part],
                                  pid=pid, marker=process_marker(config),
                                  log_path=config.log_path(part))

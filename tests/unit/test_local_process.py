@@ -116,3 +116,34 @@ def test_up_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str]):
     assert refused.exit_code == 2 and refused.exception is not None
     assert f"'{args[0]}'" in refused.output and "Traceback" not in refused.output
     assert not (tmp_path / "stack").exists()
+
+
+def test_a_running_part_that_does_not_answer_is_waited_for_then_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Left out at stop 32: a Postgres sent SIGTERM waits for its clients to leave and answers
+    # nobody meanwhile; `local up` said "already running" and the next step failed far from it.
+    from cdc_router.errors import StackError
+    from cdc_router.local import stack
+    from cdc_router.local.config import StackConfig
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
+    config.pid_path("postgres").parent.mkdir(parents=True)
+    pid = process.spawn([sys.executable, "-c", "import time; time.sleep(60)",
+                         str(config.home / "postgres" / "data")],
+                        log_path=config.log_path("postgres"), pid_path=config.pid_path("postgres"))
+    said: list[str] = []
+    answers = iter([False, False, True])
+    monkeypatch.setattr(stack, "_TIMEOUTS_S", {"postgres": 1.2})
+    try:
+        stack._already_running(config, "postgres", lambda _: next(answers), said.append)
+        assert said[0].startswith(f"postgres  running but not answering yet (pid {pid}")
+        assert said[1].startswith("postgres  healthy in")
+        with pytest.raises(StackError) as refused:
+            stack._already_running(config, "postgres", lambda _: False, said.append)
+        assert "did not become healthy within 1s" in str(refused.value)
+        assert str(refused.value).endswith("stop the stack (`cdc-router local down`) and start "
+                                           "it again")
+        stack._already_running(config, "postgres", lambda _: True, said.append)
+        assert said[-1] == "postgres  already running"
+    finally:
+        assert process.stop(pid, f"{config.home}/", timeout_s=10)
