@@ -33,6 +33,8 @@ class Capture:
     publication: str
     table: str | None
     user: str | None = None  # database.user: the role the snapshot reads the table as
+    # signal.data.collection: the source channel's signals, the incremental snapshots' markers
+    signal_table: str | None = None
 
 
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
@@ -61,7 +63,8 @@ def capture_of(config: dict[str, str]) -> Capture:
     table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),
                    config.get("publication.name", DEFAULT_PUBLICATION), table,
-                   config.get("database.user") or None)
+                   config.get("database.user") or None,
+                   config.get("signal.data.collection") or None)
 
 
 def failure_of(trace: str | None) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -104,8 +104,9 @@ def _database(config: RouterConfig, endpoints: Endpoints,
                 OutboxState(error=str(error), table=table))
     if capture is None:
         return probe_database(endpoints.dsn, None, None, schema)
-    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
-                          reader=capture.user)
+    wal, publication, outbox = probe_database(endpoints.dsn, [capture.slot],
+                                              capture.publication, schema, reader=capture.user)
+    return wal, replace(publication, signal_table=capture.signal_table), outbox
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

@@ -42,6 +42,7 @@ class PublicationState:
     tables: tuple[str, ...] = ()
     operations: tuple[str, ...] = ()  # of insert, update, delete, truncate
     via_root: bool | None = None  # publish_via_partition_root
+    signal_table: str | None = None  # the connector's signal.data.collection
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,30 @@ def test_a_publication_of_updates_is_a_warning() -> None:
         "'insert')"]
 
 
+def test_a_signal_table_the_publication_leaves_out_is_a_warning() -> None:
+    # QA 32-e: an execute-snapshot row there was ignored without a line.
+    publication = replace(healthy().publication, signal_table="public.debezium_signal")
+    assert lines(replace(healthy(), publication=publication)) == [
+        "warning: publication: the connector's signal table public.debezium_signal "
+        "(signal.data.collection) is not in publication outbox_pub: Debezium never sees a "
+        "signal written there; run `ALTER PUBLICATION \"outbox_pub\" ADD TABLE "
+        "public.debezium_signal`, grant the connector's role INSERT on it, and restart the "
+        "connector's task (connectors/README.md, signals)"]
+    published = replace(publication, tables=(*publication.tables, "public.debezium_signal"))
+    assert lines(replace(healthy(), publication=published)) == []
+
+
+def test_the_signal_table_is_read_from_the_connector_config() -> None:
+    from cdc_router.ops.connector import capture_of
+
+    # Whatever the channels: a Kafka-channel incremental snapshot writes its window markers
+    # into the signal table too, and waits for ever to see them (QA 32-e).
+    base = {"table.include.list": "public.outbox", "signal.data.collection": "public.sig",
+            "signal.enabled.channels": "kafka"}
+    assert capture_of(base).signal_table == "public.sig"
+    assert capture_of({"table.include.list": "public.outbox"}).signal_table is None
+
+
 def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
     # QA, session 29: a partitioned outbox's inserts were published under each partition's
     # name, which the connector does not capture; `outbox init` was the advice, and changed
