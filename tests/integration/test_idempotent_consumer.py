@@ -248,6 +248,65 @@ def remaining(dsn: str, schema: str) -> set[tuple[str, str]]:
     return {(group, event_id) for group, event_id in rows}
 
 
+def test_one_store_shared_by_two_threads_commits_every_effect_it_reports_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 33: the consumer and run_purge_loop shared the store's one connection; their
+    # transactions nested, and run_once returned DONE for effects that never committed.
+    # Here one thread's effect waits inside its transaction until the other's run_once is
+    # inside its own, then ends first.
+    effect_table(stack.postgres_dsn, schema)
+    first_in, second_in = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def first(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "first")(conn)
+        first_in.set()
+        assert second_in.wait(5)
+
+    def second(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "second")(conn)
+        second_in.set()
+
+    def run(event_id: str, effect: Callable[[psycopg.Connection[Any]], None]) -> None:
+        try:
+            outcomes[event_id] = store.run_once(DedupKey("g", event_id), effect)
+        except Exception as error:  # shown in the assertion below
+            outcomes[event_id] = error
+
+    worker = threading.Thread(target=run, args=("first", first))
+    worker.start()
+    assert first_in.wait(10)
+    run("second", second)
+    worker.join(10)
+    assert outcomes == {"first": Outcome.DONE, "second": Outcome.DONE}
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 2
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 2
+
+
+def test_an_effect_refused_at_commit_is_the_handlers_failure_not_an_outage(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 33: a deferred foreign key failing at COMMIT was a DedupStoreError, which the
+    # consumer retries without limit: the record was never dead-lettered, its partition stuck.
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(
+            sql.Identifier(schema, "orders")))
+        conn.execute(sql.SQL("CREATE TABLE {} (order_id int REFERENCES {} DEFERRABLE "
+                             "INITIALLY DEFERRED)").format(sql.Identifier(schema, "shipments"),
+                                                           sql.Identifier(schema, "orders")))
+
+    def ship(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (42)").format(
+            sql.Identifier(schema, "shipments")))
+
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        store.run_once(DedupKey("g", "e1"), ship)
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (42)").format(
+            sql.Identifier(schema, "orders")))
+    assert store.run_once(DedupKey("g", "e1"), ship) is Outcome.DONE
+
+
 def test_purge_removes_only_records_older_than_the_window_in_bounded_batches(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
     ages = {f"old-{i}": timedelta(days=8, minutes=i) for i in range(11)}

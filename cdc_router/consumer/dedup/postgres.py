@@ -67,8 +67,10 @@ class PostgresDedupStore:
 
     The effect receives the open `psycopg.Connection`; everything it executes on it is part
     of the dedup transaction. It must not commit or roll back itself (nested
-    `conn.transaction()` blocks are savepoints and fine). One store owns one connection and
-    serves one thread; it connects lazily and reconnects after a broken connection.
+    `conn.transaction()` blocks are savepoints and fine). Each thread that uses a store gets
+    a connection of its own (review 33: the consumer and `run_purge_loop` sharing one
+    connection nested their transactions, and run_once returned DONE for effects that never
+    committed); it connects lazily and reconnects after a broken connection.
     """
 
     def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
@@ -79,22 +81,25 @@ class PostgresDedupStore:
         # Bounds how long a store call hangs on an unreachable server before it becomes a
         # retryable DedupStoreError.
         self._connect_timeout_s = connect_timeout_s
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._local = threading.local()  # .conn: this thread's connection
 
     def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
-        if self._conn is None or self._conn.closed:
+        conn: psycopg.Connection[tuple[object, ...]] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
             try:
-                self._conn = psycopg.connect(self._conninfo, autocommit=True,
-                                             connect_timeout=self._connect_timeout_s)
+                conn = psycopg.connect(self._conninfo, autocommit=True,
+                                       connect_timeout=self._connect_timeout_s)
             except psycopg.Error as error:
                 raise DedupStoreError(
                     f"cannot connect to the dedup database: {one_line(error)}") from error
-        return self._conn
+            self._local.conn = conn
+        return conn
 
     def _forget_broken(self) -> None:
-        if self._conn is not None and self._conn.broken:
-            self._conn.close()
-            self._conn = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.broken:
+            conn.close()
+            self._local.conn = None
 
     def ensure_schema(self) -> None:
         """Create the dedup table and its retention index when missing (idempotent)."""
@@ -130,7 +135,7 @@ class PostgresDedupStore:
         conn = self._connection()
         insert = sql.SQL("INSERT INTO {} (consumer_group, event_id) VALUES (%s, %s)"
                          " ON CONFLICT DO NOTHING").format(self._table)
-        in_effect = False
+        in_effect = committing = False
         try:
             with conn.transaction():
                 if conn.execute(insert, (key.consumer_group, key.event_id)).rowcount == 0:
@@ -139,13 +144,17 @@ class PostgresDedupStore:
                 effect(conn)
                 in_effect = False
                 _check_committable(conn, key)
+                committing = True
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                raise DedupStoreError(f"the dedup transaction of event {key.event_id} did not "
+                                      "commit: its connection was inside another transaction")
             return Outcome.DONE
         except psycopg.Error as error:
             # A connection lost under the effect (a failover, pg_terminate_backend) is the
             # database's outage, retried without limit, not the handler's failure.
             lost = conn.broken
             self._forget_broken()
-            if in_effect and not lost:
+            if (in_effect or (committing and _effects_fault(error))) and not lost:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
                                   f"{one_line(error)}") from error
@@ -222,10 +231,21 @@ class PostgresDedupStore:
         return deleted
 
     def close(self) -> None:
-        """Close the connection; the next call reconnects."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close the calling thread's connection; its next call reconnects."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+# SQLSTATE classes of an error at COMMIT that the effect's writes caused (a deferred foreign
+# key or unique constraint, a constraint trigger that raises): the handler's failure, retried
+# then dead-lettered (review 33: retried as an outage, for ever, the partition stuck).
+_EFFECT_CLASSES = ("22", "23", "P0")
+
+
+def _effects_fault(error: psycopg.Error) -> bool:
+    return (error.sqlstate or "")[:2] in _EFFECT_CLASSES
 
 
 def _stale_params(older_than: timedelta, consumer_group: str | None,
