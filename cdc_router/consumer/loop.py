@@ -325,6 +325,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             if kafka_error is not None and classify(kafka_error) is ErrorAction.FATAL:
                 raise FatalKafkaError(f"cannot commit offsets of group {self.settings.group_id}: "
                                      f"{describe(kafka_error)}") from error
+            # Still to commit: at the next interval, a revocation or the stop (review 33: a
+            # failed commit was never tried again, and the next owner redid the work).
+            self._stored_since_commit = True
             log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
 
     def _consumer_error(self, error: Any) -> None:

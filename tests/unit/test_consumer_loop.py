@@ -366,6 +366,23 @@ def test_a_commit_refused_because_we_are_fenced_stops_the_loop() -> None:
     assert h.kafka.closed
 
 
+def test_a_commit_that_failed_is_tried_again_at_the_stop() -> None:
+    # Review 33: the loop forgot it had offsets to commit after one failed commit; nothing
+    # was committed again, not at the next interval, a revocation or the stop.
+    h = Harness({0: [rec("a"), rec("b")]})
+    commit, failures = h.kafka.commit, [KafkaError(KafkaError.REQUEST_TIMED_OUT)]
+
+    def fails_once(asynchronous: bool = True) -> None:
+        if failures:
+            raise KafkaException(failures.pop())
+        commit(asynchronous)
+
+    h.kafka.commit = fails_once  # type: ignore[method-assign]
+    object.__setattr__(h.loop.settings, "commit_interval_s", 0.0)  # a commit after each poll
+    h.run()
+    assert failures == [] and h.kafka.committed == {0: 2}
+
+
 def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError._TRANSPORT, "broker down"))
