@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import subject_matches, subject_problem
 from cdc_router.consumer.retry import RetryPolicy
-from cdc_router.consumer.settings import Check, check_all
+from cdc_router.consumer.settings import Check, as_names, check_all
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,
 # equal to Nats-Msg-Id), else Nats-Msg-Id. A copy re-published under a fresh Nats-Msg-Id (to
@@ -56,6 +56,8 @@ class JetStreamSettings:
 
     def __post_init__(self) -> None:
         source = "JetStreamSettings"
+        object.__setattr__(self, "filter_subjects",
+                           as_names(self.filter_subjects, source, "filter_subjects"))
         checks: list[Check] = [
             (bool(self.url), "url", "must not be empty", self.url),
             (bool(self.stream), "stream", "must name a stream", self.stream),

@@ -38,6 +38,17 @@ _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
 Check = tuple[bool, str, str, object]
 
 
+def as_names(value: object, source: str, name: str) -> tuple[str, ...]:
+    """A tuple of names from a tuple, a list, or one name alone (review 33: a string was
+    taken as its characters, and the consumer subscribed to 'p', 'a', 'y', ...)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise ConfigError("must be a tuple of names, e.g. ('payments.confirmed',)", source=source,
+                      field=name, value=value)
+
+
 def check_all(source: str, checks: list[Check]) -> None:
     """Raise a ConfigError naming `source` and the field of the first failed check."""
     for ok, name, message, value in checks:
@@ -77,6 +88,7 @@ class ConsumerSettings:
 
     def __post_init__(self) -> None:
         source = "ConsumerSettings"
+        object.__setattr__(self, "topics", as_names(self.topics, source, "topics"))
         checks: list[Check] = [
             (bool(self.bootstrap_servers), "bootstrap_servers", "must not be empty",
              self.bootstrap_servers),

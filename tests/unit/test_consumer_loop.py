@@ -397,6 +397,8 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"dead_letter_topic": ""}, "dead_letter_topic"),
     ({"dead_letter_topic": TOPIC}, "dead_letter_topic"),
     ({"topics": ()}, "topics"),
+    ({"topics": 5}, "topics"),
+    ({"topics": [TOPIC, 5]}, "topics"),
     ({"event_id_source": "value"}, "event_id_source"),
 ])
 def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
@@ -404,6 +406,16 @@ def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) 
                             "dead_letter_topic": DLQ}
     with pytest.raises(ConfigError, match=field):
         ConsumerSettings(**{**base, **changes})
+
+
+def test_one_topic_given_as_a_string_is_one_topic_not_its_characters() -> None:
+    # Review 33: topics="payments.confirmed" subscribed to 'p', 'a', 'y', ... and consumed
+    # nothing; a dead-letter topic named like a substring was refused as a consumed one.
+    settings = ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=TOPIC,
+                                dead_letter_topic=TOPIC[:3])
+    assert settings.topics == (TOPIC,)
+    assert ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=[TOPIC],
+                            dead_letter_topic=DLQ).topics == (TOPIC,)
 
 
 def test_user_config_is_merged_into_the_client_configs() -> None:

@@ -179,6 +179,15 @@ def test_the_dead_letter_subject_may_not_be_a_consumed_one() -> None:
                           filter_subjects=("pay.>",))
 
 
+def test_one_filter_subject_given_as_a_string_is_one_subject() -> None:
+    # Review 33: "payments.confirmed" was refused as an invalid subject, "payments" taken as
+    # the filters 'p', 'a', 'y', ...
+    settings = JetStreamSettings(url="nats://x", stream="S", durable="d",
+                                 dead_letter_subject="pay.dlq",
+                                 filter_subjects="payments.confirmed")  # type: ignore[arg-type]
+    assert settings.filter_subjects == ("payments.confirmed",)
+
+
 def durable_config(**changes: Any) -> SimpleNamespace:
     config = dict(deliver_subject=None, ack_policy="explicit", max_deliver=-1,
                   filter_subject=None, filter_subjects=None)
