@@ -100,6 +100,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._executor: ThreadPoolExecutor | None = None
         self._js: Any = None
         self._dead_letter_stream = ""
+        self._ack_wait_s = settings.ack_wait_s  # the durable's, once bound
         self._max_payload = 1024 * 1024
         self._closing = False
 
@@ -121,7 +122,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         try:
             self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
             self._max_payload = int(client.max_payload)
-            subscription, self._dead_letter_stream = await subscribe(self._js, self.settings)
+            subscription, self._dead_letter_stream, self._ack_wait_s = await subscribe(
+                self._js, self.settings)
             log.info("event=consumer_started transport=jetstream stream=%s durable=%s "
                      "dead_letter_subject=%s store=%s", self.settings.stream,
                      self.settings.durable, self.settings.dead_letter_subject,
@@ -235,7 +237,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _keep_alive(self, unsettled: list[Any]) -> None:
         """In-progress acks for the batch, so JetStream does not redeliver what waits here."""
         while True:
-            await asyncio.sleep(self.settings.ack_wait_s / 3)
+            await asyncio.sleep(self._ack_wait_s / 3)
             for message in list(unsettled):
                 await _quietly(message.in_progress(), "in_progress")
 

@@ -19,9 +19,9 @@ from cdc_router.nats.connection import error_text
 log = logging.getLogger("cdc_router.consumer.jetstream")
 
 
-async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str]:
-    """Check the streams, create or bind the durable; its pull subscription, and the name of
-    the dead-letter subject's stream."""
+async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, float]:
+    """Check the streams, create or bind the durable; its pull subscription, the name of
+    the dead-letter subject's stream, and the durable's AckWait in seconds."""
     from nats.errors import Error as NatsError
     from nats.js.api import AckPolicy, ConsumerConfig
     from nats.js.errors import NotFoundError
@@ -35,6 +35,7 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str]:
                 f"no JetStream stream {settings.stream!r} at {where}: create it first "
                 "(cdc-router streams apply -c router.yaml)") from None
         dead_letter_stream = await _dead_letter_stream_name(js, settings)
+        ack_wait_s = settings.ack_wait_s
         try:
             info = await js.consumer_info(settings.stream, settings.durable)
         except NotFoundError:
@@ -56,13 +57,27 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str]:
                     f"durable consumer {settings.durable!r} of stream {settings.stream!r} "
                     f"{problem}; delete it (nats consumer rm {settings.stream} "
                     f"{settings.durable}) or use another durable name") from None
+            ack_wait_s = _durable_ack_wait(info.config, settings)
         subscription = await js.pull_subscribe_bind(durable=settings.durable,
                                                    stream=settings.stream)
-        return subscription, dead_letter_stream
+        return subscription, dead_letter_stream, ack_wait_s
     except NatsError as error:
         raise JetStreamConsumerError(
             f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
             f"stream {settings.stream!r}: {error_text(error)}; is JetStream enabled?") from None
+
+
+def _durable_ack_wait(existing: Any, settings: JetStreamSettings) -> float:
+    """The AckWait the server holds the durable to, which the keep-alive must beat (review
+    33: a durable made with 5 s, settings of 30 s: in-progress acks every 10 s, and messages
+    waiting in a batch were redelivered)."""
+    held = float(existing.ack_wait or settings.ack_wait_s)
+    if held != settings.ack_wait_s:
+        log.warning("event=durable_ack_wait_differs stream=%s durable=%s ack_wait_s=%g "
+                    "settings_ack_wait_s=%g note=the keep-alive follows the durable's; change "
+                    "it with nats consumer edit, or delete the durable", settings.stream,
+                    settings.durable, held, settings.ack_wait_s)
+    return held
 
 
 async def check_durable(js: Any, settings: JetStreamSettings) -> None:

@@ -299,3 +299,44 @@ def test_a_dead_letter_subject_in_no_stream_stops_run_before_consuming(
                                  dead_letter_subject=f"{streams.prefix}.nowhere")
     with pytest.raises(JetStreamConsumerError, match=r"is in no JetStream stream"):
         JetStreamConsumer(settings, store, lambda event, conn: None).run()
+
+
+def test_the_keep_alive_follows_the_ack_wait_of_an_existing_durable(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    # Review 33: a durable made with AckWait 1 s, settings of 30 s: in-progress acks went out
+    # every 10 s, and a message waiting in its batch was redelivered (a duplicate).
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    durable = unique("ackwait")
+
+    async def create() -> None:
+        client = await nats.connect(streams.url)
+        try:
+            await client.jetstream().add_consumer(streams.stream, ConsumerConfig(
+                durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=1,
+                max_deliver=-1))
+        finally:
+            await client.close()
+
+    asyncio.run(create())
+    streams.publish([payment(streams.subject, f"e{n}", f"e{n}") for n in range(3)])
+    calls: list[str] = []
+
+    def slow(event: Any, conn: psycopg.Connection[Any]) -> None:
+        calls.append(event.event_id)
+        threading.Event().wait(1.5)  # each longer than the durable's AckWait
+
+    settings = JetStreamSettings(url=streams.url, stream=streams.stream, durable=durable,
+                                 dead_letter_subject=streams.dead_letter_subject, ack_wait_s=30)
+    jetstream = JetStreamConsumer(settings, store, slow, decoder=json.loads)
+    runner = threading.Thread(target=jetstream.run)
+    runner.start()
+    try:
+        wait_until(lambda: len(calls) >= 3 and streams.consumer_settled(durable), 30,
+                   "three messages handled and acked")
+    finally:
+        jetstream.stop()
+        runner.join(30)
+    assert calls == ["e0", "e1", "e2"]
+    assert (jetstream.stats.processed, jetstream.stats.duplicates) == (3, 0)
