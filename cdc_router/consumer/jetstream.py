@@ -12,7 +12,8 @@ A durable pull consumer with explicit ack. Per message of a fetched batch, in st
    delivery count, which also counts deliveries cut short by a stop, a crash or another
    worker's outage: those must never bring a message closer to the dead-letter subject;
 4. a store failure (DedupStoreError), a registry outage (RegistryError) or a failed
-   dead-letter publish naks with a delay and counts as no attempt.
+   dead-letter publish naks with a delay and counts as no attempt; a dead letter the stream
+   refuses (4xx) goes again without its data, and after retry.max_attempts run() stops.
 
 Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
 parts, the decoder and the store with the handler inside, run one at a time in one worker
@@ -45,6 +46,7 @@ from cdc_router.consumer.jetstream_message import (
     dead_letter_message,
     kafka_source,
     record_of,
+    refused_for_good,
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
@@ -97,6 +99,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._failures: dict[int, int] = {}  # stream sequence -> handler failures here
         self._outages = 0  # batches in a row cut short by an outage (the loop's pause)
         self._waits: dict[int, int] = {}  # stream sequence -> outage naks here (their backoff)
+        self._refused: dict[int, int] = {}  # stream sequence -> refusals of its dead letter
         self._executor: ThreadPoolExecutor | None = None
         self._js: Any = None
         self._dead_letter_stream = ""
@@ -308,7 +311,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         level = logging.DEBUG if error is None else logging.WARNING
         log.log(level, "event=retry_scheduled reason=%s stream=%s sequence=%d delay_s=%.3f "
                 "error=%s", reason, record.stream, record.sequence, delay,
-                "" if error is None else repr(error)[:300])
+                "" if error is None else error_text(error)[:300])
         await _quietly(message.nak(delay=delay), "nak")
 
     async def _dead_letter(self, message: Any, record: JetStreamRecord, stage: str,
@@ -319,14 +322,16 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
         letter = dead_letter_message(record, durable=self.settings.durable, stage=stage,
                                      error=error, attempts=attempts, event_id=event_id,
-                                     max_payload=self._max_payload)
+                                     max_payload=self._max_payload,
+                                     drop_data=record.sequence in self._refused)
         try:
             await self._js.publish(self.settings.dead_letter_subject, letter.data,
                                    timeout=self.settings.dead_letter_timeout_s,
                                    stream=self._dead_letter_stream,
                                    headers={**letter.headers, MSG_ID_HEADER: letter.msg_id})
         except (nats.errors.Error, TimeoutError) as failure:
-            # Not the message's fault: it comes back and is dead-lettered then.
+            if refused_for_good(failure):
+                self._refused_letter(record, failure)
             await self._excuse(message, record, "dead_letter_failed", failure)
             return
         self._counts["dead_lettered"] += 1
@@ -335,9 +340,21 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                     record.subject, stage, type(error).__name__, attempts)
         await self._settle(message, record, term=True)
 
+    def _refused_letter(self, record: JetStreamRecord, failure: BaseException) -> None:
+        """Count a refusal of `record`'s dead letter; stop after retry.max_attempts (review
+        33: retried for ever, its handler run each time). Else it comes back, as an outage."""
+        refusals = _count(self._refused, record.sequence)
+        if self.settings.retry.exhausted(refusals):
+            raise JetStreamConsumerError(
+                f"stream {self._dead_letter_stream!r} refused the dead letter of message "
+                f"{record.sequence} of stream {record.stream!r} {refusals} times, also without "
+                f"its data: {error_text(failure)}; stopping rather than skip the message: raise "
+                "that stream's limits (max_msg_size, max_msgs, max_bytes) or unseal it")
+
     async def _settle(self, message: Any, record: JetStreamRecord, *, term: bool) -> None:
         self._failures.pop(record.sequence, None)
         self._waits.pop(record.sequence, None)
+        self._refused.pop(record.sequence, None)
         # A lost ack only means a redelivery, which the store reports as a duplicate.
         await _quietly(message.term() if term else message.ack(), "term" if term else "ack")
 

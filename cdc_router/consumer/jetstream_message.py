@@ -111,7 +111,7 @@ class DeadLetterMessage:
 
 def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
                         error: BaseException, attempts: int, event_id: str | None,
-                        max_payload: int) -> DeadLetterMessage:
+                        max_payload: int, drop_data: bool = False) -> DeadLetterMessage:
     """The dead letter of `record`: its data and headers (less Nats-*) plus the dlq.* headers.
 
     Its own Nats-Msg-Id names the durable and the stream sequence, so a crash between the
@@ -119,14 +119,16 @@ def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
     duplicate window drops, while two services' dead letters of one message both stay.
     A message over the server's `max_payload` with the dlq.* headers goes without its data
     (dlq.value.dropped.bytes says its size), if need be without its own headers too; the
-    stream still holds them.
+    stream still holds them. `drop_data`: without its data whatever its size (the dead-letter
+    stream refused it before: its max_msg_size may be below the server's max_payload).
     """
     kept = [(name, value.encode()) for name, value in record.header_map
             if not name.lower().startswith(_RESERVED_PREFIX)]
     dlq = dead_letter_headers(record, stage=stage, error=error, attempts=attempts,
                               event_id=event_id)
     dlq.append((SOURCE_STREAM, record.stream.encode()))
-    _, value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES)
+    _, value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES,
+                               drop_value=drop_data)
     return DeadLetterMessage(
         data=value or b"",
         headers={name: _header_text(raw) for name, raw in headers},
@@ -137,3 +139,12 @@ def _header_text(raw: bytes) -> str:
     """A NATS header value: one line (an error message may hold line breaks)."""
     text = raw.decode("utf-8", "replace")
     return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
+
+
+def refused_for_good(failure: BaseException) -> bool:
+    """A publish JetStream answered with a 4xx API error (over the stream's max_msg_size or
+    header limit, a sealed stream, ...): the same letter sent again is refused again."""
+    from nats.js.errors import APIError
+
+    code = failure.code if isinstance(failure, APIError) else None
+    return code is not None and 400 <= code < 500

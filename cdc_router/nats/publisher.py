@@ -43,7 +43,7 @@ _GRACE_S = 5.0
 # stream's max_msg_size (JSStreamMessageExceedsMaximumErr), headers over its limit
 # (JSStreamHeaderExceedsMaximumErr). No retry mends them: the record is poison. A full stream
 # (discard new) refuses every message alike: that is the stream's limits, not a record.
-_MESSAGE_REFUSED = frozenset({10054, 10097})
+MESSAGE_REFUSED = frozenset({10054, 10097})
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class JetStreamPublisher:
                           "stream's max_msg_size, the server's max_payload), then `cdc-router "
                           "dlq replay` the letter"
                    for index, (message, result) in enumerate(zip(messages, results, strict=True))
-                   if getattr(result, "err_code", None) in _MESSAGE_REFUSED
+                   if getattr(result, "err_code", None) in MESSAGE_REFUSED
                    or isinstance(result, MaxPayloadError)}
         if refused:
             raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "

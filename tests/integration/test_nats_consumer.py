@@ -340,3 +340,53 @@ def test_the_keep_alive_follows_the_ack_wait_of_an_existing_durable(
         runner.join(30)
     assert calls == ["e0", "e1", "e2"]
     assert (jetstream.stats.processed, jetstream.stats.duplicates) == (3, 0)
+
+
+def _limit_dead_letter_stream(streams: Streams, max_msg_size: int) -> None:
+    async def update() -> None:
+        client = await nats.connect(streams.url)
+        try:
+            await client.jetstream().update_stream(
+                name=streams.dead_letters, subjects=[streams.dead_letter_subject],
+                max_msg_size=max_msg_size)
+        finally:
+            await client.close()
+
+    asyncio.run(update())
+
+
+def test_a_dead_letter_over_the_streams_limit_goes_without_its_data(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    # Review 33: a dead-letter stream whose max_msg_size is below the message refused the
+    # letter for ever; the handler ran again at every redelivery and nothing was dead-lettered.
+    _limit_dead_letter_stream(streams, 2048)
+    poison = payment(streams.subject, "poison", "poison")
+    streams.publish([(poison[0], b'{"pad": "' + b"x" * 5000 + b'"}', poison[2]),
+                     payment(streams.subject, "ok-1", "ok-1")])
+    calls: list[str] = []
+    durable = unique("limited")
+    jetstream = consumer(streams, store, shipping_handler(schema, "poison", calls), durable)
+    run_until_dead_letters(jetstream, streams, durable, 1)
+
+    [letter] = read_stream(streams.url, streams.dead_letters)
+    assert letter.data == b"" and letter.headers["dlq.value.dropped.bytes"] == "5011"
+    assert letter.headers["dlq.event.id"] == "poison"
+    assert effects(stack.postgres_dsn, schema) == ["ok-1"]
+    assert calls.count("poison") == 4  # 3 failures, one more after the refused letter
+
+
+def test_a_dead_letter_the_stream_refuses_even_without_data_stops_run(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    _limit_dead_letter_stream(streams, 64)  # below the dlq.* headers alone
+    streams.publish([payment(streams.subject, "poison", "poison")])
+    durable = unique("sealed")
+    jetstream = consumer(streams, store, shipping_handler(schema, "poison", []), durable)
+    with pytest.raises(JetStreamConsumerError) as stopped:
+        jetstream.run()
+    message = str(stopped.value)
+    assert message.startswith(f"stream {streams.dead_letters!r} refused the dead letter of "
+                              f"message 1 of stream {streams.stream!r} 3 times, also without "
+                              "its data: BadRequestError"), message
+    assert read_stream(streams.url, streams.dead_letters) == []
