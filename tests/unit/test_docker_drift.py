@@ -128,6 +128,15 @@ def test_the_nats_profile_runs_jetstream_on_the_local_stacks_port(compose):
     assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
 
 
+def test_the_redis_profile_keeps_its_done_marks(compose):
+    # Review 33: an image default (no appendonly, an anonymous volume) lost the marks at a
+    # re-create or a crash; the Redis store's README asks for both settings below.
+    redis = compose["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command and "--appendfsync always" in command
+    assert redis["volumes"] == ["redis-data:/data"] and "redis-data" in compose["volumes"]
+
+
 def test_the_router_image_installs_the_repository_and_runs_unprivileged(compose):
     for service in ("init", "router"):
         build = compose["services"][service]["build"]
