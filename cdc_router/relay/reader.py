@@ -79,6 +79,7 @@ class OutboxReader:
         self._conn: psycopg.Connection[Any] | None = None
         self._select: sql.Composable | None = None
         self._names: list[str] = []
+        self._types: dict[str, str] = {}  # the columns the select list was built for
         # Column name -> its Connect field schema, as debezium.event_from_row reads it.
         self.columns: dict[str, dict[str, Any]] = {}
 
@@ -110,14 +111,14 @@ class OutboxReader:
         if position.after_seq is not None:
             where.append(sql.SQL("{} > %(after)s").format(seq))
             params["after"] = position.after_seq
-        assert self._select is not None
-        query = sql.SQL("{} WHERE {} ORDER BY {} LIMIT %(limit)s").format(
-            self._select, sql.SQL(" AND ").join(where), seq)
         rows, size = FetchedRows(), 0
         # A server-side cursor (in a transaction), read a few rows at a time, so that the
         # batch stops at its byte budget without the rest in memory.
         with conn.transaction(), conn.cursor(name="cdc_router_relay_batch") as cursor:
-            cursor.execute(query, params)
+            self._columns_now(conn)
+            assert self._select is not None
+            cursor.execute(sql.SQL("{} WHERE {} ORDER BY {} LIMIT %(limit)s").format(
+                self._select, sql.SQL(" AND ").join(where), seq), params)
             while len(rows) < limit and size < self._relay.batch_bytes:
                 found_rows = cursor.fetchmany(_FETCH_ROWS)
                 if not found_rows:
@@ -154,10 +155,29 @@ class OutboxReader:
                 self._prepare(conn)
         return self._conn
 
-    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
-        """Read the table's columns once, check them, and build the select list."""
+    def _columns_now(self, conn: psycopg.Connection[Any]) -> None:
+        """In the batch's transaction: the table locked as its SELECT locks it (ACCESS SHARE,
+        which waits for an ALTER TABLE to end), its columns read again and, when they changed,
+        the select list built anew (QA 33-c: after a DROP COLUMN every read failed for ever;
+        after a payload made bytea, rows were read as text and dead-lettered for good)."""
         table = self._relay.table
+        try:
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+                table_identifier(table, "relay.table")))
+        except psycopg.errors.UndefinedTable:
+            raise ConfigError("the outbox table was dropped while the relay ran",
+                              field="relay.table", value=table,
+                              hint="create it with `cdc-router outbox init`") from None
         types = column_types(conn, table, "relay.table")
+        if types != self._types:
+            log.info("event=relay_columns_changed table=%s columns=%s", table, ",".join(types))
+            self._prepare(conn, types)
+
+    def _prepare(self, conn: psycopg.Connection[Any],
+                 types: dict[str, str] | None = None) -> None:
+        """Read the table's columns (unless given), check them, and build the select list."""
+        table = self._relay.table
+        types = column_types(conn, table, "relay.table") if types is None else types
         if not types:
             raise ConfigError("the outbox table does not exist (or is not readable)",
                               field="relay.table", value=table,
@@ -169,6 +189,7 @@ class OutboxReader:
                 raise ConfigError(f"the outbox table {table} has no column {column!r}",
                                   field="source.outbox", value=sorted(types),
                                   hint="name the table's columns under source.outbox")
+        self._types, self.columns = types, {}
         own = {self._relay.txid_column, self._relay.seq_column}
         selected: list[sql.Composable] = [sql.SQL("{}, {}::text").format(
             sql.Identifier(self._relay.seq_column), sql.Identifier(self._relay.txid_column))]

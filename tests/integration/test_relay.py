@@ -464,3 +464,33 @@ def test_a_relay_whose_lock_connection_drops_exits_75_and_its_restart_goes_on_on
     assert f"lost its lock on public.{setup.table}" in first_log
     assert "Traceback" not in first_log, first_log[-3000:]
     assert Counter(r.key().decode() for r in settled) == Counter(before + after)
+
+
+def test_columns_changed_while_the_relay_runs_are_read_again(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 33-c: the select list was built once. After a DROP COLUMN every read failed for
+    # ever ("column does not exist"); after the payload was made bytea, rows were read as
+    # text and dead-lettered for good.
+    with relay_setup(stack, tmp_path) as setup:
+        table = f"public.{setup.table}"
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN note text")
+        setup.start("a")
+        first = _insert(stack, setup.table, ["OrderPaid"])
+        read_topic(stack.bootstrap_servers, setup.orders_topic, 1, 60)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN note")
+        second = _insert(stack, setup.table, ["OrderPaid"])
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} ALTER COLUMN payload TYPE bytea "
+                         "USING convert_to(payload::text, 'UTF8')")
+            conn.execute(f"INSERT INTO {table} (id, aggregatetype, aggregateid, type, payload) "
+                         "VALUES (%s, 'Order', 'o-1', 'OrderPaid', '\\x0102ff'::bytea)",
+                         (third := str(uuid.uuid4()),))
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, 3, 60)
+        letters = read_to_end(stack.bootstrap_servers, setup.dlq_topic)
+        log = setup.log("a")
+    assert [record.key().decode() for record in records] == [*first, *second, third]
+    assert records[2].value() == b"\x01\x02\xff"  # the bytes, not their text
+    assert letters == [], [dict(letter.headers()) for letter in letters]
+    assert log.count("event=relay_columns_changed") == 2, log[-3000:]
