@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
@@ -53,6 +53,7 @@ from cdc_router.router.dlq_letters import (
     plan_replay,
     read_letter,
 )
+from cdc_router.router.poison import PoisonIsolation, abort_batch
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
     DeadLettered,
@@ -68,6 +69,8 @@ log = logging.getLogger("cdc_router.router")
 INSTANCE = "dlq-replay"
 # Reading the dead-letter topic to its end: seconds on a cluster that answers.
 _READ_TIMEOUT_S = 300.0
+# A batch that fails for no refused record is tried again this many times, after 0.5, 1, 2 s.
+_RETRIES, _BACKOFF_S = 3, 0.5
 
 
 def replay_group(config: RouterConfig) -> str:
@@ -147,6 +150,8 @@ class DeadLetterReplay:
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.
         self._publisher = None if dry_run else clients.jetstream_publisher(config, INSTANCE)
         self._txn: Transaction | None = None
+        self._poison = PoisonIsolation()  # letters whose records the broker refused
+        self._done = 0  # items of the work applied and committed
 
     def _letter_step(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
         """The router's step for a router's letter; for the relay's (its source is the relay's
@@ -188,51 +193,87 @@ class DeadLetterReplay:
     def apply(self, plan: ReplayPlan) -> ReplayResult:
         """Step 4: deliver and dead-letter again, with marks and offsets, in transactions.
 
-        Raises DeliveryError when a batch fails (it is aborted; the batches before it stay
-        committed), FatalKafkaError when another replay fenced this one.
+        A batch the broker (or JetStream) aborts for records it refuses is done again with
+        those letters dead-lettered again, as `run` isolates them (QA 33-c: one refused
+        letter stopped every replay at it). Raises DeliveryError when a batch fails otherwise
+        (it is aborted; the batches before it stay committed), FatalKafkaError when another
+        replay fenced this one.
         """
         assert self._txn is not None, "plan() first, and not a dry run"
-        txn, result, batch = self._txn, ReplayResult(), Counter[str]()
-        topic = self._config.dead_letter.topic
-        try:
-            for item in plan.planned:
-                if item.action in ("deliver", "dead_letter"):
-                    txn.begin()
-                    txn.consumed(topic, item.letter.partition, item.letter.offset)
-                    batch[self._apply_one(txn, item)] += 1
-                if txn.due():
-                    txn.commit()
-                    result.committed = dict(Counter(result.committed) + batch)
-                    batch.clear()
-            for partition, end in plan.ends.items():
-                txn.begin()
-                txn.consumed(topic, partition, end - 1)
-            if txn.open:
-                txn.commit()
+        txn, result = self._txn, ReplayResult()
+        work = [item for item in plan.planned if item.action in ("deliver", "dead_letter")]
+        self._done, failed, pending_abort = 0, 0, False
+        while True:
+            batch, done = Counter[str](), self._done
+            try:
+                if pending_abort:
+                    txn.abort()
+                self._batches(work, batch, result)
+                self._finish(plan.ends)
                 result.committed = dict(Counter(result.committed) + batch)
-        except BatchFailed as failure:
-            txn.discard()
-            done = sum(result.committed.values())
-            raise DeliveryError(f"dlq replay stopped: {failure}; {done} letters were committed "
-                                "before; run it again (what was delivered is skipped)"
-                                ) from failure
-        return result
+                return result
+            except (BatchFailed, KafkaException) as failure:
+                cause, reason = abort_batch(txn, self._poison, failure, who="dlq replay")
+                pending_abort = cause == "abort_failed"
+                # Refused records are progress (run's isolation); so is a committed batch. A
+                # refusal's gap in the sequence numbers fails the next batch once, too.
+                failed = 0 if cause == "record_refused" or self._done > done else failed + 1
+                if failed > _RETRIES:
+                    txn.discard()
+                    committed = sum(result.committed.values())
+                    raise DeliveryError(f"dlq replay stopped: {reason}; {committed} letters were "
+                                        "committed before; run it again (what was delivered is "
+                                        "skipped)") from failure
+                if failed:
+                    log.warning("event=batch_aborted cause=%s consecutive=%d reason=%r", cause,
+                                failed, reason)
+                    time.sleep(_BACKOFF_S * 2 ** (failed - 1))
+
+    def _batches(self, work: list[Planned], batch: Counter[str], result: ReplayResult) -> None:
+        """Apply the work after the committed (self._done), committing each due batch."""
+        txn, topic = self._txn, self._config.dead_letter.topic
+        assert txn is not None
+        for index in range(self._done, len(work)):
+            item = work[index]
+            txn.begin()
+            txn.consumed(topic, item.letter.partition, item.letter.offset)
+            batch[self._apply_one(txn, item)] += 1
+            if txn.due():
+                txn.commit()
+                self._poison.committed()
+                result.committed = dict(Counter(result.committed) + batch)
+                batch.clear()
+                self._done = index + 1
+
+    def _finish(self, ends: dict[int, int]) -> None:
+        """The last transaction: the group's offsets to the end of what was read."""
+        txn, topic = self._txn, self._config.dead_letter.topic
+        assert txn is not None
+        for partition, end in ends.items():
+            txn.begin()
+            txn.consumed(topic, partition, end - 1)
+        if txn.open:
+            txn.commit()
+            self._poison.committed()
 
     def _apply_one(self, txn: Transaction, item: Planned) -> str:
         letter, step = item.letter, item.result
         topic = self._config.dead_letter.topic
         if isinstance(step, Routed):
             source = (topic, letter.partition, letter.offset)
-            try:
-                txn.produce(step.record, source)
-            except RecordRefused as refusal:
-                reason = f"Kafka refused the record for {step.record.topic}: {refusal}"
-                step_failed = DeadLettered("produce", DeliveryError(reason),
-                                           step.record.event_id, step.event)
-                txn.dead_letter(topic, self._again(letter, step_failed))
-                return "dead_letter"
-            txn.mark(step.record.event_id, int(time.time() * 1000))
-            return "deliver"
+            refused = self._poison.refused(source)
+            if refused is None:
+                try:
+                    alone = self._poison.alone(source)
+                    txn.produce(step.record, source, alone=alone)
+                    if alone:
+                        self._poison.delivered_alone(source)
+                    txn.mark(step.record.event_id, int(time.time() * 1000))
+                    return "deliver"
+                except RecordRefused as refusal:
+                    refused = f"Kafka refused the record for {step.record.topic}: {refusal}"
+            step = DeadLettered("produce", DeliveryError(refused), step.record.event_id,
+                                step.event)
         assert isinstance(step, DeadLettered)
         txn.dead_letter(topic, self._again(letter, step))
         log.warning("event=dead_letter_again id=%s stage=%s reason=%r", step.event_id,

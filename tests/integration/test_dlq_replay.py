@@ -45,12 +45,18 @@ def _committed(pipe: Pipeline, group: str) -> int:
         consumer.close()
 
 
+def _route_orders_only(pipe: Pipeline) -> list[dict[str, Any]]:
+    """The pipeline's router, started with one route (Order*): every other event a letter."""
+    orders_only = [{"match": {"aggregate_type": "Order*"}, "topic": pipe.orders_topic}]
+    _with_routes(pipe, pipe.config_path, orders_only)
+    pipe.start_router(wait=True)
+    return orders_only
+
+
 def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
-        orders_only = [{"match": {"aggregate_type": "Order*"}, "topic": pipe.orders_topic}]
-        _with_routes(pipe, pipe.config_path, orders_only)
-        pipe.start_router(wait=True)
+        orders_only = _route_orders_only(pipe)
         rows = ([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(20)]
                 + [("Customer", f"c-{i}", "CustomerCreated", {"i": i}) for i in range(10)]
                 + [("Bad", f"b-{i}", "Broken", {"i": i}) for i in range(3)])
@@ -89,6 +95,55 @@ def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
         events = pipe.read_all(pipe.events_topic, settle_s=1)
     assert Counter(r.key().decode() for r in events) == Counter(customer_ids), \
         "each replayed event exactly once after two replays"
+
+
+def _limit_message_bytes(pipe: Pipeline, topic: str, limit: int) -> None:
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": pipe.stack.bootstrap_servers})
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[ConfigEntry(
+        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def test_a_letter_the_destination_refuses_is_dead_lettered_again_and_the_replay_goes_on(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 33-c: the broker's refusal of one letter's record (over the destination's
+    # max.message.bytes) stopped the replay at it, and every later replay there too.
+    with pipeline(stack, tmp_path, partitions=1) as pipe:
+        orders_only = _route_orders_only(pipe)
+        rows = [("Customer", f"c-{i}", "CustomerCreated",
+                 {"i": i, "pad": "x" * (50_000 if i % 3 == 1 else 10)}) for i in range(9)]
+        ids = pipe.insert(rows)
+        assert len(pipe.read(pipe.dlq_topic, 9)) == 9, pipe.router_log()[-3000:]
+        fixed = _with_routes(pipe, tmp_path / "fixed.yaml", [
+            *orders_only,
+            {"match": {"aggregate_type": "Customer"}, "topic": pipe.events_topic}])
+        _limit_message_bytes(pipe, pipe.events_topic, 20_000)
+
+        first = _replay(fixed, "--yes")
+        assert first["committed"] == {"deliver": 6, "dead_letter": 3}, first
+        events = pipe.read_all(pipe.events_topic, settle_s=1)
+        assert sorted(r.key().decode() for r in events) == sorted(
+            ids[i] for i in range(9) if i % 3 != 1)
+        again = [dict(r.headers() or []) for r in pipe.read_all(pipe.dlq_topic, settle_s=0)
+                 if REPLAY_OF in dict(r.headers() or [])]
+        assert sorted(h["dlq.event.id"].decode() for h in again) == sorted(
+            [ids[1], ids[4], ids[7]])
+        assert {h["dlq.stage"] for h in again} == {b"produce"}
+        assert all(b"MSG_SIZE_TOO_LARGE" in h["dlq.error.message"] for h in again), again
+
+        second = _replay(fixed, "--yes")
+        assert second["committed"] == {"dead_letter": 3}, second
+        events = pipe.read_all(pipe.events_topic, settle_s=1)
+    assert len(events) == 6 and len({r.key() for r in events}) == 6, "each once"
 
 
 def test_replay_refuses_a_config_without_dedup(stack: StackEndpoints, tmp_path: Path) -> None:

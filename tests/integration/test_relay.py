@@ -481,6 +481,7 @@ def test_columns_changed_while_the_relay_runs_are_read_again(
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN note")
         second = _insert(stack, setup.table, ["OrderPaid"])
+        read_topic(stack.bootstrap_servers, setup.orders_topic, 2, 60)  # one change at a time
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"ALTER TABLE {table} ALTER COLUMN payload TYPE bytea "
                          "USING convert_to(payload::text, 'UTF8')")

@@ -14,6 +14,7 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import REPLAY_OF, dead_letter
 from cdc_router.errors import DeliveryError, RouteError
+from cdc_router.router import dlq_replay
 from cdc_router.router.dlq_letters import Selection
 from cdc_router.router.dlq_replay import DeadLetterReplay
 from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
@@ -99,9 +100,11 @@ def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> Non
         "flush", "send_offsets", "commit"]
 
 
-def test_a_failed_batch_commits_nothing_and_the_next_replay_delivers_it() -> None:
+def test_a_batch_that_keeps_failing_commits_nothing_and_the_next_replay_delivers_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
     cluster = cluster_with_letters("Customer", "Customer")
-    cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)]
+    cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)] * 4
     failing = replayer(cluster)
     with pytest.raises(DeliveryError, match="0 letters were committed before; run it again"):
         failing.apply(failing.plan(Selection()))
@@ -110,6 +113,16 @@ def test_a_failed_batch_commits_nothing_and_the_next_replay_delivers_it() -> Non
     assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
     second = replayer(cluster).plan(Selection())
     assert second.counts() == {"already_delivered": 2}
+    assert len(cluster.committed(CUSTOMERS)) == 2
+
+
+def test_a_batch_that_failed_once_is_tried_again_and_delivered_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
+    cluster = cluster_with_letters("Customer", "Customer")
+    cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)]
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
     assert len(cluster.committed(CUSTOMERS)) == 2
 
 
