@@ -17,6 +17,13 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
+def printable(text: str) -> str:
+    """`text` as is, or with its unprintable characters escaped (repr's escapes, no quotes):
+    for a log field or a table cell from row data (QA 33-c: an id with CR/LF forged a second
+    log line, one with ESC coloured the terminal)."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 # EX_TEMPFAIL (sysexits.h): a temporary failure, run me again. The router exits with it when
 # only a new process can go on and a supervisor's restart is the cure (README, "Guarantees").
 EXIT_RESTART = 75

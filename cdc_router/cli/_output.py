@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
+from cdc_router.errors import printable
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -66,7 +68,7 @@ def emit(value: Any, output: str, text: Callable[[Any], str]) -> None:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces, headers first."""
-    cells = [[str(cell) for cell in row] for row in [headers, *rows]]
+    cells = [[printable(str(cell)) for cell in row] for row in [headers, *rows]]
     widths = [max(len(row[index]) for row in cells) for index in range(len(headers))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                      .rstrip() for row in cells)

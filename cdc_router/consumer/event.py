@@ -8,7 +8,13 @@ from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
-from cdc_router.errors import MalformedRecord, RegistryError, UnreadableHeaders, show
+from cdc_router.errors import (
+    MalformedRecord,
+    RegistryError,
+    UnreadableHeaders,
+    printable,
+    show,
+)
 from cdc_router.kafka.consumer import readable_headers
 
 
@@ -43,6 +49,11 @@ class ConsumedEvent:
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp_ms: int | None
     attempt: int
+
+    @property
+    def shown_id(self) -> str:
+        """The event id for a log line: unprintable characters escaped (errors.printable)."""
+        return printable(self.event_id)
 
     def header(self, name: str) -> bytes | None:
         """The last value of header `name`, or None when absent."""

@@ -272,7 +272,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             await self._excuse(message, record, "claimed_elsewhere", None)
             return None
         self._counts["processed" if outcome is Outcome.DONE else "duplicates"] += 1
-        log.debug("event=handled id=%s outcome=%s stream=%s sequence=%d", event.event_id,
+        log.debug("event=handled id=%s outcome=%s stream=%s sequence=%d", event.shown_id,
                   outcome.value, record.stream, record.sequence)
         await self._settle(message, record, term=False)
         return None
@@ -291,7 +291,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._counts["retries"] += 1
         log.warning("event=retry_scheduled reason=handler_failed stream=%s sequence=%d id=%s "
                     "attempt=%d delay_s=%.3f error=%s", record.stream, record.sequence,
-                    event.event_id, attempt, verdict.delay_s, repr(error)[:300])
+                    event.shown_id, attempt, verdict.delay_s, repr(error)[:300])
         await _quietly(message.nak(delay=verdict.delay_s), "nak")
 
     async def _outage(self, message: Any, record: JetStreamRecord, reason: str,

@@ -220,7 +220,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             return
         self._counts["processed" if outcome is Outcome.DONE else "duplicates"] += 1
         log.debug("event=handled id=%s outcome=%s topic=%s partition=%d offset=%d",
-                  event.event_id, outcome.value, *tp, message.offset())
+                  event.shown_id, outcome.value, *tp, message.offset())
         self._acknowledge(message)
 
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,

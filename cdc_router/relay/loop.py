@@ -340,7 +340,7 @@ class OutboxRelay:
             self._remember(result.marked_id, dead_lettered=True)
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
-                    result.stage, self._table, row.seq, result.event_id,
+                    result.stage, self._table, row.seq, result.shown_id,
                     type(result.error).__name__, letter.reason)
 
     def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:

@@ -276,7 +276,7 @@ class DeadLetterReplay:
                                 step.event)
         assert isinstance(step, DeadLettered)
         txn.dead_letter(topic, self._again(letter, step))
-        log.warning("event=dead_letter_again id=%s stage=%s reason=%r", step.event_id,
+        log.warning("event=dead_letter_again id=%s stage=%s reason=%r", step.shown_id,
                     step.stage, str(step.error))
         return "dead_letter"
 

@@ -259,7 +259,7 @@ class OutboxRouter:
         self._metrics.dead_letters.labels(result.stage).inc()
         log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
                     "error=%s reason=%r", result.stage, message.topic(), message.partition(),
-                    message.offset(), result.event_id, type(result.error).__name__,
+                    message.offset(), result.shown_id, type(result.error).__name__,
                     letter.reason)
 
     def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:

@@ -28,6 +28,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     RouteError,
+    printable,
 )
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
@@ -81,6 +82,11 @@ class DeadLettered:
     error: BaseException
     event_id: str | None = None
     event: OutboxEvent | None = None
+
+    @property
+    def shown_id(self) -> str:
+        """The event id for a log line: unprintable characters escaped (errors.printable)."""
+        return printable(str(self.event_id))
 
     @property
     def marked_id(self) -> str | None:
