@@ -13,7 +13,7 @@ A durable pull consumer with explicit ack. Per message of a fetched batch, in st
    worker's outage: those must never bring a message closer to the dead-letter subject;
 4. a store failure (DedupStoreError), a registry outage (RegistryError) or a failed
    dead-letter publish naks with a delay and counts as no attempt; a dead letter the stream
-   refuses (4xx) goes again without its data, and after retry.max_attempts run() stops.
+   refuses for its size goes again without its data, and after retry.max_attempts run() stops.
 
 Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
 parts, the decoder and the store with the handler inside, run one at a time in one worker
@@ -344,12 +344,12 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         """Count a refusal of `record`'s dead letter; stop after retry.max_attempts (review
         33: retried for ever, its handler run each time). Else it comes back, as an outage."""
         refusals = _count(self._refused, record.sequence)
-        if self.settings.retry.exhausted(refusals):
+        if refusals > 1 and self.settings.retry.exhausted(refusals):  # once without its data
             raise JetStreamConsumerError(
                 f"stream {self._dead_letter_stream!r} refused the dead letter of message "
                 f"{record.sequence} of stream {record.stream!r} {refusals} times, also without "
                 f"its data: {error_text(failure)}; stopping rather than skip the message: raise "
-                "that stream's limits (max_msg_size, max_msgs, max_bytes) or unseal it")
+                "that stream's max_msg_size, or shrink the message's headers (64 KiB at most)")
 
     async def _settle(self, message: Any, record: JetStreamRecord, *, term: bool) -> None:
         self._failures.pop(record.sequence, None)

@@ -20,6 +20,7 @@ from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import SOURCE_STREAM, fitted
+from cdc_router.nats.publisher import MESSAGE_REFUSED
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
 _BROKER_TIME = 2
@@ -142,9 +143,7 @@ def _header_text(raw: bytes) -> str:
 
 
 def refused_for_good(failure: BaseException) -> bool:
-    """A publish JetStream answered with a 4xx API error (over the stream's max_msg_size or
-    header limit, a sealed stream, ...): the same letter sent again is refused again."""
-    from nats.js.errors import APIError
-
-    code = failure.code if isinstance(failure, APIError) else None
-    return code is not None and 400 <= code < 500
+    """A publish JetStream refused for what the message is (nats/publisher.py's
+    MESSAGE_REFUSED: over the stream's max_msg_size, headers over its limit); the same letter
+    sent again is refused again. Other answers (a full stream or account) may clear."""
+    return getattr(failure, "err_code", None) in MESSAGE_REFUSED

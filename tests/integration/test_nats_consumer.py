@@ -381,12 +381,18 @@ def test_a_dead_letter_the_stream_refuses_even_without_data_stops_run(
         streams: Streams) -> None:
     _limit_dead_letter_stream(streams, 64)  # below the dlq.* headers alone
     streams.publish([payment(streams.subject, "poison", "poison")])
-    durable = unique("sealed")
-    jetstream = consumer(streams, store, shipping_handler(schema, "poison", []), durable)
+    settings = JetStreamSettings(
+        url=streams.url, stream=streams.stream, durable=unique("limited"),
+        dead_letter_subject=streams.dead_letter_subject, ack_wait_s=2,
+        retry=RetryPolicy(max_attempts=1, initial_backoff_s=0.05, max_backoff_s=0.2))
+    jetstream = JetStreamConsumer(settings, store, shipping_handler(schema, "poison", []),
+                                  decoder=json.loads)
     with pytest.raises(JetStreamConsumerError) as stopped:
         jetstream.run()
+    # Review 33-2: with max_attempts 1 it stopped at once, never trying without the data.
     message = str(stopped.value)
     assert message.startswith(f"stream {streams.dead_letters!r} refused the dead letter of "
-                              f"message 1 of stream {streams.stream!r} 3 times, also without "
+                              f"message 1 of stream {streams.stream!r} 2 times, also without "
                               "its data: BadRequestError"), message
+    assert "err_code=10054" in message, message
     assert read_stream(streams.url, streams.dead_letters) == []

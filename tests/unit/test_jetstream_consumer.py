@@ -319,3 +319,17 @@ def test_stop_finishes_the_message_in_hand_and_hands_the_rest_of_the_batch_back(
     asyncio.run(harness.consumer._handle_batch(list(batch)))
     assert [message.told for message in batch] == [[("ack", None)], [("nak", None)],
                                                    [("nak", None)]]
+
+
+def test_only_a_refusal_of_the_message_itself_counts_against_a_dead_letter() -> None:
+    # Review 33-2: an account over its storage quota answers 400 too (err_code 10002), and
+    # clears by itself: an outage, retried, never a reason to drop the letter's data.
+    from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
+
+    from cdc_router.consumer.jetstream_message import refused_for_good
+
+    assert refused_for_good(BadRequestError(code=400, err_code=10054))
+    assert refused_for_good(APIError(code=400, err_code=10097))
+    assert not refused_for_good(BadRequestError(code=400, err_code=10002))
+    assert not refused_for_good(ServiceUnavailableError(code=503, err_code=10077))
+    assert not refused_for_good(TimeoutError())
