@@ -252,20 +252,22 @@ def test_one_store_shared_by_two_threads_commits_every_effect_it_reports_done(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
     # Review 33: the consumer and run_purge_loop shared the store's one connection; their
     # transactions nested, and run_once returned DONE for effects that never committed.
-    # Here one thread's effect waits inside its transaction until the other's run_once is
-    # inside its own, then ends first.
+    # Each thread now has a connection of its own: here one thread's effect waits inside its
+    # transaction until the other's has run on the other connection, and ends last.
     effect_table(stack.postgres_dsn, schema)
-    first_in, second_in = threading.Event(), threading.Event()
+    first_in, second_done = threading.Event(), threading.Event()
     outcomes: dict[str, object] = {}
+    used: dict[str, psycopg.Connection[Any]] = {}
 
     def first(conn: psycopg.Connection[Any]) -> None:
+        used["first"] = conn
         insert_effect(schema, "first")(conn)
         first_in.set()
-        assert second_in.wait(5)
+        assert second_done.wait(5)
 
     def second(conn: psycopg.Connection[Any]) -> None:
+        used["second"] = conn
         insert_effect(schema, "second")(conn)
-        second_in.set()
 
     def run(event_id: str, effect: Callable[[psycopg.Connection[Any]], None]) -> None:
         try:
@@ -277,10 +279,31 @@ def test_one_store_shared_by_two_threads_commits_every_effect_it_reports_done(
     worker.start()
     assert first_in.wait(10)
     run("second", second)
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+    second_done.set()
     worker.join(10)
+    assert used["first"] is not used["second"]
     assert outcomes == {"first": Outcome.DONE, "second": Outcome.DONE}
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 2
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 2
+    store.close()  # every thread's connection, this one's and the worker's
+    assert used["first"].closed and used["second"].closed
+
+
+def test_a_run_once_inside_an_effect_commits_with_it(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 33-2: a handler deduplicating sub-events through the same store (its nested
+    # run_once a savepoint of the outer transaction) was refused by the first fix, for ever.
+    effect_table(stack.postgres_dsn, schema)
+
+    def with_parts(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "order")(conn)
+        for part in ("part-1", "part-2", "part-1"):
+            store.run_once(DedupKey("g", part), insert_effect(schema, part))
+
+    assert store.run_once(DedupKey("g", "order"), with_parts) is Outcome.DONE
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 3
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 3
 
 
 def test_an_effect_refused_at_commit_is_the_handlers_failure_not_an_outage(

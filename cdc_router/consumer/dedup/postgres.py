@@ -82,6 +82,8 @@ class PostgresDedupStore:
         # retryable DedupStoreError.
         self._connect_timeout_s = connect_timeout_s
         self._local = threading.local()  # .conn: this thread's connection
+        self._opened: list[psycopg.Connection[tuple[object, ...]]] = []  # for close()
+        self._lock = threading.Lock()
 
     def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
         conn: psycopg.Connection[tuple[object, ...]] | None = getattr(self._local, "conn", None)
@@ -93,11 +95,19 @@ class PostgresDedupStore:
                 raise DedupStoreError(
                     f"cannot connect to the dedup database: {one_line(error)}") from error
             self._local.conn = conn
+            with self._lock:
+                self._opened = [*(c for c in self._opened if not c.closed), conn]
         return conn
 
     def _forget_broken(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and conn.broken:
+            self.close_own()
+
+    def close_own(self) -> None:
+        """Close the calling thread's connection only (a thread leaving a shared store)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
             conn.close()
             self._local.conn = None
 
@@ -135,6 +145,9 @@ class PostgresDedupStore:
         conn = self._connection()
         insert = sql.SQL("INSERT INTO {} (consumer_group, event_id) VALUES (%s, %s)"
                          " ON CONFLICT DO NOTHING").format(self._table)
+        # Called inside another run_once's effect (a handler deduplicating sub-events), its
+        # rows commit with the outer transaction, as a savepoint.
+        nested = conn.info.transaction_status != TransactionStatus.IDLE
         in_effect = committing = False
         try:
             with conn.transaction():
@@ -145,7 +158,7 @@ class PostgresDedupStore:
                 in_effect = False
                 _check_committable(conn, key)
                 committing = True
-            if conn.info.transaction_status != TransactionStatus.IDLE:
+            if not nested and conn.info.transaction_status != TransactionStatus.IDLE:
                 raise DedupStoreError(f"the dedup transaction of event {key.event_id} did not "
                                       "commit: its connection was inside another transaction")
             return Outcome.DONE
@@ -231,11 +244,12 @@ class PostgresDedupStore:
         return deleted
 
     def close(self) -> None:
-        """Close the calling thread's connection; its next call reconnects."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        """Close every connection the store opened (call it when its threads are done with
+        it); the next call of any thread reconnects."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for conn in opened:
             conn.close()
-            self._local.conn = None
 
 
 # SQLSTATE classes of an error at COMMIT that the effect's writes caused (a deferred foreign
@@ -259,7 +273,7 @@ def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: t
     """Purge every `every` until `stop` is set; a failed purge is logged and tried next time.
 
     Only `consumer_group`'s rows when given (other services keep theirs), else every group's.
-    Run it in its own thread with its own store (a store serves one thread).
+    Run it in its own thread; the store may be the consumer's (each thread its connection).
     """
     while not stop.is_set():
         try:
@@ -267,4 +281,4 @@ def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: t
         except DedupStoreError as error:
             log.warning("event=dedup_purge_failed error=%s", error)
         stop.wait(every.total_seconds())
-    store.close()
+    store.close_own()
