@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
@@ -40,6 +41,7 @@ WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 6
 
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
+                   signal_table: str | None = None,
                    ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
     every logical slot of this database; `publication` None: not checked (an empty state)."""
@@ -51,7 +53,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
             OutboxState(error=message, table=outbox.table)
     with conn:
         return (_guarded(lambda: wal_state(conn, slots), WalState),
-                _guarded(lambda: publication_state(conn, publication), PublicationState)
+                _guarded(lambda: publication_state(conn, publication, signal_table),
+                         PublicationState)
                 if publication is not None else PublicationState(),
                 _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState))
 
@@ -78,14 +81,31 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalStat
                     tuple(found.get(name, Slot(name, exists=False)) for name in names))
 
 
-def publication_state(conn: psycopg.Connection[Any], name: str) -> PublicationState:
+def publication_state(conn: psycopg.Connection[Any], name: str,
+                      signal_table: str | None = None) -> PublicationState:
+    """The publication, and whether the connector's signal table (Debezium's
+    `schema.table`, quoted or not) exists."""
+    signals = None
+    if signal_table is not None:
+        found = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                             (quoted_table(signal_table),)).fetchone()
+        signals = bool(found and found[0])
     row = conn.execute(_PUBLICATION, (name,)).fetchone()
     if row is None:
-        return PublicationState(name=name, exists=False)
+        return PublicationState(name=name, exists=False, signal_table=signal_table,
+                                signal_table_exists=signals)
     operations = tuple(op for op, on in zip(("insert", "update", "delete", "truncate"), row[:4],
                                             strict=True) if on)
     return PublicationState(name=name, exists=True, tables=tuple(row[4]), operations=operations,
-                            via_root=bool(row[5]))
+                            via_root=bool(row[5]), signal_table=signal_table,
+                            signal_table_exists=signals)
+
+
+def quoted_table(table: str) -> str:
+    """Debezium's `schema.table` as SQL: an unquoted part keeps its case (quoted as given)."""
+    if '"' in table:
+        return table
+    return ".".join(sql.Identifier(part).as_string(None) for part in table.split(".", 1))
 
 
 def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema,

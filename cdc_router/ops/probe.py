@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -104,9 +104,8 @@ def _database(config: RouterConfig, endpoints: Endpoints,
                 OutboxState(error=str(error), table=table))
     if capture is None:
         return probe_database(endpoints.dsn, None, None, schema)
-    wal, publication, outbox = probe_database(endpoints.dsn, [capture.slot],
-                                              capture.publication, schema, reader=capture.user)
-    return wal, replace(publication, signal_table=capture.signal_table), outbox
+    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
+                          reader=capture.user, signal_table=capture.signal_table)
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

@@ -43,6 +43,7 @@ class PublicationState:
     operations: tuple[str, ...] = ()  # of insert, update, delete, truncate
     via_root: bool | None = None  # publish_via_partition_root
     signal_table: str | None = None  # the connector's signal.data.collection
+    signal_table_exists: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from typing import Literal
 from psycopg import sql
 
 from cdc_router.config.status import Level, StatusSettings
+from cdc_router.ops.database import quoted_table
 from cdc_router.ops.report import (
     SECTIONS,
     ConnectorState,
+    PublicationState,
     Report,
     RouterState,
     Slot,
@@ -147,16 +149,6 @@ def _publication(report: Report) -> Iterator[Problem]:
             outbox.partitioned) and not publication.via_root)
         yield Problem("critical", "publication", f"{fix} (it publishes: "
                       f"{', '.join(publication.tables) or 'nothing'})")
-    signals = publication.signal_table
-    if signals and _unquoted(signals) not in {_unquoted(t) for t in publication.tables}:
-        # Left out at stop 32 (QA 32-e): an execute-snapshot row there is ignored without a
-        # line, and a Kafka-channel signal waits for ever on the markers it writes there.
-        yield Problem("warning", "publication", f"the connector's signal table {signals} "
-                      f"(signal.data.collection) is not in publication {publication.name}: "
-                      "Debezium never sees a signal written there; run `ALTER PUBLICATION "
-                      f"{sql.Identifier(publication.name).as_string(None)} ADD TABLE "
-                      f"{signals}`, grant the connector's role INSERT on it, and restart the "
-                      "connector's task (connectors/README.md, signals)")
     if "update" in publication.operations:
         # QA 31-a: Debezium sends a changed primary key as an insert of the new key (op c,
         # marked only by a header the router does not read per record: 3 us an event).
@@ -165,6 +157,29 @@ def _publication(report: Report) -> Iterator[Problem]:
                       "insert of the new id and is delivered again; publish inserts only: "
                       f"ALTER PUBLICATION {sql.Identifier(publication.name).as_string(None)} "
                       "SET (publish = 'insert')")
+    yield from _signal_table(publication)
+
+
+def _signal_table(publication: PublicationState) -> Iterator[Problem]:
+    """Left out at stop 32 (QA 32-e): an execute-snapshot row in a signal table the
+    publication leaves out is ignored without a line, and a Kafka-channel signal waits for
+    ever on the markers it writes there."""
+    signals = publication.signal_table
+    if not signals or _unquoted(signals) in {_unquoted(t) for t in publication.tables}:
+        return
+    pub, table = sql.Identifier(publication.name or "").as_string(None), quoted_table(signals)
+    add = f"`ALTER PUBLICATION {pub} ADD TABLE {table}`"
+    if publication.signal_table_exists is False:
+        where, fix = "does not exist", (f"create it (`CREATE TABLE {table} (id varchar(42) "
+                                        "PRIMARY KEY, type varchar(32) NOT NULL, data "
+                                        f"varchar(2048))`), then {add} (unless it publishes "
+                                        "all tables)")
+    else:
+        where, fix = f"is not in publication {publication.name}", f"run {add}"
+    yield Problem("warning", "publication", f"the connector's signal table {signals} "
+                  f"(signal.data.collection) {where}: Debezium never sees a signal written "
+                  f"there; {fix}, grant the connector's role INSERT on it, and restart the "
+                  "connector's task (connectors/README.md, signals)")
 
 
 def _reader(report: Report) -> Iterator[Problem]:

@@ -72,7 +72,7 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert report["publication"] == {"error": None, "name": pipe.name, "exists": True,
                                      "tables": [f"public.{pipe.name}"],
                                      "operations": ["insert"], "via_root": False,
-                                     "signal_table": None}
+                                     "signal_table": None, "signal_table_exists": None}
     outbox = report["outbox"]
     assert outbox["table"] == f"public.{pipe.name}" and outbox["rows"] == 6
     assert (outbox["partitioned"], outbox["reader_may_select"]) == (False, True)
@@ -190,15 +190,22 @@ def test_a_signal_table_outside_the_publication_is_a_warning(
             assert report["publication"]["signal_table"] == signals, report["publication"]
             return [problem for problem in report["problems"] if "signal" in problem["message"]]
 
+        quoted = f'"public"."{pipe.name}_signal"'
         [problem] = signal_problems()
         assert problem["level"] == "warning" and problem["component"] == "publication"
         assert problem["message"].startswith(
-            f"the connector's signal table {signals} (signal.data.collection) is not in "
-            f"publication {pipe.name}: Debezium never sees a signal written there; run "
-            f'`ALTER PUBLICATION "{pipe.name}" ADD TABLE {signals}`'), problem
+            f"the connector's signal table {signals} (signal.data.collection) does not "
+            f"exist: Debezium never sees a signal written there; create it (`CREATE TABLE "
+            f"{quoted} (id varchar(42) PRIMARY KEY"), problem
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"CREATE TABLE {signals} (id text PRIMARY KEY, type text, data text)")
-            conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {signals}')
+        [problem] = signal_problems()
+        assert problem["message"].startswith(
+            f"the connector's signal table {signals} (signal.data.collection) is not in "
+            f"publication {pipe.name}: Debezium never sees a signal written there; run "
+            f'`ALTER PUBLICATION "{pipe.name}" ADD TABLE {quoted}`'), problem
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {quoted}')
         try:
             assert signal_problems() == []
         finally:

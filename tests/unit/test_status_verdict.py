@@ -187,15 +187,27 @@ def test_a_publication_of_updates_is_a_warning() -> None:
 
 def test_a_signal_table_the_publication_leaves_out_is_a_warning() -> None:
     # QA 32-e: an execute-snapshot row there was ignored without a line.
-    publication = replace(healthy().publication, signal_table="public.debezium_signal")
+    publication = replace(healthy().publication, signal_table="public.debezium_signal",
+                          signal_table_exists=True)
     assert lines(replace(healthy(), publication=publication)) == [
         "warning: publication: the connector's signal table public.debezium_signal "
         "(signal.data.collection) is not in publication outbox_pub: Debezium never sees a "
         "signal written there; run `ALTER PUBLICATION \"outbox_pub\" ADD TABLE "
-        "public.debezium_signal`, grant the connector's role INSERT on it, and restart the "
-        "connector's task (connectors/README.md, signals)"]
+        "\"public\".\"debezium_signal\"`, grant the connector's role INSERT on it, and "
+        "restart the connector's task (connectors/README.md, signals)"]
     published = replace(publication, tables=(*publication.tables, "public.debezium_signal"))
     assert lines(replace(healthy(), publication=published)) == []
+
+
+def test_a_signal_table_that_does_not_exist_is_named_with_its_create_statement() -> None:
+    # Review 33-2: the advice to add a missing table to the publication failed; a mixed-case
+    # name was not quoted.
+    publication = replace(healthy().publication, signal_table="ops.Signals",
+                          signal_table_exists=False)
+    [line] = lines(replace(healthy(), publication=publication))
+    assert "signal table ops.Signals (signal.data.collection) does not exist" in line
+    assert 'create it (`CREATE TABLE "ops"."Signals" (id varchar(42) PRIMARY KEY' in line
+    assert 'then `ALTER PUBLICATION "outbox_pub" ADD TABLE "ops"."Signals"` (unless' in line
 
 
 def test_the_signal_table_is_read_from_the_connector_config() -> None:
