@@ -185,29 +185,30 @@ def test_a_signal_table_outside_the_publication_is_a_warning(
             "signal.data.collection": "public.{table}_signal"}) as pipe:
         signals = f"public.{pipe.name}_signal"
 
-        def signal_problems() -> list[dict[str, Any]]:
+        def signal_problems() -> list[str]:
             _, report = _json_status(pipe)
             assert report["publication"]["signal_table"] == signals, report["publication"]
-            return [problem for problem in report["problems"] if "signal" in problem["message"]]
+            return [f"{problem['level']}: {problem['component']}: {problem['message']}"
+                    for problem in report["problems"] if "signal" in problem["message"]]
+
+        def run_sql(statement: str) -> None:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(statement)
 
         quoted = f'"public"."{pipe.name}_signal"'
-        [problem] = signal_problems()
-        assert problem["level"] == "warning" and problem["component"] == "publication"
-        assert problem["message"].startswith(
-            f"the connector's signal table {signals} (signal.data.collection) does not "
-            f"exist: Debezium never sees a signal written there; create it (`CREATE TABLE "
-            f"{quoted} (id varchar(42) PRIMARY KEY"), problem
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE TABLE {signals} (id text PRIMARY KEY, type text, data text)")
-        [problem] = signal_problems()
-        assert problem["message"].startswith(
-            f"the connector's signal table {signals} (signal.data.collection) is not in "
-            f"publication {pipe.name}: Debezium never sees a signal written there; run "
-            f'`ALTER PUBLICATION "{pipe.name}" ADD TABLE {quoted}`'), problem
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {quoted}')
+        prefix = f"warning: publication: the connector's signal table {signals} " \
+            "(signal.data.collection) "
+        [missing] = signal_problems()
+        assert missing.startswith(f"{prefix}does not exist: Debezium never sees a signal "
+                                  f"written there; create it (`CREATE TABLE {quoted} (id "
+                                  "varchar(42) PRIMARY KEY"), missing
+        run_sql(f"CREATE TABLE {signals} (id text PRIMARY KEY, type text, data text)")
+        [left_out] = signal_problems()
+        assert left_out.startswith(f"{prefix}is not in publication {pipe.name}: Debezium "
+                                   "never sees a signal written there; run `ALTER "
+                                   f'PUBLICATION "{pipe.name}" ADD TABLE {quoted}`'), left_out
+        run_sql(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {quoted}')
         try:
             assert signal_problems() == []
         finally:
-            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-                conn.execute(f"DROP TABLE {signals}")
+            run_sql(f"DROP TABLE {signals}")
