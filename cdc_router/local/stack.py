@@ -168,6 +168,10 @@ def _already_running(config: StackConfig, part: Part, check: Callable[[StackConf
     try:
         _wait(config, part, pid, check, say, doing="running but not answering yet")
     except StackError as error:
+        if not process.is_running(pid, process_marker(config)):  # it ended meanwhile
+            raise StackError(f"{part} (pid {pid}) exited while `local up` waited for it "
+                             f"(log {config.log_path(part)}): run `cdc-router local up` "
+                             "again to start it") from None
         raise StackError(f"{error}\nstop the stack (`cdc-router local down`) and start it "
                          "again") from None
 

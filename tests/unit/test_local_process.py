@@ -145,5 +145,15 @@ def test_a_running_part_that_does_not_answer_is_waited_for_then_named(
                                            "it again")
         stack._already_running(config, "postgres", lambda _: True, said.append)
         assert said[-1] == "postgres  already running"
+
+        def stops_it(_: object) -> bool:
+            process.stop(pid, f"{config.home}/", timeout_s=10)
+            return False
+
+        with pytest.raises(StackError) as ended:  # review 33-2: a part gone while waited for
+            stack._already_running(config, "postgres", stops_it, said.append)
+        assert str(ended.value) == (
+            f"postgres (pid {pid}) exited while `local up` waited for it (log "
+            f"{config.log_path('postgres')}): run `cdc-router local up` again to start it")
     finally:
-        assert process.stop(pid, f"{config.home}/", timeout_s=10)
+        process.stop(pid, f"{config.home}/", timeout_s=10)
