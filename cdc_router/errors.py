@@ -51,8 +51,8 @@ class ConfigError(CdcRouterError):
             parts.append(f"field {field!r}")
         prefix = ": ".join(parts)
         text = f"{prefix}: {message}" if prefix else message
-        if value is not None:
-            text += f" (got {value!r})"
+        if value is not None:  # cut: a 1 MB value was echoed whole (QA 33-b)
+            text += f" (got {show(value, 200)})"
         if hint:
             text += f"; {hint}"
         super().__init__(text)

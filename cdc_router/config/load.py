@@ -57,6 +57,42 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _mapping_without_duplicates)
 
 
+def _text_before(error: UnicodeDecodeError) -> bytes:
+    """The bytes of the file before the one that is not UTF-8."""
+    return bytes(error.object[: error.start])
+
+
+def _parsed(text: str, source: str) -> Any:
+    """The YAML document of `text`, or one ConfigError line (QA 33-b: a NUL byte gave two
+    lines, 4,301 digits and deep nesting a traceback)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
+                          hint="fix the YAML at that line") from None
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        found = error.character
+        shown = repr(chr(found) if isinstance(found, int) else found)
+        raise ConfigError(f"line {line}: invalid YAML: the character {shown} is not allowed in "
+                          "YAML", source=source, hint="remove it") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {' '.join(str(error).split())}", source=source
+                          ) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", source=source,
+                          hint="a config nests a few levels; look for runaway brackets"
+                          ) from None
+    except ValueError as error:  # over Python's 4,300 digits; a date like 2026-13-45
+        problem = "a number has more than 4,300 digits" if "4300" in str(error) else \
+            f"a value cannot be read ({' '.join(str(error).split())})"
+        raise ConfigError(f"invalid YAML: {problem}", source=source,
+                          hint="quote a value meant as text") from None
+
+
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> CompiledConfig:
     """Read router.yaml at `path`, apply overrides from `env`, validate and compile it.
 
@@ -76,18 +112,13 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
         raise ConfigError("file not found", source=source,
                           hint="pass -c with the path of a router.yaml "
                           "(cdc_router/examples/router.yaml is a commented one)") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
+        line = _text_before(error).count(b"\n") + 1
+        raise ConfigError(f"line {line}: the file is not UTF-8 (byte {error.start})",
+                          source=source, hint="save it as UTF-8") from None
+    except OSError as error:
         raise ConfigError(f"cannot read the file: {error}", source=source) from None
-    try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = error.problem or error.context or "syntax error"
-        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
-                          hint="fix the YAML at that line") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"invalid YAML: {error}", source=source) from None
+    raw = _parsed(text, source)
     if raw is None:
         raise ConfigError("the file is empty", source=source,
                           hint="it needs at least source.topics and routes")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
@@ -33,13 +33,19 @@ from cdc_router.config.topic_names import (
 )
 from cdc_router.postgres import split_table
 
+_SLOW = ("repeats a group that repeats itself: one value can take exponential time to match "
+         "and hold the router (catastrophic backtracking); write it without nested "
+         "repetition, or as a list of plain patterns")
+
 
 class TopicSpec(_Model):
     """A topic `topics apply` creates; None leaves partitions or replication to the broker."""
 
     name: str
-    partitions: PositiveInt | None = None
-    replication_factor: PositiveInt | None = None
+    # Bounded (QA 33-b: 2^31 partitions was a traceback in `topics apply`): ten thousand is
+    # beyond any topic's need; librdkafka takes a replication factor up to ten thousand.
+    partitions: int | None = Field(default=None, ge=1, le=10_000)
+    replication_factor: int | None = Field(default=None, ge=1, le=10_000)
     config: StringMap = Field(default_factory=dict)
 
     @field_validator("name")
@@ -100,7 +106,8 @@ class RouterConfig(_Model):
         return found
 
     def pattern_warnings(self) -> list[str]:
-        """`re:` match patterns that repeat a repeating group: one row can stall the router."""
+        """Patterns matched against row values (`re:` match patterns, the topic lists, `^`
+        source topics) that repeat a repeating group: one row can stall the router."""
         found = []
         for index, route in enumerate(self.routes):
             match = route.match
@@ -111,11 +118,16 @@ class RouterConfig(_Model):
             for name, patterns in fields.items():
                 for pattern in [patterns] if isinstance(patterns, str) else patterns or []:
                     if slow_pattern(pattern):
-                        found.append(
-                            f"routes[{index}].match.{name} {pattern!r} repeats a group that "
-                            "repeats itself: one value can take exponential time to match and "
-                            "hold the router (catastrophic backtracking); write it without "
-                            "nested repetition, or as a list of plain patterns")
+                        found.append(f"routes[{index}].match.{name} {pattern!r} {_SLOW}")
+        # QA 33-b: these are matched against topic names built from row values too.
+        named = [*(("allowed_topics", index, pattern) for index, pattern
+                   in enumerate(self.allowed_topics or [])),
+                 *(("protected_topics", index, pattern) for index, pattern
+                   in enumerate(self.protected_topics)),
+                 *(("source.topics", index, "re:" + topic) for index, topic
+                   in enumerate(self.source.topics) if topic.startswith("^"))]
+        found += [f"{field}[{index}] {pattern.removeprefix('re:')!r} {_SLOW}"
+                  for field, index, pattern in named if slow_pattern(pattern)]
         return found
 
     def source_warnings(self) -> list[str]:

@@ -23,7 +23,7 @@ def compile_pattern(pattern: str) -> Callable[[str], bool]:
     if pattern.startswith(_REGEX_PREFIX):
         try:
             regex = re.compile(pattern[len(_REGEX_PREFIX):])
-        except re.error as error:
+        except (re.error, OverflowError) as error:  # OverflowError: a{99999999999} (QA 33-b)
             raise ValueError(f"invalid regular expression: {error}") from None
         return lambda value: regex.fullmatch(value) is not None
     if _GLOB_CHARS.intersection(pattern):

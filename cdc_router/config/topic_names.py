@@ -122,7 +122,7 @@ def source_regex(pattern: str) -> re.Pattern[str]:
         raise ValueError(f"source topic {pattern!r}: {problem}")
     try:
         return re.compile(pattern)
-    except re.error as error:
+    except (re.error, OverflowError) as error:  # OverflowError: a{99999999999} (QA 33-b)
         raise ValueError(f"invalid regular expression in source topic {pattern!r}: "
                          f"{error}") from None
 

@@ -65,6 +65,12 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
     except json.JSONDecodeError as error:
         raise ConfigError(f"not valid JSON: {error.msg} at line {error.lineno} column "
                           f"{error.colno}", source=source) from error
+    except RecursionError:  # QA 33-b: a traceback
+        raise ConfigError("not valid JSON: nested too deeply", source=source,
+                          hint="a connector file is an object of strings") from None
+    except ValueError:  # an integer of over Python's 4,300 digits
+        raise ConfigError("not valid JSON: a number has more than 4,300 digits", source=source,
+                          hint="a connector file is an object of strings") from None
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object", source=source)
     data = expand_tree(data, env, source=source)

@@ -85,6 +85,7 @@ class OutboxCleaner:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._crashed: str | None = None  # what ended the worker unforeseen
         self._conn: psycopg.Connection[Any] | None = None
         self._deleted_total = 0
         self._column_types: dict[str, str] | None = None
@@ -107,6 +108,10 @@ class OutboxCleaner:
         """Events committed on their destinations: their rows may go now (or when aged)."""
         if self._settings.mode == "none":
             return
+        if self._crashed is not None:
+            raise CdcRouterError(f"the outbox cleanup stopped ({self._crashed}): delivered "
+                                 "rows would no longer be deleted, so the router stops; start "
+                                 "it again, and report this line")
         now_ms = int(time.time() * 1000)
         self._enqueue([(event.event_id, event.created_at_ms or now_ms) for event in events],
                       now_ms)
@@ -160,6 +165,15 @@ class OutboxCleaner:
     # The worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The worker, and what ends it unforeseen: the router's next commit stops the router
+        (QA 33-b: the thread died, the router went on, the outbox grew)."""
+        try:
+            self._work()
+        except Exception as error:
+            self._crashed = f"{type(error).__name__}: {one_line(error)}"
+            log.error("event=cleanup_stopped error=%r", self._crashed)
+
+    def _work(self) -> None:
         backoff = 0.5
         interval_s = self._settings.interval_ms / 1000
         while not self._stop.is_set():

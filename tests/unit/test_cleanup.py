@@ -236,3 +236,31 @@ def test_a_dsn_that_cannot_connect_is_named_in_the_warning(caplog: pytest.LogCap
             time.sleep(0.05)
         cleaner.stop(drain_timeout_s=0)
     assert "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN)" in caplog.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("batch_size", 100_001), ("interval_ms", 10**30),
+                                              ("retention_ms", 10**30), ("batch_size", 0)])
+def test_cleanup_sizes_and_times_are_bounded(field: str, value: int):
+    # QA 33-b: batch_size 100,001 and interval_ms 1e30 loaded, then ended the cleanup thread.
+    with pytest.raises(pydantic.ValidationError, match=field):
+        CleanupSettings(**{"mode": "retention", "retention_ms": 1000, field: value})
+
+
+def test_a_worker_ended_by_the_unforeseen_stops_the_router_at_its_next_commit():
+    # QA 33-b: the thread died with a traceback, the router went on, the outbox grew.
+    class Broken:
+        def next(self, max_ids: int) -> list[tuple[str, int]]:
+            raise ValueError("num_messages must be between 0 and 1000000 (1M)")
+
+        def close(self) -> None:
+            pass
+
+    cleaner = OutboxCleaner(CleanupSettings(dsn="postgresql://unused", mode="delete"),
+                            id_column="id", created_at_column=None, sweep=Broken(),
+                            registry=CollectorRegistry())
+    cleaner.start()
+    assert cleaner._thread is not None
+    cleaner._thread.join(10)
+    with pytest.raises(cleanup.CdcRouterError, match=r"the outbox cleanup stopped \(ValueError: "
+                       r"num_messages must be between 0 and 1000000 \(1M\)\): delivered rows"):
+        cleaner.delivered([Delivered("a", "t", None)])

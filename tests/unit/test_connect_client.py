@@ -414,6 +414,8 @@ def test_a_flat_config_and_scalar_values_are_accepted_as_connect_strings() -> No
     ('{"name": "c", "config": {"connector.class": "C", "name": "d"}}', "differs"),
     ('{"name": "c", "config": {"connector.class": "C", "x": {"y": 1}}}', "must be a string"),
     ('{"name": "c", "config": {"connector.class": "C"}, "tasks": []}', "unexpected top-level"),
+    ("[" * 100_000 + "]" * 100_000, "not valid JSON: nested too deeply"),  # QA 33-b: tracebacks
+    ('{"name": 1' + "0" * 4300 + "}", "not valid JSON: a number has more than 4,300 digits"),
 ])
 def test_bad_connector_files_name_the_file(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:

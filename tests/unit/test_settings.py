@@ -293,9 +293,47 @@ def test_missing_file() -> None:
     ("a: b: c\n", "line 1, column 5: invalid YAML"),
     ("", "the file is empty"),
     ("- a\n- b\n", "the top level must be a mapping of settings (got 'list')"),
+    # QA 33-b: each was a traceback, or two lines naming "<unicode string>".
+    ("source: {topics: [a]}\nx-n: " + "[" * 1000 + "]" * 1000 + "\n",
+     "invalid YAML: nested too deeply"),
+    ("source: {topics: [a]}\nx-n: 1" + "0" * 4300 + "\n",
+     "invalid YAML: a number has more than 4,300 digits"),
+    ("source: {topics: [a]}\nx-d: 2026-13-45\n",
+     "invalid YAML: a value cannot be read (month must be in 1..12); quote a value"),
+    ("source: {topics: [a]}\n# caf\x00e\n",
+     "line 2: invalid YAML: the character '\\x00' is not allowed in YAML; remove it"),
+    ("source: {topics: [a]}\nroutes: [{match: {type: 're:a{99999999999}'}, topic: t}]\n",
+     "field 'routes[0].match.type': invalid regular expression: the repetition number is too "
+     "large"),
+    ("source: {topics: ['^a{99999999999}']}\nroutes: [{topic: t}]\n",
+     "the repetition number is too large"),
+    ("source: {topics: [a]}\nroutes: [{topic: '" + "a" * 100_000 + "'}]\n",
+     "this one has 100000 (got 'aaaa"),
 ])
 def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
-    assert expected in error_of(tmp_path, text)
+    error = error_of(tmp_path, text)
+    assert expected in error and "\n" not in error and len(error) < 600, error
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_bytes(MINIMAL.encode() + b"# caf\xe9\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value).endswith(f"line {MINIMAL.count(chr(10)) + 1}: the file is not "
+                                       f"UTF-8 (byte {len(MINIMAL) + 5}); save it as UTF-8")
+
+
+def test_patterns_matched_against_row_values_are_warned_about_when_slow(
+        tmp_path: Path) -> None:
+    # QA 33-b: only routes' match patterns were checked; a row's aggregate type held the
+    # router 61 s in allowed_topics' '([a-z]+\.?)+'.
+    config = loaded(write(tmp_path, (
+        "source: {topics: ['^([a-z]+)+-raw']}\nroutes: [{topic: 'o.{aggregate_type}'}]\n"
+        "allowed_topics: ['re:([a-z]+\\.?)+']\nprotected_topics: ['re:(x+)*-internal']\n")))
+    assert [line.split(" repeats")[0] for line in config.pattern_warnings()] == [
+        "allowed_topics[0] '([a-z]+\\\\.?)+'", "protected_topics[0] '(x+)*-internal'",
+        "source.topics[0] '^([a-z]+)+-raw'"]
 
 
 def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> None:
