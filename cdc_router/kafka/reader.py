@@ -218,6 +218,11 @@ def reached(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
     return True
 
 
+# The prefetch settings of a lean reader (see _LEAN_QUEUE_KBYTES).
+LEAN_QUEUE = {"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
+              "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS}
+
+
 class TopicReader:
     """Reads one topic to its end, and again later from where it stopped; built lazily."""
 
@@ -227,8 +232,7 @@ class TopicReader:
         self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
         self._config = {
             **config,
-            **({"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
-                "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS} if lean else {}),
+            **(LEAN_QUEUE if lean else {}),
             # Needed by librdkafka, never joined: partitions are assigned, offsets not committed.
             "group.id": group_id,
             "enable.auto.commit": False,

@@ -35,6 +35,7 @@ from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, 
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS
 from cdc_router.kafka.reader import (
+    LEAN_QUEUE,
     AdminConnection,
     assign_added,
     assign_from_beginning,
@@ -52,6 +53,8 @@ from cdc_router.router.replay import (
 _DEAD_LETTER_MARGIN_MS = 3_600_000
 # Short polls: the sweep runs on the cleaner's thread between deletes, and must not hold them up.
 _POLL_S = 0.1
+# Records a consume() call returns: a dead letter may hold a big row, a mark up to 64 KB of ids.
+_RECORDS = 20
 # The changelog's partitions are listed again this often: partitions added since are read too.
 _RELIST_S = 60.0
 
@@ -67,6 +70,9 @@ class CommittedIds:
         (router/dlq_replay.py, sources_of)."""
         self._config = {
             **kafka_config,
+            # QA 33-a: with librdkafka's 64 MB read-ahead of each topic (a dead letter may hold
+            # a big row), a restarted router held ~100 MB more after its sweep.
+            **LEAN_QUEUE,
             "group.id": f"{kafka_config.get('client.id', 'cdc-router')}-cleanup-sweep",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -125,10 +131,15 @@ class CommittedIds:
                 self._changelog, self._changelog_topic, self._changelog_partitions,
                 "dedup changelog")
             self._listed = time.monotonic()
-        if not self._unread:
-            replayed = REPLAYED_KEY_PREFIX.encode()
-            dead = DEAD_LETTERED_KEY_PREFIX.encode()
-            for message in self._changelog.consume(num_messages=max_ids, timeout=_POLL_S):
+        replayed = REPLAYED_KEY_PREFIX.encode()
+        dead = DEAD_LETTERED_KEY_PREFIX.encode()
+        while len(self._unread) < max_ids:
+            # A few records a call: those a call returns are out of librdkafka's queue, which
+            # fills again meanwhile (QA 33-a: 10,000 a call held ~100 MB after a restart).
+            messages = self._changelog.consume(num_messages=_RECORDS, timeout=_POLL_S)
+            if not messages:
+                break
+            for message in messages:
                 error = message.error()
                 if error is not None and error.code() in REFUSED_CREDENTIALS:
                     raise KafkaException(error)  # QA 31-c: was passed over, unsaid, for ever
@@ -149,7 +160,7 @@ class CommittedIds:
     def _read_dead_letters(self) -> None:
         consumer = self._dead_letter_consumer()
         now_ms = int(time.time() * 1000)
-        while messages := consumer.consume(num_messages=10_000, timeout=_POLL_S):
+        while messages := consumer.consume(num_messages=_RECORDS, timeout=_POLL_S):
             for message in messages:
                 error = message.error()
                 if error is not None and error.code() in REFUSED_CREDENTIALS:

@@ -99,3 +99,36 @@ def test_the_cleanup_sweep_says_it_may_not_read_the_changelog(
     ids._listed = time.monotonic()
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
         ids.next(10)
+
+
+def test_the_cleanup_sweep_reads_a_few_records_a_call_with_a_lean_queue() -> None:
+    # QA 33-a: 10,000 records a consume() call, and librdkafka's 64 MB read-ahead, held ~100
+    # MB in a restarted router (a dead letter may hold a big row); measured in /tmp runs:
+    # peak 190 MB -> 70 MB with 100,000 ids and 60 MB of letters.
+    import time
+
+    from cdc_router.kafka.reader import LEAN_QUEUE
+    from cdc_router.router import committed_ids
+    from cdc_router.router.replay import changelog_records
+
+    class Marks:
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+            self.records = [Message(topic="dedup", partition=0, key=record.key,
+                                    value=record.value)
+                            for n in range(300) for record in changelog_records(
+                                [f"e{n}-a", f"e{n}-b"], 1, "batch:", group="g")]
+
+        def consume(self, num_messages: int, timeout: float) -> list[Message]:
+            self.asked.append(num_messages)
+            taken, self.records = self.records[:num_messages], self.records[num_messages:]
+            return taken
+
+    ids = committed_ids.CommittedIds({"bootstrap.servers": "k:9092"}, changelog_topic="dedup",
+                                     group="g", dead_letter_topic="dlq", window_ms=1000,
+                                     ours=lambda topic, group: True)
+    assert all(ids._config[key] == value for key, value in LEAN_QUEUE.items())
+    marks = ids._changelog = Marks()  # type: ignore[assignment]
+    ids._listed = time.monotonic()
+    assert len(ids._read_marks(500)) == 500
+    assert max(marks.asked) == committed_ids._RECORDS == 20 and len(marks.asked) == 13
