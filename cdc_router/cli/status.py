@@ -94,16 +94,19 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         # A watching exporter is stopped as a service is (docker stop, systemd): SIGTERM ends
         # it like Ctrl-C, with the last verdict's exit code.
         signal.signal(signal.SIGTERM, _interrupt)
-    # Watching, each check runs in a worker process that a librdkafka crash cannot take the
-    # watch (or the exporter) down with (ops/isolated.py).
-    checks = IsolatedChecks(check) if watch_s is not None else check
+    # Each check runs in a worker process that a librdkafka crash cannot take the watch (or
+    # the exporter) down with (ops/isolated.py); one check's crash exits 3, not 139 (QA 33-a).
+    checks = IsolatedChecks(check)
     try:
         while True:
             report = checks(config, endpoints, connector=connector)
             if isinstance(report, str):
+                if watch_s is None:
+                    raise _CheckImpossible("the check's process died (librdkafka can crash when "
+                                           "Kafka restarts during a check): run it again")
                 click.echo(f"critical: cannot check: {report}", err=True)
                 code = EXIT_CODES["critical"]
-                time.sleep(watch_s or 0)
+                time.sleep(watch_s)
                 continue
             problems = judge(report, config.status, previous)
             code = EXIT_CODES[verdict(problems)]
@@ -117,8 +120,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     except KeyboardInterrupt:
         pass
     finally:
-        if isinstance(checks, IsolatedChecks):
-            checks.close()
+        checks.close()
     raise SystemExit(code)
 
 

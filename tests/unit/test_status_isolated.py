@@ -29,3 +29,32 @@ def test_a_crashed_check_is_a_reason_and_the_next_check_gets_a_new_worker() -> N
         assert checks(4) == 4
     finally:
         checks.close()
+
+
+def test_a_single_status_whose_check_crashed_exits_3_cannot_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 33-a: a one-shot status segfaulted (exit 139) as the broker stopped; probes read its
+    # exit code as the verdict (0 to 3).
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.cli import status as status_command
+
+    class Crashing:
+        def __init__(self, check: object) -> None:
+            pass
+
+        def __call__(self, *args: object, **kwargs: object) -> str:
+            return CRASHED
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(status_command, "IsolatedChecks", Crashing)
+    example = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
+    result = CliRunner().invoke(main, ["status", "-c", str(example)])
+    assert result.exit_code == 3, result.output
+    assert "the check's process died (librdkafka can crash when Kafka restarts during a " \
+           "check): run it again" in result.output
