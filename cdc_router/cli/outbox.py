@@ -290,25 +290,28 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
               "unless it says) or a duration back from now (2h).")
 @click.option("--ids", "id_lists", multiple=True, metavar="ID[,ID...]",
               help="Only these event ids; repeatable.")
+@click.option("--id", "exact_ids", multiple=True, metavar="ID",
+              help="Only this event id, exactly as written (commas and spaces kept); "
+                   "repeatable.")
 @click.option("--topic", help="The raw change topic [default: the config's source topic].")
 @click.option("--dry-run", is_flag=True, help="Only count the rows.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: tuple[str, ...],
-              topic: str | None, dry_run: bool, yes: bool) -> None:
+              exact_ids: tuple[str, ...], topic: str | None, dry_run: bool, yes: bool) -> None:
     """Re-emit outbox rows onto the raw topic, after a lost slot or a connector reset.
 
     The rows become change events shaped like Debezium's; the running router routes them and
     drops those it already delivered (its replay filter), so each event arrives once.
     """
-    if (since is None) == (not id_lists):
-        raise ConfigError("give --since or --ids (one of them)", field="--since/--ids")
+    if (since is None) == (not id_lists and not exact_ids):
+        raise ConfigError("give --since, or --ids/--id (one of them)", field="--since/--ids")
     config = load_config(config_path, env=os.environ).config
     check_republish(config)
     target = raw_topic(config, topic)
     now_ms = int(time.time() * 1000)
     selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
-        if since is not None else RowSelection(ids=tuple(
-            part.strip() for item in id_lists for part in item.split(",") if part.strip()))
+        if since is not None else RowSelection(ids=(*exact_ids, *(
+            part.strip() for item in id_lists for part in item.split(",") if part.strip())))
     schema = OutboxSchema(config.cleanup.table, config.source.outbox)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
         count, oldest = count_rows(conn, schema, selection)
@@ -329,9 +332,11 @@ def _warn_beyond_window(oldest_us: int | None, now_ms: int, window_ms: int) -> N
     if oldest_us is None:
         return
     if now_ms - oldest_us // 1000 > window_ms:
-        click.echo(f"warning: rows created before {_utc(oldest_us)} are older than "
-                   "dedup.window_ms: an event delivered longer ago than that is forgotten by "
-                   "the replay filter and would be delivered again", err=True)
+        # QA 33-c: the line named the oldest row's time, not the window's edge.
+        click.echo(f"warning: rows created before {_utc((now_ms - window_ms) * 1000)} "
+                   f"(now less dedup.window_ms; the oldest selected: {_utc(oldest_us)}): an "
+                   "event delivered longer ago than that is forgotten by the replay filter and "
+                   "would be delivered again", err=True)
 
 
 def _utc(epoch_us: int) -> str:

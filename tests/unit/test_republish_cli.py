@@ -1,0 +1,54 @@
+"""`outbox republish`'s selection and its window warning, without a database (QA 33-c)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.cli import outbox as outbox_cli
+
+EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
+
+
+def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
+             *args: str) -> tuple[Any, list[Any]]:
+    asked: list[Any] = []
+
+    @contextlib.contextmanager
+    def database(dsn: str) -> Iterator[Any]:
+        yield type("Conn", (), {"commit": lambda self: None})()
+
+    def count_rows(conn: Any, schema: Any, selection: Any) -> tuple[int, int | None]:
+        asked.append(selection)
+        return 3, oldest_us
+
+    monkeypatch.setattr(outbox_cli, "database", database)
+    monkeypatch.setattr(outbox_cli, "count_rows", count_rows)
+    result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--dry-run",
+                                       *args])
+    return result, asked
+
+
+def test_an_id_with_a_comma_or_outer_spaces_is_selected_exactly_with_id(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 33-c: --ids splits on commas and strips, so such an id matched 0 rows, unsaid.
+    result, [selection] = _dry_run(monkeypatch, None, "--id", " a,b ", "--ids", "c, d")
+    assert result.exit_code == 0, result.output
+    assert selection.ids == (" a,b ", "c", "d")
+
+
+def test_the_window_warning_names_the_windows_edge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 33-c: it named the oldest selected row's time as the edge.
+    year_2000_us = 946_684_800_000_000
+    result, _ = _dry_run(monkeypatch, year_2000_us, "--since", "2000-01-01")
+    edge = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 7 * 86_400))
+    assert f"warning: rows created before {edge}T" in result.output, result.output
+    assert "(now less dedup.window_ms; the oldest selected: 2000-01-01T00:00:00Z)" in \
+        result.output
