@@ -175,9 +175,11 @@ class JetStreamPublisher:
         failed = [(message, result) for message, result in zip(messages, results, strict=True)
                   if isinstance(result, BaseException)]
         refused = {index: f"JetStream refused the {len(message.data)}-byte message for "
-                          f"{message.subject}: {error_text(result)}; raise the limit (the "
-                          "stream's max_msg_size, the server's max_payload), then `cdc-router "
-                          "dlq replay` the letter"
+                          f"{message.subject}: {error_text(result)}; " + (
+                              "its headers are over JetStream's fixed 64 KiB: shorten the "
+                              "headers column's" if getattr(result, "err_code", None) == 10097
+                              else "raise the limit (the stream's max_msg_size, the server's "
+                              "max_payload), then `cdc-router dlq replay` the letter")
                    for index, (message, result) in enumerate(zip(messages, results, strict=True))
                    if getattr(result, "err_code", None) in MESSAGE_REFUSED
                    or isinstance(result, MaxPayloadError)}

@@ -102,6 +102,20 @@ def test_a_message_over_max_payload_is_a_route_error() -> None:
         rt.route(ORDER, lambda topic: 1)
 
 
+def test_headers_over_jetstreams_fixed_limit_are_a_route_error() -> None:
+    # QA 33-c: 5,000 header keys went to JetStream, which refused them (err_code 10097), and
+    # the letter's advice (raise max_msg_size) could not help: the limit is fixed.
+    rt = router({"nats": {"subject": "orders.x"}}, nats={**STREAMS,
+                                                          "max_payload_bytes": 8_000_000})
+    many = type(ORDER)(**{**ORDER.__dict__, "headers": tuple(
+        (f"h{n}", "x" * 20) for n in range(3_000))})
+    with pytest.raises(RouteError, match=r"the NATS headers are \d+ bytes, over JetStream's "
+                                         r"65536 \(a fixed limit\); fewer or shorter headers"):
+        rt.route(many, lambda topic: 1)
+    fewer = type(ORDER)(**{**ORDER.__dict__, "headers": many.headers[:1_000]})
+    assert isinstance(rt.route(fewer, lambda topic: 1), OutboundRecord)
+
+
 def test_subject_rules_and_matching() -> None:
     assert subject_problem("orders.OrderPaid") is None
     assert subject_problem("orders.>", wildcards=True) is None
