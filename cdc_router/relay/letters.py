@@ -40,6 +40,11 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     source = document.get("source")
     txid = source.get("txid") if isinstance(source, dict) else None
     columns = document.get("columns")
+    if isinstance(columns, dict) and not all(isinstance(kind, dict)
+                                             for kind in columns.values()):
+        # QA 33-c: a hand-made letter's {"payload": "bytes"} gave an AttributeError's text.
+        raise DecodeError("not a relay dead letter: its 'columns' must map each column to "
+                          "its schema (an object)")
     if not isinstance(columns, dict) and settings.payload_type == "auto":
         # Written before letters kept the columns' types: a bytea payload's base64 text
         # would pass for JSON.

@@ -24,7 +24,7 @@ import avro.schema
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, printable
 
 if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
@@ -59,10 +59,10 @@ def load_schema(path: str | Path, field: str | None = None) -> AvroSchema:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"Avro schema {path}: file not found", field=field,
+        raise ConfigError(f"Avro schema {printable(str(path))}: file not found", field=field,
                           hint="a relative path is relative to the config file's folder") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"Avro schema {path}: cannot read the file: {error}",
+        raise ConfigError(f"Avro schema {printable(str(path))}: cannot read the file: {error}",
                           field=field) from None
     return parse_schema_text(text, str(path), field)
 

@@ -207,3 +207,18 @@ def test_a_relay_letter_of_an_earlier_version_needs_the_payload_type_to_replay()
         letter_event(old, SourceSettings())
     event = letter_event(old, SourceSettings(payload_type="bytes"))
     assert (event.payload, event.payload_is_json) == (b"\x00\x01", False)
+
+
+def test_a_relay_letter_whose_columns_are_not_schemas_is_worded() -> None:
+    # QA 33-c: {"payload": "bytes"} gave "'str' object has no attribute 'get'".
+    import json
+
+    from cdc_router.config.source import SourceSettings
+    from cdc_router.errors import DecodeError
+    from cdc_router.relay.letters import letter_event
+
+    odd = json.dumps({"after": {"id": "r-1", "aggregatetype": "A", "aggregateid": "1",
+                                "type": "T", "payload": "{}"},
+                      "columns": {"payload": "bytes"}}).encode()
+    with pytest.raises(DecodeError, match=r"its 'columns' must map each column to its schema"):
+        letter_event(odd, SourceSettings())

@@ -309,6 +309,10 @@ def test_missing_file() -> None:
      "the repetition number is too large"),
     ("source: {topics: [a]}\nroutes: [{topic: '" + "a" * 100_000 + "'}]\n",
      "this one has 100000 (got 'aaaa"),
+    ("source: {group_id: '{aggregate_type'}\nroutes: [{topic: t}]\n"
+     "relay: {table: public.outbox}\n", "field 'source.group_id': illegal characters '{'"),
+    ("source: {topics: [a]}\nroutes: [{topic: t, format: avro, schema: \"x\\r\\n\"}]\n",
+     "x\\r\\n: file not found"),
 ])
 def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
     error = error_of(tmp_path, text)
