@@ -13,7 +13,7 @@ from cdc_router.errors import ConfigError
 
 _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days",
           "w": "weeks"}
-_DURATION = re.compile(r"^\s*(\d{1,19})\s*(ms|s|m|h|d|w)\s*$")  # 19 digits: past 100 years
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
 # Longer than any retention window or look-back: a time this far back is before year 1 (or
 # out of Postgres' and Python's range) for some commands, and a typo for all of them.
 _LONGEST = timedelta(days=100 * 365)
@@ -29,12 +29,14 @@ def parse_duration(text: str, *, option: str, allow_zero: bool = False) -> timed
     Zero is refused unless `allow_zero`: for a retention window it would mean "forget all".
     """
     match = _DURATION.match(text)
-    if match is None or (int(match.group(1)) == 0 and not allow_zero):
+    if match is None or (not match.group(1).strip("0") and not allow_zero):
         kind = "whole" if allow_zero else "positive"
         raise ConfigError(f"must be a {kind} number with a unit ms, s, m, h, d or w",
                           source="command line", field=option, value=text, hint="e.g. 7d")
-    try:
-        duration = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    digits = match.group(1).lstrip("0") or "0"
+    try:  # past 19 digits, past 100 years whatever the unit (QA 33-b: "not positive")
+        duration = timedelta(**{_UNITS[match.group(2)]: int(digits)}) if len(digits) < 20 \
+            else timedelta.max
     except OverflowError:
         duration = timedelta.max
     if duration > _LONGEST:

@@ -106,6 +106,10 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     where the field takes a list or a mapping (see _env_value).
     """
     source = str(path)
+    if not source or (Path(path).exists() and not Path(path).is_file()):
+        # QA 33-b: '' read as '.', a FIFO waited for ever, /dev/zero filled the memory.
+        raise ConfigError("not a regular file", source=source or "''",
+                          hint="pass -c with the path of a router.yaml")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

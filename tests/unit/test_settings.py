@@ -597,3 +597,16 @@ def test_a_template_as_a_routes_key_is_refused(tmp_path: Path) -> None:
     message = error_of(tmp_path, "source: {topics: [raw]}\nroutes:\n"
                        "  - {topic: a, key: '{aggregate_type}-{aggregate_id}'}\n")
     assert "routes[0].key" in message and "never a template" in message
+
+
+def test_a_config_path_that_is_no_regular_file_is_refused_before_it_is_read(
+        tmp_path: Path) -> None:
+    # QA 33-b: a FIFO waited for ever, /dev/zero filled the memory, a directory was "cannot
+    # read the file: Is a directory".
+    import os
+
+    fifo = tmp_path / "router.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, Path("/dev/zero")):
+        with pytest.raises(ConfigError, match=r"not a regular file; pass -c with the path"):
+            load_config(path)
