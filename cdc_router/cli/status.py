@@ -118,7 +118,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
             previous = report
             time.sleep(watch_s)
     except KeyboardInterrupt:
-        pass
+        if watch_s is None:  # review 33-3: a check cut short exited 0, read as ok
+            code = EXIT_UNKNOWN
     finally:
         checks.close()
     raise SystemExit(code)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import stat
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from types import UnionType
@@ -55,6 +56,14 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _mapping_without_duplicates)
+
+
+def _not_a_file(path: Path) -> bool:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # reading it says why
+    return stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
 def _text_before(error: UnicodeDecodeError) -> bytes:
@@ -106,9 +115,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     where the field takes a list or a mapping (see _env_value).
     """
     source = str(path)
-    if not source or (Path(path).exists() and not Path(path).is_file()):
-        # QA 33-b: '' read as '.', a FIFO waited for ever, /dev/zero filled the memory.
-        raise ConfigError("not a regular file", source=source or "''",
+    if _not_a_file(Path(path)):
+        # QA 33-b: /dev/zero filled the memory; a pipe (`-c <(envsubst ...)`) is fine.
+        raise ConfigError("not a file (a directory or a device)", source=source,
                           hint="pass -c with the path of a router.yaml")
     try:
         text = Path(path).read_text(encoding="utf-8")

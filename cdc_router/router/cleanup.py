@@ -144,7 +144,7 @@ class OutboxCleaner:
         if self._thread is None:
             return
         deadline = time.monotonic() + drain_timeout_s
-        while self._due_count() and time.monotonic() < deadline:
+        while self._due_count() and time.monotonic() < deadline and self._thread.is_alive():
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=drain_timeout_s)

@@ -133,12 +133,15 @@ class CommittedIds:
             self._listed = time.monotonic()
         replayed = REPLAYED_KEY_PREFIX.encode()
         dead = DEAD_LETTERED_KEY_PREFIX.encode()
-        while len(self._unread) < max_ids:
+        records = 0  # at most max_ids records a step, ours or not (review 33-3: another
+        # pipeline's marks were read to the changelog's end in one step, the deletes waiting)
+        while len(self._unread) < max_ids and records < max_ids:
             # A few records a call: those a call returns are out of librdkafka's queue, which
             # fills again meanwhile (QA 33-a: 10,000 a call held ~100 MB after a restart).
             messages = self._changelog.consume(num_messages=_RECORDS, timeout=_POLL_S)
             if not messages:
                 break
+            records += len(messages)
             for message in messages:
                 error = message.error()
                 if error is not None and error.code() in REFUSED_CREDENTIALS:

@@ -53,7 +53,7 @@ from cdc_router.router.dlq_letters import (
     plan_replay,
     read_letter,
 )
-from cdc_router.router.poison import PoisonIsolation, abort_batch
+from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
     DeadLettered,
@@ -150,7 +150,8 @@ class DeadLetterReplay:
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.
         self._publisher = None if dry_run else clients.jetstream_publisher(config, INSTANCE)
         self._txn: Transaction | None = None
-        self._poison = PoisonIsolation()  # letters whose records the broker refused
+        # Letters whose records the broker refused (as `run` tells them from a clock it refuses)
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._done = 0  # items of the work applied and committed
 
     def _letter_step(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:

@@ -179,8 +179,8 @@ class Router:
         return value.encode()
 
 
-# nats-server refuses a message whose header block is bigger (JSStreamHeaderExceedsMaximumErr,
-# err_code 10097); no setting of the server or the stream raises it.
+# nats-server refuses a message whose header block is this big or bigger
+# (JSStreamHeaderExceedsMaximumErr, err_code 10097); no setting of server or stream raises it.
 JETSTREAM_MAX_HEADER_BYTES = 64 * 1024
 
 
@@ -203,10 +203,10 @@ def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ..
         if problem:
             raise RouteError(f"event {show(event.event_id)}: {problem}")
         size += len(name) + len(raw) + 4  # "name: value\r\n"
-    if size - len(value) > JETSTREAM_MAX_HEADER_BYTES:  # QA 33-c: refused at publish, 10097
+    if size - len(value) >= JETSTREAM_MAX_HEADER_BYTES:  # QA 33-c: refused at publish, 10097
         raise RouteError(f"event {show(event.event_id)}: the NATS headers are "
-                         f"{size - len(value)} bytes, over JetStream's "
-                         f"{JETSTREAM_MAX_HEADER_BYTES} (a fixed limit); fewer or shorter "
+                         f"{size - len(value)} bytes; JetStream takes fewer than "
+                         f"{JETSTREAM_MAX_HEADER_BYTES} (a fixed limit): fewer or shorter "
                          "headers in the headers column")
     if size > max_bytes:
         raise RouteError(f"event {show(event.event_id)}: the NATS message of {size} bytes is "

@@ -369,7 +369,7 @@ class Transaction:
             raise TransactionInDoubt(
                 f"Kafka transaction step {name!r} got no answer (after retries): {failure}; "
                 "librdkafka lets this process neither finish nor abort the transaction, so it "
-                f"exits with {EXIT_RESTART}: start it again (a supervisor restarts the router) "
+                f"exits with {EXIT_RESTART}: start it again (a supervisor restarts a router) "
                 "and the next start settles the transaction and goes on from what Kafka "
                 "committed") from failure
 

@@ -495,3 +495,37 @@ def test_columns_changed_while_the_relay_runs_are_read_again(
     assert records[2].value() == b"\x01\x02\xff"  # the bytes, not their text
     assert letters == [], [dict(letter.headers()) for letter in letters]
     assert log.count("event=relay_columns_changed") == 2, log[-3000:]
+
+
+def test_a_role_granted_the_tables_columns_one_by_one_reads_its_rows(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 33-3: the read's table lock was LOCK TABLE, which needs SELECT on the whole table:
+    # a role granted the columns one by one was refused every read, for ever.
+    from cdc_router.config.load import load_config
+    from cdc_router.relay.guard import RelayPosition
+    from cdc_router.relay.reader import OutboxReader
+
+    role = unique("columns")
+    with relay_setup(stack, tmp_path) as setup:
+        table = f"public.{setup.table}"
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            columns = [row[0] for row in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped", (table,))]
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+            conn.execute(f"GRANT SELECT ({', '.join(columns)}) ON {table} TO {role}")
+        try:
+            ids = _insert(stack, setup.table, ["OrderPaid", "OrderPaid"])
+            params = psycopg.conninfo.conninfo_to_dict(stack.postgres_dsn)
+            dsn = psycopg.conninfo.make_conninfo(**{**params, "user": role, "password": "pw"})
+            config = load_config(setup.config_path).config
+            assert config.relay is not None
+            reader = OutboxReader(dsn, config.relay, config.source)
+            position = RelayPosition().start_read(reader.snapshot())
+            rows = reader.fetch(position, 10)
+            reader.reset()
+        finally:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")
+    assert [row.values["id"] for row in rows] == ids

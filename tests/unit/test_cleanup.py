@@ -264,3 +264,7 @@ def test_a_worker_ended_by_the_unforeseen_stops_the_router_at_its_next_commit():
     with pytest.raises(cleanup.CdcRouterError, match=r"the outbox cleanup stopped \(ValueError: "
                        r"num_messages must be between 0 and 1000000 \(1M\)\): delivered rows"):
         cleaner.delivered([Delivered("a", "t", None)])
+    cleaner._enqueue([("b", 0)], 0)  # due, and nobody left to delete it
+    started = time.monotonic()
+    cleaner.stop(drain_timeout_s=10)
+    assert time.monotonic() - started < 2, "review 33-3: the stop waited its whole drain"

@@ -222,3 +222,17 @@ def test_a_relay_letter_whose_columns_are_not_schemas_is_worded() -> None:
                       "columns": {"payload": "bytes"}}).encode()
     with pytest.raises(DecodeError, match=r"its 'columns' must map each column to its schema"):
         letter_event(odd, SourceSettings())
+
+
+def test_the_replay_tells_a_refused_clock_from_a_refused_record_as_run_does() -> None:
+    # Review 33-3: with record_timestamp now, a broker refusing the host's clock made every
+    # letter a dead letter again, blaming its row.
+    from confluent_kafka import KafkaError as Error
+
+    from cdc_router.router.poison import record_refusals
+
+    cluster = cluster_with_letters("Customer")
+    for stamped in ("now", "created_at"):
+        replay = replayer(cluster, record_timestamp=stamped)
+        assert replay._poison.is_refusal(Error(Error.INVALID_TIMESTAMP)) == (
+            stamped == "created_at") == (Error.INVALID_TIMESTAMP in record_refusals(stamped))

@@ -109,11 +109,25 @@ def test_headers_over_jetstreams_fixed_limit_are_a_route_error() -> None:
                                                           "max_payload_bytes": 8_000_000})
     many = type(ORDER)(**{**ORDER.__dict__, "headers": tuple(
         (f"h{n}", "x" * 20) for n in range(3_000))})
-    with pytest.raises(RouteError, match=r"the NATS headers are \d+ bytes, over JetStream's "
-                                         r"65536 \(a fixed limit\); fewer or shorter headers"):
+    with pytest.raises(RouteError, match=r"the NATS headers are \d+ bytes; JetStream takes "
+                                         r"fewer than 65536 \(a fixed limit\): fewer or"):
         rt.route(many, lambda topic: 1)
     fewer = type(ORDER)(**{**ORDER.__dict__, "headers": many.headers[:1_000]})
     assert isinstance(rt.route(fewer, lambda topic: 1), OutboundRecord)
+
+
+def test_a_header_block_of_exactly_the_limit_is_refused_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 33-3: nats-server refuses a block of exactly 65,536 bytes; the check let it by.
+    from cdc_router.router import routing
+
+    event = type(ORDER)(**{**ORDER.__dict__, "event_id": "e"})
+    block = len("NATS/1.0\r\n\r\n") + len("Nats-Msg-Id") + len("e") + 4  # headers: none
+    monkeypatch.setattr(routing, "JETSTREAM_MAX_HEADER_BYTES", block)
+    with pytest.raises(RouteError, match=f"the NATS headers are {block} bytes; JetStream"):
+        routing._check_nats_message(event, (), b"", 10**6)
+    monkeypatch.setattr(routing, "JETSTREAM_MAX_HEADER_BYTES", block + 1)
+    routing._check_nats_message(event, (), b"", 10**6)
 
 
 def test_subject_rules_and_matching() -> None:

@@ -58,3 +58,10 @@ def test_a_single_status_whose_check_crashed_exits_3_cannot_check(
     assert result.exit_code == 3, result.output
     assert "the check's process died (librdkafka can crash when Kafka restarts during a " \
            "check): run it again" in result.output
+
+    class Interrupted(Crashing):  # review 33-3: Ctrl-C during a single check exited 0, "ok"
+        def __call__(self, *args: object, **kwargs: object) -> str:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status_command, "IsolatedChecks", Interrupted)
+    assert CliRunner().invoke(main, ["status", "-c", str(example)]).exit_code == 3

@@ -132,3 +132,9 @@ def test_the_cleanup_sweep_reads_a_few_records_a_call_with_a_lean_queue() -> Non
     ids._listed = time.monotonic()
     assert len(ids._read_marks(500)) == 500
     assert max(marks.asked) == committed_ids._RECORDS == 20 and len(marks.asked) == 13
+    # Review 33-3: records of no use (another pipeline's) were read to the end in one step.
+    ids._unread, marks.records = [], [Message(topic="dedup", partition=0, key=record.key,
+                                              value=record.value)
+                                      for n in range(300) for record in changelog_records(
+                                          [f"x{n}"], 1, "batch:", group="other")]
+    assert ids._read_marks(100) == [] and len(marks.records) == 200
