@@ -82,16 +82,18 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
                       mark_group=None, bootstrap=config.kafka.bootstrap_servers,
                       fenced_hint="another `outbox republish` of this pipeline took over")
     committed = pending = 0
+    batch: dict[int, ChangeEvent] = {}  # the open batch's events by their place in it
     try:
         txn.init()
         for event in events:
             txn.begin()
+            batch[pending] = event
             try:
                 txn.produce(OutboundRecord(
                     topic=topic, key=event.key, value=event.value,
                     partition=java_default_partition(event.key, partitions), headers=(),
                     timestamp_ms=None, event_id=event.event_id, route_index=-1, format="json"),
-                    (topic, -1, -1))
+                    (topic, -1, pending))
             except RecordRefused as refusal:
                 raise BatchFailed(f"Kafka refused the change event of {event.event_id} "
                                   f"({len(event.value)} bytes): {refusal}") from refusal
@@ -99,12 +101,31 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
             if txn.due():
                 txn.commit()
                 committed, pending = committed + pending, 0
+                batch.clear()
         if txn.open:
             txn.commit()
             committed += pending
     except BatchFailed as failure:
+        refused = _refused_event(txn, batch)
         txn.discard()
-        raise DeliveryError(f"republish stopped after {committed} committed events: {failure}; "
-                            "run it again (the router drops what it already delivered)"
-                            ) from failure
+        raise DeliveryError(f"republish stopped after {committed} committed events: {failure}"
+                            f"{refused}; run it again (the router drops what it already "
+                            "delivered)") from failure
     return committed
+
+
+def _refused_event(txn: Transaction, batch: dict[int, ChangeEvent]) -> str:
+    """The biggest event of the open batch the broker refused (a refusal fails every record
+    of its request), for the error line (QA 33-c: the line named none, and running it again
+    hit the same row)."""
+    try:
+        failures = txn.abort()
+    except BatchFailed:
+        return ""
+    refused = [batch[failure.source[2]] for failure in failures
+               if failure.source is not None and failure.source[2] in batch]
+    if not refused:
+        return ""
+    event = max(refused, key=lambda refused_event: len(refused_event.value))
+    return (f" (the biggest refused change event: {event.event_id}, {len(event.value)} bytes; "
+            "raise the raw topic's max.message.bytes, or republish the other rows with --ids)")

@@ -89,6 +89,23 @@ def test_a_change_event_kafka_refuses_stops_the_republish_in_one_line_naming_its
     assert configs[0]["message.max.bytes"] == 16 * 1024 * 1024
 
 
+def test_a_change_event_the_broker_refuses_is_named_too() -> None:
+    # QA 33-c: a raw topic whose max.message.bytes is under the producer's: the broker's
+    # refusal named no row, and running it again hit the same one.
+    from confluent_kafka import KafkaError
+
+    big_id = uuid.UUID(int=7)
+    cluster = FakeCluster(partitions={RAW: 1}, refuse=lambda topic, value, timestamp: (
+        KafkaError.MSG_SIZE_TOO_LARGE if value is not None and len(value) > 2000 else None))
+    small = change_event(row(), OutboxSchema(), binary_handling="base64", ts_ms=5)
+    big = change_event(row(id=big_id, payload='"' + "x" * 3000 + '"'), OutboxSchema(),
+                       binary_handling="base64", ts_ms=5)
+    with pytest.raises(DeliveryError, match=rf"\(the biggest refused change event: {big_id}, "
+                                            r"\d+ bytes; raise the raw topic's max.message"):
+        republish(config(), RAW, [small, big],
+                  producer_factory=lambda conf: FakeProducer(cluster, conf))
+
+
 def test_republish_refuses_a_missing_topic_and_a_router_without_dedup() -> None:
     cluster = FakeCluster(partitions={})
     with pytest.raises(DeliveryError, match="does not exist"):
