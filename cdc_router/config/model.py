@@ -172,11 +172,6 @@ class RouterConfig(_Model):
             return self.relay.position_topic
         return f"{self.source.group_id}.relay-position"
 
-    @property
-    def relay_named_position(self) -> bool:
-        """Whether relay.position_topic is set (else made of source.group_id)."""
-        return self.relay is not None and bool(self.relay.position_topic)
-
     def _own_topics(self) -> dict[str, str]:
         """The router's (and relay's) own topics, by the field that names them."""
         own = {self.dead_letter.topic: "dead_letter.topic",
@@ -263,7 +258,8 @@ class RouterConfig(_Model):
                 raise _fail(field, f"must differ from the source topics ({source!r} consumes "
                             "it, so the router would read its own output)", name)
             problem = topic_name_problem(name)
-            if problem and field == "relay.position_topic" and not self.relay_named_position:
+            if problem and field == "relay.position_topic" and self.relay is not None and \
+                    not self.relay.position_topic:
                 # QA 33-b: the default is made of source.group_id, the field to fix.
                 raise _fail("source.group_id", f"{problem}, in relay.position_topic's default "
                             f"{name!r}", self.source.group_id)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 
+from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
@@ -102,10 +102,11 @@ def publication_state(conn: psycopg.Connection[Any], name: str,
 
 
 def quoted_table(table: str) -> str:
-    """Debezium's `schema.table` as SQL: an unquoted part keeps its case (quoted as given)."""
-    if '"' in table:
+    """Debezium's `schema.table` as SQL (regclass_text); as given when it is no table name."""
+    try:
+        return regclass_text(table, "signal.data.collection")
+    except ConfigError:
         return table
-    return ".".join(sql.Identifier(part).as_string(None) for part in table.split(".", 1))
 
 
 def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema,

@@ -81,30 +81,29 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     txn = Transaction(producer, None, delivery=config.delivery, changelog_topic=None,
                       mark_group=None, bootstrap=config.kafka.bootstrap_servers,
                       fenced_hint="another `outbox republish` of this pipeline took over")
-    committed = pending = 0
-    batch: dict[int, ChangeEvent] = {}  # the open batch's events by their place in it
+    committed = 0
+    batch: list[ChangeEvent] = []  # the open batch's events; a record's offset is its place
     try:
         txn.init()
         for event in events:
             txn.begin()
-            batch[pending] = event
+            batch.append(event)
             try:
                 txn.produce(OutboundRecord(
                     topic=topic, key=event.key, value=event.value,
                     partition=java_default_partition(event.key, partitions), headers=(),
                     timestamp_ms=None, event_id=event.event_id, route_index=-1, format="json"),
-                    (topic, -1, pending))
+                    (topic, -1, len(batch) - 1))
             except RecordRefused as refusal:
                 raise BatchFailed(f"Kafka refused the change event of {event.event_id} "
                                   f"({len(event.value)} bytes): {refusal}") from refusal
-            pending += 1
             if txn.due():
                 txn.commit()
-                committed, pending = committed + pending, 0
+                committed += len(batch)
                 batch.clear()
         if txn.open:
             txn.commit()
-            committed += pending
+            committed += len(batch)
     except BatchFailed as failure:
         refused = _refused_event(txn, batch)
         txn.discard()
@@ -114,7 +113,7 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     return committed
 
 
-def _refused_event(txn: Transaction, batch: dict[int, ChangeEvent]) -> str:
+def _refused_event(txn: Transaction, batch: list[ChangeEvent]) -> str:
     """The biggest event of the open batch the broker refused (a refusal fails every record
     of its request), for the error line (QA 33-c: the line named none, and running it again
     hit the same row)."""
@@ -123,7 +122,7 @@ def _refused_event(txn: Transaction, batch: dict[int, ChangeEvent]) -> str:
     except BatchFailed:
         return ""
     refused = [batch[failure.source[2]] for failure in failures
-               if failure.source is not None and failure.source[2] in batch]
+               if failure.source is not None and 0 <= failure.source[2] < len(batch)]
     if not refused:
         return ""
     event = max(refused, key=lambda refused_event: len(refused_event.value))
