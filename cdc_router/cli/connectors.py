@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from cdc_router.cli._durations import Seconds
+from cdc_router.cli._options import FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
@@ -55,7 +56,7 @@ class _State:
 
 pass_state = click.make_pass_decorator(_State)
 _FILES = click.option("-f", "--file", "files", multiple=True, required=True,
-                      type=click.Path(dir_okay=False, path_type=Path),
+                      type=FilePath(dir_okay=False),
                       help="Connector file (JSON, ${VAR} placeholders); repeatable.")
 _NAME = click.argument("name")
 

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli.outbox import dsn_option
 from cdc_router.config.load import load_config
 
 
 @click.command(name="demo")
-@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path),
-              default=Path("cdc_router/examples/router.yaml"), show_default=True,
-              envvar="CDC_ROUTER_CONFIG")
+@config_option(default=Path("cdc_router/examples/router.yaml"), show_default=True)
 @dsn_option
 def cli(config_path: Path, dsn: str) -> None:
     """Run the router, write an order paid and its payment confirmed, print the routed records.

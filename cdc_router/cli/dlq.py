@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from cdc_router.cli._durations import parse_since
+from cdc_router.cli._options import config_option
 from cdc_router.cli._output import emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
@@ -32,13 +33,10 @@ def cli() -> None:
     """Inspect the dead-letter topic of a router config, and replay it."""
 
 
-config_option = click.option(
-    "-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-    envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
 
 
 @cli.command(name="list")
-@config_option
+@config_option()
 @click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),
               help="At most this many, oldest first.")
 @output_option
@@ -65,7 +63,7 @@ def list_letters(config_path: Path, limit: int, output: str) -> None:
 
 
 @cli.command()
-@config_option
+@config_option()
 @click.option("--stage", "stages", multiple=True, type=click.Choice(sorted(ROUTER_STAGES)),
               help="Only letters that failed at this stage; repeatable.")
 @click.option("--id", "ids", multiple=True, metavar="EVENT_ID",

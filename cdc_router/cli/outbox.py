@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.cli._durations import parse_duration, parse_since
+from cdc_router.cli._options import config_option
 from cdc_router.cli._output import emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
@@ -281,8 +282,7 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@config_option()
 @click.option("--dsn", envvar="CDC_ROUTER_PG_DSN",
               help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: cleanup.dsn, "
                    "else the local stack].")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli.run import cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
@@ -17,9 +18,7 @@ from cdc_router.router.metrics import RouterMetrics
 
 
 @click.command(name="relay")
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml with a relay: section "
-                                               "[env CDC_ROUTER_CONFIG].")
+@config_option("router.yaml with a relay: section [env CDC_ROUTER_CONFIG].")
 @click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
               show_default="the host name", help="Names this relay in its logs "
                                                  "[env CDC_ROUTER_INSTANCE_ID].")

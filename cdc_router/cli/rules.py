@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli._output import output_option, table
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -35,8 +36,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@config_option()
 @click.option("--explain", "events", multiple=True, type=click.Path(exists=True, dir_okay=False,
               path_type=Path), metavar="EVENT.json",
               help="A raw Debezium change record value (as on the raw topic), or a captured "

@@ -15,6 +15,7 @@ from typing import Protocol
 import click
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -47,8 +48,7 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
 
 
 @click.command(name="run")
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@config_option()
 @click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
               show_default="the host name",
               help="Unique per running instance: it names the transactional id and the static "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli._output import output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.compiled import CompiledConfig
@@ -19,10 +20,6 @@ from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
 from cdc_router.serde.registry import RegistryError
-
-config_option = click.option("-c", "--config", "config_path", required=True,
-                             type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",
-                             help="router.yaml [env CDC_ROUTER_CONFIG].")
 
 
 @click.group(name="schemas")
@@ -39,7 +36,7 @@ def _serializer(compiled: CompiledConfig) -> AvroSerializer:
 
 
 @cli.command()
-@config_option
+@config_option()
 @click.option("--previous", "previous_dir", type=click.Path(exists=True, file_okay=False,
               path_type=Path), help="Folder of the older versions of the .avsc files, by "
               "file name (e.g. the schemas folder of the last release).")
@@ -104,7 +101,7 @@ def _relative(file: str) -> str:
 
 
 @cli.command()
-@config_option
+@config_option()
 @click.option("--dry-run", is_flag=True, help="Only show the plan.")
 @click.option("--yes", is_flag=True, help="Register without asking.")
 @click.option("--subject", "subjects", multiple=True, metavar="SUBJECT",

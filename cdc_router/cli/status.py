@@ -13,6 +13,7 @@ import click
 from pydantic import ValidationError
 
 from cdc_router.cli._durations import Seconds
+from cdc_router.cli._options import config_option
 from cdc_router.cli._output import UsageExitCommand, output_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.cli._status_text import as_json, as_text
@@ -46,8 +47,7 @@ class _CheckImpossible(CdcRouterError):
 
 
 @click.command(name="status", cls=_StatusCommand)
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(path_type=Path),
-              envvar="CDC_ROUTER_CONFIG", help="router.yaml [env CDC_ROUTER_CONFIG].")
+@config_option()
 @click.option("--connector", help="The Debezium connector [default: status.connector, "
               "outbox-connector].")
 @click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", help="Postgres [env CDC_ROUTER_PG_DSN; "

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli._plan import apply_options, describe, show_and_apply
-from cdc_router.cli.topics import config_option
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.nats.connection import connect_options
@@ -25,7 +25,7 @@ def _describe(plan: StreamPlan) -> list[str]:
 
 
 @cli.command()
-@config_option
+@config_option()
 @apply_options
 def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the streams (idempotent)."""

@@ -7,14 +7,11 @@ from pathlib import Path
 
 import click
 
+from cdc_router.cli._options import config_option
 from cdc_router.cli._plan import apply_options, describe, show_and_apply
 from cdc_router.config.load import load_config
 from cdc_router.router import clients
 from cdc_router.router.topics import TopicAdmin, TopicPlan
-
-config_option = click.option("-c", "--config", "config_path", required=True,
-                             type=click.Path(path_type=Path), envvar="CDC_ROUTER_CONFIG",
-                             help="router.yaml [env CDC_ROUTER_CONFIG].")
 
 
 @click.group(name="topics")
@@ -30,7 +27,7 @@ def _describe(plan: TopicPlan) -> list[str]:
 
 
 @cli.command()
-@config_option
+@config_option()
 @apply_options
 def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""

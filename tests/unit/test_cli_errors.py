@@ -216,3 +216,14 @@ def test_status_with_a_kafka_client_config_librdkafka_refuses_cannot_check(
     assert result.exit_code == 3, result.output
     assert "librdkafka refused the client config" in result.output
     assert "ssl.ca.location /nonexistent/ca.pem does not exist" in result.output
+
+
+@pytest.mark.parametrize("args", [["rules", "check", "-c", ""], ["run", "-c", ""],
+                                  ["dlq", "list", "-c", ""], ["demo", "-c", ""],
+                                  ["connectors", "apply", "-f", ""]])
+def test_an_empty_path_is_named_as_empty_not_as_the_working_directory(args: list[str]) -> None:
+    # QA 33-b: pathlib reads '' as '.', and the error named '.' as "not a file".
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code in (1, 2), result.output
+    assert "is empty: give the path of a file" in result.stderr
+    assert "'.'" not in result.stderr and ".:" not in result.stderr
