@@ -42,6 +42,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.new_group import new_group_check
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
@@ -123,9 +124,8 @@ class OutboxRouter:
         (an Avro schema missing from the schema registry is configuration, not a poison event).
         """
         self._step.preflight()
-        consumer = self._consumer_factory(clients.consumer_config(self._config,
-                                                                  self._instance_id))
-        self._consumer = consumer
+        consumer = self._consumer = self._consumer_factory(
+            clients.consumer_config(self._config, self._instance_id))
         txn = self._txn = Transaction(self._producer, consumer, delivery=self._config.delivery,
                                       changelog_topic=self._config.dedup.changelog_topic
                                       if self._replay is not None else None,
@@ -362,9 +362,8 @@ class OutboxRouter:
     # Consumer events -----------------------------------------------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """Before reading new partitions, learn every id delivered so far (any instance) and
-        the destinations' partition counts afresh (QA 30: caches that disagreed after partitions
-        were added sent an aggregate back and forth)."""
+        """Before reading new partitions, learn every id delivered so far (any instance) and the
+        destinations' partition counts afresh (QA 30: stale counts moved an aggregate)."""
         self._destinations.clear()
         if self._changelog is None or self._replay is None:
             report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log)
@@ -383,6 +382,7 @@ class OutboxRouter:
             # outage and route on, while confluent-kafka assigns the partitions anyway.
             raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
         report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log, committed=offsets)
+        new_group_check(self._config, offsets, restored, self._replay.other_groups)
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)

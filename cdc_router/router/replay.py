@@ -111,6 +111,23 @@ def parse_changelog(key: bytes | None, value: bytes | None, *,
         return []
 
 
+_OTHER_GROUPS_KEPT = 20
+_OWNED_PREFIXES = (BATCH_KEY_PREFIX, REPLAYED_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX)
+
+
+def mark_owner(key: bytes | None) -> str | None:
+    """The group a changelog record's key names (`batch:<length>:<group>:<id>#<tail>`), or None
+    for a key of no group (earlier versions) or not a mark's."""
+    text = (key or b"").decode("utf-8", "replace")
+    prefix = next((prefix for prefix in _OWNED_PREFIXES if text.startswith(prefix)), None)
+    if prefix is None:
+        return None
+    length, colon, rest = text[len(prefix):].partition(":")
+    if not colon or not length.isdigit() or rest[int(length):int(length) + 1] != ":":
+        return None
+    return rest[:int(length)]
+
+
 # A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
 # kept as its 16 bytes, 56 bytes of Python object against 88 for the str.
 _UUID_TEXT_LENGTH = 36
@@ -172,6 +189,8 @@ class ReplayFilter:
         # forgot thousands said so only in an INFO line's numbers).
         self.crowded_out = 0
         self._warned = False
+        # Groups other than ours whose marks restore() read (new_group_check names them).
+        self.other_groups: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -241,6 +260,9 @@ class ReplayFilter:
         dead = DEAD_LETTERED_KEY_PREFIX.encode()
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
+            owner = mark_owner(key)
+            if owner not in (None, group) and len(self.other_groups) < _OTHER_GROUPS_KEPT:
+                self.other_groups.add(owner)
             self.restore(marks, now_ms)
             if key is not None and key.startswith(dead):  # those the window still holds
                 self._dead.update(known for known in (compact_key(event_id) for event_id, _

@@ -174,11 +174,18 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
         pipe.start_router("b", "-c", str(tmp_path / "b.yaml"), wait=True)
         letters = pipe.read(pipe.dlq_topic, 10)
         pipe.kill_router("b")
+        warned = [line for line in pipe.router_log("b").splitlines()
+                  if "event=new_group_reads_from_start" in line]
+        assert "event=new_group_reads_from_start" not in pipe.router_log("a")
         dry = _replay(pipe.config_path, "--dry-run")
         replayed = _replay(pipe.config_path, "--yes")
         orders = pipe.read_all(pipe.orders_topic, settle_s=1)
     assert len(letters) == 10 and {dict(r.headers())["dlq.source.group"] for r in letters} == \
         {f"{pipe.name}-b".encode()}
+    # A second group on one raw topic is told that it delivers everything again, in case it
+    # is a renamed one (stop 32's left-out), naming the group whose marks and offsets it saw.
+    assert len(warned) == 1 and f"group={pipe.name}-b topics={pipe.raw_topic} " \
+        f"other_groups={pipe.name} " in warned[0], warned
     assert dry["planned"] == {"not_replayable": 10}, dry
     assert replayed["committed"] in (None, {}), replayed
     assert Counter(r.key().decode() for r in orders) == Counter(ids), "each event once"

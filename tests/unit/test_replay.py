@@ -11,9 +11,11 @@ from collections import OrderedDict
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     MARK_MAX_BYTES,
+    REPLAYED_KEY_PREFIX,
     ReplayFilter,
     changelog_records,
     compact_key,
+    mark_owner,
     parse_changelog,
 )
 
@@ -157,6 +159,26 @@ def test_a_pipeline_restores_its_own_marks_and_unnamed_ones_never_anothers():
     assert replay.restore_changelog(records, 1_000, group="orders") == 3
     assert [replay.seen(i) for i in ("1", "2", "3", "4")] == [True, True, False, True]
     assert parse_changelog(theirs[0].key, theirs[0].value) == [("1", 1_000), ("3", 1_000)]
+
+
+def test_a_marks_key_names_its_group_whatever_the_group_holds():
+    for group in ("orders", "a:b", "x#1", "dé", ""):
+        for prefix in ("batch:", REPLAYED_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX):
+            record = changelog_records(["1:2", "3"], 1_000, prefix, group=group)[0]
+            assert mark_owner(record.key) == group
+    assert mark_owner(changelog_records(["1"], 1_000)[0].key) is None  # no group (earlier)
+    for key in (None, b"", b"some-id", b"batch:x:g:1", b"batch:9:g:1#a", b"\xff\xfe"):
+        assert mark_owner(key) is None
+
+
+def test_restore_collects_the_other_groups_whose_marks_share_the_changelog():
+    ours = changelog_records(["9"], 1_000, group="orders")
+    theirs = changelog_records(["1", "2"], 1_000, group="orders-old")
+    unnamed = changelog_records(["3"], 1_000)
+    replay = ReplayFilter(window_ms=60_000, max_ids=10)
+    records = [(r.key, r.value) for r in (*ours, *theirs, *unnamed)]
+    assert replay.restore_changelog(records, 1_000, group="orders") == 2
+    assert replay.other_groups == {"orders-old"}
 
 
 def test_another_spelling_of_a_uuid_is_another_id():

@@ -1,0 +1,63 @@
+"""A renamed source.group_id, said before it delivers everything again.
+
+A group with no committed offsets reads the raw topic from its beginning, and its dedup filter
+counts only its own marks: every event still on the raw topic is delivered again (QA 30-c: 2,700
+of 2,700). That is what a second pipeline on one raw topic wants, and what a renamed group does
+by mistake, silently (stop 32's left-out). When a group starts with neither offsets nor marks,
+the groups whose marks share its changelog and that have offsets on its raw topics are named in
+one WARNING, with README's way to rename.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
+from cdc_router.router.clients import common_config
+
+log = logging.getLogger("cdc_router.router")
+
+
+def new_group_check(config: RouterConfig, committed: list[TopicPartition], restored: int,
+                    others: Iterable[str]) -> None:
+    """WARNING when source.group_id starts afresh (no offset in `committed`, no mark restored)
+    on raw topics where one of `others` (groups with marks on the changelog) has offsets."""
+    if restored or not others or any(tp.error is None and tp.offset >= 0 for tp in committed):
+        return
+    partitions = [TopicPartition(tp.topic, tp.partition) for tp in committed]
+    readers = _groups_reading(common_config(config), sorted(others), partitions)
+    group = config.source.group_id
+    if not readers:
+        return
+    log.warning(
+        "event=new_group_reads_from_start group=%s topics=%s other_groups=%s hint=%r", group,
+        ",".join(sorted({tp.topic for tp in committed})), ",".join(readers),
+        "this source.group_id has no committed offsets and no dedup marks, so it reads from the "
+        "beginning and delivers again every event still on the raw topic, which the groups "
+        "named have read: if it is one of them renamed, stop every instance now and copy that "
+        "group's offsets (README, Renaming a pipeline); a second pipeline on purpose may "
+        "ignore this")
+
+
+def _groups_reading(kafka: Mapping[str, Any], groups: list[str],
+                    partitions: list[TopicPartition]) -> list[str]:
+    """Those of `groups` with a committed offset on one of `partitions`; a group whose offsets
+    do not come is named too (a warning too many beats a silent rename)."""
+    admin = admin_client(kafka)
+    reading = []
+    for group in groups:
+        try:
+            answer = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, partitions)], request_timeout=LOOKUP_TIMEOUT_S)
+            found = answer[group].result(timeout=LOOKUP_TIMEOUT_S).topic_partitions
+        except (KafkaException, TimeoutError):
+            reading.append(group)
+            continue
+        if any(tp.error is None and tp.offset >= 0 for tp in found):
+            reading.append(group)
+    return reading

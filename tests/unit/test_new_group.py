@@ -1,0 +1,41 @@
+"""The renamed-group warning's conditions (the admin lookup is the integration test's:
+tests/integration/test_dlq_replay.py, a second group on one raw topic)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from confluent_kafka import OFFSET_INVALID, TopicPartition
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.router import new_group
+
+CONFIG = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "orders"},
+                                      "routes": [{"topic": "x"}]})
+FRESH = [TopicPartition("raw", 0, OFFSET_INVALID), TopicPartition("raw", 1, OFFSET_INVALID)]
+
+
+def test_only_a_fresh_group_beside_a_group_reading_its_topics_is_warned_about(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    asked: list[list[str]] = []
+
+    def reading(kafka: object, groups: list[str], partitions: list[TopicPartition]) -> list[str]:
+        asked.append(groups)
+        assert [(tp.topic, tp.partition) for tp in partitions] == [("raw", 0), ("raw", 1)]
+        return [group for group in groups if group != "billing"]
+
+    monkeypatch.setattr(new_group, "_groups_reading", reading)
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        new_group.new_group_check(CONFIG, FRESH, 0, {"orders-old", "billing"})
+        new_group.new_group_check(CONFIG, [TopicPartition("raw", 0, 5), FRESH[1]], 0,
+                                  {"orders-old"})  # offsets of its own: a restart
+        new_group.new_group_check(CONFIG, FRESH, 3, {"orders-old"})  # marks of its own
+        new_group.new_group_check(CONFIG, FRESH, 0, set())  # no other group's marks
+        new_group.new_group_check(CONFIG, FRESH, 0, {"billing"})  # not on these topics
+    warnings = [record.getMessage() for record in caplog.records]
+    assert asked == [["billing", "orders-old"], ["billing"]]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("event=new_group_reads_from_start group=orders topics=raw "
+                                  "other_groups=orders-old hint=")
+    assert "Renaming a pipeline" in warnings[0]
