@@ -163,11 +163,11 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     if schema.payload_type == "bytea":
-        # The shipped connector sends no schemas: the router cannot tell a bytea column's
-        # base64 from JSON text by itself.
+        # The shipped connector sends no schemas, and binary.handling.mode base64 gives the
+        # column a string schema: the router cannot tell its base64 from JSON text by itself.
         click.echo("note: a bytea payload needs `source: {payload_type: bytes}` in router.yaml "
-                   "when the connector sends no schemas (JsonConverter schemas.enable=false, "
-                   "as connectors/outbox-connector.json)")
+                   "unless the connector sends schemas with binary.handling.mode bytes (the "
+                   "shipped connectors/outbox-connector.json sends none)")
     if not _PLAIN_SQL_NAME.fullmatch(heartbeat_table):
         # The connector pastes HEARTBEAT_TABLE into heartbeat.action.query as SQL, where an
         # unquoted name folds to lower case.

@@ -1,7 +1,6 @@
-"""Pure decoding of Debezium PostgreSQL change events (Kafka Connect JsonConverter) to OutboxEvents.
-
-Both converter modes are read, with schemas (`{"schema": ..., "payload": ...}`) and without. A
-schema tells how payload, created_at and numeric columns are encoded; else SourceSettings does."""
+"""Pure decoding of Debezium PostgreSQL change events (Kafka Connect JsonConverter) to OutboxEvents,
+with schemas (`{"schema": ..., "payload": ...}`) or without: a schema tells how payload,
+created_at and numeric columns are encoded; else SourceSettings does."""
 
 from __future__ import annotations
 
@@ -136,7 +135,8 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     source: dict[str, Any] = found if isinstance(found, dict) else {}
     return event_from_row(decimals_as_text(row, columns), settings, columns=columns,
                           op=str(op), lsn=_optional_int(source.get("lsn")),
-                          tx_id=_optional_int(source.get("txId")))
+                          tx_id=_optional_int(source.get("txId")),
+                          envelope_ms=_optional_int(envelope.get("ts_ms")))
 
 
 class _Source(msgspec.Struct):
@@ -151,6 +151,7 @@ class _Insert(msgspec.Struct):
     op: str
     after: dict[str, Any]
     source: _Source | None = None
+    ts_ms: int | None = None
 
 
 _INSERT = msgspec.json.Decoder(_Insert)
@@ -175,8 +176,9 @@ def _common_insert(value: bytes, settings: SourceSettings) -> OutboxEvent | None
         return None
     source = change.source
     if source is None:
-        return event_from_row(change.after, settings, op=op)
-    return event_from_row(change.after, settings, op=op, lsn=source.lsn, tx_id=source.txId)
+        return event_from_row(change.after, settings, op=op, envelope_ms=change.ts_ms)
+    return event_from_row(change.after, settings, op=op, lsn=source.lsn, tx_id=source.txId,
+                          envelope_ms=change.ts_ms)
 
 
 def _parse_json(value: bytes) -> Any:
@@ -226,12 +228,14 @@ def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:
 
 def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
                    columns: dict[str, dict[str, Any]] | None = None, op: str = "c",
-                   lsn: int | None = None, tx_id: int | None = None) -> OutboxEvent:
+                   lsn: int | None = None, tx_id: int | None = None,
+                   envelope_ms: int | None = None) -> OutboxEvent:
     """One outbox row, its values encoded as Debezium's JsonConverter sends them, as an event.
 
     The one home of the row's checks, for the router (a change event's `after`) and the relay
     (a row it read itself). `columns`: column name -> its Connect field schema, when known.
-    Raises DecodeError, with the reason.
+    `envelope_ms`: the change event's ts_ms, the record's time when the row has no created_at
+    (as the EventRouter SMT's). Raises DecodeError, with the reason.
     """
     columns = columns or {}
     names = settings.outbox
@@ -251,7 +255,7 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
             payload_is_json=is_json,
             headers=_headers(row, names.headers, where),
             created_at_ms=_created_at(row, names.created_at, columns, where,
-                                      settings.created_at_unit),
+                                      settings.created_at_unit, envelope_ms),
             op=op,
             lsn=lsn,
             tx_id=tx_id,
@@ -361,12 +365,13 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
                           f"{error}") from None
 
 
-def _created_at(row: dict[str, Any], column: str | None,
-                columns: dict[str, dict[str, Any]], where: str, unit: str) -> int | None:
-    """created_at in epoch milliseconds, from any of Debezium's timestamp encodings."""
+def _created_at(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
+                where: str, unit: str, otherwise: int | None) -> int | None:
+    """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
+    `otherwise` when the row has none (no such column, or null)."""
     value = row.get(column) if column else None
     if value is None:
-        return None
+        return otherwise
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
                           f"got {json_kind(value)}")
@@ -382,17 +387,13 @@ def _optional_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _as_text(value: Any) -> str:
-    """A value as text: a string as is, anything else as compact JSON."""
-    if isinstance(value, str):
+def _column_text(value: Any) -> str | None:
+    """A column's value as text: None as None, a string as is, anything else as compact JSON."""
+    if value is None or isinstance(value, str):
         return value
     if type(value) is int:
         return str(value)  # what json.dumps writes for an int (bool is not int's type)
     return _json(value)
-
-
-def _column_text(value: Any) -> str | None:
-    return None if value is None else _as_text(value)
 
 
 def _json(value: Any) -> str:

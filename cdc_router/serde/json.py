@@ -157,7 +157,8 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> s
                 "string")
     if _BASE64.fullmatch(text):
         return (f"is not valid JSON: {error}; it looks like base64: a bytea payload column "
-                "needs source.payload_type: bytes when the connector sends no schemas")
+                "needs source.payload_type: bytes unless the connector sends schemas with "
+                "binary.handling.mode bytes")
     return f"is not valid JSON: {error}"
 
 

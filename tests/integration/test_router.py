@@ -382,6 +382,20 @@ def test_header_numbers_arrive_as_written_and_a_missing_dead_letter_topic_stops_
     assert "Traceback" not in started.stderr
 
 
+def test_a_row_without_created_at_gives_its_record_the_change_events_ts_ms(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 34: with the EventRouter SMT's own table (no created_at) the record took the
+    # router's clock; the SMT's takes Debezium's ts_ms, and so does the router's now.
+    with pipeline(stack, tmp_path, config={"source": {"outbox": {"created_at": None}}}) as pipe:
+        [event_id] = pipe.insert([("Order", "o-1", "OrderPaid", {"n": 1})])
+        [raw] = pipe.read(pipe.raw_topic, 1)
+        time.sleep(1.5)  # the router's clock moves past Debezium's
+        pipe.start_router()
+        [record] = pipe.read(pipe.orders_topic, 1)
+    assert record.key().decode() == event_id
+    assert record.timestamp()[1] == json.loads(raw.value())["ts_ms"]
+
+
 def _wait_topic_gone(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + timeout_s

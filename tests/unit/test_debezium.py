@@ -306,9 +306,25 @@ def test_bad_rows_are_decode_errors_naming_event_and_column(mutate: Any, reason:
 
 def test_optional_columns_may_be_null_or_absent() -> None:
     decoded = decode_mutated("create_jsonb.noschema",
-                             lambda v: (_set("headers", None)(v), _drop("created_at")(v)))
+                             lambda v: (_set("headers", None)(v), _drop("created_at")(v),
+                                        v.pop("ts_ms")))
     assert isinstance(decoded, OutboxEvent)
     assert decoded.headers == () and decoded.created_at_ms is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_created_at_the_record_takes_the_change_events_ts_ms_as_the_smt_does(
+        mode: str) -> None:
+    # Review 34: the SMT's own table has no created_at; the record took the router's clock.
+    ts_ms = {"noschema": 1796021196710, "schema": 1796021197003}[mode]
+    for mutate in (_drop("created_at"), _set("created_at", None)):
+        decoded = decode_mutated(f"create_jsonb.{mode}", mutate)
+        assert isinstance(decoded, OutboxEvent) and decoded.created_at_ms == ts_ms
+    kept = decode_mutated(f"create_jsonb.{mode}", lambda v: None)
+    assert isinstance(kept, OutboxEvent) and kept.created_at_ms == 1796021196617
+    unset = decode_mutated(f"create_jsonb.{mode}", lambda v: None,
+                           outbox={"created_at": None})
+    assert isinstance(unset, OutboxEvent) and unset.created_at_ms == ts_ms
 
 
 def test_integer_ids_are_text() -> None:
