@@ -46,7 +46,12 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
-from cdc_router.outbox.relay_columns import seq_always_ddl, txid_index, unique_seq_index
+from cdc_router.outbox.relay_columns import (
+    partitioned_by,
+    seq_always_ddl,
+    txid_index,
+    unique_seq_index,
+)
 from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
 from cdc_router.postgres import column_types, dsn_problem, one_line, regclass_text, split_table
 from cdc_router.router.republish import check_republish, raw_topic
@@ -186,17 +191,19 @@ def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
     # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
     conn.execute("SET lock_timeout = '10s'")
     schema_name, _ = split_table(table)
+    partitioned = partitioned_by(conn, table, DEFAULT_SEQ_COLUMN, "--table")
     for index in (txid_index(table, DEFAULT_TXID_COLUMN),
                   unique_seq_index(table, DEFAULT_SEQ_COLUMN)):
         invalid = conn.execute(
             "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
             "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
             (regclass_text(table), index)).fetchone()
-        if invalid is not None:
+        if invalid is not None and not partitioned:  # a partitioned one: a partition lacks it
             conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
                 sql.Identifier(schema_name, index)))
     for statement in relay_columns_ddl(table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN,
-                                       existing=column_types(conn, table)):
+                                       existing=column_types(conn, table),
+                                       partitioned=partitioned):
         conn.execute(statement)
     identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
                             "to_regclass(%s) AND attname = %s",

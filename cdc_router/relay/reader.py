@@ -22,6 +22,7 @@ from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.relay_columns import (
+    partitioned_by,
     relay_columns_ddl,
     relay_trigger,
     render_ddl,
@@ -184,8 +185,9 @@ class OutboxReader:
             raise ConfigError("the outbox table does not exist (or is not readable)",
                               field="relay.table", value=table,
                               hint="create it with `cdc-router outbox init`")
-        self._check_relay_columns(types)
-        self._check_indexes(conn)
+        partitioned = partitioned_by(conn, table, self._relay.seq_column)
+        self._check_relay_columns(types, partitioned)
+        self._check_indexes(conn, partitioned)
         for column in self._source.outbox.required:
             if column not in types:
                 raise ConfigError(f"the outbox table {table} has no column {column!r}",
@@ -214,7 +216,7 @@ class OutboxReader:
             return sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(name)
         return sql.SQL("{}::text").format(name)
 
-    def _check_indexes(self, conn: psycopg.Connection[Any]) -> None:
+    def _check_indexes(self, conn: psycopg.Connection[Any], partitioned: bool) -> None:
         """Refuse a table without a valid unique index on seq or without the trigger that
         sets txid (relay_columns.py: rows would be skipped for good); warn when txid leads no
         valid index: the relay works, but scans."""
@@ -229,7 +231,8 @@ class OutboxReader:
         if not any(name == relay.seq_column and valid and unique for name, valid, unique in rows):
             missing.append(f"a valid unique index on {relay.seq_column!r} (reads are paged by "
                            "it: rows sharing a value would be skipped)")
-            statements.append(unique_seq_ddl(relay.table, relay.seq_column))
+            statements.append(unique_seq_ddl(relay.table, relay.seq_column,
+                                             partitioned=partitioned))
         if conn.execute("SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND tgname = "
                         "%s AND tgenabled <> 'D'",
                         (table, relay_trigger(relay.table, relay.txid_column))).fetchone() is None:
@@ -248,7 +251,7 @@ class OutboxReader:
                         "the table (%s): without a valid one every read scans the table'",
                         relay.table, relay.txid_column, relay.txid_column)
 
-    def _check_relay_columns(self, types: dict[str, str]) -> None:
+    def _check_relay_columns(self, types: dict[str, str], partitioned: bool) -> None:
         relay = self._relay
         problems = []
         if types.get(relay.txid_column) != "xid8":
@@ -258,8 +261,8 @@ class OutboxReader:
             problems.append(f"integer column {relay.seq_column!r} "
                             f"(found {types.get(relay.seq_column) or 'none'})")
         if problems:
-            ddl = render_ddl(relay_columns_ddl(relay.table, relay.txid_column,
-                                               relay.seq_column)).replace("\n", " ")
+            ddl = render_ddl(relay_columns_ddl(relay.table, relay.txid_column, relay.seq_column,
+                                               partitioned=partitioned)).replace("\n", " ")
             raise ConfigError(f"the relay needs {' and '.join(problems)} on {relay.table}",
                               field="relay.txid_column/seq_column",
                               hint=f"add them (Postgres 14 or later): {ddl.strip()}")
