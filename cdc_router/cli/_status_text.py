@@ -62,6 +62,8 @@ def _publication(report: Report) -> list[str]:
     pub = report.publication
     if (failed := _failed("publication", pub.error)) is not None:
         return failed
+    if pub.name is None:
+        return []  # a relay-only config: no publication is read
     if not pub.exists:
         return [f"publication {pub.name}: MISSING"]
     return [f"publication {pub.name} ({', '.join(pub.operations) or 'nothing'}): "
@@ -80,6 +82,8 @@ def _connector(report: Report) -> list[str]:
     c = report.connector
     if (failed := _failed(f"connector {c.name}", c.error)) is not None:
         return failed
+    if c.name is None:
+        return ["connector: none (a relay-only config: `cdc-router relay` reads the table)"]
     if not c.exists:
         return [f"connector {c.name}: NOT DEPLOYED"]
     lines = [f"connector {c.name}: {c.state} on {c.worker_id}"
@@ -93,6 +97,9 @@ def _router(report: Report) -> list[str]:
     r = report.router
     if (failed := _failed(f"router group {r.group}", r.error)) is not None:
         return failed
+    if r.lag is None:
+        return [f"router group {r.group}: no raw topic (a relay-only config: the relay's "
+                "progress is the outbox's rows above, and its /metrics)"]
     lines = [f"router group {r.group} ({r.group_state}): lag {r.lag}, last commit "
              f"{_age(r.last_commit_age_s)}, oldest waiting record {_age(r.oldest_pending_age_s)}"]
     lines += _table(["topic", "partition", "committed", "end", "lag", "last commit"],

@@ -51,7 +51,7 @@ class _CheckImpossible(CdcRouterError):
 @click.option("--connector", help="The Debezium connector [default: status.connector, "
               "outbox-connector].")
 @click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", help="Postgres [env CDC_ROUTER_PG_DSN; "
-              "default: cleanup.dsn, else the local stack].")
+              "default: cleanup.dsn, else relay.dsn, else the local stack].")
 @click.option("--connect-url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
               show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
 @click.option("--bootstrap-servers", envvar="CDC_ROUTER_BOOTSTRAP_SERVERS",
@@ -82,7 +82,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         kafka["bootstrap.servers"] = bootstrap_servers
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
         raise _CheckImpossible(f"kafka: {problem}")
-    endpoints = Endpoints(dsn or config.cleanup.dsn or DEFAULT_DSN, connect_url, kafka)
+    relay_dsn = config.relay.dsn if config.relay is not None else None
+    endpoints = Endpoints(dsn or config.cleanup.dsn or relay_dsn or DEFAULT_DSN, connect_url, kafka)
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
         serve_on("--serve", port, lambda: serve(collector, port),

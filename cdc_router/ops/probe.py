@@ -25,6 +25,7 @@ from cdc_router.ops.group import router_state
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
 from cdc_router.ops.report import (
     ChangelogState,
+    ConnectorState,
     DeadLetterState,
     OutboxState,
     PublicationState,
@@ -55,9 +56,16 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     now_ms = int(clock() * 1000)
     settings = config.status
     name = connector or settings.connector
-    connector_state, capture = probe_connector(endpoints.connect_url, name)
+    if relay_only(config):
+        # QA 34-c: the connector's sections and the raw topic's group read as critical for a
+        # healthy relay. No connector, publication or raw topic is this pipeline's.
+        connector_state, capture = ConnectorState(), None
+    else:
+        connector_state, capture = probe_connector(endpoints.connect_url, name)
     wal, publication, outbox = _database(config, endpoints, capture)
-    if capture is None and publication.error is None:
+    if relay_only(config):
+        publication = PublicationState()
+    elif capture is None and publication.error is None:
         # Without the connector's config, its slot and publication are unknown: Debezium's
         # default names would be reported missing, and point at the lost-slot runbook. Every
         # logical slot of the database is shown instead, and the publication is left
@@ -73,9 +81,9 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),
                       ChangelogState(topic=config.dedup.changelog_topic, error=down))
-    router = _kafka(lambda: router_state(admin, kafka, config.source.group_id,
-                                         list(config.source.topics), now_ms),
-                    lambda e: RouterState(group=config.source.group_id, error=e))
+    router = RouterState(group=config.source.group_id) if relay_only(config) else _kafka(
+        lambda: router_state(admin, kafka, config.source.group_id, list(config.source.topics),
+                             now_ms), lambda e: RouterState(group=config.source.group_id, error=e))
     letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms),
                      lambda e: DeadLetterState(topic=config.dead_letter.topic, error=e))
     changelog = _kafka(lambda: changelog_state(admin, config.dedup.changelog_topic,
@@ -89,9 +97,17 @@ def _iso(now_ms: int) -> str:
     return datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="seconds")
 
 
+def relay_only(config: RouterConfig) -> bool:
+    """A config for `cdc-router relay` alone: a relay section, and no raw topic to route."""
+    return config.relay is not None and not config.source.topics
+
+
 def outbox_table(config: RouterConfig, capture: Capture | None) -> str:
-    """status.outbox_table, else the one table the connector captures, else cleanup.table."""
-    return config.status.outbox_table or (capture and capture.table) or config.cleanup.table
+    """status.outbox_table, else the relay's table (relay only), else the one table the
+    connector captures, else cleanup.table."""
+    relayed = config.relay.table if config.relay is not None and relay_only(config) else None
+    return config.status.outbox_table or relayed or (capture and capture.table) or \
+        config.cleanup.table
 
 
 def _database(config: RouterConfig, endpoints: Endpoints,

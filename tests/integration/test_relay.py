@@ -589,3 +589,23 @@ def test_an_outbox_partitioned_by_seq_is_relayed_and_one_by_created_at_is_one_li
         [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert f"field '{field_name}'" in line and "is partitioned by RANGE (created_at)" in line
         assert "Traceback" not in result.stderr
+
+
+def test_status_of_a_relay_only_config_checks_the_relays_table_not_a_connector(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 34-c: a healthy relay was "critical: no source topic exists ()", with the connector's
+    # table, slot and publication in its report.
+    with relay_setup(stack, tmp_path) as setup:
+        with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
+            conn.execute(f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid, "
+                         "type, payload) VALUES (gen_random_uuid(), 'Order', '1', 'OrderPaid', "
+                         "'{}')")
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "status", "-c", str(setup.config_path)],
+            capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: another test's slot
+    assert f"outbox public.{setup.table}: 1 rows" in result.stdout, result.stdout
+    assert "connector: none (a relay-only config" in result.stdout
+    assert f"router group {setup.name}: no raw topic" in result.stdout
+    assert "critical" not in result.stdout and "UNREACHABLE" not in result.stdout
+    assert "publication" not in result.stdout
