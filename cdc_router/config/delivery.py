@@ -61,9 +61,10 @@ class DeadLetterSettings(_Model):
 class DedupSettings(_Model):
     """The replay filter: ids delivered recently, bounded by time and count.
 
-    window_ms defaults to 7 days, the raw topic's default retention: Debezium cannot replay an
-    event older than what its topic still holds. max_ids bounds memory (about 120 bytes per id,
-    router/replay.py).
+    window_ms defaults to 7 days, the raw topic's default retention, which covers Debezium's
+    replays after a crash; a new snapshot (offsets reset, slot dropped) re-reads every row
+    still in the outbox, however old (QA 34-b): with cleanup on, delivered rows are gone by
+    then. max_ids bounds memory (about 120 bytes per id, router/replay.py).
     """
 
     enabled: bool = True

@@ -214,7 +214,14 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     status = error.http_status_code
     # The registry's own not-found codes (404xx) only: a bare 404, from a wrong URL or path,
     # is no subject missing, and must stop the router rather than dead-letter events.
-    if code in (SUBJECT_NOT_FOUND, SCHEMA_NOT_FOUND, VERSION_NOT_FOUND) or (
+    if code == SCHEMA_NOT_FOUND:  # the subject exists, with other versions (QA 34-b)
+        return RegistryError(f"cannot {what}: not among its subject's registered versions "
+                             f"({error.error_message}); if the .avsc changed, `cdc-router "
+                             "schemas check -c ...` says whether it fits them and names the "
+                             "field: register a compatible one (`cdc-router schemas register`"
+                             ", or schema_registry.auto_register: true), or put the registered "
+                             "one back", missing=True)
+    if code in (SUBJECT_NOT_FOUND, VERSION_NOT_FOUND) or (
             status == 404 and isinstance(code, int) and code // 100 == 404):
         return RegistryError(f"cannot {what}: not registered ({error.error_message}); "
                              "register it (`cdc-router schemas register -c ... --subject "

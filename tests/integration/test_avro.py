@@ -268,3 +268,13 @@ def test_schemas_register_puts_a_new_version_under_the_subjects_event_data_named
     assert named.returncode == 0 and f"registered {prefix}.D-value" in named.stdout, named.stderr
     assert serializer.serialize(replace(event, aggregate_type="D"), route, f"{prefix}.D")[:1] \
         == b"\x00"
+    # QA 34-b: an .avsc edited out of its subject's versions named `schemas register`, which
+    # refuses it; the reason now names `schemas check`, which names the breaking field.
+    document["fields"].append({"name": "region", "type": "string", "default": "eu"})
+    (tmp_path / "v3.avsc").write_text(json.dumps(document))
+    edited = RouteRule.model_validate({"topic": prefix + ".{aggregate_type}", "format": "avro",
+                                       "schema": str(tmp_path / "v3.avsc")})
+    with pytest.raises(SerializeError, match=f"subject '{prefix}.A-value'.*not among its "
+                       "subject's registered versions.*schemas check"):
+        AvroSerializer([edited], SchemaRegistrySettings.model_validate(
+            {"url": registry_url})).serialize(event, edited, f"{prefix}.A")
