@@ -30,12 +30,15 @@ def new_group_check(config: RouterConfig, committed: list[TopicPartition], resto
     if restored or not others or any(tp.error is None and tp.offset >= 0 for tp in committed):
         return
     partitions = [TopicPartition(tp.topic, tp.partition) for tp in committed]
-    readers = _groups_reading(common_config(config), sorted(others), partitions)
-    group = config.source.group_id
+    try:
+        readers = _groups_reading(common_config(config), sorted(others), partitions)
+    except KafkaException:  # no admin client: this check is advice, never the process's stop
+        readers = sorted(others)
     if not readers:
         return
     log.warning(
-        "event=new_group_reads_from_start group=%s topics=%s other_groups=%s hint=%r", group,
+        "event=new_group_reads_from_start group=%s topics=%s other_groups=%s hint=%r",
+        config.source.group_id,
         ",".join(sorted({tp.topic for tp in committed})), ",".join(readers),
         "this source.group_id has no committed offsets and no dedup marks, so it reads from the "
         "beginning and delivers again every event still on the raw topic, which the groups "

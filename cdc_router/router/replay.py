@@ -123,9 +123,11 @@ def mark_owner(key: bytes | None) -> str | None:
     if prefix is None:
         return None
     length, colon, rest = text[len(prefix):].partition(":")
-    if not colon or not length.isdigit() or rest[int(length):int(length) + 1] != ":":
+    # isdigit() also takes digits int() refuses ('²'), and a key is anyone's to write.
+    if not colon or not (length.isascii() and length.isdigit()) or len(length) > 6:
         return None
-    return rest[:int(length)]
+    size = int(length)
+    return rest[:size] if rest[size:size + 1] == ":" else None
 
 
 # A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
