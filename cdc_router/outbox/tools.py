@@ -29,7 +29,15 @@ class OutboxStats:
 
 
 def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxStats:
-    """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST."""
+    """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST.
+    An outbox without a created_at column (source.outbox.created_at: null) has no age (review
+    34-2: `status` of such a config stopped with "rows have no age")."""
+    if schema.columns.created_at is None:
+        row = conn.execute(sql.SQL("SELECT count(*), pg_total_relation_size(%s::regclass) "
+                                   "FROM {}").format(schema.identifier),
+                           (regclass_text(schema.table),)).fetchone()
+        assert row is not None
+        return OutboxStats(schema.table, int(row[0]), None, int(row[1]))
     query = sql.SQL(
         # A row dated 'infinity' or '-infinity' has no age (the subtraction fails): the oldest
         # is the oldest of the others.

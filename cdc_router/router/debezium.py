@@ -202,10 +202,8 @@ def _parse_json(value: bytes) -> Any:
 
 def _not_a_change(envelope: dict[str, Any]) -> Skipped:
     """Records without an op on a change topic: transaction metadata or heartbeats, else bad.
-
     Told apart by shape, not by topic name: the router knows neither the connector's topic.prefix
-    nor its topic.transaction name, and a suffix test would catch a table called `transaction`.
-    """
+    nor its topic.transaction name, and a suffix test would catch a table called `transaction`."""
     if envelope.get("status") in ("BEGIN", "END") and "id" in envelope:
         return Skipped(TRANSACTION_METADATA, str(envelope["status"]))
     if set(envelope) == {"ts_ms"}:
@@ -368,10 +366,11 @@ def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple
 def _created_at(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
                 where: str, unit: str, otherwise: int | None) -> int | None:
     """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
-    `otherwise` when the row has none (no such column, or null)."""
+    `otherwise` when the row has none (no such column, or null) and it is a Kafka timestamp
+    (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock)."""
     value = row.get(column) if column else None
     if value is None:
-        return otherwise
+        return otherwise if otherwise is not None and 0 <= otherwise < 2**63 else None
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
                           f"got {json_kind(value)}")

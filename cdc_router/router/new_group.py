@@ -11,6 +11,7 @@ one WARNING, with README's way to rename.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,13 +28,15 @@ def new_group_check(config: RouterConfig, committed: list[TopicPartition], resto
                     others: Iterable[str]) -> None:
     """WARNING when source.group_id starts afresh (no offset in `committed`, no mark restored)
     on raw topics where one of `others` (groups with marks on the changelog) has offsets."""
-    if restored or not others or any(tp.error is None and tp.offset >= 0 for tp in committed):
-        return
+    if restored or not others or not committed or \
+            any(tp.error is None and tp.offset >= 0 for tp in committed):
+        return  # a spare instance (no partition) has nothing to read (review 34-2)
     partitions = [TopicPartition(tp.topic, tp.partition) for tp in committed]
     try:
         readers = _groups_reading(common_config(config), sorted(others), partitions)
-    except KafkaException:  # no admin client: this check is advice, never the process's stop
-        readers = sorted(others)
+    except Exception as error:  # advice, in a rebalance callback: never the process's stop
+        log.debug("event=new_group_check_failed error=%r", str(error))
+        return
     if not readers:
         return
     log.warning(
@@ -52,12 +55,16 @@ def _groups_reading(kafka: Mapping[str, Any], groups: list[str],
     """Those of `groups` with a committed offset on one of `partitions`; a group whose offsets
     do not come is named too (a warning too many beats a silent rename)."""
     admin = admin_client(kafka)
+    # Every request first, then one deadline for all the answers: inside a rebalance callback,
+    # one LOOKUP_TIMEOUT_S at worst, not one per group.
+    asked = {group: admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, partitions)], request_timeout=LOOKUP_TIMEOUT_S)[group]
+        for group in groups}
+    deadline = time.monotonic() + LOOKUP_TIMEOUT_S
     reading = []
-    for group in groups:
+    for group, future in asked.items():
         try:
-            answer = admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, partitions)], request_timeout=LOOKUP_TIMEOUT_S)
-            found = answer[group].result(timeout=LOOKUP_TIMEOUT_S).topic_partitions
+            found = future.result(timeout=max(0.0, deadline - time.monotonic())).topic_partitions
         except (KafkaException, TimeoutError):
             reading.append(group)
             continue

@@ -126,8 +126,8 @@ def mark_owner(key: bytes | None) -> str | None:
     # isdigit() also takes digits int() refuses ('²'), and a key is anyone's to write.
     if not colon or not (length.isascii() and length.isdigit()) or len(length) > 6:
         return None
-    size = int(length)
-    return rest[:size] if rest[size:size + 1] == ":" else None
+    size = int(length)  # 0: no group's (a router never writes an empty source.group_id)
+    return rest[:size] if size and rest[size:size + 1] == ":" else None
 
 
 # A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is

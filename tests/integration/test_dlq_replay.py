@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,16 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
         (tmp_path / "b.yaml").write_text(yaml.safe_dump(other))
         pipe.start_router("b", "-c", str(tmp_path / "b.yaml"), wait=True)
         letters = pipe.read(pipe.dlq_topic, 10)
+        # Review 34-2: a spare instance of the new group (the raw topic has one partition)
+        # asked Kafka about no partition in its rebalance callback, and exited 1.
+        reassigned = pipe.router_log("b").count("event=assigned")
+        pipe.start_router("c", "-c", str(tmp_path / "b.yaml"), wait=True)
+        deadline = time.monotonic() + 60
+        while pipe.router_log("b").count("event=assigned") == reassigned and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        spares_alive = [pipe.routers[name].poll() for name in ("b", "c")]
+        pipe.kill_router("c")
         pipe.kill_router("b")
         warned = [line for line in pipe.router_log("b").splitlines()
                   if "event=new_group_reads_from_start" in line]
@@ -186,6 +197,7 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
     # is a renamed one (stop 32's left-out), naming the group whose marks and offsets it saw.
     assert len(warned) == 1 and f"group={pipe.name}-b topics={pipe.raw_topic} " \
         f"other_groups={pipe.name} " in warned[0], warned
+    assert spares_alive == [None, None]
     assert dry["planned"] == {"not_replayable": 10}, dry
     assert replayed["committed"] in (None, {}), replayed
     assert Counter(r.key().decode() for r in orders) == Counter(ids), "each event once"

@@ -558,6 +558,9 @@ def test_an_outbox_partitioned_by_seq_is_relayed_and_one_by_created_at_is_one_li
     try:
         first, again = _outbox_init_relay(stack, by_seq), _outbox_init_relay(stack, by_seq)
         refused = _outbox_init_relay(stack, by_time)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            made = conn.execute("SELECT pubname FROM pg_publication WHERE pubname = %s",
+                                (by_time,)).fetchall()
         ids = [str(uuid.uuid4()) for _ in range(120)]
         with relay_setup(stack, tmp_path, table=by_seq) as setup:
             with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
@@ -584,6 +587,7 @@ def test_an_outbox_partitioned_by_seq_is_relayed_and_one_by_created_at_is_one_li
     assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
     assert [r.key().decode() for r in records] == ids, "each row once, in seq order"
     assert left == 0
+    assert made == [], "a refused init --relay makes nothing (review 34-2)"
     for result, field_name in ((refused, "--table"), (stopped, "relay.table")):
         assert result.returncode == 1, result.stderr
         [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -594,8 +598,10 @@ def test_an_outbox_partitioned_by_seq_is_relayed_and_one_by_created_at_is_one_li
 def test_status_of_a_relay_only_config_checks_the_relays_table_not_a_connector(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA 34-c: a healthy relay was "critical: no source topic exists ()", with the connector's
-    # table, slot and publication in its report.
-    with relay_setup(stack, tmp_path) as setup:
+    # table, slot and publication in its report. Review 34-2: an outbox without created_at
+    # stopped `status` ("rows have no age").
+    with relay_setup(stack, tmp_path, config={"source": {"outbox": {"created_at": None}}}) \
+            as setup:
         with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
             conn.execute(f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid, "
                          "type, payload) VALUES (gen_random_uuid(), 'Order', '1', 'OrderPaid', "
@@ -604,7 +610,7 @@ def test_status_of_a_relay_only_config_checks_the_relays_table_not_a_connector(
             [sys.executable, "-m", "cdc_router", "status", "-c", str(setup.config_path)],
             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: another test's slot
-    assert f"outbox public.{setup.table}: 1 rows" in result.stdout, result.stdout
+    assert f"outbox public.{setup.table}: 1 rows, oldest -," in result.stdout, result.stdout
     assert "connector: none (a relay-only config" in result.stdout
     assert f"router group {setup.name}: no raw topic" in result.stdout
     assert "critical" not in result.stdout and "UNREACHABLE" not in result.stdout

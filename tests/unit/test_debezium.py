@@ -327,6 +327,19 @@ def test_without_created_at_the_record_takes_the_change_events_ts_ms_as_the_smt_
     assert isinstance(unset, OutboxEvent) and unset.created_at_ms == ts_ms
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("ts_ms", [-1, 2**63, 2**63 + 5, 10**30])
+def test_a_ts_ms_outside_kafkas_timestamps_leaves_the_record_to_the_producers_clock(
+        mode: str, ts_ms: int) -> None:
+    # Review 34-2: a ts_ms of 2^63+5 crashed the producer on a LogAppendTime topic.
+    def mutate(value: dict[str, Any]) -> None:
+        row_of(value).pop("created_at")
+        (value["payload"] if mode == "schema" else value)["ts_ms"] = ts_ms
+
+    decoded = decode_mutated(f"create_jsonb.{mode}", mutate)
+    assert isinstance(decoded, OutboxEvent) and decoded.created_at_ms is None
+
+
 def test_integer_ids_are_text() -> None:
     decoded = decode_mutated("create_jsonb.noschema", _set("aggregateid", 12345))
     assert isinstance(decoded, OutboxEvent) and decoded.aggregate_id == "12345"

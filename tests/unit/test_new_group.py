@@ -39,3 +39,18 @@ def test_only_a_fresh_group_beside_a_group_reading_its_topics_is_warned_about(
     assert warnings[0].startswith("event=new_group_reads_from_start group=orders topics=raw "
                                   "other_groups=orders-old hint=")
     assert "Renaming a pipeline" in warnings[0]
+
+
+def test_a_spare_instance_or_a_failing_lookup_never_raises_out_of_the_check(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 34-2: an instance assigned no partition asked Kafka about an empty list, and
+    # confluent-kafka's ValueError left the rebalance callback: exit 1 with a traceback.
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        new_group.new_group_check(CONFIG, [], 0, {"orders-old"})  # the real lookup, not asked
+
+        def broken(*args: object) -> list[str]:
+            raise ValueError("'topic_partitions' cannot be empty")
+
+        monkeypatch.setattr(new_group, "_groups_reading", broken)
+        new_group.new_group_check(CONFIG, FRESH, 0, {"orders-old"})
+    assert caplog.records == []

@@ -165,7 +165,7 @@ def test_a_marks_key_names_its_group_whatever_the_group_holds():
     for group in ("orders", "a:b", "x#1", "dé", ""):
         for prefix in ("batch:", REPLAYED_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX):
             record = changelog_records(["1:2", "3"], 1_000, prefix, group=group)[0]
-            assert mark_owner(record.key) == group
+            assert mark_owner(record.key) == (group or None)  # no router has an empty group
     assert mark_owner(changelog_records(["1"], 1_000)[0].key) is None  # no group (earlier)
     for key in (None, b"", b"some-id", b"batch:x:g:1", b"batch:9:g:1#a", b"\xff\xfe",
                 "batch:²:g:1".encode(), b"batch:" + b"9" * 5000 + b":g:1"):
