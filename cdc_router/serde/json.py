@@ -93,14 +93,26 @@ def exact_json_text(value: Any) -> str:
     """Compact JSON text of a tree parse_json(exact_numbers=True) gave: its numbers as they
     were written; non-ASCII as is (json.dumps's ensure_ascii=False). A lone surrogate, which
     msgspec cannot write, stays in the text (as json.dumps leaves it) for the caller's check.
-    ValueError for a number nested in it that cannot be written back."""
+    ValueError for a number nested in it that cannot be written back (only with a lone
+    surrogate in the tree, which msgspec refuses)."""
     if isinstance(value, RawNumber):
         return str(value)  # its very text
-    tree = _decimals(value)  # inside an object or array: the same number, 1.5E+3 for 1.5e3
-    try:
-        return _EXACT_TEXT.encode(tree).decode()
+    try:  # inside an object or array too (review 34: 1.5e3 was written 1.5E+3)
+        return _EXACT_TEXT.encode(_as_written(value)).decode()
     except UnicodeEncodeError:
-        return json.dumps(tree, ensure_ascii=False, separators=(",", ":"), default=str)
+        return json.dumps(_decimals(value), ensure_ascii=False, separators=(",", ":"),
+                          default=str)
+
+
+def _as_written(value: Any) -> Any:
+    """The tree with each RawNumber as msgspec.Raw: its text, encoded as it is."""
+    if isinstance(value, RawNumber):
+        return msgspec.Raw(value.encode())
+    if isinstance(value, dict):
+        return {name: _as_written(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_as_written(item) for item in value]
+    return value
 
 
 def _decimals(value: Any) -> Any:

@@ -401,12 +401,15 @@ def test_a_header_number_is_sent_as_the_row_wrote_it() -> None:
     # `match.header` on "1.10" missed), 12345678901234567890.5 as "1.2345678901234567e+19".
     def fill(value: dict[str, Any]) -> None:
         row_of(value)["headers"] = ('{"version": 1.10, "amount": 19.90, "exp": 1e+16, '
-                                    '"big": 12345678901234567890.5, "nested": {"v": [1.50]}}')
+                                    '"big": 12345678901234567890.5, "nested": {"v": [1.50], '
+                                    '"e": 1.5e3, "huge": 1E+400}}')
 
     decoded = decode_mutated("create_jsonb.noschema", fill)
     assert isinstance(decoded, OutboxEvent)
+    # Review 34: a nested number was written as a Decimal (1.5e3 as 1.5E+3).
     assert dict(decoded.headers) == {"version": "1.10", "amount": "19.90", "exp": "1e+16",
-                                     "big": "12345678901234567890.5", "nested": '{"v":[1.50]}'}
+                                     "big": "12345678901234567890.5",
+                                     "nested": '{"v":[1.50],"e":1.5e3,"huge":1E+400}'}
 
 
 @pytest.mark.parametrize(("text", "reason"), [
