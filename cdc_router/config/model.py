@@ -87,7 +87,9 @@ class RouterConfig(_Model):
         missing = self.cleanup.missing_dsn()
         dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
             if missing is not None else []
-        return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + dsn
+        windows = self.nats.window_warnings() if self.nats is not None else []
+        return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
+            windows + dsn
 
     def route_warnings(self) -> list[str]:
         """Routes that can never match (QA, session 30: `rules check` called them valid)."""

@@ -117,7 +117,8 @@ class StreamSpec(ConfigModel):
     # killed after the acks and before its Kafka commit re-publishes when it (or another
     # instance) reads the batch again, so size it like dedup.window_ms: longer than the
     # longest outage of the router group you want to survive without a duplicate.
-    duplicate_window_ms: PositiveInt = DEFAULT_DUPLICATE_WINDOW_MS
+    # nats-server refuses less than 100 ms (err 10052), once `streams apply --yes` runs (QA 34-d).
+    duplicate_window_ms: int = Field(default=DEFAULT_DUPLICATE_WINDOW_MS, ge=100)
     max_age_ms: NonNegativeInt = 0  # 0: no age limit
     max_bytes: int = Field(default=-1, ge=-1)  # -1: no limit
     max_msgs: int = Field(default=-1, ge=-1)
@@ -195,6 +196,29 @@ class NatsSettings(ConfigModel):
                                     "host[:port], comma-separated",
                                     shown_url(server))
         return self
+
+    @model_validator(mode="after")
+    def _streams_hold_a_message(self) -> NatsSettings:
+        """QA 34-d: with `discard: old` (streams apply's), an event bigger than its stream's
+        max_bytes is acked and evicted at once, with every older message: silent loss."""
+        for index, stream in enumerate(self.streams):
+            if 0 <= stream.max_bytes < self.max_payload_bytes:
+                raise field_problem(
+                    f"streams[{index}].max_bytes", f"must be at least nats.max_payload_bytes "
+                    f"({self.max_payload_bytes}): a bigger event would be acked and then "
+                    "evicted at once, with every older message of the stream", stream.max_bytes)
+        return self
+
+    def window_warnings(self) -> list[str]:
+        """Streams whose duplicate window a failed batch's re-publish outlives (QA 34-d: a
+        100 ms window stored 1,206 messages for 600 ids): one ack timeout, then backoff."""
+        floor = 2 * self.ack_timeout_ms + 30_000  # the router's longest backoff is 30 s
+        return [f"nats.streams[{index}].duplicate_window_ms {stream.duplicate_window_ms} is "
+                f"under {floor} (twice nats.ack_timeout_ms, plus the router's 30 s backoff): "
+                "a batch published again after a failure is stored twice; size it like "
+                "dedup.window_ms (README, How close to exactly once)"
+                for index, stream in enumerate(self.streams)
+                if stream.duplicate_window_ms < floor]
 
     @model_validator(mode="after")
     def _one_kind_of_credentials(self) -> NatsSettings:

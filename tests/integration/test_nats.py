@@ -19,7 +19,7 @@ import nats
 import psycopg
 import pytest
 import yaml
-from nats.js.api import StreamConfig
+from nats.js.api import DiscardPolicy, StreamConfig
 
 from cdc_router.config.load import load_config
 from cdc_router.errors import JetStreamError, JetStreamRefused
@@ -353,6 +353,38 @@ def test_a_message_over_the_streams_max_msg_size_is_refused_alone(nats_url: str)
     assert "MaxPayloadError" in too_big.value.refused[0]
     assert [m.headers["Nats-Msg-Id"] for m in read_stream(nats_url, "SMALLMSG")] == [
         "small-1", "small-2"]
+
+
+def test_a_full_stream_that_discards_new_messages_names_the_fix(nats_url: str) -> None:
+    # QA 34-d: every batch waited with "maximum messages exceeded", naming neither the stream's
+    # discard policy nor `streams apply`.
+    stream = f"FULLNEW{uuid.uuid4().hex[:8].upper()}"
+    subject = f"{stream.lower()}.x"
+
+    async def stream_admin(add: bool) -> None:
+        client = await nats.connect(nats_url)
+        try:
+            if add:
+                await client.jetstream().add_stream(StreamConfig(
+                    name=stream, subjects=[f"{stream.lower()}.>"], max_msgs=1,
+                    discard=DiscardPolicy.NEW))
+            else:
+                await client.jetstream().delete_stream(stream)
+        finally:
+            await client.close()
+
+    asyncio.run(stream_admin(True))
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=5, connect_timeout_s=5)
+    try:
+        publisher.publish_batch([NatsMessage(subject, b"{}", {}, "full-1")])
+        with pytest.raises(JetStreamError) as failed:
+            publisher.publish_batch([NatsMessage(subject, b"{}", {}, "full-2")])
+    finally:
+        publisher.close()
+        asyncio.run(stream_admin(False))
+    assert not isinstance(failed.value, JetStreamRefused), "the stream's limit, no poison"
+    assert f"the stream that captures '{subject}' is full and set to discard new messages" \
+        in str(failed.value) and "streams apply" in str(failed.value)
 
 
 def test_closing_the_publisher_while_nats_is_down_returns_quietly(tmp_path: Path) -> None:

@@ -199,6 +199,38 @@ def test_a_kafka_and_a_nats_route_load_side_by_side(tmp_path: Path) -> None:
     assert compiled.config.nats.streams[0].duplicate_window_ms == 3_600_000
 
 
+@pytest.mark.parametrize(("stream", "message"), [
+    # QA 34-d: a 3 KB event on a stream of max_bytes 2000 (discard old) was acked, then
+    # evicted at once with every older message.
+    ("max_bytes: 2000", "field 'nats.streams[0].max_bytes': must be at least "
+                        "nats.max_payload_bytes (1048576)"),
+    ("max_bytes: 0", "field 'nats.streams[0].max_bytes': must be at least"),
+    # QA 34-d: nats-server refuses it (10052) only once `streams apply --yes` runs.
+    ("duplicate_window_ms: 50", "field 'nats.streams[0].duplicate_window_ms': Input should be "
+                                "greater than or equal to 100"),
+])
+def test_stream_limits_that_lose_events_or_that_nats_server_refuses_are_config_errors(
+        tmp_path: Path, stream: str, message: str) -> None:
+    path = write(tmp_path, "source: {topics: [raw]}\nroutes: [{nats: {subject: 's.x'}}]\n"
+                 f"nats: {{streams: [{{name: S, subjects: ['s.>'], {stream}}}]}}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path)
+
+
+def test_a_duplicate_window_shorter_than_a_failed_batchs_republish_is_warned_about(
+        tmp_path: Path) -> None:
+    # QA 34-d: a 100 ms window stored 1,206 messages for 600 ids after an aborted batch.
+    def warnings(window: int) -> list[str]:
+        path = write(tmp_path, "source: {topics: [raw]}\nroutes: [{nats: {subject: 's.x'}}]\n"
+                     "nats: {ack_timeout_ms: 5000, streams: [{name: S, subjects: ['s.>'], "
+                     f"duplicate_window_ms: {window}}}]}}\n")
+        return load_config(path).config.warnings()
+
+    [short] = warnings(39_999)
+    assert short.startswith("nats.streams[0].duplicate_window_ms 39999 is under 40000")
+    assert warnings(40_000) == []
+
+
 def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
