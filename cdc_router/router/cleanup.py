@@ -185,8 +185,9 @@ class OutboxCleaner:
                 reason = ("another transaction holds a lock on rows to delete (see "
                           "pg_locks); the deletes wait for it, routing goes on"
                           if isinstance(error, psycopg.errors.LockNotAvailable) else
-                          "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN): check "
-                          "its host, port, user and password; routing goes on, the rows wait"
+                          "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN): tried "
+                          "again, which mends a Postgres restart; if it lasts, check its host, "
+                          "port, user and password; routing goes on, the rows wait"
                           if self._conn is None else "")
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d%s",
                             one_line(error), backoff, self.pending_count(),

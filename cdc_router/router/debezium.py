@@ -4,8 +4,6 @@ created_at and numeric columns are encoded; else SourceSettings does."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,12 +13,16 @@ import msgspec
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, show
 from cdc_router.router.connect_decimal import decimals_as_text
-from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
+from cdc_router.router.row_columns import (
+    column_text,
+    created_at_column,
+    headers_column,
+    payload_column,
+)
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
-    exact_json_text,
     json_kind,
     json_problem,
     parse_json,
@@ -242,7 +244,8 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
         _check_id_size(event_id, names.id)
     try:
         where = f"event {show(event_id)}"
-        payload, is_json = _payload(row, names.payload, columns.get(names.payload), settings, where)
+        payload, is_json = payload_column(row, names.payload, columns.get(names.payload),
+                                           settings, where)
         named = names.named
         return OutboxEvent(
             event_id=event_id,
@@ -251,15 +254,15 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
             type=_identifier(row, names.type, "event type", where),
             payload=payload,
             payload_is_json=is_json,
-            headers=_headers(row, names.headers, where),
-            created_at_ms=_created_at(row, names.created_at, columns, where,
-                                      settings.created_at_unit, envelope_ms),
+            headers=headers_column(row, names.headers, where),
+            created_at_ms=created_at_column(row, names.created_at, columns, where,
+                                            settings.created_at_unit, envelope_ms),
             op=op,
             lsn=lsn,
             tx_id=tx_id,
             # A list comprehension, then a tuple: faster than a generator, and a str (most
             # columns) is its own text.
-            extra_columns=tuple([(name, value if type(value) is str else _column_text(value))
+            extra_columns=tuple([(name, value if type(value) is str else column_text(value))
                                  for name, value in row.items() if name not in named]),
         )
     except DecodeError as error:
@@ -301,99 +304,5 @@ def _check_id_size(event_id: str, column: str) -> None:
                           f"{show(event_id, 60)}")
 
 
-def _payload(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
-             settings: SourceSettings, where: str) -> tuple[bytes, bool]:
-    """The payload column as (bytes, is_json), per its schema or settings.payload_type."""
-    if column not in row:
-        raise DecodeError(f"{where}: payload column {column!r} is missing from the row")
-    value = row[column]
-    if value is None:
-        raise DecodeError(f"{where}: payload column {column!r} is null")
-    kind = settings.payload_type
-    if kind == "auto":
-        kind = "bytes" if schema is not None and schema.get("type") == "bytes" else "json"
-    if kind == "json":
-        # A column already expanded into JSON (e.g. by an SMT): keep it as compact JSON text.
-        text = value if isinstance(value, str) else _json(value)
-        try:
-            return text.encode("utf-8"), True
-        except UnicodeEncodeError:
-            raise DecodeError(f"{where}: payload column {column!r} holds "
-                              f"{LONE_SURROGATE}") from None
-    if not isinstance(value, str):
-        raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
-                          f"{settings.binary_handling} string, got {json_kind(value)}")
-    try:
-        if settings.binary_handling == "hex":
-            return bytes.fromhex(value), False
-        url_safe = settings.binary_handling == "base64-url-safe"  # - and _ for + and /
-        return base64.b64decode(value, b"-_" if url_safe else None, validate=True), False
-    except (ValueError, binascii.Error):
-        raise DecodeError(f"{where}: payload column {column!r} is not valid "
-                          f"{settings.binary_handling} (source.binary_handling must match the "
-                          "connector's binary.handling.mode)") from None
-
-
-def _headers(row: dict[str, Any], column: str | None, where: str) -> tuple[tuple[str, str], ...]:
-    """The headers column: a JSON object (jsonb string) of headers; absent or null is none."""
-    raw = row.get(column) if column else None
-    if raw is None:
-        return ()
-    if isinstance(raw, str):
-        try:
-            # Exact numbers: a header value 1.10 is sent as "1.10", as the row wrote it.
-            raw = parse_json(raw, exact_numbers=True, strict=True)
-        except JsonTooDeep as error:
-            raise DecodeError(f"{where}: headers column {column!r} is JSON {error} "
-                              "(MAX_JSON_DEPTH); headers are a flat object of strings") from None
-        except json.JSONDecodeError as error:
-            raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
-                              f"{error.msg} at column {error.colno}") from None
-        except ValueError as error:  # e.g. an integer over Python's 4,300 digits
-            raise DecodeError(f"{where}: headers column {column!r} "
-                              f"{json_problem(error)}") from None
-    if not isinstance(raw, dict):
-        raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
-                          f"headers, got {json_kind(raw)}")
-    try:
-        return tuple([(name, value if type(value) is str else exact_json_text(value))
-                      for name, value in raw.items()])
-    except ValueError as error:
-        raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
-                          f"{error}") from None
-
-
-def _created_at(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
-                where: str, unit: str, otherwise: int | None) -> int | None:
-    """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
-    `otherwise` when the row has none (no such column, or null) and it is a Kafka timestamp
-    (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock)."""
-    value = row.get(column) if column else None
-    if value is None:
-        return otherwise if otherwise is not None and 0 <= otherwise < 2**63 else None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
-                          f"got {json_kind(value)}")
-    named = (columns.get(column or "") or {}).get("name")
-    try:
-        return epoch_millis(value, (named if isinstance(named, str) else None)
-                            or UNIT_SCHEMAS.get(unit))
-    except ValueError as error:
-        raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
-
-
 def _optional_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _column_text(value: Any) -> str | None:
-    """A column's value as text: None as None, a string as is, anything else as compact JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    if type(value) is int:
-        return str(value)  # what json.dumps writes for an int (bool is not int's type)
-    return _json(value)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

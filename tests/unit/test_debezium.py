@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import calendar
 import json
+import logging
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -450,3 +451,29 @@ def test_odd_connect_schemas_of_a_decimal_or_created_at_column_are_read_past() -
     assert isinstance(decoded, OutboxEvent)
     assert decoded.aggregate_id == event("create_jsonb.schema").aggregate_id
     assert decoded.created_at_ms == event("create_jsonb.schema").created_at_ms
+
+
+def test_a_configured_optional_column_missing_from_the_rows_is_one_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 34-e: `ALTER TABLE outbox RENAME COLUMN headers TO hdrs` dropped every row's headers,
+    # with no line anywhere; a renamed created_at fell back to ts_ms as silently.
+    from cdc_router.router import row_columns
+
+    monkeypatch.setattr(row_columns, "_warned", set())
+
+    def renamed(value: dict[str, Any]) -> None:
+        row = row_of(value)
+        row["hdrs"], row["made"] = row.pop("headers"), row.pop("created_at")
+
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        for _ in range(3):
+            decoded = decode_mutated("create_jsonb.noschema", renamed)
+            assert isinstance(decoded, OutboxEvent) and decoded.headers == ()
+        assert isinstance(decode_mutated("create_jsonb.noschema", _set("headers", None)),
+                          OutboxEvent)  # a NULL is no missing column
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("event=column_missing column=headers field=source.outbox.headers")
+    assert "without the row's headers" in lines[0] and "or to null" in lines[0]
+    assert lines[1].startswith("event=column_missing column=created_at "
+                               "field=source.outbox.created_at")

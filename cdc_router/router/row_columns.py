@@ -1,0 +1,141 @@
+"""The outbox row's payload, headers and created_at columns, as Debezium's JsonConverter sends
+them (router/debezium.py reads the rest of the row).
+
+An optional column the config names (`source.outbox.headers`, `created_at`) that a row lacks is
+one WARNING per process (QA 34-e: a renamed headers column dropped every row's headers without
+a word; a renamed created_at fell back to the change event's time): set the config to the
+column's name, or to null when the table has none.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from cdc_router.errors import DecodeError, JsonTooDeep
+from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
+from cdc_router.serde.json import (
+    LONE_SURROGATE,
+    exact_json_text,
+    json_kind,
+    json_problem,
+    parse_json,
+)
+
+if TYPE_CHECKING:
+    from cdc_router.config.source import SourceSettings
+
+log = logging.getLogger("cdc_router.router")
+_warned: set[str] = set()  # the optional columns found missing from a row, once each
+
+
+def _missing(column: str, field: str, effect: str) -> None:
+    """One WARNING per process for an optional column the config names and a row lacks."""
+    if column in _warned:
+        return
+    _warned.add(column)
+    log.warning("event=column_missing column=%s field=source.outbox.%s hint=%r", column, field,
+                f"the rows have no {column!r} column: {effect}; set source.outbox.{field} to "
+                "the column's name (renamed?), or to null when the table has none")
+
+
+def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
+             settings: SourceSettings, where: str) -> tuple[bytes, bool]:
+    """The payload column as (bytes, is_json), per its schema or settings.payload_type."""
+    if column not in row:
+        raise DecodeError(f"{where}: payload column {column!r} is missing from the row")
+    value = row[column]
+    if value is None:
+        raise DecodeError(f"{where}: payload column {column!r} is null")
+    kind = settings.payload_type
+    if kind == "auto":
+        kind = "bytes" if schema is not None and schema.get("type") == "bytes" else "json"
+    if kind == "json":
+        # A column already expanded into JSON (e.g. by an SMT): keep it as compact JSON text.
+        text = value if isinstance(value, str) else _json(value)
+        try:
+            return text.encode("utf-8"), True
+        except UnicodeEncodeError:
+            raise DecodeError(f"{where}: payload column {column!r} holds "
+                              f"{LONE_SURROGATE}") from None
+    if not isinstance(value, str):
+        raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
+                          f"{settings.binary_handling} string, got {json_kind(value)}")
+    try:
+        if settings.binary_handling == "hex":
+            return bytes.fromhex(value), False
+        url_safe = settings.binary_handling == "base64-url-safe"  # - and _ for + and /
+        return base64.b64decode(value, b"-_" if url_safe else None, validate=True), False
+    except (ValueError, binascii.Error):
+        raise DecodeError(f"{where}: payload column {column!r} is not valid "
+                          f"{settings.binary_handling} (source.binary_handling must match the "
+                          "connector's binary.handling.mode)") from None
+
+
+def headers_column(row: dict[str, Any], column: str | None,
+                   where: str) -> tuple[tuple[str, str], ...]:
+    """The headers column: a JSON object (jsonb string) of headers; absent or null is none."""
+    raw = row.get(column) if column else None
+    if raw is None:
+        if column and column not in row:
+            _missing(column, "headers", "events go without the row's headers")
+        return ()
+    if isinstance(raw, str):
+        try:
+            # Exact numbers: a header value 1.10 is sent as "1.10", as the row wrote it.
+            raw = parse_json(raw, exact_numbers=True, strict=True)
+        except JsonTooDeep as error:
+            raise DecodeError(f"{where}: headers column {column!r} is JSON {error} "
+                              "(MAX_JSON_DEPTH); headers are a flat object of strings") from None
+        except json.JSONDecodeError as error:
+            raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
+                              f"{error.msg} at column {error.colno}") from None
+        except ValueError as error:  # e.g. an integer over Python's 4,300 digits
+            raise DecodeError(f"{where}: headers column {column!r} "
+                              f"{json_problem(error)}") from None
+    if not isinstance(raw, dict):
+        raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
+                          f"headers, got {json_kind(raw)}")
+    try:
+        return tuple([(name, value if type(value) is str else exact_json_text(value))
+                      for name, value in raw.items()])
+    except ValueError as error:
+        raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
+                          f"{error}") from None
+
+
+def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
+                where: str, unit: str, otherwise: int | None) -> int | None:
+    """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
+    `otherwise` when the row has none (no such column, or null) and it is a Kafka timestamp
+    (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock)."""
+    value = row.get(column) if column else None
+    if value is None:
+        if column and column not in row:
+            _missing(column, "created_at", "records take the change event's time")
+        return otherwise if otherwise is not None and 0 <= otherwise < 2**63 else None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
+                          f"got {json_kind(value)}")
+    named = (columns.get(column or "") or {}).get("name")
+    try:
+        return epoch_millis(value, (named if isinstance(named, str) else None)
+                            or UNIT_SCHEMAS.get(unit))
+    except ValueError as error:
+        raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
+
+
+def column_text(value: Any) -> str | None:
+    """A column's value as text: None as None, a string as is, anything else as compact JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    if type(value) is int:
+        return str(value)  # what json.dumps writes for an int (bool is not int's type)
+    return _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
