@@ -396,6 +396,26 @@ def test_a_row_without_created_at_gives_its_record_the_change_events_ts_ms(
     assert record.timestamp()[1] == json.loads(raw.value())["ts_ms"]
 
 
+def test_a_headers_column_renamed_under_the_router_is_one_warning_not_silence(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 34-e: after `RENAME COLUMN headers TO hdrs` every event went without its headers,
+    # with no line anywhere (and `status` said ok).
+    with pipeline(stack, tmp_path) as pipe:
+        pipe.start_router(wait=True)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} RENAME COLUMN headers TO hdrs")
+            for n in range(3):
+                conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid, "
+                             "type, payload, hdrs) VALUES (gen_random_uuid(), 'Order', 'o-1', "
+                             "'OrderPaid', %s, '{\"tenant\": \"t1\"}')", (json.dumps({"n": n}),))
+        records = pipe.read(pipe.orders_topic, 3)
+        log = pipe.router_log()
+    assert len(records) == 3
+    assert all("tenant" not in dict(record.headers()) for record in records)
+    assert log.count("event=column_missing") == 1, log[-2000:]
+    assert "column=headers field=source.outbox.headers" in log
+
+
 def _wait_topic_gone(bootstrap: str, topic: str, timeout_s: float = 60) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + timeout_s
