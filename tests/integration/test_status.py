@@ -172,7 +172,11 @@ def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pip
     # false critical lines pointing at the lost-slot runbook (QA, session 25).
     assert "critical: publication, connector: cannot check it: Kafka Connect unreachable at " \
            "http://127.0.0.1:1" in done.stdout
-    assert "does not exist" not in done.stdout and "dbz_publication" not in done.stdout
+    # (The outbox line may say public.outbox does not exist: this pipeline's table is its own,
+    # and a stack where no test made public.outbox has none.)
+    assert not [line for line in done.stdout.splitlines() if "does not exist" in line
+                and '"public.outbox" does not exist' not in line], done.stdout
+    assert "dbz_publication" not in done.stdout
     # Every logical slot is shown instead, this pipeline's among them.
     assert routed.name in done.stdout, done.stdout
 
