@@ -39,6 +39,7 @@ _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEADER_NAME = re.compile(r"[!-9;-~]+")
 MSG_ID_HEADER = "Nats-Msg-Id"
 DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
+_STORED_OVERHEAD = 4096
 
 
 def subject_problem(subject: str, *, wildcards: bool = False) -> str | None:
@@ -125,6 +126,19 @@ class StreamSpec(ConfigModel):
     storage: Literal["file", "memory"] = "file"
     replicas: PositiveInt = 1
 
+    @model_validator(mode="after")
+    def _window_within_age(self) -> StreamSpec:
+        """nats-server refuses a duplicate window longer than max_age, and a max_age under 100
+        ms (10052), only once `streams apply --yes` runs (review 34-3)."""
+        if 0 < self.max_age_ms < 100:
+            raise field_problem("max_age_ms", "must be 0 (no limit) or at least 100",
+                                self.max_age_ms)
+        if 0 < self.max_age_ms < self.duplicate_window_ms:
+            raise field_problem("duplicate_window_ms", f"must be at most max_age_ms "
+                                f"({self.max_age_ms}), which nats-server requires; set it",
+                                self.duplicate_window_ms)
+        return self
+
     @field_validator("name")
     @classmethod
     def _legal_name(cls, name: str) -> str:
@@ -202,11 +216,16 @@ class NatsSettings(ConfigModel):
         """QA 34-d: with `discard: old` (streams apply's), an event bigger than its stream's
         max_bytes is acked and evicted at once, with every older message: silent loss."""
         for index, stream in enumerate(self.streams):
-            if 0 <= stream.max_bytes < self.max_payload_bytes:
+            # JetStream stores the subject (at most a 4 KiB control line) and a few bytes of
+            # its own with each message (review 34-3: max_bytes = max_payload_bytes lost one).
+            least = self.max_payload_bytes + _STORED_OVERHEAD
+            if 0 <= stream.max_bytes < least:
                 raise field_problem(
-                    f"streams[{index}].max_bytes", f"must be at least nats.max_payload_bytes "
-                    f"({self.max_payload_bytes}): a bigger event would be acked and then "
-                    "evicted at once, with every older message of the stream", stream.max_bytes)
+                    f"streams[{index}].max_bytes", f"must be at least {least}, "
+                    f"nats.max_payload_bytes ({self.max_payload_bytes}) and {_STORED_OVERHEAD} "
+                    "for the subject: a bigger event would be acked and then evicted at once, "
+                    "with every older message of the stream; or lower nats.max_payload_bytes",
+                    stream.max_bytes)
         return self
 
     def window_warnings(self) -> list[str]:

@@ -44,7 +44,8 @@ _GRACE_S = 5.0
 # (JSStreamHeaderExceedsMaximumErr). No retry mends them: the record is poison. A full stream
 # (discard new) refuses every message alike: that is the stream's limits, not a record.
 MESSAGE_REFUSED = frozenset({10054, 10097})
-# "maximum messages exceeded" / "maximum bytes exceeded": a full stream with discard: new.
+# A store failure; "maximum messages exceeded" / "maximum bytes exceeded" (the description
+# tells them from a broken store, review 34-3): a full stream with discard: new.
 STREAM_FULL = 10077
 
 
@@ -199,7 +200,8 @@ class JetStreamPublisher:
                     f"; the stream that captures {message.subject!r} is full and set to "
                     "discard new messages: `cdc-router streams apply -c <config>` sets it back "
                     "to discard old ones (or raise its max_msgs/max_bytes)"
-                    if getattr(error, "err_code", None) == STREAM_FULL else "")
+                    if getattr(error, "err_code", None) == STREAM_FULL
+                    and "maximum" in str(getattr(error, "description", "")) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
                 f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"

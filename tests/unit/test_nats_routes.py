@@ -202,9 +202,16 @@ def test_a_kafka_and_a_nats_route_load_side_by_side(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("stream", "message"), [
     # QA 34-d: a 3 KB event on a stream of max_bytes 2000 (discard old) was acked, then
     # evicted at once with every older message.
-    ("max_bytes: 2000", "field 'nats.streams[0].max_bytes': must be at least "
-                        "nats.max_payload_bytes (1048576)"),
+    ("max_bytes: 2000", "field 'nats.streams[0].max_bytes': must be at least 1052672, "
+                        "nats.max_payload_bytes (1048576) and 4096 for the subject"),
     ("max_bytes: 0", "field 'nats.streams[0].max_bytes': must be at least"),
+    # Review 34-3: JetStream stores the subject too, so this one lost a near-maximum event.
+    ("max_bytes: 1048576", "field 'nats.streams[0].max_bytes': must be at least 1052672"),
+    # Review 34-3: nats-server refuses these only at `streams apply --yes` too.
+    ("max_age_ms: 3600000", "field 'nats.streams[0].duplicate_window_ms': must be at most "
+                            "max_age_ms (3600000)"),
+    ("max_age_ms: 50, duplicate_window_ms: 100", "field 'nats.streams[0].max_age_ms': must be "
+                                                 "0 (no limit) or at least 100"),
     # QA 34-d: nats-server refuses it (10052) only once `streams apply --yes` runs.
     ("duplicate_window_ms: 50", "field 'nats.streams[0].duplicate_window_ms': Input should be "
                                 "greater than or equal to 100"),
@@ -215,6 +222,15 @@ def test_stream_limits_that_lose_events_or_that_nats_server_refuses_are_config_e
                  f"nats: {{streams: [{{name: S, subjects: ['s.>'], {stream}}}]}}\n")
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path)
+
+
+def test_stream_limits_nats_server_takes_load(tmp_path: Path) -> None:
+    path = write(tmp_path, "source: {topics: [raw]}\nroutes: [{nats: {subject: 's.x'}}]\n"
+                 "nats: {streams: [{name: S, subjects: ['s.>'], max_bytes: 1052672, "
+                 "max_age_ms: 604800000, duplicate_window_ms: 3600000}, {name: T, "
+                 "subjects: ['t.>'], max_bytes: -1, max_age_ms: 0}]}\n")
+    assert [stream.max_bytes for stream in load_config(path).config.nats.streams] == [
+        1052672, -1]
 
 
 def test_a_duplicate_window_shorter_than_a_failed_batchs_republish_is_warned_about(
