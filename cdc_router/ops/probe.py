@@ -56,14 +56,15 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     now_ms = int(clock() * 1000)
     settings = config.status
     name = connector or settings.connector
-    if relay_only(config):
+    relay_alone = relay_only(config)
+    if relay_alone:
         # QA 34-c: the connector's sections and the raw topic's group read as critical for a
         # healthy relay. No connector, publication or raw topic is this pipeline's.
         connector_state, capture = ConnectorState(), None
     else:
         connector_state, capture = probe_connector(endpoints.connect_url, name)
     wal, publication, outbox = _database(config, endpoints, capture)
-    if relay_only(config):
+    if relay_alone:
         publication = PublicationState()
     elif capture is None and publication.error is None:
         # Without the connector's config, its slot and publication are unknown: Debezium's
@@ -81,7 +82,7 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),
                       ChangelogState(topic=config.dedup.changelog_topic, error=down))
-    router = RouterState(group=config.source.group_id) if relay_only(config) else _kafka(
+    router = RouterState(group=config.source.group_id) if relay_alone else _kafka(
         lambda: router_state(admin, kafka, config.source.group_id, list(config.source.topics),
                              now_ms), lambda e: RouterState(group=config.source.group_id, error=e))
     letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -106,26 +107,29 @@ def exact_json_text(value: Any) -> str:
 
 def _as_written(value: Any) -> Any:
     """The tree with each RawNumber as msgspec.Raw: its text, encoded as it is."""
-    if isinstance(value, RawNumber):
-        return msgspec.Raw(value.encode())
-    if isinstance(value, dict):
-        return {name: _as_written(item) for name, item in value.items()}
-    if isinstance(value, list):
-        return [_as_written(item) for item in value]
-    return value
+    return _numbers(value, lambda number: msgspec.Raw(number.encode()))
 
 
 def _decimals(value: Any) -> Any:
+    return _numbers(value, _decimal)
+
+
+def _decimal(value: RawNumber) -> Decimal:
+    try:
+        return Decimal(value)
+    except ArithmeticError:  # an exponent beyond Decimal's, inside an object or array
+        raise ValueError(f"the number {show(str(value), 40)} cannot be written back as "
+                         "JSON") from None
+
+
+def _numbers(value: Any, convert: Callable[[RawNumber], Any]) -> Any:
+    """The tree with each RawNumber replaced by convert(it)."""
     if isinstance(value, RawNumber):
-        try:
-            return Decimal(value)
-        except ArithmeticError:  # an exponent beyond Decimal's, inside an object or array
-            raise ValueError(f"the number {show(str(value), 40)} cannot be written back as "
-                             "JSON") from None
+        return convert(value)
     if isinstance(value, dict):
-        return {name: _decimals(item) for name, item in value.items()}
+        return {name: _numbers(item, convert) for name, item in value.items()}
     if isinstance(value, list):
-        return [_decimals(item) for item in value]
+        return [_numbers(item, convert) for item in value]
     return value
 
 
