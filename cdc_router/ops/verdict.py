@@ -231,12 +231,16 @@ def _connector(connector: ConnectorState) -> Iterator[Problem]:
     elif connector.state == "PAUSED":
         yield Problem("warning", "connector", f"{name} is PAUSED: no event is captured and "
                       f"its slot retains WAL; `cdc-router connectors resume {connector.name}`")
-    elif connector.state != "RUNNING" or not connector.tasks or any(
-            task.state != "RUNNING" for task in connector.tasks):
+    elif connector.state == "RUNNING" and not connector.tasks:
+        yield Problem("warning", "connector", f"{name} is RUNNING with no task: no event is "
+                      "captured; a lost slot does this (see the wal line and "
+                      f"{LOST_SLOT_RUNBOOK}), else check Connect's log and "
+                      f"`cdc-router connectors restart {connector.name} --tasks all`")
+    elif connector.state != "RUNNING" or any(task.state != "RUNNING" for task in connector.tasks):
         tasks = ", ".join(f"task {t.id} {t.state}" for t in connector.tasks) or "no tasks"
         yield Problem("warning", "connector", f"{name} is {connector.state} ({tasks}): "
-                      "events are not captured; check Connect's log, or `cdc-router "
-                      f"connectors resume/restart {connector.name}`")
+                      "events are not captured; check Connect's log, then `cdc-router "
+                      f"connectors restart {connector.name} --tasks all`")
 
 
 def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:

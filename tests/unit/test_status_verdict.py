@@ -122,6 +122,20 @@ def test_a_paused_connector_warns_and_a_failed_task_is_critical_with_its_trace()
     assert EXIT_CODES[verdict([problem])] == 2
 
 
+def test_a_connector_running_without_a_task_names_the_lost_slot_and_a_restart() -> None:
+    taskless = replace(healthy(), connector=replace(healthy().connector, tasks=()))
+    assert lines(taskless) == [
+        "warning: connector: connector outbox-connector is RUNNING with no task: no event is "
+        "captured; a lost slot does this (see the wal line and README runbook 'the slot was "
+        "dropped or its WAL removed'), else check Connect's log and `cdc-router connectors "
+        "restart outbox-connector --tasks all`"]
+    unassigned = replace(healthy(), connector=replace(healthy().connector, tasks=(
+        TaskState(0, "UNASSIGNED", "w", None),)))
+    (problem,) = judge(unassigned, SETTINGS)
+    assert "(task 0 UNASSIGNED)" in problem.message
+    assert "`cdc-router connectors restart outbox-connector --tasks all`" in problem.message
+
+
 def test_an_unreachable_part_is_critical_and_the_others_are_still_judged() -> None:
     report = replace(healthy(), connector=ConnectorState(
         error="Kafka Connect unreachable at http://x:8083: connection refused", name="c"),
