@@ -290,6 +290,12 @@ class DedupStoreError(CdcRouterError):
     """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
 
 
+class RetriableError(CdcRouterError):
+    """Raised by a consumer's handler when something it depends on is away (an HTTP service, a
+    database, a broker): not the record's fault, so the record is retried with backoff without
+    limit, like a store outage, and never dead-lettered. Raise it `from` the cause."""
+
+
 class EffectAborted(CdcRouterError):
     """The effect returned, but left its transaction unable to commit (it swallowed a database
     error, or ended the transaction itself): nothing is done; the handler's failure, retried

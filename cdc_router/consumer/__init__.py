@@ -18,7 +18,7 @@ from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.loop import ConsumerStats, Handler, IdempotentConsumer
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import ConsumerSettings, EventIdSource
-from cdc_router.errors import DeadLetterRefused, FatalKafkaError, MalformedRecord
+from cdc_router.errors import DeadLetterRefused, FatalKafkaError, MalformedRecord, RetriableError
 
 # The consumer's fatal error under its first name; the one fatal class is FatalKafkaError.
 ConsumerFailed = FatalKafkaError
@@ -37,6 +37,7 @@ __all__ = [
     "JetStreamConsumer",
     "JetStreamSettings",
     "MalformedRecord",
+    "RetriableError",
     "RetryPolicy",
     "dead_letter_headers",
 ]

@@ -11,9 +11,10 @@ A durable pull consumer with explicit ack. Per message of a fetched batch, in st
    the original is TERMed. Attempts are the handler's failures counted here, not JetStream's
    delivery count, which also counts deliveries cut short by a stop, a crash or another
    worker's outage: those must never bring a message closer to the dead-letter subject;
-4. a store failure (DedupStoreError), a registry outage (RegistryError) or a failed
-   dead-letter publish naks with a delay and counts as no attempt; a dead letter the stream
-   refuses for its size goes again without its data, and after retry.max_attempts run() stops.
+4. a store failure (DedupStoreError), a handler's RetriableError, a registry outage
+   (RegistryError) or a failed dead-letter publish naks with a delay and counts as no
+   attempt; a dead letter the stream refuses for its size goes again without its data, and
+   after retry.max_attempts run() stops.
 
 Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
 parts, the decoder and the store with the handler inside, run one at a time in one worker
@@ -40,11 +41,13 @@ from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
 from cdc_router.consumer.jetstream_message import (
+    OUTAGES,
     GiveUp,
     JetStreamRecord,
     after_handler_failure,
     dead_letter_message,
     kafka_source,
+    outage_reason,
     record_of,
     refused_for_good,
 )
@@ -53,7 +56,6 @@ from cdc_router.consumer.jetstream_setup import check_durable, subscribe
 from cdc_router.consumer.loop import ConsumerControls, Handler
 from cdc_router.errors import (
     ConfigError,
-    DedupStoreError,
     JetStreamConsumerError,
     MalformedRecord,
     RegistryError,
@@ -262,9 +264,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         key = DedupKey(settings.dedup_group, event.event_id)
         try:
             outcome = await self._blocking(functools.partial(
-                self._store.run_once, key, functools.partial(self._run_handler, event)))
-        except DedupStoreError as error:
-            return await self._outage(message, record, "store_failed", error)
+                self._store.run_once, key, functools.partial(self._handler, event)))
+        except OUTAGES as error:
+            return await self._outage(message, record, outage_reason(error), error)
         except Exception as error:
             await self._handler_failed(message, record, event, attempt, error)
             return None
@@ -276,9 +278,6 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                   outcome.value, record.stream, record.sequence)
         await self._settle(message, record, term=False)
         return None
-
-    def _run_handler(self, event: ConsumedEvent, context: Context) -> None:
-        self._handler(event, context)
 
     async def _handler_failed(self, message: Any, record: JetStreamRecord,
                               event: ConsumedEvent, attempt: int, error: Exception) -> None:

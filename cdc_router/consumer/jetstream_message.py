@@ -20,6 +20,7 @@ from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import SOURCE_STREAM, fitted
+from cdc_router.errors import DedupStoreError, RetriableError
 from cdc_router.nats.publisher import MESSAGE_REFUSED
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
@@ -91,6 +92,15 @@ class GiveUp:
     """The handler failed on the last allowed attempt: dead-letter the message."""
 
     attempts: int
+
+
+# Not the record's fault: its message is nakked with a delay without limit, never dead-lettered.
+OUTAGES = (DedupStoreError, RetriableError)
+
+
+def outage_reason(error: BaseException) -> str:
+    """The log's reason for an outage: the handler's dependency, else the dedup store."""
+    return "handler_retriable" if isinstance(error, RetriableError) else "store_failed"
 
 
 def after_handler_failure(attempt: int, policy: RetryPolicy,

@@ -39,6 +39,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     MalformedRecord,
     RegistryError,
+    RetriableError,
 )
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
@@ -205,6 +206,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             outcome = self._store.run_once(key, lambda context: self._handler(event, context))
         except DedupStoreError as error:
             self._retry_later(message, retry, "store_failed", error)
+            return
+        except RetriableError as error:
+            self._retry_later(message, retry, "handler_retriable", error)
             return
         except Exception as error:
             retry = retry or _Retry(offset=message.offset())

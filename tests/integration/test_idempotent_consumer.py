@@ -37,7 +37,7 @@ from cdc_router.consumer.dedup import (
     Outcome,
 )
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
-from cdc_router.errors import FatalKafkaError
+from cdc_router.errors import FatalKafkaError, RetriableError
 from cdc_router.examples.fulfillment import create_shipments_table
 from tests.integration.c_producer import produce_with_header
 from tests.integration.support import StackEndpoints, read_topic, unique
@@ -480,6 +480,37 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
     assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
                for h in headers)
     assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+def test_a_handler_s_retriable_error_outlasts_max_attempts_and_nothing_is_dead_lettered(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        topics: tuple[str, str]) -> None:
+    # QA 35-b: an outage of what the handler calls is no record's fault.
+    topic, dead_letter = topics
+    effect_table(stack.postgres_dsn, schema)
+    produce(stack.bootstrap_servers, topic, [(b"a", b'{"order_id": "1"}', 0),
+                                              (b"b", b'{"order_id": "2"}', 1)])
+    outage = iter(range(8))  # outlasts max_attempts=3 twice over
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, event.event_id)(conn)
+        if next(outage, None) is not None:
+            try:
+                raise ConnectionRefusedError("payments service: connection refused")
+            except ConnectionRefusedError as error:
+                raise RetriableError(f"payments service away: {error}") from error
+
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
+    consumer = IdempotentConsumer(settings, store, handler)
+    run_until(consumer, lambda: offsets(stack.bootstrap_servers, settings.group_id, topic,
+                                        4)[0][:2] == [1, 1], "both records committed")
+    rows = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
+    assert rows == 2  # each once; the failed attempts' writes rolled back
+    assert consumer.stats.retries >= 8 and consumer.stats.dead_lettered == 0
+    assert offsets(stack.bootstrap_servers, unique("reader"), dead_letter, 1)[1] == [0]
 
 
 def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_rest_goes_on(

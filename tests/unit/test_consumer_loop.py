@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings
 from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
-from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched
+from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched, RetriableError
 from cdc_router.kafka.consumer import unfetched_offsets
 from tests.unit.consumer_fakes import (
     DLQ,
@@ -264,6 +264,25 @@ def test_store_failures_are_retried_beyond_max_attempts_and_never_dead_lettered(
     assert h.producer.sent == []
     assert h.loop.stats.retries == 7
     assert h.kafka.committed == {0: 1}
+
+
+def test_a_handler_s_retriable_error_is_retried_beyond_max_attempts_and_never_dead_lettered(
+        ) -> None:
+    # QA 35-b: a 6 s outage of the handler's own database dead-lettered good events after
+    # max_attempts (3 here); RetriableError says "not this record's fault".
+    outage = iter(range(7))
+
+    def handler(event: ConsumedEvent, _: None) -> None:
+        if next(outage, None) is not None:
+            raise RetriableError("payments service unreachable")
+        h.effects.append(event)
+
+    h = Harness({0: [rec("a"), rec("b")]}, handler=handler)
+    h.run()
+    assert [e.event_id for e in h.effects] == ["a", "b"]
+    assert h.producer.sent == []
+    assert h.loop.stats.retries == 7
+    assert h.kafka.committed == {0: 2}
 
 
 def test_a_failed_dead_letter_write_is_retried_before_the_offset_moves() -> None:

@@ -28,7 +28,7 @@ from cdc_router.consumer.jetstream_message import (
     record_of,
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
-from cdc_router.errors import ConfigError, MalformedRecord
+from cdc_router.errors import ConfigError, MalformedRecord, RetriableError
 
 STAMP = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 SUBJECT = "payments.confirmed"
@@ -264,6 +264,22 @@ def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt() ->
     harness.consumer._store = MemoryDedupStore()
     [(told, _)] = harness.handle(payment("e1", delivered=6))
     assert told == "nak" and harness.js.published == []
+
+
+def test_a_handler_s_retriable_error_naks_without_limit_and_is_not_counted_as_an_attempt(
+        ) -> None:
+    harness = Harness(failing(RetriableError("payments service unreachable")))
+    for delivered in range(1, 6):  # far past max_attempts=3
+        [(told, _)] = harness.handle(payment("e1", delivered=delivered))
+        assert told == "nak"
+    assert harness.js.published == []
+    # The service answers, but refuses this event: attempts count from here.
+    harness.consumer._handler = failing(ValueError("unknown order"))
+    for delivered in range(6, 8):
+        [(told, _)] = harness.handle(payment("e1", delivered=delivered))
+        assert told == "nak" and harness.js.published == []
+    harness.handle(payment("e1", delivered=8))
+    assert len(harness.js.published) == 1  # the 3rd handler failure: dead-lettered
 
 
 class CountingDownStore(DownStore):
