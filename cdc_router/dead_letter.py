@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -192,3 +193,15 @@ def dead_letter_origin(headers: list[tuple[str, bytes]]) -> dict[str, str | None
         "error": values.get(ERROR_CLASS),
         "reason": values.get(ERROR_MESSAGE),
     }
+
+
+def of_pipeline(headers: list[tuple[str, bytes]], ours: Callable[[str, str | None], bool]) -> bool:
+    """Whether a consumed dead letter is the pipeline's that `ours(source topic, source group)`
+    accepts; one that names no source topic (not the router's or the relay's) cannot be told
+    apart, and counts as this pipeline's."""
+    values = {name: value for name, value in headers if name in (SOURCE_TOPIC, SOURCE_GROUP)}
+    topic, group = values.get(SOURCE_TOPIC), values.get(SOURCE_GROUP)
+    if topic is None:
+        return True
+    return ours(topic.decode(errors="replace"),
+                None if group is None else group.decode(errors="replace"))

@@ -118,6 +118,8 @@ def _dead_letters(report: Report) -> list[str]:
         return failed
     count = f"{d.count}" if d.count_exact else f"at least {d.count}"
     line = f"dead letters on {d.topic}: {count}"
+    if d.others:
+        line += f" of this pipeline ({d.others} of other pipelines: `dlq list --all`)"
     if d.newest is not None:
         n = d.newest
         line += (f"; newest {_age(n.age_s)} (offset {n.partition}:{n.offset}): stage {n.stage}, "

@@ -15,12 +15,12 @@ from cdc_router.cli._options import config_option
 from cdc_router.cli._output import emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
-from cdc_router.dead_letter import dead_letter_origin
+from cdc_router.dead_letter import dead_letter_origin, of_pipeline
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.router import clients
 from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
-from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group
+from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group, sources_of
 from cdc_router.router.step import Routed
 
 # Reading the dead-letter topic to its end: on a cluster that answers, seconds; past this, say
@@ -39,16 +39,26 @@ def cli() -> None:
 @config_option()
 @click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),
               help="At most this many, oldest first.")
+@click.option("--all", "everyone", is_flag=True,
+              help="Also the letters of other pipelines sharing the topic (another "
+              "source.group_id, or a source none of this config's).")
 @output_option
-def list_letters(config_path: Path, limit: int, output: str) -> None:
-    """Dead letters with where they came from, the stage that failed, and why."""
+def list_letters(config_path: Path, limit: int, everyone: bool, output: str) -> None:
+    """Dead letters with where they came from, the stage that failed, and why.
+
+    Only this pipeline's (those `dlq replay` would consider), unless --all."""
     config = load_config(config_path, env=os.environ).config
+    ours = sources_of(config)
+    others = 0
     # Up to the last stable offset as of now: a router's open transaction is not waited for.
     reader = TopicReader(clients.logged_config(config), config.dead_letter.topic,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: list[dict[str, Any]] = []
     try:
         for message in reader.read_to_end(end="stable", timeout_s=_READ_TIMEOUT_S):
+            if not everyone and not of_pipeline(record_headers(message), ours):
+                others += 1
+                continue
             letters.append({"offset": message.offset(),
                             **dead_letter_origin(record_headers(message))})
             if len(letters) >= limit:
@@ -59,7 +69,10 @@ def list_letters(config_path: Path, limit: int, output: str) -> None:
         ["offset", "stage", "source", "event id", "error", "reason"],
         [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],
           (r["reason"] or "")[:120]] for r in rows]) if rows
-        else f"no dead letters on {config.dead_letter.topic}")
+        else f"no dead letters {'of this pipeline ' if others else ''}on "
+             f"{config.dead_letter.topic}")
+    if others:
+        click.echo(f"{others} letters of other pipelines left out (--all lists them)", err=True)
 
 
 @cli.command()

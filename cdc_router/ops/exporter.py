@@ -146,7 +146,8 @@ def _router(report: Report) -> Iterator[GaugeMetricFamily]:
 def _topics(report: Report) -> Iterator[GaugeMetricFamily]:
     letters = report.dead_letters
     if letters.error is None and letters.count is not None:
-        count = _gauge("dlq_records", "Dead letters on the dead-letter topic", ("topic",))
+        count = _gauge("dlq_records", "This pipeline's dead letters on the dead-letter topic",
+                       ("topic",))
         count.add_metric([letters.topic or ""], letters.count)
         yield count
         if letters.newest is not None and letters.newest.age_s is not None:

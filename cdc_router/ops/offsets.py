@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ class Scanned:
     """What a scan saw of one partition's window."""
 
     count: int = 0
+    others: int = 0  # records `keep` left out
     first: Message | None = None
     last: Message | None = None
     complete: bool = True
@@ -71,8 +72,10 @@ class _Window:
 
 
 def scan(kafka: Mapping[str, str], topic: str, windows: Mapping[int, tuple[int, int]],
-         timeout_s: float = 30.0) -> dict[int, Scanned]:
-    """partition → the committed records at offsets [start, stop) of `windows`.
+         timeout_s: float = 30.0,
+         keep: Callable[[Message], bool] | None = None) -> dict[int, Scanned]:
+    """partition → the committed records at offsets [start, stop) of `windows`; with `keep`,
+    only those it accepts (the others are only counted).
 
     A window not read to its end within `timeout_s` is marked incomplete.
     """
@@ -98,6 +101,9 @@ def scan(kafka: Mapping[str, str], topic: str, windows: Mapping[int, tuple[int, 
                 offset = message.offset()
                 if message.error() is not None or found is None or offset is None or \
                         offset >= found.stop:
+                    continue
+                if keep is not None and not keep(message):
+                    found.seen.others += 1
                     continue
                 found.seen.count += 1
                 found.seen.first = found.seen.first or message

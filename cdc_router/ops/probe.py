@@ -35,6 +35,7 @@ from cdc_router.ops.report import (
 )
 from cdc_router.ops.topics import changelog_state, dead_letter_state
 from cdc_router.outbox.table import OutboxSchema
+from cdc_router.router.dlq_replay import sources_of
 
 T = TypeVar("T")
 # librdkafka logs each refused connection to stderr; `status` reports the failure itself.
@@ -85,7 +86,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     router = RouterState(group=config.source.group_id) if relay_alone else _kafka(
         lambda: router_state(admin, kafka, config.source.group_id, list(config.source.topics),
                              now_ms), lambda e: RouterState(group=config.source.group_id, error=e))
-    letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms),
+    letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms,
+                                               sources_of(config)),
                      lambda e: DeadLetterState(topic=config.dead_letter.topic, error=e))
     changelog = _kafka(lambda: changelog_state(admin, config.dedup.changelog_topic,
                                                config.dedup.enabled),

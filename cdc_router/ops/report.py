@@ -142,7 +142,8 @@ class DeadLetterInfo:
 class DeadLetterState:
     error: str | None = None
     topic: str | None = None
-    count: int | None = None
+    count: int | None = None  # this pipeline's
+    others: int = 0  # letters of other pipelines sharing the topic
     count_exact: bool = True  # false: only the newest records of a large topic were counted
     newest: DeadLetterInfo | None = None
 

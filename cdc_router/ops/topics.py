@@ -7,12 +7,12 @@ each partition are read; on a larger topic `count_exact` is false.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cdc_router.dead_letter import dead_letter_origin
+from cdc_router.dead_letter import dead_letter_origin, of_pipeline
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, Scanned, age_s, offsets, scan, timestamp_ms
 from cdc_router.ops.report import ChangelogState, DeadLetterInfo, DeadLetterState
@@ -31,8 +31,10 @@ def _missing(topic: str) -> str:
     return f"topic {topic} does not exist: run `cdc-router topics apply -c <config>`"
 
 
-def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str,
-                      now_ms: int) -> DeadLetterState:
+def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str, now_ms: int,
+                      ours: Callable[[str, str | None], bool]) -> DeadLetterState:
+    """This pipeline's letters (`ours`, as `dlq replay` tells them), and how many of others
+    share the topic (QA 35-c: a shared topic's letters all counted against each pipeline)."""
     partitions = _partitions(admin, topic)
     if partitions is None:
         return DeadLetterState(topic=topic, error=_missing(topic))
@@ -40,9 +42,11 @@ def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str,
     ends = offsets(admin, partitions, "latest")
     windows = {p: (max(starts[(t, p)], ends[(t, p)] - SCAN_LIMIT), ends[(t, p)])
                for t, p in ends}
-    seen = scan(kafka, topic, windows)
+    seen = scan(kafka, topic, windows,
+                keep=lambda message: of_pipeline(record_headers(message), ours))
     exact = all(windows[p][0] == starts[(topic, p)] and seen[p].complete for p in windows)
     return DeadLetterState(topic=topic, count=sum(s.count for s in seen.values()),
+                           others=sum(s.others for s in seen.values()),
                            count_exact=exact, newest=_newest(seen, now_ms))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_router.dead_letter import dead_letter, record_size
+from cdc_router.dead_letter import dead_letter, of_pipeline, record_size
 from cdc_router.errors import DecodeError
 
 
@@ -114,3 +114,18 @@ def test_record_size_counts_headers_as_librdkafkas_size_check_does() -> None:
     assert largest_size([(f"h{i}", b"v" * (i % 20)) for i in range(400)]) == plain
     assert largest_size([("é" * 70, None)] * 30) == plain
     producer.purge()
+
+
+def test_a_letter_is_this_pipeline_s_by_its_source_topic_and_group() -> None:
+    # QA 35-c: status and `dlq list` told nothing apart on a shared dead-letter topic.
+    def ours(topic: str, group: str | None) -> bool:
+        return topic == "raw1" and group in (None, "orders")
+
+    def letter(**headers: str) -> list[tuple[str, bytes]]:
+        return [(f"dlq.source.{name}", value.encode()) for name, value in headers.items()]
+
+    assert of_pipeline(letter(topic="raw1", group="orders"), ours)
+    assert of_pipeline(letter(topic="raw1"), ours)  # a letter of an earlier version: no group
+    assert not of_pipeline(letter(topic="raw1", group="billing"), ours)
+    assert not of_pipeline(letter(topic="raw2", group="orders"), ours)
+    assert of_pipeline([("dlq.stage", b"handle")], ours)  # names no source: cannot be told
