@@ -166,6 +166,15 @@ class RouterConfig(_Model):
                                            **self.relay.position_config}))
         return specs
 
+    def config_floors(self) -> dict[str, frozenset[str]]:
+        """Per topic, the config keys whose value in topic_specs() is a minimum, not a target:
+        the changelog's retention.ms from dedup.window_ms. Pipelines with other windows may
+        share the changelog (QA 35-c: `topics apply` of one lowered it under another's
+        window); a retention.ms set in dedup.changelog_config is a target."""
+        if not self.dedup.enabled or "retention.ms" in self.dedup.changelog_config:
+            return {}
+        return {self.dedup.changelog_topic: frozenset({"retention.ms"})}
+
     @property
     def relay_position_topic(self) -> str:
         """Where the relay keeps its position: relay.position_topic, or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -50,7 +51,10 @@ class TopicAdmin:
             self._admin = AdminClient(self._config)
         return self._admin
 
-    def plan(self, specs: list[TopicSpec]) -> list[TopicPlan]:
+    def plan(self, specs: list[TopicSpec],
+             floors: Mapping[str, frozenset[str]] | None = None) -> list[TopicPlan]:
+        """What apply would do; `floors`: per topic, the config keys (durations in ms) that
+        are raised to the spec's value but never lowered."""
         try:
             existing = self.admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
         except KafkaException as error:
@@ -65,13 +69,14 @@ class TopicAdmin:
                                        spec.replication_factor,
                                        {k: (None, v) for k, v in spec.config.items()}))
                 continue
-            warnings = []
+            warnings: list[str] = []
             count = len(found.partitions)
             if spec.partitions is not None and spec.partitions != count:
                 # Adding partitions moves aggregates to other partitions and breaks their order.
                 warnings.append(f"has {count} partitions, the config says {spec.partitions}: "
                                 "left as is (changing it breaks per-aggregate order)")
-            changes = self._config_changes(spec)
+            changes = self._config_changes(spec, (floors or {}).get(spec.name, frozenset()),
+                                           warnings)
             plans.append(TopicPlan(spec.name, "update" if changes else "unchanged", count, None,
                                    changes, tuple(warnings)))
         return plans
@@ -111,7 +116,8 @@ class TopicAdmin:
             "and Describe on the topic"))) if plan.name in not_allowed else plan
                 for plan in plans]
 
-    def _config_changes(self, spec: TopicSpec) -> dict[str, tuple[str | None, str]]:
+    def _config_changes(self, spec: TopicSpec, floors: frozenset[str],
+                        warnings: list[str]) -> dict[str, tuple[str | None, str]]:
         if not spec.config:
             return {}
         resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
@@ -121,9 +127,21 @@ class TopicAdmin:
         for key, wanted in spec.config.items():
             entry = current.get(key)
             have = entry.value if entry is not None else None
-            if have != wanted:
+            if key in floors and have != wanted and _at_least(have, wanted):
+                warnings.append(f"{key} {have} kept: the config needs at least {wanted}; "
+                                "another pipeline sharing the topic may need more")
+            elif have != wanted:
                 changes[key] = (have, wanted)
         return changes
+
+
+def _at_least(have: str | None, wanted: str) -> bool:
+    """Whether a duration in ms (-1: for ever) is at least `wanted`."""
+    try:
+        value, floor = int(have or ""), int(wanted)
+    except ValueError:
+        return False
+    return value == -1 or value >= floor
 
 
 _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,

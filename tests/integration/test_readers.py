@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
@@ -277,3 +277,39 @@ def test_topics_apply_refuses_in_its_plan_what_the_cluster_would_refuse(
                "bogus.key" in done.stderr.strip().splitlines()[-1]
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     assert not [t for t in admin.list_topics(timeout=30).topics if t.startswith(name)]
+
+
+def test_topics_apply_never_lowers_a_shared_changelog_s_retention_below_another_window(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 35-c: two pipelines sharing a changelog; `topics apply` of the one with a 1 h window
+    # cut the other's 7 d retention to 1 h, without a word: its ids forgotten, replays again.
+    name = unique("tr").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+
+    def apply(window_ms: int) -> str:
+        config = tmp_path / f"router-{window_ms}.yaml"
+        config.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+            "source": {"topics": [f"{name}.raw"], "group_id": f"{name}-{window_ms}"},
+            "routes": [{"topic": f"{name}.orders"}], "dead_letter": {"topic": f"{name}.dlq"},
+            "dedup": {"changelog_topic": f"{name}.dedup", "window_ms": window_ms}}))
+        done = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                               str(config), "--yes"], capture_output=True, text=True, cwd=REPO,
+                              check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def retention() -> str:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, f"{name}.dedup")
+        return str(admin.describe_configs([resource])[resource].result(30)["retention.ms"].value)
+
+    try:
+        apply(604_800_000)
+        assert retention() == "604800000"
+        shown = apply(3_600_000)
+        assert retention() == "604800000"
+        assert "retention.ms 604800000 kept: the config needs at least 3600000" in shown, shown
+        apply(1_209_600_000)  # a longer window raises it
+        assert retention() == "1209600000"
+    finally:
+        admin.delete_topics([f"{name}.dedup", f"{name}.dlq"])

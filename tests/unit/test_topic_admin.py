@@ -69,4 +69,4 @@ def test_a_config_the_account_may_not_read_names_the_grant() -> None:
     with pytest.raises(CdcRouterError, match="reading the config of topic t failed: not "
                                              "authorised: grant this principal "
                                              "DescribeConfigs on the topic"):
-        admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}))
+        admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}), frozenset(), [])
