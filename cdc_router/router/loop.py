@@ -42,7 +42,7 @@ from cdc_router.router import clients
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.new_group import new_group_check
+from cdc_router.router.new_group import assignment_checks
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
@@ -382,7 +382,7 @@ class OutboxRouter:
             # outage and route on, while confluent-kafka assigns the partitions anyway.
             raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
         report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log, committed=offsets)
-        new_group_check(self._config, offsets, restored, self._replay.other_groups)
+        assignment_checks(self._config, offsets, restored, self._replay)
         log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
                  ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
                  restored, self._clock() - started)

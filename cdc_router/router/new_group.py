@@ -6,6 +6,11 @@ of 2,700). That is what a second pipeline on one raw topic wants, and what a ren
 by mistake, silently (stop 32's left-out). When a group starts with neither offsets nor marks,
 the groups whose marks share its changelog and that have offsets on its raw topics are named in
 one WARNING, with README's way to rename.
+
+The other way round: a group with committed offsets whose changelog gives the filter no id at
+all has lost its marks: a renamed (or deleted and recreated) dedup.changelog_topic (QA 35-c:
+`dlq replay` then delivered 253 ids again), or marks all older than the window. Said once, as
+the ids it delivered before will pass the filter again.
 """
 
 from __future__ import annotations
@@ -20,8 +25,33 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from cdc_router.config.model import RouterConfig
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
 from cdc_router.router.clients import common_config
+from cdc_router.router.replay import ReplayFilter
 
 log = logging.getLogger("cdc_router.router")
+
+
+def assignment_checks(config: RouterConfig, committed: list[TopicPartition], restored: int,
+                      replay: ReplayFilter) -> None:
+    """Both checks, after the changelog's marks were restored for newly assigned partitions."""
+    new_group_check(config, committed, restored, replay.other_groups)
+    changelog_check(config, committed, len(replay))
+
+
+def changelog_check(config: RouterConfig, committed: list[TopicPartition],
+                    remembered: int) -> None:
+    """WARNING when source.group_id has committed offsets past the start of a raw partition
+    but the filter holds no id (`remembered`) after the changelog was read."""
+    if remembered or not any(tp.error is None and tp.offset > 0 for tp in committed):
+        return
+    log.warning(
+        "event=changelog_without_marks group=%s changelog=%s hint=%r", config.source.group_id,
+        config.dedup.changelog_topic,
+        "this group has read the raw topics (committed offsets) but the dedup changelog holds "
+        "none of its marks within dedup.window_ms: if dedup.changelog_topic was renamed, or "
+        "the topic deleted, the ids delivered before are forgotten, and a Debezium replay, "
+        "`outbox republish` or `dlq replay` delivers them again; point dedup.changelog_topic "
+        "back at the old topic (README, Renaming a pipeline). After an idle spell longer "
+        "than the window this is expected")
 
 
 def new_group_check(config: RouterConfig, committed: list[TopicPartition], restored: int,

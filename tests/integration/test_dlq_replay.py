@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_router.dead_letter import REPLAY_OF
-from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.pipeline import REPO, Pipeline, apply_topics, pipeline
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
@@ -188,6 +189,8 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
         warned = [line for line in pipe.router_log("b").splitlines()
                   if "event=new_group_reads_from_start" in line]
         assert "event=new_group_reads_from_start" not in pipe.router_log("a")
+        assert "event=changelog_without_marks" not in pipe.router_log("a") + \
+            pipe.router_log("b")
         dry = _replay(pipe.config_path, "--dry-run")
         replayed = _replay(pipe.config_path, "--yes")
         orders = pipe.read_all(pipe.orders_topic, settle_s=1)
@@ -201,3 +204,25 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
     assert dry["planned"] == {"not_replayable": 10}, dry
     assert replayed["committed"] in (None, {}), replayed
     assert Counter(r.key().decode() for r in orders) == Counter(ids), "each event once"
+
+
+def test_a_renamed_changelog_topic_is_said_before_its_forgotten_ids_come_again(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 35-c: with dedup.changelog_topic renamed, `dlq replay` delivered 253 ids a second
+    # time, and nothing had said that the delivered ids were forgotten.
+    with pipeline(stack, tmp_path) as pipe:
+        pipe.start_router(wait=True)
+        pipe.insert([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(3)])
+        assert len(pipe.read(pipe.orders_topic, 3)) == 3
+        assert pipe.kill_router(sig=signal.SIGTERM) == 0
+        renamed = yaml.safe_load(pipe.config_path.read_text())
+        renamed["dedup"]["changelog_topic"] = f"{pipe.changelog_topic}-2"
+        pipe.config_path.write_text(yaml.safe_dump(renamed))
+        apply_topics(pipe)
+        pipe.start_router("b", wait=True)
+        warned = [line for line in pipe.router_log("b").splitlines()
+                  if "event=changelog_without_marks" in line]
+        pipe.kill_router("b")
+    assert "event=changelog_without_marks" not in pipe.router_log("a")
+    assert len(warned) == 1 and f"group={pipe.name} changelog={pipe.changelog_topic}-2 " \
+        in warned[0] and "Renaming a pipeline" in warned[0], warned

@@ -54,3 +54,19 @@ def test_a_spare_instance_or_a_failing_lookup_never_raises_out_of_the_check(
         monkeypatch.setattr(new_group, "_groups_reading", broken)
         new_group.new_group_check(CONFIG, FRESH, 0, {"orders-old"})
     assert caplog.records == []
+
+
+def test_a_group_with_offsets_but_no_marks_is_warned_about_once_per_empty_filter(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 35-c: a renamed dedup.changelog_topic forgot every delivered id without a word.
+    read = [TopicPartition("raw", 0, 5), TopicPartition("raw", 1, OFFSET_INVALID)]
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        new_group.changelog_check(CONFIG, read, 0)
+        new_group.changelog_check(CONFIG, read, 12)  # marks restored
+        new_group.changelog_check(CONFIG, FRESH, 0)  # a new group: nothing delivered yet
+        new_group.changelog_check(CONFIG, [TopicPartition("raw", 0, 0)], 0)  # nothing read
+        new_group.changelog_check(CONFIG, [], 0)  # a spare instance
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("event=changelog_without_marks group=orders "
+                              "changelog=cdc-router.dedup hint=")
+    assert "dedup.changelog_topic was renamed" in warning
