@@ -70,9 +70,12 @@ def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | No
         url_safe = settings.binary_handling == "base64-url-safe"  # - and _ for + and /
         return base64.b64decode(value, b"-_" if url_safe else None, validate=True), False
     except (ValueError, binascii.Error):
+        # QA 35-c: on a jsonb column, payload_type bytes was the wrong setting, not this one.
+        other = "; or the column is not bytea: then source.payload_type json (or auto)" \
+            if settings.payload_type == "bytes" else ""
         raise DecodeError(f"{where}: payload column {column!r} is not valid "
                           f"{settings.binary_handling} (source.binary_handling must match the "
-                          "connector's binary.handling.mode)") from None
+                          f"connector's binary.handling.mode{other})") from None
 
 
 def headers_column(row: dict[str, Any], column: str | None,

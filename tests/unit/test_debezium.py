@@ -181,8 +181,11 @@ def test_bytea_hex_mode() -> None:
 
 
 def test_bytea_wrong_binary_handling_is_a_decode_error() -> None:
-    with pytest.raises(DecodeError, match="not valid base64"):
+    with pytest.raises(DecodeError, match="not valid base64") as raised:
         run("create_bytea.hex", payload_type="bytes")
+    # QA 35-c: on a jsonb column the wrong setting is payload_type bytes: the reason says so.
+    assert "or the column is not bytea: then source.payload_type json (or auto)" in \
+        str(raised.value)
 
 
 def test_bytea_base64_url_safe_mode() -> None:
