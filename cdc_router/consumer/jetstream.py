@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.config.redact import shown_url
+from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
@@ -53,7 +54,7 @@ from cdc_router.consumer.jetstream_message import (
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
-from cdc_router.consumer.loop import ConsumerControls, Handler
+from cdc_router.consumer.loop import Handler
 from cdc_router.errors import (
     ConfigError,
     JetStreamConsumerError,

@@ -56,7 +56,10 @@ class FakeConsumer:
         self.logs = logs
         self.clock = clock
         self.on_idle = on_idle
-        self.position = dict.fromkeys(logs, 0)
+        self.positions = dict.fromkeys(logs, 0)
+        # Offsets past each log's last record that a read_committed reader skips (commit
+        # markers): the position moves over them once the log is read to its end.
+        self.markers = dict.fromkeys(logs, 0)
         self.paused: set[int] = set()
         self.assigned: set[int] = set()
         self.stored: dict[int, int] = {}
@@ -84,7 +87,7 @@ class FakeConsumer:
         if revoked:
             self.callbacks["on_revoke"](self, revoked)
         self.assigned = set(self.logs)
-        self.position = {p: self.committed.get(p, 0) for p in self.logs}
+        self.positions = {p: self.committed.get(p, 0) for p in self.logs}
         self.journal.append(("rebalance", dict(self.committed)))
         self.callbacks["on_assign"](self, [TopicPartition(TOPIC, p) for p in self.logs])
 
@@ -100,16 +103,25 @@ class FakeConsumer:
             return [FakeMessage(TOPIC, -1, -1, (None, None, []), self.pending_errors.pop(0))]
         batch: list[FakeMessage] = []
         for partition in sorted(self.assigned - self.paused):
-            while self.position[partition] < len(self.logs[partition]) and \
+            while self.positions[partition] < len(self.logs[partition]) and \
                     len(batch) < num_messages:
-                offset = self.position[partition]
+                offset = self.positions[partition]
                 batch.append(FakeMessage(TOPIC, partition, offset, self.logs[partition][offset]))
-                self.position[partition] += 1
+                self.positions[partition] += 1
         if not batch:
             self.clock.now += timeout
-            if not self.paused and all(self.position[p] == len(self.logs[p]) for p in self.logs):
+            if not self.paused and all(self.positions[p] == len(self.logs[p]) for p in self.logs):
                 self.on_idle()
         return batch
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Past the markers once a partition's records are all consumed, as librdkafka's."""
+        return [TopicPartition(TOPIC, tp.partition, self.positions[tp.partition] + (
+            self.markers[tp.partition] if self.positions[tp.partition] ==
+            len(self.logs[tp.partition]) else 0)) for tp in partitions]
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         self.paused.update(p.partition for p in partitions)
@@ -118,7 +130,7 @@ class FakeConsumer:
         self.paused.difference_update(p.partition for p in partitions)
 
     def seek(self, partition: TopicPartition) -> None:
-        self.position[partition.partition] = partition.offset
+        self.positions[partition.partition] = partition.offset
 
     def store_offsets(self, offsets: list[TopicPartition]) -> None:
         for tp in offsets:

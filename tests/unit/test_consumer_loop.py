@@ -285,6 +285,28 @@ def test_a_handler_s_retriable_error_is_retried_beyond_max_attempts_and_never_de
     assert h.kafka.committed == {0: 2}
 
 
+def test_idle_offsets_move_past_the_commit_markers_a_read_committed_reader_never_sees(
+        ) -> None:
+    # QA 35-b: on the router's transactional topics each group lagged 1 a partition for
+    # ever: its last offset is a commit marker, and the loop committed the last record's + 1.
+    h = Harness({0: [rec("a"), rec("b")], 1: [rec("c")]})
+    h.kafka.markers = {0: 1, 1: 1}
+    h.run()
+    assert h.kafka.committed == {0: 3, 1: 2}
+
+
+def test_a_partition_awaiting_a_retry_stores_no_position_while_idle() -> None:
+    def handler(event: ConsumedEvent, _: None) -> None:
+        raise ValueError("never")
+
+    h = Harness({0: [rec("a")]}, handler=handler)
+    h.kafka.markers = {0: 1}
+    h.run()
+    stores = [entry for entry in h.kafka.journal if entry[0] == "store"]
+    # Idle during the backoffs: nothing stored; dead-lettered (1), then past the marker (2).
+    assert stores == [("store", (0, 1)), ("store", (0, 2))]
+
+
 def test_a_failed_dead_letter_write_is_retried_before_the_offset_moves() -> None:
     h = Harness({0: [rec(None), rec("b")]})
     h.producer.failures_left = 2
