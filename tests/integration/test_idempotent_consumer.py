@@ -834,6 +834,9 @@ def test_the_periodic_purge_command_with_a_group_purges_only_that_groups_rows(
             os.kill(purger.pid, signal.SIGTERM)
         code = purger.wait(60)
     assert code == 0, log_path.read_text()
+    # QA 35-b: the durations were Python's text (`7 days, 0:00:00 every 0:00:01`).
+    assert "purging group A's rows older than 7d every 1s; SIGTERM to stop" in \
+        log_path.read_text()
 
 
 def test_the_init_command_creates_the_table(stack: StackEndpoints, schema: str) -> None:
