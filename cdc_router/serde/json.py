@@ -171,6 +171,12 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> s
         return (f"holds an integer of over {sys.get_int_max_str_digits()} digits: valid "
                 "JSON, but beyond what this router (and most JSON readers) take; write it as a "
                 "string")
+    # Hex first: hex digits in fours are base64's letters too (QA 35-a F4: the hex of bytea
+    # payloads was hinted at as base64, or not at all).
+    if _HEX.fullmatch(text):
+        return (f"is not valid JSON: {error}; it looks like hex: a bytea payload column needs "
+                "source.payload_type: bytes, with source.binary_handling: hex when the "
+                "connector's binary.handling.mode is hex")
     if _BASE64.fullmatch(text):
         return (f"is not valid JSON: {error}; it looks like base64: a bytea payload column "
                 "needs source.payload_type: bytes unless the connector sends schemas with "
@@ -181,6 +187,8 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> s
 # What a bytea column looks like through JsonConverter without schemas (binary.handling.mode
 # base64): only a hint in a reason, never a decision.
 _BASE64 = re.compile(rb"(?:[A-Za-z0-9+/]{4})+(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+# ... and binary.handling.mode hex: two digits a byte.
+_HEX = re.compile(rb"(?:[0-9A-Fa-f]{2})+")
 
 
 def lone_surrogate(text: str | bytes, parsed: Any) -> str | None:

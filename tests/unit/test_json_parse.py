@@ -86,6 +86,17 @@ def test_a_base64_payload_refused_as_json_names_the_payload_type_setting() -> No
     assert "payload_type" not in json_problem(error, b"{nope")
 
 
+@pytest.mark.parametrize("text", [b"0001", b"1e10ff", b"deadbeef", b"1234abcd00"])
+def test_a_hex_payload_refused_as_json_names_hex(text: bytes) -> None:
+    # QA 35-a F4: the hex of a bytea payload was hinted at as base64 (when its length was a
+    # multiple of 4), or not at all.
+    error = json.JSONDecodeError("Extra data", text.decode(), 1)
+    problem = json_problem(error, text)
+    assert "it looks like hex" in problem and "source.payload_type: bytes" in problem
+    assert "source.binary_handling: hex" in problem and "base64" not in problem
+    assert "looks like base64" in json_problem(error, b"q2/4AA==")
+
+
 def test_the_consumer_examples_decoder_refuses_a_byte_order_mark() -> None:
     # QA, session 28: the consumer README said a BOM is refused, and its example decoded with
     # json.loads, which takes one.

@@ -615,3 +615,21 @@ def test_a_config_path_that_is_a_directory_or_a_device_is_refused_before_it_is_r
     writer.start()
     assert loaded(fifo).source.topics
     writer.join(10)
+
+
+@pytest.mark.parametrize("handling", ["hex", "base64-url-safe"])
+def test_a_binary_handling_only_bytes_read_is_refused_with_payload_type_auto(
+        tmp_path: Path, handling: str) -> None:
+    # QA 35-a F4: a bytea payload, binary_handling hex, payload_type auto: the hex text was
+    # taken for JSON, and b'\x12\x34' delivered as the digits 1234, `rules check` silent.
+    text = f"source: {{topics: [a], binary_handling: {handling}}}\nroutes: [{{topic: x}}]\n"
+    message = error_of(tmp_path, text)
+    assert "field 'source.payload_type'" in message and "payload_type: bytes" in message
+    assert handling in message
+    for kind in ("bytes", "json"):
+        assert loaded(write(tmp_path, text.replace("topics: [a]", f"topics: [a], payload_type: "
+                                                   f"{kind}"))).source.payload_type == kind
+    # The relay alone reads the column's type from Postgres, and decodes what it encoded.
+    relay = ("source: {binary_handling: hex}\nroutes: [{topic: x}]\n"
+             "relay: {table: public.outbox}\ncleanup: {mode: none}\n")
+    assert loaded(write(tmp_path, relay)).source.binary_handling == "hex"
