@@ -280,8 +280,12 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
         raise DecodeError(f"{prefix}column {column!r} ({what}) is missing from the row; "
                           "check source.outbox column names")
     if isinstance(value, bool) or not isinstance(value, str | int):
+        # QA 35-a F2: a numeric column under the connector's decimal.handling.mode=double.
+        fix = ("; a numeric column arrives as a number with the connector's "
+               "decimal.handling.mode=double: set decimal.handling.mode=string on the "
+               "connector (or make the column text)") if isinstance(value, float) else ""
         raise DecodeError(f"{prefix}column {column!r} ({what}) must be text, uuid or an "
-                          f"integer, got {json_kind(value)}")
+                          f"integer, got {json_kind(value)}{fix}")
     text = str(value)
     if not text:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")

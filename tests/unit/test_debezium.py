@@ -308,6 +308,21 @@ def test_bad_rows_are_decode_errors_naming_event_and_column(mutate: Any, reason:
     assert "\n" not in str(caught.value)
 
 
+def test_a_numeric_id_sent_as_a_double_names_the_connectors_decimal_mode() -> None:
+    # QA 35-a F2: numeric(20,2) aggregateid under decimal.handling.mode=double: every row a
+    # letter saying "got a number", not what to change.
+    with pytest.raises(DecodeError, match=r"column 'aggregateid' .aggregate id. must be text, "
+                       r"uuid or an integer, got a number; .*decimal\.handling\.mode=double: "
+                       r"set decimal\.handling\.mode=string on the connector") as caught:
+        decode_mutated("create_jsonb.noschema", _set("aggregateid", 1001.1))
+    assert caught.value.event_id is not None  # the letter names the event
+    with pytest.raises(DecodeError, match=r"column 'id' .event id. .*decimal\.handling\.mode"):
+        decode_mutated("create_jsonb.noschema", _set("id", 7.0))
+    with pytest.raises(DecodeError) as other:
+        decode_mutated("create_jsonb.noschema", _set("aggregateid", [1]))
+    assert "decimal" not in str(other.value)
+
+
 def test_optional_columns_may_be_null_or_absent() -> None:
     decoded = decode_mutated("create_jsonb.noschema",
                              lambda v: (_set("headers", None)(v), _drop("created_at")(v),
