@@ -15,6 +15,7 @@ from cdc_router.cli._options import FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
+from cdc_router.connect.checks import reading_problems
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.plan import (
     ConfigChange,
@@ -156,6 +157,8 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
         for key in plain_secrets(spec.config):
             click.echo(f"warning: {spec.source}: {key} is plain text; use a config provider "
                        "such as ${env:NAME}", err=True)
+        for problem in reading_problems(spec.config):
+            click.echo(f"warning: {spec.source}: {spec.name}: {problem}", err=True)
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
     conflicts = slot_conflicts(specs, state.client.list_configs())
