@@ -119,6 +119,7 @@ def _plan_text(plans: list[ConnectorPlan], *, all_keys: bool) -> str:
         lines.append(head)
         if all_keys or item.action is ConnectorAction.UPDATE:
             lines.extend(_change_lines(item.changes))
+        lines.extend(f"  ! {note}" for note in item.notes)
     return "\n".join(lines)
 
 
@@ -126,7 +127,7 @@ def _plan_json(plans: list[ConnectorPlan]) -> list[dict[str, Any]]:
     return [{"name": item.spec.name, "file": item.spec.source, "action": str(item.action),
              "changes": [{"key": change.key, "deployed": redact(change.key, change.deployed),
                           "desired": redact(change.key, change.desired)}
-                         for change in item.changes]}
+                         for change in item.changes], "notes": list(item.notes)}
             for item in plans]
 
 

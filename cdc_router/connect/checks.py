@@ -1,13 +1,15 @@
-"""What a connector's settings mean for the router: the settings that make the router's
-input unreadable or, worse, readable and wrong.
+"""What a connector's settings mean for the router: where its raw topic is, and the settings
+that make the router's input unreadable or, worse, readable and wrong.
 
 Pure functions of a connector config (every value a string, as Connect stores it), for
-`connectors apply` (cli/connectors.py).
+`connectors apply` (connect/plan.py, cli/connectors.py) and `status` (ops/connector.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from cdc_router.connect.spec import included_tables, plain_table
 
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 _UNWRAP = "io.debezium.transforms.ExtractNewRecordState"
@@ -19,6 +21,19 @@ _RESHAPERS = {
     _EVENT_ROUTER: "turns each row into the event it routes (the router's own job), a value "
                    "that is no change event",
 }
+# Transforms that rename a record's topic; a transform of any other package may too.
+_ROUTERS = frozenset({
+    "org.apache.kafka.connect.transforms.RegexRouter",
+    "org.apache.kafka.connect.transforms.TimestampRouter",
+    "io.debezium.transforms.ByLogicalTableRouter",
+    "io.debezium.transforms.ContentBasedRouter",
+    _EVENT_ROUTER,
+})
+_KNOWN_PACKAGES = ("org.apache.kafka.connect.transforms.", "io.debezium.transforms.")
+# Debezium's topic naming strategies that name a PostgreSQL table's topic
+# <topic.prefix>.<schema>.<table> (the first is the connector's default).
+_DEFAULT_NAMING = "io.debezium.schema.SchemaTopicNamingStrategy"
+_PLAIN_NAMINGS = frozenset({_DEFAULT_NAMING, "io.debezium.schema.DefaultTopicNamingStrategy"})
 
 
 def transform_types(config: Mapping[str, str]) -> dict[str, str]:
@@ -26,6 +41,24 @@ def transform_types(config: Mapping[str, str]) -> dict[str, str]:
     aliases = [alias.strip() for alias in config.get("transforms", "").split(",")
                if alias.strip()]
     return {alias: config.get(f"transforms.{alias}.type", "").strip() for alias in aliases}
+
+
+def raw_topic(config: Mapping[str, str]) -> str | None:
+    """The topic the connector writes its one outbox table's change events to:
+    `<topic.prefix>.<schema>.<table>`; None when that cannot be told from the config (several
+    tables or a regex, no topic.prefix, a transform that may rename topics, a naming
+    strategy of its own)."""
+    tables = included_tables(config, unescaped=True)
+    prefix = config.get("topic.prefix", "").strip()
+    if len(tables) != 1 or not plain_table(tables[0]) or not prefix:
+        return None
+    if config.get("topic.naming.strategy", _DEFAULT_NAMING).strip() not in _PLAIN_NAMINGS:
+        return None
+    if any(kind in _ROUTERS or not kind.startswith(_KNOWN_PACKAGES)
+           for kind in transform_types(config).values()):
+        return None
+    delimiter = config.get("topic.delimiter", ".")
+    return delimiter.join([prefix, *tables[0].split(".")])
 
 
 def reading_problems(config: Mapping[str, str]) -> list[str]:
@@ -55,3 +88,19 @@ def _schemas_off(config: Mapping[str, str]) -> bool:
     left to the worker is the worker's business: its settings are not in this config)."""
     return config.get("value.converter", "").strip() == JSON_CONVERTER and \
         config.get("value.converter.schemas.enable", "true").strip().lower() == "false"
+
+
+def prefix_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str | None:
+    """What a change of topic.prefix does to the router's input, or None when it is kept."""
+    old, new = deployed.get("topic.prefix"), desired.get("topic.prefix")
+    if old is None or new is None or old == new:
+        return None
+    before, after = raw_topic(deployed), raw_topic(desired)
+    moved = f"the raw topic {before} to {after}" if before and after else \
+        f"every raw topic from {old}.* to {new}.*"
+    # QA 35-a F5: the router kept reading the old topic, and Debezium re-snapshotted the
+    # table into the new one, which nothing read.
+    return (f"topic.prefix {old} -> {new} moves {moved}: source.topics in the router's "
+            "config must follow, or the router reads nothing new; Debezium keeps no offsets "
+            "under the new prefix, so per snapshot.mode it snapshots the table again (the "
+            "router's dedup drops the events it delivered, within dedup.window_ms)")

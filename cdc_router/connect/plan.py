@@ -1,5 +1,5 @@
-"""Plan a connector file against the cluster: create, update (with the keys that differ), or
-leave unchanged."""
+"""Plan a connector file against the cluster: create, update (with the keys that differ, and
+what a change moves beyond the connector), or leave unchanged."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cdc_router.connect.checks import prefix_move
 from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.spec import ConnectorSpec
 from cdc_router.errors import UnknownConnectorError
@@ -42,6 +43,7 @@ class ConnectorPlan:
     spec: ConnectorSpec
     action: ConnectorAction
     changes: tuple[ConfigChange, ...]
+    notes: tuple[str, ...] = ()  # what a change does beyond the connector (a moved topic)
 
 
 def diff_config(desired: Mapping[str, str],
@@ -64,7 +66,8 @@ def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
         return ConnectorPlan(spec, ConnectorAction.CREATE, diff_config(spec.config, {}))
     changes = diff_config(spec.config, deployed)
     action = ConnectorAction.UPDATE if changes else ConnectorAction.UNCHANGED
-    return ConnectorPlan(spec, action, changes)
+    moved = prefix_move(deployed, spec.config)
+    return ConnectorPlan(spec, action, changes, (moved,) if moved else ())
 
 
 def slot_of(config: Mapping[str, str]) -> tuple[str, str, str, str] | None:

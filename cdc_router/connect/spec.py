@@ -104,6 +104,11 @@ def included_tables(config: Mapping[str, str], *, unescaped: bool = False) -> li
     return [table.replace("\\.", ".") for table in tables] if unescaped else tables
 
 
+def plain_table(table: str) -> bool:
+    """An include-list entry naming one table: schema.table, lower case, no regex or quotes."""
+    return _PLAIN_TABLE.fullmatch(table) is not None
+
+
 def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     """A PostgreSQL connector of one plain lower-case table, without a snapshot statement of
     its own, gets one that reads the table in the order its rows were written.
@@ -116,7 +121,7 @@ def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     """
     tables = included_tables(config, unescaped=True)
     if config.get("connector.class") not in _POSTGRES_NAMES or len(tables) != 1 or \
-            _PLAIN_TABLE.fullmatch(tables[0]) is None or \
+            not plain_table(tables[0]) or \
             any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config):
         return config
     schema, table = tables[0].split(".")

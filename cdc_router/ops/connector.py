@@ -7,10 +7,11 @@ The connector's config names the slot, the publication and the captured table, s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
+from cdc_router.connect.checks import raw_topic
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.spec import included_tables
 from cdc_router.errors import ConnectError, UnknownConnectorError
@@ -38,7 +39,8 @@ class Capture:
 
 
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
-    """The connector's state and what it captures; None when its config could not be read."""
+    """The connector's state (with its raw topic) and what it captures; None when its config
+    could not be read."""
     with ConnectClient(url, timeout=TIMEOUT) as client:
         try:
             status = client.get_status(name)
@@ -47,7 +49,7 @@ def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None
             return ConnectorState(name=name, exists=False), None
         except ConnectError as error:
             return ConnectorState(error=str(error), name=name), None
-    return connector_state(status), capture_of(config)
+    return replace(connector_state(status), raw_topic=raw_topic(config)), capture_of(config)
 
 
 def connector_state(status: ConnectorStatus) -> ConnectorState:

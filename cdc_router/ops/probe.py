@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -64,6 +64,7 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         connector_state, capture = ConnectorState(), None
     else:
         connector_state, capture = probe_connector(endpoints.connect_url, name)
+        connector_state = reading(connector_state, config)
     wal, publication, outbox = _database(config, endpoints, capture)
     if relay_alone:
         publication = PublicationState()
@@ -98,6 +99,16 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
 
 def _iso(now_ms: int) -> str:
     return datetime.fromtimestamp(now_ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def reading(connector: ConnectorState, config: RouterConfig) -> ConnectorState:
+    """`connector` with whether the router reads its raw topic: source.topics names it, or
+    a `^regex` entry matches it (QA 35-a F5: a changed topic.prefix moved the raw topic, and
+    the router read nothing without a word)."""
+    if connector.raw_topic is None:
+        return connector
+    found = config.topic_guard().source_of(connector.raw_topic)
+    return replace(connector, raw_topic_read=found is not None)
 
 
 def relay_only(config: RouterConfig) -> bool:

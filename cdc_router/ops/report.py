@@ -79,6 +79,10 @@ class ConnectorState:
     worker_id: str | None = None
     failure: str | None = None
     tasks: tuple[TaskState, ...] = ()
+    # Where it writes the outbox table's change events (<topic.prefix>.<schema>.<table>); None
+    # when its config does not tell (several tables, a topic-renaming transform, ...).
+    raw_topic: str | None = None
+    raw_topic_read: bool | None = None  # whether source.topics names or matches raw_topic
 
 
 @dataclass(frozen=True)

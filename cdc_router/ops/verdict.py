@@ -241,6 +241,13 @@ def _connector(connector: ConnectorState) -> Iterator[Problem]:
         yield Problem("warning", "connector", f"{name} is {connector.state} ({tasks}): "
                       "events are not captured; check Connect's log, then `cdc-router "
                       f"connectors restart {connector.name} --tasks all`")
+    if connector.raw_topic_read is False:
+        topic = connector.raw_topic
+        yield Problem("warning", "connector", f"{name} writes the outbox's change events to "
+                      f"{topic}, which source.topics neither names nor matches: the router "
+                      "reads none of them and events stop flowing (a changed topic.prefix "
+                      f"moves the raw topic); add {topic} to source.topics and restart the "
+                      "router, or set the connector's topic.prefix back")
 
 
 def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:

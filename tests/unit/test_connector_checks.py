@@ -1,14 +1,16 @@
 """What a connector's settings mean for the router (connect/checks.py), and how `connectors
-apply` shows it: QA 35-a F1 and F3."""
+apply` shows it: QA 35-a F1, F3 and F5."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from cdc_router.connect.checks import reading_problems
+from cdc_router.connect.checks import prefix_move, raw_topic, reading_problems
 from cdc_router.connect.spec import load_spec
 from tests.unit.test_connect_client import (
     CONNECTOR_FILE,
@@ -24,6 +26,7 @@ UNWRAP = {"transforms": "unwrap",
 
 def test_the_shipped_connector_gives_the_router_nothing_to_warn_about() -> None:
     assert reading_problems(SHIPPED) == []
+    assert raw_topic(SHIPPED) == "outbox.public.outbox"
 
 
 @pytest.mark.parametrize("decimals", [None, "precise", "PRECISE"])
@@ -66,23 +69,65 @@ def test_a_transform_that_reshapes_the_change_events_is_warned_about(transform: 
     assert says in problem and "dead-letter every record" in problem
 
 
+def test_the_raw_topic_is_told_only_when_the_config_says_it() -> None:
+    assert raw_topic({**SHIPPED, "topic.prefix": "my-app.cdc",
+                      "table.include.list": "shop\\.ob_v8"}) == "my-app.cdc.shop.ob_v8"
+    assert raw_topic({**SHIPPED, "topic.delimiter": "_"}) == "outbox_public_outbox"
+    assert raw_topic({**SHIPPED, **UNWRAP}) == "outbox.public.outbox"  # renames no topic
+    unknown = [
+        {"table.include.list": "public.outbox,public.other"},
+        {"table.include.list": "public.outbox_.*"},
+        {"table.include.list": "public.Outbox"},
+        {"topic.prefix": ""},
+        {"topic.naming.strategy": "io.debezium.schema.HashTopicNamingStrategy"},
+        {"transforms": "route", "transforms.route.type":
+         "org.apache.kafka.connect.transforms.RegexRouter"},
+        {"transforms": "route", "transforms.route.type": "com.example.OwnRouter"},
+    ]
+    for changes in unknown:
+        assert raw_topic({**SHIPPED, **changes}) is None, changes
+
+
+def test_a_topic_prefix_change_names_the_moved_raw_topic_and_source_topics() -> None:
+    moved = prefix_move(SHIPPED, {**SHIPPED, "topic.prefix": "outbox2"})
+    assert moved is not None
+    assert "moves the raw topic outbox.public.outbox to outbox2.public.outbox" in moved
+    assert "source.topics" in moved and "snapshots the table again" in moved
+    several = {**SHIPPED, "table.include.list": "public.a,public.b"}
+    assert "every raw topic from outbox.* to new.*" in str(
+        prefix_move(several, {**several, "topic.prefix": "new"}))
+    assert prefix_move(SHIPPED, dict(SHIPPED)) is None
+    assert prefix_move({}, SHIPPED) is None
+
+
 def connector_json(tmp_path: Path, config: dict[str, str]) -> str:
     path = tmp_path / "outbox.json"
     path.write_text(json.dumps({"name": "outbox-connector", "config": config}))
     return str(path)
 
 
-def test_apply_warns_about_what_the_router_cannot_read(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path) -> None:
+def test_apply_warns_and_its_plan_says_where_the_raw_topic_moves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 35-a F5: apply printed `~ topic.prefix: my-app.cdc -> my-app.cdc2` and nothing else;
+    # the router then read nothing, without a word.
     connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "name": "outbox-connector"}})
-    changed = {**SHIPPED, "decimal.handling.mode": "precise", **UNWRAP}
+    changed = {**SHIPPED, "topic.prefix": "outbox2", "decimal.handling.mode": "precise",
+               **UNWRAP}
 
     result = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
                      connector_json(tmp_path, changed))
 
     assert result.exit_code == 0, result.output
+    assert "  ~ topic.prefix: outbox -> outbox2" in result.stdout
+    assert "  ! topic.prefix outbox -> outbox2 moves the raw topic outbox.public.outbox to " \
+           "outbox2.public.outbox: source.topics" in result.stdout
     assert "outbox.json: outbox-connector: decimal.handling.mode is precise" in result.stderr
     assert "outbox-connector: transforms.unwrap.type is " in result.stderr
+    diff = run_cli(monkeypatch, ScriptedConnect({"outbox-connector": {**SHIPPED}}), "diff",
+                   "-o", "json", "-f", connector_json(tmp_path, changed))
+    [planned] = json.loads(diff.stdout)
+    [note] = planned["notes"]
+    assert note.startswith("topic.prefix outbox -> outbox2 moves the raw topic")
 
 
 def test_apply_of_the_shipped_file_warns_about_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +139,19 @@ def test_apply_of_the_shipped_file_warns_about_nothing(monkeypatch: pytest.Monke
     smt = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
                   str(EVENTROUTER_FILE))
     assert "transforms.outbox.type is io.debezium.transforms.outbox.EventRouter" in smt.stderr
+
+
+def test_status_reads_the_raw_topic_from_the_deployed_connectors_config(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_router.connect.client import ConnectClient
+    from cdc_router.ops.connector import probe_connector
+
+    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "topic.prefix": "outbox2"}})
+
+    def build(url: str, **kwargs: Any) -> ConnectClient:
+        return ConnectClient(url, transport=httpx.MockTransport(connect), **kwargs)
+
+    monkeypatch.setattr("cdc_router.ops.connector.ConnectClient", build)
+    state, capture = probe_connector("http://connect:8083", "outbox-connector")
+    assert state.raw_topic == "outbox2.public.outbox" and state.raw_topic_read is None
+    assert capture is not None and capture.table == "public.outbox"

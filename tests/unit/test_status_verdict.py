@@ -136,6 +136,35 @@ def test_a_connector_running_without_a_task_names_the_lost_slot_and_a_restart() 
     assert "`cdc-router connectors restart outbox-connector --tasks all`" in problem.message
 
 
+@pytest.mark.parametrize(("sources", "read"), [
+    (["my-app.cdc.public.ob_v8"], False),
+    (["my-app.cdc2.public.ob_v8"], True),
+    (["a.public.outbox", "my-app.cdc2.public.ob_v8"], True),
+    (["^my-app\\.cdc2\\..*"], True),
+    (["^my-app\\.cdc\\..*"], False),
+])
+def test_a_raw_topic_the_router_does_not_read_is_a_warning(sources: list[str],
+                                                          read: bool) -> None:
+    # QA 35-a F5: topic.prefix my-app.cdc -> my-app.cdc2 moved the raw topic; the router read
+    # nothing for 40 s and `status` said ok.
+    from cdc_router.ops.probe import reading
+
+    config = RouterConfig.model_validate({"source": {"topics": sources},
+                                          "routes": [{"topic": "dst"}]})
+    moved = replace(healthy().connector, raw_topic="my-app.cdc2.public.ob_v8")
+    connector = reading(moved, config)
+    assert connector.raw_topic_read is read
+    found = lines(replace(healthy(), connector=connector))
+    assert found == ([] if read else [
+        "warning: connector: connector outbox-connector writes the outbox's change events to "
+        "my-app.cdc2.public.ob_v8, which source.topics neither names nor matches: the router "
+        "reads none of them and events stop flowing (a changed topic.prefix moves the raw "
+        "topic); add my-app.cdc2.public.ob_v8 to source.topics and restart the router, or set "
+        "the connector's topic.prefix back"])
+    unknown = reading(healthy().connector, config)  # its config tells no raw topic
+    assert unknown.raw_topic_read is None and lines(replace(healthy(), connector=unknown)) == []
+
+
 def test_an_unreachable_part_is_critical_and_the_others_are_still_judged() -> None:
     report = replace(healthy(), connector=ConnectorState(
         error="Kafka Connect unreachable at http://x:8083: connection refused", name="c"),
