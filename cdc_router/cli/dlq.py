@@ -72,7 +72,9 @@ def list_letters(config_path: Path, limit: int, everyone: bool, output: str) -> 
         else f"no dead letters {'of this pipeline ' if others else ''}on "
              f"{config.dead_letter.topic}")
     if others:
-        click.echo(f"{others} letters of other pipelines left out (--all lists them)", err=True)
+        some = "at least " if len(letters) >= limit else ""  # the read stopped at --limit
+        click.echo(f"{some}{others} letters of other pipelines left out (--all lists them)",
+                   err=True)
 
 
 @cli.command()

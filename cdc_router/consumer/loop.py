@@ -12,9 +12,9 @@ Per record, in partition order:
    not the record's fault, and skipping it would lose it.
 A retry pauses the record's partition and seeks back to the record, so other partitions go on
 and polling continues (no race with max.poll.interval.ms, rebalances are served).
-Stored offsets are committed every `commit_interval_s`, on revoke and on stop; idle, a
-partition's offset moves past the commit markers after its last record. A crash between
-effect and commit redelivers the record; the dedup store turns it into a DUPLICATE.
+Stored offsets are committed every `commit_interval_s`, on revoke and on stop; once a batch is
+handled, a partition's offset moves past the commit markers after its last record. A crash
+between effect and commit redelivers the record; the dedup store turns it into a DUPLICATE.
 """
 
 from __future__ import annotations
@@ -145,8 +145,6 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._resume_due()
         messages = consumer.consume(num_messages=self.settings.batch_size,
                                     timeout=self._poll_timeout())
-        if not messages:
-            self._store_positions()
         for message in messages:
             if self._stop.is_set():
                 break  # its offset is not stored: the next owner gets it again
@@ -157,6 +155,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             if (message.topic(), message.partition()) in self._rewound:
                 continue  # the partition was sought back; this record comes again
             self._handle(message)
+        else:  # every record handed over is handled (review 35: not only when idle)
+            self._store_positions()
         if self._stored_since_commit and \
                 self._clock() - self._last_commit >= self.settings.commit_interval_s:
             self._commit()
@@ -275,10 +275,11 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._stored_since_commit = True
 
     def _store_positions(self) -> None:
-        """Idle, every record handed over is handled: store each partition's position where
-        it passed its last stored offset without a record (the commit markers of a
-        transactional producer, as the router's, which read_committed never hands over: QA
-        35-b saw every group lag 1 a partition for ever). Not a partition awaiting a retry."""
+        """After a batch handled to its end: store each partition's position where it passed
+        its last stored offset without a record (the commit markers of a transactional
+        producer, as the router's, which read_committed never hands over: QA 35-b saw every
+        group lag 1 a partition for ever). Not a partition awaiting a retry; librdkafka says
+        no position (-1001) after a seek or an assignment, until a record comes."""
         assigned = self._consumer.assignment()
         for position in self._consumer.position(assigned) if assigned else ():
             tp = (position.topic, position.partition)

@@ -285,13 +285,14 @@ def _dead_letters(report: Report, settings: StatusSettings,
     newest = letters.newest
     why = f"; newest: stage {newest.stage}, {newest.reason}" if newest is not None else ""
     todo = "see `cdc-router dlq list`, fix the rules or the producer of those rows"
+    ours = " of this pipeline" if letters.others else ""  # a topic shared (QA 35-c)
     over = _over(letters.count, settings.dead_letters_critical, settings.dead_letters_warning)
     if over is not None:
-        yield Problem(over[0], "dead_letters", f"{letters.count} dead letters on "
+        yield Problem(over[0], "dead_letters", f"{letters.count} dead letters{ours} on "
                       f"{letters.topic} ({over[0]} at {over[1]:g}){why}; {todo}")
         return
     before = previous.dead_letters.count if previous is not None else None
     if before is not None and letters.count > before:
         new = letters.count - before
-        yield Problem("warning", "dead_letters", f"{new} new dead letter{'s' if new > 1 else ''} "
-                      f"on {letters.topic} since the last check{why}; {todo}")
+        yield Problem("warning", "dead_letters", f"{new} new dead letter{'s' if new > 1 else ''}"
+                      f"{ours} on {letters.topic} since the last check{why}; {todo}")

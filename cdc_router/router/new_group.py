@@ -34,24 +34,29 @@ def assignment_checks(config: RouterConfig, committed: list[TopicPartition], res
                       replay: ReplayFilter) -> None:
     """Both checks, after the changelog's marks were restored for newly assigned partitions."""
     new_group_check(config, committed, restored, replay.other_groups)
-    changelog_check(config, committed, len(replay))
+    changelog_check(config, committed, len(replay), replay.other_groups)
 
 
-def changelog_check(config: RouterConfig, committed: list[TopicPartition],
-                    remembered: int) -> None:
+def changelog_check(config: RouterConfig, committed: list[TopicPartition], remembered: int,
+                    others: Iterable[str] = ()) -> None:
     """WARNING when source.group_id has committed offsets past the start of a raw partition
-    but the filter holds no id (`remembered`) after the changelog was read."""
+    but the filter holds no id (`remembered`) after the changelog was read; `others`: the
+    groups whose marks the changelog holds (a renamed group's old name, review 35)."""
     if remembered or not any(tp.error is None and tp.offset > 0 for tp in committed):
         return
+    named = sorted(others)
+    cause = (f"if this source.group_id was renamed from {', '.join(named[:5])} (whose marks "
+             "are there), its offsets copied, the old name's ids" if named else
+             "if dedup.changelog_topic was renamed, or the topic deleted, the ids delivered "
+             "before")
     log.warning(
         "event=changelog_without_marks group=%s changelog=%s hint=%r", config.source.group_id,
         config.dedup.changelog_topic,
         "this group has read the raw topics (committed offsets) but the dedup changelog holds "
-        "none of its marks within dedup.window_ms: if dedup.changelog_topic was renamed, or "
-        "the topic deleted, the ids delivered before are forgotten, and a Debezium replay, "
-        "`outbox republish` or `dlq replay` delivers them again; point dedup.changelog_topic "
-        "back at the old topic (README, Renaming a pipeline). After an idle spell longer "
-        "than the window this is expected")
+        f"none of its marks within dedup.window_ms: {cause} are forgotten, and a Debezium "
+        "replay, `outbox republish` or `dlq replay` delivers them again (README, Renaming a "
+        "pipeline). Expected after an idle spell longer than the window, with dedup just "
+        "turned on, or when every event so far was a dead letter at stage decode")
 
 
 def new_group_check(config: RouterConfig, committed: list[TopicPartition], restored: int,

@@ -129,7 +129,8 @@ class TopicAdmin:
             have = entry.value if entry is not None else None
             if key in floors and have != wanted and _at_least(have, wanted):
                 warnings.append(f"{key} {have} kept: the config needs at least {wanted}; "
-                                "another pipeline sharing the topic may need more")
+                                "another pipeline sharing the topic may need more (to lower "
+                                "it, set it in dedup.changelog_config)")
             elif have != wanted:
                 changes[key] = (have, wanted)
         return changes

@@ -145,39 +145,6 @@ def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pi
     assert process.returncode in (0, 1)
 
 
-def test_another_pipeline_s_letters_on_a_shared_topic_are_told_apart(routed: Pipeline) -> None:
-    # QA 35-c: status and `dlq list` counted and showed another pipeline's letters as ours.
-    pipe = routed
-    before = _json_status(pipe)[1]["dead_letters"]["count"]  # 1, or 2 after the watch test's
-    producer = Producer({"bootstrap.servers": pipe.stack.bootstrap_servers})
-    for offset, group in ((7, "billing-router"), (8, None)):
-        headers = [("dlq.stage", b"route"), ("dlq.source.topic", b"raw2.billing.outbox"),
-                   ("dlq.source.partition", b"0"), ("dlq.source.offset", str(offset).encode()),
-                   ("dlq.error.class", b"RouteError"), ("dlq.error.message", b"no route")]
-        if group is not None:
-            headers.append(("dlq.source.group", group.encode()))
-        producer.produce(pipe.dlq_topic, value=b"{}", headers=headers)
-    assert producer.flush(30) == 0
-    _, report = _json_status(pipe)
-    letters = report["dead_letters"]
-    assert (letters["count"], letters["others"]) == (before, 2), letters
-    assert letters["newest"]["source"].startswith(pipe.raw_topic), letters  # ours, not theirs
-    text = _status(pipe).stdout
-    assert f"dead letters on {pipe.dlq_topic}: {before} of this pipeline (2 of other " \
-        "pipelines: `dlq list --all`)" in text, text
-
-    def listed(*more: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cdc_router", "dlq", "list", "-c", str(pipe.config_path),
-             "-o", "json", *more], capture_output=True, text=True, cwd=REPO, check=False,
-            timeout=120)
-    ours, everyone = listed(), listed("--all")
-    assert [letter["source"].split("[")[0] for letter in json.loads(ours.stdout)] == [
-        pipe.raw_topic] * before, ours.stderr
-    assert "2 letters of other pipelines left out (--all lists them)" in ours.stderr
-    assert len(json.loads(everyone.stdout)) == before + 2 and "left out" not in everyone.stderr
-
-
 def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> None:
     pipe = routed
     name = pipe.name.replace("_", "-")
@@ -250,3 +217,37 @@ def test_a_signal_table_outside_the_publication_is_a_warning(
             assert signal_problems() == []
         finally:
             run_sql(f"DROP TABLE {signals}")
+
+
+def test_another_pipeline_s_letters_on_a_shared_topic_are_told_apart(routed: Pipeline) -> None:
+    # QA 35-c: status and `dlq list` counted and showed another pipeline's letters as ours.
+    # Last in the module: its foreign letters stay on the module's dead-letter topic.
+    pipe = routed
+    before = _json_status(pipe)[1]["dead_letters"]["count"]  # 1, or 2 after the watch test's
+    producer = Producer({"bootstrap.servers": pipe.stack.bootstrap_servers})
+    for offset, group in ((7, "billing-router"), (8, None)):
+        headers = [("dlq.stage", b"route"), ("dlq.source.topic", b"raw2.billing.outbox"),
+                   ("dlq.source.partition", b"0"), ("dlq.source.offset", str(offset).encode()),
+                   ("dlq.error.class", b"RouteError"), ("dlq.error.message", b"no route")]
+        if group is not None:
+            headers.append(("dlq.source.group", group.encode()))
+        producer.produce(pipe.dlq_topic, value=b"{}", headers=headers)
+    assert producer.flush(30) == 0
+    _, report = _json_status(pipe)
+    letters = report["dead_letters"]
+    assert (letters["count"], letters["others"]) == (before, 2), letters
+    assert letters["newest"]["source"].startswith(pipe.raw_topic), letters  # ours, not theirs
+    text = _status(pipe).stdout
+    assert f"dead letters on {pipe.dlq_topic}: {before} of this pipeline (2 of other " \
+        "pipelines: `dlq list --all`)" in text, text
+
+    def listed(*more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_router", "dlq", "list", "-c", str(pipe.config_path),
+             "-o", "json", *more], capture_output=True, text=True, cwd=REPO, check=False,
+            timeout=120)
+    ours, everyone = listed(), listed("--all")
+    assert [letter["source"].split("[")[0] for letter in json.loads(ours.stdout)] == [
+        pipe.raw_topic] * before, ours.stderr
+    assert "2 letters of other pipelines left out (--all lists them)" in ours.stderr
+    assert len(json.loads(everyone.stdout)) == before + 2 and "left out" not in everyone.stderr

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer, RetryPolicy
 from cdc_router.consumer.dedup import MemoryDedupStore
@@ -60,6 +60,7 @@ class FakeConsumer:
         # Offsets past each log's last record that a read_committed reader skips (commit
         # markers): the position moves over them once the log is read to its end.
         self.markers = dict.fromkeys(logs, 0)
+        self.unpositioned: set[int] = set()  # sought or assigned, no record since
         self.paused: set[int] = set()
         self.assigned: set[int] = set()
         self.stored: dict[int, int] = {}
@@ -88,6 +89,7 @@ class FakeConsumer:
             self.callbacks["on_revoke"](self, revoked)
         self.assigned = set(self.logs)
         self.positions = {p: self.committed.get(p, 0) for p in self.logs}
+        self.unpositioned = set(self.logs)
         self.journal.append(("rebalance", dict(self.committed)))
         self.callbacks["on_assign"](self, [TopicPartition(TOPIC, p) for p in self.logs])
 
@@ -107,6 +109,7 @@ class FakeConsumer:
                     len(batch) < num_messages:
                 offset = self.positions[partition]
                 batch.append(FakeMessage(TOPIC, partition, offset, self.logs[partition][offset]))
+                self.unpositioned.discard(partition)
                 self.positions[partition] += 1
         if not batch:
             self.clock.now += timeout
@@ -118,8 +121,10 @@ class FakeConsumer:
         return [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """Past the markers once a partition's records are all consumed, as librdkafka's."""
-        return [TopicPartition(TOPIC, tp.partition, self.positions[tp.partition] + (
+        """Past the markers once a partition's records are all consumed, as librdkafka's;
+        none (-1001) after a seek or an assignment until a record comes (review 35)."""
+        return [TopicPartition(TOPIC, tp.partition, OFFSET_INVALID if tp.partition in
+                               self.unpositioned else self.positions[tp.partition] + (
             self.markers[tp.partition] if self.positions[tp.partition] ==
             len(self.logs[tp.partition]) else 0)) for tp in partitions]
 
@@ -131,6 +136,7 @@ class FakeConsumer:
 
     def seek(self, partition: TopicPartition) -> None:
         self.positions[partition.partition] = partition.offset
+        self.unpositioned.add(partition.partition)
 
     def store_offsets(self, offsets: list[TopicPartition]) -> None:
         for tp in offsets:

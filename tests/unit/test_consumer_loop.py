@@ -295,6 +295,25 @@ def test_idle_offsets_move_past_the_commit_markers_a_read_committed_reader_never
     assert h.kafka.committed == {0: 3, 1: 2}
 
 
+def test_a_quiet_partition_moves_past_its_marker_while_another_is_busy() -> None:
+    # Review 35: stored only when a whole poll came back empty, a quiet partition beside a
+    # busy one kept its lag of 1.
+    h = Harness({0: [rec("a")], 1: [rec("b0")]})
+    h.kafka.markers = {0: 1, 1: 0}
+
+    consume = h.kafka.consume
+
+    def busy(num_messages: int, timeout: float) -> list[Any]:  # one record a poll, 20 polls
+        if len(h.kafka.logs[1]) < 21:
+            h.kafka.logs[1].append(rec(f"b{len(h.kafka.logs[1])}"))
+        return consume(num_messages, timeout)
+
+    h.kafka.consume = busy  # type: ignore[method-assign]
+    h.run()
+    stores = [entry[1] for entry in h.kafka.journal if entry[0] == "store"]
+    assert stores.index((0, 2)) < stores.index((1, 21))  # before partition 1 went quiet
+
+
 def test_a_partition_awaiting_a_retry_stores_no_position_while_idle() -> None:
     def handler(event: ConsumedEvent, _: None) -> None:
         raise ValueError("never")

@@ -66,7 +66,10 @@ def test_a_group_with_offsets_but_no_marks_is_warned_about_once_per_empty_filter
         new_group.changelog_check(CONFIG, FRESH, 0)  # a new group: nothing delivered yet
         new_group.changelog_check(CONFIG, [TopicPartition("raw", 0, 0)], 0)  # nothing read
         new_group.changelog_check(CONFIG, [], 0)  # a spare instance
-    [warning] = [record.getMessage() for record in caplog.records]
+        # Review 35: a group renamed by copying its offsets finds the old name's marks.
+        new_group.changelog_check(CONFIG, read, 0, {"orders-old"})
+    warning, renamed = [record.getMessage() for record in caplog.records]
     assert warning.startswith("event=changelog_without_marks group=orders "
                               "changelog=cdc-router.dedup hint=")
     assert "dedup.changelog_topic was renamed" in warning
+    assert "if this source.group_id was renamed from orders-old" in renamed
