@@ -105,6 +105,28 @@ class LatchingProducer:
                 # The local queue is full (queue.buffering.max.messages): let deliveries drain.
                 with _fatal_unwrapped():
                     self.client.poll(0.1)
+            except KafkaException as failure:
+                error = kafka_error_of(failure)
+                if error is None or error.code() != KafkaError._STATE:
+                    raise
+                raise self._transaction_failure(failure) from failure
+
+    def _transaction_failure(self, failure: KafkaException) -> KafkaException:
+        """What produce()'s "Erroneous state" (_STATE) stands for: the open transaction's own
+        error, once it failed on librdkafka's thread (QA 35-e F5: AddPartitionsToTxn refused
+        the dead-letter topic, TOPIC_AUTHORIZATION_FAILED, and every later produce() said only
+        _STATE: the router took it for the cluster's trouble and retried for ever). librdkafka
+        returns that error (txn_requires_abort, or fatal) from any transactional call its state
+        forbids; begin_transaction() is the one that changes nothing in a transaction begun
+        (measured: _STATE "Operation not valid in state InTransaction" in a healthy one)."""
+        try:
+            self.client.begin_transaction()
+        except KafkaException as refused:
+            error = kafka_error_of(refused)
+            if error is not None and (error.txn_requires_abort() or error.fatal()):
+                return refused
+        # No transaction was open (begun now: the caller's abort ends it), or no error to tell.
+        return failure
 
     def flush(self, timeout_s: float) -> None:
         """Wait until every queued record is delivered; raise the first delivery error."""

@@ -68,6 +68,15 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
         _require_changelog_retention(config, describe)
 
 
+def recheck_grants(config: RouterConfig, destinations: DestinationMetadata) -> None:
+    """Forget what the destinations' metadata and grants said, and raise ConfigError when the
+    dead-letter or changelog topic is refused now: after a producer renewal, or a topic of a
+    batch refused (QA 35-e F5: Write on the dead-letter topic revoked while the router ran had
+    it abort batches for ever)."""
+    destinations.clear()
+    require_own_topics(config, destinations.partitions)
+
+
 def _require_changelog_retention(config: RouterConfig, describe: Describe) -> None:
     topic, window_ms = config.dedup.changelog_topic, config.dedup.window_ms
     try:

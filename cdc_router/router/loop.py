@@ -24,6 +24,7 @@ from cdc_router.errors import (
     BatchFailed,
     DeliveryError,
     FatalKafkaError,
+    GrantRevoked,
     RecordRefused,
     RestoreFailed,
 )
@@ -39,7 +40,7 @@ from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
-from cdc_router.router.destinations import require_own_topics
+from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.new_group import assignment_checks
@@ -118,11 +119,10 @@ class OutboxRouter:
         self._stop.set()
 
     def run(self) -> None:
-        """Consume until stop(); raises FatalKafkaError when it cannot go on.
-
-        Also raises, before consuming anything, a CdcRouterError from a serializer's preflight
-        (an Avro schema missing from the schema registry is configuration, not a poison event).
-        """
+        """Consume until stop(); raises FatalKafkaError when it cannot go on, ConfigError when
+        a dead-letter or changelog topic is refused. Also raises, before consuming anything, a
+        CdcRouterError from a serializer's preflight (an Avro schema missing from the schema
+        registry is configuration, not a poison event)."""
         self._step.preflight()
         consumer = self._consumer = self._consumer_factory(
             clients.consumer_config(self._config, self._instance_id))
@@ -149,6 +149,8 @@ class OutboxRouter:
                     if self._recovered():
                         self._poll_once(consumer, txn)
                 except FatalKafkaError as failure:
+                    if isinstance(failure, GrantRevoked):
+                        recheck_grants(self._config, self._destinations)
                     if not self._renewal.allows(failure):
                         raise
                     self._renew(failure)
@@ -263,8 +265,7 @@ class OutboxRouter:
                     letter.reason)
 
     def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:
-        """Mark the id delivered (or dead-lettered), with the batch, so that a replay of it is
-        dropped."""
+        """Mark the id delivered (or dead-lettered) with the batch: its replay is dropped."""
         if self._replay is None or self._txn is None:
             return
         now_ms = int(time.time() * 1000)
@@ -275,12 +276,12 @@ class OutboxRouter:
 
     def _renew(self, failure: FatalKafkaError) -> None:
         """A new producer after the old one failed for good on its own (router/renewal.py);
-        the batch is forgotten and read again, the destinations' metadata asked again."""
+        the batch is forgotten and read again, the topics' metadata and grants asked again."""
         assert self._txn is not None
         log.warning("event=producer_renewed reason=%r", str(failure))
         if self._replay is not None:
             self._replay.abort()
-        self._destinations.clear()
+        recheck_grants(self._config, self._destinations)
         self._txn.renew()
         self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
 
@@ -341,8 +342,7 @@ class OutboxRouter:
             self._wait(delay)
 
     def _recovered(self) -> bool:
-        """Finish an abort that failed, a renewed producer's init and the rewind; False (after
-        a backoff) if not yet."""
+        """Finish a failed abort, a new producer's init, the rewind; False (backed off) if not."""
         assert self._txn is not None
         try:
             if self._needs_init:

@@ -113,9 +113,8 @@ class Transaction:
         self._mark_group = mark_group
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
-        self._sleep = sleep
+        self._sleep, self._clock = sleep, clock
         self._stopping, self.fenced_hint = stopping, fenced_hint
-        self._clock = clock
         self._batch = _Batch()
         self._open = False
 
@@ -179,7 +178,8 @@ class Transaction:
                 self._producer.flush(self._timeouts.call_s)
         except KafkaException as failure:
             error = kafka_error_of(failure)
-            if error is not None and error.code() in RECORD_REFUSED:
+            if error is not None and error.code() in RECORD_REFUSED and \
+                    not error.txn_requires_abort():  # the transaction's refusal, no record's
                 raise RecordRefused(error, size_refusal(error, record.key, record.value,
                                                         record.headers)) from failure
             raise self._failed(failure) from failure

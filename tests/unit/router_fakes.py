@@ -86,6 +86,10 @@ class FakeCluster:
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     # Topic -> the operations the principal may do there (router/grants.py).
     granted: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Topics whose AddPartitionsToTxn the coordinator refuses (a Write grant revoked while the
+    # producer knows the topic, measured in QA 35-e): the transaction turns abortable with
+    # TOPIC_AUTHORIZATION_FAILED, nothing of it is sent, and each later produce() says _STATE.
+    add_partitions_refused: set[str] = field(default_factory=set)
 
     def fence(self) -> None:
         self.producer_epoch += 1
@@ -119,6 +123,7 @@ class FakeProducer:
         self._pending_offsets: dict[tuple[str, int], int] = {}
         self._pending_metadata: dict[tuple[str, int], str | None] = {}
         self._abortable: KafkaError | None = None
+        self._erroneous = False  # AddPartitionsToTxn refused: librdkafka's abortable state
         self._in_txn = False
         self._fence_served = False
         # Refused records leave a gap in their partition's sequence numbers: as librdkafka
@@ -142,6 +147,15 @@ class FakeProducer:
         self._fence_check(local=True)
         if self.transactional and not self._in_txn:
             raise KafkaException(KafkaError(KafkaError._STATE, "no transaction"))
+        if self._erroneous:
+            raise KafkaException(KafkaError(KafkaError._STATE, "Unable to produce message: "
+                                            "Local: Erroneous state"))
+        if self.transactional and topic in self.cluster.add_partitions_refused:
+            self._erroneous = True
+            self._abortable = KafkaError(
+                KafkaError.TOPIC_AUTHORIZATION_FAILED, "Failed to add partition(s) to "
+                "transaction on broker TxnCoordinator/1: Broker: Topic authorization failed",
+                txn_requires_abort=True)
         if value is not None and len(value) > self.cluster.max_message_bytes:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE,
                                             "Broker: Message size too large"))
@@ -155,6 +169,8 @@ class FakeProducer:
 
     def _send(self) -> None:
         """One produce request per topic-partition, as librdkafka batches them."""
+        if self._erroneous:
+            return  # no partition was added: nothing is sent, the abort purges the queue
         requests: dict[tuple[str, int], list[tuple[Stored, Callable[..., None]]]] = {}
         for item in self._queue:
             requests.setdefault((item[0].topic, item[0].partition), []).append(item)
@@ -215,6 +231,8 @@ class FakeProducer:
 
     def begin_transaction(self) -> None:
         self._fence_check(local=True)
+        if self._in_txn and self._abortable is not None:
+            raise KafkaException(self._abortable)  # librdkafka: the transaction's own error
         assert not self._in_txn, "begin_transaction inside an open transaction"
         self._in_txn = True
 
@@ -259,6 +277,7 @@ class FakeProducer:
 
     def _end(self) -> None:
         self._pending, self._pending_offsets, self._abortable = [], {}, None
+        self._erroneous = False
         self._pending_metadata = {}
         self._in_txn = False
 

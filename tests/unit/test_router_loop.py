@@ -18,6 +18,7 @@ from cdc_router.errors import (
     EXIT_RESTART,
     ConfigError,
     FatalKafkaError,
+    GrantRevoked,
     JetStreamRefused,
     MemberFenced,
     OffsetsUnfetched,
@@ -331,6 +332,49 @@ def test_a_refusal_of_a_dead_letter_stops_the_router() -> None:
     with pytest.raises(FatalKafkaError, match="dead-letter and dedup changelog"):
         Harness(cluster).run()
     assert cluster.group_offsets == {}
+
+
+def _revoke_dead_letter_write(cluster: FakeCluster, *, broker_says: bool) -> Any:
+    """A hook: Write on the dead-letter topic revoked (explicit Describe kept, as in QA 35-e),
+    then a poison record first in the next batch and events after it."""
+    def revoke(consumer: FakeConsumer) -> None:
+        cluster.add_partitions_refused.add(DLQ)
+        if broker_says:
+            cluster.granted[DLQ] = frozenset({"DESCRIBE", "DESCRIBE_CONFIGS"})
+        cluster.raw[0] += [(b"k", b"{broken"), *((b"k", value) for value in events(6)[3:])]
+    return revoke
+
+
+@pytest.mark.parametrize("abort_refused", [False, True])
+def test_write_on_the_dead_letter_topic_revoked_while_running_stops_naming_it(
+        abort_refused: bool) -> None:
+    # QA 35-e F5: AddPartitionsToTxn refused the dead-letter topic; every later produce() said
+    # only "Erroneous state" (_STATE), and the router aborted batches as the cluster's trouble
+    # for ever. Now the transaction's own error (TOPIC_AUTHORIZATION_FAILED) reaches the poison
+    # isolation, and the grants are asked again: the dead-letter topic is refused by name.
+    # With the abort refused too (INVALID_TXN_STATE, as measured), at the producer's renewal.
+    cluster = cluster_with(*events(3))
+    if abort_refused:
+        cluster.abort_failures.append(KafkaError(
+            KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True))
+    harness = Harness(cluster, hooks=[_revoke_dead_letter_write(cluster, broker_says=True)],
+                      delivery=SLOW_COMMIT)
+    with pytest.raises(ConfigError, match=f"may not write topic {DLQ}.*grant it Write") as \
+            raised:
+        harness.run()
+    assert raised.value.field == "dead_letter.topic" and raised.value.exit_code == 1
+    assert cluster.group_offsets == {(RAW, 0): 3}
+    assert sorted(harness.delivered()) == ["e-0", "e-1", "e-2"]
+
+
+def test_a_topic_refused_to_the_transaction_exits_75_when_the_broker_names_no_grant() -> None:
+    cluster = cluster_with(*events(3))
+    harness = Harness(cluster, hooks=[_revoke_dead_letter_write(cluster, broker_says=False)],
+                      delivery=SLOW_COMMIT)
+    with pytest.raises(GrantRevoked, match="TOPIC_AUTHORIZATION_FAILED") as raised:
+        harness.run()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert cluster.group_offsets == {(RAW, 0): 3}
 
 
 # More than one full poll: a batch stays open after the first poll (a short poll commits).
