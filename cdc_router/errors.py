@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError
 
-from cdc_router.kafka.errors import describe
+from cdc_router.kafka.errors import describe, refused_grant
 
 
 def show(value: object, limit: int = 80) -> str:
@@ -177,6 +177,15 @@ def fatal_kafka_error(message: str, error: KafkaError | None, *,
         return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
                             "restart this router (each instance needs its own --instance-id)")
     return FatalKafkaError(message, code=None if error is None else error.code())
+
+
+def grant_refusal(failure: FatalKafkaError, *, group: str | None,
+                  transactional_prefix: str | None) -> FatalKafkaError | None:
+    """`failure` led by the grant to add, when Kafka refused this process's principal its
+    group, its transactional ids or the cluster (kafka.errors.refused_grant); else None. Used
+    at the edges (`run`, `relay`, `dlq replay`), which know the config's names."""
+    grant = refused_grant(failure.code, group=group, transactional_prefix=transactional_prefix)
+    return None if grant is None else FatalKafkaError(f"{grant} ({failure})", code=failure.code)
 
 
 # Kafka and Connect ---------------------------------------------------------------------------

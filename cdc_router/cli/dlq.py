@@ -16,6 +16,7 @@ from cdc_router.cli._output import emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
 from cdc_router.dead_letter import dead_letter_origin, of_pipeline
+from cdc_router.errors import FatalKafkaError, grant_refusal
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.router import clients
@@ -113,6 +114,12 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
             return
         confirm(f"replay {todo} dead letters?", yes)
         result = replayer.apply(plan)
+    except FatalKafkaError as failure:
+        refusal = grant_refusal(failure, group=replay_group(compiled.config),
+                                transactional_prefix=clients.transactional_prefix(compiled.config))
+        if refusal is None:
+            raise
+        raise refusal from failure
     finally:
         replayer.close()
     if output == "json":

@@ -19,7 +19,7 @@ from cdc_router.cli._options import config_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import ConfigError, DeliveryError
+from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, grant_refusal
 from cdc_router.kafka.errors import kafka_error_of, missing_files
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
@@ -125,6 +125,14 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
     tune_gc()
     try:
         process.run()
+    except FatalKafkaError as failure:
+        # A group only the router has (the relay reads none); both have transactional ids.
+        group = config.source.group_id if what == "router" else None
+        refusal = grant_refusal(failure, group=group,
+                                transactional_prefix=clients.transactional_prefix(config))
+        if refusal is None:
+            raise
+        raise refusal from failure
     except (KafkaException, DeliveryError) as failure:
         refused = property_refused(failure, config)
         if refused is not None:

@@ -35,6 +35,44 @@ _FENCED = frozenset({
 })
 
 
+# Refusals of what a whole process uses (its group, its transactional ids, the cluster): a grant
+# to add, never a fence, although they stop the process like one (_FENCED).
+GRANT_REFUSED = frozenset({
+    KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+})
+
+
+def refused_grant(code: int | None, *, group: str | None,
+                  transactional_prefix: str | None) -> str | None:
+    """What to grant this process's principal for an authorization refusal of its consumer
+    group (`group`, None: it has none), its transactional ids (`<transactional_prefix>-...`)
+    or the cluster, in README's words (Kafka ACLs); None for any other error (QA 35-e F1, F3,
+    F4: librdkafka's line named neither the group nor the id, nor the grant)."""
+    if code == KafkaError.GROUP_AUTHORIZATION_FAILED and group is not None:
+        return (f"this process's Kafka principal may not use consumer group {group}: grant it "
+                f"Read on Group {group}")
+    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and \
+            transactional_prefix is not None:
+        return (f"this process's Kafka principal may not use the transactional ids "
+                f"{transactional_prefix}-*: grant it Write on TransactionalId "
+                f"{transactional_prefix}- (prefixed; the prefix is delivery.transactional_id, "
+                "by default source.group_id)")
+    if code == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+        return ("this process's Kafka principal may not do a cluster operation it needs: grant "
+                "it IdempotentWrite on the Cluster (brokers before Kafka 3.0), and Write on the "
+                "topics it produces to")
+    return None
+
+
+def likely_cause(error: KafkaError, fenced_hint: str) -> str:
+    """Why Kafka refused a producer for good: `fenced_hint` (who else may take its
+    transactional id), unless the refusal is a missing grant (GRANT_REFUSED)."""
+    if error.code() in GRANT_REFUSED:
+        return "a grant is missing, not a fence (README, Kafka ACLs)"
+    return fenced_hint
+
+
 # A consumer's errors that say the credentials cannot read what the process must (its source
 # topics): the operator's to fix, so the process stops with the reason, never polls on.
 REFUSED_CREDENTIALS = frozenset({

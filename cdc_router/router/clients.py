@@ -73,6 +73,12 @@ def common_config(config: RouterConfig) -> dict[str, Any]:
     return {**logged_config(config), **_NO_AUTO_CREATE}
 
 
+def transactional_prefix(config: RouterConfig) -> str:
+    """The prefix of every transactional id of this pipeline (`<prefix>-<instance id>`,
+    `<prefix>-dlq-replay`, ...): delivery.transactional_id, by default source.group_id."""
+    return config.delivery.transactional_id or config.source.group_id
+
+
 def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
     """The producer: idempotent, acks=all; transactional under exactly_once. Its partitioner
     is the Java client's (murmur2 of the key), which `partition: kafka_default` routes leave
@@ -81,8 +87,7 @@ def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
                                 **common_config(config), **config.kafka.producer,
                                 "enable.idempotence": True, "acks": "all", **_NO_AUTO_CREATE}
     if config.delivery.guarantee == "exactly_once":
-        prefix = config.delivery.transactional_id or config.source.group_id
-        produced["transactional.id"] = f"{prefix}-{instance_id}"
+        produced["transactional.id"] = f"{transactional_prefix(config)}-{instance_id}"
         produced["transaction.timeout.ms"] = config.delivery.transaction_timeout_ms
     return produced
 

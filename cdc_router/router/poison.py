@@ -34,7 +34,14 @@ from cdc_router.errors import (
     GrantRevoked,
     fatal_kafka_error,
 )
-from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.errors import (
+    RECORD_REFUSED,
+    ErrorAction,
+    classify,
+    describe,
+    kafka_error_of,
+    likely_cause,
+)
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 from cdc_router.router.timestamps import TIMESTAMP_HINT
 
@@ -176,7 +183,7 @@ def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseExceptio
     error = kafka_error_of(failure)
     if error is not None and classify(error) is ErrorAction.FATAL:
         raise fatal_kafka_error(f"Kafka refused this {who} for good ({describe(error)}); "
-                                f"{txn.fenced_hint}", error) from failure
+                                f"{likely_cause(error, txn.fenced_hint)}", error) from failure
     sources = txn.sources
     try:
         failures = txn.abort()

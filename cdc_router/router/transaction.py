@@ -1,15 +1,14 @@
 """One batch of the router: its records, dead letters, changelog marks and consumed offsets.
 
 Exactly once (KIP-98 transactions, KIP-447 offsets with the group metadata): everything of a
-batch commits in one transaction, so read_committed readers see all of it or none of it, and
-the offsets move with it. At least once: an idempotent producer; the changelog marks are
-produced only once every record of the batch is acknowledged, and the offsets committed only
-once the marks are, so a mark never stands for an event that was not delivered.
+batch commits in one transaction (read_committed readers see all of it or none), the offsets
+with it. At least once: an idempotent producer; the changelog marks are produced only once
+every record of the batch is acknowledged, and the offsets committed only once the marks are,
+so a mark never stands for an event that was not delivered.
 
 It is handed its clients (LatchingProducer, consumer): every path is unit-tested with fakes.
-The relay (cdc_router/relay) has no consumer: its progress is a record of its own (progress()),
-sent with the changelog marks, in place of consumed offsets.
-JetStream routes' records wait in the batch and are published at commit; see commit().
+The relay has no consumer: its progress is a record of its own (progress()), sent with the
+marks, in place of offsets. JetStream routes' records wait and are published at commit().
 Kafka errors (kafka.errors.classify): retriable -> the same call again after a backoff;
 abortable -> BatchFailed (the caller aborts and rewinds); fatal or fenced -> FatalKafkaError.
 """
@@ -45,6 +44,7 @@ from cdc_router.kafka.errors import (
     classify,
     describe,
     kafka_error_of,
+    likely_cause,
     size_refusal,
 )
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
@@ -115,8 +115,7 @@ class Transaction:
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep, self._clock = sleep, clock
         self._stopping, self.fenced_hint = stopping, fenced_hint
-        self._batch = _Batch()
-        self._open = False
+        self._batch, self._open = _Batch(), False
 
     @property
     def open(self) -> bool:
@@ -305,8 +304,7 @@ class Transaction:
         self._producer.renew()
 
     def _reset(self) -> None:
-        self._batch = _Batch()
-        self._open = False
+        self._batch, self._open = _Batch(), False
 
     def _send_marks(self) -> None:
         if self._changelog_topic is not None:
@@ -352,8 +350,9 @@ class Transaction:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
         error = kafka_error_of(failure)
         if error is not None and classify(error) is ErrorAction.FATAL:
+            cause = likely_cause(error, self.fenced_hint)
             return fatal_kafka_error(f"Kafka refused this producer for good "
-                                     f"({describe(error)}); {self.fenced_hint}", error)
+                                     f"({describe(error)}); {cause}", error)
         return BatchFailed(str(failure), error)
 
     def _settle_in_doubt(self, name: str, failure: KafkaException, conflict: bool) -> None:

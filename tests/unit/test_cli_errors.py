@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc_router.cli import dlq, main
 from cdc_router.cli.run import property_refused, run_until_stopped
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import ConfigError, DeliveryError
+from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, MemberFenced
 from cdc_router.router.metrics import RouterMetrics
 
 CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
@@ -106,6 +106,82 @@ def test_a_metrics_port_in_use_is_a_config_error_before_anything_starts(
         "already in use; give each instance on a host its own port [env "
         "CDC_ROUTER_METRICS_PORT], or 0 for none")
     assert started == []
+
+
+_CONFIG_WITH_GROUP = {"source": {"topics": ["raw"], "group_id": "orders-router"},
+                      "routes": [{"topic": "x"}], "delivery": {"transactional_id": "orders"}}
+
+
+@pytest.mark.parametrize(("code", "what", "expected"), [
+    (KafkaError.GROUP_AUTHORIZATION_FAILED, "router",
+     "may not use consumer group orders-router: grant it Read on Group orders-router ("),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "router",
+     "may not use the transactional ids orders-*: grant it Write on TransactionalId orders- "
+     "(prefixed"),
+    (KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "relay",
+     "grant it Write on TransactionalId orders- (prefixed"),
+    (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "router", "grant it IdempotentWrite on the Cluster"),
+])
+def test_a_refused_group_or_transactional_id_names_it_and_the_grant_to_add(
+        code: int, what: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 35-e F1, F3: GROUP_AUTHORIZATION_FAILED and TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    # stopped `run` with librdkafka's line, naming neither the group or id nor the grant.
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)  # keep pytest's
+
+    def refused() -> None:
+        raise FatalKafkaError("the consumer failed for good: Group authorization failed",
+                              code=code)
+
+    process = SimpleNamespace(last_poll=0.0, run=refused, stop=lambda: None)
+    cleaner = SimpleNamespace(start=lambda: None, stop=lambda: None)
+    with pytest.raises(FatalKafkaError) as caught:
+        run_until_stopped(process, cleaner, RouterMetrics(), 0,  # type: ignore[arg-type]
+                          what, RouterConfig.model_validate(_CONFIG_WITH_GROUP))
+    assert expected in str(caught.value)
+    assert str(caught.value).endswith("(the consumer failed for good: Group authorization "
+                                      "failed)")
+    assert caught.value.exit_code == 1 and caught.value.code == code
+
+
+def test_a_fence_at_the_edge_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    fence = MemberFenced("fenced")
+
+    def fenced() -> None:
+        raise fence
+
+    process = SimpleNamespace(last_poll=0.0, run=fenced, stop=lambda: None)
+    cleaner = SimpleNamespace(start=lambda: None, stop=lambda: None)
+    with pytest.raises(MemberFenced) as caught:
+        run_until_stopped(process, cleaner, RouterMetrics(), 0,  # type: ignore[arg-type]
+                          "router", RouterConfig.model_validate(_CONFIG_WITH_GROUP))
+    assert caught.value is fence
+
+
+def test_dlq_replay_without_its_group_names_the_group_and_the_grant(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 35-e F4: without Read on Group <G>.dlq-replay the replay stopped naming neither.
+    (tmp_path / "router.yaml").write_text(CONFIG)
+
+    class _GroupRefused:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def plan(self, selection: Any) -> Any:
+            raise FatalKafkaError("Kafka transaction step 'offsets' failed for good: "
+                                  "GROUP_AUTHORIZATION_FAILED: Group authorization failed",
+                                  code=KafkaError.GROUP_AUTHORIZATION_FAILED)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(dlq, "DeadLetterReplay", _GroupRefused)
+    result = CliRunner().invoke(main, ["dlq", "replay", "-c", str(tmp_path / "router.yaml"),
+                                       "--yes"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        "error: this process's Kafka principal may not use consumer group "
+        "cdc-router.dlq-replay: grant it Read on Group cdc-router.dlq-replay")
 
 
 def test_an_argument_that_is_not_utf8_is_one_line_before_any_command_runs() -> None:

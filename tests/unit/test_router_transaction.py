@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
@@ -178,6 +178,23 @@ def test_a_fence_served_by_the_flush_is_fatal_and_names_who_else_takes_the_id() 
     cluster.fence()
     with pytest.raises(FatalKafkaError, match=r"for good \(_FENCED.*another `dlq replay`"):
         txn.commit()
+
+
+def test_a_refused_transactional_id_is_a_missing_grant_not_another_instance() -> None:
+    # QA 35-e F3: TRANSACTIONAL_ID_AUTHORIZATION_FAILED said "another instance may use the
+    # same instance id"; the edges name the id and the grant (test_cli_errors.py).
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    cluster.commit_failures = [KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                          "Transactional Id authorization failed")]
+    with pytest.raises(FatalKafkaError) as raised:
+        txn.commit()
+    assert raised.value.code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    failed = txn._failed(KafkaException(KafkaError(
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)))
+    assert "a grant is missing, not a fence" in str(failed)
+    assert "another instance" not in str(failed)
 
 
 def test_a_fenced_static_member_exits_for_a_restart_not_for_good() -> None:
