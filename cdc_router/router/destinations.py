@@ -61,9 +61,14 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
         except RouteError as refusal:  # QA 31-c: the principal may not write to it
             raise ConfigError(str(refusal), field=field) from None
         if found is None:
-            raise ConfigError(f"topic {topic} does not exist (the router never creates "
-                              "topics)", field=field,
-                              hint="create it with `cdc-router topics apply -c <config>`")
+            # Kafka hides a topic the principal may not describe, and Write or Read bring
+            # Describe: a revoked Write looks like a missing topic (QA 35-e F2).
+            raise ConfigError(f"topic {topic} does not exist, or this process's principal may "
+                              "not describe it (the router never creates topics)", field=field,
+                              hint="create it with `cdc-router topics apply -c <config>`, or "
+                                   "grant the principal Write on the topic (which brings "
+                                   "Describe)" + (" and Read" if field.startswith("dedup")
+                                                  else ""))
     if describe is not None and config.dedup.enabled:
         _require_changelog_retention(config, describe)
 

@@ -846,11 +846,15 @@ def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
         missing: str, field: str) -> None:
     # QA session 27-a: without its dead-letter topic the router ran until its first poison
     # event, then every route halted 20 s and the router exited 1.
+    # QA 35-e F2: Kafka hides a topic the principal may not describe (a revoked Write takes
+    # Describe with it): "does not exist" alone sent the operator to `topics apply`.
     cluster = cluster_with(*events(3))
     del cluster.partitions[missing]
-    with pytest.raises(ConfigError, match=f"field '{field}': topic {missing} does not exist.*"
-                       "topics apply"):
+    with pytest.raises(ConfigError, match=f"field '{field}': topic {missing} does not exist, "
+                       "or this process's principal may not describe it .*topics apply.*, or "
+                       "grant the principal Write on the topic") as raised:
         Harness(cluster).run()
+    assert ("Describe) and Read" in str(raised.value)) == (missing == CHANGELOG)
     assert cluster.committed(ORDERS) == []
 
 
