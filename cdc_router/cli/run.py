@@ -31,6 +31,8 @@ from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
 _STALL_S = 120.0
+# The SASL mechanisms librdkafka implements (its CONFIGURATION.md, sasl.mechanisms).
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 # Generation-0 collections every this many allocations once started (tune_gc; Python's: 700).
 GC_GEN0 = 5000
 
@@ -151,6 +153,13 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
     error = kafka_error_of(failure) or kafka_error_of(failure.__cause__ or failure)
     if error is None or error.code() != KafkaError._INVALID_ARG:
         return None
+    if "SASL mechanism" in error.str():  # QA 35-e F6: it was blamed on kafka.config
+        return ConfigError(f"librdkafka refused the SASL mechanism: {error.str()}",
+                           field="kafka.sasl_mechanism" if config.kafka.sasl_mechanism
+                           else "kafka.config.sasl.mechanism",
+                           hint=f"librdkafka knows {', '.join(SASL_MECHANISMS)} (GSSAPI only "
+                                "when built with libsasl2); use one the broker's listener "
+                                "enables (sasl.enabled.mechanisms)")
     named = re.search(r'property "([^"]+)"|property: "([^"]+)"', error.str())
     name = next((group for group in named.groups() if group), "") if named else ""
     section = next((section for section in ("producer", "consumer", "config")
@@ -159,5 +168,6 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
                        field=f"kafka.{section}" + (f".{name}" if name else ""),
                        hint="".join(f"{missing}; " for missing in
                                     missing_files(config.kafka.config))
-                       + "see librdkafka's CONFIGURATION.md for the names and values, and "
-                         "check the key password of ssl.key.location")
+                       + "see librdkafka's CONFIGURATION.md for the names and values"
+                       + (", and check the key password of ssl.key.location"
+                          if "ssl.key.location" in config.kafka.config else ""))

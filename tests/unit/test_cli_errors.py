@@ -238,6 +238,23 @@ def test_a_client_property_librdkafka_refuses_is_a_config_error_naming_it(
     assert property_refused(wrapped, config) is not None
 
 
+@pytest.mark.parametrize("text", [
+    "Failed to create consumer: Unsupported SASL mechanism: FOO-BAR",
+    "Failed to create consumer: No provider for SASL mechanism GSSAPI: recompile librdkafka "
+    "with libsasl2 or openssl support. Current build options: PLAIN SASL_SCRAM OAUTHBEARER"])
+def test_a_sasl_mechanism_librdkafka_refuses_names_kafka_sasl_mechanism_and_the_values(
+        text: str) -> None:
+    # QA 35-e F6: blamed on field kafka.config, with a hint about ssl.key.location.
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "x"}],
+                                          "kafka": {"security_protocol": "SASL_PLAINTEXT",
+                                                    "sasl_mechanism": "FOO-BAR"}})
+    error = property_refused(KafkaException(KafkaError(KafkaError._INVALID_ARG, text)), config)
+    assert error is not None and str(error).startswith("field 'kafka.sasl_mechanism': ")
+    assert "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER" in str(error)
+    assert "ssl.key.location" not in str(error)
+
+
 def test_the_cleanup_dsn_is_needed_by_run_only(tmp_path: Path) -> None:
     # QA, session 28: `rules check`, `topics apply` and `status` refused a config with
     # `cleanup: {mode: delete}` and no DSN, so that CI (and docker-compose's init) needed the
