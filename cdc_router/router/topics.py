@@ -92,14 +92,17 @@ class TopicAdmin:
                             replication_factor=p.replication_factor or -1,
                             config={k: v for k, (_, v) in p.config_changes.items()})
                    for p in plans if p.action == "create"]
-        not_allowed = set()
+        not_allowed: dict[str, str] = {}  # topic -> the plan's warning
         if creates:
             for name, future in self.admin.create_topics(
                     creates, request_timeout=_ADMIN_TIMEOUT_S,
                     validate_only=validate_only).items():
                 if _wait(future, f"creating topic {name}", "Create",
                          validate_only) is _NOT_ALLOWED_NOW:
-                    not_allowed.add(name)
+                    not_allowed[name] = (
+                        "this principal may not create the topic, or may not describe it if it "
+                        "exists (the cluster does not list such a topic): the apply would fail; "
+                        "grant it Create and Describe on the topic")
         for plan in plans:
             if plan.action != "update":
                 continue
@@ -108,13 +111,13 @@ class TopicAdmin:
                 for k, (_, v) in plan.config_changes.items()])
             for future in self.admin.incremental_alter_configs(
                     [resource], validate_only=validate_only).values():
-                _wait(future, f"updating the config of topic {plan.name}", "AlterConfigs",
-                      validate_only)
-        return [replace(plan, warnings=(*plan.warnings, (
-            "this principal may not create the topic, or may not describe it if it exists "
-            "(the cluster does not list such a topic): the apply would fail; grant it Create "
-            "and Describe on the topic"))) if plan.name in not_allowed else plan
-                for plan in plans]
+                if _wait(future, f"updating the config of topic {plan.name}", "AlterConfigs",
+                         validate_only) is _NOT_ALLOWED_NOW:  # QA 35-e F8: it was dropped
+                    not_allowed[plan.name] = ("this principal may not change the topic's "
+                                              "config: the apply would fail; grant it "
+                                              "AlterConfigs on the topic")
+        return [replace(plan, warnings=(*plan.warnings, not_allowed[plan.name]))
+                if plan.name in not_allowed else plan for plan in plans]
 
     def _config_changes(self, spec: TopicSpec, floors: frozenset[str],
                         warnings: list[str]) -> dict[str, tuple[str | None, str]]:
@@ -160,7 +163,7 @@ def _wait(future: Any, what: str, grant: str, validate_only: bool = False) -> An
         refused = found is not None and found.code() in _NOT_ALLOWED
         if validate_only and refused:
             return _NOT_ALLOWED_NOW  # a warning of the plan; the real apply fails
-        reason = found.str() if found is not None else error
+        reason = found.str().rstrip(".") if found is not None else error
         fix = f": grant this principal {grant} on the topic" if refused else ""
         raise CdcRouterError(f"Kafka would refuse {what}: {reason}{fix}" if validate_only
                              else f"{what} failed: {reason}{fix}") from error

@@ -30,6 +30,10 @@ class _Refusing:
     def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, Future[Any]]:
         return {resource: self._refused() for resource in resources}
 
+    def incremental_alter_configs(self, resources: list[Any],
+                                  **_: Any) -> dict[Any, Future[Any]]:
+        return {resource: self._refused() for resource in resources}
+
 
 def _admin(error: KafkaError) -> TopicAdmin:
     admin = TopicAdmin({})
@@ -70,3 +74,18 @@ def test_a_config_the_account_may_not_read_names_the_grant() -> None:
                                              "authorised: grant this principal "
                                              "DescribeConfigs on the topic"):
         admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}), frozenset(), [])
+
+
+def test_a_dry_run_warns_of_a_config_update_the_account_may_not_make() -> None:
+    # QA 35-e F8: the dry run planned the update without a word, and the apply then failed.
+    admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                              "Topic authorization failed."))
+    update = [TopicPlan("t", "update", 1, None, {"retention.ms": ("604800000", "86400000")})]
+    [planned] = admin.apply(update, validate_only=True)
+    assert planned.action == "update" and planned.warnings == (
+        "this principal may not change the topic's config: the apply would fail; grant it "
+        "AlterConfigs on the topic",)
+    with pytest.raises(CdcRouterError) as raised:
+        admin.apply(update)
+    assert str(raised.value) == ("updating the config of topic t failed: Topic authorization "
+                                 "failed: grant this principal AlterConfigs on the topic")
