@@ -155,8 +155,7 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
         return None
     if "SASL mechanism" in error.str():  # QA 35-e F6: it was blamed on kafka.config
         return ConfigError(f"librdkafka refused the SASL mechanism: {error.str()}",
-                           field="kafka.sasl_mechanism" if config.kafka.sasl_mechanism
-                           else "kafka.config.sasl.mechanism",
+                           field=_sasl_field(config),
                            hint=f"librdkafka knows {', '.join(SASL_MECHANISMS)} (GSSAPI only "
                                 "when built with libsasl2); use one the broker's listener "
                                 "enables (sasl.enabled.mechanisms)")
@@ -171,3 +170,13 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
                        + "see librdkafka's CONFIGURATION.md for the names and values"
                        + (", and check the key password of ssl.key.location"
                           if "ssl.key.location" in config.kafka.config else ""))
+
+
+def _sasl_field(config: RouterConfig) -> str:
+    """Where the config sets the SASL mechanism: kafka.sasl_mechanism, else the librdkafka key
+    (sasl.mechanism or sasl.mechanisms) of the section that has it (review 35-2)."""
+    if config.kafka.sasl_mechanism:
+        return "kafka.sasl_mechanism"
+    return next((f"kafka.{section}.{key}" for section in ("config", "producer", "consumer")
+                 for key in ("sasl.mechanism", "sasl.mechanisms")
+                 if key in getattr(config.kafka, section)), "kafka.sasl_mechanism")

@@ -30,10 +30,9 @@ _ROUTERS = frozenset({
     _EVENT_ROUTER,
 })
 _KNOWN_PACKAGES = ("org.apache.kafka.connect.transforms.", "io.debezium.transforms.")
-# Debezium's topic naming strategies that name a PostgreSQL table's topic
-# <topic.prefix>.<schema>.<table> (the first is the connector's default).
+# The connector's default topic naming, <topic.prefix>.<schema>.<table> on PostgreSQL (review
+# 35-2: DefaultTopicNamingStrategy names it <topic.prefix>.<table> there).
 _DEFAULT_NAMING = "io.debezium.schema.SchemaTopicNamingStrategy"
-_PLAIN_NAMINGS = frozenset({_DEFAULT_NAMING, "io.debezium.schema.DefaultTopicNamingStrategy"})
 
 
 def transform_types(config: Mapping[str, str]) -> dict[str, str]:
@@ -50,9 +49,10 @@ def raw_topic(config: Mapping[str, str]) -> str | None:
     strategy of its own)."""
     tables = included_tables(config, unescaped=True)
     prefix = config.get("topic.prefix", "").strip()
-    if len(tables) != 1 or not plain_table(tables[0]) or not prefix:
+    # A name with a character Kafka refuses ($) is renamed by Debezium (review 35-2).
+    if len(tables) != 1 or not plain_table(tables[0]) or not prefix or "$" in tables[0]:
         return None
-    if config.get("topic.naming.strategy", _DEFAULT_NAMING).strip() not in _PLAIN_NAMINGS:
+    if config.get("topic.naming.strategy", _DEFAULT_NAMING).strip() != _DEFAULT_NAMING:
         return None
     if any(kind in _ROUTERS or not kind.startswith(_KNOWN_PACKAGES)
            for kind in transform_types(config).values()):
@@ -67,9 +67,10 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
     other than Debezium's PostgreSQL one."""
     if "postgres" not in config.get("connector.class", "").lower():
         return []
-    problems = [f"transforms.{alias}.type is {kind}: it {_RESHAPERS[kind]}, so the router "
-                "would dead-letter every record of this connector; remove it from transforms "
-                "(the router reads Debezium's raw change events)"
+    problems = [f"transforms.{alias}.type is {kind}: it {_RESHAPERS[kind]}; if cdc-router "
+                "reads this connector's topic, it dead-letters every record: remove the "
+                "transform (the router reads Debezium's raw change events); a connector run "
+                "for the transform's own output (the SMT path) may ignore this"
                 for alias, kind in transform_types(config).items() if kind in _RESHAPERS]
     decimals = config.get("decimal.handling.mode")
     if _schemas_off(config) and (decimals is None or decimals.strip().lower() == "precise"):
@@ -79,7 +80,8 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
         problems.append(f"decimal.handling.mode {said} while value.converter.schemas.enable "
                         "is false: a numeric column arrives as base64 of its unscaled bytes, "
                         "which the router cannot tell from text (a numeric aggregate id or "
-                        "key column goes out as that base64); set decimal.handling.mode=string")
+                        "key column goes out as that base64); if cdc-router reads this "
+                        "connector's topic, set decimal.handling.mode=string")
     return problems
 
 

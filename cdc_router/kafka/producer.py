@@ -125,7 +125,9 @@ class LatchingProducer:
             error = kafka_error_of(refused)
             if error is not None and (error.txn_requires_abort() or error.fatal()):
                 return refused
-        # No transaction was open (begun now: the caller's abort ends it), or no error to tell.
+            return failure  # no error to tell
+        # No transaction was open: end the one just begun, which nobody would (review 35-2).
+        self.client.abort_transaction()
         return failure
 
     def flush(self, timeout_s: float) -> None:

@@ -105,11 +105,11 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
         schema, envelope = document["schema"], document["payload"]
     if not isinstance(envelope, dict):
         # QA 35-a F3: Debezium's EventRouter SMT left on the connector sends the payload
-        # column as a JSON string; a StringConverter quotes the whole change event.
+        # column as a JSON string.
         raise DecodeError(f"not a Debezium change event: the value is {json_kind(envelope)}, "
                           "not an object; a transform on the connector (such as the "
-                          "EventRouter SMT) or a StringConverter may have reshaped it: the "
-                          "router reads Debezium's raw change events through JsonConverter")
+                          "EventRouter SMT) may have reshaped it: the router reads Debezium's "
+                          "raw change events through JsonConverter")
     op = envelope.get("op")
     if op is None:
         return _not_a_change(envelope)

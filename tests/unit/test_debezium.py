@@ -276,12 +276,12 @@ def test_malformed_records_are_decode_errors(value: bytes, reason: str) -> None:
 
 
 @pytest.mark.parametrize("value", [b'"{\\"orderId\\": 42}"', b"42", b"[]"])
-def test_a_value_that_is_no_object_points_at_a_transform_or_a_string_converter(
+def test_a_value_that_is_no_object_points_at_a_transform(
         value: bytes) -> None:
     # QA 35-a F3: the EventRouter SMT left on the connector: every letter said "the value is
     # a string, not an object", with no hint at the SMT (the unwrap case had one).
     with pytest.raises(DecodeError, match=r"not an object; a transform on the connector \(such "
-                       r"as the EventRouter SMT\) or a StringConverter may have reshaped it"):
+                       r"as the EventRouter SMT\) may have reshaped it"):
         decode_change(None, value, topic="t", settings=SourceSettings(topics=["t"]))
 
 

@@ -61,3 +61,43 @@ def test_the_failures_of_an_aborting_batch_survive_a_system_error_without_a_caus
     assert LatchingProducer({}, lambda conf: _FailingPoll(None)).take_failures() == []
     with pytest.raises(DeliveryError, match="_FENCED"):
         LatchingProducer({}, lambda conf: _FailingPoll(KafkaException(_FENCED))).take_failures()
+
+
+class _Refusing:
+    """A client whose produce() says only "Erroneous state" (_STATE), as librdkafka's does in a
+    transaction that failed on its thread; begin_transaction() tells the real error, if any."""
+
+    def __init__(self, transaction_error: KafkaError | None) -> None:
+        self.transaction_error = transaction_error
+        self.calls: list[str] = []
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._STATE, "Erroneous state"))
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+        if self.transaction_error is not None:
+            raise KafkaException(self.transaction_error)
+
+    def abort_transaction(self) -> None:
+        self.calls.append("abort")
+
+
+def _produce(client: _Refusing) -> KafkaError | None:
+    with pytest.raises(KafkaException) as raised:
+        LatchingProducer({}, lambda conf: client).produce("t", key=None, value=b"v", headers=[])
+    return kafka_error_of(raised.value)
+
+
+def test_erroneous_state_is_the_transaction_s_own_error_and_a_probe_leaves_no_transaction(
+        ) -> None:
+    # QA 35-e F5: the transaction's own error (the dead-letter topic refused) took _STATE's
+    # place; review 35-2: a probe that began a transaction, none being open, must end it.
+    refused = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed",
+                         txn_requires_abort=True)
+    told = _produce(_Refusing(refused))
+    assert told is not None and told.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    idle = _Refusing(None)
+    told = _produce(idle)
+    assert told is not None and told.code() == KafkaError._STATE
+    assert idle.calls == ["begin", "abort"]

@@ -326,6 +326,34 @@ def test_a_producer_fenced_once_renews_and_every_event_goes_once(where: str) -> 
     assert cluster.group_offsets == {(RAW, 0): 8}
 
 
+def test_a_renewal_while_the_cluster_s_metadata_does_not_answer_still_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 35-2: the grants' re-check of a renewal took a metadata timeout for a verdict,
+    # and a healthy router stopped (exit 1) in the broker outage that had fenced it.
+    cluster = cluster_with(*events(4))
+    failing = {"once": False}
+    listing = FakeProducer.list_topics
+
+    def flaky(self: FakeProducer, topic: str | None = None, timeout: float = -1) -> Any:
+        if failing["once"]:
+            failing["once"] = False
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+        return listing(self, topic, timeout)
+
+    monkeypatch.setattr(FakeProducer, "list_topics", flaky)
+
+    def fence(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.fence()
+        failing["once"] = True
+
+    harness = Harness(cluster, hooks=[fence], delivery=SLOW_COMMIT)
+    harness.run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]
+    assert cluster.producers_initialised == 2
+    assert cluster.group_offsets == {(RAW, 0): 8}
+
+
 def test_a_refusal_of_a_dead_letter_stops_the_router() -> None:
     cluster = cluster_with(b"{broken", refuse=lambda topic, value, ts:
                            KafkaError.TOPIC_AUTHORIZATION_FAILED if topic == DLQ else None)
