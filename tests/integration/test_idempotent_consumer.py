@@ -201,6 +201,43 @@ def test_concurrent_duplicates_wait_for_the_first_and_run_once(
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
 
 
+def test_a_duplicate_held_up_past_the_lock_timeout_is_busy_not_a_hang(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # QA 35-b: a consumer frozen (SIGSTOP) inside its dedup transaction held the row lock;
+    # the partition's new owner waited on the INSERT for the whole freeze and polled nothing.
+    effect_table(stack.postgres_dsn, schema)
+    other = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup", lock_timeout_s=0.5)
+    key = DedupKey("fulfillment", "evt-frozen")
+    first_wrote, release = threading.Event(), threading.Event()
+    outcomes: list[Outcome] = []
+
+    def frozen_effect(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "evt-frozen")(conn)
+        first_wrote.set()
+        assert release.wait(60)
+
+    first = threading.Thread(target=lambda: outcomes.append(store.run_once(key, frozen_effect)))
+    first.start()
+    try:
+        assert first_wrote.wait(30)
+        assert other.run_once(key, insert_effect(schema, "evt-frozen")) is Outcome.BUSY
+        # The effect's own statements keep the session's lock_timeout: only the INSERT waits.
+        seen: list[Any] = []
+
+        def setting(conn: psycopg.Connection[Any]) -> None:
+            seen.append(conn.execute("SELECT current_setting('lock_timeout')").fetchone())
+
+        assert other.run_once(DedupKey("fulfillment", "evt-other"), setting) is Outcome.DONE
+        assert seen == [("0",)]
+    finally:
+        release.set()
+        first.join(30)
+    assert outcomes == [Outcome.DONE]
+    assert other.run_once(key, insert_effect(schema, "evt-frozen")) is Outcome.DUPLICATE
+    other.close()
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+
+
 def test_a_lost_connection_is_a_store_error_and_the_store_reconnects(
         stack: StackEndpoints, store: PostgresDedupStore) -> None:
     assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE

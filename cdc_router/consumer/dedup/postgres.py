@@ -10,7 +10,9 @@ the effect with the same connection only when the row is new. Commit makes both 
 raise or a crash neither. An effect that swallows a database error (the transaction is then
 aborted, and its COMMIT would silently roll back) makes run_once raise EffectAborted, never
 return DONE. A second worker inserting the same key waits on the first one's
-row lock and then sees the conflict, so concurrent duplicates never both run.
+row lock and then sees the conflict, so concurrent duplicates never both run; it waits at most
+`lock_timeout_s` and then answers BUSY (retried later, its consumer polling on): a frozen
+worker's open transaction held its partition's new owner for the whole freeze (QA 35-b).
 
 Retention: `purge(older_than)` deletes rows older than the window in bounded batches. A
 redelivery of an event older than the window is no longer recognised and runs again, so the
@@ -74,8 +76,12 @@ class PostgresDedupStore:
     """
 
     def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
-                 connect_timeout_s: int = 10) -> None:
+                 connect_timeout_s: int = 10, lock_timeout_s: float = 5.0) -> None:
         self._conninfo = conninfo
+        # Only the dedup row's INSERT waits at most this long (0: for ever); the effect's own
+        # statements keep the session's lock_timeout.
+        self._lock_wait = None if lock_timeout_s <= 0 else sql.SQL(
+            "SET LOCAL lock_timeout = {}").format(sql.Literal(f"{round(lock_timeout_s * 1000)}ms"))
         self._table = table_identifier(table)
         self._table_name = table
         # Bounds how long a store call hangs on an unreachable server before it becomes a
@@ -151,7 +157,12 @@ class PostgresDedupStore:
         in_effect = committing = False
         try:
             with conn.transaction():
-                if conn.execute(insert, (key.consumer_group, key.event_id)).rowcount == 0:
+                if self._lock_wait is not None:
+                    conn.execute(self._lock_wait)
+                inserted = conn.execute(insert, (key.consumer_group, key.event_id)).rowcount
+                if self._lock_wait is not None:
+                    conn.execute("SET LOCAL lock_timeout TO DEFAULT")
+                if inserted == 0:
                     return Outcome.DUPLICATE
                 in_effect = True
                 effect(conn)
@@ -167,6 +178,9 @@ class PostgresDedupStore:
             # database's outage, retried without limit, not the handler's failure.
             lost = conn.broken
             self._forget_broken()
+            if isinstance(error, psycopg.errors.LockNotAvailable) and not in_effect \
+                    and not committing and not lost:
+                return Outcome.BUSY  # another worker's transaction holds this event's row
             if (in_effect or (committing and _effects_fault(error))) and not lost:
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
