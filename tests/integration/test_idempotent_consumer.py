@@ -169,32 +169,43 @@ def test_an_effect_that_swallows_a_database_error_is_never_reported_done(
                  f'SELECT count(*) FROM "{schema}".effects WHERE event_id = %s', "evt-2") == 1
 
 
+@contextlib.contextmanager
+def effect_held_open(store: PostgresDedupStore, schema: str,
+                     key: DedupKey) -> Iterator[list[Outcome]]:
+    """`store` runs `key`'s effect in a thread and holds its dedup transaction open (the row
+    locked) until the block ends; yields the list its outcome is appended to."""
+    wrote, release = threading.Event(), threading.Event()
+    outcomes: list[Outcome] = []
+
+    def held(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, key.event_id)(conn)
+        wrote.set()
+        assert release.wait(60)
+
+    first = threading.Thread(target=lambda: outcomes.append(store.run_once(key, held)))
+    first.start()
+    try:
+        assert wrote.wait(30)
+        yield outcomes
+    finally:
+        release.set()
+        first.join(30)
+
+
 def test_concurrent_duplicates_wait_for_the_first_and_run_once(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
     effect_table(stack.postgres_dsn, schema)
     other = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup")
     key = DedupKey("fulfillment", "evt-1")
-    first_wrote, release = threading.Event(), threading.Event()
-    outcomes: list[Outcome] = []
-
-    def slow_effect(conn: psycopg.Connection[Any]) -> None:
-        insert_effect(schema, "evt-1")(conn)
-        first_wrote.set()
-        assert release.wait(30)
-
-    first = threading.Thread(target=lambda: outcomes.append(store.run_once(key, slow_effect)))
-    first.start()
-    assert first_wrote.wait(30)
-    second = threading.Thread(
-        target=lambda: outcomes.append(other.run_once(key, insert_effect(schema, "evt-1"))))
-    second.start()
-    # The second blocks on the first one's uncommitted dedup row until it commits.
-    waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-               " AND query LIKE %s")
-    wait_until(lambda: count(stack.postgres_dsn, waiting, f"%{schema}%") > 0,
-               30, "second worker waiting on the row lock")
-    release.set()
-    first.join(30)
+    with effect_held_open(store, schema, key) as outcomes:
+        second = threading.Thread(
+            target=lambda: outcomes.append(other.run_once(key, insert_effect(schema, "evt-1"))))
+        second.start()
+        # The second blocks on the first one's uncommitted dedup row until it commits.
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                   " AND query LIKE %s")
+        wait_until(lambda: count(stack.postgres_dsn, waiting, f"%{schema}%") > 0,
+                   30, "second worker waiting on the row lock")
     second.join(30)
     other.close()
     assert sorted(outcome.value for outcome in outcomes) == ["done", "duplicate"]
@@ -208,18 +219,7 @@ def test_a_duplicate_held_up_past_the_lock_timeout_is_busy_not_a_hang(
     effect_table(stack.postgres_dsn, schema)
     other = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup", lock_timeout_s=0.5)
     key = DedupKey("fulfillment", "evt-frozen")
-    first_wrote, release = threading.Event(), threading.Event()
-    outcomes: list[Outcome] = []
-
-    def frozen_effect(conn: psycopg.Connection[Any]) -> None:
-        insert_effect(schema, "evt-frozen")(conn)
-        first_wrote.set()
-        assert release.wait(60)
-
-    first = threading.Thread(target=lambda: outcomes.append(store.run_once(key, frozen_effect)))
-    first.start()
-    try:
-        assert first_wrote.wait(30)
+    with effect_held_open(store, schema, key) as outcomes:
         assert other.run_once(key, insert_effect(schema, "evt-frozen")) is Outcome.BUSY
         # The effect's own statements keep the session's lock_timeout: only the INSERT waits.
         seen: list[Any] = []
@@ -229,9 +229,6 @@ def test_a_duplicate_held_up_past_the_lock_timeout_is_busy_not_a_hang(
 
         assert other.run_once(DedupKey("fulfillment", "evt-other"), setting) is Outcome.DONE
         assert seen == [("0",)]
-    finally:
-        release.set()
-        first.join(30)
     assert outcomes == [Outcome.DONE]
     assert other.run_once(key, insert_effect(schema, "evt-frozen")) is Outcome.DUPLICATE
     other.close()
