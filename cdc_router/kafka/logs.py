@@ -37,6 +37,8 @@ class RepeatFilter(logging.Filter):
             lowered = text.lower()  # TLS first: "client SSL authentication might be required"
             if any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
                 _REFUSALS[:] = [(time.monotonic(), _TLS, text)]
+            elif "unsupported sasl mechanism" in lowered:
+                _REFUSALS[:] = [(time.monotonic(), _MECHANISM, text)]
             elif "authentication" in lowered:
                 _REFUSALS[:] = [(time.monotonic(), _CREDENTIALS, text)]
         key = (record.levelno, _NUMBERS.sub("#", text)[:300])
@@ -58,10 +60,11 @@ class RepeatFilter(logging.Filter):
 
 # librdkafka's newest line saying the cluster refused this process's credentials, or that a
 # TLS handshake failed: both otherwise end as a timeout, "is the cluster reachable?" (QA 31-c:
-# a wrong SASL password; QA 32-d: a wrong CA file, a certificate for another host name).
+# a wrong SASL password; QA 32-d: a wrong CA file, a certificate for another host name; QA 35-e:
+# a SASL mechanism the broker does not enable).
 # (monotonic time, kind, line); used while REFUSAL_FRESH_S old.
 _REFUSALS: list[tuple[float, str, str]] = []
-_CREDENTIALS, _TLS = "credentials", "tls"
+_CREDENTIALS, _MECHANISM, _TLS = "credentials", "mechanism", "tls"
 _TLS_FAILURE_SIGNS = ("ssl handshake failed", "ssl routines", "certificate verify failed")
 REFUSAL_FRESH_S = 300.0
 
@@ -78,6 +81,9 @@ def with_kafka_refusal(line: str) -> str:
     if kind == _CREDENTIALS:
         return (f"{line} (Kafka refused this process's credentials: {said}; check "
                 "kafka.sasl_username, its password and kafka.sasl_mechanism)")
+    if kind == _MECHANISM:
+        return (f"{line} (Kafka does not enable this process's SASL mechanism: {said}; set "
+                "kafka.sasl_mechanism to one the broker lists)")
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
             "its certificate, and kafka.security_protocol against the listener)")

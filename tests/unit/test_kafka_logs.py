@@ -76,6 +76,13 @@ def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
                                    "be required (see ssl.key.location)")
     assert "(the TLS handshake with Kafka failed: SSL handshake failed" in \
         logs.with_kafka_refusal("Kafka: _TRANSPORT")
+    # QA 35-e F7: a mechanism the broker does not enable ended as a bare timeout.
+    logs.librdkafka_logger().error("SASL SCRAM-SHA-256 mechanism handshake failed: Broker: "
+                                   "Unsupported SASL mechanism: broker's supported mechanisms: "
+                                   "PLAIN,SCRAM-SHA-512")
+    assert logs.with_kafka_refusal("Kafka: _TIMED_OUT").endswith(
+        "broker's supported mechanisms: PLAIN,SCRAM-SHA-512; set kafka.sasl_mechanism to one "
+        "the broker lists)")
     stale = logs._REFUSALS[0]
     monkeypatch.setattr(logs, "_REFUSALS", [(stale[0] - logs.REFUSAL_FRESH_S - 1, *stale[1:])])
     assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
