@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.config.model import RouterConfig
@@ -84,15 +84,20 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),
                       ChangelogState(topic=config.dedup.changelog_topic, error=down))
-    router = RouterState(group=config.source.group_id) if relay_alone else _kafka(
-        lambda: router_state(admin, kafka, config.source.group_id, list(config.source.topics),
-                             now_ms), lambda e: RouterState(group=config.source.group_id, error=e))
-    letters = _kafka(lambda: dead_letter_state(admin, kafka, config.dead_letter.topic, now_ms,
-                                               sources_of(config)),
-                     lambda e: DeadLetterState(topic=config.dead_letter.topic, error=e))
-    changelog = _kafka(lambda: changelog_state(admin, config.dedup.changelog_topic,
-                                               config.dedup.enabled),
-                       lambda e: ChangelogState(topic=config.dedup.changelog_topic, error=e))
+    group, dlq, changelog_topic = (config.source.group_id, config.dead_letter.topic,
+                                   config.dedup.changelog_topic)
+    router = RouterState(group=group) if relay_alone else _kafka(
+        lambda: router_state(admin, kafka, group, list(config.source.topics), now_ms),
+        lambda e: RouterState(group=group, error=e),
+        _grants(f"Describe on the raw topics ({', '.join(config.source.topics)})",
+                f"Describe on Group {group}"))
+    letters = _kafka(lambda: dead_letter_state(admin, kafka, dlq, now_ms, sources_of(config)),
+                     lambda e: DeadLetterState(topic=dlq, error=e),
+                     _grants(f"Read on the topic {dlq}", "Describe on Group cdc-router-status- "
+                             "(prefixed)"))
+    changelog = _kafka(lambda: changelog_state(admin, changelog_topic, config.dedup.enabled),
+                       lambda e: ChangelogState(topic=changelog_topic, error=e),
+                       _grants(f"Describe on the topic {changelog_topic}", ""))
     return Report(_iso(now_ms), wal, publication, outbox, connector_state, router, letters,
                   changelog)
 
@@ -148,11 +153,24 @@ def _kafka_down(admin: AdminClient) -> str | None:
     return None
 
 
-def _kafka(read: Callable[[], T], failed: Callable[[str], T]) -> T:
+def _grants(topic: str, group: str) -> dict[int, str]:
+    """What to grant `status`'s principal when the broker refuses a topic or a group."""
+    return {code: f"grant this principal {grant}" for code, grant in (
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, topic),
+        (KafkaError.GROUP_AUTHORIZATION_FAILED, group)) if grant}
+
+
+def _kafka(read: Callable[[], T], failed: Callable[[str], T],
+           grants: Mapping[int, str] | None = None) -> T:
+    """read(), or failed(the line saying why Kafka refused; QA 35-e F9: with the grant a
+    refusal needs)."""
     try:
         return read()
     except KafkaException as error:
-        return failed(_kafka_message(error))
+        line = _kafka_message(error)
+        kafka_error = kafka_error_of(error)
+        grant = (grants or {}).get(kafka_error.code()) if kafka_error is not None else None
+        return failed(f"{line}; {grant}" if grant else line)
     except CdcRouterError as error:
         return failed(str(error))
 

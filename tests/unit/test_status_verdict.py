@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -389,3 +390,23 @@ def test_a_failed_connectors_line_names_the_root_cause_of_its_trace() -> None:
     assert line.endswith("(root cause: io.debezium.DebeziumException: Publication autocreation"
                          " is disabled, please create one and restart the connector.)")
     assert failure_of("just one line") == "just one line" and failure_of(None) is None
+
+
+def test_a_refused_grant_names_the_grant_status_needs() -> None:
+    # QA 35-e F9: "UNREACHABLE: Kafka: TOPIC_AUTHORIZATION_FAILED: ..." named no grant.
+    from confluent_kafka import KafkaError, KafkaException
+
+    from cdc_router.ops.probe import _grants, _kafka
+
+    def refused(code: int) -> Callable[[], str]:
+        def read() -> str:
+            raise KafkaException(KafkaError(code, "Broker: authorization failed"))
+        return read
+
+    grants = _grants("Read on the topic cdc-router.dlq", "Describe on Group G")
+    line = _kafka(refused(KafkaError.TOPIC_AUTHORIZATION_FAILED), lambda e: e, grants)
+    assert line.startswith("Kafka: TOPIC_AUTHORIZATION_FAILED: ")
+    assert line.endswith("; grant this principal Read on the topic cdc-router.dlq")
+    assert _kafka(refused(KafkaError.GROUP_AUTHORIZATION_FAILED), lambda e: e,
+                  grants).endswith("; grant this principal Describe on Group G")
+    assert "grant" not in _kafka(refused(KafkaError._TIMED_OUT), lambda e: e, grants)
