@@ -117,8 +117,10 @@ class SourceErrors:
                 self._missing_logged = now
             return
         if stops_consumer(error):
-            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}", error,
-                                    consumer=True)
+            grant = "; grant this principal Read on the raw topics (source.topics)" \
+                if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ""  # QA 35-e
+            raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}{grant}",
+                                    error, consumer=True)
         stranded = unfetched_offsets(error)
         if stranded is not None:
             raise stranded

@@ -37,3 +37,11 @@ def test_partition_eof_is_nothing_and_a_fenced_member_stops() -> None:
     errors.handle(KafkaError(KafkaError._PARTITION_EOF))
     with pytest.raises(FatalKafkaError):
         errors.handle(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True))
+
+
+def test_a_raw_topic_it_may_not_read_stops_it_naming_the_grant() -> None:
+    errors = SourceErrors(_LOG)
+    with pytest.raises(FatalKafkaError, match=r"Topic authorization failed; grant this "
+                                              r"principal Read on the raw topics"):
+        errors.handle(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                 "Broker: Topic authorization failed"))
