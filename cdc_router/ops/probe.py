@@ -167,14 +167,13 @@ def _kafka(read: Callable[[], T], failed: Callable[[str], T],
     try:
         return read()
     except KafkaException as error:
-        line = _kafka_message(error)
-        kafka_error = kafka_error_of(error)
-        grant = (grants or {}).get(kafka_error.code()) if kafka_error is not None else None
-        return failed(f"{line}; {grant}" if grant else line)
+        return failed(_kafka_message(error, grants))
     except CdcRouterError as error:
         return failed(str(error))
 
 
-def _kafka_message(error: KafkaException) -> str:
+def _kafka_message(error: KafkaException, grants: Mapping[int, str] | None = None) -> str:
     kafka_error = kafka_error_of(error)
-    return with_kafka_refusal(f"Kafka: {describe(kafka_error) if kafka_error else error}")
+    line = with_kafka_refusal(f"Kafka: {describe(kafka_error) if kafka_error else error}")
+    grant = grants.get(kafka_error.code()) if grants and kafka_error is not None else None
+    return f"{line}; {grant}" if grant else line
