@@ -106,10 +106,8 @@ class Transaction:
         call is not retried (a stop during an outage must not wait out every retry);
         `fenced_hint`: who else may take this transactional id."""
         self._producer, self._publisher, self._consumer = producer, publisher, consumer
-        self._delivery = delivery
-        self._exactly_once = delivery.guarantee == "exactly_once"
-        self._changelog_topic = changelog_topic
-        self._mark_key_prefix = mark_key_prefix
+        self._delivery, self._exactly_once = delivery, delivery.guarantee == "exactly_once"
+        self._changelog_topic, self._mark_key_prefix = changelog_topic, mark_key_prefix
         self._mark_group = mark_group
         self._bootstrap = bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
@@ -232,10 +230,12 @@ class Transaction:
         stamp = commit_metadata(int(time.time() * 1000))
         offsets = [TopicPartition(t, p, o, metadata=stamp)
                    for (t, p), o in self._batch.offsets.items()]
-        # 0. Publish the batch's JetStream records and wait for every ack, before any Kafka
-        #    step: the offsets (and marks) must never move past an event JetStream has not
-        #    stored. A crash after the acks re-publishes them; the stream's duplicate window
-        #    (Nats-Msg-Id = event id) acks those as duplicates without storing them again.
+        # 0. Publish the batch's JetStream records and wait for every ack, before the marks
+        #    and offsets, which must never move past an event JetStream has not stored (a crash
+        #    re-publishes them: the stream's window drops Nats-Msg-Id = event id duplicates).
+        #    Its Kafka records first: a refusal's abort then purges none in flight (QA 36-d).
+        if self._batch.nats:
+            self._flush()
         self._publish()
         if self._exactly_once:
             self._send_marks()
