@@ -153,7 +153,7 @@ class OutboxRelay:
                 except FatalKafkaError as failure:
                     if not self._renewal.allows(failure):
                         raise
-                    self._renew(failure)
+                    self._renew(str(failure))
         except BaseException:
             if self._replay is not None:
                 self._replay.abort()
@@ -222,14 +222,14 @@ class OutboxRelay:
 
     # One batch ------------------------------------------------------------------------------
 
-    def _renew(self, failure: FatalKafkaError) -> None:
+    def _renew(self, reason: str) -> None:
         """A new producer after the old one failed for good on its own (router/renewal.py),
         only while this relay still holds its table's lock (else another relay may own the id
         by now); once it is initialised (_cycle), the batch is read again from the stored
         position."""
         self._lock_checked = 0.0
         self._check_lock()
-        log.warning("event=producer_renewed table=%s reason=%r", self._table, str(failure))
+        log.warning("event=producer_renewed table=%s reason=%r", self._table, reason)
         if self._replay is not None:
             self._replay.abort()
         self._destinations.clear()
@@ -247,13 +247,9 @@ class OutboxRelay:
                 self._back_off(f"starting a new producer: {failure}")
                 return True
             self._needs_init = False
-        if self._pending_abort:
-            try:
-                self._txn.abort()
-            except BatchFailed as failure:
-                self._back_off(f"finishing an aborted batch: {failure}")
-                return True
-            self._pending_abort = False
+        if self._pending_abort:  # an abort failing after its retries: as the router (QA 36-b)
+            self._renew("the aborted batch's abort did not complete")
+            return True
         try:
             position = self.position
             if position.reading is None:

@@ -153,7 +153,7 @@ class OutboxRouter:
                         recheck_grants(self._config, self._destinations)
                     if not self._renewal.allows(failure):
                         raise
-                    self._renew(failure)
+                    self._renew(str(failure))
             if txn.open and not self._pending_abort:
                 self._commit(backoff=False)  # one try: no retries once stopping
             if txn.open:  # its abort failed (an outage): the next start fences it
@@ -274,11 +274,11 @@ class OutboxRouter:
 
     # Commit, abort, recovery ----------------------------------------------------------------
 
-    def _renew(self, failure: FatalKafkaError) -> None:
+    def _renew(self, reason: str) -> None:
         """A new producer after the old one failed for good on its own (router/renewal.py);
         the batch is forgotten and read again, the topics' metadata and grants asked again."""
         assert self._txn is not None
-        log.warning("event=producer_renewed reason=%r", str(failure))
+        log.warning("event=producer_renewed reason=%r", reason)
         if self._replay is not None:
             self._replay.abort()
         recheck_grants(self._config, self._destinations)
@@ -345,12 +345,12 @@ class OutboxRouter:
         """Finish a failed abort, a new producer's init, the rewind; False (backed off) if not."""
         assert self._txn is not None
         try:
+            if self._pending_abort:  # QA 36-b: an abort failing after its retries never ended
+                # on that producer (8.5 min of aborts); a new one's init_transactions ends it.
+                self._renew("the aborted batch's abort did not complete")
             if self._needs_init:
                 self._txn.init()
                 self._needs_init = False
-            if self._pending_abort:
-                self._txn.abort()
-                self._pending_abort = False
             if self._needs_rewind:
                 rewind_to_committed(self._consumer, self._timeouts.call_s)
                 self._needs_rewind = False

@@ -179,6 +179,21 @@ def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read
     assert relay.position == RelayPosition(Snapshot(11, 11))
 
 
+def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
+    # QA 36-b (the router's loop): an abort timing out at every try was retried without end.
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                              txn_requires_abort=True))
+    cluster.abort_failures = [KafkaError(KafkaError._TIMED_OUT, "Timed out", retriable=True)] * 60
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert len(cluster.abort_failures) == 54 and cluster.producers_initialised == 2
+    assert relay.position == RelayPosition(Snapshot(11, 11))
+
+
 def test_a_fence_met_by_the_abort_of_a_failed_commit_renews_the_producer() -> None:
     # Review, session 30: the commit fails abortably while a fence waits to be served; the
     # abort's poll(0) raised it as a bare KafkaException and the relay exited 1.

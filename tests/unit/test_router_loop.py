@@ -958,6 +958,27 @@ def test_a_destination_deleted_under_an_open_batch_renews_the_producer_and_goes_
     assert cluster.group_offsets == {(RAW, 0): 8}
 
 
+def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
+    # QA 36-b: the group expelled the member (UNKNOWN_MEMBER_ID on the offsets), and the abort
+    # that followed timed out at every try for 8.5 min, its EndTxn stuck in the producer's
+    # queue: the router retried it without end, consuming nothing and never exiting.
+    expelled = KafkaError(KafkaError.UNKNOWN_MEMBER_ID, "Broker: Unknown member",
+                          txn_requires_abort=True)
+    stuck = KafkaError(KafkaError._TIMED_OUT, "Timed out", retriable=True)
+    cluster = cluster_with(*events(4))
+
+    def expel(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.offsets_failures = [expelled]
+        cluster.abort_failures = [stuck] * 60
+
+    harness = Harness(cluster, hooks=[expel], delivery=SLOW_COMMIT).run()
+    assert len(cluster.abort_failures) == 54  # one abort's tries, then a new producer
+    assert (cluster.producers_initialised, cluster.producers_purged) == (2, 1)
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]  # each once
+    assert harness.letters() == [] and cluster.group_offsets == {(RAW, 0): 8}
+
+
 def test_a_second_fatal_transaction_error_before_any_commit_stops_the_router() -> None:
     cluster = cluster_with(*events(4))
 
