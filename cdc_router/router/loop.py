@@ -26,24 +26,22 @@ from cdc_router.errors import (
     FatalKafkaError,
     GrantRevoked,
     RecordRefused,
-    RestoreFailed,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import (
     SourceErrors,
     next_records,
     record_headers,
-    report_deleted_offsets,
     rewind_to_committed,
 )
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
-from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
+from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
+from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.new_group import assignment_checks
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
@@ -365,27 +363,8 @@ class OutboxRouter:
         """Before reading new partitions, learn every id delivered so far (any instance) and the
         destinations' partition counts afresh (QA 30: stale counts moved an aggregate)."""
         self._destinations.clear()
-        if self._changelog is None or self._replay is None:
-            report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log)
-            return
-        # A previous owner may still hold an open transaction with offsets (and dedup marks)
-        # for these partitions; fetching the committed offsets waits until it is resolved
-        # (require_stable), so that the changelog read below sees its marks.
-        started, restored = self._clock(), 0
-        try:
-            offsets = consumer.committed(partitions, timeout=self._timeouts.stable_offsets_s)
-            restored = self._replay.restore_changelog(self._changelog.catch_up(),
-                                                      int(time.time() * 1000),
-                                                      group=self._config.source.group_id)
-        except (KafkaException, ReadTimedOut) as failure:
-            # Not a KafkaException out of consume(): _poll_once would take it for a passing
-            # outage and route on, while confluent-kafka assigns the partitions anyway.
-            raise RestoreFailed(self._config.dedup.changelog_topic, failure) from failure
-        report_deleted_offsets(consumer, partitions, self._timeouts.call_s, log, committed=offsets)
-        assignment_checks(self._config, offsets, restored, self._replay)
-        log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
-                 ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(self._replay),
-                 restored, self._clock() - started)
+        restore_assigned(consumer, partitions, config=self._config, replay=self._replay,
+                         changelog=self._changelog, timeouts=self._timeouts, clock=self._clock)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Commit what the batch holds while the group's generation still owns it."""

@@ -1,0 +1,49 @@
+"""What the router learns when partitions of the raw topic are assigned to it, before it reads
+them: every id delivered so far by any instance of its group (the dedup changelog's marks), and
+the offsets whose records retention deleted before they were read."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import RestoreFailed
+from cdc_router.kafka.consumer import report_deleted_offsets
+from cdc_router.kafka.reader import ReadTimedOut
+from cdc_router.router.clients import Timeouts
+from cdc_router.router.new_group import assignment_checks
+from cdc_router.router.replay import ReplayFilter
+
+log = logging.getLogger("cdc_router.router")
+
+
+def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
+                     replay: ReplayFilter | None, changelog: Any, timeouts: Timeouts,
+                     clock: Callable[[], float]) -> None:
+    """Restore the replay filter from the changelog for newly assigned `partitions` (no dedup:
+    only report deleted offsets); RestoreFailed when the changelog cannot be read."""
+    if changelog is None or replay is None:
+        report_deleted_offsets(consumer, partitions, timeouts.call_s, log)
+        return
+    # A previous owner may still hold an open transaction with offsets (and dedup marks) for
+    # these partitions; fetching the committed offsets waits until it is resolved
+    # (require_stable), so that the changelog read below sees its marks.
+    started, restored = clock(), 0
+    try:
+        offsets = consumer.committed(partitions, timeout=timeouts.stable_offsets_s)
+        restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
+                                            group=config.source.group_id)
+    except (KafkaException, ReadTimedOut) as failure:
+        # Not a KafkaException out of consume(): the loop would take it for a passing outage
+        # and route on, while confluent-kafka assigns the partitions anyway.
+        raise RestoreFailed(config.dedup.changelog_topic, failure) from failure
+    report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
+    assignment_checks(config, offsets, restored, replay)
+    log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
+             ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
+             restored, clock() - started)
