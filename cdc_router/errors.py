@@ -107,16 +107,20 @@ class FatalKafkaError(CdcRouterError):
 
 class MemberFenced(FatalKafkaError):
     """The group fenced this process's static member (FENCED_INSTANCE_ID): only a new consumer
-    can rejoin, so the router exits EXIT_RESTART for its supervisor to start it again.
+    can rejoin. The router builds one a few times (router/renewal.py), then exits EXIT_RESTART
+    for its supervisor to start it again; `detail` is the fence without that last advice.
 
-    Seen after a broker outage longer than session.timeout.ms: the coordinator expired the
-    member, and librdkafka's next requests from the same process came with an empty member id
-    and were fenced against the old one (the chaos campaign, seed 15). A second instance with
-    the same --instance-id would be fenced the same way; the two fence each other's producer
-    a few times (router/renewal.py renews it) until the group fences the older one here.
+    Seen after a broker outage longer than session.timeout.ms, and at every move of the group
+    coordinator on a 3-broker cluster (QA 36-a): the coordinator expired the member, and
+    librdkafka's requests still in flight with the old member id were fenced (the chaos
+    campaign, seed 15). A second instance with the same --instance-id is fenced the same way.
     """
 
     exit_code = EXIT_RESTART
+
+    def __init__(self, message: str, *, code: int | None = None, detail: str = "") -> None:
+        super().__init__(message, code=code)
+        self.detail = detail or message
 
 
 class OffsetsUnfetched(FatalKafkaError):
@@ -175,7 +179,8 @@ def fatal_kafka_error(message: str, error: KafkaError | None, *,
         else (KafkaError.FENCED_INSTANCE_ID,)
     if error is not None and error.code() in fenced:
         return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
-                            "restart this router (each instance needs its own --instance-id)")
+                            "restart this router (each instance needs its own --instance-id)",
+                            code=error.code(), detail=message)
     return FatalKafkaError(message, code=None if error is None else error.code())
 
 

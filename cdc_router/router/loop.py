@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
@@ -25,6 +26,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     GrantRevoked,
+    MemberFenced,
     RecordRefused,
 )
 from cdc_router.kafka.closing import close_all
@@ -138,20 +140,22 @@ class OutboxRouter:
                 raise DeliveryError(str(failure)) from failure
             require_own_topics(self._config, self._destinations.partitions, self._describe)
             self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
-            consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
-                               on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._subscribe(consumer)
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
                      self._config.delivery.guarantee, ",".join(self._config.source.topics))
             while not self._stop.is_set():
                 try:
                     if self._recovered():
-                        self._poll_once(consumer, txn)
+                        self._poll_once(self._consumer, txn)
                 except FatalKafkaError as failure:
                     if isinstance(failure, GrantRevoked):
                         recheck_grants(self._config, self._destinations)
                     if not self._renewal.allows(failure):
                         raise
-                    self._renew(str(failure))
+                    if isinstance(failure, MemberFenced):
+                        self._rejoin(failure.detail)
+                    else:
+                        self._renew(str(failure))
             if txn.open and not self._pending_abort:
                 self._commit(backoff=False)  # one try: no retries once stopping
             if txn.open:  # its abort failed (an outage): the next start fences it
@@ -282,6 +286,23 @@ class OutboxRouter:
         recheck_grants(self._config, self._destinations)
         self._txn.renew()
         self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
+
+    def _rejoin(self, reason: str) -> None:
+        """A new consumer after the group fenced this one's static member (router/renewal.py);
+        the batch aborted (its offsets were the old member's) is read again by the new one."""
+        assert self._txn is not None
+        log.warning("event=consumer_renewed reason=%r", reason)
+        if self._txn.open:
+            self._abort(BatchFailed("the group fenced this consumer"), backoff=False)
+        with suppress(Exception):  # a fenced consumer may fail to close: it is gone anyway
+            close_all(self._consumer)
+        self._txn.consumer = self._consumer = self._consumer_factory(
+            clients.consumer_config(self._config, self._instance_id))
+        self._subscribe(self._consumer)
+
+    def _subscribe(self, consumer: Any) -> None:
+        consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _commit(self, *, backoff: bool = True) -> bool:
         """Commit the open batch; False when it failed and was aborted (rewind pending)."""

@@ -24,6 +24,14 @@ a few times before the group settles it, while a rival that keeps taking the tra
 (two pipelines sharing delivery.transactional_id on one host) stops the process, loudly. A
 refusal of credentials is never renewed (one raised on librdkafka's thread shows as _FATAL: the
 renewed producer's init then fails on the refusal itself, and the process stops).
+
+The consumer's static member fenced by the group (MemberFenced) is renewed too, by a new consumer
+with the same group.instance.id, at most MAX_FENCES times in FENCE_WINDOW_S. QA 36-a: on a
+3-broker cluster every move of the group coordinator (a broker killed or restarted) outlasted
+session.timeout.ms; librdkafka rejoined the static member, and the request it still had in flight
+with the old member id was fenced (_FATAL): every instance exited 75, and the stream stopped
+without a supervisor. Two processes given one --instance-id fence each other's member in turn:
+the budget runs out and they stop (exit 75), as before.
 """
 
 from __future__ import annotations
@@ -55,21 +63,25 @@ class ProducerRenewal:
         self._clock = clock
         self._spent = False
         self._fences: deque[float] = deque()
+        self._member_fences: deque[float] = deque()
 
     def allows(self, failure: FatalKafkaError) -> bool:
-        if isinstance(failure, MemberFenced):
-            return False
+        if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
+            return self._within_budget(self._member_fences)
         if failure.code in FENCES:
-            now = self._clock()
-            while self._fences and now - self._fences[0] > FENCE_WINDOW_S:
-                self._fences.popleft()
-            if len(self._fences) >= MAX_FENCES:
-                return False
-            self._fences.append(now)
-            return True
+            return self._within_budget(self._fences)
         if self._spent or failure.code not in RENEWABLE_ONCE:
             return False
         self._spent = True
+        return True
+
+    def _within_budget(self, times: deque[float]) -> bool:
+        now = self._clock()
+        while times and now - times[0] > FENCE_WINDOW_S:
+            times.popleft()
+        if len(times) >= MAX_FENCES:
+            return False
+        times.append(now)
         return True
 
     def committed(self) -> None:

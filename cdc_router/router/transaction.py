@@ -105,7 +105,7 @@ class Transaction:
         routes (None: this command has no JetStream routes); once `stopping()`, a failed
         call is not retried (a stop during an outage must not wait out every retry);
         `fenced_hint`: who else may take this transactional id."""
-        self._producer, self._publisher, self._consumer = producer, publisher, consumer
+        self._producer, self._publisher, self.consumer = producer, publisher, consumer
         self._delivery, self._exactly_once = delivery, delivery.guarantee == "exactly_once"
         self._changelog_topic, self._mark_key_prefix = changelog_topic, mark_key_prefix
         self._mark_group = mark_group
@@ -225,7 +225,7 @@ class Transaction:
     def commit(self) -> list[Delivered]:
         """Commit the open batch, as a numbered procedure; its delivered events. Raises
         BatchFailed (abort and rewind) or FatalKafkaError."""
-        consumer, producer, wait_s = self._consumer, self._producer, self._timeouts.call_s
+        consumer, producer, wait_s = self.consumer, self._producer, self._timeouts.call_s
         # The commit stamp: `cdc-router status` tells the age of the group's last commit by it.
         stamp = commit_metadata(int(time.time() * 1000))
         offsets = [TopicPartition(t, p, o, metadata=stamp)

@@ -36,9 +36,21 @@ def test_fences_are_renewed_a_few_times_in_a_window_commits_or_not() -> None:
     assert renewal.allows(_fatal(KafkaError._FENCED)), "the window moved on"
 
 
-def test_credentials_and_a_fenced_static_member_are_never_renewed() -> None:
+def test_a_fenced_static_member_is_renewed_three_times_in_its_window_apart_from_fences() -> None:
+    # QA 36-a: every move of the group coordinator fenced every instance's static member.
+    now = [0.0]
+    renewal = ProducerRenewal(clock=lambda: now[0])
+    for _ in range(MAX_FENCES):
+        assert renewal.allows(MemberFenced("Static consumer fenced"))
+        now[0] += 10
+    assert not renewal.allows(MemberFenced("Static consumer fenced")), "a rival instance"
+    assert renewal.allows(_fatal(KafkaError._FENCED)), "the producer's budget is its own"
+    now[0] += FENCE_WINDOW_S
+    assert renewal.allows(MemberFenced("Static consumer fenced")), "the window moved on"
+
+
+def test_credentials_are_never_renewed() -> None:
     renewal = ProducerRenewal()
     assert not renewal.allows(_fatal(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
-    assert not renewal.allows(MemberFenced("Static consumer fenced"))
     assert not renewal.allows(FatalKafkaError("no code"))
     assert renewal.allows(_fatal(KafkaError.INVALID_TXN_STATE)), "nothing above spent it"

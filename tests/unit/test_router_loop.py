@@ -69,6 +69,7 @@ class Harness:
         self.waits: list[float] = []
         self.metrics = RouterMetrics()
         self.consumer: FakeConsumer | None = None
+        self.consumers: list[FakeConsumer] = []  # every one built, a renewed one too
         self.idle_calls = 0
         self.handed: list[tuple[str, str]] = []  # (id, topic) to the cleanup, at each commit
         settings = RouterConfig.model_validate({
@@ -87,6 +88,7 @@ class Harness:
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
+        self.consumers.append(consumer)
         if self.hooks:  # run before the second consume(), with the first poll's batch open
             consumer.before_consume.append(lambda c: c.before_consume.extend(self.hooks))
         return consumer
@@ -665,10 +667,11 @@ def test_consume_raising_a_cluster_error_aborts_rewinds_and_goes_on() -> None:
     assert harness.waits, "a batch failing for no record's fault backs off"
 
 
-def test_a_fatal_consumer_error_in_the_rewind_stops_the_router_instead_of_backing_off(
+def test_a_fatal_consumer_error_in_the_rewind_renews_the_consumer_instead_of_backing_off(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Review, session 30: committed() of the rewind after an abort raising the consumer's
-    # fatal error (a fenced static member) was backed off and retried for ever.
+    # fatal error (a fenced static member) was backed off and retried for ever. The new
+    # consumer (QA 36-a) is fenced at its assignment too here: exit 75.
     failed = KafkaError(KafkaError._TIMED_OUT, "coordinator moving", txn_requires_abort=True)
     cluster = cluster_with(*events(5), commit_failures=[failed])
     calls, real = [], FakeConsumer.committed
@@ -681,35 +684,62 @@ def test_a_fatal_consumer_error_in_the_rewind_stops_the_router_instead_of_backin
 
     monkeypatch.setattr(FakeConsumer, "committed", committed)
     harness = Harness(cluster, delivery=SLOW_COMMIT)
-    with pytest.raises(MemberFenced):
+    with pytest.raises(RestoreFailed) as raised:
         harness.run()
-    assert len(calls) == 2 and len(harness.waits) <= 1
+    assert raised.value.exit_code == EXIT_RESTART and len(harness.consumers) == 2
+    assert len(calls) == 3 and len(harness.waits) <= 1
 
 
-def test_consume_raising_a_fatal_error_stops_the_router() -> None:
+def test_consume_raising_a_fatal_error_renews_the_consumer_not_the_producer() -> None:
     def fatal(consumer: FakeConsumer) -> None:
         raise KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
 
     cluster = cluster_with(*events(5))
-    harness = Harness(cluster, hooks=[fatal])
-    with pytest.raises(MemberFenced):  # the consumer's: never taken for the producer's
-        harness.run()
+    harness = Harness(cluster, hooks=[fatal]).run()  # the consumer's: a fenced static member
     assert cluster.producers_initialised == 1, "the producer is not renewed for it"
+    assert len(harness.consumers) == 2 and sorted(harness.delivered()) == [
+        f"e-{i}" for i in range(5)]
 
 
-def test_a_consumer_fenced_for_good_exits_for_a_restart_instead_of_polling_on() -> None:
-    # The full chaos campaign (seed 15): after a broker outage longer than session.timeout.ms
-    # librdkafka raised its fatal consumer error (static member fenced) as a message error,
-    # not flagged fatal(); the router logged it and polled a dead consumer for good.
-    def fenced(consumer: FakeConsumer) -> None:
-        consumer.events.append(Message(topic=RAW, partition=0, error=KafkaError(
-            KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other consumer "
-            "with same group.instance.id")))
+def _fence(consumer: FakeConsumer) -> None:
+    # As librdkafka raises it: a message error, not flagged fatal() (chaos campaign, seed 15).
+    consumer.events.append(Message(topic=RAW, partition=0, error=KafkaError(
+        KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other consumer "
+        "with same group.instance.id")))
 
-    harness = Harness(cluster_with(*events(5)), hooks=[fenced])
+
+def test_a_consumer_fenced_once_is_replaced_and_every_event_goes_once() -> None:
+    # QA 36-a: on a 3-broker cluster every move of the group coordinator fenced the static
+    # member of every instance, and every instance exited 75 (no supervisor: the stream stopped).
+    cluster = cluster_with(*events(4))
+    fences: list[int] = []
+
+    def fence_once(consumer: FakeConsumer) -> None:
+        if not fences:  # with a batch open: the first poll's
+            fences.append(1)
+            cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+            _fence(consumer)
+
+    harness = Harness(cluster, hooks=[fence_once], delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]  # each once
+    assert len(harness.consumers) == 2 and harness.consumers[0].closed
+    assert cluster.group_offsets == {(RAW, 0): 8} and harness.letters() == []
+
+
+def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
+    # A rival with the same --instance-id (or a group that keeps fencing): after the budget of
+    # new consumers (router/renewal.py), exit 75 for the supervisor, as before QA 36-a.
+    cluster = cluster_with(*events(5))
+
+    def fence_always(consumer: FakeConsumer) -> None:  # each consumer, with more to read
+        cluster.raw[0].append((b"k", raw_event(f"x-{len(cluster.raw[0])}")))
+        _fence(consumer)
+
+    harness = Harness(cluster, hooks=[fence_always])
     with pytest.raises(MemberFenced, match="Static consumer fenced") as raised:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
+    assert len(harness.consumers) == 4  # the first and three new ones
 
 
 def test_committed_offsets_librdkafka_will_not_fetch_again_exit_for_a_new_consumer() -> None:
