@@ -14,6 +14,7 @@ import click
 
 from cdc_router.cli._options import config_option
 from cdc_router.cli._output import output_option, table
+from cdc_router.cli.run import property_refused
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree, shown_url
@@ -67,6 +68,10 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     """
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
+    refusal = clients.refused_property(config)
+    refused = property_refused(refusal, config) if refusal is not None else None
+    if refused is not None:  # a name or value librdkafka refuses, as `run` would at start
+        raise refused
     warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
     warnings += config.warnings()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
@@ -115,6 +115,24 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         "partition.assignment.strategy": "range,roundrobin",
         **_NO_AUTO_CREATE,
     }
+
+
+def refused_property(config: RouterConfig) -> KafkaException | None:
+    """librdkafka's refusal of a property name or value of the router's producer or consumer,
+    built offline (no bootstrap servers, no files to read): what `run` would refuse at start,
+    found by `rules check` (QA 36-b F6: `kafka.producer.lingerr.ms` passed it); else None."""
+    for conf, client in ((producer_config(config, "check"), Producer),
+                         (consumer_config(config, "check"), Consumer)):
+        # Files belong to the host the router runs on, which `rules check` (in CI) may not be.
+        offline = {key: value for key, value in conf.items()
+                   if key != "bootstrap.servers" and not key.endswith((".location", ".keytab"))}
+        try:
+            built = client(offline)
+        except KafkaException as failure:
+            return failure
+        if isinstance(built, Consumer):
+            built.close()
+    return None
 
 
 def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) -> int:

@@ -286,7 +286,8 @@ class Transaction:
     def discard(self) -> None:
         """Forget the open batch after an unexpected failure; abort it if Kafka lets us."""
         try:
-            self.abort()
+            if self._open:  # else nothing to abort (nor a refused producer to build again)
+                self.abort()
         except (BatchFailed, FatalKafkaError, KafkaException) as failure:
             log.warning("event=abort_failed error=%r", str(failure))
         finally:

@@ -238,6 +238,33 @@ def test_a_client_property_librdkafka_refuses_is_a_config_error_naming_it(
     assert property_refused(wrapped, config) is not None
 
 
+@pytest.mark.parametrize("kafka, field", [
+    ("producer: {lingerr.ms: 5}", "kafka.producer.lingerr.ms"),
+    ("consumer: {fetch.max.bytess: 5}", "kafka.consumer.fetch.max.bytess"),
+    ("producer: {partitioner: bogus}", "kafka.producer.partitioner")])
+def test_rules_check_refuses_a_client_property_as_run_does_with_no_broker_and_no_files(
+        tmp_path: Path, kafka: str, field: str, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 36-b F6: `rules check` (what CI runs) said valid; `run` refused it at start, after a
+    # misleading `event=abort_failed` warning (there was no transaction to abort).
+    config = tmp_path / "router.yaml"
+
+    def write(kafka: str) -> None:
+        config.write_text("kafka: {bootstrap_servers: '127.0.0.1:1', config: {ssl.ca.location: "
+                          f"/no/such.pem}}, {kafka}}}\nsource: {{topics: [raw]}}\n"
+                          "routes: [{topic: x}]\n", "utf-8")
+
+    write(kafka)
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert checked.exit_code == 1 and f"error: field '{field}': librdkafka refused" in \
+        checked.output, checked.output
+    ran = CliRunner().invoke(main, ["run", "-c", str(config), "--metrics-port", "0"])
+    assert ran.exit_code == 1 and f"field '{field}'" in ran.output, ran.output
+    assert "abort_failed" not in caplog.text
+    write("producer: {linger.ms: 5}")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert checked.exit_code == 0, checked.output  # a file of the router's host: not checked
+
+
 @pytest.mark.parametrize("text", [
     "Failed to create consumer: Unsupported SASL mechanism: FOO-BAR",
     "Failed to create consumer: No provider for SASL mechanism GSSAPI: recompile librdkafka "

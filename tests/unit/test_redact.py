@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.config.redact import MASK, is_secret_key, redact, redact_tree
+from cdc_router.router import clients
 from tests.unit.test_connect_client import ScriptedConnect, run_cli
 
 PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n"
@@ -227,9 +228,15 @@ nats: {url: 'nats://nuser:n4ts-Pa55@127.0.0.1:4222'}
 
 
 @pytest.mark.parametrize("output", ["text", "json"])
-def test_rules_check_masks_every_secret(tmp_path: Path, output: str) -> None:
+def test_rules_check_masks_every_secret(tmp_path: Path, output: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "router.yaml"
     path.write_text(ROUTER_YAML)
+    refused = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "-o", output])
+    assert refused.exit_code == 1 and "Java JAAS configuration is not supported" in \
+        refused.output, refused.output  # librdkafka's refusal, as `run` would meet it
+    assert_no_secret(refused.output)
+    monkeypatch.setattr(clients, "refused_property", lambda config: None)
 
     result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "-o", output])
 
