@@ -101,12 +101,16 @@ def _wal(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
 def _slot(slot: Slot, limit: int | None, settings: StatusSettings) -> Iterator[Problem]:
     where = f"slot {slot.name}"
     if not slot.exists:
+        # Not "lost": the rows stay in the outbox (the cleanup deletes delivered rows only)
+        # and the runbook brings their events back; "lost" scared operators (QA 36-c).
         yield Problem("critical", "wal", f"{where} does not exist: Debezium streams nothing, "
-                      f"and events written while it is missing are lost; {LOST_SLOT_RUNBOOK}")
+                      "and the rows written meanwhile stay in the outbox without reaching the "
+                      f"raw topic until they are republished; {LOST_SLOT_RUNBOOK}")
         return
     if slot.wal_status == "lost":
         yield Problem("critical", "wal", f"{where} wal_status lost: Postgres removed WAL it "
-                      f"still needed, events are lost; {LOST_SLOT_RUNBOOK}")
+                      "still needed, so the rows committed in it stay in the outbox without "
+                      f"reaching the raw topic until they are republished; {LOST_SLOT_RUNBOOK}")
     elif slot.wal_status == "unreserved":
         yield Problem("critical", "wal", f"{where} wal_status unreserved: the next checkpoint "
                       "removes WAL it needs; resume or fix the connector now, or raise "
@@ -228,9 +232,12 @@ def _connector(connector: ConnectorState) -> Iterator[Problem]:
             (f"task {t.id}: {t.failure}" for t in connector.tasks if t.state == "FAILED"), "")
         yield Problem("critical", "connector", f"{name} FAILED: {failure}; fix the cause, then "
                       f"`cdc-router connectors restart {connector.name} --tasks failed`")
-    elif connector.state == "PAUSED":
-        yield Problem("warning", "connector", f"{name} is PAUSED: no event is captured and "
-                      f"its slot retains WAL; `cdc-router connectors resume {connector.name}`")
+    elif connector.state in ("PAUSED", "STOPPED"):
+        # Only `resume` starts either: a restart of a STOPPED connector leaves it STOPPED
+        # (QA 36-c; the slot runbook's step 2 leaves it so).
+        yield Problem("warning", "connector", f"{name} is {connector.state}: no event is "
+                      "captured and its slot retains WAL; "
+                      f"`cdc-router connectors resume {connector.name}`")
     elif connector.state == "RUNNING" and not connector.tasks:
         yield Problem("warning", "connector", f"{name} is RUNNING with no task: no event is "
                       "captured; a lost slot does this (see the wal line and "

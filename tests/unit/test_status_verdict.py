@@ -110,6 +110,27 @@ def test_a_missing_slot_points_to_the_runbook() -> None:
     assert problem.level == "critical" and "the slot was dropped" in problem.message
 
 
+@pytest.mark.parametrize("slot", [Slot("s", exists=False),
+                                  Slot("s", True, True, "lost", 10, None, 0)])
+def test_a_lost_slot_says_the_rows_wait_in_the_outbox_not_that_events_are_lost(
+        slot: Slot) -> None:
+    # QA 36-c: "events ... are lost" contradicted the runbook, which brings them back.
+    report = replace(healthy(), wal=WalState(max_slot_wal_keep_size_bytes=-1, slots=(slot,)))
+    message = judge(report, SETTINGS)[0].message
+    assert "lost;" not in message and "are lost" not in message
+    assert "stay in the outbox without reaching the raw topic until they are republished" \
+        in message
+
+
+def test_a_stopped_connector_is_started_by_resume_not_restart() -> None:
+    # QA 36-c: `connectors restart` leaves a STOPPED connector STOPPED.
+    stopped = replace(healthy(), connector=replace(healthy().connector, state="STOPPED",
+                                                   tasks=()))
+    assert lines(stopped) == [
+        "warning: connector: connector outbox-connector is STOPPED: no event is captured and "
+        "its slot retains WAL; `cdc-router connectors resume outbox-connector`"]
+
+
 def test_a_paused_connector_warns_and_a_failed_task_is_critical_with_its_trace() -> None:
     paused = replace(healthy(), connector=replace(healthy().connector, state="PAUSED"))
     assert lines(paused) == [
