@@ -156,7 +156,8 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
     with database(dsn) as conn:
         if relay_columns:  # refused before anything is made (review 34-2)
             partitioned_by(conn, schema.table, DEFAULT_SEQ_COLUMN, "--table")
-        report = init_outbox(conn, schema, setup, replication_password=replication_password)
+        report = init_outbox(conn, schema, setup, replication_password=replication_password,
+                             relay=relay_columns)
         conn.commit()
         if relay_columns:
             _add_relay_columns(conn, schema.table)

@@ -226,11 +226,12 @@ class InitReport:
 
 
 def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: CaptureSetup, *,
-                replication_password: str | None = None) -> InitReport:
+                replication_password: str | None = None, relay: bool = False) -> InitReport:
     """Create what is missing, all or nothing (one transaction, or a savepoint in the caller's).
 
     With a replication role and a password, the password is set when the role is new or
-    (as far as this session can read pg_authid) does not already match.
+    (as far as this session can read pg_authid) does not already match. `relay`: the table is
+    the relay's, which reads it with SQL: a publication that leaves it out is no problem.
     """
     done = []
     with conn.transaction():
@@ -245,7 +246,8 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         password: Literal["set", "unchanged"] | None = None
         if setup.replication_role is not None and replication_password is not None:
             password = _ensure_password(conn, setup.replication_role, replication_password)
-        warnings = _publication_warnings(conn, schema, setup) + _size_check_warnings(conn, schema)
+        warnings = _publication_warnings(conn, schema, setup, relay=relay) + \
+            _size_check_warnings(conn, schema)
     return InitReport(tuple(done), password, tuple(warnings))
 
 
@@ -263,7 +265,7 @@ def _check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -
 
 
 def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
-                          setup: CaptureSetup) -> list[str]:
+                          setup: CaptureSetup, *, relay: bool = False) -> list[str]:
     # An existing publication is never altered (it may serve others); say what is off instead.
     outbox_schema, outbox_table = split_table(schema.table)
     row = conn.execute(
@@ -280,7 +282,9 @@ def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
         warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
                         "processed outbox rows will reach Kafka, and an UPDATE of a row's id "
                         "reaches the router as an insert of the new id, delivered again")
-    if not row[1]:
+    # A relay table needs no publication: adding it would make Debezium capture it too
+    # (QA 36-c).
+    if not row[1] and not relay:
         warnings.append(publication_fix(setup.publication, schema.table,
                                         partitioned=bool(row[3]) and not row[2]))
     return warnings

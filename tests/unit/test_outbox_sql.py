@@ -25,7 +25,12 @@ from cdc_router.outbox import (
     render_psql,
     write_event,
 )
-from cdc_router.outbox.setup import _password_matches, add_size_check_statement
+from cdc_router.outbox.setup import (
+    InitReport,
+    _password_matches,
+    _publication_warnings,
+    add_size_check_statement,
+)
 from cdc_router.postgres import regclass_text, split_table
 
 # Postgres 15's verifier for the password "correct horse" (SET password_encryption =
@@ -361,6 +366,56 @@ def test_new_event_ids_are_uuid7_ordered_by_time() -> None:
     assert (first.version, first.variant) == (7, uuid.RFC_4122)
     assert str(first) < str(second)
     assert abs((first.int >> 80) - time.time_ns() // 1_000_000) < 60_000
+
+
+class _PublicationRow:
+    """Answers _publication_warnings()'s one query: an insert-only publication of a plain
+    table that leaves the table out."""
+
+    def execute(self, query: Any, params: tuple[Any, ...]) -> _PublicationRow:
+        return self
+
+    def fetchone(self) -> tuple[bool, bool, bool, bool]:
+        # (publishes more than inserts, includes the table, via root, partitioned)
+        return (False, False, True, False)
+
+
+@pytest.mark.parametrize(("relay", "warned"), [(False, True), (True, False)])
+def test_a_relay_table_left_out_of_the_publication_is_no_warning(relay: bool,
+                                                                  warned: bool) -> None:
+    # QA 36-c: the relay needs no publication; the advice to ADD TABLE would make Debezium
+    # capture the relay's table too.
+    warnings = _publication_warnings(_PublicationRow(),  # type: ignore[arg-type]
+                                     OutboxSchema(table="public.relay_outbox"), CaptureSetup(),
+                                     relay=relay)
+    assert any("does not include public.relay_outbox" in w for w in warnings) is warned
+
+
+def test_init_relay_tells_init_outbox_the_table_is_the_relays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from cdc_router.cli import outbox as cli_outbox
+
+    seen: dict[str, Any] = {}
+
+    def fake_init(conn: Any, schema: Any, setup: Any, **kwargs: Any) -> InitReport:
+        seen.update(kwargs)
+        return InitReport((), None, ())
+
+    class _Conn:
+        def commit(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli_outbox, "database", lambda dsn: contextlib.nullcontext(_Conn()))
+    monkeypatch.setattr(cli_outbox, "partitioned_by", lambda *args: False)
+    monkeypatch.setattr(cli_outbox, "_add_relay_columns", lambda conn, table: None)
+    monkeypatch.setattr(cli_outbox, "init_outbox", fake_init)
+    result = CliRunner().invoke(main, ["outbox", "init", "--dsn", "postgresql://x@h/db",
+                                       "--relay", "--table", "public.relay_outbox"])
+
+    assert result.exit_code == 0, result.output
+    assert seen["relay"] is True
 
 
 # -- the CLI's edges (no database reached) ---------------------------------------------
