@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import traceback
 from typing import Any
@@ -29,6 +30,12 @@ COMMAND_MODULES: dict[str, str] = {
     "streams": "cdc_router.cli.streams",
     "topics": "cdc_router.cli.topics",
 }
+
+
+# The HTTP clients under the schema registry's and Connect's clients log one INFO line per
+# request, which buried the router's one-line start-up refusals (QA 36-c); their warnings
+# still show, and --verbose shows all.
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 
 
 class _Root(click.Group):
@@ -106,3 +113,5 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """Route Debezium outbox events to Kafka topics, exactly once."""
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)

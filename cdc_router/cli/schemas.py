@@ -16,7 +16,7 @@ from cdc_router.cli._plan import confirm
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.load import load_config
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import ConfigError
+from cdc_router.errors import EXIT_RESTART, ConfigError
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
 from cdc_router.serde.registry import RegistryError
@@ -167,6 +167,13 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
             try:
                 step["id"] = ids.register(str(step["subject"]), schemas[str(step["file"])])
             except RegistryError as error:
+                if error.exit_code == EXIT_RESTART:
+                    # A write without an answer may have been done all the same (QA 36-c:
+                    # a ReadTimeout, and the subject was there).
+                    raise RegistryError(f"{error}; the registry may have registered it all "
+                                        "the same: run this command again, which is safe (a "
+                                        "registered schema shows as `unchanged`)",
+                                        outage=True) from error
                 if not (error.incompatible and step["named_by_data"]):
                     raise
                 step["action"] = "incompatible"

@@ -231,3 +231,27 @@ def test_schemas_register_takes_only_existing_subjects_the_route_may_produce_to(
     code, output = run("schemas", "register", "-c", str(config), "--dry-run")
     assert code == 0, output
     assert [line.split()[1] for line in output.splitlines()] == ["pay.eu-value"]
+
+
+def test_a_register_call_without_an_answer_may_have_registered_and_says_to_run_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 36-c: a ReadTimeout on the POST, and the registry had registered the schema: the
+    # line said only "did not answer". Still exit 75 (no answer: a retry may succeed).
+    import httpx2
+
+    client = SchemaRegistryClient.new_client({"url": "mock://slow"})
+
+    def timed_out(subject: str, schema: Schema, normalize_schemas: bool = False) -> int:
+        raise httpx2.ReadTimeout("timed out")
+
+    monkeypatch.setattr(client, "register_schema", timed_out)
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    config = write_config(tmp_path, "schema_registry: {url: 'mock://slow'}\n")
+    result = CliRunner().invoke(main, ["schemas", "register", "-c", str(config), "--yes"])
+
+    assert result.exit_code == 75, result.output
+    line = result.stderr.strip()
+    assert line.count("\n") == 0 and "did not answer (ReadTimeout: timed out)" in line
+    assert line.endswith("the registry may have registered it all the same: run this command "
+                         "again, which is safe (a registered schema shows as `unchanged`)")
