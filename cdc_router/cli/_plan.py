@@ -68,7 +68,11 @@ def confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise ConfigError("no terminal to confirm on", field="--yes",
-                          hint="pass --yes to go on without asking, or --dry-run to only plan")
+        # No field: --yes is an option, and "field '--yes'" read as a config field (QA 36-c).
+        context = click.get_current_context(silent=True)
+        plans = context is not None and any(
+            parameter.name == "dry_run" for parameter in context.command.params)
+        raise ConfigError("no terminal to confirm on", hint="pass --yes to go on without "
+                          "asking" + (", or --dry-run to only plan" if plans else ""))
     if not click.confirm(question):
         raise click.Abort()

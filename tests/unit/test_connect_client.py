@@ -575,8 +575,20 @@ def test_without_a_terminal_apply_plans_and_asks_for_yes_instead_of_applying(
     result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path, a="2"))
     assert result.exit_code == 1
     assert "  ~ a: 1 -> 2" in result.stdout
-    assert "field '--yes': no terminal to confirm on; pass --yes" in result.stderr
+    # QA 36-c: "field '--yes'" read as a config field.
+    assert result.stderr == ("error: no terminal to confirm on; pass --yes to go on without "
+                             "asking, or --dry-run to only plan\n")
     assert connect.puts == []
+
+
+def test_without_a_terminal_a_command_without_dry_run_hints_only_yes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C"}})
+    result = run_cli(monkeypatch, connect, "delete", "c")
+    assert result.exit_code == 1
+    assert result.stderr == ("error: no terminal to confirm on; pass --yes to go on without "
+                             "asking\n")  # `delete` has no --dry-run to point to
+    assert "c" in connect.configs
 
 
 def test_apply_puts_nothing_when_connect_rejects_a_field(monkeypatch: pytest.MonkeyPatch,
