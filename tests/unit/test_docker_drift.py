@@ -88,6 +88,17 @@ def test_init_and_router_run_the_documented_commands_on_the_example_config(compo
     assert ROUTER_CONFIG.is_file()  # else Docker would bind-mount a new empty directory
 
 
+def test_the_containerised_router_deletes_the_rows_it_delivered(compose):
+    # QA 36-c: the mounted example says `cleanup: mode: none`, and the compose file passed a
+    # DSN "used when router.yaml enables cleanup", so the outbox only grew.
+    from cdc_router.config.load import load_config
+
+    env = environment(compose["services"]["router"])
+    cleanup = load_config(ROUTER_CONFIG, env=env).config.cleanup
+    assert cleanup.mode == "delete" and cleanup.missing_dsn() is None
+    assert cleanup.dsn is not None and "@postgres:5432/" in str(cleanup.dsn)
+
+
 def test_secrets_come_only_from_the_env_file():
     raw = yaml.safe_load(COMPOSE_FILE.read_text())
     documented = read_env_file(ENV_EXAMPLE)
