@@ -94,8 +94,9 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
     """Route dead letters again with the current rules, exactly once.
 
     Every replay reads the dead-letter topic from its beginning; ids already delivered (by
-    the router or an earlier replay) are skipped, a letter that fails again is dead-lettered
-    again with its new reason. Offsets are committed under the group <source.group_id>.dlq-replay.
+    the router or an earlier replay) are skipped, a letter that fails again for a new reason
+    is dead-lettered again with it; one that fails as before stays as it is (still_failing).
+    Offsets are committed under the group <source.group_id>.dlq-replay.
     """
     compiled = load_config(config_path, env=os.environ)
     selection = Selection(

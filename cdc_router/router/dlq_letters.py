@@ -20,8 +20,9 @@ already drops Debezium's replays of that id (a decode letter's replays decode no
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,15 +40,17 @@ from cdc_router.dead_letter import (
     DeadLetter,
     dead_letter,
     marks_delivery,
+    reason_of,
     without_dead_letter_headers,
 )
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter, parse_changelog
 from cdc_router.router.step import DeadLettered, Duplicate, Routed, Skipped, StepResult
 
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
+_REPLAY_OF = re.compile(r"(.+)\[(\d+)\]@(\d+)")  # dlq.replay.of: topic[partition]@offset
 
 Action = Literal["deliver", "dead_letter", "already_delivered", "repeated", "skip",
-                 "not_replayable"]
+                 "not_replayable", "still_failing", "superseded"]
 
 
 @dataclass(frozen=True)
@@ -152,17 +155,27 @@ OursTest = Callable[[str, str | None], bool]
 
 
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
-                delivered: Iterable[str], ours: OursTest) -> list[Planned]:
+                delivered: Iterable[str], ours: OursTest,
+                superseded: Mapping[tuple[int, int], str] | None = None) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id delivered in this replay is pending in `seen`, so a second letter of it is
     `repeated`, not delivered twice. `ours(source topic, source group)` tells this pipeline's
     letters from those of another that shares the dead-letter topic (its default name is the
-    same for all): those are not replayed with this pipeline's routes.
+    same for all): those are not replayed with this pipeline's routes. A letter an earlier
+    replay dead-lettered again (`superseded`, see superseded_letters) is left to its newer
+    letter, and one that fails again as it failed before (stage and reason) is
+    `still_failing`, not dead-lettered once more: QA 36-c F8, every replay added one letter
+    per event it could not fix.
     """
     before = set(delivered)
     planned = []
     for letter in letters:
+        newer = (superseded or {}).get((letter.partition, letter.offset))
+        if newer is not None:
+            planned.append(Planned(letter, "superseded",
+                                   note=f"dead-lettered again by a replay, as {newer}"))
+            continue
         if not letter.from_router:
             planned.append(Planned(letter, "not_replayable",
                                    note="not a router dead letter (no dlq.stage of the router)"))
@@ -197,7 +210,8 @@ def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:
     if isinstance(result, Routed):
         return Planned(letter, "deliver", result)
     if isinstance(result, DeadLettered):
-        return Planned(letter, "dead_letter", result, note=str(result.error))
+        return Planned(letter, "still_failing" if fails_as_before(letter, result)
+                       else "dead_letter", result, note=reason_of(result.error))
     if isinstance(result, Duplicate):
         if result.event_id in before:
             return Planned(letter, "already_delivered", result)
@@ -212,6 +226,26 @@ def _event_id(result: StepResult) -> str | None:
         return result.event_id
     assert isinstance(result, Skipped)
     return None
+
+
+def fails_as_before(letter: Letter, failed: DeadLettered) -> bool:
+    """The replay of `letter` failed at its stage with its reason: a new letter would say
+    nothing new (QA 36-c F8: each replay added one per event it could not fix)."""
+    return (failed.stage, reason_of(failed.error)) == (letter.stage, letter.reason)
+
+
+def superseded_letters(letters: Iterable[Letter], topic: str,
+                       ours: OursTest) -> dict[tuple[int, int], str]:
+    """(partition, offset) of each letter on `topic` that a later letter of this pipeline
+    names in dlq.replay.of -> that later letter's topic[partition]@offset."""
+    named = {}
+    for letter in letters:
+        earlier = _REPLAY_OF.fullmatch(letter.replay_of or "")
+        if earlier is not None and earlier[1] == topic and \
+                ours(letter.source_topic, letter.source_group):
+            named[(int(earlier[2]), int(earlier[3]))] = \
+                f"{topic}[{letter.partition}]@{letter.offset}"
+    return named
 
 
 def dead_letter_again(letter: Letter, result: DeadLettered, *, dead_letter_topic: str,

@@ -50,8 +50,10 @@ from cdc_router.router.dlq_letters import (
     Selection,
     dead_letter_again,
     delivered_ids,
+    fails_as_before,
     plan_replay,
     read_letter,
+    superseded_letters,
 )
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
@@ -188,7 +190,9 @@ class DeadLetterReplay:
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
-        planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours)
+        planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours,
+                              superseded=superseded_letters(
+                                  letters, self._config.dead_letter.topic, ours))
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:
@@ -276,6 +280,8 @@ class DeadLetterReplay:
             step = DeadLettered("produce", DeliveryError(refused), step.record.event_id,
                                 step.event)
         assert isinstance(step, DeadLettered)
+        if fails_as_before(letter, step):  # refused as before: its letter says it already
+            return "still_failing"
         txn.dead_letter(topic, self._again(letter, step))
         log.warning("event=dead_letter_again id=%s stage=%s reason=%r", step.shown_id,
                     step.stage, str(step.error))

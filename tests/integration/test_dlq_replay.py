@@ -73,25 +73,25 @@ def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
             {"match": {"aggregate_type": "Customer"}, "topic": pipe.events_topic}])
 
         dry = _replay(fixed, "--dry-run")
-        assert dry["planned"] == {"deliver": 10, "dead_letter": 3}
+        # The Bad letters fail again as they failed (QA 36-c F8): no new letter says it again.
+        assert dry["planned"] == {"deliver": 10, "still_failing": 3}
         assert dry["committed"] is None
         assert {row["to"].split("[")[0] for row in dry["letters"]
                 if row["action"] == "deliver"} == {pipe.events_topic}
         assert pipe.read_all(pipe.events_topic, settle_s=1) == [], "a dry run produces nothing"
 
         first = _replay(fixed, "--yes")
-        assert first["committed"] == {"deliver": 10, "dead_letter": 3}
+        assert first["committed"] == {"deliver": 10}
         events = pipe.read_all(pipe.events_topic, settle_s=1)
         assert Counter(r.key().decode() for r in events) == Counter(customer_ids)
         dlq = pipe.read_all(pipe.dlq_topic, settle_s=0)
-        again = [r for r in dlq if REPLAY_OF in dict(r.headers() or [])]
-        assert len(dlq) == 16 and len(again) == 3, "the Bad letters are dead-lettered again"
+        assert len(dlq) == 13, "the Bad letters stay as they are, not written again"
         group = first["group"]
         assert group == f"{pipe.name}.dlq-replay"
         assert _committed(pipe, group) == 13, "the replay group's offset is the end it read"
 
         second = _replay(fixed, "--yes")
-        assert second["planned"] == {"already_delivered": 10, "dead_letter": 3, "repeated": 3}
+        assert second["planned"] == {"already_delivered": 10, "still_failing": 3}
         only_customers = _replay(fixed, "--dry-run", "--id", customer_ids[0])
         assert only_customers["planned"] == {"already_delivered": 1}
         events = pipe.read_all(pipe.events_topic, settle_s=1)
@@ -143,7 +143,11 @@ def test_a_letter_the_destination_refuses_is_dead_lettered_again_and_the_replay_
         assert all(b"MSG_SIZE_TOO_LARGE" in h["dlq.error.message"] for h in again), again
 
         second = _replay(fixed, "--yes")
-        assert second["committed"] == {"dead_letter": 3}, second
+        # The first letters are superseded by the refusals' letters, which are refused again
+        # as before: no fourth letter of them (QA 36-c F8).
+        assert second["planned"] == {"deliver": 3, "superseded": 3, "already_delivered": 6}
+        assert second["committed"] == {"still_failing": 3}, second
+        assert len(pipe.read_all(pipe.dlq_topic, settle_s=0)) == 12
         events = pipe.read_all(pipe.events_topic, settle_s=1)
     assert len(events) == 6 and len({r.key() for r in events}) == 6, "each once"
 

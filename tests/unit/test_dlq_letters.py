@@ -16,6 +16,7 @@ from cdc_router.router.dlq_letters import (
     delivered_ids,
     plan_replay,
     read_letter,
+    superseded_letters,
 )
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (
@@ -171,6 +172,28 @@ def test_a_letter_dead_lettered_again_keeps_its_source_and_names_the_earlier_one
     assert read.source_group == "pipeline-a"
     assert read.replay_of == f"{DLQ}[0]@3" and read.headers == (("h", b"1"),)
     assert read.value == earlier.value and read.from_router
+
+
+def test_a_letter_failing_again_as_before_is_still_failing_and_its_older_letter_superseded(
+        ) -> None:
+    # QA 36-c F8: every replay dead-lettered each unfixable letter once more (the original, as
+    # the letter the previous replay wrote was `repeated`): the topic grew by one a run.
+    routed_step, seen = step()
+    bad = letter("bad", offset=3, aggregate_type="Bad")
+    [first] = plan_replay([bad], routed_step, seen, set(), lambda topic, group: True)
+    assert first.action == "dead_letter" and isinstance(first.result, DeadLettered)
+    again = dead_letter_again(bad, first.result, dead_letter_topic=DLQ, max_bytes=None,
+                              group="g")
+    later = read_letter(0, 9, 0, again.key, again.value, list(again.headers))
+    ours = sources_of(RouterConfig.model_validate({"source": {"topics": [RAW], "group_id": "g"},
+                                                   "routes": [{"topic": "x"}]}))
+    superseded = superseded_letters([bad, later], DLQ, ours)
+    assert superseded == {(0, 3): f"{DLQ}[0]@9"}
+    assert superseded_letters([bad, later], "other.dlq", ours) == {}
+    routed_step, seen = step()
+    planned = plan_replay([bad, later], routed_step, seen, set(), ours, superseded=superseded)
+    assert [item.action for item in planned] == ["superseded", "still_failing"]
+    assert f"as {DLQ}[0]@9" in planned[0].note and "'Bad'" in planned[1].note
 
 
 def test_letters_of_another_group_on_the_same_raw_topic_are_neither_replayed_nor_counted() -> None:

@@ -100,6 +100,28 @@ def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> Non
         "flush", "send_offsets", "commit"]
 
 
+def test_a_letter_refused_again_as_before_is_still_failing_not_dead_lettered_once_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 36-c F8: each replay added one more letter per event it could not fix.
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
+    cluster = cluster_with_letters("Customer")
+    big = dead_letter(topic=RAW, partition=0, offset=9, key=None, value=raw_event(
+        "e-big", aggregate_type="Customer", payload='{"pad": "' + "x" * 2_000 + '"}'),
+        original_headers=[], stage="route", error=RouteError("no route"), event_id="e-big")
+    cluster.publish(DLQ, [Stored(DLQ, 0, big.key, big.value, list(big.headers), None)])
+    cluster.refuse = lambda topic, value, timestamp: KafkaError.MSG_SIZE_TOO_LARGE \
+        if topic == CUSTOMERS and value is not None and len(value) > 1_000 else None
+    first = replayer(cluster)
+    assert first.apply(first.plan(Selection())).committed == {"deliver": 1, "dead_letter": 1}
+    assert len(cluster.committed(DLQ)) == 3  # the refusal's letter, naming the first
+    for _ in range(2):
+        again = replayer(cluster)
+        plan = again.plan(Selection())
+        assert plan.counts() == {"already_delivered": 1, "superseded": 1, "deliver": 1}
+        assert again.apply(plan).committed == {"still_failing": 1}
+    assert len(cluster.committed(DLQ)) == 3 and len(cluster.committed(CUSTOMERS)) == 1
+
+
 def test_a_batch_that_keeps_failing_commits_nothing_and_the_next_replay_delivers_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
