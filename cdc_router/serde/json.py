@@ -6,15 +6,17 @@ RecursionError or a UnicodeEncodeError further down.
 
 `parse_json` parses with msgspec (about 3x faster than json.loads on a change event) and hands
 every text msgspec refuses to json.loads, which decides and words the outcome: NaN, Infinity
-and numbers beyond a double (json.loads reads them), lone surrogates (json.loads keeps them,
-the callers name where), malformed text (json.loads's line and column). What msgspec accepts,
-json.loads reads to the same value (integers of any size stay exact, floats correctly rounded,
-the last of duplicate keys wins); tests/unit/test_json_parse.py checks it.
+and numbers beyond a double (json.loads reads them, `strict` refuses them), lone surrogates
+(json.loads keeps them, the callers name where), malformed text (json.loads's line and
+column). What msgspec accepts, json.loads reads to the same value (integers of any size stay
+exact, floats correctly rounded, the last of duplicate keys wins); tests/unit/test_json_parse.py
+checks it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -66,13 +68,28 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
+# How a number beyond a double starts its ValueError; json_problem words the reason from it.
+_BEYOND_DOUBLE = "a number beyond a double"
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON that json.loads reads as infinity without calling parse_constant
+    # (QA 36-b F1), where Go's and Rust's readers refuse it: the same poison as Infinity. Only
+    # the slow path calls this: msgspec refuses such a number, so the fast path never gets here.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{_BEYOND_DOUBLE} ({show(text, 40)})")
+    return value
+
+
 def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
                strict: bool = False, exact_numbers: bool = False) -> Any:
     """json.loads, refusing nesting deeper than `max_depth` levels (JsonTooDeep).
 
     Raises ValueError (json.JSONDecodeError for malformed text, JsonTooDeep) or
-    UnicodeDecodeError (bytes that are not UTF-8). `strict` also refuses NaN and Infinity.
-    `exact_numbers`: non-integer numbers as RawNumber, their text (see exact_json_text).
+    UnicodeDecodeError (bytes that are not UTF-8). `strict` also refuses NaN, Infinity and
+    numbers beyond a double (1e400). `exact_numbers`: non-integer numbers as RawNumber, their
+    text (see exact_json_text), so any size passes: it is kept as written, never read as a double.
     """
     if _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
@@ -85,7 +102,8 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
         # of bytes would also take UTF-16, UTF-32 and a BOM, which consumers then choke on.
         return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text,
                           parse_constant=_reject_constant if strict else None,
-                          parse_float=RawNumber if exact_numbers else None)
+                          parse_float=(RawNumber if exact_numbers
+                                       else _finite_float if strict else None))
     except RecursionError:  # only when the caller's own stack is already deep
         raise JsonTooDeep(max_depth) from None
 
@@ -166,6 +184,9 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> s
     if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
                 "sent between systems must not have (RFC 8259 8.1); remove it")
+    if str(error).startswith(_BEYOND_DOUBLE):
+        return (f"holds {error}: valid JSON, but Go's and Rust's JSON readers refuse it and "
+                "others read infinity; write it as a string")
     if "Exceeds the limit" in str(error) and "digits" in str(error):
         # Valid JSON (QA, session 30): Python reads no integer over sys.get_int_max_str_digits.
         return (f"holds an integer of over {sys.get_int_max_str_digits()} digits: valid "
@@ -238,7 +259,7 @@ class JsonSerializer:
 
     def serialize(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
         """The payload bytes; SerializeError when a JSON payload is not JSON every consumer
-        reads: malformed, NaN, nested deeper than MAX_JSON_DEPTH, or a lone surrogate."""
+        reads: malformed, NaN, 1e400, nested deeper than MAX_JSON_DEPTH, a lone surrogate."""
         if event.payload_is_json:
             try:
                 parsed = parse_json(event.payload, strict=True)

@@ -105,3 +105,25 @@ def test_the_consumer_examples_decoder_refuses_a_byte_order_mark() -> None:
     assert decode_payment(b'{"order_id": 7}') == {"order_id": 7}
     with pytest.raises(ValueError):
         decode_payment(b'\xef\xbb\xbf{"order_id": 7}')
+
+
+@pytest.mark.parametrize("text", ['{"x": 1e400}', '{"x": -1e400}', "[1.5, 2e308]",
+                                  '{"a": {"b": [0.1, 1E+309]}}'])
+def test_strict_refuses_a_number_beyond_a_double_in_the_words_of_nan(text: str) -> None:
+    # QA 36-b F1: json.loads reads 1e400 as infinity without calling parse_constant, so strict
+    # delivered it, where Go's and Rust's readers refuse it.
+    with pytest.raises(ValueError, match="a number beyond a double") as refused:
+        parse_json(text, strict=True)
+    problem = json_problem(refused.value, text.encode())
+    assert problem.startswith("holds a number beyond a double (") and "Go's and Rust's" in problem
+    assert "write it as a string" in problem
+    assert outcome(parse_json, text) == outcome(json.loads, text)  # not strict: as json reads
+    # Exact numbers (the headers column) keep the text, never read as a double: nothing lost.
+    assert parse_json('{"x": -1e400}', strict=True, exact_numbers=True) == {"x": "-1e400"}
+
+
+def test_strict_still_reads_the_largest_double_and_underflow() -> None:
+    assert parse_json("[1.7976931348623157e308, 1e-400]", strict=True) == [1.7976931348623157e308,
+                                                                           0.0]
+    # The slow path (a lone surrogate sends the text to json.loads) reads floats too.
+    assert parse_json('["\\ud800", 2.5, 1e308]', strict=True)[1:] == [2.5, 1e308]

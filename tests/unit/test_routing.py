@@ -355,6 +355,14 @@ def test_json_payload_is_checked_and_bytes_pass_through() -> None:
             rt.route(replace(ORDER, payload=bad), lambda t: 1)
 
 
+@pytest.mark.parametrize("payload", [b'{"x": 1e400}', b'{"x": -1e400}'])
+def test_a_json_payload_number_beyond_a_double_is_a_serialize_error(payload: bytes) -> None:
+    # QA 36-b F1: delivered, where NaN was refused; Go's and Rust's readers refuse it too.
+    with pytest.raises(SerializeError, match=r"payload for 't' holds a number beyond a double "
+                                             r"\('-?1e400'\)"):
+        router({"topic": "t"}).route(replace(ORDER, payload=payload), lambda t: 1)
+
+
 def test_bytea_read_as_text_fails_in_the_json_serializer() -> None:
     wrong = captured("create_bytea.noschema")  # payload_type auto without schema: base64 text
     with pytest.raises(SerializeError):
