@@ -17,6 +17,10 @@ _MICROS_THRESHOLD = 10**14
 # time in milliseconds (1973-03-03): days or seconds are, and source.created_at_unit says
 # otherwise for rows that old.
 _IMPLAUSIBLE_MILLIS = 10**11
+# ... and from this one up (2200-01-01 in milliseconds, 1970-03-26 in microseconds) it is no
+# outbox row's time either, but a timestamp(6) column dated before 1973 (QA 36-b F2: 1973-01-01
+# was stamped the year 4970, and the reason named only delivery.record_timestamp).
+_IMPLAUSIBLE_FUTURE_MILLIS = 7_258_118_400_000
 # source.created_at_unit -> the schema name it stands for when the connector sends none.
 UNIT_SCHEMAS = {"micros": _MICROS_SCHEMA, "millis": "io.debezium.time.Timestamp"}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -56,7 +60,7 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
     if 0 <= value < _IMPLAUSIBLE_MILLIS:
         # QA, session 29: a `date` column (days) or epoch seconds read as milliseconds gave
         # records of January 1970, delivered so where the topic keeps records for ever.
-        moment = (_EPOCH + timedelta(milliseconds=value)).isoformat(timespec="milliseconds")
+        moment = _iso(value)
         if schema_name:  # the connector's schema, which source.created_at_unit cannot outrank
             raise ValueError(f"is {value} (its schema: {schema_name}), not a timestamp: make "
                              "the column timestamp(6) or timestamptz")
@@ -64,4 +68,15 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
             f"is {value}, which as milliseconds is {moment}: a date (days) or epoch seconds, "
             "not a timestamp? Make the column timestamp(6) or timestamptz, or set "
             "source.created_at_unit: millis if that is the time meant")
+    if _IMPLAUSIBLE_FUTURE_MILLIS <= value < _MICROS_THRESHOLD and not schema_name:
+        moment = _iso(value)
+        raise ValueError(
+            f"is {value}, which as milliseconds is {moment} and as microseconds "
+            f"{_iso(value // 1000)}: a timestamp(6) column dated before 1973? Set "
+            "source.created_at_unit: micros (without it, values below 10^14 are taken for "
+            f"milliseconds), or millis if the year {moment[:4]} is meant")
     return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
+
+
+def _iso(millis: int) -> str:
+    return (_EPOCH + timedelta(milliseconds=millis)).isoformat(timespec="milliseconds")

@@ -107,11 +107,11 @@ def test_created_at_unit_reads_rows_dated_before_1973_without_schemas() -> None:
     def dated(value: dict[str, Any]) -> None:
         row_of(value)["created_at"] = micros
 
-    guessed = decode_mutated("create_jsonb.noschema", dated)
     said = decode_mutated("create_jsonb.noschema", dated, created_at_unit="micros")
-    assert isinstance(guessed, OutboxEvent) and isinstance(said, OutboxEvent)
-    assert guessed.created_at_ms == micros  # auto: under 10^14 is taken for milliseconds
+    assert isinstance(said, OutboxEvent)
     assert said.created_at_ms == micros // 1000  # 1972-01-01
+    meant = decode_mutated("create_jsonb.noschema", dated, created_at_unit="millis")
+    assert isinstance(meant, OutboxEvent) and meant.created_at_ms == micros  # the year 3968
     millis = decode_mutated("create_jsonb.noschema", lambda value: row_of(value).update(
         created_at=10**15), created_at_unit="millis")
     assert isinstance(millis, OutboxEvent) and millis.created_at_ms == 10**15
@@ -132,6 +132,27 @@ def test_an_integer_created_at_that_is_days_or_seconds_is_a_decode_dead_letter(
     said = decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(
         created_at=value), created_at_unit="millis")  # the user says it is that time
     assert isinstance(said, OutboxEvent) and said.created_at_ms == value, meant
+
+
+@pytest.mark.parametrize(("micros", "as_millis"), [(94_694_400_000_000, "4970-09-30"),
+                                                   (63_072_000_000_000, "3968-09-03")])
+def test_a_timestamp6_created_at_before_1973_read_as_millis_is_a_decode_dead_letter(
+        micros: int, as_millis: str) -> None:
+    # QA 36-b F2: 1973-01-01 (under 10^14 us) was taken for milliseconds, the year 4970, and
+    # delivered (ce_time too) or refused by the broker with a reason that did not name
+    # source.created_at_unit.
+    with pytest.raises(DecodeError, match=f"created_at column 'created_at' is {micros}, which as "
+                       f"milliseconds is {as_millis}T.* and as microseconds 19(72|73)-01-01T.*"
+                       r"source\.created_at_unit: micros"):
+        decode_mutated("create_jsonb.noschema",
+                       lambda row: row_of(row).update(created_at=micros))
+
+
+def test_an_auto_created_at_up_to_2200_in_millis_is_still_read_as_millis() -> None:
+    last = 7_258_118_399_999  # 2199-12-31T23:59:59.999 in milliseconds
+    read = decode_mutated("create_jsonb.noschema",
+                          lambda row: row_of(row).update(created_at=last))
+    assert isinstance(read, OutboxEvent) and read.created_at_ms == last
 
 
 def test_timestamp_zoned_from_timestamptz_column() -> None:
