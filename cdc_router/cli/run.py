@@ -30,6 +30,8 @@ from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
+# The relay serves it too: its idle wait, relay.poll_interval_ms, is bounded to half of this
+# (config/relay.py, MAX_POLL_INTERVAL_MS), which leaves a minute for the batch after a wait.
 _STALL_S = 120.0
 # The SASL mechanisms librdkafka implements (its CONFIGURATION.md, sasl.mechanisms).
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")

@@ -8,6 +8,13 @@ from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import check_identifier, split_table
 
+# An idle relay polls at least this often: half of /healthz's stall threshold (cli/run.py,
+# _STALL_S, 120 s), so that a relay waiting out its interval is never reported stalled, and a
+# liveness probe never restarts a healthy one (QA 36-b F3: 180,000 failed /healthz on every
+# idle wait, and 1e20 made an idle relay never read its table again). Polling a quiet table
+# once a minute costs one indexed query; a longer wait gains nothing.
+MAX_POLL_INTERVAL_MS = 60_000
+
 # The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
 DEFAULT_TXID_COLUMN = "txid"
 DEFAULT_SEQ_COLUMN = "seq"
@@ -41,6 +48,14 @@ class RelaySettings(ConfigModel):
         """`schema.table`: how the relay names its table (its position key, the source of its
         dead letters)."""
         return ".".join(split_table(self.table, "relay.table"))
+
+    @field_validator("poll_interval_ms")
+    @classmethod
+    def _polls_within_health(cls, interval_ms: int) -> int:
+        if interval_ms > MAX_POLL_INTERVAL_MS:
+            raise ValueError(f"must be at most {MAX_POLL_INTERVAL_MS} (a minute): /healthz "
+                             "reports a relay stalled when it has not polled for 120 s")
+        return interval_ms
 
     @field_validator("txid_column", "seq_column")
     @classmethod

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cdc_router.cli.run import _STALL_S
 from cdc_router.config.load import load_config
+from cdc_router.config.relay import MAX_POLL_INTERVAL_MS
 from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
 from tests.unit.test_settings import error_of, write
 
@@ -79,3 +81,19 @@ def test_an_env_override_of_position_config_names_a_topic_property(tmp_path: Pat
         "CDC_ROUTER__RELAY__POSITION_CONFIG__MIN_COMPACTION_LAG_MS": "60000"}).config
     assert config.relay is not None
     assert config.relay.position_config == {"min.compaction.lag.ms": "60000"}
+
+
+def test_poll_interval_ms_is_bounded_below_the_relays_health_threshold(tmp_path: Path) -> None:
+    # QA 36-b F3: 180,000 failed /healthz on every idle wait (a liveness probe restarts a
+    # healthy relay); 1e20 made an idle relay never read its table again. Both passed.
+    for value in (60_001, 99_999_999_999, 10**20):
+        message = error_of(tmp_path, RELAY.replace("{table: public.outbox}",
+                                                   f"{{poll_interval_ms: {value}}}"))
+        assert (f"field 'relay.poll_interval_ms': must be at most 60000 (a minute): /healthz "
+                f"reports a relay stalled when it has not polled for 120 s (got {value})"
+                in message)
+    most = RELAY.replace("{table: public.outbox}", "{poll_interval_ms: 60000}")
+    relay = load_config(write(tmp_path, most)).config.relay
+    assert relay is not None and relay.poll_interval_ms == MAX_POLL_INTERVAL_MS
+    # The wait plus a batch stays under /healthz's threshold, which the error names.
+    assert 2 * MAX_POLL_INTERVAL_MS / 1000 <= _STALL_S == 120
