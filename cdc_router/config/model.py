@@ -280,8 +280,10 @@ class RouterConfig(_Model):
         for index, route in enumerate(self.routes):
             if route.topic is None:
                 continue
-            topic = render_topic(parse_topic_template(route.topic), {})
-            problem = guard.problem(topic) if topic is not None else None
+            pieces = parse_topic_template(route.topic)
+            topic = render_topic(pieces, {})
+            problem = guard.problem(topic) if topic is not None else \
+                guard.template_problem(pieces)
             if problem:
                 raise _fail(f"routes[{index}].topic", problem, route.topic)
         configured = {*own, *guard.source_names}

@@ -9,8 +9,8 @@ import fnmatch
 import re
 from collections.abc import Callable
 
-_REGEX_PREFIX = "re:"
-_GLOB_CHARS = frozenset("*?[")
+REGEX_PREFIX = "re:"
+GLOB_CHARS = frozenset("*?[")
 
 
 def compile_pattern(pattern: str) -> Callable[[str], bool]:
@@ -20,13 +20,13 @@ def compile_pattern(pattern: str) -> Callable[[str], bool]:
     `re:` is a Python regular expression that must match the whole value; anything else must be
     equal. Raises ValueError for a regex that does not compile.
     """
-    if pattern.startswith(_REGEX_PREFIX):
+    if pattern.startswith(REGEX_PREFIX):
         try:
-            regex = re.compile(pattern[len(_REGEX_PREFIX):])
+            regex = re.compile(pattern[len(REGEX_PREFIX):])
         except (re.error, OverflowError) as error:  # OverflowError: a{99999999999} (QA 33-b)
             raise ValueError(f"invalid regular expression: {error}") from None
         return lambda value: regex.fullmatch(value) is not None
-    if _GLOB_CHARS.intersection(pattern):
+    if GLOB_CHARS.intersection(pattern):
         glob = re.compile(fnmatch.translate(pattern))
         return lambda value: glob.match(value) is not None
     return lambda value: value == pattern
@@ -37,9 +37,9 @@ def slow_pattern(pattern: str) -> bool:
     `(Order|[A-Za-z]+)+Paid`: one value can then take exponential time to match (measured
     in review session 27: 2.75 s at 25 characters, doubling with each one). A reading of the
     pattern's text (escapes and character classes skipped), so it may flag a harmless one."""
-    if not pattern.startswith(_REGEX_PREFIX):
+    if not pattern.startswith(REGEX_PREFIX):
         return False
-    text = pattern[len(_REGEX_PREFIX):]
+    text = pattern[len(REGEX_PREFIX):]
     opened: list[bool] = []  # per open group: whether it holds an unbounded repeat so far
     index, in_class = 0, False
     while index < len(text):

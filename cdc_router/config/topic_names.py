@@ -18,7 +18,7 @@ import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 
-from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.patterns import GLOB_CHARS, REGEX_PREFIX, compile_pattern
 from cdc_router.errors import show
 
 MAX_TOPIC_LENGTH = 249
@@ -60,8 +60,29 @@ def _topic_literal_problem(literal: str) -> str | None:
 
 
 def parse_topic_template(template: str) -> Template:
-    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid."""
-    return parse_template(template, _topic_literal_problem)
+    """Split a topic template into (literal, field-or-None) pieces; ValueError when invalid,
+    including a template no row could fill into a name Kafka takes."""
+    pieces = parse_template(template, _topic_literal_problem)
+    if any(field for _, field in pieces):  # a static topic is checked whole by the caller
+        problem = _template_problem(pieces)
+        if problem:
+            raise ValueError(problem)
+    return pieces
+
+
+def _template_problem(pieces: Template) -> str | None:
+    """Why every name the template renders breaks one of Kafka's rules (QA 36-b F5: `__{type}`
+    passed `rules check`, then dead-lettered every event it matched), or None."""
+    if pieces[0][0].startswith("__"):
+        return ("every topic it renders starts with '__', which marks Kafka's internal "
+                "topics; give the template another fixed start")
+    # A field renders at least one character: the identifier columns are never empty.
+    shortest = sum(len(literal) + (field is not None) for literal, field in pieces)
+    if shortest > MAX_TOPIC_LENGTH:
+        return (f"every topic it renders has over {MAX_TOPIC_LENGTH} characters (its fixed "
+                "text and at least one per field: "
+                f"{shortest}); a topic name has at most {MAX_TOPIC_LENGTH}")
+    return None
 
 
 def parse_template(template: str, literal_problem: Callable[[str], str | None]) -> Template:
@@ -186,6 +207,18 @@ class TopicGuard:
         self._allowed = None if allowed is None else _compiled(allowed)
         self._allowed_text = ", ".join(map(repr, allowed or ()))
 
+    def template_problem(self, pieces: Template) -> str | None:
+        """Why no name a template renders can match allowed_topics (its fixed start agrees
+        with no pattern's literal start: neither begins the other), or None when some may."""
+        if self._allowed is None:
+            return None
+        fixed = pieces[0][0]  # the literal before the first field: every name starts so
+        if any(_may_match(fixed, pattern) for pattern, _ in self._allowed):
+            return None
+        return (f"every topic it renders starts with {show(fixed)}, which matches none of "
+                f"allowed_topics ({self._allowed_text}); add a pattern for it there, or change "
+                "the route's topic")
+
     def problem(self, name: str) -> str | None:
         """Why the router may not produce to `name` (one line naming the rule), or None."""
         problem = topic_name_problem(name)
@@ -229,6 +262,19 @@ class TopicGuard:
 
 def _compiled(patterns: Sequence[str]) -> list[tuple[str, Callable[[str], bool]]]:
     return [(pattern, compile_pattern(pattern)) for pattern in patterns]
+
+
+def _may_match(fixed: str, pattern: str) -> bool:
+    """Whether a name of `fixed`, then row data, may match a config pattern (patterns.py):
+    False only when it cannot, as the text every match of the pattern begins with (a glob's
+    before its first wildcard, a `re:` regex's literal start) and `fixed` disagree."""
+    if pattern.startswith(REGEX_PREFIX):
+        start = _literal_start("^" + pattern[len(REGEX_PREFIX):])
+    elif GLOB_CHARS.intersection(pattern):
+        start = pattern[:min(pattern.index(char) for char in GLOB_CHARS if char in pattern)]
+    else:  # an exact name: the row data, at least one character, must still fit in it
+        return pattern.startswith(fixed) and len(pattern) > len(fixed)
+    return fixed.startswith(start) or start.startswith(fixed)
 
 
 def template_warnings(templates: Sequence[str], sources: Sequence[str],
