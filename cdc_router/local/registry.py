@@ -39,6 +39,12 @@ def registry_environment(config: StackConfig) -> dict[str, str]:
         "APICURIO_CCOMPAT_USE_CANONICAL_HASH": "true",
         # On disk, not the default in-memory H2: ids in Kafka's records must outlive a restart.
         "APICURIO_DATASOURCE_URL": f"jdbc:h2:file:{config.registry_data / 'registry'}",
+        # Apicurio opens 20 connections at start, each within Agroal's 5 s: after a kill -9,
+        # on a loaded host, H2's recovery of the file outlasted that and the registry never
+        # came up again (QA 36-d). One local user needs few; recovery may take its time.
+        "APICURIO_DATASOURCE_JDBC_INITIAL_SIZE": "2",
+        "APICURIO_DATASOURCE_JDBC_MIN_SIZE": "2",
+        "QUARKUS_DATASOURCE_H2_JDBC_ACQUISITION_TIMEOUT": "120S",
     }
 
 
