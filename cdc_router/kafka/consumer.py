@@ -219,8 +219,8 @@ def next_records(consumer: Consumer, batch: int, wait_s: float,
 
 def _consume(consumer: Consumer, count: int, wait_s: float) -> list[Message]:
     """consume(); a fatal error it raises is the consumer's (fatal_kafka_error with
-    consumer=True: a fenced static member exits for a restart), never taken for the
-    producer's, which the router renews (router/renewal.py)."""
+    consumer=True: a fenced static member, for which the router builds a new consumer),
+    never taken for the producer's fence (router/renewal.py)."""
     with _fatal_for_the_consumer():
         records: list[Message] = consumer.consume(num_messages=count, timeout=wait_s)
     return records

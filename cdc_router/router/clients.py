@@ -9,6 +9,7 @@ a name rendered from row data would create that topic.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,18 +122,30 @@ def refused_property(config: RouterConfig) -> KafkaException | None:
     """librdkafka's refusal of a property name or value of the router's producer or consumer,
     built offline (no bootstrap servers, no files to read): what `run` would refuse at start,
     found by `rules check` (QA 36-b F6: `kafka.producer.lingerr.ms` passed it); else None."""
+    if "plugin.library.paths" in config.kafka.config:  # the plugin, and its properties, are
+        return None  # the router's host's (review 37)
     for conf, client in ((producer_config(config, "check"), Producer),
                          (consumer_config(config, "check"), Consumer)):
-        # Files belong to the host the router runs on, which `rules check` (in CI) may not be.
+        # Files belong to the host the router runs on, which `rules check` (in CI) may not be;
+        # an OIDC client would fetch a token at once.
         offline = {key: value for key, value in conf.items()
-                   if key != "bootstrap.servers" and not key.endswith((".location", ".keytab"))}
+                   if key != "bootstrap.servers" and not key.endswith((".location", ".keytab"))
+                   and not (key == "sasl.oauthbearer.method" and value == "oidc")}
         try:
             built = client(offline)
         except KafkaException as failure:
-            return failure
+            # Only a name or a value is the config's own fault anywhere; the rest (credentials
+            # from the router's environment, a SASL provider of this build) is the host's.
+            return failure if _PROPERTY_REFUSAL.search(str(failure)) else None
         if isinstance(built, Consumer):
             built.close()
     return None
+
+
+# librdkafka's words for an unknown property, a value it does not take (on any build).
+_PROPERTY_REFUSAL = re.compile(r"No such configuration property|for configuration property|"
+                               r"Configuration property \"|JAAS configuration is not "
+                               r"supported|Unsupported SASL mechanism")
 
 
 def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) -> int:

@@ -237,11 +237,13 @@ def fails_as_before(letter: Letter, failed: DeadLettered) -> bool:
 def superseded_letters(letters: Iterable[Letter], topic: str,
                        ours: OursTest) -> dict[tuple[int, int], str]:
     """(partition, offset) of each letter on `topic` that a later letter of this pipeline
-    names in dlq.replay.of -> that later letter's topic[partition]@offset."""
+    names in dlq.replay.of -> that later letter's topic[partition]@offset. A later letter
+    without its value (dlq.value.dropped.bytes) replaces nothing: the earlier one still holds
+    the raw record to replay (review 37)."""
     named = {}
     for letter in letters:
         earlier = _REPLAY_OF.fullmatch(letter.replay_of or "")
-        if earlier is not None and earlier[1] == topic and \
+        if earlier is not None and earlier[1] == topic and not letter.value_dropped and \
                 ours(letter.source_topic, letter.source_group):
             named[(int(earlier[2]), int(earlier[3]))] = \
                 f"{topic}[{letter.partition}]@{letter.offset}"

@@ -292,8 +292,8 @@ class OutboxRouter:
         the batch aborted (its offsets were the old member's) is read again by the new one."""
         assert self._txn is not None
         log.warning("event=consumer_renewed reason=%r", reason)
-        if self._txn.open:
-            self._abort(BatchFailed("the group fenced this consumer"), backoff=False)
+        if self._txn.open:  # the old member's offsets: a new producer's init ends it (review
+            self._renew("its consumer was fenced with a batch open")  # 37: an abort may be fenced)
         with suppress(Exception):  # a fenced consumer may fail to close: it is gone anyway
             close_all(self._consumer)
         self._txn.consumer = self._consumer = self._consumer_factory(

@@ -48,7 +48,7 @@ from cdc_router.errors import FatalKafkaError, MemberFenced
 RENEWABLE_ONCE = frozenset({KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
 # A fence of this transactional id; _FATAL is how a producer in its fatal state refuses the next
 # produce() ("Unable to produce message: Local: Fatal error", measured after a fence raised on
-# librdkafka's thread). The consumer's _FATAL is MemberFenced, which is never renewed.
+# librdkafka's thread). The consumer's _FATAL is MemberFenced: a new consumer, its own budget.
 FENCES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                     KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL})
 MAX_FENCES = 3

@@ -108,8 +108,7 @@ class Transaction:
         self._producer, self._publisher, self.consumer = producer, publisher, consumer
         self._delivery, self._exactly_once = delivery, delivery.guarantee == "exactly_once"
         self._changelog_topic, self._mark_key_prefix = changelog_topic, mark_key_prefix
-        self._mark_group = mark_group
-        self._bootstrap = bootstrap
+        self._mark_group, self._bootstrap = mark_group, bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep, self._clock = sleep, clock
         self._stopping, self.fenced_hint = stopping, fenced_hint
@@ -385,8 +384,9 @@ class Transaction:
                 error = kafka_error_of(failure)
                 action = classify(error) if error is not None else ErrorAction.ABORT
                 if action is ErrorAction.FATAL and error is not None:
-                    raise fatal_kafka_error(f"Kafka transaction step {name!r} failed for "
-                                            f"good: {describe(error)}", error) from failure
+                    raise fatal_kafka_error(  # at least once, 'offsets' is the consumer's
+                        f"Kafka transaction step {name!r} failed for good: {describe(error)}",
+                        error, consumer=name == "offsets" and not self._exactly_once) from failure
                 if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
                 conflict = error is not None and error.code() == KafkaError._CONFLICT

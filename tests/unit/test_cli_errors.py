@@ -265,6 +265,25 @@ def test_rules_check_refuses_a_client_property_as_run_does_with_no_broker_and_no
     assert checked.exit_code == 0, checked.output  # a file of the router's host: not checked
 
 
+@pytest.mark.parametrize("kafka", [
+    "security_protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-256, sasl_username: app",
+    "security_protocol: SASL_PLAINTEXT, sasl_mechanism: GSSAPI",
+    "config: {plugin.library.paths: /no/such/plugin.so, some.plugin.property: x}",
+    "security_protocol: SASL_SSL, sasl_mechanism: OAUTHBEARER, config: {"
+    "sasl.oauthbearer.method: oidc, sasl.oauthbearer.client.id: c, "
+    "sasl.oauthbearer.client.secret: s, sasl.oauthbearer.token.endpoint.url: "
+    "'http://127.0.0.1:1/token'}"])
+def test_rules_check_leaves_to_the_router_s_host_what_depends_on_it(
+        tmp_path: Path, kafka: str) -> None:
+    # Review 37: a password from the router's environment, a SASL provider of its build, a
+    # plugin on its disk, an OIDC token fetched at construction: no fault of the file.
+    config = tmp_path / "router.yaml"
+    config.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:1', {kafka}}}\n"
+                      "source: {topics: [raw]}\nroutes: [{topic: x}]\n", "utf-8")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert checked.exit_code == 0, checked.output
+
+
 @pytest.mark.parametrize("text", [
     "Failed to create consumer: Unsupported SASL mechanism: FOO-BAR",
     "Failed to create consumer: No provider for SASL mechanism GSSAPI: recompile librdkafka "

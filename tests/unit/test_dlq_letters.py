@@ -190,6 +190,8 @@ def test_a_letter_failing_again_as_before_is_still_failing_and_its_older_letter_
     superseded = superseded_letters([bad, later], DLQ, ours)
     assert superseded == {(0, 3): f"{DLQ}[0]@9"}
     assert superseded_letters([bad, later], "other.dlq", ours) == {}
+    dropped = replace(later, value=None, value_dropped=True)  # too big for the letter's limit
+    assert superseded_letters([bad, dropped], DLQ, ours) == {}, "the older one holds the record"
     routed_step, seen = step()
     planned = plan_replay([bad, later], routed_step, seen, set(), ours, superseded=superseded)
     assert [item.action for item in planned] == ["superseded", "still_failing"]

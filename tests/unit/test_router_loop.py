@@ -726,6 +726,37 @@ def test_a_consumer_fenced_once_is_replaced_and_every_event_goes_once() -> None:
     assert cluster.group_offsets == {(RAW, 0): 8} and harness.letters() == []
 
 
+@pytest.mark.parametrize("producer_fenced_too", [False, True])
+def test_a_consumer_fenced_with_a_batch_open_ends_it_with_a_new_producer(
+        producer_fenced_too: bool) -> None:
+    # Review 37: the fenced member's batch was aborted in place, and when the coordinator had
+    # meanwhile aborted its expired transaction (epoch bumped) the abort was fenced: exit 1.
+    cluster = cluster_with(*events(POLL_BATCH + 200))
+    fences: list[int] = []
+
+    def fence_once(consumer: FakeConsumer) -> None:  # after a full poll: its batch is open
+        if not fences:
+            fences.append(1)
+            if producer_fenced_too:
+                cluster.fence()
+            _fence(consumer)
+
+    harness = Harness(cluster, hooks=[fence_once],
+                      delivery={**SLOW_COMMIT, "commit_max_records": 10_000}).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(POLL_BATCH + 200))
+    assert len(harness.consumers) == 2 and cluster.producers_initialised == 2
+    assert cluster.group_offsets == {(RAW, 0): POLL_BATCH + 200} and harness.letters() == []
+
+
+def test_at_least_once_a_fenced_consumer_refusing_the_commit_is_replaced() -> None:
+    # Review 37: its _FATAL through the offsets step was taken for the producer's fence.
+    fatal = KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced")
+    cluster = cluster_with(*events(6), offsets_failures=[fatal])
+    harness = Harness(cluster, delivery={**SLOW_COMMIT, "guarantee": "at_least_once"}).run()
+    assert len(harness.consumers) == 2  # a new consumer, not only a producer (fence budget)
+    assert set(harness.delivered()) == {f"e-{i}" for i in range(6)}
+
+
 def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
     # A rival with the same --instance-id (or a group that keeps fencing): after the budget of
     # new consumers (router/renewal.py), exit 75 for the supervisor, as before QA 36-a.
