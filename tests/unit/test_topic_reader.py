@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import OFFSET_INVALID, KafkaError, Message, TopicPartition
 
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka import reader as reader_module
@@ -23,8 +23,46 @@ class ErrorsOnly:
         self.fetches += 1
         return [Message(topic="dlq", partition=0, error=self.error)]
 
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in partitions]
+
     def close(self) -> None:
         pass
+
+
+class Records:
+    """A consumer of one partition holding `count` committed records."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.next = count, 0
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        taken = range(self.next, min(self.count, self.next + num_messages))
+        self.next = max(self.next, taken.stop)
+        return [Message(topic="cl", partition=0, offset=o, value=b"m") for o in taken]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.next or OFFSET_INVALID)
+                for tp in partitions]
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float,
+                              cached: bool) -> tuple[int, int]:
+        return 0, self.count
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_log_end_below_the_committed_end_is_read_to_the_committed_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 37-a: after the changelog's leader was killed, a restore read none of the marks
+    # committed since its last read. The committed end (asked by the consumer) is a floor.
+    consumer = Records(7)
+    monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
+    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0])
+    monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {0: 0})
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "cl", group_id="g", what="changelog")
+    assert len(list(reader.read_to_end(end="log_end", timeout_s=5))) == 7
 
 
 def reading(monkeypatch: pytest.MonkeyPatch, error: KafkaError) -> tuple[TopicReader, Any]:
