@@ -13,7 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS, refused_config
@@ -50,7 +57,12 @@ def offsets(admin: AdminClient, partitions: list[TopicPartition], spec: str,
     futures = admin.list_offsets({TopicPartition(tp.topic, tp.partition): which
                                   for tp in partitions}, isolation_level=isolation,
                                  request_timeout=LOOKUP_TIMEOUT_S)
-    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+    found = {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+    unknown = sorted(key for key, offset in found.items() if offset < 0)
+    if unknown:  # -1001 with no error, for a while after a leader was killed (QA 37-a)
+        raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
+                                        f"no {spec} offset known for {unknown}"))
+    return found
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_INVALID, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka import reader as reader_module
@@ -176,3 +176,31 @@ def test_the_cleanup_sweep_reads_a_few_records_a_call_with_a_lean_queue() -> Non
                                       for n in range(300) for record in changelog_records(
                                           [f"x{n}"], 1, "batch:", group="other")]
     assert ids._read_marks(100) == [] and len(marks.records) == 200
+
+
+def test_a_log_end_lookup_answering_no_offset_is_asked_again_never_taken_for_empty(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 37-a: for ~52 s after the changelog's leader was killed, list_offsets answered -1001
+    # (no error); `reached` took the partition for empty and the restore read no mark.
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    answers = [-1001, -1001, 42]
+
+    class Admin:
+        def list_offsets(self, request: Any, **kwargs: Any) -> Any:
+            future: Future[Any] = Future()
+            future.set_result(SimpleNamespace(offset=answers.pop(0)))
+            return {tp: future for tp in request}
+
+        def describe_topics(self, topics: Any, **kwargs: Any) -> Any:
+            future: Future[Any] = Future()
+            future.set_result(None)
+            return {"cl": future}
+
+    connection = SimpleNamespace(client=lambda: Admin(), reset=lambda: None)
+    monkeypatch.setattr(reader_module, "_LEADER_WAIT_S", 0.0)
+    assert reader_module.log_end_offsets(connection, "cl", [0]) == {0: 42}  # type: ignore[arg-type]
+    answers[:] = [-1001] * 1000
+    with pytest.raises(KafkaException, match="no log end offset"):
+        reader_module.log_end_offsets(connection, "cl", [0], deadline=0.0)  # type: ignore[arg-type]
