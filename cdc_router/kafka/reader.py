@@ -280,8 +280,8 @@ class TopicReader:
         ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
         if end == "log_end":
             # The committed end, asked of the leader by the consumer, is the floor of the log
-            # end the admin client gives (QA 37-a: after the changelog's leader was killed, a
-            # restore read none of ~11,000 marks committed since its last read; cause unknown).
+            # end the admin client gives: a second opinion (QA 37-a: after the changelog's
+            # leader was killed, the admin's answer, -1001, made a restore read no mark).
             logged = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
             ends = {p: max(offset, ends.get(p, 0)) for p, offset in logged.items()}
         started, read = _positions(consumer, self._topic, ends), 0
