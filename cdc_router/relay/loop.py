@@ -52,7 +52,7 @@ from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
-from cdc_router.router.renewal import ProducerRenewal
+from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import (
     DeadLettered,
@@ -358,6 +358,8 @@ class OutboxRelay:
             self._pending_abort = True
         if cause != "record_refused":
             self._back_off(reason)
+            if self._aborts % RENEW_AFTER_ABORTS == 0:  # as the router (router/renewal.py)
+                self._renew(f"{self._aborts} batches failed in a row: {reason}")
 
     def _back_off(self, reason: str) -> None:
         self._aborts += 1

@@ -45,7 +45,7 @@ from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
-from cdc_router.router.renewal import ProducerRenewal
+from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
@@ -169,7 +169,9 @@ class OutboxRouter:
             txn.discard()
             raise
         finally:
-            self._close()
+            consumer, self._consumer = self._consumer, None
+            close_all(consumer, self._changelog, self._publisher)  # keeps run()'s error
+            log.info("event=stopped instance=%s", self._instance_id)
 
     def _poll_once(self, consumer: Any, txn: Transaction) -> None:
         try:
@@ -198,11 +200,6 @@ class OutboxRouter:
         # transaction's round trips.
         if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
-
-    def _close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        close_all(consumer, self._changelog, self._publisher)  # keeps the error run() leaves on
-        log.info("event=stopped instance=%s", self._instance_id)
 
     # One record ----------------------------------------------------------------------------
 
@@ -357,6 +354,8 @@ class OutboxRouter:
         delay = min(high, low * 2 ** (self._consecutive_aborts - 1))
         log.warning("event=batch_aborted cause=cluster consecutive=%d backoff_s=%.1f reason=%r",
                     self._consecutive_aborts, delay if wait else 0.0, reason)
+        if self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # router/renewal.py
+            self._renew(f"{self._consecutive_aborts} batches aborted in a row: {reason}")
         if wait:
             self._wait(delay)
 

@@ -53,6 +53,13 @@ FENCES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                     KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL})
 MAX_FENCES = 3
 FENCE_WINDOW_S = 600.0
+# Every this many batches aborted in a row for the cluster's fault, the producer is renewed too
+# (about 30 s of backoff in, then every 3 min): QA 37-b, after the controller fenced the only
+# broker for 4.5 s, the producer never had metadata again ("Failed to get metadata: Local:
+# Broker transport failure", librdkafka #5301: a broker left out of metadata is dropped) while
+# Kafka answered every new client; the router backed off for ever. A real outage costs only
+# a new client whose init_transactions waits for the cluster.
+RENEW_AFTER_ABORTS = 6
 
 
 class ProducerRenewal:

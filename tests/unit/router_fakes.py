@@ -90,6 +90,10 @@ class FakeCluster:
     # producer knows the topic, measured in QA 35-e): the transaction turns abortable with
     # TOPIC_AUTHORIZATION_FAILED, nothing of it is sent, and each later produce() says _STATE.
     add_partitions_refused: set[str] = field(default_factory=set)
+    # The first this many producers built never get metadata again (QA 37-b, librdkafka #5301:
+    # the only broker left out of a metadata answer is dropped): list_topics fails _TRANSPORT.
+    metadata_lost_producers: int = 0
+    producers_built: int = 0
 
     def fence(self) -> None:
         self.producer_epoch += 1
@@ -116,6 +120,7 @@ class FakeProducer:
         self.cluster = cluster
         self.config = config
         self.transactional = "transactional.id" in config
+        self.index, cluster.producers_built = cluster.producers_built, cluster.producers_built + 1
         self._epoch: int | None = None  # the cluster's producer_epoch at init_transactions
         self._queue: list[tuple[Stored, Callable[..., None]]] = []
         self._reports: list[tuple[Callable[..., None], KafkaError | None, Message]] = []
@@ -283,6 +288,9 @@ class FakeProducer:
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         """One topic's metadata (an error for a missing one), or every topic's (None)."""
+        if self.index < self.cluster.metadata_lost_producers:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
+                                            "Local: Broker transport failure"))
         self.cluster.listings += topic is None
         names = list(self.cluster.partitions) if topic is None else [topic]
         topics = {}

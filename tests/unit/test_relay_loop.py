@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, LockLost
+from cdc_router.relay import loop as relay_loop
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
@@ -192,6 +193,29 @@ def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert len(cluster.abort_failures) == 54 and cluster.producers_initialised == 2
     assert relay.position == RelayPosition(Snapshot(11, 11))
+
+
+def test_a_producer_that_never_gets_metadata_again_is_renewed_after_failures_in_a_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 37-b (the router's loop): a producer whose metadata requests failed for good was
+    # backed off for ever.
+    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(1, 10)]
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+
+    def lose_metadata_after_the_first() -> bool:
+        if len(delivered) == 1 and not cluster.metadata_lost_producers:
+            cluster.metadata_lost_producers = cluster.producers_built
+            relay._destinations.clear()  # its cached counts expire: asked again
+            ids.append(table.add(2, 12))
+            table.now = Snapshot(13, 13)
+        return len(delivered) == 2
+
+    _run_until(relay, lose_metadata_after_the_first)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert cluster.producers_built == 2 and cluster.producers_purged == 1
 
 
 def test_a_fence_met_by_the_abort_of_a_failed_commit_renews_the_producer() -> None:

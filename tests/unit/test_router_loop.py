@@ -216,6 +216,24 @@ def test_a_batch_failing_for_cluster_reasons_backs_off_and_dead_letters_nothing(
     assert harness.metric("cdc_router_consecutive_aborts") == 0  # reset by the commit
 
 
+def test_a_producer_that_never_gets_metadata_again_is_renewed_after_aborts_in_a_row() -> None:
+    # QA 37-b: after the controller fenced the only broker for 4.5 s, the producer's metadata
+    # requests failed for good while Kafka answered new clients; the router backed off for ever.
+    cluster = cluster_with(*events(4))
+    harness: Harness
+
+    def lose_metadata(consumer: FakeConsumer) -> None:
+        cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+        cluster.metadata_lost_producers = cluster.producers_built
+        harness.router._destinations.clear()  # its cached counts expire: asked again
+
+    harness = Harness(cluster, hooks=[lose_metadata])
+    harness.run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]
+    assert harness.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # then a new producer
+    assert cluster.producers_built == 2 and cluster.producers_purged == 1
+
+
 def test_a_producer_fenced_again_after_its_renewal_stops_the_router() -> None:
     # A rival that fences every producer of the id: one renewal, then the router stops.
     cluster = cluster_with(*events(10))
