@@ -154,6 +154,16 @@ class TransactionInDoubt(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class ProducerHung(FatalKafkaError):
+    """A producer call blocked far past its own timeout (librdkafka issues #5456 and #5511:
+    send_offsets_to_transaction after the group coordinator's broker went away), so the client
+    was given up to the thread it blocks (no Python code interrupts a C call). Its transaction
+    commits nothing; a new producer's init_transactions aborts it. The router builds one a few
+    times (router/renewal.py); a process that cannot exits EXIT_RESTART, as a hang did before."""
+
+    exit_code = EXIT_RESTART
+
+
 class RestoreFailed(CdcRouterError):
     """The replay filter could not learn the ids delivered on partitions just assigned: routing
     them with a filter short of ids would deliver replays again, so the router exits

@@ -9,9 +9,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from cdc_router.errors import DeliveryError
+from cdc_router.errors import EXIT_RESTART, DeliveryError, ProducerHung
 from cdc_router.kafka.errors import PURGED, describe, kafka_error_of
-from cdc_router.kafka.watchdog import CallWatchdog
+from cdc_router.kafka.watchdog import AbandonableCall, CallWatchdog
 
 Headers = list[tuple[str, bytes]]
 RecordCoordinates = tuple[str, int, int]  # the input record a produced record came from
@@ -170,8 +170,27 @@ class LatchingProducer:
 
     def send_offsets_to_transaction(self, offsets: list[TopicPartition], group_metadata: Any,
                                     timeout_s: float) -> None:
-        with self._watchdog.guard("send_offsets_to_transaction", timeout_s):
-            self.client.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+        """On a thread of its own: when it blocks past the watchdog's limit (librdkafka #5456,
+        #5511; QA 37-a: 5 of 10 instances at a coordinator move on a 3-broker cluster, each
+        then restarted by its supervisor), the client is left to that thread and ProducerHung
+        raised; the next call builds a new client (a new coordinator lookup), whose
+        init_transactions fences the old epoch and aborts its transaction. Nothing of that
+        transaction was committed: this is the step before its commit."""
+        client, name = self.client, "send_offsets_to_transaction"
+        call = AbandonableCall(name, lambda: client.send_offsets_to_transaction(
+            offsets, group_metadata, timeout_s))
+        with self._watchdog.guard(name, timeout_s, on_hang=call.hung):
+            if call.run():
+                return
+        self._producer = None  # not purged nor closed: a call into it may block too
+        self.clear_latched()
+        raise ProducerHung(
+            f"librdkafka's {name} blocked {call.waited_s:.0f} s, past its own {timeout_s:.0f} s "
+            "timeout (librdkafka issues #5456, #5511: the group coordinator moved); the "
+            "producer is given up to its blocked thread and its transaction commits nothing "
+            "(a new producer aborts it). The router takes a new producer and goes on, a few "
+            f"times; other commands, and a router where it keeps happening, exit {EXIT_RESTART} "
+            "(run it again; a supervisor restarts a router)")
 
     def commit_transaction(self, timeout_s: float) -> None:
         with self._watchdog.guard("commit_transaction", timeout_s):

@@ -12,6 +12,10 @@ supervisor (docker's `restart: unless-stopped`, systemd, Kubernetes) to start it
 safe for the guarantees: the transaction left open commits nothing; the next incarnation's
 init_transactions fences this one and aborts it, and its consumer resumes from the last committed
 offsets, so the batch is re-read and produced once.
+
+A call made on a thread of its own can be given its own `on_hang` instead: the producer does so
+for send_offsets_to_transaction, whose hang is the one seen, and gives up the blocked client
+without ending the process (kafka/producer.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from cdc_router.errors import EXIT_RESTART
 log = logging.getLogger("cdc_router.kafka")
 
 EXIT_HUNG = EXIT_RESTART
+OnHang = Callable[[str, float, float], None]  # (name, waited_s, timeout_s)
 # While a call is guarded the watchdog wakes each TICK_S; a wake this much later than asked
 # means the process itself was stopped (SIGSTOP, `docker pause`, a frozen VM): that time is no
 # call's, so it does not count (QA 32-b: a router paused 36 s exited 75 blaming librdkafka).
@@ -55,7 +60,7 @@ class CallWatchdog:
     """
 
     def __init__(self, *, factor: float = 1.0, slack_s: float = 15.0,
-                 on_hang: Callable[[str, float, float], None] = _exit_process,
+                 on_hang: OnHang = _exit_process,
                  clock: Callable[[], float] = time.monotonic, tick_s: float = TICK_S,
                  paused_s: float = PAUSED_S) -> None:
         self._factor = factor
@@ -64,8 +69,8 @@ class CallWatchdog:
         self._on_hang = on_hang
         self._clock = clock
         self._changed = threading.Condition()
-        # (name, started, timeout_s) of the guarded call, None when nothing is guarded.
-        self._call: tuple[str, float, float] | None = None
+        # (name, started, timeout_s, on_hang) of the guarded call, None when nothing is guarded.
+        self._call: tuple[str, float, float, OnHang] | None = None
         self._thread: threading.Thread | None = None
 
     def limit_s(self, timeout_s: float) -> float:
@@ -73,11 +78,11 @@ class CallWatchdog:
         return self._factor * timeout_s + self._slack_s
 
     @contextmanager
-    def guard(self, name: str, timeout_s: float) -> Iterator[None]:
-        """Watch the call made inside this block."""
+    def guard(self, name: str, timeout_s: float, on_hang: OnHang | None = None) -> Iterator[None]:
+        """Watch the call made inside this block; `on_hang`: this call's own, if not None."""
         self._start()
         with self._changed:
-            self._call = (name, self._clock(), timeout_s)
+            self._call = (name, self._clock(), timeout_s, on_hang or self._on_hang)
             self._changed.notify()
         try:
             yield
@@ -93,7 +98,7 @@ class CallWatchdog:
             self._thread.start()
 
     def _watch(self) -> None:
-        watched: tuple[str, float, float] | None = None  # the call this thread last waited on
+        watched: tuple[str, float, float, OnHang] | None = None  # the call last waited on
         due = 0.0  # when it asked to wake for it
         while True:
             with self._changed:
@@ -106,11 +111,11 @@ class CallWatchdog:
                 # process was stopped meanwhile, which is no call's time (review 32-2).
                 paused_s = now - (due if call is watched else call[1])
                 if paused_s > self._paused_s:
-                    call = self._call = (call[0], call[1] + paused_s, call[2])
+                    call = self._call = (call[0], call[1] + paused_s, call[2], call[3])
                     log.warning("event=process_paused call=%s paused_s=%.0f: the process was "
                                 "stopped (not the call hung); the call's time goes on from "
                                 "here", call[0], paused_s)
-                name, started, timeout_s = call
+                name, started, timeout_s, on_hang = call
                 waited_s = now - started
                 if waited_s < self.limit_s(timeout_s):
                     asked_s = min(self._tick_s, self.limit_s(timeout_s) - waited_s)
@@ -118,4 +123,46 @@ class CallWatchdog:
                     self._changed.wait(asked_s)
                     continue
                 self._call = None
-            self._on_hang(name, waited_s, timeout_s)
+            on_hang(name, waited_s, timeout_s)
+
+
+class AbandonableCall:
+    """One blocking call on a daemon thread of its own, so that its caller can stop waiting.
+
+    run() returns True once the call has returned (and raises what it raised), False when
+    hung() was called first (give it as the guard's `on_hang`): the call may go on blocking
+    its thread for good, and whatever it uses must be left to it.
+    """
+
+    def __init__(self, name: str, call: Callable[[], object]) -> None:
+        self._name, self._call = name, call
+        self._woken = threading.Event()
+        self._returned = False
+        self._error: BaseException | None = None
+        self.waited_s = 0.0
+
+    def hung(self, name: str, waited_s: float, timeout_s: float) -> None:
+        log.error("event=client_call_hung call=%s waited_s=%.0f timeout_s=%.0f: librdkafka did "
+                  "not return within its own timeout (librdkafka issues #5456, #5511); the "
+                  "client is given up to the blocked thread", name, waited_s, timeout_s)
+        self.waited_s = waited_s
+        self._woken.set()
+
+    def run(self) -> bool:
+        threading.Thread(target=self._target, name=f"cdc-router-{self._name}",
+                         daemon=True).start()
+        self._woken.wait()
+        if not self._returned:
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _target(self) -> None:
+        try:
+            self._call()
+        except BaseException as error:  # handed to run()'s caller
+            self._error = error
+        finally:
+            self._returned = True
+            self._woken.set()

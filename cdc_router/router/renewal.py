@@ -32,6 +32,11 @@ session.timeout.ms; librdkafka rejoined the static member, and the request it st
 with the old member id was fenced (_FATAL): every instance exited 75, and the stream stopped
 without a supervisor. Two processes given one --instance-id fence each other's member in turn:
 the budget runs out and they stop (exit 75), as before.
+
+A producer whose send_offsets_to_transaction blocked past its timeout (ProducerHung, librdkafka
+#5456/#5511: QA 37-a saw it end 5 of 10 instances at coordinator moves on a 3-broker cluster,
+43-127 s without delivery) is given up and renewed too, at most MAX_FENCES times in
+FENCE_WINDOW_S: each leaves a client and a thread blocked, which a process restart frees.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError, MemberFenced
+from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
 
 # Only what was measured, or is librdkafka's documented idempotence dead end.
 RENEWABLE_ONCE = frozenset({KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
@@ -71,10 +76,13 @@ class ProducerRenewal:
         self._spent = False
         self._fences: deque[float] = deque()
         self._member_fences: deque[float] = deque()
+        self._hangs: deque[float] = deque()
 
     def allows(self, failure: FatalKafkaError) -> bool:
         if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
             return self._within_budget(self._member_fences)
+        if isinstance(failure, ProducerHung):
+            return self._within_budget(self._hangs)
         if failure.code in FENCES:
             return self._within_budget(self._fences)
         if self._spent or failure.code not in RENEWABLE_ONCE:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError, MemberFenced
+from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
 from cdc_router.router.renewal import FENCE_WINDOW_S, MAX_FENCES, ProducerRenewal
 
 
@@ -54,3 +54,17 @@ def test_credentials_are_never_renewed() -> None:
     assert not renewal.allows(_fatal(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
     assert not renewal.allows(FatalKafkaError("no code"))
     assert renewal.allows(_fatal(KafkaError.INVALID_TXN_STATE)), "nothing above spent it"
+
+
+def test_a_hung_producer_is_renewed_three_times_in_its_window_apart_from_fences() -> None:
+    # Each hung producer leaves a client blocked in its thread: a few, then a restart frees them.
+    now = [0.0]
+    renewal = ProducerRenewal(clock=lambda: now[0])
+    for _ in range(MAX_FENCES):
+        assert renewal.allows(ProducerHung("blocked"))
+        renewal.committed()
+        now[0] += 10
+    assert not renewal.allows(ProducerHung("blocked"))
+    assert renewal.allows(_fatal(KafkaError._FENCED)), "the fences' budget is their own"
+    now[0] += FENCE_WINDOW_S
+    assert renewal.allows(ProducerHung("blocked")), "the window moved on"

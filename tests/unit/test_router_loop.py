@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from cdc_router.errors import (
     TransactionInDoubt,
 )
 from cdc_router.kafka.reader import ReadTimedOut
+from cdc_router.kafka.watchdog import CallWatchdog
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
@@ -344,6 +346,40 @@ def test_a_producer_fenced_once_renews_and_every_event_goes_once(where: str) -> 
     assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]
     assert cluster.producers_initialised == 2
     assert cluster.group_offsets == {(RAW, 0): 8}
+
+
+def test_a_send_offsets_hung_past_its_timeout_renews_the_producer_not_the_process(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 37-a: after a move of the group coordinator, send_offsets_to_transaction blocked past
+    # its timeout (librdkafka #5456, #5511) at 5 of 10 instance-moves; each exited 75.
+    cluster = cluster_with(*events(6))
+    release = threading.Event()
+
+    def hangs_first(producer: FakeProducer, offsets: Any, metadata: Any, timeout: float) -> None:
+        if producer.index == 0:
+            assert release.wait(30)
+            return  # nothing of the abandoned producer's transaction ever commits
+        real_send(producer, offsets, metadata, timeout)
+
+    purged: list[int] = []
+    real_send, real_purge = FakeProducer.send_offsets_to_transaction, FakeProducer.purge
+    harness = Harness(cluster)
+    # The process-wide default (exit 75) would only release the call here.
+    harness.router._producer._watchdog = CallWatchdog(factor=0.0, slack_s=0.1,
+                                                      on_hang=lambda *_: release.set())
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING"):
+        patch.setattr(FakeProducer, "send_offsets_to_transaction", hangs_first)
+        patch.setattr(FakeProducer, "purge", lambda made: (purged.append(made.index),
+                                                           real_purge(made)))
+        harness.run()
+    release.set()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(6)]  # each once
+    assert cluster.producers_initialised == 2
+    assert 0 not in purged, "nothing calls into the blocked client"
+    assert cluster.group_offsets == {(RAW, 0): 6}
+    assert "event=client_call_hung call=send_offsets_to_transaction" in caplog.text
+    assert "event=producer_renewed reason=\"librdkafka's send_offsets_to_transaction " \
+        "blocked" in caplog.text
 
 
 def test_a_renewal_while_the_cluster_s_metadata_does_not_answer_still_goes_on(

@@ -10,6 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc_router.errors import EXIT_RESTART, ProducerHung
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.watchdog import EXIT_HUNG, CallWatchdog
 
@@ -18,14 +22,20 @@ class _HangingClient:
     """A producer client whose send_offsets_to_transaction blocks, as librdkafka's did after a
     broker kill -9 (issues #5456, #5511), until `release` is set."""
 
-    def __init__(self, release: threading.Event) -> None:
-        self.release = release
+    def __init__(self, release: threading.Event, *, hang_commit: bool = False,
+                 failure: BaseException | None = None) -> None:
+        self.release, self.hang_commit, self.failure = release, hang_commit, failure
+        self.returned = threading.Event()
 
     def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout_s: float) -> None:
-        assert self.release.wait(30), "the watchdog never acted"
+        if self.failure is not None:
+            raise self.failure
+        assert self.release.wait(30), "the test never released it"
+        self.returned.set()
 
     def commit_transaction(self, timeout_s: float) -> None:
-        return None
+        if self.hang_commit:
+            assert self.release.wait(30), "the watchdog never acted"
 
 
 def test_a_call_outliving_its_timeout_is_reported_with_its_name() -> None:
@@ -36,12 +46,12 @@ def test_a_call_outliving_its_timeout_is_reported_with_its_name() -> None:
         hung.append((name, waited_s, timeout_s))
         release.set()
 
-    producer = LatchingProducer({}, lambda conf: _HangingClient(release),
+    producer = LatchingProducer({}, lambda conf: _HangingClient(release, hang_commit=True),
                                 watchdog=CallWatchdog(factor=2.0, slack_s=0.05, on_hang=on_hang))
-    producer.send_offsets_to_transaction([], None, 0.01)
+    producer.commit_transaction(0.01)
 
     [(name, waited_s, timeout_s)] = hung
-    assert name == "send_offsets_to_transaction"
+    assert name == "commit_transaction"
     assert timeout_s == 0.01
     assert waited_s >= 2.0 * 0.01 + 0.05
 
@@ -104,3 +114,40 @@ def _state(pid: int) -> str:
     """A process's state letter in /proc (T: stopped)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+def test_a_hung_send_offsets_gives_its_client_up_and_the_next_call_builds_a_new_one() -> None:
+    # QA 37-a: send_offsets_to_transaction blocked past its timeout at 5 of 10 instance-moves
+    # of the group coordinator on a 3-broker cluster (librdkafka #5456, #5511), and each
+    # process exited 75 for its supervisor: 43-127 s without delivery.
+    release = threading.Event()
+    clients: list[_HangingClient] = []
+
+    def factory(conf: dict[str, Any]) -> _HangingClient:
+        clients.append(_HangingClient(release))
+        return clients[-1]
+
+    exits: list[str] = []
+    producer = LatchingProducer({}, factory, watchdog=CallWatchdog(
+        factor=1.0, slack_s=0.05, on_hang=lambda name, *_: exits.append(name)))
+    with pytest.raises(ProducerHung, match="send_offsets_to_transaction blocked .* past its "
+                                           r"own 0 s timeout \(librdkafka issues #5456"):
+        producer.send_offsets_to_transaction([], None, 0.01)
+    assert exits == [], "the process goes on"
+    assert producer.client is not clients[0] and len(clients) == 2
+    release.set()  # the abandoned call may still return one day: nothing waits for it
+    assert clients[0].returned.wait(10)
+    producer.send_offsets_to_transaction([], None, 0.01)  # the new client's returns at once
+
+
+def test_a_send_offsets_that_fails_on_its_thread_raises_its_error_to_the_caller() -> None:
+    refused = KafkaException(KafkaError(KafkaError._TIMED_OUT, "coordinator moving"))
+    producer = LatchingProducer({}, lambda conf: _HangingClient(threading.Event(),
+                                                                failure=refused))
+    with pytest.raises(KafkaException) as raised:
+        producer.send_offsets_to_transaction([], None, 0.01)
+    assert raised.value is refused
+
+
+def test_a_hung_producer_exits_for_a_restart_where_nothing_renews_it() -> None:
+    assert ProducerHung("blocked").exit_code == EXIT_RESTART
