@@ -320,6 +320,22 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 _PYDANTIC_CLASS = re.compile(r" or instance of \w+")
 
 
+# pydantic's errors of a scalar field given a value of another type.
+_SCALAR_ERRORS = frozenset({"string_type", "int_type", "int_parsing", "float_type",
+                            "float_parsing", "bool_type", "bool_parsing", "literal_error",
+                            "enum", "int_from_float", "url_type"})
+
+
+class _Flow:
+    """A value as YAML's flow style writes it (`[1, 2]`, `{}`, `null`), for ConfigError."""
+
+    def __init__(self, value: object) -> None:
+        self._text = json.dumps(value, default=str, ensure_ascii=False)
+
+    def __repr__(self) -> str:
+        return self._text
+
+
 def _config_error(error: ValidationError, source: str, overridden: dict[str, str]) -> ConfigError:
     # An unknown key usually is a misspelt one, which pydantic also reports as missing: the
     # unknown key is the better clue.
@@ -339,7 +355,12 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
         "List should have at least 1 item after validation, not 0",
         "must not be empty: give at least one").replace(
         "Input should be a valid list", "must be a list (YAML lines starting with '- ')")
-    if isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
+    # A list, a mapping or a null where a scalar goes is shown as YAML writes it (QA 36-b F7).
+    misplaced = "field" not in ctx and first["type"] in _SCALAR_ERRORS and (
+        value is None or isinstance(value, dict | list))
+    if misplaced:
+        value = _Flow(value)
+    elif isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
     key = str(ctx.get("field", loc[-1] if loc else ""))
     if value is not None and is_secret_key(key):

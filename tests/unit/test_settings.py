@@ -200,6 +200,17 @@ def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str
     ("source: {topics: [a]}\nroutes: []\n", "field 'routes'"),
     ("source: {topics: [a]}\nroutes: [{topic: on}]\n",
      "(got True); YAML reads yes/no/on/off/true/false as booleans: quote the value"),
+    # QA 36-b F7: a list, a mapping or a null where a scalar goes was refused without it.
+    (MINIMAL + "delivery: {commit_interval_ms: [1, 2]}\n",
+     "field 'delivery.commit_interval_ms': Input should be a valid integer (got [1, 2])"),
+    (MINIMAL + "delivery: {guarantee: {a: 1}}\n",
+     "field 'delivery.guarantee': Input should be 'exactly_once' or 'at_least_once' "
+     '(got {"a": 1})'),
+    ("source: {topics: [null]}\nroutes: [{topic: x}]\n",
+     "field 'source.topics[0]': Input should be a valid string (got null)"),
+    (MINIMAL + "kafka: {sasl_password: [hunter2]}\n", "(got '*****')"),
+    ("source: [a]\nroutes: [{topic: x}]\n",
+     "field 'source': Input should be a valid dictionary; see"),
 ])
 def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
