@@ -14,6 +14,11 @@ from cdc_router.kafka.errors import PURGED, describe, kafka_error_of
 from cdc_router.kafka.watchdog import AbandonableCall, CallWatchdog
 
 Headers = list[tuple[str, bytes]]
+# send_offsets_to_transaction is given up this long past its own timeout (the watchdog's
+# default is 15 s): by then the coordinator has aborted the transaction at that same timeout,
+# so waiting longer saves nothing, and a hung instance holds up its group's rebalance (QA 38-a:
+# 35 s without delivery at each hang, a partition without owner meanwhile).
+OFFSETS_SLACK_S = 5.0
 RecordCoordinates = tuple[str, int, int]  # the input record a produced record came from
 
 
@@ -34,7 +39,8 @@ class LatchingProducer:
     came from, for the poison isolation to read (take_failures).
 
     Every call that blocks on the broker runs under a watchdog (kafka/watchdog.py): a call
-    that outlives its own timeout by far ends the process rather than stall it for good.
+    that outlives its own timeout by far ends the process rather than stall it for good, but
+    send_offsets_to_transaction, whose client is given up instead (ProducerHung).
     """
 
     def __init__(self, config: Mapping[str, Any],
@@ -68,6 +74,9 @@ class LatchingProducer:
 
     def take_failures(self) -> list[DeliveryFailure]:
         """The failed deliveries reported so far in this transaction (each once)."""
+        if self._producer is None:  # given up or renewed: no report will come (review 38)
+            failures, self._failures = self._failures, []
+            return failures
         try:
             with _fatal_unwrapped():
                 self.client.poll(0)  # serve the delivery reports that have arrived
@@ -179,7 +188,7 @@ class LatchingProducer:
         client, name = self.client, "send_offsets_to_transaction"
         call = AbandonableCall(name, lambda: client.send_offsets_to_transaction(
             offsets, group_metadata, timeout_s))
-        with self._watchdog.guard(name, timeout_s, on_hang=call.hung):
+        with self._watchdog.guard(name, timeout_s, on_hang=call.hung, slack_s=OFFSETS_SLACK_S):
             if call.run():
                 return
         self._producer = None  # not purged nor closed: a call into it may block too
@@ -197,6 +206,8 @@ class LatchingProducer:
             self.client.commit_transaction(timeout_s)
 
     def abort_transaction(self, timeout_s: float) -> None:
+        if self._producer is None:  # a client not built yet has no transaction to abort
+            return
         with self._watchdog.guard("abort_transaction", timeout_s):
             self.client.abort_transaction(timeout_s)
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from cdc_router.errors import EXIT_RESTART
 
@@ -34,6 +35,15 @@ log = logging.getLogger("cdc_router.kafka")
 
 EXIT_HUNG = EXIT_RESTART
 OnHang = Callable[[str, float, float], None]  # (name, waited_s, timeout_s)
+
+
+class _Guarded(NamedTuple):
+    name: str
+    started: float
+    timeout_s: float
+    on_hang: OnHang
+    limit_s: float
+
 # While a call is guarded the watchdog wakes each TICK_S; a wake this much later than asked
 # means the process itself was stopped (SIGSTOP, `docker pause`, a frozen VM): that time is no
 # call's, so it does not count (QA 32-b: a router paused 36 s exited 75 blaming librdkafka).
@@ -69,20 +79,23 @@ class CallWatchdog:
         self._on_hang = on_hang
         self._clock = clock
         self._changed = threading.Condition()
-        # (name, started, timeout_s, on_hang) of the guarded call, None when nothing is guarded.
-        self._call: tuple[str, float, float, OnHang] | None = None
+        # The guarded call, None when nothing is guarded.
+        self._call: _Guarded | None = None
         self._thread: threading.Thread | None = None
 
-    def limit_s(self, timeout_s: float) -> float:
+    def limit_s(self, timeout_s: float, slack_s: float | None = None) -> float:
         """How long a call with this timeout may block before the watchdog acts."""
-        return self._factor * timeout_s + self._slack_s
+        return self._factor * timeout_s + (self._slack_s if slack_s is None else slack_s)
 
     @contextmanager
-    def guard(self, name: str, timeout_s: float, on_hang: OnHang | None = None) -> Iterator[None]:
-        """Watch the call made inside this block; `on_hang`: this call's own, if not None."""
+    def guard(self, name: str, timeout_s: float, on_hang: OnHang | None = None,
+              slack_s: float | None = None) -> Iterator[None]:
+        """Watch the call made inside this block; `on_hang` and `slack_s`: this call's own,
+        if not None."""
         self._start()
         with self._changed:
-            self._call = (name, self._clock(), timeout_s, on_hang or self._on_hang)
+            self._call = _Guarded(name, self._clock(), timeout_s, on_hang or self._on_hang,
+                                  self.limit_s(timeout_s, slack_s))
             self._changed.notify()
         try:
             yield
@@ -98,7 +111,7 @@ class CallWatchdog:
             self._thread.start()
 
     def _watch(self) -> None:
-        watched: tuple[str, float, float, OnHang] | None = None  # the call last waited on
+        watched: _Guarded | None = None  # the call this thread last waited on
         due = 0.0  # when it asked to wake for it
         while True:
             with self._changed:
@@ -109,21 +122,25 @@ class CallWatchdog:
                 now = self._clock()
                 # Woken far later than asked, or first seeing a call far after it started: the
                 # process was stopped meanwhile, which is no call's time (review 32-2).
-                paused_s = now - (due if call is watched else call[1])
+                paused_s = now - (due if call is watched else call.started)
                 if paused_s > self._paused_s:
-                    call = self._call = (call[0], call[1] + paused_s, call[2], call[3])
+                    call = self._call = call._replace(started=call.started + paused_s)
                     log.warning("event=process_paused call=%s paused_s=%.0f: the process was "
                                 "stopped (not the call hung); the call's time goes on from "
-                                "here", call[0], paused_s)
-                name, started, timeout_s, on_hang = call
+                                "here", call.name, paused_s)
+                name, started, timeout_s, on_hang, limit_s = call
                 waited_s = now - started
-                if waited_s < self.limit_s(timeout_s):
-                    asked_s = min(self._tick_s, self.limit_s(timeout_s) - waited_s)
+                if waited_s < limit_s:
+                    asked_s = min(self._tick_s, limit_s - waited_s)
                     watched, due = call, now + asked_s
                     self._changed.wait(asked_s)
                     continue
                 self._call = None
             on_hang(name, waited_s, timeout_s)
+
+
+def _returned() -> None:
+    return None
 
 
 class AbandonableCall:
@@ -162,7 +179,11 @@ class AbandonableCall:
         try:
             self._call()
         except BaseException as error:  # handed to run()'s caller
-            self._error = error
+            # Without its traceback, whose frame holds this object: a cycle would keep the
+            # client until the collector destroyed it on the router's thread (review 38).
+            self._error = error.with_traceback(None)
         finally:
+            # The client goes with this thread's last reference to it, here, not elsewhere.
+            self._call = _returned
             self._returned = True
             self._woken.set()

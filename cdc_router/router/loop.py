@@ -280,8 +280,8 @@ class OutboxRouter:
         log.warning("event=producer_renewed reason=%r", reason)
         if self._replay is not None:
             self._replay.abort()
+        self._txn.renew()  # first: the grants' check builds the new producer (review 38)
         recheck_grants(self._config, self._destinations)
-        self._txn.renew()
         self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
 
     def _rejoin(self, reason: str) -> None:

@@ -41,6 +41,7 @@ FENCE_WINDOW_S: each leaves a client and a thread blocked, which a process resta
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +49,8 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
+
+log = logging.getLogger("cdc_router.router")
 
 # Only what was measured, or is librdkafka's documented idempotence dead end.
 RENEWABLE_ONCE = frozenset({KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
@@ -95,6 +98,9 @@ class ProducerRenewal:
         while times and now - times[0] > FENCE_WINDOW_S:
             times.popleft()
         if len(times) >= MAX_FENCES:
+            log.error("event=renewal_budget_spent: replaced %d times in the last %.0f s already "
+                      "(each a broker outage or coordinator move, or a rival process); this "
+                      "one ends the process", MAX_FENCES, FENCE_WINDOW_S)
             return False
         times.append(now)
         return True

@@ -58,9 +58,20 @@ class _FailingPoll(_FailingFlush):
 
 
 def test_the_failures_of_an_aborting_batch_survive_a_system_error_without_a_cause() -> None:
-    assert LatchingProducer({}, lambda conf: _FailingPoll(None)).take_failures() == []
+    quiet = LatchingProducer({}, lambda conf: _FailingPoll(None))
+    assert quiet.client is not None and quiet.take_failures() == []
+    fenced = LatchingProducer({}, lambda conf: _FailingPoll(KafkaException(_FENCED)))
+    assert fenced.client is not None  # the batch's client, built when it began
     with pytest.raises(DeliveryError, match="_FENCED"):
-        LatchingProducer({}, lambda conf: _FailingPoll(KafkaException(_FENCED))).take_failures()
+        fenced.take_failures()
+
+
+def test_a_client_never_built_or_given_up_has_no_failures_nor_transaction_to_abort() -> None:
+    built: list[int] = []
+    producer = LatchingProducer({}, lambda conf: built.append(1))
+    assert producer.take_failures() == []
+    producer.abort_transaction(1.0)
+    assert built == [], "no client is built only to abort nothing (review 38)"
 
 
 class _Refusing:

@@ -23,6 +23,7 @@ from cdc_router.errors import (
     JetStreamRefused,
     MemberFenced,
     OffsetsUnfetched,
+    ProducerHung,
     RestoreFailed,
     TransactionInDoubt,
 )
@@ -32,6 +33,7 @@ from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
+from cdc_router.router.renewal import MAX_FENCES
 from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
 from tests.unit.router_fakes import (
     CHANGELOG,
@@ -380,6 +382,33 @@ def test_a_send_offsets_hung_past_its_timeout_renews_the_producer_not_the_proces
     assert "event=client_call_hung call=send_offsets_to_transaction" in caplog.text
     assert "event=producer_renewed reason=\"librdkafka's send_offsets_to_transaction " \
         "blocked" in caplog.text
+
+
+def test_send_offsets_hanging_again_and_again_exits_for_a_restart_without_a_false_abort(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 38: the exit after the budget built a new client to abort the given-up batch, and
+    # logged `abort_failed` (_STATE "Operation not valid in state Init") for it.
+    release = threading.Event()
+
+    def hangs(producer: FakeProducer, offsets: Any, metadata: Any, timeout: float) -> None:
+        assert release.wait(30)
+
+    harness = Harness(cluster_with(*events(3)))
+    harness.router._producer._watchdog = CallWatchdog(factor=0.0, slack_s=0.1,
+                                                      on_hang=lambda *_: release.set())
+    try:
+        with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING"), \
+                pytest.raises(ProducerHung) as raised:
+            patch.setattr(FakeProducer, "send_offsets_to_transaction", hangs)
+            harness.run()
+    finally:
+        release.set()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert harness.cluster.producers_built == 1 + MAX_FENCES  # one a renewal, none wasted
+    assert caplog.text.count("event=producer_renewed") == MAX_FENCES
+    assert "event=renewal_budget_spent" in caplog.text
+    assert "abort_failed" not in caplog.text
+    assert harness.delivered() == []
 
 
 def test_a_renewal_while_the_cluster_s_metadata_does_not_answer_still_goes_on(

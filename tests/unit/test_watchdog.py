@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.errors import EXIT_RESTART, ProducerHung
-from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.producer import OFFSETS_SLACK_S, LatchingProducer
 from cdc_router.kafka.watchdog import EXIT_HUNG, CallWatchdog
 
 
@@ -151,3 +151,11 @@ def test_a_send_offsets_that_fails_on_its_thread_raises_its_error_to_the_caller(
 
 def test_a_hung_producer_exits_for_a_restart_where_nothing_renews_it() -> None:
     assert ProducerHung("blocked").exit_code == EXIT_RESTART
+
+
+def test_send_offsets_is_given_up_five_seconds_past_its_timeout_not_fifteen() -> None:
+    # QA 38-a: each hang cost 35 s without delivery, although the coordinator aborts the
+    # transaction at the call's own timeout already.
+    assert OFFSETS_SLACK_S == 5.0
+    assert CallWatchdog().limit_s(20.0, OFFSETS_SLACK_S) == 25.0
+    assert CallWatchdog().limit_s(20.0) == 35.0
