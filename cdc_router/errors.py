@@ -189,7 +189,8 @@ def fatal_kafka_error(message: str, error: KafkaError | None, *,
         else (KafkaError.FENCED_INSTANCE_ID,)
     if error is not None and error.code() in fenced:
         return MemberFenced(f"{message}; exiting with {EXIT_RESTART} for the supervisor to "
-                            "restart this router (each instance needs its own --instance-id)",
+                            "restart this router (each instance needs its own --instance-id; "
+                            "a move of the group coordinator fences members too)",
                             code=error.code(), detail=message)
     return FatalKafkaError(message, code=None if error is None else error.code())
 
