@@ -35,6 +35,14 @@ log = logging.getLogger("cdc_router.kafka")
 
 EXIT_HUNG = EXIT_RESTART
 OnHang = Callable[[str, float, float], None]  # (name, waited_s, timeout_s)
+# The start of every hang's line, whatever is done about it.
+_HUNG = ("event=client_call_hung call=%s waited_s=%.0f timeout_s=%.0f: librdkafka did not "
+         "return within its own timeout (librdkafka issues #5456, #5511)")
+# While a call is guarded the watchdog wakes each TICK_S; a wake this much later than asked
+# means the process itself was stopped (SIGSTOP, `docker pause`, a frozen VM): that time is no
+# call's, so it does not count (QA 32-b: a router paused 36 s exited 75 blaming librdkafka).
+TICK_S = 1.0
+PAUSED_S = 3.0
 
 
 class _Guarded(NamedTuple):
@@ -44,19 +52,11 @@ class _Guarded(NamedTuple):
     on_hang: OnHang
     limit_s: float
 
-# While a call is guarded the watchdog wakes each TICK_S; a wake this much later than asked
-# means the process itself was stopped (SIGSTOP, `docker pause`, a frozen VM): that time is no
-# call's, so it does not count (QA 32-b: a router paused 36 s exited 75 blaming librdkafka).
-TICK_S = 1.0
-PAUSED_S = 3.0
-
 
 def _exit_process(name: str, waited_s: float, timeout_s: float) -> None:
-    log.critical("event=client_call_hung call=%s waited_s=%.0f timeout_s=%.0f: librdkafka did "
-                 "not return within its own timeout (librdkafka issues #5456, #5511); the "
-                 "process exits with %d for its supervisor to restart it; the open "
-                 "transaction is aborted by the next incarnation", name, waited_s, timeout_s,
-                 EXIT_HUNG)
+    log.critical(_HUNG + "; the process exits with %d for its supervisor to restart it; the "
+                 "open transaction is aborted by the next incarnation", name, waited_s,
+                 timeout_s, EXIT_HUNG)
     logging.shutdown()
     sys.stderr.flush()
     # sys.exit would only raise in this thread; the main thread is blocked in C.
@@ -139,10 +139,6 @@ class CallWatchdog:
             on_hang(name, waited_s, timeout_s)
 
 
-def _returned() -> None:
-    return None
-
-
 class AbandonableCall:
     """One blocking call on a daemon thread of its own, so that its caller can stop waiting.
 
@@ -152,16 +148,16 @@ class AbandonableCall:
     """
 
     def __init__(self, name: str, call: Callable[[], object]) -> None:
-        self._name, self._call = name, call
+        self._name = name
+        self._call: Callable[[], object] | None = call
         self._woken = threading.Event()
         self._returned = False
         self._error: BaseException | None = None
         self.waited_s = 0.0
 
     def hung(self, name: str, waited_s: float, timeout_s: float) -> None:
-        log.error("event=client_call_hung call=%s waited_s=%.0f timeout_s=%.0f: librdkafka did "
-                  "not return within its own timeout (librdkafka issues #5456, #5511); the "
-                  "client is given up to the blocked thread", name, waited_s, timeout_s)
+        log.error(_HUNG + "; the client is given up to the blocked thread", name, waited_s,
+                  timeout_s)
         self.waited_s = waited_s
         self._woken.set()
 
@@ -177,6 +173,7 @@ class AbandonableCall:
 
     def _target(self) -> None:
         try:
+            assert self._call is not None  # run() starts this thread once
             self._call()
         except BaseException as error:  # handed to run()'s caller
             # Without its traceback, whose frame holds this object: a cycle would keep the
@@ -184,6 +181,6 @@ class AbandonableCall:
             self._error = error.with_traceback(None)
         finally:
             # The client goes with this thread's last reference to it, here, not elsewhere.
-            self._call = _returned
+            self._call = None
             self._returned = True
             self._woken.set()
