@@ -14,6 +14,7 @@ Two ends, for two questions:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +43,10 @@ log = logging.getLogger("cdc_router.kafka")
 # Metadata and offset lookups: the broker answers in milliseconds; 30 s covers a controller
 # election, after which the caller's own retry (or the user) takes over.
 _LOOKUP_TIMEOUT_S = 30
+# One log-end lookup of log_end_offsets, retried with a new admin client until its deadline:
+# after a leader's kill the first one answered only at its timeout while a new client's
+# answered at once (QA 38-a O1: restores of 28-62 s with 30 s a lookup).
+_LOG_END_ATTEMPT_S = 10
 # A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
 # does not retry that for a watermark query, so we do, this often.
 _LEADER_WAIT_S = 0.5
@@ -124,7 +129,7 @@ def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
             futures = admin.client().list_offsets(
                 {TopicPartition(topic, p): latest for p in partitions},
                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=_LOOKUP_TIMEOUT_S)
+                request_timeout=_LOG_END_ATTEMPT_S)
             ends = {tp.partition: future.result().offset for tp, future in futures.items()}
             unknown = [p for p, offset in ends.items() if offset < 0]
             if not unknown:
@@ -247,9 +252,12 @@ class TopicReader:
     """Reads one topic to its end, and again later from where it stopped; built lazily."""
 
     def __init__(self, config: Mapping[str, Any], topic: str, *, group_id: str,
-                 what: str, lean: bool = False) -> None:
-        """`lean`: little buffered at a time, for a topic of large records read once."""
+                 what: str, lean: bool = False, renewable: bool = False) -> None:
+        """`lean`: little buffered at a time, for a topic of large records read once.
+        `renewable`: a consumer whose lookups fail is replaced (see _ends); not for a reader
+        whose consumer was handed out (its `consumer`, which `dlq replay` commits under)."""
         self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
+        self._renewable = renewable
         self._config = {
             **config,
             **(LEAN_QUEUE if lean else {}),
@@ -276,14 +284,7 @@ class TopicReader:
         next call goes on after them. Control markers and transient errors are passed over.
         """
         deadline = time.monotonic() + timeout_s
-        consumer = self._assigned(refresh=True)
-        ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
-        if end == "log_end":
-            # The committed end, asked of the leader by the consumer, is the floor of the log
-            # end the admin client gives: a second opinion (QA 37-a: after the changelog's
-            # leader was killed, the admin's answer, -1001, made a restore read no mark).
-            logged = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
-            ends = {p: max(offset, ends.get(p, 0)) for p, offset in logged.items()}
+        consumer, ends = self._ends(end, deadline)
         started, read = _positions(consumer, self._topic, ends), 0
         while not reached(consumer, self._topic, ends):
             if time.monotonic() > deadline:
@@ -311,6 +312,49 @@ class TopicReader:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+    def _ends(self, end: End, deadline: float) -> tuple[Consumer, dict[int, int]]:
+        """The consumer, and the ends to read to. A renewable reader whose lookups fail for a
+        lookup's timeout is given a new consumer at the same positions, which asks again until
+        `deadline` (QA 38-a O2: after a broker's kill the changelog reader's consumer answered
+        "Failed to get metadata" for minutes while new clients worked, and the router's next
+        restore failed: exit 75, 118-193 s without delivery)."""
+        if not self._renewable or self._consumer is None:
+            return self._looked_up(end, deadline)
+        try:
+            return self._looked_up(end, min(deadline, time.monotonic() + _LOOKUP_TIMEOUT_S))
+        except KafkaException as failure:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("event=reader_renewed topic=%s error=%r; a new consumer asks again, "
+                        "from the same positions", self._topic, str(failure))
+            self._renew(self._consumer)
+        return self._looked_up(end, deadline)
+
+    def _looked_up(self, end: End, deadline: float) -> tuple[Consumer, dict[int, int]]:
+        consumer = self._assigned(refresh=True)
+        ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
+        if end == "log_end":
+            # The committed end, asked of the leader by the consumer, is the floor of the log
+            # end the admin client gives: a second opinion (QA 37-a: after the changelog's
+            # leader was killed, the admin's answer, -1001, made a restore read no mark).
+            logged = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
+            ends = {p: max(offset, ends.get(p, 0)) for p, offset in logged.items()}
+        return consumer, ends
+
+    def _renew(self, stale: Consumer) -> None:
+        """Replace the consumer by one assigned where it stood (its positions are its own, not
+        the broker's): nothing read is read again, nothing not yet read is passed over."""
+        positions = stale.position([TopicPartition(self._topic, p) for p in self._partitions])
+        self._consumer = None
+        with contextlib.suppress(KafkaException, RuntimeError):
+            stale.close()
+        consumer = Consumer(self._config)
+        # Nothing consumed yet (a negative position): from the beginning, as first assigned.
+        consumer.assign([TopicPartition(self._topic, tp.partition,
+                                        tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                         for tp in positions])
+        self._consumer = consumer
 
     @property
     def consumer(self) -> Consumer:
@@ -340,7 +384,7 @@ class ChangelogReader(TopicReader):
     """The router's dedup changelog, read to its log end on each partition assignment."""
 
     def __init__(self, config: Mapping[str, Any], topic: str) -> None:
-        super().__init__(config, topic, what="dedup changelog", lean=True,
+        super().__init__(config, topic, what="dedup changelog", lean=True, renewable=True,
                          group_id=f"{config.get('client.id', 'cdc-router')}-changelog-reader")
 
     def catch_up(self, timeout_s: float = 300.0) -> Iterator[tuple[bytes | None, bytes | None]]:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import dead_letter_headers
@@ -192,6 +199,43 @@ def test_a_catch_up_reads_the_partitions_added_since_the_last_one(stack: StackEn
         added.produce(topic, value=b"on-0", partition=0)
         assert added.flush(30) == 0
         assert sorted(value for _, value in reader.catch_up(timeout_s=60)) == [b"on-0", b"on-4"]
+    finally:
+        reader.close()
+
+
+class _WithoutMetadata:
+    """A real consumer whose lookups fail, as the changelog reader's did for minutes after a
+    broker's kill (QA 38-a O2); its positions and close() are the real consumer's."""
+
+    def __init__(self, real: Consumer) -> None:
+        self.real = real
+
+    def _failed(self, *args: object, **kwargs: object) -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
+                                        "Local: Broker transport failure"))
+
+    list_topics = get_watermark_offsets = _failed
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return self.real.position(partitions)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_changelog_reader_left_without_metadata_reads_on_from_where_it_stood(
+        stack: StackEndpoints, topic: str) -> None:
+    writer = _transactional(stack, topic)
+    _commit(writer, topic, [b"a", b"b"])
+    reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
+    try:
+        assert sorted(value for _, value in reader.catch_up(timeout_s=60)) == [b"a", b"b"]
+        reader._consumer = _WithoutMetadata(reader.consumer)  # type: ignore[assignment]
+        _commit(writer, topic, [b"c", b"d", b"e"])
+        assert sorted(value for _, value in reader.catch_up(timeout_s=90)) == [b"c", b"d", b"e"]
+        assert isinstance(reader.consumer, Consumer)  # a new one, which reads on
+        _commit(writer, topic, [b"f"])
+        assert [value for _, value in reader.catch_up(timeout_s=60)] == [b"f"]
     finally:
         reader.close()
 

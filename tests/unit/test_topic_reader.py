@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka import reader as reader_module
@@ -204,3 +211,78 @@ def test_a_log_end_lookup_answering_no_offset_is_asked_again_never_taken_for_emp
     answers[:] = [-1001] * 1000
     with pytest.raises(KafkaException, match="no log end offset"):
         reader_module.log_end_offsets(connection, "cl", [0], deadline=0.0)  # type: ignore[arg-type]
+
+
+class Stale(Records):
+    """A consumer of two partitions left without metadata (QA 38-a O2): its lookups fail, its
+    positions (its own) are at offset 3 of partition 0, nothing read of partition 1."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.closed = False
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
+                                        "Local: Broker transport failure"))
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 3 if tp.partition == 0 else OFFSET_INVALID)
+                for tp in partitions]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Fresh(Records):
+    """A new consumer: answers, and holds records from offset 3 of partition 0."""
+
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.next, self.assigned = 3, list[TopicPartition]()
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        return None
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = partitions
+
+
+def stale_reader(monkeypatch: pytest.MonkeyPatch, *, renewable: bool) -> tuple[TopicReader,
+                                                                                list[Any]]:
+    built: list[Any] = [Stale(), Fresh()]
+    made = iter(built)
+    monkeypatch.setattr(reader_module, "Consumer", lambda config: next(made))
+    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0, 1])
+    monkeypatch.setattr(reader_module, "assign_added",
+                        lambda c, topic, parts, what: c.list_topics(topic, 30) or parts)
+    monkeypatch.setattr(reader_module, "stable_offsets", lambda c, topic, parts, end: {0: 5})
+    monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {0: 5})
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "cl", group_id="g", what="changelog",
+                         renewable=renewable)
+    assert reader.consumer is built[0]  # built and assigned (the first read of a restore)
+    return reader, built
+
+
+def test_a_renewable_reader_left_without_metadata_reads_on_with_a_new_consumer_where_it_stood(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 38-a O2: after a broker's kill the changelog reader's consumer failed every metadata
+    # request for minutes while new clients worked; the router's next restore exited 75.
+    reader, (stale, fresh) = stale_reader(monkeypatch, renewable=True)
+    offsets = [message.offset() for message in reader.read_to_end(end="log_end", timeout_s=5)]
+    assert offsets == [3, 4]  # nothing read again, nothing passed over
+    assert stale.closed
+    assert [(tp.partition, tp.offset) for tp in fresh.assigned] == [(0, 3), (1, OFFSET_BEGINNING)]
+    assert "event=reader_renewed topic=cl" in caplog.text
+
+
+def test_a_reader_whose_consumer_was_handed_out_is_not_renewed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `dlq replay` commits offsets under the reader's consumer: it must stay the same one.
+    reader, (stale, _) = stale_reader(monkeypatch, renewable=False)
+    with pytest.raises(KafkaException, match="Failed to get metadata"):
+        list(reader.read_to_end(timeout_s=5))
+    assert not stale.closed
+
+
+def test_the_changelog_reader_is_renewable() -> None:
+    assert reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")._renewable
