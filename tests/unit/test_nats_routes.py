@@ -268,6 +268,22 @@ def test_rules_check_shows_a_nats_route_and_its_streams(tmp_path: Path) -> None:
     assert "Nats-Msg-Id " in explained.output and "partition" not in explained.output
 
 
+def test_rules_check_of_a_kafka_config_shows_no_nats_line_for_local_envs_nats_url(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 36-c F2: `eval "$(cdc-router local env)"` exports CDC_ROUTER__NATS__URL, which gave a
+    # Kafka-only config a nats section: `rules check` printed "nats ...; streams none".
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    monkeypatch.setenv("CDC_ROUTER__NATS__URL", "nats://127.0.0.1:14222")
+    path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\nroutes:\n"
+                 "  - {topic: 'orders'}\n")
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "nats " not in result.output and "dead letter" in result.output
+
+
 JETSTREAM_CONFIG = {"source": {"topics": [SOURCE], "group_id": "g"},
                     "routes": [{"nats": {"subject": "orders.{type}"}}], "nats": STREAMS}
 
