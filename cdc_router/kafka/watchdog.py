@@ -139,6 +139,18 @@ class CallWatchdog:
             on_hang(name, waited_s, timeout_s)
 
 
+# Calls given up and still blocked, in the whole process (see blocked_calls).
+_abandoned = 0
+_abandoned_lock = threading.Lock()
+
+
+def blocked_calls() -> int:
+    """How many calls given up by their AbandonableCall have not returned yet: each holds a
+    client, its threads and sockets until it does (review 38: a cap on the rate of renewals
+    alone would let them pile up over weeks, if librdkafka never returned)."""
+    return _abandoned
+
+
 class AbandonableCall:
     """One blocking call on a daemon thread of its own, so that its caller can stop waiting.
 
@@ -152,10 +164,16 @@ class AbandonableCall:
         self._call: Callable[[], object] | None = call
         self._woken = threading.Event()
         self._returned = False
+        self._given_up = False
         self._error: BaseException | None = None
         self.waited_s = 0.0
 
     def hung(self, name: str, waited_s: float, timeout_s: float) -> None:
+        global _abandoned
+        with _abandoned_lock:
+            if not self._returned:
+                self._given_up = True
+                _abandoned += 1
         log.error(_HUNG + "; the client is given up to the blocked thread", name, waited_s,
                   timeout_s)
         self.waited_s = waited_s
@@ -182,5 +200,14 @@ class AbandonableCall:
         finally:
             # The client goes with this thread's last reference to it, here, not elsewhere.
             self._call = None
-            self._returned = True
+            self._release()
             self._woken.set()
+
+    def _release(self) -> None:
+        global _abandoned
+        with _abandoned_lock:
+            self._returned = True
+            if self._given_up:
+                _abandoned -= 1
+                log.info("event=abandoned_call_returned call=%s still_blocked=%d", self._name,
+                         _abandoned)

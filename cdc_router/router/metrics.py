@@ -17,6 +17,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from cdc_router.kafka.consumer import partition_lags
+from cdc_router.kafka.watchdog import blocked_calls
 
 if TYPE_CHECKING:
     from cdc_router.router.transaction import Delivered
@@ -62,6 +63,10 @@ class RouterMetrics:
                                 registry=r)
         last_commit_age.set_function(lambda: time.time() - self._last_commit_s)
         self._last_commit_s = time.time()
+        blocked = Gauge("cdc_router_blocked_client_calls", "librdkafka calls given up past "
+                        "their timeout and still blocked, each holding a client (a renewal "
+                        "past 3 ends the process)", registry=r)
+        blocked.set_function(blocked_calls)
         self._lag_labels: set[tuple[str, str]] = set()
         self._lag_observed = float("-inf")
         self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "

@@ -36,7 +36,9 @@ the budget runs out and they stop (exit 75), as before.
 A producer whose send_offsets_to_transaction blocked past its timeout (ProducerHung, librdkafka
 #5456/#5511: QA 37-a saw it end 5 of 10 instances at coordinator moves on a 3-broker cluster,
 43-127 s without delivery) is given up and renewed too, at most MAX_FENCES times in
-FENCE_WINDOW_S: each leaves a client and a thread blocked, which a process restart frees.
+FENCE_WINDOW_S: each leaves a client and a thread blocked until its call returns (QA 38-a saw
+every one return), which a process restart frees; so also only while at most MAX_FENCES are
+still blocked, however long ago they were given up (review 38 F3).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
+from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger("cdc_router.router")
 
@@ -74,8 +77,10 @@ class ProducerRenewal:
     """allows(failure): whether to replace the producer for it; committed() re-arms the
     once-until-commit budget (the fences' budget is a time window)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 blocked: Callable[[], int] = blocked_calls) -> None:
         self._clock = clock
+        self._blocked = blocked
         self._spent = False
         self._fences: deque[float] = deque()
         self._member_fences: deque[float] = deque()
@@ -85,7 +90,7 @@ class ProducerRenewal:
         if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
             return self._within_budget(self._member_fences)
         if isinstance(failure, ProducerHung):
-            return self._within_budget(self._hangs)
+            return self._unblocked_enough() and self._within_budget(self._hangs)
         if failure.code in FENCES:
             return self._within_budget(self._fences)
         if self._spent or failure.code not in RENEWABLE_ONCE:
@@ -103,6 +108,17 @@ class ProducerRenewal:
                       "one ends the process", MAX_FENCES, FENCE_WINDOW_S)
             return False
         times.append(now)
+        return True
+
+    def _unblocked_enough(self) -> bool:
+        """Whether the calls given up and still blocked, this one included, are few enough."""
+        blocked = self._blocked()
+        if blocked > MAX_FENCES:
+            log.error("event=renewal_budget_spent blocked_calls=%d: more than %d given-up "
+                      "librdkafka calls are still blocked, each holding a client's threads "
+                      "and sockets; this one ends the process, which frees them", blocked,
+                      MAX_FENCES)
+            return False
         return True
 
     def committed(self) -> None:

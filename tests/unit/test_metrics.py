@@ -82,6 +82,14 @@ def test_the_last_commit_age_is_computed_at_each_scrape() -> None:
     assert age is not None and 90 <= age < 150
 
 
+def test_the_given_up_calls_still_blocked_are_a_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_router.kafka import watchdog
+
+    metrics = RouterMetrics()
+    monkeypatch.setattr(watchdog, "_abandoned", 2)
+    assert metrics.registry.get_sample_value("cdc_router_blocked_client_calls") == 2
+
+
 def test_the_latency_histogram_exposes_what_prometheus_clients_histogram_would() -> None:
     # Observed a batch at a time (BatchHistogram): the same samples as one observe() each.
     amounts = [0.0, 0.004, 0.01, 0.0100001, 0.3, 1.0, 2.5, 59.9, 60.0, 61.0, 3600.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
@@ -59,7 +60,7 @@ def test_credentials_are_never_renewed() -> None:
 def test_a_hung_producer_is_renewed_three_times_in_its_window_apart_from_fences() -> None:
     # Each hung producer leaves a client blocked in its thread: a few, then a restart frees them.
     now = [0.0]
-    renewal = ProducerRenewal(clock=lambda: now[0])
+    renewal = ProducerRenewal(clock=lambda: now[0], blocked=lambda: 1)
     for _ in range(MAX_FENCES):
         assert renewal.allows(ProducerHung("blocked"))
         renewal.committed()
@@ -68,3 +69,16 @@ def test_a_hung_producer_is_renewed_three_times_in_its_window_apart_from_fences(
     assert renewal.allows(_fatal(KafkaError._FENCED)), "the fences' budget is their own"
     now[0] += FENCE_WINDOW_S
     assert renewal.allows(ProducerHung("blocked")), "the window moved on"
+
+
+def test_a_hung_producer_is_not_renewed_while_more_than_three_given_up_calls_are_blocked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 38 F3: the window caps the rate only; calls that never returned would pile up,
+    # each holding a client's threads and sockets, over weeks of coordinator moves.
+    blocked = [MAX_FENCES]  # this hang's included
+    renewal = ProducerRenewal(clock=lambda: 0.0, blocked=lambda: blocked[0])
+    assert renewal.allows(ProducerHung("blocked"))
+    blocked[0] = MAX_FENCES + 1
+    assert not renewal.allows(ProducerHung("blocked"))
+    assert "event=renewal_budget_spent blocked_calls=4" in caplog.text
+    assert renewal.allows(_fatal(KafkaError._FENCED)), "not the fences' budget"

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.errors import EXIT_RESTART, ProducerHung
 from cdc_router.kafka.producer import OFFSETS_SLACK_S, LatchingProducer
-from cdc_router.kafka.watchdog import EXIT_HUNG, CallWatchdog
+from cdc_router.kafka.watchdog import EXIT_HUNG, CallWatchdog, blocked_calls
 
 
 class _HangingClient:
@@ -130,13 +130,19 @@ def test_a_hung_send_offsets_gives_its_client_up_and_the_next_call_builds_a_new_
     exits: list[str] = []
     producer = LatchingProducer({}, factory, watchdog=CallWatchdog(
         factor=1.0, slack_s=0.05, on_hang=lambda name, *_: exits.append(name)))
+    blocked = blocked_calls()
     with pytest.raises(ProducerHung, match="send_offsets_to_transaction blocked .* past its "
                                            r"own 0 s timeout \(librdkafka issues #5456"):
         producer.send_offsets_to_transaction([], None, 0.01)
     assert exits == [], "the process goes on"
     assert producer.client is not clients[0] and len(clients) == 2
+    assert blocked_calls() == blocked + 1  # counted until it returns (review 38 F3)
     release.set()  # the abandoned call may still return one day: nothing waits for it
     assert clients[0].returned.wait(10)
+    deadline = time.monotonic() + 10
+    while blocked_calls() != blocked and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread's finally runs just after the call returned
+    assert blocked_calls() == blocked
     producer.send_offsets_to_transaction([], None, 0.01)  # the new client's returns at once
 
 
