@@ -1,5 +1,5 @@
 """`python -m cdc_router` runs the CLI."""
 
-from cdc_router.cli import main
+from cdc_router.cli import entry
 
-main()
+entry()

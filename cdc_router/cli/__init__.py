@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import traceback
 from typing import Any
@@ -115,3 +116,21 @@ def main(ctx: click.Context, verbose: bool) -> None:
     ctx.obj["verbose"] = verbose
     for name in HTTP_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
+def entry() -> None:
+    """The `cdc-router` program: main(), which always ends by SystemExit (click's standalone
+    mode). While a librdkafka call given up past its timeout is still blocked on its thread
+    (kafka/watchdog.py), its client's threads still run: the exit then runs no finalizer and no
+    C atexit handler (OpenSSL's cleanup under a broker thread inside SSL is the classic exit-time
+    crash, review 38 F4), as the watchdog's own exit does."""
+    try:
+        main()
+    except SystemExit as done:
+        watchdog = sys.modules.get("cdc_router.kafka.watchdog")
+        if watchdog is None or not watchdog.blocked_calls():
+            raise
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 0 if done.code is None else 1)

@@ -165,3 +165,27 @@ def test_send_offsets_is_given_up_five_seconds_past_its_timeout_not_fifteen() ->
     assert OFFSETS_SLACK_S == 5.0
     assert CallWatchdog().limit_s(20.0, OFFSETS_SLACK_S) == 25.0
     assert CallWatchdog().limit_s(20.0) == 35.0
+
+
+_ENTRY = """
+import atexit, sys
+from cdc_router.cli import entry
+from cdc_router.kafka import watchdog
+atexit.register(lambda: print("finalized", flush=True))
+watchdog._abandoned = int(sys.argv[1])
+sys.argv = ["cdc-router", *sys.argv[2:]]
+entry()
+"""
+
+
+@pytest.mark.parametrize(("blocked", "finalized"), [(0, True), (1, False)])
+def test_the_program_exits_without_finalizers_while_a_given_up_call_is_still_blocked(
+        blocked: int, finalized: bool) -> None:
+    # Review 38 F4: an abandoned client's librdkafka threads still run at exit; C atexit
+    # handlers (OpenSSL's cleanup) under a broker thread inside SSL can crash the exit.
+    for arg, code, said in (("--version", 0, "cdc-router, version"), ("no-such", 2, "")):
+        done = subprocess.run([sys.executable, "-c", _ENTRY, str(blocked), arg],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == code, done.stderr
+        assert said in done.stdout  # written out before the exit
+        assert ("finalized" in done.stdout) is finalized
