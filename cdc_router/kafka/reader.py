@@ -10,49 +10,42 @@ Two ends, for two questions:
 - "log_end" (the high watermark, open transactions included): nothing written before the call
   may be missed, so an open transaction is waited for until it commits or aborts (the router's
   dedup changelog restore).
+
+A reader read again and again (the router's changelog reader, at each assignment) outlives
+broker restarts: its consumer, if librdkafka left it without metadata, is replaced by one that
+goes on from the same positions (TopicReader._stable_ends).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
-    TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError, fatal_kafka_error
-from cdc_router.kafka.errors import REFUSED_CREDENTIALS, describe, kafka_error_of
-from cdc_router.kafka.logs import serve_logs
+from cdc_router.kafka.errors import REFUSED_CREDENTIALS, describe
+from cdc_router.kafka.lookups import (
+    LOOKUP_TIMEOUT_S,
+    AdminConnection,
+    log_end_offsets,
+    stable_offsets,
+)
 
 End = Literal["stable", "log_end"]
 
 log = logging.getLogger("cdc_router.kafka")
 
-# Metadata and offset lookups: the broker answers in milliseconds; 30 s covers a controller
-# election, after which the caller's own retry (or the user) takes over.
-_LOOKUP_TIMEOUT_S = 30
-# One log-end lookup of log_end_offsets, retried with a new admin client until its deadline:
-# after a leader's kill the first one answered only at its timeout while a new client's
-# answered at once (QA 38-a O1: restores of 28-62 s with 30 s a lookup).
-_LOG_END_ATTEMPT_S = 10
-# A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
-# does not retry that for a watermark query, so we do, this often.
-_LEADER_WAIT_S = 0.5
-# A topic is taken for deleted after this many such answers in a row, _LEADER_WAIT_S apart: a
-# broker just restarted may say so once of a topic that exists.
-_DELETED_ANSWERS = 3
 # Messages a consume() call returns, and librdkafka's prefetch queue (queued.max.messages.kbytes),
 # of a lean reader: a dedup changelog holds records of up to 64 KB (router/replay.py), and with
 # the defaults (10,000 messages, a 64 MB queue) a restore kept up to ~70 MB of fetched records
@@ -67,125 +60,9 @@ _LEAN_QUEUE_KBYTES = 4096
 _LEAN_QUEUE_BACKOFF_MS = 10
 
 
-class AdminConnection:
-    """An AdminClient made on first use, and made anew after a failed lookup.
-
-    After a broker restart a long-lived AdminClient keeps answering FENCED_LEADER_EPOCH from
-    its stale metadata (measured on Kafka 4.3 with librdkafka 2.x: still failing after 20 s)
-    where a new one answers at once.
-    """
-
-    def __init__(self, config: Mapping[str, Any],
-                 factory: Callable[[dict[str, Any]], AdminClient] = AdminClient) -> None:
-        # Its lines are served now (serve_logs): not the broker's idle close of its connection
-        # every connections.max.idle.ms (10 min), a line each time it is used (review 32-2).
-        self._config = {**config, "log.connection.close": False}
-        self._factory = factory
-        self._client: AdminClient | None = None
-
-    def client(self) -> AdminClient:
-        """The client; the lines it logged since its last use are served first (an AdminClient
-        queues them until poll(), which nothing else calls)."""
-        if self._client is None:
-            self._client = self._factory(self._config)
-        else:
-            serve_logs(self._client)
-        return self._client
-
-    def reset(self) -> None:
-        if self._client is not None:
-            serve_logs(self._client)  # what it logged before failing
-        self._client = None
-
-    def answer(self, request: Callable[[AdminClient], Any], timeout_s: float) -> Any:
-        """The result of the future `request(client)` gives; raised as it failed, after which
-        the next request gets a new client."""
-        try:
-            return request(self.client()).result(timeout=timeout_s)
-        except (KafkaException, TimeoutError):
-            self.reset()
-            raise
-
-
 class ReadTimedOut(DeliveryError):
     """A topic was not read to its end in time: the cluster is slow or a transaction is stuck,
     not a setting to change."""
-
-
-def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
-                    deadline: float | None = None) -> dict[int, int]:
-    """partition → the log end offset as read_uncommitted sees it (open transactions included).
-
-    A read_committed consumer's watermarks stop at the last stable offset, which an open
-    transaction holds back; this is where a record written before now certainly lies below.
-    Failures (a leader not yet known, a broker just restarted) are retried with a new client
-    until `deadline` (default: one lookup's timeout from now), then raised.
-    """
-    deadline = time.monotonic() + _LOOKUP_TIMEOUT_S if deadline is None else deadline
-    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    said_deleted = 0  # answers in a row that the topic does not exist
-    while True:
-        try:
-            futures = admin.client().list_offsets(
-                {TopicPartition(topic, p): latest for p in partitions},
-                isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=_LOG_END_ATTEMPT_S)
-            ends = {tp.partition: future.result().offset for tp, future in futures.items()}
-            unknown = [p for p, offset in ends.items() if offset < 0]
-            if not unknown:
-                return ends
-            # QA 37-a: for ~52 s after a partition's leader was killed, list_offsets answered
-            # -1001 (OFFSET_INVALID) with no error, and a restore took the changelog for empty.
-            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, "no log end "
-                                            f"offset for partitions {unknown} (a leader moved?)"))
-        except KafkaException as failure:
-            said_deleted = said_deleted + 1 if _deleted(admin, topic) else 0
-            if said_deleted >= _DELETED_ANSWERS:
-                # No wait brings it back: retrying would log twice a second until the deadline.
-                raise DeliveryError(f"topic {topic} does not exist any more (deleted while in "
-                                    "use?): recreate it with `cdc-router topics apply -c "
-                                    "<config>`; what it held is gone") from failure
-            if time.monotonic() > deadline:
-                raise
-            log.warning("event=offsets_lookup_failed topic=%s error=%r; retrying with a new "
-                        "admin client", topic, str(failure))
-            admin.reset()
-        time.sleep(_LEADER_WAIT_S)
-
-
-def _deleted(admin: AdminConnection, topic: str) -> bool:
-    """Whether the cluster answers that `topic` does not exist (False when it cannot answer).
-    DescribeTopics, not a metadata request, which a broker may answer by creating the topic."""
-    futures = admin.client().describe_topics(TopicCollection([topic]),
-                                             request_timeout=_LOOKUP_TIMEOUT_S)
-    try:
-        futures[topic].result()
-    except KafkaException as failure:
-        error = kafka_error_of(failure)
-        return error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-    return False
-
-
-def stable_offsets(consumer: Consumer, topic: str, partitions: list[int],
-                   deadline: float) -> dict[int, int]:
-    """partition → the last stable offset (a read_committed consumer's high watermark)."""
-    ends = {}
-    for partition in partitions:
-        while True:
-            try:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=_LOOKUP_TIMEOUT_S, cached=False)
-                if high >= 0:  # -1001, no end known (a leader just moved), is asked again
-                    break
-                failure = KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
-                                                    f"no end offset for {topic}[{partition}]"))
-            except KafkaException as error:
-                failure = error
-            if time.monotonic() > deadline:
-                raise failure
-            time.sleep(_LEADER_WAIT_S)
-        ends[partition] = int(high)
-    return ends
 
 
 def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int]:
@@ -194,7 +71,7 @@ def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int
     Never creates the topic by looking it up (the consumer's allow.auto.create.topics is off):
     `topics apply` creates it.
     """
-    found = consumer.list_topics(topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(topic)
+    found = consumer.list_topics(topic, timeout=LOOKUP_TIMEOUT_S).topics.get(topic)
     if found is None or found.error is not None:
         raise DeliveryError(f"the {what} topic {topic} does not exist: run "
                             "`cdc-router topics apply -c <config>` first")
@@ -208,7 +85,7 @@ def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: st
     since `partitions` were; every partition now assigned. QA, session 30: a router listed the
     changelog's partitions once, never read the marks other instances wrote to the added ones,
     and delivered their replays again."""
-    found = consumer.list_topics(topic, timeout=_LOOKUP_TIMEOUT_S).topics.get(topic)
+    found = consumer.list_topics(topic, timeout=LOOKUP_TIMEOUT_S).topics.get(topic)
     added = sorted(set(found.partitions) - set(partitions)) \
         if found is not None and found.error is None else []
     if added:
@@ -218,25 +95,33 @@ def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: st
     return sorted([*partitions, *added])
 
 
-def reached(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
-    """Whether every partition's position is at its end, or it holds nothing below it."""
-    for position in consumer.position([TopicPartition(topic, p) for p in ends]):
-        end = ends[position.partition]
-        if end <= 0 or position.offset >= end:
+def positions(consumer: Consumer, topic: str, partitions: Iterable[int],
+              assigned_at: Mapping[int, int] | None = None) -> dict[int, int]:
+    """partition → where the next record is read, negative if nothing was read of it since it
+    was assigned from its beginning. librdkafka's position() answers OFFSET_INVALID until the
+    consumer has returned a record of the partition, even of one assigned at an offset
+    (review 39): `assigned_at`, where partitions were assigned at an offset, stands for it."""
+    return {tp.partition: tp.offset if tp.offset >= 0 else
+            (assigned_at or {}).get(tp.partition, tp.offset)
+            for tp in consumer.position([TopicPartition(topic, p) for p in partitions])}
+
+
+def reached(consumer: Consumer, topic: str, ends: Mapping[int, int],
+            assigned_at: Mapping[int, int] | None = None) -> bool:
+    """Whether every partition's position (see positions()) is at its end, or it holds nothing
+    below it."""
+    for partition, offset in positions(consumer, topic, list(ends), assigned_at).items():
+        end = ends[partition]
+        if end <= 0 or offset >= end:
             continue
-        if position.offset < 0:
+        if offset < 0:
             # Nothing consumed yet: reached only if retention left nothing below the end.
-            low, _ = consumer.get_watermark_offsets(position, timeout=_LOOKUP_TIMEOUT_S,
-                                                    cached=False)
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                    timeout=LOOKUP_TIMEOUT_S, cached=False)
             if low >= end:
                 continue
         return False
     return True
-
-
-def _positions(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> dict[int, int]:
-    return {tp.partition: tp.offset for tp in consumer.position(
-        [TopicPartition(topic, p) for p in ends])}
 
 
 def _shown(offsets: Mapping[int, int]) -> str:
@@ -274,6 +159,7 @@ class TopicReader:
         self._what = what
         self._consumer: Consumer | None = None
         self._partitions: list[int] = []
+        self._assigned_at: dict[int, int] = {}  # the consumer's partitions assigned at an offset
         self._admin = AdminConnection(self._client_config)
 
     def read_to_end(self, *, end: End = "stable",
@@ -285,8 +171,8 @@ class TopicReader:
         """
         deadline = time.monotonic() + timeout_s
         consumer, ends = self._ends(end, deadline)
-        started, read = _positions(consumer, self._topic, ends), 0
-        while not reached(consumer, self._topic, ends):
+        started, read = positions(consumer, self._topic, list(ends), self._assigned_at), 0
+        while not reached(consumer, self._topic, ends, self._assigned_at):
             if time.monotonic() > deadline:
                 raise ReadTimedOut(f"reading the {self._what} topic {self._topic} to its end "
                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
@@ -314,46 +200,52 @@ class TopicReader:
             self._consumer = None
 
     def _ends(self, end: End, deadline: float) -> tuple[Consumer, dict[int, int]]:
-        """The consumer, and the ends to read to. A renewable reader whose lookups fail for a
-        lookup's timeout is given a new consumer at the same positions, which asks again until
-        `deadline` (QA 38-a O2: after a broker's kill the changelog reader's consumer answered
-        "Failed to get metadata" for minutes while new clients worked, and the router's next
-        restore failed: exit 75, 118-193 s without delivery)."""
-        if not self._renewable or self._consumer is None:
-            return self._looked_up(end, deadline)
-        try:
-            return self._looked_up(end, min(deadline, time.monotonic() + _LOOKUP_TIMEOUT_S))
-        except KafkaException as failure:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("event=reader_renewed topic=%s error=%r; a new consumer asks again, "
-                        "from the same positions", self._topic, str(failure))
-            self._renew(self._consumer)
-        return self._looked_up(end, deadline)
-
-    def _looked_up(self, end: End, deadline: float) -> tuple[Consumer, dict[int, int]]:
-        consumer = self._assigned(refresh=True)
-        ends = stable_offsets(consumer, self._topic, self._partitions, deadline)
+        """The consumer, and the ends to read to: the committed ends the consumer asks of the
+        leaders, and for "log_end" the log ends an admin client asks, of which the committed
+        end is the floor (a second opinion; QA 37-a: after the changelog's leader was killed,
+        the admin's answer, -1001, made a restore read no mark)."""
+        consumer, ends = self._stable_ends(deadline)
         if end == "log_end":
-            # The committed end, asked of the leader by the consumer, is the floor of the log
-            # end the admin client gives: a second opinion (QA 37-a: after the changelog's
-            # leader was killed, the admin's answer, -1001, made a restore read no mark).
             logged = log_end_offsets(self._admin, self._topic, self._partitions, deadline)
             ends = {p: max(offset, ends.get(p, 0)) for p, offset in logged.items()}
         return consumer, ends
 
-    def _renew(self, stale: Consumer) -> None:
-        """Replace the consumer by one assigned where it stood (its positions are its own, not
-        the broker's): nothing read is read again, nothing not yet read is passed over."""
-        positions = stale.position([TopicPartition(self._topic, p) for p in self._partitions])
+    def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
+        """The consumer and the committed ends. A renewable reader's consumer whose lookups
+        fail for a lookup's timeout (30 s) is replaced by a new one at the same positions,
+        which asks again until `deadline` (QA 38-a O2: after a broker's kill the changelog
+        reader's consumer answered "Failed to get metadata" for minutes while new clients
+        worked, and the router's next restore failed: exit 75, 118-193 s without delivery)."""
+        if not self._renewable or self._consumer is None:
+            return self._looked_up(deadline)
+        try:
+            return self._looked_up(min(deadline, time.monotonic() + LOOKUP_TIMEOUT_S))
+        except KafkaException as failure:
+            if time.monotonic() > deadline:
+                raise
+            self._renew(self._consumer, failure)
+        return self._looked_up(deadline)
+
+    def _looked_up(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
+        consumer = self._assigned(refresh=True)
+        return consumer, stable_offsets(consumer, self._topic, self._partitions, deadline)
+
+    def _renew(self, stale: Consumer, failure: KafkaException) -> None:
+        """Replace the consumer by one assigned where it stood (positions are the consumer's
+        own, not the broker's): a read that ran to its end goes on as it would have."""
+        where = positions(stale, self._topic, self._partitions, self._assigned_at)
+        log.warning("event=reader_renewed topic=%s positions=%s error=%r; a new consumer asks "
+                    "again, from the same positions", self._topic, _shown(where), str(failure))
         self._consumer = None
-        with contextlib.suppress(KafkaException, RuntimeError):
-            stale.close()
+        # Not waited for: a client librdkafka left without metadata may be slow to let go.
+        threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()
         consumer = Consumer(self._config)
-        # Nothing consumed yet (a negative position): from the beginning, as first assigned.
-        consumer.assign([TopicPartition(self._topic, tp.partition,
-                                        tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-                         for tp in positions])
+        # Nothing read yet (a negative position): from the beginning, as first assigned.
+        consumer.assign([TopicPartition(self._topic, partition,
+                                        offset if offset >= 0 else OFFSET_BEGINNING)
+                         for partition, offset in where.items()])
+        self._assigned_at = {partition: offset for partition, offset in where.items()
+                             if offset >= 0}
         self._consumer = consumer
 
     @property

@@ -34,14 +34,8 @@ from confluent_kafka import Consumer, KafkaException
 from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, marks_delivery
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS
-from cdc_router.kafka.reader import (
-    LEAN_QUEUE,
-    AdminConnection,
-    assign_added,
-    assign_from_beginning,
-    log_end_offsets,
-    reached,
-)
+from cdc_router.kafka.lookups import AdminConnection, log_end_offsets
+from cdc_router.kafka.reader import LEAN_QUEUE, assign_added, assign_from_beginning, reached
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,

@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicCollection
 
-from cdc_router.kafka.reader import AdminConnection
+from cdc_router.kafka.lookups import AdminConnection
 
 # operations(topic, timeout_s): the operations the principal may do on the topic (AclOperation
 # names: READ, WRITE, DESCRIBE, ...), or None when the broker does not say.

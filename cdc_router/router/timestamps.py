@@ -35,7 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from cdc_router.kafka.reader import AdminConnection
+from cdc_router.kafka.lookups import AdminConnection
 from cdc_router.router.destinations import MAX_TOPICS, Describe
 
 log = logging.getLogger("cdc_router.router")

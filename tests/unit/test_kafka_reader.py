@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.errors import DeliveryError
-from cdc_router.kafka import reader
+from cdc_router.kafka import lookups
 from cdc_router.kafka.consumer import readable_headers, record_headers
 
 
@@ -63,7 +63,7 @@ class _StaleAfterRestart(_Admin):
 
 @pytest.fixture(autouse=True)
 def _no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reader.time, "sleep", lambda _seconds: None)
+    monkeypatch.setattr(lookups.time, "sleep", lambda _seconds: None)
 
 
 def test_log_end_offsets_retries_with_a_new_client_after_a_broker_restart() -> None:
@@ -73,14 +73,14 @@ def test_log_end_offsets_retries_with_a_new_client_after_a_broker_restart() -> N
         made.append(_StaleAfterRestart([1]) if not made else _Admin([0]))
         return made[-1]
 
-    ends = reader.log_end_offsets(reader.AdminConnection({}, factory), "t", [0, 1])
+    ends = lookups.log_end_offsets(lookups.AdminConnection({}, factory), "t", [0, 1])
     assert ends == {0: 10, 1: 11}
     assert len(made) == 2 and made[0].calls == 1 and made[1].calls == 1
 
 
 def test_log_end_offsets_retries_a_leader_not_known_yet() -> None:
     left = [3]
-    ends = reader.log_end_offsets(reader.AdminConnection({}, lambda _c: _Admin(left)),
+    ends = lookups.log_end_offsets(lookups.AdminConnection({}, lambda _c: _Admin(left)),
                                   "t", [0, 1])
     assert ends == {0: 10, 1: 11}
     assert left == [-1]
@@ -89,8 +89,8 @@ def test_log_end_offsets_retries_a_leader_not_known_yet() -> None:
 def test_log_end_offsets_raises_once_its_deadline_passed() -> None:
     admin = _Admin([10**9])
     with pytest.raises(KafkaException):
-        reader.log_end_offsets(reader.AdminConnection({}, lambda _c: admin), "t", [0],
-                               deadline=reader.time.monotonic() - 1)
+        lookups.log_end_offsets(lookups.AdminConnection({}, lambda _c: admin), "t", [0],
+                               deadline=lookups.time.monotonic() - 1)
     assert admin.calls == 1
 
 
@@ -100,7 +100,7 @@ def test_log_end_offsets_of_a_deleted_topic_is_one_error_after_three_answers() -
     admin = _Admin([10**6])
     admin.deleted = True
     with pytest.raises(DeliveryError, match=r"topic t does not exist any more.*topics apply"):
-        reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
+        lookups.log_end_offsets(lookups.AdminConnection({}, lambda config: admin), "t", [0])
     assert admin.calls == 3  # three answers in a row: a broker just restarted may say it once
 
 
@@ -114,7 +114,7 @@ def test_one_answer_that_the_topic_is_gone_is_not_believed() -> None:
             return super().describe_topics(topics, **kwargs)
 
     admin = Flickering([2])
-    ends = reader.log_end_offsets(reader.AdminConnection({}, lambda config: admin), "t", [0])
+    ends = lookups.log_end_offsets(lookups.AdminConnection({}, lambda config: admin), "t", [0])
     assert ends == {0: 10} and admin.calls == 3
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from confluent_kafka import (
 )
 
 from cdc_router.errors import FatalKafkaError
+from cdc_router.kafka import lookups
 from cdc_router.kafka import reader as reader_module
 from cdc_router.kafka.reader import TopicReader
 
@@ -77,7 +79,7 @@ def reading(monkeypatch: pytest.MonkeyPatch, error: KafkaError) -> tuple[TopicRe
     monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
     monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0])
     monkeypatch.setattr(reader_module, "stable_offsets", lambda c, topic, parts, end: {0: 5})
-    monkeypatch.setattr(reader_module, "reached", lambda c, topic, ends: False)
+    monkeypatch.setattr(reader_module, "reached", lambda c, topic, ends, *_: False)
     return TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g",
                        what="dead-letter"), consumer
 
@@ -206,83 +208,116 @@ def test_a_log_end_lookup_answering_no_offset_is_asked_again_never_taken_for_emp
             return {"cl": future}
 
     connection = SimpleNamespace(client=lambda: Admin(), reset=lambda: None)
-    monkeypatch.setattr(reader_module, "_LEADER_WAIT_S", 0.0)
-    assert reader_module.log_end_offsets(connection, "cl", [0]) == {0: 42}  # type: ignore[arg-type]
+    monkeypatch.setattr(lookups, "LEADER_WAIT_S", 0.0)
+    assert lookups.log_end_offsets(connection, "cl", [0]) == {0: 42}  # type: ignore[arg-type]
     answers[:] = [-1001] * 1000
     with pytest.raises(KafkaException, match="no log end offset"):
-        reader_module.log_end_offsets(connection, "cl", [0], deadline=0.0)  # type: ignore[arg-type]
+        lookups.log_end_offsets(connection, "cl", [0], deadline=0.0)  # type: ignore[arg-type]
 
 
-class Stale(Records):
-    """A consumer of two partitions left without metadata (QA 38-a O2): its lookups fail, its
-    positions (its own) are at offset 3 of partition 0, nothing read of partition 1."""
+class Faithful:
+    """A consumer of partitions 0 and 1 of `cl` holding `counts` committed records each, whose
+    position() answers as librdkafka's does: OFFSET_INVALID for a partition until it returned a
+    record of it, even one assigned at an offset (review 39). `stale`: left without metadata
+    (QA 38-a O2), its lookups fail."""
 
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.closed = False
-
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
-                                        "Local: Broker transport failure"))
-
-    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, 3 if tp.partition == 0 else OFFSET_INVALID)
-                for tp in partitions]
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class Fresh(Records):
-    """A new consumer: answers, and holds records from offset 3 of partition 0."""
-
-    def __init__(self) -> None:
-        super().__init__(5)
-        self.next, self.assigned = 3, list[TopicPartition]()
+    def __init__(self, counts: dict[int, int], *, stale: bool = False) -> None:
+        self.counts, self.stale = counts, stale
+        self.fetch = dict.fromkeys(counts, 0)  # where the next fetch starts
+        self.returned: dict[int, int] = {}  # the position() librdkafka answers
+        self.assigned: list[tuple[int, int]] = []
+        self.closed = threading.Event()
 
     def list_topics(self, topic: str, timeout: float) -> Any:
+        if self.stale:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
+                                            "Local: Broker transport failure"))
         return None
 
     def assign(self, partitions: list[TopicPartition]) -> None:
-        self.assigned = partitions
+        self.assigned = [(tp.partition, tp.offset) for tp in partitions]
+        self.fetch = {tp.partition: max(tp.offset, 0) for tp in partitions}
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        taken = [(p, o) for p, start in self.fetch.items()
+                 for o in range(start, self.counts[p])][:num_messages]
+        for partition, offset in taken:
+            self.fetch[partition] = self.returned[partition] = offset + 1
+        return [Message(topic="cl", partition=p, offset=o, value=b"m") for p, o in taken]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition,
+                               self.returned.get(tp.partition, OFFSET_INVALID))
+                for tp in partitions]
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float,
+                              cached: bool) -> tuple[int, int]:
+        return 0, self.counts[tp.partition]
+
+    def close(self) -> None:
+        self.closed.set()
 
 
-def stale_reader(monkeypatch: pytest.MonkeyPatch, *, renewable: bool) -> tuple[TopicReader,
-                                                                                list[Any]]:
-    built: list[Any] = [Stale(), Fresh()]
-    made = iter(built)
+def renewing(monkeypatch: pytest.MonkeyPatch, *consumers: Faithful) -> None:
+    made = iter(consumers)
+
+    def first(consumer: Faithful, topic: str, what: str) -> list[int]:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in consumer.counts])
+        return sorted(consumer.counts)
+
     monkeypatch.setattr(reader_module, "Consumer", lambda config: next(made))
-    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0, 1])
+    monkeypatch.setattr(reader_module, "assign_from_beginning", first)
     monkeypatch.setattr(reader_module, "assign_added",
                         lambda c, topic, parts, what: c.list_topics(topic, 30) or parts)
-    monkeypatch.setattr(reader_module, "stable_offsets", lambda c, topic, parts, end: {0: 5})
-    monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {0: 5})
-    reader = TopicReader({"bootstrap.servers": "k:9092"}, "cl", group_id="g", what="changelog",
-                         renewable=renewable)
-    assert reader.consumer is built[0]  # built and assigned (the first read of a restore)
-    return reader, built
+    monkeypatch.setattr(reader_module, "stable_offsets",
+                        lambda c, topic, parts, end: {p: c.counts[p] for p in parts})
+    monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {
+        p: 0 for p in parts})
 
 
-def test_a_renewable_reader_left_without_metadata_reads_on_with_a_new_consumer_where_it_stood(
+def _read(reader: reader_module.ChangelogReader) -> list[tuple[int, int]]:
+    return [(message.partition(), message.offset())  # type: ignore[misc]
+            for message in reader.read_to_end(end="log_end", timeout_s=5)]
+
+
+def test_a_changelog_reader_left_without_metadata_reads_on_with_a_new_consumer_where_it_stood(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # QA 38-a O2: after a broker's kill the changelog reader's consumer failed every metadata
     # request for minutes while new clients worked; the router's next restore exited 75.
-    reader, (stale, fresh) = stale_reader(monkeypatch, renewable=True)
-    offsets = [message.offset() for message in reader.read_to_end(end="log_end", timeout_s=5)]
-    assert offsets == [3, 4]  # nothing read again, nothing passed over
-    assert stale.closed
-    assert [(tp.partition, tp.offset) for tp in fresh.assigned] == [(0, 3), (1, OFFSET_BEGINNING)]
-    assert "event=reader_renewed topic=cl" in caplog.text
+    stale, fresh, fresher = (Faithful({0: 3, 1: 2}, stale=True), Faithful({0: 5, 1: 2}),
+                             Faithful({0: 5, 1: 3}))
+    renewing(monkeypatch, stale, fresh, fresher)
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    assert _read(reader) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    # Nothing read twice, nothing passed over; and partition 1, with nothing new since, is at
+    # its end although librdkafka's position() says nothing of it (review 39: the read waited
+    # for its deadline, then the restore failed).
+    assert _read(reader) == [(0, 3), (0, 4)]
+    assert stale.closed.wait(5)
+    assert fresh.assigned == [(0, 3), (1, 2)]
+    assert "event=reader_renewed topic=cl positions=0:3,1:2" in caplog.text
+    fresh.stale = True  # renewed again: partition 1 from where the last renewal assigned it
+    assert _read(reader) == [(1, 2)]
+    assert fresher.assigned == [(0, 5), (1, 2)]
+
+
+def test_a_partition_never_read_is_read_from_its_beginning_by_a_renewed_reader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stale, fresh = Faithful({0: 0, 1: 0}, stale=True), Faithful({0: 1, 1: 0})
+    renewing(monkeypatch, stale, fresh)
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    assert _read(reader) == []
+    assert _read(reader) == [(0, 0)]
+    assert fresh.assigned == [(0, OFFSET_BEGINNING), (1, OFFSET_BEGINNING)]
 
 
 def test_a_reader_whose_consumer_was_handed_out_is_not_renewed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # `dlq replay` commits offsets under the reader's consumer: it must stay the same one.
-    reader, (stale, _) = stale_reader(monkeypatch, renewable=False)
+    stale = Faithful({0: 1}, stale=True)
+    renewing(monkeypatch, stale)
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g", what="letters")
+    assert reader.consumer is stale
     with pytest.raises(KafkaException, match="Failed to get metadata"):
         list(reader.read_to_end(timeout_s=5))
-    assert not stale.closed
-
-
-def test_the_changelog_reader_is_renewable() -> None:
-    assert reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")._renewable
+    assert not stale.closed.is_set()
