@@ -139,7 +139,7 @@ class TopicReader:
     def __init__(self, config: Mapping[str, Any], topic: str, *, group_id: str,
                  what: str, lean: bool = False, renewable: bool = False) -> None:
         """`lean`: little buffered at a time, for a topic of large records read once.
-        `renewable`: a consumer whose lookups fail is replaced (see _ends); not for a reader
+        `renewable`: a consumer whose lookups fail is replaced (_stable_ends); not for a reader
         whose consumer was handed out (its `consumer`, which `dlq replay` commits under)."""
         self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
         self._renewable = renewable
