@@ -28,11 +28,18 @@ log = logging.getLogger("cdc_router.kafka")
 # Metadata and offset lookups: the broker answers in milliseconds; 30 s covers a controller
 # election, after which the caller's own retry (or the user) takes over.
 LOOKUP_TIMEOUT_S = 30
-# The first log-end lookup of log_end_offsets (its request_timeout), retried with a new admin
-# client and this much more time each, up to LOOKUP_TIMEOUT_S: after a leader's kill the first
-# one answered only at its timeout while a new client's answered at once (QA 38-a O1: restores
-# of 28-62 s with 30 s a lookup), and a loaded host may need the longer ones (review 39).
-_LOG_END_ATTEMPT_S = 10
+# The first attempt of an offsets lookup that is retried (its timeout), and how much longer each
+# next one is, up to LOOKUP_TIMEOUT_S: after a leader's kill the first one answered only at its
+# timeout, while the next one answered at once (QA 38-a O1: restores of 28-62 s with 30 s a
+# lookup; QA 39-a: 30 s in a watermark query), and a loaded host may need the longer ones.
+_ATTEMPT_S = 10
+
+
+def _next_attempt_s(previous_s: float, deadline: float) -> float:
+    """The next attempt's timeout: _ATTEMPT_S longer than the previous one's, at most
+    LOOKUP_TIMEOUT_S, and ending by `deadline` (one second at least)."""
+    return max(1.0, min(LOOKUP_TIMEOUT_S, previous_s + _ATTEMPT_S,
+                        deadline - time.monotonic()))
 # A topic just created answers NOT_LEADER_FOR_PARTITION until its leader is known; librdkafka
 # does not retry that for a watermark query, so we do, this often.
 LEADER_WAIT_S = 0.5
@@ -92,9 +99,9 @@ def log_end_offsets(admin: AdminConnection, topic: str, partitions: list[int],
     deadline = time.monotonic() + LOOKUP_TIMEOUT_S if deadline is None else deadline
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
     said_deleted = 0  # answers in a row that the topic does not exist
-    attempt_s = 0
+    attempt_s = 0.0
     while True:
-        attempt_s = min(LOOKUP_TIMEOUT_S, attempt_s + _LOG_END_ATTEMPT_S)
+        attempt_s = _next_attempt_s(attempt_s, deadline)
         try:
             futures = admin.client().list_offsets(
                 {TopicPartition(topic, p): latest for p in partitions},
@@ -139,16 +146,22 @@ def stable_offsets(consumer: Consumer, topic: str, partitions: list[int],
     """partition → the last stable offset (a read_committed consumer's high watermark)."""
     ends = {}
     for partition in partitions:
+        attempt_s = 0.0
         while True:
+            attempt_s = _next_attempt_s(attempt_s, deadline)
             try:
                 _, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=LOOKUP_TIMEOUT_S, cached=False)
+                    TopicPartition(topic, partition), timeout=attempt_s, cached=False)
                 if high >= 0:  # -1001, no end known (a leader just moved), is asked again
                     break
                 failure = KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE,
                                                     f"no end offset for {topic}[{partition}]"))
             except KafkaException as error:
                 failure = error
+                # A lookup that took its timeout or was refused; a -1001 answer is asked again
+                # twice a second, unsaid.
+                log.warning("event=offsets_lookup_failed topic=%s partition=%d error=%r; "
+                            "asking again", topic, partition, str(error))
             if time.monotonic() > deadline:
                 raise failure
             time.sleep(LEADER_WAIT_S)

@@ -118,6 +118,44 @@ def test_one_answer_that_the_topic_is_gone_is_not_believed() -> None:
     assert ends == {0: 10} and admin.calls == 3
 
 
+def test_each_retried_lookup_waits_longer_up_to_30_s_and_never_past_its_deadline() -> None:
+    # QA 38-a O1 / 39-a: after a leader's kill a 30 s lookup answered only at its timeout,
+    # where the next one answered at once: 10 s first, then longer for a loaded host.
+    class Timed(_Admin):
+        def __init__(self, failures: list[int]) -> None:
+            super().__init__(failures)
+            self.timeouts: list[float] = []
+
+        def list_offsets(self, request: dict[TopicPartition, Any], **kwargs: Any) -> Any:
+            self.timeouts.append(kwargs["request_timeout"])
+            return super().list_offsets(request, **kwargs)
+
+    admin = Timed([3])
+    lookups.log_end_offsets(lookups.AdminConnection({}, lambda config: admin), "t", [0],
+                            deadline=lookups.time.monotonic() + 300)
+    assert admin.timeouts == [10, 20, 30, 30]
+
+    class Watermarks:
+        def __init__(self, failures: int) -> None:
+            self.failures, self.timeouts = failures, list[float]()
+
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float,
+                                  cached: bool) -> tuple[int, int]:
+            self.timeouts.append(timeout)
+            self.failures -= 1
+            if self.failures >= 0:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+            return 0, 7
+
+    consumer = Watermarks(2)
+    deadline = lookups.time.monotonic() + 300
+    ends = lookups.stable_offsets(consumer, "t", [0], deadline)  # type: ignore[arg-type]
+    assert ends == {0: 7} and consumer.timeouts == [10, 20, 30]
+    consumer = Watermarks(1)
+    lookups.stable_offsets(consumer, "t", [0], lookups.time.monotonic() + 4)  # type: ignore[arg-type]
+    assert all(3 < timeout <= 4 for timeout in consumer.timeouts)  # never past the deadline
+
+
 class _UndecodableHeaders(Message):
     """As confluent-kafka's Message for a header name that is not UTF-8 (its first call)."""
 
