@@ -172,10 +172,14 @@ class TopicReader:
         deadline = time.monotonic() + timeout_s
         consumer, ends = self._ends(end, deadline)
         started, read = positions(consumer, self._topic, list(ends), self._assigned_at), 0
+        moved, moved_at = started, time.monotonic()  # the positions, and when they last moved
         while not reached(consumer, self._topic, ends, self._assigned_at):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise ReadTimedOut(f"reading the {self._what} topic {self._topic} to its end "
                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
+            if now - moved_at > LOOKUP_TIMEOUT_S:
+                consumer, moved_at = self._stalled(consumer, moved, ends), now
             for message in consumer.consume(num_messages=self._batch, timeout=0.2):
                 error = message.error()
                 if error is None:
@@ -190,6 +194,8 @@ class TopicReader:
                             "grant this principal Read on the topic"
                             if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else
                             "check the kafka section's security settings"), error)
+            if (where := positions(consumer, self._topic, list(ends), self._assigned_at)) != moved:
+                moved, moved_at = where, time.monotonic()
 
         log.info("event=topic_read topic=%s ends=%s from=%s records=%d", self._topic,
                  _shown(ends), _shown(started), read)
@@ -210,6 +216,21 @@ class TopicReader:
             ends = {p: max(offset, ends.get(p, 0)) for p, offset in logged.items()}
         return consumer, ends
 
+    def _stalled(self, consumer: Consumer, where: dict[int, int],
+                 ends: dict[int, int]) -> Consumer:
+        """The consumer to read on with after LOOKUP_TIMEOUT_S without progress below the ends:
+        said, and a renewable reader's replaced (QA 39-a: a restore read nothing for 26 s after
+        a broker's kill, unsaid; a consumer left without metadata would wait for the deadline).
+        An open transaction holds a read up as long, which a new consumer waits for as well."""
+        log.warning("event=read_stalled topic=%s positions=%s ends=%s seconds=%.0f: no record "
+                    "read; a transaction open, or the consumer without a leader", self._topic,
+                    _shown(where), _shown(ends), LOOKUP_TIMEOUT_S)
+        if not self._renewable:
+            return consumer
+        self._renew(consumer, "nothing read for a lookup's timeout")
+        assert self._consumer is not None  # _renew made it
+        return self._consumer
+
     def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
         """The consumer and the committed ends. A renewable reader's consumer whose lookups
         fail for a lookup's timeout (30 s) is replaced by a new one at the same positions,
@@ -223,19 +244,21 @@ class TopicReader:
         except KafkaException as failure:
             if time.monotonic() > deadline:
                 raise
-            self._renew(self._consumer, failure)
+            self._renew(self._consumer, repr(str(failure)))
         return self._looked_up(deadline)
 
     def _looked_up(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
         consumer = self._assigned(refresh=True)
         return consumer, stable_offsets(consumer, self._topic, self._partitions, deadline)
 
-    def _renew(self, stale: Consumer, failure: KafkaException) -> None:
+    def _renew(self, stale: Consumer, why: str) -> None:
         """Replace the consumer by one assigned where it stood (positions are the consumer's
-        own, not the broker's): a read that ran to its end goes on as it would have."""
+        own, not the broker's): a read goes on as it would have. The admin client too, made
+        before the same outage (QA 39-a: the renewed read's first lookup failed again)."""
         where = positions(stale, self._topic, self._partitions, self._assigned_at)
-        log.warning("event=reader_renewed topic=%s positions=%s error=%r; a new consumer asks "
-                    "again, from the same positions", self._topic, _shown(where), str(failure))
+        log.warning("event=reader_renewed topic=%s positions=%s error=%s; a new consumer asks "
+                    "again, from the same positions", self._topic, _shown(where), why)
+        self._admin.reset()
         self._consumer = None
         # Not waited for: a client librdkafka left without metadata may be slow to let go.
         threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()

@@ -238,7 +238,11 @@ class Faithful:
         self.assigned = [(tp.partition, tp.offset) for tp in partitions]
         self.fetch = {tp.partition: max(tp.offset, 0) for tp in partitions}
 
+    frozen = False  # fetches nothing (a consumer without a leader, QA 39-a)
+
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        if self.frozen:
+            return []
         taken = [(p, o) for p, start in self.fetch.items()
                  for o in range(start, self.counts[p])][:num_messages]
         for partition, offset in taken:
@@ -321,3 +325,31 @@ def test_a_reader_whose_consumer_was_handed_out_is_not_renewed(
     with pytest.raises(KafkaException, match="Failed to get metadata"):
         list(reader.read_to_end(timeout_s=5))
     assert not stale.closed.is_set()
+
+
+def test_a_changelog_read_that_stalls_says_so_and_reads_on_with_a_new_consumer(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 39-a: a restore read nothing for 26 s after a broker's kill, and said nothing; a
+    # consumer that cannot fetch would wait for the deadline (300 s), then exit 75.
+    frozen, fresh = Faithful({0: 2, 1: 1}), Faithful({0: 4, 1: 1})
+    renewing(monkeypatch, frozen, fresh)
+    monkeypatch.setattr(reader_module, "LOOKUP_TIMEOUT_S", 0.3)
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    assert _read(reader) == [(0, 0), (0, 1), (1, 0)]
+    frozen.counts[0], frozen.frozen = 4, True
+    assert _read(reader) == [(0, 2), (0, 3)]
+    assert "event=read_stalled topic=cl positions=0:2,1:1 ends=0:4,1:1" in caplog.text
+    assert "event=reader_renewed topic=cl positions=0:2,1:1 error=nothing read" in caplog.text
+    assert fresh.assigned == [(0, 2), (1, 1)]
+
+
+def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_deadline(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    frozen = Faithful({0: 1})
+    frozen.frozen = True
+    renewing(monkeypatch, frozen)
+    monkeypatch.setattr(reader_module, "LOOKUP_TIMEOUT_S", 0.1)
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g", what="letters")
+    with pytest.raises(reader_module.ReadTimedOut):
+        list(reader.read_to_end(timeout_s=0.5))
+    assert "event=read_stalled topic=dlq" in caplog.text and reader.consumer is frozen
