@@ -171,10 +171,11 @@ class RestoreFailed(CdcRouterError):
 
     exit_code = EXIT_RESTART
 
-    def __init__(self, changelog_topic: str, failure: object) -> None:
-        super().__init__(f"could not read the dedup changelog {changelog_topic!r} for the "
-                         f"partitions just assigned ({failure}); exiting with {EXIT_RESTART} "
-                         "for the supervisor to restart this router once the cluster answers")
+    def __init__(self, reading: str, failure: object) -> None:
+        """`reading`: what could not be read, e.g. "the dedup changelog 'cdc-router.dedup'"."""
+        super().__init__(f"could not read {reading} for the partitions just assigned "
+                         f"({failure}); exiting with {EXIT_RESTART} for the supervisor to "
+                         "restart this router once the cluster answers")
 
 
 def fatal_kafka_error(message: str, error: KafkaError | None, *,

@@ -9,17 +9,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RestoreFailed
 from cdc_router.kafka.consumer import report_deleted_offsets
+from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.new_group import assignment_checks
 from cdc_router.router.replay import ReplayFilter
 
 log = logging.getLogger("cdc_router.router")
+
+# What the group coordinator's broker answers while the coordinator moves (a broker restarted,
+# a leader elected), and how long to wait before asking again.
+_COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+_COORDINATOR_WAIT_S = 0.5
 
 
 def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
@@ -34,16 +41,39 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     # these partitions; fetching the committed offsets waits until it is resolved
     # (require_stable), so that the changelog read below sees its marks.
     started, restored = clock(), 0
+    # Not a KafkaException out of consume(): the loop would take it for a passing outage and
+    # route on, while confluent-kafka assigns the partitions anyway.
     try:
-        offsets = consumer.committed(partitions, timeout=timeouts.stable_offsets_s)
+        offsets = committed_offsets(consumer, partitions, timeouts.stable_offsets_s)
+    except KafkaException as failure:
+        raise RestoreFailed("the group's committed offsets", failure) from failure
+    try:
         restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
                                             group=config.source.group_id)
     except (KafkaException, ReadTimedOut) as failure:
-        # Not a KafkaException out of consume(): the loop would take it for a passing outage
-        # and route on, while confluent-kafka assigns the partitions anyway.
-        raise RestoreFailed(config.dedup.changelog_topic, failure) from failure
+        raise RestoreFailed(f"the dedup changelog {config.dedup.changelog_topic!r}",
+                            failure) from failure
     report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
     assignment_checks(config, offsets, restored, replay)
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
+
+
+def committed_offsets(consumer: Any, partitions: list[TopicPartition],
+                      timeout_s: float) -> list[TopicPartition]:
+    """consumer.committed(partitions), asked again while the group coordinator moves, until
+    `timeout_s` (QA 39-b: NOT_COORDINATOR, 7 s after the broker came back, ended a router
+    with exit 75; a new lookup finds the new coordinator)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.committed(  # type: ignore[no-any-return]
+                partitions, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as failure:
+            error = kafka_error_of(failure)
+            if error is None or error.code() not in _COORDINATOR_MOVING \
+                    or time.monotonic() + _COORDINATOR_WAIT_S >= deadline:
+                raise
+            log.warning("event=committed_lookup_failed error=%r; asking again", str(failure))
+        time.sleep(_COORDINATOR_WAIT_S)
