@@ -80,12 +80,13 @@ def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int
     return partitions
 
 
-def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: str) -> list[int]:
+def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: str,
+                 timeout_s: float = LOOKUP_TIMEOUT_S) -> list[int]:
     """Assign, from their beginning, the partitions added to `topic` (kafka-topics --alter)
     since `partitions` were; every partition now assigned. QA, session 30: a router listed the
     changelog's partitions once, never read the marks other instances wrote to the added ones,
     and delivered their replays again."""
-    found = consumer.list_topics(topic, timeout=LOOKUP_TIMEOUT_S).topics.get(topic)
+    found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     added = sorted(set(found.partitions) - set(partitions)) \
         if found is not None and found.error is None else []
     if added:
@@ -128,6 +129,10 @@ def _shown(offsets: Mapping[int, int]) -> str:
     return ",".join(f"{partition}:{offset}" for partition, offset in sorted(offsets.items()))
 
 
+# A renewable reader's consumer whose lookups fail this long is replaced: after a broker's
+# outage a consumer left without metadata failed for 30 s or for minutes, while a new one
+# answered within 1-5 s (QA 39-b: every restore that needed a renewal took 30.7-32.3 s).
+_RENEW_AFTER_S = 10.0
 # The prefetch settings of a lean reader (see _LEAN_QUEUE_KBYTES).
 LEAN_QUEUE = {"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
               "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS}
@@ -233,14 +238,14 @@ class TopicReader:
 
     def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
         """The consumer and the committed ends. A renewable reader's consumer whose lookups
-        fail for a lookup's timeout (30 s) is replaced by a new one at the same positions,
+        fail for _RENEW_AFTER_S is replaced by a new one at the same positions,
         which asks again until `deadline` (QA 38-a O2: after a broker's kill the changelog
         reader's consumer answered "Failed to get metadata" for minutes while new clients
         worked, and the router's next restore failed: exit 75, 118-193 s without delivery)."""
         if not self._renewable or self._consumer is None:
             return self._looked_up(deadline)
         try:
-            return self._looked_up(min(deadline, time.monotonic() + LOOKUP_TIMEOUT_S))
+            return self._looked_up(min(deadline, time.monotonic() + _RENEW_AFTER_S))
         except KafkaException as failure:
             if time.monotonic() > deadline:
                 raise
@@ -248,7 +253,8 @@ class TopicReader:
         return self._looked_up(deadline)
 
     def _looked_up(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
-        consumer = self._assigned(refresh=True)
+        consumer = self._assigned(
+            refresh=True, timeout_s=max(1.0, min(LOOKUP_TIMEOUT_S, deadline - time.monotonic())))
         return consumer, stable_offsets(consumer, self._topic, self._partitions, deadline)
 
     def _renew(self, stale: Consumer, why: str) -> None:
@@ -277,8 +283,10 @@ class TopicReader:
         group (`dlq replay` commits offsets under it in a transaction)."""
         return self._assigned()
 
-    def _assigned(self, *, refresh: bool = False) -> Consumer:
-        """The consumer; `refresh`: assigned also the partitions added to the topic since."""
+    def _assigned(self, *, refresh: bool = False,
+                  timeout_s: float = LOOKUP_TIMEOUT_S) -> Consumer:
+        """The consumer; `refresh`: assigned also the partitions added to the topic since
+        (looked up within `timeout_s`)."""
         if self._consumer is None:
             consumer = Consumer(self._config)
             try:
@@ -288,11 +296,9 @@ class TopicReader:
                 raise
             self._consumer = consumer
         elif refresh:
-            self._assign_added(self._consumer)
+            self._partitions = assign_added(self._consumer, self._topic, self._partitions,
+                                            self._what, timeout_s)
         return self._consumer
-
-    def _assign_added(self, consumer: Consumer) -> None:
-        self._partitions = assign_added(consumer, self._topic, self._partitions, self._what)
 
 
 class ChangelogReader(TopicReader):

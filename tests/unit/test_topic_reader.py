@@ -227,8 +227,10 @@ class Faithful:
         self.returned: dict[int, int] = {}  # the position() librdkafka answers
         self.assigned: list[tuple[int, int]] = []
         self.closed = threading.Event()
+        self.lookups: list[float] = []  # list_topics' timeouts
 
     def list_topics(self, topic: str, timeout: float) -> Any:
+        self.lookups.append(timeout)
         if self.stale:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
                                             "Local: Broker transport failure"))
@@ -272,16 +274,17 @@ def renewing(monkeypatch: pytest.MonkeyPatch, *consumers: Faithful) -> None:
     monkeypatch.setattr(reader_module, "Consumer", lambda config: next(made))
     monkeypatch.setattr(reader_module, "assign_from_beginning", first)
     monkeypatch.setattr(reader_module, "assign_added",
-                        lambda c, topic, parts, what: c.list_topics(topic, 30) or parts)
+                        lambda c, topic, parts, what, timeout_s: c.list_topics(topic, timeout_s)
+                        or parts)
     monkeypatch.setattr(reader_module, "stable_offsets",
                         lambda c, topic, parts, end: {p: c.counts[p] for p in parts})
     monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {
         p: 0 for p in parts})
 
 
-def _read(reader: reader_module.ChangelogReader) -> list[tuple[int, int]]:
+def _read(reader: reader_module.ChangelogReader, timeout_s: float = 5) -> list[tuple[int, int]]:
     return [(message.partition(), message.offset())  # type: ignore[misc]
-            for message in reader.read_to_end(end="log_end", timeout_s=5)]
+            for message in reader.read_to_end(end="log_end", timeout_s=timeout_s)]
 
 
 def test_a_changelog_reader_left_without_metadata_reads_on_with_a_new_consumer_where_it_stood(
@@ -296,10 +299,12 @@ def test_a_changelog_reader_left_without_metadata_reads_on_with_a_new_consumer_w
     # Nothing read twice, nothing passed over; and partition 1, with nothing new since, is at
     # its end although librdkafka's position() says nothing of it (review 39: the read waited
     # for its deadline, then the restore failed).
-    assert _read(reader) == [(0, 3), (0, 4)]
+    assert _read(reader, timeout_s=300) == [(0, 3), (0, 4)]
     assert stale.closed.wait(5)
     assert fresh.assigned == [(0, 3), (1, 2)]
     assert "event=reader_renewed topic=cl positions=0:3,1:2" in caplog.text
+    # QA 39-b: each renewal came after a 30 s lookup; a new consumer answered within 1-5 s.
+    assert 9 < stale.lookups[0] <= 10
     fresh.stale = True  # renewed again: partition 1 from where the last renewal assigned it
     assert _read(reader) == [(1, 2)]
     assert fresher.assigned == [(0, 5), (1, 2)]
