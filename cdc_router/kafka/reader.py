@@ -125,6 +125,25 @@ def reached(consumer: Consumer, topic: str, ends: Mapping[int, int],
     return True
 
 
+def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: list[int],
+               assigned_at: Mapping[int, int], why: str) -> tuple[Consumer, dict[int, int]]:
+    """A new consumer of `config` assigned where `stale` stood on `partitions` (see
+    positions()), and where it assigned a partition at an offset (its `assigned_at`). The
+    positions are the consumer's own, not the broker's: a read goes on as it would have. For a
+    consumer librdkafka left without metadata after a broker's outage (QA 38-a O2, QA 39-b: for
+    minutes, while new clients answered at once)."""
+    where = positions(stale, topic, partitions, assigned_at)
+    log.warning("event=reader_renewed topic=%s positions=%s error=%s; a new consumer asks "
+                "again, from the same positions", topic, _shown(where), why)
+    # Not waited for: a client left without metadata may be slow to let go.
+    threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()
+    consumer = Consumer(config)
+    # Nothing read yet (a negative position): from the beginning, as first assigned.
+    consumer.assign([TopicPartition(topic, partition, offset if offset >= 0 else OFFSET_BEGINNING)
+                     for partition, offset in where.items()])
+    return consumer, {partition: offset for partition, offset in where.items() if offset >= 0}
+
+
 def _shown(offsets: Mapping[int, int]) -> str:
     return ",".join(f"{partition}:{offset}" for partition, offset in sorted(offsets.items()))
 
@@ -258,24 +277,12 @@ class TopicReader:
         return consumer, stable_offsets(consumer, self._topic, self._partitions, deadline)
 
     def _renew(self, stale: Consumer, why: str) -> None:
-        """Replace the consumer by one assigned where it stood (positions are the consumer's
-        own, not the broker's): a read goes on as it would have. The admin client too, made
-        before the same outage (QA 39-a: the renewed read's first lookup failed again)."""
-        where = positions(stale, self._topic, self._partitions, self._assigned_at)
-        log.warning("event=reader_renewed topic=%s positions=%s error=%s; a new consumer asks "
-                    "again, from the same positions", self._topic, _shown(where), why)
+        """Replace the consumer (reassigned()), and the admin client, made before the same
+        outage (QA 39-a: the renewed read's first lookup failed again)."""
         self._admin.reset()
         self._consumer = None
-        # Not waited for: a client librdkafka left without metadata may be slow to let go.
-        threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()
-        consumer = Consumer(self._config)
-        # Nothing read yet (a negative position): from the beginning, as first assigned.
-        consumer.assign([TopicPartition(self._topic, partition,
-                                        offset if offset >= 0 else OFFSET_BEGINNING)
-                         for partition, offset in where.items()])
-        self._assigned_at = {partition: offset for partition, offset in where.items()
-                             if offset >= 0}
-        self._consumer = consumer
+        self._consumer, self._assigned_at = reassigned(
+            stale, self._config, self._topic, self._partitions, self._assigned_at, why)
 
     @property
     def consumer(self) -> Consumer:

@@ -35,7 +35,13 @@ from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, 
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS
 from cdc_router.kafka.lookups import AdminConnection, log_end_offsets
-from cdc_router.kafka.reader import LEAN_QUEUE, assign_added, assign_from_beginning, reached
+from cdc_router.kafka.reader import (
+    LEAN_QUEUE,
+    assign_added,
+    assign_from_beginning,
+    reached,
+    reassigned,
+)
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,
@@ -81,6 +87,8 @@ class CommittedIds:
         self._changelog_partitions: list[int] = []
         self._listed = 0.0  # monotonic time the changelog's partitions were last listed
         self._dead_letters: Consumer | None = None
+        # topic → its consumer's partitions assigned at an offset (kafka/reader.py reassigned)
+        self._assigned_at: dict[str, dict[int, int]] = {}
         self._admin = AdminConnection(self._client_config)
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
         # Marks read from the changelog but not handed out yet: a record holds a batch's ids.
@@ -93,8 +101,18 @@ class CommittedIds:
         """Up to `max_ids` more (event id, delivered ms) in changelog order; [] if none is ready.
 
         Raises KafkaException or DeliveryError (a topic missing) when Kafka cannot answer; the
-        caller retries later, and nothing read so far is lost.
+        caller retries later, and nothing read so far is lost. After a KafkaException the next
+        call reads on with new consumers, from the same positions (QA 39-b: after the broker's
+        outage the changelog consumer failed every metadata request for 8 minutes, until the
+        process ended, while new clients answered at once).
         """
+        try:
+            return self._next(max_ids)
+        except KafkaException as failure:
+            self._renew(repr(str(failure)))
+            raise
+
+    def _next(self, max_ids: int) -> list[tuple[str, int]]:
         if self._held is None:
             marks = self._read_marks(max_ids)
             if not marks:
@@ -107,6 +125,19 @@ class CommittedIds:
         self._held = None
         return [(event_id, ms) for event_id, ms, replayed in marks
                 if replayed or event_id not in self._dead]
+
+    def _renew(self, why: str) -> None:
+        self._admin.reset()
+        if self._changelog is not None:
+            self._changelog, self._assigned_at[self._changelog_topic] = reassigned(
+                self._changelog, self._config, self._changelog_topic,
+                self._changelog_partitions, self._assigned_at.get(self._changelog_topic, {}), why)
+        if self._dead_letters is not None:
+            topic = self._dead_letter_topic
+            self._dead_letters, self._assigned_at[topic] = reassigned(
+                self._dead_letters, self._config, topic,
+                [tp.partition for tp in self._dead_letters.assignment()],
+                self._assigned_at.get(topic, {}), why)
 
     def close(self) -> None:
         for consumer in (self._changelog, self._dead_letters):
@@ -180,7 +211,8 @@ class CommittedIds:
                                [tp.partition for tp in self._dead_letter_consumer().assignment()])
 
     def _dead_letters_reached(self, ends: dict[int, int]) -> bool:
-        return reached(self._dead_letter_consumer(), self._dead_letter_topic, ends)
+        return reached(self._dead_letter_consumer(), self._dead_letter_topic, ends,
+                       self._assigned_at.get(self._dead_letter_topic))
 
     def _consumer(self, topic: str, what: str) -> Consumer:
         consumer = Consumer(self._config)

@@ -281,3 +281,23 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     return free_ports(1)[0]
+
+
+class WithoutMetadata:
+    """A real consumer whose lookups fail, as the changelog reader's did for minutes after a
+    broker's kill (QA 38-a O2); its positions and close() are the real consumer's."""
+
+    def __init__(self, real: Consumer) -> None:
+        self.real = real
+
+    def _failed(self, *args: object, **kwargs: object) -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
+                                        "Local: Broker transport failure"))
+
+    list_topics = get_watermark_offsets = _failed
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return self.real.position(partitions)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.real.close()

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import EVENT_ID, SOURCE_TOPIC, STAGE
@@ -18,7 +18,7 @@ from cdc_router.router.replay import (
     ChangelogRecord,
     changelog_records,
 )
-from tests.integration.support import StackEndpoints, unique
+from tests.integration.support import StackEndpoints, WithoutMetadata, unique
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +133,28 @@ def test_only_committed_marks_of_delivered_events_come_out(stack: StackEndpoints
     assert replayed == ["dead-1"]
     assert fixed == ["fixed-1"]
     assert shared == ["shared"]
+
+
+def test_a_sweep_whose_consumer_lost_its_metadata_reads_on_with_new_consumers(
+        stack: StackEndpoints, topics: tuple[str, str]) -> None:
+    # QA 39-b: after the broker's outage the sweep's changelog consumer failed every metadata
+    # request for 8 minutes (event=cleanup_sweep_failed every 30 s), until the process ended.
+    changelog, dead_letters = topics
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                         "transactional.id": unique("sweep-renewed")})
+    producer.init_transactions(30)
+    _transaction(producer, changelog, dead_letters, ["a", "b"], ["dead-0"], commit=True)
+    source = _sweep(stack, changelog, dead_letters)
+    try:
+        assert sorted(_all(source)) == ["a", "b"]
+        source._changelog = WithoutMetadata(source._changelog)  # type: ignore[arg-type,assignment]
+        source._listed = 0.0  # its partitions are listed again at the next call
+        _transaction(producer, changelog, dead_letters, ["c"], ["dead-1"], commit=True)
+        with pytest.raises(KafkaException, match="Failed to get metadata"):
+            source.next(3)  # the cleaner logs it and asks again later
+        assert _all(source) == ["c"]  # nothing twice, nothing passed over
+    finally:
+        source.close()
 
 
 def test_a_dead_lettered_mark_is_no_delivery_once_its_letter_is_gone(

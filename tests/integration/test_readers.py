@@ -15,8 +15,6 @@ import pytest
 import yaml
 from confluent_kafka import (
     Consumer,
-    KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -29,7 +27,13 @@ from cdc_router.kafka.consumer import readable_headers, record_headers
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from tests.integration.c_producer import produce_with_header
 from tests.integration.pipeline import REPO
-from tests.integration.support import StackEndpoints, read_to_end, read_topic, unique
+from tests.integration.support import (
+    StackEndpoints,
+    WithoutMetadata,
+    read_to_end,
+    read_topic,
+    unique,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -203,26 +207,6 @@ def test_a_catch_up_reads_the_partitions_added_since_the_last_one(stack: StackEn
         reader.close()
 
 
-class _WithoutMetadata:
-    """A real consumer whose lookups fail, as the changelog reader's did for minutes after a
-    broker's kill (QA 38-a O2); its positions and close() are the real consumer's."""
-
-    def __init__(self, real: Consumer) -> None:
-        self.real = real
-
-    def _failed(self, *args: object, **kwargs: object) -> None:
-        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: "
-                                        "Local: Broker transport failure"))
-
-    list_topics = get_watermark_offsets = _failed
-
-    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return self.real.position(partitions)  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        self.real.close()
-
-
 def test_a_changelog_reader_left_without_metadata_reads_on_from_where_it_stood(
         stack: StackEndpoints, topic: str) -> None:
     writer = _transactional(stack, topic)
@@ -230,7 +214,7 @@ def test_a_changelog_reader_left_without_metadata_reads_on_from_where_it_stood(
     reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
 
     def renewed_read(values: list[bytes]) -> list[bytes]:
-        reader._consumer = _WithoutMetadata(reader.consumer)  # type: ignore[assignment]
+        reader._consumer = WithoutMetadata(reader.consumer)  # type: ignore[assignment]
         _commit(writer, topic, values)
         read = sorted(value for _, value in reader.catch_up(timeout_s=90))
         assert isinstance(reader.consumer, Consumer)  # a new one

@@ -358,3 +358,22 @@ def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_dead
     with pytest.raises(reader_module.ReadTimedOut):
         list(reader.read_to_end(timeout_s=0.5))
     assert "event=read_stalled topic=dlq" in caplog.text and reader.consumer is frozen
+
+
+def test_the_cleanup_sweep_reads_on_with_new_consumers_after_a_failed_lookup(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 39-b: after the broker's outage the sweep's changelog consumer failed every metadata
+    # request for 8 minutes, until the process ended.
+    from cdc_router.router.committed_ids import CommittedIds
+
+    stale, fresh = Faithful({0: 2}, stale=True), Faithful({0: 2})
+    stale.assign([TopicPartition("dedup", 0, OFFSET_BEGINNING)])
+    stale.consume(10, 0)  # read up to offset 2
+    monkeypatch.setattr(reader_module, "Consumer", lambda config: fresh)
+    ids = CommittedIds({"bootstrap.servers": "k:9092"}, changelog_topic="dedup", group="g",
+                       dead_letter_topic="dlq", window_ms=1000, ours=lambda topic, group: True)
+    ids._changelog, ids._changelog_partitions = stale, [0]  # type: ignore[assignment]
+    with pytest.raises(KafkaException, match="Failed to get metadata"):
+        ids.next(10)  # its partitions listed again (a minute since): the cleaner asks later
+    assert ids._changelog is fresh and fresh.assigned == [(0, 2)] and stale.closed.wait(5)
+    assert "event=reader_renewed topic=dedup positions=0:2" in caplog.text
