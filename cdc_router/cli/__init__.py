@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -126,11 +127,17 @@ def entry() -> None:
     crash, review 38 F4), as the watchdog's own exit does."""
     try:
         main()
-    except SystemExit as done:
+    except BaseException as done:  # SystemExit, or an error no command turned into one
         watchdog = sys.modules.get("cdc_router.kafka.watchdog")
         if watchdog is None or not watchdog.blocked_calls():
             raise
+        code = done.code if isinstance(done, SystemExit) else 1
+        if not isinstance(code, int) and code is not None:
+            print(code, file=sys.stderr)  # as sys.exit("text") would
+        elif not isinstance(done, SystemExit):
+            traceback.print_exc()
         logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(done.code if isinstance(done.code, int) else 0 if done.code is None else 1)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed file
+                stream.flush()
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)

@@ -116,9 +116,14 @@ def reached(consumer: Consumer, topic: str, ends: Mapping[int, int],
         if end <= 0 or offset >= end:
             continue
         if offset < 0:
-            # Nothing consumed yet: reached only if retention left nothing below the end.
-            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                    timeout=LOOKUP_TIMEOUT_S, cached=False)
+            # Nothing consumed yet: reached only if retention left nothing below the end. A
+            # lookup that fails is no answer: read on (a read that stalls is renewed, review
+            # 39-2: a leader's death mid-read raised out of the restore).
+            try:
+                low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                        timeout=_LOW_LOOKUP_S, cached=False)
+            except KafkaException:
+                return False
             if low >= end:
                 continue
         return False
@@ -135,12 +140,18 @@ def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: 
     where = positions(stale, topic, partitions, assigned_at)
     log.warning("event=reader_renewed topic=%s positions=%s error=%s; a new consumer asks "
                 "again, from the same positions", topic, _shown(where), why)
+    # The new one first: when it cannot be made, the caller keeps the stale one (review 39-2).
+    consumer = Consumer(config)
+    try:
+        # Nothing read yet (a negative position): from the beginning, as first assigned.
+        consumer.assign([TopicPartition(topic, partition,
+                                        offset if offset >= 0 else OFFSET_BEGINNING)
+                         for partition, offset in where.items()])
+    except BaseException:
+        consumer.close()
+        raise
     # Not waited for: a client left without metadata may be slow to let go.
     threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()
-    consumer = Consumer(config)
-    # Nothing read yet (a negative position): from the beginning, as first assigned.
-    consumer.assign([TopicPartition(topic, partition, offset if offset >= 0 else OFFSET_BEGINNING)
-                     for partition, offset in where.items()])
     return consumer, {partition: offset for partition, offset in where.items() if offset >= 0}
 
 
@@ -152,6 +163,14 @@ def _shown(offsets: Mapping[int, int]) -> str:
 # outage a consumer left without metadata failed for 30 s or for minutes, while a new one
 # answered within 1-5 s (QA 39-b: every restore that needed a renewal took 30.7-32.3 s).
 _RENEW_AFTER_S = 10.0
+# A read that returns nothing below its ends this long is said to stall, and a renewable
+# reader's consumer is replaced: it races an open transaction, which holds a read_committed
+# read up to transaction.timeout.ms (delivery.transaction_timeout_ms, 20 s by default), so a
+# renewal may find the read still held; QA 39-a saw a restore read nothing for 26 s after a
+# broker's kill.
+_STALLED_S = 30.0
+# The low watermark's lookup of a partition not read yet, asked at each turn of a read.
+_LOW_LOOKUP_S = 10.0
 # The prefetch settings of a lean reader (see _LEAN_QUEUE_KBYTES).
 LEAN_QUEUE = {"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
               "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS}
@@ -202,7 +221,7 @@ class TopicReader:
             if now > deadline:
                 raise ReadTimedOut(f"reading the {self._what} topic {self._topic} to its end "
                                    f"took over {timeout_s:.0f}s; is a transaction stuck open?")
-            if now - moved_at > LOOKUP_TIMEOUT_S:
+            if now - moved_at > _STALLED_S:
                 consumer, moved_at = self._stalled(consumer, moved, ends), now
             for message in consumer.consume(num_messages=self._batch, timeout=0.2):
                 error = message.error()
@@ -228,6 +247,7 @@ class TopicReader:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        self._assigned_at = {}
 
     def _ends(self, end: End, deadline: float) -> tuple[Consumer, dict[int, int]]:
         """The consumer, and the ends to read to: the committed ends the consumer asks of the
@@ -242,18 +262,17 @@ class TopicReader:
 
     def _stalled(self, consumer: Consumer, where: dict[int, int],
                  ends: dict[int, int]) -> Consumer:
-        """The consumer to read on with after LOOKUP_TIMEOUT_S without progress below the ends:
+        """The consumer to read on with after _STALLED_S without progress below the ends:
         said, and a renewable reader's replaced (QA 39-a: a restore read nothing for 26 s after
         a broker's kill, unsaid; a consumer left without metadata would wait for the deadline).
         An open transaction holds a read up as long, which a new consumer waits for as well."""
         log.warning("event=read_stalled topic=%s positions=%s ends=%s seconds=%.0f: no record "
                     "read; a transaction open, or the consumer without a leader", self._topic,
-                    _shown(where), _shown(ends), LOOKUP_TIMEOUT_S)
+                    _shown(where), _shown(ends), _STALLED_S)
         if not self._renewable:
             return consumer
-        self._renew(consumer, "nothing read for a lookup's timeout")
-        assert self._consumer is not None  # _renew made it
-        return self._consumer
+        self._renew(consumer, f"nothing read for {_STALLED_S:.0f} s")
+        return self._consumer or consumer
 
     def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
         """The consumer and the committed ends. A renewable reader's consumer whose lookups
@@ -280,7 +299,6 @@ class TopicReader:
         """Replace the consumer (reassigned()), and the admin client, made before the same
         outage (QA 39-a: the renewed read's first lookup failed again)."""
         self._admin.reset()
-        self._consumer = None
         self._consumer, self._assigned_at = reassigned(
             stale, self._config, self._topic, self._partitions, self._assigned_at, why)
 
@@ -296,6 +314,7 @@ class TopicReader:
         (looked up within `timeout_s`)."""
         if self._consumer is None:
             consumer = Consumer(self._config)
+            self._assigned_at = {}  # every partition from its beginning
             try:
                 self._partitions = assign_from_beginning(consumer, self._topic, self._what)
             except BaseException:

@@ -23,7 +23,8 @@ from cdc_router.router.replay import ReplayFilter
 log = logging.getLogger("cdc_router.router")
 
 # What the group coordinator's broker answers while the coordinator moves (a broker restarted,
-# a leader elected), and how long to wait before asking again.
+# a leader elected), and how long to wait before asking again: the answer comes at once, and a
+# move takes seconds (QA 39-b: NOT_COORDINATOR for a few seconds after the broker's return).
 _COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                                  KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 _COORDINATOR_WAIT_S = 0.5
@@ -65,7 +66,7 @@ def committed_offsets(consumer: Any, partitions: list[TopicPartition],
     """consumer.committed(partitions), asked again while the group coordinator moves, until
     `timeout_s` (QA 39-b: NOT_COORDINATOR, 7 s after the broker came back, ended a router
     with exit 75; a new lookup finds the new coordinator)."""
-    deadline = time.monotonic() + timeout_s
+    deadline, warned = time.monotonic() + timeout_s, False
     while True:
         try:
             return consumer.committed(  # type: ignore[no-any-return]
@@ -75,5 +76,8 @@ def committed_offsets(consumer: Any, partitions: list[TopicPartition],
             if error is None or error.code() not in _COORDINATOR_MOVING \
                     or time.monotonic() + _COORDINATOR_WAIT_S >= deadline:
                 raise
-            log.warning("event=committed_lookup_failed error=%r; asking again", str(failure))
+            if not warned:  # once: the answer comes twice a second while the move lasts
+                warned = True
+                log.warning("event=committed_lookup_failed error=%r; asking again until the "
+                            "coordinator answers, for up to %.0f s", str(failure), timeout_s)
         time.sleep(_COORDINATOR_WAIT_S)

@@ -24,6 +24,7 @@ transaction with their records, so a mark does not prove a delivery.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -57,6 +58,8 @@ _POLL_S = 0.1
 _RECORDS = 20
 # The changelog's partitions are listed again this often: partitions added since are read too.
 _RELIST_S = 60.0
+# After a failed step the consumers are renewed, at most this often.
+_RENEW_EVERY_S = 60.0
 
 
 class CommittedIds:
@@ -89,6 +92,7 @@ class CommittedIds:
         self._dead_letters: Consumer | None = None
         # topic → its consumer's partitions assigned at an offset (kafka/reader.py reassigned)
         self._assigned_at: dict[str, dict[int, int]] = {}
+        self._renewed = float("-inf")  # monotonic time of the last renewal
         self._admin = AdminConnection(self._client_config)
         self._dead: OrderedDict[str, int] = OrderedDict()  # dead-lettered id → when seen (ms)
         # Marks read from the changelog but not handed out yet: a record holds a batch's ids.
@@ -109,7 +113,12 @@ class CommittedIds:
         try:
             return self._next(max_ids)
         except KafkaException as failure:
-            self._renew(repr(str(failure)))
+            # At most every _RENEW_EVERY_S: a step fails every 30 s in an outage (review 39-2).
+            if time.monotonic() - self._renewed >= _RENEW_EVERY_S:
+                self._renewed = time.monotonic()
+                # A consumer that cannot be made now leaves the stale one, asked again later.
+                with contextlib.suppress(KafkaException):
+                    self._renew(repr(str(failure)))
             raise
 
     def _next(self, max_ids: int) -> list[tuple[str, int]]:

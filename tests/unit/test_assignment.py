@@ -29,13 +29,15 @@ def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(assignment.time, "sleep", lambda _seconds: None)
 
 
-def test_the_committed_offsets_are_asked_again_while_the_group_coordinator_moves() -> None:
+def test_the_committed_offsets_are_asked_again_while_the_group_coordinator_moves(
+        caplog: pytest.LogCaptureFixture) -> None:
     # QA 39-b: NOT_COORDINATOR, 7 s after the broker came back, ended a router (exit 75).
     group = _Group(KafkaError(KafkaError.NOT_COORDINATOR, "Not coordinator"),
                    KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading"))
     [offset] = assignment.committed_offsets(group, [TopicPartition("raw", 0)], 180)
     assert offset.offset == 7 and len(group.timeouts) == 3
     assert all(0 < timeout <= 180 for timeout in group.timeouts)
+    assert caplog.text.count("event=committed_lookup_failed") == 1  # once, not twice a second
 
 
 @pytest.mark.parametrize("error", [

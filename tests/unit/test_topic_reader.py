@@ -338,7 +338,7 @@ def test_a_changelog_read_that_stalls_says_so_and_reads_on_with_a_new_consumer(
     # consumer that cannot fetch would wait for the deadline (300 s), then exit 75.
     frozen, fresh = Faithful({0: 2, 1: 1}), Faithful({0: 4, 1: 1})
     renewing(monkeypatch, frozen, fresh)
-    monkeypatch.setattr(reader_module, "LOOKUP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(reader_module, "_STALLED_S", 0.3)
     reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     assert _read(reader) == [(0, 0), (0, 1), (1, 0)]
     frozen.counts[0], frozen.frozen = 4, True
@@ -353,7 +353,7 @@ def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_dead
     frozen = Faithful({0: 1})
     frozen.frozen = True
     renewing(monkeypatch, frozen)
-    monkeypatch.setattr(reader_module, "LOOKUP_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(reader_module, "_STALLED_S", 0.1)
     reader = TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g", what="letters")
     with pytest.raises(reader_module.ReadTimedOut):
         list(reader.read_to_end(timeout_s=0.5))
@@ -377,3 +377,52 @@ def test_the_cleanup_sweep_reads_on_with_new_consumers_after_a_failed_lookup(
         ids.next(10)  # its partitions listed again (a minute since): the cleaner asks later
     assert ids._changelog is fresh and fresh.assigned == [(0, 2)] and stale.closed.wait(5)
     assert "event=reader_renewed topic=dedup positions=0:2" in caplog.text
+
+
+def test_a_renewal_whose_new_consumer_cannot_be_made_keeps_the_stale_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 39-2: the stale consumer was closed first; a failed Consumer() (a certificate
+    # being rotated, no threads left) left the reader, or the sweep, on a closed consumer.
+    stale = Faithful({0: 1}, stale=True)
+    renewing(monkeypatch, stale)
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    assert _read(reader) == [(0, 0)]
+
+    def unmade(config: dict[str, Any]) -> Any:
+        raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "Failed to create consumer"))
+
+    monkeypatch.setattr(reader_module, "Consumer", unmade)
+    with pytest.raises(KafkaException, match="Failed to create consumer"):
+        _read(reader)
+    assert reader.consumer is stale and not stale.closed.is_set()
+
+
+def test_a_low_watermark_that_cannot_be_looked_up_is_no_end_reached() -> None:
+    # Review 39-2: a leader's death mid-read raised out of the restore from this lookup.
+    class NoAnswer(Faithful):
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float,
+                                  cached: bool) -> tuple[int, int]:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+
+    consumer = NoAnswer({0: 3})
+    assert not reader_module.reached(consumer, "cl", {0: 3})  # type: ignore[arg-type]
+    assert reader_module.reached(consumer, "cl", {0: 3}, {0: 3})  # type: ignore[arg-type]
+
+
+def test_the_cleanup_sweep_renews_its_consumers_at_most_once_a_minute(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 39-2: a step fails every 30 s during an outage; each renewal made two consumers.
+    from cdc_router.router.committed_ids import CommittedIds
+
+    stale = Faithful({0: 0}, stale=True)
+    made: list[Faithful] = []
+    monkeypatch.setattr(reader_module, "Consumer",
+                        lambda config: made.append(Faithful({0: 0}, stale=True)) or made[-1])
+    ids = CommittedIds({"bootstrap.servers": "k:9092"}, changelog_topic="dedup", group="g",
+                       dead_letter_topic="dlq", window_ms=1000, ours=lambda topic, group: True)
+    ids._changelog, ids._changelog_partitions = stale, [0]  # type: ignore[assignment]
+    for _ in range(3):
+        ids._listed = 0.0  # its partitions listed again: the stale consumer fails
+        with pytest.raises(KafkaException, match="Failed to get metadata"):
+            ids.next(10)
+    assert len(made) == 1 and caplog.text.count("event=reader_renewed") == 1

@@ -169,12 +169,16 @@ def test_send_offsets_is_given_up_five_seconds_past_its_timeout_not_fifteen() ->
 
 _ENTRY = """
 import atexit, sys
-from cdc_router.cli import entry
+import cdc_router.cli as cli
 from cdc_router.kafka import watchdog
 atexit.register(lambda: print("finalized", flush=True))
 watchdog._abandoned = int(sys.argv[1])
+if sys.argv[2] == "crash":
+    def crash():
+        raise RuntimeError("no command made this an error")
+    cli.main = crash
 sys.argv = ["cdc-router", *sys.argv[2:]]
-entry()
+cli.entry()
 """
 
 
@@ -183,9 +187,11 @@ def test_the_program_exits_without_finalizers_while_a_given_up_call_is_still_blo
         blocked: int, finalized: bool) -> None:
     # Review 38 F4: an abandoned client's librdkafka threads still run at exit; C atexit
     # handlers (OpenSSL's cleanup) under a broker thread inside SSL can crash the exit.
-    for arg, code, said in (("--version", 0, "cdc-router, version"), ("no-such", 2, "")):
+    for arg, code, said in (("--version", 0, "cdc-router, version"), ("no-such", 2, ""),
+                            ("crash", 1, "")):
         done = subprocess.run([sys.executable, "-c", _ENTRY, str(blocked), arg],
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == code, done.stderr
         assert said in done.stdout  # written out before the exit
         assert ("finalized" in done.stdout) is finalized
+        assert ("RuntimeError: no command made" in done.stderr) is (arg == "crash")
