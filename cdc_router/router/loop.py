@@ -43,6 +43,7 @@ from cdc_router.router import clients
 from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
+from cdc_router.router.membership import MembersFactory, admin_members, membership_watch
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
@@ -76,7 +77,8 @@ class OutboxRouter:
                  wait: Callable[[float], object] | None = None,
                  publisher: JetStreamPublisher | None = None,
                  describe_factory: DescribeFactory = admin_describe,
-                 operations_factory: OperationsFactory = admin_operations) -> None:
+                 operations_factory: OperationsFactory = admin_operations,
+                 members_factory: MembersFactory = admin_members) -> None:
         """Factories build the clients in run() (tests hand fakes); `wait(seconds)`: each
         backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's)."""
         config = self._config = compiled.config
@@ -102,6 +104,7 @@ class OutboxRouter:
                                 timestamp_limits=clients.timestamp_limits(self._describe))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._renewal = ProducerRenewal()
+        self._membership = membership_watch(config, instance_id, members_factory, clock)
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
@@ -147,6 +150,7 @@ class OutboxRouter:
                 try:
                     if self._recovered():
                         self._poll_once(self._consumer, txn)
+                        self._membership.check(self._consumer)  # QA 39-c: never rejoined
                 except FatalKafkaError as failure:
                     if isinstance(failure, GrantRevoked):
                         recheck_grants(self._config, self._destinations)
@@ -177,9 +181,8 @@ class OutboxRouter:
         try:
             messages = next_records(consumer, POLL_BATCH, POLL_WAIT_S, self._revoked)
         except KafkaException as failure:
-            # The cluster, not a record: a broker restarting answers FENCED_LEADER_EPOCH,
-            # NOT_LEADER, ... for a while. Abort what is open, rewind, back off; a fatal error
-            # still stops the router (_abort raises it).
+            # The cluster, not a record (a broker restarting answers NOT_LEADER, ...): abort,
+            # rewind, back off; a fatal error still stops the router (_abort raises it).
             self._abort(failure)
             return
         self.last_poll = self._clock()
@@ -194,10 +197,8 @@ class OutboxRouter:
             # this poll is re-read after the rewind, like after any abort.
             if txn.due() and not self._commit():
                 return
-        # Caught up (the poll took less than a full batch): commit now, so that no record
-        # waits for commit_interval_ms on a quiet stream. Under load polls come back full and
-        # batches grow to commit_interval_ms / commit_max_records, which is what pays for the
-        # transaction's round trips.
+        # Caught up (a poll short of a full batch): commit now, so that nothing waits for
+        # commit_interval_ms on a quiet stream; under load batches grow to pay the round trips.
         if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
 

@@ -26,6 +26,7 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message,
 
 from cdc_router.router.destinations import Describe
 from cdc_router.router.grants import Operations
+from cdc_router.router.membership import Members
 from cdc_router.router.replay import parse_changelog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
@@ -94,6 +95,9 @@ class FakeCluster:
     # the only broker left out of a metadata answer is dropped): list_topics fails _TRANSPORT.
     metadata_lost_producers: int = 0
     producers_built: int = 0
+    # The group.instance.ids the group lists (router/membership.py), and how often it was asked.
+    group_members: set[str] = field(default_factory=lambda: {"i-1"})
+    members_lookups: int = 0
 
     def fence(self) -> None:
         self.producer_epoch += 1
@@ -105,6 +109,13 @@ class FakeCluster:
     def operations_factory(self, admin_config: Mapping[str, Any]) -> Operations:
         """operations(topic, timeout_s) over `granted` (a topic not in it: not said)."""
         return lambda topic, timeout_s: self.granted.get(topic)
+
+    def members_factory(self, admin_config: Mapping[str, Any], group: str) -> Members:
+        """members(timeout_s): group_members, counted."""
+        def members(timeout_s: float) -> set[str]:
+            self.members_lookups += 1
+            return set(self.group_members)
+        return members
 
     def committed(self, topic: str) -> list[Stored]:
         return self.topics.get(topic, [])
@@ -318,6 +329,7 @@ class FakeConsumer:
         self.before_consume: list[Callable[[FakeConsumer], None]] = []
         self.events: list[Message] = []
         self.closed = False
+        self.stranded = False  # no partition, never joins again (router/membership.py)
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         assert topics == [RAW]
@@ -342,7 +354,7 @@ class FakeConsumer:
             hooks, self.before_consume = self.before_consume, []
             for hook in hooks:  # a hook that adds hooks defers them to the next poll
                 hook(self)
-        if not self.assigned:
+        if not self.assigned and not self.stranded:
             self.assign_all()
         # Consumer events a hook queued (librdkafka hands them over as messages with error()).
         batch, self.events = self.events[:num_messages], self.events[num_messages:]

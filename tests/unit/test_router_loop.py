@@ -30,6 +30,7 @@ from cdc_router.errors import (
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.kafka.watchdog import CallWatchdog
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
+from cdc_router.router import membership
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
@@ -88,7 +89,8 @@ class Harness:
             consumer_factory=self._consumer, wait=self.waits.append,
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
             describe_factory=cluster.describe_factory, publisher=publisher,
-            operations_factory=cluster.operations_factory)
+            operations_factory=cluster.operations_factory,
+            members_factory=cluster.members_factory)
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
@@ -854,6 +856,84 @@ def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
     assert len(harness.consumers) == 4  # the first and three new ones
+
+
+def _strand(cluster: FakeCluster) -> Any:
+    """A hook: the consumer loses its partitions and never joins again, and the group does not
+    list it (QA 39-c F1: librdkafka's session timed out in a broker's outage)."""
+    def strand(consumer: FakeConsumer) -> None:  # with more to read
+        cluster.raw[0].append((b"k", raw_event(f"x-{len(cluster.raw[0])}")))
+        consumer.revoke_all(lost=True)
+        consumer.stranded = True
+        cluster.group_members.clear()
+    return strand
+
+
+@pytest.fixture
+def quick_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The membership watch checks at every poll and renews at the second answer without it."""
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(membership, "SESSIONS_OUT", 0)
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_a_consumer_the_group_no_longer_lists_is_replaced_and_every_event_goes_once() -> None:
+    cluster = cluster_with(*events(8)[:4])
+    stranded: list[int] = []
+
+    def strand_once(consumer: FakeConsumer) -> None:  # the first poll's batch is open
+        if not stranded:
+            stranded.append(1)
+            cluster.raw[0] += [(b"k", value) for value in events(8)[4:]]
+            _strand(cluster)(consumer)
+            cluster.group_members.add("another-instance")
+
+    def rejoin(conf: dict[str, Any]) -> FakeConsumer:
+        cluster.group_members.add("i-1")
+        return made(conf)
+
+    harness = Harness(cluster, hooks=[strand_once], delivery=SLOW_COMMIT)
+    made, harness.router._consumer_factory = harness.router._consumer_factory, rejoin
+    harness.run()
+    assert sorted(harness.delivered()) == [*(f"e-{i}" for i in range(8)), "x-8"]  # each once
+    assert len(harness.consumers) == 2 and harness.consumers[0].closed
+    assert cluster.group_offsets == {(RAW, 0): 9} and cluster.members_lookups == 2
+
+
+@pytest.mark.usefixtures("quick_watch")
+def test_a_consumer_that_never_rejoins_exits_for_a_restart_after_the_budget() -> None:
+    cluster = cluster_with(*events(5))
+    harness = Harness(cluster, hooks=[_strand(cluster)])
+    with pytest.raises(MemberFenced, match="did not list instance i-1") as raised:
+        harness.run()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert len(harness.consumers) == 1 + MAX_FENCES
+
+
+def test_an_instance_without_partitions_but_in_the_group_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # More instances than partitions: a member with none is no stranded consumer.
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(membership, "SESSIONS_OUT", 0)
+    cluster = cluster_with(*events(3))
+    polls: list[int] = []
+
+    def idle_member(consumer: FakeConsumer) -> None:
+        cluster.raw[0].append((b"k", raw_event("x-3")))  # another member's to read
+        consumer.revoke_all()
+        consumer.stranded = True
+        consumer.before_consume.append(count)
+
+    def count(consumer: FakeConsumer) -> None:
+        polls.append(1)
+        if len(polls) < 20:
+            consumer.before_consume.append(count)
+        else:
+            harness.router.stop()
+
+    harness = Harness(cluster, hooks=[idle_member])
+    harness.run()
+    assert len(harness.consumers) == 1 and cluster.members_lookups >= 19
 
 
 def test_committed_offsets_librdkafka_will_not_fetch_again_exit_for_a_new_consumer() -> None:

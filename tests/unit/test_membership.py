@@ -1,0 +1,148 @@
+"""The watch of a consumer left out of its group (router/membership.py, QA 39-c F1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.errors import EXIT_RESTART, MemberFenced
+from cdc_router.router.membership import (
+    CHECK_EVERY_S,
+    MembershipWatch,
+    membership_watch,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Consumer:
+    def __init__(self, *partitions: int) -> None:
+        self.partitions = [TopicPartition("raw", p) for p in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return self.partitions
+
+
+class Group:
+    """members(timeout_s) answering `listed`, or raising the next of `failures`."""
+
+    def __init__(self, *listed: str) -> None:
+        self.listed = set(listed)
+        self.failures: list[BaseException] = []
+        self.asked = 0
+
+    def __call__(self, timeout_s: float) -> set[str]:
+        self.asked += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return set(self.listed)
+
+
+def watch(group: Group, clock: Clock, session_timeout_ms: int = 10_000) -> MembershipWatch:
+    return MembershipWatch(group, group="g", instance_id="i-1",
+                           session_timeout_ms=session_timeout_ms, clock=clock)
+
+
+def checks(watched: MembershipWatch, consumer: Any, clock: Clock, count: int) -> None:
+    """check() `count` times, CHECK_EVERY_S apart; the first of a consumer only starts its
+    watch, so a stranded one is seen missing from the second on."""
+    for _ in range(count):
+        clock.now += CHECK_EVERY_S
+        watched.check(consumer)
+
+
+def test_a_consumer_missing_from_its_group_is_renewed_after_three_sessions() -> None:
+    clock, group, stranded = Clock(), Group("other"), Consumer()
+    watched = watch(group, clock)
+    checks(watched, stranded, clock, 4)  # missing at the 2nd, then for 10 and 20 s
+    with pytest.raises(MemberFenced, match="did not list instance i-1 for 30 s") as raised:
+        checks(watched, stranded, clock, 1)
+    assert raised.value.exit_code == EXIT_RESTART
+    assert group.asked == 4
+
+
+def test_the_group_is_asked_every_check_interval_not_at_every_poll() -> None:
+    clock, group, stranded = Clock(), Group("i-1"), Consumer()
+    watched = watch(group, clock)
+    for _ in range(100):
+        clock.now += 0.5
+        watched.check(stranded)
+    assert group.asked == 100 * 0.5 // CHECK_EVERY_S - 1
+
+
+def test_a_consumer_with_partitions_never_asks_the_group() -> None:
+    clock, group = Clock(), Group()
+    checks(watch(group, clock), Consumer(0), clock, 30)
+    assert group.asked == 0
+
+
+def test_a_member_without_partitions_is_left_alone() -> None:
+    # More instances than partitions: the group lists an instance that holds none.
+    clock, group = Clock(), Group("i-1", "i-2")
+    checks(watch(group, clock), Consumer(), clock, 30)
+    assert group.asked == 29
+
+
+@pytest.mark.parametrize("failure", [
+    KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure")),
+    TimeoutError()])
+def test_a_failed_lookup_starts_the_watch_over(failure: BaseException) -> None:
+    # An outage: librdkafka rejoins once the coordinator answers, so only answers that span
+    # out_for_s without a failure between them count.
+    clock, group, stranded = Clock(), Group(), Consumer()
+    watched = watch(group, clock)
+    checks(watched, stranded, clock, 4)  # missing for 20 s
+    group.failures.append(failure)
+    checks(watched, stranded, clock, 4)  # failed, then missing again for 20 s
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, stranded, clock, 1)
+
+
+def test_listed_again_starts_the_watch_over() -> None:
+    clock, group, stranded = Clock(), Group(), Consumer()
+    watched = watch(group, clock)
+    checks(watched, stranded, clock, 3)
+    group.listed.add("i-1")  # it rejoined...
+    checks(watched, stranded, clock, 1)
+    group.listed.clear()  # ... and its session timed out again
+    checks(watched, stranded, clock, 3)
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, stranded, clock, 1)
+
+
+def test_a_new_consumer_is_watched_from_its_start() -> None:
+    clock, group = Clock(), Group()
+    watched = watch(group, clock)
+    checks(watched, Consumer(), clock, 4)
+    renewed = Consumer()  # its join takes a rebalance
+    checks(watched, renewed, clock, 4)
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, renewed, clock, 1)
+
+
+def test_a_longer_session_timeout_waits_longer() -> None:
+    clock, group, stranded = Clock(), Group(), Consumer()
+    watched = watch(group, clock, session_timeout_ms=45_000)
+    checks(watched, stranded, clock, 15)  # missing for 130 s
+    with pytest.raises(MemberFenced, match="for 140 s"):
+        checks(watched, stranded, clock, 1)
+
+
+def test_the_watch_takes_the_session_timeout_the_consumer_is_given() -> None:
+    config = RouterConfig.model_validate({
+        "source": {"topics": ["raw"], "group_id": "g"}, "routes": [{"topic": "orders"}],
+        "kafka": {"consumer": {"session.timeout.ms": "45000"}}})
+    clock, group, stranded = Clock(), Group(), Consumer()
+    watched = membership_watch(config, "i-1", lambda conf, name: group, clock)
+    checks(watched, stranded, clock, 15)
+    with pytest.raises(MemberFenced, match="group g did not list instance i-1 for 140 s"):
+        checks(watched, stranded, clock, 1)
