@@ -276,9 +276,9 @@ def _summary(path: Path, config: RouterConfig) -> str:
               f"protected  {', '.join(config.protected_topics)}, __*, the source and the "
               "router's own topics",
               f"allowed    {', '.join(config.allowed_topics or ['any name not protected'])}"]
-    # Not a nats section no route or stream uses: `eval "$(cdc-router local env)"` gives every
-    # config one, by CDC_ROUTER__NATS__URL (QA 36-c F2).
-    if config.nats is not None and (config.nats.streams or any(r.nats for r in config.routes)):
+    # Not a nats section without streams (a JetStream route needs them): `eval "$(cdc-router
+    # local env)"` gives every config one, by CDC_ROUTER__NATS__URL (QA 36-c F2).
+    if config.nats is not None and config.nats.streams:
         streams = ", ".join(f"{stream.name} ({' '.join(stream.subjects)})"
                             for stream in config.nats.streams)
         lines.append(f"nats       {shown_url(config.nats.url)}; streams {streams or 'none'} "

@@ -138,15 +138,19 @@ class CommittedIds:
     def _renew(self, why: str) -> None:
         self._admin.reset()
         if self._changelog is not None:
-            self._changelog, self._assigned_at[self._changelog_topic] = reassigned(
-                self._changelog, self._config, self._changelog_topic,
-                self._changelog_partitions, self._assigned_at.get(self._changelog_topic, {}), why)
+            self._changelog = self._reassigned(self._changelog, self._changelog_topic,
+                                               self._changelog_partitions, why)
         if self._dead_letters is not None:
-            topic = self._dead_letter_topic
-            self._dead_letters, self._assigned_at[topic] = reassigned(
-                self._dead_letters, self._config, topic,
-                [tp.partition for tp in self._dead_letters.assignment()],
-                self._assigned_at.get(topic, {}), why)
+            self._dead_letters = self._reassigned(
+                self._dead_letters, self._dead_letter_topic,
+                [tp.partition for tp in self._dead_letters.assignment()], why)
+
+    def _reassigned(self, stale: Consumer, topic: str, partitions: list[int],
+                    why: str) -> Consumer:
+        """A new consumer of `topic` at `stale`'s positions (kafka/reader.py reassigned)."""
+        renewed, self._assigned_at[topic] = reassigned(
+            stale, self._config, topic, partitions, self._assigned_at.get(topic, {}), why)
+        return renewed
 
     def close(self) -> None:
         for consumer in (self._changelog, self._dead_letters):
