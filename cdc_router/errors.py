@@ -114,7 +114,7 @@ class MemberFenced(FatalKafkaError):
     coordinator on a 3-broker cluster (QA 36-a): the coordinator expired the member, and
     librdkafka's requests still in flight with the old member id were fenced (the chaos
     campaign, seed 15). A second instance with the same --instance-id is fenced the same way.
-    Also raised for a consumer its group no longer lists (router/membership.py, QA 39-c).
+    Also raised for a consumer its group no longer lists (kafka/membership.py, QA 39-c).
     """
 
     exit_code = EXIT_RESTART

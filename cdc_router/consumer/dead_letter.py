@@ -16,7 +16,12 @@ from cdc_router.consumer.event import KafkaMessage
 from cdc_router.consumer.settings import built
 from cdc_router.dead_letter import dead_letter_headers as _headers
 from cdc_router.dead_letter import dead_letter_max_bytes, fitted
-from cdc_router.errors import DeadLetterRefused, DeliveryError, UnreadableHeaders
+from cdc_router.errors import (
+    DeadLetterRefused,
+    DeliveryError,
+    FatalKafkaError,
+    UnreadableHeaders,
+)
 from cdc_router.kafka.consumer import UNREADABLE_HEADERS, record_headers
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
 
@@ -63,6 +68,26 @@ class DeadLetterWriter:
         librdkafka refuses stops it then, not at its first poison record (review 32-3)."""
         if self._producer is None:
             self._producer = built(self._factory, self._config, "producer_config")
+
+    def require_topic(self, consumer: Any) -> None:
+        """Stop at start, in one line, when the dead-letter topic does not exist (QA, session
+        30): the first poison record would hold its partition for minutes, each try of its
+        letter timing out, and run its handler again at every try. An unreachable cluster is
+        no verdict: the consumer starts and waits for it, as before. `consumer`: any client
+        of the cluster (its metadata)."""
+        topic = self.topic
+        try:
+            found = consumer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+        except KafkaException as error:
+            log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic, str(error))
+            return
+        code = found.error.code() if found is not None and found.error is not None else None
+        if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            raise FatalKafkaError(
+                f"the dead-letter topic {topic!r} does not exist: create it (kafka-topics.sh "
+                f"--create --topic {topic}), or name an existing one in dead_letter_topic; "
+                "poison records are never dropped, so the consumer does not start without it",
+                code=KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
              attempts: int, event_id: str | None = None, drop_value: bool = False) -> None:

@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -39,6 +40,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     MalformedRecord,
+    MemberFenced,
     RegistryError,
     RetriableError,
 )
@@ -50,6 +52,7 @@ from cdc_router.kafka.errors import (
     kafka_error_of,
     stops_consumer,
 )
+from cdc_router.kafka.membership import MembersFactory, MembershipWatch, admin_members
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  consumer_factory: Callable[[dict[str, str]], Any] = Consumer,
                  producer_factory: Callable[[dict[str, str]], Any] = Producer,
                  rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 members_factory: MembersFactory = admin_members) -> None:
         super().__init__()
         self.settings = settings
         self._store = store
@@ -95,6 +99,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._rng = rng or random.Random()
         self._clock = clock
         self._consumer: Any = None
+        # A consumer its group no longer lists is replaced (kafka/membership.py, QA 39-c).
+        self._membership = MembershipWatch.for_consumer(
+            settings.librdkafka_consumer(), settings.librdkafka_admin(), members_factory, clock)
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
@@ -111,33 +118,27 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  ",".join(self.settings.topics), type(self._store).__name__)
         try:
             self._dead_letters.open()
-            self._require_dead_letter_topic()
-            self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
-                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self._dead_letters.require_topic(self._consumer)
+            self._subscribe()
             while not self._stop.is_set():
                 self.poll_once()
         finally:
             self._shutdown()
 
-    def _require_dead_letter_topic(self) -> None:
-        """Stop at start, in one line, when the dead-letter topic does not exist (QA, session
-        30): the first poison record would hold its partition for minutes, each try of its
-        letter timing out, and run its handler again at every try. An unreachable cluster is
-        no verdict: the consumer starts and waits for it, as before."""
-        topic = self.settings.dead_letter_topic
-        try:
-            found = self._consumer.list_topics(
-                topic, timeout=self.settings.dead_letter_timeout_s).topics.get(topic)
-        except KafkaException as error:
-            log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic, str(error))
-            return
-        code = found.error.code() if found is not None and found.error is not None else None
-        if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
-            raise FatalKafkaError(
-                f"the dead-letter topic {topic!r} does not exist: create it (kafka-topics.sh "
-                f"--create --topic {topic}), or name an existing one in dead_letter_topic; "
-                "poison records are never dropped, so the consumer does not start without it",
-                code=KafkaError.UNKNOWN_TOPIC_OR_PART)
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _rejoin(self, reason: str) -> None:
+        """A new consumer for one its group no longer lists: it holds no partition, so nothing
+        of it is stored, retried or paused any more."""
+        log.warning("event=consumer_renewed group=%s reason=%r", self.settings.group_id, reason)
+        with suppress(Exception):  # it is out of the group already
+            self._consumer.close()
+        self._fresh, self._stored_since_commit = [], False
+        self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
+                               "consumer_config")
+        self._subscribe()
 
     def poll_once(self) -> None:
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""
@@ -160,6 +161,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         if self._stored_since_commit and \
                 self._clock() - self._last_commit >= self.settings.commit_interval_s:
             self._commit()
+        try:
+            self._membership.check(consumer)
+        except MemberFenced as stranded:
+            self._rejoin(stranded.detail)
 
     def _handle(self, message: KafkaMessage) -> None:
         tp = (message.topic(), message.partition())

@@ -131,6 +131,13 @@ class ConsumerSettings:
             **_PINNED_CONSUMER,
         }
 
+    def librdkafka_admin(self) -> dict[str, str]:
+        """An admin client's config (the group's lookups): consumer_config's connection and
+        security settings."""
+        return {"bootstrap.servers": self.bootstrap_servers,
+                **{key: value for key, value in self.consumer_config.items()
+                   if key.startswith(_SHARED_PREFIXES)}}
+
     def librdkafka_producer(self) -> dict[str, str]:
         """The dead-letter Producer config; delivery gives up before dead_letter_timeout_s;
         consumer_config's connection and security settings unless producer_config has its

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.kafka.logs import librdkafka_logger
+from cdc_router.kafka.membership import MembersFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -116,6 +117,13 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         "partition.assignment.strategy": "range,roundrobin",
         **_NO_AUTO_CREATE,
     }
+
+
+def membership_watch(config: RouterConfig, instance_id: str, factory: MembersFactory,
+                     clock: Callable[[], float]) -> MembershipWatch:
+    """The watch of the raw-topic consumer's group membership (kafka/membership.py)."""
+    return MembershipWatch.for_consumer(consumer_config(config, instance_id),
+                                        common_config(config), factory, clock)
 
 
 def refused_property(config: RouterConfig) -> KafkaException | None:

@@ -36,6 +36,7 @@ from cdc_router.kafka.consumer import (
     record_headers,
     rewind_to_committed,
 )
+from cdc_router.kafka.membership import MembersFactory, admin_members
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -43,7 +44,6 @@ from cdc_router.router import clients
 from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
-from cdc_router.router.membership import MembersFactory, admin_members, membership_watch
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
@@ -104,7 +104,7 @@ class OutboxRouter:
                                 timestamp_limits=clients.timestamp_limits(self._describe))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._renewal = ProducerRenewal()
-        self._membership = membership_watch(config, instance_id, members_factory, clock)
+        self._membership = clients.membership_watch(config, instance_id, members_factory, clock)
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None

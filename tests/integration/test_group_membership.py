@@ -1,23 +1,27 @@
 """The router's consumer out of its group while the cluster answers, on the real stack
-(router/membership.py, QA 39-c F1)."""
+(kafka/membership.py, QA 39-c F1)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
-from cdc_router.router import membership
+from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer
+from cdc_router.consumer.dedup import MemoryDedupStore
+from cdc_router.kafka import membership
 from cdc_router.router.loop import OutboxRouter
 from tests.integration.pipeline import pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +47,19 @@ class LeavesWhenTold:
         return getattr(self._consumer, name)
 
 
+class Consumers:
+    """A consumer factory: the first one built leaves its group once `leave` is set."""
+
+    def __init__(self) -> None:
+        self.leave = threading.Event()
+        self.built: list[Any] = []
+
+    def __call__(self, conf: dict[str, Any]) -> Any:
+        made = Consumer(conf)
+        self.built.append(made if self.built else LeavesWhenTold(made, self.leave))
+        return self.built[-1]
+
+
 def _listed(bootstrap: str, group: str) -> set[str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     described = admin.describe_consumer_groups([group], request_timeout=10)[group].result(10)
@@ -56,14 +73,8 @@ def test_a_consumer_out_of_its_group_is_replaced_and_every_event_arrives_once(
     caplog.set_level(logging.INFO, logger="cdc_router")
     settings = {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
     with pipeline(stack, tmp_path, partitions=2, config=settings) as pipe:
-        leave = threading.Event()
-        built: list[Any] = []
-
-        def consumers(conf: dict[str, Any]) -> Any:
-            made = Consumer(conf)
-            built.append(made if built else LeavesWhenTold(made, leave))
-            return built[-1]
-
+        consumers = Consumers()
+        leave, built = consumers.leave, consumers.built
         instance = f"{pipe.name}-a"
         router = OutboxRouter(load_config(pipe.config_path), instance_id=instance,
                               consumer_factory=consumers)
@@ -98,5 +109,55 @@ def test_a_consumer_out_of_its_group_is_replaced_and_every_event_arrives_once(
     assert instance in listed
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("event=member_missing") for line in lines)
-    assert any("event=consumer_renewed" in line and f"did not list instance {instance}" in line
+    assert any("event=consumer_renewed" in line and f"did not list member {instance}" in line
                for line in lines)
+
+
+def _produce(bootstrap: str, topic: str, ids: list[str]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for event_id in ids:
+        producer.produce(topic, key=event_id.encode(), value=json.dumps({"id": event_id}))
+    assert producer.flush(30) == 0
+
+
+def test_the_idempotent_consumer_replaces_a_consumer_out_of_its_group(
+        stack: StackEndpoints, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
+    caplog.set_level(logging.INFO, logger="cdc_router")
+    topic, dead_letter = unique("payments").replace("_", "-"), unique("dlq").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1), NewTopic(dead_letter, 1, 1)]
+                                      ).values():
+        future.result(timeout=30)
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        consumer_config={"session.timeout.ms": str(SESSION_TIMEOUT_MS)})
+    consumers = Consumers()
+    leave, built = consumers.leave, consumers.built
+    handled: list[ConsumedEvent] = []
+    loop: IdempotentConsumer[Any] = IdempotentConsumer(
+        settings, MemoryDedupStore(), lambda event, context: handled.append(event),
+        consumer_factory=consumers)
+    worker = threading.Thread(target=loop.run, daemon=True)
+    worker.start()
+    try:
+        _produce(stack.bootstrap_servers, topic, [f"before-{i}" for i in range(10)])
+        deadline = time.monotonic() + 60
+        while len(handled) < 10 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        leave.set()
+        assert built[0].left.wait(30)
+        _produce(stack.bootstrap_servers, topic, [f"after-{i}" for i in range(10)])
+        deadline = time.monotonic() + 120
+        while len(handled) < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        loop.stop()
+        worker.join(60)
+    assert not worker.is_alive() and len(built) == 2
+    assert Counter(e.event_id for e in handled) == Counter(
+        [f"before-{i}" for i in range(10)] + [f"after-{i}" for i in range(10)])
+    assert any("event=consumer_renewed" in r.getMessage() and "did not list member" in
+               r.getMessage() for r in caplog.records)

@@ -24,9 +24,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
+from cdc_router.kafka.membership import Members
 from cdc_router.router.destinations import Describe
 from cdc_router.router.grants import Operations
-from cdc_router.router.membership import Members
 from cdc_router.router.replay import parse_changelog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
@@ -95,7 +95,7 @@ class FakeCluster:
     # the only broker left out of a metadata answer is dropped): list_topics fails _TRANSPORT.
     metadata_lost_producers: int = 0
     producers_built: int = 0
-    # The group.instance.ids the group lists (router/membership.py), and how often it was asked.
+    # The group.instance.ids the group lists (kafka/membership.py), and how often it was asked.
     group_members: set[str] = field(default_factory=lambda: {"i-1"})
     members_lookups: int = 0
 
@@ -329,7 +329,7 @@ class FakeConsumer:
         self.before_consume: list[Callable[[FakeConsumer], None]] = []
         self.events: list[Message] = []
         self.closed = False
-        self.stranded = False  # no partition, never joins again (router/membership.py)
+        self.stranded = False  # no partition, never joins again (kafka/membership.py)
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         assert topics == [RAW]

@@ -1,4 +1,4 @@
-"""The watch of a consumer left out of its group (router/membership.py, QA 39-c F1)."""
+"""The watch of a consumer left out of its group (kafka/membership.py, QA 39-c F1)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, MemberFenced
-from cdc_router.router.membership import (
-    CHECK_EVERY_S,
-    MembershipWatch,
-    membership_watch,
-)
+from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch
+from cdc_router.router.clients import membership_watch
 
 
 class Clock:
@@ -48,7 +45,7 @@ class Group:
 
 
 def watch(group: Group, clock: Clock, session_timeout_ms: int = 10_000) -> MembershipWatch:
-    return MembershipWatch(group, group="g", instance_id="i-1",
+    return MembershipWatch(group, group="g", identity=lambda consumer: "i-1",
                            session_timeout_ms=session_timeout_ms, clock=clock)
 
 
@@ -64,7 +61,7 @@ def test_a_consumer_missing_from_its_group_is_renewed_after_three_sessions() -> 
     clock, group, stranded = Clock(), Group("other"), Consumer()
     watched = watch(group, clock)
     checks(watched, stranded, clock, 4)  # missing at the 2nd, then for 10 and 20 s
-    with pytest.raises(MemberFenced, match="did not list instance i-1 for 30 s") as raised:
+    with pytest.raises(MemberFenced, match="did not list member i-1 for 30 s") as raised:
         checks(watched, stranded, clock, 1)
     assert raised.value.exit_code == EXIT_RESTART
     assert group.asked == 4
@@ -144,5 +141,47 @@ def test_the_watch_takes_the_session_timeout_the_consumer_is_given() -> None:
     clock, group, stranded = Clock(), Group(), Consumer()
     watched = membership_watch(config, "i-1", lambda conf, name: group, clock)
     checks(watched, stranded, clock, 15)
-    with pytest.raises(MemberFenced, match="group g did not list instance i-1 for 140 s"):
+    with pytest.raises(MemberFenced, match="group g did not list member i-1 for 140 s"):
+        checks(watched, stranded, clock, 1)
+
+
+class Dynamic(Consumer):
+    """A consumer without group.instance.id: the group lists its member id."""
+
+    def __init__(self, member_id: str | None) -> None:
+        super().__init__()
+        self.member_id = member_id
+
+    def memberid(self) -> str | None:
+        return self.member_id
+
+
+def test_a_dynamic_member_is_looked_up_by_its_member_id() -> None:
+    clock, group = Clock(), Group("rdkafka-1234")
+    watched = MembershipWatch.for_consumer({"group.id": "g", "session.timeout.ms": "10000"}, {},
+                                           lambda conf, name: group, clock)
+    joined, rejoining = Dynamic("rdkafka-1234"), Dynamic(None)
+    checks(watched, joined, clock, 30)
+    assert group.asked == 29
+    checks(watched, rejoining, clock, 4)  # no member id: not joined, the group not asked
+    assert group.asked == 29
+    with pytest.raises(MemberFenced, match=r"member \(no member id\) for 30 s"):
+        checks(watched, rejoining, clock, 1)
+
+
+def test_a_static_member_is_looked_up_by_its_instance_id() -> None:
+    clock, group = Clock(), Group("i-1")
+    watched = MembershipWatch.for_consumer(
+        {"group.id": "g", "group.instance.id": "i-1", "session.timeout.ms": 10_000}, {},
+        lambda conf, name: group, clock)
+    checks(watched, Dynamic("an-old-member-id"), clock, 30)  # listed by its instance id
+    assert group.asked == 29
+
+
+def test_librdkafka_s_default_session_timeout_when_the_config_sets_none() -> None:
+    clock, group, stranded = Clock(), Group(), Dynamic("m-1")
+    watched = MembershipWatch.for_consumer({"group.id": "g"}, {}, lambda conf, name: group,
+                                           clock)
+    checks(watched, stranded, clock, 15)  # librdkafka's 45 s: 135 s
+    with pytest.raises(MemberFenced, match="for 140 s"):
         checks(watched, stranded, clock, 1)

@@ -27,10 +27,10 @@ from cdc_router.errors import (
     RestoreFailed,
     TransactionInDoubt,
 )
+from cdc_router.kafka import membership
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.kafka.watchdog import CallWatchdog
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
-from cdc_router.router import membership
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
@@ -904,7 +904,7 @@ def test_a_consumer_the_group_no_longer_lists_is_replaced_and_every_event_goes_o
 def test_a_consumer_that_never_rejoins_exits_for_a_restart_after_the_budget() -> None:
     cluster = cluster_with(*events(5))
     harness = Harness(cluster, hooks=[_strand(cluster)])
-    with pytest.raises(MemberFenced, match="did not list instance i-1") as raised:
+    with pytest.raises(MemberFenced, match="did not list member i-1") as raised:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
     assert len(harness.consumers) == 1 + MAX_FENCES

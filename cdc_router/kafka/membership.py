@@ -1,0 +1,132 @@
+"""A group consumer left out of its group while the cluster answers: told, to be renewed.
+
+QA 39-c: after a broker outage of 60-75 s during which the other instance left, 2 times in 6
+the remaining instance's consumer timed out its session (librdkafka's last line: SESSTMOUT
+"... from the group coordinator (broker -1) ...: revoking assignment and rejoining group"),
+gave its partitions up and never joined again. It polled on with no partition: the group stayed
+empty, nothing was logged, nothing delivered, the process never ended; a restart recovered at
+once. librdkafka tells nothing of it, so the group is asked: while the consumer holds no
+partition, every CHECK_EVERY_S its group is described (a member left without a partition, when
+there are more members than partitions, is listed too). When the consumer's identity (its
+group.instance.id, else its member id) is missing from every answer over out_for_s, and no
+lookup failed in between (an outage is librdkafka's to wait out: it rejoins once the coordinator
+answers), check() raises MemberFenced: the router replaces the consumer as a fenced static
+member (router/renewal.py's budget, then exit 75 for the supervisor), the idempotent consumer
+replaces it (consumer/loop.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from cdc_router.errors import EXIT_RESTART, MemberFenced
+from cdc_router.kafka.lookups import AdminConnection
+
+log = logging.getLogger("cdc_router.kafka")
+
+# How often a consumer without partitions asks for its group's members, and the longest one
+# such lookup holds the loop (it has no record to route meanwhile).
+CHECK_EVERY_S = 10.0
+LOOKUP_TIMEOUT_S = 5.0
+# Missing from the group this many session timeouts in a row: a rejoin takes one heartbeat and a
+# rebalance, and librdkafka asks for the coordinator every second while it has none.
+SESSIONS_OUT = 3
+
+# members(timeout_s): the group's members, by member id and by group.instance.id
+Members = Callable[[float], set[str]]
+MembersFactory = Callable[[Mapping[str, Any], str], Members]
+# librdkafka's session.timeout.ms when the config sets none
+DEFAULT_SESSION_TIMEOUT_MS = 45_000
+
+
+def admin_members(admin_config: Mapping[str, Any], group: str) -> Members:
+    """members(timeout_s) of `group` by DescribeGroups, an AdminClient made on first use and
+    anew after a failed lookup (a long-lived one can keep stale metadata: kafka/lookups.py)."""
+    admin = AdminConnection(admin_config)
+
+    def members(timeout_s: float) -> set[str]:
+        described = admin.answer(lambda client: client.describe_consumer_groups(
+            [group], request_timeout=timeout_s)[group], timeout_s)
+        return {name for m in described.members
+                for name in (m.member_id, m.group_instance_id) if name}
+
+    return members
+
+
+def identity(consumer_config: Mapping[str, Any]) -> Callable[[Any], str | None]:
+    """How the group lists a consumer built with `consumer_config`: its group.instance.id
+    (static membership), else its member id (none before its first join)."""
+    instance = consumer_config.get("group.instance.id")
+    if instance:
+        return lambda consumer: str(instance)
+    return lambda consumer: consumer.memberid() or None
+
+
+class MembershipWatch:
+    """check(consumer) raises MemberFenced once `consumer` has been out of its group for
+    out_for_s while the cluster answered; a new consumer starts the watch over.
+
+    Built from the consumer's config (`for_consumer`): its group, identity, session timeout.
+    """
+
+    def __init__(self, members: Members, *, group: str, identity: Callable[[Any], str | None],
+                 session_timeout_ms: int, clock: Callable[[], float]) -> None:
+        self._members = members
+        self._group, self._identity = group, identity
+        self._out_for_s = max(3 * CHECK_EVERY_S, SESSIONS_OUT * session_timeout_ms / 1000)
+        self._clock = clock
+        self._consumer: Any = None
+        self._next_check = 0.0
+        self._out_since: float | None = None
+
+    def check(self, consumer: Any) -> None:
+        now = self._clock()
+        if consumer is not self._consumer:
+            self._consumer, self._out_since = consumer, None
+            self._next_check = now + CHECK_EVERY_S
+        if now < self._next_check:
+            return
+        self._next_check = now + CHECK_EVERY_S
+        if consumer.assignment() or self._member(consumer):
+            self._out_since = None
+            return
+        name = self._identity(consumer) or "(no member id)"
+        if self._out_since is None:
+            self._out_since = now
+            log.warning("event=member_missing group=%s member=%s: this consumer holds no "
+                        "partition and the group does not list it; renewed if it stays out "
+                        "%.0f s", self._group, name, self._out_for_s)
+        elif now - self._out_since >= self._out_for_s:
+            detail = (f"the consumer held no partition and group {self._group} did not list "
+                      f"member {name} for {now - self._out_since:.0f} s while the cluster "
+                      "answered: librdkafka did not rejoin the group")
+            raise MemberFenced(f"{detail}; exiting with {EXIT_RESTART} for the supervisor to "
+                               "restart the process", detail=detail)
+
+    @classmethod
+    def for_consumer(cls, consumer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
+                     factory: MembersFactory, clock: Callable[[], float]) -> MembershipWatch:
+        """The watch of a consumer built with `consumer_config`; `factory` makes the lookup of
+        its group's members over `admin_config` (the same cluster and credentials)."""
+        group = str(consumer_config["group.id"])
+        session_ms = int(consumer_config.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
+        return cls(factory(admin_config, group), group=group,
+                   identity=identity(consumer_config), session_timeout_ms=session_ms,
+                   clock=clock)
+
+    def _member(self, consumer: Any) -> bool:
+        """Whether the group lists the consumer; True when the lookup fails (no evidence)."""
+        name = self._identity(consumer)
+        if name is None:  # no member id: not joined
+            return False
+        try:
+            return name in self._members(LOOKUP_TIMEOUT_S)
+        except (KafkaException, TimeoutError) as failure:
+            if self._out_since is not None:
+                log.info("event=member_lookup_failed group=%s error=%r; the watch starts over",
+                         self._group, str(failure))
+            return True
