@@ -269,10 +269,25 @@ class TopicReader:
         log.warning("event=read_stalled topic=%s positions=%s ends=%s seconds=%.0f: no record "
                     "read; a transaction open, or the consumer without a leader", self._topic,
                     _shown(where), _shown(ends), _STALLED_S)
-        if not self._renewable:
+        if not self._renewable or self._held_open(consumer, where):
             return consumer
         self._renew(consumer, f"nothing read for {_STALLED_S:.0f} s")
         return self._consumer or consumer
+
+    def _held_open(self, consumer: Consumer, where: dict[int, int]) -> bool:
+        """Whether the consumer stands at every partition's last stable offset, which it can
+        look up: an open transaction holds the read, and a new consumer would wait the same
+        (review 39-2: a restore renewed its consumer every 30 s until the transaction ended)."""
+        try:
+            stable = stable_offsets(consumer, self._topic, list(where),
+                                    time.monotonic() + _RENEW_AFTER_S)
+        except KafkaException:
+            return False
+        held = all(max(where[p], 0) >= offset for p, offset in stable.items())
+        if held:
+            log.info("event=read_held topic=%s stable=%s: an open transaction holds the read "
+                     "at the last stable offset until it ends", self._topic, _shown(stable))
+        return held
 
     def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
         """The consumer and the committed ends. A renewable reader's consumer whose lookups

@@ -4,6 +4,7 @@ used by `dlq list` and the changelog restore): deterministic, whatever the timin
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, Ne
 
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka import reader as reader_module
 from cdc_router.kafka.consumer import readable_headers, record_headers
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from tests.integration.c_producer import produce_with_header
@@ -168,11 +170,7 @@ def test_stable_end_is_the_committed_records_and_an_open_transaction_does_not_ho
 
 def test_log_end_waits_for_a_transaction_open_when_called(stack: StackEndpoints,
                                                           topic: str) -> None:
-    writer = _transactional(stack, topic)
-    _commit(writer, topic, [b"first"])
-    writer.begin_transaction()
-    writer.produce(topic, key=b"id-2", value=b"second", partition=2)
-    writer.flush(30)
+    writer = _open_transaction(stack, topic)
     committer = threading.Timer(3.0, writer.commit_transaction, args=(30,))
     reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
     committer.start()
@@ -182,6 +180,54 @@ def test_log_end_waits_for_a_transaction_open_when_called(stack: StackEndpoints,
         committer.join()
         reader.close()
     assert sorted(value for _, value in marks if value) == [b"first", b"second"]
+
+
+def _open_transaction(stack: StackEndpoints, topic: str) -> Producer:
+    """A producer that committed b"first" and holds b"second" (partition 2) in a transaction
+    it left open."""
+    writer = _transactional(stack, topic)
+    _commit(writer, topic, [b"first"])
+    writer.begin_transaction()
+    writer.produce(topic, key=b"id-2", value=b"second", partition=2)
+    writer.flush(30)
+    return writer
+
+
+class _Said(logging.Handler):
+    """Sets `said` when a line holding `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.said = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+
+def test_a_read_held_by_an_open_transaction_waits_with_the_same_consumer(
+        stack: StackEndpoints, topic: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 39-2: a restore renewed its consumer every 30 s while a transaction held it,
+    # though a new one waits the same. The commit comes once the hold is said.
+    monkeypatch.setattr(reader_module, "_STALLED_S", 4.0)
+    caplog.set_level(logging.INFO, logger="cdc_router")
+    writer = _open_transaction(stack, topic)
+    held = _Said("event=read_held")
+    logging.getLogger("cdc_router.kafka").addHandler(held)
+    committer = threading.Thread(target=lambda: held.said.wait(60) and
+                                 writer.commit_transaction(30))
+    reader = ChangelogReader({"bootstrap.servers": stack.bootstrap_servers}, topic)
+    committer.start()
+    try:
+        marks = list(reader.catch_up(timeout_s=60))
+    finally:
+        held.said.set()
+        committer.join()
+        reader.close()
+        logging.getLogger("cdc_router.kafka").removeHandler(held)
+    assert sorted(value for _, value in marks if value) == [b"first", b"second"]
+    assert "event=read_held" in caplog.text and "reader_renewed" not in caplog.text
 
 
 def test_a_catch_up_reads_the_partitions_added_since_the_last_one(stack: StackEndpoints,

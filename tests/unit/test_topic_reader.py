@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -346,6 +347,27 @@ def test_a_changelog_read_that_stalls_says_so_and_reads_on_with_a_new_consumer(
     assert "event=read_stalled topic=cl positions=0:2,1:1 ends=0:4,1:1" in caplog.text
     assert "event=reader_renewed topic=cl positions=0:2,1:1 error=nothing read" in caplog.text
     assert fresh.assigned == [(0, 2), (1, 1)]
+
+
+def test_a_changelog_read_held_by_an_open_transaction_waits_for_it_with_the_same_consumer(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 39-2: the log end lies past an open transaction; read_committed stops at the
+    # last stable offset until it ends, and a new consumer every 30 s waited the same.
+    caplog.set_level(logging.INFO)
+    held = Faithful({0: 2, 1: 1})
+    renewing(monkeypatch, held)  # a renewal would find no consumer to make
+    monkeypatch.setattr(reader_module, "_STALLED_S", 0.2)
+    monkeypatch.setattr(reader_module, "log_end_offsets",
+                        lambda admin, topic, parts, end: {0: 4, 1: 1})
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    committed = threading.Timer(1.0, lambda: held.counts.update({0: 4}))  # the transaction
+    committed.start()
+    try:
+        assert _read(reader) == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 3)]
+    finally:
+        committed.cancel()
+    assert "event=read_held topic=cl stable=0:2,1:1" in caplog.text
+    assert "reader_renewed" not in caplog.text and not held.closed.is_set()
 
 
 def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_deadline(
