@@ -101,7 +101,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._consumer: Any = None
         # A consumer its group no longer lists is replaced (kafka/membership.py, QA 39-c).
         self._membership = MembershipWatch.for_consumer(
-            settings.librdkafka_consumer(), settings.librdkafka_admin(), members_factory, clock)
+            settings.librdkafka_consumer(), settings.librdkafka_admin(), settings.topics,
+            members_factory, clock)
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []

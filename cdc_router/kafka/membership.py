@@ -18,7 +18,8 @@ replaces it (consumer/loop.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -29,26 +30,44 @@ from cdc_router.kafka.lookups import AdminConnection
 log = logging.getLogger("cdc_router.kafka")
 
 # How often a consumer without partitions asks for its group's members, and the longest one
-# such lookup holds the loop (it has no record to route meanwhile).
+# such lookup holds the loop (it has no record to route meanwhile; a stop waits as long).
 CHECK_EVERY_S = 10.0
 LOOKUP_TIMEOUT_S = 5.0
+# A check this long after the previous one starts the watch over (the loop backed off, or the
+# process was stopped): only answers at most this far apart are evidence.
+GAP_S = 2 * CHECK_EVERY_S
 # Missing from the group this many session timeouts in a row: a rejoin takes one heartbeat and a
 # rebalance, and librdkafka asks for the coordinator every second while it has none.
 SESSIONS_OUT = 3
 
-# members(timeout_s): the group's members, by member id and by group.instance.id
-Members = Callable[[float], set[str]]
-MembersFactory = Callable[[Mapping[str, Any], str], Members]
+# members(timeout_s): the group's members, by member id and by group.instance.id; None while no
+# subscribed topic exists (librdkafka joins no group for a subscription that matches nothing)
+Members = Callable[[float], set[str] | None]
+MembersFactory = Callable[[Mapping[str, Any], str, Sequence[str]], Members]
 # librdkafka's session.timeout.ms when the config sets none
 DEFAULT_SESSION_TIMEOUT_MS = 45_000
 
 
-def admin_members(admin_config: Mapping[str, Any], group: str) -> Members:
+def subscribed(topics: Sequence[str], name: str) -> bool:
+    """Whether a subscription to `topics` matches topic `name` (a `^` one is a regex)."""
+    return any(name == topic or (topic.startswith("^") and re.match(topic, name) is not None)
+               for topic in topics)
+
+
+def admin_members(admin_config: Mapping[str, Any], group: str, topics: Sequence[str]) -> Members:
     """members(timeout_s) of `group` by DescribeGroups, an AdminClient made on first use and
-    anew after a failed lookup (a long-lived one can keep stale metadata: kafka/lookups.py)."""
+    anew after a failed lookup (a long-lived one can keep stale metadata: kafka/lookups.py).
+    The topics are listed first (the whole cluster's: asking for one may create it)."""
     admin = AdminConnection(admin_config)
 
-    def members(timeout_s: float) -> set[str]:
+    def members(timeout_s: float) -> set[str] | None:
+        try:
+            listed = admin.client().list_topics(timeout=timeout_s).topics
+        except KafkaException:
+            admin.reset()
+            raise
+        if not any(subscribed(topics, name) for name in listed):
+            return None
         described = admin.answer(lambda client: client.describe_consumer_groups(
             [group], request_timeout=timeout_s)[group], timeout_s)
         return {name for m in described.members
@@ -66,9 +85,19 @@ def identity(consumer_config: Mapping[str, Any]) -> Callable[[Any], str | None]:
     return lambda consumer: consumer.memberid() or None
 
 
+def session_timeout_ms(consumer_config: Mapping[str, Any]) -> int:
+    """The config's session.timeout.ms; librdkafka's default for what does not read as a
+    number of milliseconds (librdkafka itself refuses a value it cannot parse)."""
+    try:
+        return int(float(consumer_config.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)))
+    except (TypeError, ValueError):
+        return DEFAULT_SESSION_TIMEOUT_MS
+
+
 class MembershipWatch:
     """check(consumer) raises MemberFenced once `consumer` has been out of its group for
-    out_for_s while the cluster answered; a new consumer starts the watch over.
+    out_for_s while the cluster answered; a new consumer starts the watch over, and so does a
+    check after a gap (GAP_S).
 
     Built from the consumer's config (`for_consumer`): its group, identity, session timeout.
     """
@@ -82,16 +111,17 @@ class MembershipWatch:
         self._consumer: Any = None
         self._next_check = 0.0
         self._out_since: float | None = None
+        self._failing = False  # the last lookup failed (said once)
 
     def check(self, consumer: Any) -> None:
         now = self._clock()
-        if consumer is not self._consumer:
+        if consumer is not self._consumer or now - self._next_check + CHECK_EVERY_S > GAP_S:
             self._consumer, self._out_since = consumer, None
             self._next_check = now + CHECK_EVERY_S
         if now < self._next_check:
             return
         self._next_check = now + CHECK_EVERY_S
-        if consumer.assignment() or self._member(consumer):
+        if self._listed(consumer):
             self._out_since = None
             return
         name = self._identity(consumer) or "(no member id)"
@@ -109,24 +139,30 @@ class MembershipWatch:
 
     @classmethod
     def for_consumer(cls, consumer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
-                     factory: MembersFactory, clock: Callable[[], float]) -> MembershipWatch:
-        """The watch of a consumer built with `consumer_config`; `factory` makes the lookup of
-        its group's members over `admin_config` (the same cluster and credentials)."""
+                     topics: Sequence[str], factory: MembersFactory,
+                     clock: Callable[[], float]) -> MembershipWatch:
+        """The watch of a consumer built with `consumer_config` and subscribed to `topics`;
+        `factory` makes the lookup of its group's members over `admin_config` (the same
+        cluster and credentials)."""
         group = str(consumer_config["group.id"])
-        session_ms = int(consumer_config.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS))
-        return cls(factory(admin_config, group), group=group,
-                   identity=identity(consumer_config), session_timeout_ms=session_ms,
-                   clock=clock)
+        return cls(factory(admin_config, group, topics), group=group,
+                   identity=identity(consumer_config),
+                   session_timeout_ms=session_timeout_ms(consumer_config), clock=clock)
 
-    def _member(self, consumer: Any) -> bool:
-        """Whether the group lists the consumer; True when the lookup fails (no evidence)."""
-        name = self._identity(consumer)
-        if name is None:  # no member id: not joined
-            return False
+    def _listed(self, consumer: Any) -> bool:
+        """Whether the consumer holds partitions or the group lists it; True too when that
+        cannot be told (a lookup failed: an outage is librdkafka's to wait out) or the group
+        cannot be joined yet (no subscribed topic exists)."""
         try:
-            return name in self._members(LOOKUP_TIMEOUT_S)
+            if consumer.assignment():
+                return True
+            members = self._members(LOOKUP_TIMEOUT_S)
         except (KafkaException, TimeoutError) as failure:
-            if self._out_since is not None:
-                log.info("event=member_lookup_failed group=%s error=%r; the watch starts over",
-                         self._group, str(failure))
+            if not self._failing:
+                log.info("event=member_lookup_failed group=%s error=%r; the group's members "
+                         "are asked again in %.0f s", self._group, str(failure), CHECK_EVERY_S)
+            self._failing = True
             return True
+        self._failing = False
+        name = self._identity(consumer)
+        return members is None or (name is not None and name in members)

@@ -123,7 +123,8 @@ def membership_watch(config: RouterConfig, instance_id: str, factory: MembersFac
                      clock: Callable[[], float]) -> MembershipWatch:
     """The watch of the raw-topic consumer's group membership (kafka/membership.py)."""
     return MembershipWatch.for_consumer(consumer_config(config, instance_id),
-                                        common_config(config), factory, clock)
+                                        common_config(config), config.source.topics, factory,
+                                        clock)
 
 
 def refused_property(config: RouterConfig) -> KafkaException | None:

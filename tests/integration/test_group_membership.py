@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -25,14 +26,15 @@ from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
-# The broker's group.min.session.timeout.ms: the watch renews after three of them.
+# The broker's group.min.session.timeout.ms: the watch renews after three of them (18 s), or
+# 3 checks (6 s here), whichever is longer.
 SESSION_TIMEOUT_MS = 6000
 
 
 class LeavesWhenTold:
     """A real consumer that, once `leave` is set, unsubscribes at its next poll and stays so:
-    no partition, and (a static member sends no LeaveGroup) dropped by the group when its
-    session times out. What QA 39-c saw librdkafka do after a broker's outage, on purpose."""
+    no partition, out of the group (unsubscribe leaves it, a static member too), polling on.
+    The state QA 39-c saw librdkafka left in after a broker's outage, made on purpose."""
 
     def __init__(self, consumer: Consumer, leave: threading.Event) -> None:
         self._consumer, self._leave, self.left = consumer, leave, threading.Event()
@@ -111,6 +113,30 @@ def test_a_consumer_out_of_its_group_is_replaced_and_every_event_arrives_once(
     assert any(line.startswith("event=member_missing") for line in lines)
     assert any("event=consumer_renewed" in line and f"did not list member {instance}" in line
                for line in lines)
+
+
+def test_a_router_waiting_for_its_source_topic_is_not_renewed(
+        stack: StackEndpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 40-1 F1: librdkafka joins no group while no subscribed topic exists (the raw
+    # topic comes with Debezium's first event): the router waits, and is not renewed for it.
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
+    caplog.set_level(logging.INFO, logger="cdc_router")
+    settings = {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
+    with pipeline(stack, tmp_path, partitions=1, config=settings) as pipe:
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["source"]["topics"] = [f"^{pipe.raw_topic}-not-yet.*"]
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        router = OutboxRouter(load_config(pipe.config_path), instance_id=f"{pipe.name}-a")
+        worker = threading.Thread(target=router.run, daemon=True)
+        worker.start()
+        time.sleep(3 * SESSION_TIMEOUT_MS / 1000 + 4 * 2.0)  # past the renewal of a stranded one
+        router.stop()
+        worker.join(60)
+    assert not worker.is_alive()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("event=started") for line in lines)
+    assert not [line for line in lines if "member_missing" in line or "renewed" in line]
 
 
 def _produce(bootstrap: str, topic: str, ids: list[str]) -> None:

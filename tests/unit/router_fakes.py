@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -110,7 +110,8 @@ class FakeCluster:
         """operations(topic, timeout_s) over `granted` (a topic not in it: not said)."""
         return lambda topic, timeout_s: self.granted.get(topic)
 
-    def members_factory(self, admin_config: Mapping[str, Any], group: str) -> Members:
+    def members_factory(self, admin_config: Mapping[str, Any], group: str,
+                        topics: Sequence[str]) -> Members:
         """members(timeout_s): group_members, counted."""
         def members(timeout_s: float) -> set[str]:
             self.members_lookups += 1

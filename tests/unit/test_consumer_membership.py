@@ -51,8 +51,9 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
         built.append(made)
         return made
 
-    def members(admin_config: Any, group: str) -> Any:
+    def members(admin_config: Any, group: str, topics: Any) -> Any:
         assert group == "fulfillment" and admin_config["bootstrap.servers"] == "fake:9092"
+        assert topics == (TOPIC,)
         return lambda timeout_s: lookups.append(clock()) or {"rdkafka-joined"}
 
     settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
@@ -66,7 +67,7 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
     loop.run()
     assert sorted(e.event_id for e in effects) == ["a", "b", "c"]
     assert [type(c) for c in built] == [Stranded, Joined] and built[0].closed
-    assert lookups == []  # no member id: no lookup needed to tell it is out
+    assert len(lookups) == 4  # missing from the 2nd check on, for 30 s
     assert built[1].committed == {0: 2, 1: 1}
     renewed = [r.getMessage() for r in caplog.records if "consumer_renewed" in r.getMessage()]
     assert len(renewed) == 1 and "group fulfillment did not list member (no member id)" in \

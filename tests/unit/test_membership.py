@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, MemberFenced
-from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch
+from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch, subscribed
 from cdc_router.router.clients import membership_watch
 
 
@@ -139,7 +140,7 @@ def test_the_watch_takes_the_session_timeout_the_consumer_is_given() -> None:
         "source": {"topics": ["raw"], "group_id": "g"}, "routes": [{"topic": "orders"}],
         "kafka": {"consumer": {"session.timeout.ms": "45000"}}})
     clock, group, stranded = Clock(), Group(), Consumer()
-    watched = membership_watch(config, "i-1", lambda conf, name: group, clock)
+    watched = membership_watch(config, "i-1", lambda conf, name, topics: group, clock)
     checks(watched, stranded, clock, 15)
     with pytest.raises(MemberFenced, match="group g did not list member i-1 for 140 s"):
         checks(watched, stranded, clock, 1)
@@ -156,32 +157,88 @@ class Dynamic(Consumer):
         return self.member_id
 
 
+def for_consumer(group: Group, clock: Clock, **config: Any) -> MembershipWatch:
+    return MembershipWatch.for_consumer({"group.id": "g", **config}, {}, ["raw"],
+                                        lambda conf, name, topics: group, clock)
+
+
 def test_a_dynamic_member_is_looked_up_by_its_member_id() -> None:
     clock, group = Clock(), Group("rdkafka-1234")
-    watched = MembershipWatch.for_consumer({"group.id": "g", "session.timeout.ms": "10000"}, {},
-                                           lambda conf, name: group, clock)
-    joined, rejoining = Dynamic("rdkafka-1234"), Dynamic(None)
-    checks(watched, joined, clock, 30)
-    assert group.asked == 29
-    checks(watched, rejoining, clock, 4)  # no member id: not joined, the group not asked
-    assert group.asked == 29
+    watched = for_consumer(group, clock, **{"session.timeout.ms": "10000"})
+    checks(watched, Dynamic("rdkafka-1234"), clock, 30)
+    rejoining = Dynamic(None)  # no member id: not joined, once the group answers
+    checks(watched, rejoining, clock, 4)
     with pytest.raises(MemberFenced, match=r"member \(no member id\) for 30 s"):
         checks(watched, rejoining, clock, 1)
 
 
+def test_a_consumer_without_member_id_in_an_outage_is_left_to_librdkafka() -> None:
+    # Review 40-1 (on 7f3015d): it was counted missing without asking, so renewed mid-outage.
+    clock, group, rejoining = Clock(), Group(), Dynamic(None)
+    watched = for_consumer(group, clock, **{"session.timeout.ms": "10000"})
+    group.failures = [KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))] * 20
+    checks(watched, rejoining, clock, 20)
+    assert group.asked == 19
+
+
 def test_a_static_member_is_looked_up_by_its_instance_id() -> None:
     clock, group = Clock(), Group("i-1")
-    watched = MembershipWatch.for_consumer(
-        {"group.id": "g", "group.instance.id": "i-1", "session.timeout.ms": 10_000}, {},
-        lambda conf, name: group, clock)
+    watched = for_consumer(group, clock, **{"group.instance.id": "i-1"})
     checks(watched, Dynamic("an-old-member-id"), clock, 30)  # listed by its instance id
     assert group.asked == 29
 
 
-def test_librdkafka_s_default_session_timeout_when_the_config_sets_none() -> None:
+@pytest.mark.parametrize(("configured", "waited_s"), [
+    (None, 140), ("10000", 30), (6000, 30), ("45000.0", 140), ("not a number", 140)])
+def test_the_session_timeout_as_librdkafka_reads_it(configured: Any, waited_s: int) -> None:
+    # librdkafka's default 45 s when none is set (or it cannot be read as ours): 3 of them.
     clock, group, stranded = Clock(), Group(), Dynamic("m-1")
-    watched = MembershipWatch.for_consumer({"group.id": "g"}, {}, lambda conf, name: group,
-                                           clock)
-    checks(watched, stranded, clock, 15)  # librdkafka's 45 s: 135 s
-    with pytest.raises(MemberFenced, match="for 140 s"):
+    config = {} if configured is None else {"session.timeout.ms": configured}
+    watched = for_consumer(group, clock, **config)
+    checks(watched, stranded, clock, waited_s // 10 + 1)
+    with pytest.raises(MemberFenced, match=f"for {waited_s} s"):
         checks(watched, stranded, clock, 1)
+
+
+def test_a_group_without_any_of_its_topics_yet_is_no_stranded_consumer() -> None:
+    # Review 40-1 F1: librdkafka joins no group while the subscription matches no topic (the
+    # raw topic comes with Debezium's first event): the router waited, and must go on waiting.
+    clock, stranded = Clock(), Consumer()
+
+    class NoTopic(Group):
+        def __call__(self, timeout_s: float) -> set[str] | None:  # type: ignore[override]
+            self.asked += 1
+            return None
+
+    nothing = NoTopic()
+    checks(watch(nothing, clock), stranded, clock, 100)
+    assert nothing.asked == 99
+
+
+def test_a_check_after_a_gap_starts_the_watch_over() -> None:
+    # Review 40-1 F2: the loop backs off up to 30 s (or the process was stopped): two answers
+    # around such a gap are no evidence of 30 s out of the group.
+    clock, group, stranded = Clock(), Group(), Consumer()
+    watched = watch(group, clock)
+    checks(watched, stranded, clock, 2)  # missing once
+    clock.now += 30  # a backoff: no check
+    checks(watched, stranded, clock, 4)  # the watch starts over: missing for 20 s
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, stranded, clock, 1)
+
+
+def test_failing_lookups_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    clock, group, stranded = Clock(), Group(), Consumer()
+    group.failures = [TimeoutError()] * 5
+    checks(watch(group, clock), stranded, clock, 7)
+    assert caplog.text.count("event=member_lookup_failed") == 1
+    assert caplog.text.count("event=member_missing") == 1  # answered again, without it
+
+
+@pytest.mark.parametrize(("topics", "name", "matched"), [
+    (["raw"], "raw", True), (["raw"], "raw2", False), (["^outbox\\..*"], "outbox.orders", True),
+    (["^outbox\\..*"], "inbox.orders", False), (["a", "^b.*"], "bee", True)])
+def test_a_subscription_matches_topics_as_librdkafka_does(topics: list[str], name: str,
+                                                         matched: bool) -> None:
+    assert subscribed(topics, name) is matched
