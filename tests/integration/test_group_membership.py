@@ -68,12 +68,18 @@ def _listed(bootstrap: str, group: str) -> set[str]:
     return {m.group_instance_id for m in described.members}
 
 
+def _quick_watch(monkeypatch: pytest.MonkeyPatch,
+                 caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    """The watch checks every 2 s, its lines are captured; the router's settings for it."""
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
+    caplog.set_level(logging.INFO, logger="cdc_router")
+    return {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
+
+
 def test_a_consumer_out_of_its_group_is_replaced_and_every_event_arrives_once(
         stack: StackEndpoints, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
-    caplog.set_level(logging.INFO, logger="cdc_router")
-    settings = {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
+    settings = _quick_watch(monkeypatch, caplog)
     with pipeline(stack, tmp_path, partitions=2, config=settings) as pipe:
         consumers = Consumers()
         leave, built = consumers.leave, consumers.built
@@ -120,9 +126,7 @@ def test_a_router_waiting_for_its_source_topic_is_not_renewed(
         caplog: pytest.LogCaptureFixture) -> None:
     # Review 40-1 F1: librdkafka joins no group while no subscribed topic exists (the raw
     # topic comes with Debezium's first event): the router waits, and is not renewed for it.
-    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
-    caplog.set_level(logging.INFO, logger="cdc_router")
-    settings = {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
+    settings = _quick_watch(monkeypatch, caplog)
     with pipeline(stack, tmp_path, partitions=1, config=settings) as pipe:
         config = yaml.safe_load(pipe.config_path.read_text())
         config["source"]["topics"] = [f"^{pipe.raw_topic}-not-yet.*"]
