@@ -281,7 +281,7 @@ def _summary(path: Path, config: RouterConfig) -> str:
     if config.nats is not None and config.nats.streams:
         streams = ", ".join(f"{stream.name} ({' '.join(stream.subjects)})"
                             for stream in config.nats.streams)
-        lines.append(f"nats       {shown_url(config.nats.url)}; streams {streams or 'none'} "
+        lines.append(f"nats       {shown_url(config.nats.url)}; streams {streams} "
                      "(created by `cdc-router streams apply`)")
     return "\n".join(lines)
 

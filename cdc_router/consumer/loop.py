@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -52,7 +53,13 @@ from cdc_router.kafka.errors import (
     kafka_error_of,
     stops_consumer,
 )
-from cdc_router.kafka.membership import MembersFactory, MembershipWatch, admin_members
+from cdc_router.kafka.membership import (
+    MAX_RENEWALS,
+    RENEWAL_WINDOW_S,
+    ListedFactory,
+    MembershipWatch,
+    admin_listed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +93,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  producer_factory: Callable[[dict[str, str]], Any] = Producer,
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 members_factory: MembersFactory = admin_members) -> None:
+                 members_factory: ListedFactory = admin_listed) -> None:
         super().__init__()
         self.settings = settings
         self._store = store
@@ -103,6 +110,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._membership = MembershipWatch.for_consumer(
             settings.librdkafka_consumer(), settings.librdkafka_admin(), settings.topics,
             members_factory, clock)
+        self._renewals: deque[float] = deque(maxlen=MAX_RENEWALS)  # by the membership watch
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
@@ -136,7 +144,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         log.warning("event=consumer_renewed group=%s reason=%r", self.settings.group_id, reason)
         with suppress(Exception):  # it is out of the group already
             self._consumer.close()
-        self._fresh, self._stored_since_commit = [], False
+        self._fresh, self._stored_since_commit, self._stored = [], False, {}
+        self._retries, self._rewound = {}, set()
         self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
                                "consumer_config")
         self._subscribe()
@@ -165,6 +174,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             self._membership.check(consumer)
         except MemberFenced as stranded:
+            now = self._clock()
+            if len(self._renewals) == MAX_RENEWALS and now - self._renewals[0] < RENEWAL_WINDOW_S:
+                raise  # a group that never takes it: exit 75 for the supervisor
+            self._renewals.append(now)
             self._rejoin(stranded.detail)
 
     def _handle(self, message: KafkaMessage) -> None:

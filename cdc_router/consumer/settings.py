@@ -31,7 +31,7 @@ _PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 # with TLS settings in consumer_config only, the producer spoke PLAINTEXT to the TLS port and
 # the first poison record stalled the consumer for ever).
 _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
-                    "client.dns.lookup", "broker.address.family", "socket.")
+                    "client.dns.lookup", "broker.address.family", "socket.", "oauth_cb")
 
 
 # (passes, field, what it must be, its value)

@@ -11,19 +11,23 @@ there are more members than partitions, is listed too). When the consumer's iden
 group.instance.id, else its member id) is missing from every answer over out_for_s, and no
 lookup failed in between (an outage is librdkafka's to wait out: it rejoins once the coordinator
 answers), check() raises MemberFenced: the router replaces the consumer as a fenced static
-member (router/renewal.py's budget, then exit 75 for the supervisor), the idempotent consumer
-replaces it (consumer/loop.py).
+member, the idempotent consumer replaces it too (each: 3 times in 10 minutes at most, then exit
+75 for the supervisor). A consumer is not missing while no subscribed topic exists (librdkafka
+joins no group for it), and a `^regex` subscription is given librdkafka's metadata refresh
+interval to notice a topic created since. QA 40-a: the state came back once in 12 outages and
+was renewed 41 s after the broker's return.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException
 
+from cdc_router.config.topic_names import source_regex
 from cdc_router.errors import EXIT_RESTART, MemberFenced
 from cdc_router.kafka.lookups import AdminConnection
 
@@ -34,46 +38,59 @@ log = logging.getLogger("cdc_router.kafka")
 CHECK_EVERY_S = 10.0
 LOOKUP_TIMEOUT_S = 5.0
 # A check this long after the previous one starts the watch over (the loop backed off, or the
-# process was stopped): only answers at most this far apart are evidence.
-GAP_S = 2 * CHECK_EVERY_S
+# process was stopped): only answers at most two checks apart are evidence.
+GAP_S = 20.0
 # Missing from the group this many session timeouts in a row: a rejoin takes one heartbeat and a
 # rebalance, and librdkafka asks for the coordinator every second while it has none.
 SESSIONS_OUT = 3
-
-# members(timeout_s): the group's members, by member id and by group.instance.id; None while no
-# subscribed topic exists (librdkafka joins no group for a subscription that matches nothing)
-Members = Callable[[float], set[str] | None]
-MembersFactory = Callable[[Mapping[str, Any], str, Sequence[str]], Members]
-# librdkafka's session.timeout.ms when the config sets none
+# A consumer without a renewal budget of its own (the idempotent consumer's; the router's is
+# router/renewal.py) is renewed at most this many times in this window, then the error stands.
+MAX_RENEWALS = 3
+RENEWAL_WINDOW_S = 600.0
+# librdkafka's defaults, for a config that sets none
 DEFAULT_SESSION_TIMEOUT_MS = 45_000
+DEFAULT_METADATA_REFRESH_MS = 300_000
+
+# listed(name, timeout_s): whether the group lists member `name` (its member id or
+# group.instance.id; None: it has none), or cannot list it yet because no subscribed topic
+# exists (librdkafka joins no group for a subscription that matches nothing)
+Listed = Callable[[str | None, float], bool]
+ListedFactory = Callable[[Mapping[str, Any], str, Sequence[str]], Listed]
 
 
 def subscribed(topics: Sequence[str], name: str) -> bool:
-    """Whether a subscription to `topics` matches topic `name` (a `^` one is a regex)."""
-    return any(name == topic or (topic.startswith("^") and re.match(topic, name) is not None)
+    """Whether a subscription to `topics` matches topic `name` as librdkafka reads it (a `^`
+    one is a regex, searched); ValueError for a regex it would not read as Python does."""
+    return any(name == topic or (topic.startswith("^") and
+                                 source_regex(topic).search(name) is not None)
                for topic in topics)
 
 
-def admin_members(admin_config: Mapping[str, Any], group: str, topics: Sequence[str]) -> Members:
-    """members(timeout_s) of `group` by DescribeGroups, an AdminClient made on first use and
-    anew after a failed lookup (a long-lived one can keep stale metadata: kafka/lookups.py).
-    The topics are listed first (the whole cluster's: asking for one may create it)."""
+def admin_listed(admin_config: Mapping[str, Any], group: str, topics: Sequence[str]) -> Listed:
+    """listed(name, timeout_s) of `group` by DescribeGroups, and when `name` is missing, by the
+    cluster's topics (all of them: asking for one may create it), within one timeout; an
+    AdminClient made on first use and anew after a failed lookup (a long-lived one can keep
+    stale metadata: kafka/lookups.py)."""
     admin = AdminConnection(admin_config)
 
-    def members(timeout_s: float) -> set[str] | None:
+    def listed(name: str | None, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        described = admin.answer(lambda client: client.describe_consumer_groups(
+            [group], request_timeout=timeout_s)[group], timeout_s)
+        if name in {n for m in described.members for n in (m.member_id, m.group_instance_id)}:
+            return True
         try:
-            listed = admin.client().list_topics(timeout=timeout_s).topics
+            found = admin.client().list_topics(timeout=max(0.5, deadline - time.monotonic()))
         except KafkaException:
             admin.reset()
             raise
-        if not any(subscribed(topics, name) for name in listed):
-            return None
-        described = admin.answer(lambda client: client.describe_consumer_groups(
-            [group], request_timeout=timeout_s)[group], timeout_s)
-        return {name for m in described.members
-                for name in (m.member_id, m.group_instance_id) if name}
+        try:
+            return not any(subscribed(topics, topic) for topic, metadata in found.topics.items()
+                           if metadata.error is None)
+        except ValueError:  # a pattern read otherwise than librdkafka reads it: no evidence
+            return True
 
-    return members
+    return listed
 
 
 def identity(consumer_config: Mapping[str, Any]) -> Callable[[Any], str | None]:
@@ -85,28 +102,42 @@ def identity(consumer_config: Mapping[str, Any]) -> Callable[[Any], str | None]:
     return lambda consumer: consumer.memberid() or None
 
 
-def session_timeout_ms(consumer_config: Mapping[str, Any]) -> int:
-    """The config's session.timeout.ms; librdkafka's default for what does not read as a
-    number of milliseconds (librdkafka itself refuses a value it cannot parse)."""
+def _ms(consumer_config: Mapping[str, Any], key: str, default: int) -> int:
+    """A config's milliseconds; librdkafka's default for what does not read as a number
+    (librdkafka itself refuses a value it cannot parse)."""
     try:
-        return int(float(consumer_config.get("session.timeout.ms", DEFAULT_SESSION_TIMEOUT_MS)))
+        return int(float(consumer_config.get(key, default)))
     except (TypeError, ValueError):
-        return DEFAULT_SESSION_TIMEOUT_MS
+        return default
+
+
+def out_for_s(consumer_config: Mapping[str, Any], topics: Sequence[str]) -> float:
+    """How long a consumer is missing before it is renewed: SESSIONS_OUT session timeouts, at
+    least 3 checks; with a `^regex` subscription also librdkafka's metadata refresh interval
+    and 2 checks (it finds a topic created since only then)."""
+    waited = max(3 * CHECK_EVERY_S,
+                 SESSIONS_OUT * _ms(consumer_config, "session.timeout.ms",
+                                    DEFAULT_SESSION_TIMEOUT_MS) / 1000)
+    if any(topic.startswith("^") for topic in topics):
+        refresh_ms = _ms(consumer_config, "topic.metadata.refresh.interval.ms",
+                         DEFAULT_METADATA_REFRESH_MS)
+        waited = max(waited, refresh_ms / 1000 + 2 * CHECK_EVERY_S)
+    return waited
 
 
 class MembershipWatch:
     """check(consumer) raises MemberFenced once `consumer` has been out of its group for
-    out_for_s while the cluster answered; a new consumer starts the watch over, and so does a
+    `out_for_s` while the cluster answered; a new consumer starts the watch over, and so does a
     check after a gap (GAP_S).
 
-    Built from the consumer's config (`for_consumer`): its group, identity, session timeout.
+    Built from the consumer's config (`for_consumer`): its group, identity, timeouts.
     """
 
-    def __init__(self, members: Members, *, group: str, identity: Callable[[Any], str | None],
-                 session_timeout_ms: int, clock: Callable[[], float]) -> None:
-        self._members = members
+    def __init__(self, listed: Listed, *, group: str, identity: Callable[[Any], str | None],
+                 out_for_s: float, clock: Callable[[], float]) -> None:
+        self._listed_by_group = listed
         self._group, self._identity = group, identity
-        self._out_for_s = max(3 * CHECK_EVERY_S, SESSIONS_OUT * session_timeout_ms / 1000)
+        self._out_for_s = out_for_s
         self._clock = clock
         self._consumer: Any = None
         self._next_check = 0.0
@@ -127,9 +158,10 @@ class MembershipWatch:
         name = self._identity(consumer) or "(no member id)"
         if self._out_since is None:
             self._out_since = now
-            log.warning("event=member_missing group=%s member=%s: this consumer holds no "
-                        "partition and the group does not list it; renewed if it stays out "
-                        "%.0f s", self._group, name, self._out_for_s)
+            # INFO: a rejoin after an outage looks the same for a few seconds (QA 40-a).
+            log.info("event=member_missing group=%s member=%s: this consumer holds no "
+                     "partition and the group does not list it; renewed if it stays out "
+                     "%.0f s", self._group, name, self._out_for_s)
         elif now - self._out_since >= self._out_for_s:
             detail = (f"the consumer held no partition and group {self._group} did not list "
                       f"member {name} for {now - self._out_since:.0f} s while the cluster "
@@ -139,7 +171,7 @@ class MembershipWatch:
 
     @classmethod
     def for_consumer(cls, consumer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
-                     topics: Sequence[str], factory: MembersFactory,
+                     topics: Sequence[str], factory: ListedFactory,
                      clock: Callable[[], float]) -> MembershipWatch:
         """The watch of a consumer built with `consumer_config` and subscribed to `topics`;
         `factory` makes the lookup of its group's members over `admin_config` (the same
@@ -147,16 +179,15 @@ class MembershipWatch:
         group = str(consumer_config["group.id"])
         return cls(factory(admin_config, group, topics), group=group,
                    identity=identity(consumer_config),
-                   session_timeout_ms=session_timeout_ms(consumer_config), clock=clock)
+                   out_for_s=out_for_s(consumer_config, topics), clock=clock)
 
     def _listed(self, consumer: Any) -> bool:
-        """Whether the consumer holds partitions or the group lists it; True too when that
-        cannot be told (a lookup failed: an outage is librdkafka's to wait out) or the group
-        cannot be joined yet (no subscribed topic exists)."""
+        """Whether the consumer holds partitions or the group lists it (or cannot yet); True
+        too when that cannot be told (a lookup failed: an outage is librdkafka's to wait out)."""
         try:
             if consumer.assignment():
                 return True
-            members = self._members(LOOKUP_TIMEOUT_S)
+            listed = self._listed_by_group(self._identity(consumer), LOOKUP_TIMEOUT_S)
         except (KafkaException, TimeoutError) as failure:
             if not self._failing:
                 log.info("event=member_lookup_failed group=%s error=%r; the group's members "
@@ -164,5 +195,4 @@ class MembershipWatch:
             self._failing = True
             return True
         self._failing = False
-        name = self._identity(consumer)
-        return members is None or (name is not None and name in members)
+        return listed

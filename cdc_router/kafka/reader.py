@@ -204,6 +204,7 @@ class TopicReader:
         self._partitions: list[int] = []
         self._assigned_at: dict[int, int] = {}  # the consumer's partitions assigned at an offset
         self._admin = AdminConnection(self._client_config)
+        self._held = False  # the last stall of this read: held by an open transaction
 
     def read_to_end(self, *, end: End = "stable",
                     timeout_s: float = 300.0) -> Iterator[Message]:
@@ -213,6 +214,7 @@ class TopicReader:
         next call goes on after them. Control markers and transient errors are passed over.
         """
         deadline = time.monotonic() + timeout_s
+        self._held = False
         consumer, ends = self._ends(end, deadline)
         started, read = positions(consumer, self._topic, list(ends), self._assigned_at), 0
         moved, moved_at = started, time.monotonic()  # the positions, and when they last moved
@@ -265,11 +267,16 @@ class TopicReader:
         """The consumer to read on with after _STALLED_S without progress below the ends:
         said, and a renewable reader's replaced (QA 39-a: a restore read nothing for 26 s after
         a broker's kill, unsaid; a consumer left without metadata would wait for the deadline).
-        An open transaction holds a read up as long, which a new consumer waits for as well."""
+        An open transaction holds a read up as long, which a new consumer waits for as well: a
+        consumer at the last stable offsets waits with it (_held_open), and once it ends is
+        given one more period to read what it held (it may end just before the check)."""
         log.warning("event=read_stalled topic=%s positions=%s ends=%s seconds=%.0f: no record "
                     "read; a transaction open, or the consumer without a leader", self._topic,
                     _shown(where), _shown(ends), _STALLED_S)
-        if not self._renewable or self._held_open(consumer, where):
+        if not self._renewable:
+            return consumer
+        was_held, self._held = self._held, self._held_open(consumer, where)
+        if self._held or was_held:  # just released: one more period to read what it held
             return consumer
         self._renew(consumer, f"nothing read for {_STALLED_S:.0f} s")
         return self._consumer or consumer
@@ -281,9 +288,13 @@ class TopicReader:
         try:
             stable = stable_offsets(consumer, self._topic, list(where),
                                     time.monotonic() + _RENEW_AFTER_S)
+            # A partition nothing was read of yet stands at its log start (review 40-2: not 0
+            # once retention has moved it).
+            held = all((where[p] if where[p] >= 0 else consumer.get_watermark_offsets(
+                TopicPartition(self._topic, p), timeout=_LOW_LOOKUP_S, cached=False)[0]) >= offset
+                       for p, offset in stable.items())
         except KafkaException:
             return False
-        held = all(max(where[p], 0) >= offset for p, offset in stable.items())
         if held:
             log.info("event=read_held topic=%s stable=%s: an open transaction holds the read "
                      "at the last stable offset until it ends", self._topic, _shown(stable))

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.kafka.logs import librdkafka_logger
-from cdc_router.kafka.membership import MembersFactory, MembershipWatch
+from cdc_router.kafka.membership import ListedFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -119,7 +119,7 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
     }
 
 
-def membership_watch(config: RouterConfig, instance_id: str, factory: MembersFactory,
+def membership_watch(config: RouterConfig, instance_id: str, factory: ListedFactory,
                      clock: Callable[[], float]) -> MembershipWatch:
     """The watch of the raw-topic consumer's group membership (kafka/membership.py)."""
     return MembershipWatch.for_consumer(consumer_config(config, instance_id),

@@ -36,7 +36,7 @@ from cdc_router.kafka.consumer import (
     record_headers,
     rewind_to_committed,
 )
-from cdc_router.kafka.membership import MembersFactory, admin_members
+from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -78,7 +78,7 @@ class OutboxRouter:
                  publisher: JetStreamPublisher | None = None,
                  describe_factory: DescribeFactory = admin_describe,
                  operations_factory: OperationsFactory = admin_operations,
-                 members_factory: MembersFactory = admin_members) -> None:
+                 members_factory: ListedFactory = admin_listed) -> None:
         """Factories build the clients in run() (tests hand fakes); `wait(seconds)`: each
         backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's)."""
         config = self._config = compiled.config

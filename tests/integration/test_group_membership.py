@@ -131,13 +131,25 @@ def test_a_router_waiting_for_its_source_topic_is_not_renewed(
         config = yaml.safe_load(pipe.config_path.read_text())
         config["source"]["topics"] = [f"^{pipe.raw_topic}-not-yet.*"]
         pipe.config_path.write_text(yaml.safe_dump(config))
-        router = OutboxRouter(load_config(pipe.config_path), instance_id=f"{pipe.name}-a")
+        answers: list[bool] = []
+
+        def recorded(admin_config: Any, group: str, topics: Any) -> Any:
+            listed = membership.admin_listed(admin_config, group, topics)
+
+            def answer(name: str | None, timeout_s: float) -> bool:
+                answers.append(listed(name, timeout_s))  # raises when no answer came
+                return answers[-1]
+            return answer
+
+        router = OutboxRouter(load_config(pipe.config_path), instance_id=f"{pipe.name}-a",
+                              members_factory=recorded)
         worker = threading.Thread(target=router.run, daemon=True)
         worker.start()
-        time.sleep(3 * SESSION_TIMEOUT_MS / 1000 + 4 * 2.0)  # past the renewal of a stranded one
+        time.sleep(3 * SESSION_TIMEOUT_MS / 1000 + 6 * 2.0)  # past the renewal of a stranded one
         router.stop()
         worker.join(60)
     assert not worker.is_alive()
+    assert len(answers) >= 5 and all(answers)  # the group answered: no member, and no topic
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("event=started") for line in lines)
     assert not [line for line in lines if "member_missing" in line or "renewed" in line]
@@ -177,6 +189,7 @@ def test_the_idempotent_consumer_replaces_a_consumer_out_of_its_group(
         deadline = time.monotonic() + 60
         while len(handled) < 10 and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert len(handled) == 10
         leave.set()
         assert built[0].left.wait(30)
         _produce(stack.bootstrap_servers, topic, [f"after-{i}" for i in range(10)])

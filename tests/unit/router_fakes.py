@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
-from cdc_router.kafka.membership import Members
+from cdc_router.kafka.membership import Listed
 from cdc_router.router.destinations import Describe
 from cdc_router.router.grants import Operations
 from cdc_router.router.replay import parse_changelog
@@ -111,12 +111,12 @@ class FakeCluster:
         return lambda topic, timeout_s: self.granted.get(topic)
 
     def members_factory(self, admin_config: Mapping[str, Any], group: str,
-                        topics: Sequence[str]) -> Members:
-        """members(timeout_s): group_members, counted."""
-        def members(timeout_s: float) -> set[str]:
+                        topics: Sequence[str]) -> Listed:
+        """listed(name, timeout_s): in group_members, counted."""
+        def listed(name: str | None, timeout_s: float) -> bool:
             self.members_lookups += 1
-            return set(self.group_members)
-        return members
+            return name in self.group_members
+        return listed
 
     def committed(self, topic: str) -> list[Stored]:
         return self.topics.get(topic, [])

@@ -54,7 +54,7 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
     def members(admin_config: Any, group: str, topics: Any) -> Any:
         assert group == "fulfillment" and admin_config["bootstrap.servers"] == "fake:9092"
         assert topics == (TOPIC,)
-        return lambda timeout_s: lookups.append(clock()) or {"rdkafka-joined"}
+        return lambda name, timeout_s: lookups.append(clock()) or name == "rdkafka-joined"
 
     settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
                                 topics=(TOPIC,), dead_letter_topic=DLQ,

@@ -349,25 +349,53 @@ def test_a_changelog_read_that_stalls_says_so_and_reads_on_with_a_new_consumer(
     assert fresh.assigned == [(0, 2), (1, 1)]
 
 
+def _read_held(monkeypatch: pytest.MonkeyPatch, held: Faithful, log_ends: dict[int, int],
+               committed: dict[int, int]) -> list[tuple[int, int]]:
+    """What a changelog read of `held` reads while a transaction ends `log_ends` past its
+    counts, which `committed` (the transaction's end, 1 s in) brings them to."""
+    renewing(monkeypatch, held)  # a renewal would find no consumer to make
+    monkeypatch.setattr(reader_module, "_STALLED_S", 0.2)
+    monkeypatch.setattr(reader_module, "log_end_offsets",
+                        lambda admin, topic, parts, end: log_ends)
+    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    ended = threading.Timer(1.0, lambda: held.counts.update(committed))
+    ended.start()
+    try:
+        return _read(reader)
+    finally:
+        ended.cancel()
+
+
 def test_a_changelog_read_held_by_an_open_transaction_waits_for_it_with_the_same_consumer(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # Review 39-2: the log end lies past an open transaction; read_committed stops at the
     # last stable offset until it ends, and a new consumer every 30 s waited the same.
     caplog.set_level(logging.INFO)
     held = Faithful({0: 2, 1: 1})
-    renewing(monkeypatch, held)  # a renewal would find no consumer to make
-    monkeypatch.setattr(reader_module, "_STALLED_S", 0.2)
-    monkeypatch.setattr(reader_module, "log_end_offsets",
-                        lambda admin, topic, parts, end: {0: 4, 1: 1})
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
-    committed = threading.Timer(1.0, lambda: held.counts.update({0: 4}))  # the transaction
-    committed.start()
-    try:
-        assert _read(reader) == [(0, 0), (0, 1), (1, 0), (0, 2), (0, 3)]
-    finally:
-        committed.cancel()
+    assert _read_held(monkeypatch, held, {0: 4, 1: 1}, {0: 4}) == [
+        (0, 0), (0, 1), (1, 0), (0, 2), (0, 3)]
     assert "event=read_held topic=cl stable=0:2,1:1" in caplog.text
     assert "reader_renewed" not in caplog.text and not held.closed.is_set()
+
+
+def test_a_held_read_of_a_partition_retention_emptied_waits_with_the_same_consumer(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 40-2: partition 1, never read, starts at 5 (retention deleted 0-4); the open
+    # transaction past it held the read, and a position taken for 0 renewed it every 30 s.
+    class Retained(Faithful):
+        def assign(self, partitions: list[TopicPartition]) -> None:
+            super().assign(partitions)
+            self.fetch[1] = 5
+
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float,
+                                  cached: bool) -> tuple[int, int]:
+            return (5 if tp.partition == 1 else 0), self.counts[tp.partition]
+
+    caplog.set_level(logging.INFO)
+    assert _read_held(monkeypatch, Retained({0: 2, 1: 5}), {0: 2, 1: 7}, {1: 7}) == [
+        (0, 0), (0, 1), (1, 5), (1, 6)]
+    assert "event=read_held topic=cl stable=0:2,1:5" in caplog.text
+    assert "reader_renewed" not in caplog.text
 
 
 def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_deadline(
