@@ -12,6 +12,7 @@ import pytest
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer
 from cdc_router.consumer.dedup import MemoryDedupStore
+from cdc_router.errors import EXIT_RESTART, MemberFenced
 from tests.unit.consumer_fakes import DLQ, TOPIC, FakeClock, FakeConsumer, FakeProducer, Record
 
 
@@ -72,3 +73,26 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
     renewed = [r.getMessage() for r in caplog.records if "consumer_renewed" in r.getMessage()]
     assert len(renewed) == 1 and "group fulfillment did not list member (no member id)" in \
         renewed[0]
+
+
+def test_a_consumer_that_never_rejoins_ends_run_after_three_renewals() -> None:
+    # Review 40-2 N3: a group that never takes it (every new consumer stranded too).
+    clock = FakeClock()
+    built: list[FakeConsumer] = []
+
+    def consumers(config: dict[str, str]) -> FakeConsumer:
+        built.append(Stranded({0: [rec("a")]}, clock, lambda: None))
+        return built[-1]
+
+    settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
+                                topics=(TOPIC,), dead_letter_topic=DLQ,
+                                consumer_config={"session.timeout.ms": "10000"})
+    loop: IdempotentConsumer[Any] = IdempotentConsumer(
+        settings, MemoryDedupStore(), lambda event, context: None,
+        consumer_factory=consumers, producer_factory=lambda config: FakeProducer(),
+        rng=random.Random(1), clock=clock,
+        members_factory=lambda admin, group, topics: lambda name, timeout_s: False)
+    with pytest.raises(MemberFenced, match="did not list member") as raised:
+        loop.run()
+    assert raised.value.exit_code == EXIT_RESTART
+    assert len(built) == 4 and all(c.closed for c in built)
