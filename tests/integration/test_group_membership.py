@@ -26,9 +26,11 @@ from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
 
-# The broker's group.min.session.timeout.ms: the watch renews after three of them (18 s), or
-# 3 checks (6 s here), whichever is longer.
+# The broker's group.min.session.timeout.ms; the watch checks every CHECK_S and renews after one
+# session timeout (6 s), not three, to keep the tests short.
 SESSION_TIMEOUT_MS = 6000
+CHECK_S = 2.0
+OUT_FOR_S = 6.0
 
 
 class LeavesWhenTold:
@@ -70,8 +72,10 @@ def _listed(bootstrap: str, group: str) -> set[str]:
 
 def _quick_watch(monkeypatch: pytest.MonkeyPatch,
                  caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
-    """The watch checks every 2 s, its lines are captured; the router's settings for it."""
-    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
+    """The watch checks every CHECK_S and renews after OUT_FOR_S, its lines are captured; the
+    router's settings for it."""
+    monkeypatch.setattr(membership, "CHECK_EVERY_S", CHECK_S)
+    monkeypatch.setattr(membership, "SESSIONS_OUT", 1)
     caplog.set_level(logging.INFO, logger="cdc_router")
     return {"kafka": {"consumer": {"session.timeout.ms": SESSION_TIMEOUT_MS}}}
 
@@ -145,7 +149,7 @@ def test_a_router_waiting_for_its_source_topic_is_not_renewed(
                               members_factory=recorded)
         worker = threading.Thread(target=router.run, daemon=True)
         worker.start()
-        time.sleep(3 * SESSION_TIMEOUT_MS / 1000 + 6 * 2.0)  # past the renewal of a stranded one
+        time.sleep(OUT_FOR_S + 6 * CHECK_S)  # well past the renewal of a stranded one
         router.stop()
         worker.join(60)
     assert not worker.is_alive()
@@ -165,8 +169,7 @@ def _produce(bootstrap: str, topic: str, ids: list[str]) -> None:
 def test_the_idempotent_consumer_replaces_a_consumer_out_of_its_group(
         stack: StackEndpoints, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(membership, "CHECK_EVERY_S", 2.0)
-    caplog.set_level(logging.INFO, logger="cdc_router")
+    _quick_watch(monkeypatch, caplog)
     topic, dead_letter = unique("payments").replace("_", "-"), unique("dlq").replace("_", "-")
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     for future in admin.create_topics([NewTopic(topic, 2, 1), NewTopic(dead_letter, 1, 1)]
