@@ -77,7 +77,8 @@ def admin_listed(admin_config: Mapping[str, Any], group: str, topics: Sequence[s
         deadline = time.monotonic() + timeout_s
         described = admin.answer(lambda client: client.describe_consumer_groups(
             [group], request_timeout=timeout_s)[group], timeout_s)
-        if name in {n for m in described.members for n in (m.member_id, m.group_instance_id)}:
+        if name is not None and name in {n for m in described.members
+                                         for n in (m.member_id, m.group_instance_id)}:
             return True
         try:
             found = admin.client().list_topics(timeout=max(0.5, deadline - time.monotonic()))

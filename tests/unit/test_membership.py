@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, MemberFenced
+from cdc_router.kafka import membership
 from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch, out_for_s, subscribed
 from cdc_router.router.clients import membership_watch
 
@@ -248,3 +250,38 @@ def test_a_subscription_matches_topics_as_librdkafka_does(topics: list[str], nam
 def test_a_subscription_librdkafka_would_read_otherwise_is_no_verdict() -> None:
     with pytest.raises(ValueError, match="source topic"):
         subscribed([r"^orders\.v\d+"], "orders.v1")  # \d: not POSIX
+
+
+class Admin:
+    """An AdminConnection over a group of dynamic members and the cluster's topics."""
+
+    def __init__(self, members: list[str], topics: dict[str, KafkaError | None]) -> None:
+        self.members, self.topics = members, topics
+
+    def answer(self, request: Any, timeout_s: float) -> Any:
+        return SimpleNamespace(members=[SimpleNamespace(member_id=m, group_instance_id=None)
+                                        for m in self.members])
+
+    def client(self) -> Any:
+        return SimpleNamespace(list_topics=lambda timeout: SimpleNamespace(topics={
+            name: SimpleNamespace(error=error) for name, error in self.topics.items()}))
+
+    def reset(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("name", "topics", "subscription", "listed"), [
+    ("m-1", {"raw": None}, ["raw"], True),
+    ("m-2", {"raw": None}, ["raw"], False),
+    # No member id (not joined): missing, though dynamic members have no instance id either.
+    (None, {"raw": None}, ["raw"], False),
+    (None, {"other": None}, ["raw"], True),  # no subscribed topic: librdkafka joins no group
+    (None, {"raw": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)}, ["raw"], True),
+    (None, {"raw.v1": None}, ["^raw\\.v[0-9]+"], False),
+    (None, {"orders.v1": None}, ["^orders\\.v\\d+"], True)])  # read otherwise: no verdict
+def test_what_the_admin_lookup_answers(monkeypatch: pytest.MonkeyPatch, name: str | None,
+                                       topics: dict[str, KafkaError | None],
+                                       subscription: list[str], listed: bool) -> None:
+    monkeypatch.setattr(membership, "AdminConnection",
+                        lambda config: Admin(["m-1"], topics))
+    assert membership.admin_listed({}, "g", subscription)(name, 5.0) is listed
