@@ -14,14 +14,7 @@ from cdc_router.errors import EXIT_RESTART, MemberFenced
 from cdc_router.kafka import membership
 from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch, out_for_s, subscribed
 from cdc_router.router.clients import membership_watch
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.consumer_fakes import FakeClock as Clock
 
 
 class Consumer:
