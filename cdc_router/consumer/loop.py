@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from cdc_router.errors import (
     RegistryError,
     RetriableError,
 )
+from cdc_router.kafka.budget import RenewalBudget
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
     ErrorAction,
@@ -54,8 +54,6 @@ from cdc_router.kafka.errors import (
     stops_consumer,
 )
 from cdc_router.kafka.membership import (
-    MAX_RENEWALS,
-    RENEWAL_WINDOW_S,
     ListedFactory,
     MembershipWatch,
     admin_listed,
@@ -110,7 +108,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._membership = MembershipWatch.for_consumer(
             settings.librdkafka_consumer(), settings.librdkafka_admin(), settings.topics,
             members_factory, clock)
-        self._renewals: deque[float] = deque(maxlen=MAX_RENEWALS)  # by the membership watch
+        self._renewals = RenewalBudget(clock)  # of the consumer, by the membership watch
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
@@ -174,10 +172,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             self._membership.check(consumer)
         except MemberFenced as stranded:
-            now = self._clock()
-            if len(self._renewals) == MAX_RENEWALS and now - self._renewals[0] < RENEWAL_WINDOW_S:
+            if not self._renewals.spend():
                 raise  # a group that never takes it: exit 75 for the supervisor
-            self._renewals.append(now)
             self._rejoin(stranded.detail)
 
     def _handle(self, message: KafkaMessage) -> None:

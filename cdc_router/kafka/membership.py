@@ -43,10 +43,6 @@ GAP_S = 20.0
 # Missing from the group this many session timeouts in a row: a rejoin takes one heartbeat and a
 # rebalance, and librdkafka asks for the coordinator every second while it has none.
 SESSIONS_OUT = 3
-# A consumer without a renewal budget of its own (the idempotent consumer's; the router's is
-# router/renewal.py) is renewed at most this many times in this window, then the error stands.
-MAX_RENEWALS = 3
-RENEWAL_WINDOW_S = 600.0
 # librdkafka's defaults, for a config that sets none
 DEFAULT_SESSION_TIMEOUT_MS = 45_000
 DEFAULT_METADATA_REFRESH_MS = 300_000

@@ -18,15 +18,16 @@ backoff until the cluster answers (Transaction.renew leaves it to the caller).
 
 The budget: INVALID_TXN_STATE and OUT_OF_ORDER_SEQUENCE_NUMBER once until a batch commits
 again, so that a cluster that keeps refusing is never retried in a loop. Fences (and _FATAL,
-which is how a producer already fenced refuses its next produce) at most MAX_FENCES times in
-FENCE_WINDOW_S, commits or not: two processes starting with one --instance-id fence each other
-a few times before the group settles it, while a rival that keeps taking the transactional id
-(two pipelines sharing delivery.transactional_id on one host) stops the process, loudly. A
-refusal of credentials is never renewed (one raised on librdkafka's thread shows as _FATAL: the
-renewed producer's init then fails on the refusal itself, and the process stops).
+which is how a producer already fenced refuses its next produce) at most MAX_RENEWALS times in
+RENEWAL_WINDOW_S (kafka/budget.py), commits or not: two processes starting with one
+--instance-id fence each other a few times before the group settles it, while a rival that
+keeps taking the transactional id (two pipelines sharing delivery.transactional_id on one host)
+stops the process, loudly. A refusal of credentials is never renewed (one raised on librdkafka's
+thread shows as _FATAL: the renewed producer's init then fails on the refusal itself, and the
+process stops).
 
 The consumer's static member fenced by the group (MemberFenced) is renewed too, by a new consumer
-with the same group.instance.id, at most MAX_FENCES times in FENCE_WINDOW_S. QA 36-a: on a
+with the same group.instance.id, at most MAX_RENEWALS times in RENEWAL_WINDOW_S. QA 36-a: on a
 3-broker cluster every move of the group coordinator (a broker killed or restarted) outlasted
 session.timeout.ms; librdkafka rejoined the static member, and the request it still had in flight
 with the old member id was fenced (_FATAL): every instance exited 75, and the stream stopped
@@ -35,9 +36,9 @@ the budget runs out and they stop (exit 75), as before.
 
 A producer whose send_offsets_to_transaction blocked past its timeout (ProducerHung, librdkafka
 #5456/#5511: QA 37-a saw it end 5 of 10 instances at coordinator moves on a 3-broker cluster,
-43-127 s without delivery) is given up and renewed too, at most MAX_FENCES times in
-FENCE_WINDOW_S: each leaves a client and a thread blocked until its call returns (QA 38-a saw
-every one return), which a process restart frees; so also only while at most MAX_FENCES are
+43-127 s without delivery) is given up and renewed too, at most MAX_RENEWALS times in
+RENEWAL_WINDOW_S: each leaves a client and a thread blocked until its call returns (QA 38-a
+saw every one return), which a process restart frees; so also only while at most MAX_RENEWALS are
 still blocked, however long ago they were given up (review 38 F3).
 """
 
@@ -45,12 +46,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
+from cdc_router.kafka.budget import MAX_RENEWALS, RENEWAL_WINDOW_S, RenewalBudget
 from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger("cdc_router.router")
@@ -62,8 +63,6 @@ RENEWABLE_ONCE = frozenset({KafkaError.INVALID_TXN_STATE, KafkaError.OUT_OF_ORDE
 # librdkafka's thread). The consumer's _FATAL is MemberFenced: a new consumer, its own budget.
 FENCES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                     KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL})
-MAX_FENCES = 3
-FENCE_WINDOW_S = 600.0
 # Every this many batches aborted in a row for the cluster's fault, the producer is renewed too
 # (about 30 s of backoff in, then every 3 min): QA 37-b, after the controller fenced the only
 # broker for 4.5 s, the producer never had metadata again ("Failed to get metadata: Local:
@@ -79,12 +78,11 @@ class ProducerRenewal:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  blocked: Callable[[], int] = blocked_calls) -> None:
-        self._clock = clock
         self._blocked = blocked
         self._spent = False
-        self._fences: deque[float] = deque()
-        self._member_fences: deque[float] = deque()
-        self._hangs: deque[float] = deque()
+        self._fences = RenewalBudget(clock)
+        self._member_fences = RenewalBudget(clock)
+        self._hangs = RenewalBudget(clock)
 
     def allows(self, failure: FatalKafkaError) -> bool:
         if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
@@ -98,26 +96,23 @@ class ProducerRenewal:
         self._spent = True
         return True
 
-    def _within_budget(self, times: deque[float]) -> bool:
-        now = self._clock()
-        while times and now - times[0] > FENCE_WINDOW_S:
-            times.popleft()
-        if len(times) >= MAX_FENCES:
-            log.error("event=renewal_budget_spent: replaced %d times in the last %.0f s already "
-                      "(each a broker outage or coordinator move, or a rival process); this "
-                      "one ends the process", MAX_FENCES, FENCE_WINDOW_S)
-            return False
-        times.append(now)
-        return True
+    @staticmethod
+    def _within_budget(budget: RenewalBudget) -> bool:
+        if budget.spend():
+            return True
+        log.error("event=renewal_budget_spent: replaced %d times in the last %.0f s already "
+                  "(each a broker outage or coordinator move, or a rival process); this one "
+                  "ends the process", MAX_RENEWALS, RENEWAL_WINDOW_S)
+        return False
 
     def _unblocked_enough(self) -> bool:
         """Whether the calls given up and still blocked, this one included, are few enough."""
         blocked = self._blocked()
-        if blocked > MAX_FENCES:
+        if blocked > MAX_RENEWALS:
             log.error("event=renewal_budget_spent blocked_calls=%d: more than %d given-up "
                       "librdkafka calls are still blocked, each holding a client's threads "
                       "and sockets; this one ends the process, which frees them", blocked,
-                      MAX_FENCES)
+                      MAX_RENEWALS)
             return False
         return True
 

@@ -6,7 +6,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
-from cdc_router.router.renewal import FENCE_WINDOW_S, MAX_FENCES, ProducerRenewal
+from cdc_router.kafka.budget import MAX_RENEWALS, RENEWAL_WINDOW_S, RenewalBudget
+from cdc_router.router.renewal import ProducerRenewal
 
 
 def _fatal(code: int) -> FatalKafkaError:
@@ -28,12 +29,12 @@ def test_fences_are_renewed_a_few_times_in_a_window_commits_or_not() -> None:
     # although each of them commits in between.
     now = [0.0]
     renewal = ProducerRenewal(clock=lambda: now[0])
-    for code in (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED)[:MAX_FENCES]:
+    for code in (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED)[:MAX_RENEWALS]:
         assert renewal.allows(_fatal(code))
         renewal.committed()
         now[0] += 10
     assert not renewal.allows(_fatal(KafkaError._FENCED))
-    now[0] += FENCE_WINDOW_S
+    now[0] += RENEWAL_WINDOW_S
     assert renewal.allows(_fatal(KafkaError._FENCED)), "the window moved on"
 
 
@@ -41,12 +42,12 @@ def test_a_fenced_static_member_is_renewed_three_times_in_its_window_apart_from_
     # QA 36-a: every move of the group coordinator fenced every instance's static member.
     now = [0.0]
     renewal = ProducerRenewal(clock=lambda: now[0])
-    for _ in range(MAX_FENCES):
+    for _ in range(MAX_RENEWALS):
         assert renewal.allows(MemberFenced("Static consumer fenced"))
         now[0] += 10
     assert not renewal.allows(MemberFenced("Static consumer fenced")), "a rival instance"
     assert renewal.allows(_fatal(KafkaError._FENCED)), "the producer's budget is its own"
-    now[0] += FENCE_WINDOW_S
+    now[0] += RENEWAL_WINDOW_S
     assert renewal.allows(MemberFenced("Static consumer fenced")), "the window moved on"
 
 
@@ -61,13 +62,13 @@ def test_a_hung_producer_is_renewed_three_times_in_its_window_apart_from_fences(
     # Each hung producer leaves a client blocked in its thread: a few, then a restart frees them.
     now = [0.0]
     renewal = ProducerRenewal(clock=lambda: now[0], blocked=lambda: 1)
-    for _ in range(MAX_FENCES):
+    for _ in range(MAX_RENEWALS):
         assert renewal.allows(ProducerHung("blocked"))
         renewal.committed()
         now[0] += 10
     assert not renewal.allows(ProducerHung("blocked"))
     assert renewal.allows(_fatal(KafkaError._FENCED)), "the fences' budget is their own"
-    now[0] += FENCE_WINDOW_S
+    now[0] += RENEWAL_WINDOW_S
     assert renewal.allows(ProducerHung("blocked")), "the window moved on"
 
 
@@ -75,10 +76,23 @@ def test_a_hung_producer_is_not_renewed_while_more_than_three_given_up_calls_are
         caplog: pytest.LogCaptureFixture) -> None:
     # Review 38 F3: the window caps the rate only; calls that never returned would pile up,
     # each holding a client's threads and sockets, over weeks of coordinator moves.
-    blocked = [MAX_FENCES]  # this hang's included
+    blocked = [MAX_RENEWALS]  # this hang's included
     renewal = ProducerRenewal(clock=lambda: 0.0, blocked=lambda: blocked[0])
     assert renewal.allows(ProducerHung("blocked"))
-    blocked[0] = MAX_FENCES + 1
+    blocked[0] = MAX_RENEWALS + 1
     assert not renewal.allows(ProducerHung("blocked"))
     assert "event=renewal_budget_spent blocked_calls=4" in caplog.text
     assert renewal.allows(_fatal(KafkaError._FENCED)), "not the fences' budget"
+
+
+def test_a_renewal_budget_counts_spends_in_a_moving_window() -> None:
+    now = [0.0]
+    budget = RenewalBudget(clock=lambda: now[0])
+    for _ in range(MAX_RENEWALS):
+        assert budget.spend()
+        now[0] += 1
+    assert not budget.spend(), "spent"
+    assert not budget.spend(), "a refusal is not counted as a spend, nor does it free one"
+    now[0] = RENEWAL_WINDOW_S + 0.5  # past the first spend's window only
+    assert budget.spend()
+    assert not budget.spend()

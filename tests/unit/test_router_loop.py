@@ -28,13 +28,13 @@ from cdc_router.errors import (
     TransactionInDoubt,
 )
 from cdc_router.kafka import membership
+from cdc_router.kafka.budget import MAX_RENEWALS
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.kafka.watchdog import CallWatchdog
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
-from cdc_router.router.renewal import MAX_FENCES
 from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
 from tests.unit.router_fakes import (
     CHANGELOG,
@@ -406,8 +406,8 @@ def test_send_offsets_hanging_again_and_again_exits_for_a_restart_without_a_fals
     finally:
         release.set()
     assert raised.value.exit_code == EXIT_RESTART
-    assert harness.cluster.producers_built == 1 + MAX_FENCES  # one a renewal, none wasted
-    assert caplog.text.count("event=producer_renewed") == MAX_FENCES
+    assert harness.cluster.producers_built == 1 + MAX_RENEWALS  # one a renewal, none wasted
+    assert caplog.text.count("event=producer_renewed") == MAX_RENEWALS
     assert "event=renewal_budget_spent" in caplog.text
     assert "abort_failed" not in caplog.text
     assert harness.delivered() == []
@@ -913,7 +913,7 @@ def test_a_consumer_that_never_rejoins_exits_for_a_restart_after_the_budget() ->
     with pytest.raises(MemberFenced, match="did not list member i-1") as raised:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
-    assert len(harness.consumers) == 1 + MAX_FENCES
+    assert len(harness.consumers) == 1 + MAX_RENEWALS
 
 
 @pytest.mark.usefixtures("quick_watch")
