@@ -21,8 +21,11 @@ was renewed 41 s after the broker's return.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -37,7 +40,7 @@ log = logging.getLogger("cdc_router.kafka")
 # such lookup holds the loop (it has no record to route meanwhile; a stop waits as long).
 CHECK_EVERY_S = 10.0
 LOOKUP_TIMEOUT_S = 5.0
-# A check this long after the previous one starts the watch over (the loop backed off, or the
+# Answers to lookups asked this far apart start the watch over (the loop backed off, or the
 # process was stopped): only answers at most two checks apart are evidence.
 GAP_S = 20.0
 # Missing from the group this many session timeouts in a row: a rejoin takes one heartbeat and a
@@ -52,6 +55,38 @@ DEFAULT_METADATA_REFRESH_MS = 300_000
 # exists (librdkafka joins no group for a subscription that matches nothing)
 Listed = Callable[[str | None, float], bool]
 ListedFactory = Callable[[Mapping[str, Any], str, Sequence[str]], Listed]
+# start(lookup): the future of lookup(), run elsewhere or at once
+Starter = Callable[[Callable[[], bool]], "Future[bool]"]
+
+
+def in_thread(lookup: Callable[[], bool]) -> Future[bool]:
+    """lookup() on a daemon thread of its own: neither the loop nor the process's exit waits
+    for it (it ends within its own timeout)."""
+    answer: Future[bool] = Future()
+
+    def run() -> None:
+        try:
+            answer.set_result(lookup())
+        except BaseException as failure:  # handed over to check(), which reads it
+            answer.set_exception(failure)
+
+    threading.Thread(target=run, name="cdc-router-membership", daemon=True).start()
+    return answer
+
+
+@dataclass
+class _Asked:
+    """A lookup under way, since `at`; a stale one's answer is of a watch started over."""
+    answer: Future[bool]
+    at: float
+    stale: bool = False
+
+    @staticmethod
+    def drop(asked: _Asked | None) -> _Asked | None:
+        """Kept until it ends (one lookup at a time), its answer then read as nothing."""
+        if asked is not None:
+            asked.stale = True
+        return asked
 
 
 def subscribed(topics: Sequence[str], name: str) -> bool:
@@ -124,47 +159,98 @@ def out_for_s(consumer_config: Mapping[str, Any], topics: Sequence[str]) -> floa
 
 class MembershipWatch:
     """check(consumer) raises MemberFenced once `consumer` has been out of its group for
-    `out_for_s` while the cluster answered; a new consumer starts the watch over, and so does a
-    check after a gap (GAP_S).
+    `out_for_s` while the cluster answered; a new consumer starts the watch over, and so does an
+    answer to a lookup asked long after the previous one (GAP_S).
 
+    The group is asked on a thread of its own (`start`): a lookup the cluster does not answer
+    (an outage) holds neither the loop nor a stop for its LOOKUP_TIMEOUT_S (review 40-1 F4); its
+    answer is taken by the first check() after it came, and only for the consumer it was about.
     Built from the consumer's config (`for_consumer`): its group, identity, timeouts.
     """
 
     def __init__(self, listed: Listed, *, group: str, identity: Callable[[Any], str | None],
-                 out_for_s: float, clock: Callable[[], float]) -> None:
+                 out_for_s: float, clock: Callable[[], float],
+                 start: Starter | None = None) -> None:
         self._listed_by_group = listed
         self._group, self._identity = group, identity
         self._out_for_s = out_for_s
         self._clock = clock
+        self._start = start or in_thread
         self._consumer: Any = None
         self._next_check = 0.0
         self._out_since: float | None = None
         self._failing = False  # the last lookup failed (said once)
+        self._asked: _Asked | None = None  # the lookup under way, if any
+        self._answered_at = float("-inf")  # when the last lookup answered was asked
 
     def check(self, consumer: Any) -> None:
         now = self._clock()
-        if consumer is not self._consumer or now - self._next_check + CHECK_EVERY_S > GAP_S:
+        if consumer is not self._consumer:
             self._consumer, self._out_since = consumer, None
             self._next_check = now + CHECK_EVERY_S
+            self._asked = _Asked.drop(self._asked)  # its answer is of another consumer
+        if self._asked is not None:
+            if not self._asked.answer.done():
+                return
+            self._take_answer(consumer)
         if now < self._next_check:
             return
         self._next_check = now + CHECK_EVERY_S
-        if self._listed(consumer):
+        try:
+            if consumer.assignment():
+                self._out_since = None
+                return
+            name = self._identity(consumer)
+        except KafkaException as failure:
+            self._lookup_failed(failure)
+            return
+        self._asked = _Asked(self._start(lambda: self._listed_by_group(name, LOOKUP_TIMEOUT_S)),
+                             at=now)
+        if self._asked.answer.done():  # a lookup run at once
+            self._take_answer(consumer)
+
+    def _take_answer(self, consumer: Any) -> None:
+        asked = self._asked
+        assert asked is not None and asked.answer.done()
+        self._asked = None
+        if asked.stale:
+            return
+        previous, self._answered_at = self._answered_at, asked.at
+        if asked.at - previous > GAP_S:  # the loop backed off, or the process was stopped
+            self._out_since = None
+        try:
+            listed = asked.answer.result() or bool(consumer.assignment())
+        except (KafkaException, TimeoutError) as failure:
+            self._lookup_failed(failure)
+            return
+        self._failing = False
+        if listed:
             self._out_since = None
             return
+        self._missing(consumer, asked.at)
+
+    def _missing(self, consumer: Any, at: float) -> None:
         name = self._identity(consumer) or "(no member id)"
         if self._out_since is None:
-            self._out_since = now
+            self._out_since = at
             # INFO: a rejoin after an outage looks the same for a few seconds (QA 40-a).
             log.info("event=member_missing group=%s member=%s: this consumer holds no "
                      "partition and the group does not list it; renewed if it stays out "
                      "%.0f s", self._group, name, self._out_for_s)
-        elif now - self._out_since >= self._out_for_s:
+        elif at - self._out_since >= self._out_for_s:
             detail = (f"the consumer held no partition and group {self._group} did not list "
-                      f"member {name} for {now - self._out_since:.0f} s while the cluster "
+                      f"member {name} for {at - self._out_since:.0f} s while the cluster "
                       "answered: librdkafka did not rejoin the group")
             raise MemberFenced(f"{detail}; exiting with {EXIT_RESTART} for the supervisor to "
                                "restart the process", detail=detail)
+
+    def _lookup_failed(self, failure: Exception) -> None:
+        """An outage is librdkafka's to wait out: the consumer counts as listed."""
+        if not self._failing:
+            log.info("event=member_lookup_failed group=%s error=%r; the group's members "
+                     "are asked again in %.0f s", self._group, str(failure), CHECK_EVERY_S)
+        self._failing = True
+        self._out_since = None
 
     @classmethod
     def for_consumer(cls, consumer_config: Mapping[str, Any], admin_config: Mapping[str, Any],
@@ -177,19 +263,3 @@ class MembershipWatch:
         return cls(factory(admin_config, group, topics), group=group,
                    identity=identity(consumer_config),
                    out_for_s=out_for_s(consumer_config, topics), clock=clock)
-
-    def _listed(self, consumer: Any) -> bool:
-        """Whether the consumer holds partitions or the group lists it (or cannot yet); True
-        too when that cannot be told (a lookup failed: an outage is librdkafka's to wait out)."""
-        try:
-            if consumer.assignment():
-                return True
-            listed = self._listed_by_group(self._identity(consumer), LOOKUP_TIMEOUT_S)
-        except (KafkaException, TimeoutError) as failure:
-            if not self._failing:
-                log.info("event=member_lookup_failed group=%s error=%r; the group's members "
-                         "are asked again in %.0f s", self._group, str(failure), CHECK_EVERY_S)
-            self._failing = True
-            return True
-        self._failing = False
-        return listed

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +15,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, MemberFenced
 from cdc_router.kafka import membership
-from cdc_router.kafka.membership import CHECK_EVERY_S, MembershipWatch, out_for_s, subscribed
+from cdc_router.kafka.membership import (
+    CHECK_EVERY_S,
+    MembershipWatch,
+    in_thread,
+    out_for_s,
+    subscribed,
+)
 from cdc_router.router.clients import membership_watch
 from tests.unit.consumer_fakes import FakeClock as Clock
 
@@ -124,6 +133,84 @@ def test_a_new_consumer_is_watched_from_its_start() -> None:
         checks(watched, renewed, clock, 1)
 
 
+class Held(Group):
+    """Lookups on the watch's own thread (in_thread), each answered only when the test says."""
+
+    def __init__(self, *listed: str) -> None:
+        super().__init__(*listed)
+        self.release = threading.Semaphore(0)
+        self.started: list[Future[bool]] = []
+
+    def __call__(self, name: str | None, timeout_s: float) -> bool:
+        assert threading.current_thread() is not threading.main_thread()
+        assert self.release.acquire(timeout=10), "never answered"
+        return super().__call__(name, timeout_s)
+
+    def start(self, lookup: Callable[[], bool]) -> Future[bool]:
+        self.started.append(in_thread(lookup))
+        return self.started[-1]
+
+    def answer(self) -> None:
+        """The lookup under way answers; back once its answer is there for check()."""
+        self.release.release()
+        wait(self.started[-1:], timeout=10)
+        assert self.started[-1].done()
+
+
+def threaded(group: Held, clock: Clock) -> MembershipWatch:
+    return MembershipWatch(group, group="g", identity=lambda consumer: "i-1", out_for_s=30,
+                           clock=clock, start=group.start)
+
+
+def test_a_lookup_the_cluster_does_not_answer_holds_no_check() -> None:
+    # Review 40-1 F4: in an outage each lookup held the loop (and a stop) for its 5 s timeout.
+    clock, group, stranded = Clock(), Held(), Consumer()
+    watched = threaded(group, clock)
+    checks(watched, stranded, clock, 2)  # the 2nd asks (+20 s); no answer yet
+    checks(watched, stranded, clock, 1)  # returns at once, asks nothing more
+    assert len(group.started) == 1 and not group.started[0].done()
+    group.answer()
+    checks(watched, stranded, clock, 1)  # missing since +20 s, when it was asked; asks again
+    assert len(group.started) == 2
+    group.answer()
+    checks(watched, stranded, clock, 1)  # the answer asked at +40 s; asks at +50 s
+    group.answer()
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, stranded, clock, 1)
+
+
+def test_an_answer_about_a_replaced_consumer_is_dropped() -> None:
+    clock, group = Clock(), Held()
+    watched = threaded(group, clock)
+    checks(watched, Consumer(), clock, 2)  # asked about the first consumer
+    renewed = Consumer()
+    checks(watched, renewed, clock, 3)  # a new watch; the first lookup still runs
+    assert len(group.started) == 1, "one lookup at a time"
+    group.answer()
+    checks(watched, renewed, clock, 1)  # its answer dropped; asks about the new one (+60 s)
+    assert len(group.started) == 2
+    for _ in range(3):  # missing since +60 s: at +70, +80, +90
+        group.answer()
+        checks(watched, renewed, clock, 1)
+    group.answer()
+    with pytest.raises(MemberFenced, match="for 30 s"):
+        checks(watched, renewed, clock, 1)
+
+
+def test_a_lookup_failed_on_its_thread_is_an_outage(caplog: pytest.LogCaptureFixture) -> None:
+    clock, group, stranded = Clock(), Held(), Consumer()
+    group.failures.append(KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
+    watched = threaded(group, clock)
+    caplog.set_level(logging.INFO, logger="cdc_router")
+    checks(watched, stranded, clock, 2)
+    group.answer()
+    checks(watched, stranded, clock, 1)  # takes the failure, asks again
+    group.answer()
+    checks(watched, stranded, clock, 1)
+    assert "event=member_lookup_failed" in caplog.text
+    assert "member_missing" in caplog.text and "for 0 s" not in caplog.text
+
+
 @pytest.mark.parametrize(("config", "topics", "waited_s"), [
     ({"session.timeout.ms": 10_000}, ["raw"], 30), ({}, ["raw"], 135),
     ({"session.timeout.ms": "6000"}, ["raw"], 30),
@@ -218,7 +305,7 @@ def test_a_check_after_a_gap_starts_the_watch_over() -> None:
     watched = watch(group, clock)
     checks(watched, stranded, clock, 2)  # missing once
     clock.now += 30  # a backoff: no check
-    checks(watched, stranded, clock, 4)  # the watch starts over: missing for 20 s
+    checks(watched, stranded, clock, 3)  # the watch starts over: missing for 20 s
     with pytest.raises(MemberFenced, match="for 30 s"):
         checks(watched, stranded, clock, 1)
 
