@@ -23,7 +23,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -45,6 +44,7 @@ from cdc_router.errors import (
     RetriableError,
 )
 from cdc_router.kafka.budget import RenewalBudget
+from cdc_router.kafka.closing import Generations, close_aside
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
     ErrorAction,
@@ -109,6 +109,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             settings.librdkafka_consumer(), settings.librdkafka_admin(), settings.topics,
             members_factory, clock)
         self._renewals = RenewalBudget(clock)  # of the consumer, by the membership watch
+        self._generations = Generations()
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
@@ -133,20 +134,21 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             self._shutdown()
 
     def _subscribe(self) -> None:
-        self._consumer.subscribe(list(self.settings.topics), on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._generations.subscribe(self._consumer, self.settings.topics, self._on_assign,
+                                    self._on_revoke, self._on_lost)
 
     def _rejoin(self, reason: str) -> None:
         """A new consumer for one its group no longer lists: it holds no partition, so nothing
         of it is stored, retried or paused any more."""
         log.warning("event=consumer_renewed group=%s reason=%r", self.settings.group_id, reason)
-        with suppress(Exception):  # it is out of the group already
-            self._consumer.close()
-        self._fresh, self._stored_since_commit, self._stored = [], False, {}
-        self._retries, self._rewound = {}, set()
+        stale = self._consumer
         self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
                                "consumer_config")
+        self._fresh, self._stored_since_commit, self._stored = [], False, {}
+        self._retries, self._rewound = {}, set()
+        self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
         self._subscribe()
+        close_aside(stale, "consumer")  # not waited for: it may be slow to let go
 
     def poll_once(self) -> None:
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""

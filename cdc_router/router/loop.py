@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
@@ -29,7 +28,7 @@ from cdc_router.errors import (
     MemberFenced,
     RecordRefused,
 )
-from cdc_router.kafka.closing import close_all
+from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import (
     SourceErrors,
     next_records,
@@ -86,6 +85,7 @@ class OutboxRouter:
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
         self._consumer_factory = consumer_factory
+        self._generations = Generations()
         self._clock = clock
         self._stop = threading.Event()
         self._wait = wait or self._stop.wait
@@ -286,21 +286,21 @@ class OutboxRouter:
         self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
 
     def _rejoin(self, reason: str) -> None:
-        """A new consumer after the group fenced this one's static member (router/renewal.py);
-        the batch aborted (its offsets were the old member's) is read again by the new one."""
+        """A new consumer for a fenced or stranded one, which reads its aborted batch again."""
         assert self._txn is not None
         log.warning("event=consumer_renewed reason=%r", reason)
         if self._txn.open:  # the old member's offsets: a new producer's init ends it (review
             self._renew("its consumer was fenced with a batch open")  # 37: an abort may be fenced)
-        with suppress(Exception):  # a fenced consumer may fail to close: it is gone anyway
-            close_all(self._consumer)
+        stale = self._consumer
         self._txn.consumer = self._consumer = self._consumer_factory(
             clients.consumer_config(self._config, self._instance_id))
+        self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
         self._subscribe(self._consumer)
+        close_aside(stale, "consumer")  # not waited for: it may be slow to let go (40-1 F5)
 
     def _subscribe(self, consumer: Any) -> None:
-        consumer.subscribe(list(self._config.source.topics), on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._generations.subscribe(consumer, self._config.source.topics, self._on_assign,
+                                    self._on_revoke, self._on_lost)
 
     def _commit(self, *, backoff: bool = True) -> bool:
         """Commit the open batch; False when it failed and was aborted (rewind pending)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +39,15 @@ class FakeMessage:
     def headers(self) -> list[tuple[str, bytes | None]] | None: return self._headers or None
     def timestamp(self) -> tuple[int, int]: return (1, 1_700_000_000_000)
     def error(self) -> KafkaError | None: return self._error
+
+
+def closed_within(consumer: Any, timeout_s: float = 5.0) -> bool:
+    """Whether `consumer` is closed now or within timeout_s: a replaced consumer is closed on
+    a thread of its own (kafka/closing.py close_aside)."""
+    deadline = time.monotonic() + timeout_s
+    while not consumer.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(consumer.closed)
 
 
 class FakeClock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -13,7 +14,15 @@ import pytest
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer
 from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.errors import EXIT_RESTART, MemberFenced
-from tests.unit.consumer_fakes import DLQ, TOPIC, FakeClock, FakeConsumer, FakeProducer, Record
+from tests.unit.consumer_fakes import (
+    DLQ,
+    TOPIC,
+    FakeClock,
+    FakeConsumer,
+    FakeProducer,
+    Record,
+    closed_within,
+)
 
 
 def rec(key: str) -> Record:
@@ -39,6 +48,19 @@ class Joined(FakeConsumer):
         return "rdkafka-joined"
 
 
+def consumer_loop(consumers: Any, effects: list[ConsumedEvent], clock: FakeClock,
+                  members: Any) -> IdempotentConsumer[Any]:
+    """A consumer of fulfillment (session timeout 10 s) over `consumers`, its handler's
+    events in `effects`, its group's members looked up by `members`."""
+    settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
+                                topics=(TOPIC,), dead_letter_topic=DLQ,
+                                consumer_config={"session.timeout.ms": "10000"})
+    return IdempotentConsumer(
+        settings, MemoryDedupStore(), lambda event, context: effects.append(event),
+        consumer_factory=consumers, producer_factory=lambda config: FakeProducer(),
+        rng=random.Random(1), clock=clock, members_factory=members)
+
+
 def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
@@ -57,17 +79,11 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
         assert topics == (TOPIC,)
         return lambda name, timeout_s: lookups.append(clock()) or name == "rdkafka-joined"
 
-    settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
-                                topics=(TOPIC,), dead_letter_topic=DLQ,
-                                consumer_config={"session.timeout.ms": "10000"})
-    loop: IdempotentConsumer[Any] = IdempotentConsumer(
-        settings, MemoryDedupStore(), lambda event, context: effects.append(event),
-        consumer_factory=consumers, producer_factory=lambda config: FakeProducer(),
-        rng=random.Random(1), clock=clock, members_factory=members)
+    loop = consumer_loop(consumers, effects, clock, members)
     caplog.set_level(logging.WARNING)
     loop.run()
     assert sorted(e.event_id for e in effects) == ["a", "b", "c"]
-    assert [type(c) for c in built] == [Stranded, Joined] and built[0].closed
+    assert [type(c) for c in built] == [Stranded, Joined] and closed_within(built[0])
     assert len(lookups) == 4  # missing from the 2nd check on, for 30 s
     assert built[1].committed == {0: 2, 1: 1}
     renewed = [r.getMessage() for r in caplog.records if "consumer_renewed" in r.getMessage()]
@@ -84,15 +100,35 @@ def test_a_consumer_that_never_rejoins_ends_run_after_three_renewals() -> None:
         built.append(Stranded({0: [rec("a")]}, clock, lambda: None))
         return built[-1]
 
-    settings = ConsumerSettings(bootstrap_servers="fake:9092", group_id="fulfillment",
-                                topics=(TOPIC,), dead_letter_topic=DLQ,
-                                consumer_config={"session.timeout.ms": "10000"})
-    loop: IdempotentConsumer[Any] = IdempotentConsumer(
-        settings, MemoryDedupStore(), lambda event, context: None,
-        consumer_factory=consumers, producer_factory=lambda config: FakeProducer(),
-        rng=random.Random(1), clock=clock,
-        members_factory=lambda admin, group, topics: lambda name, timeout_s: False)
+    loop = consumer_loop(consumers, [], clock,
+                         lambda admin, group, topics: lambda name, timeout_s: False)
     with pytest.raises(MemberFenced, match="did not list member") as raised:
         loop.run()
     assert raised.value.exit_code == EXIT_RESTART
-    assert len(built) == 4 and all(c.closed for c in built)
+    assert len(built) == 4 and all(closed_within(c) for c in built)
+
+
+def test_a_stranded_consumer_slow_to_close_holds_up_nothing() -> None:
+    # Review 40-1 F5: its close ran first, on the loop, with no bound (a LeaveGroup to a
+    # coordinator that does not answer may take long).
+    clock = FakeClock()
+    logs = {0: [rec("a")]}
+    effects: list[ConsumedEvent] = []
+    built: list[FakeConsumer] = []
+    release = threading.Event()
+
+    class SlowToClose(Stranded):
+        def close(self) -> None:
+            assert release.wait(10)
+            super().close()
+
+    def consumers(config: dict[str, str]) -> FakeConsumer:
+        built.append((Joined if built else SlowToClose)(logs, clock, loop.stop))
+        return built[-1]
+
+    loop = consumer_loop(consumers, effects, clock,
+                         lambda admin, group, topics: lambda name, timeout_s: name is not None)
+    loop.run()  # the new consumer handled the record and stopped: the stale one still closing
+    assert [e.event_id for e in effects] == ["a"] and not built[0].closed
+    release.set()
+    assert closed_within(built[0])

@@ -36,6 +36,7 @@ from cdc_router.router.loop import POLL_BATCH, OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
+from tests.unit.consumer_fakes import closed_within
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -807,7 +808,7 @@ def test_a_consumer_fenced_once_is_replaced_and_every_event_goes_once() -> None:
 
     harness = Harness(cluster, hooks=[fence_once], delivery=SLOW_COMMIT).run()
     assert sorted(harness.delivered()) == [f"e-{i}" for i in range(8)]  # each once
-    assert len(harness.consumers) == 2 and harness.consumers[0].closed
+    assert len(harness.consumers) == 2 and closed_within(harness.consumers[0])
     assert cluster.group_offsets == {(RAW, 0): 8} and harness.letters() == []
 
 
@@ -858,6 +859,38 @@ def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
     assert len(harness.consumers) == 4  # the first and three new ones
 
 
+def test_a_replaced_consumer_closes_aside_and_its_callbacks_leave_the_new_one_alone() -> None:
+    # Review 40-1 F5: the fenced consumer was closed before the new one was made, unbounded.
+    # Its close is held here until the new one has a batch open; the revoke it then runs (on
+    # the close's thread) must neither commit nor mark anything of the new consumer's.
+    count = POLL_BATCH + 8
+    cluster = cluster_with(*events(count))
+    release = threading.Event()
+
+    def fence_once(consumer: FakeConsumer) -> None:
+        if len(harness.consumers) == 1:
+            close = consumer.close
+
+            def held() -> None:
+                assert release.wait(10)
+                close()
+            consumer.close = held  # type: ignore[method-assign]
+            _fence(consumer)
+        elif not release.is_set():  # the new consumer, its first batch open
+            assert harness.router._txn is not None and harness.router._txn.open
+            journal = list(cluster.journal)
+            release.set()
+            assert closed_within(harness.consumers[0])
+            assert cluster.journal == journal, "the stale consumer's revoke acted"
+
+    harness = Harness(cluster, hooks=[fence_once],
+                      delivery={**SLOW_COMMIT, "commit_max_records": 10_000})
+    harness.run()
+    assert release.is_set()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(count))  # each once
+    assert cluster.group_offsets == {(RAW, 0): count}
+
+
 def _strand(cluster: FakeCluster) -> Any:
     """A hook: the consumer loses its partitions and never joins again, and the group does not
     list it (QA 39-c F1: librdkafka's session timed out in a broker's outage)."""
@@ -902,7 +935,7 @@ def test_a_consumer_the_group_no_longer_lists_is_replaced_and_every_event_goes_o
     harness.run()
     assert sorted(harness.delivered()) == sorted(  # each once
         [*(f"e-{i}" for i in range(count)), f"x-{count}"])
-    assert len(harness.consumers) == 2 and harness.consumers[0].closed
+    assert len(harness.consumers) == 2 and closed_within(harness.consumers[0])
     assert cluster.group_offsets == {(RAW, 0): count + 1} and cluster.members_lookups == 2
 
 
