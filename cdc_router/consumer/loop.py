@@ -43,7 +43,7 @@ from cdc_router.errors import (
     RegistryError,
     RetriableError,
 )
-from cdc_router.kafka.budget import RenewalBudget
+from cdc_router.kafka.budget import MAX_RENEWALS, RenewalBudget
 from cdc_router.kafka.closing import Generations, close_aside
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
@@ -58,6 +58,7 @@ from cdc_router.kafka.membership import (
     MembershipWatch,
     admin_listed,
 )
+from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +148,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._fresh, self._stored_since_commit, self._stored = [], False, {}
         self._retries, self._rewound = {}, set()
         self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
+        close_aside(stale, "consumer")  # before the new one joins; bounded (kafka/closing.py)
         self._subscribe()
-        close_aside(stale, "consumer")  # not waited for: it may be slow to let go
 
     def poll_once(self) -> None:
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""
@@ -174,8 +175,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             self._membership.check(consumer)
         except MemberFenced as stranded:
-            if not self._renewals.spend():
-                raise  # a group that never takes it: exit 75 for the supervisor
+            if not self._renewals.spend() or blocked_calls() > MAX_RENEWALS:
+                raise  # a group that never takes it, or closes that never end: exit 75
             self._rejoin(stranded.detail)
 
     def _handle(self, message: KafkaMessage) -> None:

@@ -7,20 +7,25 @@ runs its revoke callback and may raise (a fenced member, a lost broker), and rai
 session 30). On a clean way out the first failure is raised, once every client is closed.
 
 A client replaced in-process (a stranded or fenced consumer, a reader left without metadata)
-is closed aside (`close_aside`), on a thread of its own that is not waited for: such a client
-may be slow to let go (its LeaveGroup to a coordinator that does not answer), and its close must
-hold neither the loop nor the process's exit (review 40-1 F5).
+is closed aside (`close_aside`): on a thread of its own, waited for CLOSE_WAIT_S at most. Such a
+client may be slow to let go (a consumer's close waits for its group's coordinator), and its
+close must not hold the loop unbounded (review 40-1 F5). One that outlasts the wait is given up
+to its thread and counted with the blocked calls (kafka/watchdog.py blocked_calls): renewals
+stop while more than 3 are blocked, and the program then exits without finalizers (review 41-1).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from cdc_router.kafka.watchdog import AbandonableCall, blocked_calls
+
 log = logging.getLogger("cdc_router")
+# How long a replaced client's close is waited for
+CLOSE_WAIT_S = 5.0
 
 
 class Closable(Protocol):
@@ -47,15 +52,18 @@ def close_all(*clients: Closable | None) -> None:
 
 
 def close_aside(client: Closable, name: str) -> None:
-    """Close a replaced `client` on a daemon thread; a failure is logged, never raised."""
-    def close() -> None:
-        try:
-            client.close()
-        except Exception as failure:  # it is out of use: nothing more to do with it
-            log.info("event=close_failed client=%s error=%s (replaced already)", name,
-                     _line(failure))
-
-    threading.Thread(target=close, name=f"cdc-router-close-{name}", daemon=True).start()
+    """Close a replaced `client` (see the module's docstring); a failure is logged, never
+    raised: the client is out of use already."""
+    try:
+        if AbandonableCall(f"close-{name}", client.close).run(CLOSE_WAIT_S):
+            return
+    except Exception as failure:
+        log.info("event=close_failed client=%s error=%s (replaced already)", name,
+                 _line(failure))
+        return
+    log.warning("event=close_given_up client=%s waited_s=%.0f blocked_calls=%d: the replaced "
+                "client's close goes on on a thread of its own", name, CLOSE_WAIT_S,
+                blocked_calls())
 
 
 Rebalance = Callable[[Any, Any], None]

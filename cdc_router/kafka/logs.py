@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -30,6 +31,7 @@ class RepeatFilter(logging.Filter):
         self._window_s = window_s
         self._clock = clock
         self._seen: dict[tuple[int, str], tuple[float, int]] = {}  # -> (passed at, held)
+        self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -42,19 +44,20 @@ class RepeatFilter(logging.Filter):
             elif "authentication" in lowered:
                 _REFUSALS[:] = [(time.monotonic(), _CREDENTIALS, text)]
         key = (record.levelno, _NUMBERS.sub("#", text)[:300])
-        now = self._clock()
-        passed = self._seen.get(key)
-        if passed is not None and now - passed[0] < self._window_s:
-            self._seen[key] = (passed[0], passed[1] + 1)
-            return False
+        with self._lock:  # clients log on threads of their own too (a close, a lookup)
+            now = self._clock()
+            passed = self._seen.get(key)
+            if passed is not None and now - passed[0] < self._window_s:
+                self._seen[key] = (passed[0], passed[1] + 1)
+                return False
+            self._seen.pop(key, None)
+            self._seen[key] = (now, 0)
+            while len(self._seen) > _MAX_KEYS:
+                del self._seen[next(iter(self._seen))]
         if passed is not None and passed[1]:
-            record.msg = f"{record.getMessage()} ({passed[1]} like it in the last " \
+            record.msg = f"{text} ({passed[1]} like it in the last " \
                          f"{now - passed[0]:.0f}s not logged)"
             record.args = ()
-        self._seen.pop(key, None)
-        self._seen[key] = (now, 0)
-        while len(self._seen) > _MAX_KEYS:
-            del self._seen[next(iter(self._seen))]
         return True
 
 

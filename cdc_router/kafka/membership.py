@@ -36,10 +36,13 @@ from cdc_router.kafka.lookups import AdminConnection
 
 log = logging.getLogger("cdc_router.kafka")
 
-# How often a consumer without partitions asks for its group's members, and the longest one
-# such lookup holds the loop (it has no record to route meanwhile; a stop waits as long).
+# How often a consumer without partitions asks for its group's members (on a thread of its
+# own), and each lookup's timeout; one that has not returned in GIVE_UP_S (a client that hangs
+# past its timeout) counts as failed and is left to its thread, at most MAX_HUNG at a time.
 CHECK_EVERY_S = 10.0
 LOOKUP_TIMEOUT_S = 5.0
+GIVE_UP_S = 3 * LOOKUP_TIMEOUT_S
+MAX_HUNG = 3
 # Answers to lookups asked this far apart start the watch over (the loop backed off, or the
 # process was stopped): only answers at most two checks apart are evidence.
 GAP_S = 20.0
@@ -181,6 +184,8 @@ class MembershipWatch:
         self._out_since: float | None = None
         self._failing = False  # the last lookup failed (said once)
         self._asked: _Asked | None = None  # the lookup under way, if any
+        self._hung: list[Future[bool]] = []  # lookups given up, still running
+        self._said_hung = False
         self._answered_at = float("-inf")  # when the last lookup answered was asked
 
     def check(self, consumer: Any) -> None:
@@ -191,9 +196,12 @@ class MembershipWatch:
             self._asked = _Asked.drop(self._asked)  # its answer is of another consumer
         if self._asked is not None:
             if not self._asked.answer.done():
-                return
-            self._take_answer(consumer)
-        if now < self._next_check:
+                if now - self._asked.at < GIVE_UP_S:
+                    return
+                self._give_up(self._asked)
+            else:
+                self._take_answer(consumer)
+        if now < self._next_check or self._hung_too_many():
             return
         self._next_check = now + CHECK_EVERY_S
         try:
@@ -243,6 +251,21 @@ class MembershipWatch:
                       "answered: librdkafka did not rejoin the group")
             raise MemberFenced(f"{detail}; exiting with {EXIT_RESTART} for the supervisor to "
                                "restart the process", detail=detail)
+
+    def _give_up(self, asked: _Asked) -> None:
+        self._asked = None
+        self._hung.append(asked.answer)
+        self._lookup_failed(TimeoutError(f"the lookup did not return in {GIVE_UP_S:.0f} s"))
+
+    def _hung_too_many(self) -> bool:
+        """Whether MAX_HUNG lookups given up still run: the group is not asked meanwhile."""
+        self._hung = [answer for answer in self._hung if not answer.done()]
+        too_many = len(self._hung) >= MAX_HUNG
+        if too_many and not self._said_hung:
+            log.warning("event=member_lookups_hung group=%s hung=%d: the group is not asked "
+                        "again until one of them returns", self._group, len(self._hung))
+        self._said_hung = too_many
+        return too_many
 
     def _lookup_failed(self, failure: Exception) -> None:
         """An outage is librdkafka's to wait out: the consumer counts as listed."""

@@ -169,20 +169,26 @@ class AbandonableCall:
         self.waited_s = 0.0
 
     def hung(self, name: str, waited_s: float, timeout_s: float) -> None:
+        log.error(_HUNG + "; the client is given up to the blocked thread", name, waited_s,
+                  timeout_s)
+        self._give_up(waited_s)
+
+    def _give_up(self, waited_s: float) -> None:
         global _abandoned
         with _abandoned_lock:
             if not self._returned:
                 self._given_up = True
                 _abandoned += 1
-        log.error(_HUNG + "; the client is given up to the blocked thread", name, waited_s,
-                  timeout_s)
         self.waited_s = waited_s
         self._woken.set()
 
-    def run(self) -> bool:
+    def run(self, wait_s: float | None = None) -> bool:
+        """As the class says; with `wait_s`, the call is also given up once it blocked that
+        long (its caller says so)."""
         threading.Thread(target=self._target, name=f"cdc-router-{self._name}",
                          daemon=True).start()
-        self._woken.wait()
+        if not self._woken.wait(wait_s):
+            self._give_up(wait_s or 0.0)
         if not self._returned:
             return False
         if self._error is not None:

@@ -295,8 +295,8 @@ class OutboxRouter:
         self._txn.consumer = self._consumer = self._consumer_factory(
             clients.consumer_config(self._config, self._instance_id))
         self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
+        close_aside(stale, "consumer")  # before the new one joins; bounded (review 40-1 F5)
         self._subscribe(self._consumer)
-        close_aside(stale, "consumer")  # not waited for: it may be slow to let go (40-1 F5)
 
     def _subscribe(self, consumer: Any) -> None:
         self._generations.subscribe(consumer, self._config.source.topics, self._on_assign,

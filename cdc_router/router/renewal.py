@@ -86,7 +86,8 @@ class ProducerRenewal:
 
     def allows(self, failure: FatalKafkaError) -> bool:
         if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
-            return self._within_budget(self._member_fences)
+            # whose predecessor's close may be given up too (kafka/closing.py close_aside)
+            return self._unblocked_enough() and self._within_budget(self._member_fences)
         if isinstance(failure, ProducerHung):
             return self._unblocked_enough() and self._within_budget(self._hangs)
         if failure.code in FENCES:

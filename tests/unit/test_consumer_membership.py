@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer
 from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.errors import EXIT_RESTART, MemberFenced
+from cdc_router.kafka import closing
+from cdc_router.kafka.watchdog import blocked_calls
 from tests.unit.consumer_fakes import (
     DLQ,
     TOPIC,
@@ -108,9 +111,13 @@ def test_a_consumer_that_never_rejoins_ends_run_after_three_renewals() -> None:
     assert len(built) == 4 and all(closed_within(c) for c in built)
 
 
-def test_a_stranded_consumer_slow_to_close_holds_up_nothing() -> None:
-    # Review 40-1 F5: its close ran first, on the loop, with no bound (a LeaveGroup to a
-    # coordinator that does not answer may take long).
+def test_a_stranded_consumer_slow_to_close_is_given_up_and_counted(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 40-1 F5: its close ran on the loop with no bound. Review 41-1 F2: one given up
+    # must be counted, as a hung producer call is (renewals stop past 3, the exit skips
+    # finalizers).
+    monkeypatch.setattr(closing, "CLOSE_WAIT_S", 0.2)
+    caplog.set_level(logging.INFO, logger="cdc_router")
     clock = FakeClock()
     logs = {0: [rec("a")]}
     effects: list[ConsumedEvent] = []
@@ -130,5 +137,12 @@ def test_a_stranded_consumer_slow_to_close_holds_up_nothing() -> None:
                          lambda admin, group, topics: lambda name, timeout_s: name is not None)
     loop.run()  # the new consumer handled the record and stopped: the stale one still closing
     assert [e.event_id for e in effects] == ["a"] and not built[0].closed
+    assert blocked_calls() == 1 and "event=close_given_up client=consumer" in caplog.text
+    renewed = caplog.text.index("event=consumer_renewed")
+    assert "event=partitions_assigned" in caplog.text[renewed:], "the new one's callbacks run"
     release.set()
     assert closed_within(built[0])
+    deadline = time.monotonic() + 5
+    while blocked_calls() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert blocked_calls() == 0

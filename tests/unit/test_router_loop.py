@@ -27,7 +27,7 @@ from cdc_router.errors import (
     RestoreFailed,
     TransactionInDoubt,
 )
-from cdc_router.kafka import membership
+from cdc_router.kafka import closing, membership
 from cdc_router.kafka.budget import MAX_RENEWALS
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.kafka.watchdog import CallWatchdog
@@ -859,10 +859,12 @@ def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
     assert len(harness.consumers) == 4  # the first and three new ones
 
 
-def test_a_replaced_consumer_closes_aside_and_its_callbacks_leave_the_new_one_alone() -> None:
-    # Review 40-1 F5: the fenced consumer was closed before the new one was made, unbounded.
-    # Its close is held here until the new one has a batch open; the revoke it then runs (on
-    # the close's thread) must neither commit nor mark anything of the new consumer's.
+def test_a_replaced_consumer_closes_aside_and_its_callbacks_leave_the_new_one_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 40-1 F5: the fenced consumer's close held the loop, unbounded. Here it is held
+    # until the new one has a batch open (given up after CLOSE_WAIT_S); the revoke it then
+    # runs (on the close's thread) must neither commit nor mark anything of the new one's.
+    monkeypatch.setattr(closing, "CLOSE_WAIT_S", 0.2)
     count = POLL_BATCH + 8
     cluster = cluster_with(*events(count))
     release = threading.Event()
