@@ -64,8 +64,8 @@ class RouterMetrics:
         last_commit_age.set_function(lambda: time.time() - self._last_commit_s)
         self._last_commit_s = time.time()
         blocked = Gauge("cdc_router_blocked_client_calls", "librdkafka calls given up past "
-                        "their timeout and still blocked, each holding a client (a renewal "
-                        "past 3 ends the process)", registry=r)
+                        "their timeout (a replaced consumer's close: 5 s) and still blocked, "
+                        "each holding a client (a renewal past 3 ends the process)", registry=r)
         blocked.set_function(blocked_calls)
         self._lag_labels: set[tuple[str, str]] = set()
         self._lag_observed = float("-inf")
