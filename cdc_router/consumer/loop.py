@@ -43,7 +43,7 @@ from cdc_router.errors import (
     RegistryError,
     RetriableError,
 )
-from cdc_router.kafka.budget import MAX_RENEWALS, RenewalBudget
+from cdc_router.kafka.budget import RenewalBudget, unblocked_enough
 from cdc_router.kafka.closing import Generations, close_aside
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
@@ -58,7 +58,6 @@ from cdc_router.kafka.membership import (
     MembershipWatch,
     admin_listed,
 )
-from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +174,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             self._membership.check(consumer)
         except MemberFenced as stranded:
-            if not self._renewals.spend() or blocked_calls() > MAX_RENEWALS:
-                raise  # a group that never takes it, or closes that never end: exit 75
+            if not unblocked_enough() or not self._renewals.spend():
+                raise  # a group that never takes it, or clients that never let go: exit 75
             self._rejoin(stranded.detail)
 
     def _handle(self, message: KafkaMessage) -> None:

@@ -10,9 +10,14 @@ ProducerRenewal (router/renewal.py) and the idempotent consumer (consumer/loop.p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
+
+from cdc_router.kafka.watchdog import blocked_calls
+
+log = logging.getLogger("cdc_router")
 
 MAX_RENEWALS = 3
 RENEWAL_WINDOW_S = 600.0
@@ -33,3 +38,16 @@ class RenewalBudget:
             return False
         self._spent.append(now)
         return True
+
+
+def unblocked_enough(blocked: Callable[[], int] | None = None) -> bool:
+    """Whether the librdkafka calls given up and still blocked (kafka/watchdog.py: a hung
+    producer call, a replaced consumer's close, a membership lookup) are few enough for one
+    more renewal; each holds a client's threads and sockets, which only a restart frees."""
+    count = (blocked or blocked_calls)()
+    if count <= MAX_RENEWALS:
+        return True
+    log.error("event=renewal_budget_spent blocked_calls=%d: more than %d given-up librdkafka "
+              "calls are still blocked, each holding a client's threads and sockets; this one "
+              "ends the process, which frees them", count, MAX_RENEWALS)
+    return False

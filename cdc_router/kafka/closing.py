@@ -6,8 +6,8 @@ runs its revoke callback and may raise (a fenced member, a lost broker), and rai
 `finally:` it would replace the error that stopped the process, and its exit code (review,
 session 30). On a clean way out the first failure is raised, once every client is closed.
 
-A client replaced in-process (a stranded or fenced consumer, a reader left without metadata)
-is closed aside (`close_aside`): on a thread of its own, waited for CLOSE_WAIT_S at most. Such a
+A consumer replaced in-process (stranded or fenced) is closed aside (`close_aside`), before
+its successor joins: on a thread of its own, waited for CLOSE_WAIT_S at most. Such a
 client may be slow to let go (a consumer's close waits for its group's coordinator), and its
 close must not hold the loop unbounded (review 40-1 F5). One that outlasts the wait is given up
 to its thread and counted with the blocked calls (kafka/watchdog.py blocked_calls): renewals

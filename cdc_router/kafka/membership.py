@@ -33,12 +33,15 @@ from confluent_kafka import KafkaException
 from cdc_router.config.topic_names import source_regex
 from cdc_router.errors import EXIT_RESTART, MemberFenced
 from cdc_router.kafka.lookups import AdminConnection
+from cdc_router.kafka.watchdog import count_blocked
 
 log = logging.getLogger("cdc_router.kafka")
 
 # How often a consumer without partitions asks for its group's members (on a thread of its
-# own), and each lookup's timeout; one that has not returned in GIVE_UP_S (a client that hangs
-# past its timeout) counts as failed and is left to its thread, at most MAX_HUNG at a time.
+# own), and each lookup's timeout. One that has not returned in GIVE_UP_S (three timeouts: a
+# client hung past its own, e.g. in its destroy after a failure) counts as failed, is left to
+# its thread and counted with the blocked calls (kafka/watchdog.py: renewals stop past 3, the
+# program exits without finalizers); while MAX_HUNG (the renewals' cap) still run, none is asked.
 CHECK_EVERY_S = 10.0
 LOOKUP_TIMEOUT_S = 5.0
 GIVE_UP_S = 3 * LOOKUP_TIMEOUT_S
@@ -64,7 +67,7 @@ Starter = Callable[[Callable[[], bool]], "Future[bool]"]
 
 def in_thread(lookup: Callable[[], bool]) -> Future[bool]:
     """lookup() on a daemon thread of its own: neither the loop nor the process's exit waits
-    for it (it ends within its own timeout)."""
+    for it (it should end within its own timeout; see GIVE_UP_S for one that does not)."""
     answer: Future[bool] = Future()
 
     def run() -> None:
@@ -85,7 +88,7 @@ class _Asked:
     stale: bool = False
 
     @staticmethod
-    def drop(asked: _Asked | None) -> _Asked | None:
+    def mark_stale(asked: _Asked | None) -> _Asked | None:
         """Kept until it ends (one lookup at a time), its answer then read as nothing."""
         if asked is not None:
             asked.stale = True
@@ -193,7 +196,7 @@ class MembershipWatch:
         if consumer is not self._consumer:
             self._consumer, self._out_since = consumer, None
             self._next_check = now + CHECK_EVERY_S
-            self._asked = _Asked.drop(self._asked)  # its answer is of another consumer
+            self._asked = _Asked.mark_stale(self._asked)  # its answer is of another consumer
         if self._asked is not None:
             if not self._asked.answer.done():
                 if now - self._asked.at < GIVE_UP_S:
@@ -255,6 +258,7 @@ class MembershipWatch:
     def _give_up(self, asked: _Asked) -> None:
         self._asked = None
         self._hung.append(asked.answer)
+        count_blocked(asked.answer)
         self._lookup_failed(TimeoutError(f"the lookup did not return in {GIVE_UP_S:.0f} s"))
 
     def _hung_too_many(self) -> bool:

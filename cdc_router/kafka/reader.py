@@ -19,6 +19,7 @@ goes on from the same positions (TopicReader._stable_ends).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
@@ -33,7 +34,6 @@ from confluent_kafka import (
 )
 
 from cdc_router.errors import DeliveryError, fatal_kafka_error
-from cdc_router.kafka.closing import close_aside
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS, describe
 from cdc_router.kafka.lookups import (
     LOOKUP_TIMEOUT_S,
@@ -150,7 +150,9 @@ def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: 
     except BaseException:
         consumer.close()
         raise
-    close_aside(stale, "reader")  # a client left without metadata may be slow to let go
+    # Not waited for: a client left without metadata may be slow to let go. It joined no
+    # group, so its close can neither hold its successor out nor act on its partitions.
+    threading.Thread(target=stale.close, name="cdc-router-reader-close", daemon=True).start()
     return consumer, {partition: offset for partition, offset in where.items() if offset >= 0}
 
 

@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cdc_router.errors import EXIT_RESTART
 
@@ -151,6 +152,19 @@ def blocked_calls() -> int:
     return _abandoned
 
 
+def count_blocked(call: Future[Any]) -> None:
+    """Count `call`, given up by its caller, with the blocked calls until it ends."""
+    global _abandoned
+    with _abandoned_lock:
+        _abandoned += 1
+
+    def ended(_: Future[Any]) -> None:
+        global _abandoned
+        with _abandoned_lock:
+            _abandoned -= 1
+    call.add_done_callback(ended)  # at once if it has ended already
+
+
 class AbandonableCall:
     """One blocking call on a daemon thread of its own, so that its caller can stop waiting.
 
@@ -176,7 +190,7 @@ class AbandonableCall:
     def _give_up(self, waited_s: float) -> None:
         global _abandoned
         with _abandoned_lock:
-            if not self._returned:
+            if not self._returned and not self._given_up:
                 self._given_up = True
                 _abandoned += 1
         self.waited_s = waited_s

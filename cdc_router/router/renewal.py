@@ -51,7 +51,12 @@ from collections.abc import Callable
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
-from cdc_router.kafka.budget import MAX_RENEWALS, RENEWAL_WINDOW_S, RenewalBudget
+from cdc_router.kafka.budget import (
+    MAX_RENEWALS,
+    RENEWAL_WINDOW_S,
+    RenewalBudget,
+    unblocked_enough,
+)
 from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger("cdc_router.router")
@@ -87,9 +92,9 @@ class ProducerRenewal:
     def allows(self, failure: FatalKafkaError) -> bool:
         if isinstance(failure, MemberFenced):  # a new consumer (OutboxRouter), not a producer
             # whose predecessor's close may be given up too (kafka/closing.py close_aside)
-            return self._unblocked_enough() and self._within_budget(self._member_fences)
+            return unblocked_enough(self._blocked) and self._within_budget(self._member_fences)
         if isinstance(failure, ProducerHung):
-            return self._unblocked_enough() and self._within_budget(self._hangs)
+            return unblocked_enough(self._blocked) and self._within_budget(self._hangs)
         if failure.code in FENCES:
             return self._within_budget(self._fences)
         if self._spent or failure.code not in RENEWABLE_ONCE:
@@ -105,17 +110,6 @@ class ProducerRenewal:
                   "(each a broker outage or coordinator move, or a rival process); this one "
                   "ends the process", MAX_RENEWALS, RENEWAL_WINDOW_S)
         return False
-
-    def _unblocked_enough(self) -> bool:
-        """Whether the calls given up and still blocked, this one included, are few enough."""
-        blocked = self._blocked()
-        if blocked > MAX_RENEWALS:
-            log.error("event=renewal_budget_spent blocked_calls=%d: more than %d given-up "
-                      "librdkafka calls are still blocked, each holding a client's threads "
-                      "and sockets; this one ends the process, which frees them", blocked,
-                      MAX_RENEWALS)
-            return False
-        return True
 
     def committed(self) -> None:
         self._spent = False

@@ -15,7 +15,8 @@ import pytest
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsumer
 from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.errors import EXIT_RESTART, MemberFenced
-from cdc_router.kafka import closing
+from cdc_router.kafka import budget, closing
+from cdc_router.kafka.budget import MAX_RENEWALS
 from cdc_router.kafka.watchdog import blocked_calls
 from tests.unit.consumer_fakes import (
     DLQ,
@@ -94,8 +95,13 @@ def test_a_stranded_consumer_is_replaced_and_every_record_is_handled(
         renewed[0]
 
 
-def test_a_consumer_that_never_rejoins_ends_run_after_three_renewals() -> None:
-    # Review 40-2 N3: a group that never takes it (every new consumer stranded too).
+@pytest.mark.parametrize(("blocked", "consumers_built"), [(0, 4), (MAX_RENEWALS + 1, 1)])
+def test_a_consumer_that_never_rejoins_ends_run_after_its_renewals(
+        monkeypatch: pytest.MonkeyPatch, blocked: int, consumers_built: int) -> None:
+    # Review 40-2 N3: a group that never takes it (every new consumer stranded too): three
+    # renewals. Review 41-2 N5: none while more than three given-up calls still block (each
+    # holds a client's threads; a restart frees them).
+    monkeypatch.setattr(budget, "blocked_calls", lambda: blocked)
     clock = FakeClock()
     built: list[FakeConsumer] = []
 
@@ -108,7 +114,7 @@ def test_a_consumer_that_never_rejoins_ends_run_after_three_renewals() -> None:
     with pytest.raises(MemberFenced, match="did not list member") as raised:
         loop.run()
     assert raised.value.exit_code == EXIT_RESTART
-    assert len(built) == 4 and all(closed_within(c) for c in built)
+    assert len(built) == consumers_built and all(closed_within(c) for c in built)
 
 
 def test_a_stranded_consumer_slow_to_close_is_given_up_and_counted(
@@ -135,14 +141,43 @@ def test_a_stranded_consumer_slow_to_close_is_given_up_and_counted(
 
     loop = consumer_loop(consumers, effects, clock,
                          lambda admin, group, topics: lambda name, timeout_s: name is not None)
+    blocked = blocked_calls()  # process-wide: other tests' calls may still be counted
     loop.run()  # the new consumer handled the record and stopped: the stale one still closing
     assert [e.event_id for e in effects] == ["a"] and not built[0].closed
-    assert blocked_calls() == 1 and "event=close_given_up client=consumer" in caplog.text
+    assert blocked_calls() == blocked + 1 and "event=close_given_up client=consumer" in caplog.text
     renewed = caplog.text.index("event=consumer_renewed")
     assert "event=partitions_assigned" in caplog.text[renewed:], "the new one's callbacks run"
     release.set()
     assert closed_within(built[0])
     deadline = time.monotonic() + 5
-    while blocked_calls() and time.monotonic() < deadline:
+    while blocked_calls() > blocked and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert blocked_calls() == 0
+    assert blocked_calls() == blocked
+
+
+def test_the_stale_consumer_is_closed_before_its_successor_joins() -> None:
+    # Review 41-1 F3: with a group.instance.id, a request the old one still sends could fence
+    # the new one; a close that returns within CLOSE_WAIT_S ends before the new one subscribes.
+    clock = FakeClock()
+    order: list[str] = []
+    built: list[FakeConsumer] = []
+
+    class ClosesSlowly(Stranded):
+        def close(self) -> None:
+            time.sleep(0.1)
+            order.append("stale closed")
+            super().close()
+
+    class Subscribes(Joined):
+        def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+            order.append("new subscribed")
+            super().subscribe(topics, **callbacks)
+
+    def consumers(config: dict[str, str]) -> FakeConsumer:
+        built.append((Subscribes if built else ClosesSlowly)({0: [rec("a")]}, clock, loop.stop))
+        return built[-1]
+
+    loop = consumer_loop(consumers, [], clock,
+                         lambda admin, group, topics: lambda name, timeout_s: name is not None)
+    loop.run()
+    assert order == ["stale closed", "new subscribed"]

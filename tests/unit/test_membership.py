@@ -22,6 +22,7 @@ from cdc_router.kafka.membership import (
     out_for_s,
     subscribed,
 )
+from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.clients import membership_watch
 from tests.unit.consumer_fakes import FakeClock as Clock
 
@@ -204,6 +205,7 @@ def test_a_lookup_that_never_returns_is_given_up_and_another_asked(
     clock, group, stranded = Clock(), Held(), Consumer()
     watched = threaded(group, clock)
     caplog.set_level(logging.INFO, logger="cdc_router")
+    blocked = blocked_calls()  # process-wide: other tests' calls may still be counted
     checks(watched, stranded, clock, 2)  # asks at +20 s
     checks(watched, stranded, clock, 1)
     assert len(group.started) == 1
@@ -213,9 +215,11 @@ def test_a_lookup_that_never_returns_is_given_up_and_another_asked(
         checks(watched, stranded, clock, 1)
     assert len(group.started) == 3 and not any(f.done() for f in group.started)
     assert caplog.text.count("event=member_lookups_hung") == 1
+    assert blocked_calls() == blocked + 3, "counted with the blocked calls"
     for _ in range(3):  # they return: the group is asked again
         group.release.release()
     assert not wait(group.started, timeout=10).not_done
+    assert blocked_calls() == blocked
     checks(watched, stranded, clock, 1)
     assert len(group.started) == 4
     group.answer()

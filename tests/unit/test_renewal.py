@@ -96,3 +96,12 @@ def test_a_renewal_budget_counts_spends_in_a_moving_window() -> None:
     now[0] = RENEWAL_WINDOW_S + 0.5  # past the first spend's window only
     assert budget.spend()
     assert not budget.spend()
+
+
+def test_a_fenced_member_is_not_renewed_while_more_than_three_given_up_calls_block() -> None:
+    # Review 41-2 N5: its predecessor's close may be one of them (kafka/closing.py).
+    blocked = [MAX_RENEWALS]
+    renewal = ProducerRenewal(clock=lambda: 0.0, blocked=lambda: blocked[0])
+    assert renewal.allows(MemberFenced("Static consumer fenced"))
+    blocked[0] = MAX_RENEWALS + 1
+    assert not renewal.allows(MemberFenced("Static consumer fenced"))
