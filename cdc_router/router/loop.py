@@ -53,8 +53,7 @@ from cdc_router.router.transaction import Delivered, Transaction
 
 log = logging.getLogger("cdc_router.router")
 
-# Records handed to the step per poll, and the longest a poll waits for the first of them (a
-# stop request is seen within it).
+# Records handed to the step per poll; the longest a poll waits for the first (and a stop).
 POLL_BATCH = 500
 POLL_WAIT_S = 0.1
 
@@ -166,8 +165,7 @@ class OutboxRouter:
                 log.warning("event=stopped_uncommitted records=%d", txn.records)
                 txn.forget()
         except BaseException:
-            # The batch's offsets may cover a record that was not produced: closing the
-            # consumer must not commit them (its revoke callback would).
+            # The batch's offsets may cover a record not produced: no commit by the close's revoke
             if self._replay is not None:
                 self._replay.abort()
             txn.discard()
@@ -364,8 +362,7 @@ class OutboxRouter:
         """Finish a failed abort, a new producer's init, the rewind; False (backed off) if not."""
         assert self._txn is not None
         try:
-            if self._pending_abort:  # QA 36-b: an abort failing after its retries never ended
-                # on that producer (8.5 min of aborts); a new one's init_transactions ends it.
+            if self._pending_abort:  # QA 36-b: a new producer's init ends what its abort did not
                 self._renew("the aborted batch's abort did not complete")
             if self._needs_init:
                 self._txn.init()
@@ -374,7 +371,10 @@ class OutboxRouter:
                 rewind_to_committed(self._consumer, self._timeouts.call_s)
                 self._needs_rewind = False
         except (BatchFailed, KafkaException) as failure:
+            rewinding = not self._needs_init  # the consumer's committed offsets failed
             self._back_off(f"recovering from an aborted batch: {failure}", True)
+            if rewinding and self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # QA 41-a
+                self._rejoin(f"{self._consecutive_aborts} rewinds failed in a row: {failure}")
             return False
         return True
 

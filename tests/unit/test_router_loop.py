@@ -241,6 +241,44 @@ def test_a_producer_that_never_gets_metadata_again_is_renewed_after_aborts_in_a_
     assert cluster.producers_built == 2 and cluster.producers_purged == 1
 
 
+def test_a_consumer_whose_rewinds_keep_failing_is_renewed_after_aborts_in_a_row() -> None:
+    # QA 41-a: after a broker outage both instances' consumers timed out every committed()
+    # ("Failed to get committed offsets: Local: Timed out") while Kafka answered new clients:
+    # the loop never polled again, so the group stayed empty; renewing the producer did not
+    # help, and nothing was delivered for minutes until the processes were restarted.
+    timeout = KafkaError(KafkaError._TIMED_OUT, "coordinator moving", txn_requires_abort=True)
+    cluster = cluster_with(*events(4), commit_failures=[timeout])
+
+    def stale_first(conf: dict[str, Any]) -> FakeConsumer:
+        consumer = made(conf)
+        answered = consumer.committed
+
+        def committed(partitions: Any, timeout: float) -> Any:
+            if not rewinds:  # at its assignment: it answers
+                rewinds.append(1)
+                return answered(partitions, timeout)
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            "Failed to get committed offsets: Local: Timed out"))
+        if len(harness.consumers) == 1:
+            consumer.committed = committed  # type: ignore[method-assign]
+        return consumer
+
+    rewinds: list[int] = []
+
+    def wait(seconds: float) -> None:
+        harness.waits.append(seconds)
+        if len(harness.waits) > 20:
+            harness.router.stop()  # never renewed: no poll, no end
+
+    harness = Harness(cluster)
+    made, harness.router._consumer_factory = harness.router._consumer_factory, stale_first
+    harness.router._wait = wait
+    harness.run()
+    assert harness.waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # then a new consumer too
+    assert len(harness.consumers) == 2 and closed_within(harness.consumers[0])
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]  # each once
+
+
 def test_a_producer_fenced_again_after_its_renewal_stops_the_router() -> None:
     # A rival that fences every producer of the id: one renewal, then the router stops.
     cluster = cluster_with(*events(10))
