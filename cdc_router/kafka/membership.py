@@ -275,7 +275,8 @@ class MembershipWatch:
         """An outage is librdkafka's to wait out: the consumer counts as listed."""
         if not self._failing:
             log.info("event=member_lookup_failed group=%s error=%r; the group's members "
-                     "are asked again in %.0f s", self._group, str(failure), CHECK_EVERY_S)
+                     "are asked again in %.0f s", self._group,
+                     str(failure) or type(failure).__name__, CHECK_EVERY_S)
         self._failing = True
         self._out_since = None
 

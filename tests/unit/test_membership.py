@@ -344,6 +344,7 @@ def test_failing_lookups_are_said_once(caplog: pytest.LogCaptureFixture) -> None
     group.failures = [TimeoutError()] * 5
     checks(watch(group, clock), stranded, clock, 7)
     assert caplog.text.count("event=member_lookup_failed") == 1
+    assert "error='TimeoutError'" in caplog.text  # QA 41-a F-6: it said error=''
     assert caplog.text.count("event=member_missing") == 1  # answered again, without it
 
 
