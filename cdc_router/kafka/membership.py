@@ -87,13 +87,6 @@ class _Asked:
     at: float
     stale: bool = False
 
-    @staticmethod
-    def mark_stale(asked: _Asked | None) -> _Asked | None:
-        """Kept until it ends (one lookup at a time), its answer then read as nothing."""
-        if asked is not None:
-            asked.stale = True
-        return asked
-
 
 def subscribed(topics: Sequence[str], name: str) -> bool:
     """Whether a subscription to `topics` matches topic `name` as librdkafka reads it (a `^`
@@ -196,7 +189,8 @@ class MembershipWatch:
         if consumer is not self._consumer:
             self._consumer, self._out_since = consumer, None
             self._next_check = now + CHECK_EVERY_S
-            self._asked = _Asked.mark_stale(self._asked)  # its answer is of another consumer
+            if self._asked is not None:  # kept until it ends (one lookup at a time), its
+                self._asked.stale = True  # answer then read as nothing: another consumer's
         if self._asked is not None:
             if not self._asked.answer.done():
                 if now - self._asked.at < GIVE_UP_S:
