@@ -374,7 +374,7 @@ class OutboxRouter:
             rewinding = not self._needs_init  # the consumer's committed offsets failed
             self._back_off(f"recovering from an aborted batch: {failure}", True)
             if rewinding and self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # QA 41-a
-                self._rejoin(f"{self._consecutive_aborts} rewinds failed in a row: {failure}")
+                self._rejoin(f"{self._consecutive_aborts} aborts in a row, rewind: {failure}")
             return False
         return True
 
