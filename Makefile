@@ -33,8 +33,14 @@ install: system-deps ## Install the package with its dev extra
 stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium, schema registry)
 	$(CDC) local up --with registry
 
-test: stack ## Unit tests, then integration tests on the real local stack
-	$(PYTHON) -m pytest tests
+# Two workers share the running stack (the tests wait on Kafka and Connect about half the time);
+# the few tests marked exclusive (they stop a shared part, or start a whole stack) run after,
+# alone. A stack must be up before `pytest -n`: its workers must not each bring one up.
+TEST_WORKERS ?= 2
+
+test: stack ## Unit and integration tests on the real local stack (TEST_WORKERS=2 at once, then the exclusive ones)
+	$(PYTHON) -m pytest tests -n $(TEST_WORKERS) --dist worksteal -m "not exclusive"
+	$(PYTHON) -m pytest tests -m exclusive
 
 test-unit: ## Unit tests only (no stack)
 	$(PYTHON) -m pytest tests/unit

@@ -36,14 +36,17 @@ def stack() -> Iterator[StackEndpoints]:
         yield StackEndpoints(*(os.environ[name] for name in _ENV))
         return
     home = _home()
-    before = _cli("local", "status", "--home", str(home), "-o", "json").stdout
+    before = json.loads(_cli("local", "status", "--home", str(home), "-o", "json").stdout or "[]")
+    running = {part["part"] for part in before if part["state"] == "running"}
     # Postgres, Kafka and Connect; the optional parts do not count (a registry this session
     # adds to a running stack is left running with it).
-    was_running = all(part["state"] == "running" for part in json.loads(before or "[]")
-                      if part["part"] not in OPTIONAL_PARTS) and bool(before)
-    result = _cli("local", "up", "--with", "registry", "--home", str(home))
-    if result.returncode != 0:
-        pytest.fail(f"cdc-router local up failed:\n{result.stdout}\n{result.stderr}")
+    was_running = bool(before) and all(part["part"] in running for part in before
+                                       if part["part"] not in OPTIONAL_PARTS)
+    # Not run when all is up: the workers of `pytest -n` each start a session here at once.
+    if not (was_running and "registry" in running):
+        result = _cli("local", "up", "--with", "registry", "--home", str(home))
+        if result.returncode != 0:
+            pytest.fail(f"cdc-router local up failed:\n{result.stdout}\n{result.stderr}")
     config = load_saved(home)
     assert config is not None
     yield StackEndpoints(config.bootstrap_servers, config.connect_url, config.postgres_dsn)

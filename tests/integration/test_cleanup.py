@@ -252,6 +252,7 @@ def test_a_row_dated_in_the_future_holds_up_no_delete_and_dead_letters_stay(
     assert left == expected, f"{len(left)} rows left; router log:\n{pipe.router_log()[-2000:]}"
 
 
+@pytest.mark.exclusive  # it stops the shared Postgres
 def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndpoints,
                                                                 tmp_path: Path) -> None:
     home = Path(os.environ.get("CDC_ROUTER_HOME", REPO / ".cdc-router")).resolve()

@@ -20,7 +20,8 @@ from cdc_router.local import process
 from cdc_router.local.config import load_saved
 from tests.integration.support import free_ports, read_topic
 
-pytestmark = pytest.mark.integration
+# A whole second stack starting beside a test on the shared one would starve it of the 2 cores.
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 REPO = Path(__file__).resolve().parents[2]
 # The private stack's ports: free ones, clear of the shared stack and of any other on the host.

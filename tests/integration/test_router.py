@@ -486,10 +486,13 @@ def test_a_router_whose_producer_is_fenced_once_renews_it_and_delivers_every_eve
     assert still_running and "Traceback" not in log, log[-3000:]
 
 
-def test_a_second_router_with_the_same_instance_id_takes_over_and_every_event_goes_once(
+def test_two_routers_with_one_instance_id_fence_each_other_until_one_stops_each_event_once(
         stack: StackEndpoints, tmp_path: Path) -> None:
-    # A fenced producer is renewed once now: the group, not the producer, must settle two
-    # processes with one --instance-id (static membership fences the older one, exit 75).
+    # A fenced producer or consumer is renewed 3 times in 10 minutes at most (README): two
+    # processes with one --instance-id fence each other in turn until one budget runs out and
+    # that process stops (exit 1; exit 75 when the group fences its static member). Which one
+    # runs out first is a race: the older one usually, as it is fenced first, but the newer one
+    # lost it on a loaded machine (two test workers).
     with pipeline(stack, tmp_path, partitions=2) as pipe:
         pipe.start_router(wait=True)
         first = pipe.routers["a"]
@@ -505,17 +508,19 @@ def test_a_second_router_with_the_same_instance_id_takes_over_and_every_event_go
                 time.sleep(0.5)
             pipe.read(pipe.orders_topic, len(ids), timeout_s=180)
             settled = pipe.read_all(pipe.orders_topic, settle_s=3)
-            first_exit = first.wait(timeout=60)
-            second_running = second.poll() is None
+            deadline = time.monotonic() + 60
+            while first.poll() is None and second.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(3)  # the survivor, fenced by nobody now, goes on running
+            exits = (first.poll(), second.poll())
         finally:
             second.terminate()
             second.wait(timeout=60)
         logs = pipe.router_log() + (tmp_path / "router-second.log").read_text()
     assert Counter(r.key().decode() for r in settled) == Counter(ids), logs[-3000:]
-    # The older one stops: exit 75 when the group fences its static member, exit 1 when its
-    # producer was fenced more than the renewal allows before that (router/renewal.py). A
-    # fence served by flush() or an abort escaped the renewal before review 30 (exit 1 too).
-    assert first_exit in (1, 75) and second_running, logs[-3000:]
+    # A fence served by flush() or an abort escaped the renewal before review 30 (exit 1 too).
+    assert exits.count(None) == 1 and {*exits} - {None} <= {1, 75}, (exits, logs[-3000:])
     assert "Traceback" not in logs, logs[-3000:]
 
 
