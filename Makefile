@@ -39,7 +39,7 @@ stack: install ## Bring the local stack up (Postgres, Kafka, Connect + Debezium,
 TEST_WORKERS ?= 2
 
 test: stack ## Unit and integration tests on the real local stack (TEST_WORKERS=2 at once, then the exclusive ones)
-	$(PYTHON) -m pytest tests -n $(TEST_WORKERS) --dist worksteal -m "not exclusive"
+	$(PYTHON) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -m "not exclusive"
 	$(PYTHON) -m pytest tests -m exclusive
 
 test-unit: ## Unit tests only (no stack)

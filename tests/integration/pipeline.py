@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import yaml
 from confluent_kafka import Message
@@ -29,6 +28,7 @@ from confluent_kafka.admin import (
 
 from tests.integration.support import (
     StackEndpoints,
+    connect_call,
     create_outbox_table,
     debezium_config,
     drop_outbox_table,
@@ -187,7 +187,7 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
     overrides = {key: value.replace("{table}", name) for key, value in (connector or {}).items()}
     connector_config = debezium_config(stack, name=name, prefix=dashed, **overrides)
     connect = connect_url or stack.connect_url
-    reply = httpx.put(f"{connect}/connectors/{dashed}/config", json=connector_config, timeout=30)
+    reply = connect_call("PUT", f"{connect}/connectors/{dashed}/config", json=connector_config)
     assert reply.status_code in (200, 201), reply.text
     try:
         wait_connector_running(connect, dashed)
@@ -196,7 +196,7 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
         for instance in list(pipe.routers):
             with suppress(ProcessLookupError, subprocess.TimeoutExpired):
                 pipe.kill_router(instance, signal.SIGTERM)
-        httpx.delete(f"{connect}/connectors/{dashed}", timeout=30)
+        connect_call("DELETE", f"{connect}/connectors/{dashed}")
         time.sleep(1)
         drop_slot(stack.postgres_dsn, name)
         drop_outbox_table(stack.postgres_dsn, name)

@@ -41,6 +41,19 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+def connect_call(method: str, url: str, *, json: Any = None,
+                 timeout_s: float = 60) -> httpx.Response:
+    """One Connect REST call, made again while Connect answers 409 (a rebalance or another
+    config write in flight: two test workers add and remove connectors at once), as the
+    product's ConnectClient does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = httpx.request(method, url, json=json, timeout=30)
+        if reply.status_code != 409 or time.monotonic() > deadline:
+            return reply
+        time.sleep(0.5)
+
+
 def wait_connector_running(connect_url: str, name: str, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     last: Any = None
@@ -78,13 +91,13 @@ def drop_slot(dsn: str, slot: str, timeout_s: float = 60) -> None:
 @contextmanager
 def connector(stack: StackEndpoints, name: str, config: dict[str, str]) -> Iterator[None]:
     """Register a connector, wait for RUNNING, and remove it and its slot afterwards."""
-    reply = httpx.put(f"{stack.connect_url}/connectors/{name}/config", json=config, timeout=30)
+    reply = connect_call("PUT", f"{stack.connect_url}/connectors/{name}/config", json=config)
     assert reply.status_code in (200, 201), reply.text
     try:
         wait_connector_running(stack.connect_url, name)
         yield
     finally:
-        httpx.delete(f"{stack.connect_url}/connectors/{name}", timeout=30)
+        connect_call("DELETE", f"{stack.connect_url}/connectors/{name}")
         if "slot.name" in config:
             drop_slot(stack.postgres_dsn, config["slot.name"])
 
@@ -265,17 +278,34 @@ def replay_seed(default: int) -> ReplaySeed:
     return ReplaySeed(int(text) if text else default)
 
 
+# Ports for a test's own servers come from below the kernel's ephemeral range (32768 up here):
+# a port the kernel picked could be taken, before the server binds it, by an outgoing
+# connection of the other test worker. Each xdist worker has a block of its own.
+_PORT_BLOCK = 3_000
+_PORTS_HANDED: set[int] = set()
+
+
 def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now: held open
-    together while they are chosen, so never twice the same."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now and that
+    this process has not handed out before."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = 20_000 + (int(worker) % 4 if worker.isdigit() else 0) * _PORT_BLOCK
+    rng = random.Random(os.getpid())
+    ports: list[int] = []
+    for _ in range(10 * _PORT_BLOCK):
+        port = rng.randrange(low, low + _PORT_BLOCK)
+        if port in _PORTS_HANDED:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_HANDED.add(port)
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise AssertionError(f"no {count} free ports in {low}-{low + _PORT_BLOCK - 1}")
 
 
 def free_port() -> int:

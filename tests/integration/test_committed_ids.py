@@ -79,7 +79,9 @@ def _all(source: CommittedIds, timeout_s: float = 30) -> list[str]:
             idle_since = None
         elif idle_since is None:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > 3:
+        # Before the first id, the new source may still be joining and reading both topics
+        # to their ends (slow with a second test worker on the 2 cores): wait longer then.
+        elif time.monotonic() - idle_since > (3 if found else 10):
             break
     return found
 

@@ -297,7 +297,7 @@ def test_one_store_shared_by_two_threads_commits_every_effect_it_reports_done(
         used["first"] = conn
         insert_effect(schema, "first")(conn)
         first_in.set()
-        assert second_done.wait(5)
+        assert second_done.wait(30)  # two new connections and a commit, on a busy host
 
     def second(conn: psycopg.Connection[Any]) -> None:
         used["second"] = conn

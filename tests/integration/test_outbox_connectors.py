@@ -24,6 +24,7 @@ from cdc_router.ops.database import probe_database
 from cdc_router.outbox import OutboxSchema, write_event
 from tests.integration.support import (
     StackEndpoints,
+    connect_call,
     create_outbox_table,
     drop_outbox_table,
     drop_slot,
@@ -31,7 +32,9 @@ from tests.integration.support import (
     unique,
 )
 
-pytestmark = pytest.mark.integration
+# Its module fixture's state grows test by test (records, letters): under `pytest -n` the
+# module's tests stay on one worker, in file order (make test: --dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("outbox_connectors")]
 
 CONNECTOR_FILE = Path(__file__).resolve().parents[2] / "connectors" / "outbox-connector.json"
 # The Connect worker resolves ${env:CDC_ROUTER_DB_PASSWORD} from its own environment, which
@@ -339,8 +342,8 @@ def _reconfigure(running: Deployment, conn: psycopg.Connection[Any],
                  config: dict[str, str]) -> None:
     """Apply `config` and wait until the restarted task streams from the slot again."""
     before = _walsender(conn, running.base)
-    reply = httpx.put(f"{running.stack.connect_url}/connectors/{running.connector}/config",
-                      json=config, timeout=30)
+    reply = connect_call("PUT", f"{running.stack.connect_url}/connectors/"
+                         f"{running.connector}/config", json=config)
     assert reply.status_code == 200, reply.text
     assert _poll(lambda: _walsender(conn, running.base) not in (None, before), timeout_s=60), \
         "the restarted task never streamed from its slot"

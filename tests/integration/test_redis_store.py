@@ -152,8 +152,9 @@ def test_a_release_never_deletes_another_workers_claim(server: RedisServer) -> N
 def test_crash_after_claim_before_effect_loses_nothing(server: RedisServer,
                                                        tmp_path: Path) -> None:
     effects = EffectLog(tmp_path / "effects")
-    crash_worker(server, 1_500, effects, "before-effect")
-    store = RedisDedupStore(server.client(), lease_ms=1_500)
+    # 5 s: the lease must outlast the child's exit and two calls on a busy host.
+    crash_worker(server, 5_000, effects, "before-effect")
+    store = RedisDedupStore(server.client(), lease_ms=5_000)
     # While the dead worker's lease lasts, the event is busy: not done, not skipped.
     assert store.state(KEY) == "processing"
     assert store.run_once(KEY, effects.effect) is Outcome.BUSY
@@ -227,7 +228,7 @@ def test_with_aof_fsync_always_done_marks_survive_a_kill_9(tmp_path: Path) -> No
 def test_a_redelivery_after_the_ttl_is_no_longer_recognised(server: RedisServer,
                                                             tmp_path: Path) -> None:
     effects = EffectLog(tmp_path / "effects")
-    store = RedisDedupStore(server.client(), lease_ms=100, ttl_ms=300)
+    store = RedisDedupStore(server.client(), lease_ms=100, ttl_ms=2_000)  # 2 s: a busy host
     assert store.run_once(KEY, effects.effect) is Outcome.DONE
     assert store.run_once(KEY, effects.effect) is Outcome.DUPLICATE
     wait_until(lambda: store.state(KEY) is None)  # the done mark aged out

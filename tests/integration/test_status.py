@@ -20,9 +20,11 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints, free_port
+from tests.integration.support import StackEndpoints, connect_call, free_port
 
-pytestmark = pytest.mark.integration
+# Its module fixture's state grows test by test (records, letters): under `pytest -n` the
+# module's tests stay on one worker, in file order (make test: --dist loadgroup).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("status")]
 
 # Deeper than the router's JSON depth limit (MAX_JSON_DEPTH): this row is dead-lettered.
 _POISON = "[" * 3000 + "]" * 3000
@@ -148,7 +150,7 @@ def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pi
 def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> None:
     pipe = routed
     name = pipe.name.replace("_", "-")
-    httpx.put(f"{pipe.stack.connect_url}/connectors/{name}/pause", timeout=30)
+    assert connect_call("PUT", f"{pipe.stack.connect_url}/connectors/{name}/pause").is_success
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -162,7 +164,7 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
                            f"captured and its slot retains WAL; `cdc-router connectors resume "
                            f"{name}`"], done.stdout
     finally:
-        httpx.put(f"{pipe.stack.connect_url}/connectors/{name}/resume", timeout=30)
+        connect_call("PUT", f"{pipe.stack.connect_url}/connectors/{name}/resume")
 
 
 def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
