@@ -26,9 +26,10 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from cdc_router.connect.client import ConnectClient
+from cdc_router.errors import ConnectError
 from tests.integration.support import (
     StackEndpoints,
-    connect_call,
     create_outbox_table,
     debezium_config,
     drop_outbox_table,
@@ -187,8 +188,8 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
     overrides = {key: value.replace("{table}", name) for key, value in (connector or {}).items()}
     connector_config = debezium_config(stack, name=name, prefix=dashed, **overrides)
     connect = connect_url or stack.connect_url
-    reply = connect_call("PUT", f"{connect}/connectors/{dashed}/config", json=connector_config)
-    assert reply.status_code in (200, 201), reply.text
+    client = ConnectClient(connect)  # a call again on a 409 (see support.connector)
+    client.put_config(dashed, connector_config)  # raises with Connect's message when refused
     try:
         wait_connector_running(connect, dashed)
         yield pipe
@@ -196,7 +197,9 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
         for instance in list(pipe.routers):
             with suppress(ProcessLookupError, subprocess.TimeoutExpired):
                 pipe.kill_router(instance, signal.SIGTERM)
-        connect_call("DELETE", f"{connect}/connectors/{dashed}")
+        with suppress(ConnectError):
+            client.delete(dashed)
+        client.close()
         time.sleep(1)
         drop_slot(stack.postgres_dsn, name)
         drop_outbox_table(stack.postgres_dsn, name)

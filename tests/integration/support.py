@@ -9,7 +9,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,9 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
+
+from cdc_router.connect.client import ConnectClient
+from cdc_router.errors import ConnectError
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -39,19 +42,6 @@ class StackEndpoints:
 def unique(prefix: str) -> str:
     """A name no other test run uses: tables, slots, topics, connectors, groups."""
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def connect_call(method: str, url: str, *, json: Any = None,
-                 timeout_s: float = 60) -> httpx.Response:
-    """One Connect REST call, made again while Connect answers 409 (a rebalance or another
-    config write in flight: two test workers add and remove connectors at once), as the
-    product's ConnectClient does."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        reply = httpx.request(method, url, json=json, timeout=30)
-        if reply.status_code != 409 or time.monotonic() > deadline:
-            return reply
-        time.sleep(0.5)
 
 
 def wait_connector_running(connect_url: str, name: str, timeout_s: float = 90) -> None:
@@ -91,13 +81,17 @@ def drop_slot(dsn: str, slot: str, timeout_s: float = 60) -> None:
 @contextmanager
 def connector(stack: StackEndpoints, name: str, config: dict[str, str]) -> Iterator[None]:
     """Register a connector, wait for RUNNING, and remove it and its slot afterwards."""
-    reply = connect_call("PUT", f"{stack.connect_url}/connectors/{name}/config", json=config)
-    assert reply.status_code in (200, 201), reply.text
+    # ConnectClient makes a call again while Connect answers 409 (a rebalance or another config
+    # write in flight: two test workers add and remove connectors at once).
+    connect = ConnectClient(stack.connect_url)
+    connect.put_config(name, config)  # raises with Connect's message when refused
     try:
         wait_connector_running(stack.connect_url, name)
         yield
     finally:
-        connect_call("DELETE", f"{stack.connect_url}/connectors/{name}")
+        with suppress(ConnectError):
+            connect.delete(name)
+        connect.close()
         if "slot.name" in config:
             drop_slot(stack.postgres_dsn, config["slot.name"])
 

@@ -20,11 +20,11 @@ from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.cli import main
+from cdc_router.connect.client import ConnectClient
 from cdc_router.ops.database import probe_database
 from cdc_router.outbox import OutboxSchema, write_event
 from tests.integration.support import (
     StackEndpoints,
-    connect_call,
     create_outbox_table,
     drop_outbox_table,
     drop_slot,
@@ -342,9 +342,8 @@ def _reconfigure(running: Deployment, conn: psycopg.Connection[Any],
                  config: dict[str, str]) -> None:
     """Apply `config` and wait until the restarted task streams from the slot again."""
     before = _walsender(conn, running.base)
-    reply = connect_call("PUT", f"{running.stack.connect_url}/connectors/"
-                         f"{running.connector}/config", json=config)
-    assert reply.status_code == 200, reply.text
+    with ConnectClient(running.stack.connect_url) as connect:
+        assert not connect.put_config(running.connector, config)  # replaced, not created
     assert _poll(lambda: _walsender(conn, running.base) not in (None, before), timeout_s=60), \
         "the restarted task never streamed from its slot"
 

@@ -19,8 +19,9 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from cdc_router.connect.client import ConnectClient
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints, connect_call, free_port
+from tests.integration.support import StackEndpoints, free_port
 
 # Its module fixture's state grows test by test (records, letters): under `pytest -n` the
 # module's tests stay on one worker, in file order (make test: --dist loadgroup).
@@ -150,7 +151,8 @@ def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pi
 def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> None:
     pipe = routed
     name = pipe.name.replace("_", "-")
-    assert connect_call("PUT", f"{pipe.stack.connect_url}/connectors/{name}/pause").is_success
+    connect = ConnectClient(pipe.stack.connect_url)  # a call again on a 409
+    connect.pause(name)  # raises with Connect's message when refused
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -164,7 +166,8 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
                            f"captured and its slot retains WAL; `cdc-router connectors resume "
                            f"{name}`"], done.stdout
     finally:
-        connect_call("PUT", f"{pipe.stack.connect_url}/connectors/{name}/resume")
+        connect.resume(name)
+        connect.close()
 
 
 def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
