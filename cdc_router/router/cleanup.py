@@ -55,6 +55,10 @@ _CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for lo
 # tried again, instead of holding every later delete silently for as long as the lock lasts.
 _LOCK_TIMEOUT = "5s"
 _MAX_BACKOFF_S = 30.0
+# A stop's drain that deletes nothing for this long gives up: the worker is held up (a
+# changelog read in a broker outage waits up to a lookup's 30 s; a dead Postgres), and what
+# is left of the queue the next start's sweep finds again.
+_STALLED_S = 3.0
 
 
 class CommittedIdSource(Protocol):
@@ -84,6 +88,7 @@ class OutboxCleaner:
         self._waiting: list[tuple[int, str]] = []  # retention: heap of (due at: epoch ms, id)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._stopping = threading.Event()  # no new changelog read: deletes only
         self._thread: threading.Thread | None = None
         self._crashed: str | None = None  # what ended the worker unforeseen
         self._conn: psycopg.Connection[Any] | None = None
@@ -140,14 +145,24 @@ class OutboxCleaner:
         self._thread.start()
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
-        """Delete what is pending (within the timeout), then stop."""
+        """Delete what is due, then stop: within `drain_timeout_s`, and only while the deletes
+        get on; a worker that gets nothing done is waited for _STALLED_S in all (QA 41-a F-4:
+        in a broker outage it sat in a changelog read, and the stop waited its whole drain,
+        then as long again for the thread)."""
         if self._thread is None:
             return
-        deadline = time.monotonic() + drain_timeout_s
-        while self._due_count() and time.monotonic() < deadline and self._thread.is_alive():
+        self._stopping.set()
+        now = time.monotonic()
+        deadline, progress_at, left = now + drain_timeout_s, now, self._due_count()
+        while left and self._thread.is_alive() and now < deadline and \
+                now - progress_at < _STALLED_S:
             time.sleep(0.05)
+            now, before, left = time.monotonic(), left, self._due_count()
+            if left < before:
+                progress_at = now
         self._stop.set()
-        self._thread.join(timeout=drain_timeout_s)
+        # The thread ends at once unless it is held up: then the stall's window is spent.
+        self._thread.join(timeout=max(0.1, min(deadline, progress_at + _STALLED_S) - now))
         if self._conn is not None:
             self._conn.close()
         if self._sweep_source is not None and not self._thread.is_alive():
@@ -179,6 +194,8 @@ class OutboxCleaner:
         while not self._stop.is_set():
             try:
                 swept = self._sweep()
+                if self._stop.is_set():
+                    break  # a read held up past the stop: the connection is closed
                 worked = self._delete_due()
                 backoff = 0.5
             except psycopg.Error as error:
@@ -205,7 +222,8 @@ class OutboxCleaner:
 
     def _sweep(self) -> bool:
         """Queue the next committed ids from the changelog; True if some came."""
-        if self._sweep_source is None or time.monotonic() < self._sweep_retry_at:
+        if self._sweep_source is None or self._stopping.is_set() or \
+                time.monotonic() < self._sweep_retry_at:
             return False
         batch_size = self._settings.batch_size
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -268,3 +269,54 @@ def test_a_worker_ended_by_the_unforeseen_stops_the_router_at_its_next_commit():
     started = time.monotonic()
     cleaner.stop(drain_timeout_s=10)
     assert time.monotonic() - started < 2, "review 33-3: the stop waited its whole drain"
+
+
+def test_a_stop_does_not_wait_for_a_changelog_read_held_up_by_a_broker_outage():
+    # QA 41-a F-4: the worker sat in a changelog read against a stopped broker (a lookup waits
+    # up to 30 s); the stop waited its whole 10 s drain for deletes that could not come, then
+    # up to 10 s more for the thread.
+    class HeldUp:
+        def __init__(self) -> None:
+            self.entered, self.release, self.calls, self.closed = (
+                threading.Event(), threading.Event(), 0, False)
+
+        def next(self, max_ids: int) -> list[tuple[str, int]]:
+            self.calls += 1
+            self.entered.set()
+            self.release.wait(60)
+            return []
+
+        def close(self) -> None:
+            self.closed = True
+
+    changelog = HeldUp()
+    cleaner = OutboxCleaner(CleanupSettings(dsn="postgresql://unused", mode="delete"),
+                            id_column="id", created_at_column=None, sweep=changelog,
+                            registry=CollectorRegistry())
+    outbox = _Outbox(["a", "b"])
+    _attach(cleaner, outbox)
+    cleaner.start()
+    assert changelog.entered.wait(10)
+    cleaner.delivered([Delivered("a", "t", None), Delivered("b", "t", None)])
+    started = time.monotonic()
+    cleaner.stop(drain_timeout_s=10)
+    took = time.monotonic() - started
+    assert cleanup._STALLED_S <= took < cleanup._STALLED_S + 1.5, took
+    assert cleaner._thread is not None and cleaner._thread.is_alive()
+    assert not changelog.closed, "closed under the read still using it"
+    changelog.release.set()
+    cleaner._thread.join(10)
+    assert not cleaner._thread.is_alive()
+    assert changelog.calls == 1 and outbox.deletes == [], "worked on after its stop"
+
+
+def test_a_stop_deletes_what_is_due_first():
+    changelog = _Changelog(*([[]] * 1000))
+    cleaner = _swept(changelog, mode="delete", interval_ms=50)
+    outbox = _Outbox(["a", "b", "kept"])
+    _attach(cleaner, outbox)
+    cleaner.start()
+    cleaner.delivered([Delivered("a", "t", None), Delivered("b", "t", None)])
+    cleaner.stop(drain_timeout_s=10)
+    assert outbox.rows == {"kept"}
+    assert cleaner._thread is not None and not cleaner._thread.is_alive()
