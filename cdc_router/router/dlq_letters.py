@@ -8,12 +8,15 @@ uses, with the same replay filter in front of it.
 
 Delivered ids. The router marks in the dedup changelog every id it delivers and also every id
 it dead-letters past stage decode (dead_letter.marks_delivery: so that a replay of it by
-Debezium is not dead-lettered twice): a mark alone does not say "delivered". An id counts as
-delivered when
+Debezium is not dead-lettered twice). The marks of dead letters are keyed `dead:`
+(DEAD_LETTERED_KEY_PREFIX) and are no delivery. An id counts as delivered when
 - a replay delivered it: the key of its mark starts with REPLAYED_KEY_PREFIX, or
-- it has more marks than the router wrote marking dead letters for it (those without
-  dlq.replay.of): the others are deliveries (the router delivered it after its replay filter
-  forgot it, or its row, dead-lettered at decode, came back fixed).
+- it has more `batch:` marks than it has dead letters of versions before the `dead:` key (those
+  marked their letters with `batch:`; their letters name no dlq.source.group, which came
+  after): the others are deliveries (the router delivered it after its replay filter forgot
+  it, or its row, dead-lettered at decode, came back fixed). A letter of a later version
+  takes no mark away: its `dead:` mark may have left the changelog (its retention) while the
+  letter stays, and the id's `batch:` mark is then a delivery all the same (review 43).
 A letter the replay dead-letters again gets no mark: the router's mark of the first letter
 already drops Debezium's replays of that id (a decode letter's replays decode no better).
 """
@@ -43,7 +46,12 @@ from cdc_router.dead_letter import (
     reason_of,
     without_dead_letter_headers,
 )
-from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter, parse_changelog
+from cdc_router.router.replay import (
+    DEAD_LETTERED_KEY_PREFIX,
+    REPLAYED_KEY_PREFIX,
+    ReplayFilter,
+    parse_changelog,
+)
 from cdc_router.router.step import DeadLettered, Duplicate, Routed, Skipped, StepResult
 
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
@@ -124,19 +132,22 @@ def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
     counts: Counter[str] = Counter()
     latest: dict[str, int] = {}
     replayed: set[str] = set()
-    prefix = REPLAYED_KEY_PREFIX.encode()
+    by_replay_prefix, dead_prefix = REPLAYED_KEY_PREFIX.encode(), DEAD_LETTERED_KEY_PREFIX.encode()
     for key, value in marks:
-        by_replay = key is not None and key.startswith(prefix)
+        if key is not None and key.startswith(dead_prefix):
+            continue
+        by_replay = key is not None and key.startswith(by_replay_prefix)
         for event_id, delivered_ms in parse_changelog(key, value, group=group):
             counts[event_id] += 1
             latest[event_id] = max(latest.get(event_id, delivered_ms), delivered_ms)
             if by_replay:
                 replayed.add(event_id)
-    dead = Counter(letter.event_id for letter in letters
-                   if letter.event_id and letter.from_router and letter.replay_of is None
-                   and marks_delivery(letter.stage))
+    marked_as_batch = Counter(letter.event_id for letter in letters
+                              if letter.event_id and letter.from_router and
+                              letter.source_group is None and letter.replay_of is None and
+                              marks_delivery(letter.stage))
     return {event_id: latest[event_id] for event_id, count in counts.items()
-            if event_id in replayed or count > dead[event_id]}
+            if event_id in replayed or count > marked_as_batch[event_id]}
 
 
 @dataclass(frozen=True)
@@ -192,9 +203,12 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 "its value was left out (dlq.value.dropped.bytes); the raw record is at "
                 f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")))
             continue
-        if letter.stage == "decode" and letter.event_id in before:
-            # Delivered since: a Debezium replay or snapshot read the row once it decoded (its
-            # letter's raw record still fails, before any replay check).
+        if letter.event_id in before:
+            # Delivered since, by an earlier replay or the router (a Debezium replay or snapshot
+            # read the row once it routed or decoded): judged on every id the changelog holds,
+            # not on the replay filter, which keeps dedup.max_ids of them for dedup.window_ms
+            # (review 43: a second replay past either delivered its letters again). A decode
+            # letter's raw record would still fail, before any replay check.
             planned.append(Planned(letter, "already_delivered",
                                    note="delivered since it was dead-lettered"))
             continue

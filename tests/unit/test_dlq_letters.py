@@ -21,6 +21,7 @@ from cdc_router.router.dlq_letters import (
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (
     BATCH_KEY_PREFIX,
+    DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,
     ReplayFilter,
     changelog_records,
@@ -87,6 +88,18 @@ def test_a_dead_letters_own_mark_is_not_a_delivery() -> None:
     letters = [letter("dead")]
     assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters, group="g") \
         == {"routed": 5}
+
+
+def test_a_dead_mark_is_no_delivery_and_a_batch_mark_beside_a_letter_naming_its_group_is_one(
+        ) -> None:
+    # Review 43: a letter of a version that keys its mark dead: took a batch: mark away all
+    # the same; once the dead: mark had left the changelog (its retention), the router's
+    # later delivery of the id counted for nothing, and a replay delivered it again.
+    letters = [letter("x", group="g")]
+    assert delivered_ids(marks(DEAD_LETTERED_KEY_PREFIX, "x"), letters, group="g") == {}
+    assert delivered_ids(marks(BATCH_KEY_PREFIX, "x"), letters, group="g") == {"x": 5}
+    assert delivered_ids([*marks(DEAD_LETTERED_KEY_PREFIX, "x"), *marks(BATCH_KEY_PREFIX, "x")],
+                         letters, group="g") == {"x": 5}
 
 
 def test_a_decode_letter_leaves_no_mark_so_its_rows_later_mark_is_a_delivery() -> None:

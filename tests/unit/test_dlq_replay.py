@@ -70,10 +70,11 @@ def cluster_with_letters(*aggregate_types: str) -> FakeCluster:
     return cluster
 
 
-def replayer(cluster: FakeCluster, **delivery: Any) -> DeadLetterReplay:
+def replayer(cluster: FakeCluster, dedup: dict[str, Any] | None = None,
+             **delivery: Any) -> DeadLetterReplay:
     config = RouterConfig.model_validate({
         "source": {"topics": [RAW], "group_id": "g"}, "dead_letter": {"topic": DLQ},
-        "dedup": {"changelog_topic": CHANGELOG}, "delivery": delivery,
+        "dedup": {"changelog_topic": CHANGELOG, **(dedup or {})}, "delivery": delivery,
         "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS}]})
     return DeadLetterReplay(
         compile_config(config), dry_run=False,
@@ -258,3 +259,24 @@ def test_the_replay_tells_a_refused_clock_from_a_refused_record_as_run_does() ->
         replay = replayer(cluster, record_timestamp=stamped)
         assert replay._poison.is_refusal(Error(Error.INVALID_TIMESTAMP)) == (
             stamped == "created_at") == (Error.INVALID_TIMESTAMP in record_refusals(stamped))
+
+
+@pytest.mark.parametrize("later", ["past max_ids", "past the window"])
+def test_a_second_replay_delivers_nothing_again_once_the_replay_filter_forgot_the_ids(
+        later: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 43: the second replay judged all but decode letters by the replay filter alone,
+    # which keeps dedup.max_ids ids for dedup.window_ms; past either it delivered them again.
+    cluster = cluster_with_letters("Customer", "Customer", "Customer")
+    first = replayer(cluster, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
+    assert first.apply(first.plan(Selection())).committed == {"deliver": 3}
+    dedup: dict[str, Any] = {}
+    if later == "past max_ids":
+        dedup["max_ids"] = 1
+    else:
+        in_8_days = time.time() + 8 * 24 * 3600
+        monkeypatch.setattr(dlq_replay.time, "time", lambda: in_8_days)
+    second = replayer(cluster, dedup, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
+    plan = second.plan(Selection())
+    assert plan.counts() == {"already_delivered": 3}
+    second.apply(plan)
+    assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1", b"e-2"]
