@@ -82,6 +82,28 @@ def column_types(conn: psycopg.Connection[Any], qualified: str,
         (regclass_text(qualified, what),)).fetchall()}
 
 
+def missing_table(table: str, field: str) -> ConfigError:
+    """The error of an outbox table named in config `field` that Postgres does not show."""
+    return ConfigError("the outbox table does not exist (or is not readable)", field=field,
+                       value=table, hint="name it as schema.table, case as created (`cdc-router "
+                       "outbox init` creates one)")
+
+
+def table_columns(conn: psycopg.Connection[Any], table: str, field: str,
+                  required: Mapping[str, str]) -> dict[str, str]:
+    """column_types of `table`, named in config `field`; a ConfigError when it is not there,
+    or lacks a column of `required` (config field -> column name)."""
+    types = column_types(conn, table, field)
+    if not types:
+        raise missing_table(table, field)
+    for named_in, column in required.items():
+        if column not in types:
+            raise ConfigError(f"the outbox table {table} has no column {column!r}",
+                              field=named_in, value=column, hint="name the table's column "
+                              f"(it has {', '.join(list(types)[:12])})")
+    return types
+
+
 def utc_now_for(column_type: str) -> sql.Composable:
     """now(), to compare with a column of `column_type` (format_type). A timestamp without time
     zone holds UTC here (write_event, outbox init's default), so it gets UTC's wall clock; a

@@ -21,8 +21,8 @@ from typing import Any
 
 import psycopg
 
-from cdc_router.errors import ConfigError, DatabaseError
-from cdc_router.postgres import one_line, regclass_text
+from cdc_router.errors import DatabaseError
+from cdc_router.postgres import missing_table, one_line, regclass_text
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -45,9 +45,7 @@ def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
     the role may not read it, or the server refuses these credentials. Waiting would leave a
     relay that never starts while its /healthz answers like a standby's."""
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
-        raise ConfigError("the outbox table does not exist (or is not readable)",
-                          field="relay.table", value=table,
-                          hint="create it with `cdc-router outbox init`") from error
+        raise missing_table(table, "relay.table") from error
     if isinstance(error, psycopg.errors.InsufficientPrivilege) or (
             error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error))):
         raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}") from error

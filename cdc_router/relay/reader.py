@@ -29,7 +29,7 @@ from cdc_router.outbox.relay_columns import (
     trigger_ddl,
     unique_seq_ddl,
 )
-from cdc_router.postgres import column_types, regclass_text, table_identifier
+from cdc_router.postgres import column_types, missing_table, regclass_text, table_identifier
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
 log = logging.getLogger("cdc_router.relay")
@@ -182,9 +182,7 @@ class OutboxReader:
         table = self._relay.table
         types = column_types(conn, table, "relay.table") if types is None else types
         if not types:
-            raise ConfigError("the outbox table does not exist (or is not readable)",
-                              field="relay.table", value=table,
-                              hint="create it with `cdc-router outbox init`")
+            raise missing_table(table, "relay.table")
         partitioned = partitioned_by(conn, table, self._relay.seq_column)
         self._check_relay_columns(types, partitioned)
         self._check_indexes(conn, partitioned)

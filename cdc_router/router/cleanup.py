@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
 from cdc_router.config.cleanup import CleanupSettings
-from cdc_router.errors import CdcRouterError
-from cdc_router.postgres import column_types, one_line, table_identifier, utc_now_for
+from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.postgres import one_line, table_columns, table_identifier, utc_now_for
 from cdc_router.router.transaction import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
@@ -90,7 +90,7 @@ class OutboxCleaner:
         self._stop = threading.Event()
         self._stopping = threading.Event()  # no new changelog read: deletes only
         self._thread: threading.Thread | None = None
-        self._crashed: str | None = None  # what ended the worker unforeseen
+        self._crashed: Exception | None = None  # what ended the worker
         self._conn: psycopg.Connection[Any] | None = None
         self._deleted_total = 0
         self._column_types: dict[str, str] | None = None
@@ -113,8 +113,11 @@ class OutboxCleaner:
         """Events committed on their destinations: their rows may go now (or when aged)."""
         if self._settings.mode == "none":
             return
+        if isinstance(self._crashed, ConfigError):  # the table dropped, a column renamed
+            raise self._crashed
         if self._crashed is not None:
-            raise CdcRouterError(f"the outbox cleanup stopped ({self._crashed}): delivered "
+            crashed = f"{type(self._crashed).__name__}: {one_line(self._crashed)}"
+            raise CdcRouterError(f"the outbox cleanup stopped ({crashed}): delivered "
                                  "rows would no longer be deleted, so the router stops; start "
                                  "it again, and report this line")
         now_ms = int(time.time() * 1000)
@@ -137,6 +140,19 @@ class OutboxCleaner:
                 self.given_up.inc()
 
     # Lifecycle -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """At start, when Postgres answers: a table or column it lacks is a ConfigError (review
+        43: the worker tried again for ever, the outbox growing). Postgres not answering is
+        no config's fault: the worker tries again as it runs."""
+        if self._settings.mode == "none" or not self._settings.dsn:
+            return
+        try:
+            with psycopg.connect(self._settings.dsn, connect_timeout=_CONNECT_TIMEOUT_S,
+                                 application_name="cdc-router-cleanup") as conn:
+                self._types(conn)
+        except psycopg.Error as error:
+            log.warning("event=cleanup_check_skipped error=%r", one_line(error))
 
     def start(self) -> None:
         if self._settings.mode == "none":
@@ -185,8 +201,9 @@ class OutboxCleaner:
         try:
             self._work()
         except Exception as error:
-            self._crashed = f"{type(error).__name__}: {one_line(error)}"
-            log.error("event=cleanup_stopped error=%r", self._crashed)
+            self._crashed = error
+            log.error("event=cleanup_stopped error=%r", f"{type(error).__name__}: "
+                      f"{one_line(error)}")
 
     def _work(self) -> None:
         backoff = 0.5
@@ -346,14 +363,13 @@ class OutboxCleaner:
 
     def _types(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
         """The table's column types (uuid, text, bigint, ...), read once and again after a
-        failure: the id's for the array cast, created_at's for the retention cutoff."""
+        failure: the id's for the array cast, created_at's for the retention cutoff. A table
+        or column it lacks is a ConfigError (in the worker: the router stops at its commit)."""
         if self._column_types is None:
-            types = column_types(conn, self._settings.table, "cleanup.table")
-            if not types:
-                raise psycopg.errors.UndefinedTable(f"{self._settings.table} does not exist")
-            if self._id_column not in types:
-                raise psycopg.errors.UndefinedColumn(
-                    f"{self._settings.table} has no column {self._id_column}")
+            needed = {"source.outbox.id": self._id_column}
+            if self._retention_ms is not None and self._created_at_column:
+                needed["source.outbox.created_at"] = self._created_at_column
+            types = table_columns(conn, self._settings.table, "cleanup.table", needed)
             self._column_types = types
         return self._column_types
 

@@ -30,7 +30,12 @@ from cdc_router.outbox.tools import outbox_stats
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.transaction import Delivered
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints, unique
+from tests.integration.support import (
+    StackEndpoints,
+    create_outbox_table,
+    drop_outbox_table,
+    unique,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -279,6 +284,43 @@ def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndp
         log = pipe.router_log()
     assert left == set(), f"{len(left)} of {len(ids)} rows left after Postgres came back"
     assert "event=cleanup_failed" in log
+
+
+@pytest.mark.parametrize(("cleanup", "outbox", "expected"), [
+    ({"table": "public.no_such_outbox"}, {},
+     "field 'cleanup.table': the outbox table does not exist (or is not readable) "
+     "(got 'public.no_such_outbox')"),
+    ({}, {"id": "event_id"}, "field 'source.outbox.id': the outbox table public.{table} has "
+     "no column 'event_id' (got 'event_id'); name the table's column (it has id, "),
+    ({"mode": "retention", "retention_ms": 1000}, {"created_at": "occurred_at"},
+     "field 'source.outbox.created_at': the outbox table public.{table} has no column "
+     "'occurred_at'"),
+])
+def test_a_cleanup_table_or_column_postgres_lacks_stops_run_at_start_with_one_line(
+        stack: StackEndpoints, tmp_path: Path, cleanup: dict[str, object],
+        outbox: dict[str, str], expected: str) -> None:
+    # Review 43: the worker retried the DELETE for ever ("app.outbox does not exist") while
+    # routing went on and the outbox grew; the warning named no setting.
+    table = unique("cl")
+    create_outbox_table(stack.postgres_dsn, table)
+    config = {"kafka": {"bootstrap_servers": stack.bootstrap_servers},
+              "source": {"topics": [f"{table}.public.{table}"], "group_id": table,
+                         "outbox": outbox},
+              "routes": [{"topic": f"{table}-events"}],
+              "cleanup": {"mode": "delete", "dsn": stack.postgres_dsn,
+                          "table": f"public.{table}", **cleanup}}
+    path = tmp_path / "router.yaml"
+    path.write_text(json.dumps(config))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "cdc_router", "run", "-c", str(path), "--metrics-port", "0"],
+            capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    finally:
+        drop_outbox_table(stack.postgres_dsn, table)
+    assert result.returncode == 1, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and expected.format(table=table) in error, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _point_cleanup_at(pipe: Pipeline) -> None:

@@ -320,3 +320,21 @@ def test_a_stop_deletes_what_is_due_first():
     cleaner.stop(drain_timeout_s=10)
     assert outbox.rows == {"kept"}
     assert cleaner._thread is not None and not cleaner._thread.is_alive()
+
+
+def test_a_table_dropped_under_the_worker_stops_the_router_with_the_config_error():
+    cleaner = _cleaner(mode="delete")
+
+    def dropped(conn: object) -> dict[str, str]:
+        raise cleanup.ConfigError("the outbox table does not exist (or is not readable)",
+                                  field="cleanup.table", value="public.outbox")
+
+    cleaner._connection = lambda: object()  # type: ignore[method-assign,assignment,return-value]
+    cleaner._types = dropped  # type: ignore[method-assign,assignment]
+    cleaner.delivered([Delivered("a", "t", None)])
+    cleaner.start()
+    assert cleaner._thread is not None
+    cleaner._thread.join(10)
+    with pytest.raises(cleanup.ConfigError, match="field 'cleanup.table': the outbox table does "
+                       r"not exist \(or is not readable\) \(got 'public.outbox'\)$"):
+        cleaner.delivered([Delivered("b", "t", None)])
