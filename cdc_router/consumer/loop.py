@@ -44,7 +44,7 @@ from cdc_router.errors import (
     RetriableError,
 )
 from cdc_router.kafka.budget import RenewalBudget, unblocked_enough
-from cdc_router.kafka.closing import Generations, close_aside
+from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import (
     ErrorAction,
@@ -386,9 +386,11 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             if self._stored_since_commit:
                 self._commit()
         finally:
-            self._consumer.close()  # leaves the group; on_revoke commits anything stored since
-            self._consumer = None
-            self._dead_letters.close()
+            # The consumer's close leaves the group (on_revoke commits anything stored since)
+            # and may raise: close_all keeps the error the loop leaves with, and closes the
+            # dead-letter writer all the same (review 43).
+            consumer, self._consumer = self._consumer, None
+            close_all(consumer, self._dead_letters)
             log.info("event=consumer_stopped group=%s processed=%d duplicates=%d "
                      "dead_lettered=%d retries=%d", self.settings.group_id,
                      *self._counts.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -26,18 +27,19 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         source = "RetryPolicy"
-        if self.max_attempts < 1:
-            raise ConfigError("must be at least 1", source=source, field="max_attempts",
-                              value=self.max_attempts)
-        if self.initial_backoff_s < 0:
-            raise ConfigError("must not be negative", source=source, field="initial_backoff_s",
-                              value=self.initial_backoff_s)
-        if self.max_backoff_s < self.initial_backoff_s:
-            raise ConfigError("must be at least initial_backoff_s", source=source,
-                              field="max_backoff_s", value=self.max_backoff_s)
-        if self.multiplier < 1:
-            raise ConfigError("must be at least 1", source=source, field="multiplier",
-                              value=self.multiplier)
+        # Not `x < 0`: NaN passes every comparison (review 43: a NaN backoff never resumed its
+        # partition, a NaN max_attempts never dead-lettered).
+        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or \
+                self.max_attempts < 1:
+            raise ConfigError("must be a whole number, at least 1", source=source,
+                              field="max_attempts", value=self.max_attempts)
+        for field, value, least in (("initial_backoff_s", self.initial_backoff_s, 0.0),
+                                    ("max_backoff_s", self.max_backoff_s,
+                                     self.initial_backoff_s),
+                                    ("multiplier", self.multiplier, 1.0)):
+            if not (math.isfinite(value) and value >= least):
+                raise ConfigError(f"must be a finite number, at least {least:g}",
+                                  source=source, field=field, value=value)
 
     def ceiling(self, attempt: int) -> float:
         """The longest wait after failed attempt `attempt` (1-based): the jitter's upper bound."""

@@ -127,6 +127,7 @@ class OutboxRelay:
         self._position_key = self._table.encode()
         self.position = RelayPosition()
         self._aborts = 0
+        self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
         self._lock_checked = 0.0
@@ -141,6 +142,7 @@ class OutboxRelay:
         LockLost when the lock is lost (exit 75: the process should start again)."""
         self._step.preflight()
         if not self._lock.acquire(self._standing_by):
+            self._lock.release()  # a standby stopped: its connection (review 43)
             return
         try:
             self._start()
@@ -257,8 +259,10 @@ class OutboxRelay:
             rows = self._reader.fetch(position, limit)
         except psycopg.Error as error:
             self._reader.reset()
-            self._back_off(f"Postgres: {one_line(error)}")
+            self._read_failures += 1
+            self._wait_out(f"Postgres: {one_line(error)}", self._read_failures)
             return True
+        self._read_failures = 0
         # A batch cut at relay.batch_bytes is full: the read goes on after it.
         full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
@@ -364,9 +368,12 @@ class OutboxRelay:
     def _back_off(self, reason: str) -> None:
         self._aborts += 1
         self._metrics.consecutive_aborts.set(self._aborts)
+        self._wait_out(reason, self._aborts)
+
+    def _wait_out(self, reason: str, failures: int) -> None:
         low, high = BACKOFF_S
-        delay = min(high, low * 2 ** (self._aborts - 1))
-        log.warning("event=batch_failed consecutive=%d backoff_s=%.1f reason=%r", self._aborts,
+        delay = min(high, low * 2 ** (failures - 1))
+        log.warning("event=batch_failed consecutive=%d backoff_s=%.1f reason=%r", failures,
                     delay, reason)
         self._stop.wait(delay)
 

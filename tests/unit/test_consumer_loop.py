@@ -378,6 +378,25 @@ def test_a_fatal_client_error_stops_the_loop_with_a_clear_error() -> None:
     assert h.kafka.closed
 
 
+def test_a_close_that_fails_keeps_the_error_the_loop_stops_on_and_closes_the_dead_letters(
+        ) -> None:
+    # Review 43: a consumer's close (its revoke commit) that raised replaced the fatal error,
+    # and the dead-letter writer was never closed.
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+
+    def close_fails() -> None:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "revoke commit failed"))
+
+    h.kafka.close = close_fails  # type: ignore[method-assign]
+    closed = []
+    writer = h.loop._dead_letters
+    writer.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    with pytest.raises(FatalKafkaError, match="fatal"):
+        h.run()
+    assert closed == [True]
+
+
 def test_a_topic_the_credentials_may_not_read_stops_the_loop_with_the_reason() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED,

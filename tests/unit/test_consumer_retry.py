@@ -35,7 +35,11 @@ def test_exhausted_after_max_attempts() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("max_attempts", 0), ("initial_backoff_s", -1.0), ("max_backoff_s", 0.01),
-    ("multiplier", 0.5)])
+    ("multiplier", 0.5),
+    # Review 43: NaN passed every `x < 0` check; a float or an infinite count never ran out.
+    ("initial_backoff_s", float("nan")), ("max_backoff_s", float("inf")),
+    ("multiplier", float("nan")), ("max_attempts", float("nan")), ("max_attempts", 2.5),
+    ("max_attempts", True)])
 def test_bad_values_are_config_errors_naming_the_field(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field):
         RetryPolicy(**{field: value})  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -323,3 +324,41 @@ def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried() -> 
     _run_until(relay, lambda: len(delivered) == 4)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids
     assert cluster.committed(DLQ) == []
+
+
+def test_a_standby_stopped_while_it_waits_closes_its_lock_connection() -> None:
+    # Review 43: run() returned before its try/finally, leaving the lock's connection open.
+    class Standby(FakeLock):
+        def acquire(self, wait: Any) -> bool:
+            while not wait(0.01):
+                pass
+            return False
+
+    lock = Standby()
+    relay, _ = _relay(_cluster(), FakeTable(), lock)
+    _run_until(relay, lambda: True)
+    assert lock.released
+
+
+def test_postgres_failures_do_not_count_toward_the_producer_renewal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 43: reads that failed shared the aborts' count, so that after 5 of them one
+    # passing Kafka abort renewed the producer (RENEW_AFTER_ABORTS).
+    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    fetch, failures = table.fetch, [psycopg.OperationalError("server closed the connection")] * 5
+
+    def flaky(position: RelayPosition, limit: int) -> FetchedRows:
+        if failures:
+            raise failures.pop()
+        return fetch(position, limit)
+
+    table.fetch = flaky  # type: ignore[method-assign]
+    cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                              txn_requires_abort=True))
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
+    assert cluster.producers_initialised == 1, "renewed after one abort"
