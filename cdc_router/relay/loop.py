@@ -38,7 +38,6 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     LockLost,
-    RecordRefused,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
@@ -51,7 +50,12 @@ from cdc_router.relay.reader import OutboxReader, RelayRow
 from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.poison import (
+    PoisonIsolation,
+    abort_batch,
+    produce_isolated,
+    record_refusals,
+)
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import (
@@ -302,20 +306,13 @@ class OutboxRelay:
         source = (self._table, 0, row.seq)
         if isinstance(result, Routed):
             record = result.record
-            refused = self._poison.refused(source)
+            refused = produce_isolated(self._txn, self._poison, record, source,
+                                       self._destinations.check_refusal)
             if refused is None:
-                try:
-                    alone = self._poison.alone(source)
-                    self._txn.produce(record, source, alone=alone)
-                    if alone:
-                        self._poison.delivered_alone(source)
-                    self._remember(record.event_id)
-                    self._txn.delivered(Delivered(record.event_id, record.topic,
-                                                  result.event.created_at_ms))
-                    return
-                except RecordRefused as refusal:
-                    self._destinations.check_refusal(record.topic, refusal)
-                    refused = f"Kafka refused the record for {record.topic}: {refusal}"
+                self._remember(record.event_id)
+                self._txn.delivered(Delivered(record.event_id, record.topic,
+                                              result.event.created_at_ms))
+                return
             result = DeadLettered("produce", DeliveryError(refused), record.event_id,
                                   result.event)
         if isinstance(result, DeadLettered):

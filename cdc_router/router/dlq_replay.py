@@ -36,7 +36,7 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
-from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
@@ -55,7 +55,12 @@ from cdc_router.router.dlq_letters import (
     read_letter,
     superseded_letters,
 )
-from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.poison import (
+    PoisonIsolation,
+    abort_batch,
+    produce_isolated,
+    record_refusals,
+)
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
     DeadLettered,
@@ -143,9 +148,9 @@ class DeadLetterReplay:
                                        group_id=replay_group(config), what="dead-letter")
         self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids)
-        destinations = clients.destinations(config, self._producer)
+        self._destinations = clients.destinations(config, self._producer)
         self._describe = clients.topic_describe(config, describe_factory)
-        self._step = RecordStep(compiled, destinations.partitions, seen=self._filter.seen,
+        self._step = RecordStep(compiled, self._destinations.partitions, seen=self._filter.seen,
                                 timestamp_limits=clients.timestamp_limits(self._describe))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
@@ -265,18 +270,14 @@ class DeadLetterReplay:
         letter, step = item.letter, item.result
         topic = self._config.dead_letter.topic
         if isinstance(step, Routed):
-            source = (topic, letter.partition, letter.offset)
-            refused = self._poison.refused(source)
+            # A refusal that is librdkafka's lagging metadata fails the batch (retried), as
+            # in `run` (review 43: it was dead-lettered again).
+            refused = produce_isolated(txn, self._poison, step.record,
+                                       (topic, letter.partition, letter.offset),
+                                       self._destinations.check_refusal)
             if refused is None:
-                try:
-                    alone = self._poison.alone(source)
-                    txn.produce(step.record, source, alone=alone)
-                    if alone:
-                        self._poison.delivered_alone(source)
-                    txn.mark(step.record.event_id, int(time.time() * 1000))
-                    return "deliver"
-                except RecordRefused as refusal:
-                    refused = f"Kafka refused the record for {step.record.topic}: {refusal}"
+                txn.mark(step.record.event_id, int(time.time() * 1000))
+                return "deliver"
             step = DeadLettered("produce", DeliveryError(refused), step.record.event_id,
                                 step.event)
         assert isinstance(step, DeadLettered)

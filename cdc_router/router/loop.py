@@ -26,7 +26,6 @@ from cdc_router.errors import (
     FatalKafkaError,
     GrantRevoked,
     MemberFenced,
-    RecordRefused,
 )
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import (
@@ -44,7 +43,12 @@ from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.poison import (
+    PoisonIsolation,
+    abort_batch,
+    produce_isolated,
+    record_refusals,
+)
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
@@ -225,23 +229,12 @@ class OutboxRouter:
     def _produce(self, message: Message, routed: Routed, source: RecordCoordinates) -> None:
         assert self._txn is not None
         record = routed.record
-        refused = self._poison.refused(source)
+        refused = produce_isolated(self._txn, self._poison, record, source,
+                                   self._destinations.check_refusal)
         if refused is not None:
             self._dead_letter(message, DeadLettered("produce", DeliveryError(refused),
                                                     record.event_id, routed.event))
             return
-        alone = self._poison.alone(source)
-        try:
-            self._txn.produce(record, source, alone=alone)
-        except RecordRefused as refusal:
-            # Refused before it left (e.g. too big for librdkafka): certainly this record.
-            self._destinations.check_refusal(record.topic, refusal)
-            reason = f"Kafka refused the record for {record.topic}: {refusal}"
-            self._dead_letter(message, DeadLettered("produce", DeliveryError(reason),
-                                                    record.event_id, routed.event))
-            return
-        if alone:
-            self._poison.delivered_alone(source)
         self._remember(record.event_id)
         self._txn.delivered(Delivered(record.event_id, record.topic, routed.event.created_at_ms))
 

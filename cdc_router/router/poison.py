@@ -22,7 +22,7 @@ fault and no re-read can fix it: it stops the router (FatalKafkaError).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from confluent_kafka import KafkaError
@@ -32,6 +32,7 @@ from cdc_router.errors import (
     BatchFailed,
     FatalKafkaError,
     GrantRevoked,
+    RecordRefused,
     fatal_kafka_error,
 )
 from cdc_router.kafka.errors import (
@@ -46,6 +47,7 @@ from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 from cdc_router.router.timestamps import TIMESTAMP_HINT
 
 if TYPE_CHECKING:
+    from cdc_router.router.routing import OutboundRecord
     from cdc_router.router.transaction import Transaction
 
 log = logging.getLogger("cdc_router.router")
@@ -170,6 +172,28 @@ class PoisonIsolation:
             self._refused.pop(source, None)
         self._settling.clear()
         self._isolated = None
+
+
+def produce_isolated(txn: Transaction, poison: PoisonIsolation, record: OutboundRecord,
+                     source: RecordCoordinates,
+                     check_refusal: Callable[[str, RecordRefused], None]) -> str | None:
+    """Produce `record` of input `source` into the open batch (alone while it is a suspect);
+    the reason to dead-letter it instead (stage produce): a refusal confirmed before, or one
+    produce() raised on the spot. `check_refusal(topic, refusal)` (DestinationMetadata's)
+    raises BatchFailed when the refusal is librdkafka's lagging metadata, no record's fault.
+    The one sequence of the router, the relay and `dlq replay`."""
+    refused = poison.refused(source)
+    if refused is not None:
+        return refused
+    alone = poison.alone(source)
+    try:
+        txn.produce(record, source, alone=alone)
+    except RecordRefused as refusal:  # e.g. too big for librdkafka: certainly this record
+        check_refusal(record.topic, refusal)
+        return f"Kafka refused the record for {record.topic}: {refusal}"
+    if alone:
+        poison.delivered_alone(source)
+    return None
 
 
 def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseException, *,

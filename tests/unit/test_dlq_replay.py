@@ -280,3 +280,16 @@ def test_a_second_replay_delivers_nothing_again_once_the_replay_filter_forgot_th
     assert plan.counts() == {"already_delivered": 3}
     second.apply(plan)
     assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1", b"e-2"]
+
+
+def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried_not_lettered_again(
+        ) -> None:
+    # Review 43: `run` and the relay retry such a batch (DestinationMetadata.check_refusal);
+    # the replay dead-lettered the letter again.
+    cluster = cluster_with_letters("Customer", "Customer")
+    cluster.unknown_on_produce[CUSTOMERS] = 1  # librdkafka's metadata lags the cluster's
+    replay = replayer(cluster, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
+    result = replay.apply(replay.plan(Selection()))
+    assert result.committed == {"deliver": 2}
+    assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1"]
+    assert len(cluster.committed(DLQ)) == 2  # the two letters, none again
