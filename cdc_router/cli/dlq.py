@@ -21,12 +21,14 @@ from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.router import clients
 from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
-from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group, sources_of
+from cdc_router.router.dlq_replay import (
+    READ_TIMEOUT_S,
+    DeadLetterReplay,
+    ReplayPlan,
+    replay_group,
+    sources_of,
+)
 from cdc_router.router.step import Routed
-
-# Reading the dead-letter topic to its end: on a cluster that answers, seconds; past this, say
-# so rather than hang.
-_READ_TIMEOUT_S = 60.0
 
 
 @click.group(name="dlq")
@@ -56,7 +58,7 @@ def list_letters(config_path: Path, limit: int, everyone: bool, output: str) -> 
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: list[dict[str, Any]] = []
     try:
-        for message in reader.read_to_end(end="stable", timeout_s=_READ_TIMEOUT_S):
+        for message in reader.read_to_end(end="stable", timeout_s=READ_TIMEOUT_S):
             if not everyone and not of_pipeline(record_headers(message), ours):
                 others += 1
                 continue

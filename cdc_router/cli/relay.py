@@ -36,10 +36,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    if config.relay is None:
-        raise ConfigError("no relay: section", source=str(config_path), field="relay",
-                          hint="add `relay: {table: public.outbox}` (see README, The relay)")
-    dsn = config.relay.dsn or config.cleanup.dsn
+    dsn = config.relay_settings().dsn or config.cleanup.dsn
     if not dsn:
         raise ConfigError("the relay needs the Postgres DSN", source=str(config_path),
                           field="cleanup.dsn", hint="set CDC_ROUTER__CLEANUP__DSN (the relay "

@@ -31,6 +31,7 @@ from cdc_router.config.topic_names import (
     render_topic,
     topic_name_problem,
 )
+from cdc_router.errors import ConfigError
 from cdc_router.postgres import split_table
 
 _SLOW = ("repeats a group that repeats itself: one value can take exponential time to match "
@@ -81,6 +82,13 @@ class RouterConfig(_Model):
     # When set, a templated route may write only to names matching one of these, and a static
     # route topic must match one at load. None: any name TopicGuard does not refuse.
     allowed_topics: list[TopicPattern] | None = Field(default=None, min_length=1)
+
+    def relay_settings(self) -> RelaySettings:
+        """The relay: section, which `cdc-router relay` needs; a ConfigError without it."""
+        if self.relay is None:
+            raise ConfigError("no relay: section", field="relay", hint="add `relay: {table: "
+                              "public.outbox}` (see README, The relay)")
+        return self.relay
 
     def warnings(self) -> list[str]:
         """What `rules check` and the router's start warn about (besides the templates')."""

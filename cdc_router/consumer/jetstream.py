@@ -387,7 +387,7 @@ async def _close(client: Any) -> None:
     from nats.errors import Error as NatsError
 
     try:
-        await client.flush(timeout=5)
+        await client.flush(timeout=5)  # the acks' PING/PONG: seconds at most, or the server is gone
     except (NatsError, TimeoutError, OSError) as error:
         log.info("event=nats_flush_failed error=%s", error_text(error))
     try:

@@ -30,8 +30,8 @@ log = logging.getLogger("cdc_router.relay")
 # application's advisory lock on the same table's oid (the low half).
 LOCK_CLASS = 0x63646372
 WAIT_S = 0.5  # a takeover comes at most this long after the lock is released
-_CONNECT_TIMEOUT_S = 5
-_MAX_BACKOFF_S = 30.0
+_CONNECT_TIMEOUT_S = 5  # short: a standby asks again, and a dead host must not hold it long
+_MAX_BACKOFF_S = 30.0  # between tries while Postgres is away: a takeover at most this late
 
 
 # Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting

@@ -33,7 +33,6 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import (
     BatchFailed,
-    ConfigError,
     DatabaseError,
     DeliveryError,
     FatalKafkaError,
@@ -92,19 +91,16 @@ class OutboxRelay:
         table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
         (key, value) of a topic (the changelog, the position topic)."""
         config = self._config = compiled.config
-        if config.relay is None:
-            raise ConfigError("no relay: section", field="relay",
-                              hint="add `relay: {table: public.outbox}`")
-        self._relay = config.relay
+        self._relay = config.relay_settings()
         # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
         # with one position, one transactional id.
-        self._table = config.relay.qualified_table
+        self._table = self._relay.qualified_table
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
         self._stop = threading.Event()
-        self._lock = lock or TableLock(dsn, config.relay.table, connect=connect)
-        self._reader = reader or OutboxReader(dsn, config.relay, config.source, connect=connect)
+        self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
+        self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
         self._records = records or topic_records
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None

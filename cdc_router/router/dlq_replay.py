@@ -74,8 +74,9 @@ from cdc_router.router.transaction import Transaction
 log = logging.getLogger("cdc_router.router")
 
 INSTANCE = "dlq-replay"
-# Reading the dead-letter topic to its end: seconds on a cluster that answers.
-_READ_TIMEOUT_S = 300.0
+# Reading the dead-letter topic (or the changelog) to its end: seconds on a cluster that
+# answers; the bound only says so rather than hang. `dlq list` reads with the same.
+READ_TIMEOUT_S = 300.0
 # A batch that fails for no refused record is tried again this many times, after 0.5, 1, 2 s.
 _RETRIES, _BACKOFF_S = 3, 0.5
 
@@ -186,7 +187,7 @@ class DeadLetterReplay:
             except BatchFailed as failure:
                 raise DeliveryError(str(failure)) from failure
             self._max_bytes = clients.dead_letter_limit(self._config, self._describe)
-        marks = list(self._changelog.catch_up(timeout_s=_READ_TIMEOUT_S))
+        marks = list(self._changelog.catch_up(timeout_s=READ_TIMEOUT_S))
         letters, ends = self._read_letters()
         ours = sources_of(self._config)
         # Another pipeline's letter of an id of ours says nothing of our delivery of it.
@@ -295,7 +296,7 @@ class DeadLetterReplay:
     def _read_letters(self) -> tuple[list[Letter], dict[int, int]]:
         letters: list[Letter] = []
         ends: dict[int, int] = {}
-        for message in self._letters.read_to_end(end="stable", timeout_s=_READ_TIMEOUT_S):
+        for message in self._letters.read_to_end(end="stable", timeout_s=READ_TIMEOUT_S):
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
             letters.append(read_letter(partition, offset, message.timestamp()[1], message.key(),

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cdc_router.cli.run import _STALL_S
 from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.config.relay import MAX_POLL_INTERVAL_MS
+from cdc_router.errors import ConfigError
 from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
 from tests.unit.test_settings import error_of, write
 
@@ -97,3 +101,11 @@ def test_poll_interval_ms_is_bounded_below_the_relays_health_threshold(tmp_path:
     assert relay is not None and relay.poll_interval_ms == MAX_POLL_INTERVAL_MS
     # The wait plus a batch stays under /healthz's threshold, which the error names.
     assert 2 * MAX_POLL_INTERVAL_MS / 1000 <= _STALL_S == 120
+
+
+def test_a_config_without_a_relay_section_is_refused_by_the_relay_naming_the_field() -> None:
+    config = RouterConfig.model_validate({"source": {"topics": ["outbox.public.outbox"]},
+                                          "routes": [{"topic": "orders"}]})
+    with pytest.raises(ConfigError, match=r"^field 'relay': no relay: section; add `relay: "
+                       r"\{table: public.outbox\}` \(see README, The relay\)$"):
+        config.relay_settings()
