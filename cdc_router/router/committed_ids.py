@@ -9,7 +9,8 @@ not yet deleted are deleted all the same. Two kinds of marks are not proof:
   dead-lettered twice; not at stage decode: dead_letter.marks_delivery), whose rows stay. They
   are keyed `dead:` (replay.DEAD_LETTERED_KEY_PREFIX) and skipped. Earlier versions marked them
   like deliveries; for those, the ids in the dead-letter topic's `dlq.event.id` header, written
-  in the same transaction as the mark, are left out. A chunk of marks is released only once
+  in the same transaction as the mark, are left out (their letters name no dlq.source.group,
+  which came later; a later letter keeps no `batch:` mark of its id out: that is a delivery). A chunk of marks is released only once
   the dead-letter topic has been read past its log end as of after the chunk was read: every
   dead letter of those transactions lies below that end, so it has been seen. A letter gone
   from that topic (its retention) leaves such an old mark unguarded; a `dead:` mark needs none.
@@ -211,9 +212,12 @@ class CommittedIds:
                 headers = {name: value.decode(errors="replace")
                            for name, value in record_headers(message)}
                 event_id = headers.get(EVENT_ID)
-                if (event_id is not None and marks_delivery(headers.get(STAGE, ""))
-                        and self._ours(headers.get(SOURCE_TOPIC, ""),
-                                       headers.get(SOURCE_GROUP))):
+                # Only the letters of versions that marked them `batch:`: those name no group
+                # (a later header). A later letter's mark is `dead:`, skipped; a `batch:` mark
+                # of its id is a delivery since (review 43), whose row goes.
+                if (event_id is not None and SOURCE_GROUP not in headers
+                        and marks_delivery(headers.get(STAGE, ""))
+                        and self._ours(headers.get(SOURCE_TOPIC, ""), None)):
                     self._dead[event_id] = now_ms
                     self._dead.move_to_end(event_id)
         while self._dead and next(iter(self._dead.values())) < now_ms - self._keep_dead_ms:
