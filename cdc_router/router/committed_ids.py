@@ -10,10 +10,11 @@ not yet deleted are deleted all the same. Two kinds of marks are not proof:
   are keyed `dead:` (replay.DEAD_LETTERED_KEY_PREFIX) and skipped. Earlier versions marked them
   like deliveries; for those, the ids in the dead-letter topic's `dlq.event.id` header, written
   in the same transaction as the mark, are left out (their letters name no dlq.source.group,
-  which came later; a later letter keeps no `batch:` mark of its id out: that is a delivery). A chunk of marks is released only once
-  the dead-letter topic has been read past its log end as of after the chunk was read: every
-  dead letter of those transactions lies below that end, so it has been seen. A letter gone
-  from that topic (its retention) leaves such an old mark unguarded; a `dead:` mark needs none.
+  which came later; a later letter keeps no `batch:` mark of its id out: that is a delivery).
+  A chunk of marks is released only once the dead-letter topic has been read past its log end
+  as of after the chunk was read: every dead letter of those transactions lies below that end,
+  so it has been seen. A letter gone from that topic (its retention) leaves such an old mark
+  unguarded; a `dead:` mark needs none.
   Only letters of this pipeline's sources count: another pipeline sharing the dead-letter topic
   may dead-letter the same id from its own raw topic while this one delivers it.
   A mark written by `cdc-router dlq replay` (key `replayed:`) is proof all the same: the

@@ -8,12 +8,13 @@ from typing import Any
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import ATTEMPTS, REPLAY_OF, dead_letter
-from cdc_router.errors import RouteError
+from cdc_router.errors import DeliveryError, RouteError
 from cdc_router.router.dlq_letters import (
     Letter,
     Selection,
     dead_letter_again,
     delivered_ids,
+    fails_as_before,
     plan_replay,
     read_letter,
     superseded_letters,
@@ -209,6 +210,21 @@ def test_a_letter_failing_again_as_before_is_still_failing_and_its_older_letter_
     planned = plan_replay([bad, later], routed_step, seen, set(), ours, superseded=superseded)
     assert [item.action for item in planned] == ["superseded", "still_failing"]
     assert f"as {DLQ}[0]@9" in planned[0].note and "'Bad'" in planned[1].note
+
+
+def test_a_reason_that_differs_only_in_a_number_the_clock_moves_fails_as_before() -> None:
+    # QA 43-a F7: "... is 7083.4 s ahead of the clock" at one replay read "7071.5 s ahead" at
+    # the next: every replay wrote one more letter of each such event.
+    earlier = replace(letter("late", stage="produce"), reason=(
+        "Kafka would refuse the record for t (INVALID_TIMESTAMP): its timestamp "
+        "2026-12-04T23:57:00.000Z is 7083.4 s ahead of the clock, over the topic's "
+        "message.timestamp.after.max.ms (3600000) less a 3 s margin"))
+    now = earlier.reason.replace("7083.4", "7071.5")
+    assert fails_as_before(earlier, DeadLettered("produce", DeliveryError(now), "late"))
+    assert not fails_as_before(earlier, DeadLettered("route", DeliveryError(now), "late"))
+    other_column = replace(earlier, reason="no column 'x2' in the row")
+    assert not fails_as_before(other_column, DeadLettered(
+        "produce", DeliveryError("no column 'x3' in the row"), "late"))
 
 
 def test_letters_of_another_group_on_the_same_raw_topic_are_neither_replayed_nor_counted() -> None:
