@@ -576,6 +576,16 @@ def test_rules_check_cluster_finds_a_destination_created_outside_the_config(
     [explained] = json.loads(online.stdout)["events"]
     assert explained["outcome"] == "routed" and explained["record"]["topic"] == topic
     assert nowhere.returncode == 1 and "does not exist" in nowhere.stdout, nowhere.stdout
+    # QA 43-a F1: without --explain, `rules check` said valid, and nothing more.
+    warned = {run: [warning for warning in json.loads(result.stdout)["warnings"]
+                    if warning.startswith("routes[0] sends to topic")]
+              for run, result in (("offline", offline), ("online", online),
+                                  ("nowhere", nowhere))}
+    assert warned["online"] == []
+    assert [f"{topic}, which is not declared under `topics:`" in warning
+            for warning in warned["offline"]] == [True]
+    assert [f"{topic}-nowhere, which does not exist in the cluster" in warning
+            for warning in warned["nowhere"]] == [True]
 
 
 def test_numeric_columns_of_decimal_handling_precise_are_read_as_their_decimal_text(

@@ -389,6 +389,25 @@ def explain(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def test_rules_check_warns_of_a_route_to_a_fixed_topic_not_declared(tmp_path: Path) -> None:
+    # QA 43-a F1: "valid", exit 0, and every event of the route would be a dead letter.
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({
+        "source": {"topics": ["outbox.public.outbox"]},
+        "routes": [{"match": {"aggregate_type": "Customer"}, "topic": "qa.customerz"},
+                   {"match": {"aggregate_type": "Order"}, "topic": "declared"},
+                   {"topic": "orders.{type}"}],
+        "topics": [{"name": "declared", "partitions": 3}]}))
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.output.splitlines() if "sends to topic" in line]
+    assert warned == [
+        "warning: routes[0] sends to topic qa.customerz, which is not declared under `topics:` "
+        "(if it is created otherwise, `rules check --cluster` asks Kafka): the router never "
+        "creates topics, so every event this route takes would be a dead letter; declare it "
+        "and run `cdc-router topics apply`"]
+
+
 def test_explain_shows_the_route_and_record() -> None:
     code, output = explain("--explain", str(FIXTURES / "create_jsonb.schema.json"),
                            "--partitions", "6", "-o", "json")
