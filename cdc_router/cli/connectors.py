@@ -139,6 +139,14 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
         for key, messages in sorted(verdict.errors.items()):
             for message in messages:
                 click.echo(f"{spec.source}: {spec.name}: {key}: {message}", err=True)
+        if any(key.startswith("database.") for key in verdict.errors):
+            # QA 43-a: "password authentication failed" from another Postgres, on its port.
+            config = spec.config
+            click.echo(f"{spec.source}: {spec.name}: the connector tried Postgres at "
+                       f"{config.get('database.hostname')}:{config.get('database.port')} as "
+                       f"{config.get('database.user')} (DB_HOST, DB_PORT, DB_USER in the "
+                       "shipped file; `eval \"$(cdc-router local env)\"` sets them for the "
+                       "local stack)", err=True)
         if not verdict.ok:
             invalid.append(f"{spec.name} ({len(verdict.errors)} field(s))")
     if invalid:

@@ -28,6 +28,7 @@ from tests.integration.support import (
     create_outbox_table,
     drop_outbox_table,
     drop_slot,
+    free_port,
     read_topic,
     unique,
 )
@@ -286,6 +287,19 @@ def test_apply_dry_run_prints_connects_error_for_a_bad_property(running: Deploym
         result.stderr
     assert "Kafka Connect rejects" in result.stderr
     assert running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE)).exit_code == 0
+
+
+def test_apply_names_the_postgres_the_connector_tried_when_it_cannot_connect(
+        running: Deployment) -> None:
+    # QA 43-a: without DB_PORT the connector reached another Postgres on the default port, and
+    # Connect said only "password authentication failed".
+    port = str(free_port())  # nothing listens there
+    result = running.cli("connectors", "apply", "--dry-run", "-f", str(CONNECTOR_FILE),
+                         env={"DB_PORT": port})
+    assert result.exit_code == 1, result.output
+    assert f"the connector tried Postgres at 127.0.0.1:{port} as " in result.stderr, \
+        result.stderr
+    assert 'eval "$(cdc-router local env)"' in result.stderr
 
 
 def test_the_replication_role_reads_only_the_outbox_and_still_streams(
