@@ -68,7 +68,9 @@ class DedupSettings(_Model):
     """
 
     enabled: bool = True
-    window_ms: PositiveInt = 7 * 24 * 3600 * 1000
+    # At most 100 years (QA 43-a F4: 1e23 loaded, then set the changelog's retention.ms, a
+    # Kafka long): a window past the raw topic's retention buys nothing.
+    window_ms: PositiveInt = Field(default=7 * 24 * 3600 * 1000, le=100 * 366 * 24 * 3600 * 1000)
     max_ids: PositiveInt = 1_000_000
     changelog_topic: str = "cdc-router.dedup"
     changelog_partitions: PositiveInt = 1

@@ -67,7 +67,9 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
         raise ValueError(
             f"is {value}, which as milliseconds is {moment}: a date (days) or epoch seconds, "
             "not a timestamp? Make the column timestamp(6) or timestamptz, or set "
-            "source.created_at_unit: millis if that is the time meant")
+            "source.created_at_unit: millis if that is the time meant; a timestamp(6) "
+            "column reads so only when the row's created_at is in 1970 (a placeholder: write "
+            "the event's time)")
     if _IMPLAUSIBLE_FUTURE_MILLIS <= value < _MICROS_THRESHOLD and not schema_name:
         moment = _iso(value)
         raise ValueError(

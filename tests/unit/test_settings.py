@@ -644,3 +644,24 @@ def test_a_binary_handling_only_bytes_read_is_refused_with_payload_type_auto(
     relay = ("source: {binary_handling: hex}\nroutes: [{topic: x}]\n"
              "relay: {table: public.outbox}\ncleanup: {mode: none}\n")
     assert loaded(write(tmp_path, relay)).source.binary_handling == "hex"
+
+
+def test_the_dedup_window_is_bounded(tmp_path: Path) -> None:
+    # QA 43-a F4: 1e23 ms loaded ("on: 27777777777777777 h") and became the changelog's
+    # retention.ms, a Kafka long.
+    message = error_of(tmp_path, "source: {topics: [a.b.c]}\nroutes: [{topic: t}]\n"
+                                 "dedup: {window_ms: 99999999999999999999999}\n")
+    assert "field 'dedup.window_ms': Input should be less than or equal to 3162240000000 " \
+           "(got 99999999999999999999999)" in message
+
+
+def test_a_check_across_fields_names_the_variable_that_set_one_of_them(tmp_path: Path) -> None:
+    # QA 43-a F3: the error blamed commit_interval_ms, as written in the file, and not the
+    # variable that had lowered transaction_timeout_ms.
+    message = error_of(tmp_path, "source: {topics: [a.b.c]}\nroutes: [{topic: t}]\n"
+                                 "delivery: {commit_interval_ms: 100}\n",
+                       env={"CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS": "500"})
+    assert "field 'delivery.commit_interval_ms': must be at most a tenth of " \
+           "transaction_timeout_ms (500)" in message
+    assert message.endswith("; the environment sets CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS "
+                            "in this section")
