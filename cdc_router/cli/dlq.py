@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -41,41 +42,53 @@ def cli() -> None:
 @cli.command(name="list")
 @config_option()
 @click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),
-              help="At most this many, oldest first.")
+              help="At most this many, oldest first (with --newest: the last ones).")
+@click.option("--newest", is_flag=True, help="The last --limit letters, not the first: read "
+              "to the topic's end.")
+@click.option("--since", metavar="TIME", help="Only letters written at or after TIME: "
+              "ISO-8601 (UTC unless it says) or a duration back from now (2h).")
 @click.option("--all", "everyone", is_flag=True,
               help="Also the letters of other pipelines sharing the topic (another "
               "source.group_id, or a source none of this config's).")
 @output_option
-def list_letters(config_path: Path, limit: int, everyone: bool, output: str) -> None:
+def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
+                 everyone: bool, output: str) -> None:
     """Dead letters with where they came from, the stage that failed, and why.
 
-    Only this pipeline's (those `dlq replay` would consider), unless --all."""
+    Only this pipeline's (those `dlq replay` would consider), unless --all. After an alert,
+    `--newest` or `--since 1h` shows the letters that raised it (QA 43-a F8: the first 50
+    were the oldest)."""
     config = load_config(config_path, env=os.environ).config
+    since_ms = None if since is None else parse_since(since, option="--since",
+                                                      now_ms=int(time.time() * 1000))
     ours = sources_of(config)
     others = 0
     # Up to the last stable offset as of now: a router's open transaction is not waited for.
     reader = TopicReader(clients.logged_config(config), config.dead_letter.topic,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
-    letters: list[dict[str, Any]] = []
+    letters: deque[dict[str, Any]] = deque(maxlen=limit)
     try:
         for message in reader.read_to_end(end="stable", timeout_s=READ_TIMEOUT_S):
+            if since_ms is not None and message.timestamp()[1] < since_ms:
+                continue
             if not everyone and not of_pipeline(record_headers(message), ours):
                 others += 1
                 continue
             letters.append({"offset": message.offset(),
                             **dead_letter_origin(record_headers(message))})
-            if len(letters) >= limit:
+            if len(letters) >= limit and not newest:
                 break
     finally:
         reader.close()
-    emit(letters, output, lambda rows: table(
+    emit(list(letters), output, lambda rows: table(
         ["offset", "stage", "source", "event id", "error", "reason"],
         [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],
           (r["reason"] or "")[:120]] for r in rows]) if rows
         else f"no dead letters {'of this pipeline ' if others else ''}on "
              f"{config.dead_letter.topic}")
     if others:
-        some = "at least " if len(letters) >= limit else ""  # the read stopped at --limit
+        # The read stopped at --limit (not with --newest, which reads to the end).
+        some = "at least " if len(letters) >= limit and not newest else ""
         click.echo(f"{some}{others} letters of other pipelines left out (--all lists them)",
                    err=True)
 

@@ -194,7 +194,14 @@ def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_pa
         listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
                                  str(pipe.config_path), "-o", "json"], capture_output=True,
                                 text=True, check=True)
+        # QA 43-a F8: after an alert the newest letters are the ones wanted.
+        newest, since = (json.loads(subprocess.run(
+            [sys.executable, "-m", "cdc_router", "dlq", "list", "-c", str(pipe.config_path),
+             "-o", "json", *extra], capture_output=True, text=True, check=True).stdout)
+            for extra in (["--newest", "-n", "3"], ["--since", "1h", "-n", "2"]))
     shown = json.loads(listed.stdout)
+    assert [entry["offset"] for entry in newest] == [entry["offset"] for entry in shown][-3:]
+    assert [entry["offset"] for entry in since] == [entry["offset"] for entry in shown][:2]
     assert [entry["stage"] for entry in shown] == ["decode"] * 14
     assert all(entry["source"].startswith(pipe.raw_topic) and entry["reason"] for entry in shown)
     assert sorted(letter.value() for letter in letters) == sorted(
