@@ -20,7 +20,14 @@ def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
 
 
 def _age(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.1f}s ago"
+    """An age for people: seconds, then minutes, hours, days (QA 43-a F9: a row dated 1900
+    read "4005416242.9s ago")."""
+    if seconds is None:
+        return "-"
+    for unit, size_s in (("days", 86_400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size_s:
+            return f"{seconds / size_s:,.1f} {unit} ago"
+    return f"{seconds:.1f}s ago"
 
 
 def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
