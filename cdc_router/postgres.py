@@ -82,6 +82,31 @@ def column_types(conn: psycopg.Connection[Any], qualified: str,
         (regclass_text(qualified, what),)).fetchall()}
 
 
+# Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting
+# cures. Elsewhere (a server still starting, refused connections) a client tries again.
+_REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"
+                               r"database \S+ does not exist|no pg_hba\.conf entry")
+
+
+def refused_for_good(error: psycopg.Error) -> bool:
+    """Whether no retry cures `error`: the role lacks a privilege, or the server refuses
+    these credentials (a wrong DSN is configuration, not an outage)."""
+    return isinstance(error, psycopg.errors.InsufficientPrivilege) or (
+        error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error)) is not None)
+
+
+def require_delete(conn: psycopg.Connection[Any], table: str, field: str) -> None:
+    """A ConfigError unless the session's role may DELETE rows of `table`, an existing table
+    named in config `field`, and SELECT its columns (a DELETE ... WHERE reads them)."""
+    name = regclass_text(table, field)
+    row = conn.execute("SELECT has_table_privilege(%s::regclass, 'DELETE') AND "
+                       "has_any_column_privilege(%s::regclass, 'SELECT')", (name, name)).fetchone()
+    if not (row and row[0]):
+        raise ConfigError("the connection's role may not DELETE from the outbox table (or "
+                          "SELECT its columns)", field=field, value=table,
+                          hint="GRANT SELECT, DELETE ON it TO that role")
+
+
 def missing_table(table: str, field: str) -> ConfigError:
     """The error of an outbox table named in config `field` that Postgres does not show."""
     return ConfigError("the outbox table does not exist (or is not readable)", field=field,

@@ -14,7 +14,6 @@ table share one Kafka transactional id, so the newcomer's init_transactions fenc
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import psycopg
 
 from cdc_router.errors import DatabaseError
-from cdc_router.postgres import missing_table, one_line, regclass_text
+from cdc_router.postgres import missing_table, one_line, refused_for_good, regclass_text
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -34,11 +33,6 @@ _CONNECT_TIMEOUT_S = 5  # short: a standby asks again, and a dead host must not 
 _MAX_BACKOFF_S = 30.0  # between tries while Postgres is away: a takeover at most this late
 
 
-# Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting
-# cures. Elsewhere (a server still starting, refused connections) the lock is tried again.
-_REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"
-                               r"database \S+ does not exist|no pg_hba\.conf entry")
-
 
 def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
     """Raise, as one line, an error that retrying the lock cannot cure: the table is not there,
@@ -46,8 +40,7 @@ def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
     relay that never starts while its /healthz answers like a standby's."""
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         raise missing_table(table, "relay.table") from error
-    if isinstance(error, psycopg.errors.InsufficientPrivilege) or (
-            error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error))):
+    if refused_for_good(error):
         raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}") from error
 
 

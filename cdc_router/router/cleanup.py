@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from contextlib import suppress
 from itertools import islice
 from typing import Any, Protocol
 
@@ -34,9 +35,10 @@ from confluent_kafka import KafkaException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg import sql
 
+from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.postgres import one_line, table_columns, table_identifier, utc_now_for
+from cdc_router.postgres import one_line, table_identifier, utc_now_for
 from cdc_router.router.transaction import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
@@ -57,7 +59,8 @@ _LOCK_TIMEOUT = "5s"
 _MAX_BACKOFF_S = 30.0
 # A stop's drain that deletes nothing for this long gives up: the worker is held up (a
 # changelog read in a broker outage waits up to a lookup's 30 s; a dead Postgres), and what
-# is left of the queue the next start's sweep finds again.
+# is left of the queue the next start's sweep finds again. Shorter than _LOCK_TIMEOUT: a DELETE
+# waiting on a row lock is not worth a stop of 5 s more, and deleting is idempotent.
 _STALLED_S = 3.0
 
 
@@ -133,25 +136,26 @@ class OutboxCleaner:
                 for event_id, since_ms in entries:
                     heapq.heappush(self._waiting, (since_ms + self._retention_ms, event_id))
             while len(self._due) + len(self._waiting) > MAX_PENDING_IDS:
-                if self._due:
-                    self._due.popleft()
-                else:
-                    heapq.heappop(self._waiting)
+                self._due.popleft() if self._due else heapq.heappop(self._waiting)
                 self.given_up.inc()
 
     # Lifecycle -----------------------------------------------------------------------------
 
     def check(self) -> None:
-        """At start, when Postgres answers: a table or column it lacks is a ConfigError (review
-        43: the worker tried again for ever, the outbox growing). Postgres not answering is
-        no config's fault: the worker tries again as it runs."""
+        """At start: a table or column Postgres lacks, a role that may not delete, refused
+        credentials are a ConfigError (review 43); Postgres not answering is not."""
         if self._settings.mode == "none" or not self._settings.dsn:
             return
         try:
             with psycopg.connect(self._settings.dsn, connect_timeout=_CONNECT_TIMEOUT_S,
                                  application_name="cdc-router-cleanup") as conn:
                 self._types(conn)
+                postgres.require_delete(conn, self._settings.table, "cleanup.table")
         except psycopg.Error as error:
+            if postgres.refused_for_good(error):
+                raise ConfigError(f"Postgres refuses the cleanup: {one_line(error)}",
+                                  field="cleanup.dsn", hint="check its user, password and "
+                                  "grants (CDC_ROUTER__CLEANUP__DSN)") from None
             log.warning("event=cleanup_check_skipped error=%r", one_line(error))
 
     def start(self) -> None:
@@ -162,9 +166,8 @@ class OutboxCleaner:
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Delete what is due, then stop: within `drain_timeout_s`, and only while the deletes
-        get on; a worker that gets nothing done is waited for _STALLED_S in all (QA 41-a F-4:
-        in a broker outage it sat in a changelog read, and the stop waited its whole drain,
-        then as long again for the thread)."""
+        get on; a worker held up is waited for _STALLED_S in all (QA 41-a F-4: in a broker
+        outage it sat in a changelog read, and the stop waited 10 s, then 10 s more)."""
         if self._thread is None:
             return
         self._stopping.set()
@@ -178,11 +181,8 @@ class OutboxCleaner:
                 progress_at = now
         self._stop.set()
         # The thread ends at once unless it is held up: then the stall's window is spent.
+        # The worker closes its clients as it ends (_run): never under it, from here.
         self._thread.join(timeout=max(0.1, min(deadline, progress_at + _STALLED_S) - now))
-        if self._conn is not None:
-            self._conn.close()
-        if self._sweep_source is not None and not self._thread.is_alive():
-            self._sweep_source.close()
 
     def pending_count(self) -> int:
         with self._lock:
@@ -204,6 +204,12 @@ class OutboxCleaner:
             self._crashed = error
             log.error("event=cleanup_stopped error=%r", f"{type(error).__name__}: "
                       f"{one_line(error)}")
+        finally:
+            with suppress(psycopg.Error):
+                self._drop_connection()
+            if self._sweep_source is not None:
+                with suppress(KafkaException):
+                    self._sweep_source.close()
 
     def _work(self) -> None:
         backoff = 0.5
@@ -271,11 +277,9 @@ class OutboxCleaner:
         return self._conn
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _take_batch(self, now_ms: int) -> list[str]:
         """Up to one batch of due ids (left queued until deleted)."""
@@ -369,7 +373,7 @@ class OutboxCleaner:
             needed = {"source.outbox.id": self._id_column}
             if self._retention_ms is not None and self._created_at_column:
                 needed["source.outbox.created_at"] = self._created_at_column
-            types = table_columns(conn, self._settings.table, "cleanup.table", needed)
+            types = postgres.table_columns(conn, self._settings.table, "cleanup.table", needed)
             self._column_types = types
         return self._column_types
 

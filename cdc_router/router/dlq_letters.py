@@ -13,10 +13,12 @@ Debezium is not dead-lettered twice). The marks of dead letters are keyed `dead:
 - a replay delivered it: the key of its mark starts with REPLAYED_KEY_PREFIX, or
 - it has more `batch:` marks than it has dead letters of versions before the `dead:` key (those
   marked their letters with `batch:`; their letters name no dlq.source.group, which came
-  after): the others are deliveries (the router delivered it after its replay filter forgot
-  it, or its row, dead-lettered at decode, came back fixed). A letter of a later version
-  takes no mark away: its `dead:` mark may have left the changelog (its retention) while the
-  letter stays, and the id's `batch:` mark is then a delivery all the same (review 43).
+  after; a letter without a group whose id has a `dead:` mark is of the versions between, and
+  took no `batch:` mark): the others are deliveries (the router delivered it after its replay
+  filter forgot it, or its row, dead-lettered at decode, came back fixed). A letter of a later
+  version takes no mark away: its `dead:` mark may have left the changelog (its retention)
+  while the letter stays, and the id's `batch:` mark is then a delivery all the same (review
+  43).
 A letter the replay dead-letters again gets no mark: the router's mark of the first letter
 already drops Debezium's replays of that id (a decode letter's replays decode no better).
 """
@@ -56,7 +58,9 @@ from cdc_router.router.step import DeadLettered, Duplicate, Routed, Skipped, Ste
 
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
 _REPLAY_OF = re.compile(r"(.+)\[(\d+)\]@(\d+)")  # dlq.replay.of: topic[partition]@offset
-_VARYING = re.compile(r"\b\d+(?:\.\d+)?\b")  # a number in a reason: may move with the clock
+# The numbers of a reason that move with the clock (router/timestamps.py): "7083.4 s ahead of",
+# "8.01 days old"; no other (review 43-2: "orders.1" and "orders.2" are two reasons).
+_VARYING = re.compile(r"\b\d+(?:\.\d+)?(?= (?:s (?:ahead|behind)|days old)\b)")
 
 Action = Literal["deliver", "dead_letter", "already_delivered", "repeated", "skip",
                  "not_replayable", "still_failing", "superseded"]
@@ -131,11 +135,14 @@ def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
     """Event id -> delivered ms of every id `group` delivered, from the changelog's records and
     every letter of the dead-letter topic (see the module doc)."""
     counts: Counter[str] = Counter()
+    dead_marks: Counter[str] = Counter()
     latest: dict[str, int] = {}
     replayed: set[str] = set()
     by_replay_prefix, dead_prefix = REPLAYED_KEY_PREFIX.encode(), DEAD_LETTERED_KEY_PREFIX.encode()
     for key, value in marks:
         if key is not None and key.startswith(dead_prefix):
+            dead_marks.update(event_id for event_id, _ in parse_changelog(key, value,
+                                                                          group=group))
             continue
         by_replay = key is not None and key.startswith(by_replay_prefix)
         for event_id, delivered_ms in parse_changelog(key, value, group=group):
@@ -143,12 +150,15 @@ def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],
             latest[event_id] = max(latest.get(event_id, delivered_ms), delivered_ms)
             if by_replay:
                 replayed.add(event_id)
-    marked_as_batch = Counter(letter.event_id for letter in letters
-                              if letter.event_id and letter.from_router and
-                              letter.source_group is None and letter.replay_of is None and
-                              marks_delivery(letter.stage))
+    ungrouped = Counter(letter.event_id for letter in letters
+                        if letter.event_id and letter.from_router and
+                        letter.source_group is None and letter.replay_of is None and
+                        marks_delivery(letter.stage))
+    # A letter without a group whose mark is still there as dead: is of the versions between
+    # the two (review 43-2): it took no batch: mark either.
     return {event_id: latest[event_id] for event_id, count in counts.items()
-            if event_id in replayed or count > marked_as_batch[event_id]}
+            if event_id in replayed or
+            count > max(0, ungrouped[event_id] - dead_marks[event_id])}
 
 
 @dataclass(frozen=True)

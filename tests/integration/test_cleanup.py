@@ -295,6 +295,11 @@ def test_postgres_outage_routing_goes_on_and_cleanup_catches_up(stack: StackEndp
     ({"mode": "retention", "retention_ms": 1000}, {"created_at": "occurred_at"},
      "field 'source.outbox.created_at': the outbox table public.{table} has no column "
      "'occurred_at'"),
+    # Review 43-2: both were taken for an outage, warned of, and retried for ever.
+    ({"dsn": "wrong password"}, {}, "field 'cleanup.dsn': Postgres refuses the cleanup: "),
+    ({"dsn": "may only read"}, {}, "field 'cleanup.table': the connection's role may not "
+     "DELETE from the outbox table (or SELECT its columns) (got 'public.{table}'); GRANT "
+     "SELECT, DELETE ON it TO that role"),
 ])
 def test_a_cleanup_table_or_column_postgres_lacks_stops_run_at_start_with_one_line(
         stack: StackEndpoints, tmp_path: Path, cleanup: dict[str, object],
@@ -303,6 +308,13 @@ def test_a_cleanup_table_or_column_postgres_lacks_stops_run_at_start_with_one_li
     # routing went on and the outbox grew; the warning named no setting.
     table = unique("cl")
     create_outbox_table(stack.postgres_dsn, table)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {table} LOGIN PASSWORD 'reader'")
+        conn.execute(f"GRANT SELECT ON public.{table} TO {table}")
+    role = {"wrong password": {"password": "wrong"},
+            "may only read": {"user": table, "password": "reader"}}.get(str(cleanup.get("dsn")))
+    if role is not None:
+        cleanup = {**cleanup, "dsn": psycopg.conninfo.make_conninfo(stack.postgres_dsn, **role)}
     config = {"kafka": {"bootstrap_servers": stack.bootstrap_servers},
               "source": {"topics": [f"{table}.public.{table}"], "group_id": table,
                          "outbox": outbox},
@@ -317,6 +329,8 @@ def test_a_cleanup_table_or_column_postgres_lacks_stops_run_at_start_with_one_li
             capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     finally:
         drop_outbox_table(stack.postgres_dsn, table)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {table}")
     assert result.returncode == 1, result.stderr
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: ") and expected.format(table=table) in error, result.stderr
