@@ -23,13 +23,17 @@ from cdc_router.kafka.reader import TopicReader
 from cdc_router.router import clients
 from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
 from cdc_router.router.dlq_replay import (
-    READ_TIMEOUT_S,
     DeadLetterReplay,
     ReplayPlan,
     replay_group,
     sources_of,
 )
 from cdc_router.router.step import Routed
+
+# Reading the dead-letter topic to its end: seconds on a cluster that answers. Run after an
+# alert, `list` says so within a minute rather than hang (a replay, which also reads the
+# changelog, waits longer: dlq_replay.READ_TIMEOUT_S).
+_LIST_TIMEOUT_S = 60.0
 
 
 @click.group(name="dlq")
@@ -68,7 +72,7 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: deque[dict[str, Any]] = deque(maxlen=limit)
     try:
-        for message in reader.read_to_end(end="stable", timeout_s=READ_TIMEOUT_S):
+        for message in reader.read_to_end(end="stable", timeout_s=_LIST_TIMEOUT_S):
             if since_ms is not None and message.timestamp()[1] < since_ms:
                 continue
             if not everyone and not of_pipeline(record_headers(message), ours):

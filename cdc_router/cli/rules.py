@@ -19,16 +19,16 @@ from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree, shown_url
 from cdc_router.config.routes import RouteMatch, RouteRule
-from cdc_router.config.topic_names import (
-    parse_topic_template,
-    render_topic,
-    template_warnings,
-)
-from cdc_router.errors import CdcRouterError
+from cdc_router.config.topic_names import template_warnings
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router import clients
 from cdc_router.router.debezium import OutboxEvent
-from cdc_router.router.destinations import ClusterListing, DestinationMetadata, missing_topic
+from cdc_router.router.destinations import (
+    ClusterListing,
+    DestinationMetadata,
+    missing_destinations,
+    missing_topic,
+)
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
 from cdc_router.serde.json import parse_json
@@ -167,30 +167,6 @@ def _on_cluster(config: RouterConfig) -> Callable[[str], int | None]:
     listing, existed here and was missing for the router)."""
     producer = LatchingProducer(clients.common_config(config))
     return DestinationMetadata(ClusterListing(producer.topics)).partitions
-
-
-def missing_destinations(config: RouterConfig, partitions_for: Callable[[str], int | None],
-                         *, cluster: bool) -> list[str]:
-    """A warning per route to a fixed Kafka topic that is not declared under `topics:` (or,
-    with `cluster`, not in the cluster): every event it takes would be a dead letter (QA 43-a
-    F1: `rules check` said valid). A warning, not an error: other means may create it."""
-    warnings = []
-    for index, rule in enumerate(config.routes):
-        if rule.topic is None or render_topic(parse_topic_template(rule.topic), {}) is None:
-            continue  # a JetStream subject, or a template: known only per event
-        try:
-            missing = partitions_for(rule.topic) is None
-            where = "does not exist in the cluster" if cluster else (
-                "is not declared under `topics:` (if it is created otherwise, `rules check "
-                "--cluster` asks Kafka)")
-        except CdcRouterError as error:  # the cluster refused to say (not authorised)
-            missing, where = True, f"cannot be looked up: {error}"
-        if missing:
-            warnings.append(f"routes[{index}] sends to topic {rule.topic}, which {where}: the "
-                            "router never creates topics, so every event this route takes "
-                            "would be a dead letter; declare it and run `cdc-router topics "
-                            "apply`")
-    return warnings
 
 
 def _not_declared(topic: str) -> str:

@@ -387,10 +387,10 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
                 if path == prefix or path.startswith((prefix + ".", prefix + "["))]
     if covering:
         source = f"{source} via environment variable {overridden[max(covering, key=len)]}"
-    else:  # a check across fields may fail on a value a variable set (QA 43-a F3)
-        section = re.split(r"[.\[]", path)[0]
-        near = sorted(name for prefix, name in overridden.items()
-                      if section and re.split(r"[.\[]", prefix)[0] == section)
-        if near:
-            hint += f"; the environment sets {', '.join(near)} in this section"
+    else:  # a check across fields may fail on a value a variable set (QA 43-a F3): the
+        # variables of the fields the message names (review 43-2: not every one of a section)
+        named = sorted(name for prefix, name in overridden.items() if re.search(
+            rf"\b{re.escape(prefix.rsplit('.', 1)[-1])}\b", message))
+        if named:
+            hint += f"; the environment sets {', '.join(named)}"
     return ConfigError(message, source=source, field=path or None, value=value, hint=hint)

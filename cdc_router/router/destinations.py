@@ -19,7 +19,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.delivery import forgets_before
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import BatchFailed, ConfigError, RecordRefused, RouteError
+from cdc_router.config.topic_names import parse_topic_template, render_topic
+from cdc_router.errors import BatchFailed, CdcRouterError, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
 from cdc_router.router.grants import Operations, refused
 
@@ -234,3 +235,27 @@ class DestinationMetadata:
         if listed:
             raise BatchFailed(f"librdkafka refused a record for {topic} ({refusal}), but the "
                               "cluster lists the topic: its metadata lags; retrying the batch")
+
+
+def missing_destinations(config: RouterConfig, partitions_for: Callable[[str], int | None],
+                         *, cluster: bool) -> list[str]:
+    """A warning per route to a fixed Kafka topic that is not declared under `topics:` (or,
+    with `cluster`, not in the cluster): every event it takes would be a dead letter (QA 43-a
+    F1: `rules check` said valid). A warning, not an error: other means may create it."""
+    warnings = []
+    for index, rule in enumerate(config.routes):
+        if rule.topic is None or render_topic(parse_topic_template(rule.topic), {}) is None:
+            continue  # a JetStream subject, or a template: known only per event
+        try:
+            missing = partitions_for(rule.topic) is None
+            where = "does not exist in the cluster" if cluster else (
+                "is not declared under `topics:` (if it is created otherwise, `rules check "
+                "--cluster` asks Kafka)")
+        except CdcRouterError as error:  # the cluster refused to say (not authorised)
+            missing, where = True, f"cannot be looked up: {error}"
+        if missing:
+            warnings.append(f"routes[{index}] sends to topic {rule.topic}, which {where}: the "
+                            "router never creates topics, so every event this route takes "
+                            "would be a dead letter; declare it and run `cdc-router topics "
+                            "apply`")
+    return warnings

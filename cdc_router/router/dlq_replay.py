@@ -75,7 +75,7 @@ log = logging.getLogger("cdc_router.router")
 
 INSTANCE = "dlq-replay"
 # Reading the dead-letter topic (or the changelog) to its end: seconds on a cluster that
-# answers; the bound only says so rather than hang. `dlq list` reads with the same.
+# answers; the bound only says so rather than hang.
 READ_TIMEOUT_S = 300.0
 # A batch that fails for no refused record is tried again this many times, after 0.5, 1, 2 s.
 _RETRIES, _BACKOFF_S = 3, 0.5

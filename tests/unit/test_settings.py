@@ -663,5 +663,9 @@ def test_a_check_across_fields_names_the_variable_that_set_one_of_them(tmp_path:
                        env={"CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS": "500"})
     assert "field 'delivery.commit_interval_ms': must be at most a tenth of " \
            "transaction_timeout_ms (500)" in message
-    assert message.endswith("; the environment sets CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS "
-                            "in this section")
+    assert message.endswith("; the environment sets CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS")
+    unrelated = error_of(tmp_path, "source: {topics: [a.b.c]}\nroutes: [{topic: t}]\n"
+                                   "delivery: {commit_interval_ms: 100}\n",
+                         env={"CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS": "500",
+                              "CDC_ROUTER__DELIVERY__GUARANTEE": "exactly_once"})
+    assert "GUARANTEE" not in unrelated
