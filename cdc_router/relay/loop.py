@@ -128,6 +128,7 @@ class OutboxRelay:
         self.position = RelayPosition()
         self._aborts = 0
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
+        self._lettered: list[str] = []  # the batch's dead letters' stages, counted at commit
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
         self._lock_checked = 0.0
@@ -279,6 +280,7 @@ class OutboxRelay:
 
     def _deliver(self, rows: list[RelayRow], following: RelayPosition) -> None:
         self._txn.begin()
+        self._lettered = []
         for row in rows:
             self._handle(row, self._result(row))
         self._txn.progress(self._config.relay_position_topic, self._position_key,
@@ -290,7 +292,7 @@ class OutboxRelay:
         self._renewal.committed()
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
-        self._metrics.committed(delivered, now_ms)
+        self._metrics.committed(delivered, now_ms, self._lettered)
         if self._on_delivered is not None and (delivered or replayed):
             self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
 
@@ -331,7 +333,7 @@ class OutboxRelay:
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)
-        self._metrics.dead_letters.labels(result.stage).inc()
+        self._lettered.append(result.stage)
         log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
                     result.stage, self._table, row.seq, result.shown_id,
                     type(result.error).__name__, letter.reason)

@@ -117,6 +117,7 @@ class OutboxRouter:
         self._source_errors = SourceErrors(log)
         self.last_poll = clock()
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
+        self._lettered: list[str] = []  # the open batch's dead letters' stages, for metrics
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -214,6 +215,8 @@ class OutboxRouter:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
         assert self._txn is not None
+        if not self._txn.open:
+            self._lettered = []  # a new batch
         self._txn.begin()
         self._txn.consumed(topic, partition, offset)
         result: StepResult = self._step(topic, message.key(), message.value())
@@ -249,7 +252,7 @@ class OutboxRouter:
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)
-        self._metrics.dead_letters.labels(result.stage).inc()
+        self._lettered.append(result.stage)  # counted at commit
         log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
                     "error=%s reason=%r", result.stage, message.topic(), message.partition(),
                     message.offset(), result.shown_id, type(result.error).__name__,
@@ -309,7 +312,8 @@ class OutboxRouter:
         self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
-        self._metrics.committed(delivered, now_ms)
+        self._metrics.committed(delivered, now_ms, self._lettered)
+        self._lettered = []
         if self._on_delivered is not None and (delivered or replayed):
             self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
         return True

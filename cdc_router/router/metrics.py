@@ -74,8 +74,13 @@ class RouterMetrics:
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
         r.register(self.latency)
 
-    def committed(self, delivered: Sequence[Delivered], now_ms: int) -> None:
+    def committed(self, delivered: Sequence[Delivered], now_ms: int,
+                  dead_lettered: Sequence[str] = ()) -> None:
+        """A batch committed: its delivered events, and the stages of its dead letters (counted
+        here, once: a batch aborted and read again letters its records again, QA 43-a)."""
         self.transactions.inc()
+        for stage, count in Tally(dead_lettered).items():
+            self.dead_letters.labels(stage).inc(count)
         self._last_commit_s = now_ms / 1000
         self.last_commit.set(self._last_commit_s)
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.

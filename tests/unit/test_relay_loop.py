@@ -313,6 +313,9 @@ def test_a_row_the_broker_refuses_is_isolated_and_dead_lettered_the_rest_once() 
     [letter] = cluster.committed(DLQ)
     assert letter.header("dlq.stage") == "produce" and letter.header("dlq.event.id") == poison
     assert delivered == ids
+    # Counted once, at the commit of its batch (QA 43-a: each re-read counted it again).
+    assert relay._metrics.registry.get_sample_value(
+        "cdc_router_dead_letters_total", {"stage": "produce"}) == 1.0
 
 
 def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried() -> None:

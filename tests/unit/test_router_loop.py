@@ -165,6 +165,11 @@ def test_every_dead_letter_stage_and_the_stream_goes_on() -> None:
     assert len(harness.letters()) == 5
     assert harness.metric("cdc_router_batches_aborted_total") <= 4
     assert harness.waits == []
+    # Counted once each, at commit: the produce refusal aborted the batch that lettered the
+    # others, and the re-read lettered them again (QA 43-a: alerts on the metric over-counted).
+    assert {stage: harness.metric("cdc_router_dead_letters_total", stage=stage) for stage in
+            ("decode", "route", "serialize", "produce")} == {
+        "decode": 2.0, "route": 1.0, "serialize": 1.0, "produce": 1.0}
     # The ids dead-lettered after decoding are marked, keyed as dead letters: the cleanup's
     # sweep must never take them for deliveries, letter or no letter (QA, session 25).
     changelog = cluster.committed(CHANGELOG)
