@@ -145,8 +145,8 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
             click.echo(f"{spec.source}: {spec.name}: the connector tried Postgres at "
                        f"{config.get('database.hostname')}:{config.get('database.port')} as "
                        f"{config.get('database.user')} (DB_HOST, DB_PORT, DB_USER in the "
-                       "shipped file; `eval \"$(cdc-router local env)\"` sets them for the "
-                       "local stack)", err=True)
+                       "shipped file; `eval \"$(cdc-router local env)\"` sets the host and "
+                       "port of the local stack)", err=True)
         if not verdict.ok:
             invalid.append(f"{spec.name} ({len(verdict.errors)} field(s))")
     if invalid:
