@@ -14,11 +14,7 @@ from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import compile_pattern
-from cdc_router.config.topic_names import (
-    parse_topic_template,
-    render_topic,
-    topic_name_problem,
-)
+from cdc_router.config.topic_names import static_topic, topic_name_problem
 
 
 class RouteMatch(_Model):
@@ -77,7 +73,7 @@ class RouteRule(_Model):
     @field_validator("topic")
     @classmethod
     def _valid_template(cls, topic: str | None) -> str | None:
-        if topic is not None and render_topic(parse_topic_template(topic), {}) is not None:
+        if topic is not None and static_topic(topic):
             problem = topic_name_problem(topic)
             if problem:
                 raise ValueError(problem)

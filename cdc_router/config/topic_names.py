@@ -70,6 +70,12 @@ def parse_topic_template(template: str) -> Template:
     return pieces
 
 
+def static_topic(template: str) -> bool:
+    """The template names one fixed topic (no field that row data fills); ValueError when
+    invalid, as parse_topic_template."""
+    return render_topic(parse_topic_template(template), {}) is not None
+
+
 def _template_problem(pieces: Template) -> str | None:
     """Why every name the template renders breaks one of Kafka's rules (QA 36-b F5: `__{type}`
     passed `rules check`, then dead-lettered every event it matched), or None."""

@@ -65,7 +65,8 @@ from cdc_router.router.step import (
     StepResult,
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
-from cdc_router.router.transaction import Delivered, Transaction
+from cdc_router.router.transaction import Transaction
+from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -128,7 +129,6 @@ class OutboxRelay:
         self.position = RelayPosition()
         self._aborts = 0
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
-        self._lettered: list[str] = []  # the batch's dead letters' stages, counted at commit
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
         self._lock_checked = 0.0
@@ -280,21 +280,20 @@ class OutboxRelay:
 
     def _deliver(self, rows: list[RelayRow], following: RelayPosition) -> None:
         self._txn.begin()
-        self._lettered = []
         for row in rows:
             self._handle(row, self._result(row))
         self._txn.progress(self._config.relay_position_topic, self._position_key,
                            following.to_json())
-        delivered = self._txn.commit()
+        committed = self._txn.commit()
         now_ms = int(time.time() * 1000)
         replayed = self._replay.commit(now_ms) if self._replay is not None else []
         self._poison.committed()
         self._renewal.committed()
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
-        self._metrics.committed(delivered, now_ms, self._lettered)
-        if self._on_delivered is not None and (delivered or replayed):
-            self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
+        self._metrics.committed(committed, now_ms)
+        if self._on_delivered is not None and (committed.delivered or replayed):
+            self._on_delivered(committed.with_replays(replayed))
 
     def _result(self, row: RelayRow) -> StepResult:
         return self._step.decoded(lambda: debezium.event_from_row(
@@ -333,7 +332,6 @@ class OutboxRelay:
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)
-        self._lettered.append(result.stage)
         log.warning("event=dead_letter stage=%s table=%s seq=%d id=%s error=%s reason=%r",
                     result.stage, self._table, row.seq, result.shown_id,
                     type(result.error).__name__, letter.reason)

@@ -39,7 +39,7 @@ from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.postgres import one_line, table_identifier, utc_now_for
-from cdc_router.router.transaction import Delivered
+from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
 

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.delivery import forgets_before
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.topic_names import parse_topic_template, render_topic
+from cdc_router.config.topic_names import static_topic
 from cdc_router.errors import BatchFailed, CdcRouterError, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
 from cdc_router.router.grants import Operations, refused
@@ -244,7 +244,7 @@ def missing_destinations(config: RouterConfig, partitions_for: Callable[[str], i
     F1: `rules check` said valid). A warning, not an error: other means may create it."""
     warnings = []
     for index, rule in enumerate(config.routes):
-        if rule.topic is None or render_topic(parse_topic_template(rule.topic), {}) is None:
+        if rule.topic is None or not static_topic(rule.topic):
             continue  # a JetStream subject, or a template: known only per event
         try:
             missing = partitions_for(rule.topic) is None

@@ -53,7 +53,8 @@ from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
-from cdc_router.router.transaction import Delivered, Transaction
+from cdc_router.router.transaction import Transaction
+from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.router")
 
@@ -117,7 +118,6 @@ class OutboxRouter:
         self._source_errors = SourceErrors(log)
         self.last_poll = clock()
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
-        self._lettered: list[str] = []  # the open batch's dead letters' stages, for metrics
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -215,8 +215,6 @@ class OutboxRouter:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
         assert self._txn is not None
-        if not self._txn.open:
-            self._lettered = []  # a new batch
         self._txn.begin()
         self._txn.consumed(topic, partition, offset)
         result: StepResult = self._step(topic, message.key(), message.value())
@@ -252,7 +250,6 @@ class OutboxRouter:
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)
-        self._lettered.append(result.stage)  # counted at commit
         log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
                     "error=%s reason=%r", result.stage, message.topic(), message.partition(),
                     message.offset(), result.shown_id, type(result.error).__name__,
@@ -300,7 +297,7 @@ class OutboxRouter:
         """Commit the open batch; False when it failed and was aborted (rewind pending)."""
         assert self._txn is not None
         try:
-            delivered = self._txn.commit()
+            committed = self._txn.commit()
         except BatchFailed as failure:
             self._abort(failure, backoff=backoff)
             return False
@@ -312,10 +309,9 @@ class OutboxRouter:
         self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
-        self._metrics.committed(delivered, now_ms, self._lettered)
-        self._lettered = []
-        if self._on_delivered is not None and (delivered or replayed):
-            self._on_delivered([*delivered, *(Delivered(i, "", None) for i in replayed)])
+        self._metrics.committed(committed, now_ms)
+        if self._on_delivered is not None and (committed.delivered or replayed):
+            self._on_delivered(committed.with_replays(replayed))
         return True
 
     def _abort(self, failure: BaseException, *, backoff: bool = True) -> None:

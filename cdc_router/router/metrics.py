@@ -20,7 +20,7 @@ from cdc_router.kafka.consumer import partition_lags
 from cdc_router.kafka.watchdog import blocked_calls
 
 if TYPE_CHECKING:
-    from cdc_router.router.transaction import Delivered
+    from cdc_router.router.values import Committed
 
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
 # refresh is a call per assigned partition.
@@ -74,12 +74,12 @@ class RouterMetrics:
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
         r.register(self.latency)
 
-    def committed(self, delivered: Sequence[Delivered], now_ms: int,
-                  dead_lettered: Sequence[str] = ()) -> None:
-        """A batch committed: its delivered events, and the stages of its dead letters (counted
-        here, once: a batch aborted and read again letters its records again, QA 43-a)."""
+    def committed(self, committed: Committed, now_ms: int) -> None:
+        """A batch committed: its delivered events, and its dead letters (counted here, once:
+        a batch aborted and read again letters its records again, QA 43-a)."""
         self.transactions.inc()
-        for stage, count in Tally(dead_lettered).items():
+        delivered = committed.delivered
+        for stage, count in Tally(committed.dead_letter_stages).items():
             self.dead_letters.labels(stage).inc(count)
         self._last_commit_s = now_ms / 1000
         self.last_commit.set(self._last_commit_s)

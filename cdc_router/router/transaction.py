@@ -52,7 +52,7 @@ from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.replay import BATCH_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX, changelog_records
 from cdc_router.router.routing import OutboundRecord
-from cdc_router.router.values import quick_init
+from cdc_router.router.values import Committed, Delivered
 
 log = logging.getLogger("cdc_router.router")
 
@@ -63,22 +63,13 @@ RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 _IN_DOUBT_STEPS = ("offsets", "commit")
 
 
-@quick_init
-@dataclass(frozen=True)
-class Delivered:
-    """An event whose record is committed on its destination topic ('': before, a replay)."""
-
-    event_id: str
-    topic: str
-    created_at_ms: int | None
-
-
 @dataclass
 class _Batch:
     started: float = 0.0
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     delivered: list[Delivered] = field(default_factory=list)
+    dead_letter_stages: list[str] = field(default_factory=list)
     sources: list[RecordCoordinates] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
     dead_marks: list[str] = field(default_factory=list)  # ids dead-lettered, sent at commit
@@ -198,6 +189,7 @@ class Transaction:
     def dead_letter(self, topic: str, letter: DeadLetter) -> None:
         """Queue one dead letter (sized by dead_letter(max_bytes=...) to fit)."""
         self._send(topic, letter.key, letter.value, list(letter.headers))
+        self._batch.dead_letter_stages.append(letter.stage)
         self._batch.records += 1
 
     def mark(self, event_id: str, now_ms: int, *, dead_lettered: bool = False) -> None:
@@ -221,8 +213,8 @@ class Transaction:
         with the marks: in the transaction (exactly once), or after the records' acks."""
         self._batch.progress.append((topic, key, value))
 
-    def commit(self) -> list[Delivered]:
-        """Commit the open batch, as a numbered procedure; its delivered events. Raises
+    def commit(self) -> Committed:
+        """Commit the open batch, as a numbered procedure; what it made visible. Raises
         BatchFailed (abort and rewind) or FatalKafkaError."""
         consumer, producer, wait_s = self.consumer, self._producer, self._timeouts.call_s
         # The commit stamp: `cdc-router status` tells the age of the group's last commit by it.
@@ -260,9 +252,9 @@ class Transaction:
             if consumer is not None and offsets:
                 self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False),
                            "offsets")
-        delivered = self._batch.delivered
+        committed = Committed(self._batch.delivered, self._batch.dead_letter_stages)
         self._reset()
-        return delivered
+        return committed
 
     def abort(self) -> list[DeliveryFailure]:
         """Abort the open batch; the deliveries that failed in it, for the poison isolation.

@@ -28,7 +28,7 @@ from cdc_router.local.config import load_saved
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
 from cdc_router.router.cleanup import OutboxCleaner
-from cdc_router.router.transaction import Delivered
+from cdc_router.router.values import Delivered
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import (
     StackEndpoints,

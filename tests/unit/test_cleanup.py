@@ -16,7 +16,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.router import cleanup
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
-from cdc_router.router.transaction import Delivered
+from cdc_router.router.values import Delivered
 
 
 def _cleaner(created_at_column: str | None = "created_at", **settings: object) -> OutboxCleaner:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from cdc_router.router.metrics import RouterMetrics, serve
-from cdc_router.router.transaction import Delivered
+from cdc_router.router.values import Committed, Delivered
 
 
 @pytest.fixture
@@ -52,12 +52,14 @@ def test_other_paths_are_not_found(served: tuple[RouterMetrics, list[bool], str]
     assert get(f"{served[2]}/")[0] == 404
 
 
-def test_a_committed_batch_counts_each_topic_and_each_latency() -> None:
+def test_a_committed_batch_counts_each_topic_each_latency_and_each_letter() -> None:
     metrics = RouterMetrics()
     delivered = [Delivered("a", "orders", 1_000), Delivered("b", "orders", None),
                  Delivered("c", "payments", 500)]
-    metrics.committed(delivered, now_ms=2_000)
+    metrics.committed(Committed(delivered, ["decode", "produce", "decode"]), now_ms=2_000)
     value = metrics.registry.get_sample_value
+    assert value("cdc_router_dead_letters_total", {"stage": "decode"}) == 2
+    assert value("cdc_router_dead_letters_total", {"stage": "produce"}) == 1
     assert value("cdc_router_events_routed_total", {"topic": "orders"}) == 2
     assert value("cdc_router_events_routed_total", {"topic": "payments"}) == 1
     assert value("cdc_router_end_to_end_seconds_count") == 2
@@ -77,7 +79,7 @@ def test_consumer_lag_follows_the_assignment() -> None:
 
 def test_the_last_commit_age_is_computed_at_each_scrape() -> None:
     metrics = RouterMetrics()
-    metrics.committed([], now_ms=int(time.time() * 1000) - 90_000)
+    metrics.committed(Committed([], []), now_ms=int(time.time() * 1000) - 90_000)
     age = metrics.registry.get_sample_value("cdc_router_last_commit_age_seconds")
     assert age is not None and 90 <= age < 150
 

@@ -14,7 +14,8 @@ from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced, Trans
 from cdc_router.kafka.commit_stamp import committed_ms
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router.routing import OutboundRecord
-from cdc_router.router.transaction import BatchFailed, Delivered, RecordRefused, Transaction
+from cdc_router.router.transaction import BatchFailed, RecordRefused, Transaction
+from cdc_router.router.values import Delivered
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -62,8 +63,8 @@ def test_exactly_once_commits_records_marks_and_offsets_together() -> None:
     add(txn, 0, "e-0")
     add(txn, 1, "e-1")
     assert cluster.committed(ORDERS) == [] and cluster.committed(CHANGELOG) == []
-    delivered = txn.commit()
-    assert [d.event_id for d in delivered] == ["e-0", "e-1"]
+    committed = txn.commit()
+    assert [d.event_id for d in committed.delivered] == ["e-0", "e-1"]
     assert [s.key for s in cluster.committed(ORDERS)] == [b"e-0", b"e-1"]
     assert marked_ids(cluster.committed(CHANGELOG)) == ["e-0", "e-1"]
     assert len(cluster.committed(CHANGELOG)) == 1  # one record for the batch

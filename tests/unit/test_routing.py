@@ -18,7 +18,7 @@ from cdc_router.cli import main
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
-from cdc_router.config.topic_names import parse_topic_template, render_topic
+from cdc_router.config.topic_names import parse_topic_template, render_topic, static_topic
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.router.debezium import OutboxEvent, Skipped, decode_change
 from cdc_router.router.partitioner import java_default_partition
@@ -490,6 +490,7 @@ def test_one_rendering_serves_static_topics_avro_planning_and_events() -> None:
     pieces = parse_topic_template("orders.{type}.{aggregate_id}")
     assert render_topic(parse_topic_template("orders.paid"), {}) == "orders.paid"
     assert render_topic(pieces, {}) is None  # row data fills it
+    assert static_topic("orders.paid") and not static_topic("orders.{type}.{aggregate_id}")
     assert render_topic(pieces, {"type": "OrderPaid"}) is None  # the Avro plan cannot know it
     assert render_topic(pieces, {"type": "OrderPaid", "aggregate_id": "42"}) == \
         "orders.OrderPaid.42"
