@@ -103,10 +103,13 @@ class JetStreamPublisher:
             return
         try:
             self._run(self._disconnect(), self._connect_timeout_s + _GRACE_S)
+            self._run(_end_other_tasks(), _GRACE_S)
         except JetStreamError as failure:
             log.warning("event=nats_close_failed error=%r", str(failure))
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_GRACE_S)
+        if not thread.is_alive():
+            loop.close()
         self._loop = self._thread = None
 
     # The loop thread ---------------------------------------------------------------------
@@ -245,3 +248,13 @@ class JetStreamPublisher:
                 await client.close()
             except (NatsError, OSError, TimeoutError) as closing:
                 log.info("event=nats_close_failed reason=%r", error_text(closing))
+
+
+async def _end_other_tasks() -> None:
+    """Cancel the loop's other tasks and wait for them, as asyncio.run does before it closes
+    its loop. nats-py's close() cancels its subscriptions' readers without waiting; a loop
+    stopped with them pending leaves coroutines that warn when collected (an outage's close)."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
