@@ -55,7 +55,7 @@ def _route_orders_only(pipe: Pipeline) -> list[dict[str, Any]]:
     return orders_only
 
 
-def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
+def test_fixed_rules_replay_dead_letters_once_and_later_replays_skip_them(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=2) as pipe:
         orders_only = _route_orders_only(pipe)
@@ -94,9 +94,16 @@ def test_fixed_rules_replay_dead_letters_once_and_a_second_replay_skips_them(
         assert second["planned"] == {"already_delivered": 10, "still_failing": 3}
         only_customers = _replay(fixed, "--dry-run", "--id", customer_ids[0])
         assert only_customers["planned"] == {"already_delivered": 1}
+        # A replay filter that keeps one id has forgotten nine of them: the changelog's
+        # delivered ids still say so (review 43: it delivered them again).
+        forgetful = yaml.safe_load(fixed.read_text())
+        forgetful["dedup"]["max_ids"] = 1
+        (tmp_path / "forgetful.yaml").write_text(yaml.safe_dump(forgetful))
+        third = _replay(tmp_path / "forgetful.yaml", "--yes")
+        assert third["planned"] == {"already_delivered": 10, "still_failing": 3}
         events = pipe.read_all(pipe.events_topic, settle_s=1)
     assert Counter(r.key().decode() for r in events) == Counter(customer_ids), \
-        "each replayed event exactly once after two replays"
+        "each replayed event exactly once after three replays"
 
 
 def _limit_message_bytes(pipe: Pipeline, topic: str, limit: int) -> None:
