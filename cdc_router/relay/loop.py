@@ -315,9 +315,9 @@ class OutboxRelay:
         if isinstance(result, DeadLettered):
             self._dead_letter(row, result)
         elif isinstance(result, Duplicate):
-            self._metrics.duplicates.inc()
+            self._txn.passed_over(None)
         else:
-            self._metrics.skipped.labels(result.reason).inc()
+            self._txn.passed_over(result.reason)
 
     def _dead_letter(self, row: RelayRow, result: DeadLettered) -> None:
         """The row as read, as JSON (relay/letters.py), is the raw value."""

@@ -223,9 +223,9 @@ class OutboxRouter:
         elif isinstance(result, DeadLettered):
             self._dead_letter(message, result)
         elif isinstance(result, Duplicate):
-            self._metrics.duplicates.inc()
+            self._txn.passed_over(None)
         else:
-            self._metrics.skipped.labels(result.reason).inc()
+            self._txn.passed_over(result.reason)
 
     def _produce(self, message: Message, routed: Routed, source: RecordCoordinates) -> None:
         assert self._txn is not None

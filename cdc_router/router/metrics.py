@@ -75,12 +75,15 @@ class RouterMetrics:
         r.register(self.latency)
 
     def committed(self, committed: Committed, now_ms: int) -> None:
-        """A batch committed: its delivered events, and its dead letters (counted here, once:
-        a batch aborted and read again letters its records again, QA 43-a)."""
+        """A batch committed: its delivered events, dead letters, skipped records and dropped
+        replays, counted here, once (a batch aborted and read again letters its records
+        again, QA 43-a)."""
         self.transactions.inc()
         delivered = committed.delivered
         for stage, count in Tally(committed.dead_letter_stages).items():
             self.dead_letters.labels(stage).inc(count)
+        for reason, count in Tally(committed.passed_over).items():
+            (self.duplicates if reason is None else self.skipped.labels(reason)).inc(count)
         self._last_commit_s = now_ms / 1000
         self.last_commit.set(self._last_commit_s)
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.

@@ -70,6 +70,7 @@ class _Batch:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     delivered: list[Delivered] = field(default_factory=list)
     dead_letter_stages: list[str] = field(default_factory=list)
+    passed_over: list[str | None] = field(default_factory=list)  # see passed_over()
     sources: list[RecordCoordinates] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
     dead_marks: list[str] = field(default_factory=list)  # ids dead-lettered, sent at commit
@@ -208,6 +209,11 @@ class Transaction:
     def delivered(self, delivered: Delivered) -> None:
         self._batch.delivered.append(delivered)
 
+    def passed_over(self, skip_reason: str | None) -> None:
+        """A record that delivers nothing: skipped for `skip_reason`, or (None) a replay dropped
+        as a duplicate. Counted at commit: an aborted batch's records are read again."""
+        self._batch.passed_over.append(skip_reason)
+
     def progress(self, topic: str, key: bytes, value: bytes) -> None:
         """A record that says how far the batch got (the relay's position), sent at commit
         with the marks: in the transaction (exactly once), or after the records' acks."""
@@ -252,9 +258,9 @@ class Transaction:
             if consumer is not None and offsets:
                 self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False),
                            "offsets")
-        committed = Committed(self._batch.delivered, self._batch.dead_letter_stages)
+        batch = self._batch
         self._reset()
-        return committed
+        return Committed(batch.delivered, batch.dead_letter_stages, batch.passed_over)
 
     def abort(self) -> list[DeliveryFailure]:
         """Abort the open batch; the deliveries that failed in it, for the poison isolation.

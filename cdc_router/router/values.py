@@ -57,10 +57,12 @@ class Delivered:
 
 
 class Committed(NamedTuple):
-    """A committed batch: its delivered events, and the stages of its dead letters."""
+    """A committed batch: its delivered events, the stages of its dead letters, and its
+    records that delivered nothing (why each was skipped; None: a replay dropped)."""
 
     delivered: list[Delivered]
     dead_letter_stages: list[str]
+    passed_over: list[str | None]
 
     def with_replays(self, replayed: list[str]) -> list[Delivered]:
         """The delivered events, and the ids whose replays the batch dropped (their rows go

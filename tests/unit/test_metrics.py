@@ -52,12 +52,15 @@ def test_other_paths_are_not_found(served: tuple[RouterMetrics, list[bool], str]
     assert get(f"{served[2]}/")[0] == 404
 
 
-def test_a_committed_batch_counts_each_topic_each_latency_and_each_letter() -> None:
+def test_a_committed_batch_counts_each_topic_latency_letter_skip_and_duplicate() -> None:
     metrics = RouterMetrics()
     delivered = [Delivered("a", "orders", 1_000), Delivered("b", "orders", None),
                  Delivered("c", "payments", 500)]
-    metrics.committed(Committed(delivered, ["decode", "produce", "decode"]), now_ms=2_000)
+    metrics.committed(Committed(delivered, ["decode", "produce", "decode"],
+                                ["heartbeat", None, "heartbeat", None, None]), now_ms=2_000)
     value = metrics.registry.get_sample_value
+    assert value("cdc_router_records_skipped_total", {"reason": "heartbeat"}) == 2
+    assert value("cdc_router_duplicates_dropped_total") == 3
     assert value("cdc_router_dead_letters_total", {"stage": "decode"}) == 2
     assert value("cdc_router_dead_letters_total", {"stage": "produce"}) == 1
     assert value("cdc_router_events_routed_total", {"topic": "orders"}) == 2
@@ -79,7 +82,7 @@ def test_consumer_lag_follows_the_assignment() -> None:
 
 def test_the_last_commit_age_is_computed_at_each_scrape() -> None:
     metrics = RouterMetrics()
-    metrics.committed(Committed([], []), now_ms=int(time.time() * 1000) - 90_000)
+    metrics.committed(Committed([], [], []), now_ms=int(time.time() * 1000) - 90_000)
     age = metrics.registry.get_sample_value("cdc_router_last_commit_age_seconds")
     assert age is not None and 90 <= age < 150
 

@@ -76,6 +76,22 @@ def test_exactly_once_commits_records_marks_and_offsets_together() -> None:
     assert not txn.open
 
 
+def test_what_a_batch_passed_over_is_handed_on_at_its_commit_only() -> None:
+    # The counters of skipped records and dropped replays count each record once: an aborted
+    # batch's are forgotten with it, as its records are read again.
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    txn.passed_over("heartbeat")
+    txn.passed_over(None)
+    txn.abort()
+    add(txn, 0, "e-0")
+    txn.passed_over("heartbeat")
+    committed = txn.commit()
+    assert committed.passed_over == ["heartbeat"]
+    assert [d.event_id for d in committed.delivered] == ["e-0"]
+
+
 def test_a_refused_record_fails_the_batch_and_abort_names_it() -> None:
     cluster = FakeCluster(refuse=lambda topic, value, ts: KafkaError.INVALID_TIMESTAMP
                           if value == b"future" else None)
