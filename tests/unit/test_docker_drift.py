@@ -134,7 +134,7 @@ def test_the_stack_converges_through_healthchecks_and_conditions(compose):
 def test_the_nats_profile_runs_jetstream_on_the_local_stacks_port(compose):
     nats = compose["services"]["nats"]
     assert "--jetstream" in nats["command"]
-    host_port = interpolate(nats["ports"][0].split(":")[0], {})
+    host_port = interpolate(nats["ports"][0].split(":")[-2], {})
     assert host_port == str(local.StackConfig.model_fields["nats_port"].default)
     assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
 
@@ -279,5 +279,14 @@ def test_compose_interpolation_follows_compose():
 def test_the_registry_profile_is_on_the_local_stacks_host_port(compose):
     # QA, session 28: docker's registry was on 8081, the local stack's on 18081.
     registry = compose["services"]["schema-registry"]
-    host_port = interpolate(registry["ports"][0].split(":")[0], {})
+    host_port = interpolate(registry["ports"][0].split(":")[-2], {})
     assert host_port == str(local.StackConfig.model_fields["registry_port"].default)
+
+
+def test_every_published_port_listens_on_loopback_as_the_local_stack(compose):
+    # Review 44 M1: published on 0.0.0.0, Connect's REST API (no authentication, the env
+    # config provider on) let anyone on the network aim a connector at their own host.
+    published = {f"{name}: {port}": str(port).split(":")[0]
+                 for name, service in compose["services"].items()
+                 for port in service.get("ports", [])}
+    assert published and set(published.values()) == {"127.0.0.1"}, published
