@@ -19,6 +19,11 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc_router.errors import ConfigError
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
+# A table's rows in the order they were inserted, whatever its columns: the inserting
+# transaction (`age(xmin)`, oldest first, wraparound-safe; frozen rows first), then the command
+# within it (`cmin`), then the row's place. Neither the heap's order (an outbox the cleanup
+# deletes from reuses its space) nor `created_at` (a transaction's rows tie on its now()) is.
+INSERT_ORDER = "age(xmin) DESC, cmin::text::bigint, ctid"
 _QUOTED_PART = re.compile(r'"((?:[^"]|"")*)"')  # SQL's "...", with "" for a quote inside
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from cdc_router.config.placeholders import expand_tree, provider_references
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
+from cdc_router.postgres import INSERT_ORDER
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 # Kafka Connect also takes a plugin's simple name, and that name without "Connector" (review
@@ -128,7 +129,7 @@ def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     quoted = f'"{schema}"."{table}"'
     return {**config, _SNAPSHOT_OVERRIDES: tables[0],
             f"{_SNAPSHOT_OVERRIDES}.{tables[0]}":
-                f"SELECT * FROM {quoted} ORDER BY age(xmin) DESC, cmin::text::bigint, ctid"}
+                f"SELECT * FROM {quoted} ORDER BY {INSERT_ORDER}"}
 
 
 def _config_value(value: Any, source: str, key: str) -> str:

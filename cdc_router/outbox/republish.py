@@ -39,7 +39,7 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import TextLoader
 
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.postgres import split_table
+from cdc_router.postgres import INSERT_ORDER, split_table
 
 # Rows fetched per round trip of the server-side cursor.
 _FETCH_ROWS = 1000
@@ -147,14 +147,14 @@ def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
 
 def outbox_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
                 selection: RowSelection) -> Iterator[dict[str, Any]]:
-    """The rows `selection` takes, oldest first; json and jsonb columns as their Postgres
-    text, as Debezium sends them. Runs in a transaction of its own (a server-side cursor)."""
+    """The rows `selection` takes, in insert order (one aggregate's events in the order its
+    writer made them; review 44 M2: by created_at, then id, a transaction's rows tied and a
+    random id reordered them); json and jsonb columns as their Postgres text, as Debezium
+    sends them. Runs in a transaction of its own (a server-side cursor)."""
     _read_as_debezium(conn)
     where, params = selection.where(schema)
-    order = [sql.Identifier(column) for column in (schema.columns.created_at, schema.columns.id)
-             if column is not None]
     query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY {}").format(
-        schema.identifier, where, sql.SQL(", ").join(order))
+        schema.identifier, where, sql.SQL(INSERT_ORDER))
     with conn.cursor(name="cdc_router_republish", row_factory=dict_row) as cursor:
         cursor.itersize = _FETCH_ROWS
         cursor.execute(query, params)

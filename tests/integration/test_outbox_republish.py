@@ -196,3 +196,32 @@ def test_rows_of_a_timestamptz_outbox_are_counted_and_read(stack: StackEndpoints
     assert (count, oldest) == (3, 1_767_225_600_000_000)
     assert created_at == [datetime(2026, 1, 1, tzinfo=UTC), "20000-01-01 00:00:00+00",
                           "infinity"]
+
+
+def test_rows_are_read_in_insert_order_as_debezium_streamed_them(stack: StackEndpoints) -> None:
+    # Review 44 M2: by created_at then id, the rows of one transaction (one now()) came in
+    # their random ids' order, so one aggregate's events were republished out of order. Space
+    # freed by a delete and VACUUM is reused by later rows: the heap's order is no answer.
+    name = f"order_{os.getpid()}_{time.monotonic_ns() % 10**6}"
+    insert = (f"INSERT INTO public.{name} (id, aggregatetype, aggregateid, type, payload) "
+              "VALUES (gen_random_uuid(), 'Order', '1', 'T', jsonb_build_object('n', %s::int))")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{name} (id uuid PRIMARY KEY, aggregatetype text, "
+                     "aggregateid text, type text, payload jsonb, headers jsonb, "
+                     "created_at timestamptz DEFAULT now())")
+        for first in (0, 20):
+            with conn.transaction():
+                for n in range(first, first + 20):
+                    conn.execute(insert, (n,))
+            if first == 0:
+                conn.execute(f"DELETE FROM public.{name} WHERE (payload->>'n')::int < 10")
+                conn.execute(f"VACUUM public.{name}")
+    schema = OutboxSchema(table=f"public.{name}")
+    try:
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            read = [json.loads(row["payload"])["n"]
+                    for row in outbox_rows(conn, schema, RowSelection(since_ms=0))]
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE public.{name}")
+    assert read == list(range(10, 40))
