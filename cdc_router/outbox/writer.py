@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -28,12 +29,29 @@ from cdc_router.outbox.table import OutboxSchema
 DEFAULT_SCHEMA = OutboxSchema()  # public.outbox with the EventRouter SMT's column names
 
 
+_RANDOM_BITS = 74  # rand_a (12 bits) and rand_b (62 bits) of a UUIDv7, read as one number
+_last_id = (0, 0)  # (unix milliseconds, random part) of this process's last id
+_id_lock = threading.Lock()
+
+
 def new_event_id() -> str:
-    """A UUIDv7 (RFC 9562): time-ordered, so primary-key inserts stay at the index's end."""
-    millis = time.time_ns() // 1_000_000
-    value = ((millis & (2**48 - 1)) << 80) | int.from_bytes(os.urandom(10), "big")
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    """A UUIDv7 (RFC 9562), time-ordered and monotonic in this process: an id made later sorts
+    later, also within one millisecond (section 6.2, method 2: the random part counts on from
+    the last id's). So primary-key inserts stay at the index's end, and an incremental
+    snapshot, which reads by primary key, keeps one writer's order (review 44: two ids of one
+    millisecond were in random order)."""
+    global _last_id
+    millis, random_part = time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10), "big")
+    with _id_lock:
+        last_millis, last_random = _last_id
+        if millis <= last_millis:  # the same millisecond, or the clock stepped back
+            millis, random_part = last_millis, last_random + 1
+            if random_part >> _RANDOM_BITS:  # 2**74 ids in one millisecond: the next one
+                millis, random_part = millis + 1, 0
+        random_part &= (1 << _RANDOM_BITS) - 1
+        _last_id = (millis, random_part)
+    value = ((millis & (2**48 - 1)) << 80) | (0x7 << 76)  # version 7
+    value |= (random_part >> 62) << 64 | (0x2 << 62) | (random_part & (2**62 - 1))  # variant
     return str(uuid.UUID(int=value))
 
 
