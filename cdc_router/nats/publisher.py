@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
@@ -47,6 +48,8 @@ MESSAGE_REFUSED = frozenset({10054, 10097})
 # A store failure; "maximum messages exceeded" / "maximum bytes exceeded" (the description
 # tells them from a broken store, review 34-3): a full stream with discard: new.
 STREAM_FULL = 10077
+# nats-server's -ERR for a publish the user's permissions refuse (nats-py lowercases it).
+_PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class JetStreamPublisher:
         self._url = url
         self._options = dict(options or {})
         self._errors: deque[BaseException] = deque(maxlen=RECENT_ERRORS)  # since connected
+        self._denied: set[str] = set()  # subjects the server refused this batch's publish to
         self._ack_timeout_s = ack_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
@@ -174,6 +178,7 @@ class JetStreamPublisher:
         from nats.js.errors import NoStreamResponseError
 
         js = await self._connected()
+        self._denied.clear()
         results = await asyncio.gather(
             *(js.publish(message.subject, message.data, timeout=self._ack_timeout_s,
                          headers={**message.headers, MSG_ID_HEADER: message.msg_id})
@@ -189,6 +194,14 @@ class JetStreamPublisher:
                    for index, (message, result) in enumerate(zip(messages, results, strict=True))
                    if getattr(result, "err_code", None) in MESSAGE_REFUSED
                    or isinstance(result, MaxPayloadError)}
+        # Review 44 M4: every batch timed out for ever on one subject the user may not publish
+        # to (one rendered from row data, say). As a Kafka topic without a grant: a dead letter.
+        refused |= {index: f"NATS refused the publish to {message.subject}: this user may not "
+                           "publish to it (a permissions violation); grant it in the server's "
+                           "authorization (or route the event elsewhere), then `cdc-router dlq "
+                           "replay` the letter"
+                    for index, (message, result) in enumerate(zip(messages, results, strict=True))
+                    if isinstance(result, BaseException) and message.subject in self._denied}
         if refused:
             raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "
                                    f"messages; first: {next(iter(refused.values()))}", refused)
@@ -220,6 +233,11 @@ class JetStreamPublisher:
             raise failure
 
     async def _error(self, error: Exception) -> None:
+        denied = _PUBLISH_DENIED.search(str(error))
+        if denied:  # the server drops such a publish and says so here only: its ack never comes
+            self._denied.add(denied[1])
+            log.warning("event=nats_publish_denied subject=%s", denied[1])
+            return
         self._errors.append(error)
         log.debug("event=nats_error error=%s", error_text(error))
 

@@ -4,6 +4,7 @@ stops the router with one line naming the fields, never a retry loop or a traceb
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import json
@@ -18,19 +19,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from nats.js.api import StreamConfig
 
 from cdc_router.config.nats import NatsSettings
 from cdc_router.consumer import ConsumedEvent, JetStreamConsumer, JetStreamSettings
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
-from cdc_router.errors import JetStreamConsumerError
+from cdc_router.errors import JetStreamConsumerError, JetStreamRefused
 from cdc_router.local.nats_server import nats_executable  # /usr/sbin off PATH too
 from cdc_router.nats.connection import connect_options
+from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.pipeline import REPO, Pipeline, Row, pipeline
 from tests.integration.support import StackEndpoints, free_port
@@ -75,16 +79,13 @@ def _write_pki(home: Path) -> tuple[Path, Path, Path]:
 
 
 @contextmanager
-def _secured_nats(home: Path) -> Iterator[tuple[str, Path]]:
-    """nats-server with JetStream, a user and TLS; (url, CA file). Stopped by its pid."""
-    ca, cert, key = _write_pki(home)
+def _nats_with(home: Path, settings: str) -> Iterator[int]:
+    """nats-server with JetStream and `settings` (its config file's text) on a free port of
+    127.0.0.1; yields the port. Stopped by its pid."""
     port = free_port()
     config = home / "nats.conf"
-    config.write_text(
-        f'listen: "127.0.0.1:{port}"\n'
-        f'jetstream {{ store_dir: "{home / "store"}" }}\n'
-        f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}\n'
-        f'tls {{ cert_file: "{cert}", key_file: "{key}", ca_file: "{ca}" }}\n')
+    config.write_text(f'listen: "127.0.0.1:{port}"\n'
+                      f'jetstream {{ store_dir: "{home / "store"}" }}\n{settings}')
     log = (home / "nats.log").open("ab")
     server = subprocess.Popen([nats_executable(), "-c", str(config)], stdout=log,
                               stderr=subprocess.STDOUT)
@@ -94,11 +95,21 @@ def _secured_nats(home: Path) -> Iterator[tuple[str, Path]]:
             assert server.poll() is None and time.monotonic() < deadline, \
                 (home / "nats.log").read_text()
             time.sleep(0.1)
-        yield f"tls://127.0.0.1:{port}", ca
+        yield port
     finally:
         server.terminate()  # by its pid
         server.wait(timeout=30)
         log.close()
+
+
+@contextmanager
+def _secured_nats(home: Path) -> Iterator[tuple[str, Path]]:
+    """nats-server with JetStream, a user and TLS; (url, CA file)."""
+    ca, cert, key = _write_pki(home)
+    with _nats_with(home, f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}\n'
+                          f'tls {{ cert_file: "{cert}", key_file: "{key}", ca_file: "{ca}" }}\n'
+                    ) as port:
+        yield f"tls://127.0.0.1:{port}", ca
 
 
 def _configure(pipe: Pipeline, url: str, ca: Path, password: str) -> tuple[Path, str]:
@@ -215,3 +226,43 @@ def test_tls_settings_that_cannot_work_stop_with_one_line_naming_the_field(
     for done in (untrusted, clear_text):
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert PASSWORD not in done.stderr
+
+
+def test_a_subject_the_user_may_not_publish_to_is_refused_alone(tmp_path: Path) -> None:
+    # Review 44 M4: nats-server drops such a publish and says so only in an -ERR, which
+    # nats-py hands to the error callback: the ack never came, the batch timed out and was
+    # retried for ever, the cause logged at DEBUG. Now that message is refused (a dead letter
+    # in the router), the others of the batch stored.
+    permissions = ('{ publish: { allow: ["perm.ok", "$JS.API.>"] }, '
+                   'subscribe: { allow: ["_INBOX.>"] } }')
+    settings = (f'authorization {{ users: [ {{ user: "{USER}", password: "{PASSWORD}", '
+                f'permissions: {permissions} }} ] }}\n')
+    with _nats_with(tmp_path, settings) as port:
+        url = f"nats://127.0.0.1:{port}"
+        login = {"user": USER, "password": PASSWORD}
+
+        async def add_stream() -> None:
+            client = await nats.connect(url, **login)
+            try:
+                await client.jetstream().add_stream(StreamConfig(name="PERM",
+                                                                 subjects=["perm.>"]))
+            finally:
+                await client.close()
+
+        asyncio.run(add_stream())
+        publisher = JetStreamPublisher(url, ack_timeout_s=2, connect_timeout_s=5,
+                                       options=login)
+        try:
+            with pytest.raises(JetStreamRefused) as refused:
+                publisher.publish_batch([NatsMessage("perm.ok", b"{}", {}, "p-1"),
+                                         NatsMessage("perm.denied", b"{}", {}, "p-2"),
+                                         NatsMessage("perm.ok", b"{}", {}, "p-3")])
+            stored = publisher.publish_batch([NatsMessage("perm.ok", b"{}", {}, "p-4")])
+        finally:
+            publisher.close()
+        ids = [m.headers["Nats-Msg-Id"] for m in read_stream(url, "PERM", **login)]
+    assert list(refused.value.refused) == [1]
+    assert "perm.denied" in refused.value.refused[1]
+    assert "may not publish" in refused.value.refused[1]
+    assert ids == ["p-1", "p-3", "p-4"]
+    assert stored.stored == 1, "the next batch is not blamed for the earlier refusal"
