@@ -53,6 +53,7 @@ from cdc_router.outbox.relay_columns import (
     unique_seq_index,
 )
 from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
+from cdc_router.outbox.tools import relay_outbox_column
 from cdc_router.postgres import column_types, dsn_problem, one_line, regclass_text, split_table
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
@@ -267,16 +268,27 @@ def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
               help="Rows per DELETE (each in its own short transaction).")
 @click.option("--dry-run", is_flag=True, help="Only count the rows that would go.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--force", is_flag=True, help="Purge a relay's outbox too, whose rows are "
+              "events the relay has not delivered yet.")
 def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_run: bool,
-          yes: bool) -> None:
+          yes: bool, force: bool) -> None:
     """Delete old outbox rows, oldest first, in bounded chunks.
 
     Rows go whether or not the router has delivered their events: Debezium took each event from
     the WAL when its transaction committed, so check the router's lag before purging recent rows.
+    A `cdc-router relay` reads its events from the table itself: its outbox needs --force.
     """
     window = parse_duration(older_than, option="--older-than", allow_zero=True)
     older_than_ms = window // timedelta(milliseconds=1)
     with database(dsn) as conn:
+        relay_column = relay_outbox_column(conn, schema)
+        if relay_column is not None and not force and not dry_run:
+            raise ConfigError(
+                f"{schema.table} is a relay's outbox (its xid8 column {relay_column} is "
+                "`cdc-router relay`'s): the relay deletes each row it delivered, so these rows "
+                "are events not delivered yet (or dead letters' rows), and purging them loses "
+                "them; check the relay's lag (`cdc-router status`) and `cdc-router dlq list`, "
+                "then add --force", field="--force")
         # One cutoff for the count and the delete: rows that age past the window while the
         # person answers are not the rows they were asked about.
         before = purge_cutoff(conn, schema, older_than_ms)

@@ -84,3 +84,11 @@ def purge_cutoff(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than
     row = conn.execute(query, (older_than_ms,)).fetchone()
     assert row is not None  # a SELECT without FROM returns its row
     return row[0]
+
+
+def relay_outbox_column(conn: psycopg.Connection[Any], schema: OutboxSchema) -> str | None:
+    """The xid8 column `cdc-router relay` reads the table by (outbox/relay_columns.py), or None
+    when the table has none: Debezium's path. The relay deletes each row it delivered, so in
+    its outbox a row still there is an event not delivered yet (review 44: purge lost them)."""
+    return next((name for name, kind in column_types(conn, schema.table).items()
+                 if kind == "xid8"), None)

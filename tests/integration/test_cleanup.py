@@ -429,6 +429,34 @@ def test_outbox_purge_deletes_only_the_rows_it_counted_before_asking(
     assert row == (3,)
 
 
+def test_outbox_purge_of_a_relays_outbox_needs_force(stack: StackEndpoints) -> None:
+    # Review 44: the relay deletes each row it delivered, so its outbox's rows are events not
+    # delivered yet; purge said "Debezium took each event from the WAL" and lost them.
+    name = f"purge_relay_{os.getpid()}_{random.randrange(10**6)}"
+    table = sql.Identifier("public", name)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
+                             "created_at timestamptz NOT NULL, txid xid8 NOT NULL DEFAULT "
+                             "pg_current_xact_id())").format(table))
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT now() - interval '1 hour' "
+                             "FROM generate_series(1, 3)").format(table))
+    purge = ["outbox", "purge", "--dsn", stack.postgres_dsn, "--table", f"public.{name}",
+             "--older-than", "1m", "--yes"]
+    try:
+        refused = CliRunner().invoke(main, purge)
+        dry = CliRunner().invoke(main, [*purge[:-1], "--dry-run"])
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            kept = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+        forced = CliRunner().invoke(main, [*purge, "--force"])
+    finally:
+        _drop(stack.postgres_dsn, table)
+    assert refused.exit_code != 0 and kept == (3,), refused.output
+    assert "relay's outbox" in refused.output and "--force" in refused.output, refused.output
+    assert "Traceback" not in refused.output
+    assert dry.exit_code == 0 and "3 rows" in dry.output, dry.output
+    assert forced.exit_code == 0 and "deleted 3 rows" in forced.output, forced.output
+
+
 @pytest.mark.parametrize(("name", "spelling"), SPELLINGS[1:])
 def test_the_cleaner_deletes_from_a_mixed_case_table(stack: StackEndpoints, name: str,
                                                      spelling: str) -> None:
