@@ -87,6 +87,27 @@ def column_types(conn: psycopg.Connection[Any], qualified: str,
         (regclass_text(qualified, what),)).fetchall()}
 
 
+# The router's own sessions (relay, relay lock, cleanup) against a Postgres host that vanishes
+# without a FIN or RST (a dead VM, a dropped route): a query waited on the kernel's TCP
+# retries, about 15 minutes, and a SIGTERM with it (review 44). Keepalives find an idle
+# connection dead in about 10 + 3 x 5 s, tcp_user_timeout a send unacknowledged for 30 s.
+_CONNECT_TIMEOUT_S = 5  # short: the caller tries again, and a dead host must not hold it long
+_LIVENESS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+             "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+
+def session_options(dsn: str, application_name: str) -> dict[str, Any]:
+    """psycopg.connect() keywords for one of the router's own sessions: a short connect
+    timeout, its application_name, and liveness settings, each unless the DSN sets it."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:  # connect() says what is wrong with it
+        given = {}
+    defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, "application_name": application_name,
+                **_LIVENESS}
+    return {key: value for key, value in defaults.items() if key not in given}
+
+
 # Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting
 # cures. Elsewhere (a server still starting, refused connections) a client tries again.
 _REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"

@@ -21,7 +21,13 @@ from typing import Any
 import psycopg
 
 from cdc_router.errors import DatabaseError
-from cdc_router.postgres import missing_table, one_line, refused_for_good, regclass_text
+from cdc_router.postgres import (
+    missing_table,
+    one_line,
+    refused_for_good,
+    regclass_text,
+    session_options,
+)
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -29,7 +35,6 @@ log = logging.getLogger("cdc_router.relay")
 # application's advisory lock on the same table's oid (the low half).
 LOCK_CLASS = 0x63646372
 WAIT_S = 0.5  # a takeover comes at most this long after the lock is released
-_CONNECT_TIMEOUT_S = 5  # short: a standby asks again, and a dead host must not hold it long
 _MAX_BACKOFF_S = 30.0  # between tries while Postgres is away: a takeover at most this late
 
 
@@ -98,9 +103,8 @@ class TableLock:
 
     def _try(self) -> bool:
         if self._conn is None or self._conn.closed:
-            self._conn = self._connect(self._dsn, autocommit=True,
-                                       connect_timeout=_CONNECT_TIMEOUT_S,
-                                       application_name="cdc-router-relay-lock")
+            self._conn = self._connect(self._dsn, autocommit=True, **session_options(
+                self._dsn, "cdc-router-relay-lock"))
         row = self._conn.execute(
             "SELECT pg_try_advisory_lock((%s::bigint << 32) | %s::regclass::oid::bigint)",
             (LOCK_CLASS, self._table)).fetchone()

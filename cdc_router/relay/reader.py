@@ -29,12 +29,17 @@ from cdc_router.outbox.relay_columns import (
     trigger_ddl,
     unique_seq_ddl,
 )
-from cdc_router.postgres import column_types, missing_table, regclass_text, table_identifier
+from cdc_router.postgres import (
+    column_types,
+    missing_table,
+    regclass_text,
+    session_options,
+    table_identifier,
+)
 from cdc_router.relay.guard import RelayPosition, Snapshot
 
 log = logging.getLogger("cdc_router.relay")
 
-_CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the loop for long
 _INTEGER_TYPES = frozenset({"bigint", "integer", "smallint"})
 
 
@@ -146,8 +151,8 @@ class OutboxReader:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            conn = self._connect(self._dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
-                                 application_name="cdc-router-relay")
+            conn = self._connect(self._dsn, autocommit=True,
+                                 **session_options(self._dsn, "cdc-router-relay"))
             # created_at as ISO text in UTC, whatever the server's or role's defaults.
             conn.execute("SET TimeZone = 'UTC'")
             conn.execute("SET DateStyle = 'ISO'")

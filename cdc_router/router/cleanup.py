@@ -51,7 +51,6 @@ MAX_PENDING_IDS = 2_000_000
 # short, so that the live ids go first and the queue stays small.
 SWEEP_BATCHES = 10
 LOG_EVERY_S = 30.0  # a summary line, not one per batch
-_CONNECT_TIMEOUT_S = 5  # short: a dead Postgres must not hold the worker for long
 # A DELETE waits this long at most for a row another transaction has locked (a session idle in
 # transaction, a report with FOR UPDATE): it then fails with a warning naming the lock and is
 # tried again, instead of holding every later delete silently for as long as the lock lasts.
@@ -147,8 +146,8 @@ class OutboxCleaner:
         if self._settings.mode == "none" or not self._settings.dsn:
             return
         try:
-            with psycopg.connect(self._settings.dsn, connect_timeout=_CONNECT_TIMEOUT_S,
-                                 application_name="cdc-router-cleanup") as conn:
+            with psycopg.connect(self._settings.dsn, **postgres.session_options(
+                    self._settings.dsn, "cdc-router-cleanup")) as conn:
                 self._types(conn)
                 postgres.require_delete(conn, self._settings.table, "cleanup.table")
         except psycopg.Error as error:
@@ -269,9 +268,8 @@ class OutboxCleaner:
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             assert self._settings.dsn is not None
-            conn = psycopg.connect(self._settings.dsn, autocommit=True,
-                                   connect_timeout=_CONNECT_TIMEOUT_S,
-                                   application_name="cdc-router-cleanup")
+            conn = psycopg.connect(self._settings.dsn, autocommit=True, **postgres.session_options(
+                self._settings.dsn, "cdc-router-cleanup"))
             conn.execute(f"SET lock_timeout = '{_LOCK_TIMEOUT}'")  # a constant, not input
             self._conn = conn
         return self._conn

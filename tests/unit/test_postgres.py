@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import delete_in_chunks, one_line, utc_now_for
+from cdc_router.postgres import delete_in_chunks, one_line, session_options, utc_now_for
 
 
 class _Diag:
@@ -106,3 +106,17 @@ def test_now_is_compared_in_the_columns_own_type(column_type: str, now: str) -> 
     # A timestamptz compared with UTC's wall clock is read in the session's TimeZone: hours off
     # outside UTC (review, session 25; timestamptz(6) was missed at first).
     assert utc_now_for(column_type).as_string(None) == now
+
+
+def test_the_routers_own_sessions_notice_a_vanished_host_unless_the_dsn_says_otherwise() -> None:
+    # Review 44: without keepalives or tcp_user_timeout a query to a host gone without a FIN
+    # waited about 15 minutes on the kernel's retries, and a SIGTERM with it.
+    options = session_options("postgresql://u@db:5432/app", "cdc-router-relay")
+    assert options["application_name"] == "cdc-router-relay"
+    assert options["connect_timeout"] == 5
+    assert options["keepalives"] == "1" and options["tcp_user_timeout"] == "30000"
+    chosen = session_options("host=db keepalives_idle=60 tcp_user_timeout=0 "
+                             "application_name=mine", "cdc-router-relay")
+    assert "keepalives_idle" not in chosen and "tcp_user_timeout" not in chosen
+    assert "application_name" not in chosen and chosen["keepalives_count"] == "3"
+    assert session_options("not a = dsn '", "x")["connect_timeout"] == 5  # connect() says why
