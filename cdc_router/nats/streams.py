@@ -46,6 +46,15 @@ def wanted(spec: StreamSpec) -> dict[str, Any]:
 
 
 _FIXED = ("storage", "num_replicas")  # JetStream refuses to change these on a live stream
+_DURATIONS = ("duplicate_window", "max_age")
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """Durations in whole milliseconds, the config's unit: nats-py sends int(seconds * 1e9),
+    so 1.003 s is stored as 1002999999 ns and reads back a nanosecond short of the config."""
+    if key in _DURATIONS and isinstance(value, (int, float)):
+        return round(value * 1000)
+    return value
 
 
 def plan_streams(specs: Sequence[StreamSpec],
@@ -59,7 +68,8 @@ def plan_streams(specs: Sequence[StreamSpec],
             plans.append(StreamPlan(spec.name, "create", {k: (None, v) for k, v in want.items()}))
             continue
         changes = {key: (have.get(key), value) for key, value in want.items()
-                   if key not in _FIXED and have.get(key) != value}
+                   if key not in _FIXED
+                   and _comparable(key, have.get(key)) != _comparable(key, value)}
         warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is "
                          "(JetStream cannot change it on a live stream)"
                          for key, value in want.items()

@@ -38,3 +38,21 @@ def test_a_stream_switched_to_discard_new_is_put_back_and_a_message_size_limit_i
     assert any("max_msg_size is 1024" in warning for warning in plan.warnings)
     unlimited = {**wanted(ORDERS), "max_msg_size": -1}
     assert plan_streams([ORDERS], {"ORDERS": unlimited})[0].action == "unchanged"
+
+
+def test_durations_read_back_from_the_server_match_to_the_millisecond() -> None:
+    # Review L3: nats-py sends int(seconds * 1e9), so 1.003 s is stored as 1002999999 ns and
+    # read back as 1.002999999 s; compared as floats, every apply planned an update.
+    from nats.js.api import StreamConfig
+
+    odd = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=1003,
+                     max_age_ms=86_400_007)
+    sent = StreamConfig(name="ORDERS", duplicate_window=wanted(odd)["duplicate_window"],
+                        max_age=wanted(odd)["max_age"]).as_dict()
+    assert sent["duplicate_window"] == 1_002_999_999  # the truncation this guards against
+    back = StreamConfig.from_response(dict(sent))
+    live = {**wanted(odd), "duplicate_window": back.duplicate_window, "max_age": back.max_age}
+    assert plan_streams([odd], {"ORDERS": live})[0].action == "unchanged"
+    longer = {**live, "duplicate_window": 1.004}
+    assert plan_streams([odd], {"ORDERS": longer})[0].changes == {
+        "duplicate_window": (1.004, 1.003)}
