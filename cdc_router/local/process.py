@@ -109,19 +109,37 @@ def wait_until(check: Callable[[], bool], *, name: str, timeout_s: float, pid: i
         time.sleep(0.5)
 
 
+# SIGKILL takes effect as soon as the process leaves the kernel; one that is still there
+# after this long is stuck in uninterruptible sleep (state D), and waiting longer won't help.
+_KILL_WAIT_S = 10.0
+
+
 def stop(pid: int, marker: str, *, sig: signal.Signals = signal.SIGTERM,
          timeout_s: float = 30.0) -> bool:
-    """Signal `pid`, wait for it to exit, SIGKILL after `timeout_s`; False if it was not ours."""
+    """Signal `pid`, wait for it to exit, SIGKILL after `timeout_s`; False if it was not ours.
+
+    StackError if it outlives SIGKILL by _KILL_WAIT_S."""
     if not is_running(pid, marker):
         return False
-    os.kill(pid, sig)
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True  # it exited since is_running looked: stopped, as asked
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not is_running(pid, marker):
             return True
         time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + _KILL_WAIT_S
     while is_running(pid, marker):
+        if time.monotonic() > deadline:
+            raise StackError(f"pid {pid} did not exit within {_KILL_WAIT_S:.0f}s of SIGKILL "
+                             f"(stuck in the kernel? `ps -o pid,stat,wchan -p {pid}`): end it "
+                             "or reboot, then run `cdc-router local down` again")
         time.sleep(0.1)
     return True
 

@@ -157,3 +157,36 @@ def test_a_running_part_that_does_not_answer_is_waited_for_then_named(
             f"{config.log_path('postgres')}): run `cdc-router local up` again to start it")
     finally:
         process.stop(pid, f"{config.home}/", timeout_s=10)
+
+
+def test_a_process_that_exits_just_before_the_signal_counts_as_stopped(
+        monkeypatch: pytest.MonkeyPatch):
+    # Review L4: it lived at is_running, was gone at os.kill; `local down` died with a
+    # ProcessLookupError traceback.
+    monkeypatch.setattr(process, "is_running", lambda pid, marker: True)
+
+    def gone(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(process.os, "kill", gone)
+    assert process.stop(4242, "marker")
+
+
+def test_a_process_that_outlives_sigkill_is_named_not_waited_for_forever(
+        monkeypatch: pytest.MonkeyPatch):
+    # Review L4: a process stuck in the kernel (state D) ignores SIGKILL; `local down` hung.
+    monkeypatch.setattr(process, "_KILL_WAIT_S", 0.3, raising=False)
+    signals: list[int] = []
+    monkeypatch.setattr(process.os, "kill", lambda pid, sig: signals.append(sig))
+    started: list[float] = []
+
+    def stuck(pid: int, marker: str) -> bool:
+        if signals[-1:] == [process.signal.SIGKILL]:
+            started[:] = started or [time.monotonic()]
+            assert time.monotonic() - started[0] < 5, "still waiting 5s after SIGKILL"
+        return True
+
+    monkeypatch.setattr(process, "is_running", stuck)
+    with pytest.raises(process.StackError, match="pid 4242 did not exit") as refused:
+        process.stop(4242, "marker", timeout_s=0.2)
+    assert "SIGKILL" in str(refused.value)
