@@ -132,6 +132,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--bootstrap needs at least one --topic")
     if args.nats_url and not args.stream:
         parser.error("--nats-url needs --stream")
+    properties: dict[str, str] = {}
+    for item in args.consumer_config:
+        key, sep, value = item.partition("=")  # the first '=': a value may hold more
+        if not key or not sep:
+            parser.error(f"--consumer-config {item!r}: expected KEY=VALUE, a librdkafka "
+                         "consumer property such as session.timeout.ms=6000")
+        properties[key] = value
+    args.consumer_config = properties
     return args
 
 
@@ -154,11 +162,10 @@ def build(args: argparse.Namespace) -> Service:
             dead_letter_subject=args.dead_letter_subject, ack_wait_s=args.ack_wait,
             retry=retry)
         return JetStreamConsumer(jetstream, store, handler.ship_order, decoder=decode_payment)
-    extra = dict(item.split("=", 1) for item in args.consumer_config)
     settings = ConsumerSettings(
         bootstrap_servers=args.bootstrap, group_id=args.group, topics=tuple(args.topic),
         dead_letter_topic=args.dead_letter_topic, commit_interval_s=args.commit_interval,
-        retry=retry, consumer_config=extra)
+        retry=retry, consumer_config=args.consumer_config)
     return IdempotentConsumer(settings, store, handler.ship_order, decoder=decode_payment)
 
 
