@@ -209,6 +209,12 @@ class NatsSettings(ConfigModel):
                 raise field_problem("url", "each server is [nats|tls|ws|wss://][user:password@]"
                                     "host[:port], comma-separated",
                                     shown_url(server))
+            # nats-py upgrades a nats:// connection when the server asks (require_tls checks
+            # it does) but never a WebSocket: over ws:// the credentials would go in clear.
+            if self.tls is not None and parts.scheme == "ws":
+                raise field_problem("url", "ws:// is plain text, and nats-py never upgrades it "
+                                    "to TLS, so nats.tls would not apply and the credentials "
+                                    "would go in clear; use wss://", shown_url(server))
         return self
 
     @model_validator(mode="after")

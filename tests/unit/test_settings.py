@@ -388,6 +388,18 @@ def test_what_only_the_router_refused_rules_check_refuses(tmp_path: Path, sectio
     assert expected in message and "s3cret" not in message
 
 
+def test_a_plain_websocket_url_with_tls_is_refused_and_wss_is_not(tmp_path: Path) -> None:
+    # Review L1: nats-py never upgrades ws:// to TLS, so nats.tls was ignored and the
+    # credentials went in clear text; require_tls reads no INFO from a WebSocket port.
+    message = error_of(tmp_path, MINIMAL + "nats: {url: 'nats://h:4222, ws://u:s3cret@h:8080', "
+                       "tls: {}}\n")
+    assert "field 'nats.url'" in message and "(got 'ws://u:*****@h:8080')" in message
+    assert "use wss://" in message and "s3cret" not in message
+    config = loaded(write(tmp_path, MINIMAL + "nats: {url: 'wss://h:8443', tls: {}}\n"))
+    assert config.nats is not None and config.nats.url == "wss://h:8443"
+    assert loaded(write(tmp_path, MINIMAL + "nats: {url: 'ws://h:8080'}\n")).nats is not None
+
+
 def test_an_invalid_json_override_is_not_echoed(tmp_path: Path) -> None:
     # Review 2, session 26: a mapping's text may hold a secret.
     message = error_of(tmp_path, MINIMAL, {
