@@ -2,7 +2,8 @@
 
 The outbox setup and tools, the router's cleanup, the dedup store and the example service all
 name tables from configuration, report psycopg errors to people, and delete old rows without
-long locks; each of those is written once, here. Identifiers always go through psycopg.sql,
+long locks; `outbox init` and `status` both read the publication. Each of those is written
+once, here. Identifiers always go through psycopg.sql,
 never through string formatting.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -106,6 +108,34 @@ def session_options(dsn: str, application_name: str) -> dict[str, Any]:
     defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, "application_name": application_name,
                 **_LIVENESS}
     return {key: value for key, value in defaults.items() if key not in given}
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A publication as the catalog has it."""
+
+    operations: tuple[str, ...]  # what it publishes, of insert, update, delete, truncate
+    tables: tuple[str, ...]  # schema.table, unquoted, as pg_publication_tables names them
+    via_root: bool  # publish_via_partition_root
+
+
+_PUBLICATION = """
+SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
+       coalesce(array_agg(t.schemaname || '.' || t.tablename ORDER BY 1)
+                FILTER (WHERE t.tablename IS NOT NULL), '{}'), p.pubviaroot
+FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname
+WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 6
+"""
+
+
+def read_publication(conn: psycopg.Connection[Any], name: str) -> Publication | None:
+    """The publication `name`, or None when there is none."""
+    row = conn.execute(_PUBLICATION, (name,)).fetchone()
+    if row is None:
+        return None
+    operations = tuple(op for op, on in zip(("insert", "update", "delete", "truncate"), row[:4],
+                                            strict=True) if on)
+    return Publication(operations, tuple(row[4]), bool(row[5]))
 
 
 # Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting

@@ -15,7 +15,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
-from cdc_router.postgres import one_line, regclass_text
+from cdc_router.postgres import one_line, read_publication, regclass_text
 
 T = TypeVar("T")
 
@@ -29,13 +29,6 @@ SELECT slot_name, active, wal_status, safe_wal_size,
        pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
 FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
    OR (%(names)s IS NULL AND slot_type = 'logical' AND database = current_database())
-"""
-_PUBLICATION = """
-SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
-       coalesce(array_agg(t.schemaname || '.' || t.tablename ORDER BY 1)
-                FILTER (WHERE t.tablename IS NOT NULL), '{}'), p.pubviaroot
-FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname
-WHERE p.pubname = %s GROUP BY 1, 2, 3, 4, 6
 """
 
 
@@ -90,15 +83,13 @@ def publication_state(conn: psycopg.Connection[Any], name: str,
         found = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                              (quoted_table(signal_table),)).fetchone()
         signals = bool(found and found[0])
-    row = conn.execute(_PUBLICATION, (name,)).fetchone()
-    if row is None:
+    found = read_publication(conn, name)
+    if found is None:
         return PublicationState(name=name, exists=False, signal_table=signal_table,
                                 signal_table_exists=signals)
-    operations = tuple(op for op, on in zip(("insert", "update", "delete", "truncate"), row[:4],
-                                            strict=True) if on)
-    return PublicationState(name=name, exists=True, tables=tuple(row[4]), operations=operations,
-                            via_root=bool(row[5]), signal_table=signal_table,
-                            signal_table_exists=signals)
+    return PublicationState(name=name, exists=True, tables=found.tables,
+                            operations=found.operations, via_root=found.via_root,
+                            signal_table=signal_table, signal_table_exists=signals)
 
 
 def quoted_table(table: str) -> str:

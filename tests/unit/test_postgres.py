@@ -120,3 +120,34 @@ def test_the_routers_own_sessions_notice_a_vanished_host_unless_the_dsn_says_oth
     assert "keepalives_idle" not in chosen and "tcp_user_timeout" not in chosen
     assert "application_name" not in chosen and chosen["keepalives_count"] == "3"
     assert session_options("not a = dsn '", "x")["connect_timeout"] == 5  # connect() says why
+
+
+class _OnePublication:
+    """Answers read_publication()'s query with one catalog row, or with none."""
+
+    def __init__(self, row: tuple[Any, ...] | None) -> None:
+        self.row = row
+
+    def execute(self, query: str, params: tuple[str]) -> _OnePublication:
+        assert "pg_publication" in query and params == ("cdc_router_outbox",)
+        return self
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.row
+
+
+def test_a_publication_is_read_as_its_operations_tables_and_root_flag() -> None:
+    from cdc_router.ops.database import publication_state
+    from cdc_router.postgres import Publication, read_publication
+
+    # (pubinsert, pubupdate, pubdelete, pubtruncate, tables, pubviaroot)
+    row = (True, False, True, False, ["public.outbox"], True)
+    found = read_publication(_OnePublication(row), "cdc_router_outbox")  # type: ignore[arg-type]
+    assert found == Publication(("insert", "delete"), ("public.outbox",), True)
+    state = publication_state(_OnePublication(row), "cdc_router_outbox")  # type: ignore[arg-type]
+    assert (state.exists, state.operations, state.tables, state.via_root) == (
+        True, ("insert", "delete"), ("public.outbox",), True)
+    none = _OnePublication(None)
+    assert read_publication(none, "cdc_router_outbox") is None  # type: ignore[arg-type]
+    assert not publication_state(_OnePublication(None),  # type: ignore[arg-type]
+                                 "cdc_router_outbox").exists
