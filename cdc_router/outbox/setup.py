@@ -22,6 +22,7 @@ from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
     check_identifier,
     column_types,
+    read_publication,
     regclass_text,
     split_table,
     table_identifier,
@@ -267,26 +268,36 @@ def _check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -
 def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
                           setup: CaptureSetup, *, relay: bool = False) -> list[str]:
     # An existing publication is never altered (it may serve others); say what is off instead.
+    publication = read_publication(conn, setup.publication)
+    if publication is None:
+        return []
     outbox_schema, outbox_table = split_table(schema.table)
     row = conn.execute(
-        "SELECT pubupdate OR pubdelete OR pubtruncate, EXISTS (SELECT FROM pg_publication_tables"
-        " t WHERE t.pubname = p.pubname AND t.schemaname = %s AND t.tablename = %s),"
-        " pubviaroot, (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s))"
+        "SELECT EXISTS (SELECT FROM pg_publication_tables t WHERE t.pubname = p.pubname AND"
+        " t.schemaname = %s AND t.tablename = %s),"
+        " (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s))"
         " FROM pg_publication p WHERE p.pubname = %s",
         (outbox_schema, outbox_table, regclass_text(schema.table),
          setup.publication)).fetchone()
-    if row is None:
-        return []
+    included, partitioned = row if row is not None else (False, False)
     warnings = []
-    if row[0]:
+    if "insert" not in publication.operations and not relay:
+        # The table's every row is an insert: pgoutput leaves them all out of the stream, and
+        # the rows written meanwhile are not sent later, when the publication is fixed.
+        pub = sql.Identifier(setup.publication).as_string(None)
+        warnings.append(f"publication {setup.publication} does not publish inserts (publish = "
+                        f"'{', '.join(publication.operations)}'): Debezium captures no outbox "
+                        f"row; run `ALTER PUBLICATION {pub} SET (publish = 'insert')`, then "
+                        "`cdc-router outbox republish` for the rows written before")
+    if set(publication.operations) - {"insert"}:
         warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
                         "processed outbox rows will reach Kafka, and an UPDATE of a row's id "
                         "reaches the router as an insert of the new id, delivered again")
     # A relay table needs no publication: adding it would make Debezium capture it too
     # (QA 36-c).
-    if not row[1] and not relay:
+    if not included and not relay:
         warnings.append(publication_fix(setup.publication, schema.table,
-                                        partitioned=bool(row[3]) and not row[2]))
+                                        partitioned=bool(partitioned) and not publication.via_root))
     return warnings
 
 

@@ -377,16 +377,24 @@ def test_new_event_ids_of_one_millisecond_still_sort_in_the_order_they_were_made
     assert {(uuid.UUID(i).version, uuid.UUID(i).variant) for i in made} == {(7, uuid.RFC_4122)}
 
 
-class _PublicationRow:
-    """Answers _publication_warnings()'s one query: an insert-only publication of a plain
-    table that leaves the table out."""
+class _Publication:
+    """Answers _publication_warnings()'s two queries: read_publication()'s catalog row, then
+    whether the table is in the publication and partitioned."""
 
-    def execute(self, query: Any, params: tuple[Any, ...]) -> _PublicationRow:
+    def __init__(self, *, insert: bool = True, update: bool = False,
+                 includes: bool = True) -> None:
+        # (pubinsert, pubupdate, pubdelete, pubtruncate, tables, pubviaroot)
+        self.publication = (insert, update, False, False,
+                            ["public.outbox"] if includes else [], True)
+        self.membership = (includes, False)  # (includes the table, partitioned)
+        self.query = ""
+
+    def execute(self, query: Any, params: tuple[Any, ...]) -> _Publication:
+        self.query = str(query)
         return self
 
-    def fetchone(self) -> tuple[bool, bool, bool, bool]:
-        # (publishes more than inserts, includes the table, via root, partitioned)
-        return (False, False, True, False)
+    def fetchone(self) -> tuple[Any, ...]:
+        return self.publication if "pubinsert" in self.query else self.membership
 
 
 @pytest.mark.parametrize(("relay", "warned"), [(False, True), (True, False)])
@@ -394,10 +402,29 @@ def test_a_relay_table_left_out_of_the_publication_is_no_warning(relay: bool,
                                                                   warned: bool) -> None:
     # QA 36-c: the relay needs no publication; the advice to ADD TABLE would make Debezium
     # capture the relay's table too.
-    warnings = _publication_warnings(_PublicationRow(),  # type: ignore[arg-type]
+    warnings = _publication_warnings(_Publication(includes=False),  # type: ignore[arg-type]
                                      OutboxSchema(table="public.relay_outbox"), CaptureSetup(),
                                      relay=relay)
     assert any("does not include public.relay_outbox" in w for w in warnings) is warned
+
+
+def test_a_publication_that_does_not_publish_inserts_is_warned_about_with_its_fix() -> None:
+    # Review L7: publish = 'update' (pubinsert false) was no warning, though Debezium then
+    # captures no outbox row at all.
+    update_only = _Publication(insert=False, update=True)
+    warnings = _publication_warnings(update_only,  # type: ignore[arg-type]
+                                     OutboxSchema(), CaptureSetup())
+    assert any(w.startswith("publication cdc_router_outbox does not publish inserts "
+                            "(publish = 'update'): Debezium captures no outbox row; run "
+                            """`ALTER PUBLICATION "cdc_router_outbox" SET (publish = 'insert')`"""
+                            ) for w in warnings), warnings
+    assert any("publishes more than inserts" in w for w in warnings)
+    assert _publication_warnings(_Publication(),  # type: ignore[arg-type]
+                                 OutboxSchema(), CaptureSetup()) == []
+    # The relay reads its table with SQL: what the publication streams is no matter to it.
+    relayed = _publication_warnings(_Publication(insert=False),  # type: ignore[arg-type]
+                                    OutboxSchema(), CaptureSetup(), relay=True)
+    assert not any("does not publish inserts" in w for w in relayed)
 
 
 def test_init_relay_tells_init_outbox_the_table_is_the_relays(
