@@ -41,8 +41,6 @@ def cli() -> None:
     """Inspect the dead-letter topic of a router config, and replay it."""
 
 
-
-
 @cli.command(name="list")
 @config_option()
 @click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),

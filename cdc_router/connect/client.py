@@ -34,7 +34,6 @@ _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 1.0
 
 
-
 @dataclass(frozen=True)
 class TaskStatus:
     """One task of a connector, as Connect reports it; `trace` is set when it FAILED."""
@@ -278,7 +277,6 @@ class ConnectClient:
             raise ConnectError(f"Kafka Connect answered {response.status_code} to {method} "
                                f"{path}: {_message(response)}")
         return response
-
 
     def _json(self, method: str, path: str, shape: type, *, connector: str | None = None,
               **kwargs: Any) -> Any:

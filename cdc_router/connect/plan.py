@@ -21,7 +21,6 @@ _MASKED = re.compile(r"\*+|\[hidden\]")
 class ConnectorAction(StrEnum):
     """What applying a connector file would do."""
 
-
     CREATE = "create"
     UPDATE = "update"
     UNCHANGED = "unchanged"

@@ -193,4 +193,3 @@ def _column(value: Any, binary_handling: str) -> Any:
     if isinstance(value, date | time):
         return value.isoformat()
     return str(value)  # uuid, numeric, and any other type as its text
-

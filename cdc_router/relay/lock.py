@@ -38,7 +38,6 @@ WAIT_S = 0.5  # a takeover comes at most this long after the lock is released
 _MAX_BACKOFF_S = 30.0  # between tries while Postgres is away: a takeover at most this late
 
 
-
 def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
     """Raise, as one line, an error that retrying the lock cannot cure: the table is not there,
     the role may not read it, or the server refuses these credentials. Waiting would leave a

@@ -306,4 +306,3 @@ class DeadLetterReplay:
 
     def close(self) -> None:
         close_all(self._letters, self._changelog, self._publisher)
-

@@ -92,7 +92,6 @@ class RouterMetrics:
         self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
                                   for event in delivered if event.created_at_ms is not None])
 
-
     def observe_lag(self, consumer: Any, now: float) -> None:
         """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
         call), at most every LAG_INTERVAL_S."""
