@@ -17,6 +17,12 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
+def on_one_line(text: str) -> str:
+    """`text`'s non-blank lines, stripped and joined with '; ' ('' when it has none): a
+    client library's multi-line message fits a one-line error."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def printable(text: str) -> str:
     """`text` as is, or with its unprintable characters escaped (repr's escapes, no quotes):
     for a log field or a table cell from row data (QA 33-c: an id with CR/LF forged a second

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, on_one_line
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 # A table's rows in the order they were inserted, whatever its columns: the inserting
@@ -215,8 +215,7 @@ def one_line(error: BaseException) -> str:
     """
     primary = getattr(getattr(error, "diag", None), "message_primary", None)
     text = str(primary or error)
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or (
-        type(error).__name__)
+    return on_one_line(text) or type(error).__name__
 
 
 def delete_in_chunks(conn: psycopg.Connection[Any], table: sql.Composable,

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import ConnectError, UnknownConnectorError
+from cdc_router.errors import ConnectError, UnknownConnectorError, on_one_line
 
 log = logging.getLogger("cdc_router.connect")
 
@@ -264,7 +264,7 @@ class ConnectClient:
                                    f"in time ({type(error).__name__})") from error
             except httpx.TransportError as error:
                 raise ConnectError(f"Kafka Connect unreachable at {self._shown}: "
-                                   f"{_one_line(str(error)) or type(error).__name__}") from error
+                                   f"{on_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
                       path, response.status_code, attempt)
             if response.status_code == httpx.codes.CONFLICT and attempt < _CONFLICT_RETRIES:
@@ -316,8 +316,4 @@ def _message(response: httpx.Response) -> str:
         message = response.json().get("message")
     except (ValueError, AttributeError):
         message = None
-    return _one_line(str(message or response.reason_phrase or response.text))
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    return on_one_line(str(message or response.reason_phrase or response.text))
