@@ -498,10 +498,10 @@ def test_init_never_alters_an_existing_outbox_and_prints_its_size_check(
 
 def test_init_warns_about_a_publication_that_publishes_no_inserts(
         stack: StackEndpoints) -> None:
-    # Review L7: with publish = 'update' (pubinsert false) Debezium captures no outbox row,
-    # and init said nothing. Not run when written (no Postgres in that session).
-    with _existing_outbox(stack, "noins_obx", "CREATE PUBLICATION {name} FOR TABLE "
-                          "public.{name} WITH (publish = 'update')") as name:
+    # Review 44 L7: with publish = 'update' (pubinsert false) Debezium captures no outbox
+    # row, and init said nothing.
+    with _existing_outbox(stack, "noins_obx",
+                          "ALTER PUBLICATION {name} SET (publish = 'update')") as name:
         result = _init_existing(stack, name)
     assert result.exit_code == 0, result.output
     assert (f"warning: publication {name} does not publish inserts (publish = 'update')"
