@@ -64,12 +64,14 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
         if schema_name:  # the connector's schema, which source.created_at_unit cannot outrank
             raise ValueError(f"is {value} (its schema: {schema_name}), not a timestamp: make "
                              "the column timestamp(6) or timestamptz")
+        # QA 44-a: a timestamp(6) column dated 1970-01-01 00:00:00.001 reads 1000 too, and
+        # the reason offered only `millis`, which would not have read it as that time.
         raise ValueError(
-            f"is {value}, which as milliseconds is {moment}: a date (days) or epoch seconds, "
-            "not a timestamp? Make the column timestamp(6) or timestamptz, or set "
-            "source.created_at_unit: millis if that is the time meant; a timestamp(6) "
-            "column reads so only when the row's created_at is in 1970 (a placeholder: write "
-            "the event's time)")
+            f"is {value}, which as milliseconds is {moment} and as microseconds "
+            f"{_iso(value // 1000)}: a date (days) or epoch seconds, not a timestamp? Make "
+            "the column timestamp(6) or timestamptz. A timestamp(6) column dated in 1970 (a "
+            "placeholder? write the event's time)? Set source.created_at_unit: micros. Epoch "
+            "milliseconds of 1970? Set source.created_at_unit: millis")
     if _IMPLAUSIBLE_FUTURE_MILLIS <= value < _MICROS_THRESHOLD and not schema_name:
         moment = _iso(value)
         raise ValueError(

@@ -134,6 +134,17 @@ def test_an_integer_created_at_that_is_days_or_seconds_is_a_decode_dead_letter(
     assert isinstance(said, OutboxEvent) and said.created_at_ms == value, meant
 
 
+def test_a_timestamp6_created_at_in_1970_names_the_unit_that_reads_it() -> None:
+    # QA 44-a: '1970-01-01 00:00:00.001' in a timestamp(6) column (1000 us) was a letter whose
+    # reason offered only created_at_unit: millis, which reads it as 00:00:01.
+    with pytest.raises(DecodeError, match=r"as microseconds 1970-01-01T00:00:00\.001.*"
+                       r"timestamp\(6\) column dated in 1970.*created_at_unit: micros"):
+        decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(created_at=1000))
+    said = decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(
+        created_at=1000), created_at_unit="micros")
+    assert isinstance(said, OutboxEvent) and said.created_at_ms == 1
+
+
 @pytest.mark.parametrize(("micros", "as_millis"), [(94_694_400_000_000, "4970-09-30"),
                                                    (63_072_000_000_000, "3968-09-03")])
 def test_a_timestamp6_created_at_before_1973_read_as_millis_is_a_decode_dead_letter(
