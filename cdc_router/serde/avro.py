@@ -274,6 +274,9 @@ class AvroSerializer:
             log.warning("event=avro_schema_warning detail=%r", warning)
         if self._ids is None:
             return
+        # First, that the registry answers as one: a wrong URL was met only at a templated
+        # topic's first event, and blamed on it (review 44-2 H1).
+        self._ids.subjects()
         for planned in self.planned_subjects():
             if planned.subject is not None:
                 self._ids.id_for(planned.subject, planned.schema)

@@ -176,6 +176,23 @@ def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_rout
             "new type int cannot read the old type long") in rechecked.stdout
 
 
+def test_a_registry_url_that_is_no_registry_stops_the_router_at_its_start(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 44-2 H1: aimed at Kafka Connect ({"error_code":404} to every path), a templated
+    # topic's router started, then dead-lettered every Avro event as its subject's fault.
+    with pipeline(stack, tmp_path) as pipe:
+        avro_route(pipe, stack.connect_url)
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["routes"][0]["topic"] = pipe.orders_topic + ".{type}"
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        pipe.start_router()
+        code = pipe.routers.pop("a").wait(timeout=120)
+        log = pipe.router_log()
+    assert code == 1, log[-3000:]
+    assert "no schema registry error code" in log and "schema_registry.url" in log, log[-3000:]
+    assert "Traceback" not in log
+
+
 def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_record(
         tmp_path: Path, jar_cache: Path) -> None:
     """The library's serializer against a real registry of its own (no Kafka needed), which

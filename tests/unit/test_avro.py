@@ -316,12 +316,11 @@ class RefusingRegistry(MockRegistry):  # type: ignore[misc,valid-type]
 
 
 @pytest.mark.parametrize("refusal", [ClientError(422, 42201, "Invalid schema"),
-                                     ClientError(403, 40301, "Forbidden for this subject"),
-                                     ClientError(404, -1, "<html>Not Found</html>")])
+                                     ClientError(403, 40301, "Forbidden for this subject")])
 def test_any_definite_refusal_of_a_data_named_subject_is_that_events_dead_letter(
         refusal: ClientError) -> None:
-    # QA, session 29: a 422 (or a per-subject 403, a bare 404) for a subject rendered from the
-    # row's data stopped the relay, and every restart met the same row.
+    # QA, session 29: a 422 (or a per-subject 403) for a subject rendered from the row's data
+    # stopped the relay, and every restart met the same row.
     dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
                                         "schema": str(PAYMENT)})
     client = RefusingRegistry({"url": "mock://refusing"})
@@ -334,6 +333,35 @@ def test_any_definite_refusal_of_a_data_named_subject_is_that_events_dead_letter
     with pytest.raises(RegistryError) as caught:
         serializer.serialize(event(GOOD), rule(), "payments")
     assert not isinstance(caught.value, SerializeError)
+
+
+@pytest.mark.parametrize("refusal", [ClientError(404, -1, "<html>Not Found</html>"),
+                                     ClientError(404, 404, "HTTP 404 Not Found"),
+                                     ClientError(400, -1, "Bad Request"),
+                                     ClientError(403, -1, "Forbidden")])
+def test_a_4xx_without_a_registry_error_code_stops_the_router_at_its_start(
+        refusal: ClientError) -> None:
+    # Review 44-2 H1: schema_registry.url aimed at another server (Connect's 8083 answers
+    # {"error_code":404}) dead-lettered every Avro event of a templated topic.
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    client = RefusingRegistry({"url": "mock://refusing"})
+    client.refusal = refusal
+    serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+    with pytest.raises(RegistryError) as caught:
+        serializer.serialize(event(GOOD), dynamic, "x.n01")
+    assert not isinstance(caught.value, SerializeError)
+    assert "schema_registry.url" in str(caught.value) or refusal.http_status_code == 403
+
+    class NotARegistry(MockRegistry):  # type: ignore[misc,valid-type]
+        def get_subjects(self, *args: Any, **kwargs: Any) -> Any:
+            raise refusal
+
+    serializer = AvroSerializer([dynamic], registry(),
+                                registry_client=NotARegistry({"url": "mock://not"}))
+    with pytest.raises(RegistryError) as at_start:
+        serializer.preflight()
+    assert not at_start.value.refused and at_start.value.exit_code != EXIT_RESTART
 
 
 def test_refused_credentials_and_a_throttle_are_never_an_events_dead_letter() -> None:
