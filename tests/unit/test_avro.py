@@ -315,17 +315,24 @@ class RefusingRegistry(MockRegistry):  # type: ignore[misc,valid-type]
         raise self.refusal
 
 
+def _refused_each_lookup(refusal: ClientError
+                         ) -> tuple[RouteRule, RefusingRegistry, AvroSerializer]:
+    """A route to a topic the event's data names, and its serializer on a registry that
+    answers `refusal` to every lookup."""
+    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                        "schema": str(PAYMENT)})
+    client = RefusingRegistry({"url": "mock://refusing"})
+    client.refusal = refusal
+    return dynamic, client, AvroSerializer([dynamic], registry(), registry_client=client)
+
+
 @pytest.mark.parametrize("refusal", [ClientError(422, 42201, "Invalid schema"),
                                      ClientError(403, 40301, "Forbidden for this subject")])
 def test_any_definite_refusal_of_a_data_named_subject_is_that_events_dead_letter(
         refusal: ClientError) -> None:
     # QA, session 29: a 422 (or a per-subject 403) for a subject rendered from the row's data
     # stopped the relay, and every restart met the same row.
-    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
-                                        "schema": str(PAYMENT)})
-    client = RefusingRegistry({"url": "mock://refusing"})
-    client.refusal = refusal
-    serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+    dynamic, client, serializer = _refused_each_lookup(refusal)
     with pytest.raises(SerializeError, match=r"subject 'x.n01-value'.*dlq replay"):
         serializer.serialize(event(GOOD), dynamic, "x.n01")
     # A subject known at start is configuration: the router stops, naming it.
@@ -343,11 +350,7 @@ def test_a_4xx_without_a_registry_error_code_stops_the_router_at_its_start(
         refusal: ClientError) -> None:
     # Review 44-2 H1: schema_registry.url aimed at another server (Connect's 8083 answers
     # {"error_code":404}) dead-lettered every Avro event of a templated topic.
-    dynamic = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
-                                        "schema": str(PAYMENT)})
-    client = RefusingRegistry({"url": "mock://refusing"})
-    client.refusal = refusal
-    serializer = AvroSerializer([dynamic], registry(), registry_client=client)
+    dynamic, _, serializer = _refused_each_lookup(refusal)
     with pytest.raises(RegistryError) as caught:
         serializer.serialize(event(GOOD), dynamic, "x.n01")
     assert not isinstance(caught.value, SerializeError)
