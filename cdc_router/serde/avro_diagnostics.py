@@ -9,6 +9,7 @@ would silently leave them out, which `extra_fields: reject` refuses.
 from __future__ import annotations
 
 import math
+import struct
 import sys
 import uuid
 from collections.abc import Mapping
@@ -330,10 +331,16 @@ def _primitive_fits(datum: Any, name: Any) -> bool:
 
 def _number_problem(datum: Any, kind: str, path: str) -> str | None:
     if type(datum) is int:  # a JSON integer in a float or double field
+        where = path.lstrip(".") or "(the payload)"
         limit = _FLOAT_MAX if kind == "float" else sys.float_info.max
-        return None if abs(datum) <= limit else \
-            f"field {path.lstrip('.') or '(the payload)'!r} is {show(str(datum), 60)}, " \
-            f"beyond an Avro {kind}"
+        if abs(datum) > limit:
+            return f"field {where!r} is {show(str(datum), 60)}, beyond an Avro {kind}"
+        # Review 44-2: 9007199254740993 was written as 9007199254740992.0, without a word.
+        held = float(datum) if kind == "double" else struct.unpack("<f", struct.pack(
+            "<f", datum))[0]
+        return None if held == datum else \
+            f"field {where!r} is {datum}, which an Avro {kind} holds only as {held!r}: " \
+            "make the field a long, or send the number as a string"
     if not isinstance(datum, float):
         return None
     where = path.lstrip(".") or "(the payload)"
