@@ -264,6 +264,15 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
     if router.lag > 0 and not router.members:
         yield Problem(settings.no_router, "router", f"{group} has no running instance and "
                       f"{router.lag} records wait on the raw topic; start `cdc-router run`")
+    assigned = {name for member in router.members for name in member.partitions}
+    unread = [f"{p.topic}[{p.partition}]" for p in router.partitions
+              if p.lag > 0 and f"{p.topic}[{p.partition}]" not in assigned]
+    if router.members and router.group_state == "stable" and unread:
+        # QA 44-a: a static member restarted with a topic more kept its old assignment; the
+        # group's last commit was recent, so the stall check said nothing.
+        yield Problem(settings.no_router, "router", f"{group} has instances, but none is "
+                      f"assigned {', '.join(unread)}, where records wait: restart the "
+                      "instances (each joins anew and the group assigns every partition)")
     over = _over(router.lag, settings.lag_critical, settings.lag_warning)
     if over is not None:
         yield Problem(over[0], "router", f"{group} lags {router.lag} records behind the raw "

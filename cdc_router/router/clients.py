@@ -8,10 +8,11 @@ a name rendered from row data would create that topic.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,7 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         "group.id": config.source.group_id,
         # Static membership: a restarted instance takes its partitions back at once
         # instead of waiting session.timeout.ms for the group to notice it died.
-        "group.instance.id": instance_id,
+        "group.instance.id": static_member_id(instance_id, config.source.topics),
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         # Debezium's exactly-once source tasks write in transactions: never read aborted ones.
@@ -117,6 +118,17 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         "partition.assignment.strategy": "range,roundrobin",
         **_NO_AUTO_CREATE,
     }
+
+
+def static_member_id(instance_id: str, topics: Sequence[str]) -> str:
+    """The raw-topic consumer's group.instance.id: the instance id and a digest of what it
+    subscribes to. A static member that rejoins within the session timeout gets its old
+    assignment back without a rebalance, whatever it subscribes to now (QA 44-a: a source
+    topic added, the router restarted at once, and the topic was never assigned). A changed
+    subscription joins as a new member, so the group rebalances; the old id's partitions
+    wait for its session timeout (10 s)."""
+    digest = hashlib.sha256("\n".join(sorted(set(topics))).encode()).hexdigest()[:8]
+    return f"{instance_id}.{digest}"
 
 
 def membership_watch(config: RouterConfig, instance_id: str, factory: ListedFactory,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 from collections import Counter
@@ -118,7 +119,7 @@ def test_a_consumer_out_of_its_group_is_replaced_and_every_event_arrives_once(
     assert len(built) == 2  # the stranded consumer, and the one that replaced it
     assert Counter(r.key().decode() for r in delivered) == Counter(before + after)
     assert len(settled) == 60
-    assert instance in listed
+    assert any(member.startswith(f"{instance}.") for member in listed), listed
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("event=member_missing") for line in lines)
     assert any("event=consumer_renewed" in line and f"did not list member {instance}" in line
@@ -210,3 +211,40 @@ def test_the_idempotent_consumer_replaces_a_consumer_out_of_its_group(
         [f"before-{i}" for i in range(10)] + [f"after-{i}" for i in range(10)])
     assert any("event=consumer_renewed" in r.getMessage() and "did not list member" in
                r.getMessage() for r in caplog.records)
+
+
+def test_a_source_topic_added_and_the_router_restarted_at_once_is_read(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 44-a (high): the router is a static member; restarted within its session timeout with
+    # one more source topic, it got its old assignment back and the new topic was never read.
+    with pipeline(stack, tmp_path) as pipe:
+        pipe.start_router(wait=True)
+        first = pipe.insert([("Order", f"o-{i}", "OrderPaid", {"i": i}) for i in range(5)])
+        assert len(pipe.read(pipe.orders_topic, 5)) == 5
+        # A second raw topic with change events of new ids, as another connector would write.
+        extra = f"{pipe.raw_topic}-extra"
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for future in admin.create_topics([NewTopic(extra, 1, 1)]).values():
+            future.result(timeout=30)
+        try:
+            producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+            added = []
+            for record in pipe.read(pipe.raw_topic, 5):
+                change = json.loads(record.value())
+                after = change.get("payload", change)["after"]
+                after["id"] = f"{after['id']}-extra"
+                added.append(after["id"])
+                producer.produce(extra, key=json.dumps({"id": after["id"]}).encode(),
+                                 value=json.dumps(change).encode())
+            assert producer.flush(30) == 0
+            config = yaml.safe_load(pipe.config_path.read_text())
+            config["source"]["topics"] = [pipe.raw_topic, extra]
+            pipe.config_path.write_text(yaml.safe_dump(config))
+            pipe.kill_router("a", signal.SIGTERM)
+            pipe.start_router(wait=True)  # at once: well within the 10 s session timeout
+            delivered = pipe.read(pipe.orders_topic, 10, timeout_s=120)
+            log = pipe.router_log()
+        finally:
+            for future in admin.delete_topics([extra]).values():
+                future.result(timeout=30)
+    assert Counter(r.key().decode() for r in delivered) == Counter(first + added), log[-3000:]

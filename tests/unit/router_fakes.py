@@ -112,10 +112,11 @@ class FakeCluster:
 
     def members_factory(self, admin_config: Mapping[str, Any], group: str,
                         topics: Sequence[str]) -> Listed:
-        """listed(name, timeout_s): in group_members, counted."""
+        """listed(name, timeout_s): in group_members (an instance id, without the digest of
+        its subscription that clients.static_member_id adds), counted."""
         def listed(name: str | None, timeout_s: float) -> bool:
             self.members_lookups += 1
-            return name in self.group_members
+            return name is not None and name.rsplit(".", 1)[0] in self.group_members
         return listed
 
     def committed(self, topic: str) -> list[Stored]:

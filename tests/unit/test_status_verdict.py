@@ -198,6 +198,19 @@ def test_an_unreachable_part_is_critical_and_the_others_are_still_judged() -> No
         "(cleanup.mode) and the router's lag"]
 
 
+def test_a_partition_with_waiting_records_that_no_instance_is_assigned_is_critical() -> None:
+    # QA 44-a: a topic added to source.topics was never assigned, and status said ok.
+    router = healthy().router
+    extra = PartitionLag("qatext.public.outbox_text", 0, 22, 25, 3, True, 290.0)
+    unread = replace(router, lag=3, partitions=(*router.partitions, extra))
+    assert lines(replace(healthy(), router=unread)) == [
+        "critical: router: router group cdc-router has instances, but none is assigned "
+        "qatext.public.outbox_text[0], where records wait: restart the instances (each "
+        "joins anew and the group assigns every partition)"]
+    rebalancing = replace(unread, group_state="preparingrebalance")
+    assert lines(replace(healthy(), router=rebalancing)) == []  # assignments come after it
+
+
 def test_router_lag_no_instance_and_a_stalled_group() -> None:
     lagging = replace(healthy().router, lag=50, last_commit_age_s=400.0, members=())
     found = lines(replace(healthy(), router=lagging), StatusSettings(lag_warning=20))
