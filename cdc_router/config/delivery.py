@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import StringMap
+from cdc_router.config.fields import StringMap, TopicCount
 from cdc_router.config.fields import field_problem as _fail
 
 
@@ -53,8 +53,8 @@ class DeadLetterSettings(_Model):
     """Where poison input goes, and how `topics apply` creates that topic."""
 
     topic: str = "cdc-router.dlq"
-    partitions: PositiveInt = 1
-    replication_factor: PositiveInt | None = None  # None: the broker's default
+    partitions: TopicCount = 1
+    replication_factor: TopicCount | None = None  # None: the broker's default
     config: StringMap = Field(default_factory=dict)
 
 
@@ -73,8 +73,8 @@ class DedupSettings(_Model):
     window_ms: PositiveInt = Field(default=7 * 24 * 3600 * 1000, le=100 * 366 * 24 * 3600 * 1000)
     max_ids: PositiveInt = 1_000_000
     changelog_topic: str = "cdc-router.dedup"
-    changelog_partitions: PositiveInt = 1
-    changelog_replication_factor: PositiveInt | None = None
+    changelog_partitions: TopicCount = 1
+    changelog_replication_factor: TopicCount | None = None
     changelog_config: StringMap = Field(default_factory=dict)
 
     @field_validator("changelog_config")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from cdc_router.config.patterns import compile_pattern
@@ -45,6 +45,13 @@ def _topic_pattern(pattern: str) -> str:
 
 
 StringMap = Annotated[dict[str, str], BeforeValidator(_stringify)]
+
+# Bounded (QA 33-b: 2^31 partitions was a traceback in `topics apply`): ten thousand is beyond
+# any topic's need; librdkafka takes a replication factor up to ten thousand. Every section that
+# names a topic's partitions or replicas uses it, so that it is refused at load with the field's
+# name, not later by the TopicSpec that topic_specs() builds from it (review M1).
+MAX_PARTITIONS_OR_REPLICAS = 10_000
+TopicCount = Annotated[int, Field(ge=1, le=MAX_PARTITIONS_OR_REPLICAS)]  # partitions, replicas
 
 
 def _text_values(value: Any) -> Any:

@@ -16,7 +16,7 @@ from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, Delive
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import StringMap, TopicPattern
+from cdc_router.config.fields import StringMap, TopicCount, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import slow_pattern
@@ -43,10 +43,8 @@ class TopicSpec(_Model):
     """A topic `topics apply` creates; None leaves partitions or replication to the broker."""
 
     name: str
-    # Bounded (QA 33-b: 2^31 partitions was a traceback in `topics apply`): ten thousand is
-    # beyond any topic's need; librdkafka takes a replication factor up to ten thousand.
-    partitions: int | None = Field(default=None, ge=1, le=10_000)
-    replication_factor: int | None = Field(default=None, ge=1, le=10_000)
+    partitions: TopicCount | None = None
+    replication_factor: TopicCount | None = None
     config: StringMap = Field(default_factory=dict)
 
     @field_validator("name")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, field_validator
 
-from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName
+from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName, TopicCount
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import check_identifier, split_table
 
@@ -40,7 +40,7 @@ class RelaySettings(ConfigModel):
     # Compacted topic holding the relay's position, one record per table; by default
     # `<source.group_id>.relay-position`.
     position_topic: str | None = None
-    position_replication_factor: PositiveInt | None = None
+    position_replication_factor: TopicCount | None = None
     position_config: StringMap = Field(default_factory=dict)
 
     @property

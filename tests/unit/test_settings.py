@@ -681,3 +681,18 @@ def test_a_check_across_fields_names_the_variable_that_set_one_of_them(tmp_path:
                          env={"CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS": "500",
                               "CDC_ROUTER__DELIVERY__GUARANTEE": "exactly_once"})
     assert "GUARANTEE" not in unrelated
+
+
+@pytest.mark.parametrize("section", [
+    "dead_letter: {partitions: %d}", "dead_letter: {replication_factor: %d}",
+    "dedup: {changelog_partitions: %d}", "dedup: {changelog_replication_factor: %d}",
+    "relay: {position_replication_factor: %d}"])
+def test_partitions_and_replicas_are_bounded_at_load(tmp_path: Path, section: str) -> None:
+    # Review M1: 2^31 loaded, and `rules check` and `topics apply` then printed the traceback
+    # of the TopicSpec built from it (bounded at ten thousand).
+    field = section.replace(": {", ".").partition(":")[0]
+    message = error_of(tmp_path, MINIMAL + section % 2**31 + "\n")
+    assert f"field '{field}': Input should be less than or equal to 10000 " \
+           f"(got {2**31})" in message
+    config = loaded(write(tmp_path, MINIMAL + section % 10_000 + "\n"))
+    assert config.topic_specs(), "the bound is TopicSpec's: what loads, topics apply can plan"
