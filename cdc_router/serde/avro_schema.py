@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,9 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"  # Avro specification, "Single-object encoding
 SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
 ANY_TYPE = "*"  # in a schema mapping: the schema for event types not listed
 NAMED_TYPES = ("record", "enum", "fixed", "error")
+# Avro specification, "Names": Apache Avro's Python parser checks it for type names but not for
+# field names, which Java Avro and Confluent's registry (422) refuse.
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,11 +90,47 @@ def parse_schema_text(text: str, where: str, field: str | None = None) -> AvroSc
             fastavro.schema.UnknownType, ValueError, TypeError, KeyError) as error:
         raise ConfigError(f"Avro schema {where}: not a valid Avro schema: {error}",
                           field=field) from None
+    for path, record_name, field_name in _field_names(document, []):
+        if not _AVRO_NAME.fullmatch(field_name):
+            raise ConfigError(
+                f"Avro schema {where}: field {'.'.join(path)} of record {record_name}: "
+                f"{field_name!r} is not a valid Avro name (a letter or _, then letters, digits "
+                "or _), which Java Avro and the schema registry refuse", field=field,
+                hint=f"rename the field, e.g. to {_valid_name(field_name)!r}")
     kind = document.get("type") if isinstance(document, dict) else None
     name = parsed.get("name") if isinstance(parsed, dict) and kind in NAMED_TYPES else None
     return AvroSchema(path=where, text=text, parsed=parsed, named=named, canonical=canonical,
                       fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
                       name=name)
+
+
+def _valid_name(name: str) -> str:
+    """`name` made a valid Avro name: what a rename could be."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return name if _AVRO_NAME.fullmatch(name) else f"_{name}"
+
+
+def _field_names(node: Any, path: list[str]) -> Iterator[tuple[list[str], str, str]]:
+    """Every field a parsed-valid schema document defines, nested ones included: its path
+    (field names, `[]` for array items, `{}` for map values), its record's name and its name."""
+    if isinstance(node, list):  # a union
+        for branch in node:
+            yield from _field_names(branch, path)
+        return
+    if not isinstance(node, dict):  # a primitive or a reference to a named type
+        return
+    kind = node.get("type")
+    if kind in ("record", "error"):
+        for field in node.get("fields", []):
+            name = str(field.get("name"))
+            yield [*path, name], str(node.get("name")), name
+            yield from _field_names(field.get("type"), [*path, name])
+    elif kind == "array":
+        yield from _field_names(node.get("items"), [*path, "[]"])
+    elif kind == "map":
+        yield from _field_names(node.get("values"), [*path, "{}"])
+    elif isinstance(kind, dict | list):  # {"type": {...}}: a schema in place of a name
+        yield from _field_names(kind, path)
 
 
 class RouteSchemas:

@@ -523,6 +523,40 @@ def test_bad_schema_files_are_config_errors_naming_the_file() -> None:
         load_schema(AVRO / "bad_default.avsc")
 
 
+def _line(*fields: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "record", "name": "Line", "fields": list(fields)}
+
+
+@pytest.mark.parametrize(("field", "path", "record_name", "name", "rename"), [
+    ({"name": "a-b", "type": "int"}, "a-b", "Order", "a-b", "a_b"),
+    ({"name": "a b", "type": "int"}, "a b", "Order", "a b", "a_b"),
+    ({"name": "1a", "type": "int"}, "1a", "Order", "1a", "_1a"),
+    # Nested: records in an array, a map and a union, as the registry parses them all.
+    ({"name": "lines", "type": {"type": "array", "items": _line({"name": "a-b", "type": "int"})}},
+     "lines.[].a-b", "Line", "a-b", "a_b"),
+    ({"name": "by_sku", "type": {"type": "map", "values": _line({"name": "1a", "type": "int"})}},
+     "by_sku.{}.1a", "Line", "1a", "_1a"),
+    ({"name": "maybe", "type": ["null", {"type": "map", "values": {"type": "array", "items": _line(
+        {"name": "ok", "type": "int"}, {"name": "x.y", "type": "int"})}}]},
+     "maybe.{}.[].x.y", "Line", "x.y", "x_y"),
+])
+def test_a_field_name_avro_refuses_is_a_config_error_naming_its_path(
+        field: dict[str, Any], path: str, record_name: str, name: str, rename: str) -> None:
+    # Review M2: Apache Avro's Python parser took these names; Java Avro and Confluent's
+    # registry refuse them (422), so the route failed only at its first event.
+    schema = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"},
+                                                           field]}
+    with pytest.raises(ConfigError) as caught:
+        parse_schema_text(json.dumps(schema), "order.avsc", "routes[0].schema")
+    assert str(caught.value) == (
+        f"field 'routes[0].schema': Avro schema order.avsc: field {path} of record "
+        f"{record_name}: {name!r} is not a valid Avro name (a letter or _, then letters, "
+        f"digits or _), which Java Avro and the schema registry refuse; rename the field, "
+        f"e.g. to {rename!r}")
+    renamed = json.dumps(schema).replace(json.dumps(name), json.dumps(rename))
+    assert parse_schema_text(renamed, "order.avsc").name == "Order"  # as the hint says
+
+
 def test_registry_credentials_are_secret_and_reach_the_client() -> None:
     settings = registry(url="https://r:8081", basic_auth_user_info="user:pw",
                         config={"ssl.ca.location": "/ca.pem"})
