@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import avro.schema
 from avro.compatibility import (
     ReaderWriterCompatibilityChecker,
     SchemaCompatibilityResult,
@@ -33,7 +32,7 @@ from avro.schema import (
 
 from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer
-from cdc_router.serde.avro_schema import AvroSchema, load_schema
+from cdc_router.serde.avro_schema import AvroSchema, apache_parse, load_schema
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
 
@@ -50,8 +49,8 @@ class Incompatibility:
 
 def backward_incompatibilities(new: AvroSchema, old_text: str) -> list[Incompatibility]:
     """Why `new` cannot read data written with the schema `old_text`; [] when it can."""
-    reader = avro.schema.parse(new.text)
-    writer = avro.schema.parse(old_text)
+    reader = apache_parse(new.text)
+    writer = apache_parse(old_text)
     if _compatible(reader, writer):
         return []
     found = _locate(reader, writer, "")

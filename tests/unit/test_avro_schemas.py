@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,17 @@ def problems(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
 def test_backward_compatibility_names_the_breaking_field(new: dict[str, Any], old: dict[str, Any],
                                                          expected: list[str]) -> None:
     assert problems(new, old) == expected
+
+
+def test_a_logical_type_apache_avro_does_not_know_parses_without_a_warning() -> None:
+    # Review L2: avro's IgnoredLogicalType printed two lines of Python warning on `rules check`,
+    # `run` and `schemas check`; the schema is valid, and the field reads as a long.
+    local = record({"name": "at",
+                    "type": {"type": "long", "logicalType": "local-timestamp-millis"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert problems(local, local) == []  # parse_schema_text, then the compatibility check
+
 
 
 # confluent-kafka's in-memory registry, reached through its public factory (its module is private).
