@@ -109,6 +109,7 @@ class SchemaRegistrySettings(_Model):
             text = self.config[key]
             conf[key] = float(text) if "." in text else int(text)
         if self.basic_auth_user_info is not None:
-            conf["basic.auth.credentials.source"] = "USER_INFO"
+            # Alone: SchemaRegistryClient refuses basic.auth.credentials.source (the Java
+            # client's and the old CachedSchemaRegistryClient's) as an unrecognized property.
             conf["basic.auth.user.info"] = self.basic_auth_user_info.get_secret_value()
         return conf

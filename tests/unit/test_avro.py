@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
 import shutil
 import struct
+import threading
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -563,12 +566,40 @@ def test_registry_credentials_are_secret_and_reach_the_client() -> None:
     assert "pw" not in repr(settings)
     assert settings.client_config() == {
         "url": "https://r:8081", "ssl.ca.location": "/ca.pem", "timeout": REGISTRY_TIMEOUT_S,
-        "max.retries": REGISTRY_MAX_RETRIES,
-        "basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "user:pw"}
+        "max.retries": REGISTRY_MAX_RETRIES, "basic.auth.user.info": "user:pw"}
     # QA, session 29: confluent-kafka's default of 3 retries made one lookup 44 s; at most
     # two tries of REGISTRY_TIMEOUT_S stay under the transaction's 20 s.
     assert 2 * REGISTRY_TIMEOUT_S + 2 < 20
     assert registry(config={"max.retries": "3"}).client_config()["max.retries"] == 3
+
+
+def test_registry_basic_auth_reaches_the_registry() -> None:
+    # Review M4: the config also held basic.auth.credentials.source (a property of the Java
+    # client and of confluent-kafka's old CachedSchemaRegistryClient), which SchemaRegistryClient
+    # refuses: "Unrecognized properties" at the first lookup of every registry with a user.
+    seen: list[str | None] = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Registry) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        settings = registry(url=f"http://127.0.0.1:{server.server_address[1]}",
+                            basic_auth_user_info="user:pw")
+        try:
+            with SchemaRegistryClient.new_client(settings.client_config()) as client:
+                assert client.get_subjects() == []
+        finally:
+            server.shutdown()
+    assert seen == ["Basic " + base64.b64encode(b"user:pw").decode()]
 
 
 # --- the decoder --------------------------------------------------------------------------
