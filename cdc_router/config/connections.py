@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import StringMap
+from cdc_router.config.redact import shown_url
 
 
 class KafkaSettings(_Model):
@@ -66,6 +67,24 @@ _REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
                                "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
 
 
+def _registry_url_problem(url: str) -> str | None:
+    """Why one server URL of schema_registry.url cannot be reached; None when it can."""
+    if re.search(r"\s", url):
+        return "it has a space"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a ValueError when it is no number or above 65535
+    except ValueError:
+        return "its port must be a number from 1 to 65535"
+    if parts.scheme not in ("http", "https", "mock"):
+        return "it names no scheme the client knows"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "its port must be a number from 1 to 65535"
+    return None
+
+
 class SchemaRegistrySettings(_Model):
     """A Confluent-compatible schema registry; with it, Avro routes use its wire format."""
 
@@ -80,11 +99,16 @@ class SchemaRegistrySettings(_Model):
     @field_validator("url")
     @classmethod
     def _urls(cls, value: str) -> str:
-        for url in value.split(","):
-            parts = urlsplit(url.strip())
-            if parts.scheme not in ("http", "https", "mock") or not parts.netloc:
+        # Review M4: `http://:8081`, `http://host:99999` passed, and the client failed on its
+        # first request, which the router takes for an outage (exit 75, restarted forever).
+        servers = value.split(",")
+        for url in servers:
+            problem = _registry_url_problem(url.strip())
+            if problem:
+                which = f" ({shown_url(url)!r})" if len(servers) > 1 else ""
                 raise ValueError("each url must be http://host:port, https://host:port or "
-                                 "mock://name (in-memory, for tests)")
+                                 "mock://name (in-memory, for tests), several separated by "
+                                 f"commas: {problem}{which}")
         return value
 
     @field_validator("config")

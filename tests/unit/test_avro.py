@@ -519,6 +519,37 @@ def test_avro_config_errors_name_file_and_field(tmp_path: Path, yaml_text: str,
     assert expected.format(dir=tmp_path) in message
 
 
+_EACH_URL = ("field 'schema_registry.url': each url must be http://host:port, https://host:port "
+             "or mock://name (in-memory, for tests), several separated by commas: ")
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    # Review M4: these passed, and the client's first request failed, an outage to the router.
+    ("http://:8081", "it names no host (got 'http://:8081')"),
+    ("http://u:pw@", "it names no host (got 'http://u:*****@')"),
+    ("http://host:99999", "its port must be a number from 1 to 65535 (got 'http://host:99999')"),
+    ("http://host:0", "its port must be a number from 1 to 65535"),
+    ("http://ho st:8081", "it has a space (got 'http://ho st:8081')"),
+    ("http://a:8081,http://u:pw@:1", "it names no host ('http://u:*****@:1') "
+                                     "(got 'http://a:8081,http://u:*****@:1')"),
+])
+def test_a_registry_url_the_client_cannot_reach_is_a_config_error(
+        tmp_path: Path, url: str, expected: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(f"source: {{topics: [raw]}}\nroutes: [{{topic: p}}]\n"
+                    f"schema_registry: {{url: '{url}'}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert f"{_EACH_URL}{expected}" in str(caught.value)
+    assert "pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["http://a:8081, https://b", "https://psrc.example.cloud",
+                                 "http://[::1]:8081", "mock://unit", "https://u:pw@r:8081/sr"])
+def test_registry_urls_the_client_takes_load(url: str) -> None:
+    assert registry(url=url).url == url
+
+
 def test_bad_schema_files_are_config_errors_naming_the_file() -> None:
     with pytest.raises(ConfigError, match=r"bad_json.avsc: invalid JSON at line 2, column 16"):
         load_schema(AVRO / "bad_json.avsc")
