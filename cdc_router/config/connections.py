@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import StringMap
-from cdc_router.config.redact import shown_url
+from cdc_router.config.fields import field_problem as _fail
+from cdc_router.config.redact import redact, shown_url
 
 
 class KafkaSettings(_Model):
@@ -65,6 +67,10 @@ REGISTRY_MAX_RETRIES = 1
 # SchemaRegistryClient properties it wants as numbers; YAML and the environment give strings.
 _REGISTRY_NUMBERS = frozenset({"timeout", "max.retries", "retries.wait.ms",
                                "retries.max.wait.ms", "cache.capacity", "cache.latest.ttl.sec"})
+# Files the client opens as it is built: they may exist only where the router runs, not where
+# `rules check` does (CI), so the check at load builds it without them.
+_REGISTRY_FILES = frozenset({"ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+                             "ssl.key.password"})
 
 
 def _registry_url_problem(url: str) -> str | None:
@@ -82,6 +88,22 @@ def _registry_url_problem(url: str) -> str | None:
         return "it names no host"
     if port == 0:
         return "its port must be a number from 1 to 65535"
+    return None
+
+
+@functools.lru_cache(maxsize=32)  # a build reads the CA bundle (0.1 to 0.3 s): once per config
+def _client_refusal(conf: tuple[tuple[str, str | float], ...]) -> str | None:
+    """Why confluent-kafka's SchemaRegistryClient refuses this configuration, its secrets
+    masked; None when it takes it. Building it makes no request (the first lookup connects)."""
+    # Deferred: importing the client takes about a second, for configs without a registry too.
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    try:
+        SchemaRegistryClient.new_client(dict(conf)).close()
+    except (ValueError, TypeError) as error:
+        return redact("", str(error)) or type(error).__name__
+    except OSError:  # SSL_CERT_FILE names a CA bundle not here: the router's host's, as files
+        return None
     return None
 
 
@@ -123,6 +145,24 @@ class SchemaRegistrySettings(_Model):
             if key in _REGISTRY_NUMBERS and not re.fullmatch(r"\d+(\.\d+)?", value[key]):
                 raise ValueError(f"{key} must be a number, not {value[key]!r}")
         return value
+
+    @model_validator(mode="after")
+    def _client_takes_config(self) -> SchemaRegistrySettings:
+        # Review M4: the client refuses a property it does not know ("Unrecognized
+        # properties"), and did so only when `run` built it: an outage to the router.
+        conf = {key: value for key, value in self.client_config().items()
+                if key not in _REGISTRY_FILES}
+        refusal = _client_refusal(tuple(sorted(conf.items())))
+        if refusal is None:
+            return self
+        culprit = next((key for key in self.config if re.search(
+            rf"(?<![\w.]){re.escape(key)}(?![\w.])", refusal)), None)
+        # An unknown key's value is not shown: it may be a misspelt secret's.
+        shown = (self.config[culprit] if culprit and "Unrecognized properties" not in refusal
+                 else None)
+        raise _fail(f"config.{culprit}" if culprit else "config",
+                    f"confluent-kafka's SchemaRegistryClient refuses it: {refusal}; correct or "
+                    "remove it (the client's documentation lists the properties it takes)", shown)
 
     def client_config(self) -> dict[str, str | float]:
         """The configuration of confluent-kafka's SchemaRegistryClient."""

@@ -16,11 +16,13 @@ from typing import Any
 
 import fastavro
 import pytest
+from click.testing import CliRunner
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from cdc_router.cli import main
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.connections import (
     REGISTRY_MAX_RETRIES,
@@ -447,11 +449,40 @@ def test_record_strategies_need_a_named_schema(tmp_path: Path) -> None:
 
 
 def test_the_client_is_built_lazily_and_its_config_errors_are_ours() -> None:
-    serializer = AvroSerializer([rule()], registry(url="http://127.0.0.1:9",
-                                                   config={"no.such.property": "1"}))
+    # Settings built past validation, which refuses the property (the next test).
+    settings = SchemaRegistrySettings.model_construct(url="http://127.0.0.1:9",
+                                                      config={"no.such.property": "1"})
+    serializer = AvroSerializer([rule()], settings)
     assert serializer.registry is not None
     with pytest.raises(RegistryError, match=r"Unrecognized properties: no\.such\.property"):
         serializer.preflight()
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"bogus.key": 1}, "field 'schema_registry.config.bogus.key': confluent-kafka's "
+     "SchemaRegistryClient refuses it: Unrecognized properties: bogus.key; correct or remove it "
+     "(the client's documentation lists the properties it takes); see "),
+    # A misspelt secret's value is not shown.
+    ({"bearer.auth.client.secrt": "s3cr3t"}, "field 'schema_registry.config.bearer.auth.client."
+                                             "secrt': confluent-kafka's SchemaRegistryClient "
+                                             "refuses it: Unrecognized properties: "),
+    ({"bearer.auth.credentials.source": "NOPE"}, "Unrecognized bearer.auth.credentials.source; "
+     "correct or remove it (the client's documentation lists the properties it takes) "
+     "(got 'NOPE')"),
+])
+def test_a_property_the_registry_client_refuses_is_a_config_error(
+        tmp_path: Path, config: dict[str, Any], expected: str) -> None:
+    # Review M4: `rules check` passed it, and `run` failed on it, an outage to the router.
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\nroutes: [{topic: p}]\n"
+                    f"schema_registry: {{url: 'http://r:8081', config: {json.dumps(config)}}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert expected in str(caught.value) and "s3cr3t" not in str(caught.value)
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert checked.exit_code == 1 and "Traceback" not in checked.output
+    assert checked.output.startswith(f"error: {path}: field 'schema_registry.config."), \
+        checked.output
 
 
 def test_an_unreachable_registry_is_a_registry_error() -> None:

@@ -217,11 +217,10 @@ kafka:
 schema_registry:
   url: https://registry:8081
   basic_auth_user_info: 'sr-user:sr-Pa55'
-  config:
-    ssl.keystore.key: |
-      -----BEGIN PRIVATE KEY-----
-      MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7
-      -----END PRIVATE KEY-----
+  config:  # properties SchemaRegistryClient takes (it refuses others at load)
+    ssl.certificate.location: /etc/registry/app.pem
+    ssl.key.location: /etc/registry/app.key
+    ssl.key.password: k3y-pa55
 cleanup: {mode: delete, dsn: 'postgresql://u:db-Pa55@h/db'}
 nats: {url: 'nats://nuser:n4ts-Pa55@127.0.0.1:4222'}
 """
@@ -250,7 +249,7 @@ def test_rules_check_masks_every_secret(tmp_path: Path, output: str,
                                              "ssl.key.pem": MASK}
         assert config["kafka"]["producer"]["sasl.jaas.config"] == MASK
         assert config["kafka"]["sasl_username"] == "app"
-        assert config["schema_registry"]["config"]["ssl.keystore.key"] == MASK
+        assert config["schema_registry"]["config"]["ssl.key.password"] == MASK
         assert config["schema_registry"]["url"] == "https://registry:8081"
 
 
