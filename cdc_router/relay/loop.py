@@ -37,6 +37,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     LockLost,
+    init_failure,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
@@ -184,7 +185,7 @@ class OutboxRelay:
         try:
             self._txn.init()  # fences the previous relay of this table, aborts its batch
         except BatchFailed as failure:
-            raise DeliveryError(str(failure)) from failure
+            raise init_failure(failure) from failure
         require_own_topics(self._config, self._destinations.partitions, self._describe)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)

@@ -36,7 +36,7 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
-from cdc_router.errors import BatchFailed, ConfigError, DeliveryError
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, init_failure
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
@@ -185,7 +185,7 @@ class DeadLetterReplay:
             try:
                 txn.init()
             except BatchFailed as failure:
-                raise DeliveryError(str(failure)) from failure
+                raise init_failure(failure) from failure
             self._max_bytes = clients.dead_letter_limit(self._config, self._describe)
         marks = list(self._changelog.catch_up(timeout_s=READ_TIMEOUT_S))
         letters, ends = self._read_letters()

@@ -26,6 +26,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     GrantRevoked,
     MemberFenced,
+    init_failure,
 )
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import (
@@ -144,7 +145,7 @@ class OutboxRouter:
             try:
                 txn.init()
             except BatchFailed as failure:
-                raise DeliveryError(str(failure)) from failure
+                raise init_failure(failure) from failure
             require_own_topics(self._config, self._destinations.partitions, self._describe)
             self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
             self._subscribe(consumer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.errors import EXIT_RESTART, BatchFailed, init_failure
 from cdc_router.kafka.errors import ErrorAction, classify, kafka_error_of
 
 
@@ -33,3 +34,15 @@ def test_kafka_error_of_unwraps_exceptions():
 def test_a_consumer_fatal_error_not_flagged_fatal_is_fatal_all_the_same() -> None:
     # How librdkafka hands a fenced static member's consumer its fatal error (chaos, seed 15).
     assert classify(KafkaError(KafkaError._FATAL, "Static consumer fenced")) is ErrorAction.FATAL
+
+
+def test_a_start_whose_cluster_does_not_answer_exits_for_a_restart() -> None:
+    # QA 44-a: a broker stopped at the router's start ended it with exit 1, which says
+    # configuration; an outage is EXIT_RESTART, for the supervisor to start it again.
+    unanswered = BatchFailed("step 'init' still fails after 1 tries",
+                             KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+    assert init_failure(unanswered).exit_code == EXIT_RESTART
+    assert init_failure(BatchFailed("no answer")).exit_code == EXIT_RESTART
+    refused = BatchFailed("step 'init': refused", KafkaError(KafkaError.INVALID_CONFIG))
+    assert init_failure(refused).exit_code == 1
+    assert "still fails after 1 tries" in str(init_failure(unanswered))
