@@ -38,6 +38,7 @@ from cdc_router.errors import (
     FatalKafkaError,
     LockLost,
     init_failure,
+    show,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
@@ -316,7 +317,9 @@ class OutboxRelay:
         if isinstance(result, DeadLettered):
             self._dead_letter(row, result)
         elif isinstance(result, Duplicate):
-            self._txn.passed_over(None)
+            self._txn.passed_over(None)  # an id reused (QA 44-a: not a word said)
+            log.info("event=replay_dropped id=%s table=%s seq=%d", show(result.event_id),
+                     self._table, row.seq)
         else:
             self._txn.passed_over(result.reason)
 

@@ -27,6 +27,7 @@ from cdc_router.errors import (
     GrantRevoked,
     MemberFenced,
     init_failure,
+    show,
 )
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import (
@@ -224,7 +225,9 @@ class OutboxRouter:
         elif isinstance(result, DeadLettered):
             self._dead_letter(message, result)
         elif isinstance(result, Duplicate):
-            self._txn.passed_over(None)
+            self._txn.passed_over(None)  # a replay, or an id reused (QA 44-a: not a word said)
+            log.info("event=replay_dropped id=%s topic=%s partition=%s offset=%s",
+                     show(result.event_id), topic, partition, offset)
         else:
             self._txn.passed_over(result.reason)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -603,8 +604,9 @@ def test_full_polls_share_one_transaction_until_it_is_due() -> None:
     assert cluster.group_offsets == {(RAW, 0): 3 * POLL_BATCH}
 
 
-def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
+def test_ids_in_the_changelog_are_replays_and_dropped(caplog: pytest.LogCaptureFixture) -> None:
     # Both formats: a batch's ids in one record, and one record per id (earlier versions).
+    caplog.set_level(logging.INFO, logger="cdc_router")
     now_ms = int(time.time() * 1000)
     cluster = cluster_with(*events(10))
     [batch] = changelog_records(["e-0", "e-1", "e-2"], now_ms)
@@ -614,6 +616,9 @@ def test_ids_in_the_changelog_are_replays_and_dropped() -> None:
     harness = Harness(cluster).run()
     assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(5, 10))
     assert harness.metric("cdc_router_duplicates_dropped_total") == 5
+    # QA 44-a: an id reused by the application was dropped without a line.
+    dropped = [r.getMessage() for r in caplog.records if "event=replay_dropped" in r.getMessage()]
+    assert len(dropped) == 5 and "id='e-0'" in dropped[0] and "offset=0" in dropped[0]
     # QA 32-a: a replay's row goes to the cleanup too (a new row reusing a delivered id
     # stayed until the next start's sweep).
     assert sorted(harness.handed) == sorted([(f"e-{i}", "") for i in range(5)] +
