@@ -392,7 +392,8 @@ class Transaction:
                     self._settle_in_doubt(name, failure, conflict)
                     raise BatchFailed(
                         f"Kafka transaction step {name!r} still fails after {attempt + 1} "
-                        f"tries: {failure}; is the cluster at {self._bootstrap} reachable?",
+                        f"tries: {failure}; is the cluster at {self._bootstrap} "
+                        "(kafka.bootstrap_servers) reachable?",
                         error) from failure
                 log.info("event=retry step=%s attempt=%d error=%s", name, attempt + 1, failure)
                 self._sleep(backoff)
