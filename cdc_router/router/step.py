@@ -14,7 +14,9 @@ Its two lookups are handed in, so that the router (cluster metadata, the replay 
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -28,7 +30,9 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     RouteError,
+    SerializeError,
     printable,
+    show,
 )
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
@@ -42,6 +46,11 @@ if TYPE_CHECKING:
     from cdc_router.config.compiled import CompiledConfig
     from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
+
+# The ids of events that took longer than a transaction may live, kept (oldest out) to
+# dead-letter them when their batch is read again: a handful in any real stream.
+_SLOW_IDS = 1024
+log = logging.getLogger("cdc_router.router")
 
 # Failures that are not one record's: they stop the router (configuration, the registry, a
 # fenced producer, memory) or fail the batch (the cluster), never dead-letter a record.
@@ -146,11 +155,15 @@ class RecordStep:
                  *, seen: Callable[[str], bool] = _never,
                  missing: Callable[[str], str] = missing_topic,
                  timestamp_limits: Callable[[str], TimestampLimits | None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.monotonic) -> None:
         """Reuses what compile_config() built; only wraps its serializers to name the stage.
         `timestamp_limits` (router/timestamps.py) dead-letters a created_at the destination
-        topic would refuse, before it is produced."""
+        topic would refuse, before it is produced; `timer` times each event's route()."""
         config = compiled.config
+        self._timer = timer
+        self._slow_s = config.delivery.transaction_timeout_ms / 1000
+        self._slow: OrderedDict[str, float] = OrderedDict()  # event id -> seconds it took
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
                                          compiled.serializers.items()}
         self._router = Router(compiled, staged)
@@ -201,7 +214,29 @@ class RecordStep:
         return self.event(event)
 
     def route(self, event: OutboxEvent) -> StepResult:
-        """Route and serialize one decoded event."""
+        """Route and serialize one decoded event; an event that took longer than the batch's
+        transaction may live is a dead letter when it comes again (review 44-2: an Avro
+        schema recursive through a union took 74 s for one 165 KB payload; its batch's
+        transaction expired, was aborted and read again, for ever)."""
+        took = self._slow.get(event.event_id)
+        if took is not None:
+            return DeadLettered("serialize", SerializeError(
+                f"event {show(event.event_id)}: routing and serializing it took {took:.1f} s, "
+                f"longer than delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
+                "batch's transaction expired, as it would at every retry; make its payload "
+                "cheaper to encode (an Avro schema recursive through a union costs its depth "
+                "times its size), then `cdc-router dlq replay` it"), event.event_id, event)
+        started = self._timer()
+        result = self._route(event)
+        took = self._timer() - started
+        if took > self._slow_s:
+            log.warning("event=slow_record id=%s took_s=%.1f", show(event.event_id), took)
+            self._slow[event.event_id] = took
+            if len(self._slow) > _SLOW_IDS:
+                self._slow.popitem(last=False)
+        return result
+
+    def _route(self, event: OutboxEvent) -> StepResult:
         try:
             routed = self._router.route(event, self._partition_count)
             # A computed partition has asked for the topic already (and found it); a

@@ -189,3 +189,22 @@ def test_the_step_reuses_the_serializers_compiled_at_load(
     step = RecordStep(load_config(path), {"orders": 6}.get)
     assert isinstance(step(SOURCE, None, captured("create_jsonb.noschema")), Routed)
     assert built == ["json"]  # once, at load: the step compiles nothing again
+
+
+def test_an_event_that_outlasted_the_transaction_is_a_dead_letter_when_it_comes_again() -> None:
+    # Review 44-2: one Avro payload took 74 s to encode; its batch's transaction (20 s)
+    # expired, was aborted and read again, and the same event took 74 s again, for ever.
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": [{"topic": "orders"}]})
+    ticks = iter([0.0, 25.0, 30.0, 30.1])  # the first route() takes 25 s, the next 0.1 s
+    slow = RecordStep(compile_config(config), {"orders": 6}.get, timer=lambda: next(ticks))
+    value = captured("create_jsonb.noschema")
+    assert isinstance(slow(SOURCE, None, value), Routed)  # its batch may still commit
+    again = slow(SOURCE, None, value)  # read again after its batch failed
+    assert isinstance(again, DeadLettered) and again.stage == "serialize"
+    assert isinstance(again.error, SerializeError)
+    assert "took 25.0 s, longer than delivery.transaction_timeout_ms (20 s)" in str(again.error)
+    assert again.marked_id == EVENT_ID
+    other = json.loads(value)
+    other["after"]["id"] = "another-event"
+    assert isinstance(slow(SOURCE, None, json.dumps(other).encode()), Routed)  # 0.1 s: routed
