@@ -156,12 +156,17 @@ class RecordStep:
                  missing: Callable[[str], str] = missing_topic,
                  timestamp_limits: Callable[[str], TimestampLimits | None] | None = None,
                  clock: Callable[[], float] = time.time,
-                 timer: Callable[[], float] = time.monotonic) -> None:
+                 wall: Callable[[], float] = time.perf_counter,
+                 cpu: Callable[[], float] = time.thread_time) -> None:
         """Reuses what compile_config() built; only wraps its serializers to name the stage.
         `timestamp_limits` (router/timestamps.py) dead-letters a created_at the destination
-        topic would refuse, before it is produced; `timer` times each event's route()."""
+        topic would refuse, before it is produced; `wall` times each event's route(), and
+        `cpu`, this thread's CPU time, confirms a long one: a process stopped (SIGSTOP, a
+        paused VM) or a registry slow to answer adds none, a payload costly to encode does.
+        (`cpu` is a system call, 0.5 us: read once a second, not per event.)"""
         config = compiled.config
-        self._timer = timer
+        self._wall, self._cpu = wall, cpu
+        self._marked = (wall(), cpu())  # (wall, CPU) at most a second before an event starts
         self._slow_s = config.delivery.transaction_timeout_ms / 1000
         self._slow: OrderedDict[str, float] = OrderedDict()  # event id -> seconds it took
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
@@ -221,14 +226,17 @@ class RecordStep:
         took = self._slow.get(event.event_id)
         if took is not None:
             return DeadLettered("serialize", SerializeError(
-                f"event {show(event.event_id)}: routing and serializing it took {took:.1f} s, "
+                f"event {show(event.event_id)}: routing and serializing it took {took:.1f} s "
+                "of CPU, "
                 f"longer than delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
                 "batch's transaction expired, as it would at every retry; make its payload "
                 "cheaper to encode (an Avro schema recursive through a union costs its depth "
                 "times its size), then `cdc-router dlq replay` it"), event.event_id, event)
-        started = self._timer()
+        started = self._wall()
+        if started - self._marked[0] > 1.0:
+            self._marked = (started, self._cpu())
         result = self._route(event)
-        took = self._timer() - started
+        took = self._cpu() - self._marked[1] if self._wall() - started > self._slow_s else 0.0
         if took > self._slow_s:
             log.warning("event=slow_record id=%s took_s=%.1f", show(event.event_id), took)
             self._slow[event.event_id] = took

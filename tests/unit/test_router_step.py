@@ -196,15 +196,24 @@ def test_an_event_that_outlasted_the_transaction_is_a_dead_letter_when_it_comes_
     # expired, was aborted and read again, and the same event took 74 s again, for ever.
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": [{"topic": "orders"}]})
-    ticks = iter([0.0, 25.0, 30.0, 30.1])  # the first route() takes 25 s, the next 0.1 s
-    slow = RecordStep(compile_config(config), {"orders": 6}.get, timer=lambda: next(ticks))
+    # The first route() takes 25 s of CPU, the next one 0.1 s; the third 40 s of wall time
+    # but no CPU (the process was stopped): no dead letter.
+    wall = iter([0.0, 0.0, 25.0, 30.0, 30.1, 40.0, 80.0, 80.0, 80.1])
+    cpu = iter([0.0, 25.0, 25.0, 25.0, 25.0, 25.0])
+    slow = RecordStep(compile_config(config), {"orders": 6}.get, wall=lambda: next(wall),
+                      cpu=lambda: next(cpu))
     value = captured("create_jsonb.noschema")
     assert isinstance(slow(SOURCE, None, value), Routed)  # its batch may still commit
     again = slow(SOURCE, None, value)  # read again after its batch failed
     assert isinstance(again, DeadLettered) and again.stage == "serialize"
     assert isinstance(again.error, SerializeError)
-    assert "took 25.0 s, longer than delivery.transaction_timeout_ms (20 s)" in str(again.error)
+    assert "took 25.0 s of CPU, longer than delivery.transaction_timeout_ms (20 s)" in \
+        str(again.error)
     assert again.marked_id == EVENT_ID
     other = json.loads(value)
     other["after"]["id"] = "another-event"
     assert isinstance(slow(SOURCE, None, json.dumps(other).encode()), Routed)  # 0.1 s: routed
+    other["after"]["id"] = "a-stopped-one"
+    stopped = json.dumps(other).encode()
+    assert isinstance(slow(SOURCE, None, stopped), Routed)  # 40 s of wall time, 0 of CPU
+    assert isinstance(slow(SOURCE, None, stopped), Routed)  # not remembered as slow
