@@ -79,7 +79,9 @@ class JetStreamPublisher:
         self._url = url
         self._options = dict(options or {})
         self._errors: deque[BaseException] = deque(maxlen=RECENT_ERRORS)  # since connected
-        self._denied: set[str] = set()  # subjects the server refused this batch's publish to
+        # Subjects the server refused this batch's publish to, lowercased: nats-py's parser
+        # lowercases the whole -ERR line (review 44-3: orders.OrderPaid never matched).
+        self._denied: set[str] = set()
         self._ack_timeout_s = ack_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._name = name
@@ -105,11 +107,12 @@ class JetStreamPublisher:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-        try:
-            self._run(self._disconnect(), self._connect_timeout_s + _GRACE_S)
-            self._run(_end_other_tasks(), _GRACE_S)
-        except JetStreamError as failure:
-            log.warning("event=nats_close_failed error=%r", str(failure))
+        for work, timeout_s in ((self._disconnect, self._connect_timeout_s + _GRACE_S),
+                                (_end_other_tasks, _GRACE_S)):  # the second after any first
+            try:
+                self._run(work(), timeout_s)
+            except JetStreamError as failure:
+                log.warning("event=nats_close_failed error=%r", str(failure))
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_GRACE_S)
         if not thread.is_alive():
@@ -201,7 +204,8 @@ class JetStreamPublisher:
                            "authorization (or route the event elsewhere), then `cdc-router dlq "
                            "replay` the letter"
                     for index, (message, result) in enumerate(zip(messages, results, strict=True))
-                    if isinstance(result, BaseException) and message.subject in self._denied}
+                    if isinstance(result, BaseException)
+                    and message.subject.lower() in self._denied}
         if refused:
             raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "
                                    f"messages; first: {next(iter(refused.values()))}", refused)
@@ -235,7 +239,7 @@ class JetStreamPublisher:
     async def _error(self, error: Exception) -> None:
         denied = _PUBLISH_DENIED.search(str(error))
         if denied:  # the server drops such a publish and says so here only: its ack never comes
-            self._denied.add(denied[1])
+            self._denied.add(denied[1].lower())
             log.warning("event=nats_publish_denied subject=%s", denied[1])
             return
         self._errors.append(error)
