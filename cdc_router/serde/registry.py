@@ -235,15 +235,16 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check schema_registry.basic_auth_user_info")
     # Only an answer in the registry's own words (its 5-digit error codes: 42201 an invalid
-    # schema, 40301 forbidden for this subject) is about the subject. A bare 4xx, or a code
-    # that only repeats the status, is a proxy's or another server's (schema_registry.url
-    # aimed at Connect's 8083): no record's fault, and every Avro event of a templated topic
-    # was dead-lettered (review 44-2 H1).
+    # schema) is about the subject. A bare 4xx, or a code that only repeats the status, is a
+    # proxy's or another server's (schema_registry.url aimed at Connect's 8083): no record's
+    # fault, and every Avro event of a templated topic was dead-lettered (review 44-2 H1).
+    # A 403 is the subject's whatever its code: Apicurio's ccompat API sends 0 (review 44-3),
+    # and the start's check (AvroSerializer.preflight) has seen the registry answer.
     registry_code = isinstance(code, int) and code >= 10_000
     if status == 403:
         return RegistryError(f"cannot {what}: the registry at {url} forbids it (HTTP 403): "
                              "check schema_registry.basic_auth_user_info and the registry's "
-                             "permissions for this subject", refused=registry_code)
+                             "permissions for this subject", refused=True)
     # 408 and 429 say "later": an outage's, not the subject's.
     transient = isinstance(status, int) and (status >= 500 or status in (408, 429))
     definite = isinstance(status, int) and 400 <= status < 500 and not transient
