@@ -34,6 +34,17 @@ _last_id = (0, 0)  # (unix milliseconds, random part) of this process's last id
 _id_lock = threading.Lock()
 
 
+def _forget_last_id() -> None:
+    """In a forked child: start from fresh random bits. Two children counting on from the
+    parent's last id made the same ids, and the second event was dropped as a replay (review
+    44-3)."""
+    global _last_id, _id_lock
+    _last_id, _id_lock = (0, 0), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_last_id)
+
+
 def new_event_id() -> str:
     """A UUIDv7 (RFC 9562), time-ordered and monotonic in this process: an id made later sorts
     later, also within one millisecond (section 6.2, method 2: the random part counts on from

@@ -377,6 +377,24 @@ def test_new_event_ids_of_one_millisecond_still_sort_in_the_order_they_were_made
     assert {(uuid.UUID(i).version, uuid.UUID(i).variant) for i in made} == {(7, uuid.RFC_4122)}
 
 
+def test_forked_children_never_make_the_same_event_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 44-3: children forked in the parent's millisecond (here: a parent whose clock
+    # stepped back a minute) counted on from its last id, each making the same ones.
+    import multiprocessing
+
+    from cdc_router.outbox import writer
+
+    monkeypatch.setattr(writer, "_last_id", (time.time_ns() // 1_000_000 + 60_000, 0))
+    context = multiprocessing.get_context("fork")
+    with context.Pool(2) as pool:
+        made = pool.map(_ids_of_a_child, range(4))
+    assert len({i for ids in made for i in ids}) == sum(len(ids) for ids in made)
+
+
+def _ids_of_a_child(_: int) -> list[str]:
+    return [new_event_id() for _ in range(50)]
+
+
 class _Publication:
     """Answers _publication_warnings()'s two queries: read_publication()'s catalog row, then
     whether the table is in the publication and partitioned."""
