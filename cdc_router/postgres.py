@@ -9,6 +9,7 @@ never through string formatting.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -94,17 +95,22 @@ def column_types(conn: psycopg.Connection[Any], qualified: str,
 # retries, about 15 minutes, and a SIGTERM with it (review 44). Keepalives find an idle
 # connection dead in about 10 + 3 x 5 s, tcp_user_timeout a send unacknowledged for 30 s.
 _CONNECT_TIMEOUT_S = 5  # short: the caller tries again, and a dead host must not hold it long
+_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT", "application_name": "PGAPPNAME"}
 _LIVENESS = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
              "keepalives_count": "3", "tcp_user_timeout": "30000"}
 
 
 def session_options(dsn: str, application_name: str) -> dict[str, Any]:
     """psycopg.connect() keywords for one of the router's own sessions: a short connect
-    timeout, its application_name, and liveness settings, each unless the DSN sets it."""
+    timeout, its application_name, and liveness settings, each unless the DSN, its libpq
+    environment variable or a service file sets it (a keyword would outrank those)."""
     try:
         given = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:  # connect() says what is wrong with it
         given = {}
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}  # its pg_service.conf entry decides, as the operator wrote it
+    given |= {key: "" for key, variable in _ENVIRONMENT.items() if os.environ.get(variable)}
     defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, "application_name": application_name,
                 **_LIVENESS}
     return {key: value for key, value in defaults.items() if key not in given}

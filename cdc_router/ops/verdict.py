@@ -271,8 +271,10 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
         # QA 44-a: a static member restarted with a topic more kept its old assignment; the
         # group's last commit was recent, so the stall check said nothing.
         yield Problem(settings.no_router, "router", f"{group} has instances, but none is "
-                      f"assigned {', '.join(unread)}, where records wait: restart the "
-                      "instances (each joins anew and the group assigns every partition)")
+                      f"assigned {', '.join(unread)}, where records wait: stop every "
+                      "instance for longer than the group's session timeout (kafka.consumer "
+                      "session.timeout.ms, 10 s), then start them: the group assigns every "
+                      "partition anew")
     over = _over(router.lag, settings.lag_critical, settings.lag_warning)
     if over is not None:
         yield Problem(over[0], "router", f"{group} lags {router.lag} records behind the raw "

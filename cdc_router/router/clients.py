@@ -126,7 +126,7 @@ def static_member_id(instance_id: str, topics: Sequence[str]) -> str:
     assignment back without a rebalance, whatever it subscribes to now (QA 44-a: a source
     topic added, the router restarted at once, and the topic was never assigned). A changed
     subscription joins as a new member, so the group rebalances; the old id's partitions
-    wait for its session timeout (10 s)."""
+    wait for its session timeout (session.timeout.ms, 10 s unless kafka.consumer sets it)."""
     digest = hashlib.sha256("\n".join(sorted(set(topics))).encode()).hexdigest()[:8]
     return f"{instance_id}.{digest}"
 

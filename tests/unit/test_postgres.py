@@ -122,6 +122,18 @@ def test_the_routers_own_sessions_notice_a_vanished_host_unless_the_dsn_says_oth
     assert session_options("not a = dsn '", "x")["connect_timeout"] == 5  # connect() says why
 
 
+
+def test_a_libpq_variable_or_service_outranks_the_sessions_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 44-3: a keyword outranks libpq's environment and service file.
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "30")
+    monkeypatch.setenv("PGAPPNAME", "ops")
+    options = session_options("host=db", "cdc-router-relay")
+    assert "connect_timeout" not in options and "application_name" not in options
+    assert options["tcp_user_timeout"] == "30000"
+    assert session_options("service=outbox", "cdc-router-relay") == {}
+
+
 class _OnePublication:
     """Answers read_publication()'s query with one catalog row, or with none."""
 

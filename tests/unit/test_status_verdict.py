@@ -205,8 +205,9 @@ def test_a_partition_with_waiting_records_that_no_instance_is_assigned_is_critic
     unread = replace(router, lag=3, partitions=(*router.partitions, extra))
     assert lines(replace(healthy(), router=unread)) == [
         "critical: router: router group cdc-router has instances, but none is assigned "
-        "qatext.public.outbox_text[0], where records wait: restart the instances (each "
-        "joins anew and the group assigns every partition)"]
+        "qatext.public.outbox_text[0], where records wait: stop every instance for longer "
+        "than the group's session timeout (kafka.consumer session.timeout.ms, 10 s), then "
+        "start them: the group assigns every partition anew"]
     rebalancing = replace(unread, group_state="preparingrebalance")
     assert lines(replace(healthy(), router=rebalancing)) == []  # assignments come after it
 
