@@ -158,3 +158,7 @@ def env(home: Path) -> None:
     click.echo(f"export DB_PORT={config.postgres_port}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")
+    running = {part.part for part in stack.status(config) if part.state == "running"}
+    for part in (part for part in OPTIONAL_PARTS if part not in running):  # QA 44-a
+        click.echo(f"# {part} is not running: `cdc-router local up --with {part}` starts it",
+                   err=True)

@@ -83,7 +83,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
         raise _CheckImpossible(f"kafka: {problem}")
     relay_dsn = config.relay.dsn if config.relay is not None else None
-    endpoints = Endpoints(dsn or config.cleanup.dsn or relay_dsn or DEFAULT_DSN, connect_url, kafka)
+    endpoints = Endpoints(dsn or config.cleanup.dsn or relay_dsn or DEFAULT_DSN, connect_url, kafka,
+                          _dsn_source(dsn, config.cleanup.dsn, relay_dsn))
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
         serve_on("--serve", port, lambda: serve(collector, port),
@@ -124,6 +125,17 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     finally:
         checks.close()
     raise SystemExit(code)
+
+
+def _dsn_source(option: str | None, cleanup: str | None, relay: str | None) -> str:
+    """Where status's DSN came from, in the order it picks one."""
+    if option:
+        return "--dsn or CDC_ROUTER_PG_DSN"
+    if cleanup:
+        return "cleanup.dsn of the config"
+    if relay:
+        return "relay.dsn of the config"
+    return f"the default {DEFAULT_DSN}: set --dsn or CDC_ROUTER_PG_DSN"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -15,7 +15,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
-from cdc_router.postgres import one_line, read_publication, regclass_text
+from cdc_router.postgres import one_line, read_publication, refused_for_good, regclass_text
 
 T = TypeVar("T")
 
@@ -34,14 +34,17 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
-                   signal_table: str | None = None,
+                   signal_table: str | None = None, source: str = "the DSN",
                    ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
-    every logical slot of this database; `publication` None: not checked (an empty state)."""
+    every logical slot of this database; `publication` None: not checked (an empty state).
+    `source` names where the DSN came from, for a connection refused for good."""
     try:
         conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
     except psycopg.Error as error:
         message = f"Postgres: {one_line(error)}"
+        if refused_for_good(error):  # QA 44-a: a wrong password did not say which setting
+            message += f" (the DSN comes from {source}: fix it there)"
         return WalState(error=message), PublicationState(error=message, name=publication), \
             OutboxState(error=message, table=outbox.table)
     with conn:

@@ -49,6 +49,7 @@ class Endpoints:
     dsn: str
     connect_url: str
     kafka: Mapping[str, str]  # librdkafka properties
+    dsn_source: str = "--dsn or CDC_ROUTER_PG_DSN"  # where dsn came from, for its errors
 
 
 def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None = None,
@@ -138,9 +139,10 @@ def _database(config: RouterConfig, endpoints: Endpoints,
         return (WalState(error=str(error)), PublicationState(error=str(error)),
                 OutboxState(error=str(error), table=table))
     if capture is None:
-        return probe_database(endpoints.dsn, None, None, schema)
+        return probe_database(endpoints.dsn, None, None, schema, source=endpoints.dsn_source)
     return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
-                          reader=capture.user, signal_table=capture.signal_table)
+                          reader=capture.user, signal_table=capture.signal_table,
+                          source=endpoints.dsn_source)
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

@@ -152,7 +152,7 @@ def test_local_env_prints_the_nats_url(tmp_path):
 
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.output
+    assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
 
 
 def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
@@ -171,7 +171,7 @@ def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "stack")])
     assert result.exit_code == 0, result.output
     exported = dict(line.removeprefix("export ").split("=", 1)
-                    for line in result.output.splitlines())
+                    for line in result.stdout.splitlines())
     router = tmp_path / "router.yaml"
     router.write_text("source: {topics: [raw]}\nroutes: [{topic: t}]\n", "utf-8")
     config = load_config(router, env=exported).config
@@ -254,3 +254,20 @@ def test_jars_of_an_earlier_pom_are_resolved_again(tmp_path):
     assert not jars._is_complete(target, pom)
     (target / ".complete").write_text("")  # a cache marked before markers held a digest
     assert not jars._is_complete(target, pom)
+
+
+def test_local_env_says_which_optional_part_is_not_running(tmp_path):
+    # QA 44-a: it printed the NATS and registry addresses of a stack that ran neither, with
+    # nothing to say that nothing answers there. The lines stay (the addresses are the
+    # stack's), and the warning goes to stderr, which `eval "$(local env)"` does not read.
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    comments = result.stderr.splitlines()
+    assert comments == ["# nats is not running: `cdc-router local up --with nats` starts it",
+                        "# registry is not running: `cdc-router local up --with registry` "
+                        "starts it"]
+    assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout

@@ -1,0 +1,53 @@
+"""`status` names where its DSN came from when Postgres refuses it for good (QA 44-a)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc_router.cli.status import _dsn_source
+from cdc_router.ops import database
+from cdc_router.outbox.table import OutboxSchema
+
+REFUSED = ('connection failed: connection to server at "127.0.0.1", port 15432 failed: '
+           'FATAL:  password authentication failed for user "postgres"')
+
+
+def _refusing(message: str) -> Any:
+    def connect(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError(message)
+    return connect
+
+
+def test_a_refused_password_names_the_setting_the_dsn_came_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database.psycopg, "connect", _refusing(REFUSED))
+    wal, publication, outbox = database.probe_database(
+        "postgresql://postgres:wrong@127.0.0.1:15432/postgres", None, None,
+        OutboxSchema(), source="cleanup.dsn of the config")
+    for section in (wal, publication, outbox):
+        assert section.error is not None
+        assert "password authentication failed" in section.error
+        assert "cleanup.dsn of the config" in section.error
+
+
+def test_an_outage_is_not_blamed_on_the_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database.psycopg, "connect", _refusing(
+        'connection failed: connection to server at "127.0.0.1", port 15432 failed: '
+        "Connection refused"))
+    wal, _, _ = database.probe_database("postgresql://127.0.0.1:15432/postgres", None, None,
+                                        OutboxSchema())
+    assert wal.error is not None and "DSN comes from" not in wal.error
+
+
+@pytest.mark.parametrize(("option", "cleanup", "relay", "named"), [
+    ("postgresql://a", "postgresql://b", None, "--dsn or CDC_ROUTER_PG_DSN"),
+    (None, "postgresql://b", "postgresql://c", "cleanup.dsn"),
+    (None, None, "postgresql://c", "relay.dsn"),
+    (None, None, None, "set --dsn or CDC_ROUTER_PG_DSN"),
+])
+def test_the_dsn_source_follows_the_order_status_picks_a_dsn_in(
+        option: str | None, cleanup: str | None, relay: str | None, named: str) -> None:
+    assert named in _dsn_source(option, cleanup, relay)
