@@ -79,15 +79,14 @@ def _registry_url_problem(url: str) -> str | None:
         return "it has a space"
     try:
         parts = urlsplit(url)
-        port = parts.port  # a ValueError when it is no number or above 65535
+        if parts.port == 0:  # .port: a ValueError when it is no number or above 65535
+            raise ValueError(url)
     except ValueError:
         return "its port must be a number from 1 to 65535"
     if parts.scheme not in ("http", "https", "mock"):
         return "it names no scheme the client knows"
     if not parts.hostname:
         return "it names no host"
-    if port == 0:
-        return "its port must be a number from 1 to 65535"
     return None
 
 
