@@ -190,6 +190,8 @@ class OutboxRouter:
             # rewind, back off; a fatal error still stops the router (_abort raises it).
             self._abort(failure)
             return
+        if self._needs_rewind or self._pending_abort:  # a callback aborted the batch: these
+            return  # are read again after the rewind, not twice in one transaction (review 45)
         self.last_poll = self._clock()
         self._metrics.observe_lag(consumer, self.last_poll)
         for message in messages:
