@@ -213,6 +213,14 @@ def dsn_problem(dsn: str) -> str | None:
     return None
 
 
+def row_fault(error: psycopg.Error) -> bool:
+    """Whether one row can have caused `error` (not the server, the role or the table): a
+    value its column cannot hold (SQLSTATE class 22), a constraint such as another table's
+    foreign key to it (23), a trigger's RAISE (P0); a NUL the client refuses to send."""
+    return isinstance(error, psycopg.DataError) or (error.sqlstate or "")[:2] in ("22", "23",
+                                                                                  "P0")
+
+
 def one_line(error: BaseException) -> str:
     """A psycopg error as one line for a person: the server's message, without LINE 1/caret.
 

@@ -38,14 +38,13 @@ from psycopg import sql
 from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.postgres import one_line, table_identifier, utc_now_for
+from cdc_router.postgres import one_line, row_fault, table_identifier, utc_now_for
 from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
 
-# Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay,
-# for the sweep or `cdc-router outbox purge`): memory is bounded, and no undelivered row is
-# ever touched.
+# Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay
+# for the sweep or `outbox purge`): memory is bounded, and no undelivered row is ever touched.
 MAX_PENDING_IDS = 2_000_000
 # Ids the sweep reads per step, in delete batches: it feeds the queue only while the queue is
 # short, so that the live ids go first and the queue stays small.
@@ -56,10 +55,9 @@ LOG_EVERY_S = 30.0  # a summary line, not one per batch
 # tried again, instead of holding every later delete silently for as long as the lock lasts.
 _LOCK_TIMEOUT = "5s"
 _MAX_BACKOFF_S = 30.0
-# A stop's drain that deletes nothing for this long gives up: the worker is held up (a
-# changelog read in a broker outage waits up to a lookup's 30 s; a dead Postgres), and what
-# is left of the queue the next start's sweep finds again. Shorter than _LOCK_TIMEOUT: a DELETE
-# waiting on a row lock is not worth a stop of 5 s more, and deleting is idempotent.
+# A stop's drain that deletes nothing for this long gives up: the worker is held up (a changelog
+# read in a broker outage waits up to 30 s; a dead Postgres), and the next start's sweep finds
+# the rest. Shorter than _LOCK_TIMEOUT: a row lock is not worth a stop 5 s longer.
 _STALLED_S = 3.0
 
 
@@ -296,9 +294,11 @@ class OutboxCleaner:
         conn = self._connection()
         try:
             deleted, not_yet = self._delete(conn, batch, now_ms)
-        except psycopg.DataError:
-            # An id the id column cannot hold (another table's, a NUL) fails the whole batch,
-            # and the next round would take the same one: one by one, leaving such ids.
+        except psycopg.Error as error:
+            if not row_fault(error):
+                raise
+            # One row (an id its column cannot hold, a foreign key to it, a trigger's RAISE)
+            # fails the batch, and the next round would take the same (review 45): one by one.
             deleted, not_yet = self._delete_each(conn, batch, now_ms)
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
@@ -317,7 +317,9 @@ class OutboxCleaner:
         for event_id in batch:
             try:
                 one, later = self._delete(conn, [event_id], now_ms)
-            except psycopg.DataError as error:
+            except psycopg.Error as error:
+                if not row_fault(error):
+                    raise
                 log.warning("event=cleanup_id_skipped id=%r reason=%r", event_id,
                             one_line(error))
                 continue

@@ -355,7 +355,7 @@ def _created_table(dsn: str, name: str) -> sql.Identifier:
 
 def _drop(dsn: str, table: sql.Identifier) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(table))
 
 
 # The table as the user writes it: lower case, mixed case as is, mixed case in SQL's quotes.
@@ -596,6 +596,36 @@ def test_ids_the_id_column_cannot_hold_leave_the_rest_of_their_batch_deleted(
                  for event_id in [*ids[:5], "order-17", "nul\x00id", *ids[5:15]]]
     left, pending = _clean(cleaner, delivered, stack.postgres_dsn, table)
     assert left == set(ids[15:]) and pending == 0
+
+
+def test_rows_a_foreign_key_or_a_trigger_keeps_leave_the_rest_of_their_batch_deleted(
+        stack: StackEndpoints) -> None:
+    # Review 45: only an id the column cannot hold was tried one by one; a row another table's
+    # foreign key points at, or one a trigger refuses to delete, failed its whole batch at
+    # every round, and no delivered row was deleted again.
+    name = f"kept_{os.getpid()}_{random.randrange(10**6)}"
+    table, ids, cleaner = _twenty_rows_and_a_cleaner(stack.postgres_dsn, name, f"public.{name}")
+    child = sql.Identifier(f"{name}_child")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (parent uuid REFERENCES {} (id))").format(
+            child, table))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(child), (ids[3],))
+        conn.execute(sql.SQL(
+            "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF OLD.id = '{}' THEN RAISE EXCEPTION 'kept by policy'; END IF; RETURN OLD; END $$"
+        ).format(sql.Identifier(f"{name}_keep"), sql.SQL(ids[7])))
+        conn.execute(sql.SQL("CREATE TRIGGER keep BEFORE DELETE ON {} FOR EACH ROW "
+                             "EXECUTE FUNCTION {}()").format(
+            table, sql.Identifier(f"{name}_keep")))
+    try:
+        left, pending = _clean(cleaner, [Delivered(event_id, "t", None) for event_id in ids[:15]],
+                               stack.postgres_dsn, table)
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(child))
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}() CASCADE").format(
+                sql.Identifier(f"{name}_keep")))
+    assert left == {ids[3], ids[7], *ids[15:]} and pending == 0
 
 
 def test_a_row_locked_elsewhere_holds_the_deletes_with_a_warning_then_they_catch_up(
