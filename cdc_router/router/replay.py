@@ -29,12 +29,14 @@ is kept as its 16 bytes (56 bytes of object against 88 for the str), in one set 
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import secrets
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from cdc_router.serde.json import parse_json
@@ -160,6 +162,16 @@ def compact_key(event_id: str) -> Key:
     return raw if len(raw) == 16 and digits.islower() else event_id
 
 
+def _runs(entries: Iterable[tuple[str, int]]) -> list[tuple[int, list[Key]]]:
+    """(delivered_ms, keys) of consecutive entries of one time, at most BATCH_MAX_IDS each."""
+    runs: list[tuple[int, list[Key]]] = []
+    for event_id, delivered_ms in entries:
+        if not runs or runs[-1][0] != delivered_ms or len(runs[-1][1]) >= BATCH_MAX_IDS:
+            runs.append((delivered_ms, []))
+        runs[-1][1].append(compact_key(event_id))
+    return runs
+
+
 class ReplayFilter:
     """Ids delivered within the window; a batch's ids count only once its transaction commits.
 
@@ -242,36 +254,51 @@ class ReplayFilter:
         self._pending_ms = 0
 
     def restore(self, entries: Iterable[tuple[str, int]], now_ms: int) -> None:
-        """Remember delivered ids (from the changelog), then apply both bounds."""
-        run: list[Key] = []
-        run_ms = 0
-        for event_id, delivered_ms in entries:
-            if delivered_ms != run_ms and run:
-                self._remember(run, run_ms)
-                run = []
-            run_ms = delivered_ms
-            run.append(compact_key(event_id))
-        if run:
-            self._remember(run, run_ms)
+        """Remember delivered ids (from the changelog), in any order, then apply both bounds."""
+        self._remember_runs(_runs(entries))
         self.expire(now_ms)
 
     def restore_changelog(self, records: Iterable[tuple[bytes | None, bytes | None]],
                           now_ms: int, *, group: str) -> int:
-        """restore() `group`'s marks of changelog records (key, value); how many there were."""
-        restored = 0
+        """restore() `group`'s marks of changelog records (key, value); how many there were.
+
+        The marks of several changelog partitions come interleaved: they are put in time
+        order before max_ids forgets the oldest, not the first read (review 45), in chunks of
+        a quarter of max_ids: what a restore holds beyond the filter stays small, and each
+        chunk keeps the newest max_ids of what it and the filter hold, so all of them do."""
+        runs: list[tuple[int, list[Key]]] = []
+        dead_keys: list[Key] = []
+        restored = held = 0
         dead = DEAD_LETTERED_KEY_PREFIX.encode()
+        # A later assignment reads again the marks this instance wrote since the last one:
+        # an id the filter holds, marked no later than its newest batch, is not held twice
+        # (review 45: the repeats cost about half again the memory of each such id).
+        newest = self._batches[-1][0] if self._batches else None
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
+            if newest is not None:
+                marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
+                         if delivered_ms > newest or compact_key(event_id) not in self._keys]
             owner = mark_owner(key)
             if owner not in (None, group) and len(self.other_groups) < _OTHER_GROUPS_KEPT:
                 self.other_groups.add(owner)
-            self.restore(marks, now_ms)
-            if key is not None and key.startswith(dead):  # those the window still holds
-                self._dead.update(known for known in (compact_key(event_id) for event_id, _
-                                                      in marks) if known in self._keys)
-            restored += len(marks)
+            record_runs = _runs(marks)
+            runs += record_runs
+            if key is not None and key.startswith(dead):
+                dead_keys += (known for _, keys in record_runs for known in keys)
+            restored, held = restored + len(marks), held + len(marks)
+            if held * 4 >= self._max_ids:
+                self._restore_runs(runs, dead_keys, now_ms)
+                runs, dead_keys, held = [], [], 0
+        self._restore_runs(runs, dead_keys, now_ms)
         self._warn_if_crowded()
         return restored
+
+    def _restore_runs(self, runs: list[tuple[int, list[Key]]], dead_keys: list[Key],
+                      now_ms: int) -> None:
+        self._remember_runs(runs)
+        self.expire(now_ms)
+        self._dead.update(known for known in dead_keys if known in self._keys)  # still held
 
     def _warn_if_crowded(self) -> None:
         """One WARNING the first time max_ids, not the window, forgets ids."""
@@ -285,12 +312,7 @@ class ReplayFilter:
 
     def _remember(self, keys: list[Key], delivered_ms: int) -> None:
         """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
-        known, repeats = self._keys, self._repeats
-        for key in keys:
-            if key in known:
-                repeats[key] = repeats.get(key, 0) + 1
-            else:
-                known.add(key)
+        self._count(keys)
         batches = self._batches
         joined = 0
         if batches and batches[-1][0] == delivered_ms:
@@ -299,6 +321,25 @@ class ReplayFilter:
             newest.extend(keys[:joined])
         for start in range(joined, len(keys), BATCH_MAX_IDS):
             batches.append((delivered_ms, keys[start:start + BATCH_MAX_IDS]))
+
+    def _remember_runs(self, runs: list[tuple[int, list[Key]]]) -> None:
+        """Add (delivered_ms, keys) runs of any order where their times put them."""
+        runs.sort(key=itemgetter(0))  # stable, and linear for runs already in order
+        if runs and self._batches and runs[0][0] < self._batches[-1][0]:
+            for _, keys in runs:
+                self._count(keys)
+            self._batches = deque(heapq.merge(self._batches, runs, key=itemgetter(0)))
+            return
+        for delivered_ms, keys in runs:
+            self._remember(keys, delivered_ms)
+
+    def _count(self, keys: list[Key]) -> None:
+        known, repeats = self._keys, self._repeats
+        for key in keys:
+            if key in known:
+                repeats[key] = repeats.get(key, 0) + 1
+            else:
+                known.add(key)
 
     def expire(self, now_ms: int) -> None:
         """Forget batches older than the window, then the oldest ids beyond max_ids."""

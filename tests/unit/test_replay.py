@@ -8,6 +8,8 @@ import random
 import uuid
 from collections import OrderedDict
 
+import pytest
+
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     MARK_MAX_BYTES,
@@ -304,3 +306,52 @@ def test_the_compact_filter_answers_as_the_ordered_dict_did():
             reference.restore([], now)
         assert [compact.seen(i) for i in pool] == [reference.seen(i) for i in pool]
         assert len(compact) == len(reference.delivered)
+
+
+def _marks(ids: list[str], delivered_ms: int) -> list[tuple[bytes, bytes]]:
+    return [(mark.key, mark.value) for mark in changelog_records(ids, delivered_ms, group="g")]
+
+
+@pytest.mark.parametrize("max_ids", [4, 1])  # 1: the restore goes in chunks of one record
+def test_max_ids_forgets_the_oldest_marks_whatever_order_partitions_are_read_in(
+        max_ids: int) -> None:
+    # Review 45: the marks of two changelog partitions come interleaved, and max_ids forgot
+    # the first read, here the newest, which are the ids Debezium is likeliest to replay.
+    now = 10_000_000
+    replay = ReplayFilter(window_ms=3_600_000, max_ids=max_ids)
+    replay.restore_changelog([*_marks(["recent-1"], now - 1_000),
+                              *_marks(["old-1", "old-2", "old-3"], now - 3_000_000),
+                              *_marks(["recent-2"], now - 500)], now, group="g")
+    assert len(replay) == max_ids
+    assert replay.seen("recent-2")
+    assert replay.seen("recent-1") == (max_ids > 1)
+    assert not replay.seen("old-1")
+
+
+def test_marks_older_than_the_filters_newest_are_put_in_time_order() -> None:
+    now = 10_000_000
+    replay = ReplayFilter(window_ms=3_600_000, max_ids=3)
+    replay.restore_changelog(_marks(["new-1", "new-2"], now - 1_000), now, group="g")
+    # A later assignment reads another partition's older marks: they go first when max_ids
+    # forgets, and the window forgets them in their turn, not behind the newer ones.
+    replay.restore_changelog(_marks(["old-1", "old-2"], now - 3_000_000), now, group="g")
+    assert [replay.seen(event_id) for event_id in ("new-1", "new-2", "old-2")] == [True] * 3
+    assert not replay.seen("old-1")
+    replay.expire(now - 3_000_000 + 3_600_001)
+    assert [replay.seen(event_id) for event_id in ("new-1", "new-2", "old-2")] == \
+        [True, True, False]
+
+
+def test_own_marks_read_back_at_the_next_assignment_are_not_held_twice() -> None:
+    # Review 45: each own id got a repeat entry and a second place in a batch.
+    now = 10_000_000
+    replay = ReplayFilter(window_ms=3_600_000, max_ids=1_000_000)
+    ids = [str(uuid.UUID(int=n)) for n in range(1000)]
+    for event_id in ids:
+        replay.add_pending(event_id, now)
+    replay.commit(now)
+    replay.restore_changelog([*_marks(ids, now), *_marks(["other"], now + 5)], now + 10,
+                             group="g")
+    assert len(replay) == 1001 and replay.seen("other")
+    assert replay._repeats == {}
+    assert sum(len(keys) for _, keys in replay._batches) == 1001
