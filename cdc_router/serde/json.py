@@ -82,6 +82,40 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# An integer beyond a double (10**308 up: jsonb stores 1e400 as 1 and 400 zeros) is refused as
+# 1e400 is (QA 45-a). Only a payload with a run of 308 digits may hold one: such a run covers two
+# neighbouring bytes of every 154th, a check of a few bytes before any search.
+_DOUBLE_DIGITS = len(str(int(sys.float_info.max)))  # 309
+_STRIDE = (_DOUBLE_DIGITS - 1) // 2
+_TWO_DIGITS = re.compile("[0-9][0-9]")
+_TWO_DIGITS_BYTES = re.compile(b"[0-9][0-9]")
+_DIGIT_RUN = re.compile(f"[0-9]{{{_DOUBLE_DIGITS - 1}}}")
+_DIGIT_RUN_BYTES = re.compile(_DIGIT_RUN.pattern.encode())
+
+
+def _beyond_double(value: Any) -> int | None:
+    """The first integer of a parsed tree that no double holds, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if abs(value) > sys.float_info.max else None
+    children = value.values() if isinstance(value, dict) else value \
+        if isinstance(value, list) else ()
+    return next((found for found in map(_beyond_double, children) if found is not None), None)
+
+
+def _refuse_huge_integers(text: str | bytes, parsed: Any) -> Any:
+    if len(text) < _DOUBLE_DIGITS - 1:
+        return parsed
+    if isinstance(text, bytes):
+        suspect = bool(_TWO_DIGITS_BYTES.search(text[::_STRIDE])
+                       and _DIGIT_RUN_BYTES.search(text))
+    else:
+        suspect = bool(_TWO_DIGITS.search(text[::_STRIDE]) and _DIGIT_RUN.search(text))
+    if suspect and (huge := _beyond_double(parsed)) is not None:
+        raise ValueError(f"{_BEYOND_DOUBLE} ({show(str(huge)[:20] + '...', 40)}, an integer "
+                         f"of {len(str(abs(huge)))} digits)")
+    return parsed
+
+
 def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
                strict: bool = False, exact_numbers: bool = False) -> Any:
     """json.loads, refusing nesting deeper than `max_depth` levels (JsonTooDeep).
@@ -93,6 +127,11 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
     """
     if _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
+    parsed = _parse(text, max_depth, strict, exact_numbers)
+    return _refuse_huge_integers(text, parsed) if strict and not exact_numbers else parsed
+
+
+def _parse(text: str | bytes, max_depth: int, strict: bool, exact_numbers: bool) -> Any:
     try:
         return (_EXACT if exact_numbers else _FAST).decode(text)
     except (msgspec.DecodeError, RecursionError):

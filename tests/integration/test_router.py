@@ -176,6 +176,29 @@ def test_poison_rows_become_dead_letters_and_the_stream_goes_on(stack: StackEndp
     assert new_topics <= {customers}, f"topics created beyond the config: {new_topics}"
 
 
+def test_a_jsonb_number_beyond_a_double_is_a_dead_letter_and_the_stream_goes_on(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 45-a F1: Postgres stores 1e400 in a jsonb column as 1 and 400 zeros, an integer that
+    # was delivered where Go's and Rust's readers refuse it, like the 1e400 the README names.
+    with pipeline(stack, tmp_path, partitions=1, config={"dead_letter": {}}) as pipe:
+        pipe.start_router()
+        rows = [("Order", "big", "OrderPlaced", '{"n": 1e400}'),
+                ("Order", "big", "OrderPlaced", '{"n": -1e309, "ok": false}'),
+                ("Order", "fine", "OrderPlaced", '{"n": 1e308, "m": 1e-400}'),
+                *_orders(20, 2)]
+        ids = pipe.insert(rows)
+        letters = pipe.read(pipe.dlq_topic, 2)
+        orders = pipe.read(pipe.orders_topic, 21)
+        settled = {topic: len(pipe.read_all(topic, settle_s=3))
+                   for topic in (pipe.orders_topic, pipe.dlq_topic)}
+    assert settled == {pipe.orders_topic: 21, pipe.dlq_topic: 2}
+    assert Counter(record.key().decode() for record in orders) == Counter(ids[2:])
+    for letter, event_id in zip(letters, ids[:2], strict=True):
+        headers = {name: value.decode() for name, value in letter.headers()}
+        assert (headers["dlq.event.id"], headers["dlq.stage"]) == (event_id, "serialize")
+        assert "beyond a double" in headers["dlq.error.message"], headers
+
+
 def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=1) as pipe:
         producer = Producer({"bootstrap.servers": stack.bootstrap_servers})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+import sys
 from typing import Any
 
 import pytest
@@ -120,6 +121,34 @@ def test_strict_refuses_a_number_beyond_a_double_in_the_words_of_nan(text: str) 
     assert outcome(parse_json, text) == outcome(json.loads, text)  # not strict: as json reads
     # Exact numbers (the headers column) keep the text, never read as a double: nothing lost.
     assert parse_json('{"x": -1e400}', strict=True, exact_numbers=True) == {"x": "-1e400"}
+
+
+MAX_DOUBLE_INTEGER = int(sys.float_info.max)
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 1' + "0" * 400 + "}",  # jsonb's own text of 1e400
+    "[-" + str(MAX_DOUBLE_INTEGER + 10**292) + "]",  # 309 digits, past the largest double
+    " " * 150 + '{"a": [1, {"b": ' + "9" * 5000 + "}]}",  # past Python's digit limit too
+])
+def test_strict_refuses_an_integer_beyond_a_double_as_it_refuses_1e400(text: str) -> None:
+    # QA 45-a F1: Postgres stores 1e400 in a jsonb column as 1 and 400 zeros, which strict
+    # delivered: the README's own example of a poison number, in the shipped table.
+    for given in (text, text.encode()):
+        with pytest.raises(ValueError) as refused:
+            parse_json(given, strict=True)
+        problem = json_problem(refused.value, text.encode())
+        assert "write it as a string" in problem
+
+
+@pytest.mark.parametrize("text", [
+    "[" + str(MAX_DOUBLE_INTEGER) + "]",  # the largest double, as an integer
+    '{"n": 1' + "0" * 307 + "}",
+    '{"s": "' + "9" * 500 + '"}',  # digits in a string
+    "[0." + "0" * 400 + "1, 1." + "5" * 400 + "]",  # digits of a fraction
+])
+def test_strict_reads_long_digit_runs_a_double_holds(text: str) -> None:
+    assert parse_json(text, strict=True) == json.loads(text)
 
 
 def test_strict_still_reads_the_largest_double_and_underflow() -> None:
