@@ -52,9 +52,22 @@ from cdc_router.outbox.relay_columns import (
     txid_index,
     unique_seq_index,
 )
-from cdc_router.outbox.republish import RowSelection, change_event, count_rows, outbox_rows
+from cdc_router.outbox.republish import (
+    RowSelection,
+    change_event,
+    count_rows,
+    key_columns,
+    outbox_rows,
+)
 from cdc_router.outbox.tools import relay_outbox_column
-from cdc_router.postgres import column_types, dsn_problem, one_line, regclass_text, split_table
+from cdc_router.postgres import (
+    column_types,
+    dsn_problem,
+    one_line,
+    regclass_text,
+    split_table,
+    table_columns,
+)
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
 
@@ -316,10 +329,15 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
               help="Only this event id, exactly as written (commas and spaces kept); "
                    "repeatable.")
 @click.option("--topic", help="The raw change topic [default: the config's source topic].")
+@click.option("--key-columns", "key_setting", metavar="COLUMNS",
+              help="The connector's message.key.columns (its whole value, or the outbox "
+                   "table's columns in it, e.g. aggregateid), so that each row goes to the raw "
+                   "partition Debezium gave it [default: the id, Debezium's key without it].")
 @click.option("--dry-run", is_flag=True, help="Only count the rows.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: tuple[str, ...],
-              exact_ids: tuple[str, ...], topic: str | None, dry_run: bool, yes: bool) -> None:
+              exact_ids: tuple[str, ...], topic: str | None, key_setting: str | None,
+              dry_run: bool, yes: bool) -> None:
     """Re-emit outbox rows onto the raw topic, after a lost slot or a connector reset.
 
     The rows become change events shaped like Debezium's; the running router routes them and
@@ -335,7 +353,10 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
         if since is not None else RowSelection(ids=(*exact_ids, *(
             part.strip() for item in id_lists for part in item.split(",") if part.strip())))
     schema = OutboxSchema(config.cleanup.table, config.source.outbox)
+    key = key_columns(key_setting, schema)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
+        table_columns(conn, schema.table, "cleanup.table",
+                      {f"--key-columns ({column})": column for column in key})
         count, oldest = count_rows(conn, schema, selection)
         conn.commit()
         click.echo(f"{count} rows of {schema.table} to republish onto {target}")
@@ -344,7 +365,8 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
             return
         confirm("republish them?", yes)
         events = (change_event(row, schema, binary_handling=config.source.binary_handling,
-                               ts_ms=now_ms) for row in outbox_rows(conn, schema, selection))
+                               ts_ms=now_ms, key=key)
+                  for row in outbox_rows(conn, schema, selection))
         done = republish_events(config, target, events)
     click.echo(f"republished {done} change events onto {target}; the router drops those it "
                "already delivered")

@@ -38,6 +38,7 @@ from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import TextLoader
 
+from cdc_router.errors import ConfigError
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import INSERT_ORDER, split_table
 
@@ -161,9 +162,33 @@ def outbox_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
         yield from cursor
 
 
+def key_columns(value: str | None, schema: OutboxSchema) -> tuple[str, ...]:
+    """The columns of Debezium's record key for the outbox: the id (its primary key) without
+    message.key.columns; else that setting's columns for this table, given as the connector's
+    whole value (`<schema>.<table regex>:col,col;...`) or as the columns alone."""
+    if value is None:
+        return (schema.columns.id,)
+    if ":" not in value:
+        named = tuple(column.strip() for column in value.split(",") if column.strip())
+        if not named:
+            raise ConfigError("names no column", field="--key-columns", value=value)
+        return named
+    for entry in value.split(";"):
+        table, _, columns = entry.strip().partition(":")
+        try:
+            if re.fullmatch(table.strip(), schema.table):
+                return key_columns(columns if columns.strip() else value[:0], schema)
+        except re.error:
+            pass  # not a pattern Python reads: this entry names no table of ours
+    raise ConfigError(f"no entry names the outbox table {schema.table}: give the connector's "
+                      "message.key.columns, or the key's columns alone", field="--key-columns",
+                      value=value)
+
+
 def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: str,
-                 ts_ms: int) -> ChangeEvent:
-    """The change event Debezium writes for an insert of `row` (see the module doc)."""
+                 ts_ms: int, key: tuple[str, ...] = ()) -> ChangeEvent:
+    """The change event Debezium writes for an insert of `row` (see the module doc), keyed by
+    the `key` columns (default: the id) in the table's order, as Debezium orders them."""
     id_column = schema.columns.id
     after = {name: _column(value, binary_handling) for name, value in row.items()}
     db_schema, table = split_table(schema.table)
@@ -175,8 +200,8 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
         "op": "c",
         "ts_ms": ts_ms,
     }
-    key = json.dumps({id_column: after[id_column]}, separators=(",", ":"))
-    return ChangeEvent(str(after[id_column]), key.encode(),
+    keyed = {name: value for name, value in after.items() if name in (key or (id_column,))}
+    return ChangeEvent(str(after[id_column]), json.dumps(keyed, separators=(",", ":")).encode(),
                        json.dumps(envelope, separators=(",", ":")).encode())
 
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 import yaml
 
-from cdc_router.outbox.republish import RowSelection, count_rows, outbox_rows
+from cdc_router.outbox.republish import CONNECTOR_NAME, RowSelection, count_rows, outbox_rows
 from cdc_router.outbox.table import OutboxSchema
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints, drop_slot
@@ -141,6 +141,38 @@ def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_pat
     [debezium] = [r for r in captured if ids[2].encode() in r.value()]
     assert len(raw) == 6
     assert raw[-1].key() == debezium.key(), "the same key bytes, so the same raw partition"
+
+
+def test_republish_keys_rows_as_a_connector_keyed_by_aggregate_does_and_doubles_none(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 45-a F3: on the README's scale-out setting (message.key.columns: aggregateid) a row
+    # was republished under the key {"id": ...}: onto another raw partition, so another
+    # instance, whose replay filter had not seen its delivery, and it was delivered again.
+    with pipeline(stack, tmp_path, partitions=2, raw_partitions=3,
+                  connector={"message.key.columns": "public.{table}:aggregateid"}) as pipe:
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["cleanup"] = {"table": f"public.{pipe.table}"}
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        pipe.start_router("a", wait=True)
+        pipe.start_router("b", wait=True)
+        ids = pipe.insert(_orders(0, 40))
+        pipe.read(pipe.orders_topic, 40)
+        captured = pipe.read(pipe.raw_topic, 40, timeout_s=60)
+        _republish(pipe, "--ids", ",".join(ids),
+                   "--key-columns", f"public.other:id;public.{pipe.table}:aggregateid")
+        raw = pipe.read(pipe.raw_topic, 80, timeout_s=60)
+        settled = pipe.read_all(pipe.orders_topic, settle_s=5)
+        log = pipe.router_log("a") + pipe.router_log("b")
+    def placed(records: list[Any], republished: bool) -> set[tuple[str, bytes, int]]:
+        return {(json.loads(r.value())["after"]["id"], r.key(), r.partition()) for r in records
+                if (json.loads(r.value())["source"]["connector"] == CONNECTOR_NAME)
+                == republished}
+
+    assert placed(raw, True) == placed(captured, False), "Debezium's key bytes and partition"
+    assert len(placed(raw, True)) == 40
+    assert len({partition for _, _, partition in placed(raw, True)}) > 1
+    assert Counter(record.key().decode() for record in settled) == Counter(ids), log[-3000:]
+    assert log.count("event=replay_dropped") == 40
 
 
 def test_timestamps_python_cannot_hold_are_republished_as_debezium_sends_them(

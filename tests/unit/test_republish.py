@@ -11,7 +11,7 @@ import pytest
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError
-from cdc_router.outbox.republish import change_event
+from cdc_router.outbox.republish import change_event, key_columns
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.router import debezium
 from cdc_router.router.partitioner import java_default_partition
@@ -128,3 +128,32 @@ def test_only_a_topic_the_router_reads_takes_republished_change_events(topic: st
     # changelog, and said the router would drop what it delivered.
     with pytest.raises(ConfigError, match=rf"'--topic': is not a topic the router reads.*{topic}"):
         raw_topic(config(source={"topics": ["^outbox\\.x\\..*", RAW]}), topic)
+
+
+@pytest.mark.parametrize(("setting", "columns"), [
+    (None, ("id",)),
+    ("aggregateid", ("aggregateid",)),
+    (" aggregateid , type ", ("aggregateid", "type")),
+    ("public.outbox:aggregateid", ("aggregateid",)),
+    ("public.other:id;public.out.*:aggregateid,type", ("aggregateid", "type")),
+])
+def test_key_columns_take_the_connectors_setting_or_the_columns_alone(
+        setting: str | None, columns: tuple[str, ...]) -> None:
+    assert key_columns(setting, OutboxSchema()) == columns
+
+
+@pytest.mark.parametrize(("setting", "problem"), [
+    ("", "names no column"), (" , ", "names no column"), ("public.outbox:", "names no column"),
+    ("public.other:id", "no entry names the outbox table public.outbox"),
+])
+def test_key_columns_that_name_nothing_here_are_refused(setting: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem) as refused:
+        key_columns(setting, OutboxSchema())
+    assert refused.value.field == "--key-columns"
+
+
+def test_the_key_takes_its_columns_in_the_tables_order_as_debezium_does() -> None:
+    event = change_event(row(), OutboxSchema(), binary_handling="base64", ts_ms=5,
+                         key=("type", "aggregateid"))
+    assert event.key == b'{"aggregateid":"42","type":"OrderPaid"}'
+
