@@ -132,9 +132,9 @@ def _dsn_source(option: str | None, cleanup: str | None, relay: str | None) -> s
     if option:
         return "--dsn or CDC_ROUTER_PG_DSN"
     if cleanup:
-        return "cleanup.dsn of the config"
+        return "cleanup.dsn of the config, or CDC_ROUTER__CLEANUP__DSN"
     if relay:
-        return "relay.dsn of the config"
+        return "relay.dsn of the config, or CDC_ROUTER__RELAY__DSN"
     return f"the default {DEFAULT_DSN}: set --dsn or CDC_ROUTER_PG_DSN"
 
 

@@ -32,13 +32,14 @@ from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import KafkaException
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from psycopg import sql
 
 from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.postgres import one_line, row_fault, table_identifier, utc_now_for
+from cdc_router.router.metrics import cleanup_metrics
 from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
@@ -97,15 +98,7 @@ class OutboxCleaner:
         self._lag_s = 0.0
         self._logged_deleted = 0
         self._logged_at = time.monotonic()
-        self.deleted = Counter("cdc_router_outbox_rows_deleted", "Outbox rows deleted by the "
-                               "cleanup", registry=registry)
-        self.lag = Gauge("cdc_router_cleanup_lag_seconds", "Age of the oldest delivered id "
-                         "whose row is not deleted yet", registry=registry)
-        self.given_up = Counter("cdc_router_cleanup_ids_given_up", "Delivered ids dropped from "
-                                "the cleanup queue while Postgres was unreachable",
-                                registry=registry)
-        self.swept = Counter("cdc_router_cleanup_ids_swept", "Committed ids the cleanup read "
-                             "back from the dedup changelog", registry=registry)
+        self.deleted, self.lag, self.given_up, self.swept, self.kept = cleanup_metrics(registry)
 
     # Called by the router, after commit ----------------------------------------------------
 
@@ -313,18 +306,23 @@ class OutboxCleaner:
 
     def _delete_each(self, conn: psycopg.Connection[Any], batch: list[str],
                      now_ms: int) -> tuple[int, list[tuple[int, str]]]:
-        deleted, not_yet = 0, []
+        deleted, not_yet, reason = 0, [], ""
+        kept: list[str] = []
         for event_id in batch:
             try:
                 one, later = self._delete(conn, [event_id], now_ms)
             except psycopg.Error as error:
                 if not row_fault(error):
                     raise
-                log.warning("event=cleanup_id_skipped id=%r reason=%r", event_id,
-                            one_line(error))
+                kept.append(event_id)
+                reason = one_line(error)
                 continue
             deleted += one
             not_yet += later
+        if kept:  # one line a batch (review 45-2: a trigger refusing every row logged each)
+            self.kept.inc(len(kept))
+            log.warning("event=cleanup_rows_kept rows=%d ids=%s reason=%r", len(kept),
+                        ",".join(map(repr, kept[:10])), reason)
         return deleted, not_yet
 
     def _delete(self, conn: psycopg.Connection[Any], batch: list[str],

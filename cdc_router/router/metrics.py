@@ -183,3 +183,19 @@ def serve(metrics: RouterMetrics, port: int, alive: Callable[[], bool],
 def poll_is_recent(last_poll: Callable[[], float], max_age_s: float) -> Callable[[], bool]:
     """Liveness: the loop polled Kafka within `max_age_s` (a stuck loop stops polling)."""
     return lambda: time.monotonic() - last_poll() < max_age_s
+
+
+def cleanup_metrics(registry: CollectorRegistry | None,
+                    ) -> tuple[Counter, Gauge, Counter, Counter, Counter]:
+    """The outbox cleanup's gauges: rows deleted, lag, ids given up, ids swept, rows kept."""
+    return (Counter("cdc_router_outbox_rows_deleted", "Outbox rows deleted by the cleanup",
+                    registry=registry),
+            Gauge("cdc_router_cleanup_lag_seconds", "Age of the oldest delivered id whose row "
+                  "is not deleted yet", registry=registry),
+            Counter("cdc_router_cleanup_ids_given_up", "Delivered ids dropped from the cleanup "
+                    "queue while Postgres was unreachable", registry=registry),
+            Counter("cdc_router_cleanup_ids_swept", "Committed ids the cleanup read back from "
+                    "the dedup changelog", registry=registry),
+            Counter("cdc_router_cleanup_rows_kept", "Delivered rows Postgres refused to delete "
+                    "(a value, a foreign key to them, a trigger): left in the outbox",
+                    registry=registry))

@@ -272,11 +272,14 @@ class ReplayFilter:
         dead = DEAD_LETTERED_KEY_PREFIX.encode()
         # A later assignment reads again the marks this instance wrote since the last one:
         # an id the filter holds, marked no later than its newest batch, is not held twice
-        # (review 45: the repeats cost about half again the memory of each such id).
+        # (review 45: the repeats cost about half again the memory of each such id). Not a
+        # `dlq replay` mark, which no router wrote: it keeps its id for a window from then.
         newest = self._batches[-1][0] if self._batches else None
+        replayed = REPLAYED_KEY_PREFIX.encode()
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
-            if newest is not None:
+            restored += len(marks)
+            if newest is not None and not (key or b"").startswith(replayed):
                 marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
                          if delivered_ms > newest or compact_key(event_id) not in self._keys]
             owner = mark_owner(key)
@@ -286,7 +289,7 @@ class ReplayFilter:
             runs += record_runs
             if key is not None and key.startswith(dead):
                 dead_keys += (known for _, keys in record_runs for known in keys)
-            restored, held = restored + len(marks), held + len(marks)
+            held += len(marks)
             if held * 4 >= self._max_ids:
                 self._restore_runs(runs, dead_keys, now_ms)
                 runs, dead_keys, held = [], [], 0

@@ -89,6 +89,20 @@ def test_an_id_the_id_column_cannot_hold_is_left_and_the_rest_of_its_batch_delet
     assert cleaner._delete_due() and outbox.rows == set()
 
 
+def test_rows_kept_are_counted_and_named_in_one_warning_a_batch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 45-2: a trigger refusing every delete logged one warning per id, and no gauge
+    # moved while the outbox grew.
+    cleaner = _cleaner(mode="delete")
+    outbox = _Outbox(["a"])
+    _attach(cleaner, outbox)
+    cleaner.delivered([Delivered(event_id, "t", None) for event_id in ("bad-1", "a", "bad-2")])
+    assert cleaner._delete_due() and outbox.rows == set()
+    [line] = [r.getMessage() for r in caplog.records if "cleanup_rows_kept" in r.getMessage()]
+    assert "rows=2 ids='bad-1','bad-2'" in line and "invalid input syntax" in line
+    assert cleaner.kept._value.get() == 2
+
+
 def test_delete_mode_ignores_created_at_so_a_future_row_blocks_nothing():
     cleaner = _cleaner(mode="delete")
     outbox = _Outbox(["future", "a", "b"])
