@@ -15,28 +15,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import fastavro
 from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
-
-
-def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
-    """Whether `datum` validates against `schema`, or against `part` of it (a union branch)."""
-    # Raising validation builds an exception for every union branch it rules out, even for
-    # a valid payload: ask the cheap way first, and again with errors only to say why.
-    return bool(validate(datum, schema.parsed if part is None else _standalone(part, schema),
-                         raise_errors=False))
-
-
-def _standalone(part: dict[str, Any], schema: AvroSchema) -> Any:
-    """`part` of `schema` parsed as a schema of its own (its named types known), once."""
-    key = ("standalone", id(part))  # a record's shape is memoised under its plain id
-    parsed = schema.memo.get(key)
-    if parsed is None:
-        parsed = schema.memo[key] = fastavro.parse_schema(part, named_schemas=dict(schema.named))
-    return parsed
+from cdc_router.serde.avro_unions import UnionWalk, fits
 
 
 def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject") -> str | None:
@@ -51,12 +34,23 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
             validate(datum, schema.parsed, raise_errors=True)
         except ValidationError as error:
             return _describe(error)
+    try:
+        # The union branches are the writer's, each found once (serde/avro_unions.py) ...
+        return _walked_problem(datum, schema, extra_fields, UnionWalk(schema))
+    except Exception:  # Unusual, RecursionError, ...: fastavro's validation decides
+        return _walked_problem(datum, schema, extra_fields, None)  # ... or as before
+
+
+def _walked_problem(datum: Any, schema: AvroSchema, extra_fields: str,
+                    walk: UnionWalk | None) -> str | None:
+    """payload_problem's checks past validation, with `walk` choosing the union branches
+    (None: fastavro's validation, at its cost, for what the walk leaves to it)."""
     if _has_checked_values(schema):
-        problem = _value_problem(datum, schema.parsed, schema, "")
+        problem = _value_problem(datum, schema.parsed, schema, "", walk)
         if problem is not None:
             return problem
     if extra_fields == "reject":
-        extra = first_extra_field(datum, schema)
+        extra = first_extra_field(datum, schema, walk)
         if extra is not None:
             path, record = extra
             name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
@@ -104,12 +98,13 @@ def _type_name(schema: Any) -> str:
     return str(schema)
 
 
-def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
+def first_extra_field(datum: Any, schema: AvroSchema,
+                      walk: UnionWalk | None = None) -> tuple[str, str] | None:
     """(path, record name) of the first payload key no record field takes, or None.
 
     Walks the datum the way fastavro's writer does, union branches included (_writer_branch).
     """
-    found = _first_extra(datum, schema.parsed, schema)
+    found = _first_extra(datum, schema.parsed, schema, walk)
     if found is None:
         return None
     steps, record = found
@@ -117,12 +112,20 @@ def first_extra_field(datum: Any, schema: AvroSchema) -> tuple[str, str] | None:
     return path.removeprefix("."), record
 
 
-def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
+def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
+                   walk: UnionWalk | None) -> Any:
     """The branch of `union` that fastavro's writer takes for a dict or list `datum`, or None.
 
     As its write_union does: the first branch the value validates against, except that among
-    records it keeps looking for the one with the most of the datum's keys.
+    records it keeps looking for the one with the most of the datum's keys. With `walk`, as
+    it finds it (each value validated once); without, by fastavro's validation.
     """
+    if walk is not None:
+        index = walk.branch(datum, union)
+        if index is None:
+            return None
+        branch = union[index]
+        return schema.named.get(branch, branch) if isinstance(branch, str) else branch
     chosen, most = None, -1
     for branch in union:
         resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
@@ -130,15 +133,16 @@ def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema) -> Any:
         # Only these take a dict or a list: skip validating the others (null, string, ...).
         if kind not in ("record", "error", "array", "map") or not fits(datum, schema, resolved):
             continue
-        if kind not in ("record", "error"):
-            return resolved
+        if kind != "record":  # an error too: fastavro takes it at once (before session 45
+            return resolved  # we looked on, and named no key the writer then left out)
         keys = len(_record_shape(resolved, schema)[0].intersection(datum))
         if keys > most:
             chosen, most = resolved, keys
     return chosen
 
 
-def _first_extra(datum: Any, node: Any, schema: AvroSchema) -> tuple[list[str], str] | None:
+def _first_extra(datum: Any, node: Any, schema: AvroSchema,
+                 walk: UnionWalk | None) -> tuple[list[str], str] | None:
     """The steps to the first extra key (deepest first) and its record's name, or None.
 
     The path is only built when a key is found: this runs for every valid payload.
@@ -148,8 +152,8 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema) -> tuple[list[str], 
     if isinstance(node, list):
         if not isinstance(datum, (dict, list)):
             return None  # a scalar holds no keys
-        branch = _writer_branch(datum, node, schema)
-        return None if branch is None else _first_extra(datum, branch, schema)
+        branch = _writer_branch(datum, node, schema, walk)
+        return None if branch is None else _first_extra(datum, branch, schema, walk)
     if not isinstance(node, dict):
         return None
     kind = node.get("type")
@@ -162,19 +166,19 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema) -> tuple[list[str], 
                     return [f".{key}"], str(node.get("name"))
         for name, field_type in nested:
             if name in datum:
-                found = _first_extra(datum[name], field_type, schema)
+                found = _first_extra(datum[name], field_type, schema, walk)
                 if found is not None:
                     found[0].append(f".{name}")
                     return found
     elif kind == "array" and isinstance(datum, list):
         for index, item in enumerate(datum):
-            found = _first_extra(item, node["items"], schema)
+            found = _first_extra(item, node["items"], schema, walk)
             if found is not None:
                 found[0].append(f"[{index}]")
                 return found
     elif kind == "map" and isinstance(datum, dict):
         for key, value in datum.items():
-            found = _first_extra(value, node["values"], schema)
+            found = _first_extra(value, node["values"], schema, walk)
             if found is not None:
                 found[0].append(f"[{key!r}]")
                 return found
@@ -274,8 +278,23 @@ def _has_checked_values(schema: AvroSchema) -> bool:
     return bool(found)
 
 
-def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str) -> str | None:
-    """The first value of a valid `datum` that the writer would alter or readers refuse."""
+def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str,
+                   walk: UnionWalk | None) -> str | None:
+    """The first value of a valid `datum` that the writer would alter or readers refuse.
+
+    With `walk`, each (value, schema part, path) is looked at once: below a union whose
+    branches the value all fits (records alike), each level would try each branch again.
+    """
+    if walk is None or (type(datum) is not dict and type(datum) is not list):
+        return _value_problem_below(datum, node, schema, path, walk)
+    key = (id(datum), id(node), path)
+    if key not in walk.problems:
+        walk.problems[key] = _value_problem_below(datum, node, schema, path, walk)
+    return walk.problems[key]
+
+
+def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
+                         walk: UnionWalk | None) -> str | None:
     if isinstance(node, str):
         if node in ("float", "double"):
             return _number_problem(datum, node, path)
@@ -288,9 +307,10 @@ def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str) -> str 
         first = None
         for branch in node:
             resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
-            if fits(datum, schema, resolved) if isinstance(resolved, dict) \
+            if walk.valid(datum, resolved) if walk is not None \
+                    else fits(datum, schema, resolved) if isinstance(resolved, dict) \
                     else _primitive_fits(datum, resolved):
-                found = _value_problem(datum, resolved, schema, path)
+                found = _value_problem(datum, resolved, schema, path, walk)
                 if found is None:
                     return None
                 first = first or found
@@ -309,17 +329,18 @@ def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str) -> str 
         for field in node["fields"]:
             if field["name"] in datum:
                 found = _value_problem(datum[field["name"]], field["type"], schema,
-                                       f"{node.get('name')}.{field['name']}")
+                                       f"{node.get('name')}.{field['name']}", walk)
                 if found is not None:
                     return found
     elif kind == "array" and isinstance(datum, list):
         for index, item in enumerate(datum):
-            found = _value_problem(item, node["items"], schema, f"{path}[{index}]")
+            found = _value_problem(item, node["items"], schema, f"{path}[{index}]", walk)
             if found is not None:
                 return found
     elif kind == "map" and isinstance(datum, dict):
         for key, value in datum.items():
-            found = _value_problem(value, node["values"], schema, f"{path}[{key!r}]")
+            found = _value_problem(value, node["values"], schema, f"{path}[{key!r}]",
+                                   walk)
             if found is not None:
                 return found
     return None

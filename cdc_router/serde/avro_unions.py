@@ -1,0 +1,298 @@
+"""The union branch fastavro's writer takes for each JSON object or array, found once.
+
+fastavro's writer picks a union's branch by validating the value against each branch in turn
+(its write_union): a value that holds further unions (a tree, a linked list: a schema
+recursive through a union) has its whole subtree validated again at every level, O(depth x
+size), 17 s for a 512 KB payload 16 levels deep (QA, session 45). Here each (value, schema
+part) is validated once, by the same rules as fastavro's Cython `_validate`, and the writer
+gets each decided branch in its tuple notation, `(branch name, value)`, which it writes
+without validating (writer_datum). Diagnostics ask the same walk (UnionWalk).
+
+What this walk does not mirror exactly it hands back to fastavro: a record value with a
+`-type` key (fastavro's branch hint, whose check depends on the field path), a value of a type
+JSON does not give (a tuple, bytes), or an error while validating (a logical type's
+conversion): then the writer, or fits(), decides as before, at fastavro's cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fastavro
+from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
+from fastavro.logical_writers import LOGICAL_WRITERS
+from fastavro.validation import validate
+
+from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
+
+_RECORDS = ("record", "error", "request")  # what fastavro's validation takes as a record
+_CONTAINERS = ("record", "error", "array", "map")
+_JSON_TYPES = frozenset((dict, list, str, int, float, bool, type(None)))
+
+
+class Unusual(Exception):
+    """A value this walk does not judge as fastavro would: fastavro decides instead."""
+
+
+def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
+    """Whether `datum` validates against `schema`, or against `part` of it (a union branch),
+    by fastavro's own validation."""
+    # Raising validation builds an exception for every union branch it rules out, even for
+    # a valid payload: ask the cheap way first, and again with errors only to say why.
+    return bool(validate(datum, schema.parsed if part is None else _standalone(part, schema),
+                         raise_errors=False))
+
+
+def _standalone(part: Any, schema: AvroSchema) -> Any:
+    """`part` of `schema` parsed as a schema of its own (its named types known), once."""
+    if isinstance(part, str):
+        return part if part not in schema.named else _standalone(schema.named[part], schema)
+    key = ("standalone", id(part))  # a record's shape is memoised under its plain id
+    parsed = schema.memo.get(key)
+    if parsed is None:
+        parsed = fastavro.parse_schema(part, named_schemas=dict(schema.named))
+        if isinstance(parsed, dict) and "__named_schemas" not in parsed:
+            # fastavro marks only a record parsed with its named types: validate() would parse
+            # an array or map of a named type again without them and raise UnknownType (a
+            # valid payload dead-lettered for it before session 45).
+            parsed = {**parsed, "__fastavro_parsed": True, "__named_schemas": dict(schema.named)}
+        schema.memo[key] = parsed
+    return parsed
+
+
+def has_container_unions(schema: AvroSchema) -> bool:
+    """Whether a union of `schema` has a record, array or map branch: only there does
+    fastavro's writer validate a subtree to choose a branch."""
+    found = schema.memo.get("container_unions")
+    if found is None:
+        found = schema.memo["container_unions"] = _reaches(schema.parsed, schema, set())
+    return bool(found)
+
+
+def _reaches(node: Any, schema: AvroSchema, seen: set[str]) -> bool:
+    """Whether a union with a container branch is in `node` or below it."""
+    if isinstance(node, str):
+        if node not in schema.named or node in seen:
+            return False  # a primitive, or a named type being looked at already
+        seen.add(node)
+        node = schema.named[node]
+    if isinstance(node, list):
+        return any(_kind(branch, schema) in _CONTAINERS or _reaches(branch, schema, seen)
+                   for branch in node)
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in _RECORDS:
+        return any(_reaches(field["type"], schema, seen) for field in node["fields"])
+    if kind == "array":
+        return _reaches(node["items"], schema, seen)
+    if kind == "map":
+        return _reaches(node["values"], schema, seen)
+    return isinstance(kind, str) and _reaches(kind, schema, seen)
+
+
+def _kind(node: Any, schema: AvroSchema) -> Any:
+    """The type of a union branch, a named one's looked up (fastavro's extract_record_type)."""
+    kind = node["type"] if isinstance(node, dict) else "union" if isinstance(node, list) \
+        else node
+    return _kind(schema.named[kind], schema) if kind in schema.named else kind
+
+
+class UnionWalk:
+    """One payload's walk: which union branches its objects and arrays take, each validated
+    once per schema part. Lives as long as the payload (its memo is keyed by object ids)."""
+
+    def __init__(self, schema: AvroSchema) -> None:
+        self.schema = schema
+        self._named = schema.named
+        self._valid: dict[tuple[int, int], bool] = {}
+        self.problems: dict[tuple[int, int, str], str | None] = {}  # avro_diagnostics's
+
+    def branch(self, datum: Any, union: list[Any]) -> int | None:
+        """The index of the branch of `union` that fastavro's writer takes for a dict or list
+        `datum`, or None when none validates. Raises Unusual (see the module doc).
+
+        As its write_union does: the first branch the value validates against, except that
+        among records it keeps looking for the one with the most of the datum's keys.
+        """
+        best, most = None, -1
+        for index, (candidate, kind, names) in enumerate(self._branches(union)):
+            if not self.valid(datum, candidate):
+                continue
+            if kind != "record":  # "error" too: fastavro takes it at once
+                return index  # a float branch never takes a dict or a list
+            keys = len(names.intersection(datum))
+            if keys > most:
+                best, most = index, keys
+        return best
+
+    def _branches(self, union: list[Any]) -> tuple[tuple[Any, Any, frozenset[str]], ...]:
+        key = ("branches", id(union))
+        found: tuple[tuple[Any, Any, frozenset[str]], ...] | None = self.schema.memo.get(key)
+        if found is None:
+            entries = []
+            for candidate in union:
+                resolved = self._named.get(candidate, candidate) \
+                    if isinstance(candidate, str) else candidate
+                kind = _kind(candidate, self.schema)
+                names = frozenset(field["name"] for field in resolved["fields"]) \
+                    if kind == "record" else frozenset()
+                entries.append((candidate, kind, names))
+            found = self.schema.memo[key] = tuple(entries)
+        return found
+
+    def valid(self, datum: Any, node: Any) -> bool:
+        """fastavro's `_validate(datum, node)` (not raising, not strict), once per pair for
+        a dict or list datum. Raises Unusual (see the module doc).
+
+        One frame per level of the datum (a union and a name are looked at in place, loops
+        rather than generators): a payload may be as deep as parse_json allows.
+        """
+        while isinstance(node, str) and node in self._named:
+            node = self._named[node]
+        if isinstance(node, list):
+            for branch in node:  # noqa: SIM110 (a generator is one more frame per level)
+                if self.valid(datum, branch):
+                    return True  # the first branch that fits, as fastavro's
+            return False
+        held = type(datum)
+        if held is dict or held is list:
+            key = (id(datum), id(node))
+            found = self._valid.get(key)
+            if found is not None:
+                return found
+        elif held not in _JSON_TYPES:
+            raise Unusual(held.__name__)
+        if isinstance(node, str):
+            kind = node
+        else:
+            kind = node["type"]
+            logical = node.get("logicalType")
+            if logical:
+                prepare = LOGICAL_WRITERS.get(f"{kind}-{logical}")
+                if prepare is not None:
+                    datum = prepare(datum, node)
+                    if type(datum) not in _JSON_TYPES:
+                        raise Unusual(type(datum).__name__)
+        if kind == "null":
+            return datum is None
+        if kind == "boolean":
+            return isinstance(datum, bool)
+        if kind == "string":
+            return isinstance(datum, str)
+        if kind == "int" or kind == "long":
+            low, high = (INT_MIN_VALUE, INT_MAX_VALUE) if kind == "int" else \
+                (LONG_MIN_VALUE, LONG_MAX_VALUE)
+            return isinstance(datum, int) and not isinstance(datum, bool) and \
+                low <= datum <= high
+        if kind == "float" or kind == "double":
+            return isinstance(datum, int | float) and not isinstance(datum, bool)
+        if kind == "bytes" or kind == "fixed":
+            return False  # JSON gives no bytes
+        if kind == "enum":
+            return datum in node["symbols"]
+        if kind != "array" and kind != "map" and kind not in _RECORDS:
+            if kind in self._named:  # {"type": "Name"}
+                return self.valid(datum, self._named[kind])
+            raise Unusual(str(kind))  # fastavro raises UnknownType
+        if held is not dict and held is not list:
+            return False  # what is left takes a dict or a list
+        found = True
+        if kind == "array":
+            found = held is list
+            items = node["items"]
+            for item in datum if found else ():
+                if not self.valid(item, items):
+                    found = False
+                    break
+        elif kind == "map":
+            found = held is dict
+            values = node["values"]
+            for value in datum.values() if found else ():  # keys: JSON's are str
+                if not self.valid(value, values):
+                    found = False
+                    break
+        else:
+            found = held is dict
+            if found and "-type" in datum:
+                raise Unusual("-type")  # its check depends on the field path: fastavro's
+            for field in node["fields"] if found else ():
+                if not self.valid(datum.get(field["name"], field.get("default")),
+                                  field["type"]):
+                    found = False
+                    break
+        self._valid[key] = found
+        return found
+
+    def decided(self, datum: Any, node: Any) -> Any:
+        """`datum` for fastavro's writer with `node`: each dict or list at a union given as
+        `(branch name, value)`, a new container only where something below changed."""
+        if not self._reaches(node):
+            return datum
+        while isinstance(node, str):
+            node = self._named[node]
+        name = None
+        if isinstance(node, list):
+            if type(datum) is not dict and type(datum) is not list:
+                return datum  # a scalar: fastavro's own choice is cheap
+            index = self.branch(datum, node)
+            if index is None:
+                return datum  # no branch takes it: fastavro's writer says why
+            name = _tuple_name(node[index])
+            node = node[index]
+            while isinstance(node, str):
+                node = self._named[node]
+        written = self._decided_below(datum, node)
+        return written if name is None else (name, written)
+
+    def _decided_below(self, datum: Any, node: dict[str, Any]) -> Any:
+        kind = node["type"]
+        if kind in _RECORDS and type(datum) is dict:
+            changed = None
+            for field in node["fields"]:
+                name = field["name"]
+                if name in datum:
+                    value = datum[name]
+                    written = self.decided(value, field["type"])
+                    if written is not value:
+                        changed = dict(datum) if changed is None else changed
+                        changed[name] = written
+            return datum if changed is None else changed
+        if kind == "array" and type(datum) is list:
+            items = node["items"]
+            listed = [self.decided(item, items) for item in datum]
+            return datum if all(a is b for a, b in zip(listed, datum, strict=True)) else listed
+        if kind == "map" and type(datum) is dict:
+            values = node["values"]
+            mapped = {key: self.decided(value, values) for key, value in datum.items()}
+            return datum if all(mapped[key] is value for key, value in datum.items()) \
+                else mapped
+        return datum
+
+    def _reaches(self, node: Any) -> bool:
+        key = ("reaches", id(node))
+        found = self.schema.memo.get(key)
+        if found is None:
+            found = self.schema.memo[key] = _reaches(node, self.schema, set())
+        return bool(found)
+
+
+def _tuple_name(candidate: Any) -> str:
+    """The name fastavro's write_union matches a `(name, value)` datum to `candidate` by."""
+    if isinstance(candidate, dict):
+        kind = candidate["type"]
+        return str(candidate["name"] if kind in NAMED_TYPES else kind)
+    return str(candidate)
+
+
+def writer_datum(datum: Any, schema: AvroSchema) -> Any:
+    """`datum` with the union branches fastavro's writer would take decided in its tuple
+    notation, so that writing it validates nothing again: the same bytes in time linear in
+    its size. `datum` itself when the schema has no union a subtree could take, or when
+    fastavro must decide (module doc)."""
+    if not has_container_unions(schema):
+        return datum
+    try:
+        return UnionWalk(schema).decided(datum, schema.parsed)
+    except Exception:  # Unusual, RecursionError, a logical type's conversion: fastavro's
+        return datum  # writer meets it again and reports it as before
