@@ -41,7 +41,7 @@ from cdc_router.serde.avro_schema import (
     route_key,
     unreadable,
 )
-from cdc_router.serde.avro_unions import writer_datum
+from cdc_router.serde.avro_unions import UnionWalk, union_walk, writer_datum
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
 
@@ -198,16 +198,17 @@ class AvroSerializer:
         where = lone_surrogate(event.payload, datum)  # fastavro's UTF-8 encoding would fail
         if where is not None:
             raise SerializeError(surrogate_message(event, topic, where))
-        problem = payload_problem(datum, schema, rule.extra_fields)
+        walk = union_walk(schema)  # the union branches, found once for checks and encoding
+        problem = payload_problem(datum, schema, rule.extra_fields, walk)
         if problem is not None:
             raise SerializeError(f"event {show(event.event_id)}: payload does not fit Avro "
                                  f"schema {schema.name or schema.path} for {topic!r}: {problem}")
         if self._ids is None:
-            return schema.frame_single_object(_encode_record(event, datum, schema, topic))
-        return self._wire_format(event, datum, schema, topic, self._ids)
+            return schema.frame_single_object(_encode_record(event, datum, schema, topic, walk))
+        return self._wire_format(event, datum, schema, topic, self._ids, walk)
 
     def _wire_format(self, event: OutboxEvent, datum: Any, schema: AvroSchema, topic: str,
-                     ids: SchemaIds) -> bytes:
+                     ids: SchemaIds, walk: UnionWalk | None) -> bytes:
         """The registry's wire format of a datum that fits `schema`, by confluent-kafka."""
         if datum is None:
             # The library writes no value for None: a tombstone, which would delete the
@@ -223,11 +224,11 @@ class AvroSerializer:
         serializer, context = wire
         try:
             # Its union branches decided: the library's writer is fastavro's (encode()).
-            value: bytes | None = serializer(writer_datum(datum, schema), context)
+            value: bytes | None = serializer(writer_datum(datum, schema, walk), context)
         except Exception as error:
             # One call asks the registry (first use of a subject) and encodes: blame the
             # record only if it cannot be encoded on its own.
-            _encode_record(event, datum, schema, topic)
+            _encode_record(event, datum, schema, topic, walk)
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
             failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
@@ -339,21 +340,22 @@ class AvroSerializer:
                                  f"(starts with {value[:4].hex() or 'nothing'})")
 
 
-def _encode_record(event: OutboxEvent, datum: Any, schema: AvroSchema, topic: str) -> bytes:
+def _encode_record(event: OutboxEvent, datum: Any, schema: AvroSchema, topic: str,
+                   walk: UnionWalk | None = None) -> bytes:
     """encode(), with what fastavro's writer still refuses after validation as the record's
     SerializeError (e.g. a decimal whose scale the schema does not allow)."""
     try:
-        return encode(datum, schema)
+        return encode(datum, schema, walk)
     except Exception as problem:  # fastavro's writer raises many types, all the datum's fault
         raise SerializeError(f"event {show(event.event_id)}: payload for {topic!r} cannot be "
                              f"encoded with Avro schema {schema.name or schema.path}: "
                              f"{show(str(problem), 200)}") from None
 
 
-def encode(datum: Any, schema: AvroSchema) -> bytes:
+def encode(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> bytes:
     """The Avro binary body of a datum that fits `schema` (see payload_problem): fastavro's,
     given the union branches its writer would choose (serde/avro_unions.py), in time linear
-    in the datum's size."""
+    in the datum's size. `walk`: the datum's, if payload_problem made one."""
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, schema.parsed, writer_datum(datum, schema))
+    fastavro.schemaless_writer(out, schema.parsed, writer_datum(datum, schema, walk))
     return out.getvalue()

@@ -19,24 +19,28 @@ from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
-from cdc_router.serde.avro_unions import UnionWalk, fits
+from cdc_router.serde.avro_unions import UnionWalk, fits, has_container_unions
 
 
-def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject") -> str | None:
+def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject",
+                    walk: UnionWalk | None = None) -> str | None:
     """Why `datum` does not fit `schema`, naming the field; None when it does.
 
     Types and missing fields are fastavro's validation (a field is named as
     `namespace.Record.field`); keys the schema has no field for count only when
-    extra_fields is 'reject' (fastavro's writer would silently leave them out).
+    extra_fields is 'reject' (fastavro's writer would silently leave them out). `walk`: one
+    to share with the datum's encoding (serde/avro_unions.union_walk).
     """
     if not fits(datum, schema):
         try:
             validate(datum, schema.parsed, raise_errors=True)
         except ValidationError as error:
             return _describe(error)
+    if not has_container_unions(schema):  # no union a subtree could take: nothing to walk
+        return _walked_problem(datum, schema, extra_fields, None)
     try:
         # The union branches are the writer's, each found once (serde/avro_unions.py) ...
-        return _walked_problem(datum, schema, extra_fields, UnionWalk(schema))
+        return _walked_problem(datum, schema, extra_fields, walk or UnionWalk(schema))
     except Exception:  # Unusual, RecursionError, ...: fastavro's validation decides
         return _walked_problem(datum, schema, extra_fields, None)  # ... or as before
 

@@ -285,14 +285,20 @@ def _tuple_name(candidate: Any) -> str:
     return str(candidate)
 
 
-def writer_datum(datum: Any, schema: AvroSchema) -> Any:
+def union_walk(schema: AvroSchema) -> UnionWalk | None:
+    """A walk for one payload of `schema`, to share between its checks and its encoding;
+    None when the schema has no union a subtree could take (nothing to walk)."""
+    return UnionWalk(schema) if has_container_unions(schema) else None
+
+
+def writer_datum(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> Any:
     """`datum` with the union branches fastavro's writer would take decided in its tuple
     notation, so that writing it validates nothing again: the same bytes in time linear in
     its size. `datum` itself when the schema has no union a subtree could take, or when
-    fastavro must decide (module doc)."""
+    fastavro must decide (module doc). `walk`: this datum's, if the checks made one."""
     if not has_container_unions(schema):
         return datum
     try:
-        return UnionWalk(schema).decided(datum, schema.parsed)
+        return (walk or UnionWalk(schema)).decided(datum, schema.parsed)
     except Exception:  # Unusual, RecursionError, a logical type's conversion: fastavro's
         return datum  # writer meets it again and reports it as before

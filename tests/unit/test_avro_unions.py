@@ -9,13 +9,20 @@ import json
 import random
 import string
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer as ValueSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
+from cdc_router.config.connections import SchemaRegistrySettings
+from cdc_router.config.routes import RouteRule
+from cdc_router.router.debezium import OutboxEvent
 from cdc_router.serde import avro_diagnostics, avro_unions
-from cdc_router.serde.avro import encode
+from cdc_router.serde.avro import AvroSerializer, encode
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import AvroSchema, parse_schema_text
 from cdc_router.serde.avro_unions import UnionWalk, writer_datum
@@ -54,6 +61,24 @@ def test_a_deep_tree_encodes_to_fastavros_own_bytes_with_each_union_decided() ->
         assert name == "N"
     assert written == {"v": 0}
     assert payload_problem(datum, schema) is None
+
+
+def test_the_registry_wire_format_of_a_deep_tree_is_confluent_kafkas_own(
+        tmp_path: Path) -> None:
+    path = tmp_path / "tree.avsc"
+    path.write_text(json.dumps(TREE))
+    rule = RouteRule.model_validate({"topic": "trees", "format": "avro", "schema": str(path)})
+    client = SchemaRegistryClient.new_client({"url": "mock://unions"})
+    registry = SchemaRegistrySettings(url="mock://unions", auto_register=True)
+    serializer = AvroSerializer([rule], registry, registry_client=client)
+    datum = tree(16, 50)
+    event = OutboxEvent(event_id="e1", aggregate_type="T", aggregate_id="1", type="T",
+                        payload=json.dumps(datum).encode(), payload_is_json=True, headers=(),
+                        created_at_ms=1, op="c", lsn=1, tx_id=1)
+    value = serializer.serialize(event, rule, "trees")
+    own = ValueSerializer(client, json.dumps(TREE))  # the library alone, given the plain datum
+    assert value == own(datum, SerializationContext("trees", MessageField.VALUE))
+    assert value[5:] == fastavro_bytes(datum, schema_of(TREE))
 
 
 def visits(datum: Any, schema: AvroSchema, monkeypatch: pytest.MonkeyPatch) -> int:
