@@ -31,6 +31,7 @@ def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
 
     monkeypatch.setattr(outbox_cli, "database", database)
     monkeypatch.setattr(outbox_cli, "count_rows", count_rows)
+    monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {})
     result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--dry-run",
                                        *args])
     return result, asked
