@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 Encoding = Literal["confluent", "single_object", "json"]
 
-# What fastavro's reader raises for a body that is not what its writer schema says.
-_BODY_ERRORS = (EOFError, ValueError, TypeError, IndexError, KeyError,
+# What fastavro's reader raises for a body that is not what its writer schema says;
+# ArithmeticError: OverflowError for a timestamp beyond a datetime, from another writer.
+_BODY_ERRORS = (EOFError, ValueError, TypeError, IndexError, KeyError, ArithmeticError,
                 fastavro.read.SchemaResolutionError)
 
 
