@@ -295,9 +295,10 @@ class RegistryError(CdcRouterError):
     """The schema registry refused a schema or could not be asked: the router must stop.
     `missing`: the subject, or this schema under it, is not registered; `incompatible`: the
     registry refused to register it (409); `refused`: another definite answer about the
-    subject (a 4xx but 401 and the transient 408/429: an invalid schema, a per-subject ACL's
-    403, a 404 without the registry's code); `outage`: no answer, or a server error, which a
-    restart may outlast (exit 75)."""
+    subject (a 4xx in the registry's words, with its 5-digit code, but 401 and the transient
+    408/429: an invalid schema; any 403, a per-subject ACL's); `outage`: no answer, or a
+    server error, which a restart may outlast (exit 75). serde/registry.registry_failure
+    decides."""
 
     def __init__(self, message: str, *, missing: bool = False, incompatible: bool = False,
                  refused: bool = False, outage: bool = False) -> None:

@@ -12,7 +12,8 @@ or cannot answer is a RegistryError, which stops the router: no record is blamed
 subject missing from the registry that only an event's destination names (a template over its
 data) is that event's dead letter.
 A payload that is already bytes (bytea column) is passed through unchanged once its framing
-is checked.
+is checked, its body reads with the schema it names, and (with a registry) that schema is a
+version of the subject its topic takes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ import fastavro
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.topic_names import parse_template, render_topic
-from cdc_router.errors import ConfigError, RegistryError, SerializeError, show
+from cdc_router.errors import (
+    ConfigError,
+    PayloadDecodeError,
+    RegistryError,
+    SerializeError,
+    show,
+)
 from cdc_router.serde.avro_diagnostics import json_unfillable, payload_problem
 from cdc_router.serde.avro_schema import (
     ANY_TYPE,
@@ -291,8 +298,9 @@ class AvroSerializer:
 
     def _pass_through(self, event: OutboxEvent, rule: RouteRule, topic: str) -> bytes:
         """An already-encoded payload, unchanged, once its framing names a schema a reader can
-        get (one of the route's; an id the registry holds) and its body reads with it whole:
-        a record no consumer can read is a dead letter here, not poison downstream."""
+        get (one of the route's; an id the registry holds under the topic's subject) and its
+        body reads with it whole: a record no consumer can read is a dead letter here, not
+        poison downstream."""
         value = event.payload
         self._framed(event, topic)
         where = f"event {show(event.event_id)}: the binary payload for {topic!r}"
@@ -312,18 +320,40 @@ class AvroSerializer:
                 # hold it), which must stop the router for a wrong URL, not for one record.
                 raise SerializeError(f"{where} names schema id {schema_id}, which no registry "
                                      f"holds (ids go up to {_MAX_SCHEMA_ID})")
-            try:
-                parsed = self._ids.writer_schema(schema_id)
-            except RegistryError as error:
-                if not error.missing:
-                    raise  # the registry's outage or a refusal of this router (a wrong URL)
-                raise SerializeError(f"{where} names schema id {schema_id}, which the "
-                                     "registry does not hold") from None
+            parsed = self._registered_writer(schema_id, topic, where)
             body = value[CONFLUENT_HEADER:]
         problem = unreadable(body, parsed)
         if problem is not None:
             raise SerializeError(f"{where} does not read with its schema: {problem}")
         return value
+
+    def _registered_writer(self, schema_id: int, topic: str, where: str) -> Any:
+        """The parsed schema a framed payload's id names, once the registry holds it under
+        the subject `topic`'s records take (as Confluent's broker-side schema validation
+        asks): a reader that finds the subject's versions, or a broker that checks them,
+        expects no other (review 45 M6)."""
+        assert self._ids is not None
+        subject = None
+        try:
+            writer = self._ids.writer_schema(schema_id)
+            subject = subject_name(self._ids.strategy, topic, writer.name)
+            if self._ids.holds(subject, schema_id):
+                return writer.parsed
+        except RegistryError as error:
+            # As in _wire_format: a refused subject only this event's data names is its own.
+            if subject is not None and error.refused and subject not in self._known_subjects():
+                raise SerializeError(f"{where}: {error}; then `cdc-router dlq replay` it") \
+                    from error
+            if subject is not None or not error.missing:
+                raise  # the registry's outage or a refusal of this router (a wrong URL)
+            raise SerializeError(f"{where} names schema id {schema_id}, which the "
+                                 "registry does not hold") from None
+        except (PayloadDecodeError, ValueError) as error:  # not Avro; unnamed for "record"
+            raise SerializeError(f"{where} names schema id {schema_id}: {error}") from None
+        raise SerializeError(f"{where} names schema id {schema_id}, which is no version of "
+                             f"subject {subject!r} ({self._ids.strategy} strategy): write it "
+                             f"with one of that subject's versions, or register that schema "
+                             f"under it; then `cdc-router dlq replay` it")
 
     def _framed(self, event: OutboxEvent, topic: str) -> None:
         value = event.payload

@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import fastavro
 from confluent_kafka.schema_registry import Schema, dual_schema_id_deserializer
 from confluent_kafka.schema_registry.avro import AvroDeserializer
-from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 from confluent_kafka.serialization import SerializationContext, SerializationError
 
-from cdc_router.errors import ConfigError
 from cdc_router.errors import PayloadDecodeError as PayloadDecodeError
 from cdc_router.serde.avro import CONFLUENT_MAGIC
 from cdc_router.serde.avro_schema import (
@@ -35,10 +33,9 @@ from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_MAGIC,
     AvroSchema,
     load_schema,
-    parse_schema_text,
 )
 from cdc_router.serde.json import parse_json
-from cdc_router.serde.registry import NOT_FOUND, SCHEMA_NOT_FOUND, RegistryError, SchemaIds
+from cdc_router.serde.registry import RegistryError, SchemaIds, writer_schema
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -74,28 +71,19 @@ def encoding_of(value: bytes) -> Encoding:
     return "json"
 
 
-def _schema_unknown(error: ClientError) -> bool:
-    """Whether the registry itself said "no such schema id" (a 404 with a registry error code).
-
-    Anything else (5xx, 401/403, a 404 without the registry's code from a wrong URL or a
-    proxy) is the registry being unavailable or misconfigured: RegistryError, retried by a
-    consumer rather than dead-lettering every record meanwhile.
-    """
-    code: Any = error.error_code
-    # 40403 is Confluent's "schema not found"; confluent-kafka's mock:// registry says 40400.
-    return error.http_status_code == 404 and code in (SCHEMA_NOT_FOUND, NOT_FOUND)
-
-
 class PayloadDecoder:
     """Decodes record values of every route format; schemas are looked up once each."""
 
     def __init__(self, *, schemas: Iterable[AvroSchema | str | Path] = (),
                  registry: SchemaRegistryClient | None = None,
-                 reader_schema: AvroSchema | None = None) -> None:
-        """`schemas` fill the single-object store; `registry` serves Confluent ids."""
+                 reader_schema: AvroSchema | None = None,
+                 registry_url: str = "(the decoder's client)") -> None:
+        """`schemas` fill the single-object store; `registry` serves Confluent ids, and its
+        `registry_url` is what an error about it names."""
         self._by_fingerprint: dict[bytes, AvroSchema] = {}
         self._by_id: dict[int, AvroSchema] = {}
         self._registry = registry
+        self._registry_url = registry_url
         self._reader = reader_schema
         self._wire: AvroDeserializer | None = None  # built on the first wire-format value
         # What the library's header reading saw for the value being decoded (see _header).
@@ -115,9 +103,11 @@ class PayloadDecoder:
         for route in settings.routes:
             spec = route.schema_path
             files += [spec] if isinstance(spec, str) else list((spec or {}).values())
-        if registry is None and settings.schema_registry is not None:
+        if settings.schema_registry is None:
+            return cls(schemas=files, registry=registry)
+        if registry is None:
             registry = SchemaIds(settings.schema_registry).client
-        return cls(schemas=files, registry=registry)
+        return cls(schemas=files, registry=registry, registry_url=settings.schema_registry.url)
 
     def add_schema(self, schema: AvroSchema | str | Path) -> AvroSchema:
         """Add a writer schema (or an .avsc file) to the single-object store."""
@@ -193,23 +183,13 @@ class PayloadDecoder:
             raise PayloadDecodeError(f"schema id {schema_id} needs a schema registry, and this "
                                      "decoder has none")
         try:
-            found = self._registry.get_schema(schema_id)
-        except ClientError as error:
-            if _schema_unknown(error):
-                # The registry answered and has no such id: the record's fault, for good.
-                raise PayloadDecodeError(f"schema id {schema_id} is unknown to the registry "
-                                         f"({error.error_message})") from None
-            raise RegistryError(f"cannot read schema id {schema_id} from the registry: "
-                                f"{error}") from error
-        except Exception as error:  # the HTTP layer's: refused, reset, timed out
-            raise RegistryError(f"cannot read schema id {schema_id} from the registry: "
-                                f"{type(error).__name__}: {error}") from error
-        if (found.schema_type or "AVRO") != "AVRO":
-            raise PayloadDecodeError(f"schema id {schema_id} is {found.schema_type}, not AVRO")
-        try:
-            writer = parse_schema_text(str(found.schema_str), f"registry schema id {schema_id}")
-        except ConfigError as error:
-            raise PayloadDecodeError(str(error)) from None
+            writer = writer_schema(self._registry, schema_id, self._registry_url)
+        except RegistryError as error:
+            if not error.missing:
+                raise  # unreachable, failing, refusing us: retried, no record's fault
+            # The registry answered and has no such id: the record's fault, for good.
+            raise PayloadDecodeError(f"schema id {schema_id} is unknown to the registry "
+                                     f"({error})") from None
         self._by_id[schema_id] = writer
         return writer
 

@@ -13,12 +13,10 @@ stops with the reason instead, and its uncommitted batch is redelivered once it 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import fastavro
 from confluent_kafka.schema_registry import (
     Schema,
     SchemaRegistryClient,
@@ -31,7 +29,9 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientE
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.redact import shown_url
+from cdc_router.errors import ConfigError, PayloadDecodeError
 from cdc_router.errors import RegistryError as RegistryError  # re-exported: its old home
+from cdc_router.serde.avro_schema import parse_schema_text
 
 if TYPE_CHECKING:
     from cdc_router.config.connections import SchemaRegistrySettings
@@ -83,7 +83,8 @@ class SchemaIds:
                  client: SchemaRegistryClient | None = None) -> None:
         self._settings = settings
         self._client = client
-        self._writers: dict[int, Any] = {}  # schema id -> fastavro's parsed schema
+        self._writers: dict[int, AvroSchema] = {}  # schema id -> its schema
+        self._held: set[tuple[str, int]] = set()  # (subject, schema id): holds()
 
     @property
     def auto_register(self) -> bool:
@@ -153,16 +154,28 @@ class SchemaIds:
                  schema.path)
         return schema_id
 
-    def writer_schema(self, schema_id: int) -> Any:
-        """The schema registered under `schema_id`, parsed by fastavro (cached); RegistryError
-        (missing=True) when the registry holds no such id."""
+    def writer_schema(self, schema_id: int) -> AvroSchema:
+        """writer_schema() of this registry (cached)."""
         parsed = self._writers.get(schema_id)
         if parsed is None:
-            found = self._call(f"read schema id {schema_id}",
-                               lambda: self.client.get_schema(schema_id))
-            parsed = self._writers[schema_id] = fastavro.parse_schema(
-                json.loads(str(found.schema_str)))
+            parsed = self._writers[schema_id] = writer_schema(self.client, schema_id,
+                                                              self._settings.url)
         return parsed
+
+    def holds(self, subject: str, schema_id: int) -> bool:
+        """Whether `subject` holds the schema registered as `schema_id` among its versions
+        (a yes is cached); RegistryError when the registry refuses or cannot be asked."""
+        if (subject, schema_id) not in self._held:
+            writer = self.writer_schema(schema_id)
+            try:
+                self._call(f"look up schema id {schema_id} under subject {subject!r}",
+                           lambda: self.client.lookup_schema(subject, registry_schema(writer)))
+            except RegistryError as error:
+                if error.missing:
+                    return False
+                raise
+            self._held.add((subject, schema_id))
+        return True
 
     def subjects(self) -> list[str]:
         """Every subject the registry holds."""
@@ -187,26 +200,53 @@ class SchemaIds:
                                    subject, registry_schema(schema))))
 
     def failure(self, what: str, error: Exception) -> RegistryError:
-        """The RegistryError for `error`, raised by the registry client while trying to `what`."""
-        if isinstance(error, RegistryError):
-            return error
-        url = shown_url(self._settings.url)
-        if isinstance(error, ClientError):
-            return _refusal(what, error, url)
-        # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
-        return RegistryError(f"cannot {what}: the schema registry at {url} did not answer "
-                             f"({type(error).__name__}: {_masked(str(error), self._settings.url)})",
-                             outage=True)
+        """registry_failure() of this registry."""
+        return registry_failure(what, error, self._settings.url)
 
     def _call(self, what: str, step: Callable[[], T]) -> T:
-        try:
-            return step()
-        except RegistryError:
-            raise
-        except ClientError as error:
-            raise self.failure(what, error) from None
-        except Exception as error:
-            raise self.failure(what, error) from error
+        return _asked(what, step, self._settings.url)
+
+
+def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str) -> AvroSchema:
+    """The Avro schema the registry at `url` holds under `schema_id`: what the serializer's
+    pass-through and the consumer's decoder both read a framed body with.
+
+    RegistryError (missing=True) when the registry answers that it holds no such id;
+    PayloadDecodeError when what it holds is no Avro schema; RegistryError when it refuses or
+    cannot be asked (registry_failure).
+    """
+    found = _asked(f"read schema id {schema_id}", lambda: client.get_schema(schema_id), url)
+    if (found.schema_type or "AVRO") != "AVRO":
+        raise PayloadDecodeError(f"schema id {schema_id} is {found.schema_type}, not AVRO")
+    try:
+        return parse_schema_text(str(found.schema_str), f"registry schema id {schema_id}")
+    except ConfigError as error:
+        raise PayloadDecodeError(str(error)) from None
+
+
+def _asked(what: str, step: Callable[[], T], url: str) -> T:
+    try:
+        return step()
+    except RegistryError:
+        raise
+    except ClientError as error:
+        raise registry_failure(what, error, url) from None
+    except Exception as error:
+        raise registry_failure(what, error, url) from error
+
+
+def registry_failure(what: str, error: Exception, url: str) -> RegistryError:
+    """The RegistryError for `error`, raised by the client of the registry at `url` while
+    trying to `what`: the one place that decides what is the subject's (missing,
+    incompatible, refused), an outage's, or the configuration's."""
+    if isinstance(error, RegistryError):
+        return error
+    if isinstance(error, ClientError):
+        return _refusal(what, error, shown_url(url))
+    # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
+    return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} did not "
+                         f"answer ({type(error).__name__}: {_masked(str(error), url)})",
+                         outage=True)
 
 
 def _refusal(what: str, error: ClientError, url: str) -> RegistryError:

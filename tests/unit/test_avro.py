@@ -194,7 +194,7 @@ def test_already_encoded_payloads_pass_through_unchanged() -> None:
     schema_id = client.register_schema("payments-value", Schema(schema.text, "AVRO"))
     wire = b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
     serializer = AvroSerializer([rule()], registry(), registry_client=client)
-    assert serializer.serialize(event(None, raw=wire), rule(), "p") == wire
+    assert serializer.serialize(event(None, raw=wire), rule(), "payments") == wire
     # QA session 27-a: only the first bytes were looked at; an unknown schema id, a cut body
     # and bytes after the record were delivered, poison to every reader.
     for bad, reason in [

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import fastavro
+import httpx
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
-from cdc_router.errors import SerializeError
+from cdc_router.errors import RegistryError, SerializeError
 from cdc_router.router.debezium import OutboxEvent
-from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro import AvroSerializer, encode, load_schema
 from cdc_router.serde.avro_schema import parse_schema_text
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
 
@@ -24,6 +27,8 @@ TIMES = {"type": "record", "name": "Times", "namespace": "t", "fields": [
      "default": None},
     {"name": "day", "type": {"type": "int", "logicalType": "date"}},
     {"name": "at", "type": {"type": "int", "logicalType": "time-millis"}}]}
+# confluent-kafka's in-memory registry class, through its public factory (its module is private).
+MockRegistry: Any = type(SchemaRegistryClient.new_client({"url": "mock://class"}))
 GOOD = {"ts": 1_700_000_000_000, "us": None, "day": 19_000, "at": 1000}
 
 
@@ -90,3 +95,116 @@ def test_a_record_another_writer_put_beyond_a_datetime_is_the_records_decode_err
     with pytest.raises(PayloadDecodeError, match=r"does not decode with schema t\.Times"):
         PayloadDecoder(registry=client).decode(
             b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue())
+
+
+# --- a pre-encoded payload's schema id and the route's subject (review 45 M6) --------------
+
+PAYMENT = Path(__file__).parent / "fixtures" / "avro" / "payment_confirmed.avsc"
+PAID = {"payment_id": "pay-7", "order_id": 42, "amount_cents": 1999, "currency": "EUR",
+        "note": None, "lines": [], "tags": {}}
+
+
+def framed(client: SchemaRegistryClient, subject: str) -> bytes:
+    """PAID in the wire format, its schema registered under `subject`."""
+    schema = load_schema(PAYMENT)
+    schema_id = client.register_schema(subject, Schema(schema.text, "AVRO"))
+    return b"\x00" + schema_id.to_bytes(4, "big") + encode(PAID, schema)
+
+
+def payments(strategy: str = "topic") -> tuple[RouteRule, SchemaRegistrySettings]:
+    return (RouteRule.model_validate({"topic": "payments", "format": "avro",
+                                      "schema": str(PAYMENT)}),
+            SchemaRegistrySettings.model_validate({"url": "mock://m6",
+                                                   "subject_name_strategy": strategy}))
+
+
+def test_a_framed_payload_whose_id_is_no_version_of_its_subject_is_a_dead_letter() -> None:
+    client = SchemaRegistryClient.new_client({"url": "mock://m6-other"})
+    route, settings = payments()
+    value = framed(client, "orders-value")  # another topic's subject only
+    serializer = AvroSerializer([route], settings, registry_client=client)
+    with pytest.raises(SerializeError, match=r"names schema id 1, which is no version of subject "
+                       r"'payments-value' \(topic strategy\): write it with one of that "
+                       "subject's versions, or register that schema under it"):
+        serializer.serialize(event(None, raw=value), route, "payments")
+    client.register_schema("payments-value", Schema(load_schema(PAYMENT).text, "AVRO"))
+    assert serializer.serialize(event(None, raw=value), route, "payments") == value
+
+
+def test_under_the_record_strategy_the_subject_is_the_writer_schemas_name() -> None:
+    client = SchemaRegistryClient.new_client({"url": "mock://m6-record"})
+    route, settings = payments("record")
+    value = framed(client, "shop.payments.PaymentConfirmed")
+    serializer = AvroSerializer([route], settings, registry_client=client)
+    assert serializer.serialize(event(None, raw=value), route, "payments") == value
+
+
+class LookupFails(MockRegistry):  # type: ignore[misc, valid-type]
+    """The mock registry, whose subject look-ups get `answer`."""
+
+    answer: Exception = RuntimeError("unused")
+
+    def lookup_schema(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.answer
+
+
+@pytest.mark.parametrize(("answer", "stops"), [
+    (httpx.ConnectError("[Errno 111] Connection refused"), True),
+    (ClientError(503, 50003, "Error while forwarding the request to the leader"), True),
+    (ClientError(404, -1, "<html>Not Found</html>"), True),  # a proxy's: the URL's fault
+    (ClientError(403, 40301, "User is denied operation Read on subject"), True),  # a static one
+    (ClientError(404, 40401, "Subject 'payments-value' not found."), False),
+])
+def test_a_registry_that_cannot_answer_for_the_subject_blames_no_record(
+        answer: Exception, stops: bool) -> None:
+    client = LookupFails({"url": "mock://m6-fails"})
+    client.answer = answer
+    route, settings = payments()
+    serializer = AvroSerializer([route], settings, registry_client=client)
+    with pytest.raises(RegistryError if stops else SerializeError) as caught:
+        serializer.serialize(event(None, raw=framed(client, "payments-value")), route,
+                             "payments")
+    assert isinstance(caught.value, SerializeError) is not stops
+
+
+def test_an_id_of_a_schema_that_is_not_avro_is_a_dead_letter_naming_it() -> None:
+    client = SchemaRegistryClient.new_client({"url": "mock://m6-json"})
+    schema_id = client.register_schema("payments-value", Schema('{"type": "object"}', "JSON"))
+    route, settings = payments()
+    serializer = AvroSerializer([route], settings, registry_client=client)
+    with pytest.raises(SerializeError, match=f"schema id {schema_id} is JSON, not AVRO"):
+        serializer.serialize(event(None, raw=b"\x00" + schema_id.to_bytes(4, "big") + b"\x02"),
+                             route, "payments")
+
+
+# --- one classifier of the registry's answers (review 45 L5) --------------------------------
+
+class GetFails(MockRegistry):  # type: ignore[misc, valid-type]
+    answer: Exception = RuntimeError("unused")
+
+    def get_schema(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.answer
+
+
+@pytest.mark.parametrize(("answer", "records_fault"), [
+    (ClientError(404, 40403, "Schema not found"), True),
+    (ClientError(404, 40400, "Schema Not Found"), True),  # confluent-kafka's mock://
+    (ClientError(404, -1, "<html>Not Found</html>"), False),
+    (ClientError(403, 0, "Forbidden"), False),
+    (ClientError(401, 40101, "Unauthorized"), False),
+    (ClientError(500, 50001, "Error in the backend data store"), False),
+    (httpx.ReadTimeout("timed out"), False),
+])
+def test_the_decoder_and_the_pass_through_read_a_writer_schema_alike(
+        answer: Exception, records_fault: bool) -> None:
+    client = GetFails({"url": "mock://l5"})
+    client.answer = answer
+    route, settings = payments()
+    value = b"\x00\x00\x00\x00\x07\x02"
+    with pytest.raises(PayloadDecodeError if records_fault else RegistryError) as decoded:
+        PayloadDecoder(registry=client, registry_url="mock://l5").decode(value)
+    with pytest.raises(SerializeError if records_fault else RegistryError) as serialized:
+        AvroSerializer([route], settings, registry_client=client).serialize(
+            event(None, raw=value), route, "payments")
+    assert "schema id 7" in str(decoded.value) and "schema id 7" in str(serialized.value)
+    assert isinstance(decoded.value, RegistryError) is isinstance(serialized.value, RegistryError)
