@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -15,6 +17,32 @@ from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_
 from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import static_topic, topic_name_problem
+
+# RFC 3986's characters: unreserved, reserved and '%' (of a percent-encoding).
+_URI_CHAR = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+
+
+def _uri_reference_problem(text: str) -> str | None:
+    """Why `text` is no URI-reference (RFC 3986), what CloudEvents' `source` must be; or None."""
+    if not text:
+        return "is empty"
+    for position, char in enumerate(text):
+        # Beyond ASCII, as java.net.URI (the CloudEvents Java SDK's) takes it: an IRI's.
+        if not (_URI_CHAR.fullmatch(char) or (ord(char) > 127 and char.isprintable()
+                and not char.isspace())):
+            return (f"holds {char!r} (character {position + 1}), which a URI cannot (write it "
+                    "percent-encoded; the value is sent as written, never a template)")
+    if re.search(r"%(?![0-9A-Fa-f]{2})", text):
+        return "holds a '%' without two hex digits after it (a percent-encoding)"
+    scheme, colon, _ = re.split(r"([/?#])", text, maxsplit=1)[0].partition(":")
+    if colon and not _SCHEME.fullmatch(scheme):
+        return f"starts with {scheme + colon!r}, which is no URI scheme"
+    try:
+        urlsplit(text)
+    except ValueError as error:  # an unclosed '[' of an IPv6 host
+        return f"does not parse as a URI: {error}"
+    return None
 
 
 class RouteMatch(_Model):
@@ -37,7 +65,10 @@ class RouteMatch(_Model):
     @field_validator("header")
     @classmethod
     def _compile_headers(cls, value: dict[str, Patterns] | None) -> dict[str, Patterns] | None:
-        for patterns in (value or {}).values():
+        for name, patterns in (value or {}).items():
+            if not name.strip():
+                raise ValueError(f"header name {name!r} is empty or blank: name the header of the "
+                                 "row's headers column to match")
             cls._compile(patterns)
         return value
 
@@ -79,6 +110,21 @@ class RouteRule(_Model):
                 raise ValueError(problem)
         return topic
 
+    @field_validator("key", "ce_source", mode="before")
+    @classmethod
+    def _text(cls, value: object, info: ValidationInfo) -> object:
+        if value is None and info.field_name == "ce_source":
+            return value
+        what = ("the outbox column whose value keys the record (id, the default; aggregate_id, "
+                "type, aggregate_type or another column)" if info.field_name == "key" else
+                "the producer as a URI-reference (e.g. /orders-service)")
+        if not isinstance(value, str):
+            raise ValueError(f"is YAML's {type(value).__name__}, not text: name {what}, "
+                             "quoted if YAML would read it otherwise")
+        if info.field_name == "key" and not value.strip():
+            raise ValueError(f"is empty: name {what}, or leave key out")
+        return value
+
     @field_validator("schema_path")
     @classmethod
     def _schema_files(cls, value: str | dict[str, str] | None,
@@ -114,7 +160,7 @@ class RouteRule(_Model):
                         "type to schema file)")
         if self.schema_path and self.format != "avro":
             raise _fail("schema", "a schema only applies with format: avro", self.schema_path)
-        if self.cloudevents and not self.ce_source:
+        if self.cloudevents and self.ce_source is None:
             raise _fail("ce_source", "cloudevents: true needs ce_source, a URI-reference that "
                         "names the producer (e.g. /orders-service)")
         if self.ce_source and not self.cloudevents:
@@ -124,7 +170,16 @@ class RouteRule(_Model):
             problem = nats_header_problem("ce_source", self.ce_source)
             if problem:
                 raise _fail("ce_source", problem, self.ce_source)
+        problem = _uri_reference_problem(self.ce_source) if self.cloudevents and \
+            self.ce_source is not None else None
+        if problem:
+            raise _fail("ce_source", f"is no URI-reference (RFC 3986), which CloudEvents' "
+                        f"source must be: it {problem}; e.g. /orders-service or "
+                        "https://example.com/orders", self.ce_source)
         for name in self.headers:
+            if not name.strip():  # Kafka carries it, but no consumer asks for it by name
+                raise _fail("headers", f"header name {name!r} is empty or blank: name the "
+                            "header, or leave it out", name)
             if is_reserved_header(name, cloudevents=self.cloudevents):
                 raise _fail("headers", f"header {name!r} is reserved for the router: "
                             f"{RESERVED_HEADERS}", name)

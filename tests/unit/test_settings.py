@@ -246,6 +246,32 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, cloudevents: true, ce_source: /a, headers: {content-type: a}}",
      "header 'content-type' is reserved"),
     ("{topic: x, key: created_at}", "field 'routes[0].key'"),
+    # Review 45 L3: pydantic's words ("at least 1 item", "should be 'id' or 'aggregate_id'")
+    # or no error at all; each now names the field, the value and what to do.
+    ("{topic: x, key: ''}", "field 'routes[0].key': is empty: name the outbox column whose "
+     "value keys the record (id, the default; aggregate_id, type, aggregate_type or another "
+     "column), or leave key out (got '')"),
+    ("{topic: x, key: 5}", "field 'routes[0].key': is YAML's int, not text: name the outbox "
+     "column whose value keys the record (id, the default; aggregate_id, type, aggregate_type "
+     "or another column), quoted if YAML would read it otherwise (got 5); see"),
+    ("{topic: x, cloudevents: true, ce_source: 5}", "field 'routes[0].ce_source': is YAML's "
+     "int, not text: name the producer as a URI-reference (e.g. /orders-service)"),
+    ("{topic: x, cloudevents: true, ce_source: ''}", "field 'routes[0].ce_source': is no "
+     "URI-reference (RFC 3986), which CloudEvents' source must be: it is empty; e.g. "
+     "/orders-service or https://example.com/orders (got '')"),
+    ("{topic: x, cloudevents: true, ce_source: orders service}", "field 'routes[0].ce_source': "
+     "is no URI-reference (RFC 3986), which CloudEvents' source must be: it holds ' ' "
+     "(character 7), which a URI cannot (write it percent-encoded"),
+    ("{topic: x, cloudevents: true, ce_source: '/{type}'}", "holds '{' (character 2)"),
+    ("{topic: x, cloudevents: true, ce_source: '/a%zz'}", "holds a '%' without two hex digits"),
+    ("{topic: x, cloudevents: true, ce_source: '1a:b'}", "starts with '1a:', which is no URI "
+     "scheme"),
+    ("{topic: x, cloudevents: true, ce_source: 'http://[::1'}", "does not parse as a URI: "
+     "Invalid IPv6 URL"),
+    ("{topic: x, headers: {'': a}}", "field 'routes[0].headers': header name '' is empty or "
+     "blank: name the header, or leave it out; see"),
+    ("{topic: x, match: {header: {' ': a}}}", "field 'routes[0].match.header': header name "
+     "' ' is empty or blank: name the header of the row's headers column to match"),
     ("{topic: x, partition: hash}", "Input should be 'aggregate_id', 'key' or 'kafka_default'"),
 ])
 def test_route_errors(tmp_path: Path, route: str, expected: str) -> None:
