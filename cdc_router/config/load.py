@@ -13,17 +13,17 @@ import difflib
 import json
 import re
 import stat
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import MASK, is_secret_key, shown_url
+from cdc_router.config.yaml_text import parsed_yaml
 from cdc_router.errors import ConfigError
 
 ENV_PREFIX = "CDC_ROUTER__"
@@ -33,29 +33,6 @@ _PROPERTY_MAPS = frozenset({"config", "changelog_config", "position_config", "pr
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently."""
-
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == _MERGE_TAG:
-            continue  # `<<: *anchor`: construct_mapping merges it; explicit keys override it
-        key = loader.construct_object(key_node)
-        if isinstance(key, Hashable):
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _mapping_without_duplicates)
 
 
 def _not_a_file(path: Path) -> bool:
@@ -69,37 +46,6 @@ def _not_a_file(path: Path) -> bool:
 def _text_before(error: UnicodeDecodeError) -> bytes:
     """The bytes of the file before the one that is not UTF-8."""
     return bytes(error.object[: error.start])
-
-
-def _parsed(text: str, source: str) -> Any:
-    """The YAML document of `text`, or one ConfigError line (QA 33-b: a NUL byte gave two
-    lines, 4,301 digits and deep nesting a traceback)."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = error.problem or error.context or "syntax error"
-        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
-                          hint="fix the YAML at that line") from None
-    except yaml.reader.ReaderError as error:
-        line = text[: error.position].count("\n") + 1
-        found = error.character
-        shown = repr(chr(found) if isinstance(found, int) else found)
-        raise ConfigError(f"line {line}: invalid YAML: the character {shown} is not allowed in "
-                          "YAML", source=source, hint="remove it") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"invalid YAML: {' '.join(str(error).split())}", source=source
-                          ) from None
-    except RecursionError:
-        raise ConfigError("invalid YAML: nested too deeply", source=source,
-                          hint="a config nests a few levels; look for runaway brackets"
-                          ) from None
-    except ValueError as error:  # over Python's 4,300 digits; a date like 2026-13-45
-        problem = "a number has more than 4,300 digits" if "4300" in str(error) else \
-            f"a value cannot be read ({' '.join(str(error).split())})"
-        raise ConfigError(f"invalid YAML: {problem}", source=source,
-                          hint="quote a value meant as text") from None
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> CompiledConfig:
@@ -131,7 +77,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
                           source=source, hint="save it as UTF-8") from None
     except OSError as error:
         raise ConfigError(f"cannot read the file: {error}", source=source) from None
-    raw = _parsed(text, source)
+    raw = parsed_yaml(text, source)
     if raw is None:
         raise ConfigError("the file is empty", source=source,
                           hint="it needs at least source.topics and routes")

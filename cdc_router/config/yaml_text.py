@@ -1,0 +1,118 @@
+"""router.yaml's YAML, read strictly: no duplicate keys, no alias expanding without bound.
+
+PyYAML resolves a duplicate key silently (the last wins), and an alias is a reference: nine
+levels of nine aliases each ("billion laughs") are a small file whose data, walked as a tree
+or merged with `<<`, is 9**9 nodes. Each is refused as one ConfigError line naming the file
+and the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import yaml
+from yaml.composer import ComposerError
+
+from cdc_router.errors import ConfigError
+
+# Nodes of the document as a tree, aliases expanded: a router.yaml of 500 routes has some
+# 10,000. A merge-key bomb of 9**7 took 70 s and 800 MB to refuse (review 45 L4).
+MAX_EXPANDED_NODES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently, and
+    documents whose aliases expand beyond MAX_EXPANDED_NODES or into themselves."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)  # before constructing: a `<<` merge copies what it expands
+        return self.construct_document(node)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # `<<: *anchor`: construct_mapping merges it; explicit keys override it
+        key = loader.construct_object(key_node)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _mapping_without_duplicates)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """The number of nodes of `root` as a tree (aliases expanded), counted once per node,
+    so in time linear in the file; ComposerError at the first node beyond the limit, or at
+    an alias inside the node it names (a loop, which gave a traceback)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in open_nodes:
+            raise ComposerError(None, None, "an alias refers to a node that holds it (a loop)",
+                                node.start_mark)
+        open_nodes.add(id(node))
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        total = 1 + sum(size(child) for child in children)
+        if total > MAX_EXPANDED_NODES:
+            raise ComposerError(None, None, f"its aliases expand to over "
+                                f"{MAX_EXPANDED_NODES:,} nodes (an alias bomb?); write the "
+                                "repeated part out, or repeat it with fewer nested aliases",
+                                node.start_mark)
+        open_nodes.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def parsed_yaml(text: str, source: str) -> Any:
+    """The YAML document of `text`, or one ConfigError line (QA 33-b: a NUL byte gave two
+    lines, 4,301 digits and deep nesting a traceback)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = error.problem or error.context or "syntax error"
+        raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
+                          hint="fix the YAML at that line") from None
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        found = error.character
+        shown = repr(chr(found) if isinstance(found, int) else found)
+        raise ConfigError(f"line {line}: invalid YAML: the character {shown} is not allowed in "
+                          "YAML", source=source, hint="remove it") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {' '.join(str(error).split())}", source=source
+                          ) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", source=source,
+                          hint="a config nests a few levels; look for runaway brackets"
+                          ) from None
+    except ValueError as error:  # over Python's 4,300 digits; a date like 2026-13-45
+        problem = "a number has more than 4,300 digits" if "4300" in str(error) else \
+            f"a value cannot be read ({' '.join(str(error).split())})"
+        raise ConfigError(f"invalid YAML: {problem}", source=source,
+                          hint="quote a value meant as text") from None
