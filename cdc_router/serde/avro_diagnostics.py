@@ -13,13 +13,13 @@ import struct
 import sys
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
 from typing import Any
 
 from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
+from cdc_router.serde.avro_time import TIME_RANGES
 from cdc_router.serde.avro_unions import UnionWalk, fits, has_container_unions
 
 
@@ -272,30 +272,8 @@ def _unfillable_below(node: Any, named: Mapping[str, Any], path: list[str], foun
 # What fastavro's validation takes and its writer then alters or its reader refuses: a float
 # beyond float's range (written as infinity), NaN or infinity from a JSON number beyond a
 # double, any text in a `uuid` string (readers with logical types refuse it), a date, time or
-# timestamp number outside _TIME_RANGES.
+# timestamp number outside TIME_RANGES.
 _FLOAT_MAX = 3.4028234663852886e38
-
-
-def _time_range(unit: timedelta, meaning: str) -> tuple[int, int, str]:
-    """The numbers a timestamp in `unit`s since the epoch takes in a reader's datetime."""
-    epoch = datetime(1970, 1, 1)
-    return (datetime.min - epoch) // unit, (datetime.max - epoch) // unit, meaning
-
-
-# Readers with logical types (fastavro's, so our decoder's) turn these into Python's date, time
-# and datetime, which hold years 1 to 9999 only; a time is after midnight (Avro
-# specification), and -1 read back as 00:00:00.999. Beyond: written, then no such reader reads
-# the record (review 45 M5). (low, high, what the number counts)
-_MILLIS, _MICROS = timedelta(milliseconds=1), timedelta(microseconds=1)
-_TIME_RANGES = {
-    "date": _time_range(timedelta(days=1), "days since 1970-01-01, years 1 to 9999"),
-    "time-millis": (0, 86_399_999, "milliseconds after midnight"),
-    "time-micros": (0, 86_399_999_999, "microseconds after midnight"),
-    "timestamp-millis": _time_range(_MILLIS, "milliseconds since 1970-01-01, years 1 to 9999"),
-    "timestamp-micros": _time_range(_MICROS, "microseconds since 1970-01-01, years 1 to 9999"),
-}
-_TIME_RANGES["local-timestamp-millis"] = _TIME_RANGES["timestamp-millis"]
-_TIME_RANGES["local-timestamp-micros"] = _TIME_RANGES["timestamp-micros"]
 
 
 def _has_checked_values(schema: AvroSchema) -> bool:
@@ -354,8 +332,8 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
         return None
     if kind in ("float", "double"):
         return _number_problem(datum, kind, path)
-    if node.get("logicalType") in _TIME_RANGES and type(datum) is int:
-        low, high, meaning = _TIME_RANGES[node["logicalType"]]
+    if node.get("logicalType") in TIME_RANGES and type(datum) is int:
+        low, high, meaning = TIME_RANGES[node["logicalType"]]
         if not low <= datum <= high:
             return (f"field {path.lstrip('.') or '(the payload)'!r} is {datum}, outside what "
                     f"readers with logical types take as {kind} ({node['logicalType']}): "
