@@ -102,9 +102,7 @@ def _beyond_double(value: Any) -> int | None:
     return next((found for found in map(_beyond_double, children) if found is not None), None)
 
 
-def _refuse_huge_integers(text: str | bytes, parsed: Any) -> Any:
-    if len(text) < _DOUBLE_DIGITS - 1:
-        return parsed
+def _refuse_huge_integers(text: str | bytes, parsed: Any) -> None:
     if isinstance(text, bytes):
         suspect = bool(_TWO_DIGITS_BYTES.search(text[::_STRIDE])
                        and _DIGIT_RUN_BYTES.search(text))
@@ -113,7 +111,6 @@ def _refuse_huge_integers(text: str | bytes, parsed: Any) -> Any:
     if suspect and (huge := _beyond_double(parsed)) is not None:
         raise ValueError(f"{_BEYOND_DOUBLE} ({show(str(huge)[:20] + '...', 40)}, an integer "
                          f"of {len(str(abs(huge)))} digits)")
-    return parsed
 
 
 def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
@@ -127,15 +124,17 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
     """
     if _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
-    parsed = _parse(text, max_depth, strict, exact_numbers)
-    return _refuse_huge_integers(text, parsed) if strict and not exact_numbers else parsed
-
-
-def _parse(text: str | bytes, max_depth: int, strict: bool, exact_numbers: bool) -> Any:
     try:
-        return (_EXACT if exact_numbers else _FAST).decode(text)
+        parsed = (_EXACT if exact_numbers else _FAST).decode(text)
     except (msgspec.DecodeError, RecursionError):
-        pass  # json.loads decides, and words the reason (see the module doc)
+        parsed = _parse_slowly(text, max_depth, strict, exact_numbers)
+    if strict and len(text) >= _DOUBLE_DIGITS - 1 and not exact_numbers:
+        _refuse_huge_integers(text, parsed)
+    return parsed
+
+
+def _parse_slowly(text: str | bytes, max_depth: int, strict: bool, exact_numbers: bool) -> Any:
+    """json.loads, which decides what msgspec refused, and words the reason (module doc)."""
     try:
         # JSON between systems is UTF-8 without a byte order mark (RFC 8259 8.1); json.loads
         # of bytes would also take UTF-16, UTF-32 and a BOM, which consumers then choke on.
