@@ -236,8 +236,13 @@ def test_a_reason_that_differs_only_in_a_number_the_clock_moves_fails_as_before(
     old = replace(earlier, reason="its timestamp 2026-11-26T10:00:00.000Z is 8.01 days old")
     assert fails_as_before(old, DeadLettered("produce", DeliveryError(
         "its timestamp 2026-11-26T10:00:00.000Z is 8.13 days old"), "late"))
+    # QA 45-a F2: a route added above the event's moved "routes[4]" to "routes[5]".
+    moved = "event e: routes[4] topic 'odd.{type}' renders 'odd../etc', which Kafka refuses"
+    assert fails_as_before(replace(earlier, stage="route", reason=moved), DeadLettered(
+        "route", DeliveryError(moved.replace("[4]", "[5]")), "late"))
     for before, now in (("topic orders.1 does not exist", "topic orders.2 does not exist"),
-                        ("over the 10 allowed", "over the 64 allowed")):
+                        ("over the 10 allowed", "over the 64 allowed"),
+                        ("headers[4] is empty", "headers[5] is empty")):
         assert not fails_as_before(replace(earlier, reason=before),
                                    DeadLettered("produce", DeliveryError(now), "late"))
 
