@@ -173,14 +173,20 @@ def key_columns(value: str | None, schema: OutboxSchema) -> tuple[str, ...]:
         if not named:
             raise ConfigError("names no column", field="--key-columns", value=value)
         return named
+    # Debezium matches each entry's table pattern against schema.table, case-blind, and keys
+    # by the columns of every entry that matches (review 45-3).
+    qualified = ".".join(split_table(schema.table))
+    found: list[str] = []
     for entry in value.split(";"):
         table, _, columns = entry.strip().partition(":")
         try:
-            if re.fullmatch(table.strip(), schema.table):
-                return key_columns(columns if columns.strip() else value[:0], schema)
+            if re.fullmatch(table.strip(), qualified, re.IGNORECASE):
+                found += key_columns(columns if columns.strip() else value[:0], schema)
         except re.error:
             pass  # not a pattern Python reads: this entry names no table of ours
-    raise ConfigError(f"no entry names the outbox table {schema.table}: give the connector's "
+    if found:
+        return tuple(dict.fromkeys(found))
+    raise ConfigError(f"no entry names the outbox table {qualified}: give the connector's "
                       "message.key.columns, or the key's columns alone", field="--key-columns",
                       value=value)
 
@@ -201,7 +207,10 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
         "ts_ms": ts_ms,
     }
     keyed = {name: value for name, value in after.items() if name in (key or (id_column,))}
-    return ChangeEvent(str(after[id_column]), json.dumps(keyed, separators=(",", ":")).encode(),
+    # As Jackson writes it: non-ASCII text as UTF-8, not \u escapes, or the key's bytes, so
+    # its partition, would not be Debezium's (review 45-3).
+    return ChangeEvent(str(after[id_column]),
+                       json.dumps(keyed, separators=(",", ":"), ensure_ascii=False).encode(),
                        json.dumps(envelope, separators=(",", ":")).encode())
 
 

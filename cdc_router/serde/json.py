@@ -89,7 +89,7 @@ _DOUBLE_DIGITS = len(str(int(sys.float_info.max)))  # 309
 _STRIDE = (_DOUBLE_DIGITS - 1) // 2
 _TWO_DIGITS = re.compile("[0-9][0-9]")
 _TWO_DIGITS_BYTES = re.compile(b"[0-9][0-9]")
-_DIGIT_RUN = re.compile(f"[0-9]{{{_DOUBLE_DIGITS - 1}}}")
+_DIGIT_RUN = re.compile(f"(?<![0-9])[0-9]{{{_DOUBLE_DIGITS - 1}}}")  # from a run's start only
 _DIGIT_RUN_BYTES = re.compile(_DIGIT_RUN.pattern.encode())
 
 

@@ -136,10 +136,22 @@ def test_only_a_topic_the_router_reads_takes_republished_change_events(topic: st
     (" aggregateid , type ", ("aggregateid", "type")),
     ("public.outbox:aggregateid", ("aggregateid",)),
     ("public.other:id;public.out.*:aggregateid,type", ("aggregateid", "type")),
+    # Review 45-3: as Debezium matches them: case-blind, every matching entry's columns.
+    ("PUBLIC.Outbox:aggregateid", ("aggregateid",)),
+    ("public.outbox:aggregateid;.*:type,aggregateid", ("aggregateid", "type")),
 ])
 def test_key_columns_take_the_connectors_setting_or_the_columns_alone(
         setting: str | None, columns: tuple[str, ...]) -> None:
     assert key_columns(setting, OutboxSchema()) == columns
+    # A table named without its schema is public's, as Postgres takes it.
+    assert key_columns(setting, OutboxSchema(table="outbox")) == columns
+
+
+def test_a_non_ascii_key_is_written_as_jackson_writes_it() -> None:
+    # Review 45-3: "caf\u00e9" is other bytes than Debezium's "café", so another partition.
+    event = change_event(row(aggregateid="café"), OutboxSchema(), binary_handling="base64",
+                         ts_ms=5, key=("aggregateid",))
+    assert event.key == '{"aggregateid":"café"}'.encode()
 
 
 @pytest.mark.parametrize(("setting", "problem"), [
