@@ -50,6 +50,7 @@ from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import require_own_topics
+from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import (
     PoisonIsolation,
@@ -89,7 +90,8 @@ class OutboxRelay:
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
                  reader: OutboxReader | None = None, lock: TableLock | None = None,
                  records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None,
-                 describe_factory: DescribeFactory = admin_describe) -> None:
+                 describe_factory: DescribeFactory = admin_describe,
+                 operations_factory: OperationsFactory = admin_operations) -> None:
         """Builds no client: run() does (the producer on first use). Tests hand fakes: the
         table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
         (key, value) of a topic (the changelog, the position topic)."""
@@ -112,7 +114,7 @@ class OutboxRelay:
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
-        self._destinations = clients.destinations(config, self._producer)
+        self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
                                 timestamp_limits=clients.timestamp_limits(self._describe))

@@ -87,6 +87,7 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
     relay = OutboxRelay(compile_config(config), dsn="postgresql://unused", instance_id="t",
                         producer_factory=lambda conf: FakeProducer(cluster, conf),
                         describe_factory=cluster.describe_factory,
+                        operations_factory=cluster.operations_factory,
                         reader=table, lock=lock or FakeLock(), records=records,  # type: ignore[arg-type]
                         on_delivered=lambda events: delivered.extend(
                             e.event_id if e.topic else f"replayed {e.event_id}" for e in events))
