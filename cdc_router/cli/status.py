@@ -82,9 +82,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         kafka["bootstrap.servers"] = bootstrap_servers
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
         raise _CheckImpossible(f"kafka: {problem}")
-    relay_dsn = config.relay.dsn if config.relay is not None else None
-    endpoints = Endpoints(dsn or config.cleanup.dsn or relay_dsn or DEFAULT_DSN, connect_url, kafka,
-                          _dsn_source(dsn, config.cleanup.dsn, relay_dsn))
+    status_dsn, dsn_source = _status_dsn(dsn, config)
+    endpoints = Endpoints(status_dsn, connect_url, kafka, dsn_source)
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
         serve_on("--serve", port, lambda: serve(collector, port),
@@ -127,15 +126,15 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     raise SystemExit(code)
 
 
-def _dsn_source(option: str | None, cleanup: str | None, relay: str | None) -> str:
-    """Where status's DSN came from, in the order it picks one."""
+def _status_dsn(option: str | None, config: RouterConfig) -> tuple[str, str]:
+    """The DSN status checks, and where it came from, in the order it picks one."""
     if option:
-        return "--dsn or CDC_ROUTER_PG_DSN"
-    if cleanup:
-        return "cleanup.dsn of the config, or CDC_ROUTER__CLEANUP__DSN"
-    if relay:
-        return "relay.dsn of the config, or CDC_ROUTER__RELAY__DSN"
-    return f"the default {DEFAULT_DSN}: set --dsn or CDC_ROUTER_PG_DSN"
+        return option, "--dsn or CDC_ROUTER_PG_DSN"
+    if config.cleanup.dsn:
+        return config.cleanup.dsn, "cleanup.dsn of the config, or CDC_ROUTER__CLEANUP__DSN"
+    if config.relay is not None and config.relay.dsn:
+        return config.relay.dsn, "relay.dsn of the config, or CDC_ROUTER__RELAY__DSN"
+    return DEFAULT_DSN, f"the default {DEFAULT_DSN}: set --dsn or CDC_ROUTER_PG_DSN"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -169,10 +169,7 @@ def key_columns(value: str | None, schema: OutboxSchema) -> tuple[str, ...]:
     if value is None:
         return (schema.columns.id,)
     if ":" not in value:
-        named = tuple(column.strip() for column in value.split(",") if column.strip())
-        if not named:
-            raise ConfigError("names no column", field="--key-columns", value=value)
-        return named
+        return _named_columns(value, value)
     # Debezium matches each entry's table pattern against schema.table, case-blind, and keys
     # by the columns of every entry that matches (review 45-3).
     qualified = ".".join(split_table(schema.table))
@@ -181,7 +178,7 @@ def key_columns(value: str | None, schema: OutboxSchema) -> tuple[str, ...]:
         table, _, columns = entry.strip().partition(":")
         try:
             if re.fullmatch(table.strip(), qualified, re.IGNORECASE):
-                found += key_columns(columns if columns.strip() else value[:0], schema)
+                found += _named_columns(columns, value)
         except re.error:
             pass  # not a pattern Python reads: this entry names no table of ours
     if found:
@@ -189,6 +186,14 @@ def key_columns(value: str | None, schema: OutboxSchema) -> tuple[str, ...]:
     raise ConfigError(f"no entry names the outbox table {qualified}: give the connector's "
                       "message.key.columns, or the key's columns alone", field="--key-columns",
                       value=value)
+
+
+def _named_columns(columns: str, value: str) -> tuple[str, ...]:
+    """The comma-separated column names of one message.key.columns entry (of `value`)."""
+    named = tuple(column.strip() for column in columns.split(",") if column.strip())
+    if not named:
+        raise ConfigError("names no column", field="--key-columns", value=value)
+    return named
 
 
 def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: str,

@@ -7,7 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_router.cli.status import _dsn_source
+from cdc_router.cli.status import _status_dsn
+from cdc_router.config.model import RouterConfig
 from cdc_router.ops import database
 from cdc_router.outbox.table import OutboxSchema
 
@@ -42,12 +43,18 @@ def test_an_outage_is_not_blamed_on_the_dsn(monkeypatch: pytest.MonkeyPatch) -> 
     assert wal.error is not None and "DSN comes from" not in wal.error
 
 
-@pytest.mark.parametrize(("option", "cleanup", "relay", "named"), [
-    ("postgresql://a", "postgresql://b", None, "--dsn or CDC_ROUTER_PG_DSN"),
-    (None, "postgresql://b", "postgresql://c", "cleanup.dsn"),
-    (None, None, "postgresql://c", "relay.dsn"),
-    (None, None, None, "set --dsn or CDC_ROUTER_PG_DSN"),
+@pytest.mark.parametrize(("option", "cleanup", "relay", "picked", "named"), [
+    ("postgresql://a", "postgresql://b", None, "postgresql://a", "--dsn or CDC_ROUTER_PG_DSN"),
+    (None, "postgresql://b", "postgresql://c", "postgresql://b", "cleanup.dsn"),
+    (None, None, "postgresql://c", "postgresql://c", "relay.dsn"),
+    (None, None, None, "postgresql://postgres", "set --dsn or CDC_ROUTER_PG_DSN"),
 ])
-def test_the_dsn_source_follows_the_order_status_picks_a_dsn_in(
-        option: str | None, cleanup: str | None, relay: str | None, named: str) -> None:
-    assert named in _dsn_source(option, cleanup, relay)
+def test_status_picks_its_dsn_in_order_and_names_where_it_came_from(
+        option: str | None, cleanup: str | None, relay: str | None, picked: str,
+        named: str) -> None:
+    config = RouterConfig.model_validate({
+        "source": {"group_id": "shop", "topics": ["raw"]}, "routes": [{"topic": "orders"}],
+        "cleanup": {"dsn": cleanup},
+        **({"relay": {"table": "outbox", "dsn": relay}} if relay else {})})
+    dsn, source = _status_dsn(option, config)
+    assert dsn.startswith(picked) and named in source
