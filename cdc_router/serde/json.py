@@ -91,12 +91,15 @@ _TWO_DIGITS = re.compile("[0-9][0-9]")
 _TWO_DIGITS_BYTES = re.compile(b"[0-9][0-9]")
 _DIGIT_RUN = re.compile(f"(?<![0-9])[0-9]{{{_DOUBLE_DIGITS - 1}}}")  # from a run's start only
 _DIGIT_RUN_BYTES = re.compile(_DIGIT_RUN.pattern.encode())
+# The least integer a double reader rounds to infinity: the largest double plus half its last
+# step (2**971); a smaller one rounds to the largest double, as 1.7976931348623158e308 does.
+_ROUNDS_TO_INFINITY = 2**1024 - 2**970
 
 
 def _beyond_double(value: Any) -> int | None:
     """The first integer of a parsed tree that no double holds, or None."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value if abs(value) > sys.float_info.max else None
+        return value if abs(value) >= _ROUNDS_TO_INFINITY else None
     children = value.values() if isinstance(value, dict) else value \
         if isinstance(value, list) else ()
     return next((found for found in map(_beyond_double, children) if found is not None), None)

@@ -129,6 +129,7 @@ MAX_DOUBLE_INTEGER = int(sys.float_info.max)
 @pytest.mark.parametrize("text", [
     '{"n": 1' + "0" * 400 + "}",  # jsonb's own text of 1e400
     "[-" + str(MAX_DOUBLE_INTEGER + 10**292) + "]",  # 309 digits, past the largest double
+    "[" + str(2**1024 - 2**970) + "]",  # the least integer float() rounds to infinity
     " " * 150 + '{"a": [1, {"b": ' + "9" * 5000 + "}]}",  # past Python's digit limit too
 ])
 def test_strict_refuses_an_integer_beyond_a_double_as_it_refuses_1e400(text: str) -> None:
@@ -143,6 +144,7 @@ def test_strict_refuses_an_integer_beyond_a_double_as_it_refuses_1e400(text: str
 
 @pytest.mark.parametrize("text", [
     "[" + str(MAX_DOUBLE_INTEGER) + "]",  # the largest double, as an integer
+    "[" + str(2**1024 - 2**970 - 1) + "]",  # rounds to the largest double, as float() does
     '{"n": 1' + "0" * 307 + "}",
     '{"s": "' + "9" * 500 + '"}',  # digits in a string
     "[0." + "0" * 400 + "1, 1." + "5" * 400 + "]",  # digits of a fraction
