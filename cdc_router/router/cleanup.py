@@ -83,8 +83,7 @@ class OutboxCleaner:
         self._table = table_identifier(settings.table, "cleanup.table")
         self._retention_ms = (settings.retention_ms or 0) if settings.mode == "retention" else None
         self._sweep_source = sweep
-        self._sweep_retry_at = 0.0
-        self._sweep_backoff = 0.5
+        self._sweep_retry_at, self._sweep_backoff = 0.0, 0.5
         self._due: deque[tuple[str, int]] = deque()  # (event id, due since: epoch ms), FIFO
         self._waiting: list[tuple[int, str]] = []  # retention: heap of (due at: epoch ms, id)
         self._lock = threading.Lock()
@@ -96,8 +95,7 @@ class OutboxCleaner:
         self._deleted_total = 0
         self._column_types: dict[str, str] | None = None
         self._lag_s = 0.0
-        self._logged_deleted = 0
-        self._logged_at = time.monotonic()
+        self._logged_deleted, self._logged_at = 0, time.monotonic()
         self.deleted, self.lag, self.given_up, self.swept, self.kept = cleanup_metrics(registry)
 
     # Called by the router, after commit ----------------------------------------------------
@@ -292,38 +290,48 @@ class OutboxCleaner:
                 raise
             # One row (an id its column cannot hold, a foreign key to it, a trigger's RAISE)
             # fails the batch, and the next round would take the same (review 45): one by one.
-            deleted, not_yet = self._delete_each(conn, batch, now_ms)
+            self._delete_each(conn, batch, now_ms)
+        else:
+            self._settle(batch, deleted, not_yet)
+        return True
+
+    def _settle(self, done: list[str], deleted: int, not_yet: list[tuple[int, str]]) -> None:
+        """The ids `done` (the queue's head) leave the queue; rows still young wait again."""
         with self._lock:
             # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
-            for event_id in batch:
+            for event_id in done:
                 if self._due and self._due[0][0] == event_id:
                     self._due.popleft()
             for entry in not_yet:
                 heapq.heappush(self._waiting, entry)
-        self._count_deleted(deleted)
+        self._deleted_total += max(deleted, 0)
+        self.deleted.inc(max(deleted, 0))
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
-        return True
 
-    def _delete_each(self, conn: psycopg.Connection[Any], batch: list[str],
-                     now_ms: int) -> tuple[int, list[tuple[int, str]]]:
-        deleted, not_yet, reason = 0, [], ""
-        kept: list[str] = []
-        for event_id in batch:
-            try:
-                one, later = self._delete(conn, [event_id], now_ms)
-            except psycopg.Error as error:
-                if not row_fault(error):
-                    raise
-                kept.append(event_id)
-                reason = one_line(error)
-                continue
-            deleted += one
-            not_yet += later
-        if kept:  # one line a batch (review 45-2: a trigger refusing every row logged each)
-            self.kept.inc(len(kept))
-            log.warning("event=cleanup_rows_kept rows=%d ids=%s reason=%r", len(kept),
-                        ",".join(map(repr, kept[:10])), reason)
-        return deleted, not_yet
+    def _delete_each(self, conn: psycopg.Connection[Any], batch: list[str], now_ms: int) -> None:
+        """Id by id, a row fault keeping its row; any other failure is raised after the ids
+        before it are settled and their kept rows reported (review 46: a lock timeout at a
+        later id lost the line and the counter, and each retry found the same rows again)."""
+        deleted, not_yet, reason, done, kept = 0, [], "", 0, []
+        try:
+            for event_id in batch:
+                try:
+                    one, later = self._delete(conn, [event_id], now_ms)
+                except psycopg.Error as error:
+                    if not row_fault(error):
+                        raise
+                    kept.append(event_id)
+                    reason = one_line(error)
+                else:
+                    deleted += one
+                    not_yet += later
+                done += 1
+        finally:
+            self._settle(batch[:done], deleted, not_yet)
+            if kept:  # one line a batch (review 45-2: a trigger refusing every row logged each)
+                self.kept.inc(len(kept))
+                log.warning("event=cleanup_rows_kept rows=%d ids=%s reason=%r", len(kept),
+                            ",".join(map(repr, kept[:10])), reason)
 
     def _delete(self, conn: psycopg.Connection[Any], batch: list[str],
                 now_ms: int) -> tuple[int, list[tuple[int, str]]]:
@@ -377,12 +385,10 @@ class OutboxCleaner:
 
     def _log_progress(self) -> None:
         """One INFO line per LOG_EVERY_S at most, while rows are being deleted."""
-        deleted = self._deleted_total
-        now = time.monotonic()
+        deleted, now = self._deleted_total, time.monotonic()
         if deleted > self._logged_deleted and now - self._logged_at >= LOG_EVERY_S:
             log.info("event=outbox_rows_deleted rows=%d total=%d pending=%d lag_s=%.1f",
-                     deleted - self._logged_deleted, deleted, self.pending_count(),
-                     self._lag_s)
+                     deleted - self._logged_deleted, deleted, self.pending_count(), self._lag_s)
             self._logged_deleted, self._logged_at = deleted, now
 
     def _update_lag(self) -> None:
@@ -392,7 +398,3 @@ class OutboxCleaner:
         # Lag: how long the oldest id has been due (retention's planned wait does not count).
         self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000)
         self.lag.set(self._lag_s)
-
-    def _count_deleted(self, rows: int) -> None:
-        self._deleted_total += max(rows, 0)
-        self.deleted.inc(max(rows, 0))

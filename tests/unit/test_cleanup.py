@@ -55,6 +55,7 @@ class _Outbox:
     def __init__(self, ids: list[str]) -> None:
         self.rows = set(ids)
         self.deletes: list[list[str]] = []
+        self.locked: set[str] = set()  # rows another transaction holds: lock_timeout
 
     def execute(self, query: object, params: tuple[list[str], ...]) -> _Result:
         text = query.as_string(None) if hasattr(query, "as_string") else str(query)
@@ -64,6 +65,8 @@ class _Outbox:
         if any(event_id.startswith("bad") for event_id in batch):
             raise psycopg.errors.InvalidTextRepresentation(
                 f"invalid input syntax for type uuid: {batch}")
+        if self.locked.intersection(batch):
+            raise psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
         gone = [event_id for event_id in batch if event_id in self.rows]
         self.rows -= set(gone)
         return _Result([(event_id,) for event_id in gone])
@@ -101,6 +104,29 @@ def test_rows_kept_are_counted_and_named_in_one_warning_a_batch(
     [line] = [r.getMessage() for r in caplog.records if "cleanup_rows_kept" in r.getMessage()]
     assert "rows=2 ids='bad-1','bad-2'" in line and "invalid input syntax" in line
     assert cleaner.kept._value.get() == 2
+
+
+def test_rows_kept_before_a_later_id_fails_otherwise_are_reported_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 46: a lock timeout at a later id of the batch raised past the kept-rows line: no
+    # line, no count, and every retry while the lock lasted found the same rows again.
+    cleaner = _cleaner(mode="delete")
+    outbox = _Outbox(["a", "locked", "c"])
+    outbox.locked = {"locked"}
+    _attach(cleaner, outbox)
+    cleaner.delivered([Delivered(event_id, "t", None)
+                       for event_id in ("bad-1", "a", "locked", "c")])
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        cleaner._delete_due()
+    [line] = [r.getMessage() for r in caplog.records if "cleanup_rows_kept" in r.getMessage()]
+    assert "rows=1 ids='bad-1'" in line and "invalid input syntax" in line
+    assert (cleaner.kept._value.get(), cleaner.deleted._value.get()) == (1, 1)
+    assert outbox.rows == {"locked", "c"} and cleaner.pending_count() == 2
+
+    outbox.locked = set()  # the lock is released: the retry takes only the rest
+    assert cleaner._delete_due() and outbox.rows == set() and cleaner.pending_count() == 0
+    assert outbox.deletes[-1] == ["locked", "c"]
+    assert (cleaner.kept._value.get(), cleaner.deleted._value.get()) == (1, 3)
 
 
 def test_delete_mode_ignores_created_at_so_a_future_row_blocks_nothing():
