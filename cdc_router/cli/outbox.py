@@ -355,8 +355,8 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
     schema = OutboxSchema(config.cleanup.table, config.source.outbox)
     key = key_columns(key_setting, schema)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
-        table_columns(conn, schema.table, "cleanup.table",
-                      {f"--key-columns ({column})": column for column in key})
+        types = table_columns(conn, schema.table, "cleanup.table",
+                              {f"--key-columns ({column})": column for column in key})
         count, oldest = count_rows(conn, schema, selection)
         conn.commit()
         click.echo(f"{count} rows of {schema.table} to republish onto {target}")
@@ -365,7 +365,7 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
             return
         confirm("republish them?", yes)
         events = (change_event(row, schema, binary_handling=config.source.binary_handling,
-                               ts_ms=now_ms, key=key)
+                               ts_ms=now_ms, key=key, types=types)
                   for row in outbox_rows(conn, schema, selection))
         done = republish_events(config, target, events)
     click.echo(f"republished {done} change events onto {target}; the router drops those it "

@@ -19,6 +19,15 @@ a datetime, into the number Debezium sends (measured on the local stack: 'infini
 dead-letters such a row with its reason rather than one row stopping the whole republish. A
 timestamptz Python cannot hold goes as Postgres's text, which the router dead-letters at
 decode (Debezium writes `+20000-01-01T00:00:00Z`; the router dead-letters that too).
+
+The key's columns (--key-columns) are written as Debezium writes them, type and precision
+counted (its JdbcValueConverters and PostgresValueConverter under adaptive_time_microseconds):
+a timestamp(0) to timestamp(3) as epoch milliseconds (io.debezium.time.Timestamp), a date as
+epoch days, a time as microseconds past midnight, a timestamptz with as many fraction digits as
+its precision (6 unless given); else a key's bytes, so its raw partition, would not be
+Debezium's (review 46). The value keeps the encodings above: the router reads a created_at in
+microseconds as readily as in milliseconds (source.created_at_unit auto), a date's text as that
+date.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -51,6 +60,9 @@ CONNECTOR_NAME = "cdc-router-republish"  # source.connector of every republished
 _INFINITY_MICROS = {b"infinity": 9223372036825200000, b"-infinity": -9223372036832400000}
 # Postgres's ISO output of a timestamp without time zone (DateStyle ISO), any year.
 _TIMESTAMP = re.compile(rb"(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?( BC)?")
+# A time type's precision in format_type's text: "timestamp(3) without time zone".
+_PRECISION = re.compile(r"\((\d)\)")
+_EPOCH_DAY = date(1970, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -197,9 +209,11 @@ def _named_columns(columns: str, value: str) -> tuple[str, ...]:
 
 
 def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: str,
-                 ts_ms: int, key: tuple[str, ...] = ()) -> ChangeEvent:
+                 ts_ms: int, key: tuple[str, ...] = (),
+                 types: Mapping[str, str] | None = None) -> ChangeEvent:
     """The change event Debezium writes for an insert of `row` (see the module doc), keyed by
-    the `key` columns (default: the id) in the table's order, as Debezium orders them."""
+    the `key` columns (default: the id) in the table's order, as Debezium orders them and
+    encodes them by their SQL `types` (column -> format_type)."""
     id_column = schema.columns.id
     after = {name: _column(value, binary_handling) for name, value in row.items()}
     db_schema, table = split_table(schema.table)
@@ -211,12 +225,33 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
         "op": "c",
         "ts_ms": ts_ms,
     }
-    keyed = {name: value for name, value in after.items() if name in (key or (id_column,))}
+    keyed = {name: _key_column(row[name], (types or {}).get(name, ""), value)
+             for name, value in after.items() if name in (key or (id_column,))}
     # As Jackson writes it: non-ASCII text as UTF-8, not \u escapes, or the key's bytes, so
     # its partition, would not be Debezium's (review 45-3).
     return ChangeEvent(str(after[id_column]),
                        json.dumps(keyed, separators=(",", ":"), ensure_ascii=False).encode(),
                        json.dumps(envelope, separators=(",", ":")).encode())
+
+
+def _key_column(value: Any, sql_type: str, encoded: Any) -> Any:
+    """A key column as Debezium encodes one of `sql_type` (the module doc); `encoded`, its
+    value's encoding, for the types whose encoding is the same."""
+    found = _PRECISION.search(sql_type)
+    precision = int(found.group(1)) if found else 6
+    zoned = sql_type.endswith("with time zone")
+    if sql_type.startswith("timestamp") and not zoned and isinstance(value, int):
+        return value // 1000 if precision <= 3 else value  # floored, as Java's toEpochMilli
+    if sql_type.startswith("timestamp") and zoned and isinstance(value, datetime):
+        utc = value.astimezone(UTC)
+        fraction = f".{utc.microsecond:06d}"[:precision + 1] if precision else ""
+        return f"{utc.replace(tzinfo=None).isoformat(timespec='seconds')}{fraction}Z"
+    if sql_type == "date" and isinstance(value, date):
+        return (value - _EPOCH_DAY).days
+    if sql_type.startswith("time") and not zoned and isinstance(value, time):
+        return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + \
+            value.microsecond
+    return encoded
 
 
 def _column(value: Any, binary_handling: str) -> Any:

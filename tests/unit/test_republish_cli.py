@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,30 @@ def test_the_window_warning_names_the_windows_edge(monkeypatch: pytest.MonkeyPat
     assert f"warning: rows created before {edge}T" in result.output, result.output
     assert "(now less dedup.window_ms; the oldest selected: 2000-01-01T00:00:00Z)" in \
         result.output
+
+
+def test_the_key_columns_are_encoded_by_the_tables_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 46: a timestamp(3) key column went as microseconds, Debezium's as milliseconds.
+    produced: list[Any] = []
+
+    @contextlib.contextmanager
+    def database(dsn: str) -> Iterator[Any]:
+        yield type("Conn", (), {"commit": lambda self: None})()
+
+    def republish_events(config: Any, topic: str, events: Any) -> int:
+        produced.extend(events)
+        return len(produced)
+
+    created = datetime(2016, 11, 4, 13, 51, 30, 123000)
+    monkeypatch.setattr(outbox_cli, "database", database)
+    monkeypatch.setattr(outbox_cli, "count_rows", lambda *args: (1, None))
+    monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {
+        "id": "uuid", "created_at": "timestamp(3) without time zone"})
+    monkeypatch.setattr(outbox_cli, "outbox_rows", lambda *args: iter([
+        {"id": "e1", "created_at": (created - datetime(1970, 1, 1)) // timedelta(microseconds=1)}]))
+    monkeypatch.setattr(outbox_cli, "republish_events", republish_events)
+    result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--ids", "e1",
+                                       "--yes", "--key-columns", "public.outbox:created_at"])
+    assert result.exit_code == 0, result.output
+    [event] = produced
+    assert event.key == b'{"created_at":1478267490123}'
