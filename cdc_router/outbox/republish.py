@@ -25,9 +25,9 @@ counted (its JdbcValueConverters and PostgresValueConverter under adaptive_time_
 a timestamp(0) to timestamp(3) as epoch milliseconds (io.debezium.time.Timestamp), a date as
 epoch days, a time as microseconds past midnight, a timestamptz with as many fraction digits as
 its precision (6 unless given); else a key's bytes, so its raw partition, would not be
-Debezium's (review 46). The value keeps the encodings above: the router reads a created_at in
-microseconds as readily as in milliseconds (source.created_at_unit auto), a date's text as that
-date.
+Debezium's (review 46). The value takes the milliseconds of a timestamp(0) to timestamp(3) too
+(a created_at read with source.created_at_unit millis was a thousand times too late) and keeps
+the other encodings above: the router reads a date's text as that date.
 """
 
 from __future__ import annotations
@@ -216,6 +216,9 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
     encodes them by their SQL `types` (column -> format_type)."""
     id_column = schema.columns.id
     after = {name: _column(value, binary_handling) for name, value in row.items()}
+    for name, sql_type in (types or {}).items():
+        if isinstance(after.get(name), int) and _in_millis(sql_type):
+            after[name] //= 1000  # floored, as Java's toEpochMilli
     db_schema, table = split_table(schema.table)
     envelope = {
         "before": None,
@@ -240,8 +243,6 @@ def _key_column(value: Any, sql_type: str, encoded: Any) -> Any:
     found = _PRECISION.search(sql_type)
     precision = int(found.group(1)) if found else 6
     zoned = sql_type.endswith("with time zone")
-    if sql_type.startswith("timestamp") and not zoned and isinstance(value, int):
-        return value // 1000 if precision <= 3 else value  # floored, as Java's toEpochMilli
     if sql_type.startswith("timestamp") and zoned and isinstance(value, datetime):
         utc = value.astimezone(UTC)
         fraction = f".{utc.microsecond:06d}"[:precision + 1] if precision else ""
@@ -252,6 +253,14 @@ def _key_column(value: Any, sql_type: str, encoded: Any) -> Any:
         return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + \
             value.microsecond
     return encoded
+
+
+def _in_millis(sql_type: str) -> bool:
+    """A timestamp(0) to timestamp(3) without time zone, which Debezium writes as epoch
+    milliseconds (io.debezium.time.Timestamp), in the key and in the value."""
+    found = _PRECISION.search(sql_type)
+    return (sql_type.startswith("timestamp") and not sql_type.endswith("with time zone")
+            and found is not None and int(found.group(1)) <= 3)
 
 
 def _column(value: Any, binary_handling: str) -> Any:

@@ -204,3 +204,15 @@ def test_a_key_column_is_encoded_as_debezium_encodes_its_type_and_precision(
     event = change_event(row(aggregateid=value), OutboxSchema(), binary_handling="base64",
                          ts_ms=5, key=("aggregateid",), types={"aggregateid": sql_type})
     assert json.loads(event.key) == {"aggregateid": keyed}
+
+
+def test_a_millisecond_timestamp_goes_as_milliseconds_in_the_value_too() -> None:
+    # Review 46: the value's timestamp(3) created_at went as microseconds, which a router with
+    # source.created_at_unit millis read as a time some 46,000 years on.
+    types = {"created_at": "timestamp(3) without time zone", "aggregateid": "text"}
+    event = change_event(row(created_at=_MICROS - 456), OutboxSchema(), binary_handling="base64",
+                         ts_ms=5, types=types)
+    assert json.loads(event.value)["after"]["created_at"] == 1478267490123
+    micros = change_event(row(created_at=_MICROS), OutboxSchema(), binary_handling="base64",
+                          ts_ms=5, types={"created_at": "timestamp(6) without time zone"})
+    assert json.loads(micros.value)["after"]["created_at"] == _MICROS
