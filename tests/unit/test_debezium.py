@@ -539,3 +539,18 @@ def test_a_configured_optional_column_missing_from_the_rows_is_one_warning(
     assert "without the row's headers" in lines[0] and "or to null" in lines[0]
     assert lines[1].startswith("event=column_missing column=created_at "
                                "field=source.outbox.created_at")
+
+
+@pytest.mark.parametrize(("number", "text"), [
+    (1e20, "1.0E20"), (1e-5, "1.0E-5"), (123456789.0, "1.23456789E8"), (1e7, "1.0E7"),
+    (12345678.9, "1.23456789E7"), (-2.5e-10, "-2.5E-10"), (9999999.0, "9999999.0"),
+    (0.001, "0.001"), (1.5, "1.5"), (-0.0, "-0.0"), (0.30000000000000004, "0.30000000000000004"),
+])
+def test_a_double_column_reads_as_java_writes_it_as_the_smt_keys_by_it(
+        number: float, text: str) -> None:
+    # QA 46-b F1: a route keyed by a double precision column took Python's text (1e+20), the
+    # SMT Java's (1.0E20): other key bytes, another partition for 6 of 12 rows.
+    decoded = decode_mutated("create_jsonb.noschema",
+                             lambda value: row_of(value).update(k_float=number))
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.column("k_float") == text
