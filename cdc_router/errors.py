@@ -336,6 +336,13 @@ class DedupStoreError(CdcRouterError):
     """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
 
 
+class NestedEventBusy(DedupStoreError):
+    """A run_once inside another event's effect found its event id held by another worker's
+    open transaction: raised instead of answering BUSY, so that the outer transaction rolls
+    back and the outer event is retried like after an outage, not acknowledged without the
+    inner effect (review 46 F2)."""
+
+
 class RetriableError(CdcRouterError):
     """Raised by a consumer's handler when something it depends on is away (an HTTP service, a
     database, a broker): not the record's fault, so the record is retried with backoff without

@@ -34,6 +34,7 @@ from cdc_router.consumer.dedup import (
     DedupStoreError,
     EffectAborted,
     MemoryDedupStore,
+    NestedEventBusy,
     Outcome,
 )
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore, run_purge_loop
@@ -338,6 +339,53 @@ def test_a_run_once_inside_an_effect_commits_with_it(
     assert store.run_once(DedupKey("g", "order"), with_parts) is Outcome.DONE
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 3
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 3
+
+
+def test_a_nested_run_once_held_elsewhere_rolls_the_outer_event_back(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 46 F2: the nested run_once answered BUSY, which the handler ignored (as the test
+    # above does); the outer event committed DONE and the sub-event's effect was lost for good.
+    effect_table(stack.postgres_dsn, schema)
+    other = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup", lock_timeout_s=0.5)
+
+    def with_part(conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, "order")(conn)
+        other.run_once(DedupKey("g", "part-1"), insert_effect(schema, "part-1"))
+
+    def swallowing(conn: psycopg.Connection[Any]) -> None:
+        with contextlib.suppress(NestedEventBusy):  # "it will come again", it thinks
+            with_part(conn)
+
+    with effect_held_open(store, schema, DedupKey("g", "part-1")):
+        for effect in (with_part, swallowing):
+            with pytest.raises(NestedEventBusy, match="part-1"):
+                other.run_once(DedupKey("g", "order"), effect)
+            assert count(stack.postgres_dsn,
+                         f"SELECT count(*) FROM \"{schema}\".dedup WHERE event_id = 'order'") == 0
+    # The retry, once the other worker committed part-1: part-1 a duplicate, order done.
+    assert other.run_once(DedupKey("g", "order"), with_part) is Outcome.DONE
+    other.close()
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 2
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 2
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
+def test_a_deadlock_or_serialization_failure_in_the_effect_is_retried_not_counted(
+        stack: StackEndpoints, store: PostgresDedupStore, sqlstate: str) -> None:
+    # Review 46 F9: contention between two workers is not the record's fault; the same error
+    # at COMMIT was already an outage, in the effect it dead-lettered the record.
+    def contended(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(f"DO $$ BEGIN RAISE EXCEPTION 'contended' USING ERRCODE = '{sqlstate}';"
+                     " END $$")
+
+    with pytest.raises(DedupStoreError, match="contended") as raised:
+        store.run_once(DedupKey("g", "e1"), contended)
+    cause = raised.value.__cause__
+    assert isinstance(cause, psycopg.Error) and cause.sqlstate == sqlstate
+    assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE
+    with pytest.raises(psycopg.errors.RaiseException):  # any other error stays the handler's
+        store.run_once(DedupKey("g", "e2"), lambda conn: conn.execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'bad row'; END $$"))
 
 
 def test_an_effect_refused_at_commit_is_the_handlers_failure_not_an_outage(

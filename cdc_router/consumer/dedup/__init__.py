@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Effect, Outcome
-from cdc_router.errors import DedupStoreError, EffectAborted
+from cdc_router.errors import DedupStoreError, EffectAborted, NestedEventBusy
 
 __all__ = ["DedupKey", "DedupStore", "DedupStoreError", "Effect", "EffectAborted",
-           "MemoryDedupStore", "Outcome"]
+           "MemoryDedupStore", "NestedEventBusy", "Outcome"]

@@ -14,6 +14,12 @@ row lock and then sees the conflict, so concurrent duplicates never both run; it
 `lock_timeout_s` and then answers BUSY (retried later, its consumer polling on): a frozen
 worker's open transaction held its partition's new owner for the whole freeze (QA 35-b).
 
+A run_once called inside another one's effect (a handler deduplicating sub-events) is a
+savepoint of the outer transaction. Where it would answer BUSY it raises NestedEventBusy, a
+DedupStoreError: the outer transaction rolls back and the outer event is retried. A BUSY the
+handler could ignore let the outer event commit, and the sub-event's effect was lost (review
+46 F2); so the outer run_once also refuses to commit after a nested BUSY the handler caught.
+
 Retention: `purge(older_than)` deletes rows older than the window in bounded batches. A
 redelivery of an event older than the window is no longer recognised and runs again, so the
 window must exceed the longest time a record can be redelivered after it was first
@@ -32,7 +38,13 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, EffectAborted, Outcome
+from cdc_router.consumer.dedup.store import (
+    DedupKey,
+    DedupStoreError,
+    EffectAborted,
+    NestedEventBusy,
+    Outcome,
+)
 from cdc_router.postgres import delete_in_chunks, one_line, table_identifier
 
 log = logging.getLogger(__name__)
@@ -154,6 +166,9 @@ class PostgresDedupStore:
         # Called inside another run_once's effect (a handler deduplicating sub-events), its
         # rows commit with the outer transaction, as a savepoint.
         nested = conn.info.transaction_status != TransactionStatus.IDLE
+        if not nested or not hasattr(self._local, "busy"):
+            self._local.busy = set()  # the nested keys found BUSY, and not done since
+        busy: set[DedupKey] = self._local.busy
         in_effect = committing = False
         try:
             with conn.transaction():
@@ -163,11 +178,15 @@ class PostgresDedupStore:
                 if self._lock_wait is not None:
                     conn.execute("SET LOCAL lock_timeout TO DEFAULT")
                 if inserted == 0:
+                    busy.discard(key)
                     return Outcome.DUPLICATE
                 in_effect = True
                 effect(conn)
                 in_effect = False
                 _check_committable(conn, key)
+                if busy and not nested:  # the handler caught a NestedEventBusy and went on
+                    raise _nested_busy(min(busy, key=str))
+                busy.discard(key)
                 committing = True
             if not nested and conn.info.transaction_status != TransactionStatus.IDLE:
                 raise DedupStoreError(f"the dedup transaction of event {key.event_id} did not "
@@ -180,8 +199,14 @@ class PostgresDedupStore:
             self._forget_broken()
             if isinstance(error, psycopg.errors.LockNotAvailable) and not in_effect \
                     and not committing and not lost:
+                if nested:
+                    busy.add(key)
+                    raise _nested_busy(key) from error
                 return Outcome.BUSY  # another worker's transaction holds this event's row
-            if (in_effect or (committing and _effects_fault(error))) and not lost:
+            # A deadlock or serialization failure in the effect is contention between
+            # workers, retried like the same error at COMMIT, not counted (review 46 F9).
+            if (in_effect or (committing and _effects_fault(error))) and not lost \
+                    and not _contention(error):
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
                                   f"{one_line(error)}") from error
@@ -274,6 +299,19 @@ _EFFECT_CLASSES = ("22", "23", "P0")
 
 def _effects_fault(error: psycopg.Error) -> bool:
     return (error.sqlstate or "")[:2] in _EFFECT_CLASSES
+
+
+def _contention(error: psycopg.Error) -> bool:
+    """Class 40, transaction rollback: a deadlock or a serialization failure, which the same
+    transaction retried later does not meet again."""
+    return (error.sqlstate or "").startswith("40")
+
+
+def _nested_busy(busy: DedupKey) -> NestedEventBusy:
+    return NestedEventBusy(
+        f"event {busy.event_id}, deduplicated inside another event's effect, is held by "
+        "another worker's open transaction: the outer event's transaction is rolled back and "
+        "retried, so that it never commits without this event's effect")
 
 
 def _stale_params(older_than: timedelta, consumer_group: str | None,

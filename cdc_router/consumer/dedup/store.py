@@ -10,6 +10,7 @@ from typing import Protocol, TypeVar
 # Re-exported: the stores and users import them from here and from cdc_router.consumer.dedup.
 from cdc_router.errors import DedupStoreError as DedupStoreError
 from cdc_router.errors import EffectAborted as EffectAborted
+from cdc_router.errors import NestedEventBusy as NestedEventBusy
 
 Context = TypeVar("Context")
 Context_co = TypeVar("Context_co", covariant=True)
