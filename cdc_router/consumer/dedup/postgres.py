@@ -45,7 +45,7 @@ from cdc_router.consumer.dedup.store import (
     NestedEventBusy,
     Outcome,
 )
-from cdc_router.postgres import delete_in_chunks, one_line, table_identifier
+from cdc_router.postgres import delete_in_chunks, one_line, session_options, table_identifier
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,12 @@ class PostgresDedupStore:
         conn: psycopg.Connection[tuple[object, ...]] | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
             try:
-                conn = psycopg.connect(self._conninfo, autocommit=True,
-                                       connect_timeout=self._connect_timeout_s)
+                # Keepalives and tcp_user_timeout, as on the router's own sessions: a host
+                # gone without a FIN held run_once (and the consumer's stop) for the kernel's
+                # TCP retries, about 15 minutes (review 46 F3).
+                conn = psycopg.connect(self._conninfo, autocommit=True, **{
+                    **session_options(self._conninfo, "cdc-router-consumer"),
+                    "connect_timeout": self._connect_timeout_s})
             except psycopg.Error as error:
                 raise DedupStoreError(
                     f"cannot connect to the dedup database: {one_line(error)}") from error
