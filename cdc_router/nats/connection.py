@@ -140,7 +140,8 @@ def credentials_refused(error: BaseException | None) -> bool:
 
 def config_failure(url: str, errors: Sequence[BaseException | None]) -> ConfigError | None:
     """The ConfigError to stop with when one of `errors` (seen while connecting) is no outage:
-    our credentials refused, or a TLS handshake that failed (certificate, hostname); else None."""
+    our credentials refused, or a TLS handshake that failed for good (a certificate, no TLS
+    version in common); else None (a handshake cut short is an outage)."""
     for error in errors:
         if error is None:
             continue
@@ -150,11 +151,43 @@ def config_failure(url: str, errors: Sequence[BaseException | None]) -> ConfigEr
                                field=CREDENTIAL_FIELDS,
                                hint="check them against the server's authorization (or the "
                                     "account of the .creds file); an outage would not say this")
-        if isinstance(error, ssl.SSLError):
-            return ConfigError(f"the TLS handshake with NATS at {shown_url(url)} failed: {error}",
-                               field="nats.tls.ca_file / nats.tls.hostname",
-                               hint="give the CA that signed the server's certificate, and the "
-                                    "name the certificate holds when the URL's differs")
+        tls = _tls_misconfigured(url, error)
+        if tls is not None:
+            return tls
+    return None
+
+
+# The TLS handshake failures no retry mends, by OpenSSL's reason: the server refused our client
+# certificate, or we and the server share no TLS version (or one of us speaks no TLS). Any other
+# SSLError (SSLEOFError, SSLZeroReturnError, SSLSyscallError: a connection cut while NATS
+# restarts) is an outage, retried: taken for a config error it stopped the router and the
+# relay with a wrong hint (review 46 F4).
+_CLIENT_CERTIFICATE_REFUSED = frozenset({
+    "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"})
+_NO_COMMON_TLS = frozenset({
+    "WRONG_VERSION_NUMBER", "UNSUPPORTED_PROTOCOL", "NO_PROTOCOLS_AVAILABLE",
+    "TLSV1_ALERT_PROTOCOL_VERSION", "SSLV3_ALERT_HANDSHAKE_FAILURE"})
+
+
+def _tls_misconfigured(url: str, error: BaseException) -> ConfigError | None:
+    if not isinstance(error, ssl.SSLError):
+        return None
+    failed = f"the TLS handshake with NATS at {shown_url(url)} failed: {error}"
+    reason = getattr(error, "reason", None)  # OpenSSL's; unset on an error Python raised
+    if isinstance(error, ssl.SSLCertVerificationError) or reason == "CERTIFICATE_VERIFY_FAILED":
+        return ConfigError(failed, field="nats.tls.ca_file / nats.tls.hostname",
+                           hint="give the CA that signed the server's certificate, and the "
+                                "name the certificate holds when the URL's differs")
+    if reason in _CLIENT_CERTIFICATE_REFUSED:
+        return ConfigError(failed, field="nats.tls.cert_file / nats.tls.key_file",
+                           hint="the server refused our client certificate (or wants one): "
+                                "give a certificate signed by a CA the server trusts")
+    if reason in _NO_COMMON_TLS:
+        return ConfigError(failed, field="nats.url / nats.tls",
+                           hint="point nats.url at the server's TLS listener, and check that "
+                                "it accepts TLS 1.2 or later")
     return None
 
 

@@ -95,6 +95,40 @@ def test_a_certificate_that_does_not_verify_is_a_config_failure_and_an_outage_is
     assert config_failure("nats://h:4222", [ConnectionRefusedError(111, "refused"), None]) is None
 
 
+def ssl_error(kind: type[ssl.SSLError], reason: str, message: str) -> ssl.SSLError:
+    """An SSLError as the ssl module raises it, `reason` being OpenSSL's."""
+    error = kind(1, f"[SSL: {reason}] {message}")
+    error.reason = reason
+    return error
+
+
+@pytest.mark.parametrize("error", [
+    ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),
+    ssl.SSLZeroReturnError(6, "TLS/SSL connection has been closed (EOF)"),
+    ssl.SSLSyscallError(5, "Some I/O error occurred"),
+    ssl_error(ssl.SSLError, "UNEXPECTED_EOF_WHILE_READING", "unexpected eof while reading"),
+])
+def test_a_tls_connection_cut_while_nats_restarts_is_an_outage(error: ssl.SSLError) -> None:
+    # Review 46 F4: every SSLError was a config error, so a TLS handshake cut by a restarting
+    # NATS stopped the router and the relay with "give the CA ..." advice.
+    assert config_failure("tls://h:4222", [error]) is None
+
+
+@pytest.mark.parametrize(("error", "field"), [
+    (ssl_error(ssl.SSLError, "CERTIFICATE_VERIFY_FAILED", "certificate verify failed"),
+     "nats.tls.ca_file"),
+    (ssl_error(ssl.SSLError, "TLSV1_ALERT_UNKNOWN_CA", "tlsv1 alert unknown ca"),
+     "nats.tls.cert_file"),
+    (ssl_error(ssl.SSLError, "TLSV13_ALERT_CERTIFICATE_REQUIRED", "certificate required"),
+     "nats.tls.cert_file"),
+    (ssl_error(ssl.SSLError, "WRONG_VERSION_NUMBER", "wrong version number"), "nats.url"),
+])
+def test_a_handshake_refused_for_good_names_the_setting_to_fix(error: ssl.SSLError,
+                                                                field: str) -> None:
+    failure = config_failure("tls://h:4222", [ConnectionResetError(104, "reset"), error])
+    assert failure is not None and field in str(failure)
+
+
 def test_an_unreadable_ca_file_is_one_line(tmp_path: Path) -> None:
     unreadable = tmp_path / "ca-dir.pem"
     unreadable.mkdir()  # a directory: is_file() is False
