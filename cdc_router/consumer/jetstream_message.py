@@ -125,9 +125,12 @@ def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
                         max_payload: int, drop_data: bool = False) -> DeadLetterMessage:
     """The dead letter of `record`: its data and headers (less Nats-*) plus the dlq.* headers.
 
-    Its own Nats-Msg-Id names the durable and the stream sequence, so a crash between the
-    dead-letter publish and the ack repeats the publish, which the dead-letter stream's
-    duplicate window drops, while two services' dead letters of one message both stay.
+    Its own Nats-Msg-Id names the durable, the stream sequence and the time the stream stored
+    the message, so a crash between the dead-letter publish and the ack repeats the publish,
+    which the dead-letter stream's duplicate window drops, while two services' dead letters of
+    one message both stay. Without the time, a stream deleted and re-created within that
+    window numbered its messages from 1 again, and a new poison message's letter was dropped
+    as the old one's duplicate, then the message TERMed: in neither stream (review 46 F10).
     A message over the server's `max_payload` with the dlq.* headers goes without its data
     (dlq.value.dropped.bytes says its size), if need be without its own headers too; the
     stream still holds them. `drop_data`: without its data whatever its size (the dead-letter
@@ -143,7 +146,8 @@ def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
     return DeadLetterMessage(
         data=value or b"",
         headers={name: _header_text(raw) for name, raw in headers},
-        msg_id=f"dlq:{record.stream}:{durable}:{record.sequence}")
+        msg_id=f"dlq:{record.stream}:{durable}:{record.sequence}"
+               + ("" if record.timestamp_ms is None else f":{record.timestamp_ms}"))
 
 
 def _header_text(raw: bytes) -> str:

@@ -32,6 +32,7 @@ from cdc_router.errors import ConfigError, MalformedRecord, RetriableError
 
 STAMP = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 SUBJECT = "payments.confirmed"
+STORED_MS = int(STAMP.timestamp() * 1000)
 
 
 def metadata(sequence: int, delivered: int) -> SimpleNamespace:
@@ -148,6 +149,21 @@ def test_a_handler_failure_naks_with_jittered_backoff_until_the_last_attempt() -
 # --- the dead-letter message ---------------------------------------------------------------
 
 
+def test_a_dead_letters_msg_id_tells_a_re_created_streams_message_from_the_old_one() -> None:
+    # Review 46 F10: a stream re-created within the dead-letter stream's duplicate window
+    # numbers its messages from 1 again; the letter of its message 7 was dropped as the old
+    # message 7's duplicate, and the message TERMed. A redelivery keeps its id.
+    def msg_id(delivered: int, stored: datetime.datetime) -> str:
+        meta = SimpleNamespace(stream="PAYMENTS", sequence=SimpleNamespace(stream=7),
+                               num_delivered=delivered, timestamp=stored)
+        return dead_letter_message(record_of(SUBJECT, b"{}", None, meta), durable="d",
+                                   stage="handle", error=ValueError("x"), attempts=3,
+                                   event_id="e1", max_payload=1024 * 1024).msg_id
+
+    assert msg_id(3, STAMP) == msg_id(5, STAMP)
+    assert msg_id(3, STAMP) != msg_id(3, STAMP + datetime.timedelta(days=1))
+
+
 def test_a_dead_letter_keeps_data_and_headers_less_nats_ones_plus_one_line_dlq_headers() -> None:
     record = record_of(SUBJECT, b'{"a": 1}', {"Nats-Msg-Id": "e1", "Nats-Expected-Stream": "X",
                                               "id": "e1", "tenant": "t"}, metadata(7, 3))
@@ -155,7 +171,7 @@ def test_a_dead_letter_keeps_data_and_headers_less_nats_ones_plus_one_line_dlq_h
                                  error=ValueError("bad\r\norder"), attempts=3, event_id="e1",
                                  max_payload=1024 * 1024)
     assert letter.data == b'{"a": 1}'
-    assert letter.msg_id == "dlq:PAYMENTS:fulfillment:7"
+    assert letter.msg_id == f"dlq:PAYMENTS:fulfillment:7:{STORED_MS}"
     assert letter.headers == {
         "id": "e1", "tenant": "t", "dlq.source.topic": SUBJECT, "dlq.source.partition": "0",
         "dlq.source.offset": "7", "dlq.stage": "handle", "dlq.error.class": "ValueError",
@@ -233,7 +249,7 @@ def test_a_failing_handler_is_naked_with_a_delay_then_dead_lettered_and_termed()
     assert (subject, stream) == ("fulfillment.dlq", "FULFILLMENT-DLQ")
     assert json.loads(data) == {"order_id": "42"}
     assert (headers["dlq.stage"], headers["dlq.attempts"], headers["Nats-Msg-Id"]) == \
-        ("handle", "3", "dlq:PAYMENTS:fulfillment:7")
+        ("handle", "3", f"dlq:PAYMENTS:fulfillment:7:{STORED_MS}")
 
 
 def test_a_malformed_message_is_dead_lettered_on_its_first_delivery() -> None:
