@@ -27,6 +27,11 @@ What it cannot promise (each shown by tests/integration/test_redis_store.py):
   forgets done marks, and redelivered records run again. Use AOF with fsync for the marks
   you cannot afford to lose.
 - Retention: a done mark expires after ttl_ms; a redelivery after that runs again.
+- A consumer group holding ':' makes keys ambiguous: ("billing:eu", "e1") and
+  ("billing", "eu:e1") share one key, so the second is taken for a duplicate (review 46 F8).
+  Keep ':' out of group names (a warning is logged once per such group). The format stays:
+  another one would leave every stored done mark unseen after an upgrade, and refusing such a
+  group would force a rename, which loses its committed offsets and all its marks.
 """
 
 from __future__ import annotations
@@ -85,10 +90,18 @@ class RedisDedupStore:
         self._prefix = key_prefix
         self._release = client.register_script(_RELEASE_SCRIPT)
         self._unmarked: OrderedDict[str, bytes] = OrderedDict()  # key -> our claim token
+        self._warned: set[str] = set()  # groups with a ':', told once
 
     def key(self, key: DedupKey) -> str:
         """The Redis key that holds `key`'s claim or done mark."""
-        return f"{self._prefix}{key.consumer_group}:{key.event_id}"
+        group = key.consumer_group
+        if ":" in group and group not in self._warned:
+            self._warned.add(group)
+            first, rest = group.split(":", 1)
+            log.warning("event=dedup_group_ambiguous group=%s: its keys can be group %s's "
+                        "(event ids %s:...), whose events then count as done: keep ':' out "
+                        "of group names", group, first, rest)
+        return f"{self._prefix}{group}:{key.event_id}"
 
     def run_once(self, key: DedupKey, effect: Callable[[redis.Redis], None]) -> Outcome:
         """Claim, run `effect(client)`, mark done; see the module doc for what it promises."""
