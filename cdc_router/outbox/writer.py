@@ -125,10 +125,13 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
 
 
 def _check_text(name: str, text: object) -> None:
-    """What the router could only dead-letter (an empty column) or Postgres refuses (NUL, text
-    that is not UTF-8) is refused here, in the writer's own terms."""
+    """What the router could only dead-letter (an empty or blank column) or Postgres refuses
+    (NUL, text that is not UTF-8) is refused here, in the writer's own terms."""
     if not isinstance(text, str) or text == "":
         raise InvalidEventError(f"{name} must be non-empty text, not {show(text)}")
+    if text.isspace():  # the router's rule too (router/debezium.py), QA 46-a
+        raise InvalidEventError(f"{name} is blank: {show(text)}; the router would dead-letter "
+                                "the event")
     try:
         text.encode("utf-8")  # a lone surrogate fails (serde.json would make an import cycle)
         storable = "\x00" not in text

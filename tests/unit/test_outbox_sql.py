@@ -307,6 +307,8 @@ def test_bad_events_are_refused_before_any_sql(kwargs: dict[str, Any], message: 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("aggregate_type", "", "aggregate_type must be non-empty text, not ''"),
+    ("aggregate_id", " ", "aggregate_id is blank: ' '; the router would dead-letter"),
+    ("type", "\t\n", "type is blank"),
     ("aggregate_id", 4.2, "aggregate_id must be non-empty text, not 4.2"),
     ("aggregate_id", True, "aggregate_id must be non-empty text, not True"),
     ("type", "Paid\x00", "type holds a NUL or a lone surrogate"),
