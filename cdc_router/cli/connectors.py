@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from cdc_router.connect.plan import (
     slot_users,
 )
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
@@ -158,9 +159,14 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
 @_FILES
 @click.option("--dry-run", is_flag=True, help="Plan and validate only; exit 1 if invalid.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before applying.")
+@click.option("--wait", "wait_s", type=Seconds(min=0), default=15.0, show_default=True,
+              help="Seconds to watch each applied connector start: a connector or task that "
+                   "FAILS meanwhile (a missing publication, say) fails the command; 0: return "
+                   "right after the PUT.")
 @pass_state
-def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> None:
-    """Create or update connectors from files: plan, validate, confirm, PUT."""
+def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
+          wait_s: float) -> None:
+    """Create or update connectors from files: plan, validate, confirm, PUT, watch them start."""
     specs = _load(files)
     for spec in specs:
         for key in plain_secrets(spec.config):
@@ -190,6 +196,34 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool) -> N
     for item in pending:
         created = state.client.put_config(item.spec.name, item.spec.config)
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
+    for item in pending:
+        _watch_start(state.client, item.spec.name, wait_s)
+
+
+def _watch_start(client: ConnectClient, name: str, wait_s: float) -> None:
+    """Up to `wait_s`, until `name` and its tasks run: a FAILED one is a ConnectError (exit 1).
+    Connect validates the config, not the database: a publication that does not exist (with
+    publication.autocreate.mode disabled) fails the task seconds after `created` (QA 46-a)."""
+    deadline = time.monotonic() + wait_s
+    while wait_s > 0:
+        try:
+            current = client.get_status(name)
+        except UnknownConnectorError:  # the status topic catching up with the PUT
+            current = None
+        if current is not None and (failure := current.failure()) is not None:
+            raise ConnectError(f"connector {name!r} {failure}; fix the cause, then `cdc-router "
+                               f"connectors restart {name} --tasks failed` (the whole trace: "
+                               f"`cdc-router connectors status {name}`)")
+        if current is not None and (current.reached("RUNNING")
+                                    or current.state in ("PAUSED", "STOPPED")):
+            click.echo(f"{name}: {current.state} ({len(current.tasks)} task(s))")
+            return
+        if time.monotonic() >= deadline:
+            click.echo(f"{name}: not RUNNING after {wait_s:g}s (connector "
+                       f"{current.state if current else 'not listed yet'}): see `cdc-router "
+                       f"connectors wait {name}`", err=True)
+            return
+        time.sleep(0.5)
 
 
 @cli.command()
@@ -308,8 +342,10 @@ def delete(state: _State, name: str, yes: bool) -> None:
         click.echo(f"hint: replication slot {slot[3]!r} stays: connector {', '.join(users)} "
                    "streams from it", err=True)
     else:
-        click.echo(f"hint: replication slot {slot[3]!r} stays and retains WAL until dropped: "
-                   f"SELECT pg_drop_replication_slot('{slot[3]}');", err=True)
+        # The slot may never have been made (a task that failed first): this drops it if so.
+        click.echo(f"hint: replication slot {slot[3]!r}, if the connector made it, stays and "
+                   "retains WAL until dropped: SELECT pg_drop_replication_slot(slot_name) FROM "
+                   f"pg_replication_slots WHERE slot_name = '{slot[3]}';", err=True)
 
 
 @cli.command()

@@ -262,6 +262,25 @@ def test_diff_is_empty_after_apply_and_shows_a_changed_field(running: Deployment
         {"key": "heartbeat.interval.ms", "deployed": "1000", "desired": "2500"}]
 
 
+def test_apply_fails_in_one_line_when_the_task_fails_on_a_missing_publication(
+        deployment: Deployment) -> None:
+    # QA 46-a F2: Connect validates the config, not the database: apply said `created` and
+    # exited 0, and the task FAILED seconds later (publication.autocreate.mode disabled).
+    name, slot = f"{deployment.connector}-nopub", f"{deployment.base}_nopub"
+    env = {"CONNECTOR_NAME": name, "SLOT_NAME": slot, "PUBLICATION": f"{deployment.base}_none",
+           "TOPIC_PREFIX": f"{deployment.env['TOPIC_PREFIX']}-nopub"}
+    try:
+        result = deployment.cli("connectors", "apply", "--yes", "--wait", "60",
+                                "-f", str(CONNECTOR_FILE), env=env)
+        assert result.exit_code == 1, result.output
+        assert f"{name}: created" in result.stdout
+        assert result.stderr.startswith(f"error: connector '{name}' task 0 FAILED: ")
+        assert "ublication" in result.stderr and len(result.stderr.splitlines()) == 1
+    finally:
+        deployment.cli("connectors", "delete", name, "--yes")
+        drop_slot(deployment.stack.postgres_dsn, slot)
+
+
 def test_apply_refuses_a_second_connector_on_the_slot_the_first_streams_from(
         running: Deployment) -> None:
     second = f"{running.connector}-second"

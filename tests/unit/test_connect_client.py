@@ -498,9 +498,10 @@ class ScriptedConnect:
     """A tiny in-memory Connect: configs by name, statuses, and a validation verdict."""
 
     def __init__(self, configs: dict[str, dict[str, str]],
-                 errors: dict[str, list[str]] | None = None) -> None:
+                 errors: dict[str, list[str]] | None = None, task_state: str = "RUNNING") -> None:
         self.configs = configs
         self.errors = errors or {}
+        self.task_state = task_state  # of task 1; task 0 runs
         self.puts: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -522,7 +523,7 @@ class ScriptedConnect:
             return httpx.Response(404, json={"message": f"Connector {name} not found"})
         if parts[-1] == "status":
             return httpx.Response(200, json=status_json(
-                name, "RUNNING", "RUNNING", "FAILED",
+                name, "RUNNING", "RUNNING", self.task_state,
                 trace="io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"))
         return httpx.Response(200, json=self.configs[name])
 
@@ -543,7 +544,8 @@ def connector_file(tmp_path: Path, **config: str) -> str:
 
 
 def test_status_prints_the_failed_tasks_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = run_cli(monkeypatch, ScriptedConnect({"c": {"name": "c"}}), "status", "c")
+    result = run_cli(monkeypatch, ScriptedConnect({"c": {"name": "c"}}, task_state="FAILED"),
+                     "status", "c")
 
     assert result.exit_code == 0, result.output
     assert "task 1 trace:\nio.debezium.DebeziumException: publication missing" in result.stdout
@@ -563,8 +565,25 @@ def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyP
     assert "  ~ database.password: ***** -> *****" in result.stdout
     assert "old" not in result.stdout and "new" not in result.stdout
     assert "database.password is plain text" in result.stderr
-    assert result.stdout.rstrip().endswith("c: updated")
+    assert result.stdout.rstrip().endswith("c: updated\nc: RUNNING (2 task(s))")
     assert connect.puts == ["c"]
+
+
+def test_apply_fails_when_a_task_fails_right_after_the_put(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    # QA 46-a F2: a publication that does not exist passes Connect's validation; the task
+    # failed seconds after `created`, and apply had exited 0.
+    connect = ScriptedConnect({}, task_state="FAILED")
+    result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path), "--yes")
+    assert result.exit_code == 1
+    assert "c: created" in result.stdout
+    assert result.stderr.startswith("error: connector 'c' task 1 FAILED: io.debezium."
+                                    "DebeziumException: publication missing; fix the cause, "
+                                    "then `cdc-router connectors restart c --tasks failed`")
+    assert "\tat x.y" not in result.stderr  # one line, not the Java trace
+    skipped = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path, a="2"),
+                      "--yes", "--wait", "0")
+    assert skipped.exit_code == 0, skipped.output
 
 
 def test_without_a_terminal_apply_plans_and_asks_for_yes_instead_of_applying(
@@ -687,4 +706,7 @@ def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it
     assert "replication slot 's' stays: connector b streams from it" in first.stderr
     assert "pg_drop_replication_slot" not in first.stderr
     alone = run_cli(monkeypatch, ScriptedConnect({"a": shared["a"]}), "delete", "a", "--yes")
-    assert "SELECT pg_drop_replication_slot('s');" in alone.stderr
+    # QA 46-a F3: a slot the connector never made (its task failed first) is not there to
+    # drop: the hint's statement drops it only if it is.
+    assert ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
+            "slot_name = 's';") in alone.stderr
