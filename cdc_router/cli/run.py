@@ -20,7 +20,7 @@ from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, grant_refusal
-from cdc_router.kafka.errors import kafka_error_of, missing_files
+from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
@@ -37,6 +37,9 @@ _STALL_S = 120.0
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 # Generation-0 collections every this many allocations once started (tune_gc; Python's: 700).
 GC_GEN0 = 5000
+# The property librdkafka 2.x names as it refuses a name or a value: 'property "NAME"',
+# 'property: "NAME"', and for a boolean 'Expected bool value for "NAME"' (review 46-2 F3).
+_REFUSED_NAME = re.compile(r'property "([^"]+)"|property: "([^"]+)"|bool value for "([^"]+)"')
 
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:
@@ -162,12 +165,16 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
                            hint=f"librdkafka knows {', '.join(SASL_MECHANISMS)} (GSSAPI only "
                                 "when built with libsasl2); use one the broker's listener "
                                 "enables (sasl.enabled.mechanisms)")
-    named = re.search(r'property "([^"]+)"|property: "([^"]+)"', error.str())
+    # librdkafka's text ends in a newline for a value out of range (review 46-2 F4).
+    text = error.str().strip()
+    named = _REFUSED_NAME.search(text)
     name = next((group for group in named.groups() if group), "") if named else ""
-    section = next((section for section in ("producer", "consumer", "config")
-                    if name in getattr(config.kafka, section)), "config")
-    return ConfigError(f"librdkafka refused a client property: {error.str()}",
-                       field=f"kafka.{section}" + (f".{name}" if name else ""),
+    # The user's key and section, also for an alias librdkafka names by its canonical name.
+    field = next((f"kafka.{section}.{key}" for section in ("producer", "consumer", "config")
+                  for key in property_names(name) if name and key in getattr(config.kafka,
+                                                                            section)),
+                 "kafka.config" + (f".{name}" if name else ""))
+    return ConfigError(f"librdkafka refused a client property: {text}", field=field,
                        hint="".join(f"{missing}; " for missing in
                                     missing_files(config.kafka.config))
                        + "see librdkafka's CONFIGURATION.md for the names and values"

@@ -166,3 +166,25 @@ def missing_files(config: Mapping[str, Any]) -> list[str]:
     return [f"{key} {value} does not exist" for key, value in config.items()
             if key.endswith(".location") and value and value != "probe"
             and not os.path.exists(str(value))]
+
+
+# librdkafka names an aliased property by its canonical name when it refuses the value: the
+# user's `linger.ms` comes back as queue.buffering.max.ms (CONFIGURATION.md, "Alias for").
+PROPERTY_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "metadata.broker.list": ("bootstrap.servers",),
+    "max.in.flight.requests.per.connection": ("max.in.flight",),
+    "sasl.mechanisms": ("sasl.mechanism",),
+    "sasl.oauthbearer.client.id": ("sasl.oauthbearer.client.credentials.client.id",),
+    "sasl.oauthbearer.client.secret": ("sasl.oauthbearer.client.credentials.client.secret",),
+    "fetch.message.max.bytes": ("max.partition.fetch.bytes",),
+    "queue.buffering.max.ms": ("linger.ms",),
+    "message.send.max.retries": ("retries",),
+    "compression.codec": ("compression.type",),
+    "request.required.acks": ("acks",),
+    "message.timeout.ms": ("delivery.timeout.ms",),
+}
+
+
+def property_names(name: str) -> tuple[str, ...]:
+    """The names a user may have written for the property librdkafka calls `name`."""
+    return (name, *PROPERTY_ALIASES.get(name, ()))

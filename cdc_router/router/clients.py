@@ -165,8 +165,8 @@ def refused_property(config: RouterConfig) -> KafkaException | None:
 
 # librdkafka's words for an unknown property, a value it does not take (on any build).
 _PROPERTY_REFUSAL = re.compile(r"No such configuration property|for configuration property|"
-                               r"Configuration property \"|JAAS configuration is not "
-                               r"supported|Unsupported SASL mechanism")
+                               r"Configuration property \"|Expected bool value for|JAAS "
+                               r"configuration is not supported|Unsupported SASL mechanism")
 
 
 def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) -> int:

@@ -265,6 +265,29 @@ def test_rules_check_refuses_a_client_property_as_run_does_with_no_broker_and_no
     assert checked.exit_code == 0, checked.output  # a file of the router's host: not checked
 
 
+@pytest.mark.parametrize("kafka, field", [
+    ("consumer: {check.crcs: 'yes please'}", "kafka.consumer.check.crcs"),
+    ("config: {enable.ssl.certificate.verification: maybe}",
+     "kafka.config.enable.ssl.certificate.verification"),
+    ("producer: {linger.ms: abc}", "kafka.producer.linger.ms"),
+    ("producer: {compression.type: zstdd}", "kafka.producer.compression.type"),
+    ("config: {acks: many}", "kafka.config.acks"),
+    ("consumer: {fetch.wait.max.ms: -5}", "kafka.consumer.fetch.wait.max.ms")])
+def test_rules_check_refuses_a_bad_boolean_or_an_alias_naming_the_key_as_written(
+        tmp_path: Path, kafka: str, field: str) -> None:
+    # Review 46-2 F3/F4: librdkafka 2.16's `Expected bool value for "check.crcs"` passed
+    # `rules check`; an alias came back as its canonical name (linger.ms as
+    # kafka.config.queue.buffering.max.ms), and a range error spanned two lines.
+    config = tmp_path / "router.yaml"
+    config.write_text(f"kafka: {{bootstrap_servers: '127.0.0.1:1', {kafka}}}\n"
+                      "source: {topics: [raw]}\nroutes: [{topic: x}]\n", "utf-8")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert checked.exit_code == 1, checked.output
+    assert checked.output.startswith(f"error: field '{field}': librdkafka refused"), \
+        checked.output
+    assert checked.output.count("\n") == 1, checked.output
+
+
 @pytest.mark.parametrize("kafka", [
     "security_protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-256, sasl_username: app",
     "security_protocol: SASL_PLAINTEXT, sasl_mechanism: GSSAPI",
