@@ -201,15 +201,51 @@ def utc_now_for(column_type: str) -> sql.Composable:
     return sql.SQL("(now() AT TIME ZONE 'UTC')")
 
 
+# The values libpq takes for its enumerated options (libpq's docs, "Parameter Key Words"): it
+# refuses another before it contacts any server, "connection is bad: invalid sslmode value",
+# and no retry cures that (review 46-2 F5: the relay retried it forever). An option reaches
+# this check only when the linked libpq knows its name (conninfo_to_dict refuses the rest).
+_OPTION_VALUES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+}
+_INTEGER_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle",
+                    "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # libpq's parse_int_param: strtol, blanks around
+
+
 def dsn_problem(dsn: str) -> str | None:
-    """Why `dsn` is no Postgres connection string, or None; never quotes it (it holds the
-    password)."""
+    """Why `dsn` is no Postgres connection string libpq can use, or None: its syntax, or an
+    option value libpq refuses without contacting a server (sslmode, port, ...); never quotes
+    the string (it holds the password), only the bad option's value."""
     try:
-        conninfo_to_dict(dsn)
+        options = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         # Not libpq's reason either: it quotes the string's words, a password among them.
         return ("not a Postgres connection string; give "
                 "postgresql://user:password@host:port/dbname or key=value pairs")
+    return next(filter(None, (_value_problem(option, str(value))
+                              for option, value in options.items() if value)), None)
+
+
+def _value_problem(option: str, value: str) -> str | None:
+    allowed = _OPTION_VALUES.get(option)
+    if allowed is not None and value not in allowed:
+        return f"its {option} {value!r} is not one libpq takes: {', '.join(allowed)}"
+    if option not in _INTEGER_OPTIONS:
+        return None
+    # A port per host, or one for all; an empty one is the default.
+    for item in value.split(",") if option == "port" else [value]:
+        if item.strip() and not _INTEGER.fullmatch(item):
+            return f"its {option} {item!r} is not an integer"
+        if option == "port" and item.strip() and not 1 <= int(item) <= 65535:
+            return f"its port {item!r} is not one from 1 to 65535"
     return None
 
 

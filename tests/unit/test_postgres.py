@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import delete_in_chunks, one_line, session_options, utc_now_for
+from cdc_router.postgres import (
+    delete_in_chunks,
+    dsn_problem,
+    one_line,
+    session_options,
+    utc_now_for,
+)
 
 
 class _Diag:
@@ -163,3 +171,43 @@ def test_a_publication_is_read_as_its_operations_tables_and_root_flag() -> None:
     assert read_publication(none, "cdc_router_outbox") is None  # type: ignore[arg-type]
     assert not publication_state(_OnePublication(None),  # type: ignore[arg-type]
                                  "cdc_router_outbox").exists
+
+
+@pytest.mark.parametrize(("dsn", "problem"), [
+    ("postgresql://u:s3cret@127.0.0.1:5432/db?sslmode=bogus", "its sslmode 'bogus' is not one"),
+    ("postgresql://u:s3cret@127.0.0.1:99999/db", "its port '99999' is not one from 1 to 65535"),
+    ("host=127.0.0.1,::1 port=1,0 password=s3cret", "its port '0' is not one from 1 to 65535"),
+    ("host=127.0.0.1 port=abc password=s3cret", "its port 'abc' is not an integer"),
+    ("host=127.0.0.1 port=1 sslmode=Require password=s3cret", "its sslmode 'Require' is not"),
+    ("host=127.0.0.1 port=1 target_session_attrs=master", "its target_session_attrs 'master'"),
+    ("host=127.0.0.1 port=1 keepalives_idle=1.5", "its keepalives_idle '1.5' is not an")])
+def test_a_dsn_libpq_refuses_before_contacting_a_server_is_a_problem_naming_the_option(
+        dsn: str, problem: str) -> None:
+    # Review 46-2 F5: it passed load, then the relay retried libpq's "connection is bad:
+    # invalid sslmode value" forever and the cleanup warned forever.
+    found = dsn_problem(dsn)
+    assert found is not None and found.startswith(problem), found
+    assert "s3cret" not in found
+    with pytest.raises(psycopg.OperationalError, match="connection is bad"):
+        psycopg.connect(dsn, connect_timeout=1)  # what libpq says of it, with no server
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://u:p@h:5432/db?sslmode=verify-full&target_session_attrs=prefer-standby",
+    "host=a,b port=5432,,5433", "host=h port=' 5432 ' keepalives=0", "dbname=x"])
+def test_a_dsn_libpq_takes_has_no_problem(dsn: str) -> None:
+    assert dsn_problem(dsn) is None
+
+
+def test_the_relay_refuses_at_load_a_dsn_libpq_refuses(tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nroutes: [{topic: a}]\nrelay: {table: "
+                      "public.outbox, dsn: 'postgresql://u:s3cret@h/db?sslmode=bogus'}\n",
+                      "utf-8")
+    with pytest.raises(ConfigError, match=r"field 'relay.dsn': its sslmode 'bogus'") as error:
+        load_config(config, {})
+    assert "s3cret" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"field 'cleanup.dsn': its port '99999'"):
+        load_config(config, {
+            "CDC_ROUTER__RELAY__DSN": "host=h", "CDC_ROUTER__CLEANUP__MODE": "delete",
+            "CDC_ROUTER__CLEANUP__DSN": "host=h port=99999 password=s3cret"})
