@@ -158,7 +158,19 @@ def env(home: Path) -> None:
     click.echo(f"export DB_PORT={config.postgres_port}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")
+    # On stderr, which `eval "$(local env)"` leaves alone: a typo in --home (or
+    # CDC_ROUTER_HOME) printed the default addresses, where another stack may answer, with
+    # no word that none runs there (review 46-2 F7).
+    if load_saved(config.home) is None:
+        click.echo(f"# no stack was ever started in {config.home}: these are the default "
+                   "addresses, which may be another stack's; check --home or CDC_ROUTER_HOME",
+                   err=True)
+        return
     running = {part.part for part in stack.status(config) if part.state == "running"}
+    if stopped := [part for part in PARTS if part not in OPTIONAL_PARTS and part not in running]:
+        click.echo(f"# {', '.join(stopped)} not running in {config.home}: `cdc-router local up "
+                   f"--home {config.home}` starts {'them' if len(stopped) > 1 else 'it'}",
+                   err=True)
     for part in (part for part in OPTIONAL_PARTS if part not in running):  # QA 44-a
         click.echo(f"# {part} is not running: `cdc-router local up --with {part}` starts it",
                    err=True)

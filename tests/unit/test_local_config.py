@@ -11,6 +11,7 @@ import pytest
 
 from cdc_router.errors import ConfigError
 from cdc_router.local import config as stack_config
+from cdc_router.local import stack
 from cdc_router.local.registry import registry_command, registry_environment
 from cdc_router.local.versions import APICURIO_REGISTRY_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
 
@@ -256,7 +257,7 @@ def test_jars_of_an_earlier_pom_are_resolved_again(tmp_path):
     assert not jars._is_complete(target, pom)
 
 
-def test_local_env_says_which_optional_part_is_not_running(tmp_path):
+def test_local_env_says_which_optional_part_is_not_running(tmp_path, monkeypatch):
     # QA 44-a: it printed the NATS and registry addresses of a stack that ran neither, with
     # nothing to say that nothing answers there. The lines stay (the addresses are the
     # stack's), and the warning goes to stderr, which `eval "$(local env)"` does not read.
@@ -264,6 +265,10 @@ def test_local_env_says_which_optional_part_is_not_running(tmp_path):
 
     from cdc_router.cli.local import cli
 
+    stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    monkeypatch.setattr(stack, "status", lambda config: [
+        stack.PartStatus(part, "running" if part not in stack_config.OPTIONAL_PARTS
+                         else "stopped", 1, "", "") for part in stack_config.PARTS])
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     comments = result.stderr.splitlines()
@@ -271,3 +276,23 @@ def test_local_env_says_which_optional_part_is_not_running(tmp_path):
                         "# registry is not running: `cdc-router local up --with registry` "
                         "starts it"]
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
+
+
+def test_local_env_says_when_no_stack_runs_in_the_home(tmp_path):
+    # Review 46-2 F7: a typo in --home printed the default addresses, rc 0, with no word that
+    # nothing runs there: `eval "$(local env)"` pointed every later command at whatever stack
+    # owns the default ports. The note goes to stderr; stdout stays the export lines.
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "typo")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"# no stack was ever started in {tmp_path / 'typo'}: ")
+    assert all(line.startswith("export ") for line in result.stdout.splitlines())
+    stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.stderr.splitlines()[0] == (
+        f"# postgres, kafka, connect not running in {tmp_path}: `cdc-router local up --home "
+        f"{tmp_path}` starts them")
+    assert all(line.startswith("export ") for line in result.stdout.splitlines())
