@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,3 +31,41 @@ def config_option(help: str = _CONFIG_HELP, **kwargs: Any) -> Callable[[Any], An
     kwargs.setdefault("required", "default" not in kwargs)
     return click.option("-c", "--config", "config_path", type=FilePath(),
                         envvar="CDC_ROUTER_CONFIG", help=help, **kwargs)
+
+
+# What Kafka takes as a group.instance.id (JoinGroupRequest.validateGroupInstanceId: ASCII
+# alphanumerics, '.', '_', '-', at most 249), which the router's is with '.' and an 8-digit
+# digest appended (router/clients.py static_member_id).
+_KAFKA_ID = re.compile(r"[A-Za-z0-9._-]{1,240}")
+
+
+class InstanceId(click.ParamType[str]):
+    """A name unique per running instance: never empty (review 46-2 F9: `--instance-id
+    "$POD_NAME"` with the variable unset gave every replica the transactional id
+    `<prefix>-`, and they fenced each other in turn); for the router, one Kafka takes in a
+    group.instance.id; for the relay, a log name without blanks."""
+
+    name = "text"
+
+    def __init__(self, *, kafka: bool) -> None:
+        self.kafka = kafka
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        value = str(value)
+        if not value.strip():
+            self.fail("is empty: give a name unique per instance (the pod name), or leave the "
+                      "option out for the host name", param, ctx)
+        if self.kafka and (not _KAFKA_ID.fullmatch(value) or value in (".", "..")):
+            self.fail(f"{value!r} is not a Kafka group.instance.id: use ASCII letters, digits, "
+                      "'.', '_' and '-', at most 240 of them", param, ctx)
+        if (not self.kafka and not value.isprintable()) or " " in value:
+            self.fail(f"{value!r} holds a blank or a control character: give a name without",
+                      param, ctx)
+        return value
+
+
+def instance_id_option(help: str, *, kafka: bool) -> Callable[[Any], Any]:
+    """`--instance-id` [env CDC_ROUTER_INSTANCE_ID], by default the host name."""
+    return click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID",
+                        type=InstanceId(kafka=kafka), default=socket.gethostname,
+                        show_default="the host name", help=help)

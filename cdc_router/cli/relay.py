@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 
 import click
 
-from cdc_router.cli._options import config_option
+from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli.run import cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
@@ -19,9 +18,7 @@ from cdc_router.router.metrics import RouterMetrics
 
 @click.command(name="relay")
 @config_option("router.yaml with a relay: section [env CDC_ROUTER_CONFIG].")
-@click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
-              show_default="the host name", help="Names this relay in its logs "
-                                                 "[env CDC_ROUTER_INSTANCE_ID].")
+@instance_id_option("Names this relay in its logs [env CDC_ROUTER_INSTANCE_ID].", kafka=False)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=9103,
               show_default=True,
               envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")

@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import signal
-import socket
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
@@ -15,7 +14,7 @@ from typing import Protocol
 import click
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_router.cli._options import config_option
+from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -56,10 +55,8 @@ def sweep_of(config: RouterConfig) -> CommittedIds | None:
 
 @click.command(name="run")
 @config_option()
-@click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID", default=socket.gethostname,
-              show_default="the host name",
-              help="Unique per running instance: it names the transactional id and the static "
-                   "group member [env CDC_ROUTER_INSTANCE_ID].")
+@instance_id_option("Unique per running instance: it names the transactional id and the static "
+                    "group member [env CDC_ROUTER_INSTANCE_ID].", kafka=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=9102,
               show_default=True,
               envvar="CDC_ROUTER_METRICS_PORT", help="Port of /metrics and /healthz; 0: none.")

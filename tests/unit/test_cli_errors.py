@@ -389,3 +389,24 @@ def test_an_empty_path_is_named_as_empty_not_as_the_working_directory(args: list
     assert result.exit_code in (1, 2), result.output
     assert "is empty: give the path of a file" in result.stderr
     assert "'.'" not in result.stderr and ".:" not in result.stderr
+
+
+@pytest.mark.parametrize(("command", "instance_id", "problem"), [
+    ("run", "", "is empty: give a name unique per instance"),
+    ("run", "  ", "is empty"),
+    ("run", "a b/c", "'a b/c' is not a Kafka group.instance.id"),
+    ("run", "..", "'..' is not a Kafka group.instance.id"),
+    ("run", "x" * 241, f"'{'x' * 241}' is not a Kafka group.instance.id"),
+    ("relay", "", "is empty"),
+    ("relay", "a b", "'a b' holds a blank")])
+def test_an_empty_or_illegal_instance_id_is_refused_before_anything_starts(
+        tmp_path: Path, command: str, instance_id: str, problem: str) -> None:
+    # Review 46-2 F9: `--instance-id "$POD_NAME"` with the variable unset started, and every
+    # replica started so shared the transactional id `<prefix>-` and fenced the others.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG, "utf-8")
+    result = CliRunner().invoke(main, [command, "-c", str(config), "--metrics-port", "0",
+                                       "--instance-id", instance_id])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())  # click wraps a long line
+    assert f"Invalid value for '--instance-id': {problem}" in said, result.output
