@@ -244,15 +244,29 @@ class ConnectClient:
     def _client(self) -> httpx.Client:
         if self._http is None:
             try:
-                self._http = httpx.Client(base_url=self.url, auth=self._auth,
-                                          timeout=self._timeout, transport=self._transport,
-                                          headers={"Accept": "application/json"})
+                http = httpx.Client(base_url=self.url, auth=self._auth, timeout=self._timeout,
+                                    transport=self._transport,
+                                    headers={"Accept": "application/json"})
             except httpx.InvalidURL as error:  # e.g. a port that is not a number
-                raise ConnectError(f"Kafka Connect URL {self._shown!r} is not valid ({error}): "
-                                   "give its REST URL, e.g. http://127.0.0.1:8083 (the "
-                                   "command's --url or --connect-url, or "
-                                   "CDC_ROUTER_CONNECT_URL)") from error
+                raise self._invalid_url(str(error)) from error
+            # httpx would take these for an outage at the first request: "unreachable at
+            # 127.0.0.1:8083: ... missing an 'http://'" (review 46-2 F13).
+            if http.base_url.scheme not in ("http", "https"):
+                http.close()
+                raise self._invalid_url("empty" if not self.url else
+                                        "no http:// or https:// before the host"
+                                        if not http.base_url.scheme else
+                                        f"scheme {http.base_url.scheme}: not http or https")
+            if not http.base_url.host:
+                http.close()
+                raise self._invalid_url("no host")
+            self._http = http
         return self._http
+
+    def _invalid_url(self, reason: str) -> ConnectError:
+        return ConnectError(f"Kafka Connect URL {self._shown!r} is not valid ({reason}): give "
+                            "its REST URL, e.g. http://127.0.0.1:8083 (the command's --url or "
+                            "--connect-url, or CDC_ROUTER_CONNECT_URL)")
 
     def _request(self, method: str, path: str, *, connector: str | None = None,
                  **kwargs: Any) -> httpx.Response:

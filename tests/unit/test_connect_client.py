@@ -664,6 +664,17 @@ def test_a_url_httpx_cannot_parse_is_one_line_naming_the_setting(url: str) -> No
         ConnectClient(url).list()
 
 
+@pytest.mark.parametrize(("url", "reason"), [
+    ("127.0.0.1:8083", "no http:// or https:// before the host"), ("", "empty"),
+    ("http://", "no host"), ("ftp://h:1", "scheme ftp: not http or https")])
+def test_a_url_without_scheme_or_host_is_invalid_not_unreachable(url: str, reason: str) -> None:
+    # Review 46-2 F13: "Kafka Connect unreachable at 127.0.0.1:8083: Request URL is missing an
+    # 'http://' or 'https://' protocol", and for `--url http://` a failed name lookup.
+    with pytest.raises(ConnectError, match=rf"URL '.*' is not valid \({reason}\): give its "
+                       r"REST URL, e\.g\. http://127\.0\.0\.1:8083 .*--connect-url"):
+        ConnectClient(url).list()
+
+
 def test_a_connector_file_not_in_utf8_or_with_a_key_twice_is_one_line(tmp_path: Path) -> None:
     # QA, session 25: Latin-1 text was a UnicodeDecodeError traceback; a second "config" was
     # kept silently, the first one dropped.
