@@ -80,11 +80,19 @@ def regclass_text(qualified: str, what: str = "table") -> str:
     return table_identifier(qualified, what).as_string(None)
 
 
+def catalog_text(value: object) -> str:
+    """A name or text read from Postgres as str. In a SQL_ASCII database psycopg decodes no
+    text and gives bytes, whose str() is "b'txid'" (review 46 F6): read them as UTF-8."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
 def column_types(conn: psycopg.Connection[Any], qualified: str,
                  what: str = "table") -> dict[str, str]:
     """Column name -> its SQL type (format_type) of a table, in column order; {} when the table
     does not exist (or is not readable)."""
-    return {str(name): str(kind) for name, kind in conn.execute(
+    return {catalog_text(name): catalog_text(kind) for name, kind in conn.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid "
         "= to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
         (regclass_text(qualified, what),)).fetchall()}

@@ -156,6 +156,9 @@ class OutboxReader:
             # created_at as ISO text in UTC, whatever the server's or role's defaults.
             conn.execute("SET TimeZone = 'UTC'")
             conn.execute("SET DateStyle = 'ISO'")
+            # Text as UTF-8 whatever the database's encoding: in a SQL_ASCII one psycopg gave
+            # bytes for every text and name, and the checks found no column (review 46 F6).
+            conn.execute("SET client_encoding = 'UTF8'")
             self._conn = conn
             if self._select is None:
                 self._prepare(conn)

@@ -211,3 +211,22 @@ def test_the_relay_refuses_at_load_a_dsn_libpq_refuses(tmp_path: Path) -> None:
         load_config(config, {
             "CDC_ROUTER__RELAY__DSN": "host=h", "CDC_ROUTER__CLEANUP__MODE": "delete",
             "CDC_ROUTER__CLEANUP__DSN": "host=h port=99999 password=s3cret"})
+
+
+class _SqlAsciiCatalog:
+    """Answers column_types()'s query as psycopg does in a SQL_ASCII database: bytes."""
+
+    def execute(self, query: str, params: tuple[str]) -> _SqlAsciiCatalog:
+        assert "pg_attribute" in query and params == ('"public"."outbox"',)
+        return self
+
+    def fetchall(self) -> list[tuple[bytes, bytes]]:
+        return [(b"id", b"uuid"), (b"seq", b"bigint"), (b"txid", b"xid8")]
+
+
+def test_column_types_of_a_sql_ascii_database_are_text_not_bytes_reprs() -> None:
+    # Review 46 F6: str(b'txid') is "b'txid'", and the relay's checks found no txid column.
+    from cdc_router.postgres import column_types
+
+    types = column_types(_SqlAsciiCatalog(), "public.outbox")  # type: ignore[arg-type]
+    assert types == {"id": "uuid", "seq": "bigint", "txid": "xid8"}
