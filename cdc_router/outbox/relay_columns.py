@@ -9,6 +9,7 @@ Debezium ignores `xid8` columns (an unknown type to it), so the same table serve
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection
 from typing import Any
 
@@ -16,7 +17,13 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import check_identifier, regclass_text, split_table, table_identifier
+from cdc_router.postgres import (
+    MAX_IDENTIFIER_BYTES,
+    check_identifier,
+    regclass_text,
+    split_table,
+    table_identifier,
+)
 
 
 def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
@@ -89,12 +96,35 @@ def _named(table: str, suffix: str, what: str) -> str:
     return check_identifier(f"{split_table(table, 'relay.table')[1]}_{suffix}"[:63], what)
 
 
+def _index_name(table: str, suffix: str) -> str:
+    """The name of one of the relay's indexes on `table`: the table's name and `suffix` when
+    they fit in 63 bytes (as before: existing installs keep their indexes); else the table's
+    name cut, a hash of the whole name and `suffix`. A plain cut named a 62-byte table's two
+    indexes alike, and a 63-byte one's as the table: the unique one was never made (review 46
+    F5). Indexes share their schema's namespace with tables; the trigger's name is the
+    table's own (_named)."""
+    table_name = split_table(table, "relay.table")[1]
+    name = f"{table_name}_{suffix}"
+    if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    room = MAX_IDENTIFIER_BYTES - len(f"{digest}_{suffix}".encode())
+    if room < 1:  # a column name of 50 bytes or more: the suffix is cut too
+        return _cut(name, MAX_IDENTIFIER_BYTES - len(digest)) + digest
+    return f"{_cut(table_name, room)}{digest}_{suffix}"
+
+
+def _cut(text: str, size: int) -> str:
+    """`text`'s first `size` bytes of UTF-8, never half a character."""
+    return text.encode()[:size].decode(errors="ignore")
+
+
 def txid_index(table: str, txid_column: str) -> str:
-    return _named(table, f"{txid_column}_idx", "relay index")
+    return _index_name(table, f"{txid_column}_idx")
 
 
 def unique_seq_index(table: str, seq_column: str) -> str:
-    return _named(table, f"{seq_column}_key", "relay index")
+    return _index_name(table, f"{seq_column}_key")
 
 
 def relay_trigger(table: str, txid_column: str) -> str:

@@ -66,6 +66,24 @@ def _init_relay(dsn: str, table: str) -> subprocess.CompletedProcess[str]:
             conn.execute(f"DROP PUBLICATION IF EXISTS {publication}")
 
 
+@pytest.mark.parametrize("length", [62, 63])
+def test_outbox_init_relay_makes_both_indexes_of_a_table_named_to_the_limit(
+        stack: StackEndpoints, length: int) -> None:
+    # Review 46 F5: both index names were cut to the same 63 bytes; the unique one was never
+    # made, and the relay refused the table for good.
+    dsn = stack.postgres_dsn
+    name = (unique("relay_long") + "o" * 63)[:length]
+    with _table(dsn, name) as table, psycopg.connect(dsn, autocommit=True) as conn:
+        init = _init_relay(dsn, table)
+        indexes = conn.execute("SELECT indisunique, indisvalid FROM pg_index WHERE indrelid = "
+                               "%s::regclass ORDER BY 1", (table,)).fetchall()
+        conn.execute(_INSERT.format(name, "", ""), ("a",))
+        rows = _read_all(dsn, table)
+    assert init.returncode == 0, init.stderr
+    assert indexes == [(False, True), (True, True), (True, True)]  # txid; seq and the key
+    assert len(rows) == 1
+
+
 @pytest.fixture
 def sql_ascii_dsn(stack: StackEndpoints) -> Iterator[str]:
     """A database of encoding SQL_ASCII, as older installations have, dropped after."""

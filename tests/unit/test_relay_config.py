@@ -11,7 +11,13 @@ from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.relay import MAX_POLL_INTERVAL_MS
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.relay_columns import relay_columns_ddl, render_ddl
+from cdc_router.outbox.relay_columns import (
+    relay_columns_ddl,
+    render_ddl,
+    txid_index,
+    unique_seq_index,
+)
+from cdc_router.postgres import split_table
 from tests.unit.test_settings import error_of, write
 
 RELAY = "source: {group_id: shop}\nroutes:\n  - topic: orders\nrelay: {table: public.outbox}\n"
@@ -77,6 +83,27 @@ def test_the_relay_columns_ddl_is_idempotent_and_quoted() -> None:
     # An ALTER TABLE locks the table even when its column is there: left out then.
     kept = render_ddl(relay_columns_ddl("public.o", "txid", "seq", existing={"seq", "txid"}))
     assert "ALTER TABLE" not in kept and kept.count(";\n") == 4
+
+
+@pytest.mark.parametrize("table", ["public." + "o" * 62, "o" * 63, "public." + "é" * 31,
+                                   "public." + "o" * 54])
+def test_the_relay_indexes_of_a_long_table_name_are_distinct_and_fit_postgres(
+        table: str) -> None:
+    # Review 46 F5: cut to 63 bytes, a 62-character table's two indexes had one name and a
+    # 63-character one's was the table's: the unique index was never made.
+    names = {txid_index(table, "txid"), unique_seq_index(table, "seq"),
+             txid_index(table, "c" * 60), unique_seq_index(table, "c" * 60)}
+    assert len(names) == 4 and split_table(table)[1] not in names
+    assert all(len(name.encode()) <= 63 for name in names)
+    assert txid_index(table, "txid").endswith("_txid_idx")
+    assert txid_index(table[:-1] + "p", "txid") != txid_index(table, "txid")
+
+
+def test_the_relay_index_names_of_a_table_whose_names_fit_are_unchanged() -> None:
+    # Existing installs keep their indexes: `outbox init --relay` makes no second one.
+    table = "public." + "o" * 53
+    assert (txid_index(table, "txid"), unique_seq_index(table, "seq")) == (
+        "o" * 53 + "_txid_idx", "o" * 53 + "_seq_key")
 
 
 def test_an_env_override_of_position_config_names_a_topic_property(tmp_path: Path) -> None:
