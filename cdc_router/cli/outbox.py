@@ -49,6 +49,7 @@ from cdc_router.outbox import purge as purge_rows
 from cdc_router.outbox.relay_columns import (
     partitioned_by,
     seq_always_ddl,
+    seq_not_null_fix,
     txid_index,
     unique_seq_index,
 )
@@ -203,12 +204,14 @@ def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
     """The relay's columns, indexes and trigger, each statement on its own (the indexes are
     built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid index left by a build
     that failed (repeated values, a lock timeout) is dropped first, or IF NOT EXISTS would
-    keep it; an identity seq of an earlier version becomes GENERATED ALWAYS."""
+    keep it; an identity seq of an earlier version becomes GENERATED ALWAYS, the app's own
+    seq NOT NULL."""
     conn.autocommit = True
     # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
     conn.execute("SET lock_timeout = '10s'")
     schema_name, _ = split_table(table)
     partitioned = partitioned_by(conn, table, DEFAULT_SEQ_COLUMN, "--table")
+    not_null = seq_not_null_fix(conn, table, DEFAULT_SEQ_COLUMN)  # an app's own seq (46 F1)
     for index in (txid_index(table, DEFAULT_TXID_COLUMN),
                   unique_seq_index(table, DEFAULT_SEQ_COLUMN)):
         invalid = conn.execute(
@@ -222,6 +225,8 @@ def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
                                        existing=column_types(conn, table),
                                        partitioned=partitioned):
         conn.execute(statement)
+    if not_null is not None:
+        conn.execute(not_null)
     identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
                             "to_regclass(%s) AND attname = %s",
                             (regclass_text(table), DEFAULT_SEQ_COLUMN)).fetchone()

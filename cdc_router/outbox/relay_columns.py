@@ -43,6 +43,8 @@ def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
     if seq_column not in existing:
         statements.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} bigint GENERATED "
                                   "ALWAYS AS IDENTITY").format(target, sql.Identifier(seq_column)))
+        # A seq column that was there already (the app's own) may allow NULL.
+        statements.append(seq_not_null_ddl(table, seq_column))
     if txid_column not in existing:
         statements.append(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} xid8 NOT NULL "
                                   "DEFAULT pg_current_xact_id()").format(
@@ -56,6 +58,40 @@ def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
     statements.append(unique_seq_ddl(table, seq_column, partitioned=partitioned))
     statements += trigger_ddl(table, txid_column)
     return statements
+
+
+def seq_not_null_ddl(table: str, seq_column: str) -> sql.Composed:
+    """seq made NOT NULL (a no-op on an identity column). The relay pages a read by `seq >
+    the last one delivered` in seq order: a row whose seq is NULL would never be read (review
+    46 F1). Postgres scans the table for NULLs under an ACCESS EXCLUSIVE lock, and refuses
+    when it finds one."""
+    return sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET NOT NULL").format(
+        table_identifier(table, "relay.table"), sql.Identifier(seq_column))
+
+
+def seq_allows_null(conn: psycopg.Connection[Any], table: str, seq_column: str) -> bool:
+    """Whether `table` has a column `seq_column` that allows NULL (seq_not_null_ddl)."""
+    found = conn.execute("SELECT NOT attnotnull FROM pg_attribute WHERE attrelid = "
+                         "to_regclass(%s) AND attname = %s AND NOT attisdropped",
+                         (regclass_text(table, "relay.table"), seq_column)).fetchone()
+    return bool(found and found[0])
+
+
+def seq_not_null_fix(conn: psycopg.Connection[Any], table: str,
+                     seq_column: str) -> sql.Composed | None:
+    """The statement that makes an existing seq NOT NULL, or None when it is; a ConfigError,
+    before anything is changed, when rows hold a NULL seq: they need one first."""
+    if not seq_allows_null(conn, table, seq_column):
+        return None
+    target, column = table_identifier(table, "relay.table"), sql.Identifier(seq_column)
+    if conn.execute(sql.SQL("SELECT FROM {} WHERE {} IS NULL LIMIT 1").format(
+            target, column)).fetchone() is not None:
+        raise ConfigError(
+            f"rows of {table} have no {seq_column} (NULL): the relay reads rows in seq order, "
+            "and would never read them", field="--table", value=table,
+            hint=f"give them one (UPDATE ... SET {seq_column} = ...), then run `outbox init "
+                 "--relay` again")
+    return seq_not_null_ddl(table, seq_column)
 
 
 def unique_seq_ddl(table: str, seq_column: str, *, partitioned: bool = False) -> sql.Composed:

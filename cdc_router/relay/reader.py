@@ -26,6 +26,8 @@ from cdc_router.outbox.relay_columns import (
     relay_columns_ddl,
     relay_trigger,
     render_ddl,
+    seq_allows_null,
+    seq_not_null_ddl,
     trigger_ddl,
     unique_seq_ddl,
 )
@@ -132,6 +134,8 @@ class OutboxReader:
                 for found in found_rows:
                     if rows and size >= self._relay.batch_bytes:
                         break
+                    if found[0] is None:  # a NOT NULL dropped under the lock? never int(None)
+                        raise self._nullable_seq()
                     row = RelayRow(int(found[0]), int(found[1]),
                                    dict(zip(self._names, found[2:], strict=True)))
                     if not position.wanted(row.txid, row.seq):  # SQL and model must agree
@@ -183,6 +187,8 @@ class OutboxReader:
         if types != self._types:
             log.info("event=relay_columns_changed table=%s columns=%s", table, ",".join(types))
             self._prepare(conn, types)
+        else:  # ALTER ... DROP NOT NULL changes no type: checked under this batch's lock
+            self._check_seq_not_null(conn)
 
     def _prepare(self, conn: psycopg.Connection[Any],
                  types: dict[str, str] | None = None) -> None:
@@ -193,6 +199,7 @@ class OutboxReader:
             raise missing_table(table, "relay.table")
         partitioned = partitioned_by(conn, table, self._relay.seq_column)
         self._check_relay_columns(types, partitioned)
+        self._check_seq_not_null(conn)
         self._check_indexes(conn, partitioned)
         for column in self._source.outbox.required:
             if column not in types:
@@ -256,6 +263,23 @@ class OutboxReader:
             log.warning("event=relay_index_missing table=%s column=%s hint='CREATE INDEX ON "
                         "the table (%s): without a valid one every read scans the table'",
                         relay.table, relay.txid_column, relay.txid_column)
+
+    def _check_seq_not_null(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse a seq column that allows NULL (review 46 F1): ORDER BY seq puts such a row
+        last, where int(None) stopped the relay, and a read paged by `seq > the last one`
+        never reaches it: once the read ended, its transaction counted as done, the row was
+        skipped for good."""
+        if seq_allows_null(conn, self._relay.table, self._relay.seq_column):
+            raise self._nullable_seq()
+
+    def _nullable_seq(self) -> ConfigError:
+        relay = self._relay
+        return ConfigError(
+            f"column {relay.seq_column!r} of {relay.table} may be NULL: the relay reads rows "
+            "in seq order, a row without one would never be read", field="relay.seq_column",
+            hint=f"give such rows a {relay.seq_column}, then run: "
+                 + render_ddl([seq_not_null_ddl(relay.table, relay.seq_column)]).strip()
+                 + " (`cdc-router outbox init --relay` does it for the default column names)")
 
     def _check_relay_columns(self, types: dict[str, str], partitioned: bool) -> None:
         relay = self._relay

@@ -14,6 +14,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
+from cdc_router.errors import ConfigError
+from cdc_router.outbox.relay_columns import relay_columns_ddl
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from tests.integration.pipeline import REPO
@@ -64,6 +66,58 @@ def _init_relay(dsn: str, table: str) -> subprocess.CompletedProcess[str]:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP PUBLICATION IF EXISTS {publication}")
+
+
+def test_a_nullable_seq_is_refused_and_outbox_init_relay_makes_it_not_null(
+        stack: StackEndpoints) -> None:
+    # Review 46 F1: a seq of the app's own that allowed NULL passed every check; its NULL row
+    # stopped the relay on int(None), or in a read longer than a page was skipped for good.
+    dsn = stack.postgres_dsn
+    with _table(dsn, unique("relay_null_seq"), ", seq bigint UNIQUE") as table, \
+            psycopg.connect(dsn, autocommit=True) as conn:
+        name = table.split(".")[1].strip('"')
+        for statement in relay_columns_ddl(table, "txid", "seq", existing={"seq"}):
+            conn.execute(statement)
+        for seq in (1, None, 2, 3):
+            conn.execute(_INSERT.format(name, ", seq", ", %s"), (f"o{seq}", seq))
+        with pytest.raises(ConfigError) as refused:
+            _read_all(dsn, table, limit=2)
+        failed = _init_relay(dsn, table)  # the NULL row is there: nothing is changed
+        nullable = conn.execute("SELECT NOT attnotnull FROM pg_attribute WHERE attrelid = "
+                                "%s::regclass AND attname = 'seq'", (table,)).fetchone()
+        conn.execute(f'UPDATE {table} SET seq = 4 WHERE seq IS NULL')
+        fixed = _init_relay(dsn, table)
+        rows = _read_all(dsn, table, limit=2)
+    assert "field 'relay.seq_column': column 'seq' of" in str(refused.value)
+    assert f'ALTER TABLE "public"."{name}" ALTER COLUMN "seq" SET NOT NULL' in str(refused.value)
+    assert failed.returncode == 1 and "have no seq (NULL)" in failed.stderr, failed.stderr
+    assert nullable == (True,)
+    assert fixed.returncode == 0, fixed.stderr
+    assert [row.seq for row in rows] == [1, 2, 3, 4]
+
+
+def test_a_seq_made_nullable_while_the_relay_reads_stops_it_with_the_fix(
+        stack: StackEndpoints) -> None:
+    # The check is made again in each batch's transaction: int(None) is never reached.
+    dsn = stack.postgres_dsn
+    with _table(dsn, unique("relay_null_later")) as table, \
+            psycopg.connect(dsn, autocommit=True) as conn:
+        name = table.split(".")[1].strip('"')
+        for statement in relay_columns_ddl(table, "txid", "seq"):
+            conn.execute(statement)
+        conn.execute(_INSERT.format(name, "", ""), ("first",))
+        reader = OutboxReader(dsn, RelaySettings(table=table), SourceSettings(group_id="shop"))
+        try:
+            reader.snapshot()  # the table checked, as at the relay's start
+            conn.execute(f'ALTER TABLE {table} ALTER COLUMN seq DROP IDENTITY')
+            conn.execute(f'ALTER TABLE {table} ALTER COLUMN seq DROP NOT NULL')
+            conn.execute(_INSERT.format(name, ", seq", ", NULL"), ("null",))
+            position = RelayPosition().start_read(reader.snapshot())
+            with pytest.raises(ConfigError) as refused:
+                reader.fetch(position, 10)
+        finally:
+            reader.reset()
+    assert "column 'seq' of" in str(refused.value) and "SET NOT NULL" in str(refused.value)
 
 
 @pytest.mark.parametrize("length", [62, 63])

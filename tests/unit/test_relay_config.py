@@ -69,6 +69,7 @@ def test_the_relay_columns_ddl_is_idempotent_and_quoted() -> None:
     assert script == (
         'ALTER TABLE "public"."Out Box" ADD COLUMN IF NOT EXISTS "seq" bigint GENERATED '
         'ALWAYS AS IDENTITY;\n'
+        'ALTER TABLE "public"."Out Box" ALTER COLUMN "seq" SET NOT NULL;\n'
         'ALTER TABLE "public"."Out Box" ADD COLUMN IF NOT EXISTS "txid" xid8 NOT NULL DEFAULT '
         'pg_current_xact_id();\n'
         'CREATE INDEX CONCURRENTLY IF NOT EXISTS "Out Box_txid_idx" ON "public"."Out Box" '
