@@ -366,3 +366,26 @@ def test_postgres_failures_do_not_count_toward_the_producer_renewal(
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert cluster.producers_initialised == 1, "renewed after one abort"
+
+
+def test_after_a_failover_that_reused_xids_a_tombstoned_position_reads_the_table_again() -> None:
+    # Review 46 F7: a promoted replica that lost transaction 11 gives its id to a new one. The
+    # position (done: all below 13) cannot tell: its row is skipped. The README's runbook
+    # deletes the table's position record; the table is read again, the replay filter drops
+    # what was delivered.
+    cluster, table = _cluster(), FakeTable()
+    first = table.add(1, 10)
+    table.now = Snapshot(13, 13)
+    relay, _ = _relay(cluster, table)
+    _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1)
+    reused = table.add(2, 11)  # on the new primary, whose ids have passed 13 since
+    table.now = Snapshot(20, 20)
+    skipped, _ = _relay(cluster, table)
+    fetches = table.fetches
+    _run_until(skipped, lambda: table.fetches >= fetches + 3)  # idle reads: nothing wanted
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first]  # the limit
+    cluster.publish(POSITION, [Stored(POSITION, 0, TABLE.encode(), None, [], None)])
+    again, delivered = _relay(cluster, table)
+    _run_until(again, lambda: len(cluster.committed(ORDERS)) >= 2)
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first, reused]
+    assert f"replayed {first}" in delivered
