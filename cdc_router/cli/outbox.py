@@ -48,6 +48,7 @@ from cdc_router.outbox import (
 from cdc_router.outbox import purge as purge_rows
 from cdc_router.outbox.relay_columns import (
     partitioned_by,
+    relay_catalog,
     seq_always_ddl,
     seq_not_null_fix,
     txid_index,
@@ -174,8 +175,7 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         report = init_outbox(conn, schema, setup, replication_password=replication_password,
                              relay=relay_columns)
         conn.commit()
-        if relay_columns:
-            _add_relay_columns(conn, schema.table)
+        relay_changed = relay_columns and _add_relay_columns(conn, schema.table)
     for verb, label, _ in report.steps:
         click.echo(f"{verb:<8} {label}")
     if relay_ddl:
@@ -197,16 +197,18 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         quoted = regclass_text(heartbeat_table, "--heartbeat-table")
         click.echo(f"note: the heartbeat table's name is case-sensitive SQL: give the "
                    f"connector HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
-    click.echo("outbox ready" + ("" if report.changed else " (nothing changed)"))
+    # QA 46-b F5: it said "nothing changed" after adding the relay's columns and indexes.
+    click.echo("outbox ready" + ("" if report.changed or relay_changed else " (nothing changed)"))
 
 
-def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
+def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> bool:
     """The relay's columns, indexes and trigger, each statement on its own (the indexes are
     built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid index left by a build
     that failed (repeated values, a lock timeout) is dropped first, or IF NOT EXISTS would
     keep it; an identity seq of an earlier version becomes GENERATED ALWAYS, the app's own
-    seq NOT NULL."""
+    seq NOT NULL. True when the table changed."""
     conn.autocommit = True
+    before = relay_catalog(conn, table)
     # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
     conn.execute("SET lock_timeout = '10s'")
     schema_name, _ = split_table(table)
@@ -232,6 +234,7 @@ def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> None:
                             (regclass_text(table), DEFAULT_SEQ_COLUMN)).fetchone()
     if identity is not None and identity[0] == "d":
         conn.execute(seq_always_ddl(table, DEFAULT_SEQ_COLUMN))
+    return relay_catalog(conn, table) != before
 
 
 @cli.command()

@@ -197,3 +197,19 @@ def seq_always_ddl(table: str, seq_column: str) -> sql.Composed:
 def render_ddl(statements: list[sql.Composed]) -> str:
     """The statements as one psql script (for error messages and `--print`)."""
     return "".join(f"{statement.as_string(None)};\n" for statement in statements)
+
+
+def relay_catalog(conn: psycopg.Connection[Any], table: str) -> tuple[Any, ...]:
+    """What `outbox init --relay` may change on `table`, to tell whether it did: its columns
+    (type, NOT NULL, identity), its indexes (valid or not) and its triggers."""
+    target = regclass_text(table, "--table")
+    found = conn.execute(
+        "SELECT (SELECT array_agg(attname || ' ' || format_type(atttypid, atttypmod) || ' ' "
+        "|| attnotnull::text || attidentity::text ORDER BY attnum) FROM pg_attribute WHERE "
+        "attrelid = to_regclass(%(t)s) AND attnum > 0 AND NOT attisdropped), (SELECT "
+        "array_agg(c.relname || ' ' || i.indisvalid::text ORDER BY c.relname) FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = to_regclass(%(t)s)), "
+        "(SELECT array_agg(tgname ORDER BY tgname) FROM pg_trigger WHERE tgrelid = "
+        "to_regclass(%(t)s))", {"t": target})
+    return tuple(found.fetchone() or ())
+

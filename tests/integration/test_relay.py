@@ -286,17 +286,21 @@ def test_the_relay_writes_the_records_the_router_writes_from_debezium(
 def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
     table = unique("relay_init")
 
-    def init() -> str:
+    def init(*relay: str) -> str:
         result = subprocess.run(
             [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
-             "--table", f"public.{table}", "--publication", table, "--relay"],
+             "--table", f"public.{table}", "--publication", table, *relay],
             capture_output=True, text=True, cwd=REPO, check=False)
         assert result.returncode == 0, result.stderr
         return result.stdout
 
     try:
-        assert "ensured  relay columns txid, seq" in init()
-        init()  # idempotent
+        init()  # an outbox of an earlier version, without the relay's columns
+        added = init("--relay")
+        assert "ensured  relay columns txid, seq" in added
+        # QA 46-b F5: "outbox ready (nothing changed)" after adding two columns, two indexes.
+        assert added.rstrip().endswith("outbox ready"), added
+        assert init("--relay").rstrip().endswith("outbox ready (nothing changed)")  # idempotent
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             types = dict(conn.execute(
                 "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE "
