@@ -73,6 +73,23 @@ def likely_cause(error: KafkaError, fenced_hint: str) -> str:
     return fenced_hint
 
 
+# The cluster answers, but its transaction coordinator is not ready: a broker that has just
+# started loads the transaction state (QA 46-a: a start then exited 75 asking whether the
+# cluster was reachable).
+_COORDINATOR_NOT_READY = frozenset({
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+})
+
+
+def still_failing_hint(error: KafkaError | None, bootstrap: str) -> str:
+    """What to check when a call to the cluster still fails after its retries."""
+    if error is not None and error.code() in _COORDINATOR_NOT_READY:
+        return ("the cluster answers, but its transaction coordinator is not ready yet (loading "
+                "after a broker's start): the next start goes on once it is")
+    return f"is the cluster at {bootstrap} (kafka.bootstrap_servers) reachable?"
+
+
 # A consumer's errors that say the credentials cannot read what the process must (its source
 # topics): the operator's to fix, so the process stops with the reason, never polls on.
 REFUSED_CREDENTIALS = frozenset({

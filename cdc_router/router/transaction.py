@@ -46,6 +46,7 @@ from cdc_router.kafka.errors import (
     kafka_error_of,
     likely_cause,
     size_refusal,
+    still_failing_hint,
 )
 from cdc_router.kafka.producer import DeliveryFailure, LatchingProducer, RecordCoordinates
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
@@ -390,10 +391,10 @@ class Transaction:
                 conflict = error is not None and error.code() == KafkaError._CONFLICT
                 if backoff is None or conflict or self._stopping():
                     self._settle_in_doubt(name, failure, conflict)
-                    raise BatchFailed(
-                        f"Kafka transaction step {name!r} still fails after {attempt + 1} "
-                        f"tries: {failure}; is the cluster at {self._bootstrap} "
-                        "(kafka.bootstrap_servers) reachable?",
-                        error) from failure
+                    tries = f"{attempt + 1} tries" if attempt else "its one try"
+                    raise BatchFailed(f"Kafka transaction step {name!r} still fails after "
+                                      f"{tries}: {failure}; "
+                                      f"{still_failing_hint(error, self._bootstrap)}", error) \
+                        from failure
                 log.info("event=retry step=%s attempt=%d error=%s", name, attempt + 1, failure)
                 self._sleep(backoff)

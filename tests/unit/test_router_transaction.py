@@ -271,3 +271,20 @@ def test_marks_take_the_key_prefix_given_and_a_batch_without_offsets_sends_none(
     assert [s.key[:17] for s in cluster.committed(CHANGELOG)] == [b"replayed:1:g:e-0#"]
     assert cluster.group_offsets == {}
     assert "send_offsets" not in cluster.journal
+
+
+@pytest.mark.parametrize(("code", "hint"), [
+    (KafkaError.NOT_COORDINATOR, "its transaction coordinator is not ready yet"),
+    (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "its transaction coordinator is not ready yet"),
+    (KafkaError._TRANSPORT, "(kafka.bootstrap_servers) reachable?"),
+])
+def test_an_init_that_fails_names_a_coordinator_still_loading_not_an_unreachable_cluster(
+        code: int, hint: str) -> None:
+    # QA 46-a F4: a start right after the broker's own, its coordinator loading, exited 75
+    # asking whether the cluster was reachable, "after 1 tries".
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    cluster.init_failures = [KafkaError(code, retriable=True)]
+    with pytest.raises(BatchFailed, match="step 'init' still fails after its one try") as failed:
+        txn.init()
+    assert hint in str(failed.value)
