@@ -154,8 +154,11 @@ def read_publication(conn: psycopg.Connection[Any], name: str) -> Publication | 
 
 # Connection failures carry no SQLSTATE: libpq's FATAL texts (lc_messages C) that no waiting
 # cures. Elsewhere (a server still starting, refused connections) a client tries again.
+# Also libpq's own refusals, before or at the handshake (QA 46-a: `sslmode=require` against a
+# server without TLS, or a bad PGSSLMODE, had the cleanup retry for ever as the outbox grew).
 _REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"
-                               r"database \S+ does not exist|no pg_hba\.conf entry")
+                               r"database \S+ does not exist|no pg_hba\.conf entry|"
+                               r"server does not support SSL|connection is bad: invalid")
 
 
 def refused_for_good(error: psycopg.Error) -> bool:

@@ -15,6 +15,7 @@ from cdc_router.postgres import (
     delete_in_chunks,
     dsn_problem,
     one_line,
+    refused_for_good,
     session_options,
     utc_now_for,
 )
@@ -230,3 +231,18 @@ def test_column_types_of_a_sql_ascii_database_are_text_not_bytes_reprs() -> None
 
     types = column_types(_SqlAsciiCatalog(), "public.outbox")  # type: ignore[arg-type]
     assert types == {"id": "uuid", "seq": "bigint", "txid": "xid8"}
+
+
+@pytest.mark.parametrize(("message", "for_good"), [
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: server does '
+     "not support SSL, but SSL was required", True),
+    ('connection is bad: invalid sslmode value: "bogus"', True),  # PGSSLMODE, no DSN to check
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: FATAL:  '
+     'password authentication failed for user "postgres"', True),
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: Connection '
+     "refused", False),
+    ("connection failed: FATAL:  the database system is starting up", False),
+])
+def test_what_no_retry_cures_is_told_from_an_outage(message: str, for_good: bool) -> None:
+    # QA 46-a F5: sslmode=require against a server without TLS had the cleanup retry for ever.
+    assert refused_for_good(psycopg.OperationalError(message)) is for_good
