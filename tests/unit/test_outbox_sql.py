@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 import uuid
@@ -382,19 +383,29 @@ def test_new_event_ids_of_one_millisecond_still_sort_in_the_order_they_were_made
 def test_forked_children_never_make_the_same_event_id(monkeypatch: pytest.MonkeyPatch) -> None:
     # Review 44-3: children forked in the parent's millisecond (here: a parent whose clock
     # stepped back a minute) counted on from its last id, each making the same ones.
-    import multiprocessing
-
     from cdc_router.outbox import writer
 
     monkeypatch.setattr(writer, "_last_id", (time.time_ns() // 1_000_000 + 60_000, 0))
-    context = multiprocessing.get_context("fork")
-    with context.Pool(2) as pool:
-        made = pool.map(_ids_of_a_child, range(4))
-    assert len({i for ids in made for i in ids}) == sum(len(ids) for ids in made)
-
-
-def _ids_of_a_child(_: int) -> list[str]:
-    return [new_event_id() for _ in range(50)]
+    # Bare os.fork, the child doing nothing but make ids: a multiprocessing pool forked while
+    # its own threads (or another test's) held a lock, and its workers hung the suite.
+    children = []
+    for _ in range(4):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(write, " ".join(new_event_id() for _ in range(50)).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        children.append((pid, read))
+    made = []
+    for pid, read in children:
+        with os.fdopen(read, "rb") as pipe:
+            made.append(pipe.read().decode().split())
+        os.waitpid(pid, 0)
+    assert [len(ids) for ids in made] == [50] * 4
+    assert len({i for ids in made for i in ids}) == 200
 
 
 class _Publication:
