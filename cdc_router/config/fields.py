@@ -6,9 +6,18 @@ ConfigError it turns into (config/load.py) still names the sub-field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from cdc_router.config.patterns import compile_pattern
@@ -90,7 +99,29 @@ Patterns = str | list[str]
 TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or re:regex
 
 
+def _takes_number(annotation: Any) -> bool:
+    """True for a field of a count or a duration: int or float (optional or bounded), not
+    one that takes a boolean too."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _takes_number(args[0])
+    if origin is Union or origin is UnionType:
+        return bool not in args and any(_takes_number(arg) for arg in args)
+    return annotation in (int, float)
+
+
 class ConfigModel(BaseModel):
     """A section of router.yaml: frozen after load, unknown keys refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # Review 46-2 F1: pydantic takes True for 1 (`dedup: {max_ids: true}` read as one id);
+        # the environment's "true" is refused already, YAML's boolean was not.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _takes_number(field.annotation):
+            raise ValueError("must be a number, not a boolean (YAML reads yes/no/on/off/"
+                             "true/false as booleans); write the number")
+        return value

@@ -304,7 +304,7 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
     # A list, a mapping or a null where a scalar goes is shown as YAML writes it (QA 36-b F7).
     misplaced = "field" not in ctx and first["type"] in _SCALAR_ERRORS and (
         value is None or isinstance(value, dict | list))
-    if misplaced:
+    if misplaced or isinstance(value, bool):  # YAML's `true`, not Python's True
         value = _Flow(value)
     elif isinstance(value, dict | list) or (isinstance(value, str) and repr(value) in message):
         value = None  # a whole section would not fit on one line; the path says where
@@ -322,7 +322,8 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
         hint = f"did you mean {close[0]!r}?" if close else f"allowed here: {', '.join(allowed)}"
     elif first["type"] == "missing":
         message, value, hint = "is required", None, "add it to the file"
-    elif isinstance(value, bool) and first["type"] in ("string_type", "literal_error"):
+    elif isinstance(first.get("input"), bool) and first["type"] in ("string_type",
+                                                                     "literal_error"):
         hint = "YAML reads yes/no/on/off/true/false as booleans: quote the value"
     more = error.error_count() - 1
     if more:

@@ -200,7 +200,16 @@ def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str
     ("source: {topics: []}\nroutes: [{topic: x}]\n", "field 'source.topics'"),
     ("source: {topics: [a]}\nroutes: []\n", "field 'routes'"),
     ("source: {topics: [a]}\nroutes: [{topic: on}]\n",
-     "(got True); YAML reads yes/no/on/off/true/false as booleans: quote the value"),
+     "(got true); YAML reads yes/no/on/off/true/false as booleans: quote the value"),
+    # Review 46-2 F1: a YAML boolean for a count or a duration was read as 1 or 0.
+    (MINIMAL + "dedup: {max_ids: true}\n", "field 'dedup.max_ids': must be a number, not a "
+     "boolean (YAML reads yes/no/on/off/true/false as booleans); write the number (got true)"),
+    (MINIMAL + "delivery: {max_payload_bytes: on}\n",
+     "field 'delivery.max_payload_bytes': must be a number, not a boolean"),
+    (MINIMAL + "cleanup: {mode: retention, retention_ms: no}\n",
+     "field 'cleanup.retention_ms': must be a number, not a boolean (YAML reads"),
+    (MINIMAL + "topics: [{name: a, partitions: true}]\n",
+     "field 'topics[0].partitions': must be a number, not a boolean"),
     # QA 36-b F7: a list, a mapping or a null where a scalar goes was refused without it.
     (MINIMAL + "delivery: {commit_interval_ms: [1, 2]}\n",
      "field 'delivery.commit_interval_ms': Input should be a valid integer (got [1, 2])"),
@@ -762,3 +771,4 @@ def test_partitions_and_replicas_are_bounded_at_load(tmp_path: Path, section: st
            f"(got {2**31})" in message
     config = loaded(write(tmp_path, MINIMAL + section % 10_000 + "\n"))
     assert config.topic_specs(), "the bound is TopicSpec's: what loads, topics apply can plan"
+
