@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import dsn_problem, split_table
 
@@ -32,11 +33,22 @@ def field_problem(field: str, message: str, value: object = None) -> PydanticCus
 
 
 def _stringify(value: Any) -> Any:
-    """YAML gives ints and bools; librdkafka and topic configs want strings ('true', '100')."""
+    """YAML gives ints and bools; librdkafka and topic configs want strings ('true', '100').
+
+    Not for a credential: YAML rewrites an unquoted one it reads as a number (0123 is the
+    octal 83, 1.10 is 1.1, 0x1F is 31), and the text it gives back would fail to decrypt a
+    key or to log in with no sign of why (review 46-2 F10). Other keys' numbers are taken:
+    the text YAML read is gone by now, and `linger.ms: 5` or `min.cleanable.dirty.ratio: 0.5`
+    mean what their number says."""
     if not isinstance(value, dict):
         return value
     out: dict[Any, Any] = {}
     for key, item in value.items():
+        if isinstance(item, bool | int | float) and is_secret_key(str(key)):
+            kind = "a boolean" if isinstance(item, bool) else "a number"
+            raise field_problem(str(key), f"YAML read the value as {kind} (value not shown), "
+                                "which may not be the text the file holds (0123 reads as 83, "
+                                "1.10 as 1.1); quote it")
         if isinstance(item, bool):
             out[key] = "true" if item else "false"
         elif isinstance(item, int | float):

@@ -210,6 +210,14 @@ def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str
      "field 'cleanup.retention_ms': must be a number, not a boolean (YAML reads"),
     (MINIMAL + "topics: [{name: a, partitions: true}]\n",
      "field 'topics[0].partitions': must be a number, not a boolean"),
+    # Review 46-2 F10: YAML rewrote an unquoted credential (0123 as 83), which was passed on.
+    (MINIMAL + "kafka: {config: {ssl.key.password: 0123}}\n",
+     "field 'kafka.config.ssl.key.password': YAML read the value as a number (value not "
+     "shown), which may not be the text the file holds (0123 reads as 83, 1.10 as 1.1); quote"),
+    (MINIMAL + "kafka: {consumer: {sasl.oauthbearer.client.secret: 1.10}}\n",
+     "field 'kafka.consumer.sasl.oauthbearer.client.secret': YAML read the value as a number"),
+    (MINIMAL + "schema_registry: {url: 'http://h:1', config: {ssl.key.password: yes}}\n",
+     "field 'schema_registry.config.ssl.key.password': YAML read the value as a boolean"),
     # QA 36-b F7: a list, a mapping or a null where a scalar goes was refused without it.
     (MINIMAL + "delivery: {commit_interval_ms: [1, 2]}\n",
      "field 'delivery.commit_interval_ms': Input should be a valid integer (got [1, 2])"),
@@ -772,3 +780,14 @@ def test_partitions_and_replicas_are_bounded_at_load(tmp_path: Path, section: st
     config = loaded(write(tmp_path, MINIMAL + section % 10_000 + "\n"))
     assert config.topic_specs(), "the bound is TopicSpec's: what loads, topics apply can plan"
 
+
+def test_a_credential_yaml_read_as_a_number_is_refused_unshown(tmp_path: Path) -> None:
+    # Review 46-2 F10: a password is never printed, not even the number YAML made of it.
+    message = error_of(tmp_path, MINIMAL + "kafka: {producer: {ssl.keystore.password: 0x7AB}}\n")
+    assert "kafka.producer.ssl.keystore.password" in message
+    assert "0x7AB" not in message and "1963" not in message
+    # Other properties' numbers are still the text librdkafka and topic configs take.
+    config = loaded(write(tmp_path, MINIMAL + "kafka: {producer: {linger.ms: 5, "
+                          "enable.idempotence: true, ssl.key.password: '0123'}}\n"))
+    assert config.kafka.producer == {"linger.ms": "5", "enable.idempotence": "true",
+                                     "ssl.key.password": "0123"}
