@@ -322,7 +322,22 @@ def _describe(result: dict[str, Any]) -> str:
 
 
 def _public(config: RouterConfig) -> dict[str, Any]:
-    """The config as JSON, secrets masked: SecretStr fields, the DSN, and every secret-named
-    property passed through (kafka.config, kafka.producer, schema_registry.config, ...)."""
-    data: dict[str, Any] = redact_tree(config.model_dump(mode="json", by_alias=True))
+    """The config as JSON, secrets masked: SecretStr fields, the DSN, every secret-named
+    property passed through (kafka.config, kafka.producer, schema_registry.config, ...), and
+    the user info of every server URL."""
+    data: dict[str, Any] = _urls_shown(redact_tree(config.model_dump(mode="json",
+                                                                     by_alias=True)))
     return data
+
+
+def _urls_shown(value: Any, key: str = "") -> Any:
+    """`value` with each URL (nats.url, schema_registry.url, a `*.url` property) as shown_url
+    masks it: redact() knows `user:password@`, not a token alone, `nats://TOKEN@host`, NATS's
+    own form, which -o json printed in clear (review 46-2 F11)."""
+    if isinstance(value, dict):
+        return {name: _urls_shown(item, str(name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_urls_shown(item, key) for item in value]
+    if isinstance(value, str) and value and (key == "url" or key.endswith((".url", "_url"))):
+        return shown_url(value)
+    return value

@@ -262,3 +262,21 @@ def test_a_secret_of_the_wrong_type_is_not_echoed_in_the_error(tmp_path: Path) -
 
     assert result.exit_code == 1
     assert "kafka.sasl_password" in result.stderr and "905512345" not in result.stderr
+
+
+def test_rules_check_json_masks_a_token_in_a_server_url(tmp_path: Path) -> None:
+    # Review 46-2 F11: `nats://TOKEN@host` (NATS's token form) was printed in clear by -o json.
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [t]}\nroutes: [{nats: {subject: orders.x}}]\n"
+                    "nats: {url: 'nats://u:pw1@h:4221, nats://s3cr3tTOKEN@h:4222', "
+                    "streams: [{name: S, subjects: ['orders.>']}]}\n"
+                    "schema_registry: {url: 'http://regTOKEN@h:8081'}\n")
+
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(path), "-o", "json"])
+
+    assert result.exit_code == 0, result.output
+    assert "s3cr3tTOKEN" not in result.output and "regTOKEN" not in result.output
+    assert "pw1" not in result.output
+    config = json.loads(result.stdout)["config"]
+    assert config["nats"]["url"] == f"nats://u:{MASK}@h:4221,nats://{MASK}@h:4222"
+    assert config["schema_registry"]["url"] == f"http://{MASK}@h:8081"
