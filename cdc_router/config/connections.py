@@ -15,6 +15,39 @@ from cdc_router.config.fields import StringMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.redact import redact, shown_url
 
+# librdkafka's broker entry, `[<protocol>://]<host>:<port>`: the protocols it takes as a
+# prefix (any case; "SASL", which older docs list, it refuses as unsupported), and a host name,
+# an IPv4 address or an IPv6 one in brackets. Without a port it would use 9092; Kafka's Java
+# clients refuse that, and so do we: a port left out is more often a typo than a choice.
+_BROKER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_BROKER = re.compile(r"(?:(?P<protocol>[A-Za-z][A-Za-z0-9+._-]*)://)?"
+                     r"(?P<host>\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[A-Za-z0-9_.-]+)"
+                     r"(?::(?P<port>[0-9]{1,5}))?")
+_USER_INFO = re.compile(r"^(?P<head>[^/@]*://)?[^@]*@")  # not Kafka's, maybe a password
+
+
+def _broker_problem(entry: str) -> str | None:
+    """Why one entry of kafka.bootstrap_servers is no broker librdkafka can reach; None when
+    it is one. librdkafka itself only logs such an entry, or dials port 0 for `host:abc`, and
+    the router then reported an unreachable cluster (review 46-2 F2)."""
+    match = _BROKER.fullmatch(entry)
+    if match is None:
+        if entry.count(":") > 1 and "[" not in entry and "://" not in entry:
+            return "an IPv6 address goes in brackets, [::1]:9092"
+        return "it is not host:port"
+    protocol, port = match["protocol"], match["port"]
+    if protocol is not None and protocol.upper() in ("HTTP", "HTTPS"):
+        return ("Kafka's servers speak Kafka's protocol, not HTTP: give host:port (an http:// "
+                "URL is for schema_registry.url or Kafka Connect)")
+    if protocol is not None and protocol.upper() not in _BROKER_PROTOCOLS:
+        return (f"librdkafka knows no protocol {protocol}://; a prefix may be "
+                f"{', '.join(name + '://' for name in _BROKER_PROTOCOLS)}, or none")
+    if port is None:
+        return "it names no port (host:port, e.g. kafka:9092)"
+    if not 1 <= int(port) <= 65535:
+        return "its port must be a number from 1 to 65535"
+    return None
+
 
 class KafkaSettings(_Model):
     """How to reach the cluster; `config` passes any other librdkafka property through."""
@@ -29,6 +62,27 @@ class KafkaSettings(_Model):
     # Properties for one kind of client only (librdkafka warns about the others' properties).
     producer: StringMap = Field(default_factory=dict)
     consumer: StringMap = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _brokers(self) -> KafkaSettings:
+        # librdkafka ignores a server whose prefix is not security.protocol ("parse error:
+        # protocol SSL does not match security.protocol setting plaintext").
+        protocol = self.security_protocol or "PLAINTEXT"
+        for entry in (entry.strip() for entry in self.bootstrap_servers.split(",")):
+            problem = _broker_problem(entry) if entry else "an entry is empty (two commas?)"
+            match = _BROKER.fullmatch(entry)
+            named = match["protocol"] if match else None
+            if problem is None and named is not None and named.upper() != protocol:
+                problem = (f"the prefix {named}:// is not kafka.security_protocol ({protocol}"
+                           f"{'' if self.security_protocol else ', the default'}), and "
+                           "librdkafka ignores such a server: set kafka.security_protocol: "
+                           f"{named.upper()}, or drop the prefix")
+            if problem:
+                raise _fail("bootstrap_servers", "each server must be host:port (a hostname, "
+                            "an IPv4 address or [IPv6]), several separated by commas: "
+                            f"{problem}", _USER_INFO.sub(r"\g<head>*****@", entry) or
+                            self.bootstrap_servers)
+        return self
 
     @field_validator("config", "producer", "consumer")
     @classmethod

@@ -791,3 +791,34 @@ def test_a_credential_yaml_read_as_a_number_is_refused_unshown(tmp_path: Path) -
                           "enable.idempotence: true, ssl.key.password: '0123'}}\n"))
     assert config.kafka.producer == {"linger.ms": "5", "enable.idempotence": "true",
                                      "ssl.key.password": "0123"}
+
+
+@pytest.mark.parametrize(("servers", "expected"), [
+    ("host:notaport", "it is not host:port (got 'host:notaport')"),
+    ("http://127.0.0.1:1", "not HTTP: give host:port (an http:// URL is for"),
+    ("kafka", "it names no port (host:port, e.g. kafka:9092) (got 'kafka')"),
+    ("a:1,b:0", "its port must be a number from 1 to 65535 (got 'b:0')"),
+    ("a:99999", "its port must be a number from 1 to 65535"),
+    ("::1:9092", "an IPv6 address goes in brackets, [::1]:9092"),
+    ("a:1,,b:2", "an entry is empty"),
+    ("SASL://a:1", "librdkafka knows no protocol SASL://"),
+    ("SSL://a:1", "the prefix SSL:// is not kafka.security_protocol (PLAINTEXT, the default), "
+     "and librdkafka ignores such a server: set kafka.security_protocol: SSL"),
+    ("SASL_SSL://app:s3cr3t@a:1", "(got 'SASL_SSL://*****@a:1')"),
+])
+def test_bootstrap_servers_are_host_port_entries(tmp_path: Path, servers: str,
+                                                 expected: str) -> None:
+    # Review 46-2 F2: librdkafka logged these (or dialled port 0) and `run` blamed an outage.
+    message = error_of(tmp_path, MINIMAL, {"CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": servers})
+    assert "field 'kafka.bootstrap_servers': each server must be host:port" in message
+    assert expected in message and "s3cr3t" not in message
+
+
+@pytest.mark.parametrize("servers", ["127.0.0.1:19092", "a:1, b-2.svc.local:9093", "[::1]:9092",
+                                     "PLAINTEXT://kafka_0:9092", "ssl://a:9093|SSL"])
+def test_bootstrap_servers_librdkafka_takes_load(tmp_path: Path, servers: str) -> None:
+    servers, _, protocol = servers.partition("|")
+    env = {"CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": servers}
+    if protocol:
+        env["CDC_ROUTER__KAFKA__SECURITY_PROTOCOL"] = protocol
+    assert loaded(write(tmp_path, MINIMAL), env).kafka.bootstrap_servers == servers
