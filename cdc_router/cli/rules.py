@@ -79,7 +79,7 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
         raise refused
     warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
-    warnings += config.warnings()
+    warnings += config.warnings() + config.relay_warnings()
     for serializer in compiled.serializers.values():
         warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
     # The destinations' timestamp and retention limits too, as the router checks them (QA,

@@ -97,6 +97,15 @@ class RouterConfig(_Model):
         return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
             windows + dsn
 
+    def relay_warnings(self) -> list[str]:
+        """What `rules check` warns about a relay: section (review 46-2 F6): not the router's
+        start, which a deployment runs without the relay's secret."""
+        if self.relay is None or self.relay.dsn or self.cleanup.dsn:
+            return []
+        return ["relay: the relay needs the Postgres DSN (relay.dsn or cleanup.dsn, or the "
+                "environment variable CDC_ROUTER__CLEANUP__DSN); `cdc-router relay` refuses "
+                "to start without it"]
+
     def route_warnings(self) -> list[str]:
         """Routes that can never match (QA, session 30: `rules check` called them valid)."""
         found = []

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from cdc_router.cli import main
 from cdc_router.cli.run import _STALL_S
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -137,3 +139,18 @@ def test_a_config_without_a_relay_section_is_refused_by_the_relay_naming_the_fie
     with pytest.raises(ConfigError, match=r"^field 'relay': no relay: section; add `relay: "
                        r"\{table: public.outbox\}` \(see README, The relay\)$"):
         config.relay_settings()
+
+
+def test_rules_check_warns_of_a_relay_without_its_dsn(tmp_path: Path) -> None:
+    # Review 46-2 F6: `rules check` said nothing, and `cdc-router relay` then refused to start.
+    path = write(tmp_path, RELAY)
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(path)])
+    assert checked.exit_code == 0, checked.output
+    assert "warning: relay: the relay needs the Postgres DSN (relay.dsn or cleanup.dsn, or the " \
+        "environment variable CDC_ROUTER__CLEANUP__DSN); `cdc-router relay` refuses to start " \
+        "without it" in checked.output
+    for variable in ("CDC_ROUTER__RELAY__DSN", "CDC_ROUTER__CLEANUP__DSN"):
+        config = load_config(path, {variable: "postgresql://x"}).config
+        assert config.relay_warnings() == []
+    # Not the router's start: it runs without the relay's secret.
+    assert not any("relay" in warning for warning in load_config(path, {}).config.warnings())
