@@ -7,7 +7,7 @@ import re
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
@@ -49,6 +49,46 @@ def _broker_problem(entry: str) -> str | None:
     return None
 
 
+# Properties a field of ours sets: refused under kafka.config, .producer and .consumer.
+_SHADOWED = {"bootstrap.servers": "kafka.bootstrap_servers", "client.id": "kafka.client_id",
+             "security.protocol": "kafka.security_protocol",
+             "sasl.mechanism": "kafka.sasl_mechanism", "sasl.username": "kafka.sasl_username",
+             "sasl.password": "kafka.sasl_password",
+             "group.id": "source.group_id (the raw-topic consumer's group)",
+             "transactional.id": "delivery.transactional_id (the prefix of the router's "
+                                 "transactional ids, <prefix>-<instance id>)",
+             "transaction.timeout.ms": "delivery.transaction_timeout_ms"}
+# Properties the router's clients pin (router/clients.py, producer_config, consumer_config,
+# which a test holds to this table): the client, the values that mean the router's (its own
+# first) and why. `config` is every client's.
+_PINNED: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "enable.idempotence": ("producer", ("true",), "no duplicate from a retried send"),
+    "acks": ("producer", ("all", "-1"), "a record counts as written once every in-sync "
+             "replica has it"),
+    "allow.auto.create.topics": ("config", ("false",), "a lookup of a topic name made of row "
+                                 "data must never create that topic"),
+    "enable.auto.commit": ("consumer", ("false",), "offsets are committed in the "
+                           "transaction of the records they produced"),
+    "enable.auto.offset.store": ("consumer", ("false",), "offsets are committed in the "
+                                 "transaction of the records they produced"),
+    "isolation.level": ("consumer", ("read_committed",), "Debezium's exactly-once source "
+                        "tasks write in transactions, and an aborted record must never be "
+                        "routed"),
+    # Not the user's choice: a new group (or one whose committed offsets expired) reading
+    # from the end would skip every event already on the raw topic, and those are lost.
+    "auto.offset.reset": ("consumer", ("earliest",), "a group with no committed offset "
+                          "starts at the raw topic's beginning, so that no event is lost; to "
+                          "skip its history, commit the group's offsets before the first "
+                          "start (kafka-consumer-groups --group <source.group_id> --topic "
+                          "<raw topic> --reset-offsets --to-latest --execute)"),
+    "partition.assignment.strategy": ("consumer", ("range,roundrobin",), "an eager "
+                                      "assignor: every member commits or aborts before a "
+                                      "partition moves"),
+    "group.instance.id": ("consumer", ("<--instance-id>.<digest of source.topics>",),
+                          "static membership, one member per instance"),
+}
+
+
 class KafkaSettings(_Model):
     """How to reach the cluster; `config` passes any other librdkafka property through."""
 
@@ -86,14 +126,30 @@ class KafkaSettings(_Model):
 
     @field_validator("config", "producer", "consumer")
     @classmethod
-    def _no_shadowed_fields(cls, value: dict[str, str]) -> dict[str, str]:
-        owned = {"bootstrap.servers": "bootstrap_servers", "client.id": "client_id",
-                 "security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
-                 "sasl.username": "sasl_username", "sasl.password": "sasl_password"}
+    def _no_shadowed_fields(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         for key in value:
-            if key in owned:
-                raise ValueError(f"set kafka.{owned[key]} instead of kafka.config[{key!r}]")
+            if key in _SHADOWED:
+                raise ValueError(f"set {_SHADOWED[key]} instead of "
+                                 f"kafka.{info.field_name}[{key!r}]")
         return value
+
+    def ignored_properties(self) -> list[str]:
+        """A warning for each property of kafka.config, .producer or .consumer that the
+        router's clients set to another value of their own (router/clients.py): it was taken
+        and ignored without a word (review 46-2 F12)."""
+        found = []
+        for section, properties in (("config", self.config), ("producer", self.producer),
+                                    ("consumer", self.consumer)):
+            for key, value in properties.items():
+                client, values, why = _PINNED.get(key, ("", (), ""))
+                applies = section == "config" or client in ("config", section)
+                if not values or not applies or value.strip().lower() in values:
+                    continue
+                uses = values[0]
+                found.append(f"kafka.{section}[{key!r}] {value!r} is ignored: the router's "
+                             f"{'clients use' if client == 'config' else client + ' uses'} "
+                             f"{uses} ({why})")
+        return found
 
     def librdkafka(self) -> dict[str, str]:
         """The client properties every consumer, producer and admin client of ours shares."""

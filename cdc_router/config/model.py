@@ -95,7 +95,7 @@ class RouterConfig(_Model):
             if missing is not None else []
         windows = self.nats.window_warnings() if self.nats is not None else []
         return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
-            windows + dsn
+            windows + dsn + self.kafka.ignored_properties()
 
     def relay_warnings(self) -> list[str]:
         """What `rules check` warns about a relay: section (review 46-2 F6): not the router's

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
+import pydantic
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from cdc_router.config.connections import _PINNED, _SHADOWED
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, RecordRefused, RouteError
 from cdc_router.kafka.reader import ChangelogReader
@@ -26,6 +29,44 @@ def config(**kafka: Any) -> RouterConfig:
     return RouterConfig.model_validate({"source": {"topics": ["raw"]},
                                         "routes": [{"topic": "{aggregate_id}"}],
                                         "kafka": kafka})
+
+
+def test_every_property_the_router_overrides_is_refused_or_warned_about() -> None:
+    # Review 46-2 F12: the user's value of a pinned property was taken and silently ignored.
+    # This holds router/clients.py to the tables of config/connections.py.
+    base = config()
+    for section, build in (("producer", clients.producer_config),
+                            ("consumer", clients.consumer_config)):
+        for key in build(base, "i"):
+            user = {key: "user-value"}
+            kafka = base.kafka.model_copy(update={section: user, "config": user})
+            if build(base.model_copy(update={"kafka": kafka}), "i").get(key) == "user-value":
+                continue  # the user's value is taken
+            assert key in _SHADOWED or key in _PINNED or key == "logger", key
+            if key in _PINNED:
+                assert len(kafka.ignored_properties()) == 2, key  # under config and section
+    warned = config(consumer={"auto.offset.reset": "latest", "isolation.level":
+                              "READ_COMMITTED"}, producer={"acks": "-1", "linger.ms": "9"},
+                    config={"acks": "1"}).warnings()
+    assert warned == [
+        "kafka.config['acks'] '1' is ignored: the router's producer uses all (a record counts "
+        "as written once every in-sync replica has it)",
+        "kafka.consumer['auto.offset.reset'] 'latest' is ignored: the router's consumer uses "
+        "earliest (a group with no committed offset starts at the raw topic's beginning, so "
+        "that no event is lost; to skip its history, commit the group's offsets before the "
+        "first start (kafka-consumer-groups --group <source.group_id> --topic <raw topic> "
+        "--reset-offsets --to-latest --execute))"]
+
+
+@pytest.mark.parametrize(("section", "key", "field"), [
+    ("consumer", "group.id", "source.group_id"), ("config", "group.id", "source.group_id"),
+    ("producer", "transactional.id", "delivery.transactional_id"),
+    ("producer", "transaction.timeout.ms", "delivery.transaction_timeout_ms"),
+    ("producer", "client.id", "kafka.client_id")])
+def test_a_property_a_field_of_ours_sets_is_refused(section: str, key: str, field: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=rf"set {re.escape(field)}\b.* instead "
+                       rf"of kafka.{section}\['{re.escape(key)}'\]"):
+        config(**{section: {key: "x"}})
 
 
 def test_no_client_of_the_router_creates_topics_even_when_the_user_asks() -> None:
