@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.redact import is_secret_key
+from cdc_router.config.yaml_text import written_text
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import dsn_problem, split_table
 
@@ -37,9 +38,9 @@ def _stringify(value: Any) -> Any:
 
     Not for a credential: YAML rewrites an unquoted one it reads as a number (0123 is the
     octal 83, 1.10 is 1.1, 0x1F is 31), and the text it gives back would fail to decrypt a
-    key or to log in with no sign of why (review 46-2 F10). Other keys' numbers are taken:
-    the text YAML read is gone by now, and `linger.ms: 5` or `min.cleanable.dirty.ratio: 0.5`
-    mean what their number says."""
+    key or to log in with no sign of why (review 46-2 F10). Other keys' numbers are taken
+    as the file writes them (broker.version.fallback: 0.10 stays 0.10, not 0.1); a boolean
+    is true or false, whether written yes, on or true."""
     if not isinstance(value, dict):
         return value
     out: dict[Any, Any] = {}
@@ -52,7 +53,7 @@ def _stringify(value: Any) -> Any:
         if isinstance(item, bool):
             out[key] = "true" if item else "false"
         elif isinstance(item, int | float):
-            out[key] = str(item)
+            out[key] = written_text(item) or str(item)
         else:
             out[key] = item
     return out
@@ -81,7 +82,8 @@ def _text_values(value: Any) -> Any:
     if isinstance(value, dict):
         for key, item in value.items():
             if isinstance(item, bool | int | float):
-                raise ValueError(f"the value of {key!r} is YAML's {type(item).__name__} "
+                kind = next(kind for kind in (bool, int, float) if isinstance(item, kind))
+                raise ValueError(f"the value of {key!r} is YAML's {kind.__name__} "
                                  f"{item!r}, which may not be what the file says (1.10 reads as "
                                  "1.1, 01234 as 668, on as true); quote it to send it as text")
     return value

@@ -54,6 +54,42 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _mapping_without_duplicates)
 
 
+class WrittenInt(int):
+    """An integer YAML read from text that is not its plain decimal form (0123 is the octal
+    83, 0x1F is 31, 1:30 is 90): the text stays with it, see written_text()."""
+
+    text: str
+
+
+class WrittenFloat(float):
+    """A float YAML read from text that Python writes otherwise (1.10 is 1.1, 0.10 is 0.1)."""
+
+    text: str
+
+
+def _number(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    value = loader.construct_yaml_int(node) if node.tag.endswith(":int") else \
+        loader.construct_yaml_float(node)
+    # Digit groups and a plus sign change no number's meaning, and no Kafka client takes them.
+    if (str(value) if isinstance(value, int) else repr(value)) == \
+            node.value.replace("_", "").removeprefix("+"):
+        return value
+    written = WrittenInt(value) if isinstance(value, int) else WrittenFloat(value)
+    written.text = node.value
+    return written
+
+
+def written_text(value: object) -> str | None:
+    """The text of the file that YAML read as the number `value`, when it differs from the
+    number's own (0123 for 83); None otherwise. A property map takes it as written
+    (review 46-2 F10: `broker.version.fallback: 0.10` went to librdkafka as 0.1)."""
+    return value.text if isinstance(value, WrittenInt | WrittenFloat) else None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _number)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _number)
+
+
 def _expanded_size(root: yaml.Node) -> int:
     """The number of nodes of `root` as a tree (aliases expanded), counted once per node,
     so in time linear in the file; ComposerError at the first node beyond the limit, or at

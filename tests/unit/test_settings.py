@@ -822,3 +822,21 @@ def test_bootstrap_servers_librdkafka_takes_load(tmp_path: Path, servers: str) -
     if protocol:
         env["CDC_ROUTER__KAFKA__SECURITY_PROTOCOL"] = protocol
     assert loaded(write(tmp_path, MINIMAL), env).kafka.bootstrap_servers == servers
+
+
+def test_a_property_map_takes_a_number_as_the_file_writes_it(tmp_path: Path) -> None:
+    # Review 46-2 F10: YAML's reading was stringified (0.10 went to librdkafka as 0.1, 0123 as
+    # 83); the text of the file is what a property means.
+    config = loaded(write(tmp_path, MINIMAL + "kafka: {config: {broker.version.fallback: 0.10, "
+                          "linger.ms: 5, queue.buffering.max.kbytes: 0x100, retries: 1_000, "
+                          "batch.size: +10}}\n"
+                          "topics: [{name: t, config: {min.cleanable.dirty.ratio: 0.50, "
+                          "retention.ms: 0123, segment.ms: .inf}}]\n"
+                          "delivery: {commit_interval_ms: 0x10}\n"))
+    assert config.kafka.config == {"broker.version.fallback": "0.10", "linger.ms": "5",
+                                   "queue.buffering.max.kbytes": "0x100", "retries": "1000",
+                                   "batch.size": "10"}
+    assert config.topics[0].config == {"min.cleanable.dirty.ratio": "0.50",
+                                       "retention.ms": "0123", "segment.ms": ".inf"}
+    assert config.delivery.commit_interval_ms == 16 and \
+        type(config.delivery.commit_interval_ms) is int  # a count is still YAML's number
