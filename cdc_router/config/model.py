@@ -246,6 +246,18 @@ class RouterConfig(_Model):
                             self.topics[index].name else f"collides with {other!r}: Kafka "
                             "refuses topics whose names differ only in '.' and '_'",
                             self.topics[index].name)
+        # ... also across the source, own and declared topics (review 46-2 F14).
+        named = [(f"source.topics[{index}]", name) for index, name in
+                 enumerate(self.source.topics)]
+        named += [(field, name) for name, field in self._own_topics().items()
+                  if field != "dedup.changelog_topic" or self.dedup.enabled]
+        named += [(f"topics[{index}].name", spec.name) for index, spec in enumerate(self.topics)]
+        seen: dict[str, tuple[str, str]] = {}
+        for field, name in named:
+            other_field, other = seen.setdefault(name.replace(".", "_"), (field, name))
+            if other != name:
+                raise _fail(field, f"collides with {other!r} ({other_field}): Kafka refuses "
+                            "topics whose names differ only in '.' and '_'", name)
 
     def topic_guard(self) -> TopicGuard:
         """The names this config's routes may not produce to (topic_names.py's TopicGuard)."""

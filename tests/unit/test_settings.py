@@ -461,6 +461,11 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
     ("topics: [{name: a.b_c}, {name: x}, {name: a_b.c}]",
      "field 'topics[2].name': collides with 'a.b_c': Kafka refuses topics whose names differ "
      "only in '.' and '_'"),
+    # Review 46-2 F14: across the dead-letter topic, the changelog and the sources too.
+    ("topics: [{name: cdc-router_dlq}]", "field 'topics[0].name': collides with "
+     "'cdc-router.dlq' (dead_letter.topic)"),
+    ("dedup: {changelog_topic: outbox_public.outbox}", "field 'dedup.changelog_topic': "
+     "collides with 'outbox.public.outbox' (source.topics[0])"),
     ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': each server is"),
     ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
 ])
