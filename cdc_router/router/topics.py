@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
@@ -134,9 +135,19 @@ class TopicAdmin:
                 warnings.append(f"{key} {have} kept: the config needs at least {wanted}; "
                                 "another pipeline sharing the topic may need more (to lower "
                                 "it, set it in dedup.changelog_config)")
-            elif have != wanted:
+            elif have != wanted and not _same_number(have, wanted):
                 changes[key] = (have, wanted)
         return changes
+
+
+def _same_number(have: str | None, wanted: str) -> bool:
+    """Whether the broker's value and the config's are one number written two ways (0.5 and
+    0.50: the config keeps a number as the file writes it, review 46-3, and a broker gives
+    its own text back; comparing text planned the same change at every `topics apply`)."""
+    try:
+        return have is not None and Decimal(have) == Decimal(wanted)
+    except ArithmeticError:  # decimal.InvalidOperation: text that is no number
+        return False
 
 
 def _at_least(have: str | None, wanted: str) -> bool:
