@@ -193,24 +193,36 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         return
     _validate(state.client, [item.spec for item in pending])
     confirm(f"Apply {len(pending)} change(s)?", yes)
+    failed_before = {item.spec.name: _failure(state.client, item.spec.name) for item in pending
+                     if item.action is not ConnectorAction.CREATE}
     for item in pending:
         created = state.client.put_config(item.spec.name, item.spec.config)
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
     for item in pending:
-        _watch_start(state.client, item.spec.name, wait_s)
+        _watch_start(state.client, item.spec.name, wait_s, failed_before.get(item.spec.name))
 
 
-def _watch_start(client: ConnectClient, name: str, wait_s: float) -> None:
+def _failure(client: ConnectClient, name: str) -> str | None:
+    try:
+        return client.get_status(name).failure()
+    except UnknownConnectorError:
+        return None
+
+
+def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | None) -> None:
     """Up to `wait_s`, until `name` and its tasks run: a FAILED one is a ConnectError (exit 1).
     Connect validates the config, not the database: a publication that does not exist (with
-    publication.autocreate.mode disabled) fails the task seconds after `created` (QA 46-a)."""
+    publication.autocreate.mode disabled) fails the task seconds after `created` (QA 46-a).
+    The failure `before` the update is the restart's to clear: it fails the command only if
+    it is still there at the end (review 46-3: the fix's apply read the old trace)."""
     deadline = time.monotonic() + wait_s
     while wait_s > 0:
         try:
             current = client.get_status(name)
         except UnknownConnectorError:  # the status topic catching up with the PUT
             current = None
-        if current is not None and (failure := current.failure()) is not None:
+        failure = current.failure() if current is not None else None
+        if failure is not None and (failure != before or time.monotonic() >= deadline):
             raise ConnectError(f"connector {name!r} {failure}; fix the cause, then `cdc-router "
                                f"connectors restart {name} --tasks failed` (the whole trace: "
                                f"`cdc-router connectors status {name}`)")
