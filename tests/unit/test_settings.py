@@ -805,7 +805,11 @@ def test_a_credential_yaml_read_as_a_number_is_refused_unshown(tmp_path: Path) -
     ("a:1,b:0", "its port must be a number from 1 to 65535 (got 'b:0')"),
     ("a:99999", "its port must be a number from 1 to 65535"),
     ("::1:9092", "an IPv6 address goes in brackets, [::1]:9092"),
-    ("a:1,,b:2", "an entry is empty"),
+    (" , ", "host:port, several separated by commas: it names no server"),
+    # Review 46-3: the whole list was shown when one entry was empty, and user info was masked
+    # only up to its first '@'.
+    ("h:9092, ,u:s3cr3t@b:1", "holds no credentials: set kafka.sasl_username"),
+    ("u:p@s3cr3t@h:9092x", "(got '*****@h:9092x')"),
     ("SASL://a:1", "librdkafka knows no protocol SASL://"),
     ("SSL://a:1", "the prefix SSL:// is not kafka.security_protocol (PLAINTEXT, the default), "
      "and librdkafka ignores such a server: set kafka.security_protocol: SSL"),
@@ -820,6 +824,7 @@ def test_bootstrap_servers_are_host_port_entries(tmp_path: Path, servers: str,
 
 
 @pytest.mark.parametrize("servers", ["127.0.0.1:19092", "a:1, b-2.svc.local:9093", "[::1]:9092",
+                                     "kafka:9092,", "a:1,,b:2",  # librdkafka skips empties
                                      "PLAINTEXT://kafka_0:9092", "ssl://a:9093|SSL"])
 def test_bootstrap_servers_librdkafka_takes_load(tmp_path: Path, servers: str) -> None:
     servers, _, protocol = servers.partition("|")
