@@ -128,8 +128,9 @@ def partitioned_by(conn: psycopg.Connection[Any], table: str, seq_column: str,
 
 def _named(table: str, suffix: str, what: str) -> str:
     """The name of one of the relay's objects on `table`: the table's name and `suffix`, cut to
-    Postgres's 63 bytes."""
-    return check_identifier(f"{split_table(table, 'relay.table')[1]}_{suffix}"[:63], what)
+    Postgres's 63 bytes (not 63 characters: 30 x 'é' made no name, review 46-3)."""
+    return check_identifier(_cut(f"{split_table(table, 'relay.table')[1]}_{suffix}",
+                                 MAX_IDENTIFIER_BYTES), what)
 
 
 def _index_name(table: str, suffix: str) -> str:

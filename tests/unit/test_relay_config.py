@@ -15,6 +15,7 @@ from cdc_router.config.relay import MAX_POLL_INTERVAL_MS
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.relay_columns import (
     relay_columns_ddl,
+    relay_trigger,
     render_ddl,
     txid_index,
     unique_seq_index,
@@ -100,6 +101,13 @@ def test_the_relay_indexes_of_a_long_table_name_are_distinct_and_fit_postgres(
     assert all(len(name.encode()) <= 63 for name in names)
     assert txid_index(table, "txid").endswith("_txid_idx")
     assert txid_index(table[:-1] + "p", "txid") != txid_index(table, "txid")
+
+
+def test_the_relay_trigger_of_a_long_non_ascii_table_name_is_cut_to_63_bytes() -> None:
+    # Review 46-3: cut to 63 characters, 30 x 'é' (60 bytes) made a 66-byte name, refused.
+    name = relay_trigger("public." + "é" * 30, "txid")
+    assert name == "é" * 30 + "_tx" and len(name.encode()) == 63
+    assert relay_trigger("public.outbox", "txid") == "outbox_txid"  # a name that fits: as ever
 
 
 def test_the_relay_index_names_of_a_table_whose_names_fit_are_unchanged() -> None:
