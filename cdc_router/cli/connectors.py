@@ -161,8 +161,8 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before applying.")
 @click.option("--wait", "wait_s", type=Seconds(min=0), default=15.0, show_default=True,
               help="Seconds to watch each applied connector start: a connector or task that "
-                   "FAILS meanwhile (a missing publication, say) fails the command; 0: return "
-                   "right after the PUT.")
+                   "FAILS meanwhile (a missing publication, say) fails the command; it is done "
+                   "when it has run for a third of them; 0: return right after the PUT.")
 @pass_state
 def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
           wait_s: float) -> None:
@@ -210,32 +210,40 @@ def _failure(client: ConnectClient, name: str) -> str | None:
 
 
 def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | None) -> None:
-    """Up to `wait_s`, until `name` and its tasks run: a FAILED one is a ConnectError (exit 1).
-    Connect validates the config, not the database: a publication that does not exist (with
-    publication.autocreate.mode disabled) fails the task seconds after `created` (QA 46-a).
-    The failure `before` the update is the restart's to clear: it fails the command only if
-    it is still there at the end (review 46-3: the fix's apply read the old trace)."""
-    deadline = time.monotonic() + wait_s
+    """Up to `wait_s`, until `name` and its tasks have run for a third of it (5 s by default):
+    a FAILED one is a ConnectError (exit 1). Connect validates the config, not the database:
+    a publication that does not exist (with publication.autocreate.mode disabled) fails the
+    task seconds after `created` (QA 46-a). A first RUNNING proves nothing after an update:
+    the old task runs on until Connect restarts it (QA 46-c). The failure `before` the update
+    is the restart's to clear: it fails the command only if it is still there at the end
+    (review 46-3: the fix's apply read the old FAILED trace)."""
+    deadline, running_since = time.monotonic() + wait_s, None
     while wait_s > 0:
         try:
             current = client.get_status(name)
         except UnknownConnectorError:  # the status topic catching up with the PUT
             current = None
+        now = time.monotonic()
         failure = current.failure() if current is not None else None
-        if failure is not None and (failure != before or time.monotonic() >= deadline):
+        if failure is not None and (failure != before or now >= deadline):
             raise ConnectError(f"connector {name!r} {failure}; fix the cause, then `cdc-router "
                                f"connectors restart {name} --tasks failed` (the whole trace: "
                                f"`cdc-router connectors status {name}`)")
-        if current is not None and (current.reached("RUNNING")
-                                    or current.state in ("PAUSED", "STOPPED")):
+        running = current is not None and current.reached("RUNNING")
+        running_since = (running_since or now) if running else None
+        if current is not None and (current.state in ("PAUSED", "STOPPED") or (
+                running_since is not None and now - running_since >= wait_s / 3)):
             click.echo(f"{name}: {current.state} ({len(current.tasks)} task(s))")
             return
-        if time.monotonic() >= deadline:
+        if now >= deadline and current is not None and running:
+            click.echo(f"{name}: RUNNING ({len(current.tasks)} task(s))")
+            return
+        if now >= deadline:
             click.echo(f"{name}: not RUNNING after {wait_s:g}s (connector "
                        f"{current.state if current else 'not listed yet'}): see `cdc-router "
                        f"connectors wait {name}`", err=True)
             return
-        time.sleep(0.5)
+        time.sleep(0.5 if wait_s >= 3 else wait_s / 6)
 
 
 @cli.command()

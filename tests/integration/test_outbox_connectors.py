@@ -281,6 +281,28 @@ def test_apply_fails_in_one_line_when_the_task_fails_on_a_missing_publication(
         drop_slot(deployment.stack.postgres_dsn, slot)
 
 
+def test_apply_of_a_running_connector_fails_when_its_new_task_fails(
+        deployment: Deployment) -> None:
+    # QA 46-c: right after the PUT the old task still ran, and apply said RUNNING, exit 0;
+    # the new task FAILED 1.7 s later.
+    name, slot = f"{deployment.connector}-upd", f"{deployment.base}_upd"
+    env = {"CONNECTOR_NAME": name, "SLOT_NAME": slot,
+           "TOPIC_PREFIX": f"{deployment.env['TOPIC_PREFIX']}-upd"}
+    try:
+        created = deployment.cli("connectors", "apply", "--yes", "--wait", "60",
+                                 "-f", str(CONNECTOR_FILE), env=env)
+        assert created.exit_code == 0, created.output
+        assert created.stdout.rstrip().endswith(f"{name}: RUNNING (1 task(s))")
+        broken = deployment.cli("connectors", "apply", "--yes", "--wait", "60",
+                                "-f", str(CONNECTOR_FILE),
+                                env={**env, "PUBLICATION": f"{deployment.base}_none"})
+        assert broken.exit_code == 1, broken.output
+        assert broken.stderr.startswith(f"error: connector '{name}' task 0 FAILED: ")
+    finally:
+        deployment.cli("connectors", "delete", name, "--yes")
+        drop_slot(deployment.stack.postgres_dsn, slot)
+
+
 def test_apply_refuses_a_second_connector_on_the_slot_the_first_streams_from(
         running: Deployment) -> None:
     second = f"{running.connector}-second"

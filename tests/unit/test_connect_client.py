@@ -562,7 +562,7 @@ def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyP
                                      "database.password": "old"}})
     path = connector_file(tmp_path, a="2", **{"database.password": "new"})
 
-    result = run_cli(monkeypatch, connect, "apply", "-f", path, "--yes")
+    result = run_cli(monkeypatch, connect, "apply", "-f", path, "--yes", "--wait", "0.3")
 
     assert result.exit_code == 0, result.output
     assert "c (" in result.stdout and "): update (2 keys)" in result.stdout
@@ -601,9 +601,21 @@ def test_apply_of_a_fix_is_not_failed_by_the_trace_from_before_it(
     assert still.exit_code == 1 and "task 1 FAILED" in still.stderr  # not fixed: at the end
     connect.states_after_put = ["FAILED", "FAILED", "RUNNING"]  # the restart takes a while
     fixed = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path, a="2"),
-                    "--yes")
+                    "--yes", "--wait", "0.6")
     assert fixed.exit_code == 0, fixed.output
     assert fixed.stdout.rstrip().endswith("c: RUNNING (2 task(s))")
+
+
+def test_apply_of_a_running_connector_is_not_done_at_its_old_tasks_running(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 46-c: right after the PUT the old task still runs; the new one failed 1.7 s later,
+    # and apply had said RUNNING, exit 0.
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C"}})
+    connect.states_after_put = ["RUNNING", "FAILED"]
+    result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path, a="1"),
+                     "--yes", "--wait", "3")
+    assert result.exit_code == 1, result.output
+    assert "task 1 FAILED" in result.stderr
 
 
 def test_without_a_terminal_apply_plans_and_asks_for_yes_instead_of_applying(
@@ -645,7 +657,8 @@ def test_apply_sends_debeziums_eventrouter_placeholder_verbatim(
         monkeypatch: pytest.MonkeyPatch) -> None:
     connect = ScriptedConnect({})
 
-    result = run_cli(monkeypatch, connect, "apply", "--yes", "-f", str(EVENTROUTER_FILE))
+    result = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
+                     str(EVENTROUTER_FILE))
 
     assert result.exit_code == 0, result.output
     assert connect.puts == ["orders-outbox"]
@@ -723,7 +736,7 @@ def test_apply_refuses_a_connector_on_a_slot_another_one_streams_from(
         taken.stderr
     assert "give each connector its own slot.name (SLOT_NAME)" in taken.stderr
     assert connect.puts == []
-    elsewhere = run_cli(monkeypatch, connect, "apply", "--yes", "-f", connector_file(
+    elsewhere = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f", connector_file(
         tmp_path, **{**_PG, "database.dbname": "billing"}, **{"slot.name": "s"}))
     assert elsewhere.exit_code == 0, elsewhere.output  # the same name in another database
     assert connect.puts == ["c"]

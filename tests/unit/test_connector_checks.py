@@ -117,7 +117,7 @@ def test_apply_warns_and_its_plan_says_where_the_raw_topic_moves(
     changed = {**SHIPPED, "topic.prefix": "outbox2", "decimal.handling.mode": "precise",
                **UNWRAP}
 
-    result = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
+    result = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
                      connector_json(tmp_path, changed))
 
     assert result.exit_code == 0, result.output
