@@ -170,8 +170,9 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         raise ConfigError("--replication-role needs a password", field="--replication-password",
                           hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
     with database(dsn) as conn:
-        if relay_columns:  # refused before anything is made (review 34-2)
+        if relay_columns:  # refused before anything is made (review 34-2, QA 46-c: NULL seqs)
             partitioned_by(conn, schema.table, DEFAULT_SEQ_COLUMN, "--table")
+            seq_not_null_fix(conn, schema.table, DEFAULT_SEQ_COLUMN)
         report = init_outbox(conn, schema, setup, replication_password=replication_password,
                              relay=relay_columns)
         conn.commit()

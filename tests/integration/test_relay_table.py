@@ -56,13 +56,17 @@ def _read_all(dsn: str, table: str, limit: int = 10) -> list[RelayRow]:
         reader.reset()
 
 
-def _init_relay(dsn: str, table: str) -> subprocess.CompletedProcess[str]:
+def _init_relay(dsn: str, table: str) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """`outbox init --relay` of `table`, and whether it made its publication."""
     publication = unique("relay_pub")
     try:
-        return subprocess.run(
+        result = subprocess.run(
             [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", dsn, "--table",
              table, "--publication", publication, "--relay"],
             capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+        with psycopg.connect(dsn) as conn:
+            return result, conn.execute("SELECT FROM pg_publication WHERE pubname = %s",
+                                        (publication,)).fetchone() is not None
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP PUBLICATION IF EXISTS {publication}")
@@ -82,15 +86,16 @@ def test_a_nullable_seq_is_refused_and_outbox_init_relay_makes_it_not_null(
             conn.execute(_INSERT.format(name, ", seq", ", %s"), (f"o{seq}", seq))
         with pytest.raises(ConfigError) as refused:
             _read_all(dsn, table, limit=2)
-        failed = _init_relay(dsn, table)  # the NULL row is there: nothing is changed
+        failed, published = _init_relay(dsn, table)  # a NULL row is there: nothing is made
         nullable = conn.execute("SELECT NOT attnotnull FROM pg_attribute WHERE attrelid = "
                                 "%s::regclass AND attname = 'seq'", (table,)).fetchone()
         conn.execute(f'UPDATE {table} SET seq = 4 WHERE seq IS NULL')
-        fixed = _init_relay(dsn, table)
+        fixed, _ = _init_relay(dsn, table)
         rows = _read_all(dsn, table, limit=2)
     assert "field 'relay.seq_column': column 'seq' of" in str(refused.value)
     assert f'ALTER TABLE "public"."{name}" ALTER COLUMN "seq" SET NOT NULL' in str(refused.value)
     assert failed.returncode == 1 and "have no seq (NULL)" in failed.stderr, failed.stderr
+    assert not published  # QA 46-c: it made the publication, then refused
     assert nullable == (True,)
     assert fixed.returncode == 0, fixed.stderr
     assert [row.seq for row in rows] == [1, 2, 3, 4]
@@ -128,7 +133,7 @@ def test_outbox_init_relay_makes_both_indexes_of_a_table_named_to_the_limit(
     dsn = stack.postgres_dsn
     name = (unique("relay_long") + "o" * 63)[:length]
     with _table(dsn, name) as table, psycopg.connect(dsn, autocommit=True) as conn:
-        init = _init_relay(dsn, table)
+        init, _ = _init_relay(dsn, table)
         indexes = conn.execute("SELECT indisunique, indisvalid FROM pg_index WHERE indrelid = "
                                "%s::regclass ORDER BY 1", (table,)).fetchall()
         conn.execute(_INSERT.format(name, "", ""), ("a",))
@@ -157,7 +162,7 @@ def test_the_relay_reads_an_outbox_in_a_sql_ascii_database(sql_ascii_dsn: str) -
     # and asked to add the columns the table had.
     with _table(sql_ascii_dsn, "outbox") as table, \
             psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
-        init = _init_relay(sql_ascii_dsn, table)
+        init, _ = _init_relay(sql_ascii_dsn, table)
         conn.execute("SET client_encoding = 'UTF8'")
         conn.execute(_INSERT.format("outbox", "", ""), ("naïve ✓",))
         rows = _read_all(sql_ascii_dsn, table)
