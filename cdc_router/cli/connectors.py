@@ -188,6 +188,11 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         _validate(state.client, specs)
         click.echo(f"dry run: {len(pending)} to change, configuration valid")
         return
+    for item in plans:  # QA 46-c: "nothing to apply" said nothing of a FAILED task
+        if item.action is ConnectorAction.UNCHANGED and \
+                (failure := _failure(state.client, item.spec.name)) is not None:
+            click.echo(f"warning: {item.spec.name} is unchanged but {failure}: `cdc-router "
+                       f"connectors status {item.spec.name}`", err=True)
     if not pending:
         click.echo("nothing to apply")
         return

@@ -606,6 +606,15 @@ def test_apply_of_a_fix_is_not_failed_by_the_trace_from_before_it(
     assert fixed.stdout.rstrip().endswith("c: RUNNING (2 task(s))")
 
 
+def test_apply_of_an_unchanged_connector_warns_of_its_failed_task(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C"}}, task_state="FAILED")
+    result = run_cli(monkeypatch, connect, "apply", "-f", connector_file(tmp_path), "--yes")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.rstrip().endswith("nothing to apply")
+    assert result.stderr.startswith("warning: c is unchanged but task 1 FAILED: io.debezium.")
+
+
 def test_apply_of_a_running_connector_is_not_done_at_its_old_tasks_running(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # QA 46-c: right after the PUT the old task still runs; the new one failed 1.7 s later,
