@@ -106,8 +106,15 @@ class LocalStack:
                                    "--max-transaction-timeout", "1")
         aborted = []
         for topic, partition, start_offset in hanging_transactions(found):
-            self._transactions("abort", "--topic", topic, "--partition", partition,
-                               "--start-offset", start_offset)
+            try:
+                self._transactions("abort", "--topic", topic, "--partition", partition,
+                                   "--start-offset", start_offset)
+            except RuntimeError as error:
+                # Listed, then ended before the abort (its producer came back and finished
+                # it, or the coordinator timed it out): nothing hangs (CI rehearsal 17).
+                if "Could not find any open transactions" in str(error):
+                    continue
+                raise
             aborted.append(f"{topic}-{partition} from offset {start_offset}")
         return aborted
 
