@@ -207,11 +207,18 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         _watch_start(state.client, item.spec.name, wait_s, failed_before.get(item.spec.name))
 
 
-def _failure(client: ConnectClient, name: str) -> str | None:
+def _status(client: ConnectClient, name: str) -> ConnectorStatus | None:
+    """The connector's status; None while Connect does not list it (the status topic catching
+    up with a PUT)."""
     try:
-        return client.get_status(name).failure()
+        return client.get_status(name)
     except UnknownConnectorError:
         return None
+
+
+def _failure(client: ConnectClient, name: str) -> str | None:
+    current = _status(client, name)
+    return current.failure() if current is not None else None
 
 
 def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | None) -> None:
@@ -224,10 +231,7 @@ def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | 
     (review 46-3: the fix's apply read the old FAILED trace)."""
     deadline, running_since = time.monotonic() + wait_s, None
     while wait_s > 0:
-        try:
-            current = client.get_status(name)
-        except UnknownConnectorError:  # the status topic catching up with the PUT
-            current = None
+        current = _status(client, name)
         now = time.monotonic()
         failure = current.failure() if current is not None else None
         if failure is not None and (failure != before or now >= deadline):
@@ -240,13 +244,13 @@ def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | 
                 running_since is not None and now - running_since >= wait_s / 3)):
             click.echo(f"{name}: {current.state} ({len(current.tasks)} task(s))")
             return
-        if now >= deadline and current is not None and running:
-            click.echo(f"{name}: RUNNING ({len(current.tasks)} task(s))")
-            return
         if now >= deadline:
-            click.echo(f"{name}: not RUNNING after {wait_s:g}s (connector "
-                       f"{current.state if current else 'not listed yet'}): see `cdc-router "
-                       f"connectors wait {name}`", err=True)
+            if current is not None and running:
+                click.echo(f"{name}: RUNNING ({len(current.tasks)} task(s))")
+            else:
+                click.echo(f"{name}: not RUNNING after {wait_s:g}s (connector "
+                           f"{current.state if current else 'not listed yet'}): see "
+                           f"`cdc-router connectors wait {name}`", err=True)
             return
         time.sleep(0.5 if wait_s >= 3 else wait_s / 6)
 

@@ -216,7 +216,8 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
     encodes them by their SQL `types` (column -> format_type)."""
     id_column = schema.columns.id
     after = {name: _column(value, binary_handling) for name, value in row.items()}
-    for name, sql_type in (types or {}).items():
+    types = types or {}
+    for name, sql_type in types.items():
         if isinstance(after.get(name), int) and _in_millis(sql_type):
             after[name] //= 1000  # floored, as Java's toEpochMilli
     db_schema, table = split_table(schema.table)
@@ -228,7 +229,7 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
         "op": "c",
         "ts_ms": ts_ms,
     }
-    keyed = {name: _key_column(row[name], (types or {}).get(name, ""), value)
+    keyed = {name: _key_column(row[name], types.get(name, ""), value)
              for name, value in after.items() if name in (key or (id_column,))}
     # As Jackson writes it: non-ASCII text as UTF-8, not \u escapes, or the key's bytes, so
     # its partition, would not be Debezium's (review 45-3).
@@ -240,8 +241,7 @@ def change_event(row: dict[str, Any], schema: OutboxSchema, *, binary_handling: 
 def _key_column(value: Any, sql_type: str, encoded: Any) -> Any:
     """A key column as Debezium encodes one of `sql_type` (the module doc); `encoded`, its
     value's encoding, for the types whose encoding is the same."""
-    found = _PRECISION.search(sql_type)
-    precision = int(found.group(1)) if found else 6
+    precision = _precision(sql_type, 6)
     zoned = sql_type.endswith("with time zone")
     if sql_type.startswith("timestamp") and zoned and isinstance(value, datetime):
         utc = value.astimezone(UTC)
@@ -258,9 +258,14 @@ def _key_column(value: Any, sql_type: str, encoded: Any) -> Any:
 def _in_millis(sql_type: str) -> bool:
     """A timestamp(0) to timestamp(3) without time zone, which Debezium writes as epoch
     milliseconds (io.debezium.time.Timestamp), in the key and in the value."""
-    found = _PRECISION.search(sql_type)
     return (sql_type.startswith("timestamp") and not sql_type.endswith("with time zone")
-            and found is not None and int(found.group(1)) <= 3)
+            and _precision(sql_type, 6) <= 3)
+
+
+def _precision(sql_type: str, default: int) -> int:
+    """The precision format_type gives a time type, `timestamp(3) ...`, or `default`."""
+    found = _PRECISION.search(sql_type)
+    return int(found.group(1)) if found else default
 
 
 def _column(value: Any, binary_handling: str) -> Any:
