@@ -66,6 +66,7 @@ from cdc_router.router.step import (
     RecordStep,
     Routed,
     StepResult,
+    decode_letter,
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
@@ -300,6 +301,8 @@ class OutboxRelay:
             self._on_delivered(committed.with_replays(replayed))
 
     def _result(self, row: RelayRow) -> StepResult:
+        if row.undecodable is not None:  # a SQL_ASCII database's text, not UTF-8
+            return decode_letter(row.undecodable)
         return self._step.decoded(lambda: debezium.event_from_row(
             row.values, self._config.source, columns=self._reader.columns, tx_id=row.txid))
 

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, DecodeError
 from cdc_router.outbox.relay_columns import (
     partitioned_by,
     relay_columns_ddl,
@@ -56,6 +56,9 @@ class RelayRow:
     seq: int
     txid: int
     values: dict[str, Any]
+    # Why the row cannot be read as text (a SQL_ASCII database's bytes that are not UTF-8):
+    # it is the row's dead letter, not a failure of every read (_text_of).
+    undecodable: DecodeError | None = None
 
     @property
     def size(self) -> int:
@@ -88,6 +91,8 @@ class OutboxReader:
         self._select: sql.Composable | None = None
         self._names: list[str] = []
         self._types: dict[str, str] = {}  # the columns the select list was built for
+        # A SQL_ASCII database: text is read as its bytes and decoded row by row (_text_of).
+        self._raw_text = False
         # Column name -> its Connect field schema, as debezium.event_from_row reads it.
         self.columns: dict[str, dict[str, Any]] = {}
 
@@ -136,8 +141,9 @@ class OutboxReader:
                         break
                     if found[0] is None:  # a NOT NULL dropped under the lock? never int(None)
                         raise self._nullable_seq()
-                    row = RelayRow(int(found[0]), int(found[1]),
-                                   dict(zip(self._names, found[2:], strict=True)))
+                    values = dict(zip(self._names, found[2:], strict=True))
+                    row = RelayRow(int(found[0]), int(found[1]), values,
+                                   self._text_of(values) if self._raw_text else None)
                     if not position.wanted(row.txid, row.seq):  # SQL and model must agree
                         raise AssertionError(f"row seq {row.seq} txid {row.txid} is not "
                                              f"wanted by the position {position}")
@@ -163,6 +169,10 @@ class OutboxReader:
             # Text as UTF-8 whatever the database's encoding: in a SQL_ASCII one psycopg gave
             # bytes for every text and name, and the checks found no column (review 46 F6).
             conn.execute("SET client_encoding = 'UTF8'")
+            # There Postgres checks each value it sends as UTF-8: one row's other bytes failed
+            # every read. The rows' text goes as bytes instead, decoded here row by row.
+            encoding = conn.execute("SHOW server_encoding").fetchone()
+            self._raw_text = encoding is not None and encoding[0] == "SQL_ASCII"
             self._conn = conn
             if self._select is None:
                 self._prepare(conn)
@@ -219,6 +229,25 @@ class OutboxReader:
         self._select = sql.SQL("SELECT {} FROM {}").format(
             sql.SQL(", ").join(selected), table_identifier(table, "relay.table"))
 
+    def _text_of(self, values: dict[str, Any]) -> DecodeError | None:
+        """Decode, in place, the bytes a SQL_ASCII database gave for each text value; the
+        row's decode error when one is not UTF-8 (that value kept with its bytes escaped)."""
+        undecodable = None
+        for column, value in values.items():
+            if isinstance(value, bytes):
+                try:
+                    values[column] = value.decode()
+                except UnicodeDecodeError as error:
+                    values[column] = value.decode(errors="backslashreplace")
+                    undecodable = undecodable or DecodeError(
+                        f"column {column!r} is not UTF-8 text (byte 0x{value[error.start]:02x} "
+                        f"at {error.start}) in a SQL_ASCII database: fix the row, or write "
+                        "UTF-8 to it")
+        if undecodable is not None:
+            event_id = values.get(self._source.outbox.id)
+            undecodable.event_id = event_id if isinstance(event_id, str) else None
+        return undecodable
+
     def _select_one(self, column: str, kind: str) -> sql.Composable:
         name = sql.Identifier(column)
         if column == self._source.outbox.payload and kind == "bytea":
@@ -227,6 +256,8 @@ class OutboxReader:
                 return sql.SQL("encode({}, 'hex')").format(name)
             # encode(..., 'base64') breaks lines every 76 characters; Debezium does not.
             return sql.SQL("translate(encode({}, 'base64'), E'\\n', '')").format(name)
+        if self._raw_text:
+            return sql.SQL("convert_to({}::text, 'SQL_ASCII')").format(name)
         return sql.SQL("{}::text").format(name)
 
     def _check_indexes(self, conn: psycopg.Connection[Any], partitioned: bool) -> None:
@@ -296,3 +327,4 @@ class OutboxReader:
             raise ConfigError(f"the relay needs {' and '.join(problems)} on {relay.table}",
                               field="relay.txid_column/seq_column",
                               hint=f"add them (Postgres 14 or later): {ddl.strip()}")
+

@@ -169,3 +169,25 @@ def test_the_relay_reads_an_outbox_in_a_sql_ascii_database(sql_ascii_dsn: str) -
     assert init.returncode == 0, init.stderr
     assert [row.values["aggregateid"] for row in rows] == ["naïve ✓"]
     assert rows[0].values["type"] == "OrderPaid"
+
+
+def test_a_row_of_text_that_is_not_utf8_in_a_sql_ascii_database_is_read_as_undecodable(
+        sql_ascii_dsn: str) -> None:
+    # Every read that reached such a row failed with Postgres's 'invalid byte sequence for
+    # encoding "UTF8"', and the relay stalled on it (stop 46, documented).
+    with _table(sql_ascii_dsn, "outbox") as table, \
+            psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
+        init, _ = _init_relay(sql_ascii_dsn, table)
+        with conn.cursor() as cursor:  # the connection's SQL_ASCII: bytes go as they are
+            cursor.execute(_INSERT.format("outbox", "", "").replace("%s", "'caf\xe9'")
+                           .encode("latin-1"))
+        conn.execute("SET client_encoding = 'UTF8'")
+        conn.execute(_INSERT.format("outbox", "", ""), ("naïve ✓",))
+        bad_id = conn.execute(f"SELECT id::text FROM {table} ORDER BY seq LIMIT 1").fetchone()
+        rows = _read_all(sql_ascii_dsn, table)
+    assert init.returncode == 0, init.stderr
+    assert [row.values["aggregateid"] for row in rows] == ["caf\\xe9", "naïve ✓"]
+    assert rows[0].undecodable is not None and "'aggregateid' is not UTF-8" in str(
+        rows[0].undecodable)
+    assert bad_id is not None and rows[0].undecodable.event_id == bad_id[0]
+    assert rows[1].undecodable is None and rows[1].values["type"] == "OrderPaid"

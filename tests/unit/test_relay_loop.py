@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import EXIT_RESTART, LockLost
+from cdc_router.errors import EXIT_RESTART, DecodeError, LockLost
 from cdc_router.relay import loop as relay_loop
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
@@ -273,6 +274,25 @@ def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
     assert letter.header("dlq.source.topic") == TABLE
     assert letter.header("dlq.source.offset") == "1"
     assert json.loads(letter.value or b"")["after"]["id"] == bad
+    assert delivered == [good]
+
+
+def test_a_row_the_reader_could_not_read_as_text_is_a_decode_letter_with_its_id() -> None:
+    # A SQL_ASCII database's non-UTF-8 text failed every read (stop 46, documented).
+    cluster, table = _cluster(), FakeTable()
+    bad = table.add(1, 10, aggregateid="caf\\xe9")
+    undecodable = DecodeError("column 'aggregateid' is not UTF-8 text")
+    undecodable.event_id = bad
+    table.rows[0] = dataclasses.replace(table.rows[0], undecodable=undecodable)
+    good = table.add(2, 10)
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 1)
+    [letter] = cluster.committed(DLQ)
+    assert letter.header("dlq.stage") == "decode"
+    assert letter.header("dlq.event.id") == bad
+    assert "not UTF-8" in (letter.header("dlq.error.message") or "")
+    assert json.loads(letter.value or b"")["after"]["aggregateid"] == "caf\\xe9"
     assert delivered == [good]
 
 
