@@ -54,6 +54,20 @@ class SourceSettings(_Model):
         return topics
 
     @model_validator(mode="after")
+    def _heartbeats_not_events(self) -> SourceSettings:
+        # Review 47-a F6: every record of a topic starting with the prefix is skipped as a
+        # heartbeat, counted and not logged, and its offset committed: with the prefix
+        # 'outbox', every event of outbox.public.outbox was passed over without a word.
+        for topic in self.topics:
+            if not topic.startswith("^") and topic.startswith(self.heartbeat_topic_prefix):
+                raise field_problem(
+                    "heartbeat_topic_prefix", f"is a prefix of the source topic {topic}, whose "
+                    "events would all be skipped as heartbeats; set it to the connector's "
+                    "topic.heartbeat.prefix (Debezium's default: __debezium-heartbeat)",
+                    self.heartbeat_topic_prefix)
+        return self
+
+    @model_validator(mode="after")
     def _binary_handling_read(self) -> SourceSettings:
         # QA 35-a F4: with payload_type auto, a bytea column in hex (or base64-url-safe) is
         # never decoded: Debezium gives it a string schema, so auto takes the text for JSON,

@@ -41,12 +41,23 @@ def decimals_as_text(row: dict[str, Any], columns: dict[str, dict[str, Any]]) ->
     return {**row, **decoded} if decoded else row
 
 
+# No Postgres numeric goes beyond these: 131,072 digits before the point and 16,383 after
+# (61,230 bytes unscaled, 81,640 in base64); a declared scale is within +-1000. A value beyond
+# them is no Debezium's, and its text would cost time and memory without bound (review 47-a: a
+# scale of 3,000,000,000 in a 4.7 KB event raised MemoryError; 700 KB of digits took 67 s).
+_MAX_SCALE = 16_383
+_MAX_BASE64 = 81_640
+
+
 def _decimal_text(encoded: Any, scale: Any) -> str | None:
-    if not isinstance(encoded, str):
+    if not isinstance(encoded, str) or len(encoded) > _MAX_BASE64:
         return None
     try:
+        exponent = -int(scale)
+        if abs(exponent) > _MAX_SCALE:
+            return None
         unscaled = int.from_bytes(base64.b64decode(encoded, validate=True), "big", signed=True)
         sign, digits, _ = Decimal(unscaled).as_tuple()  # exact: no context's precision
-        return f"{Decimal((sign, digits, -int(scale))):f}"  # 1200, not 1.2E+3 (scale -2)
+        return f"{Decimal((sign, digits, exponent)):f}"  # 1200, not 1.2E+3 (scale -2)
     except (binascii.Error, ValueError, TypeError, ArithmeticError):
         return None

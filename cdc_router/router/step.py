@@ -14,6 +14,7 @@ Its two lookups are handed in, so that the router (cluster metadata, the replay 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -143,6 +144,41 @@ def _never(event_id: str) -> bool:
     return False
 
 
+class _SlowDecodes:
+    """Raw records that took longer than a transaction to decode: how often, how long, their
+    event id. Found again by length, then by a digest of topic, key and value, so that no
+    other record pays for the digest."""
+
+    def __init__(self) -> None:
+        self._lengths: set[int] = set()
+        self._found: OrderedDict[bytes, tuple[int, float, str]] = OrderedDict()
+
+    def get(self, topic: str, key: bytes | None,
+            value: bytes | None) -> tuple[int, float, str] | None:
+        if not self._lengths or len(value or b"") not in self._lengths:
+            return None
+        return self._found.get(_digest(topic, key, value))
+
+    def add(self, topic: str, key: bytes | None, value: bytes | None, took_s: float,
+            event_id: str) -> None:
+        digest = _digest(topic, key, value)
+        times = self._found.pop(digest, (0, 0.0, ""))[0] + 1
+        log.warning("event=slow_record id=%s decode_s=%.1f times=%d", show(event_id), took_s,
+                    times)
+        self._found[digest] = (times, took_s, event_id)
+        self._lengths.add(len(value or b""))
+        if len(self._found) > _SLOW_IDS:
+            self._found.popitem(last=False)
+
+
+def _digest(topic: str, key: bytes | None, value: bytes | None) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (topic.encode(), key or b"", value or b""):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.digest()
+
+
 class RecordStep:
     """One compiled config's per-record decisions.
 
@@ -166,6 +202,7 @@ class RecordStep:
         self._slow_s = config.delivery.transaction_timeout_ms / 1000 \
             if config.delivery.guarantee == "exactly_once" else float("inf")
         self._slow: OrderedDict[str, tuple[int, float]] = OrderedDict()  # id -> (times, s)
+        self._slow_decodes = _SlowDecodes()
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
                                          compiled.serializers.items()}
         self._router = Router(compiled, staged)
@@ -186,7 +223,19 @@ class RecordStep:
         return self._router.explain(event)
 
     def __call__(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
-        """Decode, check for a replay, route and serialize one raw record."""
+        """Decode, check for a replay, route and serialize one raw record. Decoding is timed
+        with the rest (route()): a change event that takes longer than a transaction to read
+        (review 47-a: 13.5 MB of doubles of big exponents, 23 s) would have its batch expire
+        at every read; read twice so, it is dead-lettered unread the next time."""
+        slow = self._slow_decodes.get(topic, key, value)
+        if slow is not None and slow[0] >= 2:
+            error = DecodeError(f"decoding it took {slow[1]:.1f} s, twice longer than "
+                                f"delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
+                                "batch's transaction expired, as it would at every retry; "
+                                "make the row cheaper to read (fewer or smaller values)")
+            error.event_id = slow[2]
+            return decode_letter(error)
+        started = self._timer()
         try:
             decoded = debezium.decode_change(key, value, topic=topic, settings=self._source)
         except PROCESS_LEVEL:
@@ -195,14 +244,17 @@ class RecordStep:
             return decode_letter(error)
         if isinstance(decoded, debezium.Skipped):
             return Skipped(decoded.reason, decoded.detail)
-        return self.event(decoded)
+        decoding_s = self._timer() - started
+        if decoding_s > self._slow_s:
+            self._slow_decodes.add(topic, key, value, decoding_s, decoded.event_id)
+        return self.event(decoded, started)
 
-    def event(self, event: OutboxEvent) -> StepResult:
+    def event(self, event: OutboxEvent, started: float | None = None) -> StepResult:
         """Check one decoded event for a replay, then route and serialize it: the step after
         decoding, shared by the router and the relay (which reads rows, not change events)."""
         if self._seen(event.event_id):
             return Duplicate(event.event_id)
-        return self.route(event)
+        return self.route(event, started)
 
     def decoded(self, decode: Callable[[], OutboxEvent]) -> StepResult:
         """The step for an event decoded otherwise than from a change record (a relay's row,
@@ -215,7 +267,7 @@ class RecordStep:
             return decode_letter(error)
         return self.event(event)
 
-    def route(self, event: OutboxEvent) -> StepResult:
+    def route(self, event: OutboxEvent, started: float | None = None) -> StepResult:
         """Route and serialize one decoded event. One that took longer than its batch's
         transaction may live, twice (once may be a stopped process, a paused VM), is a dead
         letter (review 44-2: an Avro schema recursive through a union took 74 s for one
@@ -223,7 +275,7 @@ class RecordStep:
         ever). Wall time, not CPU: under a CPU limit the transaction expires all the same."""
         times, took = self._slow.get(event.event_id, (0, 0.0))
         if times < 2:
-            started = self._timer()
+            started = self._timer() if started is None else started  # or when decoding began
             result = self._route(event)
             elapsed = self._timer() - started
             if elapsed <= self._slow_s:
@@ -237,11 +289,12 @@ class RecordStep:
             if times < 2:
                 return result
         return DeadLettered("serialize", SerializeError(
-            f"event {show(event.event_id)}: routing and serializing it took {took:.1f} s, "
-            f"twice longer than delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
-            "batch's transaction expired, as it would at every retry; make its payload cheaper "
-            "to encode (an Avro schema recursive through a union costs its depth times its "
-            "size), then `cdc-router dlq replay` it"), event.event_id, event)
+            f"event {show(event.event_id)}: decoding, routing and serializing it took "
+            f"{took:.1f} s, twice longer than delivery.transaction_timeout_ms "
+            f"({self._slow_s:g} s): its batch's transaction expired, as it would at every "
+            "retry; make its payload cheaper to encode (an Avro schema recursive through a "
+            "union costs its depth times its size), then `cdc-router dlq replay` it"),
+            event.event_id, event)
 
     def _route(self, event: OutboxEvent) -> StepResult:
         try:

@@ -196,9 +196,11 @@ def test_an_event_that_outlasted_the_transaction_twice_is_a_dead_letter() -> Non
     # expired, was aborted and read again, and the same event took 74 s again, for ever.
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": [{"topic": "orders"}]})
-    ticks = iter([0.0, 25.0,  # the first try: 25 s (a stopped process, perhaps)
-                  30.0, 30.1,  # another event: 0.1 s
-                  40.0, 70.0])  # the second try: 30 s, twice over the transaction's 20 s
+    # Each try: (decoding begins, decoded, routed and serialized).
+    ticks = iter([0.0, 0.1, 25.0,  # the first try: 25 s (a stopped process, perhaps)
+                  30.0, 30.05, 30.1,  # another event: 0.1 s
+                  40.0, 40.1, 70.0,  # the second try: 30 s, twice over the transaction's 20 s
+                  80.0, 80.1])  # the third: decoded only
     slow = RecordStep(compile_config(config), {"orders": 6}.get, timer=lambda: next(ticks))
     value = captured("create_jsonb.noschema")
     assert isinstance(slow(SOURCE, None, value), Routed)  # once may be a stopped process
@@ -211,15 +213,41 @@ def test_an_event_that_outlasted_the_transaction_twice_is_a_dead_letter() -> Non
     assert "took 30.0 s, twice longer than delivery.transaction_timeout_ms (20 s)" in \
         str(again.error)
     assert again.marked_id == EVENT_ID
-    third = slow(SOURCE, None, value)  # at once, without routing it again (no tick left)
+    third = slow(SOURCE, None, value)  # without routing it again (no tick left for it)
     assert isinstance(third, DeadLettered)
+
+
+def test_an_event_slower_to_decode_than_the_transaction_twice_is_dead_lettered_unread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 47-a: 13.5 MB of doubles of big exponents took 23 s to decode, outside the
+    # timer of route(): the batch's transaction (20 s) expired at every read, for ever.
+    config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
+                                          "routes": [{"topic": "orders"}]})
+    ticks = iter([0.0, 21.0, 21.0,  # the first read: decoded in 21 s
+                  30.0, 30.05, 30.1,  # another event: 0.1 s
+                  40.0, 62.0, 62.0])  # the second read: 22 s again
+    slow = RecordStep(compile_config(config), {"orders": 6}.get, timer=lambda: next(ticks))
+    value = captured("create_jsonb.noschema")
+    other = json.loads(value)
+    other["after"]["id"] = "another-event"
+    assert isinstance(slow(SOURCE, None, value), Routed)  # once may be a stopped process
+    assert isinstance(slow(SOURCE, None, json.dumps(other).encode()), Routed)
+    assert isinstance(slow(SOURCE, None, value), DeadLettered)  # in an expired transaction
+    decodes: list[bytes | None] = []
+    monkeypatch.setattr(debezium, "decode_change",
+                        lambda key, value, **_: decodes.append(value))  # never called
+    third = slow(SOURCE, None, value)  # no tick left: not decoded, not timed
+    assert isinstance(third, DeadLettered) and third.stage == "decode"
+    assert "decoding it took 22.0 s, twice longer than delivery.transaction_timeout_ms " \
+        "(20 s)" in str(third.error)
+    assert third.event_id == EVENT_ID and decodes == []
 
 
 def test_at_least_once_has_no_transaction_to_outlast() -> None:
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": [{"topic": "orders"}],
                                           "delivery": {"guarantee": "at_least_once"}})
-    ticks = iter([0.0, 100.0, 100.0, 200.0])
+    ticks = iter([0.0, 50.0, 100.0, 100.0, 150.0, 200.0])
     slow = RecordStep(compile_config(config), {"orders": 6}.get, timer=lambda: next(ticks))
     value = captured("create_jsonb.noschema")
     assert isinstance(slow(SOURCE, None, value), Routed)

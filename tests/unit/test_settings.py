@@ -746,6 +746,17 @@ def test_a_binary_handling_only_bytes_read_is_refused_with_payload_type_auto(
     assert loaded(write(tmp_path, relay)).source.binary_handling == "hex"
 
 
+def test_a_heartbeat_prefix_that_starts_a_source_topic_is_refused(tmp_path: Path) -> None:
+    # Review 47-a F6: every event of the topic was skipped as a heartbeat, without a word.
+    message = error_of(tmp_path, "source: {topics: [outbox.public.outbox], "
+                                 "heartbeat_topic_prefix: outbox}\nroutes: [{topic: x}]\n")
+    assert "field 'source.heartbeat_topic_prefix': is a prefix of the source topic " \
+           "outbox.public.outbox" in message and "(got 'outbox')" in message
+    pattern = "source: {topics: ['^outbox.*'], heartbeat_topic_prefix: outbox}\n" \
+              "routes: [{topic: x}]\n"  # not checked: the topics it takes are not known yet
+    assert loaded(write(tmp_path, pattern)).source.heartbeat_topic_prefix == "outbox"
+
+
 def test_the_dedup_window_is_bounded(tmp_path: Path) -> None:
     # QA 43-a F4: 1e23 ms loaded ("on: 27777777777777777 h") and became the changelog's
     # retention.ms, a Kafka long.
