@@ -26,7 +26,8 @@ UNIT_SCHEMAS = {"micros": _MICROS_SCHEMA, "millis": "io.debezium.time.Timestamp"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Java's ISO formatter writes years past 9999 with a sign ("+12000-01-01T00:00:00Z"), and
 # years before 1 as negative; Python's datetime holds years 1 to 9999 only.
-_EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-")
+# The year 0000 is Postgres's 1 BC (review 47-a F8: it was "not an ISO-8601 timestamp").
+_EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-|0000-")
 _INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 

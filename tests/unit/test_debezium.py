@@ -517,6 +517,21 @@ def test_odd_connect_schemas_of_a_decimal_or_created_at_column_are_read_past() -
     assert decoded.created_at_ms == event("create_jsonb.schema").created_at_ms
 
 
+@pytest.mark.parametrize("where", ["envelope", "after"])
+def test_an_envelope_schema_whose_fields_are_no_list_is_read_as_no_schema(where: str) -> None:
+    # Review 47-a F4: a number there was dead-lettered as "TypeError: 'int' object is not
+    # iterable", naming nothing.
+    def odd_fields(value: dict[str, Any]) -> None:
+        if where == "envelope":
+            value["schema"]["fields"] = 5
+        else:
+            next(f for f in value["schema"]["fields"] if f["field"] == "after")["fields"] = 5
+
+    decoded = decode_mutated("create_jsonb.schema", odd_fields)
+    assert isinstance(decoded, OutboxEvent)
+    assert decoded.event_id == event("create_jsonb.schema").event_id
+
+
 def test_a_configured_optional_column_missing_from_the_rows_is_one_warning(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # QA 34-e: `ALTER TABLE outbox RENAME COLUMN headers TO hdrs` dropped every row's headers,

@@ -217,6 +217,7 @@ def test_year_12000_as_a_zoned_timestamp_is_a_decode_error(mode: str) -> None:
 
 @pytest.mark.parametrize(("created_at", "reason"), [
     ("-0044-03-15T12:00:00Z", "outside the years 1 to 9999"),
+    ("0000-01-01T00:00:00Z", "outside the years 1 to 9999"),  # review 47-a F8: Postgres's 1 BC
     (2**63 * 1000, "beyond any Kafka timestamp"),
 ])
 def test_created_at_outside_what_the_router_represents(created_at: Any, reason: str) -> None:
