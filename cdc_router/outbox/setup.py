@@ -307,7 +307,8 @@ def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
     `partitioned`: the table is partitioned and the publication publishes partitions under
     their own names (publish_via_partition_root false), whether or not the table is in it."""
     pub = sql.Identifier(publication).as_string(None)
-    add = f"ALTER PUBLICATION {pub} ADD TABLE {table}"
+    # Quoted: unquoted, public.OutBox names public.outbox (review 47-b F1).
+    add = f"ALTER PUBLICATION {pub} ADD TABLE {regclass_text(table)}"
     if partitioned:
         cause = (f"does not publish the partitioned {table} under its own name, which the "
                  "connector's table.include.list matches (publish_via_partition_root is false)")

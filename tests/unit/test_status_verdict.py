@@ -249,8 +249,11 @@ def test_the_publication_must_publish_the_outbox() -> None:
     assert lines(report) == [
         "critical: publication: publication outbox_pub does not include public.outbox: "
         "Debezium captures nothing from it; run `ALTER PUBLICATION \"outbox_pub\" ADD TABLE "
-        "public.outbox`, then `cdc-router outbox republish` for the rows written before (it "
-        "publishes: public.other)"]
+        "\"public\".\"outbox\"`, then `cdc-router outbox republish` for the rows written before "
+        "(it publishes: public.other)"]
+    # Review 47-b F1: unquoted, the statement named public.outbox, another table.
+    mixed = replace(report, outbox=replace(report.outbox, table="public.OutBox"))
+    assert 'ADD TABLE "public"."OutBox"`' in lines(mixed)[0]
 
 
 def test_a_publication_of_updates_is_a_warning() -> None:
@@ -310,8 +313,8 @@ def test_a_partitioned_outbox_needs_a_publication_via_its_root() -> None:
     [line] = lines(report)
     assert "ALTER PUBLICATION \"outbox_pub\" SET (publish_via_partition_root = true)" in line
     # Review, session 29: a partitioned outbox not in the publication at all needs both.
-    assert "`ALTER PUBLICATION \"outbox_pub\" ADD TABLE public.outbox` if the table is not " \
-        "in it" in line
+    assert "`ALTER PUBLICATION \"outbox_pub\" ADD TABLE \"public\".\"outbox\"` if the table is " \
+        "not in it" in line
     assert "(it publishes: public.outbox_2026)" in line
 
 
