@@ -128,7 +128,12 @@ class CommittedIds:
             marks = self._read_marks(max_ids)
             if not marks:
                 return []
-            self._held = (marks, self._dead_letter_ends())
+            try:
+                ends = self._dead_letter_ends()
+            except BaseException:  # the marks are out of the changelog consumer: keep them
+                self._unread[:0] = marks  # (review 47-b F3: they were never swept)
+                raise
+            self._held = (marks, ends)
         self._read_dead_letters()
         marks, ends = self._held
         if not self._dead_letters_reached(ends):

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE
@@ -169,6 +169,36 @@ def test_a_sweep_whose_consumer_lost_its_metadata_reads_on_with_new_consumers(
         with pytest.raises(KafkaException, match="Failed to get metadata"):
             source.next(3)  # the cleaner logs it and asks again later
         assert _all(source) == ["c"]  # nothing twice, nothing passed over
+    finally:
+        source.close()
+
+
+def test_marks_read_when_the_dead_letter_ends_could_not_be_asked_come_out_after_all(
+        stack: StackEndpoints, topics: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 47-b F3: the marks were out of the changelog consumer when the lookup of the
+    # dead-letter topic's ends failed (a broker outage), and never came out: their rows (a
+    # killed predecessor's deliveries) stayed in the outbox until a restart.
+    changelog, dead_letters = topics
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                         "transactional.id": unique("sweep-ends")})
+    producer.init_transactions(30)
+    _transaction(producer, changelog, dead_letters, ["a", "b", "c", "d"], [], commit=True)
+    source = _sweep(stack, changelog, dead_letters)
+    asked = committed_ids.log_end_offsets
+    failures = [KafkaException(KafkaError(KafkaError._TIMED_OUT))]
+
+    def failing_once(*args: object, **kwargs: object) -> dict[int, int]:
+        if failures:
+            raise failures.pop()
+        return asked(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(committed_ids, "log_end_offsets", failing_once)
+    try:
+        deadline = time.monotonic() + 30
+        with pytest.raises(KafkaException):  # once marks were read, the lookup fails
+            while time.monotonic() < deadline:
+                assert source.next(3) == []
+        assert sorted(_all(source)) == ["a", "b", "c", "d"]
     finally:
         source.close()
 
