@@ -6,6 +6,7 @@ ConfigErrors is config/load.py's job (`load_config`).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -33,6 +34,8 @@ from cdc_router.config.topic_names import (
 )
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import split_table
+
+_DEBEZIUM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 _SLOW = ("repeats a group that repeats itself: one value can take exponential time to match "
          "and hold the router (catastrophic backtracking); write it without nested "
@@ -95,7 +98,26 @@ class RouterConfig(_Model):
             if missing is not None else []
         windows = self.nats.window_warnings() if self.nats is not None else []
         return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
-            windows + dsn + self.kafka.ignored_properties()
+            windows + dsn + self.cleanup_warnings() + self.kafka.ignored_properties()
+
+    def cleanup_warnings(self) -> list[str]:
+        """A cleanup.table no source topic is named after (review 47-b F2: the cleanup deleted
+        nothing from another table, said nothing, and the outbox grew): Debezium names a
+        table's topic <topic.prefix>.<schema>.<table>, characters other than letters, digits,
+        '.', '_' and '-' made '_'. Unless a connector's SMT renames its topics."""
+        topics = self.source.topics
+        if self.cleanup.mode == "none" or not topics or \
+                any(topic.startswith("^") for topic in topics):
+            return []
+        schema, table = split_table(self.cleanup.table, "cleanup.table")
+        suffix = _DEBEZIUM_UNSAFE.sub("_", f".{schema}.{table}")
+        if any(topic.endswith(suffix) for topic in topics):
+            return []
+        return [f"cleanup.table {self.cleanup.table}: no source topic is named after it "
+                f"(Debezium's topic for it ends with {suffix}; source.topics: "
+                f"{', '.join(topics)}): the cleanup deletes delivered ids from that table "
+                "alone, so the outbox the events come from would grow; name it in "
+                "cleanup.table (unless the connector renames its topics)"]
 
     def relay_warnings(self) -> list[str]:
         """What `rules check` warns about a relay: section (review 46-2 F6): not the router's

@@ -757,6 +757,25 @@ def test_a_heartbeat_prefix_that_starts_a_source_topic_is_refused(tmp_path: Path
     assert loaded(write(tmp_path, pattern)).source.heartbeat_topic_prefix == "outbox"
 
 
+def test_a_cleanup_table_no_source_topic_is_named_after_is_a_warning(tmp_path: Path) -> None:
+    # Review 47-b F2: the cleanup deleted nothing from public.outbox2, said nothing, and the
+    # outbox the events came from grew.
+    def warnings(cleanup: str, topics: str = "[outbox.public.outbox]") -> list[str]:
+        return loaded(write(tmp_path, f"source: {{topics: {topics}}}\nroutes: [{{topic: x}}]\n"
+                                      f"cleanup: {cleanup}\n")).cleanup_warnings()
+
+    [warning] = warnings("{mode: delete, table: public.outbox2}")
+    assert warning.startswith("cleanup.table public.outbox2: no source topic is named after "
+                              "it (Debezium's topic for it ends with .public.outbox2; "
+                              "source.topics: outbox.public.outbox)")
+    assert warnings("{mode: retention, retention_ms: 5, table: 'app.\"Out Box\"'}") != []
+    assert warnings("{mode: delete, table: outbox}") == []  # public by default
+    assert warnings("{mode: delete, table: 'app.\"Out Box\"'}",
+                    "[shop.app.Out_Box]") == []  # as Debezium names it
+    assert warnings("{mode: none, table: public.outbox2}") == []
+    assert warnings("{mode: delete, table: public.outbox2}", "['^outbox\\..*']") == []
+
+
 def test_the_dedup_window_is_bounded(tmp_path: Path) -> None:
     # QA 43-a F4: 1e23 ms loaded ("on: 27777777777777777 h") and became the changelog's
     # retention.ms, a Kafka long.
