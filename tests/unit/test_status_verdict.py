@@ -213,19 +213,38 @@ def test_a_partition_with_waiting_records_that_no_instance_is_assigned_is_critic
 
 
 def test_router_lag_no_instance_and_a_stalled_group() -> None:
-    lagging = replace(healthy().router, lag=50, last_commit_age_s=400.0, members=())
+    lagging = replace(healthy().router, lag=50, last_commit_age_s=400.0, members=(),
+                      partitions=(PartitionLag("outbox.public.outbox", 0, 14, 64, 50, True,
+                                               400.0, 500.0),))
     found = lines(replace(healthy(), router=lagging), StatusSettings(lag_warning=20))
     assert found == [
         "critical: router: router group cdc-router has no running instance and 50 records "
         "wait on the raw topic; start `cdc-router run`",
-        "critical: router: router group cdc-router has not committed for 400s while 50 "
-        "records wait (critical at 300s): the router is stuck or down; read its log for "
-        "event=batch_aborted",
+        "critical: router: router group cdc-router has not committed outbox.public.outbox[0] "
+        "for 400s while 50 records wait (critical at 300s): the instance assigned it is "
+        "stuck or down; read its log for event=batch_aborted",
         "warning: router: router group cdc-router lags 50 records behind the raw topic "
         "(warning at 20); check its /metrics (cdc_router_consecutive_aborts), or add "
         "instances (up to the raw topic's partitions)"]
     idle = replace(healthy().router, lag=0, last_commit_age_s=9999.0, members=())
     assert lines(replace(healthy(), router=idle)) == []  # idle is not stuck
+
+
+def test_one_stalled_partition_is_said_while_another_commits() -> None:
+    # Review 47-b F4: one instance frozen (SIGSTOP) with its partition, another committing:
+    # the group's newest commit was 0 s old, and status said ok for ever.
+    frozen = PartitionLag("outbox.public.outbox", 1, 100, 875, 775, True, 82.2, 82.0)
+    router = replace(healthy().router, lag=775, last_commit_age_s=0.0, oldest_pending_age_s=82.0,
+                     partitions=(*healthy().router.partitions, frozen),
+                     members=(Member("a1", "c1", "h", ("outbox.public.outbox[0]",)),
+                              Member("a2", "c2", "h", ("outbox.public.outbox[1]",))))
+    assert lines(replace(healthy(), router=router)) == [
+        "warning: router: router group cdc-router has not committed outbox.public.outbox[1] "
+        "for 82s while 775 records wait (warning at 60s): the instance assigned it is stuck "
+        "or down; read its log for event=batch_aborted"]
+    fresh = replace(frozen, oldest_pending_age_s=1.0)  # an idle partition's first record
+    assert lines(replace(healthy(), router=replace(router, partitions=(
+        *healthy().router.partitions, fresh)))) == []
 
 
 def test_dead_letters_above_a_threshold_and_growing_between_ticks() -> None:
