@@ -202,7 +202,10 @@ class NatsSettings(ConfigModel):
             parts = urlsplit(server if "://" in server else f"nats://{server}")
             try:
                 parts.port  # noqa: B018 (raises ValueError for a port that is no number)
-                usable = parts.scheme in _NATS_SCHEMES and bool(parts.hostname)
+                # A path only behind a WebSocket proxy (review 47-c F1: `nats//host:4222`
+                # read as the host "nats", the rest a path, retried as an outage for ever).
+                usable = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and (
+                    parts.path in ("", "/") or parts.scheme in ("ws", "wss"))
             except ValueError:
                 usable = False
             if not usable:

@@ -467,6 +467,9 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
     ("dedup: {changelog_topic: outbox_public.outbox}", "field 'dedup.changelog_topic': "
      "collides with 'outbox.public.outbox' (source.topics[0])"),
     ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': each server is"),
+    # Review 47-c F1: read as the host "nats" and a path, retried as an outage for ever.
+    ("nats: {url: 'nats//127.0.0.1:4222'}", "field 'nats.url': each server is"),
+    ("nats: {url: 'nats://a:1,nats:/b:2'}", "field 'nats.url': each server is"),
     ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
 ])
 def test_what_only_the_router_refused_rules_check_refuses(tmp_path: Path, section: str,
