@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._options import config_option, instance_id_option
-from cdc_router.cli.run import cleaner_of, run_until_stopped
+from cdc_router.cli.run import check_streams, cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.relay.loop import OutboxRelay
@@ -38,6 +38,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
         raise ConfigError("the relay needs the Postgres DSN", source=str(config_path),
                           field="cleanup.dsn", hint="set CDC_ROUTER__CLEANUP__DSN (the relay "
                           "cleans the table it reads; relay.dsn, if set, is its own)")
+    check_streams(config)
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,

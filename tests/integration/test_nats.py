@@ -304,6 +304,27 @@ def test_a_publish_no_stream_captures_names_the_fix(nats_url: str) -> None:
         publisher.close()
 
 
+@pytest.mark.parametrize("command", ["run", "relay"])
+def test_a_declared_stream_the_server_lacks_stops_the_start_with_one_line(
+        nats_url: str, tmp_path: Path, command: str) -> None:
+    # QA 47-c F2: `streams apply` never run, the router retried every batch for ever.
+    config = {"source": {"topics": ["qamiss.public.outbox"]},
+              "routes": [{"nats": {"subject": "qamiss.{type}"}}],
+              "nats": {"url": nats_url, "streams": [{"name": "QAMISS",
+                                                     "subjects": ["qamiss.>"]}]},
+              "relay": {"table": "public.outbox", "dsn": "postgresql://u@127.0.0.1:1/db"}}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    started = subprocess.run([sys.executable, "-m", "cdc_router", command, "-c", str(path),
+                              "--metrics-port", "0"], capture_output=True, text=True,
+                             cwd=REPO, timeout=60, check=False)
+    assert started.returncode == 1, started.stderr
+    [line] = started.stderr.strip().splitlines()[-1:]
+    assert "field 'nats.streams[0]': the JetStream stream QAMISS does not exist on the " \
+           "server" in line and "`cdc-router streams apply -c <config>`" in line, line
+    assert "Traceback" not in started.stderr
+
+
 def test_a_comma_separated_nats_url_reaches_the_server_that_is_up(nats_url: str,
                                                                   tmp_path: Path) -> None:
     # Review 31: nats.url is documented and validated as comma-separated servers, and nats-py
