@@ -286,11 +286,11 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
     # 47-b F4: judged on the group's newest commit, one frozen instance's partition went
     # unsaid while another instance committed.
     stalls = []
-    # An unassigned one is said above, or a rebalance is assigning it.
-    said = set(unread) if router.members else set()
-    for p in router.partitions:
+    # An unassigned one is said above, or a rebalance is assigning it; with no instance at
+    # all, "no running instance" says it (review 47-b L1: no log to read for batch_aborted).
+    for p in router.partitions if router.members else ():
         ages = [a for a in (p.last_commit_age_s, p.oldest_pending_age_s) if a is not None]
-        if p.lag > 0 and ages and f"{p.topic}[{p.partition}]" not in said:
+        if p.lag > 0 and ages and f"{p.topic}[{p.partition}]" not in unread:
             stalls.append((min(ages), p))
     if not stalls:
         return

@@ -20,14 +20,11 @@ Ids of events sent to the dead-letter topic are never handed over, nor swept: th
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from contextlib import suppress
-from itertools import islice
 from typing import Any, Protocol
 
 import psycopg
@@ -39,13 +36,15 @@ from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.postgres import one_line, row_fault, table_identifier, utc_now_for
+from cdc_router.router.cleanup_queue import PendingIds
 from cdc_router.router.metrics import cleanup_metrics
 from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.router.cleanup")
 
-# Ids kept while Postgres is unreachable; beyond this the oldest are given up (their rows stay
-# for the sweep or `outbox purge`): memory is bounded, and no undelivered row is ever touched.
+# Ids kept while Postgres is unreachable, or in retention mode until their rows are old enough;
+# beyond this the oldest are given up (their rows stay for the sweep or `outbox purge`): memory
+# is bounded, and no undelivered row is ever touched.
 MAX_PENDING_IDS = 2_000_000
 # Ids the sweep reads per step, in delete batches: it feeds the queue only while the queue is
 # short, so that the live ids go first and the queue stays small.
@@ -84,9 +83,7 @@ class OutboxCleaner:
         self._retention_ms = (settings.retention_ms or 0) if settings.mode == "retention" else None
         self._sweep_source = sweep
         self._sweep_retry_at, self._sweep_backoff = 0.0, 0.5
-        self._due: deque[tuple[str, int]] = deque()  # (event id, due since: epoch ms), FIFO
-        self._waiting: list[tuple[int, str]] = []  # retention: heap of (due at: epoch ms, id)
-        self._lock = threading.Lock()
+        self._pending = PendingIds(self._retention_ms, MAX_PENDING_IDS)
         self._stop = threading.Event()
         self._stopping = threading.Event()  # no new changelog read: deletes only
         self._thread: threading.Thread | None = None
@@ -96,6 +93,7 @@ class OutboxCleaner:
         self._column_types: dict[str, str] | None = None
         self._lag_s = 0.0
         self._logged_deleted, self._logged_at = 0, time.monotonic()
+        self._unsaid_given_up, self._said_given_up_at = 0, float("-inf")
         self.deleted, self.lag, self.given_up, self.swept, self.kept = cleanup_metrics(registry)
 
     # Called by the router, after commit ----------------------------------------------------
@@ -116,16 +114,22 @@ class OutboxCleaner:
                       now_ms)
 
     def _enqueue(self, entries: Sequence[tuple[str, int]], now_ms: int) -> None:
-        """(event id, created or delivered ms): due now (delete) or after the retention."""
-        with self._lock:
-            if self._retention_ms is None:
-                self._due.extend((event_id, now_ms) for event_id, _ in entries)
-            else:
-                for event_id, since_ms in entries:
-                    heapq.heappush(self._waiting, (since_ms + self._retention_ms, event_id))
-            while len(self._due) + len(self._waiting) > MAX_PENDING_IDS:
-                self._due.popleft() if self._due else heapq.heappop(self._waiting)
-                self.given_up.inc()
+        """Queued; ids given up at the bound are counted, and said once a minute (review 47-b
+        F5: in retention mode a steady 25 events/s for a day's retention filled the queue with
+        Postgres up, and ids were dropped without a line)."""
+        given_up = self._pending.add(entries, now_ms)
+        if not given_up:
+            return
+        self.given_up.inc(given_up)
+        self._unsaid_given_up += given_up
+        if time.monotonic() - self._said_given_up_at >= 60:
+            self._said_given_up_at = time.monotonic()
+            log.warning("event=cleanup_ids_given_up count=%d pending=%d: delivered ids beyond "
+                        "what the cleanup holds in memory; their rows stay until the next "
+                        "start's sweep or `outbox purge` (retention mode holds every id for "
+                        "retention_ms: keep events/s x retention under %d)",
+                        self._unsaid_given_up, MAX_PENDING_IDS, MAX_PENDING_IDS)
+            self._unsaid_given_up = 0
 
     # Lifecycle -----------------------------------------------------------------------------
 
@@ -173,13 +177,10 @@ class OutboxCleaner:
         self._thread.join(timeout=max(0.1, min(deadline, progress_at + _STALLED_S) - now))
 
     def pending_count(self) -> int:
-        with self._lock:
-            return len(self._due) + len(self._waiting)
+        return self._pending.count()
 
     def _due_count(self) -> int:
-        now_ms = int(time.time() * 1000)
-        with self._lock:
-            return len(self._due) + sum(1 for due_ms, _ in self._waiting if due_ms <= now_ms)
+        return self._pending.due_count(int(time.time() * 1000))
 
     # The worker ----------------------------------------------------------------------------
 
@@ -237,9 +238,8 @@ class OutboxCleaner:
                 time.monotonic() < self._sweep_retry_at:
             return False
         batch_size = self._settings.batch_size
-        with self._lock:
-            if len(self._due) >= batch_size:
-                return False  # deletes first: the queue stays short
+        if self._pending.due_at_least(batch_size):
+            return False  # deletes first: the queue stays short
         try:
             found = self._sweep_source.next(batch_size * SWEEP_BATCHES)
         except (KafkaException, CdcRouterError) as error:
@@ -268,18 +268,10 @@ class OutboxCleaner:
         if conn is not None:
             conn.close()
 
-    def _take_batch(self, now_ms: int) -> list[str]:
-        """Up to one batch of due ids (left queued until deleted)."""
-        with self._lock:
-            while self._waiting and self._waiting[0][0] <= now_ms:
-                due_ms, event_id = heapq.heappop(self._waiting)
-                self._due.append((event_id, due_ms))
-            return [event_id for event_id, _ in islice(self._due, self._settings.batch_size)]
-
     def _delete_due(self) -> bool:
         """Delete up to one batch of delivered ids that are due; True if there were any."""
         now_ms = int(time.time() * 1000)
-        batch = self._take_batch(now_ms)
+        batch = self._pending.take(now_ms, self._settings.batch_size)
         if not batch:
             return False
         conn = self._connection()
@@ -296,14 +288,8 @@ class OutboxCleaner:
         return True
 
     def _settle(self, done: list[str], deleted: int, not_yet: list[tuple[int, str]]) -> None:
-        """The ids `done` (the queue's head) leave the queue; rows still young wait again."""
-        with self._lock:
-            # delivered() may have trimmed the queue meanwhile: pop only what was deleted.
-            for event_id in done:
-                if self._due and self._due[0][0] == event_id:
-                    self._due.popleft()
-            for entry in not_yet:
-                heapq.heappush(self._waiting, entry)
+        """The ids `done` leave the queue; rows still young wait again."""
+        self._pending.settle(done, not_yet)
         self._deleted_total += max(deleted, 0)
         self.deleted.inc(max(deleted, 0))
         log.debug("event=outbox_rows_deleted rows=%d", deleted)
@@ -393,8 +379,7 @@ class OutboxCleaner:
 
     def _update_lag(self) -> None:
         now_ms = int(time.time() * 1000)
-        with self._lock:
-            oldest = self._due[0] if self._due else None
+        oldest = self._pending.oldest_due_since()
         # Lag: how long the oldest id has been due (retention's planned wait does not count).
-        self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest[1]) / 1000)
+        self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000)
         self.lag.set(self._lag_s)

@@ -193,7 +193,8 @@ def cleanup_metrics(registry: CollectorRegistry | None,
             Gauge("cdc_router_cleanup_lag_seconds", "Age of the oldest delivered id whose row "
                   "is not deleted yet", registry=registry),
             Counter("cdc_router_cleanup_ids_given_up", "Delivered ids dropped from the cleanup "
-                    "queue while Postgres was unreachable", registry=registry),
+                    "queue at its bound (Postgres unreachable; retention mode's ids)",
+                    registry=registry),
             Counter("cdc_router_cleanup_ids_swept", "Committed ids the cleanup read back from "
                     "the dedup changelog", registry=registry),
             Counter("cdc_router_cleanup_rows_kept", "Delivered rows Postgres refused to delete "
