@@ -150,12 +150,12 @@ class _SlowDecodes:
     other record pays for the digest."""
 
     def __init__(self) -> None:
-        self._lengths: set[int] = set()
+        self.lengths: set[int] = set()  # of the values found: only those are digested
         self._found: OrderedDict[bytes, tuple[int, float, str]] = OrderedDict()
 
     def get(self, topic: str, key: bytes | None,
             value: bytes | None) -> tuple[int, float, str] | None:
-        if not self._lengths or len(value or b"") not in self._lengths:
+        if len(value or b"") not in self.lengths:
             return None
         return self._found.get(_digest(topic, key, value))
 
@@ -166,7 +166,7 @@ class _SlowDecodes:
         log.warning("event=slow_record id=%s decode_s=%.1f times=%d", show(event_id), took_s,
                     times)
         self._found[digest] = (times, took_s, event_id)
-        self._lengths.add(len(value or b""))
+        self.lengths.add(len(value or b""))
         if len(self._found) > _SLOW_IDS:
             self._found.popitem(last=False)
 
@@ -227,7 +227,7 @@ class RecordStep:
         with the rest (route()): a change event that takes longer than a transaction to read
         (review 47-a: 13.5 MB of doubles of big exponents, 23 s) would have its batch expire
         at every read; read twice so, it is dead-lettered unread the next time."""
-        slow = self._slow_decodes.get(topic, key, value)
+        slow = self._slow_decodes.get(topic, key, value) if self._slow_decodes.lengths else None
         if slow is not None and slow[0] >= 2:
             error = DecodeError(f"decoding it took {slow[1]:.1f} s, twice longer than "
                                 f"delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
