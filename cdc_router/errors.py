@@ -324,7 +324,10 @@ class JsonTooDeep(ValueError):
 # The idempotent consumer and its dedup stores ------------------------------------------------
 
 class MalformedRecord(Exception):
-    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once."""
+    """The record cannot be handled at all (no event id, undecodable): dead-letter it at once.
+    `event_id`: its id when it was read before the failure, for the letter's dlq.event.id."""
+
+    event_id: str | None = None
 
 
 class UnreadableHeaders(MalformedRecord):

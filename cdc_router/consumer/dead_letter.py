@@ -20,6 +20,7 @@ from cdc_router.errors import (
     DeadLetterRefused,
     DeliveryError,
     FatalKafkaError,
+    MalformedRecord,
     UnreadableHeaders,
 )
 from cdc_router.kafka.consumer import UNREADABLE_HEADERS, record_headers
@@ -39,6 +40,8 @@ def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseExcepti
     JSONDecodeError) when there is one: that is what an operator searches for.
     """
     cause = error.__cause__ if stage == STAGE_DECODE and error.__cause__ is not None else error
+    if event_id is None and isinstance(error, MalformedRecord):
+        event_id = error.event_id  # read before the value failed to decode
     return _headers(topic=message.topic(), partition=message.partition(),
                     offset=message.offset(), stage=stage, error=error, attempts=attempts,
                     event_id=event_id, error_class=type(cause).__name__)

@@ -48,6 +48,7 @@ from cdc_router.consumer.jetstream_message import (
     after_handler_failure,
     dead_letter_message,
     kafka_source,
+    letter_failure,
     outage_reason,
     record_of,
     refused_for_good,
@@ -319,7 +320,6 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                            event_id: str | None = None) -> None:
         """Publish the dead letter, wait for its JetStream ack, then TERM the original."""
         import nats.errors
-
         letter = dead_letter_message(record, durable=self.settings.durable, stage=stage,
                                      error=error, attempts=attempts, event_id=event_id,
                                      max_payload=self._max_payload,
@@ -332,7 +332,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except (nats.errors.Error, TimeoutError) as failure:
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
-            await self._excuse(message, record, "dead_letter_failed", failure)
+            await self._excuse(message, record, "dead_letter_failed", letter_failure(
+                failure, self.settings.dead_letter_subject))
             return
         self._counts["dead_lettered"] += 1
         log.warning("event=dead_lettered stream=%s sequence=%d subject=%s stage=%s "
@@ -374,7 +375,6 @@ def _count(counts: dict[int, int], sequence: int) -> int:
 async def _quietly(acknowledgement: Any, what: str) -> None:
     """Send an ack, nak, term or in-progress; a failure is logged, never raised."""
     from nats.errors import Error as NatsError
-
     try:
         await acknowledgement
     except NatsError as error:

@@ -19,8 +19,8 @@ from cdc_router.consumer.dead_letter import dead_letter_headers
 from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
-from cdc_router.dead_letter import SOURCE_STREAM, fitted
-from cdc_router.errors import DedupStoreError, RetriableError
+from cdc_router.dead_letter import ERROR_MESSAGE, SOURCE_STREAM, fitted
+from cdc_router.errors import DedupStoreError, JetStreamError, RetriableError
 from cdc_router.nats.publisher import MESSAGE_REFUSED
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
@@ -138,8 +138,12 @@ def dead_letter_message(record: JetStreamRecord, *, durable: str, stage: str,
     """
     kept = [(name, value.encode()) for name, value in record.header_map
             if not name.lower().startswith(_RESERVED_PREFIX)]
-    dlq = dead_letter_headers(record, stage=stage, error=error, attempts=attempts,
-                              event_id=event_id)
+    # The reason's text in ASCII: nats-py reads a header of other bytes as an email Header
+    # object, not a str (QA 47-c F3: a cut reason's '…' broke a reader's slicing).
+    dlq = [(name, raw.decode("utf-8", "replace").encode("ascii", "backslashreplace")
+            if name == ERROR_MESSAGE else raw)
+           for name, raw in dead_letter_headers(record, stage=stage, error=error,
+                                                attempts=attempts, event_id=event_id)]
     dlq.append((SOURCE_STREAM, record.stream.encode()))
     _, value, headers = fitted(None, record.data, kept + dlq, max_payload - _FRAMING_BYTES,
                                drop_value=drop_data)
@@ -154,6 +158,18 @@ def _header_text(raw: bytes) -> str:
     """A NATS header value: one line (an error message may hold line breaks)."""
     text = raw.decode("utf-8", "replace")
     return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
+
+
+def letter_failure(failure: BaseException, subject: str) -> BaseException:
+    """Why a dead letter was not stored, as a line names it (QA 47-c F6: "nats: no response
+    from stream" named neither the dead-letter subject nor the fix)."""
+    from nats.js.errors import NoStreamResponseError
+
+    if isinstance(failure, NoStreamResponseError):
+        return JetStreamError(f"no stream captures the dead-letter subject {subject!r} now "
+                              "(its stream deleted, or its subjects changed): add it to a "
+                              "stream's subjects; the poison message waits meanwhile")
+    return failure
 
 
 def refused_for_good(failure: BaseException) -> bool:

@@ -167,6 +167,8 @@ def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text:
     assert error_text in headers["dlq.error.message"]
     assert headers["dlq.error.class"] == error_class
     assert headers["dlq.attempts"] == "0"
+    # QA 47-c F4: an id read before the value failed to decode is the letter's too.
+    assert headers.get("dlq.event.id") == ("e1" if error_class == "JSONDecodeError" else None)
     # The record's own headers travel along unchanged.
     assert [(k, v) for k, v in dead["headers"] if not k.startswith("dlq.")] == record[2]
     assert h.kafka.committed == {0: 2}

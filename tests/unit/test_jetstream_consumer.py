@@ -25,6 +25,7 @@ from cdc_router.consumer.jetstream_message import (
     after_handler_failure,
     dead_letter_message,
     kafka_source,
+    letter_failure,
     record_of,
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
@@ -177,6 +178,27 @@ def test_a_dead_letter_keeps_data_and_headers_less_nats_ones_plus_one_line_dlq_h
         "dlq.source.offset": "7", "dlq.stage": "handle", "dlq.error.class": "ValueError",
         "dlq.error.message": "bad order", "dlq.attempts": "3", "dlq.event.id": "e1",
         "dlq.source.stream": "PAYMENTS"}
+
+
+def test_a_dead_letters_reason_is_ascii_for_nats_py_readers() -> None:
+    # QA 47-c F3: a cut reason ended in '…'; nats-py read the header as an email Header
+    # object, and a dead-letter reader's slicing raised TypeError.
+    record = record_of(SUBJECT, b"{}", {"id": "ü" * 3}, metadata(7, 1))
+    letter = dead_letter_message(record, durable="d", stage="decode",
+                                 error=ValueError("id 'üü…' is too long"), attempts=0,
+                                 event_id="e1", max_payload=1024 * 1024)
+    assert letter.headers["dlq.error.message"] == "id '\\xfc\\xfc\\u2026' is too long"
+    assert letter.headers["id"] == "ü" * 3  # the message's own headers pass as they are
+
+
+def test_a_dead_letter_no_stream_stores_names_the_subject_and_the_fix() -> None:
+    # QA 47-c F6: the line said "nats: no response from stream", naming neither.
+    from nats.js.errors import NoStreamResponseError
+
+    said = str(letter_failure(NoStreamResponseError(), "pay.dlq"))
+    assert "dead-letter subject 'pay.dlq'" in said and "add it to a stream's subjects" in said
+    timeout = TimeoutError("slow")
+    assert letter_failure(timeout, "pay.dlq") is timeout
 
 
 def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:

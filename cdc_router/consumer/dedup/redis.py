@@ -144,8 +144,12 @@ class RedisDedupStore:
         # On a retry, DONE may be our own earlier try, which failed in the client (a timeout)
         # after Redis had written it; the first time, it is another worker's: our lease is lost.
         if previous != token and not (retry and previous == DONE):
-            log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r", name,
-                        self.lease_ms, previous)
+            # DONE the first time is another worker's mark after our lease expired (the
+            # effect ran twice), or our own, sent again by redis-py after a dropped connection
+            # (QA 47-c F5): the values cannot tell, so the line says both.
+            log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r%s", name,
+                        self.lease_ms, previous, " (or our own mark, sent again by the client "
+                        "after a reconnect)" if previous == DONE else "")
         return Outcome.DONE
 
     def state(self, key: DedupKey) -> str | None:
