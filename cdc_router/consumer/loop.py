@@ -230,9 +230,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             retry = retry or _Retry(offset=message.offset())
             retry.refusals += 1
             retry.drop_value = retry.drop_value or refused.too_large
-            if self.settings.retry.exhausted(retry.refusals):
-                # Skipping the record would lose it, and retrying it unchanged never ends:
-                # stop with the reason; a restart resumes here once the topic is fixed.
+            # Once more at least (without its value if too large; review 47-e F6), then stop
+            # rather than skip the record (a loss): a restart resumes here once it is fixed.
+            if retry.refusals > 1 and self.settings.retry.exhausted(retry.refusals):
                 raise FatalKafkaError(
                     f"{refused}; Kafka refused it {retry.refusals} times, so the consumer "
                     "stops rather than skip the record: check that the topic exists, that "
@@ -325,12 +325,12 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             timeout = min(timeout, max(0.0, next_due - self._clock()))
         return timeout
 
-    def _commit(self) -> None:
+    def _commit(self, consumer: Any = None) -> None:
         """Commit the stored offsets synchronously; a refused commit only means redelivery."""
         self._last_commit = self._clock()
         self._stored_since_commit = False
         try:
-            self._consumer.commit(asynchronous=False)
+            (self._consumer if consumer is None else consumer).commit(asynchronous=False)
         except KafkaException as error:
             kafka_error = kafka_error_of(error)
             if kafka_error is not None and kafka_error.code() == KafkaError._NO_OFFSET:
@@ -368,9 +368,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  _names(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        # Still the owner here: commit what is done so the next owner starts after it.
+        # Still the owner: commit what is done, by `consumer` (in a stop, review 47-e F4).
         if self._stored_since_commit:
-            self._commit()
+            self._commit(consumer)
         self._forget(partitions)
         log.info("event=partitions_revoked group=%s partitions=%s", self.settings.group_id,
                  _names(partitions))

@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from cdc_router.cli import main
 from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolicy
@@ -410,6 +411,32 @@ def test_an_effect_refused_at_commit_is_the_handlers_failure_not_an_outage(
         conn.execute(sql.SQL("INSERT INTO {} VALUES (42)").format(
             sql.Identifier(schema, "orders")))
     assert store.run_once(DedupKey("g", "e1"), ship) is Outcome.DONE
+
+
+def test_a_session_ended_for_idling_in_the_effect_is_the_handlers_failure_not_an_outage(
+        stack: StackEndpoints, schema: str) -> None:
+    # Review 47-e F2: a handler slower between its statements than the server's
+    # idle_in_transaction_session_timeout was retried as an outage for ever (its calls
+    # outside the database repeated each time); it is the handler's pace, met every time.
+    dsn = make_conninfo(stack.postgres_dsn,
+                        options="-c idle_in_transaction_session_timeout=200")
+    store = PostgresDedupStore(dsn, table=f"{schema}.dedup")
+    store.ensure_schema()
+
+    def slow(conn: psycopg.Connection[Any]) -> None:
+        time.sleep(1.0)  # an HTTP call, say, inside the transaction
+        conn.execute("SELECT 1")
+
+    def at_the_end(conn: psycopg.Connection[Any]) -> None:
+        time.sleep(1.0)  # nothing after it but the COMMIT
+
+    try:
+        for effect in (slow, at_the_end):
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                store.run_once(DedupKey("g", "e1"), effect)
+        assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE
+    finally:
+        store.close()
 
 
 def test_purge_removes_only_records_older_than_the_window_in_bounded_batches(

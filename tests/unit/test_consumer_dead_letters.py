@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from cdc_router.consumer import ConsumedEvent
+from cdc_router.consumer import ConsumedEvent, RetryPolicy
 from cdc_router.dead_letter import VALUE_DROPPED
 from cdc_router.errors import FatalKafkaError
 from tests.unit.consumer_fakes import Harness, dlq_headers, rec, record_size
@@ -59,6 +59,16 @@ def test_a_dead_letter_the_broker_finds_too_large_is_retried_without_its_value()
     [dead] = h.producer.sent
     assert dead["value"] is None and dlq_headers(dead)[VALUE_DROPPED] == "100000"
     assert h.kafka.committed == {0: 2}
+
+
+def test_a_dead_letter_too_large_is_retried_without_its_value_with_max_attempts_one() -> None:
+    # Review 47-e F6: the first refusal stopped the consumer, at every restart.
+    h = Harness({0: [(b"big", b"v" * 100_000, []), rec("next")]}, handler=poison,
+                retry=RetryPolicy(max_attempts=1, initial_backoff_s=0.01))
+    h.producer.refusals = [KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)]
+    h.run()
+    [dead] = h.producer.sent
+    assert dead["value"] is None and h.kafka.committed == {0: 2}
 
 
 @pytest.mark.parametrize("code", [KafkaError.TOPIC_AUTHORIZATION_FAILED,

@@ -464,6 +464,21 @@ def test_a_commit_that_failed_is_tried_again_at_the_stop() -> None:
     assert failures == [] and h.kafka.committed == {0: 2}
 
 
+def test_a_stop_whose_commit_is_refused_for_now_tries_again_at_the_close_and_returns() -> None:
+    # Review 47-e F4: the close's revoke committed through self._consumer, None by then:
+    # run() ended in AttributeError, and the commit was never tried again.
+    h = Harness({0: [rec("a"), rec("b")]})
+    calls: list[bool] = []
+
+    def coordinator_moving(asynchronous: bool = True) -> None:
+        calls.append(asynchronous)
+        raise KafkaException(KafkaError(KafkaError.NOT_COORDINATOR))
+
+    h.kafka.commit = coordinator_moving  # type: ignore[method-assign]
+    h.run()
+    assert len(calls) >= 2 and h.kafka.closed  # at the stop, then by the close's revoke
+
+
 def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     h = Harness({0: [rec("a")]})
     h.kafka.pending_errors.append(KafkaError(KafkaError._TRANSPORT, "broker down"))

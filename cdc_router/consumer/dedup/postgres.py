@@ -199,7 +199,10 @@ class PostgresDedupStore:
         except psycopg.Error as error:
             # A connection lost under the effect (a failover, pg_terminate_backend) is the
             # database's outage, retried without limit, not the handler's failure.
-            lost = conn.broken
+            # Not a session the server ended for idling in this transaction longer than its
+            # idle_in_transaction_session_timeout: the handler's pace, met at every retry
+            # (review 47-e F2: retried as an outage for ever, the effect's calls repeated).
+            lost = conn.broken and error.sqlstate != _IDLE_IN_TRANSACTION_TIMEOUT
             self._forget_broken()
             if isinstance(error, psycopg.errors.LockNotAvailable) and not in_effect \
                     and not committing and not lost:
@@ -301,8 +304,12 @@ class PostgresDedupStore:
 _EFFECT_CLASSES = ("22", "23", "P0")
 
 
+_IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
 def _effects_fault(error: psycopg.Error) -> bool:
-    return (error.sqlstate or "")[:2] in _EFFECT_CLASSES
+    return (error.sqlstate or "")[:2] in _EFFECT_CLASSES or \
+        error.sqlstate == _IDLE_IN_TRANSACTION_TIMEOUT
 
 
 def _contention(error: psycopg.Error) -> bool:
