@@ -100,6 +100,25 @@ def test_first_delivery_is_done_and_redeliveries_are_duplicates(
     assert 55_000 < server.client().pttl(store.key(KEY)) <= 60_000  # the retention window
 
 
+class Redis60(redis.Redis):
+    """A client of a Redis before 6.2, which refuses `SET ... GET` as a syntax error."""
+
+    def set(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        if kwargs.get("get"):
+            raise redis.ResponseError("ERR syntax error")
+        return super().set(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_redis_before_6_2_marks_events_done(server: RedisServer, tmp_path: Path) -> None:
+    # Review 47-e F1: the done mark was `SET ... GET`: each effect ran, its mark was refused,
+    # and the retry found it unmarked, for ever (the partition stalled).
+    store = RedisDedupStore(Redis60.from_url(server.url), lease_ms=5_000)
+    effects = EffectLog(tmp_path / "effects")
+    assert store.run_once(KEY, effects.effect) is Outcome.DONE
+    assert store.run_once(KEY, effects.effect) is Outcome.DUPLICATE
+    assert effects.runs == 1 and store.state(KEY) == "done"
+
+
 def test_a_raising_effect_releases_its_claim_so_the_retry_runs_at_once(
         server: RedisServer) -> None:
     store = RedisDedupStore(server.client(), lease_ms=600_000)

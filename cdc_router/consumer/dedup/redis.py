@@ -5,7 +5,9 @@ Protocol for one key `<prefix><consumer group>:<event id>`:
    - Taken and "done": the event is a duplicate, acknowledge it.
    - Taken by another claim: BUSY; the consumer retries later and does not commit past it.
 2. Run the effect.
-3. `SET key done PX ttl_ms GET` marks it done; the GET tells whether our claim was still ours.
+3. A script's GET then `SET key done PX ttl_ms` marks it done, atomically; the GET tells whether
+   our claim was still ours. (Not `SET ... GET`, which Redis before 6.2 refuses: review 47-e F1,
+   every effect ran, its mark refused, the partition stalled for ever.)
    A raising effect instead deletes our claim (compare-and-delete), so a retry can start now.
 
 What this store promises: a crash between claim and effect loses nothing (the claim expires
@@ -62,6 +64,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Sets the done mark and returns what the key held before (nil when nothing).
+_MARK_SCRIPT = """
+local previous = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return previous
+"""
 
 
 def _as_bytes(value: object) -> bytes | None:
@@ -89,6 +97,7 @@ class RedisDedupStore:
         self.ttl_ms = ttl_ms
         self._prefix = key_prefix
         self._release = client.register_script(_RELEASE_SCRIPT)
+        self._mark = client.register_script(_MARK_SCRIPT)
         self._unmarked: OrderedDict[str, bytes] = OrderedDict()  # key -> our claim token
         self._warned: set[str] = set()  # groups with a ':', told once
 
@@ -131,7 +140,7 @@ class RedisDedupStore:
         """Mark `name` done over our claim `token`; DedupStoreError, and `name` remembered as
         unmarked for the retry, when Redis refuses."""
         try:
-            previous = _as_bytes(self._client.set(name, DONE, px=self.ttl_ms, get=True))
+            previous = _as_bytes(self._mark(keys=[name], args=[DONE, self.ttl_ms]))
         except redis.RedisError as error:
             self._unmarked[name] = token
             self._unmarked.move_to_end(name)
