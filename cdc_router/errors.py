@@ -335,6 +335,12 @@ class UnreadableHeaders(MalformedRecord):
     dead letter goes without them, and nothing may call Message.headers() on it again."""
 
 
+class DedupStoreRefused(CdcRouterError):
+    """The dedup store refuses us for good: its table missing, no grant on it (review 47-e
+    F7: retried as an outage for ever, every partition stalled). No retry mends it and no
+    record is at fault: the consumer stops with the reason."""
+
+
 class DedupStoreError(CdcRouterError):
     """The dedup store itself failed (unreachable, commit refused): retry, never dead-letter."""
 

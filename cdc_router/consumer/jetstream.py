@@ -284,7 +284,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _handler_failed(self, message: Any, record: JetStreamRecord,
                               event: ConsumedEvent, attempt: int, error: Exception) -> None:
         _count(self._failures, record.sequence)
-        verdict = after_handler_failure(attempt, self.settings.retry, self._rng)
+        verdict = after_handler_failure(attempt, self.settings.retry, self._rng, error)
         if isinstance(verdict, GiveUp):
             await self._dead_letter(message, record, STAGE_HANDLE, error,
                                     attempts=verdict.attempts, event_id=event.event_id)

@@ -20,7 +20,7 @@ from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import ERROR_MESSAGE, SOURCE_STREAM, fitted
-from cdc_router.errors import DedupStoreError, JetStreamError, RetriableError
+from cdc_router.errors import DedupStoreError, DedupStoreRefused, JetStreamError, RetriableError
 from cdc_router.nats.publisher import MESSAGE_REFUSED
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
@@ -103,9 +103,13 @@ def outage_reason(error: BaseException) -> str:
     return "handler_retriable" if isinstance(error, RetriableError) else "store_failed"
 
 
-def after_handler_failure(attempt: int, policy: RetryPolicy,
-                          rng: random.Random) -> Retry | GiveUp:
-    """What follows a handler failure on attempt `attempt`: a delayed nak, or the dead letter."""
+def after_handler_failure(attempt: int, policy: RetryPolicy, rng: random.Random,
+                          error: Exception) -> Retry | GiveUp:
+    """What follows a handler failure on attempt `attempt`: a delayed nak, or the dead letter.
+    A store that refuses us for good is no handler's failure: raised, it stops the consumer
+    (review 47-e F7)."""
+    if isinstance(error, DedupStoreRefused):
+        raise error
     if policy.exhausted(attempt):
         return GiveUp(attempts=attempt)
     return Retry(delay_s=policy.backoff(attempt, rng))

@@ -36,6 +36,7 @@ from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
+    DedupStoreRefused,
     DeliveryError,
     FatalKafkaError,
     MalformedRecord,
@@ -46,18 +47,8 @@ from cdc_router.errors import (
 from cdc_router.kafka.budget import RenewalBudget, unblocked_enough
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import unfetched_offsets
-from cdc_router.kafka.errors import (
-    ErrorAction,
-    classify,
-    describe,
-    kafka_error_of,
-    stops_consumer,
-)
-from cdc_router.kafka.membership import (
-    ListedFactory,
-    MembershipWatch,
-    admin_listed,
-)
+from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of, stops_consumer
+from cdc_router.kafka.membership import ListedFactory, MembershipWatch, admin_listed
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +189,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         key = DedupKey(self.settings.group_id, event.event_id)
         try:
             outcome = self._store.run_once(key, lambda context: self._handler(event, context))
+        except DedupStoreRefused:
+            raise  # its table missing, no grant: stop, as no retry mends it (review 47-e F7)
         except DedupStoreError as error:
             self._retry_later(message, retry, "store_failed", error)
             return

@@ -33,6 +33,7 @@ from cdc_router.consumer import ConsumerSettings, IdempotentConsumer, RetryPolic
 from cdc_router.consumer.dedup import (
     DedupKey,
     DedupStoreError,
+    DedupStoreRefused,
     EffectAborted,
     MemoryDedupStore,
     NestedEventBusy,
@@ -437,6 +438,32 @@ def test_a_session_ended_for_idling_in_the_effect_is_the_handlers_failure_not_an
         assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE
     finally:
         store.close()
+
+
+def test_a_dedup_table_missing_or_not_granted_is_refused_for_good(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 47-e F7: retried as an outage for ever, every partition stalled.
+    missing = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.never_created")
+    role = unique("reader")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'pw'").format(
+            sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)))
+    ungranted = PostgresDedupStore(make_conninfo(stack.postgres_dsn, user=role, password="pw"),
+                                   table=f"{schema}.dedup")
+    try:
+        for refusing, words in ((missing, "does not exist"), (ungranted, "permission denied")):
+            with pytest.raises(DedupStoreRefused, match=f"dedup table .*{words}.*"
+                                                        "cdc-router dedup init"):
+                refusing.run_once(DedupKey("g", "e1"), lambda conn: None)
+    finally:
+        missing.close()
+        ungranted.close()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE
 
 
 def test_purge_removes_only_records_older_than_the_window_in_bounded_batches(

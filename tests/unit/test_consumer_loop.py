@@ -10,7 +10,13 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumedEvent, ConsumerSettings
-from cdc_router.consumer.dedup import DedupKey, DedupStoreError, MemoryDedupStore, Outcome
+from cdc_router.consumer.dedup import (
+    DedupKey,
+    DedupStoreError,
+    DedupStoreRefused,
+    MemoryDedupStore,
+    Outcome,
+)
 from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched, RetriableError
 from cdc_router.kafka.consumer import unfetched_offsets
 from tests.unit.consumer_fakes import (
@@ -266,6 +272,14 @@ def test_store_failures_are_retried_beyond_max_attempts_and_never_dead_lettered(
     assert h.producer.sent == []
     assert h.loop.stats.retries == 7
     assert h.kafka.committed == {0: 1}
+
+
+def test_a_store_that_refuses_us_for_good_stops_the_consumer_with_its_reason() -> None:
+    # Review 47-e F7: a dedup table never created was retried as an outage for ever.
+    h = Harness({0: [rec("a")]}, store=ScriptedStore([DedupStoreRefused("no table")]))
+    with pytest.raises(DedupStoreRefused, match="no table"):
+        h.run()
+    assert h.producer.sent == [] and h.kafka.stored == {} and h.kafka.closed
 
 
 def test_a_handler_s_retriable_error_is_retried_beyond_max_attempts_and_never_dead_lettered(

@@ -140,11 +140,12 @@ def test_auto_falls_back_to_nats_msg_id_and_names_it_when_both_are_missing() -> 
 
 def test_a_handler_failure_naks_with_jittered_backoff_until_the_last_attempt() -> None:
     policy = RetryPolicy(max_attempts=3, initial_backoff_s=0.1, max_backoff_s=1.0)
-    delays = [after_handler_failure(attempt, policy, random.Random(5)) for attempt in (1, 2)]
+    delays = [after_handler_failure(attempt, policy, random.Random(5), ValueError("x"))
+              for attempt in (1, 2)]
     assert all(isinstance(d, Retry) for d in delays)
     assert [d.delay_s for d in delays if isinstance(d, Retry)] == [
         random.Random(5).uniform(0, 0.1), random.Random(5).uniform(0, 0.2)]
-    assert after_handler_failure(3, policy, random.Random(5)) == GiveUp(attempts=3)
+    assert after_handler_failure(3, policy, random.Random(5), ValueError("x")) == GiveUp(attempts=3)
 
 
 # --- the dead-letter message ---------------------------------------------------------------

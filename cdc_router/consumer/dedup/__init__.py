@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Effect, Outcome
-from cdc_router.errors import DedupStoreError, EffectAborted, NestedEventBusy
+from cdc_router.errors import DedupStoreError, DedupStoreRefused, EffectAborted, NestedEventBusy
 
-__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "Effect", "EffectAborted",
-           "MemoryDedupStore", "NestedEventBusy", "Outcome"]
+__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "DedupStoreRefused", "Effect",
+           "EffectAborted", "MemoryDedupStore", "NestedEventBusy", "Outcome"]

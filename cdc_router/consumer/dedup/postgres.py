@@ -41,6 +41,7 @@ from psycopg.pq import TransactionStatus
 from cdc_router.consumer.dedup.store import (
     DedupKey,
     DedupStoreError,
+    DedupStoreRefused,
     EffectAborted,
     NestedEventBusy,
     Outcome,
@@ -210,6 +211,12 @@ class PostgresDedupStore:
                     busy.add(key)
                     raise _nested_busy(key) from error
                 return Outcome.BUSY  # another worker's transaction holds this event's row
+            if not in_effect and not committing and not lost and \
+                    error.sqlstate in _REFUSED_FOR_GOOD:
+                raise DedupStoreRefused(
+                    f"the dedup table {self._table_name} cannot be used: {one_line(error)}; "
+                    "create it (`cdc-router dedup init`, or the store's ensure_schema()) and "
+                    "grant this role SELECT, INSERT, UPDATE and DELETE on it") from error
             # A deadlock or serialization failure in the effect is contention between
             # workers, retried like the same error at COMMIT, not counted (review 46 F9).
             if (in_effect or (committing and _effects_fault(error))) and not lost \
@@ -305,6 +312,9 @@ _EFFECT_CLASSES = ("22", "23", "P0")
 
 
 _IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+# The store's own statements refused so (review 47-e F7): no table, schema or column, or no
+# grant on them; retried as an outage, every partition stalled for ever.
+_REFUSED_FOR_GOOD = frozenset({"42P01", "3F000", "42703", "42501"})
 
 
 def _effects_fault(error: psycopg.Error) -> bool:

@@ -9,6 +9,7 @@ from typing import Protocol, TypeVar
 
 # Re-exported: the stores and users import them from here and from cdc_router.consumer.dedup.
 from cdc_router.errors import DedupStoreError as DedupStoreError
+from cdc_router.errors import DedupStoreRefused as DedupStoreRefused
 from cdc_router.errors import EffectAborted as EffectAborted
 from cdc_router.errors import NestedEventBusy as NestedEventBusy
 
