@@ -19,6 +19,7 @@ from cdc_router.cli._output import emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.cli.outbox import dsn_option
 from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
+from cdc_router.errors import ConfigError
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")
@@ -62,8 +63,13 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
 
     A redelivered event whose row is gone runs its effect again: keep the window longer than
     any redelivery (a consumer's lag, a `dlq replay`, a replay of the topic)."""
+    if consumer_group is not None and not consumer_group.strip():
+        # Review 47-e F8: an empty --group (an unset variable) purged every group's rows.
+        raise ConfigError("is empty: name a consumer group, or leave the option out to "
+                          "purge every group's rows", field="--group", value=consumer_group)
     window = parse_duration(older_than, option="--older-than")
     interval = parse_duration(every, option="--every") if every else None
+    scope = f"group {consumer_group}" if consumer_group else "every consumer group"
     store = PostgresDedupStore(dsn, table=table)
     summary: dict[str, Any] = {"table": table, "older_than_s": int(window.total_seconds()),
                                "group": consumer_group}
@@ -71,7 +77,7 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
         if dry_run:
             summary["would_delete"] = store.count_stale(window, consumer_group=consumer_group)
             emit(summary, output, lambda s: f"would delete {s['would_delete']} rows from "
-                                            f"{s['table']} older than {older_than}")
+                                            f"{s['table']} older than {older_than} ({scope})")
             return
         if interval is not None:
             _purge_forever(store, (window, older_than), (interval, every or ""), batch_size,
@@ -82,14 +88,13 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
         cutoff = store.stale_cutoff(window)
         stale = store.count_stale(window, consumer_group=consumer_group, cutoff=cutoff)
         if stale:  # QA, session 30: `--older-than 1s` deleted every group's rows unasked
-            confirm(f"delete {stale} rows of {table} older than {older_than} "
-                    f"({consumer_group or 'every consumer group'})?", yes)
+            confirm(f"delete {stale} rows of {table} older than {older_than} ({scope})?", yes)
         summary["deleted"] = store.purge(window, batch_size=batch_size,
                                          consumer_group=consumer_group, cutoff=cutoff)
     finally:
         store.close()
     emit(summary, output, lambda s: f"deleted {s['deleted']} rows from {s['table']} older "
-                                    f"than {older_than}")
+                                    f"than {older_than} ({scope})")
 
 
 def _purge_forever(store: PostgresDedupStore, older_than: tuple[timedelta, str],

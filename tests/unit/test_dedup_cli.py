@@ -67,3 +67,12 @@ def test_bad_table_names_are_config_errors(table: str) -> None:
 
 def test_constructing_a_store_makes_no_connection() -> None:
     PostgresDedupStore("postgresql://nobody@127.0.0.1:1/none")  # lazily connected: no error
+
+
+@pytest.mark.parametrize("group", ["", "  "])
+def test_an_empty_group_is_refused_not_taken_for_every_group(group: str) -> None:
+    # Review 47-e F8: `--group "$GROUP"` with GROUP unset purged every group's rows.
+    result = CliRunner().invoke(main, ["dedup", "purge", "--dsn", "postgresql://u@h/db",
+                                       "--older-than", "7d", "--group", group, "--yes"])
+    assert result.exit_code == 1
+    assert "field '--group': is empty: name a consumer group" in result.output
