@@ -37,7 +37,7 @@ class RetryPolicy:
                                     ("max_backoff_s", self.max_backoff_s,
                                      self.initial_backoff_s),
                                     ("multiplier", self.multiplier, 1.0)):
-            if not (math.isfinite(value) and value >= least):
+            if not (finite_number(value) and value >= least):
                 raise ConfigError(f"must be a finite number, at least {least:g}",
                                   source=source, field=field, value=value)
 
@@ -61,3 +61,10 @@ class RetryPolicy:
     def exhausted(self, attempt: int) -> bool:
         """True once `attempt` failed attempts mean the record goes to the dead-letter topic."""
         return attempt >= self.max_attempts
+
+
+def finite_number(value: object) -> bool:
+    """A finite int or float, not a bool (review 47-e F12: "1" raised a TypeError traceback,
+    inf passed, and a consume(timeout=inf) returns at once: an idle loop spun)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and \
+        math.isfinite(value)

@@ -9,7 +9,7 @@ from typing import Literal, TypeVar
 
 from confluent_kafka import KafkaException
 
-from cdc_router.consumer.retry import RetryPolicy
+from cdc_router.consumer.retry import RetryPolicy, finite_number
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.errors import refused_config
 
@@ -103,18 +103,29 @@ class ConsumerSettings:
              "must be 'auto', 'key' or 'header'", self.event_id_source),
             (bool(self.event_id_header), "event_id_header", "must not be empty",
              self.event_id_header),
-            (self.batch_size >= 1, "batch_size", "must be at least 1", self.batch_size),
-            (self.poll_timeout_s > 0, "poll_timeout_s", "must be positive", self.poll_timeout_s),
-            (self.commit_interval_s >= 0, "commit_interval_s", "must not be negative",
+            (isinstance(self.retry, RetryPolicy), "retry", "must be a RetryPolicy", self.retry),
+            (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)
+             and self.batch_size >= 1, "batch_size", "must be a whole number, at least 1",
+             self.batch_size),
+            (finite_number(self.poll_timeout_s) and self.poll_timeout_s > 0, "poll_timeout_s",
+             "must be a finite positive number", self.poll_timeout_s),
+            (finite_number(self.commit_interval_s) and self.commit_interval_s >= 0,
+             "commit_interval_s", "must be a finite number, not negative",
              self.commit_interval_s),
-            (self.dead_letter_timeout_s > 0, "dead_letter_timeout_s", "must be positive",
+            (finite_number(self.dead_letter_timeout_s) and self.dead_letter_timeout_s > 0,
+             "dead_letter_timeout_s", "must be a finite positive number",
              self.dead_letter_timeout_s),
+            # Review 47-e F12: the Kafka group moved away from the dedup group, unsaid.
+            ("group.id" not in self.consumer_config, "consumer_config.group.id",
+             "is group_id's: the Kafka group and the dedup group are one; set group_id",
+             self.consumer_config.get("group.id")),
         ]
         check_all(source, checks)
         for name, pinned, extra in (("consumer_config", _PINNED_CONSUMER, self.consumer_config),
                                     ("producer_config", _PINNED_PRODUCER, self.producer_config)):
             for key, value in extra.items():
-                if key in pinned and str(value).lower() != pinned[key]:
+                if key in pinned and str(value).lower() != pinned[key] and \
+                        not (key == "acks" and str(value) == "-1"):  # -1 is all
                     raise ConfigError(f"{key} is pinned to {pinned[key]}", source=source,
                                       field=f"{name}.{key}", value=value,
                                       hint="the idempotent consumer depends on it")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from cdc_router.consumer import ConsumedEvent, ConsumerSettings
+from cdc_router.consumer import ConsumedEvent, ConsumerSettings, RetryPolicy
 from cdc_router.consumer.dedup import (
     DedupKey,
     DedupStoreError,
@@ -510,12 +510,28 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"topics": 5}, "topics"),
     ({"topics": [TOPIC, 5]}, "topics"),
     ({"event_id_source": "value"}, "event_id_source"),
+    # Review 47-e F12: tracebacks, an idle loop that spun, a group moved away unsaid.
+    ({"retry": None}, "retry"),
+    ({"batch_size": "500"}, "batch_size"),
+    ({"batch_size": True}, "batch_size"),
+    ({"poll_timeout_s": float("inf")}, "poll_timeout_s"),
+    ({"dead_letter_timeout_s": float("nan")}, "dead_letter_timeout_s"),
+    ({"commit_interval_s": "1"}, "commit_interval_s"),
+    ({"consumer_config": {"group.id": "other"}}, "consumer_config.group.id"),
 ])
 def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"bootstrap_servers": "b:9092", "group_id": "g", "topics": (TOPIC,),
                             "dead_letter_topic": DLQ}
     with pytest.raises(ConfigError, match=field):
         ConsumerSettings(**{**base, **changes})
+
+
+def test_acks_minus_one_is_all() -> None:
+    settings = ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=(TOPIC,),
+                                dead_letter_topic=DLQ, producer_config={"acks": "-1"})
+    assert settings.producer_config["acks"] == "-1"
+    with pytest.raises(ConfigError, match="initial_backoff_s"):
+        RetryPolicy(initial_backoff_s="1")  # type: ignore[arg-type]
 
 
 def test_one_topic_given_as_a_string_is_one_topic_not_its_characters() -> None:

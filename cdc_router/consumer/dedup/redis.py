@@ -156,7 +156,7 @@ class RedisDedupStore:
             # DONE the first time is another worker's mark after our lease expired (the
             # effect ran twice), or our own, sent again by redis-py after a dropped connection
             # (QA 47-c F5): the values cannot tell, so the line says both.
-            log.warning("event=dedup_lease_lost key=%s lease_ms=%d held=%r%s", name,
+            log.warning("event=dedup_lease_lost key=%r lease_ms=%d held=%r%s", name,
                         self.lease_ms, previous, " (or our own mark, sent again by the client "
                         "after a reconnect)" if previous == DONE else "")
         return Outcome.DONE
@@ -173,7 +173,7 @@ class RedisDedupStore:
             self._release(keys=[name], args=[token])
         except redis.RedisError as error:
             # The claim then simply expires after the lease; the retry waits until then.
-            log.warning("event=dedup_release_failed key=%s error=%s", name, error)
+            log.warning("event=dedup_release_failed key=%r error=%r", name, str(error))
 
     def close(self) -> None:
         """Close the client's connection pool."""
