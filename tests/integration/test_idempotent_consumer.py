@@ -466,6 +466,27 @@ def test_a_dedup_table_missing_or_not_granted_is_refused_for_good(
     assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE
 
 
+def test_an_event_id_the_databases_encoding_cannot_hold_is_the_records_failure(
+        stack: StackEndpoints) -> None:
+    # Review 47-e F3: in a LATIN1 database the dedup row's INSERT of 'order-注文-1' failed
+    # with SQLSTATE 22P05, retried as an outage for ever: the partition stalled.
+    name = unique("dedup_latin1")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'LATIN1' "
+                     "LC_COLLATE 'C' LC_CTYPE 'C'")
+    store = PostgresDedupStore(make_conninfo(stack.postgres_dsn, dbname=name,
+                                             client_encoding="UTF8"))
+    try:
+        store.ensure_schema()
+        with pytest.raises(psycopg.errors.UntranslatableCharacter):
+            store.run_once(DedupKey("g", "order-注文-1"), lambda conn: None)
+        assert store.run_once(DedupKey("g", "order-1"), lambda conn: None) is Outcome.DONE
+    finally:
+        store.close()
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def test_purge_removes_only_records_older_than_the_window_in_bounded_batches(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
     ages = {f"old-{i}": timedelta(days=8, minutes=i) for i in range(11)}

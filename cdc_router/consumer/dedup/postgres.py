@@ -219,7 +219,10 @@ class PostgresDedupStore:
                     "grant this role SELECT, INSERT, UPDATE and DELETE on it") from error
             # A deadlock or serialization failure in the effect is contention between
             # workers, retried like the same error at COMMIT, not counted (review 46 F9).
-            if (in_effect or (committing and _effects_fault(error))) and not lost \
+            # An event id the database's encoding cannot hold is the record's fault (review
+            # 47-e F3: retried as an outage for ever): retried, then dead-lettered.
+            if (in_effect or (committing and _effects_fault(error))
+                    or error.sqlstate in _UNSTORABLE_TEXT) and not lost \
                     and not _contention(error):
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
@@ -312,6 +315,7 @@ _EFFECT_CLASSES = ("22", "23", "P0")
 
 
 _IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+_UNSTORABLE_TEXT = frozenset({"22P05", "22021"})  # untranslatable, not in the encoding
 # The store's own statements refused so (review 47-e F7): no table, schema or column, or no
 # grant on them; retried as an outage, every partition stalled for ever.
 _REFUSED_FOR_GOOD = frozenset({"42P01", "3F000", "42703", "42501"})
