@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_matches, subject_problem
-from cdc_router.consumer.retry import RetryPolicy
+from cdc_router.consumer.retry import RetryPolicy, finite_number
 from cdc_router.consumer.settings import Check, as_names, check_all
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,
@@ -75,15 +75,20 @@ class JetStreamSettings:
              "must be 'auto', 'msg_id' or 'header'", self.event_id_source),
             (bool(self.event_id_header), "event_id_header", "must not be empty",
              self.event_id_header),
-            (self.ack_wait_s >= 1, "ack_wait_s", "must be at least 1 s", self.ack_wait_s),
-            (self.batch_size >= 1, "batch_size", "must be at least 1", self.batch_size),
-            (self.poll_timeout_s > 0, "poll_timeout_s", "must be positive", self.poll_timeout_s),
-            (self.connect_timeout_s > 0, "connect_timeout_s", "must be positive",
-             self.connect_timeout_s),
-            (self.dead_letter_timeout_s > 0, "dead_letter_timeout_s", "must be positive",
-             self.dead_letter_timeout_s),
-            (self.max_ack_pending is None or self.max_ack_pending >= 1, "max_ack_pending",
-             "must be at least 1", self.max_ack_pending),
+            # Of the right type and finite (review 47-e F12: tracebacks, an idle loop that
+            # spun on an infinite timeout).
+            (isinstance(self.retry, RetryPolicy), "retry", "must be a RetryPolicy", self.retry),
+            (finite_number(self.ack_wait_s) and self.ack_wait_s >= 1, "ack_wait_s",
+             "must be a finite number, at least 1 s", self.ack_wait_s),
+            (_whole(self.batch_size), "batch_size", "must be a whole number, at least 1",
+             self.batch_size),
+            *((finite_number(value) and value > 0, name, "must be a finite positive number",
+               value) for name, value in (("poll_timeout_s", self.poll_timeout_s),
+                                          ("connect_timeout_s", self.connect_timeout_s),
+                                          ("dead_letter_timeout_s",
+                                           self.dead_letter_timeout_s))),
+            (self.max_ack_pending is None or _whole(self.max_ack_pending), "max_ack_pending",
+             "must be a whole number, at least 1", self.max_ack_pending),
         ]
         check_all(source, checks)
 
@@ -116,3 +121,7 @@ def consumer_problem(existing: Any, settings: JetStreamSettings) -> str | None:
         return (f"filters {sorted(filters) or 'the whole stream'}, the settings say "
                 f"{sorted(settings.filter_subjects) or 'the whole stream'}")
     return None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
