@@ -27,6 +27,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from cdc_router.errors import ConfigError, printable
+from cdc_router.serde.avro_bounds import empty_items_problem
 
 if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
@@ -169,6 +170,9 @@ def route_key(rule: RouteRule) -> Any:
 
 def unreadable(body: bytes, parsed: Any) -> str | None:
     """Why an Avro `body` does not read whole with the parsed writer schema; None if it does."""
+    claimed = empty_items_problem(body, parsed)  # before fastavro builds them one by one
+    if claimed is not None:
+        return claimed
     stream = io.BytesIO(body)
     try:
         fastavro.schemaless_reader(stream, parsed, None)

@@ -28,6 +28,7 @@ from confluent_kafka.serialization import SerializationContext, SerializationErr
 
 from cdc_router.errors import PayloadDecodeError as PayloadDecodeError
 from cdc_router.serde.avro import CONFLUENT_MAGIC
+from cdc_router.serde.avro_bounds import empty_items_problem
 from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_HEADER,
     SINGLE_OBJECT_MAGIC,
@@ -195,6 +196,9 @@ class PayloadDecoder:
 
     def _read(self, body: bytes, writer: AvroSchema) -> Any:
         reader = self._reader.parsed if self._reader is not None else None
+        claimed = empty_items_problem(body, writer.parsed)  # before fastavro builds them
+        if claimed is not None:
+            raise _undecodable(writer, ValueError(claimed))
         stream = io.BytesIO(body)
         try:
             datum = fastavro.schemaless_reader(stream, writer.parsed, reader)

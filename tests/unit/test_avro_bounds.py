@@ -1,0 +1,104 @@
+"""What one Avro body may claim: arrays of items that take no bytes (serde/avro_bounds.py)."""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any
+
+import fastavro
+import pytest
+
+from cdc_router.serde import avro_bounds
+from cdc_router.serde.avro_bounds import MAX_EMPTY_ITEMS, empty_items_problem
+from cdc_router.serde.avro_schema import SINGLE_OBJECT_MAGIC, load_schema, unreadable
+from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
+
+SCHEMA = fastavro.parse_schema({
+    "type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "gaps", "type": {"type": "array", "items": "null"}},
+        {"name": "marks", "type": {"type": "array", "items": {
+            "type": "record", "name": "Mark", "fields": [
+                {"name": "none", "type": "null"},
+                {"name": "pad", "type": {"type": "fixed", "name": "Pad", "size": 0}}]}}},
+        {"name": "more_marks", "type": {"type": "array", "items": "shop.Mark"}},
+        {"name": "lines", "type": {"type": "array", "items": {
+            "type": "record", "name": "Line", "fields": [
+                {"name": "sku", "type": ["null", "string"]},
+                {"name": "qty", "type": "int"},
+                {"name": "price", "type": "double"},
+                {"name": "ok", "type": "boolean"},
+                {"name": "kind", "type": {"type": "enum", "name": "Kind",
+                                          "symbols": ["A", "B"]}},
+                {"name": "tags", "type": {"type": "map", "values": "float"}},
+                {"name": "raw", "type": "bytes"}]}}}]})
+
+
+def _body(datum: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, SCHEMA, datum)
+    return out.getvalue()
+
+
+def _datum(rng: random.Random) -> dict[str, Any]:
+    return {"id": "o" * rng.randrange(50), "at": rng.randrange(-2**40, 2**40),
+            "gaps": [None] * rng.randrange(2000),
+            "marks": [{"none": None, "pad": b""}] * rng.randrange(30),
+            "more_marks": [{"none": None, "pad": b""}] * rng.randrange(3),
+            "lines": [{"sku": rng.choice([None, "s" * rng.randrange(9)]),
+                       "qty": rng.randrange(-2**31, 2**31), "price": rng.random(),
+                       "ok": rng.random() < 0.5, "kind": rng.choice("AB"),
+                       "tags": {f"t{i}": 1.5 for i in range(rng.randrange(4))},
+                       "raw": bytes(rng.randrange(20))} for _ in range(rng.randrange(5))]}
+
+
+def test_valid_bodies_pass_and_cut_ones_are_left_to_fastavro() -> None:
+    rng = random.Random(47)
+    for _ in range(300):
+        body = _body(_datum(rng))
+        assert empty_items_problem(body, SCHEMA) is None
+        assert unreadable(body, SCHEMA) is None
+        cut = body[:rng.randrange(len(body))]
+        assert empty_items_problem(cut, SCHEMA) is None  # fastavro says why
+
+
+def _varint(value: int) -> bytes:
+    zigzag, out = (value << 1) ^ (value >> 63), b""
+    while True:
+        byte, zigzag = zigzag & 0x7F, zigzag >> 7
+        if not zigzag:
+            return out + bytes([byte])
+        out += bytes([byte | 0x80])
+
+
+def test_a_body_claiming_more_items_of_no_bytes_than_the_bound_is_refused_unread() -> None:
+    # Review 47-a F5: 20 bytes claimed 2**62 nulls; fastavro appended them until memory ran out.
+    head = _varint(1) + b"o" + _varint(0)  # id "o", at 0
+    for gaps, marks in ((2**62 - 1, 0), (0, MAX_EMPTY_ITEMS + 1),
+                        (MAX_EMPTY_ITEMS // 2, MAX_EMPTY_ITEMS // 2 + 1)):
+        body = head + _varint(gaps) + (b"\x00" if gaps else b"") + _varint(marks) + \
+            (b"\x00" if marks else b"") + b"\x00\x00"
+        problem = unreadable(body, SCHEMA)
+        assert problem is not None and "array items that take no bytes" in problem
+    block = head + _varint(-MAX_EMPTY_ITEMS - 1) + _varint(0) + b"\x00" + b"\x00\x00\x00"
+    assert "take no bytes" in (unreadable(block, SCHEMA) or "")  # a block with its size
+
+
+def test_a_schema_without_such_arrays_is_not_walked(monkeypatch: Any) -> None:
+    plain = fastavro.parse_schema({"type": "record", "name": "P", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": "int"}}]})
+    monkeypatch.setattr(avro_bounds._Walk, "skip", None)  # would raise if called
+    assert empty_items_problem(_varint(3) + b"\x02\x04\x06\x00", plain) is None
+
+
+def test_the_consumers_decoder_refuses_such_a_claim_too(tmp_path: Any) -> None:
+    path = tmp_path / "nulls.avsc"
+    path.write_text('{"type": "record", "name": "R", "fields": '
+                    '[{"name": "xs", "type": {"type": "array", "items": "null"}}]}')
+    decoder = PayloadDecoder(schemas=[str(path)])
+    header = SINGLE_OBJECT_MAGIC + load_schema(path).fingerprint
+    assert decoder.decode(header + _varint(3) + b"\x00").value == {"xs": [None] * 3}
+    with pytest.raises(PayloadDecodeError, match="array items that take no bytes"):
+        decoder.decode(header + _varint(2**62 - 1) + b"\x00")
