@@ -57,10 +57,14 @@ def check_streams(config: RouterConfig) -> None:
     if nats is None or not nats.streams or all(route.nats is None for route in config.routes):
         return
     try:
-        plans = StreamAdmin(nats.url, connect_options(nats)).plan(nats.streams)
+        # 3 s: a user that may publish but not call the JetStream API gets no answer at all,
+        # and its start waited the API's 10 s (review 47-f F3).
+        plans = StreamAdmin(nats.url, connect_options(nats), timeout_s=3.0).plan(nats.streams)
     except JetStreamError as error:
-        logging.getLogger("cdc_router.router").warning("event=streams_check_skipped error=%r",
-                                                         str(error))
+        logging.getLogger("cdc_router.router").warning(
+            "event=streams_check_skipped error=%r: nats.streams could not be checked (NATS "
+            "down, or this user may not call $JS.API.STREAM.INFO); the process goes on",
+            str(error))
         return
     for index, plan in enumerate(plans):
         if plan.action == "create":

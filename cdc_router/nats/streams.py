@@ -86,10 +86,13 @@ def plan_streams(specs: Sequence[StreamSpec],
 class StreamAdmin:
     """Reads and writes streams on the server at `url`; each call connects and disconnects."""
 
-    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
-        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py)."""
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None, *,
+                 timeout_s: float = _API_TIMEOUT_S) -> None:
+        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py);
+        `timeout_s` bounds the connection and each API call."""
         self._url = url
         self._options = dict(options or {})
+        self._timeout_s = timeout_s
 
     def plan(self, specs: Sequence[StreamSpec]) -> list[StreamPlan]:
         existing = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
@@ -103,11 +106,12 @@ class StreamAdmin:
         import nats
         from nats.errors import Error as NatsError
 
-        await require_tls(self._url, self._options, _API_TIMEOUT_S)
+        timeout_s = self._timeout_s
+        await require_tls(self._url, self._options, timeout_s)
         try:
             client = await asyncio.wait_for(nats.connect(
-                servers(self._url), connect_timeout=_API_TIMEOUT_S, allow_reconnect=False,
-                error_cb=_quiet, **self._options), timeout=_API_TIMEOUT_S)
+                servers(self._url), connect_timeout=timeout_s, allow_reconnect=False,
+                error_cb=_quiet, **self._options), timeout=timeout_s)
         except (NatsError, OSError, TimeoutError) as error:
             failure = config_failure(self._url, [error])
             if failure is not None:
@@ -115,7 +119,7 @@ class StreamAdmin:
             raise JetStreamError(f"cannot connect to NATS at {shown_url(self._url)} "
                                  f"({type(error).__name__}); is nats-server running?") from None
         try:
-            return await work(client.jetstream(timeout=_API_TIMEOUT_S), argument)
+            return await work(client.jetstream(timeout=timeout_s), argument)
         except NatsError as error:
             raise JetStreamError(f"JetStream at {shown_url(self._url)} refused: {error}") from None
         finally:

@@ -286,11 +286,14 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
     # 47-b F4: judged on the group's newest commit, one frozen instance's partition went
     # unsaid while another instance committed.
     stalls = []
-    # An unassigned one is said above, or a rebalance is assigning it; with no instance at
-    # all, "no running instance" says it (review 47-b L1: no log to read for batch_aborted).
+    # With no instance at all, "no running instance" says it (review 47-b L1: no log to read
+    # for batch_aborted); an unassigned one of a stable group, "none is assigned". While the
+    # group rebalances, its assignments are not known: every partition is judged (review
+    # 47-f: the group-wide line said a stall there, the per-partition one skipped them all).
+    said = set(unread) if router.group_state == "stable" else set()
     for p in router.partitions if router.members else ():
         ages = [a for a in (p.last_commit_age_s, p.oldest_pending_age_s) if a is not None]
-        if p.lag > 0 and ages and f"{p.topic}[{p.partition}]" not in unread:
+        if p.lag > 0 and ages and f"{p.topic}[{p.partition}]" not in said:
             stalls.append((min(ages), p))
     if not stalls:
         return
@@ -301,8 +304,8 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
                           if age >= over[1])
         yield Problem(over[0], "router", f"{group} has not committed {where} for "
                       f"{stalled:.0f}s while {router.lag} records wait ({over[0]} at "
-                      f"{over[1]:g}s): the instance assigned it is stuck or down; read its "
-                      "log for event=batch_aborted")
+                      f"{over[1]:g}s): the instance holding it is stuck or down, or none "
+                      "holds it; read the instances' logs for event=batch_aborted")
 
 
 def _dead_letters(report: Report, settings: StatusSettings,

@@ -94,6 +94,7 @@ class OutboxCleaner:
         self._lag_s = 0.0
         self._logged_deleted, self._logged_at = 0, time.monotonic()
         self._unsaid_given_up, self._said_given_up_at = 0, float("-inf")
+        self._given_up_lock = threading.Lock()
         self.deleted, self.lag, self.given_up, self.swept, self.kept = cleanup_metrics(registry)
 
     # Called by the router, after commit ----------------------------------------------------
@@ -121,8 +122,10 @@ class OutboxCleaner:
         if not given_up:
             return
         self.given_up.inc(given_up)
-        self._unsaid_given_up += given_up
-        if time.monotonic() - self._said_given_up_at >= 60:
+        with self._given_up_lock:  # the router's thread and the sweep's (review 47-f F5)
+            self._unsaid_given_up += given_up
+            if time.monotonic() - self._said_given_up_at < 60:
+                return
             self._said_given_up_at = time.monotonic()
             log.warning("event=cleanup_ids_given_up count=%d pending=%d: delivered ids beyond "
                         "what the cleanup holds in memory; their rows stay until the next "

@@ -151,24 +151,29 @@ class _SlowDecodes:
 
     def __init__(self) -> None:
         self.lengths: set[int] = set()  # of the values found: only those are digested
-        self._found: OrderedDict[bytes, tuple[int, float, str]] = OrderedDict()
+        self._found: OrderedDict[bytes, tuple[int, float, str, int]] = OrderedDict()
 
     def get(self, topic: str, key: bytes | None,
             value: bytes | None) -> tuple[int, float, str] | None:
         if len(value or b"") not in self.lengths:
             return None
-        return self._found.get(_digest(topic, key, value))
+        found = self._found.get(_digest(topic, key, value))
+        return None if found is None else found[:3]
 
     def add(self, topic: str, key: bytes | None, value: bytes | None, took_s: float,
-            event_id: str) -> None:
+            event_id: str) -> tuple[int, float, str]:
+        """One more slow decode of the record: (times, this one's seconds, its event id)."""
         digest = _digest(topic, key, value)
-        times = self._found.pop(digest, (0, 0.0, ""))[0] + 1
+        times = self._found.pop(digest, (0, 0.0, "", 0))[0] + 1
         log.warning("event=slow_record id=%s decode_s=%.1f times=%d", show(event_id), took_s,
                     times)
-        self._found[digest] = (times, took_s, event_id)
-        self.lengths.add(len(value or b""))
-        if len(self._found) > _SLOW_IDS:
+        length = len(value or b"")
+        self._found[digest] = (times, took_s, event_id, length)
+        self.lengths.add(length)
+        if len(self._found) > _SLOW_IDS:  # the oldest out, and its length unless shared
             self._found.popitem(last=False)
+            self.lengths = {found[3] for found in self._found.values()}
+        return times, took_s, event_id
 
 
 def _digest(topic: str, key: bytes | None, value: bytes | None) -> bytes:
@@ -229,12 +234,7 @@ class RecordStep:
         at every read; read twice so, it is dead-lettered unread the next time."""
         slow = self._slow_decodes.get(topic, key, value) if self._slow_decodes.lengths else None
         if slow is not None and slow[0] >= 2:
-            error = DecodeError(f"decoding it took {slow[1]:.1f} s, twice longer than "
-                                f"delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
-                                "batch's transaction expired, as it would at every retry; "
-                                "make the row cheaper to read (fewer or smaller values)")
-            error.event_id = slow[2]
-            return decode_letter(error)
+            return self._slow_decode_letter(*slow)
         started = self._timer()
         try:
             decoded = debezium.decode_change(key, value, topic=topic, settings=self._source)
@@ -246,8 +246,19 @@ class RecordStep:
             return Skipped(decoded.reason, decoded.detail)
         decoding_s = self._timer() - started
         if decoding_s > self._slow_s:
-            self._slow_decodes.add(topic, key, value, decoding_s, decoded.event_id)
+            slow = self._slow_decodes.add(topic, key, value, decoding_s, decoded.event_id)
+            if slow[0] >= 2:  # as soon as it is known (review 47-f: not route()'s letter)
+                return self._slow_decode_letter(*slow)
         return self.event(decoded, started)
+
+    def _slow_decode_letter(self, _times: int, took_s: float, event_id: str) -> DeadLettered:
+        """The letter of a record read twice longer than a transaction may live."""
+        error = DecodeError(f"decoding it took {took_s:.1f} s, twice longer than "
+                            f"delivery.transaction_timeout_ms ({self._slow_s:g} s): its "
+                            "batch's transaction expired, as it would at every retry; make "
+                            "the row cheaper to read (fewer or smaller values)")
+        error.event_id = event_id
+        return decode_letter(error)
 
     def event(self, event: OutboxEvent, started: float | None = None) -> StepResult:
         """Check one decoded event for a replay, then route and serialize it: the step after

@@ -29,7 +29,7 @@ from cdc_router.consumer.jetstream_message import (
     record_of,
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
-from cdc_router.errors import ConfigError, MalformedRecord, RetriableError
+from cdc_router.errors import ConfigError, DedupStoreRefused, MalformedRecord, RetriableError
 
 STAMP = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 SUBJECT = "payments.confirmed"
@@ -145,7 +145,12 @@ def test_a_handler_failure_naks_with_jittered_backoff_until_the_last_attempt() -
     assert all(isinstance(d, Retry) for d in delays)
     assert [d.delay_s for d in delays if isinstance(d, Retry)] == [
         random.Random(5).uniform(0, 0.1), random.Random(5).uniform(0, 0.2)]
-    assert after_handler_failure(3, policy, random.Random(5), ValueError("x")) == GiveUp(attempts=3)
+    assert after_handler_failure(3, policy, random.Random(5), ValueError("x")) == \
+        GiveUp(attempts=3)
+    # Review 47-e F7: a store that refuses for good is no handler failure; it stops the
+    # consumer (the message is naked back by the stop, nothing dead-lettered).
+    with pytest.raises(DedupStoreRefused, match="no table"):
+        after_handler_failure(1, policy, random.Random(5), DedupStoreRefused("no table"))
 
 
 # --- the dead-letter message ---------------------------------------------------------------
