@@ -38,7 +38,6 @@ from cdc_router.errors import (
     FatalKafkaError,
     LockLost,
     init_failure,
-    show,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
@@ -60,6 +59,7 @@ from cdc_router.router.poison import (
 )
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
+from cdc_router.router.replay_log import ReplayLines
 from cdc_router.router.step import (
     DeadLettered,
     Duplicate,
@@ -104,6 +104,7 @@ class OutboxRelay:
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
+        self._replay_lines = ReplayLines()
         self._stop = threading.Event()
         self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
@@ -323,8 +324,7 @@ class OutboxRelay:
             self._dead_letter(row, result)
         elif isinstance(result, Duplicate):
             self._txn.passed_over(None)  # an id reused (QA 44-a: not a word said)
-            log.info("event=replay_dropped id=%s table=%s seq=%d", show(result.event_id),
-                     self._table, row.seq)
+            self._replay_lines.dropped(result.event_id, f"table={self._table} seq={row.seq}")
         else:
             self._txn.passed_over(result.reason)
 

@@ -27,7 +27,6 @@ from cdc_router.errors import (
     GrantRevoked,
     MemberFenced,
     init_failure,
-    show,
 )
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import (
@@ -53,6 +52,7 @@ from cdc_router.router.poison import (
 )
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
+from cdc_router.router.replay_log import ReplayLines
 from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
@@ -90,6 +90,7 @@ class OutboxRouter:
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
+        self._replay_lines = ReplayLines()
         self._consumer_factory = consumer_factory
         self._generations = Generations()
         self._clock = clock
@@ -228,8 +229,8 @@ class OutboxRouter:
             self._dead_letter(message, result)
         elif isinstance(result, Duplicate):
             self._txn.passed_over(None)  # a replay, or an id reused (QA 44-a: not a word said)
-            log.info("event=replay_dropped id=%s topic=%s partition=%s offset=%s",
-                     show(result.event_id), topic, partition, offset)
+            self._replay_lines.dropped(result.event_id,
+                                       f"topic={topic} partition={partition} offset={offset}")
         else:
             self._txn.passed_over(result.reason)
 

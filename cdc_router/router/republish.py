@@ -41,6 +41,12 @@ def raw_topic(config: RouterConfig, topic: str | None) -> str:
     what was delivered already.
     """
     topics = config.source.topics
+    if not topics:  # QA 47-d F6: "several raw topics (got [])", then a circle of errors
+        raise ConfigError("names no raw topic (source.topics): a relay-only config, whose "
+                          "relay reads the table itself; `outbox republish` feeds the raw "
+                          "topic of a Debezium pipeline", field="source.topics", value=topics,
+                          hint="for the relay, read the table again: README, 'Runbook: the "
+                          "relay's database failed over to a replica'")
     if topic:
         # A "^" entry is a pattern, which librdkafka matches with a regex search.
         if not any(topic == read or (read.startswith("^") and re.search(read, topic))

@@ -267,3 +267,12 @@ def test_letters_of_another_group_on_the_same_raw_topic_are_neither_replayed_nor
                           {"e"}, ours)
     assert [item.action for item in planned] == ["not_replayable", "deliver"]
     assert "written by group 'b'" in planned[0].note
+
+
+def test_a_reason_cut_for_the_table_says_so() -> None:
+    # QA 47-d F1: cut at 120 characters mid-word, the what-to-do lost without a sign.
+    from cdc_router.cli.dlq import _cut
+
+    assert _cut("short reason") == "short reason"
+    cut = _cut("x" * 200)
+    assert len(cut) <= 120 and cut.endswith(" ... (whole in -o json)")

@@ -121,6 +121,12 @@ def test_the_raw_topic_is_the_configs_one_source_unless_named() -> None:
     with pytest.raises(ConfigError, match="--topic"):
         raw_topic(config(source={"topics": ["a", "b"]}), None)
     assert raw_topic(config(source={"topics": ["a", "b"]}), "b") == "b"
+    relay = RouterConfig.model_validate({"source": {"group_id": "qr"},
+                                         "routes": [{"topic": "orders"}],
+                                         "relay": {"table": "public.outbox_relay"}})
+    for topic in (None, "outbox.public.outbox_relay"):  # QA 47-d F6: a circle of errors
+        with pytest.raises(ConfigError, match=r"field 'source\.topics': names no raw topic"):
+            raw_topic(relay, topic)
 
 
 @pytest.mark.parametrize("topic", ["orders", "dlq", "changelog", "outbox.y.z", "nosuch"])

@@ -1,0 +1,37 @@
+"""The lines of replays the router and the relay drop: at most SAID_PER_MINUTE a minute, each
+naming its id (QA 44-a: an id the application reused was dropped without a word), then one
+line saying that the rest of the minute's are counted only (QA 47-d F2: an `outbox republish`
+of 37,500 delivered rows, each dropped as a replay, wrote 41,993 lines in 20 s)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from cdc_router.errors import show
+
+log = logging.getLogger("cdc_router.router")
+
+SAID_PER_MINUTE = 100
+
+
+class ReplayLines:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since = clock()
+        self._said = 0
+
+    def dropped(self, event_id: str, where: str) -> None:
+        """One replay dropped: its line, while the minute has room for it."""
+        now = self._clock()
+        if now - self._since >= 60:
+            self._since, self._said = now, 0
+        if self._said >= SAID_PER_MINUTE:
+            return
+        self._said += 1
+        log.info("event=replay_dropped id=%s %s", show(event_id), where)
+        if self._said == SAID_PER_MINUTE:
+            log.info("event=replay_lines_capped per_minute=%d: the rest of this minute's "
+                     "replays are counted in cdc_router_duplicates_dropped_total only",
+                     SAID_PER_MINUTE)
