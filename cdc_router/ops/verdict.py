@@ -315,7 +315,10 @@ def _dead_letters(report: Report, settings: StatusSettings,
         return
     newest = letters.newest
     why = f"; newest: stage {newest.stage}, {newest.reason}" if newest is not None else ""
-    todo = "see `cdc-router dlq list`, fix the rules or the producer of those rows"
+    # The count is of letters on the topic, replayed ones too, for its retention (QA 47-d
+    # F5): the dry run says which are still not delivered.
+    todo = ("see `cdc-router dlq list`, fix the rules or the producer of those rows; "
+            "`cdc-router dlq replay --dry-run` counts those not delivered since")
     ours = " of this pipeline" if letters.others else ""  # a topic shared (QA 35-c)
     over = _over(letters.count, settings.dead_letters_critical, settings.dead_letters_warning)
     if over is not None:

@@ -260,7 +260,7 @@ def test_dead_letters_above_a_threshold_and_growing_between_ticks() -> None:
     assert lines(after, previous=before) == [
         "warning: dead_letters: 3 new dead letters on dlq since the last check; newest: stage "
         "route, no route matches; see `cdc-router dlq list`, fix the rules or the producer "
-        "of those rows"]
+        "of those rows; `cdc-router dlq replay --dry-run` counts those not delivered since"]
     assert lines(after, StatusSettings(dead_letters_critical=5))[0].startswith(
         "critical: dead_letters: 5 dead letters on dlq (critical at 5)")
 
