@@ -193,8 +193,7 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
                    "unless the connector sends schemas with binary.handling.mode bytes (the "
                    "shipped connectors/outbox-connector.json sends none)")
     if not _PLAIN_SQL_NAME.fullmatch(heartbeat_table):
-        # The connector pastes HEARTBEAT_TABLE into heartbeat.action.query as SQL, where an
-        # unquoted name folds to lower case.
+        # The connector pastes it into heartbeat.action.query as SQL: unquoted, it folds.
         quoted = regclass_text(heartbeat_table, "--heartbeat-table")
         click.echo(f"note: the heartbeat table's name is case-sensitive SQL: give the "
                    f"connector HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
@@ -311,8 +310,7 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
                 "are events not delivered yet (or dead letters' rows), and purging them loses "
                 "them; check the relay's lag (`cdc-router status`) and `cdc-router dlq list`, "
                 "then add --force", field="--force")
-        # One cutoff for the count and the delete: rows that age past the window while the
-        # person answers are not the rows they were asked about.
+        # One cutoff for the count and the delete: not rows aged past it while one answers.
         before = purge_cutoff(conn, schema, older_than_ms)
         count = purge_rows(conn, schema, older_than_ms, batch_size, dry_run=True, before=before)
         click.echo(f"{count} rows of {schema.table} are older than {older_than}")
@@ -366,9 +364,11 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
         types = table_columns(conn, schema.table, "cleanup.table",
                               {f"--key-columns ({column})": column for column in key})
-        count, oldest = count_rows(conn, schema, selection)
+        count, oldest, missing = count_rows(conn, schema, selection)
         conn.commit()
         click.echo(f"{count} rows of {schema.table} to republish onto {target}")
+        if missing:  # purged, or mistyped (QA 47-d F3)
+            click.echo(f"not in {schema.table}: {', '.join(map(repr, missing))}")
         _warn_beyond_window(oldest, now_ms, config.dedup.window_ms)
         if dry_run or count == 0:
             return

@@ -143,9 +143,10 @@ def _read_as_debezium(conn: psycopg.Connection[Any]) -> None:
 
 
 def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
-               selection: RowSelection) -> tuple[int, int | None]:
-    """How many rows `selection` takes, and the oldest finite created_at (epoch micros, UTC),
-    whatever the column's type (timestamp, timestamptz, date)."""
+               selection: RowSelection) -> tuple[int, int | None, list[str]]:
+    """How many rows `selection` takes, the oldest finite created_at (epoch micros, UTC),
+    whatever the column's type (timestamp, timestamptz, date), and the ids it names that no
+    row has (QA 47-d F3: an operator's list could not tell purged or mistyped ids)."""
     _read_as_debezium(conn)
     where, params = selection.where(schema)
     oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL(
@@ -155,7 +156,12 @@ def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
         oldest, schema.identifier, where)
     row = conn.execute(query, params).fetchone()
     assert row is not None
-    return int(row[0]), row[1]
+    if selection.ids is None:
+        return int(row[0]), row[1], []
+    found = {str(found[0]) for found in conn.execute(sql.SQL("SELECT {}::text FROM {} WHERE {}")
+             .format(sql.Identifier(schema.columns.id), schema.identifier, where), params)}
+    return int(row[0]), row[1], [event_id for event_id in dict.fromkeys(selection.ids)
+                                 if event_id not in found]
 
 
 def outbox_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,

@@ -127,13 +127,15 @@ def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_pat
         pipe.config_path.write_text(yaml.safe_dump(config))
         ids = pipe.insert(_orders(0, 5))
         out = subprocess.run([sys.executable, "-m", "cdc_router", "outbox", "republish", "-c",
-                              str(pipe.config_path), "--ids", f"{ids[0]},{ids[1]}",
+                              str(pipe.config_path), "--ids", f"{ids[0]},{ids[1]},nosuch-id",
                               "--dry-run"], capture_output=True, text=True, cwd=REPO,
                              check=False, env={**os.environ,
                                                "CDC_ROUTER_PG_DSN": stack.postgres_dsn})
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith(f"2 rows of public.{pipe.table} to republish onto "
                                      f"{pipe.raw_topic}")
+        # QA 47-d F3: which of the ids given no row has (purged, or mistyped).
+        assert f"not in public.{pipe.table}: 'nosuch-id'\n" in out.stdout
         captured = pipe.read(pipe.raw_topic, 5, timeout_s=60)
         assert len(captured) == 5
         _republish(pipe, "--ids", ids[2])
@@ -218,7 +220,7 @@ def test_rows_of_a_timestamptz_outbox_are_counted_and_read(stack: StackEndpoints
     schema = OutboxSchema(table=f"public.{name}")
     try:
         with psycopg.connect(stack.postgres_dsn) as conn:
-            count, oldest = count_rows(conn, schema, RowSelection(since_ms=0))
+            count, oldest, _ = count_rows(conn, schema, RowSelection(since_ms=0))
             conn.commit()
             created_at = [row["created_at"] for row in outbox_rows(conn, schema,
                                                                    RowSelection(since_ms=0))]
