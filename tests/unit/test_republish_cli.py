@@ -26,9 +26,10 @@ def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
     def database(dsn: str) -> Iterator[Any]:
         yield type("Conn", (), {"commit": lambda self: None})()
 
-    def count_rows(conn: Any, schema: Any, selection: Any) -> tuple[int, int | None]:
+    def count_rows(conn: Any, schema: Any,
+                   selection: Any) -> tuple[int, int | None, list[str]]:
         asked.append(selection)
-        return 3, oldest_us
+        return 3, oldest_us, []
 
     monkeypatch.setattr(outbox_cli, "database", database)
     monkeypatch.setattr(outbox_cli, "count_rows", count_rows)
@@ -70,7 +71,7 @@ def test_the_key_columns_are_encoded_by_the_tables_types(monkeypatch: pytest.Mon
 
     created = datetime(2016, 11, 4, 13, 51, 30, 123000)
     monkeypatch.setattr(outbox_cli, "database", database)
-    monkeypatch.setattr(outbox_cli, "count_rows", lambda *args: (1, None))
+    monkeypatch.setattr(outbox_cli, "count_rows", lambda *args: (1, None, []))
     monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {
         "id": "uuid", "created_at": "timestamp(3) without time zone"})
     monkeypatch.setattr(outbox_cli, "outbox_rows", lambda *args: iter([
