@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.logs import serve_logs, with_kafka_refusal
@@ -80,7 +81,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     admin = admin_client(kafka)
     # One lookup first: an unreachable cluster costs one timeout, not one per section.
     down = _kafka_down(admin)
-    if down is not None:
+    if down is not None:  # where it was asked, as the Postgres and Connect lines say (QA 47-d)
+        down = f"{down} (bootstrap servers {shown_url(config.kafka.bootstrap_servers)})"
         return Report(_iso(now_ms), wal, publication, outbox, connector_state,
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),

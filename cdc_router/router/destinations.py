@@ -72,6 +72,9 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
                                                   else ""))
     if describe is not None and config.dedup.enabled:
         _require_changelog_retention(config, describe)
+    if describe is not None:  # at start, not at each recheck: a route's fixed topic missing
+        for warning in missing_destinations(config, partitions, cluster=True):  # QA 47-d F9
+            log.warning("event=destination_missing detail=%r", warning)
 
 
 def recheck_grants(config: RouterConfig, destinations: DestinationMetadata) -> None:

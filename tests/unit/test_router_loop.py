@@ -1205,6 +1205,17 @@ def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
     assert cluster.committed(ORDERS) == []
 
 
+def test_a_routes_fixed_topic_missing_at_start_is_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 47-d F9: `rules check` warned, the router started without a word and dead-lettered
+    # every event of the route (457).
+    caplog.set_level(logging.WARNING, logger="cdc_router")
+    Harness(cluster_with(*events(2)), routes=[{"match": {"type": "Missing"}, "topic": "nowhere"},
+                                             {"topic": ORDERS}]).run()
+    [line] = [r.getMessage() for r in caplog.records if "destination_missing" in r.getMessage()]
+    assert "routes[0] sends to topic nowhere, which does not exist in the cluster" in line
+
+
 def test_a_changelog_that_forgets_ids_before_the_window_stops_the_router_at_start() -> None:
     # QA session 29-b: a changelog kept 20 s restored 6 of 30 ids, and replays of the others
     # were delivered again.
