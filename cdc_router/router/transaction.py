@@ -6,9 +6,8 @@ with it. At least once: an idempotent producer; the changelog marks are produced
 every record of the batch is acknowledged, and the offsets committed only once the marks are,
 so a mark never stands for an event that was not delivered.
 
-It is handed its clients (LatchingProducer, consumer): every path is unit-tested with fakes.
-The relay has no consumer: its progress is a record of its own (progress()), sent with the
-marks, in place of offsets. JetStream routes' records wait and are published at commit().
+Its clients are handed in (every path is unit-tested with fakes). The relay has no consumer:
+its progress is a record (progress()), sent with the marks. JetStream records wait for commit().
 Kafka errors (kafka.errors.classify): retriable -> the same call again after a backoff;
 abortable -> BatchFailed (the caller aborts and rewinds); fatal or fenced -> FatalKafkaError.
 """
@@ -92,12 +91,10 @@ class Transaction:
                  publisher: JetStreamPublisher | None = None,
                  stopping: Callable[[], bool] = lambda: False,
                  fenced_hint: str = "another instance may use the same instance id") -> None:
-        """`consumer` may be None for a batch that consumes nothing (`outbox republish`);
-        `mark_key_prefix` keys the changelog marks and `mark_group` names their pipeline
-        (source.group_id; router/replay.py); `publisher` delivers the records of JetStream
-        routes (None: this command has no JetStream routes); once `stopping()`, a failed
-        call is not retried (a stop during an outage must not wait out every retry);
-        `fenced_hint`: who else may take this transactional id."""
+        """`consumer`: None for a batch that consumes nothing (`outbox republish`);
+        `mark_key_prefix` keys the changelog marks, `mark_group` names their pipeline;
+        `publisher` delivers JetStream routes' records; once `stopping()`, a failed call is
+        not retried; `fenced_hint`: who else may take this transactional id."""
         self._producer, self._publisher, self.consumer = producer, publisher, consumer
         self._delivery, self._exactly_once = delivery, delivery.guarantee == "exactly_once"
         self._changelog_topic, self._mark_key_prefix = changelog_topic, mark_key_prefix
@@ -319,6 +316,10 @@ class Transaction:
     def _publish(self) -> None:
         if not self._batch.nats or self._publisher is None:
             return
+        if self._exactly_once and self._clock() - self._batch.started > self._timeouts.init_s:
+            # Published, they would stand beside what the re-read makes of them (review 47-h).
+            raise BatchFailed("the batch outlived delivery.transaction_timeout_ms (Kafka aborted "
+                              "it): its JetStream records are not published, it is read again")
         try:
             acks = self._publisher.publish_batch(self._batch.nats)
         except JetStreamRefused as failure:
@@ -356,12 +357,9 @@ class Transaction:
 
     def _settle_in_doubt(self, name: str, failure: KafkaException, conflict: bool) -> None:
         """Raise TransactionInDoubt when a commit or its offsets got no answer through every
-        retry, or librdkafka refuses a call while such a one is unresolved (_CONFLICT).
-
-        librdkafka lets only the same call resume then, and refuses the abort: the router
-        would retry the abort for ever. The batch is forgotten (no abort on the way out); the
-        next process's init_transactions settles the transaction either way.
-        """
+        retry, or a call is refused while such a one is unresolved (_CONFLICT, or `conflict`):
+        librdkafka lets only the same call resume, and refuses the abort. The batch is
+        forgotten; the next process's init_transactions settles the transaction either way."""
         if self._exactly_once and (conflict or name in _IN_DOUBT_STEPS):
             self._reset()
             raise TransactionInDoubt(
@@ -383,6 +381,8 @@ class Transaction:
                 error = kafka_error_of(failure)
                 action = classify(error) if error is not None else ErrorAction.ABORT
                 if action is ErrorAction.FATAL and error is not None:
+                    if name == "commit" and attempt:  # the try before may have committed:
+                        self._settle_in_doubt(name, failure, True)  # a restart reads its ids
                     raise fatal_kafka_error(  # at least once, 'offsets' is the consumer's
                         f"Kafka transaction step {name!r} failed for good: {describe(error)}",
                         error, consumer=name == "offsets" and not self._exactly_once) from failure

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced, TransactionInDoubt
 from cdc_router.kafka.commit_stamp import committed_ms
 from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.transaction import BatchFailed, RecordRefused, Transaction
 from cdc_router.router.values import Delivered
@@ -153,6 +155,60 @@ def test_a_commit_unanswered_through_every_retry_exits_for_a_restart_without_an_
     assert not txn.open
     txn.discard()  # the router's way out: no abort_transaction of the unresolved commit
     assert "abort" not in cluster.journal and cluster.committed(ORDERS) == []
+
+
+def test_a_fence_meeting_a_commits_retry_is_in_doubt_not_a_renewal() -> None:
+    # Review 47-h F1: the try that timed out may have committed; a renewal in this process
+    # would forget the batch's ids (a later replay of them went out twice), a restart reads
+    # them from the changelog. A fence at the first try renews as before.
+    fenced = KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+    cluster = FakeCluster(commit_failures=[KafkaError(KafkaError._TIMED_OUT, retriable=True),
+                                           fenced])
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    with pytest.raises(TransactionInDoubt, match="step 'commit'"):
+        txn.commit()
+    cluster = FakeCluster(commit_failures=[fenced])
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    with pytest.raises(FatalKafkaError) as raised:
+        txn.commit()
+    assert not isinstance(raised.value, TransactionInDoubt)
+
+
+def test_a_batch_older_than_its_transaction_publishes_no_jetstream_record() -> None:
+    # Review 47-h F2: a slow record's JetStream message was published at the commit of a
+    # batch Kafka had aborted for its age; read again, it was dead-lettered too: on the
+    # stream and in the dead-letter topic both.
+    now = [0.0]
+    published: list[str] = []
+
+    class Stream:
+        def publish_batch(self, messages: list[NatsMessage]) -> BatchAcks:
+            published.extend(message.msg_id for message in messages)
+            return BatchAcks(len(messages), 0)
+
+    cluster = FakeCluster()
+    producer = LatchingProducer({"bootstrap.servers": "x", "transactional.id": "t-1"},
+                                lambda conf: FakeProducer(cluster, conf))
+    txn = Transaction(producer, FakeConsumer(cluster, {}, on_idle=lambda: None),
+                      delivery=DeliverySettings(), mark_group="g", changelog_topic=CHANGELOG,
+                      bootstrap="x", sleep=lambda s: None, clock=lambda: now[0],
+                      publisher=Stream())  # type: ignore[arg-type]
+    txn.init()
+    for offset, event_id in enumerate(("n-0", "n-1")):
+        txn.begin()
+        txn.consumed(RAW, 0, offset)
+        txn.produce(replace(record(event_id), topic="orders.x", partition=None, nats=True),
+                    (RAW, 0, offset))
+        now[0] += 21.0 if event_id == "n-0" else 1.0  # the default timeout is 20 s
+        if event_id == "n-0":
+            with pytest.raises(BatchFailed, match=r"outlived delivery\.transaction_timeout_ms"):
+                txn.commit()
+            txn.abort()
+        else:
+            txn.commit()
+    assert published == ["n-1"]
 
 
 def test_an_abort_refused_as_conflicting_exits_for_a_restart() -> None:
