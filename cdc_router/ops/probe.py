@@ -82,7 +82,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     # One lookup first: an unreachable cluster costs one timeout, not one per section.
     down = _kafka_down(admin)
     if down is not None:  # where it was asked, as the Postgres and Connect lines say (QA 47-d)
-        down = f"{down} (bootstrap servers {shown_url(config.kafka.bootstrap_servers)})"
+        asked = str(kafka.get("bootstrap.servers", config.kafka.bootstrap_servers))
+        down = f"{down} (bootstrap servers {shown_url(asked)})"  # QA 47-g F3: those asked
         return Report(_iso(now_ms), wal, publication, outbox, connector_state,
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),

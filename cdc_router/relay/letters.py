@@ -20,10 +20,14 @@ from cdc_router.serde.json import parse_json
 
 
 def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
-                 columns: dict[str, dict[str, Any]]) -> bytes:
-    """The value of the relay's dead letter of one row."""
-    document = {"source": {"table": table, "seq": seq, "txid": txid}, "after": values,
-                "columns": columns}
+                 columns: dict[str, dict[str, Any]], *,
+                 undecodable: Exception | None = None) -> bytes:
+    """The value of the relay's dead letter of one row; `undecodable`: why its text was not
+    read (its values then hold the bytes escaped, which a replay must not deliver)."""
+    document: dict[str, Any] = {"source": {"table": table, "seq": seq, "txid": txid},
+                                "after": values, "columns": columns}
+    if undecodable is not None:
+        document["undecodable"] = str(undecodable)
     return json.dumps(document, ensure_ascii=False).encode(errors="replace")
 
 
@@ -37,6 +41,11 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     after = document.get("after") if isinstance(document, dict) else None
     if not isinstance(after, dict):
         raise DecodeError("not a relay dead letter: its value has no 'after' row")
+    if document.get("undecodable"):  # QA 47-g F4: `caf\xe9` was delivered as seven characters
+        raise DecodeError(f"the row's text was not UTF-8 when the relay read it "
+                          f"({document['undecodable']}); the letter holds it escaped, so it is "
+                          "not replayed: fix the row's text and write the event again as a "
+                          "new outbox row")
     source = document.get("source")
     txid = source.get("txid") if isinstance(source, dict) else None
     columns = document.get("columns")

@@ -330,7 +330,8 @@ class OutboxRelay:
 
     def _dead_letter(self, row: RelayRow, result: DeadLettered) -> None:
         """The row as read, as JSON (relay/letters.py), is the raw value."""
-        value = letter_value(self._table, row.seq, row.txid, row.values, self._reader.columns)
+        value = letter_value(self._table, row.seq, row.txid, row.values, self._reader.columns,
+                             undecodable=row.undecodable)
         key = row.values.get(self._config.source.outbox.id)
         letter = dead_letter(topic=self._table, partition=0, offset=row.seq,
                              key=None if key is None else str(key).encode(errors="replace"),

@@ -93,8 +93,6 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
     del key
     if value is None:
         return Skipped(TOMBSTONE)
-    if topic.startswith(settings.heartbeat_topic_prefix):
-        return Skipped(HEARTBEAT, topic)
     inserted = _common_insert(value, settings)
     if inserted is not None:
         return inserted
@@ -111,7 +109,9 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
                           "EventRouter SMT) may have reshaped it: the router reads Debezium's "
                           "raw change events through JsonConverter")
     op = envelope.get("op")
-    if op is None:
+    if op is None:  # a change with an op is read on any topic (QA 47-g F5: a ^pattern
+        if topic.startswith(settings.heartbeat_topic_prefix):  # source's topics under the
+            return Skipped(HEARTBEAT, topic)  # prefix had every event skipped, unsaid)
         return _not_a_change(envelope)
     if op == "d":
         return Skipped(DELETE)

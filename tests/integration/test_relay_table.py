@@ -191,3 +191,23 @@ def test_a_row_of_text_that_is_not_utf8_in_a_sql_ascii_database_is_read_as_undec
         rows[0].undecodable)
     assert bad_id is not None and rows[0].undecodable.event_id == bad_id[0]
     assert rows[1].undecodable is None and rows[1].values["type"] == "OrderPaid"
+
+
+def test_republish_reads_a_sql_ascii_databases_text_as_text(sql_ascii_dsn: str) -> None:
+    # QA 47-g F1, F2: psycopg gave bytes there: every column went into the change event as
+    # base64 (each event then a dead letter), and `--ids` named the ids it found as missing.
+    from cdc_router.outbox.republish import RowSelection, count_rows, outbox_rows
+    from cdc_router.outbox.table import OutboxColumns, OutboxSchema
+
+    with _table(sql_ascii_dsn, "outbox") as table, \
+            psycopg.connect(sql_ascii_dsn, autocommit=True) as conn:
+        conn.execute("SET client_encoding = 'UTF8'")
+        conn.execute(_INSERT.format("outbox", "", ""), ("naïve ✓",))
+        [(found,)] = conn.execute(f"SELECT id::text FROM {table}").fetchall()
+        schema = OutboxSchema(table, OutboxColumns())
+        with psycopg.connect(sql_ascii_dsn) as reading:
+            selection = RowSelection(ids=(found, "nosuch"))
+            count, _, missing = count_rows(reading, schema, selection)
+            rows = list(outbox_rows(reading, schema, selection))
+    assert (count, missing) == (1, ["nosuch"])
+    assert rows[0]["aggregateid"] == "naïve ✓" and rows[0]["type"] == "OrderPaid"

@@ -268,6 +268,20 @@ def test_heartbeats_are_skipped(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_an_insert_on_a_topic_under_the_heartbeat_prefix_is_an_event(mode: str) -> None:
+    # QA 47-g F5: with a ^pattern source (unchecked at load), topics under the prefix had
+    # every event skipped as a heartbeat, offsets committed past them, nothing said.
+    rec = record(f"create_jsonb.{mode}")
+    settings = SourceSettings(topics=["^qahb\\..*"], heartbeat_topic_prefix="qahb")
+    decoded = decode_change(None, raw(rec["value"]), topic="qahb.public.outbox",
+                            settings=settings)
+    assert isinstance(decoded, OutboxEvent)
+    heartbeat = decode_change(None, raw(record(f"heartbeat.{mode}")["value"]),
+                              topic="qahb.public.outbox", settings=settings)
+    assert isinstance(heartbeat, Skipped) and heartbeat.reason == "heartbeat"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_heartbeat_recognised_by_shape_on_any_topic(mode: str) -> None:
     value = raw(record(f"heartbeat.{mode}")["value"])
     result = decode_change(None, value, topic="outbox.public.outbox",

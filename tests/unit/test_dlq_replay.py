@@ -293,3 +293,21 @@ def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried_not_l
     assert result.committed == {"deliver": 2}
     assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1"]
     assert len(cluster.committed(DLQ)) == 2  # the two letters, none again
+
+
+def test_a_relay_letter_of_text_that_was_not_utf8_is_not_replayed() -> None:
+    # QA 47-g F4: the letter holds the text escaped (`caf\xe9`), which a replay delivered as
+    # seven characters, as the aggregate id, and the cleanup then deleted the row.
+    from cdc_router.config.source import SourceSettings
+    from cdc_router.errors import DecodeError
+    from cdc_router.relay.letters import letter_event, letter_value
+
+    row = {"id": "r-1", "aggregatetype": "A", "aggregateid": "caf\\xe9", "type": "T",
+           "payload": "{}", "headers": None, "created_at": None}
+    value = letter_value("public.outbox", 1, 2, row, {}, undecodable=DecodeError(
+        "column 'aggregateid' is not UTF-8 text (byte 0xe9 at 3)"))
+    with pytest.raises(DecodeError, match=r"not UTF-8 when the relay read it .*0xe9.*not "
+                                          r"replayed: fix the row"):
+        letter_event(value, SourceSettings())
+    assert letter_event(letter_value("public.outbox", 1, 2, row, {}),
+                        SourceSettings()).aggregate_id == "caf\\xe9"
