@@ -26,11 +26,11 @@ _BROKER = re.compile(r"(?:(?P<protocol>[A-Za-z][A-Za-z0-9+._-]*)://)?"
 _USER_INFO = re.compile(r"^(?P<head>[^/@]*://)?.*@")  # not Kafka's, maybe a password
 
 
-def _broker_problem(entry: str) -> str | None:
-    """Why one entry of kafka.bootstrap_servers is no broker librdkafka can reach; None when
-    it is one. librdkafka itself only logs such an entry, or dials port 0 for `host:abc`, and
-    the router then reported an unreachable cluster (review 46-2 F2)."""
-    match = _BROKER.fullmatch(entry)
+def _broker_problem(entry: str, match: re.Match[str] | None) -> str | None:
+    """Why one entry of kafka.bootstrap_servers (`match`: _BROKER's of it) is no broker
+    librdkafka can reach; None when it is one. librdkafka itself only logs such an entry, or
+    dials port 0 for `host:abc`, and the router then reported an unreachable cluster (review
+    46-2 F2)."""
     if match is None and "@" in entry:
         return ("a server's address holds no credentials: set kafka.sasl_username and "
                 "kafka.sasl_password")
@@ -114,8 +114,8 @@ class KafkaSettings(_Model):
         entries = [entry.strip() for entry in self.bootstrap_servers.split(",")]
         # librdkafka skips empty entries: `kafka:9092,` from a template works (review 46-3).
         for entry in filter(None, entries):
-            problem = _broker_problem(entry)
             match = _BROKER.fullmatch(entry)
+            problem = _broker_problem(entry, match)
             named = match["protocol"] if match else None
             if problem is None and named is not None and named.upper() != protocol:
                 problem = (f"the prefix {named}:// is not kafka.security_protocol ({protocol}"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_matches, subject_problem
-from cdc_router.consumer.retry import RetryPolicy, finite_number
+from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.consumer.settings import Check, as_names, check_all
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,
@@ -80,14 +80,14 @@ class JetStreamSettings:
             (isinstance(self.retry, RetryPolicy), "retry", "must be a RetryPolicy", self.retry),
             (finite_number(self.ack_wait_s) and self.ack_wait_s >= 1, "ack_wait_s",
              "must be a finite number, at least 1 s", self.ack_wait_s),
-            (_whole(self.batch_size), "batch_size", "must be a whole number, at least 1",
+            (whole_number(self.batch_size), "batch_size", "must be a whole number, at least 1",
              self.batch_size),
             *((finite_number(value) and value > 0, name, "must be a finite positive number",
                value) for name, value in (("poll_timeout_s", self.poll_timeout_s),
                                           ("connect_timeout_s", self.connect_timeout_s),
                                           ("dead_letter_timeout_s",
                                            self.dead_letter_timeout_s))),
-            (self.max_ack_pending is None or _whole(self.max_ack_pending), "max_ack_pending",
+            (self.max_ack_pending is None or whole_number(self.max_ack_pending), "max_ack_pending",
              "must be a whole number, at least 1", self.max_ack_pending),
         ]
         check_all(source, checks)
@@ -121,7 +121,3 @@ def consumer_problem(existing: Any, settings: JetStreamSettings) -> str | None:
         return (f"filters {sorted(filters) or 'the whole stream'}, the settings say "
                 f"{sorted(settings.filter_subjects) or 'the whole stream'}")
     return None
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -29,8 +29,7 @@ class RetryPolicy:
         source = "RetryPolicy"
         # Not `x < 0`: NaN passes every comparison (review 43: a NaN backoff never resumed its
         # partition, a NaN max_attempts never dead-lettered).
-        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or \
-                self.max_attempts < 1:
+        if not whole_number(self.max_attempts):
             raise ConfigError("must be a whole number, at least 1", source=source,
                               field="max_attempts", value=self.max_attempts)
         for field, value, least in (("initial_backoff_s", self.initial_backoff_s, 0.0),
@@ -68,3 +67,8 @@ def finite_number(value: object) -> bool:
     inf passed, and a consume(timeout=inf) returns at once: an idle loop spun)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and \
         math.isfinite(value)
+
+
+def whole_number(value: object) -> bool:
+    """An int of at least 1, not a bool (True was taken for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -9,7 +9,7 @@ from typing import Literal, TypeVar
 
 from confluent_kafka import KafkaException
 
-from cdc_router.consumer.retry import RetryPolicy, finite_number
+from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.errors import refused_config
 
@@ -104,8 +104,7 @@ class ConsumerSettings:
             (bool(self.event_id_header), "event_id_header", "must not be empty",
              self.event_id_header),
             (isinstance(self.retry, RetryPolicy), "retry", "must be a RetryPolicy", self.retry),
-            (isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool)
-             and self.batch_size >= 1, "batch_size", "must be a whole number, at least 1",
+            (whole_number(self.batch_size), "batch_size", "must be a whole number, at least 1",
              self.batch_size),
             (finite_number(self.poll_timeout_s) and self.poll_timeout_s > 0, "poll_timeout_s",
              "must be a finite positive number", self.poll_timeout_s),

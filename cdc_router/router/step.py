@@ -234,7 +234,7 @@ class RecordStep:
         at every read; read twice so, it is dead-lettered unread the next time."""
         slow = self._slow_decodes.get(topic, key, value) if self._slow_decodes.lengths else None
         if slow is not None and slow[0] >= 2:
-            return self._slow_decode_letter(*slow)
+            return self._slow_decode_letter(*slow[1:])
         started = self._timer()
         try:
             decoded = debezium.decode_change(key, value, topic=topic, settings=self._source)
@@ -248,10 +248,10 @@ class RecordStep:
         if decoding_s > self._slow_s:
             slow = self._slow_decodes.add(topic, key, value, decoding_s, decoded.event_id)
             if slow[0] >= 2:  # as soon as it is known (review 47-f: not route()'s letter)
-                return self._slow_decode_letter(*slow)
+                return self._slow_decode_letter(*slow[1:])
         return self.event(decoded, started)
 
-    def _slow_decode_letter(self, _times: int, took_s: float, event_id: str) -> DeadLettered:
+    def _slow_decode_letter(self, took_s: float, event_id: str) -> DeadLettered:
         """The letter of a record read twice longer than a transaction may live."""
         error = DecodeError(f"decoding it took {took_s:.1f} s, twice longer than "
                             f"delivery.transaction_timeout_ms ({self._slow_s:g} s): its "

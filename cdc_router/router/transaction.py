@@ -316,7 +316,7 @@ class Transaction:
     def _publish(self) -> None:
         if not self._batch.nats or self._publisher is None:
             return
-        if self._exactly_once and self._clock() - self._batch.started > self._timeouts.init_s:
+        if self._exactly_once and self._clock() - self._batch.started > self._timeouts.call_s:
             # Published, they would stand beside what the re-read makes of them (review 47-h).
             raise BatchFailed("the batch outlived delivery.transaction_timeout_ms (Kafka aborted "
                               "it): its JetStream records are not published, it is read again")

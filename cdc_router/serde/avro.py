@@ -312,7 +312,7 @@ class AvroSerializer:
                 raise SerializeError(f"{where} has fingerprint "
                                      f"{value[2:SINGLE_OBJECT_HEADER].hex()}, of none of the "
                                      f"route's schemas ({listed})")
-            parsed, body = writer.parsed, value[SINGLE_OBJECT_HEADER:]
+            body = value[SINGLE_OBJECT_HEADER:]
         else:
             schema_id = int.from_bytes(value[1:CONFLUENT_HEADER], "big")
             if schema_id > _MAX_SCHEMA_ID:
@@ -320,15 +320,15 @@ class AvroSerializer:
                 # hold it), which must stop the router for a wrong URL, not for one record.
                 raise SerializeError(f"{where} names schema id {schema_id}, which no registry "
                                      f"holds (ids go up to {_MAX_SCHEMA_ID})")
-            parsed = self._registered_writer(schema_id, topic, where)
+            writer = self._registered_writer(schema_id, topic, where)
             body = value[CONFLUENT_HEADER:]
-        problem = unreadable(body, parsed)
+        problem = unreadable(body, writer)
         if problem is not None:
             raise SerializeError(f"{where} does not read with its schema: {problem}")
         return value
 
-    def _registered_writer(self, schema_id: int, topic: str, where: str) -> Any:
-        """The parsed schema a framed payload's id names, once the registry holds it under
+    def _registered_writer(self, schema_id: int, topic: str, where: str) -> AvroSchema:
+        """The schema a framed payload's id names, once the registry holds it under
         the subject `topic`'s records take (as Confluent's broker-side schema validation
         asks): a reader that finds the subject's versions, or a broker that checks them,
         expects no other (review 45 M6)."""
@@ -338,7 +338,7 @@ class AvroSerializer:
             writer = self._ids.writer_schema(schema_id)
             subject = subject_name(self._ids.strategy, topic, writer.name)
             if self._ids.holds(subject, schema_id):
-                return writer.parsed
+                return writer
         except RegistryError as error:
             # As in _wire_format: a refused subject only this event's data names is its own.
             if subject is not None and error.refused and subject not in self._known_subjects():

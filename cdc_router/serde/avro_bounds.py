@@ -12,31 +12,30 @@ body's own length bounds their count.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cdc_router.serde.avro_schema import AvroSchema
 
 MAX_EMPTY_ITEMS = 1_000_000
 _FIXED_SIZES = {"null": 0, "boolean": 1, "float": 4, "double": 8}
 _VARINT = ("int", "long", "enum")
 _LENGTH_PREFIXED = ("bytes", "string")
-_NAMED_MEMO_LIMIT = 1024
-_checked: dict[int, tuple[Any, bool]] = {}  # id(parsed schema) -> (it, has empty items)
 
 
 class _TooMany(ValueError):
     pass
 
 
-def empty_items_problem(body: bytes, parsed: Any) -> str | None:
-    """Why `body` may not be read with the fastavro-parsed `parsed`: it claims more than
-    MAX_EMPTY_ITEMS items that take no bytes. None when it does not, or when the body is
-    malformed otherwise (fastavro's read then says how, before it reaches such an array)."""
+def empty_items_problem(body: bytes, schema: AvroSchema) -> str | None:
+    """Why `body` may not be read with `schema`: it claims more than MAX_EMPTY_ITEMS items
+    that take no bytes. None when it does not, or when the body is malformed otherwise
+    (fastavro's read then says how, before it reaches such an array)."""
+    parsed = schema.parsed
     named = parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {}
-    known = _checked.get(id(parsed))
-    if known is None or known[0] is not parsed:
-        if len(_checked) >= _NAMED_MEMO_LIMIT:
-            _checked.clear()
-        known = _checked[id(parsed)] = (parsed, _has_empty_items(parsed, named, set()))
-    if not known[1]:
+    if "empty_items" not in schema.memo:
+        schema.memo["empty_items"] = _has_empty_items(parsed, named, set())
+    if not schema.memo["empty_items"]:
         return None
     walk = _Walk(body, named)
     try:

@@ -168,14 +168,14 @@ def route_key(rule: RouteRule) -> Any:
     return tuple(sorted(spec.items())) if isinstance(spec, dict) else spec
 
 
-def unreadable(body: bytes, parsed: Any) -> str | None:
-    """Why an Avro `body` does not read whole with the parsed writer schema; None if it does."""
-    claimed = empty_items_problem(body, parsed)  # before fastavro builds them one by one
+def unreadable(body: bytes, writer: AvroSchema) -> str | None:
+    """Why an Avro `body` does not read whole with the writer schema; None if it does."""
+    claimed = empty_items_problem(body, writer)  # before fastavro builds them one by one
     if claimed is not None:
         return claimed
     stream = io.BytesIO(body)
     try:
-        fastavro.schemaless_reader(stream, parsed, None)
+        fastavro.schemaless_reader(stream, writer.parsed, None)
     except Exception as error:  # fastavro's reader raises many types, all the body's fault
         return f"{type(error).__name__}: {str(error)[:200]}"
     left = len(body) - stream.tell()

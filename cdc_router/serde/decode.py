@@ -196,7 +196,7 @@ class PayloadDecoder:
 
     def _read(self, body: bytes, writer: AvroSchema) -> Any:
         reader = self._reader.parsed if self._reader is not None else None
-        claimed = empty_items_problem(body, writer.parsed)  # before fastavro builds them
+        claimed = empty_items_problem(body, writer)  # before fastavro builds them
         if claimed is not None:
             raise _undecodable(writer, ValueError(claimed))
         stream = io.BytesIO(body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import random
 from typing import Any
 
@@ -11,10 +12,15 @@ import pytest
 
 from cdc_router.serde import avro_bounds
 from cdc_router.serde.avro_bounds import MAX_EMPTY_ITEMS, empty_items_problem
-from cdc_router.serde.avro_schema import SINGLE_OBJECT_MAGIC, load_schema, unreadable
+from cdc_router.serde.avro_schema import (
+    SINGLE_OBJECT_MAGIC,
+    load_schema,
+    parse_schema_text,
+    unreadable,
+)
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
 
-SCHEMA = fastavro.parse_schema({
+SCHEMA = parse_schema_text(json.dumps({
     "type": "record", "name": "Order", "namespace": "shop", "fields": [
         {"name": "id", "type": "string"},
         {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
@@ -33,12 +39,12 @@ SCHEMA = fastavro.parse_schema({
                 {"name": "kind", "type": {"type": "enum", "name": "Kind",
                                           "symbols": ["A", "B"]}},
                 {"name": "tags", "type": {"type": "map", "values": "float"}},
-                {"name": "raw", "type": "bytes"}]}}}]})
+                {"name": "raw", "type": "bytes"}]}}}]}), "order.avsc")
 
 
 def _body(datum: dict[str, Any]) -> bytes:
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, SCHEMA, datum)
+    fastavro.schemaless_writer(out, SCHEMA.parsed, datum)
     return out.getvalue()
 
 
@@ -87,8 +93,8 @@ def test_a_body_claiming_more_items_of_no_bytes_than_the_bound_is_refused_unread
 
 
 def test_a_schema_without_such_arrays_is_not_walked(monkeypatch: Any) -> None:
-    plain = fastavro.parse_schema({"type": "record", "name": "P", "fields": [
-        {"name": "xs", "type": {"type": "array", "items": "int"}}]})
+    plain = parse_schema_text(json.dumps({"type": "record", "name": "P", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": "int"}}]}), "p.avsc")
     monkeypatch.setattr(avro_bounds._Walk, "skip", None)  # would raise if called
     assert empty_items_problem(_varint(3) + b"\x02\x04\x06\x00", plain) is None
 

@@ -262,14 +262,22 @@ def test_a_relay_that_lost_its_lock_stops_instead_of_renewing_its_producer() -> 
     assert cluster.producers_initialised == 1
 
 
-def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
-    cluster, table = _cluster(), FakeTable()
-    bad = table.add(1, 10, payload=None)
+def _one_letter_then_the_good_row(table: FakeTable) -> tuple[Stored, list[str], str]:
+    """The first row of `table` dead-lettered, a good row after it: its letter, what was
+    delivered, the good row's id."""
+    cluster = _cluster()
     good = table.add(2, 10)
     table.now = Snapshot(11, 11)
     relay, delivered = _relay(cluster, table)
     _run_until(relay, lambda: len(delivered) == 1)
     [letter] = cluster.committed(DLQ)
+    return letter, delivered, good
+
+
+def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
+    table = FakeTable()
+    bad = table.add(1, 10, payload=None)
+    letter, delivered, good = _one_letter_then_the_good_row(table)
     assert letter.header("dlq.stage") == "decode"
     assert letter.header("dlq.source.topic") == TABLE
     assert letter.header("dlq.source.offset") == "1"
@@ -279,16 +287,12 @@ def test_a_row_that_fails_to_decode_is_a_dead_letter_with_the_row() -> None:
 
 def test_a_row_the_reader_could_not_read_as_text_is_a_decode_letter_with_its_id() -> None:
     # A SQL_ASCII database's non-UTF-8 text failed every read (stop 46, documented).
-    cluster, table = _cluster(), FakeTable()
+    table = FakeTable()
     bad = table.add(1, 10, aggregateid="caf\\xe9")
     undecodable = DecodeError("column 'aggregateid' is not UTF-8 text")
     undecodable.event_id = bad
     table.rows[0] = dataclasses.replace(table.rows[0], undecodable=undecodable)
-    good = table.add(2, 10)
-    table.now = Snapshot(11, 11)
-    relay, delivered = _relay(cluster, table)
-    _run_until(relay, lambda: len(delivered) == 1)
-    [letter] = cluster.committed(DLQ)
+    letter, delivered, good = _one_letter_then_the_good_row(table)
     assert letter.header("dlq.stage") == "decode"
     assert letter.header("dlq.event.id") == bad
     assert "not UTF-8" in (letter.header("dlq.error.message") or "")
