@@ -32,8 +32,10 @@ from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
-# other command, so a script can tell "differs" (2) from "could not compare" (1).
+# other command, so a script can tell "differs" (2) from "could not compare" (1). `status`
+# exits 2 the same way when the connector or a task FAILED: a cron or probe can alert on it.
 EXIT_DIFFERS = 2
+EXIT_FAILED = 2
 STATES = ("RUNNING", "PAUSED", "STOPPED")
 
 
@@ -299,9 +301,11 @@ def get(state: _State, name: str, output: str) -> None:
 
 @_shows_one_connector
 def status(state: _State, name: str, output: str) -> None:
-    """Connector and task states, with the trace of whatever FAILED."""
+    """Connector and task states, with the trace of whatever FAILED; exit 2 if one FAILED."""
     current = state.client.get_status(name)
     emit(current, output, _status_text)
+    if current.failure() is not None:
+        click.get_current_context().exit(EXIT_FAILED)
 
 
 def _status_text(status: ConnectorStatus) -> str:

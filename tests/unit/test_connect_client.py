@@ -548,11 +548,17 @@ def connector_file(tmp_path: Path, **config: str) -> str:
     return str(path)
 
 
-def test_status_prints_the_failed_tasks_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = run_cli(monkeypatch, ScriptedConnect({"c": {"name": "c"}}, task_state="FAILED"),
-                     "status", "c")
+def test_status_prints_the_failed_tasks_trace_and_exits_2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Left open since stop 46: a FAILED task exited 0, so a probe could not alert on it.
+    connect = ScriptedConnect({"c": {"name": "c"}}, task_state="FAILED")
+    result = run_cli(monkeypatch, connect, "status", "c")
+    as_json = run_cli(monkeypatch, connect, "status", "c", "-o", "json")
+    connect.task_state = "RUNNING"
+    running = run_cli(monkeypatch, connect, "status", "c")
 
-    assert result.exit_code == 0, result.output
+    assert (result.exit_code, as_json.exit_code, running.exit_code) == (2, 2, 0), result.output
+    assert json.loads(as_json.stdout)["tasks"][1]["state"] == "FAILED"
     assert "task 1 trace:\nio.debezium.DebeziumException: publication missing" in result.stdout
 
 
