@@ -103,11 +103,15 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
               help="Only the letters of this event id; repeatable.")
 @click.option("--since", metavar="TIME", help="Only letters written at or after TIME: "
               "ISO-8601 (UTC unless it says) or a duration back from now (2h).")
+@click.option("--include-expired", is_flag=True, help="Also letters older than "
+              "dedup.window_ms (by default `expired`: the changelog no longer says whether an "
+              "earlier replay delivered them); only if none did.")
 @click.option("--dry-run", is_flag=True, help="Only show where each letter would go.")
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @output_option
 def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
-           since: str | None, dry_run: bool, yes: bool, output: str) -> None:
+           since: str | None, include_expired: bool, dry_run: bool, yes: bool,
+           output: str) -> None:
     """Route dead letters again with the current rules, exactly once.
 
     Every replay reads the dead-letter topic from its beginning; ids already delivered (by
@@ -119,7 +123,8 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
     selection = Selection(
         frozenset(stages), frozenset(ids),
         None if since is None else parse_since(since, option="--since",
-                                               now_ms=int(time.time() * 1000)))
+                                               now_ms=int(time.time() * 1000)),
+        include_expired)
     replayer = DeadLetterReplay(compiled, dry_run=dry_run)
     try:
         plan = replayer.plan(selection)

@@ -37,6 +37,16 @@ class SourceSettings(_Model):
     # The connector's topic.heartbeat.prefix; records on topics starting with it are skipped.
     heartbeat_topic_prefix: str = Field(default="__debezium-heartbeat", min_length=1)
 
+    @field_validator("group_id")
+    @classmethod
+    def _group_not_blank(cls, group_id: str) -> str:
+        # Review 48-e F1: librdkafka takes a blank group.id as none, and confluent-kafka's
+        # Consumer then failed a C assertion: the process aborted (SIGABRT) in `rules check`.
+        if not group_id.strip():
+            raise ValueError("is blank: give the router's Kafka consumer group, "
+                             "e.g. cdc-router (the default)")
+        return group_id
+
     @field_validator("topics")
     @classmethod
     def _legal_topics(cls, topics: list[str]) -> list[str]:

@@ -92,7 +92,9 @@ class ConsumerSettings:
         checks: list[Check] = [
             (bool(self.bootstrap_servers), "bootstrap_servers", "must not be empty",
              self.bootstrap_servers),
-            (bool(self.group_id), "group_id", "must not be empty", self.group_id),
+            # Review 48-e F1: a blank group.id aborted the process in confluent-kafka's C code.
+            (isinstance(self.group_id, str) and bool(self.group_id.strip()), "group_id",
+             "must be a string that is not empty or blank", self.group_id),
             (bool(self.topics) and all(self.topics), "topics", "must name at least one topic",
              self.topics),
             (bool(self.dead_letter_topic), "dead_letter_topic",

@@ -65,7 +65,7 @@ _VARYING = re.compile(r"\b\d+(?:\.\d+)?(?= (?:s (?:ahead|behind)|days old)\b)|"
                       r"(?<=\broutes\[)\d+(?=\])")
 
 Action = Literal["deliver", "dead_letter", "already_delivered", "repeated", "skip",
-                 "not_replayable", "still_failing", "superseded"]
+                 "not_replayable", "still_failing", "superseded", "expired"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,7 @@ class Selection:
     stages: frozenset[str] = frozenset()
     ids: frozenset[str] = frozenset()
     since_ms: int | None = None
+    include_expired: bool = False  # letters older than the dedup window too (plan_replay)
 
     def selects(self, letter: Letter) -> bool:
         return ((not self.stages or letter.stage in self.stages)
@@ -180,7 +181,8 @@ OursTest = Callable[[str, str | None], bool]
 
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 delivered: Iterable[str], ours: OursTest,
-                superseded: Mapping[tuple[int, int], str] | None = None) -> list[Planned]:
+                superseded: Mapping[tuple[int, int], str] | None = None,
+                expired_before_ms: int | None = None) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id delivered in this replay is pending in `seen`, so a second letter of it is
@@ -191,6 +193,11 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
     letter, and one that fails again as it failed before (stage and reason) is
     `still_failing`, not dead-lettered once more: QA 36-c F8, every replay added one letter
     per event it could not fix.
+
+    A letter written before `expired_before_ms` (now less dedup.window_ms) and not known as
+    delivered is `expired`: the changelog keeps its marks for the window only, so an earlier
+    replay of it may have left no mark (review 48-d F6: a dead-letter topic kept longer than
+    the window, a replay run again after it, delivered its letters twice).
     """
     before = set(delivered)
     planned = []
@@ -224,6 +231,12 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
             # letter's raw record would still fail, before any replay check.
             planned.append(Planned(letter, "already_delivered",
                                    note="delivered since it was dead-lettered"))
+            continue
+        if expired_before_ms is not None and letter.timestamp_ms < expired_before_ms:
+            planned.append(Planned(letter, "expired", note=(
+                "older than dedup.window_ms, whose marks the changelog no longer keeps: an "
+                "earlier replay may have delivered it; if none did, replay it with "
+                "--include-expired")))
             continue
         result = step(letter.source_topic, letter.key, letter.value)
         planned.append(_planned(letter, result, before))

@@ -55,6 +55,7 @@ from cdc_router.router.dlq_letters import (
     read_letter,
     superseded_letters,
 )
+from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.poison import (
     PoisonIsolation,
     abort_batch,
@@ -136,7 +137,8 @@ class DeadLetterReplay:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
                  reader_factory: Callable[..., Any] = TopicReader,
-                 describe_factory: DescribeFactory = admin_describe) -> None:
+                 describe_factory: DescribeFactory = admin_describe,
+                 operations_factory: OperationsFactory = admin_operations) -> None:
         config = self._config = compiled.config
         _check(config)
         self._dry_run = dry_run
@@ -149,7 +151,7 @@ class DeadLetterReplay:
                                        group_id=replay_group(config), what="dead-letter")
         self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids)
-        self._destinations = clients.destinations(config, self._producer)
+        self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=self._filter.seen,
                                 timestamp_limits=clients.timestamp_limits(self._describe))
@@ -196,9 +198,11 @@ class DeadLetterReplay:
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
+        horizon_ms = int(time.time() * 1000) - self._config.dedup.window_ms
         planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours,
                               superseded=superseded_letters(
-                                  letters, self._config.dead_letter.topic, ours))
+                                  letters, self._config.dead_letter.topic, ours),
+                              expired_before_ms=None if selection.include_expired else horizon_ms)
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:

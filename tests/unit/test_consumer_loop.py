@@ -518,6 +518,8 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"dead_letter_timeout_s": float("nan")}, "dead_letter_timeout_s"),
     ({"commit_interval_s": "1"}, "commit_interval_s"),
     ({"consumer_config": {"group.id": "other"}}, "consumer_config.group.id"),
+    ({"group_id": " "}, "group_id"),  # review 48-e F1: confluent-kafka aborted the process
+    ({"group_id": None}, "group_id"),
 ])
 def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"bootstrap_servers": "b:9092", "group_id": "g", "topics": (TOPIC,),

@@ -37,14 +37,17 @@ CUSTOMERS = "customers"
 class FakeLetters:
     """The dead-letter topic's reader: every committed letter, then its consumer's offsets."""
 
+    age_ms = 1_000  # how long ago every letter was written
+
     def __init__(self, cluster: FakeCluster) -> None:
         self.cluster = cluster
         self.consumer = FakeConsumer(cluster, {}, on_idle=lambda: None)
 
     def read_to_end(self, *, end: str, timeout_s: float) -> Iterator[Message]:
+        written_ms = int(time.time() * 1000) - self.age_ms
         for offset, stored in enumerate(self.cluster.committed(DLQ)):
             yield Message(topic=DLQ, partition=0, offset=offset, key=stored.key,
-                          value=stored.value, headers=stored.headers, timestamp=(1, 1_000))
+                          value=stored.value, headers=stored.headers, timestamp=(1, written_ms))
 
     def close(self) -> None:
         pass
@@ -81,7 +84,8 @@ def replayer(cluster: FakeCluster, dedup: dict[str, Any] | None = None,
         producer_factory=lambda conf: FakeProducer(cluster, conf),
         changelog_factory=lambda conf, topic: Changelog(cluster, topic),
         reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
-        describe_factory=cluster.describe_factory)
+        describe_factory=cluster.describe_factory,
+        operations_factory=cluster.operations_factory)
 
 
 def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> None:
@@ -99,6 +103,29 @@ def test_a_replay_delivers_marks_and_moves_the_group_in_one_transaction() -> Non
     assert cluster.group_offsets == {(DLQ, 0): 3}
     assert [step for step in cluster.journal if not step.startswith("acked")] == [
         "flush", "send_offsets", "commit"]
+
+
+def test_letters_older_than_the_dedup_window_are_expired_unless_included(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 48-d F6: the changelog ages a `replayed:` mark out after dedup.window_ms, the
+    # dead-letter topic may keep its letter longer: the replay run again delivered it twice.
+    cluster = cluster_with_letters("Customer", "Customer")
+    first = replayer(cluster, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
+    assert first.apply(first.plan(Selection(ids=frozenset({"e-0"})))).committed == {"deliver": 1}
+    cluster.topics[CHANGELOG] = []  # the window has passed: every mark aged out
+    monkeypatch.setattr(FakeLetters, "age_ms", 3_600_001)
+    hour = {"window_ms": 3_600_000}
+    second = replayer(cluster, dedup=hour)
+    plan = second.plan(Selection())
+    assert plan.counts() == {"expired": 2}
+    assert "--include-expired" in plan.planned[0].note
+    assert second.apply(plan).committed == {}
+    assert [s.key for s in cluster.committed(CUSTOMERS)] == [b"e-0"]
+    # Told that no replay delivered e-1, the user includes the expired letters by its id.
+    third = replayer(cluster, dedup=hour, commit_interval_ms=5_000, transaction_timeout_ms=50_000)
+    included = Selection(ids=frozenset({"e-1"}), include_expired=True)
+    assert third.apply(third.plan(included)).committed == {"deliver": 1}
+    assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1"]
 
 
 def test_a_letter_refused_again_as_before_is_still_failing_not_dead_lettered_once_more(
@@ -207,7 +234,8 @@ def test_a_relay_letter_is_replayed_from_its_row() -> None:
         producer_factory=lambda conf: FakeProducer(cluster, conf),
         changelog_factory=lambda conf, topic: Changelog(cluster, topic),
         reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
-        describe_factory=cluster.describe_factory)
+        describe_factory=cluster.describe_factory,
+        operations_factory=cluster.operations_factory)
     result = replay.apply(replay.plan(Selection()))
     assert result.committed == {"deliver": 1}
     [delivered] = cluster.committed(CUSTOMERS)

@@ -405,6 +405,8 @@ def test_missing_file() -> None:
      "this one has 100000 (got 'aaaa"),
     ("source: {group_id: '{aggregate_type'}\nroutes: [{topic: t}]\n"
      "relay: {table: public.outbox}\n", "field 'source.group_id': illegal characters '{'"),
+    ("source: {topics: [a], group_id: \" \\t\"}\nroutes: [{topic: t}]\n",  # review 48-e F1
+     "field 'source.group_id': is blank: give the router's Kafka consumer group"),
     ("source: {topics: [a]}\nroutes: [{topic: t, format: avro, schema: \"x\\r\\n\"}]\n",
      "x\\r\\n: file not found"),
 ])
