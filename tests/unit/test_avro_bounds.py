@@ -108,3 +108,18 @@ def test_the_consumers_decoder_refuses_such_a_claim_too(tmp_path: Any) -> None:
     assert decoder.decode(header + _varint(3) + b"\x00").value == {"xs": [None] * 3}
     with pytest.raises(PayloadDecodeError, match="array items that take no bytes"):
         decoder.decode(header + _varint(2**62 - 1) + b"\x00")
+
+
+def test_the_consumers_decoder_refuses_such_a_claim_in_the_registrys_wire_format() -> None:
+    # Review 48-d F5: the wire-format path handed the body to the library unchecked: a 10-byte
+    # record decoded into 3,000,000 Nones, one of 2**62 items ended in MemoryError.
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    text = '{"type": "record", "name": "R", "fields": [{"name": "xs", "type": ' \
+           '{"type": "array", "items": "null"}}]}'
+    registry = SchemaRegistryClient.new_client({"url": "mock://avro-bounds-wire"})
+    header = b"\x00" + registry.register_schema("t-value", Schema(text, "AVRO")).to_bytes(4, "big")
+    decoder = PayloadDecoder(registry=registry)
+    assert decoder.decode(header + _varint(3) + b"\x00").value == {"xs": [None] * 3}
+    with pytest.raises(PayloadDecodeError, match="array items that take no bytes"):
+        decoder.decode(header + _varint(3_000_000) + b"\x00")
