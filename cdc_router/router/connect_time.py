@@ -67,6 +67,12 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
                              "the column timestamp(6) or timestamptz")
         # QA 44-a: a timestamp(6) column dated 1970-01-01 00:00:00.001 reads 1000 too, and
         # the reason offered only `millis`, which would not have read it as that time.
+        if value == 0:  # QA 48-a F-med-2: JsonConverter writes a NULL as the default, 0
+            raise ValueError(
+                "is 0 (1970-01-01): a NULL in a column with a DEFAULT, which Kafka Connect's "
+                "JsonConverter writes as Debezium's default, 0? Set the connector's "
+                "value.converter.replace.null.with.default: false (connectors/"
+                "outbox-connector.json does), or write the event's time")
         raise ValueError(
             f"is {value}, which as milliseconds is {moment} and as microseconds "
             f"{_iso(value // 1000)}: a date (days) or epoch seconds, not a timestamp? Make "

@@ -90,7 +90,6 @@ class OutboxRouter:
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
-        self._replay_lines = ReplayLines()
         self._consumer_factory = consumer_factory
         self._generations = Generations()
         self._clock = clock
@@ -99,6 +98,7 @@ class OutboxRouter:
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        self._replay_lines = ReplayLines(self._replay)
         self._changelog = None if not config.dedup.enabled else changelog_factory(
             clients.common_config(config), config.dedup.changelog_topic)
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),

@@ -225,6 +225,11 @@ class ReplayFilter:
             return True
         return False
 
+    def dead_lettered(self, event_id: str) -> bool:
+        """True if the id the filter holds came from a dead letter's mark, not a delivery."""
+        key = self._key(event_id)
+        return key in self._dead or key in self._pending_dead
+
     def add_pending(self, event_id: str, now_ms: int, *, dead_lettered: bool = False) -> None:
         key = self._key(event_id)
         self._pending[key] = None

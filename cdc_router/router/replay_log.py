@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from cdc_router.errors import show
+from cdc_router.router.replay import ReplayFilter
 
 log = logging.getLogger("cdc_router.router")
 
@@ -17,7 +18,9 @@ SAID_PER_MINUTE = 100
 
 
 class ReplayLines:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, replay: ReplayFilter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._replay = replay
         self._clock = clock
         self._since = clock()
         self._said = 0
@@ -30,6 +33,13 @@ class ReplayLines:
         if self._said >= SAID_PER_MINUTE:
             return
         self._said += 1
+        if self._replay is not None and self._replay.dead_lettered(event_id):
+            # QA 48-a F-med-3: an `outbox republish` of a dead-lettered row, after the rules
+            # were fixed, was dropped as a replay: its letter is what delivers it.
+            log.warning("event=replay_dropped id=%s %s: the id was dead-lettered; unless a "
+                        "`dlq replay` delivered it since, `cdc-router dlq replay --id %s` "
+                        "delivers its letter", show(event_id), where, show(event_id))
+            return
         log.info("event=replay_dropped id=%s %s", show(event_id), where)
         if self._said == SAID_PER_MINUTE:
             log.info("event=replay_lines_capped per_minute=%d: the rest of this minute's "

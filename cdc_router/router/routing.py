@@ -136,7 +136,9 @@ class Router:
         if self._created_at_stamps and event.created_at_ms is not None and \
                 event.created_at_ms < 0:
             raise RouteError(f"event {show(event.event_id)}: created_at is before 1970, which "
-                             "Kafka cannot store as a record timestamp")
+                             "Kafka cannot store as a record timestamp; set "  # QA 48-a F-low-5
+                             "delivery.record_timestamp: now to deliver such rows with the "
+                             "router's clock, or write the event's time")
         return OutboundRecord(topic=topic, key=key, value=value, partition=partition,
                               headers=headers, timestamp_ms=event.created_at_ms,
                               event_id=event.event_id, route_index=index, format=rule.format)

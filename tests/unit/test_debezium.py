@@ -134,6 +134,14 @@ def test_an_integer_created_at_that_is_days_or_seconds_is_a_decode_dead_letter(
     assert isinstance(said, OutboxEvent) and said.created_at_ms == value, meant
 
 
+def test_a_created_at_of_0_names_the_converter_setting_that_writes_a_null_so() -> None:
+    # QA 48-a F-med-2: a NULL created_at in a column with a DEFAULT arrived as 0 (JsonConverter's
+    # replace.null.with.default); the reason asked for timestamp(6), which the column was.
+    with pytest.raises(DecodeError, match=r"is 0 \(1970-01-01\): a NULL in a column with a "
+                       r"DEFAULT.*value\.converter\.replace\.null\.with\.default: false"):
+        decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(created_at=0))
+
+
 def test_a_timestamp6_created_at_in_1970_names_the_unit_that_reads_it() -> None:
     # QA 44-a: '1970-01-01 00:00:00.001' in a timestamp(6) column (1000 us) was a letter whose
     # reason offered only created_at_unit: millis, which reads it as 00:00:01.

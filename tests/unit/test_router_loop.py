@@ -1323,3 +1323,18 @@ def test_a_second_fatal_transaction_error_before_any_commit_stops_the_router() -
     assert cluster.producers_initialised == 2  # renewed once, then stopped
     assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]
     assert cluster.group_offsets == {(RAW, 0): 4}
+
+
+def test_a_dead_lettered_id_read_again_is_dropped_with_the_replay_that_delivers_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 48-a F-med-3: the row of a dead letter, republished once the rules were fixed, was
+    # dropped as a replay with an INFO line: its letter is what delivers it.
+    big = raw_event("e-big", payload='{"pad": "' + "x" * 300 + '"}')
+    cluster = cluster_with(big, *events(2), big)
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        harness = Harness(cluster, delivery={"max_payload_bytes": 200}).run()
+    assert sorted(harness.delivered()) == ["e-0", "e-1"] and len(harness.letters()) == 1
+    dropped = [record for record in caplog.records if "replay_dropped" in record.getMessage()]
+    assert [(record.levelname, record.getMessage().split(": ", 1)[1]) for record in dropped] == [
+        ("WARNING", "the id was dead-lettered; unless a `dlq replay` delivered it since, "
+                    "`cdc-router dlq replay --id 'e-big'` delivers its letter")]
