@@ -82,6 +82,16 @@ class DecodeError(CdcRouterError):
     event_id: str | None = None
 
 
+class MissingColumn(DecodeError):
+    """A configured outbox column the change event's row does not have: `row_columns` are
+    the row's own (router/missing_columns.py tells a table from a row)."""
+
+    def __init__(self, message: str, *, column: str, row_columns: tuple[str, ...]) -> None:
+        self.column = column
+        self.row_columns = row_columns
+        super().__init__(f"{message}; the row has {show(', '.join(row_columns), 300)}")
+
+
 class RouteError(CdcRouterError):
     """No valid destination for an event (stage: route)."""
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
-from cdc_router.errors import DecodeError, JsonTooDeep, show
+from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn, show
 from cdc_router.router.connect_decimal import decimals_as_text
 from cdc_router.router.row_columns import (
     column_text,
@@ -285,8 +285,9 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
         return value  # the common case: every check below would pass
     prefix = f"{where}: " if where else ""
     if column not in row:
-        raise DecodeError(f"{prefix}column {column!r} ({what}) is missing from the row; "
-                          "check source.outbox column names")
+        raise MissingColumn(f"{prefix}column {column!r} ({what}) is missing from the row; "
+                            "check source.outbox column names", column=column,
+                            row_columns=tuple(row))
     if isinstance(value, bool) or not isinstance(value, str | int):
         # QA 35-a F2: a numeric column under the connector's decimal.handling.mode=double.
         fix = ("; a numeric column arrives as a number with the connector's "

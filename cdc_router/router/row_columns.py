@@ -17,7 +17,7 @@ import math
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from cdc_router.errors import DecodeError, JsonTooDeep
+from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn
 from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
 from cdc_router.serde.json import (
     LONE_SURROGATE,
@@ -48,7 +48,8 @@ def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | No
              settings: SourceSettings, where: str) -> tuple[bytes, bool]:
     """The payload column as (bytes, is_json), per its schema or settings.payload_type."""
     if column not in row:
-        raise DecodeError(f"{where}: payload column {column!r} is missing from the row")
+        raise MissingColumn(f"{where}: payload column {column!r} is missing from the row",
+                            column=column, row_columns=tuple(row))
     value = row[column]
     if value is None:
         raise DecodeError(f"{where}: payload column {column!r} is null")

@@ -30,6 +30,7 @@ from cdc_router.errors import (
     DecodeError,
     DeliveryError,
     FatalKafkaError,
+    MissingColumn,
     RouteError,
     SerializeError,
     printable,
@@ -38,6 +39,7 @@ from cdc_router.errors import (
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
+from cdc_router.router.missing_columns import MissingColumns
 from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.router.timestamps import TimestampLimits
 from cdc_router.router.values import quick_init
@@ -208,6 +210,7 @@ class RecordStep:
             if config.delivery.guarantee == "exactly_once" else float("inf")
         self._slow: OrderedDict[str, tuple[int, float]] = OrderedDict()  # id -> (times, s)
         self._slow_decodes = _SlowDecodes()
+        self._missing_columns = MissingColumns(config.source.outbox)
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
                                          compiled.serializers.items()}
         self._router = Router(compiled, staged)
@@ -241,9 +244,13 @@ class RecordStep:
         except PROCESS_LEVEL:
             raise
         except Exception as error:
+            if isinstance(error, MissingColumn):
+                self._missing_columns.missing(topic, error)  # ConfigError after a run of them
             return decode_letter(error)
         if isinstance(decoded, debezium.Skipped):
             return Skipped(decoded.reason, decoded.detail)
+        if self._missing_columns.runs:
+            self._missing_columns.read(topic)
         decoding_s = self._timer() - started
         if decoding_s > self._slow_s:
             slow = self._slow_decodes.add(topic, key, value, decoding_s, decoded.event_id)
