@@ -18,15 +18,8 @@ from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.checks import reading_problems
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
-from cdc_router.connect.plan import (
-    ConfigChange,
-    ConnectorAction,
-    ConnectorPlan,
-    plan,
-    slot_conflicts,
-    slot_of,
-    slot_users,
-)
+from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
+from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
 
@@ -181,7 +174,9 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
             click.echo(f"warning: {spec.source}: {spec.name}: {problem}", err=True)
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
-    conflicts = slot_conflicts(specs, state.client.list_configs())
+    conflicts, doubts = slot_conflicts(specs, state.client.list_configs())
+    for line in doubts:
+        click.echo(f"warning: {line}", err=True)
     if conflicts:
         for line in conflicts:
             click.echo(line, err=True)
@@ -373,15 +368,9 @@ def delete(state: _State, name: str, yes: bool) -> None:
     if slot is None:
         return
     # The deleted one may still be listed for a moment (its removal travels the config topic).
-    users = [user for user in slot_users(state.client.list_configs(), slot) if user != name]
-    if users:
-        click.echo(f"hint: replication slot {slot[3]!r} stays: connector {', '.join(users)} "
-                   "streams from it", err=True)
-    else:
-        # The slot may never have been made (a task that failed first): this drops it if so.
-        click.echo(f"hint: replication slot {slot[3]!r}, if the connector made it, stays and "
-                   "retains WAL until dropped: SELECT pg_drop_replication_slot(slot_name) FROM "
-                   f"pg_replication_slots WHERE slot_name = '{slot[3]}';", err=True)
+    others = {user: config for user, config in state.client.list_configs().items()
+              if user != name}
+    click.echo(drop_hint(name, slot, slot_users(others, slot)), err=True)
 
 
 @cli.command()

@@ -68,38 +68,3 @@ def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
     moved = prefix_move(deployed, spec.config)
     return ConnectorPlan(spec, action, changes, (moved,) if moved else ())
 
-
-def slot_of(config: Mapping[str, str]) -> tuple[str, str, str, str] | None:
-    """A Postgres connector's replication slot (host, port, database, slot.name), or None."""
-    if "postgres" not in config.get("connector.class", "").lower():
-        return None
-    return (config.get("database.hostname", ""), config.get("database.port", "5432"),
-            config.get("database.dbname", ""), config.get("slot.name", "debezium"))
-
-
-def slot_users(deployed: Mapping[str, Mapping[str, str]],
-               slot: tuple[str, str, str, str]) -> list[str]:
-    """The deployed connectors that stream from `slot`."""
-    return [name for name, config in deployed.items() if slot_of(config) == slot]
-
-
-def slot_conflicts(specs: list[ConnectorSpec],
-                   deployed: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """One line per spec whose replication slot another connector (deployed, or in the same
-    files) already uses: two connectors on one slot take turns failing with "replication slot
-    is active" and each misses what the other consumed."""
-    problems = []
-    claimed: dict[tuple[str, str, str, str], str] = {}
-    for spec in specs:
-        slot = slot_of(spec.config)
-        if slot is None:
-            continue
-        others = [name for name in slot_users(deployed, slot) if name != spec.name]
-        if slot in claimed:
-            others.append(claimed[slot])
-        claimed.setdefault(slot, spec.name)
-        if others:
-            problems.append(f"{spec.source}: {spec.name}: slot.name {slot[3]!r} on "
-                            f"{slot[0]}:{slot[1]}/{slot[2]} is already used by connector "
-                            f"{', '.join(sorted(others))}")
-    return problems

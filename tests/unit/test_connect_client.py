@@ -768,4 +768,4 @@ def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it
     # QA 46-a F3: a slot the connector never made (its task failed first) is not there to
     # drop: the hint's statement drops it only if it is.
     assert ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
-            "slot_name = 's';") in alone.stderr
+            "slot_name = 's' AND NOT active;") in alone.stderr
