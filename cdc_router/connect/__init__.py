@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from cdc_router.connect.client import (
     DEFAULT_TIMEOUT,
+    READ_TIMEOUT,
     ConnectClient,
     ConnectorStatus,
     TaskStatus,
@@ -27,6 +28,7 @@ from cdc_router.errors import UnknownConnectorError
 __all__ = [
     "CONNECT_MANAGED_KEYS",
     "DEFAULT_TIMEOUT",
+    "READ_TIMEOUT",
     "ConfigChange",
     "ConnectClient",
     "ConnectorAction",

@@ -27,6 +27,10 @@ log = logging.getLogger("cdc_router.connect")
 # lets the user see Connect's own message instead of our guess. Connecting is a plain TCP
 # handshake: if it takes more than a few seconds, the worker is not there.
 DEFAULT_TIMEOUT = httpx.Timeout(100.0, connect=5.0)
+# A GET (a status, a config, the list) is answered from the worker's memory in milliseconds,
+# never forwarded to the leader: 10 s without an answer is a worker that is stuck (stopped,
+# in a long GC pause), which the user should hear of now, not in 100 s (review 48-b F8).
+READ_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 
 # A 409 means a rebalance or a concurrent config write is in flight; both settle within seconds
 # on a healthy cluster, so a short bounded retry beats failing the command.
@@ -102,13 +106,15 @@ class ConnectClient:
 
     def __init__(self, url: str, *, auth: tuple[str, str] | None = None,
                  timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+                 read_timeout: httpx.Timeout = READ_TIMEOUT,
                  transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url.rstrip("/")
         self._shown = shown_url(self.url)  # httpx takes user:password@ in it as basic auth
         self._auth = httpx.BasicAuth(*auth) if auth else None
-        self._timeout = timeout
+        self._timeout = timeout  # of the writes; a GET has `read_timeout`
+        self._read_timeout = read_timeout
         self._transport = transport
         self._sleep = sleep
         self._clock = clock
@@ -270,12 +276,17 @@ class ConnectClient:
 
     def _request(self, method: str, path: str, *, connector: str | None = None,
                  **kwargs: Any) -> httpx.Response:
+        timeout = self._read_timeout if method == "GET" else self._timeout
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
-                response = self._client.request(method, path, **kwargs)
+                response = self._client.request(method, path, timeout=timeout, **kwargs)
             except httpx.TimeoutException as error:
+                waited = timeout.connect if isinstance(error, httpx.ConnectTimeout) else \
+                    timeout.read
+                within = f"within {waited:g}s" if waited is not None else "in time"
                 raise ConnectError(f"Kafka Connect at {self._shown} did not answer {method} {path} "
-                                   f"in time ({type(error).__name__})") from error
+                                   f"{within} ({type(error).__name__}): is the worker stuck or "
+                                   "overloaded? try again, or look at its log") from error
             except httpx.TransportError as error:
                 raise ConnectError(f"Kafka Connect unreachable at {self._shown}: "
                                    f"{on_one_line(str(error)) or type(error).__name__}") from error
