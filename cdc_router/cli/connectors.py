@@ -349,6 +349,12 @@ _lifecycle_command("stop", "Stop a connector: its tasks shut down, its config st
 def reset_offsets(state: _State, name: str, yes: bool) -> None:
     """Forget a STOPPED connector's source offsets (after its slot was lost); it stays
     STOPPED until `connectors resume`."""
+    # Review 48-b F9: Connect's own 400 told of a 'PUT' to its /stop endpoint.
+    current = state.client.get_status(name).state
+    if current != "STOPPED":
+        raise ConnectError(f"connector {name!r} is {current}; only a STOPPED connector's offsets "
+                           f"can be reset: `cdc-router connectors stop {name}`, `cdc-router "
+                           f"connectors wait {name} --state STOPPED`, then reset-offsets again")
     confirm(f"Forget the offsets of connector {name}?", yes)
     state.client.reset_offsets(name)
     click.echo(f"{name}: offsets reset; it stays STOPPED: `cdc-router connectors resume {name}`")

@@ -521,6 +521,8 @@ class ScriptedConnect:
         self.states_after_put: list[str] = []  # task 1's, one per status read after a PUT
         self.reads_after_put: list[str] = []
         self.puts: list[str] = []
+        self.connector_state = "RUNNING"
+        self.resets: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         parts = request.url.path.strip("/").split("/")
@@ -540,11 +542,17 @@ class ScriptedConnect:
             return httpx.Response(201 if created else 200, json={})
         if name not in self.configs:
             return httpx.Response(404, json={"message": f"Connector {name} not found"})
+        if request.method == "DELETE" and parts[-1] == "offsets":
+            if self.connector_state != "STOPPED":
+                return httpx.Response(400, json={"message": "Connectors must be in the STOPPED "
+                                                 "state ... issuing a 'PUT' request"})
+            self.resets.append(name)
+            return httpx.Response(200, json={"message": "offsets reset"})
         if parts[-1] == "status" and self.reads_after_put:
             self.task_state = self.reads_after_put.pop(0)
         if parts[-1] == "status":
             return httpx.Response(200, json=status_json(
-                name, "RUNNING", "RUNNING", self.task_state,
+                name, self.connector_state, "RUNNING", self.task_state,
                 trace="io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"))
         return httpx.Response(200, json=self.configs[name])
 
@@ -785,3 +793,20 @@ def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it
     # drop: the hint's statement drops it only if it is.
     assert ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
             "slot_name = 's' AND NOT active;") in alone.stderr
+
+
+
+def test_reset_offsets_of_a_running_connector_says_how_to_stop_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 48-b F9: Connect's 400 was relayed, advising a 'PUT' to its /stop endpoint.
+    connect = ScriptedConnect({"c": {"name": "c"}})
+    result = run_cli(monkeypatch, connect, "reset-offsets", "c", "--yes")
+    assert result.exit_code == 1
+    assert result.stderr == ("error: connector 'c' is RUNNING; only a STOPPED connector's "
+                             "offsets can be reset: `cdc-router connectors stop c`, `cdc-router "
+                             "connectors wait c --state STOPPED`, then reset-offsets again\n")
+    assert connect.resets == []
+    connect.connector_state = "STOPPED"
+    done = run_cli(monkeypatch, connect, "reset-offsets", "c", "--yes")
+    assert done.exit_code == 0, done.output
+    assert connect.resets == ["c"]
