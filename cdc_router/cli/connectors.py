@@ -205,6 +205,12 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
     for item in pending:
         _watch_start(state.client, item.spec.name, wait_s, failed_before.get(item.spec.name))
+    # Review 48-b F10: a table that does not exist, or is outside the publication, captures
+    # nothing while the task runs; `status` checks both, against the router's own database.
+    for name in [item.spec.name for item in pending if slot_of(item.spec.config)]:
+        click.echo(f"hint: Connect checked {name}'s config, not its table: `cdc-router status -c "
+                   f"router.yaml --connector {name}` checks its slot, publication and table",
+                   err=True)
 
 
 def _status(client: ConnectClient, name: str) -> ConnectorStatus | None:

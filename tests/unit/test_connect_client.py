@@ -810,3 +810,19 @@ def test_reset_offsets_of_a_running_connector_says_how_to_stop_it(
     done = run_cli(monkeypatch, connect, "reset-offsets", "c", "--yes")
     assert done.exit_code == 0, done.output
     assert connect.resets == ["c"]
+
+
+def test_apply_of_a_postgres_connector_points_to_status_for_its_table(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Review 48-b F10: a connector on a table that does not exist, or is outside its
+    # publication, was RUNNING, exit 0, and nothing said to look further.
+    result = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--yes", "--wait", "0.3", "-f",
+                     connector_file(tmp_path, **_PG))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.rstrip().endswith("c: RUNNING (2 task(s))")
+    assert result.stderr.rstrip().endswith(
+        "hint: Connect checked c's config, not its table: `cdc-router status -c router.yaml "
+        "--connector c` checks its slot, publication and table")
+    other = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--yes", "--wait", "0", "-f",
+                    connector_file(tmp_path))
+    assert other.exit_code == 0 and "hint:" not in other.stderr  # not a Postgres connector
