@@ -27,10 +27,12 @@ log = logging.getLogger("cdc_router.connect")
 # lets the user see Connect's own message instead of our guess. Connecting is a plain TCP
 # handshake: if it takes more than a few seconds, the worker is not there.
 DEFAULT_TIMEOUT = httpx.Timeout(100.0, connect=5.0)
-# A GET (a status, a config, the list) is answered from the worker's memory in milliseconds,
-# never forwarded to the leader: 10 s without an answer is a worker that is stuck (stopped,
-# in a long GC pause), which the user should hear of now, not in 100 s (review 48-b F8).
-READ_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
+# A GET (a status, a config, the list) is answered from the worker's memory, never forwarded
+# to the leader; a config or the list waits for the herder's thread, which a rebalance or a
+# connector's start may hold for seconds. 30 s without an answer is a worker that is stuck
+# (stopped, in a long GC pause), which the user should hear of sooner than 100 s (review
+# 48-b F8); `status`'s probe takes 10 s (ops/connector.py).
+READ_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 
 # A 409 means a rebalance or a concurrent config write is in flight; both settle within seconds
 # on a healthy cluster, so a short bounded retry beats failing the command.

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+import httpx
+
 from cdc_router.connect.checks import raw_topic
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.spec import included_tables
@@ -18,6 +20,8 @@ from cdc_router.ops.report import ConnectorState, TaskState
 # Debezium's PostgreSQL connector defaults for slot.name and publication.name.
 DEFAULT_SLOT = "debezium"
 DEFAULT_PUBLICATION = "dbz_publication"
+# A status check answers in seconds: Connect's GETs answer in milliseconds when it is there.
+TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 _PLAIN_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 
 
@@ -37,7 +41,7 @@ class Capture:
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
     """The connector's state (with its raw topic) and what it captures; None when its config
     could not be read."""
-    with ConnectClient(url) as client:  # its GETs' timeout (10 s) keeps status short
+    with ConnectClient(url, read_timeout=TIMEOUT) as client:
         try:
             status = client.get_status(name)
             config = client.get_config(name)
