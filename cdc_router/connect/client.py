@@ -299,7 +299,12 @@ class ConnectClient:
                 continue
             break
         if response.status_code == httpx.codes.NOT_FOUND and connector is not None:
-            raise UnknownConnectorError(connector, self._shown)
+            if _connects_own(response):
+                raise UnknownConnectorError(connector, self._shown)
+            # Review 48-b F16: a web server or the registry at a wrong --url answered 404, and
+            # `diff` planned a create (exit 2), `status` said the connector was unknown.
+            raise ConnectError(f"{self._shown} answered 404 to {method} {path} without Kafka "
+                               "Connect's error JSON: is this Kafka Connect's REST URL?")
         if response.is_error:
             raise ConnectError(f"Kafka Connect answered {response.status_code} to {method} "
                                f"{path}: {_message(response)}")
@@ -344,3 +349,12 @@ def _message(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         message = None
     return on_one_line(str(message or response.reason_phrase or response.text))
+
+
+def _connects_own(response: httpx.Response) -> bool:
+    """True for Kafka Connect's error body: {"error_code": 404, "message": "..."}."""
+    try:
+        data = response.json()
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("error_code") == response.status_code

@@ -189,6 +189,19 @@ def test_an_unknown_connector_is_named() -> None:
     assert str(caught.value) == f"unknown connector 'x' (Kafka Connect at {URL})"
 
 
+@pytest.mark.parametrize("page", [
+    httpx.Response(404, text="<html>Not Found</html>"),
+    httpx.Response(404, json={"error_code": 40401, "message": "Subject not found."}),
+])
+def test_a_404_that_is_not_connects_is_a_wrong_url_not_an_unknown_connector(
+        page: httpx.Response) -> None:
+    # Review 48-b F16: a web server or the schema registry at a wrong --url answered 404:
+    # `diff` planned a create (exit 2), `status` and `delete` said "unknown connector".
+    with pytest.raises(ConnectError, match=r"answered 404 to GET /connectors/x/status without "
+                       r"Kafka Connect's error JSON: is this Kafka Connect's REST URL\?"):
+        client(lambda request: page).get_status("x")
+
+
 def test_an_error_answer_carries_status_and_connects_message_on_one_line() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(400, json={"error_code": 400, "message":
@@ -298,7 +311,7 @@ def test_a_conflict_during_a_rebalance_is_retried() -> None:
 
 
 def test_wait_for_state_polls_until_every_task_runs() -> None:
-    answers = iter([httpx.Response(404, json={"message": "No status found"}),
+    answers = iter([httpx.Response(404, json={"error_code": 404, "message": "No status found"}),
                     httpx.Response(200, json=status_json("c", "RUNNING")),
                     httpx.Response(200, json=status_json("c", "RUNNING", "UNASSIGNED")),
                     httpx.Response(200, json=status_json("c", "RUNNING", "RUNNING"))])
@@ -462,7 +475,7 @@ def test_plan_creates_updates_or_leaves_alone() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         name = request.url.path.split("/")[2]
         if name not in deployed:
-            return httpx.Response(404, json={"message": "not found"})
+            return httpx.Response(404, json={"error_code": 404, "message": "not found"})
         return httpx.Response(200, json=deployed[name])
 
     connect = client(answer)
@@ -541,7 +554,8 @@ class ScriptedConnect:
             self.configs[name] = {**json.loads(request.content), "name": name}
             return httpx.Response(201 if created else 200, json={})
         if name not in self.configs:
-            return httpx.Response(404, json={"message": f"Connector {name} not found"})
+            return httpx.Response(404, json={"error_code": 404,
+                                                "message": f"Connector {name} not found"})
         if request.method == "DELETE" and parts[-1] == "offsets":
             if self.connector_state != "STOPPED":
                 return httpx.Response(400, json={"message": "Connectors must be in the STOPPED "
