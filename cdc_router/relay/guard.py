@@ -40,7 +40,7 @@ the same transaction as the batch's records (relay/loop.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cdc_router.errors import ConfigError
@@ -83,13 +83,44 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class DatabaseIdentity:
+    """Whose transaction ids a position counts: a database of a cluster (its system
+    identifier, which a physical standby shares; None when the role may not read it)."""
+
+    name: str
+    cluster: str | None = None
+
+    def same(self, other: DatabaseIdentity) -> bool:
+        return self.name == other.name and (None in (self.cluster, other.cluster)
+                                            or self.cluster == other.cluster)
+
+    def __str__(self) -> str:
+        return f"{self.name!r} of cluster {self.cluster or '(not readable)'}"
+
+
+@dataclass(frozen=True)
 class RelayPosition:
     """How far the relay got: every row completed in `done` is delivered; of the rows completed
-    in `reading` (and not in `done`), those up to seq `after_seq`."""
+    in `reading` (and not in `done`), those up to seq `after_seq`. `database`: whose
+    transactions they are (None in positions stored before it was kept)."""
 
     done: Snapshot | None = None  # None: nothing delivered yet, every row is to be read
     reading: Snapshot | None = None  # None: between reads, the next one takes a new snapshot
     after_seq: int | None = None
+    database: DatabaseIdentity | None = None
+
+    def of_database(self, database: DatabaseIdentity, where: str) -> RelayPosition:
+        """This position, for `database`; ConfigError when it is another database's (QA 48-c
+        F2: two databases' relays of one config shared the position, 609 of 621 rows of one
+        were passed over for good)."""
+        if self.database is not None and not self.database.same(database):
+            raise ConfigError(
+                f"the relay position {where} counts the transactions of database "
+                f"{self.database}, and this relay reads database {database}: its rows would be "
+                "skipped", field="source.group_id", hint="give each database's relay its own "
+                "source.group_id (it names the position topic and the transactional id), or "
+                "its own relay.position_topic and delivery.transactional_id")
+        return replace(self, database=database)
 
     def wanted(self, txid: int, seq: int) -> bool:
         """Whether the row (txid, seq) belongs to the read in progress and is not delivered
@@ -111,7 +142,7 @@ class RelayPosition:
                 "skipped", field="relay position",
                 hint="delete the relay's record from its position topic to read the table "
                      "from its start (the replay filter drops what was delivered)")
-        return RelayPosition(self.done, snapshot, None)
+        return replace(self, reading=snapshot, after_seq=None)
 
     def after_batch(self, rows: int, limit: int, last_seq: int | None) -> RelayPosition:
         """The position once a batch of `rows` (at most `limit`, the last one `last_seq`) of
@@ -119,12 +150,16 @@ class RelayPosition:
         if self.reading is None:
             raise ValueError("after_batch needs a read in progress (start_read)")
         if rows < limit:
-            return RelayPosition(self.reading, None, None)
-        return RelayPosition(self.done, self.reading, last_seq)
+            return replace(self, done=self.reading, reading=None, after_seq=None)
+        return replace(self, after_seq=last_seq)
 
     def to_json(self) -> bytes:
-        return json.dumps({"done": _text(self.done), "reading": _text(self.reading),
-                           "after_seq": self.after_seq}, separators=(",", ":")).encode()
+        document: dict[str, Any] = {"done": _text(self.done), "reading": _text(self.reading),
+                                    "after_seq": self.after_seq}
+        if self.database is not None:
+            document["database"] = {"name": self.database.name,
+                                    "cluster": self.database.cluster}
+        return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> RelayPosition:
@@ -134,7 +169,10 @@ class RelayPosition:
             after = document["after_seq"]
             if after is not None and type(after) is not int:
                 raise ValueError("after_seq is not an integer")
-            return cls(_snapshot(document["done"]), _snapshot(document["reading"]), after)
+            database = document.get("database")
+            return cls(_snapshot(document["done"]), _snapshot(document["reading"]), after,
+                       None if database is None else DatabaseIdentity(
+                           str(database["name"]), database["cluster"] and str(database["cluster"])))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a relay position ({error}): {value[:200]!r}") from None
 

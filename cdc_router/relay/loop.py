@@ -51,12 +51,7 @@ from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import (
-    PoisonIsolation,
-    abort_batch,
-    produce_isolated,
-    record_refusals,
-)
+from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.replay_log import ReplayLines
@@ -211,13 +206,13 @@ class OutboxRelay:
         for key, value in self._records(kafka, topic, "relay position"):
             if key == self._position_key:
                 found = value
-        if found is None:
-            return RelayPosition()
         try:
-            return RelayPosition.from_json(found)
+            stored = RelayPosition() if found is None else RelayPosition.from_json(found)
         except ValueError as error:
             raise DeliveryError(f"the relay position topic {topic} holds a bad record for "
                                 f"{self._table}: {error}; fix or delete it") from None
+        assert self._reader.database is not None  # _start's snapshot() connected
+        return stored.of_database(self._reader.database, f"of {self._table} in topic {topic}")
 
     def _check_lock(self) -> None:
         now = time.monotonic()

@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from cdc_router.errors import ConfigError
-from cdc_router.relay.guard import RelayPosition, Snapshot
+from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 
 
 def test_a_snapshot_reads_and_writes_postgres_text() -> None:
@@ -195,3 +195,40 @@ def test_the_model_commits_out_of_order_so_a_last_seq_poller_skips_rows() -> Non
         last_seq = max(visible, default=last_seq)
     skipped = {seq for seq in db.committed if seq <= last_seq} - seen
     assert len(skipped) > 50
+
+
+def test_a_position_keeps_its_database_and_refuses_another_ones() -> None:
+    # QA 48-c F2: the relays of two databases of one config shared one position.
+    shop = DatabaseIdentity("shop", "7301")
+    stamped = RelayPosition(Snapshot(5, 9, (7,))).of_database(shop, "here")
+    assert RelayPosition.from_json(stamped.to_json()) == stamped
+    moved = stamped.start_read(Snapshot(9, 9)).after_batch(1, 10, 3)
+    assert moved.database == shop  # each step keeps it
+    older = RelayPosition.from_json(b'{"done":"5:9:7","reading":null,"after_seq":null}')
+    assert older.database is None and older.of_database(shop, "here").database == shop
+    assert stamped.of_database(DatabaseIdentity("shop", None), "here")  # the id not readable
+    for other in (DatabaseIdentity("tenant2", "7301"), DatabaseIdentity("shop", "9999")):
+        with pytest.raises(ConfigError, match=r"source\.group_id"):
+            stamped.of_database(other, "here")
+
+
+def test_a_standby_is_refused_as_the_relays_database() -> None:
+    # QA 48-c F1: on a hot standby the snapshots leave out the primary's running transactions;
+    # the position passed their rows, which were never read once they committed.
+    from cdc_router.relay.reader import _primary_database
+
+    class Answers:
+        def __init__(self, *rows: tuple[object, ...]) -> None:
+            self.rows = list(rows)
+
+        def execute(self, query: str) -> Answers:
+            return self
+
+        def fetchone(self) -> tuple[object, ...]:
+            return self.rows.pop(0)
+
+    with pytest.raises(ConfigError, match=r"field 'relay.dsn': the database is a standby.*"
+                       r"target_session_attrs=read-write"):
+        _primary_database(Answers((True, "shop")))  # type: ignore[arg-type]
+    assert _primary_database(Answers((False, "shop"), ("7301",))) == DatabaseIdentity(  # type: ignore[arg-type]
+        "shop", "7301")

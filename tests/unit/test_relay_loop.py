@@ -15,9 +15,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import EXIT_RESTART, DecodeError, LockLost
+from cdc_router.errors import EXIT_RESTART, ConfigError, DecodeError, LockLost
 from cdc_router.relay import loop as relay_loop
-from cdc_router.relay.guard import RelayPosition, Snapshot
+from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
 from cdc_router.router.replay import changelog_records
@@ -25,6 +25,9 @@ from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakePro
 
 TABLE = "public.outbox"
 POSITION = "shop.relay-position"
+
+
+SHOP = DatabaseIdentity("shop", "7301")
 
 
 class FakeTable:
@@ -35,6 +38,7 @@ class FakeTable:
         self.now = Snapshot(1, 1)
         self.columns: dict[str, dict[str, Any]] = {}
         self.fetches = 0
+        self.database = SHOP
 
     def add(self, seq: int, txid: int, **values: Any) -> str:
         event_id = f"00000000-0000-4000-8000-{seq:012d}"
@@ -125,8 +129,8 @@ def test_each_batch_commits_its_records_with_the_next_position() -> None:
     positions = [RelayPosition.from_json(s.value) for s in cluster.committed(POSITION)
                  if s.value is not None]
     # A full batch of 3 pages on within the read; the short one ends it.
-    assert positions == [RelayPosition(None, Snapshot(13, 13), 3), RelayPosition(
-        Snapshot(13, 13))]
+    assert positions == [RelayPosition(None, Snapshot(13, 13), 3, SHOP), RelayPosition(
+        Snapshot(13, 13), database=SHOP)]
     assert [s.key for s in cluster.committed(POSITION)] == [TABLE.encode()] * 2
     assert delivered == ids
 
@@ -146,6 +150,27 @@ def test_a_restarted_relay_goes_on_from_the_committed_position() -> None:
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first, second]
 
 
+def test_a_position_of_another_database_stops_the_relay_before_it_reads() -> None:
+    # QA 48-c F2: one config, two tenants' databases: the second relay went on from the first
+    # one's position, and 609 of its 621 rows were passed over for good.
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, _ = _relay(cluster, table, dedup=False)
+    _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1)
+    tenant = FakeTable()
+    tenant.database = DatabaseIdentity("tenant2", "7301")
+    tenant.add(1, 5)
+    tenant.now = Snapshot(6, 6)
+    other, _ = _relay(cluster, tenant, dedup=False)
+    with pytest.raises(ConfigError, match=r"field 'source.group_id': the relay position of "
+                       r".* counts the transactions of database 'shop' of cluster 7301, and "
+                       r"this relay reads database 'tenant2' of cluster 7301.*own "
+                       r"source.group_id"):
+        other.run()
+    assert len(cluster.committed(ORDERS)) == 1
+
+
 def test_a_failed_commit_keeps_the_position_and_the_batch_is_read_again() -> None:
     cluster, table = _cluster(), FakeTable()
     ids = [table.add(seq, 10) for seq in (1, 2)]
@@ -156,7 +181,7 @@ def test_a_failed_commit_keeps_the_position_and_the_batch_is_read_again() -> Non
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert cluster.journal.count("abort") == 1 and table.fetches >= 2
-    assert relay.position == RelayPosition(Snapshot(11, 11))
+    assert relay.position == RelayPosition(Snapshot(11, 11), database=SHOP)
 
 
 def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read_again() -> None:
@@ -180,7 +205,7 @@ def test_a_fatal_abort_after_an_outage_renews_the_producer_and_the_batch_is_read
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert cluster.producers_initialised == 2 and cluster.init_failures == []
-    assert relay.position == RelayPosition(Snapshot(11, 11))
+    assert relay.position == RelayPosition(Snapshot(11, 11), database=SHOP)
 
 
 def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
@@ -195,7 +220,7 @@ def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert len(cluster.abort_failures) == 54 and cluster.producers_initialised == 2
-    assert relay.position == RelayPosition(Snapshot(11, 11))
+    assert relay.position == RelayPosition(Snapshot(11, 11), database=SHOP)
 
 
 def test_a_producer_that_never_gets_metadata_again_is_renewed_after_failures_in_a_row(
