@@ -7,7 +7,6 @@ import base64
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,6 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from pathlib import Path
 
 from cdc_router.connect.spec import POSTGRES_CONNECTOR
 from cdc_router.errors import StackError
@@ -29,13 +27,12 @@ from cdc_router.local.config import (
     connect_properties,
     kafka_properties,
     log4j2_properties,
-    pg_hba_conf,
-    postgres_conf,
     save,
     to_properties,
 )
 from cdc_router.local.jars import ensure_jars, ensure_registry
 from cdc_router.local.nats_server import nats_healthy, start_nats
+from cdc_router.local.postgres import postgres_healthy, start_postgres
 from cdc_router.local.registry import registry_healthy, start_registry
 
 Say = Callable[[str], None]
@@ -100,7 +97,7 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
     # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
-        ("postgres", _start_postgres, _postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
+        ("postgres", start_postgres, postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
     started: dict[Part, int] = {}
     for part, start, check in starts:
         if part in running:
@@ -221,97 +218,6 @@ def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfi
                                  pid=pid, marker=process_marker(config),
                                  log_path=config.log_path(part))
     say(f"{part:<9} healthy in {seconds:.1f}s  {_address(config, part)}")
-
-
-# Postgres ------------------------------------------------------------------------------------
-
-def _postgres_user() -> tuple[str | None, int | None, int | None]:
-    """Postgres refuses to run as root: as root, run it as the `postgres` system user."""
-    if os.geteuid() != 0:
-        return None, None, None
-    try:
-        entry = pwd.getpwnam("postgres")
-    except KeyError as error:
-        raise StackError("running as root, but there is no `postgres` user to run Postgres as: "
-                         "install Debian's postgresql package (apt-get install -y postgresql)") \
-            from error
-    return "postgres", entry.pw_uid, entry.pw_gid
-
-
-def _pg_bin(name: str) -> str:
-    for directory in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (directory / name).exists():
-            return str(directory / name)
-    found = shutil.which(name)
-    if found is None:
-        raise StackError(f"PostgreSQL's {name} was not found: install Debian's postgresql "
-                         "package (apt-get install -y postgresql-15)")
-    return found
-
-
-def _let_postgres_reach(path: Path, uid: int, gid: int) -> None:
-    """Give the postgres user search (x) permission on the parents of its data, if it lacks it.
-
-    A checkout under /root (mode 700) would otherwise stop initdb; only search is granted,
-    never read, and only where needed.
-    """
-    for parent in reversed(path.parents):
-        info = parent.stat()
-        reachable = (info.st_mode & 0o001 or (info.st_uid == uid and info.st_mode & 0o100)
-                     or (info.st_gid == gid and info.st_mode & 0o010))
-        if not reachable:
-            os.chmod(parent, info.st_mode | 0o001)
-
-
-def _start_postgres(config: StackConfig) -> int:
-    user, uid, gid = _postgres_user()
-    base = config.part_dir("postgres")
-    for directory in (base, config.postgres_socket_dir):
-        directory.mkdir(parents=True, exist_ok=True)
-        if uid is not None and gid is not None:
-            os.chown(directory, uid, gid)
-    if uid is not None and gid is not None:
-        _let_postgres_reach(base, uid, gid)
-    data = config.postgres_data
-    log = config.log_path("postgres")
-    if not (data / "PG_VERSION").exists():
-        pwfile = base / ".pwfile"
-        pwfile.write_text(config.postgres_password + "\n")
-        if uid is not None and gid is not None:
-            os.chown(pwfile, uid, gid)
-        result = subprocess.run(
-            [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--locale=C",
-             "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"],
-            capture_output=True, text=True, check=False, cwd=base, **process.as_user(user))
-        pwfile.unlink(missing_ok=True)
-        if result.returncode != 0:
-            raise StackError(f"initdb failed for {data}: {result.stderr.strip()[-500:]}"
-                             " (the postgres user needs to reach that directory)")
-    (data / "cdc-router.conf").write_text(postgres_conf(config))
-    (data / "pg_hba.conf").write_text(pg_hba_conf())
-    main_conf = data / "postgresql.conf"
-    include = "include_if_exists = 'cdc-router.conf'\n"
-    if include not in main_conf.read_text():
-        with open(main_conf, "a") as handle:
-            handle.write(include)
-    if uid is not None and gid is not None:
-        for name in ("cdc-router.conf", "pg_hba.conf"):
-            os.chown(data / name, uid, gid)
-        if log.exists():
-            os.chown(log, uid, gid)
-    return process.spawn([_pg_bin("postgres"), "-D", str(data)], log_path=log,
-                         pid_path=config.pid_path("postgres"), user=user, cwd=base)
-
-
-def _postgres_healthy(config: StackConfig) -> bool:
-    import psycopg
-
-    try:
-        with psycopg.connect(config.postgres_dsn, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
 
 
 # Kafka ---------------------------------------------------------------------------------------
