@@ -171,6 +171,10 @@ def load_saved(home: Path) -> StackConfig | None:
         return None
     try:
         return StackConfig.model_validate(json.loads(path.read_text()))
+    except OSError as error:  # review 48-b F3: a traceback
+        raise ConfigError(f"the saved stack settings cannot be read: {error.strerror}",
+                          source=str(path), hint="pick another --home, or give this user "
+                          "access to it") from error
     except ValueError as error:
         raise ConfigError("the saved stack settings are unreadable", source=str(path),
                           hint=f"remove {path} or run `cdc-router local down --purge`") from error

@@ -63,7 +63,14 @@ def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
             # Its own session: a Ctrl-C in the shell that ran `up` must not stop the stack.
             start_new_session=True,
         )
-    pid_path.write_text(f"{process.pid}\n")
+    try:
+        pid_path.write_text(f"{process.pid}\n")
+    except OSError:
+        # Unrecorded, `local down` could never stop it and the next `up` would find its port
+        # taken (review 48-b F3: a full disk left a running Postgres with an empty pid file).
+        process.kill()
+        process.wait()
+        raise
     # Right after exec the kernel shows an empty command line for a moment; is_running()
     # reads it, so wait until the new program's arguments are visible.
     deadline = time.monotonic() + 5

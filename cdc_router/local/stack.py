@@ -4,6 +4,8 @@ nats-server (JetStream) and the schema registry when asked for."""
 from __future__ import annotations
 
 import base64
+import errno
+import functools
 import json
 import logging
 import os
@@ -15,6 +17,8 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from cdc_router.connect.spec import POSTGRES_CONNECTOR
 from cdc_router.errors import StackError
@@ -83,6 +87,44 @@ def status(config: StackConfig) -> list[PartStatus]:
     return result
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _files_named(command: Callable[Concatenate[StackConfig, _P], _R]
+                 ) -> Callable[Concatenate[StackConfig, _P], _R]:
+    """An OSError on the stack's files becomes one line naming the path, the reason and what to
+    do (review 48-b F3: a home under a file, not writable or on a full disk gave a traceback)."""
+    @functools.wraps(command)
+    def named(config: StackConfig, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return command(config, *args, **kwargs)
+        except OSError as error:
+            raise StackError(files_error(config, error)) from error
+    return named
+
+
+def files_error(config: StackConfig, error: OSError) -> str:
+    """The line for an OSError on `config`'s files: an error on a write (a full disk) names no
+    file, and is the home's."""
+    path = Path(error.filename) if error.filename else config.home
+    reason = error.strerror or str(error)
+    if path.is_relative_to(config.jar_cache):
+        option = "--jar-cache"
+    elif path.is_relative_to(config.home):
+        option = "--home"
+    else:
+        return f"the local stack failed on {path}: {reason}"
+    if error.errno == errno.ENOSPC:
+        advice = f"free space on its file system, or pick another {option}"
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        advice = f"pick another {option}, one this user can write"
+    else:
+        advice = f"pick another {option}"
+    return f"cannot write the local stack's files at {path}: {reason}: {advice}"
+
+
+@_files_named
 def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> None:
     """Start what is not running, wait until each part is healthy; what runs is left alone.
 
@@ -133,6 +175,7 @@ _OPTIONAL: dict[Part, tuple[Callable[[StackConfig], int], Callable[[StackConfig]
     "nats": (start_nats, nats_healthy), "registry": (start_registry, registry_healthy)}
 
 
+@_files_named
 def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     """Start one optional part alone, nats-server (no Java, no jars) or the schema registry:
     for tests, and a JetStream-only setup."""
@@ -173,6 +216,7 @@ def _already_running(config: StackConfig, part: Part, check: Callable[[StackConf
                          "again") from None
 
 
+@_files_named
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:
     """Stop the parts this stack started (by pid file), Connect first; purge removes the data."""
     stop_signal: dict[Part, signal.Signals] = {

@@ -190,3 +190,23 @@ def test_a_process_that_outlives_sigkill_is_named_not_waited_for_forever(
     with pytest.raises(process.StackError, match="pid 4242 did not exit") as refused:
         process.stop(4242, "marker", timeout_s=0.2)
     assert "SIGKILL" in str(refused.value)
+
+
+def test_a_child_whose_pid_cannot_be_recorded_is_not_left_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Review 48-b F3: on a full disk the pid file stayed empty and the part ran on, out of
+    # reach of `local down`.
+    import subprocess
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(process.subprocess, "Popen", Recorded)
+    with pytest.raises(OSError):
+        process.spawn([sys.executable, "-c", "import time; time.sleep(60)"],
+                      log_path=tmp_path / "p.log", pid_path=tmp_path / "absent" / "p.pid")
+    assert len(started) == 1 and started[0].returncode is not None

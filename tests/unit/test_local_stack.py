@@ -1,0 +1,69 @@
+"""`local up` and `local down` on a home they cannot use, and their other refusals: no stack
+started (Java, Maven and the parts are faked or never reached)."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.errors import StackError
+from cdc_router.local import stack
+from cdc_router.local.config import StackConfig
+
+
+@pytest.fixture
+def no_java_no_jars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stack.process, "check_java", lambda: None)
+    monkeypatch.setattr(stack, "ensure_jars", lambda config, say: None)
+
+
+def test_a_home_under_a_file_is_one_line_for_up_and_down(tmp_path: Path, no_java_no_jars: None):
+    # Review 48-b F3: NotADirectoryError tracebacks from `up` (stack.json) and `down` (pid files).
+    (tmp_path / "afile").touch()
+    home = tmp_path / "afile" / "stack"
+    for command in (["up"], ["down"]):
+        result = CliRunner().invoke(main, ["local", *command, "--home", str(home)])
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+        assert f"error: cannot write the local stack's files at {home}" in result.output
+        assert "Not a directory: pick another --home" in result.output
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    (errno.ENOSPC, "free space on its file system, or pick another --home"),
+    (errno.EACCES, "pick another --home, one this user can write"),
+    (errno.EPERM, "pick another --home, one this user can write")])
+def test_an_os_error_on_the_home_names_the_path_and_what_to_do(tmp_path: Path, code: int,
+                                                               advice: str):
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
+    on_write = OSError(code, "reason")  # a write names no file: the home's
+    assert stack.files_error(config, on_write) == (
+        f"cannot write the local stack's files at {config.home}: reason: {advice}")
+    in_cache = OSError(code, "reason", str(tmp_path / "jars" / "m2"))
+    assert stack.files_error(config, in_cache).endswith(advice.replace("--home", "--jar-cache"))
+    elsewhere = OSError(code, "reason", "/usr/bin/java")
+    assert stack.files_error(config, elsewhere) == (
+        "the local stack failed on /usr/bin/java: reason")
+
+
+def test_a_full_disk_in_up_is_a_stack_error(tmp_path: Path, no_java_no_jars: None,
+                                            monkeypatch: pytest.MonkeyPatch):
+    def full(config: StackConfig) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(stack, "save", full)
+    with pytest.raises(StackError, match="No space left on device: free space"):
+        stack.up(StackConfig(home=tmp_path / "home", jar_cache=tmp_path), lambda line: None)
+
+
+def test_saved_settings_that_cannot_be_read_are_one_line(tmp_path: Path):
+    from cdc_router.errors import ConfigError
+    from cdc_router.local.config import load_saved
+
+    (tmp_path / "stack.json").mkdir()
+    with pytest.raises(ConfigError, match="cannot be read: Is a directory; pick another --home"):
+        load_saved(tmp_path)
