@@ -91,9 +91,12 @@ def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
 
 def _is_complete(target: Path, pom: Path) -> bool:
     """Whether `target` holds a whole download of this very POM: one of an earlier POM (a
-    dependency added since) is resolved again."""
+    dependency added since), or one whose jars were removed since, is resolved again."""
     marker = target / _COMPLETE
-    return marker.exists() and marker.read_text().strip() == _digest(pom)
+    return (marker.exists() and marker.read_text().strip() == _digest(pom)
+            # Review 48-b F11: a cache cleaned of its jars kept the marker, and Connect ran
+            # without Debezium.
+            and any(target.glob("*.jar")))
 
 
 def _digest(pom: Path) -> str:

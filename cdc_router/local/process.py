@@ -93,12 +93,18 @@ def as_user(user: str | None) -> dict[str, Any]:
     return {"user": user, "group": user, "extra_groups": []}
 
 
+# The user agent of `up`'s own health polls (urllib): the access lines they leave in Connect's
+# and the registry's logs say nothing of why a part failed (review 48-b F11: a tail of only them).
+_OUR_POLLS = "Python-urllib/"
+
+
 def tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a part's log, without the access lines of our health polls."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(text[-lines:])
+    return "\n".join([line for line in text if _OUR_POLLS not in line][-lines:])
 
 
 def wait_until(check: Callable[[], bool], *, name: str, timeout_s: float, pid: int,

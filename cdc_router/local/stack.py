@@ -341,9 +341,20 @@ def _start_connect(config: StackConfig) -> int:
 
 
 def _connect_healthy(config: StackConfig) -> bool:
+    """Connect answers its plugin list; StackError if Debezium's connector is not in it.
+
+    Connect scans plugin.path before its REST server starts, so a list without the connector
+    is final: waiting would only fail 240 s later (review 48-b F11, an incomplete jar cache).
+    """
     try:
         with urllib.request.urlopen(f"{config.connect_url}/connector-plugins", timeout=3) as reply:
             plugins = json.loads(reply.read())
     except (urllib.error.URLError, OSError, ValueError):
         return False
-    return any(plugin.get("class") == POSTGRES_CONNECTOR for plugin in plugins)
+    if any(plugin.get("class") == POSTGRES_CONNECTOR for plugin in plugins):
+        return True
+    plugin = config.plugin_path / "debezium-connector-postgres"
+    raise StackError(f"Kafka Connect at {config.connect_url} runs without Debezium's "
+                     f"{POSTGRES_CONNECTOR}: its plugin directory {plugin} is incomplete; "
+                     f"stop the stack (`cdc-router local down`), remove {plugin}, and run "
+                     "`cdc-router local up` again, which downloads it anew")

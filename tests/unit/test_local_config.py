@@ -248,9 +248,13 @@ def test_jars_of_an_earlier_pom_are_resolved_again(tmp_path):
     pom.write_text("<project>one</project>")
     staging, target = tmp_path / "staging", tmp_path / "libs"
     staging.mkdir()
+    (staging / "kafka-clients.jar").touch()
     assert not jars._is_complete(target, pom)
     jars._install(staging, target, pom)
     assert jars._is_complete(target, pom)
+    (target / "kafka-clients.jar").unlink()  # review 48-b F11: a cache cleaned of its jars
+    assert not jars._is_complete(target, pom)
+    (target / "kafka-clients.jar").touch()
     pom.write_text("<project>two</project>")
     assert not jars._is_complete(target, pom)
     (target / ".complete").write_text("")  # a cache marked before markers held a digest

@@ -4,6 +4,9 @@ started (Java, Maven and the parts are faked or never reached)."""
 from __future__ import annotations
 
 import errno
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,53 @@ def test_saved_settings_that_cannot_be_read_are_one_line(tmp_path: Path):
     (tmp_path / "stack.json").mkdir()
     with pytest.raises(ConfigError, match="cannot be read: Is a directory; pick another --home"):
         load_saved(tmp_path)
+
+
+def _connect_answering(plugins: list[dict[str, str]]) -> tuple[ThreadingHTTPServer, int]:
+    """A Connect REST API that answers any GET with `plugins`, and its port."""
+
+    class Plugins(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(plugins).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Plugins)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_connect_without_debezium_fails_at_once_naming_the_plugin_directory(tmp_path: Path):
+    # Review 48-b F11: Connect answered `[]` (an incomplete jar cache); `up` waited 240 s, then
+    # showed a log tail of its own polls.
+    from cdc_router.connect.spec import POSTGRES_CONNECTOR
+
+    server, port = _connect_answering([{"class": "org.apache.kafka.connect.mirror.X"}])
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars", connect_port=port)
+    try:
+        with pytest.raises(StackError) as refused:
+            stack._connect_healthy(config)
+    finally:
+        server.shutdown()
+    plugin = config.plugin_path / "debezium-connector-postgres"
+    assert f"runs without Debezium's {POSTGRES_CONNECTOR}" in str(refused.value)
+    assert f"remove {plugin}, and run `cdc-router local up` again" in str(refused.value)
+    server, port = _connect_answering([{"class": POSTGRES_CONNECTOR}])
+    try:
+        assert stack._connect_healthy(config.model_copy(update={"connect_port": port}))
+    finally:
+        server.shutdown()
+    assert not stack._connect_healthy(config)  # nothing listens: not yet healthy
+
+
+def test_a_start_failure_shows_the_log_without_our_health_polls(tmp_path: Path):
+    log = tmp_path / "connect.log"
+    log.write_text("[t] ERROR the real reason (o.a.k.c.X)\n" + "".join(
+        f'[t] INFO 127.0.0.1 - - "GET /connector-plugins HTTP/1.1" 200 2 "-" '
+        f'"Python-urllib/3.11" {n} (o.a.k.c.r.RestServer)\n' for n in range(30)))
+    assert stack.process.tail(log) == "[t] ERROR the real reason (o.a.k.c.X)"
