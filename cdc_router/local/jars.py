@@ -69,6 +69,19 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
+# Maven's own limit is 30 min per read (aether.connector.requestTimeout of Maven 3.9; Maven
+# 3.8's wagon ignores it and reads maven.wagon.rto): a mirror that accepted connections and
+# never answered hung `up` silently (review 48-b F4). Central answers in well under a second
+# and a jar's bytes keep flowing, so 30 s without one is a repository that does not answer;
+# one retry, not three, lets Maven fail within minutes naming it.
+_MAVEN_NETWORK = ("-Daether.connector.connectTimeout=20000",
+                  "-Daether.connector.requestTimeout=30000", "-Dmaven.wagon.rto=30000",
+                  "-Dmaven.wagon.http.retryHandler.count=1")
+# The whole download, a bound over Maven's: Kafka's runtime is about 55 MB, the registry's
+# bundle 115 MB: minutes on a slow link.
+_MAVEN_TOTAL_S = 1200
+
+
 def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
     """Run Maven on a copy of the POM `name` in `work` (it writes target/ beside the POM, so
     never in the package), its local repository under `cache`."""
@@ -79,8 +92,17 @@ def _maven(name: str, cache: Path, work: Path, goal: list[str]) -> None:
                          "`cdc-router local up` again")
     pom = work / "pom.xml"
     shutil.copyfile(_POMS / name / "pom.xml", pom)
-    command = [mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}", *goal]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    command = [mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}",
+               *_MAVEN_NETWORK, *goal]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False,
+                                timeout=_MAVEN_TOTAL_S)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"Maven did not finish downloading the {name} jars within "
+                         f"{_MAVEN_TOTAL_S // 60} min: a repository it uses (Maven Central, or a "
+                         "mirror or proxy of ~/.m2/settings.xml) accepts connections but does "
+                         "not answer; check it (`mvn -X` names the URLs), then run `up` "
+                         "again") from None
     if result.returncode != 0:
         errors = [line for line in result.stdout.splitlines() if "ERROR" in line]
         detail = errors[0] if errors else (result.stderr.strip().splitlines() or ["?"])[-1]

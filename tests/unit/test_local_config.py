@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,25 @@ def test_local_env_says_when_no_stack_runs_in_the_home(tmp_path):
         f"# postgres, kafka, connect not running in {tmp_path}: `cdc-router local up --home "
         f"{tmp_path}` starts them")
     assert all(line.startswith("export ") for line in result.stdout.splitlines())
+
+
+def test_a_maven_repository_that_never_answers_is_a_bounded_one_line_error(tmp_path, monkeypatch):
+    # Review 48-b F4: a mirror that accepted connections and never answered hung `local up`
+    # silently (Maven's own limit is 30 min per request).
+    from cdc_router.errors import StackError
+    from cdc_router.local import jars
+
+    seen = tmp_path / "argv"
+    mvn = tmp_path / "mvn"
+    mvn.write_text(f'#!/bin/sh\necho "$@" > {seen}\nexec sleep 60\n')
+    mvn.chmod(0o755)
+    monkeypatch.setattr(jars.shutil, "which", lambda name: str(mvn))
+    monkeypatch.setattr(jars, "_MAVEN_TOTAL_S", 1)
+    started = time.monotonic()
+    with pytest.raises(StackError) as refused:
+        jars._maven("kafka", tmp_path / "cache", tmp_path, ["dependency:copy-dependencies"])
+    assert time.monotonic() - started < 10
+    assert str(refused.value).startswith("Maven did not finish downloading the kafka jars within")
+    assert "accepts connections but does not answer" in str(refused.value)
+    assert "-Dmaven.wagon.rto=30000" in seen.read_text()
+    assert "-Daether.connector.requestTimeout=30000" in seen.read_text()
