@@ -134,9 +134,11 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     process.check_java()
     ensure_jars(config, say)
     _prepare(config, optional, say)
-    save(config)
     running = {s.part for s in status(config) if s.state == "running"}
     _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
+    # Only now: a port refused above must not become the stack's (review 48-b F7: `env` then
+    # named the foreign listener, and the next plain `up` used it).
+    save(config)
     # Postgres and Kafka start side by side; Connect needs Kafka, so it waits for it.
     starts: tuple[tuple[Part, Callable[[StackConfig], int], Callable[[StackConfig], bool]], ...] = (
         ("postgres", start_postgres, postgres_healthy), ("kafka", _start_kafka, _kafka_healthy))
@@ -181,11 +183,11 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     for tests, and a JetStream-only setup."""
     config.check_ports_distinct()
     _prepare(config, (part,), say)
-    save(config)
     running = process.is_running(process.read_pid(config.pid_path(part)),
                                  process_marker(config))
     if not running:
         _check_ports(config, set(PARTS) - {part})
+    save(config)
     _up_optional(config, part, say, running)
 
 

@@ -120,3 +120,30 @@ def test_a_start_failure_shows_the_log_without_our_health_polls(tmp_path: Path):
         f'[t] INFO 127.0.0.1 - - "GET /connector-plugins HTTP/1.1" 200 2 "-" '
         f'"Python-urllib/3.11" {n} (o.a.k.c.r.RestServer)\n' for n in range(30)))
     assert stack.process.tail(log) == "[t] ERROR the real reason (o.a.k.c.X)"
+
+
+def test_a_port_refused_by_up_is_not_saved(tmp_path: Path, no_java_no_jars: None):
+    # Review 48-b F7: `up --connect-port N` with N taken failed, but had saved N: `local env`
+    # named the foreign listener, and the next plain `up` started Connect there.
+    import socket
+
+    from cdc_router.local.config import load_saved, save
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    home = tmp_path / "stack"
+    save(StackConfig(home=home, jar_cache=tmp_path, postgres_port=free_port(),
+                     kafka_port=free_port(), controller_port=free_port(),
+                     connect_port=free_port()))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["local", "up", "--home", str(home),
+                                           "--connect-port", str(port)])
+    assert result.exit_code == 1 and f"port {port} (connect)" in result.output
+    saved = load_saved(home)
+    assert saved is not None and saved.connect_port != port
