@@ -29,12 +29,17 @@ def is_running(pid: int | None, marker: str) -> bool:
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    if "\nState:\tZ" in status:
+    return not exited_unreaped(pid) and marker.encode() in cmdline
+
+
+def exited_unreaped(pid: int) -> bool:
+    """True if `pid` has exited and its parent has not reaped it yet (a zombie, state Z)."""
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return False
-    return marker.encode() in cmdline
 
 
 def port_in_use(host: str, port: int) -> bool:

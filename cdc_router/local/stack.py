@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -136,6 +137,8 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     _prepare(config, optional, say)
     running = {s.part for s in status(config) if s.state == "running"}
     _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
+    for part in set(PARTS) - running - (set(OPTIONAL_PARTS) - set(optional)):
+        _await_reaping(config, part)
     # Only now: a port refused above must not become the stack's (review 48-b F7: `env` then
     # named the foreign listener, and the next plain `up` used it).
     save(config)
@@ -187,6 +190,7 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
                                  process_marker(config))
     if not running:
         _check_ports(config, set(PARTS) - {part})
+        _await_reaping(config, part)
     save(config)
     _up_optional(config, part, say, running)
 
@@ -255,6 +259,25 @@ def _check_ports(config: StackConfig, running: set[Part]) -> None:
             raise StackError(f"port {port} ({name}) on {config.host} is already in use by another "
                              "process: stop it, or pick another port with "
                              f"`cdc-router local up --{name.replace(' ', '-')}-port N`")
+
+
+# A part killed (kill -9) is a zombie until its parent reaps it: PID 1, here within seconds.
+# Postgres refuses to start while the pid in its postmaster.pid lives, and a zombie does.
+_REAP_WAIT_S = 10.0
+
+
+def _await_reaping(config: StackConfig, part: Part) -> None:
+    """Wait for the previous process of `part` to be reaped, if it is a zombie (review 48-b
+    F6: `up` right after a kill -9 of Postgres failed on its lock file, with no advice)."""
+    pid = process.read_pid(config.pid_path(part))
+    deadline = time.monotonic() + _REAP_WAIT_S
+    while pid is not None and process.exited_unreaped(pid):
+        if time.monotonic() > deadline:
+            raise StackError(f"the previous {part} (pid {pid}) has exited but its parent has "
+                             f"not reaped it in {_REAP_WAIT_S:.0f}s (`ps -o ppid= -p {pid}` "
+                             "names the parent): run `cdc-router local up` again once it is "
+                             "gone")
+        time.sleep(0.1)
 
 
 def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfig], bool],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -147,3 +148,29 @@ def test_a_port_refused_by_up_is_not_saved(tmp_path: Path, no_java_no_jars: None
     assert result.exit_code == 1 and f"port {port} (connect)" in result.output
     saved = load_saved(home)
     assert saved is not None and saved.connect_port != port
+
+
+def test_up_waits_for_a_killed_part_to_be_reaped_then_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Review 48-b F6: `up` right after a kill -9 of Postgres started a new one while the old
+    # postmaster was a zombie; it refused on its lock file, and the error gave no advice.
+    import subprocess
+    import sys
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
+    config.part_dir("postgres").mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # not reaped until .wait()
+    config.pid_path("postgres").write_text(f"{dead.pid}\n")
+    while not stack.process.exited_unreaped(dead.pid):
+        time.sleep(0.01)
+    monkeypatch.setattr(stack, "_REAP_WAIT_S", 0.3)
+    with pytest.raises(StackError) as refused:
+        stack._await_reaping(config, "postgres")
+    assert str(refused.value).startswith(
+        f"the previous postgres (pid {dead.pid}) has exited but its parent has not reaped it")
+    assert str(refused.value).endswith("run `cdc-router local up` again once it is gone")
+    monkeypatch.setattr(stack, "_REAP_WAIT_S", 10.0)
+    threading.Timer(0.3, dead.wait).start()  # its parent reaps it meanwhile: up goes on
+    started = time.monotonic()
+    stack._await_reaping(config, "postgres")
+    assert 0.2 < time.monotonic() - started < 5
