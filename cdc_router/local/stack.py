@@ -59,11 +59,25 @@ class PartStatus:
     log: str
 
 
-def process_marker(config: StackConfig) -> str:
-    """What a part's command line names: a path under the home. The home with its slash
-    (review 31: `/x/stack` matched the processes of `/x/stack2`, and `local down` of one home
-    with a stale pid file stopped the other's Kafka)."""
-    return f"{config.home}/"
+def process_marker(config: StackConfig, part: Part | None = None) -> str:
+    """What a part's command line names, for is_running (a pid may be reused): the home with
+    its slash for any part of it (review 31: `/x/stack` matched the processes of `/x/stack2`);
+    for `part`, its own config or data path as a whole argument, which `tail -F
+    <home>/kafka/kafka.log` (`local logs -f`) or an editor of the home's files does not have
+    (review 48-b F2: `down` stopped such a process, found by a stale pid file)."""
+    if part is None:
+        return f"{config.home}/"
+    # /proc's NULs between arguments read as spaces; argv[0] is the program, never this.
+    return f" {_OWN_ARGUMENT[part](config)} "
+
+
+_OWN_ARGUMENT: dict[Part, Callable[[StackConfig], str]] = {
+    "postgres": lambda config: str(config.postgres_data),  # -D
+    "kafka": lambda config: str(config.part_dir("kafka") / "server.properties"),
+    "connect": lambda config: str(config.part_dir("connect") / "connect-distributed.properties"),
+    "nats": lambda config: str(config.part_dir("nats") / "nats-server.conf"),  # -c
+    "registry": lambda config: f"-Djava.io.tmpdir={config.part_dir('registry') / 'tmp'}",
+}
 
 
 def _address(config: StackConfig, part: Part) -> str:
@@ -77,7 +91,7 @@ def status(config: StackConfig) -> list[PartStatus]:
     result = []
     for part in PARTS:
         pid = process.read_pid(config.pid_path(part))
-        if process.is_running(pid, process_marker(config)):
+        if process.is_running(pid, process_marker(config, part)):
             state = "running"
         elif pid is not None:
             state = "stale"
@@ -187,7 +201,7 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     config.check_ports_distinct()
     _prepare(config, (part,), say)
     running = process.is_running(process.read_pid(config.pid_path(part)),
-                                 process_marker(config))
+                                 process_marker(config, part))
     if not running:
         _check_ports(config, set(PARTS) - {part})
         _await_reaping(config, part)
@@ -214,7 +228,7 @@ def _already_running(config: StackConfig, part: Part, check: Callable[[StackConf
     try:
         _wait(config, part, pid, check, say, doing="running but not answering yet")
     except StackError as error:
-        if not process.is_running(pid, process_marker(config)):  # it ended meanwhile
+        if not process.is_running(pid, process_marker(config, part)):  # it ended meanwhile
             raise StackError(f"{part} (pid {pid}) exited while `local up` waited for it "
                              f"(log {config.log_path(part)}): run `cdc-router local up` "
                              "again to start it") from None
@@ -236,7 +250,7 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
     }
     for part in reversed(PARTS):
         pid = process.read_pid(config.pid_path(part))
-        if process.stop(pid, process_marker(config), sig=stop_signal[part]) if pid else False:
+        if pid and process.stop(pid, process_marker(config, part), sig=stop_signal[part]):
             say(f"{part:<9} stopped (pid {pid})")
         else:
             say(f"{part:<9} was not running")
@@ -284,7 +298,7 @@ def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfi
           say: Say, *, doing: str = "starting") -> None:
     say(f"{part:<9} {doing} (pid {pid}, log {config.log_path(part)})")
     seconds = process.wait_until(lambda: check(config), name=part, timeout_s=_TIMEOUTS_S[part],
-                                 pid=pid, marker=process_marker(config),
+                                 pid=pid, marker=process_marker(config, part),
                                  log_path=config.log_path(part))
     say(f"{part:<9} healthy in {seconds:.1f}s  {_address(config, part)}")
 

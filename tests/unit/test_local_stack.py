@@ -174,3 +174,38 @@ def test_up_waits_for_a_killed_part_to_be_reaped_then_names_it(
     started = time.monotonic()
     stack._await_reaping(config, "postgres")
     assert 0.2 < time.monotonic() - started < 5
+
+
+def test_a_stale_pid_file_never_claims_another_process_naming_the_home(tmp_path: Path):
+    # Review 48-b F2: the pid of a dead Connect, reused by `tail -F <home>/kafka/kafka.log`
+    # (`local logs kafka -f`): `status` said running, `up` waited 240 s on it, `down` killed it.
+    import subprocess
+    import sys
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
+    tail = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             str(config.log_path("kafka"))])
+    try:
+        for part in ("kafka", "connect"):
+            config.part_dir(part).mkdir(parents=True)
+            config.pid_path(part).write_text(f"{tail.pid}\n")
+        states = {s.part: s.state for s in stack.status(config)}
+        assert states["kafka"] == "stale" and states["connect"] == "stale"
+        said: list[str] = []
+        stack.down(config, said.append, purge=False)
+        assert "kafka     was not running" in said and "connect   was not running" in said
+        assert tail.poll() is None
+    finally:
+        tail.kill()
+        tail.wait()
+
+
+def test_each_part_is_known_by_an_argument_of_its_own_command_line(tmp_path: Path):
+    from cdc_router.local.config import nats_command
+    from cdc_router.local.registry import registry_command
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
+    for part, command in (("nats", nats_command(config, "nats-server")),
+                          ("registry", registry_command(config)),
+                          ("postgres", ["postgres", "-D", str(config.postgres_data)])):
+        assert stack.process_marker(config, part) in " ".join([*command, ""])
