@@ -120,23 +120,23 @@ def _files_named(command: Callable[Concatenate[StackConfig, _P], _R]
 
 
 def files_error(config: StackConfig, error: OSError) -> str:
-    """The line for an OSError on `config`'s files: an error on a write (a full disk) names no
-    file, and is the home's."""
-    path = Path(error.filename) if error.filename else config.home
+    """The line for an OSError on `config`'s files: a full disk's on a write names no file,
+    and is the home's; any other without a file (a socket's) is not a file's."""
     reason = error.strerror or str(error)
+    if not error.filename and error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return f"the local stack failed: {reason}"
+    path = Path(error.filename) if error.filename else config.home
     if path.is_relative_to(config.jar_cache):
         option = "--jar-cache"
     elif path.is_relative_to(config.home):
         option = "--home"
     else:
         return f"the local stack failed on {path}: {reason}"
-    if error.errno == errno.ENOSPC:
-        advice = f"free space on its file system, or pick another {option}"
-    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        advice = f"pick another {option}, one this user can write"
-    else:
-        advice = f"pick another {option}"
-    return f"cannot write the local stack's files at {path}: {reason}: {advice}"
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    denied = error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    return (f"cannot write the local stack's files at {path}: {reason}: "
+            f"{'free space on its file system, or ' if full else ''}pick another {option}"
+            f"{', one this user can write' if denied else ''}")
 
 
 @_files_named

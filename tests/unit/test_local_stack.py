@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,17 @@ from cdc_router.local import stack
 from cdc_router.local.config import StackConfig
 
 
+def _free_ports() -> dict[str, int]:
+    """Ports nothing listens on, for the parts `up` starts (another stack may hold the
+    defaults)."""
+    ports = {}
+    for name in ("postgres_port", "kafka_port", "controller_port", "connect_port"):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports[name] = int(probe.getsockname()[1])
+    return ports
+
+
 @pytest.fixture
 def no_java_no_jars(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stack.process, "check_java", lambda: None)
@@ -30,7 +42,10 @@ def test_a_home_under_a_file_is_one_line_for_up_and_down(tmp_path: Path, no_java
     (tmp_path / "afile").touch()
     home = tmp_path / "afile" / "stack"
     for command in (["up"], ["down"]):
-        result = CliRunner().invoke(main, ["local", *command, "--home", str(home)])
+        ports = [f"--{name.replace('_', '-').replace('controller', 'kafka-controller')}={port}"
+                 for name, port in _free_ports().items()]
+        result = CliRunner().invoke(main, ["local", *command, "--home", str(home),
+                                           *(ports if command == ["up"] else [])])
         assert result.exit_code == 1, result.output
         assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
         assert f"error: cannot write the local stack's files at {home}" in result.output
@@ -44,14 +59,24 @@ def test_a_home_under_a_file_is_one_line_for_up_and_down(tmp_path: Path, no_java
 def test_an_os_error_on_the_home_names_the_path_and_what_to_do(tmp_path: Path, code: int,
                                                                advice: str):
     config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
-    on_write = OSError(code, "reason")  # a write names no file: the home's
-    assert stack.files_error(config, on_write) == (
-        f"cannot write the local stack's files at {config.home}: reason: {advice}")
+    in_home = OSError(code, "reason", str(config.home / "stack.json"))
+    assert stack.files_error(config, in_home) == (
+        f"cannot write the local stack's files at {config.home / 'stack.json'}: reason: {advice}")
+    if code == errno.ENOSPC:  # a write names no file: the home's
+        assert stack.files_error(config, OSError(code, "reason")) == (
+            f"cannot write the local stack's files at {config.home}: reason: {advice}")
     in_cache = OSError(code, "reason", str(tmp_path / "jars" / "m2"))
     assert stack.files_error(config, in_cache).endswith(advice.replace("--home", "--jar-cache"))
     elsewhere = OSError(code, "reason", "/usr/bin/java")
     assert stack.files_error(config, elsewhere) == (
         "the local stack failed on /usr/bin/java: reason")
+
+
+def test_an_os_error_of_no_file_is_not_blamed_on_the_home(tmp_path: Path):
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
+    socket_error = OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+    assert stack.files_error(config, socket_error) == (
+        "the local stack failed: Cannot assign requested address")
 
 
 def test_a_full_disk_in_up_is_a_stack_error(tmp_path: Path, no_java_no_jars: None,
@@ -61,7 +86,8 @@ def test_a_full_disk_in_up_is_a_stack_error(tmp_path: Path, no_java_no_jars: Non
 
     monkeypatch.setattr(stack, "save", full)
     with pytest.raises(StackError, match="No space left on device: free space"):
-        stack.up(StackConfig(home=tmp_path / "home", jar_cache=tmp_path), lambda line: None)
+        stack.up(StackConfig(home=tmp_path / "home", jar_cache=tmp_path, **_free_ports()),
+                 lambda line: None)
 
 
 def test_saved_settings_that_cannot_be_read_are_one_line(tmp_path: Path):
@@ -126,19 +152,10 @@ def test_a_start_failure_shows_the_log_without_our_health_polls(tmp_path: Path):
 def test_a_port_refused_by_up_is_not_saved(tmp_path: Path, no_java_no_jars: None):
     # Review 48-b F7: `up --connect-port N` with N taken failed, but had saved N: `local env`
     # named the foreign listener, and the next plain `up` started Connect there.
-    import socket
-
     from cdc_router.local.config import load_saved, save
 
-    def free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return int(probe.getsockname()[1])
-
     home = tmp_path / "stack"
-    save(StackConfig(home=home, jar_cache=tmp_path, postgres_port=free_port(),
-                     kafka_port=free_port(), controller_port=free_port(),
-                     connect_port=free_port()))
+    save(StackConfig(home=home, jar_cache=tmp_path, **_free_ports()))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
