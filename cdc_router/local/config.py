@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cdc_router.errors import ConfigError
 from cdc_router.local.versions import APICURIO_REGISTRY_VERSION, DEBEZIUM_VERSION, KAFKA_VERSION
@@ -176,8 +176,17 @@ def load_saved(home: Path) -> StackConfig | None:
                           source=str(path), hint="pick another --home, or give this user "
                           "access to it") from error
     except ValueError as error:
-        raise ConfigError("the saved stack settings are unreadable", source=str(path),
-                          hint=f"remove {path} or run `cdc-router local down --purge`") from error
+        # Review 48-b F13: the cause was not said, and `down --purge`, advised, failed alike.
+        if isinstance(error, ValidationError):
+            first = error.errors()[0]
+            what = (f"{'.'.join(map(str, first['loc'])) or 'the document'}: {first['msg']} "
+                    f"(got {first.get('input')!r:.80})")
+        else:
+            what = str(error).splitlines()[0][:200]
+        raise ConfigError(f"the saved stack settings are unreadable: {what}", source=str(path),
+                          hint=f"remove {path}: `cdc-router local down --home {home}` then "
+                          "stops the parts by their pid files, and `local up` saves it anew "
+                          "(with its --<part>-port options)") from error
 
 
 def to_properties(values: dict[str, str]) -> str:

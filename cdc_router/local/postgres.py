@@ -65,18 +65,26 @@ def start_postgres(config: StackConfig) -> int:
     data = config.postgres_data
     log = config.log_path("postgres")
     if not (data / "PG_VERSION").exists():
+        # Into a directory of its own, renamed once complete (review 48-b F18: an initdb killed
+        # hard left a data directory without its `postgres` database, which PG_VERSION, written
+        # first, called initialised: every later `up` waited 60 s on it and failed).
+        fresh = data.with_name(data.name + ".initdb")
+        shutil.rmtree(fresh, ignore_errors=True)  # a killed initdb's
         pwfile = base / ".pwfile"
         pwfile.write_text(config.postgres_password + "\n")
         if uid is not None and gid is not None:
             os.chown(pwfile, uid, gid)
         result = subprocess.run(
-            [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--locale=C",
+            [_pg_bin("initdb"), "-D", str(fresh), "-U", "postgres", "-E", "UTF8", "--locale=C",
              "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"],
             capture_output=True, text=True, check=False, cwd=base, **process.as_user(user))
         pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise StackError(f"initdb failed for {data}: {result.stderr.strip()[-500:]}"
                              " (the postgres user needs to reach that directory)")
+        if data.exists():  # an earlier version's half-made one (no PG_VERSION in it)
+            shutil.rmtree(data)
+        fresh.rename(data)
     (data / "cdc-router.conf").write_text(postgres_conf(config))
     (data / "pg_hba.conf").write_text(pg_hba_conf())
     main_conf = data / "postgresql.conf"

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -226,3 +227,39 @@ def test_each_part_is_known_by_an_argument_of_its_own_command_line(tmp_path: Pat
                           ("registry", registry_command(config)),
                           ("postgres", ["postgres", "-D", str(config.postgres_data)])):
         assert stack.process_marker(config, part) in " ".join([*command, ""])
+
+
+def test_an_initdb_killed_midway_leaves_no_data_directory_and_the_next_up_makes_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 48-b F18: initdb writes PG_VERSION first; killed hard after it, the half-made
+    # directory counted as initialised, and every later `up` waited 60 s on it and failed.
+    import subprocess
+
+    from cdc_router.local import postgres
+    from cdc_router.local.config import StackConfig
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
+    killed = [True]
+
+    def initdb(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        target = Path(command[2])
+        target.mkdir(parents=True)
+        (target / "PG_VERSION").write_text("15\n")
+        if killed[0]:
+            return subprocess.CompletedProcess(command, -9, "", "")
+        (target / "postgresql.conf").write_text("")
+        (target / "base").mkdir()
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(postgres, "_postgres_user", lambda: (None, None, None))
+    monkeypatch.setattr(postgres, "_pg_bin", lambda name: name)
+    monkeypatch.setattr(postgres.subprocess, "run", initdb)
+    monkeypatch.setattr(postgres.process, "spawn", lambda *args, **kwargs: 4242)
+    with pytest.raises(StackError, match="initdb failed"):
+        postgres.start_postgres(config)
+    assert not config.postgres_data.exists()
+    killed[0] = False
+    assert postgres.start_postgres(config) == 4242
+    assert (config.postgres_data / "base").is_dir()
+    assert sorted(path.name for path in config.postgres_data.parent.iterdir()
+                  if path.name.startswith("data")) == ["data"]
