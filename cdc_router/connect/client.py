@@ -74,9 +74,8 @@ class ConnectorStatus:
         candidates = [("", self.state, self.trace)] + [
             (f"task {task.id} ", task.state, task.trace) for task in self.tasks]
         for what, state, trace in candidates:
-            if state == "FAILED":
-                lines = (trace or "").strip().splitlines()
-                return f"{what}FAILED: {lines[0] if lines else 'no trace'}"
+            if state == "FAILED":  # with the root cause (QA 48-a F-low-10, review 48-b F12)
+                return f"{what}FAILED: {failure_of(trace) or 'no trace'}"
         return None
 
     @classmethod
@@ -358,3 +357,17 @@ def _connects_own(response: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and data.get("error_code") == response.status_code
+
+
+def failure_of(trace: str | None) -> str | None:
+    """A failed connector's or task's Java trace in one line: its first line and, when the
+    trace has one, its root cause (the last `Caused by:`). Debezium wraps most failures in the
+    same first line ("An exception occurred in the change event producer"), and the cause
+    (a publication missing, a refused login, a bad setting) is what says what to do."""
+    lines = [line.strip() for line in (trace or "").strip().splitlines()]
+    if not lines:
+        return None
+    causes = [line.removeprefix("Caused by:").strip() for line in lines
+              if line.startswith("Caused by:")]
+    return f"{lines[0]} (root cause: {causes[-1]})" if causes and causes[-1] != lines[0] \
+        else lines[0]

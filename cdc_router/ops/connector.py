@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from cdc_router.connect.checks import raw_topic
-from cdc_router.connect.client import ConnectClient, ConnectorStatus
+from cdc_router.connect.client import ConnectClient, ConnectorStatus, failure_of
 from cdc_router.connect.spec import included_tables
 from cdc_router.errors import ConnectError, UnknownConnectorError
 from cdc_router.ops.report import ConnectorState, TaskState
@@ -67,17 +67,3 @@ def capture_of(config: dict[str, str]) -> Capture:
                    config.get("publication.name", DEFAULT_PUBLICATION), table,
                    config.get("database.user") or None,
                    config.get("signal.data.collection") or None)
-
-
-def failure_of(trace: str | None) -> str | None:
-    """A failed connector's or task's Java trace in one line: its first line and, when the
-    trace has one, its root cause (the last `Caused by:`). Debezium wraps most failures in the
-    same first line ("An exception occurred in the change event producer"), and the cause
-    (a publication missing, a refused login, a bad setting) is what says what to do."""
-    lines = [line.strip() for line in (trace or "").strip().splitlines()]
-    if not lines:
-        return None
-    causes = [line.removeprefix("Caused by:").strip() for line in lines
-              if line.startswith("Caused by:")]
-    return f"{lines[0]} (root cause: {causes[-1]})" if causes and causes[-1] != lines[0] \
-        else lines[0]

@@ -19,6 +19,7 @@ from cdc_router.connect import (
     ConnectClient,
     ConnectorAction,
     ConnectorStatus,
+    TaskStatus,
     UnknownConnectorError,
     diff_config,
     load_spec,
@@ -840,3 +841,16 @@ def test_apply_of_a_postgres_connector_points_to_status_for_its_table(
     other = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--yes", "--wait", "0", "-f",
                     connector_file(tmp_path))
     assert other.exit_code == 0 and "hint:" not in other.stderr  # not a Postgres connector
+
+
+def test_a_failure_names_debeziums_root_cause_not_only_its_wrapper() -> None:
+    # QA 48-a F-low-10, review 48-b F12: apply's line gave "Creation of replication slot
+    # failed"; the cause (the default plugin decoderbufs, a key misspelt) was in status only.
+    trace = ("io.debezium.DebeziumException: Creation of replication slot failed\n\tat x.y(Z)\n"
+             "Caused by: org.postgresql.util.PSQLException: ERROR: could not access file "
+             "\"decoderbufs\": No such file or directory\n\tat a.b(C)")
+    status = ConnectorStatus("c", "RUNNING", "w", (TaskStatus(0, "FAILED", "w", trace),))
+    assert status.failure() == (
+        "task 0 FAILED: io.debezium.DebeziumException: Creation of replication slot failed "
+        "(root cause: org.postgresql.util.PSQLException: ERROR: could not access file "
+        "\"decoderbufs\": No such file or directory)")
