@@ -383,4 +383,12 @@ def _number_problem(datum: Any, kind: str, path: str) -> str | None:
         return f"field {where!r} is {datum}, which JSON cannot carry: a number beyond a double?"
     if kind == "float" and abs(datum) > _FLOAT_MAX:
         return f"field {where!r} is {datum}, beyond an Avro float (write it as a double)"
+    if kind == "float" and datum != 0:
+        # Review 48-d F4: 16777217.0 was written as 16777216.0 (the integer 16777217 is
+        # refused, above) and 1e-46 as 0.0, without a word. A fraction rounded to a float's
+        # 24 bits (0.1) is what a float field asks for.
+        held = struct.unpack("<f", struct.pack("<f", datum))[0]
+        if held == 0 or (datum.is_integer() and held != datum):
+            return f"field {where!r} is {datum!r}, which an Avro float holds only as " \
+                f"{held!r}: make the field a double"
     return None

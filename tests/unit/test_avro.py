@@ -830,6 +830,13 @@ def test_a_registry_url_with_a_password_is_masked_in_the_error_line() -> None:
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 16777217, "d": 1.0},
      r"'shop.V.f' is 16777217, which an Avro float holds only as 16777216.0: make the field "
      r"a long"),
+    # Review 48-d F4: the same number as a JSON float was written rounded, and a non-zero
+    # one too small for a float as 0.0.
+    ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 16777217.0, "d": 1.0},
+     r"'shop.V.f' is 16777217.0, which an Avro float holds only as 16777216.0: make the field "
+     r"a double"),
+    ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": -1e-46, "d": 1.0},
+     r"'shop.V.f' is -1e-46, which an Avro float holds only as -0.0"),
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 1.0, "d": 9007199254740993},
      r"'shop.V.d' is 9007199254740993, which an Avro double holds only as 9007199254740992.0"),
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 1.0, "d": 1.0,
@@ -854,6 +861,8 @@ def test_values_the_writer_would_alter_or_readers_refuse_are_dead_lettered(
     assert serializer.serialize(event(good), route, "p")[:2] == b"\xc3\x01"
     exact = {**good, "f": 16777216, "d": 2**53}  # integers they hold exactly pass
     assert serializer.serialize(event(exact), route, "p")[:2] == b"\xc3\x01"
+    for held in (16777216.0, 0.0, -0.0, 0.1, 1.5e-45):  # as does what a float rounds
+        assert serializer.serialize(event({**good, "f": held}), route, "p")[:2] == b"\xc3\x01"
     with pytest.raises(SerializeError, match=reason):
         serializer.serialize(event(payload), route, "p")
 
