@@ -9,9 +9,9 @@ would silently leave them out, which `extra_fields: reject` refuses.
 from __future__ import annotations
 
 import math
+import re
 import struct
 import sys
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -274,6 +274,9 @@ def _unfillable_below(node: Any, named: Mapping[str, Any], path: list[str], foun
 # double, any text in a `uuid` string (readers with logical types refuse it), a date, time or
 # timestamp number outside TIME_RANGES.
 _FLOAT_MAX = 3.4028234663852886e38
+# The form both Python's reader and Java's UUID.fromString (Avro Java's) take: Python's
+# uuid.UUID also takes 32 bare digits, braces and urn:uuid:, Java refuses them (review 48-d F2).
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 
 
 def _has_checked_values(schema: AvroSchema) -> bool:
@@ -324,11 +327,9 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
         return first
     kind = node.get("type")
     if node.get("logicalType") == "uuid" and isinstance(datum, str):
-        try:
-            uuid.UUID(datum)
-        except ValueError:
+        if _UUID.fullmatch(datum) is None:
             return (f"field {path.lstrip('.') or '(the payload)'!r} is str {show(datum, 60)}, "
-                    "expected string (uuid): not a UUID")
+                    "expected string (uuid): not a UUID as 8-4-4-4-12 hex digits")
         return None
     if kind in ("float", "double"):
         return _number_problem(datum, kind, path)

@@ -830,6 +830,14 @@ def test_a_registry_url_with_a_password_is_masked_in_the_error_line() -> None:
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 16777217, "d": 1.0},
      r"'shop.V.f' is 16777217, which an Avro float holds only as 16777216.0: make the field "
      r"a long"),
+    # Review 48-d F2: spellings Python's uuid.UUID takes, Java's UUID.fromString refuses.
+    ({"id": "7a1d0a8e3a5b4c9e8f0e0d9c3b2a1f00", "f": 1.0, "d": 1.0},
+     r"'shop.V.id' is str '7a1d0a8e3a5b4c9e8f0e0d9c3b2a1f00', expected string \(uuid\): not a "
+     r"UUID as 8-4-4-4-12 hex digits"),
+    ({"id": "{7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00}", "f": 1.0, "d": 1.0},
+     r"'shop.V.id' is str '\{7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00\}', expected string \(uuid\)"),
+    ({"id": "urn:uuid:7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 1.0, "d": 1.0},
+     r"'shop.V.id' is str 'urn:uuid:7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00', expected string"),
     # Review 48-d F4: the same number as a JSON float was written rounded, and a non-zero
     # one too small for a float as 0.0.
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 16777217.0, "d": 1.0},
@@ -861,6 +869,8 @@ def test_values_the_writer_would_alter_or_readers_refuse_are_dead_lettered(
     assert serializer.serialize(event(good), route, "p")[:2] == b"\xc3\x01"
     exact = {**good, "f": 16777216, "d": 2**53}  # integers they hold exactly pass
     assert serializer.serialize(event(exact), route, "p")[:2] == b"\xc3\x01"
+    upper = {**good, "id": "7A1D0A8E-3A5B-4C9E-8F0E-0D9C3B2A1F00"}  # either case, as Java
+    assert serializer.serialize(event(upper), route, "p")[:2] == b"\xc3\x01"
     for held in (16777216.0, 0.0, -0.0, 0.1, 1.5e-45):  # as does what a float rounds
         assert serializer.serialize(event({**good, "f": held}), route, "p")[:2] == b"\xc3\x01"
     with pytest.raises(SerializeError, match=reason):
