@@ -20,7 +20,7 @@ from fastavro.validation import ValidationError, validate
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
 from cdc_router.serde.avro_time import TIME_RANGES
-from cdc_router.serde.avro_unions import UnionWalk, fits, has_container_unions
+from cdc_router.serde.avro_unions import UnionWalk, fits, has_container_unions, writer_branch
 
 
 def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject",
@@ -107,7 +107,7 @@ def first_extra_field(datum: Any, schema: AvroSchema,
                       walk: UnionWalk | None = None) -> tuple[str, str] | None:
     """(path, record name) of the first payload key no record field takes, or None.
 
-    Walks the datum the way fastavro's writer does, union branches included (_writer_branch).
+    Walks the datum the way fastavro's writer does, union branches included (writer_branch).
     """
     found = _first_extra(datum, schema.parsed, schema, walk)
     if found is None:
@@ -115,35 +115,6 @@ def first_extra_field(datum: Any, schema: AvroSchema,
     steps, record = found
     path = "".join(reversed(steps))  # ".c", "[1]", ".lines" -> .lines[1].c
     return path.removeprefix("."), record
-
-
-def _writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
-                   walk: UnionWalk | None) -> Any:
-    """The branch of `union` that fastavro's writer takes for a dict or list `datum`, or None.
-
-    As its write_union does: the first branch the value validates against, except that among
-    records it keeps looking for the one with the most of the datum's keys. With `walk`, as
-    it finds it (each value validated once); without, by fastavro's validation.
-    """
-    if walk is not None:
-        index = walk.branch(datum, union)
-        if index is None:
-            return None
-        branch = union[index]
-        return schema.named.get(branch, branch) if isinstance(branch, str) else branch
-    chosen, most = None, -1
-    for branch in union:
-        resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
-        kind = resolved.get("type") if isinstance(resolved, dict) else None
-        # Only these take a dict or a list: skip validating the others (null, string, ...).
-        if kind not in ("record", "error", "array", "map") or not fits(datum, schema, resolved):
-            continue
-        if kind != "record":  # an error too: fastavro takes it at once (before session 45
-            return resolved  # we looked on, and named no key the writer then left out)
-        keys = len(_record_shape(resolved, schema)[0].intersection(datum))
-        if keys > most:
-            chosen, most = resolved, keys
-    return chosen
 
 
 def _first_extra(datum: Any, node: Any, schema: AvroSchema,
@@ -157,7 +128,7 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema,
     if isinstance(node, list):
         if not isinstance(datum, (dict, list)):
             return None  # a scalar holds no keys
-        branch = _writer_branch(datum, node, schema, walk)
+        branch = writer_branch(datum, node, schema, walk)
         return None if branch is None else _first_extra(datum, branch, schema, walk)
     if not isinstance(node, dict):
         return None
@@ -312,19 +283,11 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
         if isinstance(node, str):
             return None
     if isinstance(node, list):
-        # A problem only if every branch the value fits has one: fastavro's writer may take
-        # a later branch (1e39 in ["float", "double"] is written as a double).
-        first = None
-        for branch in node:
-            resolved = schema.named.get(branch, branch) if isinstance(branch, str) else branch
-            if walk.valid(datum, resolved) if walk is not None \
-                    else fits(datum, schema, resolved) if isinstance(resolved, dict) \
-                    else _primitive_fits(datum, resolved):
-                found = _value_problem(datum, resolved, schema, path, walk)
-                if found is None:
-                    return None
-                first = first or found
-        return first
+        # The branch fastavro's writer takes (a double after a float: 1e39 in ["float",
+        # "double"] is written as the double), not any it fits: 86400000 in [date, "long"]
+        # was written as a date no reader reads, the long having no problem (review 48-d F3).
+        branch = writer_branch(datum, node, schema, walk)
+        return None if branch is None else _value_problem(datum, branch, schema, path, walk)
     kind = node.get("type")
     if node.get("logicalType") == "uuid" and isinstance(datum, str):
         if _UUID.fullmatch(datum) is None:
@@ -359,10 +322,6 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
             if found is not None:
                 return found
     return None
-
-
-def _primitive_fits(datum: Any, name: Any) -> bool:
-    return bool(validate(datum, name, raise_errors=False)) if isinstance(name, str) else False
 
 
 def _number_problem(datum: Any, kind: str, path: str) -> str | None:

@@ -285,6 +285,45 @@ def _tuple_name(candidate: Any) -> str:
     return str(candidate)
 
 
+def writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
+                  walk: UnionWalk | None = None) -> Any:
+    """The branch of `union` (named types resolved) fastavro's writer takes for `datum`, or
+    None when none validates. Raises Unusual (see the module doc) only with `walk`.
+
+    As its write_union does: the first branch the value validates against, except that a
+    later double wins over a float, and among records the one with the most of the datum's
+    keys. A dict or list with `walk`: as it finds it (each value validated once); else by
+    fastavro's validation.
+    """
+    if walk is not None and (type(datum) is dict or type(datum) is list):
+        index = walk.branch(datum, union)
+        return None if index is None else _resolved(union[index], schema)
+    chosen, most, could_be_float = None, -1, False
+    container = isinstance(datum, dict | list)
+    for branch in union:
+        kind = _kind(branch, schema)
+        if could_be_float:  # nothing but a double is worth considering
+            if kind == "double":
+                return _resolved(branch, schema)
+            continue
+        if (container and kind not in _CONTAINERS) or not fits(datum, schema, branch):
+            continue  # only those take a dict or a list: the others are not validated
+        resolved = _resolved(branch, schema)
+        if kind == "float":
+            chosen, could_be_float = resolved, True
+        elif kind != "record":  # "error" too: fastavro takes it at once
+            return resolved
+        elif isinstance(datum, dict):
+            keys = len(datum.keys() & {field["name"] for field in resolved["fields"]})
+            if keys > most:
+                chosen, most = resolved, keys
+    return chosen
+
+
+def _resolved(branch: Any, schema: AvroSchema) -> Any:
+    return schema.named.get(branch, branch) if isinstance(branch, str) else branch
+
+
 def union_walk(schema: AvroSchema) -> UnionWalk | None:
     """A walk for one payload of `schema`, to share between its checks and its encoding;
     None when the schema has no union a subtree could take (nothing to walk)."""

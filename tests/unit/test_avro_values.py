@@ -83,6 +83,48 @@ def test_the_edges_of_each_range_are_written_and_read_back(times: RouteRule) -> 
         assert decoder.decode(value).value["day"].year in (1, 9999)
 
 
+DATE = {"type": "int", "logicalType": "date"}
+KIND = {"type": "enum", "name": "Kind", "symbols": ["A", "C"]}
+
+
+@pytest.mark.parametrize(("union", "value", "reason"), [
+    # Review 48-d F3: each fits a later branch without a problem, so it was written, in the
+    # first branch it fits (fastavro's writer's choice), which our decoder then refused.
+    ([DATE, "long"], 86_400_000, "'R.x' is 86400000, outside what readers with logical types "
+     "take as int (date)"),
+    (["null", {"type": "int", "logicalType": "time-millis"}, "long"], 86_400_000,
+     "'R.x' is 86400000, outside what readers with logical types take as int (time-millis)"),
+    ([{"type": "string", "logicalType": "uuid"}, KIND], "C",
+     "'R.x' is str 'C', expected string (uuid): not a UUID"),
+    (["float", "long"], 16777217, "'R.x' is 16777217, which an Avro float holds only as "
+     "16777216.0"),  # no double after the float: fastavro writes the float
+])
+def test_a_union_value_is_judged_in_the_branch_the_writer_takes(
+        tmp_path: Path, union: list[Any], value: Any, reason: str) -> None:
+    path = tmp_path / "r.avsc"
+    path.write_text(json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "x", "type": union}]}))
+    route = RouteRule.model_validate({"topic": "tp", "format": "avro", "schema": str(path)})
+    with pytest.raises(SerializeError) as caught:
+        AvroSerializer([route]).serialize(event({"x": value}), route, "tp")
+    assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize(("union", "value"), [
+    (["long", DATE], 86_400_000),  # the long first: written as a long
+    (["float", "double"], 1e39), (["float", "double"], 16777217),  # fastavro's double
+    ([KIND, {"type": "string", "logicalType": "uuid"}], "C"),
+])
+def test_a_union_value_the_writer_puts_in_a_branch_that_holds_it_is_read_back(
+        tmp_path: Path, union: list[Any], value: Any) -> None:
+    path = tmp_path / "r.avsc"
+    path.write_text(json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "x", "type": union}]}))
+    route = RouteRule.model_validate({"topic": "tp", "format": "avro", "schema": str(path)})
+    written = AvroSerializer([route]).serialize(event({"x": value}), route, "tp")
+    assert PayloadDecoder(schemas=[str(path)]).decode(written).value == {"x": value}
+
+
 def test_a_record_another_writer_put_beyond_a_datetime_is_the_records_decode_error() -> None:
     # Review 45 M5: fastavro's reader raises OverflowError there, which escaped the decoder.
     schema = parse_schema_text(json.dumps(TIMES), "times")
