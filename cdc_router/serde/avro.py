@@ -48,7 +48,7 @@ from cdc_router.serde.avro_schema import (
     route_key,
     unreadable,
 )
-from cdc_router.serde.avro_unions import UnionWalk, union_walk, writer_datum
+from cdc_router.serde.avro_unions import UnionWalk, plain_dates, union_walk, writer_datum
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
 
@@ -387,5 +387,6 @@ def encode(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> byt
     given the union branches its writer would choose (serde/avro_unions.py), in time linear
     in the datum's size. `walk`: the datum's, if payload_problem made one."""
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, schema.parsed, writer_datum(datum, schema, walk))
+    # A date written as the int it is (serde/avro_unions.py): never a str parsed as one.
+    fastavro.schemaless_writer(out, plain_dates(schema)[0], writer_datum(datum, schema, walk))
     return out.getvalue()

@@ -20,7 +20,14 @@ from fastavro.validation import ValidationError, validate
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
 from cdc_router.serde.avro_time import TIME_RANGES
-from cdc_router.serde.avro_unions import UnionWalk, fits, has_container_unions, writer_branch
+from cdc_router.serde.avro_unions import (
+    PLAIN_DATE,
+    UnionWalk,
+    fits,
+    has_decided_unions,
+    plain_dates,
+    writer_branch,
+)
 
 
 def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject",
@@ -34,10 +41,10 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
     """
     if not fits(datum, schema):
         try:
-            validate(datum, schema.parsed, raise_errors=True)
+            validate(datum, plain_dates(schema)[0], raise_errors=True)  # a date an int
         except ValidationError as error:
             return _describe(error)
-    if not has_container_unions(schema):  # no union a subtree could take: nothing to walk
+    if not has_decided_unions(schema):  # no union a subtree could take: nothing to walk
         return _walked_problem(datum, schema, extra_fields, None)
     try:
         # The union branches are the writer's, each found once (serde/avro_unions.py) ...
@@ -82,8 +89,12 @@ def _describe(error: ValidationError) -> str:
     field = deepest.field or "(the payload)"
     if deepest.datum is None:
         return f"field {field!r} is missing or null, expected {expected}"
+    # Review 48-d F1: fastavro would have parsed the text as an ISO date (avro_unions.py).
+    text_date = isinstance(deepest.datum, str) and isinstance(deepest.schema, dict) and \
+        deepest.schema.get(PLAIN_DATE)
     return (f"field {field!r} is {type(deepest.datum).__name__} {show(deepest.datum, 60)}, "
-            f"expected {expected}")
+            f"expected {expected}" + (": a date is written as its number of days since "
+                                      "1970-01-01, not as text" if text_date else ""))
 
 
 def _type_name(schema: Any) -> str:
@@ -93,8 +104,9 @@ def _type_name(schema: Any) -> str:
         kind = schema.get("type")
         if isinstance(kind, str) and kind in NAMED_TYPES and "name" in schema:
             return f"{kind} {schema['name']}"
-        if schema.get("logicalType"):
-            return f"{kind} ({schema['logicalType']})"
+        logical = schema.get("logicalType") or ("date" if schema.get(PLAIN_DATE) else None)
+        if logical:
+            return f"{kind} ({logical})"
         if kind == "array":
             return f"array of {_type_name(schema.get('items'))}"
         if kind == "map":

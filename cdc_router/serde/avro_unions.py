@@ -10,17 +10,23 @@ without validating (writer_datum). Diagnostics ask the same walk (UnionWalk).
 
 What this walk does not mirror exactly it hands back to fastavro: a record value with a
 `-type` key (fastavro's branch hint, whose check depends on the field path), a value of a type
-JSON does not give (a tuple, bytes), or an error while validating (a logical type's
-conversion): then the writer, or fits(), decides as before, at fastavro's cost.
+JSON does not give (a tuple, bytes), or an error while validating: then the writer, or fits(),
+decides as before, at fastavro's cost.
+
+A `date` is an int here (plain_dates): fastavro's validation and writer parse a str there as
+an ISO date (date.fromisoformat), which took "2024-01-05" as a date, raised a bare ValueError
+for "Z", and for "hello" in [date, "string"] (review 48-d F1). README: types are not coerced.
+So a str in a date field does not fit, and at a union with a date branch it is given to the
+writer with its branch decided, as a dict or list is.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import fastavro
 from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
-from fastavro.logical_writers import LOGICAL_WRITERS
 from fastavro.validation import validate
 
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
@@ -28,6 +34,7 @@ from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
 _RECORDS = ("record", "error", "request")  # what fastavro's validation takes as a record
 _CONTAINERS = ("record", "error", "array", "map")
 _JSON_TYPES = frozenset((dict, list, str, int, float, bool, type(None)))
+PLAIN_DATE = "cdc-router.date"  # what a date's logicalType becomes in plain_dates()
 
 
 class Unusual(Exception):
@@ -39,46 +46,72 @@ def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
     by fastavro's own validation."""
     # Raising validation builds an exception for every union branch it rules out, even for
     # a valid payload: ask the cheap way first, and again with errors only to say why.
-    return bool(validate(datum, schema.parsed if part is None else _standalone(part, schema),
-                         raise_errors=False))
+    return bool(validate(datum, plain_dates(schema)[0] if part is None
+                         else _standalone(part, schema), raise_errors=False))
+
+
+def plain_dates(schema: AvroSchema) -> tuple[Any, dict[str, Any]]:
+    """`schema` parsed with each `date` an int (its logicalType kept as PLAIN_DATE), and its
+    named types: what fastavro validates and writes a JSON payload with (module doc)."""
+    found: tuple[Any, dict[str, Any]] | None = schema.memo.get("plain_dates")
+    if found is None:
+        named: dict[str, Any] = {}
+        found = (fastavro.parse_schema(_plain_dates(json.loads(schema.text)),
+                                       named_schemas=named), named) \
+            if '"date"' in schema.text else (schema.parsed, dict(schema.named))
+        schema.memo["plain_dates"] = found
+    return found
+
+
+def _plain_dates(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_plain_dates(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "int" and node.get("logicalType") == "date":
+        return {**{key: value for key, value in node.items() if key != "logicalType"},
+                PLAIN_DATE: True}
+    return {key: _plain_dates(value) for key, value in node.items()}
 
 
 def _standalone(part: Any, schema: AvroSchema) -> Any:
-    """`part` of `schema` parsed as a schema of its own (its named types known), once."""
+    """`part` of `schema` parsed as a schema of its own (its named types known, its dates
+    plain), once."""
     if isinstance(part, str):
         return part if part not in schema.named else _standalone(schema.named[part], schema)
     key = ("standalone", id(part))  # a record's shape is memoised under its plain id
     parsed = schema.memo.get(key)
     if parsed is None:
-        parsed = fastavro.parse_schema(part, named_schemas=dict(schema.named))
+        named = plain_dates(schema)[1]
+        parsed = fastavro.parse_schema(_plain_dates(part), named_schemas=dict(named))
         if isinstance(parsed, dict) and "__named_schemas" not in parsed:
             # fastavro marks only a record parsed with its named types: validate() would parse
             # an array or map of a named type again without them and raise UnknownType (a
             # valid payload dead-lettered for it before session 45).
-            parsed = {**parsed, "__fastavro_parsed": True, "__named_schemas": dict(schema.named)}
+            parsed = {**parsed, "__fastavro_parsed": True, "__named_schemas": dict(named)}
         schema.memo[key] = parsed
     return parsed
 
 
-def has_container_unions(schema: AvroSchema) -> bool:
-    """Whether a union of `schema` has a record, array or map branch: only there does
-    fastavro's writer validate a subtree to choose a branch."""
-    found = schema.memo.get("container_unions")
+def has_decided_unions(schema: AvroSchema) -> bool:
+    """Whether a union of `schema` has a record, array or map branch (only there does
+    fastavro's writer validate a subtree to choose a branch), or a date one (module doc)."""
+    found = schema.memo.get("decided_unions")
     if found is None:
-        found = schema.memo["container_unions"] = _reaches(schema.parsed, schema, set())
+        found = schema.memo["decided_unions"] = _reaches(schema.parsed, schema, set())
     return bool(found)
 
 
 def _reaches(node: Any, schema: AvroSchema, seen: set[str]) -> bool:
-    """Whether a union with a container branch is in `node` or below it."""
+    """Whether a union with a container or date branch is in `node` or below it."""
     if isinstance(node, str):
         if node not in schema.named or node in seen:
             return False  # a primitive, or a named type being looked at already
         seen.add(node)
         node = schema.named[node]
     if isinstance(node, list):
-        return any(_kind(branch, schema) in _CONTAINERS or _reaches(branch, schema, seen)
-                   for branch in node)
+        return _has_date(node) or any(_kind(branch, schema) in _CONTAINERS or
+                                      _reaches(branch, schema, seen) for branch in node)
     if not isinstance(node, dict):
         return False
     kind = node.get("type")
@@ -89,6 +122,12 @@ def _reaches(node: Any, schema: AvroSchema, seen: set[str]) -> bool:
     if kind == "map":
         return _reaches(node["values"], schema, seen)
     return isinstance(kind, str) and _reaches(kind, schema, seen)
+
+
+def _has_date(union: list[Any]) -> bool:
+    """Whether `union` has a date branch (a date is no named type: it is written in place)."""
+    return any(isinstance(branch, dict) and branch.get("logicalType") == "date"
+               for branch in union)
 
 
 def _kind(node: Any, schema: AvroSchema) -> Any:
@@ -163,17 +202,9 @@ class UnionWalk:
                 return found
         elif held not in _JSON_TYPES:
             raise Unusual(held.__name__)
-        if isinstance(node, str):
-            kind = node
-        else:
-            kind = node["type"]
-            logical = node.get("logicalType")
-            if logical:
-                prepare = LOGICAL_WRITERS.get(f"{kind}-{logical}")
-                if prepare is not None:
-                    datum = prepare(datum, node)
-                    if type(datum) not in _JSON_TYPES:
-                        raise Unusual(type(datum).__name__)
+        # A logical type's own writer (fastavro's prepare) leaves a JSON value as it is, but
+        # for a str in a date: an int here (module doc).
+        kind = node if isinstance(node, str) else node["type"]
         if kind == "null":
             return datum is None
         if kind == "boolean":
@@ -234,7 +265,10 @@ class UnionWalk:
         name = None
         if isinstance(node, list):
             if type(datum) is not dict and type(datum) is not list:
-                return datum  # a scalar: fastavro's own choice is cheap
+                if type(datum) is not str or not _has_date(node):
+                    return datum  # a scalar: fastavro's own choice is cheap
+                found = writer_branch(datum, node, self.schema)  # not the date's
+                return datum if found is None else (_tuple_name(found), datum)
             index = self.branch(datum, node)
             if index is None:
                 return datum  # no branch takes it: fastavro's writer says why
@@ -327,7 +361,7 @@ def _resolved(branch: Any, schema: AvroSchema) -> Any:
 def union_walk(schema: AvroSchema) -> UnionWalk | None:
     """A walk for one payload of `schema`, to share between its checks and its encoding;
     None when the schema has no union a subtree could take (nothing to walk)."""
-    return UnionWalk(schema) if has_container_unions(schema) else None
+    return UnionWalk(schema) if has_decided_unions(schema) else None
 
 
 def writer_datum(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> Any:
@@ -335,7 +369,7 @@ def writer_datum(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) 
     notation, so that writing it validates nothing again: the same bytes in time linear in
     its size. `datum` itself when the schema has no union a subtree could take, or when
     fastavro must decide (module doc). `walk`: this datum's, if the checks made one."""
-    if not has_container_unions(schema):
+    if not has_decided_unions(schema):
         return datum
     try:
         return (walk or UnionWalk(schema)).decided(datum, schema.parsed)

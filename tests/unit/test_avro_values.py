@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,36 @@ def test_the_edges_of_each_range_are_written_and_read_back(times: RouteRule) -> 
 
 DATE = {"type": "int", "logicalType": "date"}
 KIND = {"type": "enum", "name": "Kind", "symbols": ["A", "C"]}
+
+
+@pytest.mark.parametrize("with_registry", [False, True])
+def test_a_text_in_a_date_is_no_date_and_a_union_writes_it_as_text(
+        tmp_path: Path, with_registry: bool) -> None:
+    # Review 48-d F1: fastavro parses a str in a date with date.fromisoformat: "2024-01-05"
+    # was written as a date, "Z" raised a bare ValueError (no field named), and "hello", valid
+    # in [date, "string"], was dead-lettered for it; "2024-01-05" there was read as a date.
+    path = tmp_path / "d.avsc"
+    path.write_text(json.dumps({"type": "record", "name": "D", "fields": [
+        {"name": "day", "type": DATE},
+        {"name": "note", "type": ["null", DATE, "string"], "default": None},
+        {"name": "more", "type": {"type": "array", "items": [DATE, KIND, "string"]},
+         "default": []}]}))
+    route = RouteRule.model_validate({"topic": "tp", "format": "avro", "schema": str(path)})
+    client = SchemaRegistryClient.new_client({"url": "mock://dates"})
+    settings = SchemaRegistrySettings.model_validate({"url": "mock://dates",
+                                                      "auto_register": True})
+    serializer = (AvroSerializer([route], settings, registry_client=client) if with_registry
+                  else AvroSerializer([route]))
+    decoder = PayloadDecoder(schemas=[str(path)], registry=client)
+    for text in ("2024-01-05", "Z"):
+        with pytest.raises(SerializeError, match=rf"field 'D.day' is str '{text}', expected int "
+                           r"\(date\): a date is written as its number of days since 1970"):
+            serializer.serialize(event({"day": text}), route, "tp")
+    for text in ("hello", "2024-01-05", "Z"):
+        payload = {"day": 19727, "note": text, "more": [text, "C", 1]}
+        value = decoder.decode(serializer.serialize(event(payload), route, "tp")).value
+        assert value == {"day": date(2024, 1, 5), "note": text,
+                         "more": [text, "C", date(1970, 1, 2)]}
 
 
 @pytest.mark.parametrize(("union", "value", "reason"), [
