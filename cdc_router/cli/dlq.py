@@ -125,7 +125,9 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
         None if since is None else parse_since(since, option="--since",
                                                now_ms=int(time.time() * 1000)),
         include_expired)
-    replayer = DeadLetterReplay(compiled, dry_run=dry_run)
+    # Asked first, the plan shown is a dry run's (it registers no schema: review 48-d F8); once
+    # confirmed, the replay plans again, registering, and applies that plan.
+    replayer = DeadLetterReplay(compiled, dry_run=dry_run or not yes)
     try:
         plan = replayer.plan(selection)
         todo = sum(1 for item in plan.planned if item.action in ("deliver", "dead_letter"))
@@ -135,7 +137,11 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
             if output == "json":
                 emit(_plan_json(plan, compiled.config, None), output, str)
             return
-        confirm(f"replay {todo} dead letters?", yes)
+        if not yes:
+            confirm(f"replay {todo} dead letters?", yes)
+            replayer.close()
+            replayer = DeadLetterReplay(compiled, dry_run=False)
+            plan = replayer.plan(selection)
         result = replayer.apply(plan)
     except FatalKafkaError as failure:
         refusal = grant_refusal(failure, group=replay_group(compiled.config),

@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -71,6 +71,8 @@ from cdc_router.router.step import (
 )
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
+from cdc_router.serde import Serializer
+from cdc_router.serde.avro import AvroSerializer
 
 log = logging.getLogger("cdc_router.router")
 
@@ -130,6 +132,14 @@ def sources_of(config: RouterConfig) -> OursTest:
     return ours
 
 
+def _looking_up(serializer: Serializer, config: RouterConfig) -> Serializer:
+    """`serializer` for a plan: an Avro one with a registry registers nothing in it."""
+    if not isinstance(serializer, AvroSerializer) or serializer.registry is None:
+        return serializer
+    return AvroSerializer(config.routes, config.schema_registry, looks_only=True,
+                          registry_client=serializer.registry.client)
+
+
 class DeadLetterReplay:
     """Plans, then applies, one replay; see the module doc. Clients are built lazily."""
 
@@ -142,6 +152,10 @@ class DeadLetterReplay:
         config = self._config = compiled.config
         _check(config)
         self._dry_run = dry_run
+        if dry_run:  # a plan registers no schema (review 48-d F8)
+            compiled = replace(compiled, serializers={
+                name: _looking_up(serializer, config)
+                for name, serializer in compiled.serializers.items()})
         common = clients.common_config(config)
         # A dry run only looks up partition counts: a plain producer, never transactional.
         self._producer = LatchingProducer(

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
     from cdc_router.router.debezium import OutboxEvent
 
-# Recognised, never written here: confluent-kafka's serializer writes the wire format.
+# Recognised, written here only for a plan (looks_only): confluent-kafka's serializer writes it.
 CONFLUENT_MAGIC = b"\x00"  # Confluent wire format: magic byte, then a 4-byte schema id
 CONFLUENT_HEADER = len(CONFLUENT_MAGIC) + 4
 
@@ -96,10 +96,14 @@ class AvroSerializer:
 
     def __init__(self, routes: Sequence[RouteRule],
                  registry: SchemaRegistrySettings | None = None, *,
-                 registry_client: SchemaRegistryClient | None = None) -> None:
-        """Parse every Avro route's schemas now (ConfigError naming the route); no network."""
+                 registry_client: SchemaRegistryClient | None = None,
+                 looks_only: bool = False) -> None:
+        """Parse every Avro route's schemas now (ConfigError naming the route); no network.
+        looks_only: a plan's, registering nothing (registry.SchemaIds), framing a record
+        whose schema auto_register would register with id 0 (never produced)."""
         self._routes: dict[Any, RouteSchemas] = {}
-        self._ids = SchemaIds(registry, registry_client) if registry is not None else None
+        self._ids = SchemaIds(registry, registry_client, looks_only=looks_only) \
+            if registry is not None else None
         self._compiled: list[tuple[int, RouteRule, RouteSchemas]] = []
         # confluent-kafka's serializer and its context, per (topic, schema): each serializer
         # remembers one schema id, and a context is a topic's.
@@ -235,10 +239,12 @@ class AvroSerializer:
         except Exception as error:
             # One call asks the registry (first use of a subject) and encodes: blame the
             # record only if it cannot be encoded on its own.
-            _encode_record(event, datum, schema, topic, walk)
+            body = _encode_record(event, datum, schema, topic, walk)
             subject = subject_name(ids.strategy, topic, schema.name)
             action = "register" if ids.auto_register else "look up"
             failure = ids.failure(f"{action} {schema.path} under subject {subject!r}", error)
+            if ids.stands_in(failure, subject, schema):
+                return CONFLUENT_MAGIC + bytes(4) + body  # id 0: registered on the apply
             if (failure.missing or failure.incompatible or failure.refused) and \
                     subject not in self._known_subjects():
                 # The subject comes from this event's destination (a template over its

@@ -80,9 +80,13 @@ class SchemaIds:
     """The registry as the router uses it: its client, subjects, ids and serializers."""
 
     def __init__(self, settings: SchemaRegistrySettings,
-                 client: SchemaRegistryClient | None = None) -> None:
+                 client: SchemaRegistryClient | None = None, *, looks_only: bool = False) -> None:
         self._settings = settings
         self._client = client
+        # A plan's (`dlq replay --dry-run`, or before its prompt): nothing is registered; a
+        # schema auto_register would register is noted here instead (review 48-d F8).
+        self.looks_only = looks_only
+        self.would_register: set[tuple[str, str]] = set()  # (subject, schema file)
         self._writers: dict[int, AvroSchema] = {}  # schema id -> its schema
         self._held: set[tuple[str, int]] = set()  # (subject, schema id): holds()
 
@@ -111,7 +115,7 @@ class SchemaIds:
         looks the schema up (or registers it, with auto_register) on first use per subject,
         and frames the body with the id. Raises RegistryError for a bad client config."""
         serializer: ValueSerializer = ValueSerializer(self.client, registry_schema(schema), conf={
-            "auto.register.schemas": self.auto_register,
+            "auto.register.schemas": self.auto_register and not self.looks_only,
             # Encode with the route's file, never the subject's latest version, which may
             # differ from it (and which the library refuses together with auto-registering).
             "use.latest.version": False,
@@ -130,8 +134,24 @@ class SchemaIds:
         Raises RegistryError (missing=True) when the subject lacks the schema and
         auto_register is off; RegistryError when the registry refuses or cannot be reached.
         """
-        return self.register(subject, schema) if self.auto_register else \
-            self.lookup(subject, schema)
+        if self.auto_register and not self.looks_only:
+            return self.register(subject, schema)
+        try:
+            return self.lookup(subject, schema)
+        except RegistryError as failure:
+            if not self.stands_in(failure, subject, schema):
+                raise
+            return 0
+
+    def stands_in(self, failure: RegistryError, subject: str, schema: AvroSchema) -> bool:
+        """Whether `failure` is a schema missing that auto_register would register, in a
+        plan that registers nothing (looks_only): then noted in would_register."""
+        if not (self.looks_only and self.auto_register and failure.missing):
+            return False
+        if (subject, schema.path) not in self.would_register:
+            self.would_register.add((subject, schema.path))
+            log.info("event=schema_would_register subject=%s file=%s", subject, schema.path)
+        return True
 
     def lookup(self, subject: str, schema: AvroSchema) -> int:
         """The id under which `subject` holds `schema`; RegistryError (missing=True) if none."""

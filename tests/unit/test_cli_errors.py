@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException
@@ -182,6 +183,42 @@ def test_dlq_replay_without_its_group_names_the_group_and_the_grant(
     assert result.stderr.startswith(
         "error: this process's Kafka principal may not use consumer group "
         "cdc-router.dlq-replay: grant it Read on Group cdc-router.dlq-replay")
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_dlq_replay_asks_about_a_dry_runs_plan_and_plans_again_once_told_yes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: bool) -> None:
+    # Review 48-d F8: the plan shown at the prompt registered the routes' schemas (with
+    # auto_register), so a replay answered "no" had changed the registry.
+    (tmp_path / "router.yaml").write_text(CONFIG)
+    made: list[bool] = []
+    applied: list[Any] = []
+
+    class _Replay:
+        def __init__(self, compiled: Any, *, dry_run: bool) -> None:
+            made.append(dry_run)
+            self.dry_run = dry_run
+
+        def plan(self, selection: Any) -> Any:
+            return SimpleNamespace(planned=[SimpleNamespace(action="deliver")], by=self)
+
+        def apply(self, plan: Any) -> Any:
+            applied.append(plan.by.dry_run)
+            return SimpleNamespace(committed={"deliver": 1})
+
+        def close(self) -> None:
+            pass
+
+    def confirm(question: str, yes: bool) -> None:
+        if not answer:
+            raise click.Abort
+
+    monkeypatch.setattr(dlq, "DeadLetterReplay", _Replay)
+    monkeypatch.setattr(dlq, "confirm", confirm)
+    monkeypatch.setattr(dlq, "_plan_json", lambda plan, config, committed: {})
+    CliRunner().invoke(main, ["dlq", "replay", "-c", str(tmp_path / "router.yaml"), "-o",
+                              "json"])
+    assert (made, applied) == (([True, False], [False]) if answer else ([True], []))
 
 
 def test_an_argument_that_is_not_utf8_is_one_line_before_any_command_runs() -> None:

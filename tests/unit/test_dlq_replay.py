@@ -3,12 +3,15 @@ commits nothing and the next replay delivers it, a second replay skips what the 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Message
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
@@ -18,6 +21,7 @@ from cdc_router.router import dlq_replay
 from cdc_router.router.dlq_letters import Selection
 from cdc_router.router.dlq_replay import DeadLetterReplay
 from cdc_router.router.replay import BATCH_KEY_PREFIX, changelog_records
+from cdc_router.serde.avro import AvroSerializer
 from tests.unit.router_fakes import (
     CHANGELOG,
     DLQ,
@@ -339,3 +343,40 @@ def test_a_relay_letter_of_text_that_was_not_utf8_is_not_replayed() -> None:
         letter_event(value, SourceSettings())
     assert letter_event(letter_value("public.outbox", 1, 2, row, {}),
                         SourceSettings()).aggregate_id == "caf\\xe9"
+
+
+def avro_replayer(cluster: FakeCluster, tmp_path: Path, registry: SchemaRegistryClient, *,
+                  dry_run: bool) -> DeadLetterReplay:
+    schema = tmp_path / "customer.avsc"
+    schema.write_text(json.dumps({"type": "record", "name": "Customer", "fields": [
+        {"name": "n", "type": "long"}]}))
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "g"}, "dead_letter": {"topic": DLQ},
+        "dedup": {"changelog_topic": CHANGELOG},
+        "schema_registry": {"url": "mock://dlq-replay-dry-run", "auto_register": True},
+        "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS,
+                    "format": "avro", "schema": str(schema)}]})
+    serializer = AvroSerializer(config.routes, config.schema_registry, registry_client=registry)
+    return DeadLetterReplay(
+        compile_config(config, {"avro": serializer}), dry_run=dry_run,
+        producer_factory=lambda conf: FakeProducer(cluster, conf),
+        changelog_factory=lambda conf, topic: Changelog(cluster, topic),
+        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
+        describe_factory=cluster.describe_factory,
+        operations_factory=cluster.operations_factory)
+
+
+def test_a_dry_run_registers_no_schema_and_the_replay_then_does(tmp_path: Path) -> None:
+    # Review 48-d F8: a dry run (and a replay declined at its prompt, which the CLI plans as
+    # one) registered the route's schema under its subject, with auto_register on.
+    registry = SchemaRegistryClient.new_client({"url": "mock://dlq-replay-dry-run"})
+    cluster = cluster_with_letters("Customer")
+    dry = avro_replayer(cluster, tmp_path, registry, dry_run=True)
+    assert dry.plan(Selection()).counts() == {"deliver": 1}
+    assert registry.get_subjects() == []
+    replay = avro_replayer(cluster, tmp_path, registry, dry_run=False)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 1}
+    assert registry.get_subjects() == [f"{CUSTOMERS}-value"]
+    schema_id = registry.get_latest_version(f"{CUSTOMERS}-value").schema_id
+    [delivered] = cluster.committed(CUSTOMERS)
+    assert delivered.value[:5] == b"\x00" + schema_id.to_bytes(4, "big")
