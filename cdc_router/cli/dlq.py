@@ -164,7 +164,8 @@ def _destination(item: Planned) -> str:
         if record.nats:
             return f"NATS subject {record.topic} Nats-Msg-Id={record.event_id}"
         key = (record.key or b"").decode(errors="replace")
-        return f"{record.topic}[{record.partition}] key={key}"
+        to = f"{record.topic}[{record.partition}] key={key}"
+        return f"{to}; {item.note}" if item.note else to
     return item.note
 
 

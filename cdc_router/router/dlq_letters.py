@@ -248,7 +248,11 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
 
 def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:
     if isinstance(result, Routed):
-        return Planned(letter, "deliver", result)
+        # Only the broker tells whether it takes the record now (review 48-d F13: a record
+        # too large for its topic was planned `deliver` on every replay, then still_failing).
+        return Planned(letter, "deliver", result, note="" if letter.stage != "produce" else
+                       f"the broker refused it before ({letter.reason}): if it does again, "
+                       "it stays as it is (still_failing)")
     if isinstance(result, DeadLettered):
         return Planned(letter, "still_failing" if fails_as_before(letter, result)
                        else "dead_letter", result, note=reason_of(result.error))

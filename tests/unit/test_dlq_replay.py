@@ -150,6 +150,10 @@ def test_a_letter_refused_again_as_before_is_still_failing_not_dead_lettered_onc
         again = replayer(cluster)
         plan = again.plan(Selection())
         assert plan.counts() == {"already_delivered": 1, "superseded": 1, "deliver": 1}
+        # Review 48-d F13: planned a plain `deliver` (what --dry-run shows), without a word.
+        [refused] = [item for item in plan.planned if item.letter.stage == "produce"]
+        assert refused.note.startswith("the broker refused it before (") and \
+            "still_failing" in refused.note
         assert again.apply(plan).committed == {"still_failing": 1}
     assert len(cluster.committed(DLQ)) == 3 and len(cluster.committed(CUSTOMERS)) == 1
 
