@@ -394,5 +394,6 @@ def encode(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> byt
     in the datum's size. `walk`: the datum's, if payload_problem made one."""
     out = io.BytesIO()
     # A date written as the int it is (serde/avro_unions.py): never a str parsed as one.
-    fastavro.schemaless_writer(out, plain_dates(schema)[0], writer_datum(datum, schema, walk))
+    fastavro.schemaless_writer(out, plain_dates(schema)[0],
+                               writer_datum(datum, schema, walk, dates=False))
     return out.getvalue()

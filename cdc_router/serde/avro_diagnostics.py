@@ -24,7 +24,7 @@ from cdc_router.serde.avro_unions import (
     PLAIN_DATE,
     UnionWalk,
     fits,
-    has_decided_unions,
+    has_container_unions,
     plain_dates,
     writer_branch,
 )
@@ -44,7 +44,7 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
             validate(datum, plain_dates(schema)[0], raise_errors=True)  # a date an int
         except ValidationError as error:
             return _describe(error)
-    if not has_decided_unions(schema):  # no union a subtree could take: nothing to walk
+    if not has_container_unions(schema):  # no union a subtree could take: nothing to walk
         return _walked_problem(datum, schema, extra_fields, None)
     try:
         # The union branches are the writer's, each found once (serde/avro_unions.py) ...

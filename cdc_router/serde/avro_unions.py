@@ -93,35 +93,45 @@ def _standalone(part: Any, schema: AvroSchema) -> Any:
     return parsed
 
 
+def has_container_unions(schema: AvroSchema) -> bool:
+    """Whether a union of `schema` has a record, array or map branch: only there does
+    fastavro's writer validate a subtree to choose a branch."""
+    found = schema.memo.get("container_unions")
+    if found is None:
+        found = schema.memo["container_unions"] = _reaches(schema.parsed, schema, set(), False)
+    return bool(found)
+
+
 def has_decided_unions(schema: AvroSchema) -> bool:
-    """Whether a union of `schema` has a record, array or map branch (only there does
-    fastavro's writer validate a subtree to choose a branch), or a date one (module doc)."""
+    """has_container_unions, or a union of `schema` has a date branch (module doc)."""
     found = schema.memo.get("decided_unions")
     if found is None:
         found = schema.memo["decided_unions"] = _reaches(schema.parsed, schema, set())
     return bool(found)
 
 
-def _reaches(node: Any, schema: AvroSchema, seen: set[str]) -> bool:
-    """Whether a union with a container or date branch is in `node` or below it."""
+def _reaches(node: Any, schema: AvroSchema, seen: set[str], dates: bool = True) -> bool:
+    """Whether a union with a container (or, with `dates`, a date) branch is in `node` or
+    below it."""
     if isinstance(node, str):
         if node not in schema.named or node in seen:
             return False  # a primitive, or a named type being looked at already
         seen.add(node)
         node = schema.named[node]
     if isinstance(node, list):
-        return _has_date(node) or any(_kind(branch, schema) in _CONTAINERS or
-                                      _reaches(branch, schema, seen) for branch in node)
+        return (dates and _has_date(node)) or any(
+            _kind(branch, schema) in _CONTAINERS or _reaches(branch, schema, seen, dates)
+            for branch in node)
     if not isinstance(node, dict):
         return False
     kind = node.get("type")
     if kind in _RECORDS:
-        return any(_reaches(field["type"], schema, seen) for field in node["fields"])
+        return any(_reaches(field["type"], schema, seen, dates) for field in node["fields"])
     if kind == "array":
-        return _reaches(node["items"], schema, seen)
+        return _reaches(node["items"], schema, seen, dates)
     if kind == "map":
-        return _reaches(node["values"], schema, seen)
-    return isinstance(kind, str) and _reaches(kind, schema, seen)
+        return _reaches(node["values"], schema, seen, dates)
+    return isinstance(kind, str) and _reaches(kind, schema, seen, dates)
 
 
 def _has_date(union: list[Any]) -> bool:
@@ -332,13 +342,19 @@ def writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
     if walk is not None and (type(datum) is dict or type(datum) is list):
         index = walk.branch(datum, union)
         return None if index is None else _resolved(union[index], schema)
+    kinds = schema.memo.get(("kinds", id(union)))
+    if kinds is None:
+        kinds = schema.memo[("kinds", id(union))] = [_kind(branch, schema) for branch in union]
     chosen, most, could_be_float = None, -1, False
     container = isinstance(datum, dict | list)
-    for branch in union:
-        kind = _kind(branch, schema)
+    for branch, kind in zip(union, kinds, strict=True):
         if could_be_float:  # nothing but a double is worth considering
             if kind == "double":
                 return _resolved(branch, schema)
+            continue
+        if kind == "null":  # only None takes it, and nothing else takes None
+            if datum is None:
+                return "null"
             continue
         if (container and kind not in _CONTAINERS) or not fits(datum, schema, branch):
             continue  # only those take a dict or a list: the others are not validated
@@ -364,12 +380,14 @@ def union_walk(schema: AvroSchema) -> UnionWalk | None:
     return UnionWalk(schema) if has_decided_unions(schema) else None
 
 
-def writer_datum(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None) -> Any:
+def writer_datum(datum: Any, schema: AvroSchema, walk: UnionWalk | None = None, *,
+                 dates: bool = True) -> Any:
     """`datum` with the union branches fastavro's writer would take decided in its tuple
     notation, so that writing it validates nothing again: the same bytes in time linear in
     its size. `datum` itself when the schema has no union a subtree could take, or when
-    fastavro must decide (module doc). `walk`: this datum's, if the checks made one."""
-    if not has_decided_unions(schema):
+    fastavro must decide (module doc). `walk`: this datum's, if the checks made one.
+    dates=False: for a writer given plain_dates(), which needs no date union decided."""
+    if not (has_decided_unions(schema) if dates else has_container_unions(schema)):
         return datum
     try:
         return (walk or UnionWalk(schema)).decided(datum, schema.parsed)
