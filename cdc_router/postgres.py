@@ -279,6 +279,15 @@ def one_line(error: BaseException) -> str:
     return on_one_line(text) or type(error).__name__
 
 
+def column_hint(error: BaseException) -> str:
+    """For a column the table does not have, the `outbox` commands' option that names it
+    (QA 48-a F-low-1: `outbox stats` on a renamed created_at said only that it did not exist)."""
+    if not isinstance(error, psycopg.errors.UndefinedColumn):
+        return ""
+    return ("; name the table's columns with --column NAME=COLUMN (as given to `outbox init`), "
+            "e.g. --column created_at=occurred_at")
+
+
 def delete_in_chunks(conn: psycopg.Connection[Any], table: sql.Composable,
                      where: sql.Composable, params: Sequence[Any] | Mapping[str, Any], *,
                      batch_size: int, order_by: sql.Composable | None = None) -> Iterator[int]:

@@ -63,6 +63,7 @@ from cdc_router.outbox.republish import (
 )
 from cdc_router.outbox.tools import relay_outbox_column
 from cdc_router.postgres import (
+    column_hint,
     column_types,
     dsn_problem,
     one_line,
@@ -122,12 +123,11 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
         with connection as conn:
             yield conn
-    except psycopg.Error as error:
-        raise DatabaseError(f"Postgres at {where}: {one_line(error)}") from error
+    except psycopg.Error as err:
+        raise DatabaseError(f"Postgres at {where}: {one_line(err)}{column_hint(err)}") from err
 
 
-def _where(dsn: str) -> str:
-    # Never echo the DSN itself: it may carry a password.
+def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

@@ -548,3 +548,14 @@ def test_purge_itself_refuses_a_batch_size_below_one() -> None:
 
     with pytest.raises(ConfigError, match="batch_size"):
         purge(None, OutboxSchema(), 1000, 0)  # type: ignore[arg-type]
+
+
+def test_a_missing_column_names_the_option_that_renames_it() -> None:
+    # QA 48-a F-low-1: `outbox stats` on a table whose created_at is occurred_at said only
+    # 'column "created_at" does not exist'.
+    import psycopg
+
+    from cdc_router.postgres import column_hint
+
+    assert "--column NAME=COLUMN" in column_hint(psycopg.errors.UndefinedColumn("no such"))
+    assert column_hint(psycopg.errors.UndefinedTable("no such")) == ""
