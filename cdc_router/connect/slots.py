@@ -1,9 +1,10 @@
 """Which connectors stream from one replication slot: for `connectors apply` (a second
 connector on a used slot) and `connectors delete` (whether its slot may be dropped).
 
-A slot is (host, port, database, slot.name), but a host has many spellings: `localhost` and
-`127.0.0.1` are one Postgres (review 48-b F5: a second connector on the live slot passed the
-guard, and `delete` advised dropping the slot the first one streamed from). Loopback aliases
+A slot is (host, port, slot.name): its name is unique in the cluster, whatever database it
+streams. A host has many spellings: `localhost` and `127.0.0.1` are one Postgres (review 48-b
+F5: a second connector on the live slot passed the guard, and `delete` advised dropping the
+slot the first one streamed from). Loopback aliases
 are one host; other names are resolved here, and compared by address, only when both resolve
 (`postgres` may be a name only Connect's network knows), else by their text.
 """
@@ -85,8 +86,9 @@ def slot_users(deployed: Mapping[str, Mapping[str, str]], slot: Slot, *,
     maybe: list[tuple[str, Slot]] = []
     for name, config in sorted(deployed.items()):
         other = slot_of(config)
-        if other is None or (other.port, other.database, other.name) != \
-                (slot.port, slot.database, slot.name):
+        # A slot's name is unique in its cluster, whatever database it streams (QA 48-g F2:
+        # DB_NAME=tenant2 with the same slot.name passed, and its task FAILED on "already exists").
+        if other is None or (other.port, other.name) != (slot.port, slot.name):
             continue
         verdict = same_host(slot.host, other.host, resolver)
         if verdict is not False:

@@ -79,6 +79,9 @@ def start_postgres(config: StackConfig) -> int:
              "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"],
             capture_output=True, text=True, check=False, cwd=base, **process.as_user(user))
         pwfile.unlink(missing_ok=True)
+        if result.returncode < 0:  # QA 48-g F3: a kill was blamed on permissions
+            raise StackError(f"initdb for {data} was killed (signal {-result.returncode}): "
+                             "run `cdc-router local up` again, which starts it afresh")
         if result.returncode != 0:
             raise StackError(f"initdb failed for {data}: {result.stderr.strip()[-500:]}"
                              " (the postgres user needs to reach that directory)")

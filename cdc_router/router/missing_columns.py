@@ -38,5 +38,7 @@ class MissingColumns:
             "and none between them had it: the table's column has another name",
             field=f"source.outbox.{field}", value=error.column,
             hint=f"its rows have {', '.join(error.row_columns)}: set source.outbox.{field} to "
-                 "the column's name and start the router again; the events dead-lettered "
-                 "before this stop are delivered by `cdc-router dlq replay` once it is fixed")
+                 "the column's name and start the router again. The dead letters logged in "
+                 "the batch this stop aborted were never written (its events are read again); "
+                 "those of batches committed before it, `cdc-router dlq replay` delivers once "
+                 "it is fixed (QA 48-g F4)")

@@ -201,6 +201,8 @@ def test_a_404_that_is_not_connects_is_a_wrong_url_not_an_unknown_connector(
     with pytest.raises(ConnectError, match=r"answered 404 to GET /connectors/x/status without "
                        r"Kafka Connect's error JSON: is this Kafka Connect's REST URL\?"):
         client(lambda request: page).get_status("x")
+    with pytest.raises(ConnectError, match=r"answered 404 to GET /connectors without Kafka "):
+        client(lambda request: page).list()  # QA 48-g F1: no connector named, same cause
 
 
 def test_an_error_answer_carries_status_and_connects_message_on_one_line() -> None:
@@ -790,10 +792,12 @@ def test_apply_refuses_a_connector_on_a_slot_another_one_streams_from(
         taken.stderr
     assert "give each connector its own slot.name (SLOT_NAME)" in taken.stderr
     assert connect.puts == []
+    # QA 48-g F2: a slot's name is unique in its cluster, whatever database it streams (the
+    # second connector's task FAILED on "replication slot ... already exists").
     elsewhere = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f", connector_file(
         tmp_path, **{**_PG, "database.dbname": "billing"}, **{"slot.name": "s"}))
-    assert elsewhere.exit_code == 0, elsewhere.output  # the same name in another database
-    assert connect.puts == ["c"]
+    assert elsewhere.exit_code == 1 and "already used by connector orders" in elsewhere.stderr
+    assert connect.puts == []
 
 
 def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it(

@@ -39,9 +39,11 @@ def test_slot_users_tell_the_same_host_from_one_that_may_be() -> None:
     deployed = {"a": {**_PG, "database.hostname": "127.0.0.1"},
                 "b": {**_PG, "database.hostname": "postgres"},
                 "c": {**_PG, "database.hostname": "localhost", "database.port": "5433"},
-                "d": {**_PG, "database.hostname": "localhost", "slot.name": "t"}}
+                "d": {**_PG, "database.hostname": "localhost", "slot.name": "t"},
+                # QA 48-g F2: a slot's name is the cluster's, whatever database it streams
+                "e": {**_PG, "database.hostname": "localhost", "database.dbname": "tenant2"}}
     users = slot_users(deployed, Slot("localhost", "5432", "shop", "s"), resolver=_resolve)
-    assert [name for name, _ in users.same] == ["a"]
+    assert [name for name, _ in users.same] == ["a", "e"]
     assert [name for name, _ in users.maybe] == ["b"]
 
 
