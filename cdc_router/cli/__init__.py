@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from cdc_router import __version__
+from cdc_router.config.utf8 import utf8_encodable
 from cdc_router.errors import CdcRouterError
-from cdc_router.serde.json import utf8_encodable
 
 # Each module defines a click command or group named `cli`; add a line to register a new one.
 COMMAND_MODULES: dict[str, str] = {

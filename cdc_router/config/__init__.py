@@ -13,8 +13,9 @@
     topic_names.py  the naming rules: Kafka's topic names, topic templates, TopicGuard
     patterns.py     the pattern language: exact, glob or re:regex
     headers.py      the headers the router writes itself, which nobody else may
+    utf8.py         what UTF-8 can encode: no lone surrogate
 
-The rules (topic_names, patterns, headers) are pure leaves: they import nothing of the router,
+The rules (topic_names, patterns, headers, utf8) are pure leaves: they import nothing of the router,
 routing or serde, so every part can use them. This file imports nothing, so that importing any
 one module of the package never loads the others.
 """

@@ -23,6 +23,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import MASK, is_secret_key, shown_url
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.config.yaml_text import parsed_yaml
 from cdc_router.errors import ConfigError
 
@@ -116,6 +117,9 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
         if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
             continue
         where = f"{source} via environment variable {name}"
+        if not utf8_encodable(name):  # a byte Python keeps as a lone surrogate
+            raise ConfigError("its name is not valid UTF-8", source=f"environment variable "
+                              f"{name!a}", hint="name the field in ASCII")
         path: list[str | int] = []
         for segment in name[len(ENV_PREFIX):].split("__"):
             if path and path[-1] in _PROPERTY_MAPS:
@@ -168,11 +172,15 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
     password `[s3cr3t`, a template) it always does. A secret is never shown.
     """
     secret = bool(path) and is_secret_key(str(path[-1]))
+    if not utf8_encodable(value):  # review 48-e F4: it crashed librdkafka's subscribe
+        raise ConfigError("its value is not valid UTF-8 (Python keeps such a byte as a lone "
+                          "surrogate, which no client can encode)", source=where,
+                          hint="set it to UTF-8 text")
     kinds = _kinds(_annotations_at(path))
     if secret or kinds == {"text"} or not value.lstrip().startswith(("[", "{")):
         return value
     try:
-        return json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError as error:
         if "text" in kinds:
             return value
@@ -180,6 +188,10 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
         raise ConfigError(f"invalid JSON: {error}", source=where,
                           hint="give the list or mapping as JSON, or set its items one by "
                                "one") from None
+    if not utf8_encodable(json.dumps(parsed, ensure_ascii=False)):  # an escape "\ud800"
+        raise ConfigError(f"its JSON holds {LONE_SURROGATE}", source=where,
+                          hint="write the character itself, or both halves of its pair")
+    return parsed
 
 
 def _annotations_at(path: Sequence[str | int]) -> list[Any]:

@@ -1,9 +1,11 @@
-"""router.yaml's YAML, read strictly: no duplicate keys, no alias expanding without bound.
+"""router.yaml's YAML, read strictly: no duplicate keys, no alias expanding without bound, no
+lone surrogate.
 
 PyYAML resolves a duplicate key silently (the last wins), and an alias is a reference: nine
 levels of nine aliases each ("billion laughs") are a small file whose data, walked as a tree
-or merged with `<<`, is 9**9 nodes. Each is refused as one ConfigError line naming the file
-and the line.
+or merged with `<<`, is 9**9 nodes. An escape `"\\ud800"` makes a lone UTF-16 surrogate, which
+no client can encode (review 48-e F4: one in a `^regex` source topic crashed librdkafka's
+subscribe). Each is refused as one ConfigError line naming the file and the line.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
 
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import ConfigError
 
 # Nodes of the document as a tree, aliases expanded: a router.yaml of 500 routes has some
@@ -21,9 +25,30 @@ from cdc_router.errors import ConfigError
 MAX_EXPANDED_NODES = 100_000
 
 
+class _Refused(ConstructorError):
+    """A scalar the loader refuses, with what to write instead."""
+
+    def __init__(self, problem: str, hint: str, mark: yaml.Mark | None) -> None:
+        super().__init__(None, None, problem, mark)
+        self.hint = hint
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently, and
-    documents whose aliases expand beyond MAX_EXPANDED_NODES or into themselves."""
+    """SafeLoader that refuses duplicate keys, which PyYAML otherwise resolves silently,
+    documents whose aliases expand beyond MAX_EXPANDED_NODES or into themselves, and text
+    holding a lone surrogate."""
+
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> Any:
+        value = super().construct_scalar(node)
+        if isinstance(value, str) and not utf8_encodable(value):
+            # JSON is YAML, and json.dumps escapes 😀 as the pair "\ud83d\ude00", which
+            # PyYAML leaves as two lone surrogates: a pair is the one character JSON means.
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+            if not utf8_encodable(value):
+                raise _Refused(f"a text holds {LONE_SURROGATE}",
+                               "write the character itself, or escape it as \\U and 8 hex "
+                               "digits (\\U0001F600)", node.start_mark)
+        return value
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()
@@ -44,7 +69,7 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
         key = loader.construct_object(key_node)
         if isinstance(key, Hashable):
             if key in seen:
-                raise yaml.constructor.ConstructorError(
+                raise ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
     return loader.construct_mapping(node)
@@ -133,7 +158,7 @@ def parsed_yaml(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = error.problem or error.context or "syntax error"
         raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
-                          hint="fix the YAML at that line") from None
+                          hint=getattr(error, "hint", "fix the YAML at that line")) from None
     except yaml.reader.ReaderError as error:
         line = text[: error.position].count("\n") + 1
         found = error.character

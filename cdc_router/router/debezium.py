@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn, show
 from cdc_router.router.connect_decimal import decimals_as_text
@@ -21,12 +22,10 @@ from cdc_router.router.row_columns import (
 )
 from cdc_router.router.values import quick_init
 from cdc_router.serde.json import (
-    LONE_SURROGATE,
     MAX_JSON_DEPTH,
     json_kind,
     json_problem,
     parse_json,
-    utf8_encodable,
 )
 
 if TYPE_CHECKING:

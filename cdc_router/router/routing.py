@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import MSG_ID_HEADER, nats_header_problem
 from cdc_router.config.topic_names import render_topic
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import RouteError, show
 from cdc_router.router.debezium import OutboxEvent, Skipped
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.values import quick_init
-from cdc_router.serde.json import LONE_SURROGATE, utf8_encodable
 
 if TYPE_CHECKING:
     from cdc_router.config.compiled import CompiledConfig

@@ -17,10 +17,10 @@ import math
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from cdc_router.config.utf8 import LONE_SURROGATE
 from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn
 from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
 from cdc_router.serde.json import (
-    LONE_SURROGATE,
     exact_json_text,
     json_kind,
     json_problem,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import JsonTooDeep, SerializeError, show
 
 if TYPE_CHECKING:
@@ -48,9 +49,6 @@ _DEPTH_STEP[ord("]")] = _DEPTH_STEP[ord("}")] = -1
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
-# What a text with a lone surrogate holds, for reasons: "... holds " + LONE_SURROGATE.
-LONE_SURROGATE = ("a lone UTF-16 surrogate (\\uD800-\\uDFFF without its pair), which UTF-8 "
-                  "cannot encode")
 _FAST = msgspec.json.Decoder()
 
 
@@ -284,15 +282,6 @@ def _surrogate_path(value: Any, path: str) -> str | None:
             if found is not None:
                 return found
     return None
-
-
-def utf8_encodable(text: str) -> bool:
-    """False when `text` holds a lone surrogate, the one thing UTF-8 cannot encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class JsonSerializer:
