@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import subject_matches, subject_problem
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
-from cdc_router.consumer.settings import Check, as_names, check_all
+from cdc_router.consumer.settings import Check, as_names, check_all, filled
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,
 # equal to Nats-Msg-Id), else Nats-Msg-Id. A copy re-published under a fresh Nats-Msg-Id (to
@@ -59,8 +59,12 @@ class JetStreamSettings:
         object.__setattr__(self, "filter_subjects",
                            as_names(self.filter_subjects, source, "filter_subjects"))
         checks: list[Check] = [
-            (bool(self.url), "url", "must not be empty", self.url),
-            (bool(self.stream), "stream", "must name a stream", self.stream),
+            (filled(self.url), "url", "must not be empty or blank", self.url),
+            (filled(self.stream) and not any(ch in self.stream for ch in ".*> \t"), "stream",
+             "must name a stream: no '.', '*', '>' or whitespace", self.stream),
+            (self.group_id is None or filled(self.group_id), "group_id",
+             "must be None (the durable name) or a string that is not empty or blank",
+             self.group_id),
             (bool(self.durable) and not any(ch in self.durable for ch in ".*> \t"), "durable",
              "must be a name without '.', '*', '>' or whitespace", self.durable),
             (subject_problem(self.dead_letter_subject) is None, "dead_letter_subject",
@@ -73,7 +77,7 @@ class JetStreamSettings:
              "must not be one of the consumed subjects", self.dead_letter_subject),
             (self.event_id_source in ("auto", "msg_id", "header"), "event_id_source",
              "must be 'auto', 'msg_id' or 'header'", self.event_id_source),
-            (bool(self.event_id_header), "event_id_header", "must not be empty",
+            (filled(self.event_id_header), "event_id_header", "must not be empty or blank",
              self.event_id_header),
             # Of the right type and finite (review 47-e F12: tracebacks, an idle loop that
             # spun on an infinite timeout).

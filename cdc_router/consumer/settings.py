@@ -37,6 +37,15 @@ _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
 # (passes, field, what it must be, its value)
 Check = tuple[bool, str, str, object]
 
+# librdkafka's bound on the messages of one consume() call (it raises ValueError above it).
+MAX_BATCH_SIZE = 1_000_000
+
+
+def filled(value: object) -> bool:
+    """A string that is neither empty nor blank (review 48-e F7: librdkafka takes a blank
+    group.id as none, and confluent-kafka's C code then aborts the process)."""
+    return isinstance(value, str) and bool(value.strip())
+
 
 def as_names(value: object, source: str, name: str) -> tuple[str, ...]:
     """A tuple of names from a tuple, a list, or one name alone (review 33: a string was
@@ -89,24 +98,30 @@ class ConsumerSettings:
     def __post_init__(self) -> None:
         source = "ConsumerSettings"
         object.__setattr__(self, "topics", as_names(self.topics, source, "topics"))
+        check_all(source, [(isinstance(extra, Mapping), name,
+                            "must be a mapping of librdkafka properties", extra)
+                           for name, extra in (("consumer_config", self.consumer_config),
+                                               ("producer_config", self.producer_config))])
         checks: list[Check] = [
-            (bool(self.bootstrap_servers), "bootstrap_servers", "must not be empty",
-             self.bootstrap_servers),
+            (filled(self.bootstrap_servers), "bootstrap_servers",
+             "must be a string that is not empty or blank", self.bootstrap_servers),
             # Review 48-e F1: a blank group.id aborted the process in confluent-kafka's C code.
-            (isinstance(self.group_id, str) and bool(self.group_id.strip()), "group_id",
+            (filled(self.group_id), "group_id",
              "must be a string that is not empty or blank", self.group_id),
-            (bool(self.topics) and all(self.topics), "topics", "must name at least one topic",
-             self.topics),
-            (bool(self.dead_letter_topic), "dead_letter_topic",
+            (bool(self.topics) and all(filled(topic) for topic in self.topics), "topics",
+             "must name at least one topic, none empty or blank", self.topics),
+            (filled(self.dead_letter_topic), "dead_letter_topic",
              "must name a topic: poison records are never dropped", self.dead_letter_topic),
             (self.dead_letter_topic not in self.topics, "dead_letter_topic",
              "must not be one of the consumed topics", self.dead_letter_topic),
             (self.event_id_source in ("auto", "key", "header"), "event_id_source",
              "must be 'auto', 'key' or 'header'", self.event_id_source),
-            (bool(self.event_id_header), "event_id_header", "must not be empty",
+            (filled(self.event_id_header), "event_id_header", "must not be empty or blank",
              self.event_id_header),
             (isinstance(self.retry, RetryPolicy), "retry", "must be a RetryPolicy", self.retry),
-            (whole_number(self.batch_size), "batch_size", "must be a whole number, at least 1",
+            # Review 48-e F8: above librdkafka's bound every poll raised ValueError.
+            (whole_number(self.batch_size) and self.batch_size <= MAX_BATCH_SIZE, "batch_size",
+             f"must be a whole number from 1 to {MAX_BATCH_SIZE:,} (librdkafka's bound)",
              self.batch_size),
             (finite_number(self.poll_timeout_s) and self.poll_timeout_s > 0, "poll_timeout_s",
              "must be a finite positive number", self.poll_timeout_s),

@@ -520,6 +520,16 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"consumer_config": {"group.id": "other"}}, "consumer_config.group.id"),
     ({"group_id": " "}, "group_id"),  # review 48-e F1: confluent-kafka aborted the process
     ({"group_id": None}, "group_id"),
+    ({"group_id": 5}, "group_id"),
+    # Review 48-e F7, F8: blanks librdkafka takes as none; a batch every consume() refuses.
+    ({"bootstrap_servers": " "}, "bootstrap_servers"),
+    ({"dead_letter_topic": "\t"}, "dead_letter_topic"),
+    ({"topics": (" ",)}, "topics"),
+    ({"topics": (TOPIC, "")}, "topics"),
+    ({"event_id_header": " "}, "event_id_header"),
+    ({"batch_size": 1_000_001}, "batch_size"),
+    ({"consumer_config": None}, "consumer_config"),
+    ({"producer_config": [("a", "b")]}, "producer_config"),
 ])
 def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"bootstrap_servers": "b:9092", "group_id": "g", "topics": (TOPIC,),

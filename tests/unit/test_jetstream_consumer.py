@@ -221,13 +221,18 @@ def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
     ({"batch_size": "5"}, "batch_size"), ({"poll_timeout_s": float("inf")}, "poll_timeout_s"),
     ({"retry": None}, "retry"), ({"ack_wait_s": "3"}, "ack_wait_s"),
     ({"dead_letter_timeout_s": float("nan")}, "dead_letter_timeout_s"),
-    ({"max_ack_pending": True}, "max_ack_pending")])
+    ({"max_ack_pending": True}, "max_ack_pending"),
+    # Review 48-e F7: blanks, and a stream name NATS refuses.
+    ({"url": " "}, "url"), ({"stream": " "}, "stream"), ({"stream": "a.b"}, "stream"),
+    ({"group_id": ""}, "group_id"), ({"group_id": " "}, "group_id"),
+    ({"event_id_header": "\t"}, "event_id_header")])
 def test_settings_of_the_wrong_type_or_infinite_are_one_line(changes: dict[str, object],
                                                               field: str) -> None:
     # Review 47-e F12: tracebacks, and consume(timeout=inf) returned at once (a spinning loop).
     with pytest.raises(ConfigError, match=f"field '{field}'"):
-        JetStreamSettings(url="nats://x", stream="S", durable="d", dead_letter_subject="dlq.x",
-                          filter_subjects=("pay.>",), **changes)  # type: ignore[arg-type]
+        JetStreamSettings(**{"url": "nats://x", "stream": "S", "durable": "d",  # type: ignore[arg-type]
+                             "dead_letter_subject": "dlq.x", "filter_subjects": ("pay.>",),
+                             **changes})
 
 
 def test_the_dead_letter_subject_may_not_be_a_consumed_one() -> None:
