@@ -43,7 +43,9 @@ def cli() -> None:
 
 @cli.command(name="list")
 @config_option()
-@click.option("-n", "--limit", default=50, show_default=True, type=click.IntRange(min=1),
+# Letters are held in memory to be listed; past the machine's size deque() raised (review 48-e F11).
+@click.option("-n", "--limit", default=50, show_default=True,
+              type=click.IntRange(min=1, max=1_000_000),
               help="At most this many, oldest first (with --newest: the last ones).")
 @click.option("--newest", is_flag=True, help="The last --limit letters, not the first: read "
               "to the topic's end.")

@@ -55,6 +55,17 @@ def test_a_kafka_error_no_command_caught_is_one_line_naming_what_to_check(
     assert "Traceback" not in result.output
 
 
+def test_dlq_list_limit_is_bounded_on_the_command_line(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 48-e F11: -n 99999999999999999999 was an OverflowError traceback from deque().
+    (tmp_path / "router.yaml").write_text(CONFIG)
+    monkeypatch.setattr(dlq, "TopicReader", _Unreachable)
+    result = CliRunner().invoke(main, ["dlq", "list", "-c", str(tmp_path / "router.yaml"),
+                                       "-n", "99999999999999999999"])
+    assert result.exit_code == 2, result.output
+    assert "is not in the range 1<=x<=1000000" in result.stderr
+
+
 def test_a_kafka_error_of_another_kind_does_not_blame_the_connection(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "router.yaml").write_text(CONFIG)
