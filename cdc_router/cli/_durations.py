@@ -68,10 +68,15 @@ def parse_since(text: str, *, option: str, now_ms: int) -> int:
     return since_ms
 
 
+# Longer than any wait or watch interval a command takes; time.sleep() raised OverflowError
+# past time_t's range (review 48-e F15: `status --watch 1e12`).
+LONGEST_SECONDS = 7 * 86_400
+
+
 class Seconds(click.FloatRange):
-    """A number of seconds in a range, and finite (review 31: `nan` passed click's ranges,
-    whose comparisons it fails; `status --watch nan` raised, `connectors wait --timeout nan`
-    never returned; `inf` is no timeout either)."""
+    """A number of seconds in a range, finite and at most LONGEST_SECONDS (review 31: `nan`
+    passed click's ranges, whose comparisons it fails; `status --watch nan` raised,
+    `connectors wait --timeout nan` never returned; `inf` is no timeout either)."""
 
     name = "seconds"
 
@@ -80,4 +85,6 @@ class Seconds(click.FloatRange):
         seconds = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(seconds):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if seconds > LONGEST_SECONDS:
+            self.fail(f"{value!r} is over a week ({LONGEST_SECONDS:,} seconds)", param, ctx)
         return super().convert(seconds, param, ctx)

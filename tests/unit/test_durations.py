@@ -70,3 +70,17 @@ def test_seconds_options_refuse_what_is_not_a_finite_number(value: str) -> None:
     watch = CliRunner().invoke(main, ["status", "-c", "router.yaml", "--watch", value])
     assert (wait.exit_code, watch.exit_code) == (1, 3)  # connectors: 1, status: 3
     assert "not a finite number of seconds" in wait.output + watch.output
+
+
+@pytest.mark.parametrize("value", ["1e12", "1e308", "604801"])
+def test_seconds_options_refuse_more_than_a_week(value: str) -> None:
+    # Review 48-e F15: `status --watch 1e12` reported once, then time.sleep raised OverflowError.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+
+    wait = CliRunner().invoke(main, ["connectors", "wait", "x", "--timeout", value])
+    watch = CliRunner().invoke(main, ["status", "-c", "router.yaml", "--watch", value])
+    assert (wait.exit_code, watch.exit_code) == (1, 3)  # connectors: 1, status: 3
+    assert wait.output.count("is over a week (604,800 seconds)") == 1, wait.output
+    assert "is over a week (604,800 seconds)" in watch.output, watch.output
