@@ -36,7 +36,9 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
 
 
 
-def _not_a_file(path: Path) -> bool:
+def not_a_file(path: Path) -> bool:
+    """Whether `path` is a directory or a device, which reading whole never ends for
+    (/dev/zero); a pipe (`<(envsubst ...)`) is a file here."""
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -62,7 +64,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     where the field takes a list or a mapping (see _env_value).
     """
     source = str(path)
-    if _not_a_file(Path(path)):
+    if not_a_file(Path(path)):
         # QA 33-b: /dev/zero filled the memory; a pipe (`-c <(envsubst ...)`) is fine.
         raise ConfigError("not a file (a directory or a device)", source=source,
                           hint="pass -c with the path of a router.yaml")

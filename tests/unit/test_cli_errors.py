@@ -458,3 +458,18 @@ def test_an_empty_or_illegal_instance_id_is_refused_before_anything_starts(
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())  # click wraps a long line
     assert f"Invalid value for '--instance-id': {problem}" in said, result.output
+
+
+def test_an_explained_record_or_a_connector_file_that_is_a_device_is_refused_unread(
+        tmp_path: Path) -> None:
+    # Review 48-e F17: `--explain /dev/zero` and `connectors diff -f /dev/zero` read until a
+    # MemoryError traceback (or the OOM killer); -c was already refused so (QA 33-b).
+    (tmp_path / "router.yaml").write_text(CONFIG)
+    explain = CliRunner().invoke(main, ["rules", "check", "-c", str(tmp_path / "router.yaml"),
+                                        "--explain", "/dev/zero"])
+    diff = CliRunner().invoke(main, ["connectors", "diff", "-f", "/dev/zero"])
+    assert (explain.exit_code, diff.exit_code) == (1, 1)
+    assert explain.stderr == ("error: /dev/zero: field '--explain': not a file (a directory or "
+                              "a device); pass --explain with a change record's file\n")
+    assert diff.stderr == ("error: /dev/zero: not a file (a directory or a device); pass -f "
+                           "with a connector's JSON file\n")
