@@ -114,14 +114,15 @@ TopicPattern = Annotated[str, AfterValidator(_topic_pattern)]  # exact, glob or 
 
 
 def _takes_number(annotation: Any) -> bool:
-    """True for a field of a count or a duration: int or float (optional or bounded), not
-    one that takes a boolean too."""
+    """True for a field of a count or a duration: int or float (optional or bounded, or a
+    subclass such as pydantic's ByteSize: review 48-e F2), not one that takes a boolean too."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
         return _takes_number(args[0])
     if origin is Union or origin is UnionType:
         return bool not in args and any(_takes_number(arg) for arg in args)
-    return annotation in (int, float)
+    return isinstance(annotation, type) and issubclass(annotation, int | float) and \
+        annotation is not bool
 
 
 class ConfigModel(BaseModel):

@@ -63,3 +63,10 @@ def test_a_surrogate_pair_is_the_character_json_means(tmp_path: Path) -> None:
 def test_an_override_that_is_not_utf8_is_refused_naming_the_variable(
         tmp_path: Path, env: dict[str, str], expected: str) -> None:
     assert expected in error_of(tmp_path, MINIMAL, env)
+
+
+@pytest.mark.parametrize("status", ["{wal_warning_bytes: off}", "{wal_critical_bytes: on}"])
+def test_a_byte_count_yaml_reads_as_a_boolean_is_refused(tmp_path: Path, status: str) -> None:
+    # Review 48-e F2: `off` was 0 bytes (the check always fired), `on` 1 byte.
+    message = error_of(tmp_path, MINIMAL + f"status: {status}\n")
+    assert "field 'status.wal_" in message and "must be a number, not a boolean" in message
