@@ -125,6 +125,23 @@ def _takes_number(annotation: Any) -> bool:
         annotation is not bool
 
 
+def _reread_number(value: Any) -> str | None:
+    """Why the number YAML 1.1 read is not the one the file's text says to a reader, or
+    None: 010 is the octal 8, 1:30 is 90 in base 60 (review 48-e F3; 0x10 and 1_000 keep
+    their meaning)."""
+    text = written_text(value)
+    if text is None:
+        return None
+    digits = text.replace("_", "").lstrip("+-")
+    if ":" in digits:
+        return f"YAML reads {text} as {value} (base 60, as a time); write {value}"
+    if len(digits) > 1 and digits[0] == "0" and digits.isdigit():
+        sign = "-" if text.startswith("-") else ""
+        return (f"YAML reads {text} as the octal number {value}; write {value}, or "
+                f"{sign}{int(digits)} for that decimal")
+    return None
+
+
 class ConfigModel(BaseModel):
     """A section of router.yaml: frozen after load, unknown keys refused."""
 
@@ -136,7 +153,12 @@ class ConfigModel(BaseModel):
         # Review 46-2 F1: pydantic takes True for 1 (`dedup: {max_ids: true}` read as one id);
         # the environment's "true" is refused already, YAML's boolean was not.
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _takes_number(field.annotation):
+        if field is None or not _takes_number(field.annotation):
+            return value
+        if isinstance(value, bool):
             raise ValueError("must be a number, not a boolean (YAML reads yes/no/on/off/"
                              "true/false as booleans); write the number")
+        reread = _reread_number(value)
+        if reread is not None:
+            raise ValueError(reread)
         return value

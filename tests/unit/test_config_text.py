@@ -70,3 +70,28 @@ def test_a_byte_count_yaml_reads_as_a_boolean_is_refused(tmp_path: Path, status:
     # Review 48-e F2: `off` was 0 bytes (the check always fired), `on` 1 byte.
     message = error_of(tmp_path, MINIMAL + f"status: {status}\n")
     assert "field 'status.wal_" in message and "must be a number, not a boolean" in message
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ("topics: [{name: t, partitions: 010}]",
+     "field 'topics[0].partitions': YAML reads 010 as the octal number 8; write 8, or 10"),
+    ("status: {lag_warning: 017}", "field 'status.lag_warning': YAML reads 017 as the octal"),
+    ("delivery: {commit_max_records: 1:30}",
+     "field 'delivery.commit_max_records': YAML reads 1:30 as 90 (base 60, as a time); write 90"),
+    ("cleanup: {batch_size: '12:30:00'}", "field 'cleanup.batch_size'"),  # quoted: not a number
+    ("cleanup: {batch_size: 12:30:00}", "YAML reads 12:30:00 as 45000"),
+])
+def test_a_number_yaml_reads_in_another_base_is_refused(tmp_path: Path, section: str,
+                                                        expected: str) -> None:
+    # Review 48-e F3: `partitions: 010` created 8 partitions, `1:30` was 90 records.
+    assert expected in error_of(tmp_path, MINIMAL + "topics: [{name: t}]\n" * (
+        "topics" not in section) + section + "\n")
+
+
+def test_a_number_whose_text_keeps_its_meaning_loads(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(MINIMAL + "topics: [{name: t, partitions: 0x10}]\n"
+                    "delivery: {commit_max_records: 1_000, commit_interval_ms: +5}\n")
+    config = load_config(path).config
+    assert (config.topics[0].partitions, config.delivery.commit_max_records,
+            config.delivery.commit_interval_ms) == (16, 1000, 5)
