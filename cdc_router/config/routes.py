@@ -59,6 +59,10 @@ class RouteMatch(_Model):
             raise ValueError("an empty list of patterns matches no event; give at least one "
                              "pattern, or leave the key out")
         for pattern in [value] if isinstance(value, str) else value or []:
+            if isinstance(pattern, str) and not pattern.strip():
+                # Review 48-e F16: the route never matched, its events took the next route.
+                raise ValueError("a pattern cannot be empty or blank: give one (an unset "
+                                 "variable?), or write 're:^$' to match an empty value")
             compile_pattern(pattern)
         return value
 

@@ -95,3 +95,16 @@ def test_a_number_whose_text_keeps_its_meaning_loads(tmp_path: Path) -> None:
     config = load_config(path).config
     assert (config.topics[0].partitions, config.delivery.commit_max_records,
             config.delivery.commit_interval_ms) == (16, 1000, 5)
+
+
+@pytest.mark.parametrize(("match", "field"), [
+    ('{type: ""}', "routes[0].match.type"), ('{type: "\\t"}', "routes[0].match.type"),
+    ('{aggregate_type: [Order, " "]}', "routes[0].match.aggregate_type"),
+    ('{header: {tenant: ""}}', "routes[0].match.header"),
+])
+def test_an_empty_or_blank_match_pattern_is_refused(tmp_path: Path, match: str,
+                                                    field: str) -> None:
+    # Review 48-e F16: the route never matched, and its events silently took the next route.
+    message = error_of(tmp_path, "source: {topics: [a]}\nroutes:\n"
+                       f"  - {{match: {match}, topic: paid}}\n  - {{topic: other}}\n")
+    assert f"field '{field}" in message and "a pattern cannot be empty or blank" in message
