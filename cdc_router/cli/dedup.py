@@ -68,7 +68,8 @@ def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, bat
         raise ConfigError("is empty: name a consumer group, or leave the option out to "
                           "purge every group's rows", field="--group", value=consumer_group)
     window = parse_duration(older_than, option="--older-than")
-    interval = parse_duration(every, option="--every") if every else None
+    # Review 48-e F13: an empty --every (an unset variable) purged once and exited, unsaid.
+    interval = parse_duration(every, option="--every") if every is not None else None
     scope = f"group {consumer_group}" if consumer_group else "every consumer group"
     store = PostgresDedupStore(dsn, table=table)
     summary: dict[str, Any] = {"table": table, "older_than_s": int(window.total_seconds()),

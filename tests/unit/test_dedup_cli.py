@@ -76,3 +76,11 @@ def test_an_empty_group_is_refused_not_taken_for_every_group(group: str) -> None
                                        "--older-than", "7d", "--group", group, "--yes"])
     assert result.exit_code == 1
     assert "field '--group': is empty: name a consumer group" in result.output
+
+
+def test_an_empty_every_is_refused_not_taken_for_a_single_pass() -> None:
+    # Review 48-e F13: `--every "$PURGE_EVERY"` with the variable unset purged once and exited.
+    result = CliRunner().invoke(main, ["dedup", "purge", "--dsn", "postgresql://u@h/db",
+                                       "--older-than", "7d", "--every", "", "--yes"])
+    assert result.exit_code == 1
+    assert "field '--every': must be a positive number with a unit" in result.output
