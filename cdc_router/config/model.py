@@ -17,7 +17,7 @@ from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, Delive
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import StringMap, TopicCount, TopicPattern
+from cdc_router.config.fields import TopicConfig, TopicCount, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import slow_pattern
@@ -48,7 +48,7 @@ class TopicSpec(_Model):
     name: str
     partitions: TopicCount | None = None
     replication_factor: TopicCount | None = None
-    config: StringMap = Field(default_factory=dict)
+    config: TopicConfig = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, field_validator
 
-from cdc_router.config.fields import ConfigModel, Dsn, StringMap, TableName, TopicCount
+from cdc_router.config.fields import ConfigModel, Dsn, TableName, TopicConfig, TopicCount
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import check_identifier, split_table
 
@@ -41,7 +41,7 @@ class RelaySettings(ConfigModel):
     # `<source.group_id>.relay-position`.
     position_topic: str | None = None
     position_replication_factor: TopicCount | None = None
-    position_config: StringMap = Field(default_factory=dict)
+    position_config: TopicConfig = Field(default_factory=dict)
 
     @property
     def qualified_table(self) -> str:

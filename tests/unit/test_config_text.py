@@ -108,3 +108,25 @@ def test_an_empty_or_blank_match_pattern_is_refused(tmp_path: Path, match: str,
     message = error_of(tmp_path, "source: {topics: [a]}\nroutes:\n"
                        f"  - {{match: {match}, topic: paid}}\n  - {{topic: other}}\n")
     assert f"field '{field}" in message and "a pattern cannot be empty or blank" in message
+
+
+@pytest.mark.parametrize(("section", "field", "value"), [
+    ("topics: [{name: t, config: {retention.ms: nan}}]", "topics[0].config.retention.ms", "nan"),
+    ("dead_letter: {config: {retention.ms: '1e3'}}", "dead_letter.config.retention.ms", "1e3"),
+    ("topics: [{name: t, config: {segment.bytes: 0x10}}]", "topics[0].config.segment.bytes",
+     "0x10"),
+])
+def test_a_topic_configs_time_or_size_must_be_a_whole_number(tmp_path: Path, section: str,
+                                                             field: str, value: str) -> None:
+    # Review 48-e F14: `rules check` said valid (a log line), and `topics apply` sent it.
+    message = error_of(tmp_path, MINIMAL + section + "\n")
+    assert f"field '{field}': must be a whole number (milliseconds or bytes; -1 for no limit) " \
+        f"(got '{value}')" in message, message
+
+
+def test_a_topic_configs_whole_numbers_load(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(MINIMAL + "topics: [{name: t, config: {retention.ms: -1, segment.bytes: "
+                    "1_000, cleanup.policy: compact}}]\n")
+    assert load_config(path).config.topics[0].config == {
+        "retention.ms": "-1", "segment.bytes": "1000", "cleanup.policy": "compact"}

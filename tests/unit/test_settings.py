@@ -876,12 +876,12 @@ def test_a_property_map_takes_a_number_as_the_file_writes_it(tmp_path: Path) -> 
                           "linger.ms: 5, queue.buffering.max.kbytes: 0x100, retries: 1_000, "
                           "batch.size: +10}}\n"
                           "topics: [{name: t, config: {min.cleanable.dirty.ratio: 0.50, "
-                          "retention.ms: 0123, segment.ms: .inf}}]\n"
+                          "retention.ms: 0123, x.ratio: .inf}}]\n"
                           "delivery: {commit_interval_ms: 0x10}\n"))
     assert config.kafka.config == {"broker.version.fallback": "0.10", "linger.ms": "5",
                                    "queue.buffering.max.kbytes": "0x100", "retries": "1000",
                                    "batch.size": "10"}
     assert config.topics[0].config == {"min.cleanable.dirty.ratio": "0.50",
-                                       "retention.ms": "0123", "segment.ms": ".inf"}
+                                       "retention.ms": "0123", "x.ratio": ".inf"}
     assert config.delivery.commit_interval_ms == 16 and \
         type(config.delivery.commit_interval_ms) is int  # a count is still YAML's number
