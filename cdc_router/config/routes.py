@@ -17,6 +17,7 @@ from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_
 from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.topic_names import static_topic, topic_name_problem
+from cdc_router.config.yaml_text import yaml_kind
 
 # RFC 3986's characters: unreserved, reserved and '%' (of a percent-encoding).
 _URI_CHAR = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]")
@@ -123,7 +124,7 @@ class RouteRule(_Model):
                 "type, aggregate_type or another column)" if info.field_name == "key" else
                 "the producer as a URI-reference (e.g. /orders-service)")
         if not isinstance(value, str):
-            raise ValueError(f"is YAML's {type(value).__name__}, not text: name {what}, "
+            raise ValueError(f"YAML reads it as {yaml_kind(value)}, not text: name {what}, "
                              "quoted if YAML would read it otherwise")
         if info.field_name == "key" and not value.strip():
             raise ValueError(f"is empty: name {what}, or leave key out")

@@ -11,6 +11,7 @@ subscribe). Each is refused as one ConfigError line naming the file and the line
 from __future__ import annotations
 
 from collections.abc import Hashable
+from datetime import date
 from typing import Any
 
 import yaml
@@ -111,6 +112,21 @@ def written_text(value: object) -> str | None:
     return value.text if isinstance(value, WrittenInt | WrittenFloat) else None
 
 
+def yaml_kind(value: object) -> str:
+    """What YAML read `value` as, in YAML's words, for an error (review 48-e F10: our class
+    names showed, "is YAML's WrittenInt")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        text = written_text(value)
+        return f"the number {value}" + (f" (written {text})" if text else "")
+    kinds = ((dict, "a mapping"), (list, "a list"), (bytes, "binary data (!!binary)"),
+             (set, "a set (!!set)"), (date, "a date"))
+    return next((kind for cls, kind in kinds if isinstance(value, cls)), "a value, not text")
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _number)
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _number)
 
@@ -157,6 +173,8 @@ def parsed_yaml(text: str, source: str) -> Any:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = error.problem or error.context or "syntax error"
+        if "another document" in problem:  # PyYAML's "but found another document"
+            problem = "a second document starts here (---); router.yaml is one document"
         raise ConfigError(f"{where}invalid YAML: {problem}", source=source,
                           hint=getattr(error, "hint", "fix the YAML at that line")) from None
     except yaml.reader.ReaderError as error:

@@ -130,3 +130,4 @@ def test_a_topic_configs_whole_numbers_load(tmp_path: Path) -> None:
                     "1_000, cleanup.policy: compact}}]\n")
     assert load_config(path).config.topics[0].config == {
         "retention.ms": "-1", "segment.bytes": "1000", "cleanup.policy": "compact"}
+

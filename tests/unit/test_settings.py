@@ -269,11 +269,12 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: x, key: ''}", "field 'routes[0].key': is empty: name the outbox column whose "
      "value keys the record (id, the default; aggregate_id, type, aggregate_type or another "
      "column), or leave key out (got '')"),
-    ("{topic: x, key: 5}", "field 'routes[0].key': is YAML's int, not text: name the outbox "
-     "column whose value keys the record (id, the default; aggregate_id, type, aggregate_type "
-     "or another column), quoted if YAML would read it otherwise (got 5); see"),
-    ("{topic: x, cloudevents: true, ce_source: 5}", "field 'routes[0].ce_source': is YAML's "
-     "int, not text: name the producer as a URI-reference (e.g. /orders-service)"),
+    ("{topic: x, key: 5}", "field 'routes[0].key': YAML reads it as the number 5, not text: "
+     "name the outbox column whose value keys the record (id, the default; aggregate_id, "
+     "type, aggregate_type or another column), quoted if YAML would read it otherwise "
+     "(got 5); see"),
+    ("{topic: x, cloudevents: true, ce_source: 5}", "field 'routes[0].ce_source': YAML reads "
+     "it as the number 5, not text: name the producer as a URI-reference (e.g. /orders-service)"),
     ("{topic: x, cloudevents: true, ce_source: ''}", "field 'routes[0].ce_source': is no "
      "URI-reference (RFC 3986), which CloudEvents' source must be: it is empty; e.g. "
      "/orders-service or https://example.com/orders (got '')"),
@@ -409,6 +410,16 @@ def test_missing_file() -> None:
      "field 'source.group_id': is blank: give the router's Kafka consumer group"),
     ("source: {topics: [a]}\nroutes: [{topic: t, format: avro, schema: \"x\\r\\n\"}]\n",
      "x\\r\\n: file not found"),
+    # Review 48-e F10: "is YAML's WrittenInt", "is YAML's NoneType", "but found another document".
+    ("source: {topics: [a]}\nroutes: [{topic: t, key: 1:30}]\n",
+     "field 'routes[0].key': YAML reads it as the number 90 (written 1:30), not text"),
+    ("source: {topics: [a]}\nroutes: [{topic: t, key: ~}]\n",
+     "field 'routes[0].key': YAML reads it as null, not text"),
+    ("source: {topics: [a]}\nroutes: [{topic: t, cloudevents: true, ce_source: {a: 1}}]\n",
+     "field 'routes[0].ce_source': YAML reads it as a mapping, not text"),
+    ("source: {topics: [a]}\nroutes: [{topic: t}]\n---\na: 1\n",
+     "line 3, column 1: invalid YAML: a second document starts here (---); router.yaml is one "
+     "document"),
 ])
 def test_yaml_problems(tmp_path: Path, text: str, expected: str) -> None:
     error = error_of(tmp_path, text)
