@@ -12,12 +12,13 @@ from types import FrameType
 from typing import Protocol
 
 import click
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import (
     ConfigError,
     DeliveryError,
@@ -200,17 +201,32 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
     text = error.str().strip()
     named = _REFUSED_NAME.search(text)
     name = next((group for group in named.groups() if group), "") if named else ""
-    # The user's key and section, also for an alias librdkafka names by its canonical name.
-    field = next((f"kafka.{section}.{key}" for section in ("producer", "consumer", "config")
-                  for key in property_names(name) if name and key in getattr(config.kafka,
-                                                                            section)),
-                 "kafka.config" + (f".{name}" if name else ""))
+    # The user's key and section, also for an alias librdkafka names by its canonical name;
+    # of several sections setting it, the one whose value librdkafka refuses (review 48-e F9:
+    # a valid producer value was blamed for kafka.config's bad one).
+    found = [(section, key, getattr(config.kafka, section)[key])
+             for section in ("producer", "consumer", "config") for key in property_names(name)
+             if name and key in getattr(config.kafka, section)]
+    section, key, value = next((one for one in found if not _takes(one[1], one[2])),
+                               found[0] if found else ("config", name, None))
+    field = f"kafka.{section}" + (f".{key}" if key else "")
     return ConfigError(f"librdkafka refused a client property: {text}", field=field,
+                       value=None if value is None or is_secret_key(key) else value,
                        hint="".join(f"{missing}; " for missing in
                                     missing_files(config.kafka.config))
                        + "see librdkafka's CONFIGURATION.md for the names and values"
                        + (", and check the key password of ssl.key.location"
                           if "ssl.key.location" in config.kafka.config else ""))
+
+
+def _takes(key: str, value: str) -> bool:
+    """Whether librdkafka takes `value` for the property `key` (a client built with it
+    alone: no connection is made without bootstrap.servers)."""
+    try:
+        Producer({key: value, "log_level": 0})
+    except KafkaException:
+        return False
+    return True
 
 
 def _sasl_field(config: RouterConfig) -> str:

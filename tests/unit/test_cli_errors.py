@@ -473,3 +473,22 @@ def test_an_explained_record_or_a_connector_file_that_is_a_device_is_refused_unr
                               "a device); pass --explain with a change record's file\n")
     assert diff.stderr == ("error: /dev/zero: not a file (a directory or a device); pass -f "
                            "with a connector's JSON file\n")
+
+
+@pytest.mark.parametrize(("kafka", "name", "field"), [
+    ({"config": {"linger.ms": "abc"}, "producer": {"linger.ms": "5"}}, "queue.buffering.max.ms",
+     "kafka.config.linger.ms"),
+    ({"config": {"session.timeout.ms": "abc"}, "consumer": {"session.timeout.ms": "6000"}},
+     "session.timeout.ms", "kafka.config.session.timeout.ms"),
+    ({"consumer": {"fetch.wait.max.ms": "abc"}, "producer": {"fetch.wait.max.ms": "5"}},
+     "fetch.wait.max.ms", "kafka.consumer.fetch.wait.max.ms"),
+])
+def test_a_refused_value_names_the_section_that_holds_it(kafka: dict[str, Any], name: str,
+                                                          field: str) -> None:
+    # Review 48-e F9: the first section holding the key was blamed, with its valid value.
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "x"}], "kafka": kafka})
+    text = f'Invalid value for configuration property "{name}"'
+    error = property_refused(KafkaException(KafkaError(KafkaError._INVALID_ARG, text)), config)
+    assert error is not None and f"field '{field}'" in str(error), error
+    assert "(got 'abc')" in str(error)
