@@ -80,3 +80,14 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def age_text(seconds: float | None) -> str:
+    """An age for people: seconds, then minutes, hours, days (QA 43-a F9: a row dated 1900
+    read "4005416242.9s ago")."""
+    if seconds is None:
+        return "-"
+    for unit, size_s in (("days", 86_400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size_s:
+            return f"{seconds / size_s:,.1f} {unit} ago"
+    return f"{seconds:.1f}s ago"

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from cdc_router.cli._output import age_text as _age
 from cdc_router.cli._output import table
 from cdc_router.ops.report import Report
 from cdc_router.ops.verdict import EXIT_CODES, Problem, size, verdict
@@ -17,17 +18,6 @@ def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
     return {"status": status, "exit_code": EXIT_CODES[status],
             "problems": [dataclasses.asdict(problem) for problem in problems],
             **dataclasses.asdict(report)}
-
-
-def _age(seconds: float | None) -> str:
-    """An age for people: seconds, then minutes, hours, days (QA 43-a F9: a row dated 1900
-    read "4005416242.9s ago")."""
-    if seconds is None:
-        return "-"
-    for unit, size_s in (("days", 86_400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size_s:
-            return f"{seconds / size_s:,.1f} {unit} ago"
-    return f"{seconds:.1f}s ago"
 
 
 def _table(headers: list[str], rows: list[list[object]]) -> list[str]:

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import config_option
-from cdc_router.cli._output import emit, output_option
+from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.config.load import load_config
 from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
@@ -276,7 +276,7 @@ def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
         found = outbox_stats(conn, schema)
     emit(found, output, lambda s: (
         f"table        {s.table}\nrows         {s.rows}\n"
-        f"oldest       {'-' if s.oldest_age_s is None else f'{s.oldest_age_s:.1f}s ago'}\n"
+        f"oldest       {age_text(s.oldest_age_s)}\n"  # QA 48-a F-low-2: 881328355.0s ago
         f"size         {s.table_bytes / 1024 / 1024:.1f} MiB"))
 
 

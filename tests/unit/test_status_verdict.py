@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cdc_router.cli._status_text import _age, as_json, as_text
+from cdc_router.cli._output import age_text
+from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.status import with_thresholds
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -477,4 +478,4 @@ def test_a_refused_grant_names_the_grant_status_needs() -> None:
     (3 * 3600, "3.0 h ago"), (4_005_416_242.9, "46,359.0 days ago")])
 def test_ages_are_shown_in_units_people_read(seconds: float | None, shown: str) -> None:
     # QA 43-a F9: a poison row dated 1900 read "oldest 4005416242.9s ago".
-    assert _age(seconds) == shown
+    assert age_text(seconds) == shown
