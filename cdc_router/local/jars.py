@@ -72,11 +72,10 @@ def _mkdir(path: Path) -> Path:
 # Maven's own limit is 30 min per read (aether.connector.requestTimeout of Maven 3.9; Maven
 # 3.8's wagon ignores it and reads maven.wagon.rto): a mirror that accepted connections and
 # never answered hung `up` silently (review 48-b F4). Central answers in well under a second
-# and a jar's bytes keep flowing, so 30 s without one is a repository that does not answer;
-# one retry, not three, lets Maven fail within minutes naming it.
+# and a jar's bytes keep flowing, so 30 s without one is a repository that does not answer.
+# Maven's three retries stay: a first install on a flaky link should not fail for one blip.
 _MAVEN_NETWORK = ("-Daether.connector.connectTimeout=20000",
-                  "-Daether.connector.requestTimeout=30000", "-Dmaven.wagon.rto=30000",
-                  "-Dmaven.wagon.http.retryHandler.count=1")
+                  "-Daether.connector.requestTimeout=30000", "-Dmaven.wagon.rto=30000")
 # The whole download, a bound over Maven's: Kafka's runtime is about 55 MB, the registry's
 # bundle 115 MB: minutes on a slow link.
 _MAVEN_TOTAL_S = 1200
