@@ -182,6 +182,9 @@ def test_up_waits_for_a_killed_part_to_be_reaped_then_names_it(
     while not stack.process.exited_unreaped(dead.pid):
         time.sleep(0.01)
     monkeypatch.setattr(stack, "_REAP_WAIT_S", 0.3)
+    config.part_dir("nats").mkdir(parents=True)  # CI: a zombie holds no port, no lock file
+    config.pid_path("nats").write_text(f"{dead.pid}\n")
+    stack._await_reaping(config, "nats")
     with pytest.raises(StackError) as refused:
         stack._await_reaping(config, "postgres")
     assert str(refused.value).startswith(
