@@ -298,13 +298,13 @@ class ConnectClient:
                 continue
             break
         if response.status_code == httpx.codes.NOT_FOUND:
-            if _connects_own(response) and connector is not None:
-                raise UnknownConnectorError(connector, self._shown)
             # Review 48-b F16: a web server or the registry at a wrong --url answered 404, and
             # `diff` planned a create (exit 2), `status` said the connector was unknown.
             if not _connects_own(response):
                 raise ConnectError(f"{self._shown} answered 404 to {method} {path} without Kafka "
                                    "Connect's error JSON: is this Kafka Connect's REST URL?")
+            if connector is not None:
+                raise UnknownConnectorError(connector, self._shown)
         if response.is_error:
             raise ConnectError(f"Kafka Connect answered {response.status_code} to {method} "
                                f"{path}: {_message(response)}")

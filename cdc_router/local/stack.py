@@ -151,8 +151,8 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     _prepare(config, optional, say)
     running = {s.part for s in status(config) if s.state == "running"}
     _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
-    for part in set(PARTS) - running - (set(OPTIONAL_PARTS) - set(optional)):
-        _await_reaping(config, part)
+    if "postgres" not in running:
+        _await_postgres_reaped(config)
     # Only now: a port refused above must not become the stack's (review 48-b F7: `env` then
     # named the foreign listener, and the next plain `up` used it).
     save(config)
@@ -204,7 +204,6 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
                                  process_marker(config, part))
     if not running:
         _check_ports(config, set(PARTS) - {part})
-        _await_reaping(config, part)
     save(config)
     _up_optional(config, part, say, running)
 
@@ -280,15 +279,15 @@ def _check_ports(config: StackConfig, running: set[Part]) -> None:
 _REAP_WAIT_S = 10.0
 
 
-def _await_reaping(config: StackConfig, part: Part) -> None:
+def _await_postgres_reaped(config: StackConfig) -> None:
     """Wait for Postgres's previous postmaster, if a zombie, to be reaped: its lock file names
     that pid (review 48-b F6). Other parts need only their ports, which a zombie released (CI:
     a test's nats-server, killed and not yet reaped, failed its restart after 10 s)."""
-    pid = process.read_pid(config.pid_path(part)) if part == "postgres" else None
+    pid = process.read_pid(config.pid_path("postgres"))
     deadline = time.monotonic() + _REAP_WAIT_S
     while pid is not None and process.exited_unreaped(pid):
         if time.monotonic() > deadline:
-            raise StackError(f"the previous {part} (pid {pid}) has exited but its parent has "
+            raise StackError(f"the previous postgres (pid {pid}) has exited but its parent has "
                              f"not reaped it in {_REAP_WAIT_S:.0f}s (`ps -o ppid= -p {pid}` "
                              "names the parent): run `cdc-router local up` again once it is "
                              "gone")

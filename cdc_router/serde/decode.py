@@ -175,10 +175,7 @@ class PayloadDecoder:
                                      "does not look up")
         writer = self._writer_by_id(schema_id.id)
         self._writer = (schema_id.id, writer, body)
-        # Review 48-d F5: as in _read, before fastavro builds the claimed items.
-        claimed = empty_items_problem(body.getvalue()[body.tell():], writer)
-        if claimed is not None:
-            raise _undecodable(writer, ValueError(claimed))
+        _refuse_empty_items(body.getvalue()[body.tell():], writer)  # review 48-d F5: as _read
         return body
 
     def _writer_by_id(self, schema_id: int) -> AvroSchema:
@@ -201,9 +198,7 @@ class PayloadDecoder:
 
     def _read(self, body: bytes, writer: AvroSchema) -> Any:
         reader = self._reader.parsed if self._reader is not None else None
-        claimed = empty_items_problem(body, writer)  # before fastavro builds them
-        if claimed is not None:
-            raise _undecodable(writer, ValueError(claimed))
+        _refuse_empty_items(body, writer)
         stream = io.BytesIO(body)
         try:
             datum = fastavro.schemaless_reader(stream, writer.parsed, reader)
@@ -211,6 +206,14 @@ class PayloadDecoder:
             raise _undecodable(writer, error) from None
         _check_consumed(stream, writer)
         return datum
+
+
+def _refuse_empty_items(body: bytes, writer: AvroSchema) -> None:
+    """A body claiming more items that take no bytes than the bound is refused before
+    fastavro builds them (serde/avro_bounds.py)."""
+    claimed = empty_items_problem(body, writer)
+    if claimed is not None:
+        raise _undecodable(writer, ValueError(claimed))
 
 
 def _undecodable(writer: AvroSchema, error: Exception) -> PayloadDecodeError:
