@@ -188,11 +188,11 @@ class RestoreFailed(CdcRouterError):
 
     exit_code = EXIT_RESTART
 
-    def __init__(self, reading: str, failure: object) -> None:
+    def __init__(self, reading: str, failure: object, hint: str = "") -> None:
         """`reading`: what could not be read, e.g. "the dedup changelog 'cdc-router.dedup'"."""
         super().__init__(f"could not read {reading} for the partitions just assigned "
                          f"({failure}); exiting with {EXIT_RESTART} for the supervisor to "
-                         "restart this router once the cluster answers")
+                         f"restart this router once the cluster answers{hint}")
 
 
 def fatal_kafka_error(message: str, error: KafkaError | None, *,

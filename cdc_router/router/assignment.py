@@ -47,7 +47,8 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     try:
         offsets = committed_offsets(consumer, partitions, timeouts.stable_offsets_s)
     except KafkaException as failure:
-        raise RestoreFailed("the group's committed offsets", failure) from failure
+        raise RestoreFailed("the group's committed offsets", failure,
+                            _unstable_hint(failure, timeouts.stable_offsets_s)) from failure
     try:
         restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
                                             group=config.source.group_id)
@@ -59,6 +60,18 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
+
+
+def _unstable_hint(failure: KafkaException, waited_s: float) -> str:
+    """For a timeout: what the wait was for, and what to do when every restart ends so (CI,
+    stop 48: a transaction Kafka left hanging on the group's offsets after a kill -9)."""
+    error = kafka_error_of(failure)
+    if error is None or error.code() != KafkaError._TIMED_OUT:
+        return ""
+    return (f"; they wait for an open transaction on them to end, at most {waited_s:.0f} s "
+            "(twice delivery.transaction_timeout_ms): if every restart ends here, Kafka left a "
+            "transaction hanging on the group's offsets (README, Operations: "
+            "`kafka-transactions find-hanging`)")
 
 
 def committed_offsets(consumer: Any, partitions: list[TopicPartition],

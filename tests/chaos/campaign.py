@@ -181,7 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         verdict = verifier.verify(verifier.Target(
             endpoints.bootstrap, endpoints.dsn, names.table, names.ledger, names.raw,
             tuple(names.topic(t) for t in PARTITIONS), names.topic("dlq"),
-            frozenset(allowed)))
+            frozenset(allowed), names.topic("dedup"),
+            tuple((a["partition"], a["start_offset"], a["end_offset"])
+                  for record in records for a in record.hanging_aborts
+                  if a["topic"] == names.topic("dedup"))))
         header = {"run": names.run, "profile": args.profile, "seed": args.seed,
                   "command": "python -m tests.chaos " + shlex.join(sys.argv[1:]),
                   "events_requested": args.events, "elapsed_s": round(elapsed, 1),

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -70,6 +71,7 @@ class FaultRecord:
     recovery_s: float | None = None  # None: not recovered within RECOVERY_TIMEOUT_S
     notes: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    hanging_aborts: list[dict[str, Any]] = field(default_factory=list)  # stack.HangingAbort
 
 
 class Progress:
@@ -198,7 +200,9 @@ class Injector:
         aborted = self._stack.abort_hanging_transactions()
         if aborted:
             record.notes.append(f"Kafka left a hanging transaction after {record.kind}, "
-                                f"aborted with kafka-transactions: {', '.join(aborted)}")
+                                f"aborted with kafka-transactions: "
+                                f"{', '.join(map(str, aborted))}")
+            record.hanging_aborts.extend(vars(abort) for abort in aborted)
             self._connect.restart_all(self._connector_name)
 
     @staticmethod

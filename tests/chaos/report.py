@@ -51,6 +51,10 @@ def render(report: dict[str, Any]) -> str:
         ("wrong key / partition / topic", f"{verdict['wrong_key']} / "
          f"{verdict['wrong_partition']} / {verdict['wrong_topic']}"),
         ("per-aggregate order violations", verdict["order_violations"]),
+        ("marks a hanging transaction's abort took (ids)",
+         f"{verdict.get('marks_aborted', 0)}: delivered again "
+         f"{verdict.get('duplicates_after_abort', 0)}, out of order "
+         f"{verdict.get('order_violations_after_abort', 0)} (Kafka's; not failures)"),
         ("dead letters (poison rows missing)", f"{verdict['dead_letters']} "
                                                f"({verdict['poison_not_dead_lettered']})"),
         ("dead letters: no reason / wrong stage / good rows",
@@ -73,6 +77,9 @@ def render(report: dict[str, Any]) -> str:
     findings = [f for fault in report["faults"] for f in fault["findings"]]
     failures = {k: v for k, v in verdict["samples"].items() if v}
     lines.append("")
+    # In full, as the table cuts them: what the campaign did for the operator (README).
+    lines += [f"NOTE: {note}" for fault in report["faults"] for note in fault["notes"]
+              if "hanging transaction" in note]
     lines += [f"FINDING: {finding}" for finding in findings]
     lines += [f"FAILED {check}: {', '.join(samples)}" for check, samples in failures.items()]
     lines.append("PASSED" if report["passed"] else "FAILED")

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from confluent_kafka import Consumer, TopicPartition
 
 from cdc_router.local import process
 from cdc_router.local.config import (
@@ -27,6 +28,20 @@ from cdc_router.local.stack import java_command, process_marker
 
 REPO = Path(__file__).resolve().parents[2]
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+
+
+@dataclass(frozen=True)
+class HangingAbort:
+    """A hanging transaction the campaign aborted: its partition, the offset it started at,
+    and the partition's end offset just after the abort."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition} from offset {self.start_offset}"
 
 
 @dataclass(frozen=True)
@@ -94,12 +109,15 @@ class LocalStack:
             time.sleep(2)
 
 
-    def abort_hanging_transactions(self) -> list[str]:
-        """Abort the transactions `kafka-transactions find-hanging` lists; the partitions.
+    def abort_hanging_transactions(self) -> list[HangingAbort]:
+        """Abort the transactions `kafka-transactions find-hanging` lists; what was aborted.
 
         Kafka 4.3.0 once left one in `connect-offsets` after a kill -9 (README, operations):
         Connect's exactly-once task then never starts. This is the remedy README gives the
         operator, with a 1-minute bound (the tool's default is 15) so the campaign goes on.
+        The partition's end offset just after the abort bounds what the abort may have taken
+        (CI, stop 48: an abort on the router's own changelog, whose transaction Kafka had
+        committed on the destinations only; the verifier reads that range back).
         """
         found = self._transactions("find-hanging", "--broker-id",
                                    kafka_properties(self.config)["node.id"],
@@ -115,8 +133,18 @@ class LocalStack:
                 if "Could not find any open transactions" in str(error):
                     continue
                 raise
-            aborted.append(f"{topic}-{partition} from offset {start_offset}")
+            aborted.append(HangingAbort(topic, int(partition), int(start_offset),
+                                        self._end_offset(topic, int(partition))))
         return aborted
+
+    def _end_offset(self, topic: str, partition: int) -> int:
+        consumer = Consumer({"bootstrap.servers": self.config.bootstrap_servers,
+                             "group.id": "chaos-end-offset", "enable.auto.commit": False})
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                      timeout=30)[1])
+        finally:
+            consumer.close()
 
     def _transactions(self, *args: str) -> str:
         command = java_command(self.config, 256, "org.apache.kafka.tools.TransactionsCommand",

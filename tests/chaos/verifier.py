@@ -64,6 +64,10 @@ class Target:
     destinations: tuple[str, ...]
     dead_letter_topic: str
     topics_allowed: frozenset[str]  # every topic that may exist after the run
+    changelog_topic: str = ""
+    # (partition, start offset, end offset) of the changelog's hanging transactions that
+    # the campaign aborted (stack.HangingAbort)
+    changelog_aborts: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass
@@ -76,6 +80,11 @@ class Verdict:
     delivered: int = 0
     lost: int = 0
     duplicates: int = 0
+    # Not failures: of the ids whose marks an abort of Kafka's hanging transaction took away
+    # (marks_aborted), how many were delivered again, and the order violations those made.
+    marks_aborted: int = 0
+    duplicates_after_abort: int = 0
+    order_violations_after_abort: int = 0
     phantoms: int = 0  # ids on a destination topic that the ledger does not know
     wrong_topic: int = 0
     wrong_key: int = 0
@@ -130,40 +139,96 @@ def read_ledger(dsn: str, ledger_table: str) -> dict[str, LedgerEntry]:
 
 def read_to_end(bootstrap: str, topic: str, timeout_s: float = 600) -> list[Message]:
     """Every committed record of `topic` below the end offsets it has now, all partitions."""
-    consumer = Consumer({"bootstrap.servers": bootstrap,
-                         "group.id": f"chaos-verifier-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "allow.auto.create.topics": False})
-    deadline = time.monotonic() + timeout_s
-    records: list[Message] = []
+    consumer = _reader(bootstrap, "read_committed")
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        ends: dict[int, int] = {}
+        ranges: dict[int, tuple[int, int]] = {}
         for partition in metadata.partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                        timeout=30)
             if high > low:
-                ends[partition] = high
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        while ends:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"verifier: {topic} not read to its end offsets {ends} "
-                                   f"in {timeout_s}s; is the broker up?")
-            for message in consumer.consume(num_messages=1000, timeout=0.5):
-                (partition, offset), error = _where(message), message.error()
-                if partition not in ends:
-                    continue
-                if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                    if error.fatal():
-                        raise RuntimeError(f"verifier: reading {topic}: {error}")
-                    continue
-                if error is None and offset < ends[partition]:
-                    records.append(message)
-                if (offset if error is not None else offset + 1) >= ends[partition]:
-                    del ends[partition]
+                ranges[partition] = (OFFSET_BEGINNING, high)
+        return _read(consumer, topic, ranges, timeout_s)
     finally:
         consumer.close()
+
+
+def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int, *,
+               committed: bool, timeout_s: float = 120) -> list[Message]:
+    """The records of one partition in [start, end): the committed ones, or all."""
+    consumer = _reader(bootstrap, "read_committed" if committed else "read_uncommitted")
+    try:
+        return _read(consumer, topic, {partition: (start, end)} if end > start else {},
+                     timeout_s)
+    finally:
+        consumer.close()
+
+
+def _reader(bootstrap: str, isolation: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap,
+                     "group.id": f"chaos-verifier-{uuid.uuid4()}",
+                     "enable.auto.commit": False, "isolation.level": isolation,
+                     "enable.partition.eof": True, "allow.auto.create.topics": False})
+
+
+def _read(consumer: Consumer, topic: str, ranges: dict[int, tuple[int, int]],
+          timeout_s: float) -> list[Message]:
+    """Read each partition of `ranges` from its start (an offset or OFFSET_BEGINNING) to
+    below its end offset."""
+    deadline = time.monotonic() + timeout_s
+    records: list[Message] = []
+    ends = {partition: end for partition, (_, end) in ranges.items()}
+    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+    while ends:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"verifier: {topic} not read to its end offsets {ends} "
+                               f"in {timeout_s}s; is the broker up?")
+        for message in consumer.consume(num_messages=1000, timeout=0.5):
+            (partition, offset), error = _where(message), message.error()
+            if partition not in ends:
+                continue
+            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                if error.fatal():
+                    raise RuntimeError(f"verifier: reading {topic}: {error}")
+                continue
+            if error is None and offset < ends[partition]:
+                records.append(message)
+            if (offset if error is not None else offset + 1) >= ends[partition]:
+                del ends[partition]
     return records
+
+
+def marks_aborted(bootstrap: str, changelog_topic: str,
+                  aborts: tuple[tuple[int, int, int], ...]) -> set[str]:
+    """The ids of the router's dedup marks that are in the changelog but not committed, in
+    the ranges (partition, start offset, end offset) where the campaign aborted a hanging
+    transaction with kafka-transactions (README's remedy for Kafka's defect).
+
+    Kafka once (CI, stop 48, after a kill -9 of the broker) left a router transaction
+    committed on the destination topics and hanging on the changelog and the group's offsets;
+    the abort there took its marks and offsets away, and the next owner delivered that batch
+    again. Duplicates of these ids are Kafka's and the remedy's, counted apart; any other
+    duplicate still fails the campaign."""
+    unmarked: set[str] = set()
+    for partition, start, end in aborts:
+        every = _mark_ids(read_range(bootstrap, changelog_topic, partition, start, end,
+                                     committed=False))
+        unmarked |= every - _mark_ids(read_range(bootstrap, changelog_topic, partition,
+                                                 start, end, committed=True))
+    return unmarked
+
+
+def _mark_ids(records: list[Message]) -> set[str]:
+    """The ids a changelog mark's JSON value lists ({"ts": ..., "ids": [...]})."""
+    ids: set[str] = set()
+    for message in records:
+        try:
+            document = json.loads(message.value() or b"null")
+        except ValueError:
+            continue
+        if isinstance(document, dict) and isinstance(document.get("ids"), list):
+            ids.update(i for i in document["ids"] if isinstance(i, str))
+    return ids
 
 
 def _where(message: Message) -> tuple[int, int]:
@@ -192,8 +257,10 @@ def _raw_id(message: Message) -> str | None:
 
 
 def check_destinations(verdict: Verdict, ledger: dict[str, LedgerEntry],
-                       topics: dict[str, list[Message]], partitions: dict[str, int]) -> set[str]:
-    """Lost, duplicates, key, partition, topic, order; returns the ids delivered."""
+                       topics: dict[str, list[Message]], partitions: dict[str, int],
+                       unmarked: frozenset[str] = frozenset()) -> set[str]:
+    """Lost, duplicates, key, partition, topic, order; returns the ids delivered. A second
+    copy of an id in `unmarked` (marks_aborted) and the order it breaks count apart."""
     seen: Counter[str] = Counter()
     for topic, records in topics.items():
         last_seq: dict[tuple[int, str], int] = defaultdict(lambda: -1)
@@ -218,15 +285,19 @@ def check_destinations(verdict: Verdict, ledger: dict[str, LedgerEntry],
                 verdict.wrong_partition += 1
                 verdict.sample("wrong_partition", f"{event_id} p{partition} != p{expected}")
             slot = (partition, entry.aggregate_id)
-            if entry.seq <= last_seq[slot]:
+            if entry.seq <= last_seq[slot] and event_id in unmarked and seen[event_id] > 1:
+                verdict.order_violations_after_abort += 1
+            elif entry.seq <= last_seq[slot]:
                 verdict.order_violations += 1
                 verdict.sample("order_violations", f"{entry.aggregate_id} seq {entry.seq} after "
                                f"{last_seq[slot]} on {topic}/{partition}")
             last_seq[slot] = max(last_seq[slot], entry.seq)
     verdict.delivered = len(seen)
-    verdict.duplicates = sum(count - 1 for count in seen.values())
     for event_id, count in seen.items():
-        if count > 1:
+        if count > 1 and event_id in unmarked:
+            verdict.duplicates_after_abort += count - 1
+        elif count > 1:
+            verdict.duplicates += count - 1
             verdict.sample("duplicates", f"{event_id} x{count}")
     return set(seen)
 
@@ -277,7 +348,10 @@ def verify(target: Target) -> Verdict:
     metadata = admin.list_topics(timeout=30).topics
     partitions = {t: len(metadata[t].partitions) for t in target.destinations}
     topics = {t: read_to_end(target.bootstrap, t) for t in target.destinations}
-    delivered = check_destinations(verdict, ledger, topics, partitions)
+    unmarked = frozenset(marks_aborted(target.bootstrap, target.changelog_topic,
+                                       target.changelog_aborts))
+    verdict.marks_aborted = len(unmarked)
+    delivered = check_destinations(verdict, ledger, topics, partitions, unmarked)
     dead = check_dead_letters(verdict, ledger, read_to_end(target.bootstrap,
                                                            target.dead_letter_topic))
     for event_id, entry in ledger.items():

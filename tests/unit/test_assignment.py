@@ -60,3 +60,17 @@ def test_a_restore_failing_at_the_committed_offsets_names_them_not_the_changelog
     failed = RestoreFailed("the group's committed offsets", "NOT_COORDINATOR")
     assert str(failed).startswith("could not read the group's committed offsets for the "
                                   "partitions just assigned (NOT_COORDINATOR); exiting with 75")
+
+
+def test_committed_offsets_that_time_out_say_what_they_waited_for_and_the_remedy() -> None:
+    # CI, stop 48: after a kill -9 of the broker, Kafka left a transaction hanging on the
+    # group's offsets; every restart ended here, exit 75, until the operator aborted it.
+    timed_out = KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                          "Failed to get committed offsets: Local: Timed out"))
+    hint = assignment._unstable_hint(timed_out, 40)
+    assert "at most 40 s (twice delivery.transaction_timeout_ms)" in hint
+    assert "`kafka-transactions find-hanging`" in hint
+    failed = RestoreFailed("the group's committed offsets", timed_out, hint)
+    assert str(failed).endswith(hint) and "exiting with 75" in str(failed)
+    other = KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID, "fenced", fatal=True))
+    assert assignment._unstable_hint(other, 40) == ""

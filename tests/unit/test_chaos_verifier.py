@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 
 from cdc_router.router.partitioner import java_default_partition
 from tests.chaos import faults, report, verifier
@@ -95,3 +96,60 @@ def test_last_words_skip_librdkafka_lines_but_not_ours_that_name_it() -> None:
            "2026 level=INFO logger=cdc_router.librdkafka FAIL [thrd:1]: Disconnected\n\n")
     assert "event=client_call_hung" in faults.last_words(log)
     assert faults.last_words("") == "(empty log)"
+
+
+def _delivered(topic: str, partition: int, offset: int, event_id: str) -> Message:
+    return Message(topic=topic, partition=partition, offset=offset, key=event_id.encode(),
+                   value=b"{}", headers=[("id", event_id.encode())])
+
+
+def test_a_second_copy_of_an_id_whose_mark_an_abort_took_counts_apart_from_duplicates() -> None:
+    # CI, stop 48: a batch committed on the destination, its changelog marks and offsets
+    # hanging; the campaign's kafka-transactions abort took them, and the batch came again.
+    ledger = {i: verifier.LedgerEntry("w0-1", seq, "deliver", "orders")
+              for seq, i in enumerate(["a", "b", "c", "d"], 1)}
+    partition = verifier.java_partition("w0-1", 2)
+    records = [_delivered("orders", partition, offset, event_id)
+               for offset, event_id in enumerate(["a", "b", "c", "a", "b", "d", "c"])]
+    verdict = verifier.Verdict()
+    verifier.check_destinations(verdict, ledger, {"orders": records}, {"orders": 2},
+                                frozenset({"a", "b"}))
+    # a and b: Kafka's and the remedy's; c, not among the aborted marks, still fails.
+    assert (verdict.duplicates_after_abort, verdict.order_violations_after_abort) == (2, 2)
+    assert (verdict.duplicates, verdict.order_violations) == (1, 1)
+    assert verdict.samples["duplicates"] == ["c x2"]
+    assert not verdict.passed
+
+    clean = verifier.Verdict()
+    verifier.check_destinations(clean, ledger, {"orders": records[:6]}, {"orders": 2},
+                                frozenset({"a", "b"}))
+    assert clean.passed and clean.duplicates_after_abort == 2
+
+
+def test_without_aborted_marks_every_second_copy_is_a_duplicate() -> None:
+    ledger = {"a": verifier.LedgerEntry("w0-1", 1, "deliver", "orders")}
+    partition = verifier.java_partition("w0-1", 2)
+    verdict = verifier.Verdict()
+    verifier.check_destinations(verdict, ledger, {"orders": [
+        _delivered("orders", partition, 0, "a"), _delivered("orders", partition, 1, "a")]},
+        {"orders": 2})
+    assert (verdict.duplicates, verdict.order_violations, verdict.duplicates_after_abort) == \
+        (1, 1, 0)
+
+
+def test_mark_ids_read_the_changelog_json_and_skip_what_is_not_a_mark() -> None:
+    marks = [Message(topic="dedup", partition=0, offset=o, key=b"batch:x", value=v)
+             for o, v in enumerate([b'{"ts":1,"ids":["a","b"]}', b"not json", b'{"ts":2}',
+                                    b'{"ts":3,"ids":["c",7]}'])]
+    assert verifier._mark_ids(marks) == {"a", "b", "c"}
+
+
+def test_render_prints_a_hanging_abort_note_in_full() -> None:
+    note = ("Kafka left a hanging transaction after kafka_kill, aborted with kafka-transactions: "
+            "chaos-x-dedup-0 from offset 31, __consumer_offsets-12 from offset 7")
+    result = report.build(header={"run": "r", "profile": "short", "seed": 1, "elapsed_s": 1.0},
+                          faults=[faults.FaultRecord("kafka_kill", 20.0, 146.0,
+                                                     ["kafka pid 1 killed", "exit 75", note])],
+                          verdict=verifier.Verdict(), duplicates_dropped=0, write_errors=0,
+                          timeline=[], router_progress=[])
+    assert f"NOTE: {note}" in report.render(result).splitlines()
