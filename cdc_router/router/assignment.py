@@ -68,10 +68,10 @@ def _unstable_hint(failure: KafkaException, waited_s: float) -> str:
     error = kafka_error_of(failure)
     if error is None or error.code() != KafkaError._TIMED_OUT:
         return ""
-    return (f"; they wait for an open transaction on them to end, at most {waited_s:.0f} s "
-            "(twice delivery.transaction_timeout_ms): if every restart ends here, Kafka left a "
-            "transaction hanging on the group's offsets (README, Operations: "
-            "`kafka-transactions find-hanging`)")
+    return (f"; besides an unreachable broker, they wait for an open transaction on them to "
+            f"end, at most {waited_s:.0f} s (twice delivery.transaction_timeout_ms): if every "
+            "restart ends here while Kafka answers, a transaction may hang on the group's "
+            "offsets (README, Operations: `kafka-transactions find-hanging`)")
 
 
 def committed_offsets(consumer: Any, partitions: list[TopicPartition],

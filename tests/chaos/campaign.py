@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for number, planned in enumerate(plan, 1):
         print(f"  plan {number:>2}: {planned.kind} at {planned.at_fraction:.0%} of its "
               f"segment (pause {planned.pause_s}s)", flush=True)
+    kafka_log_from = stack.log_size("kafka")
     admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
     topics_before = set(admin.list_topics(timeout=30).topics)
     config = router_config(names, endpoints, workdir)
@@ -182,9 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             endpoints.bootstrap, endpoints.dsn, names.table, names.ledger, names.raw,
             tuple(names.topic(t) for t in PARTITIONS), names.topic("dlq"),
             frozenset(allowed), names.topic("dedup"),
-            tuple((a["partition"], a["start_offset"], a["end_offset"])
-                  for record in records for a in record.hanging_aborts
-                  if a["topic"] == names.topic("dedup"))))
+            tuple(abort for record in records for abort in record.hanging_aborts
+                  if abort.topic == names.topic("dedup"))))
         header = {"run": names.run, "profile": args.profile, "seed": args.seed,
                   "command": "python -m tests.chaos " + shlex.join(sys.argv[1:]),
                   "events_requested": args.events, "elapsed_s": round(elapsed, 1),
@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         sampler.stop()
         fleet.stop_all()
         progress.close()
+        stack.keep_log("kafka", kafka_log_from, workdir / "kafka.log")
         if not args.keep:
             tear_down(connect, names, endpoints)
 

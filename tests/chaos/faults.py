@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -27,6 +26,7 @@ from tests.chaos.stack import (
     debezium_config,
     wait_slot_released,
 )
+from tests.chaos.verifier import HangingAbort
 
 MAIN = "main"
 SESSION_TIMEOUT_S = 10  # the router's session.timeout.ms (cdc_router/router/clients.py)
@@ -71,7 +71,7 @@ class FaultRecord:
     recovery_s: float | None = None  # None: not recovered within RECOVERY_TIMEOUT_S
     notes: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
-    hanging_aborts: list[dict[str, Any]] = field(default_factory=list)  # stack.HangingAbort
+    hanging_aborts: list[HangingAbort] = field(default_factory=list)
 
 
 class Progress:
@@ -202,7 +202,7 @@ class Injector:
             record.notes.append(f"Kafka left a hanging transaction after {record.kind}, "
                                 f"aborted with kafka-transactions: "
                                 f"{', '.join(map(str, aborted))}")
-            record.hanging_aborts.extend(vars(abort) for abort in aborted)
+            record.hanging_aborts.extend(aborted)
             self._connect.restart_all(self._connector_name)
 
     @staticmethod

@@ -51,10 +51,11 @@ def render(report: dict[str, Any]) -> str:
         ("wrong key / partition / topic", f"{verdict['wrong_key']} / "
          f"{verdict['wrong_partition']} / {verdict['wrong_topic']}"),
         ("per-aggregate order violations", verdict["order_violations"]),
-        ("marks a hanging transaction's abort took (ids)",
-         f"{verdict.get('marks_aborted', 0)}: delivered again "
+        ("ids whose marks a hanging abort took",
+         f"{verdict.get('marks_aborted', 0)}: delivered twice "
          f"{verdict.get('duplicates_after_abort', 0)}, out of order "
-         f"{verdict.get('order_violations_after_abort', 0)} (Kafka's; not failures)"),
+         f"{verdict.get('order_violations_after_abort', 0)} (attributed to the abort, "
+         "README; not failures)"),
         ("dead letters (poison rows missing)", f"{verdict['dead_letters']} "
                                                f"({verdict['poison_not_dead_lettered']})"),
         ("dead letters: no reason / wrong stage / good rows",
@@ -77,9 +78,11 @@ def render(report: dict[str, Any]) -> str:
     findings = [f for fault in report["faults"] for f in fault["findings"]]
     failures = {k: v for k, v in verdict["samples"].items() if v}
     lines.append("")
-    # In full, as the table cuts them: what the campaign did for the operator (README).
-    lines += [f"NOTE: {note}" for fault in report["faults"] for note in fault["notes"]
-              if "hanging transaction" in note]
+    # In full, as the table cuts the notes: what the campaign did as an operator (README).
+    lines += [f"NOTE: after {fault['kind']}, aborted a hanging transaction on {a['topic']}-"
+              f"{a['partition']} from offset {a['start_offset']} (producer {a['producer_id']}, "
+              f"epoch {a['producer_epoch']}; end offset after the abort {a['end_offset']})"
+              for fault in report["faults"] for a in fault.get("hanging_aborts", [])]
     lines += [f"FINDING: {finding}" for finding in findings]
     lines += [f"FAILED {check}: {', '.join(samples)}" for check, samples in failures.items()]
     lines.append("PASSED" if report["passed"] else "FAILED")

@@ -8,13 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
 
 from cdc_router.local import process
 from cdc_router.local.config import (
@@ -25,23 +24,10 @@ from cdc_router.local.config import (
     to_properties,
 )
 from cdc_router.local.stack import java_command, process_marker
+from tests.chaos.verifier import HangingAbort, end_offset
 
 REPO = Path(__file__).resolve().parents[2]
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
-
-
-@dataclass(frozen=True)
-class HangingAbort:
-    """A hanging transaction the campaign aborted: its partition, the offset it started at,
-    and the partition's end offset just after the abort."""
-
-    topic: str
-    partition: int
-    start_offset: int
-    end_offset: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition} from offset {self.start_offset}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +69,20 @@ class LocalStack:
             raise RuntimeError(f"chaos: {part} of {self.config.home} is not running")
         return pid
 
+    def log_size(self, part: str) -> int:
+        path = self.config.log_path(part)  # type: ignore[arg-type]
+        return path.stat().st_size if path.exists() else 0
+
+    def keep_log(self, part: str, since: int, to: Path) -> None:
+        """Copy what `part` logged from byte `since` on to `to`: the stack's home may go (a CI
+        clone), the run's workdir stays (CI, stop 48: Kafka's view of a hanging transaction was
+        lost with it)."""
+        path = self.config.log_path(part)  # type: ignore[arg-type]
+        if path.exists():
+            with path.open("rb") as log:
+                log.seek(since if since <= path.stat().st_size else 0)
+                to.write_bytes(log.read())
+
     def signal(self, part: str, sig: signal.Signals) -> int:
         pid = self.pid(part)
         os.kill(pid, sig)
@@ -115,36 +115,26 @@ class LocalStack:
         Kafka 4.3.0 once left one in `connect-offsets` after a kill -9 (README, operations):
         Connect's exactly-once task then never starts. This is the remedy README gives the
         operator, with a 1-minute bound (the tool's default is 15) so the campaign goes on.
-        The partition's end offset just after the abort bounds what the abort may have taken
-        (CI, stop 48: an abort on the router's own changelog, whose transaction Kafka had
-        committed on the destinations only; the verifier reads that range back).
+        Each abort keeps the tool's row and the partition's end offset just after it: the
+        verifier reads that range back (CI, stop 48: an abort on the router's own changelog).
         """
         found = self._transactions("find-hanging", "--broker-id",
                                    kafka_properties(self.config)["node.id"],
                                    "--max-transaction-timeout", "1")
         aborted = []
-        for topic, partition, start_offset in hanging_transactions(found):
+        for row in hanging_transactions(found):
             try:
-                self._transactions("abort", "--topic", topic, "--partition", partition,
-                                   "--start-offset", start_offset)
+                self._transactions("abort", "--topic", row.topic, "--partition",
+                                   str(row.partition), "--start-offset", str(row.start_offset))
             except RuntimeError as error:
                 # Listed, then ended before the abort (its producer came back and finished
                 # it, or the coordinator timed it out): nothing hangs (CI rehearsal 17).
                 if "Could not find any open transactions" in str(error):
                     continue
                 raise
-            aborted.append(HangingAbort(topic, int(partition), int(start_offset),
-                                        self._end_offset(topic, int(partition))))
+            aborted.append(replace(row, end_offset=end_offset(
+                self.config.bootstrap_servers, row.topic, row.partition)))
         return aborted
-
-    def _end_offset(self, topic: str, partition: int) -> int:
-        consumer = Consumer({"bootstrap.servers": self.config.bootstrap_servers,
-                             "group.id": "chaos-end-offset", "enable.auto.commit": False})
-        try:
-            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                      timeout=30)[1])
-        finally:
-            consumer.close()
 
     def _transactions(self, *args: str) -> str:
         command = java_command(self.config, 256, "org.apache.kafka.tools.TransactionsCommand",
@@ -156,21 +146,24 @@ class LocalStack:
         return result.stdout
 
 
-def hanging_transactions(output: str) -> list[tuple[str, str, str]]:
-    """(topic, partition, start offset) of each row of the table `find-hanging` printed
-    (tab-separated, under a header naming its columns), amid the log lines the tool prints
-    before it with the stack's log4j configuration."""
+def hanging_transactions(output: str) -> list[HangingAbort]:
+    """Each row of the table `find-hanging` printed (tab-separated, under a header naming its
+    columns), amid the log lines the tool prints before it with the stack's log4j
+    configuration; end_offset is not known yet (-1)."""
     lines = output.splitlines()
     starts = [i for i, line in enumerate(lines)
               if line.split("\t")[0].strip() == "Topic" and "StartOffset" in line]
     if not starts:
         return []
     header = [column.strip() for column in lines[starts[0]].split("\t")]
-    at = {name: header.index(name) for name in ("Topic", "Partition", "StartOffset")}
-    rows = [line.split("\t") for line in lines[starts[0] + 1:]]
-    return [(row[at["Topic"]].strip(), row[at["Partition"]].strip(),
-             row[at["StartOffset"]].strip()) for row in rows
-            if len(row) >= len(header) - 1 and row[at["Partition"]].strip().isdigit()]
+    columns = ("Topic", "Partition", "StartOffset", "ProducerId", "ProducerEpoch")
+    at = {name: header.index(name) for name in columns}
+    rows = [[cell.strip() for cell in line.split("\t")] for line in lines[starts[0] + 1:]]
+    return [HangingAbort(row[at["Topic"]], int(row[at["Partition"]]),
+                         int(row[at["StartOffset"]]), int(row[at["ProducerId"]]),
+                         int(row[at["ProducerEpoch"]]))
+            for row in rows if len(row) >= len(header) - 1
+            and all(row[at[name]].isdigit() for name in columns[1:])]
 
 
 class Connect:

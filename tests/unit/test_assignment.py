@@ -69,6 +69,7 @@ def test_committed_offsets_that_time_out_say_what_they_waited_for_and_the_remedy
                                           "Failed to get committed offsets: Local: Timed out"))
     hint = assignment._unstable_hint(timed_out, 40)
     assert "at most 40 s (twice delivery.transaction_timeout_ms)" in hint
+    assert "a transaction may hang on the group's offsets" in hint
     assert "`kafka-transactions find-hanging`" in hint
     failed = RestoreFailed("the group's committed offsets", timed_out, hint)
     assert str(failed).endswith(hint) and "exiting with 75" in str(failed)

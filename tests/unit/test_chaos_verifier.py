@@ -103,27 +103,35 @@ def _delivered(topic: str, partition: int, offset: int, event_id: str) -> Messag
                    value=b"{}", headers=[("id", event_id.encode())])
 
 
-def test_a_second_copy_of_an_id_whose_mark_an_abort_took_counts_apart_from_duplicates() -> None:
-    # CI, stop 48: a batch committed on the destination, its changelog marks and offsets
-    # hanging; the campaign's kafka-transactions abort took them, and the batch came again.
+def _check(ids: list[str], unmarked: frozenset[str] = frozenset()) -> verifier.Verdict:
+    """check_destinations over `ids` delivered in this order, one aggregate, seq by id."""
     ledger = {i: verifier.LedgerEntry("w0-1", seq, "deliver", "orders")
-              for seq, i in enumerate(["a", "b", "c", "d"], 1)}
+              for seq, i in enumerate(sorted(set(ids)), 1)}
     partition = verifier.java_partition("w0-1", 2)
-    records = [_delivered("orders", partition, offset, event_id)
-               for offset, event_id in enumerate(["a", "b", "c", "a", "b", "d", "c"])]
+    records = [_delivered("orders", partition, offset, i) for offset, i in enumerate(ids)]
     verdict = verifier.Verdict()
-    verifier.check_destinations(verdict, ledger, {"orders": records}, {"orders": 2},
-                                frozenset({"a", "b"}))
-    # a and b: Kafka's and the remedy's; c, not among the aborted marks, still fails.
-    assert (verdict.duplicates_after_abort, verdict.order_violations_after_abort) == (2, 2)
-    assert (verdict.duplicates, verdict.order_violations) == (1, 1)
-    assert verdict.samples["duplicates"] == ["c x2"]
-    assert not verdict.passed
+    verifier.check_destinations(verdict, ledger, {"orders": records}, {"orders": 2}, unmarked)
+    return verdict
 
-    clean = verifier.Verdict()
-    verifier.check_destinations(clean, ledger, {"orders": records[:6]}, {"orders": 2},
-                                frozenset({"a", "b"}))
-    assert clean.passed and clean.duplicates_after_abort == 2
+
+def test_a_second_copy_of_an_id_whose_mark_an_abort_took_counts_apart_from_duplicates() -> None:
+    # CI, stop 48: one batch delivered twice after the campaign's kafka-transactions abort
+    # of a transaction hanging on the router's changelog and the group's offsets.
+    clean = _check(["a", "b", "c", "a", "b", "d"], frozenset({"a", "b"}))
+    assert clean.passed
+    assert (clean.duplicates_after_abort, clean.order_violations_after_abort) == (2, 2)
+    # c is not among the aborted marks: its second copy still fails.
+    verdict = _check(["a", "b", "c", "a", "b", "d", "c"], frozenset({"a", "b"}))
+    assert (verdict.duplicates, verdict.order_violations) == (1, 1)
+    assert verdict.samples["duplicates"] == ["c x2"] and not verdict.passed
+
+
+def test_a_third_copy_of_an_id_whose_mark_an_abort_took_fails_with_all_its_copies() -> None:
+    # Review 49-d: an abort explains one more delivery of its batch, never two.
+    verdict = _check(["a", "b", "a", "b", "a"], frozenset({"a", "b"}))
+    assert (verdict.duplicates, verdict.duplicates_after_abort) == (2, 1)
+    assert verdict.order_violations == 2 and verdict.order_violations_after_abort == 1
+    assert verdict.samples["duplicates"] == ["a x3"] and not verdict.passed
 
 
 def test_without_aborted_marks_every_second_copy_is_a_duplicate() -> None:
@@ -137,19 +145,23 @@ def test_without_aborted_marks_every_second_copy_is_a_duplicate() -> None:
         (1, 1, 0)
 
 
-def test_mark_ids_read_the_changelog_json_and_skip_what_is_not_a_mark() -> None:
-    marks = [Message(topic="dedup", partition=0, offset=o, key=b"batch:x", value=v)
-             for o, v in enumerate([b'{"ts":1,"ids":["a","b"]}', b"not json", b'{"ts":2}',
-                                    b'{"ts":3,"ids":["c",7]}'])]
-    assert verifier._mark_ids(marks) == {"a", "b", "c"}
+def test_a_mark_gives_its_ts_and_ids_and_what_is_not_a_mark_gives_none() -> None:
+    def mark(value: bytes) -> Message:
+        return Message(topic="dedup", partition=0, offset=0, key=b"batch:x", value=value)
+    assert verifier._mark(mark(b'{"ts":1,"ids":["a","b"]}')) == (1, ["a", "b"])
+    assert verifier._mark(mark(b'{"ts":3,"ids":["c",7]}')) == (3, ["c"])
+    assert verifier._mark(mark(b"not json")) == (None, [])
+    assert verifier._mark(mark(b'{"ts":2}')) == (None, [])
 
 
-def test_render_prints_a_hanging_abort_note_in_full() -> None:
-    note = ("Kafka left a hanging transaction after kafka_kill, aborted with kafka-transactions: "
-            "chaos-x-dedup-0 from offset 31, __consumer_offsets-12 from offset 7")
+def test_render_names_each_hanging_abort_in_full() -> None:
+    abort = verifier.HangingAbort("chaos-x-dedup", 0, 31, 3007, 2, 40)
+    fault = faults.FaultRecord("kafka_kill", 20.0, 146.0, ["kafka pid 1 killed", "exit 75"],
+                               hanging_aborts=[abort])
     result = report.build(header={"run": "r", "profile": "short", "seed": 1, "elapsed_s": 1.0},
-                          faults=[faults.FaultRecord("kafka_kill", 20.0, 146.0,
-                                                     ["kafka pid 1 killed", "exit 75", note])],
-                          verdict=verifier.Verdict(), duplicates_dropped=0, write_errors=0,
-                          timeline=[], router_progress=[])
-    assert f"NOTE: {note}" in report.render(result).splitlines()
+                          faults=[fault], verdict=verifier.Verdict(), duplicates_dropped=0,
+                          write_errors=0, timeline=[], router_progress=[])
+    assert ("NOTE: after kafka_kill, aborted a hanging transaction on chaos-x-dedup-0 from "
+            "offset 31 (producer 3007, epoch 2; end offset after the abort 40)"
+            ) in report.render(result).splitlines()
+    assert str(abort) == "chaos-x-dedup-0 from offset 31 (producer 3007, epoch 2)"
