@@ -22,9 +22,12 @@ What it cannot promise (each shown by tests/integration/test_redis_store.py):
   before the done mark (or a retry in another process, after a rebalance) runs the effect
   again after the lease. Use the Postgres store when
   the effect is a database write, or make the effect itself idempotent.
-- A lease that expires while the handler still runs lets a second worker claim the event
-  and run it concurrently. Choose lease_ms well above the slowest handler; an expiry is
-  logged (event=dedup_lease_lost) when the first worker finishes.
+- While the effect runs, a thread of the store renews the claim every lease_ms / 3 (only
+  while the key still holds our token), so a slow handler keeps it, and a dead process's
+  claim expires lease_ms after its last renewal. A claim whose renewals Redis refuses for a
+  whole lease (an outage) can expire while the handler still runs and let a second worker
+  run the event concurrently; that is logged (event=dedup_lease_lost) when the first worker
+  finishes. A handler that never returns keeps its claim as long as its process lives.
 - A Redis restart without persistence (or a failover to a replica that missed the writes)
   forgets done marks, and redelivered records run again. Use AOF with fsync for the marks
   you cannot afford to lose.
@@ -39,9 +42,11 @@ What it cannot promise (each shown by tests/integration/test_redis_store.py):
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -61,6 +66,13 @@ MAX_UNMARKED = 10_000
 _RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# Extends the key's expiry only while it still holds our claim token.
+_RENEW_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -100,6 +112,7 @@ class RedisDedupStore:
         self._mark = client.register_script(_MARK_SCRIPT)
         self._unmarked: OrderedDict[str, bytes] = OrderedDict()  # key -> our claim token
         self._warned: set[str] = set()  # groups with a ':', told once
+        self._renewal = _Renewal(client.register_script(_RENEW_SCRIPT), lease_ms)
 
     def key(self, key: DedupKey) -> str:
         """The Redis key that holds `key`'s claim or done mark."""
@@ -130,7 +143,8 @@ class RedisDedupStore:
             raise DedupStoreError(f"cannot claim event {key.event_id} in Redis: {error}") \
                 from error
         try:
-            effect(self._client)
+            with self._renewal.held(name, token):
+                effect(self._client)
         except BaseException:
             self._release_claim(name, token)
             raise
@@ -176,5 +190,51 @@ class RedisDedupStore:
             log.warning("event=dedup_release_failed key=%r error=%r", name, str(error))
 
     def close(self) -> None:
-        """Close the client's connection pool."""
+        """Stop renewing and close the client's connection pool."""
+        self._renewal.stop()
         self._client.close()
+
+
+class _Renewal:
+    """One daemon thread that renews the claims whose effects are running, every lease / 3;
+    started at the first claim, again after stop()."""
+
+    def __init__(self, renew: Callable[..., object], lease_ms: int) -> None:
+        self._renew, self._lease_ms = renew, lease_ms
+        self._lock = threading.Lock()
+        self._claims: dict[str, bytes] = {}  # key -> our claim token, while its effect runs
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def held(self, name: str, token: bytes) -> Iterator[None]:
+        with self._lock:
+            self._claims[name] = token
+            if self._thread is None or not self._thread.is_alive():
+                self._stopped.clear()
+                self._thread = threading.Thread(target=self._run, name="dedup-lease-renewal",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._claims.pop(name, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._lease_ms / 3000):
+            with self._lock:
+                claims = list(self._claims.items())
+            for name, token in claims:
+                try:
+                    self._renew(keys=[name], args=[token, self._lease_ms])
+                except redis.RedisError as error:
+                    # Tried again at the next round; the claim expires if it lasts a lease.
+                    log.warning("event=dedup_lease_renewal_failed key=%r lease_ms=%d "
+                                "error=%r", name, self._lease_ms, str(error))
