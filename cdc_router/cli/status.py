@@ -103,8 +103,9 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
             report = checks(config, endpoints, connector=connector)
             if isinstance(report, str):
                 if watch_s is None:
-                    raise _CheckImpossible("the check's process died (librdkafka can crash when "
-                                           "Kafka restarts during a check): run it again")
+                    raise _CheckImpossible(f"{report.split(';')[0]}: run it again")
+                if collector is not None:
+                    collector.failed()
                 click.echo(f"critical: cannot check: {report}", err=True)
                 code = EXIT_CODES["critical"]
                 time.sleep(watch_s)

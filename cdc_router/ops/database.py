@@ -20,8 +20,12 @@ from cdc_router.postgres import one_line, read_publication, refused_for_good, re
 T = TypeVar("T")
 
 # A status check answers in seconds or says why: a Postgres that does not accept the TCP
-# connection in 5 s is reported as unreachable rather than waited for.
+# connection in 5 s is reported as unreachable rather than waited for; a lock on the outbox
+# (an ALTER TABLE, a VACUUM FULL) is waited for 5 s, a query (a count of a huge outbox) 20 s,
+# then its section says so (review 49-b F1: status hung for as long as the lock was held).
 CONNECT_TIMEOUT_S = 5
+LOCK_TIMEOUT_MS = 5_000
+STATEMENT_TIMEOUT_MS = 20_000
 
 _SLOTS = """
 SELECT slot_name, active, wal_status, safe_wal_size,
@@ -41,6 +45,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
     `source` names where the DSN came from, for a connection refused for good."""
     try:
         conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
     except psycopg.Error as error:
         message = f"Postgres: {one_line(error)}"
         if refused_for_good(error):  # QA 44-a: a wrong password did not say which setting
@@ -58,6 +64,13 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
 def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
     try:
         return read()
+    except psycopg.errors.LockNotAvailable as error:
+        return kind(error=f"Postgres: {one_line(error)} (another session holds a lock on a "
+                          f"table this check reads, over {LOCK_TIMEOUT_MS // 1000} s: see "
+                          "pg_locks and pg_stat_activity)")
+    except psycopg.errors.QueryCanceled as error:
+        return kind(error=f"Postgres: {one_line(error)} (a query of this check took over "
+                          f"{STATEMENT_TIMEOUT_MS // 1000} s)")
     except psycopg.Error as error:
         return kind(error=f"Postgres: {one_line(error)}")
 

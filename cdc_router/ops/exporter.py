@@ -8,6 +8,7 @@ be checked sets cdc_router_status_up{part} to 0 and exposes none of its gauges.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -31,14 +32,29 @@ class StatusCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: tuple[Report, list[Problem]] | None = None
+        self._failed = False
+        self._reported_at: float | None = None
 
     def update(self, report: Report, problems: list[Problem]) -> None:
         with self._lock:
-            self._latest = (report, problems)
+            self._latest, self._failed, self._reported_at = (report, problems), False, time.time()
+
+    def failed(self) -> None:
+        """The last check gave no report (its process died or did not answer): critical, and
+        no part's gauges, rather than the previous check's values (review 49-b F1)."""
+        with self._lock:
+            self._latest, self._failed = None, True
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
-            latest = self._latest
+            latest, failed, reported_at = self._latest, self._failed, self._reported_at
+        if reported_at is not None:
+            at = _gauge("status_reported_timestamp_seconds",
+                        "Unix time of the last check that gave a report")
+            at.add_metric([], reported_at)
+            yield at
+        if failed:
+            yield from _no_report()
         if latest is None:
             return
         report, problems = latest
@@ -48,6 +64,15 @@ class StatusCollector(Collector):
         yield from _connector(report)
         yield from _router(report)
         yield from _topics(report)
+
+
+def _no_report() -> Iterator[GaugeMetricFamily]:
+    status = _gauge("status", "Verdict of the last check: 0 ok, 1 warning, 2 critical")
+    status.add_metric([], EXIT_CODES["critical"])
+    up = _gauge("status_up", "1 when the last check could read this part", ("part",))
+    for name in SECTIONS:
+        up.add_metric([name], 0)
+    yield from (status, up)
 
 
 def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFamily]:

@@ -17,6 +17,11 @@ from typing import Any
 
 CRASHED = ("the check's process died (librdkafka can crash when Kafka restarts during a "
            "check); checking again at the next tick")
+# Each part's calls have their own timeouts (a few of 10 to 30 s); a check past this is stuck
+# on something none of them bounds, and is ended (review 49-b F1: a lock on the outbox).
+CHECK_DEADLINE_S = 120
+HUNG = (f"the check did not answer within {CHECK_DEADLINE_S} s and was ended; checking "
+        "again at the next tick")
 
 
 def _run(check: Callable[..., Any], answer: Connection, args: tuple[Any, ...],
@@ -31,10 +36,11 @@ def _run(check: Callable[..., Any], answer: Connection, args: tuple[Any, ...],
 
 class IsolatedChecks:
     """call(*args, **kwargs): `check(*args, **kwargs)` in a child process; CRASHED (a str)
-    when the child died without an answer. close() ends a child still running."""
+    when the child died without an answer, HUNG when it gave none within the deadline.
+    close() ends a child still running."""
 
-    def __init__(self, check: Callable[..., Any]) -> None:
-        self._check = check
+    def __init__(self, check: Callable[..., Any], deadline_s: float = CHECK_DEADLINE_S) -> None:
+        self._check, self._deadline_s = check, deadline_s
         self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
 
@@ -45,6 +51,9 @@ class IsolatedChecks:
         process.start()
         sending.close()
         try:
+            if not receiving.poll(self._deadline_s):
+                self.close()
+                return HUNG
             ok, value = receiving.recv()
         except EOFError:
             return CRASHED

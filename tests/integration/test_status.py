@@ -256,3 +256,18 @@ def test_another_pipeline_s_letters_on_a_shared_topic_are_told_apart(routed: Pip
         pipe.raw_topic] * before, ours.stderr
     assert "2 letters of other pipelines left out (--all lists them)" in ours.stderr
     assert len(json.loads(everyone.stdout)) == before + 2 and "left out" not in everyone.stderr
+
+
+def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
+        routed: Pipeline) -> None:
+    # Review 49-b F1: with an ACCESS EXCLUSIVE lock held on the outbox (an ALTER TABLE, a
+    # VACUUM FULL), status hung for as long as the lock was held (killed at 120 s, no line).
+    with psycopg.connect(routed.stack.postgres_dsn) as holder:
+        holder.execute(f"LOCK TABLE public.{routed.table} IN ACCESS EXCLUSIVE MODE")
+        done = _status(routed)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert [line for line in done.stdout.splitlines()
+            if "lock timeout" in line and line.startswith("critical")] == [
+        "critical: outbox: cannot check it: Postgres: canceling statement due to lock timeout "
+        "(another session holds a lock on a table this check reads, over 5 s: see pg_locks "
+        "and pg_stat_activity)"], done.stdout

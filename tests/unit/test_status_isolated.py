@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from cdc_router.ops.isolated import CRASHED, IsolatedChecks
+from cdc_router.ops.isolated import CRASHED, HUNG, IsolatedChecks
 
 
 def check(value: int, *, crash: bool = False) -> int:
@@ -65,3 +65,34 @@ def test_a_single_status_whose_check_crashed_exits_3_cannot_check(
 
     monkeypatch.setattr(status_command, "IsolatedChecks", Interrupted)
     assert CliRunner().invoke(main, ["status", "-c", str(example)]).exit_code == 3
+
+
+def stuck(seconds: float) -> float:
+    import time
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_check_past_its_deadline_is_ended_and_the_next_one_gets_a_new_worker() -> None:
+    # Review 49-b F1: a lock on the outbox held the check, and --watch/--serve with it, for as
+    # long as the lock lasted; the exporter kept the previous check's gauges meanwhile.
+    checks = IsolatedChecks(stuck, deadline_s=1)
+    try:
+        assert checks(60) == HUNG
+        assert checks(0) == 0
+    finally:
+        checks.close()
+
+
+def test_an_exporter_whose_check_gave_no_report_says_critical_and_every_part_down() -> None:
+    from cdc_router.ops.exporter import StatusCollector
+    from cdc_router.ops.report import SECTIONS
+
+    collector = StatusCollector()
+    assert list(collector.collect()) == []  # nothing checked yet: nothing to say
+    collector.failed()
+    families = {family.name: family for family in collector.collect()}
+    assert [s.value for s in families["cdc_router_status"].samples] == [2]
+    assert {s.labels["part"]: s.value for s in families["cdc_router_status_up"].samples} == \
+        dict.fromkeys(SECTIONS, 0)
+    assert "cdc_router_status_reported_timestamp_seconds" not in families
