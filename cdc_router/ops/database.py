@@ -15,15 +15,21 @@ from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
-from cdc_router.postgres import one_line, read_publication, refused_for_good, regclass_text
+from cdc_router.postgres import (
+    one_line,
+    read_publication,
+    refused_for_good,
+    regclass_text,
+    session_options,
+)
 
 T = TypeVar("T")
 
 # A status check answers in seconds or says why: a Postgres that does not accept the TCP
-# connection in 5 s is reported as unreachable rather than waited for; a lock on the outbox
+# connection in 5 s (session_options, unless the DSN says otherwise) is reported as
+# unreachable rather than waited for; a lock on the outbox
 # (an ALTER TABLE, a VACUUM FULL) is waited for 5 s, a query (a count of a huge outbox) 20 s,
 # then its section says so (review 49-b F1: status hung for as long as the lock was held).
-CONNECT_TIMEOUT_S = 5
 LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 20_000
 
@@ -44,7 +50,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
     every logical slot of this database; `publication` None: not checked (an empty state).
     `source` names where the DSN came from, for a connection refused for good."""
     try:
-        conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        # application_name: its queries are named in pg_stat_activity (review 49-b F6).
+        conn = psycopg.connect(dsn, autocommit=True, **session_options(dsn, "cdc-router-status"))
         conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
     except psycopg.Error as error:

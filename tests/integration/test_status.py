@@ -262,10 +262,26 @@ def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
         routed: Pipeline) -> None:
     # Review 49-b F1: with an ACCESS EXCLUSIVE lock held on the outbox (an ALTER TABLE, a
     # VACUUM FULL), status hung for as long as the lock was held (killed at 120 s, no line).
-    with psycopg.connect(routed.stack.postgres_dsn) as holder:
+    connector = routed.name.replace("_", "-")
+    names: set[str] = set()
+    with psycopg.connect(routed.stack.postgres_dsn) as holder, \
+            psycopg.connect(routed.stack.postgres_dsn, autocommit=True) as watcher:
         holder.execute(f"LOCK TABLE public.{routed.table} IN ACCESS EXCLUSIVE MODE")
-        done = _status(routed)
+        with subprocess.Popen(
+                [sys.executable, "-m", "cdc_router", "status", "-c", str(routed.config_path),
+                 "--connector", connector, "--connect-url", routed.stack.connect_url,
+                 "--dsn", routed.stack.postgres_dsn,
+                 "--bootstrap-servers", routed.stack.bootstrap_servers],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) as status:
+            while status.poll() is None:  # its query waits 5 s for the lock: seen meanwhile
+                names |= {row[0] for row in watcher.execute(
+                    "SELECT application_name FROM pg_stat_activity WHERE wait_event_type = "
+                    "'Lock' AND query LIKE %s", (f"%{routed.table}%",))}
+                time.sleep(0.2)
+            stdout, stderr = status.communicate(timeout=120)
+    done = subprocess.CompletedProcess(status.args, status.returncode, stdout, stderr)
     assert done.returncode == 2, done.stdout + done.stderr
+    assert "cdc-router-status" in names  # review 49-b F6: it was anonymous there
     assert [line for line in done.stdout.splitlines()
             if "lock timeout" in line and line.startswith("critical")] == [
         "critical: outbox: cannot check it: Postgres: canceling statement due to lock timeout "
