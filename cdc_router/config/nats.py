@@ -89,7 +89,21 @@ def parse_subject_template(template: str) -> Template:
             return f"subject template {show(template)} holds whitespace, '*' or '>'"
         return None
 
-    return parse_template(template, literal_problem)
+    pieces = parse_template(template, literal_problem)
+    for index, (literal, field) in enumerate(pieces):
+        tokens = literal.split(".")
+        for position, token in enumerate(tokens):
+            # A literal's first token goes on from the field before it, its last one into the
+            # field after it: only a token with '.' or an end of the template on both sides is
+            # whole, and a whole empty one is in every subject rendered (QA 49-a F1), whereas
+            # a field rendered empty is one row's fault, a dead letter per event.
+            whole = (position > 0 or index == 0) and (position < len(tokens) - 1 or
+                                                      field is None)
+            if whole and not token:
+                raise ValueError(f"subject template {show(template)} has an empty token (a "
+                                 "leading, trailing or double '.'), which makes every subject "
+                                 "it renders invalid")
+    return pieces
 
 
 def nats_header_problem(name: str, value: str) -> str | None:

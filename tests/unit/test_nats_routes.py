@@ -154,6 +154,13 @@ def write(tmp_path: Path, text: str) -> Path:
      "subjects: [orders.>]}]}", "field 'routes[0].topic': a route needs exactly one destination"),
     ("routes: [{nats: {subject: 'orders *.{type}'}}]", "holds whitespace, '*' or '>'"),
     ("routes: [{nats: {subject: 'orders.{tipe}'}}]", "unknown template field {tipe}"),
+    # QA 49-a F1: an empty token in the template's own text passed, then every event of the
+    # route was dead-lettered; '.{type}' was refused as a prefix no stream captures.
+    *[(f"routes: [{{nats: {{subject: '{template}'}}}}]\nnats: {{streams: [{{name: O, "
+       "subjects: ['>']}]}", f"field 'routes[0].nats.subject': subject template '{template}' "
+       "has an empty token")
+      for template in ("orders..{type}", "orders.{type}.", ".{type}", "orders.{type}..x",
+                       "{type}..x", "orders..x")],
     ("routes: [{nats: {subject: other.x}}]\nnats: {streams: [{name: O, subjects: [orders.>]}]}",
      "field 'routes[0].nats.subject': no stream of nats.streams captures subject 'other.x'"),
     # A template whose whole tokens before row data already match no stream (QA, session 25:
@@ -178,7 +185,7 @@ def test_nats_config_errors_are_one_line_naming_field_and_value(tmp_path: Path, 
 @pytest.mark.parametrize(("template", "filters"), [
     ("orders.{aggregate_id}", ["orders.*"]), ("orders.eu.{type}", ["orders.*.*"]),
     ("orders.{type}.paid", ["orders.>"]), ("x-{type}.y", ["a.b"]), ("{type}", ["a"]),
-    ("orders.{type}", [">"])])
+    ("orders.{type}", [">"]), ("{type}.{aggregate_id}", [">"]), ("a.{type}{aggregate_id}", [">"])])
 def test_a_template_some_stream_may_capture_loads(tmp_path: Path, template: str,
                                                   filters: list[str]) -> None:
     path = write(tmp_path, "source: {topics: [outbox.public.outbox]}\n"
