@@ -81,6 +81,19 @@ def subject_matches(filter_: str, subject: str) -> bool:
     return len(tokens) == len(wanted)
 
 
+def subjects_collide(first: str, second: str) -> bool:
+    """Whether some subject matches both filters (`*` and a final `>` in either)."""
+    one, other = first.split("."), second.split(".")
+    for index in range(max(len(one), len(other))):
+        if index >= len(one) or index >= len(other):
+            return False
+        if ">" in (one[index], other[index]):
+            return True
+        if one[index] != other[index] and "*" not in (one[index], other[index]):
+            return False
+    return True
+
+
 def parse_subject_template(template: str) -> Template:
     """A subject template's pieces (the topic templates' fields); ValueError when invalid."""
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from cdc_router.config.nats import subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.errors import JetStreamConsumerError
 from cdc_router.nats.connection import error_text
 
 log = logging.getLogger("cdc_router.consumer.jetstream")
+# JSConsumerFilterNotSubsetErr: a filter subject outside the stream's subjects.
+FILTER_NOT_IN_STREAM = 10093
 
 
 async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, float]:
@@ -27,13 +30,15 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, flo
     from nats.js.errors import NotFoundError
 
     where = f"NATS at {shown_url(settings.url)}"
+    stream_subjects: list[str] = []
     try:
         try:
-            await js.stream_info(settings.stream)
+            stream = await js.stream_info(settings.stream)
         except NotFoundError:
             raise JetStreamConsumerError(
                 f"no JetStream stream {settings.stream!r} at {where}: create it first "
                 "(cdc-router streams apply -c router.yaml)") from None
+        stream_subjects = _checked_filters(stream.config, settings)
         dead_letter_stream = await _dead_letter_stream_name(js, settings)
         ack_wait_s = settings.ack_wait_s
         try:
@@ -64,7 +69,35 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, flo
     except NatsError as error:
         raise JetStreamConsumerError(
             f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
-            f"stream {settings.stream!r}: {error_text(error)}; is JetStream enabled?") from None
+            f"stream {settings.stream!r}: {error_text(error)}; "
+            f"{_refusal_hint(error, settings, stream_subjects)}") from None
+
+
+def _checked_filters(stream: Any, settings: JetStreamSettings) -> list[str]:
+    """The stream's subjects; raises when a filter subject can match none of them, which
+    JetStream would refuse (err 10093) in words that name no setting (QA 49-a F3)."""
+    subjects = list(getattr(stream, "subjects", None) or ())
+    if not subjects or getattr(stream, "mirror", None) or getattr(stream, "sources", None):
+        return subjects  # a mirror's or a source's subjects are another stream's
+    for filter_ in settings.filter_subjects:
+        if not any(subjects_collide(filter_, subject) for subject in subjects):
+            raise JetStreamConsumerError(
+                f"JetStreamSettings: field 'filter_subjects': {filter_!r} is not captured by "
+                f"stream {settings.stream!r} (its subjects: {', '.join(subjects)}): give "
+                "subjects of that stream, or another stream")
+    return subjects
+
+
+def _refusal_hint(error: Exception, settings: JetStreamSettings, subjects: list[str]) -> str:
+    """What to look at for a refusal: an answer with a 4xx code came from JetStream itself."""
+    if getattr(error, "err_code", None) == FILTER_NOT_IN_STREAM:
+        return (f"JetStreamSettings field 'filter_subjects' ({', '.join(settings.filter_subjects)}"
+                f") must lie within stream {settings.stream!r}'s subjects "
+                f"({', '.join(subjects) or 'unknown'})")
+    code = getattr(error, "code", None)
+    if isinstance(code, int) and 400 <= code < 500:
+        return "JetStream answered, so its reason concerns JetStreamSettings or the stream"
+    return "is JetStream enabled?"
 
 
 def _durable_ack_wait(existing: Any, settings: JetStreamSettings) -> float:
