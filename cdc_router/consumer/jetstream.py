@@ -333,7 +333,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
             await self._excuse(message, record, "dead_letter_failed", letter_failure(
-                failure, self.settings.dead_letter_subject))
+                failure, self.settings.dead_letter_subject, self._dead_letter_stream))
             return
         self._counts["dead_lettered"] += 1
         log.warning("event=dead_lettered stream=%s sequence=%d subject=%s stage=%s "

@@ -21,7 +21,7 @@ from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import ERROR_MESSAGE, SOURCE_STREAM, fitted
 from cdc_router.errors import DedupStoreError, DedupStoreRefused, JetStreamError, RetriableError
-from cdc_router.nats.publisher import MESSAGE_REFUSED
+from cdc_router.nats.publisher import MESSAGE_REFUSED, stream_full
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
 _BROKER_TIME = 2
@@ -164,15 +164,23 @@ def _header_text(raw: bytes) -> str:
     return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
 
 
-def letter_failure(failure: BaseException, subject: str) -> BaseException:
-    """Why a dead letter was not stored, as a line names it (QA 47-c F6: "nats: no response
-    from stream" named neither the dead-letter subject nor the fix)."""
+def letter_failure(failure: BaseException, subject: str, stream: str) -> BaseException:
+    """Why a dead letter was not stored in `stream`, as a line names it (QA 47-c F6: "nats: no
+    response from stream" named neither the dead-letter subject nor the fix; QA 49-a F2: nor
+    did a full dead-letter stream's "maximum messages exceeded")."""
     from nats.js.errors import NoStreamResponseError
 
     if isinstance(failure, NoStreamResponseError):
         return JetStreamError(f"no stream captures the dead-letter subject {subject!r} now "
                               "(its stream deleted, or its subjects changed): add it to a "
                               "stream's subjects; the poison message waits meanwhile")
+    if stream_full(failure):
+        return JetStreamError(f"dead-letter stream {stream!r} (subject {subject!r}) is full "
+                              "and set to discard new messages "
+                              f"({getattr(failure, 'description', '')}): raise its max_msgs/"
+                              "max_bytes, or set it to discard old ones (`cdc-router streams "
+                              "apply` does when router.yaml declares it); the poison message "
+                              "waits meanwhile")
     return failure
 
 

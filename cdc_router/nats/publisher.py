@@ -48,6 +48,12 @@ MESSAGE_REFUSED = frozenset({10054, 10097})
 # A store failure; "maximum messages exceeded" / "maximum bytes exceeded" (the description
 # tells them from a broken store, review 34-3): a full stream with discard: new.
 STREAM_FULL = 10077
+
+
+def stream_full(error: BaseException) -> bool:
+    """Whether JetStream refused a publish because its stream is full and set to discard new."""
+    return getattr(error, "err_code", None) == STREAM_FULL and \
+        "maximum" in str(getattr(error, "description", ""))
 # nats-server's -ERR for a publish the user's permissions refuse (nats-py lowercases it).
 _PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
@@ -220,8 +226,7 @@ class JetStreamPublisher:
                     f"; the stream that captures {message.subject!r} is full and set to "
                     "discard new messages: `cdc-router streams apply -c <config>` sets it back "
                     "to discard old ones (or raise its max_msgs/max_bytes)"
-                    if getattr(error, "err_code", None) == STREAM_FULL
-                    and "maximum" in str(getattr(error, "description", "")) else "")
+                    if stream_full(error) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
                 f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"

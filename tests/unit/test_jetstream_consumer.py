@@ -30,6 +30,7 @@ from cdc_router.consumer.jetstream_message import (
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.errors import ConfigError, DedupStoreRefused, MalformedRecord, RetriableError
+from cdc_router.nats.connection import error_text
 
 STAMP = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 SUBJECT = "payments.confirmed"
@@ -201,10 +202,28 @@ def test_a_dead_letter_no_stream_stores_names_the_subject_and_the_fix() -> None:
     # QA 47-c F6: the line said "nats: no response from stream", naming neither.
     from nats.js.errors import NoStreamResponseError
 
-    said = str(letter_failure(NoStreamResponseError(), "pay.dlq"))
+    said = str(letter_failure(NoStreamResponseError(), "pay.dlq", "PAYDLQ"))
     assert "dead-letter subject 'pay.dlq'" in said and "add it to a stream's subjects" in said
     timeout = TimeoutError("slow")
-    assert letter_failure(timeout, "pay.dlq") is timeout
+    assert letter_failure(timeout, "pay.dlq", "PAYDLQ") is timeout
+
+
+def test_a_dead_letter_a_full_stream_refuses_names_that_stream_and_the_fix() -> None:
+    # QA 49-a F2: "stream=PAYMENTS ... err_code=10077 description='maximum messages exceeded'"
+    # named neither the dead-letter subject nor its stream, as if the consumed one were full.
+    from nats.js.errors import ServiceUnavailableError
+
+    full = ServiceUnavailableError(code=503, err_code=10077,
+                                   description="maximum messages exceeded")
+    said = error_text(letter_failure(full, "pay.dlq", "PAYDLQ"))
+    assert said == (
+        "JetStreamError: dead-letter stream 'PAYDLQ' (subject 'pay.dlq') is full and set to "
+        "discard new messages (maximum messages exceeded): raise its max_msgs/max_bytes, or "
+        "set it to discard old ones (`cdc-router streams apply` does when router.yaml declares "
+        "it); the poison message waits meanwhile")
+    assert len(said) <= 300  # the retry line's cut
+    broken = ServiceUnavailableError(code=503, err_code=10077, description="store failed")
+    assert letter_failure(broken, "pay.dlq", "PAYDLQ") is broken
 
 
 def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
