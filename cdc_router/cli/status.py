@@ -22,6 +22,7 @@ from cdc_router.cli.outbox import DEFAULT_DSN
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
+from cdc_router.connect.client import url_problem
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.isolated import IsolatedChecks
@@ -77,6 +78,9 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         raise _CheckImpossible(str(error)) from error
     if dsn and (problem := dsn_problem(dsn)):
         raise _CheckImpossible(f"--dsn: {problem}")
+    # A wrong argument cannot be checked, like a wrong --dsn (review 49-b F3: exited 2).
+    if (problem := url_problem(connect_url)) is not None:
+        raise _CheckImpossible(f"--connect-url: {problem}")
     kafka = clients.logged_config(config)
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers

@@ -339,6 +339,19 @@ class ConnectClient:
             raise self._not_connect(method, path, f"Kafka Connect's ({error!r})") from error
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` is no Kafka Connect REST URL (one line naming the value), or None. Makes no
+    network call: the client a ConnectClient builds on its first request, checked up front."""
+    client = ConnectClient(url)
+    try:
+        client._client  # noqa: B018 (builds the client, which checks the URL)
+    except ConnectError as error:
+        return str(error)
+    finally:
+        client.close()
+    return None
+
+
 def _path(name: str, *parts: str) -> str:
     return "/".join([f"/connectors/{quote(name, safe='')}", *parts])
 

@@ -1,7 +1,9 @@
-"""`status` names where its DSN came from when Postgres refuses it for good (QA 44-a)."""
+"""`status` names where its DSN came from when Postgres refuses it for good (QA 44-a); a
+malformed address argument is a check it cannot make (exit 3)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -58,3 +60,28 @@ def test_status_picks_its_dsn_in_order_and_names_where_it_came_from(
         **({"relay": {"table": "outbox", "dsn": relay}} if relay else {})})
     dsn, source = _status_dsn(option, config)
     assert dsn.startswith(picked) and named in source
+
+
+@pytest.mark.parametrize(("argument", "said"), [
+    (["--connect-url", "notaurl"], "error: --connect-url: Kafka Connect URL 'notaurl' is not "
+     "valid (no http:// or https:// before the host)"),
+    (["--connect-url", "http://h:abc"], "--connect-url: Kafka Connect URL 'http://h:abc' is not "
+     "valid"),
+    (["--dsn", "notadsn"], "error: --dsn: "),
+])
+def test_a_malformed_address_argument_exits_unknown_before_any_probe(
+        monkeypatch: pytest.MonkeyPatch, argument: list[str], said: str) -> None:
+    # Review 49-b F3: a malformed --connect-url exited 2 (critical), a malformed --dsn 3.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.cli import status as status_command
+
+    def no_probe(check: object) -> None:
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(status_command, "IsolatedChecks", no_probe)
+    example = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
+    result = CliRunner().invoke(main, ["status", "-c", str(example), *argument])
+    assert result.exit_code == 3, result.output
+    assert said in result.output and "\n" not in result.output.strip()
