@@ -13,6 +13,10 @@ _MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
 _NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
 # Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
 _MICROS_THRESHOLD = 10**14
+# ... or nanos (time.precision.mode=nanoseconds): 1e18 ns is 2001, 1e18 µs the year 33658,
+# and Debezium's int64 ends at 2^63 (review 49-f F1: nanoseconds were read as microseconds,
+# the year 58900). A microsecond value of the years 5138 to 33657 stays one (a hostile row).
+_NANOS_THRESHOLD = 10**18
 # Without a schema (or with one not a timestamp's), an integer below this is no outbox row's
 # time in milliseconds (1973-03-03): days or seconds are, and source.created_at_unit says
 # otherwise for rows that old.
@@ -37,6 +41,8 @@ def epoch_millis(value: int | str, schema_name: str | None) -> int:
     (isostring; without an offset it is UTC). ValueError says what is wrong with it, as the
     end of a sentence that names the column."""
     if isinstance(value, int):
+        if value == 0:  # whatever its schema (review 49-f F5: with schemas, it was delivered)
+            raise ValueError(_ZERO)
         millis = _integer_millis(value, schema_name)
         if not -_INT64 <= millis < _INT64:
             raise ValueError(f"is {value}, beyond any Kafka timestamp (64-bit milliseconds)")
@@ -48,7 +54,18 @@ def epoch_millis(value: int | str, schema_name: str | None) -> int:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"is not an ISO-8601 timestamp: {show(value)}") from None
-    return (moment.replace(tzinfo=moment.tzinfo or UTC) - _EPOCH) // timedelta(milliseconds=1)
+    millis = (moment.replace(tzinfo=moment.tzinfo or UTC) - _EPOCH) // timedelta(milliseconds=1)
+    if millis == 0:
+        raise ValueError(_ZERO)
+    return millis
+
+
+# QA 48-a F-med-2: JsonConverter writes a NULL as the column's default in the Connect schema,
+# which Debezium makes 0 (and its string encodings 1970-01-01T00:00:00Z).
+_ZERO = ("is 0 (1970-01-01): a NULL in a column with a DEFAULT, which Kafka Connect's "
+         "JsonConverter writes as Debezium's default, 0? Set the connector's "
+         "value.converter.replace.null.with.default: false (connectors/outbox-connector.json "
+         "does), or write the event's time")
 
 
 def _integer_millis(value: int, schema_name: str | None) -> int:
@@ -67,12 +84,6 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
                              "the column timestamp(6) or timestamptz")
         # QA 44-a: a timestamp(6) column dated 1970-01-01 00:00:00.001 reads 1000 too, and
         # the reason offered only `millis`, which would not have read it as that time.
-        if value == 0:  # QA 48-a F-med-2: JsonConverter writes a NULL as the default, 0
-            raise ValueError(
-                "is 0 (1970-01-01): a NULL in a column with a DEFAULT, which Kafka Connect's "
-                "JsonConverter writes as Debezium's default, 0? Set the connector's "
-                "value.converter.replace.null.with.default: false (connectors/"
-                "outbox-connector.json does), or write the event's time")
         raise ValueError(
             f"is {value}, which as milliseconds is {moment} and as microseconds "
             f"{_iso(value // 1000)}: a date (days) or epoch seconds, not a timestamp? Make "
@@ -86,6 +97,8 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
             f"{_iso(value // 1000)}: a timestamp(6) column dated before 1973? Set "
             "source.created_at_unit: micros (without it, values below 10^14 are taken for "
             f"milliseconds), or millis if the year {moment[:4]} is meant")
+    if _NANOS_THRESHOLD <= value < _INT64:
+        return value // 1_000_000
     return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
 
 

@@ -142,6 +142,32 @@ def test_a_created_at_of_0_names_the_converter_setting_that_writes_a_null_so() -
         decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(created_at=0))
 
 
+@pytest.mark.parametrize("name", ["create_jsonb.schema", "create_jsonb.noschema"])
+def test_a_created_at_of_0_is_a_dead_letter_with_schemas_too(name: str) -> None:
+    # Review 49-f F5: with schemas (MicroTimestamp) a NULL written as the default 0 was
+    # delivered stamped 1970-01-01 where the topic keeps records.
+    with pytest.raises(DecodeError, match=r"is 0 \(1970-01-01\).*replace\.null\.with\.default"):
+        decode_mutated(name, lambda row: row_of(row).update(created_at=0))
+
+
+def test_an_iso_created_at_of_the_epoch_is_a_dead_letter_too() -> None:
+    from cdc_router.router.connect_time import epoch_millis
+    with pytest.raises(ValueError, match=r"is 0 \(1970-01-01\)"):
+        epoch_millis("1970-01-01T00:00:00Z", "io.debezium.time.ZonedTimestamp")
+
+
+def test_an_integer_created_at_in_nanoseconds_is_read_as_such_without_schemas() -> None:
+    # Review 49-f F1: time.precision.mode=nanoseconds; 1796021196617825000 ns was read as
+    # microseconds, the year 58900 (delivered so on Kafka 3.x's defaults).
+    millis = 1_796_021_196_617
+    said = decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(
+        created_at=millis * 1_000_000 + 825_000))
+    assert isinstance(said, OutboxEvent) and said.created_at_ms == millis
+    micros = decode_mutated("create_jsonb.noschema", lambda row: row_of(row).update(
+        created_at=millis * 1_000 + 825))
+    assert isinstance(micros, OutboxEvent) and micros.created_at_ms == millis
+
+
 def test_a_timestamp6_created_at_in_1970_names_the_unit_that_reads_it() -> None:
     # QA 44-a: '1970-01-01 00:00:00.001' in a timestamp(6) column (1000 us) was a letter whose
     # reason offered only created_at_unit: millis, which reads it as 00:00:01.
