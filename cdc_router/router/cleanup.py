@@ -36,6 +36,7 @@ from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.postgres import one_line, row_fault, table_identifier, utc_now_for
+from cdc_router.router.cleanup_failures import failure_reason
 from cdc_router.router.cleanup_queue import PendingIds
 from cdc_router.router.metrics import cleanup_metrics
 from cdc_router.router.values import Delivered
@@ -214,13 +215,8 @@ class OutboxCleaner:
                 worked = self._delete_due()
                 backoff = 0.5
             except psycopg.Error as error:
-                reason = ("another transaction holds a lock on rows to delete (see "
-                          "pg_locks); the deletes wait for it, routing goes on"
-                          if isinstance(error, psycopg.errors.LockNotAvailable) else
-                          "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN): tried "
-                          "again, which mends a Postgres restart; if it lasts, check its host, "
-                          "port, user and password; routing goes on, the rows wait"
-                          if self._conn is None else "")
+                reason = failure_reason(error, connected=self._conn is not None,
+                                        table=self._settings.table)
                 log.warning("event=cleanup_failed error=%r retry_in_s=%.1f pending=%d%s",
                             one_line(error), backoff, self.pending_count(),
                             f" reason={reason!r}" if reason else "")

@@ -394,3 +394,52 @@ def test_a_table_dropped_under_the_worker_stops_the_router_with_the_config_error
     with pytest.raises(cleanup.ConfigError, match="field 'cleanup.table': the outbox table does "
                        r"not exist \(or is not readable\) \(got 'public.outbox'\)$"):
         cleaner.delivered([Delivered("b", "t", None)])
+
+
+class _Refusing(_Outbox):
+    """A connection whose every DELETE fails with `error`, as a revoked grant or a read-only
+    server does (it stays open: the worker closes it after a failure)."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(["a"])
+        self.error = error
+
+    def execute(self, query: object, params: tuple[list[str], ...]) -> _Result:
+        raise self.error
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("error", "wanted"), [
+    (psycopg.errors.InsufficientPrivilege("permission denied for table outbox"),
+     "field 'cleanup.table': the role of cleanup.dsn (CDC_ROUTER__CLEANUP__DSN) may not DELETE "
+     "from public.outbox (or SELECT its columns): GRANT SELECT, DELETE ON public.outbox TO "
+     "that role"),
+    (psycopg.errors.ReadOnlySqlTransaction("cannot execute DELETE in a read-only transaction"),
+     "point CDC_ROUTER__CLEANUP__DSN at the primary (with several hosts, add "
+     "target_session_attrs=read-write)"),
+])
+def test_a_lasting_refusal_of_the_deletes_names_the_setting_and_the_fix(
+        caplog: pytest.LogCaptureFixture, error: psycopg.Error, wanted: str) -> None:
+    # Review 49-b F4: a revoked DELETE grant, or cleanup.dsn on a hot standby, logged only
+    # Postgres's message, every retry, for ever. It is still retried: a failover may mend it.
+    cleaner = _cleaner(mode="delete")
+    refusing = _Refusing(error)
+
+    def connection() -> _Refusing:
+        cleaner._conn = refusing  # type: ignore[assignment]
+        return refusing
+
+    cleaner._connection = connection  # type: ignore[method-assign,assignment]
+    cleaner._types = lambda conn: {"id": "uuid"}  # type: ignore[method-assign]
+    cleaner.delivered([Delivered("a", "t", None)])
+    with caplog.at_level("WARNING", logger="cdc_router.router.cleanup"):
+        cleaner.start()
+        deadline = time.monotonic() + 10
+        while caplog.text.count("cleanup_failed") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cleaner.stop(drain_timeout_s=0)
+    lines = [r.getMessage() for r in caplog.records if "cleanup_failed" in r.getMessage()]
+    assert len(lines) >= 2 and all(wanted in line for line in lines), lines
+    assert cleaner.pending_count() == 1  # the id waits for the fix
