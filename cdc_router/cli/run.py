@@ -131,6 +131,7 @@ def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
         raise ConfigError(missing, field="cleanup.dsn")
     return OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
                          created_at_column=config.source.outbox.created_at,
+                         created_at_unit=config.source.created_at_unit,
                          registry=metrics.registry, sweep=sweep_of(config))
 
 

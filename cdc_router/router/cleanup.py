@@ -35,7 +35,8 @@ from psycopg import sql
 from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
-from cdc_router.postgres import one_line, row_fault, table_identifier, utc_now_for
+from cdc_router.postgres import one_line, row_fault, table_identifier
+from cdc_router.router import cleanup_age
 from cdc_router.router.cleanup_failures import failure_reason
 from cdc_router.router.cleanup_queue import PendingIds
 from cdc_router.router.metrics import cleanup_metrics
@@ -74,11 +75,14 @@ class OutboxCleaner:
     """Runs the cleanup policy on its own thread; `delivered()` is called by the router."""
 
     def __init__(self, settings: CleanupSettings, *, id_column: str,
-                 created_at_column: str | None, registry: CollectorRegistry | None = None,
+                 created_at_column: str | None, created_at_unit: str = "auto",
+                 registry: CollectorRegistry | None = None,
                  sweep: CommittedIdSource | None = None) -> None:
+        """`created_at_unit`: source.created_at_unit, how an integer created_at is read."""
         self._settings = settings
         self._id_column = id_column
         self._created_at_column = created_at_column
+        self._created_at_unit = created_at_unit
         # Checked here, so that a bad name stops `run` at once rather than the worker thread.
         self._table = table_identifier(settings.table, "cleanup.table")
         self._retention_ms = (settings.retention_ms or 0) if settings.mode == "retention" else None
@@ -330,20 +334,18 @@ class OutboxCleaner:
         # Retention: the due time came from the router's clock (or, for swept ids, from the
         # delivery time); Postgres's created_at and clock decide. Rows still young wait again.
         created = sql.Identifier(self._created_at_column)
-        cutoff = sql.SQL("{} - make_interval(secs => %s / 1000.0)").format(
-            utc_now_for(types.get(self._created_at_column, "")))
+        kind, unit = types[self._created_at_column], self._created_at_unit
+        old = cleanup_age.older_than(created, kind, unit)
         gone = {row[0] for row in conn.execute(sql.SQL(
-            "DELETE FROM {} WHERE {} AND {} < {} RETURNING {}::text").format(
-            self._table, where, created, cutoff, sql.Identifier(self._id_column)),
+            "DELETE FROM {} WHERE {} AND {} RETURNING {}::text").format(
+            self._table, where, old, sql.Identifier(self._id_column)),
             (batch, self._retention_ms)).fetchall()}
         rest = [event_id for event_id in batch if event_id not in gone]
         if not rest:
             return len(gone), []
-        young = conn.execute(sql.SQL(
-            "SELECT {id}::text, CASE WHEN isfinite({created}) THEN "
-            "(extract(epoch FROM {created}) * 1000)::bigint END FROM {table} WHERE {where}").format(
-            id=sql.Identifier(self._id_column), created=created, table=self._table,
-            where=where), (rest,)).fetchall()
+        young = conn.execute(sql.SQL("SELECT {}::text, {} FROM {} WHERE {}").format(
+            sql.Identifier(self._id_column), cleanup_age.created_ms(created, kind, unit),
+            self._table, where), (rest,)).fetchall()
         # Never sooner than the next round: a clock behind Postgres's must not spin the worker.
         soonest = now_ms + self._settings.interval_ms
         ageless = [str(event_id) for event_id, created_ms in young if created_ms is None]
@@ -359,12 +361,16 @@ class OutboxCleaner:
     def _types(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
         """The table's column types (uuid, text, bigint, ...), read once and again after a
         failure: the id's for the array cast, created_at's for the retention cutoff. A table
-        or column it lacks is a ConfigError (in the worker: the router stops at its commit)."""
+        or column it lacks, or a created_at no time compares with, is a ConfigError (in the
+        worker: the router stops at its commit)."""
         if self._column_types is None:
             needed = {"source.outbox.id": self._id_column}
-            if self._retention_ms is not None and self._created_at_column:
-                needed["source.outbox.created_at"] = self._created_at_column
+            created = self._created_at_column if self._retention_ms is not None else None
+            if created:
+                needed["source.outbox.created_at"] = created
             types = postgres.table_columns(conn, self._settings.table, "cleanup.table", needed)
+            if created:
+                cleanup_age.require_comparable(types[created], created, self._settings.table)
             self._column_types = types
         return self._column_types
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
-from cdc_router.router import cleanup
+from cdc_router.router import cleanup, cleanup_age
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.values import Delivered
@@ -443,3 +443,31 @@ def test_a_lasting_refusal_of_the_deletes_names_the_setting_and_the_fix(
     lines = [r.getMessage() for r in caplog.records if "cleanup_failed" in r.getMessage()]
     assert len(lines) >= 2 and all(wanted in line for line in lines), lines
     assert cleaner.pending_count() == 1  # the id waits for the fix
+
+
+@pytest.mark.parametrize(("unit", "as_millis"), [
+    ("millis", '"created_at"::bigint'), ("micros", '("created_at"::bigint / 1000)'),
+    ("auto", '(CASE WHEN "created_at" >= 100000000000000 OR "created_at" <= '
+             '-100000000000000 THEN "created_at"::bigint / 1000 ELSE "created_at"::bigint END)')])
+def test_retention_compares_an_integer_created_at_with_the_epoch_in_its_unit(
+        unit: str, as_millis: str) -> None:
+    # Review 49-b F5: `bigint < timestamp` failed every DELETE for ever. The integration test
+    # (test_retention_ages_an_integer_created_at_in_its_unit) runs these on Postgres.
+    column = psycopg.sql.Identifier("created_at")
+    assert cleanup_age.older_than(column, "bigint", unit).as_string(None) == (
+        f"{as_millis} < (extract(epoch FROM now()) * 1000)::bigint - %s")
+    assert cleanup_age.created_ms(column, "bigint", unit).as_string(None) == as_millis
+
+
+def test_retention_refuses_a_created_at_no_time_compares_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cleaner = _cleaner(mode="retention", retention_ms=1000)
+    monkeypatch.setattr(cleanup.postgres, "table_columns",
+                        lambda *args: {"id": "uuid", "created_at": "text"})
+    with pytest.raises(cleanup.ConfigError, match=r"field 'source.outbox.created_at': "
+                       r"cleanup.mode retention compares created_at with Postgres's clock, and "
+                       r"public.outbox.created_at is text"):
+        cleaner._types(None)  # type: ignore[arg-type]
+    monkeypatch.setattr(cleanup.postgres, "table_columns",
+                        lambda *args: {"id": "uuid", "created_at": "bigint"})
+    assert cleaner._types(None)["created_at"] == "bigint"  # type: ignore[arg-type]
