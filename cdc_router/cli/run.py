@@ -77,14 +77,13 @@ def check_streams(config: RouterConfig) -> None:
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:
     """The cleanup's sweep over the dedup changelog, where its marks prove a delivery."""
-    if (config.cleanup.mode == "none" or not config.dedup.enabled
-            or config.delivery.guarantee != "exactly_once"):
+    if not config.cleanup_sweeps():
         return None
     return CommittedIds(clients.common_config(config),
                         changelog_topic=config.dedup.changelog_topic,
                         group=config.source.group_id,
                         dead_letter_topic=config.dead_letter.topic,
-                        window_ms=config.dedup.window_ms, ours=sources_of(config))
+                        window_ms=config.changelog_keep_ms(), ours=sources_of(config))
 
 
 @click.command(name="run")

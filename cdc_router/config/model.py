@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_router.config.cleanup import CleanupSettings
+from cdc_router.config.cleanup import CleanupSettings, retention_leak, sweep_keep_ms
 from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
 from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, DeliverySettings
 
@@ -97,8 +97,29 @@ class RouterConfig(_Model):
         dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
             if missing is not None else []
         windows = self.nats.window_warnings() if self.nats is not None else []
+        leak = retention_leak(self.cleanup, without_sweep=self._without_sweep(),
+                              changelog_retention_ms=self.dedup.changelog_config.get(
+                                  "retention.ms"), keep_ms=self.changelog_keep_ms())
         return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
-            windows + dsn + self.cleanup_warnings() + self.kafka.ignored_properties()
+            windows + dsn + self.cleanup_warnings() + ([leak] if leak else []) + \
+            self.kafka.ignored_properties()
+
+    def _without_sweep(self) -> str | None:
+        """The setting that leaves the cleanup without its sweep, or None when it has one."""
+        if not self.dedup.enabled:
+            return "dedup.enabled false"
+        if self.delivery.guarantee != "exactly_once":
+            return f"delivery.guarantee {self.delivery.guarantee}"
+        return None
+
+    def cleanup_sweeps(self) -> bool:
+        """Whether the cleanup reads delivered ids back from the dedup changelog (its sweep):
+        only where a mark proves a delivery, written in the delivery's transaction."""
+        return self.cleanup.mode != "none" and self._without_sweep() is None
+
+    def changelog_keep_ms(self) -> int:
+        """How long the dedup changelog must keep its marks (config/cleanup.py)."""
+        return sweep_keep_ms(self.cleanup, self.dedup.window_ms, sweeps=self.cleanup_sweeps())
 
     def cleanup_warnings(self) -> list[str]:
         """A cleanup.table no source topic is named after (review 47-b F2: the cleanup deleted
@@ -193,8 +214,8 @@ class RouterConfig(_Model):
                                    partitions=dedup.changelog_partitions,
                                    replication_factor=dedup.changelog_replication_factor,
                                    config={"cleanup.policy": "compact,delete",
-                                           # ids older than the window are of no use
-                                           "retention.ms": str(dedup.window_ms),
+                                           # the window, or the retention's sweep's
+                                           "retention.ms": str(self.changelog_keep_ms()),
                                            **dedup.changelog_config}))
         if self.relay is not None:
             specs.append(TopicSpec(name=self.relay_position_topic, partitions=1,
@@ -205,9 +226,10 @@ class RouterConfig(_Model):
 
     def config_floors(self) -> dict[str, frozenset[str]]:
         """Per topic, the config keys whose value in topic_specs() is a minimum, not a target:
-        the changelog's retention.ms from dedup.window_ms. Pipelines with other windows may
-        share the changelog (QA 35-c: `topics apply` of one lowered it under another's
-        window); a retention.ms set in dedup.changelog_config is a target."""
+        the changelog's retention.ms from dedup.window_ms (or cleanup.retention_ms).
+        Pipelines with other windows may share the changelog (QA 35-c: `topics apply` of one
+        lowered it under another's window); a retention.ms set in dedup.changelog_config is
+        a target."""
         if not self.dedup.enabled or "retention.ms" in self.dedup.changelog_config:
             return {}
         return {self.dedup.changelog_topic: frozenset({"retention.ms"})}

@@ -52,7 +52,8 @@ from cdc_router.router.replay import (
 )
 
 # Dead-lettered ids are kept a little longer than their marks can live (the changelog's
-# retention.ms is the window): a mark and its dead letter carry about the same time.
+# retention.ms: the window, or RouterConfig.changelog_keep_ms): a mark and its dead letter carry
+# about the same time.
 _DEAD_LETTER_MARGIN_MS = 3_600_000
 # Short polls: the sweep runs on the cleaner's thread between deletes, and must not hold them up.
 _POLL_S = 0.1

@@ -99,6 +99,17 @@ def _require_changelog_retention(config: RouterConfig, describe: Describe) -> No
     except (KafkaException, TimeoutError, ValueError) as error:
         log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
         return
+    keep_ms = config.changelog_keep_ms()
+    if not forgets and keep_ms > window_ms and forgets_before(settings, keep_ms,
+                                                              default_policy="delete"):
+        # Review 49-b F2: routing is sound; the rows delivered before a restart would leak.
+        log.warning("event=cleanup_sweep_short topic=%s retention_ms=%s reason=%r", topic,
+                    settings["retention.ms"], "the topic keeps its marks less than "
+                    f"cleanup.retention_ms ({config.cleanup.retention_ms}) + 1 h: after a "
+                    "restart the retention cleanup finds the rows delivered before it by "
+                    "these marks, and rows whose marks are gone stay in the table for good; "
+                    f"raise its retention.ms to {keep_ms} with `cdc-router topics apply -c "
+                    "<config>`")
     if forgets:
         retention_ms = settings["retention.ms"]
         raise ConfigError(

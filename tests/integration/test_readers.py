@@ -396,3 +396,38 @@ def test_topics_apply_never_lowers_a_shared_changelog_s_retention_below_another_
         assert retention() == "1209600000"
     finally:
         admin.delete_topics([f"{name}.dedup", f"{name}.dlq"])
+
+
+def test_topics_apply_keeps_the_changelog_as_long_as_the_retention_cleanup_needs_it(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 49-b F2: the changelog kept its marks for dedup.window_ms alone; with cleanup.mode
+    # retention and a longer retention_ms, the rows delivered more than the window before a
+    # restart, younger than the retention, were in neither the cleanup's memory nor the
+    # changelog its sweep reads back: they stayed in the outbox for good.
+    name = unique("tk").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+
+    def apply(cleanup: dict[str, object]) -> None:
+        config = tmp_path / "router.yaml"
+        config.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+            "source": {"topics": [f"{name}.raw"], "group_id": name},
+            "routes": [{"topic": f"{name}.orders"}], "dead_letter": {"topic": f"{name}.dlq"},
+            "dedup": {"changelog_topic": f"{name}.dedup", "window_ms": 3_600_000},
+            "cleanup": cleanup}))
+        done = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                               str(config), "--yes"], capture_output=True, text=True, cwd=REPO,
+                              check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def retention() -> str:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, f"{name}.dedup")
+        return str(admin.describe_configs([resource])[resource].result(30)["retention.ms"].value)
+
+    try:
+        apply({"mode": "delete"})
+        assert retention() == "3600000"  # the window
+        apply({"mode": "retention", "retention_ms": 86_400_000})  # an existing one is raised
+        assert retention() == str(86_400_000 + 3_600_000)
+    finally:
+        admin.delete_topics([f"{name}.dedup", f"{name}.dlq"])

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
+from cdc_router.config import cleanup as cleanup_settings
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
 from cdc_router.router import cleanup, cleanup_age
@@ -471,3 +472,56 @@ def test_retention_refuses_a_created_at_no_time_compares_with(
     monkeypatch.setattr(cleanup.postgres, "table_columns",
                         lambda *args: {"id": "uuid", "created_at": "bigint"})
     assert cleaner._types(None)["created_at"] == "bigint"  # type: ignore[arg-type]
+
+
+_MONTH_MS, _WEEK_MS = 30 * 86_400_000, 7 * 86_400_000
+
+
+def _retention_config(**overrides: dict[str, object]) -> RouterConfig:
+    raw: dict[str, object] = {"source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
+                              "dedup": {"window_ms": _WEEK_MS},
+                              "cleanup": {"mode": "retention", "retention_ms": _MONTH_MS,
+                                          "dsn": "postgresql://unused"}}
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value}  # type: ignore[dict-item]
+    return RouterConfig.model_validate(raw)
+
+
+def _changelog_retention(config: RouterConfig) -> str:
+    [spec] = [spec for spec in config.topic_specs() if spec.name == config.dedup.changelog_topic]
+    return spec.config["retention.ms"]
+
+
+def test_the_changelog_keeps_its_marks_as_long_as_the_retention_cleanup_needs_them() -> None:
+    # Review 49-b F2: the sweep is all that finds, after a restart, the rows delivered before
+    # it; the changelog kept its marks for dedup.window_ms only, so rows delivered more than
+    # the window before a restart, younger than cleanup.retention_ms, stayed for good.
+    config = _retention_config()
+    assert _changelog_retention(config) == str(_MONTH_MS + cleanup_settings.SWEEP_MARGIN_MS)
+    assert config.config_floors() == {config.dedup.changelog_topic: frozenset({"retention.ms"})}
+    assert not [w for w in config.warnings() if "cleanup.mode retention" in w]
+    from cdc_router.cli.run import sweep_of
+
+    sweep = sweep_of(config)  # dead-lettered ids are kept as long as their marks live
+    assert sweep is not None and sweep._keep_dead_ms > _MONTH_MS
+    # The window decides where it is the longer, or where no sweep reads the marks.
+    assert _changelog_retention(_retention_config(
+        dedup={"window_ms": _MONTH_MS * 2})) == str(_MONTH_MS * 2)
+    for mode in ({"mode": "delete"}, {"mode": "none"}):
+        assert _changelog_retention(_retention_config(cleanup=mode)) == str(_WEEK_MS)
+    assert _changelog_retention(_retention_config(
+        delivery={"guarantee": "at_least_once"})) == str(_WEEK_MS)
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    ({"dedup": {"enabled": False}}, "cleanup.mode retention with dedup.enabled false"),
+    ({"delivery": {"guarantee": "at_least_once"}},
+     "cleanup.mode retention with delivery.guarantee at_least_once"),
+    ({"dedup": {"changelog_config": {"retention.ms": str(_WEEK_MS)}}},
+     f"dedup.changelog_config retention.ms ({_WEEK_MS}) is below cleanup.retention_ms "
+     f"({_MONTH_MS}) + 1 h"),
+])
+def test_a_retention_cleanup_that_would_leak_rows_after_a_restart_is_warned_about(
+        overrides: dict[str, dict[str, object]], named: str) -> None:
+    [warning] = [w for w in _retention_config(**overrides).warnings() if named in w]
+    assert "stay in the table for good" in warning or "in the table for good" in warning
