@@ -16,8 +16,10 @@ from cdc_router.postgres import utc_now_for
 
 _TIMES = ("timestamp", "date")  # format_type's names start so: "timestamp(6) with time zone"
 _INTEGERS = ("bigint", "integer", "smallint")
-# source.created_at_unit auto: from 10^14 up microseconds, below milliseconds (connect_time.py).
+# source.created_at_unit auto: from 10^18 up nanoseconds, from 10^14 up microseconds, below
+# milliseconds (connect_time.py).
 _MICROS_FROM = 10**14
+_NANOS_FROM = 10**18
 _NOW_MS = sql.SQL("(extract(epoch FROM now()) * 1000)::bigint")
 
 
@@ -42,8 +44,10 @@ def created_ms(column: sql.Identifier, column_type: str, unit: str) -> sql.Compo
     if unit == "micros":
         return sql.SQL("({}::bigint / 1000)").format(column)
     # Not abs(): abs() of bigint's least value is out of range, a failed DELETE.
-    return sql.SQL("(CASE WHEN {c} >= {m} OR {c} <= -{m} THEN {c}::bigint / 1000 ELSE "
-                   "{c}::bigint END)").format(c=column, m=sql.Literal(_MICROS_FROM))
+    return sql.SQL("(CASE WHEN {c} >= {n} THEN {c}::bigint / 1000000 "
+                   "WHEN {c} >= {m} OR {c} <= -{m} THEN {c}::bigint / 1000 ELSE "
+                   "{c}::bigint END)").format(c=column, m=sql.Literal(_MICROS_FROM),
+                                              n=sql.Literal(_NANOS_FROM))
 
 
 def older_than(column: sql.Identifier, column_type: str, unit: str) -> sql.Composable:

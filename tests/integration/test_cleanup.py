@@ -713,7 +713,7 @@ def test_a_row_reusing_a_delivered_id_is_dropped_and_deleted_without_a_restart(
 
 @pytest.mark.parametrize(("column_type", "unit", "scale"), [
     ("bigint", "millis", 1), ("bigint", "micros", 1000), ("bigint", "auto", 1),
-    ("bigint", "auto", 1000)])
+    ("bigint", "auto", 1000), ("bigint", "auto", 1_000_000)])
 def test_retention_ages_an_integer_created_at_in_its_unit(
         stack: StackEndpoints, column_type: str, unit: str, scale: int) -> None:
     # Review 49-b F5: with an integer created_at (source.created_at_unit), every retention

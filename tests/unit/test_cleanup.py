@@ -448,7 +448,8 @@ def test_a_lasting_refusal_of_the_deletes_names_the_setting_and_the_fix(
 
 @pytest.mark.parametrize(("unit", "as_millis"), [
     ("millis", '"created_at"::bigint'), ("micros", '("created_at"::bigint / 1000)'),
-    ("auto", '(CASE WHEN "created_at" >= 100000000000000 OR "created_at" <= '
+    ("auto", '(CASE WHEN "created_at" >= 1000000000000000000 THEN "created_at"::bigint / '
+             '1000000 WHEN "created_at" >= 100000000000000 OR "created_at" <= '
              '-100000000000000 THEN "created_at"::bigint / 1000 ELSE "created_at"::bigint END)')])
 def test_retention_compares_an_integer_created_at_with_the_epoch_in_its_unit(
         unit: str, as_millis: str) -> None:
