@@ -216,10 +216,15 @@ def json_kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def json_problem(error: ValueError | UnicodeDecodeError, text: bytes = b"") -> str:
-    """Why parse_json refused `text`, to follow its noun: 'is not valid JSON: ...'."""
+def json_problem(error: ValueError | UnicodeDecodeError, text: bytes | None = None) -> str:
+    """Why parse_json refused `text` (when given), to follow its noun: 'is not valid JSON:
+    ...'."""
     if isinstance(error, JsonTooDeep):
         return f"is JSON {error} (MAX_JSON_DEPTH)"
+    if text is not None and not text.strip():  # review 49-f F6: "Expecting value: line 1"
+        return (f"is {'blank (only whitespace)' if text else 'empty'}, not JSON (the "
+                "EventRouter SMT sent a tombstone for it; the router sends none)")
+    text = text or b""
     if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
                 "sent between systems must not have (RFC 8259 8.1); remove it")

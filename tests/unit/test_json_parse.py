@@ -158,3 +158,16 @@ def test_strict_still_reads_the_largest_double_and_underflow() -> None:
                                                                            0.0]
     # The slow path (a lone surrogate sends the text to json.loads) reads floats too.
     assert parse_json('["\\ud800", 2.5, 1e308]', strict=True)[1:] == [2.5, 1e308]
+
+
+@pytest.mark.parametrize(("text", "said"), [(b"", "is empty, not JSON"),
+                                            (b" \n\t", "is blank (only whitespace), not JSON")])
+def test_an_empty_or_blank_payload_says_so_and_not_where_json_was_expected(
+        text: bytes, said: str) -> None:
+    # Review 49-f F6: "Expecting value: line 1 column 1 (char 0)" for an empty payload, which
+    # the EventRouter SMT sent as a tombstone.
+    with pytest.raises(ValueError) as raised:
+        parse_json(text)
+    assert json_problem(raised.value, text).startswith(said)
+    assert "tombstone" in json_problem(raised.value, text)
+    assert json_problem(raised.value).startswith("is not valid JSON")  # no text: no guess

@@ -240,6 +240,10 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     ("{topic: 'x.{type:>9}'}", "unknown template field {type:>9}"),
     ("{topic: 'x.{id.__class__}'}", "unknown template field {id.__class__}"),
     ("{topic: 'x.{type'}", "unbalanced braces"),
+    # Review 49-f F6: the SMT's route.topic.replacement copied over was "illegal characters '$'".
+    ("{topic: 'outbox.event.${routedByValue}'}", "field 'routes[0].topic': 'outbox.event."
+     "${routedByValue}' is written as the EventRouter SMT's route.topic.replacement: here a "
+     "field is {aggregate_type} (the SMT's ${routedByValue}), without the '$'"),
     ("{topic: 'orders/{type}'}", "illegal characters '/'"),
     ("{topic: __consumer_offsets}", "starts with '__'"),
     ("{topic: cdc-router.dlq}", "one of the router's own topics"),
