@@ -130,7 +130,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
             self._max_payload = int(client.max_payload)
             subscription, self._dead_letter_stream, self._ack_wait_s = await subscribe(
-                self._js, self.settings)
+                self._js, self.settings, client.connected_server_version)
             log.info("event=consumer_started transport=jetstream stream=%s durable=%s "
                      "dead_letter_subject=%s store=%s", self.settings.stream,
                      self.settings.durable, self.settings.dead_letter_subject,

@@ -30,7 +30,8 @@ class JetStreamSettings:
     stream: str
     durable: str
     dead_letter_subject: str
-    # Empty: the whole stream. Several need nats-server 2.10 or later (filter_subjects).
+    # Empty: the whole stream. Several need nats-server 2.10 or later (filter_subjects):
+    # refused at start on an older server, which would ignore them.
     filter_subjects: tuple[str, ...] = ()
     # The dedup store's consumer group; the durable name when None. Give the Kafka consumer's
     # group id to carry its done marks over when a service moves from Kafka to JetStream.

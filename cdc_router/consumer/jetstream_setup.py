@@ -3,7 +3,9 @@
 At start the stream must exist, the dead-letter subject must be stored by a stream (a plain
 publish nobody hears would lose poison) that the durable does not read, and an existing durable
 must keep the guarantees (pull, explicit ack, MaxDeliver unlimited, our filters): each failure
-is one line (JetStreamConsumerError), never a consumer that runs on wrong terms.
+is one line (JetStreamConsumerError), never a consumer that runs on wrong terms. A durable the
+server created on other terms than asked (nats-server < 2.10 ignores several filter subjects
+and reads the whole stream) is deleted again before it delivers anything.
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ from cdc_router.nats.connection import error_text
 log = logging.getLogger("cdc_router.consumer.jetstream")
 # JSConsumerFilterNotSubsetErr: a filter subject outside the stream's subjects.
 FILTER_NOT_IN_STREAM = 10093
+# ConsumerConfig.filter_subjects (several filters on one consumer) came with nats-server 2.10;
+# older servers drop the field and filter nothing (QA 49-a F8).
+MULTI_FILTER_SINCE = (2, 10)
 
 
-async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, float]:
+async def subscribe(js: Any, settings: JetStreamSettings,
+                    server_version: Any = None) -> tuple[Any, str, float]:
     """Check the streams, create or bind the durable; its pull subscription, the name of
-    the dead-letter subject's stream, and the durable's AckWait in seconds."""
+    the dead-letter subject's stream, and the durable's AckWait in seconds.
+
+    `server_version`: nats-py's connected_server_version, when known."""
     from nats.errors import Error as NatsError
     from nats.js.api import AckPolicy, ConsumerConfig
     from nats.js.errors import NotFoundError
 
     where = f"NATS at {shown_url(settings.url)}"
+    version = _version(server_version)
+    if len(settings.filter_subjects) > 1 and version and version[:2] < MULTI_FILTER_SINCE:
+        raise JetStreamConsumerError(_multi_filter_problem(settings, version))
     stream_subjects: list[str] = []
     try:
         try:
@@ -45,7 +56,7 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, flo
             info = await js.consumer_info(settings.stream, settings.durable)
         except NotFoundError:
             filters = settings.filter_subjects
-            await js.add_consumer(settings.stream, ConsumerConfig(
+            created = await js.add_consumer(settings.stream, ConsumerConfig(
                 durable_name=settings.durable, ack_policy=AckPolicy.EXPLICIT,
                 ack_wait=settings.ack_wait_s,
                 # Unlimited: the server would stop redelivering after MaxDeliver even
@@ -53,6 +64,7 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, flo
                 max_deliver=-1, max_ack_pending=settings.max_ack_pending,
                 filter_subject=filters[0] if len(filters) == 1 else None,
                 filter_subjects=list(filters) if len(filters) > 1 else None))
+            await _check_created(js, created, settings, version)
             log.info("event=jetstream_consumer_created stream=%s durable=%s",
                      settings.stream, settings.durable)
         else:
@@ -71,6 +83,50 @@ async def subscribe(js: Any, settings: JetStreamSettings) -> tuple[Any, str, flo
             f"JetStream at {where} refused to set up consumer {settings.durable!r} on "
             f"stream {settings.stream!r}: {error_text(error)}; "
             f"{_refusal_hint(error, settings, stream_subjects)}") from None
+
+
+async def _check_created(js: Any, created: Any, settings: JetStreamSettings,
+                         version: tuple[int, ...] | None) -> None:
+    """Raises, after deleting the durable it just made, when the server made it on other terms
+    than asked: a consumer of the whole stream would run the handler on every message."""
+    from nats.errors import Error as NatsError
+
+    config = getattr(created, "config", None)
+    problem = None if config is None else consumer_problem(config, settings)
+    if problem is None:
+        return
+    try:
+        await js.delete_consumer(settings.stream, settings.durable)
+        undone = "it was deleted again"
+    except (NatsError, TimeoutError) as error:
+        undone = (f"deleting it failed ({error_text(error)}): nats consumer rm "
+                  f"{settings.stream} {settings.durable}")
+    if len(settings.filter_subjects) > 1:
+        raise JetStreamConsumerError(f"{_multi_filter_problem(settings, version)}; the "
+                                     f"server created durable {settings.durable!r} that "
+                                     f"{problem}, and {undone}")
+    raise JetStreamConsumerError(
+        f"JetStream created durable consumer {settings.durable!r} of stream "
+        f"{settings.stream!r} that {problem}; {undone}")
+
+
+def _multi_filter_problem(settings: JetStreamSettings, version: tuple[int, ...] | None) -> str:
+    shown = ".".join(map(str, version)) if version else "unknown"
+    return (f"JetStreamSettings: field 'filter_subjects': {len(settings.filter_subjects)} "
+            f"subjects ({', '.join(settings.filter_subjects)}) need nats-server 2.10 or later, "
+            f"and the server's version is {shown} (it ignores them and would deliver the whole "
+            f"stream {settings.stream!r}): give one subject per consumer (one subject with "
+            "wildcards, or one consumer per subject), or upgrade nats-server")
+
+
+def _version(server_version: Any) -> tuple[int, ...] | None:
+    """(major, minor, patch) of nats-py's ServerVersion; None when unknown."""
+    try:
+        version = (int(server_version.major), int(server_version.minor),
+                   int(server_version.patch))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return version if version[0] > 0 else None  # nats-py's "0.0.0-unknown"
 
 
 def _checked_filters(stream: Any, settings: JetStreamSettings) -> list[str]:

@@ -4,6 +4,7 @@ of the durable's creation says, over a fake of nats-py's JetStream context."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,10 +21,14 @@ class FakeJetStream:
     """Stream PAYMENTS (payments.>), FDLQ (fulfillment.dlq), no durable yet; add_consumer
     answers `refusal` when given, as nats-server does."""
 
-    def __init__(self, refusal: Exception | None = None, **stream: Any) -> None:
+    def __init__(self, refusal: Exception | None = None, drops_filter_subjects: bool = False,
+                 **stream: Any) -> None:
         self.stream = {"subjects": ["payments.>"], "mirror": None, "sources": None, **stream}
         self.refusal = refusal
+        # nats-server 2.9: ConsumerConfig.filter_subjects is unknown, the durable filters nothing
+        self.drops_filter_subjects = drops_filter_subjects
         self.added: list[Any] = []
+        self.deleted: list[str] = []
 
     async def stream_info(self, name: str) -> Any:
         return SimpleNamespace(config=SimpleNamespace(name=name, **self.stream))
@@ -34,10 +39,16 @@ class FakeJetStream:
     async def consumer_info(self, stream: str, durable: str) -> Any:
         raise NotFoundError
 
-    async def add_consumer(self, stream: str, config: Any) -> None:
+    async def add_consumer(self, stream: str, config: Any) -> Any:
         if self.refusal is not None:
             raise self.refusal
         self.added.append(config)
+        if self.drops_filter_subjects:
+            config = replace(config, filter_subjects=None)
+        return SimpleNamespace(config=config)
+
+    async def delete_consumer(self, stream: str, durable: str) -> None:
+        self.deleted.append(durable)
 
     async def pull_subscribe_bind(self, durable: str, stream: str) -> str:
         return "subscription"
@@ -48,10 +59,56 @@ def settings(*filters: str) -> JetStreamSettings:
                              dead_letter_subject="fulfillment.dlq", filter_subjects=filters)
 
 
-def refusal_of(js: FakeJetStream, wanted: JetStreamSettings) -> str:
+def refusal_of(js: FakeJetStream, wanted: JetStreamSettings, version: Any = None) -> str:
     with pytest.raises(JetStreamConsumerError) as caught:
-        asyncio.run(subscribe(js, wanted))
+        asyncio.run(subscribe(js, wanted, version))
     return str(caught.value)
+
+
+def version(text: str) -> Any:
+    major, minor, patch = (int(part) for part in text.split("."))
+    return SimpleNamespace(major=major, minor=minor, patch=patch)
+
+
+def test_several_filter_subjects_on_a_server_before_2_10_are_refused_before_any_durable(
+        ) -> None:
+    # QA 49-a F8: nats-server 2.9.10 ignored filter_subjects and made a durable of the whole
+    # stream: the handler ran on every message of it.
+    js = FakeJetStream()
+    text = refusal_of(js, settings("payments.a", "payments.b"), version("2.9.10"))
+    assert text == (
+        "JetStreamSettings: field 'filter_subjects': 2 subjects (payments.a, payments.b) need "
+        "nats-server 2.10 or later, and the server's version is 2.9.10 (it ignores them and "
+        "would deliver the whole stream 'PAYMENTS'): give one subject per consumer (one "
+        "subject with wildcards, or one consumer per subject), or upgrade nats-server")
+    assert js.added == []
+
+
+def test_a_durable_the_server_made_without_the_filters_is_deleted_and_refused() -> None:
+    # The version unknown (or a server that says 2.10 and still drops the field): what the
+    # server answers for the durable is checked, before it delivers anything.
+    js = FakeJetStream(drops_filter_subjects=True)
+    text = refusal_of(js, settings("payments.a", "payments.b"))
+    assert text.startswith("JetStreamSettings: field 'filter_subjects': 2 subjects (payments.a, "
+                           "payments.b) need nats-server 2.10 or later, and the server's "
+                           "version is unknown")
+    assert text.endswith("the server created durable 'ful' that filters the whole stream, the "
+                         "settings say ['payments.a', 'payments.b'], and it was deleted again")
+    assert js.deleted == ["ful"]
+
+
+@pytest.mark.parametrize("server", ["2.10.0", "2.11.3"])
+def test_several_filter_subjects_on_2_10_or_later_create_the_durable(server: str) -> None:
+    js = FakeJetStream()
+    asyncio.run(subscribe(js, settings("payments.a", "payments.b"), version(server)))
+    assert js.added[0].filter_subjects == ["payments.a", "payments.b"]
+    assert js.deleted == []
+
+
+def test_one_filter_subject_on_an_old_server_creates_the_durable() -> None:
+    js = FakeJetStream()
+    asyncio.run(subscribe(js, settings("payments.a"), version("2.9.10")))
+    assert js.added[0].filter_subject == "payments.a"
 
 
 def test_a_filter_subject_outside_the_stream_names_the_setting_and_the_streams_subjects() -> None:
