@@ -28,7 +28,7 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
 from cdc_router.nats.connection import connect_options
-from cdc_router.nats.streams import StreamAdmin
+from cdc_router.nats.streams import StreamAdmin, start_problem
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
@@ -51,8 +51,8 @@ _REFUSED_NAME = re.compile(r'property "([^"]+)"|property: "([^"]+)"|bool value f
 
 
 def check_streams(config: RouterConfig) -> None:
-    """At start: a declared JetStream stream the server lacks is a ConfigError naming it (QA
-    47-c F2: `run` retried every batch for ever, though no outage was to end); NATS not
+    """At start: a declared JetStream stream the server lacks, or holds on terms that break
+    the routes (nats/streams.py start_problem), is a ConfigError naming it; NATS not
     answering is an outage, which the router tries as it runs."""
     nats = config.nats
     if nats is None or not nats.streams or all(route.nats is None for route in config.routes):
@@ -68,11 +68,9 @@ def check_streams(config: RouterConfig) -> None:
             str(error))
         return
     for index, plan in enumerate(plans):
-        if plan.action == "create":
-            raise ConfigError(f"the JetStream stream {plan.name} does not exist on the server, "
-                              "so nothing would store its subjects' events",
-                              field=f"nats.streams[{index}]", value=plan.name,
-                              hint="create it with `cdc-router streams apply -c <config>`")
+        problem = start_problem(index, plan)
+        if problem is not None:
+            raise problem
 
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:

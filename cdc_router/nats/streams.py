@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from cdc_router.config.nats import StreamSpec
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import JetStreamError
+from cdc_router.errors import ConfigError, JetStreamError
 from cdc_router.nats.connection import config_failure, require_tls, servers
 
 StreamAction = Literal["create", "update", "unchanged"]
@@ -81,6 +81,33 @@ def plan_streams(specs: Sequence[StreamSpec],
         plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
                                 warnings))
     return plans
+
+
+_APPLY = "`cdc-router streams apply -c <config>`"
+
+
+def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
+    """Why the router must not start on the server's stream as `plan` found it, the stream
+    being `nats.streams[index]`; None when it may. Each problem would fail or double every
+    batch from then on, and `streams apply` mends it."""
+    if plan.action == "create":  # QA 47-c F2: every batch retried for ever
+        return ConfigError(f"the JetStream stream {plan.name} does not exist on the server, "
+                           "so nothing would store its subjects' events",
+                           field=f"nats.streams[{index}]", value=plan.name,
+                           hint=f"create it with {_APPLY}")
+    have, want = plan.changes.get("duplicate_window", (None, None))
+    if isinstance(have, (int, float)) and _comparable("duplicate_window", have) < \
+            _comparable("duplicate_window", want):
+        # QA 49-a F5: a batch re-published after the server's window (acks in, the Kafka
+        # commit lost to a crash) was stored twice: 1,000 ids.
+        return ConfigError(
+            f"stream {plan.name} detects duplicates for "
+            f"{_comparable('duplicate_window', have)} ms on the server, shorter than the "
+            f"config's {_comparable('duplicate_window', want)} ms: a batch re-published after "
+            "a crash would be stored twice once the server's window has passed",
+            field=f"nats.streams[{index}].duplicate_window_ms",
+            hint=f"set the server's window with {_APPLY} (a longer one there is fine)")
+    return None
 
 
 class StreamAdmin:

@@ -315,14 +315,50 @@ def test_a_declared_stream_the_server_lacks_stops_the_start_with_one_line(
               "relay": {"table": "public.outbox", "dsn": "postgresql://u@127.0.0.1:1/db"}}
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
+    line = _refused_start(path, command)
+    assert "field 'nats.streams[0]': the JetStream stream QAMISS does not exist on the " \
+           "server" in line and "`cdc-router streams apply -c <config>`" in line, line
+
+
+def _refused_start(path: Path, command: str = "run") -> str:
+    """The one line `command` (run or relay) stops with at start, exit 1."""
     started = subprocess.run([sys.executable, "-m", "cdc_router", command, "-c", str(path),
                               "--metrics-port", "0"], capture_output=True, text=True,
                              cwd=REPO, timeout=60, check=False)
     assert started.returncode == 1, started.stderr
-    [line] = started.stderr.strip().splitlines()[-1:]
-    assert "field 'nats.streams[0]': the JetStream stream QAMISS does not exist on the " \
-           "server" in line and "`cdc-router streams apply -c <config>`" in line, line
     assert "Traceback" not in started.stderr
+    return started.stderr.strip().splitlines()[-1]
+
+
+def _edit_stream(url: str, stream: str, **changes: Any) -> None:
+    """Change the live stream outside the config, as Terraform or `nats stream edit` would."""
+    async def edit() -> None:
+        client = await nats.connect(url)
+        try:
+            js = client.jetstream()
+            config = (await js.stream_info(stream)).config
+            for key, value in changes.items():
+                setattr(config, key, value)
+            await js.update_stream(config)
+        finally:
+            await client.close()
+
+    asyncio.run(edit())
+
+
+def test_a_server_duplicate_window_shorter_than_the_configs_stops_the_start(
+        nats_url: str, tmp_path: Path) -> None:
+    # QA 49-a F5: the live window was 3 s, the config's 1 h; `run` started without a word, and
+    # a batch re-published after a crash was stored twice (1,000 ids).
+    config: dict[str, Any] = {"source": {"topics": ["qawin.public.outbox"]},
+                              "routes": [{"nats": {"subject": "qawin.{type}"}}]}
+    path = tmp_path / "router.yaml"
+    stream = _apply_streams(path, config, nats_url, "qawin")
+    _edit_stream(nats_url, stream, duplicate_window=3.0)
+    line = _refused_start(path)
+    assert ("field 'nats.streams[0].duplicate_window_ms': stream QAWIN detects duplicates for "
+            "3000 ms on the server, shorter than the config's 3600000 ms") in line, line
+    assert "`cdc-router streams apply -c <config>`" in line, line
 
 
 def test_a_comma_separated_nats_url_reaches_the_server_that_is_up(nats_url: str,

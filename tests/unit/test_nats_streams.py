@@ -56,3 +56,27 @@ def test_durations_read_back_from_the_server_match_to_the_millisecond() -> None:
     longer = {**live, "duplicate_window": 1.004}
     assert plan_streams([odd], {"ORDERS": longer})[0].changes == {
         "duplicate_window": (1.004, 1.003)}
+
+
+def test_a_server_window_shorter_than_the_configs_stops_the_start_naming_the_field() -> None:
+    # QA 49-a F5: the server's stream kept duplicates for 3 s, the config said 24 h; `run`
+    # started without a word and a batch re-published after a crash was stored twice.
+    from cdc_router.nats.streams import start_problem
+
+    [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "duplicate_window": 3.0}})
+    problem = start_problem(2, plan)
+    assert problem is not None
+    assert str(problem) == (
+        "field 'nats.streams[2].duplicate_window_ms': stream ORDERS detects duplicates for "
+        "3000 ms on the server, shorter than the config's 3600000 ms: a batch re-published "
+        "after a crash would be stored twice once the server's window has passed; set the "
+        "server's window with `cdc-router streams apply -c <config>` (a longer one there is "
+        "fine)")
+
+
+def test_a_longer_server_window_or_another_limit_lets_the_router_start() -> None:
+    from cdc_router.nats.streams import start_problem
+
+    for drift in ({"duplicate_window": 7200.0}, {"max_msgs": 10}, {}):
+        [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), **drift}})
+        assert start_problem(0, plan) is None, drift
