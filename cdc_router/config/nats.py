@@ -81,6 +81,13 @@ def subject_matches(filter_: str, subject: str) -> bool:
     return len(tokens) == len(wanted)
 
 
+def subject_covers(wide: str, narrow: str) -> bool:
+    """Whether every subject that `narrow` (wildcards allowed) matches, `wide` matches too."""
+    if narrow.split(".")[-1] == ">":  # any number of tokens: only a `>` of `wide` takes them
+        return wide.split(".")[-1] == ">" and subject_matches(wide, narrow)
+    return subject_matches(wide, narrow)
+
+
 def subjects_collide(first: str, second: str) -> bool:
     """Whether some subject matches both filters (`*` and a final `>` in either)."""
     one, other = first.split("."), second.split(".")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cdc_router.config.nats import StreamSpec
+from cdc_router.config.nats import StreamSpec, subject_covers
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError, JetStreamError
 from cdc_router.nats.connection import config_failure, require_tls, servers
@@ -107,6 +107,16 @@ def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
             "a crash would be stored twice once the server's window has passed",
             field=f"nats.streams[{index}].duplicate_window_ms",
             hint=f"set the server's window with {_APPLY} (a longer one there is fine)")
+    have, want = plan.changes.get("subjects", (None, None))
+    if isinstance(have, list) and isinstance(want, list):
+        lost = [subject for subject in want
+                if not any(subject_covers(held, subject) for held in have)]
+        if lost:  # QA 49-a F7: every batch failed for ever, Kafka routes held with them
+            return ConfigError(
+                f"stream {plan.name} on the server captures {', '.join(have) or 'nothing'}, "
+                f"not the config's {', '.join(lost)}: no stream would store those events",
+                field=f"nats.streams[{index}].subjects",
+                hint=f"give it the config's subjects with {_APPLY}")
     return None
 
 

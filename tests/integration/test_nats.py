@@ -346,19 +346,29 @@ def _edit_stream(url: str, stream: str, **changes: Any) -> None:
     asyncio.run(edit())
 
 
-def test_a_server_duplicate_window_shorter_than_the_configs_stops_the_start(
-        nats_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("prefix", "edit", "refusal"), [
     # QA 49-a F5: the live window was 3 s, the config's 1 h; `run` started without a word, and
     # a batch re-published after a crash was stored twice (1,000 ids).
-    config: dict[str, Any] = {"source": {"topics": ["qawin.public.outbox"]},
-                              "routes": [{"nats": {"subject": "qawin.{type}"}}]}
+    ("qawin", {"duplicate_window": 3.0},
+     "field 'nats.streams[0].duplicate_window_ms': stream QAWIN detects duplicates for 3000 ms "
+     "on the server, shorter than the config's 3600000 ms: a batch re-published after a crash "
+     "would be stored twice once the server's window has passed; set the server's window with "
+     "`cdc-router streams apply -c <config>` (a longer one there is fine)"),
+    # QA 49-a F7: the live subjects changed; `run` started, and every batch failed for ever
+    # with "no stream captures this subject now".
+    ("qasub", {"subjects": ["qasub2.>"]},
+     "field 'nats.streams[0].subjects': stream QASUB on the server captures qasub2.>, not the "
+     "config's qasub.>: no stream would store those events; give it the config's subjects "
+     "with `cdc-router streams apply -c <config>`")])
+def test_a_live_stream_changed_outside_the_config_stops_the_start(
+        nats_url: str, tmp_path: Path, prefix: str, edit: dict[str, Any], refusal: str) -> None:
+    config: dict[str, Any] = {"source": {"topics": [f"{prefix}.public.outbox"]},
+                              "routes": [{"nats": {"subject": f"{prefix}.{{type}}"}}]}
     path = tmp_path / "router.yaml"
-    stream = _apply_streams(path, config, nats_url, "qawin")
-    _edit_stream(nats_url, stream, duplicate_window=3.0)
+    stream = _apply_streams(path, config, nats_url, prefix)
+    _edit_stream(nats_url, stream, **edit)
     line = _refused_start(path)
-    assert ("field 'nats.streams[0].duplicate_window_ms': stream QAWIN detects duplicates for "
-            "3000 ms on the server, shorter than the config's 3600000 ms") in line, line
-    assert "`cdc-router streams apply -c <config>`" in line, line
+    assert line.endswith(refusal), line
 
 
 def test_a_comma_separated_nats_url_reaches_the_server_that_is_up(nats_url: str,

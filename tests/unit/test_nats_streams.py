@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cdc_router.config.nats import StreamSpec
 from cdc_router.nats.streams import plan_streams, wanted
 
@@ -80,3 +82,38 @@ def test_a_longer_server_window_or_another_limit_lets_the_router_start() -> None
     for drift in ({"duplicate_window": 7200.0}, {"max_msgs": 10}, {}):
         [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), **drift}})
         assert start_problem(0, plan) is None, drift
+
+
+def test_server_subjects_that_no_longer_capture_the_configs_stop_the_start() -> None:
+    # QA 49-a F7: ORDERS changed to orders2.> on the server; `run` started, and every batch
+    # failed for ever (no stream captured orders.*), Kafka routes held with it.
+    from cdc_router.nats.streams import start_problem
+
+    [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "subjects": ["orders2.>"]}})
+    problem = start_problem(0, plan)
+    assert problem is not None
+    assert str(problem) == (
+        "field 'nats.streams[0].subjects': stream ORDERS on the server captures orders2.>, not "
+        "the config's orders.>: no stream would store those events; give it the config's "
+        "subjects with `cdc-router streams apply -c <config>`")
+    narrower = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "subjects": ["orders.*"]}})
+    assert start_problem(0, narrower[0]) is not None  # orders.a.b would be lost
+
+
+def test_server_subjects_that_still_cover_the_configs_let_the_router_start() -> None:
+    from cdc_router.nats.streams import start_problem
+
+    for held in (["orders.>", "refunds.>"], [">"], ["orders.>"]):
+        [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "subjects": held}})
+        assert start_problem(0, plan) is None, held
+
+
+@pytest.mark.parametrize(("wide", "narrow", "covers"), [
+    ("a.>", "a.b", True), ("a.>", "a.b.>", True), ("a.*", "a.b", True), ("a.*", "a.*", True),
+    (">", "a.>", True), ("a.b", "a.b", True), ("a.*", "a.>", False), ("a.b", "a.*", False),
+    ("a.*.>", "a.>", False), ("a.>", "a", False), ("a.*", "b.c", False)])
+def test_subject_covers_when_the_wide_one_matches_all_the_narrow_one_does(
+        wide: str, narrow: str, covers: bool) -> None:
+    from cdc_router.config.nats import subject_covers
+
+    assert subject_covers(wide, narrow) is covers
