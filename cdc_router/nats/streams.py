@@ -78,9 +78,35 @@ def plan_streams(specs: Sequence[StreamSpec],
         if isinstance(size, int) and size >= 0:
             warnings += (f"max_msg_size is {size} (set outside the config): a bigger event "
                          "is dead-lettered (stage produce)",)
+        warnings += _evictions(have, changes)
         plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
                                 warnings))
     return plans
+
+
+def _limit(value: Any) -> float:
+    """A limit as a number, no limit (JetStream's -1 or 0) as infinity."""
+    return value if isinstance(value, (int, float)) and value > 0 else float("inf")
+
+
+def _evictions(have: Mapping[str, Any], changes: Mapping[str, tuple[Any, Any]]
+               ) -> tuple[str, ...]:
+    """What lowering a limit deletes at once (QA 49-a F9: `max_msgs: 50 -> 10` deleted 40
+    stored events, consumed or not, behind a one-line diff); `have` holds the stream's state,
+    `messages` and `bytes`."""
+    messages, stored_bytes = have.get("messages"), have.get("bytes")
+    found = []
+    for key, stored, unit in (("max_msgs", messages, "messages"),
+                              ("max_bytes", stored_bytes, "bytes")):
+        old, new = changes.get(key, (None, None))
+        if _limit(new) < _limit(old) and isinstance(stored, int) and stored > _limit(new):
+            found.append(f"lowers {key} {old} -> {new}: JetStream deletes the oldest messages "
+                         f"beyond it at once, consumed or not ({stored} {unit} stored now)")
+    old, new = changes.get("max_age", (None, None))
+    if _limit(new) < _limit(old) and isinstance(messages, int) and messages > 0:
+        found.append(f"lowers max_age {old} s -> {new} s: JetStream deletes the messages older "
+                     f"than that at once, consumed or not ({messages} messages stored now)")
+    return tuple(found)
 
 
 _APPLY = "`cdc-router streams apply -c <config>`"
@@ -180,7 +206,9 @@ class StreamAdmin:
                 "storage": getattr(config.storage, "value", config.storage),
                 "num_replicas": config.num_replicas,
                 "discard": getattr(config.discard, "value", config.discard) or "old",
-                "max_msg_size": config.max_msg_size}
+                "max_msg_size": config.max_msg_size,
+                # The state, not settings: what lowering a limit would delete (_evictions).
+                "messages": info.state.messages, "bytes": info.state.bytes}
         return found
 
     @staticmethod

@@ -389,6 +389,31 @@ def test_a_comma_separated_nats_url_reaches_the_server_that_is_up(nats_url: str,
     assert [m.headers["Nats-Msg-Id"] for m in read_stream(nats_url, stream)] == ["comma-1"]
 
 
+def test_streams_apply_says_what_lowering_max_msgs_deletes_before_it_does(
+        nats_url: str, tmp_path: Path) -> None:
+    # QA 49-a F9: `max_msgs: 50 -> 10` deleted 40 stored events behind a one-line diff.
+    config: dict[str, Any] = {"source": {"topics": ["qashrink.public.outbox"]},
+                              "routes": [{"nats": {"subject": "qashrink.{type}"}}]}
+    path = tmp_path / "router.yaml"
+    stream = _apply_streams(path, config, nats_url, "qashrink")
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=5, connect_timeout_s=5)
+    try:
+        publisher.publish_batch([NatsMessage("qashrink.x", b"{}", {}, f"shrink-{i}")
+                                 for i in range(50)])
+    finally:
+        publisher.close()
+    config["nats"]["streams"][0]["max_msgs"] = 10
+    path.write_text(yaml.safe_dump(config))
+    planned = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                              str(path), "--dry-run"], capture_output=True, text=True,
+                             cwd=REPO, check=False)
+    assert planned.returncode == 0, planned.stderr
+    assert ("  warning: lowers max_msgs -1 -> 10: JetStream deletes the oldest messages beyond "
+            "it at once, consumed or not (50 messages stored now)") in planned.stdout, \
+        planned.stdout
+    assert len(read_stream(nats_url, stream)) == 50  # a dry run deletes nothing
+
+
 def test_a_message_over_the_streams_max_msg_size_is_refused_alone(nats_url: str) -> None:
     # QA session 27-b: the stream's refusal (err_code 10054) failed the whole batch like an
     # outage, for ever; it names its message, which is poison.

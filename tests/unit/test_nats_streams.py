@@ -117,3 +117,30 @@ def test_subject_covers_when_the_wide_one_matches_all_the_narrow_one_does(
     from cdc_router.config.nats import subject_covers
 
     assert subject_covers(wide, narrow) is covers
+
+
+def test_lowering_a_limit_below_what_is_stored_says_what_it_deletes() -> None:
+    # QA 49-a F9: `max_msgs: 50 -> 10` deleted 40 stored events, consumed or not, and the plan
+    # said only "max_msgs: 50 -> 10".
+    small = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000,
+                       max_msgs=10, max_bytes=4096 + 1_000_000, max_age_ms=7_200_000)
+    live = {**wanted(small), "max_msgs": 50, "max_bytes": -1, "max_age": 0.0,
+            "messages": 50, "bytes": 2_000_000}
+    [plan] = plan_streams([small], {"ORDERS": live})
+    assert plan.warnings == (
+        "lowers max_msgs 50 -> 10: JetStream deletes the oldest messages beyond it at once, "
+        "consumed or not (50 messages stored now)",
+        "lowers max_bytes -1 -> 1004096: JetStream deletes the oldest messages beyond it at "
+        "once, consumed or not (2000000 bytes stored now)",
+        "lowers max_age 0.0 s -> 7200.0 s: JetStream deletes the messages older than that at "
+        "once, consumed or not (50 messages stored now)")
+
+
+def test_a_lower_limit_that_still_holds_what_is_stored_or_a_raised_one_warns_nothing() -> None:
+    small = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000,
+                       max_msgs=100)
+    for live in ({**wanted(small), "max_msgs": 500, "messages": 60, "bytes": 100},
+                 {**wanted(small), "max_msgs": 50, "messages": 50, "bytes": 100},
+                 {**wanted(small), "max_age": 10_000.0, "messages": 0, "bytes": 0}):
+        [plan] = plan_streams([small], {"ORDERS": live})
+        assert plan.warnings == (), live
