@@ -271,6 +271,23 @@ class NatsSettings(ConfigModel):
                     stream.max_bytes)
         return self
 
+    @model_validator(mode="after")
+    def _streams_apart(self) -> NatsSettings:
+        """QA 49-a F4: JetStream refuses a stream whose subjects overlap another's, only at
+        `streams apply --yes`, in words that name neither stream."""
+        for index, stream in enumerate(self.streams):
+            for earlier_index, earlier in enumerate(self.streams[:index]):
+                pairs = [(mine, theirs) for mine in stream.subjects for theirs in earlier.subjects
+                         if subjects_collide(mine, theirs)]
+                if pairs:
+                    mine, theirs = pairs[0]
+                    raise field_problem(
+                        f"streams[{index}].subjects", f"{mine!r} of stream {stream.name} "
+                        f"overlaps {theirs!r} of stream {earlier.name} (nats.streams"
+                        f"[{earlier_index}]), and JetStream stores a subject in one stream "
+                        "only: take it out of one of them")
+        return self
+
     def window_warnings(self) -> list[str]:
         """Streams whose duplicate window a failed batch's re-publish outlives (QA 34-d: a
         100 ms window stored 1,206 messages for 600 ids): one ack timeout, then backoff."""

@@ -172,6 +172,15 @@ def write(tmp_path: Path, text: str) -> Path:
      "subjects: [orders.>]}]}", "field 'nats.streams[0].name': stream name 'a.b' must be"),
     ("routes: [{nats: {subject: orders.x}, headers: {'a b': c}}]\nnats: {streams: [{name: O, "
      "subjects: [orders.>]}]}", "field 'routes[0].headers': header name 'a b'"),
+    # QA 49-a F4: JetStream refused the second stream only at `streams apply --yes`, naming
+    # neither ("subjects overlap with an existing stream").
+    ("routes: [{nats: {subject: orders.x}}]\nnats: {streams: [{name: ORDERS, subjects: "
+     "[orders.>]}, {name: P, subjects: [p.>]}, {name: SPECIAL, subjects: [x, orders.special.>]}]}",
+     "field 'nats.streams[2].subjects': 'orders.special.>' of stream SPECIAL overlaps "
+     "'orders.>' of stream ORDERS (nats.streams[0]), and JetStream stores a subject in one "
+     "stream only: take it out of one of them; see"),
+    ("routes: [{nats: {subject: orders.x}}]\nnats: {streams: [{name: A, subjects: [orders.*]}, "
+     "{name: B, subjects: ['*.x']}]}", "'*.x' of stream B overlaps 'orders.*' of stream A"),
 ])
 def test_nats_config_errors_are_one_line_naming_field_and_value(tmp_path: Path, text: str,
                                                               expected: str) -> None:
