@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cdc_router.config.nats import StreamSpec, subject_covers
+from cdc_router.config.nats import StreamSpec, subject_covers, subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError, JetStreamError
 from cdc_router.nats.connection import config_failure, require_tls, servers
@@ -110,6 +110,8 @@ def _evictions(have: Mapping[str, Any], changes: Mapping[str, tuple[Any, Any]]
 
 
 _APPLY = "`cdc-router streams apply -c <config>`"
+# JSStreamSubjectOverlapErr: subjects another stream of the server holds already.
+_SUBJECTS_OVERLAP = 10065
 
 
 def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
@@ -162,8 +164,8 @@ class StreamAdmin:
         return plan_streams(specs, existing)
 
     def apply(self, specs: Sequence[StreamSpec], plans: Sequence[StreamPlan]) -> None:
-        by_name = {spec.name: spec for spec in specs}
-        asyncio.run(self._call(self._write, [(by_name[p.name], p) for p in plans]))
+        by_name = {spec.name: (index, spec) for index, spec in enumerate(specs)}
+        asyncio.run(self._call(self._write, [(*by_name[p.name], p) for p in plans]))
 
     async def _call(self, work: Any, argument: Any) -> Any:
         import nats
@@ -212,20 +214,43 @@ class StreamAdmin:
         return found
 
     @staticmethod
-    async def _write(js: Any, work: list[tuple[StreamSpec, StreamPlan]]) -> None:
+    async def _write(js: Any, work: list[tuple[int, StreamSpec, StreamPlan]]) -> None:
         from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+        from nats.js.errors import BadRequestError
 
-        for spec, plan in work:
+        for index, spec, plan in work:
             settings = wanted(spec)
-            if plan.action == "create":
-                await js.add_stream(StreamConfig(
-                    name=spec.name, **{**settings, "storage": StorageType(spec.storage),
-                                       "discard": DiscardPolicy.OLD}))
-            elif plan.action == "update":
-                current = (await js.stream_info(spec.name)).config
-                for key, (_, value) in plan.changes.items():
-                    setattr(current, key, DiscardPolicy(value) if key == "discard" else value)
-                await js.update_stream(current)
+            try:
+                if plan.action == "create":
+                    await js.add_stream(StreamConfig(
+                        name=spec.name, **{**settings, "storage": StorageType(spec.storage),
+                                           "discard": DiscardPolicy.OLD}))
+                elif plan.action == "update":
+                    current = (await js.stream_info(spec.name)).config
+                    for key, (_, value) in plan.changes.items():
+                        setattr(current, key,
+                                DiscardPolicy(value) if key == "discard" else value)
+                    await js.update_stream(current)
+            except BadRequestError as error:
+                if error.err_code != _SUBJECTS_OVERLAP:
+                    raise
+                raise await _overlap(js, index, spec) from None
+
+
+async def _overlap(js: Any, index: int, spec: StreamSpec) -> ConfigError:
+    """JetStream's 10065 names neither stream (QA 49-a F4): find the server's stream that
+    holds subjects of `spec`."""
+    held = [(info.config.name, subject) for info in await js.streams_info()
+            if info.config.name != spec.name for subject in info.config.subjects or ()]
+    clashes = [f"{mine!r} overlaps {theirs!r} of stream {name}" for name, theirs in held
+               for mine in spec.subjects if subjects_collide(mine, theirs)]
+    said = "; ".join(clashes) or "its subjects overlap those of a stream on the server"
+    return ConfigError(
+        f"JetStream refused stream {spec.name}: {said}, and a subject is stored in one stream "
+        "only",
+        field=f"nats.streams[{index}].subjects",
+        hint="take those subjects out of the other stream, or route to that stream's subjects "
+             "and declare it in nats.streams instead")
 
 
 async def _quiet(error: Exception) -> None:

@@ -414,6 +414,30 @@ def test_streams_apply_says_what_lowering_max_msgs_deletes_before_it_does(
     assert len(read_stream(nats_url, stream)) == 50  # a dry run deletes nothing
 
 
+def test_streams_apply_names_the_server_stream_that_holds_its_subjects(
+        nats_url: str, tmp_path: Path) -> None:
+    # QA 49-a F4: the refusal said only "subjects overlap with an existing stream".
+    async def other() -> None:
+        client = await nats.connect(nats_url)
+        try:
+            await client.jetstream().add_stream(name="QAOTHER", subjects=["qaover.>"])
+        finally:
+            await client.close()
+
+    asyncio.run(other())
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "source": {"topics": ["qaover.public.outbox"]},
+        "routes": [{"nats": {"subject": "qaover.{type}"}}],
+        "nats": {"url": nats_url, "streams": [{"name": "QAOVER", "subjects": ["qaover.>"]}]}}))
+    applied = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                              str(path), "--yes"], capture_output=True, text=True, cwd=REPO,
+                             check=False)
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert ("field 'nats.streams[0].subjects': JetStream refused stream QAOVER: 'qaover.>' "
+            "overlaps 'qaover.>' of stream QAOTHER") in applied.stderr, applied.stderr
+
+
 def test_a_message_over_the_streams_max_msg_size_is_refused_alone(nats_url: str) -> None:
     # QA session 27-b: the stream's refusal (err_code 10054) failed the whole batch like an
     # outage, for ever; it names its message, which is poison.

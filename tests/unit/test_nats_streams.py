@@ -144,3 +144,33 @@ def test_a_lower_limit_that_still_holds_what_is_stored_or_a_raised_one_warns_not
                  {**wanted(small), "max_age": 10_000.0, "messages": 0, "bytes": 0}):
         [plan] = plan_streams([small], {"ORDERS": live})
         assert plan.warnings == (), live
+
+
+def test_a_refusal_for_subjects_another_stream_holds_names_both_streams() -> None:
+    # QA 49-a F4: `streams apply --yes` said only "subjects overlap with an existing stream".
+    import asyncio
+    from types import SimpleNamespace
+
+    from nats.js.errors import BadRequestError
+
+    from cdc_router.errors import ConfigError
+    from cdc_router.nats.streams import StreamAdmin
+
+    class Server:
+        async def add_stream(self, config: object) -> None:
+            raise BadRequestError(code=400, err_code=10065,
+                                  description="subjects overlap with an existing stream")
+
+        async def streams_info(self) -> list[SimpleNamespace]:
+            return [SimpleNamespace(config=SimpleNamespace(name=name, subjects=subjects))
+                    for name, subjects in (("OTHER", ["misc.>"]), ("ORDERS", ["orders.>"]))]
+
+    misc = StreamSpec(name="MISC", subjects=["misc.a", "x.>"])
+    [plan] = plan_streams([misc], {})
+    with pytest.raises(ConfigError) as caught:
+        asyncio.run(StreamAdmin._write(Server(), [(4, misc, plan)]))
+    assert str(caught.value) == (
+        "field 'nats.streams[4].subjects': JetStream refused stream MISC: 'misc.a' overlaps "
+        "'misc.>' of stream OTHER, and a subject is stored in one stream only; take those "
+        "subjects out of the other stream, or route to that stream's subjects and declare it "
+        "in nats.streams instead")
