@@ -69,5 +69,10 @@ class IsolatedChecks:
         return value
 
     def close(self) -> None:
+        """End a child still running: SIGTERM, then SIGKILL after 5 s (a stopped child, in a
+        frozen cgroup or under a debugger, keeps a SIGTERM pending: QA 49-h F1)."""
         if self._process is not None and self._process.is_alive():
             self._process.terminate()
+            self._process.join(timeout=5)
+            if self._process.is_alive():
+                self._process.kill()

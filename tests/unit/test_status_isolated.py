@@ -96,3 +96,17 @@ def test_an_exporter_whose_check_gave_no_report_says_critical_and_every_part_dow
     assert {s.labels["part"]: s.value for s in families["cdc_router_status_up"].samples} == \
         dict.fromkeys(SECTIONS, 0)
     assert "cdc_router_status_reported_timestamp_seconds" not in families
+
+
+def stops_itself() -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)  # a frozen cgroup, a debugger: SIGTERM stays pending
+
+
+def test_a_stopped_check_past_its_deadline_is_killed_not_waited_for() -> None:
+    # QA 49-h F1: terminate() left SIGTERM pending on a stopped child and join() waited for
+    # ever: the exporter kept the previous check's gauges.
+    checks = IsolatedChecks(stops_itself, deadline_s=1)
+    try:
+        assert checks() == HUNG
+    finally:
+        checks.close()

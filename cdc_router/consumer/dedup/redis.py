@@ -197,7 +197,8 @@ class RedisDedupStore:
 
 class _Renewal:
     """One daemon thread that renews the claims whose effects are running, every lease / 3;
-    started at the first claim, again after stop()."""
+    started by a claim, it ends when no claim is left (a store dropped without close() keeps
+    no thread: QA 49-h F4) or at stop()."""
 
     def __init__(self, renew: Callable[..., object], lease_ms: int) -> None:
         self._renew, self._lease_ms = renew, lease_ms
@@ -231,6 +232,9 @@ class _Renewal:
         while not self._stopped.wait(self._lease_ms / 3000):
             with self._lock:
                 claims = list(self._claims.items())
+                if not claims:  # the next claim starts a thread again
+                    self._thread = None
+                    return
             for name, token in claims:
                 try:
                     self._renew(keys=[name], args=[token, self._lease_ms])
