@@ -48,8 +48,10 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import TextLoader
 
 from cdc_router.errors import ConfigError
+from cdc_router.outbox.age import created_ms
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.postgres import INSERT_ORDER, split_table
+from cdc_router.outbox.tools import require_time
+from cdc_router.postgres import INSERT_ORDER, column_types, split_table
 
 # Rows fetched per round trip of the server-side cursor.
 _FETCH_ROWS = 1000
@@ -153,9 +155,13 @@ def count_rows(conn: psycopg.Connection[Any], schema: OutboxSchema,
     row has (QA 47-d F3: an operator's list could not tell purged or mistyped ids)."""
     _read_as_debezium(conn)
     where, params = selection.where(schema)
-    oldest = sql.SQL("NULL") if schema.columns.created_at is None else sql.SQL(
-        "(extract(epoch FROM min({0}) FILTER (WHERE isfinite({0}))) * 1000000)::bigint").format(
-        sql.Identifier(schema.columns.created_at))
+    oldest: sql.Composable = sql.SQL("NULL")
+    if schema.columns.created_at is not None:
+        column_type = column_types(conn, schema.table).get(schema.columns.created_at, "")
+        if selection.ids is None:  # --since compares the column with a time
+            require_time(column_type, schema)
+        oldest = sql.SQL("(min({}) * 1000)::bigint").format(  # QA 49-h F2: isfinite(bigint)
+            created_ms(sql.Identifier(schema.columns.created_at), column_type, "auto"))
     query = sql.SQL("SELECT count(*), {} FROM {} WHERE {}").format(
         oldest, schema.identifier, where)
     row = conn.execute(query, params).fetchone()

@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
+from cdc_router.outbox.age import INTEGER_TYPES, created_ms
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import column_types, delete_in_chunks, regclass_text, utc_now_for
 
@@ -38,15 +39,17 @@ def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxS
                            (regclass_text(schema.table),)).fetchone()
         assert row is not None
         return OutboxStats(schema.table, int(row[0]), None, int(row[1]))
+    column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
     query = sql.SQL(
-        # A row dated 'infinity' or '-infinity' has no age (the subtraction fails): the oldest
-        # is the oldest of the others.
-        # Epochs, not a difference of timestamps: right for timestamp (UTC) and timestamptz
-        # columns alike, whatever the session's TimeZone.
-        "SELECT count(*), extract(epoch FROM now()) - extract(epoch FROM min({created}) "
-        "FILTER (WHERE isfinite({created}))), pg_total_relation_size(%s::regclass) "
-        "FROM {table}").format(
-        created=sql.Identifier(schema.created_at_column), table=schema.identifier)
+        # A row dated 'infinity' or '-infinity' has no age: the oldest is the oldest of the
+        # others. Epochs, not a difference of timestamps: right for timestamp (UTC) and
+        # timestamptz columns alike, whatever the session's TimeZone, and for an integer
+        # created_at (epoch ms, us or ns as the router reads them by default: QA 49-h F2,
+        # `status` failed on isfinite(bigint) for ever).
+        "SELECT count(*), extract(epoch FROM now()) - min({created}) / 1000.0, "
+        "pg_total_relation_size(%s::regclass) FROM {table}").format(
+        created=created_ms(sql.Identifier(schema.created_at_column), column_type, "auto"),
+        table=schema.identifier)
     row = conn.execute(query, (regclass_text(schema.table),)).fetchone()
     assert row is not None
     rows, age, size = row
@@ -79,11 +82,23 @@ def purge_cutoff(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than
     """The created_at value, in the column's own type, that rows older than `older_than_ms`
     are below now: taken once, a count and the delete after it agree on the rows."""
     column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
+    require_time(column_type, schema)
     query = sql.SQL("SELECT {} - make_interval(secs => %s / 1000.0)").format(
         utc_now_for(column_type))
     row = conn.execute(query, (older_than_ms,)).fetchone()
     assert row is not None  # a SELECT without FROM returns its row
     return row[0]
+
+
+def require_time(column_type: str, schema: OutboxSchema) -> None:
+    """A ConfigError for an integer created_at, which the tools that select rows by a time
+    (purge, republish) do not read (QA 49-h F2: a bare `bigint < timestamp` SQL error)."""
+    if column_type.startswith(INTEGER_TYPES):
+        raise ConfigError(f"this tool selects rows by a time, and {schema.table}."
+                          f"{schema.created_at_column} is {column_type} (epoch numbers)",
+                          field="source.outbox.created_at", value=schema.created_at_column,
+                          hint="select the rows by their ids in SQL (the router's retention "
+                          "cleanup reads such a column)")
 
 
 def relay_outbox_column(conn: psycopg.Connection[Any], schema: OutboxSchema) -> str | None:

@@ -35,8 +35,8 @@ from psycopg import sql
 from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.outbox import age as cleanup_age
 from cdc_router.postgres import one_line, row_fault, table_identifier
-from cdc_router.router import cleanup_age
 from cdc_router.router.cleanup_failures import failure_reason
 from cdc_router.router.cleanup_queue import PendingIds
 from cdc_router.router.metrics import cleanup_metrics

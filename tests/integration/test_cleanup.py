@@ -775,3 +775,31 @@ def test_retention_refuses_at_start_a_created_at_no_time_compares_with(
 def _ids_in(dsn: str, table: sql.Identifier) -> set[str]:
     with psycopg.connect(dsn) as conn:
         return {str(row[0]) for row in conn.execute(sql.SQL("SELECT id FROM {}").format(table))}
+
+
+@pytest.mark.parametrize("scale", [1, 1000, 1_000_000])
+def test_outbox_stats_age_an_integer_created_at_and_purge_refuses_it_clearly(
+        stack: StackEndpoints, scale: int) -> None:
+    # QA 49-h F2: with an integer created_at, `status` and `outbox stats` failed on
+    # isfinite(bigint) for ever, and `outbox purge` on `bigint < timestamp`.
+    name = unique("epochstats")
+    table = sql.Identifier("public", name)
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), "
+                             "created_at bigint NOT NULL)").format(table))
+        conn.execute(sql.SQL("INSERT INTO {} (created_at) SELECT ((extract(epoch FROM now()) "
+                             "- %s) * 1000)::bigint * %s FROM generate_series(1, 3)").format(
+            table), (7200, scale))
+        stats = outbox_stats(conn, OutboxSchema(table=f"public.{name}"))
+    env = {**os.environ, "CDC_ROUTER_PG_DSN": stack.postgres_dsn}
+    try:
+        assert stats.rows == 3
+        assert stats.oldest_age_s is not None and 7100 < stats.oldest_age_s < 7300
+        purge = subprocess.run([sys.executable, "-m", "cdc_router", "outbox", "purge", "--table",
+                                f"public.{name}", "--older-than", "1h", "--dry-run"],
+                               capture_output=True, text=True, env=env, cwd=REPO, check=False)
+        assert purge.returncode != 0 and "Traceback" not in purge.stderr
+        assert "field 'source.outbox.created_at'" in purge.stderr + purge.stdout
+        assert f"public.{name}.created_at is bigint" in purge.stderr + purge.stdout
+    finally:
+        _drop(stack.postgres_dsn, table)

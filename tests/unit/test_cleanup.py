@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from cdc_router.config import cleanup as cleanup_settings
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
-from cdc_router.router import cleanup, cleanup_age
+from cdc_router.outbox import age as cleanup_age
+from cdc_router.router import cleanup
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.values import Delivered

@@ -1,10 +1,10 @@
-"""The retention cleanup's age test in SQL: whether a row's created_at is retention_ms old.
+"""The outbox rows' age in SQL: the retention cleanup's test, `outbox stats` and `status`.
 
 created_at is a timestamp (with or without time zone, or a date), compared with Postgres's
-clock as it is; or an integer of epoch milliseconds or microseconds, which the router reads
-per source.created_at_unit (router/connect_time.py), compared with Postgres's clock in the
-same unit (review 49-b F5: a bigint column failed every DELETE, `bigint < timestamp`, for
-ever). Any other type is a ConfigError at start: no comparison would be sound.
+clock as it is; or an integer of epoch milliseconds, microseconds or nanoseconds, which the
+router reads per source.created_at_unit (router/connect_time.py), compared with Postgres's
+clock in the same unit (review 49-b F5: a bigint column failed every DELETE, `bigint <
+timestamp`, for ever). Any other type is a ConfigError at start: no comparison would be sound.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.postgres import utc_now_for
 
 _TIMES = ("timestamp", "date")  # format_type's names start so: "timestamp(6) with time zone"
-_INTEGERS = ("bigint", "integer", "smallint")
+INTEGER_TYPES = ("bigint", "integer", "smallint")
 # source.created_at_unit auto: from 10^18 up nanoseconds, from 10^14 up microseconds, below
 # milliseconds (connect_time.py).
 _MICROS_FROM = 10**14
@@ -26,17 +26,18 @@ _NOW_MS = sql.SQL("(extract(epoch FROM now()) * 1000)::bigint")
 def require_comparable(column_type: str, column: str, table: str) -> None:
     """A ConfigError unless created_at's `column_type` (format_type) can be compared with a
     time: the retention would fail every DELETE."""
-    if not column_type.startswith(_TIMES + _INTEGERS):
+    if not column_type.startswith(_TIMES + INTEGER_TYPES):
         raise ConfigError(
             f"cleanup.mode retention compares created_at with Postgres's clock, and "
             f"{table}.{column} is {column_type}", field="source.outbox.created_at",
             value=column, hint="make it timestamp(6), timestamptz or a bigint of epoch "
-            "milliseconds or microseconds (source.created_at_unit), or use cleanup.mode delete")
+            "milliseconds, microseconds or nanoseconds (source.created_at_unit), or use "
+            "cleanup.mode delete")
 
 
 def created_ms(column: sql.Identifier, column_type: str, unit: str) -> sql.Composable:
     """created_at as epoch milliseconds (bigint); NULL for a NULL or an infinite one."""
-    if not column_type.startswith(_INTEGERS):
+    if not column_type.startswith(INTEGER_TYPES):
         return sql.SQL("CASE WHEN isfinite({c}) THEN (extract(epoch FROM {c}) * 1000)::bigint "
                        "END").format(c=column)
     if unit == "millis":
@@ -52,7 +53,7 @@ def created_ms(column: sql.Identifier, column_type: str, unit: str) -> sql.Compo
 
 def older_than(column: sql.Identifier, column_type: str, unit: str) -> sql.Composable:
     """`column` is older than the retention: a condition with one parameter, retention_ms."""
-    if column_type.startswith(_INTEGERS):
+    if column_type.startswith(INTEGER_TYPES):
         return sql.SQL("{} < {} - %s").format(created_ms(column, column_type, unit), _NOW_MS)
     return sql.SQL("{} < {} - make_interval(secs => %s / 1000.0)").format(
         column, utc_now_for(column_type))
