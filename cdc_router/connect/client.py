@@ -250,6 +250,8 @@ class ConnectClient:
     @property
     def _client(self) -> httpx.Client:
         if self._http is None:
+            if self.url != self.url.lstrip():  # QA 49-h F3: shown as if it were fine (httpx
+                raise self._invalid_url("a blank before it")  # drops a trailing one itself)
             try:
                 http = httpx.Client(base_url=self.url, auth=self._auth, timeout=self._timeout,
                                     transport=self._transport,
@@ -267,6 +269,10 @@ class ConnectClient:
             if not http.base_url.host:
                 http.close()
                 raise self._invalid_url("no host")
+            port = http.base_url.port
+            if port is not None and not 1 <= port <= 65535:  # QA 49-h F3: it probed, exit 2
+                http.close()
+                raise self._invalid_url(f"its port {port} is not one from 1 to 65535")
             self._http = http
         return self._http
 

@@ -68,6 +68,10 @@ def test_status_picks_its_dsn_in_order_and_names_where_it_came_from(
     (["--connect-url", "http://h:abc"], "--connect-url: Kafka Connect URL 'http://h:abc' is not "
      "valid"),
     (["--dsn", "notadsn"], "error: --dsn: "),
+    # QA 49-h F3: a port out of range probed and exited 2; a leading blank was shown stripped.
+    (["--connect-url", "http://127.0.0.1:99999"], "Kafka Connect URL 'http://127.0.0.1:99999' "
+     "is not valid (its port 99999 is not one from 1 to 65535)"),
+    (["--connect-url", " http://127.0.0.1:8083"], "is not valid (a blank before it)"),
 ])
 def test_a_malformed_address_argument_exits_unknown_before_any_probe(
         monkeypatch: pytest.MonkeyPatch, argument: list[str], said: str) -> None:
