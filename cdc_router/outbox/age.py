@@ -12,14 +12,14 @@ from __future__ import annotations
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
+from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import utc_now_for
+from cdc_router.router.connect_time import MICROS_THRESHOLD, NANOS_THRESHOLD
 
 _TIMES = ("timestamp", "date")  # format_type's names start so: "timestamp(6) with time zone"
 INTEGER_TYPES = ("bigint", "integer", "smallint")
-# source.created_at_unit auto: from 10^18 up nanoseconds, from 10^14 up microseconds, below
-# milliseconds (connect_time.py).
-_MICROS_FROM = 10**14
-_NANOS_FROM = 10**18
+# source.created_at_unit auto reads an integer as the router does (connect_time.py): from
+# NANOS_THRESHOLD up nanoseconds, from MICROS_THRESHOLD up microseconds, below milliseconds.
 _NOW_MS = sql.SQL("(extract(epoch FROM now()) * 1000)::bigint")
 
 
@@ -47,8 +47,8 @@ def created_ms(column: sql.Identifier, column_type: str, unit: str) -> sql.Compo
     # Not abs(): abs() of bigint's least value is out of range, a failed DELETE.
     return sql.SQL("(CASE WHEN {c} >= {n} THEN {c}::bigint / 1000000 "
                    "WHEN {c} >= {m} OR {c} <= -{m} THEN {c}::bigint / 1000 ELSE "
-                   "{c}::bigint END)").format(c=column, m=sql.Literal(_MICROS_FROM),
-                                              n=sql.Literal(_NANOS_FROM))
+                   "{c}::bigint END)").format(c=column, m=sql.Literal(MICROS_THRESHOLD),
+                                              n=sql.Literal(NANOS_THRESHOLD))
 
 
 def older_than(column: sql.Identifier, column_type: str, unit: str) -> sql.Composable:
@@ -57,3 +57,14 @@ def older_than(column: sql.Identifier, column_type: str, unit: str) -> sql.Compo
         return sql.SQL("{} < {} - %s").format(created_ms(column, column_type, unit), _NOW_MS)
     return sql.SQL("{} < {} - make_interval(secs => %s / 1000.0)").format(
         column, utc_now_for(column_type))
+
+
+def require_time(column_type: str, schema: OutboxSchema) -> None:
+    """A ConfigError for an integer created_at, which the tools that select rows by a time
+    (purge, republish) do not read (QA 49-h F2: a bare `bigint < timestamp` SQL error)."""
+    if column_type.startswith(INTEGER_TYPES):
+        raise ConfigError(f"this tool selects rows by a time, and {schema.table}."
+                          f"{schema.created_at_column} is {column_type} (epoch numbers)",
+                          field="source.outbox.created_at", value=schema.created_at_column,
+                          hint="select the rows by their ids in SQL (the router's retention "
+                          "cleanup reads such a column)")

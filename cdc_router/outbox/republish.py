@@ -48,9 +48,8 @@ from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.string import TextLoader
 
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.age import created_ms
+from cdc_router.outbox.age import created_ms, require_time
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.outbox.tools import require_time
 from cdc_router.postgres import INSERT_ORDER, column_types, split_table
 
 # Rows fetched per round trip of the server-side cursor.

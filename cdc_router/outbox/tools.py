@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.age import INTEGER_TYPES, created_ms
+from cdc_router.outbox.age import created_ms, require_time
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import column_types, delete_in_chunks, regclass_text, utc_now_for
 
@@ -88,17 +88,6 @@ def purge_cutoff(conn: psycopg.Connection[Any], schema: OutboxSchema, older_than
     row = conn.execute(query, (older_than_ms,)).fetchone()
     assert row is not None  # a SELECT without FROM returns its row
     return row[0]
-
-
-def require_time(column_type: str, schema: OutboxSchema) -> None:
-    """A ConfigError for an integer created_at, which the tools that select rows by a time
-    (purge, republish) do not read (QA 49-h F2: a bare `bigint < timestamp` SQL error)."""
-    if column_type.startswith(INTEGER_TYPES):
-        raise ConfigError(f"this tool selects rows by a time, and {schema.table}."
-                          f"{schema.created_at_column} is {column_type} (epoch numbers)",
-                          field="source.outbox.created_at", value=schema.created_at_column,
-                          hint="select the rows by their ids in SQL (the router's retention "
-                          "cleanup reads such a column)")
 
 
 def relay_outbox_column(conn: psycopg.Connection[Any], schema: OutboxSchema) -> str | None:

@@ -12,11 +12,11 @@ _MILLIS_SCHEMAS = frozenset(
 _MICROS_SCHEMA = "io.debezium.time.MicroTimestamp"
 _NANOS_SCHEMA = "io.debezium.time.NanoTimestamp"
 # Without a schema an integer timestamp is micros or millis; 1e14 µs is 1973, 1e14 ms is 5138.
-_MICROS_THRESHOLD = 10**14
+MICROS_THRESHOLD = 10**14
 # ... or nanos (time.precision.mode=nanoseconds): 1e18 ns is 2001, 1e18 µs the year 33658,
 # and Debezium's int64 ends at 2^63 (review 49-f F1: nanoseconds were read as microseconds,
 # the year 58900). A microsecond value of the years 5138 to 33657 stays one (a hostile row).
-_NANOS_THRESHOLD = 10**18
+NANOS_THRESHOLD = 10**18
 # Without a schema (or with one not a timestamp's), an integer below this is no outbox row's
 # time in milliseconds (1973-03-03): days or seconds are, and source.created_at_unit says
 # otherwise for rows that old.
@@ -90,16 +90,16 @@ def _integer_millis(value: int, schema_name: str | None) -> int:
             "the column timestamp(6) or timestamptz. A timestamp(6) column dated in 1970 (a "
             "placeholder? write the event's time)? Set source.created_at_unit: micros. Epoch "
             "milliseconds of 1970? Set source.created_at_unit: millis")
-    if _IMPLAUSIBLE_FUTURE_MILLIS <= value < _MICROS_THRESHOLD and not schema_name:
+    if _IMPLAUSIBLE_FUTURE_MILLIS <= value < MICROS_THRESHOLD and not schema_name:
         moment = _iso(value)
         raise ValueError(
             f"is {value}, which as milliseconds is {moment} and as microseconds "
             f"{_iso(value // 1000)}: a timestamp(6) column dated before 1973? Set "
             "source.created_at_unit: micros (without it, values below 10^14 are taken for "
             f"milliseconds), or millis if the year {moment[:4]} is meant")
-    if _NANOS_THRESHOLD <= value < _INT64:
+    if NANOS_THRESHOLD <= value < _INT64:
         return value // 1_000_000
-    return value // 1000 if abs(value) >= _MICROS_THRESHOLD else value
+    return value // 1000 if abs(value) >= MICROS_THRESHOLD else value
 
 
 def _iso(millis: int) -> str:
