@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import StringMap, TopicConfig, TopicCount
+from cdc_router.config.fields import TopicConfig, TopicCount
 from cdc_router.config.fields import field_problem as _fail
 
 
@@ -75,7 +75,7 @@ class DedupSettings(_Model):
     changelog_topic: str = "cdc-router.dedup"
     changelog_partitions: TopicCount = 1
     changelog_replication_factor: TopicCount | None = None
-    changelog_config: StringMap = Field(default_factory=dict)  # retention.ms: checked below
+    changelog_config: TopicConfig = Field(default_factory=dict)  # retention.ms: checked below
 
     @field_validator("changelog_config")
     @classmethod

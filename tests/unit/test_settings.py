@@ -314,7 +314,11 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
     # QA, session 29: a changelog kept shorter than the window forgot ids it should drop.
     ("dedup: {changelog_config: {retention.ms: '20000'}}",
      "field 'dedup.changelog_config': retention.ms (20000) is below dedup.window_ms"),
-    ("dedup: {changelog_config: {retention.ms: 1d}}", "not '1d'"),
+    ("dedup: {changelog_config: {retention.ms: 1d}}",
+     "retention.ms': must be a whole number (milliseconds or bytes; -1 for no limit) (got '1d')"),
+    # A Kafka long like every topic config's times and sizes (it went to the broker as is).
+    ("dedup: {changelog_config: {segment.ms: nan}}",
+     "field 'dedup.changelog_config.segment.ms': must be a whole number"),
     ("cleanup: {mode: retention, dsn: 'postgresql://x'}", "field 'cleanup.retention_ms'"),
     ("kafka: {config: {bootstrap.servers: x}}", "set kafka.bootstrap_servers instead"),
     ("topics: [{name: cdc-router.dlq}]", "field 'topics[0].name': this topic is configured"),
