@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cdc_router.connect.spec import included_tables, plain_table
+from cdc_router.router.debezium import CONVERTER_FIX, JSON_CONVERTER
 
-JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 _UNWRAP = "io.debezium.transforms.ExtractNewRecordState"
 _EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
 # What each transform does to the raw change events the router decodes (QA 35-a F3: every
@@ -30,6 +30,15 @@ _ROUTERS = frozenset({
     _EVENT_ROUTER,
 })
 _KNOWN_PACKAGES = ("org.apache.kafka.connect.transforms.", "io.debezium.transforms.")
+# Converters that write for a schema registry: framed with the schema's id (Confluent's: byte
+# 0, then 4 bytes), then Avro, JSON Schema or Protobuf; Apicurio's Avro may carry the id in
+# headers instead (review 49-f F2: nothing warned, and each record was a decode letter).
+_REGISTRY_CONVERTERS = {
+    "io.confluent.connect.avro.AvroConverter": "Avro",
+    "io.confluent.connect.json.JsonSchemaConverter": "JSON Schema",
+    "io.confluent.connect.protobuf.ProtobufConverter": "Protobuf",
+}
+_REGISTRY_PACKAGES = ("io.confluent.", "io.apicurio.registry.")
 # The connector's default topic naming, <topic.prefix>.<schema>.<table> on PostgreSQL (review
 # 35-2: DefaultTopicNamingStrategy names it <topic.prefix>.<table> there).
 _DEFAULT_NAMING = "io.debezium.schema.SchemaTopicNamingStrategy"
@@ -72,6 +81,9 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
                 "transform (the router reads Debezium's raw change events); a connector run "
                 "for the transform's own output (the SMT path) may ignore this"
                 for alias, kind in transform_types(config).items() if kind in _RESHAPERS]
+    converter = _converter_problem(config.get("value.converter", "").strip())
+    if converter is not None:
+        problems.append(converter)
     decimals = config.get("decimal.handling.mode")
     if _schemas_off(config) and (decimals is None or decimals.strip().lower() == "precise"):
         # QA 35-a F1: 20 of 20 rows delivered with a base64 aggregate id (and partition)
@@ -83,6 +95,27 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
                         "key column goes out as that base64); if cdc-router reads this "
                         "connector's topic, set decimal.handling.mode=string")
     return problems
+
+
+def _converter_problem(converter: str) -> str | None:
+    """What a value.converter other than JsonConverter does to the router's input; None for
+    JsonConverter, or none set (the worker's own, which this config does not show)."""
+    if not converter or converter == JSON_CONVERTER:
+        return None
+    kind = _REGISTRY_CONVERTERS.get(converter)
+    if kind is not None:
+        writes = (f"a schema-registry converter: each value is {kind} framed for the registry "
+                  "(byte 0 and a 4-byte schema id), not the JSON the router decodes")
+    elif converter.startswith(_REGISTRY_PACKAGES):
+        writes = ("a schema-registry converter: each value is framed for the registry or "
+                  "binary, not the JSON the router decodes")
+    else:
+        writes = "not JsonConverter, whose JSON is what the router decodes"
+    # A warning, not a refusal: apply does not know which topics cdc-router reads, and the
+    # same file may deploy a connector for the registry's own consumers.
+    return (f"value.converter is {converter}, {writes}; if cdc-router reads this connector's "
+            f"topic, it dead-letters every record: {CONVERTER_FIX}; a connector run for "
+            "other consumers of its topic may ignore this")
 
 
 def _schemas_off(config: Mapping[str, str]) -> bool:

@@ -41,6 +41,14 @@ HEARTBEAT = "heartbeat"
 TRANSACTION_METADATA = "transaction_metadata"
 SNAPSHOT_DISABLED = "snapshot_disabled"
 
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+# What the shipped connector file sets, for the router to read its values (review 49-f F2).
+CONVERTER_FIX = (f"set value.converter={JSON_CONVERTER} and value.converter.schemas.enable="
+                 "false (as connectors/outbox-connector.json has it)")
+# Confluent's wire format: byte 0, the schema's id in 4 bytes, then the converter's encoding.
+_REGISTRY_MAGIC = b"\x00"
+_REGISTRY_HEADER = 5
+
 # Levels a column value sits below the record value's top: {schema, payload} > after > column.
 _ENVELOPE_LEVELS = 3
 
@@ -190,6 +198,13 @@ def _common_insert(value: bytes, settings: SourceSettings) -> OutboxEvent | None
 
 
 def _parse_json(value: bytes) -> Any:
+    if value[:1] == _REGISTRY_MAGIC and len(value) >= _REGISTRY_HEADER:  # never JSON's start
+        schema_id = int.from_bytes(value[1:_REGISTRY_HEADER], "big")
+        # Review 49-f F2: a JSON Schema record was "malformed JSON at line 1, column 1".
+        raise DecodeError(f"the value starts with byte 0 and a 4-byte schema id ({schema_id}): "
+                          "it looks like schema-registry framing (Confluent's AvroConverter, "
+                          "JsonSchemaConverter or ProtobufConverter), not the JSON the router "
+                          f"decodes: on the connector, {CONVERTER_FIX}")
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError as error:

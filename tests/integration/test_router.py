@@ -199,10 +199,15 @@ def test_a_jsonb_number_beyond_a_double_is_a_dead_letter_and_the_stream_goes_on(
         assert "beyond a double" in headers["dlq.error.message"], headers
 
 
+# A change event as Confluent's JsonSchemaConverter frames it: byte 0, schema id 7, the JSON.
+_FRAMED = b"\x00" + (7).to_bytes(4, "big") + b'{"op": "c", "after": {"id": "x"}}'
+
+
 def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=1) as pipe:
         producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
-        for value in (b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe", *[b"{"] * 10):
+        for value in (b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe", *[b"{"] * 10,
+                      _FRAMED):
             producer.produce(pipe.raw_topic, key=b"k", value=value)
         producer.flush(10)
         # Review, session 30: confluent-kafka cannot read a header name that is not UTF-8
@@ -212,7 +217,7 @@ def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_pa
                             value=b"{header", header_name=b"\xff", header_value=b"v")
         pipe.start_router()
         ids = pipe.insert(_orders(10, 2))
-        letters = pipe.read(pipe.dlq_topic, 14)
+        letters = pipe.read(pipe.dlq_topic, 15)
         orders = pipe.read(pipe.orders_topic, 10)
         listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
                                  str(pipe.config_path), "-o", "json"], capture_output=True,
@@ -225,10 +230,16 @@ def test_undecodable_raw_records_are_dead_lettered(stack: StackEndpoints, tmp_pa
     shown = json.loads(listed.stdout)
     assert [entry["offset"] for entry in newest] == [entry["offset"] for entry in shown][-3:]
     assert [entry["offset"] for entry in since] == [entry["offset"] for entry in shown][:2]
-    assert [entry["stage"] for entry in shown] == ["decode"] * 14
+    assert [entry["stage"] for entry in shown] == ["decode"] * 15
     assert all(entry["source"].startswith(pipe.raw_topic) and entry["reason"] for entry in shown)
     assert sorted(letter.value() for letter in letters) == sorted(
-        [b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe", *[b"{"] * 10, b"{header"])
+        [b"{not json", b'{"payload": {"op": "c"}}', b"\xff\xfe", *[b"{"] * 10, _FRAMED,
+         b"{header"])
+    # Review 49-f F2: a JSON Schema record was "malformed JSON at line 1, column 1".
+    [framed] = [dict(letter.headers()) for letter in letters if letter.value() == _FRAMED]
+    assert framed["dlq.error.message"].decode().startswith(
+        "the value starts with byte 0 and a 4-byte schema id (7): it looks like "
+        "schema-registry framing"), framed
     assert {dict(letter.headers())["dlq.stage"] for letter in letters} == {b"decode"}
     assert dict(letters[-1].headers())["dlq.headers.dropped"] == b"a header name is not UTF-8"
     assert sorted(r.key().decode() for r in orders) == sorted(ids)

@@ -51,7 +51,35 @@ def test_numerics_as_base64_without_schemas_are_warned_about(decimals: str | Non
 ])
 def test_decimals_are_not_warned_about_when_the_router_reads_them_right(
         changes: dict[str, str]) -> None:
-    assert reading_problems({**SHIPPED, **changes}) == []
+    problems = reading_problems({**SHIPPED, **changes})
+    assert not any("decimal.handling.mode" in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(("converter", "writes"), [
+    ("io.confluent.connect.avro.AvroConverter", "each value is Avro framed for the registry "
+                                                "(byte 0 and a 4-byte schema id)"),
+    ("io.confluent.connect.json.JsonSchemaConverter", "each value is JSON Schema framed"),
+    ("io.confluent.connect.protobuf.ProtobufConverter", "each value is Protobuf framed"),
+    (" io.apicurio.registry.utils.converter.AvroConverter", "a schema-registry converter: "
+                                                            "each value is framed"),
+    ("org.apache.kafka.connect.storage.StringConverter", "not JsonConverter"),
+])
+def test_a_value_converter_the_router_cannot_read_is_warned_about(converter: str,
+                                                                  writes: str) -> None:
+    # Review 49-f F2: a schema-registry converter (the common EventRouter setup) passed apply
+    # without a word, and every record was a decode letter.
+    [problem] = reading_problems({**SHIPPED, "value.converter": converter})
+    assert problem.startswith(f"value.converter is {converter.strip()}, ")
+    assert writes in problem and "dead-letters every record" in problem
+    assert problem.endswith("set value.converter=org.apache.kafka.connect.json.JsonConverter "
+                            "and value.converter.schemas.enable=false (as "
+                            "connectors/outbox-connector.json has it); a connector run for "
+                            "other consumers of its topic may ignore this")
+    # A converter left to the worker is not in the connector's config: nothing to tell.
+    assert reading_problems({key: value for key, value in SHIPPED.items()
+                             if key != "value.converter"}) == []
+    assert reading_problems({**SHIPPED, "value.converter": converter,
+                             "connector.class": "io.example.SinkConnector"}) == []
 
 
 @pytest.mark.parametrize(("transform", "says"), [
@@ -126,6 +154,12 @@ def test_apply_warns_and_its_plan_says_where_the_raw_topic_moves(
            "outbox2.public.outbox: source.topics" in result.stdout
     assert "outbox.json: outbox-connector: decimal.handling.mode is precise" in result.stderr
     assert "outbox-connector: transforms.unwrap.type is " in result.stderr
+    registry = {**SHIPPED, "value.converter": "io.confluent.connect.avro.AvroConverter"}
+    avro = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
+                   connector_json(tmp_path, registry))
+    assert avro.exit_code == 0, avro.output  # a warning: the file may serve other readers
+    assert "outbox.json: outbox-connector: value.converter is io.confluent.connect.avro." \
+           "AvroConverter, a schema-registry converter" in avro.stderr
     diff = run_cli(monkeypatch, ScriptedConnect({"outbox-connector": {**SHIPPED}}), "diff",
                    "-o", "json", "-f", connector_json(tmp_path, changed))
     [planned] = json.loads(diff.stdout)

@@ -356,6 +356,26 @@ def test_malformed_records_are_decode_errors(value: bytes, reason: str) -> None:
         decode_change(None, value, topic="t", settings=SourceSettings(topics=["t"]))
 
 
+@pytest.mark.parametrize("body", [
+    raw(record("create_jsonb.schema")["value"]),  # JsonSchemaConverter: framed JSON
+    b"\x00\x02Hd3b1\xc8\x01\xfe\xff",  # AvroConverter: framed binary, not UTF-8
+    b"",
+])
+def test_a_schema_registry_framed_value_names_the_converter_to_set(body: bytes | None) -> None:
+    # Review 49-f F2: a JSON Schema record was "malformed JSON at line 1, column 1".
+    framed = b"\x00" + (4242).to_bytes(4, "big") + (body or b"")
+    with pytest.raises(DecodeError) as caught:
+        decode_change(None, framed, topic="t", settings=SourceSettings(topics=["t"]))
+    reason = str(caught.value)
+    assert reason.startswith("the value starts with byte 0 and a 4-byte schema id (4242): it "
+                             "looks like schema-registry framing")
+    assert reason.endswith("on the connector, set value.converter=org.apache.kafka.connect."
+                           "json.JsonConverter and value.converter.schemas.enable=false (as "
+                           "connectors/outbox-connector.json has it)")
+    with pytest.raises(DecodeError, match="malformed JSON"):  # too short for a schema id
+        decode_change(None, b"\x00\x01", topic="t", settings=SourceSettings(topics=["t"]))
+
+
 @pytest.mark.parametrize("value", [b'"{\\"orderId\\": 42}"', b"42", b"[]"])
 def test_a_value_that_is_no_object_points_at_a_transform(
         value: bytes) -> None:
