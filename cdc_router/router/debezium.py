@@ -303,12 +303,8 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
                             "check source.outbox column names", column=column,
                             row_columns=tuple(row))
     if isinstance(value, bool) or not isinstance(value, str | int):
-        # QA 35-a F2: a numeric column under the connector's decimal.handling.mode=double.
-        fix = ("; a numeric column arrives as a number with the connector's "
-               "decimal.handling.mode=double: set decimal.handling.mode=string on the "
-               "connector (or make the column text)") if isinstance(value, float) else ""
         raise DecodeError(f"{prefix}column {column!r} ({what}) must be text, uuid or an "
-                          f"integer, got {json_kind(value)}{fix}")
+                          f"integer, got {json_kind(value)}{_decimal_fix(value)}")
     text = str(value)
     if not text:
         raise DecodeError(f"{prefix}column {column!r} ({what}) is empty")
@@ -318,6 +314,21 @@ def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) 
         raise DecodeError(f"{prefix}column {column!r} ({what}) holds {LONE_SURROGATE}: "
                           f"{show(text)}")
     return text
+
+
+def _decimal_fix(value: Any) -> str:
+    """The connector setting that sent a numeric column as `value`, and the one to set; ''
+    for a value no numeric column becomes."""
+    if isinstance(value, float):  # QA 35-a F2
+        mode = "a number with the connector's decimal.handling.mode=double"
+    elif isinstance(value, dict) and set(value) == {"scale", "value"}:  # review 49-f F6
+        mode = ("Debezium's VariableScaleDecimal {scale, value} (its unscaled bytes in base64) "
+                "with the connector's decimal.handling.mode=precise, its default, when the "
+                "column has no scale and the value no schema")
+    else:
+        return ""
+    return (f"; a numeric column arrives as {mode}: set decimal.handling.mode=string on the "
+            "connector (or make the column text)")
 
 
 def _check_id_size(event_id: str, column: str) -> None:
