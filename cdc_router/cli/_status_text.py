@@ -9,7 +9,7 @@ from typing import Any
 from cdc_router.cli._output import age_text as _age
 from cdc_router.cli._output import table
 from cdc_router.ops.report import Report
-from cdc_router.ops.verdict import EXIT_CODES, Problem, size, verdict
+from cdc_router.ops.verdict import EXIT_CODES, Problem, deployed_text, size, verdict
 
 
 def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
@@ -59,6 +59,9 @@ def _publication(report: Report) -> list[str]:
     pub = report.publication
     if (failed := _failed("publication", pub.error)) is not None:
         return failed
+    if pub.name is None and report.connector.exists is False:
+        return [f"publication: not checked (connector {report.connector.name} is not deployed, "
+                "and its config names the publication)"]
     if pub.name is None:
         return []  # a relay-only config: no publication is read
     if not pub.exists:
@@ -82,7 +85,8 @@ def _connector(report: Report) -> list[str]:
     if c.name is None:
         return ["connector: none (a relay-only config: `cdc-router relay` reads the table)"]
     if not c.exists:
-        return [f"connector {c.name}: NOT DEPLOYED"]
+        return [f"connector {c.name}: NOT DEPLOYED: Kafka Connect has no connector of that "
+                f"name{deployed_text(c)}"]
     lines = [f"connector {c.name}: {c.state} on {c.worker_id}"
              + (f": {c.failure}" if c.failure else "")]
     lines += [f"  task {t.id}: {t.state} on {t.worker_id}" + (f": {t.failure}" if t.failure

@@ -68,15 +68,16 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         connector_state, capture = probe_connector(endpoints.connect_url, name)
         connector_state = reading(connector_state, config)
     wal, publication, outbox = _database(config, endpoints, capture)
-    if relay_alone:
+    if relay_alone or connector_state.exists is False:
+        # A connector that does not exist names no publication: it is not checked (review
+        # 49-b F6: shown as UNREACHABLE, a second critical line for the one cause).
         publication = PublicationState()
     elif capture is None and publication.error is None:
         # Without the connector's config, its slot and publication are unknown: Debezium's
         # default names would be reported missing, and point at the lost-slot runbook. Every
         # logical slot of the database is shown instead, and the publication is left
         # unchecked, as the connector is (one line names both when Connect is down).
-        publication = PublicationState(error=connector_state.error or (
-            f"connector {name} does not exist, and its config names the publication"))
+        publication = PublicationState(error=connector_state.error)
     kafka = {**endpoints.kafka, **QUIET}
     admin = admin_client(kafka)
     # One lookup first: an unreachable cluster costs one timeout, not one per section.

@@ -83,6 +83,8 @@ class ConnectorState:
     # when its config does not tell (several tables, a topic-renaming transform, ...).
     raw_topic: str | None = None
     raw_topic_read: bool | None = None  # whether source.topics names or matches raw_topic
+    # When it does not exist: the connectors Connect has (None: not known).
+    deployed: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # from the verdicts, so that a probe never reads a broken check as a mere warning.
 EXIT_UNKNOWN = 3
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
+_NAMES_SHOWN = 10  # of the connectors Connect has, when the one asked for is not among them
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def judge(report: Report, settings: StatusSettings,
     """Every problem of `report`, critical ones first."""
     found = [*_unreachable(report), *_wal(report.wal, settings), *_publication(report),
              *_reader(report),
-             *_outbox(report, settings), *_connector(report.connector),
+             *_outbox(report, settings), *_connector(report.connector, report.wal),
              *_router(report.router, settings), *_dead_letters(report, settings, previous)]
     return sorted(found, key=lambda problem: problem.level != "critical")
 
@@ -219,13 +220,16 @@ def _outbox(report: Report, settings: StatusSettings) -> Iterator[Problem]:
                       f"{most}): check the cleanup (cleanup.mode) and the router's lag")
 
 
-def _connector(connector: ConnectorState) -> Iterator[Problem]:
+def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:
     if connector.error is not None or connector.name is None:
         return
     name = f"connector {connector.name}"
     if not connector.exists:
-        yield Problem("critical", "connector", f"{name} is not deployed: nothing captures "
-                      "the outbox; `cdc-router connectors apply -f <file>`")
+        yield Problem("critical", "connector", f"{name} is not deployed: Kafka Connect has no "
+                      f"connector of that name{deployed_text(connector)}, so nothing captures "
+                      "the outbox and its slot and publication are not checked; set "
+                      "status.connector (or --connector) to the one capturing it, or "
+                      "`cdc-router connectors apply -f <file>`")
         return
     if connector.state == "FAILED" or any(task.state == "FAILED" for task in connector.tasks):
         failure = connector.failure or next(
@@ -233,11 +237,22 @@ def _connector(connector: ConnectorState) -> Iterator[Problem]:
         yield Problem("critical", "connector", f"{name} FAILED: {failure}; fix the cause, then "
                       f"`cdc-router connectors restart {connector.name} --tasks failed`")
     elif connector.state in ("PAUSED", "STOPPED"):
-        # Only `resume` starts either: a restart of a STOPPED connector leaves it STOPPED
-        # (QA 36-c; the slot runbook's step 2 leaves it so).
-        yield Problem("warning", "connector", f"{name} is {connector.state}: no event is "
-                      "captured and its slot retains WAL; "
-                      f"`cdc-router connectors resume {connector.name}`")
+        gone = [slot.name for slot in wal.slots if not slot.exists]
+        if gone:
+            # Review 49-b F6: "its slot retains WAL" beside the wal line saying it is gone
+            # (the runbook's step 2 drops it); a resume alone streams from offsets whose WAL
+            # is gone.
+            yield Problem("warning", "connector", f"{name} is {connector.state}: no event is "
+                          f"captured, and its slot {gone[0]} does not exist (see the wal "
+                          f"line); follow {LOST_SLOT_RUNBOOK} from its step 3: `cdc-router "
+                          f"connectors reset-offsets {connector.name}` (while STOPPED), "
+                          f"then `cdc-router connectors resume {connector.name}`")
+        else:
+            # Only `resume` starts either: a restart of a STOPPED connector leaves it STOPPED
+            # (QA 36-c; the slot runbook's step 2 leaves it so).
+            yield Problem("warning", "connector", f"{name} is {connector.state}: no event is "
+                          "captured and its slot retains WAL; "
+                          f"`cdc-router connectors resume {connector.name}`")
     elif connector.state == "RUNNING" and not connector.tasks:
         yield Problem("warning", "connector", f"{name} is RUNNING with no task: no event is "
                       "captured; a lost slot does this (see the wal line and "
@@ -255,6 +270,17 @@ def _connector(connector: ConnectorState) -> Iterator[Problem]:
                       "reads none of them and events stop flowing (a changed topic.prefix "
                       f"moves the raw topic); add {topic} to source.topics and restart the "
                       "router, or set the connector's topic.prefix back")
+
+
+def deployed_text(connector: ConnectorState) -> str:
+    """' (it has: a, b)' or ' (it has none)' when Connect said which connectors it has."""
+    names = connector.deployed
+    if names is None:
+        return ""
+    if not names:
+        return " (it has none)"
+    more = f", and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return f" (it has: {', '.join(names[:_NAMES_SHOWN])}{more})"
 
 
 def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 
 from cdc_router.connect.client import ConnectClient
 from tests.integration.pipeline import REPO, Pipeline, pipeline
-from tests.integration.support import StackEndpoints, free_port
+from tests.integration.support import StackEndpoints, drop_slot, free_port
 
 # Its module fixture's state grows test by test (records, letters): under `pytest -n` the
 # module's tests stay on one worker, in file order (make test: --dist loadgroup).
@@ -185,6 +185,47 @@ def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pip
     assert "dbz_publication" not in done.stdout
     # Every logical slot is shown instead, this pipeline's among them.
     assert routed.name in done.stdout, done.stdout
+
+
+def test_a_connector_connect_does_not_have_is_named_with_those_it_has(
+        routed: Pipeline) -> None:
+    # Review 49-b F6: `--connector nosuch` showed "publication: UNREACHABLE" and a second
+    # critical line, "cannot check it", for the one cause, and not which connectors Connect has.
+    done = _status(routed, "--connector", "nosuch")
+    assert done.returncode == 2, done.stdout + done.stderr
+    ours = routed.name.replace("_", "-")
+    # (The outbox line may say public.outbox does not exist, as in the test above.)
+    critical = [line for line in done.stdout.splitlines() if line.startswith("critical:")]
+    [line] = [line for line in critical if line.startswith("critical: connector:")]
+    assert line.startswith("critical: connector: connector nosuch is not deployed: Kafka "
+                           "Connect has no connector of that name (it has: "), line
+    assert ours in line.split("(it has: ")[1].split(")")[0].split(", "), line
+    assert "publication: not checked (connector nosuch is not deployed" in done.stdout
+    assert "publication: UNREACHABLE" not in done.stdout, done.stdout
+    unchecked = [line for line in critical if "cannot check it" in line]
+    assert not [line for line in unchecked if "publication" in line], done.stdout
+
+
+def test_a_stopped_connector_whose_slot_was_dropped_does_not_say_it_retains_wal(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 49-b F6: the lost-slot runbook's step 2 stops the connector and drops its slot;
+    # the connector line went on saying "its slot retains WAL" beside the wal line.
+    with pipeline(stack, tmp_path, partitions=1) as pipe:
+        name = pipe.name.replace("_", "-")
+        with ConnectClient(stack.connect_url) as connect:
+            connect.stop(name)
+            connect.wait_for_state(name, "STOPPED", 60)
+        drop_slot(stack.postgres_dsn, pipe.name)
+        done = _status(pipe)
+        assert done.returncode == 2, done.stdout + done.stderr
+        [line] = [line for line in done.stdout.splitlines() if line.startswith(
+            f"warning: connector: connector {name} is STOPPED")]
+        assert line == (f"warning: connector: connector {name} is STOPPED: no event is "
+                        f"captured, and its slot {pipe.name} does not exist (see the wal "
+                        "line); follow README runbook 'the slot was dropped or its WAL "
+                        "removed' from its step 3: `cdc-router connectors reset-offsets "
+                        f"{name}` (while STOPPED), then `cdc-router connectors resume {name}`")
+        assert "retains WAL" not in done.stdout
 
 
 def test_a_signal_table_outside_the_publication_is_a_warning(

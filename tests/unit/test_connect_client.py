@@ -546,6 +546,8 @@ class ScriptedConnect:
             return httpx.Response(200, json={"configs": [
                 {"value": {"name": key, "errors": messages}}
                 for key, messages in self.errors.items()]})
+        if parts == ["connectors"] and "expand" not in request.url.params:
+            return httpx.Response(200, json=sorted(self.configs))
         if parts == ["connectors"]:  # ?expand=info
             return httpx.Response(200, json={name: {"info": {"name": name, "config": config}}
                                              for name, config in self.configs.items()})

@@ -192,3 +192,7 @@ def test_status_reads_the_raw_topic_from_the_deployed_connectors_config(
     state, capture = probe_connector("http://connect:8083", "outbox-connector")
     assert state.raw_topic == "outbox2.public.outbox" and state.raw_topic_read is None
     assert capture is not None and capture.table == "public.outbox"
+    # Review 49-b F6: a name Connect does not have is said with the names it has.
+    missing, none = probe_connector("http://connect:8083", "nosuch")
+    assert missing.exists is False and missing.error is None and none is None
+    assert missing.deployed == ("outbox-connector",)

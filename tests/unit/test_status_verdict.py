@@ -132,6 +132,52 @@ def test_a_stopped_connector_is_started_by_resume_not_restart() -> None:
         "its slot retains WAL; `cdc-router connectors resume outbox-connector`"]
 
 
+def test_a_stopped_connector_whose_slot_was_dropped_says_so_not_that_it_retains_wal() -> None:
+    # Review 49-b F6: "its slot retains WAL" beside the wal line saying the slot is gone (the
+    # lost-slot runbook's step 2 drops it while the connector is STOPPED).
+    stopped = replace(healthy(), connector=replace(healthy().connector, state="STOPPED",
+                                                   tasks=()),
+                      wal=WalState(max_slot_wal_keep_size_bytes=-1,
+                                   slots=(Slot("outbox_slot", exists=False),)))
+    wal, connector = lines(stopped)
+    assert wal.startswith("critical: wal: slot outbox_slot does not exist")
+    assert connector == (
+        "warning: connector: connector outbox-connector is STOPPED: no event is captured, and "
+        "its slot outbox_slot does not exist (see the wal line); follow README runbook 'the "
+        "slot was dropped or its WAL removed' from its step 3: `cdc-router connectors "
+        "reset-offsets outbox-connector` (while STOPPED), then `cdc-router connectors resume "
+        "outbox-connector`")
+
+
+@pytest.mark.parametrize(("deployed", "has"), [
+    (("outbox-connector", "other"), " (it has: outbox-connector, other)"),
+    ((), " (it has none)"),
+    (tuple(f"c{i:02}" for i in range(12)), " (it has: c00, c01, c02, c03, c04, c05, c06, c07, "
+                                           "c08, c09, and 2 more)"),
+    (None, ""),
+])
+def test_a_connector_connect_does_not_have_is_named_with_those_it_has(
+        deployed: tuple[str, ...] | None, has: str) -> None:
+    # Review 49-b F6: `--connector nosuch` showed the publication UNREACHABLE and a second
+    # critical line, "cannot check it", for the one cause, and not which connectors there are.
+    report = replace(healthy(), publication=PublicationState(), connector=ConnectorState(
+        name="nosuch", exists=False, deployed=deployed))
+    assert lines(report) == [
+        f"critical: connector: connector nosuch is not deployed: Kafka Connect has no connector "
+        f"of that name{has}, so nothing captures the outbox and its slot and publication are "
+        "not checked; set status.connector (or --connector) to the one capturing it, or "
+        "`cdc-router connectors apply -f <file>`"]
+    text = as_text(report, judge(report, SETTINGS))
+    assert f"connector nosuch: NOT DEPLOYED: Kafka Connect has no connector of that name{has}" \
+        in text.splitlines()
+    assert "publication: not checked (connector nosuch is not deployed, and its config names " \
+           "the publication)" in text.splitlines()
+    assert "UNREACHABLE" not in text
+    document = json.loads(json.dumps(as_json(report, judge(report, SETTINGS))))
+    assert document["connector"]["deployed"] == (None if deployed is None else list(deployed))
+    assert document["publication"]["error"] is None
+
+
 def test_a_paused_connector_warns_and_a_failed_task_is_critical_with_its_trace() -> None:
     paused = replace(healthy(), connector=replace(healthy().connector, state="PAUSED"))
     assert lines(paused) == [
