@@ -15,12 +15,11 @@ import click
 from cdc_router.cli._options import config_option
 from cdc_router.cli._output import output_option, table
 from cdc_router.cli.run import property_refused
-from cdc_router.config.load import load_config, not_a_file
+from cdc_router.config.load import load_config, require_file
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree, shown_url
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
-from cdc_router.errors import ConfigError
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router import clients
 from cdc_router.router.debezium import OutboxEvent
@@ -180,9 +179,7 @@ def _not_declared(topic: str) -> str:
 def _read_record(path: Path, topic: str | None,
                  default_topic: str) -> tuple[str, bytes | None, bytes | None]:
     """(topic, key, value) from a captured {topic, key, value} file or a raw value file."""
-    if not_a_file(path):  # review 48-e F17: /dev/zero filled the memory
-        raise ConfigError("not a file (a directory or a device)", source=str(path),
-                          field="--explain", hint="pass --explain with a change record's file")
+    require_file(path, field="--explain", hint="pass --explain with a change record's file")
     data = path.read_bytes()
     try:
         parsed = parse_json(data, max_depth=sys.getrecursionlimit() // 2)

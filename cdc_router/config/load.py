@@ -36,14 +36,17 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
 
 
 
-def not_a_file(path: Path) -> bool:
-    """Whether `path` is a directory or a device, which reading whole never ends for
-    (/dev/zero); a pipe (`<(envsubst ...)`) is a file here."""
+def require_file(path: str | Path, *, hint: str, field: str | None = None) -> None:
+    """ConfigError for a directory or a device at `path`, which reading whole never ends for
+    (QA 33-b, review 48-e F17: /dev/zero filled the memory); a pipe (`<(envsubst ...)`) is a
+    file here, and a path that cannot be stat'ed is left for the read to say why."""
     try:
-        mode = path.stat().st_mode
+        mode = Path(path).stat().st_mode
     except OSError:
-        return False  # reading it says why
-    return stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        return
+    if stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise ConfigError("not a file (a directory or a device)", source=str(path),
+                          field=field, hint=hint)
 
 
 def _text_before(error: UnicodeDecodeError) -> bytes:
@@ -64,10 +67,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     where the field takes a list or a mapping (see _env_value).
     """
     source = str(path)
-    if not_a_file(Path(path)):
-        # QA 33-b: /dev/zero filled the memory; a pipe (`-c <(envsubst ...)`) is fine.
-        raise ConfigError("not a file (a directory or a device)", source=source,
-                          hint="pass -c with the path of a router.yaml")
+    require_file(path, hint="pass -c with the path of a router.yaml")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

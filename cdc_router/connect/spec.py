@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc_router.config.load import not_a_file
+from cdc_router.config.load import require_file
 from cdc_router.config.placeholders import expand_tree, provider_references
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import ConfigError
@@ -41,9 +41,7 @@ class ConnectorSpec:
 
 def load_spec(path: Path, env: Mapping[str, str]) -> ConnectorSpec:
     """Read a connector file: Connect's `{"name": ..., "config": {...}}` or a flat config."""
-    if not_a_file(path):  # review 48-e F17: /dev/zero filled the memory
-        raise ConfigError("not a file (a directory or a device)", source=str(path),
-                          hint="pass -f with a connector's JSON file")
+    require_file(path, hint="pass -f with a connector's JSON file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
