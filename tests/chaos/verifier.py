@@ -275,6 +275,12 @@ def _headers(message: Message) -> dict[str, str]:
             for k, v in pairs}
 
 
+def _key_and_id(message: Message) -> tuple[str, str]:
+    """A destination record's key, and its event id: its `id` header, else its key."""
+    key = (message.key() or b"").decode(errors="replace")
+    return key, _headers(message).get("id", key)
+
+
 def _raw_id(message: Message) -> str | None:
     """The event id of a Debezium change record, from its JSON key {"id": ...}."""
     try:
@@ -294,16 +300,14 @@ def check_destinations(verdict: Verdict, ledger: dict[str, LedgerEntry],
     """Lost, duplicates, key, partition, topic, order; returns the ids delivered. The second
     copy of an id in `unmarked` (marks_aborted), and the order it breaks, count apart when it
     is the last: a third copy is a duplicate like any other."""
-    copies = Counter(_headers(m).get("id", (m.key() or b"").decode(errors="replace"))
-                     for records in topics.values() for m in records)
+    copies = Counter(_key_and_id(m)[1] for records in topics.values() for m in records)
     excused = {i for i in unmarked if copies[i] == 2}
     seen: Counter[str] = Counter()
     for topic, records in topics.items():
         last_seq: dict[tuple[int, str], int] = defaultdict(lambda: -1)
         for message in sorted(records, key=_where):
             partition, offset = _where(message)
-            key = (message.key() or b"").decode(errors="replace")
-            event_id = _headers(message).get("id", key)
+            key, event_id = _key_and_id(message)
             seen[event_id] += 1
             entry = ledger.get(event_id)
             if entry is None:
