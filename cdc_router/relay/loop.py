@@ -355,7 +355,8 @@ class OutboxRelay:
         if self._replay is not None:
             self._replay.abort()
         self._metrics.aborted.inc()
-        cause, reason = abort_batch(self._txn, self._poison, failure, who="relay")
+        cause, reason = abort_batch(self._txn, self._poison, self._destinations, failure,
+                                    who="relay")
         if cause == "abort_failed":
             self._pending_abort = True
         if cause != "record_refused":

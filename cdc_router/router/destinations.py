@@ -223,9 +223,17 @@ class DestinationMetadata:
             raise RouteError(reason)
 
     def clear(self) -> None:
-        """Forget every topic: the next record for each asks the cluster again."""
-        self._topics.clear()
+        """Forget every topic and grant: the next record for each asks the cluster again."""
         self._write_refused.clear()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Forget the partition counts (grants stay known): after an aborted batch, whose
+        cause may be metadata gone stale. QA 50-a F2: a destination deleted under traffic held
+        every route 139 s; its records, re-read, were produced again to the topic librdkafka
+        still had metadata for, and stayed undelivered batch after batch, where a listing
+        asked afresh routes them to dead letters."""
+        self._topics.clear()
         self._refresh()
 
     def _refresh(self) -> None:

@@ -242,7 +242,8 @@ class DeadLetterReplay:
                 result.committed = dict(Counter(result.committed) + batch)
                 return result
             except (BatchFailed, KafkaException) as failure:
-                cause, reason = abort_batch(txn, self._poison, failure, who="dlq replay")
+                cause, reason = abort_batch(txn, self._poison, self._destinations, failure,
+                                            who="dlq replay")
                 pending_abort = cause == "abort_failed"
                 # Refused records are progress (run's isolation); so is a committed batch. A
                 # refusal's gap in the sequence numbers fails the next batch once, too.

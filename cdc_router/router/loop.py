@@ -328,10 +328,10 @@ class OutboxRouter:
             self._replay.abort()
         self._metrics.aborted.inc()
         self._needs_rewind = True
-        cause, reason = abort_batch(self._txn, self._poison, failure, who="router")
+        cause, why = abort_batch(self._txn, self._poison, self._destinations, failure, who="router")
         if cause == "abort_failed":
             self._pending_abort = True
-            self._back_off(reason, backoff)
+            self._back_off(why, backoff)
             return
         if cause == "record_refused":
             self._after_refusal = True
@@ -342,9 +342,9 @@ class OutboxRouter:
             # measured on Kafka 4.x) and bumps its epoch on that abort (KIP-360). Not the
             # cluster's fault: no backoff.
             self._after_refusal = False
-            log.warning("event=batch_aborted cause=epoch_bump reason=%r", reason)
+            log.warning("event=batch_aborted cause=epoch_bump reason=%r", why)
             return
-        self._back_off(reason, backoff)
+        self._back_off(why, backoff)
 
     def _back_off(self, reason: str, wait: bool) -> None:
         self._consecutive_aborts += 1

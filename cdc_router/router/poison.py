@@ -47,6 +47,7 @@ from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
 from cdc_router.router.timestamps import TIMESTAMP_HINT
 
 if TYPE_CHECKING:
+    from cdc_router.router.destinations import DestinationMetadata
     from cdc_router.router.routing import OutboundRecord
     from cdc_router.router.transaction import Transaction
 
@@ -196,10 +197,11 @@ def produce_isolated(txn: Transaction, poison: PoisonIsolation, record: Outbound
     return None
 
 
-def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseException, *,
-                who: str) -> tuple[AbortCause, str]:
+def abort_batch(txn: Transaction, poison: PoisonIsolation, destinations: DestinationMetadata,
+                failure: BaseException, *, who: str) -> tuple[AbortCause, str]:
     """Abort the open batch after `failure` and learn which input records the broker refused;
-    the cause and a reason for the log. The router and the relay share it.
+    the cause and a reason for the log. The router, the relay and `dlq replay` share it. The
+    batch is read again with the `destinations`' partition counts asked afresh.
 
     Raises FatalKafkaError when `failure` is fatal, naming `who` and the likely cause (the
     Transaction's fenced_hint).
@@ -209,6 +211,7 @@ def abort_batch(txn: Transaction, poison: PoisonIsolation, failure: BaseExceptio
         raise fatal_kafka_error(f"Kafka refused this {who} for good ({describe(error)}); "
                                 f"{likely_cause(error, txn.fenced_hint)}", error) from failure
     sources = txn.sources
+    destinations.refresh()
     try:
         failures = txn.abort()
     except BatchFailed as abort_failure:

@@ -502,6 +502,39 @@ def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events_un
     assert still_running and "Traceback" not in log, log[-3000:]
 
 
+def test_a_destination_deleted_under_traffic_dead_letters_its_events_and_holds_no_route(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 50-a F2: deleted while its records were in flight, a destination held every route
+    # for 139 s (the broker refused them, and their re-reads produced them alone to the topic
+    # librdkafka still had metadata for; test_router_loop has that path). Here the deletion
+    # usually takes README's other path: a flush that times out, then an abort Kafka refuses,
+    # then a new producer. Either way: the other route flows, each letter once, no exit.
+    rows = [row for i in range(200) for row in (
+        ("Order", f"order-{i % 5}", "OrderPaid", {"seq": i}),
+        ("Customer", f"customer-{i % 3}", "CustomerMoved", {"seq": i}))]
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        pipe.start_router(wait=True)
+        inserted: list[str] = []
+        writer = threading.Thread(target=lambda: [
+            (inserted.extend(pipe.insert(rows[start:start + 10])), time.sleep(0.1))
+            for start in range(0, len(rows), 10)])
+        writer.start()
+        pipe.read(pipe.orders_topic, 20)  # records of the topic flow, some of them in flight
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        admin.delete_topics([pipe.orders_topic])[pipe.orders_topic].result(timeout=30)
+        writer.join()
+        customers = inserted[1::2]
+        moved = pipe.read(pipe.events_topic, len(customers), timeout_s=180)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=3)
+        still_running = pipe.routers["a"].poll() is None
+        log = pipe.router_log()
+    assert Counter(r.key().decode() for r in moved) == Counter(customers), log[-3000:]
+    lettered = Counter(dict(letter.headers())["dlq.event.id"].decode() for letter in letters)
+    assert lettered and set(lettered) <= set(inserted[0::2]), log[-3000:]
+    assert max(lettered.values()) == 1, log[-3000:]
+    assert still_running and "Traceback" not in log, log[-3000:]
+
+
 def test_a_router_whose_producer_is_fenced_once_renews_it_and_delivers_every_event_once(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA, session 28: a transaction that outlived transaction.timeout.ms (a JetStream stream

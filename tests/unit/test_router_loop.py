@@ -740,6 +740,26 @@ def test_a_destination_topic_deleted_under_the_router_dead_letters_its_events() 
     assert "does not exist" in letters["late-1"]  # known missing since: never produced
 
 
+def test_a_destination_deleted_with_records_in_flight_costs_one_abort_not_one_each() -> None:
+    # QA 50-a F2: the broker refused the in-flight records (UNKNOWN_TOPIC_OR_PART) and each
+    # was produced again alone to the topic the cached listing still named: one abort each
+    # here; on a real cluster each waited 20 s undelivered, and every route waited 139 s.
+    cluster = cluster_with(*events(6), refuse=lambda topic, value, timestamp: (
+        KafkaError.UNKNOWN_TOPIC_OR_PART if topic not in cluster.partitions else None))
+    later = [raw_event(f"late-{i}") for i in range(5)]
+
+    def delete_orders(consumer: FakeConsumer) -> None:  # after the first poll's commit
+        del consumer.cluster.partitions[ORDERS]
+        consumer.cluster.raw[0] += [(b"k", value) for value in later]
+
+    harness = Harness(cluster, hooks=[delete_orders]).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(6))
+    assert sorted(letter.header("dlq.event.id") for letter in harness.letters()) == [
+        f"late-{i}" for i in range(5)]
+    assert {letter.header("dlq.stage") for letter in harness.letters()} == {"route"}
+    assert harness.metric("cdc_router_batches_aborted_total") <= 2
+
+
 class _StreamWithMaxMsgSize:
     """A JetStream stream of max_msg_size 100: each bigger message is refused alone (err_code
     10054), the others stored once (Nats-Msg-Id dedup)."""
