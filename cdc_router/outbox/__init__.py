@@ -3,7 +3,8 @@
     table   where the outbox lives and what its columns are called (OutboxColumns: the one
             column model, also router.yaml's `source.outbox`)
     setup   the idempotent DDL: table, heartbeat table, insert-only publication, replication role
-    writer  write_event(): one outbox row in the application's own transaction
+    writer  write_event(), write_event_async(): one outbox row in the application's own
+            transaction
     relay_columns  the two columns (and index) `cdc-router relay` reads
     tools   stats and purge, for operators
     republish  rows as Debezium's change events, for `outbox republish` after a lost slot
@@ -25,7 +26,7 @@ from cdc_router.outbox.setup import (
 )
 from cdc_router.outbox.table import PAYLOAD_TYPES, OutboxColumns, OutboxSchema, PayloadType
 from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge, purge_cutoff
-from cdc_router.outbox.writer import new_event_id, write_event
+from cdc_router.outbox.writer import new_event_id, write_event, write_event_async
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TABLE",
@@ -49,4 +50,5 @@ __all__ = [
     "render_ddl",
     "render_psql",
     "write_event",
+    "write_event_async",
 ]

@@ -1,4 +1,5 @@
-"""`write_event()`: the application's side of the outbox, one row in the caller's transaction.
+"""`write_event()` (and `write_event_async()`): the application's side of the outbox, one row in
+the caller's transaction.
 
     from cdc_router.outbox import write_event
 
@@ -6,10 +7,15 @@
         ...  # the business change
         write_event(conn, aggregate_type="Order", aggregate_id="42", type="OrderPaid",
                     payload={"total": "19.90"})
+
+    async with conn.transaction():  # a psycopg AsyncConnection
+        ...
+        await write_event_async(conn, aggregate_type="Order", ...)
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -76,7 +82,39 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
     business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
     column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
+    An AsyncConnection takes write_event_async.
     """
+    query, params = _insert(conn, False, aggregate_type, aggregate_id, type, payload, headers,
+                            event_id, schema)
+    result = conn.execute(query, params)
+    if inspect.isawaitable(result):  # an async connection of another kind: nothing ran
+        getattr(result, "close", lambda: None)()  # no "never awaited" warning
+        raise InvalidEventError(f"write_event got a connection whose execute() is async "
+                                f"({conn.__class__.__name__}): use `await "
+                                "write_event_async(conn, ...)`")
+    return str(params[0])
+
+
+async def write_event_async(conn: psycopg.AsyncConnection[Any], *, aggregate_type: str,
+                            aggregate_id: str, type: str,
+                            payload: dict[str, Any] | list[Any] | bytes,
+                            headers: Mapping[str, str] | None = None,
+                            event_id: str | uuid.UUID | None = None,
+                            schema: OutboxSchema = DEFAULT_SCHEMA) -> str:
+    """write_event for a psycopg AsyncConnection: the same row, the same checks, awaited."""
+    query, params = _insert(conn, True, aggregate_type, aggregate_id, type, payload, headers,
+                            event_id, schema)
+    await conn.execute(query, params)
+    return str(params[0])
+
+
+def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id: str,
+            type: str, payload: dict[str, Any] | list[Any] | bytes,
+            headers: Mapping[str, str] | None, event_id: str | uuid.UUID | None,
+            schema: OutboxSchema) -> tuple[sql.Composed, tuple[Any, ...]]:
+    """The INSERT of one event and its values (the event id first), every check done: what
+    write_event and write_event_async share. InvalidEventError before any SQL."""
+    _check_connection(conn, asynchronous)
     if isinstance(aggregate_id, int) and not isinstance(aggregate_id, bool):
         aggregate_id = str(aggregate_id)  # a numeric order id, stored as its text as before
     for name, text in (("aggregate_type", aggregate_type), ("aggregate_id", aggregate_id),
@@ -120,8 +158,18 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         schema.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
         sql.SQL(", ").join(sql.Placeholder() * len(columns)))
-    conn.execute(query, tuple(values))
-    return event
+    return query, tuple(values)
+
+
+def _check_connection(conn: object, asynchronous: bool) -> None:
+    """Review 50-d F1: write_event's execute() on an AsyncConnection made a coroutine nobody
+    awaited; the id was returned, the transaction committed without the row."""
+    if asynchronous and isinstance(conn, psycopg.Connection | psycopg.Cursor):
+        raise InvalidEventError(f"write_event_async got a psycopg {conn.__class__.__name__}: "
+                                "use write_event(conn, ...)")
+    if not asynchronous and isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor):
+        raise InvalidEventError(f"write_event got a psycopg {conn.__class__.__name__}: use "
+                                "`await write_event_async(conn, ...)`")
 
 
 def _check_text(name: str, text: object) -> None:
