@@ -80,9 +80,10 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     """Insert one outbox row in the caller's transaction and return its event id.
 
     Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
-    business change does. payload: a dict or list (stored as JSON) or, for a bytea payload
-    column, bytes. headers: string values only. event_id: a UUID; by default a new UUIDv7.
-    An AsyncConnection takes write_event_async.
+    business change does (an autocommit connection outside `conn.transaction()` is refused).
+    payload: a dict or list (stored as JSON) or, for a bytea payload column, bytes. headers:
+    string values only. event_id: a UUID; by default a new UUIDv7. An AsyncConnection takes
+    write_event_async.
     """
     query, params = _insert(conn, False, aggregate_type, aggregate_id, type, payload, headers,
                             event_id, schema)
@@ -162,14 +163,27 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
 
 
 def _check_connection(conn: object, asynchronous: bool) -> None:
-    """Review 50-d F1: write_event's execute() on an AsyncConnection made a coroutine nobody
-    awaited; the id was returned, the transaction committed without the row."""
+    """The connection's kind, and a transaction for the row to join. Review 50-d F1:
+    write_event's execute() on an AsyncConnection made a coroutine nobody awaited; the id was
+    returned, the transaction committed without the row."""
     if asynchronous and isinstance(conn, psycopg.Connection | psycopg.Cursor):
         raise InvalidEventError(f"write_event_async got a psycopg {conn.__class__.__name__}: "
                                 "use write_event(conn, ...)")
     if not asynchronous and isinstance(conn, psycopg.AsyncConnection | psycopg.AsyncCursor):
         raise InvalidEventError(f"write_event got a psycopg {conn.__class__.__name__}: use "
                                 "`await write_event_async(conn, ...)`")
+    # Review 50-d F5: on an autocommit connection outside a transaction block the row committed
+    # by itself, before (and whatever became of) the business change.
+    connection = conn.connection if isinstance(conn, psycopg.Cursor | psycopg.AsyncCursor) \
+        else conn
+    status = getattr(getattr(connection, "info", None), "transaction_status", None)
+    if getattr(connection, "autocommit", False) is True and \
+            status == psycopg.pq.TransactionStatus.IDLE:
+        block = "async with conn.transaction():" if asynchronous else "with conn.transaction():"
+        raise InvalidEventError(f"the connection is in autocommit mode and outside a transaction, "
+                                f"so the event would commit on its own, apart from the business "
+                                f"change: call it inside `{block}` (or on a connection without "
+                                "autocommit)")
 
 
 def _check_text(name: str, text: object) -> None:

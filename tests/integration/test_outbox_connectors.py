@@ -381,8 +381,9 @@ def test_an_idle_outbox_holds_no_wal_even_after_a_restart(running: Deployment) -
     with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
         # No heartbeat meanwhile: the last event the task processes is the row's commit.
         _reconfigure(running, conn, {**deployed, "heartbeat.interval.ms": "3600000"})
-        row_id = write_event(conn, aggregate_type="Order", aggregate_id="1",
-                             type="BeforeRestart", payload={}, schema=running.schema)
+        with conn.transaction():  # autocommit: write_event needs a transaction (50-d F5)
+            row_id = write_event(conn, aggregate_type="Order", aggregate_id="1",
+                                 type="BeforeRestart", payload={}, schema=running.schema)
         _read_until(running, row_id)  # processed, and its offset committed with it (EOS)
         _reconfigure(running, conn, deployed)  # restarts the task, heartbeats every second
         conn.execute(f"CREATE TABLE IF NOT EXISTS public.{running.base}_other (secret text)")

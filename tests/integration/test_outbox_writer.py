@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 
 EVENT: dict[str, Any] = {"aggregate_type": "Order", "aggregate_id": "42", "type": "OrderPaid",
                          "payload": {"total": 10}}
+ALONE = "01a247a0-f6dd-7000-8000-00000000a10e"
 
 
 @pytest.fixture
@@ -53,3 +54,16 @@ def test_an_async_connection_writes_with_write_event_async_and_is_refused_by_wri
     event_id = asyncio.run(run())
 
     assert _count(stack.postgres_dsn, outbox, event_id) == 1
+
+
+def test_an_autocommit_connection_must_open_a_transaction_for_the_event(
+        stack: StackEndpoints, outbox: OutboxSchema) -> None:
+    # Review 50-d F5: outside a transaction block the event committed on its own, at once.
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        with pytest.raises(InvalidEventError, match=r"inside `with conn.transaction\(\):`"):
+            write_event(conn, schema=outbox, event_id=ALONE, **EVENT)
+        with conn.transaction():
+            inside = write_event(conn, schema=outbox, **EVENT)
+
+    assert _count(stack.postgres_dsn, outbox, ALONE) == 0
+    assert _count(stack.postgres_dsn, outbox, inside) == 1

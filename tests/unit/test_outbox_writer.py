@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import pytest
+from psycopg.pq import TransactionStatus
 
 from cdc_router.outbox import InvalidEventError, write_event, write_event_async
 
@@ -78,3 +79,41 @@ def test_a_real_async_connection_is_refused_by_write_event_by_its_class() -> Non
     with pytest.raises(InvalidEventError, match=r"Connection: use write_event\(conn"):
         asyncio.run(write_event_async(sync, **EVENT))  # type: ignore[arg-type]
 
+
+
+class _Info:
+    def __init__(self, status: TransactionStatus) -> None:
+        self.transaction_status = status
+
+
+class AutocommitConnection(SyncConnection):
+    """A connection in autocommit mode, inside a transaction block or not."""
+
+    def __init__(self, status: TransactionStatus) -> None:
+        super().__init__()
+        self.autocommit = True
+        self.info = _Info(status)
+
+
+class AsyncAutocommitConnection(AsyncConnection):
+    def __init__(self, status: TransactionStatus) -> None:
+        super().__init__()
+        self.autocommit = True
+        self.info = _Info(status)
+
+
+def test_an_autocommit_connection_outside_a_transaction_is_refused() -> None:
+    # Review 50-d F5: the event committed on its own, apart from the business change.
+    conn = AutocommitConnection(TransactionStatus.IDLE)
+    with pytest.raises(InvalidEventError, match=r"inside `with conn.transaction\(\):`"):
+        write_event(conn, **EVENT)  # type: ignore[arg-type]
+    async_conn = AsyncAutocommitConnection(TransactionStatus.IDLE)
+    with pytest.raises(InvalidEventError, match=r"inside `async with conn.transaction\(\):`"):
+        asyncio.run(write_event_async(async_conn, **EVENT))  # type: ignore[arg-type]
+    assert conn.calls == async_conn.calls == []
+
+
+def test_an_autocommit_connection_inside_a_transaction_block_writes() -> None:
+    conn = AutocommitConnection(TransactionStatus.INTRANS)
+    write_event(conn, **EVENT)  # type: ignore[arg-type]
+    assert len(conn.calls) == 1
