@@ -21,11 +21,16 @@ import re
 import sys
 from collections.abc import Callable
 from decimal import Decimal
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
+from cdc_router.config.json_bounds import BEYOND_DOUBLE as _BEYOND_DOUBLE
+from cdc_router.config.json_bounds import DOUBLE_DIGITS as _DOUBLE_DIGITS
+from cdc_router.config.json_bounds import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from cdc_router.config.json_bounds import beyond_double_reason
+from cdc_router.config.json_bounds import deeper_than as _deeper_than
+from cdc_router.config.json_bounds import refuse_huge_integers as _refuse_huge_integers
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import JsonTooDeep, SerializeError, show
 
@@ -33,17 +38,6 @@ if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
     from cdc_router.router.debezium import OutboxEvent
 
-# Deepest nesting of objects and arrays accepted in a payload or headers column. Python's parser
-# recurses once per level and stops near 1,000 (sys.getrecursionlimit()) minus the caller's
-# stack, and Postgres jsonb accepts thousands; event payloads rarely pass 20 levels, and some
-# consumers' parsers stop far earlier (Rust's serde_json at 128).
-MAX_JSON_DEPTH = 256
-# Measuring depth keeps only what nests: brackets, and the quotes that delimit strings.
-_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}"')))
-_QUOTED = re.compile(rb'"[^"]*"')
-_DEPTH_STEP = [0] * 256
-_DEPTH_STEP[ord("[")] = _DEPTH_STEP[ord("{")] = 1
-_DEPTH_STEP[ord("]")] = _DEPTH_STEP[ord("}")] = -1
 # The escaped form of a UTF-16 surrogate (\uD800 to \uDFFF): the only way JSON text that is
 # valid UTF-8 can carry one. A match only means "look closer": it may be a paired surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -66,9 +60,6 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-# How a number beyond a double starts its ValueError; json_problem words the reason from it.
-_BEYOND_DOUBLE = "a number beyond a double"
-
 
 def _finite_float(text: str) -> float:
     # 1e400 is valid JSON that json.loads reads as infinity without calling parse_constant
@@ -78,40 +69,6 @@ def _finite_float(text: str) -> float:
     if math.isinf(value):
         raise ValueError(f"{_BEYOND_DOUBLE} ({show(text, 40)})")
     return value
-
-
-# An integer beyond a double (10**308 up: jsonb stores 1e400 as 1 and 400 zeros) is refused as
-# 1e400 is (QA 45-a). Only a payload with a run of 308 digits may hold one: such a run covers two
-# neighbouring bytes of every 154th, a check of a few bytes before any search.
-_DOUBLE_DIGITS = len(str(int(sys.float_info.max)))  # 309
-_STRIDE = (_DOUBLE_DIGITS - 1) // 2
-_TWO_DIGITS = re.compile("[0-9][0-9]")
-_TWO_DIGITS_BYTES = re.compile(b"[0-9][0-9]")
-_DIGIT_RUN = re.compile(f"(?<![0-9])[0-9]{{{_DOUBLE_DIGITS - 1}}}")  # from a run's start only
-_DIGIT_RUN_BYTES = re.compile(_DIGIT_RUN.pattern.encode())
-# The least integer a double reader rounds to infinity: the largest double plus half its last
-# step (2**971); a smaller one rounds to the largest double, as 1.7976931348623158e308 does.
-_ROUNDS_TO_INFINITY = 2**1024 - 2**970
-
-
-def _beyond_double(value: Any) -> int | None:
-    """The first integer of a parsed tree that no double holds, or None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if abs(value) >= _ROUNDS_TO_INFINITY else None
-    children = value.values() if isinstance(value, dict) else value \
-        if isinstance(value, list) else ()
-    return next((found for found in map(_beyond_double, children) if found is not None), None)
-
-
-def _refuse_huge_integers(text: str | bytes, parsed: Any) -> None:
-    if isinstance(text, bytes):
-        suspect = bool(_TWO_DIGITS_BYTES.search(text[::_STRIDE])
-                       and _DIGIT_RUN_BYTES.search(text))
-    else:
-        suspect = bool(_TWO_DIGITS.search(text[::_STRIDE]) and _DIGIT_RUN.search(text))
-    if suspect and (huge := _beyond_double(parsed)) is not None:
-        raise ValueError(f"{_BEYOND_DOUBLE} ({show(str(huge)[:20] + '...', 40)}, an integer "
-                         f"of {len(str(abs(huge)))} digits)")
 
 
 def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
@@ -190,25 +147,6 @@ def _numbers(value: Any, convert: Callable[[RawNumber], Any]) -> Any:
     return value
 
 
-def _deeper_than(text: str | bytes, limit: int) -> bool:
-    # A text no longer than the limit has no more brackets than that (most headers columns
-    # and payloads): nothing to count.
-    if len(text) <= limit:
-        return False
-    # Fewer brackets than the limit cannot nest deeper: two C-speed counts for most values.
-    if isinstance(text, str):
-        if text.count("[") + text.count("{") <= limit:
-            return False
-        text = text.encode("utf-8", "surrogatepass")
-    elif text.count(b"[") + text.count(b"{") <= limit:
-        return False
-    # Brackets inside strings do not nest. Escaped backslashes go first, then escaped quotes,
-    # so that the quotes left delimit strings; then all but brackets and quotes; then strings.
-    skeleton = text.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    brackets = _QUOTED.sub(b"", skeleton)
-    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit
-
-
 def json_kind(value: Any) -> str:
     """What a parsed JSON value is, for a reason: 'an object', 'null', ..."""
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
@@ -229,8 +167,7 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes | None = No
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "
                 "sent between systems must not have (RFC 8259 8.1); remove it")
     if str(error).startswith(_BEYOND_DOUBLE):
-        return (f"holds {error}: valid JSON, but Go's and Rust's JSON readers refuse it and "
-                "others read infinity; write it as a string")
+        return beyond_double_reason(str(error))
     if "Exceeds the limit" in str(error) and "digits" in str(error):
         # Valid JSON (QA, session 30): Python reads no integer over sys.get_int_max_str_digits.
         return (f"holds an integer of over {sys.get_int_max_str_digits()} digits: valid "

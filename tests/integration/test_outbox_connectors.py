@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from cdc_router.cli import main
 from cdc_router.connect.client import ConnectClient
 from cdc_router.ops.database import probe_database
-from cdc_router.outbox import OutboxSchema, write_event
+from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event
 from tests.integration.support import (
     StackEndpoints,
     create_outbox_table,
@@ -226,7 +226,9 @@ def test_a_big_row_reaches_the_raw_topic_and_one_too_big_is_refused_at_insert(
     with psycopg.connect(running.stack.postgres_dsn) as conn:
         write_event(conn, aggregate_type="Order", aggregate_id="big", type="Big",
                     payload={"s": '"' * 600_000}, event_id=big, schema=running.schema)
-    with pytest.raises(psycopg.errors.CheckViolation, match="cdc_router_event_size"), \
+    # Review 50-d F4: write_event refuses it before the INSERT (the server's check would
+    # abort the caller's transaction), naming the check.
+    with pytest.raises(InvalidEventError, match="cdc_router_event_size"), \
             psycopg.connect(running.stack.postgres_dsn) as conn:
         write_event(conn, aggregate_type="Order", aggregate_id="huge", type="Huge",
                     payload={"s": "x" * 4_000_000}, schema=running.schema)

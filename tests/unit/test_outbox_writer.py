@@ -4,13 +4,19 @@ any SQL (review 50-d)."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import functools
+import json
+import re
 import warnings
 from typing import Any
 
 import pytest
 from psycopg.pq import TransactionStatus
 
-from cdc_router.outbox import InvalidEventError, write_event, write_event_async
+from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event, write_event_async
+from cdc_router.outbox.setup import MAX_EVENT_BYTES
+from cdc_router.serde.json import MAX_JSON_DEPTH
 
 EVENT: dict[str, Any] = {"aggregate_type": "Order", "aggregate_id": "42", "type": "OrderPaid",
                          "payload": {"total": 10}, "headers": {"tenant": "t1"}}
@@ -117,3 +123,76 @@ def test_an_autocommit_connection_inside_a_transaction_block_writes() -> None:
     conn = AutocommitConnection(TransactionStatus.INTRANS)
     write_event(conn, **EVENT)  # type: ignore[arg-type]
     assert len(conn.calls) == 1
+
+
+# -- payload and headers: what Postgres or the router would refuse (review 50-d F3/F4) ---------
+
+BYTEA = OutboxSchema(payload_type="bytea")
+
+
+def _deep(levels: int) -> list[Any]:
+    return functools.reduce(lambda inner, _: [inner], range(levels - 1), [])
+
+
+def _circular() -> dict[str, Any]:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    return loop
+
+
+@pytest.mark.parametrize("schema", [OutboxSchema(), BYTEA], ids=["jsonb", "bytea"])
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"payload": {"a": float("nan")}}, "payload field 'a' is nan, which JSON cannot hold"),
+    ({"payload": {"a": [1, float("-inf")]}}, "payload field 'a[1]' is -inf"),
+    ({"payload": {"a": "\ud800"}}, "payload field 'a' holds a lone UTF-16 surrogate"),
+    ({"payload": {"\udc80": 1}}, "payload key '\\udc80' holds a lone UTF-16 surrogate"),
+    ({"payload": {"at": datetime.datetime(2026, 1, 1)}}, "payload field 'at' is a datetime"),
+    ({"payload": {(1, 2): 1}}, "JSON keys are strings"),
+    ({"payload": _circular()}, "payload contains itself"),
+    ({"payload": _deep(MAX_JSON_DEPTH + 1)}, "payload is JSON nested deeper than 256 levels"),
+    ({"payload": _deep(5000)}, "payload is nested too deeply"),
+    ({"payload": {"n": 2**1100}}, "payload holds a number beyond a double"),
+    ({"payload": {"s": "x" * MAX_EVENT_BYTES}}, "over the outbox's limit of 4,000,000 (check "
+                                                "cdc_router_event_size)"),
+    ({"payload": {"s": "x" * 3_000_000}, "headers": {"h": "y" * 1_000_000}}, "over the outbox"),
+    ({"headers": {"h": "a\x00b"}}, "headers field 'h' holds a NUL character"),
+    ({"headers": {"h": "\udc80"}}, "headers field 'h' holds a lone UTF-16 surrogate"),
+])
+def test_what_postgres_or_the_router_would_refuse_is_refused_before_any_sql(
+        schema: OutboxSchema, fields: dict[str, Any], message: str) -> None:
+    conn = SyncConnection()
+    with pytest.raises(InvalidEventError, match=re.escape(message)):
+        write_event(conn, **{**EVENT, **fields}, schema=schema)  # type: ignore[arg-type]
+    assert conn.calls == []
+
+
+def test_a_nul_is_refused_in_a_jsonb_payload_and_kept_as_json_in_a_bytea_one() -> None:
+    conn = SyncConnection()
+    with pytest.raises(InvalidEventError, match="payload field 'a' holds a NUL character"):
+        write_event(conn, **{**EVENT, "payload": {"a": "x\x00y"}})  # type: ignore[arg-type]
+    write_event(conn, **{**EVENT, "payload": {"a": "x\x00y"}},  # type: ignore[arg-type]
+                schema=BYTEA)
+    # Its text "\u0000" (a backslash, then u0000) is no NUL.
+    write_event(conn, **{**EVENT, "payload": {"a": "\\u0000"}})  # type: ignore[arg-type]
+    assert [params[4] if isinstance(params[4], bytes) else params[4].obj
+            for _, params in conn.calls] == [b'{"a":"x\\u0000y"}', {"a": "\\u0000"}]
+
+
+def test_a_bytes_payload_over_the_limit_is_refused() -> None:
+    with pytest.raises(InvalidEventError, match="4,000,001 bytes of payload and headers"):
+        write_event(SyncConnection(), **{**EVENT, "headers": None,  # type: ignore[arg-type]
+                                         "payload": b"x" * (MAX_EVENT_BYTES + 1)}, schema=BYTEA)
+
+
+def test_ordinary_payloads_are_stored_as_before() -> None:
+    conn = SyncConnection()
+    write_event(conn, **{**EVENT, "payload": {"a": "é", "b": [1, 2.5]}},  # type: ignore[arg-type]
+                schema=BYTEA)
+    write_event(conn, **{**EVENT, "payload": {"a": "é", "b": [1, 2.5]}})  # type: ignore[arg-type]
+
+    [(_, as_bytea), (_, as_jsonb)] = conn.calls
+    assert as_bytea[4] == b'{"a":"\\u00e9","b":[1,2.5]}'  # compact, ASCII: as it always was
+    jsonb, headers = as_jsonb[4], as_jsonb[5]
+    assert jsonb.obj == {"a": "é", "b": [1, 2.5]}
+    assert json.loads(jsonb.dumps(jsonb.obj)) == jsonb.obj
+    assert json.loads(headers.dumps(headers.obj)) == {"tenant": "t1"}

@@ -1,0 +1,137 @@
+"""An event's payload and headers as the JSON text write_event() stores, checked first.
+
+What Postgres would refuse at the INSERT (a NUL in a jsonb string, a lone surrogate, a row over
+the outbox's size check) and what the router would dead-letter or a consumer's JSON reader
+refuse (NaN and Infinity, also in a bytea payload, which nothing else checks; nesting deeper
+than MAX_JSON_DEPTH; an integer beyond a double) is an InvalidEventError naming the field,
+raised before anything is sent: a server error would also abort the caller's transaction
+(review 50-d F3/F4). The common path is one json.dumps, one encode and a few C-speed scans.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cdc_router.config.json_bounds import MAX_JSON_DEPTH, dumped_json_problem
+from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
+from cdc_router.errors import InvalidEventError, show
+from cdc_router.outbox.setup import MAX_EVENT_BYTES, SIZE_CHECK
+
+_SPACED = (", ", ": ")  # as Postgres writes jsonb: the size check measures that text
+_COMPACT = (",", ":")
+
+
+def payload_json(payload: dict[str, Any] | list[Any], *, jsonb: bool) -> bytes:
+    """The payload's JSON: as Postgres writes jsonb (for the size), or compact and ASCII for a
+    bytea column (its bytes as before)."""
+    text = _dumps(payload, "payload", _SPACED if jsonb else _COMPACT)
+    problem = dumped_json_problem(text, payload)  # first: the walks below stay shallow
+    if problem is not None:
+        raise InvalidEventError(f"payload {problem}; the router would dead-letter the event")
+    data = _utf8(text, payload, "payload")
+    if jsonb:
+        _no_nul(text, payload, "payload")
+    elif not text.isascii():  # the same JSON with \\u escapes, as it always was
+        data = _dumps(payload, "payload", _COMPACT, ascii_only=True).encode()
+    return data
+
+
+def headers_json(headers: dict[str, str]) -> bytes:
+    """The headers' jsonb text: no NUL and no lone surrogate in a value."""
+    text = _dumps(headers, "headers", _SPACED)
+    data = _utf8(text, headers, "headers")
+    _no_nul(text, headers, "headers")
+    return data
+
+
+def check_size(payload_bytes: int, headers_bytes: int) -> None:
+    """The outbox's size check (cdc_router_event_size): refused here, not by the server. The
+    JSON text is Postgres's to the byte but for floats Python writes with an exponent (1e-07,
+    where Postgres writes 0.0000001): at the very edge, the server's check still decides."""
+    if payload_bytes + headers_bytes > MAX_EVENT_BYTES:
+        raise InvalidEventError(
+            f"the event is {payload_bytes + headers_bytes:,} bytes of payload and headers, over "
+            f"the outbox's limit of {MAX_EVENT_BYTES:,} (check {SIZE_CHECK}): a change event "
+            "that big would stop Debezium's connector; store the data elsewhere and send a "
+            "reference to it")
+
+
+def _dumps(value: Any, field: str, separators: tuple[str, str], *,
+           ascii_only: bool = False) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, ensure_ascii=ascii_only, separators=separators)
+    except RecursionError:
+        raise InvalidEventError(f"{field} is nested too deeply to write as JSON (the router "
+                                f"reads up to {MAX_JSON_DEPTH} levels)") from None
+    except (TypeError, ValueError) as error:
+        if "Circular reference" in str(error):
+            raise InvalidEventError(f"{field} contains itself (a circular reference), which "
+                                    "JSON cannot hold") from None
+        try:
+            reason = _not_json(value, field)
+        except RecursionError:
+            reason = None
+        raise InvalidEventError(reason or f"{field} is not JSON: {error}") from None
+
+
+def _not_json(value: Any, field: str) -> str | None:
+    """Where `value` holds what JSON cannot: NaN, Infinity, a key or value of another type."""
+    for path, item, is_key in _walk(value, ""):
+        where = _where(field, path, is_key)
+        if isinstance(item, float) and not math.isfinite(item):
+            return (f"{where} is {item!r}, which JSON cannot hold (NaN and Infinity are not "
+                    "JSON): send null or a string")
+        if is_key and not isinstance(item, str | int | float | bool | None):
+            return f"{where} is a {item.__class__.__name__}: JSON keys are strings"
+        if not isinstance(item, str | int | float | bool | dict | list | tuple | None):
+            return (f"{where} is a {item.__class__.__name__}, which is not JSON: convert it "
+                    "first (a string, a number, a dict or a list)")
+    return None
+
+
+def _utf8(text: str, value: Any, field: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        path, is_key = _first(value, lambda item: isinstance(item, str)
+                              and not utf8_encodable(item))
+        raise InvalidEventError(f"{_where(field, path, is_key)} holds {LONE_SURROGATE}") \
+            from None
+
+
+def _no_nul(text: str, value: Any, field: str) -> None:
+    if "\\u0000" not in text:  # json.dumps escapes a NUL so; a match may be an escaped "\\"
+        return
+    found = _first(value, lambda item: isinstance(item, str) and "\x00" in item)
+    if found[0] is not None:
+        path, is_key = found
+        raise InvalidEventError(f"{_where(field, path, is_key)} holds a NUL character "
+                                "(\\u0000), which Postgres jsonb cannot store")
+
+
+def _first(value: Any, test: Callable[[Any], bool]) -> tuple[str | None, bool]:
+    return next(((path, is_key) for path, item, is_key in _walk(value, "") if test(item)),
+                (None, False))
+
+
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any, bool]]:
+    """(path, item, is it a key) for every key and value in `value`, depth first. Only on the
+    way to an error."""
+    yield path, value, False
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            yield where, key, True
+            yield from _walk(item, where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _walk(item, f"{path}[{index}]")
+
+
+def _where(field: str, path: str | None, is_key: bool) -> str:
+    if not path:
+        return field
+    return f"{field} {'key' if is_key else 'field'} {show(path)}"
