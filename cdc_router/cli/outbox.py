@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import click
 import psycopg
-from psycopg import sql
 
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import config_option
@@ -46,14 +45,7 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
-from cdc_router.outbox.relay_columns import (
-    partitioned_by,
-    relay_catalog,
-    seq_always_ddl,
-    seq_not_null_fix,
-    txid_index,
-    unique_seq_index,
-)
+from cdc_router.outbox.relay_columns import add_relay_columns, partitioned_by, seq_not_null_fix
 from cdc_router.outbox.republish import (
     RowSelection,
     change_event,
@@ -64,11 +56,9 @@ from cdc_router.outbox.republish import (
 from cdc_router.outbox.tools import relay_outbox_column
 from cdc_router.postgres import (
     column_hint,
-    column_types,
     dsn_problem,
     one_line,
     regclass_text,
-    split_table,
     table_columns,
 )
 from cdc_router.router.republish import check_republish, raw_topic
@@ -176,7 +166,8 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         report = init_outbox(conn, schema, setup, replication_password=replication_password,
                              relay=relay_columns)
         conn.commit()
-        relay_changed = relay_columns and _add_relay_columns(conn, schema.table)
+        relay_changed = relay_columns and add_relay_columns(
+            conn, schema.table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN)
     for verb, label, _ in report.steps:
         click.echo(f"{verb:<8} {label}")
     if relay_ddl:
@@ -199,42 +190,6 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
                    f"connector HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
     # QA 46-b F5: it said "nothing changed" after adding the relay's columns and indexes.
     click.echo("outbox ready" + ("" if report.changed or relay_changed else " (nothing changed)"))
-
-
-def _add_relay_columns(conn: psycopg.Connection[Any], table: str) -> bool:
-    """The relay's columns, indexes and trigger, each statement on its own (the indexes are
-    built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid index left by a build
-    that failed (repeated values, a lock timeout) is dropped first, or IF NOT EXISTS would
-    keep it; an identity seq of an earlier version becomes GENERATED ALWAYS, the app's own
-    seq NOT NULL. True when the table changed."""
-    conn.autocommit = True
-    before = relay_catalog(conn, table)
-    # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
-    conn.execute("SET lock_timeout = '10s'")
-    schema_name, _ = split_table(table)
-    partitioned = partitioned_by(conn, table, DEFAULT_SEQ_COLUMN, "--table")
-    not_null = seq_not_null_fix(conn, table, DEFAULT_SEQ_COLUMN)  # an app's own seq (46 F1)
-    for index in (txid_index(table, DEFAULT_TXID_COLUMN),
-                  unique_seq_index(table, DEFAULT_SEQ_COLUMN)):
-        invalid = conn.execute(
-            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
-            "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
-            (regclass_text(table), index)).fetchone()
-        if invalid is not None and not partitioned:  # a partitioned one: a partition lacks it
-            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
-                sql.Identifier(schema_name, index)))
-    for statement in relay_columns_ddl(table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN,
-                                       existing=column_types(conn, table),
-                                       partitioned=partitioned):
-        conn.execute(statement)
-    if not_null is not None:
-        conn.execute(not_null)
-    identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
-                            "to_regclass(%s) AND attname = %s",
-                            (regclass_text(table), DEFAULT_SEQ_COLUMN)).fetchone()
-    if identity is not None and identity[0] == "d":
-        conn.execute(seq_always_ddl(table, DEFAULT_SEQ_COLUMN))
-    return relay_catalog(conn, table) != before
 
 
 @cli.command()

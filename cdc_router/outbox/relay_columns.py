@@ -20,6 +20,7 @@ from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
     MAX_IDENTIFIER_BYTES,
     check_identifier,
+    column_types,
     regclass_text,
     split_table,
     table_identifier,
@@ -214,3 +215,39 @@ def relay_catalog(conn: psycopg.Connection[Any], table: str) -> tuple[Any, ...]:
         "to_regclass(%(t)s))", {"t": target})
     return tuple(found.fetchone() or ())
 
+
+def add_relay_columns(conn: psycopg.Connection[Any], table: str, txid_column: str,
+                      seq_column: str) -> bool:
+    """The relay's columns, indexes and trigger, each statement on its own (the indexes are
+    built CONCURRENTLY: the outbox keeps taking INSERTs). An invalid index left by a build
+    that failed (repeated values, a lock timeout) is dropped first, or IF NOT EXISTS would
+    keep it; an identity seq of an earlier version becomes GENERATED ALWAYS, the app's own
+    seq NOT NULL. True when the table changed."""
+    conn.autocommit = True
+    before = relay_catalog(conn, table)
+    # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
+    conn.execute("SET lock_timeout = '10s'")
+    schema_name, _ = split_table(table)
+    partitioned = partitioned_by(conn, table, seq_column, "--table")
+    not_null = seq_not_null_fix(conn, table, seq_column)  # an app's own seq (46 F1)
+    for index in (txid_index(table, txid_column),
+                  unique_seq_index(table, seq_column)):
+        invalid = conn.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
+            "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
+            (regclass_text(table), index)).fetchone()
+        if invalid is not None and not partitioned:  # a partitioned one: a partition lacks it
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                sql.Identifier(schema_name, index)))
+    for statement in relay_columns_ddl(table, txid_column, seq_column,
+                                       existing=column_types(conn, table),
+                                       partitioned=partitioned):
+        conn.execute(statement)
+    if not_null is not None:
+        conn.execute(not_null)
+    identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
+                            "to_regclass(%s) AND attname = %s",
+                            (regclass_text(table), seq_column)).fetchone()
+    if identity is not None and identity[0] == "d":
+        conn.execute(seq_always_ddl(table, seq_column))
+    return relay_catalog(conn, table) != before
