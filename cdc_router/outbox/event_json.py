@@ -12,16 +12,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
-from cdc_router.config.json_bounds import MAX_JSON_DEPTH, dumped_json_problem
+from cdc_router.config.json_bounds import (
+    BEYOND_DOUBLE,
+    MAX_JSON_DEPTH,
+    beyond_double_reason,
+    dumped_json_problem,
+)
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.setup import MAX_EVENT_BYTES, SIZE_CHECK
 
 _SPACED = (", ", ": ")  # as Postgres writes jsonb: the size check measures that text
 _COMPACT = (",", ":")
+# A Decimal stands in json.dumps's text as this string, then as its own digits: no payload
+# string is it (the random part is this process's).
+_MARK = f"decimal-{os.urandom(12).hex()}-"
+_NUMBER = re.compile(f'"{_MARK}([0-9]+)"')
 
 
 def payload_json(payload: dict[str, Any] | list[Any], *, jsonb: bool) -> bytes:
@@ -61,8 +73,20 @@ def check_size(payload_bytes: int, headers_bytes: int) -> None:
 
 def _dumps(value: Any, field: str, separators: tuple[str, str], *,
            ascii_only: bool = False) -> str:
+    """json.dumps, with a decimal.Decimal written as its own text (review 50-d F2: an exact
+    amount could only be sent as a string); json calls `exact` for nothing else it knows."""
+    numbers: list[str] = []
+
+    def exact(item: object) -> str:
+        if not isinstance(item, Decimal) or _decimal_problem(item) is not None:
+            raise TypeError(item.__class__.__name__)  # _not_json says where, and why
+        numbers.append(str(item))
+        return f"{_MARK}{len(numbers) - 1}"
+
     try:
-        return json.dumps(value, allow_nan=False, ensure_ascii=ascii_only, separators=separators)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=ascii_only,
+                          separators=separators, default=exact)
+        return _NUMBER.sub(lambda found: numbers[int(found[1])], text) if numbers else text
     except RecursionError:
         raise InvalidEventError(f"{field} is nested too deeply to write as JSON (the router "
                                 f"reads up to {MAX_JSON_DEPTH} levels)") from None
@@ -81,6 +105,11 @@ def _not_json(value: Any, field: str) -> str | None:
     """Where `value` holds what JSON cannot: NaN, Infinity, a key or value of another type."""
     for path, item, is_key in _walk(value, ""):
         where = _where(field, path, is_key)
+        if isinstance(item, Decimal) and not is_key:
+            problem = _decimal_problem(item)
+            if problem is None:
+                continue
+            return f"{where} {problem}"
         if isinstance(item, float) and not math.isfinite(item):
             return (f"{where} is {item!r}, which JSON cannot hold (NaN and Infinity are not "
                     "JSON): send null or a string")
@@ -89,6 +118,15 @@ def _not_json(value: Any, field: str) -> str | None:
         if not isinstance(item, str | int | float | bool | dict | list | tuple | None):
             return (f"{where} is a {item.__class__.__name__}, which is not JSON: convert it "
                     "first (a string, a number, a dict or a list)")
+    return None
+
+
+def _decimal_problem(number: Decimal) -> str | None:
+    if not number.is_finite():
+        return (f"is {number!r}, which JSON cannot hold (NaN and Infinity are not JSON): send "
+                "null or a string")
+    if math.isinf(float(number)):  # the router's strict read refuses it, as 1e400
+        return beyond_double_reason(f"{BEYOND_DOUBLE} ({str(number)[:40]})")
     return None
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
+from cdc_router.cli import main
 from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event, write_event_async
 from tests.integration.support import (
     StackEndpoints,
@@ -126,3 +129,33 @@ def test_a_bytea_payload_with_nan_is_refused_not_stored_as_non_json(
 
 def _deep(levels: int) -> list[Any]:
     return functools.reduce(lambda inner, _: [inner], range(levels - 1), [])
+
+
+def test_outbox_write_stores_the_payloads_numbers_exactly_as_given(
+        stack: StackEndpoints, outbox: OutboxSchema) -> None:
+    # Review 50-d F2: a float round trip made 12345678901234567.89 12345678901234568, 1.10 1.1.
+    payload = ('{"amount": 12345678901234567.89, "price": 1.10, '
+               '"n": 100000000000000000000000000000001.5, "i": 12345678901234567890123}')
+    result = CliRunner().invoke(main, ["outbox", "write", "--dsn", stack.postgres_dsn,
+                                       "--table", outbox.table, "--aggregate-type", "O",
+                                       "--aggregate-id", "1", "--type", "T",
+                                       "--payload", payload])
+    assert result.exit_code == 0, result.output
+
+    with psycopg.connect(stack.postgres_dsn) as conn:
+        row = conn.execute(f"SELECT payload = %s::jsonb, payload::text FROM {outbox.table} "
+                           "WHERE id = %s", (payload, result.stdout.strip())).fetchone()
+    assert row is not None
+    assert row[0], row[1]
+    assert "12345678901234567.89" in row[1] and "1.10" in row[1]
+
+
+def test_write_event_stores_a_decimal_exactly(stack: StackEndpoints,
+                                              outbox: OutboxSchema) -> None:
+    with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
+        event_id = write_event(conn, schema=outbox, **{
+            **EVENT, "payload": {"total": Decimal("19.90"), "big": Decimal("1E+30")}})
+        row = conn.execute(f"SELECT payload->>'total', payload->>'big' FROM {outbox.table} "
+                           "WHERE id = %s", (event_id,)).fetchone()
+
+    assert row == ("19.90", "1000000000000000000000000000000")

@@ -4,16 +4,21 @@ any SQL (review 50-d)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import json
 import re
 import warnings
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from psycopg.pq import TransactionStatus
 
+from cdc_router.cli import main
 from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event, write_event_async
 from cdc_router.outbox.setup import MAX_EVENT_BYTES
 from cdc_router.serde.json import MAX_JSON_DEPTH
@@ -196,3 +201,60 @@ def test_ordinary_payloads_are_stored_as_before() -> None:
     assert jsonb.obj == {"a": "é", "b": [1, 2.5]}
     assert json.loads(jsonb.dumps(jsonb.obj)) == jsonb.obj
     assert json.loads(headers.dumps(headers.obj)) == {"tenant": "t1"}
+
+
+# -- exact numbers (review 50-d F2) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("schema", "stored"), [
+    (OutboxSchema(), '{"amount": 12345678901234567.89, "price": 1.10, "n": [1E+2, 2.5]}'),
+    (BYTEA, '{"amount":12345678901234567.89,"price":1.10,"n":[1E+2,2.5]}')],
+    ids=["jsonb", "bytea"])
+def test_decimals_are_written_exactly_as_their_text(schema: OutboxSchema, stored: str) -> None:
+    conn = SyncConnection()
+    payload = {"amount": Decimal("12345678901234567.89"), "price": Decimal("1.10"),
+               "n": [Decimal("1E+2"), 2.5]}
+
+    write_event(conn, **{**EVENT, "payload": payload}, schema=schema)  # type: ignore[arg-type]
+
+    value = conn.calls[0][1][4]
+    assert (value if isinstance(value, bytes) else value.dumps(value.obj)).decode() == stored
+
+
+@pytest.mark.parametrize(("number", "message"), [
+    (Decimal("NaN"), "payload field 'a' is Decimal('NaN'), which JSON cannot hold"),
+    (Decimal("-Infinity"), "payload field 'a' is Decimal('-Infinity')"),
+    (Decimal("1E+400"), "payload field 'a' holds a number beyond a double (1E+400)")])
+def test_a_decimal_json_or_the_router_cannot_take_is_refused(number: Decimal,
+                                                             message: str) -> None:
+    with pytest.raises(InvalidEventError, match=re.escape(message)):
+        write_event(SyncConnection(), **{**EVENT, "payload": {"a": number}})  # type: ignore[arg-type]
+
+
+def test_outbox_write_hands_write_event_the_payloads_numbers_as_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_router.cli import outbox as cli_outbox
+
+    written: list[Any] = []
+    monkeypatch.setattr(cli_outbox, "database", lambda dsn: contextlib.nullcontext(
+        SimpleNamespace(transaction=contextlib.nullcontext)))
+    monkeypatch.setattr(cli_outbox, "write_event", lambda conn, **event: written.append(
+        event["payload"]) or EVENT_ID)
+    result = CliRunner().invoke(main, ["outbox", "write", "--aggregate-type", "A",
+                                       "--aggregate-id", "1", "--type", "T", "--payload",
+                                       '{"amount": 12345678901234567.89, "price": 1.10}'])
+
+    assert result.exit_code == 0, result.output
+    assert written == [{"amount": Decimal("12345678901234567.89"), "price": Decimal("1.10")}]
+    assert str(written[0]["price"]) == "1.10"
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_outbox_write_refuses_nan_in_the_payload_naming_the_option(constant: str) -> None:
+    result = CliRunner().invoke(main, ["outbox", "write", "--dsn", "postgresql://x@127.0.0.1:9/db",
+                                       "--aggregate-type", "A", "--aggregate-id", "1",
+                                       "--type", "T", "--payload", f'{{"a": {constant}}}'])
+
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (f"error: field '--payload': not valid JSON: {constant} is not JSON "
+                             "(RFC 8259); send null or a string\n")
