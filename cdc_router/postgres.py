@@ -285,7 +285,8 @@ def column_hint(error: BaseException) -> str:
     if not isinstance(error, psycopg.errors.UndefinedColumn):
         return ""
     return ("; name the table's columns with --column NAME=COLUMN (as given to `outbox init`), "
-            "e.g. --column created_at=occurred_at")
+            "e.g. --column created_at=occurred_at, and a table without headers or created_at "
+            "with --column headers= or --column created_at=")
 
 
 def delete_in_chunks(conn: psycopg.Connection[Any], table: sql.Composable,

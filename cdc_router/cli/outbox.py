@@ -32,6 +32,7 @@ from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
+    OPTIONAL_COLUMNS,
     PAYLOAD_TYPES,
     CaptureSetup,
     OutboxColumns,
@@ -82,17 +83,31 @@ def schema_options(command: F) -> F:
     @click.option("--table", default="public.outbox", show_default=True,
                   help="The outbox table, schema.table.")
     @click.option("--column", "columns", multiple=True, metavar="DEFAULT=NAME",
-                  help=f"Rename a column ({', '.join(OutboxColumns.model_fields)}); repeatable.")
+                  help=f"Rename a column ({', '.join(OutboxColumns.model_fields)}); DEFAULT= "
+                       f"for a table without it ({', '.join(OPTIONAL_COLUMNS)}); repeatable.")
     @click.option("--payload-type", type=click.Choice(PAYLOAD_TYPES), default="jsonb",
                   show_default=True, help="payload column type: JSON, or bytes already encoded.")
     @functools.wraps(command)
     def wrapper(*args: Any, table: str, columns: tuple[str, ...], payload_type: str,
                 **kwargs: Any) -> Any:
-        renames = dict(_key_value(item, "--column") for item in columns)
+        renames = dict(_column(item) for item in columns)
         schema = OutboxSchema(table=table, payload_type=payload_type)  # type: ignore[arg-type]
         return command(*args, schema=schema.with_columns(renames), **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _column(item: str) -> tuple[str, str | None]:
+    """DEFAULT=NAME, or DEFAULT= for a table without that optional column (review 50-d F6: as
+    router.yaml's `source.outbox.headers: null`; the CLI had no way to say it)."""
+    key, value = _key_value(item, "--column")
+    if value.strip() or key not in OutboxColumns.model_fields:
+        return key, value  # a blank name or an unknown key: with_columns says what is wrong
+    if key not in OPTIONAL_COLUMNS:
+        raise ConfigError(f"every outbox has its {key} column: only "
+                          f"{' and '.join(OPTIONAL_COLUMNS)} may be absent (as "
+                          f"{OPTIONAL_COLUMNS[0]}=)", field="--column", value=item)
+    return key, None
 
 
 def _key_value(item: str, option: str) -> tuple[str, str]:
@@ -240,7 +255,8 @@ def stats(dsn: str, schema: OutboxSchema, output: str) -> None:
         found = outbox_stats(conn, schema)
     emit(found, output, lambda s: (
         f"table        {s.table}\nrows         {s.rows}\n"
-        f"oldest       {age_text(s.oldest_age_s)}\n"  # QA 48-a F-low-2: 881328355.0s ago
+        f"oldest       {age_text(s.oldest_age_s)}"  # QA 48-a F-low-2: 881328355.0s ago
+        f"{'' if schema.columns.created_at else ' (the table has no created_at column)'}\n"
         f"size         {s.table_bytes / 1024 / 1024:.1f} MiB"))
 
 

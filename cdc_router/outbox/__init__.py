@@ -24,13 +24,20 @@ from cdc_router.outbox.setup import (
     init_steps,
     render_psql,
 )
-from cdc_router.outbox.table import PAYLOAD_TYPES, OutboxColumns, OutboxSchema, PayloadType
+from cdc_router.outbox.table import (
+    OPTIONAL_COLUMNS,
+    PAYLOAD_TYPES,
+    OutboxColumns,
+    OutboxSchema,
+    PayloadType,
+)
 from cdc_router.outbox.tools import OutboxStats, outbox_stats, purge, purge_cutoff
 from cdc_router.outbox.writer import new_event_id, write_event, write_event_async
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TABLE",
     "DEFAULT_PUBLICATION",
+    "OPTIONAL_COLUMNS",
     "PAYLOAD_TYPES",
     "CaptureSetup",
     "InitReport",

@@ -22,6 +22,8 @@ from cdc_router.postgres import check_identifier, split_table, table_identifier
 
 PayloadType = Literal["jsonb", "bytea"]
 PAYLOAD_TYPES: tuple[PayloadType, ...] = ("jsonb", "bytea")
+# The columns an outbox may lack (None in OutboxColumns; `--column headers=` in the CLI).
+OPTIONAL_COLUMNS = ("headers", "created_at")
 
 
 class OutboxColumns(ConfigModel):
@@ -90,11 +92,13 @@ class OutboxSchema:
         """The created_at column, which the operator tools need to tell a row's age."""
         if self.columns.created_at is None:
             raise ConfigError("the outbox has no created_at column, so rows have no age",
-                              field="created_at", hint="name the column that holds it")
+                              field="created_at", hint="name the column that holds it "
+                              "(--column created_at=NAME, source.outbox.created_at)")
         return self.columns.created_at
 
-    def with_columns(self, renames: Mapping[str, str]) -> OutboxSchema:
-        """A copy with columns renamed by their default names: {"aggregatetype": "kind"}."""
+    def with_columns(self, renames: Mapping[str, str | None]) -> OutboxSchema:
+        """A copy with columns renamed by their default names: {"aggregatetype": "kind"}; None
+        for an optional column the table does not have: {"headers": None}."""
         names = OutboxColumns.model_fields
         unknown = sorted(set(renames) - set(names))
         if unknown:
