@@ -39,16 +39,17 @@ _NUMBER = re.compile(f'"{_MARK}([0-9]+)"')
 def payload_json(payload: dict[str, Any] | list[Any], *, jsonb: bool) -> bytes:
     """The payload's JSON: as Postgres writes jsonb (for the size), or compact and ASCII for a
     bytea column (its bytes as before)."""
-    text = _dumps(payload, "payload", _SPACED if jsonb else _COMPACT)
+    text = _dumps(payload, "payload", _SPACED) if jsonb else \
+        _dumps(payload, "payload", _COMPACT, ascii_only=True)  # its bytes as they always were
     problem = dumped_json_problem(text, payload)  # first: the walks below stay shallow
     if problem is not None:
         raise InvalidEventError(f"payload {problem}; the router would dead-letter the event")
-    data = _utf8(text, payload, "payload")
-    if jsonb:
-        _no_nul(text, payload, "payload")
-    elif not text.isascii():  # the same JSON with \\u escapes, as it always was
-        data = _dumps(payload, "payload", _COMPACT, ascii_only=True).encode()
-    return data
+    if not jsonb:
+        if "\\ud" in text:  # a surrogate's escape: of a pair (an emoji), or a lone one
+            _utf8(_dumps(payload, "payload", _COMPACT), payload, "payload")
+        return text.encode()
+    _no_nul(text, payload, "payload")
+    return _utf8(text, payload, "payload")
 
 
 def headers_json(headers: dict[str, str]) -> bytes:
@@ -131,6 +132,7 @@ def _decimal_problem(number: Decimal) -> str | None:
 
 
 def _utf8(text: str, value: Any, field: str) -> bytes:
+    """`text` as UTF-8, or InvalidEventError naming where `value` holds a lone surrogate."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
