@@ -76,6 +76,13 @@ class TopicAdmin:
                 # Adding partitions moves aggregates to other partitions and breaks their order.
                 warnings.append(f"has {count} partitions, the config says {spec.partitions}: "
                                 "left as is (changing it breaks per-aggregate order)")
+            # Review 50-d F8: a topic made with fewer replicas (a dev run, auto-create) passed
+            # as unchanged, and whoever declared them believed it had them.
+            replicas = min((len(p.replicas) for p in found.partitions.values()), default=0)
+            if spec.replication_factor is not None and spec.replication_factor != replicas:
+                warnings.append(f"has replication factor {replicas}, the config says "
+                                f"{spec.replication_factor}: left as is (kafka-reassign-"
+                                "partitions changes it)")
             changes = self._config_changes(spec, (floors or {}).get(spec.name, frozenset()),
                                            warnings)
             plans.append(TopicPlan(spec.name, "update" if changes else "unchanged", count, None,

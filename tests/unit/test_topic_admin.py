@@ -114,3 +114,35 @@ def test_a_number_the_broker_writes_otherwise_is_no_config_change() -> None:
                                        "retention.ms": "0123", "cleanup.policy": "compact"})
     assert admin._config_changes(spec, frozenset(), []) == {
         "cleanup.policy": ("delete", "compact")}
+
+
+class _Listing(_Describing):
+    """An admin client listing one topic `t` with `replicas` per partition."""
+
+    def __init__(self, replicas: list[int]) -> None:
+        super().__init__({})
+        partitions = {i: type("Partition", (), {"replicas": list(range(n))})()
+                      for i, n in enumerate(replicas)}
+        self.topic = type("Topic", (), {"partitions": partitions})()
+
+    def list_topics(self, **_: Any) -> Any:
+        return type("Metadata", (), {"topics": {"t": self.topic}})()
+
+
+@pytest.mark.parametrize(("replicas", "declared", "warned"), [
+    ([1, 1], 3, "has replication factor 1, the config says 3: left as is "
+                "(kafka-reassign-partitions changes it)"),
+    ([3, 2], 3, "has replication factor 2, the config says 3: left as is "
+                "(kafka-reassign-partitions changes it)"),
+    ([3, 3], 3, None),
+    ([1], None, None),
+])
+def test_a_replication_factor_other_than_the_configs_is_warned(
+        replicas: list[int], declared: int | None, warned: str | None) -> None:
+    # Review 50-d F8: a topic with 1 replica declared with 3 was "unchanged", without a word.
+    admin = TopicAdmin({})
+    admin._admin = _Listing(replicas)  # type: ignore[assignment]
+    [plan] = admin.plan([TopicSpec(name="t", partitions=len(replicas),
+                                   replication_factor=declared)])
+    assert plan.action == "unchanged"
+    assert plan.warnings == ((warned,) if warned else ())
