@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._options import config_option
-from cdc_router.cli.outbox import dsn_option
+from cdc_router.cli.outbox import database, dsn_option
 from cdc_router.config.load import load_config
 
 
@@ -23,9 +23,14 @@ def cli(config_path: Path, dsn: str) -> None:
     does all of it).
     """
     logging.basicConfig(level="WARNING", format="%(asctime)s level=%(levelname)s %(message)s")
-    from cdc_router.local.demo import run_demo, run_fulfillment
+    from cdc_router.local.demo import require_outbox, run_demo, run_fulfillment
 
     compiled = load_config(config_path, env=os.environ)
-    records = run_demo(compiled, dsn, click.echo)
-    payments = [r for r in records if r.topic() != records[0].topic()] or records
-    run_fulfillment(compiled.config, dsn, payments[-1], click.echo)
+    # Review 50-d F9: Postgres down, or no outbox, was a traceback; any Postgres error of the
+    # demo's is now one line naming host, port and database.
+    with database(dsn) as conn:
+        require_outbox(conn)
+        conn.commit()
+        records = run_demo(compiled, dsn, click.echo)
+        payments = [r for r in records if r.topic() != records[0].topic()] or records
+        run_fulfillment(compiled.config, dsn, payments[-1], click.echo)

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Message, Producer
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import CdcRouterError
+from cdc_router.errors import CdcRouterError, DatabaseError
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import write_event
 from cdc_router.router import clients
@@ -46,12 +46,27 @@ def sample_events(order_id: str) -> list[SampleEvent]:
     ]
 
 
+def require_outbox(conn: psycopg.Connection[Any]) -> None:
+    """DatabaseError naming the database when it has no outbox for the samples (review 50-d
+    F9: write_event's UndefinedTable was a traceback)."""
+    row = conn.execute("SELECT to_regclass('public.outbox') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        info = conn.info
+        raise DatabaseError(f"Postgres at {info.host}:{info.port}/{info.dbname} has no outbox "
+                            "table public.outbox: run `cdc-router outbox init --dsn ...` "
+                            "(`make demo` does it), or pass the --dsn of the database that has it")
+
+
 def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
-    """Route two sample events end to end and return their destination records."""
+    """Route two sample events end to end and return their destination records. The samples
+    are written once the router polls (review 50-d F9: with Kafka down they were committed to
+    the outbox, captured whenever a connector was set up, and the router then failed)."""
     router = OutboxRouter(compiled, instance_id=f"demo-{uuid.uuid4().hex[:6]}")
     thread = _RouterThread(router)
+    started = router.last_poll
     thread.start()
     try:
+        _wait_for_poll(router, started, thread, compiled.config.kafka.bootstrap_servers)
         order_id = str(int(time.time()) % 100_000)
         ids = {}
         with psycopg.connect(dsn) as conn, conn.transaction():
@@ -143,6 +158,19 @@ class _RouterThread(threading.Thread):
             raise self.failure
         if self.failure is not None:
             raise CdcRouterError(f"the demo's router stopped: {self.failure!r}") from self.failure
+
+
+def _wait_for_poll(router: OutboxRouter, started: float, thread: _RouterThread,
+                   bootstrap: str) -> None:
+    deadline = time.monotonic() + _ROUTED_TIMEOUT_S
+    while router.last_poll == started:
+        if not thread.is_alive():
+            thread.raise_failure()
+            raise CdcRouterError("the demo's router stopped before it started")
+        if time.monotonic() > deadline:
+            raise CdcRouterError(f"the demo's router did not start within "
+                                 f"{_ROUTED_TIMEOUT_S:.0f}s: is Kafka at {bootstrap} up?")
+        time.sleep(0.1)
 
 
 def _read_routed(config: RouterConfig, ids: set[str], router: _RouterThread) -> list[Message]:

@@ -1,0 +1,60 @@
+"""The demo's start: Postgres down is one line, and no sample is written before the router
+polls (review 50-d F9)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.config.load import load_config
+from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.local import demo
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "cdc_router" / "examples" / "router.yaml"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_postgres_down_is_one_line_naming_where() -> None:
+    port = _closed_port()
+    result = CliRunner().invoke(main, ["demo", "-c", str(EXAMPLE), "--dsn",
+                                       f"postgresql://u:secret@127.0.0.1:{port}/shop"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: Postgres at 127.0.0.1:{port}/shop: connection "
+                                    "failed"), result.stderr
+    assert result.stderr.rstrip().endswith("check --dsn (env CDC_ROUTER_PG_DSN)")
+    assert "Traceback" not in result.output and "secret" not in result.output
+
+
+class _FailingRouter:
+    """A router whose run() fails as one with Kafka down does, after its init."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.last_poll = 0.0
+
+    def run(self) -> None:
+        raise ConfigError("Kafka transaction step 'init' still fails")
+
+    def stop(self) -> None:
+        pass
+
+
+def test_no_sample_is_written_before_the_router_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 50-d F9: with Kafka down the two samples were committed to the outbox first.
+    written: list[Any] = []
+    monkeypatch.setattr(demo, "OutboxRouter", _FailingRouter)
+    monkeypatch.setattr(demo, "write_event", lambda *a, **k: written.append(k))
+    monkeypatch.setattr(demo.psycopg, "connect", lambda *a, **k: pytest.fail("connected"))
+    compiled = load_config(EXAMPLE, env={})
+    with pytest.raises(CdcRouterError, match="step 'init' still fails"):
+        demo.run_demo(compiled, "postgresql://", print)
+    assert written == []
