@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -16,9 +17,11 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError, DatabaseError
 from cdc_router.kafka.consumer import record_headers
-from cdc_router.outbox import write_event
+from cdc_router.outbox import new_event_id, write_event
 from cdc_router.router import clients
+from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.loop import OutboxRouter
+from cdc_router.router.routing import Router
 
 Say = Callable[[str], None]
 # Debezium needs a moment to see the commit, the router one batch to commit it: seconds.
@@ -61,23 +64,22 @@ def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
     """Route two sample events end to end and return their destination records. The samples
     are written once the router polls (review 50-d F9: with Kafka down they were committed to
     the outbox, captured whenever a connector was set up, and the router then failed)."""
+    samples = {new_event_id(): event for event in sample_events(str(int(time.time()) % 100_000))}
+    destinations = sample_destinations(compiled, samples)
     router = OutboxRouter(compiled, instance_id=f"demo-{uuid.uuid4().hex[:6]}")
     thread = _RouterThread(router)
     started = router.last_poll
     thread.start()
     try:
         _wait_for_poll(router, started, thread, compiled.config.kafka.bootstrap_servers)
-        order_id = str(int(time.time()) % 100_000)
-        ids = {}
         with psycopg.connect(dsn) as conn, conn.transaction():
-            for event in sample_events(order_id):
-                event_id = write_event(conn, aggregate_type=event.aggregate_type,
-                                       aggregate_id=event.aggregate_id, type=event.type,
-                                       payload=event.payload, headers=event.headers)
-                ids[event_id] = event
+            for event_id, event in samples.items():
+                write_event(conn, aggregate_type=event.aggregate_type,
+                            aggregate_id=event.aggregate_id, type=event.type,
+                            payload=event.payload, headers=event.headers, event_id=event_id)
                 say(f"wrote  {event.type:<17} id={event_id} aggregate={event.aggregate_type}"
                     f"/{event.aggregate_id}")
-        records = _read_routed(compiled.config, set(ids), thread)
+        records = _read_routed(compiled.config, destinations, thread)
     finally:
         router.stop()
         thread.join(timeout=30)
@@ -88,6 +90,27 @@ def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
         say(f"       headers {headers}")
         say(f"       value   {_printable(record.value())}")
     return records
+
+
+def sample_destinations(compiled: CompiledConfig,
+                        samples: dict[str, SampleEvent]) -> dict[str, str]:
+    """Each sample's Kafka topic by the config's routes (review 50-d F10: the demo read the
+    topics declared under `topics:`, none in a config without them); CdcRouterError, before
+    anything is written, for a sample no Kafka route takes."""
+    routes, destinations = Router(compiled), {}
+    for event_id, sample in samples.items():
+        event = OutboxEvent(event_id, sample.aggregate_type, sample.aggregate_id, sample.type,
+                            json.dumps(sample.payload).encode(), True,
+                            tuple(sample.headers.items()), None, "c", None, None)
+        found = routes.explain(event)
+        if found is None or found[1].nats is not None:
+            raise CdcRouterError(
+                f"the demo's sample {sample.type} (aggregate {sample.aggregate_type}, headers "
+                f"{sample.headers}) {'matches no route' if found is None else 'goes to NATS'}"
+                " in this config: the demo needs routes that take it to a Kafka topic, as "
+                "cdc_router/examples/router.yaml's do")
+        destinations[event_id] = routes.topic_for(event, found[0])
+    return destinations
 
 
 def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
@@ -173,8 +196,9 @@ def _wait_for_poll(router: OutboxRouter, started: float, thread: _RouterThread,
         time.sleep(0.1)
 
 
-def _read_routed(config: RouterConfig, ids: set[str], router: _RouterThread) -> list[Message]:
-    topics = sorted({spec.name for spec in config.topics})
+def _read_routed(config: RouterConfig, destinations: dict[str, str],
+                 router: _RouterThread) -> list[Message]:
+    ids, topics = set(destinations), sorted(set(destinations.values()))
     consumer = Consumer({**clients.logged_config(config), "group.id": f"demo-{uuid.uuid4().hex}",
                          "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                          "enable.auto.commit": False})
@@ -191,9 +215,9 @@ def _read_routed(config: RouterConfig, ids: set[str], router: _RouterThread) -> 
                     f"within {_ROUTED_TIMEOUT_S:.0f}s: check `cdc-router connectors status "
                     "outbox-connector` and the router's log")
             message = consumer.poll(0.5)
-            if message is None or message.error() or message.key() is None:
+            if message is None or message.error():
                 continue
-            key = _printable(message.key())
+            key = _printable(dict(record_headers(message)).get("id"))  # whatever routes key by
             if key in ids:
                 found[key] = message
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from cdc_router.cli import main
@@ -58,3 +59,32 @@ def test_no_sample_is_written_before_the_router_polls(monkeypatch: pytest.Monkey
     with pytest.raises(CdcRouterError, match="step 'init' still fails"):
         demo.run_demo(compiled, "postgresql://", print)
     assert written == []
+
+
+def _example_without(tmp_path: Path, *keys: str, **changes: Any) -> Path:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    for key in keys:
+        config.pop(key)
+    config.update(changes)
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_samples_are_read_where_the_routes_send_them(tmp_path: Path) -> None:
+    # Review 50-d F10: the demo subscribed to the topics under `topics:`; a config without
+    # them (topics made by Terraform) was a Kafka error "Failed to set subscription".
+    compiled = load_config(_example_without(tmp_path, "topics"), env={})
+    samples = {f"id-{i}": event for i, event in enumerate(demo.sample_events("7"))}
+    assert demo.sample_destinations(compiled, samples) == {"id-0": "orders.OrderPaid",
+                                                           "id-1": "payments.confirmed"}
+
+
+def test_a_sample_no_route_takes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    routes = [{"match": {"aggregate_type": "Order"}, "topic": "orders"}]
+    compiled = load_config(_example_without(tmp_path, "topics", routes=routes), env={})
+    samples = {f"id-{i}": event for i, event in enumerate(demo.sample_events("7"))}
+    with pytest.raises(CdcRouterError, match=r"the demo's sample PaymentConfirmed \(aggregate "
+                                             r"Payment, headers \{'tenant': 'acme-eu'\}\) "
+                                             "matches no route in this config"):
+        demo.sample_destinations(compiled, samples)
