@@ -25,7 +25,7 @@ from cdc_router.ops.report import (
     Slot,
     WalState,
 )
-from cdc_router.outbox.setup import publication_fix
+from cdc_router.outbox.existing import publication_fix
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart

@@ -3,6 +3,7 @@
     table   where the outbox lives and what its columns are called (OutboxColumns: the one
             column model, also router.yaml's `source.outbox`)
     setup   the idempotent DDL: table, heartbeat table, insert-only publication, replication role
+    existing  what setup says of an outbox table and publication that exist already
     writer  write_event(), write_event_async(): one outbox row in the application's own
             transaction
     relay_columns  the two columns (and index) `cdc-router relay` reads

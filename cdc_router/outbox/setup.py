@@ -17,12 +17,11 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from cdc_router.errors import ConfigError
+from cdc_router.outbox.existing import check_existing_table, publication_warnings
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
     check_identifier,
     column_types,
-    read_publication,
     regclass_text,
     split_table,
     table_identifier,
@@ -236,7 +235,7 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
     """
     done = []
     with conn.transaction():
-        _check_existing_table(conn, schema)
+        check_existing_table(conn, schema)
         for step in init_steps(schema, setup):
             row = conn.execute(step.done_query).fetchone()
             if row is not None and row[0]:
@@ -247,80 +246,12 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         password: Literal["set", "unchanged"] | None = None
         if setup.replication_role is not None and replication_password is not None:
             password = _ensure_password(conn, setup.replication_role, replication_password)
-        warnings = _publication_warnings(conn, schema, setup, relay=relay) + \
-            _size_check_warnings(conn, schema)
+        warnings = publication_warnings(conn, schema, setup.publication, relay=relay) + \
+            size_check_warnings(conn, schema)
     return InitReport(tuple(done), password, tuple(warnings))
 
 
-def _check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -> None:
-    """ConfigError when the table exists without an outbox's columns: published, its every
-    row would be dead-lettered at decode, which is where the user would first hear of it."""
-    types = column_types(conn, schema.table)
-    missing = [column for column in schema.columns.required if column not in types]
-    if types and missing:
-        raise ConfigError(f"the table exists and is not an outbox: it has no column "
-                          f"{', '.join(map(repr, missing))}", field="--table",
-                          value=schema.table,
-                          hint="name its columns with --column DEFAULT=NAME, or pick another "
-                               "--table")
-
-
-def _publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
-                          setup: CaptureSetup, *, relay: bool = False) -> list[str]:
-    # An existing publication is never altered (it may serve others); say what is off instead.
-    publication = read_publication(conn, setup.publication)
-    if publication is None:
-        return []
-    outbox_schema, outbox_table = split_table(schema.table)
-    row = conn.execute(
-        "SELECT EXISTS (SELECT FROM pg_publication_tables t WHERE t.pubname = p.pubname AND"
-        " t.schemaname = %s AND t.tablename = %s),"
-        " (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s))"
-        " FROM pg_publication p WHERE p.pubname = %s",
-        (outbox_schema, outbox_table, regclass_text(schema.table),
-         setup.publication)).fetchone()
-    included, partitioned = row if row is not None else (False, False)
-    warnings = []
-    if "insert" not in publication.operations and not relay:
-        # The table's every row is an insert: pgoutput leaves them all out of the stream, and
-        # the rows written meanwhile are not sent later, when the publication is fixed.
-        pub = sql.Identifier(setup.publication).as_string(None)
-        warnings.append(f"publication {setup.publication} does not publish inserts (publish = "
-                        f"'{', '.join(publication.operations)}'): Debezium captures no outbox "
-                        f"row; run `ALTER PUBLICATION {pub} SET (publish = 'insert')`, then "
-                        "`cdc-router outbox republish` for the rows written before")
-    if set(publication.operations) - {"insert"}:
-        warnings.append(f"publication {setup.publication} publishes more than inserts: deleting "
-                        "processed outbox rows will reach Kafka, and an UPDATE of a row's id "
-                        "reaches the router as an insert of the new id, delivered again")
-    # A relay table needs no publication: adding it would make Debezium capture it too
-    # (QA 36-c).
-    if not included and not relay:
-        warnings.append(publication_fix(setup.publication, schema.table,
-                                        partitioned=bool(partitioned) and not publication.via_root))
-    return warnings
-
-
-def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
-    """What to run when `publication` does not publish the outbox `table` under its name:
-    Debezium captures nothing from it, and the rows written meanwhile are not streamed later.
-    `partitioned`: the table is partitioned and the publication publishes partitions under
-    their own names (publish_via_partition_root false), whether or not the table is in it."""
-    pub = sql.Identifier(publication).as_string(None)
-    # Quoted: unquoted, public.OutBox names public.outbox (review 47-b F1).
-    add = f"ALTER PUBLICATION {pub} ADD TABLE {regclass_text(table)}"
-    if partitioned:
-        cause = (f"does not publish the partitioned {table} under its own name, which the "
-                 "connector's table.include.list matches (publish_via_partition_root is false)")
-        fix = (f"`ALTER PUBLICATION {pub} SET (publish_via_partition_root = true)`, and "
-               f"`{add}` if the table is not in it")
-    else:
-        cause, fix = f"does not include {table}", f"`{add}`"
-    return (f"publication {publication} {cause}: Debezium captures nothing from it; run "
-            f"{fix}, then `cdc-router outbox republish` for the rows written before")
-
-
-def _size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:
+def size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:
     # An existing table is never altered by init (the lock; another owner): say what to run.
     row = conn.execute("SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = "
                        "to_regclass(%s) AND conname = %s)",

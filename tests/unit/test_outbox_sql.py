@@ -26,10 +26,10 @@ from cdc_router.outbox import (
     render_psql,
     write_event,
 )
+from cdc_router.outbox.existing import publication_warnings
 from cdc_router.outbox.setup import (
     InitReport,
     _password_matches,
-    _publication_warnings,
     add_size_check_statement,
 )
 from cdc_router.postgres import regclass_text, split_table
@@ -409,7 +409,7 @@ def test_forked_children_never_make_the_same_event_id(monkeypatch: pytest.Monkey
 
 
 class _Publication:
-    """Answers _publication_warnings()'s two queries: read_publication()'s catalog row, then
+    """Answers publication_warnings()'s two queries: read_publication()'s catalog row, then
     whether the table is in the publication and partitioned."""
 
     def __init__(self, *, insert: bool = True, update: bool = False,
@@ -433,8 +433,8 @@ def test_a_relay_table_left_out_of_the_publication_is_no_warning(relay: bool,
                                                                   warned: bool) -> None:
     # QA 36-c: the relay needs no publication; the advice to ADD TABLE would make Debezium
     # capture the relay's table too.
-    warnings = _publication_warnings(_Publication(includes=False),  # type: ignore[arg-type]
-                                     OutboxSchema(table="public.relay_outbox"), CaptureSetup(),
+    warnings = publication_warnings(_Publication(includes=False),  # type: ignore[arg-type]
+                                     OutboxSchema(table="public.relay_outbox"), "cdc_router_outbox",
                                      relay=relay)
     assert any("does not include public.relay_outbox" in w for w in warnings) is warned
 
@@ -443,18 +443,18 @@ def test_a_publication_that_does_not_publish_inserts_is_warned_about_with_its_fi
     # Review L7: publish = 'update' (pubinsert false) was no warning, though Debezium then
     # captures no outbox row at all.
     update_only = _Publication(insert=False, update=True)
-    warnings = _publication_warnings(update_only,  # type: ignore[arg-type]
-                                     OutboxSchema(), CaptureSetup())
+    warnings = publication_warnings(update_only,  # type: ignore[arg-type]
+                                     OutboxSchema(), "cdc_router_outbox")
     assert any(w.startswith("publication cdc_router_outbox does not publish inserts "
                             "(publish = 'update'): Debezium captures no outbox row; run "
                             """`ALTER PUBLICATION "cdc_router_outbox" SET (publish = 'insert')`"""
                             ) for w in warnings), warnings
     assert any("publishes more than inserts" in w for w in warnings)
-    assert _publication_warnings(_Publication(),  # type: ignore[arg-type]
-                                 OutboxSchema(), CaptureSetup()) == []
+    assert publication_warnings(_Publication(),  # type: ignore[arg-type]
+                                 OutboxSchema(), "cdc_router_outbox") == []
     # The relay reads its table with SQL: what the publication streams is no matter to it.
-    relayed = _publication_warnings(_Publication(insert=False),  # type: ignore[arg-type]
-                                    OutboxSchema(), CaptureSetup(), relay=True)
+    relayed = publication_warnings(_Publication(insert=False),  # type: ignore[arg-type]
+                                    OutboxSchema(), "cdc_router_outbox", relay=True)
     assert not any("does not publish inserts" in w for w in relayed)
 
 
