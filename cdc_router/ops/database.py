@@ -13,6 +13,7 @@ import psycopg
 
 from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
+from cdc_router.outbox.existing import column_list_problem, publication_filter, row_filter_problem
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
 from cdc_router.postgres import (
@@ -62,7 +63,7 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
             OutboxState(error=message, table=outbox.table)
     with conn:
         return (_guarded(lambda: wal_state(conn, slots), WalState),
-                _guarded(lambda: publication_state(conn, publication, signal_table),
+                _guarded(lambda: publication_state(conn, publication, signal_table, outbox),
                          PublicationState)
                 if publication is not None else PublicationState(),
                 _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState))
@@ -98,9 +99,10 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalStat
 
 
 def publication_state(conn: psycopg.Connection[Any], name: str,
-                      signal_table: str | None = None) -> PublicationState:
-    """The publication, and whether the connector's signal table (Debezium's
-    `schema.table`, quoted or not) exists."""
+                      signal_table: str | None = None,
+                      outbox: OutboxSchema | None = None) -> PublicationState:
+    """The publication, whether the connector's signal table (Debezium's `schema.table`,
+    quoted or not) exists, and what its row filter or column list on `outbox` loses."""
     signals = None
     if signal_table is not None:
         found = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
@@ -110,9 +112,15 @@ def publication_state(conn: psycopg.Connection[Any], name: str,
     if found is None:
         return PublicationState(name=name, exists=False, signal_table=signal_table,
                                 signal_table_exists=signals)
+    filtered = columns = None
+    if outbox is not None:
+        row_filter, column_list = publication_filter(conn, name, outbox.table)
+        filtered = row_filter_problem(name, outbox.table, row_filter)
+        columns = column_list_problem(name, outbox, column_list)
     return PublicationState(name=name, exists=True, tables=found.tables,
                             operations=found.operations, via_root=found.via_root,
-                            signal_table=signal_table, signal_table_exists=signals)
+                            signal_table=signal_table, signal_table_exists=signals,
+                            row_filter_problem=filtered, column_list_problem=columns)
 
 
 def quoted_table(table: str) -> str:

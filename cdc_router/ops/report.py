@@ -44,6 +44,9 @@ class PublicationState:
     via_root: bool | None = None  # publish_via_partition_root
     signal_table: str | None = None  # the connector's signal.data.collection
     signal_table_exists: bool | None = None
+    # What its row filter and column list on the outbox lose (review 50-d F13), or None.
+    row_filter_problem: str | None = None
+    column_list_problem: str | None = None
 
 
 @dataclass(frozen=True)

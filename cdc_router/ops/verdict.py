@@ -162,6 +162,10 @@ def _publication(report: Report) -> Iterator[Problem]:
                       "insert of the new id and is delivered again; publish inserts only: "
                       f"ALTER PUBLICATION {sql.Identifier(publication.name).as_string(None)} "
                       "SET (publish = 'insert')")
+    if publication.row_filter_problem is not None:  # review 50-d F13: rows lost for good
+        yield Problem("critical", "publication", publication.row_filter_problem)
+    if publication.column_list_problem is not None:
+        yield Problem("warning", "publication", publication.column_list_problem)
     yield from _signal_table(publication)
 
 

@@ -61,6 +61,9 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     if not included and not relay:
         warnings.append(publication_fix(publication_name, schema.table,
                                         partitioned=bool(partitioned) and not publication.via_root))
+    if included and not relay:
+        warnings += filter_warnings(publication_name, schema, *publication_filter(
+            conn, publication_name, schema.table))
     return warnings
 
 
@@ -81,3 +84,60 @@ def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
         cause, fix = f"does not include {table}", f"`{add}`"
     return (f"publication {publication} {cause}: Debezium captures nothing from it; run "
             f"{fix}, then `cdc-router outbox republish` for the rows written before")
+
+
+# pg_publication_rel's row filter and column list of one table (Postgres 15 and later).
+_FILTER = """
+SELECT pg_get_expr(r.prqual, r.prrelid),
+       (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+        WHERE a.attrelid = r.prrelid AND a.attnum = ANY (r.prattrs::int2[]))
+FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+WHERE p.pubname = %s AND r.prrelid = to_regclass(%s)
+"""
+
+
+def publication_filter(conn: psycopg.Connection[Any], publication: str,
+                       table: str) -> tuple[str | None, list[str] | None]:
+    """The row filter (its WHERE expression) and column list with which `publication`
+    publishes `table`: None for either it does not have (always, before Postgres 15)."""
+    if conn.info.server_version < 150000:
+        return None, None
+    row = conn.execute(_FILTER, (publication, regclass_text(table))).fetchone()
+    return (row[0], row[1]) if row is not None else (None, None)
+
+
+def filter_warnings(publication: str, schema: OutboxSchema, row_filter: str | None,
+                    columns: list[str] | None) -> list[str]:
+    """Review 50-d F13: a row filter drops the rows it filters out for good, a column list the
+    outbox columns it leaves out of every event; neither was said."""
+    return [warning for warning in (row_filter_problem(publication, schema.table, row_filter),
+                                    column_list_problem(publication, schema, columns))
+            if warning is not None]
+
+
+def _without_it(publication: str, table: str) -> str:
+    return (f"publish the outbox without it (`ALTER PUBLICATION "
+            f"{sql.Identifier(publication).as_string(None)} SET TABLE {regclass_text(table)}` "
+            "where the publication serves nothing else)")
+
+
+def row_filter_problem(publication: str, table: str, row_filter: str | None) -> str | None:
+    """What a row filter on the outbox loses, and what to run; None without one."""
+    if row_filter is None:
+        return None
+    return (f"publication {publication} publishes {table} only WHERE {row_filter}: the rows "
+            "it filters out never reach Kafka, nor later when it is dropped; "
+            f"{_without_it(publication, table)}, then `cdc-router outbox republish` for the "
+            "rows written before")
+
+
+def column_list_problem(publication: str, schema: OutboxSchema,
+                        columns: list[str] | None) -> str | None:
+    """What a column list leaving out outbox columns loses; None when it leaves out none."""
+    outbox = [name for name in schema.columns.model_dump().values() if name is not None]
+    missing = [name for name in outbox if columns is not None and name not in columns]
+    if not missing:
+        return None
+    return (f"publication {publication} publishes only the columns {', '.join(columns or [])} "
+            f"of {schema.table}: every event lacks {', '.join(missing)}; "
+            f"{_without_it(publication, schema.table)}")

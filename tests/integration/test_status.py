@@ -76,7 +76,8 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert report["publication"] == {"error": None, "name": pipe.name, "exists": True,
                                      "tables": [f"public.{pipe.name}"],
                                      "operations": ["insert"], "via_root": False,
-                                     "signal_table": None, "signal_table_exists": None}
+                                     "signal_table": None, "signal_table_exists": None,
+                                     "row_filter_problem": None, "column_list_problem": None}
     outbox = report["outbox"]
     assert outbox["table"] == f"public.{pipe.name}" and outbox["rows"] == 6
     assert (outbox["partitioned"], outbox["reader_may_select"]) == (False, True)

@@ -7,6 +7,7 @@ import os
 import re
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -412,12 +413,14 @@ class _Publication:
     """Answers publication_warnings()'s two queries: read_publication()'s catalog row, then
     whether the table is in the publication and partitioned."""
 
-    def __init__(self, *, insert: bool = True, update: bool = False,
-                 includes: bool = True) -> None:
+    def __init__(self, *, insert: bool = True, update: bool = False, includes: bool = True,
+                 row_filter: str | None = None, columns: list[str] | None = None) -> None:
         # (pubinsert, pubupdate, pubdelete, pubtruncate, tables, pubviaroot)
         self.publication = (insert, update, False, False,
                             ["public.outbox"] if includes else [], True)
         self.membership = (includes, False)  # (includes the table, partitioned)
+        self.filter = (row_filter, columns)  # pg_publication_rel's, Postgres 15 and later
+        self.info = SimpleNamespace(server_version=150004)
         self.query = ""
 
     def execute(self, query: Any, params: tuple[Any, ...]) -> _Publication:
@@ -425,6 +428,8 @@ class _Publication:
         return self
 
     def fetchone(self) -> tuple[Any, ...]:
+        if "prqual" in self.query:
+            return self.filter
         return self.publication if "pubinsert" in self.query else self.membership
 
 
@@ -456,6 +461,35 @@ def test_a_publication_that_does_not_publish_inserts_is_warned_about_with_its_fi
     relayed = publication_warnings(_Publication(insert=False),  # type: ignore[arg-type]
                                     OutboxSchema(), "cdc_router_outbox", relay=True)
     assert not any("does not publish inserts" in w for w in relayed)
+
+
+def test_a_row_filter_or_a_column_list_on_the_outbox_is_warned_about() -> None:
+    # Review 50-d F13: a row filter drops the rows it filters out for good, a column list
+    # every event's headers and created_at; init said "outbox ready" without a word.
+    filtered = _Publication(row_filter="((aggregatetype)::text <> 'Secret'::text)")
+    assert publication_warnings(filtered,  # type: ignore[arg-type]
+                                OutboxSchema(), "pf") == [
+        "publication pf publishes public.outbox only WHERE ((aggregatetype)::text <> "
+        "'Secret'::text): the rows it filters out never reach Kafka, nor later when it is "
+        "dropped; publish the outbox without it (`ALTER PUBLICATION \"pf\" SET TABLE "
+        "\"public\".\"outbox\"` where the publication serves nothing else), then `cdc-router "
+        "outbox republish` for the rows written before"]
+    listed = _Publication(columns=["id", "aggregatetype", "aggregateid", "type", "payload"])
+    [warning] = publication_warnings(listed, OutboxSchema(), "pc")  # type: ignore[arg-type]
+    assert warning.startswith("publication pc publishes only the columns id, aggregatetype, "
+                              "aggregateid, type, payload of public.outbox: every event lacks "
+                              "headers, created_at; publish the outbox without it")
+    # A list of every outbox column (and more) loses nothing of the event; older servers
+    # have neither, and are not asked.
+    complete = _Publication(columns=["id", "aggregatetype", "aggregateid", "type", "payload",
+                                     "headers", "created_at", "tenant"])
+    assert publication_warnings(complete, OutboxSchema(), "p") == []  # type: ignore[arg-type]
+    old_server = _Publication(row_filter="x")
+    old_server.info.server_version = 140010
+    assert publication_warnings(old_server, OutboxSchema(), "p") == []  # type: ignore[arg-type]
+    # The relay reads its table with SQL: the publication's filters are no matter to it.
+    assert publication_warnings(filtered, OutboxSchema(), "pf",  # type: ignore[arg-type]
+                                relay=True) == []
 
 
 def test_init_relay_tells_init_outbox_the_table_is_the_relays(

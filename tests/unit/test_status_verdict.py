@@ -336,6 +336,15 @@ def test_a_publication_of_updates_is_a_warning() -> None:
         "'insert')"]
 
 
+def test_a_row_filter_is_critical_and_a_column_list_a_warning() -> None:
+    # Review 50-d F13: a row filter on the outbox loses the rows it filters out, and status
+    # said ok (its texts are outbox/existing.py's, tested with init's).
+    publication = replace(healthy().publication, row_filter_problem="rows lost",
+                          column_list_problem="columns lost")
+    assert lines(replace(healthy(), publication=publication)) == [
+        "critical: publication: rows lost", "warning: publication: columns lost"]
+
+
 def test_a_signal_table_the_publication_leaves_out_is_a_warning() -> None:
     # QA 32-e: an execute-snapshot row there was ignored without a line.
     publication = replace(healthy().publication, signal_table="public.debezium_signal",

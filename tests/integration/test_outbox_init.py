@@ -1,0 +1,69 @@
+"""`outbox init` against what exists already, on the stack's Postgres (review 50-d)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import main
+from cdc_router.ops.database import probe_database
+from cdc_router.outbox import OutboxSchema
+from tests.integration.support import StackEndpoints, unique
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def schema(stack: StackEndpoints) -> Iterator[str]:
+    """A schema of its own for the test's tables; dropped with them, and the publications
+    and roles named after it, at the end."""
+    name = unique("init")
+    yield name
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        for (publication,) in conn.execute("SELECT pubname FROM pg_publication WHERE pubname "
+                                           "LIKE %s", (f"{name}%",)).fetchall():
+            conn.execute(f"DROP PUBLICATION {publication}")
+        for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s",
+                                    (f"{name}%",)).fetchall():
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def _init(stack: StackEndpoints, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["outbox", "init", "--dsn", stack.postgres_dsn, *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_row_filter_or_column_list_on_the_outbox_is_said_by_init_and_status(
+        stack: StackEndpoints, schema: str) -> None:
+    # Review 50-d F13: init said "outbox ready (nothing changed)", status nothing, and the rows
+    # the filter left out never reached Kafka.
+    table = f"{schema}.outbox"
+    assert _init(stack, "--table", table, "--publication", f"{schema}_p")[0] == 0
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE PUBLICATION {schema}_f FOR TABLE {table} WHERE "
+                     "(aggregatetype <> 'Secret') WITH (publish = 'insert')")
+        conn.execute(f"CREATE PUBLICATION {schema}_c FOR TABLE {table} (id, aggregatetype, "
+                     "aggregateid, type, payload) WITH (publish = 'insert')")
+    code, out, err = _init(stack, "--table", table, "--publication", f"{schema}_f")
+    assert code == 0 and out.endswith("outbox ready (nothing changed)\n")
+    assert f"warning: publication {schema}_f publishes {table} only WHERE (aggregatetype " \
+           "<> 'Secret'::text): the rows it filters out never reach Kafka" in err, err
+    code, _, err = _init(stack, "--table", table, "--publication", f"{schema}_c")
+    assert code == 0 and f"warning: publication {schema}_c publishes only the columns id, " \
+        f"aggregatetype, aggregateid, type, payload of {table}: every event lacks headers, " \
+        "created_at" in err, err
+    assert "warning" not in _init(stack, "--table", table, "--publication", f"{schema}_p")[2]
+
+    outbox = OutboxSchema(table=table)
+    _, filtered, _ = probe_database(stack.postgres_dsn, [], f"{schema}_f", outbox)
+    assert filtered.row_filter_problem is not None and filtered.column_list_problem is None
+    assert "only WHERE (aggregatetype <> 'Secret'::text)" in filtered.row_filter_problem
+    _, listed, _ = probe_database(stack.postgres_dsn, [], f"{schema}_c", outbox)
+    assert listed.row_filter_problem is None and listed.column_list_problem is not None
+    _, plain, _ = probe_database(stack.postgres_dsn, [], f"{schema}_p", outbox)
+    assert (plain.row_filter_problem, plain.column_list_problem) == (None, None)
