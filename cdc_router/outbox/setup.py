@@ -40,6 +40,9 @@ MAX_EVENT_BYTES = 4_000_000
 # connectors/outbox-connector.json's MAX_RECORD_BYTES: the largest raw change event.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 SIZE_CHECK = "cdc_router_event_size"
+# The advisory lock init_outbox() holds for its transaction: "cdrinit", a high half no relay
+# lock key has (relay/lock.py: "cdcr" and a table's oid).
+INIT_LOCK = 0x63647269_6E697400
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,9 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
     """
     done = []
     with conn.transaction():
+        # Review 50-d F11: inits run at once (one per replica at a deploy) failed but one, on
+        # CREATE ... IF NOT EXISTS's unique index race; they now take turns (per database).
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
         check_existing_table(conn, schema)
         for step in init_steps(schema, setup):
             row = conn.execute(step.done_query).fetchone()

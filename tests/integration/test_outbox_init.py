@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.ops.database import probe_database
-from cdc_router.outbox import OutboxSchema
+from cdc_router.outbox import CaptureSetup, OutboxSchema, init_outbox
 from tests.integration.support import StackEndpoints, unique
 
 pytestmark = pytest.mark.integration
@@ -67,3 +68,30 @@ def test_a_row_filter_or_column_list_on_the_outbox_is_said_by_init_and_status(
     assert listed.row_filter_problem is None and listed.column_list_problem is not None
     _, plain, _ = probe_database(stack.postgres_dsn, [], f"{schema}_p", outbox)
     assert (plain.row_filter_problem, plain.column_list_problem) == (None, None)
+
+
+def test_inits_run_at_once_all_succeed(stack: StackEndpoints, schema: str) -> None:
+    # Review 50-d F11: six at once (one per replica at a deploy): one ok, five UniqueViolation
+    # on pg_namespace_nspname_index.
+    conns = [psycopg.connect(stack.postgres_dsn) for _ in range(6)]
+    barrier, outcomes = threading.Barrier(len(conns)), []
+
+    def init(conn: psycopg.Connection[object]) -> None:
+        barrier.wait()
+        try:
+            init_outbox(conn, OutboxSchema(table=f"{schema}.outbox"),
+                        CaptureSetup(f"{schema}_p", f"{schema}.hb", f"{schema}_r"),
+                        replication_password="pw")
+            conn.commit()
+            outcomes.append("ok")
+        except psycopg.Error as error:
+            outcomes.append(repr(error))
+
+    threads = [threading.Thread(target=init, args=(conn,)) for conn in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for conn in conns:
+        conn.close()
+    assert outcomes == ["ok"] * len(conns)

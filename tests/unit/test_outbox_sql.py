@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +24,7 @@ from cdc_router.outbox import (
     InvalidEventError,
     OutboxColumns,
     OutboxSchema,
+    init_outbox,
     init_steps,
     new_event_id,
     render_psql,
@@ -29,6 +32,7 @@ from cdc_router.outbox import (
 )
 from cdc_router.outbox.existing import publication_warnings
 from cdc_router.outbox.setup import (
+    INIT_LOCK,
     InitReport,
     _password_matches,
     add_size_check_statement,
@@ -490,6 +494,36 @@ def test_a_row_filter_or_a_column_list_on_the_outbox_is_warned_about() -> None:
     # The relay reads its table with SQL: the publication's filters are no matter to it.
     assert publication_warnings(filtered, OutboxSchema(), "pf",  # type: ignore[arg-type]
                                 relay=True) == []
+
+
+class _Stop(Exception):
+    pass
+
+
+class _FirstStatement:
+    """A connection that keeps the first statement sent in its transaction, and stops."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, Any]] = []
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        yield
+
+    def execute(self, query: Any, params: Any = None) -> None:
+        self.statements.append((query if isinstance(query, str) else query.as_string(None),
+                                params))
+        raise _Stop
+
+
+def test_init_takes_its_lock_before_it_reads_or_creates_anything() -> None:
+    # Review 50-d F11: inits run at once (one per replica) failed but one on CREATE SCHEMA /
+    # TABLE IF NOT EXISTS racing on the catalog's unique index.
+    conn = _FirstStatement()
+    with pytest.raises(_Stop):
+        init_outbox(conn, OutboxSchema(table="s9.outbox"),  # type: ignore[arg-type]
+                    CaptureSetup("p9", "s9.hb", "role9"), replication_password="pw")
+    assert conn.statements == [("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))]
 
 
 def test_init_relay_tells_init_outbox_the_table_is_the_relays(
