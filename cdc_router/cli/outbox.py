@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -72,9 +71,6 @@ DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
 dsn_option = click.option(
     "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
     help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
-
-# A schema-qualified name SQL reads the same unquoted (lower case, no special characters).
-_PLAIN_SQL_NAME = re.compile(r"[a-z_][a-z0-9_$]*(\.[a-z_][a-z0-9_$]*)?")
 
 
 def schema_options(command: F) -> F:
@@ -193,17 +189,8 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         click.echo(f"password of role {replication_role}: {report.password}")
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
-    if schema.payload_type == "bytea":
-        # The shipped connector sends no schemas, and binary.handling.mode base64 gives the
-        # column a string schema: the router cannot tell its base64 from JSON text by itself.
-        click.echo("note: a bytea payload needs `source: {payload_type: bytes}` in router.yaml "
-                   "unless the connector sends schemas with binary.handling.mode bytes (the "
-                   "shipped connectors/outbox-connector.json sends none)")
-    if not _PLAIN_SQL_NAME.fullmatch(heartbeat_table):
-        # The connector pastes it into heartbeat.action.query as SQL: unquoted, it folds.
-        quoted = regclass_text(heartbeat_table, "--heartbeat-table")
-        click.echo(f"note: the heartbeat table's name is case-sensitive SQL: give the "
-                   f"connector HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
+    for note in report.notes:
+        click.echo(f"note: {note}")
     # QA 46-b F5: it said "nothing changed" after adding the relay's columns and indexes.
     click.echo("outbox ready" + ("" if report.changed or relay_changed else " (nothing changed)"))
 

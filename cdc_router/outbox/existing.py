@@ -28,6 +28,31 @@ def check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) ->
                                "--table")
 
 
+# The id types write_event's UUID text goes into (review 50-d F7: a bigint id refused it).
+_UUID_HOLDERS = ("uuid", "text", "character varying")
+
+
+def column_type_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:
+    """What an existing table's id and payload types make of write_event (which always
+    writes a UUID id, and a payload as --payload-type says) and of the router (a bytea payload
+    needs `source.payload_type: bytes`): review 50-d F7, init said only "exists"."""
+    types, columns = column_types(conn, schema.table), schema.columns
+    payload, id_type = types.get(columns.payload), types.get(columns.id)
+    warnings = []
+    if payload is not None and (payload == "bytea") != (schema.payload_type == "bytea"):
+        warnings.append(
+            f"{schema.table}'s payload column {columns.payload} is {payload}, not "
+            f"{schema.payload_type} (--payload-type): write_event and `outbox write` need the "
+            f"table's type (--payload-type {'bytea' if payload == 'bytea' else 'jsonb'}), and "
+            "router.yaml's source.payload_type "
+            f"{'bytes' if payload == 'bytea' else 'auto or json (bytes dead-letters every event)'}")
+    if id_type is not None and not id_type.startswith(_UUID_HOLDERS):
+        warnings.append(f"{schema.table}'s id column {columns.id} is {id_type}: write_event and "
+                        "`outbox write` always write a UUID, which it refuses; write its rows "
+                        "with your own INSERT, or give the outbox a uuid id")
+    return warnings
+
+
 def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
                          publication_name: str, *, relay: bool = False) -> list[str]:
     # An existing publication is never altered (it may serve others); say what is off instead.

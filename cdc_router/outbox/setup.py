@@ -11,13 +11,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
 
-from cdc_router.outbox.existing import check_existing_table, publication_warnings
+from cdc_router.outbox.existing import (
+    check_existing_table,
+    column_type_warnings,
+    publication_warnings,
+)
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
     check_identifier,
@@ -40,6 +45,8 @@ MAX_EVENT_BYTES = 4_000_000
 # connectors/outbox-connector.json's MAX_RECORD_BYTES: the largest raw change event.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 SIZE_CHECK = "cdc_router_event_size"
+# A schema-qualified name SQL reads the same unquoted (lower case, no special characters).
+_PLAIN_SQL_NAME = re.compile(r"[a-z_][a-z0-9_$]*(\.[a-z_][a-z0-9_$]*)?")
 # The advisory lock init_outbox() holds for its transaction: "cdrinit", a high half no relay
 # lock key has (relay/lock.py: "cdcr" and a table's oid).
 INIT_LOCK = 0x63647269_6E697400
@@ -222,6 +229,7 @@ class InitReport:
     steps: tuple[tuple[str, str, bool], ...]
     password: Literal["set", "unchanged"] | None
     warnings: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # what to set elsewhere for this table (router.yaml, connector)
 
     @property
     def changed(self) -> bool:
@@ -252,9 +260,28 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         password: Literal["set", "unchanged"] | None = None
         if setup.replication_role is not None and replication_password is not None:
             password = _ensure_password(conn, setup.replication_role, replication_password)
-        warnings = publication_warnings(conn, schema, setup.publication, relay=relay) + \
-            size_check_warnings(conn, schema)
-    return InitReport(tuple(done), password, tuple(warnings))
+        warnings = column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
+            publication_warnings(conn, schema, setup.publication, relay=relay)
+        notes = _notes(conn, schema, setup)
+    return InitReport(tuple(done), password, tuple(warnings), notes)
+
+
+def _notes(conn: psycopg.Connection[Any], schema: OutboxSchema,
+           setup: CaptureSetup) -> tuple[str, ...]:
+    notes = []
+    if column_types(conn, schema.table).get(schema.columns.payload) == "bytea":
+        # The shipped connector sends no schemas, and binary.handling.mode base64 gives the
+        # column a string schema: the router cannot tell its base64 from JSON text by itself.
+        # Read from the table (review 50-d F7: said of a jsonb table for --payload-type bytea).
+        notes.append("a bytea payload needs `source: {payload_type: bytes}` in router.yaml "
+                     "unless the connector sends schemas with binary.handling.mode bytes (the "
+                     "shipped connectors/outbox-connector.json sends none)")
+    if not _PLAIN_SQL_NAME.fullmatch(setup.heartbeat_table):
+        # The connector pastes it into heartbeat.action.query as SQL: unquoted, it folds.
+        quoted = regclass_text(setup.heartbeat_table, "heartbeat_table")
+        notes.append(f"the heartbeat table's name is case-sensitive SQL: give the connector "
+                     f"HEARTBEAT_TABLE='{quoted}' (connectors/README.md)")
+    return tuple(notes)
 
 
 def size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> list[str]:

@@ -95,3 +95,25 @@ def test_inits_run_at_once_all_succeed(stack: StackEndpoints, schema: str) -> No
     for conn in conns:
         conn.close()
     assert outcomes == ["ok"] * len(conns)
+
+
+def test_an_existing_tables_payload_and_id_types_are_compared_with_the_flags(
+        stack: StackEndpoints, schema: str) -> None:
+    # Review 50-d F7: init said "exists" and, for --payload-type bytea on a jsonb outbox, a note
+    # whose advice (source.payload_type bytes) dead-letters every event.
+    table, publication = f"{schema}.outbox", f"{schema}_p"
+    assert _init(stack, "--table", table, "--publication", publication)[0] == 0
+    code, out, err = _init(stack, "--table", table, "--publication", publication,
+                           "--payload-type", "bytea")
+    assert code == 0 and "note:" not in out and "bytea" not in out
+    assert f"warning: {table}'s payload column payload is jsonb, not bytea (--payload-type)" \
+        in err, err
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {schema}.legacy (id bigint PRIMARY KEY, aggregatetype text, "
+                     "aggregateid text, type text, payload bytea, headers jsonb, created_at "
+                     "timestamp)")
+    code, out, err = _init(stack, "--table", f"{schema}.legacy", "--publication", publication)
+    assert code == 0 and "note: a bytea payload needs `source: {payload_type: bytes}`" in out
+    assert f"warning: {schema}.legacy's id column id is bigint: write_event and `outbox " \
+        "write` always write a UUID" in err, err
+    assert f"{schema}.legacy's payload column payload is bytea, not jsonb" in err, err

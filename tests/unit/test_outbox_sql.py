@@ -30,7 +30,7 @@ from cdc_router.outbox import (
     render_psql,
     write_event,
 )
-from cdc_router.outbox.existing import publication_warnings
+from cdc_router.outbox.existing import column_type_warnings, publication_warnings
 from cdc_router.outbox.setup import (
     INIT_LOCK,
     InitReport,
@@ -494,6 +494,49 @@ def test_a_row_filter_or_a_column_list_on_the_outbox_is_warned_about() -> None:
     # The relay reads its table with SQL: the publication's filters are no matter to it.
     assert publication_warnings(filtered, OutboxSchema(), "pf",  # type: ignore[arg-type]
                                 relay=True) == []
+
+
+class _Columns:
+    """Answers column_types()'s query with a table's (name, type) rows."""
+
+    def __init__(self, **types: str) -> None:
+        self.rows = list(types.items())
+
+    def execute(self, query: Any, params: Any = None) -> _Columns:
+        return self
+
+    def fetchall(self) -> list[tuple[str, str]]:
+        return self.rows
+
+
+OUTBOX_TYPES = {"id": "uuid", "aggregatetype": "text", "aggregateid": "text", "type": "text",
+                "payload": "jsonb", "headers": "jsonb", "created_at": "timestamp(6) without time "
+                                                                     "zone"}
+
+
+def test_init_says_what_an_existing_tables_payload_and_id_types_make_of_its_flags() -> None:
+    # Review 50-d F7: a jsonb outbox with --payload-type bytea got "exists" and a note whose
+    # advice dead-lettered every event; a bigint id, "exists", then write_event refused.
+    bytea = OutboxSchema(payload_type="bytea")
+    assert column_type_warnings(_Columns(**OUTBOX_TYPES), bytea) == [  # type: ignore[arg-type]
+        "public.outbox's payload column payload is jsonb, not bytea (--payload-type): "
+        "write_event and `outbox write` need the table's type (--payload-type jsonb), and "
+        "router.yaml's source.payload_type auto or json (bytes dead-letters every event)"]
+    binary = _Columns(**{**OUTBOX_TYPES, "payload": "bytea"})
+    [warning] = column_type_warnings(binary, OutboxSchema())  # type: ignore[arg-type]
+    assert "is bytea, not jsonb (--payload-type): write_event and `outbox write` need the " \
+        "table's type (--payload-type bytea), and router.yaml's source.payload_type bytes" \
+        in warning
+    assert column_type_warnings(binary, bytea) == []  # type: ignore[arg-type]
+    for id_type in ("uuid", "text", "character varying(255)"):
+        fitting = _Columns(**{**OUTBOX_TYPES, "id": id_type})
+        assert column_type_warnings(fitting, OutboxSchema()) == []  # type: ignore[arg-type]
+    bigint = _Columns(**{**OUTBOX_TYPES, "id": "bigint"})
+    assert column_type_warnings(bigint, OutboxSchema()) == [  # type: ignore[arg-type]
+        "public.outbox's id column id is bigint: write_event and `outbox write` always write a "
+        "UUID, which it refuses; write its rows with your own INSERT, or give the outbox a uuid "
+        "id"]
+    assert column_type_warnings(_Columns(), bytea) == []  # type: ignore[arg-type]
 
 
 class _Stop(Exception):
