@@ -153,12 +153,14 @@ def cli() -> None:
 @click.option("--replication-role", help="Also create this least-privilege role for Debezium.")
 @click.option("--replication-password", envvar="CDC_ROUTER_DB_PASSWORD",
               help="The role's password [env CDC_ROUTER_DB_PASSWORD].")
+@click.option("--alter-role", is_flag=True, help="Also give a --replication-role that exists "
+              "LOGIN REPLICATION and the password (by default only a role init creates).")
 @click.option("--relay", "relay_columns", is_flag=True,
               help="Also add the columns `cdc-router relay` reads (txid, seq) and their indexes.")
 @click.option("--print", "print_sql", is_flag=True,
               help="Print a psql script instead (psql -v replication_password=... -f -).")
 def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
-         replication_role: str | None, replication_password: str | None,
+         replication_role: str | None, replication_password: str | None, alter_role: bool,
          relay_columns: bool, print_sql: bool) -> None:
     """Create the outbox, heartbeat table, publication (and role) if missing; idempotent."""
     setup = CaptureSetup(publication, heartbeat_table, replication_role)
@@ -176,7 +178,7 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
             partitioned_by(conn, schema.table, DEFAULT_SEQ_COLUMN, "--table")
             seq_not_null_fix(conn, schema.table, DEFAULT_SEQ_COLUMN)
         report = init_outbox(conn, schema, setup, replication_password=replication_password,
-                             relay=relay_columns)
+                             relay=relay_columns, alter_role=alter_role)
         conn.commit()
         relay_changed = relay_columns and add_relay_columns(
             conn, schema.table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN)

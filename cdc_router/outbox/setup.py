@@ -97,6 +97,8 @@ class Step:
     verb_if_done: str = "exists"
     # CREATE PUBLICATION / CREATE ROLE have no IF NOT EXISTS: printed SQL must guard them.
     guarded: bool = False
+    # Changes the role's attributes: done only to a role init creates, or with alter_role.
+    alters_role: bool = False
 
 
 def _exists(query: str, *values: str) -> sql.Composed:
@@ -147,7 +149,8 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
         Step(f"role {role_name} LOGIN REPLICATION",
              sql.SQL("ALTER ROLE {} WITH LOGIN REPLICATION").format(role),
              _exists("SELECT rolcanlogin AND rolreplication FROM pg_roles WHERE rolname = {}",
-                     role_name), verb="altered", verb_if_done="ok", guarded=True),
+                     role_name), verb="altered", verb_if_done="ok", guarded=True,
+             alters_role=True),
     ]
     steps += [Step(f"USAGE on schema {name} to {role_name}",
                    sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(name), role),
@@ -227,7 +230,7 @@ class InitReport:
     """What init_outbox() did: (verb, label, changed) per step."""
 
     steps: tuple[tuple[str, str, bool], ...]
-    password: Literal["set", "unchanged"] | None
+    password: Literal["set", "unchanged", "left as is"] | None
     warnings: tuple[str, ...]
     notes: tuple[str, ...] = ()  # what to set elsewhere for this table (router.yaml, connector)
 
@@ -237,30 +240,48 @@ class InitReport:
 
 
 def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: CaptureSetup, *,
-                replication_password: str | None = None, relay: bool = False) -> InitReport:
+                replication_password: str | None = None, relay: bool = False,
+                alter_role: bool = False) -> InitReport:
     """Create what is missing, all or nothing (one transaction, or a savepoint in the caller's).
 
-    With a replication role and a password, the password is set when the role is new or
-    (as far as this session can read pg_authid) does not already match. `relay`: the table is
-    the relay's, which reads it with SQL: a publication that leaves it out is no problem.
+    A replication role init creates gets LOGIN REPLICATION and the password. One that exists
+    already is left as it is (review 50-d F12: it may be an application's, whose password init
+    replaced): what it lacks is warned, unless `alter_role`, which sets them as for a new one
+    (the password only where this session cannot read pg_authid or it does not match).
+    `relay`: the table is the relay's, which reads it with SQL: a publication that leaves it
+    out is no problem.
     """
-    done = []
+    done, warnings, role = [], [], setup.replication_role
     with conn.transaction():
         # Review 50-d F11: inits run at once (one per replica at a deploy) failed but one, on
         # CREATE ... IF NOT EXISTS's unique index race; they now take turns (per database).
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
         check_existing_table(conn, schema)
+        found = conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)",
+                             (role,)).fetchone() if role is not None else None
+        alter_role = alter_role or not (found and found[0])
         for step in init_steps(schema, setup):
             row = conn.execute(step.done_query).fetchone()
             if row is not None and row[0]:
                 done.append((step.verb_if_done, step.label, False))
-                continue
-            conn.execute(step.statement)
-            done.append((step.verb, step.label, True))
-        password: Literal["set", "unchanged"] | None = None
-        if setup.replication_role is not None and replication_password is not None:
-            password = _ensure_password(conn, setup.replication_role, replication_password)
-        warnings = column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
+            elif step.alters_role and not alter_role:
+                done.append(("left", step.label, False))
+                warnings.append(f"role {role} exists and lacks LOGIN or REPLICATION, which "
+                                "Debezium needs; it was left as is (init did not create it, "
+                                "and it may serve others): name a role of Debezium's own, or "
+                                "pass --alter-role")
+            else:
+                conn.execute(step.statement)
+                done.append((step.verb, step.label, True))
+        password: Literal["set", "unchanged", "left as is"] | None = None
+        if role is not None and replication_password is not None:
+            password = _ensure_password(conn, role, replication_password, alter=alter_role)
+        if password == "left as is":
+            warnings.append(f"role {role} exists: its password was left as is (init did not "
+                            "create the role, and a new password would lock its other clients "
+                            "out); give the connector the role's password, or pass "
+                            "--alter-role to set --replication-password")
+        warnings += column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
             publication_warnings(conn, schema, setup.publication, relay=relay)
         notes = _notes(conn, schema, setup)
     return InitReport(tuple(done), password, tuple(warnings), notes)
@@ -304,14 +325,16 @@ def size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> 
             f"wait a moment, run: {add_size_check_statement(actual).as_string(conn)}"]
 
 
-def _ensure_password(conn: psycopg.Connection[Any], role: str, password: str) -> Literal[
-        "set", "unchanged"]:
+def _ensure_password(conn: psycopg.Connection[Any], role: str, password: str, *,
+                     alter: bool = True) -> Literal["set", "unchanged", "left as is"]:
     readable = conn.execute("SELECT has_table_privilege('pg_authid', 'SELECT')").fetchone()
     if readable is not None and readable[0]:
         row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s",
                            (role,)).fetchone()
         if row is not None and _password_matches(row[0], password, role):
             return "unchanged"
+    if not alter:
+        return "left as is"
     algorithm_row = conn.execute("SHOW password_encryption").fetchone()
     algorithm = str(algorithm_row[0]) if algorithm_row else "scram-sha-256"
     # Hashed by libpq on this side, as psql's \password does: the plain text reaches neither

@@ -117,3 +117,38 @@ def test_an_existing_tables_payload_and_id_types_are_compared_with_the_flags(
     assert f"warning: {schema}.legacy's id column id is bigint: write_event and `outbox " \
         "write` always write a UUID" in err, err
     assert f"{schema}.legacy's payload column payload is bytea, not jsonb" in err, err
+
+
+def test_an_existing_role_is_left_as_is_unless_asked(stack: StackEndpoints,
+                                                     schema: str) -> None:
+    # Review 50-d F12: `--replication-role appuser` set an application role's password (its
+    # clients locked out at their next connection) and gave it REPLICATION, without asking.
+    role, table = f"{schema}_app", f"{schema}.outbox"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'app' CREATEDB")
+    args = ("--table", table, "--publication", f"{schema}_p", "--heartbeat-table",
+            f"{schema}.hb", "--replication-role", role, "--replication-password", "dbzpw")
+    code, out, err = _init(stack, *args)
+    assert code == 0, err
+    assert f"left     role {role} LOGIN REPLICATION" in out
+    assert f"password of role {role}: left as is" in out
+    assert f"warning: role {role} exists and lacks LOGIN or REPLICATION" in err
+    assert f"warning: role {role} exists: its password was left as is" in err
+    app = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="app")
+    with psycopg.connect(app) as conn:  # its own password still works
+        assert conn.execute("SELECT rolreplication FROM pg_roles WHERE rolname = %s",
+                            (role,)).fetchone() == (False,)
+        assert conn.execute("SELECT has_table_privilege(%s, 'SELECT')",  # the grants: asked
+                            (table,)).fetchone() == (True,)
+    code, out, err = _init(stack, *args, "--alter-role")
+    assert code == 0 and f"password of role {role}: set" in out and "warning" not in err, err
+    dbz = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="dbzpw")
+    with psycopg.connect(dbz) as conn:
+        assert conn.execute("SELECT rolreplication FROM pg_roles WHERE rolname = %s",
+                            (role,)).fetchone() == (True,)
+    # A role init creates gets both, and a rerun with the same password changes nothing.
+    new = (*args[:-3], f"{schema}_dbz", "--replication-password", "pw")
+    code, out, _ = _init(stack, *new)
+    assert f"created  role {schema}_dbz" in out and f"password of role {schema}_dbz: set" in out
+    code, out, err = _init(stack, *new)
+    assert f"password of role {schema}_dbz: unchanged" in out and "warning" not in err, err

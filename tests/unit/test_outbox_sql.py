@@ -34,6 +34,7 @@ from cdc_router.outbox.existing import column_type_warnings, publication_warning
 from cdc_router.outbox.setup import (
     INIT_LOCK,
     InitReport,
+    _ensure_password,
     _password_matches,
     add_size_check_statement,
 )
@@ -537,6 +538,32 @@ def test_init_says_what_an_existing_tables_payload_and_id_types_make_of_its_flag
         "UUID, which it refuses; write its rows with your own INSERT, or give the outbox a uuid "
         "id"]
     assert column_type_warnings(_Columns(), bytea) == []  # type: ignore[arg-type]
+
+
+class _Authid:
+    """A session that may not read pg_authid; keeps the statements it is sent."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+        self.pgconn = SimpleNamespace(encrypt_password=lambda *args: b"SCRAM-SHA-256$x")
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        self.statements.append(query if isinstance(query, str) else query.as_string(None))
+        answer = (False,) if "pg_authid" in str(query) else ("scram-sha-256",)
+        return SimpleNamespace(fetchone=lambda: answer)
+
+
+def test_the_password_of_a_role_init_did_not_create_is_left_as_is() -> None:
+    # Review 50-d F12: `--replication-role appuser` replaced an application role's password
+    # (its clients locked out) and granted it REPLICATION, without asking.
+    conn = _Authid()
+    assert _ensure_password(conn, "appuser", "pw", alter=False) == "left as is"  # type: ignore[arg-type]
+    assert not any("ALTER ROLE" in statement for statement in conn.statements)
+    assert _ensure_password(conn, "appuser", "pw") == "set"  # type: ignore[arg-type]
+    assert conn.statements[-1] == 'ALTER ROLE "appuser" WITH PASSWORD \'SCRAM-SHA-256$x\''
+    [alter] = [step for step in init_steps(OutboxSchema(), CaptureSetup(replication_role="r"))
+               if step.alters_role]
+    assert alter.statement.as_string(None) == 'ALTER ROLE "r" WITH LOGIN REPLICATION'
 
 
 class _Stop(Exception):
