@@ -18,6 +18,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from cdc_router.errors import ConfigError
 from cdc_router.outbox.existing import (
     check_existing_table,
     column_type_warnings,
@@ -113,6 +114,13 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     """
     outbox_schema, _ = split_table(schema.table)
     heartbeat_schema, _ = split_table(setup.heartbeat_table, "heartbeat_table")
+    if split_table(schema.table) == split_table(setup.heartbeat_table, "heartbeat_table"):
+        # Review 50-d F15: granted the role INSERT and UPDATE on the outbox, and Debezium's
+        # heartbeat would write its (id, ts) rows there.
+        raise ConfigError("the heartbeat table is the outbox table: Debezium's heartbeat "
+                          "would write into the outbox, and its role could write outbox rows",
+                          field="--heartbeat-table", value=setup.heartbeat_table,
+                          hint=f"name a table of its own (default {DEFAULT_HEARTBEAT_TABLE})")
     heartbeat = table_identifier(setup.heartbeat_table, "heartbeat_table")
     quoted_outbox = regclass_text(schema.table)
     quoted_heartbeat = regclass_text(setup.heartbeat_table, "heartbeat_table")

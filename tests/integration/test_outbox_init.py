@@ -152,3 +152,17 @@ def test_an_existing_role_is_left_as_is_unless_asked(stack: StackEndpoints,
     assert f"created  role {schema}_dbz" in out and f"password of role {schema}_dbz: set" in out
     code, out, err = _init(stack, *new)
     assert f"password of role {schema}_dbz: unchanged" in out and "warning" not in err, err
+
+
+def test_the_outbox_as_heartbeat_table_is_refused_and_nothing_made(stack: StackEndpoints,
+                                                                   schema: str) -> None:
+    # Review 50-d F15: "outbox ready", with the role granted INSERT and UPDATE on the outbox.
+    code, _, err = _init(stack, "--table", f"{schema}.outbox", "--heartbeat-table",
+                         f"{schema}.outbox", "--replication-role", f"{schema}_r",
+                         "--replication-password", "pw", "--publication", f"{schema}_p")
+    assert code == 1 and err.startswith("error: field '--heartbeat-table': the heartbeat table "
+                                        "is the outbox table"), err
+    with psycopg.connect(stack.postgres_dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s), EXISTS (SELECT FROM pg_roles WHERE "
+                            "rolname = %s)", (f"{schema}.outbox", f"{schema}_r")
+                            ).fetchone() == (None, False)

@@ -566,6 +566,17 @@ def test_the_password_of_a_role_init_did_not_create_is_left_as_is() -> None:
     assert alter.statement.as_string(None) == 'ALTER ROLE "r" WITH LOGIN REPLICATION'
 
 
+@pytest.mark.parametrize("heartbeat", ["public.outbox", "outbox", '"public"."outbox"'])
+def test_the_outbox_as_heartbeat_table_is_refused(heartbeat: str) -> None:
+    # Review 50-d F15: it was accepted, and the replication role granted INSERT and UPDATE on
+    # the outbox.
+    with pytest.raises(ConfigError, match=r"field '--heartbeat-table': the heartbeat table is "
+                                          r"the outbox table"):
+        init_steps(OutboxSchema(), CaptureSetup(heartbeat_table=heartbeat,
+                                                replication_role="debezium"))
+    assert init_steps(OutboxSchema(), CaptureSetup(heartbeat_table="public.Outbox"))
+
+
 class _Stop(Exception):
     pass
 
