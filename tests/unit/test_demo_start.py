@@ -88,3 +88,17 @@ def test_a_sample_no_route_takes_is_refused_before_anything_is_written(tmp_path:
                                              r"Payment, headers \{'tenant': 'acme-eu'\}\) "
                                              "matches no route in this config"):
         demo.sample_destinations(compiled, samples)
+
+
+def test_a_sample_dead_lettered_is_said_with_its_reason() -> None:
+    # Review 50-d F12 (last part): the router dead-lettered a sample at once, and the demo
+    # waited 60 s, then blamed the connector.
+    letter = {"dlq.event.id": b"id-1", "dlq.stage": b"route",
+              "dlq.error.message": b"destination topic payments.confirmed does not exist"}
+    with pytest.raises(CdcRouterError) as raised:
+        demo.raise_if_dead_lettered(letter, {"id-0", "id-1"})
+    assert str(raised.value) == (
+        "the sample event id-1 was dead-lettered (stage route): destination topic "
+        "payments.confirmed does not exist; `cdc-router dlq list -c ... --newest` shows it")
+    demo.raise_if_dead_lettered(letter, {"id-0"})  # another event's letter
+    demo.raise_if_dead_lettered({}, {"id-0"})
