@@ -421,6 +421,24 @@ def test_explain_shows_the_route_and_record() -> None:
     assert json.loads(result["record"]["value"]) == json.loads(ORDER.payload)
 
 
+@pytest.mark.parametrize("fixture", ["create_jsonb.noschema.json", "create_jsonb.schema.json"])
+@pytest.mark.parametrize("value_field", ["value", "payload"])
+def test_explain_reads_a_captured_value_written_as_text(tmp_path: Path, fixture: str,
+                                                        value_field: str) -> None:
+    # Review 50-d F16: kcat -J's {topic, key, payload} and a {topic, key, value} whose value
+    # is the record's text were dead letters "not a Debezium change event".
+    capture = tmp_path / "capture.json"
+    capture.write_text(json.dumps({
+        "topic": "outbox.public.outbox", "partition": 0, "offset": 5, "tstype": "create",
+        "ts": 1, "broker": 1, "key": json.dumps({"id": ORDER.event_id}),
+        value_field: json.dumps(json.loads((FIXTURES / fixture).read_text())["value"])}))
+    code, output = explain("--explain", str(capture), "-o", "json")
+    assert code == 0, output
+    [result] = json.loads(output)["events"]
+    assert result["outcome"] == "routed", result
+    assert result["record"]["topic"] == "orders.OrderPaid"
+
+
 def test_explain_skipped_and_dead_letter_outcomes(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_bytes(b'{"op": "c", "after": {"id": ')
