@@ -80,7 +80,9 @@ class DedupSettings(_Model):
     @field_validator("changelog_config")
     @classmethod
     def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
-        if value.get("cleanup.policy", "compact,delete") not in ("compact", "compact,delete"):
+        # A set of items (Kafka's LIST type): `delete, compact` is compact,delete too.
+        policy = {item.strip() for item in value.get("cleanup.policy", "compact").split(",")}
+        if policy not in ({"compact"}, {"compact", "delete"}):
             raise ValueError("the dedup changelog needs cleanup.policy compact,delete "
                              "(or compact): one record per id, gone after the window")
         return value

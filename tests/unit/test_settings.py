@@ -307,6 +307,16 @@ def test_default_route_must_be_last(tmp_path: Path) -> None:
     assert "field 'routes[1]': unreachable: routes[0] has no match" in message
 
 
+@pytest.mark.parametrize("policy", ["compact", "'compact,delete'", "'compact, delete'",
+                                    "'delete,compact'", "' delete , compact'"])
+def test_the_changelog_cleanup_policy_is_read_as_a_list(tmp_path: Path, policy: str) -> None:
+    # Found with review 50-d F14: `compact, delete` (which Kafka stores as compact,delete) and
+    # `delete,compact` were refused as not compact,delete.
+    config = loaded(write(tmp_path, MINIMAL + f"dedup: {{changelog_config: "
+                                              f"{{cleanup.policy: {policy}}}}}\n"))
+    assert config.dedup.changelog_config["cleanup.policy"] == policy.strip("'")
+
+
 @pytest.mark.parametrize(("extra", "expected"), [
     ("dead_letter: {topic: outbox.public.outbox}", "field 'dead_letter.topic': must differ"),
     ("dedup: {changelog_topic: cdc-router.dlq}", "must differ from dead_letter.topic"),
