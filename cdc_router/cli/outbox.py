@@ -59,7 +59,6 @@ from cdc_router.postgres import (
     column_hint,
     dsn_problem,
     one_line,
-    regclass_text,
     table_columns,
 )
 from cdc_router.router.republish import check_republish, raw_topic
