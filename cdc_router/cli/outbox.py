@@ -25,6 +25,7 @@ from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import config_option
 from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
+from cdc_router.config.json_bounds import MAX_JSON_DEPTH
 from cdc_router.config.load import load_config
 from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
 from cdc_router.errors import ConfigError, DatabaseError
@@ -219,6 +220,9 @@ def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str
         raise ConfigError(f"not valid JSON: {error.msg}", field="--payload") from error
     except ValueError as error:  # NaN, Infinity; an integer of over 4,300 digits
         raise ConfigError(f"not valid JSON: {error}", field="--payload") from None
+    except RecursionError:  # review 50-d F17: a traceback
+        raise ConfigError(f"nested deeper than the router reads ({MAX_JSON_DEPTH} levels)",
+                          field="--payload") from None
     if not isinstance(value, dict | list):
         raise ConfigError("must be a JSON object or array", field="--payload", value=text)
     header_map = dict(_key_value(item, "--header") for item in headers)

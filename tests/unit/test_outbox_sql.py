@@ -657,8 +657,10 @@ def test_a_role_without_a_password_is_one_line() -> None:
     assert "--replication-role needs a password" in result.stderr
 
 
-@pytest.mark.parametrize(("payload", "message"), [("{oops", "not valid JSON"),
-                                                  ("42", "JSON object or array")])
+@pytest.mark.parametrize(("payload", "message"), [
+    ("{oops", "not valid JSON"), ("42", "JSON object or array"),
+    ('{"a": ' + "9" * 5000 + "}", "4300 digits"),  # review 50-d F17: tracebacks
+    ("[" * 30_000 + "]" * 30_000, "nested deeper than the router reads (256 levels)")])
 def test_write_checks_the_payload_before_connecting(payload: str, message: str) -> None:
     result = CliRunner().invoke(main, ["outbox", "write", "--dsn", "postgresql://x@127.0.0.1:9/db",
                                        "--aggregate-type", "A", "--aggregate-id", "1",
