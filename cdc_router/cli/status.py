@@ -74,6 +74,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     1 warning, 2 critical, 3 when it cannot check (bad config or arguments)."""
     try:
         config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
+        kafka = clients.logged_config(config)  # a missing certificate file: a bad config
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
     if dsn and (problem := dsn_problem(dsn)):
@@ -81,7 +82,6 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     # A wrong argument cannot be checked, like a wrong --dsn (review 49-b F3: exited 2).
     if (problem := url_problem(connect_url)) is not None:
         raise _CheckImpossible(f"--connect-url: {problem}")
-    kafka = clients.logged_config(config)
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1

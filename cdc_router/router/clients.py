@@ -20,6 +20,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
+from cdc_router.errors import ConfigError
+from cdc_router.kafka.errors import missing_files
 from cdc_router.kafka.logs import librdkafka_logger
 from cdc_router.kafka.membership import ListedFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
@@ -67,7 +69,13 @@ class Timeouts:
 def logged_config(config: RouterConfig) -> dict[str, Any]:
     """Connection and security settings, with librdkafka's own log lines through logging (and
     its RepeatFilter: an unreachable broker is a line a minute, not twenty a second), not
-    straight to stderr. Every client of every command starts from it."""
+    straight to stderr. Every client of every command starts from it, so a certificate file
+    that is not there stops every command before its first client, naming the property and
+    the path (review 50-b F3: topics apply, dlq list and replay said only librdkafka's
+    'ssl.ca.location failed: ... BIO lib')."""
+    if missing := missing_files(config.kafka.config):
+        raise ConfigError("; ".join(missing), field="kafka.config",
+                          hint="give the path of the file on the host this command runs on")
     return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
 
 
@@ -145,10 +153,14 @@ def refused_property(config: RouterConfig) -> KafkaException | None:
     found by `rules check` (QA 36-b F6: `kafka.producer.lingerr.ms` passed it); else None."""
     if "plugin.library.paths" in config.kafka.config:  # the plugin, and its properties, are
         return None  # the router's host's (review 37)
+    # Files belong to the host the router runs on, which `rules check` (in CI) may not be.
+    files = {key: value for key, value in config.kafka.config.items()
+             if not key.endswith((".location", ".keytab"))}
+    config = config.model_copy(update={"kafka": config.kafka.model_copy(
+        update={"config": files})})
     for conf, client in ((producer_config(config, "check"), Producer),
                          (consumer_config(config, "check"), Consumer)):
-        # Files belong to the host the router runs on, which `rules check` (in CI) may not be;
-        # an OIDC client would fetch a token at once.
+        # An OIDC client would fetch a token at once.
         offline = {key: value for key, value in conf.items()
                    if key != "bootstrap.servers" and not key.endswith((".location", ".keytab"))
                    and not (key == "sasl.oauthbearer.method" and value == "oidc")}
