@@ -109,6 +109,23 @@ def test_rows_kept_are_counted_and_named_in_one_warning_a_batch(
     assert cleaner.kept._value.get() == 2
 
 
+def test_an_id_twice_in_a_batch_is_tried_once_and_a_kept_row_reported_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 50-b F6: the live id and the changelog sweep's copy of it shared a batch; each
+    # copy failed alone: `rows=2 ids='bad-1','bad-1'` and the kept counter +2 for one row.
+    cleaner = _cleaner(mode="delete")
+    outbox = _Outbox(["a", "b"])
+    _attach(cleaner, outbox)
+    cleaner.delivered([Delivered(event_id, "t", None)
+                       for event_id in ("bad-1", "a", "bad-1", "b", "a")])
+    assert cleaner._delete_due() and outbox.rows == set()
+    [line] = [r.getMessage() for r in caplog.records if "cleanup_rows_kept" in r.getMessage()]
+    assert "rows=1 ids='bad-1' " in line
+    assert (cleaner.kept._value.get(), cleaner.deleted._value.get()) == (1, 2)
+    assert [batch for batch in outbox.deletes if len(batch) == 1] == [["bad-1"], ["a"], ["b"]]
+    assert cleaner.pending_count() == 0
+
+
 def test_rows_kept_before_a_later_id_fails_otherwise_are_reported_once(
         caplog: pytest.LogCaptureFixture) -> None:
     # Review 46: a lock timeout at a later id of the batch raised past the kept-rows line: no
