@@ -30,6 +30,7 @@ from cdc_router.router.destinations import (
     missing_destinations,
     missing_topic,
 )
+from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
 from cdc_router.serde.json import parse_json
@@ -95,7 +96,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     step = RecordStep(compiled, partitions_for, missing=missing_topic if cluster else
                       _not_declared, timestamp_limits=limits)
     warnings += missing_destinations(config, partitions_for, cluster=cluster)
-    explained = [explain_event(path, config, step, source_topic) for path in events]
+    explained = [explain_event(path, config, step, source_topic, partitions_for)
+                 for path in events]
     if output == "json":
         click.echo(json.dumps({"file": str(config_path), "valid": True, "warnings": warnings,
                                "config": _public(config), "events": explained}, indent=2,
@@ -111,8 +113,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
         sys.exit(1)
 
 
-def explain_event(path: Path, config: RouterConfig, step: RecordStep,
-                  source_topic: str | None) -> dict[str, Any]:
+def explain_event(path: Path, config: RouterConfig, step: RecordStep, source_topic: str | None,
+                  partitions_for: Callable[[str], int | None]) -> dict[str, Any]:
     """What the router would do with the record in `path`, as a JSON-ready dict.
 
     `step` is the router's own per-record step (router/step.py), so the outcome is the
@@ -140,7 +142,23 @@ def explain_event(path: Path, config: RouterConfig, step: RecordStep,
     if isinstance(outcome, Skipped):
         return {**result, "outcome": "skipped", "reason": outcome.reason}
     assert isinstance(outcome, Routed)  # no replay filter here: never a Duplicate
-    return {**result, "outcome": "routed", "record": _record(outcome.record)}
+    record = _record(outcome.record)
+    if outcome.record.partition is None and not outcome.record.nats:  # partition: kafka_default
+        record.update(_producer_partition(config, outcome.record, partitions_for))
+    return {**result, "outcome": "routed", "record": record}
+
+
+def _producer_partition(config: RouterConfig, record: OutboundRecord,
+                        partitions_for: Callable[[str], int | None]) -> dict[str, Any]:
+    """The partition the router's producer picks for a record the route leaves to it: its
+    partitioner's (murmur2 of the key unless kafka.producer.partitioner names another), or
+    None with the partitioner named (review 50-b F8: explain printed 'partition None')."""
+    name = str(config.kafka.producer.get("partitioner", "murmur2_random"))
+    count = partitions_for(record.topic)
+    if name in ("murmur2", "murmur2_random") and record.key is not None and count:
+        return {"partition": java_default_partition(record.key, count),
+                "partitioner": f"the producer's {name}: murmur2 of the key"}
+    return {"partition": None, "partitioner": f"the producer's {name}, when it sends"}
 
 
 def declared_partitions(config: RouterConfig, assumed: int) -> Callable[[str], int | None]:
@@ -331,7 +349,9 @@ def _describe(result: dict[str, Any]) -> str:
             value = value[:_PREVIEW_CHARS] + "…"
         where = (f"NATS subject {record['topic']}, Nats-Msg-Id {record['event_id']}"
                  if record["nats"] else f"topic {record['topic']}, partition "
-                 f"{record['partition']}, key {record['key']}, timestamp {record['timestamp_ms']}")
+                 + (f"{record['partition']}" if record["partition"] is not None else "chosen")
+                 + (f" ({record['partitioner']})" if "partitioner" in record else "")
+                 + f", key {record['key']}, timestamp {record['timestamp_ms']}")
         lines += [f"  record    {where}",
                   "  headers   " + ", ".join(f"{name}={value!r}" for name, value in
                                             record["headers"]),

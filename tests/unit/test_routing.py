@@ -439,6 +439,35 @@ def test_explain_reads_a_captured_value_written_as_text(tmp_path: Path, fixture:
     assert result["record"]["topic"] == "orders.OrderPaid"
 
 
+@pytest.mark.parametrize("producer, partition, said", [
+    ({}, java_default_partition(ORDER.event_id.encode(), 6),
+     "the producer's murmur2_random: murmur2 of the key"),
+    ({"partitioner": "murmur2"}, java_default_partition(ORDER.event_id.encode(), 6),
+     "the producer's murmur2: murmur2 of the key"),
+    ({"partitioner": "fnv1a_random"}, None, "the producer's fnv1a_random, when it sends")])
+def test_explain_shows_the_producers_partition_of_a_kafka_default_route(
+        tmp_path: Path, producer: dict[str, str], partition: int | None, said: str) -> None:
+    # Review 50-b F8: `partition: kafka_default` printed "partition None"; the router's
+    # producer puts such a record where murmur2 of the key says (its partitioner).
+    config = yaml.safe_load((Path(__file__).parents[2] / "cdc_router" / "examples" /
+                             "router.yaml").read_text())
+    config["routes"][0]["partition"] = "kafka_default"
+    config["kafka"] = {**config.get("kafka", {}), "producer": producer}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["rules", "check", "-c", str(path), "--explain",
+            str(FIXTURES / "create_jsonb.schema.json"), "--partitions", "6"]
+    result = CliRunner().invoke(main, [*args, "-o", "json"])
+    assert result.exit_code == 0, result.output
+    [explained] = json.loads(result.output)["events"]
+    assert (explained["record"]["partition"], explained["record"]["partitioner"]) == \
+        (partition, said)
+    text = CliRunner().invoke(main, args).output
+    shown = "chosen" if partition is None else str(partition)
+    assert f"record    topic orders.OrderPaid, partition {shown} ({said}), key " in text
+    assert "None" not in text
+
+
 def test_explain_skipped_and_dead_letter_outcomes(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_bytes(b'{"op": "c", "after": {"id": ')
