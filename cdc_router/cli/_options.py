@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 _CONFIG_HELP = "router.yaml [env CDC_ROUTER_CONFIG]."
 
@@ -64,8 +66,30 @@ class InstanceId(click.ParamType[str]):
         return value
 
 
+INSTANCE_ID_ENV = "CDC_ROUTER_INSTANCE_ID"
+
+
+class _InstanceIdOption(click.Option):
+    """An empty or blank CDC_ROUTER_INSTANCE_ID is refused as an empty --instance-id is,
+    naming the variable (review 50-b F11: click takes an empty variable for unset, and
+    `CDC_ROUTER_INSTANCE_ID="$POD_NAME"` with POD_NAME unset started as the host name: a
+    container's id, new at each re-create, so a successor never fenced its predecessor)."""
+
+    def consume_value(self, ctx: click.Context,
+                      opts: Mapping[str, click.Parameter]) -> tuple[Any, ParameterSource]:
+        value, source = super().consume_value(ctx, opts)
+        variable = os.environ.get(INSTANCE_ID_ENV)
+        if source in (ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT) and \
+                variable is not None and not variable.strip():
+            raise click.BadParameter(
+                f"{INSTANCE_ID_ENV} is set but {'blank' if variable else 'empty'}: give a name "
+                "unique per instance (the pod name), or unset it for the host name",
+                ctx=ctx, param=self)
+        return value, source
+
+
 def instance_id_option(help: str, *, kafka: bool) -> Callable[[Any], Any]:
     """`--instance-id` [env CDC_ROUTER_INSTANCE_ID], by default the host name."""
-    return click.option("--instance-id", envvar="CDC_ROUTER_INSTANCE_ID",
+    return click.option("--instance-id", envvar=INSTANCE_ID_ENV, cls=_InstanceIdOption,
                         type=InstanceId(kafka=kafka), default=socket.gethostname,
                         show_default="the host name", help=help)

@@ -466,6 +466,12 @@ def test_an_empty_path_is_named_as_empty_not_as_the_working_directory(args: list
     assert "'.'" not in result.stderr and ".:" not in result.stderr
 
 
+# Review 50-b F11: `CDC_ROUTER_INSTANCE_ID="$POD_NAME"` with POD_NAME unset started as the host
+# name (click takes an empty variable for unset): in a container a new id at each re-create, so
+# the successor's transactional id never fenced its predecessor.
+_FROM_ENV = "CDC_ROUTER_INSTANCE_ID is set but"
+
+
 @pytest.mark.parametrize(("command", "instance_id", "problem"), [
     ("run", "", "is empty: give a name unique per instance"),
     ("run", "  ", "is empty"),
@@ -473,15 +479,20 @@ def test_an_empty_path_is_named_as_empty_not_as_the_working_directory(args: list
     ("run", "..", "'..' is not a Kafka group.instance.id"),
     ("run", "x" * 241, f"'{'x' * 241}' is not a Kafka group.instance.id"),
     ("relay", "", "is empty"),
-    ("relay", "a b", "'a b' holds a blank")])
+    ("relay", "a b", "'a b' holds a blank"),
+    ("run", "env:", f"{_FROM_ENV} empty: give a name unique per instance"),
+    ("run", "env: ", f"{_FROM_ENV} blank"),
+    ("relay", "env:", f"{_FROM_ENV} empty")])
 def test_an_empty_or_illegal_instance_id_is_refused_before_anything_starts(
         tmp_path: Path, command: str, instance_id: str, problem: str) -> None:
     # Review 46-2 F9: `--instance-id "$POD_NAME"` with the variable unset started, and every
     # replica started so shared the transactional id `<prefix>-` and fenced the others.
     config = tmp_path / "router.yaml"
     config.write_text(CONFIG, "utf-8")
+    variable = instance_id.removeprefix("env:") if instance_id.startswith("env:") else None
+    given = [] if variable is not None else ["--instance-id", instance_id]
     result = CliRunner().invoke(main, [command, "-c", str(config), "--metrics-port", "0",
-                                       "--instance-id", instance_id])
+                                       *given], env={"CDC_ROUTER_INSTANCE_ID": variable})
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())  # click wraps a long line
     assert f"Invalid value for '--instance-id': {problem}" in said, result.output
