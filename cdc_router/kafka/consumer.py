@@ -167,7 +167,9 @@ def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],
                     "transaction markers and aborted records count too, but events among them "
                     "were never delivered: their outbox rows are still there (the cleanup "
                     "deletes delivered rows only); republish them with `cdc-router outbox "
-                    "republish --since TIME` (README, runbook)")
+                    "republish -c CONFIG --since TIME --dry-run`, then without --dry-run "
+                    "(CONFIG: this router's config file; TIME: before it stopped; README, "
+                    "runbook)")
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

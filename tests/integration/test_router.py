@@ -733,7 +733,8 @@ def test_raw_records_deleted_before_the_group_read_them_are_reported_with_the_ru
     assert [r.key().decode() for r in delivered[3:]] == later[2:] and len(settled) == 5
     [line] = [line for line in log.splitlines() if "event=raw_records_deleted" in line]
     assert f"topic={pipe.raw_topic} partition=0" in line and "ERROR" in line
-    assert "outbox republish --since" in line
+    # Review 50-b F9: without -c the command exited 2 (Missing option '-c' / '--config').
+    assert "`cdc-router outbox republish -c CONFIG --since TIME --dry-run`" in line
 
 
 def test_the_grants_lookup_reads_a_topics_authorized_operations_from_the_broker(

@@ -1085,7 +1085,8 @@ def test_a_committed_offset_below_the_log_start_is_reported_with_or_without_dedu
     Harness(cluster, dedup={"enabled": dedup, "changelog_topic": CHANGELOG}).run()
     [line] = [r.getMessage() for r in caplog.records if "raw_records_deleted" in r.getMessage()]
     assert f"topic={RAW} partition=0 offsets=1-2 count=2" in line
-    assert "outbox republish --since" in line
+    # Review 50-b F9: without -c the command exited 2 (Missing option '-c' / '--config').
+    assert "`cdc-router outbox republish -c CONFIG --since TIME --dry-run`" in line
 
 
 def test_a_source_topic_the_credentials_may_not_read_stops_the_router_with_the_reason() -> None:
