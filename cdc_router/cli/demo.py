@@ -11,6 +11,7 @@ import click
 from cdc_router.cli._options import config_option
 from cdc_router.cli.outbox import database, dsn_option
 from cdc_router.config.load import load_config
+from cdc_router.errors import CdcRouterError
 
 
 @click.command(name="demo")
@@ -33,4 +34,8 @@ def cli(config_path: Path, dsn: str) -> None:
         conn.commit()
         records = run_demo(compiled, dsn, click.echo)
         payments = [r for r in records if r.topic() != records[0].topic()] or records
-        run_fulfillment(compiled.config, dsn, payments[-1], click.echo)
+        shipped = run_fulfillment(compiled.config, dsn, payments[-1], click.echo)
+    if shipped != 1:  # review 50-b F5: the acceptance demo exited 0 having shipped nothing
+        raise CdcRouterError(f"the fulfillment service shipped the payment event {shipped} "
+                             "times, not once: its log lines above say why (a dead letter "
+                             f"to {compiled.config.dead_letter.topic}?)")

@@ -65,15 +65,30 @@ def decode_payment(raw: bytes | None) -> dict[str, Any]:
     return payload
 
 
+SHIPMENT_COLUMNS = ("order_id", "event_id", "amount")  # what Fulfillment inserts
+
+
 def create_shipments_table(dsn: str, table: str) -> None:
-    """The effect table. No unique constraint on event_id on purpose: dedup is the store's job."""
+    """The effect table. No unique constraint on event_id on purpose: dedup is the store's job.
+    A table of that name without the columns the service inserts is refused here (review 50-b
+    F5: IF NOT EXISTS kept another example's `shipments`, every insert failed and each event
+    was dead-lettered, while the demo said it shipped 0 and exited 0)."""
     # Another replica may create it at the same moment: IF NOT EXISTS is not atomic.
     raced = (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable)
-    with psycopg.connect(dsn, autocommit=True) as conn, contextlib.suppress(*raced):
-        conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
-            " event_id text NOT NULL, amount text,"
-            " shipped_at timestamptz NOT NULL DEFAULT now())").format(table_identifier(table)))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with contextlib.suppress(*raced):
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (id bigserial PRIMARY KEY, order_id text NOT NULL,"
+                " event_id text NOT NULL, amount text, shipped_at timestamptz NOT NULL DEFAULT"
+                " now())").format(table_identifier(table)))
+        found = {row[0] for row in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+            "AND NOT attisdropped", (table_identifier(table).as_string(conn),))}
+    if missing := [column for column in SHIPMENT_COLUMNS if column not in found]:
+        raise CdcRouterError(
+            f"fulfillment: table {table} exists without column(s) {', '.join(missing)}, which "
+            f"the service inserts ({', '.join(SHIPMENT_COLUMNS)}): another program's table of "
+            "that name? drop it, or give another --shipments-table")
 
 
 class Fulfillment:

@@ -23,3 +23,29 @@ def test_consumer_config_items_become_properties_split_at_the_first_equals() -> 
     args = parse_args([*KAFKA, "--consumer-config", "session.timeout.ms=6000",
                        "--consumer-config", "sasl.password=a=b"])
     assert args.consumer_config == {"session.timeout.ms": "6000", "sasl.password": "a=b"}
+
+
+def test_the_demo_exits_non_zero_when_the_service_did_not_ship_exactly_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 50-b F5: `cdc-router demo` (make demo's last step) said "fulfillment: 0 shipment"
+    # and exited 0: the project's acceptance demo passed having shipped nothing.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.local import demo
+
+    monkeypatch.setattr(demo, "run_demo", lambda compiled, dsn, say: [_Record()])
+    for shipped, code in ((0, 1), (2, 1), (1, 0)):
+        monkeypatch.setattr(demo, "run_fulfillment",
+                            lambda config, dsn, payment, say, shipped=shipped: shipped)
+        result = CliRunner().invoke(main, ["demo", "--dsn", "postgresql://x"])
+        assert result.exit_code == code, result.output
+        if code:
+            assert f"error: the fulfillment service shipped the payment event {shipped} " \
+                "times, not once: its log lines above say why (a dead letter to " \
+                "cdc-router.dlq?)" in result.output
+
+
+class _Record:
+    def topic(self) -> str:
+        return "payments.confirmed"
