@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
 from cdc_router.examples.fulfillment import parse_args
@@ -31,9 +33,12 @@ def test_the_demo_exits_non_zero_when_the_service_did_not_ship_exactly_once(
     # and exited 0: the project's acceptance demo passed having shipped nothing.
     from click.testing import CliRunner
 
+    from cdc_router.cli import demo as demo_command
     from cdc_router.cli import main
     from cdc_router.local import demo
 
+    monkeypatch.setattr(demo_command, "database", lambda dsn: nullcontext(_Connection()))
+    monkeypatch.setattr(demo, "require_outbox", lambda conn: None)
     monkeypatch.setattr(demo, "run_demo", lambda compiled, dsn, say: [_Record()])
     for shipped, code in ((0, 1), (2, 1), (1, 0)):
         monkeypatch.setattr(demo, "run_fulfillment",
@@ -44,6 +49,11 @@ def test_the_demo_exits_non_zero_when_the_service_did_not_ship_exactly_once(
             assert f"error: the fulfillment service shipped the payment event {shipped} " \
                 "times, not once: its log lines above say why (a dead letter to " \
                 "cdc-router.dlq?)" in result.output
+
+
+class _Connection:
+    def commit(self) -> None:
+        pass
 
 
 class _Record:
