@@ -24,7 +24,7 @@ from cdc_router.config.json_bounds import (
     beyond_double_reason,
     dumped_json_problem,
 )
-from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
+from cdc_router.config.utf8 import LONE_SURROGATE
 from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.setup import MAX_EVENT_BYTES, SIZE_CHECK
 
@@ -132,14 +132,27 @@ def _decimal_problem(number: Decimal) -> str | None:
 
 
 def _utf8(text: str, value: Any, field: str) -> bytes:
-    """`text` as UTF-8, or InvalidEventError naming where `value` holds a lone surrogate."""
+    """`text` as UTF-8, a surrogate pair held as two code points joined into its character
+    (review 50-i F9: as jsonb joins an escaped pair), or InvalidEventError naming where `value`
+    holds a lone surrogate."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
+        joined = _pairs_joined(text)
+        if joined is not None:
+            return joined.encode("utf-8")
         path, is_key = _first(value, lambda item: isinstance(item, str)
-                              and not utf8_encodable(item))
+                              and _pairs_joined(item) is None)
         raise InvalidEventError(f"{_where(field, path, is_key)} holds {LONE_SURROGATE}") \
             from None
+
+
+def _pairs_joined(text: str) -> str | None:
+    """`text` with each surrogate pair joined into one character, or None if one is lone."""
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        return None
 
 
 def _no_nul(text: str, value: Any, field: str) -> None:

@@ -258,3 +258,25 @@ def test_outbox_write_refuses_nan_in_the_payload_naming_the_option(constant: str
     assert result.exit_code == 1, result.output
     assert result.stderr == (f"error: field '--payload': not valid JSON: {constant} is not JSON "
                              "(RFC 8259); send null or a string\n")
+
+
+# -- surrogate pairs (review 50-i F9) -----------------------------------------------------------
+
+
+def test_a_surrogate_pair_held_as_two_code_points_is_written_as_its_character() -> None:
+    # A str from a UTF-16 source may hold 😀 as "\ud83d\ude00": jsonb joins such a pair, and it
+    # was written before; only a lone surrogate is refused.
+    pair = "\ud83d\ude00"
+    conn = SyncConnection()
+    write_event(conn, **{**EVENT, "payload": {"a": pair},  # type: ignore[arg-type]
+                         "headers": {"h": pair}})
+    write_event(conn, **{**EVENT, "payload": {"a": pair}}, schema=BYTEA)  # type: ignore[arg-type]
+
+    [(_, as_jsonb), (_, as_bytea)] = conn.calls
+    payload, headers = as_jsonb[4], as_jsonb[5]
+    assert json.loads(payload.dumps(payload.obj)) == {"a": "😀"}
+    assert json.loads(headers.dumps(headers.obj)) == {"h": "😀"}
+    assert as_bytea[4] == b'{"a":"\\ud83d\\ude00"}'  # the bytes as before: the router reads 😀
+    with pytest.raises(InvalidEventError, match="payload field 'b' holds a lone UTF-16"):
+        write_event(conn, **{**EVENT,  # type: ignore[arg-type]
+                             "payload": {"a": pair, "b": f"{pair}\ud83d"}})
