@@ -62,7 +62,8 @@ def require_outbox(conn: psycopg.Connection[Any]) -> None:
 
 
 def run_demo(compiled: CompiledConfig, dsn: str, say: Say) -> list[Message]:
-    """Route two sample events end to end and return their destination records. The samples
+    """Route two sample events end to end and return their destination records, the order
+    paid's then the payment confirmed's (as sample_events lists them). The samples
     are written once the router polls (review 50-d F9: with Kafka down they were committed to
     the outbox, captured whenever a connector was set up, and the router then failed)."""
     samples = {new_event_id(): event for event in sample_events(str(int(time.time()) % 100_000))}
@@ -134,7 +135,7 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     consumer = fulfillment.build(args)
     thread = threading.Thread(target=consumer.run, name="fulfillment", daemon=True)
     thread.start()
-    event_id = _printable(payment.key())
+    event_id = event_id_of(payment)  # the consumer dedups on it (review 50-i F3: the key)
     deadline = time.monotonic() + _ROUTED_TIMEOUT_S
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -154,6 +155,13 @@ def run_fulfillment(config: RouterConfig, dsn: str, payment: Message, say: Say,
     say(f"fulfillment: {count} shipment for event {event_id} "
         f"({consumer.stats.duplicates} duplicate deliveries acknowledged, not shipped)")
     return count
+
+
+def event_id_of(record: Message) -> str:
+    """A destination record's event id: its `id` header (the router sets it), else its key;
+    whatever the routes key by."""
+    found = dict(record_headers(record)).get("id")
+    return _printable(record.key() if found is None else found)
 
 
 def _printable(value: str | bytes | None) -> str:
@@ -224,12 +232,12 @@ def _read_routed(config: RouterConfig, destinations: dict[str, str],
             if message.topic() == config.dead_letter.topic:
                 raise_if_dead_lettered(headers, ids)
                 continue
-            key = _printable(headers.get("id"))  # whatever the routes key by
-            if key in ids:
-                found[key] = message
+            event_id = event_id_of(message)
+            if event_id in ids:
+                found[event_id] = message
     finally:
         consumer.close()
-    return sorted(found.values(), key=lambda m: (m.topic() or "", m.offset() or 0))
+    return [found[event_id] for event_id in destinations]  # in the samples' order
 
 
 def raise_if_dead_lettered(headers: dict[str, bytes], ids: set[str]) -> None:
