@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
+from cdc_router.outbox.setup import INIT_LOCK
 from cdc_router.postgres import (
     MAX_IDENTIFIER_BYTES,
     check_identifier,
@@ -242,12 +243,24 @@ def add_relay_columns(conn: psycopg.Connection[Any], table: str, txid_column: st
     for statement in relay_columns_ddl(table, txid_column, seq_column,
                                        existing=column_types(conn, table),
                                        partitioned=partitioned):
-        conn.execute(statement)
+        if "CONCURRENTLY" in statement.as_string(None):  # no transaction can hold it
+            conn.execute(statement)
+        else:
+            _under_init_lock(conn, statement)
     if not_null is not None:
-        conn.execute(not_null)
+        _under_init_lock(conn, not_null)
     identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
                             "to_regclass(%s) AND attname = %s",
                             (regclass_text(table), seq_column)).fetchone()
     if identity is not None and identity[0] == "d":
-        conn.execute(seq_always_ddl(table, seq_column))
+        _under_init_lock(conn, seq_always_ddl(table, seq_column))
     return relay_catalog(conn, table) != before
+
+
+def _under_init_lock(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:
+    """`statement` in a transaction of its own, on init's advisory lock (reread 50-i F10: two
+    `outbox init --relay` at once replaced the trigger function together, after init's own
+    lock was released: Postgres's 'tuple concurrently updated')."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
+        conn.execute(statement)
