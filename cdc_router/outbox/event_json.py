@@ -28,6 +28,9 @@ from cdc_router.config.utf8 import LONE_SURROGATE
 from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.setup import MAX_EVENT_BYTES, SIZE_CHECK
 
+# Postgres's numeric (jsonb's numbers): at most 16,383 digits after the decimal point; its
+# 131,072 before it are past a double, refused first.
+NUMERIC_SCALE_MAX = 16_383
 _SPACED = (", ", ": ")  # as Postgres writes jsonb: the size check measures that text
 _COMPACT = (",", ":")
 # A Decimal stands in json.dumps's text as this string, then as its own digits: no payload
@@ -128,6 +131,10 @@ def _decimal_problem(number: Decimal) -> str | None:
                 "null or a string")
     if math.isinf(float(number)):  # the router's strict read refuses it, as 1e400
         return beyond_double_reason(f"{BEYOND_DOUBLE} ({str(number)[:40]})")
+    scale = -int(number.as_tuple().exponent)
+    if scale > NUMERIC_SCALE_MAX:  # jsonb's numeric input refuses it (reread 50-i F1)
+        return (f"has {scale:,} digits after the decimal point, over the {NUMERIC_SCALE_MAX:,} "
+                "Postgres's numeric holds: round it first (Decimal.quantize), or send a string")
     return None
 
 

@@ -157,6 +157,9 @@ def _circular() -> dict[str, Any]:
     ({"payload": _deep(MAX_JSON_DEPTH + 1)}, "payload is JSON nested deeper than 256 levels"),
     ({"payload": _deep(5000)}, "payload is nested too deeply"),
     ({"payload": {"n": 2**1100}}, "payload holds a number beyond a double"),
+    ({"payload": {"n": [Decimal("1E-16384")]}},  # reread 50-i F1: failed at the INSERT
+     "payload field 'n[0]' has 16,384 digits after the decimal point, over the 16,383"),
+    ({"payload": {"n": Decimal("1E+131072")}}, "payload field 'n' holds a number beyond"),
     ({"payload": {"s": "x" * MAX_EVENT_BYTES}}, "over the outbox's limit of 4,000,000 (check "
                                                 "cdc_router_event_size)"),
     ({"payload": {"s": "x" * 3_000_000}, "headers": {"h": "y" * 1_000_000}}, "over the outbox"),
@@ -280,3 +283,10 @@ def test_a_surrogate_pair_held_as_two_code_points_is_written_as_its_character() 
     with pytest.raises(InvalidEventError, match="payload field 'b' holds a lone UTF-16"):
         write_event(conn, **{**EVENT,  # type: ignore[arg-type]
                              "payload": {"a": pair, "b": f"{pair}\ud83d"}})
+
+
+def test_a_decimal_with_as_many_digits_after_the_point_as_numeric_holds_is_written() -> None:
+    conn = SyncConnection()
+    write_event(conn, **{**EVENT,  # type: ignore[arg-type]
+                         "payload": {"n": Decimal("1E-16383")}})
+    assert len(conn.calls) == 1
