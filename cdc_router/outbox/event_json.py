@@ -64,15 +64,16 @@ def headers_json(headers: dict[str, str]) -> bytes:
 
 
 def check_size(payload_bytes: int, headers_bytes: int) -> None:
-    """The outbox's size check (cdc_router_event_size): refused here, not by the server. The
+    """The pipeline's size limit, whatever the table (reread 50-i F4: an SMT's own outbox has
+    no check cdc_router_event_size, outbox init's): refused here, not by the server. The
     JSON text is Postgres's to the byte but for floats Python writes with an exponent (1e-07,
     where Postgres writes 0.0000001): at the very edge, the server's check still decides."""
     if payload_bytes + headers_bytes > MAX_EVENT_BYTES:
         raise InvalidEventError(
             f"the event is {payload_bytes + headers_bytes:,} bytes of payload and headers, over "
-            f"the outbox's limit of {MAX_EVENT_BYTES:,} (check {SIZE_CHECK}): a change event "
-            "that big would stop Debezium's connector; store the data elsewhere and send a "
-            "reference to it")
+            f"the pipeline's limit of {MAX_EVENT_BYTES:,} (the size check {SIZE_CHECK} that "
+            "`outbox init` gives an outbox): a change event that big would stop Debezium's "
+            "connector; store the data elsewhere and send a reference to it")
 
 
 def _dumps(value: Any, field: str, separators: tuple[str, str], *,

@@ -160,9 +160,10 @@ def _circular() -> dict[str, Any]:
     ({"payload": {"n": [Decimal("1E-16384")]}},  # reread 50-i F1: failed at the INSERT
      "payload field 'n[0]' has 16,384 digits after the decimal point, over the 16,383"),
     ({"payload": {"n": Decimal("1E+131072")}}, "payload field 'n' holds a number beyond"),
-    ({"payload": {"s": "x" * MAX_EVENT_BYTES}}, "over the outbox's limit of 4,000,000 (check "
-                                                "cdc_router_event_size)"),
-    ({"payload": {"s": "x" * 3_000_000}, "headers": {"h": "y" * 1_000_000}}, "over the outbox"),
+    ({"payload": {"s": "x" * MAX_EVENT_BYTES}}, "over the pipeline's limit of 4,000,000 (the "
+                                                "size check cdc_router_event_size that `outbox "
+                                                "init` gives an outbox)"),
+    ({"payload": {"s": "x" * 3_000_000}, "headers": {"h": "y" * 1_000_000}}, "over the pipel"),
     ({"headers": {"h": "a\x00b"}}, "headers field 'h' holds a NUL character"),
     ({"headers": {"h": "\udc80"}}, "headers field 'h' holds a lone UTF-16 surrogate"),
 ])
