@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
 from cdc_router.connect.spec import included_tables, plain_table
-from cdc_router.router.debezium import CONVERTER_FIX, JSON_CONVERTER
 
 _UNWRAP = "io.debezium.transforms.ExtractNewRecordState"
 _EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from cdc_router.config.converter import CONVERTER_FIX
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
 from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn, show
@@ -41,10 +42,6 @@ HEARTBEAT = "heartbeat"
 TRANSACTION_METADATA = "transaction_metadata"
 SNAPSHOT_DISABLED = "snapshot_disabled"
 
-JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
-# What the shipped connector file sets, for the router to read its values (review 49-f F2).
-CONVERTER_FIX = (f"set value.converter={JSON_CONVERTER} and value.converter.schemas.enable="
-                 "false (as connectors/outbox-connector.json has it)")
 # Confluent's wire format: byte 0, the schema's id in 4 bytes, then the converter's encoding.
 _REGISTRY_MAGIC = b"\x00"
 _REGISTRY_HEADER = 5
