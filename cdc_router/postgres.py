@@ -284,7 +284,7 @@ def column_hint(error: BaseException) -> str:
     (QA 48-a F-low-1: `outbox stats` on a renamed created_at said only that it did not exist)."""
     if not isinstance(error, psycopg.errors.UndefinedColumn):
         return ""
-    return ("; name the table's columns with --column NAME=COLUMN (as given to `outbox init`), "
+    return ("; name the table's columns with --column DEFAULT=NAME (as given to `outbox init`), "
             "e.g. --column created_at=occurred_at, and a table without headers or created_at "
             "with --column headers= or --column created_at=")
 

@@ -80,7 +80,8 @@ def schema_options(command: F) -> F:
                   help="The outbox table, schema.table.")
     @click.option("--column", "columns", multiple=True, metavar="DEFAULT=NAME",
                   help=f"Rename a column ({', '.join(OutboxColumns.model_fields)}); DEFAULT= "
-                       f"for a table without it ({', '.join(OPTIONAL_COLUMNS)}); repeatable.")
+                       f"(or DEFAULT=null) for a table without it "
+                       f"({', '.join(OPTIONAL_COLUMNS)}); repeatable.")
     @click.option("--payload-type", type=click.Choice(PAYLOAD_TYPES), default="jsonb",
                   show_default=True, help="payload column type: JSON, or bytes already encoded.")
     @functools.wraps(command)
@@ -95,9 +96,11 @@ def schema_options(command: F) -> F:
 
 def _column(item: str) -> tuple[str, str | None]:
     """DEFAULT=NAME, or DEFAULT= for a table without that optional column (review 50-d F6: as
-    router.yaml's `source.outbox.headers: null`; the CLI had no way to say it)."""
+    router.yaml's `source.outbox.headers: null`; the CLI had no way to say it); DEFAULT=null
+    too for those (reread 50-i F11: it was a column named null)."""
     key, value = _key_value(item, "--column")
-    if value.strip() or key not in OutboxColumns.model_fields:
+    absent = not value.strip() or (key in OPTIONAL_COLUMNS and value.strip().lower() == "null")
+    if not absent or key not in OutboxColumns.model_fields:
         return key, value  # a blank name or an unknown key: with_columns says what is wrong
     if key not in OPTIONAL_COLUMNS:
         raise ConfigError(f"every outbox has its {key} column: only "

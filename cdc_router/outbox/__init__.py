@@ -6,8 +6,11 @@
     existing  what setup says of an outbox table and publication that exist already
     writer  write_event(), write_event_async(): one outbox row in the application's own
             transaction
+    event_json  an event's payload and headers as the JSON text write_event() stores, checked
+            first (what Postgres or the router would refuse is an InvalidEventError)
     relay_columns  the two columns (and index) `cdc-router relay` reads
     tools   stats and purge, for operators
+    age     the rows' age in SQL: the retention cleanup's test, stats and status
     republish  rows as Debezium's change events, for `outbox republish` after a lost slot
 
 Applications import from here: `from cdc_router.outbox import write_event`.

@@ -40,14 +40,22 @@ def schemas(monkeypatch: pytest.MonkeyPatch) -> list[OutboxSchema]:
     return seen
 
 
-def test_an_empty_name_says_the_table_has_no_such_column(schemas: list[OutboxSchema]) -> None:
-    result = CliRunner().invoke(main, [*WRITE, "--column", "headers=", "--column",
-                                       "created_at=", "--column", "payload=body"])
+@pytest.mark.parametrize("none", ["", "null", "NULL"])
+def test_an_empty_name_says_the_table_has_no_such_column(schemas: list[OutboxSchema],
+                                                        none: str) -> None:
+    # null too, as in router.yaml (reread 50-i F11: --column headers=null was a column "null")
+    result = CliRunner().invoke(main, [*WRITE, "--column", f"headers={none}", "--column",
+                                       f"created_at={none}", "--column", "payload=body"])
 
     assert result.exit_code == 0, result.output
     [schema] = schemas
     assert (schema.columns.headers, schema.columns.created_at) == (None, None)
     assert schema.columns.payload == "body"
+
+
+def test_null_is_a_name_for_a_column_every_outbox_has(schemas: list[OutboxSchema]) -> None:
+    assert CliRunner().invoke(main, [*WRITE, "--column", "payload=null"]).exit_code == 0
+    assert schemas[0].columns.payload == "null"
 
 
 def test_stats_of_a_table_without_created_at_says_why_it_has_no_age(
@@ -76,5 +84,6 @@ def test_the_hint_for_a_missing_column_says_how_to_name_none() -> None:
 
 def test_the_help_says_how_to_name_none() -> None:
     result = CliRunner().invoke(main, ["outbox", "stats", "--help"])
-    assert "DEFAULT= for a table without it (headers, created_at)" in " ".join(
+    assert "DEFAULT= (or DEFAULT=null) for a table without it (headers, created_at)" in " ".join(
         result.stdout.split())
+

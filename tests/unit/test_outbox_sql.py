@@ -708,5 +708,5 @@ def test_a_missing_column_names_the_option_that_renames_it() -> None:
 
     from cdc_router.postgres import column_hint
 
-    assert "--column NAME=COLUMN" in column_hint(psycopg.errors.UndefinedColumn("no such"))
+    assert "--column DEFAULT=NAME" in column_hint(psycopg.errors.UndefinedColumn("no such"))
     assert column_hint(psycopg.errors.UndefinedTable("no such")) == ""
