@@ -285,14 +285,19 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         if role is not None and replication_password is not None:
             password = _ensure_password(conn, role, replication_password, alter=alter_role)
         if password == "left as is":
-            warnings.append(f"role {role} exists: its password was left as is (init did not "
-                            "create the role, and a new password would lock its other clients "
-                            "out); give the connector the role's password, or pass "
-                            "--alter-role to set --replication-password")
+            warnings.append(_PASSWORD_LEFT.format(role=role))
         warnings += column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
             publication_warnings(conn, schema, setup.publication, relay=relay)
         notes = _notes(conn, schema, setup)
     return InitReport(tuple(done), password, tuple(warnings), notes)
+
+
+# Also on a re-run of the init that made the role, when pg_authid is unreadable (reread 50-i
+# F8: it said "init did not create the role"): say only what init knows.
+_PASSWORD_LEFT = ("role {role} existed before this run: its password was left as is, not set "
+                  "to --replication-password (a new password would lock the role's other "
+                  "clients out); if the connector cannot log in with it, pass --alter-role to "
+                  "set it")
 
 
 def _notes(conn: psycopg.Connection[Any], schema: OutboxSchema,

@@ -133,7 +133,7 @@ def test_an_existing_role_is_left_as_is_unless_asked(stack: StackEndpoints,
     assert f"left     role {role} LOGIN REPLICATION" in out
     assert f"password of role {role}: left as is" in out
     assert f"warning: role {role} exists and lacks LOGIN or REPLICATION" in err
-    assert f"warning: role {role} exists: its password was left as is" in err
+    assert f"warning: role {role} existed before this run: its password was left as is" in err
     app = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="app")
     with psycopg.connect(app) as conn:  # its own password still works
         assert conn.execute("SELECT rolreplication FROM pg_roles WHERE rolname = %s",

@@ -566,6 +566,16 @@ def test_the_password_of_a_role_init_did_not_create_is_left_as_is() -> None:
     assert alter.statement.as_string(None) == 'ALTER ROLE "r" WITH LOGIN REPLICATION'
 
 
+def test_the_password_left_warning_claims_nothing_init_cannot_know() -> None:
+    # Reread 50-i F8: on a re-run of the init that created the role, with pg_authid
+    # unreadable, it said "init did not create the role".
+    from cdc_router.outbox import setup
+
+    warning = setup._PASSWORD_LEFT.format(role="debezium")
+    assert warning.startswith("role debezium existed before this run: its password was left")
+    assert "did not create" not in warning
+
+
 @pytest.mark.parametrize("heartbeat", ["public.outbox", "outbox", '"public"."outbox"'])
 def test_the_outbox_as_heartbeat_table_is_refused(heartbeat: str) -> None:
     # Review 50-d F15: it was accepted, and the replication role granted INSERT and UPDATE on
