@@ -13,7 +13,6 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Message, Producer
 
-from cdc_router import dead_letter
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError, DatabaseError
@@ -21,6 +20,7 @@ from cdc_router.kafka.consumer import record_headers
 from cdc_router.outbox import new_event_id, write_event
 from cdc_router.router import clients
 from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.dlq_letters import Letter, read_letter
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.routing import Router
 
@@ -228,9 +228,10 @@ def _read_routed(config: RouterConfig, destinations: dict[str, str],
             message = consumer.poll(0.5)
             if message is None or message.error():
                 continue
-            headers = dict(record_headers(message))
             if message.topic() == config.dead_letter.topic:
-                raise_if_dead_lettered(headers, ids)
+                raise_if_dead_lettered(read_letter(
+                    message.partition() or 0, message.offset() or 0, message.timestamp()[1],
+                    message.key(), message.value(), record_headers(message)), ids)
                 continue
             event_id = event_id_of(message)
             if event_id in ids:
@@ -240,12 +241,10 @@ def _read_routed(config: RouterConfig, destinations: dict[str, str],
     return [found[event_id] for event_id in destinations]  # in the samples' order
 
 
-def raise_if_dead_lettered(headers: dict[str, bytes], ids: set[str]) -> None:
-    """CdcRouterError naming the sample, stage and reason when `headers` are those of a
-    dead letter of one of the samples `ids`."""
-    event_id = _printable(headers.get(dead_letter.EVENT_ID))
-    if event_id in ids:
-        stage = _printable(headers.get(dead_letter.STAGE))
-        raise CdcRouterError(f"the sample event {event_id} was dead-lettered (stage {stage}): "
-                             f"{_printable(headers.get(dead_letter.ERROR_MESSAGE))}; "
+def raise_if_dead_lettered(letter: Letter, ids: set[str]) -> None:
+    """CdcRouterError naming the sample, stage and reason when `letter` is the dead letter of
+    one of the samples `ids` (read as `dlq list` reads it: reread 50-i F7)."""
+    if letter.event_id in ids:
+        raise CdcRouterError(f"the sample event {letter.event_id} was dead-lettered (stage "
+                             f"{letter.stage}): {letter.reason}; "
                              "`cdc-router dlq list -c ... --newest` shows it")

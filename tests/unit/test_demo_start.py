@@ -15,6 +15,7 @@ from cdc_router.cli import main
 from cdc_router.config.load import load_config
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.local import demo
+from cdc_router.router.dlq_letters import read_letter
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "cdc_router" / "examples" / "router.yaml"
 
@@ -93,12 +94,13 @@ def test_a_sample_no_route_takes_is_refused_before_anything_is_written(tmp_path:
 def test_a_sample_dead_lettered_is_said_with_its_reason() -> None:
     # Review 50-d F12 (last part): the router dead-lettered a sample at once, and the demo
     # waited 60 s, then blamed the connector.
-    letter = {"dlq.event.id": b"id-1", "dlq.stage": b"route",
-              "dlq.error.message": b"destination topic payments.confirmed does not exist"}
+    letter = read_letter(0, 0, 0, None, None, [
+        ("dlq.event.id", b"id-1"), ("dlq.stage", b"route"),
+        ("dlq.error.message", b"destination topic payments.confirmed does not exist")])
     with pytest.raises(CdcRouterError) as raised:
         demo.raise_if_dead_lettered(letter, {"id-0", "id-1"})
     assert str(raised.value) == (
         "the sample event id-1 was dead-lettered (stage route): destination topic "
         "payments.confirmed does not exist; `cdc-router dlq list -c ... --newest` shows it")
     demo.raise_if_dead_lettered(letter, {"id-0"})  # another event's letter
-    demo.raise_if_dead_lettered({}, {"id-0"})
+    demo.raise_if_dead_lettered(read_letter(0, 0, 0, None, None, []), {"id-0"})
