@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import TopicConfig, TopicCount
+from cdc_router.config.fields import TopicConfig, TopicCount, list_config_items
 from cdc_router.config.fields import field_problem as _fail
 
 
@@ -81,7 +81,7 @@ class DedupSettings(_Model):
     @classmethod
     def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
         # A set of items (Kafka's LIST type): `delete, compact` is compact,delete too.
-        policy = {item.strip() for item in value.get("cleanup.policy", "compact").split(",")}
+        policy = list_config_items(value.get("cleanup.policy", "compact"))
         if policy not in ({"compact"}, {"compact", "delete"}):
             raise ValueError("the dedup changelog needs cleanup.policy compact,delete "
                              "(or compact): one record per id, gone after the window")
@@ -113,6 +113,7 @@ def forgets_before(topic_config: Mapping[str, str], window_ms: int, *,
     than `window_ms` (a cleanup.policy with delete, 0 <= retention.ms < the window). Raises
     ValueError for a retention.ms that is no number."""
     retention = topic_config.get("retention.ms")
-    if retention is None or "delete" not in topic_config.get("cleanup.policy", default_policy):
+    if retention is None or "delete" not in list_config_items(
+            topic_config.get("cleanup.policy", default_policy)):
         return False
     return 0 <= int(retention) < window_ms

@@ -28,6 +28,13 @@ from cdc_router.errors import ConfigError
 from cdc_router.postgres import dsn_problem, split_table
 
 
+def list_config_items(value: str) -> frozenset[str]:
+    """A topic config of Kafka's LIST type (cleanup.policy) as its items: a set, without the
+    blanks the broker drops (`delete, compact` is compact,delete). The one reading of it
+    (reread 50-i F6: config and router read cleanup.policy four ways)."""
+    return frozenset(item.strip() for item in value.split(",") if item.strip())
+
+
 def field_problem(field: str, message: str, value: object = None) -> PydanticCustomError:
     """An error for a model validator that still names the exact sub-field at fault."""
     return PydanticCustomError("field_problem", "{message}",

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, field_validator
 
-from cdc_router.config.fields import ConfigModel, Dsn, TableName, TopicConfig, TopicCount
+from cdc_router.config.fields import (
+    ConfigModel,
+    Dsn,
+    TableName,
+    TopicConfig,
+    TopicCount,
+    list_config_items,
+)
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import check_identifier, split_table
 
@@ -68,7 +75,7 @@ class RelaySettings(ConfigModel):
     @field_validator("position_config")
     @classmethod
     def _compacted(cls, value: dict[str, str]) -> dict[str, str]:
-        if value.get("cleanup.policy", "compact") != "compact":
+        if list_config_items(value.get("cleanup.policy", "compact")) != {"compact"}:
             raise ValueError("the relay's position topic needs cleanup.policy compact: only "
                              "the latest position per table matters, and it must never expire")
         return value

@@ -35,6 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
+from cdc_router.config.fields import list_config_items
 from cdc_router.kafka.lookups import AdminConnection
 from cdc_router.router.destinations import MAX_TOPICS, Describe
 
@@ -124,7 +125,7 @@ def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
         return None
     legacy = int(entries.get(_LEGACY_LIMIT, _UNLIMITED))
     retention = int(entries.get("retention.ms", -1))
-    deletes = "delete" in entries.get("cleanup.policy", "delete").split(",")
+    deletes = "delete" in list_config_items(entries.get("cleanup.policy", "delete"))
     return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", legacy)),
                            int(entries.get("message.timestamp.after.max.ms", legacy)),
                            retention if deletes and retention >= 0 else None)

@@ -16,6 +16,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from cdc_router.config.fields import list_config_items
 from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import kafka_error_of
@@ -167,9 +168,8 @@ def _same_list(key: str, have: str | None, wanted: str) -> bool:
     """Whether a list config holds the same items either way (`compact, delete` in the
     config, `compact,delete` from the broker: comparing text planned the same update at every
     `topics apply`, review 50-d F14)."""
-    def items(value: str) -> frozenset[str]:
-        return frozenset(item.strip() for item in value.split(",") if item.strip())
-    return key in _LIST_CONFIGS and have is not None and items(have) == items(wanted)
+    return key in _LIST_CONFIGS and have is not None and \
+        list_config_items(have) == list_config_items(wanted)
 
 
 def _at_least(have: str | None, wanted: str) -> bool:

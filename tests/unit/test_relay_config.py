@@ -162,3 +162,13 @@ def test_rules_check_warns_of_a_relay_without_its_dsn(tmp_path: Path) -> None:
         assert config.relay_warnings() == []
     # Not the router's start: it runs without the relay's secret.
     assert not any("relay" in warning for warning in load_config(path, {}).config.warnings())
+
+
+def test_a_position_topics_cleanup_policy_is_read_as_kafkas_list(tmp_path: Path) -> None:
+    # Reread 50-i F6: "compact " (as Kafka takes it) was refused; read as the other
+    # cleanup.policy settings are, a set of items without blanks.
+    relay = RELAY.replace("{table: public.outbox}",
+                          "{position_config: {cleanup.policy: 'compact '}}")
+    config = load_config(write(tmp_path, relay), {"CDC_ROUTER__RELAY__DSN": "postgresql://x"}
+                         ).config
+    assert config.relay is not None
