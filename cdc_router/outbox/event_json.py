@@ -66,8 +66,11 @@ def headers_json(headers: dict[str, str]) -> bytes:
 def check_size(payload_bytes: int, headers_bytes: int) -> None:
     """The pipeline's size limit, whatever the table (reread 50-i F4: an SMT's own outbox has
     no check cdc_router_event_size, outbox init's): refused here, not by the server. The
-    JSON text is Postgres's to the byte but for floats Python writes with an exponent (1e-07,
-    where Postgres writes 0.0000001): at the very edge, the server's check still decides."""
+    JSON text is Postgres's to the byte but for numbers Python writes with an exponent, and
+    for keys jsonb keeps once ({1: .., "1": ..}): 1e-07 is shorter than Postgres's 0.0000001
+    (the server's check decides that edge), 1.2345678901234568e+16 and a Decimal 1E+2 longer
+    than its 12345678901234568 and 100 (reread 50-i F2: refused here, a few bytes a number
+    early: a payload of such numbers near the limit should be split anyway)."""
     if payload_bytes + headers_bytes > MAX_EVENT_BYTES:
         raise InvalidEventError(
             f"the event is {payload_bytes + headers_bytes:,} bytes of payload and headers, over "
