@@ -173,8 +173,8 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         click.echo(render_psql(init_steps(schema, setup), replication_role) +
                    render_ddl(relay_ddl), nl=False)
         return
-    if replication_role is not None and not replication_password:
-        raise ConfigError("--replication-role needs a password", field="--replication-password",
+    if replication_role is not None and alter_role and not replication_password:
+        raise ConfigError("--alter-role needs a password", field="--replication-password",
                           hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
     with database(dsn) as conn:
         if relay_columns:  # refused before anything is made (review 34-2, QA 46-c: NULL seqs)

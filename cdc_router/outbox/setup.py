@@ -268,6 +268,12 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
         found = conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)",
                              (role,)).fetchone() if role is not None else None
         alter_role = alter_role or not (found and found[0])
+        if role is not None and alter_role and not replication_password:
+            # QA 50-h F3: asked up front, it was asked for a role left as is, only to compare.
+            why = "sets its password (--alter-role)" if found and found[0] else "creates it"
+            raise ConfigError(f"--replication-role {role} needs a password: init {why}",
+                              field="--replication-password",
+                              hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
         for step in init_steps(schema, setup):
             row = conn.execute(step.done_query).fetchone()
             if row is not None and row[0]:

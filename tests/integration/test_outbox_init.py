@@ -34,8 +34,10 @@ def schema(stack: StackEndpoints) -> Iterator[str]:
             conn.execute(f"DROP ROLE {role}")
 
 
-def _init(stack: StackEndpoints, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["outbox", "init", "--dsn", stack.postgres_dsn, *args])
+def _init(stack: StackEndpoints, *args: str,
+          env: dict[str, str | None] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["outbox", "init", "--dsn", stack.postgres_dsn, *args],
+                                env=env)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -152,6 +154,17 @@ def test_an_existing_role_is_left_as_is_unless_asked(stack: StackEndpoints,
     assert f"created  role {schema}_dbz" in out and f"password of role {schema}_dbz: set" in out
     code, out, err = _init(stack, *new)
     assert f"password of role {schema}_dbz: unchanged" in out and "warning" not in err, err
+    # QA 50-h F3: a role left as is needs no password (it was asked for, only to compare);
+    # one init creates does, and nothing is made without it.
+    code, out, err = _init(stack, *args[:-2], env={"CDC_ROUTER_DB_PASSWORD": None})
+    assert code == 0 and f"password of role {role}" not in out, err
+    code, _, err = _init(stack, *args[:-3], f"{schema}_nopw",
+                         env={"CDC_ROUTER_DB_PASSWORD": None})
+    assert code == 1 and f"--replication-role {schema}_nopw needs a password: init creates " \
+        "it" in err, err
+    with psycopg.connect(stack.postgres_dsn) as conn:
+        assert conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)",
+                            (f"{schema}_nopw",)).fetchone() == (False,)
 
 
 def test_the_outbox_as_heartbeat_table_is_refused_and_nothing_made(stack: StackEndpoints,
