@@ -19,3 +19,10 @@ def utf8_encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def join_surrogate_pairs(text: str) -> str:
+    """`text` with each surrogate pair held as two code points (json.dumps's escape of 😀,
+    "\\ud83d\\ude00", read by a parser that leaves them apart) joined into its character;
+    a lone surrogate stays, for utf8_encodable to find."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")

@@ -18,7 +18,7 @@ import yaml
 from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 
-from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
+from cdc_router.config.utf8 import LONE_SURROGATE, join_surrogate_pairs, utf8_encodable
 from cdc_router.errors import ConfigError
 
 # Nodes of the document as a tree, aliases expanded: a router.yaml of 500 routes has some
@@ -44,7 +44,7 @@ class _StrictLoader(yaml.SafeLoader):
         if isinstance(value, str) and not utf8_encodable(value):
             # JSON is YAML, and json.dumps escapes 😀 as the pair "\ud83d\ude00", which
             # PyYAML leaves as two lone surrogates: a pair is the one character JSON means.
-            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+            value = join_surrogate_pairs(value)
             if not utf8_encodable(value):
                 raise _Refused(f"a text holds {LONE_SURROGATE}",
                                "write the character itself, or escape it as \\U and 8 hex "

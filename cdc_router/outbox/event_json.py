@@ -24,7 +24,7 @@ from cdc_router.config.json_bounds import (
     beyond_double_reason,
     dumped_json_problem,
 )
-from cdc_router.config.utf8 import LONE_SURROGATE
+from cdc_router.config.utf8 import LONE_SURROGATE, join_surrogate_pairs, utf8_encodable
 from cdc_router.errors import InvalidEventError, show
 from cdc_router.outbox.setup import MAX_EVENT_BYTES, SIZE_CHECK
 
@@ -160,10 +160,8 @@ def _utf8(text: str, value: Any, field: str) -> bytes:
 
 def _pairs_joined(text: str) -> str | None:
     """`text` with each surrogate pair joined into one character, or None if one is lone."""
-    try:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-    except UnicodeDecodeError:
-        return None
+    joined = join_surrogate_pairs(text)
+    return joined if utf8_encodable(joined) else None
 
 
 def _no_nul(text: str, value: Any, field: str) -> None:
