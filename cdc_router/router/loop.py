@@ -1,6 +1,7 @@
-"""The router's loop: it owns the clients, feeds each raw record to the step, and hands the
-step's results to the transaction. Rebalances: an assignment first restores the replay filter
-from the changelog; a revocation commits the open batch; lost partitions abort it.
+"""The router's loop: it owns the clients and the batch's life (begin, commit, abort); each raw
+record it polls goes through the step into the batch (router/batch_writer.py). Rebalances: an
+assignment first restores the replay filter from the changelog; a revocation commits the open
+batch; lost partitions abort it.
 
 A failed batch aborts and rewinds to the committed offsets. When the poison isolation
 (router/poison.py) names the input records at fault, the re-read isolates them; else the failure
@@ -16,44 +17,26 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
-from cdc_router.dead_letter import dead_letter
-from cdc_router.errors import (
-    BatchFailed,
-    DeliveryError,
-    FatalKafkaError,
-    GrantRevoked,
-    MemberFenced,
-    init_failure,
-)
+from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced, init_failure
 from cdc_router.kafka.closing import Generations, close_all, close_aside
-from cdc_router.kafka.consumer import (
-    SourceErrors,
-    next_records,
-    record_headers,
-    rewind_to_committed,
-)
+from cdc_router.kafka.consumer import next_records, rewind_to_committed
 from cdc_router.kafka.membership import ListedFactory, admin_listed
-from cdc_router.kafka.producer import LatchingProducer, RecordCoordinates
+from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
 from cdc_router.router.assignment import restore_assigned
+from cdc_router.router.batch_writer import BatchWriter
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import (
-    PoisonIsolation,
-    abort_batch,
-    produce_isolated,
-    record_refusals,
-)
+from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
-from cdc_router.router.replay_log import ReplayLines
-from cdc_router.router.step import DeadLettered, Duplicate, RecordStep, Routed, StepResult
+from cdc_router.router.step import RecordStep
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 from cdc_router.router.values import Delivered
@@ -98,7 +81,6 @@ class OutboxRouter:
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
-        self._replay_lines = ReplayLines(self._replay)
         self._changelog = None if not config.dedup.enabled else changelog_factory(
             clients.common_config(config), config.dedup.changelog_topic)
         self._producer = LatchingProducer(clients.producer_config(config, instance_id),
@@ -110,15 +92,16 @@ class OutboxRouter:
                                 else lambda event_id: False,
                                 timestamp_limits=clients.timestamp_limits(self._describe))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+        self._writer = BatchWriter(config, self._step, poison=self._poison,
+                                   destinations=self._destinations, replay=self._replay,
+                                   dead_letter_max_bytes=clients.dead_letter_limit(config))
         self._renewal = ProducerRenewal()
         self._membership = clients.membership_watch(config, instance_id, members_factory, clock)
-        self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
         self._txn: Transaction | None = None
         self._consecutive_aborts, self._after_refusal = 0, False  # last abort: a refusal?
         self._pending_abort = self._needs_rewind = self._needs_init = False
-        self._source_errors = SourceErrors(log)
         self.last_poll = clock()
         self._revoked: set[tuple[str, int]] = set()  # by the callbacks, for next_records
 
@@ -149,7 +132,8 @@ class OutboxRouter:
             except BatchFailed as failure:
                 raise init_failure(failure) from failure
             require_own_topics(self._config, self._destinations.partitions, self._describe)
-            self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
+            self._writer.dead_letter_max_bytes = clients.dead_letter_limit(self._config,
+                                                                            self._describe)
             self._subscribe(consumer)
             log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
                      self._config.delivery.guarantee, ",".join(self._config.source.topics))
@@ -197,7 +181,7 @@ class OutboxRouter:
         self._metrics.observe_lag(consumer, self.last_poll)
         for message in messages:
             try:
-                self._handle(message)
+                self._writer.write(txn, message)
             except (BatchFailed, KafkaException) as failure:
                 self._abort(failure)
                 return  # the rest of this poll is re-read after the rewind
@@ -209,66 +193,6 @@ class OutboxRouter:
         # commit_interval_ms on a quiet stream; under load batches grow to pay the round trips.
         if txn.due() or (txn.open and len(messages) < POLL_BATCH):
             self._commit()
-
-    # One record ----------------------------------------------------------------------------
-
-    def _handle(self, message: Message) -> None:
-        error = message.error()
-        if error is not None:
-            self._source_errors.handle(error)
-            return
-        topic, partition, offset = message.topic(), message.partition(), message.offset()
-        assert topic is not None and partition is not None and offset is not None
-        assert self._txn is not None
-        self._txn.begin()
-        self._txn.consumed(topic, partition, offset)
-        result: StepResult = self._step(topic, message.key(), message.value())
-        if isinstance(result, Routed):
-            self._produce(message, result, (topic, partition, offset))
-        elif isinstance(result, DeadLettered):
-            self._dead_letter(message, result)
-        elif isinstance(result, Duplicate):
-            self._txn.passed_over(None)  # a replay, or an id reused (QA 44-a: not a word said)
-            self._replay_lines.dropped(result.event_id,
-                                       f"topic={topic} partition={partition} offset={offset}")
-        else:
-            self._txn.passed_over(result.reason)
-
-    def _produce(self, message: Message, routed: Routed, source: RecordCoordinates) -> None:
-        assert self._txn is not None
-        record = routed.record
-        refused = produce_isolated(self._txn, self._poison, record, source,
-                                   self._destinations.check_refusal)
-        if refused is not None:
-            self._dead_letter(message, DeadLettered("produce", DeliveryError(refused),
-                                                    record.event_id, routed.event))
-            return
-        self._remember(record.event_id)
-        self._txn.delivered(Delivered(record.event_id, record.topic, routed.event.created_at_ms))
-
-    def _dead_letter(self, message: Message, result: DeadLettered) -> None:
-        assert self._txn is not None
-        letter = dead_letter(
-            topic=message.topic() or "", partition=message.partition() or 0,
-            offset=message.offset() or 0, key=message.key(), value=message.value(),
-            original_headers=record_headers(message), stage=result.stage, error=result.error,
-            event_id=result.event_id, max_bytes=self._dead_letter_max_bytes,
-            group=self._config.source.group_id)
-        self._txn.dead_letter(self._config.dead_letter.topic, letter)
-        if result.marked_id is not None:
-            self._remember(result.marked_id, dead_lettered=True)
-        log.warning("event=dead_letter stage=%s topic=%s partition=%s offset=%s id=%s "
-                    "error=%s reason=%r", result.stage, message.topic(), message.partition(),
-                    message.offset(), result.shown_id, type(result.error).__name__,
-                    letter.reason)
-
-    def _remember(self, event_id: str, *, dead_lettered: bool = False) -> None:
-        """Mark the id delivered (or dead-lettered) with the batch: its replay is dropped."""
-        if self._replay is None or self._txn is None:
-            return
-        now_ms = int(time.time() * 1000)
-        self._replay.add_pending(event_id, now_ms, dead_lettered=dead_lettered)
-        self._txn.mark(event_id, now_ms, dead_lettered=dead_lettered)
 
     # Commit, abort, recovery ----------------------------------------------------------------
 
