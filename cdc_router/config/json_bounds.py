@@ -41,12 +41,19 @@ _DIGIT_RUN_BYTES = re.compile(_DIGIT_RUN.pattern.encode())
 _ROUNDS_TO_INFINITY = 2**1024 - 2**970
 
 
+def beyond_double(item: Any) -> bool:
+    """Whether `item` is an integer that no double holds (a double reader reads infinity)."""
+    return isinstance(item, int) and not isinstance(item, bool) and \
+        abs(item) >= _ROUNDS_TO_INFINITY
+
+
 def _beyond_double(value: Any) -> int | None:
-    """The first integer of a parsed tree that no double holds, or None."""
+    """The first integer of a parsed tree (or of a tree json.dumps writes: tuples are arrays)
+    that no double holds, or None."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value if abs(value) >= _ROUNDS_TO_INFINITY else None
+        return value if beyond_double(value) else None
     children = value.values() if isinstance(value, dict) else value \
-        if isinstance(value, list) else ()
+        if isinstance(value, list | tuple) else ()
     return next((found for found in map(_beyond_double, children) if found is not None), None)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from cdc_router.config.json_bounds import (
     BEYOND_DOUBLE,
     MAX_JSON_DEPTH,
+    beyond_double,
     beyond_double_reason,
     dumped_json_problem,
 )
@@ -46,7 +47,10 @@ def payload_json(payload: dict[str, Any] | list[Any], *, jsonb: bool) -> bytes:
         _dumps(payload, "payload", _COMPACT, ascii_only=True)  # its bytes as they always were
     problem = dumped_json_problem(text, payload)  # first: the walks below stay shallow
     if problem is not None:
-        raise InvalidEventError(f"payload {problem}; the router would dead-letter the event")
+        # Its field, as NaN's and a Decimal's (QA 50-h F1); depth is the whole payload's.
+        path = _first(payload, beyond_double)[0] if BEYOND_DOUBLE in problem else None
+        raise InvalidEventError(f"{_where('payload', path, False)} {problem}; the router would "
+                                "dead-letter the event")
     if not jsonb:
         if "\\ud" in text:  # a surrogate's escape: of a pair (an emoji), or a lone one
             _utf8(_dumps(payload, "payload", _COMPACT), payload, "payload")
