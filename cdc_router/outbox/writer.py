@@ -29,7 +29,7 @@ from psycopg.types.json import Jsonb
 
 from cdc_router.config.headers import header_name_problem, is_reserved_header
 from cdc_router.errors import InvalidEventError, show
-from cdc_router.outbox.event_json import check_size, headers_json, payload_json
+from cdc_router.outbox.event_json import check_size, headers_json, jsonb_size, payload_json
 from cdc_router.outbox.table import OutboxSchema
 
 DEFAULT_SCHEMA = OutboxSchema()  # public.outbox with the EventRouter SMT's column names
@@ -132,9 +132,11 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
             raise InvalidEventError(f"bytes payload for a {schema.payload_type} column "
                                     f"{schema.columns.payload!r}; pass a dict or list")
         value = data = bytes(payload)
+        stored = len(data)
     elif isinstance(payload, dict | list):
         data = payload_json(payload, jsonb=schema.payload_type == "jsonb")
         value = _jsonb(payload, data) if schema.payload_type == "jsonb" else data
+        stored = jsonb_size(data) if schema.payload_type == "jsonb" else len(data)
     else:
         raise InvalidEventError(f"payload must be a dict, list or bytes, not "
                                 f"{payload.__class__.__name__} (parse JSON text first)")
@@ -153,13 +155,13 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
     values = [event, aggregate_type, aggregate_id, type, value]
     if names.headers is not None:
         headers_data = headers_json(dict(headers)) if headers is not None else b""
-        check_size(len(data), len(headers_data))
+        check_size(stored, len(headers_data))
         columns.append(names.headers)
         values.append(_jsonb(dict(headers), headers_data) if headers is not None else None)
     elif headers is not None:
         raise InvalidEventError("headers given, but the outbox has no headers column")
     else:
-        check_size(len(data), 0)
+        check_size(stored, 0)
     query = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         schema.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)),
         sql.SQL(", ").join(sql.Placeholder() * len(columns)))

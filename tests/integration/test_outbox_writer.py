@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event, write_event_async
+from cdc_router.outbox.setup import add_size_check_statement
 from tests.integration.support import (
     StackEndpoints,
     create_outbox_table,
@@ -92,20 +93,35 @@ def test_a_refused_event_leaves_the_callers_transaction_usable(
 
 def test_the_size_write_event_measures_is_the_one_the_outbox_check_measures(
         stack: StackEndpoints, outbox: OutboxSchema) -> None:
-    from cdc_router.outbox.event_json import headers_json, payload_json
+    from cdc_router.outbox.event_json import headers_json, jsonb_size, payload_json
 
-    payload = {"text": "é \" \n 漢字 \\u0000 😀", "n": [1, 2.5, -3, True, None],
-               "nested": {"b": {}, "a": []}}
+    payload = {"text": "é \" \n 漢字 \\u0000 😀 1e+300", "n": [1, 2.5, -3, True, None],
+               "nested": {"b": {}, "a": []},
+               # Python writes these with an exponent, jsonb in full (QA 50-h F2).
+               "e": [1e300, -1e-300, 1.5e-07, 1.2345678901234568e+16, 5e-324, -2.5e-5,
+                     Decimal("1E+2"), Decimal("0E-10"), Decimal("-1.23E+5")]}
     headers = {"tenant": "ü", "trace": "x"}
-    # Exactly, for such values (a float Python prints with an exponent, 1e-07, Postgres writes
-    # out, 0.0000001: a little longer, which its own check still catches).
     with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
         event_id = write_event(conn, schema=outbox, **{**EVENT, "payload": payload,
                                                         "headers": headers})
         row = conn.execute(f"SELECT octet_length(concat(payload)), octet_length(concat(headers))"
                            f" FROM {outbox.table} WHERE id = %s", (event_id,)).fetchone()
 
-    assert row == (len(payload_json(payload, jsonb=True)), len(headers_json(headers)))
+    assert row == (jsonb_size(payload_json(payload, jsonb=True)), len(headers_json(headers)))
+
+
+def test_floats_postgres_writes_over_the_limit_are_refused_before_the_insert(
+        stack: StackEndpoints, outbox: OutboxSchema) -> None:
+    # QA 50-h F2: 112 KB as Python writes them, 4.2 MB as jsonb does: the size check refused
+    # the INSERT (CheckViolation), which aborted the caller's transaction.
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(add_size_check_statement(outbox))
+    with psycopg.connect(stack.postgres_dsn) as conn, conn.transaction():
+        with pytest.raises(InvalidEventError, match="4,242,007 bytes of payload and headers"):
+            write_event(conn, schema=outbox, **{**EVENT, "payload": {"n": [1e300] * 14_000}})
+        kept = write_event(conn, schema=outbox, **{**EVENT, "payload": {"n": [1e300] * 13_000}})
+
+    assert _count(stack.postgres_dsn, outbox, kept) == 1
 
 
 def test_a_bytea_payload_with_nan_is_refused_not_stored_as_non_json(

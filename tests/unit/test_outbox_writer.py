@@ -20,6 +20,7 @@ from psycopg.pq import TransactionStatus
 
 from cdc_router.cli import main
 from cdc_router.outbox import InvalidEventError, OutboxSchema, write_event, write_event_async
+from cdc_router.outbox.event_json import jsonb_size, payload_json
 from cdc_router.outbox.setup import MAX_EVENT_BYTES
 from cdc_router.serde.json import MAX_JSON_DEPTH
 
@@ -189,6 +190,32 @@ def test_a_nul_is_refused_in_a_jsonb_payload_and_kept_as_json_in_a_bytea_one() -
     write_event(conn, **{**EVENT, "payload": {"a": "\\u0000"}})  # type: ignore[arg-type]
     assert [params[4] if isinstance(params[4], bytes) else params[4].obj
             for _, params in conn.calls] == [b'{"a":"x\\u0000y"}', {"a": "\\u0000"}]
+
+
+# The lengths of `SELECT length(text::jsonb::text)` on Postgres 15.18, less the brackets.
+@pytest.mark.parametrize(("number", "in_jsonb"), [
+    (1e300, 301), (-1e-300, 303), (1.5e-07, 10), (1.2345678901234568e+16, 17), (5e-324, 326),
+    (Decimal("1E+2"), 3), (Decimal("0E-10"), 12), (Decimal("-1.23E+5"), 7), (Decimal("-0E+5"), 1),
+    (Decimal("1.23E-7"), 11), (1.5, 3), (-2, 2)])
+def test_the_size_counts_a_number_as_jsonb_writes_it(number: float | Decimal,
+                                                     in_jsonb: int) -> None:
+    assert jsonb_size(payload_json([number], jsonb=True)) == in_jsonb + 2
+
+
+def test_the_size_reads_no_number_in_a_string() -> None:
+    text = payload_json({"s": '1e+300 " 2e-05', "n": [1, 2.5e-05]}, jsonb=True)
+    assert jsonb_size(text) == 44 == len(text) + 1  # 2.5e-05 is 0.000025
+
+
+def test_floats_postgres_writes_over_the_limit_are_refused_before_any_sql() -> None:
+    # QA 50-h F2: 112 KB as Python writes them, 4.2 MB as jsonb does: the outbox's size check
+    # refused the INSERT (CheckViolation), which aborted the caller's transaction.
+    conn = SyncConnection()
+    with pytest.raises(InvalidEventError, match="4,242,007 bytes of payload and headers"):
+        write_event(conn, **{**EVENT, "headers": None,  # type: ignore[arg-type]
+                             "payload": {"n": [1e300] * 14_000}})
+    write_event(conn, **{**EVENT, "payload": {"n": [1e300] * 13_000}})  # type: ignore[arg-type]
+    assert len(conn.calls) == 1
 
 
 def test_a_bytes_payload_over_the_limit_is_refused() -> None:
