@@ -99,7 +99,8 @@ class Router:
         `partitions_for(topic)` gives the destination's partition count (called when the route
         computes the partition, and before an Avro serializer meets the topic). Raises
         RouteError (no route and unmatched is 'dead_letter', an illegal or reserved topic, a
-        missing key column or topic, a payload over delivery.max_payload_bytes) and
+        missing key column or topic, a Kafka payload over delivery.max_payload_bytes,
+        a JetStream message over nats.max_payload_bytes) and
         SerializeError from the route's serializer.
         """
         found = self.explain(event)
@@ -117,17 +118,18 @@ class Router:
             # that does not exist must not reach it (nor blame its schema).
             count = _partition_count(partitions_for, topic, event)
         value = self._serializers[rule.format].serialize(event, rule, topic)
-        if len(value) > self._max_bytes:
-            raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
-                             f"over delivery.max_payload_bytes ({self._max_bytes})")
         headers = _headers(event, rule, self._static_headers[index])
         if rule.nats is not None:
-            # JetStream: no partitions, and the headers travel as NATS header lines.
+            # JetStream: no partitions, and the headers travel as NATS header lines; its own
+            # limit, nats.max_payload_bytes, not the Kafka producer's (QA 51-e F1).
             _check_nats_message(event, headers, value, self._nats_max_bytes)
             return OutboundRecord(topic=topic, key=key, value=value, partition=None,
                                   headers=headers, timestamp_ms=event.created_at_ms,
                                   event_id=event.event_id, route_index=index,
                                   format=rule.format, nats=True)
+        if len(value) > self._max_bytes:
+            raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
+                             f"over delivery.max_payload_bytes ({self._max_bytes})")
         partition: int | None = None
         if rule.partition != "kafka_default":
             hashed = event.aggregate_id.encode() if rule.partition == "aggregate_id" else key

@@ -20,13 +20,20 @@ from tests.unit.test_routing import ORDER, SOURCE
 STREAMS = {"streams": [{"name": "ORDERS", "subjects": ["orders.>"]}]}
 
 
-def router(*routes: dict[str, Any], nats: dict[str, Any] | None = None) -> Router:
+def router(*routes: dict[str, Any], nats: dict[str, Any] | None = None,
+           delivery: dict[str, Any] | None = None) -> Router:
     return Router(compile_config(RouterConfig.model_validate(
-        {"source": {"topics": [SOURCE]}, "routes": list(routes), "nats": nats or STREAMS})))
+        {"source": {"topics": [SOURCE]}, "routes": list(routes), "nats": nats or STREAMS,
+         "delivery": delivery or {}})))
 
 
 def with_type(event: OutboxEvent, value: str) -> OutboxEvent:
     values = {**event.__dict__, "type": value}
+    return type(event)(**values)
+
+
+def with_aggregate_type(event: OutboxEvent, value: str) -> OutboxEvent:
+    values = {**event.__dict__, "aggregate_type": value}
     return type(event)(**values)
 
 
@@ -100,6 +107,18 @@ def test_a_message_over_max_payload_is_a_route_error() -> None:
     rt = router({"nats": {"subject": "orders.x"}}, nats={**STREAMS, "max_payload_bytes": 64})
     with pytest.raises(RouteError, match=r"over nats\.max_payload_bytes"):
         rt.route(ORDER, lambda topic: 1)
+
+
+def test_a_nats_message_is_held_to_nats_max_payload_not_to_the_kafka_producers_limit() -> None:
+    """QA 51-e F1: delivery.max_payload_bytes (the Kafka producer's) dead-lettered JetStream
+    messages nats-server takes; a Kafka route beside it keeps that limit."""
+    rt = router({"nats": {"subject": "orders.x"}, "match": {"aggregate_type": "Order"}},
+                {"topic": "t"}, nats={**STREAMS, "max_payload_bytes": 100_000},
+                delivery={"max_payload_bytes": 20})
+    record = rt.route(ORDER, lambda topic: 1)
+    assert isinstance(record, OutboundRecord) and record.nats and len(record.value) > 20
+    with pytest.raises(RouteError, match=r"over delivery\.max_payload_bytes \(20\)"):
+        rt.route(with_aggregate_type(ORDER, "Customer"), lambda topic: 1)
 
 
 def test_headers_over_jetstreams_fixed_limit_are_a_route_error() -> None:
