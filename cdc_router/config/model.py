@@ -200,7 +200,9 @@ class RouterConfig(_Model):
                 "share one space of event ids: an id met on one table is dropped as a replay "
                 "on another (the dedup filter), and the cleanup deletes delivered ids from "
                 "cleanup.table alone; give every table ids unique across all of them (UUIDs, "
-                "as write_event makes), or give each table a pipeline of its own"]
+                "as write_event makes), or give each table a pipeline of its own (one table's "
+                "old and new raw topic, while a topic.prefix change drains, share its ids: "
+                "dropping the new snapshot's replays is then what is wanted)"]
 
     def topic_specs(self) -> list[TopicSpec]:
         """Every topic the config names for creation: declared ones, dead-letter, changelog."""
