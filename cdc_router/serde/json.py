@@ -110,8 +110,8 @@ def exact_json_text(value: Any) -> str:
     msgspec cannot write, stays in the text (as json.dumps leaves it) for the caller's check.
     ValueError for a number nested in it that cannot be written back (only with a lone
     surrogate in the tree, which msgspec refuses)."""
-    if isinstance(value, RawNumber):
-        return str(value)  # its very text
+    if isinstance(value, RawNumber) or type(value) is int:
+        return str(value)  # its very text; an int's is what msgspec writes (the hot path)
     try:  # inside an object or array too (review 34: 1.5e3 was written 1.5E+3)
         return _EXACT_TEXT.encode(_as_written(value)).decode()
     except UnicodeEncodeError:
