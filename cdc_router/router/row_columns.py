@@ -123,10 +123,10 @@ def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str
         if column and column not in row:
             _missing(column, "created_at", "records take the change event's time")
         return otherwise if otherwise is not None and 0 <= otherwise < 2**63 else None
-    if isinstance(value, bool) or not isinstance(value, int | str):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):  # no Union built per row
         raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
                           f"got {json_kind(value)}")
-    named = (columns.get(column or "") or {}).get("name")
+    named = columns[column].get("name") if column in columns else None
     try:
         return epoch_millis(value, (named if isinstance(named, str) else None)
                             or UNIT_SCHEMAS.get(unit))
