@@ -80,7 +80,8 @@ def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
     numbers beyond a double (1e400). `exact_numbers`: non-integer numbers as RawNumber, their
     text (see exact_json_text), so any size passes: it is kept as written, never read as a double.
     """
-    if _deeper_than(text, max_depth):
+    # deeper_than's own first test, without its call for the short texts most rows hold.
+    if len(text) > max_depth and _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
     try:
         parsed = (_EXACT if exact_numbers else _FAST).decode(text)
