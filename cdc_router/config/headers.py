@@ -27,6 +27,8 @@ def is_reserved_header(name: str, *, cloudevents: bool) -> bool:
     `ce_id` would then stand for the event id that downstream dedup relies on, and a row's
     `ce_subject` would pass for part of the envelope. Refusing them on every route also means
     that turning cloudevents on for a route leaves a row's `ce_*` headers as refused as before.
+    Routing tests a row header's name inline (router/routing.py, the hot path): a new case goes
+    there too.
     """
     if name in CONTRACT_HEADERS or name.startswith(CLOUDEVENTS_PREFIX):
         return True

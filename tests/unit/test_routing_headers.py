@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from cdc_router.config.compiled import compile_config
+from cdc_router.config.headers import is_reserved_header
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import RouteError
 from cdc_router.router.debezium import OutboxEvent
@@ -79,3 +80,21 @@ def test_a_row_header_name_with_nul_is_refused_not_cut_into_another_header(
                                          rf"holds a NUL character.*arrive as {arrives_as!r}"):
         routed(event((("tenant", "acme"), (name, "00000000-dead"))))
 
+
+
+@pytest.mark.parametrize("cloudevents", [False, True])
+def test_routing_refuses_exactly_the_row_header_names_is_reserved_header_names(
+        cloudevents: bool) -> None:
+    # Routing tests the names inline (the hot path): it must agree with the one rule.
+    rule = {"topic": "t", "cloudevents": True, "ce_source": "/o"} if cloudevents else {"topic": "t"}
+    router = Router(compile_config(RouterConfig.model_validate(
+        {"source": {"topics": ["raw"]}, "routes": [rule]})))
+    for name in ["id", "type", "aggregatetype", "aggregateid", "ce_", "ce_id", "ce_x",
+                 "content-type", "Content-Type", "ID", "idx", "tenant", "c", "cex", ""]:
+        try:
+            router.route(event(((name, "v"),)), lambda topic: 3)
+            refused = False
+        except RouteError as error:
+            assert "is reserved" in str(error)
+            refused = True
+        assert refused == is_reserved_header(name, cloudevents=cloudevents), name
