@@ -18,6 +18,7 @@ from cdc_router.router.connect_decimal import decimals_as_text
 from cdc_router.router.row_columns import (
     column_text,
     created_at_column,
+    event_named,
     headers_column,
     payload_column,
 )
@@ -262,19 +263,18 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     if len(event_id) > MAX_EVENT_ID_BYTES // 4:  # a str of fewer characters fits anyway
         _check_id_size(event_id, names.id)
     try:
-        where = f"event {show(event_id)}"
         payload, is_json = payload_column(row, names.payload, columns.get(names.payload),
-                                           settings, where)
+                                           settings, event_id)
         named = names.named
         return OutboxEvent(
             event_id=event_id,
-            aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", where),
-            aggregate_id=_identifier(row, names.aggregateid, "aggregate id", where),
-            type=_identifier(row, names.type, "event type", where),
+            aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", event_id),
+            aggregate_id=_identifier(row, names.aggregateid, "aggregate id", event_id),
+            type=_identifier(row, names.type, "event type", event_id),
             payload=payload,
             payload_is_json=is_json,
-            headers=headers_column(row, names.headers, where),
-            created_at_ms=created_at_column(row, names.created_at, columns, where,
+            headers=headers_column(row, names.headers, event_id),
+            created_at_ms=created_at_column(row, names.created_at, columns, event_id,
                                             settings.created_at_unit, envelope_ms),
             op=op,
             lsn=lsn,
@@ -289,12 +289,12 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
         raise
 
 
-def _identifier(row: dict[str, Any], column: str, what: str, where: str | None) -> str:
+def _identifier(row: dict[str, Any], column: str, what: str, event_id: str | None) -> str:
     """A required identifier column: text, uuid (a string) or an integer; never empty."""
     value = row.get(column)
     if type(value) is str and value and value.isascii() and not value.isspace():
         return value  # the common case: every check below would pass
-    prefix = f"{where}: " if where else ""
+    prefix = f"{event_named(event_id)}: " if event_id is not None else ""
     if column not in row:
         raise MissingColumn(f"{prefix}column {column!r} ({what}) is missing from the row; "
                             "check source.outbox column names", column=column,

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from cdc_router.config.utf8 import LONE_SURROGATE
-from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn
+from cdc_router.errors import DecodeError, JsonTooDeep, MissingColumn, show
 from cdc_router.router.connect_time import UNIT_SCHEMAS, epoch_millis
 from cdc_router.serde.json import (
     exact_json_text,
@@ -44,15 +44,20 @@ def _missing(column: str, field: str, effect: str) -> None:
                 "the column's name (renamed?), or to null when the table has none")
 
 
+def event_named(event_id: str) -> str:
+    """How a row's reason names its event, built only when a check fails (the hot path)."""
+    return f"event {show(event_id)}"
+
+
 def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | None,
-             settings: SourceSettings, where: str) -> tuple[bytes, bool]:
+             settings: SourceSettings, event_id: str) -> tuple[bytes, bool]:
     """The payload column as (bytes, is_json), per its schema or settings.payload_type."""
     if column not in row:
-        raise MissingColumn(f"{where}: payload column {column!r} is missing from the row",
-                            column=column, row_columns=tuple(row))
+        raise MissingColumn(f"{event_named(event_id)}: payload column {column!r} is missing "
+                            "from the row", column=column, row_columns=tuple(row))
     value = row[column]
     if value is None:
-        raise DecodeError(f"{where}: payload column {column!r} is null")
+        raise DecodeError(f"{event_named(event_id)}: payload column {column!r} is null")
     kind = settings.payload_type
     if kind == "auto":
         kind = "bytes" if schema is not None and schema.get("type") == "bytes" else "json"
@@ -62,11 +67,12 @@ def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | No
         try:
             return text.encode("utf-8"), True
         except UnicodeEncodeError:
-            raise DecodeError(f"{where}: payload column {column!r} holds "
+            raise DecodeError(f"{event_named(event_id)}: payload column {column!r} holds "
                               f"{LONE_SURROGATE}") from None
     if not isinstance(value, str):
-        raise DecodeError(f"{where}: bytea payload column {column!r} must arrive as a "
-                          f"{settings.binary_handling} string, got {json_kind(value)}")
+        raise DecodeError(f"{event_named(event_id)}: bytea payload column {column!r} must "
+                          f"arrive as a {settings.binary_handling} string, got "
+                          f"{json_kind(value)}")
     try:
         if settings.binary_handling == "hex":
             return bytes.fromhex(value), False
@@ -76,13 +82,13 @@ def payload_column(row: dict[str, Any], column: str, schema: dict[str, Any] | No
         # QA 35-c: on a jsonb column, payload_type bytes was the wrong setting, not this one.
         other = "; or the column is not bytea: then source.payload_type json (or auto)" \
             if settings.payload_type == "bytes" else ""
-        raise DecodeError(f"{where}: payload column {column!r} is not valid "
+        raise DecodeError(f"{event_named(event_id)}: payload column {column!r} is not valid "
                           f"{settings.binary_handling} (source.binary_handling must match the "
                           f"connector's binary.handling.mode{other})") from None
 
 
 def headers_column(row: dict[str, Any], column: str | None,
-                   where: str) -> tuple[tuple[str, str], ...]:
+                   event_id: str) -> tuple[tuple[str, str], ...]:
     """The headers column: a JSON object (jsonb string) of headers; absent or null is none."""
     raw = row.get(column) if column else None
     if raw is None:
@@ -94,27 +100,27 @@ def headers_column(row: dict[str, Any], column: str | None,
             # Exact numbers: a header value 1.10 is sent as "1.10", as the row wrote it.
             raw = parse_json(raw, exact_numbers=True, strict=True)
         except JsonTooDeep as error:
-            raise DecodeError(f"{where}: headers column {column!r} is JSON {error} "
+            raise DecodeError(f"{event_named(event_id)}: headers column {column!r} is JSON {error} "
                               "(MAX_JSON_DEPTH); headers are a flat object of strings") from None
         except json.JSONDecodeError as error:
-            raise DecodeError(f"{where}: headers column {column!r} is not valid JSON: "
-                              f"{error.msg} at column {error.colno}") from None
+            raise DecodeError(f"{event_named(event_id)}: headers column {column!r} is not valid "
+                              f"JSON: {error.msg} at column {error.colno}") from None
         except ValueError as error:  # e.g. an integer over Python's 4,300 digits
-            raise DecodeError(f"{where}: headers column {column!r} "
+            raise DecodeError(f"{event_named(event_id)}: headers column {column!r} "
                               f"{json_problem(error)}") from None
     if not isinstance(raw, dict):
-        raise DecodeError(f"{where}: headers column {column!r} must be a JSON object of "
-                          f"headers, got {json_kind(raw)}")
+        raise DecodeError(f"{event_named(event_id)}: headers column {column!r} must be a JSON "
+                          f"object of headers, got {json_kind(raw)}")
     try:
         return tuple([(name, value if type(value) is str else exact_json_text(value))
                       for name, value in raw.items()])
     except ValueError as error:
-        raise DecodeError(f"{where}: headers column {column!r} cannot be read: "
+        raise DecodeError(f"{event_named(event_id)}: headers column {column!r} cannot be read: "
                           f"{error}") from None
 
 
 def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
-                where: str, unit: str, otherwise: int | None) -> int | None:
+                event_id: str, unit: str, otherwise: int | None) -> int | None:
     """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
     `otherwise` when the row has none (no such column, or null) and it is a Kafka timestamp
     (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock)."""
@@ -124,14 +130,15 @@ def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str
             _missing(column, "created_at", "records take the change event's time")
         return otherwise if otherwise is not None and 0 <= otherwise < 2**63 else None
     if isinstance(value, bool) or not isinstance(value, (int, str)):  # no Union built per row
-        raise DecodeError(f"{where}: created_at column {column!r} must be a timestamp, "
-                          f"got {json_kind(value)}")
+        raise DecodeError(f"{event_named(event_id)}: created_at column {column!r} must be a "
+                          f"timestamp, got {json_kind(value)}")
     named = columns[column].get("name") if column in columns else None
     try:
         return epoch_millis(value, (named if isinstance(named, str) else None)
                             or UNIT_SCHEMAS.get(unit))
     except ValueError as error:
-        raise DecodeError(f"{where}: created_at column {column!r} {error}") from None
+        raise DecodeError(f"{event_named(event_id)}: created_at column {column!r} "
+                          f"{error}") from None
 
 
 def column_text(value: Any) -> str | None:
