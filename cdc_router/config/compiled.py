@@ -37,6 +37,8 @@ class RouteMatcher:
         self._type = compiled(match.type) if match else None
         self._headers = {name: compiled(p) or [] for name, p in
                          ((match.header or {}).items() if match else ())}
+        # No condition: every event matches (a catch-all route), known without a call.
+        self.takes_all = not (self._aggregate_type or self._type or self._headers)
 
     def __call__(self, event: OutboxEvent) -> bool:
         if self._aggregate_type and not any(p(event.aggregate_type)

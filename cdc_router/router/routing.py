@@ -94,7 +94,7 @@ class Router:
     def explain(self, event: OutboxEvent) -> tuple[int, RouteRule] | None:
         """The first route whose match takes `event` (index, rule), or None when none does."""
         for route in self._routes:
-            if route.matches(event):
+            if route.matches.takes_all or route.matches(event):
                 return route.index, route.rule
         return None
 
