@@ -43,7 +43,9 @@ _NUMBER = re.compile(f'"{_MARK}([0-9]+)"')
 # repr (1e+300, 1.5e-07) and a Decimal's str (1E+2, 1.23E-7), one digit before the point, and a
 # positive exponent only when it is at least the digits after the point. Strings match first,
 # so that no number is read in one (their groups are empty: no copy).
-_EXPONENTS = (b"e+", b"e-", b"E+", b"E-")
+# Where Python wrote an exponent: after a digit (text such as "e-mail" is not one; reread
+# 51-h L2: it sent most payloads through the count below).
+_EXPONENT = re.compile(rb"[0-9][eE][+-]")
 _STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
 # A number is tried from its start only, its digits once (possessive): no backtracking.
 _START = rb"(?<![0-9.])"
@@ -59,8 +61,12 @@ def payload_json(payload: dict[str, Any] | list[Any], *, jsonb: bool) -> bytes:
         _dumps(payload, "payload", _COMPACT, ascii_only=True)  # its bytes as they always were
     problem = dumped_json_problem(text, payload)  # first: the walks below stay shallow
     if problem is not None:
-        # Its field, as NaN's and a Decimal's (QA 50-h F1); depth is the whole payload's.
-        path = _first(payload, beyond_double)[0] if BEYOND_DOUBLE in problem else None
+        # Its field, as NaN's and a Decimal's (QA 50-h F1); depth is the whole payload's. A
+        # key is written as a string, whatever its number (reread 51-h M1).
+        path = None
+        if BEYOND_DOUBLE in problem:
+            path = next((path for path, item, is_key in _walk(payload, "")
+                         if not is_key and beyond_double(item)), None)
         raise InvalidEventError(f"{_where('payload', path, False)} {problem}; the router would "
                                 "dead-letter the event")
     if not jsonb:
@@ -83,9 +89,9 @@ def jsonb_size(data: bytes) -> int:
     """The length of the jsonb text Postgres writes for `data` (payload_json's, jsonb=True):
     its own but for each number Python wrote with an exponent, which jsonb (numeric) writes
     without one (QA 50-h F2: 14,000 floats 1e300 are 112 KB here and 4.2 MB there, 301 digits
-    each; 1e-300 is "0." and 299 zeros and 1). A few C-speed searches for most payloads, a
-    count of the numbers' shapes for the others."""
-    if not any(exponent in data for exponent in _EXPONENTS):
+    each; 1e-300 is "0." and 299 zeros and 1). One C-speed search for a payload with no digit
+    before an e+, e-, E+ or E-, a count of the numbers' shapes for the others."""
+    if _EXPONENT.search(data) is None:
         return len(data)
     shapes = Counter(_STRING_OR_NUMBER_SHAPE.findall(data))
     del shapes[(b"", b"", b"", b"")]  # the strings

@@ -160,6 +160,8 @@ def _circular() -> dict[str, Any]:
     ({"payload": {"n": 2**1100}}, "payload field 'n' holds a number beyond a double ('1"),
     ({"payload": {"n": [{"m": 1}, {"m": -(10**400)}]}},  # QA 50-h F1: its field named
      "payload field 'n[1].m' holds a number beyond a double ('-1000"),
+    ({"payload": {10**400: 1, "b": 10**400}},  # reread 51-h M1: a key is written as a string
+     "payload field 'b' holds a number beyond a double"),
     ({"payload": [(1, 10**400)]},  # a tuple is written as an array: it was not looked into
      "payload field '[0][1]' holds a number beyond a double"),
     ({"payload": {"n": [Decimal("1E-16384")]}},  # reread 50-i F1: failed at the INSERT
