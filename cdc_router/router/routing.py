@@ -124,6 +124,9 @@ class Router:
             # that does not exist must not reach it (nor blame its schema).
             count = _partition_count(partitions_for, topic, event)
         value = self._serializers[rule.format].serialize(event, rule, topic)
+        if rule.nats is None and len(value) > self._max_bytes:  # JetStream: nats.max_payload_bytes
+            raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
+                             f"over delivery.max_payload_bytes ({self._max_bytes})")
         headers = _headers(event, rule, self._static_headers[index])
         if rule.nats is not None:
             # JetStream: no partitions, and the headers travel as NATS header lines; its own
@@ -133,9 +136,6 @@ class Router:
                                   headers=headers, timestamp_ms=event.created_at_ms,
                                   event_id=event.event_id, route_index=index,
                                   format=rule.format, nats=True)
-        if len(value) > self._max_bytes:
-            raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
-                             f"over delivery.max_payload_bytes ({self._max_bytes})")
         partition: int | None = None
         if rule.partition != "kafka_default":
             hashed = event.aggregate_id.encode() if rule.partition == "aggregate_id" else key
