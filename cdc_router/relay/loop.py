@@ -186,7 +186,8 @@ class OutboxRelay:
             self._txn.init()  # fences the previous relay of this table, aborts its batch
         except BatchFailed as failure:
             raise init_failure(failure) from failure
-        require_own_topics(self._config, self._destinations.partitions, self._describe)
+        require_own_topics(self._config, self._destinations.partitions, self._describe,
+                           read_refused=self._destinations.read_refused)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
         restored = 0

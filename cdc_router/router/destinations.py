@@ -48,19 +48,31 @@ def missing_topic(topic: str) -> str:
 
 
 def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None],
-                       describe: Describe | None = None) -> None:
+                       describe: Describe | None = None, *,
+                       read_refused: Callable[[str], str | None] | None = None) -> None:
     """ConfigError, at start, for a missing dead-letter or dedup changelog topic: the router
     would otherwise fail only at its first poison event, or its first commit. With `describe`
     (one DescribeConfigs), also for a changelog that forgets ids before dedup.window_ms: the
-    router restored from it would deliver those replays again (QA, session 29)."""
+    router restored from it would deliver those replays again (QA, session 29). With
+    `read_refused` (DestinationMetadata.read_refused), also for such a topic the process reads
+    but may not (review 51-d F8: the cleanup's sweep, refused the dead-letter topic, stalled
+    without a line)."""
     own = {"dead_letter.topic": config.dead_letter.topic}
+    reads = {"dead_letter.topic": "the cleanup's sweep reads it"} if config.cleanup_sweeps() \
+        else {}
     if config.dedup.enabled:
         own["dedup.changelog_topic"] = config.dedup.changelog_topic
+        reads["dedup.changelog_topic"] = "each start restores the replay filter from it"
     for field, topic in own.items():
         try:
             found = partitions(topic)
         except RouteError as refusal:  # QA 31-c: the principal may not write to it
             raise ConfigError(str(refusal), field=field) from None
+        why = reads.get(field)
+        unread = None if found is None or why is None or read_refused is None \
+            else read_refused(topic)
+        if unread is not None:
+            raise ConfigError(f"{unread} ({why})", field=field)
         if found is None:
             # Kafka hides a topic the principal may not describe, and Write or Read bring
             # Describe: a revoked Write looks like a missing topic (QA 35-e F2).
@@ -207,6 +219,13 @@ class DestinationMetadata:
             while len(self._topics) > self._max_topics:
                 self._topics.popitem(last=False)
         return count
+
+    def read_refused(self, topic: str) -> str | None:
+        """Why the principal may not read `topic` (router/grants.py), or None (also when the
+        broker does not say); asked each time."""
+        if self._operations is None:
+            return None
+        return refused(topic, self._operations(topic, LOOKUP_TIMEOUT_S), "READ")
 
     def _require_write(self, topic: str, operations: Operations) -> None:
         known = self._write_refused.get(topic)  # per event: one lookup

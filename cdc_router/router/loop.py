@@ -131,7 +131,8 @@ class OutboxRouter:
                 txn.init()
             except BatchFailed as failure:
                 raise init_failure(failure) from failure
-            require_own_topics(self._config, self._destinations.partitions, self._describe)
+            require_own_topics(self._config, self._destinations.partitions, self._describe,
+                               read_refused=self._destinations.read_refused)
             self._writer.dead_letter_max_bytes = clients.dead_letter_limit(self._config,
                                                                             self._describe)
             self._subscribe(consumer)

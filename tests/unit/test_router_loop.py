@@ -340,6 +340,32 @@ def test_a_dead_letter_topic_the_principal_may_not_write_to_stops_the_start() ->
     assert cluster.committed(ORDERS) == []
 
 
+@pytest.mark.parametrize("cleanup", ["delete", "none"])
+def test_with_cleanup_a_dead_letter_topic_the_principal_may_not_read_stops_the_start(
+        cleanup: str) -> None:
+    # Review 51-d F8: the cleanup's sweep reads the dead-letter topic; refused, it stalled
+    # without a line. Without the cleanup nothing reads it: the router starts.
+    cluster = cluster_with(*events(2))
+    cluster.granted[DLQ] = frozenset({"DESCRIBE", "WRITE"})
+    harness = Harness(cluster, cleanup={"mode": cleanup, "dsn": "postgresql://unused"})
+    if cleanup == "none":
+        assert sorted(harness.run().delivered()) == ["e-0", "e-1"]
+        return
+    with pytest.raises(ConfigError, match=rf"field 'dead_letter.topic': .*may not read topic "
+                       rf"{DLQ} .*grant it Read on the topic \(the cleanup's sweep reads it"):
+        harness.run()
+    assert cluster.committed(ORDERS) == []
+
+
+def test_a_changelog_the_principal_may_not_read_stops_the_start() -> None:
+    cluster = cluster_with(*events(2))
+    cluster.granted[CHANGELOG] = frozenset({"DESCRIBE", "WRITE"})
+    with pytest.raises(ConfigError, match=r"field 'dedup.changelog_topic': .*may not read topic "
+                       rf"{CHANGELOG} .*grant it Read on the topic \(each start restores"):
+        Harness(cluster).run()
+    assert cluster.committed(ORDERS) == []
+
+
 def test_a_close_failing_on_a_clean_stop_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(FakeConsumer, "close", _close_fails)
     cluster = cluster_with(*events(3))
