@@ -168,16 +168,20 @@ def refused_for_good(error: psycopg.Error) -> bool:
         error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error)) is not None)
 
 
-def require_delete(conn: psycopg.Connection[Any], table: str, field: str) -> None:
+def require_delete(conn: psycopg.Connection[Any], table: str, field: str, *,
+                   delete: bool = True) -> None:
     """A ConfigError unless the session's role may DELETE rows of `table`, an existing table
-    named in config `field`, and SELECT its columns (a DELETE ... WHERE reads them)."""
+    named in config `field`, and SELECT its columns (a DELETE ... WHERE reads them); without
+    `delete`, SELECT them only (the relay's reads: review 51-d F9)."""
     name = regclass_text(table, field)
-    row = conn.execute("SELECT has_table_privilege(%s::regclass, 'DELETE') AND "
-                       "has_any_column_privilege(%s::regclass, 'SELECT')", (name, name)).fetchone()
+    deletes = "has_table_privilege(%(table)s::regclass, 'DELETE') AND " if delete else ""
+    row = conn.execute(f"SELECT {deletes}has_any_column_privilege(%(table)s::regclass, "
+                       "'SELECT')", {"table": name}).fetchone()
     if not (row and row[0]):
-        raise ConfigError("the connection's role may not DELETE from the outbox table (or "
-                          "SELECT its columns)", field=field, value=table,
-                          hint="GRANT SELECT, DELETE ON it TO that role")
+        raise ConfigError("the connection's role may not "
+                          + ("DELETE from the outbox table (or SELECT its columns)" if delete
+                             else "SELECT from the outbox table"), field=field, value=table,
+                          hint=f"GRANT SELECT{', DELETE' if delete else ''} ON it TO that role")
 
 
 def missing_table(table: str, field: str) -> ConfigError:

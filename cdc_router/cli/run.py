@@ -104,7 +104,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     check_streams(config)
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
-    cleaner.check()  # its table and columns (the relay's reader checks its own)
+    cleaner.check()  # its table, columns and grants (the relay's too: cli/relay.py)
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
     run_until_stopped(router, cleaner, metrics, metrics_port, "router", config)

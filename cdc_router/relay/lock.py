@@ -45,7 +45,10 @@ def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         raise missing_table(table, "relay.table") from error
     if refused_for_good(error):
-        raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}") from error
+        # Review 51-d F9: a wrong password named no setting.
+        raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}; check the "
+                            "user, password and grants of relay.dsn, else cleanup.dsn "
+                            "(CDC_ROUTER__RELAY__DSN, CDC_ROUTER__CLEANUP__DSN)") from error
 
 
 class TableLock:

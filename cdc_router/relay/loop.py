@@ -46,7 +46,7 @@ from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.letters import letter_value
 from cdc_router.relay.lock import TableLock
-from cdc_router.relay.reader import OutboxReader, RelayRow
+from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
 from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
@@ -263,7 +263,7 @@ class OutboxRelay:
         except psycopg.Error as error:
             self._reader.reset()
             self._read_failures += 1
-            self._wait_out(f"Postgres: {one_line(error)}", self._read_failures)
+            self._wait_out(read_failure(error, self._table), self._read_failures)
             return True
         self._read_failures = 0
         # A batch cut at relay.batch_bytes is full: the read goes on after it.

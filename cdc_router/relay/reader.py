@@ -34,7 +34,9 @@ from cdc_router.outbox.relay_columns import (
 from cdc_router.postgres import (
     column_types,
     missing_table,
+    one_line,
     regclass_text,
+    require_delete,
     session_options,
     table_identifier,
 )
@@ -72,6 +74,16 @@ class FetchedRows(list[RelayRow]):
     the read goes on after it (RelayPosition.after_batch)."""
 
     truncated = False
+
+
+def read_failure(error: psycopg.Error, table: str) -> str:
+    """The batch_failed reason of a read that failed: Postgres's line, and for a grant
+    revoked while the relay runs the GRANT to give (review 51-d F9: it named none)."""
+    reason = f"Postgres: {one_line(error)}"
+    if isinstance(error, psycopg.errors.InsufficientPrivilege):
+        reason += (f"; field 'relay.table': GRANT SELECT ON {table} TO the role of relay.dsn "
+                   "(else cleanup.dsn); tried again meanwhile, nothing is relayed")
+    return reason
 
 
 class OutboxReader:
@@ -214,6 +226,7 @@ class OutboxReader:
         types = column_types(conn, table, "relay.table") if types is None else types
         if not types:
             raise missing_table(table, "relay.table")
+        require_delete(conn, table, "relay.table", delete=False)  # review 51-d F9: at start
         partitioned = partitioned_by(conn, table, self._relay.seq_column)
         self._check_relay_columns(types, partitioned)
         self._check_seq_not_null(conn)

@@ -169,8 +169,10 @@ def test_a_table_without_the_relay_columns_is_one_line_naming_the_fix(
 
 
 @pytest.mark.parametrize(("change", "expected"), [
+    # The cleanup's start check (review 51-d F9) names it first: cleanup.table, the same table.
     ({"table": "public.no_such_outbox"},
-     "field 'relay.table': the outbox table does not exist (or is not readable)"),
+     "field 'cleanup.table': the outbox table does not exist (or is not readable) (got "
+     "'public.no_such_outbox')"),
     ({"dsn": "postgresql://postgres:wrong-password@{host}/postgres"},
      "password authentication failed"),
 ])
@@ -533,6 +535,39 @@ def test_a_role_granted_the_tables_columns_one_by_one_reads_its_rows(
                 conn.execute(f"DROP OWNED BY {role}")
                 conn.execute(f"DROP ROLE {role}")
     assert [row.values["id"] for row in rows] == ids
+
+
+@pytest.mark.parametrize(("cleanup", "expected"), [
+    ("delete", "field 'cleanup.table': the connection's role may not DELETE from the outbox "
+               "table (or SELECT its columns)"),
+    ("none", "field 'relay.table': the connection's role may not SELECT from the outbox table"),
+])
+def test_a_role_that_may_not_read_or_clean_the_table_stops_the_relay_at_start(
+        stack: StackEndpoints, tmp_path: Path, cleanup: str, expected: str) -> None:
+    # Review 51-d F9: the relay started, then logged batch_failed "permission denied" for
+    # ever, relaying nothing, where `run` refuses the same cleanup role at start.
+    role = unique("noperm")
+    with relay_setup(stack, tmp_path) as setup, psycopg.connect(stack.postgres_dsn,
+                                                                autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        try:
+            _insert(stack, setup.table, ["OrderPaid"])
+            dsn = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="pw")
+            config = yaml.safe_load(setup.config_path.read_text())
+            config["relay"]["dsn"] = config["cleanup"]["dsn"] = dsn
+            config["cleanup"]["mode"] = cleanup
+            setup.config_path.write_text(yaml.safe_dump(config))
+            result = subprocess.run(
+                [sys.executable, "-m", "cdc_router", "relay", "-c", str(setup.config_path),
+                 "--metrics-port", "0"], capture_output=True, text=True, cwd=REPO,
+                timeout=120, check=False)
+        finally:
+            conn.execute(f"DROP ROLE {role}")
+        assert setup.rows_left() == 1
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and expected in error, result.stderr[-3000:]
+    assert "GRANT SELECT" in error and "Traceback" not in result.stderr
 
 
 def _outbox_init_relay(stack: StackEndpoints, table: str) -> subprocess.CompletedProcess[str]:

@@ -417,6 +417,32 @@ def test_postgres_failures_do_not_count_toward_the_producer_renewal(
     assert cluster.producers_initialised == 1, "renewed after one abort"
 
 
+def test_a_select_grant_revoked_while_relaying_is_said_with_the_grant_at_each_retry(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 51-d F9: every retry logged only "permission denied for table outbox".
+    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    fetch = table.fetch
+    failures = [psycopg.errors.InsufficientPrivilege("permission denied for table outbox")] * 3
+
+    def revoked(position: RelayPosition, limit: int) -> FetchedRows:
+        if failures:
+            raise failures.pop()
+        return fetch(position, limit)
+
+    table.fetch = revoked  # type: ignore[method-assign]
+    relay, delivered = _relay(cluster, table)
+    with caplog.at_level("WARNING", logger="cdc_router.relay"):
+        _run_until(relay, lambda: len(delivered) == 2)
+    said = [record.getMessage() for record in caplog.records if "batch_failed" in
+            record.getMessage()]
+    assert len(said) == 3 and all(f"GRANT SELECT ON {TABLE} TO the role of relay.dsn" in line
+                                  for line in said), said
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # granted again: on
+
+
 def test_after_a_failover_that_reused_xids_a_tombstoned_position_reads_the_table_again() -> None:
     # Review 46 F7: a promoted replica that lost transaction 11 gives its id to a new one. The
     # position (done: all below 13) cannot tell: its row is skipped. The README's runbook
