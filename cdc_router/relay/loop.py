@@ -48,7 +48,7 @@ from cdc_router.relay.letters import letter_value
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
 from cdc_router.router import clients, debezium
-from cdc_router.router.destinations import require_own_topics
+from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
@@ -187,7 +187,7 @@ class OutboxRelay:
         except BatchFailed as failure:
             raise init_failure(failure) from failure
         require_own_topics(self._config, self._destinations.partitions, self._describe,
-                           read_refused=self._destinations.read_refused)
+                           read_refused=self._destinations.read_refused, relay=True)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
         restored = 0
@@ -237,8 +237,8 @@ class OutboxRelay:
         log.warning("event=producer_renewed table=%s reason=%r", self._table, reason)
         if self._replay is not None:
             self._replay.abort()
-        self._destinations.clear()
-        self._txn.renew()
+        self._txn.renew()  # first: the grants' check builds the new producer (as the router)
+        recheck_grants(self._config, self._destinations, relay=True)
         self._pending_abort, self._needs_init = False, True
 
     def _cycle(self) -> bool:

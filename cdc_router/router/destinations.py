@@ -49,20 +49,25 @@ def missing_topic(topic: str) -> str:
 
 def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | None],
                        describe: Describe | None = None, *,
-                       read_refused: Callable[[str], str | None] | None = None) -> None:
+                       read_refused: Callable[[str], str | None] | None = None,
+                       relay: bool = False) -> None:
     """ConfigError, at start, for a missing dead-letter or dedup changelog topic: the router
     would otherwise fail only at its first poison event, or its first commit. With `describe`
     (one DescribeConfigs), also for a changelog that forgets ids before dedup.window_ms: the
     router restored from it would deliver those replays again (QA, session 29). With
     `read_refused` (DestinationMetadata.read_refused), also for such a topic the process reads
     but may not (review 51-d F8: the cleanup's sweep, refused the dead-letter topic, stalled
-    without a line)."""
+    without a line). The `relay`'s position topic likewise (review 51-d F10: refused, it was
+    met in the first batch's transaction, and said as "another relay may have taken over")."""
     own = {"dead_letter.topic": config.dead_letter.topic}
     reads = {"dead_letter.topic": "the cleanup's sweep reads it"} if config.cleanup_sweeps() \
         else {}
     if config.dedup.enabled:
         own["dedup.changelog_topic"] = config.dedup.changelog_topic
         reads["dedup.changelog_topic"] = "each start restores the replay filter from it"
+    if relay:
+        own["relay.position_topic"] = config.relay_position_topic
+        reads["relay.position_topic"] = "the relay reads its position back at each start"
     for field, topic in own.items():
         try:
             found = partitions(topic)
@@ -80,8 +85,7 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
                               "not describe it (the router never creates topics)", field=field,
                               hint="create it with `cdc-router topics apply -c <config>`, or "
                                    "grant the principal Write on the topic (which brings "
-                                   "Describe)" + (" and Read" if field.startswith("dedup")
-                                                  else ""))
+                                   "Describe)" + (" and Read" if field in reads else ""))
     if describe is not None and config.dedup.enabled:
         _require_changelog_retention(config, describe)
     if describe is not None:  # at start, not at each recheck: a route's fixed topic missing
@@ -89,14 +93,15 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
             log.warning("event=destination_missing detail=%r", warning)
 
 
-def recheck_grants(config: RouterConfig, destinations: DestinationMetadata) -> None:
+def recheck_grants(config: RouterConfig, destinations: DestinationMetadata, *,
+                   relay: bool = False) -> None:
     """Forget what the destinations' metadata and grants said, and raise ConfigError when the
-    dead-letter or changelog topic is refused now: after a producer renewal, or a topic of a
-    batch refused (QA 35-e F5: Write on the dead-letter topic revoked while the router ran had
-    it abort batches for ever)."""
+    dead-letter or changelog topic (or the `relay`'s position topic) is refused now: after a
+    producer renewal, or a topic of a batch refused (QA 35-e F5: Write on the dead-letter topic
+    revoked while the router ran had it abort batches for ever)."""
     destinations.clear()
     try:
-        require_own_topics(config, destinations.partitions)
+        require_own_topics(config, destinations.partitions, relay=relay)
     except KafkaException as failure:
         # A cluster that does not answer now is no verdict (review 35-2: a renewal during a
         # broker outage stopped a healthy router): the loop backs off, the next start checks.

@@ -20,12 +20,12 @@ from typing import Any
 from confluent_kafka import Producer
 
 from cdc_router.config.model import RouterConfig
-from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused
+from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, RecordRefused, RouteError
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.outbox.republish import ChangeEvent
 from cdc_router.outbox.setup import MAX_RECORD_BYTES
 from cdc_router.router import clients
-from cdc_router.router.destinations import LOOKUP_TIMEOUT_S, ClusterListing
+from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import OutboundRecord
 from cdc_router.router.transaction import Transaction
@@ -70,7 +70,8 @@ def check_republish(config: RouterConfig) -> None:
 
 
 def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *,
-              producer_factory: Callable[[dict[str, Any]], Any] = Producer) -> int:
+              producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+              operations_factory: OperationsFactory = admin_operations) -> int:
     """Produce `events` onto `topic` in transactions; how many were committed.
 
     Raises DeliveryError when the topic is missing or a batch fails (the batches before it
@@ -80,7 +81,10 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     # A raw change event may be as big as Debezium's (connectors/outbox-connector.json).
     producer = LatchingProducer({**clients.producer_config(config, INSTANCE),
                                  "message.max.bytes": MAX_RECORD_BYTES}, producer_factory)
-    partitions = ClusterListing(producer.topics)(topic, LOOKUP_TIMEOUT_S)
+    try:  # with the principal's Write grant, as `run` checks its destinations (router/grants.py)
+        partitions = clients.destinations(config, producer, operations_factory).partitions(topic)
+    except RouteError as refusal:  # review 51-d F10: met in the transaction, as INVALID_TXN_STATE
+        raise DeliveryError(f"nothing was republished: {refusal}") from None
     if partitions is None:
         raise DeliveryError(f"the raw topic {topic} does not exist; check source.topics or "
                             "--topic")

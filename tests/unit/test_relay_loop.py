@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -105,18 +107,17 @@ def _cluster() -> FakeCluster:
     return cluster
 
 
-def _run_until(relay: OutboxRelay, done: Any, timeout_s: float = 10) -> None:
-    """Run the relay on a thread until `done()` holds, then stop it."""
-    thread = threading.Thread(target=relay.run)
-    thread.start()
-    deadline = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if done():
-            break
-        deadline.wait(0.01)
-    relay.stop()
-    thread.join(10)
-    assert not thread.is_alive()
+def _run_until(relay: OutboxRelay, done: Any, timeout_s: float = 10) -> BaseException | None:
+    """Run the relay on a thread until `done()` holds, then stop it; what run() raised."""
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(relay.run)
+        deadline = threading.Event()
+        for _ in range(int(timeout_s / 0.01)):
+            if done() or running.done():
+                break
+            deadline.wait(0.01)
+        relay.stop()
+        return running.exception(timeout=10)
 
 
 def test_each_batch_commits_its_records_with_the_next_position() -> None:
@@ -415,6 +416,51 @@ def test_postgres_failures_do_not_count_toward_the_producer_renewal(
     _run_until(relay, lambda: len(delivered) == 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # once each
     assert cluster.producers_initialised == 1, "renewed after one abort"
+
+
+@pytest.mark.parametrize(("granted", "refusal"), [
+    ({"DESCRIBE", "READ"}, "may not write topic shop.relay-position .*grant it Write on the "
+                           "topic"),
+    ({"DESCRIBE", "WRITE"}, "may not read topic shop.relay-position .*grant it Read on the "
+                            r"topic \(the relay reads its position back at each start\)"),
+])
+def test_a_position_topic_the_principal_may_not_use_stops_the_start(
+        granted: set[str], refusal: str) -> None:
+    # Review 51-d F10: without Write it was met in the first batch's transaction, and the relay
+    # stopped saying "INVALID_TXN_STATE ... another relay of the table may have taken over".
+    cluster, table = _cluster(), FakeTable()
+    cluster.granted[POSITION] = frozenset(granted)
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, _ = _relay(cluster, table)
+    raised = _run_until(relay, lambda: False, 5)
+    assert isinstance(raised, ConfigError), raised
+    assert re.search(f"field 'relay.position_topic': .*{refusal}", str(raised)), raised
+    assert cluster.committed(ORDERS) == [] and table.fetches == 0
+
+
+def test_write_on_the_position_topic_revoked_while_relaying_stops_naming_it() -> None:
+    # Review 51-d F10: AddPartitionsToTxn refused the position topic, the abort was refused
+    # too (INVALID_TXN_STATE, as measured), and the relay stopped guessing at another relay.
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    fetch = table.fetch
+
+    def revoked(position: RelayPosition, limit: int) -> FetchedRows:
+        cluster.add_partitions_refused.add(POSITION)
+        cluster.granted[POSITION] = frozenset({"DESCRIBE", "READ"})
+        cluster.abort_failures.append(KafkaError(
+            KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True))
+        return fetch(position, limit)
+
+    table.fetch = revoked  # type: ignore[method-assign]
+    relay, delivered = _relay(cluster, table)
+    raised = _run_until(relay, lambda: False, 5)
+    assert isinstance(raised, ConfigError) and raised.exit_code == 1, raised
+    assert re.search("field 'relay.position_topic': .*may not write topic shop.relay-position "
+                     ".*grant it Write on the topic", str(raised)), raised
+    assert cluster.committed(ORDERS) == [] and delivered == [] and len(ids) == 2  # kept
 
 
 def test_a_select_grant_revoked_while_relaying_is_said_with_the_grant_at_each_retry(

@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime, time, timedelta, timezone
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError
@@ -65,7 +66,8 @@ def test_events_land_on_the_partition_kafka_connect_gives_their_key() -> None:
     events = [change_event(row(id=uuid.UUID(int=n)), OutboxSchema(), binary_handling="base64",
                            ts_ms=5) for n in range(6)]
     done = republish(config(), RAW, events,
-                     producer_factory=lambda conf: FakeProducer(cluster, conf))
+                     producer_factory=lambda conf: FakeProducer(cluster, conf),
+                     operations_factory=cluster.operations_factory)
     assert done == 6
     stored = {s.key: (s.partition, s.value) for s in cluster.committed(RAW)}
     assert stored == {e.key: (java_default_partition(e.key, 4), e.value) for e in events}
@@ -86,15 +88,14 @@ def test_a_change_event_kafka_refuses_stops_the_republish_in_one_line_naming_its
                        binary_handling="base64", ts_ms=5)
     with pytest.raises(DeliveryError, match=rf"republish stopped after 0 committed events: Kafka "
                                             rf"refused the change event of {EVENT_ID} \(\d+ bytes"):
-        republish(config(), RAW, [big], producer_factory=factory)
+        republish(config(), RAW, [big], producer_factory=factory,
+                  operations_factory=cluster.operations_factory)
     assert configs[0]["message.max.bytes"] == 16 * 1024 * 1024
 
 
 def test_a_change_event_the_broker_refuses_is_named_too() -> None:
     # QA 33-c: a raw topic whose max.message.bytes is under the producer's: the broker's
     # refusal named no row, and running it again hit the same one.
-    from confluent_kafka import KafkaError
-
     big_id = uuid.UUID(int=7)
     cluster = FakeCluster(partitions={RAW: 1}, refuse=lambda topic, value, timestamp: (
         KafkaError.MSG_SIZE_TOO_LARGE if value is not None and len(value) > 2000 else None))
@@ -104,15 +105,33 @@ def test_a_change_event_the_broker_refuses_is_named_too() -> None:
     with pytest.raises(DeliveryError, match=rf"\(the biggest refused change event: {big_id}, "
                                             r"\d+ bytes; raise the raw topic's max.message"):
         republish(config(), RAW, [small, big],
-                  producer_factory=lambda conf: FakeProducer(cluster, conf))
+                  producer_factory=lambda conf: FakeProducer(cluster, conf),
+                  operations_factory=cluster.operations_factory)
 
 
 def test_republish_refuses_a_missing_topic_and_a_router_without_dedup() -> None:
     cluster = FakeCluster(partitions={})
     with pytest.raises(DeliveryError, match="does not exist"):
-        republish(config(), RAW, [], producer_factory=lambda conf: FakeProducer(cluster, conf))
+        republish(config(), RAW, [], producer_factory=lambda conf: FakeProducer(cluster, conf),
+                  operations_factory=cluster.operations_factory)
     with pytest.raises(ConfigError, match="dedup"):
         republish(config(dedup={"enabled": False}), RAW, [])
+
+
+def test_a_raw_topic_the_principal_may_not_write_to_is_refused_before_producing() -> None:
+    # Review 51-d F10: the refusal came in AddPartitionsToTxn, and the line said only
+    # "Kafka transaction step 'abort' failed for good: INVALID_TXN_STATE".
+    cluster = FakeCluster(partitions={RAW: 1}, add_partitions_refused={RAW},
+                          granted={RAW: frozenset({"DESCRIBE", "READ"})})
+    cluster.abort_failures.append(KafkaError(KafkaError.INVALID_TXN_STATE,
+                                             "Failed to end transaction", fatal=True))
+    event = change_event(row(), OutboxSchema(), binary_handling="base64", ts_ms=5)
+    with pytest.raises(DeliveryError, match=f"nothing was republished: .*may not write topic "
+                                            f"{RAW} .*grant it Write on the topic"):
+        republish(config(), RAW, [event],
+                  producer_factory=lambda conf: FakeProducer(cluster, conf),
+                  operations_factory=cluster.operations_factory)
+    assert cluster.committed(RAW) == [] and cluster.producers_initialised == 0
 
 
 def test_the_raw_topic_is_the_configs_one_source_unless_named() -> None:
