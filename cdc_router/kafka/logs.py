@@ -102,7 +102,22 @@ def serve_logs(admin: Any) -> None:
 
 def librdkafka_logger() -> logging.Logger:
     """The logger our Kafka clients hand librdkafka's lines to, with its RepeatFilter."""
-    logger = logging.getLogger("cdc_router.librdkafka")
+    return _filtered(logging.getLogger("cdc_router.librdkafka"))
+
+
+def unshown_logger() -> logging.Logger:
+    """A logger that shows none of librdkafka's lines but still notes a refusal for
+    with_kafka_refusal: for `status`, which reports each failure itself (review 51-d F1:
+    librdkafka silenced by log_level 0 said no refusal, and a wrong SASL password was shown
+    as "Broker transport failure")."""
+    logger = logging.getLogger("cdc_router.librdkafka.unshown")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())  # not Python's last resort, to stderr
+    return _filtered(logger)
+
+
+def _filtered(logger: logging.Logger) -> logging.Logger:
     if not any(isinstance(existing, RepeatFilter) for existing in logger.filters):
         logger.addFilter(RepeatFilter())
     return logger

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -19,7 +19,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
-from cdc_router.kafka.logs import serve_logs, with_kafka_refusal
+from cdc_router.kafka.logs import serve_logs, unshown_logger, with_kafka_refusal
 from cdc_router.ops.connector import Capture, probe_connector
 from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
@@ -39,8 +39,6 @@ from cdc_router.outbox.table import OutboxSchema
 from cdc_router.router.dlq_replay import sources_of
 
 T = TypeVar("T")
-# librdkafka logs each refused connection to stderr; `status` reports the failure itself.
-QUIET = {"log_level": "0"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,9 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         # logical slot of the database is shown instead, and the publication is left
         # unchecked, as the connector is (one line names both when Connect is down).
         publication = PublicationState(error=connector_state.error)
-    kafka = {**endpoints.kafka, **QUIET}
+    # librdkafka logs each refused connection; `status` reports the failure itself, naming
+    # the refusal (credentials, mechanism, TLS) that its lines, unshown, still note.
+    kafka: dict[str, Any] = {**endpoints.kafka, "logger": unshown_logger(), "log_level": "3"}
     admin = admin_client(kafka)
     # One lookup first: an unreachable cluster costs one timeout, not one per section.
     down = _kafka_down(admin)
