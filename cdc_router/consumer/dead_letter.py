@@ -25,6 +25,7 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.consumer import UNREADABLE_HEADERS, record_headers
 from cdc_router.kafka.errors import RECORD_REFUSED, ErrorAction, classify, describe, kafka_error_of
+from cdc_router.kafka.logs import serve_logs
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,12 @@ class DeadLetterWriter:
                 f"--create --topic {topic}), or name an existing one in dead_letter_topic; "
                 "poison records are never dropped, so the consumer does not start without it",
                 code=KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+    def serve(self) -> None:
+        """Hand the producer's queued librdkafka lines to its logger (it is polled only in a
+        send, and an idle one queued them while a broker was away)."""
+        if self._producer is not None:
+            serve_logs(self._producer)
 
     def send(self, message: KafkaMessage, *, stage: str, error: BaseException,
              attempts: int, event_id: str | None = None, drop_value: bool = False) -> None:

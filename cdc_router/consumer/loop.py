@@ -32,7 +32,7 @@ from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
-from cdc_router.consumer.settings import ConsumerSettings, built
+from cdc_router.consumer.settings import ConsumerSettings, built, noting_errors, refusal
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
@@ -95,6 +95,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._rng = rng or random.Random()
         self._clock = clock
         self._consumer: Any = None
+        self._reported: list[KafkaError] = []  # what librdkafka gave its error_cb
         # A consumer its group no longer lists is replaced (kafka/membership.py, QA 39-c).
         self._membership = MembershipWatch.for_consumer(
             settings.librdkafka_consumer(), settings.librdkafka_admin(), settings.topics,
@@ -110,8 +111,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
 
     def run(self) -> None:
         """Consume until stop(); commits what is done and closes the clients on the way out."""
-        self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
-                               "consumer_config")
+        self._consumer = built(self._consumer_factory, noting_errors(
+            self.settings.librdkafka_consumer(), self._reported), "consumer_config")
         self._last_commit = self._clock()
         log.info("event=consumer_started group=%s topics=%s store=%s", self.settings.group_id,
                  ",".join(self.settings.topics), type(self._store).__name__)
@@ -133,8 +134,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         of it is stored, retried or paused any more."""
         log.warning("event=consumer_renewed group=%s reason=%r", self.settings.group_id, reason)
         stale = self._consumer
-        self._consumer = built(self._consumer_factory, self.settings.librdkafka_consumer(),
-                               "consumer_config")
+        self._consumer = built(self._consumer_factory, noting_errors(
+            self.settings.librdkafka_consumer(), self._reported), "consumer_config")
         self._fresh, self._stored_since_commit, self._stored = [], False, {}
         self._retries, self._rewound = {}, set()
         self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
@@ -147,6 +148,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._resume_due()
         messages = consumer.consume(num_messages=self.settings.batch_size,
                                     timeout=self._poll_timeout())
+        self._dead_letters.serve()  # its queued lines; then what error_cb alone was given:
+        for reported in [e for e in self._reported if stops_consumer(e)]:  # a refused login
+            self._consumer_error(reported)
+        self._reported.clear()
         for message in messages:
             if self._stop.is_set():
                 break  # its offset is not stored: the next owner gets it again
@@ -341,7 +346,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         # stops us too, although librdkafka does not flag it fatal; so do credentials that
         # may not read the topics.
         if stops_consumer(error):
-            raise FatalKafkaError(f"Kafka consumer failed fatally: {describe(error)}")
+            raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
+                                  f"{describe(error)}", code=error.code())
         stranded = unfetched_offsets(error)
         if stranded is not None:
             raise stranded

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError
-from cdc_router.kafka.errors import refused_config
+from cdc_router.kafka.errors import describe, refused_config
+from cdc_router.kafka.logs import librdkafka_logger
 
 T = TypeVar("T")
 
@@ -33,6 +34,10 @@ _PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
                     "client.dns.lookup", "broker.address.family", "socket.", "oauth_cb")
 
+
+# librdkafka's lines through logging, with kafka/logs.py's RepeatFilter, not straight to
+# stderr (review 51-d F2: a refused login, 5 lines a second); consumer_config may set its own.
+_LOGGED: dict[str, Any] = {"logger": librdkafka_logger()}
 
 # (passes, field, what it must be, its value)
 Check = tuple[bool, str, str, object]
@@ -148,9 +153,10 @@ class ConsumerSettings:
         object.__setattr__(self, "consumer_config", MappingProxyType(dict(self.consumer_config)))
         object.__setattr__(self, "producer_config", MappingProxyType(dict(self.producer_config)))
 
-    def librdkafka_consumer(self) -> dict[str, str]:
+    def librdkafka_consumer(self) -> dict[str, Any]:
         """The confluent-kafka Consumer config: defaults, the user's additions, the pins."""
         return {
+            **_LOGGED,
             "bootstrap.servers": self.bootstrap_servers,
             "group.id": self.group_id,
             "auto.offset.reset": "earliest",  # a new group must not skip existing events
@@ -158,18 +164,19 @@ class ConsumerSettings:
             **_PINNED_CONSUMER,
         }
 
-    def librdkafka_admin(self) -> dict[str, str]:
+    def librdkafka_admin(self) -> dict[str, Any]:
         """An admin client's config (the group's lookups): consumer_config's connection and
         security settings."""
-        return {"bootstrap.servers": self.bootstrap_servers,
+        return {**_LOGGED, "bootstrap.servers": self.bootstrap_servers,
                 **{key: value for key, value in self.consumer_config.items()
                    if key.startswith(_SHARED_PREFIXES)}}
 
-    def librdkafka_producer(self) -> dict[str, str]:
+    def librdkafka_producer(self) -> dict[str, Any]:
         """The dead-letter Producer config; delivery gives up before dead_letter_timeout_s;
         consumer_config's connection and security settings unless producer_config has its
         own."""
         return {
+            **_LOGGED,
             "bootstrap.servers": self.bootstrap_servers,
             "linger.ms": "0",  # each dead-letter record is flushed alone; nothing to batch
             "delivery.timeout.ms": str(int(self.dead_letter_timeout_s * 1000)),
@@ -180,7 +187,30 @@ class ConsumerSettings:
         }
 
 
-def built(factory: Callable[[dict[str, str]], T], config: dict[str, str], field: str) -> T:
+def noting_errors(config: dict[str, Any], noted: list[KafkaError]) -> dict[str, Any]:
+    """`config` whose client appends to `noted` what librdkafka reports to error_cb alone (a
+    refused SASL login never comes out of consume(): review 51-d F2), and still calls the
+    user's error_cb if consumer_config has one."""
+    theirs = config.get("error_cb")
+
+    def note(error: KafkaError) -> None:
+        noted.append(error)
+        if callable(theirs):
+            theirs(error)
+
+    return {**config, "error_cb": note}
+
+
+def refusal(error: KafkaError) -> str | None:
+    """The one line for credentials the cluster refused, or None for another error."""
+    if error.code() not in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+        return None
+    return (f"Kafka refused this consumer's credentials: {describe(error)}; check "
+            "consumer_config's sasl.username, sasl.password, sasl.mechanism and "
+            "security.protocol")
+
+
+def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:
     """factory(config); a ConfigError naming `field` when librdkafka refuses the config (QA
     32-d: a missing CA file was a traceback)."""
     try:

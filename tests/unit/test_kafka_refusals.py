@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,36 @@ def test_status_names_the_credentials_kafka_refused(monkeypatch: pytest.MonkeyPa
         assert "check kafka.sasl_username, its password and kafka.sasl_mechanism)" in \
             section.error
     assert "FAIL" not in capfd.readouterr().err  # librdkafka's own lines stay unshown
+
+
+def test_the_idempotent_consumer_stops_naming_the_credentials_kafka_refused(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # Review 51-d F2: librdkafka gives a refused SASL login to error_cb alone, never to
+    # consume(): run() waited for ever, its lines raw on stderr, 5 a second.
+    from cdc_router.consumer import ConsumerSettings, IdempotentConsumer
+    from cdc_router.consumer.dedup.memory import MemoryDedupStore
+    from cdc_router.errors import FatalKafkaError
+
+    seen: list[str] = []
+    with refusing_broker() as address:
+        settings = ConsumerSettings(
+            bootstrap_servers=address, group_id="g", topics=("t",), dead_letter_topic="t.dlq",
+            dead_letter_timeout_s=1.0,  # its existence is not asked for long
+            consumer_config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                             "sasl.username": "app", "sasl.password": "wrong",
+                             "error_cb": lambda error: seen.append(error.name())})
+        consumer: IdempotentConsumer[None] = IdempotentConsumer(
+            settings, MemoryDedupStore(), lambda event, context: None,
+            members_factory=lambda *_: lambda name, timeout_s: True)
+        stopper = threading.Timer(30, consumer.stop)  # the code before waited for ever
+        stopper.daemon = True  # nor does it hold the test run up once the test is done
+        stopper.start()
+        with pytest.raises(FatalKafkaError) as stopped:
+            consumer.run()
+    assert str(stopped.value).startswith(
+        "Kafka refused this consumer's credentials: _AUTHENTICATION: ")
+    assert f"SASL authentication error: {REFUSAL}" in str(stopped.value)
+    assert str(stopped.value).endswith("check consumer_config's sasl.username, sasl.password, "
+                                       "sasl.mechanism and security.protocol")
+    assert "_AUTHENTICATION" in seen  # the user's own error_cb is still called
+    assert "|FAIL|" not in capfd.readouterr().err  # librdkafka's lines go through logging
