@@ -41,3 +41,37 @@ def test_the_dsns_own_liveness_settings_are_kept(monkeypatch: pytest.MonkeyPatch
     options = connect_options(monkeypatch, "host=db tcp_user_timeout=0 keepalives_idle=60")
     assert "tcp_user_timeout" not in options and "keepalives_idle" not in options
     assert options["keepalives_count"] == "3"
+
+
+@pytest.mark.parametrize(("refusal", "for_good"), [
+    ('FATAL:  password authentication failed for user "app"', True),
+    ('FATAL:  role "app" does not exist', True),
+    ("Connection refused", False),  # a server away: waited for, as before
+    ("FATAL:  the database system is starting up", False),
+])
+def test_a_connection_refused_for_good_stops_the_consumer_at_its_first_record(
+        monkeypatch: pytest.MonkeyPatch, refusal: str, for_good: bool) -> None:
+    # Review 51-d F6: a wrong password was retried for ever as an outage ("retry_scheduled
+    # reason=store_failed"), every partition held, though the DSN is fixed in the process.
+    import psycopg
+
+    from cdc_router.errors import DedupStoreError, DedupStoreRefused
+    from tests.unit.consumer_fakes import Harness, rec
+
+    def connect(conninfo: str, **options: Any) -> None:
+        raise psycopg.OperationalError('connection failed: connection to server at "127.0.0.1"'
+                                       f", port 5432 failed: {refusal}")
+
+    monkeypatch.setattr(postgres.psycopg, "connect", connect)
+    store = PostgresDedupStore("postgresql://app:wrong@127.0.0.1/app")
+    harness = Harness({0: [rec("a", {"n": 1})]}, store=store)
+    if not for_good:
+        with pytest.raises(DedupStoreError, match="cannot connect to the dedup database"):
+            store.run_once(postgres.DedupKey("g", "a"), lambda conn: None)
+        return
+    with pytest.raises(DedupStoreRefused) as stopped:
+        harness.run()
+    assert str(stopped.value).startswith("Postgres refuses the dedup store's connection: ")
+    assert refusal in str(stopped.value) and str(stopped.value).endswith(
+        "check the DSN's user, password and database, and that pg_hba.conf lets this host in")
+    assert harness.effects == [] and harness.stored_offset_of(0) == 0

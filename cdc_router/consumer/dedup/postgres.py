@@ -46,7 +46,13 @@ from cdc_router.consumer.dedup.store import (
     NestedEventBusy,
     Outcome,
 )
-from cdc_router.postgres import delete_in_chunks, one_line, session_options, table_identifier
+from cdc_router.postgres import (
+    delete_in_chunks,
+    one_line,
+    refused_for_good,
+    session_options,
+    table_identifier,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,11 @@ class PostgresDedupStore:
                     **session_options(self._conninfo, "cdc-router-consumer"),
                     "connect_timeout": self._connect_timeout_s})
             except psycopg.Error as error:
+                if refused_for_good(error):  # review 51-d F6: retried for ever as an outage
+                    raise DedupStoreRefused(
+                        f"Postgres refuses the dedup store's connection: {one_line(error)}; "
+                        "check the DSN's user, password and database, and that pg_hba.conf "
+                        "lets this host in") from error
                 raise DedupStoreError(
                     f"cannot connect to the dedup database: {one_line(error)}") from error
             self._local.conn = conn
@@ -355,7 +366,7 @@ def run_purge_loop(store: PostgresDedupStore, older_than: timedelta, *, every: t
     while not stop.is_set():
         try:
             store.purge(older_than, batch_size=batch_size, consumer_group=consumer_group)
-        except DedupStoreError as error:
+        except (DedupStoreError, DedupStoreRefused) as error:
             log.warning("event=dedup_purge_failed error=%s", error)
         stop.wait(every.total_seconds())
     store.close_own()
