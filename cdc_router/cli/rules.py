@@ -86,6 +86,10 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     warnings += [f"kafka.config: {missing} on this host: every command that makes a Kafka "
                  "client stops on it; fine only where the router's host has the file"
                  for missing in missing_files(config.kafka.config)]
+    if unset := config.kafka.unset_login():
+        warnings.append(f"{unset[0]} is not set here ({unset[1]}): every command that makes "
+                        "a Kafka client stops on it; fine only where the router's environment "
+                        "sets it")
     for serializer in compiled.serializers.values():
         warnings += getattr(serializer, "warnings", list)()  # Avro's unfillable fields
     # The destinations' timestamp and retention limits too, as the router checks them (QA,

@@ -158,6 +158,20 @@ class KafkaSettings(_Model):
                              f"{uses} ({why})")
         return found
 
+    def unset_login(self) -> tuple[str, str] | None:
+        """(field, its environment variable) of the login SASL PLAIN or SCRAM needs and does
+        not have: librdkafka builds no client without it, and the refusal named kafka.config
+        or "the file paths" (review 51-d F4: the password's variable was not set)."""
+        mechanism = (self.sasl_mechanism or "GSSAPI").upper()  # librdkafka's default
+        if not (self.security_protocol or "").startswith("SASL_") or \
+                mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+            return None
+        if not self.sasl_username:
+            return "kafka.sasl_username", "CDC_ROUTER__KAFKA__SASL_USERNAME"
+        if not self.sasl_password:
+            return "kafka.sasl_password", "CDC_ROUTER__KAFKA__SASL_PASSWORD"
+        return None
+
     def librdkafka(self) -> dict[str, str]:
         """The client properties every consumer, producer and admin client of ours shares."""
         conf = {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
+from pydantic import SecretStr
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
@@ -72,10 +73,16 @@ def logged_config(config: RouterConfig) -> dict[str, Any]:
     straight to stderr. Every client of every command starts from it, so a certificate file
     that is not there stops every command before its first client, naming the property and
     the path (review 50-b F3: topics apply, dlq list and replay said only librdkafka's
-    'ssl.ca.location failed: ... BIO lib')."""
+    'ssl.ca.location failed: ... BIO lib'), and so does a SASL login without its password."""
     if missing := missing_files(config.kafka.config):
         raise ConfigError("; ".join(missing), field="kafka.config",
                           hint="give the path of the file on the host this command runs on")
+    if unset := config.kafka.unset_login():
+        field, variable = unset
+        raise ConfigError(f"is not set, and SASL {config.kafka.sasl_mechanism} logs in with "
+                          "a username and a password", field=field,
+                          hint=f"set {variable} in this process's environment (secrets come "
+                               "from the environment, not the file)")
     return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
 
 
@@ -156,8 +163,12 @@ def refused_property(config: RouterConfig) -> KafkaException | None:
     # Files belong to the host the router runs on, which `rules check` (in CI) may not be.
     files = {key: value for key, value in config.kafka.config.items()
              if not key.endswith((".location", ".keytab"))}
+    # A login left to the router's environment too (`rules check` warns of it).
+    login = {"sasl_username": config.kafka.sasl_username or "check",
+             "sasl_password": config.kafka.sasl_password or SecretStr("check")} \
+        if config.kafka.unset_login() else {}
     config = config.model_copy(update={"kafka": config.kafka.model_copy(
-        update={"config": files})})
+        update={"config": files, **login})})
     for conf, client in ((producer_config(config, "check"), Producer),
                          (consumer_config(config, "check"), Consumer)):
         # An OIDC client would fetch a token at once.
