@@ -156,8 +156,12 @@ def read_publication(conn: psycopg.Connection[Any], name: str) -> Publication | 
 # cures. Elsewhere (a server still starting, refused connections) a client tries again.
 # Also libpq's own refusals, before or at the handshake (QA 46-a: `sslmode=require` against a
 # server without TLS, or a bad PGSSLMODE, had the cleanup retry for ever as the outbox grew).
+# Review 51-d F7: a pg_hba.conf `reject` line, a role without LOGIN or without CONNECT on the
+# database were retried as an outage, for ever, where a wrong password stopped at start.
 _REFUSED_FOR_GOOD = re.compile(r"password authentication failed|role \S+ does not exist|"
                                r"database \S+ does not exist|no pg_hba\.conf entry|"
+                               r"pg_hba\.conf rejects connection|is not permitted to log in|"
+                               r"permission denied for database|"
                                r"server does not support SSL|connection is bad: invalid")
 
 

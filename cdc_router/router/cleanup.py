@@ -154,8 +154,9 @@ class OutboxCleaner:
         except psycopg.Error as error:
             if postgres.refused_for_good(error):
                 raise ConfigError(f"Postgres refuses the cleanup: {one_line(error)}",
-                                  field="cleanup.dsn", hint="check its user, password and "
-                                  "grants (CDC_ROUTER__CLEANUP__DSN)") from None
+                                  field="cleanup.dsn", hint="check its user, password, "
+                                  "grants and pg_hba.conf's lines for it "
+                                  "(CDC_ROUTER__CLEANUP__DSN)") from None
             log.warning("event=cleanup_check_skipped error=%r", one_line(error))
 
     def start(self) -> None:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from cdc_router.config import cleanup as cleanup_settings
 from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.config.model import RouterConfig
+from cdc_router.errors import ConfigError
 from cdc_router.outbox import age as cleanup_age
 from cdc_router.router import cleanup
 from cdc_router.router.cleanup import OutboxCleaner
@@ -312,6 +313,26 @@ def test_a_dsn_that_cannot_connect_is_named_in_the_warning(caplog: pytest.LogCap
             time.sleep(0.05)
         cleaner.stop(drain_timeout_s=0)
     assert "cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN)" in caplog.text
+
+
+@pytest.mark.parametrize("refusal", [
+    'pg_hba.conf rejects connection for host "127.0.0.1", user "rejected", database "app", '
+    "no encryption", 'role "nolog" is not permitted to log in'])
+def test_a_dsn_pg_hba_or_the_role_refuses_stops_the_start_as_a_wrong_password_does(
+        monkeypatch: pytest.MonkeyPatch, refusal: str):
+    # Review 51-d F7: the router started, and its cleanup retried such a DSN for ever.
+    def refused(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError('connection failed: connection to server at '
+                                       f'"127.0.0.1", port 5432 failed: FATAL:  {refusal}')
+
+    monkeypatch.setattr(cleanup.psycopg, "connect", refused)
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn="postgresql://u@127.0.0.1/app"),
+                            id_column="id", created_at_column=None,
+                            registry=CollectorRegistry())
+    with pytest.raises(ConfigError) as stopped:
+        cleaner.check()
+    assert str(stopped.value).startswith("field 'cleanup.dsn': Postgres refuses the cleanup: ")
+    assert refusal in str(stopped.value) and "(CDC_ROUTER__CLEANUP__DSN)" in str(stopped.value)
 
 
 @pytest.mark.parametrize(("field", "value"), [("batch_size", 100_001), ("interval_ms", 10**30),

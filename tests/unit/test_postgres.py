@@ -239,6 +239,15 @@ def test_column_types_of_a_sql_ascii_database_are_text_not_bytes_reprs() -> None
     ('connection is bad: invalid sslmode value: "bogus"', True),  # PGSSLMODE, no DSN to check
     ('connection failed: connection to server at "127.0.0.1", port 15432 failed: FATAL:  '
      'password authentication failed for user "postgres"', True),
+    # Review 51-d F7: pg_hba.conf's `reject`, NOLOGIN, no CONNECT were retried for ever.
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: FATAL:  '
+     'pg_hba.conf rejects connection for host "127.0.0.1", user "rejected", database '
+     '"postgres", no encryption', True),
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: FATAL:  role '
+     '"nolog" is not permitted to log in', True),
+    ('connection failed: connection to server at "127.0.0.1", port 15432 failed: FATAL:  '
+     'permission denied for database "app"\nDETAIL:  User does not have CONNECT privilege.',
+     True),
     ('connection failed: connection to server at "127.0.0.1", port 15432 failed: Connection '
      "refused", False),
     ("connection failed: FATAL:  the database system is starting up", False),
