@@ -158,6 +158,20 @@ class KafkaSettings(_Model):
                              f"{uses} ({why})")
         return found
 
+    def unused_login(self) -> list[str]:
+        """A warning when SASL settings are given and kafka.security_protocol is no SASL one:
+        librdkafka then sends no login, a SASL listener only closes the connection, and the
+        router ended "is the cluster reachable?" after its timeout (review 51-d F5)."""
+        given = [f"kafka.{name}" for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                 if getattr(self, name)]
+        if not given or (self.security_protocol or "").startswith("SASL_"):
+            return []
+        protocol = self.security_protocol or "PLAINTEXT, the default"
+        return [f"{', '.join(given)} set, and kafka.security_protocol is {protocol}: no SASL "
+                "login is sent, and a SASL listener only closes the connection (taken for an "
+                "unreachable cluster); set kafka.security_protocol: SASL_PLAINTEXT or SASL_SSL, "
+                "or leave the SASL settings out"]
+
     def unset_login(self) -> tuple[str, str] | None:
         """(field, its environment variable) of the login SASL PLAIN or SCRAM needs and does
         not have: librdkafka builds no client without it, and the refusal named kafka.config

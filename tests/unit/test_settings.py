@@ -84,6 +84,26 @@ def test_librdkafka_dict_and_secret(tmp_path: Path) -> None:
     assert "s3cret" not in repr(config)
 
 
+@pytest.mark.parametrize(("protocol", "warned"), [
+    ("", "kafka.sasl_mechanism, kafka.sasl_username set, and kafka.security_protocol is "
+     "PLAINTEXT, the default: no SASL login is sent"),
+    ("  security_protocol: SSL\n", "and kafka.security_protocol is SSL: no SASL login"),
+    ("  security_protocol: SASL_SSL\n", None)])
+def test_sasl_settings_a_plaintext_protocol_ignores_are_warned_of(
+        tmp_path: Path, protocol: str, warned: str | None) -> None:
+    # Review 51-d F5: against a SASL listener the router ended "is the cluster reachable?"
+    # after 22 s, and nothing had said the SASL settings were not used.
+    config = loaded(write(tmp_path, MINIMAL + "kafka:\n" + protocol +
+                          "  sasl_mechanism: PLAIN\n  sasl_username: router\n"))
+    said = [line for line in config.warnings() if "no SASL login" in line]
+    if warned is None:
+        assert said == []
+        return
+    assert len(said) == 1 and warned in said[0], said
+    assert said[0].endswith("set kafka.security_protocol: SASL_PLAINTEXT or SASL_SSL, or "
+                            "leave the SASL settings out")
+
+
 def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
     specs = {spec.name: spec for spec in loaded(EXAMPLE).topic_specs()}
     assert specs["orders.OrderPaid"].partitions == 6
