@@ -28,7 +28,12 @@ from cdc_router.kafka.membership import ListedFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
-from cdc_router.router.destinations import ClusterListing, Describe, DestinationMetadata
+from cdc_router.router.destinations import (
+    ClusterListing,
+    Describe,
+    DestinationMetadata,
+    config_unreadable,
+)
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.timestamps import (
     DESCRIBE_TIMEOUT_S,
@@ -206,7 +211,8 @@ def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) ->
         topic_max = describe(topic, DESCRIBE_TIMEOUT_S).get("max.message.bytes")
         return min(limit, dead_letter_max_bytes(topic_max)) if topic_max else limit
     except (KafkaException, TimeoutError, ValueError) as error:
-        log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+        config_unreadable(topic, error, "its max.message.bytes against the dead letters' "
+                          "size")
         return limit
 
 

@@ -108,13 +108,24 @@ def recheck_grants(config: RouterConfig, destinations: DestinationMetadata, *,
         log.info("event=grants_unchecked error=%r", str(failure))
 
 
+def config_unreadable(topic: str, error: BaseException, unchecked: str) -> None:
+    """Warn that `topic`'s configuration could not be read, so `unchecked` is not checked;
+    naming the grant when the broker refused it (review 51-d F3: a bare
+    TOPIC_AUTHORIZATION_FAILED, though README's ACL table calls the grant optional)."""
+    found = kafka_error_of(error)
+    grant = found is not None and found.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    log.warning("event=topic_config_unreadable topic=%s error=%r%s", topic, str(error),
+                f" reason='grant this principal DescribeConfigs on the topic {topic} (optional: "
+                f"without it the router does not check {unchecked})'" if grant else "")
+
+
 def _require_changelog_retention(config: RouterConfig, describe: Describe) -> None:
     topic, window_ms = config.dedup.changelog_topic, config.dedup.window_ms
     try:
         settings = describe(topic, LOOKUP_TIMEOUT_S)
         forgets = forgets_before(settings, window_ms, default_policy="delete")
     except (KafkaException, TimeoutError, ValueError) as error:
-        log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+        config_unreadable(topic, error, "its retention against dedup.window_ms")
         return
     keep_ms = config.changelog_keep_ms()
     if not forgets and keep_ms > window_ms and forgets_before(settings, keep_ms,

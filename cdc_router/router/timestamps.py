@@ -24,7 +24,6 @@ commit interval later, and clocks drift: a row within a minute of a limit is dea
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -37,9 +36,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 
 from cdc_router.config.fields import list_config_items
 from cdc_router.kafka.lookups import AdminConnection
-from cdc_router.router.destinations import MAX_TOPICS, Describe
-
-log = logging.getLogger("cdc_router.router")
+from cdc_router.router.destinations import MAX_TOPICS, Describe, config_unreadable
 
 # The check stays this far inside a limit, but never more than a tenth of it: a topic that
 # accepts 30 s ahead must not lose the rows of the current second.
@@ -151,7 +148,8 @@ class TopicTimestampLimits:
             limits = limits_from_config(self._describe(topic, DESCRIBE_TIMEOUT_S))
         except (KafkaException, TimeoutError, ValueError) as error:
             # No check for a while; the broker's own refusal still isolates a bad row.
-            log.warning("event=topic_config_unreadable topic=%s error=%r", topic, str(error))
+            config_unreadable(topic, error, "its timestamp limits; the broker's own refusal "
+                              "still isolates a bad record")
             limits = None
         self._topics[topic] = (limits, now)
         self._topics.move_to_end(topic)

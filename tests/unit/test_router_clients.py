@@ -227,7 +227,8 @@ def test_every_command_builds_its_kafka_clients_with_the_logged_config() -> None
     assert clients.logged_config(config)["logger"].name == "cdc_router.librdkafka"
 
 
-def test_dead_letters_fit_the_dead_letter_topic_when_the_producer_allows_bigger_records() -> None:
+def test_dead_letters_fit_the_dead_letter_topic_when_the_producer_allows_bigger_records(
+        caplog: pytest.LogCaptureFixture) -> None:
     # Found measuring the relay (session 28): kafka.producer message.max.bytes raised to 8 MB
     # for big events, the dead-letter topic at its 1 MB default: a big poison record's letter
     # was sized for 8 MB, refused by the topic, and the refusal stopped the relay.
@@ -245,6 +246,9 @@ def test_dead_letters_fit_the_dead_letter_topic_when_the_producer_allows_bigger_
         raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 
     assert clients.dead_letter_limit(config, unreadable) == 8_000_000 - HEADROOM_BYTES
+    assert "reason='grant this principal DescribeConfigs on the topic cdc-router.dlq " \
+        "(optional: without it the router does not check its max.message.bytes against the " \
+        "dead letters' size)'" in caplog.text  # review 51-d F3
 
 
 def test_grants_refuse_only_what_the_broker_says_is_not_granted() -> None:

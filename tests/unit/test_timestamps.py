@@ -141,11 +141,20 @@ def test_limits_are_cached_and_read_again_after_their_ttl() -> None:
     assert describe.calls == ["orders", "orders"]
 
 
-def test_an_unreadable_config_means_no_check_never_a_failure() -> None:
+def test_an_unreadable_config_means_no_check_never_a_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
     refused = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     limits = TopicTimestampLimits(_Describe({"orders": refused, "slow": TimeoutError()}))
-    assert limits("orders") is None
-    assert limits("slow") is None
+    with caplog.at_level("WARNING", logger="cdc_router.router"):
+        assert limits("orders") is None
+        assert limits("slow") is None
+    # Review 51-d F3: the refusal named no grant, though README's ACL table names it optional.
+    orders, slow = [r.getMessage() for r in caplog.records if "topic_config_unreadable" in
+                    r.getMessage()]
+    assert orders.endswith("reason='grant this principal DescribeConfigs on the topic orders "
+                           "(optional: without it the router does not check its timestamp "
+                           "limits; the broker's own refusal still isolates a bad record)'"), orders
+    assert "reason=" not in slow  # a timeout is no missing grant
 
 
 def _step(limits: dict[str, TimestampLimits | None], **delivery: Any) -> RecordStep:
