@@ -172,6 +172,13 @@ def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
     read, a wrong key password, an unknown property), naming the missing files (QA 32-d: an
     OpenSSL code and a traceback)."""
     found = kafka_error_of(error)
+    unset = [key for key in ("sasl.username", "sasl.password") if not config.get(key)]
+    if unset and "sasl.username and sasl.password must be set" in str(found or error):
+        # fixer 51-f: the consumer's twin of review 51-d F4 (a secret not mounted)
+        return (f"librdkafka refused the client config: {' and '.join(unset)} "
+                f"{'is' if len(unset) == 1 else 'are'} not set, and a SASL PLAIN or SCRAM "
+                "login needs both; give the missing one (is its secret in this process's "
+                "environment?)")
     return (f"librdkafka refused the client config: {found.str() if found else error}; "
             + "".join(f"{missing}; " for missing in missing_files(config))
             + "check the file paths, the key password and the property names")

@@ -141,6 +141,23 @@ def test_a_client_config_librdkafka_refuses_is_a_config_error_naming_the_file() 
         built(Consumer, config, "consumer_config")
 
 
+def test_a_sasl_login_without_its_password_is_a_config_error_naming_the_password() -> None:
+    # The consumer's twin of review 51-d F4 (a secret not mounted): the hint was "check the
+    # file paths, the key password and the property names".
+    from confluent_kafka import Consumer
+
+    from cdc_router.consumer.settings import built
+    from cdc_router.errors import ConfigError
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "log_level": "0",
+              "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+              "sasl.username": "router"}
+    with pytest.raises(ConfigError, match=r"field 'consumer_config': librdkafka refused the "
+                       r"client config: sasl\.password is not set, and a SASL PLAIN or SCRAM "
+                       r"login needs both; give the missing one"):
+        built(Consumer, config, "consumer_config")
+
+
 def test_a_producer_config_librdkafka_refuses_stops_the_consumer_at_its_start() -> None:
     # Review 32-3: the dead-letter producer was built at the first poison record, after the
     # handler had failed max_attempts times.
