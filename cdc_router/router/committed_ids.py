@@ -125,7 +125,10 @@ class CommittedIds:
                 self._renewed = time.monotonic()
                 # A consumer that cannot be made now leaves the stale one, asked again later.
                 with contextlib.suppress(KafkaException):
-                    self._renew(repr(str(failure)))
+                    # Both readers are renewed: the line of one names the other's failure
+                    # too (QA 51-i L2: the changelog's, the dead-letter topic's refusal).
+                    self._renew(f"{str(failure)!r} (a read of the sweep failed: each of its "
+                                "readers is renewed)")
             raise
 
     def _next(self, max_ids: int) -> list[tuple[str, int]]:

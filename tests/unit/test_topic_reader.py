@@ -427,6 +427,7 @@ def test_the_cleanup_sweep_reads_on_with_new_consumers_after_a_failed_lookup(
         ids.next(10)  # its partitions listed again (a minute since): the cleaner asks later
     assert ids._changelog is fresh and fresh.assigned == [(0, 2)] and stale.closed.wait(5)
     assert "event=reader_renewed topic=dedup positions=0:2" in caplog.text
+    assert "(a read of the sweep failed: each of its readers is renewed)" in caplog.text
 
 
 def test_a_renewal_whose_new_consumer_cannot_be_made_keeps_the_stale_one(
