@@ -142,7 +142,11 @@ def classify(error: KafkaError) -> ErrorAction:
 
 def stops_consumer(error: KafkaError) -> bool:
     """Whether a consumer's error must stop the process: fatal or fenced (classify), or
-    credentials that may not read its topics (REFUSED_CREDENTIALS)."""
+    credentials that may not read its topics (REFUSED_CREDENTIALS); not an OAUTHBEARER token
+    librdkafka could not fetch (its endpoint away: it tries again in 10 s and keeps a token
+    still valid; review 51-j F1: an OIDC consumer stopped on a blip of its identity provider)."""
+    if error.code() == KafkaError._AUTHENTICATION and "OAUTHBEARER token" in error.str():
+        return False
     return classify(error) is ErrorAction.FATAL or error.code() in REFUSED_CREDENTIALS
 
 

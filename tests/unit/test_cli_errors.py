@@ -555,3 +555,17 @@ def test_a_refused_value_names_the_section_that_holds_it(kafka: dict[str, Any], 
     error = property_refused(KafkaException(KafkaError(KafkaError._INVALID_ARG, text)), config)
     assert error is not None and f"field '{field}'" in str(error), error
     assert "(got 'abc')" in str(error)
+
+
+def test_the_relay_warns_of_sasl_settings_no_sasl_protocol_sends_as_run_does(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 51-j F2: `run` logged it (review 51-d F5), the relay went straight to lock_failed.
+    config = tmp_path / "relay.yaml"
+    config.write_text("kafka: {bootstrap_servers: '127.0.0.1:1', sasl_mechanism: PLAIN, "
+                      "sasl_username: router}\nsource: {topics: [raw]}\nroutes: [{topic: x}]\n"
+                      "relay: {table: public.outbox}\n", "utf-8")
+    ran = CliRunner().invoke(main, ["relay", "-c", str(config), "--metrics-port", "0"],
+                             env={"CDC_ROUTER__CLEANUP__DSN": None})
+    assert ran.exit_code == 1 and "the relay needs the Postgres DSN" in ran.output, ran.output
+    assert "event=config_warning" in caplog.text and "kafka.security_protocol is PLAINTEXT, " \
+        "the default: no SASL login is sent" in caplog.text, caplog.text

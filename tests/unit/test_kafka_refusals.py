@@ -73,3 +73,33 @@ def test_the_idempotent_consumer_stops_naming_the_credentials_kafka_refused(
                                        "sasl.mechanism and security.protocol")
     assert "_AUTHENTICATION" in seen  # the user's own error_cb is still called
     assert "|FAIL|" not in capfd.readouterr().err  # librdkafka's lines go through logging
+
+
+def test_an_oauthbearer_token_not_fetched_does_not_stop_a_consumer_a_refused_login_does(
+        ) -> None:
+    # Review 51-j F1: librdkafka reports a token endpoint it could not reach to error_cb as
+    # _AUTHENTICATION, tries again in 10 s and keeps a token still valid; an OIDC consumer
+    # stopped on a blip of its identity provider.
+    from confluent_kafka import KafkaError
+
+    from cdc_router.kafka.errors import stops_consumer
+
+    assert not stops_consumer(KafkaError(
+        KafkaError._AUTHENTICATION, "Failed to acquire SASL OAUTHBEARER token: Failed to "
+        "connect to 127.0.0.1:1 after 0 ms: Could not connect to server"))
+    assert stops_consumer(KafkaError(KafkaError._AUTHENTICATION, REFUSAL))
+    assert stops_consumer(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED, REFUSAL))
+
+
+def test_a_consumer_config_with_an_oauth_cb_is_left_without_our_error_cb() -> None:
+    # Review 51-j F4: confluent-kafka calls error_cb while a failed oauth_cb's exception is
+    # pending: our error_cb's call raised SystemError out of the consumer's construction,
+    # where a user saw the ConfigError naming consumer_config.
+    from cdc_router.consumer.settings import noting_errors
+
+    def token(config: str) -> tuple[str, float]:
+        return "t", 0.0
+
+    given = {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": token}
+    assert noting_errors(given, []) == given
+    assert "error_cb" in noting_errors({"sasl.mechanism": "PLAIN"}, [])
