@@ -84,10 +84,11 @@ def logged_config(config: RouterConfig) -> dict[str, Any]:
                           hint="give the path of the file on the host this command runs on")
     if unset := config.kafka.unset_login():
         field, variable = unset
+        hint = (f"set {variable} in this process's environment (secrets come from the "
+                "environment, not the file)") if field == "kafka.sasl_password" else \
+            f"set it in the config file, or {variable} in this process's environment"
         raise ConfigError(f"is not set, and SASL {config.kafka.sasl_mechanism} logs in with "
-                          "a username and a password", field=field,
-                          hint=f"set {variable} in this process's environment (secrets come "
-                               "from the environment, not the file)")
+                          "a username and a password", field=field, hint=hint)
     return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
 
 

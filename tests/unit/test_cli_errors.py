@@ -569,3 +569,19 @@ def test_the_relay_warns_of_sasl_settings_no_sasl_protocol_sends_as_run_does(
     assert ran.exit_code == 1 and "the relay needs the Postgres DSN" in ran.output, ran.output
     assert "event=config_warning" in caplog.text and "kafka.security_protocol is PLAINTEXT, " \
         "the default: no SASL login is sent" in caplog.text, caplog.text
+
+
+def test_an_unset_sasl_username_is_not_called_a_secret(tmp_path: Path) -> None:
+    # Review 51-j F3: the hint said "secrets come from the environment, not the file" of the
+    # username, which README's example writes in the file.
+    config = tmp_path / "router.yaml"
+    config.write_text("kafka: {bootstrap_servers: '127.0.0.1:1', security_protocol: "
+                      "SASL_PLAINTEXT, sasl_mechanism: PLAIN}\n"
+                      "source: {topics: [raw]}\nroutes: [{topic: x}]\n", "utf-8")
+    ran = CliRunner().invoke(main, ["dlq", "list", "-c", str(config)],
+                             env={"CDC_ROUTER__KAFKA__SASL_USERNAME": None,
+                                  "CDC_ROUTER__KAFKA__SASL_PASSWORD": None})
+    assert ran.exit_code == 1, ran.output
+    assert "field 'kafka.sasl_username': is not set" in ran.output and "set it in the config " \
+        "file, or CDC_ROUTER__KAFKA__SASL_USERNAME in this process's environment" in ran.output
+    assert "secrets" not in ran.output, ran.output

@@ -73,5 +73,6 @@ def test_a_connection_refused_for_good_stops_the_consumer_at_its_first_record(
         harness.run()
     assert str(stopped.value).startswith("Postgres refuses the dedup store's connection: ")
     assert refusal in str(stopped.value) and str(stopped.value).endswith(
-        "check the DSN's user, password and database, and that pg_hba.conf lets this host in")
+        "check the DSN's user, password and database, that the role may log in (LOGIN) and "
+        "CONNECT to the database, and that pg_hba.conf lets this host in")
     assert harness.effects == [] and harness.stored_offset_of(0) == 0

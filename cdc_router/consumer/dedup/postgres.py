@@ -124,7 +124,8 @@ class PostgresDedupStore:
                 if refused_for_good(error):  # review 51-d F6: retried for ever as an outage
                     raise DedupStoreRefused(
                         f"Postgres refuses the dedup store's connection: {one_line(error)}; "
-                        "check the DSN's user, password and database, and that pg_hba.conf "
+                        "check the DSN's user, password and database, that the role may "
+                        "log in (LOGIN) and CONNECT to the database, and that pg_hba.conf "
                         "lets this host in") from error
                 raise DedupStoreError(
                     f"cannot connect to the dedup database: {one_line(error)}") from error
