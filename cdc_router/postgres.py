@@ -172,7 +172,7 @@ def refused_for_good(error: psycopg.Error) -> bool:
         error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error)) is not None)
 
 
-def require_delete(conn: psycopg.Connection[Any], table: str, field: str, *,
+def require_outbox_grants(conn: psycopg.Connection[Any], table: str, field: str, *,
                    delete: bool = True) -> None:
     """A ConfigError unless the session's role may DELETE rows of `table`, an existing table
     named in config `field`, and SELECT its columns (a DELETE ... WHERE reads them); without

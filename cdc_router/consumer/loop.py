@@ -148,9 +148,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._resume_due()
         messages = consumer.consume(num_messages=self.settings.batch_size,
                                     timeout=self._poll_timeout())
-        self._dead_letters.serve()  # its queued lines; then what error_cb alone was given:
-        for reported in [e for e in self._reported if stops_consumer(e)]:  # a refused login
-            self._consumer_error(reported)
+        self._dead_letters.serve()  # its queued lines
+        for reported in self._reported:  # what error_cb alone was given: a refused login
+            if stops_consumer(reported):
+                self._consumer_error(reported)
         self._reported.clear()
         for message in messages:
             if self._stop.is_set():

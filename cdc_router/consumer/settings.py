@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError
-from cdc_router.kafka.errors import describe, refused_config
+from cdc_router.kafka.errors import LOGIN_REFUSED, describe, refused_config
 from cdc_router.kafka.logs import librdkafka_logger
 
 T = TypeVar("T")
@@ -207,7 +207,7 @@ def noting_errors(config: dict[str, Any], noted: list[KafkaError]) -> dict[str, 
 
 def refusal(error: KafkaError) -> str | None:
     """The one line for credentials the cluster refused, or None for another error."""
-    if error.code() not in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+    if error.code() not in LOGIN_REFUSED:
         return None
     return (f"Kafka refused this consumer's credentials: {describe(error)}; check "
             "consumer_config's sasl.username, sasl.password, sasl.mechanism and "

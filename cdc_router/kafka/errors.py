@@ -92,10 +92,9 @@ def still_failing_hint(error: KafkaError | None, bootstrap: str) -> str:
 
 # A consumer's errors that say the credentials cannot read what the process must (its source
 # topics): the operator's to fix, so the process stops with the reason, never polls on.
-REFUSED_CREDENTIALS = frozenset({
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.SASL_AUTHENTICATION_FAILED,
-    KafkaError._AUTHENTICATION,
-})
+# LOGIN_REFUSED: those of the login itself (its line names the credentials to check).
+LOGIN_REFUSED = frozenset({KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION})
+REFUSED_CREDENTIALS = LOGIN_REFUSED | {KafkaError.TOPIC_AUTHORIZATION_FAILED}
 
 
 # Delivery errors that no retry can fix: the broker refuses the record itself, for something in

@@ -36,7 +36,7 @@ from cdc_router.postgres import (
     missing_table,
     one_line,
     regclass_text,
-    require_delete,
+    require_outbox_grants,
     session_options,
     table_identifier,
 )
@@ -226,7 +226,7 @@ class OutboxReader:
         types = column_types(conn, table, "relay.table") if types is None else types
         if not types:
             raise missing_table(table, "relay.table")
-        require_delete(conn, table, "relay.table", delete=False)  # review 51-d F9: at start
+        require_outbox_grants(conn, table, "relay.table", delete=False)  # review 51-d F9: at start
         partitioned = partitioned_by(conn, table, self._relay.seq_column)
         self._check_relay_columns(types, partitioned)
         self._check_seq_not_null(conn)

@@ -150,7 +150,7 @@ class OutboxCleaner:
             with psycopg.connect(self._settings.dsn, **postgres.session_options(
                     self._settings.dsn, "cdc-router-cleanup")) as conn:
                 self._types(conn)
-                postgres.require_delete(conn, self._settings.table, "cleanup.table")
+                postgres.require_outbox_grants(conn, self._settings.table, "cleanup.table")
         except psycopg.Error as error:
             if postgres.refused_for_good(error):
                 raise ConfigError(f"Postgres refuses the cleanup: {one_line(error)}",
