@@ -7,6 +7,7 @@ topics; the consumer's stages are "decode" and "handle".
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
+_ASK_EVERY_S = 1.0  # the dead-letter topic's check asks again, after a refused login's check
 
 
 def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseException,
@@ -73,18 +75,26 @@ class DeadLetterWriter:
         if self._producer is None:
             self._producer = built(self._factory, self._config, "producer_config")
 
-    def require_topic(self, consumer: Any) -> None:
+    def require_topic(self, consumer: Any, refused: Callable[[], None]) -> None:
         """Stop at start, in one line, when the dead-letter topic does not exist (QA, session
         30): the first poison record would hold its partition for minutes, each try of its
         letter timing out, and run its handler again at every try. An unreachable cluster is
         no verdict: the consumer starts and waits for it, as before. `consumer`: any client
-        of the cluster (its metadata)."""
-        topic = self.topic
-        try:
-            found = consumer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
-        except KafkaException as error:
-            log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic, str(error))
-            return
+        of the cluster (its metadata); `refused()` raises when that client's login was
+        refused, asked after each second without an answer (QA 51-i L1: the check waited
+        its whole timeout, then blamed the network, before the refusal was raised)."""
+        topic, asks = self.topic, max(math.ceil(self._timeout_s / _ASK_EVERY_S), 1)
+        for ask in range(1, asks + 1):
+            try:
+                found = consumer.list_topics(topic, timeout=self._timeout_s / asks)
+                break
+            except KafkaException as error:
+                refused()
+                if ask == asks:
+                    log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic,
+                                str(error))
+                    return
+        found = found.topics.get(topic)
         code = found.error.code() if found is not None and found.error is not None else None
         if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             raise FatalKafkaError(

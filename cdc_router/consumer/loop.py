@@ -32,7 +32,13 @@ from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
-from cdc_router.consumer.settings import ConsumerSettings, built, noting_errors, refusal
+from cdc_router.consumer.settings import (
+    ConsumerSettings,
+    built,
+    consumer_error,
+    noting_errors,
+    raise_reported,
+)
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
@@ -46,8 +52,7 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.budget import RenewalBudget, unblocked_enough
 from cdc_router.kafka.closing import Generations, close_all, close_aside
-from cdc_router.kafka.consumer import unfetched_offsets
-from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of, stops_consumer
+from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.membership import ListedFactory, MembershipWatch, admin_listed
 
 log = logging.getLogger(__name__)
@@ -118,7 +123,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  ",".join(self.settings.topics), type(self._store).__name__)
         try:
             self._dead_letters.open()
-            self._dead_letters.require_topic(self._consumer)
+            self._dead_letters.require_topic(self._consumer, self._login_refused)
             self._subscribe()
             while not self._stop.is_set():
                 self.poll_once()
@@ -149,16 +154,13 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         messages = consumer.consume(num_messages=self.settings.batch_size,
                                     timeout=self._poll_timeout())
         self._dead_letters.serve()  # its queued lines
-        for reported in self._reported:  # what error_cb alone was given: a refused login
-            if stops_consumer(reported):
-                self._consumer_error(reported)
-        self._reported.clear()
+        raise_reported(self._reported)
         for message in messages:
             if self._stop.is_set():
                 break  # its offset is not stored: the next owner gets it again
             error = message.error()
             if error is not None:
-                self._consumer_error(error)
+                consumer_error(error)
                 continue
             if (message.topic(), message.partition()) in self._rewound:
                 continue  # the partition was sought back; this record comes again
@@ -342,18 +344,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             self._stored_since_commit = True
             log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
 
-    def _consumer_error(self, error: Any) -> None:
-        # The router's one classifier: fenced (another member with our group.instance.id)
-        # stops us too, although librdkafka does not flag it fatal; so do credentials that
-        # may not read the topics.
-        if stops_consumer(error):
-            raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
-                                  f"{describe(error)}", code=error.code())
-        stranded = unfetched_offsets(error)
-        if stranded is not None:
-            raise stranded
-        if error.code() != KafkaError._PARTITION_EOF:
-            log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
+    def _login_refused(self) -> None:
+        """Before the subscription: a poll (no record to return yet) serves error_cb."""
+        self._consumer.poll(0)
+        raise_reported(self._reported)
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         for partition in partitions:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -10,10 +11,12 @@ from typing import Any, Literal, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
-from cdc_router.errors import ConfigError
-from cdc_router.kafka.errors import LOGIN_REFUSED, describe, refused_config
+from cdc_router.errors import ConfigError, FatalKafkaError
+from cdc_router.kafka.consumer import unfetched_offsets
+from cdc_router.kafka.errors import LOGIN_REFUSED, describe, refused_config, stops_consumer
 from cdc_router.kafka.logs import librdkafka_logger
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # auto: the `event_id_header` header when the record has one (the router always writes it),
@@ -212,6 +215,29 @@ def refusal(error: KafkaError) -> str | None:
     return (f"Kafka refused this consumer's credentials: {describe(error)}; check "
             "consumer_config's sasl.username, sasl.password, sasl.mechanism and "
             "security.protocol")
+
+
+def consumer_error(error: KafkaError) -> None:
+    """Raise for an error that stops the consumer (the router's one classifier: fenced, as
+    another member with our group.instance.id, although librdkafka does not flag it fatal;
+    credentials that may not read the topics), or offsets it could not fetch; log others."""
+    if stops_consumer(error):
+        raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
+                              f"{describe(error)}", code=error.code())
+    stranded = unfetched_offsets(error)
+    if stranded is not None:
+        raise stranded
+    if error.code() != KafkaError._PARTITION_EOF:
+        log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
+
+
+def raise_reported(reported: list[KafkaError]) -> None:
+    """consumer_error for what error_cb alone was given (a refused login) that stops us;
+    `reported` is emptied."""
+    for error in reported:
+        if stops_consumer(error):
+            consumer_error(error)
+    reported.clear()
 
 
 def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:

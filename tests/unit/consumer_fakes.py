@@ -93,6 +93,10 @@ class FakeConsumer:
         error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if topic in self.missing else None
         return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={0: None})})
 
+    def poll(self, timeout: float) -> None:
+        """Before the subscription (error_cb's service): no record yet."""
+        self.journal.append(("poll", timeout))
+
     def rebalance(self) -> None:
         revoked = [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
         if revoked:

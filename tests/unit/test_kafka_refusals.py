@@ -75,6 +75,32 @@ def test_the_idempotent_consumer_stops_naming_the_credentials_kafka_refused(
     assert "|FAIL|" not in capfd.readouterr().err  # librdkafka's lines go through logging
 
 
+def test_the_idempotent_consumer_stops_on_refused_credentials_before_its_topic_check_ends(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 51-i L1: the dead-letter topic's check waited its whole dead_letter_timeout_s (30 s)
+    # for metadata a refused login never gets, logged dead_letter_topic_unchecked with
+    # _TRANSPORT (the network blamed), and only then raised the refusal.
+    from cdc_router.consumer import ConsumerSettings, IdempotentConsumer
+    from cdc_router.consumer.dedup.memory import MemoryDedupStore
+    from cdc_router.errors import FatalKafkaError
+
+    with refusing_broker() as address:
+        settings = ConsumerSettings(
+            bootstrap_servers=address, group_id="g", topics=("t",), dead_letter_topic="t.dlq",
+            consumer_config={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                             "sasl.username": "app", "sasl.password": "wrong"})
+        consumer: IdempotentConsumer[None] = IdempotentConsumer(
+            settings, MemoryDedupStore(), lambda event, context: None,
+            members_factory=lambda *_: lambda name, timeout_s: True)
+        stopper = threading.Timer(60, consumer.stop)  # a safety net only
+        stopper.daemon = True
+        stopper.start()
+        with pytest.raises(FatalKafkaError, match="Kafka refused this consumer's credentials"):
+            consumer.run()
+        stopper.cancel()
+    assert "dead_letter_topic_unchecked" not in caplog.text
+
+
 def test_an_oauthbearer_token_not_fetched_does_not_stop_a_consumer_a_refused_login_does(
         ) -> None:
     # Review 51-j F1: librdkafka reports a token endpoint it could not reach to error_cb as
