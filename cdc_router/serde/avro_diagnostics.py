@@ -13,8 +13,10 @@ import re
 import struct
 import sys
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
+from fastavro.const import LONG_MAX_VALUE, LONG_MIN_VALUE
 from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
@@ -343,11 +345,13 @@ def _number_problem(datum: Any, kind: str, path: str) -> str | None:
         if abs(datum) > limit:
             return f"field {where!r} is {show(str(datum), 60)}, beyond an Avro {kind}"
         # Review 44-2: 9007199254740993 was written as 9007199254740992.0, without a word.
-        held = float(datum) if kind == "double" else struct.unpack("<f", struct.pack(
-            "<f", datum))[0]
-        return None if held == datum else \
-            f"field {where!r} is {datum}, which an Avro {kind} holds only as {held!r}: " \
-            "make the field a long, or send the number as a string"
+        held = _held(datum, kind)
+        if _as_written(datum, held, kind):
+            return None
+        fix = "make the field a long, or send the number as a string" \
+            if LONG_MIN_VALUE <= datum <= LONG_MAX_VALUE else "send the number as a string"
+        return f"field {where!r} is {show(datum, 60)}, which an Avro {kind} holds only " \
+            f"as {held!r}: {fix}"
     if not isinstance(datum, float):
         return None
     where = path.lstrip(".") or "(the payload)"
@@ -359,8 +363,37 @@ def _number_problem(datum: Any, kind: str, path: str) -> str | None:
         # Review 48-d F4: 16777217.0 was written as 16777216.0 (the integer 16777217 is
         # refused, above) and 1e-46 as 0.0, without a word. A fraction rounded to a float's
         # 24 bits (0.1) is what a float field asks for.
-        held = struct.unpack("<f", struct.pack("<f", datum))[0]
-        if held == 0 or (datum.is_integer() and held != datum):
+        held = _held(datum, kind)
+        if held == 0 or (datum.is_integer() and not _as_written(datum, held, kind)):
             return f"field {where!r} is {datum!r}, which an Avro float holds only as " \
                 f"{held!r}: make the field a double"
     return None
+
+
+def _held(datum: int | float, kind: str) -> float:
+    """What a `kind` (float or double) field holds for `datum`, within its range."""
+    return float(datum) if kind == "double" else struct.unpack("<f", struct.pack("<f", datum))[0]
+
+
+def _as_written(datum: int | float, held: float, kind: str) -> bool:
+    """Whether `held` reads back as the number written: the same value, or the shortest
+    decimal that is `held` (QA 52-a F1: jsonb writes a double as its shortest decimal with
+    every digit, 1e23 as 100000000000000000000000, which the field holds as 1e+23)."""
+    if held == datum:
+        return True
+    written = Decimal(datum) if type(datum) is int else Decimal(repr(datum))
+    return Decimal(_shortest(held, kind)) == written
+
+
+def _shortest(held: float, kind: str) -> str:
+    """The shortest decimal a `kind` field reads as `held` (a float's, at most 9 digits)."""
+    if kind == "double":
+        return repr(held)
+    for digits in range(1, 9):
+        text = f"{held:.{digits}g}"
+        try:
+            if _held(float(text), kind) == held:
+                return text
+        except OverflowError:  # rounded up beyond a float
+            continue
+    return f"{held:.9g}"

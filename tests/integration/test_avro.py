@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import uuid
@@ -126,6 +127,28 @@ def test_single_object_round_trip_and_bad_payloads_dead_lettered(stack: StackEnd
     assert "Traceback" not in log, log[-3000:]
     check_round_trip(records, ids, sent, PayloadDecoder(schemas=[SCHEMA]), "single_object")
     check_dead_letters(letters, ids, sent, fields)
+
+
+def test_doubles_jsonb_writes_with_all_their_digits_reach_float_and_double_fields(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 52-a F1: jsonb writes 1e23 as 100000000000000000000000, and the router dead-lettered
+    # it for a double field ("holds only as 1e+23"): 337 of 1,301 Avro rows of its campaign.
+    numbers = [(1e23, 3.4e38), (1e308, 1e20), (6.02214076e23, 0.1), (-2.5e300, -1.5e30)]
+    with pipeline(stack, tmp_path) as pipe:
+        avro_route(pipe)
+        schema = pipe.workdir / "schemas" / SCHEMA.name
+        schema.write_text(json.dumps({"type": "record", "name": "Numbers", "fields": [
+            {"name": "d", "type": "double"}, {"name": "f", "type": "float"}]}))
+        pipe.start_router()
+        ids = pipe.insert([("Order", f"order-{n}", "Measured", {"d": d, "f": f})
+                           for n, (d, f) in enumerate(numbers)])
+        records = pipe.read(pipe.orders_topic, len(numbers))
+        log = pipe.router_log()
+    assert "Traceback" not in log and "dead_lettered" not in log, log[-3000:]
+    decoded = {record.key().decode(): PayloadDecoder(schemas=[schema]).decode(
+        record.value()).value for record in records}
+    assert decoded == {event_id: {"d": d, "f": struct.unpack("<f", struct.pack("<f", f))[0]}
+                       for event_id, (d, f) in zip(ids, numbers, strict=True)}
 
 
 def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_router(

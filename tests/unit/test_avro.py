@@ -8,8 +8,10 @@ import json
 import os
 import shutil
 import struct
+import sys
 import threading
 from dataclasses import replace
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -875,6 +877,36 @@ def test_values_the_writer_would_alter_or_readers_refuse_are_dead_lettered(
         assert serializer.serialize(event({**good, "f": held}), route, "p")[:2] == b"\xc3\x01"
     with pytest.raises(SerializeError, match=reason):
         serializer.serialize(event(payload), route, "p")
+
+
+def test_a_double_jsonb_wrote_with_all_its_digits_is_written_as_that_double(
+        tmp_path: Path) -> None:
+    # QA 52-a F1: jsonb writes a double as its shortest decimal with every digit (1e23 as
+    # 100000000000000000000000), and the integer check refused 337 of 1,301 rows: every
+    # double from about 1e21 whose decimal has fewer digits than its exact binary value.
+    schema = tmp_path / "n.avsc"
+    schema.write_text(json.dumps({"type": "record", "name": "N", "fields": [
+        {"name": "d", "type": "double"}, {"name": "f", "type": "float"}]}))
+    route = rule(str(schema))
+    serializer = AvroSerializer([route])
+    for double, single in ((1e23, 3.4e38), (1e308, 1e20), (6.02214076e23, 1.5e30),
+                           (sys.float_info.max, 3.4e38)):
+        written = {"d": int(Decimal(repr(double))), "f": int(Decimal(repr(single)))}
+        value = serializer.serialize(event(written), route, "p")
+        read = fastavro.schemaless_reader(io.BytesIO(value[10:]), load_schema(schema).parsed,
+                                          None)
+        assert read["d"] == double and read["f"] == struct.unpack("<f", struct.pack(
+            "<f", single))[0]
+        # a JSON float spelt so is the same number
+        assert serializer.serialize(event({"d": double, "f": single}), route, "p") == value
+    # An integer no double's shortest decimal is still refused, with a fix that can work.
+    for integer, fix in ((2**63 + 1, "send the number as a string"),
+                         (123456789012345678901234567890, "send the number as a string"),
+                         (9007199254740993, "make the field a long, or send the number as a "
+                                            "string")):
+        with pytest.raises(SerializeError, match=f"'N.d' is {integer}, which an Avro double "
+                                                 f"holds only as .*: {fix}$"):
+            serializer.serialize(event({"d": integer, "f": 1.0}), route, "p")
 
 
 def test_a_number_a_later_union_branch_takes_is_no_problem_but_an_integer_too_big_is(
