@@ -1,0 +1,120 @@
+"""docker/monitoring's alert rules against the code of `cdc-router status` (its verdict, its
+levels, its default thresholds).
+
+Pure (PyYAML and the rules' PromQL as text); `promtool test rules` of alerts_test.yml runs too
+when promtool is on PATH (CI has none).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc_router.config.status import StatusSettings
+from cdc_router.ops.exporter import CONNECTOR_STATES
+from cdc_router.ops.verdict import EXIT_CODES
+from tests.unit.compose_drift import DOCKER
+
+ALERTS = DOCKER / "monitoring" / "alerts.yml"
+DEFAULTS = StatusSettings()
+
+
+def _rules(name: str) -> dict[str, dict[str, Any]]:
+    """The rules of alert `name` by severity."""
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    found = [rule for group in groups for rule in group["rules"] if rule.get("alert") == name]
+    by_level = {rule["labels"]["severity"]: rule for rule in found}
+    assert len(by_level) == len(found), f"{name}: two rules of one severity"
+    return by_level
+
+
+def _threshold(rule: dict[str, Any], pattern: str) -> float:
+    match = re.search(pattern, " ".join(rule["expr"].split()))
+    assert match, f"{rule['alert']} ({rule['labels']['severity']}): {rule['expr']}"
+    return float(match.group(1))
+
+
+def _minutes(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)([sm])", duration)
+    assert match, duration
+    return int(match.group(1)) / (60 if match.group(2) == "s" else 1)
+
+
+def test_the_verdict_of_status_pages_at_its_level():
+    # Review 52-d F1: no rule read cdc_router_status, so a critical problem with no metric of
+    # its own (a publication without the outbox: its rows silently not streamed) paged nobody.
+    for name, level in (("CdcRouterStatusCritical", "critical"),
+                        ("CdcRouterStatusWarning", "warning")):
+        rule = _rules(name)[level]
+        assert " ".join(rule["expr"].split()) == f"cdc_router_status == {EXIT_CODES[level]}"
+        assert "`cdc-router status -c router.yaml`" in rule["annotations"]["summary"]
+        # A critical verdict pages within minutes; a warning after it lasts (new dead letters
+        # warn for one check, and have their own rule).
+        assert _minutes(rule["for"]) <= (5 if level == "critical" else 15)
+    assert _minutes(_rules("CdcRouterStatusWarning")["warning"]["for"]) >= 5
+
+
+def test_a_stall_is_judged_partition_by_partition_at_the_status_thresholds():
+    # Review 52-d F3: max(lag) by group and min(commit age) by group, not tied to one
+    # partition: a frozen instance's partition went unsaid while another instance committed.
+    rules = _rules("CdcRouterStalled")
+    for rule in rules.values():
+        expr = " ".join(rule["expr"].split())
+        assert not re.search(r"\b(min|max|sum|avg)\b|\bby\s*\(", expr), expr
+        assert re.fullmatch(r"cdc_router_group_lag > 0 and on \(group, topic, partition\) "
+                            r"cdc_router_group_last_commit_age_seconds >= \d+", expr), expr
+        assert "{{ $labels.partition }}" in rule["annotations"]["summary"]
+    pattern = r"last_commit_age_seconds >= (\d+)"
+    assert _threshold(rules["warning"], pattern) == DEFAULTS.stalled_warning_s
+    assert _threshold(rules["critical"], pattern) == DEFAULTS.stalled_critical_s
+
+
+def test_slot_wal_alerts_have_the_status_levels_and_thresholds():
+    # Review 52-d F4: only the 50 % warning, and with max_slot_wal_keep_size -1 the ratio is
+    # negative, so no size of WAL alerted.
+    ratio = _rules("CdcRouterSlotWalHigh")
+    for level, percent in (("warning", DEFAULTS.wal_warning_percent),
+                           ("critical", DEFAULTS.wal_critical_percent)):
+        expr = " ".join(ratio[level]["expr"].split())
+        assert "(cdc_router_max_slot_wal_keep_size_bytes >= 0)" in expr, expr
+        assert _threshold(ratio[level], r">= ([\d.]+)$") == percent / 100
+    unlimited = _rules("CdcRouterSlotWalUnlimited")
+    for level, size in (("warning", DEFAULTS.wal_warning_bytes),
+                        ("critical", DEFAULTS.wal_critical_bytes)):
+        expr = " ".join(unlimited[level]["expr"].split())
+        assert expr.endswith("unless on() (cdc_router_max_slot_wal_keep_size_bytes >= 0)"), expr
+        assert _threshold(unlimited[level], r"_bytes >= (\d+) unless") == size
+
+
+def test_connector_states_alert_at_the_status_levels():
+    # Review 52-d F4: a PAUSED connector was critical here and a warning in `status`.
+    expected = {state: "warning" for state in CONNECTOR_STATES if state != "RUNNING"}
+    expected.update(FAILED="critical", MISSING="critical")
+    found: dict[str, str] = {}
+    for name in ("CdcRouterConnectorFailed", "CdcRouterConnectorNotRunning"):
+        for level, rule in _rules(name).items():
+            states = re.search(r'cdc_router_connector_state\{state=~"([A-Z|]+)"\} == 1',
+                               rule["expr"])
+            assert states, rule["expr"]
+            found.update(dict.fromkeys(states.group(1).split("|"), level))
+    assert found == expected
+    failed_tasks = _rules("CdcRouterConnectorFailed")["critical"]["expr"]
+    assert "cdc_router_connector_failed_tasks > 0" in failed_tasks
+
+
+def test_lag_alert_is_at_the_status_threshold():
+    rule = _rules("CdcRouterLag")["warning"]
+    assert _threshold(rule, r"\(cdc_router_group_lag\) >= (\d+)$") == DEFAULTS.lag_warning
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not on PATH")
+def test_promtool_unit_tests_of_the_rules_pass():
+    done = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"],
+                          cwd=ALERTS.parent, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
