@@ -1,5 +1,5 @@
-"""docker/monitoring's alert rules against the code of `cdc-router status` (its verdict, its
-levels, its default thresholds).
+"""docker/monitoring's alert rules and README Operations' `status` sample against the code of
+`cdc-router status` (its verdict, its levels, its default thresholds).
 
 Pure (PyYAML and the rules' PromQL as text); `promtool test rules` of alerts_test.yml runs too
 when promtool is on PATH (CI has none).
@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
+from cdc_router.config.load import load_config
 from cdc_router.config.status import StatusSettings
 from cdc_router.ops.exporter import CONNECTOR_STATES
 from cdc_router.ops.verdict import EXIT_CODES
-from tests.unit.compose_drift import DOCKER
+from cdc_router.router.clients import static_member_id
+from tests.unit.compose_drift import DOCKER, REPO, ROUTER_CONFIG
 
 ALERTS = DOCKER / "monitoring" / "alerts.yml"
 DEFAULTS = StatusSettings()
@@ -118,3 +120,13 @@ def test_promtool_unit_tests_of_the_rules_pass():
                           cwd=ALERTS.parent, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
+
+def test_the_readme_status_sample_shows_the_instance_as_status_does():
+    # Review 52-d F5: the sample said `router-1`; the line shows the static member id, the
+    # instance id and a digest of source.topics (router/clients.py).
+    topics = load_config(ROUTER_CONFIG).config.source.topics
+    member = static_member_id("router-1", topics)
+    sample = re.search(r"\nA paused connector, for example .*?\n```\n(.*?)\n```\n",
+                       (REPO / "README.md").read_text(), re.DOTALL)
+    assert sample, "README, Operations: the paused connector's `status` sample"
+    assert f"\n  {member} on /127.0.0.1: outbox.public.outbox[0]\n" in sample.group(1)
