@@ -290,3 +290,39 @@ def test_every_published_port_listens_on_loopback_as_the_local_stack(compose):
                  for name, service in compose["services"].items()
                  for port in service.get("ports", [])}
     assert published and set(published.values()) == {"127.0.0.1"}, published
+
+
+def _make_targets() -> dict[str, tuple[list[str], str]]:
+    """The Makefile's rules: target -> (prerequisites, recipe)."""
+    rules: dict[str, tuple[list[str], str]] = {}
+    current: list[str] | None = None
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith("\t") and current is not None:
+            for target in current:
+                prerequisites, recipe = rules[target]
+                rules[target] = (prerequisites, recipe + line + "\n")
+            continue
+        match = re.match(r"^([\w./ -]+):(?!=)([^#]*)", line)
+        current = None
+        if match and not line.startswith((".PHONY", "#")):
+            current = match.group(1).split()
+            for target in current:
+                rules[target] = (match.group(2).split(), "")
+    return rules
+
+
+def test_the_docker_readme_names_no_make_target_that_starts_the_local_stack():
+    # Review 52-d F2: it said to run `make test` against this stack, and `make test` first runs
+    # `local up` (target `stack`), which refuses the ports the containers publish.
+    rules = _make_targets()
+
+    def starts_local_stack(target: str) -> bool:
+        prerequisites, recipe = rules[target]
+        return " local up" in recipe or any(starts_local_stack(p) for p in prerequisites
+                                            if p in rules)
+
+    assert starts_local_stack("test") and not starts_local_stack("test-unit")
+    named = set(re.findall(r"(?:`|^)make ([a-z][\w-]*)", (DOCKER / "README.md").read_text(),
+                           re.MULTILINE))
+    assert named and named <= rules.keys(), named - rules.keys()
+    assert [target for target in sorted(named) if starts_local_stack(target)] == []
