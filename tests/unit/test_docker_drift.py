@@ -326,3 +326,21 @@ def test_the_docker_readme_names_no_make_target_that_starts_the_local_stack():
                            re.MULTILINE))
     assert named and named <= rules.keys(), named - rules.keys()
     assert [target for target in sorted(named) if starts_local_stack(target)] == []
+
+
+def _ignore_patterns(path: Path) -> list[str]:
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_every_builder_sends_only_what_pip_install_needs():
+    # Review 52-d: only BuildKit reads docker/Dockerfile.dockerignore; the classic builder and
+    # docker-compose v1's own (docker-py) read the root's .dockerignore, and there was none.
+    patterns = _ignore_patterns(DOCKER / "Dockerfile.dockerignore")
+    assert _ignore_patterns(REPO / ".dockerignore") == patterns
+    build = pytest.importorskip("docker.utils.build")  # docker-py: docker-compose v1's builder
+    sent = build.exclude_paths(str(REPO), patterns, dockerfile="docker/Dockerfile")
+    # The Dockerfile and the .dockerignore go always (docker-py does as the docker CLI).
+    assert {path.split("/")[0] for path in sent} == {
+        "pyproject.toml", "README.md", "cdc_router", "docker", ".dockerignore"}
+    assert [path for path in sent if path.startswith("docker")] == ["docker/Dockerfile"]
