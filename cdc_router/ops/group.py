@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.kafka.commit_stamp import committed_ms
@@ -48,6 +48,8 @@ def router_state(admin: AdminClient, kafka: Mapping[str, str], group: str,
     members = tuple(sorted((Member(m.group_instance_id, m.client_id, m.host, tuple(
         f"{tp.topic}[{tp.partition}]" for tp in m.assignment.topic_partitions))
         for m in description.members), key=lambda m: (m.instance_id or "", m.client_id)))
+    held = _in_transaction(admin, group, partitions) if not members and any(
+        lag.lag for lag in lags) else ()
     commit_ages = [lag.last_commit_age_s for lag in lags if lag.last_commit_age_s is not None]
     pending = [lag.oldest_pending_age_s for lag in lags if lag.oldest_pending_age_s is not None]
     state = description.state
@@ -55,7 +57,18 @@ def router_state(admin: AdminClient, kafka: Mapping[str, str], group: str,
                        lag=sum(lag.lag for lag in lags),
                        last_commit_age_s=min(commit_ages) if commit_ages else None,
                        oldest_pending_age_s=max(pending) if pending else None,
-                       partitions=tuple(lags), members=members)
+                       partitions=tuple(lags), members=members, offsets_in_transaction=held)
+
+
+def _in_transaction(admin: AdminClient, group: str,
+                    partitions: list[TopicPartition]) -> tuple[str, ...]:
+    """The partitions whose committed offset an open transaction holds: what a consumer
+    asking for stable offsets (require_stable, as the router's start does) waits for."""
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    answer = admin.list_consumer_group_offsets(request, require_stable=True,
+                                               request_timeout=LOOKUP_TIMEOUT_S)
+    return tuple(f"{tp.topic}[{tp.partition}]" for tp in answer[group].result().topic_partitions
+                 if tp.error is not None and tp.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT)
 
 
 def _partition_lag(kafka: Mapping[str, str], key: tuple[str, int],

@@ -131,6 +131,9 @@ class RouterState:
     oldest_pending_age_s: float | None = None
     partitions: tuple[PartitionLag, ...] = ()
     members: tuple[Member, ...] = ()
+    # Partitions whose committed offset a transaction still holds open (asked when the group
+    # has no member: a router's start waits for it, QA 52-b L2).
+    offsets_in_transaction: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -291,7 +291,18 @@ def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
     if router.error is not None or router.lag is None:
         return
     group = f"router group {router.group}"
-    if router.lag > 0 and not router.members:
+    if router.lag > 0 and not router.members and router.offsets_in_transaction:
+        # QA 52-b L2: every start exited 75 on a transaction Kafka left hanging, and this
+        # line said to start the router.
+        yield Problem(settings.no_router, "router", f"{group} has no running instance, "
+                      f"{router.lag} records wait on the raw topic, and a transaction holds "
+                      "the group's committed offsets of "
+                      f"{', '.join(router.offsets_in_transaction)} open: a router's start "
+                      "waits for it (exit 75, `could not read the group's committed "
+                      "offsets`); one that lasts longer than delivery.transaction_timeout_ms "
+                      "was left hanging by Kafka: find and abort it (README, Operations: "
+                      "every start of the router exits 75)")
+    elif router.lag > 0 and not router.members:
         yield Problem(settings.no_router, "router", f"{group} has no running instance and "
                       f"{router.lag} records wait on the raw topic; start `cdc-router run`")
     assigned = {name for member in router.members for name in member.partitions}

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cdc_router.connect.client import ConnectClient
 from tests.integration.pipeline import REPO, Pipeline, pipeline
@@ -329,3 +329,42 @@ def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
         "critical: outbox: cannot check it: Postgres: canceling statement due to lock timeout "
         "(another session holds a lock on a table this check reads, over 5 s: see pg_locks "
         "and pg_stat_activity)"], done.stdout
+
+
+def test_no_instance_and_a_transaction_holding_the_group_s_offsets_is_said_so(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 52-b L2: a transaction Kafka left hanging on __consumer_offsets made every start of
+    # the router exit 75, and status said to start `cdc-router run`. An open transaction of
+    # our own on the group's offsets stands in for the hanging one.
+    with pipeline(stack, tmp_path, partitions=1) as pipe:
+        pipe.insert([("Order", "o-1", "OrderPaid", {"n": 1})])
+        assert len(pipe.read(pipe.raw_topic, 1, timeout_s=120)) == 1
+        producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
+                             "transactional.id": f"{pipe.name}-held"})
+        group = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": pipe.name})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(pipe.raw_topic, 0, 0)],
+                                             group.consumer_group_metadata(), 30)
+        try:
+            held = _status(pipe)
+        finally:
+            producer.abort_transaction(30)
+            group.close()
+        after = _status(pipe)
+    said = [line for line in held.stdout.splitlines() if "no running instance" in line]
+    assert len(said) == 1, held.stdout
+    assert said[0].startswith(f"critical: router: router group {pipe.name} has no running "
+                              "instance, "), said
+    assert said[0].endswith(
+        f"and a transaction holds the group's committed offsets of {pipe.raw_topic}[0] open: "
+        "a router's start waits for it (exit 75, `could not read the group's committed "
+        "offsets`); one that lasts longer than delivery.transaction_timeout_ms was left "
+        "hanging by Kafka: find and abort it (README, Operations: every start of the router "
+        "exits 75)"), said
+    assert held.returncode == 2
+    # Aborted: the line says to start the router again.
+    again = [line for line in after.stdout.splitlines() if "no running instance" in line]
+    assert len(again) == 1 and again[0].endswith(
+        "wait on the raw topic; start `cdc-router run`"), after.stdout
+

@@ -280,6 +280,20 @@ def test_router_lag_no_instance_and_a_stalled_group() -> None:
     assert lines(replace(healthy(), router=idle)) == []  # idle is not stuck
 
 
+def test_no_instance_with_a_transaction_holding_the_offsets_names_it_not_a_start() -> None:
+    # QA 52-b L2: a transaction Kafka left hanging on __consumer_offsets made every start
+    # exit 75, and status said to start `cdc-router run`.
+    held = replace(healthy().router, lag=4, members=(),
+                   offsets_in_transaction=("outbox.public.outbox[0]",))
+    assert lines(replace(healthy(), router=held)) == [
+        "critical: router: router group cdc-router has no running instance, 4 records wait "
+        "on the raw topic, and a transaction holds the group's committed offsets of "
+        "outbox.public.outbox[0] open: a router's start waits for it (exit 75, `could not "
+        "read the group's committed offsets`); one that lasts longer than "
+        "delivery.transaction_timeout_ms was left hanging by Kafka: find and abort it "
+        "(README, Operations: every start of the router exits 75)"]
+
+
 def test_one_stalled_partition_is_said_while_another_commits() -> None:
     # Review 47-b F4: one instance frozen (SIGSTOP) with its partition, another committing:
     # the group's newest commit was 0 s old, and status said ok for ever.
