@@ -27,7 +27,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from cdc_router.errors import ConfigError, printable
-from cdc_router.serde.avro_bounds import empty_items_problem
+from cdc_router.serde.avro_bounds import empty_items_problem, varint_problem
 
 if TYPE_CHECKING:
     from cdc_router.config.routes import RouteRule
@@ -179,4 +179,6 @@ def unreadable(body: bytes, writer: AvroSchema) -> str | None:
     except Exception as error:  # fastavro's reader raises many types, all the body's fault
         return f"{type(error).__name__}: {str(error)[:200]}"
     left = len(body) - stream.tell()
-    return f"{left} bytes left over after the record" if left else None
+    if left:
+        return f"{left} bytes left over after the record"
+    return varint_problem(body, writer)  # what fastavro reads, other readers may not

@@ -28,7 +28,7 @@ from confluent_kafka.serialization import SerializationContext, SerializationErr
 
 from cdc_router.errors import PayloadDecodeError as PayloadDecodeError
 from cdc_router.serde.avro import CONFLUENT_MAGIC
-from cdc_router.serde.avro_bounds import empty_items_problem
+from cdc_router.serde.avro_bounds import empty_items_problem, varint_problem
 from cdc_router.serde.avro_schema import (
     SINGLE_OBJECT_HEADER,
     SINGLE_OBJECT_MAGIC,
@@ -210,8 +210,9 @@ class PayloadDecoder:
 
 def _refuse_empty_items(body: bytes, writer: AvroSchema) -> None:
     """A body claiming more items that take no bytes than the bound is refused before
-    fastavro builds them (serde/avro_bounds.py)."""
-    claimed = empty_items_problem(body, writer)
+    fastavro builds them, and one with a varint wider than its type, which fastavro reads as
+    another number than other readers (serde/avro_bounds.py)."""
+    claimed = empty_items_problem(body, writer) or varint_problem(body, writer)
     if claimed is not None:
         raise _undecodable(writer, ValueError(claimed))
 

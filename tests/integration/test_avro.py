@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from confluent_kafka import Message
@@ -28,6 +29,7 @@ from cdc_router.config.routes import RouteRule
 from cdc_router.errors import SerializeError
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro_schema import parse_schema_text
 from cdc_router.serde.decode import PayloadDecoder
 from cdc_router.serde.registry import RegistryError
 from tests.integration.pipeline import REPO, Pipeline, pipeline
@@ -149,6 +151,45 @@ def test_doubles_jsonb_writes_with_all_their_digits_reach_float_and_double_field
         record.value()).value for record in records}
     assert decoded == {event_id: {"d": d, "f": struct.unpack("<f", struct.pack("<f", f))[0]}
                        for event_id, (d, f) in zip(ids, numbers, strict=True)}
+
+
+def test_an_encoded_payload_with_a_varint_wider_than_its_type_is_dead_lettered(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 52-a F4: a bytea body whose long took 12 bytes (2**78, which fastavro reads as 16384
+    # and Java's BinaryDecoder refuses) or whose int held 2**40 passed through.
+    text = json.dumps({"type": "record", "name": "Wide", "namespace": "qa", "fields": [
+        {"name": "id", "type": "long"}, {"name": "n", "type": "int"}]})
+    header = parse_schema_text(text, "wide.avsc").frame_single_object(b"")
+    bodies = {"fine": b"\x02\x02", "long of 12 bytes": b"\x80" * 11 + b"\x04\x02",
+              "int of 2**40": b"\x02\x80\x80\x80\x80\x80\x40"}
+    with pipeline(stack, tmp_path, partitions=1,
+                  config={"source": {"payload_type": "bytes"}}) as pipe:
+        avro_route(pipe)
+        (pipe.workdir / "schemas" / SCHEMA.name).write_text(text)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} ALTER COLUMN payload TYPE bytea "
+                         "USING convert_to(payload::text, 'UTF8')")
+            ids = {}
+            for name, body in bodies.items():
+                ids[name] = str(uuid.uuid4())
+                conn.execute(f"INSERT INTO public.{pipe.table} (id, aggregatetype, aggregateid,"
+                             " type, payload) VALUES (%s, 'Order', 'o-1', 'Wide', %s)",
+                             (ids[name], header + body))
+        pipe.start_router()
+        [record] = pipe.read(pipe.orders_topic, 1)
+        letters = pipe.read(pipe.dlq_topic, 2)
+        log = pipe.router_log()
+    assert "Traceback" not in log, log[-3000:]
+    assert record.value() == header + bodies["fine"] and record.key().decode() == ids["fine"]
+    reasons = {}
+    for letter in letters:
+        headers = {name: value.decode() for name, value in letter.headers()}
+        assert headers["dlq.stage"] == "serialize"
+        reasons[headers["dlq.event.id"]] = headers["dlq.error.message"]
+    assert "field 'qa.Wide.id' has 302231454903657293676544 in a varint of 12 bytes, wider " \
+        "than an Avro long takes (at most 10)" in reasons[ids["long of 12 bytes"]]
+    assert "field 'qa.Wide.n' has 1099511627776 in a varint of 6 bytes" in \
+        reasons[ids["int of 2**40"]]
 
 
 def test_registry_round_trip_after_register_and_a_missing_subject_stops_the_router(

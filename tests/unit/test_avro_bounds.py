@@ -123,3 +123,87 @@ def test_the_consumers_decoder_refuses_such_a_claim_in_the_registrys_wire_format
     assert decoder.decode(header + _varint(3) + b"\x00").value == {"xs": [None] * 3}
     with pytest.raises(PayloadDecodeError, match="array items that take no bytes"):
         decoder.decode(header + _varint(3_000_000) + b"\x00")
+
+
+# --- varints wider than their type (QA 52-a F4) ---------------------------------------------
+
+WIDE = parse_schema_text(json.dumps({
+    "type": "record", "name": "W", "namespace": "qa", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "n", "type": "int"},
+        {"name": "xs", "type": {"type": "array", "items": "int"}},
+        {"name": "m", "type": {"type": "map", "values": ["null", "long"]}}]}), "w.avsc")
+
+
+def _raw(zigzag: int, size: int) -> bytes:
+    """`zigzag` as a varint of exactly `size` bytes (padded with continuation bytes)."""
+    out = bytearray()
+    for _ in range(size - 1):
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    return bytes(out) + bytes([zigzag])
+
+
+def _zz(value: int) -> int:
+    return value * 2 if value >= 0 else -value * 2 - 1
+
+
+TAIL = _varint(0) + _varint(0)  # xs and m empty
+
+
+@pytest.mark.parametrize(("body", "found"), [
+    (b"\x80" * 11 + b"\x04" + _varint(1) + TAIL,  # 2**78 wrapped: fastavro reads 16384
+     "field 'qa.W.id' has 302231454903657293676544 in a varint of 12 bytes, wider than an "
+     "Avro long takes (at most 10): Java's BinaryDecoder refuses it (Invalid long encoding)"),
+    (b"\xff" * 10 + b"\x01" + _varint(1) + TAIL, "in a varint of 11 bytes"),
+    (_raw(_zz(2**63), 10) + _varint(1) + TAIL,  # 10 bytes, bits beyond 64
+     "field 'qa.W.id' has 9223372036854775808, beyond an Avro long (64 bits)"),
+    (_varint(1) + _varint(2**40) + TAIL,
+     "field 'qa.W.n' has 1099511627776 in a varint of 6 bytes, wider than an Avro int takes "
+     "(at most 5): Java's BinaryDecoder refuses it (Invalid int encoding)"),
+    (_varint(1) + _raw(_zz(2**33), 5) + TAIL,
+     "field 'qa.W.n' has 8589934592, beyond an Avro int (32 bits)"),
+    (_varint(1) + _raw(0, 6) + TAIL, "field 'qa.W.n' has 0 in a varint of 6 bytes"),
+    (_varint(1) + _varint(1) + _varint(2) + _varint(5) + _varint(-2**31 - 1) + _varint(0)
+     + _varint(0), "field 'qa.W.xs[1]' has -2147483649, beyond an Avro int"),
+    (_varint(1) + _varint(1) + _varint(0) + _varint(1) + _varint(1) + b"k" + _varint(1)
+     + _raw(2, 11) + _varint(0), "field \"qa.W.m['k']\" has 1 in a varint of 11 bytes"),
+    (_varint(1) + _varint(1) + _varint(0) + _varint(1) + _raw(2, 11) + b"k" + _varint(0)
+     + _varint(0), "field 'qa.W.m' has the length 1 in a varint of 11 bytes"),
+])
+def test_a_varint_wider_than_its_type_is_refused_naming_the_field(body: bytes,
+                                                                  found: str) -> None:
+    fastavro.schemaless_reader(io.BytesIO(body), WIDE.parsed, None)  # fastavro reads it
+    problem = unreadable(body, WIDE)
+    assert problem is not None and found in problem, problem
+
+
+def test_the_widest_valid_varints_pass() -> None:
+    for value in (2**63 - 1, -2**63, 0, 1, -1, 2**40):
+        for ints in (2**31 - 1, -2**31, 2**20):
+            body = _body_w(value, ints)
+            assert unreadable(body, WIDE) is None
+    # Java reads a long of 10 bytes, an int of 5, a redundant 0x80 and an empty block alike.
+    assert unreadable(_raw(2, 10) + _raw(2, 5) + TAIL, WIDE) is None
+
+
+def _body_w(value: int, ints: int) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, WIDE.parsed, {"id": value, "n": ints, "xs": [ints] * 3,
+                                                  "m": {"a": value, "b": None}})
+    return out.getvalue()
+
+
+def test_the_consumers_decoder_refuses_a_wide_varint_too(tmp_path: Any) -> None:
+    path = tmp_path / "w.avsc"
+    path.write_text(WIDE.text)
+    decoder = PayloadDecoder(schemas=[str(path)])
+    header = SINGLE_OBJECT_MAGIC + load_schema(path).fingerprint
+    assert decoder.decode(header + _body_w(2**62, 7)).value["id"] == 2**62
+    with pytest.raises(PayloadDecodeError, match=r"field .qa\.W\.n. has 1099511627776"):
+        decoder.decode(header + _varint(1) + _varint(2**40) + TAIL)
+
+
+def test_a_body_without_wide_bytes_is_not_walked(monkeypatch: Any) -> None:
+    monkeypatch.setattr(avro_bounds._Walk, "skip", None)  # would raise if called
+    assert avro_bounds.varint_problem(_body_w(2**20, 5), WIDE) is None
