@@ -17,7 +17,7 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.load import load_config
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import EXIT_RESTART, ConfigError
-from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.compatibility import SchemaCheck, check_schemas
 from cdc_router.serde.registry import RegistryError
 
@@ -48,11 +48,17 @@ def check(config_path: Path, previous_dir: Path | None, no_registry: bool, outpu
 
     Older versions: the file of the same name under --previous, and the latest version of the
     schema's subject in the registry (which judges by the subject's compatibility level; the
-    breaking field is named here). With auto_register off, a schema missing from its subject
-    is a problem too: the router would stop at start-up. Exits 1 on any problem.
+    breaking field is named here); for a subject an event's data names, of each subject the
+    registry holds that the route's topic template renders. With auto_register off, a schema
+    missing from its subject is a problem too: the router would stop at start-up (or
+    dead-letter that subject's events). Exits 1 on any problem.
     """
     compiled = load_config(config_path, env=os.environ)
-    checks = check_schemas(_serializer(compiled), previous_dir, use_registry=not no_registry)
+    serializer = _serializer(compiled)
+    by_data = _named_by_data(compiled, serializer) \
+        if serializer.registry is not None and not no_registry else []
+    checks = check_schemas(serializer, previous_dir, use_registry=not no_registry,
+                           by_data=by_data)
     registry = compiled.config.schema_registry
     # Which registry was asked: a config's url is not the local stack's unless overridden
     # (CDC_ROUTER__SCHEMA_REGISTRY__URL).
@@ -68,6 +74,23 @@ def check(config_path: Path, previous_dir: Path | None, no_registry: bool, outpu
         click.echo(_report(config_path, checks))
     if _failed(checks):
         sys.exit(1)
+
+
+def _named_by_data(compiled: CompiledConfig, serializer: AvroSerializer,
+                   subjects: tuple[str, ...] = ()) -> list[PlannedSubject]:
+    """The registry's subjects (and `subjects`) that a route's topic template renders from
+    event data: what `schemas register` registers a new version under, and `schemas check`
+    checks each schema under (QA 52-a F2: it said ok for one the registry then refused)."""
+    ids = serializer.registry
+    planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
+    if ids is None or len(planned) == len(serializer.planned_subjects()):
+        return []
+    by_data = serializer.existing_subjects(dict.fromkeys([*ids.subjects(), *subjects]))
+    # Only subjects of topics the route may produce to (the guard: legal names, not a source,
+    # protected or the router's own, within allowed_topics), and none another route names.
+    guard, known = compiled.config.topic_guard(), {entry.subject for entry in planned}
+    return [entry for entry in by_data if entry.subject not in known and entry.topic and (
+        compiled.config.routes[entry.route].nats is not None or guard.problem(entry.topic) is None)]
 
 
 def _failed(checks: list[SchemaCheck]) -> bool:
@@ -89,7 +112,8 @@ def _report(path: Path, checks: list[SchemaCheck]) -> str:
     else:
         compared = sum(1 for item in checks if Path(item.previous).is_file())
         compared += sum(1 for item in checks if "latest version" in item.registry)
-        verdict = f"ok: {len(checks)} schema(s) parse; {compared} older version(s) checked"
+        parsed = len({(item.route, item.event_type) for item in checks})  # a row a subject
+        verdict = f"ok: {parsed} schema(s) parse; {compared} older version(s) checked"
     return "\n".join([*lines, "", verdict, *problems])
 
 
@@ -129,13 +153,7 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
                           "encoding, with nothing to register", source=str(config_path))
     plan = []
     planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
-    by_data = serializer.existing_subjects(dict.fromkeys([*ids.subjects(), *subjects])) \
-        if len(planned) < len(serializer.planned_subjects()) else []
-    # Only subjects of topics the route may produce to (the guard: legal names, not a source,
-    # protected or the router's own, within allowed_topics), and none another route names.
-    guard, known = compiled.config.topic_guard(), {entry.subject for entry in planned}
-    by_data = [entry for entry in by_data if entry.subject not in known and entry.topic and (
-        compiled.config.routes[entry.route].nats is not None or guard.problem(entry.topic) is None)]
+    by_data = _named_by_data(compiled, serializer, subjects)
     unknown = sorted(set(subjects) - {entry.subject for entry in planned + by_data})
     if unknown:
         raise ConfigError(f"no route of this config renders subject {unknown[0]!r} from event "

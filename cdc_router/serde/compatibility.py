@@ -10,7 +10,7 @@ the same checker about each pair, and names the deepest field that breaks, with 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from avro.schema import (
 )
 
 from cdc_router.errors import ConfigError
-from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.avro_schema import AvroSchema, apache_parse, load_schema
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
@@ -190,14 +190,18 @@ class SchemaCheck:
 
 
 def check_schemas(serializer: AvroSerializer, previous_dir: Path | None = None,
-                  use_registry: bool = True) -> list[SchemaCheck]:
+                  use_registry: bool = True,
+                  by_data: Sequence[PlannedSubject] = ()) -> list[SchemaCheck]:
     """Check every schema of `serializer`'s routes against its older versions.
 
     Older versions: the file of the same name in `previous_dir`, and the latest version of
     its subject in the registry (the registry's verdict, under the subject's compatibility
     level). Also a problem: with auto_register off, a schema its subject lacks (the router
-    would stop at start-up), and several schemas sharing one subject. Registry failures
-    raise RegistryError.
+    would stop at start-up), and several schemas sharing one subject. A schema whose subject
+    depends on each event's topic is checked so under each of `by_data`, the registry's
+    subjects its route's template renders (AvroSerializer.existing_subjects), one row each:
+    where the router would dead-letter its events (QA 52-a F2). Registry failures raise
+    RegistryError.
     """
     planned = serializer.planned_subjects()
     ids = serializer.registry if use_registry else None
@@ -218,7 +222,23 @@ def check_schemas(serializer: AvroSerializer, previous_dir: Path | None = None,
             registry = ("not configured: single-object encoding" if serializer.registry is None
                         else "not asked")
         elif entry.subject is None:
-            registry = "subject depends on each event's topic: looked up when first met"
+            rendered = [other for other in by_data if (other.route, other.event_type,
+                        other.schema) == (entry.route, entry.event_type, schema)]
+            registry = "subject depends on each event's topic: " + (
+                f"checked under the {len(rendered)} existing one(s) it renders (below); "
+                "others looked up when first met" if rendered else "the registry holds none "
+                "it renders yet: looked up when first met")
+            checks.append(SchemaCheck(entry.route, entry.event_type, schema.path, schema.name,
+                                      schema.fingerprint.hex(), None, previous, registry,
+                                      tuple(problems)))
+            for other in rendered:
+                assert other.subject is not None
+                held, refused = _against_registry(ids, other.subject, schema,
+                                                  "its events would be dead-lettered")
+                checks.append(SchemaCheck(entry.route, entry.event_type, schema.path,
+                                          schema.name, schema.fingerprint.hex(), other.subject,
+                                          "-", held, tuple(refused)))
+            continue
         else:
             registry, found = _against_registry(ids, entry.subject, schema)
             problems += found
@@ -243,13 +263,14 @@ def _against_file(schema: AvroSchema, previous: Path) -> list[str]:
             for found in backward_incompatibilities(schema, old.text)]
 
 
-def _against_registry(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple[str, list[str]]:
+def _against_registry(ids: SchemaIds, subject: str, schema: AvroSchema,
+                      outcome: str = "the router would stop") -> tuple[str, list[str]]:
     latest = ids.latest(subject)
     if latest is None:
         if ids.auto_register:
             return "subject empty: registered on first use (auto_register)", []
         return "subject empty", [f"subject {subject} has no version and auto_register is off: "
-                                 "the router would stop; run `cdc-router schemas register`"]
+                                 f"{outcome}; run `cdc-router schemas register`"]
     version, text = latest
     try:
         registered = ids.lookup(subject, schema)
@@ -267,6 +288,6 @@ def _against_registry(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple
             f"the registry finds it incompatible with {subject} version {version} (the "
             "subject's compatibility level may be stricter than backward)"]
     elif not ids.auto_register:
-        problems.append(f"not registered under {subject} and auto_register is off: the "
-                        "router would stop; run `cdc-router schemas register`")
+        problems.append(f"not registered under {subject} and auto_register is off: "
+                        f"{outcome}; run `cdc-router schemas register`")
     return f"not registered (latest version {version})", problems

@@ -359,3 +359,30 @@ def test_schemas_register_puts_a_new_version_under_the_subjects_event_data_named
                        "subject's registered versions.*schemas check"):
         AvroSerializer([edited], SchemaRegistrySettings.model_validate(
             {"url": registry_url})).serialize(event, edited, f"{prefix}.A")
+
+
+def test_schemas_check_names_the_field_a_subject_the_template_renders_refuses(
+        registry_url: str, tmp_path: Path) -> None:
+    # QA 52-a F2: `schemas check` said ok (exit 0) for a templated route's .avsc that the
+    # registry refused under an existing subject the template renders, though the dead
+    # letters' reason and `schemas register` sent the user to it to name the field.
+    prefix = f"tmpl{uuid.uuid4().hex[:10]}"  # the stack's registry outlives each run
+    old = {"type": "record", "name": "C", "namespace": "qa", "fields": [
+        {"name": "k", "type": "string"}, {"name": "n", "type": "long"}]}
+    SchemaRegistryClient({"url": registry_url}).register_schema(
+        f"{prefix}.tA-value", Schema(json.dumps(old), "AVRO"))
+    old["fields"][1]["type"] = "string"
+    (tmp_path / "c.avsc").write_text(json.dumps(old))
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]},
+        "schema_registry": {"url": registry_url, "auto_register": True},
+        "routes": [{"topic": prefix + ".{aggregate_type}", "format": "avro",
+                    "schema": "c.avsc"}]}))
+    checked = cli("schemas", "check", "-c", str(config))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"cannot read data written with {prefix}.tA-value version 1: field 'n': the new " \
+        "type string cannot read the old type long" in checked.stdout
+    registered = cli("schemas", "register", "-c", str(config), "--yes")
+    assert f"skipped   {prefix}.tA-value" in registered.stdout  # it names `schemas check`
+    assert "schemas check" in registered.stdout

@@ -267,3 +267,40 @@ def test_a_register_call_without_an_answer_may_have_registered_and_says_to_run_a
     assert line.count("\n") == 0 and "did not answer (ReadTimeout: timed out)" in line
     assert line.endswith("the registry may have registered it all the same: run this command "
                          "again, which is safe (a registered schema shows as `unchanged`)")
+
+
+def test_schemas_check_checks_a_templated_route_under_the_subjects_it_renders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 52-a F2: `schemas check` said ok for an .avsc the registry refused under an existing
+    # subject the topic template renders; the router dead-lettered 86 events, and its reason
+    # (and `schemas register`'s) sent the user to `schemas check` to name the field.
+    client = CompatibleMock({"url": "mock://templated"})
+    old = record({"name": "k", "type": "string"}, {"name": "n", "type": "long"}, name="C")
+    for subject in ("qa.tmpl.tA-value", "elsewhere-value"):
+        client.register_schema(subject, Schema(json.dumps(old), "AVRO"))
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    new = record({"name": "k", "type": "string"}, {"name": "n", "type": "string"}, name="C")
+    (tmp_path / "c.avsc").write_text(json.dumps(new))
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nschema_registry: {url: 'mock://templated', "
+                      "auto_register: true}\nroutes:\n"
+                      "  - {topic: 'qa.tmpl.{aggregate_type}', format: avro, schema: c.avsc}\n")
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 1, output
+    assert "checked under the 1 existing one(s) it renders (below)" in output
+    assert "cannot read data written with qa.tmpl.tA-value version 1: field 'n': the new type " \
+        "string cannot read the old type long" in output
+    assert "elsewhere" not in output
+    # Compatible and not registered, auto_register off: those events would be dead letters.
+    new["fields"][1] |= {"type": "long"}
+    new["fields"].append({"name": "x", "type": ["null", "string"], "default": None})
+    (tmp_path / "c.avsc").write_text(json.dumps(new))
+    config.write_text(config.read_text().replace("auto_register: true", "auto_register: false"))
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 1, output
+    assert "not registered under qa.tmpl.tA-value and auto_register is off: its events would " \
+        "be dead-lettered; run `cdc-router schemas register`" in output
+    client.register_schema("qa.tmpl.tA-value", Schema(json.dumps(new), "AVRO"))
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 0 and "ok: 1 schema(s) parse; 1 older version(s) checked" in output, output
