@@ -20,16 +20,16 @@ from fastavro.const import LONG_MAX_VALUE, LONG_MIN_VALUE
 from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
-from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
+from cdc_router.serde.avro_schema import AvroSchema
 from cdc_router.serde.avro_time import TIME_RANGES
 from cdc_router.serde.avro_unions import (
-    PLAIN_DATE,
     UnionWalk,
     fits,
     has_container_unions,
     plain_dates,
     writer_branch,
 )
+from cdc_router.serde.avro_validation import described
 
 
 def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject",
@@ -45,7 +45,7 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
         try:
             validate(datum, plain_dates(schema)[0], raise_errors=True)  # a date an int
         except ValidationError as error:
-            return _describe(error)
+            return described(error, datum, schema)
     if not has_container_unions(schema):  # no union a subtree could take: nothing to walk
         return _walked_problem(datum, schema, extra_fields, None)
     try:
@@ -76,45 +76,6 @@ def _walked_problem(datum: Any, schema: AvroSchema, extra_fields: str,
 def _plain(text: str, limit: int = 60) -> str:
     """A payload key as is, or escaped and cut when it would break the one-line reason."""
     return text if text.isprintable() and len(text) <= limit else show(text, limit)
-
-
-def _describe(error: ValidationError) -> str:
-    found = list(getattr(error, "errors", None) or ())
-    if not found:
-        return str(error)
-    # Validation stops at the first field that fails; a union there reports one error per
-    # branch, a record branch its nested field after its own. The last field reported is the
-    # deepest: name it, with every type the union's branches would take there.
-    deepest = found[-1]
-    expected = " | ".join(dict.fromkeys(_type_name(entry.schema) for entry in found
-                                        if entry.field == deepest.field))
-    field = deepest.field or "(the payload)"
-    if deepest.datum is None:
-        return f"field {field!r} is missing or null, expected {expected}"
-    # Review 48-d F1: fastavro would have parsed the text as an ISO date (avro_unions.py).
-    text_date = isinstance(deepest.datum, str) and isinstance(deepest.schema, dict) and \
-        deepest.schema.get(PLAIN_DATE)
-    return (f"field {field!r} is {type(deepest.datum).__name__} {show(deepest.datum, 60)}, "
-            f"expected {expected}" + (": a date is written as its number of days since "
-                                      "1970-01-01, not as text" if text_date else ""))
-
-
-def _type_name(schema: Any) -> str:
-    if isinstance(schema, list):
-        return " | ".join(_type_name(branch) for branch in schema)
-    if isinstance(schema, dict):
-        kind = schema.get("type")
-        if isinstance(kind, str) and kind in NAMED_TYPES and "name" in schema:
-            return f"{kind} {schema['name']}"
-        logical = schema.get("logicalType") or ("date" if schema.get(PLAIN_DATE) else None)
-        if logical:
-            return f"{kind} ({logical})"
-        if kind == "array":
-            return f"array of {_type_name(schema.get('items'))}"
-        if kind == "map":
-            return f"map of {_type_name(schema.get('values'))}"
-        return _type_name(kind)
-    return str(schema)
 
 
 def first_extra_field(datum: Any, schema: AvroSchema,

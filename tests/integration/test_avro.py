@@ -60,6 +60,9 @@ BAD = {  # payload -> the field its dead letter must name
                 "lines": [{"sku": "s", "quantity": "two"}]}, "shop.payments.Line.quantity"),
     "extra": ({"payment_id": "x", "order_id": 1, "amount_cents": 1, "coupon": "SAVE"},
               "PaymentConfirmed.coupon"),
+    # QA 52-a F3: the map's item is named, as the number checks name it.
+    "item": ({"payment_id": "x", "order_id": 1, "amount_cents": 1, "tags": {"a": "b", "n": 5}},
+             "PaymentConfirmed.tags['n']\" is int 5, expected string"),
 }
 
 

@@ -973,3 +973,28 @@ def test_an_avro_events_missing_topic_is_its_route_letter_before_the_serializer_
     with pytest.raises(RouteError, match="destination topic gone does not exist"):
         router.route(missing, partitions)
     assert met == ["order-42"]
+
+
+MIXED = parse_schema_text(json.dumps({"type": "record", "name": "A", "namespace": "qa52",
+                                     "fields": [
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "attrs", "type": {"type": "map", "values": ["null", "string", "long"]}},
+    {"name": "mixed", "type": {"type": "array", "items": [
+        "null", "long", "string", {"type": "map", "values": "string"}]}}]}), "a.avsc")
+
+
+@pytest.mark.parametrize(("part", "expected"), [
+    ({"mixed": [[1]]}, "field 'qa52.A.mixed[0]' is list [1], expected null | long | string | "
+     "map of string"),
+    ({"tags": ["a", 1]}, "field 'qa52.A.tags[1]' is int 1, expected string"),
+    ({"attrs": {"k": {"deep": 1}}}, "field \"qa52.A.attrs['k']\" is dict {'deep': 1}, "
+     "expected null | string | long"),
+    ({"mixed": [1, "x", {"a": "b"}, {"a": 1}]},
+     "field \"qa52.A.mixed[3]['a']\" is int 1, expected string"),
+    ({"tags": 5}, "field 'qa52.A.tags' is int 5, expected array of string"),
+])
+def test_a_type_mismatch_in_an_array_or_map_names_the_item(part: dict[str, Any],
+                                                           expected: str) -> None:
+    # QA 52-a F3: the item was reported as the field itself ("field 'qa52.A.mixed' is list
+    # [1]"), where the number checks name it (`qa52.A.mixed[3]`).
+    assert payload_problem({"tags": [], "attrs": {}, "mixed": [], **part}, MIXED) == expected
