@@ -181,6 +181,14 @@ class ProducerHung(FatalKafkaError):
     exit_code = EXIT_RESTART
 
 
+class ProducerLost(FatalKafkaError):
+    """The producer failed for good on its own (router/renewal.py RENEWABLE_ONCE: its abort
+    refused with INVALID_TXN_STATE after a broker restart) in a command that does not build a
+    new one (`dlq replay`): nothing outside is wrong, so it exits EXIT_RESTART, to run again."""
+
+    exit_code = EXIT_RESTART
+
+
 class RestoreFailed(CdcRouterError):
     """The replay filter could not learn the ids delivered on partitions just assigned: routing
     them with a filter short of ids would deliver replays again, so the router exits

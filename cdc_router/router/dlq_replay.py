@@ -36,9 +36,17 @@ from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
-from cdc_router.errors import BatchFailed, ConfigError, DeliveryError, init_failure
+from cdc_router.errors import (
+    BatchFailed,
+    ConfigError,
+    DeliveryError,
+    FatalKafkaError,
+    ProducerLost,
+    init_failure,
+)
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from cdc_router.relay.letters import letter_event
@@ -62,6 +70,7 @@ from cdc_router.router.poison import (
     produce_isolated,
     record_refusals,
 )
+from cdc_router.router.renewal import RENEWABLE_ONCE
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
     DeadLettered,
@@ -130,6 +139,21 @@ def sources_of(config: RouterConfig) -> OursTest:
             return False
         return topic in names or any(pattern.search(topic) for pattern in patterns)
     return ours
+
+
+def _lost(failure: FatalKafkaError, result: ReplayResult) -> ProducerLost | None:
+    """The replay's end when its producer failed for good on its own, as `run` tells it (router/
+    renewal.py RENEWABLE_ONCE: QA 52-b L1, a Kafka restart mid-apply, then the abort refused
+    with INVALID_TXN_STATE), which `run` replaces: exit 75, run it again; else None (a fence:
+    another replay took over)."""
+    if type(failure) is not FatalKafkaError or failure.code not in RENEWABLE_ONCE:
+        return None
+    error = kafka_error_of(failure.__cause__) if failure.__cause__ is not None else None
+    said = describe(error) if error is not None else str(failure)
+    return ProducerLost(f"dlq replay stopped: its producer's transaction can no longer end "
+                        f"({said}), as after a broker restart; "
+                        f"{sum(result.committed.values())} letters were committed before; "
+                        "run it again (what was delivered is skipped)", code=failure.code)
 
 
 def _looking_up(serializer: Serializer, config: RouterConfig) -> Serializer:
@@ -226,10 +250,20 @@ class DeadLetterReplay:
         those letters dead-lettered again, as `run` isolates them (QA 33-c: one refused
         letter stopped every replay at it). Raises DeliveryError when a batch fails otherwise
         (it is aborted; the batches before it stay committed), FatalKafkaError when another
-        replay fenced this one.
+        replay fenced this one, ProducerLost (exit 75) when its producer failed on its own.
         """
+        result = ReplayResult()
+        try:
+            return self._apply(plan, result)
+        except FatalKafkaError as failure:
+            lost = _lost(failure, result)
+            if lost is None:
+                raise
+            raise lost from failure
+
+    def _apply(self, plan: ReplayPlan, result: ReplayResult) -> ReplayResult:
         assert self._txn is not None, "plan() first, and not a dry run"
-        txn, result = self._txn, ReplayResult()
+        txn = self._txn
         work = [item for item in plan.planned if item.action in ("deliver", "dead_letter")]
         self._done, failed, pending_abort = 0, 0, False
         while True:

@@ -16,7 +16,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import REPLAY_OF, dead_letter
-from cdc_router.errors import DeliveryError, RouteError
+from cdc_router.errors import DeliveryError, FatalKafkaError, RouteError
 from cdc_router.router import dlq_replay
 from cdc_router.router.dlq_letters import Selection
 from cdc_router.router.dlq_replay import DeadLetterReplay
@@ -172,6 +172,36 @@ def test_a_batch_that_keeps_failing_commits_nothing_and_the_next_replay_delivers
     second = replayer(cluster).plan(Selection())
     assert second.counts() == {"already_delivered": 2}
     assert len(cluster.committed(CUSTOMERS)) == 2
+
+
+def test_an_abort_refused_after_a_kafka_restart_exits_75_to_run_again_and_the_rerun_delivers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 52-b L1: Kafka restarted mid-apply, the abort then refused with INVALID_TXN_STATE
+    # (fatal, which `run` renews its producer for): exit 1 "failed for good", no word to rerun.
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
+    cluster = cluster_with_letters("Customer", "Customer")
+    cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)]
+    cluster.abort_failures = [KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end "
+                                         "transaction", fatal=True)]
+    failing = replayer(cluster)
+    with pytest.raises(FatalKafkaError) as stopped:
+        failing.apply(failing.plan(Selection()))
+    assert stopped.value.exit_code == 75 and "for good" not in str(stopped.value)
+    assert str(stopped.value).endswith("0 letters were committed before; run it again (what "
+                                       "was delivered is skipped)")
+    assert "INVALID_TXN_STATE" in str(stopped.value)
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
+    assert len(cluster.committed(CUSTOMERS)) == 2
+
+
+def test_a_fence_of_the_replay_still_exits_1() -> None:
+    cluster = cluster_with_letters("Customer")
+    cluster.commit_failures = [KafkaError(KafkaError._FENCED, "fenced", fatal=True)]
+    replay = replayer(cluster)
+    with pytest.raises(FatalKafkaError, match="_FENCED") as stopped:
+        replay.apply(replay.plan(Selection()))
+    assert stopped.value.exit_code == 1
 
 
 def test_a_batch_that_failed_once_is_tried_again_and_delivered_once(
