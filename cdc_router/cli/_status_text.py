@@ -121,6 +121,8 @@ def _dead_letters(report: Report) -> list[str]:
     line = f"dead letters on {d.topic}: {count}"
     if d.others:
         line += f" of this pipeline ({d.others} of other pipelines: `dlq list --all`)"
+    if d.undelivered is not None and d.count is not None and d.undelivered < d.count:
+        line += f", {d.count - d.undelivered} delivered by `dlq replay` since"
     if d.newest is not None:
         n = d.newest
         line += (f"; newest {_age(n.age_s)} (offset {n.partition}:{n.offset}): stage {n.stage}, "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from confluent_kafka import KafkaException, TopicPartition
 
 from cdc_router.cli._durations import parse_since
 from cdc_router.cli._options import config_option
@@ -20,6 +21,8 @@ from cdc_router.dead_letter import dead_letter_origin, of_pipeline
 from cdc_router.errors import FatalKafkaError, grant_refusal
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.reader import TopicReader
+from cdc_router.ops.offsets import admin_client
+from cdc_router.ops.topics import replayed_positions
 from cdc_router.router import clients
 from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
 from cdc_router.router.dlq_replay import (
@@ -90,6 +93,8 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
           _cut(r["reason"] or "")] for r in rows]) if rows
         else f"no dead letters {'of this pipeline ' if others else ''}on "
              f"{config.dead_letter.topic}")
+    if (said := _replayed_line(config)) is not None:
+        click.echo(said, err=True)
     if others:
         # The read stopped at --limit (not with --newest, which reads to the end).
         some = "at least " if len(letters) >= limit and not newest else ""
@@ -135,7 +140,9 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
         todo = sum(1 for item in plan.planned if item.action in ("deliver", "dead_letter"))
         if output == "text":
             click.echo(_plan_text(plan, compiled.config.dead_letter.topic))
-        if dry_run or todo == 0:
+        # With --yes, a replay with nothing to deliver still commits how many letters are
+        # left undelivered, which `status` counts by (QA 52-b M1).
+        if dry_run or (todo == 0 and not yes):
             if output == "json":
                 emit(_plan_json(plan, compiled.config, None), output, str)
             return
@@ -158,6 +165,27 @@ def replay(config_path: Path, stages: tuple[str, ...], ids: tuple[str, ...],
     else:
         click.echo("committed: " + _counts(result.committed)
                    + f" (group {replay_group(compiled.config)})")
+
+
+def _replayed_line(config: Any) -> str | None:
+    """What the last complete `dlq replay` left undelivered (kafka/commit_stamp.py), from its
+    group's offsets: no changelog read (QA 52-b M1); None when none says (or not readable)."""
+    kafka = clients.logged_config(config)
+    topic = config.dead_letter.topic
+    try:
+        found = admin_client(kafka).list_topics(topic, timeout=10).topics.get(topic)
+        positions = replayed_positions(admin_client(kafka), replay_group(config), [
+            TopicPartition(topic, p) for p in sorted(found.partitions)]) if found else None
+    except KafkaException:
+        return None
+    noted = {p: at for p, at in (positions or {}).items() if at[1] is not None}
+    if not noted:
+        return None
+    where = ", ".join(f"{p}:{offset}" for p, (offset, _) in sorted(noted.items()))
+    left = sum(count or 0 for _, count in noted.values())
+    return (f"the last complete `dlq replay` read to offset {where}: {left} of this "
+            "pipeline's letters before it are not delivered (`dlq replay --dry-run` says "
+            "which), nor are those after it")
 
 
 def _destination(item: Planned) -> str:

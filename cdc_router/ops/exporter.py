@@ -171,10 +171,14 @@ def _router(report: Report) -> Iterator[GaugeMetricFamily]:
 def _topics(report: Report) -> Iterator[GaugeMetricFamily]:
     letters = report.dead_letters
     if letters.error is None and letters.count is not None:
-        count = _gauge("dlq_records", "This pipeline's dead letters on the dead-letter topic",
-                       ("topic",))
-        count.add_metric([letters.topic or ""], letters.count)
-        yield count
+        count = _gauge("dlq_records", "This pipeline's dead letters not delivered since (by "
+                       "`dlq replay`), as status counts them", ("topic",))
+        count.add_metric([letters.topic or ""], letters.count if letters.undelivered is None
+                         else letters.undelivered)
+        on_topic = _gauge("dlq_topic_records", "This pipeline's dead letters on the "
+                          "dead-letter topic, delivered since or not", ("topic",))
+        on_topic.add_metric([letters.topic or ""], letters.count)
+        yield from (count, on_topic)
         if letters.newest is not None and letters.newest.age_s is not None:
             age = _gauge("dlq_newest_age_seconds", "Age of the newest dead letter",
                          ("topic",))

@@ -36,7 +36,7 @@ from cdc_router.ops.report import (
 )
 from cdc_router.ops.topics import changelog_state, dead_letter_state
 from cdc_router.outbox.table import OutboxSchema
-from cdc_router.router.dlq_replay import sources_of
+from cdc_router.router.dlq_replay import replay_group, sources_of
 
 T = TypeVar("T")
 
@@ -96,7 +96,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         lambda e: RouterState(group=group, error=e),
         _grants(f"Describe on the raw topics ({', '.join(config.source.topics)})",
                 f"Describe on Group {group}"))
-    letters = _kafka(lambda: dead_letter_state(admin, kafka, dlq, now_ms, sources_of(config)),
+    letters = _kafka(lambda: dead_letter_state(admin, kafka, dlq, now_ms, sources_of(config),
+                                               replay_group(config)),
                      lambda e: DeadLetterState(topic=dlq, error=e),
                      _grants(f"Read on the topic {dlq}", "Describe on Group cdc-router-status- "
                              "(prefixed)"))

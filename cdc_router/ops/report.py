@@ -158,6 +158,9 @@ class DeadLetterState:
     others: int = 0  # letters of other pipelines sharing the topic
     count_exact: bool = True  # false: only the newest records of a large topic were counted
     newest: DeadLetterInfo | None = None
+    # Of `count`, not delivered since (kafka/commit_stamp.py: by the last complete `dlq
+    # replay`'s count before its offset, and every letter after it); None: not known.
+    undelivered: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,22 @@
 Dead letters are counted by reading them (read_committed): the topic is written in
 transactions, so its offsets also count commit markers. Only the newest SCAN_LIMIT offsets of
 each partition are read; on a larger topic `count_exact` is false.
+
+Those not delivered since: a complete `dlq replay` commits, with its group's offset on each
+partition, how many of the pipeline's letters before it it left undelivered
+(kafka/commit_stamp.py); status adds the letters after that offset, without reading the
+changelog (QA 52-b M1: every replayed letter counted, the alarm could not clear).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc_router.dead_letter import dead_letter_origin, of_pipeline
+from cdc_router.kafka.commit_stamp import undelivered_before
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, Scanned, age_s, offsets, scan, timestamp_ms
 from cdc_router.ops.report import ChangelogState, DeadLetterInfo, DeadLetterState
@@ -32,9 +38,11 @@ def _missing(topic: str) -> str:
 
 
 def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str, now_ms: int,
-                      ours: Callable[[str, str | None], bool]) -> DeadLetterState:
+                      ours: Callable[[str, str | None], bool],
+                      replay_group: str | None = None) -> DeadLetterState:
     """This pipeline's letters (`ours`, as `dlq replay` tells them), and how many of others
-    share the topic (QA 35-c: a shared topic's letters all counted against each pipeline)."""
+    share the topic (QA 35-c: a shared topic's letters all counted against each pipeline);
+    with `replay_group`, how many are not delivered since (see the module doc)."""
     partitions = _partitions(admin, topic)
     if partitions is None:
         return DeadLetterState(topic=topic, error=_missing(topic))
@@ -42,12 +50,45 @@ def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str, 
     ends = offsets(admin, partitions, "latest")
     windows = {p: (max(starts[(t, p)], ends[(t, p)] - SCAN_LIMIT), ends[(t, p)])
                for t, p in ends}
-    seen = scan(kafka, topic, windows,
-                keep=lambda message: of_pipeline(record_headers(message), ours))
+    replayed = replayed_positions(admin, replay_group, partitions)
+    positions = replayed or {}
+    before: dict[int, int] = {}  # partition -> our letters before the replay's offset
+
+    def keep(message: Message) -> bool:
+        if not of_pipeline(record_headers(message), ours):
+            return False
+        partition = message.partition() or 0
+        if (message.offset() or 0) < positions.get(partition, (-1, None))[0]:
+            before[partition] = before.get(partition, 0) + 1
+        return True
+    seen = scan(kafka, topic, windows, keep=keep)
     exact = all(windows[p][0] == starts[(topic, p)] and seen[p].complete for p in windows)
-    return DeadLetterState(topic=topic, count=sum(s.count for s in seen.values()),
+    count = sum(s.count for s in seen.values())
+    # Below the offset, the replay's count (no more than are there: retention); on a topic
+    # read in part, every letter read counts.
+    undelivered = None if replayed is None else count - sum(
+        max(0, before.get(p, 0) - left) for p, (_, left) in replayed.items()
+        if left is not None and exact)
+    return DeadLetterState(topic=topic, count=count,
                            others=sum(s.others for s in seen.values()),
-                           count_exact=exact, newest=_newest(seen, now_ms))
+                           count_exact=exact, newest=_newest(seen, now_ms),
+                           undelivered=undelivered)
+
+
+def replayed_positions(admin: AdminClient, group: str | None, partitions: list[TopicPartition]
+              ) -> dict[int, tuple[int, int | None]] | None:
+    """Partition -> the replay group's committed offset and the letters it left undelivered
+    before it (None: no complete replay said); None when the group cannot be read."""
+    if group is None:
+        return None
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    try:
+        answer = admin.list_consumer_group_offsets(request, request_timeout=LOOKUP_TIMEOUT_S)
+        found = answer[group].result().topic_partitions
+    except KafkaException:  # no Describe on the group, say: not known, the count alone
+        return None
+    return {tp.partition: (tp.offset, undelivered_before(tp.metadata)) for tp in found
+            if tp.offset >= 0}
 
 
 def _newest(seen: Mapping[int, Scanned], now_ms: int) -> DeadLetterInfo | None:

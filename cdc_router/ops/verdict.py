@@ -356,15 +356,19 @@ def _dead_letters(report: Report, settings: StatusSettings,
         return
     newest = letters.newest
     why = f"; newest: stage {newest.stage}, {newest.reason}" if newest is not None else ""
-    # The count is of letters on the topic, replayed ones too, for its retention (QA 47-d
-    # F5): the dry run says which are still not delivered.
     todo = ("see `cdc-router dlq list`, fix the rules or the producer of those rows; "
             "`cdc-router dlq replay --dry-run` counts those not delivered since")
     ours = " of this pipeline" if letters.others else ""  # a topic shared (QA 35-c)
-    over = _over(letters.count, settings.dead_letters_critical, settings.dead_letters_warning)
+    # Those not delivered since (QA 52-b M1: a replayed letter counted until its retention);
+    # not known (the replay group unreadable): every letter on the topic.
+    pending = letters.count if letters.undelivered is None else letters.undelivered
+    what = "dead letters" if letters.undelivered is None else "dead letters not delivered"
+    held = "" if pending == letters.count else f" ({letters.count} on the topic, " \
+        f"{letters.count - pending} delivered by `dlq replay` since)"
+    over = _over(pending, settings.dead_letters_critical, settings.dead_letters_warning)
     if over is not None:
-        yield Problem(over[0], "dead_letters", f"{letters.count} dead letters{ours} on "
-                      f"{letters.topic} ({over[0]} at {over[1]:g}){why}; {todo}")
+        yield Problem(over[0], "dead_letters", f"{pending} {what}{ours} on {letters.topic}"
+                      f"{held} ({over[0]} at {over[1]:g}){why}; {todo}")
         return
     before = previous.dead_letters.count if previous is not None else None
     if before is not None and letters.count > before:

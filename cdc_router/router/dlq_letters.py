@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -307,3 +307,30 @@ def dead_letter_again(letter: Letter, result: DeadLettered, *, dead_letter_topic
                        original_headers=[*letter.headers, (REPLAY_OF, earlier)],
                        stage=result.stage, error=result.error, event_id=result.event_id,
                        max_bytes=max_bytes)
+
+
+
+def undelivered(letters: Iterable[Letter], delivered: Collection[str],
+                settled: Collection[tuple[int, int]], ours: OursTest,
+                previous: Mapping[int, tuple[int, int | None]],
+                done_now: Collection[tuple[int, int]] = ()) -> dict[int, int]:
+    """Partition -> this pipeline's letters, as `status` tells them (dead_letter.of_pipeline:
+    one naming no source is ours), not delivered: their id none of `delivered`, and not
+    `settled` (superseded by a newer letter, or skipped by the rules). Counted by a complete
+    `dlq replay` for `status` (QA 52-b M1). Before `previous` (partition -> the offset the
+    last complete replay committed, and its count), no more than that count: a mark older
+    than dedup.window_ms has left the changelog, and its letter would count again (a
+    delivery, once true, stays true), less the letters there this replay did (`done_now`)."""
+    below: Counter[int] = Counter()
+    after: Counter[int] = Counter()
+    for letter in letters:
+        if (letter.source_topic and not ours(letter.source_topic, letter.source_group)) \
+                or (letter.partition, letter.offset) in settled \
+                or (letter.event_id is not None and letter.event_id in delivered):
+            continue
+        position, _ = previous.get(letter.partition, (-1, None))
+        (below if letter.offset < position else after)[letter.partition] += 1
+    done = Counter(p for p, offset in done_now if offset < previous.get(p, (-1, None))[0])
+    counted = {p: max(0, count - done[p]) for p, (_, count) in previous.items()
+               if count is not None}
+    return {p: min(below[p], counted.get(p, below[p])) + after[p] for p in {*below, *after}}

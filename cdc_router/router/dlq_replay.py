@@ -13,7 +13,7 @@ The procedure:
    `replayed:` changelog marks and the dead-letter group's offsets commit together (a fixed
    route to a JetStream subject publishes at commit and waits for the acks first), by
    delivery.commit_max_records / commit_interval_ms; the last transaction moves the group's
-   offsets to the end read in 2.
+   offsets to the end read in 2, with the letters left undelivered (kafka/commit_stamp.py).
 
 Every replay reads the topic from its beginning, so letters left out by --stage, --id or
 --since are never consumed-and-lost; the group's offsets only say how far the last replay
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
@@ -45,6 +45,7 @@ from cdc_router.errors import (
     init_failure,
 )
 from cdc_router.kafka.closing import close_all
+from cdc_router.kafka.commit_stamp import undelivered_before
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer
@@ -62,6 +63,7 @@ from cdc_router.router.dlq_letters import (
     plan_replay,
     read_letter,
     superseded_letters,
+    undelivered,
 )
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.poison import (
@@ -201,6 +203,12 @@ class DeadLetterReplay:
         # Letters whose records the broker refused (as `run` tells them from a clock it refuses)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._done = 0  # items of the work applied and committed
+        # For the last commit's count of letters not delivered (_undelivered, QA 52-b M1):
+        self._read: list[Letter] = []
+        self._delivered: set[str] = set()
+        self._settled: set[tuple[int, int]] = set()
+        self._applied: list[tuple[Letter, str]] = []  # committed or in the open batch
+        self._previous: dict[int, tuple[int, int | None]] = {}  # the last commit's
 
     def _letter_step(self, topic: str, key: bytes | None, value: bytes | None) -> StepResult:
         """The router's step for a router's letter; for the relay's (its source is the relay's
@@ -237,10 +245,15 @@ class DeadLetterReplay:
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         selected = [letter for letter in letters if selection.selects(letter)]
         horizon_ms = int(time.time() * 1000) - self._config.dedup.window_ms
+        superseded = superseded_letters(letters, self._config.dead_letter.topic, ours)
         planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours,
-                              superseded=superseded_letters(
-                                  letters, self._config.dead_letter.topic, ours),
+                              superseded=superseded,
                               expired_before_ms=None if selection.include_expired else horizon_ms)
+        self._read, self._delivered = letters, set(delivered)
+        self._settled = {*superseded, *((item.letter.partition, item.letter.offset)
+                                        for item in planned if item.action == "skip")}
+        if not self._dry_run:
+            self._previous = self._committed(ends)
         return ReplayPlan(planned, len(letters), ends)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:
@@ -268,6 +281,7 @@ class DeadLetterReplay:
         self._done, failed, pending_abort = 0, 0, False
         while True:
             batch, done = Counter[str](), self._done
+            del self._applied[sum(result.committed.values()):]  # the aborted batch's
             try:
                 if pending_abort:
                     txn.abort()
@@ -301,7 +315,9 @@ class DeadLetterReplay:
             item = work[index]
             txn.begin()
             txn.consumed(topic, item.letter.partition, item.letter.offset)
-            batch[self._apply_one(txn, item)] += 1
+            action = self._apply_one(txn, item)
+            batch[action] += 1
+            self._applied.append((item.letter, action))
             if txn.due():
                 txn.commit()
                 self._poison.committed()
@@ -313,12 +329,34 @@ class DeadLetterReplay:
         """The last transaction: the group's offsets to the end of what was read."""
         txn, topic = self._txn, self._config.dead_letter.topic
         assert txn is not None
+        undone = self._undelivered()
         for partition, end in ends.items():
             txn.begin()
-            txn.consumed(topic, partition, end - 1)
+            txn.consumed(topic, partition, end - 1, undone.get(partition, 0))
         if txn.open:
             txn.commit()
             self._poison.committed()
+
+    def _committed(self, ends: dict[int, int]) -> dict[int, tuple[int, int | None]]:
+        """Partition -> the group's committed offset and the letters undelivered before it."""
+        topic = self._config.dead_letter.topic
+        found = self._letters.consumer.committed(
+            [TopicPartition(topic, partition) for partition in ends], READ_TIMEOUT_S)
+        return {tp.partition: (tp.offset, undelivered_before(tp.metadata)) for tp in found
+                if tp.offset >= 0}
+
+    def _undelivered(self) -> dict[int, int]:
+        """Partition -> this pipeline's letters read and not delivered once this replay
+        commits (kafka/commit_stamp.py, dlq_letters.undelivered)."""
+        applied = self._applied
+        return undelivered(
+            self._read, self._delivered | {letter.event_id for letter, action in applied
+                                           if action == "deliver" and letter.event_id},
+            self._settled | {(letter.partition, letter.offset) for letter, action in applied
+                             if action == "dead_letter"},
+            sources_of(self._config), self._previous,
+            [(letter.partition, letter.offset) for letter, action in applied
+             if action in ("deliver", "dead_letter")])
 
     def _apply_one(self, txn: Transaction, item: Planned) -> str:
         letter, step = item.letter, item.result

@@ -68,6 +68,7 @@ class _Batch:
     started: float = 0.0
     records: int = 0
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    undelivered: dict[tuple[str, int], int | None] = field(default_factory=dict)  # consumed()
     delivered: list[Delivered] = field(default_factory=list)
     dead_letter_stages: list[str] = field(default_factory=list)
     passed_over: list[str | None] = field(default_factory=list)  # see passed_over()
@@ -129,8 +130,7 @@ class Transaction:
             return
         if self._exactly_once:
             self._call(self._producer.begin_transaction, "begin")
-        self._batch = _Batch(started=self._clock())
-        self._open = True
+        self._batch, self._open = _Batch(started=self._clock()), True
 
     def due(self) -> bool:
         """The batch is big or old enough to commit."""
@@ -138,9 +138,10 @@ class Transaction:
             self._batch.records >= self._delivery.commit_max_records
             or (self._clock() - self._batch.started) * 1000 >= self._delivery.commit_interval_ms)
 
-    def consumed(self, topic: str, partition: int, offset: int) -> None:
-        """The input record at `offset` is handled: the batch's offsets move past it."""
+    def consumed(self, topic: str, partition: int, offset: int, undone: int | None = None) -> None:
+        """The batch's offsets move past `offset`; `undone`: see kafka/commit_stamp.py."""
         self._batch.offsets[(topic, partition)] = offset + 1
+        self._batch.undelivered[(topic, partition)] = undone
 
     def produce(self, record: OutboundRecord, source: RecordCoordinates, *,
                 alone: bool = False) -> None:
@@ -221,9 +222,9 @@ class Transaction:
         """Commit the open batch, as a numbered procedure; what it made visible. Raises
         BatchFailed (abort and rewind) or FatalKafkaError."""
         consumer, producer, wait_s = self.consumer, self._producer, self._timeouts.call_s
-        # The commit stamp: `cdc-router status` tells the age of the group's last commit by it.
-        stamp = commit_metadata(int(time.time() * 1000))
-        offsets = [TopicPartition(t, p, o, metadata=stamp)
+        # The commit stamp (kafka/commit_stamp.py): `status` reads the group's last commit.
+        now_ms, notes = int(time.time() * 1000), self._batch.undelivered
+        offsets = [TopicPartition(t, p, o, metadata=commit_metadata(now_ms, notes.get((t, p))))
                    for (t, p), o in self._batch.offsets.items()]
         # 0. Publish the batch's JetStream records and wait for every ack, before the marks
         #    and offsets, which must never move past an event JetStream has not stored (a crash
@@ -289,8 +290,8 @@ class Transaction:
             self._reset()
 
     def forget(self) -> None:
-        """Forget the open batch without aborting it, when stopping during an outage: nothing
-        of it committed, the broker aborts it at its timeout, and the next start fences it."""
+        """Forget the open batch unaborted, stopping in an outage (nothing of it committed; the
+        broker aborts it at its timeout, and the next start fences it)."""
         self._reset()
 
     def renew(self) -> None:
@@ -350,9 +351,8 @@ class Transaction:
         """The error that ends the batch: FatalKafkaError when fatal, else BatchFailed."""
         error = kafka_error_of(failure)
         if error is not None and classify(error) is ErrorAction.FATAL:
-            cause = likely_cause(error, self.fenced_hint)
-            return fatal_kafka_error(f"Kafka refused this producer for good "
-                                     f"({describe(error)}); {cause}", error)
+            return fatal_kafka_error(f"Kafka refused this producer for good ({describe(error)}); "
+                                     f"{likely_cause(error, self.fenced_hint)}", error)
         return BatchFailed(str(failure), error)
 
     def _settle_in_doubt(self, name: str, failure: KafkaException, conflict: bool) -> None:

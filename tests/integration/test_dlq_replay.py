@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,11 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from cdc_router.config.load import load_config
 from cdc_router.dead_letter import REPLAY_OF
+from cdc_router.ops.offsets import admin_client
+from cdc_router.ops.topics import dead_letter_state
+from cdc_router.router.dlq_replay import replay_group, sources_of
 from tests.integration.pipeline import REPO, Pipeline, apply_topics, pipeline
 from tests.integration.support import StackEndpoints, unique
 
@@ -45,6 +50,15 @@ def _committed(pipe: Pipeline, group: str) -> int:
         return int(found.offset)
     finally:
         consumer.close()
+
+
+def _undelivered_state(pipe: Pipeline, config_path: Path) -> tuple[int | None, int | None]:
+    """`status`'s dead letters of the pipeline: on the topic, and not delivered since."""
+    config = load_config(config_path, env=os.environ).config
+    kafka = {"bootstrap.servers": pipe.stack.bootstrap_servers}
+    state = dead_letter_state(admin_client(kafka), kafka, pipe.dlq_topic, 0,
+                              sources_of(config), replay_group(config))
+    return state.count, state.undelivered
 
 
 def _route_orders_only(pipe: Pipeline) -> list[dict[str, Any]]:
@@ -89,6 +103,14 @@ def test_fixed_rules_replay_dead_letters_once_and_later_replays_skip_them(
         group = first["group"]
         assert group == f"{pipe.name}.dlq-replay"
         assert _committed(pipe, group) == 13, "the replay group's offset is the end it read"
+        # QA 52-b M1: the commit (a TxnOffsetCommit) says the 3 Bad letters are undelivered;
+        # status counts those, not the 10 the replay delivered.
+        assert _undelivered_state(pipe, fixed) == (13, 3)
+        listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
+                                 str(fixed)], capture_output=True, text=True, cwd=REPO,
+                                check=False)
+        assert "read to offset 0:13: 3 of this pipeline's letters before it are not " \
+            "delivered" in listed.stderr, listed.stderr
 
         second = _replay(fixed, "--yes")
         assert second["planned"] == {"already_delivered": 10, "still_failing": 3}

@@ -386,7 +386,9 @@ class FakeConsumer:
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition,
                                self.cluster.group_offsets.get((tp.topic, tp.partition),
-                                                              OFFSET_INVALID))
+                                                              OFFSET_INVALID),
+                               metadata=self.cluster.offset_metadata.get((tp.topic, tp.partition))
+                               or "")
                 for tp in partitions]
 
     def seek(self, tp: TopicPartition) -> None:

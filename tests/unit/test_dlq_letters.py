@@ -18,6 +18,7 @@ from cdc_router.router.dlq_letters import (
     plan_replay,
     read_letter,
     superseded_letters,
+    undelivered,
 )
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (
@@ -276,3 +277,19 @@ def test_a_reason_cut_for_the_table_says_so() -> None:
     assert _cut("short reason") == "short reason"
     cut = _cut("x" * 200)
     assert len(cut) <= 120 and cut.endswith(" ... (whole in -o json)")
+
+
+def test_letters_left_undelivered_are_this_pipelines_not_delivered_nor_settled() -> None:
+    # QA 52-b M1: what a complete replay commits for `status`, per dead-letter partition.
+    ours = sources_of(RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "g"}, "routes": [{"topic": "customers"}]}))
+    letters = [letter("done", offset=0), letter("left", offset=1), letter("old", offset=2),
+               letter("theirs", offset=3, group="other"), letter(None, offset=4),
+               letter("new", offset=5)]
+    letters[4] = replace(letters[4], source_topic="")  # names no source: counted as ours
+    assert undelivered(letters, {"done"}, {(0, 2)}, ours, {}) == {0: 3}  # left, no id, new
+    # Before the previous complete replay's offset 5, no more than it counted there (1),
+    # less what this replay did there.
+    assert undelivered(letters, {"done"}, {(0, 2)}, ours, {0: (5, 1)}) == {0: 2}
+    assert undelivered(letters, {"done"}, {(0, 2)}, ours, {0: (5, 1)}, [(0, 1)]) == {0: 1}
+    assert undelivered(letters, {"done"}, {(0, 2)}, ours, {0: (5, None)}) == {0: 3}

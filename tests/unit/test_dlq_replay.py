@@ -4,6 +4,7 @@ commits nothing and the next replay delivers it, a second replay skips what the 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,6 +222,53 @@ def test_batches_commit_by_commit_max_records_each_with_its_offsets() -> None:
     assert replay.apply(replay.plan(Selection())).committed == {"deliver": 3}
     assert cluster.journal.count("commit") == 2
     assert cluster.group_offsets == {(DLQ, 0): 3}
+
+
+def undelivered_noted(cluster: FakeCluster) -> int | None:
+    """What the replay's last commit says of the letters before it (kafka/commit_stamp.py)."""
+    found = re.search(r" undelivered_before=(\d+)$", cluster.offset_metadata.get((DLQ, 0)) or "")
+    return int(found.group(1)) if found else None
+
+
+def test_a_complete_replay_commits_how_many_letters_before_its_offset_are_not_delivered(
+        ) -> None:
+    # QA 52-b M1: status counted every replayed, delivered letter as a dead letter.
+    cluster = cluster_with_letters("Customer", "Customer", "Bad")
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2, "dead_letter": 1}
+    # e-0 and e-1 delivered, e-2's letter superseded by its new one at offset 3 (after it)
+    assert cluster.group_offsets == {(DLQ, 0): 3} and undelivered_noted(cluster) == 0
+    # A filtered replay counts the letters it left out too.
+    cluster = cluster_with_letters("Customer", "Customer", "Customer")
+    replay = replayer(cluster)
+    replay.apply(replay.plan(Selection(ids=frozenset({"e-1"}))))
+    assert cluster.group_offsets == {(DLQ, 0): 3} and undelivered_noted(cluster) == 2
+    # Nothing left to deliver: the count is committed all the same (the CLI's --yes).
+    replay = replayer(cluster)
+    replay.apply(replay.plan(Selection()))
+    again = replayer(cluster)
+    plan = again.plan(Selection())
+    assert plan.counts() == {"already_delivered": 3}
+    assert again.apply(plan).committed == {} and undelivered_noted(cluster) == 0
+
+
+def test_the_count_before_the_last_complete_replay_never_grows_when_marks_age_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = cluster_with_letters("Customer", "Bad")
+    first = replayer(cluster)
+    first.apply(first.plan(Selection()))  # e-0 delivered, e-1 dead-lettered again
+    assert cluster.group_offsets == {(DLQ, 0): 2} and undelivered_noted(cluster) == 0
+    cluster.topics[CHANGELOG] = []  # the dedup window has passed: every mark aged out
+    monkeypatch.setattr(FakeLetters, "age_ms", 3_600_001)
+    late = dead_letter(topic=RAW, partition=0, offset=7, key=None, value=raw_event(
+        "e-7", aggregate_type="Customer"), original_headers=[], stage="route",
+        error=RouteError("no route"), event_id="e-7")
+    cluster.publish(DLQ, [Stored(DLQ, 0, late.key, late.value, list(late.headers), None)])
+    second = replayer(cluster, dedup={"window_ms": 3_600_000})
+    # e-7 is expired too (the fake's letters share one age); --include-expired delivers it.
+    second.apply(second.plan(Selection(ids=frozenset({"e-7"}), include_expired=True)))
+    # Below offset 2 nothing came undone; e-1's newer letter (offset 2) is still undelivered.
+    assert cluster.group_offsets == {(DLQ, 0): 4} and undelivered_noted(cluster) == 1
 
 
 def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:

@@ -326,6 +326,28 @@ def test_dead_letters_above_a_threshold_and_growing_between_ticks() -> None:
         "critical: dead_letters: 5 dead letters on dlq (critical at 5)")
 
 
+def test_dead_letters_a_complete_replay_delivered_do_not_count_against_the_thresholds() -> None:
+    # QA 52-b M1: 2,454 letters, 1,795 of them replayed and delivered: critical at 1000.
+    letters = DeadLetterState(topic="dlq", count=2454, undelivered=659)
+    report = replace(healthy(), dead_letters=letters)
+    settings = StatusSettings(dead_letters_warning=600, dead_letters_critical=1000)
+    assert lines(report, settings)[0].startswith(
+        "warning: dead_letters: 659 dead letters not delivered on dlq (2454 on the topic, 1795 "
+        "delivered by `dlq replay` since) (warning at 600); see `cdc-router dlq list`")
+    assert lines(replace(report, dead_letters=replace(letters, undelivered=0)), settings) == []
+    assert "dead letters on dlq: 2454, 1795 delivered by `dlq replay` since" in as_text(
+        report, judge(report, settings))
+    registry = CollectorRegistry()
+    collector = StatusCollector()
+    registry.register(collector)
+    collector.update(report, judge(report, settings))
+    assert registry.get_sample_value("cdc_router_dlq_records", {"topic": "dlq"}) == 659
+    assert registry.get_sample_value("cdc_router_dlq_topic_records", {"topic": "dlq"}) == 2454
+    # The replay's note rides on the commit stamp, which still tells the commit's age.
+    assert committed_ms(commit_metadata(1_700, 659)) == 1_700
+    assert committed_ms(commit_metadata(1_700)) == 1_700
+
+
 def test_the_publication_must_publish_the_outbox() -> None:
     report = replace(healthy(), publication=replace(healthy().publication,
                                                     tables=("public.other",)))
