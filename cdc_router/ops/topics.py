@@ -76,7 +76,7 @@ def dead_letter_state(admin: AdminClient, kafka: Mapping[str, str], topic: str, 
 
 
 def replayed_positions(admin: AdminClient, group: str | None, partitions: list[TopicPartition]
-              ) -> dict[int, tuple[int, int | None]] | None:
+                       ) -> dict[int, tuple[int, int | None]] | None:
     """Partition -> the replay group's committed offset and the letters it left undelivered
     before it (None: no complete replay said); None when the group cannot be read."""
     if group is None:

@@ -204,9 +204,7 @@ class DeadLetterReplay:
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._done = 0  # items of the work applied and committed
         # For the last commit's count of letters not delivered (_undelivered, QA 52-b M1):
-        self._read: list[Letter] = []
-        self._delivered: set[str] = set()
-        self._settled: set[tuple[int, int]] = set()
+        self._read, self._delivered, self._settled = list[Letter](), set[str](), set[Any]()
         self._applied: list[tuple[Letter, str]] = []  # committed or in the open batch
         self._previous: dict[int, tuple[int, int | None]] = {}  # the last commit's
 
@@ -315,9 +313,8 @@ class DeadLetterReplay:
             item = work[index]
             txn.begin()
             txn.consumed(topic, item.letter.partition, item.letter.offset)
-            action = self._apply_one(txn, item)
-            batch[action] += 1
-            self._applied.append((item.letter, action))
+            self._applied.append((item.letter, self._apply_one(txn, item)))
+            batch[self._applied[-1][1]] += 1
             if txn.due():
                 txn.commit()
                 self._poison.committed()
@@ -338,10 +335,14 @@ class DeadLetterReplay:
             self._poison.committed()
 
     def _committed(self, ends: dict[int, int]) -> dict[int, tuple[int, int | None]]:
-        """Partition -> the group's committed offset and the letters undelivered before it."""
+        """Partition -> the group's committed offset and the letters undelivered before it;
+        {} when Kafka does not say (the count is then not capped: see dlq_letters.undelivered)."""
         topic = self._config.dead_letter.topic
-        found = self._letters.consumer.committed(
-            [TopicPartition(topic, partition) for partition in ends], READ_TIMEOUT_S)
+        try:
+            found = self._letters.consumer.committed(
+                [TopicPartition(topic, partition) for partition in ends], READ_TIMEOUT_S)
+        except KafkaException:
+            return {}
         return {tp.partition: (tp.offset, undelivered_before(tp.metadata)) for tp in found
                 if tp.offset >= 0}
 

@@ -227,6 +227,10 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
         dry = _replay(pipe.config_path, "--dry-run")
         replayed = _replay(pipe.config_path, "--yes")
         orders = pipe.read_all(pipe.orders_topic, settle_s=1)
+        # QA 52-b M1: each pipeline's status counts its own letters, and A's replay (nothing
+        # to deliver, --yes) committed that none of A's are undelivered.
+        counts = [_undelivered_state(pipe, path)
+                  for path in (pipe.config_path, tmp_path / "b.yaml")]
     assert len(letters) == 10 and {dict(r.headers())["dlq.source.group"] for r in letters} == \
         {f"{pipe.name}-b".encode()}
     # A second group on one raw topic is told that it delivers everything again, in case it
@@ -236,6 +240,7 @@ def test_a_pipeline_on_the_same_raw_and_dead_letter_topics_replays_none_of_anoth
     assert spares_alive == [None, None]
     assert dry["planned"] == {"not_replayable": 10}, dry
     assert replayed["committed"] in (None, {}), replayed
+    assert counts == [(0, 0), (10, 10)], counts
     assert Counter(r.key().decode() for r in orders) == Counter(ids), "each event once"
 
 
