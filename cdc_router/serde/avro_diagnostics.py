@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import struct
-import sys
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -219,7 +218,6 @@ def _unfillable_below(node: Any, named: Mapping[str, Any], path: list[str], foun
 # beyond float's range (written as infinity), NaN or infinity from a JSON number beyond a
 # double, any text in a `uuid` string (readers with logical types refuse it), a date, time or
 # timestamp number outside TIME_RANGES.
-_FLOAT_MAX = 3.4028234663852886e38
 # The form both Python's reader and Java's UUID.fromString (Avro Java's) take: Python's
 # uuid.UUID also takes 32 bare digits, braces and urn:uuid:, Java refuses them (review 48-d F2).
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
@@ -302,59 +300,71 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
 def _number_problem(datum: Any, kind: str, path: str) -> str | None:
     if type(datum) is int:  # a JSON integer in a float or double field
         where = path.lstrip(".") or "(the payload)"
-        limit = _FLOAT_MAX if kind == "float" else sys.float_info.max
-        if abs(datum) > limit:
+        held = _held(datum, kind)
+        if held is None:
             return f"field {where!r} is {show(str(datum), 60)}, beyond an Avro {kind}"
         # Review 44-2: 9007199254740993 was written as 9007199254740992.0, without a word.
-        held = _held(datum, kind)
         if _as_written(datum, held, kind):
             return None
-        fix = "make the field a long, or send the number as a string" \
-            if LONG_MIN_VALUE <= datum <= LONG_MAX_VALUE else "send the number as a string"
+        double = _held(datum, "double") if kind == "float" else None
+        kinds = [name for name, fits in (
+            ("double", double is not None and _as_written(datum, double, "double")),
+            ("long", LONG_MIN_VALUE <= datum <= LONG_MAX_VALUE)) if fits]
+        fix = f"make the field a {' or a '.join(kinds)}, or send" if kinds else "send"
         return f"field {where!r} is {show(datum, 60)}, which an Avro {kind} holds only " \
-            f"as {held!r}: {fix}"
+            f"as {held!r}: {fix} the number as a string"
     if not isinstance(datum, float):
         return None
     where = path.lstrip(".") or "(the payload)"
     if not math.isfinite(datum):
         return f"field {where!r} is {datum}, which JSON cannot carry: a number beyond a double?"
-    if kind == "float" and abs(datum) > _FLOAT_MAX:
-        return f"field {where!r} is {datum}, beyond an Avro float (write it as a double)"
     if kind == "float" and datum != 0:
         # Review 48-d F4: 16777217.0 was written as 16777216.0 (the integer 16777217 is
         # refused, above) and 1e-46 as 0.0, without a word. A fraction rounded to a float's
         # 24 bits (0.1) is what a float field asks for.
         held = _held(datum, kind)
+        if held is None:
+            return f"field {where!r} is {datum}, beyond an Avro float (write it as a double)"
         if held == 0 or (datum.is_integer() and not _as_written(datum, held, kind)):
             return f"field {where!r} is {datum!r}, which an Avro float holds only as " \
                 f"{held!r}: make the field a double"
     return None
 
 
-def _held(datum: int | float, kind: str) -> float:
-    """What a `kind` (float or double) field holds for `datum`, within its range."""
-    return float(datum) if kind == "double" else struct.unpack("<f", struct.pack("<f", datum))[0]
+def _held(datum: int | float | Decimal, kind: str) -> float | None:
+    """What a `kind` (float or double) field holds for `datum` (rounded to nearest, as the
+    writer does), or None when that rounds beyond the type's largest value."""
+    try:
+        if kind == "double":
+            return float(datum)
+        return float(struct.unpack("<f", struct.pack("<f", float(datum)))[0])
+    except OverflowError:
+        return None
 
 
 def _as_written(datum: int | float, held: float, kind: str) -> bool:
     """Whether `held` reads back as the number written: the same value, or the shortest
-    decimal that is `held` (QA 52-a F1: jsonb writes a double as its shortest decimal with
-    every digit, 1e23 as 100000000000000000000000, which the field holds as 1e+23)."""
+    decimal that is `held`, which readers print (QA 52-a F1: jsonb writes a double as its
+    shortest decimal with every digit, 1e23 as 100000000000000000000000, held as 1e+23;
+    so is 264736620 in a float field, held as 264736624.0, printed 2.6473662E8)."""
     if held == datum:
         return True
     written = Decimal(datum) if type(datum) is int else Decimal(repr(datum))
-    return Decimal(_shortest(held, kind)) == written
+    return _shortest(held, kind) == written
 
 
-def _shortest(held: float, kind: str) -> str:
-    """The shortest decimal a `kind` field reads as `held` (a float's, at most 9 digits)."""
+def _shortest(held: float, kind: str) -> Decimal:
+    """The shortest decimal a `kind` field reads as `held`, the nearest of those, of an even
+    last digit at a tie (as repr does for a double; a float's has at most 9 digits: at a
+    power of two the nearest decimal of d digits may not read back where its neighbour
+    does, review 52-j F1)."""
     if kind == "double":
-        return repr(held)
-    for digits in range(1, 9):
-        text = f"{held:.{digits}g}"
-        try:
-            if _held(float(text), kind) == held:
-                return text
-        except OverflowError:  # rounded up beyond a float
-            continue
-    return f"{held:.9g}"
+        return Decimal(repr(held))
+    exact = Decimal(held)
+    for digits in range(1, 10):
+        near = Decimal(f"{held:.{digits - 1}e}")
+        step = Decimal(1).scaleb(near.adjusted() - digits + 1)
+        fits = [c for c in (near - step, near, near + step) if _held(c, kind) == held]
+        if fits:
+            return min(fits, key=lambda c: (abs(c - exact), c.as_tuple().digits[-1] % 2))
+    return exact

@@ -831,7 +831,7 @@ def test_a_registry_url_with_a_password_is_masked_in_the_error_line() -> None:
     # Review 44-2: integers a float or double holds only rounded were written rounded.
     ({"id": "7a1d0a8e-3a5b-4c9e-8f0e-0d9c3b2a1f00", "f": 16777217, "d": 1.0},
      r"'shop.V.f' is 16777217, which an Avro float holds only as 16777216.0: make the field "
-     r"a long"),
+     r"a double or a long, or send the number as a string"),
     # Review 48-d F2: spellings Python's uuid.UUID takes, Java's UUID.fromString refuses.
     ({"id": "7a1d0a8e3a5b4c9e8f0e0d9c3b2a1f00", "f": 1.0, "d": 1.0},
      r"'shop.V.id' is str '7a1d0a8e3a5b4c9e8f0e0d9c3b2a1f00', expected string \(uuid\): not a "
@@ -899,6 +899,17 @@ def test_a_double_jsonb_wrote_with_all_its_digits_is_written_as_that_double(
             "<f", single))[0]
         # a JSON float spelt so is the same number
         assert serializer.serialize(event({"d": double, "f": single}), route, "p") == value
+    # Review 52-j F1: Java's Float.MAX_VALUE as jsonb writes it (beyond the float's largest
+    # value, written as it), and a float's shortest decimal at a power of two (2**87).
+    for integer, single in ((340282350000000000000000000000000000000, 3.4028234663852886e38),
+                            (154742510000000000000000000, float(2**87))):
+        value = serializer.serialize(event({"d": 1.0, "f": integer}), route, "p")
+        assert fastavro.schemaless_reader(io.BytesIO(value[10:]), load_schema(schema).parsed,
+                                          None)["f"] == single
+    with pytest.raises(SerializeError, match=f"'N.f' is {2**78 + 2**40}, which an Avro float "
+                       r"holds only as .*: make the field a double, or send the number as a "
+                       r"string$"):  # a double holds it; a long does not
+        serializer.serialize(event({"d": 1.0, "f": 2**78 + 2**40}), route, "p")
     # An integer no double's shortest decimal is still refused, with a fix that can work.
     for integer, fix in ((2**63 + 1, "send the number as a string"),
                          (123456789012345678901234567890, "send the number as a string"),
