@@ -7,7 +7,6 @@ topics; the consumer's stages are "decode" and "handle".
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -32,7 +31,10 @@ log = logging.getLogger(__name__)
 
 STAGE_DECODE = "decode"  # no event id or undecodable value: dead-lettered at once
 STAGE_HANDLE = "handle"  # the handler failed on every attempt
-_ASK_EVERY_S = 1.0  # the dead-letter topic's check asks again, after a refused login's check
+# The dead-letter topic's first metadata ask waits 1 s, each next one twice as long, until
+# dead_letter_timeout_s: a refused login (librdkafka tells error_cb within about a second of
+# the connection) is raised between asks.
+_FIRST_ASK_S = 1.0
 
 
 def dead_letter_headers(message: KafkaMessage, *, stage: str, error: BaseException,
@@ -81,19 +83,22 @@ class DeadLetterWriter:
         letter timing out, and run its handler again at every try. An unreachable cluster is
         no verdict: the consumer starts and waits for it, as before. `consumer`: any client
         of the cluster (its metadata); `refused()` raises when that client's login was
-        refused, asked after each second without an answer (QA 51-i L1: the check waited
-        its whole timeout, then blamed the network, before the refusal was raised)."""
-        topic, asks = self.topic, max(math.ceil(self._timeout_s / _ASK_EVERY_S), 1)
-        for ask in range(1, asks + 1):
+        refused, called between the metadata asks (QA 51-i L1: the check waited its whole
+        timeout, then blamed the network, before the refusal was raised)."""
+        topic, asked_s, wait_s = self.topic, 0.0, _FIRST_ASK_S
+        while True:
+            wait_s = min(wait_s, self._timeout_s - asked_s)
             try:
-                found = consumer.list_topics(topic, timeout=self._timeout_s / asks)
+                found = consumer.list_topics(topic, timeout=wait_s)
                 break
             except KafkaException as error:
                 refused()
-                if ask == asks:
+                asked_s += wait_s
+                if asked_s >= self._timeout_s:
                     log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic,
                                 str(error))
                     return
+                wait_s *= 2  # a cluster slow to answer gets its answer (review 52-j F7)
         found = found.topics.get(topic)
         code = found.error.code() if found is not None and found.error is not None else None
         if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):

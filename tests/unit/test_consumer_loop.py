@@ -70,6 +70,36 @@ def test_a_dead_letter_topic_the_cluster_cannot_tell_of_yet_lets_the_consumer_st
     assert [event.event_id for event in h.effects] == ["a"]
 
 
+def test_a_cluster_slow_to_tell_of_the_dead_letter_topic_is_waited_for() -> None:
+    # Review 52-j F7: the check asked each second, so a metadata answer that takes 1.5 s
+    # never came, and a missing dead-letter topic went unnoticed.
+    h = Harness({0: [rec("a")]})
+    h.kafka.missing = {DLQ}
+    answer = h.kafka.list_topics
+    waits: list[float] = []
+
+    def slow(topic: str, timeout: float) -> Any:
+        waits.append(timeout)
+        if timeout < 1.5:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "timed out"))
+        return answer(topic, timeout)
+
+    h.kafka.list_topics = slow  # type: ignore[method-assign]
+    with pytest.raises(FatalKafkaError, match=f"dead-letter topic '{DLQ}' does not exist"):
+        h.run()
+    assert waits == [1.0, 2.0]
+    h = Harness({0: [rec("a")]})
+    waits.clear()
+
+    def unreachable(topic: str, timeout: float) -> Any:
+        waits.append(timeout)
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+
+    h.kafka.list_topics = unreachable  # type: ignore[method-assign]
+    h.run()  # starts, after asks that add up to dead_letter_timeout_s
+    assert waits == [1.0, 2.0, 4.0, 8.0, 15.0]
+
+
 def test_duplicates_are_acknowledged_without_running_the_effect() -> None:
     h = Harness({0: [rec("a"), rec("a"), rec("b")], 1: [rec("a"), rec("b")]})
     h.run()
