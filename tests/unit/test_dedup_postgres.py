@@ -8,6 +8,7 @@ import pytest
 
 from cdc_router.consumer.dedup import postgres
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
+from cdc_router.errors import ConfigError
 
 
 def connect_options(monkeypatch: pytest.MonkeyPatch, dsn: str) -> dict[str, Any]:
@@ -76,3 +77,32 @@ def test_a_connection_refused_for_good_stops_the_consumer_at_its_first_record(
         "check the DSN's user, password and database, that the role may log in (LOGIN) and "
         "CONNECT to the database, and that pg_hba.conf lets this host in")
     assert harness.effects == [] and harness.stored_offset_of(0) == 0
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"lock_timeout_s": "5"}, "lock_timeout_s"),
+    ({"lock_timeout_s": float("nan")}, "lock_timeout_s"),
+    ({"lock_timeout_s": float("inf")}, "lock_timeout_s"),
+    ({"lock_timeout_s": -1}, "lock_timeout_s"),
+    ({"connect_timeout_s": "x"}, "connect_timeout_s"),
+    ({"connect_timeout_s": 0}, "connect_timeout_s"),
+    ({"connect_timeout_s": True}, "connect_timeout_s"),
+    ({"table": 7}, "table"),
+])
+def test_bad_numbers_are_a_config_error_naming_the_field(options: dict[str, Any],
+                                                          field: str) -> None:
+    # Review 52-c F-med-5: "5" was a TypeError traceback, NaN a ValueError one.
+    with pytest.raises(ConfigError) as raised:
+        PostgresDedupStore("host=db", **options)
+    assert raised.value.field == field
+    assert "\n" not in str(raised.value) and f"field {field!r}" in str(raised.value)
+
+
+def test_a_conninfo_that_is_not_a_string_is_named_by_its_type_only() -> None:
+    with pytest.raises(ConfigError, match=r"field 'conninfo'.*got 'bytes'"):
+        PostgresDedupStore(b"postgresql://u:secret@db/app")  # type: ignore[arg-type]
+
+
+def test_lock_timeout_zero_still_means_wait_for_ever() -> None:
+    PostgresDedupStore("host=db", lock_timeout_s=0)
+    PostgresDedupStore("host=db", lock_timeout_s=0.5, connect_timeout_s=3)

@@ -10,6 +10,7 @@ import pytest
 
 from cdc_router.consumer.dedup import DedupKey
 from cdc_router.consumer.dedup.redis import RedisDedupStore
+from cdc_router.errors import ConfigError
 
 
 class Client:
@@ -32,3 +33,27 @@ def test_a_group_with_a_colon_is_warned_about_once(caplog: pytest.LogCaptureFixt
     [warning] = [record.getMessage() for record in caplog.records]
     assert "event=dedup_group_ambiguous group=billing:eu" in warning
     assert "group billing's (event ids eu:...)" in warning
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"lease_ms": "60000"}, "lease_ms"),
+    ({"lease_ms": float("nan")}, "lease_ms"),
+    ({"lease_ms": 0.5}, "lease_ms"),
+    ({"lease_ms": 1, "ttl_ms": 1.5}, "ttl_ms"),
+    ({"ttl_ms": float("inf")}, "ttl_ms"),
+    ({"ttl_ms": 10}, "ttl_ms"),
+    ({"key_prefix": None}, "key_prefix"),
+])
+def test_bad_numbers_are_a_config_error_naming_the_field(options: dict[str, Any],
+                                                          field: str) -> None:
+    # Review 52-c F-med-5: "60000" was a TypeError traceback; a NaN lease or a 1.5 ms TTL was
+    # accepted, then Redis refused every claim or done mark and the partition never moved.
+    with pytest.raises(ConfigError) as raised:
+        RedisDedupStore(Client(), **options)  # type: ignore[arg-type]
+    assert raised.value.field == field and "\n" not in str(raised.value)
+
+
+def test_a_url_instead_of_a_client_is_a_config_error_that_does_not_echo_it() -> None:
+    with pytest.raises(ConfigError, match=r"field .client.*Redis\.from_url") as raised:
+        RedisDedupStore("redis://:secret@cache:6379/0")  # type: ignore[arg-type]
+    assert "secret" not in str(raised.value)

@@ -46,6 +46,8 @@ from cdc_router.consumer.dedup.store import (
     NestedEventBusy,
     Outcome,
 )
+from cdc_router.consumer.retry import finite_number, whole_number
+from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
     delete_in_chunks,
     one_line,
@@ -96,6 +98,19 @@ class PostgresDedupStore:
 
     def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
                  connect_timeout_s: int = 10, lock_timeout_s: float = 5.0) -> None:
+        # Review 52-c F-med-5: "5" and NaN were raw TypeError / ValueError tracebacks.
+        for ok, field, message, value in (
+                (isinstance(conninfo, str), "conninfo",
+                 "must be a libpq connection string or URL", type(conninfo).__name__),
+                (isinstance(table, str), "table", "must be a table name, schema.table", table),
+                (whole_number(connect_timeout_s), "connect_timeout_s",
+                 "must be a whole number of seconds, at least 1", connect_timeout_s),
+                (finite_number(lock_timeout_s) and lock_timeout_s >= 0, "lock_timeout_s",
+                 "must be a finite number of seconds, at least 0 (0: wait for ever)",
+                 lock_timeout_s)):
+            if not ok:
+                raise ConfigError(message, source="PostgresDedupStore", field=field,
+                                  value=value)
         self._conninfo = conninfo
         # Only the dedup row's INSERT waits at most this long (0: for ever); the effect's own
         # statements keep the session's lock_timeout.

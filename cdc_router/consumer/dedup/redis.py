@@ -51,6 +51,7 @@ from contextlib import contextmanager
 import redis
 
 from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.consumer.retry import whole_number
 from cdc_router.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,18 @@ class RedisDedupStore:
     def __init__(self, client: redis.Redis, *, lease_ms: int = 60_000,
                  ttl_ms: int = 7 * 24 * 3600 * 1000,
                  key_prefix: str = "cdc-router:dedup:") -> None:
-        if lease_ms < 1:
-            raise ConfigError("must be at least 1", source="RedisDedupStore", field="lease_ms",
-                              value=lease_ms)
+        # Review 52-c F-med-5: "60000" was a TypeError traceback, and a NaN lease or a 1.5 ms
+        # TTL was accepted and then refused by Redis on every record: a partition stalled.
+        for ok, field, message, value in (
+                (callable(getattr(client, "register_script", None)), "client",
+                 "must be a redis-py client, e.g. redis.Redis.from_url(url)",
+                 type(client).__name__),  # the type: a URL string may hold a password
+                (whole_number(lease_ms), "lease_ms", "must be a whole number, at least 1",
+                 lease_ms),
+                (whole_number(ttl_ms), "ttl_ms", "must be a whole number, at least 1", ttl_ms),
+                (isinstance(key_prefix, str), "key_prefix", "must be a string", key_prefix)):
+            if not ok:
+                raise ConfigError(message, source="RedisDedupStore", field=field, value=value)
         if ttl_ms < lease_ms:
             raise ConfigError("must be at least lease_ms", source="RedisDedupStore",
                               field="ttl_ms", value=ttl_ms,
