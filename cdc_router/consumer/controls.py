@@ -22,6 +22,8 @@ class ConsumerControls:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._counts = {"processed": 0, "duplicates": 0, "dead_lettered": 0, "retries": 0}
+        # Topics whose records were found without the event id header, their key taken.
+        self._keyed_topics: set[str] = set()
 
     @property
     def stats(self) -> ConsumerStats:

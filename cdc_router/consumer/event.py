@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,6 +17,8 @@ from cdc_router.errors import (
     show,
 )
 from cdc_router.kafka.consumer import readable_headers
+
+log = logging.getLogger(__name__)
 
 
 class KafkaMessage(Protocol):
@@ -87,10 +90,13 @@ def _event_id_text(raw: bytes | None, where: str) -> str:
 
 def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
                decoder: Decoder | None, attempt: int,
-               key_name: str = "the record key") -> ConsumedEvent:
+               key_name: str = "the record key",
+               keyed_topics: set[str] | None = None) -> ConsumedEvent:
     """Build the handler's view of `message`; raises MalformedRecord when it has none.
 
     `key_name` names the key in that error (the JetStream consumer's key is Nats-Msg-Id).
+    `keyed_topics`: the topics already warned about taking the key for want of the header
+    (the Kafka consumer's; None: no warning).
 
     A RegistryError of the decoder (the schema registry unreachable, failing, timing out)
     passes through unchanged: the record is not at fault and must be retried, not
@@ -104,6 +110,8 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
         event_id = _event_id_text(message.key(), key_name)
+        if source == "auto" and keyed_topics is not None:
+            _warn_key_fallback(message.topic(), header, keyed_topics)
     else:
         # A present but empty header is malformed, never replaced by the key: the key may be
         # an aggregate id, shared by many events. Two that differ are too: either could be
@@ -133,6 +141,19 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         event_id=event_id, topic=message.topic(), partition=message.partition(),
         offset=message.offset(), key=message.key(), value=value, payload=payload,
         headers=headers, timestamp_ms=timestamp if timestamp_type else None, attempt=attempt)
+
+
+def _warn_key_fallback(topic: str, header: str, keyed_topics: set[str]) -> None:
+    """Warn once per topic that its records' keys are taken as event ids (review 52-c F-med-8:
+    records sharing an entity key were skipped as duplicates with a DEBUG line only)."""
+    if topic in keyed_topics:
+        return
+    keyed_topics.add(topic)
+    log.warning("event=event_id_from_key topic=%s: a record has no %r header, so its key is "
+                "its event id (event_id_source='auto'), and records sharing a key (an entity "
+                "id) are skipped as duplicates of the first; set event_id_source='header' to "
+                "dead-letter records without the header, or 'key' if every key is one event's "
+                "id (told once a topic)", printable(topic), header)
 
 
 def _with_id(error: MalformedRecord, event_id: str) -> MalformedRecord:

@@ -186,7 +186,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             event = read_event(message, source=self.settings.event_id_source,
                                header=self.settings.event_id_header, decoder=self._decoder,
-                               attempt=attempt)
+                               attempt=attempt, keyed_topics=self._keyed_topics)
         except MalformedRecord as error:
             self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
             return

@@ -618,3 +618,30 @@ def test_the_consumers_old_fatal_name_is_the_one_fatal_class() -> None:
     # cdc_router.consumer documented ConsumerFailed; code catching it must catch the fatal error.
     from cdc_router.consumer import ConsumerFailed
     assert ConsumerFailed is FatalKafkaError
+
+
+def test_taking_the_key_for_want_of_the_id_header_is_warned_once_a_topic(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 52-c F-med-8: three events keyed by their order, without an `id` header: two were
+    # skipped as duplicates of the first with a DEBUG line only.
+    caplog.set_level("WARNING", logger="cdc_router.consumer")
+    h = Harness({0: [rec("order-77", {"s": s}) for s in ("created", "paid", "shipped")]})
+    h.run()
+    assert [e.payload for e in h.effects] == [b'{"s": "created"}']
+    [warning] = [r for r in caplog.records if "event_id_from_key" in r.getMessage()]
+    text = warning.getMessage()
+    assert warning.levelname == "WARNING" and f"topic={TOPIC}" in text
+    assert "no 'id' header" in text and "event_id_source='header'" in text
+
+
+@pytest.mark.parametrize(("source", "records"), [
+    (None, [rec("k", {"x": 1}, [("id", b"e1")]), rec("k", {"x": 2}, [("id", b"e2")])]),
+    ("key", [rec("e1"), rec("e2")]),
+])
+def test_no_key_warning_for_records_with_the_header_or_a_chosen_key(
+        caplog: pytest.LogCaptureFixture, source: str | None, records: list[Record]) -> None:
+    caplog.set_level("WARNING", logger="cdc_router.consumer")
+    h = Harness({0: records}, event_id_source=source)
+    h.run()
+    assert len(h.effects) == 2
+    assert not [r for r in caplog.records if "event_id_from_key" in r.getMessage()]
