@@ -70,9 +70,12 @@ class ConsumedEvent:
 Decoder = Callable[[bytes | None], Any]
 
 
-def _event_id_text(raw: bytes | None, where: str) -> str:
+def _event_id_text(raw: bytes | None, where: str, lacking: str = "") -> str:
+    """The id in `raw` (read from `where`); `lacking` opens the no-id message (review 52-c
+    F-low-1: in auto mode it named the key alone, read as a key problem, when the producer
+    forgot the id header)."""
     if raw is None or raw == b"":
-        raise MalformedRecord(f"no event id: {where} is missing or empty")
+        raise MalformedRecord(f"no event id: {lacking}{where} is missing or empty")
     if len(raw) > MAX_EVENT_ID_BYTES:
         raise MalformedRecord(f"event id in {where} is {len(raw):,} bytes, over the "
                               f"{MAX_EVENT_ID_BYTES:,} an id may have: {show(raw, 60)}")
@@ -84,7 +87,7 @@ def _event_id_text(raw: bytes | None, where: str) -> str:
     except UnicodeDecodeError as error:
         raise MalformedRecord(f"event id in {where} is not UTF-8: {error}") from error
     if not text.strip():
-        raise MalformedRecord(f"no event id: {where} is blank")
+        raise MalformedRecord(f"no event id: {lacking}{where} is blank")
     return text
 
 
@@ -109,7 +112,8 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     headers = tuple(readable or ())
     values = [value for name, value in headers if name == header]
     if source == "key" or (source == "auto" and not values):
-        event_id = _event_id_text(message.key(), key_name)
+        event_id = _event_id_text(message.key(), key_name,
+                                  f"no {header!r} header, and " if source == "auto" else "")
         if source == "auto" and keyed_topics is not None:
             _warn_key_fallback(message.topic(), header, keyed_topics)
     else:

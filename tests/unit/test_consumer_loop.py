@@ -645,3 +645,19 @@ def test_no_key_warning_for_records_with_the_header_or_a_chosen_key(
     h.run()
     assert len(h.effects) == 2
     assert not [r for r in caplog.records if "event_id_from_key" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("source", "record", "message"), [
+    (None, rec(None, {"x": 1}),
+     "no event id: no 'id' header, and the record key is missing or empty"),
+    (None, rec(" ", {"x": 1}), "no event id: no 'id' header, and the record key is blank"),
+    ("key", rec(None, {"x": 1}), "no event id: the record key is missing or empty"),
+    ("header", rec("k", {"x": 1}), "no event id: header 'id' is missing or empty"),
+])
+def test_the_no_event_id_message_names_what_was_looked_for(
+        source: str | None, record: Record, message: str) -> None:
+    # Review 52-c F-low-1: in auto mode it named the key alone, though the header was absent.
+    h = Harness({0: [record]}, event_id_source=source)
+    h.run()
+    [dead] = h.producer.sent
+    assert dlq_headers(dead)["dlq.error.message"] == message

@@ -131,7 +131,8 @@ def test_auto_falls_back_to_nats_msg_id_and_names_it_when_both_are_missing() -> 
     assert read_event(only_msg_id, source="auto", header="id", decoder=None,
                       attempt=1).event_id == "m1"
     bare = record_of(SUBJECT, b"{}", None, metadata(1, 1))
-    with pytest.raises(MalformedRecord, match="header 'Nats-Msg-Id' is missing"):
+    with pytest.raises(MalformedRecord,
+                       match="no 'id' header, and header 'Nats-Msg-Id' is missing"):
         read_event(bare, source="auto", header="id", decoder=None, attempt=1,
                    key_name="header 'Nats-Msg-Id'")
 
