@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.config.redact import shown_url
 from cdc_router.consumer.controls import ConsumerControls
-from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, letter_class
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
 from cdc_router.consumer.jetstream_message import (
@@ -338,7 +338,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._counts["dead_lettered"] += 1
         log.warning("event=dead_lettered stream=%s sequence=%d subject=%s stage=%s "
                     "error_class=%s attempts=%d", record.stream, record.sequence,
-                    record.subject, stage, type(error).__name__, attempts)
+                    record.subject, stage, letter_class(stage, error), attempts)
         await self._settle(message, record, term=True)
 
     def _refused_letter(self, record: JetStreamRecord, failure: BaseException) -> None:

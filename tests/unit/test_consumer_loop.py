@@ -190,7 +190,9 @@ def test_decoded_payload_reaches_the_handler() -> None:
     ((b"e" * 1025, b"{}", []), "1,025 bytes, over the 1,024", "MalformedRecord"),
 ])
 def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text: str,
-                                                     error_class: str) -> None:
+                                                     error_class: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="cdc_router.consumer")
     h = Harness({0: [record, rec("ok", {"y": 2})]}, decoder=lambda raw: json.loads(raw or b""))
     h.run()
     assert [e.event_id for e in h.effects] == ["ok"]
@@ -203,6 +205,9 @@ def test_malformed_records_are_dead_lettered_at_once(record: Record, error_text:
     assert error_text in headers["dlq.error.message"]
     assert headers["dlq.error.class"] == error_class
     assert headers["dlq.attempts"] == "0"
+    # Review 52-c F-low-2: the log line named MalformedRecord where the letter named the cause.
+    [line] = [r.getMessage() for r in caplog.records if "dead_lettered" in r.getMessage()]
+    assert f"error_class={error_class} " in line
     # QA 47-c F4: an id read before the value failed to decode is the letter's too.
     assert headers.get("dlq.event.id") == ("e1" if error_class == "JSONDecodeError" else None)
     # The record's own headers travel along unchanged.

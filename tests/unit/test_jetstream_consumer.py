@@ -318,13 +318,18 @@ def test_a_failing_handler_is_naked_with_a_delay_then_dead_lettered_and_termed()
         ("handle", "3", f"dlq:PAYMENTS:fulfillment:7:{STORED_MS}")
 
 
-def test_a_malformed_message_is_dead_lettered_on_its_first_delivery() -> None:
+def test_a_malformed_message_is_dead_lettered_on_its_first_delivery(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="cdc_router.consumer")
     harness = Harness(failing(AssertionError("never called")))
     assert harness.handle(FakeMessage(b"not json", {"id": "e1"})) == [("term", None)]
     [(_, data, headers, _)] = harness.js.published
     assert data == b"not json"
     assert (headers["dlq.stage"], headers["dlq.attempts"], headers["dlq.error.class"]) == \
         ("decode", "0", "JSONDecodeError")
+    # Review 52-c F-low-2: the log line said MalformedRecord, the letter JSONDecodeError.
+    [line] = [r.getMessage() for r in caplog.records if "dead_lettered" in r.getMessage()]
+    assert "error_class=JSONDecodeError " in line
 
 
 class DownStore:
