@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -182,9 +183,37 @@ def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
                 f"{'is' if len(unset) == 1 else 'are'} not set, and a SASL PLAIN or SCRAM "
                 "login needs both; give the missing one (is its secret in this process's "
                 "environment?)")
-    return (f"librdkafka refused the client config: {found.str() if found else error}; "
+    text = (found.str() if found else str(error)).strip()
+    if not text.startswith("No such configuration property"):
+        named = named_values(text, config)
+        if named:  # review 52-c F-low-3: a refused value was sent to files and passwords
+            return (f"librdkafka refused the client config: {text}; check {named} "
+                    "(librdkafka's CONFIGURATION.md gives each property's range)")
+    return (f"librdkafka refused the client config: {text}; "
             + "".join(f"{missing}; " for missing in missing_files(config))
             + "check the file paths, the key password and the property names")
+
+
+# A property librdkafka's refusal names: "session.timeout.ms" or `max.poll.interval.ms`.
+_NAMED_PROPERTY = re.compile(r'[`"]([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)+)[`"]')
+_SECRET_PARTS = ("password", "secret", "pem", "jaas", "token")
+
+
+def named_values(text: str, config: Mapping[str, Any]) -> str:
+    """'a.b=1 and c.d (not set: librdkafka's default)' for the properties `text` names, by
+    the names `config` gives them (an alias: linger.ms for queue.buffering.max.ms); secrets
+    are not shown; '' when it names none."""
+    shown = []
+    for name in dict.fromkeys(_NAMED_PROPERTY.findall(text)):
+        key = next((key for key in (name, *PROPERTY_ALIASES.get(name, ())) if key in config),
+                   None)
+        if key is None:
+            shown.append(f"{name} (not set: librdkafka's default)")
+        elif any(part in key for part in _SECRET_PARTS):
+            shown.append(f"{key} (set)")
+        else:
+            shown.append(f"{key}={config[key]}")
+    return " and ".join(shown)
 
 
 def missing_files(config: Mapping[str, Any]) -> list[str]:

@@ -177,3 +177,26 @@ def test_a_producer_config_librdkafka_refuses_stops_the_consumer_at_its_start() 
                                           r"/nonexistent/producer-ca\.pem does not exist"):
         consumer.run()
     assert handled == []
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    # Review 52-c F-low-3: the hint was "check the file paths, the key password and the
+    # property names", none of which was at fault.
+    ({"max.poll.interval.ms": "8000"},
+     "check max.poll.interval.ms=8000 and session.timeout.ms (not set: librdkafka's default)"),
+    ({"session.timeout.ms": "0"}, "check session.timeout.ms=0 "),
+    ({"auto.offset.reset": "newest"}, "check auto.offset.reset=newest "),
+    ({"linger.ms": "-5"}, "check linger.ms=-5 "),  # refused as queue.buffering.max.ms
+])
+def test_a_value_librdkafka_refuses_is_named_with_its_value(extra: dict[str, str],
+                                                            named: str) -> None:
+    from confluent_kafka import Consumer
+
+    from cdc_router.consumer.settings import built
+    from cdc_router.errors import ConfigError
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "log_level": "0", **extra}
+    with pytest.raises(ConfigError) as raised:
+        built(Consumer, config, "consumer_config")
+    text = str(raised.value)
+    assert named in text and "key password" not in text and "\n" not in text
