@@ -9,6 +9,7 @@ from typing import Any, Literal
 from cdc_router.config.nats import subject_matches, subject_problem
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.consumer.settings import Check, as_names, check_all, filled
+from cdc_router.errors import ConfigError, printable
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,
 # equal to Nats-Msg-Id), else Nats-Msg-Id. A copy re-published under a fresh Nats-Msg-Id (to
@@ -96,6 +97,7 @@ class JetStreamSettings:
              "must be a whole number, at least 1", self.max_ack_pending),
         ]
         check_all(source, checks)
+        connect_option_problem(self.connect_options)
 
     @property
     def dedup_group(self) -> str:
@@ -107,6 +109,45 @@ class JetStreamSettings:
         if not self.filter_subjects:
             return False  # the whole stream: the stream check at start decides
         return any(subject_matches(filter_, subject) for filter_ in self.filter_subjects)
+
+
+# The nats.connect() keywords the consumer sets itself (jetstream.py _connect): given again in
+# connect_options they were a TypeError, "got multiple values for keyword argument".
+_OWN_CONNECT_OPTIONS = {
+    "servers": "url", "connect_timeout": "connect_timeout_s", "name": None,
+    "allow_reconnect": None, "max_reconnect_attempts": None, "reconnect_time_wait": None,
+    "error_cb": None, "disconnected_cb": None, "reconnected_cb": None}
+
+
+def connect_option_problem(options: object) -> None:
+    """Raise a ConfigError naming the first connect_options key nats.connect() does not take
+    (review 52-c F-low-7: `usr` for `user` was nats-py's TypeError traceback at run()), or
+    one the consumer sets itself."""
+    import difflib
+    import inspect
+
+    from nats.aio.client import Client
+
+    source = "JetStreamSettings"
+    try:
+        keys = list(dict(options))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ConfigError("must be a mapping of nats.connect() keywords", source=source,
+                          field="connect_options", value=type(options).__name__) from None
+    taken = set(inspect.signature(Client.connect).parameters) - {"self"}
+    for key in keys:
+        if key in _OWN_CONNECT_OPTIONS:
+            setting = _OWN_CONNECT_OPTIONS[key]
+            raise ConfigError("is set by the consumer itself", source=source,
+                              field=f"connect_options.{key}",
+                              hint=f"set JetStreamSettings.{setting}" if setting else None)
+        if key not in taken:
+            close = difflib.get_close_matches(str(key), sorted(taken), n=1)
+            raise ConfigError(
+                "is not a nats.connect() keyword", source=source,
+                field=f"connect_options.{printable(str(key))}",
+                hint=(f"did you mean {close[0]!r}? " if close else "") +
+                "see the keywords of nats.aio.client.Client.connect")
 
 
 def consumer_problem(existing: Any, settings: JetStreamSettings) -> str | None:

@@ -255,6 +255,30 @@ def test_settings_of_the_wrong_type_or_infinite_are_one_line(changes: dict[str, 
                              **changes})
 
 
+@pytest.mark.parametrize(("options", "said"), [
+    # Review 52-c F-low-7: `usr` for `user` was nats-py's TypeError traceback at run().
+    ({"usr": "x"}, "field 'connect_options.usr': is not a nats.connect() keyword; did you "
+                   "mean 'user'?"),
+    ({"servers": ["nats://y"]}, "field 'connect_options.servers': is set by the consumer "
+                                "itself; set JetStreamSettings.url"),
+    ({"name": "x"}, "field 'connect_options.name': is set by the consumer itself"),
+    (7, "field 'connect_options': must be a mapping of nats.connect() keywords (got 'int')"),
+])
+def test_connect_options_nats_connect_would_refuse_are_one_line(options: object,
+                                                                 said: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        JetStreamSettings(url="nats://x", stream="S", durable="d", dead_letter_subject="dlq.x",
+                          connect_options=options)  # type: ignore[arg-type]
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_keywords_the_routers_nats_settings_give_are_taken() -> None:
+    JetStreamSettings(url="nats://x", stream="S", durable="d", dead_letter_subject="dlq.x",
+                      connect_options={"user": "u", "password": "p", "token": "t",
+                                       "user_credentials": "/c", "tls": None,
+                                       "tls_hostname": "h"})
+
+
 def test_the_dead_letter_subject_may_not_be_a_consumed_one() -> None:
     with pytest.raises(ConfigError, match="dead_letter_subject"):
         JetStreamSettings(url="nats://x", stream="S", durable="d", dead_letter_subject="pay.dlq",
