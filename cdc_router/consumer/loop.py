@@ -35,6 +35,7 @@ from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read
 from cdc_router.consumer.settings import (
     ConsumerSettings,
     built,
+    consume_batch,
     consumer_error,
     noting_errors,
     raise_reported,
@@ -151,8 +152,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""
         consumer = self._consumer
         self._resume_due()
-        messages = consumer.consume(num_messages=self.settings.batch_size,
-                                    timeout=self._poll_timeout())
+        messages = consume_batch(consumer, self.settings.batch_size, self._poll_timeout())
         self._dead_letters.serve()  # its queued lines
         raise_reported(self._reported)
         for message in messages:

@@ -240,6 +240,17 @@ def raise_reported(reported: list[KafkaError]) -> None:
     reported.clear()
 
 
+def consume_batch(consumer: Any, size: int, timeout: float) -> list[Any]:
+    """Up to `size` records: waits at most `timeout` for the first, then takes what librdkafka
+    has fetched already without waiting. consume(size, timeout) waits its whole timeout
+    unless `size` records come (review 52-c F-low-9: each retry took poll_timeout_s, 1 s,
+    more than its backoff, and a record on a quiet topic waited up to that long)."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(num_messages=size - 1, timeout=0)] if size > 1 else [first]
+
+
 def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:
     """factory(config); a ConfigError naming `field` when librdkafka refuses the config (QA
     32-d: a missing CA file was a traceback)."""

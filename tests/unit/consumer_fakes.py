@@ -93,9 +93,14 @@ class FakeConsumer:
         error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if topic in self.missing else None
         return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={0: None})})
 
-    def poll(self, timeout: float) -> None:
-        """Before the subscription (error_cb's service): no record yet."""
-        self.journal.append(("poll", timeout))
+    def poll(self, timeout: float) -> FakeMessage | None:
+        """Before the subscription (error_cb's service): no record yet; after it, as
+        librdkafka's, the first record consume() would give, or None after `timeout`."""
+        if not self.callbacks:
+            self.journal.append(("poll", timeout))
+            return None
+        batch = self.consume(1, timeout)
+        return batch[0] if batch else None
 
     def rebalance(self) -> None:
         revoked = [TopicPartition(TOPIC, p) for p in sorted(self.assigned)]
@@ -125,10 +130,12 @@ class FakeConsumer:
                 batch.append(FakeMessage(TOPIC, partition, offset, self.logs[partition][offset]))
                 self.unpositioned.discard(partition)
                 self.positions[partition] += 1
-        if not batch:
+        if len(batch) < num_messages:  # librdkafka's consume() waits for a full batch
             self.clock.now += timeout
-            if not self.paused and all(self.positions[p] == len(self.logs[p]) for p in self.logs):
-                self.on_idle()
+        # Not a drain without wait (timeout 0): the records before it are still to handle.
+        if not batch and timeout > 0 and not self.paused and \
+                all(self.positions[p] == len(self.logs[p]) for p in self.logs):
+            self.on_idle()
         return batch
 
     def assignment(self) -> list[TopicPartition]:

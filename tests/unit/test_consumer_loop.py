@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -666,3 +667,26 @@ def test_the_no_event_id_message_names_what_was_looked_for(
     h.run()
     [dead] = h.producer.sent
     assert dlq_headers(dead)["dlq.error.message"] == message
+
+
+def test_each_retry_waits_its_backoff_not_a_poll_timeout_more(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 52-c F-low-9: consume(batch_size, timeout) waits its whole timeout unless a full
+    # batch comes (the fake's consume does as librdkafka's), so each attempt came about
+    # poll_timeout_s (1 s) after its backoff: 5 attempts took ~6 s for ~1.5 s of backoff.
+    caplog.set_level("WARNING", logger="cdc_router.consumer")
+    times: list[float] = []
+
+    def handler(event: ConsumedEvent, _: None) -> None:
+        if event.event_id == "p":
+            times.append(h.clock.now)
+            raise ValueError("poison")
+
+    h = Harness({0: [rec("p"), rec("ok")]}, handler=handler)
+    h.run()
+    delays = [float(r.getMessage().split("delay_s=")[1].split()[0]) for r in caplog.records
+              if "retry_scheduled" in r.getMessage()]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert len(gaps) == len(delays) == 2
+    assert all(abs(gap - delay) < 0.01 for gap, delay in zip(gaps, delays, strict=True)), \
+        (gaps, delays)
