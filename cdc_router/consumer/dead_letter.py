@@ -109,7 +109,8 @@ class DeadLetterWriter:
         if found is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
             raise FatalKafkaError(
                 f"the dead-letter topic {topic!r} does not exist: create it (kafka-topics.sh "
-                f"--create --topic {topic}), or name an existing one in dead_letter_topic; "
+                f"--bootstrap-server {self._config.get('bootstrap.servers')} --create --topic "
+                f"{topic}), or name an existing one in dead_letter_topic; "
                 "poison records are never dropped, so the consumer does not start without it",
                 code=KafkaError.UNKNOWN_TOPIC_OR_PART)
 

@@ -60,6 +60,15 @@ def test_a_dead_letter_topic_that_does_not_exist_stops_the_start_in_one_line() -
     assert h.effects == [] and h.kafka.closed
 
 
+def test_the_missing_dead_letter_topics_command_names_the_cluster() -> None:
+    # Review 52-c F-low-12: the command it gave lacked --bootstrap-server.
+    h = Harness({0: [rec("a")]})
+    h.kafka.missing = {DLQ}
+    with pytest.raises(FatalKafkaError, match=f"kafka-topics.sh --bootstrap-server fake:9092 "
+                       f"--create --topic {DLQ}"):
+        h.run()
+
+
 def test_a_dead_letter_topic_the_cluster_cannot_tell_of_yet_lets_the_consumer_start() -> None:
     h = Harness({0: [rec("a")]})
 
