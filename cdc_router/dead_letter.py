@@ -79,9 +79,29 @@ class DeadLetter:
     reason: str
 
 
+def shown_error(error: BaseException) -> str:
+    """str(error), or `<unprintable ClassName>` when its __str__ raises: a user's exception
+    class may have a bug there (review 52-c F-HIGH-13: `self.order['id']` on a payload with
+    'order_id' raised KeyError, and the consumer crashed at the record's dead letter, and again
+    after every restart). Every text of a user's exception goes through it or shown_repr."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<unprintable {type(error).__name__}>"
+
+
+def shown_repr(value: object) -> str:
+    """repr(value), or `<unprintable ClassName>` when its __repr__ raises (the consumer's
+    retry log line crashed on one)."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
 def reason_of(error: BaseException) -> str:
     """The dlq.error.message of `error`: its text (its class when it has none), bounded."""
-    return (str(error) or type(error).__name__)[:_MAX_REASON]
+    return (shown_error(error) or type(error).__name__)[:_MAX_REASON]
 
 
 def dead_letter_headers(*, topic: str, partition: int, offset: int, stage: str,

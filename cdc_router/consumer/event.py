@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc_router.consumer.settings import EventIdSource
-from cdc_router.dead_letter import MAX_EVENT_ID_BYTES
+from cdc_router.dead_letter import MAX_EVENT_ID_BYTES, shown_error
 from cdc_router.errors import (
     MalformedRecord,
     RegistryError,
@@ -139,7 +139,7 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
                            event_id) from error
         except Exception as error:
             raise _with_id(MalformedRecord(f"value cannot be decoded: {type(error).__name__}: "
-                                           f"{error}"), event_id) from error
+                                           f"{shown_error(error)}"), event_id) from error
     timestamp_type, timestamp = message.timestamp()
     return ConsumedEvent(
         event_id=event_id, topic=message.topic(), partition=message.partition(),

@@ -56,12 +56,8 @@ from cdc_router.consumer.jetstream_message import (
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
 from cdc_router.consumer.loop import Handler
-from cdc_router.errors import (
-    ConfigError,
-    JetStreamConsumerError,
-    MalformedRecord,
-    RegistryError,
-)
+from cdc_router.dead_letter import shown_repr
+from cdc_router.errors import ConfigError, JetStreamConsumerError, MalformedRecord, RegistryError
 from cdc_router.nats.connection import (
     RECENT_ERRORS,
     config_failure,
@@ -292,7 +288,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._counts["retries"] += 1
         log.warning("event=retry_scheduled reason=handler_failed stream=%s sequence=%d id=%s "
                     "attempt=%d delay_s=%.3f error=%s", record.stream, record.sequence,
-                    event.shown_id, attempt, verdict.delay_s, repr(error)[:300])
+                    event.shown_id, attempt, verdict.delay_s, shown_repr(error)[:300])
         await _quietly(message.nak(delay=verdict.delay_s), "nak")
 
     async def _outage(self, message: Any, record: JetStreamRecord, reason: str,

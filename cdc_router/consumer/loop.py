@@ -40,6 +40,7 @@ from cdc_router.consumer.settings import (
     noting_errors,
     raise_reported,
 )
+from cdc_router.dead_letter import shown_repr
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
@@ -274,7 +275,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         level = logging.DEBUG if error is None else logging.WARNING
         log.log(level, "event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
                 "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
-                retry.failures, delay, "" if error is None else repr(error)[:300])
+                retry.failures, delay, "" if error is None else shown_repr(error)[:300])
 
     def _acknowledge(self, message: KafkaMessage) -> None:
         tp = (message.topic(), message.partition())

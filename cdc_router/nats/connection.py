@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from cdc_router.config.nats import NatsSettings
 from cdc_router.config.redact import shown_url
+from cdc_router.dead_letter import shown_error
 from cdc_router.errors import ConfigError
 
 # How many of the errors nats-py reports while connecting a caller keeps for config_failure: a
@@ -193,7 +194,8 @@ def _tls_misconfigured(url: str, error: BaseException) -> ConfigError | None:
 
 def error_text(error: BaseException) -> str:
     """One line for a nats-py error: its class, and its message when it has one."""
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    text = shown_error(error)  # a handler's RetriableError may have a failing __str__
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _readable(path: str, field: str) -> str:

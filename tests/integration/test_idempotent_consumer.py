@@ -604,6 +604,21 @@ def run_until(consumer: IdempotentConsumer[Any], done: Callable[[], bool], what:
         runner.join(60)
 
 
+def run_to(stack: StackEndpoints, store: PostgresDedupStore, handler: Any,
+           topics: tuple[str, str], committed: list[int]) -> IdempotentConsumer[Any]:
+    """Run a consumer of topics[0] (3 attempts, short backoffs) until its group has committed
+    `committed` on its first partitions, then stop it."""
+    topic, dead_letter = topics
+    settings = ConsumerSettings(
+        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
+        topics=(topic,), dead_letter_topic=dead_letter,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
+    consumer = IdempotentConsumer(settings, store, handler)
+    run_until(consumer, lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][
+        :len(committed)] == committed, f"offsets {committed} committed")
+    return consumer
+
+
 def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_goes_on(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore,
         topics: tuple[str, str]) -> None:
@@ -619,13 +634,7 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
         if event.event_id == "poison":
             raise LookupError("order 2 is unknown")
 
-    settings = ConsumerSettings(
-        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
-        topics=(topic,), dead_letter_topic=dead_letter,
-        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
-    run_until(IdempotentConsumer(settings, store, handler),
-              lambda: offsets(stack.bootstrap_servers, settings.group_id, topic, 4)[0][0] == 3,
-              "all three records committed")
+    run_to(stack, store, handler, topics, [3])
     effects = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert effects == 1  # "good"; the poison's write rolled back on every attempt
     dead = read_topic(stack.bootstrap_servers, dead_letter, 2)
@@ -637,6 +646,38 @@ def test_poison_and_malformed_records_reach_the_dead_letter_topic_and_the_rest_g
     assert all(h["dlq.source.topic"] == topic and h["dlq.source.partition"] == "0"
                for h in headers)
     assert [m.value() for m in dead] == [b'{"order_id": "1"}', b'{"order_id": "2"}']
+
+
+class Unprintable(LookupError):
+    """An exception class with a bug in its __str__ and __repr__ (review 52-c F-HIGH-13)."""
+
+    def __str__(self) -> str:
+        raise KeyError("id")
+
+    def __repr__(self) -> str:
+        raise KeyError("id")
+
+
+def test_a_handler_exception_that_cannot_be_printed_is_dead_lettered_not_a_crash(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        topics: tuple[str, str]) -> None:
+    # Review 52-c F-HIGH-13: run() raised KeyError at the retry's log line or the dead letter,
+    # nothing behind the record was handled, and every restart crashed the same way.
+    topic, dead_letter = topics
+    effect_table(stack.postgres_dsn, schema)
+    produce(stack.bootstrap_servers, topic, [(b"poison", b"{}", 0), (b"good", b"{}", 0)])
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, event.event_id)(conn)
+        if event.event_id == "poison":
+            raise Unprintable()
+
+    run_to(stack, store, handler, topics, [2])
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+    [dead] = read_topic(stack.bootstrap_servers, dead_letter, 1)
+    headers = {k: v.decode() for k, v in dead.headers()}
+    assert (headers["dlq.error.class"], headers["dlq.error.message"], headers["dlq.attempts"]) \
+        == ("Unprintable", "<unprintable Unprintable>", "3")
 
 
 def test_a_handler_s_retriable_error_outlasts_max_attempts_and_nothing_is_dead_lettered(
@@ -657,13 +698,7 @@ def test_a_handler_s_retriable_error_outlasts_max_attempts_and_nothing_is_dead_l
             except ConnectionRefusedError as error:
                 raise RetriableError(f"payments service away: {error}") from error
 
-    settings = ConsumerSettings(
-        bootstrap_servers=stack.bootstrap_servers, group_id=unique("fulfillment"),
-        topics=(topic,), dead_letter_topic=dead_letter,
-        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
-    consumer = IdempotentConsumer(settings, store, handler)
-    run_until(consumer, lambda: offsets(stack.bootstrap_servers, settings.group_id, topic,
-                                        4)[0][:2] == [1, 1], "both records committed")
+    consumer = run_to(stack, store, handler, topics, [1, 1])
     rows = count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects')
     assert rows == 2  # each once; the failed attempts' writes rolled back
     assert consumer.stats.retries >= 8 and consumer.stats.dead_lettered == 0

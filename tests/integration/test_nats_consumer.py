@@ -30,6 +30,7 @@ from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.support import StackEndpoints, unique
 from tests.integration.test_idempotent_consumer import (
     Crew,
+    Unprintable,
     count,
     shipped_event_ids,
     wait_until,
@@ -253,6 +254,30 @@ def test_a_poison_message_is_dead_lettered_after_max_deliver_and_the_stream_goes
     assert headers["dlq.error.message"] == "order of poison is unknown second line"
     assert headers["Nats-Msg-Id"].startswith(f"dlq:{streams.stream}:{durable}:2:")
     assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 2
+
+
+def test_a_handler_exception_that_cannot_be_printed_is_dead_lettered_not_a_crash(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    # Review 52-c F-HIGH-13: run() raised at the retry's log line or the dead letter, and the
+    # message, back after AckWait, crashed the next process too.
+    subject = streams.subject
+    streams.publish([payment(subject, "poison", "poison"), payment(subject, "ok-1", "ok-1")])
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(
+            sql.Identifier(schema, "effects")), (event.event_id,))
+        if event.event_id == "poison":
+            raise Unprintable()
+
+    durable = unique("unprintable")
+    jetstream = consumer(streams, store, handler, durable)
+    run_until_dead_letters(jetstream, streams, durable, 1)
+    assert effects(stack.postgres_dsn, schema) == ["ok-1"]
+    [letter] = read_stream(streams.url, streams.dead_letters)
+    assert (letter.headers["dlq.error.class"], letter.headers["dlq.error.message"]) == \
+        ("Unprintable", "<unprintable Unprintable>")
+    assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 1
 
 
 def test_malformed_messages_are_dead_lettered_at_once(
