@@ -14,9 +14,10 @@ from __future__ import annotations
 from cdc_router.consumer.controls import ConsumerStats
 from cdc_router.consumer.dead_letter import DeadLetterWriter, dead_letter_headers
 from cdc_router.consumer.event import ConsumedEvent
+from cdc_router.consumer.handler import Handler
 from cdc_router.consumer.jetstream import JetStreamConsumer
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
-from cdc_router.consumer.loop import Handler, IdempotentConsumer
+from cdc_router.consumer.loop import IdempotentConsumer
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import ConsumerSettings, EventIdSource
 from cdc_router.errors import DeadLetterRefused, FatalKafkaError, MalformedRecord, RetriableError

@@ -41,6 +41,7 @@ from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, letter_class
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
+from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.jetstream_message import (
     OUTAGES,
     GiveUp,
@@ -55,7 +56,6 @@ from cdc_router.consumer.jetstream_message import (
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
-from cdc_router.consumer.loop import Handler
 from cdc_router.dead_letter import shown_repr
 from cdc_router.errors import ConfigError, JetStreamConsumerError, MalformedRecord, RegistryError
 from cdc_router.nats.connection import (
@@ -90,10 +90,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     def __init__(self, settings: JetStreamSettings, store: DedupStore[Context],
                  handler: Handler[Context], *, decoder: Decoder | None = None,
                  rng: random.Random | None = None) -> None:
+        check_wiring("JetStreamConsumer", settings, JetStreamSettings, store, handler, decoder)
         super().__init__()
-        self.settings = settings
-        self._store = store
-        self._handler = handler
+        self.settings, self._store, self._handler = settings, store, guarded(handler)
         self._decoder = decoder
         self._rng = rng or random.Random()
         self._failures: dict[int, int] = {}  # stream sequence -> handler failures here

@@ -31,7 +31,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
-from cdc_router.consumer.event import ConsumedEvent, Decoder, KafkaMessage, read_event
+from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
+from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.settings import (
     ConsumerSettings,
     built,
@@ -60,7 +61,6 @@ from cdc_router.kafka.membership import ListedFactory, MembershipWatch, admin_li
 log = logging.getLogger(__name__)
 
 Context = TypeVar("Context")
-Handler = Callable[[ConsumedEvent, Context], None]
 
 
 @dataclass
@@ -90,10 +90,11 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                  rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  members_factory: ListedFactory = admin_listed) -> None:
+        check_wiring("IdempotentConsumer", settings, ConsumerSettings, store, handler, decoder)
         super().__init__()
         self.settings = settings
         self._store = store
-        self._handler = handler
+        self._handler = guarded(handler)  # an awaitable or a CancelledError: a failure
         self._decoder = decoder
         self._consumer_factory = consumer_factory
         self._dead_letters = DeadLetterWriter(settings.dead_letter_topic,

@@ -133,6 +133,26 @@ def test_a_failing_effect_rolls_back_its_writes_and_the_dedup_row(
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
 
 
+def test_an_effect_that_returns_a_coroutine_rolls_back_and_is_never_reported_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
+    # Review 52-c F-HIGH-11: an `async def` effect's coroutine was never awaited, and the
+    # store committed the dedup row: the event done, its effect lost, a retry a duplicate.
+    effect_table(stack.postgres_dsn, schema)
+    key = DedupKey("fulfillment", "evt-async")
+
+    async def ship(conn: psycopg.Connection[Any]) -> None:
+        raise AssertionError("never awaited, never run")
+
+    def write_then_ship(conn: psycopg.Connection[Any]) -> Any:
+        insert_effect(schema, key.event_id)(conn)
+        return ship(conn)
+
+    with pytest.raises(TypeError, match="returned coroutine"):
+        store.run_once(key, write_then_ship)
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 0
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 0
+
+
 def test_an_effect_that_swallows_a_database_error_is_never_reported_done(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore) -> None:
     # The common `except UniqueViolation: pass` leaves the dedup transaction aborted, and
@@ -678,6 +698,34 @@ def test_a_handler_exception_that_cannot_be_printed_is_dead_lettered_not_a_crash
     headers = {k: v.decode() for k, v in dead.headers()}
     assert (headers["dlq.error.class"], headers["dlq.error.message"], headers["dlq.attempts"]) \
         == ("Unprintable", "<unprintable Unprintable>", "3")
+
+
+def test_a_handler_that_returns_a_coroutine_is_dead_lettered_never_marked_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        topics: tuple[str, str]) -> None:
+    # Review 52-c F-HIGH-11: an async effect behind a plain def (an `async def` handler is
+    # refused at construction) ran nowhere, and each event was marked done and committed.
+    topic, dead_letter = topics
+    effect_table(stack.postgres_dsn, schema)
+    produce(stack.bootstrap_servers, topic, [(b"async", b"{}", 0), (b"good", b"{}", 0)])
+
+    async def ship(event: Any, conn: psycopg.Connection[Any]) -> None:
+        insert_effect(schema, event.event_id)(conn)
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> Any:
+        if event.event_id == "async":
+            return ship(event, conn)
+        insert_effect(schema, event.event_id)(conn)
+        return None
+
+    consumer = run_to(stack, store, handler, topics, [2])
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".effects') == 1
+    assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 1  # good
+    [dead] = read_topic(stack.bootstrap_servers, dead_letter, 1)
+    headers = {k: v.decode() for k, v in dead.headers()}
+    assert (headers["dlq.error.class"], headers["dlq.attempts"]) == ("TypeError", "3")
+    assert "returned coroutine" in headers["dlq.error.message"]
+    assert consumer.stats.processed == 1 and consumer.stats.dead_lettered == 1
 
 
 def test_a_handler_s_retriable_error_outlasts_max_attempts_and_nothing_is_dead_lettered(

@@ -280,6 +280,32 @@ def test_a_handler_exception_that_cannot_be_printed_is_dead_lettered_not_a_crash
     assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 1
 
 
+def test_a_handler_that_returns_a_coroutine_is_dead_lettered_never_acked_as_done(
+        stack: StackEndpoints, schema: str, store: PostgresDedupStore,
+        streams: Streams) -> None:
+    # Review 52-c F-HIGH-11 ("nats-py is asyncio": an async effect comes naturally here): it
+    # never ran, and each message was marked done and acked.
+    subject = streams.subject
+    streams.publish([payment(subject, "async", "async"), payment(subject, "ok-1", "ok-1")])
+
+    async def ship(event: Any, conn: psycopg.Connection[Any]) -> None:
+        raise AssertionError("never awaited, never run")
+
+    def handler(event: Any, conn: psycopg.Connection[Any]) -> Any:
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(
+            sql.Identifier(schema, "effects")), (event.event_id,))
+        return ship(event, conn) if event.event_id == "async" else None
+
+    durable = unique("async")
+    jetstream = consumer(streams, store, handler, durable)
+    run_until_dead_letters(jetstream, streams, durable, 1)
+    assert effects(stack.postgres_dsn, schema) == ["ok-1"]  # the async one's write rolled back
+    [letter] = read_stream(streams.url, streams.dead_letters)
+    assert letter.headers["dlq.error.class"] == "TypeError"
+    assert "returned coroutine" in letter.headers["dlq.error.message"]
+    assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 1
+
+
 def test_malformed_messages_are_dead_lettered_at_once(
         stack: StackEndpoints, schema: str, store: PostgresDedupStore,
         streams: Streams) -> None:

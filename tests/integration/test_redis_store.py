@@ -100,6 +100,19 @@ def test_first_delivery_is_done_and_redeliveries_are_duplicates(
     assert 55_000 < server.client().pttl(store.key(KEY)) <= 60_000  # the retention window
 
 
+async def shipped_async(client: object) -> None:
+    raise AssertionError("never awaited, never run")
+
+
+def test_an_effect_that_returns_a_coroutine_is_a_failure_never_a_done_mark(
+        server: RedisServer) -> None:
+    # Review 52-c F-HIGH-11: the store marked the event done; the async body never ran.
+    store = RedisDedupStore(server.client(), lease_ms=5_000, ttl_ms=60_000)
+    with pytest.raises(TypeError, match="returned coroutine 'shipped_async'"):
+        store.run_once(KEY, shipped_async)  # type: ignore[arg-type]
+    assert store.state(KEY) is None  # not done, and its claim released for the retry
+
+
 class Redis60(redis.Redis):
     """A client of a Redis before 6.2, which refuses `SET ... GET` as a syntax error."""
 

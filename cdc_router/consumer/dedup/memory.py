@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from cdc_router.consumer.dedup.store import DedupKey, Outcome
+from cdc_router.consumer.dedup.store import DedupKey, Outcome, run_effect
 
 
 class MemoryDedupStore:
@@ -27,7 +27,7 @@ class MemoryDedupStore:
         with self._lock:
             if key in self._done:
                 return Outcome.DUPLICATE
-            effect(None)
+            run_effect(effect, None)
             self._done.add(key)
             return Outcome.DONE
 

@@ -45,6 +45,7 @@ from cdc_router.consumer.dedup.store import (
     EffectAborted,
     NestedEventBusy,
     Outcome,
+    run_effect,
 )
 from cdc_router.consumer.retry import finite_number, whole_number
 from cdc_router.errors import ConfigError
@@ -213,7 +214,7 @@ class PostgresDedupStore:
                     busy.discard(key)
                     return Outcome.DUPLICATE
                 in_effect = True
-                effect(conn)
+                run_effect(effect, conn)
                 in_effect = False
                 _check_committable(conn, key)
                 if busy and not nested:  # the handler caught a NestedEventBusy and went on

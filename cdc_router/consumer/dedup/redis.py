@@ -50,7 +50,7 @@ from contextlib import contextmanager
 
 import redis
 
-from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome
+from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome, run_effect
 from cdc_router.consumer.retry import whole_number
 from cdc_router.errors import ConfigError
 
@@ -154,7 +154,7 @@ class RedisDedupStore:
                 from error
         try:
             with self._renewal.held(name, token):
-                effect(self._client)
+                run_effect(effect, self._client)
         except BaseException:
             self._release_claim(name, token)
             raise

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 # Re-exported: the stores and users import them from here and from cdc_router.consumer.dedup.
 from cdc_router.errors import DedupStoreError as DedupStoreError
@@ -66,3 +67,19 @@ class DedupStore(Protocol[Context_co]):
     def close(self) -> None:
         """Release connections; the store may be used again (it reconnects lazily)."""
         ...
+
+
+def run_effect(effect: Callable[[Context], None], context: Context) -> None:
+    """effect(context); TypeError when it returned a coroutine or a generator (an `async def`,
+    a stray `yield`): its body never ran, so the key must not be marked done (review 52-c
+    F-HIGH-11: every store recorded such an event done, its effect silently lost)."""
+    result = cast(Callable[[Context], object], effect)(context)
+    if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        if inspect.iscoroutine(result):
+            result.close()  # no "never awaited" warning: the error says it
+        name = getattr(result, "__qualname__", None)
+        raise TypeError(f"the effect returned {type(result).__name__}"
+                        f"{f' {name!r}' if isinstance(name, str) else ''}, whose body never "
+                        "runs here, so the event's effect did not happen: the handler must be a "
+                        "plain function that does its work before it returns (run async code "
+                        "inside it with asyncio.run())")
