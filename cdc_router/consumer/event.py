@@ -68,6 +68,9 @@ class ConsumedEvent:
 
 
 Decoder = Callable[[bytes | None], Any]
+# What a handler or a decoder may raise that ends run() instead of failing its record: a request
+# to stop the process (Ctrl-C, sys.exit()), which no record may swallow (consumer/handler.py).
+STOPS_PROCESS = (KeyboardInterrupt, SystemExit)
 
 
 def _event_id_text(raw: bytes | None, where: str, lacking: str = "") -> str:
@@ -137,7 +140,9 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
                 raise  # the registry is down or refuses us: retry, the record is fine
             raise _with_id(MalformedRecord(f"value cannot be decoded: {error}"),
                            event_id) from error
-        except Exception as error:
+        except STOPS_PROCESS:
+            raise
+        except BaseException as error:  # asyncio.CancelledError too: the record's (52-c F-med-14)
             raise _with_id(MalformedRecord(f"value cannot be decoded: {type(error).__name__}: "
                                            f"{shown_error(error)}"), event_id) from error
     timestamp_type, timestamp = message.timestamp()

@@ -5,8 +5,13 @@ argument: a store without run_once, a handler that is not callable, that cannot 
 (event, context), or whose body would never run (an `async def`, a generator function: calling
 it returns a coroutine or a generator, and the event would be marked done without its effect).
 The handler is then called through guarded(), which makes what only run time shows that
-record's failure (retried, then dead-lettered), never a done mark: a returned awaitable or
-generator (a callable whose signature hid an `async def`).
+record's failure (retried, then dead-lettered), never a done mark nor the process's end:
+- a returned awaitable or generator (a callable whose signature hid an `async def`);
+- a BaseException that is no request to stop the process (asyncio.CancelledError from an
+  asyncio.run() inside the handler, GeneratorExit, a BaseException subclass of its own),
+  turned into HandlerAborted: the store then sees an ordinary failure (rolled back, claim
+  released) and so does the loop. KeyboardInterrupt and SystemExit still end run(): they ask
+  the process to stop, and a record must not swallow a Ctrl-C or a sys.exit().
 """
 
 from __future__ import annotations
@@ -17,11 +22,18 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from cdc_router.consumer.dedup.store import run_effect
-from cdc_router.consumer.event import ConsumedEvent
+from cdc_router.consumer.event import STOPS_PROCESS, ConsumedEvent
+from cdc_router.dead_letter import shown_error
 from cdc_router.errors import ConfigError
 
 Context = TypeVar("Context")
 Handler = Callable[[ConsumedEvent, Context], None]
+
+
+class HandlerAborted(Exception):
+    """A handler raised a BaseException that is not an Exception (asyncio.CancelledError, say)
+    and that asks no stop of the process: that record's failure."""
+
 
 def check_wiring(source: str, settings: object, settings_type: type, store: object,
                  handler: object, decoder: object) -> None:
@@ -71,6 +83,14 @@ def guarded(handler: Handler[Context]) -> Handler[Context]:
     module doc)."""
 
     def call(event: ConsumedEvent, context: Context) -> None:
-        run_effect(functools.partial(handler, event), context)
+        try:
+            run_effect(functools.partial(handler, event), context)
+        except STOPS_PROCESS:
+            raise
+        except Exception:
+            raise
+        except BaseException as error:
+            raise HandlerAborted(f"the handler raised {type(error).__name__} (a BaseException, "
+                                 f"not an Exception): {shown_error(error)}") from error
 
     return call

@@ -276,3 +276,25 @@ def rec(key: str | None, value: object = None, headers: list[tuple[str, bytes | 
 
 def dlq_headers(record: dict[str, Any]) -> dict[str, str]:
     return {k: v.decode() for k, v in record["headers"] if k.startswith("dlq.")}
+
+
+def run_poisoned(raised: BaseException, *, in_decoder: bool = False
+                 ) -> tuple[Harness, dict[str, str]]:
+    """Run records "poison" and "b" where the handler (or the decoder) raises `raised` on the
+    first; the harness and the dlq.* headers of the one dead letter, after "b" took effect."""
+    def handler(event: ConsumedEvent, _: Any) -> None:
+        if event.event_id == "poison":
+            raise raised
+        h.effects.append(event)
+
+    def decoder(raw: bytes | None) -> Any:
+        if raw == b'"poison"':
+            raise raised
+        return raw
+
+    h = Harness({0: [rec("poison", "poison"), rec("b", "b")]}, handler=handler,
+                decoder=decoder if in_decoder else None)
+    h.run()
+    assert [event.event_id for event in h.effects] == ["b"]
+    [dead] = h.producer.sent
+    return h, dlq_headers(dead)

@@ -6,6 +6,7 @@ consumer."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import warnings
 from typing import Any
@@ -16,7 +17,7 @@ from cdc_router.consumer import ConsumedEvent, ConsumerSettings, IdempotentConsu
 from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore
 from cdc_router.consumer.jetstream import JetStreamConsumer
 from cdc_router.errors import ConfigError
-from tests.unit.consumer_fakes import DLQ, TOPIC, Harness, dlq_headers, rec
+from tests.unit.consumer_fakes import DLQ, TOPIC, Harness, dlq_headers, rec, run_poisoned
 from tests.unit.test_jetstream_consumer import SETTINGS, payment
 from tests.unit.test_jetstream_consumer import Harness as JetStreamHarness
 
@@ -125,15 +126,59 @@ def test_jetstream_a_handler_returning_an_awaitable_is_naked_then_dead_lettered(
     harness = JetStreamHarness(returns_a_coroutine, store=store)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(2):
-            [(told, _delay)] = harness.handle(payment("e1"))
-            assert told == "nak"
-        assert harness.handle(payment("e1")) == [("term", None)]
-    [(_, _, headers, _)] = harness.js.published
+        headers = harness.dead_letter_of("e1")
     assert headers["dlq.error.class"] == "TypeError" and "never runs" in \
         headers["dlq.error.message"]
     assert not store.is_done(DedupKey("fulfillment", "e1"))
     assert harness.consumer.stats.processed == 0
+
+
+# --- F-med-14: a BaseException that asks no stop is the record's failure -------------------
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError(), GeneratorExit()])
+def test_kafka_a_cancelled_error_from_the_handler_is_that_record_s_failure(
+        raised: BaseException) -> None:
+    h, headers = run_poisoned(raised)
+    assert (headers["dlq.error.class"], headers["dlq.attempts"]) == ("HandlerAborted", "3")
+    assert headers["dlq.error.message"].startswith(
+        f"the handler raised {type(raised).__name__} (a BaseException, not an Exception)")
+    assert h.kafka.committed == {0: 2}
+
+
+def test_jetstream_a_cancelled_error_from_the_handler_is_that_record_s_failure() -> None:
+    def handler(event: ConsumedEvent, _: Any) -> None:
+        raise asyncio.CancelledError("inner task cancelled")
+
+    harness = JetStreamHarness(handler)
+    headers = harness.dead_letter_of("e1")
+    assert headers["dlq.error.class"] == "HandlerAborted"
+    assert "CancelledError" in headers["dlq.error.message"]
+    assert "inner task cancelled" in headers["dlq.error.message"]
+
+
+def test_kafka_a_cancelled_error_from_the_decoder_dead_letters_its_record() -> None:
+    _, headers = run_poisoned(asyncio.CancelledError(), in_decoder=True)
+    assert (headers["dlq.stage"], headers["dlq.error.class"]) == ("decode", "CancelledError")
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_a_request_to_stop_the_process_still_ends_run_and_marks_nothing(
+        raised: type[BaseException]) -> None:
+    store = MemoryDedupStore()
+
+    def handler(event: ConsumedEvent, _: Any) -> None:
+        raise raised()
+
+    h = Harness({0: [rec("a")]}, store=store, handler=handler)
+    with pytest.raises(raised):
+        h.run()
+    assert h.producer.sent == [] and h.kafka.committed == {} and h.kafka.closed
+    assert not store.is_done(DedupKey("fulfillment", "a"))
+    harness = JetStreamHarness(handler)
+    with pytest.raises(raised):
+        harness.handle(payment("e1"))
+    assert harness.js.published == []
 
 
 def test_a_store_used_directly_never_marks_done_an_effect_that_returned_an_awaitable() -> None:

@@ -5,7 +5,6 @@ retry's log line, and again after every restart)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from cdc_router.consumer.dead_letter import dead_letter_headers
 from cdc_router.dead_letter import reason_of, shown_error, shown_repr
 from cdc_router.errors import RetriableError
 from cdc_router.nats.connection import error_text
-from tests.unit.consumer_fakes import TOPIC, Harness, dlq_headers, rec
+from tests.unit.consumer_fakes import TOPIC, Harness, rec, run_poisoned
 from tests.unit.test_jetstream_consumer import Harness as JetStreamHarness
 from tests.unit.test_jetstream_consumer import payment
 
@@ -58,16 +57,7 @@ def test_the_renderers_survive_a_failing_str_and_repr() -> None:
 @pytest.mark.parametrize("raised", [OrderRejected({"order_id": 7}), ReprBroken("no repr")])
 def test_kafka_a_handler_exception_that_cannot_be_printed_is_retried_and_dead_lettered(
         raised: Exception) -> None:
-    def handler(event: ConsumedEvent, _: Any) -> None:
-        if event.event_id == "poison":
-            raise raised
-        h.effects.append(event)
-
-    h = Harness({0: [rec("poison"), rec("b")]}, handler=handler)
-    h.run()
-    assert [event.event_id for event in h.effects] == ["b"]
-    [dead] = h.producer.sent
-    headers = dlq_headers(dead)
+    h, headers = run_poisoned(raised)
     assert (headers["dlq.error.class"], headers["dlq.attempts"]) == \
         (type(raised).__name__, "3")
     assert headers["dlq.error.message"] == shown_error(raised)
@@ -89,16 +79,7 @@ def test_kafka_a_retriable_error_that_cannot_be_printed_is_retried() -> None:
 
 
 def test_kafka_a_decoder_exception_that_cannot_be_printed_dead_letters_the_record() -> None:
-    def decoder(raw: bytes | None) -> Any:
-        if raw == b'"bad"':
-            raise OrderRejected({})
-        return json.loads(raw or b"null")
-
-    h = Harness({0: [rec("a", "bad"), rec("b", "fine")]}, decoder=decoder)
-    h.run()
-    assert [event.event_id for event in h.effects] == ["b"]
-    [dead] = h.producer.sent
-    headers = dlq_headers(dead)
+    _, headers = run_poisoned(OrderRejected({}), in_decoder=True)
     assert (headers["dlq.stage"], headers["dlq.error.class"]) == ("decode", "OrderRejected")
     assert headers["dlq.error.message"] == \
         "value cannot be decoded: OrderRejected: <unprintable OrderRejected>"
@@ -111,11 +92,7 @@ def test_jetstream_a_handler_exception_that_cannot_be_printed_is_dead_lettered(
         raise raised
 
     harness = JetStreamHarness(handler)
-    for _ in range(2):
-        [(told, _delay)] = harness.handle(payment("e1"))
-        assert told == "nak"
-    assert harness.handle(payment("e1")) == [("term", None)]
-    [(_, _, headers, _)] = harness.js.published
+    headers = harness.dead_letter_of("e1")
     assert headers["dlq.error.message"] == shown_error(raised)
 
 

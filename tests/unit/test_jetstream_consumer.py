@@ -98,6 +98,16 @@ class Harness:
         asyncio.run(self.consumer._handle(message))
         return message.told
 
+    def dead_letter_of(self, event_id: str) -> dict[str, str]:
+        """Hand message `event_id` over until its handler's third failure (SETTINGS' attempts):
+        naked twice, then dead-lettered and termed; its letter's headers."""
+        for _ in range(2):
+            [(told, _delay)] = self.handle(payment(event_id))
+            assert told == "nak"
+        assert self.handle(payment(event_id)) == [("term", None)]
+        [(_, _, headers, _)] = self.js.published
+        return headers
+
 
 def failing(error: Exception) -> Callable[[Any, Any], None]:
     def handler(event: Any, context: Any) -> None:
