@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.config.topic_names import TopicGuard
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError, FatalKafkaError
 from cdc_router.kafka.consumer import unfetched_offsets
@@ -66,6 +67,16 @@ def as_names(value: object, source: str, name: str) -> tuple[str, ...]:
                       field=name, value=value)
 
 
+def _consumer_of(topics: tuple[str, ...], name: str, source: str) -> str | None:
+    """The `topics` entry (a name, or a `^regex` librdkafka subscribes by) that consumes topic
+    `name`, the router's own rule (config/topic_names.py TopicGuard.source_of); a ConfigError
+    for a `^regex` Python and librdkafka would read otherwise, or not at all."""
+    try:
+        return TopicGuard(sources=topics, own={}).source_of(name)
+    except ValueError as error:
+        raise ConfigError(str(error), source=source, field="topics", value=topics) from None
+
+
 def check_all(source: str, checks: list[Check]) -> None:
     """Raise a ConfigError naming `source` and the field of the first failed check."""
     for ok, name, message, value in checks:
@@ -120,8 +131,6 @@ class ConsumerSettings:
              "must name at least one topic, none empty or blank", self.topics),
             (filled(self.dead_letter_topic), "dead_letter_topic",
              "must name a topic: poison records are never dropped", self.dead_letter_topic),
-            (self.dead_letter_topic not in self.topics, "dead_letter_topic",
-             "must not be one of the consumed topics", self.dead_letter_topic),
             (self.event_id_source in ("auto", "key", "header"), "event_id_source",
              "must be 'auto', 'key' or 'header'", self.event_id_source),
             (filled(self.event_id_header), "event_id_header", "must not be empty or blank",
@@ -145,6 +154,16 @@ class ConsumerSettings:
              self.consumer_config.get("group.id")),
         ]
         check_all(source, checks)
+        consumer = _consumer_of(self.topics, self.dead_letter_topic, source)
+        if consumer is not None:
+            # Review 52-c F-HIGH-15: with a `^regex` matching it, the consumer read its own
+            # dead letters and dead-lettered them again, without end.
+            how = "" if consumer == self.dead_letter_topic else \
+                f": topics entry {consumer!r} matches it"
+            raise ConfigError(f"must not be one of the consumed topics{how}, so the consumer "
+                              "would read its own dead letters and dead-letter them again "
+                              "without end", source=source, field="dead_letter_topic",
+                              value=self.dead_letter_topic)
         for name, pinned, extra in (("consumer_config", _PINNED_CONSUMER, self.consumer_config),
                                     ("producer_config", _PINNED_PRODUCER, self.producer_config)):
             for key, value in extra.items():

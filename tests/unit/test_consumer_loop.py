@@ -583,6 +583,35 @@ def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) 
         ConsumerSettings(**{**base, **changes})
 
 
+@pytest.mark.parametrize(("topics", "dead_letter_topic", "words"), [
+    (("^payments\\..*",), "payments.dlq", "topics entry '^payments\\\\..*' matches it"),
+    (("^pay", TOPIC), "payments.confirmed.dlq", "topics entry '^pay' matches it"),
+    ((TOPIC, "fulfillment.dlq"), "fulfillment.dlq", "must not be one of the consumed topics, so"),
+])
+def test_a_dead_letter_topic_the_consumer_would_read_is_refused(
+        topics: tuple[str, ...], dead_letter_topic: str, words: str) -> None:
+    # Review 52-c F-HIGH-15: a `^regex` subscription (librdkafka's) matching the dead-letter
+    # topic was accepted, and one poison record was dead-lettered again and again.
+    with pytest.raises(ConfigError, match="field 'dead_letter_topic'") as refused:
+        ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=topics,
+                         dead_letter_topic=dead_letter_topic)
+    assert words in str(refused.value) and "read its own dead letters" in str(refused.value)
+
+
+def test_a_regex_subscription_is_read_as_librdkafka_reads_it() -> None:
+    # The router's rule (TopicGuard.source_of): searched, anchored only by its `^`.
+    assert ConsumerSettings(bootstrap_servers="b:9092", group_id="g",
+                            topics=("^payments\\.confirmed$",),
+                            dead_letter_topic="payments.dlq").topics == \
+        ("^payments\\.confirmed$",)
+    for pattern, words in (("^payments\\d", "reads \\d as a plain 'd'"),
+                           ("^pay(", "invalid regular expression")):
+        with pytest.raises(ConfigError, match="field 'topics'") as refused:
+            ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=(pattern,),
+                             dead_letter_topic=DLQ)
+        assert words in str(refused.value)
+
+
 def test_acks_minus_one_is_all() -> None:
     settings = ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=(TOPIC,),
                                 dead_letter_topic=DLQ, producer_config={"acks": "-1"})
