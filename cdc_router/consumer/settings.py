@@ -260,14 +260,18 @@ def raise_reported(reported: list[KafkaError]) -> None:
 
 
 def consume_batch(consumer: Any, size: int, timeout: float) -> list[Any]:
-    """Up to `size` records: waits at most `timeout` for the first, then takes what librdkafka
-    has fetched already without waiting. consume(size, timeout) waits its whole timeout
-    unless `size` records come (review 52-c F-low-9: each retry took poll_timeout_s, 1 s,
-    more than its backoff, and a record on a quiet topic waited up to that long)."""
+    """Up to `size` records: those librdkafka has fetched already, without waiting, else the
+    first to come within `timeout`. consume(size, timeout) waits its whole timeout unless
+    `size` records come (review 52-c F-low-9: each retry took poll_timeout_s, 1 s, more than
+    its backoff). One call hands records over: each serves the rebalance callbacks before
+    its records, so none comes of a partition revoked after it (reread 52-l F3: a poll, then
+    consume(0), ran a revocation between them, and the retry's seek on the polled record
+    stopped the consumer)."""
+    fetched = consumer.consume(num_messages=size, timeout=0)
+    if fetched:
+        return list(fetched)
     first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(num_messages=size - 1, timeout=0)] if size > 1 else [first]
+    return [] if first is None else [first]
 
 
 def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:
