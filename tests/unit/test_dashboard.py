@@ -47,7 +47,8 @@ def test_the_dashboard_is_a_grafana_dashboard_over_known_metrics() -> None:
     # Every gauge of the exporter is on the dashboard, and the router's lag and commit age.
     assert {"cdc_router_slot_retained_wal_bytes", "cdc_router_connector_state",
             "cdc_router_outbox_rows", "cdc_router_group_lag", "cdc_router_dlq_records",
-            "cdc_router_consumer_lag", "cdc_router_last_commit_age_seconds"} <= used
+            "cdc_router_dlq_topic_records", "cdc_router_consumer_lag",
+            "cdc_router_last_commit_age_seconds"} <= used
 
 
 def test_the_alert_rules_use_known_metrics() -> None:

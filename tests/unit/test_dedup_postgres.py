@@ -84,6 +84,7 @@ def test_a_connection_refused_for_good_stops_the_consumer_at_its_first_record(
     ({"lock_timeout_s": float("nan")}, "lock_timeout_s"),
     ({"lock_timeout_s": float("inf")}, "lock_timeout_s"),
     ({"lock_timeout_s": -1}, "lock_timeout_s"),
+    ({"lock_timeout_s": 30 * 86400}, "lock_timeout_s"),  # reread 52-l F5: Postgres's limit
     ({"connect_timeout_s": "x"}, "connect_timeout_s"),
     ({"connect_timeout_s": 0}, "connect_timeout_s"),
     ({"connect_timeout_s": True}, "connect_timeout_s"),
@@ -105,4 +106,5 @@ def test_a_conninfo_that_is_not_a_string_is_named_by_its_type_only() -> None:
 
 def test_lock_timeout_zero_still_means_wait_for_ever() -> None:
     PostgresDedupStore("host=db", lock_timeout_s=0)
+    PostgresDedupStore("host=db", lock_timeout_s=2_147_483.647)  # Postgres's largest
     PostgresDedupStore("host=db", lock_timeout_s=0.5, connect_timeout_s=3)

@@ -42,6 +42,8 @@ def test_a_group_with_a_colon_is_warned_about_once(caplog: pytest.LogCaptureFixt
     ({"lease_ms": 1, "ttl_ms": 1.5}, "ttl_ms"),
     ({"ttl_ms": float("inf")}, "ttl_ms"),
     ({"ttl_ms": 10}, "ttl_ms"),
+    ({"ttl_ms": 10**20}, "ttl_ms"),  # reread 52-l F6: Redis refused every done mark
+    ({"lease_ms": 10**17, "ttl_ms": 10**17}, "lease_ms"),  # the renewal thread raised
     ({"key_prefix": None}, "key_prefix"),
 ])
 def test_bad_numbers_are_a_config_error_naming_the_field(options: dict[str, Any],

@@ -86,6 +86,10 @@ def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupK
             "and the dedup row commit together")
 
 
+# Postgres's lock_timeout is an int of milliseconds (about 24.8 days): a longer one refused
+# every claim (reread 52-l F5).
+_MAX_LOCK_TIMEOUT_S = 2_147_483.647
+
 class PostgresDedupStore:
     """Dedup rows in Postgres, committed atomically with the effect's writes (psycopg 3).
 
@@ -106,8 +110,9 @@ class PostgresDedupStore:
                 (isinstance(table, str), "table", "must be a table name, schema.table", table),
                 (whole_number(connect_timeout_s), "connect_timeout_s",
                  "must be a whole number of seconds, at least 1", connect_timeout_s),
-                (finite_number(lock_timeout_s) and lock_timeout_s >= 0, "lock_timeout_s",
-                 "must be a finite number of seconds, at least 0 (0: wait for ever)",
+                (finite_number(lock_timeout_s) and 0 <= lock_timeout_s <= _MAX_LOCK_TIMEOUT_S,
+                 "lock_timeout_s", "must be a finite number of seconds, at least 0 (0: wait for "
+                 f"ever) and at most {_MAX_LOCK_TIMEOUT_S:g} (Postgres's lock_timeout limit)",
                  lock_timeout_s)):
             if not ok:
                 raise ConfigError(message, source="PostgresDedupStore", field=field,

@@ -92,6 +92,10 @@ def _as_bytes(value: object) -> bytes | None:
     return str(value).encode()
 
 
+# Ten years: Redis refused a TTL beyond a 64-bit count of ms, and the lease's renewal
+# thread could not wait a lease of centuries (reread 52-l F6).
+_MAX_MS = 10 * 365 * 24 * 3600 * 1000
+
 class RedisDedupStore:
     """Claims and done marks in Redis (redis-py); the effect receives the Redis client."""
 
@@ -104,9 +108,12 @@ class RedisDedupStore:
                 (callable(getattr(client, "register_script", None)), "client",
                  "must be a redis-py client, e.g. redis.Redis.from_url(url)",
                  type(client).__name__),  # the type: a URL string may hold a password
-                (whole_number(lease_ms), "lease_ms", "must be a whole number, at least 1",
+                (whole_number(lease_ms) and lease_ms <= _MAX_MS, "lease_ms",
+                 f"must be a whole number of ms, at least 1 and at most {_MAX_MS} (10 years)",
                  lease_ms),
-                (whole_number(ttl_ms), "ttl_ms", "must be a whole number, at least 1", ttl_ms),
+                (whole_number(ttl_ms) and ttl_ms <= _MAX_MS, "ttl_ms",
+                 f"must be a whole number of ms, at least 1 and at most {_MAX_MS} (10 years)",
+                 ttl_ms),
                 (isinstance(key_prefix, str), "key_prefix", "must be a string", key_prefix)):
             if not ok:
                 raise ConfigError(message, source="RedisDedupStore", field=field, value=value)
