@@ -158,14 +158,20 @@ def _router(report: Report) -> Iterator[GaugeMetricFamily]:
                  labels)
     commit = _gauge("group_last_commit_age_seconds", "Since the group's last offset commit, "
                     "per partition (from the router's commit stamp)", labels)
+    # Status judges a stall on the smaller of the two ages (review 52-j F4: an idle
+    # partition's first record is not a stall), so the alert rule needs both.
+    pending = _gauge("group_oldest_pending_age_seconds", "Age of the oldest record the group "
+                     "has not committed, per partition (absent: none waits)", labels)
     for p in router.partitions:
         values = [router.group or "", p.topic, str(p.partition)]
         lag.add_metric(values, p.lag)
         if p.last_commit_age_s is not None:
             commit.add_metric(values, p.last_commit_age_s)
+        if p.lag > 0 and p.oldest_pending_age_s is not None:
+            pending.add_metric(values, p.oldest_pending_age_s)
     members = _gauge("group_members", "Router instances in the group", ("group",))
     members.add_metric([router.group or ""], len(router.members))
-    yield from (lag, commit, members)
+    yield from (lag, commit, pending, members)
 
 
 def _topics(report: Report) -> Iterator[GaugeMetricFamily]:

@@ -64,16 +64,19 @@ def test_the_verdict_of_status_pages_at_its_level():
 def test_a_stall_is_judged_partition_by_partition_at_the_status_thresholds():
     # Review 52-d F3: max(lag) by group and min(commit age) by group, not tied to one
     # partition: a frozen instance's partition went unsaid while another instance committed.
+    # Review 52-j F4: on the smaller of the last commit's age and the oldest waiting record's,
+    # as status: on the commit's age alone an idle partition's first record paged at once.
     rules = _rules("CdcRouterStalled")
-    for rule in rules.values():
+    for level, rule in rules.items():
         expr = " ".join(rule["expr"].split())
         assert not re.search(r"\b(min|max|sum|avg)\b|\bby\s*\(", expr), expr
-        assert re.fullmatch(r"cdc_router_group_lag > 0 and on \(group, topic, partition\) "
-                            r"cdc_router_group_last_commit_age_seconds >= \d+", expr), expr
+        limit = int(getattr(DEFAULTS, f"stalled_{level}_s"))
+        on = "on (group, topic, partition)"
+        commit, pending = ("cdc_router_group_last_commit_age_seconds",
+                           "cdc_router_group_oldest_pending_age_seconds")
+        assert expr == (f"cdc_router_group_lag > 0 and {on} ({commit} >= {limit} or {pending} "
+                        f">= {limit}) unless {on} ({commit} < {limit} or {pending} < {limit})")
         assert "{{ $labels.partition }}" in rule["annotations"]["summary"]
-    pattern = r"last_commit_age_seconds >= (\d+)"
-    assert _threshold(rules["warning"], pattern) == DEFAULTS.stalled_warning_s
-    assert _threshold(rules["critical"], pattern) == DEFAULTS.stalled_critical_s
 
 
 def test_slot_wal_alerts_have_the_status_levels_and_thresholds():

@@ -519,6 +519,27 @@ def test_the_exporter_shows_the_latest_report_as_gauges() -> None:
     assert value("cdc_router_dlq_records", {"topic": "cdc-router.dlq"}) == 0
 
 
+def test_the_exporter_gives_each_partitions_oldest_waiting_record_for_the_stall_rule() -> None:
+    # Review 52-j F4: the stall rule judges the smaller of the last commit's age and this one,
+    # as status does; an idle partition's first record is not a stall.
+    idle = PartitionLag("outbox.public.outbox", 1, 100, 101, 1, True, 600.0, 0.3)
+    report = replace(healthy(), router=replace(healthy().router, lag=1, partitions=(
+        *healthy().router.partitions, idle)))
+    collector = StatusCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    collector.update(report, judge(report, SETTINGS))
+    labels = {"group": "cdc-router", "topic": "outbox.public.outbox"}
+    value = registry.get_sample_value
+    assert value("cdc_router_group_oldest_pending_age_seconds", {**labels, "partition": "1"}) \
+        == 0.3
+    assert value("cdc_router_group_last_commit_age_seconds", {**labels, "partition": "1"}) \
+        == 600.0
+    # None waits on partition 0: no age to judge there.
+    assert value("cdc_router_group_oldest_pending_age_seconds", {**labels, "partition": "0"}) \
+        is None
+
+
 def test_one_part_down_is_one_line_naming_the_sections_it_left_unchecked() -> None:
     down = "Postgres: connection refused"
     report = replace(healthy(), wal=WalState(error=down), publication=PublicationState(
