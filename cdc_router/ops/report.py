@@ -131,8 +131,8 @@ class RouterState:
     oldest_pending_age_s: float | None = None
     partitions: tuple[PartitionLag, ...] = ()
     members: tuple[Member, ...] = ()
-    # Partitions whose committed offset a transaction still holds open (asked when the group
-    # has no member: a router's start waits for it, QA 52-b L2).
+    # Partitions whose committed offset a transaction still holds open (asked when records
+    # wait: a router's start waits for it, QA 52-b L2; a running batch holds them too).
     offsets_in_transaction: tuple[str, ...] = ()
 
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -331,26 +332,35 @@ def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
         "and pg_stat_activity)"], done.stdout
 
 
+@contextmanager
+def _offsets_held_open(pipe: Pipeline) -> Iterator[None]:
+    """One event on the raw topic, and a transaction of our own holding the group's committed
+    offset of it open (as one Kafka left hanging would) until the block ends."""
+    pipe.insert([("Order", "o-1", "OrderPaid", {"n": 1})])
+    assert len(pipe.read(pipe.raw_topic, 1, timeout_s=120)) == 1
+    producer = Producer({"bootstrap.servers": pipe.stack.bootstrap_servers,
+                         "transactional.id": f"{pipe.name}-held",
+                         "transaction.timeout.ms": 120_000})
+    group = Consumer({"bootstrap.servers": pipe.stack.bootstrap_servers, "group.id": pipe.name})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition(pipe.raw_topic, 0, 0)],
+                                         group.consumer_group_metadata(), 30)
+    try:
+        yield
+    finally:
+        producer.abort_transaction(30)
+        group.close()
+
+
 def test_no_instance_and_a_transaction_holding_the_group_s_offsets_is_said_so(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA 52-b L2: a transaction Kafka left hanging on __consumer_offsets made every start of
     # the router exit 75, and status said to start `cdc-router run`. An open transaction of
     # our own on the group's offsets stands in for the hanging one.
     with pipeline(stack, tmp_path, partitions=1) as pipe:
-        pipe.insert([("Order", "o-1", "OrderPaid", {"n": 1})])
-        assert len(pipe.read(pipe.raw_topic, 1, timeout_s=120)) == 1
-        producer = Producer({"bootstrap.servers": stack.bootstrap_servers,
-                             "transactional.id": f"{pipe.name}-held"})
-        group = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": pipe.name})
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        producer.send_offsets_to_transaction([TopicPartition(pipe.raw_topic, 0, 0)],
-                                             group.consumer_group_metadata(), 30)
-        try:
+        with _offsets_held_open(pipe):
             held = _status(pipe)
-        finally:
-            producer.abort_transaction(30)
-            group.close()
         after = _status(pipe)
     said = [line for line in held.stdout.splitlines() if "no running instance" in line]
     assert len(said) == 1, held.stdout
@@ -368,3 +378,31 @@ def test_no_instance_and_a_transaction_holding_the_group_s_offsets_is_said_so(
     assert len(again) == 1 and again[0].endswith(
         "wait on the raw topic; start `cdc-router run`"), after.stdout
 
+
+
+def test_a_member_waiting_on_a_transaction_holding_the_group_s_offsets_is_said_so(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 52-j F6: under a supervisor the restarting router is a static member of the group
+    # while its start waits (require_stable) for the transaction, so the no-instance line
+    # never came; the stall line said "stuck or down ... batch_aborted" only.
+    with pipeline(stack, tmp_path, partitions=1) as pipe, _offsets_held_open(pipe):
+        pipe.start_router("a")
+        deadline, held = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            held = _status(pipe, "--threshold", "stalled_warning_s=5")
+            if "router instances: 1" in held.stdout and "has not committed" in held.stdout:
+                break
+            time.sleep(2)
+    assert held is not None
+    assert "router instances: 1" in held.stdout, held.stdout
+    assert "no running instance" not in held.stdout, held.stdout
+    said = [line for line in held.stdout.splitlines() if "has not committed" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"warning: router: router group {pipe.name} has not committed {pipe.raw_topic}[0] "), \
+        held.stdout
+    assert said[0].endswith(
+        f"and a transaction holds the group's committed offsets of {pipe.raw_topic}[0] open: "
+        "an instance's start waits for it (exit 75, `could not read the group's committed "
+        "offsets`), so a restarted one stays stuck; one that lasts longer than "
+        "delivery.transaction_timeout_ms was left hanging by Kafka: find and abort it "
+        "(README, Operations: every start of the router exits 75)"), said

@@ -294,6 +294,25 @@ def test_no_instance_with_a_transaction_holding_the_offsets_names_it_not_a_start
         "(README, Operations: every start of the router exits 75)"]
 
 
+def test_a_stalled_partition_whose_offset_a_transaction_holds_open_says_so() -> None:
+    # Review 52-j F6: under a supervisor the restarting router is a member of the group while
+    # its start waits for the transaction, so only the no-instance line named it, never.
+    stuck = PartitionLag("outbox.public.outbox", 0, None, 1, 1, True, None, 68.0)
+    router = replace(healthy().router, lag=1, group_state="stable", partitions=(stuck,),
+                     members=(Member("a", "c", "h", ("outbox.public.outbox[0]",)),),
+                     offsets_in_transaction=("outbox.public.outbox[0]",))
+    assert lines(replace(healthy(), router=router)) == [
+        "warning: router: router group cdc-router has not committed outbox.public.outbox[0] "
+        "for 68s while 1 records wait (warning at 60s), and a transaction holds the group's "
+        "committed offsets of outbox.public.outbox[0] open: an instance's start waits for it "
+        "(exit 75, `could not read the group's committed offsets`), so a restarted one stays "
+        "stuck; one that lasts longer than delivery.transaction_timeout_ms was left hanging "
+        "by Kafka: find and abort it (README, Operations: every start of the router exits 75)"]
+    # A running batch holds its offsets open too: never said without a stall.
+    busy = replace(router, partitions=(replace(stuck, oldest_pending_age_s=0.5),))
+    assert lines(replace(healthy(), router=busy)) == []
+
+
 def test_one_stalled_partition_is_said_while_another_commits() -> None:
     # Review 47-b F4: one instance frozen (SIGSTOP) with its partition, another committing:
     # the group's newest commit was 0 s old, and status said ok for ever.
