@@ -124,6 +124,16 @@ def test_promtool_unit_tests_of_the_rules_pass():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_every_test_file_docker_s_files_name_exists():
+    # Review 52-j F5: alerts_test.yml sent its reader to tests/unit/test_docker_alerts.py.
+    named = {(path, name) for path in DOCKER.rglob("*") if path.is_file()
+             and path.suffix in {".yml", ".yaml", ".md", ""}
+             for name in re.findall(r"\btests/[\w/]+\.py\b", path.read_text(errors="replace"))}
+    assert named, "docker/ names no test file: is the pattern right?"
+    assert [(str(path.relative_to(REPO)), name) for path, name in sorted(named)
+            if not (REPO / name).is_file()] == []
+
+
 def test_the_readme_status_sample_shows_the_instance_as_status_does():
     # Review 52-d F5: the sample said `router-1`; the line shows the static member id, the
     # instance id and a digest of source.topics (router/clients.py).
