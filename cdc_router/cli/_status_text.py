@@ -121,9 +121,11 @@ def _dead_letters(report: Report) -> list[str]:
     line = f"dead letters on {d.topic}: {count}"
     if d.others:
         line += f" of this pipeline ({d.others} of other pipelines: `dlq list --all`)"
-    if d.undelivered is not None and d.count is not None and d.undelivered < d.count:
-        line += f", {d.count - d.undelivered} delivered by `dlq replay` since"
-    if d.newest is not None:
+    replayed = d.undelivered is not None and d.count is not None and d.undelivered < d.count
+    if replayed:  # QA 52-m F2: the count not delivered is said, not left to a subtraction
+        line += (f", {d.undelivered} not delivered ({(d.count or 0) - (d.undelivered or 0)} "
+                 "delivered by `dlq replay` since)")
+    if d.newest is not None and not (replayed and d.undelivered == 0):
         n = d.newest
         line += (f"; newest {_age(n.age_s)} (offset {n.partition}:{n.offset}): stage {n.stage}, "
                  f"{n.error}: {(n.reason or '')[:160]}")

@@ -185,7 +185,7 @@ def _replayed_line(config: Any) -> str | None:
     left = sum(count or 0 for _, count in noted.values())
     return (f"the last complete `dlq replay` read to offset {where}: {left} of this "
             "pipeline's letters before it are not delivered (`dlq replay --dry-run` says "
-            "which), nor are those after it")
+            "which); those after it are not delivered yet")
 
 
 def _destination(item: Planned) -> str:

@@ -354,8 +354,14 @@ def test_dead_letters_a_complete_replay_delivered_do_not_count_against_the_thres
         "warning: dead_letters: 659 dead letters not delivered on dlq (2454 on the topic, 1795 "
         "delivered by `dlq replay` since) (warning at 600); see `cdc-router dlq list`")
     assert lines(replace(report, dead_letters=replace(letters, undelivered=0)), settings) == []
-    assert "dead letters on dlq: 2454, 1795 delivered by `dlq replay` since" in as_text(
-        report, judge(report, settings))
+    # QA 52-m F2: the count not delivered is said, and with none left, no newest reason.
+    assert "dead letters on dlq: 2454, 659 not delivered (1795 delivered by `dlq replay` " \
+        "since)" in as_text(report, judge(report, settings))
+    newest = DeadLetterInfo(0, 4, 17.6, "route", "r", "e1", "RouteError", "no topic")
+    replayed = replace(report, dead_letters=replace(letters, undelivered=0, newest=newest))
+    said = as_text(replayed, judge(replayed, settings))
+    assert "dead letters on dlq: 2454, 0 not delivered (2454 delivered by `dlq replay` " \
+        "since)\n" in said + "\n" and "RouteError" not in said
     registry = CollectorRegistry()
     collector = StatusCollector()
     registry.register(collector)
