@@ -28,19 +28,18 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.controls import ConsumerControls
-from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
-from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
-from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
-from cdc_router.consumer.handler import Handler, check_wiring, guarded
-from cdc_router.consumer.settings import (
-    ConsumerSettings,
-    built,
+from cdc_router.consumer.client import (
     consume_batch,
     consumer_error,
     noting_errors,
     raise_reported,
 )
+from cdc_router.consumer.controls import ConsumerControls
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
+from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
+from cdc_router.consumer.handler import Handler, check_wiring, guarded
+from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.dead_letter import shown_repr
 from cdc_router.errors import (
     DeadLetterRefused,

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from cdc_router.config.topic_names import TopicGuard
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
-from cdc_router.errors import ConfigError, FatalKafkaError
-from cdc_router.kafka.consumer import unfetched_offsets
-from cdc_router.kafka.errors import LOGIN_REFUSED, describe, refused_config, stops_consumer
+from cdc_router.errors import ConfigError
+from cdc_router.kafka.errors import refused_config
 from cdc_router.kafka.logs import librdkafka_logger
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # auto: the `event_id_header` header when the record has one (the router always writes it),
@@ -207,71 +204,6 @@ class ConsumerSettings:
             **self.producer_config,
             **_PINNED_PRODUCER,
         }
-
-
-def noting_errors(config: dict[str, Any], noted: list[KafkaError]) -> dict[str, Any]:
-    """`config` whose client appends to `noted` what librdkafka reports to error_cb alone (a
-    refused SASL login never comes out of consume(): review 51-d F2), and still calls the
-    user's error_cb if consumer_config has one. Not with an oauth_cb: confluent-kafka calls
-    error_cb while a failed oauth_cb's exception is pending, and the call raised SystemError
-    out of the client's construction (review 51-j F4); such a config is left as given."""
-    if "oauth_cb" in config:
-        return config
-    theirs = config.get("error_cb")
-
-    def note(error: KafkaError) -> None:
-        noted.append(error)
-        if callable(theirs):
-            theirs(error)
-
-    return {**config, "error_cb": note}
-
-
-def refusal(error: KafkaError) -> str | None:
-    """The one line for credentials the cluster refused, or None for another error."""
-    if error.code() not in LOGIN_REFUSED:
-        return None
-    return (f"Kafka refused this consumer's credentials: {describe(error)}; check "
-            "consumer_config's sasl.username, sasl.password, sasl.mechanism and "
-            "security.protocol")
-
-
-def consumer_error(error: KafkaError) -> None:
-    """Raise for an error that stops the consumer (the router's one classifier: fenced, as
-    another member with our group.instance.id, although librdkafka does not flag it fatal;
-    credentials that may not read the topics), or offsets it could not fetch; log others."""
-    if stops_consumer(error):
-        raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
-                              f"{describe(error)}", code=error.code())
-    stranded = unfetched_offsets(error)
-    if stranded is not None:
-        raise stranded
-    if error.code() != KafkaError._PARTITION_EOF:
-        log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
-
-
-def raise_reported(reported: list[KafkaError]) -> None:
-    """consumer_error for what error_cb alone was given (a refused login) that stops us;
-    `reported` is emptied."""
-    for error in reported:
-        if stops_consumer(error):
-            consumer_error(error)
-    reported.clear()
-
-
-def consume_batch(consumer: Any, size: int, timeout: float) -> list[Any]:
-    """Up to `size` records: those librdkafka has fetched already, without waiting, else the
-    first to come within `timeout`. consume(size, timeout) waits its whole timeout unless
-    `size` records come (review 52-c F-low-9: each retry took poll_timeout_s, 1 s, more than
-    its backoff). One call hands records over: each serves the rebalance callbacks before
-    its records, so none comes of a partition revoked after it (reread 52-l F3: a poll, then
-    consume(0), ran a revocation between them, and the retry's seek on the polled record
-    stopped the consumer)."""
-    fetched = consumer.consume(num_messages=size, timeout=0)
-    if fetched:
-        return list(fetched)
-    first = consumer.poll(timeout)
-    return [] if first is None else [first]
 
 
 def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:

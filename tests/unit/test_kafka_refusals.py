@@ -121,7 +121,7 @@ def test_a_consumer_config_with_an_oauth_cb_is_left_without_our_error_cb() -> No
     # Review 51-j F4: confluent-kafka calls error_cb while a failed oauth_cb's exception is
     # pending: our error_cb's call raised SystemError out of the consumer's construction,
     # where a user saw the ConfigError naming consumer_config.
-    from cdc_router.consumer.settings import noting_errors
+    from cdc_router.consumer.client import noting_errors
 
     def token(config: str) -> tuple[str, float]:
         return "t", 0.0
