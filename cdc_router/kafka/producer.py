@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from cdc_router.errors import EXIT_RESTART, DeliveryError, ProducerHung
 from cdc_router.kafka.errors import PURGED, describe, kafka_error_of
 from cdc_router.kafka.watchdog import AbandonableCall, CallWatchdog
+
+log = logging.getLogger("cdc_router")
 
 Headers = list[tuple[str, bytes]]
 # send_offsets_to_transaction is given up this long past its own timeout (the watchdog's
@@ -87,6 +90,19 @@ class LatchingProducer:
             # meets the producer's fatal error itself.
         failures, self._failures = self._failures, []
         return failures
+
+    def serve(self) -> None:
+        """Serve librdkafka's queue between transactions: its log lines (and error callbacks)
+        reach Python only when served, so an idle or stalled router logged "Connection refused"
+        at its next transaction, 23 s after the broker was back (chaos 53-e F1). An error served
+        here is left to the next transactional call, which librdkafka fails with it too."""
+        if self._producer is None:
+            return
+        try:
+            with _fatal_unwrapped():
+                self._producer.poll(0)
+        except DeliveryError as failure:
+            log.debug("event=producer_served error=%r", str(failure))
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
                 headers: Headers, partition: int | None = None,

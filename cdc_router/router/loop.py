@@ -176,6 +176,8 @@ class OutboxRouter:
             # rewind, back off; a fatal error still stops the router (_abort raises it).
             self._abort(failure)
             return
+        if not messages and not txn.open:
+            self._producer.serve()  # idle: its log lines come now, not at the next batch
         if self._needs_rewind or self._pending_abort:  # a callback aborted the batch: these
             return  # are read again after the rewind, not twice in one transaction (review 45)
         self.last_poll = self._clock()
@@ -309,6 +311,8 @@ class OutboxRouter:
         """Before reading new partitions, learn every id delivered so far (any instance) and the
         destinations' partition counts afresh (QA 30: stale counts moved an aggregate)."""
         self._destinations.clear()
+        if not partitions:  # a rebalance that gave this instance none: nothing to learn
+            return
         restore_assigned(consumer, partitions, config=self._config, replay=self._replay,
                          changelog=self._changelog, timeouts=self._timeouts, clock=self._clock)
 

@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         print(f"  plan {number:>2}: {planned.kind} at {planned.at_fraction:.0%} of its "
               f"segment (pause {planned.pause_s}s)", flush=True)
     kafka_log_from = stack.log_size("kafka")
-    admin = AdminClient({"bootstrap.servers": endpoints.bootstrap})
+    # Alive through the broker's kills: no librdkafka line per refused reconnect (chaos 53-e F3)
+    admin = AdminClient({"bootstrap.servers": endpoints.bootstrap, "log_level": 0})
     topics_before = set(admin.list_topics(timeout=30).topics)
     config = router_config(names, endpoints, workdir)
     connect = Connect(endpoints.connect_url)

@@ -1435,3 +1435,32 @@ def test_events_without_a_column_among_events_with_it_are_dead_letters_only() ->
     harness = Harness(cluster_with(*values)).run()
     assert len(harness.delivered()) == 4 and len(harness.letters()) == 3 * RUN_LIMIT - 4
     assert "the row has 'id, aggregatetype" in harness.letters()[0].header("dlq.error.message")
+
+
+def test_an_idle_router_serves_its_producer_s_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    # librdkafka's log lines reach Python only when the producer is served: an idle router
+    # logged a refused connection 23 s late, at its next transaction (chaos 53-e F1).
+    served: list[float] = []
+    poll = FakeProducer.poll
+
+    def counted(self: FakeProducer, timeout: float = 0) -> int:
+        served.append(timeout)
+        return poll(self, timeout)
+
+    monkeypatch.setattr(FakeProducer, "poll", counted)
+    harness = Harness(cluster_with()).run()
+    assert harness.idle_calls == 1 and served == [0]
+
+
+def test_a_rebalance_that_assigns_nothing_reads_no_changelog(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Chaos 53-e F2: the instance a zombie took its partition back from read the whole dedup
+    # changelog and logged "event=assigned partitions=" for nothing.
+    restored: list[list[Any]] = []
+    monkeypatch.setattr("cdc_router.router.loop.restore_assigned",
+                        lambda consumer, partitions, **kwargs: restored.append(partitions))
+    harness = Harness(cluster_with())
+    harness.router._on_assign(None, [])
+    assert restored == []
+    harness.router._on_assign(None, [TopicPartition(RAW, 0)])
+    assert restored == [[TopicPartition(RAW, 0)]]
