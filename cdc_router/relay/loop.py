@@ -145,6 +145,8 @@ class OutboxRelay:
         self._step.preflight()
         if not self._lock.acquire(self._standing_by):
             self._lock.release()  # a standby stopped: its connection (review 43)
+            log.info("event=stopped instance=%s table=%s standby=true", self._instance_id,
+                     self._table)  # QA 53-a: as the active one says it
             return
         try:
             self._start()

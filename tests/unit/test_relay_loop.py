@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import threading
 import time
@@ -380,8 +381,10 @@ def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried() -> 
     assert cluster.committed(DLQ) == []
 
 
-def test_a_standby_stopped_while_it_waits_closes_its_lock_connection() -> None:
-    # Review 43: run() returned before its try/finally, leaving the lock's connection open.
+def test_a_standby_stopped_while_it_waits_closes_its_lock_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 43: run() returned before its try/finally, leaving the lock's connection open;
+    # QA 53-a: and without the event=stopped line the active relay logs.
     class Standby(FakeLock):
         def acquire(self, wait: Any) -> bool:
             while not wait(0.01):
@@ -390,8 +393,11 @@ def test_a_standby_stopped_while_it_waits_closes_its_lock_connection() -> None:
 
     lock = Standby()
     relay, _ = _relay(_cluster(), FakeTable(), lock)
-    _run_until(relay, lambda: True)
+    with caplog.at_level(logging.INFO, logger="cdc_router"):
+        _run_until(relay, lambda: True)
     assert lock.released
+    assert any("event=stopped" in r.getMessage() and "standby=true" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_postgres_failures_do_not_count_toward_the_producer_renewal(
