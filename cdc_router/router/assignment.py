@@ -41,7 +41,19 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     # A previous owner may still hold an open transaction with offsets (and dedup marks) for
     # these partitions; fetching the committed offsets waits until it is resolved
     # (require_stable), so that the changelog read below sees its marks.
-    started, restored = clock(), 0
+    started = clock()
+    # A rebalance that gave this instance nothing has nothing to learn (chaos 53-e F2: it read
+    # the whole changelog); it still says so, an instance's sign that it joined the group.
+    restored = _restore(consumer, partitions, config=config, replay=replay,
+                        changelog=changelog, timeouts=timeouts) if partitions else 0
+    log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
+             ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
+             restored, clock() - started)
+
+
+def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
+             replay: ReplayFilter, changelog: Any, timeouts: Timeouts) -> int:
+    """The ids the changelog restored for `partitions`, checked against their offsets."""
     # Not a KafkaException out of consume(): the loop would take it for a passing outage and
     # route on, while confluent-kafka assigns the partitions anyway.
     try:
@@ -57,9 +69,7 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
                             failure) from failure
     report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
     assignment_checks(config, offsets, restored, replay)
-    log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
-             ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
-             restored, clock() - started)
+    return restored
 
 
 def _unstable_hint(failure: KafkaException, waited_s: float) -> str:

@@ -311,8 +311,6 @@ class OutboxRouter:
         """Before reading new partitions, learn every id delivered so far (any instance) and the
         destinations' partition counts afresh (QA 30: stale counts moved an aggregate)."""
         self._destinations.clear()
-        if not partitions:  # a rebalance that gave this instance none: nothing to learn
-            return
         restore_assigned(consumer, partitions, config=self._config, replay=self._replay,
                          changelog=self._changelog, timeouts=self._timeouts, clock=self._clock)
 
