@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from cdc_router.dead_letter import (
@@ -54,7 +54,7 @@ from cdc_router.router.replay import (
     ReplayFilter,
     parse_changelog,
 )
-from cdc_router.router.step import DeadLettered, Duplicate, Routed, Skipped, StepResult
+from cdc_router.router.step import DeadLettered, Duplicate, Routed, StepResult
 
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
 _REPLAY_OF = re.compile(r"(.+)\[(\d+)\]@(\d+)")  # dlq.replay.of: topic[partition]@offset
@@ -185,8 +185,11 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 expired_before_ms: int | None = None) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
-    An id delivered in this replay is pending in `seen`, so a second letter of it is
-    `repeated`, not delivered twice. `ours(source topic, source group)` tells this pipeline's
+    An id planned `deliver` in this replay is pending in `seen`, so a later letter of it is
+    `repeated`, not delivered twice; a letter that fails (or has no value) shadows none: the
+    later letter of its id is tried, and when it delivers, the id's failing letters are
+    `superseded` by it (review 53-c F16: a fixed letter behind one that still failed was
+    `repeated` and never delivered). `ours(source topic, source group)` tells this pipeline's
     letters from those of another that shares the dead-letter topic (its default name is the
     same for all): those are not replayed with this pipeline's routes. A letter an earlier
     replay dead-lettered again (`superseded`, see superseded_letters) is left to its newer
@@ -240,10 +243,26 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
             continue
         result = step(letter.source_topic, letter.key, letter.value)
         planned.append(_planned(letter, result, before))
-        handled = _event_id(result)
-        if handled is not None and not isinstance(result, Duplicate):
-            seen.add_pending(handled, 0)
-    return planned
+        if isinstance(result, Routed):
+            seen.add_pending(result.record.event_id, 0)
+    return _delivered_by_another(planned, ours)
+
+
+def _delivered_by_another(planned: list[Planned], ours: OursTest) -> list[Planned]:
+    """`planned` with each failing letter of ours (still_failing, dead_letter, or
+    not_replayable for a value left out) of an id another letter delivers in this replay
+    `superseded` by that one: not dead-lettered again, and no longer counted as undelivered
+    once the replay commits (undelivered() counts letters by id)."""
+    delivering = {item.letter.event_id: item.letter for item in planned
+                  if item.action == "deliver" and item.letter.event_id}
+    return [replace(item, action="superseded", result=None, note=(
+        f"its id is delivered by its letter {by.partition}@{by.offset} in this replay"))
+        if (by := delivering.get(item.letter.event_id or "")) is not None and (
+            item.action in ("still_failing", "dead_letter") or
+            (item.action == "not_replayable" and item.letter.value_dropped and
+             item.letter.from_router and
+             ours(item.letter.source_topic, item.letter.source_group)))
+        else item for item in planned]
 
 
 def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:
@@ -261,15 +280,6 @@ def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:
             return Planned(letter, "already_delivered", result)
         return Planned(letter, "repeated", result, note="an earlier letter of this replay")
     return Planned(letter, "skip", result, note=f"{result.reason} {result.detail}".strip())
-
-
-def _event_id(result: StepResult) -> str | None:
-    if isinstance(result, Routed):
-        return result.record.event_id
-    if isinstance(result, DeadLettered | Duplicate):
-        return result.event_id
-    assert isinstance(result, Skipped)
-    return None
 
 
 def fails_as_before(letter: Letter, failed: DeadLettered) -> bool:

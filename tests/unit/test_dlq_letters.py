@@ -224,6 +224,28 @@ def test_a_letter_failing_again_as_before_is_still_failing_and_its_older_letter_
     assert f"as {DLQ}[0]@9" in planned[0].note and "'Bad'" in planned[1].note
 
 
+def test_a_failing_letter_shadows_no_later_letter_of_its_id_which_supersedes_it() -> None:
+    # Review 53-c F16: a row dead-lettered at decode (empty aggregate id), fixed and
+    # republished, then dead-lettered at route: once the route was fixed, its letter was
+    # `repeated` ("an earlier letter of this replay") behind the decode letter that still
+    # fails, and was never delivered, --id or not.
+    routed_step, seen = step()
+    broken = letter("x", stage="decode")
+    broken = replace(broken, value=raw_event("x", aggregate_type="Customer", aggregate_id=""),
+                     reason="event 'x': column 'aggregateid' (aggregate id) is empty")
+    dropped = replace(letter("x", offset=2), value=None, value_dropped=True)
+    planned = plan_replay([broken, letter("x", offset=1), dropped, letter("x", offset=3)],
+                          routed_step, seen, set(), lambda topic, group: True)
+    assert [item.action for item in planned] == ["superseded", "deliver", "superseded",
+                                                 "repeated"]
+    assert planned[0].note == "its id is delivered by its letter 0@1 in this replay"
+    # One that fails and has no later letter to deliver stays as it was.
+    routed_step, seen = step()
+    planned = plan_replay([broken, letter("x", offset=1, aggregate_type="Bad")], routed_step,
+                          seen, set(), lambda topic, group: True)
+    assert [item.action for item in planned] == ["still_failing", "dead_letter"]
+
+
 def test_a_reason_that_differs_only_in_a_number_the_clock_moves_fails_as_before() -> None:
     # QA 43-a F7: "... is 7083.4 s ahead of the clock" at one replay read "7071.5 s ahead" at
     # the next: every replay wrote one more letter of each such event.

@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import REPLAY_OF, dead_letter
-from cdc_router.errors import DeliveryError, FatalKafkaError, RouteError
+from cdc_router.errors import DecodeError, DeliveryError, FatalKafkaError, RouteError
 from cdc_router.router import dlq_replay
 from cdc_router.router.dlq_letters import Selection
 from cdc_router.router.dlq_replay import DeadLetterReplay
@@ -269,6 +269,32 @@ def test_the_count_before_the_last_complete_replay_never_grows_when_marks_age_ou
     second.apply(second.plan(Selection(ids=frozenset({"e-7"}), include_expired=True)))
     # Below offset 2 nothing came undone; e-1's newer letter (offset 2) is still undelivered.
     assert cluster.group_offsets == {(DLQ, 0): 4} and undelivered_noted(cluster) == 1
+
+
+def test_a_fixed_letter_behind_a_still_failing_one_of_its_id_is_delivered_and_counted(
+        ) -> None:
+    # Review 53-c F16: e-0 was dead-lettered at decode (empty aggregate id), its row fixed and
+    # republished, then dead-lettered at route; once the route exists, `dlq replay` (--id too)
+    # planned the second letter `repeated` behind the first, which still fails: never delivered.
+    cluster = FakeCluster(partitions={RAW: 1, CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    for offset, (stage, aggregate_id, error) in enumerate([
+            ("decode", "", DecodeError("event 'e-0': column 'aggregateid' (aggregate id) is "
+                                       "empty")),
+            ("route", "fixed", RouteError("no route"))]):
+        letter = dead_letter(topic=RAW, partition=0, offset=offset, key=None, value=raw_event(
+            "e-0", aggregate_type="Customer", aggregate_id=aggregate_id), original_headers=[],
+            stage=stage, error=error, event_id="e-0", group="g")  # type: ignore[arg-type]
+        cluster.publish(DLQ, [Stored(DLQ, 0, letter.key, letter.value, list(letter.headers),
+                                     None)])
+    for selection in (Selection(), Selection(ids=frozenset({"e-0"}))):
+        plan = replayer(cluster).plan(selection)
+        assert [item.action for item in plan.planned] == ["superseded", "deliver"]
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 1}
+    assert [s.key for s in cluster.committed(CUSTOMERS)] == [b"e-0"]
+    # Neither letter of e-0 is left undelivered, for status and dlq list.
+    assert cluster.group_offsets == {(DLQ, 0): 2} and undelivered_noted(cluster) == 0
+    assert replayer(cluster).plan(Selection()).counts() == {"already_delivered": 2}
 
 
 def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:
