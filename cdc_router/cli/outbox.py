@@ -52,6 +52,7 @@ from cdc_router.outbox.republish import (
     RowSelection,
     change_event,
     count_rows,
+    ids_for_column,
     key_columns,
     outbox_rows,
 )
@@ -331,19 +332,28 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
     check_republish(config)
     target = raw_topic(config, topic)
     now_ms = int(time.time() * 1000)
-    selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
-        if since is not None else RowSelection(ids=(*exact_ids, *(
-            part.strip() for item in id_lists for part in item.split(",") if part.strip())))
+    given = [("--id", event_id) for event_id in exact_ids]
+    for item in id_lists:
+        if not (parts := [part.strip() for part in item.split(",") if part.strip()]):
+            raise ConfigError("no ids given", field="--ids", value=item)  # review 53-c F13
+        given += [("--ids", part) for part in parts]
     schema = OutboxSchema(config.cleanup.table, config.source.outbox)
     key = key_columns(key_setting, schema)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
         types = table_columns(conn, schema.table, "cleanup.table",
                               {f"--key-columns ({column})": column for column in key})
+        selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
+            if since is not None else ids_for_column(given, types.get(schema.columns.id, ""),
+                                                     schema.columns.id)
         count, oldest, missing = count_rows(conn, schema, selection)
         conn.commit()
         click.echo(f"{count} rows of {schema.table} to republish onto {target}")
-        if missing:  # purged, or mistyped (QA 47-d F3)
-            click.echo(f"not in {schema.table}: {', '.join(map(repr, missing))}")
+        if missing:  # purged, or mistyped (QA 47-d F3); a script must not go on (53-c F13)
+            named = [given[(selection.ids or ()).index(event_id)] for event_id in missing]
+            raise ConfigError(
+                f"not in {schema.table}: {', '.join(repr(value) for _, value in named)}; "
+                "nothing was republished", field="/".join(sorted({o for o, _ in named})),
+                hint="a delivered row may have been deleted by the cleanup: leave those ids out")
         _warn_beyond_window(oldest, now_ms, config.dedup.window_ms)
         if dry_run or count == 0:
             return

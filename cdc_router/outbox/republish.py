@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -77,17 +78,38 @@ class ChangeEvent:
 
 @dataclass(frozen=True)
 class RowSelection:
-    """The rows created at or after `since_ms` (epoch ms), or those with one of `ids`."""
+    """The rows created at or after `since_ms` (epoch ms), or those with one of `ids`: as
+    UUIDs for a uuid id column (`as_uuid`: ids_for_column's), else as the column's text."""
 
     since_ms: int | None = None
     ids: tuple[str, ...] | None = None
+    as_uuid: bool = False
 
     def where(self, schema: OutboxSchema) -> tuple[sql.Composable, tuple[Any, ...]]:
         if self.ids is not None:
-            return (sql.SQL("{}::text = ANY(%s)").format(sql.Identifier(schema.columns.id)),
+            compared = "{} = ANY(%s::uuid[])" if self.as_uuid else "{}::text = ANY(%s)"
+            return (sql.SQL(compared).format(sql.Identifier(schema.columns.id)),
                     (list(self.ids),))
         since = datetime.fromtimestamp((self.since_ms or 0) / 1000, UTC).replace(tzinfo=None)
         return sql.SQL("{} >= %s").format(sql.Identifier(schema.created_at_column)), (since,)
+
+
+def ids_for_column(given: list[tuple[str, str]], column_type: str, column: str
+                   ) -> RowSelection:
+    """The selection of the ids `given` (option, id) for an id column of `column_type`
+    (format_type): for a uuid column each id as its canonical UUID text, so that an upper-case
+    or braced form finds its row (review 53-c F13: it was "not in" the table, exit 0), and a
+    ConfigError naming the option and the id for one that is no UUID; else as given."""
+    if column_type != "uuid":
+        return RowSelection(ids=tuple(event_id for _, event_id in given))
+    ids = []
+    for option, event_id in given:
+        try:
+            ids.append(str(uuid.UUID(event_id)))
+        except ValueError:
+            raise ConfigError(f"not a UUID, and the id column {column!r} is uuid", field=option,
+                              value=event_id) from None
+    return RowSelection(ids=tuple(ids), as_uuid=True)
 
 
 class _MicrosLoader(Loader):

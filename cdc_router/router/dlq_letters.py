@@ -26,6 +26,7 @@ already drops Debezium's replays of that id (a decode letter's replays decode no
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -129,8 +130,18 @@ class Selection:
 
     def selects(self, letter: Letter) -> bool:
         return ((not self.stages or letter.stage in self.stages)
-                and (not self.ids or letter.event_id in self.ids)
+                and (not self.ids or (letter.event_id is not None and _id_key(
+                    letter.event_id) in {_id_key(event_id) for event_id in self.ids}))
                 and (self.since_ms is None or letter.timestamp_ms >= self.since_ms))
+
+
+def _id_key(event_id: str) -> str:
+    """A UUID as its canonical text (a --id in upper case or braces is the same event id:
+    review 53-c F13), any other id as it is."""
+    try:
+        return str(uuid.UUID(event_id))
+    except ValueError:
+        return event_id
 
 
 def delivered_ids(marks: Iterable[tuple[bytes | None, bytes | None]],

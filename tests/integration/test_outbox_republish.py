@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -126,16 +127,25 @@ def test_republish_by_ids_reemits_only_those_rows(stack: StackEndpoints, tmp_pat
         config["cleanup"] = {"table": f"public.{pipe.table}"}
         pipe.config_path.write_text(yaml.safe_dump(config))
         ids = pipe.insert(_orders(0, 5))
-        out = subprocess.run([sys.executable, "-m", "cdc_router", "outbox", "republish", "-c",
-                              str(pipe.config_path), "--ids", f"{ids[0]},{ids[1]},nosuch-id",
-                              "--dry-run"], capture_output=True, text=True, cwd=REPO,
-                             check=False, env={**os.environ,
-                                               "CDC_ROUTER_PG_DSN": stack.postgres_dsn})
+        def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cdc_router", "outbox", "republish",
+                                   "-c", str(pipe.config_path), *args, "--dry-run"],
+                                  capture_output=True, text=True, cwd=REPO, check=False,
+                                  env={**os.environ, "CDC_ROUTER_PG_DSN": stack.postgres_dsn})
+        # Review 53-c F13: a uuid id column compares as uuid (upper case, braces).
+        out = dry_run("--ids", f"{ids[0]},{ids[1].upper()}", "--id", f"{{{ids[2]}}}")
         assert out.returncode == 0, out.stderr
-        assert out.stdout.startswith(f"2 rows of public.{pipe.table} to republish onto "
+        assert out.stdout.startswith(f"3 rows of public.{pipe.table} to republish onto "
                                      f"{pipe.raw_topic}")
-        # QA 47-d F3: which of the ids given no row has (purged, or mistyped).
-        assert f"not in public.{pipe.table}: 'nosuch-id'\n" in out.stdout
+        # QA 47-d F3: which of the ids given no row has (purged, or mistyped): exit 1 (53-c F13).
+        gone = str(uuid.uuid4())
+        out = dry_run("--ids", f"{ids[0]},{gone}")
+        assert out.returncode == 1 and out.stderr == (
+            f"error: field '--ids': not in public.{pipe.table}: '{gone}'; nothing was "
+            "republished; a delivered row may have been deleted by the cleanup: leave those "
+            "ids out\n"), out.stderr
+        out = dry_run("--ids", "nosuch-id")
+        assert out.returncode == 1 and "field '--ids': not a UUID" in out.stderr, out.stderr
         captured = pipe.read(pipe.raw_topic, 5, timeout_s=60)
         assert len(captured) == 5
         _republish(pipe, "--ids", ids[2])

@@ -86,6 +86,15 @@ def test_selection_filters_by_stage_id_and_time() -> None:
     assert not Selection(since_ms=2_001).selects(one)
 
 
+def test_an_id_selects_the_letters_of_the_same_uuid_in_any_case_or_braces() -> None:
+    # Review 53-c F13: `dlq replay --id A329D702-...` selected none ("no dead letters selected").
+    one = letter("a329d702-0000-7000-8000-00000000000a")
+    for given in ("A329D702-0000-7000-8000-00000000000A", "{a329d702-0000-7000-8000-00000000000a}"):
+        assert Selection(ids=frozenset({given})).selects(one)
+    assert not Selection(ids=frozenset({"a329d702-0000-7000-8000-00000000000b"})).selects(one)
+    assert not Selection(ids=frozenset({"E-1"})).selects(letter("e-1")), "text: as given"
+
+
 def test_a_dead_letters_own_mark_is_not_a_delivery() -> None:
     letters = [letter("dead")]
     assert delivered_ids(marks(BATCH_KEY_PREFIX, "dead", "routed"), letters, group="g") \

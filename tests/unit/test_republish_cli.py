@@ -16,10 +16,11 @@ from cdc_router.cli import main
 from cdc_router.cli import outbox as outbox_cli
 
 EXAMPLE = Path(__file__).parents[2] / "cdc_router" / "examples" / "router.yaml"
+E1 = "0193a0c4-0000-7000-8000-000000000001"
 
 
 def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
-             *args: str) -> tuple[Any, list[Any]]:
+             *args: str, id_type: str = "", missing: int = 0) -> tuple[Any, list[Any]]:
     asked: list[Any] = []
 
     @contextlib.contextmanager
@@ -29,11 +30,12 @@ def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
     def count_rows(conn: Any, schema: Any,
                    selection: Any) -> tuple[int, int | None, list[str]]:
         asked.append(selection)
-        return 3, oldest_us, []
+        return 3, oldest_us, list((selection.ids or ())[:missing])
 
     monkeypatch.setattr(outbox_cli, "database", database)
     monkeypatch.setattr(outbox_cli, "count_rows", count_rows)
-    monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {})
+    monkeypatch.setattr(outbox_cli, "table_columns",
+                        lambda *args: {"id": id_type} if id_type else {})
     result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--dry-run",
                                        *args])
     return result, asked
@@ -45,6 +47,38 @@ def test_an_id_with_a_comma_or_outer_spaces_is_selected_exactly_with_id(
     result, [selection] = _dry_run(monkeypatch, None, "--id", " a,b ", "--ids", "c, d")
     assert result.exit_code == 0, result.output
     assert selection.ids == (" a,b ", "c", "d")
+
+
+def test_ids_of_a_uuid_column_are_compared_as_uuids_and_a_non_uuid_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 53-c F13: an upper-case (or braced) UUID was "not in public.outbox", exit 0.
+    upper, braced = "C4928356-96E9-4E63-A985-5E0012AB4796", "{c4928356-96e9-4e63-a985-5e0012ab4797}"
+    result, [selection] = _dry_run(monkeypatch, None, "--ids", upper, "--id", braced,
+                                   id_type="uuid")
+    assert result.exit_code == 0, result.output
+    assert selection.ids == ("c4928356-96e9-4e63-a985-5e0012ab4797",
+                             "c4928356-96e9-4e63-a985-5e0012ab4796") and selection.as_uuid
+    result, _ = _dry_run(monkeypatch, None, "--ids", "a,B", id_type="text")
+    assert result.exit_code == 0 and _[0].ids == ("a", "B") and not _[0].as_uuid
+    result, asked = _dry_run(monkeypatch, None, "--id", "notauuid", id_type="uuid")
+    assert result.exit_code == 1 and not asked
+    assert "field '--id': not a UUID, and the id column 'id' is uuid (got 'notauuid')" in \
+        result.output
+
+
+def test_ids_not_in_the_table_fail_the_republish_and_no_ids_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 53-c F13: ids not found exited 0 (a runbook script went on); --ids '' said "0 rows".
+    result, _ = _dry_run(monkeypatch, None, "--ids", "gone,B", "--id", "here", missing=2,
+                         id_type="text")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == (
+        "error: field '--id/--ids': not in public.outbox: 'here', 'gone'; nothing was "
+        "republished; a delivered row may have been deleted by the cleanup: leave those ids "
+        "out")
+    result, asked = _dry_run(monkeypatch, None, "--ids", " , ")
+    assert result.exit_code == 1 and not asked
+    assert "error: field '--ids': no ids given (got ' , ')" in result.output
 
 
 def test_the_window_warning_names_the_windows_edge(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,9 +109,9 @@ def test_the_key_columns_are_encoded_by_the_tables_types(monkeypatch: pytest.Mon
     monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {
         "id": "uuid", "created_at": "timestamp(3) without time zone"})
     monkeypatch.setattr(outbox_cli, "outbox_rows", lambda *args: iter([
-        {"id": "e1", "created_at": (created - datetime(1970, 1, 1)) // timedelta(microseconds=1)}]))
+        {"id": E1, "created_at": (created - datetime(1970, 1, 1)) // timedelta(microseconds=1)}]))
     monkeypatch.setattr(outbox_cli, "republish_events", republish_events)
-    result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--ids", "e1",
+    result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--ids", E1,
                                        "--yes", "--key-columns", "public.outbox:created_at"])
     assert result.exit_code == 0, result.output
     [event] = produced
