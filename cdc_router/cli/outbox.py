@@ -171,7 +171,8 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
     relay_ddl = relay_columns_ddl(schema.table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN) \
         if relay_columns else []
     if print_sql:
-        click.echo(render_psql(init_steps(schema, setup), replication_role) +
+        click.echo(render_psql(init_steps(schema, setup), replication_role,
+                               alter_role=alter_role) +
                    render_ddl(relay_ddl), nl=False)
         return
     if replication_role is not None and alter_role and not replication_password:

@@ -8,9 +8,6 @@ Identifiers always go through psycopg.sql, never through string formatting.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -23,6 +20,13 @@ from cdc_router.outbox.existing import (
     check_existing_table,
     column_type_warnings,
     publication_warnings,
+)
+from cdc_router.outbox.role import (
+    PASSWORD_LEFT,
+    PRINTED_PASSWORD_LEFT,
+    ROLE_LEFT,
+    ensure_password,
+    set_password_statement,
 )
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
@@ -100,6 +104,7 @@ class Step:
     guarded: bool = False
     # Changes the role's attributes: done only to a role init creates, or with alter_role.
     alters_role: bool = False
+    creates_role: bool = False  # the CREATE ROLE, which a printed script gives the password
 
 
 def _exists(query: str, *values: str) -> sql.Composed:
@@ -153,7 +158,7 @@ def init_steps(schema: OutboxSchema, setup: CaptureSetup) -> list[Step]:
     steps += [
         Step(f"role {role_name}", sql.SQL("CREATE ROLE {} WITH LOGIN REPLICATION").format(role),
              _exists("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = {})", role_name),
-             guarded=True),
+             guarded=True, creates_role=True),
         Step(f"role {role_name} LOGIN REPLICATION",
              sql.SQL("ALTER ROLE {} WITH LOGIN REPLICATION").format(role),
              _exists("SELECT rolcanlogin AND rolreplication FROM pg_roles WHERE rolname = {}",
@@ -206,31 +211,42 @@ def add_size_check_statement(schema: OutboxSchema) -> sql.Composed:
                                                               _size_check(schema))
 
 
-def set_password_statement(role: str, verifier: str | None = None) -> sql.Composed:
-    """ALTER ROLE ... PASSWORD with a libpq-hashed verifier, or psql's :'replication_password'."""
-    value: sql.Composable = (sql.Literal(verifier) if verifier is not None
-                             else sql.SQL(":'replication_password'"))
-    return sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), value)
-
-
-def render_psql(steps: list[Step], password_role: str | None = None) -> str:
+def render_psql(steps: list[Step], password_role: str | None = None, *,
+                alter_role: bool = False) -> str:
     """The steps as a psql script (`--print`): guarded ones inside \\if blocks.
 
     psql rather than DO blocks: no dependency on PL/pgSQL, and the password can come from a
-    psql variable (`psql -v replication_password=...`) instead of the script's text.
+    psql variable (`psql -v replication_password=...`) instead of the script's text. As
+    init_outbox does, a role that exists keeps its password and attributes, with a \\warn of
+    what it lacks, unless `alter_role` (review 53-c F14: the script reset an application
+    role's password and gave it REPLICATION).
     """
     lines = []
     for step in steps:
         statement = step.statement.as_string(None) + ";"
-        if step.guarded:
-            lines += [f"SELECT NOT ({step.done_query.as_string(None)}) AS missing \\gset",
-                      "\\if :missing", f"  {statement}", "\\endif"]
+        guard = [f"SELECT NOT ({step.done_query.as_string(None)}) AS missing \\gset",
+                 "\\if :missing"]
+        if step.alters_role and not alter_role:
+            lines += [*guard, f"  \\warn {_psql_text(ROLE_LEFT.format(role=password_role))}",
+                      "\\endif"]
+        elif step.creates_role and not alter_role and password_role is not None:
+            password = set_password_statement(password_role).as_string(None)
+            lines += [*guard, f"  {statement}", f"  {password};", "\\else",
+                      f"  \\warn {_psql_text(PRINTED_PASSWORD_LEFT.format(role=password_role))}",
+                      "\\endif"]
+        elif step.guarded:
+            lines += [*guard, f"  {statement}", "\\endif"]
         else:
             lines.append(statement)
         lines.append("")
-    if password_role is not None:
+    if password_role is not None and alter_role:
         lines.append(set_password_statement(password_role).as_string(None) + ";")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _psql_text(text: str) -> str:
+    """`text` as one quoted argument of a psql meta-command (no variable is read in it)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclass(frozen=True)
@@ -280,30 +296,19 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
                 done.append((step.verb_if_done, step.label, False))
             elif step.alters_role and not alter_role:
                 done.append(("left", step.label, False))
-                warnings.append(f"role {role} exists and lacks LOGIN or REPLICATION, which "
-                                "Debezium needs; it was left as is (init did not create it, "
-                                "and it may serve others): name a role of Debezium's own, or "
-                                "pass --alter-role")
+                warnings.append(ROLE_LEFT.format(role=role))
             else:
                 conn.execute(step.statement)
                 done.append((step.verb, step.label, True))
         password: Literal["set", "unchanged", "left as is"] | None = None
         if role is not None and replication_password is not None:
-            password = _ensure_password(conn, role, replication_password, alter=alter_role)
+            password = ensure_password(conn, role, replication_password, alter=alter_role)
         if password == "left as is":
-            warnings.append(_PASSWORD_LEFT.format(role=role))
+            warnings.append(PASSWORD_LEFT.format(role=role))
         warnings += column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
             publication_warnings(conn, schema, setup.publication, relay=relay)
         notes = _notes(conn, schema, setup)
     return InitReport(tuple(done), password, tuple(warnings), notes)
-
-
-# Also on a re-run of the init that made the role, when pg_authid is unreadable (reread 50-i
-# F8: it said "init did not create the role"): say only what init knows.
-_PASSWORD_LEFT = ("role {role} existed before this run: its password was left as is, not set "
-                  "to --replication-password (a new password would lock the role's other "
-                  "clients out); if the connector cannot log in with it, pass --alter-role to "
-                  "set it")
 
 
 def _notes(conn: psycopg.Connection[Any], schema: OutboxSchema,
@@ -342,45 +347,3 @@ def size_check_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) -> 
     return [f"{schema.table} has no size check {SIZE_CHECK}: a row too big for Kafka would stop "
             "Debezium's task for good (connectors/README.md, \"Big rows\"); when writers can "
             f"wait a moment, run: {add_size_check_statement(actual).as_string(conn)}"]
-
-
-def _ensure_password(conn: psycopg.Connection[Any], role: str, password: str, *,
-                     alter: bool = True) -> Literal["set", "unchanged", "left as is"]:
-    readable = conn.execute("SELECT has_table_privilege('pg_authid', 'SELECT')").fetchone()
-    if readable is not None and readable[0]:
-        row = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s",
-                           (role,)).fetchone()
-        if row is not None and _password_matches(row[0], password, role):
-            return "unchanged"
-    if not alter:
-        return "left as is"
-    algorithm_row = conn.execute("SHOW password_encryption").fetchone()
-    algorithm = str(algorithm_row[0]) if algorithm_row else "scram-sha-256"
-    # Hashed by libpq on this side, as psql's \password does: the plain text reaches neither
-    # the server's statement log nor pg_stat_activity.
-    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), algorithm.encode())
-    conn.execute(set_password_statement(role, verifier.decode()))
-    return "set"
-
-
-def _password_matches(verifier: str | None, password: str, role: str) -> bool:
-    # Non-ASCII passwords go through SASLprep on the server, so they may not match here; the
-    # cost of that is only an unneeded (harmless) password reset.
-    if not verifier:
-        return False
-    if verifier.startswith("SCRAM-SHA-256$"):
-        try:
-            counts, keys = verifier.removeprefix("SCRAM-SHA-256$").split("$")
-            iterations, salt = counts.split(":")
-            stored_key = keys.split(":")[0]
-            salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt),
-                                         int(iterations))
-        except ValueError:
-            return False
-        client_key = hmac.new(salted, b"Client Key", "sha256").digest()
-        computed = base64.b64encode(hashlib.sha256(client_key).digest()).decode()
-        return hmac.compare_digest(computed, stored_key)
-    if verifier.startswith("md5"):
-        computed = "md5" + hashlib.md5((password + role).encode()).hexdigest()
-        return hmac.compare_digest(computed, verifier)
-    return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -165,6 +167,39 @@ def test_an_existing_role_is_left_as_is_unless_asked(stack: StackEndpoints,
     with psycopg.connect(stack.postgres_dsn) as conn:
         assert conn.execute("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %s)",
                             (f"{schema}_nopw",)).fetchone() == (False,)
+
+
+@pytest.mark.skipif(shutil.which("psql") is None, reason="needs psql")
+def test_the_printed_script_leaves_an_existing_role_as_is_unless_alter_role(
+        stack: StackEndpoints, schema: str) -> None:
+    # Review 53-c F14: `--print | psql -v replication_password=...` reset an application
+    # role's password (its clients locked out) and gave it REPLICATION, unlike the live init.
+    role = f"{schema}_app"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'app'")
+    args = ("--table", f"{schema}.outbox", "--publication", f"{schema}_p", "--heartbeat-table",
+            f"{schema}.hb", "--replication-role", role)
+
+    def print_and_run(*more: str) -> subprocess.CompletedProcess[str]:
+        code, script, err = _init(stack, *args, *more, "--print")
+        assert code == 0, err
+        return subprocess.run(["psql", "-X", "-q", "-v", "replication_password=dbzpw", "-v",
+                               "ON_ERROR_STOP=1", stack.postgres_dsn], input=script,
+                              capture_output=True, text=True, check=True, timeout=60)
+
+    ran = print_and_run()
+    assert f"role {role} exists: its password and attributes were left as is" in ran.stderr
+    assert f"role {role} exists and lacks LOGIN or REPLICATION" in ran.stderr
+    app = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="app")
+    with psycopg.connect(app) as conn:  # its own password still works, and it got its grants
+        assert conn.execute("SELECT rolreplication, has_table_privilege(%s, 'SELECT') FROM "
+                            "pg_roles WHERE rolname = %s", (f"{schema}.outbox", role)
+                            ).fetchone() == (False, True)
+    print_and_run("--alter-role")
+    dbz = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="dbzpw")
+    with psycopg.connect(dbz) as conn:
+        assert conn.execute("SELECT rolreplication FROM pg_roles WHERE rolname = %s",
+                            (role,)).fetchone() == (True,)
 
 
 def test_the_outbox_as_heartbeat_table_is_refused_and_nothing_made(stack: StackEndpoints,

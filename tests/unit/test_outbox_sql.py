@@ -31,11 +31,10 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox.existing import column_type_warnings, publication_warnings
+from cdc_router.outbox.role import PASSWORD_LEFT, ensure_password, password_matches
 from cdc_router.outbox.setup import (
     INIT_LOCK,
     InitReport,
-    _ensure_password,
-    _password_matches,
     add_size_check_statement,
 )
 from cdc_router.postgres import regclass_text, split_table
@@ -210,8 +209,35 @@ def test_no_role_no_role_statements() -> None:
 def test_the_printed_password_is_a_psql_variable() -> None:
     text = script(replication_role="debezium")
 
-    assert text.rstrip().endswith(
+    assert "  ALTER ROLE \"debezium\" WITH PASSWORD :'replication_password';\n" in text
+    altered = render_psql(init_steps(OutboxSchema(), CaptureSetup(replication_role="debezium")),
+                          "debezium", alter_role=True)
+    assert altered.rstrip().endswith(
         "ALTER ROLE \"debezium\" WITH PASSWORD :'replication_password';")
+
+
+def test_the_printed_script_leaves_a_role_that_exists_as_is_unless_alter_role() -> None:
+    # Review 53-c F14: without --alter-role the script still reset an existing role's password
+    # and gave it REPLICATION, which the live init refuses to do (it warns instead).
+    steps = init_steps(OutboxSchema(), CaptureSetup(replication_role="app'role"))
+    blocks = render_psql(steps, "app'role").split("\n\n")
+    exists = "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = 'app''role')"
+    assert f"SELECT NOT ({exists}) AS missing \\gset\n\\if :missing\n" \
+        "  CREATE ROLE \"app'role\" WITH LOGIN REPLICATION;\n" \
+        "  ALTER ROLE \"app'role\" WITH PASSWORD :'replication_password';\n\\else\n" \
+        "  \\warn 'role app\\'role exists: its password and attributes were left as is, not " \
+        "set to replication_password" in "\n\n".join(blocks)
+    [attributes] = [block for block in blocks if "rolreplication" in block]
+    assert attributes.splitlines()[1:] == [
+        "\\if :missing", "  \\warn 'role app\\'role exists and lacks LOGIN or REPLICATION, "
+        "which Debezium needs; it was left as is (init did not create it, and it may serve "
+        "others): name a role of Debezium\\'s own, or pass --alter-role'", "\\endif"]
+    text = "\n\n".join(blocks)
+    assert "WITH LOGIN REPLICATION;" not in text.replace("CREATE ROLE \"app'role\" WITH", "")
+    assert text.count("PASSWORD") == 1
+    altered = render_psql(steps, "app'role", alter_role=True)
+    assert "  ALTER ROLE \"app'role\" WITH LOGIN REPLICATION;\n" in altered
+    assert "\\warn" not in altered and altered.count("PASSWORD") == 1
 
 
 def test_every_step_that_creates_something_can_tell_it_is_done() -> None:
@@ -224,17 +250,17 @@ def test_every_step_that_creates_something_can_tell_it_is_done() -> None:
 
 
 def test_a_scram_verifier_matches_only_its_password() -> None:
-    assert _password_matches(SCRAM_VERIFIER, "correct horse", "anyone")
-    assert not _password_matches(SCRAM_VERIFIER, "correct horse!", "anyone")
+    assert password_matches(SCRAM_VERIFIER, "correct horse", "anyone")
+    assert not password_matches(SCRAM_VERIFIER, "correct horse!", "anyone")
 
 
 def test_an_md5_verifier_is_salted_with_the_role_name() -> None:
     verifier = "md5" + hashlib.md5(b"pwdebezium").hexdigest()
 
-    assert _password_matches(verifier, "pw", "debezium")
-    assert not _password_matches(verifier, "pw", "other")
-    assert not _password_matches(None, "pw", "debezium")
-    assert not _password_matches("SCRAM-SHA-256$garbage", "pw", "debezium")
+    assert password_matches(verifier, "pw", "debezium")
+    assert not password_matches(verifier, "pw", "other")
+    assert not password_matches(None, "pw", "debezium")
+    assert not password_matches("SCRAM-SHA-256$garbage", "pw", "debezium")
 
 
 # -- write_event -----------------------------------------------------------------------
@@ -557,9 +583,9 @@ def test_the_password_of_a_role_init_did_not_create_is_left_as_is() -> None:
     # Review 50-d F12: `--replication-role appuser` replaced an application role's password
     # (its clients locked out) and granted it REPLICATION, without asking.
     conn = _Authid()
-    assert _ensure_password(conn, "appuser", "pw", alter=False) == "left as is"  # type: ignore[arg-type]
+    assert ensure_password(conn, "appuser", "pw", alter=False) == "left as is"  # type: ignore[arg-type]
     assert not any("ALTER ROLE" in statement for statement in conn.statements)
-    assert _ensure_password(conn, "appuser", "pw") == "set"  # type: ignore[arg-type]
+    assert ensure_password(conn, "appuser", "pw") == "set"  # type: ignore[arg-type]
     assert conn.statements[-1] == 'ALTER ROLE "appuser" WITH PASSWORD \'SCRAM-SHA-256$x\''
     [alter] = [step for step in init_steps(OutboxSchema(), CaptureSetup(replication_role="r"))
                if step.alters_role]
@@ -569,9 +595,8 @@ def test_the_password_of_a_role_init_did_not_create_is_left_as_is() -> None:
 def test_the_password_left_warning_claims_nothing_init_cannot_know() -> None:
     # Reread 50-i F8: on a re-run of the init that created the role, with pg_authid
     # unreadable, it said "init did not create the role".
-    from cdc_router.outbox import setup
 
-    warning = setup._PASSWORD_LEFT.format(role="debezium")
+    warning = PASSWORD_LEFT.format(role="debezium")
     assert warning.startswith("role debezium existed before this run: its password was left")
     assert "did not create" not in warning
 
