@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from cdc_router.router.replay_log import SAID_PER_MINUTE, ReplayLines
+from cdc_router.router.replay import ReplayFilter
+from cdc_router.router.replay_log import SAID_PER_MINUTE, WARNED_PER_MINUTE, ReplayLines
 
 
 def test_replays_are_said_one_by_one_up_to_the_minutes_cap(
@@ -24,3 +25,29 @@ def test_replays_are_said_one_by_one_up_to_the_minutes_cap(
     assert sum("event=replay_dropped " in line for line in said) == SAID_PER_MINUTE + 1
     assert sum("event=replay_lines_capped" in line for line in said) == 1
     assert said[-1] == "event=replay_dropped id='later' offset=9999"
+
+
+def test_a_dead_lettered_ids_warning_has_its_own_cap_and_says_how_many_it_left_out(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 53-c F17: after 100 ordinary replay lines the minute's cap swallowed the WARNING
+    # telling the operator that a republish of a dead-lettered id delivered nothing.
+    now = [0.0]
+    replay = ReplayFilter(window_ms=10**12, max_ids=10**6)
+    for i in range(WARNED_PER_MINUTE + 5):
+        replay.add_pending(f"dead-{i}", 1, dead_lettered=True)
+    lines = ReplayLines(replay, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        for i in range(SAID_PER_MINUTE + 1):
+            lines.dropped(f"e-{i}", f"offset={i}")
+        lines.dropped("dead-0", "offset=500")
+        for i in range(1, WARNED_PER_MINUTE + 5):
+            lines.dropped(f"dead-{i}", f"offset={500 + i}")
+        now[0] = 60.0
+        lines.dropped("e-later", "offset=9999")
+    warned = [record.getMessage() for record in caplog.records
+              if record.levelno == logging.WARNING]
+    assert warned[0].startswith("event=replay_dropped id='dead-0' offset=500: the id was "
+                                "dead-lettered; ")
+    assert sum(line.startswith("event=replay_dropped ") for line in warned) == WARNED_PER_MINUTE
+    assert warned[-2].startswith(f"event=replay_warnings_capped per_minute={WARNED_PER_MINUTE}")
+    assert warned[-1].startswith("event=replay_warnings_left_out count=5: ")
