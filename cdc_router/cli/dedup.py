@@ -17,7 +17,7 @@ import click
 from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
 from cdc_router.cli._plan import confirm
-from cdc_router.cli.outbox import dsn_option
+from cdc_router.cli._postgres import dsn_option
 from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
 from cdc_router.errors import ConfigError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._options import config_option
-from cdc_router.cli.outbox import database, dsn_option
+from cdc_router.cli._postgres import database, dsn_option
 from cdc_router.config.load import load_config
 from cdc_router.errors import CdcRouterError
 

@@ -11,8 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -25,10 +24,11 @@ from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import config_option
 from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
+from cdc_router.cli._postgres import DEFAULT_DSN, database, dsn_option
 from cdc_router.config.json_bounds import MAX_JSON_DEPTH
 from cdc_router.config.load import load_config
 from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
-from cdc_router.errors import ConfigError, DatabaseError
+from cdc_router.errors import ConfigError, DatabaseError, InvalidEventError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
@@ -57,21 +57,11 @@ from cdc_router.outbox.republish import (
     outbox_rows,
 )
 from cdc_router.outbox.tools import relay_outbox_column
-from cdc_router.postgres import (
-    column_hint,
-    dsn_problem,
-    one_line,
-    table_columns,
-)
+from cdc_router.postgres import table_columns
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
-
-dsn_option = click.option(
-    "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
-    help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
 
 
 def schema_options(command: F) -> F:
@@ -115,31 +105,6 @@ def _key_value(item: str, option: str) -> tuple[str, str]:
     if not sep or not key:
         raise ConfigError("expected KEY=VALUE", field=option, value=item)
     return key, value
-
-
-@contextmanager
-def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """A connection whose failures become one-line DatabaseErrors naming host, port and db."""
-    where = _where(dsn)
-    try:
-        connection = psycopg.connect(dsn, connect_timeout=10)
-    except psycopg.Error as error:
-        raise DatabaseError(f"Postgres at {where}: {one_line(error)}; check --dsn (env "
-                            "CDC_ROUTER_PG_DSN)") from error
-    try:
-        with connection as conn:
-            yield conn
-    except psycopg.Error as err:
-        raise DatabaseError(f"Postgres at {where}: {one_line(err)}{column_hint(err)}") from err
-
-
-def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        # libpq's reason quotes the string's words, a password among them.
-        raise ConfigError(dsn_problem(dsn) or "not a connection string", field="--dsn") from None
-    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
 @click.group("outbox")
@@ -231,11 +196,29 @@ def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str
     if not isinstance(value, dict | list):
         raise ConfigError("must be a JSON object or array", field="--payload", value=text)
     header_map = dict(_key_value(item, "--header") for item in headers)
-    with database(dsn) as conn, conn.transaction():
-        written = write_event(conn, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-                              type=event_type, payload=value, headers=header_map or None,
-                              event_id=event_id, schema=schema)
+    try:
+        with database(dsn) as conn, conn.transaction():
+            written = write_event(conn, aggregate_type=aggregate_type,
+                                  aggregate_id=aggregate_id, type=event_type, payload=value,
+                                  headers=header_map or None, event_id=event_id, schema=schema)
+    except InvalidEventError as error:  # review 53-c F12: it named write_event's parameters
+        name, _, problem = str(error).partition(" ")
+        if name not in _WRITE_OPTIONS:
+            raise
+        raise ConfigError(problem.removeprefix("is "), field=_WRITE_OPTIONS[name]) from None
+    except DatabaseError as error:
+        cause = error.__cause__
+        if not isinstance(cause, psycopg.errors.UniqueViolation) or not (
+                cause.diag.message_detail or "").startswith(f"Key ({schema.columns.id})="):
+            raise
+        raise ConfigError(f"event id {event_id} is already in {schema.table}: leave "
+                          "--event-id out for a new one", field="--event-id") from None
     click.echo(written)
+
+
+# write_event's parameters named in its errors, as this command's options
+_WRITE_OPTIONS = {"aggregate_type": "--aggregate-type", "aggregate_id": "--aggregate-id",
+                  "type": "--type", "event_id": "--event-id"}
 
 
 def _not_json_constant(name: str) -> NoReturn:

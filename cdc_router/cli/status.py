@@ -16,9 +16,9 @@ from cdc_router.cli._durations import Seconds
 from cdc_router.cli._options import config_option
 from cdc_router.cli._output import UsageExitCommand, output_option
 from cdc_router.cli._ports import serve_on
+from cdc_router.cli._postgres import DEFAULT_DSN
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
-from cdc_router.cli.outbox import DEFAULT_DSN
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings

@@ -175,3 +175,17 @@ def test_write_event_stores_a_decimal_exactly(stack: StackEndpoints,
                            "WHERE id = %s", (event_id,)).fetchone()
 
     assert row == ("19.90", "1000000000000000000000000000000")
+
+
+def test_outbox_write_of_an_event_id_already_in_the_table_says_so(
+        stack: StackEndpoints, outbox: OutboxSchema) -> None:
+    # Review 53-c F12: Postgres's words (duplicate key value violates unique constraint).
+    write = ["outbox", "write", "--dsn", stack.postgres_dsn, "--table", outbox.table,
+             "--aggregate-type", "O", "--aggregate-id", "1", "--type", "T", "--payload", "{}"]
+    first = CliRunner().invoke(main, write)
+    assert first.exit_code == 0, first.output
+    event_id = first.stdout.strip()
+    again = CliRunner().invoke(main, [*write, "--event-id", event_id.upper()])
+    assert again.exit_code == 1
+    assert again.stderr == (f"error: field '--event-id': event id {event_id.upper()} is already "
+                            f"in {outbox.table}: leave --event-id out for a new one\n")

@@ -286,6 +286,26 @@ def test_outbox_write_hands_write_event_the_payloads_numbers_as_written(
     assert str(written[0]["price"]) == "1.10"
 
 
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--aggregate-type", "", "field '--aggregate-type': must be non-empty text, not ''"),
+    ("--aggregate-id", " ", "field '--aggregate-id': blank: ' '; the router would "
+     "dead-letter the event"),
+    ("--event-id", "notauuid", "field '--event-id': not a UUID: 'notauuid'")])
+def test_outbox_write_names_the_option_of_a_refused_value(
+        monkeypatch: pytest.MonkeyPatch, option: str, value: str, said: str) -> None:
+    # Review 53-c F12: the errors named write_event's parameters (aggregate_type, event_id).
+    from cdc_router.cli import outbox as cli_outbox
+
+    monkeypatch.setattr(cli_outbox, "database", lambda dsn: contextlib.nullcontext(
+        SimpleNamespace(transaction=contextlib.nullcontext)))
+    given = {"--aggregate-type": "A", "--aggregate-id": "1", "--type": "T", option: value}
+    result = CliRunner().invoke(main, ["outbox", "write", "--payload", "{}",
+                                       *(item for pair in given.items() for item in pair)])
+
+    assert result.exit_code == 1, result.output
+    assert result.stderr == f"error: {said}\n"
+
+
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_outbox_write_refuses_nan_in_the_payload_naming_the_option(constant: str) -> None:
     result = CliRunner().invoke(main, ["outbox", "write", "--dsn", "postgresql://x@127.0.0.1:9/db",

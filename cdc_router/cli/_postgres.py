@@ -1,0 +1,45 @@
+"""Postgres for the commands that take --dsn: the option, and a connection whose failures
+read as one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import psycopg
+
+from cdc_router.errors import ConfigError, DatabaseError
+from cdc_router.postgres import column_hint, dsn_problem, one_line
+
+DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
+
+dsn_option = click.option(
+    "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
+    help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
+
+
+@contextmanager
+def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection whose failures become one-line DatabaseErrors naming host, port and db."""
+    where = _where(dsn)
+    try:
+        connection = psycopg.connect(dsn, connect_timeout=10)
+    except psycopg.Error as error:
+        raise DatabaseError(f"Postgres at {where}: {one_line(error)}; check --dsn (env "
+                            "CDC_ROUTER_PG_DSN)") from error
+    try:
+        with connection as conn:
+            yield conn
+    except psycopg.Error as err:
+        raise DatabaseError(f"Postgres at {where}: {one_line(err)}{column_hint(err)}") from err
+
+
+def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        # libpq's reason quotes the string's words, a password among them.
+        raise ConfigError(dsn_problem(dsn) or "not a connection string", field="--dsn") from None
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
