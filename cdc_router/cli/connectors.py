@@ -16,7 +16,7 @@ from cdc_router.cli._options import FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
-from cdc_router.connect.checks import reading_problems
+from cdc_router.connect.checks import login_hint, reading_problems
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
@@ -135,17 +135,11 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
         for key, messages in sorted(verdict.errors.items()):
             for message in messages:
                 click.echo(f"{spec.source}: {spec.name}: {key}: {message}", err=True)
-        config = spec.config
-        # QA 47-d F8: not when the fields are missing (the lines above say so), which read
-        # "Postgres at None:None as None".
-        if any(key.startswith("database.") for key in verdict.errors) and all(
-                config.get(key) for key in ("database.hostname", "database.user")):
-            # QA 43-a: "password authentication failed" from another Postgres, on its port.
-            click.echo(f"{spec.source}: {spec.name}: the connector tried Postgres at "
-                       f"{config.get('database.hostname')}:{config.get('database.port')} as "
-                       f"{config.get('database.user')} (DB_HOST, DB_PORT, DB_USER in the "
-                       "shipped file; `eval \"$(cdc-router local env)\"` sets the host and "
-                       "port of the local stack)", err=True)
+        # QA 43-a: "password authentication failed" from another Postgres, on its port; QA
+        # 47-d F8: not when the fields are missing (the lines above say so).
+        hint = login_hint(spec.config)
+        if any(key.startswith("database.") for key in verdict.errors) and hint is not None:
+            click.echo(f"{spec.source}: {spec.name}: {hint}", err=True)
         if not verdict.ok:
             invalid.append(f"{spec.name} ({len(verdict.errors)} field(s))")
     if invalid:

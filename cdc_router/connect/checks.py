@@ -7,11 +7,15 @@ Pure functions of a connector config (every value a string, as Connect stores it
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
 from cdc_router.connect.spec import included_tables, plain_table
 
+# Kafka's EnvVarConfigProvider placeholder, ${env:NAME} (or ${env:path:NAME}), resolved by
+# the Connect worker when it reads the connector's config.
+_ENV_PLACEHOLDER = re.compile(r"\$\{env:(?:[^:}]*:)?([^:}]+)\}")
 _UNWRAP = "io.debezium.transforms.ExtractNewRecordState"
 _EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
 # What each transform does to the raw change events the router decodes (QA 35-a F3: every
@@ -139,3 +143,21 @@ def prefix_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str 
             "config must follow, or the router reads nothing new; Debezium keeps no offsets "
             "under the new prefix, so per snapshot.mode it snapshots the table again (the "
             "router's dedup drops the events it delivered, within dedup.window_ms)")
+
+
+def login_hint(config: Mapping[str, str]) -> str | None:
+    """Where the connector tried Postgres and as whom, for Connect's error of a database.*
+    field, and where its password comes from when it is a ${env:...} placeholder (review
+    53-c F15: the hint named DB_HOST, DB_PORT, DB_USER only); None without a host or user."""
+    host, user = config.get("database.hostname"), config.get("database.user")
+    if not host or not user:
+        return None
+    said = (f"the connector tried Postgres at {host}:{config.get('database.port')} as {user} "
+            "(DB_HOST, DB_PORT, DB_USER in the shipped file; `eval \"$(cdc-router local env)\"` "
+            "sets the host and port of the local stack)")
+    password = config.get("database.password", "")
+    if (found := _ENV_PLACEHOLDER.fullmatch(password)) is not None:
+        said += (f"; its password is {password}, which the Connect worker resolves from its "
+                 f"own environment, read when the worker started: {found[1]} set in this "
+                 "shell does not reach it; set it where the worker runs, then restart it")
+    return said

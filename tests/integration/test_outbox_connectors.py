@@ -346,6 +346,21 @@ def test_apply_names_the_postgres_the_connector_tried_when_it_cannot_connect(
     assert 'eval "$(cdc-router local env)"' in result.stderr
 
 
+def test_apply_names_the_env_placeholder_of_a_password_the_worker_lacks(
+        deployment: Deployment, tmp_path: Path) -> None:
+    # Review 53-c F15: "password authentication failed", and a hint naming DB_HOST, DB_PORT,
+    # DB_USER only, while the password was a ${env:...} the worker's environment lacks.
+    document = json.loads(CONNECTOR_FILE.read_text())
+    document["config"]["database.password"] = "${env:CDC_ROUTER_TEST_NO_SUCH_PASSWORD}"
+    bad_file = tmp_path / "envmissing.json"
+    bad_file.write_text(json.dumps(document))
+    result = deployment.cli("connectors", "apply", "--dry-run", "-f", str(bad_file))
+    assert result.exit_code == 1, result.output
+    assert "; its password is ${env:CDC_ROUTER_TEST_NO_SUCH_PASSWORD}, which the Connect " \
+        "worker resolves from its own environment, read when the worker started" in \
+        result.stderr, result.stderr
+
+
 def test_the_replication_role_reads_only_the_outbox_and_still_streams(
         running: Deployment) -> None:
     with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cdc_router.connect.checks import prefix_move, raw_topic, reading_problems
+from cdc_router.connect.checks import login_hint, prefix_move, raw_topic, reading_problems
 from cdc_router.connect.spec import load_spec
 from tests.unit.test_connect_client import (
     CONNECTOR_FILE,
@@ -196,3 +196,19 @@ def test_status_reads_the_raw_topic_from_the_deployed_connectors_config(
     missing, none = probe_connector("http://connect:8083", "nosuch")
     assert missing.exists is False and missing.error is None and none is None
     assert missing.deployed == ("outbox-connector",)
+
+
+def test_the_login_hint_names_the_env_placeholder_the_password_comes_from() -> None:
+    # Review 53-c F15: with `${env:NOPE_PASS}` unset in the worker, "password authentication
+    # failed" came with a hint naming DB_HOST, DB_PORT, DB_USER only.
+    config = {"database.hostname": "127.0.0.1", "database.port": "45432",
+              "database.user": "debezium", "database.password": "${env:NOPE_PASS}"}
+    hint = login_hint(config)
+    assert hint is not None and hint.startswith(
+        "the connector tried Postgres at 127.0.0.1:45432 as debezium (DB_HOST, DB_PORT, DB_USER")
+    assert hint.endswith("; its password is ${env:NOPE_PASS}, which the Connect worker resolves "
+                         "from its own environment, read when the worker started: NOPE_PASS set "
+                         "in this shell does not reach it; set it where the worker runs, then "
+                         "restart it")
+    assert "its password" not in (login_hint({**config, "database.password": "pw"}) or "")
+    assert login_hint({**config, "database.user": ""}) is None
