@@ -90,8 +90,11 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     endpoints = Endpoints(status_dsn, connect_url, kafka, dsn_source)
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
-        serve_on("--serve", port, lambda: serve(collector, port),
-                 hint="pick a free port for the exporter")
+        try:  # review 53-c: a port in use exited 1, as a warning; bad arguments exit 3
+            serve_on("--serve", port, lambda: serve(collector, port),
+                     hint="pick a free port for the exporter")
+        except ConfigError as error:
+            raise _CheckImpossible(str(error)) from error
         watch_s = watch_s or DEFAULT_SERVE_INTERVAL_S
     previous: Report | None = None
     code = 0

@@ -585,3 +585,18 @@ def test_an_unset_sasl_username_is_not_called_a_secret(tmp_path: Path) -> None:
     assert "field 'kafka.sasl_username': is not set" in ran.output and "set it in the config " \
         "file, or CDC_ROUTER__KAFKA__SASL_USERNAME in this process's environment" in ran.output
     assert "secrets" not in ran.output, ran.output
+
+
+def test_a_status_serve_port_in_use_exits_3_as_bad_arguments(tmp_path: Path) -> None:
+    # Review 53-c: it exited 1, which `status` means as "warning"; bad arguments exit 3.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG, "utf-8")
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["status", "-c", str(config), "--serve", str(port)])
+    assert result.exit_code == 3, result.output
+    assert result.stderr == (f"error: command line: field '--serve': cannot serve /metrics on "
+                             f"port {port}: Address already in use; pick a free port for the "
+                             "exporter\n")
