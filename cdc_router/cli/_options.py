@@ -31,7 +31,7 @@ class FilePath(click.Path):
 def config_option(help: str = _CONFIG_HELP, **kwargs: Any) -> Callable[[Any], Any]:
     """`-c/--config`, the router.yaml every command reads; required unless given a default."""
     kwargs.setdefault("required", "default" not in kwargs)
-    return click.option("-c", "--config", "config_path", type=FilePath(),
+    return click.option("-c", "--config", "config_path", type=FilePath(), cls=EnvOption,
                         envvar="CDC_ROUTER_CONFIG", help=help, **kwargs)
 
 
@@ -69,23 +69,33 @@ class InstanceId(click.ParamType[str]):
 INSTANCE_ID_ENV = "CDC_ROUTER_INSTANCE_ID"
 
 
-class _InstanceIdOption(click.Option):
-    """An empty or blank CDC_ROUTER_INSTANCE_ID is refused as an empty --instance-id is,
-    naming the variable (review 50-b F11: click takes an empty variable for unset, and
-    `CDC_ROUTER_INSTANCE_ID="$POD_NAME"` with POD_NAME unset started as the host name: a
-    container's id, new at each re-create, so a successor never fenced its predecessor)."""
+class EnvOption(click.Option):
+    """An option whose environment variable, set but empty or blank, is refused naming it:
+    click takes an empty variable for unset, so `CDC_ROUTER_CONNECT_URL="$URL"` with URL unset
+    used the default, another stack's address, without a word (review 53-c F18; review 50-b
+    F11: `CDC_ROUTER_INSTANCE_ID="$POD_NAME"` started as the host name)."""
+
+    empty_hint = "give a value, or unset it for the default"
 
     def consume_value(self, ctx: click.Context,
                       opts: Mapping[str, click.Parameter]) -> tuple[Any, ParameterSource]:
         value, source = super().consume_value(ctx, opts)
-        variable = os.environ.get(INSTANCE_ID_ENV)
-        if source in (ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT) and \
-                variable is not None and not variable.strip():
-            raise click.BadParameter(
-                f"{INSTANCE_ID_ENV} is set but {'blank' if variable else 'empty'}: give a name "
-                "unique per instance (the pod name), or unset it for the host name",
-                ctx=ctx, param=self)
+        names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or ())
+        for name in names:
+            variable = os.environ.get(name)
+            if source in (ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT) and \
+                    variable is not None and not variable.strip():
+                raise click.BadParameter(f"{name} is set but {'blank' if variable else 'empty'}"
+                                         f": {self.empty_hint}", ctx=ctx, param=self)
         return value, source
+
+
+class _InstanceIdOption(EnvOption):
+    """An empty or blank CDC_ROUTER_INSTANCE_ID is refused as an empty --instance-id is: in a
+    container the host name is new at each re-create, so a successor never fenced its
+    predecessor."""
+
+    empty_hint = "give a name unique per instance (the pod name), or unset it for the host name"
 
 
 def instance_id_option(help: str, *, kafka: bool) -> Callable[[Any], Any]:

@@ -9,14 +9,16 @@ from typing import Any
 
 import click
 import psycopg
+from click.core import ParameterSource
 
+from cdc_router.cli._options import EnvOption
 from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.postgres import column_hint, dsn_problem, one_line
 
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
 
 dsn_option = click.option(
-    "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN,
+    "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN, cls=EnvOption,
     help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: the local stack].")
 
 
@@ -36,10 +38,20 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         raise DatabaseError(f"Postgres at {where}: {one_line(err)}{column_hint(err)}") from err
 
 
+def dsn_named() -> str:
+    """The --dsn in use as its errors name it: CDC_ROUTER_PG_DSN when it came from there
+    (review 53-c F18: an error of the variable's value named --dsn, which was not given)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("dsn") is ParameterSource.ENVIRONMENT:
+        return "CDC_ROUTER_PG_DSN"
+    return "--dsn"
+
+
 def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         # libpq's reason quotes the string's words, a password among them.
-        raise ConfigError(dsn_problem(dsn) or "not a connection string", field="--dsn") from None
+        raise ConfigError(dsn_problem(dsn) or "not a connection string",
+                          field=dsn_named()) from None
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cdc_router.cli._durations import Seconds
-from cdc_router.cli._options import FilePath
+from cdc_router.cli._options import EnvOption, FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
@@ -65,7 +65,7 @@ def _shows_one_connector(function: Callable[..., None]) -> click.Command:
 
 
 @click.group("connectors", cls=UsageExitGroup)
-@click.option("--url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
+@click.option("--url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL, cls=EnvOption,
               show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
 @click.option("--user", envvar="CDC_ROUTER_CONNECT_USER",
               help="Basic auth user [env CDC_ROUTER_CONNECT_USER].")

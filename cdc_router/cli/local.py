@@ -12,6 +12,7 @@ from typing import cast
 
 import click
 
+from cdc_router.cli._options import EnvOption
 from cdc_router.local import stack
 from cdc_router.local.config import OPTIONAL_PARTS, PARTS, Part, StackConfig, load_saved
 
@@ -26,7 +27,7 @@ def default_jar_cache() -> Path:
 
 home_option = click.option(
     "--home", type=click.Path(path_type=Path, file_okay=False), default=Path(".cdc-router"),
-    show_default=True, envvar="CDC_ROUTER_HOME",
+    show_default=True, envvar="CDC_ROUTER_HOME", cls=EnvOption,
     help="Directory holding all of the stack's state [env CDC_ROUTER_HOME].")
 
 

@@ -21,7 +21,7 @@ import click
 import psycopg
 
 from cdc_router.cli._durations import parse_duration, parse_since
-from cdc_router.cli._options import config_option
+from cdc_router.cli._options import EnvOption, config_option
 from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.cli._postgres import DEFAULT_DSN, database, dsn_option
@@ -285,7 +285,7 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
 
 @cli.command()
 @config_option()
-@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN",
+@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", cls=EnvOption,
               help="Postgres connection string [env CDC_ROUTER_PG_DSN; default: cleanup.dsn, "
                    "else the local stack].")
 @click.option("--since", metavar="TIME", help="Rows created at or after TIME: ISO-8601 (UTC "

@@ -13,10 +13,10 @@ import click
 from pydantic import ValidationError
 
 from cdc_router.cli._durations import Seconds
-from cdc_router.cli._options import config_option
+from cdc_router.cli._options import EnvOption, config_option
 from cdc_router.cli._output import UsageExitCommand, output_option
 from cdc_router.cli._ports import serve_on
-from cdc_router.cli._postgres import DEFAULT_DSN
+from cdc_router.cli._postgres import DEFAULT_DSN, dsn_named
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
 from cdc_router.config.load import load_config
@@ -51,11 +51,12 @@ class _CheckImpossible(CdcRouterError):
 @config_option()
 @click.option("--connector", help="The Debezium connector [default: status.connector, "
               "outbox-connector].")
-@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", help="Postgres [env CDC_ROUTER_PG_DSN; "
-              "default: cleanup.dsn, else relay.dsn, else the local stack].")
+@click.option("--dsn", envvar="CDC_ROUTER_PG_DSN", cls=EnvOption, help="Postgres [env "
+              "CDC_ROUTER_PG_DSN; default: cleanup.dsn, else relay.dsn, else the local stack].")
 @click.option("--connect-url", envvar="CDC_ROUTER_CONNECT_URL", default=DEFAULT_CONNECT_URL,
+              cls=EnvOption,
               show_default=True, help="Kafka Connect REST URL [env CDC_ROUTER_CONNECT_URL].")
-@click.option("--bootstrap-servers", envvar="CDC_ROUTER_BOOTSTRAP_SERVERS",
+@click.option("--bootstrap-servers", envvar="CDC_ROUTER_BOOTSTRAP_SERVERS", cls=EnvOption,
               help="Kafka [env CDC_ROUTER_BOOTSTRAP_SERVERS; default: kafka.bootstrap_servers].")
 @click.option("--threshold", "thresholds", multiple=True, metavar="KEY=VALUE",
               help="Override a key of the status section for this run, e.g. lag_warning=500; "
@@ -78,7 +79,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
     if dsn and (problem := dsn_problem(dsn)):
-        raise _CheckImpossible(f"--dsn: {problem}")
+        raise _CheckImpossible(f"{dsn_named()}: {problem}")
     # A wrong argument cannot be checked, like a wrong --dsn (review 49-b F3: exited 2).
     if (problem := url_problem(connect_url)) is not None:
         raise _CheckImpossible(f"--connect-url: {problem}")
