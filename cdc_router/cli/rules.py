@@ -20,6 +20,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import redact_tree, shown_url
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import template_warnings
+from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import missing_files
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.router import clients
@@ -73,12 +74,19 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     --cluster by the topic's configuration.
     Exits 1 when the config is invalid or an event would go to the dead-letter topic.
     """
-    compiled = load_config(config_path, env=os.environ)
+    try:
+        compiled = load_config(config_path, env=os.environ)
+        refusal = clients.refused_property(compiled.config)
+        refused = property_refused(refusal, compiled.config) if refusal is not None else None
+        if refused is not None:  # a name or value librdkafka refuses, as `run` would at start
+            raise refused
+    except CdcRouterError as error:
+        if output == "json":  # review 53-c F19: a script read no document at all
+            click.echo(json.dumps({"file": str(config_path), "valid": False, "error": str(error),
+                                   "warnings": [], "config": None, "events": []}, indent=2,
+                                  ensure_ascii=False))
+        raise
     config = compiled.config
-    refusal = clients.refused_property(config)
-    refused = property_refused(refusal, config) if refusal is not None else None
-    if refused is not None:  # a name or value librdkafka refuses, as `run` would at start
-        raise refused
     warnings = template_warnings([route.topic for route in config.routes if route.topic],
                                  config.source.topics, config.allowed_topics)
     warnings += config.warnings() + config.relay_warnings()

@@ -46,6 +46,10 @@ class _StatusCommand(UsageExitCommand):
 class _CheckImpossible(CdcRouterError):
     exit_code = EXIT_UNKNOWN
 
+    def __init__(self, message: str, component: str = "config") -> None:
+        super().__init__(message)
+        self.component = component
+
 
 @click.command(name="status", cls=_StatusCommand)
 @config_option()
@@ -74,15 +78,29 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
     """Slots and WAL, publication, outbox, connector, router lag, dead letters; exit 0 ok,
     1 warning, 2 critical, 3 when it cannot check (bad config or arguments)."""
     try:
+        _status(config_path, connector, dsn, connect_url, bootstrap_servers, thresholds,
+                watch_s, port, output)
+    except _CheckImpossible as error:
+        if output == "json":  # review 53-c F19: a script read no document at all
+            click.echo(json.dumps({"status": "unknown", "exit_code": EXIT_UNKNOWN, "problems": [
+                {"level": "critical", "component": error.component, "message": str(error)}]},
+                indent=2))
+        raise
+
+
+def _status(config_path: Path, connector: str | None, dsn: str | None, connect_url: str,
+            bootstrap_servers: str | None, thresholds: tuple[str, ...], watch_s: float | None,
+            port: int | None, output: str) -> None:
+    try:
         config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
         kafka = clients.logged_config(config)  # a missing certificate file: a bad config
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
     if dsn and (problem := dsn_problem(dsn)):
-        raise _CheckImpossible(f"{dsn_named()}: {problem}")
+        raise _CheckImpossible(f"{dsn_named()}: {problem}", "arguments")
     # A wrong argument cannot be checked, like a wrong --dsn (review 49-b F3: exited 2).
     if (problem := url_problem(connect_url)) is not None:
-        raise _CheckImpossible(f"--connect-url: {problem}")
+        raise _CheckImpossible(f"--connect-url: {problem}", "arguments")
     if bootstrap_servers:
         kafka["bootstrap.servers"] = bootstrap_servers
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
@@ -95,7 +113,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
             serve_on("--serve", port, lambda: serve(collector, port),
                      hint="pick a free port for the exporter")
         except ConfigError as error:
-            raise _CheckImpossible(str(error)) from error
+            raise _CheckImpossible(str(error), "arguments") from error
         watch_s = watch_s or DEFAULT_SERVE_INTERVAL_S
     previous: Report | None = None
     code = 0
@@ -111,7 +129,7 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
             report = checks(config, endpoints, connector=connector)
             if isinstance(report, str):
                 if watch_s is None:
-                    raise _CheckImpossible(f"{report.split(';')[0]}: run it again")
+                    raise _CheckImpossible(f"{report.split(';')[0]}: run it again", "status")
                 if collector is not None:
                     collector.failed()
                 click.echo(f"critical: cannot check: {report}", err=True)

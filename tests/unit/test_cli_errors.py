@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 from pathlib import Path
@@ -635,3 +636,28 @@ def test_a_dsn_from_the_environment_is_named_as_the_variable_in_its_errors() -> 
     result = CliRunner().invoke(main, ["outbox", "stats", "--dsn", "garbage"],
                                 env={"CDC_ROUTER_PG_DSN": None})
     assert result.exit_code == 1 and f"error: field '--dsn': {said}" in result.stderr
+
+
+def test_json_output_of_a_bad_config_is_a_document_on_stdout_besides_the_error(
+        tmp_path: Path) -> None:
+    # Review 53-c F19: `status -o json` and `rules check -o json` printed nothing on stdout:
+    # a script reading the document (README: stable keys) got none.
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nroutes: [{topic: 'bad topic'}]\n", "utf-8")
+    status = CliRunner().invoke(main, ["status", "-c", str(config), "-o", "json"])
+    assert status.exit_code == 3, status.output
+    [line] = status.stderr.splitlines()
+    message = line.removeprefix("error: ")
+    assert "field 'routes[0].topic'" in message
+    assert json.loads(status.stdout) == {"status": "unknown", "exit_code": 3, "problems": [
+        {"level": "critical", "component": "config", "message": message}]}
+    rules = CliRunner().invoke(main, ["rules", "check", "-c", str(config), "-o", "json"])
+    assert rules.exit_code == 1 and rules.stderr == f"error: {message}\n", rules.output
+    assert json.loads(rules.stdout) == {"file": str(config), "valid": False, "error": message,
+                                        "warnings": [], "config": None, "events": []}
+    config.write_text(CONFIG, "utf-8")  # valid: a bad argument is the problem
+    argued = CliRunner().invoke(main, ["status", "-c", str(config), "-o", "json", "--dsn",
+                                       "host=x port=abc"], env={"CDC_ROUTER_PG_DSN": None})
+    assert argued.exit_code == 3 and json.loads(argued.stdout)["problems"] == [
+        {"level": "critical", "component": "arguments",
+         "message": "--dsn: its port 'abc' is not an integer"}], argued.output
