@@ -193,7 +193,8 @@ OursTest = Callable[[str, str | None], bool]
 def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 delivered: Iterable[str], ours: OursTest,
                 superseded: Mapping[tuple[int, int], str] | None = None,
-                expired_before_ms: int | None = None) -> list[Planned]:
+                expired_before_ms: int | None = None,
+                relay_table: str | None = None) -> list[Planned]:
     """Each letter through `step` (whose replay check is `seen`), in the order given.
 
     An id planned `deliver` in this replay is pending in `seen`, so a later letter of it is
@@ -233,9 +234,8 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
                 "config's source.topics (nor its relay.table)")))
             continue
         if letter.value_dropped:
-            planned.append(Planned(letter, "not_replayable", note=(
-                "its value was left out (dlq.value.dropped.bytes); the raw record is at "
-                f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")))
+            planned.append(Planned(letter, "not_replayable", note=_dropped_note(
+                letter, relay=letter.source_topic == relay_table)))
             continue
         if letter.event_id in before:
             # Delivered since, by an earlier replay or the router (a Debezium replay or snapshot
@@ -257,6 +257,22 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         if isinstance(result, Routed):
             seen.add_pending(result.record.event_id, 0)
     return _delivered_by_another(planned, ours)
+
+
+def _dropped_note(letter: Letter, *, relay: bool) -> str:
+    """Where the record of a letter without its value is: the raw topic's coordinates, or, for
+    the relay's (`relay`: its source is relay.table), the row, which stays (the cleanup deletes
+    delivered rows only), and how the relay can read it again (QA 53-a F2: it named
+    "table[0]@seq" as if a Kafka record)."""
+    if not relay:
+        return ("its value was left out (dlq.value.dropped.bytes); the raw record is at "
+                f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")
+    return (f"its value was left out (dlq.value.dropped.bytes); the row stays in "
+            f"{letter.source_topic} with seq {letter.source_offset} (the relay deletes no "
+            "dead-lettered row): once the limit is raised, insert it again for the relay to "
+            "read (a new seq): under a new id at once, or under its own id once "
+            "dedup.window_ms has passed since this letter (until then its id is dropped as a "
+            "replay), deleting the old row")
 
 
 def _delivered_by_another(planned: list[Planned], ours: OursTest) -> list[Planned]:

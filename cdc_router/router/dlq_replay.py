@@ -66,12 +66,7 @@ from cdc_router.router.dlq_letters import (
     undelivered,
 )
 from cdc_router.router.grants import OperationsFactory, admin_operations
-from cdc_router.router.poison import (
-    PoisonIsolation,
-    abort_batch,
-    produce_isolated,
-    record_refusals,
-)
+from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
 from cdc_router.router.renewal import RENEWABLE_ONCE
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import (
@@ -244,8 +239,9 @@ class DeadLetterReplay:
         selected = [letter for letter in letters if selection.selects(letter)]
         horizon_ms = int(time.time() * 1000) - self._config.dedup.window_ms
         superseded = superseded_letters(letters, self._config.dead_letter.topic, ours)
+        relay = self._config.relay.qualified_table if self._config.relay else None
         planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours,
-                              superseded=superseded,
+                              superseded=superseded, relay_table=relay,
                               expired_before_ms=None if selection.include_expired else horizon_ms)
         self._read, self._delivered = letters, set(delivered)
         self._settled = {*superseded, *((item.letter.partition, item.letter.offset)

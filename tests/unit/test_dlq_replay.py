@@ -352,6 +352,18 @@ def test_a_relay_letter_is_replayed_from_its_row() -> None:
     assert result.committed == {"deliver": 1}
     [delivered] = cluster.committed(CUSTOMERS)
     assert (delivered.key, delivered.value) == (b"r-1", b'{"to": "Lyon"}')
+    # QA 53-a F2: a relay letter without its value pointed at "public.outbox[0]@8", a Kafka
+    # record that does not exist: its row stays in the table, by its seq.
+    big = dead_letter(topic="public.outbox", partition=0, offset=8, key=b"r-2",
+                      value=letter_value("public.outbox", 8, 43, {**row, "id": "r-2"}, {}),
+                      original_headers=None, stage="route", error=RouteError("too big"),
+                      event_id="r-2", group="g", max_bytes=200)
+    cluster.publish(DLQ, [Stored(DLQ, 0, big.key, big.value, list(big.headers), None)])
+    [_, planned] = replay.plan(Selection()).planned
+    assert planned.action == "not_replayable" and planned.note.startswith(
+        "its value was left out (dlq.value.dropped.bytes); the row stays in public.outbox with "
+        "seq 8 (the relay deletes no dead-lettered row): once the limit is raised, insert it "
+        "again for the relay to read")
 
 
 def test_a_relay_letter_of_an_earlier_version_needs_the_payload_type_to_replay() -> None:
