@@ -99,13 +99,13 @@ class OutboxRelay:
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
         self._on_delivered = on_delivered
-        self._replay_lines = ReplayLines()
         self._stop = threading.Event()
         self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
         self._records = records or topic_records
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        self._replay_lines = ReplayLines(self._replay)  # its dead-lettered ids warned (53-g)
         # One transactional id per table, shared by all its relays: a newcomer fences the last.
         self._producer = LatchingProducer(
             clients.producer_config(config, f"relay-{self._table}"), producer_factory)

@@ -370,6 +370,31 @@ def test_a_row_the_broker_refuses_is_isolated_and_dead_lettered_the_rest_once() 
         "cdc_router_dead_letters_total", {"stage": "produce"}) == 1.0
 
 
+def test_a_dead_lettered_id_inserted_again_is_dropped_with_the_warning_naming_dlq_replay(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Fixer 53-g: the relay's replay lines had no replay filter, so such a row was dropped
+    # with an ordinary INFO line, nothing saying that its letter is what delivers it.
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    poison = table.add(2, 10, payload=json.dumps({"poison": True}))
+    table.now = Snapshot(11, 11)
+    cluster.refuse = lambda topic, value, timestamp: (
+        KafkaError.MSG_SIZE_TOO_LARGE if topic == ORDERS and b"poison" in (value or b"")
+        else None)
+    relay, _ = _relay(cluster, table, batch_rows=10)
+
+    def again() -> bool:
+        if cluster.committed(DLQ) and len(table.rows) == 2:
+            table.add(3, 12, id=poison)  # the row inserted again, under its own id
+            table.now = Snapshot(13, 13)
+        return any("the id was dead-lettered" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.INFO, logger="cdc_router"):
+        assert _run_until(relay, again) is None
+    assert again() and len(cluster.committed(DLQ)) == 1 and cluster.committed(ORDERS)[-1].key != \
+        poison.encode()
+
+
 def test_a_topic_librdkafka_calls_unknown_but_the_cluster_lists_is_retried() -> None:
     cluster, table = _cluster(), FakeTable()
     ids = [table.add(seq, 10) for seq in range(1, 5)]
