@@ -47,4 +47,4 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     cleaner.check()  # as `run`'s (review 51-d F9: a role that may not DELETE, only said later)
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered)
-    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config)
+    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path))

@@ -77,7 +77,8 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     try:
         compiled = load_config(config_path, env=os.environ)
         refusal = clients.refused_property(compiled.config)
-        refused = property_refused(refusal, compiled.config) if refusal is not None else None
+        refused = property_refused(refusal, compiled.config, str(config_path), os.environ) \
+            if refusal is not None else None
         if refused is not None:  # a name or value librdkafka refuses, as `run` would at start
             raise refused
     except CdcRouterError as error:

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
@@ -16,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
-from cdc_router.config.load import load_config
+from cdc_router.config.load import ENV_PREFIX, load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import (
@@ -107,7 +108,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     cleaner.check()  # its table, columns and grants (the relay's too: cli/relay.py)
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
-    run_until_stopped(router, cleaner, metrics, metrics_port, "router", config)
+    run_until_stopped(router, cleaner, metrics, metrics_port, "router", config, str(config_path))
 
 
 class Process(Protocol):
@@ -143,9 +144,10 @@ def tune_gc() -> None:
 
 
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
-                      metrics_port: int, what: str, config: RouterConfig) -> None:
+                      metrics_port: int, what: str, config: RouterConfig,
+                      source: str | None = None) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
-    commit and return."""
+    commit and return. `source` is the config file, for the errors that name it."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
@@ -172,7 +174,7 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
             raise
         raise refusal from failure
     except (KafkaException, DeliveryError) as failure:
-        refused = property_refused(failure, config)
+        refused = property_refused(failure, config, source, os.environ)
         if refused is not None:
             raise refused from failure
         if isinstance(failure, DeliveryError):
@@ -183,9 +185,12 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
         cleaner.stop()
 
 
-def property_refused(failure: BaseException, config: RouterConfig) -> ConfigError | None:
+def property_refused(failure: BaseException, config: RouterConfig, source: str | None = None,
+                     env: Mapping[str, str] | None = None) -> ConfigError | None:
     """A ConfigError naming the kafka.* section when librdkafka refused a client property
-    (unknown, or a bad value) as it built a client; None for any other failure."""
+    (unknown, or a bad value) as it built a client; None for any other failure. `source` is
+    the config file, `env` the overrides it was loaded with: the error names the variable
+    that set the property, if one did."""
     error = kafka_error_of(failure) or kafka_error_of(failure.__cause__ or failure)
     if error is None or error.code() != KafkaError._INVALID_ARG:
         return None
@@ -208,13 +213,27 @@ def property_refused(failure: BaseException, config: RouterConfig) -> ConfigErro
     section, key, value = next((one for one in found if not _takes(one[1], one[2])),
                                found[0] if found else ("config", name, None))
     field = f"kafka.{section}" + (f".{key}" if key else "")
+    # Review 53-c F4: the value may be the environment's, not the file's.
+    variable = next((name for name in (_variable_of(field), _variable_of(f"kafka.{section}"))
+                     if name in (env or {})), None)
+    if variable is not None:
+        source = f"{source} via environment variable {variable}" if source else \
+            f"environment variable {variable}"
     return ConfigError(f"librdkafka refused a client property: {text}", field=field,
+                       source=source,
                        value=None if value is None or is_secret_key(key) else value,
                        hint="".join(f"{missing}; " for missing in
                                     missing_files(config.kafka.config))
                        + "see librdkafka's CONFIGURATION.md for the names and values"
                        + (", and check the key password of ssl.key.location"
                           if "ssl.key.location" in config.kafka.config else ""))
+
+
+def _variable_of(field: str) -> str:
+    """The CDC_ROUTER__ variable that overrides `field` (kafka.config.linger.ms ->
+    CDC_ROUTER__KAFKA__CONFIG__LINGER_MS), as config/load.py reads it."""
+    return ENV_PREFIX + "__".join(part.upper().replace(".", "_")
+                                  for part in field.split(".", 2))
 
 
 def _takes(key: str, value: str) -> bool:

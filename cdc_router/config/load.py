@@ -350,8 +350,9 @@ def _config_error(error: ValidationError, source: str, overridden: dict[str, str
         source = f"{source} via environment variable {overridden[max(covering, key=len)]}"
     else:  # a check across fields may fail on a value a variable set (QA 43-a F3): the
         # variables of the fields the message names (review 43-2: not every one of a section)
+        # Word edges by lookaround: `\b` after a list item's `]` never matched (review 53-c F4).
         named = sorted(name for prefix, name in overridden.items() if re.search(
-            rf"\b{re.escape(prefix.rsplit('.', 1)[-1])}\b", message))
+            rf"(?<!\w){re.escape(prefix.rsplit('.', 1)[-1])}(?!\w)", message))
         if named:
             hint += f"; the environment sets {', '.join(named)}"
     return ConfigError(message, source=source, field=path or None, value=value, hint=hint)

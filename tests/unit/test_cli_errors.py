@@ -304,8 +304,8 @@ def test_rules_check_refuses_a_client_property_as_run_does_with_no_broker_and_no
 
     write(kafka)
     checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
-    assert checked.exit_code == 1 and f"error: field '{field}': librdkafka refused" in \
-        checked.output, checked.output
+    assert checked.exit_code == 1 and f"error: {config}: field '{field}': librdkafka refused" \
+        in checked.output, checked.output
     (tmp_path / "ca.pem").write_text("", "utf-8")  # `run` stops first on a missing file
     write(kafka, str(tmp_path / "ca.pem"))
     ran = CliRunner().invoke(main, ["run", "-c", str(config), "--metrics-port", "0"])
@@ -334,7 +334,7 @@ def test_rules_check_refuses_a_bad_boolean_or_an_alias_naming_the_key_as_written
                       "source: {topics: [raw]}\nroutes: [{topic: x}]\n", "utf-8")
     checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
     assert checked.exit_code == 1, checked.output
-    assert checked.output.startswith(f"error: field '{field}': librdkafka refused"), \
+    assert checked.output.startswith(f"error: {config}: field '{field}': librdkafka refused"), \
         checked.output
     assert checked.output.count("\n") == 1, checked.output
 
@@ -661,3 +661,20 @@ def test_json_output_of_a_bad_config_is_a_document_on_stdout_besides_the_error(
     assert argued.exit_code == 3 and json.loads(argued.stdout)["problems"] == [
         {"level": "critical", "component": "arguments",
          "message": "--dsn: its port 'abc' is not an integer"}], argued.output
+
+
+def test_a_refused_client_property_names_the_variable_that_set_it(tmp_path: Path) -> None:
+    # Review 53-c F4: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=abc` gave "field
+    # 'kafka.config.linger.ms': librdkafka refused ..." naming neither the file nor the variable.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG, "utf-8")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)],
+                                 env={"CDC_ROUTER__KAFKA__CONFIG__LINGER_MS": "abc"})
+    assert checked.exit_code == 1
+    assert f"error: {config} via environment variable CDC_ROUTER__KAFKA__CONFIG__LINGER_MS: " \
+           "field 'kafka.config.linger.ms': librdkafka refused" in checked.output, checked.output
+    config.write_text(CONFIG.replace("'127.0.0.1:1'", "'127.0.0.1:1', config: {linger.ms: abc}"),
+                      "utf-8")
+    checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
+    assert f"error: {config}: field 'kafka.config.linger.ms': librdkafka refused" in \
+        checked.output, checked.output

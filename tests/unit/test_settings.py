@@ -934,3 +934,14 @@ def test_a_property_map_takes_a_number_as_the_file_writes_it(tmp_path: Path) -> 
                                        "retention.ms": "0123", "x.ratio": ".inf"}
     assert config.delivery.commit_interval_ms == 16 and \
         type(config.delivery.commit_interval_ms) is int  # a count is still YAML's number
+
+
+def test_a_check_across_fields_names_the_variable_of_a_list_item(tmp_path: Path) -> None:
+    # Review 53-c F4: `\b` after `routes[0]`'s `]` never matched, so the error blamed the
+    # file's routes[0], which has a match, and not the variable that replaced it.
+    message = error_of(tmp_path, "source: {topics: [a.b.c]}\nroutes:\n"
+                                 "  - {match: {aggregate_type: 'Order*'}, topic: orders}\n"
+                                 "  - {match: {aggregate_type: 'Pay*'}, topic: payments}\n",
+                       env={"CDC_ROUTER__ROUTES__0": '{"topic": "rv.payments"}'})
+    assert "field 'routes[1]': unreachable: routes[0] has no match" in message
+    assert message.endswith("; the environment sets CDC_ROUTER__ROUTES__0")
