@@ -6,6 +6,7 @@ import os
 import time
 import uuid
 from collections import deque
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,37 +70,48 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
     since_ms = None if since is None else parse_since(since, option="--since",
                                                       now_ms=int(time.time() * 1000))
     ours = sources_of(config)
-    others = 0
+    others = earlier = matched = 0
     # Up to the last stable offset as of now: a router's open transaction is not waited for.
     reader = TopicReader(clients.logged_config(config), config.dead_letter.topic,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
     letters: deque[dict[str, Any]] = deque(maxlen=limit)
     try:
+        # Read to the end, so that a list cut by --limit says of how many (review 53-c F1).
         for message in reader.read_to_end(end="stable", timeout_s=_LIST_TIMEOUT_S):
             if since_ms is not None and message.timestamp()[1] < since_ms:
+                earlier += 1
                 continue
             if not everyone and not of_pipeline(record_headers(message), ours):
                 others += 1
                 continue
-            letters.append({"offset": message.offset(),
-                            **dead_letter_origin(record_headers(message))})
-            if len(letters) >= limit and not newest:
-                break
+            matched += 1
+            if newest or len(letters) < limit:
+                letters.append({"offset": message.offset(),
+                                **dead_letter_origin(record_headers(message))})
     finally:
         reader.close()
+    topic = config.dead_letter.topic
+    pipeline = "of this pipeline " if others else ""
     emit(list(letters), output, lambda rows: table(
         ["offset", "stage", "source", "event id", "error", "reason"],
         [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],
           _cut(r["reason"] or "")] for r in rows]) if rows
-        else f"no dead letters {'of this pipeline ' if others else ''}on "
-             f"{config.dead_letter.topic}")
+        else f"no dead letters {pipeline}since {_utc(since_ms)} ({earlier + others} on {topic})"
+        if since_ms is not None and earlier
+        else f"no dead letters {pipeline}on {topic}")
+    if matched > len(letters):
+        click.echo(f"{len(letters)} of {matched} shown ({'the last' if newest else 'the first'}"
+                   "; -n sets how many)", err=True)
     if (said := _replayed_line(config)) is not None:
         click.echo(said, err=True)
     if others:
-        # The read stopped at --limit (not with --newest, which reads to the end).
-        some = "at least " if len(letters) >= limit and not newest else ""
-        click.echo(f"{some}{others} letters of other pipelines left out (--all lists them)",
-                   err=True)
+        click.echo(f"{others} letters of other pipelines left out (--all lists them)", err=True)
+
+
+def _utc(epoch_ms: int) -> str:
+    """`epoch_ms` as an ISO-8601 UTC time to the minute, or to the second when it has them."""
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ" if moment.second else "%Y-%m-%dT%H:%MZ")
 
 
 @cli.command()

@@ -1,0 +1,84 @@
+"""`dlq list`: what it says when --since or --limit leaves letters out (review 53-c F1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from cdc_router.cli import dlq, main
+
+CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
+          "routes: [{topic: x}]\ndead_letter: {topic: rv.dlq}\n")
+_HOUR_MS = 3_600_000
+
+
+class _Letter:
+    """A consumed dead letter: a timestamp, an offset, no headers (this pipeline's)."""
+
+    def __init__(self, offset: int, timestamp_ms: int) -> None:
+        self._offset, self._timestamp_ms = offset, timestamp_ms
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._timestamp_ms
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+
+def _reader(letters: list[_Letter]) -> type:
+    class _Reader:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def read_to_end(self, **kwargs: Any) -> Any:
+            return iter(letters)
+
+        def close(self) -> None:
+            pass
+
+    return _Reader
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(dlq, "_replayed_line", lambda config: None)
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIG, "utf-8")
+    return path
+
+
+def test_since_after_every_letter_says_how_many_are_on_the_topic(
+        config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 53-c F1: "no dead letters on rv53c.dlq" while 3 were on it.
+    monkeypatch.setattr(dlq, "TopicReader", _reader([_Letter(n, 1_000 + n) for n in range(3)]))
+    listed = CliRunner().invoke(main, ["dlq", "list", "-c", str(config),
+                                       "--since", "2099-01-01"])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout == "no dead letters since 2099-01-01T00:00Z (3 on rv.dlq)\n"
+    empty = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "--since", "1h"])
+    assert empty.exit_code == 0, empty.output
+    assert empty.stdout.startswith("no dead letters since 20")
+    monkeypatch.setattr(dlq, "TopicReader", _reader([]))
+    none = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "--since", "1h"])
+    assert none.stdout == "no dead letters on rv.dlq\n"
+
+
+@pytest.mark.parametrize("newest, offsets", [(False, [0]), (True, [2])])
+def test_a_list_cut_by_the_limit_says_of_how_many(
+        config: Path, monkeypatch: pytest.MonkeyPatch, newest: bool, offsets: list[int]) -> None:
+    # Review 53-c F1: `-n 1` showed 1 of 3, and nothing said more existed.
+    monkeypatch.setattr(dlq, "TopicReader", _reader([_Letter(n, 1_000 + n) for n in range(3)]))
+    listed = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-n", "1", "-o", "json"]
+                                + (["--newest"] if newest else []))
+    assert listed.exit_code == 0, listed.output
+    assert f'"offset": {offsets[0]}' in listed.stdout
+    assert f"1 of 3 shown (the {'last' if newest else 'first'}; -n sets how many)" \
+        in listed.stderr
+    whole = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-n", "3"])
+    assert "shown" not in whole.stderr
