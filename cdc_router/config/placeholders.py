@@ -22,6 +22,7 @@ from typing import Any
 from cdc_router.errors import ConfigError
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_UNCLOSED = re.compile(r"\$\{[^}]*$")
 _OURS = re.compile(r"(?P<name>[A-Z_][A-Z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
 # Connect's ConfigTransformer pattern is `${provider:[path:]key}`, provider a word.
 _PROVIDER = re.compile(r"[A-Za-z0-9_.-]+:.+", re.DOTALL)
@@ -79,6 +80,11 @@ def expand_tree(value: Any, env: Mapping[str, str], *, source: str, path: str = 
         return [expand_tree(item, env, source=source, path=f"{path}[{index}]")
                 for index, item in enumerate(value)]
     return value
+
+
+def unclosed(text: str) -> bool:
+    """Whether `text` has a `${` that no `}` closes (sent as it is, it reached Connect)."""
+    return _UNCLOSED.search(_REFERENCE.sub("", text)) is not None
 
 
 def provider_references(text: str) -> list[str]:

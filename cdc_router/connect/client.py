@@ -184,7 +184,14 @@ class ConnectClient:
         """
         body = {**config, "connector.class": connector_class}
         path = f"/connector-plugins/{quote(connector_class, safe='')}/config/validate"
-        data = self._json("PUT", path, dict, json=body)
+        try:
+            data = self._json("PUT", path, dict, json=body)
+        except ConnectError as error:  # review 53-c F2: a 500 with every PluginDesc on one line
+            if "Failed to find any class" not in str(error):
+                raise
+            raise ConnectError(f"field 'config.connector.class': Kafka Connect has no connector "
+                               f"{connector_class!r}: is its plugin installed on the Connect "
+                               "worker?") from None
         if not isinstance(data.get("configs"), list):  # else every config would be valid
             raise self._not_connect("PUT", path, "a validation of a config")
         with self._shaped("PUT", path):

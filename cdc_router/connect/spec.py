@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc_router.config.load import require_file
-from cdc_router.config.placeholders import expand_tree, provider_references
-from cdc_router.config.redact import is_secret_key
+from cdc_router.config.placeholders import expand_tree, provider_references, unclosed
+from cdc_router.config.redact import MASK, is_secret_key
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import INSERT_ORDER
 
@@ -76,6 +76,11 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
                           hint="a connector file is an object of strings") from None
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object", source=source)
+    for key, value in _values(data):  # review 53-c F2: sent as it was, Connect's error followed
+        if isinstance(value, str) and unclosed(value):
+            raise ConfigError("a placeholder '${' is not closed with '}'", source=source,
+                              field=key, value=MASK if is_secret_key(key) else value,
+                              hint="write ${NAME} or ${NAME:-default}")
     data = expand_tree(data, env, source=source)
     if "config" in data:
         unknown = sorted(set(data) - {"name", "config"})
@@ -91,6 +96,9 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
         name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError("a connector needs a non-empty name", source=source, field="name")
+    if (problem := name_problem(name)) is not None:  # review 53-c F2: Connect's bare 400
+        raise ConfigError(problem, source=source, field="name", value=name,
+                          hint="name it with letters, digits, '.', '_' or '-'")
     config = {key: _config_value(value, source, key) for key, value in raw_config.items()}
     if config.get("name", name) != name:
         raise ConfigError("differs from the top-level name", source=source,
@@ -98,6 +106,27 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
     if not config.get("connector.class"):
         raise ConfigError("is required", source=source, field="config.connector.class")
     return ConnectorSpec(name, with_snapshot_order(config), source)
+
+
+def _values(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A connector document's (field, value) pairs: the top level's and config's."""
+    config = data.get("config")
+    return [(key, value) for key, value in data.items() if key != "config"] + (
+        [(f"config.{key}", value) for key, value in config.items()]
+        if isinstance(config, dict) else [])
+
+
+def name_problem(name: str) -> str | None:
+    """Why Kafka Connect cannot take `name` for a connector, or None: its REST paths carry
+    the name as one segment, which Connect's Jetty refuses to decode for '/', '\\' and '%'
+    (400 Bad Request) or resolves for '.' and '..'; ConnectorConfig refuses control
+    characters."""
+    if name in (".", ".."):
+        return "a connector named '.' or '..' cannot be in Kafka Connect's URL paths"
+    if bad := sorted({char for char in name if char in "/\\%" or not char.isprintable()}):
+        return (f"Kafka Connect's URL paths cannot carry {', '.join(map(repr, bad))} in a "
+                "connector's name")
+    return None
 
 
 def included_tables(config: Mapping[str, str], *, unescaped: bool = False) -> list[str]:
