@@ -13,6 +13,7 @@ from typing import cast
 import click
 
 from cdc_router.cli._options import EnvOption
+from cdc_router.errors import StackError
 from cdc_router.local import stack
 from cdc_router.local.config import OPTIONAL_PARTS, PARTS, Part, StackConfig, load_saved
 
@@ -34,6 +35,17 @@ home_option = click.option(
 def _saved_or_default(home: Path) -> StackConfig:
     home = home.resolve()
     return load_saved(home) or StackConfig(home=home, jar_cache=default_jar_cache())
+
+
+def _saved(home: Path) -> StackConfig:
+    """The stack started under `home`; StackError (exit 1) when none was: its default addresses
+    may be another stack's (review 53-c F3: `eval "$(local env --home typo)"` pointed every
+    command at it, exit 0)."""
+    saved = load_saved(home.resolve())
+    if saved is None:
+        raise StackError(f"no local stack under {home.resolve()}; start one with "
+                         f"`cdc-router local up --home {home}`")
+    return saved
 
 
 def _say(line: str) -> None:
@@ -110,8 +122,8 @@ def down(home: Path, purge: bool) -> None:
 @home_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
 def status(home: Path, output: str) -> None:
-    """Show each part's state, pid and address."""
-    config = _saved_or_default(home)
+    """Show each part's state, pid and address; exit 1 when no stack was started under --home."""
+    config = _saved(home)
     parts = stack.status(config)
     if output == "json":
         click.echo(json.dumps([p.__dict__ for p in parts], indent=2))
@@ -147,8 +159,8 @@ def env(home: Path) -> None:
     router.yaml overrides of kafka and nats (run, relay, topics, dlq, rules, streams), so that
     every command talks to this stack. Not schema_registry.url: a config without one encodes
     Avro single-object; set CDC_ROUTER__SCHEMA_REGISTRY__URL=$CDC_ROUTER_REGISTRY_URL for one
-    that has it."""
-    config = _saved_or_default(home)
+    that has it. Exits 1 when no stack was started under --home."""
+    config = _saved(home)
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
@@ -159,14 +171,7 @@ def env(home: Path) -> None:
     click.echo(f"export DB_PORT={config.postgres_port}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")
-    # On stderr, which `eval "$(local env)"` leaves alone: a typo in --home (or
-    # CDC_ROUTER_HOME) printed the default addresses, where another stack may answer, with
-    # no word that none runs there (review 46-2 F7).
-    if load_saved(config.home) is None:
-        click.echo(f"# no stack was ever started in {config.home}: these are the default "
-                   "addresses, which may be another stack's; check --home or CDC_ROUTER_HOME",
-                   err=True)
-        return
+    # On stderr, which `eval "$(local env)"` leaves alone (review 46-2 F7).
     running = {part.part for part in stack.status(config) if part.state == "running"}
     if stopped := [part for part in PARTS if part not in OPTIONAL_PARTS and part not in running]:
         click.echo(f"# {', '.join(stopped)} not running in {config.home}: `cdc-router local up "

@@ -162,6 +162,7 @@ def test_local_env_prints_the_nats_url(tmp_path):
 
     from cdc_router.cli.local import cli
 
+    stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
@@ -233,6 +234,7 @@ def test_local_env_prints_the_registry_url(tmp_path):
 
     from cdc_router.cli.local import cli
 
+    stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert ("export CDC_ROUTER_REGISTRY_URL=http://127.0.0.1:18081/apis/ccompat/v7"
@@ -293,24 +295,32 @@ def test_local_env_says_which_optional_part_is_not_running(tmp_path, monkeypatch
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
 
 
-def test_local_env_says_when_no_stack_runs_in_the_home(tmp_path):
-    # Review 46-2 F7: a typo in --home printed the default addresses, rc 0, with no word that
-    # nothing runs there: `eval "$(local env)"` pointed every later command at whatever stack
-    # owns the default ports. The note goes to stderr; stdout stays the export lines.
+def test_local_env_and_status_refuse_a_home_with_no_stack(tmp_path):
+    # Review 46-2 F7: a typo in --home printed the default addresses, rc 0: `eval "$(local
+    # env)"` pointed every later command at whatever stack owns the default ports. Review 53-c
+    # F3: a note on stderr was not enough (rc 0, the exports still applied): now exit 1, no
+    # export line; `local status` too ("nothing is running", rc 0, before).
     from click.testing import CliRunner
 
-    from cdc_router.cli.local import cli
+    from cdc_router.cli import main
 
-    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "typo")])
-    assert result.exit_code == 0, result.output
-    assert result.stderr.startswith(f"# no stack was ever started in {tmp_path / 'typo'}: ")
-    assert all(line.startswith("export ") for line in result.stdout.splitlines())
+    typo = tmp_path / "typo"
+    for command in ("env", "status"):
+        result = CliRunner().invoke(main, ["local", command, "--home", str(typo)])
+        assert result.exit_code == 1, result.output
+        assert result.stdout == ""
+        assert result.stderr == (f"error: no local stack under {typo}; start one with "
+                                 f"`cdc-router local up --home {typo}`\n")
     stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
-    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    result = CliRunner().invoke(main, ["local", "env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
     assert result.stderr.splitlines()[0] == (
         f"# postgres, kafka, connect not running in {tmp_path}: `cdc-router local up --home "
         f"{tmp_path}` starts them")
     assert all(line.startswith("export ") for line in result.stdout.splitlines())
+    result = CliRunner().invoke(main, ["local", "status", "--home", str(tmp_path)])
+    assert result.exit_code == 0 and result.stdout.startswith("nothing is running"), \
+        result.output
 
 
 def test_a_maven_repository_that_never_answers_is_a_bounded_one_line_error(tmp_path, monkeypatch):
