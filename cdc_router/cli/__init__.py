@@ -38,6 +38,9 @@ COMMAND_MODULES: dict[str, str] = {
 # request, which buried the router's one-line start-up refusals (QA 36-c); their warnings
 # still show, and --verbose shows all.
 HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
+# Their librdkafka lines are their log, read as it goes; every other command's Kafka failure is
+# its one error line, and --verbose shows librdkafka's lines (kafka/logs.py quiet_librdkafka).
+_LONG_RUNNING = ("run", "relay", "demo")
 
 
 class _Root(click.Group):
@@ -90,10 +93,13 @@ def _kafka_failure(error: Exception) -> str | None:
     if kafka is None or not isinstance(error, kafka.KafkaException):
         return None
     from cdc_router.kafka.errors import describe, kafka_error_of  # loads confluent_kafka only
+    from cdc_router.kafka.logs import noted_cluster
 
+    cluster = noted_cluster()
+    failed = f"a Kafka call to {cluster} failed" if cluster else "a Kafka call failed"
     found = kafka_error_of(error)
     if found is None:
-        return f"a Kafka call failed: {error}"
+        return f"{failed}: {error}"
     codes = kafka.KafkaError
     unreachable = found.code() in (codes._TRANSPORT, codes._ALL_BROKERS_DOWN, codes._TIMED_OUT,
                                    codes._RESOLVE, codes._AUTHENTICATION, codes._SSL,
@@ -104,7 +110,7 @@ def _kafka_failure(error: Exception) -> str | None:
         # QA 32-d: a certificate file it cannot read, a wrong key password, a bad property.
         hint = ("; check kafka.config's file paths (ssl.*.location), the key password and the "
                 "property names")
-    return f"a Kafka call failed: {describe(found)}{hint}"
+    return f"{failed}: {describe(found)}{hint}"
 
 
 @click.group(cls=_Root)
@@ -115,6 +121,10 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """Route Debezium outbox events to Kafka topics, exactly once."""
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
+    if not verbose and ctx.invoked_subcommand not in _LONG_RUNNING:
+        from cdc_router.kafka.logs import quiet_librdkafka  # no confluent_kafka import
+
+        ctx.call_on_close(quiet_librdkafka())
     for name in HTTP_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -19,10 +21,26 @@ from cdc_router.cli._output import emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.cli._postgres import dsn_option
 from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, DedupStoreError, DedupStoreRefused
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")
+
+
+# The store's words for a connection it could not open (consumer/dedup/postgres.py).
+_CONNECTING = ("cannot connect to the dedup database", "Postgres refuses the dedup store's")
+
+
+@contextmanager
+def _naming_the_dsn() -> Iterator[None]:
+    """A dedup store's connection failure names the option that holds the DSN, as the outbox
+    commands' do (review 53-c F5); the store, a library, knows no option."""
+    try:
+        yield
+    except (DedupStoreError, DedupStoreRefused) as error:
+        if not str(error).startswith(_CONNECTING):
+            raise
+        raise type(error)(f"{error}; check --dsn (env CDC_ROUTER_PG_DSN)") from error
 
 
 @click.group(name="dedup")
@@ -33,6 +51,7 @@ def cli() -> None:
 @cli.command()
 @dsn_option
 @table_option
+@_naming_the_dsn()
 def init(dsn: str, table: str) -> None:
     """Create the dedup table and its retention index (idempotent)."""
     store = PostgresDedupStore(dsn, table=table)
@@ -57,6 +76,7 @@ def init(dsn: str, table: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Only count the rows that would be deleted.")
 @click.option("--yes", is_flag=True, help="Do not ask (--every never asks).")
 @output_option
+@_naming_the_dsn()
 def purge(dsn: str, table: str, older_than: str, consumer_group: str | None, batch_size: int,
           every: str | None, dry_run: bool, yes: bool, output: str) -> None:
     """Delete dedup rows older than the window, in bounded batches.

@@ -92,6 +92,37 @@ def with_kafka_refusal(line: str) -> str:
             "its certificate, and kafka.security_protocol against the listener)")
 
 
+# The cluster this process's clients were built for (clients.logged_config notes it): the CLI's
+# line for a Kafka error no command turned into its own names it (review 53-c F5).
+_CLUSTER: list[str] = []
+
+
+def note_cluster(bootstrap_servers: str) -> None:
+    """Note the bootstrap servers a client of this process is built for."""
+    _CLUSTER[:] = [bootstrap_servers]
+
+
+def noted_cluster() -> str | None:
+    """The bootstrap servers last noted, or None before any client."""
+    return _CLUSTER[0] if _CLUSTER else None
+
+
+def quiet_librdkafka() -> Callable[[], None]:
+    """Stop librdkafka's lines reaching stderr (a one-shot command's failure is its one error
+    line, review 53-c F5: a raw `FAIL [cdc-router#consumer-1]` line came before it), still
+    noting a refusal for with_kafka_refusal, as unshown_logger does; returns what undoes it."""
+    logger = librdkafka_logger()
+    handler = logging.NullHandler()  # not Python's last resort, to stderr
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        logger.propagate = True
+
+    return undo
+
+
 def serve_logs(admin: Any) -> None:
     """Hand an admin client's queued librdkafka lines to its logger: an AdminClient serves
     them only in poll(), which nothing else calls (QA 31-d: `topics apply` and `status` after

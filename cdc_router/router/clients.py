@@ -23,7 +23,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.errors import missing_files
-from cdc_router.kafka.logs import librdkafka_logger
+from cdc_router.kafka.logs import librdkafka_logger, note_cluster
 from cdc_router.kafka.membership import ListedFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.connection import connect_options
@@ -89,6 +89,7 @@ def logged_config(config: RouterConfig) -> dict[str, Any]:
             f"set it in the config file, or {variable} in this process's environment"
         raise ConfigError(f"is not set, and SASL {config.kafka.sasl_mechanism} logs in with "
                           "a username and a password", field=field, hint=hint)
+    note_cluster(config.kafka.bootstrap_servers)
     return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
 
 
