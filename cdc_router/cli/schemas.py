@@ -18,8 +18,9 @@ from cdc_router.config.load import load_config
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import EXIT_RESTART, ConfigError
 from cdc_router.serde.avro import AvroSerializer, PlannedSubject
-from cdc_router.serde.compatibility import SchemaCheck, check_schemas
-from cdc_router.serde.registry import RegistryError
+from cdc_router.serde.avro_schema import AvroSchema
+from cdc_router.serde.compatibility import SchemaCheck, backward_incompatibilities, check_schemas
+from cdc_router.serde.registry import RegistryError, SchemaIds
 
 
 @click.group(name="schemas")
@@ -117,6 +118,17 @@ def _report(path: Path, checks: list[SchemaCheck]) -> str:
     return "\n".join([*lines, "", verdict, *problems])
 
 
+def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> str | None:
+    """Why the registry would refuse `schema` under `subject` (its compatibility test, under
+    the subject's level), or None when it takes it (a subject without versions takes any)."""
+    latest = ids.latest(subject)
+    if latest is None or ids.compatible(subject, schema):
+        return None
+    version, text = latest
+    return "; ".join(str(found) for found in backward_incompatibilities(schema, text)) or \
+        f"with version {version}, under the subject's compatibility level"
+
+
 def _relative(file: str) -> str:
     try:
         return str(Path(file).relative_to(Path.cwd()))
@@ -167,17 +179,34 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
             if not error.missing:
                 raise
             current = None
+        # Review 53-c F6: the plan asks the registry's compatibility test (no write), so a
+        # dry run says what `--yes` would be refused.
+        refusal = None if current is not None else _refusal(ids, entry.subject, entry.schema)
+        by_event = position >= len(planned)
         plan.append({"subject": entry.subject, "file": entry.schema.path,
-                     "action": "unchanged" if current is not None else "register",
-                     "id": current, "named_by_data": position >= len(planned)})
+                     "action": "unchanged" if current is not None else "register"
+                     if refusal is None else "incompatible" if by_event else "refused",
+                     "id": current, "named_by_data": by_event,
+                     **({"reason": refusal} if refusal is not None else {})})
     pending = [step for step in plan if step["action"] == "register"]
+    refused = [step for step in plan if step["action"] == "refused"]
     if output == "text":
         for step in plan:
-            suffix = f" (id {step['id']})" if step["id"] is not None else ""
+            suffix = f" (id {step['id']})" if step["id"] is not None else \
+                f": incompatible ({step['reason']})" if step["action"] == "refused" else \
+                f" (skipped: {step['reason']})" if "reason" in step else ""
             click.echo(f"{step['action']:<9} {step['subject']} <- "
                        f"{_relative(str(step['file']))}{suffix}")
         if not plan:
             click.echo("no subject is known before events arrive: nothing to register")
+    if refused:
+        if output == "json":
+            click.echo(json.dumps(plan, indent=2))
+        raise ConfigError(f"the registry refuses the schema of {refused[0]['subject']} "
+                          f"({_relative(str(refused[0]['file']))}) as incompatible: nothing "
+                          "registered", source=str(config_path),
+                          hint="change the schema so that it reads the subject's data (a "
+                               "default for each new field); `schemas check` names each field")
     if pending and not dry_run:
         confirm("register these schemas?", yes)
         schemas = {entry.schema.path: entry.schema for entry in serializer.planned_subjects()}
