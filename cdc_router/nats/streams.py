@@ -160,7 +160,13 @@ class StreamAdmin:
         self._timeout_s = timeout_s
 
     def plan(self, specs: Sequence[StreamSpec]) -> list[StreamPlan]:
-        existing = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
+        """What apply() would do; ConfigError for a stream whose subjects overlap those of a
+        server stream outside `specs`, which JetStream would refuse (review 53-c F8: a dry
+        run planned it, exit 0)."""
+        existing, held = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
+        for index, spec in enumerate(specs):
+            if (clash := overlap_error(index, spec, held)) is not None:
+                raise clash
         return plan_streams(specs, existing)
 
     def apply(self, specs: Sequence[StreamSpec], plans: Sequence[StreamPlan]) -> None:
@@ -191,7 +197,10 @@ class StreamAdmin:
             await client.close()
 
     @staticmethod
-    async def _read(js: Any, names: list[str]) -> dict[str, dict[str, Any]]:
+    async def _read(js: Any, names: list[str]) -> tuple[dict[str, dict[str, Any]],
+                                                       list[tuple[str, str]]]:
+        """The streams `names` as the server has them, and the (stream, subject) pairs of
+        the server's other streams."""
         from nats.js.errors import NotFoundError
 
         found = {}
@@ -211,7 +220,7 @@ class StreamAdmin:
                 "max_msg_size": config.max_msg_size,
                 # The state, not settings: what lowering a limit would delete (_evictions).
                 "messages": info.state.messages, "bytes": info.state.bytes}
-        return found
+        return found, await _held(js, names)
 
     @staticmethod
     async def _write(js: Any, work: list[tuple[int, StreamSpec, StreamPlan]]) -> None:
@@ -240,11 +249,27 @@ class StreamAdmin:
 async def _overlap(js: Any, index: int, spec: StreamSpec) -> ConfigError:
     """JetStream's 10065 names neither stream (QA 49-a F4): find the server's stream that
     holds subjects of `spec`."""
-    held = [(info.config.name, subject) for info in await js.streams_info()
-            if info.config.name != spec.name for subject in info.config.subjects or ()]
+    found = overlap_error(index, spec, await _held(js, [spec.name]))
+    return found or _overlap_error(index, spec, "its subjects overlap those of a stream on the "
+                                               "server")
+
+
+async def _held(js: Any, names: list[str]) -> list[tuple[str, str]]:
+    """The (stream, subject) pairs of the server's streams not named in `names`."""
+    return [(info.config.name, subject) for info in await js.streams_info()
+            if info.config.name not in names for subject in info.config.subjects or ()]
+
+
+def overlap_error(index: int, spec: StreamSpec,
+                  held: Sequence[tuple[str, str]]) -> ConfigError | None:
+    """The error naming the (stream, subject) pairs of `held` that overlap `spec`'s subjects,
+    or None when none does."""
     clashes = [f"{mine!r} overlaps {theirs!r} of stream {name}" for name, theirs in held
                for mine in spec.subjects if subjects_collide(mine, theirs)]
-    said = "; ".join(clashes) or "its subjects overlap those of a stream on the server"
+    return _overlap_error(index, spec, "; ".join(clashes)) if clashes else None
+
+
+def _overlap_error(index: int, spec: StreamSpec, said: str) -> ConfigError:
     return ConfigError(
         f"JetStream refused stream {spec.name}: {said}, and a subject is stored in one stream "
         "only",

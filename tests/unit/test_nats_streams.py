@@ -174,3 +174,43 @@ def test_a_refusal_for_subjects_another_stream_holds_names_both_streams() -> Non
         "'misc.>' of stream OTHER, and a subject is stored in one stream only; take those "
         "subjects out of the other stream, or route to that stream's subjects and declare it "
         "in nats.streams instead")
+
+
+@pytest.mark.parametrize("mode", ["--dry-run", "--yes"])
+def test_a_dry_run_refuses_a_stream_that_overlaps_one_outside_the_config(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # Review 53-c F8: `streams apply --dry-run` planned "create RVOTHER2", exit 0, and `--yes`
+    # then stopped on JetStream's refusal; the plan now finds the overlap first, either way.
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+    from nats.js.errors import NotFoundError
+
+    from cdc_router.cli import main
+    from cdc_router.nats.streams import StreamAdmin
+
+    class Server:
+        async def stream_info(self, name: str) -> object:
+            raise NotFoundError
+
+        async def streams_info(self) -> list[SimpleNamespace]:
+            return [SimpleNamespace(config=SimpleNamespace(name=name, subjects=subjects))
+                    for name, subjects in (("RVOTHER", ["rvother.>"]),
+                                           ("RVORDERS", ["rvorders.>"]))]
+
+    async def call(self: StreamAdmin, work: object, argument: object) -> object:
+        return await work(Server(), argument)  # type: ignore[operator]
+
+    monkeypatch.setattr(StreamAdmin, "_call", call)
+    config = tmp_path / "nats.yaml"
+    config.write_text("source: {topics: [raw]}\nroutes: [{topic: x}]\n"
+                      "nats: {url: 'nats://127.0.0.1:1', streams: [\n"
+                      "  {name: RVORDERS, subjects: ['rvorders.>']},\n"
+                      "  {name: RVOTHER2, subjects: ['rvother.>']}]}\n", "utf-8")
+    result = CliRunner().invoke(main, ["streams", "apply", "-c", str(config), mode])
+    assert (result.exit_code, result.stdout) == (1, ""), result.output
+    assert result.stderr == (
+        "error: field 'nats.streams[1].subjects': JetStream refused stream RVOTHER2: "
+        "'rvother.>' overlaps 'rvother.>' of stream RVOTHER, and a subject is stored in one "
+        "stream only; take those subjects out of the other stream, or route to that "
+        "stream's subjects and declare it in nats.streams instead\n")
