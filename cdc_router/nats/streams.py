@@ -1,8 +1,9 @@
 """Plan and apply the JetStream streams a router config declares (`cdc-router streams apply`).
 
 The plan compares each declared stream with the server's: missing ones are created; subjects
-and limits (duplicate window, age, bytes, messages) are updated in place; storage and replica
-count cannot change on a live stream, so a difference there is a warning, never a recreate.
+and limits (duplicate window, age, bytes, messages) are updated in place; storage cannot change
+on a live stream, and the replica count is left to `nats stream edit` (a clustered JetStream's
+choice), so a difference there is a warning, never a recreate.
 Planning is pure (plan_streams over the server's current configs); only StreamAdmin talks to
 the server, with asyncio.run, as a CLI command is synchronous and short.
 """
@@ -45,7 +46,12 @@ def wanted(spec: StreamSpec) -> dict[str, Any]:
             "discard": "old"}
 
 
-_FIXED = ("storage", "num_replicas")  # JetStream refuses to change these on a live stream
+_FIXED = ("storage", "num_replicas")  # left as they are on a live stream; why, per key:
+_LEFT_AS_IS = {
+    "storage": " (JetStream cannot change it on a live stream)",
+    # Review 53-c F9: a clustered JetStream (2.9+) does change it; one server has no peers.
+    "num_replicas": ": `streams apply` does not change a live stream's replicas; `nats stream "
+                    "edit {name} --replicas {value}` does (a clustered JetStream)"}
 _DURATIONS = ("duplicate_window", "max_age")
 
 
@@ -70,8 +76,8 @@ def plan_streams(specs: Sequence[StreamSpec],
         changes = {key: (have.get(key), value) for key, value in want.items()
                    if key not in _FIXED
                    and _comparable(key, have.get(key)) != _comparable(key, value)}
-        warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is "
-                         "(JetStream cannot change it on a live stream)"
+        warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is"
+                         + _LEFT_AS_IS[key].format(name=spec.name, value=value)
                          for key, value in want.items()
                          if key in _FIXED and have.get(key) != value)
         size = have.get("max_msg_size")

@@ -30,6 +30,12 @@ def test_storage_and_replicas_are_never_changed_only_warned_about() -> None:
     [plan] = plan_streams([ORDERS], {"ORDERS": live})
     assert plan.action == "unchanged"
     assert [w.split(" is ")[0] for w in plan.warnings] == ["storage", "num_replicas"]
+    # Review 53-c F9: "JetStream cannot change it" was untrue of replicas (a cluster can).
+    assert plan.warnings[0].endswith("left as is (JetStream cannot change it on a live stream)")
+    assert plan.warnings[1] == (
+        f"num_replicas is 3, the config says {ORDERS.replicas}: left as is: `streams apply` does "
+        f"not change a live stream's replicas; `nats stream edit ORDERS --replicas "
+        f"{ORDERS.replicas}` does (a clustered JetStream)")
 
 
 def test_a_stream_switched_to_discard_new_is_put_back_and_a_message_size_limit_is_named() -> None:
