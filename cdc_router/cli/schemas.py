@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -21,6 +23,18 @@ from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.avro_schema import AvroSchema
 from cdc_router.serde.compatibility import SchemaCheck, backward_incompatibilities, check_schemas
 from cdc_router.serde.registry import RegistryError, SchemaIds
+
+
+@contextmanager
+def _exit_1_when_down() -> Iterator[None]:
+    """A registry that does not answer exits 1, as every one-shot command with a dependency
+    down does (review 53-c F7: 75, the code for a supervisor to restart `run`, came along
+    with RegistryError, made for the router)."""
+    try:
+        yield
+    except RegistryError as error:
+        error.exit_code = 1
+        raise
 
 
 @click.group(name="schemas")
@@ -44,6 +58,7 @@ def _serializer(compiled: CompiledConfig) -> AvroSerializer:
 @click.option("--no-registry", is_flag=True,
               help="Do not ask the schema registry, even if the config has one.")
 @output_option
+@_exit_1_when_down()
 def check(config_path: Path, previous_dir: Path | None, no_registry: bool, output: str) -> None:
     """Every schema parses; each reads data written with its older version, if any.
 
@@ -145,6 +160,7 @@ def _relative(file: str) -> str:
                    "the registry does not hold yet (a dead letter's reason names it); "
                    "repeatable.")
 @output_option
+@_exit_1_when_down()
 def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, ...],
              output: str) -> None:
     """Register each route's schema under its subject, for routers with auto_register off.

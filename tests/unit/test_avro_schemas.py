@@ -248,7 +248,8 @@ def test_schemas_register_takes_only_existing_subjects_the_route_may_produce_to(
 def test_a_register_call_without_an_answer_may_have_registered_and_says_to_run_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # QA 36-c: a ReadTimeout on the POST, and the registry had registered the schema: the
-    # line said only "did not answer". Still exit 75 (no answer: a retry may succeed).
+    # line said only "did not answer". Exit 1, as every one-shot command with a dependency
+    # down (review 53-c F7: it was 75, the router's code for its supervisor).
     import httpx2
 
     client = SchemaRegistryClient.new_client({"url": "mock://slow"})
@@ -262,7 +263,7 @@ def test_a_register_call_without_an_answer_may_have_registered_and_says_to_run_a
     config = write_config(tmp_path, "schema_registry: {url: 'mock://slow'}\n")
     result = CliRunner().invoke(main, ["schemas", "register", "-c", str(config), "--yes"])
 
-    assert result.exit_code == 75, result.output
+    assert result.exit_code == 1, result.output
     line = result.stderr.strip()
     assert line.count("\n") == 0 and "did not answer (ReadTimeout: timed out)" in line
     assert line.endswith("the registry may have registered it all the same: run this command "
@@ -304,3 +305,23 @@ def test_schemas_check_checks_a_templated_route_under_the_subjects_it_renders(
     client.register_schema("qa.tmpl.tA-value", Schema(json.dumps(new), "AVRO"))
     code, output = run("schemas", "check", "-c", str(config))
     assert code == 0 and "ok: 1 schema(s) parse; 1 older version(s) checked" in output, output
+
+
+def test_schemas_check_exits_1_when_the_registry_does_not_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 53-c F7: exit 75 (the router's "restart me"), where README says errors exit 1.
+    import httpx2
+
+    client = SchemaRegistryClient.new_client({"url": "mock://down"})
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise httpx2.ConnectError("connection refused")
+
+    for method in ("get_latest_version", "get_subjects", "lookup_schema"):
+        monkeypatch.setattr(client, method, refused)
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    config = write_config(tmp_path, "schema_registry: {url: 'mock://down'}\n")
+    result = CliRunner().invoke(main, ["schemas", "check", "-c", str(config)])
+    assert result.exit_code == 1, result.output
+    assert "did not answer (ConnectError: connection refused)" in result.stderr
