@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.table import OutboxSchema
+from cdc_router.outbox.table import OPTIONAL_COLUMNS, OutboxSchema
 from cdc_router.postgres import column_types, read_publication, regclass_text, split_table
 
 
@@ -26,6 +26,16 @@ def check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) ->
                           value=schema.table,
                           hint="name its columns with --column DEFAULT=NAME, or pick another "
                                "--table")
+    # Review 53-c F10: init said "outbox ready", and `outbox write` and `stats` then failed.
+    absent = [(key, column) for key in OPTIONAL_COLUMNS
+              if (column := getattr(schema.columns, key)) is not None and column not in types]
+    if types and absent:
+        key, column = absent[0]
+        given = "the default name" if column == key else f"--column {key}={column}"
+        raise ConfigError(f"the table exists without its {key} column {column!r} ({given})",
+                          field="--table", value=schema.table,
+                          hint=f"name the table's {key} column with --column {key}=NAME, or "
+                               f"give --column {key}= for a table without one")
 
 
 # The id types write_event's UUID text goes into (review 50-d F7: a bigint id refused it).

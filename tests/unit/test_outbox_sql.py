@@ -746,3 +746,26 @@ def test_a_missing_column_names_the_option_that_renames_it() -> None:
 
     assert "--column DEFAULT=NAME" in column_hint(psycopg.errors.UndefinedColumn("no such"))
     assert column_hint(psycopg.errors.UndefinedTable("no such")) == ""
+
+
+def test_init_refuses_an_existing_table_without_a_named_optional_column() -> None:
+    # Review 53-c F10: init on a table without created_at (or headers) said "outbox ready",
+    # and `outbox write` and `stats` then failed; as a required column's, it is refused.
+    from cdc_router.outbox.existing import check_existing_table
+
+    without = _Columns(**{k: v for k, v in OUTBOX_TYPES.items()
+                          if k not in ("headers", "created_at")})
+    with pytest.raises(ConfigError) as refused:
+        check_existing_table(without, OutboxSchema())  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "field '--table': the table exists without its headers column 'headers' (the default "
+        "name) (got 'public.outbox'); name the table's headers column with --column "
+        "headers=NAME, or give --column headers= for a table without one")
+    renamed = OutboxSchema().with_columns({"headers": None, "created_at": "ts"})
+    with pytest.raises(ConfigError, match=r"without its created_at column 'ts' \(--column "
+                                          r"created_at=ts\).*--column created_at= for a table"):
+        check_existing_table(without, renamed)  # type: ignore[arg-type]
+    absent = OutboxSchema().with_columns({"headers": None, "created_at": None})
+    check_existing_table(without, absent)  # type: ignore[arg-type]
+    check_existing_table(_Columns(**OUTBOX_TYPES), OutboxSchema())  # type: ignore[arg-type]
+    check_existing_table(_Columns(), OutboxSchema())  # type: ignore[arg-type]  # a new table
