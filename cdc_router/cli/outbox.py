@@ -322,10 +322,26 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
             raise ConfigError("no ids given", field="--ids", value=item)  # review 53-c F13
         given += [("--ids", part) for part in parts]
     schema = OutboxSchema(config.cleanup.table, config.source.outbox)
+    if since is not None and schema.columns.created_at is None:
+        raise ConfigError("the outbox has no created_at column, so --since cannot tell which "
+                          "rows are recent", source=str(config_path),
+                          field="source.outbox.created_at", hint="select the rows with "
+                          "--ids/--id, or name the column that holds their time there")
     key = key_columns(key_setting, schema)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
         types = table_columns(conn, schema.table, "cleanup.table",
                               {f"--key-columns ({column})": column for column in key})
+        # Review 53-c F11: a column the table lacks was blamed on --column, which republish
+        # has not: its names are the config's. Those its SQL names (it reads rows with `*`,
+        # and the router says what a change event lacks).
+        for name in ("id", "created_at"):
+            if (column := getattr(schema.columns, name)) is not None and column not in types:
+                raise ConfigError(f"the outbox table {schema.table} has no column {column!r}",
+                                  source=str(config_path), field=f"source.outbox.{name}",
+                                  value=column, hint=f"name the table's {name} column there "
+                                  f"(it has {', '.join(list(types)[:12])})" + (
+                                      ", or null for a table without one"
+                                      if name == "created_at" else ""))
         selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
             if since is not None else ids_for_column(given, types.get(schema.columns.id, ""),
                                                      schema.columns.id)

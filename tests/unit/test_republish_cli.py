@@ -34,8 +34,8 @@ def _dry_run(monkeypatch: pytest.MonkeyPatch, oldest_us: int | None,
 
     monkeypatch.setattr(outbox_cli, "database", database)
     monkeypatch.setattr(outbox_cli, "count_rows", count_rows)
-    monkeypatch.setattr(outbox_cli, "table_columns",
-                        lambda *args: {"id": id_type} if id_type else {})
+    monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {
+        "id": id_type, "created_at": "timestamp(6) without time zone"})  # the columns it names
     result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--dry-run",
                                        *args])
     return result, asked
