@@ -303,7 +303,8 @@ class OutboxRelay:
         if row.undecodable is not None:  # a SQL_ASCII database's text, not UTF-8
             return decode_letter(row.undecodable)
         return self._step.decoded(lambda: debezium.event_from_row(
-            row.values, self._config.source, columns=self._reader.columns, tx_id=row.txid))
+            row.values, self._config.source, columns=self._reader.columns, tx_id=row.txid,
+            via_connect=False))
 
     def _handle(self, row: RelayRow, result: StepResult) -> None:
         source = (self._table, 0, row.seq)

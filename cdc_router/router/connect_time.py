@@ -35,15 +35,17 @@ _EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-|0000-")
 _INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
 
 
-def epoch_millis(value: int | str, schema_name: str | None) -> int:
+def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool = True) -> int:
     """A timestamp column's value in epoch milliseconds: an integer of any of Debezium's
     encodings (`schema_name`: its Connect schema's name, when known), or an ISO-8601 string
     (isostring; without an offset it is UTC). ValueError says what is wrong with it, as the
-    end of a sentence that names the column."""
+    end of a sentence that names the column. Exactly 0 is refused `via_connect` only: there it
+    may be JsonConverter's stand-in for a NULL (_ZERO); the relay reads Postgres itself, where
+    1970-01-01 is the row's own time (QA 53-a F1)."""
     if isinstance(value, int):
         if schema_name is None and MICROS_THRESHOLD <= value < NANOS_THRESHOLD:
             return value // 1000  # _integer_millis's answer for the shipped connector's rows
-        if value == 0:  # whatever its schema (review 49-f F5: with schemas, it was delivered)
+        if value == 0 and via_connect:  # whatever its schema (review 49-f F5)
             raise ValueError(_ZERO)
         millis = _integer_millis(value, schema_name)
         if not -_INT64 <= millis < _INT64:
@@ -57,7 +59,7 @@ def epoch_millis(value: int | str, schema_name: str | None) -> int:
     except ValueError:
         raise ValueError(f"is not an ISO-8601 timestamp: {show(value)}") from None
     millis = (moment.replace(tzinfo=moment.tzinfo or UTC) - _EPOCH) // timedelta(milliseconds=1)
-    if millis == 0:
+    if millis == 0 and via_connect:
         raise ValueError(_ZERO)
     return millis
 

@@ -249,13 +249,14 @@ def _row_schema(schema: Any) -> dict[str, dict[str, Any]]:
 def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
                    columns: dict[str, dict[str, Any]] | None = None, op: str = "c",
                    lsn: int | None = None, tx_id: int | None = None,
-                   envelope_ms: int | None = None) -> OutboxEvent:
+                   envelope_ms: int | None = None, via_connect: bool = True) -> OutboxEvent:
     """One outbox row, its values encoded as Debezium's JsonConverter sends them, as an event.
 
     The one home of the row's checks, for the router (a change event's `after`) and the relay
     (a row it read itself). `columns`: column name -> its Connect field schema, when known.
     `envelope_ms`: the change event's ts_ms, the record's time when the row has no created_at
-    (as the EventRouter SMT's). Raises DecodeError, with the reason.
+    (as the EventRouter SMT's). `via_connect`: False for the relay's rows, read from Postgres
+    (a created_at of exactly 0 is then a time). Raises DecodeError, with the reason.
     """
     columns = columns or {}
     names = settings.outbox
@@ -275,7 +276,8 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
             payload_is_json=is_json,
             headers=headers_column(row, names.headers, event_id),
             created_at_ms=created_at_column(row, names.created_at, columns, event_id,
-                                            settings.created_at_unit, envelope_ms),
+                                            settings.created_at_unit, envelope_ms,
+                                            via_connect=via_connect),
             op=op,
             lsn=lsn,
             tx_id=tx_id,

@@ -120,10 +120,12 @@ def headers_column(row: dict[str, Any], column: str | None,
 
 
 def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str, dict[str, Any]],
-                event_id: str, unit: str, otherwise: int | None) -> int | None:
+                event_id: str, unit: str, otherwise: int | None, *,
+                via_connect: bool = True) -> int | None:
     """created_at in epoch milliseconds, from any of Debezium's timestamp encodings;
     `otherwise` when the row has none (no such column, or null) and it is a Kafka timestamp
-    (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock)."""
+    (review 34-2: a ts_ms of 2^63+5 crashed the producer), else None (the producer's clock).
+    `via_connect`: see connect_time.epoch_millis."""
     value = row.get(column) if column else None
     if value is None:
         if column and column not in row:
@@ -135,7 +137,7 @@ def created_at_column(row: dict[str, Any], column: str | None, columns: dict[str
     named = columns[column].get("name") if column in columns else None
     try:
         return epoch_millis(value, (named if isinstance(named, str) else None)
-                            or UNIT_SCHEMAS.get(unit))
+                            or UNIT_SCHEMAS.get(unit), via_connect=via_connect)
     except ValueError as error:
         raise DecodeError(f"{event_named(event_id)}: created_at column {column!r} "
                           f"{error}") from None

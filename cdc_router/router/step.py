@@ -331,8 +331,10 @@ class RecordStep:
             return DeadLettered("route", error, event.event_id, event)
         if isinstance(routed, debezium.Skipped):
             return Skipped(routed.reason, routed.detail, event)
-        if not self._created_at:
-            # delivery.record_timestamp: now: no explicit timestamp, the producer's clock.
+        if not self._created_at or routed.timestamp_ms == 0:
+            # delivery.record_timestamp: now: no explicit timestamp, the producer's clock; a
+            # created_at of 1970-01-01 (the relay's: `run` dead-letters it) gets it too, as
+            # confluent-kafka reads a timestamp 0 as "now": the limits judge the record's time.
             routed = replace(routed, timestamp_ms=None)
         elif self._timestamp_limits is not None and not routed.nats and \
                 routed.timestamp_ms is not None:

@@ -376,6 +376,31 @@ def test_batches_end_at_batch_bytes_and_every_row_still_goes_once_in_order(
     assert len(positions) >= len(ids) // 4, "a batch holds at most 4 such rows"
 
 
+def test_a_created_at_of_the_epoch_is_delivered_with_the_producers_clock(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 53-a F1: the relay dead-lettered a row dated 1970-01-01 00:00:00 with advice about
+    # Kafka Connect's JsonConverter, which it does not use: the time is the row's own.
+    with relay_setup(stack, tmp_path) as setup:
+        ids = [str(uuid.uuid4()) for _ in range(2)]
+        # Within any retention.ms, to be delivered: the relay checks a record's time against it.
+        recent = (datetime.now(UTC) - timedelta(minutes=5)).replace(microsecond=0)
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            for event_id, created_at in zip(ids, ("1970-01-01 00:00:00",
+                                                  recent.strftime("%Y-%m-%d %H:%M:%S")),
+                                            strict=True):
+                conn.execute(f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid,"
+                             " type, payload, created_at) VALUES (%s, 'Order', 'o-1', "
+                             "'OrderPaid', '{}', %s)", (event_id, created_at))
+        started = time.time()
+        setup.start("a")
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, len(ids), 120)
+        letters = read_to_end(stack.bootstrap_servers, setup.dlq_topic)
+    assert [record.key().decode() for record in records] == ids and letters == []
+    epoch, dated = (record.timestamp()[1] for record in records)
+    assert started * 1000 - 60_000 <= epoch <= time.time() * 1000  # the producer's clock
+    assert dated == int(recent.timestamp() * 1000)
+
+
 def _insert(stack: StackEndpoints, table: str, types: list[str]) -> list[str]:
     """One row for each type, in one transaction; their event ids."""
     ids = [str(uuid.uuid4()) for _ in types]

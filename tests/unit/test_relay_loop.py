@@ -541,3 +541,21 @@ def test_after_a_failover_that_reused_xids_a_tombstoned_position_reads_the_table
     _run_until(again, lambda: len(cluster.committed(ORDERS)) >= 2)
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == [first, reused]
     assert f"replayed {first}" in delivered
+
+
+def test_a_created_at_of_the_epoch_is_delivered_by_the_relay_with_the_producers_clock() -> None:
+    # QA 53-a F1: the relay dead-lettered a row dated 1970-01-01 00:00:00 with advice about
+    # Kafka Connect's JsonConverter, which the relay does not use: it reads Postgres itself, so
+    # the value is the row's. Delivered, its record gets the producer's clock (confluent-kafka
+    # reads a timestamp 0 as "now"), also on a topic whose retention would drop a 1970 record.
+    cluster, table = _cluster(), FakeTable()
+    cluster.topic_configs[ORDERS] = {"retention.ms": "86400000000", "cleanup.policy": "delete"}
+    epoch = table.add(1, 10, created_at="1970-01-01 00:00:00")
+    dated = table.add(2, 10)
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    _run_until(relay, lambda: len(delivered) == 2)
+    assert delivered == [epoch, dated] and cluster.committed(DLQ) == []
+    first, second = cluster.committed(ORDERS)
+    assert first.timestamp is None  # the producer's clock
+    assert second.timestamp == 1772359872123
