@@ -529,10 +529,10 @@ def _existing_outbox(stack: StackEndpoints, prefix: str, change: str) -> Iterato
         drop_outbox_table(stack.postgres_dsn, name)
 
 
-def _init_existing(stack: StackEndpoints, name: str) -> Result:
+def _init_existing(stack: StackEndpoints, name: str, *options: str) -> Result:
     """`outbox init` over the outbox table public.<name>, with the publication <name>."""
     return CliRunner().invoke(main, ["outbox", "init", "--table", f"public.{name}",
-                                     "--publication", name],
+                                     "--publication", name, *options],
                               env={"CDC_ROUTER_PG_DSN": stack.postgres_dsn})
 
 
@@ -543,11 +543,14 @@ def test_init_never_alters_an_existing_outbox_and_prints_its_size_check(
     with _existing_outbox(stack, "old_obx", "ALTER TABLE public.{name} DROP COLUMN headers, "
                           "ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, "
                           "'UTF8')") as name:
-        result = _init_existing(stack, name)
+        # Review 53-c F10: the headers column init names by default is not there: refused.
+        refused = _init_existing(stack, name)
+        result = _init_existing(stack, name, "--column", "headers=")
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             checks = conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = "
                                   "to_regclass(%s) AND contype = 'c'",
                                   (f"public.{name}",)).fetchone()
+    assert refused.exit_code == 1 and "without its headers column 'headers'" in refused.stderr
     assert result.exit_code == 0, result.output
     assert f"warning: public.{name} has no size check cdc_router_event_size" in result.stderr
     assert (f'ALTER TABLE "public"."{name}" ADD CONSTRAINT "cdc_router_event_size" CHECK ('
