@@ -328,7 +328,9 @@ def test_schemas_register_puts_a_new_version_under_the_subjects_event_data_named
     assert registered.returncode == 0, registered.stdout + registered.stderr
     assert f"registered {prefix}.A-value" in registered.stdout
     assert f"registered {prefix}.B-value" in registered.stdout
-    assert f"skipped   {prefix}.C-value" in registered.stdout
+    # Review 53-c F6: the plan asks the registry's compatibility test first
+    assert f"incompatible {prefix}.C-value" in registered.stdout
+    assert "(skipped: " in registered.stdout
     assert f"other{prefix}" not in registered.stdout
     assert len(admin.get_versions(f"other{prefix}.A-value")) == 1
     route = RouteRule.model_validate({"topic": prefix + ".{aggregate_type}", "format": "avro",
@@ -387,5 +389,8 @@ def test_schemas_check_names_the_field_a_subject_the_template_renders_refuses(
     assert f"cannot read data written with {prefix}.tA-value version 1: field 'n': the new " \
         "type string cannot read the old type long" in checked.stdout
     registered = cli("schemas", "register", "-c", str(config), "--yes")
-    assert f"skipped   {prefix}.tA-value" in registered.stdout  # it names `schemas check`
-    assert "schemas check" in registered.stdout
+    # Planned incompatible by the registry's compatibility test (review 53-c F6), naming the
+    # field as `schemas check` does
+    assert f"incompatible {prefix}.tA-value" in registered.stdout
+    assert "(skipped: field 'n': the new type string cannot read the old type long)" in \
+        registered.stdout
