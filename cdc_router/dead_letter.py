@@ -145,6 +145,25 @@ def record_size(key: bytes | None, value: bytes | None,
     return size
 
 
+# A record batch's header in Kafka's v2 record format (magic 2): base offset 8, length 4, leader
+# epoch 4, magic 1, crc 4, attributes 2, last offset delta 4, first and max timestamps 8 each,
+# producer id 8, epoch 2, base sequence 4, record count 4.
+RECORD_BATCH_OVERHEAD = 61
+
+
+def batch_size(key: bytes | None, value: bytes | None,
+               headers: list[tuple[str, bytes | None]]) -> int:
+    """The size of a batch holding only this record, uncompressed, as the broker compares it
+    with a topic's max.message.bytes: record_size() plus the record's own framing (its length,
+    attributes, timestamp and offset deltas, key and value lengths, header count) and the
+    batch's header. A record over a limit so counted is refused alone, whatever it shares."""
+    key_length = -1 if key is None else len(key)
+    value_length = -1 if value is None else len(value)
+    body = record_size(key, value, headers) + 1 + 1 + 1 + _varint_size(key_length) + \
+        _varint_size(value_length) + _varint_size(len(headers))  # attributes, deltas 0
+    return RECORD_BATCH_OVERHEAD + _varint_size(body) + body
+
+
 def _varint_size(number: int) -> int:
     """Bytes of a zigzag varint (Kafka's record format)."""
     zigzag = (number << 1) ^ (number >> 63)

@@ -38,7 +38,7 @@ from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.timestamps import (
     DESCRIBE_TIMEOUT_S,
     DescribeFactory,
-    TopicTimestampLimits,
+    TopicLimitsCache,
     admin_describe,
 )
 
@@ -235,9 +235,9 @@ def topic_describe(config: RouterConfig,
     return describe_factory(logged_config(config))
 
 
-def timestamp_limits(describe: Describe) -> TopicTimestampLimits:
+def timestamp_limits(describe: Describe) -> TopicLimitsCache:
     """The destination topics' timestamp and retention limits (router/timestamps.py)."""
-    return TopicTimestampLimits(describe)
+    return TopicLimitsCache(describe)
 
 
 def destinations(config: RouterConfig, producer: LatchingProducer,

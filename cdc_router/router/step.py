@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
-from cdc_router.dead_letter import Stage, marks_delivery
+from cdc_router.dead_letter import Stage, batch_size, marks_delivery
 from cdc_router.errors import (
     ConfigError,
     DecodeError,
@@ -41,7 +41,7 @@ from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
 from cdc_router.router.missing_columns import MissingColumns
 from cdc_router.router.routing import OutboundRecord, Router
-from cdc_router.router.timestamps import TimestampLimits
+from cdc_router.router.timestamps import SmallTopics, TopicLimits, compresses
 from cdc_router.router.values import quick_init
 from cdc_router.serde.registry import RegistryError
 
@@ -197,12 +197,13 @@ class RecordStep:
     def __init__(self, compiled: CompiledConfig, partitions_for: Callable[[str], int | None],
                  *, seen: Callable[[str], bool] = _never,
                  missing: Callable[[str], str] = missing_topic,
-                 timestamp_limits: Callable[[str], TimestampLimits | None] | None = None,
+                 timestamp_limits: Callable[[str], TopicLimits | None] | None = None,
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         """Reuses what compile_config() built; only wraps its serializers to name the stage.
-        `timestamp_limits` (router/timestamps.py) dead-letters a created_at the destination
-        topic would refuse, before it is produced; `timer` times each event's route()."""
+        `timestamp_limits` (router/timestamps.py) dead-letters a created_at, or a record's size,
+        the destination topic would refuse, before it is produced; `timer` times each event's
+        route()."""
         config = compiled.config
         self._timer = timer
         # Only a transaction expires (exactly once); at least once has none to outlast.
@@ -219,7 +220,10 @@ class RecordStep:
         self._seen = seen
         self._missing = missing
         self._created_at = config.delivery.record_timestamp == "created_at"
-        self._timestamp_limits = timestamp_limits if self._created_at else None
+        self._limits = timestamp_limits
+        # A compressed batch may fit where the record does not: only the broker can tell.
+        self._sized = not compresses(config.kafka.config, config.kafka.producer)
+        self._small_topics = SmallTopics(config.kafka.config, config.kafka.producer)
         self._clock = clock
 
     def preflight(self) -> None:
@@ -336,13 +340,18 @@ class RecordStep:
             # created_at of 1970-01-01 (the relay's: `run` dead-letters it) gets it too, as
             # confluent-kafka reads a timestamp 0 as "now": the limits judge the record's time.
             routed = replace(routed, timestamp_ms=None)
-        elif self._timestamp_limits is not None and not routed.nats and \
-                routed.timestamp_ms is not None:
-            limits = self._timestamp_limits(routed.topic)
-            problem = limits and limits.problem(routed.topic, routed.timestamp_ms,
-                                                int(self._clock() * 1000))
-            if problem:
-                return DeadLettered("produce", DeliveryError(problem), event.event_id, event)
+        limits = self._limits(routed.topic) if self._limits and not routed.nats else None
+        problem = None
+        if limits:
+            self._small_topics(routed.topic, limits)
+        if limits and self._sized:
+            problem = limits.size_problem(routed.topic, batch_size(
+                routed.key, routed.value, list[tuple[str, bytes | None]](routed.headers)))
+        if limits and not problem and routed.timestamp_ms is not None:
+            problem = limits.problem(routed.topic, routed.timestamp_ms,
+                                     int(self._clock() * 1000))
+        if problem:
+            return DeadLettered("produce", DeliveryError(problem), event.event_id, event)
         return Routed(routed, event)
 
     def _partition_count(self, topic: str) -> int:

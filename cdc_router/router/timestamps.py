@@ -1,5 +1,5 @@
-"""Destination topics' timestamp limits, so that a row's created_at the broker would refuse is
-dead-lettered before it is produced.
+"""Destination topics' timestamp and size limits, so that a row's created_at, or a record's
+size, the broker would refuse is dead-lettered before it is produced.
 
 With `delivery.record_timestamp: created_at` a record carries its row's time, and a topic with
 `message.timestamp.type=CreateTime` refuses a record whose timestamp lies further from the
@@ -15,6 +15,14 @@ deletes a segment of such records at its next retention check, measured: 4 minut
 whose created_at is that old, or within RETENTION_HEADROOM_MS of it, would be delivered and
 then lost: it is dead-lettered instead, with the fix in its reason.
 
+Size too (QA 53-b F2): a topic refuses a record batch over its max.message.bytes (the broker's
+message.max.bytes unless the topic sets its own; DescribeConfigs reports the one in force) with
+MESSAGE_TOO_LARGE. Refused, a record costs its batch and the re-reads poison.py describes, and
+with several instances writing to the topic at once that took minutes: a record that alone, in
+a batch of its own, is over the limit (dead_letter.batch_size, uncompressed) is dead-lettered
+instead, with the fix in its reason. Only when the producer does not compress (the router's
+default): a compressed record over the limit may fit, and only the broker can tell.
+
 The limits come from the topic's configuration (DescribeConfigs), cached per topic and read
 again after LIMITS_TTL_S. A topic whose configuration cannot be read gets no check: the
 broker's refusal, isolated as before, is still the safety net. The check keeps MARGIN_MS inside
@@ -24,6 +32,7 @@ commit interval later, and clocks drift: a row within a minute of a limit is dea
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -37,6 +46,8 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from cdc_router.config.fields import list_config_items
 from cdc_router.kafka.lookups import AdminConnection
 from cdc_router.router.destinations import MAX_TOPICS, Describe, config_unreadable
+
+log = logging.getLogger("cdc_router.router")
 
 # The check stays this far inside a limit, but never more than a tenth of it: a topic that
 # accepts 30 s ahead must not lose the rows of the current second.
@@ -57,6 +68,10 @@ RETENTION_HEADROOM_MS = 3_600_000
 RETENTION_HINT = ("; set delivery.record_timestamp: now to deliver old rows with the router's "
                   "clock, or raise the topic's retention.ms")
 
+# librdkafka's default batch.size; a batch.size a topic's max.message.bytes takes keeps this
+# much below it, for the batch's framing librdkafka counts and the broker too.
+DEFAULT_BATCH_BYTES = 1_000_000
+BATCH_SIZE_MARGIN = 100
 # describe(topic, timeout_s): a topic's configuration; its factory takes the admin config.
 DescribeFactory = Callable[[Mapping[str, Any]], Describe]
 TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
@@ -65,12 +80,26 @@ TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
 
 
 @dataclass(frozen=True)
-class TimestampLimits:
-    """How far a record's timestamp may lie before and after the broker's clock (ms)."""
+class TopicLimits:
+    """How far a record's timestamp may lie before and after the broker's clock (ms), and how
+    large a record batch the topic takes."""
 
     before_ms: int
     after_ms: int
     retention_ms: int | None = None  # None: the topic does not delete by time
+    max_message_bytes: int | None = None  # None: unknown, no check
+
+    def size_problem(self, topic: str, size: int) -> str | None:
+        """Why the broker would refuse a record of `size` bytes (dead_letter.batch_size) on
+        `topic`; None when it fits."""
+        limit = self.max_message_bytes
+        if limit is None or size <= limit:
+            return None
+        return (f"Kafka would refuse the record for {topic} (MESSAGE_TOO_LARGE): it is {size} "
+                "bytes as the broker counts it (key, value, headers and the record batch's "
+                f"framing), over the topic's max.message.bytes ({limit}); dead-lettered before "
+                "producing; raise the topic's max.message.bytes or shrink the payload, then "
+                "`cdc-router dlq replay` it")
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
         """Why the broker would refuse `timestamp_ms` on `topic` now, or delete it within
@@ -116,20 +145,62 @@ def _margin(limit_ms: int) -> int:
     return min(MARGIN_MS, limit_ms // 10)
 
 
-def limits_from_config(entries: Mapping[str, str]) -> TimestampLimits | None:
-    """The limits a topic's configuration sets; None when the broker stamps its own time."""
+def compresses(*configs: Mapping[str, Any]) -> bool:
+    """Whether a producer of these librdkafka settings (a later mapping wins) compresses its
+    batches: compression.type, or its alias compression.codec, other than none."""
+    codec: Any = "none"
+    for config in configs:
+        codec = config.get("compression.type", config.get("compression.codec", codec))
+    return str(codec) != "none"
+
+
+class SmallTopics:
+    """Warns once a topic whose max.message.bytes is below the producer's batch.size.
+
+    The broker compares the limit with a whole batch, and librdkafka, which knows only its own
+    batch.size, neither keeps a batch within a topic's limit nor splits a refused one (the Java
+    producer does): checked on the stack, 40 records of 200 bytes produced at once to a topic
+    of max.message.bytes 3000 were refused together, and delivered with batch.size 2900. Each
+    such refusal is survivable (poison.py) but costs aborted batches (QA 53-b F2: requests of
+    17 to 37 records refused, batch after batch, while a backlog was read)."""
+
+    def __init__(self, *configs: Mapping[str, Any]) -> None:
+        self._batch_bytes = DEFAULT_BATCH_BYTES
+        for config in configs:
+            self._batch_bytes = int(config.get("batch.size", self._batch_bytes))
+        self._warned: set[str] = set()
+
+    def __call__(self, topic: str, limits: TopicLimits) -> None:
+        limit = limits.max_message_bytes
+        if limit is None or limit >= self._batch_bytes or topic in self._warned:
+            return
+        self._warned.add(topic)
+        log.warning("event=batch_over_topic_limit topic=%s max_message_bytes=%d batch_size=%d "
+                    "hint='the broker refuses a batch of small records over the limit as a "
+                    "whole, which aborts its transaction: set kafka.producer.batch.size below "
+                    "%d, or raise the topic's max.message.bytes'", topic, limit,
+                    self._batch_bytes, limit - BATCH_SIZE_MARGIN)
+
+
+def limits_from_config(entries: Mapping[str, str]) -> TopicLimits | None:
+    """The limits a topic's configuration sets; None when there is none to check (the broker
+    stamps its own time and the size limit is unknown)."""
+    size = entries.get("max.message.bytes")
+    max_bytes = int(size) if size else None
     if entries.get("message.timestamp.type", "CreateTime") != "CreateTime":
-        return None
+        # The broker's own time: no timestamp to refuse, nor one older than the retention.
+        return None if max_bytes is None else \
+            TopicLimits(_UNLIMITED, _UNLIMITED, max_message_bytes=max_bytes)
     legacy = int(entries.get(_LEGACY_LIMIT, _UNLIMITED))
     retention = int(entries.get("retention.ms", -1))
     deletes = "delete" in list_config_items(entries.get("cleanup.policy", "delete"))
-    return TimestampLimits(int(entries.get("message.timestamp.before.max.ms", legacy)),
+    return TopicLimits(int(entries.get("message.timestamp.before.max.ms", legacy)),
                            int(entries.get("message.timestamp.after.max.ms", legacy)),
-                           retention if deletes and retention >= 0 else None)
+                           retention if deletes and retention >= 0 else None, max_bytes)
 
 
-class TopicTimestampLimits:
-    """limits(topic): the topic's TimestampLimits or None; cached, bounded, refreshed."""
+class TopicLimitsCache:
+    """limits(topic): the topic's TopicLimits or None; cached, bounded, refreshed."""
 
     def __init__(self, describe: Describe, *,
                  max_topics: int = MAX_TOPICS,
@@ -137,9 +208,9 @@ class TopicTimestampLimits:
         self._describe = describe
         self._max_topics = max_topics
         self._clock = clock
-        self._topics: OrderedDict[str, tuple[TimestampLimits | None, float]] = OrderedDict()
+        self._topics: OrderedDict[str, tuple[TopicLimits | None, float]] = OrderedDict()
 
-    def __call__(self, topic: str) -> TimestampLimits | None:
+    def __call__(self, topic: str) -> TopicLimits | None:
         now = self._clock()
         cached = self._topics.get(topic)
         if cached is not None and now - cached[1] < LIMITS_TTL_S:
@@ -148,8 +219,8 @@ class TopicTimestampLimits:
             limits = limits_from_config(self._describe(topic, DESCRIBE_TIMEOUT_S))
         except (KafkaException, TimeoutError, ValueError) as error:
             # No check for a while; the broker's own refusal still isolates a bad row.
-            config_unreadable(topic, error, "its timestamp limits; the broker's own refusal "
-                              "still isolates a bad record")
+            config_unreadable(topic, error, "its timestamp and size limits; the broker's own "
+                              "refusal still isolates a bad record")
             limits = None
         self._topics[topic] = (limits, now)
         self._topics.move_to_end(topic)

@@ -51,7 +51,7 @@ from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import RecordStep, Routed
-from cdc_router.router.timestamps import TopicTimestampLimits
+from cdc_router.router.timestamps import TopicLimitsCache
 from cdc_router.router.topics import TopicAdmin
 from tests.bench.bench_stack import delete_groups, delete_topics
 from tests.bench.null_clients import run_loop
@@ -236,7 +236,7 @@ def step_harness(workdir: Path) -> Callable[[list[tuple[bytes, bytes]]], None]:
     def run(records: list[tuple[bytes, bytes]]) -> None:
         replay = ReplayFilter(window_ms=compiled.config.dedup.window_ms,
                               max_ids=compiled.config.dedup.max_ids)
-        limits = TopicTimestampLimits(
+        limits = TopicLimitsCache(
             lambda topic, timeout_s: {"message.timestamp.after.max.ms": "3600000"})
         step = RecordStep(compiled, DestinationMetadata(lambda topic, timeout_s: 4).partitions,
                           seen=replay.seen, timestamp_limits=limits)

@@ -273,3 +273,34 @@ def test_a_big_letter_fits_the_dead_letter_topic_when_the_producer_allows_bigger
     assert headers["dlq.event.id"].decode() == ids[10]
     assert "over delivery.max_payload_bytes" in headers["dlq.error.message"].decode()
     assert int(headers["dlq.value.dropped.bytes"]) > 1_500_000, "sent without its value"
+
+
+def test_a_record_over_its_destinations_max_message_bytes_is_dead_lettered_before_producing(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 53-b F2: refused by the broker, each such record aborted batches (161 for 26 with
+    # three instances), stalling their partitions for minutes. The router reads the topic's
+    # max.message.bytes and dead-letters the record instead: no batch aborted.
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        set_topic_config(pipe, pipe.orders_topic, "max.message.bytes", "50000")
+        pipe.start_router()
+        rows = ordinary(60)
+        for position in (5, 30, 55):
+            rows.insert(position, {"aggregate_id": f"big-{position}",
+                                   "payload": json.dumps({"s": "x" * 60_000})})
+        ids = insert(pipe, rows)
+        big = {event_id for event_id, row in zip(ids, rows, strict=True)
+               if row["aggregate_id"].startswith("big")}
+        letters = _letters_by_id(pipe, 3, timeout_s=120)
+        orders = pipe.read(pipe.orders_topic, 60)
+        extra = pipe.read_all(pipe.orders_topic, settle_s=3)
+        log = pipe.router_log()
+    assert set(letters) == big, log[-3000:]
+    for headers in letters.values():
+        assert headers["dlq.stage"] == "produce"
+        reason = headers["dlq.error.message"]
+        assert "MESSAGE_TOO_LARGE" in reason and "max.message.bytes (50000)" in reason, reason
+        assert "dead-lettered before producing" in reason, reason
+    delivered = Counter(message.key().decode() for message in extra)
+    assert len(orders) == 60 and set(delivered) == set(ids) - big, log[-3000:]
+    assert max(delivered.values()) == 1, "each delivered once"
+    assert "event=batch_aborted" not in log and "MSG_SIZE_TOO_LARGE" not in log, log[-3000:]

@@ -1,5 +1,5 @@
-"""Destination topics' timestamp limits: a created_at the broker would refuse is a dead letter
-before it is produced (router/timestamps.py)."""
+"""Destination topics' timestamp and size limits: a created_at or a size the broker would refuse
+is a dead letter before it is produced (router/timestamps.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
+from cdc_router.dead_letter import batch_size
 from cdc_router.router.step import DeadLettered, RecordStep, Routed
 from cdc_router.router.timestamps import (
     LIMITS_TTL_S,
     MARGIN_MS,
-    TimestampLimits,
-    TopicTimestampLimits,
+    SmallTopics,
+    TopicLimits,
+    TopicLimitsCache,
+    compresses,
     limits_from_config,
 )
 from tests.unit.router_fakes import raw_event
@@ -31,7 +34,7 @@ KAFKA_4_DEFAULTS = {"message.timestamp.type": "CreateTime",
 
 def test_kafka_4_defaults_refuse_an_hour_ahead_less_the_margin_and_nothing_behind() -> None:
     limits = limits_from_config(KAFKA_4_DEFAULTS)
-    assert limits == TimestampLimits(2**63 - 1, HOUR_MS)
+    assert limits == TopicLimits(2**63 - 1, HOUR_MS)
     assert limits.problem("orders", NOW_MS + HOUR_MS - MARGIN_MS, NOW_MS) is None
     ahead = limits.problem("orders", NOW_MS + HOUR_MS - MARGIN_MS + 1, NOW_MS)
     assert ahead is not None
@@ -56,7 +59,7 @@ def test_a_skew_of_whole_hours_names_the_time_zone(ahead_ms: int, hint: str | No
 
 
 def test_a_before_limit_refuses_an_old_timestamp() -> None:
-    limits = TimestampLimits(before_ms=24 * HOUR_MS, after_ms=HOUR_MS)
+    limits = TopicLimits(before_ms=24 * HOUR_MS, after_ms=HOUR_MS)
     old = limits.problem("orders", NOW_MS - 24 * HOUR_MS, NOW_MS)
     assert old is not None and "behind" in old and "before.max.ms" in old
     assert limits.problem("orders", NOW_MS - 23 * HOUR_MS, NOW_MS) is None
@@ -64,14 +67,14 @@ def test_a_before_limit_refuses_an_old_timestamp() -> None:
 
 @pytest.mark.parametrize(("limits", "timestamp_ms", "refused"), [
     # A 30 s limit: a row of this second is fine; the margin is a tenth of the limit.
-    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 50, False),
-    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 26_999, False),
-    (TimestampLimits(2**63 - 1, 30_000), NOW_MS + 27_001, True),
+    (TopicLimits(2**63 - 1, 30_000), NOW_MS + 50, False),
+    (TopicLimits(2**63 - 1, 30_000), NOW_MS + 26_999, False),
+    (TopicLimits(2**63 - 1, 30_000), NOW_MS + 27_001, True),
     # A 2 min before limit: a backlog a minute behind is still delivered.
-    (TimestampLimits(120_000, HOUR_MS), NOW_MS - 61_000, False),
-    (TimestampLimits(120_000, HOUR_MS), NOW_MS - 108_001, True),
+    (TopicLimits(120_000, HOUR_MS), NOW_MS - 61_000, False),
+    (TopicLimits(120_000, HOUR_MS), NOW_MS - 108_001, True),
 ])
-def test_the_margin_is_at_most_a_tenth_of_a_short_limit(limits: TimestampLimits,
+def test_the_margin_is_at_most_a_tenth_of_a_short_limit(limits: TopicLimits,
                                                         timestamp_ms: int,
                                                         refused: bool) -> None:
     assert (limits.problem("orders", timestamp_ms, NOW_MS) is not None) is refused
@@ -79,8 +82,8 @@ def test_the_margin_is_at_most_a_tenth_of_a_short_limit(limits: TimestampLimits,
 
 def test_a_broker_before_3_6_has_one_symmetric_limit_or_none() -> None:
     assert limits_from_config({"message.timestamp.difference.max.ms": "600000"}) == \
-        TimestampLimits(600_000, 600_000)
-    assert limits_from_config({}) == TimestampLimits(2**63 - 1, 2**63 - 1)
+        TopicLimits(600_000, 600_000)
+    assert limits_from_config({}) == TopicLimits(2**63 - 1, 2**63 - 1)
 
 
 DAY_MS = 24 * HOUR_MS
@@ -91,7 +94,7 @@ def test_a_timestamp_past_the_topics_time_retention_is_refused_before_it_is_lost
     # retention, and the broker deleted their segment 4 minutes later.
     limits = limits_from_config({**KAFKA_4_DEFAULTS, "retention.ms": str(7 * DAY_MS),
                                  "cleanup.policy": "delete"})
-    assert limits == TimestampLimits(2**63 - 1, HOUR_MS, 7 * DAY_MS)
+    assert limits == TopicLimits(2**63 - 1, HOUR_MS, 7 * DAY_MS)
     old = limits.problem("orders", NOW_MS - 8 * DAY_MS, NOW_MS)
     assert old is not None and "retention.ms of orders (604800000)" in old
     assert "delivery.record_timestamp: now" in old and "8.00 days old" in old
@@ -99,7 +102,7 @@ def test_a_timestamp_past_the_topics_time_retention_is_refused_before_it_is_lost
     assert limits.problem("orders", NOW_MS - 7 * DAY_MS + HOUR_MS + 1, NOW_MS) is None
     # A short retention keeps a tenth of itself as headroom: a backlog of 50 minutes still
     # flows onto a topic of an hour's retention.
-    short = TimestampLimits(2**63 - 1, HOUR_MS, HOUR_MS)
+    short = TopicLimits(2**63 - 1, HOUR_MS, HOUR_MS)
     assert short.problem("t", NOW_MS - 50 * 60_000, NOW_MS) is None
     assert short.problem("t", NOW_MS - 55 * 60_000, NOW_MS) is not None
 
@@ -133,8 +136,8 @@ class _Describe:
 
 def test_limits_are_cached_and_read_again_after_their_ttl() -> None:
     describe, now = _Describe({"orders": KAFKA_4_DEFAULTS}), [0.0]
-    limits = TopicTimestampLimits(describe, clock=lambda: now[0])
-    assert limits("orders") == limits("orders") == TimestampLimits(2**63 - 1, HOUR_MS)
+    limits = TopicLimitsCache(describe, clock=lambda: now[0])
+    assert limits("orders") == limits("orders") == TopicLimits(2**63 - 1, HOUR_MS)
     assert describe.calls == ["orders"]
     now[0] = LIMITS_TTL_S + 1
     limits("orders")
@@ -144,7 +147,7 @@ def test_limits_are_cached_and_read_again_after_their_ttl() -> None:
 def test_an_unreadable_config_means_no_check_never_a_failure(
         caplog: pytest.LogCaptureFixture) -> None:
     refused = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
-    limits = TopicTimestampLimits(_Describe({"orders": refused, "slow": TimeoutError()}))
+    limits = TopicLimitsCache(_Describe({"orders": refused, "slow": TimeoutError()}))
     with caplog.at_level("WARNING", logger="cdc_router.router"):
         assert limits("orders") is None
         assert limits("slow") is None
@@ -153,11 +156,12 @@ def test_an_unreadable_config_means_no_check_never_a_failure(
                     r.getMessage()]
     assert orders.endswith("reason='grant this principal DescribeConfigs on the topic orders "
                            "(optional: without it the router does not check its timestamp "
-                           "limits; the broker's own refusal still isolates a bad record)'"), orders
+                           "and size limits; the broker's own refusal still isolates a bad "
+                           "record)'"), orders
     assert "reason=" not in slow  # a timeout is no missing grant
 
 
-def _step(limits: dict[str, TimestampLimits | None], **delivery: Any) -> RecordStep:
+def _step(limits: dict[str, TopicLimits | None], **delivery: Any) -> RecordStep:
     config = RouterConfig.model_validate({"source": {"topics": [SOURCE]},
                                           "routes": [{"topic": "orders"}],
                                           "delivery": delivery})
@@ -169,7 +173,7 @@ def _step(limits: dict[str, TimestampLimits | None], **delivery: Any) -> RecordS
                                                  (3 * HOUR_MS, True)])
 def test_the_step_dead_letters_a_created_at_the_topic_would_refuse(ahead_ms: int,
                                                                    dead: bool) -> None:
-    step = _step({"orders": TimestampLimits(2**63 - 1, HOUR_MS)})
+    step = _step({"orders": TopicLimits(2**63 - 1, HOUR_MS)})
     result = step(SOURCE, None, raw_event("e-1", created_at_us=(NOW_MS + ahead_ms) * 1000))
     if dead:
         assert isinstance(result, DeadLettered)
@@ -180,6 +184,71 @@ def test_the_step_dead_letters_a_created_at_the_topic_would_refuse(ahead_ms: int
 
 
 def test_record_timestamp_now_is_never_checked() -> None:
-    step = _step({"orders": TimestampLimits(0, 0)}, record_timestamp="now")
+    step = _step({"orders": TopicLimits(0, 0)}, record_timestamp="now")
     result = step(SOURCE, None, raw_event("e-1", created_at_us=(NOW_MS + 3 * HOUR_MS) * 1000))
     assert isinstance(result, Routed) and result.record.timestamp_ms is None
+
+
+def _blob(size: int) -> str:
+    return '{"blob": "' + "x" * size + '"}'
+
+
+def test_a_record_over_the_topics_max_message_bytes_is_dead_lettered_before_producing() -> None:
+    """QA 53-b F2: refused by the broker, it aborted batches for minutes with 3 instances."""
+    limits = limits_from_config({**KAFKA_4_DEFAULTS, "max.message.bytes": "3000"})
+    assert limits is not None and limits.max_message_bytes == 3000
+    step = _step({"orders": limits})
+    fits = step(SOURCE, None, raw_event("e-1", payload=_blob(2000)))
+    assert isinstance(fits, Routed)
+    size = batch_size(fits.record.key, fits.record.value, list(fits.record.headers))
+    assert 2000 < size < 3000
+    big = step(SOURCE, None, raw_event("e-2", payload=_blob(5000)))
+    assert isinstance(big, DeadLettered)
+    assert (big.stage, big.event_id) == ("produce", "e-2")
+    assert "MESSAGE_TOO_LARGE" in str(big.error) and "max.message.bytes (3000)" in str(big.error)
+    assert "raise the topic's max.message.bytes or shrink the payload" in str(big.error)
+
+
+def test_the_size_is_checked_with_record_timestamp_now_and_without_a_timestamp_limit() -> None:
+    limits = limits_from_config({"message.timestamp.type": "LogAppendTime",
+                                 "max.message.bytes": "1000"})
+    assert limits is not None and limits.retention_ms is None
+    result = _step({"orders": limits}, record_timestamp="now")(
+        SOURCE, None, raw_event("e-1", payload=_blob(5000)))
+    assert isinstance(result, DeadLettered) and "MESSAGE_TOO_LARGE" in str(result.error)
+
+
+def test_a_compressing_producer_leaves_the_size_to_the_broker() -> None:
+    config = RouterConfig.model_validate({
+        "source": {"topics": [SOURCE]}, "routes": [{"topic": "orders"}],
+        "kafka": {"producer": {"compression.type": "zstd"}}})
+    limits = {"orders": TopicLimits(2**63 - 1, HOUR_MS, max_message_bytes=1000)}
+    step = RecordStep(compile_config(config), {"orders": 3}.get, timestamp_limits=limits.get,
+                      clock=lambda: NOW_MS / 1000)
+    assert isinstance(step(SOURCE, None, raw_event("e-1", payload=_blob(5000))), Routed)
+    assert compresses({"compression.codec": "lz4"}) and not compresses({})
+    assert not compresses({"compression.type": "gzip"}, {"compression.type": "none"})
+
+
+def test_batch_size_counts_the_record_format_framing() -> None:
+    """A batch of one record, as Kafka's v2 format writes it: 61 bytes of batch header, then
+    length 1, attributes 1, deltas 1+1, key length 1, key 3, value length 1, value 2, header
+    count 1, one header (name length 1, name 1, value length 1, value 1)."""
+    assert batch_size(b"abc", b"{}", [("h", b"v")]) == 61 + 1 + 1 + 2 + 1 + 3 + 1 + 2 + 1 + 4
+    assert batch_size(None, None, []) == 61 + 1 + 6
+
+
+def test_a_topic_limit_below_the_producers_batch_size_is_warned_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The broker refuses a whole batch over max.message.bytes, small records and all."""
+    small = SmallTopics({}, {"batch.size": 500_000})
+    with caplog.at_level("WARNING", logger="cdc_router.router"):
+        small("orders", TopicLimits(1, 1, max_message_bytes=3000))
+        small("orders", TopicLimits(1, 1, max_message_bytes=3000))
+        small("big", TopicLimits(1, 1, max_message_bytes=500_000))
+        small("unknown", TopicLimits(1, 1))
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("event=batch_over_topic_limit topic=orders "
+                               "max_message_bytes=3000 batch_size=500000 ")
+    assert "set kafka.producer.batch.size below 2900" in lines[0]
