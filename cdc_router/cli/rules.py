@@ -34,6 +34,7 @@ from cdc_router.router.destinations import (
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import OutboundRecord, rfc3339
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, Skipped
+from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.json import parse_json
 
 _PREVIEW_CHARS = 400  # text output cuts long values; -o json shows them whole
@@ -81,6 +82,9 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
             if refusal is not None else None
         if refused is not None:  # a name or value librdkafka refuses, as `run` would at start
             raise refused
+        avro = compiled.serializers.get("avro")
+        if isinstance(avro, AvroSerializer):  # schemas sharing a subject, as `run` would
+            avro.check_subjects(str(config_path))
     except CdcRouterError as error:
         if output == "json":  # review 53-c F19: a script read no document at all
             click.echo(json.dumps({"file": str(config_path), "valid": False, "error": str(error),

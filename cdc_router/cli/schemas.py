@@ -179,6 +179,8 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
     if ids is None:
         raise ConfigError("the config has no schema_registry: Avro routes use single-object "
                           "encoding, with nothing to register", source=str(config_path))
+    # Before registering any: the second would be refused after the first (QA 53-b F1).
+    serializer.check_subjects(str(config_path))
     plan = []
     planned = [entry for entry in serializer.planned_subjects() if entry.subject is not None]
     by_data = _named_by_data(compiled, serializer, subjects)

@@ -22,7 +22,6 @@ import io
 import logging
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fastavro
@@ -48,6 +47,7 @@ from cdc_router.serde.avro_schema import (
     route_key,
     unreadable,
 )
+from cdc_router.serde.avro_subjects import PlannedSubject, shared_subjects
 from cdc_router.serde.avro_unions import UnionWalk, plain_dates, union_walk, writer_datum
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
@@ -73,22 +73,6 @@ log = logging.getLogger("cdc_router.serde")
 
 # A schema registry's ids are Java ints.
 _MAX_SCHEMA_ID = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class PlannedSubject:
-    """One (route, event type, schema) and, when known before any event, its topic and subject.
-
-    The topic is known when the route's topic template is a plain name, or uses only {type}
-    and the schema is mapped to an event type; the subject also needs no topic under the
-    record strategy. None: it depends on the event.
-    """
-
-    route: int
-    event_type: str | None  # None: the route's one schema, for any type
-    schema: AvroSchema
-    topic: str | None
-    subject: str | None
 
 
 class AvroSerializer:
@@ -282,6 +266,14 @@ class AvroSerializer:
                         "(a bytea payload, already encoded, passes through)")
         return found
 
+    def check_subjects(self, source: str | None = None) -> None:
+        """ConfigError when several schemas are planned under one subject (avro_subjects.py):
+        `run`, `rules check` and `schemas register` refuse it before asking the registry."""
+        if self._ids is not None and (shared := shared_subjects(self.planned_subjects())):
+            raise ConfigError(next(iter(shared.values())), source=source,
+                              field="schema_registry.subject_name_strategy",
+                              value=self._ids.strategy)
+
     def preflight(self) -> None:
         """Resolve the ids of the subjects known before any event; RegistryError if one is
         missing (auto_register off) or the registry cannot be asked. Nothing to do without
@@ -298,6 +290,7 @@ class AvroSerializer:
         except RegistryError as failure:
             if not (failure.refused or failure.missing):
                 raise
+        self.check_subjects()
         for planned in self.planned_subjects():
             if planned.subject is not None:
                 self._ids.id_for(planned.subject, planned.schema)

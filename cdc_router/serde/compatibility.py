@@ -33,6 +33,7 @@ from avro.schema import (
 from cdc_router.errors import ConfigError
 from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.avro_schema import AvroSchema, apache_parse, load_schema
+from cdc_router.serde.avro_subjects import shared_subjects
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
 
@@ -205,10 +206,7 @@ def check_schemas(serializer: AvroSerializer, previous_dir: Path | None = None,
     """
     planned = serializer.planned_subjects()
     ids = serializer.registry if use_registry else None
-    by_subject: dict[str, set[str]] = {}
-    for entry in planned:
-        if entry.subject is not None:
-            by_subject.setdefault(entry.subject, set()).add(entry.schema.canonical)
+    shared = shared_subjects(planned)
     checks = []
     for entry in planned:
         problems: list[str] = []
@@ -241,11 +239,8 @@ def check_schemas(serializer: AvroSerializer, previous_dir: Path | None = None,
             continue
         else:
             registry, found = _against_registry(ids, entry.subject, schema)
-            problems += found
-            if len(by_subject[entry.subject]) > 1:
-                problems.append(f"several schemas share subject {entry.subject}: use "
-                                "subject_name_strategy record or topic_record for a topic "
-                                "that carries several event types")
+            # Shared, its advice to register is moot: no registration can fix it.
+            problems += [shared[entry.subject]] if entry.subject in shared else found
         checks.append(SchemaCheck(entry.route, entry.event_type, schema.path, schema.name,
                                   schema.fingerprint.hex(), entry.subject, previous, registry,
                                   tuple(problems)))

@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cdc_router.cli import main
 from cdc_router.config.connections import SchemaRegistrySettings
 from cdc_router.config.routes import RouteRule
+from cdc_router.errors import ConfigError
 from cdc_router.serde import registry as registry_module
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
@@ -221,6 +222,42 @@ def test_schemas_register_plans_then_registers(tmp_path: Path) -> None:
     steps = json.loads(output)
     assert [(step["subject"], step["action"]) for step in steps] == [
         ("payments.confirmed-value", "registered"), ("orders.OrderPaid-value", "registered")]
+
+
+def test_schemas_sharing_a_topic_subject_are_refused_before_anything_is_registered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 53-b F1: `rules check` said valid, `schemas register` registered the first schema
+    # and failed on the second, and `run` sent the user back to `schemas register`.
+    client = CompatibleMock({"url": "mock://shared"})
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        "source: {topics: [raw]}\nschema_registry: {url: 'mock://shared'}\nroutes:\n"
+        f"  - {{topic: pay, format: avro, schema: {{OrderPaid: {AVRO / 'order_paid.avsc'}, "
+        f"OrderShipped: {AVRO / 'order_shipped.avsc'}}}}}\n")
+    expected = (f"{config}: field 'schema_registry.subject_name_strategy': several schemas "
+                "share subject pay-value: use subject_name_strategy record or topic_record for "
+                "a topic that carries several event types (got 'topic')")
+    for command in (["schemas", "register", "--dry-run"], ["schemas", "register", "--yes"],
+                    ["rules", "check"]):
+        result = CliRunner().invoke(main, [*command, "-c", str(config)])
+        assert result.exit_code == 1, result.output
+        assert result.stderr.strip() == f"error: {expected}", result.stderr
+        assert "register " not in result.stdout
+    assert client.get_subjects() == []
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 1 and output.count("several schemas share subject pay-value") == 2
+    assert "schemas register" not in output, output  # no registration can fix it
+    schemas = {"OrderPaid": str(AVRO / "order_paid.avsc"),
+               "OrderShipped": str(AVRO / "order_shipped.avsc")}
+    rule = RouteRule.model_validate({"topic": "pay", "format": "avro", "schema": schemas})
+    serializer = AvroSerializer([rule], SchemaRegistrySettings(url="mock://shared",
+                                                               auto_register=True),
+                                registry_client=client)
+    with pytest.raises(ConfigError, match="several schemas share subject pay-value"):
+        serializer.preflight()  # `run`, before registering the first
+    assert client.get_subjects() == []
 
 
 def test_schemas_register_takes_only_existing_subjects_the_route_may_produce_to(
