@@ -134,11 +134,13 @@ class SchemaIds:
         Raises RegistryError (missing=True) when the subject lacks the schema and
         auto_register is off; RegistryError when the registry refuses or cannot be reached.
         """
-        if self.auto_register and not self.looks_only:
-            return self.register(subject, schema)
         try:
             return self.lookup(subject, schema)
         except RegistryError as failure:
+            # Looked up first, so that event=schema_registered means a new version: every
+            # start of every instance logged it for a schema the subject held (QA 53-b L1).
+            if failure.missing and self.auto_register and not self.looks_only:
+                return self.register(subject, schema)
             if not self.stands_in(failure, subject, schema):
                 raise
             return 0
@@ -166,7 +168,9 @@ class SchemaIds:
         return registered.schema_id
 
     def register(self, subject: str, schema: AvroSchema) -> int:
-        """Register `schema` under `subject` (a no-op if it is there); its id."""
+        """Register `schema` under `subject` (a no-op if it is there); its id. Called once a
+        lookup found it missing, so that its log line means a new version (two instances
+        starting at once may both log it for one)."""
         schema_id = self._call(f"register {schema.path} under subject {subject!r}",
                                lambda: self.client.register_schema(subject,
                                                                    registry_schema(schema)))

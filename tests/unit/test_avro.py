@@ -456,6 +456,21 @@ def test_preflight_resolves_subjects_known_before_any_event() -> None:
         strict.preflight()
 
 
+def test_auto_register_logs_a_registration_only_when_the_registry_adds_a_version(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 53-b L1: every start of every instance logged event=schema_registered for a schema
+    # its subject already held (its versions stayed [1, 2, 3]).
+    client = mock_registry()
+    with caplog.at_level("INFO", logger="cdc_router.serde"):
+        for _ in range(3):  # three starts
+            AvroSerializer([rule(topic="payments")], registry(auto_register=True),
+                           registry_client=client).preflight()
+    events = [record.getMessage().split()[0] for record in caplog.records
+              if "subject=payments-value" in record.getMessage()]
+    assert events == ["event=schema_registered", "event=schema_found", "event=schema_found"]
+    assert client.get_versions("payments-value") == [1]
+
+
 def test_record_strategies_need_a_named_schema(tmp_path: Path) -> None:
     unnamed = tmp_path / "s.avsc"
     unnamed.write_text('{"type": "string"}')
