@@ -310,10 +310,16 @@ def delete_in_chunks(conn: psycopg.Connection[Any], table: sql.Composable,
         # The loop ends on a short chunk: a chunk of 0 rows is never short, it would spin.
         raise ConfigError("must be at least 1", field="batch_size", value=batch_size)
     order = sql.SQL(" ORDER BY {}").format(order_by) if order_by is not None else sql.SQL("")
-    # By ctid: the chunk's rows are found once and deleted without a second index lookup.
-    chunk = sql.SQL("DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-                    "WHERE {where}{order} LIMIT {limit}))").format(
-        table=table, where=where, order=order, limit=sql.Literal(batch_size))
+    # By (tableoid, ctid): the chunk's rows are found once and deleted without a second index
+    # lookup. A ctid alone is unique only within one partition: on a partitioned table it also
+    # deleted the rows of other partitions at the same place (QA 53-h F2). The ctid = ANY keeps
+    # the delete a TID scan (of each partition), the pair picks the chunk's row out of it.
+    chunk = sql.SQL("WITH chunk AS MATERIALIZED (SELECT tableoid AS chunk_rel, ctid AS chunk_tid "
+                    "FROM {table} WHERE {where}{order} LIMIT {limit}) "
+                    "DELETE FROM {table} AS target USING chunk "
+                    "WHERE target.ctid = ANY(ARRAY(SELECT chunk_tid FROM chunk)) "
+                    "AND target.tableoid = chunk.chunk_rel AND target.ctid = chunk.chunk_tid"
+                    ).format(table=table, where=where, order=order, limit=sql.Literal(batch_size))
     return _chunks(conn, chunk, params, batch_size)
 
 

@@ -533,6 +533,35 @@ def test_purge_can_be_limited_to_one_consumer_group(
     assert remaining(stack.postgres_dsn, schema) == {("fulfillment", "e1")}
 
 
+def test_purge_of_a_partitioned_dedup_table_keeps_every_mark_inside_the_window(
+        stack: StackEndpoints, schema: str) -> None:
+    # QA 53-h F2: the chunked delete matched ctids alone, unique only within one partition: on
+    # a table partitioned by consumer group, purging g1's old marks deleted g2's live marks at
+    # the same places, and their events were processed again.
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (consumer_group text NOT NULL, event_id text NOT "
+                             "NULL, processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY "
+                             "(consumer_group, event_id)) PARTITION BY LIST (consumer_group)"
+                             ).format(sql.Identifier(schema, "dedup")))
+        for group in ("g1", "g2"):
+            conn.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES IN ({})").format(
+                sql.Identifier(schema, f"dedup_{group}"), sql.Identifier(schema, "dedup"),
+                sql.Literal(group)))
+    store = PostgresDedupStore(stack.postgres_dsn, table=f"{schema}.dedup")
+    try:
+        for group in ("g1", "g2"):
+            for i in range(3):
+                store.run_once(DedupKey(group, f"{group}-{i}"), lambda conn: None)
+        # Both partitions' rows move to the same places, ctids (0,4) to (0,6).
+        age_rows(stack.postgres_dsn, schema, {f"g1-{i}": timedelta(days=10) for i in range(3)}
+                 | {f"g2-{i}": timedelta(hours=1) for i in range(3)})
+        assert store.purge(timedelta(days=7), batch_size=2) == 3
+        assert remaining(stack.postgres_dsn, schema) == {("g2", f"g2-{i}") for i in range(3)}
+        assert store.run_once(DedupKey("g2", "g2-0"), lambda conn: None) is Outcome.DUPLICATE
+    finally:
+        store.close()
+
+
 def test_the_purge_loop_purges_until_stopped(stack: StackEndpoints, schema: str,
                                              store: PostgresDedupStore) -> None:
     store.run_once(DedupKey("g", "old"), lambda conn: None)

@@ -88,9 +88,25 @@ def test_chunks_go_on_until_a_short_one_each_in_its_own_transaction() -> None:
     assert counts == [3, 3, 1]
     assert conn.transactions == 3
     statement, params = conn.statements[0]
-    assert statement == ('DELETE FROM "public"."t" WHERE ctid = ANY(ARRAY(SELECT ctid FROM '
-                         '"public"."t" WHERE age > %s ORDER BY "age" LIMIT 3))')
+    assert statement == (
+        'WITH chunk AS MATERIALIZED (SELECT tableoid AS chunk_rel, ctid AS chunk_tid FROM '
+        '"public"."t" WHERE age > %s ORDER BY "age" LIMIT 3) DELETE FROM "public"."t" AS target '
+        "USING chunk WHERE target.ctid = ANY(ARRAY(SELECT chunk_tid FROM chunk)) "
+        "AND target.tableoid = chunk.chunk_rel AND target.ctid = chunk.chunk_tid")
     assert params == (7,)
+
+
+def test_a_chunk_is_deleted_by_partition_and_place_not_by_place_alone() -> None:
+    # QA 53-h F2: a ctid is unique only within one partition; matched alone, `outbox purge`
+    # and the dedup store's purge also deleted the rows of other partitions at the same place.
+    conn = ChunkedConnection([0])
+
+    list(delete_in_chunks(conn, sql.Identifier("t"), sql.SQL("true"), (),  # type: ignore[arg-type]
+                          batch_size=10))
+
+    statement = conn.statements[0][0]
+    assert "target.tableoid = chunk.chunk_rel AND target.ctid = chunk.chunk_tid" in statement
+    assert "ctid = ANY" in statement  # keeps the delete a TID scan
 
 
 @pytest.mark.parametrize("batch_size", [0, -1])
