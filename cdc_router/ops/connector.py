@@ -13,7 +13,7 @@ import httpx
 
 from cdc_router.connect.checks import raw_topic
 from cdc_router.connect.client import ConnectClient, ConnectorStatus, failure_of
-from cdc_router.connect.spec import included_tables
+from cdc_router.connect.spec import included_tables, quoted_tables
 from cdc_router.errors import ConnectError, UnknownConnectorError
 from cdc_router.ops.report import ConnectorState, TaskState
 
@@ -49,7 +49,8 @@ def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None
             return ConnectorState(name=name, exists=False, deployed=_deployed(client)), None
         except ConnectError as error:
             return ConnectorState(error=str(error), name=name), None
-    return replace(connector_state(status), raw_topic=raw_topic(config)), capture_of(config)
+    return replace(connector_state(status), raw_topic=raw_topic(config),
+                   quoted_tables=tuple(quoted_tables(config))), capture_of(config)
 
 
 def _deployed(client: ConnectClient) -> tuple[str, ...] | None:

@@ -88,6 +88,8 @@ class ConnectorState:
     raw_topic_read: bool | None = None  # whether source.topics names or matches raw_topic
     # When it does not exist: the connectors Connect has (None: not known).
     deployed: tuple[str, ...] | None = None
+    # table.include.list entries in SQL's double quotes: they match no table (QA 53-h F3).
+    quoted_tables: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

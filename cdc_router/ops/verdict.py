@@ -15,6 +15,7 @@ from typing import Literal
 from psycopg import sql
 
 from cdc_router.config.status import Level, StatusSettings
+from cdc_router.connect.spec import QUOTED_TABLE, quoted_table_fix
 from cdc_router.ops.database import quoted_table
 from cdc_router.ops.report import (
     SECTIONS,
@@ -267,6 +268,10 @@ def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:
         yield Problem("warning", "connector", f"{name} is {connector.state} ({tasks}): "
                       "events are not captured; check Connect's log, then `cdc-router "
                       f"connectors restart {connector.name} --tasks all`")
+    for entry in connector.quoted_tables:  # QA 53-h F3: RUNNING, its table never checked
+        yield Problem("critical", "connector", f"{name}: the table.include.list entry {entry} "
+                      f"{QUOTED_TABLE}; {quoted_table_fix(entry)}, then `cdc-router connectors "
+                      "apply` it")
     if connector.raw_topic_read is False:
         topic = connector.raw_topic
         yield Problem("warning", "connector", f"{name} writes the outbox's change events to "

@@ -178,17 +178,22 @@ def test_apply_of_the_shipped_file_warns_about_nothing(monkeypatch: pytest.Monke
     assert "transforms.outbox.type is io.debezium.transforms.outbox.EventRouter" in smt.stderr
 
 
-def test_status_reads_the_raw_topic_from_the_deployed_connectors_config(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def probing(monkeypatch: pytest.MonkeyPatch, connect: ScriptedConnect) -> Any:
+    """ops.connector.probe_connector, asking `connect`."""
     from cdc_router.connect.client import ConnectClient
     from cdc_router.ops.connector import probe_connector
-
-    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "topic.prefix": "outbox2"}})
 
     def build(url: str, **kwargs: Any) -> ConnectClient:
         return ConnectClient(url, transport=httpx.MockTransport(connect), **kwargs)
 
     monkeypatch.setattr("cdc_router.ops.connector.ConnectClient", build)
+    return probe_connector
+
+
+def test_status_reads_the_raw_topic_from_the_deployed_connectors_config(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "topic.prefix": "outbox2"}})
+    probe_connector = probing(monkeypatch, connect)
     state, capture = probe_connector("http://connect:8083", "outbox-connector")
     assert state.raw_topic == "outbox2.public.outbox" and state.raw_topic_read is None
     assert capture is not None and capture.table == "public.outbox"
@@ -212,3 +217,48 @@ def test_the_login_hint_names_the_env_placeholder_the_password_comes_from() -> N
                          "restart it")
     assert "its password" not in (login_hint({**config, "database.password": "pw"}) or "")
     assert login_hint({**config, "database.user": ""}) is None
+
+
+class RecordingConnect(ScriptedConnect):
+    """ScriptedConnect that notes each request it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.requests: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(f"{request.method} {request.url.path}")
+        return super().__call__(request)
+
+
+@pytest.mark.parametrize(("tables", "entry"), [
+    ('App."OutBox"', 'App."OutBox"'),
+    ('"App"."OutBox"', '"App"."OutBox"'),
+    ('public.outbox,App."OutBox"', 'App."OutBox"'),
+])
+@pytest.mark.parametrize("dry_run", [["--dry-run"], ["--yes"]])
+def test_apply_refuses_an_include_list_entry_in_sql_quotes_before_asking_connect(
+        monkeypatch: pytest.MonkeyPatch, tables: str, entry: str, dry_run: list[str]) -> None:
+    # QA 53-h F3: OUTBOX_TABLE='App."OutBox"', the spelling `outbox init --table` takes, was
+    # "created / RUNNING" and captured nothing: Debezium's include list is regexes over
+    # unquoted names.
+    monkeypatch.setenv("OUTBOX_TABLE", tables)
+    connect = RecordingConnect()
+    result = run_cli(monkeypatch, connect, "apply", *dry_run, "-f", str(CONNECTOR_FILE))
+    assert result.exit_code == 1, result.output
+    assert "field 'config.table.include.list': an entry has double quotes, which Debezium " \
+           "does not strip" in result.stderr
+    assert f"(got {entry!r}); write App.OutBox (OUTBOX_TABLE=App.OutBox" in result.stderr
+    assert connect.requests == [] and connect.puts == []
+
+
+def test_status_names_a_deployed_include_list_entry_in_sql_quotes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    connect = ScriptedConnect({"qaq": {**SHIPPED, "table.include.list": 'App."OutBox"'}})
+    probe_connector = probing(monkeypatch, connect)
+    state, capture = probe_connector("http://connect:8083", "qaq")
+    assert state.quoted_tables == ('App."OutBox"',)
+    assert capture is not None and capture.table is None  # its publication is not checked
+    connect.configs["qaq"] = {**SHIPPED}
+    plain, _ = probe_connector("http://connect:8083", "qaq")
+    assert plain.quoted_tables == ()

@@ -234,6 +234,18 @@ def test_a_raw_topic_the_router_does_not_read_is_a_warning(sources: list[str],
     assert unknown.raw_topic_read is None and lines(replace(healthy(), connector=unknown)) == []
 
 
+def test_an_include_list_entry_in_sql_quotes_is_critical_with_what_to_write() -> None:
+    # QA 53-h F3: the connector RUNNING, its slot active, and nothing captured; the table
+    # check was skipped for the entry, and no line said why.
+    connector = replace(healthy().connector, quoted_tables=('App."OutBox"',))
+    assert lines(replace(healthy(), connector=connector)) == [
+        'critical: connector: connector outbox-connector: the table.include.list entry '
+        'App."OutBox" has double quotes, which Debezium does not strip: its include list is '
+        "regular expressions over unquoted schema.table names, case kept, so the entry matches "
+        "no table and the connector captures nothing; write App.OutBox (OUTBOX_TABLE=App.OutBox "
+        "with the shipped connector file), then `cdc-router connectors apply` it"]
+
+
 def test_an_unreachable_part_is_critical_and_the_others_are_still_judged() -> None:
     report = replace(healthy(), connector=ConnectorState(
         error="Kafka Connect unreachable at http://x:8083: connection refused", name="c"),
