@@ -18,6 +18,13 @@ from cdc_router.outbox.age import created_ms, require_time
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import column_types, delete_in_chunks, regclass_text, utc_now_for
 
+# The table's bytes with indexes and TOAST, its two %s the table's regclass text. A
+# partitioned table has no storage of its own (pg_total_relation_size of its root is 0: QA
+# 53-h F1): its size is the sum over its partition tree (Postgres 12+), which lists nothing
+# for a plain table.
+_ON_DISK = sql.SQL("(SELECT coalesce(sum(pg_total_relation_size(relid)), "
+                   "pg_total_relation_size(%s::regclass)) FROM pg_partition_tree(%s::regclass))")
+
 
 @dataclass(frozen=True)
 class OutboxStats:
@@ -31,12 +38,13 @@ class OutboxStats:
 
 def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxStats:
     """Rows pending (not yet deleted), age of the oldest, size on disk with indexes and TOAST.
-    An outbox without a created_at column (source.outbox.created_at: null) has no age (review
-    34-2: `status` of such a config stopped with "rows have no age")."""
+
+    A partitioned outbox's size is its partitions' (QA 53-h F1: 0 B). An outbox without a
+    created_at column (source.outbox.created_at: null) has no age (review 34-2: `status` of
+    such a config stopped with "rows have no age")."""
     if schema.columns.created_at is None:
-        row = conn.execute(sql.SQL("SELECT count(*), pg_total_relation_size(%s::regclass) "
-                                   "FROM {}").format(schema.identifier),
-                           (regclass_text(schema.table),)).fetchone()
+        row = conn.execute(sql.SQL("SELECT count(*), {} FROM {}").format(
+            _ON_DISK, schema.identifier), (regclass_text(schema.table),) * 2).fetchone()
         assert row is not None
         return OutboxStats(schema.table, int(row[0]), None, int(row[1]))
     column_type = column_types(conn, schema.table).get(schema.created_at_column, "")
@@ -46,11 +54,11 @@ def outbox_stats(conn: psycopg.Connection[Any], schema: OutboxSchema) -> OutboxS
         # timestamptz columns alike, whatever the session's TimeZone, and for an integer
         # created_at (epoch ms, us or ns as the router reads them by default: QA 49-h F2,
         # `status` failed on isfinite(bigint) for ever).
-        "SELECT count(*), extract(epoch FROM now()) - min({created}) / 1000.0, "
-        "pg_total_relation_size(%s::regclass) FROM {table}").format(
+        "SELECT count(*), extract(epoch FROM now()) - min({created}) / 1000.0, {size} "
+        "FROM {table}").format(
         created=created_ms(sql.Identifier(schema.created_at_column), column_type, "auto"),
-        table=schema.identifier)
-    row = conn.execute(query, (regclass_text(schema.table),)).fetchone()
+        size=_ON_DISK, table=schema.identifier)
+    row = conn.execute(query, (regclass_text(schema.table),) * 2).fetchone()
     assert row is not None
     rows, age, size = row
     return OutboxStats(schema.table, int(rows), float(age) if age is not None else None,

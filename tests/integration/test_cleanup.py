@@ -396,7 +396,7 @@ def test_outbox_stats_and_purge_remove_only_older_rows(stack: StackEndpoints, na
     assert after["rows"] == 15 and after["oldest_age_s"] < 10.5 * 3600
 
 
-def test_outbox_purge_of_a_partitioned_outbox_deletes_only_the_rows_it_counts(
+def test_outbox_stats_and_purge_of_a_partitioned_outbox(
         stack: StackEndpoints) -> None:
     # QA 53-h F2: the chunked delete matched ctids alone, unique only within one partition: a
     # fresh row at the place of an old row in another partition went too (here 5 counted, 10 gone).
@@ -425,6 +425,7 @@ def test_outbox_purge_of_a_partitioned_outbox_deletes_only_the_rows_it_counts(
                               cwd=REPO, check=False)
 
     try:
+        stats = cli("stats", "-o", "json")
         dry = cli("purge", "--older-than", "1d", "--dry-run")
         purged = cli("purge", "--older-than", "1d", "--batch-size", "2", "--yes")
         with psycopg.connect(stack.postgres_dsn) as conn:
@@ -435,6 +436,8 @@ def test_outbox_purge_of_a_partitioned_outbox_deletes_only_the_rows_it_counts(
     assert "5 rows" in dry.stdout, dry.stdout + dry.stderr
     assert "deleted 5 rows" in purged.stdout, purged.stdout + purged.stderr
     assert left == fresh
+    # QA 53-h F1: the root's own size, 0 B; the partitions' (each at least a page of 8 KiB).
+    assert json.loads(stats.stdout)["table_bytes"] >= 2 * 8192, stats.stdout + stats.stderr
 
 
 @pytest.mark.parametrize("column_type", ["timestamp(6)", "timestamptz(6)"])

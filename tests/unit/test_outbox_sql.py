@@ -393,6 +393,38 @@ def test_purge_needs_a_created_at_column_to_tell_age() -> None:
         purge(None, schema, 1000, 10)  # type: ignore[arg-type]
 
 
+class _StatsConnection:
+    """Answers outbox_stats' one query with (rows, size) and records it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def execute(self, query: Any, params: tuple[Any, ...]) -> Any:
+        self.calls.append((query.as_string(None), params))
+        return self
+
+    def fetchone(self) -> tuple[int, int]:
+        return 6, 10_715_136
+
+
+def test_the_size_of_a_partitioned_outbox_is_its_partitions() -> None:
+    # QA 53-h F1: pg_total_relation_size of a partitioned table's root is 0: `status` and
+    # `outbox stats` showed 0 B for an outbox of 10 MB.
+    from cdc_router.outbox import outbox_stats
+
+    conn = _StatsConnection()
+    schema = OutboxSchema("Sales.Outbox_part", OutboxColumns(created_at=None))
+    stats = outbox_stats(conn, schema)  # type: ignore[arg-type]
+
+    [(query, params)] = conn.calls
+    assert query == (
+        "SELECT count(*), (SELECT coalesce(sum(pg_total_relation_size(relid)), "
+        "pg_total_relation_size(%s::regclass)) FROM pg_partition_tree(%s::regclass)) "
+        'FROM "Sales"."Outbox_part"')
+    assert params == ('"Sales"."Outbox_part"',) * 2
+    assert (stats.rows, stats.table_bytes) == (6, 10_715_136)
+
+
 def test_new_event_ids_are_uuid7_ordered_by_time() -> None:
     first = uuid.UUID(new_event_id())
     time.sleep(0.002)
