@@ -76,17 +76,25 @@ class EnvOption(click.Option):
     F11: `CDC_ROUTER_INSTANCE_ID="$POD_NAME"` started as the host name)."""
 
     empty_hint = "give a value, or unset it for the default"
+    _helping = False  # --help among the arguments left: refuse nothing (reread 53-k F-3)
+
+    def handle_parse_result(self, ctx: click.Context, opts: Mapping[str, Any],
+                            args: list[str]) -> tuple[Any, list[str]]:
+        self._helping = any(arg in ctx.help_option_names for arg in args)
+        return super().handle_parse_result(ctx, opts, args)
 
     def consume_value(self, ctx: click.Context,
                       opts: Mapping[str, click.Parameter]) -> tuple[Any, ParameterSource]:
         value, source = super().consume_value(ctx, opts)
         names = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or ())
-        for name in names:
+        hint = self.empty_hint if not self.required else \
+            f"give a value, or unset it and give {self.opts[-1]}"  # 53-k F-2: required
+        for name in names if not self._helping else ():
             variable = os.environ.get(name)
             if source in (ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT) and \
                     variable is not None and not variable.strip():
                 raise click.BadParameter(f"{name} is set but {'blank' if variable else 'empty'}"
-                                         f": {self.empty_hint}", ctx=ctx, param=self)
+                                         f": {hint}", ctx=ctx, param=self)
         return value, source
 
 

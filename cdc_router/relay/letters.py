@@ -61,4 +61,5 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
                           "types: set source.payload_type (json or bytes) to replay it")
     return debezium.event_from_row(after, settings,
                                    columns=columns if isinstance(columns, dict) else None,
-                                   tx_id=txid if isinstance(txid, int) else None)
+                                   tx_id=txid if isinstance(txid, int) else None,
+                                   via_connect=False)  # read as the relay read it (53-k F-5)

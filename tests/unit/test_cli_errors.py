@@ -635,8 +635,21 @@ def test_an_address_variable_set_but_empty_is_refused_naming_it(
     result = CliRunner().invoke(main, given, env={variable: value})
     assert result.exit_code == code, result.output
     said = " ".join(result.output.split())  # click wraps a long line
+    fallback = "and give --config" if variable == "CDC_ROUTER_CONFIG" else "for the default"
     assert f"{variable} is set but {'blank' if value else 'empty'}: give a value, or unset " \
-        "it for the default" in said, result.output
+        f"it {fallback}" in said, result.output
+
+
+def test_an_empty_variable_leaves_help_alone_and_names_the_option_without_default() -> None:
+    # Reread 53-k F-3: `CDC_ROUTER_CONNECT_URL= connectors list --help` refused the variable
+    # instead of showing the help; F-2: -c has no default to fall back to once unset.
+    helped = CliRunner().invoke(main, ["connectors", "list", "--help"],
+                                env={"CDC_ROUTER_CONNECT_URL": ""})
+    assert helped.exit_code == 0 and "Usage:" in helped.output, helped.output
+    ran = CliRunner().invoke(main, ["run"], env={"CDC_ROUTER_CONFIG": ""})
+    assert ran.exit_code == 2
+    assert "CDC_ROUTER_CONFIG is set but empty: give a value, or unset it and give --config" \
+        in " ".join(ran.output.split()), ran.output
 
 
 def test_a_dsn_from_the_environment_is_named_as_the_variable_in_its_errors() -> None:

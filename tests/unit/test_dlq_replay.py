@@ -384,6 +384,18 @@ def test_a_relay_letter_of_an_earlier_version_needs_the_payload_type_to_replay()
     assert (event.payload, event.payload_is_json) == (b"\x00\x01", False)
 
 
+def test_a_relay_letter_of_a_row_dated_1970_is_decoded_as_the_relay_reads_it() -> None:
+    # Reread 53-k F-5: the relay delivers a created_at of exactly 1970-01-01 (QA 53-a F1),
+    # but its letters were decoded as Connect's and refused as a JsonConverter default.
+    from cdc_router.config.source import SourceSettings
+    from cdc_router.relay.letters import letter_event, letter_value
+
+    row = {"id": "r-1", "aggregatetype": "Customer", "aggregateid": "c-1", "type": "Moved",
+           "payload": '{"to": "Lyon"}', "headers": None, "created_at": "1970-01-01 00:00:00"}
+    event = letter_event(letter_value("public.outbox", 7, 42, row, {}), SourceSettings())
+    assert (event.event_id, event.created_at_ms) == ("r-1", 0)
+
+
 def test_a_relay_letter_whose_columns_are_not_schemas_is_worded() -> None:
     # QA 33-c: {"payload": "bytes"} gave "'str' object has no attribute 'get'".
     import json
