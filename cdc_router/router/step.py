@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
-from cdc_router.dead_letter import Stage, batch_size, marks_delivery
+from cdc_router.dead_letter import Stage, batch_size, batch_size_bound, marks_delivery
 from cdc_router.errors import (
     ConfigError,
     DecodeError,
@@ -341,13 +341,16 @@ class RecordStep:
             # confluent-kafka reads a timestamp 0 as "now": the limits judge the record's time.
             routed = replace(routed, timestamp_ms=None)
         limits = self._limits(routed.topic) if self._limits and not routed.nats else None
+        if limits is None:
+            return Routed(routed, event)
+        self._small_topics(routed.topic, limits)
         problem = None
-        if limits:
-            self._small_topics(routed.topic, limits)
-        if limits and self._sized:
-            problem = limits.size_problem(routed.topic, batch_size(
-                routed.key, routed.value, list[tuple[str, bytes | None]](routed.headers)))
-        if limits and not problem and routed.timestamp_ms is not None:
+        limit = limits.max_message_bytes
+        if self._sized and limit is not None and \
+                batch_size_bound(routed.key, routed.value, routed.headers) > limit:
+            problem = limits.size_problem(routed.topic, batch_size(routed.key, routed.value,
+                                                                   routed.headers))
+        if not problem and routed.timestamp_ms is not None:
             problem = limits.problem(routed.topic, routed.timestamp_ms,
                                      int(self._clock() * 1000))
         if problem:
