@@ -169,13 +169,17 @@ def test_a_letter_the_destination_refuses_is_dead_lettered_again_and_the_replay_
         assert sorted(h["dlq.event.id"].decode() for h in again) == sorted(
             [ids[1], ids[4], ids[7]])
         assert {h["dlq.stage"] for h in again} == {b"produce"}
-        assert all(b"MSG_SIZE_TOO_LARGE" in h["dlq.error.message"] for h in again), again
+        # Dead-lettered before producing, against the topic's limit (QA 53-b F2)
+        assert all(b"over the topic's max.message.bytes (20000)" in h["dlq.error.message"]
+                   for h in again), again
 
         second = _replay(fixed, "--yes")
         # The first letters are superseded by the refusals' letters, which are refused again
-        # as before: no fourth letter of them (QA 36-c F8).
-        assert second["planned"] == {"deliver": 3, "superseded": 3, "already_delivered": 6}
-        assert second["committed"] == {"still_failing": 3}, second
+        # as before: no fourth letter of them (QA 36-c F8); the plan knows it now, from the
+        # topic's max.message.bytes (QA 53-b F2), where it planned `deliver` before.
+        assert second["planned"] == {"still_failing": 3, "superseded": 3,
+                                     "already_delivered": 6}
+        assert second["committed"] == {}, second  # nothing left to write
         assert len(pipe.read_all(pipe.dlq_topic, settle_s=0)) == 12
         events = pipe.read_all(pipe.events_topic, settle_s=1)
     assert len(events) == 6 and len({r.key() for r in events}) == 6, "each once"

@@ -316,7 +316,10 @@ def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_flows(
     headers = dict(letters[0].headers())
     assert headers["dlq.stage"] == b"produce"
     assert headers["dlq.event.id"].decode() == big
-    assert b"MSG_SIZE_TOO_LARGE" in headers["dlq.error.message"]
+    # QA 53-b F2: dead-lettered before it is produced (the broker's refusal, MSG_SIZE_TOO_LARGE,
+    # stays the fallback of a compressing producer: unit tests on the fake cluster)
+    assert b"(MESSAGE_TOO_LARGE): it is " in headers["dlq.error.message"]
+    assert b"over the topic's max.message.bytes (200000)" in headers["dlq.error.message"]
 
 
 def test_a_dead_letter_too_big_for_kafka_keeps_its_reason_without_the_value(
