@@ -16,6 +16,7 @@ from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.postgres import column_hint, dsn_problem, one_line
 
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
+DSN_HINT = "check --dsn (env CDC_ROUTER_PG_DSN)"  # where a command's Postgres comes from
 
 dsn_option = click.option(
     "--dsn", envvar="CDC_ROUTER_PG_DSN", default=DEFAULT_DSN, cls=EnvOption,
@@ -29,8 +30,7 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
         connection = psycopg.connect(dsn, connect_timeout=10)
     except psycopg.Error as error:
-        raise DatabaseError(f"Postgres at {where}: {one_line(error)}; check --dsn (env "
-                            "CDC_ROUTER_PG_DSN)") from error
+        raise DatabaseError(f"Postgres at {where}: {one_line(error)}; {DSN_HINT}") from error
     try:
         with connection as conn:
             yield conn

@@ -19,16 +19,17 @@ import click
 from cdc_router.cli._durations import parse_duration
 from cdc_router.cli._output import emit, output_option
 from cdc_router.cli._plan import confirm
-from cdc_router.cli._postgres import dsn_option
-from cdc_router.consumer.dedup.postgres import DEFAULT_TABLE, PostgresDedupStore, run_purge_loop
+from cdc_router.cli._postgres import DSN_HINT, dsn_option
+from cdc_router.consumer.dedup.postgres import (
+    CONNECTION_FAILURES,
+    DEFAULT_TABLE,
+    PostgresDedupStore,
+    run_purge_loop,
+)
 from cdc_router.errors import ConfigError, DedupStoreError, DedupStoreRefused
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")
-
-
-# The store's words for a connection it could not open (consumer/dedup/postgres.py).
-_CONNECTING = ("cannot connect to the dedup database", "Postgres refuses the dedup store's")
 
 
 @contextmanager
@@ -38,9 +39,9 @@ def _naming_the_dsn() -> Iterator[None]:
     try:
         yield
     except (DedupStoreError, DedupStoreRefused) as error:
-        if not str(error).startswith(_CONNECTING):
+        if not str(error).startswith(CONNECTION_FAILURES):
             raise
-        raise type(error)(f"{error}; check --dsn (env CDC_ROUTER_PG_DSN)") from error
+        raise type(error)(f"{error}; {DSN_HINT}") from error
 
 
 @click.group(name="dedup")

@@ -108,7 +108,7 @@ def check(config_path: Path, events: tuple[Path, ...], partitions: int,
     # The destinations' timestamp and retention limits too, as the router checks them (QA,
     # session 30: an explained record the router then dead-lettered at stage produce).
     limits = clients.timestamp_limits(clients.topic_describe(config) if cluster
-                                      else declared_configs(config))
+                                      else declared_configs(config), config)
     partitions_for = _on_cluster(config) if cluster else declared_partitions(config, partitions)
     step = RecordStep(compiled, partitions_for, missing=missing_topic if cluster else
                       _not_declared, timestamp_limits=limits)

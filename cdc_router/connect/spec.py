@@ -105,10 +105,10 @@ def parse_spec(text: str, env: Mapping[str, str], *, source: str) -> ConnectorSp
                           field="config.name", value=config["name"])
     if not config.get("connector.class"):
         raise ConfigError("is required", source=source, field="config.connector.class")
-    for entry in quoted_tables(config):  # before any call to Connect, which accepts it
+    if quoted := quoted_tables(config):  # before any call to Connect, which accepts it
         raise ConfigError(f"an entry {QUOTED_TABLE}", source=source,
-                          field="config.table.include.list", value=entry,
-                          hint=quoted_table_fix(entry))
+                          field="config.table.include.list", value=quoted[0],
+                          hint=quoted_table_fix(quoted[0]))
     return ConnectorSpec(name, with_snapshot_order(config), source)
 
 

@@ -87,9 +87,7 @@ def guarded(handler: Handler[Context]) -> Handler[Context]:
     def call(event: ConsumedEvent, context: Context) -> None:
         try:
             run_effect(functools.partial(handler, event), context)
-        except STOPS_PROCESS:
-            raise
-        except Exception:
+        except (*STOPS_PROCESS, Exception):
             raise
         except BaseException as error:
             raise HandlerAborted(f"the handler raised {type(error).__name__} (a BaseException, "

@@ -46,8 +46,7 @@ def wanted(spec: StreamSpec) -> dict[str, Any]:
             "discard": "old"}
 
 
-_FIXED = ("storage", "num_replicas")  # left as they are on a live stream; why, per key:
-_LEFT_AS_IS = {
+_LEFT_AS_IS = {  # left as they are on a live stream; why, per key
     "storage": " (JetStream cannot change it on a live stream)",
     # Review 53-c F9: a clustered JetStream (2.9+) does change it; one server has no peers.
     "num_replicas": ": `streams apply` does not change a live stream's replicas; `nats stream "
@@ -74,12 +73,12 @@ def plan_streams(specs: Sequence[StreamSpec],
             plans.append(StreamPlan(spec.name, "create", {k: (None, v) for k, v in want.items()}))
             continue
         changes = {key: (have.get(key), value) for key, value in want.items()
-                   if key not in _FIXED
+                   if key not in _LEFT_AS_IS
                    and _comparable(key, have.get(key)) != _comparable(key, value)}
         warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is"
                          + _LEFT_AS_IS[key].format(name=spec.name, value=value)
                          for key, value in want.items()
-                         if key in _FIXED and have.get(key) != value)
+                         if key in _LEFT_AS_IS and have.get(key) != value)
         size = have.get("max_msg_size")
         if isinstance(size, int) and size >= 0:
             warnings += (f"max_msg_size is {size} (set outside the config): a bigger event "

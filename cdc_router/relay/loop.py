@@ -114,7 +114,7 @@ class OutboxRelay:
         self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
-                                timestamp_limits=clients.timestamp_limits(self._describe))
+                                timestamp_limits=clients.timestamp_limits(self._describe, config))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.

@@ -38,6 +38,7 @@ from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.timestamps import (
     DESCRIBE_TIMEOUT_S,
     DescribeFactory,
+    SmallTopics,
     TopicLimitsCache,
     admin_describe,
 )
@@ -235,9 +236,11 @@ def topic_describe(config: RouterConfig,
     return describe_factory(logged_config(config))
 
 
-def timestamp_limits(describe: Describe) -> TopicLimitsCache:
-    """The destination topics' timestamp and retention limits (router/timestamps.py)."""
-    return TopicLimitsCache(describe)
+def timestamp_limits(describe: Describe, config: RouterConfig) -> TopicLimitsCache:
+    """The destination topics' timestamp, retention and size limits (router/timestamps.py),
+    warning once of a topic whose size limit is below the producer's batch.size."""
+    return TopicLimitsCache(describe, on_read=SmallTopics(config.kafka.config,
+                                                          config.kafka.producer))
 
 
 def destinations(config: RouterConfig, producer: LatchingProducer,

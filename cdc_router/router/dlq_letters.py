@@ -25,6 +25,7 @@ already drops Debezium's replays of that id (a decode letter's replays decode no
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections import Counter
@@ -128,10 +129,15 @@ class Selection:
     since_ms: int | None = None
     include_expired: bool = False  # letters older than the dedup window too (plan_replay)
 
+    @functools.cached_property
+    def _id_keys(self) -> frozenset[str]:
+        """The ids as _id_key reads them, once a selection, not once a letter."""
+        return frozenset(_id_key(event_id) for event_id in self.ids)
+
     def selects(self, letter: Letter) -> bool:
         return ((not self.stages or letter.stage in self.stages)
                 and (not self.ids or (letter.event_id is not None and _id_key(
-                    letter.event_id) in {_id_key(event_id) for event_id in self.ids}))
+                    letter.event_id) in self._id_keys))
                 and (self.since_ms is None or letter.timestamp_ms >= self.since_ms))
 
 

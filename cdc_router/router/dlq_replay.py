@@ -189,7 +189,7 @@ class DeadLetterReplay:
         self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=self._filter.seen,
-                                timestamp_limits=clients.timestamp_limits(self._describe))
+                                timestamp_limits=clients.timestamp_limits(self._describe, config))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.

@@ -90,7 +90,7 @@ class OutboxRouter:
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None
                                 else lambda event_id: False,
-                                timestamp_limits=clients.timestamp_limits(self._describe))
+                                timestamp_limits=clients.timestamp_limits(self._describe, config))
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
         self._writer = BatchWriter(config, self._step, poison=self._poison,
                                    destinations=self._destinations, replay=self._replay,

@@ -41,7 +41,7 @@ from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
 from cdc_router.router.missing_columns import MissingColumns
 from cdc_router.router.routing import OutboundRecord, Router
-from cdc_router.router.timestamps import SmallTopics, TopicLimits, compresses
+from cdc_router.router.timestamps import TopicLimits, compresses
 from cdc_router.router.values import quick_init
 from cdc_router.serde.registry import RegistryError
 
@@ -223,7 +223,6 @@ class RecordStep:
         self._limits = timestamp_limits
         # A compressed batch may fit where the record does not: only the broker can tell.
         self._sized = not compresses(config.kafka.config, config.kafka.producer)
-        self._small_topics = SmallTopics(config.kafka.config, config.kafka.producer)
         self._clock = clock
 
     def preflight(self) -> None:
@@ -343,7 +342,6 @@ class RecordStep:
         limits = self._limits(routed.topic) if self._limits and not routed.nats else None
         if limits is None:
             return Routed(routed, event)
-        self._small_topics(routed.topic, limits)
         problem = None
         limit = limits.max_message_bytes
         if self._sized and limit is not None and \

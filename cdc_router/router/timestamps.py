@@ -200,12 +200,15 @@ def limits_from_config(entries: Mapping[str, str]) -> TopicLimits | None:
 
 
 class TopicLimitsCache:
-    """limits(topic): the topic's TopicLimits or None; cached, bounded, refreshed."""
+    """limits(topic): the topic's TopicLimits or None; cached, bounded, refreshed; `on_read`
+    sees each topic's limits once a read (SmallTopics: not on every record's path)."""
 
     def __init__(self, describe: Describe, *,
                  max_topics: int = MAX_TOPICS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_read: Callable[[str, TopicLimits], None] | None = None) -> None:
         self._describe = describe
+        self._on_read = on_read
         self._max_topics = max_topics
         self._clock = clock
         self._topics: OrderedDict[str, tuple[TopicLimits | None, float]] = OrderedDict()
@@ -222,6 +225,8 @@ class TopicLimitsCache:
             config_unreadable(topic, error, "its timestamp and size limits; the broker's own "
                               "refusal still isolates a bad record")
             limits = None
+        if limits is not None and self._on_read is not None:
+            self._on_read(topic, limits)
         self._topics[topic] = (limits, now)
         self._topics.move_to_end(topic)
         while len(self._topics) > self._max_topics:
@@ -231,7 +236,7 @@ class TopicLimitsCache:
 
 def admin_describe(admin_config: Mapping[str, Any]) -> Describe:
     """describe(topic, timeout_s): the topic's configuration, by an AdminClient made on first
-    use (a router whose records never carry their own timestamp never makes it)."""
+    use (by the first destination topic's limits)."""
     admin = AdminConnection(admin_config)
 
     def describe(topic: str, timeout_s: float) -> dict[str, str]:

@@ -90,6 +90,11 @@ def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupK
 # every claim (reread 52-l F5).
 _MAX_LOCK_TIMEOUT_S = 2_147_483.647
 
+# How the store's errors for a connection it could not open begin (the CLI adds its option).
+CONNECTION_FAILURES = ("cannot connect to the dedup database",
+                       "Postgres refuses the dedup store's connection")
+
+
 class PostgresDedupStore:
     """Dedup rows in Postgres, committed atomically with the effect's writes (psycopg 3).
 
@@ -144,12 +149,12 @@ class PostgresDedupStore:
             except psycopg.Error as error:
                 if refused_for_good(error):  # review 51-d F6: retried for ever as an outage
                     raise DedupStoreRefused(
-                        f"Postgres refuses the dedup store's connection: {one_line(error)}; "
+                        f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
                         "check the DSN's user, password and database, that the role may "
                         "log in (LOGIN) and CONNECT to the database, and that pg_hba.conf "
                         "lets this host in") from error
                 raise DedupStoreError(
-                    f"cannot connect to the dedup database: {one_line(error)}") from error
+                    f"{CONNECTION_FAILURES[0]}: {one_line(error)}") from error
             self._local.conn = conn
             with self._lock:
                 self._opened = [*(c for c in self._opened if not c.closed), conn]
