@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
-from cdc_router.config.load import ENV_PREFIX, load_config
+from cdc_router.config.load import load_config, variable_of
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import (
@@ -214,7 +214,8 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                                found[0] if found else ("config", name, None))
     field = f"kafka.{section}" + (f".{key}" if key else "")
     # Review 53-c F4: the value may be the environment's, not the file's.
-    variable = next((name for name in (_variable_of(field), _variable_of(f"kafka.{section}"))
+    path = ("kafka", section, key) if key else ("kafka", section)
+    variable = next((name for name in (variable_of(path), variable_of(path[:2]))
                      if name in (env or {})), None)
     if variable is not None:
         source = f"{source} via environment variable {variable}" if source else \
@@ -227,13 +228,6 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                        + "see librdkafka's CONFIGURATION.md for the names and values"
                        + (", and check the key password of ssl.key.location"
                           if "ssl.key.location" in config.kafka.config else ""))
-
-
-def _variable_of(field: str) -> str:
-    """The CDC_ROUTER__ variable that overrides `field` (kafka.config.linger.ms ->
-    CDC_ROUTER__KAFKA__CONFIG__LINGER_MS), as config/load.py reads it."""
-    return ENV_PREFIX + "__".join(part.upper().replace(".", "_")
-                                  for part in field.split(".", 2))
 
 
 def _takes(key: str, value: str) -> bool:

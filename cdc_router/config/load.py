@@ -151,6 +151,13 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
     return applied
 
 
+def variable_of(path: Sequence[str | int]) -> str:
+    """The CDC_ROUTER__ variable that overrides the field at `path`, as _apply_env reads it:
+    ('kafka', 'config', 'linger.ms') -> CDC_ROUTER__KAFKA__CONFIG__LINGER_MS (a property's dots
+    are underscores)."""
+    return ENV_PREFIX + "__".join(str(segment).upper().replace(".", "_") for segment in path)
+
+
 def _path_hint(node: Any, part: str | int, above: Sequence[str | int]) -> str:
     """What to write instead, for a variable's path segment `part` that `node` (at `above`)
     cannot take (review 31-2: a number under a section was told the section holds a value)."""
@@ -158,8 +165,8 @@ def _path_hint(node: Any, part: str | int, above: Sequence[str | int]) -> str:
     if isinstance(node, list) and isinstance(part, int):
         return "a list item must exist in the file to be overridden"
     if isinstance(node, list):
-        variable = ENV_PREFIX + "__".join(str(segment).upper() for segment in above)
-        return f"{parent} is a list: name an item by its index, e.g. {variable}__0__..."
+        return (f"{parent} is a list: name an item by its index, e.g. "
+                f"{variable_of(above)}__0__...")
     if isinstance(node, dict):
         return f"{parent or 'the file'} is a section: name one of its keys, not a number"
     return f"{parent or 'the file'} holds a value, not keys"
