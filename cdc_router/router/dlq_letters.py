@@ -222,6 +222,7 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
     """
     before = set(delivered)
     planned = []
+    dropped: set[tuple[int, int]] = set()  # ours, not_replayable for a value left out
     for letter in letters:
         newer = (superseded or {}).get((letter.partition, letter.offset))
         if newer is not None:
@@ -242,6 +243,7 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         if letter.value_dropped:
             planned.append(Planned(letter, "not_replayable", note=_dropped_note(
                 letter, relay=letter.source_topic == relay_table)))
+            dropped.add((letter.partition, letter.offset))
             continue
         if letter.event_id in before:
             # Delivered since, by an earlier replay or the router (a Debezium replay or snapshot
@@ -262,7 +264,7 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         planned.append(_planned(letter, result, before))
         if isinstance(result, Routed):
             seen.add_pending(result.record.event_id, 0)
-    return _delivered_by_another(planned, ours)
+    return _delivered_by_another(planned, dropped)
 
 
 def _dropped_note(letter: Letter, *, relay: bool) -> str:
@@ -281,20 +283,19 @@ def _dropped_note(letter: Letter, *, relay: bool) -> str:
             "replay), deleting the old row")
 
 
-def _delivered_by_another(planned: list[Planned], ours: OursTest) -> list[Planned]:
-    """`planned` with each failing letter of ours (still_failing, dead_letter, or
-    not_replayable for a value left out) of an id another letter delivers in this replay
-    `superseded` by that one: not dead-lettered again, and no longer counted as undelivered
-    once the replay commits (undelivered() counts letters by id)."""
+def _delivered_by_another(planned: list[Planned],
+                          dropped: Collection[tuple[int, int]]) -> list[Planned]:
+    """`planned` with each failing letter of ours (still_failing, dead_letter, or one of
+    `dropped`, plan_replay's not_replayable for a value left out) of an id another letter
+    delivers in this replay `superseded` by that one: not dead-lettered again, and no longer
+    counted as undelivered once the replay commits (undelivered() counts letters by id)."""
     delivering = {item.letter.event_id: item.letter for item in planned
                   if item.action == "deliver" and item.letter.event_id}
     return [replace(item, action="superseded", result=None, note=(
         f"its id is delivered by its letter {by.partition}@{by.offset} in this replay"))
         if (by := delivering.get(item.letter.event_id or "")) is not None and (
             item.action in ("still_failing", "dead_letter") or
-            (item.action == "not_replayable" and item.letter.value_dropped and
-             item.letter.from_router and
-             ours(item.letter.source_topic, item.letter.source_group)))
+            (item.letter.partition, item.letter.offset) in dropped)
         else item for item in planned]
 
 
