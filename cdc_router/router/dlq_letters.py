@@ -264,7 +264,7 @@ def plan_replay(letters: Sequence[Letter], step: Step, seen: ReplayFilter,
         planned.append(_planned(letter, result, before))
         if isinstance(result, Routed):
             seen.add_pending(result.record.event_id, 0)
-    return _delivered_by_another(planned, dropped)
+    return _one_letter_again(_delivered_by_another(planned, dropped))
 
 
 def _dropped_note(letter: Letter, *, relay: bool) -> str:
@@ -297,6 +297,21 @@ def _delivered_by_another(planned: list[Planned],
             item.action in ("still_failing", "dead_letter") or
             (item.letter.partition, item.letter.offset) in dropped)
         else item for item in planned]
+
+
+def _one_letter_again(planned: list[Planned]) -> list[Planned]:
+    """`planned` with at most one letter of an id dead-lettered again: of an id's letters that
+    fail in this replay (dead_letter, still_failing), the newest (by time, then in the order
+    given) stays as planned, and every other one planned dead_letter is `superseded` by it
+    (review 54: each letter of an id that failed for a new reason wrote a new letter)."""
+    failing = sorted((item.letter.timestamp_ms, index) for index, item in enumerate(planned)
+                     if item.letter.event_id and item.action in ("dead_letter", "still_failing"))
+    newest = {planned[index].letter.event_id: index for _, index in failing}  # the last wins
+    return [replace(item, action="superseded", result=None, note=(
+        f"its id's newer letter {by.partition}@{by.offset} fails too in this replay: an id is "
+        "dead-lettered again once at most, for its newest letter"))
+        if item.action == "dead_letter" and (at := newest.get(item.letter.event_id, index)) !=
+        index and (by := planned[at].letter) else item for index, item in enumerate(planned)]
 
 
 def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:

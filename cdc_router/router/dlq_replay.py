@@ -245,7 +245,8 @@ class DeadLetterReplay:
                               expired_before_ms=None if selection.include_expired else horizon_ms)
         self._read, self._delivered = letters, set(delivered)
         self._settled = {*superseded, *((item.letter.partition, item.letter.offset)
-                                        for item in planned if item.action == "skip")}
+                                        for item in planned
+                                        if item.action in ("skip", "superseded"))}
         if not self._dry_run:
             self._previous = self._committed(ends)
         return ReplayPlan(planned, len(letters), ends)

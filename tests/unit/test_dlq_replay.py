@@ -297,6 +297,32 @@ def test_a_fixed_letter_behind_a_still_failing_one_of_its_id_is_delivered_and_co
     assert replayer(cluster).plan(Selection()).counts() == {"already_delivered": 2}
 
 
+def test_one_replay_dead_letters_an_id_again_once_for_its_newest_failing_letter() -> None:
+    # Review 54: e-0 was dead-lettered twice at decode (its row republished in between); both
+    # rows now fail at route, a new reason for each: one replay wrote a new letter for each.
+    cluster = FakeCluster(partitions={RAW: 1, CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    for offset in range(2):
+        letter = dead_letter(topic=RAW, partition=0, offset=offset, key=None, value=raw_event(
+            "e-0", aggregate_type="Unrouted", aggregate_id=f"a-{offset}"), original_headers=[],
+            stage="decode", error=DecodeError(f"bad row {offset}"), event_id="e-0", group="g")
+        cluster.publish(DLQ, [Stored(DLQ, 0, letter.key, letter.value, list(letter.headers),
+                                     None)])
+    replay = replayer(cluster)
+    plan = replay.plan(Selection())
+    assert [item.action for item in plan.planned] == ["superseded", "dead_letter"]
+    assert plan.planned[0].note.startswith("its id's newer letter 0@1 fails too")
+    assert replay.apply(plan).committed == {"dead_letter": 1}
+    [*_, again] = cluster.committed(DLQ)
+    assert len(cluster.committed(DLQ)) == 3 and (REPLAY_OF, b"%s[0]@1" % DLQ.encode()) in \
+        again.headers
+    assert undelivered_noted(cluster) == 0  # e-0's one undelivered letter is the new one
+    # The next replay writes none: the new letter fails as it did, the first is left to it.
+    replay = replayer(cluster)
+    plan = replay.plan(Selection())
+    assert plan.counts() == {"superseded": 2, "still_failing": 1}
+    assert replay.apply(plan).committed == {} and len(cluster.committed(DLQ)) == 3
+
+
 def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:
     cluster = cluster_with_letters("Customer", "Customer")
     replay = replayer(cluster)
