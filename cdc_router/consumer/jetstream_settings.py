@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_matches, subject_problem
+from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
-from cdc_router.consumer.settings import Check, as_names, check_all, filled
+from cdc_router.consumer.settings import as_names, filled
 from cdc_router.errors import ConfigError, printable
 
 # auto: the `event_id_header` header when the message has one (the router always writes it,

@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 from confluent_kafka import KafkaException
 
 from cdc_router.config.topic_names import TopicGuard
+from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.errors import refused_config
@@ -40,9 +41,6 @@ _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
 # stderr (review 51-d F2: a refused login, 5 lines a second); consumer_config may set its own.
 _LOGGED: dict[str, Any] = {"logger": librdkafka_logger()}
 
-# (passes, field, what it must be, its value)
-Check = tuple[bool, str, str, object]
-
 # librdkafka's bound on the messages of one consume() call (it raises ValueError above it).
 MAX_BATCH_SIZE = 1_000_000
 
@@ -72,13 +70,6 @@ def _consumer_of(topics: tuple[str, ...], name: str, source: str) -> str | None:
         return TopicGuard(sources=topics, own={}).source_of(name)
     except ValueError as error:
         raise ConfigError(str(error), source=source, field="topics", value=topics) from None
-
-
-def check_all(source: str, checks: list[Check]) -> None:
-    """Raise a ConfigError naming `source` and the field of the first failed check."""
-    for ok, name, message, value in checks:
-        if not ok:
-            raise ConfigError(message, source=source, field=name, value=value)
 
 
 @dataclass(frozen=True)

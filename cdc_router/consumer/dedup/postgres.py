@@ -38,6 +38,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from cdc_router.consumer.checks import check_all
 from cdc_router.consumer.dedup.store import (
     DedupKey,
     DedupStoreError,
@@ -48,7 +49,6 @@ from cdc_router.consumer.dedup.store import (
     run_effect,
 )
 from cdc_router.consumer.retry import finite_number, whole_number
-from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
     delete_in_chunks,
     one_line,
@@ -109,7 +109,7 @@ class PostgresDedupStore:
     def __init__(self, conninfo: str, *, table: str = DEFAULT_TABLE,
                  connect_timeout_s: int = 10, lock_timeout_s: float = 5.0) -> None:
         # Review 52-c F-med-5: "5" and NaN were raw TypeError / ValueError tracebacks.
-        for ok, field, message, value in (
+        check_all("PostgresDedupStore", [
                 (isinstance(conninfo, str), "conninfo",
                  "must be a libpq connection string or URL", type(conninfo).__name__),
                 (isinstance(table, str), "table", "must be a table name, schema.table", table),
@@ -118,10 +118,7 @@ class PostgresDedupStore:
                 (finite_number(lock_timeout_s) and 0 <= lock_timeout_s <= _MAX_LOCK_TIMEOUT_S,
                  "lock_timeout_s", "must be a finite number of seconds, at least 0 (0: wait for "
                  f"ever) and at most {_MAX_LOCK_TIMEOUT_S:g} (Postgres's lock_timeout limit)",
-                 lock_timeout_s)):
-            if not ok:
-                raise ConfigError(message, source="PostgresDedupStore", field=field,
-                                  value=value)
+                 lock_timeout_s)])
         self._conninfo = conninfo
         # Only the dedup row's INSERT waits at most this long (0: for ever); the effect's own
         # statements keep the session's lock_timeout.

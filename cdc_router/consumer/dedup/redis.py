@@ -50,6 +50,7 @@ from contextlib import contextmanager
 
 import redis
 
+from cdc_router.consumer.checks import check_all
 from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome, run_effect
 from cdc_router.consumer.retry import whole_number
 from cdc_router.errors import ConfigError
@@ -104,7 +105,7 @@ class RedisDedupStore:
                  key_prefix: str = "cdc-router:dedup:") -> None:
         # Review 52-c F-med-5: "60000" was a TypeError traceback, and a NaN lease or a 1.5 ms
         # TTL was accepted and then refused by Redis on every record: a partition stalled.
-        for ok, field, message, value in (
+        check_all("RedisDedupStore", [
                 (callable(getattr(client, "register_script", None)), "client",
                  "must be a redis-py client, e.g. redis.Redis.from_url(url)",
                  type(client).__name__),  # the type: a URL string may hold a password
@@ -114,9 +115,7 @@ class RedisDedupStore:
                 (whole_number(ttl_ms) and ttl_ms <= _MAX_MS, "ttl_ms",
                  f"must be a whole number of ms, at least 1 and at most {_MAX_MS} (10 years)",
                  ttl_ms),
-                (isinstance(key_prefix, str), "key_prefix", "must be a string", key_prefix)):
-            if not ok:
-                raise ConfigError(message, source="RedisDedupStore", field=field, value=value)
+                (isinstance(key_prefix, str), "key_prefix", "must be a string", key_prefix)])
         if ttl_ms < lease_ms:
             raise ConfigError("must be at least lease_ms", source="RedisDedupStore",
                               field="ttl_ms", value=ttl_ms,
