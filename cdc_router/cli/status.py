@@ -38,9 +38,20 @@ DEFAULT_SERVE_INTERVAL_S = 30.0
 
 
 class _StatusCommand(UsageExitCommand):
-    """Bad arguments exit EXIT_UNKNOWN, not click's 2, which is `status`'s critical."""
+    """Bad arguments exit EXIT_UNKNOWN, not click's 2, which is `status`'s critical; with
+    `-o json` a refused argument is also a document: an empty variable always (click reads
+    the variables after the command line), a bad option when it comes after `-o json`."""
 
     usage_exit_code = EXIT_UNKNOWN
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            # Review 54: `CDC_ROUTER_BOOTSTRAP_SERVERS= status -o json` printed no document.
+            if ctx.params.get("output") == "json":
+                _unknown("arguments", error.format_message())
+            raise
 
 
 class _CheckImpossible(CdcRouterError):
@@ -82,10 +93,14 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
                 watch_s, port, output)
     except _CheckImpossible as error:
         if output == "json":  # review 53-c F19: a script read no document at all
-            click.echo(json.dumps({"status": "unknown", "exit_code": EXIT_UNKNOWN, "problems": [
-                {"level": "critical", "component": error.component, "message": str(error)}]},
-                indent=2))
+            _unknown(error.component, str(error))
         raise
+
+
+def _unknown(component: str, message: str) -> None:
+    """The document of a status that could not be checked, for `-o json`."""
+    click.echo(json.dumps({"status": "unknown", "exit_code": EXIT_UNKNOWN, "problems": [
+        {"level": "critical", "component": component, "message": message}]}, indent=2))
 
 
 def _status(config_path: Path, connector: str | None, dsn: str | None, connect_url: str,

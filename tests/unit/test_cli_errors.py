@@ -688,6 +688,29 @@ def test_json_output_of_a_bad_config_is_a_document_on_stdout_besides_the_error(
          "message": "--dsn: its port 'abc' is not an integer"}], argued.output
 
 
+def test_json_output_of_status_with_an_empty_address_variable_is_a_document_too(
+        tmp_path: Path) -> None:
+    # Review 54: the variable's refusal came before status's own error path: no document.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG, "utf-8")
+    said = "CDC_ROUTER_BOOTSTRAP_SERVERS is set but empty: give a value, or unset it for the " \
+           "default"
+    for args in (["-o", "json", "-c", str(config)], ["-c", str(config), "--output=json"]):
+        status = CliRunner().invoke(main, ["status", *args],
+                                    env={"CDC_ROUTER_BOOTSTRAP_SERVERS": ""})
+        assert status.exit_code == 3 and said in status.stderr, status.output
+        assert json.loads(status.stdout) == {"status": "unknown", "exit_code": 3, "problems": [
+            {"level": "critical", "component": "arguments",
+             "message": f"Invalid value for '--bootstrap-servers': {said}"}]}, status.output
+    text = CliRunner().invoke(main, ["status", "-c", str(config)],
+                              env={"CDC_ROUTER_CONNECT_URL": " "})
+    assert text.exit_code == 3 and text.stdout == "" and \
+        "CDC_ROUTER_CONNECT_URL is set but blank" in text.stderr
+    helped = CliRunner().invoke(main, ["status", "-o", "json", "--help"],
+                                env={"CDC_ROUTER_BOOTSTRAP_SERVERS": ""})
+    assert helped.exit_code == 0 and helped.stdout.startswith("Usage:"), helped.output
+
+
 def test_a_refused_client_property_names_the_variable_that_set_it(tmp_path: Path) -> None:
     # Review 53-c F4: `CDC_ROUTER__KAFKA__CONFIG__LINGER_MS=abc` gave "field
     # 'kafka.config.linger.ms': librdkafka refused ..." naming neither the file nor the variable.
