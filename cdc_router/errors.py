@@ -287,18 +287,6 @@ class BatchFailed(Exception):
         self.refused = refused or {}
 
 
-def init_failure(failure: BatchFailed) -> DeliveryError:
-    """The error that ends a start whose init_transactions failed: with Kafka's retriable error
-    (no answer through its retries: an outage, or an address nothing listens on) it exits
-    EXIT_RESTART for the supervisor to start it again, as a registry that does not answer
-    does (QA 44-a: exit 1, which says configuration); any other refusal exits 1."""
-    error = failure.kafka_error
-    unreachable = DeliveryError(str(failure), kafka_error=error)
-    if error is None or error.retriable():
-        unreachable.exit_code = EXIT_RESTART
-    return unreachable
-
-
 class RecordRefused(Exception):
     """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
 

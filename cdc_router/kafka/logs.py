@@ -77,10 +77,11 @@ def with_kafka_refusal(line: str) -> str:
     failed when librdkafka said so in the last REFUSAL_FRESH_S; other lines as they are
     (review 32-3: a Postgres error line was blamed on TLS)."""
     lowered = line.lower()
-    if not _REFUSALS or "kafka" not in lowered or "authentic" in lowered or \
-            "handshake" in lowered or time.monotonic() - _REFUSALS[0][0] > REFUSAL_FRESH_S:
+    refusal = _fresh_refusal()
+    if refusal is None or "kafka" not in lowered or "authentic" in lowered or \
+            "handshake" in lowered or refusal[1] in line:
         return line
-    _, kind, said = _REFUSALS[0]
+    kind, said = refusal
     if kind == _CREDENTIALS:
         return (f"{line} (Kafka refused this process's credentials: {said}; check "
                 "kafka.sasl_username, its password and kafka.sasl_mechanism)")
@@ -90,6 +91,30 @@ def with_kafka_refusal(line: str) -> str:
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
             "its certificate, and kafka.security_protocol against the listener)")
+
+
+def refused_login() -> str | None:
+    """What Kafka refused of this process's login (its credentials, its SASL mechanism) and
+    what to check, when librdkafka said so in the last REFUSAL_FRESH_S; else None (a TLS
+    handshake's failure too): for a start whose init_transactions only timed out
+    (kafka/start.py init_failure; review 54: a wrong password was "is the cluster reachable?")."""
+    refusal = _fresh_refusal()
+    if refusal is None or refusal[0] == _TLS:
+        return None
+    kind, said = refusal
+    if kind == _MECHANISM:
+        return (f"Kafka does not enable this process's SASL mechanism: {said}; set "
+                "kafka.sasl_mechanism to one the broker lists; a restart does not mend it")
+    return (f"Kafka refused this process's credentials: {said}; check kafka.sasl_username and "
+            "its password (kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), "
+            "kafka.sasl_mechanism and kafka.security_protocol against the broker's listener; "
+            "a restart does not mend it")
+
+
+def _fresh_refusal() -> tuple[str, str] | None:
+    if not _REFUSALS or time.monotonic() - _REFUSALS[0][0] > REFUSAL_FRESH_S:
+        return None
+    return _REFUSALS[0][1], _REFUSALS[0][2]
 
 
 # The cluster this process's clients were built for (clients.logged_config notes it): the CLI's

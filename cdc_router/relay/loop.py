@@ -37,11 +37,11 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     LockLost,
-    init_failure,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import TopicReader
+from cdc_router.kafka.start import init_failure
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.letters import letter_value
@@ -187,7 +187,7 @@ class OutboxRelay:
         try:
             self._txn.init()  # fences the previous relay of this table, aborts its batch
         except BatchFailed as failure:
-            raise init_failure(failure) from failure
+            raise init_failure(failure, self._producer) from failure
         require_own_topics(self._config, self._destinations.partitions, self._describe,
                            read_refused=self._destinations.read_refused, relay=True)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)

@@ -42,7 +42,6 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     ProducerLost,
-    init_failure,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.commit_stamp import undelivered_before
@@ -50,6 +49,7 @@ from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.kafka.start import init_failure
 from cdc_router.relay.letters import letter_event
 from cdc_router.router import clients
 from cdc_router.router.dlq_letters import (
@@ -226,7 +226,7 @@ class DeadLetterReplay:
             try:
                 txn.init()
             except BatchFailed as failure:
-                raise init_failure(failure) from failure
+                raise init_failure(failure, self._producer) from failure
             self._max_bytes = clients.dead_letter_limit(self._config, self._describe)
         marks = list(self._changelog.catch_up(timeout_s=READ_TIMEOUT_S))
         letters, ends = self._read_letters()

@@ -20,12 +20,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
-from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced, init_failure
+from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import next_records, rewind_to_committed
 from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.kafka.start import init_failure
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
 from cdc_router.router.assignment import restore_assigned
@@ -130,7 +131,7 @@ class OutboxRouter:
             try:
                 txn.init()
             except BatchFailed as failure:
-                raise init_failure(failure) from failure
+                raise init_failure(failure, self._producer) from failure
             require_own_topics(self._config, self._destinations.partitions, self._describe,
                                read_refused=self._destinations.read_refused)
             self._writer.dead_letter_max_bytes = clients.dead_letter_limit(self._config,

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc_router.errors import EXIT_RESTART, BatchFailed, init_failure
+from cdc_router.errors import EXIT_RESTART, BatchFailed
+from cdc_router.kafka import logs
 from cdc_router.kafka.errors import ErrorAction, classify, kafka_error_of
+from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.start import init_failure
+
+UNBUILT = LatchingProducer({})  # no client built: nothing to serve
 
 
 def test_fatal_wins_over_everything():
@@ -41,8 +46,32 @@ def test_a_start_whose_cluster_does_not_answer_exits_for_a_restart() -> None:
     # configuration; an outage is EXIT_RESTART, for the supervisor to start it again.
     unanswered = BatchFailed("step 'init' still fails after its one try",
                              KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
-    assert init_failure(unanswered).exit_code == EXIT_RESTART
-    assert init_failure(BatchFailed("no answer")).exit_code == EXIT_RESTART
+    assert init_failure(unanswered, UNBUILT).exit_code == EXIT_RESTART
+    assert init_failure(BatchFailed("no answer"), UNBUILT).exit_code == EXIT_RESTART
     refused = BatchFailed("step 'init': refused", KafkaError(KafkaError.INVALID_CONFIG))
-    assert init_failure(refused).exit_code == 1
-    assert "still fails after its one try" in str(init_failure(unanswered))
+    assert init_failure(refused, UNBUILT).exit_code == 1
+    assert "still fails after its one try" in str(init_failure(unanswered, UNBUILT))
+
+
+def test_a_start_that_times_out_after_kafka_refused_the_login_is_a_credentials_error() -> None:
+    # Review 54: a wrong SASL password exited 75, "is the cluster ... reachable?": a supervisor
+    # restarted it for ever; a refused login is the operator's to fix, exit 1.
+    unanswered = BatchFailed("step 'init' still fails after its one try",
+                             KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+    logs.librdkafka_logger().error("SASL authentication error: Authentication failed: Invalid "
+                                   "username or password (after 1ms in state AUTH_REQ)")
+    failed = init_failure(unanswered, UNBUILT)
+    assert failed.exit_code == 1 and str(failed) == (
+        "Kafka refused this process's credentials: SASL authentication error: Authentication "
+        "failed: Invalid username or password (after 1ms in state AUTH_REQ); check "
+        "kafka.sasl_username and its password (kafka.sasl_password, or "
+        "CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism and kafka.security_protocol "
+        "against the broker's listener; a restart does not mend it")
+    logs.librdkafka_logger().error("SASL SCRAM-SHA-256 mechanism handshake failed: Broker: "
+                                   "Unsupported SASL mechanism: broker's supported mechanisms: "
+                                   "PLAIN")
+    failed = init_failure(unanswered, UNBUILT)
+    assert failed.exit_code == 1 and "Kafka does not enable this process's SASL mechanism: " \
+        "SASL SCRAM-SHA-256 mechanism" in str(failed)
+    logs.librdkafka_logger().error("SSL handshake failed: certificate verify failed")
+    assert init_failure(unanswered, UNBUILT).exit_code == EXIT_RESTART  # TLS: as before

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -129,3 +132,23 @@ def test_a_consumer_config_with_an_oauth_cb_is_left_without_our_error_cb() -> No
     given = {"sasl.mechanism": "OAUTHBEARER", "oauth_cb": token}
     assert noting_errors(given, []) == given
     assert "error_cb" in noting_errors({"sasl.mechanism": "PLAIN"}, [])
+
+
+def test_run_with_credentials_kafka_refuses_exits_1_naming_them_not_75() -> None:
+    # Review 54: `run` with a wrong SASL password exited 75 (a supervisor restarted it for
+    # ever) with "is the cluster at ... reachable?" leading its line.
+    with refusing_broker() as address:
+        env = {**os.environ, **SASL, "CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": address,
+               "CDC_ROUTER__DELIVERY__TRANSACTION_TIMEOUT_MS": "3000",  # init's wait
+               "PYTHONPATH": str(EXAMPLE.parents[2])}
+        ran = subprocess.run([sys.executable, "-m", "cdc_router", "run", "-c", str(EXAMPLE),
+                              "--metrics-port", "0"], env=env, capture_output=True, text=True,
+                             timeout=120, check=False)
+    [line] = [line for line in ran.stderr.splitlines() if line.startswith("error: ")]
+    assert ran.returncode == 1, ran.stderr
+    assert line.startswith("error: Kafka refused this process's credentials: ") and \
+        f"SASL authentication error: {REFUSAL}" in line and "reachable" not in line, line
+    assert line.endswith("check kafka.sasl_username and its password (kafka.sasl_password, or "
+                         "CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism and "
+                         "kafka.security_protocol against the broker's listener; a restart "
+                         "does not mend it"), line

@@ -1,0 +1,31 @@
+"""What ends a start whose init_transactions failed: the router's, the relay's, `dlq replay`'s."""
+
+from __future__ import annotations
+
+from cdc_router.errors import EXIT_RESTART, BatchFailed, CdcRouterError, ConfigError, DeliveryError
+from cdc_router.kafka.errors import LOGIN_REFUSED
+from cdc_router.kafka.logs import refused_login
+from cdc_router.kafka.producer import LatchingProducer
+
+
+def init_failure(failure: BatchFailed, producer: LatchingProducer) -> CdcRouterError:
+    """The error that ends a start whose init_transactions failed: with Kafka's retriable error
+    (no answer through its retries: an outage, or an address nothing listens on) it exits
+    EXIT_RESTART for the supervisor to start it again, as a registry that does not answer
+    does (QA 44-a: exit 1, which says configuration); any other refusal exits 1.
+
+    A login Kafka refused (its credentials, its SASL mechanism) is a ConfigError naming what to
+    check, exit 1, as the other commands' refusals: the call itself only times out, and
+    librdkafka's log said why, which `producer` serves first (kafka/logs.py refused_login;
+    review 54: a wrong SASL password exited 75 with "is the cluster ... reachable?").
+    """
+    producer.serve()  # its log lines reach Python only when served
+    error = failure.kafka_error
+    refused = refused_login()
+    if refused is not None and (error is None or error.retriable() or
+                                error.code() in LOGIN_REFUSED):
+        return ConfigError(refused)
+    unreachable = DeliveryError(str(failure), kafka_error=error)
+    if error is None or error.retriable():
+        unreachable.exit_code = EXIT_RESTART
+    return unreachable
