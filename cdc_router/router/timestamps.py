@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -145,13 +145,22 @@ def _margin(limit_ms: int) -> int:
     return min(MARGIN_MS, limit_ms // 10)
 
 
+def producer_setting(configs: Sequence[Mapping[str, Any]], names: tuple[str, ...],
+                     default: Any) -> Any:
+    """What a producer of these librdkafka settings (a later mapping wins) has for the
+    property `names` spells (its name, then its aliases: the first a mapping sets), else
+    `default`."""
+    value = default
+    for config in configs:
+        value = next((config[name] for name in names if name in config), value)
+    return value
+
+
 def compresses(*configs: Mapping[str, Any]) -> bool:
     """Whether a producer of these librdkafka settings (a later mapping wins) compresses its
     batches: compression.type, or its alias compression.codec, other than none."""
-    codec: Any = "none"
-    for config in configs:
-        codec = config.get("compression.type", config.get("compression.codec", codec))
-    return str(codec) != "none"
+    return str(producer_setting(configs, ("compression.type", "compression.codec"),
+                                "none")) != "none"
 
 
 class SmallTopics:
@@ -165,9 +174,7 @@ class SmallTopics:
     17 to 37 records refused, batch after batch, while a backlog was read)."""
 
     def __init__(self, *configs: Mapping[str, Any]) -> None:
-        self._batch_bytes = DEFAULT_BATCH_BYTES
-        for config in configs:
-            self._batch_bytes = int(config.get("batch.size", self._batch_bytes))
+        self._batch_bytes = int(producer_setting(configs, ("batch.size",), DEFAULT_BATCH_BYTES))
         self._warned: set[str] = set()
 
     def __call__(self, topic: str, limits: TopicLimits) -> None:
