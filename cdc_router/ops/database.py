@@ -66,10 +66,28 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                 _guarded(lambda: publication_state(conn, publication, signal_table, outbox),
                          PublicationState)
                 if publication is not None else PublicationState(),
-                _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState))
+                _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState,
+                         lambda error: _outbox_hint(error, outbox)))
 
 
-def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
+def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema) -> str:
+    """What to set when the outbox or one of its columns is not there: Postgres answered, the
+    config names what the table does not have (QA 54-a F-1: status said UNREACHABLE)."""
+    if isinstance(error, psycopg.errors.UndefinedTable):
+        return (f" (renamed?): name the outbox with status.outbox_table, or fix the connector's "
+                f"table.include.list or cleanup.table, which name {outbox.table}")
+    if not isinstance(error, psycopg.errors.UndefinedColumn):
+        return ""
+    text = str(error)
+    fields = [name for name, column in outbox.columns.model_dump().items()
+              if column is not None and f'"{column}"' in text]
+    where = f"source.outbox.{fields[0]}" if fields else "the source.outbox column names"
+    return (f" in {outbox.table} (renamed?): set {where} to the column's name (headers and "
+            "created_at may be null for a table without them)")
+
+
+def _guarded(read: Callable[[], T], kind: Callable[..., T],
+             hint: Callable[[psycopg.Error], str] = lambda _: "") -> T:
     try:
         return read()
     except psycopg.errors.LockNotAvailable as error:
@@ -80,7 +98,7 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T]) -> T:
         return kind(error=f"Postgres: {one_line(error)} (a query of this check took over "
                           f"{STATEMENT_TIMEOUT_MS // 1000} s)")
     except psycopg.Error as error:
-        return kind(error=f"Postgres: {one_line(error)}")
+        return kind(error=f"Postgres: {one_line(error)}{hint(error)}")
 
 
 def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:

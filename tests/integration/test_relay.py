@@ -677,5 +677,5 @@ def test_status_of_a_relay_only_config_checks_the_relays_table_not_a_connector(
     assert f"outbox public.{setup.table}: 1 rows, oldest -," in result.stdout, result.stdout
     assert "connector: none (a relay-only config" in result.stdout
     assert f"router group {setup.name}: no raw topic" in result.stdout
-    assert "critical" not in result.stdout and "UNREACHABLE" not in result.stdout
+    assert "critical" not in result.stdout and "NOT CHECKED" not in result.stdout
     assert "publication" not in result.stdout

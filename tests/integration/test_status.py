@@ -4,6 +4,7 @@ paused connector makes it exit non-zero with the reason on one line."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -203,7 +204,7 @@ def test_a_connector_connect_does_not_have_is_named_with_those_it_has(
                            "Connect has no connector of that name (it has: "), line
     assert ours in line.split("(it has: ")[1].split(")")[0].split(", "), line
     assert "publication: not checked (connector nosuch is not deployed" in done.stdout
-    assert "publication: UNREACHABLE" not in done.stdout, done.stdout
+    assert "publication: NOT CHECKED" not in done.stdout, done.stdout
     unchecked = [line for line in critical if "cannot check it" in line]
     assert not [line for line in unchecked if "publication" in line], done.stdout
 
@@ -406,3 +407,29 @@ def test_a_member_waiting_on_a_transaction_holding_the_group_s_offsets_is_said_s
         "offsets`), so a restarted one stays stuck; one that lasts longer than "
         "delivery.transaction_timeout_ms was left hanging by Kafka: find and abort it "
         "(README, Operations: every start of the router exits 75)"), said
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("CDC_ROUTER__SOURCE__OUTBOX__CREATED_AT", "occurred_at",
+     'column "occurred_at" does not exist in public.{table} (renamed?): set '
+     "source.outbox.created_at to the column's name"),
+    ("CDC_ROUTER__STATUS__OUTBOX_TABLE", "public.renamed_away",
+     'relation "public.renamed_away" does not exist (renamed?): name the outbox with '
+     "status.outbox_table"),
+])
+def test_a_column_or_table_the_config_names_and_postgres_lacks_is_named_not_unreachable(
+        routed: Pipeline, variable: str, value: str, expected: str) -> None:
+    # QA 54-a F-1: after `ALTER TABLE outbox RENAME COLUMN created_at TO ...` status said
+    # "outbox: UNREACHABLE: Postgres: column ... does not exist", naming no setting to change.
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(routed.config_path),
+         "--connector", routed.name.replace("_", "-"), "--connect-url", routed.stack.connect_url,
+         "--dsn", routed.stack.postgres_dsn,
+         "--bootstrap-servers", routed.stack.bootstrap_servers],
+        capture_output=True, text=True, cwd=REPO, check=False, timeout=120,
+        env={**os.environ, variable: value})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "UNREACHABLE" not in done.stdout
+    outbox = [line for line in done.stdout.splitlines() if line.startswith("outbox")]
+    assert len(outbox) == 1 and "NOT CHECKED: Postgres: " in outbox[0], done.stdout
+    assert expected.format(table=routed.table) in outbox[0], outbox

@@ -172,7 +172,7 @@ def test_a_connector_connect_does_not_have_is_named_with_those_it_has(
         in text.splitlines()
     assert "publication: not checked (connector nosuch is not deployed, and its config names " \
            "the publication)" in text.splitlines()
-    assert "UNREACHABLE" not in text
+    assert "NOT CHECKED" not in text
     document = json.loads(json.dumps(as_json(report, judge(report, SETTINGS))))
     assert document["connector"]["deployed"] == (None if deployed is None else list(deployed))
     assert document["publication"]["error"] is None
