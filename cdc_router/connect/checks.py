@@ -11,7 +11,12 @@ import re
 from collections.abc import Mapping
 
 from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
-from cdc_router.connect.spec import included_tables, plain_table
+from cdc_router.connect.spec import (
+    UNORDERED_SNAPSHOT,
+    included_tables,
+    plain_table,
+    unordered_snapshot,
+)
 
 # Kafka's EnvVarConfigProvider placeholder, ${env:NAME} (or ${env:path:NAME}), resolved by
 # the Connect worker when it reads the connector's config.
@@ -98,6 +103,8 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
                         "which the router cannot tell from text (a numeric aggregate id or "
                         "key column goes out as that base64); if cdc-router reads this "
                         "connector's topic, set decimal.handling.mode=string")
+    if unordered_snapshot(config):  # QA 54-a F-2
+        problems.append(UNORDERED_SNAPSHOT)
     return problems
 
 

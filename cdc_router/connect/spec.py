@@ -165,8 +165,9 @@ def plain_table(table: str) -> bool:
 
 
 def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
-    """A PostgreSQL connector of one plain lower-case table, without a snapshot statement of
-    its own, gets one that reads the table in the order its rows were written.
+    """A PostgreSQL connector of plain lower-case tables, without a snapshot statement of its
+    own, gets one a table that reads it in the order its rows were written (QA 54-a F-2: a
+    second table in the include list dropped the outbox's, without a word).
 
     Debezium's snapshot is `SELECT * FROM <table>`: the heap's order, which in an outbox the
     cleanup deletes from is not insert order, so one aggregate's backlog reached the raw topic
@@ -175,15 +176,29 @@ def with_snapshot_order(config: dict[str, str]) -> dict[str, str]:
     the order Debezium's streaming would have given them, for any outbox's column names.
     """
     tables = included_tables(config, unescaped=True)
-    if config.get("connector.class") not in _POSTGRES_NAMES or len(tables) != 1 or \
-            not plain_table(tables[0]) or \
-            any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config):
+    if not unordered_snapshot(config) or not all(plain_table(name) for name in tables):
         return config
-    schema, table = tables[0].split(".")
-    quoted = f'"{schema}"."{table}"'
-    return {**config, _SNAPSHOT_OVERRIDES: tables[0],
-            f"{_SNAPSHOT_OVERRIDES}.{tables[0]}":
-                f"SELECT * FROM {quoted} ORDER BY {INSERT_ORDER}"}
+    ordered = {f"{_SNAPSHOT_OVERRIDES}.{name}": "SELECT * FROM {} ORDER BY {}".format(
+        ".".join(f'"{part}"' for part in name.split(".")), INSERT_ORDER) for name in tables}
+    return {**config, _SNAPSHOT_OVERRIDES: ",".join(tables), **ordered}
+
+
+# Said by `connectors apply` and `diff` of a connector with_snapshot_order could not order.
+UNORDERED_SNAPSHOT = (
+    "its snapshot reads the tables in physical order, not the order their rows were written "
+    "(one aggregate's backlog out of order): table.include.list has an entry that is not a "
+    "plain lower-case schema.table, so no ordered statement is added; write "
+    "snapshot.select.statement.overrides yourself (connectors/README.md, Snapshot order)")
+
+
+def unordered_snapshot(config: Mapping[str, str]) -> bool:
+    """A PostgreSQL connector with tables to snapshot and no snapshot statement of its own:
+    Debezium would read them in heap order. with_snapshot_order orders plain tables; for
+    other entries (mixed case, regex) only a statement the user writes can: see
+    UNORDERED_SNAPSHOT."""
+    return config.get("connector.class") in _POSTGRES_NAMES and \
+        bool(included_tables(config, unescaped=True)) and \
+        not any(key.startswith(_SNAPSHOT_OVERRIDES) for key in config)
 
 
 def _config_value(value: Any, source: str, key: str) -> str:

@@ -27,6 +27,8 @@ from cdc_router.connect import (
     plain_secrets,
     plan,
 )
+from cdc_router.connect.checks import reading_problems
+from cdc_router.connect.spec import UNORDERED_SNAPSHOT
 from cdc_router.errors import ConfigError, ConnectError
 
 URL = "http://connect.test:8083"
@@ -415,11 +417,24 @@ def test_an_alias_of_the_class_and_an_escaped_dot_get_the_ordered_snapshot_too(
     assert "ORDER BY age(xmin)" in config["snapshot.select.statement.overrides.public.outbox"]
 
 
-@pytest.mark.parametrize("tables", ["public.a,public.b", "public.out.*", "Sales.OutBox"])
-def test_no_snapshot_statement_for_several_tables_a_regex_or_a_mixed_case_name(
+def test_several_plain_tables_each_get_the_ordered_snapshot() -> None:
+    # QA 54-a F-2: a second table in the include list dropped the outbox's ordered statement,
+    # and `connectors apply` planned its removal without a word.
+    config = load_spec(CONNECTOR_FILE, {"OUTBOX_TABLE": "public.outbox,billing.outbox"}).config
+    assert config["snapshot.select.statement.overrides"] == "public.outbox,billing.outbox"
+    assert config["snapshot.select.statement.overrides.billing.outbox"] == (
+        'SELECT * FROM "billing"."outbox" ORDER BY age(xmin) DESC, cmin::text::bigint, ctid')
+    assert "ORDER BY age(xmin)" in config["snapshot.select.statement.overrides.public.outbox"]
+    assert not [problem for problem in reading_problems(config) if "snapshot" in problem]
+
+
+@pytest.mark.parametrize("tables", ["public.out.*", "Sales.OutBox", "public.a,Sales.OutBox"])
+def test_no_snapshot_statement_for_a_regex_or_a_mixed_case_name_and_apply_warns(
         tables: str) -> None:
     config = load_spec(CONNECTOR_FILE, {"OUTBOX_TABLE": tables}).config
     assert not any(key.startswith("snapshot.select") for key in config)
+    assert [problem for problem in reading_problems(config) if "snapshot" in problem] == [
+        UNORDERED_SNAPSHOT]
 
 
 def test_a_snapshot_statement_of_the_users_own_is_kept() -> None:
