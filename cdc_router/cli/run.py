@@ -147,13 +147,23 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
                       metrics_port: int, what: str, config: RouterConfig,
                       source: str | None = None) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
-    commit and return. `source` is the config file, for the errors that name it."""
+    commit and return; SIGHUP is logged and ignored. `source` is the config file, for the
+    errors that name it."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
 
+    def refuse_reload(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger(f"cdc_router.{what}").warning(
+            "event=sighup_ignored detail=%r", "the config and rules are read at start: this "
+            "signal reloads nothing and the process goes on; stop it (SIGTERM) and start it "
+            "again to apply a change")
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    # QA 54-a F-3: SIGHUP (`systemctl reload`, a closed terminal) ended the process at once,
+    # mid-batch, with no line; a reload a user expects but does not get must be said.
+    signal.signal(signal.SIGHUP, refuse_reload)
     if metrics_port:
         # In use: a second instance on the host.
         serve_on("--metrics-port", metrics_port,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -721,6 +722,13 @@ def test_raw_records_deleted_before_the_group_read_them_are_reported_with_the_ru
         pipe.start_router(wait=True)
         pipe.insert(_orders(3, 1), per_transaction=1)
         pipe.read(pipe.orders_topic, 3)
+        # QA 54-a F-3: SIGHUP (a reload, a closed terminal) ended the router at once, mid-batch
+        # and unsaid; it is logged and ignored, and the SIGTERM after it still stops it cleanly.
+        os.kill(pipe.routers["a"].pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "event=sighup_ignored" not in pipe.router_log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "event=sighup_ignored" in pipe.router_log()
         assert pipe.kill_router(sig=signal.SIGTERM) == 0
         later = pipe.insert(_orders(4, 1), per_transaction=1)
         admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
