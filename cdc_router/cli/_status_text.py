@@ -8,8 +8,9 @@ from typing import Any
 
 from cdc_router.cli._output import age_text as _age
 from cdc_router.cli._output import table
+from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import Report
-from cdc_router.ops.verdict import EXIT_CODES, Problem, deployed_text, size, verdict
+from cdc_router.ops.verdict import EXIT_CODES, deployed_text, size, verdict
 
 
 def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:

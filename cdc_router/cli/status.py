@@ -28,8 +28,9 @@ from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.isolated import IsolatedChecks
 from cdc_router.ops.offsets import client_config_problem
 from cdc_router.ops.probe import Endpoints, check
+from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import Report
-from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, Problem, judge, verdict
+from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, judge, verdict
 from cdc_router.postgres import dsn_problem
 from cdc_router.router import clients
 

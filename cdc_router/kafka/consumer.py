@@ -186,15 +186,15 @@ def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:
             consumer.seek(TopicPartition(committed.topic, committed.partition, offset))
 
 
-def partition_lags(consumer: Consumer) -> dict[tuple[str, int], int]:
-    """Records behind the high watermark per assigned partition, from the last fetch's
-    watermarks (no network call); partitions with no position yet are left out."""
-    lags = {}
+def partition_marks(consumer: Consumer) -> dict[tuple[str, int], tuple[int, int]]:
+    """(position, high watermark) per assigned partition, from the last fetch's watermarks
+    (no network call); partitions with no position yet are left out."""
+    marks = {}
     for position in consumer.position(consumer.assignment()):
         _, high = consumer.get_watermark_offsets(position, cached=True)
         if position.offset >= 0 and high >= 0:
-            lags[(position.topic, position.partition)] = max(0, high - position.offset)
-    return lags
+            marks[(position.topic, position.partition)] = (position.offset, high)
+    return marks
 
 
 def next_records(consumer: Consumer, batch: int, wait_s: float,

@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import SECTIONS, Report
-from cdc_router.ops.verdict import EXIT_CODES, Problem, verdict
+from cdc_router.ops.verdict import EXIT_CODES, verdict
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")

@@ -84,17 +84,18 @@ class _Window:
 
 
 def scan(kafka: Mapping[str, str], topic: str, windows: Mapping[int, tuple[int, int]],
-         timeout_s: float = 30.0,
-         keep: Callable[[Message], bool] | None = None) -> dict[int, Scanned]:
+         timeout_s: float = 30.0, keep: Callable[[Message], bool] | None = None,
+         committed_only: bool = True) -> dict[int, Scanned]:
     """partition → the committed records at offsets [start, stop) of `windows`; with `keep`,
-    only those it accepts (the others are only counted).
+    only those it accepts (the others are only counted); without `committed_only`, the records
+    of open transactions too (read_uncommitted).
 
     A window not read to its end within `timeout_s` is marked incomplete.
     """
     todo = {p: _Window(start, stop) for p, (start, stop) in windows.items() if stop > start}
     if not todo:
         return {p: Scanned() for p in windows}
-    consumer = Consumer(_scan_config(kafka))
+    consumer = Consumer(_scan_config(kafka, committed_only))
     try:
         consumer.assign([TopicPartition(topic, p, w.start) for p, w in todo.items()])
         deadline = time.monotonic() + timeout_s
@@ -130,11 +131,11 @@ def _done(consumer: Consumer, topic: str, todo: Mapping[int, _Window]) -> bool:
     return all(position.offset >= todo[position.partition].stop for position in positions)
 
 
-def _scan_config(kafka: Mapping[str, str]) -> dict[str, Any]:
+def _scan_config(kafka: Mapping[str, str], committed_only: bool = True) -> dict[str, Any]:
     return {**kafka,
             # Needed by librdkafka, never joined: partitions are assigned, nothing committed.
-            "group.id": f"cdc-router-status-{uuid.uuid4()}",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "group.id": f"cdc-router-status-{uuid.uuid4()}", "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
             "allow.auto.create.topics": False, "enable.partition.eof": False}
 
 

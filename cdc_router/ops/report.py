@@ -109,6 +109,12 @@ class PartitionLag:
     lag_exact: bool = True
     last_commit_age_s: float | None = None  # from the router's offset commit metadata
     oldest_pending_age_s: float | None = None  # the first uncommitted record's timestamp
+    # The log end, open transactions included (read_uncommitted); `end` is the last stable
+    # offset. None: not asked, or the ask failed.
+    high_watermark: int | None = None
+    # Behind `end` < high_watermark: the age of the open transaction's first record (QA 54-b
+    # F-1: a transaction left open held the partition for minutes; the lag said 0).
+    open_transaction_age_s: float | None = None
 
 
 @dataclass(frozen=True)

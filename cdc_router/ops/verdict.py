@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Literal
 
 from psycopg import sql
 
-from cdc_router.config.status import Level, StatusSettings
+from cdc_router.config.status import StatusSettings
 from cdc_router.connect.spec import QUOTED_TABLE, quoted_table_fix
 from cdc_router.ops.database import quoted_table
+from cdc_router.ops.problem import Problem, reached
 from cdc_router.ops.report import (
     SECTIONS,
     ConnectorState,
     PublicationState,
     Report,
-    RouterState,
     Slot,
     WalState,
 )
+from cdc_router.ops.verdict_router import router_problems
 from cdc_router.outbox.existing import publication_fix
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
@@ -34,16 +34,6 @@ EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 EXIT_UNKNOWN = 3
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 _NAMES_SHOWN = 10  # of the connectors Connect has, when the one asked for is not among them
-
-
-@dataclass(frozen=True)
-class Problem:
-    level: Level
-    component: str  # a key of the report: wal, connector, router, ...
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.component}: {self.message}"
 
 
 def verdict(problems: list[Problem]) -> Literal["ok", "warning", "critical"]:
@@ -58,7 +48,7 @@ def judge(report: Report, settings: StatusSettings,
     found = [*_unreachable(report), *_wal(report.wal, settings), *_publication(report),
              *_reader(report),
              *_outbox(report, settings), *_connector(report.connector, report.wal),
-             *_router(report.router, settings), *_dead_letters(report, settings, previous)]
+             *router_problems(report.router, settings), *_dead_letters(report, settings, previous)]
     return sorted(found, key=lambda problem: problem.level != "critical")
 
 
@@ -83,16 +73,6 @@ def size(count: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
-
-
-def _over(value: float, critical: float | None,
-          warning: float | None) -> tuple[Level, float] | None:
-    """The level whose threshold `value` reaches, critical first; None below both."""
-    levels: tuple[tuple[Level, float | None], ...] = (("critical", critical), ("warning", warning))
-    for level, threshold in levels:
-        if threshold is not None and value >= threshold:
-            return level, threshold
-    return None
 
 
 def _wal(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
@@ -126,14 +106,14 @@ def _slot(slot: Slot, limit: int | None, settings: StatusSettings) -> Iterator[P
         return
     if limit is not None and limit >= 0:
         percent = 100.0 * retained / limit if limit else 100.0
-        over = _over(percent, settings.wal_critical_percent, settings.wal_warning_percent)
+        over = reached(percent, settings.wal_critical_percent, settings.wal_warning_percent)
         if over is not None:
             yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL, "
                           f"{percent:.0f}% of max_slot_wal_keep_size ({size(limit)}; "
                           f"{over[0]} at {over[1]:g}%): the slot is invalidated at 100%; "
                           "make the connector catch up (is it running? is the heartbeat on?)")
         return
-    over = _over(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
+    over = reached(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
     if over is not None:
         yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL ({over[0]} at "
                       f"{size(over[1])}) and max_slot_wal_keep_size is -1, so it can fill the "
@@ -292,82 +272,6 @@ def deployed_text(connector: ConnectorState) -> str:
     return f" (it has: {', '.join(names[:_NAMES_SHOWN])}{more})"
 
 
-def _router(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:
-    if router.error is not None or router.lag is None:
-        return
-    group = f"router group {router.group}"
-    if router.lag > 0 and not router.members and router.offsets_in_transaction:
-        # QA 52-b L2: every start exited 75 on a transaction Kafka left hanging, and this
-        # line said to start the router.
-        yield Problem(settings.no_router, "router", f"{group} has no running instance, "
-                      f"{router.lag} records wait on the raw topic, and a transaction holds "
-                      "the group's committed offsets of "
-                      f"{', '.join(router.offsets_in_transaction)} open: a router's start "
-                      "waits for it (exit 75, `could not read the group's committed "
-                      "offsets`); one that lasts longer than delivery.transaction_timeout_ms "
-                      "was left hanging by Kafka: find and abort it (README, Operations: "
-                      "every start of the router exits 75)")
-    elif router.lag > 0 and not router.members:
-        yield Problem(settings.no_router, "router", f"{group} has no running instance and "
-                      f"{router.lag} records wait on the raw topic; start `cdc-router run`")
-    assigned = {name for member in router.members for name in member.partitions}
-    unread = [f"{p.topic}[{p.partition}]" for p in router.partitions
-              if p.lag > 0 and f"{p.topic}[{p.partition}]" not in assigned]
-    if router.members and router.group_state == "stable" and unread:
-        # QA 44-a: a static member restarted with a topic more kept its old assignment; the
-        # group's last commit was recent, so the stall check said nothing.
-        yield Problem(settings.no_router, "router", f"{group} has instances, but none is "
-                      f"assigned {', '.join(unread)}, where records wait: stop every "
-                      "instance for longer than the group's session timeout (kafka.consumer "
-                      "session.timeout.ms, 10 s), then start them: the group assigns every "
-                      "partition anew")
-    over = _over(router.lag, settings.lag_critical, settings.lag_warning)
-    if over is not None:
-        yield Problem(over[0], "router", f"{group} lags {router.lag} records behind the raw "
-                      f"topic ({over[0]} at {over[1]:g}); check its /metrics "
-                      "(cdc_router_consecutive_aborts), or add instances (up to the raw "
-                      "topic's partitions)")
-    # Stalled, partition by partition: records wait there and nothing was committed there
-    # for a while (the age of its oldest waiting record stands in when it never was). Review
-    # 47-b F4: judged on the group's newest commit, one frozen instance's partition went
-    # unsaid while another instance committed.
-    stalls = []
-    # With no instance at all, "no running instance" says it (review 47-b L1: no log to read
-    # for batch_aborted); an unassigned one of a stable group, "none is assigned". While the
-    # group rebalances, its assignments are not known: every partition is judged (review
-    # 47-f: the group-wide line said a stall there, the per-partition one skipped them all).
-    said = set(unread) if router.group_state == "stable" else set()
-    for p in router.partitions if router.members else ():
-        ages = [a for a in (p.last_commit_age_s, p.oldest_pending_age_s) if a is not None]
-        if p.lag > 0 and ages and f"{p.topic}[{p.partition}]" not in said:
-            stalls.append((min(ages), p))
-    if not stalls:
-        return
-    stalled, _ = max(stalls, key=lambda stall: stall[0])
-    over = _over(stalled, settings.stalled_critical_s, settings.stalled_warning_s)
-    if over is None:
-        return
-    names = [f"{p.topic}[{p.partition}]" for age, p in stalls if age >= over[1]]
-    held = [name for name in names if name in router.offsets_in_transaction]
-    said_stall = f"{group} has not committed {', '.join(names)} for {stalled:.0f}s while " \
-        f"{router.lag} records wait ({over[0]} at {over[1]:g}s)"
-    if held:
-        # Review 52-j F6: under a supervisor the restarted router is a member while its start
-        # waits for the transaction, so the no-instance line above never said it. Only beside
-        # a stall: a running batch holds its offsets open too.
-        yield Problem(over[0], "router", f"{said_stall}, and a transaction holds the group's "
-                      f"committed offsets of {', '.join(held)} open: an instance's start "
-                      "waits for it (exit 75, `could not read the group's committed "
-                      "offsets`), so a restarted one stays stuck; one that lasts longer than "
-                      "delivery.transaction_timeout_ms was left hanging by Kafka: find and "
-                      "abort it (README, Operations: every start of the router exits 75)"
-                      + ("" if len(held) == len(names) else "; for the others, read the "
-                         "instances' logs for event=batch_aborted"))
-        return
-    yield Problem(over[0], "router", f"{said_stall}: the instance holding it is stuck or "
-                  "down, or none holds it; read the instances' logs for event=batch_aborted")
-
-
 def _dead_letters(report: Report, settings: StatusSettings,
                   previous: Report | None) -> Iterator[Problem]:
     letters = report.dead_letters
@@ -384,7 +288,7 @@ def _dead_letters(report: Report, settings: StatusSettings,
     what = "dead letters" if letters.undelivered is None else "dead letters not delivered"
     held = "" if pending == letters.count else f" ({letters.count} on the topic, " \
         f"{letters.count - pending} delivered by `dlq replay` since)"
-    over = _over(pending, settings.dead_letters_critical, settings.dead_letters_warning)
+    over = reached(pending, settings.dead_letters_critical, settings.dead_letters_warning)
     if over is not None:
         yield Problem(over[0], "dead_letters", f"{pending} {what}{ours} on {letters.topic}"
                       f"{held} ({over[0]} at {over[1]:g}){why}; {todo}")

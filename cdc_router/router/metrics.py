@@ -16,8 +16,9 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from cdc_router.kafka.consumer import partition_lags
+from cdc_router.kafka.consumer import partition_marks
 from cdc_router.kafka.watchdog import blocked_calls
+from cdc_router.router.held import HeldPartitions
 
 if TYPE_CHECKING:
     from cdc_router.router.values import Committed
@@ -69,6 +70,7 @@ class RouterMetrics:
         blocked.set_function(blocked_calls)
         self._lag_labels: set[tuple[str, str]] = set()
         self._lag_observed = float("-inf")
+        self.held = HeldPartitions()
         self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "
                                       "row's created_at to the commit of its record",
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
@@ -94,11 +96,14 @@ class RouterMetrics:
 
     def observe_lag(self, consumer: Any, now: float) -> None:
         """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
-        call), at most every LAG_INTERVAL_S."""
+        call), and the partitions held behind them (router/held.py), at most every
+        LAG_INTERVAL_S."""
         if now - self._lag_observed < LAG_INTERVAL_S:
             return
         self._lag_observed = now
-        self.lag(partition_lags(consumer))
+        marks = partition_marks(consumer)
+        self.lag({key: max(0, high - position) for key, (position, high) in marks.items()})
+        self.held.observe(marks, now)
 
     def lag(self, lags: Mapping[tuple[str, int], int]) -> None:
         """Set the consumer lag of the assigned partitions; partitions gone lose their series."""

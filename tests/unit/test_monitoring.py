@@ -79,6 +79,25 @@ def test_a_stall_is_judged_partition_by_partition_at_the_status_thresholds():
         assert "{{ $labels.partition }}" in rule["annotations"]["summary"]
 
 
+def test_the_router_s_own_lag_alerts_at_the_stall_thresholds():
+    # QA 54-b F-1: a transaction open on a raw partition held 19,250 records for 3 minutes;
+    # the group's lag (to the last stable offset) said 0 and no rule read the router's own
+    # consumer lag (to the high watermark).
+    rules = _rules("CdcRouterConsumerStuck")
+    assert set(rules) == {"warning", "critical"}
+    for level, rule in rules.items():
+        limit = int(getattr(DEFAULTS, f"stalled_{level}_s"))
+        assert " ".join(rule["expr"].split()) == (
+            "cdc_router_consumer_lag > 0 and on (job, instance) "
+            f"cdc_router_last_commit_age_seconds >= {limit}")
+        assert _minutes(rule["for"]) >= 1  # a transaction in flight holds records a moment
+        assert "{{ $labels.partition }}" in rule["annotations"]["summary"]
+    assert "a raw partition held by an open transaction" in \
+        rules["critical"]["annotations"]["summary"]
+    assert "### Runbook: a raw partition held by an open transaction" in \
+        (REPO / "README.md").read_text()
+
+
 def test_slot_wal_alerts_have_the_status_levels_and_thresholds():
     # Review 52-d F4: only the 50 % warning, and with max_slot_wal_keep_size -1 the ratio is
     # negative, so no size of WAL alerted.

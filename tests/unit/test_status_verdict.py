@@ -325,6 +325,36 @@ def test_a_stalled_partition_whose_offset_a_transaction_holds_open_says_so() -> 
     assert lines(replace(healthy(), router=busy)) == []
 
 
+def test_a_raw_partition_an_open_transaction_holds_is_said_with_its_gap_and_runbook() -> None:
+    # QA 54-b F-1: a transaction left open on the raw topic held the partition for 3 minutes
+    # (19,250 records behind it); the lag, measured to the last stable offset, said 0, and
+    # status said ok (exit 0).
+    held = PartitionLag("outbox.public.outbox", 0, 56019, 56020, 0, True, 95.7, None,
+                        high_watermark=64000, open_transaction_age_s=96.0)
+    report = replace(healthy(), router=replace(healthy().router, last_commit_age_s=95.7,
+                                               partitions=(held,)))
+    assert lines(report) == [
+        "warning: router: a transaction open for 96s holds raw partition "
+        "outbox.public.outbox[0] at its last stable offset 56020, 7980 offsets behind it up to "
+        "the high watermark 64000: router group cdc-router reads nothing past it (not "
+        "committed for 96s; warning at 60s); one that outlasts its producer's "
+        "transaction.timeout.ms was left hanging by Kafka: find and abort it (README runbook "
+        "'a raw partition held by an open transaction': `kafka-transactions.sh "
+        "describe-producers --topic outbox.public.outbox --partition 0`, then `abort --topic "
+        "outbox.public.outbox --partition 0 --start-offset 56020`)"]
+    assert EXIT_CODES[verdict(judge(report, SETTINGS))] == 1
+    late = replace(held, last_commit_age_s=400.0, open_transaction_age_s=420.0)
+    assert [p.level for p in judge(replace(report, router=replace(
+        report.router, partitions=(late,))), SETTINGS)] == ["critical"]
+    # A transaction in flight: young, or the group committed a moment ago (an idle partition's
+    # first transaction), is no problem; nor is a partition whose ends agree.
+    for fine in (replace(held, open_transaction_age_s=2.0),
+                 replace(held, last_commit_age_s=1.0),
+                 replace(held, high_watermark=56020, open_transaction_age_s=None),
+                 replace(held, high_watermark=None, open_transaction_age_s=None)):
+        assert lines(replace(report, router=replace(report.router, partitions=(fine,)))) == []
+
+
 def test_one_stalled_partition_is_said_while_another_commits() -> None:
     # Review 47-b F4: one instance frozen (SIGSTOP) with its partition, another committing:
     # the group's newest commit was 0 s old, and status said ok for ever.
@@ -495,7 +525,7 @@ def test_json_has_stable_keys_and_text_names_every_part() -> None:
         "flush_lag_bytes"]
     assert list(document["router"]["partitions"][0]) == [
         "topic", "partition", "committed", "end", "lag", "lag_exact", "last_commit_age_s",
-        "oldest_pending_age_s"]
+        "oldest_pending_age_s", "high_watermark", "open_transaction_age_s"]
     text = as_text(healthy(), [])
     for expected in ("outbox_slot  yes     reserved", "publication outbox_pub (insert): "
                      "public.outbox", "outbox public.outbox: 3 rows",

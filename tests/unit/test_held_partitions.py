@@ -1,0 +1,68 @@
+"""router/held.py: a raw partition read no further while records wait behind its high
+watermark is logged once per stall, from the consumer lag's periodic update."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from cdc_router.router.held import HELD_WARNING_S
+from cdc_router.router.metrics import RouterMetrics
+
+
+class _Consumer:
+    """One assigned raw partition at `position`, its last fetch's high watermark `high`."""
+
+    def __init__(self, position: int, high: int) -> None:
+        self.position_at, self.high = position, high
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("raw", 0)]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition("raw", 0, self.position_at)]
+
+    def get_watermark_offsets(self, partition: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached  # no network call on the loop
+        return 0, self.high
+
+
+def _held(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "event=raw_partition_" in r.getMessage()]
+
+
+def test_a_partition_held_behind_its_high_watermark_is_logged_once_per_stall(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 54-b F-1: a transaction open on the raw topic held partition 0 for 3 minutes
+    # (19,250 records waiting): the router logged nothing.
+    caplog.set_level(logging.INFO, "cdc_router.router")
+    metrics, consumer = RouterMetrics(), _Consumer(56020, 56030)
+    for second in range(0, int(HELD_WARNING_S) + 30, 5):
+        consumer.high += 500  # the writer goes on; nothing past 56020 is readable
+        metrics.observe_lag(consumer, float(second))
+    said = _held(caplog)
+    assert len(said) == 1, said
+    assert said[0].startswith("event=raw_partition_held topic=raw partition=0 position=56020 ")
+    assert "README runbook 'a raw partition held by an open transaction'" in said[0]
+    assert metrics.registry.get_sample_value(
+        "cdc_router_consumer_lag", {"topic": "raw", "partition": "0"}) == consumer.high - 56020
+    consumer.position_at = 70_000  # the transaction ended: the router reads again
+    metrics.observe_lag(consumer, 200.0)
+    assert _held(caplog)[1].startswith("event=raw_partition_released topic=raw partition=0 ")
+
+
+def test_a_partition_that_moves_or_waits_for_nothing_is_not_held(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "cdc_router.router")
+    metrics, moving, idle = RouterMetrics(), _Consumer(100, 110), _Consumer(100, 100)
+    for second in range(0, 300, 5):
+        moving.position_at += 10  # a busy partition: records always in flight, read on
+        moving.high += 10
+        metrics.observe_lag(moving, float(second))
+    quiet = RouterMetrics()
+    for second in range(0, 300, 5):
+        quiet.observe_lag(idle, float(second))  # all read: an idle pipeline
+    assert _held(caplog) == []
