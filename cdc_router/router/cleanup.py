@@ -228,6 +228,7 @@ class OutboxCleaner:
                 self._drop_connection()
                 # An ALTER TABLE may be the cause (`text = uuid`): read the types again.
                 self._column_types = None
+                self._update_lag()  # QA 54-b F-3: it froze at 0 while Postgres was down
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue

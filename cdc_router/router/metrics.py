@@ -8,7 +8,7 @@ from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
@@ -16,6 +16,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from cdc_router.dead_letter import Stage
 from cdc_router.kafka.consumer import partition_marks
 from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
@@ -43,6 +44,10 @@ class RouterMetrics:
                                   "because their id was already delivered", registry=r)
         self.dead_letters = Counter("cdc_router_dead_letters", "Records sent to the dead-letter "
                                     "topic", ["stage"], registry=r)
+        # Each stage's series from 0 at the start: Prometheus' increase() never counts a
+        # series' first sample, so letters that created it alerted nobody (QA 54-b F-2).
+        for stage in get_args(Stage):
+            self.dead_letters.labels(stage)
         self.transactions = Counter("cdc_router_batches_committed", "Batches committed",
                                     registry=r)
         self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read",

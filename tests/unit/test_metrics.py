@@ -70,6 +70,14 @@ def test_a_committed_batch_counts_each_topic_latency_letter_skip_and_duplicate()
     assert value("cdc_router_batches_committed_total") == 1
 
 
+def test_every_dead_letter_stage_starts_at_0_so_increase_sees_the_first_letters() -> None:
+    # QA 54-b F-2: the series were born with the first letters (at 5, at 1): increase() over
+    # them is 0, and CdcRouterDeadLetters never fired for a router's first letters.
+    value = RouterMetrics().registry.get_sample_value
+    for stage in ("decode", "route", "serialize", "produce"):
+        assert value("cdc_router_dead_letters_total", {"stage": stage}) == 0
+
+
 def test_consumer_lag_follows_the_assignment() -> None:
     metrics = RouterMetrics()
     value = metrics.registry.get_sample_value
