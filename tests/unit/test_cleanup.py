@@ -483,6 +483,8 @@ def test_a_lasting_refusal_of_the_deletes_names_the_setting_and_the_fix(
     lines = [r.getMessage() for r in caplog.records if "cleanup_failed" in r.getMessage()]
     assert len(lines) >= 2 and all(wanted in line for line in lines), lines
     assert cleaner.pending_count() == 1  # the id waits for the fix
+    # QA 54-b F-3: the lag gauge stayed 0 for as long as the deletes failed.
+    assert cleaner.lag._value.get() >= 0.4  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("unit", "as_millis"), [
