@@ -205,6 +205,8 @@ class OutboxRouter:
         the batch is forgotten and read again, the topics' metadata and grants asked again."""
         assert self._txn is not None
         log.warning("event=producer_renewed reason=%r", reason)
+        if self._txn.open and not self._pending_abort:  # else _abort counted it (QA 54-b F-5)
+            self._metrics.aborted.inc()  # its batch is read again, as an aborted one
         if self._replay is not None:
             self._replay.abort()
         self._txn.renew()  # first: the grants' check builds the new producer (review 38)

@@ -456,6 +456,8 @@ def test_a_send_offsets_hung_past_its_timeout_renews_the_producer_not_the_proces
     assert "event=client_call_hung call=send_offsets_to_transaction" in caplog.text
     assert "event=producer_renewed reason=\"librdkafka's send_offsets_to_transaction " \
         "blocked" in caplog.text
+    # QA 54-b F-5: the renewal re-read the batch, and cdc_router_batches_aborted_total said 0.
+    assert harness.metric("cdc_router_batches_aborted_total") == 1
 
 
 def test_send_offsets_hanging_again_and_again_exits_for_a_restart_without_a_false_abort(
