@@ -29,7 +29,7 @@ from cdc_router.ops.isolated import IsolatedChecks
 from cdc_router.ops.offsets import client_config_problem
 from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.problem import Problem
-from cdc_router.ops.report import Report
+from cdc_router.ops.report import Report, carry_inactive_since
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, judge, verdict
 from cdc_router.postgres import dsn_problem
 from cdc_router.router import clients
@@ -152,6 +152,7 @@ def _status(config_path: Path, connector: str | None, dsn: str | None, connect_u
                 code = EXIT_CODES["critical"]
                 time.sleep(watch_s)
                 continue
+            report = carry_inactive_since(report, previous)
             problems = judge(report, config.status, previous)
             code = EXIT_CODES[verdict(problems)]
             if collector is not None:

@@ -7,7 +7,7 @@ field names are the JSON keys of `status -o json`: renaming one breaks scripts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class Slot:
     retained_wal_bytes: int | None = None  # current LSN - restart_lsn
     safe_wal_size_bytes: int | None = None  # WAL left before the slot is lost; None: no limit
     flush_lag_bytes: int | None = None  # current LSN - confirmed_flush_lsn
+    # When a watch (`--watch`, `--serve`) first saw it inactive, of its checks in a row (QA
+    # 54-b F-4: Postgres 15 keeps no such time); a one-shot check: its own checked_at.
+    inactive_since: str | None = None
 
 
 @dataclass(frozen=True)
@@ -198,3 +201,13 @@ class Report:
 
 # The parts of a Report, each with its `error`: wal, publication, outbox, connector, ...
 SECTIONS = tuple(f.name for f in fields(Report) if f.name != "checked_at")
+
+
+def carry_inactive_since(report: Report, previous: Report | None) -> Report:
+    """`report` with each inactive slot's inactive_since: the previous check's when it was
+    inactive then too, else this check's time."""
+    before = {slot.name: slot.inactive_since for slot in previous.wal.slots
+              if slot.active is False} if previous is not None else {}
+    slots = tuple(replace(slot, inactive_since=before.get(slot.name) or report.checked_at)
+                  if slot.active is False else slot for slot in report.wal.slots)
+    return replace(report, wal=replace(report.wal, slots=slots))

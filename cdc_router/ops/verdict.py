@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Literal
 
 from psycopg import sql
@@ -32,6 +33,8 @@ EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart
 # from the verdicts, so that a probe never reads a broken check as a mere warning.
 EXIT_UNKNOWN = 3
+# A watch that sees a slot inactive this long while its connector says RUNNING: critical.
+INACTIVE_RUNNING_CRITICAL_S = 120.0
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 _NAMES_SHOWN = 10  # of the connectors Connect has, when the one asked for is not among them
 
@@ -45,7 +48,7 @@ def verdict(problems: list[Problem]) -> Literal["ok", "warning", "critical"]:
 def judge(report: Report, settings: StatusSettings,
           previous: Report | None = None) -> list[Problem]:
     """Every problem of `report`, critical ones first."""
-    found = [*_unreachable(report), *_wal(report.wal, settings), *_publication(report),
+    found = [*_unreachable(report), *_wal(report, settings), *_publication(report),
              *_reader(report),
              *_outbox(report, settings), *_connector(report.connector, report.wal),
              *router_problems(report.router, settings), *_dead_letters(report, settings, previous)]
@@ -75,12 +78,41 @@ def size(count: float | None) -> str:
     raise AssertionError("unreachable")
 
 
-def _wal(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
-    for slot in wal.slots:
-        yield from _slot(slot, wal.max_slot_wal_keep_size_bytes, settings)
+def _wal(report: Report, settings: StatusSettings) -> Iterator[Problem]:
+    connector = report.connector
+    # The connector and every task say RUNNING: an inactive slot is then no restart to wait
+    # for (QA 54-b F-4: Debezium retried a role that may not log in, both RUNNING for minutes).
+    running = connector.name if connector.error is None and connector.exists and \
+        connector.state == "RUNNING" and connector.tasks and \
+        all(task.state == "RUNNING" for task in connector.tasks) else None
+    for slot in report.wal.slots:
+        yield from _slot(slot, report.wal.max_slot_wal_keep_size_bytes, settings, running,
+                         report.checked_at)
 
 
-def _slot(slot: Slot, limit: int | None, settings: StatusSettings) -> Iterator[Problem]:
+def _inactive_while_running(slot: Slot, connector: str, checked_at: str,
+                            settings: StatusSettings) -> Problem:
+    """An inactive slot while connector and tasks say RUNNING: Debezium retrying a retriable
+    error; critical once a watch has seen it so for INACTIVE_RUNNING_CRITICAL_S."""
+    since = slot.inactive_since or checked_at
+    age = (datetime.fromisoformat(checked_at) - datetime.fromisoformat(since)).total_seconds()
+    where = f"slot {slot.name} inactive"
+    look = ("Debezium retries a retriable error (a role that may not log in, pg_hba.conf, the "
+            "network) and `cdc-router connectors status` says RUNNING: read Connect's log "
+            "for the task's error and `Awaiting end of restart backoff period` "
+            "(`cdc-router local logs connect` on the local stack)")
+    wal = f"it retains {size(slot.retained_wal_bytes or 0)} of WAL"
+    if age >= INACTIVE_RUNNING_CRITICAL_S:
+        return Problem("critical", "wal", f"{where} for {age:.0f}s while connector {connector} "
+                       f"and its tasks say RUNNING: capture stopped, the rows written meanwhile "
+                       f"wait in the outbox and {wal}; {look}")
+    return Problem(settings.slot_inactive, "wal", f"{where}: nobody streams from it while "
+                   f"connector {connector} and its tasks say RUNNING, and {wal}; if it lasts, "
+                   f"{look}")
+
+
+def _slot(slot: Slot, limit: int | None, settings: StatusSettings, running: str | None,
+          checked_at: str) -> Iterator[Problem]:
     where = f"slot {slot.name}"
     if not slot.exists:
         # Not "lost": the rows stay in the outbox (the cleanup deletes delivered rows only)
@@ -97,7 +129,9 @@ def _slot(slot: Slot, limit: int | None, settings: StatusSettings) -> Iterator[P
         yield Problem("critical", "wal", f"{where} wal_status unreserved: the next checkpoint "
                       "removes WAL it needs; resume or fix the connector now, or raise "
                       "max_slot_wal_keep_size")
-    if slot.active is False:
+    if slot.active is False and running is not None:
+        yield _inactive_while_running(slot, running, checked_at, settings)
+    elif slot.active is False:
         yield Problem(settings.slot_inactive, "wal", f"{where} inactive: nobody streams from "
                       f"it and it retains {size(slot.retained_wal_bytes or 0)} of WAL; check "
                       "the connector and its task (`cdc-router connectors status`)")

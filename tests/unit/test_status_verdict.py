@@ -33,6 +33,7 @@ from cdc_router.ops.report import (
     Slot,
     TaskState,
     WalState,
+    carry_inactive_since,
 )
 from cdc_router.ops.verdict import EXIT_CODES, judge, verdict
 
@@ -121,6 +122,38 @@ def test_a_lost_slot_says_the_rows_wait_in_the_outbox_not_that_events_are_lost(
     assert "lost;" not in message and "are lost" not in message
     assert "stay in the outbox without reaching the raw topic until they are republished" \
         in message
+
+
+def test_a_slot_inactive_while_the_connector_says_running_points_at_connect_s_log() -> None:
+    # QA 54-b F-4: the connector's role could not log in; Debezium retried it with the
+    # connector and task RUNNING, and the inactive slot's line said to read `connectors
+    # status`, which said RUNNING; capture had stopped and status said warning.
+    slot = replace(healthy().wal.slots[0], active=False, retained_wal_bytes=318_464)
+    first = replace(healthy(), wal=replace(healthy().wal, slots=(slot,)))
+    first = carry_inactive_since(first, None)
+    assert lines(first) == [
+        "warning: wal: slot outbox_slot inactive: nobody streams from it while connector "
+        "outbox-connector and its tasks say RUNNING, and it retains 311.0 KiB of WAL; if it "
+        "lasts, Debezium retries a retriable error (a role that may not log in, pg_hba.conf, "
+        "the network) and `cdc-router connectors status` says RUNNING: read Connect's log for "
+        "the task's error and `Awaiting end of restart backoff period` (`cdc-router local "
+        "logs connect` on the local stack)"]
+    # A watch sees it inactive from check to check: critical past the bound.
+    later = replace(first, checked_at="2026-12-01T12:02:30+00:00")
+    later = carry_inactive_since(later, first)
+    assert later.wal.slots[0].inactive_since == first.checked_at
+    (problem,) = judge(later, SETTINGS)
+    assert problem.level == "critical" and problem.message.startswith(
+        "slot outbox_slot inactive for 150s while connector outbox-connector and its tasks "
+        "say RUNNING: capture stopped, the rows written meanwhile wait in the outbox")
+    assert "read Connect's log" in problem.message
+    # Active again in between: its time starts anew.
+    active = carry_inactive_since(healthy(), first)
+    assert carry_inactive_since(later, active).wal.slots[0].inactive_since == later.checked_at
+    # A connector that is not RUNNING keeps the connector line's advice.
+    paused = replace(later, connector=replace(later.connector, state="PAUSED"))
+    assert any("check the connector and its task (`cdc-router connectors status`)" in line
+               for line in lines(paused))
 
 
 def test_a_stopped_connector_is_started_by_resume_not_restart() -> None:
@@ -522,7 +555,7 @@ def test_json_has_stable_keys_and_text_names_every_part() -> None:
     assert document["status"] == "ok" and document["exit_code"] == 0
     assert list(document["wal"]["slots"][0]) == [
         "name", "exists", "active", "wal_status", "retained_wal_bytes", "safe_wal_size_bytes",
-        "flush_lag_bytes"]
+        "flush_lag_bytes", "inactive_since"]
     assert list(document["router"]["partitions"][0]) == [
         "topic", "partition", "committed", "end", "lag", "lag_exact", "last_commit_age_s",
         "oldest_pending_age_s", "high_watermark", "open_transaction_age_s"]
