@@ -129,8 +129,8 @@ def _outbox(report: Report) -> Iterator[GaugeMetricFamily]:
     size = _gauge("outbox_size_bytes", "The outbox table's size with indexes and TOAST",
                   ("table",))
     size.add_metric(labels, outbox.size_bytes or 0)
-    age = _gauge("outbox_oldest_row_age_seconds", "Age of the oldest outbox row; 0 when empty",
-                 ("table",))
+    age = _gauge("outbox_oldest_row_age_seconds", "Age of the oldest outbox row, dead-lettered "
+                 "rows included (they stay until replayed or purged); 0 when empty", ("table",))
     age.add_metric(labels, outbox.oldest_age_s or 0.0)
     yield from (rows, size, age)
 

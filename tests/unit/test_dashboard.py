@@ -73,3 +73,13 @@ def test_the_monitoring_profile_wires_prometheus_and_grafana() -> None:
             assert (docker / host).resolve().exists(), host
     datasources = yaml.safe_load((MONITORING / "grafana" / "datasources.yml").read_text())
     assert datasources["datasources"][0]["uid"] == "prometheus"
+
+
+def test_the_group_s_commit_age_panel_shows_its_stalest_partition() -> None:
+    # QA 54-b F-7: `min by (group)` showed the freshest partition: one frozen partition was
+    # hidden by any that committed (status and the stall alert judge partition by partition).
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [" ".join(target["expr"].split()) for panel in dashboard["panels"]
+             for target in panel.get("targets", ())]
+    ages = [expr for expr in exprs if "cdc_router_group_last_commit_age_seconds" in expr]
+    assert ages and all(not expr.startswith("min") for expr in ages), ages
