@@ -1,0 +1,56 @@
+"""A connector whose role may no longer log in, on the real stack (QA 54-b F-4): Debezium
+retries it with the connector and its task RUNNING and the slot inactive; `status --watch`
+points at Connect's log at once and says capture stopped (critical) past 120 s."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cdc_router.ops.verdict import INACTIVE_RUNNING_CRITICAL_S
+from tests.integration.pipeline import REPO, pipeline
+from tests.integration.support import StackEndpoints, unique
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_a_running_connector_that_cannot_log_in_is_capture_stopped(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    role = unique("dbz")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} REPLICATION LOGIN PASSWORD 'pw'")
+        conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {role}")
+    try:
+        with pipeline(stack, tmp_path, partitions=1,
+                      connector={"database.user": role, "database.password": "pw"}) as pipe:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"ALTER ROLE {role} NOLOGIN")
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication "
+                             "WHERE usename = %s", (role,))
+            watch = subprocess.Popen(
+                [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
+                 "--connector", pipe.name.replace("_", "-"), "--connect-url",
+                 pipe.stack.connect_url, "--dsn", pipe.stack.postgres_dsn,
+                 "--bootstrap-servers", pipe.stack.bootstrap_servers, "--watch", "10"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+            try:
+                time.sleep(INACTIVE_RUNNING_CRITICAL_S + 40)
+            finally:
+                watch.send_signal(signal.SIGINT)
+                out, _ = watch.communicate(timeout=60)
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON TABLES "
+                         f"FROM {role}")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+    wal = [line for line in out.splitlines()
+           if line.startswith(("warning: wal:", "critical: wal:"))]
+    assert any("say RUNNING" in line and "read Connect's log" in line for line in wal), out
+    assert any(line.startswith(f"critical: wal: slot {pipe.name} inactive for ") and
+               "capture stopped" in line for line in wal), out
