@@ -42,7 +42,9 @@ def test_a_running_connector_that_cannot_log_in_is_capture_stopped(
             try:
                 time.sleep(INACTIVE_RUNNING_CRITICAL_S + 40)
             finally:
-                watch.send_signal(signal.SIGINT)
+                # SIGTERM, not SIGINT: a pytest started in the background by a
+                # non-interactive shell (CI) ignores SIGINT, and so does this child.
+                watch.send_signal(signal.SIGTERM)
                 out, _ = watch.communicate(timeout=60)
     finally:
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
