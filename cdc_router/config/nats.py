@@ -38,6 +38,8 @@ _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # NATS headers are MIME-style: a name is printable ASCII without ':' or space.
 _HEADER_NAME = re.compile(r"[!-9;-~]+")
 MSG_ID_HEADER = "Nats-Msg-Id"
+# The names nats-py (nats.js.api.Header.STATUS and DESCRIPTION) gives a server status line.
+STATUS_HEADERS = frozenset({"Status", "Description"})
 DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
 _STORED_OVERHEAD = 4096
 
@@ -132,6 +134,13 @@ def nats_header_problem(name: str, value: str) -> str | None:
         return f"header name {show(name)} is not printable ASCII without ':' and spaces"
     if name.lower().startswith("nats-"):
         return f"header {show(name)} is reserved for NATS (Nats-*)"
+    if name in STATUS_HEADERS:
+        # QA 54-c F-1: nats-py keeps a server status line under these names (case-sensitive),
+        # and its pull fetch() reads a message that carries one as the server's status: never
+        # delivered, a whole batch lost, or a consumer crashed.
+        return (f"header {show(name)} is the name under which the NATS client (nats-py) keeps "
+                "the server's status line: its consumers would take the message for a status "
+                "message and never deliver it; rename the header")
     if "\r" in value or "\n" in value:
         return f"header {show(name)} has a line break in its value"
     if value != value.strip():

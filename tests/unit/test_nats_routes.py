@@ -78,6 +78,21 @@ def test_a_header_that_cannot_be_a_nats_header_line_is_a_route_error() -> None:
         rt.route(reserved, lambda topic: 1)
 
 
+@pytest.mark.parametrize("name", ["Status", "Description"])
+def test_a_header_nats_py_reads_as_a_server_status_is_a_route_error(name: str) -> None:
+    # QA 54-c F-1: a row header `Status: 404` was never delivered by a pull consumer, `503`
+    # lost its whole batch, `abc` crashed JetStreamConsumer.run().
+    rt = router({"nats": {"subject": "orders.x"}})
+    status = type(ORDER)(**{**ORDER.__dict__, "headers": ((name, "404"),)})
+    with pytest.raises(RouteError, match=f"header '{name}' is the name under which the NATS "
+                                         "client .nats-py. keeps the server's status line"):
+        rt.route(status, lambda topic: 1)
+    # nats-py's match is case-sensitive: other spellings travel as they are.
+    other = type(ORDER)(**{**ORDER.__dict__, "headers": ((name.upper(), "404"),
+                                                         (name.lower(), "x"))})
+    assert rt.route(other, lambda topic: 1) is not None
+
+
 @pytest.mark.parametrize("id_or_value", ["  qa-1", "qa-1 ", "\u2028qa-1", "qa-1\t", "\xa0"])
 def test_whitespace_the_nats_client_strips_is_a_route_error_not_a_changed_id(
         id_or_value: str) -> None:
