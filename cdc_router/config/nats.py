@@ -39,7 +39,8 @@ _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _HEADER_NAME = re.compile(r"[!-9;-~]+")
 MSG_ID_HEADER = "Nats-Msg-Id"
 # The names nats-py (nats.js.api.Header.STATUS and DESCRIPTION) gives a server status line.
-STATUS_HEADERS = frozenset({"Status", "Description"})
+STATUS_HEADER, DESCRIPTION_HEADER = "Status", "Description"
+STATUS_HEADERS = frozenset({STATUS_HEADER, DESCRIPTION_HEADER})
 DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
 _STORED_OVERHEAD = 4096
 

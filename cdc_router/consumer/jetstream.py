@@ -54,6 +54,7 @@ from cdc_router.consumer.jetstream_message import (
     record_of,
     refused_for_good,
 )
+from cdc_router.consumer.jetstream_pull import Puller, PullFailed
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
 from cdc_router.dead_letter import shown_repr
@@ -124,15 +125,17 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         try:
             self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
             self._max_payload = int(client.max_payload)
-            subscription, self._dead_letter_stream, self._ack_wait_s = await subscribe(
+            self._dead_letter_stream, self._ack_wait_s = await subscribe(
                 self._js, self.settings, client.connected_server_version)
+            puller = Puller(client, self.settings.stream, self.settings.durable)
+            await puller.start()
             log.info("event=consumer_started transport=jetstream stream=%s durable=%s "
                      "dead_letter_subject=%s store=%s", self.settings.stream,
                      self.settings.durable, self.settings.dead_letter_subject,
                      type(self._store).__name__)
             checked = time.monotonic()
             while not self._stop.is_set():
-                batch = await self._fetch(subscription, client)
+                batch = await self._fetch(puller, client)
                 if batch:
                     await self._handle_batch(batch)
                 elif time.monotonic() - checked > DURABLE_CHECK_S:
@@ -185,26 +188,24 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
     # The loop ---------------------------------------------------------------------------------
 
-    async def _fetch(self, subscription: Any, client: Any) -> list[Any]:
+    async def _fetch(self, puller: Puller, client: Any) -> list[Any]:
+        """The next batch; [] after nothing came, or after a failure (logged, then a pause)."""
         from nats.errors import Error as NatsError
-        from nats.errors import TimeoutError as NatsTimeout
 
         try:
-            batch: list[Any] = await subscription.fetch(self.settings.batch_size,
-                                                        timeout=self.settings.poll_timeout_s)
-            return batch
-        except (NatsTimeout, TimeoutError):
-            return []  # nothing to do within the poll timeout (fetch raises either)
+            return await puller.fetch(self.settings.batch_size, self.settings.poll_timeout_s)
+        except PullFailed as error:  # e.g. 503: JetStream unavailable
+            failure: Exception = error
         except NatsError as error:
             if client.is_closed:
                 raise JetStreamConsumerError(
                     f"the connection to NATS at {shown_url(self.settings.url)} closed: "
                     f"{error_text(error)}") from None
-            # Reconnecting, or the server is busy: fetch again after a pause.
-            log.warning("event=fetch_failed stream=%s durable=%s error=%s",
-                        self.settings.stream, self.settings.durable, error_text(error))
-            await asyncio.sleep(self.settings.poll_timeout_s)
-            return []
+            failure = error  # reconnecting, or the server is busy
+        log.warning("event=fetch_failed stream=%s durable=%s error=%s",
+                    self.settings.stream, self.settings.durable, error_text(failure))
+        await asyncio.sleep(self.settings.poll_timeout_s)
+        return []
 
     async def _handle_batch(self, batch: list[Any]) -> None:
         unsettled, outage = list(batch), None

@@ -28,9 +28,10 @@ MULTI_FILTER_SINCE = (2, 10)
 
 
 async def subscribe(js: Any, settings: JetStreamSettings,
-                    server_version: Any = None) -> tuple[Any, str, float]:
-    """Check the streams, create or bind the durable; its pull subscription, the name of
-    the dead-letter subject's stream, and the durable's AckWait in seconds.
+                    server_version: Any = None) -> tuple[str, float]:
+    """Check the streams, create the durable or check the existing one; the name of the
+    dead-letter subject's stream, and the durable's AckWait in seconds (the pull requests
+    are jetstream_pull's).
 
     `server_version`: nats-py's connected_server_version, when known."""
     from nats.errors import Error as NatsError
@@ -75,9 +76,7 @@ async def subscribe(js: Any, settings: JetStreamSettings,
                     f"{problem}; delete it (nats consumer rm {settings.stream} "
                     f"{settings.durable}) or use another durable name") from None
             ack_wait_s = _durable_ack_wait(info.config, settings)
-        subscription = await js.pull_subscribe_bind(durable=settings.durable,
-                                                   stream=settings.stream)
-        return subscription, dead_letter_stream, ack_wait_s
+        return dead_letter_stream, ack_wait_s
     except NatsError as error:
         raise JetStreamConsumerError(
             f"JetStream at {where} refused to set up consumer {settings.durable!r} on "

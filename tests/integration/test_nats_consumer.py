@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 from cdc_router.consumer import RetryPolicy
+from cdc_router.consumer.dedup import MemoryDedupStore
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.consumer.jetstream import JetStreamConsumer
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
@@ -326,6 +327,38 @@ def test_malformed_messages_are_dead_lettered_at_once(
     assert "no event id" in letters[0].headers["dlq.error.message"]
     assert letters[1].data == b"not json"
     assert jetstream.stats.retries == 0  # at once: no nak, no second delivery
+
+
+def test_messages_with_a_status_header_of_another_publisher_are_handled_like_any(
+        streams: Streams) -> None:
+    # QA 54-c F-1: nats-py's fetch() read a stream message's `Status` header as the server's
+    # status: 404/408/409/100 never delivered, 503 lost its whole batch, `abc` crashed run().
+    subject = streams.subject
+    statuses = ("503", "abc", "404", "408", "409", "100")
+    published = [payment(subject, f"ok-{n}", f"ok-{n}") for n in range(3)]
+    for status in statuses:
+        _, data, headers = payment(subject, f"s-{status}", f"s-{status}")
+        published.insert(1, (subject, data, {**headers, "Status": status,
+                                             "Description": "a publisher's own"}))
+    streams.publish(published)
+    calls: list[str] = []
+    durable = unique("status")
+    settings = JetStreamSettings(url=streams.url, stream=streams.stream, durable=durable,
+                                 dead_letter_subject=streams.dead_letter_subject, ack_wait_s=2)
+    jetstream = JetStreamConsumer(settings, MemoryDedupStore(),
+                                  lambda event, context: calls.append(event.event_id),
+                                  decoder=json.loads)
+    runner = threading.Thread(target=jetstream.run)
+    runner.start()
+    try:
+        wait_until(lambda: len(calls) >= 9 and streams.consumer_settled(durable), 30,
+                   "every message handled and acked")
+        assert runner.is_alive()  # no crash
+    finally:
+        jetstream.stop()
+        runner.join(30)
+    assert sorted(calls) == sorted(["ok-0", "ok-1", "ok-2", *(f"s-{s}" for s in statuses)])
+    assert jetstream.stats.processed == 9 and jetstream.stats.dead_lettered == 0
 
 
 # --- errors that are no message's fault ----------------------------------------------------
