@@ -40,7 +40,7 @@ from cdc_router.config.redact import shown_url
 from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, letter_class
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
-from cdc_router.consumer.event import ConsumedEvent, Decoder, read_event
+from cdc_router.consumer.event import ConsumedEvent, Decoder
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.jetstream_message import (
     OUTAGES,
@@ -51,6 +51,7 @@ from cdc_router.consumer.jetstream_message import (
     kafka_source,
     letter_failure,
     outage_reason,
+    read_jetstream_event,
     record_of,
     refused_for_good,
 )
@@ -251,7 +252,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         settings = self.settings
         try:
             event = await self._blocking(functools.partial(
-                read_event, record, source=kafka_source(settings.event_id_source),
+                read_jetstream_event, record, source=kafka_source(settings.event_id_source),
                 header=settings.event_id_header, decoder=self._decoder, attempt=attempt,
                 key_name=f"header {MSG_ID_HEADER!r}"))
         except MalformedRecord as error:

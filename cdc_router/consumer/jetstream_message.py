@@ -16,11 +16,19 @@ from typing import Any
 
 from cdc_router.config.nats import MSG_ID_HEADER
 from cdc_router.consumer.dead_letter import dead_letter_headers
+from cdc_router.consumer.event import ConsumedEvent, read_event
 from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
 from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import ERROR_MESSAGE, SOURCE_STREAM, fitted
-from cdc_router.errors import DedupStoreError, DedupStoreRefused, JetStreamError, RetriableError
+from cdc_router.errors import (
+    DedupStoreError,
+    DedupStoreRefused,
+    JetStreamError,
+    MalformedRecord,
+    RetriableError,
+    show,
+)
 from cdc_router.nats.publisher import MESSAGE_REFUSED, stream_full
 
 # The Kafka loop's timestamp type for a time the broker set (LogAppendTime).
@@ -31,6 +39,8 @@ _RESERVED_PREFIX = "nats-"
 # What NATS adds to a message beyond the sizes `fitted` counts: the NATS/1.0 status line
 # and ": " plus CRLF per header.
 _FRAMING_BYTES = 4096
+# What nats-py puts in place of header bytes that are not UTF-8.
+REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,21 @@ def record_of(subject: str, data: bytes, headers: Mapping[str, str] | None,
         stream=metadata.stream, sequence=metadata.sequence.stream,
         timestamp_ms=None if stamp is None else int(stamp.timestamp() * 1000),
         num_delivered=metadata.num_delivered)
+
+
+def read_jetstream_event(record: JetStreamRecord, **options: Any) -> ConsumedEvent:
+    """consumer.event.read_event of `record`, refusing an event id that holds U+FFFD.
+
+    nats-py decodes header values with errors="replace": ids whose bytes that are not UTF-8
+    differ reach us as one text, and dedup would skip the second event as a duplicate of
+    the first (QA 54-c F-2). The Kafka consumer sees the bytes and refuses such an id."""
+    event = read_event(record, **options)
+    if REPLACEMENT in event.event_id:
+        raise MalformedRecord(
+            f"event id {show(event.event_id, 60)} is not UTF-8 (it holds U+FFFD, which the NATS "
+            "client puts in place of bytes that are not UTF-8, so two different ids may read "
+            "the same): publish event ids in UTF-8, without U+FFFD")
+    return event
 
 
 def kafka_source(source: JetStreamEventIdSource) -> EventIdSource:

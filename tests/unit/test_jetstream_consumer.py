@@ -5,6 +5,7 @@ dead letters, outages excused; per-message handling over faithful fakes of nats-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import random
@@ -364,6 +365,26 @@ def test_a_malformed_message_is_dead_lettered_on_its_first_delivery(
     # Review 52-c F-low-2: the log line said MalformedRecord, the letter JSONDecodeError.
     [line] = [r.getMessage() for r in caplog.records if "dead_lettered" in r.getMessage()]
     assert "error_class=JSONDecodeError " in line
+
+
+@pytest.mark.parametrize("source", ["auto", "header", "msg_id"])
+def test_an_event_id_that_is_not_utf8_is_dead_lettered_not_deduplicated(source: Any) -> None:
+    # QA 54-c F-2: nats-py reads both ids as 'order-\ufffd1': the second was skipped as a
+    # duplicate of the first, its effect never run.
+    from nats.aio.client import Client
+
+    calls: list[str] = []
+    harness = Harness(lambda event, context: calls.append(event.event_id))
+    harness.consumer.settings = dataclasses.replace(SETTINGS, event_id_source=source)
+    for sequence, raw in enumerate((b"order-\xff1", b"order-\xfe1"), 1):
+        headers = Client._parse_header_lines(b"Nats-Msg-Id: " + raw + b"\r\nid: " + raw)
+        told = harness.handle(FakeMessage(b"{}", headers, sequence=sequence))
+        assert told == [("term", None)]
+    assert calls == [] and len(harness.js.published) == 2
+    letter = harness.js.published[0][2]
+    assert (letter["dlq.stage"], letter["dlq.error.class"]) == ("decode", "MalformedRecord")
+    assert "event id 'order-\\ufffd1' is not UTF-8 (it holds U+FFFD" in \
+        letter["dlq.error.message"]
 
 
 class DownStore:
