@@ -28,7 +28,7 @@ from cdc_router.serde.avro_unions import (
     plain_dates,
     writer_branch,
 )
-from cdc_router.serde.avro_validation import described
+from cdc_router.serde.avro_validation import described, too_deep
 
 
 def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject",
@@ -38,8 +38,17 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
     Types and missing fields are fastavro's validation (a field is named as
     `namespace.Record.field`); keys the schema has no field for count only when
     extra_fields is 'reject' (fastavro's writer would silently leave them out). `walk`: one
-    to share with the datum's encoding (serde/avro_unions.union_walk).
+    to share with the datum's encoding (serde/avro_unions.union_walk). A payload nested
+    deeper than these checks can follow is refused with its depth (QA 54-c F-4).
     """
+    try:
+        return _problem(datum, schema, extra_fields, walk)
+    except RecursionError:
+        return too_deep(datum)
+
+
+def _problem(datum: Any, schema: AvroSchema, extra_fields: str,
+             walk: UnionWalk | None) -> str | None:
     if not fits(datum, schema):
         try:
             validate(datum, plain_dates(schema)[0], raise_errors=True)  # a date an int

@@ -81,7 +81,12 @@ def _standalone(part: Any, schema: AvroSchema) -> Any:
         return part if part not in schema.named else _standalone(schema.named[part], schema)
     key = ("standalone", id(part))  # a record's shape is memoised under its plain id
     parsed = schema.memo.get(key)
-    if parsed is None:
+    if parsed is None and isinstance(part, list):
+        # A union: each branch on its own (a named one as its parsed type): validate() parsed
+        # a plain list without the named types, and a branch naming its own record (recursive
+        # schema) raised UnknownType in place of the dead letter's reason (QA 54-c F-3).
+        parsed = schema.memo[key] = [_standalone(branch, schema) for branch in part]
+    elif parsed is None:
         named = plain_dates(schema)[1]
         parsed = fastavro.parse_schema(_plain_dates(part), named_schemas=dict(named))
         if isinstance(parsed, dict) and "__named_schemas" not in parsed:

@@ -45,6 +45,28 @@ def described(error: ValidationError, payload: Any, schema: AvroSchema) -> str:
                                       "1970-01-01, not as text" if text_date else ""))
 
 
+def too_deep(payload: Any) -> str:
+    """The reason for a payload nested deeper than the checks (recursive, as fastavro's
+    validation is) can follow: its depth, and the key it nests through most."""
+    deepest: list[str] = []
+    stack: list[tuple[Any, list[str]]] = [(payload, [])]
+    while stack:  # no recursion here: this payload is too deep for it
+        node, path = stack.pop()
+        if len(path) > len(deepest):
+            deepest = path
+        if isinstance(node, dict):
+            stack.extend((value, [*path, f"[{key!r}]" if not isinstance(key, str) or
+                                  not key.isidentifier() else key])
+                         for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((item, [*path, "[]"]) for item in node)
+    key = max(deepest, key=deepest.count) if deepest else "(the payload)"
+    return (f"field {key!r} nests {len(deepest)} levels deep (payload path "
+            f"{show('.'.join(deepest[:3]) + ' ... ' + '.'.join(deepest[-2:]), 80)}), deeper than "
+            "the Avro checks follow: expected a value nested less deeply (e.g. a list in "
+            "place of a chain of records)")
+
+
 def _item_path(payload: Any, field: str, schema: AvroSchema) -> str:
     """The steps from the value of `field` (`namespace.Record.name`) to the array or map item
     in it that fails its type (`[1]`, `['k']`, `[0]['a']`); "" when the value itself fails,

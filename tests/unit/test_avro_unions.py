@@ -150,6 +150,34 @@ def test_a_deep_payload_is_walked_within_the_recursion_limit() -> None:
     assert encode(datum, schema) == fastavro_bytes(datum, schema)
 
 
+@pytest.mark.parametrize(("value", "shown"), [
+    (5, "int 5"), ("123e4567-e89b-12d3-a456-426614174000",
+                   "str '123e4567-e89b-12d3-a456-426614174000'")])
+def test_a_scalar_in_a_recursive_union_is_named_with_the_field_and_its_types(
+        value: Any, shown: str) -> None:
+    # QA 54-c F-3: the branch "N" parsed on its own raised UnknownType, and the letter's
+    # reason was the bare name of the type. A uuid in the schema asks the value checks too.
+    document = {**TREE, "fields": [*TREE["fields"], {"name": "u", "type": ["null", {
+        "type": "string", "logicalType": "uuid"}], "default": None}]}
+    schema = schema_of(document)
+    assert payload_problem({"v": 1, "next": value}, schema) == \
+        f"field 'N.next' is {shown}, expected null | record N"
+    assert payload_problem({"v": 1, "next": {"v": 2, "next": value}}, schema) == \
+        f"field 'N.next.N.next' is {shown}, expected null | record N"  # fastavro's path
+
+
+def test_a_payload_too_deep_for_the_checks_is_refused_with_its_depth() -> None:
+    # QA 54-c F-4: the letter's reason was "maximum recursion depth exceeded in comparison".
+    document = {**TREE, "fields": [*TREE["fields"], {"name": "u", "type": ["null", {
+        "type": "string", "logicalType": "uuid"}], "default": None}]}
+    schema = schema_of(document)
+    datum = json.loads('{"v": 1, ' + '"next": {"v": 1, ' * 900 + '"u": "zz"' + "}" * 901)
+    assert payload_problem(datum, schema) == (
+        "field 'next' nests 901 levels deep (payload path 'next.next.next ... next.u'), "
+        "deeper than the Avro checks follow: expected a value nested less deeply (e.g. a "
+        "list in place of a chain of records)")
+
+
 def test_values_the_walk_leaves_to_fastavro_are_written_as_before() -> None:
     schema = schema_of({"type": "record", "name": "W", "namespace": "t", "fields": [
         {"name": "u", "type": ["null",
