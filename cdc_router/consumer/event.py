@@ -17,6 +17,7 @@ from cdc_router.errors import (
     show,
 )
 from cdc_router.kafka.consumer import readable_headers
+from cdc_router.serde.json import NULL_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         except STOPS_PROCESS:
             raise
         except BaseException as error:  # asyncio.CancelledError too: the record's (52-c F-med-14)
-            raise _with_id(MalformedRecord(f"value cannot be decoded: {type(error).__name__}: "
-                                           f"{shown_error(error)}"), event_id) from error
+            # A tombstone: the decoder's own words were a TypeError's (QA 54-c F-5).
+            reason = NULL_VALUE if value is None else \
+                f"{type(error).__name__}: {shown_error(error)}"
+            raise _with_id(MalformedRecord(f"value cannot be decoded: {reason}"),
+                           event_id) from error
     timestamp_type, timestamp = message.timestamp()
     return ConsumedEvent(
         event_id=event_id, topic=message.topic(), partition=message.partition(),

@@ -35,7 +35,7 @@ from cdc_router.serde.avro_schema import (
     AvroSchema,
     load_schema,
 )
-from cdc_router.serde.json import parse_json
+from cdc_router.serde.json import NULL_VALUE, parse_json
 from cdc_router.serde.registry import RegistryError, SchemaIds, writer_schema
 
 if TYPE_CHECKING:
@@ -116,10 +116,12 @@ class PayloadDecoder:
         self._by_fingerprint[parsed.fingerprint] = parsed
         return parsed
 
-    def decode(self, value: bytes) -> Decoded:
+    def decode(self, value: bytes | None) -> Decoded:
         """Decode one record value; PayloadDecodeError when its writer schema is unknown or
         the bytes do not decode with it (the record's fault), RegistryError when the registry
         cannot be asked (unreachable, 5xx, timeout, refused credentials: try again later)."""
+        if value is None:
+            raise PayloadDecodeError(NULL_VALUE)
         encoding = encoding_of(value)
         if encoding == "json":
             try:

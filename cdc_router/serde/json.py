@@ -71,15 +71,21 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def parse_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH,
+# A record with no value (a Kafka tombstone) given to a decoder (QA 54-c F-5).
+NULL_VALUE = "the value is null (a tombstone: a record without a value), not JSON"
+
+
+def parse_json(text: str | bytes | None, *, max_depth: int = MAX_JSON_DEPTH,
                strict: bool = False, exact_numbers: bool = False) -> Any:
     """json.loads, refusing nesting deeper than `max_depth` levels (JsonTooDeep).
 
-    Raises ValueError (json.JSONDecodeError for malformed text, JsonTooDeep) or
+    Raises ValueError (json.JSONDecodeError for malformed text, JsonTooDeep, NULL_VALUE) or
     UnicodeDecodeError (bytes that are not UTF-8). `strict` also refuses NaN, Infinity and
     numbers beyond a double (1e400). `exact_numbers`: non-integer numbers as RawNumber, their
     text (see exact_json_text), so any size passes: it is kept as written, never read as a double.
     """
+    if text is None:
+        raise ValueError(NULL_VALUE)
     # deeper_than's own first test, without its call for the short texts most rows hold.
     if len(text) > max_depth and _deeper_than(text, max_depth):
         raise JsonTooDeep(max_depth)
