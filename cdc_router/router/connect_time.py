@@ -47,6 +47,8 @@ def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool
             return value // 1000  # _integer_millis's answer for the shipped connector's rows
         if value == 0 and via_connect:  # whatever its schema (review 49-f F5)
             raise ValueError(_ZERO)
+        if value == _INT64 - 1 or value == -_INT64:
+            raise ValueError(_infinity(value))
         millis = _integer_millis(value, schema_name)
         if not -_INT64 <= millis < _INT64:
             raise ValueError(f"is {value}, beyond any Kafka timestamp (64-bit milliseconds)")
@@ -62,6 +64,15 @@ def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool
     if millis == 0 and via_connect:
         raise ValueError(_ZERO)
     return millis
+
+
+def _infinity(value: int) -> str:
+    """QA 54-c F-6: Debezium sends Postgres' infinity and -infinity as Long.MAX_VALUE and
+    Long.MIN_VALUE; read as a time they were the year 2262 (or -290308)."""
+    word = "infinity" if value > 0 else "-infinity"
+    return (f"holds {word} (Debezium sends Postgres' {word!r} as {value}, Long."
+            f"{'MAX' if value > 0 else 'MIN'}_VALUE), which is no point in time: write the "
+            "event's time")
 
 
 # QA 48-a F-med-2: JsonConverter writes a NULL as the column's default in the Connect schema,

@@ -134,6 +134,18 @@ def test_an_integer_created_at_that_is_days_or_seconds_is_a_decode_dead_letter(
     assert isinstance(said, OutboxEvent) and said.created_at_ms == value, meant
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("value", "word"), [(2**63 - 1, "infinity"), (-2**63, "-infinity")])
+def test_a_created_at_of_infinity_is_a_decode_dead_letter_that_says_so(
+        mode: str, value: int, word: str) -> None:
+    # QA 54-c F-6: Debezium's Long.MAX_VALUE for Postgres' infinity was read as the year 2262,
+    # and the letter suggested record_timestamp: now, which would deliver the row as of now.
+    with pytest.raises(DecodeError, match=f"created_at column 'created_at' holds {word} "
+                       rf"\(Debezium sends Postgres' '{word}' as {value}, ") as info:
+        decode_mutated(f"create_jsonb.{mode}", lambda row: row_of(row).update(created_at=value))
+    assert "record_timestamp" not in str(info.value)
+
+
 def test_a_created_at_of_0_names_the_converter_setting_that_writes_a_null_so() -> None:
     # QA 48-a F-med-2: a NULL created_at in a column with a DEFAULT arrived as 0 (JsonConverter's
     # replace.null.with.default); the reason asked for timestamp(6), which the column was.
