@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Literal
 
 Stage = Literal["decode", "route", "serialize", "produce"]
@@ -182,24 +183,41 @@ def _varint_size(number: int) -> int:
 
 def fitted(key: bytes | None, value: bytes | None, headers: Headers, max_bytes: int | None,
            *, drop_value: bool = False) -> tuple[bytes | None, bytes | None, Headers]:
-    """The key, value and headers to send: without the value (VALUE_DROPPED says its size) when
-    the record is over `max_bytes`, or when `drop_value`; still over, without the key too
-    (KEY_DROPPED), then without the record's own headers (HEADERS_DROPPED), never without the
-    dlq.* ones.
+    """The key, value and headers to send: when the record is over `max_bytes`, without the
+    fewest of its parts (the value, the key, its own headers) that bring it within, and of
+    those choices the one that keeps the most bytes; without all three when none does. A part
+    left out is named by a header (VALUE_DROPPED and KEY_DROPPED say its size, HEADERS_DROPPED
+    how many); the dlq.* headers always stay. `drop_value`: without the value whatever its size.
 
     A dead letter the broker refused would block the stream; the raw topic still holds
-    what was left out.
+    what was left out. QA 54-c F-8: the parts went in a fixed order (value, key, headers), so
+    a letter over the limit by its headers alone lost its small value and key too.
     """
-    def over() -> bool:
-        return max_bytes is not None and record_size(key, value, list(headers)) > max_bytes
+    parts = [part for part, present in (("value", value is not None), ("key", bool(key)),
+                                        ("headers", True)) if present]
+    forced = {"value"} if drop_value and value is not None else set()
+    if max_bytes is None:
+        return _without(key, value, headers, forced)
+    for count in range(len(parts) + 1):  # fewest parts left out first
+        fitting = [letter for dropped in combinations(parts, count) if forced <= set(dropped)
+                   for letter in [_without(key, value, headers, set(dropped))]
+                   if record_size(*letter) <= max_bytes]
+        if fitting:
+            return max(fitting, key=lambda letter: record_size(*letter))  # the most kept
+    return _without(key, value, headers, set(parts))
 
-    if value is not None and (drop_value or over()):
-        headers = [*headers, (VALUE_DROPPED, str(len(value)).encode())]
+
+def _without(key: bytes | None, value: bytes | None, headers: Headers,
+             dropped: set[str]) -> tuple[bytes | None, bytes | None, Headers]:
+    """The letter without the `dropped` parts, each named by its header."""
+    headers = list(headers)
+    if "value" in dropped and value is not None:
+        headers.append((VALUE_DROPPED, str(len(value)).encode()))
         value = None
-    if key and over():
-        headers = [*headers, (KEY_DROPPED, str(len(key)).encode())]
+    if "key" in dropped and key:
+        headers.append((KEY_DROPPED, str(len(key)).encode()))
         key = None
-    if over():
+    if "headers" in dropped:
         own = [header for header in headers if not header[0].startswith(HEADER_PREFIX)]
         headers = [header for header in headers if header[0].startswith(HEADER_PREFIX)]
         headers.append((HEADERS_DROPPED, str(len(own)).encode()))

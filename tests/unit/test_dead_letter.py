@@ -87,12 +87,37 @@ def test_a_letter_still_over_the_limit_loses_its_key_then_its_own_headers_never_
     assert letter.key is None and letter.value is None and headers["trace"] == b"t1"
     assert (headers["dlq.value.dropped.bytes"], headers["dlq.key.dropped.bytes"]) == (
         b"500", b"600")
-    letter = dead_letter(topic="t", partition=0, offset=7, key=b"k", value=b"v",
+    letter = dead_letter(topic="t", partition=0, offset=7, key=b"k" * 300, value=b"v" * 300,
                          original_headers=[("big", b"b" * 600), ("trace", b"t1")],
                          stage="produce", error=ValueError("x"), max_bytes=400)
     headers = dict(letter.headers)
     assert letter.key is None and letter.value is None and "big" not in headers
     assert headers["dlq.headers.dropped"] == b"2" and headers["dlq.source.offset"] == b"7"
+
+
+def test_a_letter_over_the_limit_by_its_headers_alone_keeps_its_value_and_key() -> None:
+    # QA 54-c F-8: value, key and headers went in that order, so 3000 headers of 1 KB took
+    # an 8-byte value and a 1-byte key with them.
+    letter = dead_letter(topic="t", partition=0, offset=7, key=b"k", value=b"garbage2",
+                         original_headers=[(f"h{n}", b"x" * 1024) for n in range(3000)],
+                         stage="decode", error=ValueError("x"), max_bytes=1_000_000)
+    headers = dict(letter.headers)
+    assert (letter.key, letter.value) == (b"k", b"garbage2")
+    assert headers["dlq.headers.dropped"] == b"3000" and "h0" not in headers
+    assert "dlq.value.dropped.bytes" not in headers and "dlq.key.dropped.bytes" not in headers
+
+
+def test_of_the_parts_that_each_bring_a_letter_within_the_limit_the_smallest_goes() -> None:
+    # Dropping the value alone or the headers alone fits: the letter keeps the larger.
+    for value_size, headers_size, dropped in ((300, 200, "dlq.headers.dropped"),
+                                              (200, 300, "dlq.value.dropped.bytes")):
+        letter = dead_letter(topic="t", partition=0, offset=7, key=b"k", value=b"v" * value_size,
+                             original_headers=[("big", b"b" * headers_size)], stage="decode",
+                             error=ValueError("x"), max_bytes=500)
+        names = [name for name, _ in letter.headers]
+        assert dropped in names and letter.key == b"k"
+        assert ("big" in names) == (dropped != "dlq.headers.dropped")
+        assert (letter.value is None) == (dropped == "dlq.value.dropped.bytes")
 
 
 def test_record_size_counts_headers_as_librdkafkas_size_check_does() -> None:
