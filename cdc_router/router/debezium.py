@@ -263,6 +263,10 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     event_id = _identifier(row, names.id, "event id", None)
     if len(event_id) > MAX_EVENT_ID_BYTES // 4:  # a str of fewer characters fits anyway
         _check_id_size(event_id, names.id)
+    if "\x00" in event_id:  # QA 54-c F-7: every idempotent consumer would refuse it
+        raise DecodeError(f"column {names.id!r} (event id) holds a NUL byte, which the "
+                          "idempotent consumer and its dedup stores refuse (Postgres text "
+                          f"cannot hold it): {show(event_id, 60)}")
     try:
         payload, is_json = payload_column(row, names.payload, columns.get(names.payload),
                                            settings, event_id)
