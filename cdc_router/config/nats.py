@@ -12,7 +12,7 @@ every batch after it, so the router only publishes where a declared stream will 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -43,6 +43,16 @@ STATUS_HEADER, DESCRIPTION_HEADER = "Status", "Description"
 STATUS_HEADERS = frozenset({STATUS_HEADER, DESCRIPTION_HEADER})
 DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
 _STORED_OVERHEAD = 4096
+
+
+def nats_message_size(data: bytes, msg_id: str, headers: Iterable[tuple[str, bytes]]) -> int:
+    """The size nats-server counts against its max_payload for one JetStream publish: the
+    data and the header block (a status line, a CRLF-ended "name: value" line per header,
+    Nats-Msg-Id's included, a closing CRLF). nats-py checks the data alone (QA 54-d F-1)."""
+    size = len(data) + len("NATS/1.0\r\n\r\n") + len(MSG_ID_HEADER) + len(msg_id.encode()) + 4
+    for name, raw in headers:
+        size += len(name) + len(raw) + 4
+    return size
 
 
 def subject_problem(subject: str, *, wildcards: bool = False) -> str | None:

@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.config.nats import MSG_ID_HEADER, nats_message_size
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.connection import (
@@ -80,8 +80,12 @@ class JetStreamPublisher:
     """publish_batch(messages) -> BatchAcks once every message is acked; JetStreamError else."""
 
     def __init__(self, url: str, *, ack_timeout_s: float, connect_timeout_s: float,
-                 name: str = "cdc-router", options: Mapping[str, Any] | None = None) -> None:
-        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py)."""
+                 name: str = "cdc-router", options: Mapping[str, Any] | None = None,
+                 max_payload_bytes: int | None = None) -> None:
+        """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py);
+        `max_payload_bytes`: the config's nats.max_payload_bytes, warned about at connect when
+        it is above the server's max_payload."""
+        self._max_payload_bytes = max_payload_bytes
         self._url = url
         self._options = dict(options or {})
         self._errors: deque[BaseException] = deque(maxlen=RECENT_ERRORS)  # since connected
@@ -174,6 +178,7 @@ class JetStreamPublisher:
             self._errors.clear()
             self._js = self._client.jetstream(timeout=self._ack_timeout_s)
             log.info("event=nats_connected url=%s", shown_url(self._url))
+            self._warn_max_payload()
         # Reconnecting: publishes would wait in the client's buffer; fail the batch now.
         if not self._client.is_connected:
             self._stop_on_config_failure(None)
@@ -187,6 +192,7 @@ class JetStreamPublisher:
         from nats.js.errors import NoStreamResponseError
 
         js = await self._connected()
+        self._oversize(messages)
         self._denied.clear()
         results = await asyncio.gather(
             *(js.publish(message.subject, message.data, timeout=self._ack_timeout_s,
@@ -233,6 +239,35 @@ class JetStreamPublisher:
                 f"{hint}")
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
+
+    def _warn_max_payload(self) -> None:
+        server = self._client.max_payload
+        if self._max_payload_bytes is not None and self._max_payload_bytes > server:
+            log.warning("event=config_warning detail=%r", (
+                f"nats.max_payload_bytes ({self._max_payload_bytes}) is above the max_payload "
+                f"of the NATS server at {shown_url(self._url)} ({server}): a message between "
+                "the two is dead-lettered at stage produce; lower nats.max_payload_bytes to "
+                f"{server}, or raise the server's max_payload"))
+
+    def _oversize(self, messages: Sequence[NatsMessage]) -> None:
+        """JetStreamRefused for the messages over the server's max_payload, headers counted:
+        nats-py checks the data alone, and the server closes the connection on such a
+        publish, so the batch failed as an outage for ever (QA 54-d F-1). Nothing is sent."""
+        limit = self._client.max_payload
+        sizes = [nats_message_size(message.data, message.msg_id,
+                                   ((name, value.encode()) for name, value
+                                    in message.headers.items()))
+                 for message in messages]
+        refused = {index: f"NATS refuses the {size}-byte message (headers and data) for "
+                          f"{message.subject}: over the server's max_payload ({limit}); raise "
+                          "the server's max_payload (and nats.max_payload_bytes to it, which "
+                          "dead-letters such an event at stage route), then `cdc-router dlq "
+                          "replay` the letter"
+                   for index, (message, size) in enumerate(zip(messages, sizes, strict=True))
+                   if size > limit}
+        if refused:
+            raise JetStreamRefused(f"JetStream refused {len(refused)} of {len(messages)} "
+                                   f"messages; first: {next(iter(refused.values()))}", refused)
 
     def _stop_on_config_failure(self, error: BaseException | None) -> None:
         """Raise ConfigError when `error`, or the last error since we were last connected, is

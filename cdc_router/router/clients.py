@@ -226,7 +226,8 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
     return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
                               connect_timeout_s=config.nats.connect_timeout_ms / 1000,
                               name=f"cdc-router-{instance_id}",
-                              options=connect_options(config.nats))
+                              options=connect_options(config.nats),
+                              max_payload_bytes=config.nats.max_payload_bytes)
 
 
 def topic_describe(config: RouterConfig,

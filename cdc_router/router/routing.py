@@ -19,7 +19,7 @@ from cdc_router.config.headers import (
     RESERVED_HEADERS,
     header_name_problem,
 )
-from cdc_router.config.nats import MSG_ID_HEADER, nats_header_problem
+from cdc_router.config.nats import nats_header_problem, nats_message_size
 from cdc_router.config.topic_names import render_topic
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import RouteError, show
@@ -205,14 +205,11 @@ def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ..
         raise RouteError(f"event {show(event.event_id)}: the event id has whitespace at its "
                          "start or end, which the NATS client strips from Nats-Msg-Id: "
                          "JetStream would drop it as a duplicate of the id without it")
-    # The header block: "NATS/1.0\r\n", a line per header, Nats-Msg-Id's, a closing "\r\n".
-    size = len(value) + len("NATS/1.0\r\n\r\n") + len(MSG_ID_HEADER) + len(event.event_id) + 4
     for name, raw in headers:
-        text = raw.decode()
-        problem = nats_header_problem(name, text)
+        problem = nats_header_problem(name, raw.decode())
         if problem:
             raise RouteError(f"event {show(event.event_id)}: {problem}")
-        size += len(name) + len(raw) + 4  # "name: value\r\n"
+    size = nats_message_size(value, event.event_id, headers)
     if size - len(value) >= JETSTREAM_MAX_HEADER_BYTES:  # QA 33-c: refused at publish, 10097
         raise RouteError(f"event {show(event.event_id)}: the NATS headers are "
                          f"{size - len(value)} bytes; JetStream takes fewer than "
