@@ -3,7 +3,9 @@
 The plan compares each declared stream with the server's: missing ones are created; subjects
 and limits (duplicate window, age, bytes, messages) are updated in place; storage cannot change
 on a live stream, and the replica count is left to `nats stream edit` (a clustered JetStream's
-choice), so a difference there is a warning, never a recreate.
+choice), so a difference there is a warning, never a recreate. Settings made by hand that lose
+events or stall every batch (nats/drift.py) are set back, or, when only a new stream mends
+them, named: `apply` leaves such a stream as it is, and the router's start refuses it.
 Planning is pure (plan_streams over the server's current configs); only StreamAdmin talks to
 the server, with asyncio.run, as a CLI command is synchronous and short.
 """
@@ -18,6 +20,7 @@ from typing import Any, Literal
 from cdc_router.config.nats import StreamSpec, subject_covers, subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError, JetStreamError
+from cdc_router.nats import drift
 from cdc_router.nats.connection import config_failure, require_tls, servers
 
 StreamAction = Literal["create", "update", "unchanged"]
@@ -33,6 +36,8 @@ class StreamPlan:
     action: StreamAction
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # (setting, value, why) of the server's settings only a new stream mends (nats/drift.py).
+    recreate: Sequence[tuple[str, Any, str]] = ()
 
 
 def wanted(spec: StreamSpec) -> dict[str, Any]:
@@ -72,9 +77,16 @@ def plan_streams(specs: Sequence[StreamSpec],
         if have is None:
             plans.append(StreamPlan(spec.name, "create", {k: (None, v) for k, v in want.items()}))
             continue
+        broken = drift.recreate(have)
+        if broken:  # QA 54-d F-9: an update of a sealed stream printed `applied`, changed nothing
+            plans.append(StreamPlan(spec.name, "unchanged", {}, tuple(
+                f"{key} is {value} (set outside the config): {why}; "
+                + drift.recreate_hint(spec.name) for key, value, why in broken), broken))
+            continue
         changes = {key: (have.get(key), value) for key, value in want.items()
                    if key not in _LEFT_AS_IS
                    and _comparable(key, have.get(key)) != _comparable(key, value)}
+        changes |= drift.set_back(have)
         warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is"
                          + _LEFT_AS_IS[key].format(name=spec.name, value=value)
                          for key, value in want.items()
@@ -83,7 +95,7 @@ def plan_streams(specs: Sequence[StreamSpec],
         if isinstance(size, int) and size >= 0:
             warnings += (f"max_msg_size is {size} (set outside the config): a bigger event "
                          "is dead-lettered (stage produce)",)
-        warnings += _evictions(have, changes)
+        warnings += (*_evictions(have, changes), *drift.outside(have))
         plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
                                 warnings))
     return plans
@@ -128,6 +140,14 @@ def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
                            "so nothing would store its subjects' events",
                            field=f"nats.streams[{index}]", value=plan.name,
                            hint=f"create it with {_APPLY}")
+    if plan.recreate:  # QA 54-d F-2: events lost, or every batch stalled, with no word
+        key, value, why = plan.recreate[0]
+        return ConfigError(f"stream {plan.name} on the server has {key} {value}: {why}",
+                           field=f"nats.streams[{index}]", hint=drift.recreate_hint(plan.name))
+    if plan.changes.get("no_ack", (None, None))[0]:
+        return ConfigError(f"stream {plan.name} on the server has no_ack true: JetStream "
+                           "acknowledges no publish to it, so every batch would time out",
+                           field=f"nats.streams[{index}]", hint=f"set it back with {_APPLY}")
     have, want = plan.changes.get("duplicate_window", (None, None))
     if isinstance(have, (int, float)) and _comparable("duplicate_window", have) < \
             _comparable("duplicate_window", want):
@@ -223,6 +243,12 @@ class StreamAdmin:
                 "num_replicas": config.num_replicas,
                 "discard": getattr(config.discard, "value", config.discard) or "old",
                 "max_msg_size": config.max_msg_size,
+                "retention": getattr(config.retention, "value", config.retention) or "limits",
+                "no_ack": bool(config.no_ack), "sealed": bool(config.sealed),
+                "mirror": config.mirror.name if config.mirror else None,
+                "sources": [source.name for source in config.sources or ()],
+                "max_msgs_per_subject": config.max_msgs_per_subject,
+                "discard_new_per_subject": bool(config.discard_new_per_subject),
                 # The state, not settings: what lowering a limit would delete (_evictions).
                 "messages": info.state.messages, "bytes": info.state.bytes}
         return found, await _held(js, names)

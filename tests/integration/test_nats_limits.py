@@ -1,20 +1,26 @@
-"""JetStream publishes at the edges of the server's limits, on a real nats-server with a low
-max_payload: a message whose data fits but whose headers and data do not is a dead letter of
-its own, never an outage of every batch (QA 54-d F-1)."""
+"""JetStream at the edges, on a real nats-server: a message whose data fits the server's
+max_payload but whose headers and data do not is a dead letter of its own, never an outage of
+every batch (QA 54-d F-1); streams set by hand to lose events or stall every batch stop the
+start, and `streams apply` sets back what JetStream lets it (QA 54-d F-2, F-3, F-9)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
+from cdc_router.config.nats import StreamSpec
 from cdc_router.errors import JetStreamRefused
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
-from tests.integration.nats_server import read_stream
+from cdc_router.nats.streams import StreamAdmin, start_problem
+from tests.integration.nats_server import nats_server, read_stream
 from tests.integration.test_nats_auth import _nats_with
 
 pytestmark = pytest.mark.integration
@@ -58,3 +64,75 @@ def test_a_message_over_max_payload_by_its_headers_is_refused_alone(
         assert [m.headers["Nats-Msg-Id"] for m in read_stream(url, "EDGE")] == ["small-1"]
         assert f"nats.max_payload_bytes (1048576) is above the max_payload of the NATS " \
                f"server at {url} ({MAX_PAYLOAD})" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with nats_server(tmp_path_factory.mktemp("nats-home")) as server:
+        yield server.url
+
+
+def _edit(url: str, name: str, **settings: Any) -> None:
+    """`nats stream edit` by hand: the live config with `settings` set."""
+    async def edit() -> None:
+        client = await nats.connect(url)
+        try:
+            js = client.jetstream()
+            current = (await js.stream_info(name)).config
+            await js.update_stream(dataclasses.replace(current, **settings))
+        finally:
+            await client.close()
+
+    asyncio.run(edit())
+
+
+def _spec(name: str) -> StreamSpec:
+    return StreamSpec(name=name, subjects=[f"{name.lower()}.>"], duplicate_window_ms=60_000)
+
+
+def test_streams_set_by_hand_to_lose_or_stall_events_stop_the_start(nats_url: str) -> None:
+    # QA 54-d F-2: `streams apply` said `unchanged` and the router started on each of them:
+    # 30 events acked and lost (interest), every batch stalled (no_ack, sealed).
+    async def add() -> None:
+        client = await nats.connect(nats_url)
+        try:
+            js = client.jetstream()
+            await js.add_stream(StreamConfig(name="INTEREST", subjects=["interest.>"],
+                                             retention=RetentionPolicy.INTEREST,
+                                             duplicate_window=60))
+            for name in ("NOACK", "SEALED"):
+                await js.add_stream(StreamConfig(name=name, subjects=[f"{name.lower()}.>"],
+                                                 duplicate_window=60, no_ack=name == "NOACK"))
+        finally:
+            await client.close()
+
+    asyncio.run(add())
+    _edit(nats_url, "SEALED", sealed=True)
+    specs = [_spec("INTEREST"), _spec("NOACK"), _spec("SEALED")]
+    admin = StreamAdmin(nats_url)
+    plans = admin.plan(specs)
+    problems = [str(start_problem(index, plan)) for index, plan in enumerate(plans)]
+    assert problems[0].startswith("field 'nats.streams[0]': stream INTEREST on the server has "
+                                  "retention interest: JetStream drops each message")
+    assert problems[1].startswith("field 'nats.streams[1]': stream NOACK on the server has "
+                                  "no_ack true")
+    assert problems[2].startswith("field 'nats.streams[2]': stream SEALED on the server has "
+                                  "sealed True")
+    assert [plan.action for plan in plans] == ["unchanged", "update", "unchanged"]
+    admin.apply(specs, [plans[1]])
+    assert [start_problem(i, p) for i, p in enumerate(admin.plan(specs))][1] is None
+
+
+def test_streams_apply_sets_discard_new_per_subject_back_with_discard_new(nats_url: str) -> None:
+    # QA 54-d F-3: the plan set discard back to old alone; the server refused the update:
+    # 'discard new per subject requires discard new policy to be set'.
+    _add_stream(nats_url, "PERSUBJ", ["persubj.>"])
+    _edit(nats_url, "PERSUBJ", discard=DiscardPolicy.NEW, max_msgs_per_subject=6,
+          discard_new_per_subject=True, duplicate_window=60)
+    admin = StreamAdmin(nats_url)
+    [plan] = admin.plan([_spec("PERSUBJ")])
+    assert plan.changes == {"discard": ("new", "old"), "discard_new_per_subject": (True, False)}
+    admin.apply([_spec("PERSUBJ")], [plan])
+    [after] = admin.plan([_spec("PERSUBJ")])
+    assert after.action == "unchanged"
+    assert any(w.startswith("max_msgs_per_subject is 6") for w in after.warnings)

@@ -1,0 +1,74 @@
+"""Stream settings made by hand outside the config (QA 54-d F-2, F-3, F-9): `streams apply`
+sets back what it can, says what only a new stream mends, and the start refuses what would
+lose events or stall every batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_router.config.nats import StreamSpec
+from cdc_router.nats.streams import plan_streams, start_problem, wanted
+
+ORDERS = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000)
+RECREATE = ("JetStream cannot change it on a live stream: delete the stream (`nats stream rm "
+            "ORDERS`, its stored messages go with it; copy them first if they matter) and "
+            "create it with `cdc-router streams apply -c <config>`")
+
+
+@pytest.mark.parametrize(("setting", "line"), [
+    ({"retention": "interest"}, "retention interest: JetStream drops each message once the "
+                                "consumers it has (interest) or one of them (workqueue) took "
+                                "it, right after storing it when none exists: events acked "
+                                "and lost"),
+    ({"retention": "workqueue"}, "retention workqueue: JetStream drops"),
+    ({"sealed": True}, "sealed True: a sealed stream refuses every publish for ever"),
+    ({"mirror": "OTHER"}, "mirror OTHER: a mirror takes no publish of its own"),
+])
+def test_a_setting_only_a_new_stream_mends_stops_the_start_and_apply_changes_nothing(
+        setting: dict[str, object], line: str) -> None:
+    # QA 54-d F-2: `unchanged`, and the router started: 30 events acked and lost (interest),
+    # every batch stalled (sealed); F-9: apply printed `applied` on a sealed stream.
+    live = {**wanted(ORDERS), **setting, "discard": "new", "duplicate_window": 120.0}
+    [plan] = plan_streams([ORDERS], {"ORDERS": live})
+    assert (plan.action, plan.changes) == ("unchanged", {})
+    [warning] = plan.warnings
+    assert "(set outside the config)" in warning and warning.endswith(RECREATE)
+    problem = start_problem(1, plan)
+    assert problem is not None
+    assert str(problem).startswith(
+        f"field 'nats.streams[1]': stream ORDERS on the server has {line}")
+    assert str(problem).endswith(RECREATE)
+
+
+def test_no_ack_stops_the_start_and_apply_sets_it_back() -> None:
+    # QA 54-d F-2: every batch timed out for ever, no hint, `unchanged`.
+    [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "no_ack": True}})
+    assert (plan.action, plan.changes) == ("update", {"no_ack": (True, False)})
+    problem = start_problem(0, plan)
+    assert problem is not None and str(problem) == (
+        "field 'nats.streams[0]': stream ORDERS on the server has no_ack true: JetStream "
+        "acknowledges no publish to it, so every batch would time out; set it "
+        "back with `cdc-router streams apply -c <config>`")
+
+
+def test_discard_new_per_subject_goes_back_with_discard_new() -> None:
+    # QA 54-d F-3: the plan said `discard: new -> old` alone, and the server refused it:
+    # 'discard new per subject requires discard new policy to be set'.
+    live = {**wanted(ORDERS), "discard": "new", "max_msgs_per_subject": 6,
+            "discard_new_per_subject": True}
+    [plan] = plan_streams([ORDERS], {"ORDERS": live})
+    assert plan.changes == {"discard": ("new", "old"), "discard_new_per_subject": (True, False)}
+    assert any(warning.startswith("max_msgs_per_subject is 6 (set outside the config): "
+                                  "JetStream keeps that many messages per subject")
+               for warning in plan.warnings)
+
+
+def test_per_subject_limits_and_sources_are_warned_about_and_let_the_router_start() -> None:
+    live = {**wanted(ORDERS), "max_msgs_per_subject": 5, "sources": ["A", "B"],
+            "retention": "limits", "no_ack": False, "sealed": False, "mirror": None,
+            "discard_new_per_subject": False}
+    [plan] = plan_streams([ORDERS], {"ORDERS": live})
+    assert plan.action == "unchanged"
+    assert [w.split(" (")[0] for w in plan.warnings] == ["max_msgs_per_subject is 5",
+                                                         "sources A, B"]
+    assert start_problem(0, plan) is None
