@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 from collections import deque
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -81,11 +81,15 @@ class JetStreamPublisher:
 
     def __init__(self, url: str, *, ack_timeout_s: float, connect_timeout_s: float,
                  name: str = "cdc-router", options: Mapping[str, Any] | None = None,
-                 max_payload_bytes: int | None = None) -> None:
+                 max_payload_bytes: int | None = None,
+                 stream_of: Callable[[str], str | None] | None = None) -> None:
         """`options`: nats.connect() keywords for credentials and TLS (nats/connection.py);
         `max_payload_bytes`: the config's nats.max_payload_bytes, warned about at connect when
-        it is above the server's max_payload."""
+        it is above the server's max_payload; `stream_of(subject)`: the stream of the config
+        that captures the subject, which each ack must name."""
         self._max_payload_bytes = max_payload_bytes
+        self._stream_of = stream_of
+        self._expected: dict[str, str | None] = {}  # stream_of's answers, by subject
         self._url = url
         self._options = dict(options or {})
         self._errors: deque[BaseException] = deque(maxlen=RECENT_ERRORS)  # since connected
@@ -237,8 +241,31 @@ class JetStreamPublisher:
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
                 f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"
                 f"{hint}")
+        self._check_streams(messages, results)
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)
+
+    def _check_streams(self, messages: Sequence[NatsMessage], acks: Sequence[Any]) -> None:
+        """JetStreamError when an ack names another stream than the config's for its subject:
+        a stream edited by hand took the subject while the router ran, and the events went
+        there, unseen by the declared stream's consumers (QA 54-d F-4)."""
+        if self._stream_of is None:
+            return
+        expected = self._expected
+        if len(expected) > 10_000:  # subjects rendered from row data: keep it bounded
+            expected.clear()
+        for message, ack in zip(messages, acks, strict=True):
+            subject = message.subject
+            if subject not in expected:
+                expected[subject] = self._stream_of(subject)
+            wanted = expected[subject]
+            if wanted is not None and ack.stream != wanted:
+                raise JetStreamError(
+                    f"JetStream stored {subject!r} (id {message.msg_id}) in stream "
+                    f"{ack.stream}, not in {wanted} as nats.streams says: a stream was changed "
+                    f"on the server to capture it; take the subject out of {ack.stream} and "
+                    f"give {wanted} its subjects back (`cdc-router streams apply -c <config>`); "
+                    f"the events stored in {ack.stream} stay there")
 
     def _warn_max_payload(self) -> None:
         server = self._client.max_payload

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from pydantic import SecretStr
 
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.nats import SubjectGuard
 from cdc_router.dead_letter import dead_letter_max_bytes
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.errors import missing_files
@@ -227,7 +228,8 @@ def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPubl
                               connect_timeout_s=config.nats.connect_timeout_ms / 1000,
                               name=f"cdc-router-{instance_id}",
                               options=connect_options(config.nats),
-                              max_payload_bytes=config.nats.max_payload_bytes)
+                              max_payload_bytes=config.nats.max_payload_bytes,
+                              stream_of=SubjectGuard(config.nats.streams).stream_of)
 
 
 def topic_describe(config: RouterConfig,

@@ -17,7 +17,7 @@ import pytest
 from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
 from cdc_router.config.nats import StreamSpec
-from cdc_router.errors import JetStreamRefused
+from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.nats.streams import StreamAdmin, start_problem
 from tests.integration.nats_server import nats_server, read_stream
@@ -136,3 +136,19 @@ def test_streams_apply_sets_discard_new_per_subject_back_with_discard_new(nats_u
     [after] = admin.plan([_spec("PERSUBJ")])
     assert after.action == "unchanged"
     assert any(w.startswith("max_msgs_per_subject is 6") for w in after.warnings)
+
+
+def test_an_ack_from_another_stream_than_the_configs_fails_the_batch(nats_url: str) -> None:
+    # QA 54-d F-4: ORDERS' subject moved to a stream STRAY while the router ran: 30 events
+    # stored in STRAY, acked, committed, unseen by ORDERS' consumers, no word.
+    _add_stream(nats_url, "STRAY", ["moved.x"])
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=3, connect_timeout_s=3,
+                                   stream_of=lambda subject: "MOVED")
+    try:
+        with pytest.raises(JetStreamError) as failed:
+            publisher.publish_batch([NatsMessage("moved.x", b"{}", {}, "moved-1")])
+    finally:
+        publisher.close()
+    assert str(failed.value).startswith(
+        "JetStream stored 'moved.x' (id moved-1) in stream STRAY, not in MOVED as nats.streams "
+        "says: a stream was changed on the server to capture it")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cdc_router.errors import JetStreamRefused
+from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 
 
@@ -39,3 +39,22 @@ def test_a_message_over_the_servers_max_payload_with_its_headers_is_refused_unse
     assert list(refused.value.refused) == [1]
     assert "the 215-byte message (headers and data) for a.b: over the server's max_payload " \
            "(200)" in refused.value.refused[1]
+
+
+def test_an_ack_naming_another_stream_than_the_configs_fails_the_batch() -> None:
+    # QA 54-d F-4: a subject moved to another stream while the router ran was stored there.
+    asked: list[str] = []
+
+    def stream_of(subject: str) -> str | None:
+        asked.append(subject)
+        return {"a.b": "A"}.get(subject)
+
+    publisher = JetStreamPublisher("nats://127.0.0.1:1", ack_timeout_s=1, connect_timeout_s=1,
+                                   stream_of=stream_of)
+    ok = [NatsMessage("a.b", b"", {}, f"id-{i}") for i in range(3)] + [
+        NatsMessage("other", b"", {}, "id-x")]
+    publisher._check_streams(ok, [SimpleNamespace(stream="A")] * 3
+                             + [SimpleNamespace(stream="Z")])
+    assert asked == ["a.b", "other"]  # once a subject
+    with pytest.raises(JetStreamError, match=r"in stream B, not in A as nats\.streams says"):
+        publisher._check_streams(ok[:1], [SimpleNamespace(stream="B")])
