@@ -54,6 +54,19 @@ def stream_full(error: BaseException) -> bool:
     """Whether JetStream refused a publish because its stream is full and set to discard new."""
     return getattr(error, "err_code", None) == STREAM_FULL and \
         "maximum" in str(getattr(error, "description", ""))
+
+
+def _full_limit(error: BaseException) -> str:
+    """The limit a stream_full() refusal hit, as its description says, and what else mends
+    it (QA 54-d F-3: 'maximum messages per subject exceeded' was told max_msgs/max_bytes)."""
+    description = str(getattr(error, "description", ""))
+    if "per subject" in description:
+        return ("it then keeps the last max_msgs_per_subject messages of each subject, set "
+                "outside the config, deleting older ones: lift that with `nats stream edit "
+                "<stream> --max-msgs-per-subject=-1`")
+    return f"or raise its {'max_bytes' if 'bytes' in description else 'max_msgs'}"
+
+
 # nats-server's -ERR for a publish the user's permissions refuse (nats-py lowercases it).
 _PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
@@ -235,7 +248,7 @@ class JetStreamPublisher:
                     # QA 34-d: a full stream with discard: new refuses every publish.
                     f"; the stream that captures {message.subject!r} is full and set to "
                     "discard new messages: `cdc-router streams apply -c <config>` sets it back "
-                    "to discard old ones (or raise its max_msgs/max_bytes)"
+                    f"to discard old ones ({_full_limit(error)})"
                     if stream_full(error) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "

@@ -152,3 +152,20 @@ def test_an_ack_from_another_stream_than_the_configs_fails_the_batch(nats_url: s
     assert str(failed.value).startswith(
         "JetStream stored 'moved.x' (id moved-1) in stream STRAY, not in MOVED as nats.streams "
         "says: a stream was changed on the server to capture it")
+
+
+def test_a_stream_full_per_subject_names_max_msgs_per_subject(nats_url: str) -> None:
+    # QA 54-d F-3: 'maximum messages per subject exceeded' was told to raise max_msgs/max_bytes.
+    _add_stream(nats_url, "PERFULL", ["perfull.>"])
+    _edit(nats_url, "PERFULL", discard=DiscardPolicy.NEW, max_msgs_per_subject=1,
+          discard_new_per_subject=True)
+    publisher = JetStreamPublisher(nats_url, ack_timeout_s=3, connect_timeout_s=3)
+    try:
+        publisher.publish_batch([NatsMessage("perfull.x", b"{}", {}, "pf-1")])
+        with pytest.raises(JetStreamError) as failed:
+            publisher.publish_batch([NatsMessage("perfull.x", b"{}", {}, "pf-2")])
+    finally:
+        publisher.close()
+    assert "sets it back to discard old ones (it then keeps the last max_msgs_per_subject " \
+           "messages of each subject" in str(failed.value)
+    assert "max_msgs/max_bytes" not in str(failed.value)

@@ -58,3 +58,16 @@ def test_an_ack_naming_another_stream_than_the_configs_fails_the_batch() -> None
     assert asked == ["a.b", "other"]  # once a subject
     with pytest.raises(JetStreamError, match=r"in stream B, not in A as nats\.streams says"):
         publisher._check_streams(ok[:1], [SimpleNamespace(stream="B")])
+
+
+@pytest.mark.parametrize(("description", "named"), [
+    ("maximum messages per subject exceeded", "max_msgs_per_subject"),
+    ("maximum messages exceeded", "or raise its max_msgs"),
+    ("maximum bytes exceeded", "or raise its max_bytes")])
+def test_a_full_stream_names_the_limit_it_hit(description: str, named: str) -> None:
+    # QA 54-d F-3: the per-subject limit was told to raise max_msgs/max_bytes.
+    from cdc_router.nats.publisher import _full_limit, stream_full
+
+    error = SimpleNamespace(err_code=10077, description=description)
+    assert stream_full(error)  # type: ignore[arg-type]
+    assert named in _full_limit(error)  # type: ignore[arg-type]
