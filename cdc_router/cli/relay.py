@@ -33,7 +33,8 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    for warning in config.kafka.ignored_properties() + config.kafka.unused_login():
+    streams = config.nats.stream_warnings() if config.nats is not None else []
+    for warning in config.kafka.ignored_properties() + config.kafka.unused_login() + streams:
         # The Kafka settings' warnings `run` logs too (review 51-j F2: SASL with PLAINTEXT).
         logging.getLogger("cdc_router.relay").warning("event=config_warning detail=%r", warning)
     dsn = config.relay_settings().dsn or config.cleanup.dsn

@@ -29,7 +29,7 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
 from cdc_router.nats.connection import connect_options
-from cdc_router.nats.streams import StreamAdmin, start_problem
+from cdc_router.nats.streams import StreamAdmin, start_problem, start_warning
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
@@ -72,6 +72,9 @@ def check_streams(config: RouterConfig) -> None:
         problem = start_problem(index, plan)
         if problem is not None:
             raise problem
+        if (warning := start_warning(index, plan)) is not None:
+            logging.getLogger("cdc_router.router").warning("event=config_warning detail=%r",
+                                                             warning)
 
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:

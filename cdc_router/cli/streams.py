@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -35,7 +36,13 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
                           field="nats.streams", hint="add the streams your nats: routes use")
     specs = config.nats.streams
     admin = StreamAdmin(config.nats.url, connect_options(config.nats))
-    show_and_apply(admin.plan(specs), describe=_describe,
+    # The config's warnings of a stream (rules check's) where the plan sets what they are
+    # about: QA 54-d F-5 (memory, created without a word), F-7 (a window lowered under it).
+    plans = [dataclasses.replace(plan, warnings=plan.warnings + tuple(
+        text for key, text in config.nats.warnings_of(index).items()
+        if key in plan.changes or key == "storage"))
+        for index, plan in enumerate(admin.plan(specs))]
+    show_and_apply(plans, describe=_describe,
                    as_json=lambda plan: {"name": plan.name, "action": plan.action,
                                          "changes": plan.changes,
                                          "warnings": list(plan.warnings)},

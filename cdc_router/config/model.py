@@ -96,7 +96,7 @@ class RouterConfig(_Model):
         missing = self.cleanup.missing_dsn()
         dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
             if missing is not None else []
-        windows = self.nats.window_warnings() if self.nats is not None else []
+        windows = self.nats.stream_warnings() if self.nats is not None else []
         leak = retention_leak(self.cleanup, without_sweep=self._without_sweep(),
                               changelog_retention_ms=self.dedup.changelog_config.get(
                                   "retention.ms"), keep_ms=self.changelog_keep_ms())

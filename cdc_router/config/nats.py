@@ -308,16 +308,30 @@ class NatsSettings(ConfigModel):
                         "only: take it out of one of them")
         return self
 
-    def window_warnings(self) -> list[str]:
-        """Streams whose duplicate window a failed batch's re-publish outlives (QA 34-d: a
-        100 ms window stored 1,206 messages for 600 ids): one ack timeout, then backoff."""
+    def stream_warnings(self) -> list[str]:
+        """What `rules check` and the router's and the relay's start warn about the streams."""
+        return [text for index in range(len(self.streams))
+                for text in self.warnings_of(index).values()]
+
+    def warnings_of(self, index: int) -> dict[str, str]:
+        """nats.streams[index]'s warnings, by the JetStream setting each is about (`streams
+        apply` gives them where its plan sets that setting)."""
+        stream, found = self.streams[index], {}
+        # QA 34-d: a 100 ms window stored 1,206 messages for 600 ids: a failed batch's
+        # re-publish comes one ack timeout, then the backoff, later.
         floor = 2 * self.ack_timeout_ms + 30_000  # the router's longest backoff is 30 s
-        return [f"nats.streams[{index}].duplicate_window_ms {stream.duplicate_window_ms} is "
+        if stream.duplicate_window_ms < floor:
+            found["duplicate_window"] = (
+                f"nats.streams[{index}].duplicate_window_ms {stream.duplicate_window_ms} is "
                 f"under {floor} (twice nats.ack_timeout_ms, plus the router's 30 s backoff): "
                 "a batch published again after a failure is stored twice; size it like "
-                "dedup.window_ms (README, How close to exactly once)"
-                for index, stream in enumerate(self.streams)
-                if stream.duplicate_window_ms < floor]
+                "dedup.window_ms (README, How close to exactly once)")
+        if stream.storage == "memory":  # QA 54-d F-5: 40 acked events gone at a restart
+            found["storage"] = (
+                f"nats.streams[{index}].storage memory: nats-server keeps the stream in memory "
+                "only, so a restart of the server loses the stream and every event stored in "
+                "it, acked and committed (their outbox rows cleaned up); use storage: file")
+        return found
 
     @model_validator(mode="after")
     def _one_kind_of_credentials(self) -> NatsSettings:

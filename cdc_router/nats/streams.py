@@ -173,6 +173,15 @@ def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
     return None
 
 
+def start_warning(index: int, plan: StreamPlan) -> str | None:
+    """What the router's start warns about the server's stream that does not stop it."""
+    if plan.changes.get("discard", (None, None))[0] == "new":  # QA 54-d F-6: no word at start
+        return (f"nats.streams[{index}]: stream {plan.name} on the server discards new messages "
+                "when full (set outside the config): once it is full, every batch waits, Kafka "
+                f"routes included; {_APPLY} sets it back to discard old ones")
+    return None
+
+
 class StreamAdmin:
     """Reads and writes streams on the server at `url`; each call connects and disconnects."""
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+import yaml
 from nats.js.api import DiscardPolicy, RetentionPolicy, StreamConfig
 
 from cdc_router.config.nats import StreamSpec
@@ -169,3 +172,26 @@ def test_a_stream_full_per_subject_names_max_msgs_per_subject(nats_url: str) -> 
     assert "sets it back to discard old ones (it then keeps the last max_msgs_per_subject " \
            "messages of each subject" in str(failed.value)
     assert "max_msgs/max_bytes" not in str(failed.value)
+
+
+def test_streams_apply_warns_of_memory_storage_and_a_window_it_lowers_under_the_bound(
+        nats_url: str, tmp_path: Path) -> None:
+    # QA 54-d F-5: a memory stream was created without a word (40 acked events lost at a
+    # server restart); F-7: `duplicate_window: 86400.0 -> 2.0` planned without the warning
+    # rules check gives, though apply is where the window changes.
+    _add_stream(nats_url, "LOWWIN", ["lowwin.>"])
+    _edit(nats_url, "LOWWIN", duplicate_window=86400)
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "routes": [{"nats": {"subject": "lowwin.x"}}],
+        "nats": {"url": nats_url, "ack_timeout_ms": 3000, "streams": [
+            {"name": "LOWWIN", "subjects": ["lowwin.>"], "duplicate_window_ms": 2000},
+            {"name": "MEMWIN", "subjects": ["memwin.>"], "storage": "memory"}]}}))
+    planned = subprocess.run([sys.executable, "-m", "cdc_router", "streams", "apply", "-c",
+                              str(path), "--dry-run"], capture_output=True, text=True,
+                             check=False)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "  warning: nats.streams[0].duplicate_window_ms 2000 is under 36000 (twice " \
+           "nats.ack_timeout_ms, plus the router's 30 s backoff)" in planned.stdout
+    assert "  warning: nats.streams[1].storage memory: nats-server keeps the stream in " \
+           "memory only, so a restart of the server loses the stream" in planned.stdout

@@ -72,3 +72,32 @@ def test_per_subject_limits_and_sources_are_warned_about_and_let_the_router_star
     assert [w.split(" (")[0] for w in plan.warnings] == ["max_msgs_per_subject is 5",
                                                          "sources A, B"]
     assert start_problem(0, plan) is None
+
+
+def test_memory_storage_is_warned_about_with_the_window() -> None:
+    # QA 54-d F-5: `storage: memory` passed rules check and the start without a word; a
+    # nats-server restart lost the stream and its 40 acked events.
+    from cdc_router.config.nats import NatsSettings
+
+    nats = NatsSettings(ack_timeout_ms=3000, streams=[
+        ORDERS, StreamSpec(name="MEM", subjects=["mem.>"], storage="memory",
+                           duplicate_window_ms=2000)])
+    assert list(nats.warnings_of(0)) == []
+    assert list(nats.warnings_of(1)) == ["duplicate_window", "storage"]
+    assert nats.stream_warnings()[1].startswith(
+        "nats.streams[1].storage memory: nats-server keeps the stream in memory only, so a "
+        "restart of the server loses the stream and every event stored in it")
+
+
+def test_a_stream_set_to_discard_new_is_warned_about_at_start() -> None:
+    # QA 54-d F-6: the router started on it without a word; the stall came when it filled.
+    from cdc_router.nats.streams import start_warning
+
+    [plan] = plan_streams([ORDERS], {"ORDERS": {**wanted(ORDERS), "discard": "new"}})
+    assert start_problem(0, plan) is None
+    assert start_warning(0, plan) == (
+        "nats.streams[0]: stream ORDERS on the server discards new messages when full (set "
+        "outside the config): once it is full, every batch waits, Kafka routes included; "
+        "`cdc-router streams apply -c <config>` sets it back to discard old ones")
+    [fine] = plan_streams([ORDERS], {"ORDERS": wanted(ORDERS)})
+    assert start_warning(0, fine) is None
