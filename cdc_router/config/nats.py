@@ -43,6 +43,9 @@ STATUS_HEADER, DESCRIPTION_HEADER = "Status", "Description"
 STATUS_HEADERS = frozenset({STATUS_HEADER, DESCRIPTION_HEADER})
 DEFAULT_DUPLICATE_WINDOW_MS = 24 * 3600 * 1000
 _STORED_OVERHEAD = 4096
+# nats-server refuses a message whose header block is this big or bigger
+# (JSStreamHeaderExceedsMaximumErr, err_code 10097); no setting of server or stream raises it.
+JETSTREAM_MAX_HEADER_BYTES = 64 * 1024
 
 
 def nats_message_size(data: bytes, msg_id: str, headers: Iterable[tuple[str, bytes]]) -> int:

@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cdc_router.config.nats import MSG_ID_HEADER, nats_message_size
+from cdc_router.config.nats import JETSTREAM_MAX_HEADER_BYTES, MSG_ID_HEADER, nats_message_size
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import JetStreamError, JetStreamRefused
 from cdc_router.nats.connection import (
@@ -294,10 +294,13 @@ class JetStreamPublisher:
         nats-py checks the data alone, and the server closes the connection on such a
         publish, so the batch failed as an outage for ever (QA 54-d F-1). Nothing is sent."""
         limit = self._client.max_payload
+        # The route stage refuses a header block of JETSTREAM_MAX_HEADER_BYTES or more, so
+        # only data within that of the limit needs its headers counted (9 us a message else).
+        near = limit - JETSTREAM_MAX_HEADER_BYTES
         sizes = [nats_message_size(message.data, message.msg_id,
                                    ((name, value.encode()) for name, value
                                     in message.headers.items()))
-                 for message in messages]
+                 if len(message.data) > near else 0 for message in messages]
         refused = {index: f"NATS refuses the {size}-byte message (headers and data) for "
                           f"{message.subject}: over the server's max_payload ({limit}); raise "
                           "the server's max_payload (and nats.max_payload_bytes to it, which "

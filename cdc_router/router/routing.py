@@ -19,7 +19,11 @@ from cdc_router.config.headers import (
     RESERVED_HEADERS,
     header_name_problem,
 )
-from cdc_router.config.nats import nats_header_problem, nats_message_size
+from cdc_router.config.nats import (
+    JETSTREAM_MAX_HEADER_BYTES,
+    nats_header_problem,
+    nats_message_size,
+)
 from cdc_router.config.topic_names import render_topic
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import RouteError, show
@@ -188,10 +192,6 @@ class Router:
                              f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
 
-
-# nats-server refuses a message whose header block is this big or bigger
-# (JSStreamHeaderExceedsMaximumErr, err_code 10097); no setting of server or stream raises it.
-JETSTREAM_MAX_HEADER_BYTES = 64 * 1024
 
 
 def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ...],
