@@ -111,6 +111,12 @@ def refused_login() -> str | None:
             "a restart does not mend it")
 
 
+def forget_refusal() -> None:
+    """Forget the refusal noted: a client of this process has logged in since (review 54-k
+    F-3: one refused login, then an outage's timeout, exited 1, "a restart does not mend it")."""
+    _REFUSALS.clear()
+
+
 def _fresh_refusal() -> tuple[str, str] | None:
     if not _REFUSALS or time.monotonic() - _REFUSALS[0][0] > REFUSAL_FRESH_S:
         return None

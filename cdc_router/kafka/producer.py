@@ -227,6 +227,17 @@ class LatchingProducer:
         with self._watchdog.guard("abort_transaction", timeout_s):
             self.client.abort_transaction(timeout_s)
 
+    def answers(self, timeout_s: float) -> bool:
+        """Whether its built client gets the cluster's metadata now (so its login works);
+        False for a client not built (it has never logged in) or one that gets none."""
+        if self._producer is None:
+            return False
+        try:
+            self.topics(timeout_s)
+        except Exception:
+            return False
+        return True
+
     def topics(self, timeout_s: float) -> Mapping[str, Any]:
         """Every topic of the cluster: name -> metadata (.partitions, .error), one request."""
         topics: Mapping[str, Any] = self.client.list_topics(timeout=timeout_s).topics

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.errors import EXIT_RESTART, BatchFailed
@@ -75,3 +77,40 @@ def test_a_start_that_times_out_after_kafka_refused_the_login_is_a_credentials_e
         "SASL SCRAM-SHA-256 mechanism" in str(failed)
     logs.librdkafka_logger().error("SSL handshake failed: certificate verify failed")
     assert init_failure(unanswered, UNBUILT).exit_code == EXIT_RESTART  # TLS: as before
+
+
+class _Answering:
+    """A built client whose login works now: it gets the cluster's metadata."""
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self.served = 0
+
+    def poll(self, timeout: float) -> int:
+        self.served += 1
+        return 0
+
+    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+        return SimpleNamespace(topics={})
+
+
+class _Unanswering(_Answering):
+    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+
+
+def test_a_refusal_since_mended_leaves_an_outage_timeout_a_restart() -> None:
+    # Review 54-k F-3: one refused login (credentials made moments before), then a login that
+    # worked and init_transactions timing out for an outage: exit 1, "a restart does not mend
+    # it", and a supervisor restarting on 75 left the stream stopped.
+    unanswered = BatchFailed("step 'init' still fails after its one try",
+                             KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+    logs.librdkafka_logger().error("SASL authentication error: Authentication failed: Invalid "
+                                   "username or password (after 1ms in state AUTH_REQ)")
+    still_refused = LatchingProducer({}, factory=_Unanswering)
+    still_refused.client  # noqa: B018 - built, as init_transactions builds it
+    assert init_failure(unanswered, still_refused).exit_code == 1
+    logged_in = LatchingProducer({}, factory=_Answering)
+    logged_in.client  # noqa: B018
+    failed = init_failure(unanswered, logged_in)
+    assert failed.exit_code == EXIT_RESTART and "refused" not in str(failed)
+    assert logs.refused_login() is None  # forgotten: the next lines blame no login either
