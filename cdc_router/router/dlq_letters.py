@@ -299,19 +299,24 @@ def _delivered_by_another(planned: list[Planned],
         else item for item in planned]
 
 
+_FAILING = ("dead_letter", "still_failing")
+
+
 def _one_letter_again(planned: list[Planned]) -> list[Planned]:
     """`planned` with at most one letter of an id dead-lettered again: of an id's letters that
     fail in this replay (dead_letter, still_failing), the newest (by time, then in the order
-    given) stays as planned, and every other one planned dead_letter is `superseded` by it
-    (review 54: each letter of an id that failed for a new reason wrote a new letter)."""
+    given) stays as planned, and every other one is `superseded` by it, still_failing too
+    (review 54: each letter of an id that failed for a new reason wrote a new letter; review
+    54-k F-1: an older still_failing letter stayed undelivered beside the newest, one event
+    counted twice, as the letters came in one order and not the other)."""
     failing = sorted((item.letter.timestamp_ms, index) for index, item in enumerate(planned)
-                     if item.letter.event_id and item.action in ("dead_letter", "still_failing"))
+                     if item.letter.event_id and item.action in _FAILING)
     newest = {planned[index].letter.event_id: index for _, index in failing}  # the last wins
     return [replace(item, action="superseded", result=None, note=(
         f"its id's newer letter {by.partition}@{by.offset} fails too in this replay: an id is "
         "dead-lettered again once at most, for its newest letter"))
-        if item.action == "dead_letter" and (at := newest.get(item.letter.event_id, index)) !=
-        index and (by := planned[at].letter) else item for index, item in enumerate(planned)]
+        if item.action in _FAILING and (at := newest.get(item.letter.event_id, index)) != index
+        and (by := planned[at].letter) else item for index, item in enumerate(planned)]
 
 
 def _planned(letter: Letter, result: StepResult, before: set[str]) -> Planned:

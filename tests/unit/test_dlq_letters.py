@@ -248,11 +248,12 @@ def test_a_failing_letter_shadows_no_later_letter_of_its_id_which_supersedes_it(
     assert [item.action for item in planned] == ["superseded", "deliver", "superseded",
                                                  "repeated"]
     assert planned[0].note == "its id is delivered by its letter 0@1 in this replay"
-    # One that fails and has no later letter to deliver stays as it was.
+    # One that fails and has no later letter to deliver is not repeated: its id's newer
+    # failing letter supersedes it (review 54-k F-1: it stayed still_failing, counted too).
     routed_step, seen = step()
     planned = plan_replay([broken, letter("x", offset=1, aggregate_type="Bad")], routed_step,
                           seen, set(), lambda topic, group: True)
-    assert [item.action for item in planned] == ["still_failing", "dead_letter"]
+    assert [item.action for item in planned] == ["superseded", "dead_letter"]
 
 
 def test_a_reason_that_differs_only_in_a_number_the_clock_moves_fails_as_before() -> None:

@@ -323,6 +323,36 @@ def test_one_replay_dead_letters_an_id_again_once_for_its_newest_failing_letter(
     assert replay.apply(plan).committed == {} and len(cluster.committed(DLQ)) == 3
 
 
+def test_an_older_letter_still_failing_is_superseded_by_a_newer_failing_one_too() -> None:
+    # Review 54-k F-1: e-0's older letter fails at route as it did (still_failing), its newer
+    # one (a decode letter) now fails at route, a new reason: the older stayed still_failing,
+    # two undelivered letters for one event, where the other order counted one.
+    def decode_letter(offset: int) -> Stored:
+        letter = dead_letter(topic=RAW, partition=0, offset=offset, key=None, value=raw_event(
+            "e-0", aggregate_type="Unrouted", aggregate_id=f"a-{offset}"), original_headers=[],
+            stage="decode", error=DecodeError("bad row"), event_id="e-0", group="g")
+        return Stored(DLQ, 0, letter.key, letter.value, list(letter.headers), None)
+
+    learned = FakeCluster(partitions={RAW: 1, CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    learned.publish(DLQ, [decode_letter(0)])
+    replay = replayer(learned)
+    replay.apply(replay.plan(Selection()))
+    route = learned.committed(DLQ)[-1]  # a route letter the replay repeats exactly
+    cluster = FakeCluster(partitions={RAW: 1, CUSTOMERS: 3, DLQ: 1, CHANGELOG: 1})
+    cluster.publish(DLQ, [Stored(DLQ, 0, route.key, route.value, [
+        (name, value) for name, value in route.headers if name != REPLAY_OF], None)])
+    cluster.publish(DLQ, [decode_letter(1)])
+    replay = replayer(cluster)
+    plan = replay.plan(Selection())
+    assert [item.action for item in plan.planned] == ["superseded", "dead_letter"]
+    assert replay.apply(plan).committed == {"dead_letter": 1}
+    for _ in range(2):  # the next replays: e-0 counts once, its newest letter
+        replay = replayer(cluster)
+        plan = replay.plan(Selection())
+        assert plan.counts() == {"superseded": 2, "still_failing": 1}
+        assert replay.apply(plan).committed == {} and undelivered_noted(cluster) == 1
+
+
 def test_selection_leaves_the_other_letters_for_a_later_replay() -> None:
     cluster = cluster_with_letters("Customer", "Customer")
     replay = replayer(cluster)
