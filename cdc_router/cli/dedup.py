@@ -7,6 +7,7 @@ record can come back (consumer lag, an offset reset, a replay of the topic).
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from cdc_router.consumer.dedup.postgres import (
     run_purge_loop,
 )
 from cdc_router.errors import ConfigError, DedupStoreError, DedupStoreRefused
+from cdc_router.signals import refuse_reload
 
 table_option = click.option("--table", default=DEFAULT_TABLE, show_default=True,
                             help="The dedup table, schema.table.")
@@ -129,6 +131,7 @@ def _purge_forever(store: PostgresDedupStore, older_than: tuple[timedelta, str],
     # Signals only set the stop flag; the loop finishes its batch and returns.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    refuse_reload(logging.getLogger("cdc_router.dedup"))  # SIGHUP: logged, the loop goes on
     which = f"group {consumer_group}'s rows" if consumer_group else "rows of every group"
     click.echo(f"purging {which} older than {window_text} every {interval_text}; SIGTERM to "
                "stop",

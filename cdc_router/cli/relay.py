@@ -14,6 +14,7 @@ from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.signals import refuse_reload
 
 
 @click.command(name="relay")
@@ -31,6 +32,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     """
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    refuse_reload(logging.getLogger("cdc_router.relay"))  # before the start's slow steps
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
     streams = config.nats.stream_warnings() if config.nats is not None else []

@@ -36,6 +36,7 @@ from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
+from cdc_router.signals import refuse_reload
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
@@ -100,6 +101,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     """Route outbox events from the raw change topic to their destinations until stopped."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    refuse_reload(logging.getLogger("cdc_router.router"))  # before the start's slow steps
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
     for warning in config.warnings():
@@ -150,23 +152,14 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
                       metrics_port: int, what: str, config: RouterConfig,
                       source: str | None = None) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
-    commit and return; SIGHUP is logged and ignored. `source` is the config file, for the
-    errors that name it."""
+    commit and return (SIGHUP is logged and ignored from the command's start: signals.py).
+    `source` is the config file, for the errors that name it."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
 
-    def refuse_reload(signum: int, frame: FrameType | None) -> None:
-        logging.getLogger(f"cdc_router.{what}").warning(
-            "event=sighup_ignored detail=%r", "the config and rules are read at start: this "
-            "signal reloads nothing and the process goes on; stop it (SIGTERM) and start it "
-            "again to apply a change")
-
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    # QA 54-a F-3: SIGHUP (`systemctl reload`, a closed terminal) ended the process at once,
-    # mid-batch, with no line; a reload a user expects but does not get must be said.
-    signal.signal(signal.SIGHUP, refuse_reload)
     if metrics_port:
         # In use: a second instance on the host.
         serve_on("--metrics-port", metrics_port,

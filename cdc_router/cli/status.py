@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -33,6 +34,7 @@ from cdc_router.ops.report import Report, carry_inactive_since
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, judge, verdict
 from cdc_router.postgres import dsn_problem
 from cdc_router.router import clients
+from cdc_router.signals import refuse_reload
 
 # --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
 DEFAULT_SERVE_INTERVAL_S = 30.0
@@ -135,8 +137,9 @@ def _status(config_path: Path, connector: str | None, dsn: str | None, connect_u
     code = 0
     if watch_s is not None:
         # A watching exporter is stopped as a service is (docker stop, systemd): SIGTERM ends
-        # it like Ctrl-C, with the last verdict's exit code.
+        # it like Ctrl-C, with the last verdict's exit code; SIGHUP is logged and ignored.
         signal.signal(signal.SIGTERM, _interrupt)
+        refuse_reload(logging.getLogger("cdc_router.status"))
     # Each check runs in a worker process that a librdkafka crash cannot take the watch (or
     # the exporter) down with (ops/isolated.py); one check's crash exits 3, not 139 (QA 33-a).
     checks = IsolatedChecks(check)

@@ -49,6 +49,7 @@ from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.errors import CdcRouterError
 from cdc_router.postgres import table_identifier
 from cdc_router.serde.json import parse_json
+from cdc_router.signals import refuse_reload
 
 log = logging.getLogger("fulfillment")
 
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         # Signals only set the stop flag; the loop finishes its record, commits and closes.
         signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
         signal.signal(signal.SIGINT, lambda *_: consumer.stop())
+        refuse_reload(log)  # SIGHUP (a reload, a closed terminal): logged, the loop goes on
         consumer.run()
     except CdcRouterError as error:
         print(f"error: {error}", file=sys.stderr)

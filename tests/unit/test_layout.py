@@ -18,4 +18,4 @@ def test_the_top_level_holds_only_the_parts_and_what_they_share() -> None:
     """Router side, consumer side and operator tooling are folders; the rest is shared."""
     modules = {path.name for path in PACKAGE.glob("*.py")}
     assert modules == {"__init__.py", "__main__.py", "errors.py", "dead_letter.py",
-                       "postgres.py"}
+                       "postgres.py", "signals.py"}
