@@ -91,14 +91,18 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T],
     try:
         return read()
     except psycopg.errors.LockNotAvailable as error:
-        return kind(error=f"Postgres: {one_line(error)} (another session holds a lock on a "
+        return kind(answered=True,
+                    error=f"Postgres: {one_line(error)} (another session holds a lock on a "
                           f"table this check reads, over {LOCK_TIMEOUT_MS // 1000} s: see "
                           "pg_locks and pg_stat_activity)")
     except psycopg.errors.QueryCanceled as error:
-        return kind(error=f"Postgres: {one_line(error)} (a query of this check took over "
+        return kind(answered=True,
+                    error=f"Postgres: {one_line(error)} (a query of this check took over "
                           f"{STATEMENT_TIMEOUT_MS // 1000} s)")
     except psycopg.Error as error:
-        return kind(error=f"Postgres: {one_line(error)}{hint(error)}")
+        # A connection lost mid-check did not answer; any other error is a refused query.
+        return kind(answered=not isinstance(error, psycopg.OperationalError),
+                    error=f"Postgres: {one_line(error)}{hint(error)}")
 
 
 def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:

@@ -70,10 +70,14 @@ class StatusCollector(Collector):
 def _no_report() -> Iterator[GaugeMetricFamily]:
     status = _gauge("status", "Verdict of the last check: 0 ok, 1 warning, 2 critical")
     status.add_metric([], EXIT_CODES["critical"])
-    up = _gauge("status_up", "1 when the last check could read this part", ("part",))
+    up = _gauge("status_up", "1 when this part answered the last check (0: it did not answer)",
+                ("part",))
+    checked = _gauge("status_checked", "1 when the last check could read this part (0: it did "
+                     "not answer, or refused a query: status says why)", ("part",))
     for name in SECTIONS:
         up.add_metric([name], 0)
-    yield from (status, up)
+        checked.add_metric([name], 0)
+    yield from (status, up, checked)
 
 
 def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFamily]:
@@ -82,10 +86,18 @@ def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFam
     count = _gauge("status_problems", "Problems found by the last check", ("level",))
     for level in ("warning", "critical"):
         count.add_metric([level], sum(1 for p in problems if p.level == level))
-    up = _gauge("status_up", "1 when the last check could read this part", ("part",))
+    up = _gauge("status_up", "1 when this part answered the last check (0: it did not answer)",
+                ("part",))
+    checked = _gauge("status_checked", "1 when the last check could read this part (0: it did "
+                     "not answer, or refused a query: status says why)", ("part",))
     for name in SECTIONS:
-        up.add_metric([name], 0 if getattr(report, name).error else 1)
-    yield from (status, count, up)
+        section = getattr(report, name)
+        # Review 54-k F-6: a part that answered but refused a query (a renamed column) is
+        # NOT CHECKED, not "does not answer" (CdcRouterStatusUnreachable).
+        up.add_metric([name], 0 if section.error and not getattr(section, "answered", False)
+                      else 1)
+        checked.add_metric([name], 0 if section.error else 1)
+    yield from (status, count, up, checked)
 
 
 def _wal(report: Report) -> Iterator[GaugeMetricFamily]:

@@ -31,6 +31,7 @@ class WalState:
     """The connector's slots and the server's limit on the WAL a slot may hold back."""
 
     error: str | None = None
+    answered: bool = False  # error set: Postgres answered, refused this check's query
     max_slot_wal_keep_size_bytes: int | None = None  # -1: unlimited
     slots: tuple[Slot, ...] = ()
 
@@ -40,6 +41,7 @@ class PublicationState:
     """The publication Debezium reads and the tables it publishes."""
 
     error: str | None = None
+    answered: bool = False  # error set: Postgres answered, refused this check's query
     name: str | None = None
     exists: bool | None = None
     tables: tuple[str, ...] = ()
@@ -57,6 +59,7 @@ class OutboxState:
     """Rows waiting in the outbox table, the oldest's age, the table's size on disk."""
 
     error: str | None = None
+    answered: bool = False  # error set: Postgres answered, refused this check's query
     table: str | None = None
     rows: int | None = None
     oldest_age_s: float | None = None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -18,6 +19,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
 from cdc_router.errors import ConfigError
 from cdc_router.kafka.commit_stamp import commit_metadata, committed_ms
+from cdc_router.ops.database import _guarded
 from cdc_router.ops.exporter import StatusCollector
 from cdc_router.ops.report import (
     ChangelogState,
@@ -608,6 +610,7 @@ def test_the_exporter_shows_the_latest_report_as_gauges() -> None:
     value = registry.get_sample_value
     assert value("cdc_router_status", {}) == 2
     assert value("cdc_router_status_up", {"part": "outbox"}) == 0
+    assert value("cdc_router_status_checked", {"part": "outbox"}) == 0
     assert value("cdc_router_outbox_rows", {"table": "public.outbox"}) is None
     assert value("cdc_router_slot_retained_wal_bytes", {"slot": "outbox_slot"}) == 1024
     assert value("cdc_router_slot_wal_status", {"slot": "outbox_slot",
@@ -617,6 +620,33 @@ def test_the_exporter_shows_the_latest_report_as_gauges() -> None:
     assert value("cdc_router_group_lag", {"group": "cdc-router", "topic": "outbox.public.outbox",
                                           "partition": "0"}) == 0
     assert value("cdc_router_dlq_records", {"topic": "cdc-router.dlq"}) == 0
+
+
+def test_a_part_that_answered_but_refused_a_query_is_not_checked_not_unreachable() -> None:
+    # Review 54-k F-6: a renamed outbox column (`outbox: NOT CHECKED`) set status_up 0, and
+    # CdcRouterStatusUnreachable said the part "does not answer"; Postgres answered.
+    collector = StatusCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    renamed = replace(healthy(), outbox=OutboxState(
+        answered=True, error='Postgres: column "created_at" does not exist'))
+    collector.update(renamed, judge(renamed, SETTINGS))
+    value = registry.get_sample_value
+    assert value("cdc_router_status_up", {"part": "outbox"}) == 1
+    assert value("cdc_router_status_checked", {"part": "outbox"}) == 0
+    assert value("cdc_router_status_checked", {"part": "wal"}) == 1
+    assert value("cdc_router_status", {}) == 2  # still critical: CdcRouterStatusCritical
+
+    def fails(error: Exception) -> Callable[[], OutboxState]:
+        def read() -> OutboxState:
+            raise error
+        return read
+
+    refused = _guarded(fails(psycopg.errors.UndefinedColumn('column "created_at" does not '
+                                                              'exist')), OutboxState)
+    lost = _guarded(fails(psycopg.OperationalError("server closed the connection")),
+                    OutboxState)
+    assert (refused.answered, lost.answered) == (True, False)
 
 
 def test_the_exporter_gives_each_partitions_oldest_waiting_record_for_the_stall_rule() -> None:
