@@ -159,13 +159,7 @@ def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
 def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
           wait_s: float) -> None:
     """Create or update connectors from files: plan, validate, confirm, PUT, watch them start."""
-    specs = _load(files)
-    for spec in specs:
-        for key in plain_secrets(spec.config):
-            click.echo(f"warning: {spec.source}: {key} is plain text; use a config provider "
-                       "such as ${env:NAME}", err=True)
-        for problem in reading_problems(spec.config):
-            click.echo(f"warning: {spec.source}: {spec.name}: {problem}", err=True)
+    specs = _warned(_load(files))
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
     conflicts, doubts = slot_conflicts(specs, state.client.list_configs())
@@ -262,11 +256,22 @@ def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | 
 @click.pass_context
 def diff(ctx: click.Context, state: _State, files: tuple[Path, ...], output: str) -> None:
     """Files against the deployed configs; exit 0 if equal, 2 if they differ, 1 on error."""
-    plans = [plan(state.client, spec) for spec in _load(files)]
+    plans = [plan(state.client, spec) for spec in _warned(_load(files))]  # review 54-k F-7
     emit(_plan_json(plans) if output == "json" else plans, output,
          lambda items: _plan_text(items, all_keys=True))
     if any(item.action is not ConnectorAction.UNCHANGED for item in plans):
         ctx.exit(EXIT_DIFFERS)
+
+
+def _warned(specs: list[ConnectorSpec]) -> list[ConnectorSpec]:
+    """`specs`, once their warnings are said on stderr (`apply`, `diff`)."""
+    for spec in specs:
+        for key in plain_secrets(spec.config):
+            click.echo(f"warning: {spec.source}: {key} is plain text; use a config provider "
+                       "such as ${env:NAME}", err=True)
+        for problem in reading_problems(spec.config):
+            click.echo(f"warning: {spec.source}: {spec.name}: {problem}", err=True)
+    return specs
 
 
 def _tasks_text(status: ConnectorStatus) -> str:

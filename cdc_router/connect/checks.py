@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
 from cdc_router.connect.spec import (
-    UNORDERED_SNAPSHOT,
     included_tables,
     plain_table,
     unordered_snapshot,
+    unordered_snapshot_warning,
 )
 
 # Kafka's EnvVarConfigProvider placeholder, ${env:NAME} (or ${env:path:NAME}), resolved by
@@ -104,7 +104,7 @@ def reading_problems(config: Mapping[str, str]) -> list[str]:
                         "key column goes out as that base64); if cdc-router reads this "
                         "connector's topic, set decimal.handling.mode=string")
     if unordered_snapshot(config):  # QA 54-a F-2
-        problems.append(UNORDERED_SNAPSHOT)
+        problems.append(unordered_snapshot_warning(config))
     return problems
 
 
