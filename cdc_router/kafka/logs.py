@@ -73,8 +73,9 @@ REFUSAL_FRESH_S = 300.0
 
 
 def with_kafka_refusal(line: str) -> str:
-    """`line` about Kafka, naming the credentials Kafka refused or the TLS handshake that
-    failed when librdkafka said so in the last REFUSAL_FRESH_S; other lines as they are
+    """`line` about Kafka, when librdkafka said in the last REFUSAL_FRESH_S that Kafka refused
+    this process's login: refused_login's text instead (the line's own guess, "is the cluster
+    up?", dropped); a TLS handshake that failed: the line naming it; other lines as they are
     (review 32-3: a Postgres error line was blamed on TLS)."""
     lowered = line.lower()
     refusal = _fresh_refusal()
@@ -82,12 +83,8 @@ def with_kafka_refusal(line: str) -> str:
             "handshake" in lowered or refusal[1] in line:
         return line
     kind, said = refusal
-    if kind == _CREDENTIALS:
-        return (f"{line} (Kafka refused this process's credentials: {said}; check "
-                "kafka.sasl_username, its password and kafka.sasl_mechanism)")
-    if kind == _MECHANISM:
-        return (f"{line} (Kafka does not enable this process's SASL mechanism: {said}; set "
-                "kafka.sasl_mechanism to one the broker lists)")
+    if kind != _TLS:  # review 54-k F-4: the refusal leads, init_failure's text, not a guess
+        return _login_refused(kind, said)
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
             "its certificate, and kafka.security_protocol against the listener)")
@@ -101,7 +98,12 @@ def refused_login() -> str | None:
     refusal = _fresh_refusal()
     if refusal is None or refusal[0] == _TLS:
         return None
-    kind, said = refusal
+    return _login_refused(*refusal)
+
+
+def _login_refused(kind: str, said: str) -> str:
+    """The one text of a refused login, for every command (review 54-k F-4: the others led
+    with their own guess, "is the cluster up?", and a shorter list of what to check)."""
     if kind == _MECHANISM:
         return (f"Kafka does not enable this process's SASL mechanism: {said}; set "
                 "kafka.sasl_mechanism to one the broker lists; a restart does not mend it")

@@ -62,10 +62,16 @@ def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
     monkeypatch.setattr(logs, "_REFUSALS", [])
     assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
     logs.librdkafka_logger().error("SASL authentication error: Authentication failed")
-    assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == (
-        "Kafka: _TRANSPORT (Kafka refused this process's credentials: SASL authentication "
-        "error: Authentication failed; check kafka.sasl_username, its password and "
-        "kafka.sasl_mechanism)")
+    # Review 54-k F-4: every command's line is init_failure's text, not its own guess.
+    for line in ("Kafka: _TRANSPORT", "cannot reach Kafka at b:9092; is the cluster up?",
+                 "a Kafka call to b:9092 failed: _TRANSPORT; check kafka.bootstrap_servers, "
+                 "and that the cluster is up"):
+        assert logs.with_kafka_refusal(line) == logs.refused_login() == (
+            "Kafka refused this process's credentials: SASL authentication error: "
+            "Authentication failed; check kafka.sasl_username and its password "
+            "(kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism "
+            "and kafka.security_protocol against the broker's listener; a restart does not "
+            "mend it")
     said = "SASL authentication error: Authentication failed"
     assert logs.with_kafka_refusal(said) == said
     # Review 32-3: never on a line about something else; a missing client certificate is
@@ -82,7 +88,7 @@ def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
                                    "PLAIN,SCRAM-SHA-512")
     assert logs.with_kafka_refusal("Kafka: _TIMED_OUT").endswith(
         "broker's supported mechanisms: PLAIN,SCRAM-SHA-512; set kafka.sasl_mechanism to one "
-        "the broker lists)")
+        "the broker lists; a restart does not mend it")
     stale = logs._REFUSALS[0]
     monkeypatch.setattr(logs, "_REFUSALS", [(stale[0] - logs.REFUSAL_FRESH_S - 1, *stale[1:])])
     assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"

@@ -38,10 +38,9 @@ def test_status_names_the_credentials_kafka_refused(monkeypatch: pytest.MonkeyPa
             "postgresql://u:p@127.0.0.1:1/db", "http://127.0.0.1:1", logged_config(config)))
     for section in (report.router, report.dead_letters, report.dedup_changelog):
         assert section.error is not None
-        assert "(Kafka refused this process's credentials: " in section.error, section.error
+        assert "Kafka refused this process's credentials: " in section.error, section.error
         assert f"SASL authentication error: {REFUSAL}" in section.error, section.error
-        assert "check kafka.sasl_username, its password and kafka.sasl_mechanism)" in \
-            section.error
+        assert "check kafka.sasl_username and its password" in section.error
     assert "FAIL" not in capfd.readouterr().err  # librdkafka's own lines stay unshown
 
 
