@@ -46,10 +46,12 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
                    signal_table: str | None = None, source: str = "the DSN",
+                   named_by: str = "cleanup.table",
                    ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
     every logical slot of this database; `publication` None: not checked (an empty state).
-    `source` names where the DSN came from, for a connection refused for good."""
+    `source` names where the DSN came from, for a connection refused for good; `named_by` the
+    setting that named the outbox, for a table the database lacks."""
     try:
         # application_name: its queries are named in pg_stat_activity (review 49-b F6).
         conn = psycopg.connect(dsn, autocommit=True, **session_options(dsn, "cdc-router-status"))
@@ -67,15 +69,17 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                          PublicationState)
                 if publication is not None else PublicationState(),
                 _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState,
-                         lambda error: _outbox_hint(error, outbox)))
+                         lambda error: _outbox_hint(error, outbox, named_by)))
 
 
-def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema) -> str:
+def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema, named_by: str) -> str:
     """What to set when the outbox or one of its columns is not there: Postgres answered, the
     config names what the table does not have (QA 54-a F-1: status said UNREACHABLE)."""
     if isinstance(error, psycopg.errors.UndefinedTable):
-        return (f" (renamed?): name the outbox with status.outbox_table, or fix the connector's "
-                f"table.include.list or cleanup.table, which name {outbox.table}")
+        if named_by == "status.outbox_table":
+            return f" (renamed?): fix status.outbox_table, which names {outbox.table}"
+        return (f" (renamed?): fix {named_by}, which names {outbox.table}, or name the outbox "
+                "with status.outbox_table")
     if not isinstance(error, psycopg.errors.UndefinedColumn):
         return ""
     text = str(error)

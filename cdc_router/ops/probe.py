@@ -127,27 +127,31 @@ def relay_only(config: RouterConfig) -> bool:
     return config.relay is not None and not config.source.topics
 
 
-def outbox_table(config: RouterConfig, capture: Capture | None) -> str:
+def outbox_table(config: RouterConfig, capture: Capture | None) -> tuple[str, str]:
     """status.outbox_table, else the relay's table (relay only), else the one table the
-    connector captures, else cleanup.table."""
+    connector captures, else cleanup.table; and what names it, for status's hint on a table
+    the database lacks (review 54-k F-8: a relay-only config's relay.table went unnamed)."""
     relayed = config.relay.table if config.relay is not None and relay_only(config) else None
-    return config.status.outbox_table or relayed or (capture and capture.table) or \
-        config.cleanup.table
+    named = [(config.status.outbox_table, "status.outbox_table"), (relayed, "relay.table"), (
+        capture and capture.table, "the connector's table.include.list")]
+    return next(((table, by) for table, by in named if table),
+                (config.cleanup.table, "cleanup.table"))
 
 
 def _database(config: RouterConfig, endpoints: Endpoints,
               capture: Capture | None) -> tuple[WalState, PublicationState, OutboxState]:
-    table = outbox_table(config, capture)
+    table, named_by = outbox_table(config, capture)
     try:
         schema = OutboxSchema(table, config.source.outbox)
     except CdcRouterError as error:
         return (WalState(error=str(error)), PublicationState(error=str(error)),
                 OutboxState(error=str(error), table=table))
     if capture is None:
-        return probe_database(endpoints.dsn, None, None, schema, source=endpoints.dsn_source)
+        return probe_database(endpoints.dsn, None, None, schema, source=endpoints.dsn_source,
+                              named_by=named_by)
     return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
                           reader=capture.user, signal_table=capture.signal_table,
-                          source=endpoints.dsn_source)
+                          source=endpoints.dsn_source, named_by=named_by)
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

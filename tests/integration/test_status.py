@@ -414,8 +414,8 @@ def test_a_member_waiting_on_a_transaction_holding_the_group_s_offsets_is_said_s
      'column "occurred_at" does not exist in public.{table} (renamed?): set '
      "source.outbox.created_at to the column's name"),
     ("CDC_ROUTER__STATUS__OUTBOX_TABLE", "public.renamed_away",
-     'relation "public.renamed_away" does not exist (renamed?): name the outbox with '
-     "status.outbox_table"),
+     'relation "public.renamed_away" does not exist (renamed?): fix status.outbox_table, '
+     "which names public.renamed_away"),
 ])
 def test_a_column_or_table_the_config_names_and_postgres_lacks_is_named_not_unreachable(
         routed: Pipeline, variable: str, value: str, expected: str) -> None:
