@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cdc_router.config.nats import subject_matches, subject_problem
+from cdc_router.config.nats import subject_problem
+from cdc_router.config.nats_subjects import subject_matches
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.consumer.settings import as_names, filled

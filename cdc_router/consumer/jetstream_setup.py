@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cdc_router.config.nats import subjects_collide
+from cdc_router.config.nats_subjects import subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
 from cdc_router.errors import JetStreamConsumerError

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cdc_router.config.nats import StreamSpec, subject_covers, subjects_collide
+from cdc_router.config.nats import StreamSpec
+from cdc_router.config.nats_subjects import subject_covers, subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError, JetStreamError
 from cdc_router.nats import drift

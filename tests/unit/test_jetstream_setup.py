@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
-from cdc_router.config.nats import subjects_collide
+from cdc_router.config.nats_subjects import subjects_collide
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import subscribe
 from cdc_router.errors import JetStreamConsumerError

@@ -11,7 +11,8 @@ import pytest
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.nats import subject_matches, subject_problem
+from cdc_router.config.nats import subject_problem
+from cdc_router.config.nats_subjects import subject_matches
 from cdc_router.errors import ConfigError, RouteError
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.routing import OutboundRecord, Router

@@ -120,7 +120,7 @@ def test_server_subjects_that_still_cover_the_configs_let_the_router_start() -> 
     ("a.*.>", "a.>", False), ("a.>", "a", False), ("a.*", "b.c", False)])
 def test_subject_covers_when_the_wide_one_matches_all_the_narrow_one_does(
         wide: str, narrow: str, covers: bool) -> None:
-    from cdc_router.config.nats import subject_covers
+    from cdc_router.config.nats_subjects import subject_covers
 
     assert subject_covers(wide, narrow) is covers
 
