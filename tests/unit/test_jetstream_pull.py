@@ -95,3 +95,12 @@ def test_messages_after_their_requests_end_open_the_next_batch() -> None:
     assert [len(first), len(second)] == [2, 1]
     assert client.requests[1][1] == {"batch": 1, "no_wait": True}  # answered at once
     assert not is_stream_message(status("503")) and is_stream_message(stream_message(1))
+
+
+def test_a_refused_pull_request_is_a_failure_not_an_empty_poll() -> None:
+    # Review 54-m F-1: a durable answering 409 (a batch over its max pull batch, a deleted
+    # durable) ended each request at once, and the consumer asked again without a pause.
+    with pytest.raises(PullFailed, match=r"status 409 .Exceeded MaxRequestBatch of 5"):
+        fetch(FakeClient([status("409", "Exceeded MaxRequestBatch of 5")]))
+    [batch] = fetch(FakeClient([stream_message(1), status("409", "Leadership Change")]))
+    assert len(batch) == 1
