@@ -56,15 +56,20 @@ def stream_full(error: BaseException) -> bool:
         "maximum" in str(getattr(error, "description", ""))
 
 
-def _full_limit(error: BaseException) -> str:
-    """The limit a stream_full() refusal hit, as its description says, and what else mends
-    it (QA 54-d F-3: 'maximum messages per subject exceeded' was told max_msgs/max_bytes)."""
+def _full_hint(error: BaseException, stream: str | None) -> str:
+    """What mends a stream_full() refusal, by the limit its description names (QA 54-d F-3:
+    'maximum messages per subject exceeded' was told max_msgs/max_bytes)."""
     description = str(getattr(error, "description", ""))
     if "per subject" in description:
-        return ("it then keeps the last max_msgs_per_subject messages of each subject, set "
-                "outside the config, deleting older ones: lift that with `nats stream edit "
-                "<stream> --max-msgs-per-subject=-1`")
-    return f"or raise its {'max_bytes' if 'bytes' in description else 'max_msgs'}"
+        # Lifted first (review 54-m F-2): set back to discard old while the limit stands, each
+        # publish would delete its subject's oldest message, consumed or not.
+        return ("is full per subject (max_msgs_per_subject, set outside the config) and set to "
+                "discard new messages: first lift that limit (`nats stream edit "
+                f"{stream or '<stream>'} --max-msgs-per-subject=-1`), then run "
+                "`cdc-router streams apply -c <config>`, which sets it back to discard old ones")
+    return ("is full and set to discard new messages: `cdc-router streams apply -c <config>` "
+            "sets it back to discard old ones (or raise its "
+            f"{'max_bytes' if 'bytes' in description else 'max_msgs'})")
 
 
 # nats-server's -ERR for a publish the user's permissions refuse (nats-py lowercases it).
@@ -246,9 +251,8 @@ class JetStreamPublisher:
                     "`cdc-router streams apply -c <config>`"
                     if isinstance(error, NoStreamResponseError) else
                     # QA 34-d: a full stream with discard: new refuses every publish.
-                    f"; the stream that captures {message.subject!r} is full and set to "
-                    "discard new messages: `cdc-router streams apply -c <config>` sets it back "
-                    f"to discard old ones ({_full_limit(error)})"
+                    f"; the stream that captures {message.subject!r} "
+                    f"{_full_hint(error, self._stream_of and self._stream_of(message.subject))}"
                     if stream_full(error) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "

@@ -169,8 +169,8 @@ def test_a_stream_full_per_subject_names_max_msgs_per_subject(nats_url: str) -> 
             publisher.publish_batch([NatsMessage("perfull.x", b"{}", {}, "pf-2")])
     finally:
         publisher.close()
-    assert "sets it back to discard old ones (it then keeps the last max_msgs_per_subject " \
-           "messages of each subject" in str(failed.value)
+    assert "is full per subject (max_msgs_per_subject, set outside the config) and set to " \
+           "discard new messages: first lift that limit" in str(failed.value)
     assert "max_msgs/max_bytes" not in str(failed.value)
 
 

@@ -66,8 +66,19 @@ def test_an_ack_naming_another_stream_than_the_configs_fails_the_batch() -> None
     ("maximum bytes exceeded", "or raise its max_bytes")])
 def test_a_full_stream_names_the_limit_it_hit(description: str, named: str) -> None:
     # QA 54-d F-3: the per-subject limit was told to raise max_msgs/max_bytes.
-    from cdc_router.nats.publisher import _full_limit, stream_full
+    from cdc_router.nats.publisher import _full_hint, stream_full
 
     error = SimpleNamespace(err_code=10077, description=description)
     assert stream_full(error)  # type: ignore[arg-type]
-    assert named in _full_limit(error)  # type: ignore[arg-type]
+    assert named in _full_hint(error, "PAY")  # type: ignore[arg-type]
+
+
+def test_a_stream_full_per_subject_is_told_to_lift_the_limit_before_streams_apply() -> None:
+    # Review 54-m F-2: `streams apply` first (discard old) under a per-subject limit deletes
+    # each subject's oldest message at every publish, consumed or not; the stream was unnamed.
+    from cdc_router.nats.publisher import _full_hint
+
+    error = SimpleNamespace(err_code=10077, description="maximum messages per subject exceeded")
+    hint = _full_hint(error, "PAY")  # type: ignore[arg-type]
+    assert hint.index("nats stream edit PAY --max-msgs-per-subject=-1") < hint.index(
+        "then run `cdc-router streams apply")
