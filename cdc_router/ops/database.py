@@ -7,7 +7,8 @@ does for `max_slot_wal_keep_size`: from its restart_lsn to the current WAL posit
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar, cast
 
 import psycopg
 
@@ -92,8 +93,8 @@ def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema, named_by: str) -> s
 
 def _guarded(read: Callable[[], T], kind: Callable[..., T],
              hint: Callable[[psycopg.Error], str] = lambda _: "") -> T:
-    try:
-        return read()
+    try:  # answered: True when Postgres answered, its query's rows or its refusal alike
+        return cast(T, replace(cast(Any, read()), answered=True))
     except psycopg.errors.LockNotAvailable as error:
         return kind(answered=True,
                     error=f"Postgres: {one_line(error)} (another session holds a lock on a "

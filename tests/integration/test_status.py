@@ -75,7 +75,8 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert slot["wal_status"] in ("reserved", "extended")
     assert slot["retained_wal_bytes"] >= 0 and slot["flush_lag_bytes"] >= 0
     assert report["wal"]["max_slot_wal_keep_size_bytes"] is not None
-    assert report["publication"] == {"error": None, "name": pipe.name, "exists": True,
+    assert report["publication"] == {"error": None, "answered": True, "name": pipe.name,
+                                     "exists": True,
                                      "tables": [f"public.{pipe.name}"],
                                      "operations": ["insert"], "via_root": False,
                                      "signal_table": None, "signal_table_exists": None,

@@ -647,6 +647,8 @@ def test_a_part_that_answered_but_refused_a_query_is_not_checked_not_unreachable
     lost = _guarded(fails(psycopg.OperationalError("server closed the connection")),
                     OutboxState)
     assert (refused.answered, lost.answered) == (True, False)
+    # A section read without error answered too (its JSON said answered: false).
+    assert _guarded(lambda: OutboxState(table="t"), OutboxState).answered
 
 
 def test_the_exporter_gives_each_partitions_oldest_waiting_record_for_the_stall_rule() -> None:
