@@ -27,15 +27,14 @@ log = logging.getLogger("cdc_router.connect")
 # lets the user see Connect's own message instead of our guess. Connecting is a plain TCP
 # handshake: if it takes more than a few seconds, the worker is not there.
 DEFAULT_TIMEOUT = httpx.Timeout(100.0, connect=5.0)
-# A GET (a status, a config, the list) is answered from the worker's memory, never forwarded
-# to the leader; a config or the list waits for the herder's thread, which a rebalance or a
-# connector's start may hold for seconds. 30 s without an answer is a worker that is stuck
-# (stopped, in a long GC pause), which the user should hear of sooner than 100 s (review
-# 48-b F8); `status`'s probe takes 10 s (ops/connector.py).
+# A GET (a status, a config, the list) is answered from the worker's memory, not forwarded;
+# a config or the list waits for the herder's thread (a rebalance, a connector's start hold it
+# for seconds). 30 s without an answer is a stuck worker (stopped, in a GC pause), to be heard
+# of sooner than 100 s (review 48-b F8); `status`'s probe takes 10 s (ops/connector.py).
 READ_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 
-# A 409 means a rebalance or a concurrent config write is in flight; both settle within seconds
-# on a healthy cluster, so a short bounded retry beats failing the command.
+# A 409, or a 500 "a rebalance is expected" (Connect maps its RebalanceNeededException to no
+# code), is a rebalance or config write in flight, settled in seconds: retried, bounded.
 _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 1.0
 
@@ -306,7 +305,8 @@ class ConnectClient:
                                    f"{on_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
                       path, response.status_code, attempt)
-            if response.status_code == httpx.codes.CONFLICT and attempt < _CONFLICT_RETRIES:
+            if attempt < _CONFLICT_RETRIES and (response.status_code == httpx.codes.CONFLICT or (
+                    response.is_server_error and "rebalance is expected" in response.text)):
                 self._sleep(_CONFLICT_BACKOFF_S)
                 continue
             break

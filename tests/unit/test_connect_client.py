@@ -314,6 +314,18 @@ def test_a_conflict_during_a_rebalance_is_retried() -> None:
     assert clock.now == 1.0
 
 
+def test_a_500_saying_a_rebalance_is_expected_is_retried_like_a_conflict() -> None:
+    # CI rehearsal, session 54: `connectors apply` failed on 'Kafka Connect answered 500 to
+    # GET /connectors/x/config: Request cannot be completed because a rebalance is expected'.
+    answers = iter([httpx.Response(500, json={"error_code": 500, "message": "Request cannot be "
+                                              "completed because a rebalance is expected"}),
+                    httpx.Response(200, json=["c"])])
+    clock = FakeClock()
+
+    assert client(lambda request: next(answers), clock).list() == ["c"]
+    assert clock.now == 1.0
+
+
 def test_wait_for_state_polls_until_every_task_runs() -> None:
     answers = iter([httpx.Response(404, json={"error_code": 404, "message": "No status found"}),
                     httpx.Response(200, json=status_json("c", "RUNNING")),
