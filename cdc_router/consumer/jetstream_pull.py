@@ -12,6 +12,9 @@ One request per fetch, as fetch() made it: `batch` messages at most, `no_wait` s
 server answers as soon as it has nothing more, `expires` just under the poll timeout when
 nothing was left over from the previous request (else the request ends at once). Messages of
 an earlier request that come late (after its timeout) stay queued and open the next batch.
+Each request has a reply subject of its own under one wildcard subscription (as nats.go's
+Fetch): a status answering an earlier request, come late, is stale and does not end the
+current one (review 54-m F-4).
 """
 
 from __future__ import annotations
@@ -71,12 +74,13 @@ class Puller:
         self._client = client
         self._next = f"{_API_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = ""
+        self._requests = 0
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def start(self) -> None:
         """Subscribe to the inbox (nats-py resubscribes it after a reconnect)."""
         self._inbox = self._client.new_inbox()
-        await self._client.subscribe(self._inbox, cb=self._arrived,
+        await self._client.subscribe(f"{self._inbox}.*", cb=self._arrived,
                                      pending_msgs_limit=_PENDING_MSGS,
                                      pending_bytes_limit=_PENDING_BYTES)
 
@@ -93,7 +97,9 @@ class Puller:
         request: dict[str, Any] = {"batch": batch - len(messages), "no_wait": True}
         if not messages:  # without expires the server answers at once
             request["expires"] = max(1, int(timeout * 1e9) - _EXPIRES_MARGIN_NS)
-        await self._client.publish(self._next, json.dumps(request).encode(), reply=self._inbox)
+        self._requests += 1
+        reply = f"{self._inbox}.{self._requests}"
+        await self._client.publish(self._next, json.dumps(request).encode(), reply=reply)
         deadline = time.monotonic() + timeout
         while len(messages) < batch:
             remaining = deadline - time.monotonic()
@@ -107,8 +113,8 @@ class Puller:
                 messages.append(message)
                 continue
             status, description = status_of(message)
-            if status == _HEARTBEAT:
-                continue
+            if status == _HEARTBEAT or getattr(message, "subject", reply) != reply:
+                continue  # a heartbeat, or a stale status of an earlier request
             if status == _REFUSED and not messages:
                 raise PullFailed(status, description)
             if status in _ENDED:

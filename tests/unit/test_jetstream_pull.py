@@ -22,9 +22,10 @@ def stream_message(seq: int, headers: dict[str, str] | None = None) -> Msg:
                data=b"{}", headers=headers)
 
 
-def status(code: str, description: str = "") -> Msg:
+def status(code: str, description: str = "", subject: str = "") -> Msg:
+    """A status message, on the reply subject of the request it answers ('' = this one's)."""
     headers = {"Status": code, **({"Description": description} if description else {})}
-    return Msg(_client=None, subject="_INBOX.x", reply="", data=b"",  # type: ignore[arg-type]
+    return Msg(_client=None, subject=subject, reply="", data=b"",  # type: ignore[arg-type]
                headers=headers)
 
 
@@ -34,18 +35,21 @@ class FakeClient:
     def __init__(self, *answers: list[Msg]) -> None:
         self.answers, self.requests = list(answers), list[tuple[str, dict[str, Any], str]]()
         self.deliver: Callable[[Msg], Awaitable[None]] | None = None
+        self.subscribed = ""
 
     def new_inbox(self) -> str:
         return "_INBOX.test"
 
     async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]],
                         **limits: int) -> None:
-        self.deliver = cb
+        self.subscribed, self.deliver = subject, cb
 
     async def publish(self, subject: str, payload: bytes, reply: str) -> None:
         self.requests.append((subject, json.loads(payload), reply))
         assert self.deliver is not None
         for message in self.answers.pop(0) if self.answers else []:
+            if not message.reply and not message.subject:
+                message.subject = reply
             await self.deliver(message)
 
 
@@ -71,7 +75,8 @@ def test_the_request_asks_for_the_batch_without_waiting_once_messages_are_there(
     client = FakeClient([stream_message(1), status("404")])
     fetch(client, batch=50, timeout=1.0)
     [(subject, request, reply)] = client.requests
-    assert subject == "$JS.API.CONSUMER.MSG.NEXT.PAYMENTS.ful" and reply == "_INBOX.test"
+    assert subject == "$JS.API.CONSUMER.MSG.NEXT.PAYMENTS.ful" and reply == "_INBOX.test.1"
+    assert client.subscribed == "_INBOX.test.*"
     assert request == {"batch": 50, "no_wait": True, "expires": 1_000_000_000 - 100_000}
 
 
@@ -104,3 +109,13 @@ def test_a_refused_pull_request_is_a_failure_not_an_empty_poll() -> None:
         fetch(FakeClient([status("409", "Exceeded MaxRequestBatch of 5")]))
     [batch] = fetch(FakeClient([stream_message(1), status("409", "Leadership Change")]))
     assert len(batch) == 1
+
+
+def test_a_late_status_of_an_earlier_request_does_not_end_the_current_one() -> None:
+    # Review 54-m F-4: the first request's 408 came after its timeout, during the second
+    # request, and ended that one with nothing; it is told by its reply subject now.
+    client = FakeClient([], [status("408", "Request Timeout", subject="_INBOX.test.1"),
+                             stream_message(5), status("404")])
+    first, second = fetch(client, timeout=0.05, times=2)
+    assert first == [] and [m.metadata.sequence.stream for m in second] == [5]
+    assert [reply for _, _, reply in client.requests] == ["_INBOX.test.1", "_INBOX.test.2"]
