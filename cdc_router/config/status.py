@@ -33,6 +33,11 @@ class StatusSettings(_Model):
     wal_critical_bytes: ByteSize = ByteSize(50 * 1024**3)
     # A slot nobody streams from retains WAL; it is normal for the seconds a task restarts.
     slot_inactive: Level = "warning"
+    # A slot a watch (--watch, --serve) sees inactive this long while its connector and every
+    # task say RUNNING: critical, capture stopped (Debezium retrying a retriable error). Many
+    # times Debezium's pause before it tries again (retriable.restart.connector.wait.ms, 10 s
+    # by default), so a task that reconnects by itself is not called stopped.
+    capture_stopped_critical_s: NonNegativeFloat | None = 120.0
     # Records of the raw topic the router group has not committed yet.
     lag_warning: NonNegativeInt | None = 10_000
     lag_critical: NonNegativeInt | None = None

@@ -33,8 +33,6 @@ EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart
 # from the verdicts, so that a probe never reads a broken check as a mere warning.
 EXIT_UNKNOWN = 3
-# A watch that sees a slot inactive this long while its connector says RUNNING: critical.
-INACTIVE_RUNNING_CRITICAL_S = 120.0
 LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 _NAMES_SHOWN = 10  # of the connectors Connect has, when the one asked for is not among them
 
@@ -93,7 +91,7 @@ def _wal(report: Report, settings: StatusSettings) -> Iterator[Problem]:
 def _inactive_while_running(slot: Slot, connector: str, checked_at: str,
                             settings: StatusSettings) -> Problem:
     """An inactive slot while connector and tasks say RUNNING: Debezium retrying a retriable
-    error; critical once a watch has seen it so for INACTIVE_RUNNING_CRITICAL_S."""
+    error; critical once a watch has seen it so for status.capture_stopped_critical_s."""
     since = slot.inactive_since or checked_at
     age = (datetime.fromisoformat(checked_at) - datetime.fromisoformat(since)).total_seconds()
     where = f"slot {slot.name} inactive"
@@ -102,10 +100,12 @@ def _inactive_while_running(slot: Slot, connector: str, checked_at: str,
             "for the task's error and `Awaiting end of restart backoff period` "
             "(`cdc-router local logs connect` on the local stack)")
     wal = f"it retains {size(slot.retained_wal_bytes or 0)} of WAL"
-    if age >= INACTIVE_RUNNING_CRITICAL_S:
-        return Problem("critical", "wal", f"{where} for {age:.0f}s while connector {connector} "
-                       f"and its tasks say RUNNING: capture stopped, the rows written meanwhile "
-                       f"wait in the outbox and {wal}; {look}")
+    bound = settings.capture_stopped_critical_s
+    if bound is not None and age >= bound:
+        return Problem("critical", "wal", f"{where} for {age:.0f}s (critical at {bound:g}s) "
+                       f"while connector {connector} and its tasks say RUNNING: capture "
+                       f"stopped, the rows written meanwhile wait in the outbox and {wal}; "
+                       f"{look}")
     return Problem(settings.slot_inactive, "wal", f"{where}: nobody streams from it while "
                    f"connector {connector} and its tasks say RUNNING, and {wal}; if it lasts, "
                    f"{look}")

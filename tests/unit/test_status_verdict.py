@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -146,8 +147,9 @@ def test_a_slot_inactive_while_the_connector_says_running_points_at_connect_s_lo
     assert later.wal.slots[0].inactive_since == first.checked_at
     (problem,) = judge(later, SETTINGS)
     assert problem.level == "critical" and problem.message.startswith(
-        "slot outbox_slot inactive for 150s while connector outbox-connector and its tasks "
-        "say RUNNING: capture stopped, the rows written meanwhile wait in the outbox")
+        "slot outbox_slot inactive for 150s (critical at 120s) while connector "
+        "outbox-connector and its tasks say RUNNING: capture stopped, the rows written "
+        "meanwhile wait in the outbox")
     assert "read Connect's log" in problem.message
     # Active again in between: its time starts anew.
     active = carry_inactive_since(healthy(), first)
@@ -579,6 +581,58 @@ def test_thresholds_validate_with_one_line_errors() -> None:
         with_thresholds(config, ("lag_critcal=5",))
     with pytest.raises(ConfigError, match="must not be above wal_critical_percent"):
         with_thresholds(config, ("wal_warning_percent=90",))
+
+
+def _inactive_while_running(seconds: int) -> tuple[Report, Report]:
+    """A slot inactive while its connector says RUNNING, seen by two ticks `seconds` apart."""
+    slot = replace(healthy().wal.slots[0], active=False)
+    first = carry_inactive_since(replace(healthy(), wal=replace(healthy().wal, slots=(slot,))),
+                                 None)
+    later = replace(first, checked_at=(datetime.fromisoformat(first.checked_at) + timedelta(
+        seconds=seconds)).isoformat())
+    return first, carry_inactive_since(later, first)
+
+
+def test_capture_stopped_after_the_bound_the_status_section_sets(tmp_path: Path) -> None:
+    # QA 54-b: the 120 s before "capture stopped" was a constant; a probe could not say it
+    # sooner (or later), and the stack's test held a watch for 160 s.
+    _, later = _inactive_while_running(30)
+    assert [p.level for p in judge(later, SETTINGS)] == ["warning"]  # 120 s by default
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\nroutes: [{topic: out}]\n"
+                    "status: {capture_stopped_critical_s: 20}\n")
+    status = load_config(path).config.status
+    (problem,) = judge(later, status)
+    assert problem.level == "critical" and problem.message.startswith(
+        "slot outbox_slot inactive for 30s (critical at 20s) while connector outbox-connector "
+        "and its tasks say RUNNING: capture stopped")
+    # For one run, as every status threshold; 'none': never critical, the slot_inactive level.
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "out"}]})
+    quick = with_thresholds(config, ("capture_stopped_critical_s=20",)).status
+    assert [p.level for p in judge(later, quick)] == ["critical"]
+    never = with_thresholds(config, ("capture_stopped_critical_s=none",)).status
+    _, much_later = _inactive_while_running(3600)
+    assert [p.level for p in judge(much_later, never)] == ["warning"]
+    with pytest.raises(ConfigError, match=r"--threshold capture_stopped_critical_s.*got '2m'"):
+        with_thresholds(config, ("capture_stopped_critical_s=2m",))
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("-5", "field 'status.capture_stopped_critical_s': Input should be greater than or equal "
+     "to 0 (got -5)"),
+    (".nan", "field 'status.capture_stopped_critical_s': Input should be greater than or "
+     "equal to 0 (got nan)"),
+    ("2m", "field 'status.capture_stopped_critical_s': Input should be a valid number"),
+])
+def test_a_bad_capture_stopped_bound_names_the_field_and_value(tmp_path: Path, value: str,
+                                                               expected: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw]}\nroutes: [{topic: out}]\n"
+                    f"status: {{capture_stopped_critical_s: {value}}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert expected in str(caught.value)
 
 
 def test_commit_stamps_round_trip_and_foreign_metadata_is_none() -> None:
