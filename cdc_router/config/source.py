@@ -36,6 +36,21 @@ class SourceSettings(_Model):
     created_at_unit: Literal["auto", "micros", "millis"] = "auto"
     # The connector's topic.heartbeat.prefix; records on topics starting with it are skipped.
     heartbeat_topic_prefix: str = Field(default="__debezium-heartbeat", min_length=1)
+    # Seconds a raw partition may go unread while records wait behind its high watermark (a
+    # transaction open on it holds its last stable offset) before the router logs
+    # event=raw_partition_held (router/held.py). As status.stalled_warning_s: a transaction
+    # in flight holds a partition a moment, one that lasts is worth a line.
+    held_partition_warning_s: float = 60.0
+
+    @field_validator("held_partition_warning_s")
+    @classmethod
+    def _held_bound(cls, seconds: float) -> float:
+        # The router looks at its partitions once a second (router/metrics.py LAG_INTERVAL_S);
+        # nan or inf would mean never, without a word.
+        if not 1 <= seconds < float("inf"):
+            raise ValueError("must be a number of seconds, at least 1 (the router looks at "
+                             "its partitions once a second), e.g. 60 (the default)")
+        return seconds
 
     @field_validator("group_id")
     @classmethod

@@ -4,7 +4,8 @@ QA 54-b F-1: a transaction left open on the raw topic holds its partition's last
 so a read_committed consumer gets nothing past it; the router logged nothing for 3 minutes while
 19,250 records waited. Watched from the consumer lag's periodic update (metrics.observe_lag, at
 most once a second, never per record): a partition whose position has not moved for
-HELD_WARNING_S while its high watermark is past it is logged once, and its release once.
+source.held_partition_warning_s while its high watermark is past it is logged once, and its
+release once.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger("cdc_router.router")
 
-# As status's default stalled_warning_s: a transaction in flight holds a partition a moment.
-HELD_WARNING_S = 60.0
 RUNBOOK = "README runbook 'a raw partition held by an open transaction'"
 
 
@@ -31,12 +30,13 @@ class HeldPartitions:
     """The assigned partitions' positions, and since when each has not moved with records
     behind its high watermark."""
 
-    def __init__(self, bound_s: float = HELD_WARNING_S) -> None:
-        self._bound_s = bound_s
+    def __init__(self) -> None:
         self._marks: dict[tuple[str, int], _Mark] = {}
 
-    def observe(self, marks: Mapping[tuple[str, int], tuple[int, int]], now: float) -> None:
-        """`marks`: (topic, partition) → (position, high watermark) of each assigned one."""
+    def observe(self, marks: Mapping[tuple[str, int], tuple[int, int]], now: float,
+                bound_s: float) -> None:
+        """`marks`: (topic, partition) → (position, high watermark) of each assigned one;
+        one held `bound_s` (source.held_partition_warning_s) is logged."""
         for key in self._marks.keys() - marks.keys():
             del self._marks[key]  # revoked
         for key, (position, high) in marks.items():
@@ -47,7 +47,7 @@ class HeldPartitions:
                              "held_s=%.0f", key[0], key[1], position, now - mark.since)
                 self._marks[key] = _Mark(position, now)
                 continue
-            if not mark.said and now - mark.since >= self._bound_s:
+            if not mark.said and now - mark.since >= bound_s:
                 mark.said = True
                 log.warning("event=raw_partition_held topic=%s partition=%d position=%d "
                             "high_watermark=%d held_s=%.0f reason=%r", key[0], key[1],

@@ -182,7 +182,8 @@ class OutboxRouter:
         if self._needs_rewind or self._pending_abort:  # a callback aborted the batch: these
             return  # are read again after the rewind, not twice in one transaction (review 45)
         self.last_poll = self._clock()
-        self._metrics.observe_lag(consumer, self.last_poll)
+        self._metrics.observe_lag(consumer, self.last_poll,
+                                  self._config.source.held_partition_warning_s)
         for message in messages:
             try:
                 self._writer.write(txn, message)

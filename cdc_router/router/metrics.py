@@ -99,16 +99,16 @@ class RouterMetrics:
         self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
                                   for event in delivered if event.created_at_ms is not None])
 
-    def observe_lag(self, consumer: Any, now: float) -> None:
+    def observe_lag(self, consumer: Any, now: float, held_warning_s: float) -> None:
         """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
-        call), and the partitions held behind them (router/held.py), at most every
-        LAG_INTERVAL_S."""
+        call), and the partitions held behind them for `held_warning_s` (router/held.py), at
+        most every LAG_INTERVAL_S."""
         if now - self._lag_observed < LAG_INTERVAL_S:
             return
         self._lag_observed = now
         marks = partition_marks(consumer)
         self.lag({key: max(0, high - position) for key, (position, high) in marks.items()})
-        self.held.observe(marks, now)
+        self.held.observe(marks, now, held_warning_s)
 
     def lag(self, lags: Mapping[tuple[str, int], int]) -> None:
         """Set the consumer lag of the assigned partitions; partitions gone lose their series."""

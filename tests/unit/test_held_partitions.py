@@ -4,13 +4,20 @@ watermark is logged once per stall, from the consumer lag's periodic update."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
 
-from cdc_router.router.held import HELD_WARNING_S
+from cdc_router.config.load import load_config
+from cdc_router.config.source import SourceSettings
 from cdc_router.router.metrics import RouterMetrics
+from tests.unit.router_fakes import RAW
+from tests.unit.test_router_loop import Harness, cluster_with, events
+from tests.unit.test_settings import error_of, write
+
+HELD_WARNING_S = SourceSettings().held_partition_warning_s  # 60 s
 
 
 class _Consumer:
@@ -42,7 +49,7 @@ def test_a_partition_held_behind_its_high_watermark_is_logged_once_per_stall(
     metrics, consumer = RouterMetrics(), _Consumer(56020, 56030)
     for second in range(0, int(HELD_WARNING_S) + 30, 5):
         consumer.high += 500  # the writer goes on; nothing past 56020 is readable
-        metrics.observe_lag(consumer, float(second))
+        metrics.observe_lag(consumer, float(second), HELD_WARNING_S)
     said = _held(caplog)
     assert len(said) == 1, said
     assert said[0].startswith("event=raw_partition_held topic=raw partition=0 position=56020 ")
@@ -50,7 +57,7 @@ def test_a_partition_held_behind_its_high_watermark_is_logged_once_per_stall(
     assert metrics.registry.get_sample_value(
         "cdc_router_consumer_lag", {"topic": "raw", "partition": "0"}) == consumer.high - 56020
     consumer.position_at = 70_000  # the transaction ended: the router reads again
-    metrics.observe_lag(consumer, 200.0)
+    metrics.observe_lag(consumer, 200.0, HELD_WARNING_S)
     assert _held(caplog)[1].startswith("event=raw_partition_released topic=raw partition=0 ")
 
 
@@ -61,8 +68,50 @@ def test_a_partition_that_moves_or_waits_for_nothing_is_not_held(
     for second in range(0, 300, 5):
         moving.position_at += 10  # a busy partition: records always in flight, read on
         moving.high += 10
-        metrics.observe_lag(moving, float(second))
+        metrics.observe_lag(moving, float(second), HELD_WARNING_S)
     quiet = RouterMetrics()
     for second in range(0, 300, 5):
-        quiet.observe_lag(idle, float(second))  # all read: an idle pipeline
+        quiet.observe_lag(idle, float(second), HELD_WARNING_S)  # all read: an idle pipeline
     assert _held(caplog) == []
+
+
+def test_the_bound_is_source_held_partition_warning_s(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    # QA 54-b: the 60 s before event=raw_partition_held was a constant, and the stack's test
+    # waited on it; an operator whose transactions last longer (or who wants to know sooner)
+    # could not move it.
+    caplog.set_level(logging.INFO, "cdc_router.router")
+    config = load_config(write(tmp_path, "source: {topics: [raw], held_partition_warning_s: 5}"
+                                         "\nroutes: [{topic: out}]\n")).config
+    assert config.source.held_partition_warning_s == 5
+    assert HELD_WARNING_S == 60  # the default: today's bound
+    metrics, consumer = RouterMetrics(), _Consumer(56020, 56030)
+    for second in range(0, 5):
+        metrics.observe_lag(consumer, float(second), config.source.held_partition_warning_s)
+    assert _held(caplog) == []
+    metrics.observe_lag(consumer, 5.0, config.source.held_partition_warning_s)
+    assert _held(caplog)[0].startswith("event=raw_partition_held topic=raw partition=0 ")
+
+
+def test_the_router_watches_its_partitions_with_the_configured_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = Harness(cluster_with(*events(3)), source={
+        "topics": [RAW], "group_id": "g", "held_partition_warning_s": 7})
+    bounds: list[float] = []
+    monkeypatch.setattr(harness.metrics, "observe_lag",
+                        lambda consumer, now, bound_s: bounds.append(bound_s))
+    harness.run()
+    assert bounds and set(bounds) == {7}
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("0.5", "(got 0.5)"), ("0", "(got 0)"), ("-60", "(got -60)"), (".nan", "(got nan)"),
+    (".inf", "(got inf)"),
+])
+def test_a_bound_below_a_second_or_not_finite_is_refused_naming_field_and_value(
+        tmp_path: Path, value: str, expected: str) -> None:
+    error = error_of(tmp_path, f"source: {{topics: [raw], held_partition_warning_s: {value}}}"
+                               "\nroutes: [{topic: out}]\n")
+    assert "field 'source.held_partition_warning_s': must be a number of seconds, at least 1 " \
+        "(the router looks at its partitions once a second), e.g. 60 (the default)" in error
+    assert expected in error
