@@ -261,6 +261,10 @@ class JetStreamError(CdcRouterError):
     """NATS JetStream did not acknowledge a batch (server down, no stream, ack timeout)."""
 
 
+class NatsUnreachable(JetStreamError):
+    """No server of nats.url answered a connection (down, or not where the URL says)."""
+
+
 class JetStreamRefused(JetStreamError):
     """JetStream refused some messages of a batch for what they are (too big for the stream's
     max_msg_size): `refused` maps each one's index in the batch to the reason."""

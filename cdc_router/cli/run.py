@@ -56,8 +56,8 @@ def check_streams(config: RouterConfig) -> None:
     """At start: a declared JetStream stream the server lacks, or holds on terms that break
     the routes (nats/streams.py start_problem), is a ConfigError naming it; NATS not
     answering is an outage, which the router tries as it runs."""
-    nats = config.nats
-    if nats is None or not nats.streams or all(route.nats is None for route in config.routes):
+    nats = config.jetstream()
+    if nats is None:
         return
     try:
         # 3 s: a user that may publish but not call the JetStream API gets no answer at all,

@@ -252,6 +252,12 @@ class RouterConfig(_Model):
             own[self.relay_position_topic] = "relay.position_topic"
         return own
 
+    def jetstream(self) -> NatsSettings | None:
+        """The `nats` section when a route publishes to JetStream (the validation makes it
+        declare streams then), else None: the router, its start and `status` ask NATS only
+        then."""
+        return self.nats if any(route.nats for route in self.routes) else None
+
     def subject_guard(self) -> SubjectGuard:
         """The subjects this config's JetStream routes may publish to (config/nats.py)."""
         return SubjectGuard(self.nats.streams if self.nats is not None else [])

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from cdc_router.config.nats import StreamSpec
 from cdc_router.config.nats_subjects import subject_covers, subjects_collide
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import ConfigError, JetStreamError
+from cdc_router.errors import ConfigError, JetStreamError, NatsUnreachable
 from cdc_router.nats import drift
 from cdc_router.nats.connection import config_failure, require_tls, servers
 
@@ -198,11 +198,21 @@ class StreamAdmin:
         """What apply() would do; ConfigError for a stream whose subjects overlap those of a
         server stream outside `specs`, which JetStream would refuse (review 53-c F8: a dry
         run planned it, exit 0)."""
-        existing, held = asyncio.run(self._call(self._read, [spec.name for spec in specs]))
+        existing, held = self.read(specs)
         for index, spec in enumerate(specs):
             if (clash := overlap_error(index, spec, held)) is not None:
                 raise clash
         return plan_streams(specs, existing)
+
+    def read(self, specs: Sequence[StreamSpec]) -> tuple[dict[str, dict[str, Any]],
+                                                        list[tuple[str, str]]]:
+        """The server's streams of `specs` that exist (name -> settings and state, as
+        plan_streams takes them), and the (stream, subject) pairs of its other streams.
+        NatsUnreachable when no server answers; ConfigError when one refuses our credentials
+        or TLS; JetStreamError when its JetStream API refuses or does not answer."""
+        result: tuple[dict[str, dict[str, Any]], list[tuple[str, str]]] = asyncio.run(
+            self._call(self._read, [spec.name for spec in specs]))
+        return result
 
     def apply(self, specs: Sequence[StreamSpec], plans: Sequence[StreamPlan]) -> None:
         by_name = {spec.name: (index, spec) for index, spec in enumerate(specs)}
@@ -222,7 +232,7 @@ class StreamAdmin:
             failure = config_failure(self._url, [error])
             if failure is not None:
                 raise failure from None
-            raise JetStreamError(f"cannot connect to NATS at {shown_url(self._url)} "
+            raise NatsUnreachable(f"cannot connect to NATS at {shown_url(self._url)} "
                                  f"({type(error).__name__}); is nats-server running?") from None
         try:
             return await work(client.jetstream(timeout=timeout_s), argument)

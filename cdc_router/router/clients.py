@@ -222,14 +222,15 @@ def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) ->
 
 def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPublisher | None:
     """The publisher of the config's JetStream routes (lazy: no connection yet), or None."""
-    if config.nats is None or not any(route.nats for route in config.routes):
+    nats = config.jetstream()
+    if nats is None:
         return None
-    return JetStreamPublisher(config.nats.url, ack_timeout_s=config.nats.ack_timeout_ms / 1000,
-                              connect_timeout_s=config.nats.connect_timeout_ms / 1000,
+    return JetStreamPublisher(nats.url, ack_timeout_s=nats.ack_timeout_ms / 1000,
+                              connect_timeout_s=nats.connect_timeout_ms / 1000,
                               name=f"cdc-router-{instance_id}",
-                              options=connect_options(config.nats),
-                              max_payload_bytes=config.nats.max_payload_bytes,
-                              stream_of=SubjectGuard(config.nats.streams).stream_of)
+                              options=connect_options(nats),
+                              max_payload_bytes=nats.max_payload_bytes,
+                              stream_of=SubjectGuard(nats.streams).stream_of)
 
 
 def topic_describe(config: RouterConfig,
