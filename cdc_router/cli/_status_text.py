@@ -16,9 +16,11 @@ from cdc_router.ops.verdict import EXIT_CODES, deployed_text, size, verdict
 def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
     """The JSON document of `status -o json`: verdict first, then the report's sections."""
     status = verdict(problems)
+    sections = dataclasses.asdict(report)
+    if report.jetstream is None:  # no route publishes to JetStream: no such section
+        del sections["jetstream"]
     return {"status": status, "exit_code": EXIT_CODES[status],
-            "problems": [dataclasses.asdict(problem) for problem in problems],
-            **dataclasses.asdict(report)}
+            "problems": [dataclasses.asdict(problem) for problem in problems], **sections}
 
 
 def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
@@ -29,7 +31,8 @@ def as_text(report: Report, problems: list[Problem]) -> str:
     """The report for a terminal: one block per part, then the problems and the verdict."""
     lines = [f"checked at {report.checked_at}"]
     sections: list[Callable[[Report], list[str]]] = [
-        _wal, _publication, _outbox, _connector, _router, _dead_letters, _changelog]
+        _wal, _publication, _outbox, _connector, _router, _dead_letters, _changelog,
+        _jetstream]
     for section in sections:
         lines += section(report)
     lines.append("")
@@ -142,3 +145,27 @@ def _changelog(report: Report) -> list[str]:
         return failed
     return [f"dedup changelog {c.topic}: {c.retained_offsets} offsets retained in "
             f"{c.partitions} partition{'' if c.partitions == 1 else 's'}"]
+
+
+def _jetstream(report: Report) -> list[str]:
+    j = report.jetstream
+    if j is None:
+        return []
+    if (failed := _failed(f"jetstream {j.url}", j.error)) is not None:
+        return failed
+    lines = [f"jetstream {j.url}:"]
+    return lines + _table(
+        ["stream", "subjects", "messages", "bytes", "discard", "differs from the config"],
+        [[s.name, ", ".join(s.subjects), _used(s.messages, s.max_msgs, str),
+          _used(s.bytes, s.max_bytes, size), s.discard or "-", ", ".join(s.changes) or "-"]
+         if s.exists else [s.name, ", ".join(s.subjects), "MISSING", "-", "-", "-"]
+         for s in j.streams])
+
+
+def _used(count: int | None, most: int | None, shown: Callable[[int], str]) -> str:
+    """'12', or '12 of 1000 (1%)' under a limit."""
+    if count is None:
+        return "-"
+    if most is None or most <= 0:
+        return shown(count)
+    return f"{shown(count)} of {shown(most)} ({100.0 * count / most:.0f}%)"

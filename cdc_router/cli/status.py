@@ -25,6 +25,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
 from cdc_router.connect.client import url_problem
 from cdc_router.errors import CdcRouterError, ConfigError
+from cdc_router.nats.connection import connect_options
 from cdc_router.ops.exporter import StatusCollector, serve
 from cdc_router.ops.isolated import IsolatedChecks
 from cdc_router.ops.offsets import client_config_problem
@@ -89,8 +90,9 @@ class _CheckImpossible(CdcRouterError):
 def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: str,
         bootstrap_servers: str | None, thresholds: tuple[str, ...], watch_s: float | None,
         port: int | None, output: str) -> None:
-    """Slots and WAL, publication, outbox, connector, router lag, dead letters; exit 0 ok,
-    1 warning, 2 critical, 3 when it cannot check (bad config or arguments)."""
+    """Slots and WAL, publication, outbox, connector, router lag, dead letters, JetStream
+    streams; exit 0 ok, 1 warning, 2 critical, 3 when it cannot check (bad config or
+    arguments)."""
     try:
         _status(config_path, connector, dsn, connect_url, bootstrap_servers, thresholds,
                 watch_s, port, output)
@@ -112,6 +114,8 @@ def _status(config_path: Path, connector: str | None, dsn: str | None, connect_u
     try:
         config = with_thresholds(load_config(config_path, env=os.environ).config, thresholds)
         kafka = clients.logged_config(config)  # a missing certificate file: a bad config
+        if (nats := config.jetstream()) is not None:
+            connect_options(nats)  # nats.tls or nats.credentials_file naming no file: too
     except CdcRouterError as error:
         raise _CheckImpossible(str(error)) from error
     if dsn and (problem := dsn_problem(dsn)):

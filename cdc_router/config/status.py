@@ -50,6 +50,10 @@ class StatusSettings(_Model):
     # Dead letters on the topic; their growth between two ticks of --watch/--serve always warns.
     dead_letters_warning: NonNegativeInt | None = None
     dead_letters_critical: NonNegativeInt | None = None
+    # A JetStream stream's messages or bytes against its max_msgs or max_bytes (percent):
+    # from there on JetStream deletes its oldest messages, consumed or not (discard old), or
+    # refuses every publish (discard new, set by hand). None: off (limits used as retention).
+    stream_usage_warning_percent: float | None = Field(default=90.0, gt=0, le=100)
     # A router group with no member while records wait.
     no_router: Level = "critical"
 

@@ -7,7 +7,10 @@
     group       Kafka: the router group's lag per partition, last commit and members
     topics      Kafka: dead letters (count, newest) and the dedup changelog's size
     offsets     the admin lookups and bounded read_committed scans the two above share
+    jetstream   NATS: the streams of the JetStream routes, their use and what the router's
+                start would refuse
     report      the Report and its sections (their field names are the JSON keys)
     verdict     pure: a Report and the thresholds (config/status.py) -> problems, exit code
+                (verdict_router: the router group; verdict_jetstream: the streams)
     exporter    the latest Report as Prometheus gauges (`status --serve`)
 """

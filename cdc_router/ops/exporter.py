@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cdc_router.ops.problem import Problem
-from cdc_router.ops.report import SECTIONS, Report
+from cdc_router.ops.report import SECTIONS, Report, sections
 from cdc_router.ops.verdict import EXIT_CODES, verdict
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
@@ -35,10 +35,14 @@ class StatusCollector(Collector):
         self._latest: tuple[Report, list[Problem]] | None = None
         self._failed = False
         self._reported_at: float | None = None
+        # The parts a check without a report sets to 0: the last report's (jetstream only
+        # with JetStream routes), every one before the first report.
+        self._parts = SECTIONS
 
     def update(self, report: Report, problems: list[Problem]) -> None:
         with self._lock:
             self._latest, self._failed, self._reported_at = (report, problems), False, time.time()
+            self._parts = tuple(name for name, _ in sections(report))
 
     def failed(self) -> None:
         """The last check gave no report (its process died or did not answer): critical, and
@@ -48,14 +52,15 @@ class StatusCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
-            latest, failed, reported_at = self._latest, self._failed, self._reported_at
+            latest, failed, reported_at, parts = (self._latest, self._failed,
+                                                  self._reported_at, self._parts)
         if reported_at is not None:
             at = _gauge("status_reported_timestamp_seconds",
                         "Unix time of the last check that gave a report")
             at.add_metric([], reported_at)
             yield at
         if failed:
-            yield from _no_report()
+            yield from _no_report(parts)
         if latest is None:
             return
         report, problems = latest
@@ -65,16 +70,17 @@ class StatusCollector(Collector):
         yield from _connector(report)
         yield from _router(report)
         yield from _topics(report)
+        yield from _jetstream(report)
 
 
-def _no_report() -> Iterator[GaugeMetricFamily]:
+def _no_report(parts: tuple[str, ...]) -> Iterator[GaugeMetricFamily]:
     status = _gauge("status", "Verdict of the last check: 0 ok, 1 warning, 2 critical")
     status.add_metric([], EXIT_CODES["critical"])
     up = _gauge("status_up", "1 when this part answered the last check (0: it did not answer)",
                 ("part",))
     checked = _gauge("status_checked", "1 when the last check could read this part (0: it did "
                      "not answer, or refused a query: status says why)", ("part",))
-    for name in SECTIONS:
+    for name in parts:
         up.add_metric([name], 0)
         checked.add_metric([name], 0)
     yield from (status, up, checked)
@@ -90,8 +96,7 @@ def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFam
                 ("part",))
     checked = _gauge("status_checked", "1 when the last check could read this part (0: it did "
                      "not answer, or refused a query: status says why)", ("part",))
-    for name in SECTIONS:
-        section = getattr(report, name)
+    for name, section in sections(report):
         # Review 54-k F-6: a part that answered but refused a query (a renamed column) is
         # NOT CHECKED, not "does not answer" (CdcRouterStatusUnreachable).
         up.add_metric([name], 0 if section.error and not getattr(section, "answered", False)
@@ -209,6 +214,22 @@ def _topics(report: Report) -> Iterator[GaugeMetricFamily]:
                       ("topic",))
         size.add_metric([changelog.topic or ""], changelog.retained_offsets)
         yield size
+
+
+def _jetstream(report: Report) -> Iterator[GaugeMetricFamily]:
+    state = report.jetstream
+    if state is None or state.error is not None:
+        return
+    exists = _gauge("jetstream_stream_exists", "1 when the JetStream stream of nats.streams "
+                    "exists on the server", ("stream",))
+    messages = _gauge("jetstream_stream_messages", "Messages stored in the stream", ("stream",))
+    stored = _gauge("jetstream_stream_bytes", "Bytes stored in the stream", ("stream",))
+    for stream in state.streams:
+        exists.add_metric([stream.name], int(stream.exists))
+        for family, value in ((messages, stream.messages), (stored, stream.bytes)):
+            if value is not None:
+                family.add_metric([stream.name], value)
+    yield from (exists, messages, stored)
 
 
 def serve(collector: StatusCollector, port: int, host: str = "0.0.0.0") -> None:

@@ -7,7 +7,9 @@ field names are the JSON keys of `status -o json`: renaming one breaks scripts.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,40 @@ class ChangelogState:
 
 
 @dataclass(frozen=True)
+class StreamState:
+    """One JetStream stream of nats.streams as the server has it: its use against its limits,
+    and how it differs from the config."""
+
+    name: str
+    subjects: tuple[str, ...]  # the config's
+    exists: bool
+    messages: int | None = None
+    bytes: int | None = None
+    max_msgs: int | None = None  # the server's; -1 (or 0): no limit
+    max_bytes: int | None = None
+    discard: str | None = None  # old, new: what JetStream does when a limit is reached
+    # The settings `streams apply` would change, [server's, config's] by JetStream's name.
+    changes: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    # Why the router's start refuses this stream as it is (nats/streams.py start_problem).
+    refused: str | None = None
+    # What the router's start warns about it (start_warning), the stream being usable.
+    start_warning: str | None = None
+    # Missing: why `streams apply` would be refused (another stream holds its subjects).
+    overlap: str | None = None
+
+
+@dataclass(frozen=True)
+class JetStreamState:
+    """The NATS server of nats.url and the streams the config's JetStream routes publish
+    into; absent from a Report when no route publishes to JetStream."""
+
+    error: str | None = None
+    answered: bool = False  # a server answered (its streams, or a refusal of us or the API)
+    url: str | None = None  # nats.url, credentials hidden
+    streams: tuple[StreamState, ...] = ()
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything one `status` run saw, in the order of the data path."""
 
@@ -200,10 +236,19 @@ class Report:
     router: RouterState = field(default_factory=RouterState)
     dead_letters: DeadLetterState = field(default_factory=DeadLetterState)
     dedup_changelog: ChangelogState = field(default_factory=ChangelogState)
+    jetstream: JetStreamState | None = None  # None: no route publishes to JetStream
 
 
 # The parts of a Report, each with its `error`: wal, publication, outbox, connector, ...
 SECTIONS = tuple(f.name for f in fields(Report) if f.name != "checked_at")
+
+
+def sections(report: Report) -> Iterator[tuple[str, Any]]:
+    """(name, section) of each part `report` has (jetstream only for JetStream routes)."""
+    for name in SECTIONS:
+        section = getattr(report, name)
+        if section is not None:
+            yield name, section
 
 
 def carry_inactive_since(report: Report, previous: Report | None) -> Report:

@@ -19,13 +19,14 @@ from cdc_router.connect.spec import QUOTED_TABLE, quoted_table_fix
 from cdc_router.ops.database import quoted_table
 from cdc_router.ops.problem import Problem, reached
 from cdc_router.ops.report import (
-    SECTIONS,
     ConnectorState,
     PublicationState,
     Report,
     Slot,
     WalState,
+    sections,
 )
+from cdc_router.ops.verdict_jetstream import jetstream_problems
 from cdc_router.ops.verdict_router import router_problems
 from cdc_router.outbox.existing import publication_fix
 
@@ -49,18 +50,18 @@ def judge(report: Report, settings: StatusSettings,
     found = [*_unreachable(report), *_wal(report, settings), *_publication(report),
              *_reader(report),
              *_outbox(report, settings), *_connector(report.connector, report.wal),
-             *router_problems(report.router, settings), *_dead_letters(report, settings, previous)]
+             *router_problems(report.router, settings), *_dead_letters(report, settings, previous),
+             *jetstream_problems(report.jetstream, settings)]
     return sorted(found, key=lambda problem: problem.level != "critical")
 
 
 def _unreachable(report: Report) -> Iterator[Problem]:
     """One line per unreachable part, naming every section it left unchecked."""
-    sections: dict[str, list[str]] = {}
-    for name in SECTIONS:
-        error = getattr(report, name).error
-        if error is not None:
-            sections.setdefault(error, []).append(name)
-    for error, names in sections.items():
+    found: dict[str, list[str]] = {}
+    for name, section in sections(report):
+        if section.error is not None:
+            found.setdefault(section.error, []).append(name)
+    for error, names in found.items():
         yield Problem("critical", ", ".join(names), f"cannot check it: {error}")
 
 
