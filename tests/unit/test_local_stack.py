@@ -3,6 +3,7 @@ started (Java, Maven and the parts are faked or never reached)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import socket
@@ -22,14 +23,16 @@ from cdc_router.local.config import StackConfig
 
 
 def _free_ports() -> dict[str, int]:
-    """Ports nothing listens on, for the parts `up` starts (another stack may hold the
-    defaults)."""
-    ports = {}
-    for name in ("postgres_port", "kafka_port", "controller_port", "connect_port"):
-        with socket.socket() as probe:
+    """Ports nothing listens on, one for each part `up` starts (another stack may hold the
+    defaults). Every probe stays bound until all are picked: one closed at once could hand
+    its port out again (two parts on one port, a failure of one run in many)."""
+    names = ("postgres_port", "kafka_port", "controller_port", "connect_port")
+    with contextlib.ExitStack() as probes:
+        sockets = [probes.enter_context(socket.socket()) for _ in names]
+        for probe in sockets:
             probe.bind(("127.0.0.1", 0))
-            ports[name] = int(probe.getsockname()[1])
-    return ports
+        return {name: int(probe.getsockname()[1])
+                for name, probe in zip(names, sockets, strict=True)}
 
 
 @pytest.fixture
