@@ -47,6 +47,8 @@ _STORED_OVERHEAD = 4096
 # nats-server refuses a message whose header block is this big or bigger
 # (JSStreamHeaderExceedsMaximumErr, err_code 10097); no setting of server or stream raises it.
 JETSTREAM_MAX_HEADER_BYTES = 64 * 1024
+# What nats-py puts in place of header bytes that are not UTF-8 (it decodes with errors="replace").
+REPLACEMENT = "\ufffd"
 
 
 def nats_message_size(data: bytes, msg_id: str, headers: Iterable[tuple[str, bytes]]) -> int:
@@ -110,6 +112,18 @@ def parse_subject_template(template: str) -> Template:
                                  "leading, trailing or double '.'), which makes every subject "
                                  "it renders invalid")
     return pieces
+
+
+def msg_id_problem(event_id: str) -> str | None:
+    """Why a JetStream consumer cannot trust `event_id` as read from a header, or None.
+
+    nats-py reads any bytes that are not UTF-8 as U+FFFD, so two ids that differ there arrive as
+    one text, and dedup would skip the second as a duplicate (QA 54-c F-2): our JetStream
+    consumer refuses an id that holds U+FFFD, and the router does not publish one (54-m F-9)."""
+    if REPLACEMENT not in event_id:
+        return None
+    return ("it holds U+FFFD, which the NATS client puts in place of bytes that are not UTF-8, "
+            "so two different ids may read the same")
 
 
 def nats_header_problem(name: str, value: str) -> str | None:

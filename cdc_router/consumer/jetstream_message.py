@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_router.config.nats import MSG_ID_HEADER
+from cdc_router.config.nats import MSG_ID_HEADER, msg_id_problem
 from cdc_router.consumer.dead_letter import dead_letter_headers
 from cdc_router.consumer.event import ConsumedEvent, read_event
 from cdc_router.consumer.jetstream_settings import JetStreamEventIdSource
@@ -39,8 +39,6 @@ _RESERVED_PREFIX = "nats-"
 # What NATS adds to a message beyond the sizes `fitted` counts: the NATS/1.0 status line
 # and ": " plus CRLF per header.
 _FRAMING_BYTES = 4096
-# What nats-py puts in place of header bytes that are not UTF-8.
-REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -92,11 +90,10 @@ def read_jetstream_event(record: JetStreamRecord, **options: Any) -> ConsumedEve
     differ reach us as one text, and dedup would skip the second event as a duplicate of
     the first (QA 54-c F-2). The Kafka consumer sees the bytes and refuses such an id."""
     event = read_event(record, **options)
-    if REPLACEMENT in event.event_id:
-        raise MalformedRecord(
-            f"event id {show(event.event_id, 60)} is not UTF-8 (it holds U+FFFD, which the NATS "
-            "client puts in place of bytes that are not UTF-8, so two different ids may read "
-            "the same): publish event ids in UTF-8, without U+FFFD")
+    problem = msg_id_problem(event.event_id)
+    if problem:
+        raise MalformedRecord(f"event id {show(event.event_id, 60)} is not UTF-8 ({problem}): "
+                              "publish event ids in UTF-8, without U+FFFD")
     return event
 
 

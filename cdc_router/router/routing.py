@@ -21,6 +21,7 @@ from cdc_router.config.headers import (
 )
 from cdc_router.config.nats import (
     JETSTREAM_MAX_HEADER_BYTES,
+    msg_id_problem,
     nats_header_problem,
     nats_message_size,
 )
@@ -205,6 +206,11 @@ def _check_nats_message(event: OutboxEvent, headers: tuple[tuple[str, bytes], ..
         raise RouteError(f"event {show(event.event_id)}: the event id has whitespace at its "
                          "start or end, which the NATS client strips from Nats-Msg-Id: "
                          "JetStream would drop it as a duplicate of the id without it")
+    problem = msg_id_problem(event.event_id)
+    if problem:  # 54-m F-9: our JetStream consumer would dead-letter it (stage decode)
+        raise RouteError(f"event {show(event.event_id)}: a JetStream consumer refuses this "
+                         f"event id: {problem}; write event ids without U+FFFD, or route the "
+                         "event to Kafka, which carries the id byte for byte")
     for name, raw in headers:
         problem = nats_header_problem(name, raw.decode())
         if problem:

@@ -112,6 +112,20 @@ def test_whitespace_the_nats_client_strips_is_a_route_error_not_a_changed_id(
                       OutboundRecord), "Kafka carries the id byte for byte"
 
 
+def test_an_event_id_holding_u_fffd_is_a_route_error_on_nats_only() -> None:
+    # 54-m F-9: published, it reached our JetStream consumer, which dead-letters such an id
+    # (nats-py reads bytes that are not UTF-8 as U+FFFD); the router says so at stage route.
+    replaced = type(ORDER)(**{**ORDER.__dict__, "event_id": "order-\ufffd1"})
+    with pytest.raises(RouteError, match=r"refuses this event id: it holds U\+FFFD, which "
+                                         r"the NATS client puts in place of bytes that are not "
+                                         "UTF-8.*route the event to Kafka"):
+        router({"nats": {"subject": "orders.x"}}).route(replaced, lambda topic: 1)
+    # Our Kafka consumer decodes the key and the id header strictly: U+FFFD is an id as good
+    # as any there, distinct from every other.
+    assert isinstance(router({"topic": "orders"}).route(replaced, lambda topic: 1),
+                      OutboundRecord)
+
+
 def test_a_ce_source_the_nats_client_would_strip_is_a_config_error() -> None:
     # Review 32-2: it loaded, and then every event of the route was a dead letter.
     with pytest.raises(ValueError, match=r"ce_source.*whitespace at the start or end"):
