@@ -172,6 +172,21 @@ def refused_for_good(error: psycopg.Error) -> bool:
         error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error)) is not None)
 
 
+# Postgres went away or will not serve a session: a shutdown, a crash, a server still starting.
+_SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
+
+
+def server_unreachable(error: psycopg.Error) -> bool:
+    """Whether `error` says Postgres is not there to answer: the connection lost (no SQLSTATE:
+    libpq's own), a connection exception (class 08), the server shutting down or starting.
+
+    Review 54-m F-6: a deadlock, a full disk, a statement timeout are OperationalErrors too, of
+    a server that answered: the query failed, Postgres is up."""
+    state = error.sqlstate
+    return isinstance(error, psycopg.OperationalError) and (
+        state is None or state.startswith("08") or state in _SERVER_GONE)
+
+
 def require_outbox_grants(conn: psycopg.Connection[Any], table: str, field: str, *,
                    delete: bool = True) -> None:
     """A ConfigError unless the session's role may DELETE rows of `table`, an existing table

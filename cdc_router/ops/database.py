@@ -22,6 +22,7 @@ from cdc_router.postgres import (
     read_publication,
     refused_for_good,
     regclass_text,
+    server_unreachable,
     session_options,
 )
 
@@ -105,8 +106,8 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T],
                     error=f"Postgres: {one_line(error)} (a query of this check took over "
                           f"{STATEMENT_TIMEOUT_MS // 1000} s)")
     except psycopg.Error as error:
-        # A connection lost mid-check did not answer; any other error is a refused query.
-        return kind(answered=not isinstance(error, psycopg.OperationalError),
+        # A connection lost mid-check did not answer; any other error is a failed query.
+        return kind(answered=not server_unreachable(error),
                     error=f"Postgres: {one_line(error)}{hint(error)}")
 
 

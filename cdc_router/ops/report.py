@@ -33,7 +33,7 @@ class WalState:
     """The connector's slots and the server's limit on the WAL a slot may hold back."""
 
     error: str | None = None
-    answered: bool = False  # Postgres answered this check (its rows, or a refused query)
+    answered: bool = False  # Postgres answered this check (its rows, or a refused or failed query)
     max_slot_wal_keep_size_bytes: int | None = None  # -1: unlimited
     slots: tuple[Slot, ...] = ()
 
@@ -43,7 +43,7 @@ class PublicationState:
     """The publication Debezium reads and the tables it publishes."""
 
     error: str | None = None
-    answered: bool = False  # Postgres answered this check (its rows, or a refused query)
+    answered: bool = False  # Postgres answered this check (its rows, or a refused or failed query)
     name: str | None = None
     exists: bool | None = None
     tables: tuple[str, ...] = ()
@@ -61,7 +61,7 @@ class OutboxState:
     """Rows waiting in the outbox table, the oldest's age, the table's size on disk."""
 
     error: str | None = None
-    answered: bool = False  # Postgres answered this check (its rows, or a refused query)
+    answered: bool = False  # Postgres answered this check (its rows, or a refused or failed query)
     table: str | None = None
     rows: int | None = None
     oldest_age_s: float | None = None
