@@ -71,8 +71,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-# A record with no value (a Kafka tombstone) given to a decoder (QA 54-c F-5).
-NULL_VALUE = "the value is null (a tombstone: a record without a value), not JSON"
+# A record with no value (a Kafka tombstone) given to a decoder (QA 54-c F-5), of any format:
+# not "not JSON" to a pipeline of Avro values (review 54-m F-7).
+NULL_VALUE = "the value is null (a tombstone: a record without a value)"
 
 
 def parse_json(text: str | bytes | None, *, max_depth: int = MAX_JSON_DEPTH,

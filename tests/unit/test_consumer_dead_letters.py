@@ -202,24 +202,38 @@ def test_a_value_librdkafka_refuses_is_named_with_its_value(extra: dict[str, str
     assert named in text and "key password" not in text and "\n" not in text
 
 
-@pytest.mark.parametrize("decoder", ["parse_json", "PayloadDecoder"])
+@pytest.mark.parametrize("decoder", ["parse_json", "PayloadDecoder", "Avro PayloadDecoder",
+                                     "an Avro decoder of the consumer's own"])
 def test_a_tombstone_given_to_the_decoder_is_malformed_with_a_reason_saying_so(
         decoder: str) -> None:
     # QA 54-c F-5: the letter said "TypeError: object of type 'NoneType' has no len()".
+    # Review 54-m F-7: and then "not JSON" in a pipeline of Avro values.
+    from collections.abc import Callable
+    from pathlib import Path
+    from typing import Any
+
     import confluent_kafka
+    import fastavro
 
     from cdc_router.consumer.event import read_event
     from cdc_router.errors import MalformedRecord, PayloadDecodeError
     from cdc_router.serde.decode import PayloadDecoder
     from cdc_router.serde.json import parse_json
 
-    decode = parse_json if decoder == "parse_json" else PayloadDecoder().decode
+    avsc = Path(__file__).parent / "fixtures" / "avro" / "payment_confirmed.avsc"
+    decode: Callable[[Any], Any] = {
+        "parse_json": parse_json, "PayloadDecoder": PayloadDecoder().decode,
+        "Avro PayloadDecoder": PayloadDecoder(schemas=[avsc]).decode,
+        "an Avro decoder of the consumer's own": lambda value: fastavro.schemaless_reader(
+            value, fastavro.schema.load_schema(str(avsc)), None)}[decoder]
     tombstone = confluent_kafka.Message(topic="payments", partition=0, offset=12, key=b"k",
                                         value=None, headers=[("id", b"e1")])
     with pytest.raises(MalformedRecord) as info:
         read_event(tombstone, source="auto", header="id", decoder=decode, attempt=1)
     assert str(info.value) == ("value cannot be decoded: the value is null (a tombstone: a "
-                               "record without a value), not JSON")
+                               "record without a value)")
     assert info.value.event_id == "e1"
+    if decoder.startswith("an Avro decoder"):
+        return  # its own error; read_event says what the value is
     with pytest.raises((ValueError, PayloadDecodeError), match=r"the value is null \(a tomb"):
         decode(None)
