@@ -103,11 +103,13 @@ def refused_login() -> str | None:
 
 def _login_refused(kind: str, said: str) -> str:
     """The one text of a refused login, for every command (review 54-k F-4: the others led
-    with their own guess, "is the cluster up?", and a shorter list of what to check)."""
+    with their own guess, "is the cluster up?", and a shorter list of what to check), naming
+    the bootstrap servers noted, which the line it replaces named (review 54-m F-8)."""
+    kafka = f"Kafka at {_CLUSTER[0]}" if _CLUSTER else "Kafka"
     if kind == _MECHANISM:
-        return (f"Kafka does not enable this process's SASL mechanism: {said}; set "
+        return (f"{kafka} does not enable this process's SASL mechanism: {said}; set "
                 "kafka.sasl_mechanism to one the broker lists; a restart does not mend it")
-    return (f"Kafka refused this process's credentials: {said}; check kafka.sasl_username and "
+    return (f"{kafka} refused this process's credentials: {said}; check kafka.sasl_username and "
             "its password (kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), "
             "kafka.sasl_mechanism and kafka.security_protocol against the broker's listener; "
             "a restart does not mend it")

@@ -439,6 +439,7 @@ def test_a_refusal_of_the_credentials_librdkafka_logged_is_named_in_kafka_lines_
     from cdc_router.kafka import logs
 
     monkeypatch.setattr(logs, "_REFUSALS", [])
+    monkeypatch.setattr(logs, "_CLUSTER", ["b:9092"])
     logs.librdkafka_logger().error(
         "SASL authentication error: Authentication failed: Invalid username or password "
         "(after 3ms in state AUTH_REQ)")
@@ -449,7 +450,7 @@ def test_a_refusal_of_the_credentials_librdkafka_logged_is_named_in_kafka_lines_
         _fail(SimpleNamespace(obj={}), "Kafka transaction step 'init' timed out: is the "  # type: ignore[arg-type]
               "cluster at b:9092 reachable?", 75)
     said = capsys.readouterr().err
-    assert "Kafka refused this process's credentials: SASL authentication error: " \
+    assert "Kafka at b:9092 refused this process's credentials: SASL authentication error: " \
         "Authentication failed: Invalid username or password" in said
     assert "check kafka.sasl_username and its password" in said and "reachable" not in said
 

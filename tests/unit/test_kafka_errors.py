@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.errors import EXIT_RESTART, BatchFailed
@@ -55,9 +56,11 @@ def test_a_start_whose_cluster_does_not_answer_exits_for_a_restart() -> None:
     assert "still fails after its one try" in str(init_failure(unanswered, UNBUILT))
 
 
-def test_a_start_that_times_out_after_kafka_refused_the_login_is_a_credentials_error() -> None:
+def test_a_start_that_times_out_after_kafka_refused_the_login_is_a_credentials_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # Review 54: a wrong SASL password exited 75, "is the cluster ... reachable?": a supervisor
     # restarted it for ever; a refused login is the operator's to fix, exit 1.
+    monkeypatch.setattr(logs, "_CLUSTER", [])  # no client built in this test: no address
     unanswered = BatchFailed("step 'init' still fails after its one try",
                              KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
     logs.librdkafka_logger().error("SASL authentication error: Authentication failed: Invalid "

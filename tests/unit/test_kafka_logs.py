@@ -60,15 +60,20 @@ def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
     from cdc_router.kafka import logs
 
     monkeypatch.setattr(logs, "_REFUSALS", [])
+    monkeypatch.setattr(logs, "_CLUSTER", [])
     assert logs.with_kafka_refusal("Kafka: _TRANSPORT") == "Kafka: _TRANSPORT"
     logs.librdkafka_logger().error("SASL authentication error: Authentication failed")
-    # Review 54-k F-4: every command's line is init_failure's text, not its own guess.
+    assert logs.refused_login() is not None and \
+        logs.refused_login().startswith("Kafka refused this process's credentials: SASL ")
+    logs.note_cluster("b:9092,c:9092")
+    # Review 54-k F-4: every command's line is init_failure's text, not its own guess; review
+    # 54-m F-8: naming the bootstrap servers, as the line it replaces did.
     for line in ("Kafka: _TRANSPORT", "cannot reach Kafka at b:9092; is the cluster up?",
                  "a Kafka call to b:9092 failed: _TRANSPORT; check kafka.bootstrap_servers, "
                  "and that the cluster is up"):
         assert logs.with_kafka_refusal(line) == logs.refused_login() == (
-            "Kafka refused this process's credentials: SASL authentication error: "
-            "Authentication failed; check kafka.sasl_username and its password "
+            "Kafka at b:9092,c:9092 refused this process's credentials: SASL authentication "
+            "error: Authentication failed; check kafka.sasl_username and its password "
             "(kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism "
             "and kafka.security_protocol against the broker's listener; a restart does not "
             "mend it")
@@ -86,6 +91,8 @@ def test_a_kafka_line_names_the_newest_refusal_while_it_is_fresh(
     logs.librdkafka_logger().error("SASL SCRAM-SHA-256 mechanism handshake failed: Broker: "
                                    "Unsupported SASL mechanism: broker's supported mechanisms: "
                                    "PLAIN,SCRAM-SHA-512")
+    assert logs.with_kafka_refusal("Kafka: _TIMED_OUT").startswith(
+        "Kafka at b:9092,c:9092 does not enable this process's SASL mechanism: SASL SCRAM")
     assert logs.with_kafka_refusal("Kafka: _TIMED_OUT").endswith(
         "broker's supported mechanisms: PLAIN,SCRAM-SHA-512; set kafka.sasl_mechanism to one "
         "the broker lists; a restart does not mend it")

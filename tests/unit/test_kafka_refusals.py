@@ -38,7 +38,8 @@ def test_status_names_the_credentials_kafka_refused(monkeypatch: pytest.MonkeyPa
             "postgresql://u:p@127.0.0.1:1/db", "http://127.0.0.1:1", logged_config(config)))
     for section in (report.router, report.dead_letters, report.dedup_changelog):
         assert section.error is not None
-        assert "Kafka refused this process's credentials: " in section.error, section.error
+        assert f"Kafka at {address} refused this process's credentials: " in section.error, \
+            section.error
         assert f"SASL authentication error: {REFUSAL}" in section.error, section.error
         assert "check kafka.sasl_username and its password" in section.error
     assert "FAIL" not in capfd.readouterr().err  # librdkafka's own lines stay unshown
@@ -145,7 +146,7 @@ def test_run_with_credentials_kafka_refuses_exits_1_naming_them_not_75() -> None
                              timeout=120, check=False)
     [line] = [line for line in ran.stderr.splitlines() if line.startswith("error: ")]
     assert ran.returncode == 1, ran.stderr
-    assert line.startswith("error: Kafka refused this process's credentials: ") and \
+    assert line.startswith(f"error: Kafka at {address} refused this process's credentials: ") and \
         f"SASL authentication error: {REFUSAL}" in line and "reachable" not in line, line
     assert line.endswith("check kafka.sasl_username and its password (kafka.sasl_password, or "
                          "CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism and "
