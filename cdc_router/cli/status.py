@@ -43,19 +43,38 @@ DEFAULT_SERVE_INTERVAL_S = 30.0
 
 class _StatusCommand(UsageExitCommand):
     """Bad arguments exit EXIT_UNKNOWN, not click's 2, which is `status`'s critical; with
-    `-o json` a refused argument is also a document: an empty variable always (click reads
-    the variables after the command line), a bad option when it comes after `-o json`."""
+    `-o json` anywhere on the command line a refused argument is also a document: an empty
+    variable, an unknown option, a bad value, before or after `-o json`."""
 
     usage_exit_code = EXIT_UNKNOWN
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        asked = _output_asked(args)  # before click, which consumes `args`
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as error:
             # Review 54: `CDC_ROUTER_BOOTSTRAP_SERVERS= status -o json` printed no document.
-            if ctx.params.get("output") == "json":
+            if ctx.params.get("output", asked) == "json":
                 _unknown("arguments", error.format_message())
             raise
+
+
+def _output_asked(args: list[str]) -> str | None:
+    """The last -o/--output value on the command line (click takes the last), read from the
+    words themselves: an unknown option, or a bad value before `-o json`, fails click's parse
+    before it has set `output` (review 54-k F-5: no document)."""
+    asked = None
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            break
+        if word in ("-o", "--output"):
+            asked = next(words, None)
+        elif word.startswith("--output="):
+            asked = word.removeprefix("--output=")
+        elif word.startswith("-o") and not word.startswith("--"):
+            asked = word.removeprefix("-o")
+    return asked
 
 
 class _CheckImpossible(CdcRouterError):

@@ -689,6 +689,28 @@ def test_json_output_of_a_bad_config_is_a_document_on_stdout_besides_the_error(
          "message": "--dsn: its port 'abc' is not an integer"}], argued.output
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["--bogus", "-o", "json"], "No such option '--bogus'."),
+    (["-o", "json", "--bogus"], "No such option '--bogus'."),
+    (["--watch", "abc", "--output=json"], "Invalid value for '--watch': 'abc' is not a valid "
+                                          "float."),
+    (["--serve", "0", "-ojson"], "Invalid value for '--serve': 0 is not in the range "
+                                 "1<=x<=65535."),
+])
+def test_json_output_of_status_with_a_bad_argument_anywhere_is_a_document(
+        tmp_path: Path, args: list[str], said: str) -> None:
+    # Review 54-k F-5: click fails before it has read `-o json` when the bad word comes first
+    # (or is an unknown option): no document.
+    config = tmp_path / "router.yaml"
+    config.write_text(CONFIG, "utf-8")
+    status = CliRunner().invoke(main, ["status", "-c", str(config), *args])
+    assert status.exit_code == 3, status.output
+    assert json.loads(status.stdout) == {"status": "unknown", "exit_code": 3, "problems": [
+        {"level": "critical", "component": "arguments", "message": said}]}, status.output
+    text = CliRunner().invoke(main, ["status", "-c", str(config), *args, "-o", "text"])
+    assert text.exit_code == 3 and text.stdout == "", text.output  # the last -o counts
+
+
 def test_json_output_of_status_with_an_empty_address_variable_is_a_document_too(
         tmp_path: Path) -> None:
     # Review 54: the variable's refusal came before status's own error path: no document.
