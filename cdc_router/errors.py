@@ -6,9 +6,13 @@ a record to dead-letter) and never reach a user.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError
+from typing import TYPE_CHECKING
 
-from cdc_router.kafka.errors import describe, refused_grant
+# confluent_kafka (and kafka/errors.py, which imports it) only where a Kafka error is handled:
+# the dedup stores and the consumer's checks import this module without a Kafka client
+# (review 54-k F-10).
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError
 
 
 def show(value: object, limit: int = 80) -> str:
@@ -211,6 +215,8 @@ def fatal_kafka_error(message: str, error: KafkaError | None, *,
     `consumer`: the error came from the consumer, where librdkafka's generic _FATAL has one
     cause, a fenced static member (librdkafka's INTRODUCTION.md, "Fatal consumer errors").
     """
+    from confluent_kafka import KafkaError
+
     fenced = (KafkaError.FENCED_INSTANCE_ID, KafkaError._FATAL) if consumer \
         else (KafkaError.FENCED_INSTANCE_ID,)
     if error is not None and error.code() in fenced:
@@ -226,6 +232,8 @@ def grant_refusal(failure: FatalKafkaError, *, group: str | None,
     """`failure` led by the grant to add, when Kafka refused this process's principal its
     group, its transactional ids or the cluster (kafka.errors.refused_grant); else None. Used
     at the edges (`run`, `relay`, `dlq replay`), which know the config's names."""
+    from cdc_router.kafka.errors import refused_grant
+
     grant = refused_grant(failure.code, group=group, transactional_prefix=transactional_prefix)
     return None if grant is None else FatalKafkaError(f"{grant} ({failure})", code=failure.code)
 
@@ -240,9 +248,6 @@ class UnknownConnectorError(ConnectError):
         super().__init__(f"unknown connector {name!r} (Kafka Connect at {url})")
 
 
-_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE})
-
-
 class DeadLetterRefused(DeliveryError):
     """Kafka refused the dead-letter record itself (too large, not authorised, no such topic):
     retrying it unchanged cannot succeed."""
@@ -254,7 +259,9 @@ class DeadLetterRefused(DeliveryError):
     @property
     def too_large(self) -> bool:
         """Whether the record was refused for its size: without its value it may pass."""
-        return self.code in _TOO_LARGE
+        from confluent_kafka import KafkaError
+
+        return self.code in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE)
 
 
 class JetStreamError(CdcRouterError):
@@ -295,6 +302,8 @@ class RecordRefused(Exception):
     """librdkafka refused one record before sending it (e.g. over message.max.bytes)."""
 
     def __init__(self, error: KafkaError, detail: str | None = None) -> None:
+        from cdc_router.kafka.errors import describe
+
         super().__init__(f"{describe(error)}; {detail}" if detail else describe(error))
         self.kafka_error = error
 
