@@ -355,6 +355,13 @@ class RouterConfig(_Model):
                             f"{name!r}", self.source.group_id)
             if problem:
                 raise _fail(field, problem, name)
+            protector = guard.protected_by(name)
+            if protector is not None and (field != "dedup.changelog_topic" or
+                                          self.dedup.enabled):
+                # QA 55-a F-1: the router writes here, and `topics apply` creates or alters it.
+                raise _fail(field, f"{name!r} is protected by protected_topics entry "
+                            f"{protector!r}: the router must not write to it nor topics apply "
+                            "create or alter it; name another topic", name)
         self._check_nats_routes()
         for index, route in enumerate(self.routes):
             if route.topic is None:

@@ -51,6 +51,9 @@ def test_bad_relay_settings_are_one_line_naming_the_field(tmp_path: Path) -> Non
         "{table: public.outbox}", "{poll_interval_ms: -5}"))
     assert "relay.position_topic" in error_of(tmp_path, RELAY.replace(
         "{table: public.outbox}", "{position_topic: cdc-router.dlq}"))
+    assert "field 'relay.position_topic': 'connect-offsets' is protected by " \
+        "protected_topics entry 'connect-offsets'" in error_of(tmp_path, RELAY.replace(
+            "{table: public.outbox}", "{table: public.outbox, position_topic: connect-offsets}"))
     assert "cleanup.policy compact" in error_of(tmp_path, RELAY.replace(
         "{table: public.outbox}", "{position_config: {cleanup.policy: delete}}"))
     message = error_of(tmp_path, RELAY.replace("public.outbox", "a.b.c"))

@@ -627,6 +627,30 @@ def test_topic_rules_at_load_name_field_and_value(tmp_path: Path, text: str,
     assert expected in error_of(tmp_path, text)
 
 
+@pytest.mark.parametrize(("section", "field", "name", "entry"), [
+    ("dead_letter: {topic: connect-offsets}\n", "dead_letter.topic", "connect-offsets",
+     "connect-offsets"),
+    ("dead_letter: {topic: vault.dlq}\nprotected_topics: ['vault.*']\n", "dead_letter.topic",
+     "vault.dlq", "vault.*"),
+    ("dedup: {changelog_topic: connect-offsets}\n", "dedup.changelog_topic", "connect-offsets",
+     "connect-offsets"),
+    ("dedup: {changelog_topic: _schemas}\n", "dedup.changelog_topic", "_schemas", "_schemas"),
+])
+def test_the_routers_own_topics_are_refused_when_protected(
+        tmp_path: Path, section: str, field: str, name: str, entry: str) -> None:
+    """QA 55-a F-1: the router writes its dead letters and dedup marks there, and `topics
+    apply` creates or alters them, so protected_topics guards them as it guards routes."""
+    assert (f"field {field!r}: {name!r} is protected by protected_topics entry {entry!r}: the "
+            "router must not write to it nor topics apply create or alter it; name another "
+            "topic") in error_of(tmp_path, MINIMAL + section)
+
+
+def test_a_disabled_dedups_changelog_is_not_written_so_not_refused(tmp_path: Path) -> None:
+    config = loaded(write(tmp_path, MINIMAL + "dedup: {enabled: false, changelog_topic: "
+                                              "connect-offsets}\n"))
+    assert "connect-offsets" not in [spec.name for spec in config.topic_specs()]
+
+
 def test_protected_and_allowed_topics_load(tmp_path: Path) -> None:
     config = loaded(write(tmp_path, MINIMAL))
     assert config.protected_topics == ["connect-configs", "connect-offsets", "connect-status",
