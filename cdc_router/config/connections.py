@@ -84,9 +84,10 @@ _PINNED: dict[str, tuple[str, tuple[str, ...], str]] = {
                           "skip its history, commit the group's offsets before the first "
                           "start (kafka-consumer-groups --group <source.group_id> --topic "
                           "<raw topic> --reset-offsets --to-latest --execute)"),
-    "partition.assignment.strategy": ("consumer", ("range,roundrobin",), "an eager "
+    "partition.assignment.strategy": ("consumer", ("roundrobin,range",), "an eager "
                                       "assignor: every member commits or aborts before a "
-                                      "partition moves"),
+                                      "partition moves; roundrobin spreads the partitions "
+                                      "of all raw topics over the instances"),
     "group.instance.id": ("consumer", ("<--instance-id>.<digest of source.topics>",),
                           "static membership, one member per instance"),
 }

@@ -139,7 +139,11 @@ def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "auto.offset.reset": "earliest",
         # An eager assignor: every member commits or aborts before any partition moves.
-        "partition.assignment.strategy": "range,roundrobin",
+        # roundrobin first (QA 55-a F-7): range deals each topic out on its own, so with
+        # several one-partition raw topics the first member got them all and the others
+        # idled. Members of an older version still offer range,roundrobin: the coordinator
+        # picks a protocol every member offers, and both are eager.
+        "partition.assignment.strategy": "roundrobin,range",
         **_NO_AUTO_CREATE,
     }
 

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,46 @@ def test_two_instances_share_the_raw_partitions_and_sigterm_commits_and_exits_0(
     assert "event=assigned" in log_a and "event=assigned" in log_b
     assert len(settled) == 5_000
     assert Counter(r.key().decode() for r in records) == Counter(ids + more)
+
+
+def _last_assignment(log: str) -> str | None:
+    """The partitions of the last `event=assigned` line of a router's log, or None."""
+    lines = [line for line in log.splitlines() if "event=assigned partitions=" in line]
+    return lines[-1].split("partitions=", 1)[1].split(" ", 1)[0] if lines else None
+
+
+def test_two_instances_share_two_one_partition_raw_topics(stack: StackEndpoints,
+                                                          tmp_path: Path) -> None:
+    """QA 55-a F-7: with the range assignor, each one-partition raw topic went to the first
+    member and a second instance idled; roundrobin gives each instance one."""
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        second = f"{pipe.raw_topic}-second"  # no connector writes it: it only has to exist
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for future in admin.create_topics([NewTopic(second, 1, 1)]).values():
+            future.result(timeout=30)
+        try:
+            config = yaml.safe_load(pipe.config_path.read_text())
+            config["source"]["topics"].append(second)
+            pipe.config_path.write_text(yaml.safe_dump(config))
+            pipe.start_router("a", wait=True)
+            pipe.start_router("b")
+            deadline = time.monotonic() + 90
+            while not all(_last_assignment(pipe.router_log(i)) for i in "ab"):
+                assert time.monotonic() < deadline, (
+                    "the second instance got no raw partition: "
+                    f"{[_last_assignment(pipe.router_log(i)) for i in 'ab']}")
+                time.sleep(0.2)
+            ids = pipe.insert(_orders(500, 10))
+            records = pipe.read(pipe.orders_topic, 500)
+            settled = pipe.read_all(pipe.orders_topic, settle_s=3)
+            owners = {i: _last_assignment(pipe.router_log(i)) for i in "ab"}
+        finally:
+            for future in admin.delete_topics([second]).values():
+                with suppress(Exception):
+                    future.result(timeout=30)
+    assert sorted(owners.values()) == sorted([f"{pipe.raw_topic}[0]", f"{second}[0]"]), owners
+    assert len(settled) == 500
+    assert Counter(r.key().decode() for r in records) == Counter(ids)
 
 
 def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_flows(

@@ -304,3 +304,13 @@ def test_a_refused_write_is_asked_again_after_a_while_and_a_grant_given_back_is_
     now[0] = 10 * REFUSED_GRANT_RECHECK_S
     assert cache.partitions("orders") == 3 and cache.partitions("pay") == 3
     assert asked == ["orders", "pay", "orders"]
+
+
+def test_the_raw_topic_consumer_prefers_roundrobin_and_offers_only_eager_assignors() -> None:
+    """QA 55-a F-7: range deals each raw topic out on its own, so one-partition raw topics
+    all went to the first instance; roundrobin spreads them. Both are eager (the router
+    commits or aborts before a partition moves), and range stays offered so that a group
+    with members of an older version (range,roundrobin) still finds a common protocol."""
+    strategy = clients.consumer_config(config(), "i")["partition.assignment.strategy"]
+    assert strategy.split(",") == ["roundrobin", "range"]
+    assert _PINNED["partition.assignment.strategy"][1] == (strategy,)
