@@ -82,7 +82,9 @@ def write_event(conn: psycopg.Connection[Any], *, aggregate_type: str, aggregate
     Never commits: the row becomes visible (and reaches Kafka) exactly when the caller's
     business change does (an autocommit connection outside `conn.transaction()` is refused).
     payload: a dict or list (stored as JSON) or, for a bytea payload column, bytes. headers:
-    string values only. event_id: a UUID; by default a new UUIDv7. An AsyncConnection takes
+    string values only. event_id: a UUID; by default a new UUIDv7. schema: the outbox table,
+    its column names and payload type (OutboxSchema("shop.events").with_columns({...}));
+    by default public.outbox with the EventRouter SMT's names. An AsyncConnection takes
     write_event_async.
     """
     query, params = _insert(conn, False, aggregate_type, aggregate_id, type, payload, headers,

@@ -11,6 +11,7 @@ import json
 import re
 import warnings
 from decimal import Decimal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -344,3 +345,21 @@ def test_a_decimal_with_as_many_digits_after_the_point_as_numeric_holds_is_writt
     write_event(conn, **{**EVENT,  # type: ignore[arg-type]
                          "payload": {"n": Decimal("1E-16383")}})
     assert len(conn.calls) == 1
+
+
+def test_readmes_own_outbox_snippet_writes_to_its_table_and_columns() -> None:
+    # QA 55-a F-2: README showed only the default public.outbox; a team with its own table
+    # wrote there without a word. The snippet, run as written, writes to its table.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+                 if "OutboxSchema(" in block]
+    conn = SyncConnection()
+    conn.transaction = contextlib.nullcontext  # type: ignore[attr-defined]
+    scope: dict[str, Any] = {"conn": conn}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    [(query, params)] = conn.calls
+    text = query.as_string(None)
+    assert '"shop"."order_events"' in text and "public" not in text
+    for column in ("event_id", "kind", "entity_id", "event_type", "body", "meta"):
+        assert f'"{column}"' in text, column
+    assert params[0] == scope["event_id"]
