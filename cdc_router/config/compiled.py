@@ -16,7 +16,7 @@ from cdc_router.config.nats import SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.routes import RouteMatch, RouteRule
 from cdc_router.config.topic_names import Template, TopicGuard, parse_topic_template, render_topic
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, show
 from cdc_router.serde import Serializer, serializer_for
 
 if TYPE_CHECKING:
@@ -37,14 +37,13 @@ class RouteMatcher:
         self._type = compiled(match.type) if match else None
         self._headers = {name: compiled(p) or [] for name, p in
                          ((match.header or {}).items() if match else ())}
+        self._header_text = {name: [p] if isinstance(p, str) else list(p) for name, p in
+                             ((match.header or {}).items() if match else ())}
         # No condition: every event matches (a catch-all route), known without a call.
         self.takes_all = not (self._aggregate_type or self._type or self._headers)
 
     def __call__(self, event: OutboxEvent) -> bool:
-        if self._aggregate_type and not any(p(event.aggregate_type)
-                                            for p in self._aggregate_type):
-            return False
-        if self._type and not any(p(event.type) for p in self._type):
+        if not self._takes_type(event):
             return False
         if self._headers:
             headers = dict(event.headers)
@@ -52,6 +51,27 @@ class RouteMatcher:
                 if name not in headers or not any(p(headers[name]) for p in patterns):
                     return False
         return True
+
+    def header_miss(self, event: OutboxEvent) -> str | None:
+        """Why `event` misses this route on a header alone (its aggregate type and type
+        match): the header, its value and the patterns; None when it matches or misses on
+        its type (QA 55-a F-3: a dead letter read as if the type were not matched)."""
+        if not self._headers or not self._takes_type(event):
+            return None
+        headers = dict(event.headers)
+        for name, patterns in self._headers.items():
+            wanted = ", ".join(map(repr, self._header_text[name]))
+            if name not in headers:
+                return f"the event has no header {show(name)} (the route wants {wanted})"
+            if not any(p(headers[name]) for p in patterns):
+                return f"header {show(name)} is {show(headers[name])}, not {wanted}"
+        return None
+
+    def _takes_type(self, event: OutboxEvent) -> bool:
+        if self._aggregate_type and not any(p(event.aggregate_type)
+                                            for p in self._aggregate_type):
+            return False
+        return not self._type or any(p(event.type) for p in self._type)
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,12 @@ class Router:
         if found is None:
             if self._config.unmatched == "skip":
                 return Skipped(UNMATCHED)
+            misses = [f"routes[{route.index}] takes its types but {miss}"
+                      for route in self._routes
+                      if (miss := route.matches.header_miss(event)) is not None]
             raise RouteError(f"event {show(event.event_id)}: no route matches aggregate_type "
-                             f"{show(event.aggregate_type)} type {show(event.type)}")
+                             f"{show(event.aggregate_type)} type {show(event.type)}" +
+                             "".join(f"; {miss}" for miss in misses))
         index, rule = found
         topic = self.topic_for(event, index)
         key = self._key(event, index)

@@ -116,6 +116,39 @@ def test_unmatched_goes_to_dead_letter_or_is_skipped() -> None:
     assert skipping.route(PAYMENT, lambda t: 1) == Skipped("unmatched")
 
 
+def test_an_event_missing_a_route_on_its_header_alone_is_said_so() -> None:
+    # QA 55-a F-3: the reason named only the aggregate type and type, as if those had not
+    # matched; a team debugging a header match could not tell why.
+    rt = router({"match": {"type": "OrderShipped"}, "topic": "shipped"},
+                {"match": {"type": "OrderPaid", "header": {"tenant": ["globex-*", "initech"]}},
+                 "topic": "paid"},
+                {"match": {"aggregate_type": "Order", "header": {"region": "eu"}},
+                 "topic": "eu"})
+    with pytest.raises(RouteError) as caught:
+        rt.route(ORDER, lambda topic: 1)  # OrderPaid, tenant acme-eu, no region header
+    assert str(caught.value) == (
+        f"event {ORDER.event_id!r}: no route matches aggregate_type 'Order' type 'OrderPaid'; "
+        "routes[1] takes its types but header 'tenant' is 'acme-eu', not 'globex-*', "
+        "'initech'; routes[2] takes its types but the event has no header 'region' (the "
+        "route wants 'eu')")
+    with pytest.raises(RouteError) as caught:  # a type miss is not a header miss
+        router({"match": {"type": "OrderShipped", "header": {"tenant": "x"}},
+                "topic": "t"}).route(ORDER, lambda topic: 1)
+    assert str(caught.value).endswith("no route matches aggregate_type 'Order' type 'OrderPaid'")
+
+
+def test_explain_says_which_header_a_route_missed(tmp_path: Path) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({
+        "source": {"topics": [SOURCE]},
+        "routes": [{"match": {"type": "OrderPaid", "header": {"tenant": "globex-*"}},
+                    "topic": "paid"}]}))
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), "--explain",
+                                       str(FIXTURES / "create_jsonb.schema.json")])
+    assert "routes[0] takes its types but header 'tenant' is 'acme-eu', not 'globex-*'" in \
+        result.output, result.output
+
+
 @pytest.mark.parametrize(("key", "expected"), [
     ("id", ORDER.event_id), ("aggregate_id", "order-42"), ("aggregateid", "order-42"),
     ("type", "OrderPaid"), ("tenant", "acme-eu"),
