@@ -160,9 +160,14 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
     if report.password is not None:
         click.echo(f"password of role {replication_role}: {report.password}")
     for warning in report.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        if warning not in report.not_ready:
+            click.echo(f"warning: {warning}", err=True)
     for note in report.notes:
         click.echo(f"note: {note}")
+    for problem in report.not_ready:  # QA 55-a F-5: it said "outbox ready", exit 0
+        click.echo(f"error: outbox not ready: {problem}", err=True)
+    if report.not_ready:
+        sys.exit(1)
     # QA 46-b F5: it said "nothing changed" after adding the relay's columns and indexes.
     click.echo("outbox ready" + ("" if report.changed or relay_changed else " (nothing changed)"))
 

@@ -63,6 +63,14 @@ def column_type_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema) ->
     return warnings
 
 
+class NothingCaptured(str):
+    """A publication warning that means Debezium captures no row of the outbox (inserts not
+    published, the table not in it): `outbox init` then ends "outbox not ready", exit 1
+    (QA 55-a F-5: it said "outbox ready"), as `status` calls it critical."""
+
+    __slots__ = ()
+
+
 def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
                          publication_name: str, *, relay: bool = False) -> list[str]:
     # An existing publication is never altered (it may serve others); say what is off instead.
@@ -78,15 +86,16 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
         (outbox_schema, outbox_table, regclass_text(schema.table),
          publication_name)).fetchone()
     included, partitioned = row if row is not None else (False, False)
-    warnings = []
+    warnings: list[str] = []
     if "insert" not in publication.operations and not relay:
         # The table's every row is an insert: pgoutput leaves them all out of the stream, and
         # the rows written meanwhile are not sent later, when the publication is fixed.
         pub = sql.Identifier(publication_name).as_string(None)
-        warnings.append(f"publication {publication_name} does not publish inserts (publish = "
-                        f"'{', '.join(publication.operations)}'): Debezium captures no outbox "
-                        f"row; run `ALTER PUBLICATION {pub} SET (publish = 'insert')`, then "
-                        "`cdc-router outbox republish` for the rows written before")
+        warnings.append(NothingCaptured(
+            f"publication {publication_name} does not publish inserts (publish = "
+            f"'{', '.join(publication.operations)}'): Debezium captures no outbox row; run "
+            f"`ALTER PUBLICATION {pub} SET (publish = 'insert')`, then `cdc-router outbox "
+            "republish` for the rows written before"))
     if set(publication.operations) - {"insert"}:
         warnings.append(f"publication {publication_name} publishes more than inserts: deleting "
                         "processed outbox rows will reach Kafka, and an UPDATE of a row's id "
@@ -94,8 +103,9 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     # A relay table needs no publication: adding it would make Debezium capture it too
     # (QA 36-c).
     if not included and not relay:
-        warnings.append(publication_fix(publication_name, schema.table,
-                                        partitioned=bool(partitioned) and not publication.via_root))
+        warnings.append(NothingCaptured(publication_fix(
+            publication_name, schema.table,
+            partitioned=bool(partitioned) and not publication.via_root)))
     if included and not relay:
         warnings += filter_warnings(publication_name, schema, *publication_filter(
             conn, publication_name, schema.table))

@@ -17,6 +17,7 @@ from psycopg import sql
 
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.existing import (
+    NothingCaptured,
     check_existing_table,
     column_type_warnings,
     publication_warnings,
@@ -261,6 +262,11 @@ class InitReport:
     @property
     def changed(self) -> bool:
         return any(changed for _, _, changed in self.steps) or self.password == "set"
+
+    @property
+    def not_ready(self) -> tuple[str, ...]:
+        """The warnings that mean Debezium captures nothing from the outbox (with their fix)."""
+        return tuple(warning for warning in self.warnings if isinstance(warning, NothingCaptured))
 
 
 def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: CaptureSetup, *,

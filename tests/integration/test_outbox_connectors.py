@@ -565,9 +565,11 @@ def test_init_warns_about_a_publication_that_publishes_no_inserts(
     with _existing_outbox(stack, "noins_obx",
                           "ALTER PUBLICATION {name} SET (publish = 'update')") as name:
         result = _init_existing(stack, name)
-    assert result.exit_code == 0, result.output
-    assert (f"warning: publication {name} does not publish inserts (publish = 'update')"
-            in result.stderr), result.output
+    # QA 55-a F-5: Debezium captures nothing: "outbox not ready", exit 1, not "outbox ready".
+    assert result.exit_code == 1, result.output
+    assert "outbox ready" not in result.output
+    assert (f"error: outbox not ready: publication {name} does not publish inserts (publish "
+            "= 'update')" in result.stderr), result.output
     assert f"""ALTER PUBLICATION "{name}" SET (publish = 'insert')""" in result.stderr
     assert "does not include" not in result.stderr  # the table is in it
 

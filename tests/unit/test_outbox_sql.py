@@ -702,6 +702,40 @@ def test_init_relay_tells_init_outbox_the_table_is_the_relays(
     assert seen["relay"] is True
 
 
+@pytest.mark.parametrize("publication", [_Publication(includes=False),
+                                         _Publication(insert=False)])
+def test_init_on_a_publication_that_captures_nothing_is_not_ready_exit_1(
+        monkeypatch: pytest.MonkeyPatch, publication: _Publication) -> None:
+    # QA 55-a F-5: a second table on an existing publication that leaves it out: "outbox
+    # ready", exit 0, under the warning that Debezium captures nothing from it.
+    from cdc_router.cli import outbox as cli_outbox
+
+    warnings = publication_warnings(publication,  # type: ignore[arg-type]
+                                    OutboxSchema(table="shop.legacy"), "shop_outbox")
+    report = InitReport((("exists", "publication shop_outbox", False),), None,
+                        ("public.outbox has no size check", *warnings))
+    [problem] = report.not_ready
+    assert problem in warnings and "Debezium captures" in problem
+
+    class _Conn:
+        def commit(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli_outbox, "database", lambda dsn: contextlib.nullcontext(_Conn()))
+    monkeypatch.setattr(cli_outbox, "init_outbox", lambda *args, **kwargs: report)
+    result = CliRunner().invoke(main, ["outbox", "init", "--dsn", "postgresql://x@h/db",
+                                       "--table", "shop.legacy", "--publication", "shop_outbox"])
+    assert result.exit_code == 1, result.output
+    assert "outbox ready" not in result.output
+    assert f"error: outbox not ready: {problem}\n" in result.stderr
+    assert f"warning: {problem}" not in result.stderr  # said once, as the error
+    assert "warning: public.outbox has no size check" in result.stderr
+    assert "exists   publication shop_outbox" in result.stdout
+    healthy = InitReport((), None, tuple(publication_warnings(
+        _Publication(), OutboxSchema(), "p")))  # type: ignore[arg-type]
+    assert healthy.not_ready == ()
+
+
 # -- the CLI's edges (no database reached) ---------------------------------------------
 
 
