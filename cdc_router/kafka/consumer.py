@@ -140,17 +140,19 @@ def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:
 
 def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],
                            timeout_s: float, log: logging.Logger, *,
-                           committed: list[TopicPartition] | None = None) -> None:
+                           committed: list[TopicPartition] | None = None,
+                           ) -> list[TopicPartition] | None:
     """Say when a partition's committed offset is below its log start: the records between were
     deleted (retention) before the group read them, and librdkafka's auto.offset.reset goes on
     from the log start with a line of its own only (QA 31-b: 55 events skipped, nothing said).
     `committed`: the partitions' committed offsets when the caller has them, else asked for.
-    Best effort: a partition whose offsets do not come is not checked."""
+    Best effort: a partition whose offsets do not come is not checked. Returns the committed
+    offsets (None when they did not come)."""
     if committed is None:
         try:
             committed = consumer.committed(partitions, timeout=timeout_s)
         except KafkaException:
-            return
+            return None
     for partition in committed:
         if partition.error is not None or partition.offset < 0:
             continue  # no committed offset: a new group starts where auto.offset.reset says
@@ -170,6 +172,7 @@ def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],
                     "republish -c CONFIG --since TIME --dry-run`, then without --dry-run "
                     "(CONFIG: this router's config file; TIME: before it stopped; README, "
                     "runbook)")
+    return committed
 
 
 def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:

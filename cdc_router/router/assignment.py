@@ -32,28 +32,32 @@ _COORDINATOR_WAIT_S = 0.5
 
 def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
                      replay: ReplayFilter | None, changelog: Any, timeouts: Timeouts,
-                     clock: Callable[[], float]) -> None:
+                     clock: Callable[[], float]) -> list[TopicPartition] | None:
     """Restore the replay filter from the changelog for newly assigned `partitions` (no dedup:
-    only report deleted offsets); RestoreFailed when the changelog cannot be read."""
+    only report deleted offsets); RestoreFailed when the changelog cannot be read. Returns the
+    partitions' committed offsets (None when they did not come)."""
     if changelog is None or replay is None:
-        report_deleted_offsets(consumer, partitions, timeouts.call_s, log)
-        return
+        return report_deleted_offsets(consumer, partitions, timeouts.call_s, log)
     # A previous owner may still hold an open transaction with offsets (and dedup marks) for
     # these partitions; fetching the committed offsets waits until it is resolved
     # (require_stable), so that the changelog read below sees its marks.
     started = clock()
     # A rebalance that gave this instance nothing has nothing to learn (chaos 53-e F2: it read
     # the whole changelog); it still says so, an instance's sign that it joined the group.
-    restored = _restore(consumer, partitions, config=config, replay=replay,
-                        changelog=changelog, timeouts=timeouts) if partitions else 0
+    restored, offsets = _restore(consumer, partitions, config=config, replay=replay,
+                                 changelog=changelog, timeouts=timeouts) \
+        if partitions else (0, [])
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
+    return offsets
 
 
 def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
-             replay: ReplayFilter, changelog: Any, timeouts: Timeouts) -> int:
-    """The ids the changelog restored for `partitions`, checked against their offsets."""
+             replay: ReplayFilter, changelog: Any, timeouts: Timeouts,
+             ) -> tuple[int, list[TopicPartition]]:
+    """The ids the changelog restored for `partitions`, checked against their offsets; and
+    those offsets."""
     # Not a KafkaException out of consume(): the loop would take it for a passing outage and
     # route on, while confluent-kafka assigns the partitions anyway.
     try:
@@ -69,7 +73,7 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
                             failure) from failure
     report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
     assignment_checks(config, offsets, restored, replay)
-    return restored
+    return restored, offsets
 
 
 def _unstable_hint(failure: KafkaException, waited_s: float) -> str:

@@ -315,8 +315,10 @@ class OutboxRouter:
         """Before reading new partitions, learn every id delivered so far (any instance) and the
         destinations' partition counts afresh (QA 30: stale counts moved an aggregate)."""
         self._destinations.clear()
-        restore_assigned(consumer, partitions, config=self._config, replay=self._replay,
-                         changelog=self._changelog, timeouts=self._timeouts, clock=self._clock)
+        committed = restore_assigned(consumer, partitions, config=self._config,
+                                     replay=self._replay, changelog=self._changelog,
+                                     timeouts=self._timeouts, clock=self._clock)
+        self._metrics.assigned(partitions, committed)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Commit what the batch holds while the group's generation still owns it."""

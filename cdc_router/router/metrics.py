@@ -22,6 +22,8 @@ from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
 
 if TYPE_CHECKING:
+    from confluent_kafka import TopicPartition
+
     from cdc_router.router.values import Committed
 
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
@@ -56,8 +58,10 @@ class RouterMetrics:
                                         "a row for no record's fault (broker down, coordinator "
                                         "moving); 0 once a batch commits", registry=r)
         self.consumer_lag = Gauge("cdc_router_consumer_lag", "Records of an assigned raw "
-                                  "partition the router has not read yet (high watermark - "
-                                  "position)", ["topic", "partition"], registry=r)
+                                  "partition the router has not finished (high watermark - "
+                                  "the offset it committed, as kafka-consumer-groups' LAG: "
+                                  "records read and still being routed count)",
+                                  ["topic", "partition"], registry=r)
         self.last_commit = Gauge("cdc_router_last_commit_timestamp_seconds", "When the router "
                                  "last committed a batch (Unix time; its start before that)",
                                  registry=r)
@@ -74,6 +78,9 @@ class RouterMetrics:
                         "each holding a client (a renewal past 3 ends the process)", registry=r)
         blocked.set_function(blocked_calls)
         self._lag_labels: set[tuple[str, str]] = set()
+        # Per assigned partition, the next offset the group would read after a crash: the
+        # one at the assignment, then each commit's (QA 55-c F-3: a batch stuck in routing).
+        self._finished: dict[tuple[str, int], int] = {}
         self._lag_observed = float("-inf")
         self.held = HeldPartitions()
         self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "
@@ -93,21 +100,35 @@ class RouterMetrics:
             (self.duplicates if reason is None else self.skipped.labels(reason)).inc(count)
         self._last_commit_s = now_ms / 1000
         self.last_commit.set(self._last_commit_s)
+        self._finished.update(committed.offsets)
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.
         for topic, count in Tally(event.topic for event in delivered).items():
             self.routed.labels(topic).inc(count)
         self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
                                   for event in delivered if event.created_at_ms is not None])
 
+    def assigned(self, partitions: Iterable[TopicPartition],
+                 committed: Iterable[TopicPartition] | None) -> None:
+        """Partitions assigned, with the group's committed offsets when they came: the lag is
+        counted from them until this router commits there (else from its position)."""
+        for partition in partitions:
+            self._finished.pop((partition.topic, partition.partition), None)
+        for partition in committed or ():
+            if partition.error is None and partition.offset >= 0:
+                self._finished[(partition.topic, partition.partition)] = partition.offset
+
     def observe_lag(self, consumer: Any, now: float, held_warning_s: float) -> None:
         """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
-        call), and the partitions held behind them for `held_warning_s` (router/held.py), at
-        most every LAG_INTERVAL_S."""
+        call) and the offsets this router committed, and the partitions whose position is held
+        behind them for `held_warning_s` (router/held.py), at most every LAG_INTERVAL_S."""
         if now - self._lag_observed < LAG_INTERVAL_S:
             return
         self._lag_observed = now
         marks = partition_marks(consumer)
-        self.lag({key: max(0, high - position) for key, (position, high) in marks.items()})
+        finished = self._finished
+        self.lag({key: max(0, high - finished.get(key, position))
+                  for key, (position, high) in marks.items()})
+        # The held watch keeps the position: it asks whether the consumer reads on at all.
         self.held.observe(marks, now, held_warning_s)
 
     def lag(self, lags: Mapping[tuple[str, int], int]) -> None:

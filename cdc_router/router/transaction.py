@@ -257,9 +257,9 @@ class Transaction:
             if consumer is not None and offsets:
                 self._call(lambda: consumer.commit(offsets=offsets, asynchronous=False),
                            "offsets")
-        batch = self._batch
+        b = self._batch
         self._reset()
-        return Committed(batch.delivered, batch.dead_letter_stages, batch.passed_over)
+        return Committed(b.delivered, b.dead_letter_stages, b.passed_over, b.offsets)
 
     def abort(self) -> list[DeliveryFailure]:
         """Abort the open batch; the deliveries that failed in it, for the poison isolation.

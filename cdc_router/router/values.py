@@ -57,12 +57,14 @@ class Delivered:
 
 
 class Committed(NamedTuple):
-    """A committed batch: its delivered events, the stages of its dead letters, and its
-    records that delivered nothing (why each was skipped; None: a replay dropped)."""
+    """A committed batch: its delivered events, the stages of its dead letters, its records
+    that delivered nothing (why each was skipped; None: a replay dropped), and the offsets it
+    committed ((topic, partition) → the next offset to read)."""
 
     delivered: list[Delivered]
     dead_letter_stages: list[str]
     passed_over: list[str | None]
+    offsets: dict[tuple[str, int], int] = {}  # noqa: RUF012 (never mutated: read only)
 
     def with_replays(self, replayed: list[str]) -> list[Delivered]:
         """The delivered events, and the ids whose replays the batch dropped (their rows go

@@ -13,6 +13,7 @@ from confluent_kafka import TopicPartition
 from cdc_router.config.load import load_config
 from cdc_router.config.source import SourceSettings
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.values import Committed
 from tests.unit.router_fakes import RAW
 from tests.unit.test_router_loop import Harness, cluster_with, events
 from tests.unit.test_settings import error_of, write
@@ -115,3 +116,24 @@ def test_a_bound_below_a_second_or_not_finite_is_refused_naming_field_and_value(
     assert "field 'source.held_partition_warning_s': must be a number of seconds, at least 1 " \
         "(the router looks at its partitions once a second), e.g. 60 (the default)" in error
     assert expected in error
+
+
+def test_consumer_lag_counts_records_fetched_but_not_committed() -> None:
+    # QA 55-c F-3: a batch stuck in routing (a slow registry) read 0 while the group was
+    # 4,317 records behind: the lag was the high watermark minus the position after the fetch.
+    metrics = RouterMetrics()
+    value = metrics.registry.get_sample_value
+    labels = {"topic": "raw", "partition": "0"}
+    metrics.assigned([TopicPartition("raw", 0)], [TopicPartition("raw", 0, 100)])
+    metrics.observe_lag(_Consumer(5000, high=5000), 10.0, 60)
+    assert value("cdc_router_consumer_lag", labels) == 4900  # from the group's offset
+    metrics.committed(Committed([], [], [], {("raw", 0): 4000}), now_ms=0)
+    metrics.observe_lag(_Consumer(5000, high=5200), 11.0, 60)
+    assert value("cdc_router_consumer_lag", labels) == 1200  # from this router's commit
+    metrics.committed(Committed([], [], [], {("raw", 0): 5200}), now_ms=0)
+    metrics.observe_lag(_Consumer(5200, high=5200), 12.0, 60)
+    assert value("cdc_router_consumer_lag", labels) == 0
+    # Reassigned with no committed offset (a new group): from the position, as before.
+    metrics.assigned([TopicPartition("raw", 0)], None)
+    metrics.observe_lag(_Consumer(5100, high=5200), 13.0, 60)
+    assert value("cdc_router_consumer_lag", labels) == 100

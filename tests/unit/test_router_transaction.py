@@ -71,6 +71,7 @@ def test_exactly_once_commits_records_marks_and_offsets_together() -> None:
     assert marked_ids(cluster.committed(CHANGELOG)) == ["e-0", "e-1"]
     assert len(cluster.committed(CHANGELOG)) == 1  # one record for the batch
     assert cluster.group_offsets == {(RAW, 0): 2}
+    assert committed.offsets == {(RAW, 0): 2}  # the router's lag is counted from them
     stamp = committed_ms(cluster.offset_metadata[(RAW, 0)])
     assert stamp is not None and abs(stamp - time.time() * 1000) < 60_000
     steps = [entry for entry in cluster.journal if not entry.startswith("acked")]
