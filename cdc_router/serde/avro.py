@@ -212,6 +212,9 @@ class AvroSerializer:
                                  f"JSON null, which the registry's serializer writes as a "
                                  f"tombstone (no value); send a record instead")
         key = (topic, id(schema))  # the schema lives as long as this serializer
+        if ids.refused and (refused := ids.refused.recall(key)) is not None:  # QA 55-c F-2
+            _encode_record(event, datum, schema, topic, walk)  # its own fault first
+            raise SerializeError(f"event {show(event.event_id)}: {refused}")
         wire = self._wire.get(key)
         if wire is None:
             wire = self._wire[key] = (ids.value_serializer(schema),
@@ -219,7 +222,7 @@ class AvroSerializer:
         serializer, context = wire
         try:
             # Its union branches decided: the library's writer is fastavro's (encode()).
-            value: bytes | None = serializer(writer_datum(datum, schema, walk), context)
+            value = ids.serialized(key, serializer, writer_datum(datum, schema, walk), context)
         except Exception as error:
             # One call asks the registry (first use of a subject) and encodes: blame the
             # record only if it cannot be encoded on its own.
@@ -238,8 +241,9 @@ class AvroSerializer:
                 # registered yet), or any other definite 4xx about it (an invalid schema, a
                 # per-subject 403; QA, session 29): a dead letter, to replay once the subject
                 # is mended. An outage or refused credentials (401) stop the router.
-                raise SerializeError(f"event {show(event.event_id)}: {failure}; then "
-                                     "`cdc-router dlq replay` it") from error
+                reason = f"{failure}; then `cdc-router dlq replay` it"
+                ids.refused.remember(key, reason)
+                raise SerializeError(f"event {show(event.event_id)}: {reason}") from error
             raise failure from error
         assert value is not None  # None only for a None datum, refused above
         return value

@@ -32,6 +32,7 @@ from cdc_router.config.redact import shown_url
 from cdc_router.errors import ConfigError, PayloadDecodeError
 from cdc_router.errors import RegistryError as RegistryError  # re-exported: its old home
 from cdc_router.serde.avro_schema import parse_schema_text
+from cdc_router.serde.registry_answers import SLOW, RefusedSubjects
 
 if TYPE_CHECKING:
     from cdc_router.config.connections import SchemaRegistrySettings
@@ -89,6 +90,8 @@ class SchemaIds:
         self.would_register: set[tuple[str, str]] = set()  # (subject, schema file)
         self._writers: dict[int, AvroSchema] = {}  # schema id -> its schema
         self._held: set[tuple[str, int]] = set()  # (subject, schema id): holds()
+        self.refused = RefusedSubjects()  # what dead-letters an event, remembered (QA 55-c F-2)
+        self._found: set[tuple[str, int]] = set()  # serialized(): the keys that have their id
 
     @property
     def auto_register(self) -> bool:
@@ -223,6 +226,17 @@ class SchemaIds:
                                lambda: self.client.test_compatibility(
                                    subject, registry_schema(schema))))
 
+    def serialized(self, key: tuple[str, int], serializer: ValueSerializer, datum: Any,
+                   context: SerializationContext) -> bytes | None:
+        """serializer(datum, context), timed (registry_answers.SLOW) until it has once
+        succeeded for `key`: until then each call asks the registry for the subject's id."""
+        if key in self._found:
+            return serializer(datum, context)
+        value = SLOW.timed(self._settings.url, f"look up the schema for {context.topic!r}",
+                           lambda: serializer(datum, context))
+        self._found.add(key)
+        return value
+
     def failure(self, what: str, error: Exception) -> RegistryError:
         """registry_failure() of this registry."""
         return registry_failure(what, error, self._settings.url)
@@ -250,7 +264,7 @@ def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str) -> Avr
 
 def _asked(what: str, step: Callable[[], T], url: str) -> T:
     try:
-        return step()
+        return SLOW.timed(url, what, step)
     except RegistryError:
         raise
     except ClientError as error:

@@ -1,0 +1,130 @@
+"""serde/registry_answers.py: a subject's refusal remembered for a while, slow lookups logged
+(QA 55-c F-2: a registry answering in 4 s let one event through every 4 s)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
+from cdc_router.config.routes import RouteRule
+from cdc_router.errors import EXIT_RESTART, SerializeError
+from cdc_router.serde import registry_answers
+from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.registry import RegistryError
+from cdc_router.serde.registry_answers import SlowLookups
+from tests.unit.test_avro import GOOD, PAYMENT, MockRegistry, event, registry
+
+DYNAMIC = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
+                                    "schema": str(PAYMENT)})
+
+
+class CountingRegistry(MockRegistry):  # type: ignore[misc,valid-type]
+    """The in-memory registry, answering `refusal` (if set) to each lookup, which it counts."""
+
+    refusal: Exception | None = None
+    lookups = 0
+
+    def lookup_schema(self, *args: Any, **kwargs: Any) -> Any:
+        self.lookups += 1
+        if self.refusal is not None:
+            raise self.refusal
+        return super().lookup_schema(*args, **kwargs)
+
+
+def _serializer(refusal: Exception | None) -> tuple[CountingRegistry, AvroSerializer]:
+    client = CountingRegistry({"url": "mock://counting"})
+    client.refusal = refusal
+    return client, AvroSerializer([DYNAMIC], registry(), registry_client=client)
+
+
+def test_a_missing_data_named_subject_is_asked_once_for_the_events_that_follow() -> None:
+    client, serializer = _serializer(None)  # the in-memory registry lacks the subject
+    reasons = []
+    for _ in range(5):
+        with pytest.raises(SerializeError) as caught:
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+        reasons.append(str(caught.value))
+    assert client.lookups == 1  # each event asked the registry again on the old code
+    assert len(set(reasons)) == 1 and "subject 'x.n01-value': not registered" in reasons[0]
+    assert "dlq replay" in reasons[0]
+    with pytest.raises(SerializeError):  # another subject is asked on its own
+        serializer.serialize(event(GOOD), DYNAMIC, "x.n02")
+    assert client.lookups == 2
+
+
+def test_a_refusal_is_asked_again_once_its_memory_is_over(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setattr(registry_answers, "REFUSAL_MEMORY_S", 0.0)
+    client, serializer = _serializer(ClientError(422, 42201, "Invalid schema"))
+    for _ in range(3):
+        with pytest.raises(SerializeError):
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert client.lookups == 3
+
+
+def test_a_remembered_refusal_still_names_a_payload_that_does_not_fit() -> None:
+    _, serializer = _serializer(None)
+    with pytest.raises(SerializeError):
+        serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    bad = {**GOOD, "amount_cents": "x"}  # its own fault, named as before
+    with pytest.raises(SerializeError, match="amount_cents"):
+        serializer.serialize(event(bad), DYNAMIC, "x.n01")
+
+
+@pytest.mark.parametrize("outage", [ClientError(503, 50301, "Service Unavailable"),
+                                    ConnectionRefusedError(111, "Connection refused")])
+def test_an_outage_is_never_remembered_and_never_a_dead_letter(outage: Exception) -> None:
+    client, serializer = _serializer(outage)
+    for _ in range(2):
+        with pytest.raises(RegistryError) as caught:
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+        assert not isinstance(caught.value, SerializeError)
+        assert caught.value.exit_code == EXIT_RESTART
+    assert client.lookups == 2
+
+
+def test_a_slow_lookup_is_logged_with_the_url_at_most_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def lookup(seconds: float) -> str:
+        now[0] += seconds
+        return "id"
+
+    slow = SlowLookups(clock)
+    url = "http://user:secret@registry:8081"
+    with caplog.at_level(logging.WARNING, logger="cdc_router.serde.registry"):
+        assert slow.timed(url, "look up x", lambda: lookup(0.2)) == "id"  # fast: nothing
+        slow.timed(url, "look up x", lambda: lookup(4.0))
+        slow.timed(url, "look up y", lambda: lookup(2.0))  # within the minute: counted
+        now[0] += 60
+        slow.timed(url, "look up z", lambda: lookup(1.5))
+        with pytest.raises(ValueError):  # a failed lookup is timed too
+            slow.timed(url, "look up w", lambda: (lookup(9.0), _fail())[0])
+    lines = [r.getMessage() for r in caplog.records if "event=registry_slow" in r.getMessage()]
+    assert len(lines) == 2
+    assert "seconds=4.0" in lines[0] and "slow_lookups=1" in lines[0]
+    assert "seconds=1.5" in lines[1] and "slow_lookups=2" in lines[1] and "worst_s=2.0" in lines[1]
+    assert "registry:8081" in lines[0] and "secret" not in caplog.text
+
+
+def _fail() -> None:
+    raise ValueError("boom")
+
+
+def test_the_serializers_lookups_are_timed_until_the_subject_is_found(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(registry_answers, "SLOW_LOOKUP_S", 0.0)  # every lookup counts as slow
+    monkeypatch.setattr("cdc_router.serde.registry.SLOW", SlowLookups())
+    _, serializer = _serializer(None)
+    with caplog.at_level(logging.WARNING, logger="cdc_router.serde.registry"), \
+            pytest.raises(SerializeError):
+        serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert "event=registry_slow url=mock://unit" in caplog.text
+    assert "x.n01" in caplog.text
