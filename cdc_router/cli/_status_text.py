@@ -17,8 +17,9 @@ def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
     """The JSON document of `status -o json`: verdict first, then the report's sections."""
     status = verdict(problems)
     sections = dataclasses.asdict(report)
-    if report.jetstream is None:  # no route publishes to JetStream: no such section
-        del sections["jetstream"]
+    for name in ("jetstream", "registry"):  # no JetStream route, no registry: no section
+        if sections[name] is None:
+            del sections[name]
     return {"status": status, "exit_code": EXIT_CODES[status],
             "problems": [dataclasses.asdict(problem) for problem in problems], **sections}
 
@@ -32,7 +33,7 @@ def as_text(report: Report, problems: list[Problem]) -> str:
     lines = [f"checked at {report.checked_at}"]
     sections: list[Callable[[Report], list[str]]] = [
         _wal, _publication, _outbox, _connector, _router, _dead_letters, _changelog,
-        _jetstream]
+        _jetstream, _registry]
     for section in sections:
         lines += section(report)
     lines.append("")
@@ -160,6 +161,14 @@ def _jetstream(report: Report) -> list[str]:
           _used(s.bytes, s.max_bytes, size), s.discard or "-", ", ".join(s.changes) or "-"]
          if s.exists else [s.name, ", ".join(s.subjects), "MISSING", "-", "-", "-"]
          for s in j.streams])
+
+
+def _registry(report: Report) -> list[str]:
+    r = report.registry
+    if r is None:
+        return []
+    what = f"schema registry {r.url}"
+    return _failed(what, r.error) or [f"{what}: answers, {r.subjects} subjects"]
 
 
 def _used(count: int | None, most: int | None, shown: Callable[[int], str]) -> str:

@@ -110,8 +110,8 @@ def cli(config_path: Path, connector: str | None, dsn: str | None, connect_url: 
         bootstrap_servers: str | None, thresholds: tuple[str, ...], watch_s: float | None,
         port: int | None, output: str) -> None:
     """Slots and WAL, publication, outbox, connector, router lag, dead letters, JetStream
-    streams; exit 0 ok, 1 warning, 2 critical, 3 when it cannot check (bad config or
-    arguments)."""
+    streams, schema registry; exit 0 ok, 1 warning, 2 critical, 3 when it cannot check (bad
+    config or arguments)."""
     try:
         _status(config_path, connector, dsn, connect_url, bootstrap_servers, thresholds,
                 watch_s, port, output)

@@ -9,6 +9,7 @@
     offsets     the admin lookups and bounded read_committed scans the two above share
     jetstream   NATS: the streams of the JetStream routes, their use and what the router's
                 start would refuse
+    registry    the schema registry of schema_registry.url, asked as the router's start asks it
     report      the Report and its sections (their field names are the JSON keys)
     verdict     pure: a Report and the thresholds (config/status.py) -> problems, exit code
                 (verdict_router: the router group; verdict_jetstream: the streams)

@@ -1,5 +1,5 @@
-"""One `status` check: ask Connect, Postgres, Kafka and NATS (for JetStream routes), and put
-their answers in a Report.
+"""One `status` check: ask Connect, Postgres, Kafka, NATS (for JetStream routes) and the schema
+registry (with schema_registry), and put their answers in a Report.
 
 Connect first, because the connector's config says which slot, publication and table to look
 at. A part that does not answer becomes its sections' `error`; the others are still checked.
@@ -26,6 +26,7 @@ from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
 from cdc_router.ops.jetstream import jetstream_state
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, admin_client
+from cdc_router.ops.registry import registry_state
 from cdc_router.ops.report import (
     ChangelogState,
     ConnectorState,
@@ -68,7 +69,7 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         connector_state, capture = probe_connector(endpoints.connect_url, name)
         connector_state = reading(connector_state, config)
     wal, publication, outbox = _database(config, endpoints, capture)
-    jetstream = jetstream_state(config)
+    jetstream, registry = jetstream_state(config), registry_state(config)
     if relay_alone or connector_state.exists is False:
         # A connector that does not exist names no publication: it is not checked (review
         # 49-b F6: shown as UNREACHABLE, a second critical line for the one cause).
@@ -92,7 +93,7 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                       RouterState(group=config.source.group_id, error=down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),
                       ChangelogState(topic=config.dedup.changelog_topic, error=down),
-                      jetstream)
+                      jetstream, registry)
     group, dlq, changelog_topic = (config.source.group_id, config.dead_letter.topic,
                                    config.dedup.changelog_topic)
     router = RouterState(group=group) if relay_alone else _kafka(
@@ -109,7 +110,7 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                        lambda e: ChangelogState(topic=changelog_topic, error=e),
                        _grants(f"Describe on the topic {changelog_topic}", ""))
     return Report(_iso(now_ms), wal, publication, outbox, connector_state, router, letters,
-                  changelog, jetstream)
+                  changelog, jetstream, registry)
 
 
 def _iso(now_ms: int) -> str:

@@ -225,6 +225,17 @@ class JetStreamState:
 
 
 @dataclass(frozen=True)
+class RegistryState:
+    """The schema registry of schema_registry.url, asked as the router's start asks it;
+    absent from a Report without schema_registry."""
+
+    error: str | None = None
+    answered: bool = False  # it answered (its subjects, or a refusal of us)
+    url: str | None = None  # schema_registry.url, credentials hidden
+    subjects: int | None = None  # how many subjects it holds
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything one `status` run saw, in the order of the data path."""
 
@@ -237,6 +248,7 @@ class Report:
     dead_letters: DeadLetterState = field(default_factory=DeadLetterState)
     dedup_changelog: ChangelogState = field(default_factory=ChangelogState)
     jetstream: JetStreamState | None = None  # None: no route publishes to JetStream
+    registry: RegistryState | None = None  # None: no schema_registry in the config
 
 
 # The parts of a Report, each with its `error`: wal, publication, outbox, connector, ...
@@ -244,7 +256,8 @@ SECTIONS = tuple(f.name for f in fields(Report) if f.name != "checked_at")
 
 
 def sections(report: Report) -> Iterator[tuple[str, Any]]:
-    """(name, section) of each part `report` has (jetstream only for JetStream routes)."""
+    """(name, section) of each part `report` has (jetstream only for JetStream routes,
+    registry only with schema_registry)."""
     for name in SECTIONS:
         section = getattr(report, name)
         if section is not None:

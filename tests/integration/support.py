@@ -6,11 +6,14 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -325,3 +328,18 @@ class WithoutMetadata:
 
     def close(self) -> None:
         self.real.close()
+
+
+def status_json(stack: StackEndpoints, config: Path) -> dict[str, Any]:
+    """`cdc-router status -c config -o json` against the stack (no connector of its own): its
+    document, whose exit_code is the process's."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(config), "-o", "json",
+         "--connector", "no-such-connector", "--connect-url", stack.connect_url,
+         "--dsn", stack.postgres_dsn, "--bootstrap-servers", stack.bootstrap_servers],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=False,
+        timeout=120)
+    assert done.stdout, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    assert done.returncode == document["exit_code"]
+    return document

@@ -5,7 +5,6 @@ and NATS down is the JetStream section's `cannot check it`, not the router's sta
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,9 @@ import yaml
 
 from tests.integration.nats_server import nats_server
 from tests.integration.pipeline import REPO
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, status_json
 
 pytestmark = pytest.mark.integration
-
-
-def _status(stack: StackEndpoints, config: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "cdc_router", "status", "-c", str(config), "-o", "json",
-         "--connector", "no-such-connector", "--connect-url", stack.connect_url,
-         "--dsn", stack.postgres_dsn, "--bootstrap-servers", stack.bootstrap_servers],
-        capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
-    assert done.stdout, done.stderr
-    document: dict[str, Any] = json.loads(done.stdout)
-    assert done.returncode == document["exit_code"]
-    return document
 
 
 def _jetstream_lines(document: dict[str, Any]) -> list[str]:
@@ -63,7 +50,7 @@ def test_status_says_a_missing_stream_a_healthy_one_and_nats_down(
             "dedup": {"changelog_topic": "status-js.dedup"},
             "nats": {"url": server.url, "streams": [
                 {"name": "STATUS", "subjects": ["status.>"], "max_msgs": 100}]}}))
-        missing = _status(stack, config)
+        missing = status_json(stack, config)
         assert missing["status"] == "critical"
         assert missing["jetstream"]["answered"] is True
         assert [(s["name"], s["exists"]) for s in missing["jetstream"]["streams"]] == [
@@ -78,7 +65,7 @@ def test_status_says_a_missing_stream_a_healthy_one_and_nats_down(
                                  cwd=REPO, check=False, timeout=60)
         assert applied.returncode == 0, applied.stderr
         _publish(server.url, "status.OrderPaid", 3)
-        healthy = _status(stack, config)
+        healthy = status_json(stack, config)
         assert _jetstream_lines(healthy) == []
         (stream,) = healthy["jetstream"]["streams"]
         assert (stream["exists"], stream["messages"], stream["max_msgs"], stream["max_bytes"],
@@ -87,7 +74,7 @@ def test_status_says_a_missing_stream_a_healthy_one_and_nats_down(
         assert stream["bytes"] > 0
 
         server.stop()
-        down = _status(stack, config)
+        down = status_json(stack, config)
         assert down["status"] == "critical"
         assert (down["jetstream"]["answered"], down["jetstream"]["streams"]) == (False, [])
         [line] = _jetstream_lines(down)

@@ -1,0 +1,48 @@
+"""`status`'s schema registry section: the registry of schema_registry.url, asked as the
+router's start asks it (QA 55-c F-1: with the registry killed, `status` said ok while the
+router's next start would exit 75 in a loop).
+
+The client is the router's (serde/registry.SchemaIds over schema_registry's client config: its
+credentials and TLS), with a shorter timeout and no retry: `status` reports, it does not wait.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.config.redact import shown_url
+from cdc_router.errors import EXIT_RESTART, RegistryError
+from cdc_router.ops.report import RegistryState
+from cdc_router.serde.registry import SchemaIds
+
+# The router's own lookups wait schema_registry.config.timeout (5 s) twice; a check that
+# waits that long on each of its parts makes `status --watch` lag behind.
+TIMEOUT_S = 3.0
+
+# What an outage means for the router, said with the registry's own error.
+CONSEQUENCE = ("the router's next start exits 75 (for its supervisor to retry) until it "
+               "answers, and a running router cannot encode events of a subject or schema id "
+               "it has not looked up yet")
+
+
+def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
+                   client: SchemaRegistryClient | None = None) -> RegistryState | None:
+    """The registry section of `config`'s Report; None without schema_registry. Never raises
+    for a registry that is down or refuses us: that is the section's error."""
+    settings = config.schema_registry
+    if settings is None:
+        return None
+    url = shown_url(settings.url)
+    try:
+        if client is None:
+            conf = settings.client_config()
+            conf["timeout"] = min(float(conf["timeout"]), timeout_s)
+            conf["max.retries"] = 0
+            client = SchemaRegistryClient.new_client(conf)
+        subjects = SchemaIds(settings, client).subjects()
+    except (RegistryError, ValueError, TypeError) as error:
+        outage = getattr(error, "exit_code", None) == EXIT_RESTART
+        text = f"{error}: {CONSEQUENCE}" if outage else str(error)
+        return RegistryState(error=text, answered=not outage, url=url)
+    return RegistryState(answered=True, url=url, subjects=len(subjects))
