@@ -20,10 +20,9 @@ from cdc_router.serde.registry import SchemaIds
 # waits that long on each of its parts makes `status --watch` lag behind.
 TIMEOUT_S = 3.0
 
-# What an outage means for the router, said with the registry's own error.
-CONSEQUENCE = ("the router's next start exits 75 (for its supervisor to retry) until it "
-               "answers, and a running router cannot encode events of a subject or schema id "
-               "it has not looked up yet")
+# What an outage means for the router now, after the error (which says it is one: OUTAGE).
+CONSEQUENCE = ("the router's next start exits 75 until the registry answers, and a running "
+               "router cannot encode events of a subject or schema id it has not looked up yet")
 
 
 def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
@@ -43,6 +42,6 @@ def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
         subjects = SchemaIds(settings, client).subjects()
     except (RegistryError, ValueError, TypeError) as error:
         outage = getattr(error, "exit_code", None) == EXIT_RESTART
-        text = f"{error}: {CONSEQUENCE}" if outage else str(error)
+        text = f"{error}; {CONSEQUENCE}" if outage else str(error)
         return RegistryState(error=text, answered=not outage, url=url)
     return RegistryState(answered=True, url=url, subjects=len(subjects))

@@ -48,6 +48,10 @@ SUBJECT_NOT_FOUND = 40401
 VERSION_NOT_FOUND = 40402
 SCHEMA_NOT_FOUND = 40403
 
+# What every outage's line ends with: it is no answer about the schema, and what comes of it.
+OUTAGE = ("an outage, not an answer about the schema: `run` and `relay` exit 75 for their "
+          "supervisor to restart them, and the restart asks again")
+
 # schema_registry.subject_name_strategy -> confluent-kafka's strategy of that name.
 STRATEGIES: dict[str, Callable[[SerializationContext, str | None], str | None]] = {
     "topic": topic_subject_name_strategy,
@@ -281,10 +285,15 @@ def registry_failure(what: str, error: Exception, url: str) -> RegistryError:
         return error
     if isinstance(error, ClientError):
         return _refusal(what, error, shown_url(url))
+    cause = f"{type(error).__name__}: {_masked(str(error), url)}"
+    if isinstance(error, ValueError):  # json's JSONDecodeError: it answered 2xx, not JSON
+        return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} "
+                             f"answered with a body that is not JSON ({cause}): a proxy's "
+                             "page, or not the registry's API (Apicurio: its /apis/ccompat/v7 "
+                             f"path); {OUTAGE}", outage=True)
     # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
     return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} did not "
-                         f"answer ({type(error).__name__}: {_masked(str(error), url)})",
-                         outage=True)
+                         f"answer ({cause}); {OUTAGE}", outage=True)
 
 
 def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
@@ -330,7 +339,10 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
         return RegistryError(f"cannot {what}: {error}; that answer has no schema registry "
                              f"error code: is schema_registry.url ({url}) the registry's "
                              "(Apicurio: its /apis/ccompat/v7 path)?")
-    return RegistryError(f"cannot {what}: {error}", refused=definite, outage=transient)
+    if transient:  # QA 55-c F-4: the line named neither the registry nor an outage
+        return RegistryError(f"cannot {what}: the schema registry at {url} answered HTTP "
+                             f"{status} ({_masked(str(error), url)}); {OUTAGE}", outage=True)
+    return RegistryError(f"cannot {what}: {error}", refused=definite)
 
 
 def _masked(text: str, url: str) -> str:

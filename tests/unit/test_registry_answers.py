@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -13,7 +14,7 @@ from cdc_router.config.routes import RouteRule
 from cdc_router.errors import EXIT_RESTART, SerializeError
 from cdc_router.serde import registry_answers
 from cdc_router.serde.avro import AvroSerializer
-from cdc_router.serde.registry import RegistryError
+from cdc_router.serde.registry import OUTAGE, RegistryError, registry_failure
 from cdc_router.serde.registry_answers import SlowLookups
 from tests.unit.test_avro import GOOD, PAYMENT, MockRegistry, event, registry
 
@@ -128,3 +129,25 @@ def test_the_serializers_lookups_are_timed_until_the_subject_is_found(
         serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
     assert "event=registry_slow url=mock://unit" in caplog.text
     assert "x.n01" in caplog.text
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (ClientError(503, 503, "injected"), "answered HTTP 503 (injected"),
+    (ClientError(502, -1, "Unknown Schema Registry Error: b'<urlopen error [Errno 111] "
+                 "Connection refused>'"), "answered HTTP 502 (Unknown Schema Registry Error"),
+    (ClientError(429, 42901, "Too many requests"), "answered HTTP 429"),
+    (json.JSONDecodeError("Expecting value", "<html>", 0),
+     "answered with a body that is not JSON (JSONDecodeError: Expecting value"),
+    (ConnectionRefusedError(111, "Connection refused"), "did not answer (ConnectionRefusedError"),
+])
+def test_every_outage_names_the_registry_and_says_it_is_one(error: Exception, said: str) -> None:
+    # QA 55-c F-4: a 503 read "cannot list the subjects: injected (HTTP status code 503, SR
+    # code 503)", naming neither the registry nor an outage; a 200 with a non-JSON body "did
+    # not answer".
+    failure = registry_failure("list the subjects", error, "http://user:secret@sr:8081")
+    text = str(failure)
+    assert text.startswith("cannot list the subjects: the schema registry at "
+                           "http://user:*****@sr:8081 "), text
+    assert said in text and "secret" not in text
+    assert text.endswith(f"; {OUTAGE}")
+    assert failure.exit_code == EXIT_RESTART and not failure.refused
