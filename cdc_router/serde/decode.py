@@ -26,6 +26,7 @@ from confluent_kafka.schema_registry import Schema, dual_schema_id_deserializer
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import SerializationContext, SerializationError
 
+from cdc_router.config.redact import shown_url
 from cdc_router.errors import PayloadDecodeError as PayloadDecodeError
 from cdc_router.serde.avro import CONFLUENT_MAGIC
 from cdc_router.serde.avro_bounds import empty_items_problem, varint_problem
@@ -192,9 +193,12 @@ class PayloadDecoder:
         except RegistryError as error:
             if not error.missing:
                 raise  # unreachable, failing, refusing us: retried, no record's fault
-            # The registry answered and has no such id: the record's fault, for good.
-            raise PayloadDecodeError(f"schema id {schema_id} is unknown to the registry "
-                                     f"({error})") from None
+            # The registry answered and has no such id: the record's fault, for good. Not the
+            # error's own advice, the router's about its .avsc files (QA 55-c F-5).
+            raise PayloadDecodeError(f"schema id {schema_id} is unknown to the registry at "
+                                     f"{shown_url(self._registry_url)}: it holds no such id, "
+                                     "so the producer wrote one of another registry, or of a "
+                                     "schema deleted since") from None
         self._by_id[schema_id] = writer
         return writer
 

@@ -79,6 +79,23 @@ def test_an_id_the_registry_does_not_know_is_the_records_fault() -> None:
             wire_format(registry, schema_id=99))
 
 
+def test_an_unknown_id_is_explained_to_the_consumer_not_with_the_routers_advice() -> None:
+    # QA 55-c F-5: Apicurio answers an unknown id with 40403, read as "not among its subject's
+    # registered versions; if the .avsc changed, `cdc-router schemas check` ...": a consumer
+    # has no .avsc and no subject, and the router's commands cannot help it.
+    registry = FlakyRegistry()
+    value = wire_format(registry, schema_id=99999)
+    registry.failure = SchemaRegistryError(404, 40403, "No content with ID '99999' was found.")
+    registry.failures_left = 1
+    with pytest.raises(PayloadDecodeError) as caught:
+        PayloadDecoder(registry=registry,  # type: ignore[arg-type]
+                       registry_url="http://user:secret@sr:8081").decode(value)
+    text = str(caught.value)
+    assert text.startswith("schema id 99999 is unknown to the registry at "
+                           "http://user:*****@sr:8081: it holds no such id"), text
+    assert "another registry" in text and ".avsc" not in text and "schemas " not in text
+
+
 def avro_harness(registry: FlakyRegistry, records: list[Record]) -> Harness:
     decoder = PayloadDecoder(registry=registry)  # type: ignore[arg-type]
     return Harness({0: records}, decoder=lambda raw: decoder.decode(raw or b"").value)
