@@ -362,3 +362,23 @@ def test_schemas_check_exits_1_when_the_registry_does_not_answer(
     result = CliRunner().invoke(main, ["schemas", "check", "-c", str(config)])
     assert result.exit_code == 1, result.output
     assert "did not answer (ConnectError: connection refused)" in result.stderr
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ([{"name": "a", "type": "lon"}], "field 'a' has unknown type 'lon' (did you mean 'long'?)"),
+    ([{"name": "b", "type": ["null", "Strng"]}],
+     "field 'b' has unknown type 'Strng' (did you mean 'string'?)"),
+    ([{"name": "c", "type": {"type": "array", "items": "Thing"}}],
+     "field 'c' has unknown type 'Thing' (neither a primitive type nor a named type defined "
+     "before it)"),
+    ([{"name": "n", "type": {"type": "record", "name": "N",
+                             "fields": [{"name": "d", "type": "doubel"}]}}],
+     "field 'n.d' has unknown type 'doubel' (did you mean 'double'?)"),
+])
+def test_an_unknown_type_names_its_field_and_the_type_it_may_mean(
+        fields: list[dict[str, Any]], said: str) -> None:
+    # QA 55-c F-9: "not a valid Avro schema: shop.lon", neither the field nor "unknown type".
+    document = {"type": "record", "name": "R", "namespace": "shop", "fields": fields}
+    with pytest.raises(ConfigError) as caught:
+        parse_schema_text(json.dumps(document), "order.avsc")
+    assert str(caught.value).endswith(f"order.avsc: not a valid Avro schema: {said}")
