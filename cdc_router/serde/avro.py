@@ -222,7 +222,8 @@ class AvroSerializer:
         serializer, context = wire
         try:
             # Its union branches decided: the library's writer is fastavro's (encode()).
-            value = ids.serialized(key, serializer, writer_datum(datum, schema, walk), context)
+            value = ids.serialized(key, serializer, writer_datum(datum, schema, walk), context,
+                                   schema)
         except Exception as error:
             # One call asks the registry (first use of a subject) and encodes: blame the
             # record only if it cannot be encoded on its own.

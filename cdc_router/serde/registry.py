@@ -231,11 +231,16 @@ class SchemaIds:
                                    subject, registry_schema(schema))))
 
     def serialized(self, key: tuple[str, int], serializer: ValueSerializer, datum: Any,
-                   context: SerializationContext) -> bytes | None:
-        """serializer(datum, context), timed (registry_answers.SLOW) until it has once
-        succeeded for `key`: until then each call asks the registry for the subject's id."""
+                   context: SerializationContext, schema: AvroSchema) -> bytes | None:
+        """serializer(datum, context) of `schema`, timed (registry_answers.SLOW) until it has
+        once succeeded for `key`: until then each call asks the registry for the subject's id.
+        With auto_register, a schema the subject lacks is registered through id_for first, so
+        that it logs event=schema_registered as at the start (QA 55-c F-8: the serializer
+        registered it silently); the serializer then finds it in the client's cache."""
         if key in self._found:
             return serializer(datum, context)
+        if self.auto_register and not self.looks_only:
+            self.id_for(subject_name(self.strategy, context.topic, schema.name), schema)
         value = SLOW.timed(self._settings.url, f"look up the schema for {context.topic!r}",
                            lambda: serializer(datum, context))
         self._found.add(key)

@@ -151,3 +151,27 @@ def test_every_outage_names_the_registry_and_says_it_is_one(error: Exception, sa
     assert said in text and "secret" not in text
     assert text.endswith(f"; {OUTAGE}")
     assert failure.exit_code == EXIT_RESTART and not failure.refused
+
+
+def test_a_subject_registered_at_run_time_is_logged_once(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    # QA 55-c F-8: with auto_register, the first event of a data-named subject registered it
+    # through confluent-kafka's serializer, and no event=schema_registered line said so.
+    client = CountingRegistry({"url": "mock://registering"})
+    serializer = AvroSerializer([DYNAMIC], registry(auto_register=True), registry_client=client)
+    with caplog.at_level(logging.INFO, logger="cdc_router.serde.registry"):
+        for _ in range(3):
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+        serializer.serialize(event(GOOD), DYNAMIC, "x.n02")
+    registered = [r.getMessage() for r in caplog.records
+                  if "event=schema_registered" in r.getMessage()]
+    assert [line.split()[1] for line in registered] == ["subject=x.n01-value",
+                                                        "subject=x.n02-value"]
+    assert sorted(client.get_subjects()) == ["x.n01-value", "x.n02-value"]
+    # Known since: found, not registered again.
+    again = AvroSerializer([DYNAMIC], registry(auto_register=True), registry_client=client)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cdc_router.serde.registry"):
+        again.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert "event=schema_registered" not in caplog.text
+    assert "event=schema_found subject=x.n01-value" in caplog.text
