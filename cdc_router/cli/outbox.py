@@ -272,9 +272,12 @@ def purge(dsn: str, schema: OutboxSchema, older_than: str, batch_size: int, dry_
             raise ConfigError(
                 f"{schema.table} is a relay's outbox (its xid8 column {relay_column} is "
                 "`cdc-router relay`'s): the relay deletes each row it delivered, so these rows "
-                "are events not delivered yet (or dead letters' rows), and purging them loses "
-                "them; check the relay's lag (`cdc-router status`) and `cdc-router dlq list`, "
-                "then add --force", field="--force")
+                "are events not delivered yet (or dead letters' rows; at least once, also "
+                "rows a killed relay delivered that its next start could not prove delivered, "
+                "with dedup off or past dedup.window_ms), and purging them loses the "
+                "undelivered ones; check the relay's lag (`cdc-router status`), "
+                "`cdc-router dlq list` and whether their ids are on the destinations, then add "
+                "--force", field="--force")
         # One cutoff for the count and the delete: not rows aged past it while one answers.
         before = purge_cutoff(conn, schema, older_than_ms)
         count = purge_rows(conn, schema, older_than_ms, batch_size, dry_run=True, before=before)

@@ -131,6 +131,14 @@ class RelayPosition:
             return False
         return self.after_seq is None or seq > self.after_seq
 
+    def passed(self, txid: int, seq: int) -> bool:
+        """Whether the row (txid, seq) is behind the position: a committed batch delivered,
+        dead-lettered or passed over it, and no read takes it again (OutboxReader.passed_ids)."""
+        if self.done is not None and self.done.visible(txid):
+            return True
+        return self.reading is not None and self.reading.visible(txid) and \
+            self.after_seq is not None and seq <= self.after_seq
+
     def start_read(self, snapshot: Snapshot) -> RelayPosition:
         """The position with a new read begun at `snapshot` (it must see at least `done`)."""
         if self.reading is not None:

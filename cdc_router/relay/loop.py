@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -40,13 +40,13 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
-from cdc_router.kafka.reader import TopicReader
 from cdc_router.kafka.start import init_failure
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.letters import letter_value
 from cdc_router.relay.lock import TableLock
 from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
+from cdc_router.relay.start import KeyValue, hand_left_behind, topic_records
 from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
@@ -198,6 +198,8 @@ class OutboxRelay:
                 self._records(kafka, self._config.dedup.changelog_topic, "dedup changelog"),
                 int(time.time() * 1000), group=self._config.source.group_id)
         self.position = self._stored_position(kafka)
+        hand_left_behind(self._config, self._reader, self.position, self._replay,
+                         self._on_delivered)
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
                  self._instance_id, self._table, self.position.to_json().decode(), restored)
 
@@ -383,18 +385,3 @@ class OutboxRelay:
 
 def _never(event_id: str) -> bool:
     return False
-
-
-KeyValue = tuple[bytes | None, bytes | None]
-
-
-def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
-    """Every committed (key, value) of `topic` up to its log end as of now: a transaction
-    still open there is waited for (our init_transactions has ended any of ours)."""
-    reader = TopicReader(kafka, topic, what=what, lean=True,
-                         group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
-    try:
-        for message in reader.read_to_end(end="log_end"):
-            yield message.key(), message.value()
-    finally:
-        reader.close()

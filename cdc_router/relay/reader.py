@@ -170,6 +170,31 @@ class OutboxReader:
             rows.truncated = len(rows) < limit
         return rows
 
+    def passed_ids(self, position: RelayPosition) -> list[str]:
+        """The event ids of the rows still in the table that `position` has passed
+        (RelayPosition.passed): delivered, dead-lettered or passed over by a committed batch."""
+        txid, seq = (sql.Identifier(self._relay.txid_column),
+                     sql.Identifier(self._relay.seq_column))
+        completed = "({} < %({})s::xid8 AND pg_visible_in_snapshot({}, %({})s::pg_snapshot)"
+        behind: list[sql.Composable] = []
+        if position.done is not None:
+            behind.append(sql.SQL(completed + ")").format(txid, sql.SQL("done_xmax"), txid,
+                                                          sql.SQL("done")))
+        if position.reading is not None and position.after_seq is not None:
+            behind.append(sql.SQL(completed + " AND {} <= %(after)s)").format(
+                txid, sql.SQL("xmax"), txid, sql.SQL("reading"), seq))
+        if not behind:
+            return []
+        query = sql.SQL("SELECT {}::text FROM {} WHERE {}").format(
+            sql.Identifier(self._source.outbox.id),
+            table_identifier(self._relay.table, "relay.table"), sql.SQL(" OR ").join(behind))
+        reading, done = position.reading, position.done
+        params = {"done_xmax": done and str(done.xmax), "done": done and str(done),
+                  "xmax": reading and str(reading.xmax), "reading": reading and str(reading),
+                  "after": position.after_seq}
+        return [str(row[0]) for row in self._connection().execute(query, params)
+                if row[0] is not None]
+
     def reset(self) -> None:
         """Drop the connection (after a failure); the next call makes a new one."""
         conn, self._conn = self._conn, None

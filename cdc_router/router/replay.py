@@ -230,6 +230,12 @@ class ReplayFilter:
         key = self._key(event_id)
         return key in self._dead or key in self._pending_dead
 
+    def delivered(self, event_id: str) -> bool:
+        """True if a committed mark says the id was delivered (not dead-lettered); unlike
+        seen(), counts no replay."""
+        key = compact_key(event_id)
+        return key in self._keys and key not in self._dead
+
     def add_pending(self, event_id: str, now_ms: int, *, dead_lettered: bool = False) -> None:
         key = self._key(event_id)
         self._pending[key] = None

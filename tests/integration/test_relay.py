@@ -376,6 +376,51 @@ def test_batches_end_at_batch_bytes_and_every_row_still_goes_once_in_order(
     assert len(positions) >= len(ids) // 4, "a batch holds at most 4 such rows"
 
 
+def test_at_least_once_the_delivered_rows_a_killed_relay_left_go_at_the_next_start(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 55-b F-1: at least once (no cleanup sweep), the rows a relay killed between a commit
+    # and its delete had delivered stayed for ever, behind its position. A BEFORE DELETE
+    # trigger keeps them here as the kill did; the next start deletes those its changelog marks
+    # delivered, not the row of a dead letter.
+    config = {"delivery": {"guarantee": "at_least_once"}}
+    with relay_setup(stack, tmp_path, config=config) as setup:
+        ids = [str(uuid.uuid4()) for _ in range(20)]
+        keep = f"{setup.table}_keep"
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE FUNCTION public.{keep}() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$ BEGIN RETURN NULL; END $$")
+            conn.execute(f"CREATE TRIGGER keep BEFORE DELETE ON public.{setup.table} FOR EACH "
+                         f"ROW EXECUTE FUNCTION public.{keep}()")
+            for number, event_id in enumerate([*ids, str(uuid.uuid4())]):
+                conn.execute(f"INSERT INTO public.{setup.table} (id, aggregatetype, aggregateid,"
+                             " type, payload) VALUES (%s, 'Order', 'o-1', %s, %s)",
+                             (event_id, "OrderPaid" if number < len(ids) else "",
+                              json.dumps({"n": number})))  # the last one: a decode letter
+        setup.start("a")
+        read_topic(stack.bootstrap_servers, setup.orders_topic, len(ids), 120)
+        deadline = time.monotonic() + 60
+        while "event=cleanup_rows_kept" not in setup.log("a") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        setup.kill("a")
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TRIGGER keep ON public.{setup.table}")
+            conn.execute(f"DROP FUNCTION public.{keep}()")
+        left_by_a = setup.rows_left()
+        setup.start("b")
+        setup.wait_for("b", STARTED, 1)
+        deadline = time.monotonic() + 60
+        while setup.rows_left() > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        rows_left = setup.rows_left()
+        time.sleep(1)
+        settled = read_to_end(stack.bootstrap_servers, setup.orders_topic)
+        log_b = setup.log("b")
+    assert left_by_a == len(ids) + 1, setup.log("a")[-3000:]
+    assert rows_left == 1, log_b[-3000:]  # the dead letter's row stays
+    assert f"event=cleanup_left_behind table=public.{setup.table} rows={len(ids)}" in log_b
+    assert sorted(record.key().decode() for record in settled) == sorted(ids)
+
+
 def test_a_created_at_of_the_epoch_is_delivered_with_the_producers_clock(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # QA 53-a F1: the relay dead-lettered a row dated 1970-01-01 00:00:00 with advice about

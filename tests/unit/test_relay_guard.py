@@ -232,3 +232,16 @@ def test_a_standby_is_refused_as_the_relays_database() -> None:
         _primary_database(Answers((True, "shop")))  # type: ignore[arg-type]
     assert _primary_database(Answers((False, "shop"), ("7301",))) == DatabaseIdentity(  # type: ignore[arg-type]
         "shop", "7301")
+
+
+def test_passed_is_what_a_committed_batch_took_and_no_read_takes_again() -> None:
+    """QA 55-b F-1: the rows a killed relay may have left behind (relay/start.py)."""
+    done, reading = Snapshot(10, 12, (10,)), Snapshot(13, 13)
+    position = RelayPosition(done, reading, after_seq=5)
+    assert position.passed(9, 99) and position.passed(11, 99)  # completed in done
+    assert position.passed(12, 5) and not position.passed(12, 6)  # paged up to seq 5
+    assert position.passed(10, 4) and not position.passed(13, 1)  # 10 was running in done
+    assert not RelayPosition(done, reading).passed(12, 1)  # the read took nothing yet
+    assert not RelayPosition().passed(1, 1)
+    for txid, seq in ((9, 1), (10, 4), (10, 7), (12, 5), (12, 6), (13, 1)):
+        assert not (position.passed(txid, seq) and position.wanted(txid, seq))

@@ -23,7 +23,7 @@ from cdc_router.relay import loop as relay_loop
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
-from cdc_router.router.replay import changelog_records
+from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
 from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakeProducer, Stored
 
 TABLE = "public.outbox"
@@ -60,6 +60,9 @@ class FakeTable:
                                    if position.wanted(row.txid, row.seq)),
                                   key=lambda row: row.seq)[:limit])
 
+    def passed_ids(self, position: RelayPosition) -> list[str]:
+        return [str(row.values["id"]) for row in self.rows if position.passed(row.txid, row.seq)]
+
     def reset(self) -> None:
         pass
 
@@ -81,10 +84,13 @@ class FakeLock:
 
 def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
            batch_rows: int = 3, name: str = TABLE,
-           dedup: bool = True) -> tuple[OutboxRelay, list[str]]:
+           dedup: bool = True,
+           guarantee: str = "exactly_once",
+           cleanup: str = "none") -> tuple[OutboxRelay, list[str]]:
     config = RouterConfig.model_validate({
         "source": {"group_id": "shop"}, "routes": [{"topic": ORDERS}],
-        "dedup": {"enabled": dedup},
+        "dedup": {"enabled": dedup}, "delivery": {"guarantee": guarantee},
+        "cleanup": {"mode": cleanup},
         "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
     delivered: list[str] = []
 
@@ -339,6 +345,36 @@ def test_an_id_in_the_changelog_is_dropped_as_a_replay() -> None:
     # QA 32-a: the replay's row goes to the cleanup too (an id reused by a new row).
     assert delivered == [fresh, f"replayed {seen}"]
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == [fresh]
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_the_rows_a_killed_relay_delivered_and_left_go_at_the_next_start(guarantee: str) -> None:
+    """QA 55-b F-1: at least once, a relay killed between its commit and the cleanup's delete
+    left its delivered rows behind the position for ever (no sweep there); the next start hands
+    the cleanup those the changelog marks delivered, never a dead-lettered one. Exactly once,
+    the cleanup's sweep does it (router/committed_ids.py), not the start."""
+    cluster, table = _cluster(), FakeTable()
+    delivered_before = [table.add(1, 10), table.add(2, 10)]
+    table.add(3, 10, payload=None)  # a decode letter: no mark, its row stays
+    dead = table.add(4, 10)  # dead-lettered before (a `dead:` mark): its row stays
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+                                for mark in changelog_records([dead], int(time.time() * 1000),
+                                                              DEAD_LETTERED_KEY_PREFIX,
+                                                              group="shop")])
+    table.now = Snapshot(11, 11)
+    killed, _ = _relay(cluster, table, batch_rows=2, guarantee=guarantee,
+                       cleanup="delete")
+    _run_until(killed, lambda: len(cluster.committed(ORDERS)) == 2 and
+               killed.position.reading is None)
+    # Its cleanup never deleted them (the kill): the rows are all still in the table.
+    fresh = table.add(5, 12)
+    table.now = Snapshot(13, 13)
+    again, delivered = _relay(cluster, table, batch_rows=2, guarantee=guarantee,
+                             cleanup="delete")
+    _run_until(again, lambda: fresh in delivered)
+    left_behind = [f"replayed {event_id}" for event_id in delivered_before]
+    assert delivered == (left_behind if guarantee == "at_least_once" else []) + [fresh]
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == [*delivered_before, fresh]
 
 
 def test_a_lost_lock_stops_the_relay_with_one_line_for_a_restart() -> None:

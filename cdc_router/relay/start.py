@@ -1,0 +1,71 @@
+"""What the relay reads at its start besides its table: the committed records of a topic (its
+position, the dedup changelog), and the rows a killed at_least_once relay left behind.
+
+The rows left behind (QA 55-b F-1): the cleanup deletes a batch's rows after its commit, on
+its own thread, so a relay killed in between leaves them in the table, behind its position, where
+no read takes them again. Exactly once, the cleanup's sweep finds them in the dedup changelog. At
+least once has no sweep (config/model.py), but the relay's marks still prove a delivery:
+Transaction.commit sends them, and the position with them, only once every record of their batch
+is acknowledged. So at each start the relay hands the cleanup the rows behind its stored position
+whose ids the restored changelog marks delivered; a dead-lettered id (its `dead:` mark) is no
+delivery, its row stays. Ids older than dedup.window_ms are no longer held: such rows stay for
+`outbox purge --force`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import psycopg
+
+from cdc_router.config.model import RouterConfig
+from cdc_router.kafka.reader import TopicReader
+from cdc_router.postgres import one_line
+from cdc_router.relay.guard import RelayPosition
+from cdc_router.router.replay import ReplayFilter
+from cdc_router.router.values import Delivered
+
+log = logging.getLogger("cdc_router.relay")
+
+KeyValue = tuple[bytes | None, bytes | None]
+
+
+def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
+    """Every committed (key, value) of `topic` up to its log end as of now: a transaction
+    still open there is waited for (our init_transactions has ended any of ours)."""
+    reader = TopicReader(kafka, topic, what=what, lean=True,
+                         group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
+    try:
+        for message in reader.read_to_end(end="log_end"):
+            yield message.key(), message.value()
+    finally:
+        reader.close()
+
+
+class PassedRows(Protocol):
+    """What reads the ids of the rows a position has passed (relay/reader.py OutboxReader)."""
+
+    def passed_ids(self, position: RelayPosition) -> list[str]: ...
+
+
+def hand_left_behind(config: RouterConfig, reader: PassedRows, position: RelayPosition,
+                     replay: ReplayFilter | None,
+                     on_delivered: Callable[[Sequence[Delivered]], None] | None) -> None:
+    """Hand `on_delivered` (the cleanup) the rows behind `position` whose ids `replay`, just
+    restored from the changelog, holds as delivered; only without the cleanup's sweep."""
+    if replay is None or on_delivered is None or config.cleanup.mode == "none" or \
+            config.cleanup_sweeps():
+        return
+    table = config.relay_settings().qualified_table
+    try:
+        ids = [event_id for event_id in reader.passed_ids(position)
+               if replay.delivered(event_id)]
+    except psycopg.Error as error:
+        log.warning("event=cleanup_left_behind_failed table=%s error=%r: the delivered rows a "
+                    "killed relay left stay until the next start", table, one_line(error))
+        return
+    if ids:
+        log.info("event=cleanup_left_behind table=%s rows=%d", table, len(ids))
+        on_delivered([Delivered(event_id, "", None) for event_id in ids])
