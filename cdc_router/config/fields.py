@@ -152,6 +152,10 @@ def _takes_number(annotation: Any) -> bool:
         annotation is not bool
 
 
+# A number of milliseconds as text (the environment's, or YAML's quoted): what int() reads.
+_DECIMAL_TEXT = re.compile(r"\s*[+-]?[0-9][0-9_]*\s*")
+
+
 def _reread_number(value: Any) -> str | None:
     """Why the number YAML 1.1 read is not the one the file's text says to a reader, or
     None: 010 is the octal 8, 1:30 is 90 in base 60 (review 48-e F3; 0x10 and 1_000 keep
@@ -188,4 +192,10 @@ class ConfigModel(BaseModel):
         reread = _reread_number(value)
         if reread is not None:
             raise ValueError(reread)
+        if isinstance(value, str) and (info.field_name or "").endswith("_ms") and \
+                not _DECIMAL_TEXT.fullmatch(value):
+            # QA 55-b F-4: `retention_ms: 7d` said "unable to parse string as an integer",
+            # while `outbox purge --older-than` takes 7d.
+            raise ValueError("takes an integer number of milliseconds, e.g. 604800000 for 7 "
+                             "days (a duration with a unit, such as 7d, is not read here)")
         return value

@@ -88,6 +88,27 @@ def test_a_number_yaml_reads_in_another_base_is_refused(tmp_path: Path, section:
         "topics" not in section) + section + "\n")
 
 
+@pytest.mark.parametrize(("section", "env", "field", "got"), [
+    ("cleanup: {mode: retention, retention_ms: 7d}", {}, "cleanup.retention_ms", "'7d'"),
+    ("cleanup: {interval_ms: 1e30}", {}, "cleanup.interval_ms", "'1e30'"),  # YAML 1.1: text
+    ("dedup: {window_ms: '1.5'}", {}, "dedup.window_ms", "'1.5'"),
+    ("", {"CDC_ROUTER__CLEANUP__RETENTION_MS": "7 days"}, "cleanup.retention_ms", "'7 days'"),
+])
+def test_a_duration_in_ms_written_with_a_unit_is_refused_saying_milliseconds(
+        tmp_path: Path, section: str, env: dict[str, str], field: str, got: str) -> None:
+    # QA 55-b F-4: "unable to parse string as an integer", while `outbox purge` takes 7d.
+    message = error_of(tmp_path, MINIMAL + section + "\n", env)
+    assert f"field '{field}': takes an integer number of milliseconds, e.g. 604800000 for 7 " \
+           f"days (a duration with a unit, such as 7d, is not read here) (got {got})" in message
+
+
+def test_a_number_of_milliseconds_as_text_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(MINIMAL + "cleanup: {interval_ms: '250'}\n")
+    config = load_config(path, env={"CDC_ROUTER__DEDUP__WINDOW_MS": " 60_000 "}).config
+    assert (config.cleanup.interval_ms, config.dedup.window_ms) == (250, 60_000)
+
+
 def test_a_number_whose_text_keeps_its_meaning_loads(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text(MINIMAL + "topics: [{name: t, partitions: 0x10}]\n"

@@ -214,7 +214,7 @@ def test_environment_errors_name_the_variable(tmp_path: Path, env: dict[str, str
      "did you mean 'topic'?"),
     (MINIMAL + "dedupe: {}\n", "unknown key 'dedupe'; did you mean 'dedup'?"),
     (MINIMAL + "delivery: {commit_interval_ms: fast}\n",
-     "field 'delivery.commit_interval_ms': Input should be a valid integer"),
+     "field 'delivery.commit_interval_ms': takes an integer number of milliseconds"),
     (MINIMAL + "delivery: {commit_interval_ms: 0}\n", "greater than 0 (got 0)"),
     ("routes: [{topic: x}]\n", "field 'source': is required"),
     ("source: {topics: []}\nroutes: [{topic: x}]\n", "field 'source.topics'"),
