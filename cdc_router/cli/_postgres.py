@@ -47,6 +47,16 @@ def dsn_named() -> str:
     return "--dsn"
 
 
+def changed_database(conn: psycopg.Connection[Any], dsn: str) -> str:
+    """The first line of a command that changes a database: which one it connected to (host,
+    port and database, never the password), and when --dsn was left at its default, that it
+    is the local stack's (QA 55-b F-5: `outbox init` changed the default's without a word)."""
+    info = conn.info
+    default = (" (the default --dsn: the local stack; pass --dsn or set CDC_ROUTER_PG_DSN "
+               "for another)") if dsn == DEFAULT_DSN and dsn_named() == "--dsn" else ""
+    return f"Postgres {info.host}:{info.port}/{info.dbname}{default}"
+
+
 def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)

@@ -24,7 +24,7 @@ from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import EnvOption, config_option
 from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
-from cdc_router.cli._postgres import DEFAULT_DSN, database, dsn_option
+from cdc_router.cli._postgres import DEFAULT_DSN, changed_database, database, dsn_option
 from cdc_router.config.json_bounds import MAX_JSON_DEPTH
 from cdc_router.config.load import load_config
 from cdc_router.config.relay import DEFAULT_SEQ_COLUMN, DEFAULT_TXID_COLUMN
@@ -144,6 +144,7 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         raise ConfigError("--alter-role needs a password", field="--replication-password",
                           hint="pass --replication-password or set CDC_ROUTER_DB_PASSWORD")
     with database(dsn) as conn:
+        click.echo(changed_database(conn, dsn))
         if relay_columns:  # refused before anything is made (review 34-2, QA 46-c: NULL seqs)
             partitioned_by(conn, schema.table, DEFAULT_SEQ_COLUMN, "--table")
             seq_not_null_fix(conn, schema.table, DEFAULT_SEQ_COLUMN)

@@ -687,6 +687,8 @@ def test_init_relay_tells_init_outbox_the_table_is_the_relays(
         return InitReport((), None, ())
 
     class _Conn:
+        info = SimpleNamespace(host="h", port=5432, dbname="db")  # init says where (QA 55-b)
+
         def commit(self) -> None:
             pass
 
