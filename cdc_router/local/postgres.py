@@ -114,3 +114,13 @@ def postgres_healthy(config: StackConfig) -> bool:
         return True
     except psycopg.Error:
         return False
+
+
+def postmaster_pid(config: StackConfig, saved: int | None, marker: str) -> int | None:
+    """The postmaster to stop: the one `up` started (`saved`) while it runs, else the one the
+    data directory's postmaster.pid names (QA 55-b F-3: after a restart by hand with pg_ctl,
+    `down` said "postgres was not running" and left it on the stack's port). Still a pid, and
+    stopped only if its command line names the stack's data directory (`marker`)."""
+    if process.is_running(saved, marker):
+        return saved
+    return process.read_pid(config.postgres_data / "postmaster.pid") or saved

@@ -37,7 +37,7 @@ from cdc_router.local.config import (
 )
 from cdc_router.local.jars import ensure_jars, ensure_registry
 from cdc_router.local.nats_server import nats_healthy, start_nats
-from cdc_router.local.postgres import postgres_healthy, start_postgres
+from cdc_router.local.postgres import postgres_healthy, postmaster_pid, start_postgres
 from cdc_router.local.registry import registry_healthy, start_registry
 
 Say = Callable[[str], None]
@@ -242,14 +242,15 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
         # SIGINT is Postgres' fast shutdown: SIGTERM would wait for Debezium's replication
         # connection, which only ends when Connect is gone.
         "postgres": signal.SIGINT, "kafka": signal.SIGTERM, "connect": signal.SIGTERM,
-        # nats-server's graceful stop: flushes JetStream's store and closes its clients.
-        "nats": signal.SIGTERM,
-        # Quarkus' graceful shutdown: finishes its requests and closes the H2 file.
-        "registry": signal.SIGTERM,
+        # nats-server's graceful stop flushes JetStream's store and closes its clients;
+        # Quarkus' (the registry's) finishes its requests and closes the H2 file.
+        "nats": signal.SIGTERM, "registry": signal.SIGTERM,
     }
     for part in reversed(PARTS):
-        pid = process.read_pid(config.pid_path(part))
-        if pid and process.stop(pid, process_marker(config, part), sig=stop_signal[part]):
+        pid, marker = process.read_pid(config.pid_path(part)), process_marker(config, part)
+        if part == "postgres":  # a restart by hand (pg_ctl): its data directory's pid
+            pid = postmaster_pid(config, pid, marker)
+        if pid and process.stop(pid, marker, sig=stop_signal[part]):
             say(f"{part:<9} stopped (pid {pid})")
         else:
             say(f"{part:<9} was not running")

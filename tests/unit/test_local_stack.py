@@ -266,3 +266,44 @@ def test_an_initdb_killed_midway_leaves_no_data_directory_and_the_next_up_makes_
     assert (config.postgres_data / "base").is_dir()
     assert sorted(path.name for path in config.postgres_data.parent.iterdir()
                   if path.name.startswith("data")) == ["data"]
+
+
+def test_down_stops_a_postmaster_restarted_by_hand_named_by_its_data_directory(
+        tmp_path: Path) -> None:
+    # QA 55-b F-3: after `pg_ctl restart` the saved pid was stale; `down` said "postgres was
+    # not running" and left the new postmaster serving the stack's port.
+    import subprocess
+    import sys
+
+    from cdc_router.local import process
+
+    config = StackConfig(home=tmp_path / "stack", jar_cache=tmp_path / "jars")
+    config.postgres_data.mkdir(parents=True)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    config.pid_path("postgres").parent.mkdir(parents=True, exist_ok=True)
+    config.pid_path("postgres").write_text(f"{ended.pid}\n")  # the one `up` started, gone
+    # The postmaster pg_ctl started: `postgres -D <data>`, its pid in postmaster.pid.
+    postmaster = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-D",
+                                   str(config.postgres_data)])
+    # Another process that names no data directory of this stack is never stopped.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for _ in range(50):  # its command line is there once the interpreter started
+            if process.is_running(postmaster.pid, stack.process_marker(config, "postgres")):
+                break
+            time.sleep(0.1)
+        (config.postgres_data / "postmaster.pid").write_text(
+            f"{postmaster.pid}\n{config.postgres_data}\n")
+        said: list[str] = []
+        stack.down(config, said.append, purge=False)
+        assert f"postgres  stopped (pid {postmaster.pid})" in said
+        assert postmaster.wait(timeout=10) is not None
+        (config.postgres_data / "postmaster.pid").write_text(f"{stranger.pid}\n")
+        said.clear()
+        stack.down(config, said.append, purge=False)
+        assert "postgres  was not running" in said and stranger.poll() is None
+    finally:
+        for child in (postmaster, stranger):
+            child.kill()
+            child.wait()
