@@ -14,7 +14,7 @@ from cdc_router.cli import main
 from cdc_router.cli import outbox as outbox_cli
 
 _REPORT = SimpleNamespace(steps=[("created", "table public.outbox", None)], password=None,
-                          warnings=[], notes=[], changed=True)
+                          warnings=[], notes=[], changed=True, not_ready=())
 
 
 @pytest.fixture

@@ -720,6 +720,8 @@ def test_init_on_a_publication_that_captures_nothing_is_not_ready_exit_1(
     assert problem in warnings and "Debezium captures" in problem
 
     class _Conn:
+        info = SimpleNamespace(host="h", port=5432, dbname="db")  # init says where (QA 55-b)
+
         def commit(self) -> None:
             pass
 
