@@ -15,9 +15,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced
@@ -183,7 +183,8 @@ class OutboxRouter:
             return  # are read again after the rewind, not twice in one transaction (review 45)
         self.last_poll = self._clock()
         self._metrics.observe_lag(consumer, self.last_poll,
-                                  self._config.source.held_partition_warning_s)
+                                  self._config.source.held_partition_warning_s,
+                                  lambda: {*txn.partitions, *_partitions(messages)})
         for message in messages:
             try:
                 self._writer.write(txn, message)
@@ -331,3 +332,9 @@ class OutboxRouter:
         self._revoked.update((tp.topic, tp.partition) for tp in partitions)
         if self._txn is not None and self._txn.open:
             self._abort(BatchFailed("partitions lost"), backoff=False)
+
+
+def _partitions(messages: list[Message]) -> set[tuple[str, int]]:
+    """The (topic, partition) of each record of a poll (a record has both)."""
+    return {cast(tuple[str, int], (message.topic(), message.partition()))
+            for message in messages}

@@ -6,7 +6,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, get_args
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -59,8 +59,8 @@ class RouterMetrics:
                                         "moving); 0 once a batch commits", registry=r)
         self.consumer_lag = Gauge("cdc_router_consumer_lag", "Records of an assigned raw "
                                   "partition the router has not finished (high watermark - "
-                                  "the offset it committed, as kafka-consumer-groups' LAG: "
-                                  "records read and still being routed count)",
+                                  "the offset it committed while records read there are not; "
+                                  "else - the position, past commit markers)",
                                   ["topic", "partition"], registry=r)
         self.last_commit = Gauge("cdc_router_last_commit_timestamp_seconds", "When the router "
                                  "last committed a batch (Unix time; its start before that)",
@@ -117,16 +117,23 @@ class RouterMetrics:
             if partition.error is None and partition.offset >= 0:
                 self._finished[(partition.topic, partition.partition)] = partition.offset
 
-    def observe_lag(self, consumer: Any, now: float, held_warning_s: float) -> None:
+    def observe_lag(self, consumer: Any, now: float, held_warning_s: float,
+                    busy: Callable[[], Collection[tuple[str, int]]]) -> None:
         """cdc_router_consumer_lag from the watermarks of the consumer's last fetch (no network
-        call) and the offsets this router committed, and the partitions whose position is held
-        behind them for `held_warning_s` (router/held.py), at most every LAG_INTERVAL_S."""
+        call), and the partitions whose position is held behind them for `held_warning_s`
+        (router/held.py), at most every LAG_INTERVAL_S. `busy`: the partitions with records
+        read and not yet committed (the open batch's, the poll's); their lag counts from the
+        offset this router committed (QA 55-c F-3: a batch stuck in routing read 0), every other
+        from the position, which librdkafka moves past the commit markers of a transactional
+        raw topic (reread 55-r F-1: from the committed offset an idle partition read 1 for
+        ever, and CdcRouterConsumerStuck fired on every quiet period)."""
         if now - self._lag_observed < LAG_INTERVAL_S:
             return
         self._lag_observed = now
         marks = partition_marks(consumer)
-        finished = self._finished
-        self.lag({key: max(0, high - finished.get(key, position))
+        finished, pending = self._finished, busy()
+        self.lag({key: max(0, high - (finished.get(key, position) if key in pending
+                                      else position))
                   for key, (position, high) in marks.items()})
         # The held watch keeps the position: it asks whether the consumer reads on at all.
         self.held.observe(marks, now, held_warning_s)

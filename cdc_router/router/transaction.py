@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -52,7 +51,7 @@ from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.replay import BATCH_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX, changelog_records
 from cdc_router.router.routing import OutboundRecord
-from cdc_router.router.values import Committed, Delivered
+from cdc_router.router.values import Batch, Committed, Delivered
 
 log = logging.getLogger("cdc_router.router")
 
@@ -61,24 +60,6 @@ log = logging.getLogger("cdc_router.router")
 RETRY_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # Transactional calls whose unanswered end leaves the transaction in doubt (TransactionInDoubt).
 _IN_DOUBT_STEPS = ("offsets", "commit")
-
-
-@dataclass
-class _Batch:
-    started: float = 0.0
-    records: int = 0
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    undelivered: dict[tuple[str, int], int | None] = field(default_factory=dict)  # consumed()
-    delivered: list[Delivered] = field(default_factory=list)
-    dead_letter_stages: list[str] = field(default_factory=list)
-    passed_over: list[str | None] = field(default_factory=list)  # see passed_over()
-    sources: list[RecordCoordinates] = field(default_factory=list)
-    marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
-    dead_marks: list[str] = field(default_factory=list)  # ids dead-lettered, sent at commit
-    marked_ms: int = 0
-    progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
-    nats: list[NatsMessage] = field(default_factory=list)  # published at commit
-    nats_sources: list[RecordCoordinates] = field(default_factory=list)  # one a message
 
 
 class Transaction:
@@ -103,7 +84,7 @@ class Transaction:
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep, self._clock = sleep, clock
         self._stopping, self.fenced_hint = stopping, fenced_hint
-        self._batch, self._open = _Batch(), False
+        self._batch, self._open = Batch(), False
 
     @property
     def open(self) -> bool:
@@ -112,6 +93,11 @@ class Transaction:
     @property
     def records(self) -> int:
         return self._batch.records
+
+    @property
+    def partitions(self) -> Collection[tuple[str, int]]:
+        """The input partitions the open batch holds records of (none once it ended)."""
+        return self._batch.offsets.keys()
 
     @property
     def sources(self) -> list[RecordCoordinates]:
@@ -130,7 +116,7 @@ class Transaction:
             return
         if self._exactly_once:
             self._call(self._producer.begin_transaction, "begin")
-        self._batch, self._open = _Batch(started=self._clock()), True
+        self._batch, self._open = Batch(started=self._clock()), True
 
     def due(self) -> bool:
         """The batch is big or old enough to commit."""
@@ -301,7 +287,7 @@ class Transaction:
         self._producer.renew()
 
     def _reset(self) -> None:
-        self._batch, self._open = _Batch(), False
+        self._batch, self._open = Batch(), False
 
     def _send_marks(self) -> None:
         if self._changelog_topic is not None:

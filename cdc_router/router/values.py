@@ -10,8 +10,12 @@ raises FrozenInstanceError; equality, hash, repr and dataclasses.replace work as
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields, is_dataclass
-from typing import Any, NamedTuple, TypeVar
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    from cdc_router.kafka.producer import RecordCoordinates
+    from cdc_router.nats.publisher import NatsMessage
 
 T = TypeVar("T")
 
@@ -24,16 +28,16 @@ def quick_init(cls: type[T]) -> type[T]:
         raise TypeError(f"quick_init takes a frozen dataclass, not {cls.__name__}")
     arguments, stores = [], []
     defaults: dict[str, Any] = {}
-    for field in fields(cls):
-        if field.default_factory is not MISSING or not field.init or field.kw_only is True:
-            raise TypeError(f"quick_init: {cls.__name__}.{field.name} needs dataclass's own "
+    for spec in fields(cls):
+        if spec.default_factory is not MISSING or not spec.init or spec.kw_only is True:
+            raise TypeError(f"quick_init: {cls.__name__}.{spec.name} needs dataclass's own "
                             "__init__ (default_factory, init=False or kw_only)")
-        if field.default is MISSING:
-            arguments.append(field.name)
+        if spec.default is MISSING:
+            arguments.append(spec.name)
         else:
-            defaults[f"_default_{field.name}"] = field.default
-            arguments.append(f"{field.name}=_default_{field.name}")
-        stores.append(f"    values[{field.name!r}] = {field.name}")
+            defaults[f"_default_{spec.name}"] = spec.default
+            arguments.append(f"{spec.name}=_default_{spec.name}")
+        stores.append(f"    values[{spec.name!r}] = {spec.name}")
     # Generated from the field list, as dataclasses generates its own __init__.
     source = (f"def __init__(self, {', '.join(arguments)}):\n    values = self.__dict__\n"
               + "\n".join(stores) + "\n")
@@ -70,3 +74,23 @@ class Committed(NamedTuple):
         """The delivered events, and the ids whose replays the batch dropped (their rows go
         too: an id reused)."""
         return [*self.delivered, *(Delivered(event_id, "", None) for event_id in replayed)]
+
+
+@dataclass
+class Batch:
+    """What the open batch of a Transaction (router/transaction.py) holds so far."""
+
+    started: float = 0.0
+    records: int = 0
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    undelivered: dict[tuple[str, int], int | None] = field(default_factory=dict)  # consumed()
+    delivered: list[Delivered] = field(default_factory=list)
+    dead_letter_stages: list[str] = field(default_factory=list)
+    passed_over: list[str | None] = field(default_factory=list)  # see passed_over()
+    sources: list[RecordCoordinates] = field(default_factory=list)
+    marks: list[str] = field(default_factory=list)  # ids delivered, sent at commit
+    dead_marks: list[str] = field(default_factory=list)  # ids dead-lettered, sent at commit
+    marked_ms: int = 0
+    progress: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # the relay's
+    nats: list[NatsMessage] = field(default_factory=list)  # published at commit
+    nats_sources: list[RecordCoordinates] = field(default_factory=list)  # one a message
