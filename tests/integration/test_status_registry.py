@@ -19,7 +19,9 @@ from cdc_router.local.config import load_saved
 from tests.integration.pipeline import REPO
 from tests.integration.support import StackEndpoints, status_json
 
-pytestmark = pytest.mark.integration
+# Exclusive: it stops the shared stack's registry, which other tests' routers and consumers
+# use (run alone, after the others, as test_cleanup's Postgres outage is).
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 
 def _registry_lines(document: dict[str, Any]) -> list[str]:
