@@ -51,6 +51,7 @@ from cdc_router.serde.avro_subjects import PlannedSubject, shared_subjects
 from cdc_router.serde.avro_unions import UnionWalk, plain_dates, union_walk, writer_datum
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
+from cdc_router.serde.registry_answers import SLOW
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -243,7 +244,7 @@ class AvroSerializer:
                 # per-subject 403; QA, session 29): a dead letter, to replay once the subject
                 # is mended. An outage or refused credentials (401) stop the router.
                 reason = f"{failure}; then `cdc-router dlq replay` it"
-                ids.refused.remember(key, reason)
+                ids.refused.remember(key, reason, SLOW.last_s)
                 raise SerializeError(f"event {show(event.event_id)}: {reason}") from error
             raise failure from error
         assert value is not None  # None only for a None datum, refused above

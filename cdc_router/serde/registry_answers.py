@@ -4,9 +4,12 @@ QA 55-c F-2: with auto_register off, every event of a data-named subject the reg
 asked the registry again, inside the batch; a registry answering in 4 s let one such event
 through every 4 s and every other route waited behind it, while nothing said the registry was
 slow. A subject's refusal (missing, incompatible, a definite 4xx: the answers that dead-letter
-an event) is now remembered for REFUSAL_MEMORY_S, and a lookup that takes SLOW_LOOKUP_S or more
-is logged (event=registry_slow), at most once every SLOW_LOG_INTERVAL_S. An outage is never
-remembered: it stops the router (exit 75), as before.
+an event) that took SLOW_LOOKUP_S or more to come is now remembered for REFUSAL_MEMORY_S, and
+such a lookup is logged (event=registry_slow), at most once every SLOW_LOG_INTERVAL_S. A quick
+refusal is not remembered: asking again costs milliseconds, and a subject registered meanwhile
+(`schemas register`, then `dlq replay`) is used by the next event (CI rehearsal at 6eff9ba: the
+memory dead-lettered the event after a registration). An outage is never remembered: it stops
+the router (exit 75), as before.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ class RefusedSubjects:
     def __bool__(self) -> bool:
         return bool(self._refused)
 
-    def remember(self, key: Hashable, reason: str) -> None:
-        self._refused[key] = (self._clock() + REFUSAL_MEMORY_S, reason)
+    def remember(self, key: Hashable, reason: str, took_s: float) -> None:
+        """Remember the refusal of `key`, if it took SLOW_LOOKUP_S or more to come."""
+        if took_s >= SLOW_LOOKUP_S:
+            self._refused[key] = (self._clock() + REFUSAL_MEMORY_S, reason)
 
     def recall(self, key: Hashable) -> str | None:
         """The reason the registry gave for `key` less than REFUSAL_MEMORY_S ago, else None."""
@@ -63,6 +68,7 @@ class SlowLookups:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._said = float("-inf")
+        self.last_s = 0.0  # how long the last lookup took (a refusal's: remembered if slow)
         self._count = 0
         self._worst = 0.0
 
@@ -74,7 +80,8 @@ class SlowLookups:
         try:
             return step()
         finally:
-            self.note(url, what, self._clock() - started)
+            self.last_s = self._clock() - started
+            self.note(url, what, self.last_s)
 
     def note(self, url: str, what: str, took_s: float) -> None:
         if took_s < SLOW_LOOKUP_S:

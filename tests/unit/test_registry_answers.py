@@ -8,12 +8,14 @@ import logging
 from typing import Any
 
 import pytest
+from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
 from cdc_router.config.routes import RouteRule
 from cdc_router.errors import EXIT_RESTART, SerializeError
 from cdc_router.serde import registry_answers
 from cdc_router.serde.avro import AvroSerializer
+from cdc_router.serde.avro_schema import load_schema
 from cdc_router.serde.registry import OUTAGE, RegistryError, registry_failure
 from cdc_router.serde.registry_answers import SlowLookups
 from tests.unit.test_avro import GOOD, PAYMENT, MockRegistry, event, registry
@@ -41,7 +43,14 @@ def _serializer(refusal: Exception | None) -> tuple[CountingRegistry, AvroSerial
     return client, AvroSerializer([DYNAMIC], registry(), registry_client=client)
 
 
-def test_a_missing_data_named_subject_is_asked_once_for_the_events_that_follow() -> None:
+@pytest.fixture
+def slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lookup counts as slow (the in-memory registry answers at once)."""
+    monkeypatch.setattr(registry_answers, "SLOW_LOOKUP_S", 0.0)
+
+
+def test_a_missing_data_named_subject_is_asked_once_for_the_events_that_follow(
+        slow: None) -> None:
     client, serializer = _serializer(None)  # the in-memory registry lacks the subject
     reasons = []
     for _ in range(5):
@@ -56,8 +65,8 @@ def test_a_missing_data_named_subject_is_asked_once_for_the_events_that_follow()
     assert client.lookups == 2
 
 
-def test_a_refusal_is_asked_again_once_its_memory_is_over(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_a_refusal_is_asked_again_once_its_memory_is_over(monkeypatch: pytest.MonkeyPatch,
+                                                          slow: None) -> None:
     monkeypatch.setattr(registry_answers, "REFUSAL_MEMORY_S", 0.0)
     client, serializer = _serializer(ClientError(422, 42201, "Invalid schema"))
     for _ in range(3):
@@ -66,7 +75,7 @@ def test_a_refusal_is_asked_again_once_its_memory_is_over(monkeypatch: pytest.Mo
     assert client.lookups == 3
 
 
-def test_a_remembered_refusal_still_names_a_payload_that_does_not_fit() -> None:
+def test_a_remembered_refusal_still_names_a_payload_that_does_not_fit(slow: None) -> None:
     _, serializer = _serializer(None)
     with pytest.raises(SerializeError):
         serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
@@ -175,3 +184,16 @@ def test_a_subject_registered_at_run_time_is_logged_once(caplog: pytest.LogCaptu
         again.serialize(event(GOOD), DYNAMIC, "x.n01")
     assert "event=schema_registered" not in caplog.text
     assert "event=schema_found subject=x.n01-value" in caplog.text
+
+
+def test_a_quick_refusal_is_not_remembered_and_a_registration_is_used_at_once() -> None:
+    # The CI rehearsal at 6eff9ba: `schemas register --subject` and then the next event of
+    # that subject was still dead-lettered from the memory; a registry that answers in
+    # milliseconds is asked again instead.
+    client, serializer = _serializer(None)
+    for _ in range(3):
+        with pytest.raises(SerializeError, match="not registered"):
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert client.lookups == 3
+    client.register_schema("x.n01-value", Schema(load_schema(PAYMENT).text, "AVRO"))
+    assert serializer.serialize(event(GOOD), DYNAMIC, "x.n01")[:1] == b"\x00"
