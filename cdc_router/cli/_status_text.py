@@ -16,10 +16,9 @@ from cdc_router.ops.verdict import EXIT_CODES, deployed_text, size, verdict
 def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
     """The JSON document of `status -o json`: verdict first, then the report's sections."""
     status = verdict(problems)
-    sections = dataclasses.asdict(report)
-    for name in ("jetstream", "registry"):  # no JetStream route, no registry: no section
-        if sections[name] is None:
-            del sections[name]
+    # A section the report lacks (no JetStream route, no registry) is left out, not null.
+    sections = {name: value for name, value in dataclasses.asdict(report).items()
+                if value is not None}
     return {"status": status, "exit_code": EXIT_CODES[status],
             "problems": [dataclasses.asdict(problem) for problem in problems], **sections}
 
