@@ -76,11 +76,16 @@ def _publication(report: Report) -> list[str]:
 
 
 def _outbox(report: Report) -> list[str]:
-    outbox = report.outbox
-    if (failed := _failed(f"outbox {outbox.table or ''}".rstrip(), outbox.error)) is not None:
-        return failed
-    return [f"outbox {outbox.table}: {outbox.rows} rows, oldest {_age(outbox.oldest_age_s)}, "
-            f"{size(outbox.size_bytes)} on disk"]
+    """A line per table: the outbox, each other table the connector captures (QA 55-a F-4),
+    and each include-list entry status cannot check."""
+    lines = []
+    for outbox in (report.outbox, *report.outbox.others):
+        failed = _failed(f"outbox {outbox.table or ''}".rstrip(), outbox.error)
+        lines += failed or [f"outbox {outbox.table}: {outbox.rows} rows, oldest "
+                            f"{_age(outbox.oldest_age_s)}, {size(outbox.size_bytes)} on disk"]
+    return lines + [f"outbox {entry}: not checked (a regular expression in the connector's "
+                    "table.include.list: status checks the tables it names one by one)"
+                    for entry in report.outbox.not_checked]
 
 
 def _connector(report: Report) -> list[str]:

@@ -28,7 +28,7 @@ _PLAIN_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 @dataclass(frozen=True)
 class Capture:
     """What the connector reads: its slot, its publication, its one table (None: several or a
-    regex)."""
+    regex), and every table.include.list entry (`tables`, `\\.` read as a dot)."""
 
     slot: str
     publication: str
@@ -36,6 +36,7 @@ class Capture:
     user: str | None = None  # database.user: the role the snapshot reads the table as
     # signal.data.collection: the source channel's signals, the incremental snapshots' markers
     signal_table: str | None = None
+    tables: tuple[str, ...] = ()
 
 
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
@@ -72,8 +73,13 @@ def connector_state(status: ConnectorStatus) -> ConnectorState:
 
 def capture_of(config: dict[str, str]) -> Capture:
     tables = included_tables(config, unescaped=True)
-    table = tables[0] if len(tables) == 1 and _PLAIN_TABLE.match(tables[0]) else None
+    table = tables[0] if len(tables) == 1 and plain(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),
                    config.get("publication.name", DEFAULT_PUBLICATION), table,
                    config.get("database.user") or None,
-                   config.get("signal.data.collection") or None)
+                   config.get("signal.data.collection") or None, tuple(tables))
+
+
+def plain(entry: str) -> bool:
+    """An include-list entry naming one table (schema.table), not a regex or quoted."""
+    return _PLAIN_TABLE.match(entry) is not None

@@ -6,7 +6,7 @@ does for `max_slot_wal_keep_size`: from its restart_lsn to the current WAL posit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -48,12 +48,13 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
                    signal_table: str | None = None, source: str = "the DSN",
-                   named_by: str = "cleanup.table",
+                   named_by: str = "cleanup.table", others: Sequence[OutboxSchema] = (),
                    ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
     every logical slot of this database; `publication` None: not checked (an empty state).
     `source` names where the DSN came from, for a connection refused for good; `named_by` the
-    setting that named the outbox, for a table the database lacks."""
+    setting that named the outbox, for a table the database lacks; `others`: the connector's
+    other captured tables, checked alike (the outbox's `others`)."""
     try:
         # application_name: its queries are named in pg_stat_activity (review 49-b F6).
         conn = psycopg.connect(dsn, autocommit=True, **session_options(dsn, "cdc-router-status"))
@@ -70,8 +71,24 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                 _guarded(lambda: publication_state(conn, publication, signal_table, outbox),
                          PublicationState)
                 if publication is not None else PublicationState(),
-                _guarded(lambda: outbox_state(conn, outbox, reader), OutboxState,
-                         lambda error: _outbox_hint(error, outbox, named_by)))
+                replace(_checked(conn, outbox, reader, named_by), others=tuple(
+                    _named(_checked(conn, other, reader, OTHER_TABLE), other.table)
+                    for other in others)))
+
+
+# What names a captured table besides the one status checks first (its `others`).
+OTHER_TABLE = "the connector's table.include.list, another table it captures"
+
+
+def _checked(conn: psycopg.Connection[Any], schema: OutboxSchema, reader: str | None,
+             named_by: str) -> OutboxState:
+    return _guarded(lambda: outbox_state(conn, schema, reader), OutboxState,
+                    lambda error: _outbox_hint(error, schema, named_by))
+
+
+def _named(state: OutboxState, table: str) -> OutboxState:
+    """`state` naming its table when its check failed (one of several tables)."""
+    return state if state.table is not None else replace(state, table=table)
 
 
 def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema, named_by: str) -> str:
@@ -80,6 +97,9 @@ def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema, named_by: str) -> s
     if isinstance(error, psycopg.errors.UndefinedTable):
         if named_by == "status.outbox_table":
             return f" (renamed?): fix status.outbox_table, which names {outbox.table}"
+        if named_by == OTHER_TABLE:
+            return (" (renamed?): fix the connector's table.include.list, which names "
+                    f"{outbox.table}")
         return (f" (renamed?): fix {named_by}, which names {outbox.table}, or name the outbox "
                 "with status.outbox_table")
     if not isinstance(error, psycopg.errors.UndefinedColumn):

@@ -137,18 +137,21 @@ def _wal(report: Report) -> Iterator[GaugeMetricFamily]:
 
 
 def _outbox(report: Report) -> Iterator[GaugeMetricFamily]:
-    outbox = report.outbox
-    if outbox.error is not None or outbox.rows is None:
+    """One sample per table checked: the outbox and the connector's other captured tables."""
+    checked = [outbox for outbox in (report.outbox, *report.outbox.others)
+               if outbox.error is None and outbox.rows is not None]
+    if not checked:
         return
-    labels = [outbox.table or ""]
     rows = _gauge("outbox_rows", "Rows in the outbox table (backlog)", ("table",))
-    rows.add_metric(labels, outbox.rows)
     size = _gauge("outbox_size_bytes", "The outbox table's size with indexes and TOAST",
                   ("table",))
-    size.add_metric(labels, outbox.size_bytes or 0)
     age = _gauge("outbox_oldest_row_age_seconds", "Age of the oldest outbox row, dead-lettered "
                  "rows included (they stay until replayed or purged); 0 when empty", ("table",))
-    age.add_metric(labels, outbox.oldest_age_s or 0.0)
+    for outbox in checked:
+        labels = [outbox.table or ""]
+        rows.add_metric(labels, outbox.rows or 0)
+        size.add_metric(labels, outbox.size_bytes or 0)
+        age.add_metric(labels, outbox.oldest_age_s or 0.0)
     yield from (rows, size, age)
 
 

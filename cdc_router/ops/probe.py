@@ -21,7 +21,7 @@ from cdc_router.config.redact import shown_url
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.logs import serve_logs, unshown_logger, with_kafka_refusal
-from cdc_router.ops.connector import Capture, probe_connector
+from cdc_router.ops.connector import Capture, plain, probe_connector
 from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
 from cdc_router.ops.jetstream import jetstream_state
@@ -38,6 +38,7 @@ from cdc_router.ops.report import (
     WalState,
 )
 from cdc_router.ops.topics import changelog_state, dead_letter_state
+from cdc_router.ops.verdict import unquoted
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.router.dlq_replay import replay_group, sources_of
 
@@ -154,9 +155,32 @@ def _database(config: RouterConfig, endpoints: Endpoints,
     if capture is None:
         return probe_database(endpoints.dsn, None, None, schema, source=endpoints.dsn_source,
                               named_by=named_by)
-    return probe_database(endpoints.dsn, [capture.slot], capture.publication, schema,
-                          reader=capture.user, signal_table=capture.signal_table,
-                          source=endpoints.dsn_source, named_by=named_by)
+    others, unread = other_tables(capture, table)
+    schemas = []
+    for other in others:
+        try:
+            schemas.append(OutboxSchema(other, config.source.outbox))
+        except CdcRouterError:  # not a table name after all: named, not checked
+            unread.append(other)
+    wal, publication, outbox = probe_database(
+        endpoints.dsn, [capture.slot], capture.publication, schema, reader=capture.user,
+        signal_table=capture.signal_table, source=endpoints.dsn_source, named_by=named_by,
+        others=schemas)
+    cleaned = unquoted(config.cleanup.table)
+    return wal, publication, replace(outbox, not_checked=tuple(unread), others=tuple(
+        replace(other, is_cleanup_table=unquoted(other.table or "") == cleaned)
+        for other in outbox.others))
+
+
+def other_tables(capture: Capture, table: str) -> tuple[list[str], list[str]]:
+    """The tables the connector captures besides `table` (and its signal table), and its
+    include-list entries naming no one table (a regex; quoted ones the connector's section
+    names): the outbox's `others` and `not_checked` (QA 55-a F-4)."""
+    skip = {unquoted(name) for name in (table, capture.signal_table) if name}
+    entries = [entry for entry in dict.fromkeys(capture.tables)
+               if '"' not in entry and unquoted(entry) not in skip]
+    return ([entry for entry in entries if plain(entry)],
+            [entry for entry in entries if not plain(entry)])
 
 
 def _kafka_down(admin: AdminClient) -> str | None:

@@ -20,6 +20,7 @@ from cdc_router.ops.database import quoted_table
 from cdc_router.ops.problem import Problem, reached
 from cdc_router.ops.report import (
     ConnectorState,
+    OutboxState,
     PublicationState,
     Report,
     Slot,
@@ -156,7 +157,7 @@ def _slot(slot: Slot, limit: int | None, settings: StatusSettings, running: str 
 
 
 def _publication(report: Report) -> Iterator[Problem]:
-    publication, outbox = report.publication, report.outbox
+    publication = report.publication
     if publication.error is not None or publication.name is None:
         return
     if not publication.exists:
@@ -164,8 +165,10 @@ def _publication(report: Report) -> Iterator[Problem]:
                       "exist: the connector cannot stream; run `cdc-router outbox init` "
                       "with its name (--publication)")
         return
-    if outbox.table is not None and outbox.error is None and \
-            _unquoted(outbox.table) not in {_unquoted(t) for t in publication.tables}:
+    for outbox in outbox_tables(report):
+        if outbox.table is None or outbox.error is not None or \
+                unquoted(outbox.table) in {unquoted(t) for t in publication.tables}:
+            continue
         fix = publication_fix(publication.name, outbox.table, partitioned=bool(
             outbox.partitioned) and not publication.via_root)
         yield Problem("critical", "publication", f"{fix} (it publishes: "
@@ -190,7 +193,7 @@ def _signal_table(publication: PublicationState) -> Iterator[Problem]:
     publication leaves out is ignored without a line, and a Kafka-channel signal waits for
     ever on the markers it writes there."""
     signals = publication.signal_table
-    if not signals or _unquoted(signals) in {_unquoted(t) for t in publication.tables}:
+    if not signals or unquoted(signals) in {unquoted(t) for t in publication.tables}:
         return
     pub, table = sql.Identifier(publication.name or "").as_string(None), quoted_table(signals)
     add = f"`ALTER PUBLICATION {pub} ADD TABLE {table}`"
@@ -207,9 +210,15 @@ def _signal_table(publication: PublicationState) -> Iterator[Problem]:
                   "connector's task (connectors/README.md, signals)")
 
 
+def outbox_tables(report: Report) -> list[OutboxState]:
+    """The outbox, then the other tables the connector captures (QA 55-a F-4)."""
+    return [report.outbox, *report.outbox.others]
+
+
 def _reader(report: Report) -> Iterator[Problem]:
-    outbox = report.outbox
-    if outbox.error is None and outbox.reader_may_select is False:
+    for outbox in outbox_tables(report):
+        if outbox.error is not None or outbox.reader_may_select is not False:
+            continue
         # QA, session 29: the snapshot failed on `permission denied` and Connect retried it
         # for ever, both states RUNNING; the cause was only in Connect's log.
         role = outbox.reader or ""
@@ -220,24 +229,39 @@ def _reader(report: Report) -> Iterator[Problem]:
                       f"{sql.Identifier(role).as_string(None)}`")
 
 
-def _unquoted(table: str) -> str:
+def unquoted(table: str) -> str:
+    """`table` without SQL quotes, in schema public when it names none."""
     name = table.replace('"', "")
     return name if "." in name else f"public.{name}"
 
 
+# Why another captured table's rows stay (QA 55-a F-4), for its backlog's warnings.
+_NOT_CLEANED = ("the router's cleanup deletes from cleanup.table alone, not from this other "
+                "table the connector captures: delete its delivered rows yourself, or give it "
+                "a pipeline of its own")
+_BEHIND = "check the router's lag and `cdc-router dlq list`"
+
+
 def _outbox(report: Report, settings: StatusSettings) -> Iterator[Problem]:
-    outbox = report.outbox
-    if outbox.error is not None:
-        return
-    age, limit = outbox.oldest_age_s, settings.outbox_age_warning_s
-    if age is not None and limit is not None and age >= limit:
-        yield Problem("warning", "outbox", f"{outbox.table}'s oldest row is {age:.0f}s old "
-                      f"(warning at {limit:g}s): with cleanup on, the router is behind or a "
-                      "row is dead-lettered; check the router's lag and `cdc-router dlq list`")
-    rows, most = outbox.rows, settings.outbox_rows_warning
-    if rows is not None and most is not None and rows >= most:
-        yield Problem("warning", "outbox", f"{outbox.table} holds {rows} rows (warning at "
-                      f"{most}): check the cleanup (cleanup.mode) and the router's lag")
+    for outbox in outbox_tables(report):
+        if outbox.error is not None:
+            if outbox is not report.outbox:  # the outbox's own error is _unreachable's line
+                yield Problem("warning", "outbox", f"{outbox.table}, another table the "
+                              f"connector captures, cannot be checked: {outbox.error}")
+            continue
+        uncleaned = outbox.is_cleanup_table is False
+        age, limit = outbox.oldest_age_s, settings.outbox_age_warning_s
+        if age is not None and limit is not None and age >= limit:
+            yield Problem("warning", "outbox", f"{outbox.table}'s oldest row is {age:.0f}s "
+                          f"old (warning at {limit:g}s): " + (
+                              f"{_NOT_CLEANED} (a row not delivered yet: {_BEHIND})"
+                              if uncleaned else "with cleanup on, the router is behind or a "
+                              f"row is dead-lettered; {_BEHIND}"))
+        rows, most = outbox.rows, settings.outbox_rows_warning
+        if rows is not None and most is not None and rows >= most:
+            yield Problem("warning", "outbox", f"{outbox.table} holds {rows} rows (warning at "
+                          f"{most}): " + (_NOT_CLEANED if uncleaned else "check the cleanup "
+                                          "(cleanup.mode) and the router's lag"))
 
 
 def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:

@@ -1,0 +1,74 @@
+"""`status` of a connector capturing two outbox tables checks both (QA 55-a F-4: only
+cleanup.table was checked; the other table's 10,620 rows and its age went unseen)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.support import StackEndpoints
+
+pytestmark = pytest.mark.integration
+
+
+def _status(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
+         "--connector", pipe.name.replace("_", "-"), "--connect-url", pipe.stack.connect_url,
+         "--dsn", pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
+         *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+
+
+def _problems(report: dict[str, Any]) -> list[str]:
+    return [f"{p['level']}: {p['component']}: {p['message']}" for p in report["problems"]]
+
+
+def test_each_table_the_connector_captures_is_checked(stack: StackEndpoints,
+                                                      tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path, partitions=1, connector={
+            "table.include.list": "public.{table},public.{table}_legacy"}) as pipe:
+        legacy = f"public.{pipe.name}_legacy"
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["cleanup"] = {"table": f"public.{pipe.table}"}
+        config["status"] = {"outbox_rows_warning": 3}
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {legacy} (LIKE public.{pipe.table} INCLUDING ALL)")
+            conn.execute(f"INSERT INTO {legacy} (id, aggregatetype, aggregateid, type, payload) "
+                         "SELECT gen_random_uuid(), 'Order', 'o-' || n, 'OrderPaid', '{}' "
+                         "FROM generate_series(1, 4) AS n")
+        try:
+            done = _status(pipe, "-o", "json")
+            report = json.loads(done.stdout)
+            [other] = report["outbox"]["others"]
+            assert (other["table"], other["rows"], other["is_cleanup_table"]) == (
+                legacy, 4, False), other
+            assert other["oldest_age_s"] is not None and other["size_bytes"] > 0
+            assert report["outbox"]["table"] == f"public.{pipe.table}"
+            assert report["outbox"]["rows"] == 0
+            problems = _problems(report)
+            # Not in the connector's publication yet: Debezium never streams its rows.
+            assert any(line.startswith("critical: publication: ") and
+                       f'ADD TABLE "public"."{pipe.name}_legacy"' in line
+                       for line in problems), problems
+            assert f"warning: outbox: {legacy} holds 4 rows (warning at 3): the router's " \
+                "cleanup deletes from cleanup.table alone" in "\n".join(problems), problems
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {legacy}')
+            done = _status(pipe)
+            assert done.returncode == 1, done.stdout + done.stderr
+            outbox = [line for line in done.stdout.splitlines() if line.startswith("outbox ")]
+            assert outbox[0].startswith(f"outbox public.{pipe.table}: 0 rows"), done.stdout
+            assert outbox[1].startswith(f"outbox {legacy}: 4 rows, oldest "), done.stdout
+            assert "critical" not in done.stdout, done.stdout
+        finally:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP TABLE IF EXISTS {legacy}")
