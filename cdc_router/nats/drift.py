@@ -48,9 +48,30 @@ def recreate_hint(name: str) -> str:
             "create it with `cdc-router streams apply -c <config>`")
 
 
+def elsewhere(have: Mapping[str, Any]) -> list[str]:
+    """Settings outside the config under which JetStream acks the router's publish, and the
+    router commits it as delivered, while the event is stored elsewhere than the config says,
+    or may yet be lost (reread 54-m F-3). Warned of by `streams apply`, the router's start and
+    `status`; left as they are: a transform may shard on purpose, and the config cannot
+    declare either (nats-server 2.9 knows neither, and drops them from a stream's config)."""
+    found = []
+    transform = have.get("subject_transform")
+    if transform:
+        found.append(f"subject_transform {transform} (set outside the config): JetStream "
+                     "stores the router's events under the transformed subjects, so a "
+                     "consumer filtering on the config's subjects (filter_subjects) never "
+                     "sees them; filter on the transformed subjects, or remove the transform "
+                     "(`nats stream edit`)")
+    if have.get("persist_mode") == "async":
+        found.append("persist_mode async (set outside the config): JetStream acks a publish "
+                     "before writing it, so a nats-server crash may lose events the router "
+                     "has committed as delivered; use the default persist mode")
+    return found
+
+
 def outside(have: Mapping[str, Any]) -> list[str]:
     """Warnings for settings outside the config that `streams apply` leaves as they are."""
-    found = []
+    found = elsewhere(have)
     per_subject = have.get("max_msgs_per_subject")
     if isinstance(per_subject, int) and per_subject > 0:
         found.append(f"max_msgs_per_subject is {per_subject} (set outside the config): "

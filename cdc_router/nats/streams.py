@@ -39,6 +39,8 @@ class StreamPlan:
     warnings: tuple[str, ...] = ()
     # (setting, value, why) of the server's settings only a new stream mends (nats/drift.py).
     recreate: Sequence[tuple[str, Any, str]] = ()
+    # Of `warnings`: the server's settings that store acked events elsewhere (drift.elsewhere).
+    elsewhere: tuple[str, ...] = ()
 
 
 def wanted(spec: StreamSpec) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def plan_streams(specs: Sequence[StreamSpec],
                          "is dead-lettered (stage produce)",)
         warnings += (*_evictions(have, changes), *drift.outside(have))
         plans.append(StreamPlan(spec.name, "update" if changes else "unchanged", changes,
-                                warnings))
+                                warnings, elsewhere=tuple(drift.elsewhere(have))))
     return plans
 
 
@@ -176,11 +178,19 @@ def start_problem(index: int, plan: StreamPlan) -> ConfigError | None:
 
 def start_warning(index: int, plan: StreamPlan) -> str | None:
     """What the router's start warns about the server's stream that does not stop it."""
+    found = [f"stream {plan.name} on the server has {text}" for text in plan.elsewhere]
     if plan.changes.get("discard", (None, None))[0] == "new":  # QA 54-d F-6: no word at start
-        return (f"nats.streams[{index}]: stream {plan.name} on the server discards new messages "
-                "when full (set outside the config): once it is full, every batch waits, Kafka "
-                f"routes included; {_APPLY} sets it back to discard old ones")
-    return None
+        found.insert(0, f"stream {plan.name} on the server discards new messages when full "
+                        "(set outside the config): once it is full, every batch waits, Kafka "
+                        f"routes included; {_APPLY} sets it back to discard old ones")
+    return f"nats.streams[{index}]: " + "; ".join(found) if found else None
+
+
+def _transform(transform: Any) -> str | None:
+    """A stream's subject_transform as `src -> dest` (no src: the stream's subjects)."""
+    if transform is None or not transform.dest:
+        return None
+    return f"{transform.src or '>'} -> {transform.dest}"
 
 
 class StreamAdmin:
@@ -269,6 +279,9 @@ class StreamAdmin:
                 "sources": [source.name for source in config.sources or ()],
                 "max_msgs_per_subject": config.max_msgs_per_subject,
                 "discard_new_per_subject": bool(config.discard_new_per_subject),
+                "subject_transform": _transform(config.subject_transform),
+                "persist_mode": getattr(config.persist_mode, "value", config.persist_mode)
+                or "default",
                 # The state, not settings: what lowering a limit would delete (_evictions).
                 "messages": info.state.messages, "bytes": info.state.bytes}
         return found, await _held(js, names)

@@ -101,3 +101,66 @@ def test_a_stream_set_to_discard_new_is_warned_about_at_start() -> None:
         "`cdc-router streams apply -c <config>` sets it back to discard old ones")
     [fine] = plan_streams([ORDERS], {"ORDERS": wanted(ORDERS)})
     assert start_warning(0, fine) is None
+
+
+def test_a_subject_transform_or_async_persistence_is_warned_about_by_apply_start_and_status(
+        ) -> None:
+    # Reread 54-m F-3: nats-server 2.10+ acks the router's publish and stores it under the
+    # transformed subject (a consumer filtering on the config's subjects never sees it); with
+    # persist_mode async (2.12) a server crash may lose what it acked. Neither was read, so
+    # apply, the start and status said nothing. Left as they are: a transform may shard on
+    # purpose (nats-server 2.9.10 drops both from a stream's config, so no live test here).
+    from cdc_router.config.nats import NatsSettings
+    from cdc_router.nats.streams import start_warning
+    from cdc_router.ops.jetstream import streams_state
+
+    live = {**wanted(ORDERS), "subject_transform": "orders.> -> moved.>",
+            "persist_mode": "async"}
+    [plan] = plan_streams([ORDERS], {"ORDERS": live})
+    assert (plan.action, plan.changes, start_problem(0, plan)) == ("unchanged", {}, None)
+    transform = ("subject_transform orders.> -> moved.> (set outside the config): JetStream "
+                 "stores the router's events under the transformed subjects, so a consumer "
+                 "filtering on the config's subjects (filter_subjects) never sees them; "
+                 "filter on the transformed subjects, or remove the transform (`nats stream "
+                 "edit`)")
+    persist = ("persist_mode async (set outside the config): JetStream acks a publish before "
+               "writing it, so a nats-server crash may lose events the router has committed "
+               "as delivered; use the default persist mode")
+    assert plan.warnings == (transform, persist)
+    assert start_warning(2, plan) == (f"nats.streams[2]: stream ORDERS on the server has "
+                                      f"{transform}; stream ORDERS on the server has {persist}")
+    [plan] = plan_streams([ORDERS], {"ORDERS": {**live, "persist_mode": "default",
+                                                "discard": "new"}})
+    warning = start_warning(0, plan) or ""
+    assert warning.startswith("nats.streams[0]: stream ORDERS on the server discards new ")
+    assert warning.endswith(f"; stream ORDERS on the server has {transform}")
+    nats = NatsSettings(streams=[ORDERS])
+    [stream] = streams_state(nats, {"ORDERS": {**live, "messages": 0, "bytes": 0}}, []).streams
+    assert stream.start_warning == start_warning(0, plan_streams([ORDERS], {"ORDERS": live})[0])
+
+
+def test_the_server_s_transform_and_persist_mode_are_read() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from nats.js.api import PersistMode, StreamConfig, SubjectTransform
+
+    from cdc_router.nats.streams import StreamAdmin
+
+    config = StreamConfig(name="ORDERS", subjects=["orders.>"], persist_mode=PersistMode.ASYNC,
+                          subject_transform=SubjectTransform(src=None, dest="moved.>"))
+
+    class FakeJetStream:
+        async def stream_info(self, name: str) -> SimpleNamespace:
+            return SimpleNamespace(config=config, state=SimpleNamespace(messages=0, bytes=0))
+
+        async def streams_info(self) -> list[SimpleNamespace]:
+            return []
+
+    found, _ = asyncio.run(StreamAdmin._read(FakeJetStream(), ["ORDERS"]))
+    assert (found["ORDERS"]["subject_transform"], found["ORDERS"]["persist_mode"]) == (
+        "> -> moved.>", "async")
+    config.subject_transform, config.persist_mode = None, None
+    found, _ = asyncio.run(StreamAdmin._read(FakeJetStream(), ["ORDERS"]))
+    assert (found["ORDERS"]["subject_transform"], found["ORDERS"]["persist_mode"]) == (
+        None, "default")
