@@ -170,9 +170,10 @@ class OutboxReader:
             rows.truncated = len(rows) < limit
         return rows
 
-    def passed_ids(self, position: RelayPosition) -> list[str]:
-        """The event ids of the rows still in the table that `position` has passed
-        (RelayPosition.passed): delivered, dead-lettered or passed over by a committed batch."""
+    def passed_ids(self, position: RelayPosition, keep: Callable[[str], bool]) -> list[str]:
+        """The ids `keep` takes of the rows still in the table that `position` has passed
+        (RelayPosition.passed), read through a server-side cursor: only the kept ids stay in
+        memory (reread 55-r F-2: millions of skipped rows behind it came back as one list)."""
         txid, seq = (sql.Identifier(self._relay.txid_column),
                      sql.Identifier(self._relay.seq_column))
         completed = "({} < %({})s::xid8 AND pg_visible_in_snapshot({}, %({})s::pg_snapshot)"
@@ -192,8 +193,11 @@ class OutboxReader:
         params = {"done_xmax": done and str(done.xmax), "done": done and str(done),
                   "xmax": reading and str(reading.xmax), "reading": reading and str(reading),
                   "after": position.after_seq}
-        return [str(row[0]) for row in self._connection().execute(query, params)
-                if row[0] is not None]
+        conn = self._connection()
+        # Iterating a named cursor fetches its itersize rows (100) at a time.
+        with conn.transaction(), conn.cursor(name="cdc_router_relay_passed") as cursor:
+            cursor.execute(query, params)
+            return [str(row[0]) for row in cursor if row[0] is not None and keep(str(row[0]))]
 
     def reset(self) -> None:
         """Drop the connection (after a failure); the next call makes a new one."""

@@ -8,8 +8,8 @@ least once has no sweep (config/model.py), but the relay's marks still prove a d
 Transaction.commit sends them, and the position with them, only once every record of their batch
 is acknowledged. So at each start the relay hands the cleanup the rows behind its stored position
 whose ids the restored changelog marks delivered; a dead-lettered id (its `dead:` mark) is no
-delivery, its row stays. Ids older than dedup.window_ms are no longer held: such rows stay for
-`outbox purge --force`.
+delivery, its row stays. Ids delivered longer ago than dedup.window_ms (or crowded out by
+dedup.max_ids) are no longer held: such rows stay for `outbox purge --force`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyV
 class PassedRows(Protocol):
     """What reads the ids of the rows a position has passed (relay/reader.py OutboxReader)."""
 
-    def passed_ids(self, position: RelayPosition) -> list[str]: ...
+    def passed_ids(self, position: RelayPosition, keep: Callable[[str], bool]) -> list[str]: ...
 
 
 def hand_left_behind(config: RouterConfig, reader: PassedRows, position: RelayPosition,
@@ -60,8 +60,7 @@ def hand_left_behind(config: RouterConfig, reader: PassedRows, position: RelayPo
         return
     table = config.relay_settings().qualified_table
     try:
-        ids = [event_id for event_id in reader.passed_ids(position)
-               if replay.delivered(event_id)]
+        ids = reader.passed_ids(position, replay.delivered)
     except psycopg.Error as error:
         log.warning("event=cleanup_left_behind_failed table=%s error=%r: the delivered rows a "
                     "killed relay left stay until the next start", table, one_line(error))

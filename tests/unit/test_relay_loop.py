@@ -8,7 +8,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,8 +60,9 @@ class FakeTable:
                                    if position.wanted(row.txid, row.seq)),
                                   key=lambda row: row.seq)[:limit])
 
-    def passed_ids(self, position: RelayPosition) -> list[str]:
-        return [str(row.values["id"]) for row in self.rows if position.passed(row.txid, row.seq)]
+    def passed_ids(self, position: RelayPosition, keep: Callable[[str], bool]) -> list[str]:
+        return [str(row.values["id"]) for row in self.rows
+                if position.passed(row.txid, row.seq) and keep(str(row.values["id"]))]
 
     def reset(self) -> None:
         pass
