@@ -125,6 +125,10 @@ def main(ctx: click.Context, verbose: bool) -> None:
         from cdc_router.kafka.logs import quiet_librdkafka  # no confluent_kafka import
 
         ctx.call_on_close(quiet_librdkafka())
+    if ctx.invoked_subcommand not in _LONG_RUNNING:
+        from cdc_router.serde.registry_answers import slow_lookups_shown
+
+        ctx.with_resource(slow_lookups_shown(lambda line: click.echo(line, err=True)))
     for name in HTTP_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
 

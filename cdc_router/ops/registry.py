@@ -15,6 +15,7 @@ from cdc_router.config.redact import shown_url
 from cdc_router.errors import EXIT_RESTART, RegistryError
 from cdc_router.ops.report import RegistryState
 from cdc_router.serde.registry import SchemaIds
+from cdc_router.serde.registry_answers import slow_lookups_shown
 
 # The router's own lookups wait schema_registry.config.timeout (5 s) twice; a check that
 # waits that long on each of its parts makes `status --watch` lag behind.
@@ -39,7 +40,10 @@ def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
             conf["timeout"] = min(float(conf["timeout"]), timeout_s)
             conf["max.retries"] = 0
             client = SchemaRegistryClient.new_client(conf)
-        subjects = SchemaIds(settings, client).subjects()
+        # Its answer, or its silence past TIMEOUT_S, is this section: the router's
+        # event=registry_slow line is not shown as well (reread 55-r F-4).
+        with slow_lookups_shown(lambda line: None):
+            subjects = SchemaIds(settings, client).subjects()
     except (RegistryError, ValueError, TypeError) as error:
         outage = getattr(error, "exit_code", None) == EXIT_RESTART
         text = f"{error}; {CONSEQUENCE}" if outage else str(error)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from cdc_router.config.redact import shown_url
@@ -91,12 +92,46 @@ class SlowLookups:
         now = self._clock()
         if now - self._said < SLOW_LOG_INTERVAL_S:
             return
+        shown = shown_url(url)
         log.warning("event=registry_slow url=%s seconds=%.1f what=%r slow_lookups=%d "
-                    "worst_s=%.1f hint=%r", shown_url(url), took_s, what, self._count,
+                    "worst_s=%.1f hint=%r", shown, took_s, what, self._count,
                     self._worst, f"lookups of {SLOW_LOOKUP_S:.0f} s or more since the last "
                     "such line (counted in slow_lookups): every event waiting on one waits "
-                    "with its batch; check the registry's load and the network to it")
+                    "with its batch; check the registry's load and the network to it",
+                    extra={_SLOW_LOOKUP: (shown, took_s, what)})
         self._said, self._count, self._worst = now, 0, 0.0
+
+
+_SLOW_LOOKUP = "registry_slow_lookup"  # the LogRecord attribute: (url, seconds, what)
+
+
+class _AsWarningLine(logging.Filter):
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        super().__init__()
+        self._echo = echo
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        slow = getattr(record, _SLOW_LOOKUP, None)
+        if slow is None:
+            return True
+        url, took_s, what = slow
+        self._echo(f"warning: the schema registry at {url} took {took_s:.1f} s to {what}; "
+                   "check its load and the network to it")
+        return False
+
+
+@contextmanager
+def slow_lookups_shown(echo: Callable[[str], None]) -> Iterator[None]:
+    """Within: a slow lookup goes to `echo` as one `warning:` line, not as the router's
+    event=registry_slow line. For one-shot commands (reread 55-r F-4: with no logging set up,
+    Python's last resort wrote that line to stderr, with a hint about a batch they have
+    none of); `status` passes an echo that shows nothing, its registry section being its word."""
+    shown = _AsWarningLine(echo)
+    log.addFilter(shown)
+    try:
+        yield
+    finally:
+        log.removeFilter(shown)
 
 
 SLOW = SlowLookups()  # one per process: its line is about the registry, not a caller
