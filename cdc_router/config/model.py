@@ -347,10 +347,12 @@ class RouterConfig(_Model):
             if source is not None:
                 raise _fail(field, f"must differ from the source topics ({source!r} consumes "
                             "it, so the router would read its own output)", name)
+            # QA 33-b, reread 55-r F-8: relay.position_topic's default is made of
+            # source.group_id, the field an error names (with the value the file has).
+            derived = field == "relay.position_topic" and self.relay is not None and \
+                not self.relay.position_topic
             problem = topic_name_problem(name)
-            if problem and field == "relay.position_topic" and self.relay is not None and \
-                    not self.relay.position_topic:
-                # QA 33-b: the default is made of source.group_id, the field to fix.
+            if problem and derived:
                 raise _fail("source.group_id", f"{problem}, in relay.position_topic's default "
                             f"{name!r}", self.source.group_id)
             if problem:
@@ -359,9 +361,13 @@ class RouterConfig(_Model):
             if protector is not None and (field != "dedup.changelog_topic" or
                                           self.dedup.enabled):
                 # QA 55-a F-1: the router writes here, and `topics apply` creates or alters it.
-                raise _fail(field, f"{name!r} is protected by protected_topics entry "
-                            f"{protector!r}: the router must not write to it nor topics apply "
-                            "create or alter it; name another topic", name)
+                what, fix = (f"relay.position_topic's default {name!r}", "set relay.position_"
+                             "topic to another topic (or change source.group_id)") if derived \
+                    else (repr(name), "name another topic")
+                raise _fail("source.group_id" if derived else field, f"{what} is protected by "
+                            f"protected_topics entry {protector!r}: the router must not write "
+                            f"to it nor topics apply create or alter it; {fix}",
+                            self.source.group_id if derived else name)
         self._check_nats_routes()
         for index, route in enumerate(self.routes):
             if route.topic is None:

@@ -39,6 +39,20 @@ def test_a_relay_config_needs_no_source_topic_and_names_its_position_topic(
     assert "relay position topic" in str(config.topic_guard().problem("shop.relay-position"))
 
 
+def test_a_protected_default_position_topic_names_source_group_id_and_the_fix(
+        tmp_path: Path) -> None:
+    # Reread 55-r F-8: the refusal named field 'relay.position_topic', which the file lacked.
+    text = ("protected_topics: ['connect-*']\nsource: {group_id: connect-outbox}\n"
+            "routes:\n  - topic: orders\nrelay: {table: public.outbox}\n")
+    assert ("field 'source.group_id': relay.position_topic's default "
+            "'connect-outbox.relay-position' is protected by protected_topics entry "
+            "'connect-*': the router must not write to it nor topics apply create or alter it; "
+            "set relay.position_topic to another topic (or change source.group_id) (got "
+            "'connect-outbox')") in error_of(tmp_path, text)
+    assert load_config(write(tmp_path, text.replace(
+        "{table: public.outbox}", "{table: public.outbox, position_topic: outbox-position}")))
+
+
 def test_without_a_relay_section_source_topics_are_required(tmp_path: Path) -> None:
     message = error_of(tmp_path, "source: {group_id: shop}\nroutes:\n  - topic: orders\n")
     assert "source.topics" in message and "relay" in message
