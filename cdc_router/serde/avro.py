@@ -244,7 +244,8 @@ class AvroSerializer:
                 # per-subject 403; QA, session 29): a dead letter, to replay once the subject
                 # is mended. An outage or refused credentials (401) stop the router.
                 reason = f"{failure}; then `cdc-router dlq replay` it"
-                ids.refused.remember(key, reason, SLOW.last_s)
+                if failure.missing or failure.incompatible:  # reread 55-r F-6: not a 403
+                    ids.refused.remember(key, reason, SLOW.last_s)
                 raise SerializeError(f"event {show(event.event_id)}: {reason}") from error
             raise failure from error
         assert value is not None  # None only for a None datum, refused above

@@ -3,9 +3,11 @@
 QA 55-c F-2: with auto_register off, every event of a data-named subject the registry lacks
 asked the registry again, inside the batch; a registry answering in 4 s let one such event
 through every 4 s and every other route waited behind it, while nothing said the registry was
-slow. A subject's refusal (missing, incompatible, a definite 4xx: the answers that dead-letter
-an event) that took SLOW_LOOKUP_S or more to come is now remembered for REFUSAL_MEMORY_S, and
-such a lookup is logged (event=registry_slow), at most once every SLOW_LOG_INTERVAL_S. A quick
+slow. A subject's answer that it is missing or incompatible (what a registration mends) that
+took SLOW_LOOKUP_S or more to come is now remembered for REFUSAL_MEMORY_S, and such a lookup is
+logged (event=registry_slow), at most once every SLOW_LOG_INTERVAL_S. Another definite 4xx still
+dead-letters its event but is not remembered (reread 55-r F-6: a 403 may be an auth proxy's or
+a token refresh's passing answer, which the memory made every event's for 10 s). A quick
 refusal is not remembered: asking again costs milliseconds, and a subject registered meanwhile
 (`schemas register`, then `dlq replay`) is used by the next event (CI rehearsal at 6eff9ba: the
 memory dead-lettered the event after a registration). An outage is never remembered: it stops

@@ -68,11 +68,29 @@ def test_a_missing_data_named_subject_is_asked_once_for_the_events_that_follow(
 def test_a_refusal_is_asked_again_once_its_memory_is_over(monkeypatch: pytest.MonkeyPatch,
                                                           slow: None) -> None:
     monkeypatch.setattr(registry_answers, "REFUSAL_MEMORY_S", 0.0)
-    client, serializer = _serializer(ClientError(422, 42201, "Invalid schema"))
+    client, serializer = _serializer(None)  # missing
     for _ in range(3):
         with pytest.raises(SerializeError):
             serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
     assert client.lookups == 3
+
+
+@pytest.mark.parametrize("refusal", [ClientError(403, 0, "Forbidden"),
+                                     ClientError(403, 40301, "User is denied operation"),
+                                     ClientError(422, 42201, "Invalid schema")])
+def test_a_definite_refusal_other_than_missing_or_incompatible_is_not_remembered(
+        slow: None, refusal: Exception) -> None:
+    # Reread 55-r F-6: a 403 from an auth proxy or a token refresh's hiccup dead-lettered
+    # every event of the subject for 10 s; each event now asks, as before QA 55-c F-2.
+    client, serializer = _serializer(refusal)
+    for _ in range(3):
+        with pytest.raises(SerializeError, match="dlq replay"):
+            serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert client.lookups == 3
+    client.refusal = None  # the refusal passed: the next event is asked, and lacks the subject
+    with pytest.raises(SerializeError, match="not registered"):
+        serializer.serialize(event(GOOD), DYNAMIC, "x.n01")
+    assert client.lookups == 4
 
 
 def test_a_remembered_refusal_still_names_a_payload_that_does_not_fit(slow: None) -> None:
