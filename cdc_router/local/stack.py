@@ -42,10 +42,8 @@ from cdc_router.local.registry import registry_healthy, start_registry
 
 Say = Callable[[str], None]
 
-# Start-up limits, generous for 2 cores: Connect scans its plugin path and creates three topics.
-# The registry (Quarkus) starts in 8 to 36 s on a loaded machine, most of it creating its H2 schema.
-# Kafka after a kill -9 recovers every log before it serves: 110 s to "Kafka Server started" and
-# more to a metadata answer at load 24 (session 56's chaos run), where 120 s stopped it mid-way.
+# Start-up limits for 2 cores: Connect scans its plugins, the registry (Quarkus) takes 8-36 s
+# loaded, Kafka after a kill -9 recovers its logs (over 110 s at load 24, session 56's chaos run).
 _TIMEOUTS_S: dict[Part, float] = {"postgres": 60, "kafka": 240, "connect": 240, "nats": 30,
                                   "registry": 180}
 
