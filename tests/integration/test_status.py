@@ -432,5 +432,9 @@ def test_a_column_or_table_the_config_names_and_postgres_lacks_is_named_not_unre
     assert done.returncode == 2, done.stdout + done.stderr
     assert "UNREACHABLE" not in done.stdout
     outbox = [line for line in done.stdout.splitlines() if line.startswith("outbox")]
-    assert len(outbox) == 1 and "NOT CHECKED: Postgres: " in outbox[0], done.stdout
+    assert "NOT CHECKED: Postgres: " in outbox[0], done.stdout
     assert expected.format(table=routed.table) in outbox[0], outbox
+    # The table the connector captures is checked too, when status.outbox_table names another.
+    others = [line.split(":")[0] for line in outbox[1:]]
+    assert others == ([f"outbox public.{routed.table}"] if "OUTBOX_TABLE" in variable else []), \
+        done.stdout
