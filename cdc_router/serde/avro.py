@@ -48,7 +48,8 @@ from cdc_router.serde.avro_schema import (
     unreadable,
 )
 from cdc_router.serde.avro_subjects import PlannedSubject, shared_subjects
-from cdc_router.serde.avro_unions import UnionWalk, plain_dates, union_walk, writer_datum
+from cdc_router.serde.avro_union_schema import plain_dates
+from cdc_router.serde.avro_unions import UnionWalk, union_walk, writer_datum
 from cdc_router.serde.json import json_problem, lone_surrogate, parse_json, surrogate_message
 from cdc_router.serde.registry import SchemaIds, subject_name
 from cdc_router.serde.registry_answers import SLOW

@@ -21,13 +21,8 @@ from fastavro.validation import ValidationError, validate
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import AvroSchema
 from cdc_router.serde.avro_time import TIME_RANGES
-from cdc_router.serde.avro_unions import (
-    UnionWalk,
-    fits,
-    has_container_unions,
-    plain_dates,
-    writer_branch,
-)
+from cdc_router.serde.avro_union_schema import fits, has_container_unions, plain_dates
+from cdc_router.serde.avro_unions import UnionWalk, writer_branch
 from cdc_router.serde.avro_validation import described, too_deep
 
 

@@ -22,134 +22,27 @@ writer with its branch decided, as a dict or list is.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import fastavro
 from fastavro.const import INT_MAX_VALUE, INT_MIN_VALUE, LONG_MAX_VALUE, LONG_MIN_VALUE
-from fastavro.validation import validate
 
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
+from cdc_router.serde.avro_union_schema import (
+    CONTAINERS,
+    RECORDS,
+    fits,
+    has_container_unions,
+    has_date,
+    has_decided_unions,
+    kind_of,
+    reaches,
+)
 
-_RECORDS = ("record", "error", "request")  # what fastavro's validation takes as a record
-_CONTAINERS = ("record", "error", "array", "map")
 _JSON_TYPES = frozenset((dict, list, str, int, float, bool, type(None)))
-PLAIN_DATE = "cdc-router.date"  # what a date's logicalType becomes in plain_dates()
 
 
 class Unusual(Exception):
     """A value this walk does not judge as fastavro would: fastavro decides instead."""
-
-
-def fits(datum: Any, schema: AvroSchema, part: Any = None) -> bool:
-    """Whether `datum` validates against `schema`, or against `part` of it (a union branch),
-    by fastavro's own validation."""
-    # Raising validation builds an exception for every union branch it rules out, even for
-    # a valid payload: ask the cheap way first, and again with errors only to say why.
-    return bool(validate(datum, plain_dates(schema)[0] if part is None
-                         else _standalone(part, schema), raise_errors=False))
-
-
-def plain_dates(schema: AvroSchema) -> tuple[Any, dict[str, Any]]:
-    """`schema` parsed with each `date` an int (its logicalType kept as PLAIN_DATE), and its
-    named types: what fastavro validates and writes a JSON payload with (module doc)."""
-    found: tuple[Any, dict[str, Any]] | None = schema.memo.get("plain_dates")
-    if found is None:
-        named: dict[str, Any] = {}
-        found = (fastavro.parse_schema(_plain_dates(json.loads(schema.text)),
-                                       named_schemas=named), named) \
-            if '"date"' in schema.text else (schema.parsed, dict(schema.named))
-        schema.memo["plain_dates"] = found
-    return found
-
-
-def _plain_dates(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_plain_dates(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if node.get("type") == "int" and node.get("logicalType") == "date":
-        return {**{key: value for key, value in node.items() if key != "logicalType"},
-                PLAIN_DATE: True}
-    return {key: _plain_dates(value) for key, value in node.items()}
-
-
-def _standalone(part: Any, schema: AvroSchema) -> Any:
-    """`part` of `schema` parsed as a schema of its own (its named types known, its dates
-    plain), once."""
-    if isinstance(part, str):
-        return part if part not in schema.named else _standalone(schema.named[part], schema)
-    key = ("standalone", id(part))  # a record's shape is memoised under its plain id
-    parsed = schema.memo.get(key)
-    if parsed is None and isinstance(part, list):
-        # A union: each branch on its own (a named one as its parsed type): validate() parsed
-        # a plain list without the named types, and a branch naming its own record (recursive
-        # schema) raised UnknownType in place of the dead letter's reason (QA 54-c F-3).
-        parsed = schema.memo[key] = [_standalone(branch, schema) for branch in part]
-    elif parsed is None:
-        named = plain_dates(schema)[1]
-        parsed = fastavro.parse_schema(_plain_dates(part), named_schemas=dict(named))
-        if isinstance(parsed, dict) and "__named_schemas" not in parsed:
-            # fastavro marks only a record parsed with its named types: validate() would parse
-            # an array or map of a named type again without them and raise UnknownType (a
-            # valid payload dead-lettered for it before session 45).
-            parsed = {**parsed, "__fastavro_parsed": True, "__named_schemas": dict(named)}
-        schema.memo[key] = parsed
-    return parsed
-
-
-def has_container_unions(schema: AvroSchema) -> bool:
-    """Whether a union of `schema` has a record, array or map branch: only there does
-    fastavro's writer validate a subtree to choose a branch."""
-    found = schema.memo.get("container_unions")
-    if found is None:
-        found = schema.memo["container_unions"] = _reaches(schema.parsed, schema, set(), False)
-    return bool(found)
-
-
-def has_decided_unions(schema: AvroSchema) -> bool:
-    """has_container_unions, or a union of `schema` has a date branch (module doc)."""
-    found = schema.memo.get("decided_unions")
-    if found is None:
-        found = schema.memo["decided_unions"] = _reaches(schema.parsed, schema, set())
-    return bool(found)
-
-
-def _reaches(node: Any, schema: AvroSchema, seen: set[str], dates: bool = True) -> bool:
-    """Whether a union with a container (or, with `dates`, a date) branch is in `node` or
-    below it."""
-    if isinstance(node, str):
-        if node not in schema.named or node in seen:
-            return False  # a primitive, or a named type being looked at already
-        seen.add(node)
-        node = schema.named[node]
-    if isinstance(node, list):
-        return (dates and _has_date(node)) or any(
-            _kind(branch, schema) in _CONTAINERS or _reaches(branch, schema, seen, dates)
-            for branch in node)
-    if not isinstance(node, dict):
-        return False
-    kind = node.get("type")
-    if kind in _RECORDS:
-        return any(_reaches(field["type"], schema, seen, dates) for field in node["fields"])
-    if kind == "array":
-        return _reaches(node["items"], schema, seen, dates)
-    if kind == "map":
-        return _reaches(node["values"], schema, seen, dates)
-    return isinstance(kind, str) and _reaches(kind, schema, seen, dates)
-
-
-def _has_date(union: list[Any]) -> bool:
-    """Whether `union` has a date branch (a date is no named type: it is written in place)."""
-    return any(isinstance(branch, dict) and branch.get("logicalType") == "date"
-               for branch in union)
-
-
-def _kind(node: Any, schema: AvroSchema) -> Any:
-    """The type of a union branch, a named one's looked up (fastavro's extract_record_type)."""
-    kind = node["type"] if isinstance(node, dict) else "union" if isinstance(node, list) \
-        else node
-    return _kind(schema.named[kind], schema) if kind in schema.named else kind
 
 
 class UnionWalk:
@@ -188,7 +81,7 @@ class UnionWalk:
             for candidate in union:
                 resolved = self._named.get(candidate, candidate) \
                     if isinstance(candidate, str) else candidate
-                kind = _kind(candidate, self.schema)
+                kind = kind_of(candidate, self.schema)
                 names = frozenset(field["name"] for field in resolved["fields"]) \
                     if kind == "record" else frozenset()
                 entries.append((candidate, kind, names))
@@ -237,7 +130,7 @@ class UnionWalk:
             return False  # JSON gives no bytes
         if kind == "enum":
             return datum in node["symbols"]
-        if kind != "array" and kind != "map" and kind not in _RECORDS:
+        if kind != "array" and kind != "map" and kind not in RECORDS:
             if kind in self._named:  # {"type": "Name"}
                 return self.valid(datum, self._named[kind])
             raise Unusual(str(kind))  # fastavro raises UnknownType
@@ -280,7 +173,7 @@ class UnionWalk:
         name = None
         if isinstance(node, list):
             if type(datum) is not dict and type(datum) is not list:
-                if type(datum) is not str or not _has_date(node):
+                if type(datum) is not str or not has_date(node):
                     return datum  # a scalar: fastavro's own choice is cheap
                 found = writer_branch(datum, node, self.schema)  # not the date's
                 return datum if found is None else (_tuple_name(found), datum)
@@ -296,7 +189,7 @@ class UnionWalk:
 
     def _decided_below(self, datum: Any, node: dict[str, Any]) -> Any:
         kind = node["type"]
-        if kind in _RECORDS and type(datum) is dict:
+        if kind in RECORDS and type(datum) is dict:
             changed = None
             for field in node["fields"]:
                 name = field["name"]
@@ -322,7 +215,7 @@ class UnionWalk:
         key = ("reaches", id(node))
         found = self.schema.memo.get(key)
         if found is None:
-            found = self.schema.memo[key] = _reaches(node, self.schema, set())
+            found = self.schema.memo[key] = reaches(node, self.schema, set())
         return bool(found)
 
 
@@ -349,7 +242,8 @@ def writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
         return None if index is None else _resolved(union[index], schema)
     kinds = schema.memo.get(("kinds", id(union)))
     if kinds is None:
-        kinds = schema.memo[("kinds", id(union))] = [_kind(branch, schema) for branch in union]
+        kinds = schema.memo[("kinds", id(union))] = [kind_of(branch, schema)
+                                                       for branch in union]
     chosen, most, could_be_float = None, -1, False
     container = isinstance(datum, dict | list)
     for branch, kind in zip(union, kinds, strict=True):
@@ -361,7 +255,7 @@ def writer_branch(datum: Any, union: list[Any], schema: AvroSchema,
             if datum is None:
                 return "null"
             continue
-        if (container and kind not in _CONTAINERS) or not fits(datum, schema, branch):
+        if (container and kind not in CONTAINERS) or not fits(datum, schema, branch):
             continue  # only those take a dict or a list: the others are not validated
         resolved = _resolved(branch, schema)
         if kind == "float":

@@ -15,7 +15,7 @@ from fastavro.validation import ValidationError
 
 from cdc_router.errors import show
 from cdc_router.serde.avro_schema import NAMED_TYPES, AvroSchema
-from cdc_router.serde.avro_unions import PLAIN_DATE, fits, plain_dates
+from cdc_router.serde.avro_union_schema import PLAIN_DATE, fits, plain_dates
 
 _DEEPEST = 300  # deeper than the router's JSON allows (256)
 

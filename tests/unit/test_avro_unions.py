@@ -25,7 +25,8 @@ from cdc_router.serde import avro_diagnostics, avro_unions
 from cdc_router.serde.avro import AvroSerializer, encode
 from cdc_router.serde.avro_diagnostics import payload_problem
 from cdc_router.serde.avro_schema import AvroSchema, parse_schema_text
-from cdc_router.serde.avro_unions import UnionWalk, plain_dates, writer_datum
+from cdc_router.serde.avro_union_schema import plain_dates
+from cdc_router.serde.avro_unions import UnionWalk, writer_datum
 
 TREE = {"type": "record", "name": "N", "fields": [
     {"name": "v", "type": "long"},
