@@ -1,24 +1,23 @@
 """Why a payload does not fit its Avro schema, as one line that names the field.
 
-Types and missing fields are fastavro's validation (its public `validate`), turned into a
-reason that names the deepest field and the types it may take. Payload keys that no field of
+Types and missing fields are fastavro's validation (its public `validate`); a payload it
+refuses is walked from its root to the deepest value at fault (serde/avro_blame.py), named by
+its path (`shop.Order.lines[2].price`) with the types it may take. Payload keys that no field of
 the schema takes are our own check: fastavro's writer (and so confluent-kafka's serializer)
 would silently leave them out, which `extra_fields: reject` refuses.
 """
 
 from __future__ import annotations
 
-import math
 import re
-import struct
-from collections.abc import Mapping
-from decimal import Decimal
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from fastavro.const import LONG_MAX_VALUE, LONG_MIN_VALUE
 from fastavro.validation import ValidationError, validate
 
 from cdc_router.errors import show
+from cdc_router.serde.avro_blame import blame, named_path, shaped_branches, union_reason
+from cdc_router.serde.avro_numbers import number_reason
 from cdc_router.serde.avro_schema import AvroSchema
 from cdc_router.serde.avro_time import TIME_RANGES
 from cdc_router.serde.avro_union_schema import fits, has_container_unions, plain_dates
@@ -30,11 +29,12 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
                     walk: UnionWalk | None = None) -> str | None:
     """Why `datum` does not fit `schema`, naming the field; None when it does.
 
-    Types and missing fields are fastavro's validation (a field is named as
-    `namespace.Record.field`); keys the schema has no field for count only when
-    extra_fields is 'reject' (fastavro's writer would silently leave them out). `walk`: one
-    to share with the datum's encoding (serde/avro_unions.union_walk). A payload nested
-    deeper than these checks can follow is refused with its depth (QA 54-c F-4).
+    Types and missing fields are fastavro's validation (a field is named by its path from
+    the root record, `namespace.Root.field.nested[2].name`); keys the schema has no field
+    for count only when extra_fields is 'reject' (fastavro's writer would silently leave
+    them out). `walk`: one to share with the datum's encoding (serde/avro_unions.union_walk).
+    A payload nested deeper than these checks can follow is refused with its depth (QA 54-c
+    F-4).
     """
     try:
         return _problem(datum, schema, extra_fields, walk)
@@ -45,6 +45,9 @@ def payload_problem(datum: Any, schema: AvroSchema, extra_fields: str = "reject"
 def _problem(datum: Any, schema: AvroSchema, extra_fields: str,
              walk: UnionWalk | None) -> str | None:
     if not fits(datum, schema):
+        reason = blame(datum, schema)  # the path, the nearest union branch (QA 55-c F-6, F-7)
+        if reason is not None:
+            return reason
         try:
             validate(datum, plain_dates(schema)[0], raise_errors=True)  # a date an int
         except ValidationError as error:
@@ -63,17 +66,11 @@ def _walked_problem(datum: Any, schema: AvroSchema, extra_fields: str,
     """payload_problem's checks past validation, with `walk` choosing the union branches
     (None: fastavro's validation, at its cost, for what the walk leaves to it)."""
     if _has_checked_values(schema):
-        problem = _value_problem(datum, schema.parsed, schema, "", walk)
+        problem = _value_problem(datum, schema.parsed, schema, walk)
         if problem is not None:
-            return problem
-    if extra_fields == "reject":
-        extra = first_extra_field(datum, schema, walk)
-        if extra is not None:
-            path, record = extra
-            name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
-            return (f"field '{record}.{_plain(name)}' is not in the schema (payload key "
-                    f"{_plain(path)}; extra_fields: reject)")
-    return None
+            steps, say = problem  # the path is built here, for a payload refused only
+            return say(named_path("".join(steps), schema))
+    return extra_field_problem(datum, schema, walk) if extra_fields == "reject" else None
 
 
 def _plain(text: str, limit: int = 60) -> str:
@@ -81,22 +78,43 @@ def _plain(text: str, limit: int = 60) -> str:
     return text if text.isprintable() and len(text) <= limit else show(text, limit)
 
 
-def first_extra_field(datum: Any, schema: AvroSchema,
-                      walk: UnionWalk | None = None) -> tuple[str, str] | None:
-    """(path, record name) of the first payload key no record field takes, or None.
+class _NoBranch:
+    """A union value the writer's branch takes but for a key of its own, which no branch of
+    the union takes whole: the nearest one is named (QA 55-c F-7)."""
+
+    def __init__(self, datum: Any, union: list[Any], shaped: list[Any]) -> None:
+        self.datum, self.union, self.shaped = datum, union, shaped
+
+
+def extra_field_problem(datum: Any, schema: AvroSchema,
+                        walk: UnionWalk | None = None) -> str | None:
+    """The reason naming the first payload key no record field takes, or None.
 
     Walks the datum the way fastavro's writer does, union branches included (writer_branch).
     """
     found = _first_extra(datum, schema.parsed, schema, walk)
-    if found is None:
-        return None
+    return None if found is None else _extra_reason(found, "", schema, walk)
+
+
+def _extra_reason(found: tuple[list[str], str | _NoBranch], above: str, schema: AvroSchema,
+                  walk: UnionWalk | None) -> str | None:
     steps, record = found
-    path = "".join(reversed(steps))  # ".c", "[1]", ".lines" -> .lines[1].c
-    return path.removeprefix("."), record
+    path = above + "".join(reversed(steps))  # ".c", "[1]", ".lines" -> .lines[1].c
+    if isinstance(record, _NoBranch):
+        miss = record
+
+        def refusal(branch: Any) -> str | None:
+            below = _first_extra(miss.datum, branch, schema, walk)
+            return None if below is None else _extra_reason(below, path, schema, walk)
+        return union_reason(miss.datum, miss.union, miss.shaped, schema, path, refusal)
+    path = path.removeprefix(".")
+    name = path.rsplit(".", 1)[-1].rsplit("[", 1)[0] if "." in path else path
+    return (f"field '{record}.{_plain(name)}' is not in the schema (payload key "
+            f"{_plain(path)}; extra_fields: reject)")
 
 
 def _first_extra(datum: Any, node: Any, schema: AvroSchema,
-                 walk: UnionWalk | None) -> tuple[list[str], str] | None:
+                 walk: UnionWalk | None) -> tuple[list[str], str | _NoBranch] | None:
     """The steps to the first extra key (deepest first) and its record's name, or None.
 
     The path is only built when a key is found: this runs for every valid payload.
@@ -107,7 +125,12 @@ def _first_extra(datum: Any, node: Any, schema: AvroSchema,
         if not isinstance(datum, (dict, list)):
             return None  # a scalar holds no keys
         branch = writer_branch(datum, node, schema, walk)
-        return None if branch is None else _first_extra(datum, branch, schema, walk)
+        found = None if branch is None else _first_extra(datum, branch, schema, walk)
+        if found is not None and len(found[0]) == 1 and isinstance(found[1], str):
+            shaped = shaped_branches(datum, node, schema)  # a key of the branch's own
+            if len(shaped) > 1:
+                return [], _NoBranch(datum, node, shaped)
+        return found
     if not isinstance(node, dict):
         return None
     kind = node.get("type")
@@ -236,26 +259,33 @@ def _has_checked_values(schema: AvroSchema) -> bool:
     return bool(found)
 
 
-def _value_problem(datum: Any, node: Any, schema: AvroSchema, path: str,
-                   walk: UnionWalk | None) -> str | None:
+# A value's problem: the steps from the root to it, and its reason given the path they make.
+_Problem = tuple[tuple[str, ...], Callable[[str], str]]
+
+
+def _value_problem(datum: Any, node: Any, schema: AvroSchema,
+                   walk: UnionWalk | None) -> _Problem | None:
     """The first value of a valid `datum` that the writer would alter or readers refuse.
 
-    With `walk`, each (value, schema part, path) is looked at once: below a union whose
-    branches the value all fits (records alike), each level would try each branch again.
+    With `walk`, each (value, schema part) is looked at once: below a union whose branches
+    the value all fits (records alike), each level would try each branch again. The path is
+    built on the way back, for a problem only: this runs for every valid payload.
     """
     if walk is None or (type(datum) is not dict and type(datum) is not list):
-        return _value_problem_below(datum, node, schema, path, walk)
-    key = (id(datum), id(node), path)
+        return _value_problem_below(datum, node, schema, walk)
+    key = (id(datum), id(node))
     if key not in walk.problems:
-        walk.problems[key] = _value_problem_below(datum, node, schema, path, walk)
-    return walk.problems[key]
+        walk.problems[key] = _value_problem_below(datum, node, schema, walk)
+    found: _Problem | None = walk.problems[key]
+    return found
 
 
-def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
-                         walk: UnionWalk | None) -> str | None:
+def _value_problem_below(datum: Any, node: Any, schema: AvroSchema,
+                         walk: UnionWalk | None) -> _Problem | None:
     if isinstance(node, str):
         if node in ("float", "double"):
-            return _number_problem(datum, node, path)
+            reason = number_reason(datum, node)
+            return None if reason is None else ((), reason)
         node = schema.named.get(node, node)
         if isinstance(node, str):
             return None
@@ -264,111 +294,41 @@ def _value_problem_below(datum: Any, node: Any, schema: AvroSchema, path: str,
         # "double"] is written as the double), not any it fits: 86400000 in [date, "long"]
         # was written as a date no reader reads, the long having no problem (review 48-d F3).
         branch = writer_branch(datum, node, schema, walk)
-        return None if branch is None else _value_problem(datum, branch, schema, path, walk)
+        return None if branch is None else _value_problem(datum, branch, schema, walk)
     kind = node.get("type")
     if node.get("logicalType") == "uuid" and isinstance(datum, str):
         if _UUID.fullmatch(datum) is None:
-            return (f"field {path.lstrip('.') or '(the payload)'!r} is str {show(datum, 60)}, "
-                    "expected string (uuid): not a UUID as 8-4-4-4-12 hex digits")
+            return (), lambda where: (
+                f"field {where!r} is str {show(datum, 60)}, expected string (uuid): not a "
+                "UUID as 8-4-4-4-12 hex digits")
         return None
     if kind in ("float", "double"):
-        return _number_problem(datum, kind, path)
+        reason = number_reason(datum, kind)
+        return None if reason is None else ((), reason)
     if node.get("logicalType") in TIME_RANGES and type(datum) is int:
         low, high, meaning = TIME_RANGES[node["logicalType"]]
         if not low <= datum <= high:
-            return (f"field {path.lstrip('.') or '(the payload)'!r} is {datum}, outside what "
-                    f"readers with logical types take as {kind} ({node['logicalType']}): "
-                    f"{low} to {high} ({meaning}); check the value's unit")
+            return (), lambda where: (
+                f"field {where!r} is {datum}, outside what readers with logical types take "
+                f"as {kind} ({node['logicalType']}): {low} to {high} ({meaning}); check the "
+                "value's unit")
         return None
+    found = None
     if kind in ("record", "error") and isinstance(datum, dict):
         for field in node["fields"]:
-            if field["name"] in datum:
-                found = _value_problem(datum[field["name"]], field["type"], schema,
-                                       f"{node.get('name')}.{field['name']}", walk)
+            name = field["name"]
+            if name in datum:
+                found = _value_problem(datum[name], field["type"], schema, walk)
                 if found is not None:
-                    return found
+                    return (f".{name}", *found[0]), found[1]
     elif kind == "array" and isinstance(datum, list):
         for index, item in enumerate(datum):
-            found = _value_problem(item, node["items"], schema, f"{path}[{index}]", walk)
+            found = _value_problem(item, node["items"], schema, walk)
             if found is not None:
-                return found
+                return (f"[{index}]", *found[0]), found[1]
     elif kind == "map" and isinstance(datum, dict):
         for key, value in datum.items():
-            found = _value_problem(value, node["values"], schema, f"{path}[{key!r}]",
-                                   walk)
+            found = _value_problem(value, node["values"], schema, walk)
             if found is not None:
-                return found
+                return (f"[{key!r}]", *found[0]), found[1]
     return None
-
-
-def _number_problem(datum: Any, kind: str, path: str) -> str | None:
-    if type(datum) is int:  # a JSON integer in a float or double field
-        where = path.lstrip(".") or "(the payload)"
-        held = _held(datum, kind)
-        if held is None:
-            return f"field {where!r} is {show(str(datum), 60)}, beyond an Avro {kind}"
-        # Review 44-2: 9007199254740993 was written as 9007199254740992.0, without a word.
-        if _as_written(datum, held, kind):
-            return None
-        double = _held(datum, "double") if kind == "float" else None
-        kinds = [name for name, fits in (
-            ("double", double is not None and _as_written(datum, double, "double")),
-            ("long", LONG_MIN_VALUE <= datum <= LONG_MAX_VALUE)) if fits]
-        fix = f"make the field a {' or a '.join(kinds)}, or send" if kinds else "send"
-        return f"field {where!r} is {show(datum, 60)}, which an Avro {kind} holds only " \
-            f"as {held!r}: {fix} the number as a string"
-    if not isinstance(datum, float):
-        return None
-    where = path.lstrip(".") or "(the payload)"
-    if not math.isfinite(datum):
-        return f"field {where!r} is {datum}, which JSON cannot carry: a number beyond a double?"
-    if kind == "float" and datum != 0:
-        # Review 48-d F4: 16777217.0 was written as 16777216.0 (the integer 16777217 is
-        # refused, above) and 1e-46 as 0.0, without a word. A fraction rounded to a float's
-        # 24 bits (0.1) is what a float field asks for.
-        held = _held(datum, kind)
-        if held is None:
-            return f"field {where!r} is {datum}, beyond an Avro float (write it as a double)"
-        if held == 0 or (datum.is_integer() and not _as_written(datum, held, kind)):
-            return f"field {where!r} is {datum!r}, which an Avro float holds only as " \
-                f"{held!r}: make the field a double"
-    return None
-
-
-def _held(datum: int | float | Decimal, kind: str) -> float | None:
-    """What a `kind` (float or double) field holds for `datum` (rounded to nearest, as the
-    writer does), or None when that rounds beyond the type's largest value."""
-    try:
-        if kind == "double":
-            return float(datum)
-        return float(struct.unpack("<f", struct.pack("<f", float(datum)))[0])
-    except OverflowError:
-        return None
-
-
-def _as_written(datum: int | float, held: float, kind: str) -> bool:
-    """Whether `held` reads back as the number written: the same value, or the shortest
-    decimal that is `held`, which readers print (QA 52-a F1: jsonb writes a double as its
-    shortest decimal with every digit, 1e23 as 100000000000000000000000, held as 1e+23;
-    so is 264736620 in a float field, held as 264736624.0, printed 2.6473662E8)."""
-    if held == datum:
-        return True
-    written = Decimal(datum) if type(datum) is int else Decimal(repr(datum))
-    return _shortest(held, kind) == written
-
-
-def _shortest(held: float, kind: str) -> Decimal:
-    """The shortest decimal a `kind` field reads as `held`, the nearest of those, of an even
-    last digit at a tie (as repr does for a double; a float's has at most 9 digits: at a
-    power of two the nearest decimal of d digits may not read back where its neighbour
-    does, review 52-j F1)."""
-    if kind == "double":
-        return Decimal(repr(held))
-    exact = Decimal(held)
-    for digits in range(1, 10):
-        near = Decimal(f"{held:.{digits - 1}e}")
-        step = Decimal(1).scaleb(near.adjusted() - digits + 1)
-        fits = [c for c in (near - step, near, near + step) if _held(c, kind) == held]
-        if fits:
-            return min(fits, key=lambda c: (abs(c - exact), c.as_tuple().digits[-1] % 2))
-    return exact

@@ -53,7 +53,7 @@ class UnionWalk:
         self.schema = schema
         self._named = schema.named
         self._valid: dict[tuple[int, int], bool] = {}
-        self.problems: dict[tuple[int, int, str], str | None] = {}  # avro_diagnostics's
+        self.problems: dict[tuple[int, int], Any] = {}  # avro_diagnostics's
 
     def branch(self, datum: Any, union: list[Any]) -> int | None:
         """The index of the branch of `union` that fastavro's writer takes for a dict or list

@@ -29,7 +29,7 @@ def described(error: ValidationError, payload: Any, schema: AvroSchema) -> str:
     # The last field reported is the deepest: name it, with every type the union's branches
     # would take there (for that value: not those its array or map item was refused by).
     deepest = found[-1]
-    expected = " | ".join(dict.fromkeys(_type_name(entry.schema) for entry in found
+    expected = " | ".join(dict.fromkeys(type_name(entry.schema) for entry in found
                                         if entry.field == deepest.field
                                         and entry.datum is deepest.datum))
     field = deepest.field or "(the payload)"
@@ -124,9 +124,9 @@ def _steps(value: Any, node: Any, schema: AvroSchema, depth: int) -> list[str]:
     return []
 
 
-def _type_name(schema: Any) -> str:
+def type_name(schema: Any) -> str:
     if isinstance(schema, list):
-        return " | ".join(_type_name(branch) for branch in schema)
+        return " | ".join(type_name(branch) for branch in schema)
     if isinstance(schema, dict):
         kind = schema.get("type")
         if isinstance(kind, str) and kind in NAMED_TYPES and "name" in schema:
@@ -135,8 +135,8 @@ def _type_name(schema: Any) -> str:
         if logical:
             return f"{kind} ({logical})"
         if kind == "array":
-            return f"array of {_type_name(schema.get('items'))}"
+            return f"array of {type_name(schema.get('items'))}"
         if kind == "map":
-            return f"map of {_type_name(schema.get('values'))}"
-        return _type_name(kind)
+            return f"map of {type_name(schema.get('values'))}"
+        return type_name(kind)
     return str(schema)

@@ -57,7 +57,8 @@ BAD = {  # payload -> the field its dead letter must name
     "wrong type": ({"payment_id": "x", "order_id": "42", "amount_cents": 1},
                    "PaymentConfirmed.order_id"),
     "nested": ({"payment_id": "x", "order_id": 1, "amount_cents": 1,
-                "lines": [{"sku": "s", "quantity": "two"}]}, "shop.payments.Line.quantity"),
+                "lines": [{"sku": "s", "quantity": "two"}]},
+               "shop.payments.PaymentConfirmed.lines[0].quantity"),  # its path: QA 55-c F-6
     "extra": ({"payment_id": "x", "order_id": 1, "amount_cents": 1, "coupon": "SAVE"},
               "PaymentConfirmed.coupon"),
     # QA 52-a F3: the map's item is named, as the number checks name it.

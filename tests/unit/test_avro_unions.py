@@ -164,7 +164,7 @@ def test_a_scalar_in_a_recursive_union_is_named_with_the_field_and_its_types(
     assert payload_problem({"v": 1, "next": value}, schema) == \
         f"field 'N.next' is {shown}, expected null | record N"
     assert payload_problem({"v": 1, "next": {"v": 2, "next": value}}, schema) == \
-        f"field 'N.next.N.next' is {shown}, expected null | record N"  # fastavro's path
+        f"field 'N.next.next' is {shown}, expected null | record N"  # the path (QA 55-c F-6)
 
 
 def test_a_payload_too_deep_for_the_checks_is_refused_with_its_depth() -> None:
