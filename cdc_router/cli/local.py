@@ -159,18 +159,26 @@ def env(home: Path) -> None:
     router.yaml overrides of kafka and nats (run, relay, topics, dlq, rules, streams), so that
     every command talks to this stack. Not schema_registry.url: a config without one encodes
     Avro single-object; set CDC_ROUTER__SCHEMA_REGISTRY__URL=$CDC_ROUTER_REGISTRY_URL for one
-    that has it. Exits 1 when no stack was started under --home."""
+    that has it. NATS' and the registry's lines only for a stack that has the part (started it
+    once under --home): another's default port is not this stack's. Exits 1 when no stack was
+    started under --home."""
     config = _saved(home)
+    # QA 56-e F-3: a stack on other ports without a registry exported 18081, the default
+    # stack's; the optional parts' ports are this stack's only once `up --with` started them.
+    has = {part for part in OPTIONAL_PARTS if config.part_dir(part).is_dir()}
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
-    click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")
-    click.echo(f"export CDC_ROUTER_REGISTRY_URL={config.registry_url}")
+    if "nats" in has:
+        click.echo(f"export CDC_ROUTER_NATS_URL={config.nats_url}")
+    if "registry" in has:
+        click.echo(f"export CDC_ROUTER_REGISTRY_URL={config.registry_url}")
     # The placeholders of connectors/outbox-connector.json (connectors apply).
     click.echo("export DB_HOST=127.0.0.1")
     click.echo(f"export DB_PORT={config.postgres_port}")
     click.echo(f"export CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS={config.bootstrap_servers}")
-    click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")
+    if "nats" in has:
+        click.echo(f"export CDC_ROUTER__NATS__URL={config.nats_url}")
     # On stderr, which `eval "$(local env)"` leaves alone (review 46-2 F7).
     running = {part.part for part in stack.status(config) if part.state == "running"}
     if stopped := [part for part in PARTS if part not in OPTIONAL_PARTS and part not in running]:
@@ -178,5 +186,6 @@ def env(home: Path) -> None:
                    f"--home {config.home}` starts {'them' if len(stopped) > 1 else 'it'}",
                    err=True)
     for part in (part for part in OPTIONAL_PARTS if part not in running):  # QA 44-a
-        click.echo(f"# {part} is not running: `cdc-router local up --with {part}` starts it",
-                   err=True)
+        said = "is not running" if part in has else "is not part of this stack (no address given)"
+        click.echo(f"# {part} {said}: `cdc-router local up --home {config.home} --with {part}"
+                   f"{'' if part in has else f' --{part}-port PORT'}` starts it", err=True)

@@ -163,6 +163,7 @@ def test_local_env_prints_the_nats_url(tmp_path):
     from cdc_router.cli.local import cli
 
     stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    (tmp_path / "nats").mkdir()  # `up --with nats` started it once
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
@@ -181,6 +182,7 @@ def test_local_env_points_the_router_yaml_commands_at_the_stack_too(tmp_path):
     stack_config.save(stack_config.StackConfig(home=tmp_path / "stack", jar_cache=tmp_path,
                                                kafka_port=49092,
                                                nats_port=44222, postgres_port=45432))
+    (tmp_path / "stack" / "nats").mkdir()  # `up --with nats` started it once
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path / "stack")])
     assert result.exit_code == 0, result.output
     exported = dict(line.removeprefix("export ").split("=", 1)
@@ -235,6 +237,7 @@ def test_local_env_prints_the_registry_url(tmp_path):
     from cdc_router.cli.local import cli
 
     stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    (tmp_path / "registry").mkdir()  # `up --with registry` started it once
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert ("export CDC_ROUTER_REGISTRY_URL=http://127.0.0.1:18081/apis/ccompat/v7"
@@ -283,16 +286,39 @@ def test_local_env_says_which_optional_part_is_not_running(tmp_path, monkeypatch
     from cdc_router.cli.local import cli
 
     stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    for part in stack_config.OPTIONAL_PARTS:
+        (tmp_path / part).mkdir()  # started once, stopped now
     monkeypatch.setattr(stack, "status", lambda config: [
         stack.PartStatus(part, "running" if part not in stack_config.OPTIONAL_PARTS
                          else "stopped", 1, "", "") for part in stack_config.PARTS])
     result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
     assert result.exit_code == 0, result.output
     comments = result.stderr.splitlines()
-    assert comments == ["# nats is not running: `cdc-router local up --with nats` starts it",
-                        "# registry is not running: `cdc-router local up --with registry` "
-                        "starts it"]
+    assert comments == [f"# {part} is not running: `cdc-router local up --home {tmp_path} "
+                        f"--with {part}` starts it" for part in ("nats", "registry")]
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
+
+
+def test_local_env_of_a_stack_without_a_registry_names_no_other_stacks_port(tmp_path):
+    # QA 56-e F-3: a stack on prefix-2 ports started without `--with registry` (nor nats)
+    # exported CDC_ROUTER_REGISTRY_URL (and the NATS URLs) on the default ports 18081 and
+    # 14222: another stack's, which `CDC_ROUTER__SCHEMA_REGISTRY__URL=$CDC_ROUTER_REGISTRY_URL`
+    # then pointed this stack's router at, silently.
+    from click.testing import CliRunner
+
+    from cdc_router.cli.local import cli
+
+    stack_config.save(stack_config.StackConfig(
+        home=tmp_path, jar_cache=tmp_path, postgres_port=25432, kafka_port=29092,
+        controller_port=29093, connect_port=28083))
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "18081" not in result.stdout and "14222" not in result.stdout
+    assert not [line for line in result.stdout.splitlines()
+                if "REGISTRY" in line or "NATS" in line]
+    assert (f"# registry is not part of this stack (no address given): `cdc-router local up "
+            f"--home {tmp_path} --with registry --registry-port PORT` starts it"
+            in result.stderr.splitlines())
 
 
 def test_local_env_and_status_refuse_a_home_with_no_stack(tmp_path):
