@@ -37,6 +37,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import (
+    EXIT_RESTART,
     BatchFailed,
     ConfigError,
     DeliveryError,
@@ -256,8 +257,8 @@ class DeadLetterReplay:
 
         A batch the broker (or JetStream) aborts for records it refuses is done again with
         those letters dead-lettered again, as `run` isolates them (QA 33-c: one refused
-        letter stopped every replay at it). Raises DeliveryError when a batch fails otherwise
-        (it is aborted; the batches before it stay committed), FatalKafkaError when another
+        letter stopped every replay at it). Raises DeliveryError (exit 75) when a batch fails
+        otherwise (aborted; the batches before stay committed), FatalKafkaError when another
         replay fenced this one, ProducerLost (exit 75) when its producer failed on its own.
         """
         result = ReplayResult()
@@ -291,12 +292,14 @@ class DeadLetterReplay:
                 # Refused records are progress (run's isolation); so is a committed batch. A
                 # refusal's gap in the sequence numbers fails the next batch once, too.
                 failed = 0 if cause == "record_refused" or self._done > done else failed + 1
-                if failed > _RETRIES:
+                if failed > _RETRIES:  # the cluster's or NATS' (QA 56-e F-1: exit 1 said final)
                     txn.discard()
                     committed = sum(result.committed.values())
-                    raise DeliveryError(f"dlq replay stopped: {reason}; {committed} letters were "
-                                        "committed before; run it again (what was delivered is "
-                                        "skipped)") from failure
+                    stopped = DeliveryError(f"dlq replay stopped: {reason}; {committed} letters "
+                                            "were committed before; run it again (what was "
+                                            "delivered is skipped)")
+                    stopped.exit_code = EXIT_RESTART
+                    raise stopped from failure
                 if failed:
                     log.warning("event=batch_aborted cause=%s consecutive=%d reason=%r", cause,
                                 failed, reason)

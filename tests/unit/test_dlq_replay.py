@@ -84,6 +84,10 @@ def replayer(cluster: FakeCluster, dedup: dict[str, Any] | None = None,
         "source": {"topics": [RAW], "group_id": "g"}, "dead_letter": {"topic": DLQ},
         "dedup": {"changelog_topic": CHANGELOG, **(dedup or {})}, "delivery": delivery,
         "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS}]})
+    return replayer_of(cluster, config)
+
+
+def replayer_of(cluster: FakeCluster, config: RouterConfig) -> DeadLetterReplay:
     return DeadLetterReplay(
         compile_config(config), dry_run=False,
         producer_factory=lambda conf: FakeProducer(cluster, conf),
@@ -165,8 +169,10 @@ def test_a_batch_that_keeps_failing_commits_nothing_and_the_next_replay_delivers
     cluster = cluster_with_letters("Customer", "Customer")
     cluster.commit_failures = [KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)] * 4
     failing = replayer(cluster)
-    with pytest.raises(DeliveryError, match="0 letters were committed before; run it again"):
+    with pytest.raises(DeliveryError, match="0 letters were committed before; run it again") \
+            as stopped:
         failing.apply(failing.plan(Selection()))
+    assert stopped.value.exit_code == 75, "QA 56-e F-1: 'run it again' exited 1, final"
     assert cluster.committed(CUSTOMERS) == [] and cluster.group_offsets == {}
     replay = replayer(cluster)
     assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
@@ -397,13 +403,7 @@ def test_a_relay_letter_is_replayed_from_its_row() -> None:
         "source": {"group_id": "g"}, "dead_letter": {"topic": DLQ},
         "dedup": {"changelog_topic": CHANGELOG}, "relay": {"table": "public.outbox"},
         "routes": [{"match": {"aggregate_type": "Customer"}, "topic": CUSTOMERS}]})
-    replay = DeadLetterReplay(
-        compile_config(config), dry_run=False,
-        producer_factory=lambda conf: FakeProducer(cluster, conf),
-        changelog_factory=lambda conf, topic: Changelog(cluster, topic),
-        reader_factory=lambda conf, topic, **kwargs: FakeLetters(cluster),
-        describe_factory=cluster.describe_factory,
-        operations_factory=cluster.operations_factory)
+    replay = replayer_of(cluster, config)
     result = replay.apply(replay.plan(Selection()))
     assert result.committed == {"deliver": 1}
     [delivered] = cluster.committed(CUSTOMERS)
@@ -568,3 +568,32 @@ def test_a_dry_run_registers_no_schema_and_the_replay_then_does(tmp_path: Path) 
     schema_id = registry.get_latest_version(f"{CUSTOMERS}-value").schema_id
     [delivered] = cluster.committed(CUSTOMERS)
     assert delivered.value[:5] == b"\x00" + schema_id.to_bytes(4, "big")
+
+
+def test_a_replay_into_a_nats_route_with_nats_down_stops_with_75_to_run_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 56-e F-1: nats-server down through the three retries: "run it again", exit 1, which a
+    # supervisor or script keyed on 75 takes for final. Nothing listens on the port below.
+    import socket
+
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cluster = cluster_with_letters("Customer")
+    config = RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "g"}, "dead_letter": {"topic": DLQ},
+        "dedup": {"changelog_topic": CHANGELOG},
+        "nats": {"url": f"nats://127.0.0.1:{port}", "connect_timeout_ms": 200,
+                 "streams": [{"name": "CUSTOMERS", "subjects": ["customers.>"]}]},
+        "routes": [{"match": {"aggregate_type": "Customer"},
+                    "nats": {"subject": "customers.{type}"}}]})
+    replay = replayer_of(cluster, config)
+    try:
+        with pytest.raises(DeliveryError, match=f"cannot connect to NATS at nats://127.0.0.1:"
+                           f"{port}.*0 letters were committed before; run it again") as stopped:
+            replay.apply(replay.plan(Selection()))
+    finally:
+        replay.close()
+    assert stopped.value.exit_code == 75
+    assert cluster.group_offsets == {} and cluster.committed(CHANGELOG)[1:] == []
