@@ -14,7 +14,9 @@ A durable pull consumer with explicit ack. Per message of a fetched batch, in st
 4. a store failure (DedupStoreError), a handler's RetriableError, a registry outage
    (RegistryError) or a failed dead-letter publish naks with a delay and counts as no
    attempt; a dead letter the stream refuses for its size goes again without its data, and
-   after retry.max_attempts run() stops.
+   after retry.max_attempts run() stops. The letter its stream did not ack is remembered, so
+   the redelivery publishes it again without decoding the message or running the handler
+   (QA 56-e F-2: a full dead-letter stream ran the poison's handler at every retry).
 
 Threads: run() runs an asyncio loop (nats-py is asyncio) in the calling thread. The blocking
 parts, the decoder and the store with the handler inside, run one at a time in one worker
@@ -55,7 +57,7 @@ from cdc_router.consumer.jetstream_message import (
     record_of,
     refused_for_good,
 )
-from cdc_router.consumer.jetstream_pull import Puller, PullFailed
+from cdc_router.consumer.jetstream_pull import Puller, PullFailed, close_client
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
 from cdc_router.dead_letter import shown_repr
@@ -73,8 +75,9 @@ log = logging.getLogger(__name__)
 Context = TypeVar("Context")
 T = TypeVar("T")
 
-# Handler failures and outage naks remembered per stream sequence; beyond this many the oldest
-# are forgotten (a forgotten message starts again from attempt 1: more tries, never fewer).
+# Handler failures, outage naks and unacked letters remembered per stream sequence; beyond this
+# many the oldest are forgotten (a forgotten message starts again from attempt 1: more tries,
+# never fewer).
 _MAX_REMEMBERED = 10_000
 # While nothing arrives, the durable is looked up this often (see _check_durable).
 DURABLE_CHECK_S = 30.0
@@ -101,6 +104,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._outages = 0  # batches in a row cut short by an outage (the loop's pause)
         self._waits: dict[int, int] = {}  # stream sequence -> outage naks here (their backoff)
         self._refused: dict[int, int] = {}  # stream sequence -> refusals of its dead letter
+        self._letters: dict[int, dict[str, Any]] = {}  # stream sequence -> its unacked letter
         self._executor: ThreadPoolExecutor | None = None
         self._js: Any = None
         self._dead_letter_stream = ""
@@ -144,7 +148,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                     checked = time.monotonic()
         finally:
             self._closing = True
-            await _close(client)
+            await close_client(client)
 
     async def _connect(self) -> Any:
         import nats
@@ -248,6 +252,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _handle(self, message: Any) -> float | None:
         """Handle one message; the delay to wait before the next fetch after an outage."""
         record = record_of(message.subject, message.data, message.headers, message.metadata)
+        if (letter := self._letters.get(record.sequence)) is not None:  # only its publish again
+            await self._dead_letter(message, record, **letter)
+            return None
         attempt = self._failures.get(record.sequence, 0) + 1
         settings = self.settings
         try:
@@ -329,6 +336,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except (nats.errors.Error, TimeoutError) as failure:
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
+            _keep(self._letters, record.sequence, {"stage": stage, "error": error,
+                                                   "attempts": attempts, "event_id": event_id})
             await self._excuse(message, record, "dead_letter_failed", letter_failure(
                 failure, self.settings.dead_letter_subject, self._dead_letter_stream))
             return
@@ -353,6 +362,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._failures.pop(record.sequence, None)
         self._waits.pop(record.sequence, None)
         self._refused.pop(record.sequence, None)
+        self._letters.pop(record.sequence, None)
         # A lost ack only means a redelivery, which the store reports as a duplicate.
         await _quietly(message.term() if term else message.ack(), "term" if term else "ack")
 
@@ -362,11 +372,16 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
 def _count(counts: dict[int, int], sequence: int) -> int:
     """One more for `sequence` (re-inserted: the newest stays longest); the new count."""
-    count = counts.pop(sequence, 0) + 1
-    counts[sequence] = count
-    while len(counts) > _MAX_REMEMBERED:
-        del counts[next(iter(counts))]
-    return count
+    return _keep(counts, sequence, counts.get(sequence, 0) + 1)
+
+
+def _keep(kept: dict[int, T], sequence: int, value: T) -> T:
+    """`value` for `sequence`, the newest; the oldest beyond _MAX_REMEMBERED are forgotten."""
+    kept.pop(sequence, None)
+    kept[sequence] = value
+    while len(kept) > _MAX_REMEMBERED:
+        del kept[next(iter(kept))]
+    return value
 
 
 async def _quietly(acknowledgement: Any, what: str) -> None:
@@ -376,21 +391,6 @@ async def _quietly(acknowledgement: Any, what: str) -> None:
         await acknowledgement
     except NatsError as error:
         log.info("event=%s_not_sent error=%s", what, error_text(error))
-
-
-async def _close(client: Any) -> None:
-    """Flush the acks sent so far, then close. Not drain(): every fetched message is settled
-    by now, and draining a pull subscription waits on fetch replies that never come."""
-    from nats.errors import Error as NatsError
-
-    try:
-        await client.flush(timeout=5)  # the acks' PING/PONG: seconds at most, or the server is gone
-    except (NatsError, TimeoutError, OSError) as error:
-        log.info("event=nats_flush_failed error=%s", error_text(error))
-    try:
-        await client.close()
-    except (NatsError, TimeoutError, OSError) as error:  # the server went away meanwhile
-        log.info("event=nats_close_failed error=%s", error_text(error))
 
 
 async def _log_reconnected() -> None:

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from cdc_router.config.nats import DESCRIPTION_HEADER, STATUS_HEADER
+from cdc_router.nats.connection import error_text
 
 log = logging.getLogger("cdc_router.consumer.jetstream")
 
@@ -137,3 +138,18 @@ class Puller:
             if is_stream_message(message):
                 messages.append(message)
         return messages
+
+
+async def close_client(client: Any) -> None:
+    """Flush the acks sent so far, then close. Not drain(): every fetched message is settled
+    by now, and draining a pull subscription waits on fetch replies that never come."""
+    from nats.errors import Error as NatsError
+
+    try:
+        await client.flush(timeout=5)  # the acks' PING/PONG: seconds at most, or the server is gone
+    except (NatsError, TimeoutError, OSError) as error:
+        log.info("event=nats_flush_failed error=%s", error_text(error))
+    try:
+        await client.close()
+    except (NatsError, TimeoutError, OSError) as error:  # the server went away meanwhile
+        log.info("event=nats_close_failed error=%s", error_text(error))

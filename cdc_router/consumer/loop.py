@@ -8,8 +8,8 @@ Per record, in partition order:
 3. a handler exception is retried with exponential backoff and full jitter; after
    `retry.max_attempts` failures the record is dead-lettered (stage "handle") and acknowledged;
 4. a store failure (DedupStoreError), a schema registry that cannot answer (RegistryError
-   from the decoder) or a failed dead-letter write is retried without limit: an outage is
-   not the record's fault, and skipping it would lose it.
+   from the decoder) or a failed dead-letter write (that write alone, not the handler) is
+   retried without limit: an outage is not the record's fault, and skipping it would lose it.
 A retry pauses the record's partition and seeks back to the record, so other partitions go on
 and polling continues (no race with max.poll.interval.ms, rebalances are served).
 Stored offsets are committed every `commit_interval_s`, on revoke and on stop; once a batch is
@@ -72,6 +72,7 @@ class _Retry:
     not_before: float = 0.0
     refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
     drop_value: bool = False  # a dead letter was refused as too large: retry it without value
+    letter: dict[str, Any] | None = None  # the dead letter Kafka did not take: only it is retried
 
 
 class IdempotentConsumer(ConsumerControls, Generic[Context]):
@@ -183,6 +184,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         retry = self._retries.get(tp)
         if retry is not None and retry.offset != message.offset():
             retry = None
+        if retry is not None and retry.letter is not None:  # QA 56-e F-2: not the handler again
+            self._dead_letter(message, retry=retry, **retry.letter)
+            return
         attempt = (retry.failures if retry else 0) + 1
         try:
             event = read_event(message, source=self.settings.event_id_source,
@@ -225,11 +229,12 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
 
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
                      attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
+        retry = retry or _Retry(offset=message.offset())
+        retry.letter = {"stage": stage, "error": error, "attempts": attempts, "event_id": event_id}
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
                                     event_id=event_id, drop_value=bool(retry and retry.drop_value))
         except DeadLetterRefused as refused:
-            retry = retry or _Retry(offset=message.offset())
             retry.refusals += 1
             retry.drop_value = retry.drop_value or refused.too_large
             # Once more at least (without its value if too large; review 47-e F6), then stop

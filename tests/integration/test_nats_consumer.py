@@ -458,7 +458,9 @@ def test_a_dead_letter_over_the_streams_limit_goes_without_its_data(
     assert letter.data == b"" and letter.headers["dlq.value.dropped.bytes"] == "5011"
     assert letter.headers["dlq.event.id"] == "poison"
     assert effects(stack.postgres_dsn, schema) == ["ok-1"]
-    assert calls.count("poison") == 4  # 3 failures, one more after the refused letter
+    # 3 failures; the refused letter goes again without its data, the handler not run again
+    # (QA 56-e F-2; it ran a fourth time before)
+    assert calls.count("poison") == 3
 
 
 def test_a_dead_letter_the_stream_refuses_even_without_data_stops_run(
@@ -481,3 +483,63 @@ def test_a_dead_letter_the_stream_refuses_even_without_data_stops_run(
                               "its data: BadRequestError"), message
     assert "err_code=10054" in message, message
     assert read_stream(streams.url, streams.dead_letters) == []
+
+
+def _fill_dead_letter_stream(streams: Streams, *, full: bool) -> None:
+    """The dead-letter stream holding one message, `full` (max_msgs 1, discard new) or open."""
+    from nats.js.api import DiscardPolicy
+
+    async def update() -> None:
+        client = await nats.connect(streams.url)
+        try:
+            js = client.jetstream()
+            if full:
+                await js.publish(streams.dead_letter_subject, b"earlier letter")
+            await js.update_stream(name=streams.dead_letters, subjects=[
+                streams.dead_letter_subject], max_msgs=1 if full else -1,
+                discard=DiscardPolicy.NEW if full else DiscardPolicy.OLD)
+        finally:
+            await client.close()
+
+    asyncio.run(update())
+
+
+def test_while_the_dead_letter_stream_is_full_the_poisons_handler_runs_no_more(
+        streams: Streams) -> None:
+    # QA 56-e F-2: with the dead-letter stream full (max_msgs, discard new) each redelivery
+    # ran the poison's handler again (34 runs of one message), though a failed dead-letter
+    # publish "is not an attempt"; its letter said dlq.attempts 34.
+    _fill_dead_letter_stream(streams, full=True)
+    streams.publish([payment(streams.subject, "poison", "poison"),
+                     payment(streams.subject, "ok-1", "ok-1")])
+    calls: list[str] = []
+
+    def handler(event: Any, context: Any) -> None:
+        calls.append(event.event_id)
+        if event.event_id == "poison":
+            raise ValueError("order unknown")
+
+    durable = unique("full")
+    settings = JetStreamSettings(
+        url=streams.url, stream=streams.stream, durable=durable,
+        dead_letter_subject=streams.dead_letter_subject, ack_wait_s=2,
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.05, max_backoff_s=0.2))
+    jetstream = JetStreamConsumer(settings, MemoryDedupStore(), handler, decoder=json.loads)
+    runner = threading.Thread(target=jetstream.run)
+    runner.start()
+    try:
+        # 2 handler retries, then the dead letter refused again and again (0.2 s apart at most)
+        wait_until(lambda: jetstream.stats.retries >= 12, 30, "ten refused dead letters")
+        assert calls.count("poison") == 3 and calls.count("ok-1") == 1
+        _fill_dead_letter_stream(streams, full=False)
+        wait_until(lambda: streams.dead_letter_count() == 2
+                   and streams.consumer_settled(durable), 30, "the letter, once open")
+    finally:
+        jetstream.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert calls.count("poison") == 3, calls
+    letter = read_stream(streams.url, streams.dead_letters)[-1]
+    assert (letter.headers["dlq.attempts"], letter.headers["dlq.event.id"],
+            letter.headers["dlq.error.class"]) == ("3", "poison", "ValueError")
+    assert jetstream.stats.dead_lettered == 1 and jetstream.stats.processed == 1

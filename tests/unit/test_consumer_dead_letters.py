@@ -92,6 +92,26 @@ def test_a_dead_letter_that_times_out_is_retried_beyond_max_attempts() -> None:
     assert h.kafka.committed == {0: 2}
 
 
+def test_while_its_dead_letter_times_out_the_handler_does_not_run_again() -> None:
+    # QA 56-e F-2 (found on JetStream, the same here): each retry of the dead-letter write
+    # ran the handler again first, once per retry for as long as the broker was away, and
+    # the letter's dlq.attempts counted those runs.
+    calls: list[str] = []
+
+    def failing(event: ConsumedEvent, _: None) -> None:
+        calls.append(event.event_id)
+        if event.event_id == "poison":
+            raise ValueError("order 42 is unknown")
+
+    h = Harness({0: [rec("poison"), rec("next")]}, handler=failing)
+    h.producer.failures_left = 5
+    h.run()
+    assert calls == ["poison"] * 3 + ["next"]  # max_attempts, not 3 + 5
+    [dead] = h.producer.sent
+    assert (dlq_headers(dead)["dlq.attempts"], dlq_headers(dead)["dlq.stage"]) == ("3", "handle")
+    assert h.producer.attempts == 6 and h.kafka.committed == {0: 2}
+
+
 def test_a_fatal_dead_letter_producer_is_rebuilt() -> None:
     h = Harness({0: [(None, b"{}", [])]})
     h.producer.refusals = [KafkaError(KafkaError._FATAL, "idempotence broken", fatal=True)]

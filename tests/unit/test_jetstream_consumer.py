@@ -471,6 +471,35 @@ def test_an_unacknowledged_dead_letter_leaves_the_message_to_come_back() -> None
     assert len(harness.js.published) == 1
 
 
+def test_while_its_dead_letter_is_not_acked_only_the_publish_is_retried_not_the_handler(
+        ) -> None:
+    # QA 56-e F-2: with the dead-letter stream full (discard new) every redelivery ran the
+    # poison's handler again (34 runs of one message, `dlq.attempts: 34`), whose effects
+    # outside the store's transaction are not rolled back.
+    calls: list[str] = []
+
+    def handler(event: Any, context: Any) -> None:
+        calls.append(event.event_id)
+        raise ValueError("unknown order")
+
+    harness = Harness(handler)
+    for delivered in (1, 2):
+        harness.handle(payment("e1", delivered=delivered))
+    harness.js.down = True
+    for delivered in range(3, 9):
+        [(told, _)] = harness.handle(payment("e1", delivered=delivered))
+        assert told == "nak"
+    assert calls == ["e1"] * 3, "the handler ran for its 3 attempts only"
+    harness.js.down = False
+    assert harness.handle(payment("e1", delivered=9)) == [("term", None)]
+    [(_, _, headers, _)] = harness.js.published
+    assert (headers["dlq.attempts"], headers["dlq.event.id"]) == ("3", "e1")
+    assert calls == ["e1"] * 3 and harness.consumer._letters == {}
+    # Another message of the same id is handled afresh (the letter was its sequence's).
+    harness.handle(payment("e1", sequence=8))
+    assert calls == ["e1"] * 4
+
+
 def test_stop_finishes_the_message_in_hand_and_hands_the_rest_of_the_batch_back() -> None:
     harness = Harness(lambda event, _: harness.consumer.stop())
     batch = [payment(f"e{n}", sequence=n) for n in range(3)]
