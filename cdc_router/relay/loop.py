@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaException, Producer
 
+from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import (
@@ -200,8 +201,9 @@ class OutboxRelay:
         self.position = self._stored_position(kafka)
         hand_left_behind(self._config, self._reader, self.position, self._replay,
                          self._on_delivered)
-        log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d",
-                 self._instance_id, self._table, self.position.to_json().decode(), restored)
+        log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d version=%s",
+                 self._instance_id, self._table, self.position.to_json().decode(), restored,
+                 __version__)
 
     def _stored_position(self, kafka: dict[str, Any]) -> RelayPosition:
         """The last committed position of this table (our init_transactions resolved any

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
+from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced
 from cdc_router.kafka.closing import Generations, close_all, close_aside
@@ -137,8 +138,9 @@ class OutboxRouter:
             self._writer.dead_letter_max_bytes = clients.dead_letter_limit(self._config,
                                                                             self._describe)
             self._subscribe(consumer)
-            log.info("event=started instance=%s guarantee=%s topics=%s", self._instance_id,
-                     self._config.delivery.guarantee, ",".join(self._config.source.topics))
+            log.info("event=started instance=%s guarantee=%s topics=%s version=%s",
+                     self._instance_id, self._config.delivery.guarantee,
+                     ",".join(self._config.source.topics), __version__)
             while not self._stop.is_set():
                 try:
                     if self._recovered():
