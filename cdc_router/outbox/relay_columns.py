@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.outbox.setup import INIT_LOCK
 from cdc_router.postgres import (
     MAX_IDENTIFIER_BYTES,
@@ -231,30 +231,45 @@ def add_relay_columns(conn: psycopg.Connection[Any], table: str, txid_column: st
     schema_name, _ = split_table(table)
     partitioned = partitioned_by(conn, table, seq_column, "--table")
     not_null = seq_not_null_fix(conn, table, seq_column)  # an app's own seq (46 F1)
-    for index in (txid_index(table, txid_column),
-                  unique_seq_index(table, seq_column)):
-        invalid = conn.execute(
-            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
-            "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
-            (regclass_text(table), index)).fetchone()
-        if invalid is not None and not partitioned:  # a partitioned one: a partition lacks it
-            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
-                sql.Identifier(schema_name, index)))
-    for statement in relay_columns_ddl(table, txid_column, seq_column,
-                                       existing=column_types(conn, table),
-                                       partitioned=partitioned):
-        if "CONCURRENTLY" in statement.as_string(None):  # no transaction can hold it
-            conn.execute(statement)
-        else:
-            _under_init_lock(conn, statement)
-    if not_null is not None:
-        _under_init_lock(conn, not_null)
-    identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
-                            "to_regclass(%s) AND attname = %s",
-                            (regclass_text(table), seq_column)).fetchone()
-    if identity is not None and identity[0] == "d":
-        _under_init_lock(conn, seq_always_ddl(table, seq_column))
+    try:
+        for index in (txid_index(table, txid_column),
+                      unique_seq_index(table, seq_column)):
+            invalid = conn.execute(
+                "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE "
+                "i.indrelid = to_regclass(%s) AND c.relname = %s AND NOT i.indisvalid",
+                (regclass_text(table), index)).fetchone()
+            if invalid is not None and not partitioned:  # a partitioned one: a partition lacks it
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                    sql.Identifier(schema_name, index)))
+        for statement in relay_columns_ddl(table, txid_column, seq_column,
+                                           existing=column_types(conn, table),
+                                           partitioned=partitioned):
+            if "CONCURRENTLY" in statement.as_string(None):  # no transaction can hold it
+                conn.execute(statement)
+            else:
+                _under_init_lock(conn, statement)
+        if not_null is not None:
+            _under_init_lock(conn, not_null)
+        identity = conn.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = "
+                                "to_regclass(%s) AND attname = %s",
+                                (regclass_text(table), seq_column)).fetchone()
+        if identity is not None and identity[0] == "d":
+            _under_init_lock(conn, seq_always_ddl(table, seq_column))
+    except psycopg.errors.LockNotAvailable as error:
+        raise _lock_waited(table) from error
     return relay_catalog(conn, table) != before
+
+
+def _lock_waited(table: str) -> DatabaseError:
+    """QA 56-f F-2: a transaction open on the table (or, for a CONCURRENTLY build, anywhere in
+    the database since the build began) held init past lock_timeout; Postgres said only
+    'canceling statement due to lock timeout'."""
+    return DatabaseError(
+        f"`outbox init --relay` waited 10 s for a lock on {table} behind a transaction open "
+        "since before it (list them: SELECT pid, xact_start, state, query FROM "
+        "pg_stat_activity WHERE xact_start < now() - interval '10 s'); it gave up rather "
+        "than queue the table's INSERTs behind it. Nothing is lost: run it again once that "
+        "transaction ends (an index the cancelled build left INVALID is built again)")
 
 
 def _under_init_lock(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:
