@@ -10,6 +10,7 @@ decoding (debezium.event_from_row), then routes it like any other letter.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cdc_router.config.source import SourceSettings
@@ -33,7 +34,8 @@ def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
 
 def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     """The event of a relay dead letter's row; DecodeError when it is not one, or the row
-    still fails to decode."""
+    still fails to decode (with the row's id, for the log line and the new letter: QA 56-f
+    F-5 logged id=None)."""
     try:
         document = parse_json(value or b"")
     except ValueError:  # malformed, too deep, or not UTF-8 (UnicodeDecodeError)
@@ -41,6 +43,16 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     after = document.get("after") if isinstance(document, dict) else None
     if not isinstance(after, dict):
         raise DecodeError("not a relay dead letter: its value has no 'after' row")
+    try:
+        return _row_event(document, after, settings)
+    except DecodeError as error:
+        if error.event_id is None and after.get(settings.outbox.id) is not None:
+            error.event_id = str(after[settings.outbox.id])
+        raise
+
+
+def _row_event(document: dict[str, Any], after: dict[str, Any],
+               settings: SourceSettings) -> OutboxEvent:
     if document.get("undecodable"):  # QA 47-g F4: `caf\xe9` was delivered as seven characters
         raise DecodeError(f"the row's text was not UTF-8 when the relay read it "
                           f"({document['undecodable']}); the letter holds it escaped, so it is "
@@ -55,11 +67,33 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
         raise DecodeError("not a relay dead letter: its 'columns' must map each column to "
                           "its schema (an object)")
     if not isinstance(columns, dict) and settings.payload_type == "auto":
-        # Written before letters kept the columns' types: a bytea payload's base64 text
-        # would pass for JSON.
-        raise DecodeError("a relay dead letter of an earlier version, without its columns' "
-                          "types: set source.payload_type (json or bytes) to replay it")
+        settings = _earlier_letter_settings(after, settings)
     return debezium.event_from_row(after, settings,
                                    columns=columns if isinstance(columns, dict) else None,
                                    tx_id=txid if isinstance(txid, int) else None,
                                    via_connect=False)  # read as the relay read it (53-k F-5)
+
+
+# Every character a bytea payload's text may hold, in base64, base64-url-safe or hex.
+_BINARY_TEXT = re.compile(r"[A-Za-z0-9+/=_-]*")
+
+
+def _earlier_letter_settings(after: dict[str, Any], settings: SourceSettings) -> SourceSettings:
+    """`settings` for a letter of a relay before 0.2.0, which kept no columns' types: its
+    payload is the column's text, JSON text (jsonb, json, text) or a bytea's base64 or hex
+    (QA 56-f F-5: the first replay dead-lettered every such letter again). Text that reads as
+    JSON and holds a character no binary encoding writes (`{`, `"`, `[`, `.`, a space) is
+    JSON. Any other (`1234`, `true`, `null`, `SGk=`) may be either, and is refused."""
+    payload = after.get(settings.outbox.payload)
+    if isinstance(payload, str) and not _BINARY_TEXT.fullmatch(payload):
+        try:
+            parse_json(payload.encode())
+        except ValueError:
+            pass
+        else:
+            return settings.model_copy(update={"payload_type": "json"})
+    # Written before letters kept the columns' types: a bytea payload's base64 text would
+    # pass for JSON.
+    raise DecodeError("a relay dead letter of an earlier version (before 0.2.0), without its "
+                      "columns' types, whose payload may be JSON or a bytea's text: set "
+                      "source.payload_type (json or bytes) to replay it")

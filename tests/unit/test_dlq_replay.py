@@ -440,6 +440,46 @@ def test_a_relay_letter_of_an_earlier_version_needs_the_payload_type_to_replay()
     assert (event.payload, event.payload_is_json) == (b"\x00\x01", False)
 
 
+def _earlier_relay_letter(payload: object) -> bytes:
+    """A letter as the relay wrote it before 0.2.0 (046e869): the row's text, no columns."""
+    import json
+
+    return json.dumps({"source": {"table": "public.outbox", "seq": 1, "txid": 2}, "after": {
+        "id": "r-1", "aggregatetype": "Poison", "aggregateid": "1", "type": "OrderPaid",
+        "payload": payload, "headers": None,
+        "created_at": "2026-12-01 10:00:00.000000"}}).encode()
+
+
+def test_an_earlier_relay_letter_with_a_json_payload_replays_without_the_payload_type() -> None:
+    # QA 56-f F-5: every letter of a 0.1.0 relay was dead-lettered again by the first replay,
+    # although a jsonb payload's text ({, ", [, .) is no bytea's base64 or hex.
+    from cdc_router.config.source import SourceSettings
+    from cdc_router.relay.letters import letter_event
+
+    for text, payload in (('{"n": 1, "pad": "xx"}', b'{"n": 1, "pad": "xx"}'),
+                          ('[1, 2]', b"[1, 2]"), ('"a string"', b'"a string"'),
+                          ("1.5", b"1.5")):
+        event = letter_event(_earlier_relay_letter(text), SourceSettings())
+        assert (event.event_id, event.payload, event.payload_is_json) == ("r-1", payload, True)
+
+
+def test_an_earlier_relay_letter_that_may_be_bytes_is_refused_naming_its_id() -> None:
+    # QA 56-f F-5: the refusal's log line said id=None; text a bytea's base64 or hex could be
+    # (and JSON too, or not JSON) is still refused: the letter does not say which it was.
+    from cdc_router.config.source import SourceSettings
+    from cdc_router.errors import DecodeError
+    from cdc_router.relay.letters import letter_event
+    from cdc_router.router.step import decode_letter
+
+    for text in ("1234", "true", "null", "SGk=", "deadbeef", "not json at all", None):
+        with pytest.raises(DecodeError, match=r"set source\.payload_type") as caught:
+            letter_event(_earlier_relay_letter(text), SourceSettings())
+        assert caught.value.event_id == "r-1"
+        assert decode_letter(caught.value).shown_id == "r-1"
+    bytes_read = letter_event(_earlier_relay_letter("1234"), SourceSettings(payload_type="bytes"))
+    assert bytes_read.payload == bytes.fromhex("d76df8")
+
+
 def test_a_relay_letter_of_a_row_dated_1970_is_decoded_as_the_relay_reads_it() -> None:
     # Reread 53-k F-5: the relay delivers a created_at of exactly 1970-01-01 (QA 53-a F1),
     # but its letters were decoded as Connect's and refused as a JsonConverter default.
