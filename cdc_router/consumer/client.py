@@ -1,5 +1,6 @@
 """The idempotent consumer's Kafka client at run time: what librdkafka reports to error_cb
-alone (a refused login), which errors stop the consumer, and how a batch is read."""
+alone (a refused login, a refused certificate), which errors stop the consumer, and how a
+batch is read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from confluent_kafka import KafkaError
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import LOGIN_REFUSED, describe, stops_consumer
+from cdc_router.kafka.tls import certificate_advice, certificate_refusal
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,29 @@ def refusal(error: KafkaError) -> str | None:
             "security.protocol")
 
 
+# A TLS handshake's failure comes to error_cb as _SSL (the broker's certificate not verified)
+# or _TRANSPORT (the client's certificate refused by the broker's alert), never to consume().
+_HANDSHAKE_CODES = frozenset({KafkaError._SSL, KafkaError._TRANSPORT})
+
+
+def certificate_refused(error: KafkaError) -> str | None:
+    """The one line for a TLS handshake that failed for a certificate (kafka/tls.py), or None:
+    no restart mends it, so the consumer stops (QA 56-d F-1: it logged librdkafka's line once
+    a minute for ever)."""
+    kind = certificate_refusal(error.str()) if error.code() in _HANDSHAKE_CODES else None
+    if kind is None:
+        return None
+    return (f"the TLS handshake with Kafka failed: {describe(error)}; "
+            f"{certificate_advice(kind, 'consumer_config')}")
+
+
 def consumer_error(error: KafkaError) -> None:
     """Raise for an error that stops the consumer (the router's one classifier: fenced, as
     another member with our group.instance.id, although librdkafka does not flag it fatal;
-    credentials that may not read the topics), or offsets it could not fetch; log others."""
+    credentials that may not read the topics; a certificate the TLS handshake refused), or
+    offsets it could not fetch; log others."""
+    if certificate := certificate_refused(error):
+        raise FatalKafkaError(certificate, code=error.code())
     if stops_consumer(error):
         raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
                               f"{describe(error)}", code=error.code())
@@ -57,10 +78,10 @@ def consumer_error(error: KafkaError) -> None:
 
 
 def raise_reported(reported: list[KafkaError]) -> None:
-    """consumer_error for what error_cb alone was given (a refused login) that stops us;
-    `reported` is emptied."""
+    """consumer_error for what error_cb alone was given (a refused login, a refused
+    certificate) that stops us; `reported` is emptied."""
     for error in reported:
-        if stops_consumer(error):
+        if stops_consumer(error) or certificate_refused(error):
             consumer_error(error)
     reported.clear()
 

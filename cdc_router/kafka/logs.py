@@ -16,6 +16,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from cdc_router.kafka.tls import certificate_advice, certificate_refusal
+
 REPEAT_WINDOW_S = 60.0
 _NUMBERS = re.compile(r"\d+")
 _MAX_KEYS = 1000  # distinct lines remembered (the oldest forgotten first)
@@ -37,12 +39,15 @@ class RepeatFilter(logging.Filter):
         text = record.getMessage()
         if record.levelno >= logging.WARNING:
             lowered = text.lower()  # TLS first: "client SSL authentication might be required"
-            if any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
+            if certificate := certificate_refusal(text):
+                _REFUSALS[:] = [(time.monotonic(), certificate, text)]
+            elif any(sign in lowered for sign in _TLS_FAILURE_SIGNS):
                 _REFUSALS[:] = [(time.monotonic(), _TLS, text)]
             elif "unsupported sasl mechanism" in lowered:
                 _REFUSALS[:] = [(time.monotonic(), _MECHANISM, text)]
             elif "authentication" in lowered:
                 _REFUSALS[:] = [(time.monotonic(), _CREDENTIALS, text)]
+        _note_closed_at_once(text)
         key = (record.levelno, _NUMBERS.sub("#", text)[:300])
         with self._lock:  # clients log on threads of their own too (a close, a lookup)
             now = self._clock()
@@ -74,27 +79,35 @@ REFUSAL_FRESH_S = 300.0
 
 def with_kafka_refusal(line: str) -> str:
     """`line` about Kafka, when librdkafka said in the last REFUSAL_FRESH_S that Kafka refused
-    this process's login: refused_login's text instead (the line's own guess, "is the cluster
-    up?", dropped); a TLS handshake that failed: the line naming it; other lines as they are
-    (review 32-3: a Postgres error line was blamed on TLS)."""
+    this process's login or a certificate of the TLS handshake: refused_login's text instead
+    (the line's own guess, "is the cluster up?", dropped); another TLS handshake that failed:
+    the line naming it; a broker that closed each connection at once: the line naming
+    kafka.security_protocol (QA 56-d F-2); other lines as they are (review 32-3: a Postgres
+    error line was blamed on TLS)."""
     lowered = line.lower()
     refusal = _fresh_refusal()
-    if refusal is None or "kafka" not in lowered or "authentic" in lowered or \
-            "handshake" in lowered or refusal[1] in line:
+    if "kafka" not in lowered or "authentic" in lowered or "handshake" in lowered:
         return line
+    if refusal is None or refusal[1] in line:
+        closed = _fresh(_CLOSED)
+        if closed is None or closed[1] in line or "security_protocol" in lowered:
+            return line
+        return f"{line} ({_closed_hint(closed[1])})"
     kind, said = refusal
     if kind != _TLS:  # review 54-k F-4: the refusal leads, init_failure's text, not a guess
         return _login_refused(kind, said)
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
-            "its certificate, and kafka.security_protocol against the listener)")
+            f"its certificate, and kafka.security_protocol (now {_protocol()}) against the "
+            "listener)")
 
 
 def refused_login() -> str | None:
-    """What Kafka refused of this process's login (its credentials, its SASL mechanism) and
-    what to check, when librdkafka said so in the last REFUSAL_FRESH_S; else None (a TLS
-    handshake's failure too): for a start whose init_transactions only timed out
-    (kafka/start.py init_failure; review 54: a wrong password was "is the cluster reachable?")."""
+    """What Kafka refused of this process's login (its credentials, its SASL mechanism, a
+    certificate of the TLS handshake) and what to check, when librdkafka said so in the last
+    REFUSAL_FRESH_S; else None (another TLS failure too): for a start whose init_transactions
+    only timed out (kafka/start.py init_failure; review 54: a wrong password was "is the
+    cluster reachable?"; QA 56-d F-3: a wrong CA file exited 75, restarted for ever)."""
     refusal = _fresh_refusal()
     if refusal is None or refusal[0] == _TLS:
         return None
@@ -109,32 +122,70 @@ def _login_refused(kind: str, said: str) -> str:
     if kind == _MECHANISM:
         return (f"{kafka} does not enable this process's SASL mechanism: {said}; set "
                 "kafka.sasl_mechanism to one the broker lists; a restart does not mend it")
+    if kind != _CREDENTIALS:  # a certificate (kafka/tls.py)
+        return (f"the TLS handshake with {kafka} failed: {said}; "
+                f"{certificate_advice(kind, 'kafka.config')}; a restart does not mend it")
     return (f"{kafka} refused this process's credentials: {said}; check kafka.sasl_username and "
             "its password (kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), "
             "kafka.sasl_mechanism and kafka.security_protocol against the broker's listener; "
             "a restart does not mend it")
 
 
+# librdkafka's newest line saying a broker closed a connection within CLOSED_AT_ONCE_MS of its
+# opening, before or just after the first request: what a listener does to a client speaking
+# another security protocol (SSL against SASL_SSL, PLAINTEXT against SSL or SASL; QA 56-d F-2).
+# Lines at any level: librdkafka logs some of these at INFO.
+_CLOSED: list[tuple[float, str, str]] = []
+CLOSED_AT_ONCE_MS = 1000
+_CLOSED_LINE = re.compile(r"connection (?:closed|reset) by peer.*\(after (\d+)ms in state "
+                          r"(?:CONNECT|SSL_HANDSHAKE|APIVERSION_QUERY|AUTH_\w+|UP)\b")
+
+
+def _note_closed_at_once(text: str) -> None:
+    closed = _CLOSED_LINE.search(text)
+    if closed is not None and int(closed.group(1)) < CLOSED_AT_ONCE_MS:
+        _CLOSED[:] = [(time.monotonic(), "closed", text)]
+
+
+def _closed_hint(said: str) -> str:
+    return (f"the broker accepted the connection and closed it at once: {said}; a listener "
+            "does so to a client speaking another security protocol: check "
+            f"kafka.security_protocol (now {_protocol()}) against the listener's (PLAINTEXT, "
+            "SSL, SASL_PLAINTEXT or SASL_SSL), and for a SASL one kafka.sasl_mechanism, "
+            "kafka.sasl_username and its password")
+
+
 def forget_refusal() -> None:
     """Forget the refusal noted: a client of this process has logged in since (review 54-k
     F-3: one refused login, then an outage's timeout, exited 1, "a restart does not mend it")."""
     _REFUSALS.clear()
+    _CLOSED.clear()
 
 
 def _fresh_refusal() -> tuple[str, str] | None:
-    if not _REFUSALS or time.monotonic() - _REFUSALS[0][0] > REFUSAL_FRESH_S:
+    return _fresh(_REFUSALS)
+
+
+def _fresh(noted: list[tuple[float, str, str]]) -> tuple[str, str] | None:
+    if not noted or time.monotonic() - noted[0][0] > REFUSAL_FRESH_S:
         return None
-    return _REFUSALS[0][1], _REFUSALS[0][2]
+    return noted[0][1], noted[0][2]
 
 
 # The cluster this process's clients were built for (clients.logged_config notes it): the CLI's
 # line for a Kafka error no command turned into its own names it (review 53-c F5).
 _CLUSTER: list[str] = []
+_PROTOCOL: list[str] = []  # and the security protocol it speaks
 
 
-def note_cluster(bootstrap_servers: str) -> None:
-    """Note the bootstrap servers a client of this process is built for."""
+def note_cluster(bootstrap_servers: str, security_protocol: str = "PLAINTEXT") -> None:
+    """Note the bootstrap servers a client of this process is built for, and its protocol."""
     _CLUSTER[:] = [bootstrap_servers]
+    _PROTOCOL[:] = [security_protocol]
+
+
+def _protocol() -> str:
+    return _PROTOCOL[0] if _PROTOCOL else "PLAINTEXT"
 
 
 def noted_cluster() -> str | None:

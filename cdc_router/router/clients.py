@@ -91,7 +91,7 @@ def logged_config(config: RouterConfig) -> dict[str, Any]:
             f"set it in the config file, or {variable} in this process's environment"
         raise ConfigError(f"is not set, and SASL {config.kafka.sasl_mechanism} logs in with "
                           "a username and a password", field=field, hint=hint)
-    note_cluster(config.kafka.bootstrap_servers)
+    note_cluster(config.kafka.bootstrap_servers, config.kafka.security_protocol or "PLAINTEXT")
     return {**config.kafka.librdkafka(), "logger": librdkafka_logger()}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 _API_VERSIONS, _SASL_HANDSHAKE, _SASL_AUTHENTICATE = 18, 17, 36
@@ -55,8 +55,9 @@ def _serve(connection: socket.socket) -> None:
 
 
 @contextmanager
-def refusing_broker() -> Iterator[str]:
-    """'127.0.0.1:<port>' of a SASL listener that refuses every credential, while open."""
+def listening(serve: Callable[[socket.socket], None]) -> Iterator[str]:
+    """'127.0.0.1:<port>' of a listener that hands each connection to `serve` on a thread of
+    its own, while open."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def accept() -> None:
@@ -65,10 +66,17 @@ def refusing_broker() -> Iterator[str]:
                 connection, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=_serve, args=(connection,), daemon=True).start()
+            threading.Thread(target=serve, args=(connection,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     try:
         yield f"127.0.0.1:{listener.getsockname()[1]}"
     finally:
         listener.close()
+
+
+@contextmanager
+def refusing_broker() -> Iterator[str]:
+    """'127.0.0.1:<port>' of a SASL listener that refuses every credential, while open."""
+    with listening(_serve) as address:
+        yield address

@@ -78,8 +78,16 @@ def test_a_start_that_times_out_after_kafka_refused_the_login_is_a_credentials_e
     failed = init_failure(unanswered, UNBUILT)
     assert failed.exit_code == 1 and "Kafka does not enable this process's SASL mechanism: " \
         "SASL SCRAM-SHA-256 mechanism" in str(failed)
+    # QA 56-d F-3: a certificate the handshake refused is the configuration's too, exit 1.
     logs.librdkafka_logger().error("SSL handshake failed: certificate verify failed")
-    assert init_failure(unanswered, UNBUILT).exit_code == EXIT_RESTART  # TLS: as before
+    failed = init_failure(unanswered, UNBUILT)
+    assert failed.exit_code == 1 and str(failed).startswith(
+        "the TLS handshake with Kafka failed: SSL handshake failed: certificate verify failed; "
+        "this process could not verify the broker's certificate: either kafka.config "
+        "ssl.ca.location is not the CA"), str(failed)
+    logs.librdkafka_logger().error("SSL handshake failed: Disconnected: SSL connection closed "
+                                   "by peer: connecting to a PLAINTEXT broker listener?")
+    assert init_failure(unanswered, UNBUILT).exit_code == EXIT_RESTART  # other TLS: as before
 
 
 class _Answering:

@@ -135,4 +135,4 @@ def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
     listener.close()
     line = logs.with_kafka_refusal("cannot reach Kafka at X; is the cluster up?")
     assert "(the TLS handshake with Kafka failed: " in line and "SSL routines" in line, line
-    assert "kafka.security_protocol against the listener" in line
+    assert "kafka.security_protocol (now " in line and ") against the listener" in line

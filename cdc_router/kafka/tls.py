@@ -1,0 +1,42 @@
+"""A TLS handshake with Kafka that failed for a certificate, told from librdkafka's text: a
+configuration's fault (the CA file, the client certificate), which no restart mends (QA 56-d
+F-1, F-3: the idempotent consumer waited for ever, `run` and `relay` exited 75 for a
+supervisor to restart them for ever). No confluent_kafka import: kafka/logs.py uses it too."""
+
+from __future__ import annotations
+
+# The broker's certificate: signed by no CA of ssl.ca.location, or naming another host.
+# OpenSSL's 0A000086 says the same of both; librdkafka does not add which check failed.
+BROKER_CERTIFICATE = "broker certificate"
+# This process's certificate: none given to a listener with ssl.client.auth=required (TLS 1.3:
+# alert 116, certificate required; TLS 1.2: alert 40/42), or one the broker's CA does not sign.
+CLIENT_CERTIFICATE = "client certificate"
+_BROKER_SIGNS = ("certificate verify failed",)
+_CLIENT_SIGNS = ("alert bad certificate", "alert certificate required", "alert unknown ca",
+                 "alert certificate unknown", "alert certificate expired",
+                 "alert certificate revoked", "alert unsupported certificate")
+
+
+def certificate_refusal(text: str) -> str | None:
+    """BROKER_CERTIFICATE or CLIENT_CERTIFICATE when librdkafka's `text` (a log line, an
+    error_cb error's text) says a TLS handshake failed for that certificate; else None (a
+    connection closed or reset, a handshake cut short: an outage looks the same)."""
+    lowered = text.lower()
+    if any(sign in lowered for sign in _BROKER_SIGNS):
+        return BROKER_CERTIFICATE
+    if any(sign in lowered for sign in _CLIENT_SIGNS):
+        return CLIENT_CERTIFICATE
+    return None
+
+
+def certificate_advice(kind: str, settings: str) -> str:
+    """What to check for a refused certificate of `kind`; `settings` names where the ssl.*
+    properties are given ("kafka.config's", "consumer_config's")."""
+    if kind == CLIENT_CERTIFICATE:
+        return (f"the broker's listener refused this process's client certificate (none given, "
+                f"or one its CA does not sign): set {settings} ssl.certificate.location and "
+                "ssl.key.location to a certificate the listener's truststore trusts")
+    return (f"this process could not verify the broker's certificate: either {settings} "
+            "ssl.ca.location is not the CA that signs it, or the certificate does not name the "
+            "host this process connects to (the host in the bootstrap servers and the brokers' "
+            "advertised listeners; OpenSSL's text is the same for both)")
