@@ -114,6 +114,12 @@ def refused_login() -> str | None:
     return _login_refused(*refusal)
 
 
+def refused_since(since: float) -> bool:
+    """Whether librdkafka said at or after `since` (time.monotonic()) that Kafka refused this
+    process's login or a certificate (refused_login's refusals): no wait for an answer helps."""
+    return bool(_REFUSALS) and _REFUSALS[0][0] >= since and _REFUSALS[0][1] != _TLS
+
+
 def _login_refused(kind: str, said: str) -> str:
     """The one text of a refused login, for every command (review 54-k F-4: the others led
     with their own guess, "is the cluster up?", and a shorter list of what to check), naming

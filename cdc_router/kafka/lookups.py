@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka.errors import kafka_error_of
-from cdc_router.kafka.logs import serve_logs
+from cdc_router.kafka.logs import refused_since, serve_logs
 
 log = logging.getLogger("cdc_router.kafka")
 
@@ -46,6 +46,28 @@ LEADER_WAIT_S = 0.5
 # A topic is taken for deleted after this many such answers in a row, LEADER_WAIT_S apart: a
 # broker just restarted may say so once of a topic that exists.
 _DELETED_ANSWERS = 3
+
+# The first slice of a metadata lookup that stops at a refusal; each next one twice as long.
+_REFUSAL_SLICE_S = 1.0
+
+
+def metadata(admin: Any, timeout_s: float) -> Any:
+    """admin.list_topics() within `timeout_s`, asked in slices (1, 2, 4 s ...) so that a
+    refusal librdkafka logs meanwhile (credentials, SASL mechanism, a certificate) raises the
+    lookup's error at once (QA 56-d F-4: `topics apply` waited its 30 s lookup out after a
+    refusal logged in 200 ms); its log lines are served after each failed slice."""
+    started = time.monotonic()
+    deadline, slice_s = started + timeout_s, _REFUSAL_SLICE_S
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return admin.list_topics(timeout=max(0.1, min(slice_s, left)))
+        except KafkaException:
+            serve_logs(admin)
+            if left <= slice_s or refused_since(started):
+                raise
+        slice_s *= 2
+
 
 class AdminConnection:
     """An AdminClient made on first use, and made anew after a failed lookup.

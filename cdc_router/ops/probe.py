@@ -21,6 +21,7 @@ from cdc_router.config.redact import shown_url
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.logs import serve_logs, unshown_logger, with_kafka_refusal
+from cdc_router.kafka.lookups import metadata
 from cdc_router.ops.connector import Capture, plain, probe_connector
 from cdc_router.ops.database import probe_database
 from cdc_router.ops.group import router_state
@@ -186,7 +187,7 @@ def other_tables(capture: Capture, table: str) -> tuple[list[str], list[str]]:
 def _kafka_down(admin: AdminClient) -> str | None:
     """Why the cluster does not answer a metadata request; None when it does."""
     try:
-        admin.list_topics(timeout=LOOKUP_TIMEOUT_S)
+        metadata(admin, LOOKUP_TIMEOUT_S)
     except KafkaException as error:
         serve_logs(admin)  # librdkafka's authentication failure, if it logged one
         return _kafka_message(error)

@@ -21,6 +21,7 @@ from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.logs import serve_logs
+from cdc_router.kafka.lookups import metadata
 
 # Admin calls wait this long for the controller; topic creation on a busy cluster takes seconds.
 _ADMIN_TIMEOUT_S = 30.0
@@ -58,7 +59,7 @@ class TopicAdmin:
         """What apply would do; `floors`: per topic, the config keys (durations in ms) that
         are raised to the spec's value but never lowered."""
         try:
-            existing = self.admin.list_topics(timeout=_ADMIN_TIMEOUT_S).topics
+            existing = metadata(self.admin, _ADMIN_TIMEOUT_S).topics
         except KafkaException as error:
             serve_logs(self.admin)  # librdkafka's authentication failure, if it logged one
             raise CdcRouterError(f"cannot reach Kafka at {self._config.get('bootstrap.servers')}"

@@ -152,3 +152,44 @@ def test_run_with_credentials_kafka_refuses_exits_1_naming_them_not_75() -> None
                          "CDC_ROUTER__KAFKA__SASL_PASSWORD), kafka.sasl_mechanism and "
                          "kafka.security_protocol against the broker's listener; a restart "
                          "does not mend it"), line
+
+
+def test_topics_apply_stops_at_the_refusal_not_after_its_30_s_lookup() -> None:
+    # QA 56-d F-4: `topics apply` with a wrong password failed after its whole 30 s metadata
+    # lookup, though librdkafka logged the refusal within 200 ms.
+    import time
+
+    with refusing_broker() as address:
+        env = {**os.environ, **SASL, "CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": address,
+               "PYTHONPATH": str(EXAMPLE.parents[2])}
+        started = time.monotonic()
+        ran = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                              str(EXAMPLE), "--dry-run"], env=env, capture_output=True,
+                             text=True, timeout=120, check=False)
+        took_s = time.monotonic() - started
+    [line] = [line for line in ran.stderr.splitlines() if line.startswith("error: ")]
+    assert ran.returncode == 1, ran.stderr
+    assert f"Kafka at {address} refused this process's credentials: " in line, line
+    assert took_s < 20, f"{took_s:.1f} s"  # the interpreter's start included
+
+
+def test_status_stops_its_kafka_lookup_at_the_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 56-d F-4: the lookup waited its whole LOOKUP_TIMEOUT_S (10 s) after the refusal.
+    import time
+
+    from cdc_router.config.load import load_config
+    from cdc_router.kafka import logs
+    from cdc_router.ops import probe
+    from cdc_router.router.clients import logged_config
+
+    monkeypatch.setattr(logs, "_REFUSALS", [])
+    assert probe.LOOKUP_TIMEOUT_S >= 10
+    with refusing_broker() as address:
+        config = load_config(EXAMPLE, env={**SASL, "CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS":
+                                           address}).config
+        admin = probe.admin_client({**logged_config(config), "logger": logs.unshown_logger()})
+        started = time.monotonic()
+        assert probe._kafka_down(admin) is not None
+        took_s = time.monotonic() - started
+    assert took_s < 6, f"{took_s:.1f} s"
+    assert logs.refused_login() is not None
