@@ -110,6 +110,10 @@ def _kafka_failure(error: Exception) -> str | None:
         # QA 32-d: a certificate file it cannot read, a wrong key password, a bad property.
         hint = ("; check kafka.config's file paths (ssl.*.location), the key password and the "
                 "property names")
+        if "ssl.key.location failed" in found.str():  # QA 56-d F-5: name the variable
+            hint = ("; librdkafka could not read the private key of ssl.key.location: if it is "
+                    "encrypted, set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD (ssl.key.password) "
+                    "to its passphrase; else check that the file is a PEM private key")
     return f"{failed}: {describe(found)}{hint}"
 
 

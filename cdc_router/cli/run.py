@@ -208,6 +208,8 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                                 "enables (sasl.enabled.mechanisms)")
     # librdkafka's text ends in a newline for a value out of range (review 46-2 F4).
     text = error.str().strip()
+    if "ssl.key.location failed" in text and "ssl.key.location" in config.kafka.config:
+        return _key_unread(text, config, source)
     named = _REFUSED_NAME.search(text)
     name = next((group for group in named.groups() if group), "") if named else ""
     # The user's key and section, also for an alias librdkafka names by its canonical name;
@@ -234,6 +236,25 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                        + "see librdkafka's CONFIGURATION.md for the names and values"
                        + (", and check the key password of ssl.key.location"
                           if "ssl.key.location" in config.kafka.config else ""))
+
+
+def _key_unread(text: str, config: RouterConfig, source: str | None) -> ConfigError:
+    """librdkafka could not read the client's private key: most often an encrypted key with
+    no passphrase or a wrong one, which the line names with its variable (QA 56-d F-5: the
+    line sent to CONFIGURATION.md for property names that were right)."""
+    key = config.kafka.config["ssl.key.location"]
+    if "ssl.key.password" not in config.kafka.config:
+        return ConfigError(
+            f"librdkafka could not read the private key ssl.key.location {key}: {text}",
+            source=source, field="kafka.config.ssl.key.password",
+            hint="ssl.key.password is not set: if the key is encrypted, set "
+                 "CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD in this process's environment to "
+                 "its passphrase; else check that the file is a PEM private key")
+    return ConfigError(
+        f"librdkafka could not read the private key ssl.key.location {key} with the "
+        f"ssl.key.password given: {text}", source=source, field="kafka.config.ssl.key.password",
+        hint="set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD to the key's passphrase, and "
+             "check that the file is the PEM private key of ssl.certificate.location")
 
 
 def _takes(key: str, value: str) -> bool:

@@ -749,3 +749,49 @@ def test_a_refused_client_property_names_the_variable_that_set_it(tmp_path: Path
     checked = CliRunner().invoke(main, ["rules", "check", "-c", str(config)])
     assert f"error: {config}: field 'kafka.config.linger.ms': librdkafka refused" in \
         checked.output, checked.output
+
+
+@pytest.mark.parametrize("password", [None, "wrong-passphrase"])
+def test_an_encrypted_client_key_librdkafka_cannot_read_names_its_password_variable(
+        tmp_path: Path, password: str | None) -> None:
+    # QA 56-d F-5: without its passphrase, or with a wrong one, the line said "see librdkafka's
+    # CONFIGURATION.md for the names and values, and check the key password of
+    # ssl.key.location", naming neither ssl.key.password nor the variable that sets it.
+    from confluent_kafka import Producer
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = tmp_path / "client-enc.key"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"the-passphrase")))
+    settings = {"ssl.key.location": str(key)}
+    if password is not None:
+        settings["ssl.key.password"] = password
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "x"}],
+                                          "kafka": {"security_protocol": "SSL",
+                                                    "config": settings}})
+    with pytest.raises(KafkaException) as refused:
+        Producer(config.kafka.librdkafka())
+    error = property_refused(refused.value, config)
+    assert error is not None
+    line = str(error)
+    assert line.startswith("field 'kafka.config.ssl.key.password': librdkafka could not read "
+                           f"the private key ssl.key.location {key}"), line
+    assert "set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD" in line, line
+    assert ("ssl.key.password is not set" in line) == (password is None), line
+    assert "CONFIGURATION.md" not in line and "wrong-passphrase" not in line, line
+
+
+def test_a_client_key_librdkafka_cannot_read_in_another_command_names_the_variable() -> None:
+    # QA 56-d F-5: the one-shot commands' line said "check ... the key password and the
+    # property names", naming no variable.
+    from cdc_router.cli import _kafka_failure
+
+    line = _kafka_failure(KafkaException(KafkaError(
+        KafkaError._INVALID_ARG, "Failed to create producer: ssl.key.location failed: "
+        "error:0A080009:SSL routines::PEM lib")))
+    assert line is not None and line.endswith(
+        "set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD (ssl.key.password) to its passphrase; "
+        "else check that the file is a PEM private key"), line
