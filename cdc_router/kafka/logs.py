@@ -120,6 +120,12 @@ def refused_since(since: float) -> bool:
     return bool(_REFUSALS) and _REFUSALS[0][0] >= since and _REFUSALS[0][1] != _TLS
 
 
+def refused_certificate() -> bool:
+    """Whether the refusal refused_login names is a certificate's (kafka/tls.py)."""
+    refusal = _fresh_refusal()
+    return refusal is not None and refusal[0] not in (_TLS, _MECHANISM, _CREDENTIALS)
+
+
 def _login_refused(kind: str, said: str) -> str:
     """The one text of a refused login, for every command (review 54-k F-4: the others led
     with their own guess, "is the cluster up?", and a shorter list of what to check), naming

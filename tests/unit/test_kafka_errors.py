@@ -125,3 +125,26 @@ def test_a_refusal_since_mended_leaves_an_outage_timeout_a_restart() -> None:
     failed = init_failure(unanswered, logged_in)
     assert failed.exit_code == EXIT_RESTART and "refused" not in str(failed)
     assert logs.refused_login() is None  # forgotten: the next lines blame no login either
+
+
+def test_a_start_stopped_by_a_refused_certificate_asks_for_no_metadata_first() -> None:
+    # fx56d, after QA 56-d F-3: the 5 s check that a refused login works now (above) kept the
+    # failing TLS handshakes going 5 s more, and `run` with a wrong CA file then died of
+    # SIGSEGV after its error line (3 runs in about 50; none in 60 without the check). A
+    # certificate refused in this start is not one since mended: no check.
+    unanswered = BatchFailed("step 'init' still fails after its one try",
+                             KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+    logs.librdkafka_logger().error("SSL handshake failed: error:0A000086:SSL routines::"
+                                   "certificate verify failed (after 1ms in state SSL_HANDSHAKE)")
+    asked: list[float] = []
+
+    class _Asked(_Answering):
+        def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+            asked.append(timeout)
+            return super().list_topics(timeout)
+
+    producer = LatchingProducer({}, factory=_Asked)
+    producer.client  # noqa: B018 - built, as init_transactions builds it
+    failed = init_failure(unanswered, producer)
+    assert failed.exit_code == 1 and "certificate verify failed" in str(failed)
+    assert asked == []
