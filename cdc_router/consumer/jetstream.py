@@ -336,8 +336,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except (nats.errors.Error, TimeoutError) as failure:
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
-            _keep(self._letters, record.sequence, {"stage": stage, "error": error,
-                                                   "attempts": attempts, "event_id": event_id})
+            _keep(self._letters, record.sequence, {  # not the traceback: the handler's locals
+                "stage": stage, "error": error.with_traceback(None), "attempts": attempts,
+                "event_id": event_id})
             await self._excuse(message, record, "dead_letter_failed", letter_failure(
                 failure, self.settings.dead_letter_subject, self._dead_letter_stream))
             return

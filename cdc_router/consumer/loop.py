@@ -28,12 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.client import (
-    consume_batch,
-    consumer_error,
-    noting_errors,
-    raise_reported,
-)
+from cdc_router.consumer.client import consume_batch, consumer_error, noting_errors, raise_reported
 from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
@@ -230,7 +225,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
                      attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
         retry = retry or _Retry(offset=message.offset())
-        retry.letter = {"stage": stage, "error": error, "attempts": attempts, "event_id": event_id}
+        retry.letter = {"stage": stage, "error": error.with_traceback(None),  # not its locals
+                        "attempts": attempts, "event_id": event_id}
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
                                     event_id=event_id, drop_value=bool(retry and retry.drop_value))

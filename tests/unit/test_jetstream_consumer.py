@@ -490,6 +490,9 @@ def test_while_its_dead_letter_is_not_acked_only_the_publish_is_retried_not_the_
         [(told, _)] = harness.handle(payment("e1", delivered=delivered))
         assert told == "nak"
     assert calls == ["e1"] * 3, "the handler ran for its 3 attempts only"
+    # Kept without its traceback, which holds the handler's frames (the event, its locals).
+    assert [letter["error"].__traceback__ for letter in harness.consumer._letters.values()] \
+        == [None]
     harness.js.down = False
     assert harness.handle(payment("e1", delivered=9)) == [("term", None)]
     [(_, _, headers, _)] = harness.js.published
