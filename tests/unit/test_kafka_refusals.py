@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -193,3 +194,52 @@ def test_status_stops_its_kafka_lookup_at_the_refusal(monkeypatch: pytest.Monkey
         took_s = time.monotonic() - started
     assert took_s < 6, f"{took_s:.1f} s"
     assert logs.refused_login() is not None
+
+
+def test_a_metadata_lookup_waits_for_a_slow_answer_within_its_whole_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reread 56-s F-3: asked in slices of 1, 2, 4 s, a lookup of 10 s gave up on a broker that
+    # answers in 5 s (status called it down; before F-4's slices it waited 10 s).
+    from confluent_kafka import KafkaError, KafkaException
+
+    from cdc_router.kafka import logs, lookups
+
+    asked: list[float] = []
+    now = [100.0]
+    monkeypatch.setattr(lookups, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(logs, "_REFUSALS", [])
+
+    class SlowBroker:
+        def list_topics(self, timeout: float) -> str:
+            asked.append(round(timeout))
+            if timeout < 5:
+                now[0] += timeout  # waited it out
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "timed out"))
+            now[0] += 5
+            return "answer"
+
+        def poll(self, _: float) -> int:
+            return 0
+
+    assert lookups.metadata(SlowBroker(), 10.0) == "answer"
+    assert asked[:2] == [1, 2] and asked[2] >= 6, asked
+
+
+def test_a_consumer_stops_on_a_refused_certificate_only_before_its_first_assignment() -> None:
+    # Reread 56-s F-2: one "certificate verify failed" mid-stream (a proxy's certificate
+    # during a rollout) stopped a consumer that had read for hours; the router stops for it
+    # only at its start, and so does the consumer now. Later it waits, as for an outage.
+    from confluent_kafka import KafkaError
+
+    from cdc_router.consumer.client import raise_reported
+    from cdc_router.errors import FatalKafkaError
+
+    def refused() -> list[KafkaError]:
+        return [KafkaError(KafkaError._SSL, "ssl://b:9093/1: SSL handshake failed: error:"
+                           "0A000086:SSL routines::certificate verify failed")]
+
+    reported = refused()
+    raise_reported(reported, at_start=False)
+    assert reported == []
+    with pytest.raises(FatalKafkaError, match=r"consumer_config ssl\.ca\.location"):
+        raise_reported(refused(), at_start=True)
