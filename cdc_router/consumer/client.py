@@ -77,11 +77,13 @@ def consumer_error(error: KafkaError) -> None:
         log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 
 
-def raise_reported(reported: list[KafkaError]) -> None:
-    """consumer_error for what error_cb alone was given (a refused login, a refused
-    certificate) that stops us; `reported` is emptied."""
+def raise_reported(reported: list[KafkaError], *, at_start: bool) -> None:
+    """consumer_error for what error_cb alone was given (a refused login; a refused
+    certificate `at_start`, before any assignment: later one may be brief, a proxy's during a
+    rollout, and is waited out as the router does, reread 56-s F-2) that stops us; `reported`
+    is emptied."""
     for error in reported:
-        if stops_consumer(error) or certificate_refused(error):
+        if stops_consumer(error) or (at_start and certificate_refused(error)):
             consumer_error(error)
     reported.clear()
 

@@ -35,7 +35,7 @@ from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.settings import ConsumerSettings, built
-from cdc_router.dead_letter import shown_repr
+from cdc_router.dead_letter import shown_repr, without_frames
 from cdc_router.errors import (
     DeadLetterRefused,
     DedupStoreError,
@@ -108,6 +108,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._retries: dict[tuple[str, int], _Retry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
+        self._assigned = False  # once: a TLS handshake worked (client.raise_reported)
         self._stored_since_commit = False
         self._stored: dict[tuple[str, int], int] = {}
         self._last_commit = 0.0
@@ -151,7 +152,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._resume_due()
         messages = consume_batch(consumer, self.settings.batch_size, self._poll_timeout())
         self._dead_letters.serve()  # its queued lines
-        raise_reported(self._reported)
+        raise_reported(self._reported, at_start=not self._assigned)
         for message in messages:
             if self._stop.is_set():
                 break  # its offset is not stored: the next owner gets it again
@@ -225,7 +226,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
                      attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
         retry = retry or _Retry(offset=message.offset())
-        retry.letter = {"stage": stage, "error": error.with_traceback(None),  # not its locals
+        retry.letter = {"stage": stage, "error": without_frames(error),  # not its locals
                         "attempts": attempts, "event_id": event_id}
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
@@ -349,7 +350,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def _login_refused(self) -> None:
         """Before the subscription: a poll (no record to return yet) serves error_cb."""
         self._consumer.poll(0)
-        raise_reported(self._reported)
+        raise_reported(self._reported, at_start=not self._assigned)
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         for partition in partitions:
@@ -360,6 +361,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._fresh.extend(partitions)
+        self._assigned = True
         log.info("event=partitions_assigned group=%s partitions=%s", self.settings.group_id,
                  _names(partitions))
 

@@ -94,8 +94,11 @@ def with_kafka_refusal(line: str) -> str:
             return line
         return f"{line} ({_closed_hint(closed[1])})"
     kind, said = refusal
-    if kind != _TLS:  # review 54-k F-4: the refusal leads, init_failure's text, not a guess
+    if kind in (_CREDENTIALS, _MECHANISM):  # review 54-k F-4: the refusal leads, not a guess
         return _login_refused(kind, said)
+    if kind != _TLS:  # a certificate, added to the line: mid-stream it may have been brief
+        return f"{line} (the TLS handshake with Kafka failed: {said}; " \
+            f"{certificate_advice(kind, 'kafka.config')})"  # (reread 56-s F-1)
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
             f"its certificate, and kafka.security_protocol (now {_protocol()}) against the "

@@ -136,3 +136,23 @@ def test_a_failed_tls_handshake_is_named_in_a_line_that_blamed_reachability(
     line = logs.with_kafka_refusal("cannot reach Kafka at X; is the cluster up?")
     assert "(the TLS handshake with Kafka failed: " in line and "SSL routines" in line, line
     assert "kafka.security_protocol (now " in line and ") against the listener" in line
+
+
+def test_a_refused_certificate_is_added_to_a_kafka_line_not_put_in_its_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reread 56-s F-1: once a certificate refusal was noted, every Kafka line for 300 s was
+    # replaced by it, "a restart does not mend it" included, even a mid-stream commit's
+    # timeout whose process then exits 75; the line's own cause is kept now.
+    from cdc_router.kafka import logs
+
+    monkeypatch.setattr(logs, "_REFUSALS", [])
+    logs.librdkafka_logger().error("SSL handshake failed: error:0A000086:SSL routines::"
+                                   "certificate verify failed: broker certificate could not be "
+                                   "verified")
+    line = logs.with_kafka_refusal("Kafka transaction step 'commit' still fails: _TIMED_OUT")
+    assert line.startswith("Kafka transaction step 'commit' still fails: _TIMED_OUT (the TLS "
+                           "handshake with Kafka failed: SSL handshake failed"), line
+    assert "kafka.config ssl.ca.location is not the CA that signs it" in line, line
+    assert "a restart does not mend it" not in line, line
+    # A start's verdict (kafka/start.py init_failure) still says it.
+    assert logs.refused_certificate()
