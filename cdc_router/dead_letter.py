@@ -100,6 +100,21 @@ def shown_repr(value: object) -> str:
         return f"<unprintable {type(value).__name__}>"
 
 
+def without_frames(error: BaseException) -> BaseException:
+    """`error` with the tracebacks of it and of the exceptions it chains dropped, to keep it
+    for a letter written later: their frames hold the handler's locals (reread 56-r F-2,
+    56-s F-5: a handler raising inside `except` chains one that holds them too)."""
+    seen: set[int] = set()
+    chained: list[BaseException | None] = [error]
+    while chained:
+        link = chained.pop()
+        if link is not None and id(link) not in seen:
+            seen.add(id(link))
+            link.__traceback__ = None
+            chained += [link.__cause__, link.__context__]
+    return error
+
+
 def reason_of(error: BaseException) -> str:
     """The dlq.error.message of `error`: its text (its class when it has none), bounded."""
     return (shown_error(error) or type(error).__name__)[:_MAX_REASON]

@@ -60,7 +60,7 @@ from cdc_router.consumer.jetstream_message import (
 from cdc_router.consumer.jetstream_pull import Puller, PullFailed, close_client
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
-from cdc_router.dead_letter import shown_repr
+from cdc_router.dead_letter import shown_repr, without_frames
 from cdc_router.errors import ConfigError, JetStreamConsumerError, MalformedRecord, RegistryError
 from cdc_router.nats.connection import (
     RECENT_ERRORS,
@@ -337,7 +337,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
             _keep(self._letters, record.sequence, {  # not the traceback: the handler's locals
-                "stage": stage, "error": error.with_traceback(None), "attempts": attempts,
+                "stage": stage, "error": without_frames(error), "attempts": attempts,
                 "event_id": event_id})
             await self._excuse(message, record, "dead_letter_failed", letter_failure(
                 failure, self.settings.dead_letter_subject, self._dead_letter_stream))
