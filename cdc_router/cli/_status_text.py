@@ -10,7 +10,7 @@ from cdc_router.cli._output import age_text as _age
 from cdc_router.cli._output import table
 from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import Report
-from cdc_router.ops.verdict import EXIT_CODES, deployed_text, size, verdict
+from cdc_router.ops.verdict import EXIT_CODES, deployed_text, outbox_tables, size, verdict
 
 
 def as_json(report: Report, problems: list[Problem]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def _outbox(report: Report) -> list[str]:
     """A line per table: the outbox, each other table the connector captures (QA 55-a F-4),
     and each include-list entry status cannot check."""
     lines = []
-    for outbox in (report.outbox, *report.outbox.others):
+    for outbox in outbox_tables(report):
         failed = _failed(f"outbox {outbox.table or ''}".rstrip(), outbox.error)
         lines += failed or [f"outbox {outbox.table}: {outbox.rows} rows, oldest "
                             f"{_age(outbox.oldest_age_s)}, {size(outbox.size_bytes)} on disk"]

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka.consumer import unfetched_offsets
 from cdc_router.kafka.errors import LOGIN_REFUSED, describe, stops_consumer
-from cdc_router.kafka.tls import certificate_advice, certificate_refusal
+from cdc_router.kafka.tls import certificate_failure, certificate_refusal
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ def certificate_refused(error: KafkaError) -> str | None:
     kind = certificate_refusal(error.str()) if error.code() in _HANDSHAKE_CODES else None
     if kind is None:
         return None
-    return (f"the TLS handshake with Kafka failed: {describe(error)}; "
-            f"{certificate_advice(kind, 'consumer_config')}")
+    return certificate_failure(kind, describe(error), "consumer_config")
 
 
 def consumer_error(error: KafkaError) -> None:

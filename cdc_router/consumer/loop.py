@@ -230,7 +230,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                         "attempts": attempts, "event_id": event_id}
         try:
             self._dead_letters.send(message, stage=stage, error=error, attempts=attempts,
-                                    event_id=event_id, drop_value=bool(retry and retry.drop_value))
+                                    event_id=event_id, drop_value=retry.drop_value)
         except DeadLetterRefused as refused:
             retry.refusals += 1
             retry.drop_value = retry.drop_value or refused.too_large

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-from cdc_router.kafka.tls import certificate_advice, certificate_refusal
+from cdc_router.kafka.tls import CERTIFICATES, certificate_failure, certificate_refusal
 
 REPEAT_WINDOW_S = 60.0
 _NUMBERS = re.compile(r"\d+")
@@ -96,9 +96,8 @@ def with_kafka_refusal(line: str) -> str:
     kind, said = refusal
     if kind in (_CREDENTIALS, _MECHANISM):  # review 54-k F-4: the refusal leads, not a guess
         return _login_refused(kind, said)
-    if kind != _TLS:  # a certificate, added to the line: mid-stream it may have been brief
-        return f"{line} (the TLS handshake with Kafka failed: {said}; " \
-            f"{certificate_advice(kind, 'kafka.config')})"  # (reread 56-s F-1)
+    if kind in CERTIFICATES:  # added to the line: mid-stream it may have been brief (56-s F-1)
+        return f"{line} ({certificate_failure(kind, said, 'kafka.config')})"
     return (f"{line} (the TLS handshake with Kafka failed: {said}; check kafka.config's ssl.* "
             "settings: the CA file, the client certificate and key, the broker's host name in "
             f"its certificate, and kafka.security_protocol (now {_protocol()}) against the "
@@ -126,7 +125,7 @@ def refused_since(since: float) -> bool:
 def refused_certificate() -> bool:
     """Whether the refusal refused_login names is a certificate's (kafka/tls.py)."""
     refusal = _fresh_refusal()
-    return refusal is not None and refusal[0] not in (_TLS, _MECHANISM, _CREDENTIALS)
+    return refusal is not None and refusal[0] in CERTIFICATES
 
 
 def _login_refused(kind: str, said: str) -> str:
@@ -137,9 +136,9 @@ def _login_refused(kind: str, said: str) -> str:
     if kind == _MECHANISM:
         return (f"{kafka} does not enable this process's SASL mechanism: {said}; set "
                 "kafka.sasl_mechanism to one the broker lists; a restart does not mend it")
-    if kind != _CREDENTIALS:  # a certificate (kafka/tls.py)
-        return (f"the TLS handshake with {kafka} failed: {said}; "
-                f"{certificate_advice(kind, 'kafka.config')}; a restart does not mend it")
+    if kind in CERTIFICATES:
+        return f"{certificate_failure(kind, said, 'kafka.config', kafka)}; a restart does not " \
+            "mend it"
     return (f"{kafka} refused this process's credentials: {said}; check kafka.sasl_username and "
             "its password (kafka.sasl_password, or CDC_ROUTER__KAFKA__SASL_PASSWORD), "
             "kafka.sasl_mechanism and kafka.security_protocol against the broker's listener; "

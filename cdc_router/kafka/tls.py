@@ -29,9 +29,18 @@ def certificate_refusal(text: str) -> str | None:
     return None
 
 
+CERTIFICATES = (BROKER_CERTIFICATE, CLIENT_CERTIFICATE)
+
+
+def certificate_failure(kind: str, said: str, settings: str, kafka: str = "Kafka") -> str:
+    """The line of a TLS handshake with `kafka` refused for a certificate of `kind` (librdkafka
+    `said` so) and what to check (certificate_advice)."""
+    return f"the TLS handshake with {kafka} failed: {said}; {certificate_advice(kind, settings)}"
+
+
 def certificate_advice(kind: str, settings: str) -> str:
     """What to check for a refused certificate of `kind`; `settings` names where the ssl.*
-    properties are given ("kafka.config's", "consumer_config's")."""
+    properties are given ("kafka.config", "consumer_config")."""
     if kind == CLIENT_CERTIFICATE:
         return (f"the broker's listener refused this process's client certificate (none given, "
                 f"or one its CA does not sign): set {settings} ssl.certificate.location and "

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import SECTIONS, Report, sections
-from cdc_router.ops.verdict import EXIT_CODES, verdict
+from cdc_router.ops.verdict import EXIT_CODES, outbox_tables, verdict
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")
@@ -138,7 +138,7 @@ def _wal(report: Report) -> Iterator[GaugeMetricFamily]:
 
 def _outbox(report: Report) -> Iterator[GaugeMetricFamily]:
     """One sample per table checked: the outbox and the connector's other captured tables."""
-    checked = [outbox for outbox in (report.outbox, *report.outbox.others)
+    checked = [outbox for outbox in outbox_tables(report)
                if outbox.error is None and outbox.rows is not None]
     if not checked:
         return

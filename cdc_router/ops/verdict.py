@@ -165,9 +165,10 @@ def _publication(report: Report) -> Iterator[Problem]:
                       "exist: the connector cannot stream; run `cdc-router outbox init` "
                       "with its name (--publication)")
         return
+    published = {unquoted(table) for table in publication.tables}
     for outbox in outbox_tables(report):
         if outbox.table is None or outbox.error is not None or \
-                unquoted(outbox.table) in {unquoted(t) for t in publication.tables}:
+                unquoted(outbox.table) in published:
             continue
         fix = publication_fix(publication.name, outbox.table, partitioned=bool(
             outbox.partitioned) and not publication.via_root)

@@ -75,10 +75,8 @@ class SlowLookups:
         self._count = 0
         self._worst = 0.0
 
-    def timed(self, url: str, what: str, step: Callable[[], T], *, asked: bool = True) -> T:
-        """step(), whose time is noted when it `asked` the registry at `url` to `what`."""
-        if not asked:
-            return step()
+    def timed(self, url: str, what: str, step: Callable[[], T]) -> T:
+        """step(), whose time is noted: it asked the registry at `url` to `what`."""
         started = self._clock()
         try:
             return step()
