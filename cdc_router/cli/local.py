@@ -66,8 +66,11 @@ def cli() -> None:
 @click.option("--kafka-port", type=PORT, help="Default 19092.")
 @click.option("--kafka-controller-port", "controller_port", type=PORT, help="Default 19093.")
 @click.option("--connect-port", type=PORT, help="Default 18083.")
-@click.option("--nats-port", type=PORT, help="Default 14222 (with `--with nats`).")
-@click.option("--registry-port", type=PORT, help="Default 18081 (with `--with registry`).")
+@click.option("--nats-port", type=PORT,
+              help="Default 14222 (with `--with nats`); to be given when other ports are moved.")
+@click.option("--registry-port", type=PORT,
+              help="Default 18081 (with `--with registry`); to be given when other ports are "
+                   "moved.")
 @click.option("--connect-offset-flush-interval-ms", type=click.IntRange(min=100),
               help="Connect's offset.flush.interval.ms (default 10000, at least 100).")
 @click.option("--with", "with_parts", type=click.Choice(OPTIONAL_PARTS), multiple=True,
@@ -82,6 +85,7 @@ def up(home: Path, jar_cache: Path | None, with_parts: tuple[str, ...],
     if jar_cache is not None:
         changes["jar_cache"] = jar_cache.resolve()
     config = StackConfig.model_validate({**current.model_dump(), **changes})
+    _refuse_a_default_port_beside_moved_ones(config, changes, with_parts)
     started = time.monotonic()
     stack.up(config, _say, optional=cast("tuple[Part, ...]", with_parts))
     click.echo(f"stack ready in {time.monotonic() - started:.1f}s (state under {config.home})")
@@ -108,6 +112,33 @@ def _refuse_moving_running_parts(current: StackConfig, changes: dict[str, object
                     f"{part} is running with {was}: stop the stack first "
                     f"(`cdc-router local down`), then `up` with the new value",
                     param_hint=f"'{option}'")
+
+
+# The ports of the parts every stack has; the optional parts' defaults are the default stack's.
+_STACK_PORTS = {"postgres_port": "postgres", "kafka_port": "kafka",
+                "controller_port": "kafka controller", "connect_port": "connect"}
+
+
+def _refuse_a_default_port_beside_moved_ones(config: StackConfig, changes: dict[str, object],
+                                             with_parts: tuple[str, ...]) -> None:
+    """An optional part started for the first time on its default port, in a stack whose other
+    ports were moved: refused, naming its option (low 57: a second stack's registry took
+    18081, the default stack's, and one of the two could not start). A port given, or the
+    one this home started the part with before, is kept."""
+    fields = StackConfig.model_fields
+    moved = [f"{part} {getattr(config, name)}" for name, part in _STACK_PORTS.items()
+             if getattr(config, name) != fields[name].default]
+    for part in with_parts:
+        name = f"{part}_port"
+        default = fields[name].default
+        if (not moved or name in changes or getattr(config, name) != default
+                or config.part_dir(cast("Part", part)).is_dir()):
+            continue
+        raise click.BadParameter(
+            f"`--with {part}` would listen on {default}, the default stack's port, while this "
+            f"stack's other ports were moved ({', '.join(moved)}): give it its own with "
+            f"--{part}-port N (--{part}-port {default} to take the default anyway)",
+            param_hint=f"'--{part}-port'")
 
 
 @cli.command()

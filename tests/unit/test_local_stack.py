@@ -307,3 +307,43 @@ def test_down_stops_a_postmaster_restarted_by_hand_named_by_its_data_directory(
         for child in (postmaster, stranger):
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("part", ["registry", "nats"])
+def test_an_optional_part_on_its_default_port_beside_moved_ones_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, part: str):
+    # Low 57: `up --with registry` on other ports (a second stack) took 18081, the default
+    # stack's registry port (nats' 14222 alike): one of the two stacks could not start it.
+    started: list[tuple[StackConfig, Any]] = []
+    monkeypatch.setattr(stack, "up", lambda config, say, optional: started.append(
+        (config, optional)))
+    ports = [f"--{name.replace('_', '-').replace('controller', 'kafka-controller')}={port}"
+             for name, port in _free_ports().items()]
+    home = tmp_path / "stack"
+    refused = CliRunner().invoke(main, ["local", "up", "--home", str(home), *ports,
+                                        "--with", part])
+    default = StackConfig.model_fields[f"{part}_port"].default
+    assert refused.exit_code == 2 and started == [] and not (home / "stack.json").exists()
+    assert f"Invalid value for '--{part}-port'" in refused.output
+    assert f"`--with {part}` would listen on {default}, the default stack's port" in \
+        refused.output
+    assert f"--{part}-port N (--{part}-port {default} to take the default anyway)" in \
+        refused.output
+    assert "postgres " in refused.output and "Traceback" not in refused.output
+
+    given = CliRunner().invoke(main, ["local", "up", "--home", str(home), *ports,
+                                      "--with", part, f"--{part}-port", "1234"])
+    assert given.exit_code == 0, given.output
+    assert getattr(started[-1][0], f"{part}_port") == 1234
+    # Asked for by name, the default is taken; and a part this home started before keeps
+    # its port (no option needed on the next `up`).
+    for args in ([f"--{part}-port", str(default)], []):
+        again = CliRunner().invoke(main, ["local", "up", "--home", str(home), *ports,
+                                          "--with", part, *args])
+        assert again.exit_code == 0, again.output
+        (home / part).mkdir(parents=True, exist_ok=True)
+    # The default stack's own ports: nothing moved, nothing refused.
+    default_stack = CliRunner().invoke(main, ["local", "up", "--home", str(tmp_path / "d"),
+                                              "--with", part])
+    assert default_stack.exit_code == 0, default_stack.output
+    assert getattr(started[-1][0], f"{part}_port") == default
