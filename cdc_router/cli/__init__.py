@@ -94,6 +94,7 @@ def _kafka_failure(error: Exception) -> str | None:
         return None
     from cdc_router.kafka.errors import describe, kafka_error_of  # loads confluent_kafka only
     from cdc_router.kafka.logs import noted_cluster
+    from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE
 
     cluster = noted_cluster()
     failed = f"a Kafka call to {cluster} failed" if cluster else "a Kafka call failed"
@@ -111,9 +112,8 @@ def _kafka_failure(error: Exception) -> str | None:
         hint = ("; check kafka.config's file paths (ssl.*.location), the key password and the "
                 "property names")
         if "ssl.key.location failed" in found.str():  # QA 56-d F-5: name the variable
-            hint = ("; librdkafka could not read the private key of ssl.key.location: if it is "
-                    "encrypted, set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD (ssl.key.password) "
-                    "to its passphrase; else check that the file is a PEM private key")
+            hint = f"; librdkafka could not read the private key of ssl.key.location: " \
+                f"{KEY_PASSWORD_ADVICE}"
     return f"{failed}: {describe(found)}{hint}"
 
 

@@ -28,6 +28,7 @@ from cdc_router.errors import (
     grant_refusal,
 )
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
+from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE, KEY_PASSWORD_VARIABLE
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.streams import StreamAdmin, start_problem, start_warning
 from cdc_router.router import clients
@@ -247,14 +248,12 @@ def _key_unread(text: str, config: RouterConfig, source: str | None) -> ConfigEr
         return ConfigError(
             f"librdkafka could not read the private key ssl.key.location {key}: {text}",
             source=source, field="kafka.config.ssl.key.password",
-            hint="ssl.key.password is not set: if the key is encrypted, set "
-                 "CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD in this process's environment to "
-                 "its passphrase; else check that the file is a PEM private key")
+            hint=f"ssl.key.password is not set: {KEY_PASSWORD_ADVICE}")
     return ConfigError(
         f"librdkafka could not read the private key ssl.key.location {key} with the "
         f"ssl.key.password given: {text}", source=source, field="kafka.config.ssl.key.password",
-        hint="set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD to the key's passphrase, and "
-             "check that the file is the PEM private key of ssl.certificate.location")
+        hint=f"set {KEY_PASSWORD_VARIABLE} to the key's passphrase, and check that the file "
+             "is the PEM private key of ssl.certificate.location")
 
 
 def _takes(key: str, value: str) -> bool:

@@ -784,6 +784,30 @@ def test_an_encrypted_client_key_librdkafka_cannot_read_names_its_password_varia
     assert "CONFIGURATION.md" not in line and "wrong-passphrase" not in line, line
 
 
+def test_an_unreadable_key_without_password_is_told_alike_by_run_and_the_other_commands(
+        ) -> None:
+    # Review 57: `run`'s line and the other commands' gave the same advice in two wordings
+    # (one without the property's name, one without 'in this process's environment'): it is
+    # built once, naming the variable config/load.py reads.
+    from cdc_router.cli import _kafka_failure
+    from cdc_router.cli.run import _key_unread
+    from cdc_router.config.load import variable_of
+
+    config = RouterConfig.model_validate({
+        "source": {"topics": ["raw"]}, "routes": [{"topic": "x"}],
+        "kafka": {"security_protocol": "SSL", "config": {"ssl.key.location": "/k.pem"}}})
+    advice = ("if the key is encrypted, set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD "
+              "(ssl.key.password) to its passphrase; else check that the file is a PEM "
+              "private key")
+    assert variable_of(("kafka", "config", "ssl.key.password")) in advice
+    run_line = str(_key_unread("PEM lib", config, None))
+    other = _kafka_failure(KafkaException(KafkaError(
+        KafkaError._INVALID_ARG, "Failed to create producer: ssl.key.location failed: PEM lib")))
+    assert run_line.endswith(f"ssl.key.password is not set: {advice}"), run_line
+    assert other is not None and other.endswith(
+        f"could not read the private key of ssl.key.location: {advice}"), other
+
+
 def test_a_client_key_librdkafka_cannot_read_in_another_command_names_the_variable() -> None:
     # QA 56-d F-5: the one-shot commands' line said "check ... the key password and the
     # property names", naming no variable.
