@@ -27,6 +27,10 @@ from cdc_router.postgres import (
     table_identifier,
 )
 
+# How long `outbox init --relay` waits for a lock on the table before it gives up (its SET
+# lock_timeout, and what its line says: review 57, they were two '10 s').
+LOCK_TIMEOUT_S = 10
+
 
 def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
                       existing: Collection[str] = (),
@@ -227,7 +231,7 @@ def add_relay_columns(conn: psycopg.Connection[Any], table: str, txid_column: st
     conn.autocommit = True
     before = relay_catalog(conn, table)
     # Behind a long transaction, an ALTER would wait, and every INSERT queue behind it.
-    conn.execute("SET lock_timeout = '10s'")
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{LOCK_TIMEOUT_S}s")))
     schema_name, _ = split_table(table)
     partitioned = partitioned_by(conn, table, seq_column, "--table")
     not_null = seq_not_null_fix(conn, table, seq_column)  # an app's own seq (46 F1)
@@ -265,11 +269,12 @@ def _lock_waited(table: str) -> DatabaseError:
     the database since the build began) held init past lock_timeout; Postgres said only
     'canceling statement due to lock timeout'."""
     return DatabaseError(
-        f"`outbox init --relay` waited 10 s for a lock on {table} behind a transaction open "
-        "since before it (list them: SELECT pid, xact_start, state, query FROM "
-        "pg_stat_activity WHERE xact_start < now() - interval '10 s'); it gave up rather "
-        "than queue the table's INSERTs behind it. Nothing is lost: run it again once that "
-        "transaction ends (an index the cancelled build left INVALID is built again)")
+        f"`outbox init --relay` waited {LOCK_TIMEOUT_S} s for a lock on {table} behind a "
+        "transaction open since before it (list them: SELECT pid, xact_start, state, query "
+        f"FROM pg_stat_activity WHERE xact_start < now() - interval '{LOCK_TIMEOUT_S} s'); it "
+        "gave up rather than queue the table's INSERTs behind it. Nothing is lost: run it "
+        "again once that transaction ends (an index the cancelled build left INVALID is built "
+        "again)")
 
 
 def _under_init_lock(conn: psycopg.Connection[Any], statement: sql.Composed) -> None:

@@ -89,3 +89,20 @@ def test_a_lock_timeout_says_what_held_it_and_to_run_init_again(catalog: None) -
     assert "pg_stat_activity" in text
     assert text.endswith("run it again once that transaction ends (an index the cancelled "
                          "build left INVALID is built again)")
+
+
+def test_the_lock_timeout_set_is_the_one_the_line_names(catalog: None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 57: '10s' in the SET and '10 s' twice in the line were written apart; the
+    # constant LOCK_TIMEOUT_S gives all three.
+    from cdc_router.errors import DatabaseError
+
+    monkeypatch.setattr(relay_columns, "LOCK_TIMEOUT_S", 3)
+    conn = _HeldConn()
+    with pytest.raises(DatabaseError) as caught:
+        relay_columns.add_relay_columns(conn, "public.outbox", "txid",  # type: ignore[arg-type]
+                                        "seq")
+    assert ("SET lock_timeout = '3s'", False) in conn.statements
+    text = str(caught.value)
+    assert "waited 3 s for a lock on public.outbox" in text
+    assert "WHERE xact_start < now() - interval '3 s')" in text
