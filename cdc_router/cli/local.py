@@ -132,7 +132,7 @@ def _refuse_a_default_port_beside_moved_ones(config: StackConfig, changes: dict[
         name = f"{part}_port"
         default = fields[name].default
         if (not moved or name in changes or getattr(config, name) != default
-                or config.part_dir(cast("Part", part)).is_dir()):
+                or config.has(cast("Part", part))):
             continue
         raise click.BadParameter(
             f"`--with {part}` would listen on {default}, the default stack's port, while this "
@@ -153,7 +153,9 @@ def down(home: Path, purge: bool) -> None:
 @home_option
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text")
 def status(home: Path, output: str) -> None:
-    """Show each part's state, pid and address; exit 1 when no stack was started under --home."""
+    """Show each part's state, pid and address; exit 1 when no stack was started under --home.
+    An optional part the stack never started has no address (null in JSON): its default port
+    is the default stack's (low 57, as `env`)."""
     config = _saved(home)
     parts = stack.status(config)
     if output == "json":
@@ -163,7 +165,14 @@ def status(home: Path, output: str) -> None:
         click.echo(f"nothing is running (stack home {config.home})")
     for p in parts:
         pid = f"pid {p.pid}" if p.pid else ""
-        click.echo(f"{p.part:<9} {p.state:<8} {pid:<11} {p.address}")
+        address = p.address or f"no address, not part of this stack: {_start(config, p.part)}"
+        click.echo(f"{p.part:<9} {p.state:<8} {pid:<11} {address}")
+
+
+def _start(config: StackConfig, part: Part) -> str:
+    """How to start `part` in this stack: an optional part it does not have wants its port."""
+    port = "" if config.has(part) else f" --{part}-port PORT"
+    return f"`cdc-router local up --home {config.home} --with {part}{port}` starts it"
 
 
 @cli.command()
@@ -196,7 +205,7 @@ def env(home: Path) -> None:
     config = _saved(home)
     # QA 56-e F-3: a stack on other ports without a registry exported 18081, the default
     # stack's; the optional parts' ports are this stack's only once `up --with` started them.
-    has = {part for part in OPTIONAL_PARTS if config.part_dir(part).is_dir()}
+    has = {part for part in OPTIONAL_PARTS if config.has(part)}
     click.echo(f"export CDC_ROUTER_BOOTSTRAP_SERVERS={config.bootstrap_servers}")
     click.echo(f"export CDC_ROUTER_CONNECT_URL={config.connect_url}")
     click.echo(f"export CDC_ROUTER_PG_DSN={config.postgres_dsn}")
@@ -218,5 +227,4 @@ def env(home: Path) -> None:
                    err=True)
     for part in (part for part in OPTIONAL_PARTS if part not in running):  # QA 44-a
         said = "is not running" if part in has else "is not part of this stack (no address given)"
-        click.echo(f"# {part} {said}: `cdc-router local up --home {config.home} --with {part}"
-                   f"{'' if part in has else f' --{part}-port PORT'}` starts it", err=True)
+        click.echo(f"# {part} {said}: {_start(config, part)}", err=True)

@@ -70,6 +70,12 @@ class StackConfig(BaseModel):
     def part_dir(self, part: Part) -> Path:
         return self.home / part
 
+    def has(self, part: Part) -> bool:
+        """Whether `part` is this stack's: Postgres, Kafka and Connect always; an optional part
+        once `local up --with PART` started it under this home (its directory exists). Before
+        that its port is only the default, maybe another stack's (QA 56-e F-3)."""
+        return part not in OPTIONAL_PARTS or self.part_dir(part).is_dir()
+
     def log_path(self, part: Part) -> Path:
         return self.part_dir(part) / f"{part}.log"
 

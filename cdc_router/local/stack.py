@@ -55,7 +55,7 @@ class PartStatus:
     part: Part
     state: str  # running | stopped | stale (pid file of a dead process)
     pid: int | None
-    address: str
+    address: str | None  # None: an optional part the stack does not have (StackConfig.has)
     log: str
 
 
@@ -91,14 +91,11 @@ def status(config: StackConfig) -> list[PartStatus]:
     result = []
     for part in PARTS:
         pid = process.read_pid(config.pid_path(part))
-        if process.is_running(pid, process_marker(config, part)):
-            state = "running"
-        elif pid is not None:
-            state = "stale"
-        else:
-            state = "stopped"
-        result.append(PartStatus(part, state, pid if state == "running" else None,
-                                 _address(config, part), str(config.log_path(part))))
+        running = process.is_running(pid, process_marker(config, part))
+        state = "running" if running else "stale" if pid is not None else "stopped"
+        result.append(PartStatus(part, state, pid if running else None,
+                                 _address(config, part) if config.has(part) else None,
+                                 str(config.log_path(part))))
     return result
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
 from cdc_router.errors import ConfigError
 from cdc_router.local import config as stack_config
@@ -299,19 +300,23 @@ def test_local_env_says_which_optional_part_is_not_running(tmp_path, monkeypatch
     assert "export CDC_ROUTER_NATS_URL=nats://127.0.0.1:14222" in result.stdout
 
 
+def _local_on_prefix_2_ports(home: Path, *args: str) -> Result:
+    """`local ARGS --home HOME` for a stack saved there on prefix-2 ports (25432, 29092,
+    29093, 28083), which started no optional part unless its directory was made."""
+    from cdc_router.cli.local import cli
+
+    stack_config.save(stack_config.StackConfig(
+        home=home, jar_cache=home, postgres_port=25432, kafka_port=29092, controller_port=29093,
+        connect_port=28083))
+    return CliRunner().invoke(cli, [*args, "--home", str(home)])
+
+
 def test_local_env_of_a_stack_without_a_registry_names_no_other_stacks_port(tmp_path):
     # QA 56-e F-3: a stack on prefix-2 ports started without `--with registry` (nor nats)
     # exported CDC_ROUTER_REGISTRY_URL (and the NATS URLs) on the default ports 18081 and
     # 14222: another stack's, which `CDC_ROUTER__SCHEMA_REGISTRY__URL=$CDC_ROUTER_REGISTRY_URL`
     # then pointed this stack's router at, silently.
-    from click.testing import CliRunner
-
-    from cdc_router.cli.local import cli
-
-    stack_config.save(stack_config.StackConfig(
-        home=tmp_path, jar_cache=tmp_path, postgres_port=25432, kafka_port=29092,
-        controller_port=29093, connect_port=28083))
-    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    result = _local_on_prefix_2_ports(tmp_path, "env")
     assert result.exit_code == 0, result.output
     assert "18081" not in result.stdout and "14222" not in result.stdout
     assert not [line for line in result.stdout.splitlines()
@@ -319,6 +324,30 @@ def test_local_env_of_a_stack_without_a_registry_names_no_other_stacks_port(tmp_
     assert (f"# registry is not part of this stack (no address given): `cdc-router local up "
             f"--home {tmp_path} --with registry --registry-port PORT` starts it"
             in result.stderr.splitlines())
+
+
+def test_local_status_of_a_stack_without_nats_or_a_registry_gives_them_no_address(tmp_path):
+    # Low 57: `local status` of a stack on prefix-2 ports that never started nats nor the
+    # registry listed nats://127.0.0.1:14222 and http://127.0.0.1:18081/..., the default
+    # stack's, as this stack's addresses (`local env` no longer did: StackConfig.has).
+    result = _local_on_prefix_2_ports(tmp_path, "status")
+    assert result.exit_code == 0, result.output
+    assert "14222" not in result.stdout and "18081" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert "127.0.0.1:29092" in lines[2]
+    assert lines[4].split()[:2] == ["nats", "stopped"]
+    assert lines[4].endswith(
+        f"no address, not part of this stack: `cdc-router local up --home {tmp_path} --with "
+        f"nats --nats-port PORT` starts it")
+    result = _local_on_prefix_2_ports(tmp_path, "status", "-o", "json")
+    addresses = {part["part"]: part["address"] for part in json.loads(result.stdout)}
+    assert addresses["nats"] is None and addresses["registry"] is None
+    assert addresses["connect"] == "http://127.0.0.1:28083"
+    (tmp_path / "registry").mkdir()  # started once: its address is this stack's
+    result = _local_on_prefix_2_ports(tmp_path, "status", "-o", "json")
+    addresses = {part["part"]: part["address"] for part in json.loads(result.stdout)}
+    assert addresses["registry"] == "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert addresses["nats"] is None
 
 
 def test_local_env_and_status_refuse_a_home_with_no_stack(tmp_path):
