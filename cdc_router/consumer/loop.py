@@ -362,8 +362,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._fresh.extend(partitions)
         self._assigned = True
-        log.info("event=partitions_assigned group=%s partitions=%s", self.settings.group_id,
-                 _names(partitions))
+        # Low 57: an incremental round that adds nothing is no news; an eager empty list is.
+        level = logging.DEBUG if not partitions and self.settings.incremental else logging.INFO
+        log.log(level, "event=partitions_assigned group=%s partitions=%s",
+                self.settings.group_id, _names(partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         # Still the owner: commit what is done, by `consumer` (in a stop, review 47-e F4).

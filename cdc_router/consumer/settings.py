@@ -163,6 +163,16 @@ class ConsumerSettings:
         object.__setattr__(self, "consumer_config", MappingProxyType(dict(self.consumer_config)))
         object.__setattr__(self, "producer_config", MappingProxyType(dict(self.producer_config)))
 
+    @property
+    def incremental(self) -> bool:
+        """Whether the group rebalances incrementally, each assignment naming only what its
+        round adds (often nothing): consumer_config's partition.assignment.strategy
+        cooperative-sticky, or group.protocol consumer (KIP-848). Else eager (the default,
+        range,roundrobin): each names all the member holds."""
+        strategy = str(self.consumer_config.get("partition.assignment.strategy", ""))
+        protocol = str(self.consumer_config.get("group.protocol", ""))
+        return "cooperative" in strategy.lower() or protocol.strip().lower() == "consumer"
+
     def librdkafka_consumer(self) -> dict[str, Any]:
         """The confluent-kafka Consumer config: defaults, the user's additions, the pins."""
         return {

@@ -230,7 +230,8 @@ class Harness:
                  retry: RetryPolicy | None = None, decoder: Any = None,
                  event_id_source: str | None = None,
                  handler: Callable[[ConsumedEvent, Any], None] | None = None,
-                 producer_config: dict[str, str] | None = None) -> None:
+                 producer_config: dict[str, str] | None = None,
+                 consumer_config: dict[str, str] | None = None) -> None:
         self.clock = FakeClock()
         self.effects: list[ConsumedEvent] = []
         self.store = store or MemoryDedupStore()
@@ -241,7 +242,8 @@ class Harness:
             dead_letter_topic=DLQ, **chosen,  # type: ignore[arg-type]
             retry=retry or RetryPolicy(max_attempts=3, initial_backoff_s=1.0,
                                        max_backoff_s=4.0),
-            commit_interval_s=5.0, producer_config=producer_config or {})
+            commit_interval_s=5.0, producer_config=producer_config or {},
+            consumer_config=consumer_config or {})
         self.producers_built = 0
         self.loop: IdempotentConsumer[Any] = IdempotentConsumer(
             self.settings, self.store, handler or self.record_effect, decoder=decoder,

@@ -418,6 +418,42 @@ def test_revoke_commits_what_is_done_and_forgets_pending_retries() -> None:
     assert h.kafka.committed == {0: 3}
 
 
+@pytest.mark.parametrize("consumer_config", [
+    {"partition.assignment.strategy": "cooperative-sticky"}, {"group.protocol": "consumer"}])
+def test_an_incremental_assignment_that_adds_nothing_is_logged_at_debug_only(
+        consumer_config: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    # Low 57: with cooperative-sticky every member logged `partitions_assigned partitions=`
+    # (empty) at INFO on each incremental round (the local stack's Kafka 4.3: 3 such lines
+    # from the two members when one joined the other). What a round adds stays at INFO.
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="cdc_router.consumer.loop")
+    h = Harness({0: [], 1: []}, consumer_config=consumer_config)
+    assert h.settings.incremental
+    h.loop._on_assign(None, [])
+    h.loop._on_assign(None, [TopicPartition(TOPIC, 1)])
+    assigned = [(r.levelno, r.getMessage()) for r in caplog.records
+                if "partitions_assigned" in r.getMessage()]
+    assert assigned == [
+        (logging.DEBUG, "event=partitions_assigned group=fulfillment partitions="),
+        (logging.INFO, f"event=partitions_assigned group=fulfillment partitions={TOPIC}[1]")]
+
+
+def test_an_eager_assignment_of_nothing_is_still_told_at_info(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The default assignor (librdkafka's range,roundrobin) is eager: each assignment is all
+    # the member holds, and an empty one says it holds none (more members than partitions).
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="cdc_router.consumer.loop")
+    h = Harness({0: []}, consumer_config={"partition.assignment.strategy": "roundrobin"})
+    assert not h.settings.incremental and not Harness({0: []}).settings.incremental
+    h.loop._on_assign(None, [])
+    assert [(r.levelno, r.getMessage()) for r in caplog.records
+            if "partitions_assigned" in r.getMessage()] == [
+        (logging.INFO, "event=partitions_assigned group=fulfillment partitions=")]
+
+
 def test_stop_finishes_the_record_in_hand_commits_and_closes() -> None:
     def handler(event: ConsumedEvent, _: None) -> None:
         h.effects.append(event)

@@ -41,7 +41,19 @@ def test_where_a_new_group_or_durable_starts_is_said() -> None:
     assert "`DeliverPolicy` all" in GUIDE and "DeliverPolicy.NEW" in GUIDE
 
 
-def test_the_batch_against_max_poll_interval_is_said() -> None:
+def test_the_partition_assignor_is_said() -> None:
+    # Low 57: neither README said which assignor the consumer uses (none set: librdkafka's
+    # eager default), how to choose cooperative-sticky, nor that a group switches at once.
+    settings = ConsumerSettings(bootstrap_servers="b:9092", group_id="g", topics=("t",),
+                                dead_letter_topic="t.dlq")
+    assert "partition.assignment.strategy" not in settings.librdkafka_consumer()
+    said = " ".join(GUIDE.split())  # as read, whatever the line breaks
+    assert "default holds: `range,roundrobin`, eager" in said
+    assert 'consumer_config={"partition.assignment.strategy": "cooperative-sticky"}' in said
+    assert "code=INCONSISTENT_GROUP_PROTOCOL" in said
+
+
+
     # F-low-4: a batch handled for longer than max.poll.interval.ms is redone whole.
     default = ConsumerSettings.__dataclass_fields__["batch_size"].default
     assert f"A batch of up to `batch_size` records ({default})" in GUIDE
