@@ -26,14 +26,15 @@ _BROKER = re.compile(r"(?:(?P<protocol>[A-Za-z][A-Za-z0-9+._-]*)://)?"
 _USER_INFO = re.compile(r"^(?P<head>[^/@]*://)?.*@")  # not Kafka's, maybe a password
 
 
-def _broker_problem(entry: str, match: re.Match[str] | None) -> str | None:
+def _broker_problem(entry: str, match: re.Match[str] | None,
+                    credentials: str = "kafka.sasl_username and kafka.sasl_password"
+                    ) -> str | None:
     """Why one entry of kafka.bootstrap_servers (`match`: _BROKER's of it) is no broker
     librdkafka can reach; None when it is one. librdkafka itself only logs such an entry, or
     dials port 0 for `host:abc`, and the router then reported an unreachable cluster (review
     46-2 F2)."""
     if match is None and "@" in entry:
-        return ("a server's address holds no credentials: set kafka.sasl_username and "
-                "kafka.sasl_password")
+        return f"a server's address holds no credentials: set {credentials}"
     if match is None:
         if entry.count(":") > 1 and "[" not in entry and "://" not in entry:
             return "an IPv6 address goes in brackets, [::1]:9092"
@@ -49,6 +50,37 @@ def _broker_problem(entry: str, match: re.Match[str] | None) -> str | None:
         return "it names no port (host:port, e.g. kafka:9092)"
     if not 1 <= int(port) <= 65535:
         return "its port must be a number from 1 to 65535"
+    return None
+
+
+def bootstrap_problem(servers: str, security_protocol: str | None, protocol_setting: str,
+                      credentials: str = "kafka.sasl_username and kafka.sasl_password"
+                      ) -> tuple[str, str] | None:
+    """Why `servers` (a bootstrap.servers list) is no list librdkafka can use, with the entry
+    to show (its user info masked); None when it is fine. `security_protocol`: the one set
+    (None: PLAINTEXT, the default) in `protocol_setting`, for the line. The router's
+    kafka.bootstrap_servers and the idempotent consumer's bootstrap_servers (QA 57-c F-1)."""
+    # librdkafka ignores a server whose prefix is not security.protocol ("parse error:
+    # protocol SSL does not match security.protocol setting plaintext").
+    protocol = (security_protocol or "PLAINTEXT").upper()
+    entries = [entry.strip() for entry in servers.split(",")]
+    # librdkafka skips empty entries: `kafka:9092,` from a template works (review 46-3).
+    for entry in filter(None, entries):
+        match = _BROKER.fullmatch(entry)
+        problem = _broker_problem(entry, match, credentials)
+        named = match["protocol"] if match else None
+        if problem is None and named is not None and named.upper() != protocol:
+            problem = (f"the prefix {named}:// is not {protocol_setting} ({protocol}"
+                       f"{'' if security_protocol else ', the default'}), and "
+                       "librdkafka ignores such a server: set "
+                       f"{protocol_setting}: {named.upper()}, or drop the prefix")
+        if problem:
+            return ("each server must be host:port (a hostname, an IPv4 address or [IPv6]), "
+                    f"several separated by commas: {problem}",
+                    _USER_INFO.sub(r"\g<head>*****@", entry))
+    if not any(entries):
+        return "each server must be host:port, several separated by commas: it names no " \
+            "server", servers
     return None
 
 
@@ -109,27 +141,10 @@ class KafkaSettings(_Model):
 
     @model_validator(mode="after")
     def _brokers(self) -> KafkaSettings:
-        # librdkafka ignores a server whose prefix is not security.protocol ("parse error:
-        # protocol SSL does not match security.protocol setting plaintext").
-        protocol = self.security_protocol or "PLAINTEXT"
-        entries = [entry.strip() for entry in self.bootstrap_servers.split(",")]
-        # librdkafka skips empty entries: `kafka:9092,` from a template works (review 46-3).
-        for entry in filter(None, entries):
-            match = _BROKER.fullmatch(entry)
-            problem = _broker_problem(entry, match)
-            named = match["protocol"] if match else None
-            if problem is None and named is not None and named.upper() != protocol:
-                problem = (f"the prefix {named}:// is not kafka.security_protocol ({protocol}"
-                           f"{'' if self.security_protocol else ', the default'}), and "
-                           "librdkafka ignores such a server: set kafka.security_protocol: "
-                           f"{named.upper()}, or drop the prefix")
-            if problem:
-                raise _fail("bootstrap_servers", "each server must be host:port (a hostname, "
-                            "an IPv4 address or [IPv6]), several separated by commas: "
-                            f"{problem}", _USER_INFO.sub(r"\g<head>*****@", entry))
-        if not any(entries):
-            raise _fail("bootstrap_servers", "each server must be host:port, several "
-                        "separated by commas: it names no server", self.bootstrap_servers)
+        problem = bootstrap_problem(self.bootstrap_servers, self.security_protocol,
+                                    "kafka.security_protocol")
+        if problem:
+            raise _fail("bootstrap_servers", *problem)
         return self
 
     @field_validator("config", "producer", "consumer")

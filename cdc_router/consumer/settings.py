@@ -9,7 +9,8 @@ from typing import Any, Literal, TypeVar
 
 from confluent_kafka import KafkaException
 
-from cdc_router.config.topic_names import TopicGuard
+from cdc_router.config.connections import bootstrap_problem
+from cdc_router.config.topic_names import TopicGuard, topic_name_problem
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.errors import ConfigError
@@ -142,6 +143,7 @@ class ConsumerSettings:
              self.consumer_config.get("group.id")),
         ]
         check_all(source, checks)
+        _check_names(self, source)
         consumer = _consumer_of(self.topics, self.dead_letter_topic, source)
         if consumer is not None:
             # Review 52-c F-HIGH-15: with a `^regex` matching it, the consumer read its own
@@ -205,6 +207,24 @@ class ConsumerSettings:
             **self.producer_config,
             **_PINNED_PRODUCER,
         }
+
+
+def _check_names(settings: ConsumerSettings, source: str) -> None:
+    """The router's own rules for bootstrap.servers and topic names (QA 57-c F-1: an http://
+    server or a topic named 'payments confirmed' was taken, and run() waited for ever)."""
+    protocol = settings.consumer_config.get("security.protocol")
+    problem = bootstrap_problem(settings.bootstrap_servers,
+                                None if protocol is None else str(protocol),
+                                "consumer_config['security.protocol']",
+                                "consumer_config's sasl.username and sasl.password")
+    if problem:
+        raise ConfigError(problem[0], source=source, field="bootstrap_servers",
+                          value=problem[1])
+    named = [("topics", topic) for topic in settings.topics if not topic.startswith("^")]
+    for name, topic in [*named, ("dead_letter_topic", settings.dead_letter_topic)]:
+        problem_of_topic = topic_name_problem(topic, internal_ok=name == "topics")
+        if problem_of_topic:
+            raise ConfigError(problem_of_topic, source=source, field=name, value=topic)
 
 
 def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field: str) -> T:

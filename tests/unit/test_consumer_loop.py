@@ -611,12 +611,26 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"batch_size": 1_000_001}, "batch_size"),
     ({"consumer_config": None}, "consumer_config"),
     ({"producer_config": [("a", "b")]}, "producer_config"),
+    # QA 57-c F-1: the router's refusals; run() waited for ever on each.
+    ({"bootstrap_servers": "http://127.0.0.1:9092"}, "bootstrap_servers.*not HTTP"),
+    ({"bootstrap_servers": "b"}, "bootstrap_servers.*names no port"),
+    ({"bootstrap_servers": "SSL://b:9093"},
+     r"bootstrap_servers.*set consumer_config\['security.protocol'\]: SSL"),
+    ({"topics": ("payments confirmed",)}, "field 'topics': illegal characters ' '"),
+    ({"dead_letter_topic": "fulfillment/dlq"}, "field 'dead_letter_topic': illegal"),
 ])
 def test_unsafe_settings_are_config_errors(changes: dict[str, Any], field: str) -> None:
     base: dict[str, Any] = {"bootstrap_servers": "b:9092", "group_id": "g", "topics": (TOPIC,),
                             "dead_letter_topic": DLQ}
     with pytest.raises(ConfigError, match=field):
         ConsumerSettings(**{**base, **changes})
+
+
+def test_a_bootstrap_prefix_of_the_consumers_security_protocol_is_taken() -> None:
+    settings = ConsumerSettings(bootstrap_servers="SSL://b:9093,c:9093", group_id="g",
+                                topics=("^pay.*", TOPIC), dead_letter_topic=DLQ,
+                                consumer_config={"security.protocol": "ssl"})
+    assert settings.librdkafka_consumer()["bootstrap.servers"] == "SSL://b:9093,c:9093"
 
 
 @pytest.mark.parametrize(("topics", "dead_letter_topic", "words"), [
