@@ -172,6 +172,21 @@ def refused_for_good(error: psycopg.Error) -> bool:
         error.sqlstate is None and _REFUSED_FOR_GOOD.search(str(error)) is not None)
 
 
+# A relation, schema or column missing, or no privilege on it: the deploy's fault (a migration
+# not run, a grant missing), which every statement on it meets, not one row's (review 47-e F7).
+MISSING_OR_FORBIDDEN = frozenset({"42P01", "3F000", "42703", "42501"})
+
+
+def deploy_fault(error: psycopg.Error) -> bool:
+    """Whether neither a retry nor another row cures `error`: MISSING_OR_FORBIDDEN, a database
+    that does not exist (3D000), an authorization refused (class 28), or a connection refused
+    for good (refused_for_good). The dedup store's statements and the idempotent consumer's
+    handlers are judged by it (QA 57-c F-3)."""
+    state = error.sqlstate or ""
+    return state in MISSING_OR_FORBIDDEN or state == "3D000" or state.startswith("28") or \
+        refused_for_good(error)
+
+
 # Postgres went away or will not serve a session: a shutdown, a crash, a server still starting.
 _SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 

@@ -11,7 +11,9 @@ record's failure (retried, then dead-lettered), never a done mark nor the proces
   asyncio.run() inside the handler, GeneratorExit, a BaseException subclass of its own),
   turned into HandlerAborted: the store then sees an ordinary failure (rolled back, claim
   released) and so does the loop. KeyboardInterrupt and SystemExit still end run(): they ask
-  the process to stop, and a record must not swallow a Ctrl-C or a sys.exit().
+  the process to stop, and a record must not swallow a Ctrl-C or a sys.exit();
+- a psycopg error that is no record's fault (store_checks.not_the_records): EffectRefused,
+  which stops run(), or RetriableError, retried without limit (QA 57-c F-3).
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
+import psycopg
+
 from cdc_router.consumer.dedup.store import run_effect
 from cdc_router.consumer.event import STOPS_PROCESS, ConsumedEvent
+from cdc_router.consumer.store_checks import not_the_records
 from cdc_router.dead_letter import shown_error
 from cdc_router.errors import ConfigError
 
@@ -87,6 +92,11 @@ def guarded(handler: Handler[Context]) -> Handler[Context]:
     def call(event: ConsumedEvent, context: Context) -> None:
         try:
             run_effect(functools.partial(handler, event), context)
+        except psycopg.Error as error:
+            instead = not_the_records(error)
+            if instead is None:
+                raise
+            raise instead from error
         except (*STOPS_PROCESS, Exception):
             raise
         except BaseException as error:

@@ -57,9 +57,16 @@ from cdc_router.consumer.jetstream_message import (
     record_of,
     refused_for_good,
 )
-from cdc_router.consumer.jetstream_pull import Puller, PullFailed, close_client
+from cdc_router.consumer.jetstream_pull import (
+    Puller,
+    PullFailed,
+    close_client,
+    log_reconnected,
+    quietly,
+)
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
+from cdc_router.consumer.store_checks import check_store
 from cdc_router.dead_letter import shown_repr, without_frames
 from cdc_router.errors import ConfigError, JetStreamConsumerError, MalformedRecord, RegistryError
 from cdc_router.nats.connection import (
@@ -128,6 +135,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _main(self) -> None:
         client = await self._connect()
         try:
+            # A wrong DSN, no table: now, not at the first message (QA 57-c F-2); in the
+            # worker thread, whose store connection run_once then uses.
+            await self._blocking(functools.partial(check_store, self._store))
             self._js = client.jetstream(timeout=self.settings.connect_timeout_s)
             self._max_payload = int(client.max_payload)
             self._dead_letter_stream, self._ack_wait_s = await subscribe(
@@ -171,7 +181,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 servers(url), name=f"cdc-router-consumer-{self.settings.durable}",
                 connect_timeout=self.settings.connect_timeout_s, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=on_error,
-                disconnected_cb=self._disconnected, reconnected_cb=_log_reconnected,
+                disconnected_cb=self._disconnected, reconnected_cb=log_reconnected,
                 **options),
                 timeout=self.settings.connect_timeout_s)
         except ConfigError as refused:
@@ -232,7 +242,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
             keep_alive.cancel()
             # Stopping (or failing): hand the rest back now rather than after AckWait.
             for message in unsettled:
-                await _quietly(message.nak(), "nak")
+                await quietly(message.nak(), "nak")
         if outage is not None:
             await self._pause(outage)
 
@@ -247,7 +257,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         while True:
             await asyncio.sleep(self._ack_wait_s / 3)
             for message in list(unsettled):
-                await _quietly(message.in_progress(), "in_progress")
+                await quietly(message.in_progress(), "in_progress")
 
     async def _handle(self, message: Any) -> float | None:
         """Handle one message; the delay to wait before the next fetch after an outage."""
@@ -297,7 +307,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         log.warning("event=retry_scheduled reason=handler_failed stream=%s sequence=%d id=%s "
                     "attempt=%d delay_s=%.3f error=%s", record.stream, record.sequence,
                     event.shown_id, attempt, verdict.delay_s, shown_repr(error)[:300])
-        await _quietly(message.nak(delay=verdict.delay_s), "nak")
+        await quietly(message.nak(delay=verdict.delay_s), "nak")
 
     async def _outage(self, message: Any, record: JetStreamRecord, reason: str,
                       error: BaseException) -> float:
@@ -317,7 +327,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         log.log(level, "event=retry_scheduled reason=%s stream=%s sequence=%d delay_s=%.3f "
                 "error=%s", reason, record.stream, record.sequence, delay,
                 "" if error is None else repr(error_text(error)[:300]))
-        await _quietly(message.nak(delay=delay), "nak")
+        await quietly(message.nak(delay=delay), "nak")
 
     async def _dead_letter(self, message: Any, record: JetStreamRecord, stage: str,
                            error: BaseException, *, attempts: int,
@@ -365,7 +375,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._refused.pop(record.sequence, None)
         self._letters.pop(record.sequence, None)
         # A lost ack only means a redelivery, which the store reports as a duplicate.
-        await _quietly(message.term() if term else message.ack(), "term" if term else "ack")
+        await quietly(message.term() if term else message.ack(), "term" if term else "ack")
 
     async def _blocking(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
@@ -383,16 +393,3 @@ def _keep(kept: dict[int, T], sequence: int, value: T) -> T:
     while len(kept) > _MAX_REMEMBERED:
         del kept[next(iter(kept))]
     return value
-
-
-async def _quietly(acknowledgement: Any, what: str) -> None:
-    """Send an ack, nak, term or in-progress; a failure is logged, never raised."""
-    from nats.errors import Error as NatsError
-    try:
-        await acknowledgement
-    except NatsError as error:
-        log.info("event=%s_not_sent error=%s", what, error_text(error))
-
-
-async def _log_reconnected() -> None:
-    log.info("event=nats_reconnected")

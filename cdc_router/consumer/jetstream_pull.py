@@ -153,3 +153,16 @@ async def close_client(client: Any) -> None:
         await client.close()
     except (NatsError, TimeoutError, OSError) as error:  # the server went away meanwhile
         log.info("event=nats_close_failed error=%s", error_text(error))
+
+
+async def quietly(acknowledgement: Any, what: str) -> None:
+    """Send an ack, nak, term or in-progress; a failure is logged, never raised."""
+    from nats.errors import Error as NatsError
+    try:
+        await acknowledgement
+    except NatsError as error:
+        log.info("event=%s_not_sent error=%s", what, error_text(error))
+
+
+async def log_reconnected() -> None:
+    log.info("event=nats_reconnected")

@@ -23,7 +23,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -34,7 +33,9 @@ from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLett
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
+from cdc_router.consumer.retry import PartitionRetry
 from cdc_router.consumer.settings import ConsumerSettings, built
+from cdc_router.consumer.store_checks import check_store
 from cdc_router.dead_letter import shown_repr, without_frames
 from cdc_router.errors import (
     DeadLetterRefused,
@@ -55,19 +56,6 @@ from cdc_router.kafka.membership import ListedFactory, MembershipWatch, admin_li
 log = logging.getLogger(__name__)
 
 Context = TypeVar("Context")
-
-
-@dataclass
-class _Retry:
-    """Retry bookkeeping of the one record a partition is rewound to."""
-
-    offset: int
-    failures: int = 0  # handler failures, counted against retry.max_attempts
-    waits: int = 0  # every retry, whatever the cause; drives the backoff
-    not_before: float = 0.0
-    refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
-    drop_value: bool = False  # a dead letter was refused as too large: retry it without value
-    letter: dict[str, Any] | None = None  # the dead letter Kafka did not take: only it is retried
 
 
 class IdempotentConsumer(ConsumerControls, Generic[Context]):
@@ -105,7 +93,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             members_factory, clock)
         self._renewals = RenewalBudget(clock)  # of the consumer, by the membership watch
         self._generations = Generations()
-        self._retries: dict[tuple[str, int], _Retry] = {}
+        self._retries: dict[tuple[str, int], PartitionRetry] = {}
         self._rewound: set[tuple[str, int]] = set()
         self._fresh: list[TopicPartition] = []
         self._assigned = False  # once: a TLS handshake worked (client.raise_reported)
@@ -123,6 +111,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         try:
             self._dead_letters.open()
             self._dead_letters.require_topic(self._consumer, self._login_refused)
+            check_store(self._store)  # a wrong DSN, no table: now, not at the first record
             self._subscribe()
             while not self._stop.is_set():
                 self.poll_once()
@@ -207,7 +196,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             self._retry_later(message, retry, "handler_retriable", error)
             return
         except Exception as error:
-            retry = retry or _Retry(offset=message.offset())
+            retry = retry or PartitionRetry(offset=message.offset())
             retry.failures += 1
             if self.settings.retry.exhausted(retry.failures):
                 self._dead_letter(message, STAGE_HANDLE, error, attempts=retry.failures,
@@ -224,8 +213,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._acknowledge(message)
 
     def _dead_letter(self, message: KafkaMessage, stage: str, error: Exception, *,
-                     attempts: int, retry: _Retry | None, event_id: str | None = None) -> None:
-        retry = retry or _Retry(offset=message.offset())
+                     attempts: int, retry: PartitionRetry | None,
+                     event_id: str | None = None) -> None:
+        retry = retry or PartitionRetry(offset=message.offset())
         retry.letter = {"stage": stage, "error": without_frames(error),  # not its locals
                         "attempts": attempts, "event_id": event_id}
         try:
@@ -253,11 +243,11 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         # the same dead letter again (nothing else records it). Dead letters are rare.
         self._commit()
 
-    def _retry_later(self, message: KafkaMessage, retry: _Retry | None, reason: str,
+    def _retry_later(self, message: KafkaMessage, retry: PartitionRetry | None, reason: str,
                      error: BaseException | None) -> None:
         """Pause the partition and rewind it to `message`, to be resumed after a backoff."""
         tp = (message.topic(), message.partition())
-        retry = retry or _Retry(offset=message.offset())
+        retry = retry or PartitionRetry(offset=message.offset())
         retry.waits += 1
         delay = self.settings.retry.backoff(retry.waits, self._rng)
         retry.not_before = self._clock() + delay

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from cdc_router.errors import ConfigError
 
@@ -72,3 +73,16 @@ def finite_number(value: object) -> bool:
 def whole_number(value: object) -> bool:
     """An int of at least 1, not a bool (True was taken for 1)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass
+class PartitionRetry:
+    """The Kafka loop's retry bookkeeping of the one record a partition is rewound to."""
+
+    offset: int
+    failures: int = 0  # handler failures, counted against retry.max_attempts
+    waits: int = 0  # every retry, whatever the cause; drives the backoff
+    not_before: float = 0.0
+    refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
+    drop_value: bool = False  # a dead letter was refused as too large: retry it without value
+    letter: dict[str, Any] | None = None  # the dead letter Kafka did not take: only it is retried

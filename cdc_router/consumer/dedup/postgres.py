@@ -39,11 +39,17 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from cdc_router.consumer.checks import check_all
+from cdc_router.consumer.dedup.postgres_rules import (
+    IDLE_IN_TRANSACTION_TIMEOUT,
+    UNSTORABLE_TEXT,
+    check_committable,
+    contention,
+    effects_fault,
+)
 from cdc_router.consumer.dedup.store import (
     DedupKey,
     DedupStoreError,
     DedupStoreRefused,
-    EffectAborted,
     NestedEventBusy,
     Outcome,
     run_effect,
@@ -51,6 +57,7 @@ from cdc_router.consumer.dedup.store import (
 from cdc_router.consumer.retry import finite_number, whole_number
 from cdc_router.postgres import (
     delete_in_chunks,
+    deploy_fault,
     one_line,
     refused_for_good,
     session_options,
@@ -60,30 +67,6 @@ from cdc_router.postgres import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TABLE = "public.cdc_router_dedup"
-
-
-def _check_committable(conn: psycopg.Connection[tuple[object, ...]], key: DedupKey) -> None:
-    """Raise EffectAborted unless the dedup transaction can still commit what it holds.
-
-    An effect that catches a database error (`except UniqueViolation: pass`) leaves the
-    transaction aborted; Postgres answers the COMMIT with ROLLBACK and psycopg does not
-    raise, so without this check the record would be acknowledged with neither its effect
-    nor its dedup row.
-    """
-    if conn.broken:  # the effect caught the error of a lost connection: an outage
-        raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: the "
-                              "connection to Postgres was lost while the effect ran")
-    status = conn.info.transaction_status
-    if status == TransactionStatus.INERROR:
-        raise EffectAborted(
-            f"the effect of event {key.event_id} caught a database error and returned, so "
-            "Postgres rolled back its writes and the dedup row; let the error propagate, or "
-            "wrap the statement that may fail in a savepoint (`with conn.transaction():`)")
-    if status != TransactionStatus.INTRANS:
-        raise EffectAborted(
-            f"the effect of event {key.event_id} ended the dedup transaction itself "
-            f"(status {status.name}); it must not commit or roll back, so that its writes "
-            "and the dedup row commit together")
 
 
 # Postgres's lock_timeout is an int of milliseconds (about 24.8 days): a longer one refused
@@ -223,7 +206,7 @@ class PostgresDedupStore:
                 in_effect = True
                 run_effect(effect, conn)
                 in_effect = False
-                _check_committable(conn, key)
+                check_committable(conn, key)
                 if busy and not nested:  # the handler caught a NestedEventBusy and went on
                     raise _nested_busy(min(busy, key=str))
                 busy.discard(key)
@@ -238,7 +221,7 @@ class PostgresDedupStore:
             # Not a session the server ended for idling in this transaction longer than its
             # idle_in_transaction_session_timeout: the handler's pace, met at every retry
             # (review 47-e F2: retried as an outage for ever, the effect's calls repeated).
-            lost = conn.broken and error.sqlstate != _IDLE_IN_TRANSACTION_TIMEOUT
+            lost = conn.broken and error.sqlstate != IDLE_IN_TRANSACTION_TIMEOUT
             self._forget_broken()
             if isinstance(error, psycopg.errors.LockNotAvailable) and not in_effect \
                     and not committing and not lost:
@@ -246,19 +229,15 @@ class PostgresDedupStore:
                     busy.add(key)
                     raise _nested_busy(key) from error
                 return Outcome.BUSY  # another worker's transaction holds this event's row
-            if not in_effect and not committing and not lost and \
-                    error.sqlstate in _REFUSED_FOR_GOOD:
-                raise DedupStoreRefused(
-                    f"the dedup table {self._table_name} cannot be used: {one_line(error)}; "
-                    "create it (`cdc-router dedup init`, or the store's ensure_schema()) and "
-                    "grant this role SELECT, INSERT, UPDATE and DELETE on it") from error
+            if not in_effect and not committing and not lost and deploy_fault(error):
+                raise self._unusable(error) from error
             # A deadlock or serialization failure in the effect is contention between
             # workers, retried like the same error at COMMIT, not counted (review 46 F9).
             # An event id the database's encoding cannot hold is the record's fault (review
             # 47-e F3: retried as an outage for ever): retried, then dead-lettered.
-            if (in_effect or (committing and _effects_fault(error))
-                    or error.sqlstate in _UNSTORABLE_TEXT) and not lost \
-                    and not _contention(error):
+            if (in_effect or (committing and effects_fault(error))
+                    or error.sqlstate in UNSTORABLE_TEXT) and not lost \
+                    and not contention(error):
                 raise  # the handler's own failure: its retries and dead-lettering apply
             raise DedupStoreError(f"dedup transaction failed for event {key.event_id}: "
                                   f"{one_line(error)}") from error
@@ -273,6 +252,32 @@ class PostgresDedupStore:
                                       f"the connection to Postgres was lost while the effect "
                                       f"ran ({one_line(error)})") from error
             raise
+
+    def check(self) -> None:
+        """What the consumers ask at start (QA 57-c F-2): DedupStoreRefused unless this store
+        can connect and insert into its table (an INSERT of no row: the table, its columns and
+        the INSERT grant are checked, nothing is written); DedupStoreError when Postgres does
+        not answer (an outage, no verdict)."""
+        probe = sql.SQL("INSERT INTO {} (consumer_group, event_id) SELECT %s, %s WHERE false"
+                        ).format(self._table)
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                conn.execute(probe, ("", ""))
+        except psycopg.Error as error:
+            self._forget_broken()
+            if deploy_fault(error):
+                raise self._unusable(error) from error
+            raise DedupStoreError(f"cannot check the dedup table {self._table_name}: "
+                                  f"{one_line(error)}") from error
+
+    def _unusable(self, error: psycopg.Error) -> DedupStoreRefused:
+        """The store's statements refused for good (review 47-e F7: retried as an outage for
+        ever, every partition stalled): no table, schema or column, or no grant on them."""
+        return DedupStoreRefused(
+            f"the dedup table {self._table_name} cannot be used: {one_line(error)}; create it "
+            "(`cdc-router dedup init`, or the store's ensure_schema()) and grant this role "
+            "SELECT, INSERT, UPDATE and DELETE on it")
 
     def stale_cutoff(self, older_than: timedelta) -> datetime:
         """The database's `now() - older_than`: to count, then purge, the same rows."""
@@ -341,30 +346,6 @@ class PostgresDedupStore:
             opened, self._opened = self._opened, []
         for conn in opened:
             conn.close()
-
-
-# SQLSTATE classes of an error at COMMIT that the effect's writes caused (a deferred foreign
-# key or unique constraint, a constraint trigger that raises): the handler's failure, retried
-# then dead-lettered (review 33: retried as an outage, for ever, the partition stuck).
-_EFFECT_CLASSES = ("22", "23", "P0")
-
-
-_IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
-_UNSTORABLE_TEXT = frozenset({"22P05", "22021"})  # untranslatable, not in the encoding
-# The store's own statements refused so (review 47-e F7): no table, schema or column, or no
-# grant on them; retried as an outage, every partition stalled for ever.
-_REFUSED_FOR_GOOD = frozenset({"42P01", "3F000", "42703", "42501"})
-
-
-def _effects_fault(error: psycopg.Error) -> bool:
-    return (error.sqlstate or "")[:2] in _EFFECT_CLASSES or \
-        error.sqlstate == _IDLE_IN_TRANSACTION_TIMEOUT
-
-
-def _contention(error: psycopg.Error) -> bool:
-    """Class 40, transaction rollback: a deadlock or a serialization failure, which the same
-    transaction retried later does not meet again."""
-    return (error.sqlstate or "").startswith("40")
 
 
 def _nested_busy(busy: DedupKey) -> NestedEventBusy:

@@ -51,7 +51,13 @@ from contextlib import contextmanager
 import redis
 
 from cdc_router.consumer.checks import check_all
-from cdc_router.consumer.dedup.store import DedupKey, DedupStoreError, Outcome, run_effect
+from cdc_router.consumer.dedup.store import (
+    DedupKey,
+    DedupStoreError,
+    DedupStoreRefused,
+    Outcome,
+    run_effect,
+)
 from cdc_router.consumer.retry import whole_number
 from cdc_router.errors import ConfigError
 
@@ -165,6 +171,19 @@ class RedisDedupStore:
             self._release_claim(name, token)
             raise
         return self._mark_done(key, name, token, retry=False)
+
+    def check(self) -> None:
+        """What the consumers ask at start (QA 57-c F-2): a PING. DedupStoreRefused when Redis
+        refuses the client's login or the command; DedupStoreError when it does not answer (an
+        outage, no verdict)."""
+        try:
+            self._client.ping()
+        except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as error:
+            raise DedupStoreRefused(f"Redis refuses the dedup store's client: {error}; check "
+                                    "the client's username and password, and that its ACL "
+                                    "allows GET, SET, EVALSHA and PEXPIRE") from error
+        except redis.RedisError as error:
+            raise DedupStoreError(f"cannot reach Redis: {error}") from error
 
     def _mark_done(self, key: DedupKey, name: str, token: bytes, *, retry: bool) -> Outcome:
         """Mark `name` done over our claim `token`; DedupStoreError, and `name` remembered as
