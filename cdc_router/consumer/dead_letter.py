@@ -100,8 +100,13 @@ class DeadLetterWriter:
                 refused()
                 asked_s += wait_s
                 if asked_s >= self._timeout_s:
-                    log.warning("event=dead_letter_topic_unchecked topic=%s error=%r", topic,
-                                str(error))
+                    # QA 57-c F-4: a typo'd port looks like an outage; say what to check.
+                    log.warning("event=dead_letter_topic_unchecked topic=%s error=%r: no "
+                                "broker of bootstrap_servers %s answered in %g s; the consumer "
+                                "starts and waits for the cluster: if this lasts, check "
+                                "bootstrap_servers (its hosts and ports) and that Kafka runs "
+                                "there", topic, str(error), self._config.get("bootstrap.servers"),
+                                asked_s)
                     return
                 wait_s *= 2  # a cluster slow to answer gets its answer (review 52-j F7)
         found = found.topics.get(topic)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -69,15 +70,21 @@ def test_the_missing_dead_letter_topics_command_names_the_cluster() -> None:
         h.run()
 
 
-def test_a_dead_letter_topic_the_cluster_cannot_tell_of_yet_lets_the_consumer_start() -> None:
+def test_a_dead_letter_topic_the_cluster_cannot_tell_of_yet_lets_the_consumer_start(
+        caplog: pytest.LogCaptureFixture) -> None:
     h = Harness({0: [rec("a")]})
 
     def unreachable(topic: str, timeout: float) -> Any:
         raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
 
     h.kafka.list_topics = unreachable  # type: ignore[method-assign]
-    h.run()
+    with caplog.at_level(logging.WARNING):
+        h.run()
     assert [event.event_id for event in h.effects] == ["a"]
+    # QA 57-c F-4: the line names the setting and its value, so a typo'd port shows.
+    assert "no broker of bootstrap_servers fake:9092 answered in 30 s; the consumer starts " \
+        "and waits for the cluster: if this lasts, check bootstrap_servers (its hosts and " \
+        "ports)" in caplog.text
 
 
 def test_a_cluster_slow_to_tell_of_the_dead_letter_topic_is_waited_for() -> None:
