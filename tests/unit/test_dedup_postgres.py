@@ -79,6 +79,35 @@ def test_a_connection_refused_for_good_stops_the_consumer_at_its_first_record(
     assert harness.effects == [] and harness.stored_offset_of(0) == 0
 
 
+@pytest.mark.parametrize(("error", "advice"), [
+    ('OperationalError:connection is bad: invalid sslmode value: "bogus"',
+     "the DSN itself is malformed: check its option names and values"),
+    ('ProgrammingError:invalid connection option "bogus"',  # was retried for ever
+     "the DSN itself is malformed: check its option names and values"),
+    ('OperationalError:connection failed: connection to server at "127.0.0.1", port 5432 '
+     "failed: server does not support SSL, but SSL was required",
+     "the server does not speak TLS: set sslmode=prefer (or disable) in the DSN"),
+])
+def test_a_dsn_refused_for_its_text_or_tls_gets_advice_of_its_own(
+        monkeypatch: pytest.MonkeyPatch, error: str, advice: str) -> None:
+    # QA 57-c F-5: each got the advice for a refused login (user, password, pg_hba.conf).
+    import psycopg
+
+    from cdc_router.errors import DedupStoreRefused
+
+    kind, text = error.split(":", 1)
+
+    def connect(conninfo: str, **options: Any) -> None:
+        raise getattr(psycopg, kind)(text)
+
+    monkeypatch.setattr(postgres.psycopg, "connect", connect)
+    with pytest.raises(DedupStoreRefused) as refused:
+        PostgresDedupStore("host=db sslmode=bogus").check()
+    assert str(refused.value) == f"Postgres refuses the dedup store's connection: {text}; " \
+        f"{advice}" + str(refused.value).split(advice, 1)[1]
+    assert "pg_hba" not in str(refused.value)
+
+
 @pytest.mark.parametrize(("options", "field"), [
     ({"lock_timeout_s": "5"}, "lock_timeout_s"),
     ({"lock_timeout_s": float("nan")}, "lock_timeout_s"),

@@ -127,12 +127,11 @@ class PostgresDedupStore:
                     **session_options(self._conninfo, "cdc-router-consumer"),
                     "connect_timeout": self._connect_timeout_s})
             except psycopg.Error as error:
-                if refused_for_good(error):  # review 51-d F6: retried for ever as an outage
-                    raise DedupStoreRefused(
-                        f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
-                        "check the DSN's user, password and database, that the role may "
-                        "log in (LOGIN) and CONNECT to the database, and that pg_hba.conf "
-                        "lets this host in") from error
+                # Review 51-d F6: retried for ever as an outage. A DSN libpq cannot parse
+                # (ProgrammingError: an unknown option) was too (QA 57-c F-5).
+                if refused_for_good(error) or isinstance(error, psycopg.ProgrammingError):
+                    raise DedupStoreRefused(f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
+                                            f"{_refusal_advice(error)}") from error
                 raise DedupStoreError(
                     f"{CONNECTION_FAILURES[0]}: {one_line(error)}") from error
             self._local.conn = conn
@@ -346,6 +345,21 @@ class PostgresDedupStore:
             opened, self._opened = self._opened, []
         for conn in opened:
             conn.close()
+
+
+def _refusal_advice(error: psycopg.Error) -> str:
+    """What to check for a connection refused for good: the DSN's text, TLS or the login (QA
+    57-c F-5: an invalid sslmode value was given the login's advice)."""
+    text = str(error)
+    if isinstance(error, psycopg.ProgrammingError) or "connection is bad: invalid" in text:
+        return ("the DSN itself is malformed: check its option names and values (libpq's "
+                "connection parameters; sslmode is one of disable, allow, prefer, require, "
+                "verify-ca, verify-full)")
+    if "server does not support SSL" in text:
+        return ("the server does not speak TLS: set sslmode=prefer (or disable) in the DSN, "
+                "or enable ssl on the server")
+    return ("check the DSN's user, password and database, that the role may log in (LOGIN) "
+            "and CONNECT to the database, and that pg_hba.conf lets this host in")
 
 
 def _nested_busy(busy: DedupKey) -> NestedEventBusy:
