@@ -29,6 +29,15 @@ def test_the_first_snippet_creates_what_it_needs_and_stops_gracefully() -> None:
     assert "CREATE TABLE shipments" in shell
     assert all(column in shell for column in ("order_id", "event_id", "amount"))
     assert "signal.signal(" in snippet and "consumer.stop()" in snippet
+    # QA 57-c F-6: a start-up error (a wrong DSN, a missing dedup table) was a traceback.
+    tree = ast.parse(snippet)
+    [guard] = [node for node in tree.body if isinstance(node, ast.Try)]
+    assert [ast.unparse(handler.type) for handler in guard.handlers if handler.type
+            ] == ["CdcRouterError"]
+    inside = ast.unparse(ast.Module(body=guard.body, type_ignores=[]))
+    assert all(call in inside for call in ("ConsumerSettings(", "PostgresDedupStore(",
+                                           "ensure_schema()", "consumer.run()"))
+    assert "sys.exit(error.exit_code)" in snippet
 
 
 def test_where_a_new_group_or_durable_starts_is_said() -> None:
