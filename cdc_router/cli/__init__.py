@@ -94,7 +94,7 @@ def _kafka_failure(error: Exception) -> str | None:
         return None
     from cdc_router.kafka.errors import describe, kafka_error_of  # loads confluent_kafka only
     from cdc_router.kafka.logs import noted_cluster
-    from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE
+    from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE, key_refusal, tls_property, unloaded
 
     cluster = noted_cluster()
     failed = f"a Kafka call to {cluster} failed" if cluster else "a Kafka call failed"
@@ -108,12 +108,18 @@ def _kafka_failure(error: Exception) -> str | None:
     hint = ("; check kafka.bootstrap_servers and the security settings, and that the cluster "
             "is up") if unreachable else ""
     if found.code() == codes._INVALID_ARG and found.str().startswith("Failed to create"):
-        # QA 32-d: a certificate file it cannot read, a wrong key password, a bad property.
-        hint = ("; check kafka.config's file paths (ssl.*.location), the key password and the "
-                "property names")
-        if "ssl.key.location failed" in found.str():  # QA 56-d F-5: name the variable
-            hint = f"; librdkafka could not read the private key of ssl.key.location: " \
-                f"{KEY_PASSWORD_ADVICE}"
+        # QA 32-d: a certificate file it cannot read, a key, a bad property; the key's two
+        # cases (another certificate's, one it cannot read) and the file it names are told as
+        # `run` tells them (kafka/tls.py; fixer 57-y N-1, N-2).
+        advice = key_refusal(found.str())
+        unloadable = tls_property(found.str())
+        hint = "; check kafka.config's file paths (ssl.*.location) and the property names"
+        if advice == KEY_PASSWORD_ADVICE:  # QA 56-d F-5: name the variable
+            hint = f"; librdkafka could not read the private key of ssl.key.location: {advice}"
+        elif advice is not None:
+            hint = f"; {advice}"
+        elif unloadable is not None:
+            hint = f"; {unloaded(f'kafka.config.{unloadable}')}"
     return f"{failed}: {describe(found)}{hint}"
 
 

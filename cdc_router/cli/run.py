@@ -28,7 +28,14 @@ from cdc_router.errors import (
     grant_refusal,
 )
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
-from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE, KEY_PASSWORD_VARIABLE
+from cdc_router.kafka.tls import (
+    KEY_MISMATCH_ADVICE,
+    KEY_PASSWORD_ADVICE,
+    KEY_PASSWORD_VARIABLE,
+    key_refusal,
+    tls_property,
+    unloaded,
+)
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.streams import StreamAdmin, start_problem, start_warning
 from cdc_router.router import clients
@@ -194,8 +201,9 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
 
 def property_refused(failure: BaseException, config: RouterConfig, source: str | None = None,
                      env: Mapping[str, str] | None = None) -> ConfigError | None:
-    """A ConfigError naming the kafka.* section when librdkafka refused a client property
-    (unknown, or a bad value) as it built a client; None for any other failure. `source` is
+    """A ConfigError naming the kafka.* property (else section) when librdkafka refused a client
+    property (unknown, a bad value, a file it could not load, a key not the certificate's) as
+    it built a client; None for any other failure. `source` is
     the config file, `env` the overrides it was loaded with: the error names the variable
     that set the property, if one did."""
     error = kafka_error_of(failure) or kafka_error_of(failure.__cause__ or failure)
@@ -209,10 +217,15 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                                 "enables (sasl.enabled.mechanisms)")
     # librdkafka's text ends in a newline for a value out of range (review 46-2 F4).
     text = error.str().strip()
-    if "ssl.key.location failed" in text and "ssl.key.location" in config.kafka.config:
+    advice = key_refusal(text)
+    if advice == KEY_PASSWORD_ADVICE and "ssl.key.location" in config.kafka.config:
         return _key_unread(text, config, source)
     named = _REFUSED_NAME.search(text)
-    name = next((group for group in named.groups() if group), "") if named else ""
+    # Else an ssl.* file (or PEM) librdkafka could not load, which its text names: the field
+    # is that property, not kafka.config (fixer 57-y N-1).
+    unloadable = None if named else tls_property(text)
+    name = next((group for group in named.groups() if group), "") if named else \
+        unloadable or ""
     # The user's key and section, also for an alias librdkafka names by its canonical name;
     # of several sections setting it, the one whose value librdkafka refuses (review 48-e F9:
     # a valid producer value was blamed for kafka.config's bad one).
@@ -234,9 +247,9 @@ def property_refused(failure: BaseException, config: RouterConfig, source: str |
                        value=None if value is None or is_secret_key(key) else value,
                        hint="".join(f"{missing}; " for missing in
                                     missing_files(config.kafka.config))
-                       + "see librdkafka's CONFIGURATION.md for the names and values"
-                       + (", and check the key password of ssl.key.location"
-                          if "ssl.key.location" in config.kafka.config else ""))
+                       + (KEY_MISMATCH_ADVICE if advice == KEY_MISMATCH_ADVICE else
+                          unloaded(field) if unloadable else
+                          "see librdkafka's CONFIGURATION.md for the names and values"))
 
 
 def _key_unread(text: str, config: RouterConfig, source: str | None) -> ConfigError:
