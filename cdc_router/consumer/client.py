@@ -59,13 +59,32 @@ def certificate_refused(error: KafkaError) -> str | None:
     return certificate_failure(kind, describe(error), "consumer_config")
 
 
+def protocol_refused(error: KafkaError) -> str | None:
+    """The one line for a join the group refused because this member's assignors share none
+    with its other members' (INCONSISTENT_GROUP_PROTOCOL: eager against cooperative; a
+    classic member beside KIP-848 ones is taken, Kafka 4.3), or None. Configuration, not an
+    outage: it was refused every 2 s for ever and read nothing (fixer 57-y N-3), so the
+    consumer stops."""
+    if error.code() != KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+        return None
+    return (f"the consumer group refused this member: {describe(error)}; its consumer_config "
+            "partition.assignment.strategy is not of the kind the group's "
+            "other members use (eager: range or roundrobin, librdkafka's default; cooperative: "
+            "cooperative-sticky): switch every member of the group at once (stop them all, "
+            "start them all with the same setting; the consumer README's \"Partition "
+            "assignment\"); a member of the other kind that was killed holds the group until "
+            "its session.timeout.ms passes")
+
+
 def consumer_error(error: KafkaError) -> None:
     """Raise for an error that stops the consumer (the router's one classifier: fenced, as
     another member with our group.instance.id, although librdkafka does not flag it fatal;
-    credentials that may not read the topics; a certificate the TLS handshake refused), or
-    offsets it could not fetch; log others."""
+    credentials that may not read the topics; a certificate the TLS handshake refused; a join
+    its group refused for its assignors), or offsets it could not fetch; log others."""
     if certificate := certificate_refused(error):
         raise FatalKafkaError(certificate, code=error.code())
+    if refused := protocol_refused(error):
+        raise FatalKafkaError(refused, code=error.code())
     if stops_consumer(error):
         raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
                               f"{describe(error)}", code=error.code())
@@ -77,12 +96,13 @@ def consumer_error(error: KafkaError) -> None:
 
 
 def raise_reported(reported: list[KafkaError], *, at_start: bool) -> None:
-    """consumer_error for what error_cb alone was given (a refused login; a refused
-    certificate `at_start`, before any assignment: later one may be brief, a proxy's during a
-    rollout, and is waited out as the router does, reread 56-s F-2) that stops us; `reported`
-    is emptied."""
+    """consumer_error for what error_cb alone was given (a refused login, a join refused for
+    its assignors; a refused certificate `at_start`, before any assignment: later one may be
+    brief, a proxy's during a rollout, and is waited out as the router does, reread 56-s F-2)
+    that stops us; `reported` is emptied."""
     for error in reported:
-        if stops_consumer(error) or (at_start and certificate_refused(error)):
+        if stops_consumer(error) or protocol_refused(error) or \
+                (at_start and certificate_refused(error)):
             consumer_error(error)
     reported.clear()
 

@@ -96,7 +96,8 @@ class SourceErrors:
 
     def handle(self, error: KafkaError) -> None:
         """Nothing for the end of a partition; a wait for a raw topic not created yet;
-        FatalKafkaError when the consumer cannot go on; else a warning."""
+        FatalKafkaError when the consumer cannot go on (a join its group refuses too); else a
+        warning."""
         if error.code() == KafkaError._PARTITION_EOF:
             return
         if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -121,6 +122,14 @@ class SourceErrors:
                 if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ""  # QA 35-e
             raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}{grant}",
                                     error, consumer=True)
+        if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+            # Fixer 57-y N-3: it warned every 2 s for ever, and read nothing.
+            raise fatal_kafka_error(
+                f"the consumer group refused this router: {describe(error)}; a member of the "
+                "group source.group_id names uses an assignor that the router's (pinned: "
+                "roundrobin,range, eager) shares nothing with, as a cooperative-sticky one: "
+                "another application is using the router's group; give it a group of its own",
+                error, consumer=True)
         stranded = unfetched_offsets(error)
         if stranded is not None:
             raise stranded

@@ -59,7 +59,8 @@ def test_the_partition_assignor_is_said() -> None:
     said = " ".join(GUIDE.split())  # as read, whatever the line breaks
     assert "default holds: `range,roundrobin`, eager" in said
     assert 'consumer_config={"partition.assignment.strategy": "cooperative-sticky"}' in said
-    assert "code=INCONSISTENT_GROUP_PROTOCOL" in said
+    # Fixer 57-y N-3: a refused member stops (it warned every 2 s for ever).
+    assert "(`INCONSISTENT_GROUP_PROTOCOL`): its `run()` raises `FatalKafkaError` at once" in said
 
 
 

@@ -1,0 +1,60 @@
+"""A member its group refuses for its assignors (INCONSISTENT_GROUP_PROTOCOL) stops the
+idempotent consumer with what to do (fixer 57-y N-3: it warned every 2 s for ever and read
+nothing); the fakes of tests/unit/consumer_fakes.py."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.consumer.client import raise_reported
+from cdc_router.errors import CdcRouterError, FatalKafkaError
+from tests.unit.consumer_fakes import Harness, rec
+
+# librdkafka 2.16's text, a default (eager) member joining a cooperative-sticky group (Kafka 4.3).
+_REFUSED = "JoinGroup failed: Broker: Inconsistent group protocol"
+_ADVICE = ("its consumer_config partition.assignment.strategy is not of the kind the group's "
+           "other members use")
+
+
+def _refusal() -> KafkaError:
+    return KafkaError(KafkaError.INCONSISTENT_GROUP_PROTOCOL, _REFUSED)
+
+
+def test_a_join_refused_for_the_assignors_stops_the_loop_with_what_to_do() -> None:
+    h = Harness({0: [rec("a")]})
+    h.kafka.pending_errors.append(_refusal())
+    with pytest.raises(FatalKafkaError) as stopped:
+        h.run()
+    line = str(stopped.value)
+    assert isinstance(stopped.value, CdcRouterError) and \
+        stopped.value.code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+    assert line.startswith(f"the consumer group refused this member: "
+                           f"INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; {_ADVICE}"), line
+    assert "switch every member of the group at once" in line and \
+        '"Partition assignment"' in line, line
+    assert h.effects == [] and h.kafka.closed
+
+
+def test_a_join_refused_for_the_assignors_given_to_error_cb_alone_stops_too() -> None:
+    # Whichever way librdkafka hands it over: error_cb's are read after each poll.
+    for at_start in (True, False):
+        with pytest.raises(FatalKafkaError, match=r"partition\.assignment\.strategy"):
+            raise_reported([_refusal()], at_start=at_start)
+
+
+def test_the_router_stops_when_its_group_refuses_its_join_too() -> None:
+    # Its assignor is pinned (roundrobin,range), so only another application's consumer in
+    # its group (source.group_id) with a cooperative one does this: on the stack, a
+    # cooperative-sticky consumer of group g57r, then `run` with source.group_id g57r logged
+    # `event=consumer_error error=INCONSISTENT_GROUP_PROTOCOL` every 2 s and read nothing.
+    import logging
+
+    from cdc_router.kafka.consumer import SourceErrors
+
+    with pytest.raises(FatalKafkaError) as stopped:
+        SourceErrors(logging.getLogger("test")).handle(_refusal())
+    assert str(stopped.value).startswith(
+        f"the consumer group refused this router: INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; ")
+    assert "source.group_id" in str(stopped.value) and \
+        "give it a group of its own" in str(stopped.value)
