@@ -234,7 +234,8 @@ def _already_running(config: StackConfig, part: Part, check: Callable[[StackConf
 
 @_files_named
 def down(config: StackConfig, say: Say, *, purge: bool) -> None:
-    """Stop the parts this stack started (by pid file), Connect first; purge removes the data."""
+    """Stop the parts this stack started (by pid file), Connect first; purge removes the data.
+    An optional part it never started (StackConfig.has) is not named (fixer 57-y N-4)."""
     stop_signal: dict[Part, signal.Signals] = {
         # SIGINT is Postgres' fast shutdown: SIGTERM would wait for Debezium's replication
         # connection, which only ends when Connect is gone.
@@ -249,7 +250,7 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
             pid = postmaster_pid(config, pid, marker)
         if pid and process.stop(pid, marker, sig=stop_signal[part]):
             say(f"{part:<9} stopped (pid {pid})")
-        else:
+        elif config.has(part):
             say(f"{part:<9} was not running")
         config.pid_path(part).unlink(missing_ok=True)
     if purge:

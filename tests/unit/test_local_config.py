@@ -398,3 +398,16 @@ def test_a_maven_repository_that_never_answers_is_a_bounded_one_line_error(tmp_p
     assert "accepts connections but does not answer" in str(refused.value)
     assert "-Dmaven.wagon.rto=30000" in seen.read_text()
     assert "-Daether.connector.requestTimeout=30000" in seen.read_text()
+
+
+def test_local_down_names_no_optional_part_the_stack_never_started(tmp_path):
+    # Fixer 57-y N-4: `local down` of a stack without nats or a registry said "nats      was
+    # not running" and "registry  was not running", as of parts it had.
+    result = _local_on_prefix_2_ports(tmp_path, "down")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "connect   was not running", "kafka     was not running", "postgres  was not running"]
+    (tmp_path / "registry").mkdir()  # started once: it is this stack's
+    result = _local_on_prefix_2_ports(tmp_path, "down")
+    assert "registry  was not running" in result.stdout.splitlines(), result.output
+    assert "nats" not in result.stdout, result.output
