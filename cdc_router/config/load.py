@@ -22,10 +22,11 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.redact import MASK, is_secret_key, shown_url
+from cdc_router.config.placeholders import unexpanded
+from cdc_router.config.redact import MASK, is_secret_key, redact, shown_url
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.config.yaml_text import parsed_yaml
-from cdc_router.errors import ConfigError
+from cdc_router.errors import ConfigError, show
 
 ENV_PREFIX = "CDC_ROUTER__"
 # Maps whose keys are Kafka properties (dots).
@@ -92,6 +93,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
     raw = {key: value for key, value in raw.items()
            if not (isinstance(key, str) and key.startswith("x-"))}
     overridden = _apply_env(raw, env or {}, source)
+    _refuse_unexpanded(raw, overridden, source)
     try:
         # Relative schema paths are relative to the config file, not to the working directory.
         config = RouterConfig.model_validate(
@@ -149,6 +151,28 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict
                                   hint=_path_hint(node, part, path[:depth]))
         applied[_dotted(path)] = name
     return applied
+
+
+def _refuse_unexpanded(raw: dict[str, Any], overridden: dict[str, str], source: str) -> None:
+    """ConfigError for a `${NAME}` left in a value of the file (QA 57-d F-1: a forgotten
+    envsubst passed as a match pattern, a group id, a password); a value a variable sets is
+    taken as it is, so that a password may hold one."""
+    for path, text, placeholder, name in unexpanded(raw):
+        dotted = _dotted(path)
+        if any(dotted == prefix or dotted.startswith((prefix + ".", prefix + "["))
+               for prefix in overridden):
+            continue
+        key = str(path[-1])
+        if len(path) == 3 and path[0] == "routes" and key == "topic" and not name.isupper():
+            # review 49-f F6: the SMT's route.topic.replacement, copied over
+            raise ConfigError(f"{show(text)} is written as the EventRouter SMT's "
+                              "route.topic.replacement: here a field is {aggregate_type} (the "
+                              "SMT's ${routedByValue}), without the '$'", source=source,
+                              field=dotted)
+        raise ConfigError(f"{placeholder} is not expanded: router.yaml is read as it is",
+                          source=source, field=dotted, value=redact(key, text),
+                          hint=f"run the file through envsubst (-c <(envsubst < {source})), or set "
+                               f"{variable_of(path)} instead")
 
 
 def variable_of(path: Sequence[str | int]) -> str:

@@ -16,7 +16,7 @@ per record, so refusing (or expanding) it would make a user's EventRouter connec
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cdc_router.errors import ConfigError
@@ -91,3 +91,25 @@ def provider_references(text: str) -> list[str]:
     """List the Connect config-provider references (`${provider:...}`) in `text`."""
     return [match.group(0) for match in _REFERENCE.finditer(text)
             if _OURS.fullmatch(match.group(1)) is None and _PROVIDER.fullmatch(match.group(1))]
+
+
+# What envsubst or a compose file would have replaced: `${NAME}`, `${NAME:-default}` (also `-`,
+# `:?`, `?`), NAME a shell variable's name. Only that exact shape: a `$` or `${` elsewhere in a
+# value (a password `pa$$word`, a regex `x${2}`) is text.
+_SHELL_PLACEHOLDER = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?[-?][^}]*)?\}")
+
+
+def unexpanded(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[
+        tuple[tuple[str | int, ...], str, str, str]]:
+    """(path, text, placeholder, NAME) for each string of a parsed YAML tree holding a `${NAME}`
+    that was meant to be expanded before the file was read (router.yaml is read as it is)."""
+    if isinstance(value, str):
+        found = _SHELL_PLACEHOLDER.search(value)
+        if found is not None:
+            yield path, value, found.group(0), found.group("name")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from unexpanded(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from unexpanded(item, (*path, index))

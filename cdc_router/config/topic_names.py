@@ -98,10 +98,6 @@ def parse_template(template: str, literal_problem: Callable[[str], str | None]) 
     Fields are plain `{name}`s from TOPIC_TEMPLATE_FIELDS: no conversions, format specs, indexes
     or attributes (those would let a template reach into Python objects).
     """
-    if "${" in template:  # review 49-f F6: the SMT's route.topic.replacement, copied over
-        raise ValueError(f"{show(template)} is written as the EventRouter SMT's "
-                         "route.topic.replacement: here a field is {aggregate_type} (the SMT's "
-                         "${routedByValue}), without the '$'")
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as error:

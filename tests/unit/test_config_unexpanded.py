@@ -1,0 +1,72 @@
+"""router.yaml is read as it is: a `${NAME}` a forgotten envsubst left is refused (QA 57-d F-1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc_router.config.load import load_config
+from cdc_router.errors import ConfigError
+
+BASE = "source: {topics: [outbox.public.outbox], group_id: g}\nroutes:\n  - topic: orders\n"
+
+
+def error_of(tmp_path: Path, extra: str, env: dict[str, str] | None = None) -> str:
+    path = tmp_path / "router.yaml"
+    path.write_text(BASE + extra, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message.removeprefix(f"{path}: ")
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("  - {match: {aggregate_type: '${AGG}'}, topic: x}\n",
+     "field 'routes[1].match.aggregate_type': ${AGG} is not expanded: router.yaml is read as it "
+     "is (got '${AGG}'); run the file through envsubst (-c <(envsubst < {path})), or set "
+     "CDC_ROUTER__ROUTES__1__MATCH__AGGREGATE_TYPE instead"),
+    ("  - {match: {type: ['Order*', '${MORE:-Paid}']}, topic: x}\n",
+     "field 'routes[1].match.type[1]': ${MORE:-Paid} is not expanded"),
+    ("kafka: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN, sasl_username: u, "
+     "sasl_password: '${KAFKA_PASSWORD}'}\n",
+     "field 'kafka.sasl_password': ${KAFKA_PASSWORD} is not expanded: router.yaml is read as it "
+     "is (got '*****')"),
+    ("cleanup: {mode: delete, dsn: 'postgresql://u:${PGPASS}@h:5432/db'}\n",
+     "field 'cleanup.dsn': ${PGPASS} is not expanded: router.yaml is read as it is (got "
+     "'*****'); run the file through envsubst"),
+    ("kafka: {config: {ssl.key.password: '${KEYPASS}'}}\n",
+     "field \"kafka.config['ssl.key.password']\": ${KEYPASS} is not expanded"),
+    ("status: {connector: '${CONNECTOR_NAME:-outbox-connector}'}\n",
+     "field 'status.connector': ${CONNECTOR_NAME:-outbox-connector} is not expanded"),
+    ("cleanup: {mode: none, table: 'public.${table}'}\n",
+     "field 'cleanup.table': ${table} is not expanded"),
+])
+def test_a_placeholder_left_in_any_value_is_refused(tmp_path: Path, extra: str,
+                                                    expected: str) -> None:
+    message = error_of(tmp_path, extra)
+    assert message.startswith(expected.replace("{path}", str(tmp_path / "router.yaml")))
+
+
+def test_the_group_id_placeholder_names_its_override(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(BASE.replace("group_id: g", "group_id: '${GROUP}'"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"field 'source.group_id': \$\{GROUP\} is not "
+                       r"expanded.*or set CDC_ROUTER__SOURCE__GROUP_ID instead$"):
+        load_config(path, {})
+
+
+def test_other_dollar_text_and_values_a_variable_sets_are_taken_as_they_are(
+        tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(BASE + "kafka: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN, "
+                    "sasl_username: 'pa$$word', sasl_password: '${KAFKA_PASSWORD}'}\n",
+                    encoding="utf-8")
+    config = load_config(path, {"CDC_ROUTER__KAFKA__SASL_PASSWORD": "x${Y}z"}).config
+    assert config.kafka.sasl_username == "pa$$word"
+    assert config.kafka.sasl_password is not None
+    assert config.kafka.sasl_password.get_secret_value() == "x${Y}z"
+    path.write_text(BASE.replace("topic: orders", "{match: {type: 're:^a\\$\\{2}'}, "
+                                 "topic: orders}") + "  - topic: other\n", encoding="utf-8")
+    load_config(path, {})
