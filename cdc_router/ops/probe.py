@@ -137,10 +137,19 @@ def relay_only(config: RouterConfig) -> bool:
 def outbox_table(config: RouterConfig, capture: Capture | None) -> tuple[str, str]:
     """status.outbox_table, else the relay's table (relay only), else the one table the
     connector captures, else cleanup.table; and what names it, for status's hint on a table
-    the database lacks (review 54-k F-8: a relay-only config's relay.table went unnamed)."""
+    the database lacks (review 54-k F-8: a relay-only config's relay.table went unnamed).
+
+    With cleanup off, a cleanup.table that is none of the connector's several tables (the
+    default public.outbox, another pipeline's) is not this pipeline's outbox: the first table of
+    the include list is (QA 57-d F-2: status advised adding it to the publication, critical).
+    """
     relayed = config.relay.table if config.relay is not None and relay_only(config) else None
+    captured = capture and capture.table
+    if capture is not None and not captured and config.cleanup.mode == "none" and \
+            unquoted(config.cleanup.table) not in {unquoted(entry) for entry in capture.tables}:
+        captured = next(iter(other_tables(capture, config.cleanup.table)[0]), None)
     named = [(config.status.outbox_table, "status.outbox_table"), (relayed, "relay.table"), (
-        capture and capture.table, "the connector's table.include.list")]
+        captured, "the connector's table.include.list")]
     return next(((table, by) for table, by in named if table),
                 (config.cleanup.table, "cleanup.table"))
 

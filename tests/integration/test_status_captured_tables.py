@@ -72,3 +72,27 @@ def test_each_table_the_connector_captures_is_checked(stack: StackEndpoints,
         finally:
             with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
                 conn.execute(f"DROP TABLE IF EXISTS {legacy}")
+
+
+def test_with_cleanup_off_the_outbox_is_a_captured_table(stack: StackEndpoints,
+                                                         tmp_path: Path) -> None:
+    """QA 57-d F-2: cleanup off (cleanup.table the default public.outbox, another pipeline's)
+    and two captured tables: status took public.outbox as this pipeline's outbox and called a
+    healthy pipeline critical, advising to add it to the publication."""
+    with pipeline(stack, tmp_path, partitions=1, connector={
+            "table.include.list": "public.{table},public.{table}_legacy"}) as pipe:
+        legacy = f"public.{pipe.name}_legacy"
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {legacy} (LIKE public.{pipe.table} INCLUDING ALL)")
+            conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {legacy}')
+        try:
+            done = _status(pipe, "-o", "json")
+            report = json.loads(done.stdout)
+            assert report["outbox"]["table"] == f"public.{pipe.table}", report["outbox"]
+            assert [other["table"] for other in report["outbox"]["others"]] == [legacy]
+            problems = _problems(report)
+            assert not [line for line in problems if line.startswith("critical")], problems
+            assert "public.outbox " not in done.stdout + done.stderr
+        finally:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP TABLE IF EXISTS {legacy}")

@@ -129,3 +129,33 @@ def test_the_text_json_and_metrics_show_each_table() -> None:
     assert value("cdc_router_outbox_rows", {"table": "shop.legacy_events"}) == 10_620
     assert value("cdc_router_outbox_oldest_row_age_seconds",
                  {"table": "shop.legacy_events"}) == 90_000
+
+
+def test_with_cleanup_off_a_default_cleanup_table_not_captured_is_not_the_outbox(
+        tmp_path: Path) -> None:
+    """QA 57-d F-2: cleanup off, connector capturing outbox2 and outbox3: status took the
+    default cleanup.table public.outbox (another pipeline's) and advised adding it to the
+    publication, critical."""
+    capture = capture_of({"table.include.list": "public.outbox2,public.outbox3",
+                          "slot.name": "s", "publication.name": "p"})
+    path = tmp_path / "router.yaml"
+
+    def table(cleanup: str, status: str = "{}") -> tuple[str, str]:
+        path.write_text("source: {topics: [o.public.outbox2, o.public.outbox3]}\n"
+                        f"routes: [{{topic: out}}]\ncleanup: {cleanup}\nstatus: {status}\n",
+                        "utf-8")
+        return probe.outbox_table(load_config(path).config, capture)
+
+    by_list = "the connector's table.include.list"
+    assert table("{mode: none}") == ("public.outbox2", by_list)
+    assert table("{mode: none, table: public.outbox3}") == ("public.outbox3", "cleanup.table")
+    assert table("{mode: none, table: outbox3}") == ("outbox3", "cleanup.table")
+    assert table("{mode: none}", "{outbox_table: public.outbox3}") == (
+        "public.outbox3", "status.outbox_table")
+    # Cleanup on deletes from cleanup.table: a table the connector lacks stays the one named.
+    assert table("{mode: delete, dsn: 'postgresql://h/db'}") == ("public.outbox",
+                                                                "cleanup.table")
+    signals = capture_of({"table.include.list": "public.signals,shop.a_.*,shop.events",
+                          "signal.data.collection": "public.signals"})
+    path.write_text("source: {topics: [o.shop.events]}\nroutes: [{topic: out}]\n", "utf-8")
+    assert probe.outbox_table(load_config(path).config, signals) == ("shop.events", by_list)
