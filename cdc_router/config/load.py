@@ -215,8 +215,16 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as error:
-        if "text" in kinds:
+        # A glob `[Oo]rder*` is text; one with a quote or a comma was meant as a list (QA 57-d
+        # F-3: '["Order*",' or `[Order*, Paid*]` became one glob that matched nothing).
+        if "text" in kinds and not any(mark in value for mark in "\"',"):
             return value
+        if "text" in kinds:
+            raise ConfigError(f"it reads as a list that is not valid JSON ({error}), not as "
+                              "one pattern", source=where, field=_dotted(path), value=value,
+                              hint='write the list as JSON (\'["Order*", "Payment*"]\'); a '
+                                   "pattern that starts with '[' and holds a quote or a comma, "
+                                   "as a JSON list of one (\'[\"[,;]x\"]\')") from None
         # Not the value: a mapping's text may hold a secret (`{"sasl.password": ...`).
         raise ConfigError(f"invalid JSON: {error}", source=where,
                           hint="give the list or mapping as JSON, or set its items one by "

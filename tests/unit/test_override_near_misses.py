@@ -1,0 +1,45 @@
+"""CDC_ROUTER__ overrides that cannot be what was meant are refused, naming the variable:
+a broken list given for a pattern (QA 57-d F-3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc_router.config.load import load_config
+from cdc_router.errors import ConfigError
+
+BASE = ("source: {topics: [outbox.public.outbox], group_id: g}\nroutes:\n"
+        "  - {match: {aggregate_type: 'Order*'}, topic: orders}\n  - topic: other\n")
+PATTERN = "CDC_ROUTER__ROUTES__0__MATCH__AGGREGATE_TYPE"
+
+
+def config_path(tmp_path: Path) -> Path:
+    path = tmp_path / "router.yaml"
+    path.write_text(BASE, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("value", ['["Order*",', '["Order*", "Pay*"', "[Order*, Payment*]",
+                                   "['Order*']"])
+def test_a_pattern_override_that_is_a_broken_list_is_refused(tmp_path: Path,
+                                                             value: str) -> None:
+    path = config_path(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {PATTERN: value})
+    message = str(caught.value)
+    assert message.startswith(
+        f"{path} via environment variable {PATTERN}: field 'routes[0].match.aggregate_type': "
+        "it reads as a list that is not valid JSON ("), message
+    assert f"not as one pattern (got {value!r}); write the list as JSON" in message, message
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("[Oo]rder*", "[Oo]rder*"), ("[OP]rder*", "[OP]rder*"), ('["Order*", "Pay*"]',
+                                                            ["Order*", "Pay*"]),
+    ('["[,;]x"]', ["[,;]x"]), ("re:^[A-Z],", "re:^[A-Z],")])
+def test_globs_and_valid_lists_are_kept(tmp_path: Path, value: str, expected: object) -> None:
+    match = load_config(config_path(tmp_path), {PATTERN: value}).config.routes[0].match
+    assert match is not None
+    assert match.aggregate_type == expected
