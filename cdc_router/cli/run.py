@@ -17,8 +17,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
-from cdc_router.config.load import load_config, variable_of
+from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.overrides import variable_of
 from cdc_router.config.redact import is_secret_key
 from cdc_router.errors import (
     ConfigError,

@@ -791,7 +791,7 @@ def test_an_unreadable_key_without_password_is_told_alike_by_run_and_the_other_c
     # built once, naming the variable config/load.py reads.
     from cdc_router.cli import _kafka_failure
     from cdc_router.cli.run import _key_unread
-    from cdc_router.config.load import variable_of
+    from cdc_router.config.overrides import variable_of
 
     config = RouterConfig.model_validate({
         "source": {"topics": ["raw"]}, "routes": [{"topic": "x"}],
