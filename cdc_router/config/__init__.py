@@ -1,6 +1,7 @@
 """The router's configuration: router.yaml and its CDC_ROUTER__ overrides, validated and compiled.
 
     load.py         load_config(): YAML + environment overrides, or one ConfigError
+    overrides.py    the CDC_ROUTER__ overrides load_config applies
     compiled.py     compile_config(): routes compiled once (matchers, templates, keys, serializers)
     model.py        RouterConfig, the whole file; TopicSpec
     connections.py  kafka and schema_registry

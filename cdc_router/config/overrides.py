@@ -34,7 +34,8 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[
                               "(two underscores), so it would be ignored",
                               source=f"environment variable {name}",
                               hint=f"rename it {ENV_PREFIX}{name[len('CDC_ROUTER_'):]}")
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX:
+        _near_miss(name)
+        if not name.startswith(ENV_PREFIX):
             continue
         where = f"{source} via environment variable {name}"
         if not utf8_encodable(name):  # a byte Python keeps as a lone surrogate
@@ -67,6 +68,22 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[
                                   hint=_path_hint(node, part, path[:depth]))
         applied[dotted(path)] = name
     return applied
+
+
+def _near_miss(name: str) -> None:
+    """ConfigError for a variable meant as an override that would be ignored (QA 57-d F-5):
+    the prefix in another case (names are case-sensitive), or the prefix alone."""
+    upper = name.upper()
+    if upper.startswith("CDC_ROUTER_") and "__" in name and not name.startswith("CDC_ROUTER_"):
+        rest = name[len(ENV_PREFIX if upper.startswith(ENV_PREFIX) else "CDC_ROUTER_"):]
+        raise ConfigError("looks like an override, but variable names are case-sensitive and "
+                          "overrides start with CDC_ROUTER__ in capitals, so it would be "
+                          "ignored", source=f"environment variable {name}",
+                          hint=f"rename it {ENV_PREFIX}{rest.upper()}")
+    if name == ENV_PREFIX:
+        raise ConfigError("names no field, so it would be ignored", source=f"environment "
+                          f"variable {name}", hint="an override names the field's path after "
+                          "it, e.g. CDC_ROUTER__DELIVERY__GUARANTEE; else unset it")
 
 
 def variable_of(path: Sequence[str | int]) -> str:

@@ -1,5 +1,5 @@
 """CDC_ROUTER__ overrides that cannot be what was meant are refused, naming the variable:
-a broken list given for a pattern (QA 57-d F-3)."""
+a broken list given for a pattern (QA 57-d F-3), the prefix in lower case or alone (F-5)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,25 @@ def test_globs_and_valid_lists_are_kept(tmp_path: Path, value: str, expected: ob
     match = load_config(config_path(tmp_path), {PATTERN: value}).config.routes[0].match
     assert match is not None
     assert match.aggregate_type == expected
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("cdc_router__delivery__guarantee",
+     "environment variable cdc_router__delivery__guarantee: looks like an override, but "
+     "variable names are case-sensitive and overrides start with CDC_ROUTER__ in capitals, so "
+     "it would be ignored; rename it CDC_ROUTER__DELIVERY__GUARANTEE"),
+    ("Cdc_Router_delivery__guarantee", "rename it CDC_ROUTER__DELIVERY__GUARANTEE"),
+    ("CDC_ROUTER__", "environment variable CDC_ROUTER__: names no field, so it would be "
+     "ignored; an override names the field's path after it, e.g. "
+     "CDC_ROUTER__DELIVERY__GUARANTEE; else unset it"),
+])
+def test_an_override_that_would_be_ignored_is_refused(tmp_path: Path, name: str,
+                                                      expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config_path(tmp_path), {name: "at_least_once"})
+    assert str(caught.value) == expected or str(caught.value).endswith(expected)
+
+
+def test_lower_case_variables_that_are_no_override_are_left_alone(tmp_path: Path) -> None:
+    env = {"cdc_router_config": "x", "CDC_ROUTER_CONFIG": "y", "other__x": "z"}
+    assert load_config(config_path(tmp_path), env).config.delivery.guarantee == "exactly_once"
