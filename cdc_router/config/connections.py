@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import StringMap
+from cdc_router.config.fields import NonBlank, StringMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.redact import redact, shown_url
 
@@ -129,7 +129,7 @@ class KafkaSettings(_Model):
     """How to reach the cluster; `config` passes any other librdkafka property through."""
 
     bootstrap_servers: str = Field(default="127.0.0.1:19092", min_length=1)
-    client_id: str = "cdc-router"
+    client_id: NonBlank = "cdc-router"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
     sasl_mechanism: str | None = None
     sasl_username: str | None = None

@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import TopicConfig, TopicCount, list_config_items
+from cdc_router.config.fields import NonBlank, TopicConfig, TopicCount, list_config_items
 from cdc_router.config.fields import field_problem as _fail
 
 
@@ -18,11 +18,14 @@ class DeliverySettings(_Model):
 
     guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
     commit_interval_ms: PositiveInt = 100
-    commit_max_records: PositiveInt = 1000
+    # Bounds (QA 57-d F-6: 10^30 loaded): a count Kafka's int32 holds; librdkafka's own
+    # message.max.bytes limit; about 120 GB of ids, beyond any router's memory.
+    commit_max_records: PositiveInt = Field(default=1000, le=2**31 - 1)
     # The transactional ids' prefix, `<prefix>-<instance id>`; by default source.group_id, so
     # that two pipelines on one host (both --instance-id the host name) never fence each other.
-    transactional_id: str | None = Field(default=None, min_length=1)
-    max_payload_bytes: PositiveInt = 1_000_000  # broker's default message.max.bytes is ~1 MiB
+    transactional_id: NonBlank | None = None
+    # The broker's default message.max.bytes is ~1 MiB.
+    max_payload_bytes: PositiveInt = Field(default=1_000_000, le=1_000_000_000)
     # The producer's transaction.timeout.ms: how long a crashed instance's open transaction
     # blocks read_committed readers (when no restart of the same instance fences it first), and
     # the watchdog's base (kafka/watchdog.py: a call hung 15 s past it ends the process). 20 s,
@@ -71,7 +74,7 @@ class DedupSettings(_Model):
     # At most 100 years (QA 43-a F4: 1e23 loaded, then set the changelog's retention.ms, a
     # Kafka long): a window past the raw topic's retention buys nothing.
     window_ms: PositiveInt = Field(default=7 * 24 * 3600 * 1000, le=100 * 366 * 24 * 3600 * 1000)
-    max_ids: PositiveInt = 1_000_000
+    max_ids: PositiveInt = Field(default=1_000_000, le=1_000_000_000)
     changelog_topic: str = "cdc-router.dedup"
     changelog_partitions: TopicCount = 1
     changelog_replication_factor: TopicCount | None = None

@@ -119,7 +119,15 @@ def _text_values(value: Any) -> Any:
 TextMap = Annotated[dict[str, str], BeforeValidator(_text_values)]  # values taken as written
 
 
+def _non_blank(value: str) -> str:
+    if not value.strip():  # QA 57-d F-6: a transactional id prefix of three spaces loaded
+        raise ValueError("must not be empty or blank: give a value, or leave the key out for "
+                         "its default")
+    return value
+
+
 def _table_name(table: str) -> str:
+    _non_blank(table)
     try:
         split_table(table)
     except ConfigError as error:  # pydantic's ValueError names the file and the field
@@ -134,6 +142,7 @@ def _dsn(dsn: str | None) -> str | None:
     return dsn
 
 
+NonBlank = Annotated[str, AfterValidator(_non_blank)]  # a name: blank is never meant
 TableName = Annotated[str, AfterValidator(_table_name)]  # schema.table or table
 Dsn = Annotated[str | None, AfterValidator(_dsn)]  # a Postgres connection string, never shown
 Patterns = str | list[str]

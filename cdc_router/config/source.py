@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import field_problem
+from cdc_router.config.fields import NonBlank, field_problem
 from cdc_router.config.topic_names import (
     librdkafka_takes_pattern,
     source_regex,
@@ -35,7 +35,7 @@ class SourceSettings(_Model):
     # (timestamp(4..6)) or 'millis' (timestamp(0..3)) say it, for rows dated before 1973.
     created_at_unit: Literal["auto", "micros", "millis"] = "auto"
     # The connector's topic.heartbeat.prefix; records on topics starting with it are skipped.
-    heartbeat_topic_prefix: str = Field(default="__debezium-heartbeat", min_length=1)
+    heartbeat_topic_prefix: NonBlank = "__debezium-heartbeat"
     # Seconds a raw partition may go unread while records wait behind its high watermark (a
     # transaction open on it holds its last stable offset) before the router logs
     # event=raw_partition_held (router/held.py). As status.stalled_warning_s: a transaction

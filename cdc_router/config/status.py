@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import ByteSize, Field, NonNegativeFloat, NonNegativeInt, model_validator
 
 from cdc_router.config.fields import ConfigModel as _Model
+from cdc_router.config.fields import NonBlank
 from cdc_router.config.fields import field_problem as _fail
 
 Level = Literal["warning", "critical"]
@@ -20,7 +21,7 @@ class StatusSettings(_Model):
     """Where the pipeline's parts are and the thresholds of `cdc-router status`."""
 
     # The Debezium connector; its config names the slot, the publication and the table.
-    connector: str = Field(default="outbox-connector", min_length=1)
+    connector: NonBlank = "outbox-connector"
     # The outbox table, schema.table; None: the connector's table.include.list when it names
     # one table, else cleanup.table.
     outbox_table: str | None = None
