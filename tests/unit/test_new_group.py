@@ -4,6 +4,7 @@ tests/integration/test_dlq_replay.py, a second group on one raw topic)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, TopicPartition
@@ -73,3 +74,14 @@ def test_a_group_with_offsets_but_no_marks_is_warned_about_once_per_empty_filter
                               "changelog=cdc-router.dedup hint=")
     assert "dedup.changelog_topic was renamed" in warning
     assert "if this source.group_id was renamed from orders-old" in renamed
+
+
+def test_readme_says_a_second_group_to_the_same_destinations_delivers_twice() -> None:
+    """QA 57-d F-4: the warning's "a second pipeline on purpose may ignore this" was the only
+    word; a copied config with only source.group_id changed delivered 7,288 of 7,288 twice."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Renaming a pipeline", 1)[1].split("\n### ", 1)[0]
+    flat = " ".join(section.split())
+    assert "**A second group writing to the same destination topics delivers every event " \
+        "twice**" in flat
+    assert "a second pipeline on one raw topic must route to topics of its own" in flat
