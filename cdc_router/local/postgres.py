@@ -98,8 +98,10 @@ def start_postgres(config: StackConfig) -> int:
     if uid is not None and gid is not None:
         for name in ("cdc-router.conf", "pg_hba.conf"):
             os.chown(data / name, uid, gid)
-        if log.exists():
-            os.chown(log, uid, gid)
+        # Made here, not by spawn as root: `pg_ctl restart -l <it>` as postgres appends to it
+        # (QA 57-b F-3: a root-owned log made that restart fail and leave Postgres down).
+        log.touch()
+        os.chown(log, uid, gid)
     return process.spawn([_pg_bin("postgres"), "-D", str(data)], log_path=log,
                          pid_path=config.pid_path("postgres"), user=user, cwd=base)
 
@@ -117,10 +119,11 @@ def postgres_healthy(config: StackConfig) -> bool:
 
 
 def postmaster_pid(config: StackConfig, saved: int | None, marker: str) -> int | None:
-    """The postmaster to stop: the one `up` started (`saved`) while it runs, else the one the
-    data directory's postmaster.pid names (QA 55-b F-3: after a restart by hand with pg_ctl,
-    `down` said "postgres was not running" and left it on the stack's port). Still a pid, and
-    stopped only if its command line names the stack's data directory (`marker`)."""
+    """The stack's postmaster, for status, up and down: the one `up` started (`saved`) while it
+    runs, else the one the data directory's postmaster.pid names (QA 55-b F-3: after a restart
+    by hand with pg_ctl, `down` said "postgres was not running" and left it on the stack's
+    port; 57-b F-3: status called it stale, up refused its port). Still a pid, running only if
+    its command line names the stack's data directory (`marker`)."""
     if process.is_running(saved, marker):
         return saved
     return process.read_pid(config.postgres_data / "postmaster.pid") or saved

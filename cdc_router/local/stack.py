@@ -86,11 +86,18 @@ def _address(config: StackConfig, part: Part) -> str:
             "registry": config.registry_url}[part]
 
 
+def part_pid(config: StackConfig, part: Part) -> int | None:
+    """A part's pid, by its pid file; Postgres's by postmaster_pid: one rule for status, up and
+    down (QA 57-b F-3: status called a postmaster pg_ctl restarted stale, up a stranger's)."""
+    saved, marker = process.read_pid(config.pid_path(part)), process_marker(config, part)
+    return postmaster_pid(config, saved, marker) if part == "postgres" else saved
+
+
 def status(config: StackConfig) -> list[PartStatus]:
     """Each part's state, read from pid files and /proc, without touching the network."""
     result = []
     for part in PARTS:
-        pid = process.read_pid(config.pid_path(part))
+        pid = part_pid(config, part)
         running = process.is_running(pid, process_marker(config, part))
         state = "running" if running else "stale" if pid is not None else "stopped"
         result.append(PartStatus(part, state, pid if running else None,
@@ -139,9 +146,7 @@ def files_error(config: StackConfig, error: OSError) -> str:
 @_files_named
 def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> None:
     """Start what is not running, wait until each part is healthy; what runs is left alone.
-
-    nats-server and the schema registry (OPTIONAL_PARTS) are started only when in `optional`.
-    """
+    nats-server and the schema registry (OPTIONAL_PARTS) are started only when in `optional`."""
     config.check_ports_distinct()
     process.check_java()
     ensure_jars(config, say)
@@ -197,8 +202,7 @@ def up_alone(config: StackConfig, part: Part, say: Say) -> None:
     for tests, and a JetStream-only setup."""
     config.check_ports_distinct()
     _prepare(config, (part,), say)
-    running = process.is_running(process.read_pid(config.pid_path(part)),
-                                 process_marker(config, part))
+    running = process.is_running(part_pid(config, part), process_marker(config, part))
     if not running:
         _check_ports(config, set(PARTS) - {part})
     save(config)
@@ -220,7 +224,7 @@ def _already_running(config: StackConfig, part: Part, check: Callable[[StackConf
     if check(config):
         say(f"{part:<9} already running")
         return
-    pid = process.read_pid(config.pid_path(part)) or 0
+    pid = part_pid(config, part) or 0
     try:
         _wait(config, part, pid, check, say, doing="running but not answering yet")
     except StackError as error:
@@ -245,9 +249,7 @@ def down(config: StackConfig, say: Say, *, purge: bool) -> None:
         "nats": signal.SIGTERM, "registry": signal.SIGTERM,
     }
     for part in reversed(PARTS):
-        pid, marker = process.read_pid(config.pid_path(part)), process_marker(config, part)
-        if part == "postgres":  # a restart by hand (pg_ctl): its data directory's pid
-            pid = postmaster_pid(config, pid, marker)
+        pid, marker = part_pid(config, part), process_marker(config, part)
         if pid and process.stop(pid, marker, sig=stop_signal[part]):
             say(f"{part:<9} stopped (pid {pid})")
         elif config.has(part):
@@ -282,7 +284,7 @@ def _await_postgres_reaped(config: StackConfig) -> None:
     """Wait for Postgres's previous postmaster, if a zombie, to be reaped: its lock file names
     that pid (review 48-b F6). Other parts need only their ports, which a zombie released (CI:
     a test's nats-server, killed and not yet reaped, failed its restart after 10 s)."""
-    pid = process.read_pid(config.pid_path("postgres"))
+    pid = part_pid(config, "postgres")
     deadline = time.monotonic() + _REAP_WAIT_S
     while pid is not None and process.exited_unreaped(pid):
         if time.monotonic() > deadline:

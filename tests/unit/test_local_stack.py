@@ -269,7 +269,7 @@ def test_an_initdb_killed_midway_leaves_no_data_directory_and_the_next_up_makes_
 
 
 def test_down_stops_a_postmaster_restarted_by_hand_named_by_its_data_directory(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # QA 55-b F-3: after `pg_ctl restart` the saved pid was stale; `down` said "postgres was
     # not running" and left the new postmaster serving the stack's port.
     import subprocess
@@ -295,6 +295,19 @@ def test_down_stops_a_postmaster_restarted_by_hand_named_by_its_data_directory(
             time.sleep(0.1)
         (config.postgres_data / "postmaster.pid").write_text(
             f"{postmaster.pid}\n{config.postgres_data}\n")
+        # QA 57-b F-3: status and up know it by the same rule (status said stale; up took its
+        # port for a stranger's and refused to start Connect).
+        states = {s.part: (s.state, s.pid) for s in stack.status(config)}
+        assert states["postgres"] == ("running", postmaster.pid)
+
+        def refuse(config: StackConfig, running: set[str]) -> None:
+            raise StackError(f"running {sorted(running)}")
+
+        monkeypatch.setattr(stack, "_check_ports", refuse)
+        monkeypatch.setattr(stack.process, "check_java", lambda: None)
+        monkeypatch.setattr(stack, "ensure_jars", lambda config, say: None)
+        with pytest.raises(StackError, match=r"running \['nats', 'postgres', 'registry'\]"):
+            stack.up(config, print)
         said: list[str] = []
         stack.down(config, said.append, purge=False)
         assert f"postgres  stopped (pid {postmaster.pid})" in said
@@ -347,3 +360,31 @@ def test_an_optional_part_on_its_default_port_beside_moved_ones_is_refused(
                                               "--with", part])
     assert default_stack.exit_code == 0, default_stack.output
     assert getattr(started[-1][0], f"{part}_port") == default
+
+
+def test_the_postgres_log_is_made_for_the_postgres_user_before_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 57-b F-3 (low): spawn made postgres.log as root, so `pg_ctl restart -l postgres.log`
+    # as the postgres user failed ("could not start server") and left Postgres down.
+    import os
+
+    from cdc_router.local import postgres
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path / "jars")
+    (config.postgres_data).mkdir(parents=True)
+    (config.postgres_data / "PG_VERSION").write_text("15\n")
+    (config.postgres_data / "postgresql.conf").write_text("")
+    owned: list[Path] = []
+    monkeypatch.setattr(postgres, "_postgres_user", lambda: ("postgres", 999, 999))
+    monkeypatch.setattr(postgres, "_let_postgres_reach", lambda *args: None)
+    monkeypatch.setattr(postgres, "_pg_bin", lambda name: name)
+    monkeypatch.setattr(postgres.os, "chown", lambda path, uid, gid: owned.append(Path(path)))
+
+    def spawn(*args: object, log_path: Path, **kwargs: object) -> int:
+        assert log_path.exists() and log_path in owned  # made and handed over before the start
+        return 4242
+
+    monkeypatch.setattr(postgres.process, "spawn", spawn)
+    assert postgres.start_postgres(config) == 4242
+    log = config.log_path("postgres")
+    assert log in owned and os.path.getsize(log) == 0
