@@ -361,3 +361,9 @@ def _chunks(conn: psycopg.Connection[Any], chunk: sql.Composed,
         yield deleted
         if deleted < batch_size:
             return
+
+
+# A prepared transaction's lock has no pid in pg_locks and no row in pg_stat_activity (QA 57-b
+# F-2): the lock hints of status and of the cleanup name where it is.
+PREPARED_HINT = ("pg_prepared_xacts for a prepared transaction (two-phase commit), whose lock has "
+                 "no pid: COMMIT PREPARED or ROLLBACK PREPARED its gid")

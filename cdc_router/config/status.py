@@ -39,6 +39,9 @@ class StatusSettings(_Model):
     # times Debezium's pause before it tries again (retriable.restart.connector.wait.ms, 10 s
     # by default), so a task that reconnects by itself is not called stopped.
     capture_stopped_critical_s: NonNegativeFloat | None = 120.0
+    # A prepared transaction (two-phase commit) pending this long: its locks stay held with no
+    # session, its outbox rows are not streamed, and the slot keeps all WAL since it began.
+    prepared_xact_warning_s: NonNegativeFloat | None = 60.0
     # Records of the raw topic the router group has not committed yet.
     lag_warning: NonNegativeInt | None = 10_000
     lag_critical: NonNegativeInt | None = None

@@ -13,11 +13,12 @@ from typing import Any, TypeVar, cast
 import psycopg
 
 from cdc_router.errors import ConfigError
-from cdc_router.ops.report import OutboxState, PublicationState, Slot, WalState
+from cdc_router.ops.report import OutboxState, PreparedXact, PublicationState, Slot, WalState
 from cdc_router.outbox.existing import column_list_problem, publication_filter, row_filter_problem
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
 from cdc_router.postgres import (
+    PREPARED_HINT,
     one_line,
     read_publication,
     refused_for_good,
@@ -120,7 +121,7 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T],
         return kind(answered=True,
                     error=f"Postgres: {one_line(error)} (another session holds a lock on a "
                           f"table this check reads, over {LOCK_TIMEOUT_MS // 1000} s: see "
-                          "pg_locks and pg_stat_activity)")
+                          f"pg_locks and pg_stat_activity, and {PREPARED_HINT})")
     except psycopg.errors.QueryCanceled as error:
         return kind(answered=True,
                     error=f"Postgres: {one_line(error)} (a query of this check took over "
@@ -129,6 +130,12 @@ def _guarded(read: Callable[[], T], kind: Callable[..., T],
         # A connection lost mid-check did not answer; any other error is a failed query.
         return kind(answered=not server_unreachable(error),
                     error=f"Postgres: {one_line(error)}{hint(error)}")
+
+
+_PREPARED = """
+SELECT gid, EXTRACT(EPOCH FROM now() - prepared)::float8, database, owner
+FROM pg_prepared_xacts ORDER BY prepared
+"""
 
 
 def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:
@@ -141,7 +148,9 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalStat
                         safe_wal_size_bytes=_int(safe), flush_lag_bytes=_int(lag))
              for slot, active, status, safe, retained, lag in conn.execute(
                  _SLOTS, {"names": names})}
-    return WalState(max_slot_wal_keep_size_bytes=limit,
+    prepared = tuple(PreparedXact(str(gid), float(age), str(database), str(owner))
+                     for gid, age, database, owner in conn.execute(_PREPARED))
+    return WalState(max_slot_wal_keep_size_bytes=limit, prepared=prepared,
                     slots=tuple(found.values()) if names is None else
                     tuple(found.get(name, Slot(name, exists=False)) for name in names))
 

@@ -29,6 +29,17 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class PreparedXact:
+    """A prepared transaction (pg_prepared_xacts, PREPARE TRANSACTION of two-phase commit): it
+    holds its locks with no session, and logical decoding keeps the WAL since its start."""
+
+    gid: str
+    age_s: float  # since PREPARE TRANSACTION
+    database: str
+    owner: str
+
+
+@dataclass(frozen=True)
 class WalState:
     """The connector's slots and the server's limit on the WAL a slot may hold back."""
 
@@ -36,6 +47,7 @@ class WalState:
     answered: bool = False  # Postgres answered this check (its rows, or a refused or failed query)
     max_slot_wal_keep_size_bytes: int | None = None  # -1: unlimited
     slots: tuple[Slot, ...] = ()
+    prepared: tuple[PreparedXact, ...] = ()  # of every database, oldest first (QA 57-b F-2)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,27 @@ def _wal(report: Report, settings: StatusSettings) -> Iterator[Problem]:
     for slot in report.wal.slots:
         yield from _slot(slot, report.wal.max_slot_wal_keep_size_bytes, settings, running,
                          report.checked_at)
+    yield from _prepared(report.wal, settings)
+
+
+def _prepared(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
+    """A prepared transaction left pending (QA 57-b F-2): status said ok while one pinned the
+    slot's restart_lsn and held its outbox rows back, invisible in the outbox's row count."""
+    bound = settings.prepared_xact_warning_s
+    for xact in wal.prepared:
+        if bound is not None and xact.age_s >= bound:
+            yield Problem("warning", "wal", f"prepared transaction {xact.gid!r} (database "
+                          f"{xact.database}, owner {xact.owner}) pending for {xact.age_s:.0f}s "
+                          f"(warning at {bound:g}s): any outbox rows it wrote are not "
+                          "streamed until it ends, every slot keeps the WAL written since it "
+                          "began, and its locks (pid NULL in pg_locks) stay held; have its "
+                          f"coordinator finish it, or by hand in database {xact.database}: "
+                          "COMMIT PREPARED "
+                          f"{_literal(xact.gid)} (or ROLLBACK PREPARED to discard it)")
+
+
+def _literal(text: str) -> str:
+    return sql.Literal(text).as_string(None)
 
 
 def _inactive_while_running(slot: Slot, connector: str, checked_at: str,

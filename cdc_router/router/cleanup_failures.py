@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import psycopg
 
+from cdc_router.postgres import PREPARED_HINT
+
 
 def failure_reason(error: psycopg.Error, *, connected: bool, table: str) -> str:
     """What `error` means for the cleanup of `table` and what to do; "" when Postgres's own
     message says it all. `connected`: whether a connection was open when it failed."""
     if isinstance(error, psycopg.errors.LockNotAvailable):
-        return ("another transaction holds a lock on rows to delete (see pg_locks); the "
-                "deletes wait for it, routing goes on")
+        return ("another transaction holds a lock on rows to delete (see pg_locks, and "
+                f"{PREPARED_HINT}); the deletes wait for it, routing goes on")
     if not connected:
         return ("cannot connect with cleanup.dsn (CDC_ROUTER__CLEANUP__DSN): tried again, "
                 "which mends a Postgres restart; if it lasts, check its host, port, user and "
