@@ -135,7 +135,10 @@ class Router:
         value = self._serializers[rule.format].serialize(event, rule, topic)
         if rule.nats is None and len(value) > self._max_bytes:  # JetStream: nats.max_payload_bytes
             raise RouteError(f"event {show(event.event_id)}: payload of {len(value)} bytes is "
-                             f"over delivery.max_payload_bytes ({self._max_bytes})")
+                             f"over delivery.max_payload_bytes ({self._max_bytes}): raise it, "
+                             "kafka.producer.message.max.bytes and the max.message.bytes of "
+                             f"{topic} above the payload, or shrink it; then `cdc-router dlq "
+                             "replay` it")
         headers = _headers(event, rule, self._static_headers[index])
         if rule.nats is not None:
             # JetStream: no partitions, and the headers travel as NATS header lines; its own

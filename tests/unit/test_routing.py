@@ -309,8 +309,12 @@ def test_no_aggregate_type_yields_an_illegal_topic(aggregate_type: str) -> None:
 
 def test_payload_over_the_limit_is_a_route_error() -> None:
     rt = router({"topic": "t"}, delivery={"max_payload_bytes": 50})
-    with pytest.raises(RouteError, match=r"over delivery\.max_payload_bytes"):
+    with pytest.raises(RouteError, match=r"over delivery\.max_payload_bytes") as refused:
         rt.route(ORDER, lambda t: 1)
+    # QA 57-b F-4: the reason named the field and the value, not what to do.
+    assert str(refused.value).endswith(
+        "over delivery.max_payload_bytes (50): raise it, kafka.producer.message.max.bytes and the "
+        "max.message.bytes of t above the payload, or shrink it; then `cdc-router dlq replay` it")
 
 
 def test_cloudevents_binary_mode_headers() -> None:
