@@ -50,6 +50,7 @@ from cdc_router.dead_letter import (
     reason_of,
     without_dead_letter_headers,
 )
+from cdc_router.router.dlq_raw import gone_note
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,
@@ -273,8 +274,7 @@ def _dropped_note(letter: Letter, *, relay: bool) -> str:
     delivered rows only), and how the relay can read it again (QA 53-a F2: it named
     "table[0]@seq" as if a Kafka record)."""
     if not relay:
-        return ("its value was left out (dlq.value.dropped.bytes); the raw record is at "
-                f"{letter.source_topic}[{letter.source_partition}]@{letter.source_offset}")
+        return gone_note(letter)  # QA 57-b F-1: dlq replay reads a raw record still there
     return (f"its value was left out (dlq.value.dropped.bytes); the row stays in "
             f"{letter.source_topic} with seq {letter.source_offset} (the relay deletes no "
             "dead-lettered row): once the limit is raised, insert it again for the relay to "

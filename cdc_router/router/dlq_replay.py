@@ -8,7 +8,8 @@ The procedure:
    dead-letter topic to its last stable offset, from the beginning, with the consumer group
    `<source.group_id>.dlq-replay` (its partitions are assigned, the group is never joined).
 3. Work out the ids already delivered (router/dlq_letters.py) and plan each selected letter with
-   the router's RecordStep and replay filter: deliver, dead-letter again, skip.
+   the router's RecordStep and replay filter: deliver, dead-letter again, skip. A letter whose
+   value was left out for size is planned with its raw record, read again (router/dlq_raw.py).
 4. Apply in the router's Transaction: destination records, the new dead letters, the
    `replayed:` changelog marks and the dead-letter group's offsets commit together (a fixed
    route to a JetStream subject publishes at commit and waits for the acks first), by
@@ -66,16 +67,12 @@ from cdc_router.router.dlq_letters import (
     superseded_letters,
     undelivered,
 )
+from cdc_router.router.dlq_raw import RawRecords, refilled
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
 from cdc_router.router.renewal import RENEWABLE_ONCE
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
-from cdc_router.router.step import (
-    DeadLettered,
-    RecordStep,
-    Routed,
-    StepResult,
-)
+from cdc_router.router.step import DeadLettered, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 from cdc_router.serde import Serializer
@@ -237,10 +234,12 @@ class DeadLetterReplay:
                                           if ours(letter.source_topic, letter.source_group)],
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
-        selected = [letter for letter in letters if selection.selects(letter)]
+        relay = self._config.relay.qualified_table if self._config.relay else None
+        # A letter without its value (over the size limit): its raw record's (dlq_raw.py)
+        selected = refilled([letter for letter in letters if selection.selects(letter)],
+                            lambda: RawRecords(self._config), ours, relay)
         horizon_ms = int(time.time() * 1000) - self._config.dedup.window_ms
         superseded = superseded_letters(letters, self._config.dead_letter.topic, ours)
-        relay = self._config.relay.qualified_table if self._config.relay else None
         planned = plan_replay(selected, self._letter_step, self._filter, delivered, ours=ours,
                               superseded=superseded, relay_table=relay,
                               expired_before_ms=None if selection.include_expired else horizon_ms)

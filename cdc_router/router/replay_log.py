@@ -62,7 +62,9 @@ class ReplayLines:
         self._warned += 1
         log.warning("event=replay_dropped id=%s %s: the id was dead-lettered; unless a "
                     "`dlq replay` delivered it since, `cdc-router dlq replay --id %s` "
-                    "delivers its letter", show(event_id), where, show(event_id))
+                    "delivers its letter (one without its value, for size, from its raw "
+                    "record while the raw topic keeps it; if that is gone, the replay says "
+                    "what to do)", show(event_id), where, show(event_id))
         if self._warned == WARNED_PER_MINUTE:
             log.warning("event=replay_warnings_capped per_minute=%d: the rest of this minute's "
                         "replays of dead-lettered ids are counted, and their number said at "
