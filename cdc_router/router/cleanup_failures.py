@@ -33,4 +33,9 @@ def failure_reason(error: psycopg.Error, *, connected: bool, table: str) -> str:
                 "database): point CDC_ROUTER__CLEANUP__DSN at the primary (with several hosts, "
                 "add target_session_attrs=read-write); tried again meanwhile, which mends a "
                 "failover; routing goes on, the rows wait")
+    context = getattr(error.diag, "context", None)
+    if context:  # QA 57-b F-5: a trigger's own error read as the router's, without its CONTEXT
+        return (f"raised inside a function Postgres ran for the DELETE on {table} (a trigger "
+                f"on it?): {' | '.join(context.split(chr(10)))}: fix or drop that function; "
+                "tried again meanwhile, routing goes on, the rows wait")
     return ""
