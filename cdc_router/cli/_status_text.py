@@ -67,6 +67,9 @@ def _publication(report: Report) -> list[str]:
     if pub.name is None and report.connector.exists is False:
         return [f"publication: not checked (connector {report.connector.name} is not deployed, "
                 "and its config names the publication)"]
+    if pub.name is None and report.connector.error is not None:
+        return ["publication: not checked (the connector's config names it, and Kafka Connect "
+                "did not give it: see the connector line)"]
     if pub.name is None:
         return []  # a relay-only config: no publication is read
     if not pub.exists:

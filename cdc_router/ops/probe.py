@@ -80,8 +80,9 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
         # Without the connector's config, its slot and publication are unknown: Debezium's
         # default names would be reported missing, and point at the lost-slot runbook. Every
         # logical slot of the database is shown instead, and the publication is left
-        # unchecked, as the connector is (one line names both when Connect is down).
-        publication = PublicationState(error=connector_state.error)
+        # unchecked: not critical itself (QA 57-b F-6: "critical: publication, connector"
+        # while Postgres, where it lives, answered); the connector's line says Connect is down.
+        publication = PublicationState()
     # librdkafka logs each refused connection; `status` reports the failure itself, naming
     # the refusal (credentials, mechanism, TLS) that its lines, unshown, still note.
     kafka: dict[str, Any] = {**endpoints.kafka, "logger": unshown_logger(), "log_level": "3"}

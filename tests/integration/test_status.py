@@ -177,11 +177,15 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
 def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
     done = _status(routed, "--connect-url", "http://127.0.0.1:1")
     assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
-    # Without the connector's config the publication is not checked either: one line names
-    # both. Before, Debezium's default slot and publication names were reported missing, two
-    # false critical lines pointing at the lost-slot runbook (QA, session 25).
-    assert "critical: publication, connector: cannot check it: Kafka Connect unreachable at " \
+    # Without the connector's config the publication is not checked either. Before, Debezium's
+    # default slot and publication names were reported missing, two false critical lines
+    # pointing at the lost-slot runbook (QA, session 25); then the unchecked publication was
+    # named in the critical line, though Postgres answered (QA 57-b F-6).
+    assert "critical: connector: cannot check it: Kafka Connect unreachable at " \
            "http://127.0.0.1:1" in done.stdout
+    assert "publication: not checked (the connector's config names it, and Kafka Connect did " \
+           "not give it: see the connector line)" in done.stdout
+    assert "publication: NOT CHECKED" not in done.stdout
     # (The outbox line may say public.outbox does not exist: this pipeline's table is its own,
     # and a stack where no test made public.outbox has none.)
     assert not [line for line in done.stdout.splitlines() if "does not exist" in line

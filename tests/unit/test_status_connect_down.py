@@ -1,0 +1,39 @@
+"""`status` with Kafka Connect down (QA 57-b F-6): the publication, in Postgres, which answered,
+was named in the critical line "publication, connector: cannot check it"; it is not checked
+(its name is in the connector's config), said on its own line, and not critical."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdc_router.cli._status_text import as_text
+from cdc_router.config.model import RouterConfig
+from cdc_router.ops import probe
+from cdc_router.ops.report import ConnectorState, OutboxState, PublicationState, WalState
+from cdc_router.ops.verdict import judge
+
+DOWN = "Kafka Connect unreachable at http://127.0.0.1:1: [Errno 111] Connection refused"
+
+
+def test_connect_down_leaves_the_publication_unchecked_and_not_critical(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "probe_connector", lambda url, name: (
+        ConnectorState(name=name, error=DOWN), None))
+    monkeypatch.setattr(probe, "probe_database", lambda *args, **kwargs: (
+        WalState(answered=True), PublicationState(answered=False),
+        OutboxState(table="public.outbox", rows=0, answered=True)))
+    monkeypatch.setattr(probe, "admin_client", lambda conf: None)
+    monkeypatch.setattr(probe, "_kafka_down", lambda admin: None)
+    monkeypatch.setattr(probe, "_kafka", lambda read, failed, grants: failed("not asked"))
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"]},
+                                          "routes": [{"topic": "out"}]})
+    report = probe.check(config, probe.Endpoints("postgresql://x", "http://127.0.0.1:1", {}))
+    assert report.publication.error is None and report.publication.name is None
+    critical = [str(problem) for problem in judge(report, config.status)
+                if problem.level == "critical" and DOWN in str(problem)]
+    assert critical == [f"critical: connector: cannot check it: {DOWN}"]
+    text: Any = as_text(report, judge(report, config.status))
+    assert "publication: not checked (the connector's config names it, and Kafka Connect did " \
+           "not give it: see the connector line)" in str(text)
