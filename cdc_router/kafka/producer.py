@@ -10,7 +10,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from cdc_router.dead_letter import batch_size
 from cdc_router.errors import EXIT_RESTART, DeliveryError, ProducerHung
+from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import PURGED, describe, kafka_error_of
 from cdc_router.kafka.watchdog import AbandonableCall, CallWatchdog
 
@@ -33,6 +35,8 @@ class DeliveryFailure:
     error: KafkaError
     # None: one of the router's own records (dead letter, changelog mark).
     source: RecordCoordinates | None
+    # The record's size as the broker counts it (dead_letter.batch_size); None: not known.
+    size: int | None = None
 
 
 class LatchingProducer:
@@ -70,7 +74,9 @@ class LatchingProducer:
                generation: int) -> None:
         if generation != self._generation or error.code() in PURGED:
             return
-        failure = DeliveryFailure(message.topic() or "", error, source)
+        failure = DeliveryFailure(message.topic() or "", error, source,
+                                  batch_size(message.key(), message.value(),
+                                             record_headers(message)))
         self._failures.append(failure)
         if self._error is None:
             self._error = failure

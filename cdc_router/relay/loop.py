@@ -114,9 +114,11 @@ class OutboxRelay:
         seen = self._replay.seen if self._replay is not None else _never
         self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
+        limits = clients.timestamp_limits(self._describe, config)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=seen,
-                                timestamp_limits=clients.timestamp_limits(self._describe, config))
-        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+                                timestamp_limits=limits)
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp),
+                                       limits=limits)
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.
         self._publisher = clients.jetstream_publisher(config, f"relay-{self._table}")

@@ -182,19 +182,19 @@ class DeadLetterReplay:
         self._changelog = changelog_factory(common, config.dedup.changelog_topic)
         self._letters = reader_factory(common, config.dead_letter.topic,
                                        group_id=replay_group(config), what="dead-letter")
-        self._filter = ReplayFilter(window_ms=config.dedup.window_ms,
-                                    max_ids=config.dedup.max_ids)
+        self._filter = ReplayFilter(window_ms=config.dedup.window_ms, max_ids=config.dedup.max_ids)
         self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         self._step = RecordStep(compiled, self._destinations.partitions, seen=self._filter.seen,
-                                timestamp_limits=clients.timestamp_limits(self._describe, config))
+                                timestamp_limits=(limits := clients.timestamp_limits(
+                                    self._describe, config)))
         self._max_bytes = clients.dead_letter_limit(config)
         # A letter whose fixed route is a JetStream subject is published at its batch's
         # commit, with Nats-Msg-Id = its event id, before the Kafka transaction commits.
         self._publisher = None if dry_run else clients.jetstream_publisher(config, INSTANCE)
         self._txn: Transaction | None = None
         # Letters whose records the broker refused (as `run` tells them from a clock it refuses)
-        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp), limits)
         self._done = 0  # items of the work applied and committed
         # For the last commit's count of letters not delivered (_undelivered, QA 52-b M1):
         self._read, self._delivered, self._settled = list[Letter](), set[str](), set[Any]()

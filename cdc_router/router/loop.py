@@ -89,11 +89,13 @@ class OutboxRouter:
                                           producer_factory)
         self._destinations = clients.destinations(config, self._producer, operations_factory, clock)
         self._describe = clients.topic_describe(config, describe_factory)
+        limits = clients.timestamp_limits(self._describe, config)
         self._step = RecordStep(compiled, self._destinations.partitions,
                                 seen=self._replay.seen if self._replay is not None
                                 else lambda event_id: False,
-                                timestamp_limits=clients.timestamp_limits(self._describe, config))
-        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp))
+                                timestamp_limits=limits)
+        self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp),
+                                       limits=limits)
         self._writer = BatchWriter(config, self._step, poison=self._poison,
                                    destinations=self._destinations, replay=self._replay,
                                    dead_letter_max_bytes=clients.dead_letter_limit(config))

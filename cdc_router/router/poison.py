@@ -44,7 +44,7 @@ from cdc_router.kafka.errors import (
     likely_cause,
 )
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
-from cdc_router.router.timestamps import TIMESTAMP_HINT
+from cdc_router.router.timestamps import TIMESTAMP_HINT, TopicLimitsCache
 
 if TYPE_CHECKING:
     from cdc_router.router.destinations import DestinationMetadata
@@ -66,19 +66,37 @@ def record_refusals(record_timestamp: str) -> frozenset[int]:
     return RECORD_REFUSED
 
 
-def refusal_reason(failure: DeliveryFailure) -> str:
-    """One line for a dead letter: who refused what, why, and what to do."""
+def refusal_reason(failure: DeliveryFailure, limit: int | None = None) -> str:
+    """One line for a dead letter: who refused what, why, and what to do; `limit`: the
+    topic's max.message.bytes as read again after a size refusal (None: not known)."""
     reason = f"Kafka refused the record for {failure.topic}: {describe(failure.error)}"
     if failure.error.code() == KafkaError.INVALID_TIMESTAMP:
         reason += TIMESTAMP_HINT
+    elif failure.error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        reason += size_hint(failure.size, limit)
     return reason
+
+
+def size_hint(size: int | None, limit: int | None) -> str:
+    """QA 57-a F-2: the broker's size refusal named neither the size nor the limit."""
+    over = f"the record is {size} bytes as the broker counts it (key, value, headers and " \
+        "the record batch's framing)" if size is not None else "the record is too large"
+    over += f", over the topic's max.message.bytes ({limit})" if limit is not None else \
+        ", over the topic's max.message.bytes (not readable here: see the topic's config)"
+    return (f"; {over}; raise the topic's max.message.bytes (and kafka.producer "
+            "message.max.bytes if the record is over it too) or make the event smaller, then "
+            "`cdc-router dlq replay` it")
 
 
 class PoisonIsolation:
     """Suspects, confirmed refusals and the one record produced alone; see the module doc."""
 
-    def __init__(self, refusals: frozenset[int] = RECORD_REFUSED) -> None:
+    def __init__(self, refusals: frozenset[int] = RECORD_REFUSED,
+                 limits: TopicLimitsCache | None = None) -> None:
+        """`limits`: the destinations' limits the records were checked against, read again
+        for a topic whose record the broker refused as too large."""
         self._refusals = refusals
+        self._limits = limits
         self._suspects: dict[RecordCoordinates, str] = {}
         self._refused: dict[RecordCoordinates, str] = {}
         self._isolated: RecordCoordinates | None = None
@@ -119,6 +137,8 @@ class PoisonIsolation:
         the refusal is attributed whatever path it surfaced by.
         """
         learned = False
+        failures = list(failures)
+        sizes = self._fresh_limits(failures)
         for failure in failures:
             if not self.is_refusal(failure.error):
                 continue
@@ -130,7 +150,8 @@ class PoisonIsolation:
                     "`cdc-router topics apply`" if missing else
                     "the dead-letter and dedup changelog topics must accept the router's "
                     "records (size limits, ACLs)"))
-            learned |= self._blame(failure.source, refusal_reason(failure))
+            learned |= self._blame(failure.source,
+                                   refusal_reason(failure, sizes.get(failure.topic)))
         if not learned and self.is_refusal(batch_error) and batch_error is not None:
             if batch_error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                 raise GrantRevoked(f"Kafka refused a topic of the batch: {describe(batch_error)}"
@@ -144,6 +165,21 @@ class PoisonIsolation:
         self._isolated = None
         self._settling.clear()
         return learned
+
+    def _fresh_limits(self, failures: Sequence[DeliveryFailure]) -> dict[str, int | None]:
+        """QA 57-a F-1: the broker refused a destination's record as too large, so the
+        max.message.bytes cached for that topic (up to LIMITS_TTL_S old) is stale: read it
+        again now (one DescribeConfigs a topic an abort), so that the re-read dead-letters the
+        record before producing it instead of aborting batch after batch. The limit by topic."""
+        fresh: dict[str, int | None] = {}
+        if self._limits is None:
+            return fresh
+        for topic in {failure.topic for failure in failures if failure.source is not None and
+                      failure.error.code() == KafkaError.MSG_SIZE_TOO_LARGE}:
+            self._limits.forget(topic)
+            limits = self._limits(topic)
+            fresh[topic] = None if limits is None else limits.max_message_bytes
+        return fresh
 
     def confirm(self, refused: dict[RecordCoordinates, str]) -> bool:
         """Records refused for certain (JetStream names each one): dead letters on the re-read,

@@ -240,6 +240,11 @@ class TopicLimitsCache:
             self._topics.popitem(last=False)
         return limits
 
+    def forget(self, topic: str) -> None:
+        """Read `topic`'s limits again at its next look-up (the broker refused a record by a
+        limit the cache does not have)."""
+        self._topics.pop(topic, None)
+
 
 def admin_describe(admin_config: Mapping[str, Any]) -> Describe:
     """describe(topic, timeout_s): the topic's configuration, by an AdminClient made on first

@@ -8,6 +8,7 @@ from confluent_kafka import KafkaError
 from cdc_router.errors import FatalKafkaError, GrantRevoked
 from cdc_router.kafka.producer import DeliveryFailure
 from cdc_router.router.poison import PoisonIsolation, record_refusals
+from cdc_router.router.timestamps import _UNLIMITED, TopicLimits, TopicLimitsCache
 
 A, B, C = ("raw", 0, 1), ("raw", 0, 2), ("raw", 0, 3)
 TIMESTAMP = KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")
@@ -89,3 +90,44 @@ def test_an_aborted_batch_keeps_the_refusal_it_was_dead_lettering() -> None:
     assert poison.refused(A) is not None
     poison.learn([], KafkaError(KafkaError._TRANSPORT), [])  # that batch failed elsewhere
     assert poison.refused(A) is not None  # still dead-lettered on the next re-read
+
+
+TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+
+
+def test_a_size_refusal_reads_the_topics_limit_again_at_once_and_names_size_and_limit() -> None:
+    # QA 57-a F-1/F-2: max.message.bytes lowered while the router ran: the cached limit (up to
+    # 5 minutes old) let every large record be produced and refused, 2 to 4 aborted batches
+    # each; the letter said only "MSG_SIZE_TOO_LARGE: Broker: Message size too large".
+    reads: list[str] = []
+    limit = {"max.message.bytes": "1000000"}
+
+    def describe(topic: str, timeout_s: float) -> dict[str, str]:
+        reads.append(topic)
+        return dict(limit)
+
+    limits = TopicLimitsCache(describe, clock=lambda: 0.0)
+    assert limits("orders") == TopicLimits(_UNLIMITED, _UNLIMITED, max_message_bytes=1000000)
+    limit["max.message.bytes"] = "3000"  # lowered by the operator; the cache still says 1 MB
+    poison = PoisonIsolation(limits=limits)
+    poison.learn([DeliveryFailure("orders", TOO_LARGE, A, 5241)], None, [A])
+    assert reads == ["orders", "orders"]  # read again at once, not after LIMITS_TTL_S
+    fresh = limits("orders")
+    assert fresh is not None and fresh.max_message_bytes == 3000  # the re-read's own check
+    assert poison.alone(A)
+    poison.learn([DeliveryFailure("orders", TOO_LARGE, A, 5241)], None, [A])
+    reason = poison.refused(A)
+    assert reason is not None
+    assert "5241 bytes" in reason and "max.message.bytes (3000)" in reason
+    assert "raise the topic's max.message.bytes" in reason and "message.max.bytes" in reason
+    assert "make the event smaller" in reason and "dlq replay" in reason
+
+
+def test_a_size_refusal_without_a_readable_limit_still_says_the_size_and_what_to_do() -> None:
+    poison = PoisonIsolation()
+    poison.learn([DeliveryFailure("orders", TOO_LARGE, A, 800)], None, [A])
+    poison.alone(A)
+    poison.learn([DeliveryFailure("orders", TOO_LARGE, A, 800)], None, [A])
+    reason = poison.refused(A)
+    assert reason is not None and "800 bytes" in reason and "not readable" in reason
+    assert "make the event smaller" in reason
