@@ -62,9 +62,9 @@ from cdc_router.router.step import DeadLettered, Duplicate, Routed, StepResult
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
 _REPLAY_OF = re.compile(r"(.+)\[(\d+)\]@(\d+)")  # dlq.replay.of: topic[partition]@offset
 # The numbers of a reason that move with the clock (router/timestamps.py): "7083.4 s ahead of",
-# "8.01 days old", and a route's index, which a route added above it moves (QA 45-a F2); no
-# other (review 43-2: "orders.1" and "orders.2" are two reasons).
-_VARYING = re.compile(r"\b\d+(?:\.\d+)?(?= (?:s (?:ahead|behind)|days old)\b)|"
+# "8.01 days old" or "90 s old" (unit and all), a route's index, which a route added above it
+# moves (QA 45-a F2); no other (review 43-2: "orders.1" and "orders.2" are two reasons).
+_VARYING = re.compile(r"\b\d+(?:\.\d+)?(?:(?= s (?:ahead|behind)\b)| (?:s|min|h|days)(?= old\b))|"
                       r"(?<=\broutes\[)\d+(?=\])")
 
 Action = Literal["deliver", "dead_letter", "already_delivered", "repeated", "skip",

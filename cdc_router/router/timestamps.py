@@ -109,7 +109,7 @@ class TopicLimits:
             headroom = min(RETENTION_HEADROOM_MS, retention // 10)
             if timestamp_ms < now_ms - retention + headroom:
                 return (f"its timestamp {_iso(timestamp_ms)} is "
-                        f"{(now_ms - timestamp_ms) / 86_400_000:.2f} days old, within "
+                        f"{_age(now_ms - timestamp_ms)} old, within "
                         f"{headroom // 1000} s of the retention.ms of {topic} ({retention}) or "
                         "beyond: Kafka would delete the record within minutes of writing it; "
                         f"dead-lettered before producing{RETENTION_HINT}")
@@ -139,6 +139,17 @@ def _zone_hint(offset_ms: int) -> str:
                 "offset: is created_at written in local time, not UTC (DEFAULT (now() AT "
                 "TIME ZONE 'utc'), connectors/README.md)?")
     return ""
+
+
+def _age(age_ms: int) -> str:
+    """An age in the unit that reads best (QA 57-a F-5: a 90 s old row read "0.00 days")."""
+    if age_ms < 120_000:
+        return f"{age_ms // 1000} s"
+    if age_ms < 7_200_000:
+        return f"{age_ms // 60_000} min"
+    if age_ms < 2 * 86_400_000:
+        return f"{age_ms / 3_600_000:.1f} h"
+    return f"{age_ms / 86_400_000:.2f} days"
 
 
 def _margin(limit_ms: int) -> int:

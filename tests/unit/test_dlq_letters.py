@@ -272,6 +272,11 @@ def test_a_reason_that_differs_only_in_a_number_the_clock_moves_fails_as_before(
     old = replace(earlier, reason="its timestamp 2026-11-26T10:00:00.000Z is 8.01 days old")
     assert fails_as_before(old, DeadLettered("produce", DeliveryError(
         "its timestamp 2026-11-26T10:00:00.000Z is 8.13 days old"), "late"))
+    # QA 57-a F-5: an age in the unit that reads best moves from "90 s" to "2 min" between
+    # replays: the same reason, numbers (and unit) aside.
+    young = replace(earlier, reason="its timestamp 2026-12-06T16:49:35+00:00 is 90 s old, within")
+    assert fails_as_before(young, DeadLettered("produce", DeliveryError(
+        "its timestamp 2026-12-06T16:49:35+00:00 is 2 min old, within"), "late"))
     # QA 45-a F2: a route added above the event's moved "routes[4]" to "routes[5]".
     moved = "event e: routes[4] topic 'odd.{type}' renders 'odd../etc', which Kafka refuses"
     assert fails_as_before(replace(earlier, stage="route", reason=moved), DeadLettered(

@@ -107,6 +107,16 @@ def test_a_timestamp_past_the_topics_time_retention_is_refused_before_it_is_lost
     assert short.problem("t", NOW_MS - 55 * 60_000, NOW_MS) is not None
 
 
+@pytest.mark.parametrize(("age_ms", "said"), [
+    (90_000, "90 s old"), (54 * 60_000, "54 min old"), (30 * HOUR_MS, "30.0 h old"),
+    (8 * DAY_MS, "8.00 days old")])
+def test_the_retention_reason_gives_the_age_in_a_unit_that_reads(age_ms: int, said: str) -> None:
+    # QA 57-a F-5: a row 90 s old on a topic of 60 s retention read "0.00 days old".
+    limits = TopicLimits(2**63 - 1, HOUR_MS, 60_000 if age_ms < HOUR_MS else DAY_MS)
+    reason = limits.problem("dest.G", NOW_MS - age_ms, NOW_MS)
+    assert reason is not None and f" is {said}, within " in reason
+
+
 @pytest.mark.parametrize("entries", [
     {"retention.ms": "-1", "cleanup.policy": "delete"},
     {"retention.ms": str(DAY_MS), "cleanup.policy": "compact"},
