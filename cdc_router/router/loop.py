@@ -35,7 +35,12 @@ from cdc_router.router.batch_writer import BatchWriter
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
-from cdc_router.router.poison import PoisonIsolation, abort_batch, record_refusals
+from cdc_router.router.poison import (
+    LetterTooLarge,
+    PoisonIsolation,
+    abort_batch,
+    record_refusals,
+)
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import RecordStep
@@ -264,7 +269,14 @@ class OutboxRouter:
             self._replay.abort()
         self._metrics.aborted.inc()
         self._needs_rewind = True
-        cause, why = abort_batch(self._txn, self._poison, self._destinations, failure, who="router")
+        try:
+            cause, why = abort_batch(self._txn, self._poison, self._destinations, failure,
+                                     who="router")
+        except LetterTooLarge as refused:
+            if not self._letters_narrowed(refused):
+                raise
+            self._after_refusal = True  # the batch is read again, its letters fitted
+            return
         if cause == "abort_failed":
             self._pending_abort = True
             self._back_off(why, backoff)
@@ -281,6 +293,24 @@ class OutboxRouter:
             log.warning("event=batch_aborted cause=epoch_bump reason=%r", why)
             return
         self._back_off(why, backoff)
+
+    def _letters_narrowed(self, refused: LetterTooLarge) -> bool:
+        """QA 57-a F-3: the dead-letter topic's max.message.bytes, lowered while the router
+        ran, refused a letter: read it again; True when it is now lower than the letters'
+        limit, which is narrowed to it, so that the re-read sends the letter without its value
+        (dlq.value.dropped.bytes), as a restart would. False: no re-read can fix it."""
+        limit = clients.dead_letter_limit(self._config, self._describe)
+        if refused.topic != self._config.dead_letter.topic or \
+                limit >= self._writer.dead_letter_max_bytes:
+            return False
+        log.warning("event=dead_letter_limit_lowered topic=%s letter_bytes=%s max_bytes=%d "
+                    "hint='%s refused a letter as too large (its max.message.bytes was lowered "
+                    "while the router ran): letters over %d bytes now go without their value "
+                    "(dlq.value.dropped.bytes; the raw topic keeps it); raise the topic's "
+                    "max.message.bytes to keep whole letters'", refused.topic, refused.size,
+                    limit, refused.topic, limit)
+        self._writer.dead_letter_max_bytes = limit
+        return True
 
     def _back_off(self, reason: str, wait: bool) -> None:
         self._consecutive_aborts += 1

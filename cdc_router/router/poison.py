@@ -88,6 +88,35 @@ def size_hint(size: int | None, limit: int | None) -> str:
             "`cdc-router dlq replay` it")
 
 
+class LetterTooLarge(FatalKafkaError):
+    """The broker refused one of the router's own records (a dead letter, a changelog mark)
+    as too large: `topic` and the record's `size` (None: not known). The router reads the
+    dead-letter topic's limit again and goes on when it was lowered (loop.py)."""
+
+    def __init__(self, message: str, *, topic: str, size: int | None) -> None:
+        super().__init__(message, code=KafkaError.MSG_SIZE_TOO_LARGE)
+        self.topic, self.size = topic, size
+
+
+def own_refusal(failure: DeliveryFailure) -> FatalKafkaError:
+    """The error that stops the process when the broker refuses one of its own records."""
+    reason = f"Kafka refused the record for {failure.topic}: {describe(failure.error)}"
+    if failure.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        # QA 31-b: a deleted topic's reason named only size limits and ACLs.
+        return FatalKafkaError(f"{reason}; {failure.topic} does not exist (any more): create "
+                               "it with `cdc-router topics apply`")
+    if failure.error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        # QA 57-a F-3: it named neither max.message.bytes nor a size, and pointed at ACLs.
+        size = "" if failure.size is None else f" of {failure.size} bytes"
+        return LetterTooLarge(
+            f"{reason}; the router's own record{size} is over {failure.topic}'s "
+            "max.message.bytes: raise it (`cdc-router topics apply`), or restart: the router "
+            "reads the dead-letter topic's limit at start and sends a letter over it without "
+            "its value (dlq.value.dropped.bytes)", topic=failure.topic, size=failure.size)
+    return FatalKafkaError(f"{reason}; the dead-letter and dedup changelog topics must accept "
+                           "the router's records (ACLs, the topic's policy)")
+
+
 class PoisonIsolation:
     """Suspects, confirmed refusals and the one record produced alone; see the module doc."""
 
@@ -136,22 +165,21 @@ class PoisonIsolation:
         delivery report attributes, every input record the batch produced becomes a suspect:
         the refusal is attributed whatever path it surfaced by.
         """
-        learned = False
+        learned, own = False, None
         failures = list(failures)
         sizes = self._fresh_limits(failures)
         for failure in failures:
             if not self.is_refusal(failure.error):
                 continue
             if failure.source is None:
-                # QA 31-b: a deleted topic's reason named only size limits and ACLs.
-                missing = failure.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                raise FatalKafkaError(f"{refusal_reason(failure)}; " + (
-                    f"{failure.topic} does not exist (any more): create it with "
-                    "`cdc-router topics apply`" if missing else
-                    "the dead-letter and dedup changelog topics must accept the router's "
-                    "records (size limits, ACLs)"))
+                own = own or failure  # the input records' refusals are learned first
+                continue
             learned |= self._blame(failure.source,
                                    refusal_reason(failure, sizes.get(failure.topic)))
+        if own is not None:
+            self._isolated = None
+            self._settling.clear()
+            raise own_refusal(own)
         if not learned and self.is_refusal(batch_error) and batch_error is not None:
             if batch_error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                 raise GrantRevoked(f"Kafka refused a topic of the batch: {describe(batch_error)}"

@@ -1472,3 +1472,31 @@ def test_a_rebalance_that_assigns_nothing_reads_no_changelog(
     assert read == []
     assert [r.getMessage() for r in caplog.records if "event=assigned" in r.getMessage()] \
         == ["event=assigned partitions= dedup_ids=0 restored=0 seconds=0.0"]
+
+
+class _LoweredLater(dict[str, dict[str, str]]):
+    """topic_configs whose dead-letter topic has no limit at the router's start, then 4000."""
+
+    def get(self, topic: str, default: Any = None) -> Any:  # type: ignore[override]
+        if topic != DLQ:
+            return super().get(topic, default)
+        self.reads = getattr(self, "reads", 0) + 1
+        return {} if self.reads == 1 else {"max.message.bytes": "4000"}
+
+
+def test_a_dead_letter_topic_limit_lowered_while_running_sends_the_letter_without_its_value(
+) -> None:
+    # QA 57-a F-3: the dead-letter topic's max.message.bytes lowered to 4000 while the router
+    # ran: a letter of 5.6 KB was refused and the router stopped (exit 1), saying to check
+    # ACLs; a restart sent it without its value. It now reads the limit again and goes on.
+    values = events(4)
+    values[2] = raw_event("big", payload='{"blob": "' + "x" * 5000 + '"}')
+    cluster = cluster_with(*values, refuse=lambda topic, value, ts: KafkaError.MSG_SIZE_TOO_LARGE
+                           if value and len(value) > (4000 if topic == DLQ else 3000) else None)
+    cluster.topic_configs = _LoweredLater()
+    harness = Harness(cluster).run()
+    assert sorted(harness.delivered()) == ["e-0", "e-1", "e-3"]
+    [letter] = harness.letters()
+    assert letter.header("dlq.event.id") == "big" and letter.value is None
+    assert int(letter.header("dlq.value.dropped.bytes") or 0) > 5000
+    assert "MSG_SIZE_TOO_LARGE" in (letter.header("dlq.error.message") or "")

@@ -7,11 +7,12 @@ from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError, GrantRevoked
 from cdc_router.kafka.producer import DeliveryFailure
-from cdc_router.router.poison import PoisonIsolation, record_refusals
+from cdc_router.router.poison import LetterTooLarge, PoisonIsolation, record_refusals
 from cdc_router.router.timestamps import _UNLIMITED, TopicLimits, TopicLimitsCache
 
 A, B, C = ("raw", 0, 1), ("raw", 0, 2), ("raw", 0, 3)
 TIMESTAMP = KafkaError(KafkaError.INVALID_TIMESTAMP, "Broker: Invalid timestamp")
+TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
 
 
 def refused(source: tuple[str, int, int] | None, error: KafkaError = TIMESTAMP) -> DeliveryFailure:
@@ -67,8 +68,15 @@ def test_an_authorization_refusal_no_report_names_exits_for_a_fresh_grants_check
 
 def test_a_refusal_of_the_routers_own_record_is_fatal() -> None:
     with pytest.raises(FatalKafkaError, match="dead-letter and dedup changelog"):
-        PoisonIsolation().learn([refused(None, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))],
+        PoisonIsolation().learn([refused(None, KafkaError(KafkaError.INVALID_RECORD))],
                                 None, [])
+    # QA 57-a F-3: a letter over the dead-letter topic's lowered limit pointed at ACLs.
+    with pytest.raises(LetterTooLarge, match=r"the router's own record of 5678 bytes is over "
+                       r"dlq's max.message.bytes: raise it .*restart.*without its value") as \
+            too_large:
+        PoisonIsolation().learn([DeliveryFailure("dlq", TOO_LARGE, None, 5678),
+                                 refused(A)], None, [A])
+    assert too_large.value.topic == "dlq" and too_large.value.size == 5678
     # QA 31-b: a deleted topic's reason named only size limits and ACLs.
     with pytest.raises(FatalKafkaError, match=r"does not exist \(any more\): create it with "
                        "`cdc-router topics apply`"):
@@ -90,9 +98,6 @@ def test_an_aborted_batch_keeps_the_refusal_it_was_dead_lettering() -> None:
     assert poison.refused(A) is not None
     poison.learn([], KafkaError(KafkaError._TRANSPORT), [])  # that batch failed elsewhere
     assert poison.refused(A) is not None  # still dead-lettered on the next re-read
-
-
-TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
 
 
 def test_a_size_refusal_reads_the_topics_limit_again_at_once_and_names_size_and_limit() -> None:
