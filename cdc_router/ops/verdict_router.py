@@ -85,8 +85,9 @@ def router_problems(router: RouterState, settings: StatusSettings) -> Iterator[P
                       + ("" if len(held) == len(names) else "; for the others, read the "
                          "instances' logs for event=batch_aborted"))
         return
-    yield Problem(over[0], "router", f"{said_stall}: the instance holding it is stuck or "
-                  "down, or none holds it; read the instances' logs for event=batch_aborted")
+    yield Problem(over[0], "router", f"{said_stall}: the instance holding it is stuck, down "
+                  "or slowed by a Kafka quota, or none holds it; read the instances' logs for "
+                  "event=batch_aborted or event=throttled")
 
 
 def _held_open(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:

@@ -28,6 +28,7 @@ from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.kafka.start import init_failure
+from cdc_router.kafka.throttle import ThrottleWatch
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
 from cdc_router.router.assignment import restore_assigned
@@ -90,8 +91,10 @@ class OutboxRouter:
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         self._changelog = None if not config.dedup.enabled else changelog_factory(
             clients.common_config(config), config.dedup.changelog_topic)
-        self._producer = LatchingProducer(clients.producer_config(config, instance_id),
-                                          producer_factory)
+        produced = clients.producer_config(config, instance_id)
+        produced["throttle_cb"] = ThrottleWatch(str(produced.get("client.id", "")),
+                                                on_throttle=self._metrics.throttled.inc)
+        self._producer = LatchingProducer(produced, producer_factory)
         self._destinations = clients.destinations(config, self._producer, operations_factory, clock)
         self._describe = clients.topic_describe(config, describe_factory)
         limits = clients.timestamp_limits(self._describe, config)

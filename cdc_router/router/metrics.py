@@ -54,6 +54,9 @@ class RouterMetrics:
                                     registry=r)
         self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read",
                                registry=r)
+        self.throttled = Counter("cdc_router_produce_throttled_seconds", "How long Kafka "
+                                 "delayed the producer's requests for a quota on its client id "
+                                 "(throttle_time_ms; event=throttled in the log)", registry=r)
         self.consecutive_aborts = Gauge("cdc_router_consecutive_aborts", "Batches aborted in "
                                         "a row for no record's fault (broker down, coordinator "
                                         "moving); 0 once a batch commits", registry=r)

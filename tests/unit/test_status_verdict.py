@@ -310,8 +310,8 @@ def test_a_partition_with_waiting_records_that_no_instance_is_assigned_is_critic
     assert lines(replace(healthy(), router=rebalancing)) == [
         "warning: router: router group cdc-router has not committed "
         "qatext.public.outbox_text[0] for 290s while 3 records wait (warning at 60s): the "
-        "instance holding it is stuck or down, or none holds it; read the instances' logs "
-        "for event=batch_aborted"]
+        "instance holding it is stuck, down or slowed by a Kafka quota, or none holds it; read "
+        "the instances' logs for event=batch_aborted or event=throttled"]
 
 
 def test_router_lag_no_instance_and_a_stalled_group() -> None:
@@ -402,8 +402,9 @@ def test_one_stalled_partition_is_said_while_another_commits() -> None:
                               Member("a2", "c2", "h", ("outbox.public.outbox[1]",))))
     assert lines(replace(healthy(), router=router)) == [
         "warning: router: router group cdc-router has not committed outbox.public.outbox[1] "
-        "for 82s while 775 records wait (warning at 60s): the instance holding it is stuck "
-        "or down, or none holds it; read the instances' logs for event=batch_aborted"]
+        "for 82s while 775 records wait (warning at 60s): the instance holding it is stuck, "
+        "down or slowed by a Kafka quota, or none holds it; read the instances' logs for "
+        "event=batch_aborted or event=throttled"]
     fresh = replace(frozen, oldest_pending_age_s=1.0)  # an idle partition's first record
     assert lines(replace(healthy(), router=replace(router, partitions=(
         *healthy().router.partitions, fresh)))) == []
