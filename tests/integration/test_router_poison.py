@@ -304,3 +304,31 @@ def test_a_record_over_its_destinations_max_message_bytes_is_dead_lettered_befor
     assert len(orders) == 60 and set(delivered) == set(ids) - big, log[-3000:]
     assert max(delivered.values()) == 1, "each delivered once"
     assert "event=batch_aborted" not in log and "MSG_SIZE_TOO_LARGE" not in log, log[-3000:]
+
+
+def test_limits_lowered_while_the_router_runs_are_read_again_at_the_first_refusal(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 57-a F-1, F-3: the destination's max.message.bytes lowered while the router ran was
+    # used stale for up to 5 minutes (173 aborted batches), and a dead-letter topic's lowered
+    # below a letter stopped the router (exit 1) though a restart sent the letter without its
+    # value. Both limits are read again at the first refusal: the router goes on.
+    with pipeline(stack, tmp_path, partitions=2) as pipe:
+        pipe.start_router()
+        insert(pipe, ordinary(10))
+        pipe.read(pipe.orders_topic, 10, timeout_s=120)  # the limits are read and cached
+        set_topic_config(pipe, pipe.orders_topic, "max.message.bytes", "50000")
+        set_topic_config(pipe, pipe.dlq_topic, "max.message.bytes", "40000")
+        rows = ordinary(30)
+        rows.insert(15, {"aggregate_id": "big", "payload": json.dumps({"s": "x" * 60_000})})
+        ids = insert(pipe, rows)
+        letters = _letters_by_id(pipe, 1, timeout_s=120)
+        orders = pipe.read(pipe.orders_topic, 40)
+        still_running = pipe.routers["a"].poll() is None
+        log = pipe.router_log()
+    assert still_running and list(letters) == [ids[15]], log[-3000:]
+    headers = letters[ids[15]]
+    assert "max.message.bytes (50000)" in headers["dlq.error.message"], headers
+    assert int(headers["dlq.value.dropped.bytes"]) > 60_000, "sent without its value"
+    assert len(orders) == 40, log[-3000:]
+    assert log.count("event=batch_aborted") <= 4, log[-3000:]
+    assert "event=dead_letter_limit_lowered" in log, log[-3000:]
