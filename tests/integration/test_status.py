@@ -335,7 +335,9 @@ def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
             if "lock timeout" in line and line.startswith("critical")] == [
         "critical: outbox: cannot check it: Postgres: canceling statement due to lock timeout "
         "(another session holds a lock on a table this check reads, over 5 s: see pg_locks "
-        "and pg_stat_activity)"], done.stdout
+        "and pg_stat_activity, and pg_prepared_xacts for a prepared transaction (two-phase "
+        "commit), whose lock has no pid: COMMIT PREPARED or ROLLBACK PREPARED its gid)"
+    ], done.stdout
 
 
 @contextmanager

@@ -61,6 +61,9 @@ def test_a_running_connector_that_cannot_log_in_is_capture_stopped(
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT ON TABLES "
                          f"FROM {role}")
+            # The default privileges also granted it SELECT on the tables other tests
+            # created meanwhile (pytest-xdist): DROP OWNED revokes those, or DROP ROLE fails.
+            conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE IF EXISTS {role}")
     wal = [line for line in out.splitlines()
            if line.startswith(("warning: wal:", "critical: wal:"))]
