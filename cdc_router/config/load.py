@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from cdc_router.config.compiled import CompiledConfig, compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.overrides import apply_env, variable_of
+from cdc_router.config.overrides import apply_env, known_field, variable_of
 from cdc_router.config.overrides import dotted as _dotted
 from cdc_router.config.placeholders import unexpanded
 from cdc_router.config.redact import MASK, is_secret_key, redact, shown_url
@@ -105,11 +105,13 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Compi
 def _refuse_unexpanded(raw: dict[str, Any], overridden: dict[str, str], source: str) -> None:
     """ConfigError for a `${NAME}` left in a value of the file (QA 57-d F-1: a forgotten
     envsubst passed as a match pattern, a group id, a password); a value a variable sets is
-    taken as it is, so that a password may hold one."""
+    taken as it is, so that a password may hold one. A key the model does not know is left to
+    pydantic, whose "unknown key ...; did you mean" is the better clue (review 57-b F-1)."""
     for path, text, placeholder, name in unexpanded(raw):
         dotted = _dotted(path)
-        if any(dotted == prefix or dotted.startswith((prefix + ".", prefix + "["))
-               for prefix in overridden):
+        if not known_field(path) or any(
+                dotted == prefix or dotted.startswith((prefix + ".", prefix + "["))
+                for prefix in overridden):
             continue
         key = str(path[-1])
         if len(path) == 3 and path[0] == "routes" and key == "topic" and not name.isupper():

@@ -146,6 +146,11 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
     return parsed
 
 
+def known_field(path: Sequence[str | int]) -> bool:
+    """True when the config's models have a field at `path` (a misspelt key has none)."""
+    return bool(_annotations_at(path))
+
+
 def _annotations_at(path: Sequence[str | int]) -> list[Any]:
     """The type annotations the config's models give the field at `path` ([] if unknown)."""
     found: list[Any] = [RouterConfig]
@@ -167,6 +172,7 @@ def _children(annotation: Any, part: str | int) -> list[Any]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel) and \
             isinstance(part, str):
         fields = {field.alias or name: field for name, field in annotation.model_fields.items()}
+        fields.update(annotation.model_fields)  # populate_by_name: `schema_path` for `schema`
         return [fields[part].annotation] if part in fields else []
     return []
 

@@ -42,6 +42,8 @@ def error_of(tmp_path: Path, extra: str, env: dict[str, str] | None = None) -> s
      "field 'status.connector': ${CONNECTOR_NAME:-outbox-connector} is not expanded"),
     ("cleanup: {mode: none, table: 'public.${table}'}\n",
      "field 'cleanup.table': ${table} is not expanded"),
+    ("  - {topic: x, schema_path: '${SCHEMA}'}\n",  # the field's name, not its alias `schema`
+     "field 'routes[1].schema_path': ${SCHEMA} is not expanded"),
 ])
 def test_a_placeholder_left_in_any_value_is_refused(tmp_path: Path, extra: str,
                                                     expected: str) -> None:
@@ -70,3 +72,18 @@ def test_other_dollar_text_and_values_a_variable_sets_are_taken_as_they_are(
     path.write_text(BASE.replace("topic: orders", "{match: {type: 're:^a\\$\\{2}'}, "
                                  "topic: orders}") + "  - topic: other\n", encoding="utf-8")
     load_config(path, {})
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("dead_letter: {topik: '${DLQ}'}\n",
+     "field 'dead_letter.topik': unknown key 'topik'; did you mean 'topic'?"),
+    ("kafka: {sasl_pasword: 'hunter2${X}'}\n",
+     "field 'kafka.sasl_pasword': unknown key 'sasl_pasword'; did you mean 'sasl_password'?"),
+])
+def test_a_misspelt_key_holding_a_placeholder_gets_its_unknown_key_line(
+        tmp_path: Path, extra: str, expected: str) -> None:
+    # review 57-b F-1: the placeholder check ran first, named a variable for a field that does
+    # not exist, lost the "did you mean", and showed a misspelt password key's value.
+    message = error_of(tmp_path, extra)
+    assert message == expected
+    assert "hunter2" not in message
