@@ -127,15 +127,18 @@ def _env_value(value: str, where: str, path: Sequence[str | int]) -> Any:
         parsed = json.loads(value)
     except json.JSONDecodeError as error:
         # A glob `[Oo]rder*` is text; one with a quote or a comma was meant as a list (QA 57-d
-        # F-3: '["Order*",' or `[Order*, Paid*]` became one glob that matched nothing).
-        if "text" in kinds and not any(mark in value for mark in "\"',"):
-            return value
-        if "text" in kinds:
+        # F-3: '["Order*",' or `[Order*, Paid*]` became one glob that matched nothing). Only for
+        # a known pattern field (text or a list of it) and a value starting with '[' (review
+        # 57-b F-2: an unknown key is pydantic's "unknown key", a `{` template stays text).
+        if kinds == {"text", "list"} and value.lstrip().startswith("[") and any(
+                mark in value for mark in "\"',"):
             raise ConfigError(f"it reads as a list that is not valid JSON ({error}), not as "
                               "one pattern", source=where, field=dotted(path), value=value,
                               hint='write the list as JSON (\'["Order*", "Payment*"]\'); a '
                                    "pattern that starts with '[' and holds a quote or a comma, "
                                    "as a JSON list of one (\'[\"[,;]x\"]\')") from None
+        if "text" in kinds:
+            return value
         # Not the value: a mapping's text may hold a secret (`{"sasl.password": ...`).
         raise ConfigError(f"invalid JSON: {error}", source=where,
                           hint="give the list or mapping as JSON, or set its items one by "
@@ -178,8 +181,8 @@ def _children(annotation: Any, part: str | int) -> list[Any]:
 
 
 def _kinds(annotations: list[Any]) -> set[str]:
-    """"text" for each annotation that takes a string, "other" for one that takes anything
-    else but None; an unknown field (no annotation) takes anything."""
+    """"text" for each annotation that takes a string, "list" for a list, "other" for one that
+    takes anything else but None; an unknown field (no annotation) takes anything."""
     kinds: set[str] = set() if annotations else {"text", "other"}
     for annotation in annotations:
         origin, args = get_origin(annotation), get_args(annotation)
@@ -190,6 +193,8 @@ def _kinds(annotations: list[Any]) -> set[str]:
         elif annotation in (str, SecretStr) or (
                 origin is Literal and all(isinstance(arg, str) for arg in args)):
             kinds.add("text")
+        elif origin in (list, tuple):
+            kinds.add("list")
         elif annotation is not type(None):
             kinds.add("other")
     return kinds

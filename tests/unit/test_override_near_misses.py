@@ -65,3 +65,28 @@ def test_an_override_that_would_be_ignored_is_refused(tmp_path: Path, name: str,
 def test_lower_case_variables_that_are_no_override_are_left_alone(tmp_path: Path) -> None:
     env = {"cdc_router_config": "x", "CDC_ROUTER_CONFIG": "y", "other__x": "z"}
     assert load_config(config_path(tmp_path), env).config.delivery.guarantee == "exactly_once"
+
+
+def test_a_broken_mapping_for_a_misspelt_key_gets_its_unknown_key_line(tmp_path: Path) -> None:
+    # review 57-b F-2: the broken-list rule fired on an unknown path and printed the password.
+    name = "CDC_ROUTER__KAFKA__CONFIGG"
+    with pytest.raises(ConfigError) as caught:
+        load_config(config_path(tmp_path), {name: '{"sasl.password": "s3cret",'})
+    message = str(caught.value)
+    assert message.endswith(f"via environment variable {name}: field 'kafka.configg': unknown "
+                            "key 'configg'; did you mean 'config'?"), message
+    assert "s3cret" not in message
+
+
+def test_the_broken_list_rule_is_only_for_a_pattern_starting_with_a_bracket(
+        tmp_path: Path) -> None:
+    # review 57-b F-2: `{Order,Paid}*` (a pattern, not a list) and a schema's text got the
+    # "reads as a list ... not as one pattern" wording.
+    path = config_path(tmp_path)
+    match = load_config(path, {"CDC_ROUTER__ROUTES__0__MATCH__TYPE": "{Order,Paid}*"}
+                        ).config.routes[0].match
+    assert match is not None
+    assert match.type == "{Order,Paid}*"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {"CDC_ROUTER__ROUTES__0__SCHEMA": '["subject", "x",'})
+    assert "reads as a list" not in str(caught.value)
