@@ -120,8 +120,13 @@ def _refuse_unexpanded(raw: dict[str, Any], overridden: dict[str, str], source: 
                               "route.topic.replacement: here a field is {aggregate_type} (the "
                               "SMT's ${routedByValue}), without the '$'", source=source,
                               field=dotted)
-        raise ConfigError(f"{placeholder} is not expanded: router.yaml is read as it is",
-                          source=source, field=dotted, value=redact(key, text),
+        key = next((str(part) for part in reversed(path) if isinstance(part, str)), "")
+        shown = redact(key, text) or ""
+        # review 57-b F-4: a placeholder inside a masked secret ('Tr0ub${a}dor') is a piece of
+        # it; it is named only when it is the whole value or the masked text shows it.
+        what = placeholder if placeholder == text or placeholder in shown else "a ${...} in it"
+        raise ConfigError(f"{what} is not expanded: router.yaml is read as it is",
+                          source=source, field=dotted, value=shown,
                           hint=f"run the file through envsubst (-c <(envsubst < {source})), or set "
                                f"{variable_of(path)} instead")
 

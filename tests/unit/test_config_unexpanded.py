@@ -34,7 +34,7 @@ def error_of(tmp_path: Path, extra: str, env: dict[str, str] | None = None) -> s
      "field 'kafka.sasl_password': ${KAFKA_PASSWORD} is not expanded: router.yaml is read as it "
      "is (got '*****')"),
     ("cleanup: {mode: delete, dsn: 'postgresql://u:${PGPASS}@h:5432/db'}\n",
-     "field 'cleanup.dsn': ${PGPASS} is not expanded: router.yaml is read as it is (got "
+     "field 'cleanup.dsn': a ${...} in it is not expanded: router.yaml is read as it is (got "
      "'*****'); run the file through envsubst"),
     ("kafka: {config: {ssl.key.password: '${KEYPASS}'}}\n",
      "field \"kafka.config['ssl.key.password']\": ${KEYPASS} is not expanded"),
@@ -87,3 +87,21 @@ def test_a_misspelt_key_holding_a_placeholder_gets_its_unknown_key_line(
     message = error_of(tmp_path, extra)
     assert message == expected
     assert "hunter2" not in message
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ("kafka: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN, sasl_username: u, "
+     "sasl_password: 'Tr0ub${a}dor'}\n", "'kafka.sasl_password'"),
+    ("kafka: {config: {sasl.jaas.config: 'org.apache.kafka.common.security.plain."
+     "PlainLoginModule required username=\"u\" password=\"s3${cr}et\";'}}\n",
+     "\"kafka.config['sasl.jaas.config']\""),
+    ("schema_registry: {url: 'http://u:p${w}d@registry:8081'}\n", "'schema_registry.url'"),
+])
+def test_a_placeholder_inside_a_secret_is_not_quoted(tmp_path: Path, extra: str,
+                                                     field: str) -> None:
+    # review 57-b F-4: the masked value was followed by the placeholder, a piece of the secret.
+    message = error_of(tmp_path, extra)
+    assert message.startswith(f"field {field}: a ${{...}} in it is not expanded: router.yaml "
+                              "is read as it is (got '"), message
+    for piece in ("${a}", "${cr}", "${w}", "Tr0ub", "s3", "p${w}d"):
+        assert piece not in message, message
