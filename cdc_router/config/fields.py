@@ -119,11 +119,16 @@ def _text_values(value: Any) -> Any:
 TextMap = Annotated[dict[str, str], BeforeValidator(_text_values)]  # values taken as written
 
 
-def _non_blank(value: str) -> str:
+def refuse_blank(value: str, advice: str = "give a value, or leave the key out for its "
+                 "default") -> str:
+    """The one blank rule of names: ValueError for an empty or blank `value`."""
     if not value.strip():  # QA 57-d F-6: a transactional id prefix of three spaces loaded
-        raise ValueError("must not be empty or blank: give a value, or leave the key out for "
-                         "its default")
+        raise ValueError(f"must not be empty or blank: {advice}")
     return value
+
+
+def _non_blank(value: str) -> str:
+    return refuse_blank(value)
 
 
 def _table_name(table: str) -> str:

@@ -27,13 +27,6 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[
     the path of each key a variable adds to the file's."""
     applied: dict[str, str] = {}
     for name in sorted(env):
-        if name.startswith("CDC_ROUTER_") and not name.startswith(ENV_PREFIX) and "__" in name:
-            # QA, session 29: one underscore short, a secret override looked applied and the
-            # file's value was used.
-            raise ConfigError("looks like an override, but overrides start with CDC_ROUTER__ "
-                              "(two underscores), so it would be ignored",
-                              source=f"environment variable {name}",
-                              hint=f"rename it {ENV_PREFIX}{name[len('CDC_ROUTER_'):]}")
         _near_miss(name)
         if not name.startswith(ENV_PREFIX):
             continue
@@ -71,9 +64,15 @@ def apply_env(raw: dict[str, Any], env: Mapping[str, str], source: str) -> dict[
 
 
 def _near_miss(name: str) -> None:
-    """ConfigError for a variable meant as an override that would be ignored (QA 57-d F-5):
-    the prefix in another case (names are case-sensitive), or the prefix alone."""
+    """ConfigError for a variable meant as an override that would be ignored: one underscore
+    short (QA, session 29: a secret override looked applied and the file's value was used), the
+    prefix in another case (QA 57-d F-5: names are case-sensitive), or the prefix alone."""
     upper = name.upper()
+    if name.startswith("CDC_ROUTER_") and not name.startswith(ENV_PREFIX) and "__" in name:
+        raise ConfigError("looks like an override, but overrides start with CDC_ROUTER__ "
+                          "(two underscores), so it would be ignored",
+                          source=f"environment variable {name}",
+                          hint=f"rename it {ENV_PREFIX}{name[len('CDC_ROUTER_'):]}")
     if upper.startswith("CDC_ROUTER_") and "__" in name and not name.startswith("CDC_ROUTER_"):
         rest = name[len(ENV_PREFIX if upper.startswith(ENV_PREFIX) else "CDC_ROUTER_"):]
         raise ConfigError("looks like an override, but variable names are case-sensitive and "

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import NonBlank, field_problem
+from cdc_router.config.fields import NonBlank, field_problem, refuse_blank
 from cdc_router.config.topic_names import (
     librdkafka_takes_pattern,
     source_regex,
@@ -21,7 +21,7 @@ class SourceSettings(_Model):
     """The raw Debezium topics to consume and how to read their rows."""
 
     topics: list[str] = Field(default_factory=list)  # empty only for `relay` (model.py)
-    group_id: str = Field(default="cdc-router", min_length=1)
+    group_id: str = "cdc-router"
     outbox: OutboxColumns = Field(default_factory=OutboxColumns)
     snapshot_rows: bool = True  # route op 'r' (rows read by Debezium's initial snapshot)
     on_update: Literal["skip", "fail"] = "skip"  # an outbox is insert-only; 'fail' dead-letters
@@ -57,10 +57,8 @@ class SourceSettings(_Model):
     def _group_not_blank(cls, group_id: str) -> str:
         # Review 48-e F1: librdkafka takes a blank group.id as none, and confluent-kafka's
         # Consumer then failed a C assertion: the process aborted (SIGABRT) in `rules check`.
-        if not group_id.strip():
-            raise ValueError("is blank: give the router's Kafka consumer group, "
-                             "e.g. cdc-router (the default)")
-        return group_id
+        return refuse_blank(group_id, "give the router's Kafka consumer group, e.g. "
+                            "cdc-router (the default)")
 
     @field_validator("topics")
     @classmethod

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import ByteSize, Field, NonNegativeFloat, NonNegativeInt, model_validator
 
 from cdc_router.config.fields import ConfigModel as _Model
-from cdc_router.config.fields import NonBlank
+from cdc_router.config.fields import NonBlank, TableName
 from cdc_router.config.fields import field_problem as _fail
 
 Level = Literal["warning", "critical"]
@@ -24,7 +24,7 @@ class StatusSettings(_Model):
     connector: NonBlank = "outbox-connector"
     # The outbox table, schema.table; None: the connector's table.include.list when it names
     # one table, else cleanup.table.
-    outbox_table: str | None = None
+    outbox_table: TableName | None = None  # review 57-b F-7: blank refused at load
     # Retained WAL against max_slot_wal_keep_size (percent), when that setting limits it.
     wal_warning_percent: float = Field(default=50.0, gt=0, le=100)
     wal_critical_percent: float = Field(default=80.0, gt=0, le=100)

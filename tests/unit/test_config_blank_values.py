@@ -22,6 +22,13 @@ BLANK = "must not be empty or blank: give a value, or leave the key out for its 
     ("source: {topics: [outbox.public.outbox], heartbeat_topic_prefix: '  '}",
      f"field 'source.heartbeat_topic_prefix': {BLANK}"),
     ("cleanup: {mode: none, table: '   '}", f"field 'cleanup.table': {BLANK}"),
+    # review 57-b F-7: '' was taken as unset, '  ' failed later inside `status`
+    ("status: {outbox_table: ''}", f"field 'status.outbox_table': {BLANK}"),
+    ("status: {outbox_table: '  '}", f"field 'status.outbox_table': {BLANK}"),
+    # review 57-b F-11: the group id's blank check is the shared one, '' included
+    ("source: {topics: [outbox.public.outbox], group_id: ''}",
+     "field 'source.group_id': must not be empty or blank: give the router's Kafka consumer "
+     "group, e.g. cdc-router (the default) (got '')"),
     ("dedup: {max_ids: 1000000000000000000000000000000}",
      "field 'dedup.max_ids': Input should be less than or equal to 1000000000"),
     ("delivery: {max_payload_bytes: 1000000000000000000000000000000}",

@@ -445,7 +445,8 @@ def test_missing_file() -> None:
     ("source: {group_id: '{aggregate_type'}\nroutes: [{topic: t}]\n"
      "relay: {table: public.outbox}\n", "field 'source.group_id': illegal characters '{'"),
     ("source: {topics: [a], group_id: \" \\t\"}\nroutes: [{topic: t}]\n",  # review 48-e F1
-     "field 'source.group_id': is blank: give the router's Kafka consumer group"),
+     "field 'source.group_id': must not be empty or blank: give the router's Kafka consumer "
+     "group"),
     ("source: {topics: [a]}\nroutes: [{topic: t, format: avro, schema: \"x\\r\\n\"}]\n",
      "x\\r\\n: file not found"),
     # Review 48-e F10: "is YAML's WrittenInt", "is YAML's NoneType", "but found another document".
