@@ -101,8 +101,17 @@ def _verdict(report: Report, problems: list[Problem]) -> Iterator[GaugeMetricFam
         # NOT CHECKED, not "does not answer" (CdcRouterStatusUnreachable).
         up.add_metric([name], 0 if section.error and not getattr(section, "answered", False)
                       else 1)
-        checked.add_metric([name], 0 if section.error else 1)
+        checked.add_metric([name], 0 if section.error or _unnamed(name, report) else 1)
     yield from (status, count, up, checked)
+
+
+def _unnamed(part: str, report: Report) -> bool:
+    """True for the publication when the connector's config, which names it, was not read
+    (Connect down, or no such connector): it was not checked (review 57-b F-8). A relay-only
+    config has no connector and no publication to check."""
+    connector = report.connector
+    return part == "publication" and report.publication.name is None and (
+        connector.error is not None or connector.exists is False)
 
 
 def _wal(report: Report) -> Iterator[GaugeMetricFamily]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from cdc_router.cli._status_text import as_text
 from cdc_router.config.model import RouterConfig
 from cdc_router.ops import probe
+from cdc_router.ops.exporter import StatusCollector
 from cdc_router.ops.report import ConnectorState, OutboxState, PublicationState, WalState
 from cdc_router.ops.verdict import judge
 
@@ -37,3 +39,9 @@ def test_connect_down_leaves_the_publication_unchecked_and_not_critical(
     text: Any = as_text(report, judge(report, config.status))
     assert "publication: not checked (the connector's config names it, and Kafka Connect did " \
            "not give it: see the connector line)" in str(text)
+    # review 57-b F-8: the exporter said the publication was checked (status_checked 1).
+    collector, registry = StatusCollector(), CollectorRegistry()
+    registry.register(collector)
+    collector.update(report, judge(report, config.status))
+    assert registry.get_sample_value("cdc_router_status_checked", {"part": "publication"}) == 0
+    assert registry.get_sample_value("cdc_router_status_checked", {"part": "wal"}) == 1
