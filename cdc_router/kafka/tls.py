@@ -13,7 +13,7 @@ BROKER_CERTIFICATE = "broker certificate"
 # This process's certificate: none given to a listener with ssl.client.auth=required (TLS 1.3:
 # alert 116, certificate required; TLS 1.2: alert 40/42), or one the broker's CA does not sign.
 CLIENT_CERTIFICATE = "client certificate"
-# The variable that sets kafka.config's ssl.key.password (config/load.py's variable_of), and
+# The variable that sets kafka.config's ssl.key.password (config/overrides.py's variable_of), and
 # what to do when librdkafka cannot read ssl.key.location's key and none is set: `run`'s line
 # and the other commands' (cli/_kafka_failure) say it in these words (QA 56-d F-5).
 KEY_PASSWORD_VARIABLE = "CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD"

@@ -788,7 +788,7 @@ def test_an_unreadable_key_without_password_is_told_alike_by_run_and_the_other_c
         ) -> None:
     # Review 57: `run`'s line and the other commands' gave the same advice in two wordings
     # (one without the property's name, one without 'in this process's environment'): it is
-    # built once, naming the variable config/load.py reads.
+    # built once, naming the variable config/overrides.py's variable_of gives.
     from cdc_router.cli import _kafka_failure
     from cdc_router.cli.run import _key_unread
     from cdc_router.config.overrides import variable_of
