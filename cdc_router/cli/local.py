@@ -119,24 +119,35 @@ _STACK_PORTS = {"postgres_port": "postgres", "kafka_port": "kafka",
                 "controller_port": "kafka controller", "connect_port": "connect"}
 
 
+def _moved(config: StackConfig) -> list[str]:
+    """'kafka 29092', ... for each port of the parts every stack has that is not the default."""
+    fields = StackConfig.model_fields
+    return [f"{part} {getattr(config, name)}" for name, part in _STACK_PORTS.items()
+            if getattr(config, name) != fields[name].default]
+
+
+def _wants_port(config: StackConfig, part: Part) -> bool:
+    """True when `up --with part` must be given --PART-port: the stack never started the
+    part, its saved port is the default stack's, and the stack's other ports were moved. The
+    one rule of `up`'s refusal and of the hint of `status` and `env` (review 57-b F-6)."""
+    name = f"{part}_port"
+    return bool(_moved(config)) and not config.has(part) and \
+        getattr(config, name) == StackConfig.model_fields[name].default
+
+
 def _refuse_a_default_port_beside_moved_ones(config: StackConfig, changes: dict[str, object],
                                              with_parts: tuple[str, ...]) -> None:
     """An optional part started for the first time on its default port, in a stack whose other
     ports were moved: refused, naming its option (low 57: a second stack's registry took
     18081, the default stack's, and one of the two could not start). A port given, or the
     one this home started the part with before, is kept."""
-    fields = StackConfig.model_fields
-    moved = [f"{part} {getattr(config, name)}" for name, part in _STACK_PORTS.items()
-             if getattr(config, name) != fields[name].default]
     for part in with_parts:
-        name = f"{part}_port"
-        default = fields[name].default
-        if (not moved or name in changes or getattr(config, name) != default
-                or config.has(cast("Part", part))):
+        if f"{part}_port" in changes or not _wants_port(config, cast("Part", part)):
             continue
+        default = StackConfig.model_fields[f"{part}_port"].default
         raise click.BadParameter(
             f"`--with {part}` would listen on {default}, the default stack's port, while this "
-            f"stack's other ports were moved ({', '.join(moved)}): give it its own with "
+            f"stack's other ports were moved ({', '.join(_moved(config))}): give it its own with "
             f"--{part}-port N (--{part}-port {default} to take the default anyway)",
             param_hint=f"'--{part}-port'")
 
@@ -170,8 +181,8 @@ def status(home: Path, output: str) -> None:
 
 
 def _start(config: StackConfig, part: Part) -> str:
-    """How to start `part` in this stack: an optional part it does not have wants its port."""
-    port = "" if config.has(part) else f" --{part}-port PORT"
+    """How to start `part` in this stack, with --PART-port where `up` wants one."""
+    port = f" --{part}-port PORT" if _wants_port(config, part) else ""
     return f"`cdc-router local up --home {config.home} --with {part}{port}` starts it"
 
 

@@ -411,3 +411,20 @@ def test_local_down_names_no_optional_part_the_stack_never_started(tmp_path):
     result = _local_on_prefix_2_ports(tmp_path, "down")
     assert "registry  was not running" in result.stdout.splitlines(), result.output
     assert "nats" not in result.stdout, result.output
+
+
+def test_local_status_and_env_of_a_default_port_stack_ask_for_no_port(tmp_path):
+    # Review 57-b F-6: on the default ports `local up --with registry` is accepted without
+    # --registry-port (18081 is this stack's own), yet `status` and `env` said to give one.
+    from cdc_router.cli.local import cli
+
+    stack_config.save(stack_config.StackConfig(home=tmp_path, jar_cache=tmp_path))
+    start = f"`cdc-router local up --home {tmp_path} --with registry` starts it"
+    result = CliRunner().invoke(cli, ["status", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    registry = [line for line in result.stdout.splitlines() if line.startswith("registry")]
+    assert registry and registry[0].endswith(f"not part of this stack: {start}"), registry
+    result = CliRunner().invoke(cli, ["env", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert any(line.endswith(start) for line in result.stderr.splitlines()), result.stderr
+    assert "--registry-port" not in result.output and "--nats-port" not in result.output
