@@ -175,14 +175,21 @@ def refused_for_good(error: psycopg.Error) -> bool:
 # A relation, schema or column missing, or no privilege on it: the deploy's fault (a migration
 # not run, a grant missing), which every statement on it meets, not one row's (review 47-e F7).
 MISSING_OR_FORBIDDEN = frozenset({"42P01", "3F000", "42703", "42501"})
+# 42501 (insufficient_privilege) is also Postgres's row-level-security refusal ("new row
+# violates row-level security policy"), which depends on the row (reread 57-a F-2): one row's
+# fault wherever a policy may apply (a handler's tables), the deploy's only where none does.
+INSUFFICIENT_PRIVILEGE = "42501"
 
 
-def deploy_fault(error: psycopg.Error) -> bool:
+def deploy_fault(error: psycopg.Error, *, row_security: bool = False) -> bool:
     """Whether neither a retry nor another row cures `error`: MISSING_OR_FORBIDDEN, a database
     that does not exist (3D000), an authorization refused (class 28), or a connection refused
-    for good (refused_for_good). The dedup store's statements and the idempotent consumer's
-    handlers are judged by it (QA 57-c F-3)."""
+    for good (refused_for_good). The dedup store's statements (its table has no row-level
+    security) and the idempotent consumer's handlers are judged by it (QA 57-c F-3); with
+    `row_security` (a handler's tables, which may have a policy), a 42501 is no deploy fault."""
     state = error.sqlstate or ""
+    if row_security and state == INSUFFICIENT_PRIVILEGE:
+        return False
     return state in MISSING_OR_FORBIDDEN or state == "3D000" or state.startswith("28") or \
         refused_for_good(error)
 

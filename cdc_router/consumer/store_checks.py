@@ -8,14 +8,18 @@ database errors, so that a deploy's fault stops them at once rather than per rec
   verdict: a warning, and run() starts and retries the store at each record. A store of the
   user's without check() is taken as it is.
 - not_the_records(): a handler's psycopg error that no retry mends and no record causes
-  (deploy_fault: a table, schema or column missing, no privilege, a database or login refused)
-  becomes EffectRefused, which stops run(), as the same error in the dedup table's statements
+  (deploy_fault: a table, schema or column missing, a database or login refused) becomes
+  EffectRefused, which stops run(), as the same error in the dedup table's statements
   does (QA 57-c F-3: every event was dead-lettered); one that says the handler's server is not
   there (server_unreachable: connection lost, class 08, shutting down) becomes RetriableError,
   retried without limit like the store's outages. Judged by the SQLSTATE whatever connection
   raised it (the store's or one of the handler's): the library cannot tell them apart, and on
-  either it is the same fault, met by every record. A handler for which such an error is one
-  record's fault (a table named by the payload) raises an exception of its own instead.
+  either it is the same fault, met by every record. Not SQLSTATE 42501 (a privilege): it is
+  also a row-level-security policy's refusal, which depends on the row (reread 57-a F-2: one
+  event stopped the stream for good), so it stays the record's failure, retried then
+  dead-lettered (a missing GRANT shows as every event's letter naming it). A handler for
+  which such an error is one record's fault (a table named by the payload) raises an
+  exception of its own instead.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class EffectRefused(DedupStoreRefused):
     """A handler's Postgres statement met an error no retry mends and no record causes (a
-    table, schema or column missing, no privilege, a database or login refused): the consumer
+    table, schema or column missing, a database or login refused): the consumer
     stops with it, as for the same error in the dedup store's statements, rather than
     dead-letter every event (QA 57-c F-3). A DedupStoreRefused, so what stops for one stops
     for the other."""
@@ -57,12 +61,12 @@ def not_the_records(error: psycopg.Error) -> CdcRouterError | None:
     """What a handler's `error` is instead of its record's failure, or None (see the module
     doc)."""
     state = f" (SQLSTATE {error.sqlstate})" if error.sqlstate else ""
-    if deploy_fault(error):
+    if deploy_fault(error, row_security=True):
         return EffectRefused(
             f"the handler's database statement failed: {one_line(error)}{state}; no retry "
             "mends it and every event would meet it, so the consumer stops rather than "
-            "dead-letter each one: create what is missing (run the service's migration), "
-            "grant the handler's role the privilege, or fix its DSN, then start it again")
+            "dead-letter each one: create what is missing (run the service's migration) or "
+            "fix its DSN, then start it again")
     if server_unreachable(error):
         return RetriableError(f"the handler's database did not answer: {one_line(error)}"
                               f"{state}")

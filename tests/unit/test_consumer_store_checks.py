@@ -12,6 +12,7 @@ import pytest
 import redis
 
 import cdc_router.consumer.jetstream as jetstream
+from cdc_router import postgres
 from cdc_router.consumer.dedup import DedupStoreError, MemoryDedupStore
 from cdc_router.consumer.dedup.postgres import PostgresDedupStore
 from cdc_router.consumer.dedup.redis import RedisDedupStore
@@ -83,7 +84,6 @@ def test_the_postgres_store_checks_its_table_with_an_insert_of_no_row(
 @pytest.mark.parametrize("error", [
     psycopg.errors.UndefinedTable('relation "shipments" does not exist'),
     psycopg.errors.UndefinedColumn('column "amount" does not exist'),
-    psycopg.errors.InsufficientPrivilege("permission denied for table shipments"),
     psycopg.OperationalError('connection failed: FATAL:  password authentication failed for '
                              'user "svc"'),
 ])
@@ -116,6 +116,20 @@ def test_a_handlers_other_database_error_is_still_its_records_failure() -> None:
                 handler=failing(psycopg.errors.UniqueViolation("duplicate key value")))
     h.run()
     assert len(h.producer.sent) == 1  # retried, then dead-lettered, as before
+
+
+@pytest.mark.parametrize("message", [
+    'new row violates row-level security policy for table "shipments"',
+    "permission denied for table shipments",
+])
+def test_a_handlers_42501_is_its_records_failure_not_a_stop(message: str) -> None:
+    # Reread 57-a F-2: 42501 is also a row-level-security refusal, which depends on the row;
+    # stopping run() on it let one event block the stream for good.
+    h = Harness({0: [rec("a"), rec("b")]},
+                handler=failing(psycopg.errors.InsufficientPrivilege(message)))
+    h.run()
+    assert len(h.producer.sent) == 2 and h.kafka.committed == {0: 2}
+    assert postgres.deploy_fault(psycopg.errors.InsufficientPrivilege(message))  # the store's
 
 
 def test_jetstream_a_handlers_deploy_fault_stops_and_hands_the_message_back() -> None:
