@@ -210,18 +210,29 @@ def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) ->
     message.max.bytes and, with `describe` (one DescribeConfigs, at start), within the
     dead-letter topic's max.message.bytes: a producer allowed bigger records than the topic
     would have its letters refused, and a refused letter stops the router."""
+    return letters_limit(config, None if describe is None else
+                         dead_letter_topic_max(config, describe))
+
+
+def letters_limit(config: RouterConfig, topic_max: int | None) -> int:
+    """The largest dead letter sent whole, within the producer's message.max.bytes and the
+    dead-letter topic's max.message.bytes `topic_max` (None: not known)."""
     limit = dead_letter_max_bytes(config.kafka.producer.get(
         "message.max.bytes", config.kafka.config.get("message.max.bytes")))
-    if describe is None:
-        return limit
+    return limit if topic_max is None else min(limit, dead_letter_max_bytes(topic_max))
+
+
+def dead_letter_topic_max(config: RouterConfig, describe: Describe) -> int | None:
+    """The dead-letter topic's max.message.bytes, or None when it could not be read (said in
+    a warning)."""
     topic = config.dead_letter.topic
     try:
         topic_max = describe(topic, DESCRIBE_TIMEOUT_S).get("max.message.bytes")
-        return min(limit, dead_letter_max_bytes(topic_max)) if topic_max else limit
+        return int(topic_max) if topic_max else None
     except (KafkaException, TimeoutError, ValueError) as error:
         config_unreadable(topic, error, "its max.message.bytes against the dead letters' "
                           "size")
-        return limit
+        return None
 
 
 def jetstream_publisher(config: RouterConfig, instance_id: str) -> JetStreamPublisher | None:

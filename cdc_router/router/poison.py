@@ -91,11 +91,31 @@ def size_hint(size: int | None, limit: int | None) -> str:
 class LetterTooLarge(FatalKafkaError):
     """The broker refused one of the router's own records (a dead letter, a changelog mark)
     as too large: `topic` and the record's `size` (None: not known). The router reads the
-    dead-letter topic's limit again and goes on when it was lowered (loop.py)."""
+    dead-letter topic's limit again and goes on when it was lowered (loop.py); when it was
+    not, it stops with unmended()."""
 
-    def __init__(self, message: str, *, topic: str, size: int | None) -> None:
-        super().__init__(message, code=KafkaError.MSG_SIZE_TOO_LARGE)
-        self.topic, self.size = topic, size
+    def __init__(self, reason: str, *, topic: str, size: int | None) -> None:
+        """`reason`: who refused what ("Kafka refused the record for T: ...")."""
+        over = "" if size is None else f" of {size} bytes"
+        super().__init__(f"{reason}; the router's own record{over} (or the batch it was in) "
+                         f"is over {topic}'s max.message.bytes: raise that above the record "
+                         "and the producer's batch.size", code=KafkaError.MSG_SIZE_TOO_LARGE)
+        self.reason, self.topic, self.size = reason, topic, size
+
+    def unmended(self, limit: int | None, batch_bytes: int) -> FatalKafkaError:
+        """The error that stops the router when reading the dead-letter topic's limit again
+        did not narrow the letters: no restart helps, as it takes the same path (reread 57-a
+        F-1). `limit`: the topic's max.message.bytes as read now (None: not read, or not the
+        dead-letter topic); `batch_bytes`: the producer's batch.size. The broker refuses a
+        batch of small records over the limit as a whole (timestamps.SmallTopics)."""
+        now = f" ({limit}, as read now)" if limit is not None else ""
+        size = f" and the record's size ({self.size} bytes)" if self.size is not None else ""
+        return FatalKafkaError(
+            f"{self.reason}; a restart does not help: {self.topic}'s max.message.bytes{now} must "
+            f"exceed the producer's batch.size ({batch_bytes}){size}, as the broker refuses "
+            "a batch over it as a whole: raise the topic's max.message.bytes (kafka-configs "
+            "--alter --entity-type topics), or set kafka.producer.batch.size below it",
+            code=KafkaError.MSG_SIZE_TOO_LARGE)
 
 
 def own_refusal(failure: DeliveryFailure) -> FatalKafkaError:
@@ -107,12 +127,7 @@ def own_refusal(failure: DeliveryFailure) -> FatalKafkaError:
                                "it with `cdc-router topics apply`")
     if failure.error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
         # QA 57-a F-3: it named neither max.message.bytes nor a size, and pointed at ACLs.
-        size = "" if failure.size is None else f" of {failure.size} bytes"
-        return LetterTooLarge(
-            f"{reason}; the router's own record{size} is over {failure.topic}'s "
-            "max.message.bytes: raise it (`cdc-router topics apply`), or restart: the router "
-            "reads the dead-letter topic's limit at start and sends a letter over it without "
-            "its value (dlq.value.dropped.bytes)", topic=failure.topic, size=failure.size)
+        return LetterTooLarge(reason, topic=failure.topic, size=failure.size)
     return FatalKafkaError(f"{reason}; the dead-letter and dedup changelog topics must accept "
                            "the router's records (ACLs, the topic's policy)")
 

@@ -174,6 +174,11 @@ def compresses(*configs: Mapping[str, Any]) -> bool:
                                 "none")) != "none"
 
 
+def batch_bytes(*configs: Mapping[str, Any]) -> int:
+    """The batch.size of a producer of these librdkafka settings (a later mapping wins)."""
+    return int(producer_setting(configs, ("batch.size",), DEFAULT_BATCH_BYTES))
+
+
 class SmallTopics:
     """Warns once a topic whose max.message.bytes is below the producer's batch.size.
 
@@ -185,7 +190,7 @@ class SmallTopics:
     17 to 37 records refused, batch after batch, while a backlog was read)."""
 
     def __init__(self, *configs: Mapping[str, Any]) -> None:
-        self._batch_bytes = int(producer_setting(configs, ("batch.size",), DEFAULT_BATCH_BYTES))
+        self._batch_bytes = batch_bytes(*configs)
         self._warned: set[str] = set()
 
     def __call__(self, topic: str, limits: TopicLimits) -> None:

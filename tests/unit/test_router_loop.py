@@ -1485,7 +1485,7 @@ class _LoweredLater(dict[str, dict[str, str]]):
 
 
 def test_a_dead_letter_topic_limit_lowered_while_running_sends_the_letter_without_its_value(
-) -> None:
+        caplog: pytest.LogCaptureFixture) -> None:
     # QA 57-a F-3: the dead-letter topic's max.message.bytes lowered to 4000 while the router
     # ran: a letter of 5.6 KB was refused and the router stopped (exit 1), saying to check
     # ACLs; a restart sent it without its value. It now reads the limit again and goes on.
@@ -1500,3 +1500,22 @@ def test_a_dead_letter_topic_limit_lowered_while_running_sends_the_letter_withou
     assert letter.header("dlq.event.id") == "big" and letter.value is None
     assert int(letter.header("dlq.value.dropped.bytes") or 0) > 5000
     assert "MSG_SIZE_TOO_LARGE" in (letter.header("dlq.error.message") or "")
+    # Reread 57-a F-4: the hint said raising the limit was enough; only a restart reads it.
+    assert "raise the topic's max.message.bytes and restart the router" in caplog.text
+
+
+def test_a_letter_refused_at_an_unchanged_limit_stops_saying_a_restart_does_not_help(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Reread 57-a F-1: the dead-letter topic refuses a letter within its max.message.bytes
+    # (a batch of letters over it, say): reading the limit again finds it unchanged; the stop
+    # line said "or restart", which takes the same path. It now says what helps, with values.
+    values = events(4)
+    values[2] = raw_event("big", payload='{"blob": "' + "x" * 5000 + '"}')
+    cluster = cluster_with(*values, refuse=lambda topic, value, ts: KafkaError.MSG_SIZE_TOO_LARGE
+                           if value and len(value) > 3000 else None)
+    cluster.topic_configs = {DLQ: {"max.message.bytes": "100000"}}
+    with pytest.raises(FatalKafkaError) as stopped:
+        Harness(cluster).run()
+    assert "a restart does not help: cdc-router.dlq's max.message.bytes (100000, as read " \
+        "now) must exceed the producer's batch.size (1000000)" in str(stopped.value)
+    assert "event=dead_letter_limit_lowered" not in caplog.text
