@@ -2,11 +2,13 @@
 database errors, so that a deploy's fault stops them at once rather than per record.
 
 - check_store(): at run()'s start (QA 57-c F-2), as the dead-letter topic is checked. A store
-  with a check() (PostgresDedupStore: connect, and an INSERT of no row into its table;
+  with a check_usable() (PostgresDedupStore: connect, and an INSERT of no row into its table;
   RedisDedupStore: PING) that refuses us for good (a wrong DSN or password, the table missing,
   no grant) stops run() with DedupStoreRefused; one that does not answer is an outage, no
   verdict: a warning, and run() starts and retries the store at each record. A store of the
-  user's without check() is taken as it is.
+  user's without check_usable() is taken as it is: the name is ours, so that a store's own
+  check(), say, meaning something else, is not called (reread 57-a F-9: a TypeError traceback
+  at run()'s start).
 - not_the_records(): a handler's psycopg error that no retry mends and no record causes
   (deploy_fault: a table, schema or column missing, a database or login refused) becomes
   EffectRefused, which stops run(), as the same error in the dedup table's statements
@@ -44,8 +46,9 @@ class EffectRefused(DedupStoreRefused):
 
 
 def check_store(store: Any) -> None:
-    """store.check() when the store has one: DedupStoreRefused raised, an outage logged."""
-    check = getattr(store, "check", None)
+    """store.check_usable() when the store has one (dedup/store.py, DedupStore):
+    DedupStoreRefused raised, an outage logged."""
+    check = getattr(store, "check_usable", None)
     if not callable(check):
         return
     try:

@@ -480,16 +480,16 @@ def test_a_dedup_table_missing_or_not_granted_is_refused_for_good(
             # QA 57-c F-2: the consumers' check at start says the same, writing nothing.
             with pytest.raises(DedupStoreRefused, match=f"dedup table .*{words}.*"
                                                         "cdc-router dedup init"):
-                refusing.check()
+                refusing.check_usable()
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:  # INSERT is enough
             conn.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(
                 sql.Identifier(schema, "dedup"), sql.Identifier(role)))
-        ungranted.check()
+        ungranted.check_usable()
         assert ungranted.run_once(DedupKey("g", "e0"), lambda conn: None) is Outcome.DONE
         wrong = PostgresDedupStore(make_conninfo(stack.postgres_dsn, user=role, password="no"),
                                    table=f"{schema}.dedup")
         with pytest.raises(DedupStoreRefused, match="password authentication failed"):
-            wrong.check()
+            wrong.check_usable()
         wrong.close()
     finally:
         missing.close()
@@ -497,7 +497,7 @@ def test_a_dedup_table_missing_or_not_granted_is_refused_for_good(
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-    store.check()
+    store.check_usable()
     # e0's row alone: the checks wrote none.
     assert count(stack.postgres_dsn, f'SELECT count(*) FROM "{schema}".dedup') == 1
     assert store.run_once(DedupKey("g", "e1"), lambda conn: None) is Outcome.DONE

@@ -31,7 +31,7 @@ class CheckedStore(MemoryDedupStore):
         self.failure = failure
         self.checks = 0
 
-    def check(self) -> None:
+    def check_usable(self) -> None:
         self.checks += 1
         if self.failure is not None:
             raise self.failure
@@ -42,6 +42,18 @@ def test_a_store_refusing_us_stops_run_at_its_start_before_the_subscription() ->
     with pytest.raises(DedupStoreRefused, match="the dedup table t cannot be used"):
         h.run()
     assert not h.kafka.callbacks and h.kafka.closed  # never subscribed: an idle topic too
+
+
+def test_a_stores_own_check_of_another_meaning_is_not_called() -> None:
+    # Reread 57-a F-9: any attribute named `check` was called with no argument; a user's
+    # store with check(self, key) stopped run() at its start with a TypeError traceback.
+    class KeyChecking(MemoryDedupStore):
+        def check(self, key: str) -> bool:
+            raise AssertionError("called")
+
+    h = Harness({0: [rec("a")]}, store=KeyChecking())
+    h.run()
+    assert h.kafka.committed == {0: 1}
 
 
 def test_a_store_that_does_not_answer_at_start_is_a_warning_and_run_goes_on(
@@ -76,7 +88,7 @@ def test_the_postgres_store_checks_its_table_with_an_insert_of_no_row(
     store = PostgresDedupStore("postgresql://u@h/db", table="public.dedup")
     with pytest.raises(DedupStoreRefused, match=r"the dedup table public.dedup cannot be used: "
                        r"relation .* does not exist; create it \(`cdc-router dedup init`"):
-        store.check()
+        store.check_usable()
     assert sent == ['INSERT INTO "public"."dedup" (consumer_group, event_id) '
                     "SELECT %s, %s WHERE false"]
 
@@ -191,8 +203,8 @@ def test_the_redis_store_check_stops_for_a_refused_login_and_waits_for_an_outage
         redis.AuthenticationError("invalid password")))
     with pytest.raises(DedupStoreRefused, match="Redis refuses the dedup store's client: "
                        "invalid password; check the client's username and password"):
-        refused.check()
+        refused.check_usable()
     away = RedisDedupStore(PingClient(  # type: ignore[arg-type]
         redis.ConnectionError("Connection refused")))
     with pytest.raises(DedupStoreError, match="cannot reach Redis: Connection refused"):
-        away.check()
+        away.check_usable()

@@ -102,7 +102,7 @@ def test_a_dsn_refused_for_its_text_or_tls_gets_advice_of_its_own(
 
     monkeypatch.setattr(postgres.psycopg, "connect", connect)
     with pytest.raises(DedupStoreRefused) as refused:
-        PostgresDedupStore("host=db sslmode=bogus").check()
+        PostgresDedupStore("host=db sslmode=bogus").check_usable()
     assert str(refused.value) == f"Postgres refuses the dedup store's connection: {text}; " \
         f"{advice}" + str(refused.value).split(advice, 1)[1]
     assert "pg_hba" not in str(refused.value)

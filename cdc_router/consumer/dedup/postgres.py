@@ -252,7 +252,7 @@ class PostgresDedupStore:
                                       f"ran ({one_line(error)})") from error
             raise
 
-    def check(self) -> None:
+    def check_usable(self) -> None:
         """What the consumers ask at start (QA 57-c F-2): DedupStoreRefused unless this store
         can connect and insert into its table (an INSERT of no row: the table, its columns and
         the INSERT grant are checked, nothing is written); DedupStoreError when Postgres does

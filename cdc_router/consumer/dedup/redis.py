@@ -172,7 +172,7 @@ class RedisDedupStore:
             raise
         return self._mark_done(key, name, token, retry=False)
 
-    def check(self) -> None:
+    def check_usable(self) -> None:
         """What the consumers ask at start (QA 57-c F-2): a PING. DedupStoreRefused when Redis
         refuses the client's login or the command; DedupStoreError when it does not answer (an
         outage, no verdict)."""

@@ -58,6 +58,10 @@ class DedupStore(Protocol[Context_co]):
       propagates unchanged, so the caller can retry it;
     - when the store itself fails it raises DedupStoreError; the key may then be in any
       state the store's documentation allows, never "done without its effect".
+
+    Optional: check_usable(), called once when run() starts (consumer/store_checks.py):
+    raise DedupStoreRefused when the store refuses us for good (run() stops), DedupStoreError
+    when it does not answer (a warning; run() starts).
     """
 
     def run_once(self, key: DedupKey, effect: Callable[[Context_co], None]) -> Outcome:
