@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from cdc_router.router import clients
 
@@ -29,8 +29,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cdc_router.router")
 
-# Reading one raw record: seconds on a cluster that answers.
+# Reading one raw record: seconds on a cluster that answers, with room for a fetch's first
+# metadata and leader lookups (librdkafka's, each up to a few seconds on a loaded cluster).
 FETCH_TIMEOUT_S = 15.0
+
+
 class RawReader(Protocol):
     def __call__(self, topic: str, partition: int, offset: int) -> bytes | None: ...
 
@@ -94,8 +97,19 @@ class RawRecords:
             deadline = time.monotonic() + FETCH_TIMEOUT_S
             while time.monotonic() < deadline:
                 message = self._consumer.poll(0.5)
-                if message is None or message.error() is not None:
+                if message is None:
                     continue
+                error = message.error()
+                if error is not None:
+                    # Reread 57-a F-7: an error was skipped until the timeout, and then blamed
+                    # on the retention although the record was there (a Read not granted).
+                    if error.code() == KafkaError._PARTITION_EOF or error.retriable():
+                        continue
+                    log.warning("event=dlq_value_unread topic=%s partition=%d offset=%d "
+                                "error=%r: the record was not read, not found gone: %s, then "
+                                "run the replay again", topic, partition, offset, str(error),
+                                _unread_hint(error, topic))
+                    return None
                 found = message.offset()
                 if found == offset:
                     value = message.value()
@@ -114,3 +128,14 @@ class RawRecords:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _unread_hint(error: KafkaError, topic: str) -> str:
+    """What to do about a consumed `error` that stops a raw record's read."""
+    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return f"grant the replay's principal Read (and Describe) on topic {topic}"
+    if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                        KafkaError._UNKNOWN_PARTITION):
+        return f"{topic} or its partition does not exist on this cluster: check the letter's " \
+            "dlq.source.topic and the config's kafka.bootstrap_servers"
+    return "fix what the error names"

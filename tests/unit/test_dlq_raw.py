@@ -4,13 +4,15 @@ coordinates while the raw topic keeps it; when that is gone, its note names the 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
+from confluent_kafka import KafkaError, TopicPartition
 
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import RouteError
-from cdc_router.router import dlq_replay
+from cdc_router.router import dlq_raw, dlq_replay
 from cdc_router.router.dlq_letters import Letter, Selection, read_letter
 from cdc_router.router.dlq_raw import refilled
 from tests.unit.router_fakes import DLQ, RAW, FakeCluster, Stored, raw_event
@@ -97,3 +99,46 @@ def test_a_letter_whose_raw_record_is_gone_names_the_one_path_left(
         "event=dlq_value_unread line): its row stays in the outbox (the cleanup deletes "
         "delivered rows only); insert it again under a new id, and delete the old row (its own "
         "id is dropped as a replay)")
+
+
+class _Refused:
+    """A consumed message carrying `code`, as librdkafka hands a fetch's error."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def error(self) -> KafkaError:
+        return KafkaError(self.code, "refused")
+
+
+class _ErrorConsumer:
+    def __init__(self, code: int) -> None:
+        self.code, self.polls = code, 0
+
+    def assign(self, partitions: list[TopicPartition]) -> None: ...
+
+    def unassign(self) -> None: ...
+
+    def poll(self, timeout: float) -> _Refused:
+        self.polls += 1
+        return _Refused(self.code)
+
+
+@pytest.mark.parametrize(("code", "hint"), [
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+     f"grant the replay's principal Read (and Describe) on topic {RAW}"),
+    (KafkaError.UNKNOWN_TOPIC_OR_PART, f"{RAW} or its partition does not exist"),
+])
+def test_a_raw_record_read_refused_is_said_at_once_not_blamed_on_retention(
+        code: int, hint: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Reread 57-a F-7: a consumed error (no Read grant, a topic gone) was skipped until the
+    # 15 s timeout, then logged as "not on the raw topic (deleted by its retention?)".
+    monkeypatch.setattr(dlq_raw, "FETCH_TIMEOUT_S", 1.0)
+    records = object.__new__(dlq_raw.RawRecords)
+    records._consumer = consumer = _ErrorConsumer(code)  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="cdc_router"):
+        assert records(RAW, 0, 7) is None
+    assert consumer.polls == 1 and "retention" not in caplog.text
+    assert "event=dlq_value_unread" in caplog.text and hint in caplog.text
+    assert "run the replay again" in caplog.text
