@@ -222,6 +222,10 @@ def limits_from_config(entries: Mapping[str, str]) -> TopicLimits | None:
                            retention if deletes and retention >= 0 else None, max_bytes)
 
 
+# A forgotten entry's time: older than any TTL, so that it is read again.
+_FORGOTTEN = float("-inf")
+
+
 class TopicLimitsCache:
     """limits(topic): the topic's TopicLimits or None; cached, bounded, refreshed; `on_read`
     sees each topic's limits once a read (SmallTopics: not on every record's path)."""
@@ -247,7 +251,9 @@ class TopicLimitsCache:
             # No check for a while; the broker's own refusal still isolates a bad row.
             config_unreadable(topic, error, "its timestamp and size limits; the broker's own "
                               "refusal still isolates a bad record")
-            limits = None
+            # A forgotten entry's limits are kept (reread 57-a F-3: a read failing after a
+            # refusal turned the topic's size pre-check off for LIMITS_TTL_S).
+            limits = cached[0] if cached is not None and cached[1] == _FORGOTTEN else None
         if limits is not None and self._on_read is not None:
             self._on_read(topic, limits)
         self._topics[topic] = (limits, now)
@@ -258,8 +264,10 @@ class TopicLimitsCache:
 
     def forget(self, topic: str) -> None:
         """Read `topic`'s limits again at its next look-up (the broker refused a record by a
-        limit the cache does not have)."""
-        self._topics.pop(topic, None)
+        limit the cache does not have); a read that fails then keeps the limits known."""
+        cached = self._topics.get(topic)
+        if cached is not None:
+            self._topics[topic] = (cached[0], _FORGOTTEN)
 
 
 def admin_describe(admin_config: Mapping[str, Any]) -> Describe:

@@ -154,6 +154,20 @@ def test_limits_are_cached_and_read_again_after_their_ttl() -> None:
     assert describe.calls == ["orders", "orders"]
 
 
+def test_a_forgotten_topic_read_again_keeps_its_limits_when_the_read_fails() -> None:
+    # Reread 57-a F-3: after a size refusal the entry was dropped before the re-read; a
+    # re-read that timed out cached None, the size pre-check off for LIMITS_TTL_S.
+    describe = _Describe({"orders": {**KAFKA_4_DEFAULTS, "max.message.bytes": "5000"}})
+    limits = TopicLimitsCache(describe)
+    assert (known := limits("orders")) is not None and known.max_message_bytes == 5000
+    describe.answers = {"orders": TimeoutError()}
+    limits.forget("orders")
+    assert limits("orders") == known and describe.calls == ["orders", "orders"]
+    describe.answers = {"orders": {**KAFKA_4_DEFAULTS, "max.message.bytes": "4000"}}
+    limits.forget("orders")
+    assert (fresh := limits("orders")) is not None and fresh.max_message_bytes == 4000
+
+
 def test_an_unreadable_config_means_no_check_never_a_failure(
         caplog: pytest.LogCaptureFixture) -> None:
     refused = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
