@@ -35,7 +35,8 @@ class DeliveryFailure:
     error: KafkaError
     # None: one of the router's own records (dead letter, changelog mark).
     source: RecordCoordinates | None
-    # The record's size as the broker counts it (dead_letter.batch_size); None: not known.
+    # The record's size as the broker counts an uncompressed batch (dead_letter.batch_size;
+    # with compression the broker counts the compressed one, smaller); None: not known.
     size: int | None = None
 
 

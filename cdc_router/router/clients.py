@@ -207,8 +207,9 @@ _PROPERTY_REFUSAL = re.compile(r"No such configuration property|for configuratio
 
 def dead_letter_limit(config: RouterConfig, describe: Describe | None = None) -> int:
     """The largest dead letter the router sends whole: within its producer's
-    message.max.bytes and, with `describe` (one DescribeConfigs, at start), within the
-    dead-letter topic's max.message.bytes: a producer allowed bigger records than the topic
+    message.max.bytes and, with `describe` (one DescribeConfigs, at start; the router's loop
+    reads it again at a letter refused as too large), within the dead-letter topic's
+    max.message.bytes: a producer allowed bigger records than the topic
     would have its letters refused, and a refused letter stops the router."""
     return letters_limit(config, None if describe is None else
                          dead_letter_topic_max(config, describe))

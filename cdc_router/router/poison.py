@@ -16,7 +16,9 @@ JetStream acks each message alone, so a message it refuses for what it is (too b
 stream) is confirmed at once (BatchFailed.refused): one aborted batch, then its dead letter.
 
 A refusal of the router's own records (a dead letter, a changelog mark) is no input record's
-fault and no re-read can fix it: it stops the router (FatalKafkaError).
+fault and no re-read can fix it: it stops the router (FatalKafkaError). But one: a dead letter
+refused as too large (LetterTooLarge) makes the router read the dead-letter topic's limit
+again, and go on when it was lowered, sending letters over it without their value (loop.py).
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def refusal_reason(failure: DeliveryFailure, limit: int | None = None) -> str:
 
 
 def size_hint(size: int | None, limit: int | None) -> str:
-    """QA 57-a F-2: the broker's size refusal named neither the size nor the limit."""
+    """QA 57-a F-2: the broker's size refusal named neither the size nor the limit. `size` is
+    the uncompressed record's (DeliveryFailure.size): with kafka.producer compression.type
+    set, the broker counts the compressed batch, which may be smaller."""
     over = f"the record is {size} bytes as the broker counts it (key, value, headers and " \
         "the record batch's framing)" if size is not None else "the record is too large"
     over += f", over the topic's max.message.bytes ({limit})" if limit is not None else \
