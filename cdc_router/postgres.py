@@ -274,6 +274,7 @@ _OPTION_VALUES = {
 _INTEGER_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle",
                     "keepalives_interval", "keepalives_count", "tcp_user_timeout")
 _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # libpq's parse_int_param: strtol, blanks around
+_UNKNOWN_OPTION = re.compile(r'invalid (?:connection option|URI query parameter):? "([a-z_]+)"')
 
 
 def dsn_problem(dsn: str) -> str | None:
@@ -282,8 +283,12 @@ def dsn_problem(dsn: str) -> str | None:
     the string (it holds the password), only the bad option's value."""
     try:
         options = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        # Not libpq's reason either: it quotes the string's words, a password among them.
+    except psycopg.ProgrammingError as error:
+        # Not libpq's reason either: it quotes the string's words, a password among them;
+        # but an unknown option's name is no secret, and the likeliest typo.
+        if unknown := _UNKNOWN_OPTION.fullmatch(str(error).strip()):
+            return (f"its option {unknown[1]!r} is not one of libpq's connection parameters: "
+                    "check its spelling")
         return ("not a Postgres connection string; give "
                 "postgresql://user:password@host:port/dbname or key=value pairs")
     return next(filter(None, (_value_problem(option, str(value))

@@ -209,6 +209,25 @@ def test_a_dsn_libpq_refuses_before_contacting_a_server_is_a_problem_naming_the_
         psycopg.connect(dsn, connect_timeout=1)  # what libpq says of it, with no server
 
 
+@pytest.mark.parametrize(("dsn", "problem"), [
+    ("host=127.0.0.1 password=s3cret tail", "not a Postgres connection string"),
+    ("postgresql://u:s3cret s@127.0.0.1/db", "not a Postgres connection string"),
+    ("postgresql://u:p%zzs3cret@127.0.0.1/db", "not a Postgres connection string"),
+    ("host=127.0.0.1 password='s3cret", "not a Postgres connection string"),
+    ("host=127.0.0.1 pasword=s3cret", "its option 'pasword' is not one of libpq's connection"),
+    ("postgresql://u:s3cret@127.0.0.1/db?sslmod=require", "its option 'sslmod' is not one")])
+def test_a_dsn_libpq_cannot_parse_is_a_problem_that_never_quotes_its_words(
+        dsn: str, problem: str) -> None:
+    # QA 57-c: libpq's own reason quotes the string's words ('missing "=" after "tail"',
+    # 'unexpected spaces found in "s3cret s"'), a password's among them; an unknown option's
+    # name is no secret and is the likeliest typo.
+    found = dsn_problem(dsn)
+    assert found is not None and found.startswith(problem), found
+    assert "s3cret" not in found and "tail" not in found
+    with pytest.raises(psycopg.ProgrammingError):
+        psycopg.connect(dsn, connect_timeout=1)  # libpq refuses it before any server
+
+
 @pytest.mark.parametrize("dsn", [
     "postgresql://u:p@h:5432/db?sslmode=verify-full&target_session_attrs=prefer-standby",
     "host=a,b port=5432,,5433", "host=h port=' 5432 ' keepalives=0", "dbname=x"])

@@ -58,6 +58,7 @@ from cdc_router.consumer.retry import finite_number, whole_number
 from cdc_router.postgres import (
     delete_in_chunks,
     deploy_fault,
+    dsn_problem,
     one_line,
     refused_for_good,
     session_options,
@@ -129,7 +130,11 @@ class PostgresDedupStore:
             except psycopg.Error as error:
                 # Review 51-d F6: retried for ever as an outage. A DSN libpq cannot parse
                 # (ProgrammingError: an unknown option) was too (QA 57-c F-5).
-                if refused_for_good(error) or isinstance(error, psycopg.ProgrammingError):
+                if isinstance(error, psycopg.ProgrammingError):  # its text quotes the DSN's
+                    raise DedupStoreRefused(  # words, a password among them: never shown
+                        f"{CONNECTION_FAILURES[1]}: {dsn_problem(self._conninfo)}; "
+                        f"{_refusal_advice(error)}") from None
+                if refused_for_good(error):
                     raise DedupStoreRefused(f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
                                             f"{_refusal_advice(error)}") from error
                 raise DedupStoreError(
