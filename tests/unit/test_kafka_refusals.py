@@ -155,23 +155,31 @@ def test_run_with_credentials_kafka_refuses_exits_1_naming_them_not_75() -> None
                          "does not mend it"), line
 
 
-def test_topics_apply_stops_at_the_refusal_not_after_its_30_s_lookup() -> None:
+def test_topics_apply_stops_at_the_refusal_not_after_its_30_s_lookup(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # QA 56-d F-4: `topics apply` with a wrong password failed after its whole 30 s metadata
-    # lookup, though librdkafka logged the refusal within 200 ms.
+    # lookup, though librdkafka logged the refusal within 200 ms. In process, with the lookup
+    # made 300 s long: a command that waited it out fails the bound, a loaded machine cannot.
     import time
 
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.kafka import logs
+    from cdc_router.router import topics
+
+    monkeypatch.setattr(logs, "_REFUSALS", [])
+    monkeypatch.setattr(topics, "_ADMIN_TIMEOUT_S", 300.0)
     with refusing_broker() as address:
-        env = {**os.environ, **SASL, "CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": address,
-               "PYTHONPATH": str(EXAMPLE.parents[2])}
+        for name, value in {**SASL, "CDC_ROUTER__KAFKA__BOOTSTRAP_SERVERS": address}.items():
+            monkeypatch.setenv(name, value)
         started = time.monotonic()
-        ran = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
-                              str(EXAMPLE), "--dry-run"], env=env, capture_output=True,
-                             text=True, timeout=120, check=False)
+        ran = CliRunner().invoke(main, ["topics", "apply", "-c", str(EXAMPLE), "--dry-run"])
         took_s = time.monotonic() - started
-    [line] = [line for line in ran.stderr.splitlines() if line.startswith("error: ")]
-    assert ran.returncode == 1, ran.stderr
+    [line] = [line for line in ran.output.splitlines() if line.startswith("error: ")]
+    assert ran.exit_code == 1, ran.output
     assert f"Kafka at {address} refused this process's credentials: " in line, line
-    assert took_s < 20, f"{took_s:.1f} s"  # the interpreter's start included
+    assert took_s < 150, f"{took_s:.1f} s"
 
 
 def test_status_stops_its_kafka_lookup_at_the_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
