@@ -125,10 +125,13 @@ def _refuse_unexpanded(raw: dict[str, Any], overridden: dict[str, str], source: 
         # review 57-b F-4: a placeholder inside a masked secret ('Tr0ub${a}dor') is a piece of
         # it; it is named only when it is the whole value or the masked text shows it.
         what = placeholder if placeholder == text or placeholder in shown else "a ${...} in it"
+        # QA 57-d: GNU envsubst leaves ${NAME:-default} (and :?, -, ?) as it is.
+        envsubst = (f"run the file through envsubst (-c <(envsubst < {source})), or set "
+                    if placeholder == f"${{{name}}}" else
+                    "envsubst expands ${NAME} only, not ${NAME:-default}: set ")
         raise ConfigError(f"{what} is not expanded: router.yaml is read as it is",
                           source=source, field=dotted, value=shown,
-                          hint=f"run the file through envsubst (-c <(envsubst < {source})), or set "
-                               f"{variable_of(path)} instead")
+                          hint=f"{envsubst}{variable_of(path)} instead")
 
 
 def _keys_at(loc: Sequence[str | int]) -> list[str]:

@@ -51,6 +51,18 @@ def test_a_placeholder_left_in_any_value_is_refused(tmp_path: Path, extra: str,
     assert message.startswith(expected.replace("{path}", str(tmp_path / "router.yaml")))
 
 
+@pytest.mark.parametrize("placeholder", ["${CONNECTOR:-outbox}", "${CONNECTOR-outbox}",
+                                         "${CONNECTOR:?set it}"])
+def test_a_placeholder_envsubst_would_not_expand_is_not_sent_to_envsubst(
+        tmp_path: Path, placeholder: str) -> None:
+    # QA 57-d: GNU envsubst leaves ${NAME:-default} as it is, so "run the file through
+    # envsubst" sent the operator round in a circle.
+    message = error_of(tmp_path, f"status: {{connector: '{placeholder}'}}\n")
+    assert message.endswith("; envsubst expands ${NAME} only, not ${NAME:-default}: set "
+                            "CDC_ROUTER__STATUS__CONNECTOR instead"), message
+    assert "run the file through" not in message
+
+
 def test_the_group_id_placeholder_names_its_override(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text(BASE.replace("group_id: g", "group_id: '${GROUP}'"), encoding="utf-8")
