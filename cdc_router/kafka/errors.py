@@ -10,6 +10,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_router.kafka.tls import KEY_MISMATCH_ADVICE, key_refusal, tls_property, unloaded
+
 
 class ErrorAction(enum.Enum):
     """What the router does about a Kafka error."""
@@ -184,13 +186,24 @@ def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
                 "login needs both; give the missing one (is its secret in this process's "
                 "environment?)")
     text = (found.str() if found else str(error)).strip()
+    # The advice `run` gives (kafka/tls.py), in words for any client's config, for a file that
+    # exists (fixer 57-y: a key of another certificate, an encrypted key, a CA file that is no
+    # PEM were told "the file paths, the key password and the property names").
+    missing = missing_files(config)
+    if not missing and (advice := key_refusal(text)) is not None:
+        return f"librdkafka refused the client config: {text}; " + (
+            advice if advice == KEY_MISMATCH_ADVICE else
+            "if the key in ssl.key.location is encrypted, set ssl.key.password to its "
+            "passphrase; else check that the file is a PEM private key")
+    if not missing and (unloadable := tls_property(text)):
+        return f"librdkafka refused the client config: {text}; {unloaded(unloadable)}"
     if not text.startswith("No such configuration property"):
         named = named_values(text, config)
         if named:  # review 52-c F-low-3: a refused value was sent to files and passwords
             return (f"librdkafka refused the client config: {text}; check {named} "
                     "(librdkafka's CONFIGURATION.md gives each property's range)")
     return (f"librdkafka refused the client config: {text}; "
-            + "".join(f"{missing}; " for missing in missing_files(config))
+            + "".join(f"{line}; " for line in missing)
             + "check the file paths, the key password and the property names")
 
 
