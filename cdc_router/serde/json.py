@@ -169,7 +169,8 @@ def json_problem(error: ValueError | UnicodeDecodeError, text: bytes | None = No
         return f"is JSON {error} (MAX_JSON_DEPTH)"
     if text is not None and not text.strip():  # review 49-f F6: "Expecting value: line 1"
         return (f"is {'blank (only whitespace)' if text else 'empty'}, not JSON (the "
-                "EventRouter SMT sent a tombstone for it; the router sends none)")
+                "EventRouter SMT passed it on as is, or sent a tombstone with "
+                "route.tombstone.on.empty.payload; the router sends neither)")
     text = text or b""
     if isinstance(error, json.JSONDecodeError) and error.msg.startswith("Unexpected UTF-8 BOM"):
         return ("is not valid JSON: it starts with a byte order mark (U+FEFF), which JSON "

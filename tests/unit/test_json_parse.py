@@ -164,10 +164,12 @@ def test_strict_still_reads_the_largest_double_and_underflow() -> None:
                                             (b" \n\t", "is blank (only whitespace), not JSON")])
 def test_an_empty_or_blank_payload_says_so_and_not_where_json_was_expected(
         text: bytes, said: str) -> None:
-    # Review 49-f F6: "Expecting value: line 1 column 1 (char 0)" for an empty payload, which
-    # the EventRouter SMT sent as a tombstone.
+    # Review 49-f F6: "Expecting value: line 1 column 1 (char 0)" for an empty payload. QA
+    # 58-a: the SMT passes it on as is by default (a tombstone only with
+    # route.tombstone.on.empty.payload), which the reason said it did not.
     with pytest.raises(ValueError) as raised:
         parse_json(text)
     assert json_problem(raised.value, text).startswith(said)
-    assert "tombstone" in json_problem(raised.value, text)
+    assert "SMT passed it on as is, or sent a tombstone with route.tombstone.on.empty" \
+        ".payload" in json_problem(raised.value, text)
     assert json_problem(raised.value).startswith("is not valid JSON")  # no text: no guess
