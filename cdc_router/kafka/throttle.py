@@ -21,13 +21,20 @@ log = logging.getLogger("cdc_router.router")
 LOG_INTERVAL_S = 60.0
 
 
+# The quotas that delay each kind of request (Kafka's docs, "Quotas"), and what waits on it.
+_REQUESTS = {"produce": ("producer_byte_rate", "records wait to be written"),
+             "fetch": ("consumer_byte_rate", "the raw topic is read slower")}
+
+
 class ThrottleWatch:
-    """throttle_cb for a producer of `client_id`: a rate-limited WARNING line, and
+    """throttle_cb for a client of `client_id` whose `requests` ("produce" for a producer,
+    "fetch" for a consumer) a quota may delay: a rate-limited WARNING line, and
     `on_throttle(seconds)` for each throttled response (a metric)."""
 
     def __init__(self, client_id: str, *, on_throttle: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, requests: str = "produce") -> None:
         self._client_id = client_id
+        self._requests = requests
         self._on_throttle = on_throttle
         self._clock = clock
         self._last_line: float | None = None
@@ -46,11 +53,13 @@ class ThrottleWatch:
         now = self._clock()
         if self._last_line is not None and now - self._last_line < LOG_INTERVAL_S:
             return
-        log.warning("event=throttled client_id=%s broker=%s throttle_ms=%d responses=%d "
-                    "hint='a Kafka quota on this client id (producer_byte_rate or "
-                    "request_percentage) delays its produce requests: records wait and the lag "
-                    "grows; `kafka-configs --describe --entity-type clients --entity-name %s` "
-                    "shows it: raise or delete it, or give this router another kafka.client_id'",
-                    self._client_id, event.broker_name, round(self._longest_s * 1000),
-                    self._responses, self._client_id)
+        quota, waiting = _REQUESTS[self._requests]
+        log.warning("event=throttled client_id=%s requests=%s broker=%s throttle_ms=%d "
+                    "responses=%d hint='a Kafka quota on this client id (%s or "
+                    "request_percentage) delays its %s requests: %s and the lag grows; "
+                    "`kafka-configs --describe --entity-type clients --entity-name %s` shows it: "
+                    "raise or delete it, or give this router another kafka.client_id'",
+                    self._client_id, self._requests, event.broker_name,
+                    round(self._longest_s * 1000), self._responses, quota, self._requests,
+                    waiting, self._client_id)
         self._last_line, self._responses, self._longest_s = now, 0, 0.0

@@ -94,6 +94,11 @@ class OutboxRouter:
         produced = clients.producer_config(config, instance_id)
         produced["throttle_cb"] = ThrottleWatch(str(produced.get("client.id", "")),
                                                 on_throttle=self._metrics.throttled.inc)
+        # The consumer shares the client id; a consumer_byte_rate quota delays its fetches and
+        # was said by nothing but librdkafka's request timeouts (fixer 58-a).
+        self._fetch_throttle = ThrottleWatch(str(produced.get("client.id", "")),
+                                             on_throttle=self._metrics.fetch_throttled.inc,
+                                             requests="fetch")
         self._producer = LatchingProducer(produced, producer_factory)
         self._destinations = clients.destinations(config, self._producer, operations_factory, clock)
         self._describe = clients.topic_describe(config, describe_factory)
@@ -129,8 +134,7 @@ class OutboxRouter:
         CdcRouterError from a serializer's preflight (an Avro schema missing from the schema
         registry is configuration, not a poison event)."""
         self._step.preflight()
-        consumer = self._consumer = self._consumer_factory(
-            clients.consumer_config(self._config, self._instance_id))
+        consumer = self._consumer = self._consumer_factory(self._consumer_config())
         txn = self._txn = Transaction(self._producer, consumer, delivery=self._config.delivery,
                                       changelog_topic=self._config.dedup.changelog_topic
                                       if self._replay is not None else None,
@@ -227,6 +231,10 @@ class OutboxRouter:
         recheck_grants(self._config, self._destinations)
         self._pending_abort, self._needs_init, self._needs_rewind = False, True, True
 
+    def _consumer_config(self) -> dict[str, Any]:
+        return {**clients.consumer_config(self._config, self._instance_id),
+                "throttle_cb": self._fetch_throttle}
+
     def _rejoin(self, reason: str) -> None:
         """A new consumer for a fenced or stranded one, which reads its aborted batch again."""
         assert self._txn is not None
@@ -234,8 +242,7 @@ class OutboxRouter:
         if self._txn.open:  # the old member's offsets: a new producer's init ends it (review
             self._renew("its consumer was fenced with a batch open")  # 37: an abort may be fenced)
         stale = self._consumer
-        self._txn.consumer = self._consumer = self._consumer_factory(
-            clients.consumer_config(self._config, self._instance_id))
+        self._txn.consumer = self._consumer = self._consumer_factory(self._consumer_config())
         self._generations.retire()  # the stale one's callbacks (its close runs them) do nothing
         close_aside(stale, "consumer")  # before the new one joins; bounded (review 40-1 F5)
         self._subscribe(self._consumer)

@@ -57,6 +57,10 @@ class RouterMetrics:
         self.throttled = Counter("cdc_router_produce_throttled_seconds", "How long Kafka "
                                  "delayed the producer's requests for a quota on its client id "
                                  "(throttle_time_ms; event=throttled in the log)", registry=r)
+        self.fetch_throttled = Counter(
+            "cdc_router_fetch_throttled_seconds", "How long Kafka delayed the raw topic's "
+            "consumer's fetches for a quota on its client id (consumer_byte_rate; "
+            "event=throttled requests=fetch in the log)", registry=r)
         self.consecutive_aborts = Gauge("cdc_router_consecutive_aborts", "Batches aborted in "
                                         "a row for no record's fault (broker down, coordinator "
                                         "moving); 0 once a batch commits", registry=r)

@@ -45,3 +45,23 @@ def test_the_routers_producer_reports_throttling_to_its_metric() -> None:
     assert isinstance(producer, FakeProducer)
     producer.config["throttle_cb"](throttled(1500))
     assert harness.metric("cdc_router_produce_throttled_seconds_total") == 1.5
+
+
+def test_the_routers_consumer_reports_a_fetch_quota_to_its_own_metric_and_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Fixer 58-a: consumer_byte_rate=256 on the router's client id: 0 of 60 events in 150 s,
+    # said by nothing but librdkafka's "Timed out 63 in-flight requests"; the consumer had no
+    # throttle_cb. A renewed consumer gets it too.
+    harness = Harness(cluster_with(*events(2)), kafka={"client_id": "qa58a-router"})
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        harness.router.run()
+        assert harness.consumers, "the router built no consumer"
+        for consumer in harness.consumers:
+            consumer.config["throttle_cb"](throttled(700))
+    assert harness.metric("cdc_router_fetch_throttled_seconds_total") == 0.7 * len(
+        harness.consumers)
+    assert harness.metric("cdc_router_produce_throttled_seconds_total") == 0.0
+    [line] = [r.getMessage() for r in caplog.records if "event=throttled" in r.getMessage()]
+    assert "client_id=qa58a-router requests=fetch " in line, line
+    assert "consumer_byte_rate" in line and "delays its fetch requests: the raw topic is read " \
+        "slower" in line, line
