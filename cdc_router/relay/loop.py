@@ -108,8 +108,9 @@ class OutboxRelay:
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         self._replay_lines = ReplayLines(self._replay)  # its dead-lettered ids warned (53-g)
         # One transactional id per table, shared by all its relays: a newcomer fences the last.
-        self._producer = LatchingProducer(
-            clients.producer_config(config, f"relay-{self._table}"), producer_factory)
+        self._producer = LatchingProducer(clients.watched(
+            clients.producer_config(config, f"relay-{self._table}"), self._metrics.throttled.inc),
+            producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else _never
         self._destinations = clients.destinations(config, self._producer, operations_factory)

@@ -27,6 +27,7 @@ from cdc_router.kafka.errors import missing_files
 from cdc_router.kafka.logs import librdkafka_logger, note_cluster
 from cdc_router.kafka.membership import ListedFactory, MembershipWatch
 from cdc_router.kafka.producer import LatchingProducer
+from cdc_router.kafka.throttle import ThrottleWatch
 from cdc_router.nats.connection import connect_options
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router.destinations import (
@@ -117,6 +118,15 @@ def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
         produced["transactional.id"] = f"{transactional_prefix(config)}-{instance_id}"
         produced["transaction.timeout.ms"] = config.delivery.transaction_timeout_ms
     return produced
+
+
+def watched(produced: dict[str, Any],
+            on_throttle: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """`produced` with a throttle_cb (kafka/throttle.py): a quota on its client id is said in
+    the log, and counted by `on_throttle` if given (reread 57-a F-10: the relay's and `dlq
+    replay`'s producers slowed without a word)."""
+    return {**produced, "throttle_cb": ThrottleWatch(str(produced.get("client.id", "")),
+                                                     on_throttle=on_throttle)}
 
 
 def consumer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:

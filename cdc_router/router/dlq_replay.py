@@ -178,7 +178,8 @@ class DeadLetterReplay:
         common = clients.common_config(config)
         # A dry run only looks up partition counts: a plain producer, never transactional.
         self._producer = LatchingProducer(
-            common if dry_run else clients.producer_config(config, INSTANCE), producer_factory)
+            common if dry_run else clients.watched(clients.producer_config(config, INSTANCE)),
+            producer_factory)
         self._changelog = changelog_factory(common, config.dedup.changelog_topic)
         self._letters = reader_factory(common, config.dead_letter.topic,
                                        group_id=replay_group(config), what="dead-letter")

@@ -91,9 +91,8 @@ class OutboxRouter:
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         self._changelog = None if not config.dedup.enabled else changelog_factory(
             clients.common_config(config), config.dedup.changelog_topic)
-        produced = clients.producer_config(config, instance_id)
-        produced["throttle_cb"] = ThrottleWatch(str(produced.get("client.id", "")),
-                                                on_throttle=self._metrics.throttled.inc)
+        produced = clients.watched(clients.producer_config(config, instance_id),
+                                   self._metrics.throttled.inc)
         # The consumer shares the client id; a consumer_byte_rate quota delays its fetches and
         # was said by nothing but librdkafka's request timeouts (fixer 58-a).
         self._fetch_throttle = ThrottleWatch(str(produced.get("client.id", "")),

@@ -79,8 +79,9 @@ def republish(config: RouterConfig, topic: str, events: Iterable[ChangeEvent], *
     """
     check_republish(config)
     # A raw change event may be as big as Debezium's (connectors/outbox-connector.json).
-    producer = LatchingProducer({**clients.producer_config(config, INSTANCE),
-                                 "message.max.bytes": MAX_RECORD_BYTES}, producer_factory)
+    producer = LatchingProducer(clients.watched({**clients.producer_config(config, INSTANCE),
+                                                 "message.max.bytes": MAX_RECORD_BYTES}),
+                                producer_factory)
     try:  # with the principal's Write grant, as `run` checks its destinations (router/grants.py)
         partitions = clients.destinations(config, producer, operations_factory).partitions(topic)
     except RouteError as refusal:  # review 51-d F10: met in the transaction, as INVALID_TXN_STATE

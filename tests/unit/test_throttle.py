@@ -65,3 +65,22 @@ def test_the_routers_consumer_reports_a_fetch_quota_to_its_own_metric_and_line(
     assert "client_id=qa58a-router requests=fetch " in line, line
     assert "consumer_byte_rate" in line and "delays its fetch requests: the raw topic is read " \
         "slower" in line, line
+
+
+def test_the_relays_and_dlq_replays_producers_say_a_quota_too(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Reread 57-a F-10: only `run`'s producer had a throttle_cb; the relay's and `dlq
+    # replay`'s slowed under a quota without a word.
+    from tests.unit.test_dlq_replay import replayer
+    from tests.unit.test_relay_loop import FakeTable, _cluster, _relay
+
+    relay, _ = _relay(_cluster(), FakeTable())
+    replay = replayer(cluster_with())
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        for producer in (relay._producer.client, replay._producer.client):
+            assert isinstance(producer, FakeProducer)
+            producer.config["throttle_cb"](throttled(900))
+    assert relay._metrics.registry.get_sample_value(
+        "cdc_router_produce_throttled_seconds_total") == 0.9
+    lines = [r.getMessage() for r in caplog.records if "event=throttled" in r.getMessage()]
+    assert len(lines) == 2 and all("requests=produce " in line for line in lines), lines
