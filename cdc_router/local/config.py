@@ -256,6 +256,9 @@ def postgres_conf(config: StackConfig) -> str:
         "wal_writer_delay": "10ms",
         # A forgotten slot must not fill the disk of a developer's machine.
         "max_slot_wal_keep_size": "'2GB'",
+        # Two-phase commit (PREPARE TRANSACTION) allowed, as many applications' databases do:
+        # status warns of a prepared transaction left pending, which the tests need to make.
+        "max_prepared_transactions": "10",
         "fsync": "on",
         "log_min_messages": "warning",
     }

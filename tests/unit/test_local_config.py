@@ -54,6 +54,9 @@ def test_postgres_has_logical_wal_on_loopback_only(config):
     assert "listen_addresses = '127.0.0.1'\n" in conf
     assert "port = 15432\n" in conf
     assert "wal_writer_delay = 10ms\n" in conf
+    # Two-phase commit on: the integration test of status's prepared-transaction warning
+    # needs PREPARE TRANSACTION (0, Postgres's default, refuses it).
+    assert "max_prepared_transactions = 10\n" in conf
     hba = stack_config.pg_hba_conf()
     assert "0.0.0.0" not in hba and "replication" in hba
 
