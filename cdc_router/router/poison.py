@@ -46,7 +46,7 @@ from cdc_router.kafka.errors import (
     likely_cause,
 )
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
-from cdc_router.router.timestamps import TIMESTAMP_HINT, TopicLimitsCache
+from cdc_router.router.timestamps import TIMESTAMP_HINT, TopicLimitsCache, size_advice
 
 if TYPE_CHECKING:
     from cdc_router.router.destinations import DestinationMetadata
@@ -75,21 +75,9 @@ def refusal_reason(failure: DeliveryFailure, limit: int | None = None) -> str:
     if failure.error.code() == KafkaError.INVALID_TIMESTAMP:
         reason += TIMESTAMP_HINT
     elif failure.error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-        reason += size_hint(failure.size, limit)
+        # QA 57-a F-2: the broker's size refusal named neither the size nor the limit.
+        reason += "; " + size_advice(failure.size, limit)
     return reason
-
-
-def size_hint(size: int | None, limit: int | None) -> str:
-    """QA 57-a F-2: the broker's size refusal named neither the size nor the limit. `size` is
-    the uncompressed record's (DeliveryFailure.size): with kafka.producer compression.type
-    set, the broker counts the compressed batch, which may be smaller."""
-    over = f"the record is {size} bytes as the broker counts it (key, value, headers and " \
-        "the record batch's framing)" if size is not None else "the record is too large"
-    over += f", over the topic's max.message.bytes ({limit})" if limit is not None else \
-        ", over the topic's max.message.bytes (not readable here: see the topic's config)"
-    return (f"; {over}; raise the topic's max.message.bytes (and kafka.producer "
-            "message.max.bytes if the record is over it too) or make the event smaller, then "
-            "`cdc-router dlq replay` it")
 
 
 class LetterTooLarge(FatalKafkaError):

@@ -79,6 +79,22 @@ TIMESTAMP_HINT = ("; the row's created_at is outside what the broker accepts "
                   "delivery.record_timestamp: now to deliver such rows with the router's clock")
 
 
+def size_advice(size: int | None, limit: int | None, *, done: str = "") -> str:
+    """The record's size against its topic's max.message.bytes, and what to do: the one
+    wording of the check before producing (TopicLimits.size_problem) and of the broker's
+    refusal (poison.refusal_reason). `size`: the uncompressed record's as the broker counts it
+    (None: not known; with kafka.producer compression.type set the broker counts the
+    compressed batch, which may be smaller); `limit`: None when not read; `done`: what the
+    router did about it, said before the fix."""
+    over = f"the record is {size} bytes as the broker counts it (key, value, headers and " \
+        "the record batch's framing)" if size is not None else "the record is too large"
+    over += f", over the topic's max.message.bytes ({limit})" if limit is not None else \
+        ", over the topic's max.message.bytes (not readable here: see the topic's config)"
+    return (f"{over}{f'; {done}' if done else ''}; raise the topic's max.message.bytes (and "
+            "kafka.producer message.max.bytes if the record is over it too) or make the event "
+            "smaller, then `cdc-router dlq replay` it")
+
+
 @dataclass(frozen=True)
 class TopicLimits:
     """How far a record's timestamp may lie before and after the broker's clock (ms), and how
@@ -95,11 +111,8 @@ class TopicLimits:
         limit = self.max_message_bytes
         if limit is None or size <= limit:
             return None
-        return (f"Kafka would refuse the record for {topic} (MESSAGE_TOO_LARGE): it is {size} "
-                "bytes as the broker counts it (key, value, headers and the record batch's "
-                f"framing), over the topic's max.message.bytes ({limit}); dead-lettered before "
-                "producing; raise the topic's max.message.bytes or shrink the payload, then "
-                "`cdc-router dlq replay` it")
+        return (f"Kafka would refuse the record for {topic} (MESSAGE_TOO_LARGE): "
+                + size_advice(size, limit, done="dead-lettered before producing"))
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:
         """Why the broker would refuse `timestamp_ms` on `topic` now, or delete it within

@@ -145,3 +145,22 @@ def test_a_size_refusal_without_a_readable_limit_still_says_the_size_and_what_to
     reason = poison.refused(A)
     assert reason is not None and "800 bytes" in reason and "not readable" in reason
     assert "make the event smaller" in reason
+
+
+def test_the_check_before_producing_and_the_brokers_refusal_give_one_size_advice() -> None:
+    """Two wordings of one advice (session 58): the check before producing said to "shrink the
+    payload" and forgot the producer's own message.max.bytes, which refuses a record a raised
+    topic limit lets through."""
+    from cdc_router.router.poison import refusal_reason
+
+    over = ("the record is 5241 bytes as the broker counts it (key, value, headers and the "
+            "record batch's framing), over the topic's max.message.bytes (3000)")
+    fix = ("raise the topic's max.message.bytes (and kafka.producer message.max.bytes if the "
+           "record is over it too) or make the event smaller, then `cdc-router dlq replay` it")
+    before = TopicLimits(_UNLIMITED, _UNLIMITED, max_message_bytes=3000).size_problem(
+        "orders", 5241)
+    assert before == ("Kafka would refuse the record for orders (MESSAGE_TOO_LARGE): "
+                      f"{over}; dead-lettered before producing; {fix}")
+    refused = refusal_reason(DeliveryFailure("orders", TOO_LARGE, A, 5241), 3000)
+    assert refused.startswith("Kafka refused the record for orders: MSG_SIZE_TOO_LARGE")
+    assert refused.endswith(f"; {over}; {fix}")
