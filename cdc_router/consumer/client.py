@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import FatalKafkaError
-from cdc_router.kafka.consumer import unfetched_offsets
+from cdc_router.kafka.consumer import group_protocol_refusal, unfetched_offsets
 from cdc_router.kafka.errors import LOGIN_REFUSED, describe, stops_consumer
 from cdc_router.kafka.tls import certificate_failure, certificate_refusal
 
@@ -61,19 +61,15 @@ def certificate_refused(error: KafkaError) -> str | None:
 
 def protocol_refused(error: KafkaError) -> str | None:
     """The one line for a join the group refused because this member's assignors share none
-    with its other members' (INCONSISTENT_GROUP_PROTOCOL: eager against cooperative; a
-    classic member beside KIP-848 ones is taken, Kafka 4.3), or None. Configuration, not an
-    outage: it was refused every 2 s for ever and read nothing (fixer 57-y N-3), so the
-    consumer stops."""
-    if error.code() != KafkaError.INCONSISTENT_GROUP_PROTOCOL:
-        return None
-    return (f"the consumer group refused this member: {describe(error)}; its consumer_config "
-            "partition.assignment.strategy is not of the kind the group's "
-            "other members use (eager: range or roundrobin, librdkafka's default; cooperative: "
-            "cooperative-sticky): switch every member of the group at once (stop them all, "
-            "start them all with the same setting; the consumer README's \"Partition "
-            "assignment\"); a member of the other kind that was killed holds the group until "
-            "its session.timeout.ms passes")
+    with its other members' (kafka/consumer.py's group_protocol_refusal; a classic member
+    beside KIP-848 ones is taken, Kafka 4.3), or None: the consumer stops."""
+    return group_protocol_refusal(
+        error, "this member", "its consumer_config partition.assignment.strategy is not of "
+        "the kind the group's other members use (eager: range or roundrobin, librdkafka's "
+        "default; cooperative: cooperative-sticky): switch every member of the group at once "
+        "(stop them all, start them all with the same setting; the consumer README's "
+        "\"Partition assignment\"); a member of the other kind that was killed holds the "
+        "group until its session.timeout.ms passes")
 
 
 def consumer_error(error: KafkaError) -> None:

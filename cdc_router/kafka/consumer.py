@@ -122,18 +122,27 @@ class SourceErrors:
                 if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ""  # QA 35-e
             raise fatal_kafka_error(f"the consumer failed for good: {describe(error)}{grant}",
                                     error, consumer=True)
-        if error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
-            # Fixer 57-y N-3: it warned every 2 s for ever, and read nothing.
-            raise fatal_kafka_error(
-                f"the consumer group refused this router: {describe(error)}; a member of the "
-                "group source.group_id names uses an assignor that the router's (pinned: "
-                "roundrobin,range, eager) shares nothing with, as a cooperative-sticky one: "
-                "another application is using the router's group; give it a group of its own",
-                error, consumer=True)
+        if refused := group_protocol_refusal(
+                error, "this router", "a member of the group source.group_id names uses an "
+                "assignor that the router's (pinned: roundrobin,range, eager) shares nothing "
+                "with, as a cooperative-sticky one: another application is using the router's "
+                "group; give it a group of its own"):
+            raise fatal_kafka_error(refused, error, consumer=True)
         stranded = unfetched_offsets(error)
         if stranded is not None:
             raise stranded
         self._log.warning("event=consumer_error error=%s", describe(error))
+
+
+def group_protocol_refusal(error: KafkaError, member: str, fix: str) -> str | None:
+    """The one line for a join the group refused because `member`'s assignors share none with
+    its other members' (INCONSISTENT_GROUP_PROTOCOL: eager against cooperative), with `fix`;
+    None for another error. Configuration, not an outage: librdkafka asks again every 2 s for
+    ever and reads nothing (fixer 57-y N-3), so the router (SourceErrors) and the idempotent
+    consumer (consumer/client.py) both stop on it."""
+    if error.code() != KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+        return None
+    return f"the consumer group refused {member}: {describe(error)}; {fix}"
 
 
 def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:

@@ -58,3 +58,27 @@ def test_the_router_stops_when_its_group_refuses_its_join_too() -> None:
         f"the consumer group refused this router: INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; ")
     assert "source.group_id" in str(stopped.value) and \
         "give it a group of its own" in str(stopped.value)
+
+
+def test_the_router_and_the_consumer_build_the_line_with_one_helper() -> None:
+    """Session 58: the check stood in kafka/consumer.py and consumer/client.py alike; one
+    helper now says it for both, each with its own fix, and None for any other error."""
+    import logging
+
+    from cdc_router.consumer.client import protocol_refused
+    from cdc_router.kafka.consumer import SourceErrors, group_protocol_refusal
+
+    other = KafkaError(KafkaError.UNKNOWN_MEMBER_ID, "JoinGroup failed: unknown member")
+    assert group_protocol_refusal(other, "this member", "fix") is None
+    assert protocol_refused(other) is None
+    assert group_protocol_refusal(_refusal(), "me", "do this") == \
+        f"the consumer group refused me: INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; do this"
+    member = protocol_refused(_refusal())
+    assert member is not None
+    assert member == group_protocol_refusal(_refusal(), "this member",
+                                            member.split(f"{_REFUSED}; ", 1)[1])
+    with pytest.raises(FatalKafkaError) as stopped:
+        SourceErrors(logging.getLogger("test")).handle(_refusal())
+    fix = str(stopped.value).split(f"{_REFUSED}; ", 1)[1]
+    assert str(stopped.value) == group_protocol_refusal(_refusal(), "this router", fix)
+    assert stopped.value.code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
