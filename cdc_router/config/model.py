@@ -11,7 +11,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_router.config.cleanup import CleanupSettings, retention_leak, sweep_keep_ms
+from cdc_router.config.cleanup import (
+    CleanupSettings,
+    changelog_segment_ms,
+    retention_leak,
+    sweep_keep_ms,
+)
 from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
 from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, DeliverySettings
 
@@ -211,13 +216,14 @@ class RouterConfig(_Model):
         specs.append(TopicSpec(name=dlq.topic, partitions=dlq.partitions,
                                replication_factor=dlq.replication_factor, config=dlq.config))
         if self.dedup.enabled:
-            dedup = self.dedup
+            dedup, keep_ms = self.dedup, self.changelog_keep_ms()
             specs.append(TopicSpec(name=dedup.changelog_topic,
                                    partitions=dedup.changelog_partitions,
                                    replication_factor=dedup.changelog_replication_factor,
                                    config={"cleanup.policy": "compact,delete",
                                            # the window, or the retention's sweep's
-                                           "retention.ms": str(self.changelog_keep_ms()),
+                                           "retention.ms": str(keep_ms),
+                                           "segment.ms": str(changelog_segment_ms(keep_ms)),
                                            **dedup.changelog_config}))
         if self.relay is not None:
             specs.append(TopicSpec(name=self.relay_position_topic, partitions=1,
@@ -389,3 +395,4 @@ class RouterConfig(_Model):
                             f"{protector!r}: topics apply must not create or alter it",
                             spec.name)
         return self
+

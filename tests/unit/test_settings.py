@@ -110,6 +110,22 @@ def test_topic_specs_include_dead_letter_and_compacted_changelog() -> None:
     assert specs["cdc-router.dlq"].config == {"retention.ms": "2592000000"}
     assert specs["cdc-router.dedup"].config["cleanup.policy"] == "compact,delete"
     assert specs["cdc-router.dedup"].config["retention.ms"] == str(7 * 24 * 3600 * 1000)
+    # QA 58-c F-1: without segment.ms Kafka kept the marks in one open segment for 7 days (or
+    # 1 GiB), which neither retention nor compaction touches; a tenth of the window now.
+    assert specs["cdc-router.dedup"].config["segment.ms"] == str(7 * 24 * 3600 * 100)
+
+
+@pytest.mark.parametrize(("dedup", "segment_ms"), [
+    ("{window_ms: 600000}", "60000"), ("{window_ms: 1000}", "60000"),
+    ("{window_ms: 600000, changelog_config: {segment.ms: 3600000}}", "3600000")])
+def test_the_changelogs_segments_close_within_its_window(
+        tmp_path: Path, dedup: str, segment_ms: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("source: {topics: [raw], group_id: g}\nroutes: [{topic: orders}]\n"
+                    f"dedup: {dedup}\n", encoding="utf-8")
+    [changelog] = [spec for spec in load_config(path, {}).config.topic_specs()
+                   if spec.name == "cdc-router.dedup"]
+    assert changelog.config["segment.ms"] == segment_ms
 
 
 def test_environment_overrides(tmp_path: Path) -> None:
