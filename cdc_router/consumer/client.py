@@ -59,7 +59,7 @@ def certificate_refused(error: KafkaError) -> str | None:
     return certificate_failure(kind, describe(error), "consumer_config")
 
 
-def protocol_refused(error: KafkaError) -> str | None:
+def protocol_refused(error: KafkaError, group: str = "") -> str | None:
     """The one line for a join the group refused because this member's assignors share none
     with its other members' (kafka/consumer.py's group_protocol_refusal; a classic member
     beside KIP-848 ones is taken, Kafka 4.3), or None: the consumer stops."""
@@ -69,17 +69,18 @@ def protocol_refused(error: KafkaError) -> str | None:
         "default; cooperative: cooperative-sticky): switch every member of the group at once "
         "(stop them all, start them all with the same setting; the consumer README's "
         "\"Partition assignment\"); a member of the other kind that was killed holds the "
-        "group until its session.timeout.ms passes")
+        "group until its session.timeout.ms passes", group=group)
 
 
-def consumer_error(error: KafkaError) -> None:
+def consumer_error(error: KafkaError, group: str = "") -> None:
     """Raise for an error that stops the consumer (the router's one classifier: fenced, as
     another member with our group.instance.id, although librdkafka does not flag it fatal;
     credentials that may not read the topics; a certificate the TLS handshake refused; a join
-    its group refused for its assignors), or offsets it could not fetch; log others."""
+    its group refused for its assignors, naming `group`), or offsets it could not fetch; log
+    others."""
     if certificate := certificate_refused(error):
         raise FatalKafkaError(certificate, code=error.code())
-    if refused := protocol_refused(error):
+    if refused := protocol_refused(error, group):
         raise FatalKafkaError(refused, code=error.code())
     if stops_consumer(error):
         raise FatalKafkaError(refusal(error) or f"Kafka consumer failed fatally: "
@@ -91,7 +92,7 @@ def consumer_error(error: KafkaError) -> None:
         log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 
 
-def raise_reported(reported: list[KafkaError], *, at_start: bool) -> None:
+def raise_reported(reported: list[KafkaError], *, at_start: bool, group: str = "") -> None:
     """consumer_error for what error_cb alone was given (a refused login, a join refused for
     its assignors; a refused certificate `at_start`, before any assignment: later one may be
     brief, a proxy's during a rollout, and is waited out as the router does, reread 56-s F-2)
@@ -99,7 +100,7 @@ def raise_reported(reported: list[KafkaError], *, at_start: bool) -> None:
     for error in reported:
         if stops_consumer(error) or protocol_refused(error) or \
                 (at_start and certificate_refused(error)):
-            consumer_error(error)
+            consumer_error(error, group)
     reported.clear()
 
 

@@ -141,13 +141,14 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._resume_due()
         messages = consume_batch(consumer, self.settings.batch_size, self._poll_timeout())
         self._dead_letters.serve()  # its queued lines
-        raise_reported(self._reported, at_start=not self._assigned)
+        raise_reported(self._reported, at_start=not self._assigned,
+                       group=self.settings.group_id)
         for message in messages:
             if self._stop.is_set():
                 break  # its offset is not stored: the next owner gets it again
             error = message.error()
             if error is not None:
-                consumer_error(error)
+                consumer_error(error, self.settings.group_id)
                 continue
             if (message.topic(), message.partition()) in self._rewound:
                 continue  # the partition was sought back; this record comes again
@@ -340,7 +341,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def _login_refused(self) -> None:
         """Before the subscription: a poll (no record to return yet) serves error_cb."""
         self._consumer.poll(0)
-        raise_reported(self._reported, at_start=not self._assigned)
+        raise_reported(self._reported, at_start=not self._assigned,
+                       group=self.settings.group_id)
 
     def _forget(self, partitions: list[TopicPartition]) -> None:
         for partition in partitions:

@@ -88,8 +88,9 @@ class SourceErrors:
     """What the router does with an error its consumer hands out in place of a record."""
 
     def __init__(self, log: logging.Logger,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, group: str = "") -> None:
         self._log = log
+        self._group = group  # source.group_id, named by a refused join
         self._clock = clock
         self._missing_since: float | None = None
         self._missing_logged = self._missing_seen = 0.0
@@ -126,7 +127,7 @@ class SourceErrors:
                 error, "this router", "a member of the group source.group_id names uses an "
                 "assignor that the router's (pinned: roundrobin,range, eager) shares nothing "
                 "with, as a cooperative-sticky one: another application is using the router's "
-                "group; give it a group of its own"):
+                "group; give it a group of its own", group=self._group):
             raise fatal_kafka_error(refused, error, consumer=True)
         stranded = unfetched_offsets(error)
         if stranded is not None:
@@ -134,15 +135,18 @@ class SourceErrors:
         self._log.warning("event=consumer_error error=%s", describe(error))
 
 
-def group_protocol_refusal(error: KafkaError, member: str, fix: str) -> str | None:
+def group_protocol_refusal(error: KafkaError, member: str, fix: str, *,
+                           group: str = "") -> str | None:
     """The one line for a join the group refused because `member`'s assignors share none with
     its other members' (INCONSISTENT_GROUP_PROTOCOL: eager against cooperative), with `fix`;
     None for another error. Configuration, not an outage: librdkafka asks again every 2 s for
     ever and reads nothing (fixer 57-y N-3), so the router (SourceErrors) and the idempotent
-    consumer (consumer/client.py) both stop on it."""
+    consumer (consumer/client.py) both stop on it. `group`: its group id, named when given
+    (fixer 58-a: neither line said which group)."""
     if error.code() != KafkaError.INCONSISTENT_GROUP_PROTOCOL:
         return None
-    return f"the consumer group refused {member}: {describe(error)}; {fix}"
+    named = f" {group!r}" if group else ""
+    return f"the consumer group{named} refused {member}: {describe(error)}; {fix}"
 
 
 def unfetched_offsets(error: KafkaError) -> OffsetsUnfetched | None:

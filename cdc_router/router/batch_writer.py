@@ -45,7 +45,7 @@ class BatchWriter:
         self._destinations = destinations
         self._replay = replay
         self._replay_lines = ReplayLines(replay)
-        self._source_errors = SourceErrors(log)
+        self._source_errors = SourceErrors(log, group=config.source.group_id)
         self.dead_letter_max_bytes = dead_letter_max_bytes
 
     def write(self, txn: Transaction, message: Message) -> None:

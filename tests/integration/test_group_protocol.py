@@ -87,7 +87,7 @@ def test_a_cooperative_consumer_joining_an_eager_group_stops_naming_the_setting(
             stopped = None
     assert isinstance(stopped, FatalKafkaError), f"run() did not stop so: {stopped!r}"
     line = str(stopped)
-    assert line.startswith("the consumer group refused this member: "
+    assert line.startswith(f"the consumer group {group!r} refused this member: "
                            "INCONSISTENT_GROUP_PROTOCOL: "), line
     assert "its consumer_config partition.assignment.strategy is not of the kind" in line, line
 
@@ -107,7 +107,7 @@ def test_the_router_in_a_group_whose_member_is_cooperative_exits_1_saying_so(
         log = pipe.router_log()
     assert code == 1, f"exit {code}; the router's log:\n{log[-3000:]}"
     last = log.strip().splitlines()[-1]
-    assert last.startswith("error: the consumer group refused this router: "
+    assert last.startswith(f"error: the consumer group {pipe.name!r} refused this router: "
                            "INCONSISTENT_GROUP_PROTOCOL: "), log[-3000:]
     assert "source.group_id" in last and "give it a group of its own" in last, last
     assert "Traceback" not in log, log[-3000:]

@@ -29,7 +29,8 @@ def test_a_join_refused_for_the_assignors_stops_the_loop_with_what_to_do() -> No
     line = str(stopped.value)
     assert isinstance(stopped.value, CdcRouterError) and \
         stopped.value.code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
-    assert line.startswith(f"the consumer group refused this member: "
+    # Fixer 58-a: the line did not say which group.
+    assert line.startswith(f"the consumer group 'fulfillment' refused this member: "
                            f"INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; {_ADVICE}"), line
     assert "switch every member of the group at once" in line and \
         '"Partition assignment"' in line, line
@@ -39,8 +40,9 @@ def test_a_join_refused_for_the_assignors_stops_the_loop_with_what_to_do() -> No
 def test_a_join_refused_for_the_assignors_given_to_error_cb_alone_stops_too() -> None:
     # Whichever way librdkafka hands it over: error_cb's are read after each poll.
     for at_start in (True, False):
-        with pytest.raises(FatalKafkaError, match=r"partition\.assignment\.strategy"):
-            raise_reported([_refusal()], at_start=at_start)
+        with pytest.raises(FatalKafkaError, match=r"^the consumer group 'g' refused .*"
+                           r"partition\.assignment\.strategy"):
+            raise_reported([_refusal()], at_start=at_start, group="g")
 
 
 def test_the_router_stops_when_its_group_refuses_its_join_too() -> None:
@@ -53,9 +55,10 @@ def test_the_router_stops_when_its_group_refuses_its_join_too() -> None:
     from cdc_router.kafka.consumer import SourceErrors
 
     with pytest.raises(FatalKafkaError) as stopped:
-        SourceErrors(logging.getLogger("test")).handle(_refusal())
-    assert str(stopped.value).startswith(
-        f"the consumer group refused this router: INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; ")
+        SourceErrors(logging.getLogger("test"), group="g57r").handle(_refusal())
+    assert str(stopped.value).startswith(  # fixer 58-a: the line did not say which group
+        f"the consumer group 'g57r' refused this router: INCONSISTENT_GROUP_PROTOCOL: "
+        f"{_REFUSED}; ")
     assert "source.group_id" in str(stopped.value) and \
         "give it a group of its own" in str(stopped.value)
 
