@@ -119,9 +119,11 @@ def _inactive_while_running(slot: Slot, connector: str, checked_at: str,
     age = (datetime.fromisoformat(checked_at) - datetime.fromisoformat(since)).total_seconds()
     where = f"slot {slot.name} inactive"
     look = ("Debezium retries a retriable error (a role that may not log in, pg_hba.conf, the "
-            "network) and `cdc-router connectors status` says RUNNING: read Connect's log "
-            "for the task's error and `Awaiting end of restart backoff period` "
-            "(`cdc-router local logs connect` on the local stack)")
+            "network, a publication re-created after the slot) and `cdc-router connectors "
+            "status` says RUNNING: read Connect's log for the task's error and `Awaiting end "
+            "of restart backoff period` (`cdc-router local logs connect` on the local stack); "
+            f"`publication ... does not exist` while it does: {LOST_SLOT_RUNBOOK} from its "
+            "step 2")
     wal = f"it retains {size(slot.retained_wal_bytes or 0)} of WAL"
     bound = settings.capture_stopped_critical_s
     if bound is not None and age >= bound:
@@ -182,9 +184,14 @@ def _publication(report: Report) -> Iterator[Problem]:
     if publication.error is not None or publication.name is None:
         return
     if not publication.exists:
+        # QA 58-b F-2: re-created alone, it never serves the slot: pgoutput decodes the WAL
+        # with the catalog of each change's time, when the publication did not exist yet.
         yield Problem("critical", "publication", f"publication {publication.name} does not "
                       "exist: the connector cannot stream; run `cdc-router outbox init` "
-                      "with its name (--publication)")
+                      "with its name (--publication), then follow "
+                      f"{LOST_SLOT_RUNBOOK} from its step 2: a publication created after "
+                      "the slot does not serve it (Postgres decodes the slot's WAL as of "
+                      "each change, when it did not exist yet)")
         return
     published = {unquoted(table) for table in publication.tables}
     for outbox in outbox_tables(report):

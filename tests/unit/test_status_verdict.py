@@ -138,9 +138,11 @@ def test_a_slot_inactive_while_the_connector_says_running_points_at_connect_s_lo
         "warning: wal: slot outbox_slot inactive: nobody streams from it while connector "
         "outbox-connector and its tasks say RUNNING, and it retains 311.0 KiB of WAL; if it "
         "lasts, Debezium retries a retriable error (a role that may not log in, pg_hba.conf, "
-        "the network) and `cdc-router connectors status` says RUNNING: read Connect's log for "
-        "the task's error and `Awaiting end of restart backoff period` (`cdc-router local "
-        "logs connect` on the local stack)"]
+        "the network, a publication re-created after the slot) and `cdc-router connectors "
+        "status` says RUNNING: read Connect's log for the task's error and `Awaiting end of "
+        "restart backoff period` (`cdc-router local logs connect` on the local stack); "
+        "`publication ... does not exist` while it does: README runbook 'the slot was dropped "
+        "or its WAL removed' from its step 2"]
     # A watch sees it inactive from check to check: critical past the bound.
     later = replace(first, checked_at="2026-12-01T12:02:30+00:00")
     later = carry_inactive_since(later, first)
