@@ -298,9 +298,16 @@ def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:
         return
     name = f"connector {connector.name}"
     if not connector.exists:
+        # QA 58-b F-3: a worker still reading connect-offsets behind a hanging transaction
+        # lists no connector; the connector came back by itself once it was aborted.
+        starting = "" if connector.deployed != () else (
+            "a worker that has not finished starting lists none: if Connect's log stops at "
+            "`Starting KafkaBasedLog with topic connect-offsets`, a hanging transaction holds "
+            "it (README, Operations: the row 'nothing captured after a broker was killed'): "
+            "abort it and the connector comes back by itself; else ")
         yield Problem("critical", "connector", f"{name} is not deployed: Kafka Connect has no "
                       f"connector of that name{deployed_text(connector)}, so nothing captures "
-                      "the outbox and its slot and publication are not checked; set "
+                      f"the outbox and its slot and publication are not checked; {starting}set "
                       "status.connector (or --connector) to the one capturing it, or "
                       "`cdc-router connectors apply -f <file>`")
         return
