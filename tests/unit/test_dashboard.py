@@ -11,7 +11,7 @@ import yaml
 
 from cdc_router.ops.exporter import StatusCollector
 from cdc_router.ops.verdict import judge
-from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.metrics import RouterMetrics, cleanup_metrics
 from tests.unit.compose_drift import load_compose, mounts
 from tests.unit.test_status_verdict import SETTINGS, healthy
 
@@ -24,7 +24,9 @@ def known_metrics() -> set[str]:
     """Every series name the router's /metrics and the status exporter can expose."""
     collector = StatusCollector()
     collector.update(healthy(), judge(healthy(), SETTINGS))
-    families = [*RouterMetrics().registry.collect(), *collector.collect()]
+    router = RouterMetrics()
+    cleanup_metrics(router.registry)  # the cleanup's, on the router's registry (cli/run.py)
+    families = [*router.registry.collect(), *collector.collect()]
     return {family.name + suffix for family in families
             for suffix in ("", "_total", "_bucket", "_count", "_sum")}
 

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from cdc_router.config.load import load_config
 from cdc_router.config.status import StatusSettings
 from cdc_router.ops.exporter import CONNECTOR_STATES
 from cdc_router.ops.verdict import EXIT_CODES
 from cdc_router.router.clients import static_member_id
+from cdc_router.router.metrics import cleanup_metrics
 from tests.unit.compose_drift import DOCKER, REPO, ROUTER_CONFIG
 
 ALERTS = DOCKER / "monitoring" / "alerts.yml"
@@ -134,6 +136,23 @@ def test_connector_states_alert_at_the_status_levels():
 def test_lag_alert_is_at_the_status_threshold():
     rule = _rules("CdcRouterLag")["warning"]
     assert _threshold(rule, r"\(cdc_router_group_lag\) >= (\d+)$") == DEFAULTS.lag_warning
+
+
+def test_a_cleanup_that_stops_deleting_alerts_on_the_router_s_gauge():
+    # QA 58-b F-1: a revoked DELETE grant left the outbox growing 50 rows/s with `status: ok`
+    # and no rule firing; only the router's log and its cleanup lag gauge said it.
+    (rule,) = _rules("CdcRouterCleanupLag").values()
+    assert rule["labels"]["severity"] == "warning"
+    assert " ".join(rule["expr"].split()) == "cdc_router_cleanup_lag_seconds > 300"
+    assert _minutes(rule["for"]) >= 5
+    assert "event=cleanup_failed" in rule["annotations"]["summary"]
+    registry = CollectorRegistry()
+    cleanup_metrics(registry)  # the gauge the rule reads is the one the router exposes
+    assert "\ncdc_router_cleanup_lag_seconds 0.0\n" in generate_latest(registry).decode()
+    readme = (REPO / "README.md").read_text()
+    metrics = re.search(r"\n\*\*Metrics\.\*\*(.*?)\n\n", readme, re.DOTALL)
+    assert metrics and "`cdc_router_cleanup_lag_seconds`" in metrics.group(1)
+    assert "`CdcRouterCleanupLag`" in readme
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not on PATH")
