@@ -28,8 +28,12 @@ def router_problems(router: RouterState, settings: StatusSettings) -> Iterator[P
                       "was left hanging by Kafka: find and abort it (README, Operations: "
                       "every start of the router exits 75)")
     elif router.lag > 0 and not router.members:
-        yield Problem(settings.no_router, "router", f"{group} has no running instance and "
-                      f"{router.lag} records wait on the raw topic; start `cdc-router run`")
+        # QA 58-b F-5: a router frozen (SIGSTOP) past its session timeout leaves the group
+        # too, its process alive: a second `run` beside it is not the fix.
+        yield Problem(settings.no_router, "router", f"{group} has no running instance "
+                      f"(down, or hung past its session timeout) and {router.lag} records "
+                      "wait on the raw topic: start it (`cdc-router run`), or restart a hung "
+                      "one")
     assigned = {name for member in router.members for name in member.partitions}
     unread = [f"{p.topic}[{p.partition}]" for p in router.partitions
               if p.lag > 0 and f"{p.topic}[{p.partition}]" not in assigned]

@@ -384,7 +384,8 @@ def test_no_instance_and_a_transaction_holding_the_group_s_offsets_is_said_so(
     # Aborted: the line says to start the router again.
     again = [line for line in after.stdout.splitlines() if "no running instance" in line]
     assert len(again) == 1 and again[0].endswith(
-        "wait on the raw topic; start `cdc-router run`"), after.stdout
+        "wait on the raw topic: start it (`cdc-router run`), or restart a hung one"), \
+        after.stdout
 
 
 

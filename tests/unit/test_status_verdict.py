@@ -329,8 +329,9 @@ def test_router_lag_no_instance_and_a_stalled_group() -> None:
                                                400.0, 500.0),))
     found = lines(replace(healthy(), router=lagging), StatusSettings(lag_warning=20))
     assert found == [
-        "critical: router: router group cdc-router has no running instance and 50 records "
-        "wait on the raw topic; start `cdc-router run`",
+        "critical: router: router group cdc-router has no running instance (down, or hung "
+        "past its session timeout) and 50 records wait on the raw topic: start it "
+        "(`cdc-router run`), or restart a hung one",
         "warning: router: router group cdc-router lags 50 records behind the raw topic "
         "(warning at 20); check its /metrics (cdc_router_consecutive_aborts), or add "
         "instances (up to the raw topic's partitions)"]
