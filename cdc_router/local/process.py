@@ -56,6 +56,29 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_taken(host: str, port: int, name: str, ranges: Path | None = None) -> str:
+    """`local up`'s refusal of a port in use. QA 58-b F-4: in Linux's ephemeral range, a client
+    reconnecting to a stopped broker was given the broker's port as its own (a TCP
+    self-connection) while nothing listened, and Kafka could not start again for minutes."""
+    option = f"--{name.replace(' ', '-')}-port"
+    said = (f"port {port} ({name}) on {host} is already in use by another process: stop it, "
+            f"or pick another port with `cdc-router local up {option} N`")
+    ranges = ranges or EPHEMERAL_RANGE
+    try:
+        low, high = (int(bound) for bound in ranges.read_text().split())
+    except (OSError, ValueError):
+        return said
+    if not low <= port <= high:
+        return said
+    return (f"{said}; {port} lies in Linux's ephemeral range ({low}-{high}, {ranges}), where a "
+            "client reconnecting to a stopped part (Kafka's own clients, the router's) can be "
+            "given that port as its own, a self-connection (`ss -tanp` shows it connected to "
+            f"itself) while nothing listens: pick a port below {low}")
+
+
 def spawn(command: Sequence[str], *, log_path: Path, pid_path: Path,
           env: Mapping[str, str] | None = None, user: str | None = None,
           cwd: Path | None = None) -> int:

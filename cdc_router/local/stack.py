@@ -270,9 +270,7 @@ def _check_ports(config: StackConfig, running: set[Part]) -> None:
         if owned[name] in running:
             continue
         if process.port_in_use(config.host, port):
-            raise StackError(f"port {port} ({name}) on {config.host} is already in use by another "
-                             "process: stop it, or pick another port with "
-                             f"`cdc-router local up --{name.replace(' ', '-')}-port N`")
+            raise StackError(process.port_taken(config.host, port, name))
 
 
 # A part killed (kill -9) is a zombie until its parent reaps it: PID 1, here within seconds.

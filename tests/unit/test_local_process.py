@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from cdc_router.local import process
+from cdc_router.errors import StackError
+from cdc_router.local import process, stack
+from cdc_router.local.config import StackConfig
 
 
 def test_port_in_use_sees_a_listener():
@@ -20,6 +22,40 @@ def test_port_in_use_sees_a_listener():
         port = listener.getsockname()[1]
         assert process.port_in_use("127.0.0.1", port)
     assert not process.port_in_use("127.0.0.1", port)
+
+
+def test_a_port_in_use_in_the_ephemeral_range_says_a_client_may_hold_it(tmp_path: Path):
+    # QA 58-b F-4: Kafka on 39092 (inside 32768-60999) could not start again after an outage:
+    # a client reconnecting to it had been given 39092 as its own port (a self-connection),
+    # and `local up` said only "in use by another process".
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    plain = ("port {port} (kafka) on 127.0.0.1 is already in use by another process: stop it, "
+             "or pick another port with `cdc-router local up --kafka-port N`")
+    assert process.port_taken("127.0.0.1", 39092, "kafka", ranges) == plain.format(
+        port=39092) + (
+        f"; 39092 lies in Linux's ephemeral range (32768-60999, {ranges}), where a client "
+        "reconnecting to a stopped part (Kafka's own clients, the router's) can be given that "
+        "port as its own, a self-connection (`ss -tanp` shows it connected to itself) while "
+        "nothing listens: pick a port below 32768")
+    assert process.port_taken("127.0.0.1", 29092, "kafka", ranges) == plain.format(port=29092)
+    assert process.port_taken("127.0.0.1", 39092, "kafka", tmp_path / "absent") == \
+        plain.format(port=39092)
+    assert "`cdc-router local up --kafka-controller-port N`" in process.port_taken(
+        "127.0.0.1", 29093, "kafka controller", ranges)
+
+
+def test_local_up_refuses_a_taken_port_with_the_ephemeral_hint(tmp_path: Path, monkeypatch):
+    ranges = tmp_path / "range"
+    ranges.write_text("1024 65535\n")
+    monkeypatch.setattr(process, "EPHEMERAL_RANGE", ranges)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        config = StackConfig(home=tmp_path, jar_cache=tmp_path, postgres_port=port)
+        with pytest.raises(StackError, match="lies in Linux's ephemeral range"):
+            stack._check_ports(config, set())
 
 
 def test_spawned_process_is_tracked_and_stopped_by_pid(tmp_path: Path):
@@ -122,9 +158,6 @@ def test_a_running_part_that_does_not_answer_is_waited_for_then_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # Left out at stop 32: a Postgres sent SIGTERM waits for its clients to leave and answers
     # nobody meanwhile; `local up` said "already running" and the next step failed far from it.
-    from cdc_router.errors import StackError
-    from cdc_router.local import stack
-    from cdc_router.local.config import StackConfig
 
     config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
     config.pid_path("postgres").parent.mkdir(parents=True)
