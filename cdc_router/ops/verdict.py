@@ -184,14 +184,15 @@ def _publication(report: Report) -> Iterator[Problem]:
     if publication.error is not None or publication.name is None:
         return
     if not publication.exists:
-        # QA 58-b F-2: re-created alone, it never serves the slot: pgoutput decodes the WAL
-        # with the catalog of each change's time, when the publication did not exist yet.
+        # QA 58-b F-2: re-created alone, it did not serve the slot: pgoutput decodes the WAL
+        # with the catalog of each change's time, and fails on any change (of any table)
+        # written while the publication was missing (Postgres 15, checked by hand).
         yield Problem("critical", "publication", f"publication {publication.name} does not "
                       "exist: the connector cannot stream; run `cdc-router outbox init` "
                       "with its name (--publication), then follow "
-                      f"{LOST_SLOT_RUNBOOK} from its step 2: a publication created after "
-                      "the slot does not serve it (Postgres decodes the slot's WAL as of "
-                      "each change, when it did not exist yet)")
+                      f"{LOST_SLOT_RUNBOOK} from its step 2: created again, it does not "
+                      "serve the slot past a change written while it was missing (Postgres "
+                      "decodes the slot's WAL with the catalog as of each change)")
         return
     published = {unquoted(table) for table in publication.tables}
     for outbox in outbox_tables(report):

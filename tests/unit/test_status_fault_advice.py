@@ -20,8 +20,9 @@ def test_a_missing_publication_sends_to_outbox_init_then_the_slot_runbook() -> N
     assert lines(report) == [
         "critical: publication: publication outbox_pub does not exist: the connector cannot "
         "stream; run `cdc-router outbox init` with its name (--publication), then follow "
-        f"{RUNBOOK} from its step 2: a publication created after the slot does not serve it "
-        "(Postgres decodes the slot's WAL as of each change, when it did not exist yet)"]
+        f"{RUNBOOK} from its step 2: created again, it does not serve the slot past a change "
+        "written while it was missing (Postgres decodes the slot's WAL with the catalog as of "
+        "each change)"]
 
 
 def test_a_capture_stopped_line_names_a_recreated_publication_among_its_causes() -> None:
