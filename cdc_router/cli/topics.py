@@ -33,7 +33,8 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     """Show what would change, then create or update the topics (idempotent)."""
     config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(clients.logged_config(config))
-    plans = admin.plan(config.topic_specs(), config.config_floors())
+    plans = admin.plan(config.topic_specs(), config.config_floors(),
+                       config.config_ceilings())
     plans = admin.apply(plans, validate_only=True)  # a refusal: one line before any change
     show_and_apply(plans, describe=_describe,
                    as_json=lambda plan: {**plan.__dict__, "warnings": list(plan.warnings)},

@@ -81,16 +81,3 @@ def retention_leak(cleanup: CleanupSettings, *, without_sweep: str | None,
                 "rows whose marks it dropped stay in the table for good; raise it to "
                 f"{keep_ms} or leave it out (`cdc-router topics apply` sets it)")
     return None
-
-# Kafka deletes and compacts closed segments only, and closes one after segment.ms (7 days by
-# default) or 1 GiB: the changelog's marks outlived dedup.window_ms by up to that long, and a
-# restart read them all (QA 58-c F-1: a 10-minute window, 15.6 MB in one segment from the
-# start). A tenth of the time they must be kept: they live at most 1.1 times it; a minute at
-# least, so that a short window does not make a file a second.
-CHANGELOG_SEGMENTS = 10
-MIN_SEGMENT_MS = 60_000
-
-
-def changelog_segment_ms(keep_ms: int) -> int:
-    """The dedup changelog's segment.ms for marks kept `keep_ms`."""
-    return max(keep_ms // CHANGELOG_SEGMENTS, MIN_SEGMENT_MS)

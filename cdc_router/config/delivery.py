@@ -109,6 +109,29 @@ class DedupSettings(_Model):
                              "the window) or lower window_ms")
         return value
 
+    def topic_config(self, keep_ms: int) -> dict[str, str]:
+        """The changelog's topic config, its marks kept `keep_ms` (config/cleanup.py)."""
+        kept = int(self.changelog_config.get("retention.ms", keep_ms))
+        segments = {} if kept < 0 else {"segment.ms": str(changelog_segment_ms(kept))}
+        return {"cleanup.policy": "compact,delete", "retention.ms": str(keep_ms), **segments,
+                **self.changelog_config}
+
+
+# Kafka deletes and compacts closed segments only, and closes one after segment.ms (7 days by
+# default) or 1 GiB: the changelog's marks outlived dedup.window_ms by up to that long, and a
+# restart read them all (QA 58-c F-1: a 10-minute window, 15.6 MB in one segment from the
+# start). A tenth of the time they are kept; a minute at least, so that a short window does
+# not make a file a second. The cleaner still merges closed segments (by size), and time
+# retention deletes a merged one when its newest mark is due: marks live a few times the
+# window, not the topic's lifetime (reread 58-r F-2).
+CHANGELOG_SEGMENTS = 10
+MIN_SEGMENT_MS = 60_000
+
+
+def changelog_segment_ms(keep_ms: int) -> int:
+    """The dedup changelog's segment.ms for marks kept `keep_ms`."""
+    return max(keep_ms // CHANGELOG_SEGMENTS, MIN_SEGMENT_MS)
+
 
 def forgets_before(topic_config: Mapping[str, str], window_ms: int, *,
                    default_policy: str) -> bool:

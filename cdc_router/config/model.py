@@ -11,12 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_router.config.cleanup import (
-    CleanupSettings,
-    changelog_segment_ms,
-    retention_leak,
-    sweep_keep_ms,
-)
+from cdc_router.config.cleanup import CleanupSettings, retention_leak, sweep_keep_ms
 from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
 from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, DeliverySettings
 
@@ -216,15 +211,11 @@ class RouterConfig(_Model):
         specs.append(TopicSpec(name=dlq.topic, partitions=dlq.partitions,
                                replication_factor=dlq.replication_factor, config=dlq.config))
         if self.dedup.enabled:
-            dedup, keep_ms = self.dedup, self.changelog_keep_ms()
+            dedup = self.dedup  # kept the window, or the retention's sweep's time
             specs.append(TopicSpec(name=dedup.changelog_topic,
                                    partitions=dedup.changelog_partitions,
                                    replication_factor=dedup.changelog_replication_factor,
-                                   config={"cleanup.policy": "compact,delete",
-                                           # the window, or the retention's sweep's
-                                           "retention.ms": str(keep_ms),
-                                           "segment.ms": str(changelog_segment_ms(keep_ms)),
-                                           **dedup.changelog_config}))
+                                   config=dedup.topic_config(self.changelog_keep_ms())))
         if self.relay is not None:
             specs.append(TopicSpec(name=self.relay_position_topic, partitions=1,
                                    replication_factor=self.relay.position_replication_factor,
@@ -241,6 +232,15 @@ class RouterConfig(_Model):
         if not self.dedup.enabled or "retention.ms" in self.dedup.changelog_config:
             return {}
         return {self.dedup.changelog_topic: frozenset({"retention.ms"})}
+
+    def config_ceilings(self) -> dict[str, frozenset[str]]:
+        """Per topic, the config keys whose value in topic_specs() is a maximum: the
+        changelog's segment.ms, from the time its marks are kept; a pipeline sharing it with
+        a shorter window needs less, and each `topics apply` undid the other's (reread 58-r
+        F-1). A segment.ms set in dedup.changelog_config is a target."""
+        if not self.dedup.enabled or "segment.ms" in self.dedup.changelog_config:
+            return {}
+        return {self.dedup.changelog_topic: frozenset({"segment.ms"})}
 
     @property
     def relay_position_topic(self) -> str:
@@ -395,4 +395,3 @@ class RouterConfig(_Model):
                             f"{protector!r}: topics apply must not create or alter it",
                             spec.name)
         return self
-

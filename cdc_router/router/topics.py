@@ -55,9 +55,11 @@ class TopicAdmin:
         return self._admin
 
     def plan(self, specs: list[TopicSpec],
-             floors: Mapping[str, frozenset[str]] | None = None) -> list[TopicPlan]:
+             floors: Mapping[str, frozenset[str]] | None = None,
+             ceilings: Mapping[str, frozenset[str]] | None = None) -> list[TopicPlan]:
         """What apply would do; `floors`: per topic, the config keys (durations in ms) that
-        are raised to the spec's value but never lowered."""
+        are raised to the spec's value but never lowered; `ceilings`: those lowered to it but
+        never raised."""
         try:
             existing = metadata(self.admin, _ADMIN_TIMEOUT_S).topics
         except KafkaException as error:
@@ -86,6 +88,7 @@ class TopicAdmin:
                                 f"{spec.replication_factor}: left as is (kafka-reassign-"
                                 "partitions changes it)")
             changes = self._config_changes(spec, (floors or {}).get(spec.name, frozenset()),
+                                           (ceilings or {}).get(spec.name, frozenset()),
                                            warnings)
             plans.append(TopicPlan(spec.name, "update" if changes else "unchanged", count, None,
                                    changes, tuple(warnings)))
@@ -130,6 +133,7 @@ class TopicAdmin:
                 if plan.name in not_allowed else plan for plan in plans]
 
     def _config_changes(self, spec: TopicSpec, floors: frozenset[str],
+                        ceilings: frozenset[str],
                         warnings: list[str]) -> dict[str, tuple[str | None, str]]:
         if not spec.config:
             return {}
@@ -143,6 +147,10 @@ class TopicAdmin:
             if key in floors and have != wanted and _at_least(have, wanted):
                 warnings.append(f"{key} {have} kept: the config needs at least {wanted}; "
                                 "another pipeline sharing the topic may need more (to lower "
+                                "it, set it in dedup.changelog_config)")
+            elif key in ceilings and have != wanted and _at_most(have, wanted):
+                warnings.append(f"{key} {have} kept: the config needs at most {wanted}; "
+                                "another pipeline sharing the topic may need less (to raise "
                                 "it, set it in dedup.changelog_config)")
             elif have != wanted and not _same_number(have, wanted) and \
                     not _same_list(key, have, wanted):
@@ -180,6 +188,14 @@ def _at_least(have: str | None, wanted: str) -> bool:
     except ValueError:
         return False
     return value == -1 or value >= floor
+
+
+def _at_most(have: str | None, wanted: str) -> bool:
+    """Whether a duration in ms is set and at most `wanted` (-1, for ever, is not)."""
+    try:
+        return 0 <= int(have or "") <= int(wanted)
+    except ValueError:
+        return False
 
 
 _NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,

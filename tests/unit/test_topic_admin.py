@@ -73,7 +73,8 @@ def test_a_config_the_account_may_not_read_names_the_grant() -> None:
     with pytest.raises(CdcRouterError, match="reading the config of topic t failed: not "
                                              "authorised: grant this principal "
                                              "DescribeConfigs on the topic"):
-        admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}), frozenset(), [])
+        admin._config_changes(TopicSpec(name="t", config={"retention.ms": "1"}), frozenset(),
+                              frozenset(), [])
 
 
 def test_a_dry_run_warns_of_a_config_update_the_account_may_not_make() -> None:
@@ -112,7 +113,7 @@ def test_a_number_the_broker_writes_otherwise_is_no_config_change() -> None:
                                 "retention.ms": "123", "cleanup.policy": "delete"})
     spec = TopicSpec(name="t", config={"min.cleanable.dirty.ratio": "0.50",
                                        "retention.ms": "0123", "cleanup.policy": "compact"})
-    assert admin._config_changes(spec, frozenset(), []) == {
+    assert admin._config_changes(spec, frozenset(), frozenset(), []) == {
         "cleanup.policy": ("delete", "compact")}
 
 
@@ -126,7 +127,7 @@ def test_a_list_config_written_with_blanks_is_no_config_change() -> None:
     spec = TopicSpec(name="t", config={"cleanup.policy": "delete, compact",
                                        "leader.replication.throttled.replicas": "0:1, 1:2",
                                        "compression.type": "a, b"})
-    assert admin._config_changes(spec, frozenset(), []) == {
+    assert admin._config_changes(spec, frozenset(), frozenset(), []) == {
         "leader.replication.throttled.replicas": ("0:1,1:1", "0:1, 1:2"),
         "compression.type": ("a,b", "a, b")}
 
@@ -161,3 +162,50 @@ def test_a_replication_factor_other_than_the_configs_is_warned(
                                    replication_factor=declared)])
     assert plan.action == "unchanged"
     assert plan.warnings == ((warned,) if warned else ())
+
+
+@pytest.mark.parametrize(("have", "changed", "warned"), [
+    (None, {"segment.ms": (None, "60000")}, ()),  # a changelog made before: set
+    ("604800000", {"segment.ms": ("604800000", "60000")}, ()),  # Kafka's default: lowered
+    ("30000", {}, ("segment.ms 30000 kept: the config needs at most 60000; another pipeline "
+                   "sharing the topic may need less (to raise it, set it in "
+                   "dedup.changelog_config)",)),
+    ("60000", {}, ())])
+def test_the_changelogs_segment_ms_is_lowered_never_raised(
+        have: str | None, changed: dict[str, Any], warned: tuple[str, ...]) -> None:
+    # Reread 58-r F-1: two pipelines sharing a changelog with a 7-day and a 10-minute window
+    # set segment.ms each to its own, and every `topics apply` undid the other's.
+    from cdc_router.config.model import RouterConfig
+
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
+                                          "routes": [{"topic": "o"}],
+                                          "dedup": {"window_ms": 600_000}})
+    [spec] = [s for s in config.topic_specs() if s.name == config.dedup.changelog_topic]
+    assert config.config_ceilings() == {spec.name: frozenset({"segment.ms"})}
+    admin = TopicAdmin({})
+    admin._admin = _Describing({"cleanup.policy": "compact,delete",  # type: ignore[assignment]
+                                "retention.ms": "600000",
+                                **({"segment.ms": have} if have else {})})
+    warnings: list[str] = []
+    assert admin._config_changes(spec, frozenset({"retention.ms"}),
+                                 config.config_ceilings()[spec.name], warnings) == changed
+    assert tuple(warnings) == warned
+
+
+@pytest.mark.parametrize(("changelog_config", "segment_ms"), [
+    ({"retention.ms": "2592000000"}, "259200000"),  # 30 days kept: 3-day segments
+    ({"retention.ms": "-1"}, None),  # kept for ever: Kafka's default
+    ({"segment.ms": "5000"}, "5000")])
+def test_the_changelogs_segment_ms_follows_the_retention_it_keeps(
+        changelog_config: dict[str, str], segment_ms: str | None) -> None:
+    # Reread 58-r F-1: a retention.ms set in dedup.changelog_config got the window's segments.
+    from cdc_router.config.model import RouterConfig
+
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
+                                          "routes": [{"topic": "o"}],
+                                          "dedup": {"window_ms": 600_000,
+                                                    "changelog_config": changelog_config}})
+    [spec] = [s for s in config.topic_specs() if s.name == config.dedup.changelog_topic]
+    assert spec.config.get("segment.ms") == segment_ms
+    assert config.config_ceilings() == ({} if "segment.ms" in changelog_config else
+                                        {spec.name: frozenset({"segment.ms"})})
