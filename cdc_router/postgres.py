@@ -9,6 +9,8 @@ never through string formatting.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -284,15 +286,23 @@ def dsn_problem(dsn: str) -> str | None:
     try:
         options = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
-        # Not libpq's reason either: it quotes the string's words, a password among them;
-        # but an unknown option's name is no secret, and the likeliest typo.
-        if unknown := _UNKNOWN_OPTION.fullmatch(str(error).strip()):
+        # Not libpq's reason either: it quotes the string's words, a password among them.
+        # An unknown option is named only when it is a known one misspelt ('pasword'):
+        # `password=my secret_part=1` makes a piece of a password one (reread 58-r F-5).
+        if (unknown := _UNKNOWN_OPTION.fullmatch(str(error).strip())) and (
+                meant := difflib.get_close_matches(unknown[1], _libpq_options(), 1, 0.8)):
             return (f"its option {unknown[1]!r} is not one of libpq's connection parameters: "
-                    "check its spelling")
+                    f"did you mean {meant[0]!r}?")
         return ("not a Postgres connection string; give "
                 "postgresql://user:password@host:port/dbname or key=value pairs")
     return next(filter(None, (_value_problem(option, str(value))
                               for option, value in options.items() if value)), None)
+
+
+@functools.cache
+def _libpq_options() -> list[str]:
+    """The connection parameters the linked libpq knows."""
+    return [option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()]
 
 
 def _value_problem(option: str, value: str) -> str | None:

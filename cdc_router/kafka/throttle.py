@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger("cdc_router.router")
 
@@ -32,7 +32,8 @@ class ThrottleWatch:
     `on_throttle(seconds)` for each throttled response (a metric)."""
 
     def __init__(self, client_id: str, *, on_throttle: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, requests: str = "produce") -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 requests: Literal["produce", "fetch"] = "produce") -> None:
         self._client_id = client_id
         self._requests = requests
         self._on_throttle = on_throttle

@@ -214,8 +214,11 @@ def test_a_dsn_libpq_refuses_before_contacting_a_server_is_a_problem_naming_the_
     ("postgresql://u:s3cret s@127.0.0.1/db", "not a Postgres connection string"),
     ("postgresql://u:p%zzs3cret@127.0.0.1/db", "not a Postgres connection string"),
     ("host=127.0.0.1 password='s3cret", "not a Postgres connection string"),
-    ("host=127.0.0.1 pasword=s3cret", "its option 'pasword' is not one of libpq's connection"),
-    ("postgresql://u:s3cret@127.0.0.1/db?sslmod=require", "its option 'sslmod' is not one")])
+    ("host=127.0.0.1 pasword=s3cret", "its option 'pasword' is not one of libpq's connection "
+     "parameters: did you mean 'password'?"),
+    ("postgresql://u:s3cret@127.0.0.1/db?sslmod=require", "its option 'sslmod' is not one"),
+    # reread 58-r F-5: a piece of a password that reads as an option is not quoted
+    ("host=127.0.0.1 password=s3cret tail_s3cret=1", "not a Postgres connection string")])
 def test_a_dsn_libpq_cannot_parse_is_a_problem_that_never_quotes_its_words(
         dsn: str, problem: str) -> None:
     # QA 57-c: libpq's own reason quotes the string's words ('missing "=" after "tail"',
