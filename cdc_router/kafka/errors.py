@@ -173,10 +173,12 @@ def size_refusal(error: KafkaError, key: bytes | None, value: bytes | None,
             "(raise kafka.producer.message.max.bytes, within the topic's max.message.bytes)")
 
 
-def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
+def refused_config(error: KafkaException, config: Mapping[str, Any],
+                   settings: str = "") -> str:
     """Why librdkafka refused to build a client with `config` (a certificate file it cannot
     read, a wrong key password, an unknown property), naming the missing files (QA 32-d: an
-    OpenSSL code and a traceback)."""
+    OpenSSL code and a traceback). `settings`: "kafka.config" when `config` comes from a
+    router.yaml, whose TLS advice is `run`'s (reread 58-r F-4); else a library's config."""
     found = kafka_error_of(error)
     unset = [key for key in ("sasl.username", "sasl.password") if not config.get(key)]
     if unset and "sasl.username and sasl.password must be set" in str(found or error):
@@ -192,11 +194,12 @@ def refused_config(error: KafkaException, config: Mapping[str, Any]) -> str:
     missing = missing_files(config)
     if not missing and (advice := key_refusal(text)) is not None:
         return f"librdkafka refused the client config: {text}; " + (
-            advice if advice == KEY_MISMATCH_ADVICE else
+            advice if advice == KEY_MISMATCH_ADVICE or settings == "kafka.config" else
             "if the key in ssl.key.location is encrypted, set ssl.key.password to its "
             "passphrase; else check that the file is a PEM private key")
     if not missing and (unloadable := tls_property(text)):
-        return f"librdkafka refused the client config: {text}; {unloaded(unloadable)}"
+        field = f"{settings}.{unloadable}" if settings else unloadable
+        return f"librdkafka refused the client config: {text}; {unloaded(field)}"
     if not text.startswith("No such configuration property"):
         named = named_values(text, config)
         if named:  # review 52-c F-low-3: a refused value was sent to files and passwords

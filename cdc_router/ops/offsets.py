@@ -41,7 +41,7 @@ def client_config_problem(kafka: Mapping[str, str]) -> str | None:
     try:
         admin_client(kafka)
     except KafkaException as error:
-        return refused_config(error, kafka)
+        return refused_config(error, kafka, "kafka.config")
     return None
 
 

@@ -24,6 +24,16 @@ def refusal(config: dict[str, str]) -> str:
     return str(refused.value)
 
 
+def _encrypted(key_path: str, directory: Path) -> Path:
+    """The key of `key_path`, encrypted with a passphrase, in a file of its own."""
+    key = serialization.load_pem_private_key(Path(key_path).read_bytes(), None)
+    encrypted = directory / "encrypted.key"
+    encrypted.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"s3cret")))
+    return encrypted
+
+
 def test_a_key_of_another_certificate_is_named_as_such(tmp_path: Path) -> None:
     paths = make_certificates(tmp_path)
     other = tmp_path / "other.key"
@@ -41,11 +51,7 @@ def test_a_key_of_another_certificate_is_named_as_such(tmp_path: Path) -> None:
 def test_an_encrypted_key_without_its_password_is_told_to_set_ssl_key_password(
         tmp_path: Path) -> None:
     paths = make_certificates(tmp_path)
-    key = serialization.load_pem_private_key(Path(paths["server.key"]).read_bytes(), None)
-    encrypted = tmp_path / "encrypted.key"
-    encrypted.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(b"s3cret")))
+    encrypted = _encrypted(paths["server.key"], tmp_path)
     said = refusal({"ssl.certificate.location": paths["server.pem"],
                     "ssl.key.location": str(encrypted)})
     assert said.endswith("; if the key in ssl.key.location is encrypted, set "
@@ -73,3 +79,23 @@ def test_a_missing_key_file_is_named_missing_not_a_password_to_set(tmp_path: Pat
                     "ssl.key.location": str(tmp_path / "nope.key")})
     assert f"ssl.key.location {tmp_path / 'nope.key'} does not exist" in said, said
     assert "ssl.key.password" not in said
+
+
+def test_status_gives_the_tls_advice_run_gives_for_a_router_yaml(tmp_path: Path) -> None:
+    # Reread 58-r F-4: for one router.yaml, `status` said "set ssl.key.password" where `run`
+    # and `topics` name the variable, and "check ssl.ca.location" without kafka.config.
+    from cdc_router.kafka.tls import KEY_PASSWORD_ADVICE
+    from cdc_router.ops.offsets import client_config_problem
+
+    paths = make_certificates(tmp_path)
+    encrypted = _encrypted(paths["server.key"], tmp_path)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n", encoding="utf-8")
+    base = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SSL"}
+    said = client_config_problem({**base, "ssl.certificate.location": paths["server.pem"],
+                                  "ssl.key.location": str(encrypted)})
+    assert said is not None and said.endswith(f"; {KEY_PASSWORD_ADVICE}"), said
+    said = client_config_problem({**base, "ssl.ca.location": str(junk)})
+    assert said is not None and said.endswith(
+        "; check kafka.config.ssl.ca.location: librdkafka could not load it (its "
+        "CONFIGURATION.md gives the format)"), said
