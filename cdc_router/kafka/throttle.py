@@ -23,7 +23,8 @@ LOG_INTERVAL_S = 60.0
 
 # The quotas that delay each kind of request (Kafka's docs, "Quotas"), and what waits on it.
 _REQUESTS = {"produce": ("producer_byte_rate", "records wait to be written"),
-             "fetch": ("consumer_byte_rate", "the raw topic is read slower")}
+             "fetch": ("consumer_byte_rate", "the raw topic (and the dedup changelog at a "
+                       "start) is read slower")}
 
 
 class ThrottleWatch:

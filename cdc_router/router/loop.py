@@ -89,15 +89,17 @@ class OutboxRouter:
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
-        self._changelog = None if not config.dedup.enabled else changelog_factory(
-            clients.common_config(config), config.dedup.changelog_topic)
-        produced = clients.watched(clients.producer_config(config, instance_id),
-                                   self._metrics.throttled.inc)
-        # The consumer shares the client id; a consumer_byte_rate quota delays its fetches and
-        # was said by nothing but librdkafka's request timeouts (fixer 58-a).
-        self._fetch_throttle = ThrottleWatch(str(produced.get("client.id", "")),
+        common = clients.common_config(config)
+        # The consumers share the client id; a consumer_byte_rate quota delays their fetches
+        # and was said by nothing but librdkafka's request timeouts (fixer 58-a; the
+        # changelog's restore read too, reread 58-r F-6).
+        self._fetch_throttle = ThrottleWatch(str(common.get("client.id", "")),
                                              on_throttle=self._metrics.fetch_throttled.inc,
                                              requests="fetch")
+        self._changelog = None if not config.dedup.enabled else changelog_factory(
+            {**common, "throttle_cb": self._fetch_throttle}, config.dedup.changelog_topic)
+        produced = clients.watched(clients.producer_config(config, instance_id),
+                                   self._metrics.throttled.inc)
         self._producer = LatchingProducer(produced, producer_factory)
         self._destinations = clients.destinations(config, self._producer, operations_factory, clock)
         self._describe = clients.topic_describe(config, describe_factory)

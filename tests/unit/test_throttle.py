@@ -63,8 +63,38 @@ def test_the_routers_consumer_reports_a_fetch_quota_to_its_own_metric_and_line(
     assert harness.metric("cdc_router_produce_throttled_seconds_total") == 0.0
     [line] = [r.getMessage() for r in caplog.records if "event=throttled" in r.getMessage()]
     assert "client_id=qa58a-router requests=fetch " in line, line
-    assert "consumer_byte_rate" in line and "delays its fetch requests: the raw topic is read " \
-        "slower" in line, line
+    assert "consumer_byte_rate" in line and "delays its fetch requests: the raw topic (and " \
+        "the dedup changelog at a start) is read slower" in line, line
+
+
+def test_the_changelogs_reader_reports_a_fetch_quota_too() -> None:
+    # Reread 58-r F-6: the restore read of the dedup changelog shares the client id and was
+    # slowed by a consumer_byte_rate quota without a word.
+    from cdc_router.config.compiled import compile_config
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.router.loop import OutboxRouter
+    from tests.unit.router_fakes import CHANGELOG, ORDERS, RAW, FakeChangelog
+
+    cluster = cluster_with(*events(2))
+    given: list[dict[str, object]] = []
+
+    def changelog(conf: dict[str, object], topic: str) -> FakeChangelog:
+        given.append(conf)
+        return FakeChangelog(cluster, topic)
+
+    settings = RouterConfig.model_validate({
+        "source": {"topics": [RAW], "group_id": "g"}, "routes": [{"topic": ORDERS}],
+        "dedup": {"changelog_topic": CHANGELOG}, "kafka": {"client_id": "qa58a-router"}})
+    router = OutboxRouter(compile_config(settings), instance_id="i-1",
+                          producer_factory=lambda conf: FakeProducer(cluster, conf),
+                          changelog_factory=changelog,
+                          describe_factory=cluster.describe_factory,
+                          operations_factory=cluster.operations_factory,
+                          members_factory=cluster.members_factory)
+    [conf] = given
+    conf["throttle_cb"](throttled(400))  # type: ignore[operator]
+    assert router._metrics.registry.get_sample_value(
+        "cdc_router_fetch_throttled_seconds_total") == 0.4
 
 
 def test_the_relays_and_dlq_replays_producers_say_a_quota_too(
