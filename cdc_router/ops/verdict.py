@@ -187,9 +187,13 @@ def _publication(report: Report) -> Iterator[Problem]:
         # QA 58-b F-2: re-created alone, it did not serve the slot: pgoutput decodes the WAL
         # with the catalog of each change's time, and fails on any change (of any table)
         # written while the publication was missing (Postgres 15, checked by hand).
+        # QA 58-d F-1: without --table, init made it FOR public.outbox, not this outbox.
+        table = report.outbox.table
+        on = f" --table {table}" if table and unquoted(table) != "public.outbox" else ""
         yield Problem("critical", "publication", f"publication {publication.name} does not "
-                      "exist: the connector cannot stream; run `cdc-router outbox init` "
-                      "with its name (--publication), then follow "
+                      "exist: the connector cannot stream; run `cdc-router outbox init "
+                      f"--publication {publication.name}{on}` (with this database's --dsn), "
+                      "then follow "
                       f"{LOST_SLOT_RUNBOOK} from its step 2: created again, it does not "
                       "serve the slot past a change written while it was missing (Postgres "
                       "decodes the slot's WAL with the catalog as of each change)")

@@ -19,10 +19,22 @@ def test_a_missing_publication_sends_to_outbox_init_then_the_slot_runbook() -> N
     report = replace(healthy(), publication=PublicationState(name="outbox_pub", exists=False))
     assert lines(report) == [
         "critical: publication: publication outbox_pub does not exist: the connector cannot "
-        "stream; run `cdc-router outbox init` with its name (--publication), then follow "
+        "stream; run `cdc-router outbox init --publication outbox_pub` (with this database's "
+        "--dsn), then follow "
         f"{RUNBOOK} from its step 2: created again, it does not serve the slot past a change "
         "written while it was missing (Postgres decodes the slot's WAL with the catalog as of "
         "each change)"]
+
+
+def test_a_missing_publication_of_another_outbox_table_names_it_for_outbox_init() -> None:
+    # QA 58-d F-1: followed literally, `outbox init --publication ob3_pub` made the publication
+    # FOR public.outbox, not the connector's public.ob3.
+    healthy_report = healthy()
+    report = replace(healthy_report, publication=PublicationState(name="ob3_pub", exists=False),
+                     outbox=replace(healthy_report.outbox, table="public.ob3"))
+    [line] = lines(report)
+    assert "run `cdc-router outbox init --publication ob3_pub --table public.ob3` (with this " \
+        "database's --dsn), then follow" in line, line
 
 
 def test_a_capture_stopped_line_names_a_recreated_publication_among_its_causes() -> None:
