@@ -69,7 +69,8 @@ def protocol_refused(error: KafkaError, group: str = "") -> str | None:
         "default; cooperative: cooperative-sticky): switch every member of the group at once "
         "(stop them all, start them all with the same setting; the consumer README's "
         "\"Partition assignment\"); a member of the other kind that was killed holds the "
-        "group until its session.timeout.ms passes", group=group)
+        "group until its session.timeout.ms passes; or another application (Kafka Connect's "
+        "workers, say) uses this group: give the consumer a group of its own", group=group)
 
 
 def consumer_error(error: KafkaError, group: str = "") -> None:

@@ -193,10 +193,13 @@ def refused_config(error: KafkaException, config: Mapping[str, Any],
     # PEM were told "the file paths, the key password and the property names").
     missing = missing_files(config)
     if not missing and (advice := key_refusal(text)) is not None:
-        return f"librdkafka refused the client config: {text}; " + (
-            advice if advice == KEY_MISMATCH_ADVICE or settings == "kafka.config" else
-            "if the key in ssl.key.location is encrypted, set ssl.key.password to its "
-            "passphrase; else check that the file is a PEM private key")
+        if advice != KEY_MISMATCH_ADVICE and config.get("ssl.key.password"):
+            advice = ("ssl.key.password is set: check that it is the passphrase of the key in "
+                      "ssl.key.location, and that the file is a PEM private key")  # QA 58-d F-3
+        elif advice != KEY_MISMATCH_ADVICE and settings != "kafka.config":
+            advice = ("if the key in ssl.key.location is encrypted, set ssl.key.password to "
+                      "its passphrase; else check that the file is a PEM private key")
+        return f"librdkafka refused the client config: {text}; {advice}"
     if not missing and (unloadable := tls_property(text)):
         field = f"{settings}.{unloadable}" if settings else unloadable
         return f"librdkafka refused the client config: {text}; {unloaded(field)}"

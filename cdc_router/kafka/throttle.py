@@ -60,7 +60,7 @@ class ThrottleWatch:
                     "responses=%d hint='a Kafka quota on this client id (%s or "
                     "request_percentage) delays its %s requests: %s and the lag grows; "
                     "`kafka-configs --describe --entity-type clients --entity-name %s` shows it: "
-                    "raise or delete it, or give this router another kafka.client_id'",
+                    "raise or delete it, or give this process another kafka.client_id'",
                     self._client_id, self._requests, event.broker_name,
                     round(self._longest_s * 1000), self._responses, quota, self._requests,
                     waiting, self._client_id)

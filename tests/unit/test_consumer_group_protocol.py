@@ -34,6 +34,10 @@ def test_a_join_refused_for_the_assignors_stops_the_loop_with_what_to_do() -> No
                            f"INCONSISTENT_GROUP_PROTOCOL: {_REFUSED}; {_ADVICE}"), line
     assert "switch every member of the group at once" in line and \
         '"Partition assignment"' in line, line
+    # QA 58-d F-2: a group of another kind of application (Connect's workers) refuses it too,
+    # where no assignor helps.
+    assert line.endswith("; or another application (Kafka Connect's workers, say) uses this "
+                         "group: give the consumer a group of its own"), line
     assert h.effects == [] and h.kafka.closed
 
 

@@ -60,6 +60,17 @@ def test_an_encrypted_key_without_its_password_is_told_to_set_ssl_key_password(
     assert "CDC_ROUTER__" not in said  # a library's config, not the router's variables
 
 
+def test_an_encrypted_key_with_a_wrong_password_is_told_to_check_it(tmp_path: Path) -> None:
+    # QA 58-d F-3: with ssl.key.password set (wrongly), the advice was to set it.
+    paths = make_certificates(tmp_path)
+    encrypted = _encrypted(paths["server.key"], tmp_path)
+    said = refusal({"ssl.certificate.location": paths["server.pem"],
+                    "ssl.key.location": str(encrypted), "ssl.key.password": "wrong"})
+    assert said.endswith("; ssl.key.password is set: check that it is the passphrase of the "
+                         "key in ssl.key.location, and that the file is a PEM private key"), said
+    assert "wrong" not in said
+
+
 @pytest.mark.parametrize("field", ["ssl.ca.location", "ssl.certificate.location"])
 def test_a_file_that_is_no_pem_names_its_property(tmp_path: Path, field: str) -> None:
     paths = make_certificates(tmp_path)
