@@ -66,8 +66,10 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
         raise RestoreFailed("the group's committed offsets", failure,
                             _unstable_hint(failure, timeouts.stable_offsets_s)) from failure
     try:
+        # Only the changelog's committed marks: not ids this instance holds from a commit
+        # Kafka may have lost since (a restart of a single broker, chaos 58).
         restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
-                                            group=config.source.group_id)
+                                            group=config.source.group_id, fresh=True)
     except (KafkaException, ReadTimedOut) as failure:
         raise RestoreFailed(f"the dedup changelog {config.dedup.changelog_topic!r}",
                             failure) from failure

@@ -376,3 +376,60 @@ def test_a_dlq_replay_mark_keeps_its_id_for_a_window_from_then(restarted: bool) 
     assert replay.restore_changelog(marks, start + 600_000, group="g") == 3  # skipped too
     replay.expire(start + 3_600_000 + 100_000)  # past the letter's window, not the replay's
     assert replay.seen("x")
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_fresh_restore_forgets_ids_whose_commit_the_changelog_does_not_hold(
+        fresh: bool) -> None:
+    # Chaos 58 (CI rehearsal, chaos-short seed 15): Kafka 4.3, kill -9'd right after it
+    # acknowledged a commit, completed that transaction without its markers, and a later
+    # abort took it. The router held the batch's 283 ids from its commit; at its next
+    # assignment it read the raw topic again from the old offset and dropped them as
+    # replays: lost. The assignment's restore is fresh: only committed marks count.
+    replay = ReplayFilter(window_ms=60_000, max_ids=1_000)
+    kept = changelog_records(["kept"], 1_000, group="g")
+    replay.restore_changelog([(r.key, r.value) for r in kept], 1_000, group="g")
+    for event_id in ("lost-1", "lost-2"):
+        replay.add_pending(event_id, 2_000)
+    replay.commit(2_000)  # its transaction's commit returned; Kafka lost it later
+    dead = changelog_records(["dead"], 1_500, DEAD_LETTERED_KEY_PREFIX, group="g")
+    replay.restore_changelog([(r.key, r.value) for r in [*kept, *dead]], 3_000, group="g",
+                             fresh=fresh)
+    assert replay.seen("kept") and replay.dead_lettered("dead")
+    assert replay.seen("lost-1") is not fresh and replay.seen("lost-2") is not fresh
+    assert len(replay) == (2 if fresh else 4)
+
+
+def test_an_assignment_keeps_only_the_changelogs_committed_marks() -> None:
+    import time
+
+    from confluent_kafka import TopicPartition
+
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.router.assignment import restore_assigned
+    from cdc_router.router.clients import Timeouts
+
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
+                                          "routes": [{"topic": "o"}]})
+    now_ms = int(time.time() * 1000)
+    kept = changelog_records(["kept"], now_ms - 1_000, group="g")
+
+    class Consumer:
+        def committed(self, partitions: list[TopicPartition], timeout: float
+                      ) -> list[TopicPartition]:
+            return [TopicPartition("raw", 0, 1446)]
+
+        def get_watermark_offsets(self, partition: TopicPartition, **_: object
+                                  ) -> tuple[int, int]:
+            return 0, 2_000
+
+    class Changelog:
+        def catch_up(self) -> list[tuple[bytes | None, bytes | None]]:
+            return [(r.key, r.value) for r in kept]
+
+    replay = ReplayFilter(window_ms=7 * 24 * 3600 * 1000, max_ids=1_000)
+    replay.add_pending("lost", now_ms)
+    replay.commit(now_ms)  # a commit Kafka lost later
+    restore_assigned(Consumer(), [TopicPartition("raw", 0)], config=config, replay=replay,
+                     changelog=Changelog(), timeouts=Timeouts(60_000), clock=lambda: 0.0)
+    assert replay.seen("kept") and not replay.seen("lost")
