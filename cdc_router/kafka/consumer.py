@@ -197,18 +197,21 @@ def report_deleted_offsets(consumer: Consumer, partitions: list[TopicPartition],
     return committed
 
 
-def rewind_to_committed(consumer: Consumer, timeout_s: float) -> None:
-    """Seek every assigned partition back to its committed offset (the start if none)."""
+def rewind_to_committed(consumer: Consumer, timeout_s: float) -> list[TopicPartition]:
+    """Seek every assigned partition back to its committed offset (the start if none); the
+    committed offsets."""
     with _fatal_for_the_consumer():
         assignment = consumer.assignment()
         if not assignment:
-            return
-        for committed in consumer.committed(assignment, timeout=timeout_s):
+            return []
+        offsets: list[TopicPartition] = consumer.committed(assignment, timeout=timeout_s)
+        for committed in offsets:
             if committed.error is not None:
                 # Without the committed offset we would re-read from the start: refuse instead.
                 raise KafkaException(committed.error)
             offset = committed.offset if committed.offset != OFFSET_INVALID else OFFSET_BEGINNING
             consumer.seek(TopicPartition(committed.topic, committed.partition, offset))
+        return offsets
 
 
 def partition_marks(consumer: Consumer) -> dict[tuple[str, int], tuple[int, int]]:

@@ -17,6 +17,7 @@ from cdc_router.kafka.consumer import report_deleted_offsets
 from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.router.clients import Timeouts
+from cdc_router.router.lost_commits import CommitLedger
 from cdc_router.router.new_group import assignment_checks
 from cdc_router.router.replay import ReplayFilter
 
@@ -32,10 +33,12 @@ _COORDINATOR_WAIT_S = 0.5
 
 def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
                      replay: ReplayFilter | None, changelog: Any, timeouts: Timeouts,
-                     clock: Callable[[], float]) -> list[TopicPartition] | None:
+                     clock: Callable[[], float], ledger: CommitLedger | None = None,
+                     ) -> list[TopicPartition] | None:
     """Restore the replay filter from the changelog for newly assigned `partitions` (no dedup:
     only report deleted offsets); RestoreFailed when the changelog cannot be read. Returns the
-    partitions' committed offsets (None when they did not come)."""
+    partitions' committed offsets (None when they did not come). `ledger`: this instance's
+    commits, to tell of one Kafka lost (the restore forgets its ids in any case)."""
     if changelog is None or replay is None:
         return report_deleted_offsets(consumer, partitions, timeouts.call_s, log)
     # A previous owner may still hold an open transaction with offsets (and dedup marks) for
@@ -47,6 +50,8 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     restored, offsets = _restore(consumer, partitions, config=config, replay=replay,
                                  changelog=changelog, timeouts=timeouts) \
         if partitions else (0, [])
+    if ledger is not None and (lost := ledger.behind(offsets)):
+        log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
@@ -76,6 +81,25 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
     report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
     assignment_checks(config, offsets, restored, replay)
     return restored, offsets
+
+
+_LOST_HINT = ("Kafka lost a commit it had acknowledged (or the group's offsets were reset): "
+              "the replay filter keeps only the dedup changelog's committed marks, and the "
+              "records after the committed offset are delivered again")
+
+
+def restore_if_lost(ledger: CommitLedger, committed: list[TopicPartition], *,
+                    config: RouterConfig, replay: ReplayFilter | None, changelog: Any) -> None:
+    """After a rewind to `committed`: when Kafka lost a commit of this instance (router/
+    lost_commits.py), the filter forgets its ids and keeps the changelog's committed marks.
+    KafkaException or ReadTimedOut when the changelog cannot be read (rewind again later)."""
+    lost = ledger.behind(committed)
+    if not lost or replay is None or changelog is None:
+        return
+    log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
+    restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
+                                        group=config.source.group_id, fresh=True)
+    log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored, len(replay))
 
 
 def _unstable_hint(failure: KafkaException, waited_s: float) -> str:

@@ -26,15 +26,16 @@ from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import next_records, rewind_to_committed
 from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer
-from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
 from cdc_router.kafka.start import init_failure
 from cdc_router.kafka.throttle import ThrottleWatch
 from cdc_router.nats.publisher import JetStreamPublisher
 from cdc_router.router import clients
-from cdc_router.router.assignment import restore_assigned
+from cdc_router.router.assignment import restore_assigned, restore_if_lost
 from cdc_router.router.batch_writer import BatchWriter
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
+from cdc_router.router.lost_commits import CommitLedger
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import (
     LetterTooLarge,
@@ -114,6 +115,7 @@ class OutboxRouter:
                                    destinations=self._destinations, replay=self._replay,
                                    dead_letter_max_bytes=clients.dead_letter_limit(config))
         self._renewal = ProducerRenewal()
+        self._ledger = CommitLedger()  # router/lost_commits.py
         self._membership = clients.membership_watch(config, instance_id, members_factory, clock)
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
@@ -265,6 +267,7 @@ class OutboxRouter:
         replayed = self._replay.commit(now_ms) if self._replay is not None else []
         self._poison.committed()
         self._renewal.committed()
+        self._ledger.committed(committed.offsets)
         self._after_refusal = False
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
@@ -349,9 +352,11 @@ class OutboxRouter:
                 self._txn.init()
                 self._needs_init = False
             if self._needs_rewind:
-                rewind_to_committed(self._consumer, self._timeouts.call_s)
+                restore_if_lost(self._ledger, rewind_to_committed(
+                    self._consumer, self._timeouts.call_s), config=self._config,
+                    replay=self._replay, changelog=self._changelog)
                 self._needs_rewind = False
-        except (BatchFailed, KafkaException) as failure:
+        except (BatchFailed, KafkaException, ReadTimedOut) as failure:
             rewinding = not self._needs_init  # the consumer's committed offsets failed
             self._back_off(f"recovering from an aborted batch: {failure}", True)
             if rewinding and self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # QA 41-a
@@ -367,7 +372,8 @@ class OutboxRouter:
         self._destinations.clear()
         committed = restore_assigned(consumer, partitions, config=self._config,
                                      replay=self._replay, changelog=self._changelog,
-                                     timeouts=self._timeouts, clock=self._clock)
+                                     timeouts=self._timeouts, clock=self._clock,
+                                     ledger=self._ledger)
         self._metrics.assigned(partitions, committed)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:

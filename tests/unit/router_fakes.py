@@ -67,6 +67,10 @@ class FakeCluster:
     # the next offsets commits (in a transaction, or the consumer's) fail so, as do the aborts
     offsets_failures: list[KafkaError] = field(default_factory=list)
     abort_failures: list[KafkaError] = field(default_factory=list)
+    # The next commits Kafka acknowledges, then loses (chaos 58: Kafka 4.3 completed them
+    # without markers after a kill -9): nothing of them is visible, and the transaction after
+    # each fails (its abort took the lost one's records with it).
+    lost_commits: int = 0
     # topic -> how many more produce() calls librdkafka refuses on the spot as _UNKNOWN_TOPIC
     # (its metadata cache lags, or the topic is gone), whatever list_topics answers.
     unknown_on_produce: dict[str, int] = field(default_factory=dict)
@@ -273,6 +277,14 @@ class FakeProducer:
             raise KafkaException(self._abortable)
         if self.cluster.commit_failures:
             raise KafkaException(self.cluster.commit_failures.pop(0))
+        if self.cluster.lost_commits:
+            self.cluster.lost_commits -= 1
+            self.cluster.commit_failures.append(KafkaError(
+                KafkaError._TIMED_OUT, "Transactional API operation (commit_transaction) "
+                "timed out", txn_requires_abort=True))
+            self.cluster.journal.append("commit lost")
+            self._end()
+            return
         for stored in self._pending:
             self.cluster.publish(stored.topic, [stored])
         self.cluster.group_offsets.update(self._pending_offsets)
