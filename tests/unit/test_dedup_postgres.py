@@ -90,7 +90,7 @@ def test_a_dsn_libpq_cannot_parse_is_refused_without_quoting_its_words(dsn: str)
     with pytest.raises(DedupStoreRefused) as refused:
         PostgresDedupStore(dsn).check_usable()
     said = str(refused.value)
-    assert said.startswith("Postgres refuses the dedup store's connection: "), said
+    assert said.startswith("libpq cannot parse the dedup store's DSN: "), said
     assert "s3cret" not in said and "tail" not in said, said
     assert "the DSN itself is malformed" in said
     assert refused.value.__cause__ is None and refused.value.__suppress_context__

@@ -76,7 +76,8 @@ _MAX_LOCK_TIMEOUT_S = 2_147_483.647
 
 # How the store's errors for a connection it could not open begin (the CLI adds its option).
 CONNECTION_FAILURES = ("cannot connect to the dedup database",
-                       "Postgres refuses the dedup store's connection")
+                       "Postgres refuses the dedup store's connection",
+                       "libpq cannot parse the dedup store's DSN")
 
 
 class PostgresDedupStore:
@@ -129,10 +130,11 @@ class PostgresDedupStore:
                     "connect_timeout": self._connect_timeout_s})
             except psycopg.Error as error:
                 # Review 51-d F6: retried for ever as an outage. A DSN libpq cannot parse
-                # (ProgrammingError: an unknown option) was too (QA 57-c F-5).
+                # (ProgrammingError: an unknown option) was too (QA 57-c F-5); no server was
+                # asked, so not "Postgres refuses" (reread 58-r F-8).
                 if isinstance(error, psycopg.ProgrammingError):  # its text quotes the DSN's
                     raise DedupStoreRefused(  # words, a password among them: never shown
-                        f"{CONNECTION_FAILURES[1]}: {dsn_problem(self._conninfo)}; "
+                        f"{CONNECTION_FAILURES[2]}: {dsn_problem(self._conninfo)}; "
                         f"{_refusal_advice(error)}") from None
                 if refused_for_good(error):
                     raise DedupStoreRefused(f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
