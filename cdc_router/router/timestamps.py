@@ -17,7 +17,7 @@ then lost: it is dead-lettered instead, with the fix in its reason.
 
 Size too (QA 53-b F2): a topic refuses a record batch over its max.message.bytes (the broker's
 message.max.bytes unless the topic sets its own; DescribeConfigs reports the one in force) with
-MESSAGE_TOO_LARGE. Refused, a record costs its batch and the re-reads poison.py describes, and
+MSG_SIZE_TOO_LARGE. Refused, a record costs its batch and the re-reads poison.py describes, and
 with several instances writing to the topic at once that took minutes: a record that alone, in
 a batch of its own, is over the limit (dead_letter.batch_size, uncompressed) is dead-lettered
 instead, with the fix in its reason. Only when the producer does not compress (the router's
@@ -111,7 +111,7 @@ class TopicLimits:
         limit = self.max_message_bytes
         if limit is None or size <= limit:
             return None
-        return (f"Kafka would refuse the record for {topic} (MESSAGE_TOO_LARGE): "
+        return (f"Kafka would refuse the record for {topic} (MSG_SIZE_TOO_LARGE): "
                 + size_advice(size, limit, done="dead-lettered before producing"))
 
     def problem(self, topic: str, timestamp_ms: int, now_ms: int) -> str | None:

@@ -360,7 +360,7 @@ def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_flows(
     assert headers["dlq.event.id"].decode() == big
     # QA 53-b F2: dead-lettered before it is produced (the broker's refusal, MSG_SIZE_TOO_LARGE,
     # stays the fallback of a compressing producer: unit tests on the fake cluster)
-    assert b"(MESSAGE_TOO_LARGE): the record is " in headers["dlq.error.message"]
+    assert b"(MSG_SIZE_TOO_LARGE): the record is " in headers["dlq.error.message"]
     assert b"over the topic's max.message.bytes (200000)" in headers["dlq.error.message"]
 
 

@@ -298,7 +298,7 @@ def test_a_record_over_its_destinations_max_message_bytes_is_dead_lettered_befor
     for headers in letters.values():
         assert headers["dlq.stage"] == "produce"
         reason = headers["dlq.error.message"]
-        assert "MESSAGE_TOO_LARGE" in reason and "max.message.bytes (50000)" in reason, reason
+        assert "MSG_SIZE_TOO_LARGE" in reason and "max.message.bytes (50000)" in reason, reason
         assert "dead-lettered before producing" in reason, reason
     delivered = Counter(message.key().decode() for message in extra)
     assert len(orders) == 60 and set(delivered) == set(ids) - big, log[-3000:]

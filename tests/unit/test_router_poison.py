@@ -159,7 +159,7 @@ def test_the_check_before_producing_and_the_brokers_refusal_give_one_size_advice
            "record is over it too) or make the event smaller, then `cdc-router dlq replay` it")
     before = TopicLimits(_UNLIMITED, _UNLIMITED, max_message_bytes=3000).size_problem(
         "orders", 5241)
-    assert before == ("Kafka would refuse the record for orders (MESSAGE_TOO_LARGE): "
+    assert before == ("Kafka would refuse the record for orders (MSG_SIZE_TOO_LARGE): "
                       f"{over}; dead-lettered before producing; {fix}")
     refused = refusal_reason(DeliveryFailure("orders", TOO_LARGE, A, 5241), 3000)
     assert refused.startswith("Kafka refused the record for orders: MSG_SIZE_TOO_LARGE")

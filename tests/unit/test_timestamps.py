@@ -229,7 +229,7 @@ def test_a_record_over_the_topics_max_message_bytes_is_dead_lettered_before_prod
     big = step(SOURCE, None, raw_event("e-2", payload=_blob(5000)))
     assert isinstance(big, DeadLettered)
     assert (big.stage, big.event_id) == ("produce", "e-2")
-    assert "MESSAGE_TOO_LARGE" in str(big.error) and "max.message.bytes (3000)" in str(big.error)
+    assert "MSG_SIZE_TOO_LARGE" in str(big.error) and "max.message.bytes (3000)" in str(big.error)
     assert "raise the topic's max.message.bytes (and kafka.producer message.max.bytes if the " \
            "record is over it too) or make the event smaller" in str(big.error)
 
@@ -240,7 +240,7 @@ def test_the_size_is_checked_with_record_timestamp_now_and_without_a_timestamp_l
     assert limits is not None and limits.retention_ms is None
     result = _step({"orders": limits}, record_timestamp="now")(
         SOURCE, None, raw_event("e-1", payload=_blob(5000)))
-    assert isinstance(result, DeadLettered) and "MESSAGE_TOO_LARGE" in str(result.error)
+    assert isinstance(result, DeadLettered) and "MSG_SIZE_TOO_LARGE" in str(result.error)
 
 
 def test_a_compressing_producer_leaves_the_size_to_the_broker() -> None:
