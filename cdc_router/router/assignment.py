@@ -52,6 +52,7 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
         if partitions else (0, [])
     if ledger is not None and (lost := ledger.behind(offsets)):
         log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
+        ledger.reset(offsets)
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
@@ -71,10 +72,10 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
         raise RestoreFailed("the group's committed offsets", failure,
                             _unstable_hint(failure, timeouts.stable_offsets_s)) from failure
     try:
-        # Only the changelog's committed marks: not ids this instance holds from a commit
-        # Kafka may have lost since (a restart of a single broker, chaos 58).
+        # The ids this instance committed since the last read and the read lacks are
+        # forgotten: Kafka lost their commit (router/lost_commits.py, chaos 58).
         restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
-                                            group=config.source.group_id, fresh=True)
+                                            group=config.source.group_id)
     except (KafkaException, ReadTimedOut) as failure:
         raise RestoreFailed(f"the dedup changelog {config.dedup.changelog_topic!r}",
                             failure) from failure
@@ -84,21 +85,23 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
 
 
 _LOST_HINT = ("Kafka lost a commit it had acknowledged (or the group's offsets were reset): "
-              "the replay filter keeps only the dedup changelog's committed marks, and the "
-              "records after the committed offset are delivered again")
+              "the replay filter forgets the ids whose marks the dedup changelog lacks, and "
+              "the records after the committed offset are read and delivered again")
 
 
 def restore_if_lost(ledger: CommitLedger, committed: list[TopicPartition], *,
                     config: RouterConfig, replay: ReplayFilter | None, changelog: Any) -> None:
     """After a rewind to `committed`: when Kafka lost a commit of this instance (router/
-    lost_commits.py), the filter forgets its ids and keeps the changelog's committed marks.
-    KafkaException or ReadTimedOut when the changelog cannot be read (rewind again later)."""
+    lost_commits.py), the filter reads the changelog's marks since its last read and forgets
+    the ids of its own commits they lack. KafkaException or ReadTimedOut when the changelog
+    cannot be read (the rewind is tried again)."""
     lost = ledger.behind(committed)
     if not lost or replay is None or changelog is None:
         return
     log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
     restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
-                                        group=config.source.group_id, fresh=True)
+                                        group=config.source.group_id)
+    ledger.reset(committed)
     log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored, len(replay))
 
 

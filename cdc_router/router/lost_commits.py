@@ -7,15 +7,19 @@ router's next transaction's abort took the batch's records, marks and offsets. T
 counted the batch's ids delivered when commit_transaction returned, and reading the batch again
 from the older committed offset it dropped each record as a replay.
 
-Offsets only move forward (another owner starts where we stopped), so a committed offset read
-back behind the one this instance committed last is a lost commit (or offsets reset by hand
-while the group was empty): the filter then forgets the ids it holds and keeps the changelog's
-committed marks only. An assignment always restores so (router/assignment.py); a rewind after
-an aborted batch, which keeps the assignment, asks CommitLedger.behind first.
+Two guards. The filter remembers the ids it committed since the changelog's last read
+(OwnBatches); a read, which returns every mark committed since the one before (kafka/reader.py
+catch_up), confirms them, and the ids it lacks are forgotten: their commit was lost. Each
+assignment reads the changelog so. And since offsets only move forward (another owner starts
+where we stopped), a rewind after an aborted batch, which keeps the assignment, that reads back
+a committed offset behind the one this instance committed (CommitLedger.behind) reads the
+changelog too. (Review 59-r F-1: forgetting every id held instead kept only the marks since the
+last read, and let Debezium's replays of anything older through.)
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import TopicPartition
@@ -31,6 +35,15 @@ class CommitLedger:
         """A batch committed these next offsets to read."""
         self._offsets.update(offsets)
 
+    def reset(self, committed: Iterable[TopicPartition]) -> None:
+        """A lost commit was handled: the group's offsets are the ones to compare with now
+        (review 59-r F-4: each abort until the next commit read the changelog again)."""
+        for tp in committed:
+            if tp.offset >= 0:
+                self._offsets[(tp.topic, tp.partition)] = tp.offset
+            else:
+                self._offsets.pop((tp.topic, tp.partition), None)
+
     def behind(self, committed: Iterable[TopicPartition]) -> list[str]:
         """`topic[partition] committed X, this instance Y` for each partition whose committed
         offset (read back from the group) is behind the one this instance committed."""
@@ -39,3 +52,44 @@ class CommitLedger:
                 for tp in committed
                 if (ours := self._offsets.get((tp.topic, tp.partition))) is not None
                 and tp.error is None and tp.offset < ours]
+
+
+Key = str | bytes  # router/replay.py's compact_key
+
+
+class OwnBatches:
+    """The ids this instance committed since the changelog's last read, oldest first."""
+
+    def __init__(self) -> None:
+        self._batches: deque[tuple[int, list[Key]]] = deque()
+        self._count = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._batches)
+
+    def add(self, delivered_ms: int, keys: list[Key]) -> None:
+        self._batches.append((delivered_ms, keys))
+        self._count += len(keys)
+
+    def trim(self, horizon_ms: int, most: int) -> None:
+        """Forget batches older than the window's horizon, and the oldest beyond `most` ids:
+        the filter forgot their ids too."""
+        while self._batches and (self._batches[0][0] < horizon_ms or self._count > most):
+            self._count -= len(self._batches.popleft()[1])
+
+    def unconfirmed(self) -> set[Key]:
+        """Every id held: a read discards those it returns."""
+        return {key for _, keys in self._batches for key in keys}
+
+    def keep(self, unconfirmed: set[Key]) -> None:
+        """A read that failed part way: what it confirmed needs no other read."""
+        self._batches = deque((ms, [key for key in keys if key in unconfirmed])
+                              for ms, keys in self._batches)
+        self._count = sum(len(keys) for _, keys in self._batches)
+
+    def clear(self) -> None:
+        self._batches.clear()
+        self._count = 0
+
+    def oldest_ms(self) -> int | None:
+        return self._batches[0][0] if self._batches else None

@@ -4,17 +4,8 @@ After a crash Debezium re-emits the events since its last flushed offset. Each i
 delivers is remembered here and written, in the same Kafka transaction as the delivery, to a
 changelog topic, from which a restarted or newly assigned router restores it.
 
-The changelog holds one record per batch, not per id: a produce() per event was a top cost of the
-router (#14). Its value is `{"ts": delivered_ms, "ids": [...], "group": source.group_id}`, at
-most MARK_MAX_BYTES of ids (a big batch takes several records), its key `batch:`, the group, the
-first id and a random tail. Earlier versions wrote one record per id (key: the id, value
-`{"ts": ...}`), then batches without a group; all are read. The topic stays `compact,delete`:
-batch keys are unique, so compaction keeps them all, and the time retention (dedup.window_ms)
-removes them as it removed the single marks.
-
-Several pipelines may share one changelog (its default name is the same for all): each reads
-only the marks of its own source.group_id, since two outboxes may well use the same ids (integer
-ids, say). The router and the relay of one outbox share a config, so a group, and its marks.
+The changelog's records, the marks, are router/marks.py's (importable from here too). A mark
+counts only for its own source.group_id: pipelines may share one changelog.
 
 Memory is bounded twice: ids older than `window_ms` are forgotten, and beyond `max_ids` the oldest
 go first. A replay of an id forgotten by either bound is delivered again: size the window to
@@ -28,108 +19,30 @@ of every id (33 bytes an id) and in its batch's list (8); a batch, not each id, 
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import secrets
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from operator import itemgetter
-from typing import Any
 
-from cdc_router.serde.json import parse_json
+from cdc_router.router.lost_commits import OwnBatches
+from cdc_router.router.marks import (
+    BATCH_KEY_PREFIX,
+    DEAD_LETTERED_KEY_PREFIX,
+    MARK_MAX_BYTES,
+    REPLAYED_KEY_PREFIX,
+    ChangelogRecord,
+    changelog_records,
+    mark_owner,
+    parse_changelog,
+)
+
+__all__ = ["BATCH_KEY_PREFIX", "DEAD_LETTERED_KEY_PREFIX", "MARK_MAX_BYTES",
+           "REPLAYED_KEY_PREFIX", "ChangelogRecord", "ReplayFilter", "changelog_records",
+           "compact_key", "mark_owner", "parse_changelog"]
 
 log = logging.getLogger("cdc_router.router")
 
-# Ids per changelog record, in bytes of JSON: far below a broker's message.max.bytes (1 MB by
-# default), large enough that a batch of commit_max_records (1000) uuids takes one record.
-MARK_MAX_BYTES = 64_000
-BATCH_KEY_PREFIX = "batch:"
-# Marks written by `cdc-router dlq replay` for the dead letters it delivered: read like any
-# batch, and told apart from the marks of dead-lettered ids (router/dlq_letters.py).
-REPLAYED_KEY_PREFIX = "replayed:"
-# Marks of dead-lettered ids: the replay filter reads them like any batch (a replay is not
-# dead-lettered twice); the cleanup's sweep never takes them for a delivery
-# (router/committed_ids.py). Earlier versions marked them under BATCH_KEY_PREFIX.
-DEAD_LETTERED_KEY_PREFIX = "dead:"
-
-
-@dataclass(frozen=True)
-class ChangelogRecord:
-    """Delivered ids as the changelog topic stores them."""
-
-    key: bytes
-    value: bytes
-
-
-def changelog_records(event_ids: Sequence[str], delivered_ms: int,
-                      key_prefix: str = BATCH_KEY_PREFIX, *,
-                      group: str | None = None) -> list[ChangelogRecord]:
-    """The records that mark `event_ids` delivered by `group`: one, or halves until each fits
-    MARK_MAX_BYTES (a single id is never split); keys are `key_prefix`, the group and the
-    first id (two pipelines' batches never share a key, which compaction would merge)."""
-    if not event_ids:
-        return []
-    document: dict[str, Any] = {"ts": delivered_ms, "ids": list(event_ids)}
-    if group is not None:
-        document["group"] = group
-    # ensure_ascii: any id is writable, and the value is plain ASCII.
-    value = json.dumps(document, separators=(",", ":"))
-    if len(value) > MARK_MAX_BYTES and len(event_ids) > 1:
-        half = len(event_ids) // 2
-        return [*changelog_records(event_ids[:half], delivered_ms, key_prefix, group=group),
-                *changelog_records(event_ids[half:], delivered_ms, key_prefix, group=group)]
-    owner = "" if group is None else f"{len(group)}:{group}:"
-    # The first id names the batch for people; the random tail makes the key unique, as a
-    # later batch may start with the same id (an id delivered again after the window, a second
-    # `dlq replay`), and compaction would drop the older batch's other ids.
-    key = f"{key_prefix}{owner}{event_ids[0]}#{secrets.token_hex(6)}"
-    return [ChangelogRecord(key.encode("utf-8", "surrogatepass"), value.encode())]
-
-
-def parse_changelog(key: bytes | None, value: bytes | None, *,
-                    group: str | None = None) -> list[tuple[str, int]]:
-    """(event id, delivered_ms) of every id a changelog record holds, either format; [] for
-    one we can't read, and for a mark of another group than `group` (another pipeline's ids
-    prove nothing here: its outbox may use the same ids). A mark of no group (written before
-    marks named theirs) counts for every group."""
-    if key is None or value is None:
-        return []
-    try:
-        document: Any = parse_json(value)
-        delivered_ms = int(document["ts"])
-        owner = document.get("group")
-        if group is not None and owner is not None and owner != group:
-            return []
-        ids = document.get("ids")
-        if ids is None:
-            return [(key.decode(), delivered_ms)]  # one record per id (earlier versions)
-        return [(event_id, delivered_ms) for event_id in ids if isinstance(event_id, str)]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as error:
-        # Not ours (someone wrote to the changelog): its ids, if any, are not remembered.
-        log.warning("event=changelog_record_unreadable key=%r error=%r", key[:80], str(error))
-        return []
-
-
 _OTHER_GROUPS_KEPT = 20
-_OWNED_PREFIXES = (BATCH_KEY_PREFIX, REPLAYED_KEY_PREFIX, DEAD_LETTERED_KEY_PREFIX)
-
-
-def mark_owner(key: bytes | None) -> str | None:
-    """The group a changelog record's key names (`batch:<length>:<group>:<id>#<tail>`), or None
-    for a key of no group (earlier versions) or not a mark's."""
-    text = (key or b"").decode("utf-8", "replace")
-    prefix = next((prefix for prefix in _OWNED_PREFIXES if text.startswith(prefix)), None)
-    if prefix is None:
-        return None
-    length, colon, rest = text[len(prefix):].partition(":")
-    # isdigit() also takes digits int() refuses ('²'), and a key is anyone's to write.
-    if not colon or not (length.isascii() and length.isdigit()) or len(length) > 6:
-        return None
-    size = int(length)  # 0: no group's (a router never writes an empty source.group_id)
-    return rest[:size] if size and rest[size:size + 1] == ":" else None
-
-
 # A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
 # kept as its 16 bytes, 56 bytes of Python object against 88 for the str.
 _UUID_TEXT_LENGTH = 36
@@ -187,6 +100,7 @@ class ReplayFilter:
         # Keys held by more than one batch: how many of their batches may expire before them.
         self._repeats: dict[Key, int] = {}
         self._pending: dict[Key, None] = {}  # the open batch's ids, in order
+        self._own = OwnBatches()  # committed since the changelog's last read (lost_commits.py)
         self._replayed: list[str] = []  # the open batch's ids dropped as replays
         # Dead-lettered ids among the known and pending ones: a replay of one is dropped, but
         # was never delivered, so its row is no cleanup's (review 32-2).
@@ -248,7 +162,9 @@ class ReplayFilter:
         row: QA 32-a saw such rows stay until the next start's sweep)."""
         replayed = self._replayed
         if self._pending:
-            self._remember(list(self._pending), self._pending_ms)
+            keys = list(self._pending)
+            self._remember(keys, self._pending_ms)
+            self._own.add(self._pending_ms, keys)
         self._dead |= self._pending_dead
         self.abort()
         self.expire(now_ms)
@@ -268,18 +184,30 @@ class ReplayFilter:
         self.expire(now_ms)
 
     def restore_changelog(self, records: Iterable[tuple[bytes | None, bytes | None]],
-                          now_ms: int, *, group: str, fresh: bool = False) -> int:
+                          now_ms: int, *, group: str) -> int:
         """restore() `group`'s marks of changelog records (key, value); how many there were.
-        `fresh`: forget the delivered ids first, so that only committed marks count (chaos
-        58: Kafka 4.3 lost a transaction acknowledged before a kill -9, and the ids this
-        instance held for it dropped its records, read again, as replays: 283 lost).
+        The ids this filter committed since the last read and the records lack (every mark
+        committed since: kafka/reader.py catch_up) are forgotten: Kafka lost their commit.
 
         The marks of several changelog partitions come interleaved: they are put in time
         order before max_ids forgets the oldest, not the first read (review 45), in chunks of
         a quarter of max_ids: what a restore holds beyond the filter stays small, and each
         chunk keeps the newest max_ids of what it and the filter hold, so all of them do."""
-        if fresh:
-            self._keys, self._batches, self._repeats, self._dead = set(), deque(), {}, set()
+        unconfirmed = self._own.unconfirmed() if self._own else None
+        try:
+            restored = self._restore_records(records, now_ms, group, unconfirmed)
+        except BaseException:
+            if unconfirmed is not None:
+                self._own.keep(unconfirmed)
+            raise
+        if unconfirmed is not None:
+            self._forget_lost(unconfirmed, self._own.oldest_ms() or 0)
+            self._own.clear()
+        self._warn_if_crowded()
+        return restored
+
+    def _restore_records(self, records: Iterable[tuple[bytes | None, bytes | None]],
+                         now_ms: int, group: str, unconfirmed: set[Key] | None) -> int:
         runs: list[tuple[int, list[Key]]] = []
         dead_keys: list[Key] = []
         restored = held = 0
@@ -293,6 +221,8 @@ class ReplayFilter:
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
             restored += len(marks)
+            if unconfirmed:
+                unconfirmed.difference_update(compact_key(event_id) for event_id, _ in marks)
             if newest is not None and not (key or b"").startswith(replayed):
                 marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
                          if delivered_ms > newest or compact_key(event_id) not in self._keys]
@@ -308,8 +238,21 @@ class ReplayFilter:
                 self._restore_runs(runs, dead_keys, now_ms)
                 runs, dead_keys, held = [], [], 0
         self._restore_runs(runs, dead_keys, now_ms)
-        self._warn_if_crowded()
         return restored
+
+    def _forget_lost(self, keys: set[Key], since_ms: int) -> None:
+        """Forget ids this filter committed whose marks the changelog does not hold."""
+        if not keys:
+            return
+        self._keys -= keys
+        self._dead -= keys
+        for delivered_ms, batch in reversed(self._batches):
+            if delivered_ms < since_ms:
+                break
+            batch[:] = [key for key in batch if key not in keys]
+        log.warning("event=lost_commit_ids_forgotten ids=%d hint='the dedup changelog lacks "
+                    "the marks of batches this instance committed: Kafka lost their commit, "
+                    "and their records, read again, are delivered again'", len(keys))
 
     def _restore_runs(self, runs: list[tuple[int, list[Key]]], dead_keys: list[Key],
                       now_ms: int) -> None:
@@ -361,6 +304,7 @@ class ReplayFilter:
     def expire(self, now_ms: int) -> None:
         """Forget batches older than the window, then the oldest ids beyond max_ids."""
         horizon = now_ms - self._window_ms
+        self._own.trim(horizon, self._max_ids)
         batches = self._batches
         while batches:
             delivered_ms, keys = batches[0]

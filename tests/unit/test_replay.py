@@ -7,9 +7,11 @@ import json
 import random
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import pytest
 
+from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     MARK_MAX_BYTES,
@@ -378,29 +380,62 @@ def test_a_dlq_replay_mark_keeps_its_id_for_a_window_from_then(restarted: bool) 
     assert replay.seen("x")
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_a_fresh_restore_forgets_ids_whose_commit_the_changelog_does_not_hold(
-        fresh: bool) -> None:
+def _batch_marks(*batches: tuple[list[str], int]) -> list[tuple[bytes | None, bytes | None]]:
+    return [(r.key, r.value) for ids, ms in batches for r in changelog_records(ids, ms, group="g")]
+
+
+def test_a_read_forgets_the_own_commits_whose_marks_it_lacks_and_keeps_the_rest() -> None:
     # Chaos 58 (CI rehearsal, chaos-short seed 15): Kafka 4.3, kill -9'd right after it
     # acknowledged a commit, completed that transaction without its markers, and a later
-    # abort took it. The router held the batch's 283 ids from its commit; at its next
-    # assignment it read the raw topic again from the old offset and dropped them as
-    # replays: lost. The assignment's restore is fresh: only committed marks count.
+    # abort took it. The router held the batch's 283 ids from its commit; read again from the
+    # old offset, its records were dropped as replays: lost. A read of the changelog, which
+    # returns the marks committed since the last (kafka/reader.py), confirms this instance's
+    # commits: the ids it lacks are forgotten, and only those (review 59-r F-1: forgetting
+    # every id held kept only the marks since the last read).
     replay = ReplayFilter(window_ms=60_000, max_ids=1_000)
-    kept = changelog_records(["kept"], 1_000, group="g")
-    replay.restore_changelog([(r.key, r.value) for r in kept], 1_000, group="g")
-    for event_id in ("lost-1", "lost-2"):
+    replay.restore_changelog(_batch_marks((["old-1", "old-2"], 1_000)), 1_000, group="g")
+    for event_id in ("kept-1", "kept-2"):
         replay.add_pending(event_id, 2_000)
-    replay.commit(2_000)  # its transaction's commit returned; Kafka lost it later
-    dead = changelog_records(["dead"], 1_500, DEAD_LETTERED_KEY_PREFIX, group="g")
-    replay.restore_changelog([(r.key, r.value) for r in [*kept, *dead]], 3_000, group="g",
-                             fresh=fresh)
-    assert replay.seen("kept") and replay.dead_lettered("dead")
-    assert replay.seen("lost-1") is not fresh and replay.seen("lost-2") is not fresh
-    assert len(replay) == (2 if fresh else 4)
+    replay.commit(2_000)  # committed, and its marks are in the next read
+    for event_id in ("lost-1", "lost-2"):
+        replay.add_pending(event_id, 3_000)
+    replay.commit(3_000)  # its commit returned; Kafka lost it later
+    replay.add_pending("dead-1", 3_500, dead_lettered=True)
+    replay.commit(3_500)  # a dead letter's mark, confirmed by the read too
+    dead = changelog_records(["dead-1"], 3_500, DEAD_LETTERED_KEY_PREFIX, group="g")
+    since = [*_batch_marks((["kept-1", "kept-2"], 2_000)), *((r.key, r.value) for r in dead)]
+    assert replay.restore_changelog(since, 4_000, group="g") == 3
+    assert all(replay.seen(i) for i in ("old-1", "old-2", "kept-1", "kept-2", "dead-1"))
+    assert replay.dead_lettered("dead-1")
+    assert not replay.seen("lost-1") and not replay.seen("lost-2") and len(replay) == 5
+    # Read, the own commits are confirmed: a later read that returns nothing forgets none.
+    replay.restore_changelog([], 5_000, group="g")
+    assert len(replay) == 5
+    # A lost id delivered again is held again, and expires with its new batch only.
+    replay.add_pending("lost-1", 6_000)
+    replay.commit(6_000)
+    replay.expire(3_000 + 60_001)
+    assert replay.seen("lost-1")
 
 
-def test_an_assignment_keeps_only_the_changelogs_committed_marks() -> None:
+def test_a_read_that_fails_part_way_keeps_what_it_did_not_confirm() -> None:
+    replay = ReplayFilter(window_ms=60_000, max_ids=1_000)
+    for event_id in ("a", "b"):
+        replay.add_pending(event_id, 1_000)
+    replay.commit(1_000)
+
+    def broken() -> Iterator[tuple[bytes | None, bytes | None]]:
+        yield from _batch_marks((["a"], 1_000))
+        raise ReadTimedOut("the changelog was not read to its end")
+
+    with pytest.raises(ReadTimedOut):
+        replay.restore_changelog(broken(), 2_000, group="g")
+    assert replay.seen("a") and replay.seen("b")
+    replay.restore_changelog([], 3_000, group="g")  # the read goes on after "a"'s mark
+    assert replay.seen("a") and not replay.seen("b")
+
+
+def test_an_assignment_forgets_an_own_commit_the_changelog_lacks() -> None:
     import time
 
     from confluent_kafka import TopicPartition

@@ -643,6 +643,67 @@ def test_a_commit_kafka_lost_after_acknowledging_it_is_read_and_delivered_again(
         in caplog.text
 
 
+def _marked(cluster: FakeCluster, ids: list[str]) -> None:
+    """Marks of `ids` on the changelog, as a previous run of the group left them."""
+    now_ms = int(time.time() * 1000)
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, r.key, r.value, [], now_ms)
+                                for r in changelog_records(ids, now_ms, group="g")])
+
+
+def test_after_a_rebalance_debezium_s_replays_of_ids_restored_before_it_still_drop() -> None:
+    # Review 59-r F-1: the assignment's restore emptied the filter and read the changelog on
+    # from its last read: the ids of the first restore were gone, and their replays went out
+    # again.
+    cluster = cluster_with(*[raw_event(f"old-{i}") for i in range(4)], *events(2))
+    cluster.group_offsets[(RAW, 0)] = 4
+    _marked(cluster, [f"old-{i}" for i in range(4)])
+
+    def rebalance_then_replays(consumer: FakeConsumer) -> None:
+        consumer.revoke_all()
+        cluster.raw[0] += [(b"k", raw_event(f"old-{i}")) for i in range(4)]
+
+    harness = Harness(cluster, hooks=[rebalance_then_replays]).run()
+    assert sorted(harness.delivered()) == ["e-0", "e-1"]
+
+
+def test_after_a_lost_commit_only_its_ids_are_delivered_again_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 59-r F-1 and F-4: older marks stay (their replays drop), and the loss is handled
+    # once, not again at each abort until the next commit.
+    cluster = cluster_with(*[raw_event(f"old-{i}") for i in range(4)], *events(4),
+                           lost_commits=1)
+    cluster.group_offsets[(RAW, 0)] = 4
+    _marked(cluster, [f"old-{i}" for i in range(4)])
+    later = [(b"k", value) for value in events(8)[4:]]
+    replays = [(b"k", raw_event(f"old-{i}")) for i in range(4)]
+    refusals = [KafkaError.MSG_SIZE_TOO_LARGE] * 2  # two poison aborts after the loss's
+
+    def refuse(topic: str, value: bytes | None, timestamp: int | None) -> int | None:
+        return refusals.pop() if topic == ORDERS and "abort" in cluster.journal \
+            and refusals else None
+
+    cluster.refuse = refuse
+
+    class LateEvents(Harness):
+        def _idle(self) -> None:
+            if later:
+                cluster.raw[0] += later
+                later.clear()
+            elif replays and "abort" in cluster.journal:
+                cluster.raw[0] += replays
+                replays.clear()
+            super()._idle()
+
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        harness = LateEvents(cluster).run()
+    assert sorted(set(harness.delivered())) == sorted(harness.delivered())
+    assert set(harness.delivered()) | {dict(letter.headers)["dlq.event.id"].decode()
+                                       for letter in harness.letters()} \
+        == {f"e-{i}" for i in range(8)}
+    assert caplog.text.count("event=commit_lost") == 1
+    assert "event=lost_commit_ids_forgotten ids=4" in caplog.text
+
+
 def test_a_poll_that_takes_less_than_a_full_batch_commits_at_once() -> None:
     # Caught up: nothing waits for commit_interval_ms (90 s here) on a quiet stream.
     cluster = cluster_with(*events(3))
