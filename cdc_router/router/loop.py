@@ -236,7 +236,7 @@ class OutboxRouter:
 
     def _consumer_config(self) -> dict[str, Any]:
         return {**clients.consumer_config(self._config, self._instance_id),
-                "throttle_cb": self._fetch_throttle}
+                "throttle_cb": self._fetch_throttle, **self._metrics.reach.client_config()}
 
     def _rejoin(self, reason: str) -> None:
         """A new consumer for a fenced or stranded one, which reads its aborted batch again."""

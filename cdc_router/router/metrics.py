@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from cdc_router.dead_letter import Stage
 from cdc_router.kafka.consumer import partition_marks
+from cdc_router.kafka.reachable import BrokerReach
 from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
 
@@ -84,6 +85,15 @@ class RouterMetrics:
                         "their timeout (a replaced consumer's close: 5 s) and still blocked, "
                         "each holding a client (a renewal past 3 ends the process)", registry=r)
         blocked.set_function(blocked_calls)
+        # QA 58-b F-6: in an outage the lag's series go with the assignment, and an idle
+        # router aborts nothing: this says it. 1 until the consumer's first statistics (a
+        # start that cannot reach Kafka exits 75).
+        reachable = Gauge("cdc_router_kafka_reachable", "1 while the raw topic's consumer "
+                          "has a connection to a Kafka broker up, 0 while it has none (Kafka "
+                          "down, unreachable, refusing the connection), as librdkafka's "
+                          "statistics said at the consumer's last poll", registry=r)
+        reachable.set(1)
+        self.reach = BrokerReach(lambda up: reachable.set(1 if up else 0))
         self._lag_labels: set[tuple[str, str]] = set()
         # Per assigned partition, the next offset the group would read after a crash: the
         # one at the assignment, then each commit's (QA 55-c F-3: a batch stuck in routing).

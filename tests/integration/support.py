@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -308,6 +309,17 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     return free_ports(1)[0]
+
+
+def scrape(port: int, timeout_s: float = 5) -> str | None:
+    """The /metrics text served on 127.0.0.1:`port` (a router's `--metrics-port`), None while
+    nothing serves it there (not started yet, exited, or no answer within `timeout_s`)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                    timeout=timeout_s) as answer:
+            return answer.read().decode()
+    except OSError:
+        return None
 
 
 class WithoutMetadata:

@@ -21,7 +21,7 @@ from cdc_router.config.status import StatusSettings
 from cdc_router.ops.exporter import CONNECTOR_STATES
 from cdc_router.ops.verdict import EXIT_CODES
 from cdc_router.router.clients import static_member_id
-from cdc_router.router.metrics import cleanup_metrics
+from cdc_router.router.metrics import RouterMetrics, cleanup_metrics
 from tests.unit.compose_drift import DOCKER, REPO, ROUTER_CONFIG
 
 ALERTS = DOCKER / "monitoring" / "alerts.yml"
@@ -153,6 +153,23 @@ def test_a_cleanup_that_stops_deleting_alerts_on_the_router_s_gauge():
     metrics = re.search(r"\n\*\*Metrics\.\*\*(.*?)\n\n", readme, re.DOTALL)
     assert metrics and "`cdc_router_cleanup_lag_seconds`" in metrics.group(1)
     assert "`CdcRouterCleanupLag`" in readme
+
+
+def test_a_router_that_reaches_no_broker_alerts_on_its_own_gauge():
+    # QA 58-b F-6: Kafka stopped 73 s; the router's lag series went with its assignment, it
+    # aborted nothing, and no rule on its own exposition could fire.
+    (rule,) = _rules("CdcRouterKafkaUnreachable").values()
+    assert rule["labels"]["severity"] == "critical"
+    assert " ".join(rule["expr"].split()) == "cdc_router_kafka_reachable == 0"
+    assert 1 <= _minutes(rule["for"]) <= 2  # not a broker restarting for seconds
+    assert "{{ $labels.instance }}" in rule["annotations"]["summary"]
+    # The gauge the rule reads is the one the router exposes, from its start.
+    exposed = generate_latest(RouterMetrics().registry).decode()
+    assert "\ncdc_router_kafka_reachable 1.0\n" in exposed
+    readme = (REPO / "README.md").read_text()
+    metrics = re.search(r"\n\*\*Metrics\.\*\*(.*?)\n\n", readme, re.DOTALL)
+    assert metrics and "`cdc_router_kafka_reachable`" in metrics.group(1)
+    assert "`CdcRouterKafkaUnreachable`" in readme
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not on PATH")
