@@ -6,33 +6,20 @@ CdcRouterConsumerStuck, lag > 0 with no commit for a minute, took for a stuck ro
 
 from __future__ import annotations
 
-import socket
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.integration.pipeline import pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.support import StackEndpoints, free_port, scrape
 
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _lag(port: int, topic: str) -> float | None:
     """The gauge of raw partition 0, None while the router does not serve or has none."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
+    for line in (scrape(port) or "").splitlines():
         if line.startswith("cdc_router_consumer_lag{") and f'topic="{topic}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -42,7 +29,7 @@ def test_an_idle_partition_of_a_transactional_raw_topic_has_no_lag(
         stack: StackEndpoints, tmp_path: Path) -> None:
     with pipeline(stack, tmp_path, partitions=1,
                   connector={"exactly.once.support": "required"}) as pipe:
-        port = _free_port()
+        port = free_port()
         pipe.start_router("a", "--metrics-port", str(port), wait=True)
         ids = pipe.insert([("Order", f"o-{n}", "OrderPlaced", {"n": n}) for n in range(5)],
                           per_transaction=1)  # five transactions: five commit markers

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 from cdc_router.local.versions import KAFKA_VERSION
 from tests.integration.pipeline import pipeline
-from tests.integration.support import StackEndpoints, free_port, unique
+from tests.integration.support import StackEndpoints, free_port, scrape, unique
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +59,8 @@ def quota(jar_cache: Path, bootstrap: str, client_id: str, name: str,
 
 def _throttled_s(port: int, metric: str) -> float | None:
     """The router's `metric`, None while it does not serve it."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
+    text = scrape(port)
+    if text is None:
         return None
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line.startswith(f"{metric} ")]
