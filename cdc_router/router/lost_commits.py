@@ -68,6 +68,8 @@ class OwnBatches:
         return bool(self._batches)
 
     def add(self, delivered_ms: int, keys: list[Key]) -> None:
+        """`keys`: the list the filter holds the batch in (no copy: 8 bytes an id saved; when
+        max_ids forgets some of it, they go from here too)."""
         self._batches.append((delivered_ms, keys))
         self._count += len(keys)
 

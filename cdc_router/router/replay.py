@@ -279,6 +279,9 @@ class ReplayFilter:
             newest = batches[-1][1]
             joined = max(0, BATCH_MAX_IDS - len(newest))
             newest.extend(keys[:joined])
+        if joined == 0 and len(keys) <= BATCH_MAX_IDS:
+            batches.append((delivered_ms, keys))  # itself: a commit's is OwnBatches' too
+            return
         for start in range(joined, len(keys), BATCH_MAX_IDS):
             batches.append((delivered_ms, keys[start:start + BATCH_MAX_IDS]))
 
