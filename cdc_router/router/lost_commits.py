@@ -67,16 +67,19 @@ class OwnBatches:
     def __bool__(self) -> bool:
         return bool(self._batches)
 
-    def add(self, delivered_ms: int, keys: list[Key]) -> None:
-        """`keys`: the list the filter holds the batch in (no copy: 8 bytes an id saved; when
-        max_ids forgets some of it, they go from here too)."""
-        self._batches.append((delivered_ms, keys))
-        self._count += len(keys)
+    def add(self, batch: tuple[int, list[Key]]) -> None:
+        """(delivered_ms, keys): the filter's own batch when it holds it whole (no copy, 8
+        bytes a batch; ids max_ids forgets go from here too)."""
+        self._batches.append(batch)
+        self._count += len(batch[1])
 
     def trim(self, horizon_ms: int, most: int) -> None:
         """Forget batches older than the window's horizon, and the oldest beyond `most` ids:
         the filter forgot their ids too."""
-        while self._batches and (self._batches[0][0] < horizon_ms or self._count > most):
+        # By count only while the newer batches alone hold `most`: a batch bigger than
+        # max_ids stays (review 59-r2 F-2: its lost ids the filter still held were dropped).
+        while self._batches and (self._batches[0][0] < horizon_ms
+                                 or self._count - len(self._batches[0][1]) >= most):
             self._count -= len(self._batches.popleft()[1])
 
     def unconfirmed(self) -> set[Key]:
@@ -92,6 +95,3 @@ class OwnBatches:
     def clear(self) -> None:
         self._batches.clear()
         self._count = 0
-
-    def oldest_ms(self) -> int | None:
-        return self._batches[0][0] if self._batches else None

@@ -163,8 +163,7 @@ class ReplayFilter:
         replayed = self._replayed
         if self._pending:
             keys = list(self._pending)
-            self._remember(keys, self._pending_ms)
-            self._own.add(self._pending_ms, keys)
+            self._own.add(self._remember(keys, self._pending_ms) or (self._pending_ms, keys))
         self._dead |= self._pending_dead
         self.abort()
         self.expire(now_ms)
@@ -201,7 +200,7 @@ class ReplayFilter:
                 self._own.keep(unconfirmed)
             raise
         if unconfirmed is not None:
-            self._forget_lost(unconfirmed, self._own.oldest_ms() or 0)
+            self._forget_lost(unconfirmed)
             self._own.clear()
         self._warn_if_crowded()
         return restored
@@ -210,14 +209,24 @@ class ReplayFilter:
                          now_ms: int, group: str, unconfirmed: set[Key] | None) -> int:
         runs: list[tuple[int, list[Key]]] = []
         dead_keys: list[Key] = []
-        restored = held = 0
-        dead = DEAD_LETTERED_KEY_PREFIX.encode()
         # A later assignment reads again the marks this instance wrote since the last one:
         # an id the filter holds, marked no later than its newest batch, is not held twice
         # (review 45: the repeats cost about half again the memory of each such id). Not a
         # `dlq replay` mark, which no router wrote: it keeps its id for a window from then.
         newest = self._batches[-1][0] if self._batches else None
-        replayed = REPLAYED_KEY_PREFIX.encode()
+        try:
+            restored = self._read_marks(records, group, unconfirmed, newest, runs, dead_keys,
+                                        now_ms)
+        finally:  # what a read that failed part way returned: its retry reads on after it
+            self._restore_runs(runs, dead_keys, now_ms)  # (review 59-r2 F-1)
+        return restored
+
+    def _read_marks(self, records: Iterable[tuple[bytes | None, bytes | None]], group: str,
+                    unconfirmed: set[Key] | None, newest: int | None,
+                    runs: list[tuple[int, list[Key]]], dead_keys: list[Key],
+                    now_ms: int) -> int:
+        restored = held = 0
+        dead, replayed = DEAD_LETTERED_KEY_PREFIX.encode(), REPLAYED_KEY_PREFIX.encode()
         for key, value in records:
             marks = parse_changelog(key, value, group=group)
             restored += len(marks)
@@ -236,20 +245,21 @@ class ReplayFilter:
             held += len(marks)
             if held * 4 >= self._max_ids:
                 self._restore_runs(runs, dead_keys, now_ms)
-                runs, dead_keys, held = [], [], 0
-        self._restore_runs(runs, dead_keys, now_ms)
+                runs.clear()
+                dead_keys.clear()
+                held = 0
         return restored
 
-    def _forget_lost(self, keys: set[Key], since_ms: int) -> None:
-        """Forget ids this filter committed whose marks the changelog does not hold."""
+    def _forget_lost(self, keys: set[Key]) -> None:
+        """Forget ids this filter committed whose marks the changelog does not hold (every
+        batch is looked at: a clock stepped back puts a later commit's anywhere)."""
         if not keys:
             return
         self._keys -= keys
         self._dead -= keys
-        for delivered_ms, batch in reversed(self._batches):
-            if delivered_ms < since_ms:
-                break
-            batch[:] = [key for key in batch if key not in keys]
+        for _, batch in self._batches:
+            if not keys.isdisjoint(batch):
+                batch[:] = [key for key in batch if key not in keys]
         log.warning("event=lost_commit_ids_forgotten ids=%d hint='the dedup changelog lacks "
                     "the marks of batches this instance committed: Kafka lost their commit, "
                     "and their records, read again, are delivered again'", len(keys))
@@ -270,7 +280,7 @@ class ReplayFilter:
                         "dedup.max_ids (about 120 bytes of memory an id) or shorten "
                         "dedup.window_ms", self._max_ids, self.crowded_out)
 
-    def _remember(self, keys: list[Key], delivered_ms: int) -> None:
+    def _remember(self, keys: list[Key], delivered_ms: int) -> tuple[int, list[Key]] | None:
         """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
         self._count(keys)
         batches = self._batches
@@ -280,10 +290,12 @@ class ReplayFilter:
             joined = max(0, BATCH_MAX_IDS - len(newest))
             newest.extend(keys[:joined])
         if joined == 0 and len(keys) <= BATCH_MAX_IDS:
-            batches.append((delivered_ms, keys))  # itself: a commit's is OwnBatches' too
-            return
+            batch = (delivered_ms, keys)  # no copy: a commit's batch is OwnBatches' too
+            batches.append(batch)
+            return batch
         for start in range(joined, len(keys), BATCH_MAX_IDS):
             batches.append((delivered_ms, keys[start:start + BATCH_MAX_IDS]))
+        return None
 
     def _remember_runs(self, runs: list[tuple[int, list[Key]]]) -> None:
         """Add (delivered_ms, keys) runs of any order where their times put them."""

@@ -426,13 +426,42 @@ def test_a_read_that_fails_part_way_keeps_what_it_did_not_confirm() -> None:
 
     def broken() -> Iterator[tuple[bytes | None, bytes | None]]:
         yield from _batch_marks((["a"], 1_000))
+        yield from [(r.key, r.value) for r in changelog_records(["other"], 900, group="g")]
         raise ReadTimedOut("the changelog was not read to its end")
 
     with pytest.raises(ReadTimedOut):
         replay.restore_changelog(broken(), 2_000, group="g")
     assert replay.seen("a") and replay.seen("b")
+    assert replay.seen("other")  # review 59-r2 F-1: the marks read before the failure count
     replay.restore_changelog([], 3_000, group="g")  # the read goes on after "a"'s mark
-    assert replay.seen("a") and not replay.seen("b")
+    assert replay.seen("a") and not replay.seen("b") and replay.seen("other")
+
+
+def test_a_lost_batch_bigger_than_max_ids_is_forgotten_whole() -> None:
+    # Review 59-r2 F-2: the own ids were trimmed by whole batches beyond max_ids, and the
+    # filter's max_ids newest of a lost batch stayed: dropped as replays when read again.
+    replay = ReplayFilter(window_ms=60_000, max_ids=3)
+    for n in range(5):
+        replay.add_pending(f"a{n}", 1_000)
+    replay.commit(1_000)
+    assert len(replay) == 3
+    replay.restore_changelog([], 2_000, group="g")
+    assert len(replay) == 0
+
+
+def test_a_lost_commit_after_the_clock_stepped_back_is_forgotten_from_every_batch() -> None:
+    # Review 59-r2 F-3: the search stopped at the first batch older than the oldest own one.
+    replay = ReplayFilter(window_ms=60_000, max_ids=1_000)
+    replay.add_pending("lost-1", 5_000)
+    replay.commit(5_000)
+    replay.add_pending("lost-2", 4_000)  # the clock stepped back
+    replay.commit(4_000)
+    replay.restore_changelog([], 6_000, group="g")  # both commits lost
+    assert not replay.seen("lost-1") and not replay.seen("lost-2")
+    replay.add_pending("lost-2", 7_000)  # delivered again: held until its new batch expires
+    replay.commit(7_000)
+    replay.expire(5_000 + 60_001)
+    assert replay.seen("lost-2")
 
 
 def test_an_assignment_forgets_an_own_commit_the_changelog_lacks() -> None:
