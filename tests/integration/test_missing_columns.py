@@ -44,7 +44,8 @@ def test_a_misnamed_column_stops_the_router_and_the_fix_delivers_each_event_once
         assert len(pipe.read(pipe.orders_topic, EVENTS - lettered)) == EVENTS - lettered
         if lettered:
             done = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "replay", "-c",
-                                   str(pipe.config_path), "-o", "json"], capture_output=True,
+                                   str(pipe.config_path), "-o", "json", "--yes"],
+                                  capture_output=True,
                                   text=True, cwd=REPO, check=False)
             assert done.returncode == 0, done.stdout + done.stderr
             assert json.loads(done.stdout)["committed"]["deliver"] == lettered, done.stdout
