@@ -48,11 +48,8 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     # A rebalance that gave this instance nothing has nothing to learn (chaos 53-e F2: it read
     # the whole changelog); it still says so, an instance's sign that it joined the group.
     restored, offsets = _restore(consumer, partitions, config=config, replay=replay,
-                                 changelog=changelog, timeouts=timeouts) \
+                                 changelog=changelog, timeouts=timeouts, ledger=ledger) \
         if partitions else (0, [])
-    if ledger is not None and (lost := ledger.behind(offsets)):
-        log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
-        ledger.reset(offsets)
     log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
              restored, clock() - started)
@@ -61,7 +58,7 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
 
 def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
              replay: ReplayFilter, changelog: Any, timeouts: Timeouts,
-             ) -> tuple[int, list[TopicPartition]]:
+             ledger: CommitLedger | None) -> tuple[int, list[TopicPartition]]:
     """The ids the changelog restored for `partitions`, checked against their offsets; and
     those offsets."""
     # Not a KafkaException out of consume(): the loop would take it for a passing outage and
@@ -71,6 +68,9 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
     except KafkaException as failure:
         raise RestoreFailed("the group's committed offsets", failure,
                             _unstable_hint(failure, timeouts.stable_offsets_s)) from failure
+    if ledger is not None and (lost := ledger.behind(offsets)):  # said before the read's
+        log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)  # line
+        ledger.reset(offsets)  # (review 59-r2 F-6)
     try:
         # The ids this instance committed since the last read and the read lacks are
         # forgotten: Kafka lost their commit (router/lost_commits.py, chaos 58).

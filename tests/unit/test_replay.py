@@ -464,7 +464,9 @@ def test_a_lost_commit_after_the_clock_stepped_back_is_forgotten_from_every_batc
     assert replay.seen("lost-2")
 
 
-def test_an_assignment_forgets_an_own_commit_the_changelog_lacks() -> None:
+def test_an_assignment_forgets_an_own_commit_the_changelog_lacks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
     import time
 
     from confluent_kafka import TopicPartition
@@ -472,6 +474,7 @@ def test_an_assignment_forgets_an_own_commit_the_changelog_lacks() -> None:
     from cdc_router.config.model import RouterConfig
     from cdc_router.router.assignment import restore_assigned
     from cdc_router.router.clients import Timeouts
+    from cdc_router.router.lost_commits import CommitLedger
 
     config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
                                           "routes": [{"topic": "o"}]})
@@ -494,6 +497,15 @@ def test_an_assignment_forgets_an_own_commit_the_changelog_lacks() -> None:
     replay = ReplayFilter(window_ms=7 * 24 * 3600 * 1000, max_ids=1_000)
     replay.add_pending("lost", now_ms)
     replay.commit(now_ms)  # a commit Kafka lost later
-    restore_assigned(Consumer(), [TopicPartition("raw", 0)], config=config, replay=replay,
-                     changelog=Changelog(), timeouts=Timeouts(60_000), clock=lambda: 0.0)
+    ledger = CommitLedger()
+    ledger.committed({("raw", 0): 1_731})  # the lost commit's offsets
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        restore_assigned(Consumer(), [TopicPartition("raw", 0)], config=config, replay=replay,
+                         changelog=Changelog(), timeouts=Timeouts(60_000), clock=lambda: 0.0,
+                         ledger=ledger)
     assert replay.seen("kept") and not replay.seen("lost")
+    # The loss first, then what the read forgot (review 59-r2 F-6), once.
+    said = caplog.text
+    assert "event=commit_lost partitions=['raw[0] committed 1446, this instance 1731']" in said
+    assert said.index("event=commit_lost") < said.index("event=lost_commit_ids_forgotten ids=1")
+    assert ledger.behind([TopicPartition("raw", 0, 1446)]) == []
