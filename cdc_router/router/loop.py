@@ -357,7 +357,7 @@ class OutboxRouter:
                     replay=self._replay, changelog=self._changelog)
                 self._needs_rewind = False
         except (BatchFailed, KafkaException, ReadTimedOut) as failure:
-            rewinding = not self._needs_init  # the consumer's committed offsets failed
+            rewinding = not self._needs_init  # its committed offsets or the changelog failed
             self._back_off(f"recovering from an aborted batch: {failure}", True)
             if rewinding and self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # QA 41-a
                 self._rejoin(f"{self._consecutive_aborts} aborts in a row, rewind: {failure}")

@@ -54,7 +54,9 @@ class CommitLedger:
                 and tp.error is None and tp.offset < ours]
 
 
-Key = str | bytes  # router/replay.py's compact_key
+# The filter's key of an id (router/replay.py compact_key): a canonical uuid's 16 bytes, else
+# the str.
+Key = str | bytes
 
 
 class OwnBatches:
@@ -78,9 +80,18 @@ class OwnBatches:
         the filter forgot their ids too."""
         # By count only while the newer batches alone hold `most`: a batch bigger than
         # max_ids stays (review 59-r2 F-2: its lost ids the filter still held were dropped).
-        while self._batches and (self._batches[0][0] < horizon_ms
-                                 or self._count - len(self._batches[0][1]) >= most):
-            self._count -= len(self._batches.popleft()[1])
+        # The lists are the filter's, which max_ids shortens in place: the count is taken
+        # again before it decides (reread 59 F-1), which happens only while max_ids bites.
+        while self._batches:
+            delivered_ms, keys = self._batches[0]
+            if delivered_ms >= horizon_ms and self._count - len(keys) < most:
+                return
+            if delivered_ms >= horizon_ms:
+                self._count = sum(len(held) for _, held in self._batches)
+                if self._count - len(keys) < most:
+                    return
+            self._batches.popleft()
+            self._count -= len(keys)
 
     def unconfirmed(self) -> set[Key]:
         """Every id held: a read discards those it returns."""

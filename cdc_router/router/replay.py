@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterable
 from operator import itemgetter
 
-from cdc_router.router.lost_commits import OwnBatches
+from cdc_router.router.lost_commits import Key, OwnBatches
 from cdc_router.router.marks import (
     BATCH_KEY_PREFIX,
     DEAD_LETTERED_KEY_PREFIX,
@@ -49,8 +49,6 @@ _UUID_TEXT_LENGTH = 36
 # Ids per remembered batch at most: trimming the oldest batch by max_ids deletes from the front
 # of its list, so a batch stays short enough for that to be cheap.
 BATCH_MAX_IDS = 4096
-
-Key = str | bytes
 
 
 def compact_key(event_id: str) -> Key:

@@ -509,3 +509,19 @@ def test_an_assignment_forgets_an_own_commit_the_changelog_lacks(
     assert "event=commit_lost partitions=['raw[0] committed 1446, this instance 1731']" in said
     assert said.index("event=commit_lost") < said.index("event=lost_commit_ids_forgotten ids=1")
     assert ledger.behind([TopicPartition("raw", 0, 1446)]) == []
+
+
+def test_a_lost_batch_max_ids_shortened_is_still_forgotten_after_a_later_commit() -> None:
+    # Reread 59 F-1: max_ids shortens the filter's list of a batch in place, the list
+    # OwnBatches shares; its count, still the batch's first length, dropped the lost batch at
+    # the next commit, and the ids the filter held of it stayed.
+    replay = ReplayFilter(window_ms=10**9, max_ids=5)
+    for n in range(8):
+        replay.add_pending(f"L{n}", 1_000)
+    replay.commit(1_000)  # lost
+    for n in range(2):
+        replay.add_pending(f"M{n}", 2_000)
+    replay.commit(2_000)
+    replay.restore_changelog(_batch_marks((["M0", "M1"], 2_000)), 3_000, group="g")
+    assert [n for n in range(8) if replay.delivered(f"L{n}")] == []
+    assert replay.delivered("M0") and replay.delivered("M1")
