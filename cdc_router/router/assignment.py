@@ -68,8 +68,7 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
     except KafkaException as failure:
         raise RestoreFailed("the group's committed offsets", failure,
                             _unstable_hint(failure, timeouts.stable_offsets_s)) from failure
-    if ledger is not None and (lost := ledger.behind(offsets)):  # said before the read's
-        log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)  # line
+    if ledger is not None and _said_lost(ledger, offsets):  # before the read's line
         ledger.reset(offsets)  # (review 59-r2 F-6)
     try:
         # The ids this instance committed since the last read and the read lacks are
@@ -89,16 +88,22 @@ _LOST_HINT = ("Kafka lost a commit it had acknowledged (or the group's offsets w
               "the records after the committed offset are read and delivered again")
 
 
+def _said_lost(ledger: CommitLedger, committed: list[TopicPartition]) -> bool:
+    """Whether `committed` is behind this instance's commits; if so, said once in the log."""
+    lost = ledger.behind(committed)
+    if lost:
+        log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
+    return bool(lost)
+
+
 def restore_if_lost(ledger: CommitLedger, committed: list[TopicPartition], *,
                     config: RouterConfig, replay: ReplayFilter | None, changelog: Any) -> None:
     """After a rewind to `committed`: when Kafka lost a commit of this instance (router/
     lost_commits.py), the filter reads the changelog's marks since its last read and forgets
     the ids of its own commits they lack. KafkaException or ReadTimedOut when the changelog
     cannot be read (the rewind is tried again)."""
-    lost = ledger.behind(committed)
-    if not lost or replay is None or changelog is None:
+    if replay is None or changelog is None or not _said_lost(ledger, committed):
         return
-    log.warning("event=commit_lost partitions=%r hint='%s'", lost, _LOST_HINT)
     restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
                                         group=config.source.group_id)
     ledger.reset(committed)

@@ -84,9 +84,9 @@ class OwnBatches:
         # again before it decides (reread 59 F-1), which happens only while max_ids bites.
         while self._batches:
             delivered_ms, keys = self._batches[0]
-            if delivered_ms >= horizon_ms and self._count - len(keys) < most:
-                return
             if delivered_ms >= horizon_ms:
+                if self._count - len(keys) < most:
+                    return
                 self._count = sum(len(held) for _, held in self._batches)
                 if self._count - len(keys) < most:
                     return

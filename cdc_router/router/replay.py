@@ -212,40 +212,30 @@ class ReplayFilter:
         # (review 45: the repeats cost about half again the memory of each such id). Not a
         # `dlq replay` mark, which no router wrote: it keeps its id for a window from then.
         newest = self._batches[-1][0] if self._batches else None
-        try:
-            restored = self._read_marks(records, group, unconfirmed, newest, runs, dead_keys,
-                                        now_ms)
-        finally:  # what a read that failed part way returned: its retry reads on after it
-            self._restore_runs(runs, dead_keys, now_ms)  # (review 59-r2 F-1)
-        return restored
-
-    def _read_marks(self, records: Iterable[tuple[bytes | None, bytes | None]], group: str,
-                    unconfirmed: set[Key] | None, newest: int | None,
-                    runs: list[tuple[int, list[Key]]], dead_keys: list[Key],
-                    now_ms: int) -> int:
         restored = held = 0
         dead, replayed = DEAD_LETTERED_KEY_PREFIX.encode(), REPLAYED_KEY_PREFIX.encode()
-        for key, value in records:
-            marks = parse_changelog(key, value, group=group)
-            restored += len(marks)
-            if unconfirmed:
-                unconfirmed.difference_update(compact_key(event_id) for event_id, _ in marks)
-            if newest is not None and not (key or b"").startswith(replayed):
-                marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
-                         if delivered_ms > newest or compact_key(event_id) not in self._keys]
-            owner = mark_owner(key)
-            if owner not in (None, group) and len(self.other_groups) < _OTHER_GROUPS_KEPT:
-                self.other_groups.add(owner)
-            record_runs = _runs(marks)
-            runs += record_runs
-            if key is not None and key.startswith(dead):
-                dead_keys += (known for _, keys in record_runs for known in keys)
-            held += len(marks)
-            if held * 4 >= self._max_ids:
-                self._restore_runs(runs, dead_keys, now_ms)
-                runs.clear()
-                dead_keys.clear()
-                held = 0
+        try:
+            for key, value in records:
+                marks = parse_changelog(key, value, group=group)
+                restored += len(marks)
+                if unconfirmed:
+                    unconfirmed.difference_update(compact_key(event_id) for event_id, _ in marks)
+                if newest is not None and not (key or b"").startswith(replayed):
+                    marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
+                             if delivered_ms > newest or compact_key(event_id) not in self._keys]
+                owner = mark_owner(key)
+                if owner not in (None, group) and len(self.other_groups) < _OTHER_GROUPS_KEPT:
+                    self.other_groups.add(owner)
+                record_runs = _runs(marks)
+                runs += record_runs
+                if key is not None and key.startswith(dead):
+                    dead_keys += (known for _, keys in record_runs for known in keys)
+                held += len(marks)
+                if held * 4 >= self._max_ids:
+                    self._restore_runs(runs, dead_keys, now_ms)
+                    runs, dead_keys, held = [], [], 0
+        finally:  # what a read that failed part way returned: its retry reads on after it
+            self._restore_runs(runs, dead_keys, now_ms)  # (review 59-r2 F-1)
         return restored
 
     def _forget_lost(self, keys: set[Key]) -> None:

@@ -380,10 +380,6 @@ def test_a_dlq_replay_mark_keeps_its_id_for_a_window_from_then(restarted: bool) 
     assert replay.seen("x")
 
 
-def _batch_marks(*batches: tuple[list[str], int]) -> list[tuple[bytes | None, bytes | None]]:
-    return [(r.key, r.value) for ids, ms in batches for r in changelog_records(ids, ms, group="g")]
-
-
 def test_a_read_forgets_the_own_commits_whose_marks_it_lacks_and_keeps_the_rest() -> None:
     # Chaos 58 (CI rehearsal, chaos-short seed 15): Kafka 4.3, kill -9'd right after it
     # acknowledged a commit, completed that transaction without its markers, and a later
@@ -393,7 +389,7 @@ def test_a_read_forgets_the_own_commits_whose_marks_it_lacks_and_keeps_the_rest(
     # commits: the ids it lacks are forgotten, and only those (review 59-r F-1: forgetting
     # every id held kept only the marks since the last read).
     replay = ReplayFilter(window_ms=60_000, max_ids=1_000)
-    replay.restore_changelog(_batch_marks((["old-1", "old-2"], 1_000)), 1_000, group="g")
+    replay.restore_changelog(_marks(["old-1", "old-2"], 1_000), 1_000, group="g")
     for event_id in ("kept-1", "kept-2"):
         replay.add_pending(event_id, 2_000)
     replay.commit(2_000)  # committed, and its marks are in the next read
@@ -403,7 +399,7 @@ def test_a_read_forgets_the_own_commits_whose_marks_it_lacks_and_keeps_the_rest(
     replay.add_pending("dead-1", 3_500, dead_lettered=True)
     replay.commit(3_500)  # a dead letter's mark, confirmed by the read too
     dead = changelog_records(["dead-1"], 3_500, DEAD_LETTERED_KEY_PREFIX, group="g")
-    since = [*_batch_marks((["kept-1", "kept-2"], 2_000)), *((r.key, r.value) for r in dead)]
+    since = [*_marks(["kept-1", "kept-2"], 2_000), *((r.key, r.value) for r in dead)]
     assert replay.restore_changelog(since, 4_000, group="g") == 3
     assert all(replay.seen(i) for i in ("old-1", "old-2", "kept-1", "kept-2", "dead-1"))
     assert replay.dead_lettered("dead-1")
@@ -425,7 +421,7 @@ def test_a_read_that_fails_part_way_keeps_what_it_did_not_confirm() -> None:
     replay.commit(1_000)
 
     def broken() -> Iterator[tuple[bytes | None, bytes | None]]:
-        yield from _batch_marks((["a"], 1_000))
+        yield from _marks(["a"], 1_000)
         yield from [(r.key, r.value) for r in changelog_records(["other"], 900, group="g")]
         raise ReadTimedOut("the changelog was not read to its end")
 
@@ -522,6 +518,6 @@ def test_a_lost_batch_max_ids_shortened_is_still_forgotten_after_a_later_commit(
     for n in range(2):
         replay.add_pending(f"M{n}", 2_000)
     replay.commit(2_000)
-    replay.restore_changelog(_batch_marks((["M0", "M1"], 2_000)), 3_000, group="g")
+    replay.restore_changelog(_marks(["M0", "M1"], 2_000), 3_000, group="g")
     assert [n for n in range(8) if replay.delivered(f"L{n}")] == []
     assert replay.delivered("M0") and replay.delivered("M1")
