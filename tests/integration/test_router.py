@@ -807,3 +807,37 @@ def test_the_grants_lookup_reads_a_topics_authorized_operations_from_the_broker(
     assert granted is not None and {"READ", "WRITE", "DESCRIBE"} <= granted
     assert refused(topic, granted, "WRITE") is None
     assert missing is None
+
+
+def test_after_a_rebalance_replays_of_ids_restored_before_it_still_drop(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    """Review 59-r F-1, on the real changelog reader: an assignment's restore emptied the
+    replay filter and read the changelog on from its last read, so an instance that restored
+    marks at its start forgot them at its next assignment, and Debezium's replays of those
+    events went out again."""
+    events = 60  # under the replay lines' cap (SAID_PER_MINUTE): each drop has its line
+    with pipeline(stack, tmp_path, partitions=2, raw_partitions=2) as pipe:
+        pipe.start_router("first", wait=True)
+        ids = pipe.insert(_orders(events, 6))
+        assert len(pipe.read(pipe.orders_topic, events)) == events
+        raw = pipe.read(pipe.raw_topic, events)
+        assert pipe.kill_router("first", signal.SIGTERM) == 0
+        # "a" restores the marks at its start; "b" joining makes it restore again.
+        pipe.start_router("a", wait=True)
+        before = pipe.router_log("a").count("event=assigned")
+        pipe.start_router("b", wait=True)
+        deadline = time.monotonic() + 60
+        while pipe.router_log("a").count("event=assigned") <= before:
+            assert time.monotonic() < deadline, "a was never assigned again"
+            time.sleep(0.2)
+        producer = Producer({"bootstrap.servers": stack.bootstrap_servers})
+        for record in raw:  # Debezium's replays: the same change events again
+            producer.produce(pipe.raw_topic, key=record.key(), value=record.value(),
+                             partition=record.partition())
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 120
+        while sum(pipe.router_log(i).count("event=replay_dropped") for i in "ab") < events:
+            assert time.monotonic() < deadline, pipe.router_log("a")[-3000:]
+            time.sleep(0.5)
+        delivered = Counter(r.key().decode() for r in pipe.read_all(pipe.orders_topic))
+    assert delivered == Counter(ids)
