@@ -19,7 +19,10 @@ The procedure:
 Every replay reads the topic from its beginning, so letters left out by --stage, --id or
 --since are never consumed-and-lost; the group's offsets only say how far the last replay
 read. A second replay of the same letters finds their `replayed:` marks and skips them. A
-crash or a failed batch leaves every committed batch delivered and marked: run it again.
+crash or a failed batch leaves every committed batch delivered and marked: run it again. A
+batch whose commit Kafka acknowledged and then lost (router/lost_commits.py), found when a
+later batch fails (the group's offsets read back are behind this run's), stops the replay
+(exit 75): going on after it would count it delivered; the next run plans its letters again.
 """
 
 from __future__ import annotations
@@ -43,12 +46,10 @@ from cdc_router.errors import (
     ConfigError,
     DeliveryError,
     FatalKafkaError,
-    ProducerLost,
 )
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.commit_stamp import undelivered_before
 from cdc_router.kafka.consumer import record_headers
-from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from cdc_router.kafka.start import init_failure
@@ -69,8 +70,9 @@ from cdc_router.router.dlq_letters import (
 )
 from cdc_router.router.dlq_raw import RawRecords, refilled
 from cdc_router.router.grants import OperationsFactory, admin_operations
+from cdc_router.router.lost_commits import CommitLedger, lost_batch
 from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
-from cdc_router.router.renewal import RENEWABLE_ONCE
+from cdc_router.router.renewal import producer_lost
 from cdc_router.router.replay import REPLAYED_KEY_PREFIX, ReplayFilter
 from cdc_router.router.step import DeadLettered, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
@@ -84,8 +86,9 @@ INSTANCE = "dlq-replay"
 # Reading the dead-letter topic (or the changelog) to its end: seconds on a cluster that
 # answers; the bound only says so rather than hang.
 READ_TIMEOUT_S = 300.0
-# A batch that fails for no refused record is tried again this many times, after 0.5, 1, 2 s.
-_RETRIES, _BACKOFF_S = 3, 0.5
+# A batch that fails for no refused record is tried again this many times, after 0.5, 1, 2 s;
+# after each, the group's offsets are read back within _READ_BACK_S (a lost commit).
+_RETRIES, _BACKOFF_S, _READ_BACK_S = 3, 0.5, 10.0
 
 
 def replay_group(config: RouterConfig) -> str:
@@ -136,21 +139,6 @@ def sources_of(config: RouterConfig) -> OursTest:
     return ours
 
 
-def _lost(failure: FatalKafkaError, result: ReplayResult) -> ProducerLost | None:
-    """The replay's end when its producer failed for good on its own, as `run` tells it (router/
-    renewal.py RENEWABLE_ONCE: QA 52-b L1, a Kafka restart mid-apply, then the abort refused
-    with INVALID_TXN_STATE), which `run` replaces: exit 75, run it again; else None (a fence:
-    another replay took over)."""
-    if type(failure) is not FatalKafkaError or failure.code not in RENEWABLE_ONCE:
-        return None
-    error = kafka_error_of(failure.__cause__) if failure.__cause__ is not None else None
-    said = describe(error) if error is not None else str(failure)
-    return ProducerLost(f"dlq replay stopped: its producer's transaction can no longer end "
-                        f"({said}), as after a broker restart; "
-                        f"{sum(result.committed.values())} letters were committed before; "
-                        "run it again (what was delivered is skipped)", code=failure.code)
-
-
 def _looking_up(serializer: Serializer, config: RouterConfig) -> Serializer:
     """`serializer` for a plan: an Avro one with a registry registers nothing in it."""
     if not isinstance(serializer, AvroSerializer) or serializer.registry is None:
@@ -197,6 +185,7 @@ class DeadLetterReplay:
         # Letters whose records the broker refused (as `run` tells them from a clock it refuses)
         self._poison = PoisonIsolation(record_refusals(config.delivery.record_timestamp), limits)
         self._done = 0  # items of the work applied and committed
+        self._ledger = CommitLedger()  # the offsets this replay committed (review 59-r F-3)
         # For the last commit's count of letters not delivered (_undelivered, QA 52-b M1):
         self._read, self._delivered, self._settled = list[Letter](), set[str](), set[Any]()
         self._applied: list[tuple[Letter, str]] = []  # committed or in the open batch
@@ -265,7 +254,7 @@ class DeadLetterReplay:
         try:
             return self._apply(plan, result)
         except FatalKafkaError as failure:
-            lost = _lost(failure, result)
+            lost = producer_lost("dlq replay", failure, sum(result.committed.values()))
             if lost is None:
                 raise
             raise lost from failure
@@ -289,6 +278,10 @@ class DeadLetterReplay:
                 cause, reason = abort_batch(txn, self._poison, self._destinations, failure,
                                             who="dlq replay")
                 pending_abort = cause == "abort_failed"
+                if lost := self._ledger.read_back(self._letters.consumer, _READ_BACK_S):
+                    txn.discard()  # a batch before was lost: its letters are planned again
+                    raise lost_batch("dlq replay", lost,
+                                     sum(result.committed.values())) from failure
                 # Refused records are progress (run's isolation); so is a committed batch. A
                 # refusal's gap in the sequence numbers fails the next batch once, too.
                 failed = 0 if cause == "record_refused" or self._done > done else failed + 1
@@ -316,7 +309,7 @@ class DeadLetterReplay:
             self._applied.append((item.letter, self._apply_one(txn, item)))
             batch[self._applied[-1][1]] += 1
             if txn.due():
-                txn.commit()
+                self._ledger.committed(txn.commit().offsets)
                 self._poison.committed()
                 result.committed = dict(Counter(result.committed) + batch)
                 batch.clear()
@@ -331,7 +324,7 @@ class DeadLetterReplay:
             txn.begin()
             txn.consumed(topic, partition, end - 1, undone.get(partition, 0))
         if txn.open:
-            txn.commit()
+            self._ledger.committed(txn.commit().offsets)
             self._poison.committed()
 
     def _committed(self, ends: dict[int, int]) -> dict[int, tuple[int, int | None]]:

@@ -19,10 +19,16 @@ last read, and let Debezium's replays of anything older through.)
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
+
+from cdc_router.errors import EXIT_RESTART, DeliveryError
+
+log = logging.getLogger("cdc_router.router")
 
 
 class CommitLedger:
@@ -52,6 +58,30 @@ class CommitLedger:
                 for tp in committed
                 if (ours := self._offsets.get((tp.topic, tp.partition))) is not None
                 and tp.error is None and tp.offset < ours]
+
+    def read_back(self, consumer: Any, timeout_s: float) -> list[str]:
+        """behind() of the group's offsets `consumer` reads back for the partitions this
+        instance committed; [] when there are none, or when Kafka does not answer (unknown)."""
+        if not self._offsets:
+            return []
+        try:
+            found = consumer.committed([TopicPartition(topic, partition)
+                                        for topic, partition in self._offsets], timeout_s)
+        except KafkaException:
+            return []
+        return self.behind(found)
+
+
+def lost_batch(who: str, lost: list[str], committed: int) -> DeliveryError:
+    """The end (exit 75) of a run that found a batch it committed lost (`lost`: behind()'s):
+    its records are read and delivered again by the next run, which plans afresh."""
+    log.warning("event=commit_lost partitions=%r", lost)
+    stopped = DeliveryError(f"{who} stopped: Kafka lost a batch it had acknowledged, as after "
+                            f"a broker's crash ({'; '.join(lost)}); that batch's letters stay on "
+                            f"the dead-letter topic, undelivered ({committed} were counted "
+                            "committed); run it again (what was delivered is skipped)")
+    stopped.exit_code = EXIT_RESTART
+    return stopped
 
 
 # The filter's key of an id (router/replay.py compact_key): a canonical uuid's 16 bytes, else

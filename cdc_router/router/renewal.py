@@ -50,13 +50,14 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung
+from cdc_router.errors import FatalKafkaError, MemberFenced, ProducerHung, ProducerLost
 from cdc_router.kafka.budget import (
     MAX_RENEWALS,
     RENEWAL_WINDOW_S,
     RenewalBudget,
     unblocked_enough,
 )
+from cdc_router.kafka.errors import describe, kafka_error_of
 from cdc_router.kafka.watchdog import blocked_calls
 
 log = logging.getLogger("cdc_router.router")
@@ -113,3 +114,18 @@ class ProducerRenewal:
 
     def committed(self) -> None:
         self._spent = False
+
+
+def producer_lost(who: str, failure: FatalKafkaError, committed: int) -> ProducerLost | None:
+    """The end of a one-off command (`dlq replay`) when its producer failed for good on its
+    own, as `run` tells it (RENEWABLE_ONCE: QA 52-b L1, a Kafka restart mid-apply, then the
+    abort refused with INVALID_TXN_STATE), which `run` replaces: exit 75, run it again; else
+    None (a fence: another run took over). `committed`: the records committed before."""
+    if type(failure) is not FatalKafkaError or failure.code not in RENEWABLE_ONCE:
+        return None
+    error = kafka_error_of(failure.__cause__) if failure.__cause__ is not None else None
+    said = describe(error) if error is not None else str(failure)
+    return ProducerLost(f"{who} stopped: its producer's transaction can no longer end "
+                        f"({said}), as after a broker restart; {committed} letters were "
+                        "committed before; run it again (what was delivered is skipped)",
+                        code=failure.code)

@@ -4,6 +4,7 @@ commits nothing and the next replay delivers it, a second replay skips what the 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -200,6 +201,33 @@ def test_an_abort_refused_after_a_kafka_restart_exits_75_to_run_again_and_the_re
     replay = replayer(cluster)
     assert replay.apply(replay.plan(Selection())).committed == {"deliver": 2}
     assert len(cluster.committed(CUSTOMERS)) == 2
+
+
+def test_a_batch_whose_commit_kafka_lost_stops_the_replay_to_run_again_and_the_rerun_delivers(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 59-r F-3: Kafka acknowledged the first batch's commit, then lost it (chaos 58); the
+    # replay went on after it and ended "deliver: 4", exit 0, with e-0 and e-1 delivered nowhere.
+    monkeypatch.setattr(dlq_replay, "_BACKOFF_S", 0.0)
+    cluster = cluster_with_letters("Customer", "Customer", "Customer", "Customer")
+    cluster.lost_commits = 1
+    failing = replayer(cluster, commit_max_records=2, commit_interval_ms=5_000,
+                       transaction_timeout_ms=50_000)
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"), \
+            pytest.raises(DeliveryError) as stopped:
+        failing.apply(failing.plan(Selection()))
+    assert stopped.value.exit_code == 75
+    assert str(stopped.value) == (
+        f"dlq replay stopped: Kafka lost a batch it had acknowledged, as after a broker's crash "
+        f"({DLQ}[0] committed none, this instance 2); that batch's letters stay on the "
+        "dead-letter topic, undelivered (2 were counted committed); run it again (what was "
+        "delivered is skipped)")
+    assert f"event=commit_lost partitions=['{DLQ}[0] committed none, this instance 2']" \
+        in caplog.text
+    assert cluster.committed(CUSTOMERS) == []
+    replay = replayer(cluster)
+    assert replay.apply(replay.plan(Selection())).committed == {"deliver": 4}
+    assert sorted(s.key for s in cluster.committed(CUSTOMERS)) == [b"e-0", b"e-1", b"e-2",
+                                                                     b"e-3"]
 
 
 def test_a_fence_of_the_replay_still_exits_1() -> None:
