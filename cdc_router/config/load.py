@@ -118,8 +118,9 @@ def _refuse_unexpanded(raw: dict[str, Any], overridden: dict[str, str], source: 
             # review 49-f F6: the SMT's route.topic.replacement, copied over
             raise ConfigError(f"{show(text)} is written as the EventRouter SMT's "
                               "route.topic.replacement: here a field is {aggregate_type} (the "
-                              "SMT's ${routedByValue}), without the '$'", source=source,
-                              field=dotted)
+                              "SMT's ${routedByValue} with its default route.by.field; {type}, "
+                              "{aggregate_id} or {id} for those columns), without the '$'",
+                              source=source, field=dotted)
         key = next((str(part) for part in reversed(path) if isinstance(part, str)), "")
         shown = redact(key, text) or ""
         # review 57-b F-4: a placeholder inside a masked secret ('Tr0ub${a}dor') is a piece of

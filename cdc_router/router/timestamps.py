@@ -91,7 +91,7 @@ def size_advice(size: int | None, limit: int | None, *, done: str = "") -> str:
     over += f", over the topic's max.message.bytes ({limit})" if limit is not None else \
         ", over the topic's max.message.bytes (not readable here: see the topic's config)"
     return (f"{over}{f'; {done}' if done else ''}; raise the topic's max.message.bytes (and "
-            "kafka.producer message.max.bytes if the record is over it too) or make the event "
+            "kafka.producer.message.max.bytes if the record is over it too) or make the event "
             "smaller, then `cdc-router dlq replay` it")
 
 

@@ -155,7 +155,7 @@ def test_the_check_before_producing_and_the_brokers_refusal_give_one_size_advice
 
     over = ("the record is 5241 bytes as the broker counts it (key, value, headers and the "
             "record batch's framing), over the topic's max.message.bytes (3000)")
-    fix = ("raise the topic's max.message.bytes (and kafka.producer message.max.bytes if the "
+    fix = ("raise the topic's max.message.bytes (and kafka.producer.message.max.bytes if the "
            "record is over it too) or make the event smaller, then `cdc-router dlq replay` it")
     before = TopicLimits(_UNLIMITED, _UNLIMITED, max_message_bytes=3000).size_problem(
         "orders", 5241)

@@ -279,7 +279,8 @@ def test_errors_name_file_field_and_value(tmp_path: Path, text: str, expected: s
     # Review 49-f F6: the SMT's route.topic.replacement copied over was "illegal characters '$'".
     ("{topic: 'outbox.event.${routedByValue}'}", "field 'routes[0].topic': 'outbox.event."
      "${routedByValue}' is written as the EventRouter SMT's route.topic.replacement: here a "
-     "field is {aggregate_type} (the SMT's ${routedByValue}), without the '$'"),
+     "field is {aggregate_type} (the SMT's ${routedByValue} with its default route.by.field; "
+     "{type}, {aggregate_id} or {id} for those columns), without the '$'"),
     ("{topic: 'orders/{type}'}", "illegal characters '/'"),
     ("{topic: __consumer_offsets}", "starts with '__'"),
     ("{topic: cdc-router.dlq}", "one of the router's own topics"),
@@ -706,8 +707,9 @@ def test_rules_check_warns_about_templates_that_reach_a_source(tmp_path: Path) -
         "(with aggregate_type 'raw'): such events are dead-lettered, as the router never "
         "consumes its own output; give the template a fixed start that source cannot match",
         "warning: routes[2] topic '{aggregate_type}.orders' starts with row data, so a row can "
-        "name any topic (only Kafka's, protected and the router's own are refused); consider "
-        "allowed_topics"]
+        "name any topic (only Kafka's, protected and the router's own are refused), another "
+        "pipeline's raw topic too, where a payload shaped as a change event is that pipeline's "
+        "event (QA 60-c F-1); consider allowed_topics"]
     code, output = rules_check(path, "-o", "json")
     assert json.loads(output)["warnings"] == [line.removeprefix("warning: ")
                                               for line in warnings]

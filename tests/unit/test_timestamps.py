@@ -230,7 +230,7 @@ def test_a_record_over_the_topics_max_message_bytes_is_dead_lettered_before_prod
     assert isinstance(big, DeadLettered)
     assert (big.stage, big.event_id) == ("produce", "e-2")
     assert "MSG_SIZE_TOO_LARGE" in str(big.error) and "max.message.bytes (3000)" in str(big.error)
-    assert "raise the topic's max.message.bytes (and kafka.producer message.max.bytes if the " \
+    assert "raise the topic's max.message.bytes (and kafka.producer.message.max.bytes if the " \
            "record is over it too) or make the event smaller" in str(big.error)
 
 
