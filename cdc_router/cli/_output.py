@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
+from cdc_router.config.utf8 import utf8_encodable
 from cdc_router.errors import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,6 +21,14 @@ def output_option(command: F) -> F:
     return click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
                         show_default=True, help="Output format; json is stable for scripts.",
                         )(command)
+
+
+def json_text(document: Any) -> str:
+    """`document` as indented JSON, non-ASCII as is, unless a value holds a lone surrogate (a
+    header's "\\ud800", QA 60-c F-3: UTF-8 cannot write it, and the whole document was lost to a
+    stack trace): then every non-ASCII character escaped."""
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    return text if utf8_encodable(text) else json.dumps(document, indent=2)
 
 
 class UsageExitCommand(click.Command):

@@ -570,6 +570,22 @@ def test_explain_says_dead_letter_for_a_destination_the_router_would_find_missin
     assert result["route"]["index"] == 2
 
 
+def test_explain_in_json_of_an_event_whose_header_holds_a_lone_surrogate_is_a_document(
+        tmp_path: Path) -> None:
+    # QA 60-c F-3: a header '{"h": "\\ud800"}' ended `-o json` in a UnicodeEncodeError (the
+    # whole run's document lost); text output said the event is a dead letter.
+    capture = json.loads((FIXTURES / "create_text.noschema.json").read_text())
+    capture["value"]["after"]["headers"] = '{"h": "\\ud800"}'
+    event = tmp_path / "lone.json"
+    event.write_text(json.dumps(capture))
+    code, output = explain("--explain", str(event), "-o", "json")
+    assert code == 1, output
+    [result] = json.loads(output)["events"]
+    assert result["outcome"] == "dead_letter" and result["stage"] == "route"
+    assert "header 'h' holds a lone UTF-16 surrogate" in result["reason"]
+    assert output.isascii(), "every non-ASCII character escaped in this one"
+
+
 def test_one_rendering_serves_static_topics_avro_planning_and_events() -> None:
     pieces = parse_topic_template("orders.{type}.{aggregate_id}")
     assert render_topic(parse_topic_template("orders.paid"), {}) == "orders.paid"
