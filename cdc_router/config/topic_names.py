@@ -313,8 +313,9 @@ def template_warnings(templates: Sequence[str], sources: Sequence[str],
                                 "that source cannot match")
         if pieces[0][0] == "" and allowed is None:
             warnings.append(f"{where} starts with row data, so a row can name any topic (only "
-                            "Kafka's, protected and the router's own are refused); consider "
-                            "allowed_topics")
+                            "Kafka's, protected and the router's own are refused), another "
+                            "pipeline's raw topic too, where a payload shaped as a change event "
+                            "is that pipeline's event (QA 60-c F-1); consider allowed_topics")
     return warnings
 
 
