@@ -13,10 +13,14 @@ import json
 import re
 from typing import Any
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.config.source import SourceSettings
+from cdc_router.dead_letter import DeadLetter, dead_letter
 from cdc_router.errors import DecodeError
+from cdc_router.relay.reader import RelayRow
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
+from cdc_router.router.step import DeadLettered
 from cdc_router.serde.json import parse_json
 
 
@@ -30,6 +34,20 @@ def letter_value(table: str, seq: int, txid: int, values: dict[str, Any],
     if undecodable is not None:
         document["undecodable"] = str(undecodable)
     return json.dumps(document, ensure_ascii=False).encode(errors="replace")
+
+
+def row_letter(config: RouterConfig, table: str, row: RelayRow,
+               columns: dict[str, dict[str, Any]], result: DeadLettered, *,
+               max_bytes: int | None) -> DeadLetter:
+    """The dead letter of a row the relay read; its value is the row as read (letter_value)."""
+    value = letter_value(table, row.seq, row.txid, row.values, columns,
+                         undecodable=row.undecodable)
+    key = row.values.get(config.source.outbox.id)
+    return dead_letter(topic=table, partition=0, offset=row.seq,
+                       key=None if key is None else str(key).encode(errors="replace"),
+                       value=value, original_headers=None, stage=result.stage,
+                       error=result.error, event_id=result.event_id, max_bytes=max_bytes,
+                       group=config.source.group_id)
 
 
 def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:

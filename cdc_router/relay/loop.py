@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -31,7 +31,6 @@ from confluent_kafka import KafkaException, Producer
 
 from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
-from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import (
     BatchFailed,
     DatabaseError,
@@ -44,10 +43,17 @@ from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.start import init_failure
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
-from cdc_router.relay.letters import letter_value
+from cdc_router.relay.letters import row_letter
 from cdc_router.relay.lock import TableLock
+from cdc_router.relay.lost_commit import CommittedPosition
 from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
-from cdc_router.relay.start import KeyValue, hand_left_behind, topic_records
+from cdc_router.relay.start import (
+    Records,
+    hand_left_behind,
+    restore_filter,
+    stored_position,
+    topic_records,
+)
 from cdc_router.router import clients, debezium
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
@@ -86,7 +92,7 @@ class OutboxRelay:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
                  reader: OutboxReader | None = None, lock: TableLock | None = None,
-                 records: Callable[[dict[str, Any], str, str], Iterable[KeyValue]] | None = None,
+                 records: Records | None = None,
                  describe_factory: DescribeFactory = admin_describe,
                  operations_factory: OperationsFactory = admin_operations) -> None:
         """Builds no client: run() does (the producer on first use). Tests hand fakes: the
@@ -132,6 +138,11 @@ class OutboxRelay:
                                 fenced_hint="another relay of the table may have taken over")
         self._position_key = self._table.encode()
         self.position = RelayPosition()
+        # Exactly once, read back after an abort and at a renewal (relay/lost_commit.py).
+        self._committed = CommittedPosition(checks=config.delivery.guarantee == "exactly_once")
+        self._reread = False
+        # With the cleanup's sweep, delivered rows go once their marks are read committed.
+        self._hands_delivered = not config.cleanup_sweeps()
         self._aborts = 0
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
@@ -196,33 +207,27 @@ class OutboxRelay:
                            read_refused=self._destinations.read_refused, relay=True)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
-        restored = 0
-        if self._replay is not None:
-            restored = self._replay.restore_changelog(
-                self._records(kafka, self._config.dedup.changelog_topic, "dedup changelog"),
-                int(time.time() * 1000), group=self._config.source.group_id)
-        self.position = self._stored_position(kafka)
+        restored = restore_filter(self._config, self._replay, self._records, kafka)
+        self.position = stored_position(self._config, self._records, kafka, self._reader.database)
+        self._committed.confirm(self.position)
         hand_left_behind(self._config, self._reader, self.position, self._replay,
                          self._on_delivered)
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d version=%s",
                  self._instance_id, self._table, self.position.to_json().decode(), restored,
                  __version__)
 
-    def _stored_position(self, kafka: dict[str, Any]) -> RelayPosition:
-        """The last committed position of this table (our init_transactions resolved any
-        transaction still open on the topic), or the start for a table never relayed."""
-        topic = self._config.relay_position_topic
-        found: bytes | None = None
-        for key, value in self._records(kafka, topic, "relay position"):
-            if key == self._position_key:
-                found = value
-        try:
-            stored = RelayPosition() if found is None else RelayPosition.from_json(found)
-        except ValueError as error:
-            raise DeliveryError(f"the relay position topic {topic} holds a bad record for "
-                                f"{self._table}: {error}; fix or delete it") from None
-        assert self._reader.database is not None  # _start's snapshot() connected
-        return stored.of_database(self._reader.database, f"of {self._table} in topic {topic}")
+    def _reposition(self) -> None:
+        """Go on from the stored position, read back; when Kafka lost the commit of the one
+        this relay committed last, the filter reads the changelog first (relay/lost_commit.py).
+        KafkaException: tried again; ReadTimedOut exits (a start restores the filter too)."""
+        kafka = clients.common_config(self._config)
+        stored = stored_position(self._config, self._records, kafka, self._reader.database)
+        if self._committed.lost(stored, self._table) and self._replay is not None:
+            restored = restore_filter(self._config, self._replay, self._records, kafka)
+            log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
+                     len(self._replay))
+        self._committed.confirm(stored)
+        self.position, self._reread = stored, False
 
     def _check_lock(self) -> None:
         now = time.monotonic()
@@ -256,11 +261,16 @@ class OutboxRelay:
         if self._needs_init:
             try:
                 self._txn.init()
-                self.position = self._stored_position(clients.common_config(self._config))
             except (BatchFailed, KafkaException) as failure:
                 self._back_off(f"starting a new producer: {failure}")
                 return True
-            self._needs_init = False
+            self._needs_init, self._reread = False, True
+        if self._reread:
+            try:
+                self._reposition()
+            except KafkaException as failure:
+                self._back_off(f"reading the relay position back: {failure}")
+                return True
         if self._pending_abort:  # an abort failing after its retries: as the router (QA 36-b)
             self._renew("the aborted batch's abort did not complete")
             return True
@@ -296,6 +306,7 @@ class OutboxRelay:
         self._txn.progress(self._config.relay_position_topic, self._position_key,
                            following.to_json())
         committed = self._txn.commit()
+        self._committed.committed(following)
         now_ms = int(time.time() * 1000)
         replayed = self._replay.commit(now_ms) if self._replay is not None else []
         self._poison.committed()
@@ -304,7 +315,8 @@ class OutboxRelay:
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(committed, now_ms)
         if self._on_delivered is not None and (committed.delivered or replayed):
-            self._on_delivered(committed.with_replays(replayed))
+            self._on_delivered(committed.with_replays(replayed) if self._hands_delivered
+                               else [Delivered(event_id, "", None) for event_id in replayed])
 
     def _result(self, row: RelayRow) -> StepResult:
         if row.undecodable is not None:  # a SQL_ASCII database's text, not UTF-8
@@ -336,15 +348,8 @@ class OutboxRelay:
 
     def _dead_letter(self, row: RelayRow, result: DeadLettered) -> None:
         """The row as read, as JSON (relay/letters.py), is the raw value."""
-        value = letter_value(self._table, row.seq, row.txid, row.values, self._reader.columns,
-                             undecodable=row.undecodable)
-        key = row.values.get(self._config.source.outbox.id)
-        letter = dead_letter(topic=self._table, partition=0, offset=row.seq,
-                             key=None if key is None else str(key).encode(errors="replace"),
-                             value=value, original_headers=None, stage=result.stage,
-                             error=result.error, event_id=result.event_id,
-                             max_bytes=self._dead_letter_max_bytes,
-                             group=self._config.source.group_id)
+        letter = row_letter(self._config, self._table, row, self._reader.columns, result,
+                            max_bytes=self._dead_letter_max_bytes)
         self._txn.dead_letter(self._config.dead_letter.topic, letter)
         if result.marked_id is not None:
             self._remember(result.marked_id, dead_lettered=True)
@@ -369,7 +374,9 @@ class OutboxRelay:
         cause, reason = abort_batch(self._txn, self._poison, self._destinations, failure,
                                     who="relay")
         if cause == "abort_failed":
-            self._pending_abort = True
+            self._pending_abort = True  # a renewal reads the position back
+        elif self._committed.unconfirmed:
+            self._reread = True
         if cause != "record_refused":
             self._back_off(reason)
             if self._aborts % RENEW_AFTER_ABORTS == 0:  # as the router (router/renewal.py)

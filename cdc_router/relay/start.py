@@ -15,21 +15,25 @@ dedup.max_ids) are no longer held: such rows stay for `outbox purge --force`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import psycopg
 
 from cdc_router.config.model import RouterConfig
+from cdc_router.errors import DeliveryError
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
-from cdc_router.relay.guard import RelayPosition
+from cdc_router.relay.guard import DatabaseIdentity, RelayPosition
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.relay")
 
 KeyValue = tuple[bytes | None, bytes | None]
+# (kafka config, topic, what) -> every committed (key, value) of the topic: topic_records.
+Records = Callable[[dict[str, Any], str, str], Iterable[KeyValue]]
 
 
 def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
@@ -42,6 +46,35 @@ def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyV
             yield message.key(), message.value()
     finally:
         reader.close()
+
+
+def stored_position(config: RouterConfig, records: Records, kafka: dict[str, Any],
+                    database: DatabaseIdentity | None) -> RelayPosition:
+    """The last committed position of the relay's table (our init_transactions resolved any
+    transaction still open on the topic), or the start for a table never relayed."""
+    topic, table = config.relay_position_topic, config.relay_settings().qualified_table
+    found: bytes | None = None
+    for key, value in records(kafka, topic, "relay position"):
+        if key == table.encode():
+            found = value
+    try:
+        stored = RelayPosition() if found is None else RelayPosition.from_json(found)
+    except ValueError as error:
+        raise DeliveryError(f"the relay position topic {topic} holds a bad record for "
+                            f"{table}: {error}; fix or delete it") from None
+    assert database is not None  # the start's snapshot() connected
+    return stored.of_database(database, f"of {table} in topic {topic}")
+
+
+def restore_filter(config: RouterConfig, replay: ReplayFilter | None, records: Records,
+                   kafka: dict[str, Any]) -> int:
+    """The dedup changelog's marks into `replay`, which forgets the ids of its own commits
+    they lack (relay/lost_commit.py); how many there were."""
+    if replay is None:
+        return 0
+    return replay.restore_changelog(records(kafka, config.dedup.changelog_topic,
+                                            "dedup changelog"),
+                                    int(time.time() * 1000), group=config.source.group_id)
 
 
 class PassedRows(Protocol):

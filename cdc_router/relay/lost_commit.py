@@ -1,0 +1,64 @@
+"""A commit Kafka acknowledged, then lost, as the relay meets it (review 59-r F-2).
+
+Kafka 4.3, a single node kill -9'd right after it acknowledged a transaction's commit, may
+complete that transaction without its markers; the next transaction's abort then takes the
+batch's records, marks and position record (router/lost_commits.py, chaos 58). The relay's
+position in memory is past the batch by then: reading on from it, the relay never read the
+batch's rows again.
+
+So, exactly once, after an aborted batch (only once a batch committed since the last read: a
+later abort reads nothing) and when a new producer starts, the relay reads its stored position
+back before the next batch. It holds its table's lock, and its transactional id fences any
+other writer of that record, so a stored position other than the one it committed last means
+the commit was lost: `event=commit_lost`, the replay filter reads the dedup changelog and
+forgets the ids of its own commits whose marks it lacks (as the router's, and only those), and
+the relay reads on from the stored position. At least once has no transaction whose markers
+Kafka could lose (and a failed batch may have stored its position): no check.
+
+The rows must still be there to be read again: with the cleanup's sweep (exactly once with the
+dedup changelog, config/model.py cleanup_sweeps) the relay hands the cleanup no delivered id at
+commit; the sweep deletes a row once its mark is read committed (router/committed_ids.py), which
+a lost commit's mark never is.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cdc_router.relay.guard import RelayPosition
+
+log = logging.getLogger("cdc_router.relay")
+
+_LOST_HINT = ("Kafka lost a commit it had acknowledged (or the position record was changed "
+              "by hand): the replay filter forgets the ids whose marks the dedup changelog "
+              "lacks, and the rows after the stored position are read and delivered again")
+
+
+class CommittedPosition:
+    """The position this relay committed last, and whether it was read back since."""
+
+    def __init__(self, *, checks: bool) -> None:
+        """`checks`: exactly once; at least once nothing is kept, and nothing is lost()."""
+        self._checks = checks
+        self._last: RelayPosition | None = None
+        self.unconfirmed = False
+
+    def committed(self, position: RelayPosition) -> None:
+        """A batch committed `position`: the next abort reads it back."""
+        if self._checks:
+            self._last, self.unconfirmed = position, True
+
+    def lost(self, stored: RelayPosition, table: str) -> bool:
+        """Whether `stored`, read back, is not the position this relay committed last: Kafka
+        lost that commit; if so, said in the log (each time: confirm() ends it)."""
+        last = self._last
+        if last is None or stored == last:
+            return False
+        log.warning("event=commit_lost table=%s committed=%s this_relay=%s hint='%s'", table,
+                    stored.to_json().decode(), last.to_json().decode(), _LOST_HINT)
+        return True
+
+    def confirm(self, stored: RelayPosition) -> None:
+        """`stored` is the position to go on from (read back, a lost commit dealt with)."""
+        if self._checks:
+            self._last, self.unconfirmed = stored, False

@@ -1,0 +1,162 @@
+"""The relay after a commit Kafka acknowledged, then lost (review 59-r F-2; relay/lost_commit.py):
+the batch is read again from the stored position and delivered once, its rows are not handed
+to the cleanup before their marks are read committed, and one loss is dealt with once."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_router.relay.guard import RelayPosition, Snapshot
+from cdc_router.relay.loop import OutboxRelay
+from cdc_router.relay.reader import FetchedRows
+from cdc_router.router.replay import changelog_records
+from tests.unit.router_fakes import CHANGELOG, ORDERS, FakeCluster, Stored
+from tests.unit.test_relay_loop import POSITION, FakeTable, _cluster, _relay, _run_until
+
+
+def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(event)]
+
+
+def _position_reads(relay: OutboxRelay) -> list[str]:
+    """Wraps the relay's topic reads: the topics read, in order."""
+    read: list[str] = []
+    records = relay._records
+
+    def counted(kafka: dict[str, Any], topic: str, what: str) -> Iterator[tuple[Any, Any]]:
+        read.append(topic)
+        return iter(list(records(kafka, topic, what)))
+
+    relay._records = counted
+    return read
+
+
+def _lost_then_more(cluster: FakeCluster, table: FakeTable, ids: list[str]) -> Any:
+    """done(): once the first batch's commit is lost, rows 4-6 are written."""
+    def done() -> bool:
+        if "commit lost" in cluster.journal and len(table.rows) == 3:
+            ids.extend(table.add(seq, 11) for seq in (4, 5, 6))
+            table.now = Snapshot(12, 12)
+        return len(cluster.committed(ORDERS)) >= 6 or cluster.journal.count("abort") > 3
+    return done
+
+
+def test_a_batch_whose_commit_kafka_lost_is_delivered_again_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 59-r F-2: rows 1-3 were never visible, yet handed to the cleanup, and the next
+    # commit's position was past them.
+    caplog.set_level(logging.INFO)
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2, 3)]
+    table.now = Snapshot(11, 11)
+    cluster.lost_commits = 1
+    relay, handed = _relay(cluster, table, batch_rows=3, cleanup="delete")
+    _run_until(relay, _lost_then_more(cluster, table, ids), timeout_s=20)
+    assert sorted(s.key.decode() for s in cluster.committed(ORDERS)) == sorted(ids)  # once
+    # The cleanup's sweep deletes them once their marks are read committed: not handed here.
+    assert handed == []
+    [lost] = _lines(caplog, "event=commit_lost")
+    assert 'committed={"done":null,"reading":null' in lost
+    assert 'this_relay={"done":null,"reading":"11:11:","after_seq":3' in lost
+    [forgotten] = _lines(caplog, "event=lost_commit_ids_forgotten")
+    assert forgotten.startswith("event=lost_commit_ids_forgotten ids=3 ")
+    assert len(_lines(caplog, "event=restored_after_lost_commit")) == 1
+
+
+def test_one_loss_is_dealt_with_once_and_a_plain_abort_reads_the_position_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A later abort does not detect the loss again (router: review 59-r F-4), and an abort
+    reads the position back only when a batch committed since the last read."""
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2, 3)]
+    table.now = Snapshot(11, 11)
+    cluster.lost_commits = 1
+    relay, _ = _relay(cluster, table, batch_rows=3)
+    reads = _position_reads(relay)
+
+    fetch = table.fetch
+
+    def fetch_then_fail(position: RelayPosition, limit: int) -> FetchedRows:
+        if len(cluster.committed(ORDERS)) == 3 and "commit timed out" not in cluster.journal:
+            # Rows 1-3 read again committed: the next two commits (rows 4-6) fail.
+            cluster.journal.append("commit timed out")
+            cluster.commit_failures += [KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                                   txn_requires_abort=True)] * 2
+        return fetch(position, limit)
+
+    table.fetch = fetch_then_fail  # type: ignore[method-assign]
+
+    def done() -> bool:
+        if "commit lost" in cluster.journal and len(table.rows) == 3:
+            ids.extend(table.add(seq, 11) for seq in (4, 5, 6))
+            table.now = Snapshot(12, 12)
+        return len(cluster.committed(ORDERS)) >= 6 or cluster.journal.count("abort") > 5
+
+    _run_until(relay, done, timeout_s=20)
+    assert sorted(s.key.decode() for s in cluster.committed(ORDERS)) == sorted(ids)
+    assert cluster.journal.count("abort") == 3
+    assert len(_lines(caplog, "event=commit_lost")) == 1
+    # At the start; after the lost commit's abort, with the changelog; after the first
+    # failed commit, which followed a commit; none after the second.
+    assert reads == [CHANGELOG, POSITION, POSITION, CHANGELOG, POSITION]
+
+
+def test_a_loss_found_by_a_new_producer_is_delivered_again_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The abort after the lost commit fails for good: the renewal reads the position back."""
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2, 3)]
+    table.now = Snapshot(11, 11)
+    cluster.lost_commits = 1
+    cluster.abort_failures += [KafkaError(KafkaError._TIMED_OUT, "abort timed out")] * 5
+    relay, _ = _relay(cluster, table, batch_rows=3)
+    _run_until(relay, _lost_then_more(cluster, table, ids), timeout_s=30)
+    assert sorted(s.key.decode() for s in cluster.committed(ORDERS)) == sorted(ids)
+    assert cluster.producers_initialised >= 2
+    assert len(_lines(caplog, "event=commit_lost")) == 1
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_what_the_cleanup_is_handed_at_commit(guarantee: str) -> None:
+    """Exactly once with the sweep: only the rows whose ids dropped as replays (QA 32-a: an id
+    reused; a committed mark proves it delivered). At least once, no transaction whose markers
+    Kafka could lose: every delivered row, at once, as before."""
+    cluster, table = _cluster(), FakeTable()
+    seen = table.add(1, 10)
+    fresh = table.add(2, 10)
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+                                for mark in changelog_records([seen], int(time.time() * 1000),
+                                                              group="shop")])
+    table.now = Snapshot(11, 11)
+    relay, handed = _relay(cluster, table, guarantee=guarantee, cleanup="delete")
+    _run_until(relay, lambda: len(cluster.committed(ORDERS)) == 1 and
+               relay.position.reading is None)
+    time.sleep(0.1)
+    assert handed == ([] if guarantee == "exactly_once" else [fresh]) + [f"replayed {seen}"]
+
+
+def test_at_least_once_reads_no_position_back_after_an_abort(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, _ = _relay(cluster, table, guarantee="at_least_once")
+    reads = _position_reads(relay)
+
+    def done() -> bool:
+        if len(cluster.committed(ORDERS)) == 1 and len(table.rows) == 1:
+            table.add(2, 11)
+            cluster.refuse = lambda topic, value, timestamp: (
+                KafkaError.NOT_ENOUGH_REPLICAS if topic == ORDERS else None)
+            table.now = Snapshot(12, 12)
+        return table.fetches > 4
+
+    _run_until(relay, done)
+    assert reads == [CHANGELOG, POSITION]
+    assert _lines(caplog, "event=commit_lost") == []
