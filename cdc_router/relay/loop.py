@@ -220,6 +220,7 @@ class OutboxRelay:
         """Go on from the stored position, read back; when Kafka lost the commit of the one
         this relay committed last, the filter reads the changelog first (relay/lost_commit.py).
         KafkaException: tried again; ReadTimedOut exits (a start restores the filter too)."""
+        self._check_lock(now_s=True)  # a successor's position is no lost commit
         kafka = clients.common_config(self._config)
         stored = stored_position(self._config, self._records, kafka, self._reader.database)
         if self._committed.lost(stored, self._table) and self._replay is not None:
@@ -229,9 +230,9 @@ class OutboxRelay:
         self._committed.confirm(stored)
         self.position, self._reread = stored, False
 
-    def _check_lock(self) -> None:
+    def _check_lock(self, *, now_s: bool = False) -> None:
         now = time.monotonic()
-        if now - self._lock_checked < LOCK_CHECK_S:
+        if not now_s and now - self._lock_checked < LOCK_CHECK_S:
             return
         self._lock_checked = now
         if not self._lock.held():
@@ -246,8 +247,7 @@ class OutboxRelay:
         only while this relay still holds its table's lock (else another relay may own the id
         by now); once it is initialised (_cycle), the batch is read again from the stored
         position."""
-        self._lock_checked = 0.0
-        self._check_lock()
+        self._check_lock(now_s=True)
         log.warning("event=producer_renewed table=%s reason=%r", self._table, reason)
         if self._replay is not None:
             self._replay.abort()

@@ -12,12 +12,20 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+from cdc_router.errors import LockLost
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows
 from cdc_router.router.replay import changelog_records
 from tests.unit.router_fakes import CHANGELOG, ORDERS, FakeCluster, Stored
-from tests.unit.test_relay_loop import POSITION, FakeTable, _cluster, _relay, _run_until
+from tests.unit.test_relay_loop import (
+    POSITION,
+    FakeLock,
+    FakeTable,
+    _cluster,
+    _relay,
+    _run_until,
+)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
@@ -159,4 +167,31 @@ def test_at_least_once_reads_no_position_back_after_an_abort(
 
     _run_until(relay, done)
     assert reads == [CHANGELOG, POSITION]
+    assert _lines(caplog, "event=commit_lost") == []
+
+
+def test_a_successors_position_after_a_lost_lock_is_no_lost_commit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The lock's connection dropped and another relay took over and committed: this relay's
+    next abort stops it with LockLost, without a false event=commit_lost."""
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    lock = FakeLock()
+    relay, _ = _relay(cluster, table, lock=lock)
+
+    def done() -> bool:
+        if len(cluster.committed(ORDERS)) == 1 and len(table.rows) == 1:
+            lock.alive = False
+            successor = RelayPosition(Snapshot(13, 13), database=table.database)
+            cluster.publish(POSITION, [Stored(POSITION, 0, b"public.outbox",
+                                              successor.to_json(), [], None)])
+            cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
+                                                      txn_requires_abort=True))
+            table.add(2, 11)
+            table.now = Snapshot(12, 12)
+        return False
+
+    failure = _run_until(relay, done)
+    assert isinstance(failure, LockLost)
     assert _lines(caplog, "event=commit_lost") == []
