@@ -311,8 +311,8 @@ class NatsSettings(ConfigModel):
             found["duplicate_window"] = (
                 f"nats.streams[{index}].duplicate_window_ms {stream.duplicate_window_ms} is "
                 f"under {floor} (twice nats.ack_timeout_ms, plus the router's 30 s backoff): "
-                "a batch published again after a failure is stored twice; size it like "
-                "dedup.window_ms (README, How close to exactly once)")
+                "a batch published again after a failure is stored again, at each retry; "
+                "size it like dedup.window_ms (README, How close to exactly once)")
         if stream.storage == "memory":  # QA 54-d F-5: 40 acked events gone at a restart
             found["storage"] = (
                 f"nats.streams[{index}].storage memory: nats-server keeps the stream in memory "

@@ -269,6 +269,8 @@ class OutboxRouter:
         self._renewal.committed()
         self._ledger.committed(committed.offsets)
         self._after_refusal = False
+        if self._consecutive_aborts:  # said once: the fix worked (QA 60-a F-3)
+            log.info("event=batch_committed_after_aborts aborted=%d", self._consecutive_aborts)
         self._consecutive_aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(committed, now_ms)

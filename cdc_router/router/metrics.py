@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from bisect import bisect_left
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
 
     from cdc_router.router.values import Committed
 
+log = logging.getLogger("cdc_router.router")
+
+# cdc_router_events_routed's topic series at most (QA 60-a F-1: a JetStream subject templated
+# on {aggregate_id} made one a subject, for the life of the process); the events of any later
+# topic are counted under OTHER_TOPICS, which no Kafka topic or JetStream subject can be named.
+MAX_TOPIC_SERIES = 500
+OTHER_TOPICS = "(other topics)"
+
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
 # refresh is a call per assigned partition.
 LAG_INTERVAL_S = 1.0
@@ -40,6 +49,7 @@ class RouterMetrics:
         r = self.registry
         self.routed = Counter("cdc_router_events_routed", "Events committed on a destination "
                               "topic", ["topic"], registry=r)
+        self._routed_topics: set[str] = set()
         self.skipped = Counter("cdc_router_records_skipped", "Raw records with no event to "
                                "deliver (deletes, tombstones, heartbeats, ...)", ["reason"],
                                registry=r)
@@ -120,9 +130,25 @@ class RouterMetrics:
         self._finished.update(committed.offsets)
         # One labels() lookup per topic, not per event: it takes a lock and builds a key.
         for topic, count in Tally(event.topic for event in delivered).items():
-            self.routed.labels(topic).inc(count)
+            self.routed.labels(self._topic_label(topic)).inc(count)
         self.latency.observe_all([max(0.0, (now_ms - event.created_at_ms) / 1000)
                                   for event in delivered if event.created_at_ms is not None])
+
+    def _topic_label(self, topic: str) -> str:
+        """`topic`, or OTHER_TOPICS once MAX_TOPIC_SERIES topics have a series (said once)."""
+        topics = self._routed_topics
+        if topic in topics:
+            return topic
+        if len(topics) < MAX_TOPIC_SERIES:
+            topics.add(topic)
+            return topic
+        if OTHER_TOPICS not in topics:
+            topics.add(OTHER_TOPICS)
+            log.warning("event=metrics_topics_capped topics=%d hint='cdc_router_events_routed "
+                        "counts the events of every later topic under topic=\"%s\": a route "
+                        "templated on row data (such as {aggregate_id}) renders a name an "
+                        "event'", MAX_TOPIC_SERIES, OTHER_TOPICS)
+        return OTHER_TOPICS
 
     def assigned(self, partitions: Iterable[TopicPartition],
                  committed: Iterable[TopicPartition] | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from cdc_router.router.metrics import RouterMetrics, serve
+from cdc_router.router.metrics import MAX_TOPIC_SERIES, OTHER_TOPICS, RouterMetrics, serve
 from cdc_router.router.values import Committed, Delivered
 
 
@@ -68,6 +69,26 @@ def test_a_committed_batch_counts_each_topic_latency_letter_skip_and_duplicate()
     assert value("cdc_router_end_to_end_seconds_count") == 2
     assert value("cdc_router_end_to_end_seconds_sum") == 2.5
     assert value("cdc_router_batches_committed_total") == 1
+
+
+def test_topic_series_stop_at_max_topic_series_and_later_topics_count_as_other(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 60-a F-1: a subject templated on {aggregate_id} added a series an aggregate, for the
+    # life of the process (200 after 45 minutes; a million aggregates, a million series).
+    metrics = RouterMetrics()
+    topics = [f"ship.a{n}" for n in range(MAX_TOPIC_SERIES + 40)]
+    with caplog.at_level(logging.WARNING, logger="cdc_router.router"):
+        for batch in (topics[:300], topics[300:], topics[:10] + topics[-10:]):
+            metrics.committed(Committed([Delivered(t, t, None) for t in batch], [], []),
+                              now_ms=1_000)
+    value = metrics.registry.get_sample_value
+    series = {sample.labels["topic"] for family in metrics.registry.collect()
+              if family.name == "cdc_router_events_routed" for sample in family.samples
+              if sample.name.endswith("_total")}
+    assert len(series) == MAX_TOPIC_SERIES + 1 and OTHER_TOPICS in series
+    assert value("cdc_router_events_routed_total", {"topic": "ship.a0"}) == 2
+    assert value("cdc_router_events_routed_total", {"topic": OTHER_TOPICS}) == 40 + 10
+    assert caplog.text.count("event=metrics_topics_capped topics=500") == 1
 
 
 def test_every_dead_letter_stage_starts_at_0_so_increase_sees_the_first_letters() -> None:

@@ -1466,6 +1466,19 @@ def test_an_abort_that_keeps_timing_out_is_ended_by_a_new_producer() -> None:
     assert harness.letters() == [] and cluster.group_offsets == {(RAW, 0): 8}
 
 
+def test_the_first_commit_after_aborted_batches_is_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 60-a F-3: after the operator's fix (a stream recreated) the router went on after its
+    # backoff and no line said so; only cdc_router_consecutive_aborts falling to 0 did.
+    cluster = cluster_with(*events(4))
+    cluster.commit_failures = [_TIMED_OUT, _TIMED_OUT]
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        harness = Harness(cluster, delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == [f"e-{i}" for i in range(4)]
+    said = [r.getMessage() for r in caplog.records if "after_aborts" in r.getMessage()]
+    assert said == ["event=batch_committed_after_aborts aborted=2"]
+
+
 def test_a_second_fatal_transaction_error_before_any_commit_stops_the_router() -> None:
     cluster = cluster_with(*events(4))
 
