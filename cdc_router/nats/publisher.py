@@ -253,7 +253,15 @@ class JetStreamPublisher:
                     # QA 34-d: a full stream with discard: new refuses every publish.
                     f"; the stream that captures {message.subject!r} "
                     f"{_full_hint(error, self._stream_of and self._stream_of(message.subject))}"
-                    if stream_full(error) else "")
+                    if stream_full(error) else
+                    # QA 60-a F-4: a hung server (SIGSTOP) keeps its connection: only timeouts.
+                    f"; no acknowledgement within nats.ack_timeout_ms "
+                    f"({self._ack_timeout_s * 1000:.0f} ms): is nats-server answering (hung, "
+                    "overloaded, or cut off with the connection still open)? See its log and "
+                    "its /healthz; raise "
+                    "nats.ack_timeout_ms for a slow server"
+                    if len(failed) == len(messages)
+                    and all(isinstance(failure, TimeoutError) for _, failure in failed) else "")
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
                 f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"

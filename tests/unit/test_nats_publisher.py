@@ -82,3 +82,35 @@ def test_a_stream_full_per_subject_is_told_to_lift_the_limit_before_streams_appl
     hint = _full_hint(error, "PAY")  # type: ignore[arg-type]
     assert hint.index("nats stream edit PAY --max-msgs-per-subject=-1") < hint.index(
         "then run `cdc-router streams apply")
+
+
+def test_a_batch_whose_every_ack_timed_out_asks_whether_nats_server_answers() -> None:
+    # QA 60-a F-4: nats-server stopped (SIGSTOP) keeps its connection, so no disconnect is
+    # said; every publish times out, and the line said only "TimeoutError: nats: timeout".
+    from nats.errors import TimeoutError as NatsTimeout
+
+    publisher = JetStreamPublisher("nats://127.0.0.1:1", ack_timeout_s=2.5, connect_timeout_s=1)
+    publisher._client = SimpleNamespace(max_payload=1_000_000)
+    answered: list[str] = []
+
+    class Hung:
+        async def publish(self, subject: str, data: bytes, **_: object) -> object:
+            if subject in answered:
+                return SimpleNamespace(stream="S", duplicate=False)
+            raise NatsTimeout
+
+    async def connected() -> Hung:
+        return Hung()
+
+    publisher._connected = connected  # type: ignore[method-assign]
+    messages = [NatsMessage("a.b", b"{}", {}, "id-1"), NatsMessage("a.c", b"{}", {}, "id-2")]
+    with pytest.raises(JetStreamError) as hung:
+        asyncio.run(publisher._publish_all(messages))
+    assert str(hung.value).endswith(
+        "nats: timeout; no acknowledgement within nats.ack_timeout_ms (2500 ms): is nats-server "
+        "answering (hung, overloaded, or cut off with the connection still open)? See its log "
+        "and its /healthz; raise nats.ack_timeout_ms for a slow server")
+    answered.append("a.c")  # one acknowledged: no such question
+    with pytest.raises(JetStreamError) as one:
+        asyncio.run(publisher._publish_all(messages))
+    assert str(one.value).endswith("TimeoutError: nats: timeout"), str(one.value)
