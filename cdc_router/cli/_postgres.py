@@ -12,8 +12,9 @@ import psycopg
 from click.core import ParameterSource
 
 from cdc_router.cli._options import EnvOption
+from cdc_router.config.dsn import dsn_problem
 from cdc_router.errors import ConfigError, DatabaseError
-from cdc_router.postgres import column_hint, dsn_problem, one_line
+from cdc_router.postgres import column_hint, one_line
 
 DEFAULT_DSN = "postgresql://postgres:postgres@127.0.0.1:15432/postgres"
 DSN_HINT = "check --dsn (env CDC_ROUTER_PG_DSN)"  # where a command's Postgres comes from

@@ -20,6 +20,7 @@ from cdc_router.cli._ports import serve_on
 from cdc_router.cli._postgres import DEFAULT_DSN, dsn_named
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
+from cdc_router.config.dsn import dsn_problem
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.status import StatusSettings
@@ -33,7 +34,6 @@ from cdc_router.ops.probe import Endpoints, check
 from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import Report, carry_inactive_since
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, judge, verdict
-from cdc_router.postgres import dsn_problem
 from cdc_router.router import clients
 from cdc_router.signals import refuse_reload
 

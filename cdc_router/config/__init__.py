@@ -16,8 +16,9 @@
     headers.py      the headers the router writes itself, which nobody else may
     utf8.py         what UTF-8 can encode: no lone surrogate
     json_bounds.py  what JSON every consumer reads: nesting depth, integers beyond a double
+    dsn.py          what libpq refuses of a Postgres connection string, before asking a server
 
-The rules (topic_names, patterns, headers, utf8, json_bounds) are pure leaves: they import
+The rules (topic_names, patterns, headers, utf8, json_bounds, dsn) are pure leaves: they import
 nothing of the router, routing or serde, so every part can use them. This file imports nothing,
 so that importing any one module of the package never loads the others.
 """

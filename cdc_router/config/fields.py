@@ -21,11 +21,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from cdc_router.config.dsn import dsn_problem
 from cdc_router.config.patterns import compile_pattern
 from cdc_router.config.redact import is_secret_key
 from cdc_router.config.yaml_text import written_text
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import dsn_problem, split_table
+from cdc_router.postgres import split_table
 
 
 def list_config_items(value: str) -> frozenset[str]:

@@ -9,11 +9,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cdc_router.config.dsn import dsn_problem
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
     delete_in_chunks,
-    dsn_problem,
     one_line,
     refused_for_good,
     session_options,

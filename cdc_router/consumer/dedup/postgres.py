@@ -38,6 +38,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from cdc_router.config.dsn import dsn_problem
 from cdc_router.consumer.checks import check_all
 from cdc_router.consumer.dedup.postgres_rules import (
     IDLE_IN_TRANSACTION_TIMEOUT,
@@ -58,7 +59,6 @@ from cdc_router.consumer.retry import finite_number, whole_number
 from cdc_router.postgres import (
     delete_in_chunks,
     deploy_fault,
-    dsn_problem,
     one_line,
     refused_for_good,
     session_options,

@@ -1,0 +1,76 @@
+"""Postgres connection strings libpq refuses before it asks any server, said one way.
+
+A config's DSN is checked at load (`dsn_problem`), a command's --dsn before it connects. It
+never quotes the string: it holds the password; only the refused option's name and value are
+shown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+# The values libpq takes for its enumerated options (libpq's docs, "Parameter Key Words"): it
+# refuses another before it contacts any server, "connection is bad: invalid sslmode value",
+# and no retry cures that (review 46-2 F5: the relay retried it forever). An option reaches
+# this check only when the linked libpq knows its name (conninfo_to_dict refuses the rest).
+_OPTION_VALUES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+}
+_INTEGER_OPTIONS = ("port", "connect_timeout", "keepalives", "keepalives_idle",
+                    "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # libpq's parse_int_param: strtol, blanks around
+_NOT_A_DSN = ("not a Postgres connection string; give postgresql://user:password@host:port/dbname "
+              "or key=value pairs")
+_UNKNOWN_OPTION = re.compile(r'invalid (?:connection option|URI query parameter):? "([a-z_]+)"')
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why `dsn` is no Postgres connection string libpq can use, or None: its syntax, or an
+    option value libpq refuses without contacting a server (sslmode, port, ...); never quotes
+    the string (it holds the password), only the bad option's value."""
+    try:
+        options = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        # Not libpq's reason either: it quotes the string's words, a password among them.
+        # An unknown option is named only when it is a known one misspelt ('pasword'):
+        # `password=my secret_part=1` makes a piece of a password one (reread 58-r F-5).
+        if (unknown := _UNKNOWN_OPTION.fullmatch(str(error).strip())) and (
+                meant := difflib.get_close_matches(unknown[1], _libpq_options(), 1, 0.8)):
+            return (f"its option {unknown[1]!r} is not one of libpq's connection parameters: "
+                    f"did you mean {meant[0]!r}?")
+        return _NOT_A_DSN
+    return next(filter(None, (_value_problem(option, str(value))
+                              for option, value in options.items() if value)), None)
+
+
+@functools.cache
+def _libpq_options() -> list[str]:
+    """The connection parameters the linked libpq knows."""
+    return [option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()]
+
+
+def _value_problem(option: str, value: str) -> str | None:
+    allowed = _OPTION_VALUES.get(option)
+    if allowed is not None and value not in allowed:
+        return f"its {option} {value!r} is not one libpq takes: {', '.join(allowed)}"
+    if option not in _INTEGER_OPTIONS:
+        return None
+    # A port per host, or one for all; an empty one is the default.
+    for item in value.split(",") if option == "port" else [value]:
+        if item.strip() and not _INTEGER.fullmatch(item):
+            return f"its {option} {item!r} is not an integer"
+        if option == "port" and item.strip() and not 1 <= int(item) <= 65535:
+            return f"its port {item!r} is not one from 1 to 65535"
+    return None
