@@ -12,7 +12,7 @@ import psycopg
 from click.core import ParameterSource
 
 from cdc_router.cli._options import EnvOption
-from cdc_router.config.dsn import dsn_problem
+from cdc_router.config.dsn import dsn_problem, refused_dsn
 from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.postgres import column_hint, one_line
 
@@ -31,6 +31,8 @@ def database(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
         connection = psycopg.connect(dsn, connect_timeout=10)
     except psycopg.Error as error:
+        if (problem := refused_dsn(dsn, error)) is not None:  # no server asked (reread 59 F-2)
+            raise ConfigError(problem, field=dsn_named()) from None
         raise DatabaseError(f"Postgres at {where}: {one_line(error)}; {DSN_HINT}") from error
     try:
         with connection as conn:

@@ -1,15 +1,18 @@
 """Postgres connection strings libpq refuses before it asks any server, said one way.
 
-A config's DSN is checked at load (`dsn_problem`), a command's --dsn before it connects. It
-never quotes the string: it holds the password; only the refused option's name and value are
-shown.
+A config's DSN is checked at load (`dsn_problem`), a command's --dsn before it connects; what
+still reaches psycopg.connect (a library's conninfo, a PG* environment variable) is told
+apart from a server's refusal by `refused_dsn`. Neither quotes the string: it holds the
+password; only the refused option's name and value are shown.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import os
 import re
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -74,3 +77,47 @@ def _value_problem(option: str, value: str) -> str | None:
         if option == "port" and item.strip() and not 1 <= int(item) <= 65535:
             return f"its port {item!r} is not one from 1 to 65535"
     return None
+
+
+# libpq's texts for an option value it refuses before it asks any server (libpq 16-18:
+# fe-connect.c), the value's option named either way; a PG* variable's value reads the same.
+_REFUSED_VALUE = (re.compile(r'invalid "?(?P<option>\w+)"? value: "(?P<value>[^"]*)"'),
+                  re.compile(r'invalid integer value "(?P<value>[^"]*)" for connection '
+                             r'option "(?P<option>\w+)"'),
+                  re.compile(r'invalid (?P<option>port) number: "(?P<value>[^"]*)"'))
+
+
+def refused_dsn(dsn: str, error: psycopg.Error) -> str | None:
+    """Why libpq refused `dsn` without asking any server, as dsn_problem says it: the option,
+    its value and what libpq takes; None when `error` is no such refusal (a server's, or no
+    server reached). Reread 59 F-2: an invalid sslmode read as "Postgres refuses"."""
+    if isinstance(error, psycopg.ProgrammingError):  # its text quotes the DSN's words
+        return dsn_problem(dsn) or _NOT_A_DSN
+    text = str(error)
+    found = next((match for pattern in _REFUSED_VALUE
+                  if (match := pattern.search(text)) is not None), None)
+    if not text.startswith("connection is bad:") or found is None:
+        return None
+    if (problem := dsn_problem(dsn)) is not None:
+        return problem
+    # Not the DSN's value (or one dsn_problem does not check): a PG* variable's, or libpq's.
+    option, value = found["option"], found["value"]
+    variable = _environment_variables().get(option)
+    source = (f" (from the environment variable {variable}: fix or unset it)"
+              if variable and variable in os.environ and option not in _options(dsn) else "")
+    return (_value_problem(option, value) or f"its {option} {value!r} is not one libpq "
+            "takes") + source
+
+
+@functools.cache
+def _environment_variables() -> dict[str, str]:
+    """The PG* environment variable of each connection parameter that has one."""
+    return {option.keyword.decode(): option.envvar.decode()
+            for option in psycopg.pq.Conninfo.get_defaults() if option.envvar}
+
+
+def _options(dsn: str) -> dict[str, Any]:
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return {}

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 
+from cdc_router.config.dsn import refused_dsn
 from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PreparedXact, PublicationState, Slot, WalState
 from cdc_router.outbox.existing import column_list_problem, publication_filter, row_filter_problem
@@ -63,6 +64,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
     except psycopg.Error as error:
         message = f"Postgres: {one_line(error)}"
+        if (problem := refused_dsn(dsn, error)) is not None:  # no server asked: reread 59 F-2
+            message = f"libpq refuses the DSN, before asking any server: {problem}"
         if refused_for_good(error):  # QA 44-a: a wrong password did not say which setting
             message += f" (the DSN comes from {source}: fix it there)"
         return WalState(error=message), PublicationState(error=message, name=publication), \

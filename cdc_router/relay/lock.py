@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_router.config.dsn import refused_dsn
 from cdc_router.errors import DatabaseError
 from cdc_router.postgres import (
     missing_table,
@@ -38,12 +39,15 @@ WAIT_S = 0.5  # a takeover comes at most this long after the lock is released
 _MAX_BACKOFF_S = 30.0  # between tries while Postgres is away: a takeover at most this late
 
 
-def _raise_if_for_good(error: psycopg.Error, table: str) -> None:
+def _raise_if_for_good(error: psycopg.Error, table: str, dsn: str) -> None:
     """Raise, as one line, an error that retrying the lock cannot cure: the table is not there,
     the role may not read it, or the server refuses these credentials. Waiting would leave a
     relay that never starts while its /healthz answers like a standby's."""
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         raise missing_table(table, "relay.table") from error
+    if (problem := refused_dsn(dsn, error)) is not None:  # a PG* variable's (reread 59 F-2)
+        raise DatabaseError(f"the relay cannot lock {table}: {problem}; check relay.dsn, "
+                            "else cleanup.dsn") from None
     if refused_for_good(error):
         # Review 51-d F9: a wrong password named no setting.
         raise DatabaseError(f"the relay cannot lock {table}: {one_line(error)}; check the "
@@ -77,7 +81,7 @@ class TableLock:
                              "table; taking over when it stops'", self._table)
                     waiting_logged = True
             except psycopg.Error as error:
-                _raise_if_for_good(error, self._name)
+                _raise_if_for_good(error, self._name, self._dsn)
                 log.warning("event=lock_failed table=%s error=%r retry_in_s=%.1f", self._table,
                             one_line(error), backoff)
                 self.release()

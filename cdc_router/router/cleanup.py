@@ -37,7 +37,7 @@ from cdc_router.config.cleanup import CleanupSettings
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.outbox import age as cleanup_age
 from cdc_router.postgres import one_line, row_fault, table_identifier
-from cdc_router.router.cleanup_failures import failure_reason
+from cdc_router.router.cleanup_failures import failure_reason, start_refusal
 from cdc_router.router.cleanup_queue import PendingIds
 from cdc_router.router.metrics import cleanup_metrics
 from cdc_router.router.values import Delivered
@@ -152,11 +152,8 @@ class OutboxCleaner:
                 self._types(conn)
                 postgres.require_outbox_grants(conn, self._settings.table, "cleanup.table")
         except psycopg.Error as error:
-            if postgres.refused_for_good(error):
-                raise ConfigError(f"Postgres refuses the cleanup: {one_line(error)}",
-                                  field="cleanup.dsn", hint="check its user, password, "
-                                  "grants and pg_hba.conf's lines for it "
-                                  "(CDC_ROUTER__CLEANUP__DSN)") from None
+            if (refused := start_refusal(self._settings.dsn, error)) is not None:
+                raise refused from None
             log.warning("event=cleanup_check_skipped error=%r", one_line(error))
 
     def start(self) -> None:

@@ -1,4 +1,5 @@
-"""Why a DELETE of the outbox cleanup failed, for its `event=cleanup_failed` line.
+"""Why the outbox cleanup's Postgres failed it: a DELETE, for its `event=cleanup_failed` line;
+the start check, for the error that stops the router.
 
 The worker retries every failure (a Postgres restart or a failover mends many), so the line is
 all an operator gets: for a cause that lasts, it names the setting and the fix, as the start
@@ -10,7 +11,22 @@ from __future__ import annotations
 
 import psycopg
 
-from cdc_router.postgres import PREPARED_HINT
+from cdc_router.config.dsn import refused_dsn
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import PREPARED_HINT, one_line, refused_for_good
+
+
+def start_refusal(dsn: str, error: psycopg.Error) -> ConfigError | None:
+    """The start check's error for a connection no retry mends, or None: libpq refusing an
+    option (a PG* variable's; the config's DSN is checked at load: reread 59 F-2), Postgres
+    refusing the login (review 43)."""
+    if (problem := refused_dsn(dsn, error)) is not None:
+        return ConfigError(problem, field="cleanup.dsn")
+    if refused_for_good(error):
+        return ConfigError(f"Postgres refuses the cleanup: {one_line(error)}",
+                           field="cleanup.dsn", hint="check its user, password, grants and "
+                           "pg_hba.conf's lines for it (CDC_ROUTER__CLEANUP__DSN)")
+    return None
 
 
 def failure_reason(error: psycopg.Error, *, connected: bool, table: str) -> str:

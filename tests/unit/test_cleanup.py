@@ -335,6 +335,21 @@ def test_a_dsn_pg_hba_or_the_role_refuses_stops_the_start_as_a_wrong_password_do
     assert refusal in str(stopped.value) and "(CDC_ROUTER__CLEANUP__DSN)" in str(stopped.value)
 
 
+def test_a_pg_variable_libpq_refuses_stops_the_start_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reread 59 F-2: it read "Postgres refuses the cleanup", check the user and password.
+    monkeypatch.setenv("PGSSLMODE", "bogus")
+    cleaner = OutboxCleaner(CleanupSettings(mode="delete", dsn="host=127.0.0.1 port=1"),
+                            id_column="id", created_at_column=None,
+                            registry=CollectorRegistry())
+    with pytest.raises(ConfigError) as stopped:
+        cleaner.check()
+    assert str(stopped.value) == (
+        "field 'cleanup.dsn': its sslmode 'bogus' is not one libpq takes: disable, allow, "
+        "prefer, require, verify-ca, verify-full (from the environment variable PGSSLMODE: fix "
+        "or unset it)")
+
+
 @pytest.mark.parametrize(("field", "value"), [("batch_size", 100_001), ("interval_ms", 10**30),
                                               ("retention_ms", 10**30), ("batch_size", 0)])
 def test_cleanup_sizes_and_times_are_bounded(field: str, value: int):

@@ -819,3 +819,19 @@ def test_a_client_key_librdkafka_cannot_read_in_another_command_names_the_variab
     assert line is not None and line.endswith(
         "set CDC_ROUTER__KAFKA__CONFIG__SSL_KEY_PASSWORD (ssl.key.password) to its passphrase; "
         "else check that the file is a PEM private key"), line
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["outbox", "stats"], "error: field '--dsn': its sslmode 'bogus' is not one libpq takes: "
+     "disable, allow, prefer, require, verify-ca, verify-full"),
+    (["dedup", "init"], "error: libpq refuses the dedup store's DSN, before asking any server: "
+     "its sslmode 'bogus' is not one libpq takes: disable, allow, prefer, require, verify-ca, "
+     "verify-full; check --dsn (env CDC_ROUTER_PG_DSN)")])
+def test_a_dsn_option_value_libpq_refuses_is_named_not_blamed_on_postgres(
+        args: list[str], said: str) -> None:
+    # Reread 59 F-2: "Postgres refuses the dedup store's connection" and "Postgres at
+    # 127.0.0.1:1/: connection is bad: ...", though libpq refused it before asking any server.
+    result = CliRunner().invoke(main, [*args, "--dsn", "host=127.0.0.1 port=1 password=s3cret "
+                                       "sslmode=bogus"], env={"CDC_ROUTER_PG_DSN": None})
+    assert result.exit_code == 1 and said in " ".join(result.stderr.split()), result.output
+    assert "s3cret" not in result.output and "Postgres" not in result.stderr

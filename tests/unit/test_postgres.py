@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc_router.config.dsn import dsn_problem
+from cdc_router.config.dsn import dsn_problem, refused_dsn
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
@@ -229,6 +229,44 @@ def test_a_dsn_libpq_cannot_parse_is_a_problem_that_never_quotes_its_words(
     assert "s3cret" not in found and "tail" not in found
     with pytest.raises(psycopg.ProgrammingError):
         psycopg.connect(dsn, connect_timeout=1)  # libpq refuses it before any server
+
+
+@pytest.mark.parametrize(("dsn", "environment", "problem"), [
+    ("host=127.0.0.1 port=1 password=s3cret sslmode=bogus", {},
+     "its sslmode 'bogus' is not one libpq takes: disable, allow"),
+    ("host=127.0.0.1 port=abc password=s3cret", {}, "its port 'abc' is not an integer"),
+    ("host=127.0.0.1 password=s3cret tail", {}, "not a Postgres connection string"),
+    # No DSN check knows it: libpq's own words name the option and the value.
+    ("host=127.0.0.1 port=1 password=s3cret require_auth=bogus", {},
+     "its require_auth 'bogus' is not one libpq takes"),
+    ("host=127.0.0.1 port=1 password=s3cret", {"PGSSLMODE": "bogus"},
+     "its sslmode 'bogus' is not one libpq takes: disable, allow, prefer, require, verify-ca, "
+     "verify-full (from the environment variable PGSSLMODE: fix or unset it)"),
+    ("host=127.0.0.1 password=s3cret", {"PGPORT": "abc"},
+     "its port 'abc' is not an integer (from the environment variable PGPORT: fix or unset "
+     "it)")])
+def test_refused_dsn_says_what_libpq_refused_before_asking_any_server(
+        monkeypatch: pytest.MonkeyPatch, dsn: str, environment: dict[str, str],
+        problem: str) -> None:
+    # Reread 59 F-2: these read "Postgres refuses the dedup store's connection".
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(psycopg.Error) as refused:
+        psycopg.connect(dsn, connect_timeout=1)  # the real libpq: no server is asked
+    said = refused_dsn(dsn, refused.value)
+    assert said is not None and said.startswith(problem), said
+    assert "s3cret" not in said
+
+
+@pytest.mark.parametrize("message", [
+    'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused',
+    'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  '
+    'password authentication failed for user "postgres"',
+    'connection failed: connection to server at "127.0.0.1", port 5432 failed: server does not '
+    "support SSL, but SSL was required"])
+def test_refused_dsn_leaves_a_server_or_its_absence_to_the_caller(message: str) -> None:
+    assert refused_dsn("host=127.0.0.1 sslmode=require", psycopg.OperationalError(message)) \
+        is None
 
 
 @pytest.mark.parametrize("dsn", [

@@ -54,3 +54,14 @@ def test_a_server_not_answering_yet_is_waited_for() -> None:
 
     acquired, waits = _acquire(down)
     assert not acquired and waits == [1.0, 2.0, 4.0]
+
+
+def test_a_pg_variable_libpq_refuses_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reread 59 F-2: libpq's refusal of PGSSLMODE read as a login to check.
+    monkeypatch.setenv("PGSSLMODE", "bogus")
+    with pytest.raises(DatabaseError) as refused:
+        TableLock("host=127.0.0.1 port=1", "public.outbox").acquire(lambda s: True)
+    assert str(refused.value) == (
+        "the relay cannot lock public.outbox: its sslmode 'bogus' is not one libpq takes: "
+        "disable, allow, prefer, require, verify-ca, verify-full (from the environment "
+        "variable PGSSLMODE: fix or unset it); check relay.dsn, else cleanup.dsn")

@@ -36,6 +36,20 @@ def test_a_refused_password_names_the_setting_the_dsn_came_from(
         assert "cleanup.dsn of the config" in section.error
 
 
+def test_an_option_libpq_refuses_is_named_not_blamed_on_postgres(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reread 59 F-2: "Postgres: connection is bad: invalid sslmode value", though no server
+    # was asked (the real libpq: PGSSLMODE is no DSN's that status checks first).
+    monkeypatch.setenv("PGSSLMODE", "bogus")
+    wal, _, _ = database.probe_database("host=127.0.0.1 port=1", None, None, OutboxSchema(),
+                                        source="cleanup.dsn of the config")
+    assert wal.error == (
+        "libpq refuses the DSN, before asking any server: its sslmode 'bogus' is not one libpq "
+        "takes: disable, allow, prefer, require, verify-ca, verify-full (from the environment "
+        "variable PGSSLMODE: fix or unset it) (the DSN comes from cleanup.dsn of the config: "
+        "fix it there)")
+
+
 def test_an_outage_is_not_blamed_on_the_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(database.psycopg, "connect", _refusing(
         'connection failed: connection to server at "127.0.0.1", port 15432 failed: '

@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from cdc_router.config.dsn import dsn_problem
+from cdc_router.config.dsn import refused_dsn
 from cdc_router.consumer.checks import check_all
 from cdc_router.consumer.dedup.postgres_rules import (
     IDLE_IN_TRANSACTION_TIMEOUT,
@@ -77,7 +77,7 @@ _MAX_LOCK_TIMEOUT_S = 2_147_483.647
 # How the store's errors for a connection it could not open begin (the CLI adds its option).
 CONNECTION_FAILURES = ("cannot connect to the dedup database",
                        "Postgres refuses the dedup store's connection",
-                       "libpq cannot parse the dedup store's DSN")
+                       "libpq refuses the dedup store's DSN, before asking any server")
 
 
 class PostgresDedupStore:
@@ -129,13 +129,12 @@ class PostgresDedupStore:
                     **session_options(self._conninfo, "cdc-router-consumer"),
                     "connect_timeout": self._connect_timeout_s})
             except psycopg.Error as error:
-                # Review 51-d F6: retried for ever as an outage. A DSN libpq cannot parse
-                # (ProgrammingError: an unknown option) was too (QA 57-c F-5); no server was
-                # asked, so not "Postgres refuses" (reread 58-r F-8).
-                if isinstance(error, psycopg.ProgrammingError):  # its text quotes the DSN's
-                    raise DedupStoreRefused(  # words, a password among them: never shown
-                        f"{CONNECTION_FAILURES[2]}: {dsn_problem(self._conninfo)}; "
-                        f"{_refusal_advice(error)}") from None
+                # Review 51-d F6: retried for ever as an outage. A DSN libpq refuses (an
+                # unknown option, an invalid value) was too (QA 57-c F-5); no server was
+                # asked, so not "Postgres refuses" (reread 58-r F-8, reread 59 F-2).
+                if (problem := refused_dsn(self._conninfo, error)) is not None:
+                    # from None: psycopg's text may quote the DSN's words, a password's
+                    raise DedupStoreRefused(f"{CONNECTION_FAILURES[2]}: {problem}") from None
                 if refused_for_good(error):
                     raise DedupStoreRefused(f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
                                             f"{_refusal_advice(error)}") from error
@@ -355,14 +354,9 @@ class PostgresDedupStore:
 
 
 def _refusal_advice(error: psycopg.Error) -> str:
-    """What to check for a connection refused for good: the DSN's text, TLS or the login (QA
-    57-c F-5: an invalid sslmode value was given the login's advice)."""
-    text = str(error)
-    if isinstance(error, psycopg.ProgrammingError) or "connection is bad: invalid" in text:
-        return ("the DSN itself is malformed: check its option names and values (libpq's "
-                "connection parameters; sslmode is one of disable, allow, prefer, require, "
-                "verify-ca, verify-full)")
-    if "server does not support SSL" in text:
+    """What to check for a connection refused for good: TLS or the login (QA 57-c F-5: an
+    invalid sslmode value was given the login's advice; it is refused_dsn's now)."""
+    if "server does not support SSL" in str(error):
         return ("the server does not speak TLS: set sslmode=prefer (or disable) in the DSN, "
                 "or enable ssl on the server")
     return ("check the DSN's user, password and database, that the role may log in (LOGIN) "
