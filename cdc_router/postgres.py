@@ -70,6 +70,12 @@ def _name_parts(qualified: str, what: str) -> list[str]:
         rest = rest[1:]  # the dot
 
 
+def unquoted(table: str) -> str:
+    """`table` without SQL quotes, in schema public when it names none."""
+    name = table.replace('"', "")
+    return name if "." in name else f"public.{name}"
+
+
 def table_identifier(qualified: str, what: str = "table") -> sql.Identifier:
     """`schema.table` or `table` as a quoted SQL identifier; ConfigError names `what`."""
     return sql.Identifier(*split_table(qualified, what))

@@ -22,6 +22,7 @@ from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
+from cdc_router.ops.connector_failure import failed_start
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
@@ -192,7 +193,7 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         created = state.client.put_config(item.spec.name, item.spec.config)
         click.echo(f"{item.spec.name}: {'created' if created else 'updated'}")
     for item in pending:
-        _watch_start(state.client, item.spec.name, wait_s, failed_before.get(item.spec.name))
+        _watch_start(state.client, item.spec, wait_s, failed_before.get(item.spec.name))
     # Review 48-b F10: a table that does not exist, or is outside the publication, captures
     # nothing while the task runs; `status` checks both, against the router's own database.
     for name in [item.spec.name for item in pending if slot_of(item.spec.config)]:
@@ -215,23 +216,22 @@ def _failure(client: ConnectClient, name: str) -> str | None:
     return current.failure() if current is not None else None
 
 
-def _watch_start(client: ConnectClient, name: str, wait_s: float, before: str | None) -> None:
-    """Up to `wait_s`, until `name` and its tasks have run for a third of it (5 s by default):
+def _watch_start(client: ConnectClient, spec: ConnectorSpec, wait_s: float,
+                 before: str | None) -> None:
+    """Up to `wait_s`, until `spec` and its tasks have run for a third of it (5 s by default):
     a FAILED one is a ConnectError (exit 1). Connect validates the config, not the database:
     a publication that does not exist (with publication.autocreate.mode disabled) fails the
     task seconds after `created` (QA 46-a). A first RUNNING proves nothing after an update:
     the old task runs on until Connect restarts it (QA 46-c). The failure `before` the update
     is the restart's to clear: it fails the command only if it is still there at the end
     (review 46-3: the fix's apply read the old FAILED trace)."""
-    deadline, running_since = time.monotonic() + wait_s, None
+    name, deadline, running_since = spec.name, time.monotonic() + wait_s, None
     while wait_s > 0:
         current = _status(client, name)
         now = time.monotonic()
         failure = current.failure() if current is not None else None
         if failure is not None and (failure != before or now >= deadline):
-            raise ConnectError(f"connector {name!r} {failure}; fix the cause, then `cdc-router "
-                               f"connectors restart {name} --tasks failed` (the whole trace: "
-                               f"`cdc-router connectors status {name}`)")
+            raise failed_start(name, spec.config, failure)
         running = current is not None and current.reached("RUNNING")
         running_since = (running_since or now) if running else None
         if current is not None and (current.state in ("PAUSED", "STOPPED") or (

@@ -13,5 +13,7 @@
     report      the Report and its sections (their field names are the JSON keys)
     verdict     pure: a Report and the thresholds (config/status.py) -> problems, exit code
                 (verdict_router: the router group; verdict_jetstream: the streams)
+    connector_failure  what a FAILED connector or task needs, by the cause its trace names
+                (status's connector line, `connectors apply`)
     exporter    the latest Report as Prometheus gauges (`status --serve`)
 """

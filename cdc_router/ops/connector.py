@@ -7,6 +7,7 @@ The connector's config names the slot, the publication and the captured table, s
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import httpx
@@ -71,7 +72,7 @@ def connector_state(status: ConnectorStatus) -> ConnectorState:
                           failure=failure_of(status.trace) if status.state == "FAILED" else None)
 
 
-def capture_of(config: dict[str, str]) -> Capture:
+def capture_of(config: Mapping[str, str]) -> Capture:
     tables = included_tables(config, unescaped=True)
     table = tables[0] if len(tables) == 1 and plain(tables[0]) else None
     return Capture(config.get("slot.name", DEFAULT_SLOT),

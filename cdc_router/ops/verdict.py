@@ -16,6 +16,7 @@ from psycopg import sql
 
 from cdc_router.config.status import StatusSettings
 from cdc_router.connect.spec import QUOTED_TABLE, quoted_table_fix
+from cdc_router.ops.connector_failure import LOST_SLOT_RUNBOOK, failed_fix, init_publication
 from cdc_router.ops.database import quoted_table
 from cdc_router.ops.problem import Problem, reached
 from cdc_router.ops.report import (
@@ -30,12 +31,12 @@ from cdc_router.ops.report import (
 from cdc_router.ops.verdict_jetstream import jetstream_problems
 from cdc_router.ops.verdict_router import router_problems
 from cdc_router.outbox.existing import publication_fix
+from cdc_router.postgres import unquoted
 
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2}
 # `status` could not check at all (its config or arguments are wrong): as Nagios's UNKNOWN, apart
 # from the verdicts, so that a probe never reads a broken check as a mere warning.
 EXIT_UNKNOWN = 3
-LOST_SLOT_RUNBOOK = "README runbook 'the slot was dropped or its WAL removed'"
 _NAMES_SHOWN = 10  # of the connectors Connect has, when the one asked for is not among them
 
 
@@ -50,7 +51,7 @@ def judge(report: Report, settings: StatusSettings,
     """Every problem of `report`, critical ones first."""
     found = [*_unreachable(report), *_wal(report, settings), *_publication(report),
              *_reader(report),
-             *_outbox(report, settings), *_connector(report.connector, report.wal),
+             *_outbox(report, settings), *_connector(report),
              *router_problems(report.router, settings), *_dead_letters(report, settings, previous),
              *jetstream_problems(report.jetstream, settings)]
     return sorted(found, key=lambda problem: problem.level != "critical")
@@ -188,12 +189,9 @@ def _publication(report: Report) -> Iterator[Problem]:
         # with the catalog of each change's time, and fails on any change (of any table)
         # written while the publication was missing (Postgres 15, checked by hand).
         # QA 58-d F-1: without --table, init made it FOR public.outbox, not this outbox.
-        table = report.outbox.table
-        on = f" --table {table}" if table and unquoted(table) != "public.outbox" else ""
         yield Problem("critical", "publication", f"publication {publication.name} does not "
-                      "exist: the connector cannot stream; run `cdc-router outbox init "
-                      f"--publication {publication.name}{on}` (with this database's --dsn), "
-                      "then follow "
+                      "exist: the connector cannot stream; run "
+                      f"{init_publication(publication.name, report.outbox.table)}, then follow "
                       f"{LOST_SLOT_RUNBOOK} from its step 2: created again, it does not "
                       "serve the slot past a change written while it was missing (Postgres "
                       "decodes the slot's WAL with the catalog as of each change)")
@@ -263,12 +261,6 @@ def _reader(report: Report) -> Iterator[Problem]:
                       f"{sql.Identifier(role).as_string(None)}`")
 
 
-def unquoted(table: str) -> str:
-    """`table` without SQL quotes, in schema public when it names none."""
-    name = table.replace('"', "")
-    return name if "." in name else f"public.{name}"
-
-
 # Why another captured table's rows stay (QA 55-a F-4), for its backlog's warnings.
 _NOT_CLEANED = ("the router's cleanup deletes from cleanup.table alone, not from this other "
                 "table the connector captures: delete its delivered rows yourself, or give it "
@@ -298,7 +290,8 @@ def _outbox(report: Report, settings: StatusSettings) -> Iterator[Problem]:
                                           "(cleanup.mode) and the router's lag"))
 
 
-def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:
+def _connector(report: Report) -> Iterator[Problem]:
+    connector, wal = report.connector, report.wal
     if connector.error is not None or connector.name is None:
         return
     name = f"connector {connector.name}"
@@ -319,8 +312,11 @@ def _connector(connector: ConnectorState, wal: WalState) -> Iterator[Problem]:
     if connector.state == "FAILED" or any(task.state == "FAILED" for task in connector.tasks):
         failure = connector.failure or next(
             (f"task {t.id}: {t.failure}" for t in connector.tasks if t.state == "FAILED"), "")
-        yield Problem("critical", "connector", f"{name} FAILED: {failure}; fix the cause, then "
-                      f"`cdc-router connectors restart {connector.name} --tasks failed`")
+        # The capture's own slot, when status read the connector's config (slot.name).
+        slots = [slot.exists for slot in wal.slots] if report.publication.name else []
+        yield Problem("critical", "connector", f"{name} FAILED: {failure}; " + failed_fix(
+            failure, connector.name, publication=report.publication.name,
+            table=report.outbox.table, slot_exists=slots[0] if len(slots) == 1 else None))
     elif connector.state in ("PAUSED", "STOPPED"):
         gone = [slot.name for slot in wal.slots if not slot.exists]
         if gone:

@@ -568,6 +568,7 @@ class ScriptedConnect:
         self.puts: list[str] = []
         self.connector_state = "RUNNING"
         self.resets: list[str] = []
+        self.trace = "io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         parts = request.url.path.strip("/").split("/")
@@ -600,8 +601,7 @@ class ScriptedConnect:
             self.task_state = self.reads_after_put.pop(0)
         if parts[-1] == "status":
             return httpx.Response(200, json=status_json(
-                name, self.connector_state, "RUNNING", self.task_state,
-                trace="io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"))
+                name, self.connector_state, "RUNNING", self.task_state, trace=self.trace))
         return httpx.Response(200, json=self.configs[name])
 
 
@@ -668,6 +668,29 @@ def test_apply_fails_when_a_task_fails_right_after_the_put(monkeypatch: pytest.M
                       "--yes", "--wait", "0")
     assert skipped.exit_code == 0, skipped.output
 
+
+
+def test_apply_names_the_missing_publication_and_how_to_create_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Stop 58: Debezium's trace names no publication, and the line said "fix the cause".
+    connect = ScriptedConnect({}, task_state="FAILED")
+    connect.trace = ("org.apache.kafka.connect.errors.ConnectException: Publication autocreation "
+                     "is disabled, please create one and restart the connector.\n\tat io."
+                     "debezium.connector.postgresql.connection.PostgresReplicationConnection."
+                     "initPublication(PostgresReplicationConnection.java:242)")
+    path = connector_file(tmp_path, **{"publication.name": "orders_pub",
+                                       "table.include.list": "app.outbox"})
+    result = run_cli(monkeypatch, connect, "apply", "-f", path, "--yes")
+    assert result.exit_code == 1
+    assert " ".join(result.stderr.split()) == (
+        "error: connector 'c' task 1 FAILED: org.apache.kafka.connect.errors.ConnectException: "
+        "Publication autocreation is disabled, please create one and restart the connector.; "
+        "publication orders_pub does not exist and the connector does not create it "
+        "(publication.autocreate.mode disabled): create it with `cdc-router outbox init "
+        "--publication orders_pub --table app.outbox` (with this database's --dsn), then "
+        "`cdc-router connectors restart c --tasks failed`; if its slot existed already (the "
+        "publication was dropped), follow README runbook 'the slot was dropped or its WAL "
+        "removed' from its step 2 instead (the whole trace: `cdc-router connectors status c`)")
 
 
 def test_apply_of_a_fix_is_not_failed_by_the_trace_from_before_it(

@@ -237,6 +237,37 @@ def test_a_paused_connector_warns_and_a_failed_task_is_critical_with_its_trace()
     assert EXIT_CODES[verdict([problem])] == 2
 
 
+_DROPPED = ("org.apache.kafka.connect.errors.ConnectException: An exception occurred in the "
+            "change event producer. This connector will be stopped. (root cause: org.apache."
+            "kafka.connect.errors.ConnectException: Publication autocreation is disabled, "
+            "please create one and restart the connector.)")  # as failure_of gives it
+_CREATE = ("publication outbox_pub does not exist and the connector does not create it "
+           "(publication.autocreate.mode disabled): create it with `cdc-router outbox init "
+           "--publication outbox_pub` (with this database's --dsn), then ")
+_RUNBOOK = "follow README runbook 'the slot was dropped or its WAL removed' from its step 2"
+_RESTART = "`cdc-router connectors restart outbox-connector --tasks failed`"
+
+
+@pytest.mark.parametrize(("failure", "slot", "then"), [
+    (_DROPPED, True, _RUNBOOK),  # dropped under a running task: the slot is there
+    (_DROPPED.split("(root cause: ")[1].rstrip(")"), False, _RESTART),  # a first start
+    (_DROPPED, None, f"{_RESTART}; if its slot existed already (the publication was dropped), "
+     f"{_RUNBOOK} instead"),  # the slot not known: its check failed
+    # pgoutput's refusal names the publication itself (FAILED once bounded retries end).
+    ('org.apache.kafka.connect.errors.ConnectException: ... (root cause: org.postgresql.util.'
+     'PSQLException: ERROR: publication "outbox_pub" does not exist)', True, _RUNBOOK)])
+def test_a_task_failed_on_a_missing_publication_names_it_and_how_to_create_it(
+        failure: str, slot: bool | None, then: str) -> None:
+    # Stop 58: the FAILED line said only "fix the cause, then restart".
+    report = replace(healthy(), connector=replace(healthy().connector, tasks=(
+        TaskState(0, "FAILED", "w", failure),)), wal=replace(healthy().wal, slots=(
+            () if slot is None else (Slot("outbox_slot", slot),)),
+            error=None if slot is not None else "Postgres: timeout"))
+    connector = [line for line in lines(report) if line.startswith("critical: connector:")]
+    assert connector == [f"critical: connector: connector outbox-connector FAILED: task 0: "
+                         f"{failure}; {_CREATE}{then}"]
+
+
 def test_a_connector_running_without_a_task_names_the_lost_slot_and_a_restart() -> None:
     taskless = replace(healthy(), connector=replace(healthy().connector, tasks=()))
     assert lines(taskless) == [
