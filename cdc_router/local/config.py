@@ -245,7 +245,12 @@ def connect_properties(config: StackConfig) -> dict[str, str]:
 
 def postgres_conf(config: StackConfig) -> str:
     """Settings appended to postgresql.conf: logical decoding for Debezium, loopback only."""
-    values = {
+    return "".join(f"{key} = {value}\n" for key, value in postgres_settings(config).items())
+
+
+def postgres_settings(config: StackConfig) -> dict[str, str]:
+    """postgres_conf's settings, as its file writes them (a string's in quotes)."""
+    return {
         "listen_addresses": f"'{config.host}'",
         "port": str(config.postgres_port),
         "unix_socket_directories": f"'{config.postgres_socket_dir}'",
@@ -262,7 +267,6 @@ def postgres_conf(config: StackConfig) -> str:
         "fsync": "on",
         "log_min_messages": "warning",
     }
-    return "".join(f"{key} = {value}\n" for key, value in values.items())
 
 
 def pg_hba_conf() -> str:

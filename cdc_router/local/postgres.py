@@ -7,11 +7,12 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from cdc_router.errors import StackError
 from cdc_router.local import process
-from cdc_router.local.config import StackConfig, pg_hba_conf, postgres_conf
+from cdc_router.local.config import StackConfig, pg_hba_conf, postgres_conf, postgres_settings
 
 
 def _postgres_user() -> tuple[str | None, int | None, int | None]:
@@ -127,3 +128,48 @@ def postmaster_pid(config: StackConfig, saved: int | None, marker: str) -> int |
     if process.is_running(saved, marker):
         return saved
     return process.read_pid(config.postgres_data / "postmaster.pid") or saved
+
+
+def settings_differing(config: StackConfig) -> list[str]:
+    """A line for each setting of postgres_conf that the running Postgres has another value of
+    (stop 58: `up` of a running stack said only "already running", and kept it): the setting,
+    its value, the one `up` starts Postgres with, and how to apply it; [] when it cannot tell."""
+    import psycopg
+
+    wanted = {name: value.strip("'") for name, value in postgres_settings(config).items()}
+    try:
+        with psycopg.connect(config.postgres_dsn, connect_timeout=2) as conn:
+            rows = conn.execute("SELECT name, current_setting(name), sourcefile FROM pg_settings "
+                                "WHERE name = ANY(%s) ORDER BY name", (list(wanted),)).fetchall()
+    except psycopg.Error:
+        return []
+    lines = []
+    for name, value, sourcefile in rows:
+        if value == wanted[name]:
+            continue
+        # ALTER SYSTEM's file is read after ours: a restart alone would keep its value.
+        altered = f"`ALTER SYSTEM RESET {name}`, then " if str(sourcefile or "").endswith(
+            "postgresql.auto.conf") else ""
+        lines.append(f"postgres  runs with {name} = {value!r}, not {wanted[name]!r} as `local "
+                     f"up` starts it: {altered}`cdc-router local down`, then `cdc-router local "
+                     "up` (same --home) applies it")
+    return lines
+
+
+# A part killed (kill -9) is a zombie until its parent reaps it: PID 1, here within seconds.
+# Postgres refuses to start while the pid in its postmaster.pid lives, and a zombie does.
+REAP_WAIT_S = 10.0
+
+
+def await_reaped(pid: int | None) -> None:
+    """Wait for Postgres's previous postmaster `pid`, if a zombie, to be reaped: its lock file
+    names that pid (review 48-b F6). Other parts need only their ports, which a zombie released (CI:
+    a test's nats-server, killed and not yet reaped, failed its restart after 10 s)."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    while pid is not None and process.exited_unreaped(pid):
+        if time.monotonic() > deadline:
+            raise StackError(f"the previous postgres (pid {pid}) has exited but its parent has "
+                             f"not reaped it in {REAP_WAIT_S:.0f}s (`ps -o ppid= -p {pid}` "
+                             "names the parent): run `cdc-router local up` again once it is "
+                             "gone")
+        time.sleep(0.1)

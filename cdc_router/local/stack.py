@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -37,7 +36,13 @@ from cdc_router.local.config import (
 )
 from cdc_router.local.jars import ensure_jars, ensure_registry
 from cdc_router.local.nats_server import nats_healthy, start_nats
-from cdc_router.local.postgres import postgres_healthy, postmaster_pid, start_postgres
+from cdc_router.local.postgres import (
+    await_reaped,
+    postgres_healthy,
+    postmaster_pid,
+    settings_differing,
+    start_postgres,
+)
 from cdc_router.local.registry import registry_healthy, start_registry
 
 Say = Callable[[str], None]
@@ -154,7 +159,7 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     running = {s.part for s in status(config) if s.state == "running"}
     _check_ports(config, running | (set(OPTIONAL_PARTS) - set(optional)))
     if "postgres" not in running:
-        _await_postgres_reaped(config)
+        await_reaped(part_pid(config, "postgres"))
     # Only now: a port refused above must not become the stack's (review 48-b F7: `env` then
     # named the foreign listener, and the next plain `up` used it).
     save(config)
@@ -170,6 +175,9 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     for part, _, check in starts:
         if part in started:
             _wait(config, part, started[part], check, say)
+    if "postgres" in running:  # stop 58: its settings are left as it runs
+        for line in settings_differing(config):
+            say(line)
     if "connect" in running:
         _already_running(config, "connect", _connect_healthy, say)
     else:
@@ -271,26 +279,6 @@ def _check_ports(config: StackConfig, running: set[Part]) -> None:
             continue
         if process.port_in_use(config.host, port):
             raise StackError(process.port_taken(config.host, port, name))
-
-
-# A part killed (kill -9) is a zombie until its parent reaps it: PID 1, here within seconds.
-# Postgres refuses to start while the pid in its postmaster.pid lives, and a zombie does.
-_REAP_WAIT_S = 10.0
-
-
-def _await_postgres_reaped(config: StackConfig) -> None:
-    """Wait for Postgres's previous postmaster, if a zombie, to be reaped: its lock file names
-    that pid (review 48-b F6). Other parts need only their ports, which a zombie released (CI:
-    a test's nats-server, killed and not yet reaped, failed its restart after 10 s)."""
-    pid = part_pid(config, "postgres")
-    deadline = time.monotonic() + _REAP_WAIT_S
-    while pid is not None and process.exited_unreaped(pid):
-        if time.monotonic() > deadline:
-            raise StackError(f"the previous postgres (pid {pid}) has exited but its parent has "
-                             f"not reaped it in {_REAP_WAIT_S:.0f}s (`ps -o ppid= -p {pid}` "
-                             "names the parent): run `cdc-router local up` again once it is "
-                             "gone")
-        time.sleep(0.1)
 
 
 def _wait(config: StackConfig, part: Part, pid: int, check: Callable[[StackConfig], bool],

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.errors import StackError
+from cdc_router.local import postgres as local_postgres
 from cdc_router.local import stack
 from cdc_router.local.config import StackConfig
 
@@ -184,16 +185,16 @@ def test_up_waits_for_a_killed_part_to_be_reaped_then_names_it(
     config.pid_path("postgres").write_text(f"{dead.pid}\n")
     while not stack.process.exited_unreaped(dead.pid):
         time.sleep(0.01)
-    monkeypatch.setattr(stack, "_REAP_WAIT_S", 0.3)
+    monkeypatch.setattr(local_postgres, "REAP_WAIT_S", 0.3)
     with pytest.raises(StackError) as refused:
-        stack._await_postgres_reaped(config)
+        local_postgres.await_reaped(stack.part_pid(config, "postgres"))
     assert str(refused.value).startswith(
         f"the previous postgres (pid {dead.pid}) has exited but its parent has not reaped it")
     assert str(refused.value).endswith("run `cdc-router local up` again once it is gone")
-    monkeypatch.setattr(stack, "_REAP_WAIT_S", 10.0)
+    monkeypatch.setattr(local_postgres, "REAP_WAIT_S", 10.0)
     threading.Timer(0.3, dead.wait).start()  # its parent reaps it meanwhile: up goes on
     started = time.monotonic()
-    stack._await_postgres_reaped(config)
+    local_postgres.await_reaped(stack.part_pid(config, "postgres"))
     assert 0.2 < time.monotonic() - started < 5
 
 
@@ -388,3 +389,48 @@ def test_the_postgres_log_is_made_for_the_postgres_user_before_the_start(
     assert postgres.start_postgres(config) == 4242
     log = config.log_path("postgres")
     assert log in owned and os.path.getsize(log) == 0
+
+
+class _Settings:
+    """A connection answering settings_differing's pg_settings query with `rows`."""
+
+    def __init__(self, rows: list[tuple[str, str, str | None]]) -> None:
+        self.rows = rows
+
+    def __enter__(self) -> _Settings:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def execute(self, query: str, params: tuple[list[str]]) -> _Settings:
+        assert "pg_settings" in query and "wal_level" in params[0]
+        return self
+
+    def fetchall(self) -> list[tuple[str, str, str | None]]:
+        return self.rows
+
+
+def test_up_of_a_running_postgres_names_each_setting_it_would_start_it_with_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stop 58: `up` said "postgres already running" and nothing of settings that differ.
+    import psycopg
+
+    config = StackConfig(home=tmp_path / "home", jar_cache=tmp_path)
+    conf = str(config.postgres_data / "cdc-router.conf")
+    rows = [("max_replication_slots", "20", conf), ("max_wal_senders", "10", conf),
+            ("wal_level", "replica", str(config.postgres_data / "postgresql.auto.conf")),
+            ("wal_writer_delay", "10ms", conf)]
+    monkeypatch.setattr(psycopg, "connect", lambda *a, **k: _Settings(rows))
+    assert local_postgres.settings_differing(config) == [
+        "postgres  runs with max_wal_senders = '10', not '20' as `local up` starts it: "
+        "`cdc-router local down`, then `cdc-router local up` (same --home) applies it",
+        "postgres  runs with wal_level = 'replica', not 'logical' as `local up` starts it: "
+        "`ALTER SYSTEM RESET wal_level`, then `cdc-router local down`, then `cdc-router local "
+        "up` (same --home) applies it"]
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(psycopg, "connect", refused)
+    assert local_postgres.settings_differing(config) == []  # up's own wait says why
