@@ -22,7 +22,7 @@ from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
-from cdc_router.ops.connector_failure import failed_start
+from cdc_router.ops.connector_failure import failed_line, failed_start
 
 DEFAULT_CONNECT_URL = "http://127.0.0.1:18083"
 # `diff` exit codes follow `terraform plan -detailed-exitcode`: 1 stays "error" as for every
@@ -304,7 +304,9 @@ def status(state: _State, name: str, output: str) -> None:
     """Connector and task states, with the trace of whatever FAILED; exit 2 if one FAILED."""
     current = state.client.get_status(name)
     emit(current, output, _status_text)
-    if current.failure() is not None:
+    if (failure := current.failure()) is not None:
+        if output == "text":  # stop 58: the trace's cause and what to do, as apply says them
+            click.echo(f"\n{failed_line(name, state.client.get_config(name), failure)}")
         click.get_current_context().exit(EXIT_FAILED)
 
 

@@ -55,9 +55,15 @@ def failed_fix(failure: str, connector: str, *, publication: str | None, table: 
             f"{init_publication(missing, table)}, then {then}")
 
 
+def failed_line(connector: str, config: Mapping[str, str], failure: str) -> str:
+    """`connector` (of `config`) FAILED (`failure`: ConnectorStatus.failure), and what to do:
+    the line of `connectors status` and `connectors apply`."""
+    capture = capture_of(config)
+    return f"connector {connector!r} {failure}; " + failed_fix(
+        failure, connector, publication=capture.publication, table=capture.table)
+
+
 def failed_start(connector: str, config: Mapping[str, str], failure: str) -> ConnectError:
     """`connectors apply`'s error for `connector` (of `config`), FAILED as it started."""
-    capture = capture_of(config)
-    return ConnectError(f"connector {connector!r} {failure}; " + failed_fix(
-        failure, connector, publication=capture.publication, table=capture.table) +
-        f" (the whole trace: `cdc-router connectors status {connector}`)")
+    return ConnectError(f"{failed_line(connector, config, failure)} (the whole trace: "
+                        f"`cdc-router connectors status {connector}`)")

@@ -632,6 +632,10 @@ def test_status_prints_the_failed_tasks_trace_and_exits_2(
     assert (result.exit_code, as_json.exit_code, running.exit_code) == (2, 2, 0), result.output
     assert json.loads(as_json.stdout)["tasks"][1]["state"] == "FAILED"
     assert "task 1 trace:\nio.debezium.DebeziumException: publication missing" in result.stdout
+    assert result.stdout.endswith("\n\nconnector 'c' task 1 FAILED: io.debezium.Debezium"
+                                  "Exception: publication missing; fix the cause, then "
+                                  "`cdc-router connectors restart c --tasks failed`\n")
+    assert "fix the cause" not in as_json.stdout
 
 
 def test_apply_shows_the_plan_masks_secrets_and_puts(monkeypatch: pytest.MonkeyPatch,
@@ -681,6 +685,8 @@ def test_apply_names_the_missing_publication_and_how_to_create_it(
     path = connector_file(tmp_path, **{"publication.name": "orders_pub",
                                        "table.include.list": "app.outbox"})
     result = run_cli(monkeypatch, connect, "apply", "-f", path, "--yes")
+    shown = run_cli(monkeypatch, connect, "status", "c")  # the same line below the trace
+    assert shown.exit_code == 2 and "publication orders_pub does not exist" in shown.stdout
     assert result.exit_code == 1
     assert " ".join(result.stderr.split()) == (
         "error: connector 'c' task 1 FAILED: org.apache.kafka.connect.errors.ConnectException: "
