@@ -1,17 +1,25 @@
-"""A configured outbox column that no change event of a topic has: the config's fault.
+"""A configured outbox column, or a route's key column, that no event has: the config's fault.
 
 Debezium sends every column of the row in `after`, so a column of source.outbox missing from
 each event of a topic is a column name the config has wrong (a renamed column, a table of
 its own names; QA 48-a: 7,219 of 7,219 events dead-lettered in under a second, the router
 running on). One event without it is that record's dead letter; RUN_LIMIT of them in a row
 on one topic, none of that topic read meanwhile, stop the router with the fix, as Debezium's
-EventRouter fails its task on a wrong field name.
+EventRouter fails its task on a wrong field name. A route's `key: <column>` is the same
+(QA 60-c F-2: 18,736 letters in 20 s): RUN_LIMIT events of a route in a row without the
+column, none of that route's with it meanwhile, stop the router naming routes[i].key; a NULL
+in the column is only that row's letter.
 """
 
 from __future__ import annotations
 
-from cdc_router.errors import ConfigError, MissingColumn
+from typing import TYPE_CHECKING
+
+from cdc_router.errors import ConfigError, MissingColumn, RouteError, show
 from cdc_router.outbox.table import OutboxColumns
+
+if TYPE_CHECKING:
+    from cdc_router.router.debezium import OutboxEvent
 
 RUN_LIMIT = 100
 
@@ -42,3 +50,54 @@ class MissingColumns:
                  "the batch this stop aborted were never written (its events are read again); "
                  "those of batches committed before it, `cdc-router dlq replay` delivers once "
                  "it is fixed (QA 48-g F4)")
+
+
+class MissingKeyColumn(RouteError):
+    """A route's key column that is not in an event's row at all (not a NULL in it)."""
+
+    def __init__(self, event: OutboxEvent, column: str, index: int) -> None:
+        self.column = column
+        self.index = index
+        self.row_columns = tuple(name for name, _ in event.extra_columns)
+        super().__init__(
+            f"event {show(event.event_id)}: key column {column!r} of routes[{index}] is not a "
+            f"column of the row, whose other columns are {_listed(self.row_columns)}: "
+            f"routes[{index}].key names a column the table does not have (Debezium sends "
+            "every column)")
+
+
+class MissingKeyColumns:
+    """Events of a route without its key column, in a row, per route index."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, tuple[int, str]] = {}  # index -> (events, column); mostly empty
+
+    def read(self, event: OutboxEvent, index: int | None) -> None:
+        """An event of route `index` (None: of no route): one with the column ends its run."""
+        if index is None or index not in self.runs:
+            return
+        column = self.runs[index][1]
+        if any(name == column for name, _ in event.extra_columns):
+            del self.runs[index]
+
+    def missing(self, error: MissingKeyColumn) -> None:
+        """One more event of the route without its key column; ConfigError at RUN_LIMIT."""
+        count = self.runs.get(error.index, (0, ""))[0] + 1
+        self.runs[error.index] = (count, error.column)
+        if count < RUN_LIMIT:
+            return
+        raise ConfigError(
+            f"the last {count} events of routes[{error.index}] have no column "
+            f"{error.column!r}, and none of that route's between them had it: the table has "
+            "no such column (Debezium sends every column of the row)",
+            field=f"routes[{error.index}].key", value=error.column,
+            hint=f"the rows' other columns are {_listed(error.row_columns)}: set "
+                 f"routes[{error.index}].key to one of them (or id, aggregate_id, type, "
+                 "aggregate_type) and start the router again. The dead letters logged in the "
+                 "batch this stop aborted were never written (its events are read again); "
+                 "those of batches committed before it, `cdc-router dlq replay` delivers once "
+                 "it is fixed")
+
+
+def _listed(columns: tuple[str, ...]) -> str:
+    return show(", ".join(columns), 300) if columns else "none (only the outbox's own)"

@@ -29,6 +29,7 @@ from cdc_router.config.topic_names import render_topic
 from cdc_router.config.utf8 import LONE_SURROGATE, utf8_encodable
 from cdc_router.errors import RouteError, show
 from cdc_router.router.debezium import OutboxEvent, Skipped
+from cdc_router.router.missing_columns import MissingKeyColumn
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.values import quick_init
 
@@ -190,11 +191,12 @@ class Router:
             return str(getattr(event, field)).encode()
         try:
             value = event.column(field)
-        except KeyError:
-            value = None
+        except KeyError:  # not NULL: no such column (QA 60-c F-2), the config's fault
+            raise MissingKeyColumn(event, field, index) from None
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
-                             f"routes[{index}] is missing or null in the row")
+                             f"routes[{index}] is null in the row: write the row with a "
+                             "value there, then `cdc-router dlq replay` it")
         if not utf8_encodable(value):
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] holds {LONE_SURROGATE}")

@@ -39,7 +39,7 @@ from cdc_router.errors import (
 from cdc_router.router import debezium
 from cdc_router.router.debezium import OutboxEvent
 from cdc_router.router.destinations import missing_topic
-from cdc_router.router.missing_columns import MissingColumns
+from cdc_router.router.missing_columns import MissingColumns, MissingKeyColumn, MissingKeyColumns
 from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.router.timestamps import TopicLimits, compresses
 from cdc_router.router.values import quick_init
@@ -212,6 +212,7 @@ class RecordStep:
         self._slow: OrderedDict[str, tuple[int, float]] = OrderedDict()  # id -> (times, s)
         self._slow_decodes = _SlowDecodes()
         self._missing_columns = MissingColumns(config.source.outbox)
+        self._key_columns = MissingKeyColumns()  # a route's key column no event has
         staged: dict[str, Serializer] = {name: _Staged(serializer) for name, serializer in
                                          compiled.serializers.items()}
         self._router = Router(compiled, staged)
@@ -318,6 +319,9 @@ class RecordStep:
             event.event_id, event)
 
     def _route(self, event: OutboxEvent) -> StepResult:
+        if self._key_columns.runs:  # a route's events lacked its key column: does this one?
+            found = self._router.explain(event)
+            self._key_columns.read(event, found[0] if found is not None else None)
         try:
             routed = self._router.route(event, self._partition_count)
             # A computed partition has asked for the topic already (and found it); a
@@ -331,6 +335,8 @@ class RecordStep:
         except PROCESS_LEVEL:
             raise
         except Exception as error:
+            if isinstance(error, MissingKeyColumn):
+                self._key_columns.missing(error)  # ConfigError after a run of them
             return DeadLettered("route", error, event.event_id, event)
         if isinstance(routed, debezium.Skipped):
             return Skipped(routed.reason, routed.detail, event)

@@ -1541,6 +1541,45 @@ def test_events_without_a_column_among_events_with_it_are_dead_letters_only() ->
     assert "the row has 'id, aggregatetype" in harness.letters()[0].header("dlq.error.message")
 
 
+def _with_columns(values: list[bytes], **columns: Any) -> list[bytes]:
+    """`values` (raw events) with these columns added to each row."""
+    envelopes = [json.loads(value) for value in values]
+    for envelope in envelopes:
+        envelope["after"].update(columns)
+    return [json.dumps(envelope).encode() for envelope in envelopes]
+
+
+def test_a_key_column_no_event_of_the_route_has_stops_the_router_with_the_fix() -> None:
+    # QA 60-c F-2: `key: no_such_column` passed the start, then dead-lettered every event of
+    # the route (18,736 letters in 20 s), the router running on.
+    cluster = cluster_with(*_with_columns(events(RUN_LIMIT + 20), tenant="acme"))
+    harness = Harness(cluster, routes=[{"topic": ORDERS, "key": "no_such_column"}],
+                      delivery=SLOW_COMMIT)
+    with pytest.raises(ConfigError) as stopped:
+        harness.router.run()
+    assert stopped.value.field == "routes[0].key" and stopped.value.exit_code == 1
+    assert stopped.value.value == "no_such_column"
+    assert f"the last {RUN_LIMIT} events of routes[0] have no column 'no_such_column'" in \
+        str(stopped.value)
+    assert "the rows' other columns are 'tenant'" in str(stopped.value)
+    assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
+
+
+def test_a_null_key_column_or_one_some_events_of_the_route_have_is_a_letter_only() -> None:
+    null = _with_columns(events(RUN_LIMIT + 5), region=None)
+    lacking = [raw_event(f"x-{n}") for n in range(2 * RUN_LIMIT)]
+    for n in range(0, len(lacking), RUN_LIMIT - 1):  # one with the column every RUN_LIMIT - 1
+        lacking[n] = _with_columns([raw_event(f"has-{n}")], region="eu")[0]
+    harness = Harness(cluster_with(*null, *lacking), routes=[{"topic": ORDERS,
+                                                              "key": "region"}]).run()
+    assert harness.delivered() == ["eu"] * 3  # has-0, has-99, has-198, keyed by region
+    reasons = [letter.header("dlq.error.message") for letter in harness.letters()]
+    assert len(reasons) == RUN_LIMIT + 5 + 2 * RUN_LIMIT - 3
+    assert sum("is null in the row" in reason for reason in reasons) == RUN_LIMIT + 5
+    assert sum("is not a column of the row" in reason for reason in reasons) == \
+        2 * RUN_LIMIT - 3
+
+
 def test_an_idle_router_serves_its_producer_s_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     # librdkafka's log lines reach Python only when the producer is served: an idle router
     # logged a refused connection 23 s late, at its next transaction (chaos 53-e F1).

@@ -21,6 +21,7 @@ from cdc_router.config.source import SourceSettings
 from cdc_router.config.topic_names import parse_topic_template, render_topic, static_topic
 from cdc_router.errors import ConfigError, RouteError, SerializeError
 from cdc_router.router.debezium import OutboxEvent, Skipped, decode_change
+from cdc_router.router.missing_columns import MissingKeyColumn
 from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.routing import OutboundRecord, Router, rfc3339
 
@@ -149,6 +150,19 @@ def test_explain_says_which_header_a_route_missed(tmp_path: Path) -> None:
         result.output, result.output
 
 
+def test_explain_tells_a_key_column_the_table_lacks(tmp_path: Path) -> None:
+    # QA 60-c F-2: `rules check --explain` gives the router's reason, which names the fix.
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({"source": {"topics": [SOURCE]},
+                                  "routes": [{"topic": "t", "key": "regoin"}]}))
+    result = CliRunner().invoke(main, ["rules", "check", "-c", str(config), "--explain",
+                                       str(FIXTURES / "create_jsonb.schema.json")])
+    assert result.exit_code == 1, result.output
+    assert "key column 'regoin' of routes[0] is not a column of the row, whose other columns " \
+           "are 'tenant': routes[0].key names a column the table does not have" in \
+           " ".join(result.output.split()), result.output
+
+
 @pytest.mark.parametrize(("key", "expected"), [
     ("id", ORDER.event_id), ("aggregate_id", "order-42"), ("aggregateid", "order-42"),
     ("type", "OrderPaid"), ("tenant", "acme-eu"),
@@ -158,10 +172,17 @@ def test_key_options(key: str, expected: str) -> None:
 
 
 def test_key_column_missing_or_null_is_a_route_error() -> None:
-    with pytest.raises(RouteError, match="key column 'region'"):
+    # QA 60-c F-2: a column the row does not have (the config's fault) and a NULL in a real
+    # column (the row's) had one reason, "is missing or null in the row".
+    with pytest.raises(MissingKeyColumn, match=r"key column 'region' of routes\[0\] is not a "
+                       r"column of the row, whose other columns are 'tenant'") as absent:
         router({"topic": "t", "key": "region"}).route(ORDER, lambda t: 1)
-    with pytest.raises(RouteError, match="key column 'tenant'"):
+    assert (absent.value.column, absent.value.index) == ("region", 0)
+    assert isinstance(absent.value, RouteError)  # still the event's letter at stage route
+    with pytest.raises(RouteError, match=r"key column 'tenant' of routes\[0\] is null in the row"
+                       ) as null:
         router({"topic": "t", "key": "tenant"}).route(PAYMENT, lambda t: 1)  # tenant is null
+    assert not isinstance(null.value, MissingKeyColumn)
 
 
 def test_payload_column_cannot_be_the_key() -> None:
