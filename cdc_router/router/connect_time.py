@@ -33,6 +33,23 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The year 0000 is Postgres's 1 BC (review 47-a F8: it was "not an ISO-8601 timestamp").
 _EXPANDED_YEAR = re.compile(r"[+-]\d{4,}-|\d{5,}-|0000-")
 _INT64 = 2**63  # a Kafka timestamp is a signed 64-bit count of milliseconds
+# Postgres' infinity and -infinity in a `timestamp` column, as Debezium 3 sends them (QA 60-c
+# F-4): PostgresValueConverter makes them the instants pgjdbc's PGStatement.DATE_POSITIVE_ /
+# DATE_NEGATIVE_INFINITY count in microseconds (294247-01-10T04:00:25.2Z,
+# -290308-12-21T19:59:27.6Z), which MicroTimestamp sends as these microseconds, Timestamp and
+# Connect's Timestamp (timestamp(0) to (3), time.precision.mode=connect) as their milliseconds,
+# isostring as that text; a `timestamptz` column's are the strings 'infinity' and '-infinity'
+# in every mode but structured. Read as times they were the year 2262 (its letter blamed the
+# clock) and a time before 1970.
+_PG_INFINITY_MICROS = {9_223_372_036_825_200_000: "infinity",
+                       -9_223_372_036_832_400_000: "-infinity"}
+_PG_INFINITY_MILLIS = {micros // 1000: word for micros, word in _PG_INFINITY_MICROS.items()}
+# From here up a schema-less integer is no microsecond value of a row (the year 2262 as one):
+# the fast path below stops there, so that DATE_POSITIVE_INFINITY's milliseconds are told.
+_FAR_MICROS = max(_PG_INFINITY_MILLIS)
+_PG_INFINITY_TEXT = {"infinity": "infinity", "-infinity": "-infinity",
+                     "+294247-01-10T04:00:25.2Z": "infinity",
+                     "-290308-12-21T19:59:27.6Z": "-infinity"}
 
 
 def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool = True) -> int:
@@ -43,16 +60,25 @@ def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool
     may be JsonConverter's stand-in for a NULL (_ZERO); the relay reads Postgres itself, where
     1970-01-01 is the row's own time (QA 53-a F1)."""
     if isinstance(value, int):
-        if schema_name is None and MICROS_THRESHOLD <= value < NANOS_THRESHOLD:
+        if schema_name is None and MICROS_THRESHOLD <= value < _FAR_MICROS:
             return value // 1000  # _integer_millis's answer for the shipped connector's rows
         if value == 0 and via_connect:  # whatever its schema (review 49-f F5)
             raise ValueError(_ZERO)
         if value == _INT64 - 1 or value == -_INT64:
             raise ValueError(_infinity(value))
+        if value in _PG_INFINITY_MICROS and schema_name in (None, _MICROS_SCHEMA):
+            raise ValueError(_pg_infinity(value, "microseconds"))
+        if value in _PG_INFINITY_MILLIS and (schema_name is None or
+                                             schema_name in _MILLIS_SCHEMAS):
+            raise ValueError(_pg_infinity(value, "milliseconds"))
         millis = _integer_millis(value, schema_name)
         if not -_INT64 <= millis < _INT64:
             raise ValueError(f"is {value}, beyond any Kafka timestamp (64-bit milliseconds)")
         return millis
+    if value in _PG_INFINITY_TEXT:
+        word = _PG_INFINITY_TEXT[value]
+        raise ValueError(f"holds {word} (Debezium sends Postgres' {word!r} as {show(value)}), "
+                         f"{_NO_TIME}")
     if _EXPANDED_YEAR.match(value):
         raise ValueError(f"is {show(value)}, outside the years 1 to 9999 the router can "
                          "represent")
@@ -64,6 +90,17 @@ def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool
     if millis == 0 and via_connect:
         raise ValueError(_ZERO)
     return millis
+
+
+_NO_TIME = "which is no point in time: write the event's time"
+
+
+def _pg_infinity(value: int, unit: str) -> str:
+    """The reason for one of Debezium's encodings of a `timestamp` column's infinity."""
+    word = _PG_INFINITY_MICROS.get(value) or _PG_INFINITY_MILLIS[value]
+    return (f"holds {word} (Debezium sends Postgres' {word!r} in a timestamp column as "
+            f"{value}, pgjdbc's DATE_{'POSITIVE' if value > 0 else 'NEGATIVE'}_INFINITY in "
+            f"{unit}), {_NO_TIME}")
 
 
 def _infinity(value: int) -> str:

@@ -146,6 +146,46 @@ def test_a_created_at_of_infinity_is_a_decode_dead_letter_that_says_so(
     assert "record_timestamp" not in str(info.value)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("value", "word"), [(9_223_372_036_825_200_000, "infinity"),
+                                             (-9_223_372_036_832_400_000, "-infinity")])
+def test_a_timestamp6_created_at_of_infinity_as_debezium_sends_it_says_so(
+        mode: str, value: int, word: str) -> None:
+    # QA 60-c F-4: Debezium 3.6 sends a timestamp(6) column's infinity as pgjdbc's
+    # DATE_POSITIVE_INFINITY microseconds, not Long.MAX_VALUE: the letter named the year 2262
+    # and blamed the clock (infinity), or said "before 1970" (-infinity).
+    with pytest.raises(DecodeError, match=f"created_at column 'created_at' holds {word} "
+                       rf"\(Debezium sends Postgres' '{word}' in a timestamp column as {value}, "
+                       "pgjdbc's DATE_") as info:
+        decode_mutated(f"create_jsonb.{mode}", lambda row: row_of(row).update(created_at=value))
+    assert "2262" not in str(info.value) and "record_timestamp" not in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "schema", "word"), [
+    (9_223_372_036_825_200, "io.debezium.time.Timestamp", "infinity"),  # timestamp(0..3)
+    (-9_223_372_036_832_400, "org.apache.kafka.connect.data.Timestamp", "-infinity"),
+    (9_223_372_036_825_200, None, "infinity"),  # no schema: 2262 as microseconds otherwise
+    ("infinity", "io.debezium.time.ZonedTimestamp", "infinity"),  # timestamptz, every mode
+    ("-infinity", None, "-infinity"),  # the relay reads Postgres' text
+    ("+294247-01-10T04:00:25.2Z", "io.debezium.time.IsoTimestamp", "infinity"),  # isostring
+    ("-290308-12-21T19:59:27.6Z", None, "-infinity"),
+])
+def test_every_encoding_of_a_postgres_infinity_says_so(value: int | str, schema: str | None,
+                                                      word: str) -> None:
+    from cdc_router.router.connect_time import epoch_millis
+    with pytest.raises(ValueError, match=f"holds {word} .*which is no point in time"):
+        epoch_millis(value, schema)
+
+
+def test_times_near_debezium_s_infinity_encodings_are_still_times() -> None:
+    from cdc_router.router.connect_time import epoch_millis
+    # The same integers under another unit's schema are no infinity of Debezium's.
+    assert epoch_millis(9_223_372_036_825_200, "io.debezium.time.MicroTimestamp") == \
+        9_223_372_036_825_200 // 1000
+    assert epoch_millis(9_223_372_036_825_199, None) == 9_223_372_036_825_199 // 1000
+    assert epoch_millis(9_223_372_036_825_201, None) == 9_223_372_036_825_201 // 1000
+
+
 def test_a_created_at_of_0_names_the_converter_setting_that_writes_a_null_so() -> None:
     # QA 48-a F-med-2: a NULL created_at in a column with a DEFAULT arrived as 0 (JsonConverter's
     # replace.null.with.default); the reason asked for timestamp(6), which the column was.
