@@ -195,8 +195,9 @@ class Router:
             raise MissingKeyColumn(event, field, index) from None
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
-                             f"routes[{index}] is null in the row: write the row with a "
-                             "value there, then `cdc-router dlq replay` it")
+                             f"routes[{index}] is null in the row: the route needs a value "
+                             "there in every row it takes (or another key; then `cdc-router "
+                             "dlq replay` delivers this one)")
         if not utf8_encodable(value):
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] holds {LONE_SURROGATE}")

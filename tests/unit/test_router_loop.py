@@ -1561,7 +1561,8 @@ def test_a_key_column_no_event_of_the_route_has_stops_the_router_with_the_fix() 
     assert stopped.value.value == "no_such_column"
     assert f"the last {RUN_LIMIT} events of routes[0] have no column 'no_such_column'" in \
         str(stopped.value)
-    assert "the rows' other columns are 'tenant'" in str(stopped.value)
+    assert "the rows' other columns are 'tenant': set routes[0].key to one of them" in \
+        str(stopped.value)
     assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
 
 
@@ -1575,7 +1576,9 @@ def test_a_null_key_column_or_one_some_events_of_the_route_have_is_a_letter_only
     assert harness.delivered() == ["eu"] * 3  # has-0, has-99, has-198, keyed by region
     reasons = [letter.header("dlq.error.message") for letter in harness.letters()]
     assert len(reasons) == RUN_LIMIT + 5 + 2 * RUN_LIMIT - 3
-    assert sum("is null in the row" in reason for reason in reasons) == RUN_LIMIT + 5
+    assert sum("is null in the row: the route needs a value there in every row it takes "
+               "(or another key; then `cdc-router dlq replay` delivers this one)" in reason
+               for reason in reasons) == RUN_LIMIT + 5
     assert sum("is not a column of the row" in reason for reason in reasons) == \
         2 * RUN_LIMIT - 3
 
