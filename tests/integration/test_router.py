@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.config.load import load_config
@@ -426,11 +426,22 @@ def test_a_producer_fenced_by_a_second_one_with_its_transactional_id_is_one_line
         first.client.begin_transaction()
         first.produce(topic, key=b"k", value=b"v", headers=[])
         Producer(config).init_transactions(30)  # the second instance fences the first
-        with pytest.raises(DeliveryError, match="_FENCED") as raised:
+        with pytest.raises(DeliveryError) as raised:
             for _ in range(3):
                 first.produce(topic, key=b"k", value=b"v", headers=[])
                 first.flush(30)
-        assert classify(raised.value.kafka_error) is ErrorAction.FATAL  # type: ignore[arg-type]
+        if raised.value.kafka_error is None:
+            # confluent-kafka's SystemError without its cause (kafka/producer.py
+            # _fatal_unwrapped; session 60, under load): one line, and the abort that follows
+            # meets the fence itself, which the router then handles as fatal.
+            assert str(raised.value).startswith("the producer failed in confluent-kafka (")
+            with pytest.raises(KafkaException) as aborted:
+                first.client.abort_transaction(30)
+            error = aborted.value.args[0]
+        else:
+            assert "_FENCED" in str(raised.value)
+            error = raised.value.kafka_error
+        assert classify(error) is ErrorAction.FATAL
     finally:
         for future in admin.delete_topics([topic]).values():
             future.result(timeout=30)
