@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -31,13 +32,7 @@ from confluent_kafka import KafkaException, Producer
 
 from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
-from cdc_router.errors import (
-    BatchFailed,
-    DatabaseError,
-    DeliveryError,
-    FatalKafkaError,
-    LockLost,
-)
+from cdc_router.errors import BatchFailed, DatabaseError, DeliveryError, FatalKafkaError, LockLost
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.start import init_failure
@@ -141,8 +136,6 @@ class OutboxRelay:
         # Exactly once, read back after an abort and at a renewal (relay/lost_commit.py).
         self._committed = CommittedPosition(checks=config.delivery.guarantee == "exactly_once")
         self._reread = False
-        # With the cleanup's sweep, delivered rows go once their marks are read committed.
-        self._hands_delivered = not config.cleanup_sweeps()
         self._aborts = 0
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
@@ -175,6 +168,9 @@ class OutboxRelay:
                     if not self._renewal.allows(failure):
                         raise
                     self._renew(str(failure))
+            if self._committed.held:  # the last batch's rows go once its commit is read back
+                with suppress(KafkaException, DeliveryError, LockLost):
+                    self._reposition()
         except BaseException:
             if self._replay is not None:
                 self._replay.abort()
@@ -217,9 +213,8 @@ class OutboxRelay:
                  __version__)
 
     def _reposition(self) -> None:
-        """Go on from the stored position, read back; when Kafka lost the commit of the one
-        this relay committed last, the filter reads the changelog first (relay/lost_commit.py).
-        KafkaException: tried again; ReadTimedOut exits (a start restores the filter too)."""
+        """Go on from the stored position, read back; when Kafka lost this relay's last commit,
+        the filter reads the changelog first (relay/lost_commit.py). Raises KafkaException."""
         self._check_lock(now_s=True)  # a successor's position is no lost commit
         kafka = clients.common_config(self._config)
         stored = stored_position(self._config, self._records, kafka, self._reader.database)
@@ -227,7 +222,9 @@ class OutboxRelay:
             restored = restore_filter(self._config, self._replay, self._records, kafka)
             log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
                      len(self._replay))
-        self._committed.confirm(stored)
+        confirmed = self._committed.confirm(stored)
+        if self._on_delivered is not None and confirmed:
+            self._on_delivered(confirmed)
         self.position, self._reread = stored, False
 
     def _check_lock(self, *, now_s: bool = False) -> None:
@@ -288,8 +285,8 @@ class OutboxRelay:
         # A batch cut at relay.batch_bytes is full: the read goes on after it.
         full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
-        if not rows:
-            self.position = following  # nothing between the two snapshots: no commit needed
+        if not rows:  # nothing between the two snapshots: no commit needed
+            self.position, self._reread = following, bool(self._committed.held)  # confirm it
             return False
         try:
             self._deliver(rows, following)
@@ -306,17 +303,16 @@ class OutboxRelay:
         self._txn.progress(self._config.relay_position_topic, self._position_key,
                            following.to_json())
         committed = self._txn.commit()
-        self._committed.committed(following)
         now_ms = int(time.time() * 1000)
         replayed = self._replay.commit(now_ms) if self._replay is not None else []
+        handed = self._committed.committed(following, committed.with_replays(replayed))
         self._poison.committed()
         self._renewal.committed()
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(committed, now_ms)
-        if self._on_delivered is not None and (committed.delivered or replayed):
-            self._on_delivered(committed.with_replays(replayed) if self._hands_delivered
-                               else [Delivered(event_id, "", None) for event_id in replayed])
+        if self._on_delivered is not None and handed:
+            self._on_delivered(handed)
 
     def _result(self, row: RelayRow) -> StepResult:
         if row.undecodable is not None:  # a SQL_ASCII database's text, not UTF-8

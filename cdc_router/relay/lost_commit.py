@@ -15,10 +15,11 @@ forgets the ids of its own commits whose marks it lacks (as the router's, and on
 the relay reads on from the stored position. At least once has no transaction whose markers
 Kafka could lose (and a failed batch may have stored its position): no check.
 
-The rows must still be there to be read again: with the cleanup's sweep (exactly once with the
-dedup changelog, config/model.py cleanup_sweeps) the relay hands the cleanup no delivered id at
-commit; the sweep deletes a row once its mark is read committed (router/committed_ids.py), which
-a lost commit's mark never is.
+The rows must still be there to be read again: exactly once, the relay hands the cleanup a
+batch's rows once the next commit (its markers on the position's partition commit the batch
+before's too) or a read-back (the next abort, or the next idle poll) confirmed the batch; a lost
+one's are never handed (review 60-v F-2: left to the sweep alone, they waited after each start
+for a read of the whole changelog).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from cdc_router.relay.guard import RelayPosition
+from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -42,11 +44,19 @@ class CommittedPosition:
         self._checks = checks
         self._last: RelayPosition | None = None
         self.unconfirmed = False
+        self.held: list[Delivered] = []  # the last commit's, for the cleanup once confirmed
 
-    def committed(self, position: RelayPosition) -> None:
-        """A batch committed `position`: the next abort reads it back."""
-        if self._checks:
-            self._last, self.unconfirmed = position, True
+    def committed(self, position: RelayPosition, delivered: list[Delivered]) -> list[Delivered]:
+        """A batch committed `position` and `delivered`: the next abort reads it back. What
+        the cleanup may delete now: exactly once, the batch before's (this commit's markers
+        on the position's partition confirm it), this one's held until the next commit or a
+        read-back (review 60-v F-2: the sweep alone took a whole changelog read after each
+        start); at least once, this one's."""
+        if not self._checks:
+            return delivered
+        confirmed, self.held = self.held, delivered
+        self._last, self.unconfirmed = position, True
+        return confirmed
 
     def lost(self, stored: RelayPosition, table: str) -> bool:
         """Whether `stored`, read back, is not the position this relay committed last: Kafka
@@ -54,11 +64,15 @@ class CommittedPosition:
         last = self._last
         if last is None or stored == last:
             return False
+        self.held = []  # read again and delivered again: their rows must stay until then
         log.warning("event=commit_lost table=%s committed=%s this_relay=%s hint='%s'", table,
                     stored.to_json().decode(), last.to_json().decode(), _LOST_HINT)
         return True
 
-    def confirm(self, stored: RelayPosition) -> None:
-        """`stored` is the position to go on from (read back, a lost commit dealt with)."""
+    def confirm(self, stored: RelayPosition) -> list[Delivered]:
+        """`stored` is the position to go on from (read back, a lost commit dealt with); the
+        deliveries it confirms, for the cleanup."""
+        confirmed, self.held = self.held, []
         if self._checks:
             self._last, self.unconfirmed = stored, False
+        return confirmed

@@ -234,7 +234,7 @@ def relay_throughput(bench: BenchStack, paths: Paths, options: Options) -> list[
     pollers = [
         (report.RELAY, paths.relay_table, paths.relay_topic, options.rows,
          lambda: bench.start_cdc_relay(paths.relay_config),
-         "visibility guard, Kafka transactions, DELETE once the sweep reads the marks"),
+         "visibility guard, Kafka transactions, DELETE once the next commit confirms a batch"),
         (report.NAIVE, paths.naive_table, paths.naive_topic, options.naive_rows,
          lambda: bench.start_relay("naive", paths.naive_table, paths.naive_topic),
          "500 ms tick, LIMIT 100, UPDATE per row"),
