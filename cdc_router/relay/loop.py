@@ -286,7 +286,7 @@ class OutboxRelay:
         full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
         if not rows:  # nothing between the two snapshots: no commit needed
-            self.position, self._reread = following, bool(self._committed.held)  # confirm it
+            self.position, self._reread = following, self._committed.overdue()  # confirm it
             return False
         try:
             self._deliver(rows, following)

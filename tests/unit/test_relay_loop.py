@@ -20,11 +20,19 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, ConfigError, DecodeError, LockLost
 from cdc_router.relay import loop as relay_loop
+from cdc_router.relay import lost_commit
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
 from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
 from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakeProducer, Stored
+
+
+@pytest.fixture(autouse=True)
+def _read_back_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle relay reads its position back for the batch it holds at once (5 s in use)."""
+    monkeypatch.setattr(lost_commit, "HELD_READ_BACK_S", 0.0)
+
 
 TABLE = "public.outbox"
 POSITION = "shop.relay-position"

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from cdc_router.errors import LockLost
+from cdc_router.relay import lost_commit
 from cdc_router.relay.guard import RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows
@@ -26,6 +27,12 @@ from tests.unit.test_relay_loop import (
     _relay,
     _run_until,
 )
+
+
+@pytest.fixture(autouse=True)
+def _read_back_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle relay reads its position back for the batch it holds at once (5 s in use)."""
+    monkeypatch.setattr(lost_commit, "HELD_READ_BACK_S", 0.0)
 
 
 def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
@@ -213,3 +220,25 @@ def test_a_successors_position_after_a_lost_lock_is_no_lost_commit(
     failure = _run_until(relay, done)
     assert isinstance(failure, LockLost)
     assert _lines(caplog, "event=commit_lost") == []
+
+
+def test_an_idle_relay_reads_its_position_back_only_once_the_held_batch_waited(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read-back takes about 0.8 s, which the next row would wait: on a low-rate stream the
+    # next commit confirms the held batch sooner, with no read.
+    monkeypatch.setattr(lost_commit, "HELD_READ_BACK_S", 60.0)
+    cluster, table = _cluster(), FakeTable()
+    event_id = table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, handed = _relay(cluster, table, cleanup="delete")
+    reads = _position_reads(relay)
+    fetches: list[int] = []
+
+    def idle_a_while() -> bool:
+        if len(cluster.committed(ORDERS)) == 1 and not fetches:
+            fetches.append(table.fetches)
+        return bool(fetches) and table.fetches >= fetches[0] + 5
+
+    _run_until(relay, idle_a_while)
+    assert reads == [CHANGELOG, POSITION, POSITION]  # the start's; the stop's, not the idle's
+    assert handed == [event_id]  # at the stop, once read back
