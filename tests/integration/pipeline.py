@@ -112,6 +112,16 @@ class Pipeline:
         os.kill(process.pid, sig)
         return process.wait(timeout=60)
 
+    def status(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`cdc-router status` of this pipeline (its config and connector) against the stack;
+        `args` come last, so that an option given again there wins."""
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_router", "status", "-c", str(self.config_path),
+             "--connector", self.name.replace("_", "-"), "--connect-url", self.stack.connect_url,
+             "--dsn", self.stack.postgres_dsn, "--bootstrap-servers",
+             self.stack.bootstrap_servers, *args],
+            capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+
     def router_log(self, instance: str = "a") -> str:
         path = self.workdir / f"router-{instance}.log"
         return path.read_text(errors="replace") if path.exists() else ""

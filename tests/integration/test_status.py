@@ -33,17 +33,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("status")]
 _POISON = "[" * 3000 + "]" * 3000
 
 
-def _status(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
-    connector = pipe.name.replace("_", "-")
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
-         "--connector", connector, "--connect-url", pipe.stack.connect_url,
-         "--dsn", pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
-         *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
-
-
 def _json_status(pipe: Pipeline) -> tuple[int, dict[str, Any]]:
-    done = _status(pipe, "-o", "json")
+    done = pipe.status("-o", "json")
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -103,7 +94,7 @@ def test_a_healthy_pipeline_exits_0_and_shows_every_part(routed: Pipeline) -> No
     assert "deep" in letters["newest"]["reason"] and letters["newest"]["age_s"] < 600
     changelog = report["dedup_changelog"]
     assert changelog["topic"] == pipe.changelog_topic and changelog["retained_offsets"] > 0
-    text = _status(pipe)
+    text = pipe.status()
     assert text.returncode == 0 and text.stdout.rstrip().endswith("status: ok"), text.stdout
 
 
@@ -160,7 +151,7 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
     try:
         deadline = time.monotonic() + 60
         while True:
-            done = _status(pipe)
+            done = pipe.status()
             if "is PAUSED" in done.stdout or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -175,7 +166,7 @@ def test_a_paused_connector_exits_non_zero_and_says_why(routed: Pipeline) -> Non
 
 
 def test_an_unreachable_connect_is_one_critical_line_not_a_traceback(routed: Pipeline) -> None:
-    done = _status(routed, "--connect-url", "http://127.0.0.1:1")
+    done = routed.status("--connect-url", "http://127.0.0.1:1")
     assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
     # Without the connector's config the publication is not checked either. Before, Debezium's
     # default slot and publication names were reported missing, two false critical lines
@@ -199,7 +190,7 @@ def test_a_connector_connect_does_not_have_is_named_with_those_it_has(
         routed: Pipeline) -> None:
     # Review 49-b F6: `--connector nosuch` showed "publication: UNREACHABLE" and a second
     # critical line, "cannot check it", for the one cause, and not which connectors Connect has.
-    done = _status(routed, "--connector", "nosuch")
+    done = routed.status("--connector", "nosuch")
     assert done.returncode == 2, done.stdout + done.stderr
     ours = routed.name.replace("_", "-")
     # (The outbox line may say public.outbox does not exist, as in the test above.)
@@ -224,7 +215,7 @@ def test_a_stopped_connector_whose_slot_was_dropped_does_not_say_it_retains_wal(
             connect.stop(name)
             connect.wait_for_state(name, "STOPPED", 60)
         drop_slot(stack.postgres_dsn, pipe.name)
-        done = _status(pipe)
+        done = pipe.status()
         assert done.returncode == 2, done.stdout + done.stderr
         [line] = [line for line in done.stdout.splitlines() if line.startswith(
             f"warning: connector: connector {name} is STOPPED")]
@@ -291,7 +282,7 @@ def test_another_pipeline_s_letters_on_a_shared_topic_are_told_apart(routed: Pip
     letters = report["dead_letters"]
     assert (letters["count"], letters["others"]) == (before, 2), letters
     assert letters["newest"]["source"].startswith(pipe.raw_topic), letters  # ours, not theirs
-    text = _status(pipe).stdout
+    text = pipe.status().stdout
     assert f"dead letters on {pipe.dlq_topic}: {before} of this pipeline (2 of other " \
         "pipelines: `dlq list --all`)" in text, text
 
@@ -368,8 +359,8 @@ def test_no_instance_and_a_transaction_holding_the_group_s_offsets_is_said_so(
     # our own on the group's offsets stands in for the hanging one.
     with pipeline(stack, tmp_path, partitions=1) as pipe:
         with _offsets_held_open(pipe):
-            held = _status(pipe)
-        after = _status(pipe)
+            held = pipe.status()
+        after = pipe.status()
     said = [line for line in held.stdout.splitlines() if "no running instance" in line]
     assert len(said) == 1, held.stdout
     assert said[0].startswith(f"critical: router: router group {pipe.name} has no running "
@@ -398,7 +389,7 @@ def test_a_member_waiting_on_a_transaction_holding_the_group_s_offsets_is_said_s
         pipe.start_router("a")
         deadline, held = time.monotonic() + 60, None
         while time.monotonic() < deadline:
-            held = _status(pipe, "--threshold", "stalled_warning_s=5")
+            held = pipe.status("--threshold", "stalled_warning_s=5")
             if "router instances: 1" in held.stdout and "has not committed" in held.stdout:
                 break
             time.sleep(2)

@@ -4,8 +4,6 @@ cleanup.table was checked; the other table's 10,620 rows and its age went unseen
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +11,10 @@ import psycopg
 import pytest
 import yaml
 
-from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.pipeline import pipeline
 from tests.integration.support import StackEndpoints
 
 pytestmark = pytest.mark.integration
-
-
-def _status(pipe: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
-         "--connector", pipe.name.replace("_", "-"), "--connect-url", pipe.stack.connect_url,
-         "--dsn", pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
-         *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
 
 
 def _problems(report: dict[str, Any]) -> list[str]:
@@ -46,7 +36,7 @@ def test_each_table_the_connector_captures_is_checked(stack: StackEndpoints,
                          "SELECT gen_random_uuid(), 'Order', 'o-' || n, 'OrderPaid', '{}' "
                          "FROM generate_series(1, 4) AS n")
         try:
-            done = _status(pipe, "-o", "json")
+            done = pipe.status("-o", "json")
             report = json.loads(done.stdout)
             [other] = report["outbox"]["others"]
             assert (other["table"], other["rows"], other["is_cleanup_table"]) == (
@@ -63,7 +53,7 @@ def test_each_table_the_connector_captures_is_checked(stack: StackEndpoints,
                 "cleanup deletes from cleanup.table alone" in "\n".join(problems), problems
             with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
                 conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {legacy}')
-            done = _status(pipe)
+            done = pipe.status()
             assert done.returncode == 1, done.stdout + done.stderr
             outbox = [line for line in done.stdout.splitlines() if line.startswith("outbox ")]
             assert outbox[0].startswith(f"outbox public.{pipe.table}: 0 rows"), done.stdout
@@ -86,7 +76,7 @@ def test_with_cleanup_off_the_outbox_is_a_captured_table(stack: StackEndpoints,
             conn.execute(f"CREATE TABLE {legacy} (LIKE public.{pipe.table} INCLUDING ALL)")
             conn.execute(f'ALTER PUBLICATION "{pipe.name}" ADD TABLE {legacy}')
         try:
-            done = _status(pipe, "-o", "json")
+            done = pipe.status("-o", "json")
             report = json.loads(done.stdout)
             assert report["outbox"]["table"] == f"public.{pipe.table}", report["outbox"]
             assert [other["table"] for other in report["outbox"]["others"]] == [legacy]

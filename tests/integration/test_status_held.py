@@ -5,15 +5,13 @@ behind a transaction left open; the router logged nothing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
-from tests.integration.pipeline import REPO, Pipeline, pipeline
+from tests.integration.pipeline import pipeline
 from tests.integration.support import StackEndpoints
 
 pytestmark = [pytest.mark.integration]
@@ -21,15 +19,6 @@ pytestmark = [pytest.mark.integration]
 # source.held_partition_warning_s (60 s by default): the router's line comes without a minute's
 # wait, and well after the moment a transaction of Debezium's own holds the partition.
 HELD_S = 10
-
-
-def _status(pipe: Pipeline) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_router", "status", "-c", str(pipe.config_path),
-         "--connector", pipe.name.replace("_", "-"), "--connect-url", pipe.stack.connect_url,
-         "--dsn", pipe.stack.postgres_dsn, "--bootstrap-servers", pipe.stack.bootstrap_servers,
-         "--threshold", "stalled_warning_s=5", "-o", "json"],
-        capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
 
 
 def test_a_raw_partition_held_by_an_open_transaction_is_said_by_status_and_the_router(
@@ -52,7 +41,7 @@ def test_a_raw_partition_held_by_an_open_transaction_is_said_by_status_and_the_r
             pipe.insert([("Order", f"o-{i}", "OrderPaid", {"n": i}) for i in range(1, 21)])
             deadline, report, done = time.monotonic() + 120, None, None
             while time.monotonic() < deadline:
-                done = _status(pipe)
+                done = pipe.status("--threshold", "stalled_warning_s=5", "-o", "json")
                 report = json.loads(done.stdout)
                 partition = report["router"]["partitions"][0]
                 if partition["high_watermark"] is not None and \
