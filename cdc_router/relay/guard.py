@@ -122,6 +122,16 @@ class RelayPosition:
                 "its own relay.position_topic and delivery.transactional_id")
         return replace(self, database=database)
 
+    def same(self, other: RelayPosition) -> bool:
+        """Whether `other` is this position: the same snapshots and seq, of the same database
+        (DatabaseIdentity.same: its cluster id may be read on one connection and not on
+        another, review 60-v F-4)."""
+        if replace(self, database=None) != replace(other, database=None):
+            return False
+        if self.database is None or other.database is None:
+            return self.database is other.database
+        return self.database.same(other.database)
+
     def wanted(self, txid: int, seq: int) -> bool:
         """Whether the row (txid, seq) belongs to the read in progress and is not delivered
         yet: the predicate relay/reader.py's query applies in SQL."""

@@ -75,7 +75,7 @@ class CommittedPosition:
         """Whether `stored`, read back, is not the position this relay committed last: Kafka
         lost that commit; if so, said in the log (each time: confirm() ends it)."""
         last = self._last
-        if last is None or stored == last:
+        if last is None or stored.same(last):
             return False
         self.held = []  # read again and delivered again: their rows must stay until then
         log.warning("event=commit_lost table=%s committed=%s this_relay=%s hint='%s'", table,

@@ -4,7 +4,7 @@ against a model of Postgres where concurrent transactions commit out of insert o
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import pytest
@@ -210,6 +210,22 @@ def test_a_position_keeps_its_database_and_refuses_another_ones() -> None:
     for other in (DatabaseIdentity("tenant2", "7301"), DatabaseIdentity("shop", "9999")):
         with pytest.raises(ConfigError, match=r"source\.group_id"):
             stamped.of_database(other, "here")
+
+
+def test_a_position_is_the_same_whether_its_cluster_id_was_read_or_not() -> None:
+    # Review 60-v F-4: after a reconnect the role may read the cluster id or not; the read-back
+    # position then differed from the one committed, a false event=commit_lost.
+    shop, unread = DatabaseIdentity("shop", "7301"), DatabaseIdentity("shop", None)
+    position = RelayPosition(Snapshot(5, 9, (7,)), Snapshot(9, 9), 3, database=shop)
+    assert position.same(replace(position, database=unread))
+    assert replace(position, database=unread).same(position)
+    assert RelayPosition().same(RelayPosition())
+    for other in (replace(position, after_seq=4), replace(position, reading=None),
+                  replace(position, done=Snapshot(5, 9)),
+                  replace(position, database=DatabaseIdentity("shop", "9999")),
+                  replace(position, database=DatabaseIdentity("tenant2", None)),
+                  replace(position, database=None)):
+        assert not position.same(other) and not other.same(position)
 
 
 def test_a_standby_is_refused_as_the_relays_database() -> None:

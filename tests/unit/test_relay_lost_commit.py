@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError
 
 from cdc_router.errors import LockLost
 from cdc_router.relay import lost_commit
-from cdc_router.relay.guard import RelayPosition, Snapshot
+from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows
 from cdc_router.router.replay import changelog_records
@@ -220,6 +220,29 @@ def test_a_successors_position_after_a_lost_lock_is_no_lost_commit(
     failure = _run_until(relay, done)
     assert isinstance(failure, LockLost)
     assert _lines(caplog, "event=commit_lost") == []
+
+
+@pytest.mark.parametrize("then", [None, "7301"], ids=["id_unreadable", "id_readable"])
+def test_a_position_read_back_with_or_without_the_cluster_id_is_no_lost_commit(
+        caplog: pytest.LogCaptureFixture, then: str | None) -> None:
+    """Review 60-v F-4: the reader reconnected and reads the cluster id now (or no longer):
+    the stored position is the one committed, so no event=commit_lost, and the batch's rows
+    go to the cleanup."""
+    cluster, table = _cluster(), FakeTable()
+    table.database = DatabaseIdentity("shop", "7301" if then is None else None)
+    event_id = table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, handed = _relay(cluster, table, cleanup="delete")
+    reads = _position_reads(relay)
+
+    def reconnected() -> bool:
+        if len(cluster.committed(ORDERS)) == 1:
+            table.database = DatabaseIdentity("shop", then)
+        return reads.count(POSITION) >= 2
+
+    _run_until(relay, reconnected)
+    assert _lines(caplog, "event=commit_lost") == []
+    assert handed == [event_id] and reads.count(CHANGELOG) == 1
 
 
 def test_an_idle_relay_reads_its_position_back_only_once_the_held_batch_waited(
