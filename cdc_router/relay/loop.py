@@ -215,21 +215,20 @@ class OutboxRelay:
     def _reposition(self) -> None:
         """Go on from the stored position, read back; when Kafka lost this relay's last commit,
         the filter reads the changelog first (relay/lost_commit.py). Raises KafkaException."""
-        self._check_lock(now_s=True)  # a successor's position is no lost commit
+        self._check_lock(at_once=True)  # a successor's position is no lost commit
         kafka = clients.common_config(self._config)
         stored = stored_position(self._config, self._records, kafka, self._reader.database)
         if self._committed.lost(stored, self._table) and self._replay is not None:
             restored = restore_filter(self._config, self._replay, self._records, kafka)
             log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
                      len(self._replay))
-        confirmed = self._committed.confirm(stored)
-        if self._on_delivered is not None and confirmed:
-            self._on_delivered(confirmed)
+        self._hand(self._committed.confirm(stored))
         self.position, self._reread = stored, False
 
-    def _check_lock(self, *, now_s: bool = False) -> None:
+    def _check_lock(self, *, at_once: bool = False) -> None:
+        """LockLost once the lock's connection is gone (asked every LOCK_CHECK_S, or at once)."""
         now = time.monotonic()
-        if not now_s and now - self._lock_checked < LOCK_CHECK_S:
+        if not at_once and now - self._lock_checked < LOCK_CHECK_S:
             return
         self._lock_checked = now
         if not self._lock.held():
@@ -244,7 +243,7 @@ class OutboxRelay:
         only while this relay still holds its table's lock (else another relay may own the id
         by now); once it is initialised (_cycle), the batch is read again from the stored
         position."""
-        self._check_lock(now_s=True)
+        self._check_lock(at_once=True)
         log.warning("event=producer_renewed table=%s reason=%r", self._table, reason)
         if self._replay is not None:
             self._replay.abort()
@@ -311,8 +310,12 @@ class OutboxRelay:
         self._aborts = 0
         self._metrics.consecutive_aborts.set(0)
         self._metrics.committed(committed, now_ms)
-        if self._on_delivered is not None and handed:
-            self._on_delivered(handed)
+        self._hand(handed)
+
+    def _hand(self, confirmed: list[Delivered]) -> None:
+        """Confirmed deliveries to the cleanup (relay/lost_commit.py says when)."""
+        if self._on_delivered is not None and confirmed:
+            self._on_delivered(confirmed)
 
     def _result(self, row: RelayRow) -> StepResult:
         if row.undecodable is not None:  # a SQL_ASCII database's text, not UTF-8

@@ -254,7 +254,7 @@ class DeadLetterReplay:
         try:
             return self._apply(plan, result)
         except FatalKafkaError as failure:
-            lost = producer_lost("dlq replay", failure, sum(result.committed.values()))
+            lost = producer_lost(failure, sum(result.committed.values()))
             if lost is None:
                 raise
             raise lost from failure
@@ -280,8 +280,7 @@ class DeadLetterReplay:
                 pending_abort = cause == "abort_failed"
                 if lost := self._ledger.read_back(self._letters.consumer, _READ_BACK_S):
                     txn.discard()  # a batch before was lost: its letters are planned again
-                    raise lost_batch("dlq replay", lost,
-                                     sum(result.committed.values())) from failure
+                    raise lost_batch(lost, sum(result.committed.values())) from failure
                 # Refused records are progress (run's isolation); so is a committed batch. A
                 # refusal's gap in the sequence numbers fails the next batch once, too.
                 failed = 0 if cause == "record_refused" or self._done > done else failed + 1

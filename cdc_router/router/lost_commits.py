@@ -72,14 +72,14 @@ class CommitLedger:
         return self.behind(found)
 
 
-def lost_batch(who: str, lost: list[str], committed: int) -> DeliveryError:
-    """The end (exit 75) of a run that found a batch it committed lost (`lost`: behind()'s):
-    its records are read and delivered again by the next run, which plans afresh."""
+def lost_batch(lost: list[str], committed: int) -> DeliveryError:
+    """The end (exit 75) of a `dlq replay` that found a batch it committed lost (`lost`:
+    behind()'s): its letters are read and delivered again by the next run, which plans afresh."""
     log.warning("event=commit_lost partitions=%r", lost)
-    stopped = DeliveryError(f"{who} stopped: Kafka lost a batch it had acknowledged, as after "
-                            f"a broker's crash ({'; '.join(lost)}); that batch's letters stay on "
-                            f"the dead-letter topic, undelivered ({committed} were counted "
-                            "committed); run it again (what was delivered is skipped)")
+    stopped = DeliveryError("dlq replay stopped: Kafka lost a batch it had acknowledged, as "
+                            f"after a broker's crash ({'; '.join(lost)}); that batch's letters "
+                            f"stay on the dead-letter topic, undelivered ({committed} were "
+                            "counted committed); run it again (what was delivered is skipped)")
     stopped.exit_code = EXIT_RESTART
     return stopped
 

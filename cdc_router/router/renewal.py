@@ -116,7 +116,7 @@ class ProducerRenewal:
         self._spent = False
 
 
-def producer_lost(who: str, failure: FatalKafkaError, committed: int) -> ProducerLost | None:
+def producer_lost(failure: FatalKafkaError, committed: int) -> ProducerLost | None:
     """The end of a one-off command (`dlq replay`) when its producer failed for good on its
     own, as `run` tells it (RENEWABLE_ONCE: QA 52-b L1, a Kafka restart mid-apply, then the
     abort refused with INVALID_TXN_STATE), which `run` replaces: exit 75, run it again; else
@@ -125,7 +125,7 @@ def producer_lost(who: str, failure: FatalKafkaError, committed: int) -> Produce
         return None
     error = kafka_error_of(failure.__cause__) if failure.__cause__ is not None else None
     said = describe(error) if error is not None else str(failure)
-    return ProducerLost(f"{who} stopped: its producer's transaction can no longer end "
+    return ProducerLost("dlq replay stopped: its producer's transaction can no longer end "
                         f"({said}), as after a broker restart; {committed} letters were "
                         "committed before; run it again (what was delivered is skipped)",
                         code=failure.code)
