@@ -21,7 +21,12 @@ from cdc_router.config.redact import shown_url
 from cdc_router.errors import EXIT_RESTART, ConfigError
 from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.avro_schema import AvroSchema
-from cdc_router.serde.compatibility import SchemaCheck, backward_incompatibilities, check_schemas
+from cdc_router.serde.compatibility import (
+    SchemaCheck,
+    backward_incompatibilities,
+    check_schemas,
+    other_type,
+)
 from cdc_router.serde.registry import RegistryError, SchemaIds
 
 
@@ -133,15 +138,29 @@ def _report(path: Path, checks: list[SchemaCheck]) -> str:
     return "\n".join([*lines, "", verdict, *problems])
 
 
-def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> str | None:
+def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple[str, str | None] | None:
     """Why the registry would refuse `schema` under `subject` (its compatibility test, under
-    the subject's level), or None when it takes it (a subject without versions takes any)."""
+    the subject's level), and what the subject holds when it is a schema of another type
+    (compatibility.other_type); None when it takes it (a subject without versions takes any)."""
     latest = ids.latest(subject)
     if latest is None or ids.compatible(subject, schema):
         return None
     version, text = latest
     return "; ".join(str(found) for found in backward_incompatibilities(schema, text)) or \
-        f"with version {version}, under the subject's compatibility level"
+        f"with version {version}, under the subject's compatibility level", \
+        other_type(schema, text)
+
+
+def _refused_hint(subject: str, held: str | None) -> str:
+    """What to do about a schema the registry refuses under `subject`; `held`: the other
+    type of schema the subject holds, if so (QA 60-b F-2: no default makes a record read a
+    string, yet the hint said to add them)."""
+    if held is not None:
+        return (f"{subject} holds {held}: no field's default makes this schema read its "
+                "data; route to another subject (another topic, or schema_registry."
+                "subject_name_strategy), or give the route a schema that reads the subject's")
+    return ("change the schema so that it reads the subject's data (a default for each new "
+            "field); `schemas check` names each field")
 
 
 def _relative(file: str) -> str:
@@ -189,6 +208,7 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
         raise ConfigError(f"no route of this config renders subject {unknown[0]!r} from event "
                           "data", field="--subject", hint="name a subject a dead letter's "
                           "reason gives, or check the route's topic template")
+    held: dict[str, str | None] = {}  # a refused subject's other type of schema, if so
     for position, entry in enumerate(planned + by_data):
         assert entry.subject is not None
         try:
@@ -199,7 +219,10 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
             current = None
         # Review 53-c F6: the plan asks the registry's compatibility test (no write), so a
         # dry run says what `--yes` would be refused.
-        refusal = None if current is not None else _refusal(ids, entry.subject, entry.schema)
+        refused_by = None if current is not None else _refusal(ids, entry.subject, entry.schema)
+        refusal = None if refused_by is None else refused_by[0]
+        if refused_by is not None:
+            held[entry.subject] = refused_by[1]
         by_event = position >= len(planned)
         plan.append({"subject": entry.subject, "file": entry.schema.path,
                      "action": "unchanged" if current is not None else "register"
@@ -223,8 +246,8 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
         raise ConfigError(f"the registry refuses the schema of {refused[0]['subject']} "
                           f"({_relative(str(refused[0]['file']))}) as incompatible: nothing "
                           "registered", source=str(config_path),
-                          hint="change the schema so that it reads the subject's data (a "
-                               "default for each new field); `schemas check` names each field")
+                          hint=_refused_hint(str(refused[0]["subject"]),
+                                             held[str(refused[0]["subject"])]))
     if pending and not dry_run:
         confirm("register these schemas?", yes)
         schemas = {entry.schema.path: entry.schema for entry in serializer.planned_subjects()}

@@ -61,6 +61,16 @@ def backward_incompatibilities(new: AvroSchema, old_text: str) -> list[Incompati
     return found
 
 
+def other_type(new: AvroSchema, old_text: str) -> str | None:
+    """What the subject holds when its schema `old_text` is of another top-level type than
+    `new`, which cannot read it (a string where `new` is a record: no default mends that, QA
+    60-b F-2); else None."""
+    reader, writer = apache_parse(new.text), apache_parse(old_text)
+    if reader.type == writer.type or _compatible(reader, writer):
+        return None
+    return f"a schema of type {_describe(writer)}, and this one is of type {_describe(reader)}"
+
+
 def _verdict(reader: Schema, writer: Schema) -> SchemaCompatibilityResult:
     checker = ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
     return checker.get_compatibility(reader, writer)

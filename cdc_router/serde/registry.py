@@ -322,7 +322,8 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     if status == 409:
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
                              "subject's registered versions (`cdc-router schemas check -c ...` "
-                             "names the field)", incompatible=True)
+                             "names the field, or the other type of schema the subject "
+                             "holds)", incompatible=True)
     if status == 401:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check schema_registry.basic_auth_user_info")

@@ -19,7 +19,11 @@ from cdc_router.errors import ConfigError
 from cdc_router.serde import registry as registry_module
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_schema import load_schema, parse_schema_text
-from cdc_router.serde.compatibility import backward_incompatibilities, check_schemas
+from cdc_router.serde.compatibility import (
+    backward_incompatibilities,
+    check_schemas,
+    other_type,
+)
 
 AVRO = Path(__file__).parent / "fixtures" / "avro"
 
@@ -382,3 +386,19 @@ def test_an_unknown_type_names_its_field_and_the_type_it_may_mean(
     with pytest.raises(ConfigError) as caught:
         parse_schema_text(json.dumps(document), "order.avsc")
     assert str(caught.value).endswith(f"order.avsc: not a valid Avro schema: {said}")
+
+
+def test_other_type_is_a_subject_schema_no_default_mends() -> None:
+    # QA 60-b F-2: a record against a subject's string schema was told to add defaults.
+    record = parse_schema_text(json.dumps({"type": "record", "name": "O", "namespace": "t",
+                                           "fields": [{"name": "n", "type": "long"}]}), "new")
+    assert other_type(record, '"string"') == \
+        "a schema of type string, and this one is of type record t.O"
+    assert other_type(record, '["null", "string"]') == \
+        "a schema of type null | string, and this one is of type record t.O"
+    renamed = {"type": "record", "name": "P", "fields": [{"name": "m", "type": "int"}]}
+    assert other_type(record, json.dumps(renamed)) is None  # a record: its fields, its name
+    assert other_type(parse_schema_text('"long"', "new"), '"int"') is None  # it reads ints
+    assert other_type(parse_schema_text('"int"', "new"), '"long"') == \
+        "a schema of type long, and this one is of type int"  # no default reads a long
+    assert other_type(record, json.dumps({**renamed, "name": "t.O"})) is None

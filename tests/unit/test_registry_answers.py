@@ -180,6 +180,16 @@ def test_every_outage_names_the_registry_and_says_it_is_one(error: Exception, sa
     assert failure.exit_code == EXIT_RESTART and not failure.refused
 
 
+def test_an_incompatible_schema_points_at_a_field_or_the_subjects_other_type() -> None:
+    # QA 60-b F-2: a subject holding another type of schema (a string, the route's a record)
+    # has no field to name: `schemas check` says which type it holds.
+    failure = registry_failure("register o.avsc under subject 'x-value'", ClientError(
+        409, 409, "Schema being registered is incompatible"), "http://sr:8081")
+    assert failure.incompatible and str(failure).endswith(
+        "(`cdc-router schemas check -c ...` names the field, or the other type of schema the "
+        "subject holds)")
+
+
 def test_a_subject_registered_at_run_time_is_logged_once(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     # QA 55-c F-8: with auto_register, the first event of a data-named subject registered it

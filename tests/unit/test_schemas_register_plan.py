@@ -52,6 +52,7 @@ def test_a_dry_run_plans_the_refusal_of_an_incompatible_schema(
         assert result.stderr.startswith(f"error: {config}: the registry refuses the schema of "
                                         "rv.orders-value (order.avsc) as incompatible: nothing "
                                         "registered; ")
+        assert "(a default for each new field)" in result.stderr
     assert registry.get_subjects() == ["rv.orders-value"]
     assert len(registry.get_versions("rv.orders-value")) == 1  # nothing written
 
@@ -64,3 +65,22 @@ def test_a_dry_run_still_plans_a_compatible_schema(tmp_path: Path,
     assert result.exit_code == 0, result.output
     assert result.stdout == "register  rv.orders-value <- order.avsc\n"
     assert len(registry.get_versions("rv.orders-value")) == 1
+
+
+def test_a_subject_holding_another_type_of_schema_is_not_mended_by_defaults(
+        tmp_path: Path, registry: CompatibleMock) -> None:
+    # QA 60-b F-2: the subject held a string schema, the route's is a record: the hint said
+    # to add a default for each new field, which no default mends.
+    registry.register_schema("rv.other-value", Schema('"string"', "AVRO"))
+    config = _config(tmp_path, {"name": "n", "type": "long"})
+    config.write_text(config.read_text("utf-8").replace("rv.orders,", "rv.other,"), "utf-8")
+    result = CliRunner().invoke(main, ["schemas", "register", "-c", str(config), "--dry-run"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == (
+        "refused   rv.other-value <- order.avsc: incompatible (field '(top level)': the new "
+        "type record t.O cannot read the old type string)\n")
+    assert "default" not in result.stderr.replace("no field's default", "")
+    assert "rv.other-value holds a schema of type string, and this one is of type record t.O: no " \
+           "field's default makes this schema read its data; route to another subject " \
+           "(another topic, or schema_registry.subject_name_strategy), or give the route a " \
+           "schema that reads the subject's" in " ".join(result.stderr.split())
