@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from typing import Any
 
 import psycopg
@@ -169,8 +168,10 @@ class OutboxRelay:
                         raise
                     self._renew(str(failure))
             if self._committed.held:  # the last batch's rows go once its commit is read back
-                with suppress(KafkaException, DeliveryError, LockLost):
+                try:
                     self._reposition()
+                except (KafkaException, DeliveryError, LockLost) as failure:
+                    self._committed.unconfirmed_at_stop(self._table, failure, self._config)
         except BaseException:
             if self._replay is not None:
                 self._replay.abort()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 
+from cdc_router.config.model import RouterConfig
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.router.values import Delivered
 
@@ -81,6 +82,20 @@ class CommittedPosition:
         log.warning("event=commit_lost table=%s committed=%s this_relay=%s hint='%s'", table,
                     stored.to_json().decode(), last.to_json().decode(), _LOST_HINT)
         return True
+
+    def unconfirmed_at_stop(self, table: str, failure: Exception, config: RouterConfig) -> None:
+        """A graceful stop could not read the position back (Kafka, or the lock lost): the
+        held batch's rows, delivered, are not handed to the cleanup; said, with where they
+        go (before, not a word: review 60-v)."""
+        if config.cleanup.mode == "none":
+            return
+        after = "the cleanup's sweep deletes them after the next start" \
+            if config.cleanup_sweeps() else "without dedup there is no sweep: they stay " \
+            "until `cdc-router outbox purge --older-than`"
+        log.warning("event=stop_read_back_failed table=%s rows=%d error=%r: the stop could not "
+                    "read the relay position back to confirm the last batch, so its rows, "
+                    "delivered, were not handed to the cleanup; %s", table, len(self.held),
+                    str(failure), after)
 
     def confirm(self, stored: RelayPosition) -> list[Delivered]:
         """`stored` is the position to go on from (read back, a lost commit dealt with); the

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.errors import LockLost
 from cdc_router.relay import lost_commit
@@ -265,3 +265,38 @@ def test_an_idle_relay_reads_its_position_back_only_once_the_held_batch_waited(
     _run_until(relay, idle_a_while)
     assert reads == [CHANGELOG, POSITION, POSITION]  # the start's; the stop's, not the idle's
     assert handed == [event_id]  # at the stop, once read back
+
+
+@pytest.mark.parametrize("failing", ["kafka", "lock", "no_dedup"])
+def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    # Session 60: the stop's read-back swallowed a Kafka or lock failure without a line; its
+    # batch's rows stay (delivered) for the sweep after the next start.
+    monkeypatch.setattr(lost_commit, "HELD_READ_BACK_S", 60.0)  # only the stop reads back
+    cluster, table, lock = _cluster(), FakeTable(), FakeLock()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, handed = _relay(cluster, table, lock=lock, cleanup="delete",
+                           dedup=failing != "no_dedup")
+    records = relay._records
+
+    def position_refused(kafka: dict[str, Any], topic: str, what: str) -> Any:
+        if topic == POSITION and cluster.committed(ORDERS):
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+        return records(kafka, topic, what)
+
+    stop = relay.stop
+    if failing == "lock":  # lost as the stop begins (the loop would stop on it before)
+        relay.stop = lambda: (setattr(lock, "alive", False), stop())[1]  # type: ignore[method-assign]
+    else:
+        relay._records = position_refused
+    assert _run_until(relay, lambda: bool(cluster.committed(ORDERS))) is None
+    assert handed == []
+    [line] = _lines(caplog, "event=stop_read_back_failed")
+    assert line.startswith("event=stop_read_back_failed table=public.outbox rows=1 error=")
+    assert ("the relay lost its lock" if failing == "lock" else "broker down") in line
+    assert line.endswith("the stop could not read the relay position back to confirm the last "
+                         "batch, so its rows, delivered, were not handed to the cleanup; " + (
+                             "without dedup there is no sweep: they stay until `cdc-router "
+                             "outbox purge --older-than`" if failing == "no_dedup" else
+                             "the cleanup's sweep deletes them after the next start"))
