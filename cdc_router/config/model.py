@@ -21,7 +21,7 @@ from cdc_router.config.fields import TopicConfig, TopicCount, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import slow_pattern
-from cdc_router.config.relay import RelaySettings
+from cdc_router.config.relay import POSITION_TOPIC_CONFIG, RelaySettings
 from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.status import StatusSettings
@@ -219,7 +219,7 @@ class RouterConfig(_Model):
         if self.relay is not None:
             specs.append(TopicSpec(name=self.relay_position_topic, partitions=1,
                                    replication_factor=self.relay.position_replication_factor,
-                                   config={"cleanup.policy": "compact",
+                                   config={**POSITION_TOPIC_CONFIG,
                                            **self.relay.position_config}))
         return specs
 

@@ -22,6 +22,16 @@ from cdc_router.postgres import check_identifier, split_table
 # once a minute costs one indexed query; a longer wait gains nothing.
 MAX_POLL_INTERVAL_MS = 60_000
 
+# The position topic's config, under relay.position_config: a segment rolls after 10 minutes,
+# and what compaction leaves of the transactions' markers goes 10 minutes after. The relay
+# reads the whole topic back at each start and each read-back (relay/lost_commit.py), where one
+# record per table matters; with the broker's defaults (segments of 7 days or 1 GiB, which
+# compaction never touches while active; markers kept a day) that was up to 1 GiB, ~3.6M
+# commits of 298 B each (session 61, measured). 10 minutes bounds it to that many commits (the
+# read skips ~1M records a second), and a read of seconds needs no longer for its tombstones.
+POSITION_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000",
+                         "delete.retention.ms": "600000"}
+
 # The relay's own columns (`cdc-router outbox init --relay` adds them; relay/reader.py checks).
 DEFAULT_TXID_COLUMN = "txid"
 DEFAULT_SEQ_COLUMN = "seq"
