@@ -29,6 +29,15 @@ def _home() -> Path:
     return Path(os.environ.get("CDC_ROUTER_HOME", _REPO / ".cdc-router")).resolve()
 
 
+@pytest.fixture(autouse=True)
+def _own_nats_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdc-router local env` of a stack run --with nats exports its server as an override of
+    nats.url (CDC_ROUTER__NATS__URL): the JetStream tests run nats-servers of their own, which
+    the commands they start (`streams apply`, `run`) would then never reach (session 61: the
+    stream was created on the stack's server, and the test's read 'stream not found')."""
+    monkeypatch.delenv("CDC_ROUTER__NATS__URL", raising=False)
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackEndpoints]:
     """The stack's addresses. Stops it at the end only if this session started it."""

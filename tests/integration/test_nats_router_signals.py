@@ -29,13 +29,6 @@ pytestmark = pytest.mark.integration
 OVER = 20  # subjects past the cap
 
 
-@pytest.fixture(autouse=True)
-def _own_server_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `local env` exports the shared stack's server as an override of nats.url: the routers
-    # (children with this environment) would publish there, not to the test's own.
-    monkeypatch.delenv("CDC_ROUTER__NATS__URL", raising=False)
-
-
 def _route_to_jetstream(pipe: Pipeline, url: str, subject: str,
                         ack_timeout_ms: int | None = None) -> tuple[str, str]:
     """routes[0] (Order events) to `<prefix>.<subject>` in a stream of the test's."""
