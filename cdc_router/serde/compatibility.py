@@ -66,9 +66,16 @@ def other_type(new: AvroSchema, old_text: str) -> str | None:
     `new`, which cannot read it (a string where `new` is a record: no default mends that, QA
     60-b F-2); else None."""
     reader, writer = apache_parse(new.text), apache_parse(old_text)
-    if reader.type == writer.type or _compatible(reader, writer):
-        return None
+    if _kinds(reader) & _kinds(writer) or _compatible(reader, writer):
+        return None  # a union holding the other side's type: its fields may be what differs
     return f"a schema of type {_describe(writer)}, and this one is of type {_describe(reader)}"
+
+
+def _kinds(schema: Schema) -> set[str]:
+    """The top-level types `schema` can hold: a union's branches' (review 61-v S-1: a route's
+    ["null", record] against a subject's record is no other type), else its own."""
+    branches = schema.schemas if isinstance(schema, UnionSchema) else [schema]
+    return {branch.type for branch in branches}
 
 
 def _verdict(reader: Schema, writer: Schema) -> SchemaCompatibilityResult:

@@ -402,3 +402,19 @@ def test_other_type_is_a_subject_schema_no_default_mends() -> None:
     assert other_type(parse_schema_text('"int"', "new"), '"long"') == \
         "a schema of type long, and this one is of type int"  # no default reads a long
     assert other_type(record, json.dumps({**renamed, "name": "t.O"})) is None
+
+
+def test_a_union_holding_the_subject_s_type_is_no_other_type() -> None:
+    # Review 61-v S-1: a route's ["null", record] against the subject's record lacks a default
+    # for a new field, which a default mends: not "another type".
+    old = {"type": "record", "name": "O", "namespace": "t",
+           "fields": [{"name": "a", "type": "long"}]}
+    grown = {**old, "fields": [*old["fields"], {"name": "b", "type": "long"}]}
+    for route in (["null", grown], [grown], ["null", {"type": "array", "items": grown}]):
+        subject = old if route[-1] is grown else {"type": "array", "items": old}
+        assert other_type(parse_schema_text(json.dumps(route), "new"),
+                          json.dumps(subject)) is None, route
+    assert other_type(parse_schema_text(json.dumps(grown), "new"), json.dumps(["null", old])) \
+        is None
+    assert other_type(parse_schema_text(json.dumps(["null", grown]), "new"), '"string"') == \
+        "a schema of type string, and this one is of type null | record t.O"
