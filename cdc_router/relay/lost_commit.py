@@ -85,17 +85,19 @@ class CommittedPosition:
 
     def unconfirmed_at_stop(self, table: str, failure: Exception, config: RouterConfig) -> None:
         """A graceful stop could not read the position back (Kafka, or the lock lost): the
-        held batch's rows, delivered, are not handed to the cleanup; said, with where they
-        go (before, not a word: review 60-v)."""
-        if config.cleanup.mode == "none":
+        held batch's rows are not handed to the cleanup; said, with where they go (before, not
+        a word: review 60-v). Nothing held (none, or a loss found: read again at the next
+        start), nothing said (review 61-v T-1)."""
+        if config.cleanup.mode == "none" or not self.held:
             return
-        after = "the cleanup's sweep deletes them after the next start" \
-            if config.cleanup_sweeps() else "without dedup there is no sweep: they stay " \
-            "until `cdc-router outbox purge --older-than`"
+        after = "the cleanup's sweep deletes those whose marks the dedup changelog holds" \
+            if config.cleanup_sweeps() else "without dedup there is no sweep: those delivered " \
+            "stay until `cdc-router outbox purge --older-than`"
         log.warning("event=stop_read_back_failed table=%s rows=%d error=%r: the stop could not "
-                    "read the relay position back to confirm the last batch, so its rows, "
-                    "delivered, were not handed to the cleanup; %s", table, len(self.held),
-                    str(failure), after)
+                    "read the relay position back to confirm the last batch, so its rows were "
+                    "not handed to the cleanup and stay in the table; the relay that reads the "
+                    "table next goes on from the stored position, which delivers again the rows "
+                    "of a batch Kafka lost, and %s", table, len(self.held), str(failure), after)
 
     def confirm(self, stored: RelayPosition) -> list[Delivered]:
         """`stored` is the position to go on from (read back, a lost commit dealt with); the

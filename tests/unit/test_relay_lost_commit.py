@@ -18,6 +18,7 @@ from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows
 from cdc_router.router.replay import changelog_records
+from cdc_router.router.values import Delivered
 from tests.unit.router_fakes import CHANGELOG, ORDERS, FakeCluster, Stored
 from tests.unit.test_relay_loop import (
     POSITION,
@@ -296,7 +297,24 @@ def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
     assert line.startswith("event=stop_read_back_failed table=public.outbox rows=1 error=")
     assert ("the relay lost its lock" if failing == "lock" else "broker down") in line
     assert line.endswith("the stop could not read the relay position back to confirm the last "
-                         "batch, so its rows, delivered, were not handed to the cleanup; " + (
-                             "without dedup there is no sweep: they stay until `cdc-router "
-                             "outbox purge --older-than`" if failing == "no_dedup" else
-                             "the cleanup's sweep deletes them after the next start"))
+                         "batch, so its rows were not handed to the cleanup and stay in the "
+                         "table; the relay that reads the table next goes on from the stored "
+                         "position, which delivers again the rows of a batch Kafka lost, and " + (
+                             "without dedup there is no sweep: those delivered stay until "
+                             "`cdc-router outbox purge --older-than`" if failing == "no_dedup"
+                             else "the cleanup's sweep deletes those whose marks the dedup "
+                             "changelog holds"))
+
+
+def test_a_stop_after_a_loss_was_found_says_nothing_of_rows_it_no_longer_holds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 61-v T-1: the stop's read-back found the loss (commit_lost: its rows are read
+    # again at the next start), then the changelog's read failed: no line calling them delivered.
+    held = lost_commit.CommittedPosition(checks=True)
+    database = DatabaseIdentity("postgres", "7")
+    committed = RelayPosition(Snapshot(11, 11), database=database)
+    held.committed(committed, [Delivered("id-1", "orders", 1)])
+    assert held.lost(RelayPosition(Snapshot(10, 10), database=database), "public.outbox")
+    config = _relay(_cluster(), FakeTable(), cleanup="delete")[0]._config
+    held.unconfirmed_at_stop("public.outbox", KafkaException(KafkaError._TRANSPORT), config)
+    assert _lines(caplog, "event=commit_lost") and not _lines(caplog, "event=stop_read_back_failed")
