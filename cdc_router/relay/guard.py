@@ -120,6 +120,8 @@ class RelayPosition:
                 "skipped", field="source.group_id", hint="give each database's relay its own "
                 "source.group_id (it names the position topic and the transactional id), or "
                 "its own relay.position_topic and delivery.transactional_id")
+        if database.cluster is None and self.database is not None:  # not readable here: the
+            database = self.database  # known id stays, else the guard would take any (61-v)
         return replace(self, database=database)
 
     def same(self, other: RelayPosition) -> bool:

@@ -206,7 +206,9 @@ def test_a_position_keeps_its_database_and_refuses_another_ones() -> None:
     assert moved.database == shop  # each step keeps it
     older = RelayPosition.from_json(b'{"done":"5:9:7","reading":null,"after_seq":null}')
     assert older.database is None and older.of_database(shop, "here").database == shop
-    assert stamped.of_database(DatabaseIdentity("shop", None), "here")  # the id not readable
+    # The id not readable on this connection: the known one stays in the position, which the
+    # next commit stores (review 61-v: it was stored as null, and another cluster then passed).
+    assert stamped.of_database(DatabaseIdentity("shop", None), "here").database == shop
     for other in (DatabaseIdentity("tenant2", "7301"), DatabaseIdentity("shop", "9999")):
         with pytest.raises(ConfigError, match=r"source\.group_id"):
             stamped.of_database(other, "here")
