@@ -65,13 +65,15 @@ class ReadTimedOut(DeliveryError):
     not a setting to change."""
 
 
-def assign_from_beginning(consumer: Consumer, topic: str, what: str) -> list[int]:
-    """Assign every partition of `topic` from its first offset; DeliveryError if it is missing.
+def assign_from_beginning(consumer: Consumer, topic: str, what: str,
+                          timeout_s: float = LOOKUP_TIMEOUT_S) -> list[int]:
+    """Assign every partition of `topic` from its first offset; DeliveryError if it is missing,
+    KafkaException if it cannot be looked up within `timeout_s`.
 
     Never creates the topic by looking it up (the consumer's allow.auto.create.topics is off):
     `topics apply` creates it.
     """
-    found = consumer.list_topics(topic, timeout=LOOKUP_TIMEOUT_S).topics.get(topic)
+    found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if found is None or found.error is not None:
         raise DeliveryError(f"the {what} topic {topic} does not exist: run "
                             "`cdc-router topics apply -c <config>` first")
@@ -337,13 +339,15 @@ class TopicReader:
 
     def _assigned(self, *, refresh: bool = False,
                   timeout_s: float = LOOKUP_TIMEOUT_S) -> Consumer:
-        """The consumer; `refresh`: assigned also the partitions added to the topic since
-        (looked up within `timeout_s`)."""
+        """The consumer; a new one's partitions, and with `refresh` those added to the topic
+        since, looked up within `timeout_s` (QA 61-a F-1: a new one's took 30 s, whatever the
+        read's deadline)."""
         if self._consumer is None:
             consumer = Consumer(self._config)
             self._assigned_at = {}  # every partition from its beginning
             try:
-                self._partitions = assign_from_beginning(consumer, self._topic, self._what)
+                self._partitions = assign_from_beginning(consumer, self._topic, self._what,
+                                                         timeout_s=timeout_s)
             except BaseException:
                 consumer.close()
                 raise

@@ -39,9 +39,10 @@ from cdc_router.postgres import one_line
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.letters import row_letter
 from cdc_router.relay.lock import TableLock
-from cdc_router.relay.lost_commit import CommittedPosition
+from cdc_router.relay.lost_commit import STOP_READ_BACK_S, CommittedPosition
 from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
 from cdc_router.relay.start import (
+    READ_TIMEOUT_S,
     Records,
     hand_left_behind,
     restore_filter,
@@ -112,7 +113,7 @@ class OutboxRelay:
             clients.producer_config(config, f"relay-{self._table}"), self._metrics.throttled.inc),
             producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
-        seen = self._replay.seen if self._replay is not None else _never
+        seen = self._replay.seen if self._replay is not None else (lambda _: False)
         self._destinations = clients.destinations(config, self._producer, operations_factory)
         self._describe = clients.topic_describe(config, describe_factory)
         limits = clients.timestamp_limits(self._describe, config)
@@ -169,7 +170,7 @@ class OutboxRelay:
                     self._renew(str(failure))
             if self._committed.held:  # the last batch's rows go once its commit is read back
                 try:
-                    self._reposition()
+                    self._reposition(STOP_READ_BACK_S)
                 except (KafkaException, DeliveryError, LockLost) as failure:
                     self._committed.unconfirmed_at_stop(self._table, failure, self._config)
         except BaseException:
@@ -213,12 +214,14 @@ class OutboxRelay:
                  self._instance_id, self._table, self.position.to_json().decode(), restored,
                  __version__)
 
-    def _reposition(self) -> None:
-        """Go on from the stored position, read back; when Kafka lost this relay's last commit,
-        the filter reads the changelog first (relay/lost_commit.py). Raises KafkaException."""
+    def _reposition(self, timeout_s: float = READ_TIMEOUT_S) -> None:
+        """Go on from the stored position, read back within `timeout_s`; when Kafka lost this
+        relay's last commit, the filter reads the changelog first (relay/lost_commit.py).
+        Raises KafkaException."""
         self._check_lock(at_once=True)  # a successor's position is no lost commit
         kafka = clients.common_config(self._config)
-        stored = stored_position(self._config, self._records, kafka, self._reader.database)
+        stored = stored_position(self._config, self._records, kafka, self._reader.database,
+                                 timeout_s=timeout_s)
         if self._committed.lost(stored, self._table) and self._replay is not None:
             restored = restore_filter(self._config, self._replay, self._records, kafka)
             log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
@@ -393,7 +396,3 @@ class OutboxRelay:
         log.warning("event=batch_failed consecutive=%d backoff_s=%.1f reason=%r", failures,
                     delay, reason)
         self._stop.wait(delay)
-
-
-def _never(event_id: str) -> bool:
-    return False

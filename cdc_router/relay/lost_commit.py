@@ -43,6 +43,12 @@ _LOST_HINT = ("Kafka lost a commit it had acknowledged (or the position record w
 # for a next commit: a low-rate stream's next commit confirms it sooner, with no read (one takes
 # about 0.8 s, which the next row would wait).
 HELD_READ_BACK_S = 5.0
+# The longest a graceful stop reads its position back for the batch it holds (QA 61-a F-1:
+# with Kafka down, TopicReader's lookups took ~31 s, past Kubernetes' default 30 s
+# terminationGracePeriodSeconds, and the stop was SIGKILLed). A read-back takes about 0.8 s on
+# a healthy cluster; given up, the stop says so (event=stop_read_back_failed) and the rows stay.
+# The lookups take at least a second each, so the read may overrun this by a few seconds.
+STOP_READ_BACK_S = 5.0
 
 
 class CommittedPosition:

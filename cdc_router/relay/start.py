@@ -32,29 +32,40 @@ from cdc_router.router.values import Delivered
 log = logging.getLogger("cdc_router.relay")
 
 KeyValue = tuple[bytes | None, bytes | None]
-# (kafka config, topic, what) -> every committed (key, value) of the topic: topic_records.
-Records = Callable[[dict[str, Any], str, str], Iterable[KeyValue]]
+# How long a read of a topic may take by default (TopicReader.read_to_end's own default).
+READ_TIMEOUT_S = 300.0
 
 
-def topic_records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[KeyValue]:
+class Records(Protocol):
+    """(kafka config, topic, what) -> every committed (key, value) of the topic, read within
+    `timeout_s` (else KafkaException or DeliveryError): topic_records."""
+
+    def __call__(self, kafka: dict[str, Any], topic: str, what: str, *,
+                 timeout_s: float = READ_TIMEOUT_S) -> Iterable[KeyValue]: ...
+
+
+def topic_records(kafka: dict[str, Any], topic: str, what: str, *,
+                  timeout_s: float = READ_TIMEOUT_S) -> Iterator[KeyValue]:
     """Every committed (key, value) of `topic` up to its log end as of now: a transaction
     still open there is waited for (our init_transactions has ended any of ours)."""
     reader = TopicReader(kafka, topic, what=what, lean=True,
                          group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
     try:
-        for message in reader.read_to_end(end="log_end"):
+        for message in reader.read_to_end(end="log_end", timeout_s=timeout_s):
             yield message.key(), message.value()
     finally:
         reader.close()
 
 
 def stored_position(config: RouterConfig, records: Records, kafka: dict[str, Any],
-                    database: DatabaseIdentity | None) -> RelayPosition:
+                    database: DatabaseIdentity | None, *,
+                    timeout_s: float = READ_TIMEOUT_S) -> RelayPosition:
     """The last committed position of the relay's table (our init_transactions resolved any
-    transaction still open on the topic), or the start for a table never relayed."""
+    transaction still open on the topic), or the start for a table never relayed; read within
+    `timeout_s`."""
     topic, table = config.relay_position_topic, config.relay_settings().qualified_table
     found: bytes | None = None
-    for key, value in records(kafka, topic, "relay position"):
+    for key, value in records(kafka, topic, "relay position", timeout_s=timeout_s):
         if key == table.encode():
             found = value
     try:

@@ -103,7 +103,8 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
         "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
     delivered: list[str] = []
 
-    def records(kafka: dict[str, Any], topic: str, what: str) -> Iterator[tuple[Any, Any]]:
+    def records(kafka: dict[str, Any], topic: str, what: str,
+                timeout_s: float = 300.0) -> Iterator[tuple[Any, Any]]:
         for stored in cluster.committed(topic):
             yield stored.key, stored.value
 
@@ -111,7 +112,7 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
                         producer_factory=lambda conf: FakeProducer(cluster, conf),
                         describe_factory=cluster.describe_factory,
                         operations_factory=cluster.operations_factory,
-                        reader=table, lock=lock or FakeLock(), records=records,  # type: ignore[arg-type]
+                        reader=table, lock=lock or FakeLock(), records=records,
                         on_delivered=lambda events: delivered.extend(
                             e.event_id if e.topic else f"replayed {e.event_id}" for e in events))
     return relay, delivered

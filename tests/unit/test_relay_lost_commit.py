@@ -40,14 +40,19 @@ def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(event)]
 
 
-def _position_reads(relay: OutboxRelay) -> list[str]:
-    """Wraps the relay's topic reads: the topics read, in order."""
+def _position_reads(relay: OutboxRelay,
+                    timeouts: list[float] | None = None) -> list[str]:
+    """Wraps the relay's topic reads: the topics read, in order (and into `timeouts`, the
+    time each was given)."""
     read: list[str] = []
     records = relay._records
 
-    def counted(kafka: dict[str, Any], topic: str, what: str) -> Iterator[tuple[Any, Any]]:
+    def counted(kafka: dict[str, Any], topic: str, what: str,
+                timeout_s: float = 300.0) -> Iterator[tuple[Any, Any]]:
         read.append(topic)
-        return iter(list(records(kafka, topic, what)))
+        if timeouts is not None:
+            timeouts.append(timeout_s)
+        return iter(list(records(kafka, topic, what, timeout_s=timeout_s)))
 
     relay._records = counted
     return read
@@ -268,6 +273,24 @@ def test_an_idle_relay_reads_its_position_back_only_once_the_held_batch_waited(
     assert handed == [event_id]  # at the stop, once read back
 
 
+def test_a_stop_reads_its_position_back_within_a_bound_under_kubernetes_grace_period(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 61-a F-1: with Kafka down the stop's read-back took ~31 s (TopicReader's lookups),
+    # past Kubernetes' default 30 s grace period; the start and an idle read-back keep theirs.
+    monkeypatch.setattr(lost_commit, "HELD_READ_BACK_S", 60.0)  # only the stop reads back
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, handed = _relay(cluster, table, cleanup="delete")
+    timeouts: list[float] = []
+    reads = _position_reads(relay, timeouts)
+    _run_until(relay, lambda: bool(cluster.committed(ORDERS)))
+    assert reads == [CHANGELOG, POSITION, POSITION]
+    assert timeouts == [300.0, 300.0, lost_commit.STOP_READ_BACK_S]
+    assert lost_commit.STOP_READ_BACK_S <= 10  # with the lookups' overrun, well under 30 s
+    assert len(handed) == 1
+
+
 @pytest.mark.parametrize("failing", ["kafka", "lock", "no_dedup"])
 def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
@@ -281,10 +304,11 @@ def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
                            dedup=failing != "no_dedup")
     records = relay._records
 
-    def position_refused(kafka: dict[str, Any], topic: str, what: str) -> Any:
+    def position_refused(kafka: dict[str, Any], topic: str, what: str,
+                         timeout_s: float = 300.0) -> Any:
         if topic == POSITION and cluster.committed(ORDERS):
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-        return records(kafka, topic, what)
+        return records(kafka, topic, what, timeout_s=timeout_s)
 
     stop = relay.stop
     if failing == "lock":  # lost as the stop begins (the loop would stop on it before)

@@ -69,7 +69,7 @@ def test_a_log_end_below_the_committed_end_is_read_to_the_committed_end(
     # committed since its last read. The committed end (asked by the consumer) is a floor.
     consumer = Records(7)
     monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
-    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0])
+    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what, **_: [0])
     monkeypatch.setattr(reader_module, "log_end_offsets", lambda admin, topic, parts, end: {0: 0})
     reader = TopicReader({"bootstrap.servers": "k:9092"}, "cl", group_id="g", what="changelog")
     assert len(list(reader.read_to_end(end="log_end", timeout_s=5))) == 7
@@ -78,7 +78,7 @@ def test_a_log_end_below_the_committed_end_is_read_to_the_committed_end(
 def reading(monkeypatch: pytest.MonkeyPatch, error: KafkaError) -> tuple[TopicReader, Any]:
     consumer = ErrorsOnly(error)
     monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
-    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what: [0])
+    monkeypatch.setattr(reader_module, "assign_from_beginning", lambda c, topic, what, **_: [0])
     monkeypatch.setattr(reader_module, "stable_offsets", lambda c, topic, parts, end: {0: 5})
     monkeypatch.setattr(reader_module, "reached", lambda c, topic, ends, *_: False)
     return TopicReader({"bootstrap.servers": "k:9092"}, "dlq", group_id="g",
@@ -268,7 +268,7 @@ class Faithful:
 def renewing(monkeypatch: pytest.MonkeyPatch, *consumers: Faithful) -> None:
     made = iter(consumers)
 
-    def first(consumer: Faithful, topic: str, what: str) -> list[int]:
+    def first(consumer: Faithful, topic: str, what: str, **_: Any) -> list[int]:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in consumer.counts])
         return sorted(consumer.counts)
 
@@ -477,3 +477,16 @@ def test_the_cleanup_sweep_renews_its_consumers_at_most_once_a_minute(
         with pytest.raises(KafkaException, match="Failed to get metadata"):
             ids.next(10)
     assert len(made) == 1 and caplog.text.count("event=reader_renewed") == 1
+
+
+def test_a_new_readers_first_lookup_is_bounded_by_the_reads_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 61-a F-1: a relay's stop read its position back with a new reader, whose first
+    # metadata lookup waited 30 s (LOOKUP_TIMEOUT_S) with Kafka down, whatever the read's own
+    # deadline: the stop took 31 s, past Kubernetes' 30 s grace period.
+    down = Faithful({0: 1}, stale=True)
+    monkeypatch.setattr(reader_module, "Consumer", lambda config: down)
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "pos", group_id="g", what="position")
+    with pytest.raises(KafkaException):
+        list(reader.read_to_end(end="log_end", timeout_s=5))
+    assert down.lookups and max(down.lookups) <= 5
