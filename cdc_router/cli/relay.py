@@ -13,6 +13,7 @@ from cdc_router.cli.run import check_streams, cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.relay.loop import OutboxRelay
+from cdc_router.relay.same_database import check_cleanup_database
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.signals import refuse_reload
 
@@ -48,6 +49,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
     cleaner.check()  # as `run`'s (review 51-d F9: a role that may not DELETE, only said later)
+    check_cleanup_database(config, str(config_path))  # QA 61-a F-3: it deleted in another one
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered)
     run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path))

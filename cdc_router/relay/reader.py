@@ -41,6 +41,7 @@ from cdc_router.postgres import (
     table_identifier,
 )
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
+from cdc_router.relay.same_database import cluster_id
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -389,9 +390,4 @@ def _primary_database(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
             "primary's running transactions, and their rows would be skipped for good",
             field="relay.dsn", hint="point the relay at the primary (with several hosts in the "
             "DSN, add target_session_attrs=read-write)")
-    try:
-        cluster = conn.execute("SELECT system_identifier::text FROM pg_control_system()"
-                               ).fetchone()
-    except psycopg.errors.InsufficientPrivilege:
-        cluster = None
-    return DatabaseIdentity(str(row[1]), str(cluster[0]) if cluster else None)
+    return DatabaseIdentity(str(row[1]), cluster_id(conn))
