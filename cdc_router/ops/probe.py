@@ -92,10 +92,14 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
     if down is not None:  # where it was asked, as the Postgres and Connect lines say (QA 47-d)
         asked = str(kafka.get("bootstrap.servers", config.kafka.bootstrap_servers))
         down = f"{down} (bootstrap servers {shown_url(asked)})"  # QA 47-g F3: those asked
+        # QA 61-a F-4: not the parts the config does not have (no raw topic, dedup off).
         return Report(_iso(now_ms), wal, publication, outbox, connector_state,
-                      RouterState(group=config.source.group_id, error=down),
+                      RouterState(group=config.source.group_id,
+                                  error=None if relay_alone else down),
                       DeadLetterState(topic=config.dead_letter.topic, error=down),
-                      ChangelogState(topic=config.dedup.changelog_topic, error=down),
+                      ChangelogState(topic=config.dedup.changelog_topic,
+                                     enabled=config.dedup.enabled,
+                                     error=down if config.dedup.enabled else None),
                       jetstream, registry)
     group, dlq, changelog_topic = (config.source.group_id, config.dead_letter.topic,
                                    config.dedup.changelog_topic)
