@@ -97,8 +97,9 @@ class CommittedPosition:
         if config.cleanup.mode == "none" or not self.held:
             return
         after = "the cleanup's sweep deletes those whose marks the dedup changelog holds" \
-            if config.cleanup_sweeps() else "without dedup there is no sweep: those delivered " \
-            "stay until `cdc-router outbox purge --older-than`"
+            if config.cleanup_sweeps() else "without dedup there is no sweep: those " \
+            "delivered stay until `cdc-router outbox purge --older-than D --force` (README, " \
+            "Guarantees)"
         log.warning("event=stop_read_back_failed table=%s rows=%d error=%r: the stop could not "
                     "read the relay position back to confirm the last batch, so its rows were "
                     "not handed to the cleanup and stay in the table; the relay that reads the "

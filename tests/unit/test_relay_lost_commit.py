@@ -325,7 +325,8 @@ def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
                          "table; the relay that reads the table next goes on from the stored "
                          "position, which delivers again the rows of a batch Kafka lost, and " + (
                              "without dedup there is no sweep: those delivered stay until "
-                             "`cdc-router outbox purge --older-than`" if failing == "no_dedup"
+                             "`cdc-router outbox purge --older-than D --force` (README, "
+                             "Guarantees)" if failing == "no_dedup"
                              else "the cleanup's sweep deletes those whose marks the dedup "
                              "changelog holds"))
 
