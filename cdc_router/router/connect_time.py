@@ -77,8 +77,10 @@ def epoch_millis(value: int | str, schema_name: str | None, *, via_connect: bool
         return millis
     if value in _PG_INFINITY_TEXT:
         word = _PG_INFINITY_TEXT[value]
-        raise ValueError(f"holds {word} (Debezium sends Postgres' {word!r} as {show(value)}), "
-                         f"{_NO_TIME}")
+        # QA 61-a F-5: the relay reads Postgres itself; no Debezium is involved there.
+        read = f"Debezium sends Postgres' {word!r} as {show(value)}" if via_connect else \
+            f"the relay reads Postgres' {word!r}"
+        raise ValueError(f"holds {word} ({read}), {_NO_TIME}")
     if _EXPANDED_YEAR.match(value):
         raise ValueError(f"is {show(value)}, outside the years 1 to 9999 the router can "
                          "represent")

@@ -177,6 +177,17 @@ def test_every_encoding_of_a_postgres_infinity_says_so(value: int | str, schema:
         epoch_millis(value, schema)
 
 
+@pytest.mark.parametrize("word", ["infinity", "-infinity"])
+def test_the_relays_infinity_says_the_relay_read_it_not_debezium(word: str) -> None:
+    # QA 61-a F-5: a relay row's 'infinity' created_at was said to come from Debezium.
+    from cdc_router.router.connect_time import epoch_millis
+    with pytest.raises(ValueError, match=f"^holds {word} \\(the relay reads Postgres' '{word}'"
+                       "\\), which is no point in time"):
+        epoch_millis(word, None, via_connect=False)
+    with pytest.raises(ValueError, match=f"^holds {word} \\(Debezium sends"):
+        epoch_millis(word, None)
+
+
 def test_times_near_debezium_s_infinity_encodings_are_still_times() -> None:
     from cdc_router.router.connect_time import epoch_millis
     # The same integers under another unit's schema are no infinity of Debezium's.
