@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cdc_router.cli._options import config_option, instance_id_option
-from cdc_router.cli.run import check_streams, cleaner_of, run_until_stopped
+from cdc_router.cli.run import check_cleanup, check_streams, cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.relay.loop import OutboxRelay
@@ -48,7 +48,8 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     check_streams(config)
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
-    cleaner.check()  # as `run`'s (review 51-d F9: a role that may not DELETE, only said later)
+    check_cleanup(cleaner, str(config_path))  # as `run`'s (review 51-d F9: a role that may
+    # not DELETE was only said later)
     check_cleanup_database(config, str(config_path))  # QA 61-a F-3: it deleted in another one
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered)

@@ -119,7 +119,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     check_streams(config)
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
-    cleaner.check()  # its table, columns and grants (the relay's too: cli/relay.py)
+    check_cleanup(cleaner, str(config_path))  # its table, columns and grants (the relay's too)
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
                           on_delivered=cleaner.delivered)
     run_until_stopped(router, cleaner, metrics, metrics_port, "router", config, str(config_path))
@@ -145,6 +145,17 @@ def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
                          created_at_column=config.source.outbox.created_at,
                          created_at_unit=config.source.created_at_unit,
                          registry=metrics.registry, sweep=sweep_of(config))
+
+
+def check_cleanup(cleaner: OutboxCleaner, source: str) -> None:
+    """cleaner.check(), whose ConfigError names the config file as the others do (QA 61-a F-5:
+    "field 'cleanup.table': the outbox table does not exist", which file unsaid)."""
+    try:
+        cleaner.check()
+    except ConfigError as error:
+        if error.source is None:
+            error.source, error.args = source, (f"{source}: {error}",)
+        raise
 
 
 def tune_gc() -> None:
