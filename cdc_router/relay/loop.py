@@ -223,7 +223,8 @@ class OutboxRelay:
         stored = stored_position(self._config, self._records, kafka, self._reader.database,
                                  timeout_s=timeout_s)
         if self._committed.lost(stored, self._table) and self._replay is not None:
-            restored = restore_filter(self._config, self._replay, self._records, kafka)
+            restored = restore_filter(self._config, self._replay, self._records, kafka,
+                                      timeout_s=timeout_s)  # a stop's bound too
             log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
                      len(self._replay))
         self._hand(self._committed.confirm(stored))

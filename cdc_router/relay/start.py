@@ -78,13 +78,13 @@ def stored_position(config: RouterConfig, records: Records, kafka: dict[str, Any
 
 
 def restore_filter(config: RouterConfig, replay: ReplayFilter | None, records: Records,
-                   kafka: dict[str, Any]) -> int:
+                   kafka: dict[str, Any], *, timeout_s: float = READ_TIMEOUT_S) -> int:
     """The dedup changelog's marks into `replay`, which forgets the ids of its own commits
-    they lack (relay/lost_commit.py); how many there were."""
+    they lack (relay/lost_commit.py); how many there were. Read within `timeout_s`."""
     if replay is None:
         return 0
     return replay.restore_changelog(records(kafka, config.dedup.changelog_topic,
-                                            "dedup changelog"),
+                                            "dedup changelog", timeout_s=timeout_s),
                                     int(time.time() * 1000), group=config.source.group_id)
 
 

@@ -291,6 +291,19 @@ def test_a_stop_reads_its_position_back_within_a_bound_under_kubernetes_grace_pe
     assert len(handed) == 1
 
 
+def test_a_loss_the_stop_finds_reads_the_changelog_within_the_stops_bound() -> None:
+    # QA 61-a F-1: after a loss found by the stop's read-back, the changelog's read had 300 s.
+    cluster, table = _cluster(), FakeTable()
+    relay, _ = _relay(cluster, table)
+    committed = RelayPosition(Snapshot(11, 11), database=table.database)
+    relay._committed.committed(committed, [Delivered("id-1", ORDERS, 1)])  # never stored
+    timeouts: list[float] = []
+    reads = _position_reads(relay, timeouts)
+    relay._reposition(lost_commit.STOP_READ_BACK_S)
+    assert reads == [POSITION, CHANGELOG]
+    assert timeouts == [lost_commit.STOP_READ_BACK_S] * 2
+
+
 @pytest.mark.parametrize("failing", ["kafka", "lock", "no_dedup"])
 def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
