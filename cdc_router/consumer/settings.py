@@ -37,6 +37,8 @@ _PINNED_PRODUCER = {"enable.idempotence": "true", "acks": "all"}
 _SHARED_PREFIXES = ("security.protocol", "ssl.", "ssl_", "sasl.", "enable.ssl.",
                     "client.dns.lookup", "broker.address.family", "socket.", "oauth_cb")
 
+# bootstrap.servers and its librdkafka alias: bootstrap_servers' alone (QA 61-b F1).
+_CLUSTER_KEYS = ("bootstrap.servers", "metadata.broker.list")
 
 # librdkafka's lines through logging, with kafka/logs.py's RepeatFilter, not straight to
 # stderr (review 51-d F2: a refused login, 5 lines a second); consumer_config may set its own.
@@ -141,6 +143,14 @@ class ConsumerSettings:
             ("group.id" not in self.consumer_config, "consumer_config.group.id",
              "is group_id's: the Kafka group and the dedup group are one; set group_id",
              self.consumer_config.get("group.id")),
+            # QA 61-b F1: the consumer read one cluster, the dead-letter check passed there,
+            # and the letters (and the group checks) went to bootstrap_servers' cluster.
+            *[(key not in extra, f"{name}.{key}", "is bootstrap_servers': the consumer, the "
+               "dead-letter producer and the group checks use one cluster; set "
+               "bootstrap_servers", extra.get(key))
+              for name, extra in (("consumer_config", self.consumer_config),
+                                  ("producer_config", self.producer_config))
+              for key in _CLUSTER_KEYS],
         ]
         check_all(source, checks)
         _check_names(self, source)

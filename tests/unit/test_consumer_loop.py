@@ -606,6 +606,13 @@ def test_a_transient_client_error_is_logged_and_consumption_goes_on() -> None:
     ({"dead_letter_timeout_s": float("nan")}, "dead_letter_timeout_s"),
     ({"commit_interval_s": "1"}, "commit_interval_s"),
     ({"consumer_config": {"group.id": "other"}}, "consumer_config.group.id"),
+    # QA 61-b F1: the consumer on one cluster, its dead letters and group checks on another.
+    ({"consumer_config": {"bootstrap.servers": "a:9092"}},
+     "field 'consumer_config.bootstrap.servers'.*set bootstrap_servers .got 'a:9092'"),
+    ({"consumer_config": {"metadata.broker.list": "a:9092"}},
+     "consumer_config.metadata.broker.list.*set bootstrap_servers"),
+    ({"producer_config": {"bootstrap.servers": "a:9092"}},
+     "producer_config.bootstrap.servers.*set bootstrap_servers"),
     ({"group_id": " "}, "group_id"),  # review 48-e F1: confluent-kafka aborted the process
     ({"group_id": None}, "group_id"),
     ({"group_id": 5}, "group_id"),
