@@ -185,7 +185,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 **options),
                 timeout=self.settings.connect_timeout_s)
         except ConfigError as refused:
-            raise JetStreamConsumerError(f"{refused}; set JetStreamSettings.connect_options "
+            fix = "url" if refused.field == "nats.url" else "connect_options"
+            raise JetStreamConsumerError(f"{refused}; set JetStreamSettings.{fix} "
                                          "accordingly") from None
         except (NatsError, OSError, TimeoutError) as error:
             failure = config_failure(url, [error, *last])

@@ -9,7 +9,8 @@ retrying what will never work.
 
 nats-py upgrades a connection to TLS only when the server's INFO requires it, whatever the URL
 or the `tls` option say: pointed at a plain port, it would send our password in clear text.
-`require_tls` reads each server's INFO first and refuses a server that does not require TLS.
+`require_tls` reads each server's INFO first and refuses a server that does not require TLS,
+with `tls` set or a tls:// URL (nats-py then upgrades with the system's CAs).
 """
 
 from __future__ import annotations
@@ -89,18 +90,24 @@ def _tls_options(settings: NatsSettings) -> dict[str, Any]:
 
 
 async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> None:
-    """With TLS configured, refuse (ConfigError) a server of `url` whose INFO does not require
-    TLS. A server that does not answer is left to the connection to report."""
-    if "tls" not in options:
-        return
+    """With TLS configured, or asked for by a server's tls:// scheme, refuse (ConfigError) a
+    server of `url` whose INFO does not require TLS. A server that does not answer is left to
+    the connection to report."""
     for server in servers(url):
+        # QA 61-b F2: tls:// alone (a server certificate of a public CA needs no nats.tls)
+        # sent the password in clear text to a server that did not ask for TLS.
+        by_url = urlsplit(server).scheme.lower() == "tls"
+        if "tls" not in options and not by_url:
+            continue
         info = await _server_info(server, timeout_s)
         if info is not None and not info.get("tls_required"):
             raise ConfigError(f"the NATS server at {shown_url(server)} does not require TLS, "
                               "so nats-py would send our credentials in clear text",
-                              field="nats.tls",
-                              hint="point nats.url at the server's TLS listener, or remove "
-                                   "nats.tls")
+                              field="nats.tls" if "tls" in options else "nats.url",
+                              hint="point nats.url at the server's TLS listener" + (
+                                  ", or remove nats.tls" if "tls" in options else
+                                  " (its tls:// asks for TLS), or use nats:// where the "
+                                  "server speaks plain text"))
 
 
 def servers(url: str) -> list[str]:
