@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -26,8 +25,8 @@ from pydantic import (
 )
 
 from cdc_router.config.fields import ConfigModel, field_problem
+from cdc_router.config.nats_servers import server_problem
 from cdc_router.config.nats_subjects import subject_matches, subjects_collide
-from cdc_router.config.redact import shown_url
 from cdc_router.config.topic_names import Template, parse_template
 from cdc_router.errors import show
 
@@ -213,9 +212,6 @@ class NatsTls(ConfigModel):
         return self
 
 
-_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
-
-
 class NatsSettings(ConfigModel):
     """How the router reaches NATS, and the streams its routes publish into."""
 
@@ -239,26 +235,9 @@ class NatsSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _servers(self) -> NatsSettings:
-        for server in (part.strip() for part in self.url.split(",")):
-            parts = urlsplit(server if "://" in server else f"nats://{server}")
-            try:
-                parts.port  # noqa: B018 (raises ValueError for a port that is no number)
-                # A path only behind a WebSocket proxy (review 47-c F1: `nats//host:4222`
-                # read as the host "nats", the rest a path, retried as an outage for ever).
-                usable = parts.scheme in _NATS_SCHEMES and bool(parts.hostname) and (
-                    parts.path in ("", "/") or parts.scheme in ("ws", "wss"))
-            except ValueError:
-                usable = False
-            if not usable:
-                raise field_problem("url", "each server is [nats|tls|ws|wss://][user:password@]"
-                                    "host[:port], comma-separated",
-                                    shown_url(server))
-            # nats-py upgrades a nats:// connection when the server asks (require_tls checks
-            # it does) but never a WebSocket: over ws:// the credentials would go in clear.
-            if self.tls is not None and parts.scheme == "ws":
-                raise field_problem("url", "ws:// is plain text, and nats-py never upgrades it "
-                                    "to TLS, so nats.tls would not apply and the credentials "
-                                    "would go in clear; use wss://", shown_url(server))
+        problem = server_problem(self.url, self.tls is not None)
+        if problem is not None:
+            raise field_problem("url", *problem)
         return self
 
     @model_validator(mode="after")

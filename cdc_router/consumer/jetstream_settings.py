@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_problem
+from cdc_router.config.nats_servers import server_problem
 from cdc_router.config.nats_subjects import subject_matches
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
@@ -100,6 +101,10 @@ class JetStreamSettings:
         ]
         check_all(source, checks)
         connect_option_problem(self.connect_options)
+        # QA 61-b F3: http:// or nat:// was taken, and run() failed on a DNS error.
+        problem = server_problem(self.url, "tls" in self.connect_options)
+        if problem is not None:
+            raise ConfigError(problem[0], source=source, field="url", value=problem[1])
 
     @property
     def dedup_group(self) -> str:

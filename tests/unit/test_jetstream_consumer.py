@@ -256,11 +256,19 @@ def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
     # Review 48-e F7: blanks, and a stream name NATS refuses.
     ({"url": " "}, "url"), ({"stream": " "}, "stream"), ({"stream": "a.b"}, "stream"),
     ({"group_id": ""}, "group_id"), ({"group_id": " "}, "group_id"),
-    ({"event_id_header": "\t"}, "event_id_header")])
+    ({"event_id_header": "\t"}, "event_id_header"),
+    # QA 61-b F3: taken, then run() stopped on "gaierror: Name or service not known".
+    ({"url": "http://127.0.0.1:4222"}, "url': scheme 'http' is not one nats-py speaks "
+                                       r"\(nats://, tls://, ws://, wss://\).*got 'http://"),
+    ({"url": "nat://127.0.0.1:4222"}, "url': scheme 'nat'"),
+    ({"url": "NATS://127.0.0.1:4222"}, "url': scheme 'NATS'"),
+    ({"url": "nats://a:1,http://u:pw@b:2"}, r"url'.*got 'http://u:\*\*\*\*\*@b:2'"),
+    ({"url": "nats//127.0.0.1:4222"}, "url': each server is"),
+    ({"url": "ws://h:8080", "connect_options": {"tls": None}}, "url': ws:// is plain text")])
 def test_settings_of_the_wrong_type_or_infinite_are_one_line(changes: dict[str, object],
                                                               field: str) -> None:
     # Review 47-e F12: tracebacks, and consume(timeout=inf) returned at once (a spinning loop).
-    with pytest.raises(ConfigError, match=f"field '{field}'"):
+    with pytest.raises(ConfigError, match=f"JetStreamSettings: field '{field}"):
         JetStreamSettings(**{"url": "nats://x", "stream": "S", "durable": "d",  # type: ignore[arg-type]
                              "dead_letter_subject": "dlq.x", "filter_subjects": ("pay.>",),
                              **changes})

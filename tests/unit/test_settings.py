@@ -535,10 +535,14 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
      "'cdc-router.dlq' (dead_letter.topic)"),
     ("dedup: {changelog_topic: outbox_public.outbox}", "field 'dedup.changelog_topic': "
      "collides with 'outbox.public.outbox' (source.topics[0])"),
-    ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': each server is"),
+    ("nats: {url: 'http://127.0.0.1:4222'}", "field 'nats.url': scheme 'http'"),
     # Review 47-c F1: read as the host "nats" and a path, retried as an outage for ever.
     ("nats: {url: 'nats//127.0.0.1:4222'}", "field 'nats.url': each server is"),
     ("nats: {url: 'nats://a:1,nats:/b:2'}", "field 'nats.url': each server is"),
+    # QA 61-b F3: nats-py reads these as the host 'nat' (or 'NATS'), a DNS error.
+    ("nats: {url: 'nat://127.0.0.1:4222'}", "field 'nats.url': scheme 'nat' is not one "
+     "nats-py speaks (nats://, tls://, ws://, wss://)"),
+    ("nats: {url: 'NATS://127.0.0.1:4222'}", "field 'nats.url': scheme 'NATS'"),
     ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
 ])
 def test_what_only_the_router_refused_rules_check_refuses(tmp_path: Path, section: str,
