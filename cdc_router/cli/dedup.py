@@ -27,6 +27,7 @@ from cdc_router.consumer.dedup.postgres import (
     PostgresDedupStore,
     run_purge_loop,
 )
+from cdc_router.consumer.dedup.store import DedupStoreUnreachable
 from cdc_router.errors import ConfigError, DedupStoreError, DedupStoreRefused
 from cdc_router.signals import refuse_reload
 
@@ -43,7 +44,10 @@ def _naming_the_dsn() -> Iterator[None]:
     except (DedupStoreError, DedupStoreRefused) as error:
         if not str(error).startswith(CONNECTION_FAILURES):
             raise
-        raise type(error)(f"{error}; {DSN_HINT}") from error
+        # Exit 1 for a server that does not answer too (DedupStoreUnreachable's 75 is for a
+        # service): a one-shot command with a dependency down exits 1, as `schemas` does.
+        kind = DedupStoreError if isinstance(error, DedupStoreUnreachable) else type(error)
+        raise kind(f"{error}; {DSN_HINT}") from error
 
 
 @click.group(name="dedup")

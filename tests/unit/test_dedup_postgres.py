@@ -168,3 +168,50 @@ def test_lock_timeout_zero_still_means_wait_for_ever() -> None:
     PostgresDedupStore("host=db", lock_timeout_s=0)
     PostgresDedupStore("host=db", lock_timeout_s=2_147_483.647)  # Postgres's largest
     PostgresDedupStore("host=db", lock_timeout_s=0.5, connect_timeout_s=3)
+
+
+def test_a_server_that_does_not_answer_at_ensure_schema_exits_75(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # QA 61-b F4: the README's snippet and the example called ensure_schema() before run()
+    # and exited 1 while Postgres restarted; 75 is "a restart may cure it".
+    from cdc_router.consumer.dedup import DedupStoreUnreachable
+    from cdc_router.examples.fulfillment import main
+
+    dsn = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"
+    with pytest.raises(DedupStoreUnreachable, match="cannot connect to the dedup database") as \
+            raised:
+        PostgresDedupStore(dsn).ensure_schema()
+    assert raised.value.exit_code == 75
+    assert main(["--bootstrap", "127.0.0.1:1", "--dsn", dsn, "--topic", "payments"]) == 75
+    assert capsys.readouterr().err.startswith("error: cannot connect to the dedup database")
+
+
+def test_a_server_gone_mid_statement_is_unreachable_and_a_refusal_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from cdc_router.consumer.dedup import DedupStoreError, DedupStoreUnreachable
+
+    class Connection:
+        closed = broken = False
+
+        def __init__(self, error: psycopg.Error) -> None:
+            self.error = error
+
+        def transaction(self) -> Any:
+            import contextlib
+            return contextlib.nullcontext()
+
+        def execute(self, statement: object) -> None:
+            raise self.error
+
+    for error, kind in ((psycopg.OperationalError("server closed the connection"),
+                         DedupStoreUnreachable),
+                        (psycopg.errors.InsufficientPrivilege("permission denied for schema"),
+                         DedupStoreError)):
+        monkeypatch.setattr(postgres.psycopg, "connect",
+                            lambda *_, error=error, **__: Connection(error))
+        with pytest.raises(DedupStoreError, match=r"cannot create public\.cdc_router_dedup") as \
+                raised:
+            PostgresDedupStore("host=db").ensure_schema()
+        assert type(raised.value) is kind

@@ -7,8 +7,15 @@ Store implementations import their client library lazily: `dedup.redis` needs re
 from __future__ import annotations
 
 from cdc_router.consumer.dedup.memory import MemoryDedupStore
-from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Effect, Outcome
+from cdc_router.consumer.dedup.store import (
+    DedupKey,
+    DedupStore,
+    DedupStoreUnreachable,
+    Effect,
+    Outcome,
+)
 from cdc_router.errors import DedupStoreError, DedupStoreRefused, EffectAborted, NestedEventBusy
 
-__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "DedupStoreRefused", "Effect",
-           "EffectAborted", "MemoryDedupStore", "NestedEventBusy", "Outcome"]
+__all__ = ["DedupKey", "DedupStore", "DedupStoreError", "DedupStoreRefused",
+           "DedupStoreUnreachable", "Effect", "EffectAborted", "MemoryDedupStore",
+           "NestedEventBusy", "Outcome"]

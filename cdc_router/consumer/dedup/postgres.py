@@ -51,6 +51,7 @@ from cdc_router.consumer.dedup.store import (
     DedupKey,
     DedupStoreError,
     DedupStoreRefused,
+    DedupStoreUnreachable,
     NestedEventBusy,
     Outcome,
     run_effect,
@@ -61,6 +62,7 @@ from cdc_router.postgres import (
     deploy_fault,
     one_line,
     refused_for_good,
+    server_unreachable,
     session_options,
     table_identifier,
 )
@@ -138,7 +140,7 @@ class PostgresDedupStore:
                 if refused_for_good(error):
                     raise DedupStoreRefused(f"{CONNECTION_FAILURES[1]}: {one_line(error)}; "
                                             f"{_refusal_advice(error)}") from error
-                raise DedupStoreError(
+                raise DedupStoreUnreachable(
                     f"{CONNECTION_FAILURES[0]}: {one_line(error)}") from error
             self._local.conn = conn
             with self._lock:
@@ -182,8 +184,9 @@ class PostgresDedupStore:
             return
         except psycopg.Error as error:
             self._forget_broken()
-            raise DedupStoreError(
-                f"cannot create {self._table_name}: {one_line(error)}") from error
+            # A server gone mid-statement is an outage too (exit 75), not the table's fault.
+            failure = DedupStoreUnreachable if server_unreachable(error) else DedupStoreError
+            raise failure(f"cannot create {self._table_name}: {one_line(error)}") from error
 
     def run_once(self, key: DedupKey,
                  effect: Callable[[psycopg.Connection[tuple[object, ...]]], None]) -> Outcome:

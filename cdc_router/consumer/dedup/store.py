@@ -8,11 +8,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
+from cdc_router.errors import EXIT_RESTART
+
 # Re-exported: the stores and users import them from here and from cdc_router.consumer.dedup.
 from cdc_router.errors import DedupStoreError as DedupStoreError
 from cdc_router.errors import DedupStoreRefused as DedupStoreRefused
 from cdc_router.errors import EffectAborted as EffectAborted
 from cdc_router.errors import NestedEventBusy as NestedEventBusy
+
+
+class DedupStoreUnreachable(DedupStoreError):
+    """The dedup store's server did not answer (down, restarting, a failover): the consumer
+    retries it; where it stops a service (ensure_schema() at start) a restart may cure it, so
+    exit code 75 (QA 61-b F4: it was 1, and a supervisor restarting on 75 left the service down
+    after a database restart)."""
+
+    exit_code = EXIT_RESTART
+
 
 Context = TypeVar("Context")
 Context_co = TypeVar("Context_co", covariant=True)
