@@ -327,7 +327,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         level = logging.DEBUG if error is None else logging.WARNING
         log.log(level, "event=retry_scheduled reason=%s stream=%s sequence=%d delay_s=%.3f "
                 "error=%s", reason, record.stream, record.sequence, delay,
-                "" if error is None else repr(error_text(error)[:300]))
+                "" if error is None else shown_repr(error)[:300])  # as loop.py's (QA 61-b F6)
         await quietly(message.nak(delay=delay), "nak")
 
     async def _dead_letter(self, message: Any, record: JetStreamRecord, stage: str,

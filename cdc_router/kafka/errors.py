@@ -203,11 +203,15 @@ def refused_config(error: KafkaException, config: Mapping[str, Any],
     if not missing and (unloadable := tls_property(text)):
         field = f"{settings}.{unloadable}" if settings else unloadable
         return f"librdkafka refused the client config: {text}; {unloaded(field)}"
-    if not text.startswith("No such configuration property"):
-        named = named_values(text, config)
-        if named:  # review 52-c F-low-3: a refused value was sent to files and passwords
-            return (f"librdkafka refused the client config: {text}; check {named} "
-                    "(librdkafka's CONFIGURATION.md gives each property's range)")
+    if text.startswith("No such configuration property"):
+        # QA 61-b F6: a typo'd key was sent to the file paths and the key password.
+        return (f"librdkafka refused the client config: {text}; "
+                + "".join(f"{line}; " for line in missing)
+                + "check the property's name (librdkafka's CONFIGURATION.md lists them)")
+    named = named_values(text, config)
+    if named:  # review 52-c F-low-3: a refused value was sent to files and passwords
+        return (f"librdkafka refused the client config: {text}; check {named} "
+                "(librdkafka's CONFIGURATION.md gives each property's range)")
     return (f"librdkafka refused the client config: {text}; "
             + "".join(f"{line}; " for line in missing)
             + "check the file paths, the key password and the property names")

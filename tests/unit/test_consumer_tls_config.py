@@ -110,3 +110,11 @@ def test_status_gives_the_tls_advice_run_gives_for_a_router_yaml(tmp_path: Path)
     assert said is not None and said.endswith(
         "; check kafka.config.ssl.ca.location: librdkafka could not load it (its "
         "CONFIGURATION.md gives the format)"), said
+
+
+def test_an_unknown_property_gets_advice_about_its_name_only() -> None:
+    # QA 61-b F6: a typo'd key was told to check the file paths and the key password.
+    text = refusal({"sesion.timeout.ms": "6000"})
+    assert 'No such configuration property: "sesion.timeout.ms"; check the property\'s name' \
+        in text
+    assert "file paths" not in text and "key password" not in text

@@ -215,3 +215,10 @@ def test_a_server_gone_mid_statement_is_unreachable_and_a_refusal_is_not(
                 raised:
             PostgresDedupStore("host=db").ensure_schema()
         assert type(raised.value) is kind
+
+
+def test_a_table_name_of_too_many_parts_is_named_with_the_store() -> None:
+    # QA 61-b F6: the only field of the store's whose error lacked its class.
+    with pytest.raises(ConfigError, match=r"^PostgresDedupStore: field 'table': expected "
+                                          r"schema\.table or table \(got 'a\.b\.c\.d'\)$"):
+        PostgresDedupStore("host=db", table="a.b.c.d")

@@ -404,12 +404,15 @@ class DownStore:
     def close(self) -> None: ...
 
 
-def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt() -> None:
+def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt(
+        caplog: pytest.LogCaptureFixture) -> None:
     harness = Harness(failing(ValueError("unknown order")), store=DownStore())
     for delivered in range(1, 6):  # far past max_attempts=3
         [(told, _)] = harness.handle(payment("e1", delivered=delivered))
         assert told == "nak"
     assert harness.js.published == []
+    # QA 61-b F6: the Kafka consumer's form, a repr (was error="DedupStoreError: ...").
+    assert "error=DedupStoreError('database unreachable')" in caplog.text
     # The store is back: the 6th delivery is the handler's first attempt, naked, not dead.
     harness.consumer._store = MemoryDedupStore()
     [(told, _)] = harness.handle(payment("e1", delivered=6))

@@ -57,6 +57,7 @@ from cdc_router.consumer.dedup.store import (
     run_effect,
 )
 from cdc_router.consumer.retry import finite_number, whole_number
+from cdc_router.errors import ConfigError
 from cdc_router.postgres import (
     delete_in_chunks,
     deploy_fault,
@@ -111,7 +112,10 @@ class PostgresDedupStore:
         # statements keep the session's lock_timeout.
         self._lock_wait = None if lock_timeout_s <= 0 else sql.SQL(
             "SET LOCAL lock_timeout = {}").format(sql.Literal(f"{round(lock_timeout_s * 1000)}ms"))
-        self._table = table_identifier(table)
+        try:
+            self._table = table_identifier(table)
+        except ConfigError as error:  # QA 61-b F6: named as the other fields are
+            raise ConfigError(str(error), source="PostgresDedupStore") from None
         self._table_name = table
         # Bounds how long a store call hangs on an unreachable server before it becomes a
         # retryable DedupStoreError.
