@@ -48,9 +48,11 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     check_streams(config)
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
+    # QA 61-a F-3: it deleted in another database. First: the cleanup's own check would send
+    # the operator to `outbox init` there (review 61-w W-1).
+    check_cleanup_database(config, str(config_path))
     check_cleanup(cleaner, str(config_path))  # as `run`'s (review 51-d F9: a role that may
     # not DELETE was only said later)
-    check_cleanup_database(config, str(config_path))  # QA 61-a F-3: it deleted in another one
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered)
     run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path))

@@ -835,3 +835,28 @@ def test_a_dsn_option_value_libpq_refuses_is_named_not_blamed_on_postgres(
                                        "sslmode=bogus"], env={"CDC_ROUTER_PG_DSN": None})
     assert result.exit_code == 1 and said in " ".join(result.stderr.split()), result.output
     assert "s3cret" not in result.output and "Postgres" not in result.stderr
+
+
+def test_the_relay_says_a_cleanup_in_another_database_before_that_database_s_own_refusal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 61-w W-1: cleanup.dsn at another database without the table was told to run
+    # `outbox init` there; the mismatch (QA 61-a F-3) was never said.
+    from cdc_router.cli import relay as relay_cli
+
+    def other_database(config: Any, source: str | None = None) -> None:
+        raise ConfigError("cleanup.dsn names database 'b' and relay.dsn database 'a'",
+                          source=source, field="cleanup.dsn/relay.dsn")
+
+    def no_table(cleaner: Any, source: str) -> None:
+        raise ConfigError("the outbox table does not exist", source=source,
+                          field="cleanup.table")
+
+    monkeypatch.setattr(relay_cli, "check_cleanup_database", other_database)
+    monkeypatch.setattr(relay_cli, "check_cleanup", no_table)
+    config = tmp_path / "relay.yaml"
+    config.write_text("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
+                      "routes: [{topic: x}]\nrelay: {table: public.outbox, dsn: "
+                      "'postgresql://u@127.0.0.1:1/a'}\ncleanup: {mode: delete, dsn: "
+                      "'postgresql://u@127.0.0.1:1/b', table: public.outbox}\n", "utf-8")
+    ran = CliRunner().invoke(main, ["relay", "-c", str(config), "--metrics-port", "0"])
+    assert ran.exit_code == 1 and "names database 'b'" in ran.output, ran.output
