@@ -42,11 +42,14 @@ def _naming_the_dsn() -> Iterator[None]:
     try:
         yield
     except (DedupStoreError, DedupStoreRefused) as error:
-        if not str(error).startswith(CONNECTION_FAILURES):
-            raise
-        # Exit 1 for a server that does not answer too (DedupStoreUnreachable's 75 is for a
-        # service): a one-shot command with a dependency down exits 1, as `schemas` does.
+        # Exit 1 for a server that does not answer too, also mid-statement (review 61-w W-2;
+        # DedupStoreUnreachable's 75 is for a service): a one-shot command with a dependency
+        # down exits 1, as `schemas` does.
         kind = DedupStoreError if isinstance(error, DedupStoreUnreachable) else type(error)
+        if not str(error).startswith(CONNECTION_FAILURES):
+            if kind is type(error):
+                raise
+            raise kind(str(error)) from error
         raise kind(f"{error}; {DSN_HINT}") from error
 
 

@@ -61,6 +61,21 @@ def test_an_unreachable_database_is_one_line_and_exit_1(command: list[str]) -> N
     assert line.startswith("error: cannot connect to the dedup database")
 
 
+def test_a_server_gone_mid_statement_is_exit_1_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 61-w W-2: a restart during CREATE TABLE (DedupStoreUnreachable, not a connection
+    # failure's text) left `dedup init` with the service's 75.
+    from cdc_router.consumer.dedup import DedupStoreUnreachable
+
+    def gone(self: PostgresDedupStore) -> None:
+        raise DedupStoreUnreachable("the dedup database went away: terminating connection")
+
+    monkeypatch.setattr(PostgresDedupStore, "ensure_schema", gone)
+    result = CliRunner().invoke(main, ["dedup", "init", "--dsn", "postgresql://unused"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: the dedup database went away: terminating connection"]
+
+
 @pytest.mark.parametrize("table", ["a.b.c", "", ".x", "x."])
 def test_bad_table_names_are_config_errors(table: str) -> None:
     with pytest.raises(ConfigError, match="table"):
