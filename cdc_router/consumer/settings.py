@@ -145,9 +145,10 @@ class ConsumerSettings:
              self.consumer_config.get("group.id")),
             # QA 61-b F1: the consumer read one cluster, the dead-letter check passed there,
             # and the letters (and the group checks) went to bootstrap_servers' cluster.
-            *[(key not in extra, f"{name}.{key}", "is bootstrap_servers': the consumer, the "
-               "dead-letter producer and the group checks use one cluster; set "
-               "bootstrap_servers", extra.get(key))
+            *[(extra.get(key, self.bootstrap_servers) == self.bootstrap_servers,
+               f"{name}.{key}", "is set by bootstrap_servers: the consumer, the dead-letter "
+               "producer and the group checks use one cluster; set bootstrap_servers (the "
+               "same value here is taken)", extra.get(key))
               for name, extra in (("consumer_config", self.consumer_config),
                                   ("producer_config", self.producer_config))
               for key in _CLUSTER_KEYS],
