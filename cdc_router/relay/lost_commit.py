@@ -47,8 +47,10 @@ HELD_READ_BACK_S = 5.0
 # with Kafka down, TopicReader's lookups took ~31 s, past Kubernetes' default 30 s
 # terminationGracePeriodSeconds, and the stop was SIGKILLed). A read-back takes about 0.8 s on
 # a healthy cluster; given up, the stop says so (event=stop_read_back_failed) and the rows stay.
-# The lookups take at least a second each, so the read may overrun this by a few seconds.
-STOP_READ_BACK_S = 5.0
+# The lookups take at least a second each, so the read may overrun this by a few seconds. Not
+# 5 s: a position topic created before its segment.ms (5271a71) took up to ~4.4 s to read on an
+# idle stack (review 61-w W-4), and a stop past the bound leaves its batch's rows.
+STOP_READ_BACK_S = 10.0
 
 
 class CommittedPosition:
