@@ -24,8 +24,10 @@ def server_problem(url: str, tls: bool) -> tuple[str, str] | None:
     for server in (part.strip() for part in url.split(",")):
         scheme = server.split("://", 1)[0] if "://" in server else "nats"
         if scheme not in NATS_SCHEMES:
+            case = f"write it in lower case, {scheme.lower()}:// (nats-py reads " \
+                f"{show(scheme, 40)}:// as a host name); " if scheme.lower() in NATS_SCHEMES else ""
             return (f"scheme {show(scheme, 40)} is not one nats-py speaks (nats://, tls://, ws://, "
-                    "wss://); " + _FORM, shown_url(server))
+                    "wss://); " + case + _FORM, shown_url(server))
         parts = urlsplit(server if "://" in server else f"nats://{server}")
         try:
             parts.port  # noqa: B018 (raises ValueError for a port that is no number)

@@ -261,7 +261,7 @@ def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
     ({"url": "http://127.0.0.1:4222"}, "url': scheme 'http' is not one nats-py speaks "
                                        r"\(nats://, tls://, ws://, wss://\).*got 'http://"),
     ({"url": "nat://127.0.0.1:4222"}, "url': scheme 'nat'"),
-    ({"url": "NATS://127.0.0.1:4222"}, "url': scheme 'NATS'"),
+    ({"url": "NATS://127.0.0.1:4222"}, "url': scheme 'NATS'.*write it in lower case, nats://"),
     ({"url": "nats://a:1,http://u:pw@b:2"}, r"url'.*got 'http://u:\*\*\*\*\*@b:2'"),
     ({"url": "nats//127.0.0.1:4222"}, "url': each server is"),
     ({"url": "ws://h:8080", "connect_options": {"tls": None}}, "url': ws:// is plain text")])
