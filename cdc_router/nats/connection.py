@@ -92,7 +92,11 @@ def _tls_options(settings: NatsSettings) -> dict[str, Any]:
 async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> None:
     """With TLS configured, or asked for by a server's tls:// scheme, refuse (ConfigError) a
     server of `url` whose INFO does not require TLS. A server that does not answer is left to
-    the connection to report."""
+    the connection to report. With tls_handshake_first nats-py starts TLS before it reads a
+    word, so nothing goes in clear, and a TLS-first server sends no plain INFO to read: no probe
+    (review 61-w W-5: each server waited its connect timeout)."""
+    if options.get("tls_handshake_first"):
+        return
     for server in servers(url):
         # QA 61-b F2: tls:// alone (a server certificate of a public CA needs no nats.tls)
         # sent the password in clear text to a server that did not ask for TLS.

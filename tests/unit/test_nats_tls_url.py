@@ -91,3 +91,10 @@ def test_with_tls_options_the_refusal_still_names_nats_tls(fake: FakeServer) -> 
     with pytest.raises(ConfigError, match=r"field 'nats.tls'.*remove nats.tls"):
         asyncio.run(require_tls(f"nats://127.0.0.1:{fake.port}",
                                 {"tls": ssl.create_default_context()}, 2.0))
+
+
+def test_tls_handshake_first_needs_no_probe(fake: FakeServer) -> None:
+    # Review 61-w W-5: behind a TLS-terminating proxy (TLS first) each server waited its
+    # connect timeout for a plain INFO; the client's TLS comes before any word.
+    asyncio.run(require_tls(f"tls://127.0.0.1:{fake.port}", {"tls_handshake_first": True}, 2.0))
+    assert fake.received == b""
