@@ -138,13 +138,14 @@ def _report(path: Path, checks: list[SchemaCheck]) -> str:
     return "\n".join([*lines, "", verdict, *problems])
 
 
-def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple[str, str | None] | None:
+def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple[str | None, str | None]:
     """Why the registry would refuse `schema` under `subject` (its compatibility test, under
     the subject's level), and what the subject holds when it is a schema of another type
-    (compatibility.other_type); None when it takes it (a subject without versions takes any)."""
+    (compatibility.other_type); (None, None) when it takes it (a subject without versions
+    takes any)."""
     latest = ids.latest(subject)
     if latest is None or ids.compatible(subject, schema):
-        return None
+        return None, None
     version, text = latest
     return "; ".join(str(found) for found in backward_incompatibilities(schema, text)) or \
         f"with version {version}, under the subject's compatibility level", \
@@ -208,7 +209,7 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
         raise ConfigError(f"no route of this config renders subject {unknown[0]!r} from event "
                           "data", field="--subject", hint="name a subject a dead letter's "
                           "reason gives, or check the route's topic template")
-    held: dict[str, str | None] = {}  # a refused subject's other type of schema, if so
+    held: dict[str, str | None] = {}  # each subject's other type of schema, if refused so
     for position, entry in enumerate(planned + by_data):
         assert entry.subject is not None
         try:
@@ -219,10 +220,8 @@ def register(config_path: Path, dry_run: bool, yes: bool, subjects: tuple[str, .
             current = None
         # Review 53-c F6: the plan asks the registry's compatibility test (no write), so a
         # dry run says what `--yes` would be refused.
-        refused_by = None if current is not None else _refusal(ids, entry.subject, entry.schema)
-        refusal = None if refused_by is None else refused_by[0]
-        if refused_by is not None:
-            held[entry.subject] = refused_by[1]
+        refusal, held[entry.subject] = (None, None) if current is not None else \
+            _refusal(ids, entry.subject, entry.schema)
         by_event = position >= len(planned)
         plan.append({"subject": entry.subject, "file": entry.schema.path,
                      "action": "unchanged" if current is not None else "register"
