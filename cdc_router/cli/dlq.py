@@ -86,16 +86,18 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
                 continue
             matched += 1
             if newest or len(letters) < limit:
-                letters.append({"offset": message.offset(),
+                # The partition too: on a dead-letter topic of several partitions an offset
+                # alone names a letter on each (QA 62-b), and `dlq replay` shows P@O.
+                letters.append({"partition": message.partition(), "offset": message.offset(),
                                 **dead_letter_origin(record_headers(message))})
     finally:
         reader.close()
     topic = config.dead_letter.topic
     pipeline = "of this pipeline " if others else ""
     emit(list(letters), output, lambda rows: table(
-        ["offset", "stage", "source", "event id", "error", "reason"],
-        [[r["offset"], r["stage"], r["source"], r["event_id"] or "-", r["error"],
-          _cut(r["reason"] or "")] for r in rows]) if rows
+        ["letter", "stage", "source", "event id", "error", "reason"],
+        [[f"{r['partition']}@{r['offset']}", r["stage"], r["source"], r["event_id"] or "-",
+          r["error"], _cut(r["reason"] or "")] for r in rows]) if rows
         else f"no dead letters {pipeline}since {_utc(since_ms)} ({earlier + others} on {topic})"
         if since_ms is not None and earlier
         else f"no dead letters {pipeline}on {topic}")

@@ -337,6 +337,9 @@ def test_dlq_list_shows_the_committed_dead_letters_at_once(stack: StackEndpoints
     assert [(entry["stage"], entry["source"], entry["event_id"], entry["error"],
              entry["reason"]) for entry in shown] == [
         ("route", "raw[0]@5", "e-1", "ValueError", "no route")] * 2
+    # QA 62-b: both letters are at offset 0, one on each of two partitions: the offset alone
+    # did not tell them apart.
+    assert sorted((entry["partition"], entry["offset"]) for entry in shown) == [(0, 0), (1, 0)]
     assert took < 20, f"dlq list took {took:.1f}s"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,14 @@ _HOUR_MS = 3_600_000
 
 
 class _Letter:
-    """A consumed dead letter: a timestamp, an offset, no headers (this pipeline's)."""
+    """A consumed dead letter: a timestamp, a partition and an offset, no headers (this
+    pipeline's)."""
 
-    def __init__(self, offset: int, timestamp_ms: int) -> None:
-        self._offset, self._timestamp_ms = offset, timestamp_ms
+    def __init__(self, offset: int, timestamp_ms: int, partition: int = 0) -> None:
+        self._offset, self._timestamp_ms, self._partition = offset, timestamp_ms, partition
+
+    def partition(self) -> int:
+        return self._partition
 
     def offset(self) -> int:
         return self._offset
@@ -82,3 +87,20 @@ def test_a_list_cut_by_the_limit_says_of_how_many(
         in listed.stderr
     whole = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-n", "3"])
     assert "shown" not in whole.stderr
+
+
+def test_each_letter_is_named_by_its_partition_and_offset(
+        config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 62-b: on a dead-letter topic of 3 partitions, 1,012 of 3,016 letters shared their
+    # offset with another partition's, and the list showed the offset alone.
+    monkeypatch.setattr(dlq, "TopicReader", _reader(
+        [_Letter(5, 1_000, partition=0), _Letter(5, 1_001, partition=2)]))
+    as_json = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-o", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert [(row["partition"], row["offset"]) for row in json.loads(as_json.stdout)] == [
+        (0, 5), (2, 5)]
+    as_text = CliRunner().invoke(main, ["dlq", "list", "-c", str(config)])
+    assert as_text.exit_code == 0, as_text.output
+    header, first, second = as_text.stdout.splitlines()
+    assert header.split()[0] == "letter", "named as `dlq replay` names a letter"
+    assert (first.split()[0], second.split()[0]) == ("0@5", "2@5")
