@@ -296,9 +296,13 @@ def registry_failure(what: str, error: Exception, url: str) -> RegistryError:
                              f"answered with a body that is not JSON ({cause}): a proxy's "
                              "page, or not the registry's API (Apicurio: its /apis/ccompat/v7 "
                              f"path); {OUTAGE}", outage=True)
-    # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version).
+    # Anything else is the HTTP layer's own (httpx, httpx2, authlib: by version). A host name
+    # that does not resolve, or a port nothing listens on, reads the same as an outage: say
+    # which setting holds the address (QA 62-b: a config's url without its override).
     return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} did not "
-                         f"answer ({cause}); {OUTAGE}", outage=True)
+                         f"answer ({cause}); if this lasts, check schema_registry.url (its "
+                         f"host and port; CDC_ROUTER__SCHEMA_REGISTRY__URL overrides it); "
+                         f"{OUTAGE}", outage=True)
 
 
 def _refusal(what: str, error: ClientError, url: str) -> RegistryError:

@@ -261,6 +261,20 @@ def test_a_registry_url_that_is_no_registry_stops_the_router_at_its_start(
     assert "Traceback" not in log
 
 
+def test_a_registry_host_that_does_not_resolve_names_the_setting(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # QA 62-b: the docker stack's `http://schema-registry:8081` run on the local stack without
+    # CDC_ROUTER__SCHEMA_REGISTRY__URL: exit 75 "did not answer ...; an outage", no setting
+    # named, at every start.
+    with pipeline(stack, tmp_path) as pipe:
+        avro_route(pipe, "http://no-such-registry.invalid:8081")
+        checked = cli("schemas", "check", "-c", str(pipe.config_path))
+    assert checked.returncode == 1, checked.stderr
+    assert "did not answer" in checked.stderr and "check schema_registry.url (its host and " \
+        "port; CDC_ROUTER__SCHEMA_REGISTRY__URL overrides it)" in checked.stderr, checked.stderr
+    assert "Traceback" not in checked.stderr
+
+
 def test_over_http_subjects_are_registered_per_strategy_and_an_outage_blames_no_record(
         tmp_path: Path, jar_cache: Path) -> None:
     """The library's serializer against a real registry of its own (no Kafka needed), which

@@ -180,6 +180,19 @@ def test_every_outage_names_the_registry_and_says_it_is_one(error: Exception, sa
     assert failure.exit_code == EXIT_RESTART and not failure.refused
 
 
+def test_a_registry_that_does_not_answer_names_the_setting_that_holds_its_address() -> None:
+    # QA 62-b: `schema_registry.url: http://schema-registry:8081` (the docker name) run on
+    # the local stack without CDC_ROUTER__SCHEMA_REGISTRY__URL: "did not answer (ConnectError:
+    # [Errno -2] Name or service not known); an outage", and exit 75 at every restart,
+    # naming no setting.
+    failure = registry_failure("list the subjects", OSError(
+        -2, "Name or service not known"), "http://schema-registry:8081")
+    text = str(failure)
+    assert "check schema_registry.url (its host and port; CDC_ROUTER__SCHEMA_REGISTRY__URL " \
+        "overrides it)" in text, text
+    assert text.endswith(f"; {OUTAGE}") and failure.exit_code == EXIT_RESTART
+
+
 def test_an_incompatible_schema_points_at_a_field_or_the_subjects_other_type() -> None:
     # QA 60-b F-2: a subject holding another type of schema (a string, the route's a record)
     # has no field to name: `schemas check` says which type it holds.
