@@ -311,6 +311,16 @@ def test_a_missing_topic_is_one_line_naming_it(stack: StackEndpoints) -> None:
     reader.close()
 
 
+def _dead_letter_config(stack: StackEndpoints, topic: str, tmp_path: Path) -> Path:
+    """A router config whose dead-letter topic is `topic`, its letters of source `raw`."""
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "dead_letter": {"topic": topic}}))
+    return config
+
+
 def test_dlq_list_shows_the_committed_dead_letters_at_once(stack: StackEndpoints, topic: str,
                                                           tmp_path: Path) -> None:
     writer, other = _transactional(stack, topic), _transactional(stack, topic)
@@ -320,11 +330,7 @@ def test_dlq_list_shows_the_committed_dead_letters_at_once(stack: StackEndpoints
     other.begin_transaction()
     other.produce(topic, value=b"open", partition=0, headers=headers)
     other.flush(30)
-    config = tmp_path / "router.yaml"
-    config.write_text(yaml.safe_dump({
-        "source": {"topics": ["raw"]}, "routes": [{"topic": "out"}],
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
-        "dead_letter": {"topic": topic}}))
+    config = _dead_letter_config(stack, topic, tmp_path)
     try:
         started = time.monotonic()
         listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
@@ -434,3 +440,27 @@ def test_topics_apply_keeps_the_changelog_as_long_as_the_retention_cleanup_needs
         assert retention() == str(86_400_000 + 3_600_000)
     finally:
         admin.delete_topics([f"{name}.dedup", f"{name}.dlq"])
+
+
+@pytest.mark.parametrize("newest", [False, True])
+def test_dlq_list_takes_the_oldest_and_newest_letters_across_partitions(
+        stack: StackEndpoints, topic: str, tmp_path: Path, newest: bool) -> None:
+    # QA 62-b: on a dead-letter topic of 3 partitions `dlq list --newest -n 200` showed 65 of
+    # the 200 newest letters (the tail of the partition read last), and the default the head
+    # of the partition read first. Two letters a partition, written p0, p1, p2, p0, p1, p2.
+    writer = _transactional(stack, topic)
+    writer.begin_transaction()
+    now_ms = int(time.time() * 1000)
+    for n in range(6):
+        headers = dead_letter_headers(topic="raw", partition=0, offset=n, stage="route",
+                                      error=ValueError("no route"), event_id=f"e-{n}")
+        writer.produce(topic, value=b"v", partition=n % 3, headers=headers,
+                       timestamp=now_ms - 60_000 + n * 1_000)
+    writer.commit_transaction(30)
+    config = _dead_letter_config(stack, topic, tmp_path)
+    listed = subprocess.run([sys.executable, "-m", "cdc_router", "dlq", "list", "-c",
+                             str(config), "-o", "json", "-n", "2"]
+                            + (["--newest"] if newest else []), capture_output=True, text=True,
+                            check=True, timeout=60)
+    shown = [entry["event_id"] for entry in json.loads(listed.stdout)]
+    assert shown == (["e-4", "e-5"] if newest else ["e-0", "e-1"]), listed.stdout

@@ -104,3 +104,20 @@ def test_each_letter_is_named_by_its_partition_and_offset(
     header, first, second = as_text.stdout.splitlines()
     assert header.split()[0] == "letter", "named as `dlq replay` names a letter"
     assert (first.split()[0], second.split()[0]) == ("0@5", "2@5")
+
+
+@pytest.mark.parametrize("newest, written", [(False, [1, 2, 3]), (True, [7, 8, 9])])
+def test_the_oldest_and_the_newest_are_so_across_partitions(
+        config: Path, monkeypatch: pytest.MonkeyPatch, newest: bool, written: list[int]) -> None:
+    # QA 62-b: the reader hands the letters partition after partition; on 3 partitions
+    # `--newest -n 200` showed 65 of the 200 newest (the last partition read's tail), and the
+    # first 3 were partition 0's, not the 3 oldest.
+    read_order = [_Letter(offset, 1_000 * (3 * offset + partition + 1), partition)
+                  for partition in range(3) for offset in range(3)]
+    monkeypatch.setattr(dlq, "TopicReader", _reader(read_order))
+    listed = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-n", "3", "-o", "json"]
+                                + (["--newest"] if newest else []))
+    assert listed.exit_code == 0, listed.output
+    shown = [(row["partition"], row["offset"]) for row in json.loads(listed.stdout)]
+    assert shown == [((n - 1) % 3, (n - 1) // 3) for n in written], "oldest first, as written"
+    assert f"3 of 9 shown (the {'last' if newest else 'first'}" in listed.stderr
