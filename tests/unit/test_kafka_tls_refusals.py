@@ -45,7 +45,10 @@ def test_the_idempotent_consumer_stops_on_a_broker_certificate_its_ca_does_not_s
     with tls_broker(paths) as address:
         line = _consumer_stops(address, {"security.protocol": "SSL",
                                          "ssl.ca.location": paths["otherca.pem"]})
-    assert line.startswith("the TLS handshake with Kafka failed: _SSL: "), line
+    # librdkafka reports the failed verification as _SSL, or as _TRANSPORT when the broker's
+    # side closes first (seen under load, QA 62-b); the line is classified by its text, not code.
+    assert line.startswith(("the TLS handshake with Kafka failed: _SSL: ",
+                            "the TLS handshake with Kafka failed: _TRANSPORT: ")), line
     assert "certificate verify failed" in line
     assert "consumer_config ssl.ca.location is not the CA that signs it, or the certificate " \
         "does not name the host" in line, line
