@@ -142,9 +142,17 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
     else:
         raise InvalidEventError(f"payload must be a dict, list or bytes, not "
                                 f"{payload.__class__.__name__} (parse JSON text first)")
-    if headers is not None and not all(
-            isinstance(key, str) and isinstance(item, str) for key, item in headers.items()):
-        raise InvalidEventError("headers must map strings to strings")
+    for key, item in (headers or {}).items():
+        if not isinstance(key, str):
+            raise InvalidEventError(f"header name {show(key)} is {key.__class__.__name__}: "
+                                    f"header names are strings; write {show(str(key))}")
+        if item is None:
+            raise InvalidEventError(f"header {show(key)} is None: header values are strings; "
+                                    "leave the header out")
+        if not isinstance(item, str):
+            raise InvalidEventError(f"header {show(key)} is {item.__class__.__name__} "
+                                    f"{show(item)}: header values are strings; write "
+                                    f"{show(str(item))}")
     for name in headers or {}:
         # Such a row could only be dead-lettered (router/routing.py): refuse it at the source.
         problem = ("is reserved for the router (id, type, aggregatetype, aggregateid, ce_*)"

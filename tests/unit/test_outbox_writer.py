@@ -82,6 +82,20 @@ def test_write_event_async_makes_the_same_checks() -> None:
     assert conn.calls == []
 
 
+@pytest.mark.parametrize(("headers", "message"), [
+    ({"tenant": 1}, "header 'tenant' is int 1: header values are strings; write '1'"),
+    ({"n": None}, "header 'n' is None: header values are strings; leave the header out"),
+    ({7: "x"}, "header name 7 is int: header names are strings; write '7'"),
+])
+def test_a_header_that_is_no_string_is_named_with_its_value(headers: dict[Any, Any],
+                                                           message: str) -> None:
+    conn = SyncConnection()
+    with pytest.raises(InvalidEventError) as refused:
+        write_event(conn, **{**EVENT, "headers": headers})  # type: ignore[arg-type]
+    assert str(refused.value) == message
+    assert conn.calls == []
+
+
 def test_a_real_async_connection_is_refused_by_write_event_by_its_class() -> None:
     import psycopg
 
