@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from cdc_router.connect.checks import prefix_move
 from cdc_router.connect.client import ConnectClient
+from cdc_router.connect.slots import slot_move
 from cdc_router.connect.spec import ConnectorSpec
 from cdc_router.errors import UnknownConnectorError
 
@@ -65,6 +66,6 @@ def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
         return ConnectorPlan(spec, ConnectorAction.CREATE, diff_config(spec.config, {}))
     changes = diff_config(spec.config, deployed)
     action = ConnectorAction.UPDATE if changes else ConnectorAction.UNCHANGED
-    moved = prefix_move(deployed, spec.config)
-    return ConnectorPlan(spec, action, changes, (moved,) if moved else ())
+    notes = (prefix_move(deployed, spec.config), slot_move(deployed, spec.config))
+    return ConnectorPlan(spec, action, changes, tuple(note for note in notes if note))
 

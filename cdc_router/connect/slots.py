@@ -142,6 +142,28 @@ def drop_hint(name: str, slot: Slot, users: SlotUsers) -> str:
             f"retains WAL until dropped, once its task has stopped: {drop}")
 
 
+def slot_move(deployed: Mapping[str, str], desired: Mapping[str, str], *,
+              resolver: Resolver = resolve) -> str | None:
+    """What a change of the connector's slot (slot.name, or its database) leaves behind: the
+    old slot, which keeps its WAL until dropped; None when the slot is kept."""
+    old, new = slot_of(deployed), slot_of(desired)
+    if old is None or new is None:
+        return None
+    kept = (old.port, old.name, old.database) == (new.port, new.name, new.database)
+    if kept and same_host(old.host, new.host, resolver) is not False:
+        return None
+    # QA 62-a: the plan said only "~ slot.name: a -> b", and `status --connector` shows the
+    # connector's new slot only, so the old one held its WAL unseen (with
+    # max_slot_wal_keep_size -1, until the disk filled).
+    drop = ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
+            f"slot_name = '{old.name}' AND NOT active;")
+    return (f"replication slot {old.name!r} on {old.where} -> {new.name!r} on {new.where}: "
+            f"Debezium creates {new.name!r} (the shipped snapshot.mode when_needed snapshots "
+            f"the table to fill the gap); {old.name!r} stays and retains WAL until dropped, "
+            f"and `status --connector` shows only the new slot: once the connector streams "
+            f"from {new.name!r}, drop the old one: {drop}")
+
+
 def _named(users: tuple[tuple[str, Slot], ...], slot: Slot) -> str:
     """'connector a, b (on localhost:5432/shop)': where each names the slot, when spelt
     otherwise than `slot`."""

@@ -3,13 +3,14 @@ and `connectors delete` use it: review 48-b F5."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cdc_router.connect.slots import Slot, same_host, slot_users
+from cdc_router.connect.slots import Slot, same_host, slot_move, slot_users
 from tests.unit.test_connect_client import ScriptedConnect, connector_file, run_cli
 
 _PG = {"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -115,3 +116,44 @@ def test_delete_does_not_advise_dropping_the_slot_another_spelling_streams_from(
             "if it is, that connector streams from it, keep the slot; only if it is not: "
             "SELECT pg_drop_replication_slot") in result.stderr
     assert result.stderr.rstrip().endswith("AND NOT active;")
+
+
+def test_a_slot_change_names_the_slot_left_behind_and_how_to_drop_it() -> None:
+    # QA 62-a: `~ slot.name: a -> b` and nothing else; `status --connector` then showed only
+    # the new slot, and the old one kept its WAL unseen.
+    old = {**_PG, "database.hostname": "127.0.0.1"}
+    note = slot_move(old, {**old, "slot.name": "s2"}, resolver=_resolve)
+    assert note is not None
+    assert note.startswith("replication slot 's' on 127.0.0.1:5432/shop -> 's2' on "
+                           "127.0.0.1:5432/shop: Debezium creates 's2'")
+    assert "'s' stays and retains WAL until dropped" in note
+    assert note.endswith("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = 's' AND NOT active;")
+    moved = slot_move(old, {**old, "database.hostname": "other.example"}, resolver=_resolve)
+    assert moved is not None and "-> 's' on other.example:5432/shop" in moved
+    assert slot_move(old, {**old, "database.dbname": "tenant2"}, resolver=_resolve) is not None
+    for same in ({**old}, {**old, "database.hostname": "localhost"},
+                 {**old, "database.hostname": "postgres"}, {**old, "poll.interval.ms": "100"}):
+        assert slot_move(old, same, resolver=_resolve) is None, same
+    assert slot_move({}, old, resolver=_resolve) is None  # created: no slot left behind
+    assert slot_move({"connector.class": "C"}, {"connector.class": "C"}) is None
+
+
+def test_apply_and_diff_plan_the_old_slot_left_behind(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    deployed = {**_PG, "database.hostname": "127.0.0.1", "name": "c"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"name": "c", "config": {**_PG, "database.hostname": "127.0.0.1",
+                                                        "slot.name": "s2"}}))
+
+    applied = run_cli(monkeypatch, ScriptedConnect({"c": deployed}), "apply", "--yes", "--wait",
+                      "0", "-f", str(path))
+    diff = run_cli(monkeypatch, ScriptedConnect({"c": deployed}), "diff", "-o", "json", "-f",
+                   str(path))
+
+    assert applied.exit_code == 0, applied.output
+    assert "  ~ slot.name: s -> s2\n  ! replication slot 's' on 127.0.0.1:5432/shop -> 's2'" \
+        in applied.stdout
+    [planned] = json.loads(diff.stdout)
+    [note] = planned["notes"]
+    assert "WHERE slot_name = 's' AND NOT active;" in note
