@@ -22,7 +22,7 @@ from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import slow_pattern
 from cdc_router.config.relay import POSITION_TOPIC_CONFIG, RelaySettings
-from cdc_router.config.routes import RouteRule
+from cdc_router.config.routes import RouteRule, shadowed_routes
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.status import StatusSettings
 from cdc_router.config.topic_names import (
@@ -151,15 +151,10 @@ class RouterConfig(_Model):
 
     def route_warnings(self) -> list[str]:
         """Routes that can never match (QA, session 30: `rules check` called them valid)."""
-        found = []
+        found = shadowed_routes(self.routes)
         for index, route in enumerate(self.routes):
             if route.match is None:
                 continue
-            earlier = next((i for i, other in enumerate(self.routes[:index])
-                            if other.match == route.match), None)
-            if earlier is not None:
-                found.append(f"routes[{index}] can never match: routes[{earlier}] has the same "
-                             "match and comes first (the first match wins)")
             if route.match.header and self.source.outbox.headers is None:
                 found.append(f"routes[{index}].match.header can never match: "
                              "source.outbox.headers is null (the rows have no headers column)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -15,7 +16,7 @@ from cdc_router.config.fields import Patterns, TextMap
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import NatsDestination, nats_header_problem
-from cdc_router.config.patterns import compile_pattern
+from cdc_router.config.patterns import GLOB_CHARS, REGEX_PREFIX, compile_pattern
 from cdc_router.config.topic_names import static_topic, topic_name_problem
 from cdc_router.config.yaml_text import yaml_kind
 
@@ -83,6 +84,31 @@ class RouteMatch(_Model):
             raise ValueError("a match needs aggregate_type, type or header; "
                              "leave out 'match' for a default route")
         return self
+
+    def covers(self, later: RouteMatch) -> bool:
+        """True when every event `later` matches is matched here too, as far as can be told
+        from the patterns (a later route this covers can never match): each condition here
+        is one `later` has, with each of its patterns one of these, an exact value one of
+        these matches, or any value under `*`. False when that cannot be told."""
+        pairs = [(self.aggregate_type, later.aggregate_type), (self.type, later.type),
+                 *((mine, (later.header or {}).get(name))
+                   for name, mine in (self.header or {}).items())]
+        return all(mine is None or (theirs is not None and _covered(mine, theirs))
+                   for mine, theirs in pairs)
+
+
+def _covered(mine: Patterns, theirs: Patterns) -> bool:
+    """Whether the values `theirs` matches are all matched by `mine` (False: not known)."""
+    patterns = [mine] if isinstance(mine, str) else mine
+    if "*" in patterns:  # every value (a glob tried on another glob's text proves nothing:
+        return True      # `Order?` matches the text `Order*`)
+    tests = [compile_pattern(pattern) for pattern in patterns]
+    return all(pattern in patterns or (_exact(pattern) and any(test(pattern) for test in tests))
+               for pattern in ([theirs] if isinstance(theirs, str) else theirs))
+
+
+def _exact(pattern: str) -> bool:
+    return not pattern.startswith(REGEX_PREFIX) and not GLOB_CHARS.intersection(pattern)
 
 
 class RouteRule(_Model):
@@ -205,3 +231,22 @@ class RouteRule(_Model):
     def is_default(self) -> bool:
         """True for a route without conditions: it takes every event that reaches it."""
         return self.match is None
+
+
+def shadowed_routes(routes: Sequence[RouteRule]) -> list[str]:
+    """A line for each route an earlier one leaves nothing to match (the first match wins)."""
+    found = []
+    for index, route in enumerate(routes):
+        earlier = next((i for i, other in enumerate(routes[:index])
+                        if other.match is not None and route.match is not None
+                        and other.match.covers(route.match)), None)
+        if earlier is None:
+            continue
+        found.append(f"routes[{index}] can never match: routes[{earlier}] has the same match "
+                     "and comes first (the first match wins)"
+                     if routes[earlier].match == route.match else
+                     # QA 62-a: a specific route after a general one was said to be valid.
+                     f"routes[{index}] can never match: routes[{earlier}] comes first and "
+                     "matches every event it does (the first match wins); put the more "
+                     "specific route first")
+    return found

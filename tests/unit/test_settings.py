@@ -793,6 +793,36 @@ def test_routes_that_can_never_match_are_warned_about(tmp_path: Path) -> None:
         "no headers column)"]
 
 
+_SHADOWED = [
+    "routes[1] can never match: routes[0] comes first and matches every event it does (the "
+    "first match wins); put the more specific route first"]
+
+
+@pytest.mark.parametrize(("earlier", "later", "expected"), [
+    ("{aggregate_type: 'Order*'}", "{aggregate_type: 'Order*', type: OrderPaid}", _SHADOWED),
+    ("{aggregate_type: 'Order*'}", "{aggregate_type: [OrderLine, Order]}", _SHADOWED),
+    ("{type: 're:Order(Paid|Shipped)'}", "{type: OrderPaid, aggregate_type: Order}", _SHADOWED),
+    ("{type: [Paid, Shipped]}", "{type: Shipped}", _SHADOWED),
+    ("{type: '*'}", "{type: 'Order?', header: {tenant: acme}}", _SHADOWED),
+    ("{header: {tenant: 'acme-*'}}", "{header: {tenant: acme-1, region: eu}, type: P}",
+     _SHADOWED),
+    ("{aggregate_type: 'Order*', type: Paid}", "{aggregate_type: 'Order*'}", []),
+    ("{aggregate_type: 'Order?'}", "{aggregate_type: 'Order*'}", []),  # glob text proves nothing
+    ("{aggregate_type: 'Order*'}", "{aggregate_type: [OrderLine, Invoice]}", []),
+    ("{type: 're:Order.+'}", "{type: Order}", []),
+    ("{header: {tenant: acme}}", "{header: {region: acme}}", []),
+    ("{header: {tenant: acme}}", "{type: acme}", [])])
+def test_a_specific_route_after_a_general_one_is_warned_about(
+        tmp_path: Path, earlier: str, later: str, expected: list[str]) -> None:
+    # QA 62-a: the usual slip, the general route first; `rules check` said only "valid" and
+    # the specific route's topic never got an event. Only what the patterns prove is warned.
+    config = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
+                          f"  - {{match: {earlier}, topic: a}}\n"
+                          f"  - {{match: {later}, topic: b}}\n  - {{topic: c}}\n"))
+    assert config.route_warnings() == expected
+    assert set(expected) <= set(config.warnings())
+
+
 @pytest.mark.parametrize(("section", "expected"), [
     ("routes: []", "field 'routes': must not be empty: give at least one"),
     ("routes: {a: 1}", "field 'routes': must be a list (YAML lines starting with '- ')"),
