@@ -17,7 +17,11 @@ from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.headers import RESERVED_HEADERS, header_name_problem, is_reserved_header
 from cdc_router.config.nats import NatsDestination, nats_header_problem
 from cdc_router.config.patterns import GLOB_CHARS, REGEX_PREFIX, compile_pattern
-from cdc_router.config.topic_names import static_topic, topic_name_problem
+from cdc_router.config.topic_names import (
+    TOPIC_TEMPLATE_FIELDS,
+    static_topic,
+    topic_name_problem,
+)
 from cdc_router.config.yaml_text import yaml_kind
 
 # RFC 3986's characters: unreserved, reserved and '%' (of a percent-encoding).
@@ -249,4 +253,21 @@ def shadowed_routes(routes: Sequence[RouteRule]) -> list[str]:
                      f"routes[{index}] can never match: routes[{earlier}] comes first and "
                      "matches every event it does (the first match wins); put the more "
                      "specific route first")
+    return found
+
+
+
+def literal_header_fields(routes: Sequence[RouteRule]) -> list[str]:
+    """A line for each static header whose value holds a template field (`{aggregate_type}`):
+    it is sent as written, the same text on every record (QA 62-a: `rules check` said valid)."""
+    found = []
+    for index, route in enumerate(routes):
+        for name, value in route.headers.items():
+            fields = [f"{{{field}}}" for field in TOPIC_TEMPLATE_FIELDS if f"{{{field}}}" in value]
+            if fields:
+                verb = "is" if len(fields) == 1 else "are"
+                found.append(f"routes[{index}].headers.{name} {value!r} is sent as written, the "
+                             f"same on every record: static headers are no template "
+                             f"({', '.join(fields)} {verb} not filled in); a value that varies "
+                             "per event belongs in the row's headers column")
     return found

@@ -823,6 +823,19 @@ def test_a_specific_route_after_a_general_one_is_warned_about(
     assert set(expected) <= set(config.warnings())
 
 
+def test_a_static_header_written_as_a_template_is_warned_about(tmp_path: Path) -> None:
+    # QA 62-a: `headers: {source: "{aggregate_type}"}` was called valid, and every record
+    # carried the text {aggregate_type}.
+    config = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
+                          "  - {topic: 'a.{type}', headers: {src: '{aggregate_type}/{id}', "
+                          "team: orders, raw: '{tenant}'}}\n"))
+    assert config.route_warnings() == [
+        "routes[0].headers.src '{aggregate_type}/{id}' is sent as written, the same on every "
+        "record: static headers are no template ({aggregate_type}, {id} are not filled in); a "
+        "value that varies per event belongs in the row's headers column"]
+    assert config.route_warnings()[0] in config.warnings()
+
+
 @pytest.mark.parametrize(("section", "expected"), [
     ("routes: []", "field 'routes': must not be empty: give at least one"),
     ("routes: {a: 1}", "field 'routes': must be a list (YAML lines starting with '- ')"),
