@@ -317,6 +317,22 @@ def test_apply_refuses_a_second_connector_on_the_slot_the_first_streams_from(
     assert second not in names.stdout, "nothing was created"
 
 
+def test_a_slot_name_change_is_planned_with_the_slot_it_leaves(running: Deployment) -> None:
+    # QA 62-a: the plan said only "~ slot.name: a -> b"; after it the old slot held its WAL
+    # while `status --connector` showed the new one only.
+    slot = running.env["SLOT_NAME"]
+
+    result = running.cli("connectors", "apply", "--dry-run", "-f", str(CONNECTOR_FILE),
+                         env={"SLOT_NAME": f"{slot}_b"})
+
+    assert result.exit_code == 0, result.output
+    assert f"  ~ slot.name: {slot} -> {slot}_b\n  ! replication slot '{slot}' on " \
+        in result.stdout
+    assert f"'{slot}' stays and retains WAL until dropped" in result.stdout
+    assert f"WHERE slot_name = '{slot}' AND NOT active;" in result.stdout
+    assert running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE)).exit_code == 0
+
+
 def test_apply_dry_run_prints_connects_error_for_a_bad_property(running: Deployment,
                                                                  tmp_path: Path) -> None:
     bad_file = tmp_path / "bad.json"
