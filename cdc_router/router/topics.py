@@ -13,6 +13,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewTopic,
 )
 
@@ -135,11 +136,16 @@ class TopicAdmin:
     def _config_changes(self, spec: TopicSpec, floors: frozenset[str],
                         ceilings: frozenset[str],
                         warnings: list[str]) -> dict[str, tuple[str | None, str]]:
-        if not spec.config:
-            return {}
         resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
         future = self.admin.describe_configs([resource])[resource]
-        current = _wait(future, f"reading the config of topic {spec.name}", "DescribeConfigs")
+        try:
+            current = _wait(future, f"reading the config of topic {spec.name}",
+                            "DescribeConfigs")
+        except CdcRouterError:
+            if spec.config:
+                raise
+            return {}  # nothing declared to compare: only the warning below is skipped
+        warnings.extend(_undeclared(spec, current))
         changes = {}
         for key, wanted in spec.config.items():
             entry = current.get(key)
@@ -156,6 +162,21 @@ class TopicAdmin:
                     not _same_list(key, have, wanted):
                 changes[key] = (have, wanted)
         return changes
+
+
+def _undeclared(spec: TopicSpec, current: Mapping[str, Any]) -> list[str]:
+    """A warning for each setting made on the topic itself that the config does not declare:
+    apply never removes one (QA 62-a: a retention.ms taken out of the config was planned
+    "unchanged" and stayed, deleting records after a day where the broker's default is 7)."""
+    return [f"{key} {entry.value} is set on the topic, not in the config: left as is (apply "
+            f"never removes a setting; `kafka-configs --alter --delete-config {key}` restores "
+            "the broker's default)"
+            for key, entry in sorted(current.items()) if key not in spec.config
+            and getattr(entry, "source", None) in _SET_ON_THE_TOPIC]
+
+
+# ConfigEntry.source: confluent-kafka gives the enum's int value.
+_SET_ON_THE_TOPIC = (ConfigSource.DYNAMIC_TOPIC_CONFIG, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
 
 
 def _same_number(have: str | None, wanted: str) -> bool:

@@ -407,6 +407,42 @@ def test_topics_apply_never_lowers_a_shared_changelog_s_retention_below_another_
         admin.delete_topics([f"{name}.dedup", f"{name}.dlq"])
 
 
+def _topics_apply(stack: StackEndpoints, tmp_path: Path, name: str,
+                  sections: dict[str, object]) -> str:
+    """`topics apply --yes` of a router config named after `name`, with `sections` over it."""
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "source": {"topics": [f"{name}.raw"], "group_id": name},
+        "routes": [{"topic": f"{name}.orders"}], "dead_letter": {"topic": f"{name}.dlq"},
+        "dedup": {"changelog_topic": f"{name}.dedup"}, **sections}))
+    done = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
+                           str(path), "--yes"], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_topics_apply_warns_of_a_setting_taken_out_of_the_config(stack: StackEndpoints,
+                                                                 tmp_path: Path) -> None:
+    # QA 62-a: retention.ms removed from a topic's config: planned "unchanged", and the
+    # topic kept it.
+    name = unique("tu").replace("_", "-")
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+
+    def apply(config: dict[str, str]) -> str:
+        return _topics_apply(stack, tmp_path, name, {"topics": [
+            {"name": f"{name}.orders", "config": config}]})
+
+    try:
+        assert "warning" not in apply({"retention.ms": "86400000"})
+        shown = apply({})
+        assert f"unchanged {name}.orders\n  warning: retention.ms 86400000 is set on the " \
+            "topic, not in the config: left as is" in shown, shown
+    finally:
+        admin.delete_topics([f"{name}.orders", f"{name}.dedup", f"{name}.dlq"])
+
+
 def test_topics_apply_keeps_the_changelog_as_long_as_the_retention_cleanup_needs_it(
         stack: StackEndpoints, tmp_path: Path) -> None:
     # Review 49-b F2: the changelog kept its marks for dedup.window_ms alone; with cleanup.mode
@@ -417,17 +453,8 @@ def test_topics_apply_keeps_the_changelog_as_long_as_the_retention_cleanup_needs
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
 
     def apply(cleanup: dict[str, object]) -> None:
-        config = tmp_path / "router.yaml"
-        config.write_text(yaml.safe_dump({
-            "kafka": {"bootstrap_servers": stack.bootstrap_servers},
-            "source": {"topics": [f"{name}.raw"], "group_id": name},
-            "routes": [{"topic": f"{name}.orders"}], "dead_letter": {"topic": f"{name}.dlq"},
-            "dedup": {"changelog_topic": f"{name}.dedup", "window_ms": 3_600_000},
-            "cleanup": cleanup}))
-        done = subprocess.run([sys.executable, "-m", "cdc_router", "topics", "apply", "-c",
-                               str(config), "--yes"], capture_output=True, text=True, cwd=REPO,
-                              check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
+        _topics_apply(stack, tmp_path, name, {"cleanup": cleanup, "dedup": {
+            "changelog_topic": f"{name}.dedup", "window_ms": 3_600_000}})
 
     def retention() -> str:
         resource = ConfigResource(ConfigResource.Type.TOPIC, f"{name}.dedup")

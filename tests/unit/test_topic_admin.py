@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConfigSource
 
 from cdc_router.config.model import TopicSpec
 from cdc_router.errors import CdcRouterError
@@ -209,3 +210,44 @@ def test_the_changelogs_segment_ms_follows_the_retention_it_keeps(
     assert spec.config.get("segment.ms") == segment_ms
     assert config.config_ceilings() == ({} if "segment.ms" in changelog_config else
                                         {spec.name: frozenset({"segment.ms"})})
+
+
+class _Configured(_Describing):
+    """An admin client whose topic `t` has settings of its own and broker defaults."""
+
+    def describe_configs(self, resources: list[Any], **_: Any) -> dict[Any, Future[Any]]:
+        future: Future[Any] = Future()
+        future.set_result({key: type("Entry", (), {"value": value, "source": source})()
+                           for key, (value, source) in self.values.items()})
+        return {resource: future for resource in resources}
+
+
+@pytest.mark.parametrize("declared", [{}, {"segment.ms": "60000"}])
+def test_a_setting_of_the_topic_the_config_no_longer_declares_is_warned(
+        declared: dict[str, str]) -> None:
+    # QA 62-a: retention.ms taken out of the config was planned "unchanged" and stayed on
+    # the topic (records deleted after a day where the broker's default keeps 7).
+    admin = TopicAdmin({})
+    admin._admin = _Configured({  # type: ignore[assignment]
+        "retention.ms": ("86400000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+        "segment.ms": ("60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+        "cleanup.policy": ("delete", ConfigSource.DEFAULT_CONFIG.value),
+        "max.message.bytes": ("1048588", ConfigSource.STATIC_BROKER_CONFIG.value)})
+    warnings: list[str] = []
+
+    changes = admin._config_changes(TopicSpec(name="t", config=declared), frozenset(),
+                                    frozenset(), warnings)
+
+    assert changes == {}
+    assert warnings == [
+        "retention.ms 86400000 is set on the topic, not in the config: left as is (apply never "
+        "removes a setting; `kafka-configs --alter --delete-config retention.ms` restores the "
+        "broker's default)"] + ([] if declared else [
+            "segment.ms 60000 is set on the topic, not in the config: left as is (apply never "
+            "removes a setting; `kafka-configs --alter --delete-config segment.ms` restores the "
+            "broker's default)"])
+
+
+def test_a_topic_without_declared_settings_whose_config_may_not_be_read_still_plans() -> None:
+    admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorised"))
+    assert admin._config_changes(TopicSpec(name="t"), frozenset(), frozenset(), []) == {}
