@@ -322,7 +322,7 @@ def test_a_dict_for_a_bytea_column_is_stored_as_json_bytes() -> None:
     ({"payload": b"x"}, "bytes payload for a jsonb column"),
     ({"payload": '{"a": 1}'}, "parse JSON text first"),
     ({"payload": {}, "event_id": "not-a-uuid"}, "not a UUID"),
-    ({"payload": {}, "headers": {"n": 1}}, "strings to strings"),
+    ({"payload": {}, "headers": {"n": 1}}, "header 'n' is int 1: header values are strings"),
     # QA, session 26: rows the router could only dead-letter were committed.
     ({"payload": {}, "headers": {"id": "forged"}}, "header name 'id' is reserved"),
     ({"payload": {}, "headers": {"ce_type": "x"}}, "header name 'ce_type' is reserved"),
