@@ -190,6 +190,9 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
     say(f"postgres dsn       {config.postgres_dsn}")
     for part in sorted(optional):
         say(f"{part + ' url':<19}{_address(config, part)}")
+    for part in sorted((running & set(OPTIONAL_PARTS)) - set(optional)):  # QA 62-b F-5
+        say(f"{part + ' url':<19}{_address(config, part)}  (running: an earlier "
+            f"`local up --with {part}` started it)")
 
 
 def _prepare(config: StackConfig, parts: Collection[Part], say: Say) -> None:

@@ -80,6 +80,20 @@ def test_kill_9_of_kafka_then_up_brings_back_its_topics_and_data(private_home: P
     assert values == sorted(f"record-{i}".encode() for i in range(100))
 
 
+def test_up_without_with_names_the_optional_parts_that_run(private_home: Path) -> None:
+    [nats_port] = free_ports(1)
+    started = _cli("up", "--home", str(private_home), "--with", "nats",
+                   "--nats-port", str(nats_port))
+    assert started.returncode == 0, started.stdout + started.stderr
+
+    again = _cli("up", "--home", str(private_home))
+
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (f"nats url           nats://127.0.0.1:{nats_port}  (running: an earlier "
+            "`local up --with nats` started it)") in again.stdout, again.stdout
+    assert "registry url" not in again.stdout  # not this stack's
+
+
 def test_up_fails_naming_a_port_another_process_holds(private_home: Path,
                                                       tmp_path: Path) -> None:
     with socket.socket() as squatter:
