@@ -42,6 +42,18 @@ def exited_unreaped(pid: int) -> bool:
         return False
 
 
+def environ_of(pid: int | None, name: str) -> str | None:
+    """The value of variable `name` in process `pid`'s environment as it started (what a JVM
+    read then), or None: unset, or the process gone or another user's."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = os.fsencode(name) + b"="
+    found = next((item[len(prefix):] for item in environ if item.startswith(prefix)), None)
+    return None if found is None else os.fsdecode(found)
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True if something listens on (or holds) host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

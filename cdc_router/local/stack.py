@@ -180,6 +180,14 @@ def up(config: StackConfig, say: Say, *, optional: Collection[Part] = ()) -> Non
             say(line)
     if "connect" in running:
         _already_running(config, "connect", _connect_healthy, say)
+        # QA 62-b F-4: exported after `local up`, it reached no connector, and nothing said so.
+        started_with = process.environ_of(part_pid(config, "connect"), "CDC_ROUTER_DB_PASSWORD")
+        if started_with not in (None, os.environ.get("CDC_ROUTER_DB_PASSWORD",
+                                                     config.replication_password)):
+            say("connect   runs with another CDC_ROUTER_DB_PASSWORD than this shell's: its "
+                "connectors' ${env:CDC_ROUTER_DB_PASSWORD} is the one it started with; "
+                "`cdc-router local down`, then `local up`, restarts it with this one (its "
+                "data stays)")
     else:
         _wait(config, "connect", _start_connect(config), _connect_healthy, say)
     for part in sorted(optional):

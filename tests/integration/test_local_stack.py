@@ -34,9 +34,10 @@ def _port_flags(options: tuple[str, ...]) -> list[str]:
             for item in (option, str(port))]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cdc_router", "local", *args], cwd=REPO,
-                          capture_output=True, text=True, check=False, timeout=600)
+                          capture_output=True, text=True, check=False, timeout=600,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,25 @@ def test_up_without_with_names_the_optional_parts_that_run(private_home: Path) -
     assert (f"nats url           nats://127.0.0.1:{nats_port}  (running: an earlier "
             "`local up --with nats` started it)") in again.stdout, again.stdout
     assert "registry url" not in again.stdout  # not this stack's
+
+
+def test_up_says_when_connect_runs_with_another_db_password(private_home: Path) -> None:
+    config = load_saved(private_home)
+    assert config is not None
+    started_with = process.environ_of(process.read_pid(config.pid_path("connect")),
+                                      "CDC_ROUTER_DB_PASSWORD")
+    assert started_with is not None
+
+    same = _cli("up", "--home", str(private_home),
+                env={"CDC_ROUTER_DB_PASSWORD": started_with})
+    other = _cli("up", "--home", str(private_home),
+                 env={"CDC_ROUTER_DB_PASSWORD": started_with + "-changed"})
+
+    assert same.returncode == other.returncode == 0, same.stderr + other.stderr
+    line = "connect   runs with another CDC_ROUTER_DB_PASSWORD than this shell's"
+    assert line not in same.stdout, same.stdout
+    assert line in other.stdout, other.stdout
+    assert started_with not in other.stdout  # never the password itself
 
 
 def test_up_fails_naming_a_port_another_process_holds(private_home: Path,

@@ -214,7 +214,8 @@ def test_the_login_hint_names_the_env_placeholder_the_password_comes_from() -> N
     assert hint.endswith("; its password is ${env:NOPE_PASS}, which the Connect worker resolves "
                          "from its own environment, read when the worker started: NOPE_PASS set "
                          "in this shell does not reach it; set it where the worker runs, then "
-                         "restart it")
+                         "restart it (the local stack's: `cdc-router local down`, then `local "
+                         "up`; its data stays)")
     assert "its password" not in (login_hint({**config, "database.password": "pw"}) or "")
     assert login_hint({**config, "database.user": ""}) is None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -243,3 +245,16 @@ def test_a_child_whose_pid_cannot_be_recorded_is_not_left_running(
         process.spawn([sys.executable, "-c", "import time; time.sleep(60)"],
                       log_path=tmp_path / "p.log", pid_path=tmp_path / "absent" / "p.pid")
     assert len(started) == 1 and started[0].returncode is not None
+
+
+def test_environ_of_reads_a_process_environment_as_it_started() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "CDC_ROUTER_TEST_VARIABLE": "a=b c"})
+    try:
+        assert process.environ_of(child.pid, "CDC_ROUTER_TEST_VARIABLE") == "a=b c"
+        assert process.environ_of(child.pid, "CDC_ROUTER_TEST_UNSET") is None
+    finally:
+        child.kill()
+        child.wait()
+    assert process.environ_of(child.pid, "CDC_ROUTER_TEST_VARIABLE") is None  # gone
+    assert process.environ_of(None, "CDC_ROUTER_TEST_VARIABLE") is None
