@@ -22,7 +22,12 @@ from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import slow_pattern
 from cdc_router.config.relay import POSITION_TOPIC_CONFIG, RelaySettings
-from cdc_router.config.routes import RouteRule, literal_header_fields, shadowed_routes
+from cdc_router.config.routes import (
+    RouteRule,
+    literal_header_fields,
+    misspelt_keys,
+    shadowed_routes,
+)
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.status import StatusSettings
 from cdc_router.config.topic_names import (
@@ -151,7 +156,8 @@ class RouterConfig(_Model):
 
     def route_warnings(self) -> list[str]:
         """Routes that can never match (QA, session 30: `rules check` called them valid)."""
-        found = shadowed_routes(self.routes) + literal_header_fields(self.routes)
+        found = (shadowed_routes(self.routes) + literal_header_fields(self.routes)
+                 + misspelt_keys(self.routes, self.source.outbox.named))
         for index, route in enumerate(self.routes):
             if route.match is None:
                 continue

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -270,4 +271,24 @@ def literal_header_fields(routes: Sequence[RouteRule]) -> list[str]:
                              f"same on every record: static headers are no template "
                              f"({', '.join(fields)} {verb} not filled in); a value that varies "
                              "per event belongs in the row's headers column")
+    return found
+
+
+# What a route's key names besides a column of the row (the aliases of the two it keys by most).
+KEY_ALIASES = ("id", "aggregate_id", "type", "aggregate_type")
+
+
+def misspelt_keys(routes: Sequence[RouteRule], columns: Collection[str]) -> list[str]:
+    """A line for each route keyed by a name close to, but not, an alias or a column the outbox
+    config names: most likely a typo, which dead-letters every event of the route (QA 62-a L2:
+    `key: agregate_id` passed `rules check`). A name close to none may be a column of the
+    user's own, which only the rows can tell."""
+    known = {name.lower(): name for name in (*KEY_ALIASES, *columns)}  # ID for id too
+    found = []
+    for index, route in enumerate(routes):
+        close = difflib.get_close_matches(route.key.lower(), sorted(known), n=1, cutoff=0.8)
+        if route.key not in known.values() and close:
+            found.append(f"routes[{index}].key {route.key!r} is no column the outbox config "
+                         f"names: did you mean {known[close[0]]!r}? If the rows have no column "
+                         f"{route.key!r}, every event of the route is dead-lettered")
     return found

@@ -836,6 +836,28 @@ def test_a_static_header_written_as_a_template_is_warned_about(tmp_path: Path) -
     assert config.route_warnings()[0] in config.warnings()
 
 
+@pytest.mark.parametrize(("key", "outbox", "expected"), [
+    ("agregate_id", "{}", "aggregate_id"),
+    ("ID", "{}", "id"),
+    ("aggregatid", "{}", "aggregateid"),
+    ("tenant_idd", "{}", None),  # close to nothing known: a column of the user's own maybe
+    ("aggregate_id", "{}", None),
+    ("aggregateid", "{}", None),  # the column's own name
+    ("agg_ids", "{aggregateid: agg_id}", "agg_id"),
+    ("agg_id", "{aggregateid: agg_id}", None)])
+def test_a_route_key_close_to_a_known_column_is_warned_about(
+        tmp_path: Path, key: str, outbox: str, expected: str | None) -> None:
+    # QA 62-a L2: `key: agregate_id` passed `rules check`; every event of the route was a
+    # dead letter at run time.
+    config = loaded(write(tmp_path, f"source: {{topics: [raw], outbox: {outbox}}}\nroutes:\n"
+                          f"  - {{topic: a, key: {key}}}\n"))
+    assert config.route_warnings() == ([] if expected is None else [
+        f"routes[0].key {key!r} is no column the outbox config names: did you mean "
+        f"{expected!r}? If the rows have no column {key!r}, every event of the route is "
+        "dead-lettered"])
+    assert set(config.route_warnings()) <= set(config.warnings())
+
+
 @pytest.mark.parametrize(("section", "expected"), [
     ("routes: []", "field 'routes': must not be empty: give at least one"),
     ("routes: {a: 1}", "field 'routes': must be a list (YAML lines starting with '- ')"),
