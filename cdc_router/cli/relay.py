@@ -7,12 +7,15 @@ import os
 from pathlib import Path
 
 import click
+import psycopg
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli.run import check_cleanup, check_streams, cleaner_of, run_until_stopped
 from cdc_router.config.load import load_config
+from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.relay.loop import OutboxRelay
+from cdc_router.relay.reader import OutboxReader
 from cdc_router.relay.same_database import check_cleanup_database
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.signals import refuse_reload
@@ -51,8 +54,31 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     # QA 61-a F-3: it deleted in another database. First: the cleanup's own check would send
     # the operator to `outbox init` there (review 61-w W-1).
     check_cleanup_database(config, str(config_path))
+    check_table(config, dsn, str(config_path))
     check_cleanup(cleaner, str(config_path))  # as `run`'s (review 51-d F9: a role that may
     # not DELETE was only said later)
+    # The cleanup starts with the relay's start, not before: its sweep's failure on a missing
+    # topic came before the relay's own line naming it (QA 61-a F-5); a standby leaves the
+    # sweep to the active relay.
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
-                        on_delivered=cleaner.delivered)
-    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path))
+                        on_delivered=cleaner.delivered, on_started=cleaner.start)
+    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path),
+                      start_cleanup=False)
+
+
+def check_table(config: RouterConfig, dsn: str, source: str,
+                reader: OutboxReader | None = None) -> None:
+    """The relay's check of its table (there, its columns, grants and indexes) before the
+    cleanup's of the same table, so that the error names relay.table (QA 61-a F-5: it named
+    cleanup.table). Postgres not answering is left to the relay, which waits for it."""
+    reader = reader or OutboxReader(dsn, config.relay_settings(), config.source)
+    try:
+        reader.snapshot()
+    except psycopg.Error:
+        return
+    except ConfigError as error:
+        if error.source is None:
+            error.source, error.args = source, (f"{source}: {error}",)
+        raise
+    finally:
+        reader.reset()

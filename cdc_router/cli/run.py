@@ -170,10 +170,11 @@ def tune_gc() -> None:
 
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
                       metrics_port: int, what: str, config: RouterConfig,
-                      source: str | None = None) -> None:
+                      source: str | None = None, *, start_cleanup: bool = True) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
     commit and return (SIGHUP is logged and ignored from the command's start: signals.py).
-    `source` is the config file, for the errors that name it."""
+    `source` is the config file, for the errors that name it. Without `start_cleanup` the
+    process starts the cleanup itself (the relay, once its start's checks passed)."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
@@ -187,7 +188,8 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
                                poll_is_recent(lambda: process.last_poll, _STALL_S)),
                  hint="give each instance on a host its own port [env CDC_ROUTER_METRICS_PORT], "
                       "or 0 for none")
-    cleaner.start()
+    if start_cleanup:
+        cleaner.start()
     tune_gc()
     try:
         process.run()

@@ -87,12 +87,13 @@ class OutboxRelay:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
                  reader: OutboxReader | None = None, lock: TableLock | None = None,
-                 records: Records | None = None,
+                 records: Records | None = None, on_started: Callable[[], None] = lambda: None,
                  describe_factory: DescribeFactory = admin_describe,
                  operations_factory: OperationsFactory = admin_operations) -> None:
         """Builds no client: run() does (the producer on first use). Tests hand fakes: the
         table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
-        (key, value) of a topic (the changelog, the position topic)."""
+        (key, value) of a topic (the changelog, the position topic). `on_started`: called when
+        the start's checks passed (the cleanup's worker, not to sweep before them: QA 61-a F-5)."""
         config = self._config = compiled.config
         self._relay = config.relay_settings()
         # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
@@ -100,7 +101,7 @@ class OutboxRelay:
         self._table = self._relay.qualified_table
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
-        self._on_delivered = on_delivered
+        self._on_delivered, self._on_started = on_delivered, on_started
         self._stop = threading.Event()
         self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
@@ -135,8 +136,7 @@ class OutboxRelay:
         self.position = RelayPosition()
         # Exactly once, read back after an abort and at a renewal (relay/lost_commit.py).
         self._committed = CommittedPosition(checks=config.delivery.guarantee == "exactly_once")
-        self._reread = False
-        self._aborts = 0
+        self._reread, self._aborts = False, 0
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
@@ -213,6 +213,7 @@ class OutboxRelay:
         log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d version=%s",
                  self._instance_id, self._table, self.position.to_json().decode(), restored,
                  __version__)
+        self._on_started()
 
     def _reposition(self, timeout_s: float = READ_TIMEOUT_S) -> None:
         """Go on from the stored position, read back within `timeout_s`; when Kafka lost this

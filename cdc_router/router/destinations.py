@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.config.delivery import forgets_before
 from cdc_router.config.model import RouterConfig
+from cdc_router.config.relay import POSITION_TOPIC_CONFIG
 from cdc_router.config.topic_names import static_topic
 from cdc_router.errors import BatchFailed, CdcRouterError, ConfigError, RecordRefused, RouteError
 from cdc_router.kafka.errors import RECORD_REFUSED, UNKNOWN_TOPIC, describe, kafka_error_of
@@ -88,6 +89,8 @@ def require_own_topics(config: RouterConfig, partitions: Callable[[str], int | N
                                    "Describe)" + (" and Read" if field in reads else ""))
     if describe is not None and config.dedup.enabled:
         _require_changelog_retention(config, describe)
+    if describe is not None and relay:
+        _warn_position_config(config, describe)
     if describe is not None:  # at start, not at each recheck: a route's fixed topic missing
         for warning in missing_destinations(config, partitions, cluster=True):  # QA 47-d F9
             log.warning("event=destination_missing detail=%r", warning)
@@ -117,6 +120,34 @@ def config_unreadable(topic: str, error: BaseException, unchecked: str) -> None:
     log.warning("event=topic_config_unreadable topic=%s error=%r%s", topic, str(error),
                 f" reason='grant this principal DescribeConfigs on the topic {topic} (optional: "
                 f"without it the router does not check {unchecked})'" if grant else "")
+
+
+# The position topic's settings that bound its read at each start (config/relay.py): a topic
+# created before `topics apply` gave them reads up to a gigabyte of old commits (session 61).
+_POSITION_BOUNDS = ("segment.ms", "delete.retention.ms")
+# One DescribeConfigs at start, of a setting that only makes the start's read slower: a broker
+# slower than this is left unchecked rather than holding the start up (review 62, P-2).
+_POSITION_DESCRIBE_S = 2.0
+
+
+def _warn_position_config(config: RouterConfig, describe: Describe) -> None:
+    """Warn once, at the relay's start, when the position topic lacks the settings that
+    `topics apply` gives it (P-2: one created before them said nothing until then). A describe
+    refused (no DescribeConfigs grant) or unanswered is only a debug line: they are optional."""
+    topic = config.relay_position_topic
+    wanted = {**POSITION_TOPIC_CONFIG, **config.relay_settings().position_config}
+    try:
+        settings = describe(topic, _POSITION_DESCRIBE_S)
+    except (KafkaException, TimeoutError, ValueError) as error:
+        log.debug("event=position_config_unchecked topic=%s error=%r", topic, str(error))
+        return
+    differ = [f"{name}={settings.get(name, 'unset')} (wanted {wanted[name]})"
+              for name in _POSITION_BOUNDS if name in wanted and settings.get(name) != wanted[name]]
+    if differ:
+        log.warning("event=position_topic_config topic=%s settings=%r reason=%r", topic,
+                    ", ".join(differ), "the relay reads this topic whole at each start, and "
+                    "without these settings compaction never trims it; set them with "
+                    "`cdc-router topics apply -c <config>`")
 
 
 def _require_changelog_retention(config: RouterConfig, describe: Describe) -> None:

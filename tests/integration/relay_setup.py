@@ -77,6 +77,19 @@ class RelaySetup:
         return int(row[0]) if row else -1
 
 
+def relay_failing(setup: RelaySetup, config: dict[str, Any]) -> tuple[str, str]:
+    """Run `cdc-router relay` once with `config` (written next to the test's), expecting it to
+    fail at start: (its last stderr line, the whole stderr)."""
+    broken = setup.workdir / "broken.yaml"
+    broken.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "cdc_router", "relay", "-c", str(broken), "--metrics-port", "0"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1], result.stderr
+
+
 def _config(setup: RelaySetup, extra: dict[str, Any]) -> dict[str, Any]:
     dsn = setup.stack.postgres_dsn
     config: dict[str, Any] = {

@@ -24,7 +24,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cdc_router.outbox.relay_columns import relay_columns_ddl
 from cdc_router.router.destinations import MISSING_RECHECK_S
 from tests.integration.pipeline import REPO, pipeline
-from tests.integration.relay_setup import STARTED, WAITING, RelaySetup, relay_setup
+from tests.integration.relay_setup import (
+    STARTED,
+    WAITING,
+    RelaySetup,
+    relay_failing,
+    relay_setup,
+)
 from tests.integration.support import (
     StackEndpoints,
     read_to_end,
@@ -169,9 +175,9 @@ def test_a_table_without_the_relay_columns_is_one_line_naming_the_fix(
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    # The cleanup's start check (review 51-d F9) names it first: cleanup.table, the same table.
+    # The relay's own check names it before the cleanup's of the same table (QA 61-a F-5).
     ({"table": "public.no_such_outbox"},
-     "field 'cleanup.table': the outbox table does not exist (or is not readable) (got "
+     "field 'relay.table': the outbox table does not exist (or is not readable) (got "
      "'public.no_such_outbox')"),
     ({"dsn": "postgresql://postgres:wrong-password@{host}/postgres"},
      "password authentication failed"),
@@ -186,15 +192,8 @@ def test_a_relay_table_or_credentials_no_wait_cures_exit_with_one_line(
         for section in ("relay", "cleanup"):  # the cleanup must name the relay's table
             config[section].update({key: value.format(host=f"{host['host']}:{host['port']}")
                                     for key, value in change.items()})
-        broken = tmp_path / "broken.yaml"
-        broken.write_text(yaml.safe_dump(config))
-        result = subprocess.run(
-            [sys.executable, "-m", "cdc_router", "relay", "-c", str(broken), "--metrics-port",
-             "0"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
-    assert result.returncode == 1, result.stderr
-    error = result.stderr.strip().splitlines()[-1]
-    assert error.startswith("error: ") and expected in error, result.stderr
-    assert "Traceback" not in result.stderr
+        error, stderr = relay_failing(setup, config)
+    assert error.startswith("error: ") and expected in error, stderr
 
 
 def test_rows_that_set_txid_are_relayed_seq_is_the_databases_and_init_upgrades_a_table(
@@ -622,6 +621,8 @@ def test_a_role_that_may_not_read_or_clean_the_table_stops_the_relay_at_start(
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
         try:
             _insert(stack, setup.table, ["OrderPaid"])
+            if cleanup == "delete":  # else the relay's own check names relay.table first
+                conn.execute(f"GRANT SELECT ON public.{setup.table} TO {role}")
             dsn = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="pw")
             config = yaml.safe_load(setup.config_path.read_text())
             config["relay"]["dsn"] = config["cleanup"]["dsn"] = dsn
@@ -632,6 +633,7 @@ def test_a_role_that_may_not_read_or_clean_the_table_stops_the_relay_at_start(
                  "--metrics-port", "0"], capture_output=True, text=True, cwd=REPO,
                 timeout=120, check=False)
         finally:
+            conn.execute(f"REVOKE ALL ON public.{setup.table} FROM {role}")
             conn.execute(f"DROP ROLE {role}")
         assert setup.rows_left() == 1
     assert result.returncode == 1, result.stderr[-3000:]

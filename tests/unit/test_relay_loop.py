@@ -95,7 +95,8 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
            batch_rows: int = 3, name: str = TABLE,
            dedup: bool = True,
            guarantee: str = "exactly_once",
-           cleanup: str = "none") -> tuple[OutboxRelay, list[str]]:
+           cleanup: str = "none",
+           on_started: Callable[[], None] = lambda: None) -> tuple[OutboxRelay, list[str]]:
     config = RouterConfig.model_validate({
         "source": {"group_id": "shop"}, "routes": [{"topic": ORDERS}],
         "dedup": {"enabled": dedup}, "delivery": {"guarantee": guarantee},
@@ -113,6 +114,7 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
                         describe_factory=cluster.describe_factory,
                         operations_factory=cluster.operations_factory,
                         reader=table, lock=lock or FakeLock(), records=records,
+                        on_started=on_started,
                         on_delivered=lambda events: delivered.extend(
                             e.event_id if e.topic else f"replayed {e.event_id}" for e in events))
     return relay, delivered
@@ -607,3 +609,79 @@ def test_a_created_at_of_the_epoch_is_delivered_by_the_relay_with_the_producers_
     first, second = cluster.committed(ORDERS)
     assert first.timestamp is None  # the producer's clock
     assert second.timestamp == 1772359872123
+
+
+def _started_with_position_config(found: dict[str, str] | Exception,
+                                  caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The relay's warnings of its start with the position topic's config `found` (or the
+    describe failing with it)."""
+    cluster, table = _cluster(), FakeTable()
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    describe = cluster.describe_factory
+
+    def describe_factory(admin_config: Any) -> Any:
+        others = describe(admin_config)
+
+        def described(topic: str, timeout_s: float) -> dict[str, str]:
+            if topic != POSITION:
+                return dict(others(topic, timeout_s))
+            if isinstance(found, Exception):
+                raise found
+            return found
+        return described
+
+    cluster.describe_factory = describe_factory  # type: ignore[method-assign]
+    relay, delivered = _relay(cluster, table)
+    with caplog.at_level(logging.DEBUG, logger="cdc_router"):
+        assert _run_until(relay, lambda: len(delivered) == 1) is None
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+            and "position_topic_config" in r.getMessage()]
+
+
+def test_a_position_topic_without_the_bounds_of_topics_apply_is_warned_at_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 62 P-2: a topic made before topics apply gave segment.ms and delete.retention.ms
+    # was read whole at each start (up to 1 GiB) and nothing said so.
+    warned = _started_with_position_config(
+        {"cleanup.policy": "compact", "segment.ms": "604800000",
+         "delete.retention.ms": "600000"}, caplog)
+    assert len(warned) == 1, warned
+    assert f"topic={POSITION}" in warned[0]
+    assert "segment.ms=604800000 (wanted 600000)" in warned[0]
+    assert "delete.retention" not in warned[0].split("reason=")[0]
+    assert "cdc-router topics apply -c <config>" in warned[0]
+
+
+def test_a_position_topic_as_topics_apply_makes_it_is_not_warned(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert _started_with_position_config(
+        {"cleanup.policy": "compact", "segment.ms": "600000",
+         "delete.retention.ms": "600000"}, caplog) == []
+
+
+def test_a_refused_describe_of_the_position_topic_is_no_warning_and_no_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    refused = KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert _started_with_position_config(refused, caplog) == []
+    assert "event=position_config_unchecked" in caplog.text
+
+
+@pytest.mark.parametrize("missing", [None, DLQ, CHANGELOG, POSITION])
+def test_on_started_is_called_once_the_starts_checks_passed_never_before_a_refusal(
+        missing: str | None) -> None:
+    # QA 61-a F-5: the cleanup's sweep, started before, said its failure on a missing topic
+    # before the relay's own line naming it; the relay now starts the cleanup when it can run.
+    cluster, table = _cluster(), FakeTable()
+    if missing is not None:
+        cluster.partitions.pop(missing, None)
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    started: list[int] = []
+    relay, delivered = _relay(cluster, table, on_started=lambda: started.append(len(delivered)))
+    raised = _run_until(relay, lambda: len(delivered) == 1, 5)
+    if missing is None:
+        assert raised is None and started == [0]
+    else:
+        assert isinstance(raised, ConfigError) and missing in str(raised), raised
+        assert started == []
