@@ -174,7 +174,9 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
         url, options = self.settings.url, dict(self.settings.connect_options)
         try:
-            await require_tls(url, options, self.settings.connect_timeout_s)
+            await require_tls(url, options, self.settings.connect_timeout_s,
+                              url_field="JetStreamSettings.url",
+                              tls_field="JetStreamSettings.connect_options.tls")
             # Reconnects for ever once connected: an outage is a pause, not a reason to stop.
             # (nats-py's first connect retries too: wait_for bounds it.)
             return await asyncio.wait_for(nats.connect(
@@ -185,9 +187,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
                 **options),
                 timeout=self.settings.connect_timeout_s)
         except ConfigError as refused:
-            fix = "url" if refused.field == "nats.url" else "connect_options"
-            raise JetStreamConsumerError(f"{refused}; set JetStreamSettings.{fix} "
-                                         "accordingly") from None
+            raise JetStreamConsumerError(str(refused)) from None
         except (NatsError, OSError, TimeoutError) as error:
             failure = config_failure(url, [error, *last])
             if failure is not None:

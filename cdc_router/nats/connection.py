@@ -89,12 +89,15 @@ def _tls_options(settings: NatsSettings) -> dict[str, Any]:
     return options
 
 
-async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> None:
+async def require_tls(url: str, options: dict[str, Any], timeout_s: float, *,
+                      url_field: str = "nats.url", tls_field: str = "nats.tls") -> None:
     """With TLS configured, or asked for by a server's tls:// scheme, refuse (ConfigError) a
     server of `url` whose INFO does not require TLS. A server that does not answer is left to
     the connection to report. With tls_handshake_first nats-py starts TLS before it reads a
     word, so nothing goes in clear, and a TLS-first server sends no plain INFO to read: no probe
-    (review 61-w W-5: each server waited its connect timeout)."""
+    (review 61-w W-5: each server waited its connect timeout). The error names the caller's
+    fields: `url_field` for the URL, `tls_field` for the TLS options (the router's by default;
+    review 61-w W-6: the consumer's said nats.url)."""
     if options.get("tls_handshake_first"):
         return
     for server in servers(url):
@@ -107,9 +110,9 @@ async def require_tls(url: str, options: dict[str, Any], timeout_s: float) -> No
         if info is not None and not info.get("tls_required"):
             raise ConfigError(f"the NATS server at {shown_url(server)} does not require TLS, "
                               "so nats-py would send our credentials in clear text",
-                              field="nats.tls" if "tls" in options else "nats.url",
-                              hint="point nats.url at the server's TLS listener" + (
-                                  ", or remove nats.tls" if "tls" in options else
+                              field=tls_field if "tls" in options else url_field,
+                              hint=f"point {url_field} at the server's TLS listener" + (
+                                  f", or remove {tls_field}" if "tls" in options else
                                   " (its tls:// asks for TLS), or use nats:// where the "
                                   "server speaks plain text"))
 

@@ -4,6 +4,7 @@ the consumer sent its password in clear text to a server that did not require TL
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import threading
@@ -80,11 +81,30 @@ def test_the_consumer_never_sends_its_password_to_a_plain_server_of_a_tls_url(
                                  connect_options={"user": "fulfillment",
                                                   "password": "s3cret-pw"})
     consumer = JetStreamConsumer(settings, MemoryDedupStore(), lambda event, context: None)
-    with pytest.raises(JetStreamConsumerError,
-                       match=r"does not require TLS.*set JetStreamSettings\.url accordingly"):
+    with pytest.raises(JetStreamConsumerError) as raised:
         consumer.run()
+    # Review 61-w W-6: the consumer's own parameters, not the router's nats.url / nats.tls.
+    assert re.match(r"field 'JetStreamSettings\.url': the NATS server at tls://127\.0\.0\.1:\d+ "
+                    r"does not require TLS.*; point JetStreamSettings\.url at the server's TLS "
+                    r"listener", str(raised.value)), raised.value
+    assert "nats.url" not in str(raised.value) and "nats.tls" not in str(raised.value)
     assert b"s3cret-pw" not in fake.received
     assert b"CONNECT" not in fake.received
+
+
+def test_the_consumers_refusal_with_tls_options_names_its_connect_options(
+        fake: FakeServer) -> None:
+    settings = JetStreamSettings(url=f"nats://127.0.0.1:{fake.port}", stream="PAYMENTS",
+                                 durable="f", dead_letter_subject="fulfillment.dlq",
+                                 connect_timeout_s=2.0,
+                                 connect_options={"tls": ssl.create_default_context()})
+    consumer = JetStreamConsumer(settings, MemoryDedupStore(), lambda event, context: None)
+    with pytest.raises(JetStreamConsumerError) as raised:
+        consumer.run()
+    text = str(raised.value)
+    assert text.startswith("field 'JetStreamSettings.connect_options.tls': "), text
+    assert "or remove JetStreamSettings.connect_options.tls" in text, text
+    assert "nats.url" not in text and "nats.tls" not in text, text
 
 
 def test_with_tls_options_the_refusal_still_names_nats_tls(fake: FakeServer) -> None:
