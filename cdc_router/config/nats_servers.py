@@ -21,8 +21,10 @@ def server_problem(url: str, tls: bool) -> tuple[str, str] | None:
     """Why `url` (comma-separated servers) is no URL nats-py reads as meant, and the server at
     fault with its password masked; None when each server is fine. `tls`: TLS options are
     given, which nats-py never applies to a plain ws:// server."""
+    kinds: dict[bool, str] = {}  # WebSocket or not -> the first such server
     for server in (part.strip() for part in url.split(",")):
         scheme = server.split("://", 1)[0] if "://" in server else "nats"
+        kinds.setdefault(scheme in ("ws", "wss"), server)
         if scheme not in NATS_SCHEMES:
             case = f"write it in lower case, {scheme.lower()}:// (nats-py reads " \
                 f"{show(scheme, 40)}:// as a host name); " if scheme.lower() in NATS_SCHEMES else ""
@@ -44,4 +46,9 @@ def server_problem(url: str, tls: bool) -> tuple[str, str] | None:
             return ("ws:// is plain text, and nats-py never upgrades it to TLS, so the TLS "
                     "settings would not apply and the credentials would go in clear; use "
                     "wss://", shown_url(server))
+    if len(kinds) == 2:  # review 61-w W-9: nats-py refused it only at connect
+        return ("mixes WebSocket servers (ws://, wss://) with NATS ones (nats://, tls://), "
+                "which nats-py refuses ('mixing of websocket and non websocket URLs is not "
+                "allowed'); list servers of one kind only", ",".join(
+                    shown_url(kinds[websocket]) for websocket in (False, True)))
     return None

@@ -264,7 +264,11 @@ def test_a_dead_letter_over_max_payload_goes_without_its_data() -> None:
     ({"url": "NATS://127.0.0.1:4222"}, "url': scheme 'NATS'.*write it in lower case, nats://"),
     ({"url": "nats://a:1,http://u:pw@b:2"}, r"url'.*got 'http://u:\*\*\*\*\*@b:2'"),
     ({"url": "nats//127.0.0.1:4222"}, "url': each server is"),
-    ({"url": "ws://h:8080", "connect_options": {"tls": None}}, "url': ws:// is plain text")])
+    ({"url": "ws://h:8080", "connect_options": {"tls": None}}, "url': ws:// is plain text"),
+    # Review 61-w W-9: nats-py refused it only at connect.
+    ({"url": "wss://h:443,nats://u:pw@h:4222"}, r"url': mixes WebSocket servers.*list servers "
+                                                r"of one kind only \(got 'nats://u:\*\*\*\*\*@h:4222,"
+                                                r"wss://h:443'\)")])
 def test_settings_of_the_wrong_type_or_infinite_are_one_line(changes: dict[str, object],
                                                               field: str) -> None:
     # Review 47-e F12: tracebacks, and consume(timeout=inf) returned at once (a spinning loop).

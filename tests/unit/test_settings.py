@@ -544,12 +544,25 @@ def test_yaml_merge_keys_and_top_level_x_keys_for_anchors(tmp_path: Path) -> Non
      "nats-py speaks (nats://, tls://, ws://, wss://)"),
     ("nats: {url: 'NATS://127.0.0.1:4222'}", "field 'nats.url': scheme 'NATS'"),
     ("nats: {url: 'nats://u:s3cret@h:abc'}", "(got 'nats://u:*****@h:abc')"),
+    # Review 61-w W-9: nats-py refused it only at connect.
+    ("nats: {url: 'nats://a:4222, wss://u:s3cret@b:443'}", "field 'nats.url': mixes WebSocket "
+     "servers (ws://, wss://) with NATS ones (nats://, tls://), which nats-py refuses "
+     "('mixing of websocket and non websocket URLs is not allowed'); list servers of one kind "
+     "only (got 'nats://a:4222,wss://u:*****@b:443')"),
+    ("nats: {url: 'ws://a:80,b:4222'}", "field 'nats.url': mixes WebSocket servers"),
 ])
 def test_what_only_the_router_refused_rules_check_refuses(tmp_path: Path, section: str,
                                                          expected: str) -> None:
     # QA, session 26: `rules check` said valid, `run` retried a malformed DSN for ever.
     message = error_of(tmp_path, MINIMAL + section + "\n")
     assert expected in message and "s3cret" not in message
+
+
+@pytest.mark.parametrize("url", ["nats://a:4222,tls://b:4443,c:4222", "ws://a:80, wss://b:443"])
+def test_servers_of_one_kind_are_taken(tmp_path: Path, url: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(MINIMAL + f"nats: {{url: '{url}'}}\n")
+    assert load_config(path).config.nats is not None
 
 
 def test_a_plain_websocket_url_with_tls_is_refused_and_wss_is_not(tmp_path: Path) -> None:
