@@ -33,6 +33,7 @@ from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLett
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
+from cdc_router.consumer.outage import StoreOutage
 from cdc_router.consumer.retry import PartitionRetry
 from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.consumer.store_checks import check_store
@@ -85,6 +86,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                                               settings.dead_letter_timeout_s)
         self._rng = rng or random.Random()
         self._clock = clock
+        self._outage = StoreOutage(type(store).__name__, clock)  # its lines (QA 61-b F6)
         self._consumer: Any = None
         self._reported: list[KafkaError] = []  # what librdkafka gave its error_cb
         # A consumer its group no longer lists is replaced (kafka/membership.py, QA 39-c).
@@ -191,12 +193,15 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         except DedupStoreRefused:
             raise  # its table missing, no grant: stop, as no retry mends it (review 47-e F7)
         except DedupStoreError as error:
+            self._outage.failed(error)  # the outage's lines; each retry's is a debug one
             self._retry_later(message, retry, "store_failed", error)
             return
         except RetriableError as error:
+            self._outage.answered()  # the handler's failure: the store answered
             self._retry_later(message, retry, "handler_retriable", error)
             return
         except Exception as error:
+            self._outage.answered()
             retry = retry or PartitionRetry(offset=message.offset())
             retry.failures += 1
             if self.settings.retry.exhausted(retry.failures):
@@ -205,6 +210,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             else:
                 self._retry_later(message, retry, "handler_failed", error)
             return
+        self._outage.answered()
         if outcome is Outcome.BUSY:
             self._retry_later(message, retry, "claimed_elsewhere", None)
             return
@@ -264,8 +270,9 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             raise FatalKafkaError(f"cannot rewind {tp[0]}[{tp[1]}] to offset "
                                  f"{message.offset()} for a retry: {seek_error}") from seek_error
         self._counts["retries"] += 1
-        # Waiting for another worker's claim is expected, not a problem worth a warning.
-        level = logging.DEBUG if error is None else logging.WARNING
+        # Waiting for another worker's claim is expected, not a problem worth a warning; a
+        # store outage is said once by StoreOutage, not at each partition's retry.
+        level = logging.DEBUG if error is None or reason == "store_failed" else logging.WARNING
         log.log(level, "event=retry_scheduled reason=%s topic=%s partition=%d offset=%d "
                 "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
                 retry.failures, delay, "" if error is None else shown_repr(error)[:300])

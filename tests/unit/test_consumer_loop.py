@@ -19,6 +19,7 @@ from cdc_router.consumer.dedup import (
     MemoryDedupStore,
     Outcome,
 )
+from cdc_router.consumer.outage import StoreOutage
 from cdc_router.errors import ConfigError, FatalKafkaError, OffsetsUnfetched, RetriableError
 from cdc_router.kafka.consumer import unfetched_offsets
 from tests.unit.consumer_fakes import (
@@ -801,3 +802,39 @@ def test_each_retry_waits_its_backoff_not_a_poll_timeout_more(
     assert len(gaps) == len(delays) == 2
     assert all(abs(gap - delay) < 0.01 for gap, delay in zip(gaps, delays, strict=True)), \
         (gaps, delays)
+
+
+def test_a_store_outage_is_one_warning_a_repeat_at_most_every_30_s_and_one_line_at_its_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 61-b F6: one warning per partition per retry, 55 lines in 12 s on 4 partitions.
+    outage: list[Outcome | Exception] = [DedupStoreError("connection refused")] * 200
+    h = Harness({p: [rec(f"e{p}-{n}") for n in range(2)] for p in range(4)},
+                store=ScriptedStore(outage))
+    start = h.clock.now
+    with caplog.at_level(logging.DEBUG, logger="cdc_router.consumer"):
+        h.run()
+    assert len(h.effects) == 8 and h.loop.stats.retries == 200
+    lasted = h.clock.now - start  # ~100 s: 50 retries a partition, 2 s each on average
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+                and "event_id_from_key" not in r.getMessage()]
+    assert warnings[0].startswith("event=dedup_store_unavailable store=ScriptedStore "
+                                  "error=DedupStoreError('connection refused')"), warnings
+    assert "retried without limit" in warnings[0]
+    repeats = warnings[1:]
+    assert all(w.startswith("event=dedup_store_still_unavailable store=ScriptedStore")
+               for w in repeats), repeats
+    assert 1 <= len(repeats) <= lasted / 30, (repeats, lasted)
+    ended = [r.getMessage() for r in caplog.records if "dedup_store_recovered" in r.getMessage()]
+    assert len(ended) == 1 and "failures=200" in ended[0], ended
+    retried = [r for r in caplog.records if "retry_scheduled" in r.getMessage()]
+    assert len(retried) == 200 and all(r.levelno == logging.DEBUG for r in retried)
+
+
+def test_a_second_outage_is_said_again() -> None:
+    clock = itertools.count(0.0, 1.0)
+    outage = StoreOutage("PostgresDedupStore", lambda: float(next(clock)))
+    for _ in range(2):
+        outage.failed(DedupStoreError("down"))
+        assert outage.ongoing
+        outage.answered()
+        assert not outage.ongoing
