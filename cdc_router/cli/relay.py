@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import psycopg
@@ -14,8 +16,8 @@ from cdc_router.cli.run import check_cleanup, check_streams, cleaner_of, run_unt
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
+from cdc_router.postgres import column_types, missing_table, require_outbox_grants, session_options
 from cdc_router.relay.loop import OutboxRelay
-from cdc_router.relay.reader import OutboxReader
 from cdc_router.relay.same_database import check_cleanup_database
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.signals import refuse_reload
@@ -67,18 +69,21 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
 
 
 def check_table(config: RouterConfig, dsn: str, source: str,
-                reader: OutboxReader | None = None) -> None:
-    """The relay's check of its table (there, its columns, grants and indexes) before the
-    cleanup's of the same table, so that the error names relay.table (QA 61-a F-5: it named
-    cleanup.table). Postgres not answering is left to the relay, which waits for it."""
-    reader = reader or OutboxReader(dsn, config.relay_settings(), config.source)
+                connect: Callable[..., psycopg.Connection[Any]] | None = None) -> None:
+    """The relay's check that its table exists and its role may read it, before the cleanup's
+    check of the same table, so that the error names relay.table (QA 61-a F-5: it named
+    cleanup.table); the rest (its columns, indexes) the relay's start checks. Postgres not
+    answering is left to the relay, which waits for it."""
+    table = config.relay_settings().table
     try:
-        reader.snapshot()
+        with (connect or psycopg.connect)(dsn, autocommit=True, **session_options(
+                dsn, "cdc-router-relay-check")) as conn:
+            if not column_types(conn, table, "relay.table"):
+                raise missing_table(table, "relay.table")
+            require_outbox_grants(conn, table, "relay.table", delete=False)
     except psycopg.Error:
         return
     except ConfigError as error:
         if error.source is None:
             error.source, error.args = source, (f"{source}: {error}",)
         raise
-    finally:
-        reader.reset()
