@@ -64,8 +64,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     # sweep to the active relay.
     relay = OutboxRelay(compiled, dsn=dsn, instance_id=instance_id, metrics=metrics,
                         on_delivered=cleaner.delivered, on_started=cleaner.start)
-    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path),
-                      start_cleanup=False)
+    run_until_stopped(relay, cleaner, metrics, metrics_port, "relay", config, str(config_path))
 
 
 def check_table(config: RouterConfig, dsn: str, source: str,

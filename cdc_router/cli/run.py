@@ -120,8 +120,10 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     metrics = RouterMetrics()
     cleaner = cleaner_of(config, metrics)
     check_cleanup(cleaner, str(config_path))  # its table, columns and grants (the relay's too)
+    # The cleanup starts with the router's start, not before: its sweep's failure on a missing
+    # topic came before the router's own line naming it (QA 61-a F-5).
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
-                          on_delivered=cleaner.delivered)
+                          on_delivered=cleaner.delivered, on_started=cleaner.start)
     run_until_stopped(router, cleaner, metrics, metrics_port, "router", config, str(config_path))
 
 
@@ -170,11 +172,11 @@ def tune_gc() -> None:
 
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
                       metrics_port: int, what: str, config: RouterConfig,
-                      source: str | None = None, *, start_cleanup: bool = True) -> None:
+                      source: str | None = None) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
     commit and return (SIGHUP is logged and ignored from the command's start: signals.py).
-    `source` is the config file, for the errors that name it. Without `start_cleanup` the
-    process starts the cleanup itself (the relay, once its start's checks passed)."""
+    `source` is the config file, for the errors that name it. The process starts the cleanup
+    (its on_started) once its start's checks passed, and this stops it."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
@@ -188,8 +190,6 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
                                poll_is_recent(lambda: process.last_poll, _STALL_S)),
                  hint="give each instance on a host its own port [env CDC_ROUTER_METRICS_PORT], "
                       "or 0 for none")
-    if start_cleanup:
-        cleaner.start()
     tune_gc()
     try:
         process.run()

@@ -67,6 +67,7 @@ class OutboxRouter:
     def __init__(self, compiled: CompiledConfig, *, instance_id: str,
                  metrics: RouterMetrics | None = None,
                  on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
+                 on_started: Callable[[], None] = lambda: None,
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
                  changelog_factory: Callable[[dict[str, Any], str], Any] = ChangelogReader,
@@ -77,11 +78,12 @@ class OutboxRouter:
                  operations_factory: OperationsFactory = admin_operations,
                  members_factory: ListedFactory = admin_listed) -> None:
         """Factories build the clients in run() (tests hand fakes); `wait(seconds)`: each
-        backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's)."""
+        backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's);
+        `on_started`: called when the start's checks passed (the cleanup's worker: QA 61-a F-5)."""
         config = self._config = compiled.config
         self._instance_id = instance_id
         self._metrics = metrics or RouterMetrics()
-        self._on_delivered = on_delivered
+        self._on_delivered, self._on_started = on_delivered, on_started
         self._consumer_factory = consumer_factory
         self._generations = Generations()
         self._clock = clock
@@ -158,6 +160,7 @@ class OutboxRouter:
             log.info("event=started instance=%s guarantee=%s topics=%s version=%s",
                      self._instance_id, self._config.delivery.guarantee,
                      ",".join(self._config.source.topics), __version__)
+            self._on_started()
             while not self._stop.is_set():
                 try:
                     if self._recovered():

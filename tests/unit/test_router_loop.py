@@ -80,6 +80,7 @@ class Harness:
         self.consumers: list[FakeConsumer] = []  # every one built, a renewed one too
         self.idle_calls = 0
         self.handed: list[tuple[str, str]] = []  # (id, topic) to the cleanup, at each commit
+        self.started = 0  # on_started calls (the cleanup's start)
         settings = RouterConfig.model_validate({
             "source": {"topics": [RAW], "group_id": "g"},
             "routes": config.pop("routes", [{"topic": ORDERS}]),
@@ -88,12 +89,15 @@ class Harness:
         self.router = OutboxRouter(
             compile_config(settings), instance_id="i-1", metrics=self.metrics,
             on_delivered=lambda done: self.handed.extend((e.event_id, e.topic) for e in done),
-            producer_factory=lambda conf: FakeProducer(cluster, conf),
+            on_started=self._started, producer_factory=lambda conf: FakeProducer(cluster, conf),
             consumer_factory=self._consumer, wait=self.waits.append,
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
             describe_factory=cluster.describe_factory, publisher=publisher,
             operations_factory=cluster.operations_factory,
             members_factory=cluster.members_factory)
+
+    def _started(self) -> None:
+        self.started += 1
 
     def _consumer(self, conf: dict[str, Any]) -> FakeConsumer:
         consumer = self.consumer = FakeConsumer(self.cluster, conf, on_idle=self._idle)
@@ -1332,12 +1336,19 @@ def test_a_missing_dead_letter_or_changelog_topic_stops_the_router_at_start(
     # Describe with it): "does not exist" alone sent the operator to `topics apply`.
     cluster = cluster_with(*events(3))
     del cluster.partitions[missing]
+    harness = Harness(cluster)
     with pytest.raises(ConfigError, match=f"field '{field}': topic {missing} does not exist, "
                        "or this process's principal may not describe it .*topics apply.*, or "
                        "grant the principal Write on the topic") as raised:
-        Harness(cluster).run()
+        harness.run()
     assert ("Describe) and Read" in str(raised.value)) == (missing == CHANGELOG)
     assert cluster.committed(ORDERS) == []
+    # QA 61-a F-5: the cleanup (on_started) did not start, so its sweep said nothing first.
+    assert harness.started == 0
+
+
+def test_on_started_is_called_once_when_the_router_has_started() -> None:
+    assert Harness(cluster_with(*events(3))).run().started == 1
 
 
 def test_a_routes_fixed_topic_missing_at_start_is_a_warning(
