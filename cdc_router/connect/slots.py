@@ -131,8 +131,7 @@ def drop_hint(name: str, slot: Slot, users: SlotUsers) -> str:
     # `AND NOT active`: never a slot a connection streams from (the deleted task's until it
     # has stopped, or another connector's); the slot may never have been made (a task that
     # failed first, QA 46-a F3): this drops it only if it is there.
-    drop = ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
-            f"slot_name = '{slot.name}' AND NOT active;")
+    drop = _drop(slot)
     if users.maybe:
         return (f"hint: replication slot {slot.name!r} on {slot.where} stays; "
                 f"{_named(users.maybe, slot)} names it too, on a host that may be the same "
@@ -149,19 +148,34 @@ def slot_move(deployed: Mapping[str, str], desired: Mapping[str, str], *,
     old, new = slot_of(deployed), slot_of(desired)
     if old is None or new is None:
         return None
-    kept = (old.port, old.name, old.database) == (new.port, new.name, new.database)
-    if kept and same_host(old.host, new.host, resolver) is not False:
-        return None
+    same = same_host(old.host, new.host, resolver)
+    if (old.port, old.name) == (new.port, new.name) and same is not False:
+        if old.database == new.database:
+            return None
+        # A slot's name is one per server, whatever database it streams (QA 48-g F2): the
+        # new database's slot cannot be made while the old one is there; the note said
+        # Debezium creates it, then to drop the slot of that very name (review 62).
+        return (f"replication slot {old.name!r} on {old.where} -> {new.name!r} on "
+                f"{new.where}: a slot's name is one per server, so Debezium cannot create "
+                f"{new.name!r} for database {new.database!r} while the old one is there (the "
+                "task fails: 'replication slot ... already exists'); give the connector "
+                f"another slot.name (SLOT_NAME), or drop the old one on {old.where} once the "
+                f"connector has stopped: {_drop(old)}")
     # QA 62-a: the plan said only "~ slot.name: a -> b", and `status --connector` shows the
     # connector's new slot only, so the old one held its WAL unseen (with
-    # max_slot_wal_keep_size -1, until the disk filled).
-    drop = ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
-            f"slot_name = '{old.name}' AND NOT active;")
+    # max_slot_wal_keep_size -1, until the disk filled). Where to drop it is said: with the
+    # same name on another server, the new server's slot answers the same SQL.
     return (f"replication slot {old.name!r} on {old.where} -> {new.name!r} on {new.where}: "
             f"Debezium creates {new.name!r} (the shipped snapshot.mode when_needed snapshots "
             f"the table to fill the gap); {old.name!r} stays and retains WAL until dropped, "
             f"and `status --connector` shows only the new slot: once the connector streams "
-            f"from {new.name!r}, drop the old one: {drop}")
+            f"from {new.name!r}, drop the old one on {old.where}: {_drop(old)}")
+
+
+def _drop(slot: Slot) -> str:
+    """The SQL that drops `slot` if it is there and no connection streams from it."""
+    return ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
+            f"slot_name = '{slot.name}' AND NOT active;")
 
 
 def _named(users: tuple[tuple[str, Slot], ...], slot: Slot) -> str:

@@ -157,3 +157,28 @@ def test_apply_and_diff_plan_the_old_slot_left_behind(monkeypatch: pytest.Monkey
     [planned] = json.loads(diff.stdout)
     [note] = planned["notes"]
     assert "WHERE slot_name = 's' AND NOT active;" in note
+
+
+def test_a_database_change_under_the_same_slot_name_says_the_task_cannot_make_it() -> None:
+    # Review 62: a slot's name is one per server (QA 48-g F2: the task FAILED on "already
+    # exists"), yet the note said Debezium creates 's' and, once it streams from it, to drop
+    # the slot named 's'.
+    old = {**_PG, "database.hostname": "127.0.0.1"}
+    note = slot_move(old, {**old, "database.dbname": "tenant2"}, resolver=_resolve)
+    assert note is not None
+    assert "Debezium creates" not in note
+    assert note.startswith("replication slot 's' on 127.0.0.1:5432/shop -> 's' on "
+                           "127.0.0.1:5432/tenant2: a slot's name is one per server, so "
+                           "Debezium cannot create 's' for database 'tenant2' while the old "
+                           "one is there")
+    assert "give the connector another slot.name (SLOT_NAME), or drop the old one on " \
+        "127.0.0.1:5432/shop once the connector has stopped: SELECT" in note
+
+
+def test_the_slot_left_on_another_server_is_dropped_there() -> None:
+    # Review 62: the same slot.name on a new host; the drop SQL, run on the new server (where
+    # CDC_ROUTER_PG_DSN points), names the new connector's slot.
+    old = {**_PG, "database.hostname": "127.0.0.1"}
+    note = slot_move(old, {**old, "database.hostname": "other.example"}, resolver=_resolve)
+    assert note is not None
+    assert "drop the old one on 127.0.0.1:5432/shop: SELECT" in note
