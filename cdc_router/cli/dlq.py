@@ -99,8 +99,10 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
         if since_ms is not None and earlier
         else f"no dead letters {pipeline}on {topic}")
     if matched > len(letters):
-        click.echo(f"{len(letters)} of {matched} shown ({'the last' if newest else 'the first'}"
-                   "; -n sets how many)", err=True)
+        # By when each was written, not as read (review 62: it said "the first" of letters
+        # that are no longer those read first).
+        click.echo(f"{len(letters)} of {matched} shown "
+                   f"({'the newest' if newest else 'the oldest'}; -n sets how many)", err=True)
     if (said := _replayed_line(config)) is not None:
         click.echo(said, err=True)
     if others:

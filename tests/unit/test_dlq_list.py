@@ -83,7 +83,7 @@ def test_a_list_cut_by_the_limit_says_of_how_many(
                                 + (["--newest"] if newest else []))
     assert listed.exit_code == 0, listed.output
     assert f'"offset": {offsets[0]}' in listed.stdout
-    assert f"1 of 3 shown (the {'last' if newest else 'first'}; -n sets how many)" \
+    assert f"1 of 3 shown (the {'newest' if newest else 'oldest'}; -n sets how many)" \
         in listed.stderr
     whole = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-n", "3"])
     assert "shown" not in whole.stderr
@@ -120,4 +120,4 @@ def test_the_oldest_and_the_newest_are_so_across_partitions(
     assert listed.exit_code == 0, listed.output
     shown = [(row["partition"], row["offset"]) for row in json.loads(listed.stdout)]
     assert shown == [((n - 1) % 3, (n - 1) // 3) for n in written], "oldest first, as written"
-    assert f"3 of 9 shown (the {'last' if newest else 'first'}" in listed.stderr
+    assert f"3 of 9 shown (the {'newest' if newest else 'oldest'}" in listed.stderr
