@@ -150,9 +150,11 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
             raise InvalidEventError(f"header {show(key)} is None: header values are strings; "
                                     "leave the header out")
         if not isinstance(item, str):
+            # Bytes are decoded in the advice: str(b'x') is "b'x'" (review 62).
+            text = item.decode(errors="replace") if isinstance(item, bytes) else str(item)
             raise InvalidEventError(f"header {show(key)} is {item.__class__.__name__} "
                                     f"{show(item)}: header values are strings; write "
-                                    f"{show(str(item))}")
+                                    f"{show(text)}")
     for name in headers or {}:
         # Such a row could only be dead-lettered (router/routing.py): refuse it at the source.
         problem = ("is reserved for the router (id, type, aggregatetype, aggregateid, ce_*)"

@@ -86,6 +86,9 @@ def test_write_event_async_makes_the_same_checks() -> None:
     ({"tenant": 1}, "header 'tenant' is int 1: header values are strings; write '1'"),
     ({"n": None}, "header 'n' is None: header values are strings; leave the header out"),
     ({7: "x"}, "header name 7 is int: header names are strings; write '7'"),
+    # Review 62: the advice was to write "b'acme'".
+    ({"tenant": b"acme"}, "header 'tenant' is bytes b'acme': header values are strings; "
+     "write 'acme'"),
 ])
 def test_a_header_that_is_no_string_is_named_with_its_value(headers: dict[Any, Any],
                                                            message: str) -> None:
