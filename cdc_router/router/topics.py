@@ -168,8 +168,11 @@ def _undeclared(spec: TopicSpec, current: Mapping[str, Any]) -> list[str]:
     """A warning for each setting made on the topic itself that the config does not declare:
     apply never removes one (QA 62-a: a retention.ms taken out of the config was planned
     "unchanged" and stayed, deleting records after a day where the broker's default is 7)."""
+    # The whole command (review 62: `kafka-configs --alter --delete-config K` named no topic,
+    # and kafka-configs refuses it).
     return [f"{key} {entry.value} is set on the topic, not in the config: left as is (apply "
-            f"never removes a setting; `kafka-configs --alter --delete-config {key}` restores "
+            "never removes a setting; `kafka-configs --bootstrap-server ... --alter "
+            f"--entity-type topics --entity-name {spec.name} --delete-config {key}` restores "
             "the broker's default)"
             for key, entry in sorted(current.items()) if key not in spec.config
             and getattr(entry, "source", None) in _SET_ON_THE_TOPIC]

@@ -241,10 +241,12 @@ def test_a_setting_of_the_topic_the_config_no_longer_declares_is_warned(
     assert changes == {}
     assert warnings == [
         "retention.ms 86400000 is set on the topic, not in the config: left as is (apply never "
-        "removes a setting; `kafka-configs --alter --delete-config retention.ms` restores the "
+        "removes a setting; `kafka-configs --bootstrap-server ... --alter --entity-type "
+        "topics --entity-name t --delete-config retention.ms` restores the "
         "broker's default)"] + ([] if declared else [
             "segment.ms 60000 is set on the topic, not in the config: left as is (apply never "
-            "removes a setting; `kafka-configs --alter --delete-config segment.ms` restores the "
+            "removes a setting; `kafka-configs --bootstrap-server ... --alter --entity-type "
+            "topics --entity-name t --delete-config segment.ms` restores the "
             "broker's default)"])
 
 
