@@ -150,11 +150,8 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
             raise InvalidEventError(f"header {show(key)} is None: header values are strings; "
                                     "leave the header out")
         if not isinstance(item, str):
-            # Bytes are decoded in the advice: str(b'x') is "b'x'" (review 62).
-            text = item.decode(errors="replace") if isinstance(item, bytes) else str(item)
-            raise InvalidEventError(f"header {show(key)} is {item.__class__.__name__} "
-                                    f"{show(item)}: header values are strings; write "
-                                    f"{show(text)}")
+            raise InvalidEventError(f"header {show(key)} is {item.__class__.__name__}"
+                                    f"{_as_text(item)}")
     for name in headers or {}:
         # Such a row could only be dead-lettered (router/routing.py): refuse it at the source.
         problem = ("is reserved for the router (id, type, aggregatetype, aggregateid, ce_*)"
@@ -183,6 +180,17 @@ def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id:
 def _jsonb(value: Any, data: bytes) -> Jsonb:
     """`value` for a jsonb parameter, as the JSON text already written and checked."""
     return Jsonb(value, dumps=lambda _: data)
+
+
+def _as_text(item: object) -> str:
+    """' VALUE: header values are strings; write 'TEXT'', for a header value that is no
+    string: bytes as their text (str(b'x') is "b'x'"), and nothing of a value whose repr or
+    str raises (a user's class: it raised instead of InvalidEventError, review 62)."""
+    try:
+        text = item.decode(errors="replace") if isinstance(item, bytes) else str(item)
+        return f" {show(item)}: header values are strings; write {show(text)}"
+    except Exception:
+        return ": header values are strings; write its text"
 
 
 def _check_connection(conn: object, asynchronous: bool) -> None:

@@ -82,6 +82,13 @@ def test_write_event_async_makes_the_same_checks() -> None:
     assert conn.calls == []
 
 
+class _Unprintable:
+    def __str__(self) -> str:
+        raise KeyError("order_id")
+
+    __repr__ = __str__
+
+
 @pytest.mark.parametrize(("headers", "message"), [
     ({"tenant": 1}, "header 'tenant' is int 1: header values are strings; write '1'"),
     ({"n": None}, "header 'n' is None: header values are strings; leave the header out"),
@@ -89,6 +96,9 @@ def test_write_event_async_makes_the_same_checks() -> None:
     # Review 62: the advice was to write "b'acme'".
     ({"tenant": b"acme"}, "header 'tenant' is bytes b'acme': header values are strings; "
      "write 'acme'"),
+    # Review 62: a value whose str() raises was a KeyError out of write_event.
+    ({"tenant": _Unprintable()}, "header 'tenant' is _Unprintable: header values are "
+     "strings; write its text"),
 ])
 def test_a_header_that_is_no_string_is_named_with_its_value(headers: dict[Any, Any],
                                                            message: str) -> None:
