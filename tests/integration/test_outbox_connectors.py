@@ -333,6 +333,27 @@ def test_a_slot_name_change_is_planned_with_the_slot_it_leaves(running: Deployme
     assert running.cli("connectors", "diff", "-f", str(CONNECTOR_FILE)).exit_code == 0
 
 
+def test_a_database_change_under_the_same_slot_name_is_planned_as_a_slot_it_cannot_make(
+        running: Deployment) -> None:
+    # Review 62: the note said Debezium creates the slot of the same name and, once it
+    # streams from it, to drop the slot of that name; a slot's name is one per server, and
+    # the task fails on "already exists" (QA 48-g F2).
+    slot, database = running.env["SLOT_NAME"], f"{running.env['SLOT_NAME']}_db2"
+    with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')  # Connect's validation connects to it
+    try:
+        result = running.cli("connectors", "apply", "--dry-run", "-f", str(CONNECTOR_FILE),
+                             env={"DB_NAME": database})
+    finally:
+        with psycopg.connect(running.stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{database}"')
+
+    assert result.exit_code == 0, result.output
+    assert "Debezium creates" not in result.stdout
+    assert f"/{database}: a slot's name is one per server, so Debezium cannot create " \
+        f"'{slot}' for database '{database}' while the old one is there" in result.stdout
+
+
 def test_apply_dry_run_prints_connects_error_for_a_bad_property(running: Deployment,
                                                                  tmp_path: Path) -> None:
     bad_file = tmp_path / "bad.json"
