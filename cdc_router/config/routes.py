@@ -255,13 +255,13 @@ def shadowed_routes(routes: Sequence[RouteRule]) -> list[str]:
             continue
         found.append(f"routes[{index}] can never match: routes[{earlier}] has the same match "
                      "and comes first (the first match wins)"
-                     if routes[earlier].match == route.match else
+                     # each covers the other: the same, a list in another order say
+                     if route.match.covers(routes[earlier].match) else
                      # QA 62-a: a specific route after a general one was said to be valid.
                      f"routes[{index}] can never match: routes[{earlier}] comes first and "
                      "matches every event it does (the first match wins); put the more "
                      "specific route first")
     return found
-
 
 
 def literal_header_fields(routes: Sequence[RouteRule]) -> list[str]:

@@ -824,7 +824,10 @@ _SHADOWED = [
     ("{aggregate_type: 'Order*'}", "{aggregate_type: [OrderLine, Invoice]}", []),
     ("{type: 're:Order.+'}", "{type: Order}", []),
     ("{header: {tenant: acme}}", "{header: {region: acme}}", []),
-    ("{header: {tenant: acme}}", "{type: acme}", [])])
+    ("{header: {tenant: acme}}", "{type: acme}", []),
+    # review 62 #10: the same match, its list in another order: no route is more specific
+    ("{type: [A, B]}", "{type: [B, A]}", ["routes[1] can never match: routes[0] has the same "
+                                          "match and comes first (the first match wins)"])])
 def test_a_specific_route_after_a_general_one_is_warned_about(
         tmp_path: Path, earlier: str, later: str, expected: list[str]) -> None:
     # QA 62-a: the usual slip, the general route first; `rules check` said only "valid" and
