@@ -192,9 +192,8 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             outcome = self._store.run_once(key, lambda context: self._handler(event, context))
         except DedupStoreRefused:
             raise  # its table missing, no grant: stop, as no retry mends it (review 47-e F7)
-        except DedupStoreError as error:
-            self._outage.failed(error)  # the outage's lines; each retry's is a debug one
-            self._retry_later(message, retry, "store_failed", error)
+        except DedupStoreError as error:  # an outage's lines: outage.py; contention's: here
+            self._retry_later(message, retry, self._outage.failed(error), error)
             return
         except RetriableError as error:
             self._outage.answered()  # the handler's failure: the store answered

@@ -11,7 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import psycopg
+
+from cdc_router.consumer.dedup.postgres_rules import contention
 from cdc_router.dead_letter import shown_repr
+from cdc_router.errors import NestedEventBusy
 
 log = logging.getLogger("cdc_router.consumer.loop")
 
@@ -37,8 +41,17 @@ class StoreOutage:
     def ongoing(self) -> bool:
         return self._since is not None
 
-    def failed(self, error: BaseException) -> None:
-        """A call failed: said at the outage's start, then at most every `repeat_s`."""
+    def failed(self, error: BaseException) -> str:
+        """A call failed: said at the outage's start, then at most every `repeat_s`. The retry's
+        reason: 'store_failed' for an outage (its retry lines are debug ones), or
+        'store_contention' for workers contending (a deadlock, a serialization failure, a
+        nested event another worker holds), where the store answered: no outage, and no
+        `dedup_store_unavailable` line (review rv62b)."""
+        cause = error.__cause__
+        if isinstance(error, NestedEventBusy) or (
+                isinstance(cause, psycopg.Error) and contention(cause)):
+            self.answered()
+            return "store_contention"
         now = self._clock()
         self._failures += 1
         shown = shown_repr(error)[:300]
@@ -53,6 +66,7 @@ class StoreOutage:
             self._said_at = now
             log.warning("event=dedup_store_still_unavailable store=%s for_s=%.0f failures=%d "
                         "error=%s", self._store, now - self._since, self._failures, shown)
+        return "store_failed"
 
     def answered(self) -> None:
         """A call was answered: the outage, if one was said, has ended."""

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -17,6 +18,7 @@ from cdc_router.consumer.dedup import (
     DedupStoreError,
     DedupStoreRefused,
     MemoryDedupStore,
+    NestedEventBusy,
     Outcome,
 )
 from cdc_router.consumer.outage import StoreOutage
@@ -838,3 +840,29 @@ def test_a_second_outage_is_said_again() -> None:
         assert outage.ongoing
         outage.answered()
         assert not outage.ongoing
+
+
+def _contended(text: str) -> DedupStoreError:
+    try:
+        raise DedupStoreError(f"dedup transaction failed for event x: {text}") \
+            from psycopg.errors.SerializationFailure(text)
+    except DedupStoreError as error:
+        return error
+
+
+def test_contention_between_workers_is_no_store_outage(caplog: pytest.LogCaptureFixture) -> None:
+    # Review rv62b: a serialization failure, a deadlock or a NestedEventBusy is the store's
+    # answer (workers contending), retried as before; it was said as dedup_store_unavailable,
+    # then dedup_store_recovered at the next record, one pair per conflict.
+    script: list[Outcome | Exception] = [
+        _contended("could not serialize access"), NestedEventBusy("sub-event held"),
+        DedupStoreError("connection refused")]
+    h = Harness({0: [rec("a"), rec("b")]}, store=ScriptedStore(script))
+    with caplog.at_level(logging.DEBUG, logger="cdc_router.consumer"):
+        h.run()
+    assert [e.event_id for e in h.effects] == ["a", "b"] and h.loop.stats.retries == 3
+    said = [r.getMessage() for r in caplog.records if "dedup_store_" in r.getMessage()]
+    assert len(said) == 2 and said[0].startswith("event=dedup_store_unavailable") \
+        and "connection refused" in said[0] and "failures=1" in said[1], said
+    contended = [r for r in caplog.records if "reason=store_contention" in r.getMessage()]
+    assert len(contended) == 2 and all(r.levelno == logging.WARNING for r in contended)
