@@ -16,6 +16,7 @@ the caller's transaction.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import threading
 import time
@@ -111,6 +112,23 @@ async def write_event_async(conn: psycopg.AsyncConnection[Any], *, aggregate_typ
     return str(params[0])
 
 
+def _header_text(value: object) -> str:
+    """What to write instead of a header value that is no string: bytes decoded (their repr
+    "b'...'" would be sent as written), a dict or list as JSON (not Python's repr); review
+    rv62b."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            return f"decode it: {show(bytes(value).decode())}"
+        except UnicodeDecodeError:
+            return "these bytes are no UTF-8 text: encode them (base64) into a string"
+    if isinstance(value, dict | list | tuple):
+        try:
+            return f"write it as JSON text: {show(json.dumps(value))}"
+        except (TypeError, ValueError):
+            pass
+    return f"write {show(str(value))}"
+
+
 def _insert(conn: object, asynchronous: bool, aggregate_type: str, aggregate_id: str,
             type: str, payload: dict[str, Any] | list[Any] | bytes,
             headers: Mapping[str, str] | None, event_id: str | uuid.UUID | None,
@@ -183,12 +201,11 @@ def _jsonb(value: Any, data: bytes) -> Jsonb:
 
 
 def _as_text(item: object) -> str:
-    """' VALUE: header values are strings; write 'TEXT'', for a header value that is no
-    string: bytes as their text (str(b'x') is "b'x'"), and nothing of a value whose repr or
-    str raises (a user's class: it raised instead of InvalidEventError, review 62)."""
+    """' VALUE: header values are strings; WHAT TO WRITE' (_header_text), for a header value
+    that is no string, and nothing of a value whose repr or str raises (a user's class: it
+    raised instead of InvalidEventError, review 62)."""
     try:
-        text = item.decode(errors="replace") if isinstance(item, bytes) else str(item)
-        return f" {show(item)}: header values are strings; write {show(text)}"
+        return f" {show(item)}: header values are strings; {_header_text(item)}"
     except Exception:
         return ": header values are strings; write its text"
 

@@ -93,12 +93,15 @@ class _Unprintable:
     ({"tenant": 1}, "header 'tenant' is int 1: header values are strings; write '1'"),
     ({"n": None}, "header 'n' is None: header values are strings; leave the header out"),
     ({7: "x"}, "header name 7 is int: header names are strings; write '7'"),
-    # Review 62: the advice was to write "b'acme'".
-    ({"tenant": b"acme"}, "header 'tenant' is bytes b'acme': header values are strings; "
-     "write 'acme'"),
     # Review 62: a value whose str() raises was a KeyError out of write_event.
     ({"tenant": _Unprintable()}, "header 'tenant' is _Unprintable: header values are "
      "strings; write its text"),
+    # Review rv62b: it said write "b'eu'", the repr, which would be sent as written.
+    ({"t": b"eu"}, "header 't' is bytes b'eu': header values are strings; decode it: 'eu'"),
+    ({"t": b"\xff"}, "header 't' is bytes b'\\xff': header values are strings; these bytes "
+                     "are no UTF-8 text: encode them (base64) into a string"),
+    ({"t": {"a": 1}}, "header 't' is dict {'a': 1}: header values are strings; write it as "
+                      "JSON text: '{\"a\": 1}'"),
 ])
 def test_a_header_that_is_no_string_is_named_with_its_value(headers: dict[Any, Any],
                                                            message: str) -> None:
