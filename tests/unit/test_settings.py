@@ -876,7 +876,10 @@ def test_a_static_header_written_as_a_template_is_warned_about(tmp_path: Path) -
     ("aggregate_id", "{}", None),
     ("aggregateid", "{}", None),  # the column's own name
     ("agg_ids", "{aggregateid: agg_id}", "agg_id"),
-    ("agg_id", "{aggregateid: agg_id}", None)])
+    ("agg_id", "{aggregateid: agg_id}", None),
+    # Review rv62b: real column names, each said to be a typo at difflib's 0.8.
+    ("uid", "{}", None), ("sid", "{}", None), ("created_by", "{}", None),
+    ("aggregate_key", "{}", None), ("headers_id", "{}", None)])
 def test_a_route_key_close_to_a_known_column_is_warned_about(
         tmp_path: Path, key: str, outbox: str, expected: str | None) -> None:
     # QA 62-a L2: `key: agregate_id` passed `rules check`; every event of the route was a
