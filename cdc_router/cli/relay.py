@@ -16,7 +16,13 @@ from cdc_router.cli.run import check_cleanup, check_streams, cleaner_of, run_unt
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
-from cdc_router.postgres import column_types, missing_table, require_outbox_grants, session_options
+from cdc_router.postgres import (
+    column_types,
+    missing_table,
+    one_line,
+    require_outbox_grants,
+    session_options,
+)
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.same_database import check_cleanup_database
 from cdc_router.router.metrics import RouterMetrics
@@ -80,6 +86,12 @@ def check_table(config: RouterConfig, dsn: str, source: str,
             if not column_types(conn, table, "relay.table"):
                 raise missing_table(table, "relay.table")
             require_outbox_grants(conn, table, "relay.table", delete=False)
+    except psycopg.errors.InsufficientPrivilege as error:  # its schema's USAGE (review rv62b:
+        # said by the cleanup's check as "field 'cleanup.dsn': not a Postgres connection string")
+        raise ConfigError(f"the connection's role may not read the outbox table: {one_line(error)}",
+                          field="relay.table", value=table, source=source,
+                          hint="GRANT USAGE ON SCHEMA <its schema>, and SELECT ON the table, TO "
+                               "the role of relay.dsn") from None
     except psycopg.Error:
         return
     except ConfigError as error:

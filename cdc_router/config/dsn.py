@@ -91,7 +91,10 @@ def refused_dsn(dsn: str, error: psycopg.Error) -> str | None:
     """Why libpq refused `dsn` without asking any server, as dsn_problem says it: the option,
     its value and what libpq takes; None when `error` is no such refusal (a server's, or no
     server reached). Reread 59 F-2: an invalid sslmode read as "Postgres refuses"."""
-    if isinstance(error, psycopg.ProgrammingError):  # its text quotes the DSN's words
+    # libpq's parse error, its text quoting the DSN's words: no SQLSTATE. A server's error is
+    # a ProgrammingError too (42501 permission denied for schema, 42P01: review rv62b, it
+    # read "not a Postgres connection string").
+    if isinstance(error, psycopg.ProgrammingError) and error.sqlstate is None:
         return dsn_problem(dsn) or _NOT_A_DSN
     text = str(error)
     found = next((match for pattern in _REFUSED_VALUE

@@ -269,6 +269,16 @@ def test_refused_dsn_leaves_a_server_or_its_absence_to_the_caller(message: str) 
         is None
 
 
+@pytest.mark.parametrize("error", [
+    psycopg.errors.InsufficientPrivilege("permission denied for schema rvs"),
+    psycopg.errors.UndefinedTable('relation "outbox" does not exist')])
+def test_refused_dsn_leaves_a_servers_programming_error_to_the_caller(
+        error: psycopg.Error) -> None:
+    # Review rv62b: a role without USAGE on the outbox's schema was told "field 'cleanup.dsn':
+    # not a Postgres connection string" (the server's 42501 is a ProgrammingError too).
+    assert refused_dsn("postgresql://relay:x@db:5432/postgres", error) is None
+
+
 @pytest.mark.parametrize("dsn", [
     "postgresql://u:p@h:5432/db?sslmode=verify-full&target_session_attrs=prefer-standby",
     "host=a,b port=5432,,5433", "host=h port=' 5432 ' keepalives=0", "dbname=x"])

@@ -71,6 +71,21 @@ def test_a_readable_table_passes() -> None:
     check_table(_config(), DSN, "router.yaml", Database([("id", "uuid")]))
 
 
+def test_a_schema_the_role_may_not_use_is_named_as_the_relays_table() -> None:
+    # Review rv62b: swallowed here, then said by the cleanup's check as "field 'cleanup.dsn':
+    # not a Postgres connection string".
+    class NoUsage(Database):
+        def execute(self, query: str, params: Any = None) -> Database:
+            raise psycopg.errors.InsufficientPrivilege("permission denied for schema rvs")
+
+    with pytest.raises(ConfigError) as raised:
+        check_table(_config(), DSN, "router.yaml", NoUsage([]))
+    assert str(raised.value).startswith(
+        "router.yaml: field 'relay.table': the connection's role may not read the outbox "
+        "table: permission denied for schema rvs (got 'public.nosuch'); GRANT USAGE ON SCHEMA"), \
+        raised.value
+
+
 def test_postgres_not_answering_is_left_to_the_relays_start() -> None:
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise psycopg.OperationalError("connection refused")
