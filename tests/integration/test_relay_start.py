@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 from confluent_kafka.admin import (
@@ -62,3 +63,29 @@ def test_a_relay_missing_a_topic_says_so_first_and_its_cleanup_never_sweeps(
     assert error.startswith("error: ") and f"topic {setup.dlq_topic}-missing does not exist" \
         in error, stderr
     assert "cleanup_sweep_failed" not in stderr, stderr
+
+
+def test_a_role_without_usage_on_the_tables_schema_is_named_as_the_relays_table(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review rv62b: "field 'cleanup.dsn': not a Postgres connection string" (the server's
+    # permission denied is a psycopg ProgrammingError, read as libpq's refusal of the DSN).
+    with relay_setup(stack, tmp_path) as setup:
+        schema, role = f"{setup.name}_s", f"{setup.name}_r"
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE TABLE {schema}.outbox (LIKE public.{setup.table} "
+                         "INCLUDING ALL)")
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'x'")
+        try:
+            dsn = psycopg.conninfo.make_conninfo(stack.postgres_dsn, user=role, password="x")
+            config = yaml.safe_load(setup.config_path.read_text())
+            config["relay"] |= {"table": f"{schema}.outbox", "dsn": dsn}
+            config["cleanup"] |= {"table": f"{schema}.outbox", "dsn": dsn}
+            error, stderr = relay_failing(setup, config)
+        finally:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
+                conn.execute(f"DROP ROLE {role}")
+    assert f"field 'relay.table': the connection's role may not read the outbox table: " \
+           f"permission denied for schema {schema}" in error, stderr
+    assert "not a Postgres connection string" not in stderr, stderr
