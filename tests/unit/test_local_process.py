@@ -248,13 +248,19 @@ def test_a_child_whose_pid_cannot_be_recorded_is_not_left_running(
 
 
 def test_environ_of_reads_a_process_environment_as_it_started() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                              "time.sleep(30)"], stdout=subprocess.PIPE,
                              env={**os.environ, "CDC_ROUTER_TEST_VARIABLE": "a=b c"})
     try:
+        # Popen returns once the child's exec began, before the kernel has set up its new
+        # environment: /proc/PID/environ read then is empty (15% of 200 tries; review rv62b).
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         assert process.environ_of(child.pid, "CDC_ROUTER_TEST_VARIABLE") == "a=b c"
         assert process.environ_of(child.pid, "CDC_ROUTER_TEST_UNSET") is None
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     assert process.environ_of(child.pid, "CDC_ROUTER_TEST_VARIABLE") is None  # gone
     assert process.environ_of(None, "CDC_ROUTER_TEST_VARIABLE") is None
