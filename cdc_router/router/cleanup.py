@@ -157,7 +157,8 @@ class OutboxCleaner:
             log.warning("event=cleanup_check_skipped error=%r", one_line(error))
 
     def start(self) -> None:
-        if self._settings.mode == "none":
+        """Once: a second call (a second run()'s on_started) starts no second worker (rv62b)."""
+        if self._settings.mode == "none" or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="outbox-cleanup", daemon=True)
         self._thread.start()

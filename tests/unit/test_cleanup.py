@@ -582,3 +582,22 @@ def test_a_retention_cleanup_that_would_leak_rows_after_a_restart_is_warned_abou
         overrides: dict[str, dict[str, object]], named: str) -> None:
     [warning] = [w for w in _retention_config(**overrides).warnings() if named in w]
     assert "stay in the table for good" in warning or "in the table for good" in warning
+
+
+def test_a_second_start_starts_no_second_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review rv62b: start() is the router's and relay's on_started (QA 61-a F-5); a second
+    # call (an embedder's second run()) started a second worker on the same queue.
+    cleaner = _cleaner(mode="delete")
+    monkeypatch.setattr(cleaner, "_work", lambda: cleaner._stop.wait(5))
+
+    def workers() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if thread.name == "outbox-cleanup"}
+
+    before = workers()  # other tests' left running, if any
+    cleaner.start()
+    first = cleaner._thread
+    cleaner.start()
+    try:
+        assert cleaner._thread is first and workers() - before == {first}
+    finally:
+        cleaner.stop(drain_timeout_s=0.5)
