@@ -248,15 +248,17 @@ def shadowed_routes(routes: Sequence[RouteRule]) -> list[str]:
     """A line for each route an earlier one leaves nothing to match (the first match wins)."""
     found = []
     for index, route in enumerate(routes):
+        match = route.match
         earlier = next((i for i, other in enumerate(routes[:index])
-                        if other.match is not None and route.match is not None
-                        and other.match.covers(route.match)), None)
-        if earlier is None:
+                        if other.match is not None and match is not None
+                        and other.match.covers(match)), None)
+        if earlier is None or match is None:
             continue
+        covered = routes[earlier].match
         found.append(f"routes[{index}] can never match: routes[{earlier}] has the same match "
                      "and comes first (the first match wins)"
                      # each covers the other: the same, a list in another order say
-                     if route.match.covers(routes[earlier].match) else
+                     if covered is not None and match.covers(covered) else
                      # QA 62-a: a specific route after a general one was said to be valid.
                      f"routes[{index}] can never match: routes[{earlier}] comes first and "
                      "matches every event it does (the first match wins); put the more "
