@@ -130,6 +130,15 @@ _POSITION_BOUNDS = ("segment.ms", "delete.retention.ms")
 _POSITION_DESCRIBE_S = 2.0
 
 
+def _looser(have: str | None, wanted: str) -> bool:
+    """Whether a bound on the topic is unset or looser than `wanted`: a smaller one, set by
+    hand, only trims sooner (review 62-b: it was warned about as well)."""
+    try:
+        return have is None or int(have) > int(wanted)
+    except ValueError:
+        return have != wanted
+
+
 def _warn_position_config(config: RouterConfig, describe: Describe) -> None:
     """Warn once, at the relay's start, when the position topic lacks the settings that
     `topics apply` gives it (P-2: one created before them said nothing until then). A describe
@@ -142,7 +151,8 @@ def _warn_position_config(config: RouterConfig, describe: Describe) -> None:
         log.debug("event=position_config_unchecked topic=%s error=%r", topic, str(error))
         return
     differ = [f"{name}={settings.get(name, 'unset')} (wanted {wanted[name]})"
-              for name in _POSITION_BOUNDS if name in wanted and settings.get(name) != wanted[name]]
+              for name in _POSITION_BOUNDS if name in wanted
+              and _looser(settings.get(name), wanted[name])]
     if differ:
         log.warning("event=position_topic_config topic=%s settings=%r reason=%r", topic,
                     ", ".join(differ), "the relay reads this topic whole at each start, and "

@@ -653,11 +653,20 @@ def test_a_position_topic_without_the_bounds_of_topics_apply_is_warned_at_start(
     assert "cdc-router topics apply -c <config>" in warned[0]
 
 
+@pytest.mark.parametrize("segment_ms", ["600000", "60000"])  # 60000: set tighter by hand
 def test_a_position_topic_as_topics_apply_makes_it_is_not_warned(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, segment_ms: str) -> None:
     assert _started_with_position_config(
-        {"cleanup.policy": "compact", "segment.ms": "600000",
+        {"cleanup.policy": "compact", "segment.ms": segment_ms,
          "delete.retention.ms": "600000"}, caplog) == []
+
+
+def test_a_position_topic_missing_a_bound_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    warned = _started_with_position_config({"cleanup.policy": "compact", "segment.ms": "60000"},
+                                           caplog)
+    assert len(warned) == 1, warned
+    assert "delete.retention.ms=unset (wanted 600000)" in warned[0]
+    assert "segment.ms" not in warned[0].split("reason=")[0]
 
 
 def test_a_refused_describe_of_the_position_topic_is_no_warning_and_no_failure(
