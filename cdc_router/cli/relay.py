@@ -12,7 +12,13 @@ import click
 import psycopg
 
 from cdc_router.cli._options import config_option, instance_id_option
-from cdc_router.cli.run import check_cleanup, check_streams, cleaner_of, run_until_stopped
+from cdc_router.cli.run import (
+    check_cleanup,
+    check_streams,
+    cleaner_of,
+    naming_file,
+    run_until_stopped,
+)
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
@@ -80,21 +86,19 @@ def check_table(config: RouterConfig, dsn: str, source: str,
     cleanup.table); the rest (its columns, indexes) the relay's start checks. Postgres not
     answering is left to the relay, which waits for it."""
     table = config.relay_settings().table
-    try:
-        with (connect or psycopg.connect)(dsn, autocommit=True, **session_options(
-                dsn, "cdc-router-relay-check")) as conn:
-            if not column_types(conn, table, "relay.table"):
-                raise missing_table(table, "relay.table")
-            require_outbox_grants(conn, table, "relay.table", delete=False)
-    except psycopg.errors.InsufficientPrivilege as error:  # its schema's USAGE (review rv62b:
-        # said by the cleanup's check as "field 'cleanup.dsn': not a Postgres connection string")
-        raise ConfigError(f"the connection's role may not read the outbox table: {one_line(error)}",
-                          field="relay.table", value=table, source=source,
-                          hint="GRANT USAGE ON SCHEMA <its schema>, and SELECT ON the table, TO "
-                               "the role of relay.dsn") from None
-    except psycopg.Error:
-        return
-    except ConfigError as error:
-        if error.source is None:
-            error.source, error.args = source, (f"{source}: {error}",)
-        raise
+    with naming_file(source):
+        try:
+            with (connect or psycopg.connect)(dsn, autocommit=True, **session_options(
+                    dsn, "cdc-router-relay-check")) as conn:
+                if not column_types(conn, table, "relay.table"):
+                    raise missing_table(table, "relay.table")
+                require_outbox_grants(conn, table, "relay.table", delete=False)
+        except psycopg.errors.InsufficientPrivilege as error:  # its schema's USAGE (review
+            # rv62b: the cleanup's check said "field 'cleanup.dsn': not a Postgres connection
+            # string")
+            raise ConfigError(f"the connection's role may not read the outbox table: "
+                              f"{one_line(error)}", field="relay.table", value=table,
+                              source=source, hint="GRANT USAGE ON SCHEMA <its schema>, and "
+                              "SELECT ON the table, TO the role of relay.dsn") from None
+        except psycopg.Error:
+            return

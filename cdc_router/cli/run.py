@@ -7,7 +7,8 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
@@ -149,15 +150,22 @@ def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
                          registry=metrics.registry, sweep=sweep_of(config))
 
 
-def check_cleanup(cleaner: OutboxCleaner, source: str) -> None:
-    """cleaner.check(), whose ConfigError names the config file as the others do (QA 61-a F-5:
-    "field 'cleanup.table': the outbox table does not exist", which file unsaid)."""
+@contextmanager
+def naming_file(source: str) -> Iterator[None]:
+    """A ConfigError raised within names the config file `source` as the others do (QA 61-a
+    F-5: "field 'cleanup.table': the outbox table does not exist", which file unsaid)."""
     try:
-        cleaner.check()
+        yield
     except ConfigError as error:
         if error.source is None:
             error.source, error.args = source, (f"{source}: {error}",)
         raise
+
+
+def check_cleanup(cleaner: OutboxCleaner, source: str) -> None:
+    """cleaner.check(), its ConfigError naming the config file."""
+    with naming_file(source):
+        cleaner.check()
 
 
 def tune_gc() -> None:

@@ -249,10 +249,11 @@ def shadowed_routes(routes: Sequence[RouteRule]) -> list[str]:
     found = []
     for index, route in enumerate(routes):
         match = route.match
+        if match is None:
+            continue
         earlier = next((i for i, other in enumerate(routes[:index])
-                        if other.match is not None and match is not None
-                        and other.match.covers(match)), None)
-        if earlier is None or match is None:
+                        if other.match is not None and other.match.covers(match)), None)
+        if earlier is None:
             continue
         covered = routes[earlier].match
         found.append(f"routes[{index}] can never match: routes[{earlier}] has the same match "

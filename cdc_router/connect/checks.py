@@ -167,5 +167,5 @@ def login_hint(config: Mapping[str, str]) -> str | None:
         said += (f"; its password is {password}, which the Connect worker resolves from its "
                  f"own environment, read when the worker started: {found[1]} set in this "
                  "shell does not reach it; set it where the worker runs, then restart it (the "
-                  "local stack's: `cdc-router local down`, then `local up`; its data stays)")
+                 "local stack's: `cdc-router local down`, then `local up`; its data stays)")
     return said
