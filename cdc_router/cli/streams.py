@@ -13,7 +13,7 @@ from cdc_router.cli._plan import apply_options, describe, show_and_apply
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
 from cdc_router.nats.connection import connect_options
-from cdc_router.nats.streams import StreamAdmin, StreamPlan
+from cdc_router.nats.streams import StreamAdmin, StreamPlan, config_changes
 
 
 @click.group(name="streams")
@@ -22,7 +22,8 @@ def cli() -> None:
 
 
 def _describe(plan: StreamPlan) -> list[str]:
-    return describe(f"{plan.action:<9} {plan.name}", plan.changes, plan.warnings)
+    return describe(f"{plan.action:<9} {plan.name}", config_changes(plan.changes),
+                    plan.warnings)
 
 
 @cli.command()
@@ -44,7 +45,7 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
         for index, plan in enumerate(admin.plan(specs))]
     show_and_apply(plans, describe=_describe,
                    as_json=lambda plan: {"name": plan.name, "action": plan.action,
-                                         "changes": plan.changes,
+                                         "changes": config_changes(plan.changes),
                                          "warnings": list(plan.warnings)},
                    apply=lambda pending: admin.apply(specs, pending),
                    dry_run=dry_run, yes=yes, output=output)

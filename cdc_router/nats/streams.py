@@ -60,6 +60,25 @@ _LEFT_AS_IS = {  # left as they are on a live stream; why, per key
     "num_replicas": ": `streams apply` does not change a live stream's replicas; `nats stream "
                     "edit {name} --replicas {value}` does (a clustered JetStream)"}
 _DURATIONS = ("duplicate_window", "max_age")
+# The config's names of the settings JetStream names otherwise (QA 62-b F-6: the plan said
+# `duplicate_window: 120.0 -> 3600.0`, in seconds, of a config that says duplicate_window_ms).
+_CONFIG_NAMES = {"duplicate_window": "duplicate_window_ms", "max_age": "max_age_ms",
+                 "num_replicas": "replicas"}
+
+
+def config_named(key: str, value: Any) -> tuple[str, Any]:
+    """A JetStream setting as the config names it, durations in its milliseconds; a setting
+    the config has no name for (drift's, set outside it) as JetStream names it."""
+    return _CONFIG_NAMES.get(key, key), _comparable(key, value)
+
+
+def config_changes(changes: Mapping[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """A plan's changes as the config names them (config_named), for people to read."""
+    shown = {}
+    for key, (have, want) in changes.items():
+        name, have = config_named(key, have)
+        shown[name] = (have, config_named(key, want)[1])
+    return shown
 
 
 def _comparable(key: str, value: Any) -> Any:
@@ -90,7 +109,8 @@ def plan_streams(specs: Sequence[StreamSpec],
                    if key not in _LEFT_AS_IS
                    and _comparable(key, have.get(key)) != _comparable(key, value)}
         changes |= drift.set_back(have)
-        warnings = tuple(f"{key} is {have.get(key)}, the config says {value}: left as is"
+        warnings = tuple(f"{_CONFIG_NAMES.get(key, key)} is {have.get(key)}, the config says "
+                         f"{value}: left as is"
                          + _LEFT_AS_IS[key].format(name=spec.name, value=value)
                          for key, value in want.items()
                          if key in _LEFT_AS_IS and have.get(key) != value)
@@ -124,7 +144,8 @@ def _evictions(have: Mapping[str, Any], changes: Mapping[str, tuple[Any, Any]]
                          f"beyond it at once, consumed or not ({stored} {unit} stored now)")
     old, new = changes.get("max_age", (None, None))
     if _limit(new) < _limit(old) and isinstance(messages, int) and messages > 0:
-        found.append(f"lowers max_age {old} s -> {new} s: JetStream deletes the messages older "
+        found.append(f"lowers max_age_ms {_comparable('max_age', old)} -> "
+                     f"{_comparable('max_age', new)}: JetStream deletes the messages older "
                      f"than that at once, consumed or not ({messages} messages stored now)")
     return tuple(found)
 

@@ -191,6 +191,8 @@ def test_streams_apply_warns_of_memory_storage_and_a_window_it_lowers_under_the_
                               str(path), "--dry-run"], capture_output=True, text=True,
                              check=False)
     assert planned.returncode == 0, planned.stdout + planned.stderr
+    # QA 62-b F-6: in the config's name and unit, not `duplicate_window: 86400.0 -> 2.0`.
+    assert "            duplicate_window_ms: 86400000 -> 2000\n" in planned.stdout
     assert "  warning: nats.streams[0].duplicate_window_ms 2000 is under 36000 (twice " \
            "nats.ack_timeout_ms, plus the router's 30 s backoff)" in planned.stdout
     assert "  warning: nats.streams[1].storage memory: nats-server keeps the stream in " \

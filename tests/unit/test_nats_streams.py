@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_router.config.nats import StreamSpec
-from cdc_router.nats.streams import plan_streams, wanted
+from cdc_router.nats.streams import config_changes, plan_streams, wanted
 
 ORDERS = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000)
 
@@ -25,15 +25,27 @@ def test_a_matching_stream_is_unchanged_and_a_changed_limit_is_an_update() -> No
     assert (plan.action, plan.changes) == ("update", {"duplicate_window": (120.0, 3600.0)})
 
 
+def test_the_plan_is_shown_in_the_configs_names_and_milliseconds() -> None:
+    # QA 62-b F-6: `duplicate_window: 120.0 -> 3600.0` (nats-py's name, in seconds) of a config
+    # that says duplicate_window_ms: 3600000.
+    live = {**wanted(ORDERS), "duplicate_window": 120.0, "max_age": 1.003, "max_msgs": 5,
+            "no_ack": True}
+    [plan] = plan_streams([ORDERS], {"ORDERS": live})
+    assert config_changes(plan.changes) == {
+        "duplicate_window_ms": (120_000, 3_600_000), "max_age_ms": (1003, 0),
+        "max_msgs": (5, -1), "no_ack": (True, False)}
+    assert config_changes(plan_streams([ORDERS], {})[0].changes)["replicas"] == (None, 1)
+
+
 def test_storage_and_replicas_are_never_changed_only_warned_about() -> None:
     live = {**wanted(ORDERS), "storage": "memory", "num_replicas": 3}
     [plan] = plan_streams([ORDERS], {"ORDERS": live})
     assert plan.action == "unchanged"
-    assert [w.split(" is ")[0] for w in plan.warnings] == ["storage", "num_replicas"]
+    assert [w.split(" is ")[0] for w in plan.warnings] == ["storage", "replicas"]
     # Review 53-c F9: "JetStream cannot change it" was untrue of replicas (a cluster can).
     assert plan.warnings[0].endswith("left as is (JetStream cannot change it on a live stream)")
     assert plan.warnings[1] == (
-        f"num_replicas is 3, the config says {ORDERS.replicas}: left as is: `streams apply` does "
+        f"replicas is 3, the config says {ORDERS.replicas}: left as is: `streams apply` does "
         f"not change a live stream's replicas; `nats stream edit ORDERS --replicas "
         f"{ORDERS.replicas}` does (a clustered JetStream)")
 
@@ -138,7 +150,7 @@ def test_lowering_a_limit_below_what_is_stored_says_what_it_deletes() -> None:
         "consumed or not (50 messages stored now)",
         "lowers max_bytes -1 -> 1004096: JetStream deletes the oldest messages beyond it at "
         "once, consumed or not (2000000 bytes stored now)",
-        "lowers max_age 0.0 s -> 7200.0 s: JetStream deletes the messages older than that at "
+        "lowers max_age_ms 0 -> 7200000: JetStream deletes the messages older than that at "
         "once, consumed or not (50 messages stored now)")
 
 
