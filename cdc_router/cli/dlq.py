@@ -260,18 +260,21 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _plan_text(plan: ReplayPlan, topic: str) -> str:
+    others = (f"\n{plan.others} letters of other pipelines left out (`dlq list --all` lists "
+              "them)" if plan.others else "")
     if not plan.planned:
-        return f"no dead letters selected ({plan.read} on {topic})"
+        return f"no dead letters selected ({plan.read} on {topic}){others}"
     rows = [[f"{row['partition']}@{row['offset']}", row["event_id"] or "-", row["stage"],
              row["action"], _cut(row["to"])] for row in _plan_rows(plan)]
     return (table(["letter", "event id", "stage", "action", "to / why"], rows)
-            + f"\n{len(plan.planned)} of {plan.read} letters selected: {_counts(plan.counts())}")
+            + f"\n{len(plan.planned)} of {plan.read} letters selected: "
+            f"{_counts(plan.counts())}{others}")
 
 
 def _plan_json(plan: ReplayPlan, config: Any, committed: dict[str, int] | None
                ) -> dict[str, Any]:
     return {"group": replay_group(config), "read": plan.read, "letters": _plan_rows(plan),
-            "planned": plan.counts(), "committed": committed}
+            "planned": plan.counts(), "committed": committed, "others": plan.others}
 
 
 def _cut(text: str, limit: int = 120) -> str:

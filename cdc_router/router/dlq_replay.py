@@ -7,7 +7,7 @@ The procedure:
 2. Read the dedup changelog to its log end (open transactions waited for) and the whole
    dead-letter topic to its last stable offset, from the beginning, with the consumer group
    `<source.group_id>.dlq-replay` (its partitions are assigned, the group is never joined).
-3. Work out the ids already delivered (router/dlq_letters.py) and plan each selected letter with
+3. Work out the ids already delivered (router/dlq_delivered.py) and plan each selected letter with
    the router's RecordStep and replay filter: deliver, dead-letter again, skip. A letter whose
    value was left out for size is planned with its raw record, read again (router/dlq_raw.py).
 4. Apply in the router's Transaction: destination records, the new dead letters, the
@@ -55,18 +55,18 @@ from cdc_router.kafka.reader import ChangelogReader, TopicReader
 from cdc_router.kafka.start import init_failure
 from cdc_router.relay.letters import letter_event
 from cdc_router.router import clients
+from cdc_router.router.dlq_delivered import delivered_ids, undelivered
 from cdc_router.router.dlq_letters import (
     Letter,
     OursTest,
     Planned,
     Selection,
     dead_letter_again,
-    delivered_ids,
     fails_as_before,
+    of_this_pipeline,
     plan_replay,
     read_letter,
     superseded_letters,
-    undelivered,
 )
 from cdc_router.router.dlq_raw import RawRecords, refilled
 from cdc_router.router.grants import OperationsFactory, admin_operations
@@ -98,11 +98,13 @@ def replay_group(config: RouterConfig) -> str:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """The selected letters and what happens to each; `read` letters were read in all."""
+    """The selected letters and what happens to each; `read` letters were read in all, and
+    `others` the selection left out as other pipelines' (of_this_pipeline)."""
 
     planned: list[Planned]
     read: int
     ends: dict[int, int]  # dead-letter partition -> the offset after the last letter read
+    others: int = 0
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(item.action for item in self.planned))
@@ -225,8 +227,11 @@ class DeadLetterReplay:
                                   group=self._config.source.group_id)
         self._filter.restore(delivered.items(), int(time.time() * 1000))
         relay = self._config.relay.qualified_table if self._config.relay else None
-        # A letter without its value (over the size limit): its raw record's (dlq_raw.py)
-        selected = refilled([letter for letter in letters if selection.selects(letter)],
+        # Only this pipeline's, as `dlq list` shows them (QA 62 F-9: the plan listed the
+        # letters of another sharing the topic, which `list` leaves out). A letter without its
+        # value (over the size limit): its raw record's (dlq_raw.py).
+        chosen = [letter for letter in letters if selection.selects(letter)]
+        selected = refilled([letter for letter in chosen if of_this_pipeline(letter, ours)],
                             lambda: RawRecords(self._config), ours, relay)
         horizon_ms = int(time.time() * 1000) - self._config.dedup.window_ms
         superseded = superseded_letters(letters, self._config.dead_letter.topic, ours)
@@ -239,7 +244,7 @@ class DeadLetterReplay:
                                         if item.action in ("skip", "superseded"))}
         if not self._dry_run:
             self._previous = self._committed(ends)
-        return ReplayPlan(planned, len(letters), ends)
+        return ReplayPlan(planned, len(letters), ends, others=len(chosen) - len(selected))
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:
         """Step 4: deliver and dead-letter again, with marks and offsets, in transactions.
@@ -328,7 +333,7 @@ class DeadLetterReplay:
 
     def _committed(self, ends: dict[int, int]) -> dict[int, tuple[int, int | None]]:
         """Partition -> the group's committed offset and the letters undelivered before it;
-        {} when Kafka does not say (the count is then not capped: see dlq_letters.undelivered)."""
+        {} when Kafka does not say (the count is then not capped: see dlq_delivered.undelivered)."""
         topic = self._config.dead_letter.topic
         try:
             found = self._letters.consumer.committed(
@@ -340,7 +345,7 @@ class DeadLetterReplay:
 
     def _undelivered(self) -> dict[int, int]:
         """Partition -> this pipeline's letters read and not delivered once this replay
-        commits (kafka/commit_stamp.py, dlq_letters.undelivered)."""
+        commits (kafka/commit_stamp.py, dlq_delivered.undelivered)."""
         applied = self._applied
         return undelivered(
             self._read, self._delivered | {letter.event_id for letter, action in applied

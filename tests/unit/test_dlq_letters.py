@@ -9,16 +9,15 @@ from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.dead_letter import ATTEMPTS, REPLAY_OF, dead_letter
 from cdc_router.errors import DeliveryError, RouteError
+from cdc_router.router.dlq_delivered import delivered_ids, undelivered
 from cdc_router.router.dlq_letters import (
     Letter,
     Selection,
     dead_letter_again,
-    delivered_ids,
     fails_as_before,
     plan_replay,
     read_letter,
     superseded_letters,
-    undelivered,
 )
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (

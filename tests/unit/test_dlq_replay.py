@@ -410,7 +410,15 @@ def test_another_pipelines_letter_of_one_of_our_ids_does_not_make_it_undelivered
     cluster.publish(DLQ, [Stored(DLQ, 0, theirs.key, theirs.value, list(theirs.headers),
                                  None)])
     plan = replayer(cluster).plan(Selection())
-    assert [item.action for item in plan.planned] == ["already_delivered", "not_replayable"]
+    # QA 62 F-9: and the plan leaves it out, counted, as `dlq list` does (it listed it as
+    # not_replayable among ours).
+    assert [item.action for item in plan.planned] == ["already_delivered"]
+    assert (plan.read, plan.others) == (2, 1)
+    from cdc_router.cli.dlq import _plan_text
+
+    assert _plan_text(plan, DLQ).endswith(
+        "1 of 2 letters selected: 1 already_delivered\n"
+        "1 letters of other pipelines left out (`dlq list --all` lists them)")
 
 
 def test_a_relay_letter_is_replayed_from_its_row() -> None:
