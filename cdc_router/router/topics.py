@@ -145,7 +145,7 @@ class TopicAdmin:
             if spec.config:
                 raise
             return {}  # nothing declared to compare: only the warning below is skipped
-        warnings.extend(_undeclared(spec, current))
+        warnings.extend(_undeclared(spec, current, floors | ceilings))
         changes = {}
         for key, wanted in spec.config.items():
             entry = current.get(key)
@@ -164,16 +164,22 @@ class TopicAdmin:
         return changes
 
 
-def _undeclared(spec: TopicSpec, current: Mapping[str, Any]) -> list[str]:
+def _undeclared(spec: TopicSpec, current: Mapping[str, Any],
+                shared: frozenset[str]) -> list[str]:
     """A warning for each setting made on the topic itself that the config does not declare:
     apply never removes one (QA 62-a: a retention.ms taken out of the config was planned
-    "unchanged" and stayed, deleting records after a day where the broker's default is 7)."""
+    "unchanged" and stayed, deleting records after a day where the broker's default is 7).
+    A `shared` key (a floor or ceiling: each pipeline sharing the topic sets it from its own
+    window) may be another pipeline's: no removal is advised (review 62 #8: a dedup changelog
+    kept for ever has no segment.ms, and was told to delete that of one sharing it)."""
     # The whole command (review 62: `kafka-configs --alter --delete-config K` named no topic,
     # and kafka-configs refuses it).
-    return [f"{key} {entry.value} is set on the topic, not in the config: left as is (apply "
-            "never removes a setting; `kafka-configs --bootstrap-server ... --alter "
-            f"--entity-type topics --entity-name {spec.name} --delete-config {key}` restores "
-            "the broker's default)"
+    return [f"{key} {entry.value} is set on the topic, not in the config: left as is (" + (
+        "a pipeline sharing the topic may set it from its own dedup window; this config "
+        "needs no value of it, and keeps the topic's)" if key in shared else
+        "apply never removes a setting; `kafka-configs --bootstrap-server ... --alter "
+        f"--entity-type topics --entity-name {spec.name} --delete-config {key}` restores "
+        "the broker's default)")
             for key, entry in sorted(current.items()) if key not in spec.config
             and getattr(entry, "source", None) in _SET_ON_THE_TOPIC]
 

@@ -253,3 +253,33 @@ def test_a_setting_of_the_topic_the_config_no_longer_declares_is_warned(
 def test_a_topic_without_declared_settings_whose_config_may_not_be_read_still_plans() -> None:
     admin = _admin(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorised"))
     assert admin._config_changes(TopicSpec(name="t"), frozenset(), frozenset(), []) == {}
+
+
+def test_a_changelog_kept_for_ever_is_not_told_to_remove_the_segment_ms_of_one_sharing_it(
+        ) -> None:
+    # Review 62 #8: two pipelines share one dedup changelog; one keeps its marks for ever
+    # (retention.ms -1: no segment.ms of its own), and its `topics apply` told it to delete
+    # the segment.ms the other sets from its window.
+    from cdc_router.config.model import RouterConfig
+
+    config = RouterConfig.model_validate({
+        "source": {"topics": ["raw"], "group_id": "b"}, "routes": [{"topic": "o"}],
+        "dedup": {"changelog_topic": "shared.changelog",
+                  "changelog_config": {"retention.ms": "-1"}}})
+    [spec] = [s for s in config.topic_specs() if s.name == "shared.changelog"]
+    admin = TopicAdmin({})
+    admin._admin = _Configured({  # type: ignore[assignment]
+        "retention.ms": ("-1", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+        "segment.ms": ("60000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+        "cleanup.policy": ("compact,delete", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)})
+    warnings: list[str] = []
+
+    changes = admin._config_changes(spec, config.config_floors().get(spec.name, frozenset()),
+                                    config.config_ceilings().get(spec.name, frozenset()),
+                                    warnings)
+
+    assert changes == {}
+    assert warnings == [
+        "segment.ms 60000 is set on the topic, not in the config: left as is (a pipeline "
+        "sharing the topic may set it from its own dedup window; this config needs no value "
+        "of it, and keeps the topic's)"]
