@@ -37,7 +37,13 @@ from cdc_router.serde.avro_schema import (
     load_schema,
 )
 from cdc_router.serde.json import NULL_VALUE, parse_json
-from cdc_router.serde.registry import RegistryError, SchemaIds, writer_schema
+from cdc_router.serde.registry import (
+    CLIENT_SETTINGS,
+    CONFIG_SETTINGS,
+    RegistryError,
+    SchemaIds,
+    writer_schema,
+)
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -79,13 +85,15 @@ class PayloadDecoder:
     def __init__(self, *, schemas: Iterable[AvroSchema | str | Path] = (),
                  registry: SchemaRegistryClient | None = None,
                  reader_schema: AvroSchema | None = None,
-                 registry_url: str = "(the decoder's client)") -> None:
+                 registry_url: str | None = None) -> None:
         """`schemas` fill the single-object store; `registry` serves Confluent ids, and its
-        `registry_url` is what an error about it names."""
+        `registry_url` (a router config's schema_registry.url) is what an error about it
+        names; without one, the url the client was built with, as the client's own."""
         self._by_fingerprint: dict[bytes, AvroSchema] = {}
         self._by_id: dict[int, AvroSchema] = {}
         self._registry = registry
-        self._registry_url = registry_url
+        self._registry_url = registry_url or _client_url(registry)
+        self._settings = CONFIG_SETTINGS if registry_url else CLIENT_SETTINGS
         self._reader = reader_schema
         self._wire: AvroDeserializer | None = None  # built on the first wire-format value
         # What the library's header reading saw for the value being decoded (see _header).
@@ -105,11 +113,10 @@ class PayloadDecoder:
         for route in settings.routes:
             spec = route.schema_path
             files += [spec] if isinstance(spec, str) else list((spec or {}).values())
-        if settings.schema_registry is None:
-            return cls(schemas=files, registry=registry)
-        if registry is None:
-            registry = SchemaIds(settings.schema_registry).client
-        return cls(schemas=files, registry=registry, registry_url=settings.schema_registry.url)
+        if settings.schema_registry is None or registry is not None:
+            return cls(schemas=files, registry=registry)  # the caller's client, its url
+        return cls(schemas=files, registry=SchemaIds(settings.schema_registry).client,
+                   registry_url=settings.schema_registry.url)
 
     def add_schema(self, schema: AvroSchema | str | Path) -> AvroSchema:
         """Add a writer schema (or an .avsc file) to the single-object store."""
@@ -189,7 +196,8 @@ class PayloadDecoder:
             raise PayloadDecodeError(f"schema id {schema_id} needs a schema registry, and this "
                                      "decoder has none")
         try:
-            writer = writer_schema(self._registry, schema_id, self._registry_url)
+            writer = writer_schema(self._registry, schema_id, self._registry_url,
+                                   self._settings)
         except RegistryError as error:
             if not error.missing:
                 raise  # unreachable, failing, refusing us: retried, no record's fault
@@ -234,3 +242,11 @@ def _check_consumed(body: io.BytesIO, writer: AvroSchema) -> None:
     if left:
         raise PayloadDecodeError(f"{left} bytes left over after decoding with schema "
                                  f"{writer.name or writer.path}")
+
+
+def _client_url(client: SchemaRegistryClient | None) -> str:
+    """The url a SchemaRegistryClient was built with (its `url` setting, as the client keeps
+    it; credentials are hidden where it is shown), or a description when it does not say."""
+    conf = getattr(client, "_conf", None)  # confluent-kafka keeps the dict it was given
+    url = conf.get("url") if isinstance(conf, dict) else None
+    return url if isinstance(url, str) and url else "(the SchemaRegistryClient's url)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka.schema_registry import (
@@ -51,6 +52,25 @@ SCHEMA_NOT_FOUND = 40403
 # What every outage's line ends with: it is no answer about the schema, and what comes of it.
 OUTAGE = ("an outage, not an answer about the schema: `run` and `relay` exit 75 for their "
           "supervisor to restart them, and the restart asks again")
+
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where the address and the credentials of a registry were given, as an error about it
+    names them: the router config's settings, or those of a client the user built."""
+
+    url: str = "schema_registry.url"
+    url_hint: str = "its host and port; CDC_ROUTER__SCHEMA_REGISTRY__URL overrides it"
+    credentials: str = "schema_registry.basic_auth_user_info"
+
+
+CONFIG_SETTINGS = RegistrySettings()
+# A PayloadDecoder built on the user's own SchemaRegistryClient (review 62 #9: told to check
+# schema_registry.url, which it has no such thing as).
+CLIENT_SETTINGS = RegistrySettings(
+    url="the url of the SchemaRegistryClient given to PayloadDecoder", url_hint="its host "
+    "and port", credentials="that client's basic.auth.user.info")
 
 # schema_registry.subject_name_strategy -> confluent-kafka's strategy of that name.
 STRATEGIES: dict[str, Callable[[SerializationContext, str | None], str | None]] = {
@@ -254,7 +274,8 @@ class SchemaIds:
         return _asked(what, step, self._settings.url)
 
 
-def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str) -> AvroSchema:
+def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str,
+                  settings: RegistrySettings = CONFIG_SETTINGS) -> AvroSchema:
     """The Avro schema the registry at `url` holds under `schema_id`: what the serializer's
     pass-through and the consumer's decoder both read a framed body with.
 
@@ -262,7 +283,8 @@ def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str) -> Avr
     PayloadDecodeError when what it holds is no Avro schema; RegistryError when it refuses or
     cannot be asked (registry_failure).
     """
-    found = _asked(f"read schema id {schema_id}", lambda: client.get_schema(schema_id), url)
+    found = _asked(f"read schema id {schema_id}", lambda: client.get_schema(schema_id), url,
+                   settings)
     if (found.schema_type or "AVRO") != "AVRO":
         raise PayloadDecodeError(f"schema id {schema_id} is {found.schema_type}, not AVRO")
     try:
@@ -271,25 +293,27 @@ def writer_schema(client: SchemaRegistryClient, schema_id: int, url: str) -> Avr
         raise PayloadDecodeError(str(error)) from None
 
 
-def _asked(what: str, step: Callable[[], T], url: str) -> T:
+def _asked(what: str, step: Callable[[], T], url: str,
+           settings: RegistrySettings = CONFIG_SETTINGS) -> T:
     try:
         return SLOW.timed(url, what, step)
     except RegistryError:
         raise
     except ClientError as error:
-        raise registry_failure(what, error, url) from None
+        raise registry_failure(what, error, url, settings) from None
     except Exception as error:
-        raise registry_failure(what, error, url) from error
+        raise registry_failure(what, error, url, settings) from error
 
 
-def registry_failure(what: str, error: Exception, url: str) -> RegistryError:
+def registry_failure(what: str, error: Exception, url: str,
+                     settings: RegistrySettings = CONFIG_SETTINGS) -> RegistryError:
     """The RegistryError for `error`, raised by the client of the registry at `url` while
     trying to `what`: the one place that decides what is the subject's (missing,
-    incompatible, refused), an outage's, or the configuration's."""
+    incompatible, refused), an outage's, or the configuration's (named as `settings` say)."""
     if isinstance(error, RegistryError):
         return error
     if isinstance(error, ClientError):
-        return _refusal(what, error, shown_url(url))
+        return _refusal(what, error, shown_url(url), settings)
     cause = f"{type(error).__name__}: {_masked(str(error), url)}"
     if isinstance(error, ValueError):  # json's JSONDecodeError: it answered 2xx, not JSON
         return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} "
@@ -300,12 +324,12 @@ def registry_failure(what: str, error: Exception, url: str) -> RegistryError:
     # that does not resolve, or a port nothing listens on, reads the same as an outage: say
     # which setting holds the address (QA 62-b: a config's url without its override).
     return RegistryError(f"cannot {what}: the schema registry at {shown_url(url)} did not "
-                         f"answer ({cause}); if this lasts, check schema_registry.url (its "
-                         f"host and port; CDC_ROUTER__SCHEMA_REGISTRY__URL overrides it); "
-                         f"{OUTAGE}", outage=True)
+                         f"answer ({cause}); if this lasts, check {settings.url} "
+                         f"({settings.url_hint}); {OUTAGE}", outage=True)
 
 
-def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
+def _refusal(what: str, error: ClientError, url: str,
+             settings: RegistrySettings) -> RegistryError:
     code: Any = error.error_code
     status = error.http_status_code
     # The registry's own not-found codes (404xx) only: a bare 404, from a wrong URL or path,
@@ -330,7 +354,7 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
                              "holds)", incompatible=True)
     if status == 401:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
-                             f"(HTTP {status}); check schema_registry.basic_auth_user_info")
+                             f"(HTTP {status}); check {settings.credentials}")
     # Only an answer in the registry's own words (its 5-digit error codes: 42201 an invalid
     # schema) is about the subject. A bare 4xx, or a code that only repeats the status, is a
     # proxy's or another server's (schema_registry.url aimed at Connect's 8083): no record's
@@ -340,14 +364,14 @@ def _refusal(what: str, error: ClientError, url: str) -> RegistryError:
     registry_code = isinstance(code, int) and code >= 10_000
     if status == 403:
         return RegistryError(f"cannot {what}: the registry at {url} forbids it (HTTP 403): "
-                             "check schema_registry.basic_auth_user_info and the registry's "
+                             f"check {settings.credentials} and the registry's "
                              "permissions for this subject", refused=True)
     # 408 and 429 say "later": an outage's, not the subject's.
     transient = isinstance(status, int) and (status >= 500 or status in (408, 429))
     definite = isinstance(status, int) and 400 <= status < 500 and not transient
     if definite and not registry_code:
         return RegistryError(f"cannot {what}: {error}; that answer has no schema registry "
-                             f"error code: is schema_registry.url ({url}) the registry's "
+                             f"error code: is {settings.url} ({url}) the registry's "
                              "(Apicurio: its /apis/ccompat/v7 path)?")
     if transient:  # QA 55-c F-4: the line named neither the registry nor an outage
         return RegistryError(f"cannot {what}: the schema registry at {url} answered HTTP "

@@ -96,6 +96,30 @@ def test_an_unknown_id_is_explained_to_the_consumer_not_with_the_routers_advice(
     assert "another registry" in text and ".avsc" not in text and "schemas " not in text
 
 
+@pytest.mark.parametrize(("failure", "check"), [
+    (OUTAGES[0], "check the url of the SchemaRegistryClient given to PayloadDecoder (its host "
+                 "and port)"),
+    (OUTAGES[4], "check that client's basic.auth.user.info")])
+def test_a_decoder_on_the_users_own_client_names_that_clients_url(failure: Exception,
+                                                                   check: str) -> None:
+    # Review 62 #9: it said "the schema registry at (the decoder's client) did not answer ...
+    # check schema_registry.url": a decoder built on one's own client has no such setting.
+    registry = FlakyRegistry()
+    registry._conf = {"url": "http://user:secret@sr.example:8081"}  # type: ignore[attr-defined]
+    value = wire_format(registry)
+    registry.failure, registry.failures_left = failure, 1
+    with pytest.raises(RegistryError) as caught:
+        PayloadDecoder(registry=registry).decode(value)  # type: ignore[arg-type]
+    text = str(caught.value)
+    assert "http://user:*****@sr.example:8081" in text and check in text, text
+    assert "schema_registry." not in text and "CDC_ROUTER__" not in text, text
+    # A decoder of a router config (PayloadDecoder.for_config) names the config's settings.
+    registry.failures_left = 1
+    with pytest.raises(RegistryError, match="check schema_registry"):
+        PayloadDecoder(registry=registry,  # type: ignore[arg-type]
+                       registry_url="http://sr:8081").decode(value)
+
+
 def avro_harness(registry: FlakyRegistry, records: list[Record]) -> Harness:
     decoder = PayloadDecoder(registry=registry)  # type: ignore[arg-type]
     return Harness({0: records}, decoder=lambda raw: decoder.decode(raw or b"").value)
