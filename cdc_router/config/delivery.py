@@ -60,6 +60,27 @@ class DeadLetterSettings(_Model):
     replication_factor: TopicCount | None = None  # None: the broker's default
     config: TopicConfig = Field(default_factory=dict)
 
+    @field_validator("config")
+    @classmethod
+    def _keeps_its_letters(cls, value: dict[str, str]) -> dict[str, str]:
+        # A number already (TopicConfig); a compact-only topic deletes nothing by time.
+        kept = int(value.get("retention.ms", "-1"))
+        deletes = "delete" in list_config_items(value.get("cleanup.policy", "delete"))
+        if deletes and 0 <= kept < MIN_DEAD_LETTER_RETENTION_MS:
+            # Kafka deletes the letters silently: poison events lost, the stream never stopped.
+            raise ValueError(f"retention.ms ({kept}) keeps a dead letter less than an hour, "
+                             "and a poison event whose raw record is gone lives nowhere else: "
+                             f"set at least {MIN_DEAD_LETTER_RETENTION_MS} (1 h; days are "
+                             "usual, Kafka's default is 604800000, 7 days), or -1 to keep "
+                             "them until replayed")
+        return value
+
+
+# A dead letter must outlive the time to notice its alert and run `dlq replay` (L1: 1000 ms was
+# taken, and every letter deleted a second later). An hour: the shortest on-call answer time
+# one can count on; it refuses only a setting no one can react within.
+MIN_DEAD_LETTER_RETENTION_MS = 3_600_000
+
 
 class DedupSettings(_Model):
     """The replay filter: ids delivered recently, bounded by time and count.

@@ -373,6 +373,14 @@ def test_the_changelog_cleanup_policy_is_read_as_a_list(tmp_path: Path, policy: 
     ("source: {topics: [a, a]}", "a topic is listed twice"),
     # QA, session 28: pydantic's wording named our classes and counted "items" of a text.
     ("dead_letter: 3", "field 'dead_letter': Input should be a valid dictionary (got 3)"),
+    # L1: Kafka deleted every dead letter a second after it was written, silently.
+    ("dead_letter: {config: {retention.ms: 1000}}",
+     "field 'dead_letter.config': retention.ms (1000) keeps a dead letter less than an hour, "
+     "and a poison event whose raw record is gone lives nowhere else: set at least 3600000 "
+     "(1 h; days are usual, Kafka's default is 604800000, 7 days), or -1 to keep them until "
+     "replayed"),
+    ("dead_letter: {config: {retention.ms: 0, cleanup.policy: 'compact, delete'}}",
+     "retention.ms (0) keeps a dead letter less than an hour"),
     ("source: {topics: [a], outbox: {type: id}}",
      "field 'source.outbox.type': column 'id' is already used for id"),
     ("source: {topics: [a], outbox: {aggregatetype: ''}}",
@@ -390,6 +398,13 @@ def test_a_short_changelog_retention_is_fine_when_nothing_is_deleted_by_time(
     for dedup in ("{changelog_config: {cleanup.policy: compact, retention.ms: '20000'}}",
                   "{enabled: false, changelog_config: {retention.ms: '20000'}}"):
         loaded(write(tmp_path, MINIMAL + f"dedup: {dedup}\n"))
+
+
+def test_a_dead_letter_retention_of_an_hour_or_more_or_for_ever_is_taken(
+        tmp_path: Path) -> None:
+    for config in ("{retention.ms: 3600000}", "{retention.ms: -1}",
+                   "{retention.ms: 1000, cleanup.policy: compact}"):
+        loaded(write(tmp_path, MINIMAL + f"dead_letter: {{config: {config}}}\n"))
 
 
 def _laughs(levels: int, merged: bool) -> str:
