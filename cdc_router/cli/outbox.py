@@ -6,22 +6,21 @@ command of this group, so that a new command (stats, purge, ...) is one function
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn
 
 import click
 import psycopg
 
 from cdc_router.cli._durations import parse_duration, parse_since
 from cdc_router.cli._options import EnvOption, config_option
+from cdc_router.cli._outbox_options import key_value, schema_options
 from cdc_router.cli._output import age_text, emit, output_option
 from cdc_router.cli._plan import confirm
 from cdc_router.cli._postgres import DEFAULT_DSN, changed_database, database, dsn_option
@@ -32,10 +31,7 @@ from cdc_router.errors import ConfigError, DatabaseError, InvalidEventError
 from cdc_router.outbox import (
     DEFAULT_HEARTBEAT_TABLE,
     DEFAULT_PUBLICATION,
-    OPTIONAL_COLUMNS,
-    PAYLOAD_TYPES,
     CaptureSetup,
-    OutboxColumns,
     OutboxSchema,
     init_outbox,
     init_steps,
@@ -47,7 +43,12 @@ from cdc_router.outbox import (
     write_event,
 )
 from cdc_router.outbox import purge as purge_rows
-from cdc_router.outbox.relay_columns import add_relay_columns, partitioned_by, seq_not_null_fix
+from cdc_router.outbox.relay_columns import (
+    add_relay_columns,
+    partitioned_by,
+    rewrite_warning,
+    seq_not_null_fix,
+)
 from cdc_router.outbox.republish import (
     RowSelection,
     change_event,
@@ -60,51 +61,6 @@ from cdc_router.outbox.tools import relay_outbox_column
 from cdc_router.postgres import table_columns
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def schema_options(command: F) -> F:
-    """--table, --column and --payload-type, handed to the command as `schema: OutboxSchema`."""
-
-    @click.option("--table", default="public.outbox", show_default=True,
-                  help="The outbox table, schema.table.")
-    @click.option("--column", "columns", multiple=True, metavar="DEFAULT=NAME",
-                  help=f"Rename a column ({', '.join(OutboxColumns.model_fields)}); DEFAULT= "
-                       f"(or DEFAULT=null) for a table without it "
-                       f"({', '.join(OPTIONAL_COLUMNS)}); repeatable.")
-    @click.option("--payload-type", type=click.Choice(PAYLOAD_TYPES), default="jsonb",
-                  show_default=True, help="payload column type: JSON, or bytes already encoded.")
-    @functools.wraps(command)
-    def wrapper(*args: Any, table: str, columns: tuple[str, ...], payload_type: str,
-                **kwargs: Any) -> Any:
-        renames = dict(_column(item) for item in columns)
-        schema = OutboxSchema(table=table, payload_type=payload_type)  # type: ignore[arg-type]
-        return command(*args, schema=schema.with_columns(renames), **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _column(item: str) -> tuple[str, str | None]:
-    """DEFAULT=NAME, or DEFAULT= for a table without that optional column (review 50-d F6: as
-    router.yaml's `source.outbox.headers: null`; the CLI had no way to say it); DEFAULT=null
-    too for those (reread 50-i F11: it was a column named null)."""
-    key, value = _key_value(item, "--column")
-    absent = not value.strip() or (key in OPTIONAL_COLUMNS and value.strip().lower() == "null")
-    if not absent or key not in OutboxColumns.model_fields:
-        return key, value  # a blank name or an unknown key: with_columns says what is wrong
-    if key not in OPTIONAL_COLUMNS:
-        raise ConfigError(f"every outbox has its {key} column: only "
-                          f"{' and '.join(OPTIONAL_COLUMNS)} may be absent (as "
-                          f"{OPTIONAL_COLUMNS[0]}=)", field="--column", value=item)
-    return key, None
-
-
-def _key_value(item: str, option: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise ConfigError("expected KEY=VALUE", field=option, value=item)
-    return key, value
 
 
 @click.group("outbox")
@@ -125,12 +81,15 @@ def cli() -> None:
 @click.option("--alter-role", is_flag=True, help="Also give a --replication-role that exists "
               "LOGIN REPLICATION and the password (by default only a role init creates).")
 @click.option("--relay", "relay_columns", is_flag=True,
-              help="Also add the columns `cdc-router relay` reads (txid, seq) and their indexes.")
+              help="Also add the columns `cdc-router relay` reads (txid, seq) and their "
+              "indexes. On a table with rows this rewrites it under an exclusive lock "
+              "(INSERTs wait): asked first, refused without a terminal unless --yes.")
+@click.option("--yes", is_flag=True, help="Do not ask (--relay on a table with rows).")
 @click.option("--print", "print_sql", is_flag=True,
               help="Print a psql script instead (psql -v replication_password=... -f -).")
 def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
          replication_role: str | None, replication_password: str | None, alter_role: bool,
-         relay_columns: bool, print_sql: bool) -> None:
+         relay_columns: bool, yes: bool, print_sql: bool) -> None:
     """Create the outbox, heartbeat table, publication (and role) if missing; idempotent."""
     setup = CaptureSetup(publication, heartbeat_table, replication_role)
     relay_ddl = relay_columns_ddl(schema.table, DEFAULT_TXID_COLUMN, DEFAULT_SEQ_COLUMN) \
@@ -148,6 +107,10 @@ def init(dsn: str, schema: OutboxSchema, publication: str, heartbeat_table: str,
         if relay_columns:  # refused before anything is made (review 34-2, QA 46-c: NULL seqs)
             partitioned_by(conn, schema.table, DEFAULT_SEQ_COLUMN, "--table")
             seq_not_null_fix(conn, schema.table, DEFAULT_SEQ_COLUMN)
+            if rewrite := rewrite_warning(conn, schema.table, DEFAULT_TXID_COLUMN,
+                                          DEFAULT_SEQ_COLUMN):
+                click.echo(f"warning: {rewrite}", err=True)
+                confirm("rewrite it now?", yes)
         report = init_outbox(conn, schema, setup, replication_password=replication_password,
                              relay=relay_columns, alter_role=alter_role)
         conn.commit()
@@ -201,7 +164,7 @@ def write(dsn: str, schema: OutboxSchema, aggregate_type: str, aggregate_id: str
                           field="--payload") from None
     if not isinstance(value, dict | list):
         raise ConfigError("must be a JSON object or array", field="--payload", value=text)
-    header_map = dict(_key_value(item, "--header") for item in headers)
+    header_map = dict(key_value(item, "--header") for item in headers)
     try:
         with database(dsn) as conn, conn.transaction():
             written = write_event(conn, aggregate_type=aggregate_type,

@@ -66,6 +66,29 @@ def relay_columns_ddl(table: str, txid_column: str, seq_column: str, *,
     return statements
 
 
+def rewrite_warning(conn: psycopg.Connection[Any], table: str, txid_column: str,
+                    seq_column: str) -> str | None:
+    """What adding the relay's columns does to `table` when it holds rows and lacks one of
+    them (L4: `outbox init --relay` rewrote a live table without a word); None when it is
+    missing, empty or has both. Both columns take a volatile default (an identity, the
+    transaction's id): Postgres rewrites every row under an ACCESS EXCLUSIVE lock."""
+    missing = [c for c in (seq_column, txid_column) if c not in column_types(conn, table)]
+    target = table_identifier(table, "relay.table")
+    if not missing or conn.execute(sql.SQL("SELECT FROM {} LIMIT 1").format(
+            target)).fetchone() is None:
+        return None
+    # The planner's estimate: a count(*) of a big outbox would scan it (-1: never analyzed).
+    found = conn.execute("SELECT reltuples::bigint, pg_total_relation_size(oid) FROM pg_class "
+                         "WHERE oid = to_regclass(%s)", (regclass_text(table),)).fetchone()
+    rows, size = found if found else (-1, 0)
+    held = f"about {rows} rows" if rows > 0 else "rows"
+    return (f"{table} holds {held} ({size // 1_048_576} MiB) and has no {' or '.join(missing)}: "
+            "adding them rewrites the whole table under an ACCESS EXCLUSIVE lock, so the "
+            "application's INSERTs (and Debezium's reads) wait until it is done (200000 rows, "
+            "15 MiB: 8 s), and every row there is one the relay's first start delivers; run "
+            "it off-peak, after `outbox purge` of the rows already delivered")
+
+
 def seq_not_null_ddl(table: str, seq_column: str) -> sql.Composed:
     """seq made NOT NULL (a no-op on an identity column). The relay pages a read by `seq >
     the last one delivered` in seq order: a row whose seq is NULL would never be read (review

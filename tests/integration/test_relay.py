@@ -318,6 +318,50 @@ def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
     assert row is not None and row[0] > 0 and int(row[1]) > 0
 
 
+def test_outbox_init_relay_on_a_table_with_rows_asks_before_it_rewrites_it(
+        stack: StackEndpoints) -> None:
+    # L4: adding txid and seq to a table holding rows rewrote it under an ACCESS EXCLUSIVE lock
+    # (200000 rows: 8 s of INSERTs waiting) and gave every row to the relay, without a word.
+    table = unique("relay_rewrite")
+
+    def init(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
+             "--table", f"public.{table}", "--publication", table, *extra],
+            capture_output=True, text=True, cwd=REPO, check=False, stdin=subprocess.DEVNULL)
+
+    def filenode() -> tuple[int, int]:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT pg_relation_filenode(%s::regclass), (SELECT count(*) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attname IN ('txid', 'seq'))",
+                (f"public.{table}",) * 2).fetchone()
+        assert found is not None
+        return found[0], found[1]
+
+    try:
+        assert init().returncode == 0
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
+                         "payload) SELECT gen_random_uuid(), 'A', g::text, 'T', '{}' FROM "
+                         "generate_series(1, 100) g")
+        before = filenode()
+        refused = init("--relay")  # no terminal: nobody to ask
+        assert refused.returncode == 1 and filenode() == before, refused.stderr
+        assert f"warning: public.{table} holds " in refused.stderr
+        assert "has no seq or txid: adding them rewrites the whole table under an ACCESS " \
+            "EXCLUSIVE lock" in refused.stderr and "--yes" in refused.stderr
+        done = init("--relay", "--yes")
+        assert done.returncode == 0, done.stderr
+        assert filenode()[0] != before[0] and filenode()[1] == 2  # rewritten, as it said
+        again = init("--relay")  # nothing to add: nothing to ask
+        assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
+
+
 def test_dlq_replay_delivers_a_relay_letter_from_its_row(stack: StackEndpoints,
                                                          tmp_path: Path) -> None:
     # QA, session 28: every relay letter was decoded as a Debezium change event and
