@@ -45,14 +45,14 @@ from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import ConsumedEvent, Decoder
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.jetstream_message import (
-    OUTAGES,
     GiveUp,
     JetStreamRecord,
     after_handler_failure,
+    count_for,
     dead_letter_message,
     kafka_source,
+    keep_for,
     letter_failure,
-    outage_reason,
     read_jetstream_event,
     record_of,
     refused_for_good,
@@ -66,9 +66,17 @@ from cdc_router.consumer.jetstream_pull import (
 )
 from cdc_router.consumer.jetstream_settings import JetStreamSettings
 from cdc_router.consumer.jetstream_setup import check_durable, subscribe
+from cdc_router.consumer.outage import StoreOutage
 from cdc_router.consumer.store_checks import check_store
 from cdc_router.dead_letter import shown_repr, without_frames
-from cdc_router.errors import ConfigError, JetStreamConsumerError, MalformedRecord, RegistryError
+from cdc_router.errors import (
+    ConfigError,
+    DedupStoreError,
+    JetStreamConsumerError,
+    MalformedRecord,
+    RegistryError,
+    RetriableError,
+)
 from cdc_router.nats.connection import (
     RECENT_ERRORS,
     config_failure,
@@ -82,10 +90,6 @@ log = logging.getLogger(__name__)
 Context = TypeVar("Context")
 T = TypeVar("T")
 
-# Handler failures, outage naks and unacked letters remembered per stream sequence; beyond this
-# many the oldest are forgotten (a forgotten message starts again from attempt 1: more tries,
-# never fewer).
-_MAX_REMEMBERED = 10_000
 # While nothing arrives, the durable is looked up this often (see _check_durable).
 DURABLE_CHECK_S = 30.0
 
@@ -109,6 +113,8 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         self._rng = rng or random.Random()
         self._failures: dict[int, int] = {}  # stream sequence -> handler failures here
         self._outages = 0  # batches in a row cut short by an outage (the loop's pause)
+        # The store's outage lines, as the Kafka consumer's: one, a repeat, the end (outage.py)
+        self._store_outage = StoreOutage(type(store).__name__, time.monotonic)
         self._waits: dict[int, int] = {}  # stream sequence -> outage naks here (their backoff)
         self._refused: dict[int, int] = {}  # stream sequence -> refusals of its dead letter
         self._letters: dict[int, dict[str, Any]] = {}  # stream sequence -> its unacked letter
@@ -282,11 +288,15 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         try:
             outcome = await self._blocking(functools.partial(
                 self._store.run_once, key, functools.partial(self._handler, event)))
-        except OUTAGES as error:
-            return await self._outage(message, record, outage_reason(error), error)
+        except DedupStoreError as error:  # an outage's lines: outage.py; contention's: here
+            return await self._outage(message, record, self._store_outage.failed(error), error)
         except Exception as error:
+            self._store_outage.answered()  # the handler's failure: the store answered
+            if isinstance(error, RetriableError):
+                return await self._outage(message, record, "handler_retriable", error)
             await self._handler_failed(message, record, event, attempt, error)
             return None
+        self._store_outage.answered()
         if outcome is Outcome.BUSY:
             await self._excuse(message, record, "claimed_elsewhere", None)
             return None
@@ -298,7 +308,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
 
     async def _handler_failed(self, message: Any, record: JetStreamRecord,
                               event: ConsumedEvent, attempt: int, error: Exception) -> None:
-        _count(self._failures, record.sequence)
+        count_for(self._failures, record.sequence)
         verdict = after_handler_failure(attempt, self.settings.retry, self._rng, error)
         if isinstance(verdict, GiveUp):
             await self._dead_letter(message, record, STAGE_HANDLE, error,
@@ -320,11 +330,12 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _excuse(self, message: Any, record: JetStreamRecord, reason: str,
                       error: BaseException | None) -> None:
         """Nak after an outage, without counting the delivery as an attempt."""
-        waits = _count(self._waits, record.sequence)
+        waits = count_for(self._waits, record.sequence)
         delay = self.settings.retry.backoff(waits, self._rng)
         self._counts["retries"] += 1
-        # Waiting for another worker's claim is expected, not a problem worth a warning.
-        level = logging.DEBUG if error is None else logging.WARNING
+        # Waiting for another worker's claim is expected, not a problem worth a warning; a
+        # store outage is said once by StoreOutage, not at each retry (as loop.py's).
+        level = logging.DEBUG if error is None or reason == "store_failed" else logging.WARNING
         log.log(level, "event=retry_scheduled reason=%s stream=%s sequence=%d delay_s=%.3f "
                 "error=%s", reason, record.stream, record.sequence, delay,
                 "" if error is None else shown_repr(error)[:300])  # as loop.py's (QA 61-b F6)
@@ -347,7 +358,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
         except (nats.errors.Error, TimeoutError) as failure:
             if refused_for_good(failure):
                 self._refused_letter(record, failure)
-            _keep(self._letters, record.sequence, {  # not the traceback: the handler's locals
+            keep_for(self._letters, record.sequence, {  # not the traceback: the handler's locals
                 "stage": stage, "error": without_frames(error), "attempts": attempts,
                 "event_id": event_id})
             await self._excuse(message, record, "dead_letter_failed", letter_failure(
@@ -362,7 +373,7 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     def _refused_letter(self, record: JetStreamRecord, failure: BaseException) -> None:
         """Count a refusal of `record`'s dead letter; stop after retry.max_attempts (review
         33: retried for ever, its handler run each time). Else it comes back, as an outage."""
-        refusals = _count(self._refused, record.sequence)
+        refusals = count_for(self._refused, record.sequence)
         if refusals > 1 and self.settings.retry.exhausted(refusals):  # once without its data
             raise JetStreamConsumerError(
                 f"stream {self._dead_letter_stream!r} refused the dead letter of message "
@@ -381,16 +392,3 @@ class JetStreamConsumer(ConsumerControls, Generic[Context]):
     async def _blocking(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
-
-def _count(counts: dict[int, int], sequence: int) -> int:
-    """One more for `sequence` (re-inserted: the newest stays longest); the new count."""
-    return _keep(counts, sequence, counts.get(sequence, 0) + 1)
-
-
-def _keep(kept: dict[int, T], sequence: int, value: T) -> T:
-    """`value` for `sequence`, the newest; the oldest beyond _MAX_REMEMBERED are forgotten."""
-    kept.pop(sequence, None)
-    kept[sequence] = value
-    while len(kept) > _MAX_REMEMBERED:
-        del kept[next(iter(kept))]
-    return value

@@ -12,7 +12,7 @@ import datetime
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cdc_router.config.nats import MSG_ID_HEADER, msg_id_problem
 from cdc_router.consumer.dead_letter import dead_letter_headers
@@ -22,11 +22,9 @@ from cdc_router.consumer.retry import RetryPolicy
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import ERROR_MESSAGE, SOURCE_STREAM, fitted
 from cdc_router.errors import (
-    DedupStoreError,
     DedupStoreRefused,
     JetStreamError,
     MalformedRecord,
-    RetriableError,
     show,
 )
 from cdc_router.nats.publisher import MESSAGE_REFUSED, stream_full
@@ -116,15 +114,6 @@ class GiveUp:
     attempts: int
 
 
-# Not the record's fault: its message is nakked with a delay without limit, never dead-lettered.
-OUTAGES = (DedupStoreError, RetriableError)
-
-
-def outage_reason(error: BaseException) -> str:
-    """The log's reason for an outage: the handler's dependency, else the dedup store."""
-    return "handler_retriable" if isinstance(error, RetriableError) else "store_failed"
-
-
 def after_handler_failure(attempt: int, policy: RetryPolicy, rng: random.Random,
                           error: Exception) -> Retry | GiveUp:
     """What follows a handler failure on attempt `attempt`: a delayed nak, or the dead letter.
@@ -211,3 +200,24 @@ def refused_for_good(failure: BaseException) -> bool:
     MESSAGE_REFUSED: over the stream's max_msg_size, headers over its limit); the same letter
     sent again is refused again. Other answers (a full stream or account) may clear."""
     return getattr(failure, "err_code", None) in MESSAGE_REFUSED
+
+
+# Handler failures, outage naks and unacked letters remembered per stream sequence; beyond this
+# many the oldest are forgotten (a forgotten message starts again from attempt 1: more tries,
+# never fewer).
+MAX_REMEMBERED = 10_000
+T = TypeVar("T")
+
+
+def count_for(counts: dict[int, int], sequence: int) -> int:
+    """One more for `sequence` (re-inserted: the newest stays longest); the new count."""
+    return keep_for(counts, sequence, counts.get(sequence, 0) + 1)
+
+
+def keep_for(kept: dict[int, T], sequence: int, value: T) -> T:
+    """`value` for `sequence`, the newest; the oldest beyond MAX_REMEMBERED are forgotten."""
+    kept.pop(sequence, None)
+    kept[sequence] = value
+    while len(kept) > MAX_REMEMBERED:
+        del kept[next(iter(kept))]
+    return value

@@ -842,6 +842,34 @@ def test_a_second_outage_is_said_again() -> None:
         assert not outage.ongoing
 
 
+def test_a_flapping_store_is_a_warning_and_a_recovery_at_most_every_30_s(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Fixer 63, item 6: a store down 1 s in every 5 said a warning and a recovery each time.
+    now = [0.0]
+    outage = StoreOutage("PostgresDedupStore", lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="cdc_router.consumer"):
+        for flap in range(24):  # 120 s
+            now[0] = 5.0 * flap
+            outage.failed(DedupStoreError("down"))
+            now[0] += 1.0
+            outage.answered()
+        now[0] = 121.0  # then one that lasts: said once it has lasted 30 s
+        for _ in range(4):
+            outage.failed(DedupStoreError("down"))
+            now[0] += 10.0
+    said = [r.getMessage().split(" reason=")[0] for r in caplog.records
+            if r.levelno >= logging.INFO and "dedup_store_" in r.getMessage()]
+    # Said at 0 s, then at the first outage 30 s or more after the last line (the recovery
+    # 1 s later): 35, 70, 105 s; the 6 flaps between each counted in the next warning. The
+    # outage that lasts is said at 141 s, 35 s after the last recovery line.
+    assert [line.split()[0] for line in said] == [
+        "event=dedup_store_unavailable", "event=dedup_store_recovered"] * 4 + [
+        "event=dedup_store_unavailable"], said
+    assert [line.partition("short_outages=")[2] for line in said[::2]] == [
+        "", "6", "6", "6", "2"], said
+    # Before: a pair of lines per flap, 48 in 120 s.
+
+
 def _contended(text: str) -> DedupStoreError:
     try:
         raise DedupStoreError(f"dedup transaction failed for event x: {text}") \

@@ -423,6 +423,32 @@ def test_a_store_outage_naks_without_limit_and_is_not_counted_as_an_attempt(
     assert told == "nak" and harness.js.published == []
 
 
+def test_a_store_outage_is_one_warning_a_repeat_at_most_every_30_s_and_one_line_at_its_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Fixer 63, item 6: a warning at every retry (the Kafka consumer says it once, QA 61-b F6).
+    from cdc_router.consumer.outage import StoreOutage
+
+    now = [0.0]
+    harness = Harness(lambda event, _: None, store=DownStore())
+    harness.consumer._store_outage = StoreOutage("DownStore", lambda: now[0])
+    with caplog.at_level("DEBUG", logger="cdc_router.consumer"):
+        for delivered in range(1, 41):  # a retry every 2 s for 80 s
+            now[0] = 2.0 * delivered
+            [(told, _)] = harness.handle(payment("e1", delivered=delivered))
+            assert told == "nak"
+        harness.consumer._store = MemoryDedupStore()
+        now[0] = 90.0
+        assert harness.handle(payment("e1", delivered=41)) == [("ack", None)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= 30]
+    assert warnings[0].startswith("event=dedup_store_unavailable store=DownStore "
+                                  "error=DedupStoreError('database unreachable')"), warnings
+    assert [w.split()[0] for w in warnings[1:]] == ["event=dedup_store_still_unavailable"] * 2
+    retries = [r for r in caplog.records if "retry_scheduled" in r.getMessage()]
+    assert len(retries) == 40 and all(r.levelno == 10 for r in retries)
+    [ended] = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
+    assert ended == "event=dedup_store_recovered store=DownStore outage_s=88.0 failures=40"
+
+
 def test_a_handler_s_retriable_error_naks_without_limit_and_is_not_counted_as_an_attempt(
         ) -> None:
     harness = Harness(failing(RetriableError("payments service unreachable")))
