@@ -41,6 +41,8 @@ HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 # Their librdkafka lines are their log, read as it goes; every other command's Kafka failure is
 # its one error line, and --verbose shows librdkafka's lines (kafka/logs.py quiet_librdkafka).
 _LONG_RUNNING = ("run", "relay", "demo")
+# Their SIGTERM is a stop from the start: held until the process stops on it (signals.py).
+_HOLDS_STOP = ("run", "relay")
 
 
 class _Root(click.Group):
@@ -53,6 +55,10 @@ class _Root(click.Group):
         module_name = COMMAND_MODULES.get(cmd_name)
         if module_name is None:
             return None
+        if cmd_name in _HOLDS_STOP:  # before the import, seconds long (signals.py)
+            from cdc_router.signals import hold_stop_signals
+
+            hold_stop_signals()
         command: click.Command = importlib.import_module(module_name).cli
         return command
 

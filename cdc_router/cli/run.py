@@ -46,7 +46,7 @@ from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
-from cdc_router.signals import refuse_reload
+from cdc_router.signals import refuse_reload, stopped_early
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
 # below the consumer's max.poll.interval.ms (300 s), after which the group evicts us anyway.
@@ -191,6 +191,11 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if (held := stopped_early()) is not None:  # during the start's checks: nothing began
+        logging.getLogger(f"cdc_router.{what}").info(
+            "event=stopped_before_start signal=%s", held)
+        cleaner.stop()
+        return
     if metrics_port:
         # In use: a second instance on the host.
         serve_on("--metrics-port", metrics_port,

@@ -362,6 +362,20 @@ def test_outbox_init_relay_on_a_table_with_rows_asks_before_it_rewrites_it(
             conn.execute(f"DROP TABLE IF EXISTS public.{table}")
 
 
+def test_a_sigterm_in_the_relays_first_seconds_stops_it_cleanly(stack: StackEndpoints,
+                                                                 tmp_path: Path) -> None:
+    # Fixer 63, item 7: the handlers came after the imports and the start's checks, so a
+    # SIGTERM there (a deploy's quick rollback) killed it: exit -15, no line.
+    with relay_setup(stack, tmp_path) as setup:
+        for instance, after_s in (("a", 0.5), ("b", 1.2), ("c", 2.5)):
+            setup.start(instance)
+            time.sleep(after_s)
+            code = setup.kill(instance, signal.SIGTERM)
+            log = setup.log(instance)
+            assert code == 0, (after_s, code, log[-2000:])
+            assert "event=stopped" in log, (after_s, log[-2000:])
+
+
 def test_dlq_replay_delivers_a_relay_letter_from_its_row(stack: StackEndpoints,
                                                          tmp_path: Path) -> None:
     # QA, session 28: every relay letter was decoded as a Debezium change event and

@@ -98,3 +98,35 @@ def test_the_consumer_example_refuses_a_reload(monkeypatch: pytest.MonkeyPatch,
     fulfillment.main(["--bootstrap", "127.0.0.1:1", "--dsn", "postgresql://x/y",
                       "--topic", "payments"])
     _refuses(caplog, seen[0])
+
+
+def test_a_stop_signal_before_the_process_exists_is_held_and_a_second_one_ends_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fixer 63, item 7: a SIGTERM in the relay's first seconds (imports, start checks) met the
+    # default action: exit -15, no line.
+    from cdc_router import signals
+
+    monkeypatch.setattr(signals, "_held", [])
+    signals.hold_stop_signals()
+    held = signal.getsignal(signal.SIGTERM)
+    assert callable(held) and signal.getsignal(signal.SIGINT) is held
+    assert signals.stopped_early() is None
+    held(signal.SIGTERM, None)  # called, not sent: the default would end the test run
+    assert signals.stopped_early() == "SIGTERM"
+    with pytest.raises(SystemExit) as ended:
+        held(signal.SIGINT, None)
+    assert ended.value.code == 128 + signal.SIGINT
+
+
+def test_a_stop_held_during_the_start_ends_the_command_before_its_process_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from cdc_router import signals
+    from cdc_router.cli.run import run_until_stopped
+
+    monkeypatch.setattr(signals, "_held", [signal.SIGTERM])
+    process, cleaner = SimpleNamespace(run=lambda: pytest.fail("started")), SimpleNamespace(
+        stopped=False)
+    cleaner.stop = lambda: setattr(cleaner, "stopped", True)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO):
+        run_until_stopped(process, cleaner, None, 0, "relay", None)  # type: ignore[arg-type]
+    assert "event=stopped_before_start signal=SIGTERM" in caplog.text and cleaner.stopped
