@@ -47,6 +47,14 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 """
 
 
+_OTHER_INACTIVE = """
+SELECT slot_name, wal_status, safe_wal_size,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database()
+  AND NOT active AND slot_name <> ALL(%(names)s) ORDER BY slot_name
+"""
+
+
 def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
                    signal_table: str | None = None, source: str = "the DSN",
@@ -142,8 +150,8 @@ FROM pg_prepared_xacts ORDER BY prepared
 
 
 def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:
-    """The slots `names` (each, found or not), or every logical slot of this database for
-    None."""
+    """The slots `names` (each, found or not) and this database's other inactive logical
+    slots, or every logical slot of this database for None."""
     row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
                        ).fetchone()
     limit = int(row[0]) if row is not None else None
@@ -153,9 +161,14 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalStat
                  _SLOTS, {"names": names})}
     prepared = tuple(PreparedXact(str(gid), float(age), str(database), str(owner))
                      for gid, age, database, owner in conn.execute(_PREPARED))
+    others = () if names is None else tuple(
+        Slot(slot, True, False, status, retained_wal_bytes=_int(retained),
+             safe_wal_size_bytes=_int(safe))
+        for slot, status, safe, retained in conn.execute(_OTHER_INACTIVE, {"names": names}))
     return WalState(max_slot_wal_keep_size_bytes=limit, prepared=prepared,
                     slots=tuple(found.values()) if names is None else
-                    tuple(found.get(name, Slot(name, exists=False)) for name in names))
+                    tuple(found.get(name, Slot(name, exists=False)) for name in names),
+                    other_inactive_slots=others)
 
 
 def publication_state(conn: psycopg.Connection[Any], name: str,

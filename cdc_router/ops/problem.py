@@ -26,3 +26,15 @@ def reached(value: float, critical: float | None,
         if threshold is not None and value >= threshold:
             return level, threshold
     return None
+
+
+def size(count: float | None) -> str:
+    """A byte count for people: 512 B, 3.2 MiB; '-' for None."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

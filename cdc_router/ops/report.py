@@ -48,6 +48,9 @@ class WalState:
     max_slot_wal_keep_size_bytes: int | None = None  # -1: unlimited
     slots: tuple[Slot, ...] = ()
     prepared: tuple[PreparedXact, ...] = ()  # of every database, oldest first (QA 57-b F-2)
+    # With the connector's slots named: this database's other logical slots nobody streams
+    # from (one left behind by a slot.name change keeps its WAL for ever), by name.
+    other_inactive_slots: tuple[Slot, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Literal
 
 from psycopg import sql
@@ -19,17 +18,17 @@ from cdc_router.connect.spec import QUOTED_TABLE, quoted_table_fix
 from cdc_router.ops.connector_failure import LOST_SLOT_RUNBOOK, failed_fix, init_publication
 from cdc_router.ops.database import quoted_table
 from cdc_router.ops.problem import Problem, reached
+from cdc_router.ops.problem import size as size  # its old home: re-exported
 from cdc_router.ops.report import (
     ConnectorState,
     OutboxState,
     PublicationState,
     Report,
-    Slot,
-    WalState,
     sections,
 )
 from cdc_router.ops.verdict_jetstream import jetstream_problems
 from cdc_router.ops.verdict_router import router_problems
+from cdc_router.ops.verdict_wal import wal_problems
 from cdc_router.outbox.existing import publication_fix
 from cdc_router.postgres import unquoted
 
@@ -49,7 +48,7 @@ def verdict(problems: list[Problem]) -> Literal["ok", "warning", "critical"]:
 def judge(report: Report, settings: StatusSettings,
           previous: Report | None = None) -> list[Problem]:
     """Every problem of `report`, critical ones first."""
-    found = [*_unreachable(report), *_wal(report, settings), *_publication(report),
+    found = [*_unreachable(report), *wal_problems(report, settings), *_publication(report),
              *_reader(report),
              *_outbox(report, settings), *_connector(report),
              *router_problems(report.router, settings), *_dead_letters(report, settings, previous),
@@ -65,119 +64,6 @@ def _unreachable(report: Report) -> Iterator[Problem]:
             found.setdefault(section.error, []).append(name)
     for error, names in found.items():
         yield Problem("critical", ", ".join(names), f"cannot check it: {error}")
-
-
-def size(count: float | None) -> str:
-    """A byte count for people: 512 B, 3.2 MiB; '-' for None."""
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _wal(report: Report, settings: StatusSettings) -> Iterator[Problem]:
-    connector = report.connector
-    # The connector and every task say RUNNING: an inactive slot is then no restart to wait
-    # for (QA 54-b F-4: Debezium retried a role that may not log in, both RUNNING for minutes).
-    running = connector.name if connector.error is None and connector.exists and \
-        connector.state == "RUNNING" and connector.tasks and \
-        all(task.state == "RUNNING" for task in connector.tasks) else None
-    for slot in report.wal.slots:
-        yield from _slot(slot, report.wal.max_slot_wal_keep_size_bytes, settings, running,
-                         report.checked_at)
-    yield from _prepared(report.wal, settings)
-
-
-def _prepared(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
-    """A prepared transaction left pending (QA 57-b F-2): status said ok while one pinned the
-    slot's restart_lsn and held its outbox rows back, invisible in the outbox's row count."""
-    bound = settings.prepared_xact_warning_s
-    for xact in wal.prepared:
-        if bound is not None and xact.age_s >= bound:
-            yield Problem("warning", "wal", f"prepared transaction {xact.gid!r} (database "
-                          f"{xact.database}, owner {xact.owner}) pending for {xact.age_s:.0f}s "
-                          f"(warning at {bound:g}s): any outbox rows it wrote are not "
-                          "streamed until it ends, every slot keeps the WAL written since it "
-                          "began, and its locks (pid NULL in pg_locks) stay held; have its "
-                          f"coordinator finish it, or by hand in database {xact.database}: "
-                          "COMMIT PREPARED "
-                          f"{_literal(xact.gid)} (or ROLLBACK PREPARED to discard it)")
-
-
-def _literal(text: str) -> str:
-    return sql.Literal(text).as_string(None)
-
-
-def _inactive_while_running(slot: Slot, connector: str, checked_at: str,
-                            settings: StatusSettings) -> Problem:
-    """An inactive slot while connector and tasks say RUNNING: Debezium retrying a retriable
-    error; critical once a watch has seen it so for status.capture_stopped_critical_s."""
-    since = slot.inactive_since or checked_at
-    age = (datetime.fromisoformat(checked_at) - datetime.fromisoformat(since)).total_seconds()
-    where = f"slot {slot.name} inactive"
-    look = ("Debezium retries a retriable error (a role that may not log in, pg_hba.conf, the "
-            "network, a publication re-created after the slot) and `cdc-router connectors "
-            "status` says RUNNING: read Connect's log for the task's error and `Awaiting end "
-            "of restart backoff period` (`cdc-router local logs connect` on the local stack); "
-            f"`publication ... does not exist` while it does: {LOST_SLOT_RUNBOOK} from its "
-            "step 2")
-    wal = f"it retains {size(slot.retained_wal_bytes or 0)} of WAL"
-    bound = settings.capture_stopped_critical_s
-    if bound is not None and age >= bound:
-        return Problem("critical", "wal", f"{where} for {age:.0f}s (critical at {bound:g}s) "
-                       f"while connector {connector} and its tasks say RUNNING: capture "
-                       f"stopped, the rows written meanwhile wait in the outbox and {wal}; "
-                       f"{look}")
-    return Problem(settings.slot_inactive, "wal", f"{where}: nobody streams from it while "
-                   f"connector {connector} and its tasks say RUNNING, and {wal}; if it lasts, "
-                   f"{look}")
-
-
-def _slot(slot: Slot, limit: int | None, settings: StatusSettings, running: str | None,
-          checked_at: str) -> Iterator[Problem]:
-    where = f"slot {slot.name}"
-    if not slot.exists:
-        # Not "lost": the rows stay in the outbox (the cleanup deletes delivered rows only)
-        # and the runbook brings their events back; "lost" scared operators (QA 36-c).
-        yield Problem("critical", "wal", f"{where} does not exist: Debezium streams nothing, "
-                      "and the rows written meanwhile stay in the outbox without reaching the "
-                      f"raw topic until they are republished; {LOST_SLOT_RUNBOOK}")
-        return
-    if slot.wal_status == "lost":
-        yield Problem("critical", "wal", f"{where} wal_status lost: Postgres removed WAL it "
-                      "still needed, so the rows committed in it stay in the outbox without "
-                      f"reaching the raw topic until they are republished; {LOST_SLOT_RUNBOOK}")
-    elif slot.wal_status == "unreserved":
-        yield Problem("critical", "wal", f"{where} wal_status unreserved: the next checkpoint "
-                      "removes WAL it needs; resume or fix the connector now, or raise "
-                      "max_slot_wal_keep_size")
-    if slot.active is False and running is not None:
-        yield _inactive_while_running(slot, running, checked_at, settings)
-    elif slot.active is False:
-        yield Problem(settings.slot_inactive, "wal", f"{where} inactive: nobody streams from "
-                      f"it and it retains {size(slot.retained_wal_bytes or 0)} of WAL; check "
-                      "the connector and its task (`cdc-router connectors status`)")
-    retained = slot.retained_wal_bytes
-    if retained is None or slot.wal_status == "lost":
-        return
-    if limit is not None and limit >= 0:
-        percent = 100.0 * retained / limit if limit else 100.0
-        over = reached(percent, settings.wal_critical_percent, settings.wal_warning_percent)
-        if over is not None:
-            yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL, "
-                          f"{percent:.0f}% of max_slot_wal_keep_size ({size(limit)}; "
-                          f"{over[0]} at {over[1]:g}%): the slot is invalidated at 100%; "
-                          "make the connector catch up (is it running? is the heartbeat on?)")
-        return
-    over = reached(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
-    if over is not None:
-        yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL ({over[0]} at "
-                      f"{size(over[1])}) and max_slot_wal_keep_size is -1, so it can fill the "
-                      "disk; make the connector catch up, and set max_slot_wal_keep_size")
 
 
 def _publication(report: Report) -> Iterator[Problem]:

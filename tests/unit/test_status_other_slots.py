@@ -1,0 +1,71 @@
+"""`status --connector` and the database's other inactive logical slots (fixer 63): a slot a
+slot.name change left behind keeps its WAL for ever, and status, asked about the connector's
+slot alone, did not name it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from cdc_router.cli._status_text import as_json, as_text
+from cdc_router.config.status import StatusSettings
+from cdc_router.ops import database
+from cdc_router.ops.report import Slot
+from cdc_router.ops.verdict import judge
+from tests.unit.test_status_verdict import GIB, healthy
+
+LEFT = Slot("outbox_slot_v1", True, False, "extended", retained_wal_bytes=3 * GIB)
+
+
+def _report() -> Any:
+    report = healthy()
+    return replace(report, wal=replace(report.wal, other_inactive_slots=(LEFT,)))
+
+
+def test_another_inactive_slot_of_the_database_is_a_warning_with_its_wal_and_the_fix() -> None:
+    found = [str(problem) for problem in judge(_report(), StatusSettings())]
+    assert found == [
+        "warning: wal: slot outbox_slot_v1 inactive, in this database and not the connector's "
+        "(outbox_slot): nobody streams from it and it retains 3.0 GiB of WAL; a slot a "
+        "slot.name change left behind, or another consumer's that is down: if nothing reads "
+        "it any more, drop it (SELECT pg_drop_replication_slot('outbox_slot_v1'))"]
+    assert judge(healthy(), StatusSettings()) == []  # without it: all well, as before
+
+
+def test_it_is_listed_in_the_text_and_in_json() -> None:
+    report = _report()
+    problems = judge(report, StatusSettings())
+    text = as_text(report, problems)
+    [row] = [line for line in text.splitlines() if "outbox_slot_v1 (not the connector's)" in line]
+    assert "NO" in row and "3.0 GiB" in row and "extended" in row, row
+    document = json.loads(json.dumps(as_json(report, problems)))
+    [other] = document["wal"]["other_inactive_slots"]
+    assert (other["name"], other["active"], other["retained_wal_bytes"]) == (
+        "outbox_slot_v1", False, 3 * GIB)
+    assert document["status"] == "warning"
+
+
+def test_the_wal_check_asks_for_them_only_when_it_names_the_connectors_slots() -> None:
+    asked: list[tuple[str, Any]] = []
+
+    class Rows(list[tuple[Any, ...]]):
+        def fetchone(self) -> tuple[Any, ...]:
+            return self[0]
+
+    class Conn:
+        def execute(self, query: str, params: Any = None) -> Rows:
+            asked.append((query, params))
+            if "max_slot_wal_keep_size" in query:
+                return Rows([(-1,)])
+            if "NOT active" in query:
+                return Rows([("outbox_slot_v1", "extended", None, 3 * GIB)])
+            return Rows()
+
+    state = database.wal_state(Conn(), ["outbox_slot"])  # type: ignore[arg-type]
+    assert state.other_inactive_slots == (LEFT,)
+    assert [params for query, params in asked if "NOT active" in query] == [
+        {"names": ["outbox_slot"]}]
+    asked.clear()
+    assert database.wal_state(Conn(), None).other_inactive_slots == ()  # type: ignore[arg-type]
+    assert not any("NOT active" in query for query, _ in asked)  # all of them are listed then
