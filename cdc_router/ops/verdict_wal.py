@@ -8,7 +8,7 @@ from datetime import datetime
 
 from psycopg import sql
 
-from cdc_router.config.status import StatusSettings
+from cdc_router.config.status import Level, StatusSettings
 from cdc_router.ops.connector_failure import LOST_SLOT_RUNBOOK
 from cdc_router.ops.problem import Problem, reached, size
 from cdc_router.ops.report import Report, Slot, WalState
@@ -26,22 +26,48 @@ def wal_problems(report: Report, settings: StatusSettings) -> Iterator[Problem]:
         yield from _slot(slot, report.wal.max_slot_wal_keep_size_bytes, settings, running,
                          report.checked_at)
     yield from _prepared(report.wal, settings)
-    yield from _left_behind(report.wal, [slot.name for slot in report.wal.slots])
+    yield from _left_behind(report.wal, [slot.name for slot in report.wal.slots], settings)
 
 
-def _left_behind(wal: WalState, ours: list[str]) -> Iterator[Problem]:
+def _left_behind(wal: WalState, ours: list[str], settings: StatusSettings
+                 ) -> Iterator[Problem]:
     """This database's other inactive logical slots: one a slot.name change left behind keeps
     the WAL since its last read, for ever (max_slot_wal_keep_size -1), and `status
-    --connector` named only the connector's own (fixer 63)."""
+    --connector` named only the connector's own (fixer 63). They are listed in any case; one
+    is a problem only once the WAL it keeps reaches the thresholds the connector's slot is
+    held to: another team's slot on a shared server, down for a while, is theirs to mind
+    until it fills the disk this pipeline's slot needs too (and a warning for every short
+    stop of another connector turned this pipeline's status, and its exit code, to warning)."""
     named = " or ".join(ours) or "-"
     for slot in wal.other_inactive_slots:
-        held = ("its WAL is lost already" if slot.wal_status == "lost" else
-                f"it retains {size(slot.retained_wal_bytes or 0)} of WAL")
-        yield Problem("warning", "wal", f"slot {slot.name} inactive, in this database and not "
-                      f"the connector's ({named}): nobody streams from it and {held}; a slot "
-                      "a slot.name change left behind, or another consumer's that is down: if "
-                      "nothing reads it any more, drop it (SELECT pg_drop_replication_slot("
-                      f"{_literal(slot.name)}))")
+        if slot.retained_wal_bytes is None or slot.wal_status == "lost":
+            continue  # invalidated: it holds no WAL back any more
+        over = _retained_over(slot.retained_wal_bytes, wal.max_slot_wal_keep_size_bytes,
+                              settings)
+        if over is None:
+            continue
+        level, how_much = over
+        yield Problem(level, "wal", f"slot {slot.name} inactive, in this database and not "
+                      f"the connector's ({named}): nobody streams from it and it retains "
+                      f"{how_much}; a slot a slot.name change left behind, or another "
+                      "consumer's that is down: if nothing reads it any more, drop it "
+                      f"(SELECT pg_drop_replication_slot({_literal(slot.name)}))")
+
+
+def _retained_over(retained: int, limit: int | None, settings: StatusSettings
+                   ) -> tuple[Level, str] | None:
+    """The level a slot's retained WAL has reached (status.wal_*), with the amount said
+    against its threshold; None under the warning threshold."""
+    if limit is not None and limit >= 0:
+        percent = 100.0 * retained / limit if limit else 100.0
+        over = reached(percent, settings.wal_critical_percent, settings.wal_warning_percent)
+        return None if over is None else (over[0], (
+            f"{size(retained)} of WAL, {percent:.0f}% of max_slot_wal_keep_size "
+            f"({size(limit)}; {over[0]} at {over[1]:g}%): the slot is invalidated at 100%"))
+    over = reached(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
+    return None if over is None else (over[0], (
+        f"{size(retained)} of WAL ({over[0]} at {size(over[1])}) and max_slot_wal_keep_size "
+        "is -1, so it can fill the disk"))
 
 
 def _prepared(wal: WalState, settings: StatusSettings) -> Iterator[Problem]:
@@ -116,17 +142,9 @@ def _slot(slot: Slot, limit: int | None, settings: StatusSettings, running: str 
     retained = slot.retained_wal_bytes
     if retained is None or slot.wal_status == "lost":
         return
-    if limit is not None and limit >= 0:
-        percent = 100.0 * retained / limit if limit else 100.0
-        over = reached(percent, settings.wal_critical_percent, settings.wal_warning_percent)
-        if over is not None:
-            yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL, "
-                          f"{percent:.0f}% of max_slot_wal_keep_size ({size(limit)}; "
-                          f"{over[0]} at {over[1]:g}%): the slot is invalidated at 100%; "
-                          "make the connector catch up (is it running? is the heartbeat on?)")
-        return
-    over = reached(retained, settings.wal_critical_bytes, settings.wal_warning_bytes)
+    over = _retained_over(retained, limit, settings)
     if over is not None:
-        yield Problem(over[0], "wal", f"{where} retains {size(retained)} of WAL ({over[0]} at "
-                      f"{size(over[1])}) and max_slot_wal_keep_size is -1, so it can fill the "
-                      "disk; make the connector catch up, and set max_slot_wal_keep_size")
+        fix = "make the connector catch up" + (
+            " (is it running? is the heartbeat on?)" if limit is not None and limit >= 0
+            else ", and set max_slot_wal_keep_size")
+        yield Problem(over[0], "wal", f"{where} retains {over[1]}; {fix}")

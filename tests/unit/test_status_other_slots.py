@@ -16,25 +16,42 @@ from cdc_router.ops.verdict import judge
 from tests.unit.test_status_verdict import GIB, healthy
 
 LEFT = Slot("outbox_slot_v1", True, False, "extended", retained_wal_bytes=3 * GIB)
+MIB = 1024**2
 
 
-def _report() -> Any:
-    report = healthy()
-    return replace(report, wal=replace(report.wal, other_inactive_slots=(LEFT,)))
+def _report(*slots: Slot) -> Any:
+    report = healthy()  # max_slot_wal_keep_size 2 GiB
+    return replace(report, wal=replace(report.wal, other_inactive_slots=slots))
 
 
-def test_another_inactive_slot_of_the_database_is_a_warning_with_its_wal_and_the_fix() -> None:
-    found = [str(problem) for problem in judge(_report(), StatusSettings())]
+def test_another_inactive_slot_holding_wal_past_the_thresholds_is_a_problem_with_the_fix() -> None:
+    found = [str(problem) for problem in judge(_report(LEFT), StatusSettings())]
     assert found == [
-        "warning: wal: slot outbox_slot_v1 inactive, in this database and not the connector's "
-        "(outbox_slot): nobody streams from it and it retains 3.0 GiB of WAL; a slot a "
-        "slot.name change left behind, or another consumer's that is down: if nothing reads "
-        "it any more, drop it (SELECT pg_drop_replication_slot('outbox_slot_v1'))"]
+        "critical: wal: slot outbox_slot_v1 inactive, in this database and not the "
+        "connector's (outbox_slot): nobody streams from it and it retains 3.0 GiB of WAL, "
+        "150% of max_slot_wal_keep_size (2.0 GiB; critical at 80%): the slot is invalidated "
+        "at 100%; a slot a slot.name change left behind, or another consumer's that is down: "
+        "if nothing reads it any more, drop it (SELECT pg_drop_replication_slot("
+        "'outbox_slot_v1'))"]
+    half = replace(LEFT, retained_wal_bytes=1100 * MIB)
+    assert [problem.level for problem in judge(_report(half), StatusSettings())] == ["warning"]
     assert judge(healthy(), StatusSettings()) == []  # without it: all well, as before
 
 
+def test_one_under_the_thresholds_or_invalidated_is_listed_but_no_problem() -> None:
+    # Another team's connector stopped for a while, or restarting: theirs to mind, and every
+    # such stop turned this pipeline's status (and exit code) to warning (review of fixer 63).
+    small = replace(LEFT, name="other_team", retained_wal_bytes=100 * MIB)
+    lost = replace(LEFT, name="gone", wal_status="lost", retained_wal_bytes=None)
+    report = _report(small, lost)
+    assert judge(report, StatusSettings()) == []
+    text = as_text(report, [])
+    assert "other_team (not the connector's)" in text and "gone (not the connector's)" in text
+    assert text.rstrip().endswith("status: ok"), text
+
+
 def test_it_is_listed_in_the_text_and_in_json() -> None:
-    report = _report()
+    report = _report(LEFT)
     problems = judge(report, StatusSettings())
     text = as_text(report, problems)
     [row] = [line for line in text.splitlines() if "outbox_slot_v1 (not the connector's)" in line]
@@ -43,7 +60,7 @@ def test_it_is_listed_in_the_text_and_in_json() -> None:
     [other] = document["wal"]["other_inactive_slots"]
     assert (other["name"], other["active"], other["retained_wal_bytes"]) == (
         "outbox_slot_v1", False, 3 * GIB)
-    assert document["status"] == "warning"
+    assert document["status"] == "critical"
 
 
 def test_the_wal_check_asks_for_them_only_when_it_names_the_connectors_slots() -> None:
