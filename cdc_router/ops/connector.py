@@ -38,6 +38,7 @@ class Capture:
     # signal.data.collection: the source channel's signals, the incremental snapshots' markers
     signal_table: str | None = None
     tables: tuple[str, ...] = ()
+    database: str | None = None  # database.dbname: where the slot, publication and table are
 
 
 def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None]:
@@ -78,7 +79,8 @@ def capture_of(config: Mapping[str, str]) -> Capture:
     return Capture(config.get("slot.name", DEFAULT_SLOT),
                    config.get("publication.name", DEFAULT_PUBLICATION), table,
                    config.get("database.user") or None,
-                   config.get("signal.data.collection") or None, tuple(tables))
+                   config.get("signal.data.collection") or None, tuple(tables),
+                   config.get("database.dbname") or None)
 
 
 def plain(entry: str) -> bool:

@@ -59,12 +59,14 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                    outbox: OutboxSchema, *, reader: str | None = None,
                    signal_table: str | None = None, source: str = "the DSN",
                    named_by: str = "cleanup.table", others: Sequence[OutboxSchema] = (),
+                   database: str | None = None,
                    ) -> tuple[WalState, PublicationState, OutboxState]:
     """The three Postgres sections; each holds the error when its query failed. `slots` None:
     every logical slot of this database; `publication` None: not checked (an empty state).
     `source` names where the DSN came from, for a connection refused for good; `named_by` the
     setting that named the outbox, for a table the database lacks; `others`: the connector's
-    other captured tables, checked alike (the outbox's `others`)."""
+    other captured tables, checked alike (the outbox's `others`); `database`: the one the
+    connector captures, whose publication and outbox only are this pipeline's."""
     try:
         # application_name: its queries are named in pg_stat_activity (review 49-b F6).
         conn = psycopg.connect(dsn, autocommit=True, **session_options(dsn, "cdc-router-status"))
@@ -79,6 +81,11 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
         return WalState(error=message), PublicationState(error=message, name=publication), \
             OutboxState(error=message, table=outbox.table)
     with conn:
+        elsewhere = _other_database(conn, database, source)
+        if elsewhere is not None:  # slots are the server's: still this pipeline's
+            return (_guarded(lambda: wal_state(conn, slots), WalState),
+                    PublicationState(error=elsewhere, name=publication),
+                    OutboxState(error=elsewhere, table=outbox.table))
         return (_guarded(lambda: wal_state(conn, slots), WalState),
                 _guarded(lambda: publication_state(conn, publication, signal_table, outbox),
                          PublicationState)
@@ -86,6 +93,26 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                 replace(_checked(conn, outbox, reader, named_by), others=tuple(
                     _named(_checked(conn, other, reader, OTHER_TABLE), other.table)
                     for other in others)))
+
+
+def _other_database(conn: psycopg.Connection[Any], database: str | None,
+                    source: str) -> str | None:
+    """Why the DSN's database is not the connector's `database`, or None when it is (or that
+    cannot be told). QA 63-b F-2: pipelines of two databases on one server, the shell's
+    CDC_ROUTER_PG_DSN naming the first: status of the second's config said its publication
+    was missing, critical, and advised creating it in the first."""
+    if not database or "${" in database:  # a placeholder Connect's worker resolves
+        return None
+    try:
+        row = conn.execute("SELECT current_database()").fetchone()
+    except psycopg.Error:
+        return None
+    current = row[0] if row else None
+    if current is None or current == database:
+        return None
+    return (f"the connector captures database {database!r}, and the DSN from {source} "
+            f"connects to database {current!r}, where this pipeline's publication and outbox "
+            f"are not: give status the DSN of database {database!r} (--dsn)")
 
 
 # What names a captured table besides the one status checks first (its `others`).

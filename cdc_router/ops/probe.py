@@ -180,7 +180,7 @@ def _database(config: RouterConfig, endpoints: Endpoints,
     wal, publication, outbox = probe_database(
         endpoints.dsn, [capture.slot], capture.publication, schema, reader=capture.user,
         signal_table=capture.signal_table, source=endpoints.dsn_source, named_by=named_by,
-        others=schemas)
+        others=schemas, database=capture.database)
     cleaned = unquoted(config.cleanup.table)
     return wal, publication, replace(outbox, not_checked=tuple(unread), others=tuple(
         replace(other, is_cleanup_table=unquoted(other.table or "") == cleaned)
