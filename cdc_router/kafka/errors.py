@@ -68,6 +68,21 @@ def refused_grant(code: int | None, *, group: str | None,
     return None
 
 
+def rival_hint(transactional_id: str | None, group: str | None) -> str:
+    """Who else takes a router's transactional id, `<prefix>-<instance id>` (the prefix
+    delivery.transactional_id, else source.group_id `group`). QA 63-b F-3: two pipelines left
+    on the default source.group_id on one host (one default instance id, the host name)
+    fenced each other within a second of load, and the line named no setting."""
+    prefix = transactional_id or group
+    if prefix is None:
+        return "another instance may use the same instance id"
+    field = "delivery.transactional_id" if transactional_id else \
+        "source.group_id (the default of delivery.transactional_id)"
+    return (f"another process uses its transactional id {prefix}-<instance id>: an instance "
+            f"with the same --instance-id (default: the host name), or another pipeline "
+            f"whose {field} is {prefix!r} too; give each pipeline its own source.group_id")
+
+
 def likely_cause(error: KafkaError, fenced_hint: str) -> str:
     """Why Kafka refused a producer for good: `fenced_hint` (who else may take its
     transactional id), unless the refusal is a missing grant (GRANT_REFUSED)."""

@@ -43,6 +43,7 @@ from cdc_router.kafka.errors import (
     describe,
     kafka_error_of,
     likely_cause,
+    rival_hint,
     size_refusal,
     still_failing_hint,
 )
@@ -72,18 +73,20 @@ class Transaction:
                  mark_group: str | None, mark_key_prefix: str = BATCH_KEY_PREFIX,
                  publisher: JetStreamPublisher | None = None,
                  stopping: Callable[[], bool] = lambda: False,
-                 fenced_hint: str = "another instance may use the same instance id") -> None:
+                 fenced_hint: str | None = None) -> None:
         """`consumer`: None for a batch that consumes nothing (`outbox republish`);
         `mark_key_prefix` keys the changelog marks, `mark_group` names their pipeline;
         `publisher` delivers JetStream routes' records; once `stopping()`, a failed call is
-        not retried; `fenced_hint`: who else may take this transactional id."""
+        not retried; `fenced_hint`: who else may take this transactional id (by default
+        the router's rivals, rival_hint)."""
         self._producer, self._publisher, self.consumer = producer, publisher, consumer
         self._delivery, self._exactly_once = delivery, delivery.guarantee == "exactly_once"
         self._changelog_topic, self._mark_key_prefix = changelog_topic, mark_key_prefix
         self._mark_group, self._bootstrap = mark_group, bootstrap
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep, self._clock = sleep, clock
-        self._stopping, self.fenced_hint = stopping, fenced_hint
+        self._stopping = stopping
+        self.fenced_hint = fenced_hint or rival_hint(delivery.transactional_id, mark_group)
         self._batch, self._open = Batch(), False
 
     @property
@@ -369,9 +372,11 @@ class Transaction:
                 if action is ErrorAction.FATAL and error is not None:
                     if name == "commit" and attempt:  # the try before may have committed:
                         self._settle_in_doubt(name, failure, True)  # a restart reads its ids
+                    consumer = name == "offsets" and not self._exactly_once
+                    cause = "" if consumer else f"; {likely_cause(error, self.fenced_hint)}"
                     raise fatal_kafka_error(  # at least once, 'offsets' is the consumer's
-                        f"Kafka transaction step {name!r} failed for good: {describe(error)}",
-                        error, consumer=name == "offsets" and not self._exactly_once) from failure
+                        f"Kafka transaction step {name!r} failed for good: {describe(error)}"
+                        f"{cause}", error, consumer=consumer) from failure
                 if action is ErrorAction.ABORT:
                     raise BatchFailed(f"step {name!r}: {failure}", error) from failure
                 conflict = error is not None and error.code() == KafkaError._CONFLICT

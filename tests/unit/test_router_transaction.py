@@ -13,6 +13,7 @@ from cdc_router.config.delivery import DeliverySettings
 from cdc_router.dead_letter import dead_letter
 from cdc_router.errors import EXIT_RESTART, FatalKafkaError, MemberFenced, TransactionInDoubt
 from cdc_router.kafka.commit_stamp import committed_ms
+from cdc_router.kafka.errors import rival_hint
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.nats.publisher import BatchAcks, NatsMessage
 from cdc_router.router.routing import OutboundRecord
@@ -345,3 +346,37 @@ def test_an_init_that_fails_names_a_coordinator_still_loading_not_an_unreachable
     with pytest.raises(BatchFailed, match="step 'init' still fails after its one try") as failed:
         txn.init()
     assert hint in str(failed.value)
+
+
+def test_a_routers_fence_names_the_settings_two_pipelines_may_share() -> None:
+    # QA 63-b F-3: two pipelines on the default source.group_id on one host fenced each
+    # other, and the line said only "another instance may use the same instance id".
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    cluster.fenced = True
+    with pytest.raises(FatalKafkaError) as raised:
+        txn.commit()
+    assert str(raised.value).endswith(
+        "another process uses its transactional id g-<instance id>: an instance with the same "
+        "--instance-id (default: the host name), or another pipeline whose source.group_id "
+        "(the default of delivery.transactional_id) is 'g' too; give each pipeline its own "
+        "source.group_id")
+
+
+def test_a_set_transactional_id_is_the_setting_named() -> None:
+    assert "whose delivery.transactional_id is 'shop' too" in rival_hint("shop", "g")
+
+
+def test_a_step_fenced_for_good_names_the_rivals_too() -> None:
+    # QA 63-b F-3: the second pipeline's line was "Kafka transaction step 'abort' failed
+    # for good: _FENCED: ..." and no hint at all.
+    cluster = FakeCluster()
+    txn, _ = transaction(cluster)
+    add(txn, 0, "e-0")
+    cluster.commit_failures = [KafkaError(KafkaError._FENCED, "fenced by a newer instance",
+                                          fatal=True)]
+    with pytest.raises(FatalKafkaError) as raised:
+        txn.commit()
+    assert "step 'commit' failed for good" in str(raised.value)
+    assert "another pipeline whose source.group_id" in str(raised.value)
