@@ -16,7 +16,7 @@ from cdc_router.cli._options import EnvOption, FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
-from cdc_router.connect.checks import login_hint, reading_problems
+from cdc_router.connect.checks import login_hint, prefix_conflicts, reading_problems
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
 from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
@@ -163,15 +163,16 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
     specs = _warned(_load(files))
     plans = [plan(state.client, spec) for spec in specs]
     click.echo(_plan_text(plans, all_keys=False))
-    conflicts, doubts = slot_conflicts(specs, state.client.list_configs())
+    conflicts, doubts = slot_conflicts(specs, deployed := state.client.list_configs())
+    conflicts += prefix_conflicts(specs, deployed)
     for line in doubts:
         click.echo(f"warning: {line}", err=True)
     if conflicts:
         for line in conflicts:
             click.echo(line, err=True)
-        raise ConfigError(f"{len(conflicts)} connector(s) would share a replication slot, and "
-                          "each would miss what the other consumed",
-                          hint="give each connector its own slot.name (SLOT_NAME)")
+        raise ConfigError(f"{len(conflicts)} connector(s) would share a replication slot or "
+                          "a topic.prefix (the lines above)", hint="give each connector its own "
+                          "slot.name (SLOT_NAME) and topic.prefix (TOPIC_PREFIX)")
     pending = [item for item in plans if item.action is not ConnectorAction.UNCHANGED]
     if dry_run:
         _validate(state.client, specs)

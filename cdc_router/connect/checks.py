@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
 from cdc_router.connect.spec import (
+    ConnectorSpec,
     included_tables,
     plain_table,
     unordered_snapshot,
@@ -77,6 +78,40 @@ def raw_topic(config: Mapping[str, str]) -> str | None:
         return None
     delimiter = config.get("topic.delimiter", ".")
     return delimiter.join([prefix, *tables[0].split(".")])
+
+
+def prefix_conflicts(specs: list[ConnectorSpec],
+                     deployed: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Specs whose topic.prefix another Debezium connector (deployed, or in the same files)
+    has too, one line each. QA 63-b F-1: two teams' connectors, each on its own database and
+    slot, both left on the shipped prefix: the second's task waited two minutes on Debezium's
+    metrics of that name, then wrote its events into the first one's raw topic, which the
+    first team's router routed. Debezium wants the prefix unique across connectors."""
+    after = {**deployed, **{spec.name: spec.config for spec in specs}}
+    found = []
+    for spec in specs:
+        prefix = _debezium_prefix(spec.config)
+        if prefix is None:
+            continue
+        others = sorted(name for name, config in after.items()
+                        if name != spec.name and _debezium_prefix(config) == prefix)
+        if not others:
+            continue
+        topic = raw_topic(spec.config)
+        shared = [name for name in others if topic is not None and raw_topic(after[name]) == topic]
+        what = (f"both write the raw topic {topic}, so each pipeline's router routes the "
+                "other's events" if shared else "Debezium's metrics and heartbeat topic of "
+                "that name collide, and the second task waits minutes before it streams")
+        found.append(f"{spec.source}: {spec.name}: topic.prefix {prefix!r} is already used by "
+                     f"connector {', '.join(others)}: {what}")
+    return found
+
+
+def _debezium_prefix(config: Mapping[str, str]) -> str | None:
+    """A Debezium connector's topic.prefix; None for another connector or without one."""
+    if not config.get("connector.class", "").strip().startswith("io.debezium."):
+        return None
+    return config.get("topic.prefix", "").strip() or None
 
 
 def reading_problems(config: Mapping[str, str]) -> list[str]:

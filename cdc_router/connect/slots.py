@@ -114,7 +114,8 @@ def slot_conflicts(specs: list[ConnectorSpec], deployed: Mapping[str, Mapping[st
                             if name != spec.name}, slot, resolver=lookup)
         head = f"{spec.source}: {spec.name}: slot.name {slot.name!r} on {slot.where}"
         if users.same:
-            conflicts.append(f"{head} is already used by {_named(users.same, slot)}")
+            conflicts.append(f"{head} is already used by {_named(users.same, slot)}: the "
+                             "two would take turns, each missing what the other consumed")
         if users.maybe:
             doubts.append(f"{head} is named by {_named(users.maybe, slot)} too, on a host "
                           "that may be the same (it does not resolve from here): if it is, "

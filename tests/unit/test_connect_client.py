@@ -930,3 +930,31 @@ def test_a_failure_names_debeziums_root_cause_not_only_its_wrapper() -> None:
         "task 0 FAILED: io.debezium.DebeziumException: Creation of replication slot failed "
         "(root cause: org.postgresql.util.PSQLException: ERROR: could not access file "
         "\"decoderbufs\": No such file or directory)")
+
+
+def test_apply_refuses_a_topic_prefix_another_debezium_connector_has(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 63-b F-1: two teams' connectors, each on its own database and slot, both left on the
+    # shipped topic.prefix: the second's events went into the first's raw topic, which the
+    # first team's router routed (after 2 min of Debezium's metrics retries).
+    deployed = {**_PG, "slot.name": "orders_slot", "topic.prefix": "outbox",
+                "table.include.list": "public.outbox"}
+    connect = ScriptedConnect({"orders": {"name": "orders", **deployed}})
+    mine = {**_PG, "database.dbname": "billing", "slot.name": "billing_slot",
+            "topic.prefix": "outbox", "table.include.list": "public.outbox"}
+    taken = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
+                    connector_file(tmp_path, **mine))
+    assert taken.exit_code == 1
+    assert ("c: topic.prefix 'outbox' is already used by connector orders: both write the raw "
+            "topic outbox.public.outbox, so each pipeline's router routes the other's "
+            "events") in taken.stderr
+    assert "give each connector its own slot.name (SLOT_NAME) and topic.prefix " \
+        "(TOPIC_PREFIX)" in taken.stderr
+    assert connect.puts == []
+    other_table = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
+                          connector_file(tmp_path, **{**mine, "table.include.list": "b.outbox"}))
+    assert other_table.exit_code == 1 and "metrics and heartbeat topic" in other_table.stderr
+    assert connect.puts == []
+    own = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
+                  connector_file(tmp_path, **{**mine, "topic.prefix": "billing"}))
+    assert "topic.prefix" not in own.stderr, own.stderr
