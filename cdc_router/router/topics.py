@@ -247,3 +247,22 @@ def _wait(future: Any, what: str, grant: str, validate_only: bool = False) -> An
         fix = f": grant this principal {grant} on the topic" if refused else ""
         raise CdcRouterError(f"Kafka would refuse {what}: {reason}{fix}" if validate_only
                              else f"{what} failed: {reason}{fix}") from error
+
+
+# Settings whose lower value deletes a topic's records sooner (-1: kept for ever).
+_KEEPING = ("retention.ms", "retention.bytes")
+
+
+def retention_cuts(plan: TopicPlan) -> list[str]:
+    """The changes of `plan` that delete its topic's records sooner than now, each as
+    'retention.ms A -> B'; empty when none does."""
+    cuts = []
+    for key in _KEEPING:
+        old, new = plan.config_changes.get(key, (None, None))
+        try:
+            before, after = int(old or ""), int(new or "")
+        except ValueError:  # unset before (the broker's default), or not a number
+            continue
+        if after >= 0 and (before < 0 or after < before):
+            cuts.append(f"{key} {old} -> {new}")
+    return cuts
