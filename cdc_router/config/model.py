@@ -192,12 +192,13 @@ class RouterConfig(_Model):
         return found
 
     def source_warnings(self) -> list[str]:
-        """What `rules check` and the router's start warn about the sources: several outbox
-        topics (tables) in one pipeline share one id space."""
-        topics = self.source.topics
+        """What `rules check` and the router's start warn about the sources: a group left to
+        its default, several outbox topics (tables) in one pipeline (one id space)."""
+        topics, unnamed = self.source.topics, self.source.default_group_warnings()
         if len(topics) < 2 and not any(topic.startswith("^") for topic in topics):
-            return []
-        return [f"source.topics {', '.join(topics)}: several outbox tables in one pipeline "
+            return unnamed
+        return [*unnamed, f"source.topics {', '.join(topics)}: several outbox tables in one "
+                "pipeline "
                 "share one space of event ids: an id met on one table is dropped as a replay "
                 "on another (the dedup filter), and the cleanup deletes delivered ids from "
                 "cleanup.table alone; give every table ids unique across all of them (UUIDs, "

@@ -302,7 +302,8 @@ def test_a_duplicate_window_shorter_than_a_failed_batchs_republish_is_warned_abo
         tmp_path: Path) -> None:
     # QA 34-d: a 100 ms window stored 1,206 messages for 600 ids after an aborted batch.
     def warnings(window: int) -> list[str]:
-        path = write(tmp_path, "source: {topics: [raw]}\nroutes: [{nats: {subject: 's.x'}}]\n"
+        path = write(tmp_path, "source: {topics: [raw], group_id: g}\n"
+                     "routes: [{nats: {subject: 's.x'}}]\n"
                      "nats: {ack_timeout_ms: 5000, streams: [{name: S, subjects: ['s.>'], "
                      f"duplicate_window_ms: {window}}}]}}\n")
         return load_config(path).config.warnings()

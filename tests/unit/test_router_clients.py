@@ -26,7 +26,7 @@ from cdc_router.router.partitioner import java_default_partition
 
 
 def config(**kafka: Any) -> RouterConfig:
-    return RouterConfig.model_validate({"source": {"topics": ["raw"]},
+    return RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
                                         "routes": [{"topic": "{aggregate_id}"}],
                                         "kafka": kafka})
 

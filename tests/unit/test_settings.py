@@ -718,7 +718,8 @@ def rules_check(path: Path, *args: str) -> tuple[int, str]:
 
 
 def test_rules_check_warns_about_templates_that_reach_a_source(tmp_path: Path) -> None:
-    path = write(tmp_path, "source: {topics: ['^outbox\\..*', raw.orders]}\nroutes:\n"
+    path = write(tmp_path, "source: {topics: ['^outbox\\..*', raw.orders], group_id: g}\n"
+                 "routes:\n"
                  "  - {match: {type: A}, topic: 'outbox.{aggregate_type}'}\n"
                  "  - {match: {type: B}, topic: 'orders.{type}'}\n"
                  "  - {topic: '{aggregate_type}.orders'}\n")
@@ -778,9 +779,10 @@ def test_a_server_url_in_a_config_error_shows_no_password(tmp_path: Path) -> Non
 def test_several_outbox_topics_in_one_pipeline_are_warned_about(tmp_path: Path) -> None:
     # QA session 27-a: two tables with bigint ids behind one router; an id of the second
     # table that the first had used was dropped as a replay, and `rules check` said valid.
-    one = loaded(write(tmp_path, MINIMAL))
+    named = MINIMAL.replace("source: {", "source: {group_id: g, ")
+    one = loaded(write(tmp_path, named))
     assert one.source_warnings() == []
-    two = loaded(write(tmp_path, MINIMAL.replace("[outbox.public.outbox]",
+    two = loaded(write(tmp_path, named.replace("[outbox.public.outbox]",
                                                  "[a.public.outbox, b.public.outbox]")))
     [warning] = two.source_warnings()
     assert "a.public.outbox, b.public.outbox" in warning and "unique" in warning
@@ -798,7 +800,7 @@ def test_a_transaction_timeout_over_the_brokers_default_limit_is_refused(tmp_pat
 def test_a_regex_that_repeats_a_repeating_group_is_warned_about(tmp_path: Path) -> None:
     # Review, session 27: `re:(Order|[A-Za-z]+)+Paid` took 2.75 s for one 25-character type,
     # doubling with each character: one row could hold the router for hours.
-    slow = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
+    slow = loaded(write(tmp_path, "source: {topics: [raw], group_id: g}\nroutes:\n"
                         "  - {match: {type: 're:(Order|[A-Za-z]+)+Paid'}, topic: a}\n"
                         "  - {match: {header: {v: ['x', 're:(a*)*b']}}, topic: b}\n"
                         "  - {match: {type: 're:Order(Paid|Shipped)'}, topic: c}\n"))
@@ -1107,3 +1109,14 @@ def test_a_check_across_fields_names_the_variable_of_a_list_item(tmp_path: Path)
                        env={"CDC_ROUTER__ROUTES__0": '{"topic": "rv.payments"}'})
     assert "field 'routes[1]': unreachable: routes[0] has no match" in message
     assert message.endswith("; the environment sets CDC_ROUTER__ROUTES__0")
+
+
+def test_a_group_left_to_its_default_is_warned_about(tmp_path: Path) -> None:
+    # QA 63-b F-3: two pipelines on the default source.group_id on one host fenced each
+    # other within a second of load; rules check had said valid.
+    [warning] = loaded(write(tmp_path, MINIMAL)).source_warnings()
+    assert warning.startswith("source.group_id is not set: its default 'cdc-router' is the "
+                              "group of every pipeline that leaves it so")
+    assert "fencing each other" in warning
+    named = MINIMAL.replace("source: {", "source: {group_id: cdc-router, ")
+    assert loaded(write(tmp_path, named)).source_warnings() == []
