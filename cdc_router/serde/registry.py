@@ -14,6 +14,7 @@ stops with the reason instead, and its uncommitted batch is redelivered once it 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +31,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientE
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import ConfigError, PayloadDecodeError
+from cdc_router.errors import ConfigError, PayloadDecodeError, on_one_line
 from cdc_router.errors import RegistryError as RegistryError  # re-exported: its old home
 from cdc_router.serde.avro_schema import parse_schema_text
 from cdc_router.serde.registry_answers import SLOW, RefusedSubjects
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc_router.serde.registry")
 
 T = TypeVar("T")
+
+# A 409's text as a reason keeps this much: Confluent's details of one field fit in 300.
+INCOMPATIBILITY_CHARS = 500
+_OLD_SCHEMA = re.compile(r",?\s*\{oldSchema: '.*?'\}", re.DOTALL)
+_JAVA_CLASS = re.compile(r"^(?:[\w$]+\.)+[\w$]*Exception:\s*")
 
 # Confluent's error codes (the registry's REST API reference).
 NOT_FOUND = 40400  # generic; what confluent-kafka's mock:// registry answers for an unknown id
@@ -347,11 +353,13 @@ def _refusal(what: str, error: ClientError, url: str,
                              "register it (`cdc-router schemas register -c ... --subject "
                              "<that subject>`) or set schema_registry.auto_register: true",
                              missing=True)
-    if status == 409:
+    if status == 409:  # QA 63-a: the registry's own words on what breaks were dropped
+        words = _incompatibility(error)
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
-                             "subject's registered versions (`cdc-router schemas check -c ...` "
-                             "names the field, or the other type of schema the subject "
-                             "holds)", incompatible=True)
+                             "subject's registered versions" + (f" ({words})" if words else "")
+                             + ": change the schema so that it reads them (a default for each "
+                             "new field; `cdc-router schemas check -c ...` names the field, or "
+                             "the other type of schema the subject holds)", incompatible=True)
     if status == 401:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check {settings.credentials}")
@@ -377,6 +385,16 @@ def _refusal(what: str, error: ClientError, url: str,
         return RegistryError(f"cannot {what}: the schema registry at {url} answered HTTP "
                              f"{status} ({_masked(str(error), url)}); {OUTAGE}", outage=True)
     return RegistryError(f"cannot {what}: {error}", refused=definite)
+
+
+def _incompatibility(error: ClientError) -> str:
+    """The registry's own words on an incompatible schema, on one line: Confluent's name the
+    field, the old version and the compatibility level, but quote the old schema whole (left
+    out here); Apicurio's start with its Java exception's class (left out too)."""
+    text = on_one_line(str(error.error_message or ""))
+    text = _JAVA_CLASS.sub("", _OLD_SCHEMA.sub("", text))
+    return text if len(text) <= INCOMPATIBILITY_CHARS else \
+        f"{text[:INCOMPATIBILITY_CHARS - 1]}…"
 
 
 def _masked(text: str, url: str) -> str:

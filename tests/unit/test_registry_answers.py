@@ -199,8 +199,45 @@ def test_an_incompatible_schema_points_at_a_field_or_the_subjects_other_type() -
     failure = registry_failure("register o.avsc under subject 'x-value'", ClientError(
         409, 409, "Schema being registered is incompatible"), "http://sr:8081")
     assert failure.incompatible and str(failure).endswith(
-        "(`cdc-router schemas check -c ...` names the field, or the other type of schema the "
-        "subject holds)")
+        "(a default for each new field; `cdc-router schemas check -c ...` names the field, or "
+        "the other type of schema the subject holds)")
+
+
+# Confluent Schema Registry 7.x's 409: the details name the field, the old version and the
+# level, and quote the old schema whole.
+CONFLUENT_409 = (
+    "Schema being registered is incompatible with an earlier schema for subject "
+    "\"inv.Note-value\", details: [{errorType:'READER_FIELD_MISSING_DEFAULT_VALUE', "
+    "description:'The field 'warehouse' at path '/fields/3' in the new schema has no default "
+    "value and is missing in the old schema', additionalInfo:'warehouse'}, "
+    "{oldSchemaVersion: 3}, {oldSchema: '{\"type\":\"record\",\"name\":\"OrderPaid\","
+    "\"fields\":[" + ",".join(f'{{\"name\":\"f{i}\",\"type\":\"string\"}}'
+                              for i in range(200)) + "]}'}, "
+    "{validateFields: 'false', compatibility: 'BACKWARD'}]")
+
+
+@pytest.mark.parametrize(("said", "kept", "left_out"), [
+    (CONFLUENT_409, ["subject \"inv.Note-value\"", "The field 'warehouse' at path '/fields/3'",
+                     "{oldSchemaVersion: 3}", "compatibility: 'BACKWARD'"], ['"type"', "f199"]),
+    ("io.apicurio.registry.rules.RuleViolationException: Incompatible artifact: inv.Note-value "
+     "[AVRO], num of incompatible diffs: {1}, list of diff types: [n at /fields/0]",
+     ["Incompatible artifact: inv.Note-value [AVRO]", "[n at /fields/0]"], ["io.apicurio"]),
+])
+def test_an_incompatible_schemas_reason_quotes_the_registrys_words(
+        said: str, kept: list[str], left_out: list[str]) -> None:
+    # QA 63-a: the dead letter of an event whose data-named subject refused the route's schema
+    # (and the start's error for a known subject) said "incompatible with the subject's
+    # registered versions", dropping the registry's answer that names the field, the version
+    # and the level.
+    failure = registry_failure("register inv.avsc under subject 'inv.Note-value'",
+                               ClientError(409, 409, said), "http://sr:8081")
+    text = str(failure)
+    assert failure.incompatible and "\n" not in text
+    for words in kept:
+        assert words in text, text
+    for words in left_out:
+        assert words not in text, text
+    assert len(text) < 900, text
 
 
 def test_a_subject_registered_at_run_time_is_logged_once(caplog: pytest.LogCaptureFixture
