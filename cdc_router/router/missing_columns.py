@@ -30,10 +30,12 @@ class MissingColumns:
     def __init__(self, outbox: OutboxColumns) -> None:
         self._fields = {column: name for name, column in outbox.model_dump().items() if column}
         self.runs: dict[str, int] = {}  # empty but for a topic in such a run: cheap to test
+        self.decoded: set[str] = set()  # the topics with an event read whole by this process
 
     def read(self, topic: str) -> None:
         """An event of `topic` was read: a run of missing columns there ends."""
         self.runs.pop(topic, None)
+        self.decoded.add(topic)
 
     def missing(self, topic: str, error: MissingColumn) -> None:
         """One more event of `topic` without a configured column; ConfigError at RUN_LIMIT."""
@@ -49,7 +51,18 @@ class MissingColumns:
                  "the column's name and start the router again. The dead letters logged in "
                  "the batch this stop aborted were never written (its events are read again); "
                  "those of batches committed before it, `cdc-router dlq replay` delivers once "
-                 "it is fixed (QA 48-g F4)")
+                 "it is fixed (QA 48-g F4)" + (_RENAMED if topic in self.decoded else ""))
+
+
+# QA 63-a: a column renamed under a backlog (rows written before the rename not yet routed):
+# one batch held rows of both names, so each name stopped the router with the batch aborted,
+# the other name's rows in it too, and no restart made progress.
+_RENAMED = (
+    ". Events of this topic before these had the column: if it was renamed while rows written "
+    "before the rename were still to route, no one name reads both; start the router once "
+    f"with CDC_ROUTER__DELIVERY__COMMIT_MAX_RECORDS={RUN_LIMIT // 2} (batches shorter than "
+    "the run, so that those before the rename commit), then with the new name, then `cdc-router "
+    "dlq replay` the letters in between")
 
 
 class MissingKeyColumn(RouteError):

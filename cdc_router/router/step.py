@@ -253,7 +253,7 @@ class RecordStep:
             return decode_letter(error)
         if isinstance(decoded, debezium.Skipped):
             return Skipped(decoded.reason, decoded.detail)
-        if self._missing_columns.runs:
+        if self._missing_columns.runs or topic not in self._missing_columns.decoded:
             self._missing_columns.read(topic)
         decoding_s = self._timer() - started
         if decoding_s > self._slow_s:

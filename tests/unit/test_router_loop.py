@@ -1537,7 +1537,35 @@ def test_a_column_no_event_of_the_topic_has_stops_the_router_with_the_fix() -> N
     assert f"the last {RUN_LIMIT} change events of {RAW} have no column 'body'" in \
         str(stopped.value)
     assert "its rows have id, aggregatetype, aggregateid, type, payload" in str(stopped.value)
+    assert "COMMIT_MAX_RECORDS" not in str(stopped.value)  # no event had it: no rename
     assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
+
+
+def test_a_column_renamed_under_a_backlog_stops_with_the_way_through() -> None:
+    # QA 63-a: `payload` renamed `body` while rows written before the rename were still to
+    # route; one batch held both, so the old name stopped the router at the run of new rows
+    # and the new name at the run of old ones, each batch aborted: no restart made progress.
+    renamed = [json.loads(value) for value in events(50 + RUN_LIMIT + 20)]
+    for envelope in renamed[50:]:
+        envelope["after"]["body"] = envelope["after"].pop("payload")
+    cluster = cluster_with(*[json.dumps(envelope).encode() for envelope in renamed])
+    with pytest.raises(ConfigError) as stopped:
+        Harness(cluster, delivery=SLOW_COMMIT).router.run()
+    assert cluster.group_offsets == {}  # the batch aborted, the 50 whole events with it
+    assert "Events of this topic before these had the column: if it was renamed while rows " \
+        "written before the rename were still to route, no one name reads both; start the " \
+        f"router once with CDC_ROUTER__DELIVERY__COMMIT_MAX_RECORDS={RUN_LIMIT // 2}" in \
+        str(stopped.value), str(stopped.value)
+    # The way it names: short batches with the old name, then the new name.
+    with pytest.raises(ConfigError):
+        Harness(cluster, delivery={**SLOW_COMMIT, "commit_max_records": RUN_LIMIT // 2}
+                ).router.run()
+    harness = Harness(cluster, source={"topics": [RAW], "group_id": "g",
+                                       "outbox": {"payload": "body"}}).run()
+    letters = [letter.header("dlq.event.id") for letter in harness.letters()]
+    assert len(harness.delivered()) == 50 + RUN_LIMIT + 20 - len(letters)
+    assert sorted(harness.delivered() + letters) == sorted(f"e-{i}" for i in range(len(renamed)))
+    assert 0 < len(letters) < RUN_LIMIT  # `dlq replay` delivers them with the new name
 
 
 def test_events_without_a_column_among_events_with_it_are_dead_letters_only() -> None:
