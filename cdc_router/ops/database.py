@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg import sql
 
 from cdc_router.config.dsn import refused_dsn
 from cdc_router.errors import ConfigError
@@ -143,7 +144,8 @@ def _outbox_hint(error: psycopg.Error, outbox: OutboxSchema, named_by: str) -> s
                 "with status.outbox_table")
     if not isinstance(error, psycopg.errors.UndefinedColumn):
         return ""
-    text = str(error)
+    # Its primary message only (as one_line): the rest quotes the query, every column of it.
+    text = error.diag.message_primary or (str(error).splitlines() or [""])[0]
     fields = [name for name, column in outbox.columns.model_dump().items()
               if column is not None and f'"{column}"' in text]
     where = f"source.outbox.{fields[0]}" if fields else "the source.outbox column names"
@@ -236,6 +238,11 @@ def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema,
     """`reader`: the connector's role, asked whether it may SELECT the table (the snapshot
     needs it; streaming does not, so a connector without it looks healthy until it
     snapshots)."""
+    # QA 63-a: a column the config names that a migration renamed was `status: ok` while the
+    # router dead-lettered the next events and stopped: Postgres names it (_outbox_hint).
+    conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(sql.SQL(", ").join(
+        sql.Identifier(column) for column in schema.columns.model_dump().values()
+        if column is not None), schema.identifier))
     stats = outbox_stats(conn, schema)
     row = conn.execute(
         "SELECT c.relkind, CASE WHEN r.oid IS NOT NULL THEN has_table_privilege(r.oid, c.oid, "
