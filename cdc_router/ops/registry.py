@@ -8,14 +8,16 @@ credentials and TLS), with a shorter timeout and no retry: `status` reports, it 
 
 from __future__ import annotations
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from typing import TYPE_CHECKING
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import shown_url
 from cdc_router.errors import EXIT_RESTART, RegistryError
 from cdc_router.ops.report import RegistryState
-from cdc_router.serde.registry import SchemaIds
 from cdc_router.serde.registry_answers import slow_lookups_shown
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 # The router's own lookups wait schema_registry.config.timeout (5 s) twice; a check that
 # waits that long on each of its parts makes `status --watch` lag behind.
@@ -33,6 +35,12 @@ def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
     settings = config.schema_registry
     if settings is None:
         return None
+    # Here, not at the top: the registry client's import (authlib, httpx) costs every
+    # `status` half a second, which a config without schema_registry has no use for.
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from cdc_router.serde.registry import SchemaIds
+
     url = shown_url(settings.url)
     try:
         if client is None:

@@ -78,7 +78,6 @@ from cdc_router.router.step import DeadLettered, RecordStep, Routed, StepResult
 from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 from cdc_router.serde import Serializer
-from cdc_router.serde.avro import AvroSerializer
 
 log = logging.getLogger("cdc_router.router")
 
@@ -143,6 +142,10 @@ def sources_of(config: RouterConfig) -> OursTest:
 
 def _looking_up(serializer: Serializer, config: RouterConfig) -> Serializer:
     """`serializer` for a plan: an Avro one with a registry registers nothing in it."""
+    # Here, not at the top: `run` imports this module, and the registry client's import
+    # (authlib, httpx) costs every router start half a second it has no use for.
+    from cdc_router.serde.avro import AvroSerializer
+
     if not isinstance(serializer, AvroSerializer) or serializer.registry is None:
         return serializer
     return AvroSerializer(config.routes, config.schema_registry, looks_only=True,

@@ -31,6 +31,7 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
     MissingColumn,
+    RegistryError,
     RouteError,
     SerializeError,
     printable,
@@ -43,7 +44,6 @@ from cdc_router.router.missing_columns import MissingColumns, MissingKeyColumn, 
 from cdc_router.router.routing import OutboundRecord, Router
 from cdc_router.router.timestamps import TopicLimits, compresses
 from cdc_router.router.values import quick_init
-from cdc_router.serde.registry import RegistryError
 
 if TYPE_CHECKING:
     from cdc_router.config.compiled import CompiledConfig

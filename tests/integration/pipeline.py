@@ -210,7 +210,6 @@ def pipeline(stack: StackEndpoints, workdir: Path, *, partitions: int = 4,
         with suppress(ConnectError):
             client.delete(dashed)
         client.close()
-        time.sleep(1)
         drop_slot(stack.postgres_dsn, name)
         drop_outbox_table(stack.postgres_dsn, name)
         topics = [pipe.raw_topic, pipe.orders_topic, pipe.events_topic, pipe.dlq_topic,
