@@ -168,15 +168,17 @@ def test_the_cheap_bound_of_a_record_s_size_is_never_below_its_count() -> None:
     # The router checks every record against its topic's max.message.bytes by the bound, and
     # counts exactly only a record over it (reread of QA 53-b F2: the count on every record
     # made the step 48% slower); a bound below the count would let a refused record through.
+    # Both count bytes, never read them: zero bytes of each drawn length make the same cases
+    # as random ones, without the 35 s (of 44) that drawing 1 GB of random bytes took.
     rng = random.Random(53)
     alphabet = ["a", "é", "€", "\U0001f600", "\ud800"]
     for _ in range(2_000):
         headers: list[tuple[str, bytes | None]] = [
             ("".join(rng.choices(alphabet, k=rng.randint(0, 40))),
-             None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 1, 63, 64, 8191,
-                                                                          8192, 70_000])))
+             None if rng.random() < 0.1 else bytes(rng.choice([0, 1, 63, 64, 8191, 8192,
+                                                               70_000])))
             for _ in range(rng.randint(0, 30))]
-        key = None if rng.random() < 0.2 else rng.randbytes(rng.randint(0, 300))
-        value = None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 5, 127, 128,
-                                                                          20_000, 3_000_000]))
+        key = None if rng.random() < 0.2 else bytes(rng.randint(0, 300))
+        value = None if rng.random() < 0.1 else bytes(rng.choice([0, 5, 127, 128, 20_000,
+                                                                  3_000_000]))
         assert batch_size_bound(key, value, headers) >= batch_size(key, value, headers)
