@@ -22,8 +22,11 @@ def test_an_inactive_slot_left_by_a_slot_name_change_is_listed_with_its_wal(
         for name in (old, new):
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
         try:
-            # WAL written after the slots: the old one holds it back from now on.
-            conn.execute("SELECT pg_logical_emit_message(false, 'fx63', repeat('x', 100000))")
+            # WAL written after the slots: the old one holds it back from now on. Transactional,
+            # so that its commit flushes it: retained WAL is measured to pg_current_wal_lsn(),
+            # the write position, which a message without a commit may not have passed yet
+            # (98,536 bytes seen once, under another worker's load).
+            conn.execute("SELECT pg_logical_emit_message(true, 'fx63', repeat('x', 100000))")
             wal, _, _ = probe_database(stack.postgres_dsn, [new], None,
                                        OutboxSchema(table="public.outbox"))
         finally:
