@@ -72,17 +72,20 @@ def rewrite_warning(conn: psycopg.Connection[Any], table: str, txid_column: str,
     them (L4: `outbox init --relay` rewrote a live table without a word); None when it is
     missing, empty or has both. Both columns take a volatile default (an identity, the
     transaction's id): Postgres rewrites every row under an ACCESS EXCLUSIVE lock."""
-    missing = [c for c in (seq_column, txid_column) if c not in column_types(conn, table)]
-    target = table_identifier(table, "relay.table")
-    if not missing or conn.execute(sql.SQL("SELECT FROM {} LIMIT 1").format(
-            target)).fetchone() is None:
+    columns = column_types(conn, table)
+    missing = [c for c in (seq_column, txid_column) if c not in columns]
+    # No columns: no table yet (init creates it with both), nothing to rewrite (review 63: a
+    # SELECT of the missing table failed `outbox init --relay` on a new database).
+    if not columns or not missing or conn.execute(sql.SQL("SELECT FROM {} LIMIT 1").format(
+            table_identifier(table, "--table"))).fetchone() is None:
         return None
     # The planner's estimate: a count(*) of a big outbox would scan it (-1: never analyzed).
-    found = conn.execute("SELECT reltuples::bigint, pg_total_relation_size(oid) FROM pg_class "
-                         "WHERE oid = to_regclass(%s)", (regclass_text(table),)).fetchone()
-    rows, size = found if found else (-1, 0)
+    found = conn.execute("SELECT reltuples::bigint, pg_size_pretty(pg_total_relation_size(oid)) "
+                         "FROM pg_class WHERE oid = to_regclass(%s)",
+                         (regclass_text(table),)).fetchone()
+    rows, size = found if found else (-1, "size unknown")
     held = f"about {rows} rows" if rows > 0 else "rows"
-    return (f"{table} holds {held} ({size // 1_048_576} MiB) and has no {' or '.join(missing)}: "
+    return (f"{table} holds {held} ({size}) and has no {' or '.join(missing)}: "
             "adding them rewrites the whole table under an ACCESS EXCLUSIVE lock, so the "
             "application's INSERTs (and Debezium's reads) wait until it is done (200000 rows, "
             "15 MiB: 8 s), and every row there is one the relay's first start delivers; run "

@@ -3,6 +3,7 @@ order, the active relay killed with kill -9 again and again, a standby taking ov
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -12,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -284,18 +286,35 @@ def test_the_relay_writes_the_records_the_router_writes_from_debezium(
     assert differences == []
 
 
-def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
-    table = unique("relay_init")
+def _outbox_init(stack: StackEndpoints, table: str, *extra: str
+                 ) -> subprocess.CompletedProcess[str]:
+    """`cdc-router outbox init` of public.`table` (its publication named alike), no terminal."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
+         "--table", f"public.{table}", "--publication", table, *extra],
+        capture_output=True, text=True, cwd=REPO, check=False, stdin=subprocess.DEVNULL)
 
-    def init(*relay: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
-             "--table", f"public.{table}", "--publication", table, *relay],
-            capture_output=True, text=True, cwd=REPO, check=False)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
 
+@contextlib.contextmanager
+def _dropped_after(stack: StackEndpoints, prefix: str) -> Iterator[str]:
+    """A new outbox table name; the table and its publication are dropped after."""
+    table = unique(prefix)
     try:
+        yield table
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
+
+
+def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
+    with _dropped_after(stack, "relay_init") as table:
+
+        def init(*relay: str) -> str:
+            result = _outbox_init(stack, table, *relay)
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
         init()  # an outbox of an earlier version, without the relay's columns
         added = init("--relay")
         assert "ensured  relay columns txid, seq" in added
@@ -310,10 +329,6 @@ def test_outbox_init_relay_adds_the_columns_once(stack: StackEndpoints) -> None:
             conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
                          "payload) VALUES (gen_random_uuid(), 'A', '1', 'T', '{}')")
             row = conn.execute(f"SELECT seq, txid::text FROM public.{table}").fetchone()
-    finally:
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
-            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
     assert types == {"txid": "xid8", "seq": "bigint"}
     assert row is not None and row[0] > 0 and int(row[1]) > 0
 
@@ -322,44 +337,33 @@ def test_outbox_init_relay_on_a_table_with_rows_asks_before_it_rewrites_it(
         stack: StackEndpoints) -> None:
     # L4: adding txid and seq to a table holding rows rewrote it under an ACCESS EXCLUSIVE lock
     # (200000 rows: 8 s of INSERTs waiting) and gave every row to the relay, without a word.
-    table = unique("relay_rewrite")
+    with _dropped_after(stack, "relay_rewrite") as table:
 
-    def init(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cdc_router", "outbox", "init", "--dsn", stack.postgres_dsn,
-             "--table", f"public.{table}", "--publication", table, *extra],
-            capture_output=True, text=True, cwd=REPO, check=False, stdin=subprocess.DEVNULL)
+        def filenode() -> tuple[int, int]:
+            with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+                found = conn.execute(
+                    "SELECT pg_relation_filenode(%s::regclass), (SELECT count(*) FROM "
+                    "pg_attribute WHERE attrelid = %s::regclass AND attname IN ('txid', "
+                    "'seq'))", (f"public.{table}",) * 2).fetchone()
+            assert found is not None
+            return found[0], found[1]
 
-    def filenode() -> tuple[int, int]:
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            found = conn.execute(
-                "SELECT pg_relation_filenode(%s::regclass), (SELECT count(*) FROM pg_attribute "
-                "WHERE attrelid = %s::regclass AND attname IN ('txid', 'seq'))",
-                (f"public.{table}",) * 2).fetchone()
-        assert found is not None
-        return found[0], found[1]
-
-    try:
-        assert init().returncode == 0
+        assert _outbox_init(stack, table).returncode == 0
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"INSERT INTO public.{table} (id, aggregatetype, aggregateid, type, "
                          "payload) SELECT gen_random_uuid(), 'A', g::text, 'T', '{}' FROM "
                          "generate_series(1, 100) g")
         before = filenode()
-        refused = init("--relay")  # no terminal: nobody to ask
+        refused = _outbox_init(stack, table, "--relay")  # no terminal: nobody to ask
         assert refused.returncode == 1 and filenode() == before, refused.stderr
         assert f"warning: public.{table} holds " in refused.stderr
         assert "has no seq or txid: adding them rewrites the whole table under an ACCESS " \
             "EXCLUSIVE lock" in refused.stderr and "--yes" in refused.stderr
-        done = init("--relay", "--yes")
+        done = _outbox_init(stack, table, "--relay", "--yes")
         assert done.returncode == 0, done.stderr
         assert filenode()[0] != before[0] and filenode()[1] == 2  # rewritten, as it said
-        again = init("--relay")  # nothing to add: nothing to ask
+        again = _outbox_init(stack, table, "--relay")  # nothing to add: nothing to ask
         assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
-    finally:
-        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {table}")
-            conn.execute(f"DROP TABLE IF EXISTS public.{table}")
 
 
 def test_a_sigterm_in_the_relays_first_seconds_stops_it_cleanly(stack: StackEndpoints,
@@ -374,6 +378,20 @@ def test_a_sigterm_in_the_relays_first_seconds_stops_it_cleanly(stack: StackEndp
             log = setup.log(instance)
             assert code == 0, (after_s, code, log[-2000:])
             assert "event=stopped" in log, (after_s, log[-2000:])
+
+
+def test_outbox_init_relay_creates_a_new_outbox_with_its_columns(stack: StackEndpoints) -> None:
+    # Review 63 of the L4 fix: the rewrite check read the table before init made it, and
+    # `outbox init --relay` on a database without the outbox failed (relation does not exist).
+    with _dropped_after(stack, "relay_new") as table:
+        made = _outbox_init(stack, table, "--relay")
+        assert made.returncode == 0, made.stderr
+        assert f"created  table public.{table}" in made.stdout and "warning" not in made.stderr
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            found = conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = "
+                                 "%s::regclass AND attname IN ('txid', 'seq')",
+                                 (f"public.{table}",)).fetchone()
+        assert found == (2,)
 
 
 def test_dlq_replay_delivers_a_relay_letter_from_its_row(stack: StackEndpoints,
