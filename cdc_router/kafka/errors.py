@@ -76,11 +76,13 @@ def rival_hint(transactional_id: str | None, group: str | None) -> str:
     prefix = transactional_id or group
     if prefix is None:
         return "another instance may use the same instance id"
-    field = "delivery.transactional_id" if transactional_id else \
-        "source.group_id (the default of delivery.transactional_id)"
+    # The setting that names it: a set delivery.transactional_id is not changed by another
+    # source.group_id (review 63: the advice named that one all the same).
+    field = "delivery.transactional_id" if transactional_id else "source.group_id"
+    default = "" if transactional_id else " (the default of delivery.transactional_id)"
     return (f"another process uses its transactional id {prefix}-<instance id>: an instance "
             f"with the same --instance-id (default: the host name), or another pipeline "
-            f"whose {field} is {prefix!r} too; give each pipeline its own source.group_id")
+            f"whose {field}{default} is {prefix!r} too; give each pipeline its own {field}")
 
 
 def likely_cause(error: KafkaError, fenced_hint: str) -> str:

@@ -365,7 +365,10 @@ def test_a_routers_fence_names_the_settings_two_pipelines_may_share() -> None:
 
 
 def test_a_set_transactional_id_is_the_setting_named() -> None:
-    assert "whose delivery.transactional_id is 'shop' too" in rival_hint("shop", "g")
+    hint = rival_hint("shop", "g")
+    assert "whose delivery.transactional_id is 'shop' too" in hint
+    # Review 63: another source.group_id does not change a transactional id that is set.
+    assert hint.endswith("give each pipeline its own delivery.transactional_id"), hint
 
 
 def test_a_step_fenced_for_good_names_the_rivals_too() -> None:
