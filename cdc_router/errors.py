@@ -316,7 +316,7 @@ class RegistryError(CdcRouterError):
     registry refused to register it (409); `refused`: another definite answer about the
     subject (a 4xx in the registry's words, with its 5-digit code, but 401 and the transient
     408/429: an invalid schema; any 403, a per-subject ACL's); `outage`: no answer, or a
-    server error, which a restart may outlast (exit 75). serde/registry.registry_failure
+    server error, which a restart may outlast (exit 75). serde/registry_failures.registry_failure
     decides."""
 
     def __init__(self, message: str, *, missing: bool = False, incompatible: bool = False,

@@ -37,13 +37,8 @@ from cdc_router.serde.avro_schema import (
     load_schema,
 )
 from cdc_router.serde.json import NULL_VALUE, parse_json
-from cdc_router.serde.registry import (
-    CLIENT_SETTINGS,
-    CONFIG_SETTINGS,
-    RegistryError,
-    SchemaIds,
-    writer_schema,
-)
+from cdc_router.serde.registry import RegistryError, SchemaIds, writer_schema
+from cdc_router.serde.registry_failures import CLIENT_SETTINGS, CONFIG_SETTINGS
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient

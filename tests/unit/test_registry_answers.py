@@ -16,8 +16,9 @@ from cdc_router.errors import EXIT_RESTART, SerializeError
 from cdc_router.serde import registry_answers
 from cdc_router.serde.avro import AvroSerializer
 from cdc_router.serde.avro_schema import load_schema
-from cdc_router.serde.registry import OUTAGE, RegistryError, registry_failure
+from cdc_router.serde.registry import RegistryError
 from cdc_router.serde.registry_answers import SlowLookups
+from cdc_router.serde.registry_failures import OUTAGE, registry_failure
 from tests.unit.test_avro import GOOD, PAYMENT, MockRegistry, event, registry
 
 DYNAMIC = RouteRule.model_validate({"topic": "x.{aggregate_id}", "format": "avro",
