@@ -51,8 +51,9 @@ FROM pg_replication_slots WHERE slot_name = ANY(%(names)s)
 _OTHER_INACTIVE = """
 SELECT slot_name, wal_status, safe_wal_size,
        pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
-FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database()
-  AND NOT active AND slot_name <> ALL(%(names)s) ORDER BY slot_name
+FROM pg_replication_slots WHERE slot_type = 'logical'
+  AND database = coalesce(%(database)s, current_database()) AND NOT active
+  AND slot_name <> ALL(%(names)s) ORDER BY slot_name
 """
 
 
@@ -84,7 +85,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
     with conn:
         elsewhere = _other_database(conn, database, source)
         if elsewhere is not None:  # slots are the server's: still this pipeline's
-            return (_guarded(lambda: wal_state(conn, slots), WalState),
+            # The other inactive slots of the connector's database, not of the DSN's.
+            return (_guarded(lambda: wal_state(conn, slots, database), WalState),
                     PublicationState(error=elsewhere, name=publication),
                     OutboxState(error=elsewhere, table=outbox.table))
         return (_guarded(lambda: wal_state(conn, slots), WalState),
@@ -178,9 +180,10 @@ FROM pg_prepared_xacts ORDER BY prepared
 """
 
 
-def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalState:
-    """The slots `names` (each, found or not) and this database's other inactive logical
-    slots, or every logical slot of this database for None."""
+def wal_state(conn: psycopg.Connection[Any], names: list[str] | None,
+              database: str | None = None) -> WalState:
+    """The slots `names` (each, found or not) and the other inactive logical slots of
+    `database` (by default this one's), or every logical slot of this database for None."""
     row = conn.execute("SELECT pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
                        ).fetchone()
     limit = int(row[0]) if row is not None else None
@@ -193,7 +196,8 @@ def wal_state(conn: psycopg.Connection[Any], names: list[str] | None) -> WalStat
     others = () if names is None else tuple(
         Slot(slot, True, False, status, retained_wal_bytes=_int(retained),
              safe_wal_size_bytes=_int(safe))
-        for slot, status, safe, retained in conn.execute(_OTHER_INACTIVE, {"names": names}))
+        for slot, status, safe, retained in conn.execute(_OTHER_INACTIVE, {
+            "names": names, "database": database}))
     return WalState(max_slot_wal_keep_size_bytes=limit, prepared=prepared,
                     slots=tuple(found.values()) if names is None else
                     tuple(found.get(name, Slot(name, exists=False)) for name in names),

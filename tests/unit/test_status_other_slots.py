@@ -19,6 +19,11 @@ LEFT = Slot("outbox_slot_v1", True, False, "extended", retained_wal_bytes=3 * GI
 MIB = 1024**2
 
 
+class Rows(list[tuple[Any, ...]]):
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self[0] if self else None
+
+
 def _report(*slots: Slot) -> Any:
     report = healthy()  # max_slot_wal_keep_size 2 GiB
     return replace(report, wal=replace(report.wal, other_inactive_slots=slots))
@@ -66,10 +71,6 @@ def test_it_is_listed_in_the_text_and_in_json() -> None:
 def test_the_wal_check_asks_for_them_only_when_it_names_the_connectors_slots() -> None:
     asked: list[tuple[str, Any]] = []
 
-    class Rows(list[tuple[Any, ...]]):
-        def fetchone(self) -> tuple[Any, ...]:
-            return self[0]
-
     class Conn:
         def execute(self, query: str, params: Any = None) -> Rows:
             asked.append((query, params))
@@ -82,7 +83,32 @@ def test_the_wal_check_asks_for_them_only_when_it_names_the_connectors_slots() -
     state = database.wal_state(Conn(), ["outbox_slot"])  # type: ignore[arg-type]
     assert state.other_inactive_slots == (LEFT,)
     assert [params for query, params in asked if "NOT active" in query] == [
-        {"names": ["outbox_slot"]}]
+        {"names": ["outbox_slot"], "database": None}]  # None: the DSN's own database
     asked.clear()
     assert database.wal_state(Conn(), None).other_inactive_slots == ()  # type: ignore[arg-type]
     assert not any("NOT active" in query for query, _ in asked)  # all of them are listed then
+
+
+def test_with_a_dsn_of_another_database_the_connectors_databases_slots_are_listed(
+        monkeypatch: Any) -> None:
+    # Review 63 (186e24a with d5aebf3): the DSN naming another database of the server, the
+    # other inactive slots listed were that database's, said to be "in this database".
+    asked: list[Any] = []
+
+    class Conn:
+        def __enter__(self) -> Conn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def execute(self, query: str, params: Any = None) -> Any:
+            asked.append(params)
+            if "max_slot_wal_keep_size" in query:
+                return Rows([(-1,)])
+            return Rows([("shop",)] if query.strip() == "SELECT current_database()" else [])
+
+    monkeypatch.setattr(database.psycopg, "connect", lambda *args, **kwargs: Conn())
+    database.probe_database("postgresql://h/shop", ["billing_slot"], "billing_pub",
+                            database.OutboxSchema(), database="billing")
+    assert {"names": ["billing_slot"], "database": "billing"} in asked, asked
