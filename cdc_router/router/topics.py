@@ -173,13 +173,17 @@ def _undeclared(spec: TopicSpec, current: Mapping[str, Any],
     window) may be another pipeline's: no removal is advised (review 62 #8: a dedup changelog
     kept for ever has no segment.ms, and was told to delete that of one sharing it)."""
     # The whole command (review 62: `kafka-configs --alter --delete-config K` named no topic,
-    # and kafka-configs refuses it).
+    # and kafka-configs refuses it); for a shared key, only where no pipeline shares the topic
+    # (review 63: one whose own leftover it is, its marks now kept for ever, lost the command).
+    def removal(key: str) -> str:
+        return (f"`kafka-configs --bootstrap-server ... --alter --entity-type topics "
+                f"--entity-name {spec.name} --delete-config {key}` restores the broker's "
+                "default")
+
     return [f"{key} {entry.value} is set on the topic, not in the config: left as is (" + (
         "a pipeline sharing the topic may set it from its own dedup window; this config "
-        "needs no value of it, and keeps the topic's)" if key in shared else
-        "apply never removes a setting; `kafka-configs --bootstrap-server ... --alter "
-        f"--entity-type topics --entity-name {spec.name} --delete-config {key}` restores "
-        "the broker's default)")
+        f"needs no value of it, and keeps the topic's; if none shares it, {removal(key)})"
+        if key in shared else f"apply never removes a setting; {removal(key)})")
             for key, entry in sorted(current.items()) if key not in spec.config
             and getattr(entry, "source", None) in _SET_ON_THE_TOPIC]
 

@@ -282,4 +282,6 @@ def test_a_changelog_kept_for_ever_is_not_told_to_remove_the_segment_ms_of_one_s
     assert warnings == [
         "segment.ms 60000 is set on the topic, not in the config: left as is (a pipeline "
         "sharing the topic may set it from its own dedup window; this config needs no value "
-        "of it, and keeps the topic's)"]
+        "of it, and keeps the topic's; if none shares it, `kafka-configs --bootstrap-server "
+        "... --alter --entity-type topics --entity-name shared.changelog --delete-config "
+        "segment.ms` restores the broker's default)"]
