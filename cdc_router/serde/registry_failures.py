@@ -94,9 +94,11 @@ def _refusal(what: str, error: ClientError, url: str,
         words = _incompatibility(error)
         return RegistryError(f"cannot {what}: the registry finds it incompatible with the "
                              "subject's registered versions" + (f" ({words})" if words else "")
-                             + ": change the schema so that it reads them (a default for each "
-                             "new field; `cdc-router schemas check -c ...` names the field, or "
-                             "the other type of schema the subject holds)", incompatible=True)
+                             + ": change the schema so that the subject's compatibility "
+                             "level takes it (BACKWARD, the default: it reads them, a default "
+                             "for each new field; FORWARD: they read it; `cdc-router schemas "
+                             "check -c ...` names the field, or the other type of schema the "
+                             "subject holds)", incompatible=True)
     if status == 401:
         return RegistryError(f"cannot {what}: the registry at {url} refused the credentials "
                              f"(HTTP {status}); check {settings.credentials}")

@@ -199,8 +199,11 @@ def test_an_incompatible_schema_points_at_a_field_or_the_subjects_other_type() -
     # has no field to name: `schemas check` says which type it holds.
     failure = registry_failure("register o.avsc under subject 'x-value'", ClientError(
         409, 409, "Schema being registered is incompatible"), "http://sr:8081")
+    # Review 63: "so that it reads them" was BACKWARD's advice alone; FORWARD is the other way.
+    assert "the subject's compatibility level takes it (BACKWARD, the default: it reads them, " \
+        "a default for each new field; FORWARD: they read it; " in str(failure), str(failure)
     assert failure.incompatible and str(failure).endswith(
-        "(a default for each new field; `cdc-router schemas check -c ...` names the field, or "
+        "`cdc-router schemas check -c ...` names the field, or "
         "the other type of schema the subject holds)")
 
 
