@@ -370,14 +370,31 @@ def test_a_sigterm_in_the_relays_first_seconds_stops_it_cleanly(stack: StackEndp
                                                                  tmp_path: Path) -> None:
     # Fixer 63, item 7: the handlers came after the imports and the start's checks, so a
     # SIGTERM there (a deploy's quick rollback) killed it: exit -15, no line.
+    # Each signal goes once the process catches SIGTERM (its hold installed: the interpreter's
+    # start before it, 0.1 s idle and seconds on a loaded CI machine, is no start of ours to
+    # stop cleanly), at once and later into the start's imports and checks.
     with relay_setup(stack, tmp_path) as setup:
-        for instance, after_s in (("a", 0.5), ("b", 1.2), ("c", 2.5)):
-            setup.start(instance)
+        for instance, after_s in (("a", 0.0), ("b", 0.7), ("c", 2.0)):
+            pid = setup.start(instance)
+            _wait_until_it_catches(pid, signal.SIGTERM)
             time.sleep(after_s)
             code = setup.kill(instance, signal.SIGTERM)
             log = setup.log(instance)
             assert code == 0, (after_s, code, log[-2000:])
             assert "event=stopped" in log, (after_s, log[-2000:])
+
+
+def _wait_until_it_catches(pid: int, signum: int, timeout_s: float = 60) -> None:
+    """Until process `pid` has a handler for `signum` (SigCgt of /proc/<pid>/status)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        [caught] = [line.split()[1] for line in status.splitlines()
+                    if line.startswith("SigCgt:")]
+        if int(caught, 16) >> (signum - 1) & 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} caught no signal {signum} in {timeout_s} s")
 
 
 def test_outbox_init_relay_creates_a_new_outbox_with_its_columns(stack: StackEndpoints) -> None:
