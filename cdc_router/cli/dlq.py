@@ -106,7 +106,11 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
     if (said := _replayed_line(config)) is not None:
         click.echo(said, err=True)
     if others:
-        click.echo(f"{others} letters of other pipelines left out (--all lists them)", err=True)
+        click.echo(f"{_of_others(others)} (--all lists them)", err=True)
+
+
+def _of_others(count: int) -> str:
+    return f"{count} letter{'' if count == 1 else 's'} of other pipelines left out"
 
 
 class _Kept:
@@ -260,8 +264,8 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _plan_text(plan: ReplayPlan, topic: str) -> str:
-    others = (f"\n{plan.others} letters of other pipelines left out (`dlq list --all` lists "
-              "them)" if plan.others else "")
+    others = (f"\n{_of_others(plan.others)} (`dlq list --all` lists them)"
+              if plan.others else "")
     if not plan.planned:
         return f"no dead letters selected ({plan.read} on {topic}){others}"
     rows = [[f"{row['partition']}@{row['offset']}", row["event_id"] or "-", row["stage"],

@@ -418,7 +418,7 @@ def test_another_pipelines_letter_of_one_of_our_ids_does_not_make_it_undelivered
 
     assert _plan_text(plan, DLQ).endswith(
         "1 of 2 letters selected: 1 already_delivered\n"
-        "1 letters of other pipelines left out (`dlq list --all` lists them)")
+        "1 letter of other pipelines left out (`dlq list --all` lists them)")
 
 
 def test_a_relay_letter_is_replayed_from_its_row() -> None:
