@@ -12,7 +12,7 @@ import psycopg
 from click.core import ParameterSource
 
 from cdc_router.cli._options import EnvOption
-from cdc_router.config.dsn import dsn_problem, refused_dsn
+from cdc_router.config.dsn import dsn_problem, misread_user_info, refused_dsn
 from cdc_router.errors import ConfigError, DatabaseError
 from cdc_router.postgres import column_hint, one_line
 
@@ -61,6 +61,8 @@ def changed_database(conn: psycopg.Connection[Any], dsn: str) -> str:
 
 
 def _where(dsn: str) -> str:  # never the DSN itself: it may carry a password
+    if misread_user_info(dsn):  # its host, port or database would be a piece of the password
+        raise ConfigError(dsn_problem(dsn) or "not a connection string", field=dsn_named())
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

@@ -37,12 +37,18 @@ _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")  # libpq's parse_int_param: strtol, 
 _NOT_A_DSN = ("not a Postgres connection string; give postgresql://user:password@host:port/dbname "
               "or key=value pairs")
 _UNKNOWN_OPTION = re.compile(r'invalid (?:connection option|URI query parameter):? "([a-z_]+)"')
+_URI_PREFIXES = ("postgresql://", "postgres://")  # libpq's, matched case-sensitively
+_MISREAD_USER_INFO = ("its user or password holds an '@' or a '/' that is not percent-encoded, so "
+                      "libpq would read a piece of the password as the host, port or database "
+                      "(and errors would show it): write '@' as %40 and '/' as %2F")
 
 
 def dsn_problem(dsn: str) -> str | None:
     """Why `dsn` is no Postgres connection string libpq can use, or None: its syntax, or an
     option value libpq refuses without contacting a server (sslmode, port, ...); never quotes
     the string (it holds the password), only the bad option's value."""
+    if misread_user_info(dsn):
+        return _MISREAD_USER_INFO
     try:
         options = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
@@ -56,6 +62,21 @@ def dsn_problem(dsn: str) -> str | None:
         return _NOT_A_DSN
     return next(filter(None, (_value_problem(option, str(value))
                               for option, value in options.items() if value)), None)
+
+
+def misread_user_info(dsn: str) -> bool:
+    """True when a postgresql:// URI's user info holds an '@' or a '/' written as is: libpq
+    ends the user info at the first '@' (or at a '/' before any '@'), so the rest of the
+    password became the host, port or database, which its errors and ours quote (QA 64-b:
+    `u:pa/ssW0rd@h` showed the whole password in "Postgres at u:pa/ssW0rd@h:5432/db")."""
+    rest = next((dsn[len(prefix):] for prefix in _URI_PREFIXES if dsn.startswith(prefix)), None)
+    if rest is None:
+        return False
+    ends = [index for index in (rest.find("@"), rest.find("/")) if index >= 0]
+    if ends and rest[min(ends)] == "@":
+        rest = rest[min(ends) + 1:]
+    # The query may hold an '@' of its own (`?password=p@ss` is libpq's and fine).
+    return "@" in rest.partition("?")[0]
 
 
 @functools.cache
@@ -91,6 +112,8 @@ def refused_dsn(dsn: str, error: psycopg.Error) -> str | None:
     """Why libpq refused `dsn` without asking any server, as dsn_problem says it: the option,
     its value and what libpq takes; None when `error` is no such refusal (a server's, or no
     server reached). Reread 59 F-2: an invalid sslmode read as "Postgres refuses"."""
+    if misread_user_info(dsn):  # the error names a piece of the password as a host or port
+        return _MISREAD_USER_INFO
     # libpq's parse error, its text quoting the DSN's words: no SQLSTATE. A server's error is
     # a ProgrammingError too (42501 permission denied for schema, 42P01: review rv62b, it
     # read "not a Postgres connection string").

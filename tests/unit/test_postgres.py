@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cdc_router.cli._postgres import database
 from cdc_router.config.dsn import dsn_problem, refused_dsn
 from cdc_router.config.load import load_config
 from cdc_router.errors import ConfigError
@@ -280,6 +281,27 @@ def test_refused_dsn_leaves_a_servers_programming_error_to_the_caller(
 
 
 @pytest.mark.parametrize("dsn", [
+    "postgresql://postgres:Pa@ssW0rd@127.0.0.1:5432/postgres",
+    "postgresql://postgres:pa/ssW0rd@127.0.0.1:5432/postgres",
+    "postgres://postgres:9911/ssW0rd@127.0.0.1:5432/postgres"])
+def test_a_password_with_an_at_or_a_slash_not_percent_encoded_is_never_shown(dsn: str) -> None:
+    # QA 64-b: libpq ends the user info at the first '@' (or a '/' before it), so the rest of
+    # the password became the host, port or database: `outbox stats` said "Postgres at
+    # postgres:pa/ssW0rd@127.0.0.1:5432/postgres: failed to resolve host 'postgres'", `status`
+    # "its port 'pa' is not an integer", the relay "failed to resolve host 'ssW0rd@...'".
+    problem = "its user or password holds an '@' or a '/' that is not percent-encoded"
+    for said in (dsn_problem(dsn), refused_dsn(dsn, psycopg.OperationalError(
+            "connection failed: failed to resolve host 'ssW0rd@127.0.0.1'"))):
+        assert said is not None and said.startswith(problem), said
+        assert "ssW0rd" not in said and "write '@' as %40 and '/' as %2F" in said
+    with pytest.raises(ConfigError, match=problem) as error, database(dsn):
+        pass
+    assert "ssW0rd" not in str(error.value)
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://u:p%40ss%2Fw@h:5432/db", "postgresql://h/db?user=u&password=p@ss/w",
+    "postgresql://u:p?ss@h/db", "host=h password=p@ss/w",
     "postgresql://u:p@h:5432/db?sslmode=verify-full&target_session_attrs=prefer-standby",
     "host=a,b port=5432,,5433", "host=h port=' 5432 ' keepalives=0", "dbname=x"])
 def test_a_dsn_libpq_takes_has_no_problem(dsn: str) -> None:
