@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import NonBlank, StringMap
 from cdc_router.config.fields import field_problem as _fail
-from cdc_router.config.redact import redact, shown_url
+from cdc_router.config.redact import redact, shown_url, user_info_problem
 
 # librdkafka's broker entry, `[<protocol>://]<host>:<port>`: the protocols it takes as a
 # prefix (any case; "SASL", which older docs list, it refuses as unsupported), and a host name,
@@ -238,6 +238,8 @@ def _registry_url_problem(url: str) -> str | None:
     """Why one server URL of schema_registry.url cannot be reached; None when it can."""
     if re.search(r"\s", url):
         return "it has a space"
+    if (problem := user_info_problem(url)) is not None:  # QA 64-b
+        return problem
     try:
         parts = urlsplit(url)
         if parts.port == 0:  # .port: a ValueError when it is no number or above 65535

@@ -59,19 +59,38 @@ def redact(key: str, value: str | None) -> str | None:
                               _URL_PASSWORD.sub(_mask_url_password, value))
 
 
-# The user info of one server of a URL list: `user:password@`, or a token, `token@` (NATS).
-_USER_INFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>[^@/]*)@")
+# The user info of one server of a URL list: `user:password@`, or a token, `token@` (NATS),
+# through the server's last '@': a password may hold an '@' or a '/' written as is (QA 64-b:
+# `u:Url@S3c@host` showed `S3c`, `u:Url/S3c@host` all of it), and over-masking a path's '@'
+# only costs a URL shown less.
+_USER_INFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<info>.*)@", re.DOTALL)
 
 
 def shown_url(url: str) -> str:
     """A comma-separated list of server URLs fit for a log or an error line: each server's
-    password, or its token, masked."""
+    password, or its token, masked, and a secret among its parameters (`?token=...`)."""
     def masked(match: re.Match[str]) -> str:
         user, colon, _ = match["info"].partition(":")
+        user = user if "/" not in user and "@" not in user else ""
         return f"{match['scheme'] or ''}{user + ':' if colon else ''}{MASK}@"
 
-    return ",".join(_USER_INFO.sub(masked, server.strip()) for server in url.split(",")
-                    if server.strip())
+    return ",".join(_URL_PARAMETER.sub(_mask_param_password,
+                                       _USER_INFO.sub(masked, server.strip(), count=1))
+                    for server in url.split(",") if server.strip())
+
+
+def user_info_problem(url: str) -> str | None:
+    """Why an HTTP server URL's user info would be misread, or None: a '/', '?' or '#' of its
+    password written as is ends the URL's authority there, so a piece of the password is read
+    as the host or port, and shown as such (QA 64-b). An '@' is fine: urllib and httpx, as
+    URLs do, end the user info at the authority's last '@'."""
+    rest = url.partition("://")[2] or url
+    authority = re.match(r"[^/?#]*", rest)[0]  # type: ignore[index]  # matches any text
+    if "@" not in authority and "@" in rest[len(authority):]:
+        return ("its user info holds a '/', '?' or '#' that is not percent-encoded, so a piece "
+                "of the password would be read as the host or port: write them as %2F, %3F "
+                "and %23")
+    return None
 
 
 def redact_tree(value: Any, key: str = "") -> Any:

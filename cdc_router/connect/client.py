@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from cdc_router.config.redact import shown_url
+from cdc_router.config.redact import shown_url, user_info_problem
 from cdc_router.errors import ConnectError, UnknownConnectorError, on_one_line
 
 log = logging.getLogger("cdc_router.connect")
@@ -256,8 +256,8 @@ class ConnectClient:
     @property
     def _client(self) -> httpx.Client:
         if self._http is None:
-            if self.url != self.url.lstrip():  # QA 49-h F3: shown as if it were fine (httpx
-                raise self._invalid_url("a blank before it")  # drops a trailing one itself)
+            if self.url != self.url.lstrip() or user_info_problem(self.url):  # QA 49-h F3, 64-b
+                raise self._invalid_url(user_info_problem(self.url) or "a blank before it")
             try:
                 http = httpx.Client(base_url=self.url, auth=self._auth, timeout=self._timeout,
                                     transport=self._transport,

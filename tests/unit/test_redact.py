@@ -10,7 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
-from cdc_router.config.redact import MASK, is_secret_key, redact, redact_tree
+from cdc_router.config.load import load_config
+from cdc_router.config.redact import MASK, is_secret_key, redact, redact_tree, shown_url
+from cdc_router.connect.client import url_problem
+from cdc_router.errors import ConfigError
 from cdc_router.router import clients
 from tests.unit.test_connect_client import ScriptedConnect, run_cli
 
@@ -111,6 +114,42 @@ def test_a_password_among_a_urls_parameters_is_masked() -> None:
         f"https://h/api?access_token={MASK}&page=2"
     assert redact("connection.url", "jdbc:mysql://h/db?password=my pass&y=2") == \
         f"jdbc:mysql://h/db?password={MASK}&y=2"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://u:Url@S3c@127.0.0.1:8083", f"http://u:{MASK}@127.0.0.1:8083"),
+    ("http://u:Url/S3c@127.0.0.1:8083", f"http://u:{MASK}@127.0.0.1:8083"),
+    ("nats://t0k@S3c@h:4222,nats://u:p/S3c@h2", f"nats://{MASK}@h:4222,nats://u:{MASK}@h2"),
+    ("http://127.0.0.1:8083?token=S3c&x=1", f"http://127.0.0.1:8083?token={MASK}&x=1"),
+    ("http://h:8081/apis/ccompat/v7", "http://h:8081/apis/ccompat/v7")])
+def test_a_server_url_is_shown_without_any_piece_of_its_password(url: str, shown: str) -> None:
+    # QA 64-b: the user info ended at its first '@' or '/': `connectors --url
+    # http://u:Url@S3c@h:1 list` said "unreachable at http://u:*****@S3c@h:1", a '/' in the
+    # password showed it whole ("Kafka Connect URL 'http://u:Url/S3c@...' is not valid", and
+    # nats.url's load error), a token parameter was shown as written.
+    assert shown_url(url) == shown
+    assert "S3c" not in shown_url(url)
+
+
+@pytest.mark.parametrize("url", ["http://u:Url/S3c@127.0.0.1:8083",
+                                 "http://u:12/S3c@127.0.0.1:8083", "http://u:Url?S3c@h:8083"])
+def test_a_url_whose_password_ends_its_authority_is_refused_without_showing_it(
+        url: str, tmp_path: Path) -> None:
+    # QA 64-b: `connectors --url http://u:Url/S3c@h:1` said "(Invalid port: 'Url')", and with
+    # `u:12/S3c@...` httpx dialled the host "u" while the line named 127.0.0.1; a registry URL
+    # passed load the same way. An '@' in the password is no problem: httpx and urllib (the
+    # registry client's) end the user info at the last '@'.
+    said = url_problem(url)
+    assert said is not None and "not percent-encoded" in said and "S3c" not in said, said
+    assert "Url" not in said
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nroutes: [{topic: a}]\n"
+                      "schema_registry: {url: 'http://h:8081'}\n", "utf-8")
+    with pytest.raises(ConfigError, match=r"schema_registry\.url.*not percent-encoded") as refused:
+        load_config(config, {"CDC_ROUTER__SCHEMA_REGISTRY__URL": url})
+    assert "S3c" not in str(refused.value)
+    assert url_problem("http://u:Url@S3c@127.0.0.1:8083") is None
+    load_config(config, {"CDC_ROUTER__SCHEMA_REGISTRY__URL": "http://u:Url@S3c@127.0.0.1:8081"})
 
 
 def test_redact_tree_masks_at_any_depth_and_keeps_the_rest() -> None:
