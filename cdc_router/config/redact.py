@@ -18,9 +18,11 @@ from cdc_router.config.placeholders import provider_references
 
 MASK = "*****"
 
-# Words that name a credential in Kafka, librdkafka, Connect, Debezium and schema-registry keys.
+# Words that name a credential in Kafka, librdkafka, Connect, Debezium and schema-registry keys
+# (and what librdkafka itself redacts: sasl.oauthbearer.config, QA 64-b).
 _SECRET_KEY = re.compile(
     r"password|passwd|passphrase|secret|token|credential|user[._-]?info|jaas[._-]?config"
+    r"|oauthbearer[._-]?config"
     r"|keystore[._-]?key|private[._-]?key|api[._-]?key|key[._-]?pem|(?:^|[._-])(?:dsn|pwd)$",
     re.IGNORECASE)
 # Keys holding one of those words that say where or how to get a secret, not the secret:

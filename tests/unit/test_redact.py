@@ -57,6 +57,9 @@ def assert_no_secret(text: str) -> None:
     "sasl.oauthbearer.client.secret", "client_secret", "access.token", "aws.credentials",
     "private.key", "private.key.passphrase", "api.key", "sasl_password", "dsn", "cleanup.dsn",
     "basic_auth_user_info", "ssl.key.pem",
+    # QA 64-b: librdkafka redacts it in its own config dump (`debug: conf`); a client secret
+    # may be written there ('clientSecret=...'), and `rules check -o json` showed it
+    "sasl.oauthbearer.config", "kafka.config.sasl.oauthbearer.config",
 ])
 def test_credential_keys_are_secret(key: str) -> None:
     assert is_secret_key(key)
