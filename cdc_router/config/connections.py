@@ -317,6 +317,9 @@ class SchemaRegistrySettings(_Model):
         refusal = _client_refusal(tuple(sorted(conf.items())))
         if refusal is None:
             return self
+        if "basic.auth.user.info" in refusal:  # QA 64-b: it named 'config', not this field
+            raise _fail("basic_auth_user_info", "confluent-kafka's SchemaRegistryClient "
+                        f"refuses it (value not shown): {refusal}")
         culprit = next((key for key in self.config if re.search(
             rf"(?<![\w.]){re.escape(key)}(?![\w.])", refusal)), None)
         # An unknown key's value is not shown: it may be a misspelt secret's.

@@ -517,6 +517,28 @@ def test_a_property_the_registry_client_refuses_is_a_config_error(
         checked.output
 
 
+@pytest.mark.parametrize(("url", "user_info", "expected"), [
+    ("http://r:8081", "nocolonS3c", "basic.auth.user.info must be in the form of "
+     "{username}:{password}"),
+    ("http://u:p@r:8081", "a:S3c", "Remove userinfo credentials from the url or remove "
+     "basic.auth.user.info")])
+def test_a_basic_auth_user_info_the_client_refuses_names_that_field(
+        tmp_path: Path, url: str, user_info: str, expected: str) -> None:
+    # QA 64-b: a CDC_ROUTER__SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO without its colon was
+    # "field 'schema_registry.config': ... correct or remove it (the client's documentation
+    # lists the properties it takes)", naming a section the user never wrote.
+    path = tmp_path / "router.yaml"
+    path.write_text(f"source: {{topics: [raw]}}\nroutes: [{{topic: p}}]\n"
+                    f"schema_registry: {{url: '{url}'}}\n")
+    variable = "CDC_ROUTER__SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {variable: user_info})
+    said = str(caught.value)
+    assert f"via environment variable {variable}: field 'schema_registry.basic_auth_user_info'" \
+        in said and expected in said, said
+    assert "S3c" not in said
+
+
 def test_an_unreachable_registry_is_a_registry_error() -> None:
     # Port 9 (discard) on loopback: nothing listens in a test environment.
     settings = registry(url="http://127.0.0.1:9", config={"max.retries": 0, "timeout": 5})
