@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_problem
 from cdc_router.config.nats_servers import server_problem
 from cdc_router.config.nats_subjects import subject_matches
+from cdc_router.config.redact import shown_url
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.consumer.settings import as_names, filled
@@ -30,7 +31,7 @@ class JetStreamSettings:
     with MaxDeliver unlimited on purpose (see cdc_router/consumer/README.md).
     """
 
-    url: str
+    url: str = field(repr=False)  # may hold user:password@ or a token: __repr__ masks it
     stream: str
     durable: str
     dead_letter_subject: str
@@ -58,6 +59,13 @@ class JetStreamSettings:
     # nats.connect() keywords for credentials and TLS, e.g. the router's own `nats:` section:
     # cdc_router.nats.connection.connect_options(NatsSettings(user=..., password=..., tls=...)).
     connect_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # secrets
+
+    def __repr__(self) -> str:
+        """The dataclass's repr, the url's password or token masked (QA 64-b) and without
+        connect_options (credentials and TLS)."""
+        shown = {item.name: getattr(self, item.name) for item in fields(self) if item.repr}
+        return f"JetStreamSettings(url={shown_url(self.url)!r}, " + ", ".join(
+            f"{name}={value!r}" for name, value in shown.items()) + ")"
 
     def __post_init__(self) -> None:
         source = "JetStreamSettings"
