@@ -34,8 +34,10 @@ _NOT_SECRET_KEY = re.compile(r"[._-](source|location|file|url|type|class|mechani
 # word to its end (QA 33-b: a 100,000-letter value took 28 s). Any scheme character may start it
 # (review 34-2: with a letter first, 'a' and 40 digits before `://` hid the password), so the
 # match starts within 32 characters of its `://` whatever precedes them.
+# The password runs to the last '@' before a '/' or a blank (QA 64-b: `u:P@ss@h` showed `ss`):
+# each try still ends at the next '/', which every later `://` holds.
 _URL_PASSWORD = re.compile(
-    r"(?P<head>[A-Za-z0-9+.-]{1,32}://[^/:@\s]*:)(?P<password>[^@/\s]+)@")
+    r"(?P<head>[A-Za-z0-9+.-]{1,32}://[^/:@\s]*:)(?P<password>[^/\s]+)@")
 # A URL's parameter, `?name=value`, `&name=value` or JDBC's `;name=value` (a value in braces
 # may hold `;`): a secret by is_secret_key's rule on its name (review 31: a JDBC sink's
 # connection.url was shown in clear; review 31-2: sslpassword, trustStorePassword, access_token).

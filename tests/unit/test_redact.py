@@ -90,6 +90,10 @@ def test_a_password_in_a_url_is_masked_under_any_key() -> None:
         f"https://u:{MASK}@registry:8081/x"
     assert redact("url", "https://u:${env:P}@registry") == "https://u:${env:P}@registry"
     assert redact("url", "http://registry:8081") == "http://registry:8081"
+    # QA 64-b: the password ended at its first '@', and the rest of it was shown
+    assert redact("connection.url", "mongodb://u:P@ss@h1,h2/db") == f"mongodb://u:{MASK}@h1,h2/db"
+    assert redact("", "at postgresql://u:P@s@s@h/db, see a@b") == \
+        f"at postgresql://u:{MASK}@h/db, see a@b"
 
 
 def test_a_url_after_a_long_run_of_scheme_letters_is_still_masked() -> None:
