@@ -20,6 +20,7 @@ from cdc_router.cli._ports import serve_on
 from cdc_router.cli._postgres import DEFAULT_DSN, dsn_named
 from cdc_router.cli._status_text import as_json, as_text
 from cdc_router.cli.connectors import DEFAULT_CONNECT_URL
+from cdc_router.config.connections import bootstrap_problem
 from cdc_router.config.dsn import dsn_problem
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -143,6 +144,10 @@ def _status(config_path: Path, connector: str | None, dsn: str | None, connect_u
     if (problem := url_problem(connect_url)) is not None:
         raise _CheckImpossible(f"--connect-url: {problem}", "arguments")
     if bootstrap_servers:
+        # QA 64-b: `u:p@host:9092` read as a broker nobody reaches, "transport failure"
+        if bad := bootstrap_problem(bootstrap_servers, config.kafka.security_protocol,
+                                    "kafka.security_protocol"):
+            raise _CheckImpossible(f"--bootstrap-servers: {bad[0]} (got {bad[1]!r})", "arguments")
         kafka["bootstrap.servers"] = bootstrap_servers
     if (problem := client_config_problem(kafka)) is not None:  # QA 32-d: it exited 1
         raise _CheckImpossible(f"kafka: {problem}")

@@ -86,6 +86,14 @@ def test_status_picks_its_dsn_in_order_and_names_where_it_came_from(
     (["--connect-url", "http://127.0.0.1:99999"], "Kafka Connect URL 'http://127.0.0.1:99999' "
      "is not valid (its port 99999 is not one from 1 to 65535)"),
     (["--connect-url", " http://127.0.0.1:8083"], "is not valid (a blank before it)"),
+    # QA 64-b: probed as a broker nobody reaches ("Broker transport failure"), unlike the
+    # same text in kafka.bootstrap_servers
+    (["--bootstrap-servers", "svc:BsS3c@127.0.0.1:9092"], "error: --bootstrap-servers: each "
+     "server must be host:port (a hostname, an IPv4 address or [IPv6]), several separated by "
+     "commas: a server's address holds no credentials: set kafka.sasl_username and "
+     "kafka.sasl_password (got '*****@127.0.0.1:9092')"),
+    (["--bootstrap-servers", "kafka"], "error: --bootstrap-servers: each server must be "
+     "host:port"),
 ])
 def test_a_malformed_address_argument_exits_unknown_before_any_probe(
         monkeypatch: pytest.MonkeyPatch, argument: list[str], said: str) -> None:
