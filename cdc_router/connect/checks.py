@@ -66,18 +66,27 @@ def raw_topic(config: Mapping[str, str]) -> str | None:
     `<topic.prefix>.<schema>.<table>`; None when that cannot be told from the config (several
     tables or a regex, no topic.prefix, a transform that may rename topics, a naming
     strategy of its own)."""
+    topics = raw_topics(config)
+    return topics[0] if len(topics) == 1 else None
+
+
+def raw_topics(config: Mapping[str, str]) -> tuple[str, ...]:
+    """The topic of each table of the include list, in its order; empty when one of them
+    cannot be told from the config (a regex, no topic.prefix, a transform that may rename
+    topics, a naming strategy of its own)."""
     tables = included_tables(config, unescaped=True)
     prefix = config.get("topic.prefix", "").strip()
     # A name with a character Kafka refuses ($) is renamed by Debezium (review 35-2).
-    if len(tables) != 1 or not plain_table(tables[0]) or not prefix or "$" in tables[0]:
-        return None
+    if not tables or not prefix or any(not plain_table(table) or "$" in table
+                                       for table in tables):
+        return ()
     if config.get("topic.naming.strategy", _DEFAULT_NAMING).strip() != _DEFAULT_NAMING:
-        return None
+        return ()
     if any(kind in _ROUTERS or not kind.startswith(_KNOWN_PACKAGES)
            for kind in transform_types(config).values()):
-        return None
+        return ()
     delimiter = config.get("topic.delimiter", ".")
-    return delimiter.join([prefix, *tables[0].split(".")])
+    return tuple(delimiter.join([prefix, *table.split(".")]) for table in tables)
 
 
 def prefix_conflicts(specs: list[ConnectorSpec],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from cdc_router.connect.checks import raw_topic
+from cdc_router.connect.checks import raw_topic, raw_topics
 from cdc_router.connect.client import ConnectClient, ConnectorStatus, failure_of
 from cdc_router.connect.spec import included_tables, quoted_tables
 from cdc_router.errors import ConnectError, UnknownConnectorError
@@ -52,7 +52,9 @@ def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None
             return ConnectorState(name=name, exists=False, deployed=_deployed(client)), None
         except ConnectError as error:
             return ConnectorState(error=str(error), name=name), None
+    topics = raw_topics(config)
     return replace(connector_state(status), raw_topic=raw_topic(config),
+                   raw_topics=topics if len(topics) > 1 else (),
                    quoted_tables=tuple(quoted_tables(config))), capture_of(config)
 
 

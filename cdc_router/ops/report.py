@@ -115,6 +115,10 @@ class ConnectorState:
     # when its config does not tell (several tables, a topic-renaming transform, ...).
     raw_topic: str | None = None
     raw_topic_read: bool | None = None  # whether source.topics names or matches raw_topic
+    # With several tables: each one's raw topic (empty when the config does not tell), and
+    # those source.topics neither names nor matches (QA 64-a F-1).
+    raw_topics: tuple[str, ...] = ()
+    unread_topics: tuple[str, ...] = ()
     # When it does not exist: the connectors Connect has (None: not known).
     deployed: tuple[str, ...] | None = None
     # table.include.list entries in SQL's double quotes: they match no table (QA 53-h F3).

@@ -241,6 +241,12 @@ def _connector(report: Report) -> Iterator[Problem]:
                       "reads none of them and events stop flowing (a changed topic.prefix "
                       f"moves the raw topic); add {topic} to source.topics and restart the "
                       "router, or set the connector's topic.prefix back")
+    for topic in connector.unread_topics:
+        yield Problem("warning", "connector", f"{name} writes the change events of one of its "
+                      f"tables to {topic}, which source.topics neither names nor matches: "
+                      "unless another pipeline's router reads it, that table's events are "
+                      f"never delivered; add {topic} to source.topics and restart the router, "
+                      "or take the table out of the connector's table.include.list")
 
 
 def deployed_text(connector: ConnectorState) -> str:

@@ -10,7 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from cdc_router.connect.checks import login_hint, prefix_move, raw_topic, reading_problems
+from cdc_router.connect.checks import (
+    login_hint,
+    prefix_move,
+    raw_topic,
+    raw_topics,
+    reading_problems,
+)
 from cdc_router.connect.spec import load_spec
 from tests.unit.test_connect_client import (
     CONNECTOR_FILE,
@@ -117,6 +123,16 @@ def test_the_raw_topic_is_told_only_when_the_config_says_it() -> None:
     ]
     for changes in unknown:
         assert raw_topic({**SHIPPED, **changes}) is None, changes
+
+
+def test_each_table_of_the_include_list_has_its_raw_topic_when_all_are_plain() -> None:
+    # QA 64-a F-1: status checks each one against source.topics.
+    both = {**SHIPPED, "table.include.list": "public.outbox,shop\\.events"}
+    assert raw_topics(both) == ("outbox.public.outbox", "outbox.shop.events")
+    assert raw_topic(both) is None
+    assert raw_topics(SHIPPED) == ("outbox.public.outbox",)
+    assert raw_topics({**both, "table.include.list": "public.outbox,public.ev_.*"}) == ()
+    assert raw_topics({**both, "topic.prefix": ""}) == ()
 
 
 def test_a_topic_prefix_change_names_the_moved_raw_topic_and_source_topics() -> None:

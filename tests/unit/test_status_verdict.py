@@ -311,6 +311,29 @@ def test_a_raw_topic_the_router_does_not_read_is_a_warning(sources: list[str],
     assert unknown.raw_topic_read is None and lines(replace(healthy(), connector=unknown)) == []
 
 
+def test_a_captured_tables_raw_topic_the_router_does_not_read_is_a_warning() -> None:
+    # QA 64-a F-1: public.outbox2 added to table.include.list (and the publication) by
+    # `connectors apply`; its 463 events reached outbox.public.outbox2, which source.topics
+    # did not name, and `status` said ok.
+    from cdc_router.ops.probe import reading
+
+    config = RouterConfig.model_validate({"source": {"topics": ["outbox.public.outbox"]},
+                                          "routes": [{"topic": "dst"}]})
+    both = replace(healthy().connector, raw_topics=("outbox.public.outbox",
+                                                    "outbox.public.outbox2"))
+    connector = reading(both, config)
+    assert connector.unread_topics == ("outbox.public.outbox2",)
+    assert lines(replace(healthy(), connector=connector)) == [
+        "warning: connector: connector outbox-connector writes the change events of one of "
+        "its tables to outbox.public.outbox2, which source.topics neither names nor matches: "
+        "unless another pipeline's router reads it, that table's events are never delivered; "
+        "add outbox.public.outbox2 to source.topics and restart the router, or take the table "
+        "out of the connector's table.include.list"]
+    read = RouterConfig.model_validate({"source": {"topics": ["^outbox\\.public\\..*"]},
+                                        "routes": [{"topic": "dst"}]})
+    assert reading(both, read).unread_topics == ()
+
+
 def test_an_include_list_entry_in_sql_quotes_is_critical_with_what_to_write() -> None:
     # QA 53-h F3: the connector RUNNING, its slot active, and nothing captured; the table
     # check was skipped for the entry, and no line said why.
