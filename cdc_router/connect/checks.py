@@ -196,6 +196,43 @@ def prefix_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str 
             "router's dedup drops the events it delivered, within dedup.window_ms)")
 
 
+# Snapshot modes under which a new connector reads none of the rows already in its tables.
+_NO_DATA_MODES = frozenset({"no_data", "never"})
+
+
+def skipped_rows(config: Mapping[str, str]) -> str | None:
+    """What a new connector's snapshot.mode leaves undelivered, or None when it snapshots.
+    QA 64-a F-3: 100 rows already in the outbox never reached the raw topic, no word."""
+    mode = config.get("snapshot.mode", "").strip().lower()
+    if "postgres" not in config.get("connector.class", "").lower() or mode not in _NO_DATA_MODES:
+        return None
+    tables = ", ".join(included_tables(config, unescaped=True)) or "its tables"
+    return (f"snapshot.mode {mode}: a new connector delivers none of the rows already in "
+            f"{tables}, only those committed once its slot exists; snapshot.mode when_needed "
+            "(the shipped file's) delivers them too, or re-emit them afterwards with "
+            "`cdc-router outbox republish`")
+
+
+def include_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str | None:
+    """What adding tables to table.include.list leaves behind, or None when it adds none.
+    QA 64-a F-2: Debezium streams a table added to a connector that has snapshotted, but
+    does not snapshot it: 113 of 1,092 rows (those written before the apply) never reached
+    the raw topic, and the plan said nothing."""
+    if "postgres" not in desired.get("connector.class", "").lower():
+        return None
+    before = set(included_tables(deployed, unescaped=True))
+    added = [table for table in included_tables(desired, unescaped=True) if table not in before]
+    if not added:
+        return None
+    return (f"table.include.list adds {', '.join(added)}: Debezium streams its inserts from "
+            "now on but does not snapshot it, so its rows committed before this update are "
+            "not delivered; afterwards `cdc-router connectors stop`, `reset-offsets`, "
+            "`resume` snapshots every table again (snapshot.mode when_needed or initial; the "
+            "router drops the rows it delivered within dedup.window_ms), or re-emit them "
+            "with `cdc-router outbox republish`; its raw topic must be in the router's "
+            "source.topics")
+
+
 def login_hint(config: Mapping[str, str]) -> str | None:
     """Where the connector tried Postgres and as whom, for Connect's error of a database.*
     field, and where its password comes from when it is a ${env:...} placeholder (review

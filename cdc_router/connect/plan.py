@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cdc_router.connect.checks import prefix_move
+from cdc_router.connect.checks import include_move, prefix_move, skipped_rows
 from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.slots import slot_move
 from cdc_router.connect.spec import ConnectorSpec
@@ -63,9 +63,12 @@ def plan(client: ConnectClient, spec: ConnectorSpec) -> ConnectorPlan:
     try:
         deployed = client.get_config(spec.name)
     except UnknownConnectorError:
-        return ConnectorPlan(spec, ConnectorAction.CREATE, diff_config(spec.config, {}))
+        skipped = skipped_rows(spec.config)
+        return ConnectorPlan(spec, ConnectorAction.CREATE, diff_config(spec.config, {}),
+                             (skipped,) if skipped else ())
     changes = diff_config(spec.config, deployed)
     action = ConnectorAction.UPDATE if changes else ConnectorAction.UNCHANGED
-    notes = (prefix_move(deployed, spec.config), slot_move(deployed, spec.config))
+    notes = (prefix_move(deployed, spec.config), slot_move(deployed, spec.config),
+             include_move(deployed, spec.config))
     return ConnectorPlan(spec, action, changes, tuple(note for note in notes if note))
 

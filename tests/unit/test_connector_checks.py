@@ -183,6 +183,31 @@ def test_apply_warns_and_its_plan_says_where_the_raw_topic_moves(
     assert note.startswith("topic.prefix outbox -> outbox2 moves the raw topic")
 
 
+def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behind(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 64-a F-2: public.outbox2 added to table.include.list while rows were written: 113
+    # of its 1,092 rows never reached the raw topic, and the plan said only `~
+    # table.include.list`. F-3: a new connector with snapshot.mode no_data skipped the 100
+    # rows already in the outbox, no word either.
+    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "name": "outbox-connector"}})
+    both = {**SHIPPED, "table.include.list": "public.outbox,public.outbox2"}
+    result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                     connector_json(tmp_path, both))
+    assert result.exit_code == 0, result.output
+    assert "  ! table.include.list adds public.outbox2: Debezium streams its inserts from now " \
+           "on but does not snapshot it, so its rows committed before this update are not " \
+           "delivered; afterwards `cdc-router connectors stop`, `reset-offsets`, `resume` " \
+           "snapshots every table again" in result.stdout
+    no_data = {**SHIPPED, "snapshot.mode": "no_data"}
+    created = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
+                      connector_json(tmp_path, no_data))
+    assert "  ! snapshot.mode no_data: a new connector delivers none of the rows already in " \
+           "public.outbox, only those committed once its slot exists" in created.stdout
+    updated = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                      connector_json(tmp_path, no_data))  # its offsets say where it is
+    assert " ! " not in updated.stdout
+
+
 def test_apply_of_the_shipped_file_warns_about_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
                      str(CONNECTOR_FILE))
