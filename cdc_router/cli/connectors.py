@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import click
 
+from cdc_router.cli._connector_text import plan_json, plan_text, status_text, tasks_text
 from cdc_router.cli._durations import Seconds
 from cdc_router.cli._options import EnvOption, FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
@@ -18,7 +18,7 @@ from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.checks import login_hint, prefix_conflicts, reading_problems
 from cdc_router.connect.client import ConnectClient, ConnectorStatus
-from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan, plan
+from cdc_router.connect.plan import ConnectorAction, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
 from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
@@ -94,40 +94,6 @@ def _load(files: tuple[Path, ...]) -> list[ConnectorSpec]:
     return specs
 
 
-def _change_lines(changes: tuple[ConfigChange, ...]) -> list[str]:
-    lines = []
-    for change in changes:
-        old, new = redact(change.key, change.deployed), redact(change.key, change.desired)
-        if change.deployed is None:
-            lines.append(f"  + {change.key} = {new}")
-        elif change.desired is None:
-            lines.append(f"  - {change.key} = {old}")
-        else:
-            lines.append(f"  ~ {change.key}: {old} -> {new}")
-    return lines
-
-
-def _plan_text(plans: list[ConnectorPlan], *, all_keys: bool) -> str:
-    lines = []
-    for item in plans:
-        head = f"{item.spec.name} ({item.spec.source}): {item.action}"
-        if item.action is not ConnectorAction.UNCHANGED:
-            head += f" ({len(item.changes)} key{'s' if len(item.changes) != 1 else ''})"
-        lines.append(head)
-        if all_keys or item.action is ConnectorAction.UPDATE:
-            lines.extend(_change_lines(item.changes))
-        lines.extend(f"  ! {note}" for note in item.notes)
-    return "\n".join(lines)
-
-
-def _plan_json(plans: list[ConnectorPlan]) -> list[dict[str, Any]]:
-    return [{"name": item.spec.name, "file": item.spec.source, "action": str(item.action),
-             "changes": [{"key": change.key, "deployed": redact(change.key, change.deployed),
-                          "desired": redact(change.key, change.desired)}
-                         for change in item.changes], "notes": list(item.notes)}
-            for item in plans]
-
-
 def _validate(client: ConnectClient, specs: list[ConnectorSpec]) -> None:
     """Print Connect's per-field errors; ConfigError (exit 1) if any spec is invalid."""
     invalid = []
@@ -162,7 +128,7 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
     """Create or update connectors from files: plan, validate, confirm, PUT, watch them start."""
     specs = _warned(_load(files))
     plans = [plan(state.client, spec) for spec in specs]
-    click.echo(_plan_text(plans, all_keys=False))
+    click.echo(plan_text(plans, all_keys=False))
     conflicts, doubts = slot_conflicts(specs, deployed := state.client.list_configs())
     conflicts += prefix_conflicts(specs, deployed)
     for line in doubts:
@@ -258,8 +224,8 @@ def _watch_start(client: ConnectClient, spec: ConnectorSpec, wait_s: float,
 def diff(ctx: click.Context, state: _State, files: tuple[Path, ...], output: str) -> None:
     """Files against the deployed configs; exit 0 if equal, 2 if they differ, 1 on error."""
     plans = [plan(state.client, spec) for spec in _warned(_load(files))]  # review 54-k F-7
-    emit(_plan_json(plans) if output == "json" else plans, output,
-         lambda items: _plan_text(items, all_keys=True))
+    emit(plan_json(plans) if output == "json" else plans, output,
+         lambda items: plan_text(items, all_keys=True))
     if any(item.action is not ConnectorAction.UNCHANGED for item in plans):
         ctx.exit(EXIT_DIFFERS)
 
@@ -275,10 +241,6 @@ def _warned(specs: list[ConnectorSpec]) -> list[ConnectorSpec]:
     return specs
 
 
-def _tasks_text(status: ConnectorStatus) -> str:
-    return " ".join(f"{task.id}:{task.state}" for task in status.tasks) or "-"
-
-
 @cli.command("list")
 @output_option
 @pass_state
@@ -287,7 +249,7 @@ def list_(state: _State, output: str) -> None:
     statuses = state.client.list_statuses()
     emit(statuses, output, lambda items: table(
         ["NAME", "STATE", "TASKS"],
-        [[item.name, item.state, _tasks_text(item)] for item in items]) if items
+        [[item.name, item.state, tasks_text(item)] for item in items]) if items
         else "no connectors")
 
 
@@ -304,23 +266,11 @@ def get(state: _State, name: str, output: str) -> None:
 def status(state: _State, name: str, output: str) -> None:
     """Connector and task states, with the trace of whatever FAILED; exit 2 if one FAILED."""
     current = state.client.get_status(name)
-    emit(current, output, _status_text)
+    emit(current, output, status_text)
     if (failure := current.failure()) is not None:
         if output == "text":  # stop 58: the trace's cause and what to do, as apply says them
             click.echo(f"\n{failed_line(name, state.client.get_config(name), failure)}")
         click.get_current_context().exit(EXIT_FAILED)
-
-
-def _status_text(status: ConnectorStatus) -> str:
-    rows = [["connector", status.name, status.state, status.worker_id]]
-    rows += [["task", str(task.id), task.state, task.worker_id] for task in status.tasks]
-    lines = [table(["KIND", "NAME/ID", "STATE", "WORKER"], rows)]
-    if status.trace:
-        lines += ["", "connector trace:", status.trace.rstrip()]
-    for task in status.tasks:
-        if task.trace:
-            lines += ["", f"task {task.id} trace:", task.trace.rstrip()]
-    return "\n".join(lines)
 
 
 @cli.command()
@@ -330,8 +280,17 @@ def _status_text(status: ConnectorStatus) -> str:
 @pass_state
 def restart(state: _State, name: str, tasks: str | None) -> None:
     """Restart a connector (and, with --tasks, its tasks)."""
+    # QA 64-a F-4: Connect answers 202 RESTARTING for a STOPPED connector, which stays STOPPED
+    # with no task, and a PAUSED one restarts PAUSED: only `resume` starts either.
+    current = state.client.get_status(name).state
+    if current == "STOPPED":
+        raise ConnectError(f"connector {name!r} is STOPPED: a restart leaves it STOPPED, with "
+                           f"no task; `cdc-router connectors resume {name}` starts it")
     state.client.restart(name, include_tasks=tasks is not None, only_failed=tasks == "failed")
     click.echo(f"{name}: restart requested")
+    if current == "PAUSED":
+        click.echo(f"hint: {name} is PAUSED and restarts PAUSED: `cdc-router connectors resume "
+                   f"{name}` starts it", err=True)
 
 
 def _lifecycle_command(verb: str, summary: str) -> None:

@@ -61,10 +61,11 @@ class ConnectorStatus:
     trace: str | None = None
 
     def reached(self, state: str) -> bool:
-        """True when the connector and every task are in `state` (RUNNING needs >= 1 task)."""
+        """True when the connector and each task are in `state`: STOPPED, or PAUSED from it,
+        has no task (QA 64-a F-5: `wait --state PAUSED` never ended); RUNNING needs one."""
         if self.state != state:
             return False
-        if state == "STOPPED":  # a stopped connector has no tasks at all
+        if state == "STOPPED" or (state == "PAUSED" and not self.tasks):
             return True
         return bool(self.tasks) and all(task.state == state for task in self.tasks)
 
@@ -83,8 +84,7 @@ class ConnectorStatus:
         tasks = tuple(
             TaskStatus(int(task["id"]), str(task["state"]), str(task.get("worker_id", "")),
                        task.get("trace"))
-            for task in sorted(data.get("tasks", []), key=lambda task: int(task["id"]))
-        )
+            for task in sorted(data.get("tasks", []), key=lambda task: int(task["id"])))
         return cls(str(data["name"]), str(connector.get("state", "UNKNOWN")),
                    str(connector.get("worker_id", "")), tasks, data.get("type"),
                    connector.get("trace"))

@@ -367,6 +367,7 @@ def test_wait_for_state_gives_up_at_the_timeout_saying_where_it_stands() -> None
 @pytest.mark.parametrize(("state", "tasks", "expected"), [
     ("RUNNING", (), False), ("RUNNING", ("RUNNING",), True), ("PAUSED", ("PAUSED",), True),
     ("PAUSED", ("RUNNING",), False), ("STOPPED", (), True),
+    ("PAUSED", (), True),  # QA 64-a F-5: paused from STOPPED, it has no task to pause
 ])
 def test_reached_needs_the_connector_and_all_tasks(state: str, tasks: tuple[str, ...],
                                                    expected: bool) -> None:
@@ -568,6 +569,7 @@ class ScriptedConnect:
         self.puts: list[str] = []
         self.connector_state = "RUNNING"
         self.resets: list[str] = []
+        self.restarts: list[str] = []
         self.trace = "io.debezium.DebeziumException: publication missing\n\tat x.y(Z.java:1)"
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -597,6 +599,9 @@ class ScriptedConnect:
                                                  "state ... issuing a 'PUT' request"})
             self.resets.append(name)
             return httpx.Response(200, json={"message": "offsets reset"})
+        if request.method == "POST" and parts[-1] == "restart":
+            self.restarts.append(name)
+            return httpx.Response(202, json={})
         if parts[-1] == "status" and self.reads_after_put:
             self.task_state = self.reads_after_put.pop(0)
         if parts[-1] == "status":
@@ -958,3 +963,26 @@ def test_apply_refuses_a_topic_prefix_another_debezium_connector_has(
     own = run_cli(monkeypatch, connect, "apply", "--yes", "--wait", "0", "-f",
                   connector_file(tmp_path, **{**mine, "topic.prefix": "billing"}))
     assert "topic.prefix" not in own.stderr, own.stderr
+
+
+def test_restart_of_a_stopped_connector_says_that_only_resume_starts_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 64-a F-4: "restart requested", exit 0, and the connector stayed STOPPED (Connect
+    # answers 202 RESTARTING); a PAUSED one restarts PAUSED.
+    connect = ScriptedConnect({"c": {"name": "c"}})
+    connect.connector_state = "STOPPED"
+    stopped = run_cli(monkeypatch, connect, "restart", "c", "--tasks", "all")
+    assert stopped.exit_code == 1
+    assert stopped.stderr == ("error: connector 'c' is STOPPED: a restart leaves it STOPPED, "
+                              "with no task; `cdc-router connectors resume c` starts it\n")
+    assert connect.restarts == []
+    connect.connector_state = "PAUSED"
+    paused = run_cli(monkeypatch, connect, "restart", "c")
+    assert paused.exit_code == 0, paused.output
+    assert paused.stdout == "c: restart requested\n"
+    assert paused.stderr == ("hint: c is PAUSED and restarts PAUSED: `cdc-router connectors "
+                             "resume c` starts it\n")
+    connect.connector_state = "RUNNING"
+    running = run_cli(monkeypatch, connect, "restart", "c")
+    assert (running.exit_code, running.stderr) == (0, "")
+    assert connect.restarts == ["c", "c"]
