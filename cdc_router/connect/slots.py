@@ -138,8 +138,13 @@ def drop_hint(name: str, slot: Slot, users: SlotUsers) -> str:
                 f"{_named(users.maybe, slot)} names it too, on a host that may be the same "
                 "(it does not resolve from here): if it is, that connector streams from it, "
                 f"keep the slot; only if it is not: {drop}")
+    # QA 64-a F-6: deleted to be applied again under its name, it resumes from this slot at
+    # the offsets Connect keeps for that name; the hint read as if the slot were waste.
     return (f"hint: replication slot {slot.name!r}, if connector {name} made it, stays and "
-            f"retains WAL until dropped, once its task has stopped: {drop}")
+            f"retains WAL until dropped: keep it if you apply {name} again (it resumes there, "
+            "from the offsets Connect keeps for the name; without the slot, snapshot.mode "
+            "initial fails and when_needed snapshots the outbox again); else, once its task "
+            f"has stopped: {drop}")
 
 
 def slot_move(deployed: Mapping[str, str], desired: Mapping[str, str], *,

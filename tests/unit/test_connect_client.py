@@ -885,6 +885,9 @@ def test_delete_hints_the_slot_drop_only_when_no_other_connector_streams_from_it
     assert "replication slot 's' stays: connector b streams from it" in first.stderr
     assert "pg_drop_replication_slot" not in first.stderr
     alone = run_cli(monkeypatch, ScriptedConnect({"a": shared["a"]}), "delete", "a", "--yes")
+    # QA 64-a F-6: deleted to be applied again, the connector resumes from its slot.
+    assert "stays and retains WAL until dropped: keep it if you apply a again (it resumes " \
+           "there, from the offsets Connect keeps for the name;" in alone.stderr
     # QA 46-a F3: a slot the connector never made (its task failed first) is not there to
     # drop: the hint's statement drops it only if it is.
     assert ("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
