@@ -145,10 +145,13 @@ def apply(state: _State, files: tuple[Path, ...], dry_run: bool, yes: bool,
         click.echo(f"dry run: {len(pending)} to change, configuration valid")
         return
     for item in plans:  # QA 46-c: "nothing to apply" said nothing of a FAILED task
-        if item.action is ConnectorAction.UNCHANGED and \
-                (failure := _failure(state.client, item.spec.name)) is not None:
+        if item.action is not ConnectorAction.UNCHANGED:
+            continue
+        if (failure := _failure(state.client, item.spec.name)) is not None:
             click.echo(f"warning: {item.spec.name} is unchanged but {failure}: `cdc-router "
                        f"connectors status {item.spec.name}`", err=True)
+        elif (current := _status(state.client, item.spec.name)) is not None:
+            _say_held(current)
     if not pending:
         click.echo("nothing to apply")
         return
@@ -204,6 +207,7 @@ def _watch_start(client: ConnectClient, spec: ConnectorSpec, wait_s: float,
         if current is not None and (current.state in ("PAUSED", "STOPPED") or (
                 running_since is not None and now - running_since >= wait_s / 3)):
             click.echo(f"{name}: {current.state} ({len(current.tasks)} task(s))")
+            _say_held(current)
             return
         if now >= deadline:
             if current is not None and running:
@@ -214,6 +218,15 @@ def _watch_start(client: ConnectClient, spec: ConnectorSpec, wait_s: float,
                            f"`cdc-router connectors wait {name}`", err=True)
             return
         time.sleep(0.5 if wait_s >= 3 else wait_s / 6)
+
+
+def _say_held(current: ConnectorStatus) -> None:
+    """A hint when `current` is PAUSED or STOPPED: Connect keeps that state through a config
+    update, so the connector captures nothing until resumed (QA 64-a F-7: `apply` said only
+    'updated', then 'STOPPED (0 task(s))')."""
+    if current.state in ("PAUSED", "STOPPED"):
+        click.echo(f"hint: {current.name} is {current.state} and captures nothing until "
+                   f"`cdc-router connectors resume {current.name}`", err=True)
 
 
 @cli.command()

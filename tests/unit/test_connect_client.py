@@ -989,3 +989,26 @@ def test_restart_of_a_stopped_connector_says_that_only_resume_starts_it(
     running = run_cli(monkeypatch, connect, "restart", "c")
     assert (running.exit_code, running.stderr) == (0, "")
     assert connect.restarts == ["c", "c"]
+
+
+def test_apply_to_a_stopped_or_paused_connector_says_it_captures_nothing_until_resumed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # QA 64-a F-7: "updated", then "STOPPED (0 task(s))", and "nothing to apply" said nothing:
+    # Connect keeps a connector's STOPPED or PAUSED state through a config update.
+    connect = ScriptedConnect({"c": {"name": "c", "connector.class": "C"}})
+    connect.connector_state = "STOPPED"
+    updated = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
+                      connector_file(tmp_path, **{"heartbeat.interval.ms": "7000"}))
+    assert updated.exit_code == 0, updated.output
+    assert "c: updated\nc: STOPPED (2 task(s))\n" in updated.stdout
+    held = "hint: c is STOPPED and captures nothing until `cdc-router connectors resume c`\n"
+    assert held in updated.stderr
+    connect.connector_state = "PAUSED"
+    unchanged = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
+                        connector_file(tmp_path, **{"heartbeat.interval.ms": "7000"}))
+    assert "nothing to apply" in unchanged.stdout
+    assert unchanged.stderr == held.replace("STOPPED", "PAUSED")
+    connect.connector_state = "RUNNING"
+    running = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
+                      connector_file(tmp_path, **{"heartbeat.interval.ms": "7000"}))
+    assert running.stderr == ""
