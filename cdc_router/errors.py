@@ -1,16 +1,13 @@
 """Every exception class of the package, under one root; each str() is one readable line.
-
-The few that are not CdcRouterError are control flow inside one component (a batch to abort,
-a record to dead-letter) and never reach a user.
-"""
+The few that are not CdcRouterError are control flow inside one component (a batch to
+abort, a record to dead-letter) and never reach a user."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# confluent_kafka (and kafka/errors.py, which imports it) only where a Kafka error is handled:
-# the dedup stores and the consumer's checks import this module without a Kafka client
-# (review 54-k F-10).
+# confluent_kafka (and kafka/errors.py) only where a Kafka error is handled: the dedup stores
+# and the consumer's checks import this module without a Kafka client (review 54-k F-10).
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
 
@@ -22,8 +19,7 @@ def show(value: object, limit: int = 80) -> str:
 
 
 def on_one_line(text: str) -> str:
-    """`text`'s non-blank lines, stripped and joined with '; ' ('' when it has none): a
-    client library's multi-line message fits a one-line error."""
+    """`text`'s non-blank lines, stripped, joined with '; ' ('' if none): one line of many."""
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
@@ -239,6 +235,10 @@ def grant_refusal(failure: FatalKafkaError, *, group: str | None,
 
 
 # Kafka and Connect ---------------------------------------------------------------------------
+
+class ConnectNotServingError(ConnectError):
+    """No Connect REST API answered (a worker down or starting): `connectors wait` polls on."""
+
 
 class UnknownConnectorError(ConnectError):
     """The named connector does not exist on this Connect cluster."""

@@ -6,8 +6,8 @@ from typing import Any
 
 from cdc_router.cli._output import table
 from cdc_router.config.redact import redact
-from cdc_router.connect.client import ConnectorStatus
 from cdc_router.connect.plan import ConfigChange, ConnectorAction, ConnectorPlan
+from cdc_router.connect.status import ConnectorStatus
 
 
 def change_lines(changes: tuple[ConfigChange, ...]) -> list[str]:

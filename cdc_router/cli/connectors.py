@@ -17,10 +17,11 @@ from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
 from cdc_router.connect.checks import login_hint, prefix_conflicts, reading_problems
-from cdc_router.connect.client import ConnectClient, ConnectorStatus
+from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.plan import ConnectorAction, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
+from cdc_router.connect.status import ConnectorStatus
 from cdc_router.errors import ConfigError, ConnectError, UnknownConnectorError
 from cdc_router.ops.connector_failure import failed_line, failed_start
 

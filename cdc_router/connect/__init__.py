@@ -6,14 +6,7 @@ an unknown connector (with its name), or Connect's status code and `message`.
 
 from __future__ import annotations
 
-from cdc_router.connect.client import (
-    DEFAULT_TIMEOUT,
-    READ_TIMEOUT,
-    ConnectClient,
-    ConnectorStatus,
-    TaskStatus,
-    Validation,
-)
+from cdc_router.connect.client import DEFAULT_TIMEOUT, READ_TIMEOUT, ConnectClient, Validation
 from cdc_router.connect.plan import (
     CONNECT_MANAGED_KEYS,
     ConfigChange,
@@ -23,6 +16,7 @@ from cdc_router.connect.plan import (
     plan,
 )
 from cdc_router.connect.spec import ConnectorSpec, load_spec, parse_spec, plain_secrets
+from cdc_router.connect.status import ConnectorStatus, TaskStatus
 from cdc_router.errors import UnknownConnectorError
 
 __all__ = [

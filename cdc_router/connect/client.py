@@ -18,7 +18,13 @@ from urllib.parse import quote
 import httpx
 
 from cdc_router.config.redact import shown_url, user_info_problem
-from cdc_router.errors import ConnectError, UnknownConnectorError, on_one_line
+from cdc_router.connect.status import ConnectorStatus
+from cdc_router.errors import (
+    ConnectError,
+    ConnectNotServingError,
+    UnknownConnectorError,
+    on_one_line,
+)
 
 log = logging.getLogger("cdc_router.connect")
 
@@ -37,57 +43,6 @@ READ_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 # code), is a rebalance or config write in flight, settled in seconds: retried, bounded.
 _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 1.0
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """One task of a connector, as Connect reports it; `trace` is set when it FAILED."""
-
-    id: int
-    state: str
-    worker_id: str
-    trace: str | None = None
-
-
-@dataclass(frozen=True)
-class ConnectorStatus:
-    """A connector's state and its tasks' states (GET /connectors/{name}/status)."""
-
-    name: str
-    state: str
-    worker_id: str
-    tasks: tuple[TaskStatus, ...]
-    type: str | None = None
-    trace: str | None = None
-
-    def reached(self, state: str) -> bool:
-        """True when the connector and each task are in `state`: STOPPED, or PAUSED from it,
-        has no task (QA 64-a F-5: `wait --state PAUSED` never ended); RUNNING needs one."""
-        if self.state != state:
-            return False
-        if state == "STOPPED" or (state == "PAUSED" and not self.tasks):
-            return True
-        return bool(self.tasks) and all(task.state == state for task in self.tasks)
-
-    def failure(self) -> str | None:
-        """'FAILED: <first trace line>' or 'task N FAILED: ...'; None when nothing failed."""
-        candidates = [("", self.state, self.trace)] + [
-            (f"task {task.id} ", task.state, task.trace) for task in self.tasks]
-        for what, state, trace in candidates:
-            if state == "FAILED":  # with the root cause (QA 48-a F-low-10, review 48-b F12)
-                return f"{what}FAILED: {failure_of(trace) or 'no trace'}"
-        return None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ConnectorStatus:
-        connector = data.get("connector", {})
-        tasks = tuple(
-            TaskStatus(int(task["id"]), str(task["state"]), str(task.get("worker_id", "")),
-                       task.get("trace"))
-            for task in sorted(data.get("tasks", []), key=lambda task: int(task["id"])))
-        return cls(str(data["name"]), str(connector.get("state", "UNKNOWN")),
-                   str(connector.get("worker_id", "")), tasks, data.get("type"),
-                   connector.get("trace"))
 
 
 @dataclass(frozen=True)
@@ -230,14 +185,16 @@ class ConnectClient:
 
         Waiting for RUNNING fails at once when the connector or a task is FAILED (Connect does
         not restart failed tasks on its own). A connector unknown right after a PUT is the
-        status topic catching up, so it is polled again until `timeout`.
+        status topic catching up, and a worker that refuses connections or answers a plain
+        404 one starting (QA 64-a F-8: the wait after a worker's restart failed in 4 s), so
+        each is polled again until `timeout`, then said.
         """
         deadline = self._clock() + timeout
         last: ConnectorStatus | None = None
         while True:
             try:
                 last = self.get_status(name)
-            except UnknownConnectorError:
+            except (UnknownConnectorError, ConnectNotServingError):
                 if self._clock() >= deadline:
                     raise
             else:
@@ -301,8 +258,9 @@ class ConnectClient:
                                    f"{within} ({type(error).__name__}): is the worker stuck or "
                                    "overloaded? try again, or look at its log") from error
             except httpx.TransportError as error:
-                raise ConnectError(f"Kafka Connect unreachable at {self._shown}: "
-                                   f"{on_one_line(str(error)) or type(error).__name__}") from error
+                raise ConnectNotServingError(
+                    f"Kafka Connect unreachable at {self._shown}: "
+                    f"{on_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
                       path, response.status_code, attempt)
             if attempt < _CONFLICT_RETRIES and (response.status_code == httpx.codes.CONFLICT or (
@@ -313,9 +271,11 @@ class ConnectClient:
         if response.status_code == httpx.codes.NOT_FOUND:
             # Review 48-b F16: a web server or the registry at a wrong --url answered 404, and
             # `diff` planned a create (exit 2), `status` said the connector was unknown.
+            # QA 64-a F-8: a starting worker's web server answers so for seconds, too.
             if not _connects_own(response):
-                raise ConnectError(f"{self._shown} answered 404 to {method} {path} without Kafka "
-                                   "Connect's error JSON: is this Kafka Connect's REST URL?")
+                raise ConnectNotServingError(
+                    f"{self._shown} answered 404 to {method} {path} without Kafka Connect's "
+                    "error JSON: is this Kafka Connect's REST URL (or a worker still starting)?")
             if connector is not None:
                 raise UnknownConnectorError(connector, self._shown)
         if response.is_error:
@@ -384,17 +344,3 @@ def _connects_own(response: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and data.get("error_code") == response.status_code
-
-
-def failure_of(trace: str | None) -> str | None:
-    """A failed connector's or task's Java trace in one line: its first line and, when the
-    trace has one, its root cause (the last `Caused by:`). Debezium wraps most failures in the
-    same first line ("An exception occurred in the change event producer"), and the cause
-    (a publication missing, a refused login, a bad setting) is what says what to do."""
-    lines = [line.strip() for line in (trace or "").strip().splitlines()]
-    if not lines:
-        return None
-    causes = [line.removeprefix("Caused by:").strip() for line in lines
-              if line.startswith("Caused by:")]
-    return f"{lines[0]} (root cause: {causes[-1]})" if causes and causes[-1] != lines[0] \
-        else lines[0]

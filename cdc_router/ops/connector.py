@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 import httpx
 
 from cdc_router.connect.checks import raw_topic, raw_topics
-from cdc_router.connect.client import ConnectClient, ConnectorStatus, failure_of
+from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.spec import included_tables, quoted_tables
+from cdc_router.connect.status import ConnectorStatus, failure_of
 from cdc_router.errors import ConnectError, UnknownConnectorError
 from cdc_router.ops.report import ConnectorState, TaskState
 

@@ -200,7 +200,8 @@ def test_a_404_that_is_not_connects_is_a_wrong_url_not_an_unknown_connector(
     # Review 48-b F16: a web server or the schema registry at a wrong --url answered 404:
     # `diff` planned a create (exit 2), `status` and `delete` said "unknown connector".
     with pytest.raises(ConnectError, match=r"answered 404 to GET /connectors/x/status without "
-                       r"Kafka Connect's error JSON: is this Kafka Connect's REST URL\?"):
+                       r"Kafka Connect's error JSON: is this Kafka Connect's REST URL \(or a "
+                       r"worker still starting\)\?"):
         client(lambda request: page).get_status("x")
     with pytest.raises(ConnectError, match=r"answered 404 to GET /connectors without Kafka "):
         client(lambda request: page).list()  # QA 48-g F1: no connector named, same cause
@@ -335,6 +336,32 @@ def test_wait_for_state_polls_until_every_task_runs() -> None:
     status = client(lambda request: next(answers)).wait_for_state("c", "RUNNING", 30)
 
     assert status.reached("RUNNING")
+
+
+def test_wait_for_state_polls_through_a_worker_that_refuses_connections() -> None:
+    # QA 64-a F-8: `connectors wait NAME --timeout 90` right after a worker's restart failed
+    # in 4 s with "Kafka Connect unreachable ... Connection refused".
+    # Then its web server answered a plain 404 for 6 s, then Connect's own 404, then 200.
+    clock = FakeClock()
+    answers = iter(["refused"] * 3 + [
+        httpx.Response(404, text="<html><title>Error 404 Not Found</title></html>"),
+        httpx.Response(404, json={"error_code": 404, "message": "No status found for c"}),
+        httpx.Response(200, json=status_json("c", "RUNNING", "RUNNING"))])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if (next_answer := next(answers)) == "refused":
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        assert isinstance(next_answer, httpx.Response)
+        return next_answer
+
+    status = client(answer, clock).wait_for_state("c", "RUNNING", 30)
+    assert status.reached("RUNNING") and clock.now == 5.0
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with pytest.raises(ConnectError, match=r"^Kafka Connect unreachable at http://connect\.test"):
+        client(down, clock).wait_for_state("c", "RUNNING", 5)
 
 
 def test_wait_for_running_fails_fast_on_a_failed_task() -> None:
