@@ -16,7 +16,12 @@ from cdc_router.cli._options import EnvOption, FilePath
 from cdc_router.cli._output import UsageExitGroup, emit, output_option, table
 from cdc_router.cli._plan import confirm
 from cdc_router.config.redact import redact
-from cdc_router.connect.checks import login_hint, prefix_conflicts, reading_problems
+from cdc_router.connect.checks import (
+    after_reset,
+    login_hint,
+    prefix_conflicts,
+    reading_problems,
+)
 from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.plan import ConnectorAction, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
@@ -336,6 +341,8 @@ def reset_offsets(state: _State, name: str, yes: bool) -> None:
         raise ConnectError(f"connector {name!r} is {current}; only a STOPPED connector's offsets "
                            f"can be reset: `cdc-router connectors stop {name}`, `cdc-router "
                            f"connectors wait {name} --state STOPPED`, then reset-offsets again")
+    if "postgres" in (config := state.client.get_config(name)).get("connector.class", "").lower():
+        click.echo(after_reset(config))
     confirm(f"Forget the offsets of connector {name}?", yes)
     state.client.reset_offsets(name)
     click.echo(f"{name}: offsets reset; it stays STOPPED: `cdc-router connectors resume {name}`")

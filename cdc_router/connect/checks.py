@@ -213,6 +213,24 @@ def skipped_rows(config: Mapping[str, str]) -> str | None:
             "`cdc-router outbox republish`")
 
 
+def after_reset(config: Mapping[str, str]) -> str:
+    """What Debezium does on the resume after `connectors reset-offsets`, by its snapshot.mode
+    (QA 64-a F-10: the command said only that the connector stays STOPPED)."""
+    mode = config.get("snapshot.mode", "initial").strip().lower()  # Debezium's default
+    tables = ", ".join(included_tables(config, unescaped=True)) or "its tables"
+    if mode in _NO_DATA_MODES:
+        return (f"on resume, Debezium snapshots nothing (snapshot.mode {mode}): it streams from "
+                "its slot, and a slot created anew starts at that moment: rows committed while "
+                "it was missing need `cdc-router outbox republish` (README runbook 'the slot "
+                "was dropped or its WAL removed')")
+    if mode in ("initial", "when_needed", "always"):
+        return (f"on resume, Debezium snapshots {tables} again (snapshot.mode {mode}), then "
+                "streams: the router drops the rows it delivered within dedup.window_ms and "
+                "delivers again the older ones still in the table (`cdc-router outbox purge "
+                "--older-than ...` first, if that is not wanted)")
+    return f"on resume, Debezium starts as a new connector would, per snapshot.mode {mode}"
+
+
 def include_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str | None:
     """What adding tables to table.include.list leaves behind, or None when it adds none.
     QA 64-a F-2: Debezium streams a table added to a connector that has snapshotted, but

@@ -1039,3 +1039,23 @@ def test_apply_to_a_stopped_or_paused_connector_says_it_captures_nothing_until_r
     running = run_cli(monkeypatch, connect, "apply", "--yes", "-f",
                       connector_file(tmp_path, **{"heartbeat.interval.ms": "7000"}))
     assert running.stderr == ""
+
+
+def test_reset_offsets_says_what_the_resume_will_do_by_snapshot_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 64-a F-10: "offsets reset; it stays STOPPED", and the resume re-snapshotted 40,000
+    # rows (or, with no_data, nothing): the command said neither.
+    config = {"name": "c", "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+              "table.include.list": "public.outbox", "snapshot.mode": "when_needed"}
+    connect = ScriptedConnect({"c": config})
+    connect.connector_state = "STOPPED"
+    done = run_cli(monkeypatch, connect, "reset-offsets", "c", "--yes")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith(
+        "on resume, Debezium snapshots public.outbox again (snapshot.mode when_needed), then "
+        "streams: the router drops the rows it delivered within dedup.window_ms")
+    config["snapshot.mode"] = "no_data"
+    quiet = run_cli(monkeypatch, connect, "reset-offsets", "c", "--yes")
+    assert quiet.stdout.startswith("on resume, Debezium snapshots nothing (snapshot.mode "
+                                   "no_data): it streams from its slot")
+    assert connect.resets == ["c", "c"]
