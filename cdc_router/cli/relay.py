@@ -31,7 +31,9 @@ from cdc_router.postgres import (
 )
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.same_database import check_cleanup_database
+from cdc_router.router import clients
 from cdc_router.router.metrics import RouterMetrics
+from cdc_router.router.process_info import process_info
 from cdc_router.signals import refuse_reload
 
 
@@ -57,13 +59,16 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     for warning in config.kafka.ignored_properties() + config.kafka.unused_login() + streams:
         # The Kafka settings' warnings `run` logs too (review 51-j F2: SASL with PLAINTEXT).
         logging.getLogger("cdc_router.relay").warning("event=config_warning detail=%r", warning)
-    dsn = config.relay_settings().dsn or config.cleanup.dsn
+    settings = config.relay_settings()
+    dsn = settings.dsn or config.cleanup.dsn
     if not dsn:
         raise ConfigError("the relay needs the Postgres DSN", source=str(config_path),
                           field="cleanup.dsn", hint="set CDC_ROUTER__CLEANUP__DSN (the relay "
                           "cleans the table it reads; relay.dsn, if set, is its own)")
     check_streams(config)
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(process_info(
+        config, "relay", instance_id=instance_id, table=settings.qualified_table,
+        transactional_id=clients.transactional_id(config, settings.producer_instance)))
     cleaner = cleaner_of(config, metrics)
     # QA 61-a F-3: it deleted in another database. First: the cleanup's own check would send
     # the operator to `outbox init` there (review 61-w W-1).

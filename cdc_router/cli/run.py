@@ -46,6 +46,7 @@ from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
+from cdc_router.router.process_info import process_info
 from cdc_router.signals import refuse_reload, stopped_early
 
 # /healthz fails when the loop has not polled for this long: far above a batch's commit time,
@@ -118,7 +119,9 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
         logging.getLogger("cdc_router.router").warning("event=config_warning detail=%r",
                                                          warning)
     check_streams(config)
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(process_info(
+        config, "router", instance_id=instance_id, topics=",".join(config.source.topics),
+        transactional_id=clients.transactional_id(config, instance_id)))
     cleaner = cleaner_of(config, metrics)
     check_cleanup(cleaner, str(config_path))  # its table, columns and grants (the relay's too)
     # The cleanup starts with the router's start, not before: its sweep's failure on a missing

@@ -36,6 +36,7 @@ from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import Report, carry_inactive_since
 from cdc_router.ops.verdict import EXIT_CODES, EXIT_UNKNOWN, judge, verdict
 from cdc_router.router import clients
+from cdc_router.router.process_info import process_info
 from cdc_router.signals import refuse_reload
 
 # --serve without --watch: Prometheus scrapes every 15 to 60 s; a check costs a few queries.
@@ -156,7 +157,8 @@ def _status(config_path: Path, connector: str | None, dsn: str | None, connect_u
     collector = StatusCollector() if port is not None else None
     if collector is not None and port is not None:
         try:  # review 53-c: a port in use exited 1, as a warning; bad arguments exit 3
-            serve_on("--serve", port, lambda: serve(collector, port),
+            serve_on("--serve", port, lambda: serve(collector, port, process_info(
+                config, "status", connector=connector)),
                      hint="pick a free port for the exporter")
         except ConfigError as error:
             raise _CheckImpossible(str(error), "arguments") from error

@@ -66,6 +66,12 @@ class RelaySettings(ConfigModel):
         dead letters)."""
         return ".".join(split_table(self.table, "relay.table"))
 
+    @property
+    def producer_instance(self) -> str:
+        """What names the relay's producer in place of an instance id: `relay-<schema.table>`,
+        one transactional id per table, shared by all its relays (a newcomer fences the last)."""
+        return f"relay-{self.qualified_table}"
+
     @field_validator("poll_interval_ms")
     @classmethod
     def _polls_within_health(cls, interval_ms: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from cdc_router.ops.problem import Problem
 from cdc_router.ops.report import SECTIONS, Report, sections
 from cdc_router.ops.verdict import EXIT_CODES, outbox_tables, verdict
+from cdc_router.router.process_info import info_metric
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 CONNECTOR_STATES = ("RUNNING", "PAUSED", "STOPPED", "FAILED", "UNASSIGNED", "RESTARTING")
@@ -244,8 +245,11 @@ def _jetstream(report: Report) -> Iterator[GaugeMetricFamily]:
     yield from (exists, messages, stored)
 
 
-def serve(collector: StatusCollector, port: int, host: str = "0.0.0.0") -> None:
-    """Serve /metrics on `port` from a daemon thread."""
+def serve(collector: StatusCollector, port: int, info: Mapping[str, str] | None = None,
+          host: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` from a daemon thread; `info`: cdc_router_info's labels."""
     registry = CollectorRegistry()
     registry.register(collector)
+    if info is not None:
+        info_metric(registry, info)
     start_http_server(port, addr=host, registry=registry)

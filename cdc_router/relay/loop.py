@@ -109,9 +109,8 @@ class OutboxRelay:
         self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
                                     max_ids=config.dedup.max_ids) if config.dedup.enabled else None
         self._replay_lines = ReplayLines(self._replay)  # its dead-lettered ids warned (53-g)
-        # One transactional id per table, shared by all its relays: a newcomer fences the last.
-        self._producer = LatchingProducer(clients.watched(
-            clients.producer_config(config, f"relay-{self._table}"), self._metrics.throttled.inc),
+        self._producer = LatchingProducer(clients.watched(clients.producer_config(
+            config, self._relay.producer_instance), self._metrics.throttled.inc),
             producer_factory)
         # `is not None`: an empty ReplayFilter is falsy (it has a length).
         seen = self._replay.seen if self._replay is not None else (lambda _: False)
@@ -124,7 +123,7 @@ class OutboxRelay:
                                        limits=limits)
         self._dead_letter_max_bytes = clients.dead_letter_limit(config)
         # JetStream routes: published and acked at each batch's commit, before Kafka's.
-        self._publisher = clients.jetstream_publisher(config, f"relay-{self._table}")
+        self._publisher = clients.jetstream_publisher(config, self._relay.producer_instance)
         self._txn = Transaction(self._producer, None, delivery=config.delivery,
                                 changelog_topic=config.dedup.changelog_topic
                                 if self._replay is not None else None,

@@ -10,7 +10,8 @@
 - routing.py: the routes applied to an event; partitioner.py: Kafka's default partitioner;
 - replay.py: the replay filter over the dedup changelog; committed_ids.py: its sweep;
 - cleanup.py: deleting or ageing out delivered outbox rows; topics.py: `topics apply`;
-- metrics.py: Prometheus metrics and the health endpoint;
+- metrics.py: Prometheus metrics and the health endpoint; process_info.py: cdc_router_info,
+  which pipeline and process a /metrics is (the status exporter's too);
 - dlq_letters.py and dlq_replay.py: `dlq replay`, dead letters through the step again;
 - republish.py: `outbox republish`, outbox rows back onto the raw topic.
 

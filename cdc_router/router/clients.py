@@ -107,6 +107,14 @@ def transactional_prefix(config: RouterConfig) -> str:
     return config.delivery.transactional_id or config.source.group_id
 
 
+def transactional_id(config: RouterConfig, instance_id: str) -> str | None:
+    """The producer's transactional id, `<prefix>-<instance_id>`, under exactly_once; None
+    under at_least_once (no transactions)."""
+    if config.delivery.guarantee != "exactly_once":
+        return None
+    return f"{transactional_prefix(config)}-{instance_id}"
+
+
 def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
     """The producer: idempotent, acks=all; transactional under exactly_once. Its partitioner
     is the Java client's (murmur2 of the key), which `partition: kafka_default` routes leave
@@ -114,8 +122,8 @@ def producer_config(config: RouterConfig, instance_id: str) -> dict[str, Any]:
     produced: dict[str, Any] = {"linger.ms": 5, "partitioner": "murmur2_random",
                                 **common_config(config), **config.kafka.producer,
                                 "enable.idempotence": True, "acks": "all", **_NO_AUTO_CREATE}
-    if config.delivery.guarantee == "exactly_once":
-        produced["transactional.id"] = f"{transactional_prefix(config)}-{instance_id}"
+    if (transactional := transactional_id(config, instance_id)) is not None:
+        produced["transactional.id"] = transactional
         produced["transaction.timeout.ms"] = config.delivery.transaction_timeout_ms
     return produced
 

@@ -22,6 +22,7 @@ from cdc_router.kafka.consumer import partition_marks
 from cdc_router.kafka.reachable import BrokerReach
 from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
+from cdc_router.router.process_info import info_metric
 
 if TYPE_CHECKING:
     from confluent_kafka import TopicPartition
@@ -42,11 +43,14 @@ LAG_INTERVAL_S = 1.0
 
 
 class RouterMetrics:
-    """Counters of one router; each instance has its own registry (tests run several)."""
+    """Counters of one router; each instance has its own registry (tests run several).
+    `info`: the labels of cdc_router_info (process_info), none without."""
 
-    def __init__(self) -> None:
+    def __init__(self, info: Mapping[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if info is not None:
+            info_metric(r, info)
         self.routed = Counter("cdc_router_events_routed", "Events committed on a destination "
                               "topic", ["topic"], registry=r)
         self._routed_topics: set[str] = set()
