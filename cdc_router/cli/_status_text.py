@@ -155,8 +155,13 @@ def _changelog(report: Report) -> list[str]:
         return ["dedup changelog: disabled (dedup.enabled false)"]
     if (failed := _failed(f"dedup changelog {c.topic}", c.error)) is not None:
         return failed
-    return [f"dedup changelog {c.topic}: {c.retained_offsets} offsets retained in "
-            f"{c.partitions} partition{'' if c.partitions == 1 else 's'}"]
+    line = (f"dedup changelog {c.topic}: {c.retained_offsets} offsets retained in "
+            f"{c.partitions} partition{'' if c.partitions == 1 else 's'}")
+    if c.other_groups:  # QA 63-b L-2: the count is theirs too
+        line += (f", every pipeline's: shared with group{'s' * (len(c.other_groups) > 1)} "
+                 f"{', '.join(c.other_groups)} (among its newest marks; each pipeline reads "
+                 "only its own group's)")
+    return [line]
 
 
 def _jetstream(report: Report) -> list[str]:

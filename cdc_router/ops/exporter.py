@@ -223,7 +223,8 @@ def _topics(report: Report) -> Iterator[GaugeMetricFamily]:
             yield age
     changelog = report.dedup_changelog
     if changelog.error is None and changelog.retained_offsets is not None:
-        size = _gauge("dedup_changelog_offsets", "Offsets retained in the dedup changelog",
+        size = _gauge("dedup_changelog_offsets", "Offsets retained in the dedup changelog (the "
+                      "marks of every pipeline writing there)",
                       ("topic",))
         size.add_metric([changelog.topic or ""], changelog.retained_offsets)
         yield size

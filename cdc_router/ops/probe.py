@@ -113,7 +113,8 @@ def check(config: RouterConfig, endpoints: Endpoints, *, connector: str | None =
                      lambda e: DeadLetterState(topic=dlq, error=e),
                      _grants(f"Read on the topic {dlq}", "Describe on Group cdc-router-status- "
                              "(prefixed)"))
-    changelog = _kafka(lambda: changelog_state(admin, changelog_topic, config.dedup.enabled),
+    changelog = _kafka(lambda: changelog_state(admin, kafka, changelog_topic,
+                                               config.dedup.enabled, group),
                        lambda e: ChangelogState(topic=changelog_topic, error=e),
                        _grants(f"Describe on the topic {changelog_topic}", ""))
     return Report(_iso(now_ms), wal, publication, outbox, connector_state, router, letters,

@@ -212,7 +212,10 @@ class ChangelogState:
     topic: str | None = None
     enabled: bool = True
     partitions: int | None = None
-    retained_offsets: int | None = None
+    retained_offsets: int | None = None  # every pipeline's that writes marks there
+    # The other groups whose marks are among its newest records (ops/topics.py); None: not
+    # read (no Read on the topic).
+    other_groups: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

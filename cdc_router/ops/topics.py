@@ -22,8 +22,15 @@ from cdc_router.kafka.commit_stamp import undelivered_before
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.ops.offsets import LOOKUP_TIMEOUT_S, Scanned, age_s, offsets, scan, timestamp_ms
 from cdc_router.ops.report import ChangelogState, DeadLetterInfo, DeadLetterState
+from cdc_router.router.marks import mark_owner
 
 SCAN_LIMIT = 100_000
+# The changelog records read a partition to name the groups sharing it: each holds up to
+# MARK_MAX_BYTES (64 kB) of ids, so at most ~6 MB; a pipeline sharing it while it commits
+# batches is among them, one idle since is not (the line says "among its newest").
+OWNER_SAMPLE = 100
+# Far more than 100 records take; past it, the groups read so far are named.
+OWNER_SCAN_TIMEOUT_S = 10.0
 
 
 def _partitions(admin: AdminClient, topic: str) -> list[TopicPartition] | None:
@@ -103,7 +110,11 @@ def _newest(seen: Mapping[int, Scanned], now_ms: int) -> DeadLetterInfo | None:
                           origin["reason"])
 
 
-def changelog_state(admin: AdminClient, topic: str, enabled: bool) -> ChangelogState:
+def changelog_state(admin: AdminClient, kafka: Mapping[str, str], topic: str, enabled: bool,
+                    group: str) -> ChangelogState:
+    """The changelog's size, every pipeline's that writes marks there, and which other groups
+    do, as the newest OWNER_SAMPLE records of each partition name them (QA 63-b L-2: a
+    shared changelog's count was said as this pipeline's)."""
     if not enabled:
         return ChangelogState(topic=topic, enabled=False)
     partitions = _partitions(admin, topic)
@@ -112,4 +123,27 @@ def changelog_state(admin: AdminClient, topic: str, enabled: bool) -> ChangelogS
     starts = offsets(admin, partitions, "earliest")
     ends = offsets(admin, partitions, "latest", committed_only=False)
     return ChangelogState(topic=topic, partitions=len(partitions),
-                          retained_offsets=sum(ends[key] - starts[key] for key in ends))
+                          retained_offsets=sum(ends[key] - starts[key] for key in ends),
+                          other_groups=_other_owners(admin, kafka, topic, partitions, starts,
+                                                     group))
+
+
+def _other_owners(admin: AdminClient, kafka: Mapping[str, str], topic: str,
+                  partitions: list[TopicPartition], starts: Mapping[tuple[str, int], int],
+                  group: str) -> tuple[str, ...] | None:
+    """The groups other than `group` whose marks are among the newest OWNER_SAMPLE committed
+    records of each partition; None when they cannot be read (no Read on the topic: the
+    size alone is said, as before)."""
+    owners: set[str] = set()
+
+    def note(message: Message) -> bool:
+        owners.add(mark_owner(message.key()) or group)  # a mark of no group: anyone's
+        return False
+
+    try:
+        ends = offsets(admin, partitions, "latest")
+        scan(kafka, topic, {p: (max(starts[(t, p)], ends[(t, p)] - OWNER_SAMPLE), ends[(t, p)])
+                            for t, p in ends}, timeout_s=OWNER_SCAN_TIMEOUT_S, keep=note)
+    except KafkaException:
+        return None
+    return tuple(sorted(owners - {group}))

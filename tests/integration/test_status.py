@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cdc_router.connect.client import ConnectClient
+from cdc_router.router.marks import changelog_records
 from tests.integration.pipeline import REPO, Pipeline, pipeline
 from tests.integration.support import StackEndpoints, drop_slot, free_port
 
@@ -118,6 +119,8 @@ def test_watch_warns_of_new_dead_letters_and_serve_exports_the_gauges(routed: Pi
         assert f'cdc_router_connector_state{{connector="{connector}",state="RUNNING"}} 1.0' \
             in metrics
         assert f'cdc_router_slot_active{{slot="{pipe.name}"}} 1.0' in metrics
+        assert f'cdc_router_info{{connector="{connector}",group="{pipe.name}",' \
+               'process="status",version="' in metrics  # QA 63-b L-1
         assert f'cdc_router_dlq_records{{topic="{pipe.dlq_topic}"}} 1.0' in metrics
         pipe.insert([("Order", "o-poison-2", "OrderPaid", _POISON)])
         deadline = time.monotonic() + 90
@@ -296,6 +299,23 @@ def test_another_pipeline_s_letters_on_a_shared_topic_are_told_apart(routed: Pip
         pipe.raw_topic] * before, ours.stderr
     assert "2 letters of other pipelines left out (--all lists them)" in ours.stderr
     assert len(json.loads(everyone.stdout)) == before + 2 and "left out" not in everyone.stderr
+
+
+def test_another_pipeline_s_marks_on_a_shared_changelog_are_said(routed: Pipeline) -> None:
+    # QA 63-b L-2: "dedup changelog T: N offsets retained" counted every pipeline's marks on a
+    # shared changelog without a word; now the line names the other groups found there.
+    pipe = routed
+    assert _json_status(pipe)[1]["dedup_changelog"]["other_groups"] == []
+    assert "shared with" not in pipe.status().stdout
+    producer = Producer({"bootstrap.servers": pipe.stack.bootstrap_servers})
+    for mark in changelog_records(["b-1", "b-2"], int(time.time() * 1000),
+                                  group="billing-router"):
+        producer.produce(pipe.changelog_topic, key=mark.key, value=mark.value)
+    assert producer.flush(30) == 0
+    assert _json_status(pipe)[1]["dedup_changelog"]["other_groups"] == ["billing-router"]
+    text = pipe.status().stdout
+    assert "partition, every pipeline's: shared with group billing-router (among its newest " \
+        "marks; each pipeline reads only its own group's)" in text, text
 
 
 def test_a_lock_held_on_the_outbox_is_said_within_seconds_not_waited_for(
