@@ -5,6 +5,8 @@ refused or warned with what to run instead.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -103,9 +105,12 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     # A relay table needs no publication: adding it would make Debezium capture it too
     # (QA 36-c).
     if not included and not relay:
-        warnings.append(NothingCaptured(publication_fix(
-            publication_name, schema.table,
-            partitioned=bool(partitioned) and not publication.via_root)))
+        # A partitioned table's partitions may be listed under their own names: not others'.
+        others = () if partitioned else publication.tables
+        warnings.append(NothingCaptured(
+            own_publication_fix(publication_name, schema.table, others) if others else
+            publication_fix(publication_name, schema.table,
+                            partitioned=bool(partitioned) and not publication.via_root)))
     if included and not relay:
         warnings += filter_warnings(publication_name, schema, *publication_filter(
             conn, publication_name, schema.table))
@@ -129,6 +134,25 @@ def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
         cause, fix = f"does not include {table}", f"`{add}`"
     return (f"publication {publication} {cause}: Debezium captures nothing from it; run "
             f"{fix}, then `cdc-router outbox republish` for the rows written before")
+
+
+def own_publication_fix(publication: str, table: str, others: Sequence[str]) -> str:
+    """What to run when `publication`, which `outbox init` found existing, publishes other
+    tables and not the outbox `table`: another pipeline's, most likely (two teams left on
+    the default --publication), whose connector would capture this outbox too once it is
+    added there (QA 63-b L-4: init advised ADD TABLE to another team's publication). A
+    publication of this outbox's own is the advice; ADD TABLE only for one connector of both."""
+    schema_name, table_name = split_table(table)
+    own = "cdc_router_" + re.sub(r"[^a-z0-9_]", "_", f"{schema_name}_{table_name}".lower())
+    listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return (f"publication {publication} does not include {table}: Debezium captures nothing "
+            f"from it; it publishes {listed}, another pipeline's most likely: give this outbox "
+            f"a publication of its own, `cdc-router outbox init --table {table} --publication "
+            f"{own[:63]}`, named in its connector's publication.name, rather than adding the "
+            "table to that one, which would stream its rows to that pipeline's connector too "
+            f"(`ALTER PUBLICATION {sql.Identifier(publication).as_string(None)} ADD TABLE "
+            f"{regclass_text(table)}` only if one connector captures both); then "
+            "`cdc-router outbox republish` for the rows written before")
 
 
 # pg_publication_rel's row filter and column list of one table (Postgres 15 and later).

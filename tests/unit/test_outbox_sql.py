@@ -30,7 +30,11 @@ from cdc_router.outbox import (
     render_psql,
     write_event,
 )
-from cdc_router.outbox.existing import column_type_warnings, publication_warnings
+from cdc_router.outbox.existing import (
+    NothingCaptured,
+    column_type_warnings,
+    publication_warnings,
+)
 from cdc_router.outbox.role import PASSWORD_LEFT, ensure_password, password_matches
 from cdc_router.outbox.setup import (
     INIT_LOCK,
@@ -477,11 +481,12 @@ class _Publication:
     whether the table is in the publication and partitioned."""
 
     def __init__(self, *, insert: bool = True, update: bool = False, includes: bool = True,
-                 row_filter: str | None = None, columns: list[str] | None = None) -> None:
+                 row_filter: str | None = None, columns: list[str] | None = None,
+                 others: tuple[str, ...] = (), partitioned: bool = False) -> None:
         # (pubinsert, pubupdate, pubdelete, pubtruncate, tables, pubviaroot)
         self.publication = (insert, update, False, False,
-                            ["public.outbox"] if includes else [], True)
-        self.membership = (includes, False)  # (includes the table, partitioned)
+                            (["public.outbox"] if includes else []) + list(others), True)
+        self.membership = (includes, partitioned)  # (includes the table, partitioned)
         self.filter = (row_filter, columns)  # pg_publication_rel's, Postgres 15 and later
         self.info = SimpleNamespace(server_version=150004)
         self.query = ""
@@ -505,6 +510,35 @@ def test_a_relay_table_left_out_of_the_publication_is_no_warning(relay: bool,
                                      OutboxSchema(table="public.relay_outbox"), "cdc_router_outbox",
                                      relay=relay)
     assert any("does not include public.relay_outbox" in w for w in warnings) is warned
+
+
+def test_another_pipelines_publication_is_not_advised_to_take_the_outbox() -> None:
+    # QA 63-b L-4: `outbox init --table teamc.outbox` on the publication of another team's
+    # outbox (both left on the default --publication) advised ADD TABLE to it, which would
+    # have that team's connector capture this outbox too.
+    theirs = _Publication(includes=False, others=("orders.outbox",))
+    [warning] = publication_warnings(theirs,  # type: ignore[arg-type]
+                                     OutboxSchema(table="teamc.outbox"), "cdc_router_outbox")
+    assert isinstance(warning, NothingCaptured)  # init still ends "outbox not ready"
+    assert warning.startswith(
+        "publication cdc_router_outbox does not include teamc.outbox: Debezium captures nothing "
+        "from it; it publishes orders.outbox, another pipeline's most likely: give this outbox "
+        "a publication of its own, `cdc-router outbox init --table teamc.outbox --publication "
+        "cdc_router_teamc_outbox`, named in its connector's publication.name"), warning
+    assert '(`ALTER PUBLICATION "cdc_router_outbox" ADD TABLE "teamc"."outbox"` only if one ' \
+        "connector captures both); then `cdc-router outbox republish`" in warning
+    many = _Publication(includes=False, others=("a.outbox", "b.outbox", "c.outbox", "d.x"))
+    [warning] = publication_warnings(many,  # type: ignore[arg-type]
+                                     OutboxSchema(table="Team-C.OutBox"), "p")
+    assert "publishes a.outbox, b.outbox, c.outbox and 1 more, " in warning
+    assert "--publication cdc_router_team_c_outbox`" in warning
+    # An empty publication (init's own, say) is still told to take the table; so is one
+    # listing a partitioned outbox's partitions under their own names.
+    for publication in (_Publication(includes=False), _Publication(
+            includes=False, others=("public.outbox_2026",), partitioned=True)):
+        [warning] = publication_warnings(publication,  # type: ignore[arg-type]
+                                         OutboxSchema(), "p")
+        assert "own" not in warning and 'ADD TABLE "public"."outbox"' in warning, warning
 
 
 def test_a_publication_that_does_not_publish_inserts_is_warned_about_with_its_fix() -> None:
