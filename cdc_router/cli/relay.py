@@ -18,6 +18,7 @@ from cdc_router.cli.run import (
     cleaner_of,
     naming_file,
     run_until_stopped,
+    warn_of_config,
 )
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
@@ -55,10 +56,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     refuse_reload(logging.getLogger("cdc_router.relay"))  # before the start's slow steps
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    streams = config.nats.stream_warnings() if config.nats is not None else []
-    for warning in config.kafka.ignored_properties() + config.kafka.unused_login() + streams:
-        # The Kafka settings' warnings `run` logs too (review 51-j F2: SASL with PLAINTEXT).
-        logging.getLogger("cdc_router.relay").warning("event=config_warning detail=%r", warning)
+    warn_of_config(config, "relay")  # `run`'s (QA 63-b L-3: only the Kafka settings' were)
     settings = config.relay_settings()
     dsn = settings.dsn or config.cleanup.dsn
     if not dsn:

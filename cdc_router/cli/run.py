@@ -89,6 +89,14 @@ def check_streams(config: RouterConfig) -> None:
                                                              warning)
 
 
+def warn_of_config(config: RouterConfig, what: str) -> None:
+    """The config's warnings (RouterConfig.warnings, as `rules check` shows them), one
+    event=config_warning line each on the logger of `what` (router, relay) at its start."""
+    for warning in config.warnings():
+        logging.getLogger(f"cdc_router.{what}").warning("event=config_warning detail=%r",
+                                                         warning)
+
+
 def sweep_of(config: RouterConfig) -> CommittedIds | None:
     """The cleanup's sweep over the dedup changelog, where its marks prove a delivery."""
     if not config.cleanup_sweeps():
@@ -115,9 +123,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     refuse_reload(logging.getLogger("cdc_router.router"))  # before the start's slow steps
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    for warning in config.warnings():
-        logging.getLogger("cdc_router.router").warning("event=config_warning detail=%r",
-                                                         warning)
+    warn_of_config(config, "router")
     check_streams(config)
     metrics = RouterMetrics(process_info(
         config, "router", instance_id=instance_id, topics=",".join(config.source.topics),

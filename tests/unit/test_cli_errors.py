@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.cli import dlq, main
 from cdc_router.cli.run import property_refused, run_until_stopped
+from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError, DeliveryError, FatalKafkaError, MemberFenced
 from cdc_router.kafka.logs import librdkafka_logger
@@ -571,18 +572,41 @@ def test_a_refused_value_names_the_section_that_holds_it(kafka: dict[str, Any], 
     assert "(got 'abc')" in str(error)
 
 
-def test_the_relay_warns_of_sasl_settings_no_sasl_protocol_sends_as_run_does(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # Review 51-j F2: `run` logged it (review 51-d F5), the relay went straight to lock_failed.
+def _relay_without_dsn(tmp_path: Path, text: str) -> Path:
+    """`relay` started on `text` plus a relay: section, without a DSN: it logs its start's
+    warnings, then exits 1 on the DSN. Returns the config file."""
     config = tmp_path / "relay.yaml"
-    config.write_text("kafka: {bootstrap_servers: '127.0.0.1:1', sasl_mechanism: PLAIN, "
-                      "sasl_username: router}\nsource: {topics: [raw]}\nroutes: [{topic: x}]\n"
-                      "relay: {table: public.outbox}\n", "utf-8")
+    config.write_text(text + "relay: {table: public.outbox}\n", "utf-8")
     ran = CliRunner().invoke(main, ["relay", "-c", str(config), "--metrics-port", "0"],
                              env={"CDC_ROUTER__CLEANUP__DSN": None})
     assert ran.exit_code == 1 and "the relay needs the Postgres DSN" in ran.output, ran.output
+    return config
+
+
+def test_the_relay_warns_of_sasl_settings_no_sasl_protocol_sends_as_run_does(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 51-j F2: `run` logged it (review 51-d F5), the relay went straight to lock_failed.
+    _relay_without_dsn(tmp_path, "kafka: {bootstrap_servers: '127.0.0.1:1', sasl_mechanism: "
+                       "PLAIN, sasl_username: router}\nsource: {topics: [raw]}\n"
+                       "routes: [{topic: x}]\n")
     assert "event=config_warning" in caplog.text and "kafka.security_protocol is PLAINTEXT, " \
         "the default: no SASL login is sent" in caplog.text, caplog.text
+
+
+def test_the_relay_logs_the_config_warnings_run_logs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # QA 63-b L-3: the relay's start logged only the Kafka settings' warnings; a group left
+    # to its default (its position and transactional id shared) and a route that can never
+    # match were said by `rules check` and `run` alone.
+    config = _relay_without_dsn(tmp_path, "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+                                "source: {outbox: {headers: null}}\nroutes: [{topic: y, "
+                                "match: {header: {tenant: a}}}, {topic: x}]\n")
+    warned = [record.getMessage() for record in caplog.records
+              if record.name == "cdc_router.relay" and "config_warning" in record.getMessage()]
+    loaded = load_config(config, {}).config
+    assert len(warned) == len(loaded.warnings()) >= 2, warned
+    assert any("source.group_id is not set" in line for line in warned), warned
+    assert any("routes[0].match.header can never match" in line for line in warned), warned
 
 
 def test_an_unset_sasl_username_is_not_called_a_secret(tmp_path: Path) -> None:
