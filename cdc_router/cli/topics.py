@@ -18,7 +18,7 @@ from cdc_router.errors import CdcRouterError
 from cdc_router.ops.topics import dead_letter_state
 from cdc_router.router import clients
 from cdc_router.router.dlq_replay import sources_of
-from cdc_router.router.topics import TopicAdmin, TopicPlan, retention_cuts
+from cdc_router.router.topics import TopicAdmin, TopicPlan, retention_cuts, shared_topics
 
 
 @click.group(name="topics")
@@ -41,7 +41,7 @@ def apply(config_path: Path, dry_run: bool, yes: bool, output: str) -> None:
     config = load_config(config_path, env=os.environ).config
     admin = TopicAdmin(clients.logged_config(config))
     plans = admin.plan(config.topic_specs(), config.config_floors(),
-                       config.config_ceilings())
+                       config.config_ceilings(), shared_topics(config))
     plans = admin.apply(plans, validate_only=True)  # a refusal: one line before any change
     plans = [_others_letters(plan, config, admin) for plan in plans]
     show_and_apply(plans, describe=_describe,

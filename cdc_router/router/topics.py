@@ -18,7 +18,7 @@ from confluent_kafka.admin import (
 )
 
 from cdc_router.config.fields import list_config_items
-from cdc_router.config.model import TopicSpec
+from cdc_router.config.model import RouterConfig, TopicSpec
 from cdc_router.errors import CdcRouterError
 from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.logs import serve_logs
@@ -57,10 +57,11 @@ class TopicAdmin:
 
     def plan(self, specs: list[TopicSpec],
              floors: Mapping[str, frozenset[str]] | None = None,
-             ceilings: Mapping[str, frozenset[str]] | None = None) -> list[TopicPlan]:
+             ceilings: Mapping[str, frozenset[str]] | None = None,
+             shared: Mapping[str, str] | None = None) -> list[TopicPlan]:
         """What apply would do; `floors`: per topic, the config keys (durations in ms) that
         are raised to the spec's value but never lowered; `ceilings`: those lowered to it but
-        never raised."""
+        never raised; `shared`: the topics other pipelines may share (shared_topics)."""
         try:
             existing = metadata(self.admin, _ADMIN_TIMEOUT_S).topics
         except KafkaException as error:
@@ -90,7 +91,7 @@ class TopicAdmin:
                                 "partitions changes it)")
             changes = self._config_changes(spec, (floors or {}).get(spec.name, frozenset()),
                                            (ceilings or {}).get(spec.name, frozenset()),
-                                           warnings)
+                                           warnings, (shared or {}).get(spec.name))
             plans.append(TopicPlan(spec.name, "update" if changes else "unchanged", count, None,
                                    changes, tuple(warnings)))
         return plans
@@ -134,8 +135,8 @@ class TopicAdmin:
                 if plan.name in not_allowed else plan for plan in plans]
 
     def _config_changes(self, spec: TopicSpec, floors: frozenset[str],
-                        ceilings: frozenset[str],
-                        warnings: list[str]) -> dict[str, tuple[str | None, str]]:
+                        ceilings: frozenset[str], warnings: list[str],
+                        declared_in: str | None = None) -> dict[str, tuple[str | None, str]]:
         resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
         future = self.admin.describe_configs([resource])[resource]
         try:
@@ -145,7 +146,7 @@ class TopicAdmin:
             if spec.config:
                 raise
             return {}  # nothing declared to compare: only the warning below is skipped
-        warnings.extend(_undeclared(spec, current, floors | ceilings))
+        warnings.extend(_undeclared(spec, current, floors | ceilings, declared_in))
         changes = {}
         for key, wanted in spec.config.items():
             entry = current.get(key)
@@ -164,14 +165,27 @@ class TopicAdmin:
         return changes
 
 
-def _undeclared(spec: TopicSpec, current: Mapping[str, Any],
-                shared: frozenset[str]) -> list[str]:
+def shared_topics(config: RouterConfig) -> dict[str, str]:
+    """The router's own topics, which other pipelines may share (the dead-letter topic's and
+    the changelog's default names are every pipeline's), each with the field in which a
+    pipeline declares its settings of it."""
+    shared = {config.dead_letter.topic: "dead_letter.config",
+              config.dedup.changelog_topic: "dedup.changelog_config"}
+    if config.relay is not None:
+        shared[config.relay_position_topic] = "relay.position_config"
+    return shared
+
+
+def _undeclared(spec: TopicSpec, current: Mapping[str, Any], shared: frozenset[str],
+                declared_in: str | None = None) -> list[str]:
     """A warning for each setting made on the topic itself that the config does not declare:
     apply never removes one (QA 62-a: a retention.ms taken out of the config was planned
     "unchanged" and stayed, deleting records after a day where the broker's default is 7).
     A `shared` key (a floor or ceiling: each pipeline sharing the topic sets it from its own
     window) may be another pipeline's: no removal is advised (review 62 #8: a dedup changelog
-    kept for ever has no segment.ms, and was told to delete that of one sharing it)."""
+    kept for ever has no segment.ms, and was told to delete that of one sharing it); on a
+    topic others may share, any key may be one they declare in their `declared_in` (fixer
+    63: min.insync.replicas in another pipeline's dead_letter.config got the delete line)."""
     # The whole command (review 62: `kafka-configs --alter --delete-config K` named no topic,
     # and kafka-configs refuses it); for a shared key, only where no pipeline shares the topic
     # (review 63: one whose own leftover it is, its marks now kept for ever, lost the command).
@@ -180,10 +194,18 @@ def _undeclared(spec: TopicSpec, current: Mapping[str, Any],
                 f"--entity-name {spec.name} --delete-config {key}` restores the broker's "
                 "default")
 
-    return [f"{key} {entry.value} is set on the topic, not in the config: left as is (" + (
-        "a pipeline sharing the topic may set it from its own dedup window; this config "
-        f"needs no value of it, and keeps the topic's; if none shares it, {removal(key)})"
-        if key in shared else f"apply never removes a setting; {removal(key)})")
+    def advice(key: str) -> str:
+        if key in shared:
+            return ("a pipeline sharing the topic may set it from its own dedup window; this "
+                    f"config needs no value of it, and keeps the topic's; if none shares it, "
+                    f"{removal(key)}")
+        if declared_in is not None:
+            return (f"a pipeline sharing the topic may declare it in its {declared_in}; if "
+                    f"none shares it, {removal(key)}")
+        return f"apply never removes a setting; {removal(key)}"
+
+    return [f"{key} {entry.value} is set on the topic, not in the config: left as is "
+            f"({advice(key)})"
             for key, entry in sorted(current.items()) if key not in spec.config
             and getattr(entry, "source", None) in _SET_ON_THE_TOPIC]
 

@@ -285,3 +285,38 @@ def test_a_changelog_kept_for_ever_is_not_told_to_remove_the_segment_ms_of_one_s
         "of it, and keeps the topic's; if none shares it, `kafka-configs --bootstrap-server "
         "... --alter --entity-type topics --entity-name shared.changelog --delete-config "
         "segment.ms` restores the broker's default)"]
+
+
+@pytest.mark.parametrize(("topic", "declared_in"), [
+    ("shared.dlq", "dead_letter.config"), ("shared.changelog", "dedup.changelog_config"),
+    ("g.relay-position", "relay.position_config"), ("orders", None)])
+def test_a_setting_another_pipeline_may_declare_on_a_shared_topic_is_not_to_be_deleted(
+        topic: str, declared_in: str | None) -> None:
+    # Fixer 63: min.insync.replicas, declared in the dead_letter.config of another pipeline
+    # sharing the dead-letter topic, got "apply never removes a setting; kafka-configs ...
+    # --delete-config" from this one's `topics apply`; likewise on a shared changelog.
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.router.topics import shared_topics
+
+    config = RouterConfig.model_validate({
+        "source": {"topics": ["raw"], "group_id": "g"}, "routes": [{"topic": "orders"}],
+        "dead_letter": {"topic": "shared.dlq"}, "dedup": {"changelog_topic": "shared.changelog"},
+        "relay": {"table": "public.outbox"}, "topics": [{"name": "orders"}]})
+    [spec] = [s for s in config.topic_specs() if s.name == topic]
+    admin = TopicAdmin({})
+    admin._admin = _Configured({  # type: ignore[assignment]
+        **{key: (value, ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+           for key, value in spec.config.items()},
+        "min.insync.replicas": ("2", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)})
+    warnings: list[str] = []
+
+    admin._config_changes(spec, frozenset(), frozenset(), warnings,
+                          shared_topics(config).get(topic))
+
+    removal = (f"`kafka-configs --bootstrap-server ... --alter --entity-type topics "
+               f"--entity-name {topic} --delete-config min.insync.replicas` restores the "
+               "broker's default)")
+    assert warnings == ["min.insync.replicas 2 is set on the topic, not in the config: left as "
+                        "is (" + (f"a pipeline sharing the topic may declare it in its "
+                                  f"{declared_in}; if none shares it, " if declared_in else
+                                  "apply never removes a setting; ") + removal]
