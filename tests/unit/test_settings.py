@@ -381,6 +381,15 @@ def test_the_changelog_cleanup_policy_is_read_as_a_list(tmp_path: Path, policy: 
      "replayed"),
     ("dead_letter: {config: {retention.ms: 0, cleanup.policy: 'compact, delete'}}",
      "retention.ms (0) keeps a dead letter less than an hour"),
+    # Fixer 63: a size bound of a kilobyte deleted the letters as a flood came (not checked).
+    ("dead_letter: {config: {retention.bytes: 1000}}",
+     "field 'dead_letter.config': retention.bytes (1000) keeps less than a hundred of the "
+     "largest dead letters a partition takes (each holds its raw record, up to 1000000 "
+     "bytes), and a poison event whose raw record is gone lives nowhere else: set at least "
+     "100000000 (100 MB a partition; Kafka's default is -1, no size limit), or leave it out "
+     "and bound the topic by retention.ms"),
+    ("dead_letter: {config: {retention.bytes: 99999999, retention.ms: -1}}",
+     "retention.bytes (99999999) keeps less than a hundred"),
     ("source: {topics: [a], outbox: {type: id}}",
      "field 'source.outbox.type': column 'id' is already used for id"),
     ("source: {topics: [a], outbox: {aggregatetype: ''}}",
@@ -403,7 +412,9 @@ def test_a_short_changelog_retention_is_fine_when_nothing_is_deleted_by_time(
 def test_a_dead_letter_retention_of_an_hour_or_more_or_for_ever_is_taken(
         tmp_path: Path) -> None:
     for config in ("{retention.ms: 3600000}", "{retention.ms: -1}",
-                   "{retention.ms: 1000, cleanup.policy: compact}"):
+                   "{retention.ms: 1000, cleanup.policy: compact}", "{retention.bytes: -1}",
+                   "{retention.bytes: 100000000}",
+                   "{retention.bytes: 1000, cleanup.policy: compact}"):
         loaded(write(tmp_path, MINIMAL + f"dead_letter: {{config: {config}}}\n"))
 
 
