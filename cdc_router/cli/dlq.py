@@ -25,13 +25,14 @@ from cdc_router.kafka.reader import TopicReader
 from cdc_router.ops.offsets import admin_client
 from cdc_router.ops.topics import replayed_positions
 from cdc_router.router import clients
-from cdc_router.router.dlq_letters import ROUTER_STAGES, Planned, Selection
-from cdc_router.router.dlq_replay import (
-    DeadLetterReplay,
-    ReplayPlan,
-    replay_group,
+from cdc_router.router.dlq_letters import (
+    ROUTER_STAGES,
+    Planned,
+    Selection,
     sources_of,
+    written_by_router,
 )
+from cdc_router.router.dlq_replay import DeadLetterReplay, ReplayPlan, replay_group
 from cdc_router.router.step import Routed
 
 # Reading the dead-letter topic to its end: seconds on a cluster that answers. Run after an
@@ -57,7 +58,8 @@ def cli() -> None:
               "ISO-8601 (UTC unless it says) or a duration back from now (2h).")
 @click.option("--all", "everyone", is_flag=True,
               help="Also the letters of other pipelines sharing the topic (another "
-              "source.group_id, or a source none of this config's).")
+              "source.group_id, or a source none of this config's) and of idempotent "
+              "consumers.")
 @output_option
 def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
                  everyone: bool, output: str) -> None:
@@ -70,7 +72,7 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
     since_ms = None if since is None else parse_since(since, option="--since",
                                                       now_ms=int(time.time() * 1000))
     ours = sources_of(config)
-    others = earlier = matched = 0
+    others = consumers = earlier = matched = 0
     # Up to the last stable offset as of now: a router's open transaction is not waited for.
     reader = TopicReader(clients.logged_config(config), config.dead_letter.topic,
                          group_id=f"dlq-list-{uuid.uuid4()}", what="dead-letter")
@@ -81,8 +83,14 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
             if since_ms is not None and message.timestamp()[1] < since_ms:
                 earlier += 1
                 continue
-            if not everyone and not of_pipeline(record_headers(message), ours):
-                others += 1
+            headers = record_headers(message)
+            if not everyone and not of_pipeline(headers, ours):
+                # QA 63-b: an idempotent consumer's letters were said other pipelines'.
+                if written_by_router({name: raw.decode(errors="replace")
+                                      for name, raw in headers}):
+                    others += 1
+                else:
+                    consumers += 1
                 continue
             matched += 1
             kept.add(message)
@@ -90,12 +98,13 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
         reader.close()
     letters = kept.letters()
     topic = config.dead_letter.topic
-    pipeline = "of this pipeline " if others else ""
+    pipeline = "of this pipeline " if others or consumers else ""
     emit(list(letters), output, lambda rows: table(
         ["letter", "stage", "source", "event id", "error", "reason"],
         [[f"{r['partition']}@{r['offset']}", r["stage"], r["source"], r["event_id"] or "-",
           r["error"], _cut(r["reason"] or "")] for r in rows]) if rows
-        else f"no dead letters {pipeline}since {_utc(since_ms)} ({earlier + others} on {topic})"
+        else f"no dead letters {pipeline}since {_utc(since_ms)} "
+             f"({earlier + others + consumers} on {topic})"
         if since_ms is not None and earlier
         else f"no dead letters {pipeline}on {topic}")
     if matched > len(letters):
@@ -105,12 +114,18 @@ def list_letters(config_path: Path, limit: int, newest: bool, since: str | None,
                    f"({'the newest' if newest else 'the oldest'}; -n sets how many)", err=True)
     if (said := _replayed_line(config)) is not None:
         click.echo(said, err=True)
-    if others:
-        click.echo(f"{_of_others(others)} (--all lists them)", err=True)
+    if others or consumers:
+        click.echo(f"{_of_others(others, consumers)} (--all lists them)", err=True)
 
 
-def _of_others(count: int) -> str:
-    return f"{count} letter{'' if count == 1 else 's'} of other pipelines left out"
+def _of_others(others: int, consumers: int) -> str:
+    """'N letters of other pipelines and M of idempotent consumers left out'."""
+    def letters(count: int) -> str:
+        return f"{count} letter{'' if count == 1 else 's'}"
+    parts = ([f"{letters(others)} of other pipelines"] if others else []) + (
+        [f"{consumers if others else letters(consumers)} of idempotent consumers"]
+        if consumers else [])
+    return " and ".join(parts) + " left out"
 
 
 class _Kept:
@@ -264,8 +279,8 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _plan_text(plan: ReplayPlan, topic: str) -> str:
-    others = (f"\n{_of_others(plan.others)} (`dlq list --all` lists them)"
-              if plan.others else "")
+    others = (f"\n{_of_others(plan.others, plan.consumers)} (`dlq list --all` lists them)"
+              if plan.others or plan.consumers else "")
     if not plan.planned:
         return f"no dead letters selected ({plan.read} on {topic}){others}"
     rows = [[f"{row['partition']}@{row['offset']}", row["event_id"] or "-", row["stage"],
@@ -278,7 +293,8 @@ def _plan_text(plan: ReplayPlan, topic: str) -> str:
 def _plan_json(plan: ReplayPlan, config: Any, committed: dict[str, int] | None
                ) -> dict[str, Any]:
     return {"group": replay_group(config), "read": plan.read, "letters": _plan_rows(plan),
-            "planned": plan.counts(), "committed": committed, "others": plan.others}
+            "planned": plan.counts(), "committed": committed, "others": plan.others,
+            "consumers": plan.consumers}
 
 
 def _cut(text: str, limit: int = 120) -> str:

@@ -43,7 +43,7 @@ from cdc_router.nats.streams import StreamAdmin, start_problem, start_warning
 from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
-from cdc_router.router.dlq_replay import sources_of
+from cdc_router.router.dlq_letters import sources_of
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router.process_info import process_info

@@ -17,7 +17,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.errors import CdcRouterError
 from cdc_router.ops.topics import dead_letter_state
 from cdc_router.router import clients
-from cdc_router.router.dlq_replay import sources_of
+from cdc_router.router.dlq_letters import sources_of
 from cdc_router.router.topics import TopicAdmin, TopicPlan, retention_cuts, shared_topics
 
 

@@ -41,7 +41,8 @@ from cdc_router.ops.report import (
 from cdc_router.ops.topics import changelog_state, dead_letter_state
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import unquoted
-from cdc_router.router.dlq_replay import replay_group, sources_of
+from cdc_router.router.dlq_letters import sources_of
+from cdc_router.router.dlq_replay import replay_group
 
 T = TypeVar("T")
 

@@ -19,8 +19,9 @@ import re
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import (
     ATTEMPTS,
     ERROR_MESSAGE,
@@ -42,6 +43,9 @@ from cdc_router.router.replay import (
     ReplayFilter,
 )
 from cdc_router.router.step import DeadLettered, Duplicate, Routed, StepResult
+
+if TYPE_CHECKING:
+    from cdc_router.config.model import RouterConfig
 
 ROUTER_STAGES = frozenset({"decode", "route", "serialize", "produce"})
 _REPLAY_OF = re.compile(r"(.+)\[(\d+)\]@(\d+)")  # dlq.replay.of: topic[partition]@offset
@@ -83,11 +87,10 @@ def read_letter(partition: int, offset: int, timestamp_ms: int, key: bytes | Non
     with from_router False)."""
     named = {name: raw.decode(errors="replace") for name, raw in headers}
     stage = named.get(STAGE, "")
-    source_topic = named.get(SOURCE_TOPIC, "")
     return Letter(
         partition=partition, offset=offset, timestamp_ms=timestamp_ms, key=key, value=value,
         headers=tuple(without_dead_letter_headers(headers)),
-        source_topic=source_topic,
+        source_topic=named.get(SOURCE_TOPIC, ""),
         source_group=named.get(SOURCE_GROUP),
         source_partition=_int(named.get(SOURCE_PARTITION)),
         source_offset=_int(named.get(SOURCE_OFFSET)),
@@ -95,7 +98,15 @@ def read_letter(partition: int, offset: int, timestamp_ms: int, key: bytes | Non
         reason=named.get(ERROR_MESSAGE, ""),
         value_dropped=VALUE_DROPPED in named,
         replay_of=named.get(REPLAY_OF),
-        from_router=stage in ROUTER_STAGES and bool(source_topic) and ATTEMPTS not in named)
+        from_router=written_by_router(named))
+
+
+def written_by_router(named: Mapping[str, str]) -> bool:
+    """Whether a record's headers (by name) are a router's or relay's dead letter's: a router
+    stage, a source topic, and no dlq.attempts, which the idempotent consumer's letters carry
+    (its stages: decode, handle)."""
+    return named.get(STAGE, "") in ROUTER_STAGES and bool(named.get(SOURCE_TOPIC)) and \
+        ATTEMPTS not in named
 
 
 def _int(text: str | None) -> int:
@@ -148,6 +159,25 @@ class Planned:
 Step = Callable[[str, bytes | None, bytes | None], StepResult]
 # ours(dlq.source.topic, dlq.source.group): whether a dead letter is this pipeline's.
 OursTest = Callable[[str, str | None], bool]
+
+
+def sources_of(config: RouterConfig) -> OursTest:
+    """Whether a dead letter is this config's pipeline's: its dlq.source.topic is one of
+    source.topics (a `^regex` one by its pattern) or the relay's table, and its
+    dlq.source.group (absent in letters of earlier versions) is this source.group_id. Both:
+    two pipelines may read one raw topic and share a dead-letter topic, and a router and a
+    relay of one outbox share a group but not their configs' sources."""
+    names = {topic for topic in config.source.topics if not topic.startswith("^")}
+    patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
+    if config.relay is not None:
+        names.add(config.relay.qualified_table)
+    group = config.source.group_id
+
+    def ours(topic: str, letter_group: str | None) -> bool:
+        if letter_group is not None and letter_group != group:
+            return False
+        return topic in names or any(pattern.search(topic) for pattern in patterns)
+    return ours
 
 
 def of_this_pipeline(letter: Letter, ours: OursTest) -> bool:

@@ -38,7 +38,6 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.config.model import RouterConfig
-from cdc_router.config.topic_names import source_regex
 from cdc_router.dead_letter import DeadLetter
 from cdc_router.errors import (
     EXIT_RESTART,
@@ -58,7 +57,6 @@ from cdc_router.router import clients
 from cdc_router.router.dlq_delivered import delivered_ids, undelivered
 from cdc_router.router.dlq_letters import (
     Letter,
-    OursTest,
     Planned,
     Selection,
     dead_letter_again,
@@ -66,6 +64,7 @@ from cdc_router.router.dlq_letters import (
     of_this_pipeline,
     plan_replay,
     read_letter,
+    sources_of,
     superseded_letters,
 )
 from cdc_router.router.dlq_raw import RawRecords, refilled
@@ -97,13 +96,15 @@ def replay_group(config: RouterConfig) -> str:
 
 @dataclass(frozen=True)
 class ReplayPlan:
-    """The selected letters and what happens to each; `read` letters were read in all, and
-    `others` the selection left out as other pipelines' (of_this_pipeline)."""
+    """The selected letters and what happens to each; `read` letters were read in all;
+    `others` and `consumers` the selection left out (of_this_pipeline): other pipelines'
+    and idempotent consumers' letters."""
 
     planned: list[Planned]
     read: int
     ends: dict[int, int]  # dead-letter partition -> the offset after the last letter read
     others: int = 0
+    consumers: int = 0
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(item.action for item in self.planned))
@@ -119,25 +120,6 @@ def _check(config: RouterConfig) -> None:
         raise ConfigError("dlq replay needs delivery.guarantee exactly_once and dedup "
                           "enabled: only committed changelog marks tell which ids were "
                           "delivered", field="delivery.guarantee / dedup.enabled")
-
-
-def sources_of(config: RouterConfig) -> OursTest:
-    """Whether a dead letter is this config's pipeline's: its dlq.source.topic is one of
-    source.topics (a `^regex` one by its pattern) or the relay's table, and its
-    dlq.source.group (absent in letters of earlier versions) is this source.group_id. Both:
-    two pipelines may read one raw topic and share a dead-letter topic, and a router and a
-    relay of one outbox share a group but not their configs' sources."""
-    names = {topic for topic in config.source.topics if not topic.startswith("^")}
-    patterns = [source_regex(topic) for topic in config.source.topics if topic.startswith("^")]
-    if config.relay is not None:
-        names.add(config.relay.qualified_table)
-    group = config.source.group_id
-
-    def ours(topic: str, letter_group: str | None) -> bool:
-        if letter_group is not None and letter_group != group:
-            return False
-        return topic in names or any(pattern.search(topic) for pattern in patterns)
-    return ours
 
 
 def _looking_up(serializer: Serializer, config: RouterConfig) -> Serializer:
@@ -247,7 +229,10 @@ class DeadLetterReplay:
                                         if item.action in ("skip", "superseded"))}
         if not self._dry_run:
             self._previous = self._committed(ends)
-        return ReplayPlan(planned, len(letters), ends, others=len(chosen) - len(selected))
+        consumers = sum(1 for letter in chosen if not of_this_pipeline(letter, ours)
+                        and not letter.from_router)  # QA 63-b: counted as other pipelines'
+        return ReplayPlan(planned, len(letters), ends,
+                          others=len(chosen) - len(selected) - consumers, consumers=consumers)
 
     def apply(self, plan: ReplayPlan) -> ReplayResult:
         """Step 4: deliver and dead-letter again, with marks and offsets, in transactions.

@@ -20,7 +20,8 @@ from cdc_router.config.load import load_config
 from cdc_router.dead_letter import REPLAY_OF
 from cdc_router.ops.offsets import admin_client
 from cdc_router.ops.topics import dead_letter_state
-from cdc_router.router.dlq_replay import replay_group, sources_of
+from cdc_router.router.dlq_letters import sources_of
+from cdc_router.router.dlq_replay import replay_group
 from tests.integration.pipeline import REPO, Pipeline, apply_topics, pipeline
 from tests.integration.support import StackEndpoints, unique
 

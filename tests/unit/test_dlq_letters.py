@@ -17,9 +17,9 @@ from cdc_router.router.dlq_letters import (
     fails_as_before,
     plan_replay,
     read_letter,
+    sources_of,
     superseded_letters,
 )
-from cdc_router.router.dlq_replay import sources_of
 from cdc_router.router.replay import (
     BATCH_KEY_PREFIX,
     DEAD_LETTERED_KEY_PREFIX,

@@ -10,6 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import dlq, main
+from cdc_router.dead_letter import dead_letter, dead_letter_headers
+from cdc_router.errors import RouteError
 
 CONFIG = ("kafka: {bootstrap_servers: '127.0.0.1:1'}\nsource: {topics: [raw]}\n"
           "routes: [{topic: x}]\ndead_letter: {topic: rv.dlq}\n")
@@ -20,8 +22,10 @@ class _Letter:
     """A consumed dead letter: a timestamp, a partition and an offset, no headers (this
     pipeline's)."""
 
-    def __init__(self, offset: int, timestamp_ms: int, partition: int = 0) -> None:
+    def __init__(self, offset: int, timestamp_ms: int, partition: int = 0,
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
         self._offset, self._timestamp_ms, self._partition = offset, timestamp_ms, partition
+        self._headers = headers or []
 
     def partition(self) -> int:
         return self._partition
@@ -33,7 +37,7 @@ class _Letter:
         return 1, self._timestamp_ms
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return []
+        return self._headers
 
 
 def _reader(letters: list[_Letter]) -> type:
@@ -121,3 +125,26 @@ def test_the_oldest_and_the_newest_are_so_across_partitions(
     shown = [(row["partition"], row["offset"]) for row in json.loads(listed.stdout)]
     assert shown == [((n - 1) % 3, (n - 1) // 3) for n in written], "oldest first, as written"
     assert f"3 of 9 shown (the {'newest' if newest else 'oldest'}" in listed.stderr
+
+
+def test_an_idempotent_consumers_letters_are_not_called_other_pipelines(
+        config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 63: a consumer's letters on a shared dead-letter topic (its source: a destination
+    # topic) were counted as "letters of other pipelines".
+    theirs = dead_letter(topic="billing.public.outbox", partition=0, offset=7, key=None,
+                         value=b"{}", original_headers=[], stage="route",
+                         error=RouteError("no route"), group="billing").headers
+    consumer = dead_letter_headers(topic="x", partition=0, offset=3, stage="handle",
+                                   error=ValueError("boom"), attempts=5)
+    letters = [_Letter(0, 1_000), _Letter(1, 1_001, headers=list(theirs)),
+               _Letter(2, 1_002, headers=consumer), _Letter(3, 1_003, headers=consumer)]
+    monkeypatch.setattr(dlq, "TopicReader", _reader(letters))
+    listed = CliRunner().invoke(main, ["dlq", "list", "-c", str(config), "-o", "json"])
+    assert listed.exit_code == 0, listed.output
+    assert [row["offset"] for row in json.loads(listed.stdout)] == [0]
+    assert listed.stderr == ("1 letter of other pipelines and 2 of idempotent consumers left "
+                             "out (--all lists them)\n")
+    monkeypatch.setattr(dlq, "TopicReader", _reader(letters[2:]))
+    alone = CliRunner().invoke(main, ["dlq", "list", "-c", str(config)])
+    assert alone.stdout == "no dead letters of this pipeline on rv.dlq\n"
+    assert alone.stderr == "2 letters of idempotent consumers left out (--all lists them)\n"

@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
-from cdc_router.dead_letter import REPLAY_OF, dead_letter
+from cdc_router.dead_letter import REPLAY_OF, dead_letter, dead_letter_headers
 from cdc_router.errors import DecodeError, DeliveryError, FatalKafkaError, RouteError
 from cdc_router.router import dlq_replay
 from cdc_router.router.dlq_letters import Selection
@@ -419,6 +419,16 @@ def test_another_pipelines_letter_of_one_of_our_ids_does_not_make_it_undelivered
     assert _plan_text(plan, DLQ).endswith(
         "1 of 2 letters selected: 1 already_delivered\n"
         "1 letter of other pipelines left out (`dlq list --all` lists them)")
+    # Review 63: an idempotent consumer's letter (its source a destination topic) is no other
+    # pipeline's.
+    handled = dead_letter_headers(topic=CUSTOMERS, partition=0, offset=4, stage="handle",
+                                  error=ValueError("boom"), attempts=5, event_id="e-0")
+    cluster.publish(DLQ, [Stored(DLQ, 0, b"e-0", b"{}", handled, None)])
+    plan = replayer(cluster).plan(Selection())
+    assert (plan.read, plan.others, plan.consumers) == (3, 1, 1)
+    assert _plan_text(plan, DLQ).endswith(
+        "1 letter of other pipelines and 1 of idempotent consumers left out (`dlq list --all` "
+        "lists them)")
 
 
 def test_a_relay_letter_is_replayed_from_its_row() -> None:
