@@ -7,8 +7,10 @@ Postgres down (QA 61-b F6), the outage's start lost among them and its end unsai
 
 A store that flaps (fails again within REPEAT_S of the last line) is not said at once: such an
 outage is said only once it lasts REPEAT_S, and one that ends sooner is counted
-(short_outages=N) in the next dedup_store_unavailable line: a warning and a recovery at most
-every REPEAT_S, however often it flaps.
+(short_outages=N) in the next dedup_store_unavailable line, or, when none comes, in a
+dedup_store_short_outages line at the first answered call REPEAT_S after the last line
+(review 63: flaps followed by a stable store were said in debug lines only): a warning and a
+recovery at most every REPEAT_S, however often it flaps.
 """
 
 from __future__ import annotations
@@ -92,8 +94,15 @@ class StoreOutage:
                     f"{self._repeat_s:.0f} s while it lasts, one when it ends")
 
     def answered(self) -> None:
-        """A call was answered: the outage, if one was said, has ended."""
+        """A call was answered: the outage, if one was said, has ended; short outages not
+        said yet are, once REPEAT_S has passed since the last line."""
         if self._since is None:
+            if self._short and self._clock() - self._said_at >= self._repeat_s:
+                self._said_at, short, self._short = self._clock(), self._short, 0
+                log.warning("event=dedup_store_short_outages store=%s count=%d reason=%r",
+                            self._store, short, "the store failed and answered again within "
+                            f"{self._repeat_s:.0f} s of the last line, this many times: each "
+                            "record was retried, none skipped; it answers now")
             return
         if self._quiet:  # a flap, unsaid: counted in the next warning
             self._short += 1

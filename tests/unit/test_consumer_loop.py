@@ -870,6 +870,29 @@ def test_a_flapping_store_is_a_warning_and_a_recovery_at_most_every_30_s(
     # Before: a pair of lines per flap, 48 in 120 s.
 
 
+def test_short_outages_followed_by_a_stable_store_are_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 63: flaps within 30 s of the last line were counted in the next warning only;
+    # with no outage after them they stayed in debug lines.
+    now = [0.0]
+    outage = StoreOutage("PostgresDedupStore", lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="cdc_router.consumer"):
+        for start in (0.0, 5.0, 10.0):  # said at 0 s (and its recovery at 1 s), then 2 flaps
+            now[0] = start
+            outage.failed(DedupStoreError("down"))
+            now[0] += 1.0
+            outage.answered()
+        while now[0] < 90.0:  # then answered calls, one a second
+            now[0] += 1.0
+            outage.answered()
+    said = [r.getMessage().split(" reason=")[0] for r in caplog.records
+            if r.levelno >= logging.INFO and "dedup_store_" in r.getMessage()]
+    assert said == [
+        "event=dedup_store_unavailable store=PostgresDedupStore error=DedupStoreError('down')",
+        "event=dedup_store_recovered store=PostgresDedupStore outage_s=1.0 failures=1",
+        "event=dedup_store_short_outages store=PostgresDedupStore count=2"], said
+
+
 def _contended(text: str) -> DedupStoreError:
     try:
         raise DedupStoreError(f"dedup transaction failed for event x: {text}") \
