@@ -90,6 +90,7 @@ def _outbox(report: Report) -> list[str]:
         failed = _failed(f"outbox {outbox.table or ''}".rstrip(), outbox.error)
         lines += failed or [f"outbox {outbox.table}: {outbox.rows} rows, oldest "
                             f"{_age(outbox.oldest_age_s)}, {size(outbox.size_bytes)} on disk"]
+        lines += [f"  {entry}" for entry in outbox.listed_columns]  # a rename's names
     return lines + [f"outbox {entry}: not checked (a regular expression in the connector's "
                     "table.include.list: status checks the tables it names one by one)"
                     for entry in report.outbox.not_checked]

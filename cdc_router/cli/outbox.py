@@ -58,7 +58,7 @@ from cdc_router.outbox.republish import (
     outbox_rows,
 )
 from cdc_router.outbox.tools import relay_outbox_column
-from cdc_router.postgres import table_columns
+from cdc_router.postgres import column_types, table_columns
 from cdc_router.router.republish import check_republish, raw_topic
 from cdc_router.router.republish import republish as republish_events
 
@@ -293,14 +293,17 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
         if not (parts := [part.strip() for part in item.split(",") if part.strip()]):
             raise ConfigError("no ids given", field="--ids", value=item)  # review 53-c F13
         given += [("--ids", part) for part in parts]
-    schema = OutboxSchema(config.cleanup.table, config.source.outbox)
+    schema = config.source.outbox.outbox_schema(config.cleanup.table)
     if since is not None and schema.columns.created_at is None:
         raise ConfigError("the outbox has no created_at column, so --since cannot tell which "
                           "rows are recent", source=str(config_path),
                           field="source.outbox.created_at", hint="select the rows with "
                           "--ids/--id, or name the column that holds their time there")
-    key = key_columns(key_setting, schema)
     with database(dsn or config.cleanup.dsn or DEFAULT_DSN) as conn:
+        # A column listed with several names (a rename): the first of them the table has.
+        if schema.listed:
+            schema = schema.for_table(column_types(conn, schema.table, "cleanup.table"))
+        key = key_columns(key_setting, schema)
         types = table_columns(conn, schema.table, "cleanup.table",
                               {f"--key-columns ({column})": column for column in key})
         # Review 53-c F11: a column the table lacks was blamed on --column, which republish

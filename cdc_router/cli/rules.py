@@ -297,7 +297,7 @@ def _patterns(value: str | list[str]) -> str:
 
 def _rule_options(rule: RouteRule) -> str:
     # JetStream has no keys or partitions: a nats route's record is its subject, data, headers.
-    options: list[str] = [rule.format] if rule.nats else [f"key {rule.key}",
+    options: list[str] = [rule.format] if rule.nats else [f"key {' | '.join(rule.key_names)}",
                                                f"partition {rule.partition}", rule.format]
     if rule.cloudevents:
         options.append(f"cloudevents ({rule.ce_source})")
@@ -311,7 +311,9 @@ def _summary(path: Path, config: RouterConfig) -> str:
     source, delivery, dedup = config.source, config.delivery, config.dedup
     lines = [f"{path}: valid",
              f"source     {', '.join(source.topics)} (group {source.group_id}; snapshot rows "
-             f"{'routed' if source.snapshot_rows else 'skipped'}; updates {source.on_update})",
+             f"{'routed' if source.snapshot_rows else 'skipped'}; updates {source.on_update}"
+             + "".join(f"; {field} the first of {' | '.join(names)}"  # a rename's names
+                       for field, names in source.outbox.renamed) + ")",
              f"routes     {len(config.routes)}, first match wins:"]
     rows = [[f"[{index}]", _match(rule.match), "->",
              f"nats {rule.destination}" if rule.nats else rule.destination, _rule_options(rule)]

@@ -153,10 +153,11 @@ def cleaner_of(config: RouterConfig, metrics: RouterMetrics) -> OutboxCleaner:
     missing = config.cleanup.missing_dsn()
     if missing is not None:
         raise ConfigError(missing, field="cleanup.dsn")
-    return OutboxCleaner(config.cleanup, id_column=config.source.outbox.id,
-                         created_at_column=config.source.outbox.created_at,
+    first = config.source.outbox.first  # until the cleanup reads the table's (names)
+    return OutboxCleaner(config.cleanup, id_column=first.id, created_at_column=first.created_at,
                          created_at_unit=config.source.created_at_unit,
-                         registry=metrics.registry, sweep=sweep_of(config))
+                         registry=metrics.registry, sweep=sweep_of(config),
+                         names=config.source.outbox)
 
 
 @contextmanager

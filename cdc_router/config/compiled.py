@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.nats import SubjectGuard, parse_subject_template
 from cdc_router.config.patterns import compile_pattern
-from cdc_router.config.routes import RouteMatch, RouteRule
+from cdc_router.config.routes import KEY_ALIASES, RouteMatch, RouteRule
 from cdc_router.config.topic_names import Template, TopicGuard, parse_topic_template, render_topic
 from cdc_router.errors import ConfigError, show
 from cdc_router.serde import Serializer, serializer_for
@@ -85,6 +85,7 @@ class CompiledRoute:
     static_topic: str | None  # None: row data fills the template, checked per event
     key_field: str  # an OutboxEvent field (id, aggregate_id, type, aggregate_type) or a column
     nats: bool = False  # the template is a JetStream subject, not a Kafka topic
+    key_others: tuple[str, ...] = ()  # the key column's later names over a rename; mostly none
 
 
 @dataclass(frozen=True)
@@ -106,15 +107,16 @@ def compile_config(config: RouterConfig,
     Makes no network call. Raises ConfigError naming the route's field: a key column that
     cannot be one, a format without a usable serializer (an Avro schema that cannot be read).
     """
-    columns = config.source.outbox.model_dump()
+    columns = config.source.outbox.fields  # column name -> its source.outbox field
     routes = []
     for index, rule in enumerate(config.routes):
         template = parse_subject_template(rule.nats.subject) if rule.nats is not None \
             else parse_topic_template(rule.destination)
         # A static topic was checked at load (config/model.py); a rendered one is, per event.
+        keys = _key_fields(rule.key_names, columns, index)
         routes.append(CompiledRoute(index, rule, RouteMatcher(rule.match), template,
-                                    render_topic(template, {}),
-                                    _key_field(rule.key, columns, index), rule.nats is not None))
+                                    render_topic(template, {}), keys[0], rule.nats is not None,
+                                    key_others=keys[1:]))
     return CompiledConfig(config, tuple(routes), config.topic_guard(),
                           _serializers(config, serializers), config.subject_guard())
 
@@ -133,15 +135,34 @@ def _serializers(config: RouterConfig, given: Mapping[str, Serializer] | None
     return serializers
 
 
-def _key_field(key: str, columns: dict[str, str | None], index: int) -> str:
-    """Resolve a route's `key` to an OutboxEvent field name, or a column of extra_columns."""
+_EVENT_FIELDS = {"id": "id", "aggregateid": "aggregate_id", "aggregatetype": "aggregate_type",
+                 "type": "type"}  # source.outbox field -> the OutboxEvent field it fills
+
+
+def _key_fields(names: tuple[str, ...], columns: dict[str, str],
+                index: int) -> tuple[str, ...]:
+    """Resolve a route's `key` to an OutboxEvent field name, or columns of extra_columns: its
+    names over a rename, the first a row has (routing.py)."""
+    fields = tuple(_key_field(name, columns, index) for name in names)
+    if len(names) > 1:
+        for name, field in zip(names, fields, strict=True):
+            if name in KEY_ALIASES or field != name or name in columns:
+                raise ConfigError(
+                    "a key's list names one column over a rename (old and new), and this is "
+                    "the event's own field or an outbox column, which every row has",
+                    field=f"routes[{index}].key", value=name,
+                    hint=f"key by {name} alone, or list only the renamed column's names")
+    return fields
+
+
+def _key_field(key: str, columns: dict[str, str], index: int) -> str:
+    """Resolve one key name to an OutboxEvent field name, or a column of extra_columns."""
     if key in ("id", "aggregate_id"):
         return key
-    by_column = {columns["id"]: "id", columns["aggregateid"]: "aggregate_id",
-                 columns["aggregatetype"]: "aggregate_type", columns["type"]: "type"}
-    if key in by_column:
-        return by_column[key]
-    if key in (columns["payload"], columns["headers"], columns["created_at"]):
+    field = columns.get(key)
+    if field in _EVENT_FIELDS:
+        return _EVENT_FIELDS[field]
+    if field is not None:
         raise ConfigError("the payload, headers or created_at column cannot be the key",
                           field=f"routes[{index}].key", value=key,
                           hint="use id, aggregate_id or another column of the outbox table")

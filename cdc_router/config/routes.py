@@ -129,8 +129,9 @@ class RouteRule(_Model):
     match: RouteMatch | None = None  # None: the default route, takes every event
     topic: str | None = None
     nats: NatsDestination | None = None
-    # "id" (the event id), "aggregate_id", or the name of any column of the outbox table
-    key: Literal["id", "aggregate_id"] | str = Field(default="id", min_length=1)
+    # "id" (the event id), "aggregate_id", or the name of any column of the outbox table; a
+    # column renamed under a backlog: its names, old and new, the first a row has (QA 63-a F-7)
+    key: Literal["id", "aggregate_id"] | str | list[str] = Field(default="id", min_length=1)
     partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
     format: Literal["json", "avro"] = "json"
     # With format avro: one .avsc file, or a mapping of event type -> .avsc ("*": any other
@@ -160,6 +161,8 @@ class RouteRule(_Model):
         what = ("the outbox column whose value keys the record (id, the default; aggregate_id, "
                 "type, aggregate_type or another column)" if info.field_name == "key" else
                 "the producer as a URI-reference (e.g. /orders-service)")
+        if info.field_name == "key" and isinstance(value, list):
+            return _key_names(value, what)
         if not isinstance(value, str):
             raise ValueError(f"YAML reads it as {yaml_kind(value)}, not text: name {what}, "
                              "quoted if YAML would read it otherwise")
@@ -189,7 +192,7 @@ class RouteRule(_Model):
         if (self.topic is None) == (self.nats is None):
             raise _fail("topic", "a route needs exactly one destination: `topic:` (Kafka) or "
                         "`nats: {subject: ...}` (JetStream)", self.topic)
-        if "{" in self.key or "}" in self.key:
+        if any("{" in name or "}" in name for name in self.key_names):
             raise _fail("key", "names the column whose value keys the record (id, aggregate_id, "
                         "type, aggregate_type or another outbox column), never a template; a "
                         "composite key needs a column of its own", self.key)
@@ -232,6 +235,11 @@ class RouteRule(_Model):
             if problem:
                 raise _fail("headers", problem, name)
         return self
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        """The key's column, or its names over a rename (the first a row has)."""
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
 
     @property
     def destination(self) -> str:
@@ -300,9 +308,26 @@ def misspelt_keys(routes: Sequence[RouteRule], columns: Collection[str]) -> list
     known = {name.lower(): name for name in (*KEY_ALIASES, *columns)}  # ID for id too
     found = []
     for index, route in enumerate(routes):
-        close = difflib.get_close_matches(route.key.lower(), sorted(known), n=1, cutoff=_NEAR_MISS)
-        if route.key not in known.values() and close:
-            found.append(f"routes[{index}].key {route.key!r} is no column the outbox config "
-                         f"names: did you mean {known[close[0]]!r}? If the rows have no column "
-                         f"{route.key!r}, every event of the route is dead-lettered")
+        for key in route.key_names:
+            close = difflib.get_close_matches(key.lower(), sorted(known), n=1,
+                                              cutoff=_NEAR_MISS)
+            if key not in known.values() and close:
+                found.append(f"routes[{index}].key {key!r} is no column the outbox config "
+                             f"names: did you mean {known[close[0]]!r}? If the rows have no "
+                             f"column {key!r}, every event of the route is dead-lettered")
     return found
+
+
+def _key_names(names: list[object], what: str) -> str | list[str]:
+    """A key given as a list: a column's names over a rename, each a name, once."""
+    if not names:
+        raise ValueError(f"an empty list names no column: name {what}, or list one column's "
+                         "names over a rename (old and new, e.g. [tenant, tenant_id])")
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"lists {name!r}, which is no column name: each item names "
+                             "the column (quoted if YAML would read it otherwise)")
+    twice = sorted({str(name) for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(map(repr, twice))} twice: each name once")
+    return str(names[0]) if len(names) == 1 else [str(name) for name in names]

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 # Moved from settings.py with their bodies unchanged, hence the short local names.
 from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import NonBlank, field_problem, refuse_blank
+from cdc_router.config.outbox_columns import OutboxColumnNames
 from cdc_router.config.topic_names import (
     librdkafka_takes_pattern,
     source_regex,
@@ -22,7 +23,7 @@ class SourceSettings(_Model):
 
     topics: list[str] = Field(default_factory=list)  # empty only for `relay` (model.py)
     group_id: str = "cdc-router"
-    outbox: OutboxColumns = Field(default_factory=OutboxColumns)
+    outbox: OutboxColumnNames = Field(default_factory=OutboxColumnNames)
     snapshot_rows: bool = True  # route op 'r' (rows read by Debezium's initial snapshot)
     on_update: Literal["skip", "fail"] = "skip"  # an outbox is insert-only; 'fail' dead-letters
     # The connector's binary.handling.mode ('bytes' is base64 in JSON too).
@@ -41,6 +42,12 @@ class SourceSettings(_Model):
     # event=raw_partition_held (router/held.py). As status.stalled_warning_s: a transaction
     # in flight holds a partition a moment, one that lasts is worth a line.
     held_partition_warning_s: float = 60.0
+
+    @field_validator("outbox", mode="before")
+    @classmethod
+    def _table_columns(cls, outbox: object) -> object:
+        # The table's own model (one name each), as the outbox commands and write_event take.
+        return outbox.model_dump() if isinstance(outbox, OutboxColumns) else outbox
 
     @field_validator("held_partition_warning_s")
     @classmethod

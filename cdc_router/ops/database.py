@@ -21,6 +21,7 @@ from cdc_router.outbox.table import OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
 from cdc_router.postgres import (
     PREPARED_HINT,
+    column_types,
     one_line,
     read_publication,
     refused_for_good,
@@ -83,6 +84,8 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
         return WalState(error=message), PublicationState(error=message, name=publication), \
             OutboxState(error=message, table=outbox.table)
     with conn:
+        outbox, listed = _for_table(conn, outbox)
+        others = [_for_table(conn, other)[0] for other in others]
         elsewhere = _other_database(conn, database, source)
         if elsewhere is not None:  # slots are the server's: still this pipeline's
             # The other inactive slots of the connector's database, not of the DSN's.
@@ -93,9 +96,24 @@ def probe_database(dsn: str, slots: list[str] | None, publication: str | None,
                 _guarded(lambda: publication_state(conn, publication, signal_table, outbox),
                          PublicationState)
                 if publication is not None else PublicationState(),
-                replace(_checked(conn, outbox, reader, named_by), others=tuple(
+                replace(_checked(conn, outbox, reader, named_by), listed_columns=listed,
+                        others=tuple(
                     _named(_checked(conn, other, reader, OTHER_TABLE), other.table)
                     for other in others)))
+
+
+def _for_table(conn: psycopg.Connection[Any],
+               outbox: OutboxSchema) -> tuple[OutboxSchema, tuple[str, ...]]:
+    """`outbox` with each column listed over a rename the first of its names the table has,
+    and which those are; as it is when nothing is listed, or the table cannot be read (its
+    check says why)."""
+    if not outbox.listed:
+        return outbox, ()
+    try:
+        present = column_types(conn, outbox.table)
+    except psycopg.Error:
+        return outbox, ()
+    return outbox.for_table(present), outbox.choices(present)
 
 
 def _other_database(conn: psycopg.Connection[Any], database: str | None,

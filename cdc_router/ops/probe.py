@@ -39,7 +39,6 @@ from cdc_router.ops.report import (
     WalState,
 )
 from cdc_router.ops.topics import changelog_state, dead_letter_state
-from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import unquoted
 from cdc_router.router.dlq_letters import sources_of
 from cdc_router.router.dlq_replay import replay_group
@@ -166,7 +165,7 @@ def _database(config: RouterConfig, endpoints: Endpoints,
               capture: Capture | None) -> tuple[WalState, PublicationState, OutboxState]:
     table, named_by = outbox_table(config, capture)
     try:
-        schema = OutboxSchema(table, config.source.outbox)
+        schema = config.source.outbox.outbox_schema(table)
     except CdcRouterError as error:
         return (WalState(error=str(error)), PublicationState(error=str(error)),
                 OutboxState(error=str(error), table=table))
@@ -177,7 +176,7 @@ def _database(config: RouterConfig, endpoints: Endpoints,
     schemas = []
     for other in others:
         try:
-            schemas.append(OutboxSchema(other, config.source.outbox))
+            schemas.append(config.source.outbox.outbox_schema(other))
         except CdcRouterError:  # not a table name after all: named, not checked
             unread.append(other)
     wal, publication, outbox = probe_database(

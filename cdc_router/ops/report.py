@@ -84,6 +84,8 @@ class OutboxState:
     partitioned: bool | None = None  # a partitioned table (its rows live in partitions)
     reader: str | None = None  # the connector's database.user
     reader_may_select: bool | None = None  # None: not known (no such role, not asked)
+    # Of each source.outbox column listed with several names (a rename): which the table has.
+    listed_columns: tuple[str, ...] = ()
     # The other tables the connector captures (table.include.list names several), each
     # checked as this one (QA 55-a F-4: their backlog went unseen; the cleanup deletes from
     # cleanup.table alone), and the entries naming no one table (a regex): not checked.

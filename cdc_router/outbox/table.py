@@ -8,8 +8,8 @@ switch from the SMT without touching its schema.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -73,6 +73,9 @@ class OutboxSchema:
     table: str = "public.outbox"
     columns: OutboxColumns = field(default_factory=OutboxColumns)
     payload_type: PayloadType = "jsonb"
+    # router.yaml's columns listed with several names over a rename (config/outbox_columns.py):
+    # (field, names); `columns` holds the first of each until for_table() picks the table's.
+    listed: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         split_table(self.table)
@@ -82,6 +85,21 @@ class OutboxSchema:
         if self.payload_type not in PAYLOAD_TYPES:
             raise ConfigError("must be jsonb or bytea", field="payload_type",
                               value=self.payload_type)
+
+    def for_table(self, present: Collection[str]) -> OutboxSchema:
+        """This schema with each listed column the first of its names the table has (`present`:
+        its columns), and nothing listed any more."""
+        if not self.listed:
+            return self
+        chosen = {name: first_present(names, present) for name, names in self.listed}
+        columns = OutboxColumns.model_validate({**self.columns.model_dump(), **chosen})
+        return replace(self, columns=columns, listed=())
+
+    def choices(self, present: Collection[str]) -> tuple[str, ...]:
+        """For `status`: which of each listed column's names the table has."""
+        return tuple(f"source.outbox.{name} lists {', '.join(names)}: the table has "
+                     + (", ".join(found) if (found := [n for n in names if n in present])
+                        else "none of them") for name, names in self.listed)
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -109,6 +127,15 @@ class OutboxSchema:
         except ValidationError as error:
             raise _config_error(error) from None
         return OutboxSchema(self.table, columns, self.payload_type)
+
+
+def first_present(names: tuple[str, ...], present: Collection[str]) -> str:
+    """The first of a column's `names` that is `present` (a row's or a table's columns); the
+    first name when none is, for the caller's own missing-column error to name."""
+    for name in names:
+        if name in present:
+            return name
+    return names[0]
 
 
 def _config_error(error: ValidationError) -> ConfigError:

@@ -42,7 +42,7 @@ def row_letter(config: RouterConfig, table: str, row: RelayRow,
     """The dead letter of a row the relay read; its value is the row as read (letter_value)."""
     value = letter_value(table, row.seq, row.txid, row.values, columns,
                          undecodable=row.undecodable)
-    key = row.values.get(config.source.outbox.id)
+    key = row.values.get(config.source.outbox.for_row(row.values).id)
     return dead_letter(topic=table, partition=0, offset=row.seq,
                        key=None if key is None else str(key).encode(errors="replace"),
                        value=value, original_headers=None, stage=result.stage,
@@ -64,8 +64,9 @@ def letter_event(value: bytes | None, settings: SourceSettings) -> OutboxEvent:
     try:
         return _row_event(document, after, settings)
     except DecodeError as error:
-        if error.event_id is None and after.get(settings.outbox.id) is not None:
-            error.event_id = str(after[settings.outbox.id])
+        column = settings.outbox.for_row(after).id
+        if error.event_id is None and after.get(column) is not None:
+            error.event_id = str(after[column])
         raise
 
 
@@ -102,7 +103,7 @@ def _earlier_letter_settings(after: dict[str, Any], settings: SourceSettings) ->
     (QA 56-f F-5: the first replay dead-lettered every such letter again). Text that reads as
     JSON and holds a character no binary encoding writes (`{`, `"`, `[`, `.`, a space) is
     JSON. Any other (`1234`, `true`, `null`, `SGk=`) may be either, and is refused."""
-    payload = after.get(settings.outbox.payload)
+    payload = after.get(settings.outbox.for_row(after).payload)
     if isinstance(payload, str) and not _BINARY_TEXT.fullmatch(payload):
         try:
             parse_json(payload.encode())

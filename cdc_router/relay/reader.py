@@ -99,6 +99,7 @@ class OutboxReader:
         self._dsn = dsn
         self._relay = relay
         self._source = source
+        self._outbox = source.outbox.first  # the table's own names once read (_prepare)
         self._connect = connect
         self._conn: psycopg.Connection[Any] | None = None
         self._select: sql.Composable | None = None
@@ -188,7 +189,7 @@ class OutboxReader:
         if not behind:
             return []
         query = sql.SQL("SELECT {}::text FROM {} WHERE {}").format(
-            sql.Identifier(self._source.outbox.id),
+            sql.Identifier(self._outbox.id),
             table_identifier(self._relay.table, "relay.table"), sql.SQL(" OR ").join(behind))
         reading, done = position.reading, position.done
         params = {"done_xmax": done and str(done.xmax), "done": done and str(done),
@@ -261,7 +262,10 @@ class OutboxReader:
         self._check_relay_columns(types, partitioned)
         self._check_seq_not_null(conn)
         self._check_indexes(conn, partitioned)
-        for column in self._source.outbox.required:
+        # A column listed with several names (a rename): the first the table has, again at
+        # each change of its columns.
+        self._outbox = self._source.outbox.for_table(types)
+        for column in self._outbox.required:
             if column not in types:
                 raise ConfigError(f"the outbox table {table} has no column {column!r}",
                                   field="source.outbox", value=sorted(types),
@@ -294,13 +298,13 @@ class OutboxReader:
                         f"at {error.start}) in a SQL_ASCII database: fix the row, or write "
                         "UTF-8 to it")
         if undecodable is not None:
-            event_id = values.get(self._source.outbox.id)
+            event_id = values.get(self._outbox.id)
             undecodable.event_id = event_id if isinstance(event_id, str) else None
         return undecodable
 
     def _select_one(self, column: str, kind: str) -> sql.Composable:
         name = sql.Identifier(column)
-        if column == self._source.outbox.payload and kind == "bytea":
+        if column == self._outbox.payload and kind == "bytea":
             self.columns[column] = {"type": "bytes"}
             if self._source.binary_handling == "hex":
                 return sql.SQL("encode({}, 'hex')").format(name)

@@ -34,6 +34,7 @@ from psycopg import sql
 
 from cdc_router import postgres
 from cdc_router.config.cleanup import CleanupSettings
+from cdc_router.config.outbox_columns import OutboxColumnNames
 from cdc_router.errors import CdcRouterError, ConfigError
 from cdc_router.outbox import age as cleanup_age
 from cdc_router.postgres import one_line, row_fault, table_identifier
@@ -76,10 +77,11 @@ class OutboxCleaner:
 
     def __init__(self, settings: CleanupSettings, *, id_column: str,
                  created_at_column: str | None, created_at_unit: str = "auto",
-                 registry: CollectorRegistry | None = None,
-                 sweep: CommittedIdSource | None = None) -> None:
+                 registry: CollectorRegistry | None = None, sweep: CommittedIdSource | None = None,
+                 names: OutboxColumnNames | None = None) -> None:
         """`created_at_unit`: source.created_at_unit, how an integer created_at is read."""
         self._settings = settings
+        self._names = names if names is not None and names.renamed else None  # a rename: _types
         self._id_column = id_column
         self._created_at_column = created_at_column
         self._created_at_unit = created_at_unit
@@ -366,15 +368,17 @@ class OutboxCleaner:
                            for event_id, created_ms in young if created_ms is not None]
 
     def _types(self, conn: psycopg.Connection[Any]) -> dict[str, str]:
-        """The table's column types (uuid, text, bigint, ...), read once and again after a
-        failure: the id's for the array cast, created_at's for the retention cutoff. A table
-        or column it lacks, or a created_at no time compares with, is a ConfigError (in the
-        worker: the router stops at its commit)."""
+        """The table's column types (uuid, text, ...), read once and again after a failure:
+        the id's for the array cast, created_at's for the retention cutoff; a column listed
+        over a rename, the first of its names the table has. A table or column it lacks, or a
+        created_at no time compares with, is a ConfigError (the router stops at its commit)."""
         if self._column_types is None:
-            needed = {"source.outbox.id": self._id_column}
+            if self._names is not None:
+                table = self._names.for_table(postgres.column_types(conn, self._settings.table))
+                self._id_column, self._created_at_column = table.id, table.created_at
             created = self._created_at_column if self._retention_ms is not None else None
-            if created:
-                needed["source.outbox.created_at"] = created
+            needed = {"source.outbox.id": self._id_column,
+                      **({"source.outbox.created_at": created} if created else {})}
             types = postgres.table_columns(conn, self._settings.table, "cleanup.table", needed)
             if created:
                 cleanup_age.require_comparable(types[created], created, self._settings.table)
@@ -390,8 +394,7 @@ class OutboxCleaner:
             self._logged_deleted, self._logged_at = deleted, now
 
     def _update_lag(self) -> None:
-        now_ms = int(time.time() * 1000)
-        oldest = self._pending.oldest_due_since()
+        now_ms, oldest = int(time.time() * 1000), self._pending.oldest_due_since()
         # Lag: how long the oldest id has been due (retention's planned wait does not count).
         self._lag_s = 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000)
         self.lag.set(self._lag_s)

@@ -129,7 +129,8 @@ def decode_change(key: bytes | None, value: bytes | None, *, topic: str,
             failure = DecodeError("update of an outbox row (op 'u'): an outbox is insert-only "
                                   "and source.on_update is 'fail'")
             after = envelope.get("after")
-            updated = after.get(settings.outbox.id) if isinstance(after, dict) else None
+            updated = after.get(settings.outbox.for_row(after).id) \
+                if isinstance(after, dict) else None
             if isinstance(updated, str | int) and not isinstance(updated, bool) and \
                     len(str(updated).encode("utf-8", "surrogatepass")) <= MAX_EVENT_ID_BYTES:
                 failure.event_id = str(updated)  # for dlq list and dlq replay --id
@@ -259,7 +260,10 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     (a created_at of exactly 0 is then a time). Raises DecodeError, with the reason.
     """
     columns = columns or {}
-    names = settings.outbox
+    # The first name of each column, unless a rename lists several (QA 63-a F-1): the one
+    # check, for a config with no list; then the first of them this row has.
+    listed = settings.outbox
+    names = listed.first if not listed.renamed else listed.for_row(row)
     event_id = _identifier(row, names.id, "event id", None)
     if len(event_id) > MAX_EVENT_ID_BYTES // 4:  # a str of fewer characters fits anyway
         _check_id_size(event_id, names.id)
@@ -270,7 +274,7 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     try:
         payload, is_json = payload_column(row, names.payload, columns.get(names.payload),
                                            settings, event_id)
-        named = names.named
+        named = listed.named
         return OutboxEvent(
             event_id=event_id,
             aggregate_type=_identifier(row, names.aggregatetype, "aggregate type", event_id),

@@ -34,7 +34,7 @@ from cdc_router.router.partitioner import java_default_partition
 from cdc_router.router.values import quick_init
 
 if TYPE_CHECKING:
-    from cdc_router.config.compiled import CompiledConfig
+    from cdc_router.config.compiled import CompiledConfig, CompiledRoute
     from cdc_router.config.routes import RouteRule
     from cdc_router.serde import Serializer
 
@@ -182,7 +182,8 @@ class Router:
         return topic
 
     def _key(self, event: OutboxEvent, index: int) -> bytes:
-        field = self._routes[index].key_field
+        route = self._routes[index]
+        field = route.key_field
         if field == "id":
             return event.event_id.encode()
         if field == "aggregate_id":
@@ -192,7 +193,7 @@ class Router:
         try:
             value = event.column(field)
         except KeyError:  # not NULL: no such column (QA 60-c F-2), the config's fault
-            raise MissingKeyColumn(event, field, index) from None
+            field, value = self._other_key(event, route)
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] is null in the row: the route needs a value "
@@ -202,6 +203,16 @@ class Router:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] holds {LONE_SURROGATE}")
         return value.encode()
+
+    @staticmethod
+    def _other_key(event: OutboxEvent, route: CompiledRoute) -> tuple[str, str | None]:
+        """A key column renamed (QA 63-a F-7): the first of its later names the row has."""
+        for name in route.key_others:
+            try:
+                return name, event.column(name)
+            except KeyError:
+                continue
+        raise MissingKeyColumn(event, (route.key_field, *route.key_others), route.index)
 
 
 

@@ -1541,31 +1541,43 @@ def test_a_column_no_event_of_the_topic_has_stops_the_router_with_the_fix() -> N
     assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
 
 
-def test_a_column_renamed_under_a_backlog_stops_with_the_way_through() -> None:
-    # QA 63-a: `payload` renamed `body` while rows written before the rename were still to
+def test_a_column_renamed_under_a_backlog_is_read_under_both_names_listed() -> None:
+    # QA 63-a F-1: `payload` renamed `body` while rows written before the rename were still to
     # route; one batch held both, so the old name stopped the router at the run of new rows
     # and the new name at the run of old ones, each batch aborted: no restart made progress.
-    renamed = [json.loads(value) for value in events(50 + RUN_LIMIT + 20)]
-    for envelope in renamed[50:]:
+    renamed = [json.loads(value) for value in events(2 * (RUN_LIMIT + 20))]
+    for envelope in renamed[RUN_LIMIT + 20:]:
         envelope["after"]["body"] = envelope["after"].pop("payload")
     cluster = cluster_with(*[json.dumps(envelope).encode() for envelope in renamed])
+    for name in ("body", "payload"):  # either name alone stalls, as QA saw
+        with pytest.raises(ConfigError) as stopped:
+            Harness(cluster, source={"topics": [RAW], "group_id": "g", "outbox": {
+                "payload": name}}, delivery=SLOW_COMMIT).router.run()
+        assert cluster.group_offsets == {}  # the batch aborted, the whole events with it
+    assert "Earlier events had it: if it was renamed while rows written before the rename " \
+        "were still to route, list the new name after the old ones, `source.outbox.payload: " \
+        "[payload, NEW]` (the first name a row has is read), start the router again, and " \
+        "drop 'payload' from the list once its rows are routed" in str(stopped.value), \
+        str(stopped.value)
+    assert "COMMIT_MAX_RECORDS" not in str(stopped.value)
+    harness = Harness(cluster, source={"topics": [RAW], "group_id": "g", "outbox": {
+        "payload": ["payload", "body"]}}, delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == sorted(f"e-{i}" for i in range(len(renamed)))
+    assert harness.letters() == [] and cluster.group_offsets == {(RAW, 0): len(renamed)}
+    assert {stored.value for stored in cluster.committed(ORDERS)} == {b'{"n": 1}'}
+
+
+def test_a_listed_column_none_of_whose_names_a_row_has_still_stops_the_router() -> None:
+    cluster = cluster_with(*events(RUN_LIMIT + 20))
+    harness = Harness(cluster, source={"topics": [RAW], "group_id": "g", "outbox": {
+        "aggregatetype": ["kind", "category"]}}, delivery=SLOW_COMMIT)
     with pytest.raises(ConfigError) as stopped:
-        Harness(cluster, delivery=SLOW_COMMIT).router.run()
-    assert cluster.group_offsets == {}  # the batch aborted, the 50 whole events with it
-    assert "Events of this topic before these had the column: if it was renamed while rows " \
-        "written before the rename were still to route, no one name reads both; start the " \
-        f"router once with CDC_ROUTER__DELIVERY__COMMIT_MAX_RECORDS={RUN_LIMIT // 2}" in \
-        str(stopped.value), str(stopped.value)
-    # The way it names: short batches with the old name, then the new name.
-    with pytest.raises(ConfigError):
-        Harness(cluster, delivery={**SLOW_COMMIT, "commit_max_records": RUN_LIMIT // 2}
-                ).router.run()
-    harness = Harness(cluster, source={"topics": [RAW], "group_id": "g",
-                                       "outbox": {"payload": "body"}}).run()
-    letters = [letter.header("dlq.event.id") for letter in harness.letters()]
-    assert len(harness.delivered()) == 50 + RUN_LIMIT + 20 - len(letters)
-    assert sorted(harness.delivered() + letters) == sorted(f"e-{i}" for i in range(len(renamed)))
-    assert 0 < len(letters) < RUN_LIMIT  # `dlq replay` delivers them with the new name
+        harness.router.run()
+    assert stopped.value.field == "source.outbox.aggregatetype"
+    assert stopped.value.value == ["kind", "category"]
+    assert f"the last {RUN_LIMIT} change events of {RAW} have none of the columns 'kind', " \
+        "'category'" in str(stopped.value)
+    assert "`source.outbox.aggregatetype: [kind, category, NEW]`" in str(stopped.value)
 
 
 def test_events_without_a_column_among_events_with_it_are_dead_letters_only() -> None:
@@ -1603,6 +1615,29 @@ def test_a_key_column_no_event_of_the_route_has_stops_the_router_with_the_fix() 
     assert "the rows' other columns are 'tenant': set routes[0].key to one of them" in \
         str(stopped.value)
     assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
+    assert "list the new name after the old ones, `routes[0].key: [no_such_column, NEW]`" in \
+        str(stopped.value)
+
+
+def test_a_key_column_renamed_under_a_backlog_is_read_under_both_names_listed() -> None:
+    # QA 63-a F-7: as F-1, for a route's key column (zone renamed zone_id).
+    old = _with_columns(events(50), zone="acme")
+    new = _with_columns([raw_event(f"n-{n}") for n in range(RUN_LIMIT + 20)], zone_id="beta")
+    cluster = cluster_with(*old, *new)
+    with pytest.raises(ConfigError) as stopped:
+        Harness(cluster, routes=[{"topic": ORDERS, "key": "zone"}],
+                delivery=SLOW_COMMIT).router.run()
+    assert "`routes[0].key: [zone, NEW]`" in str(stopped.value)
+    harness = Harness(cluster, routes=[{"topic": ORDERS, "key": ["zone", "zone_id"]}],
+                      delivery=SLOW_COMMIT).run()
+    assert sorted(harness.delivered()) == ["acme"] * 50 + ["beta"] * (RUN_LIMIT + 20)
+    assert harness.letters() == []
+    lacking = Harness(cluster_with(*events(RUN_LIMIT + 5)), routes=[
+        {"topic": ORDERS, "key": ["zone", "zone_id"]}], delivery=SLOW_COMMIT)
+    with pytest.raises(ConfigError) as stopped:
+        lacking.router.run()
+    assert stopped.value.value == ["zone", "zone_id"]
+    assert "have none of the columns 'zone', 'zone_id'" in str(stopped.value)
 
 
 def test_a_null_key_column_or_one_some_events_of_the_route_have_is_a_letter_only() -> None:

@@ -1,0 +1,100 @@
+"""Columns renamed while rows written before the rename are still to route (QA 63-a F-1, F-7),
+on the real stack: the router stopped over the deploy, rows, `ALTER TABLE ... RENAME COLUMN`
+of an outbox column and of a route's key column, rows. Either name alone stalls (each stops
+the router at the other's run, its batch aborted); both listed deliver every event once, with
+no dead letter, and status and the cleanup find the table's names."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from tests.integration.pipeline import Pipeline, pipeline
+from tests.integration.support import StackEndpoints
+
+ROWS = 150  # of each name: more than router/missing_columns.RUN_LIMIT (100)
+# One batch for the runs that stall, as QA saw (commit_max_records 1000): nothing commits.
+ONE_BATCH = {"commit_interval_ms": 6_000, "transaction_timeout_ms": 60_000}
+
+
+def _insert(pipe: Pipeline, type_column: str, zone_column: str, zone: str) -> list[str]:
+    ids = [str(uuid.uuid4()) for _ in range(ROWS)]
+    with psycopg.connect(pipe.stack.postgres_dsn) as conn, conn.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO public.{pipe.table} (id, {type_column}, aggregateid, type, payload, "
+            f"{zone_column}) VALUES (%s, 'Order', %s, 'OrderPaid', %s::jsonb, %s)",
+            [(event_id, f"o-{n % 5}", json.dumps({"n": n}), zone)
+             for n, event_id in enumerate(ids)])
+    return ids
+
+
+def _configure(pipe: Pipeline, aggregatetype: Any, key: Any, **extra: Any) -> None:
+    config = yaml.safe_load(pipe.config_path.read_text())
+    config["source"]["outbox"] = {"aggregatetype": aggregatetype}
+    config["routes"][0]["key"] = key
+    config.update(extra)
+    pipe.config_path.write_text(yaml.safe_dump(config))
+
+
+def _rows_left(pipe: Pipeline) -> int:
+    with psycopg.connect(pipe.stack.postgres_dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM public.{pipe.table}").fetchone()
+    return int(row[0]) if row else -1
+
+
+def test_columns_renamed_under_a_backlog_are_delivered_once_under_both_names_listed(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    with pipeline(stack, tmp_path) as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} ADD COLUMN zone text")
+        ids = _insert(pipe, "aggregatetype", "zone", "old")
+        assert len(pipe.read(pipe.raw_topic, ROWS)) == ROWS
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} RENAME COLUMN aggregatetype TO "
+                         "aggregate_type")
+            conn.execute(f"ALTER TABLE public.{pipe.table} RENAME COLUMN zone TO zone_id")
+        ids += _insert(pipe, "aggregate_type", "zone_id", "new")
+        assert len(pipe.read(pipe.raw_topic, 2 * ROWS)) == 2 * ROWS
+
+        # Either name alone: the router stops at the other name's run, nothing committed.
+        for instance, (names, missing) in enumerate([
+                (("aggregatetype", "zone"), "no column 'aggregatetype'"),
+                (("aggregate_type", "zone_id"), "no column 'aggregate_type'")]):
+            _configure(pipe, *names, delivery=ONE_BATCH)
+            pipe.start_router(f"single-{instance}")
+            assert pipe.routers.pop(f"single-{instance}").wait(timeout=180) == 1
+            log = " ".join(pipe.router_log(f"single-{instance}").split())
+            assert missing in log, log[-3000:]
+        assert pipe.read_all(pipe.orders_topic, settle_s=0) == []
+        assert pipe.read_all(pipe.dlq_topic, settle_s=0) == []
+
+        # Both names listed, as the stop's line advises: every event once, no letter; the
+        # cleanup deletes by the table's id column, found through the listed names.
+        _configure(pipe, ["aggregatetype", "aggregate_type"], ["zone", "zone_id"], delivery={},
+                   cleanup={"mode": "delete", "dsn": stack.postgres_dsn, "interval_ms": 100,
+                            "table": f"public.{pipe.table}"})
+        status = pipe.status()
+        assert "source.outbox.aggregatetype lists aggregatetype, aggregate_type: the table " \
+            "has aggregate_type" in status.stdout, status.stdout + status.stderr
+        pipe.start_router("listed")
+        assert len(pipe.read(pipe.orders_topic, 2 * ROWS)) == 2 * ROWS
+        deadline = time.monotonic() + 60
+        while _rows_left(pipe) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        orders = pipe.read_all(pipe.orders_topic)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=0)
+        left = _rows_left(pipe)
+        assert pipe.routers["listed"].poll() is None, pipe.router_log("listed")[-3000:]
+    by_id = Counter(dict(record.headers())["id"].decode() for record in orders)
+    assert sorted(by_id) == sorted(ids) and set(by_id.values()) == {1}
+    assert Counter(record.key().decode() for record in orders) == {"old": ROWS, "new": ROWS}
+    assert {dict(record.headers())["aggregatetype"] for record in orders} == {b"Order"}
+    assert letters == []
+    assert left == 0
