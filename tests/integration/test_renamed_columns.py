@@ -17,7 +17,8 @@ import psycopg
 import yaml
 
 from tests.integration.pipeline import Pipeline, pipeline
-from tests.integration.support import StackEndpoints
+from tests.integration.relay_setup import relay_setup
+from tests.integration.support import StackEndpoints, read_to_end, read_topic
 
 ROWS = 150  # of each name: more than router/missing_columns.RUN_LIMIT (100)
 # One batch for the runs that stall, as QA saw (commit_max_records 1000): nothing commits.
@@ -98,3 +99,30 @@ def test_columns_renamed_under_a_backlog_are_delivered_once_under_both_names_lis
     assert {dict(record.headers())["aggregatetype"] for record in orders} == {b"Order"}
     assert letters == []
     assert left == 0
+
+
+def test_the_relay_reads_a_column_renamed_while_it_runs_under_its_listed_names(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # The relay reads the table itself: a listed column is the first name the table has, read
+    # again when its columns change (as after QA 33-c's DROP COLUMN).
+    listed = {"source": {"outbox": {"aggregatetype": ["aggregatetype", "kind"]}}}
+    with relay_setup(stack, tmp_path, config=listed) as setup:
+        table = f"public.{setup.table}"
+        setup.start("a")
+        ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+        insert = ("INSERT INTO {} (id, {}, aggregateid, type, payload) VALUES (%s, 'Order', "
+                  "'o-1', 'OrderPaid', '{{}}')")
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(insert.format(table, "aggregatetype"), (ids[0],))
+        read_topic(stack.bootstrap_servers, setup.orders_topic, 1, 60)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} RENAME COLUMN aggregatetype TO kind")
+            conn.execute(insert.format(table, "kind"), (ids[1],))
+        records = read_topic(stack.bootstrap_servers, setup.orders_topic, 2, 60)
+        letters = read_to_end(stack.bootstrap_servers, setup.dlq_topic)
+        running = setup.relays["a"].poll() is None
+        log = setup.log("a")
+    assert [record.key().decode() for record in records] == ids, log[-3000:]
+    assert {dict(record.headers())["aggregatetype"] for record in records} == {b"Order"}
+    assert letters == [] and running, log[-3000:]
+    assert "event=relay_columns_changed" in log
