@@ -36,10 +36,10 @@ from cdc_router.errors import (
     show,
 )
 from cdc_router.serde.avro_diagnostics import json_unfillable, payload_problem
+from cdc_router.serde.avro_framing import CONFLUENT_HEADER, CONFLUENT_MAGIC, unframed
 from cdc_router.serde.avro_schema import (
     ANY_TYPE,
     SINGLE_OBJECT_HEADER,
-    SINGLE_OBJECT_MAGIC,
     AvroSchema,
     RouteSchemas,
     load_schema,
@@ -61,10 +61,6 @@ if TYPE_CHECKING:
     from cdc_router.config.connections import SchemaRegistrySettings
     from cdc_router.config.routes import RouteRule
     from cdc_router.router.debezium import OutboxEvent
-
-# Recognised, written here only for a plan (looks_only): confluent-kafka's serializer writes it.
-CONFLUENT_MAGIC = b"\x00"  # Confluent wire format: magic byte, then a 4-byte schema id
-CONFLUENT_HEADER = len(CONFLUENT_MAGIC) + 4
 
 # Names other modules import from here, whose homes are the schema and diagnostics modules.
 __all__ = ["CONFLUENT_HEADER", "CONFLUENT_MAGIC", "AvroSchema", "AvroSerializer",
@@ -363,18 +359,10 @@ class AvroSerializer:
                              f"under it; then `cdc-router dlq replay` it")
 
     def _framed(self, event: OutboxEvent, topic: str) -> None:
-        value = event.payload
-        if self._ids is None:
-            ok, framing = (value[:2] == SINGLE_OBJECT_MAGIC and len(value) > SINGLE_OBJECT_HEADER,
-                           "Avro single-object encoding (0xC3 0x01 + fingerprint)")
-        else:
-            ok, framing = (value[:1] == CONFLUENT_MAGIC and len(value) > CONFLUENT_HEADER,
-                           "the registry's wire format (byte 0 + schema id)")
-        if not ok:
+        problem = unframed(event.payload, registry=self._ids is not None)
+        if problem is not None:
             raise SerializeError(f"event {show(event.event_id)}: the binary payload for "
-                                 f"{topic!r} is not framed in {framing}; already-encoded "
-                                 f"payloads pass through unchanged, so they must be framed "
-                                 f"(starts with {value[:4].hex() or 'nothing'})")
+                                 f"{topic!r} {problem}")
 
 
 def _encode_record(event: OutboxEvent, datum: Any, schema: AvroSchema, topic: str,

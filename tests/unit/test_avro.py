@@ -233,6 +233,24 @@ def test_unframed_bytes_are_a_serialize_error() -> None:
         serializer.serialize(event(None, raw=b"\xc3\x01" + bytes(9)), rule(), "p")
 
 
+@pytest.mark.parametrize("raw", [b'{"amount": 5}', b' [1, {"a": "\xc3\xa9"}]'])
+def test_unframed_json_text_is_said_to_be_json_with_the_column_that_encodes_it(
+        raw: bytes) -> None:
+    # QA 63-a F-6: after payload jsonb -> bytea, an application still writing JSON got only
+    # "not framed ... (starts with 7b22616d)".
+    for serializer in (AvroSerializer([rule()]),
+                       AvroSerializer([rule()], registry(), registry_client=mock_registry())):
+        with pytest.raises(SerializeError) as refused:
+            serializer.serialize(event(None, raw=raw), rule(), "p")
+        assert "its bytes are JSON text: an Avro route encodes a JSON payload into Avro from " \
+            "a jsonb, json or text payload column (source.payload_type auto or json)" in \
+            str(refused.value), str(refused.value)
+    for other in (b"\x02x", b"{not json", b'"text"', b"{\xff}"):
+        with pytest.raises(SerializeError) as refused:
+            AvroSerializer([rule()]).serialize(event(None, raw=other), rule(), "p")
+        assert "JSON text" not in str(refused.value)
+
+
 # --- the schema registry (confluent-kafka's in-memory mock) --------------------------------
 
 def test_without_auto_register_a_missing_schema_stops_the_router_not_the_event() -> None:
