@@ -31,6 +31,7 @@ from cdc_router.serde.json import (
 )
 
 if TYPE_CHECKING:
+    from cdc_router.config.outbox_columns import OutboxColumnNames
     from cdc_router.config.source import SourceSettings
 
 # Skipped.reason values, for counting.
@@ -296,7 +297,24 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
         )
     except DecodeError as error:
         error.event_id = event_id  # for the dead letter's dlq.event.id
+        if listed.renamed and isinstance(error, MissingColumn):
+            raise _none_listed(error, listed, event_id) from None
         raise
+
+
+def _none_listed(error: MissingColumn, listed: OutboxColumnNames,
+                 event_id: str) -> MissingColumn:
+    """The letter of a row with none of a listed column's names names them all."""
+    field = listed.fields.get(error.column, "")
+    names = listed.listed_names.get(field, ())
+    if len(names) < 2:
+        return error
+    missing = MissingColumn(f"{event_named(event_id)}: none of the columns "
+                         f"{', '.join(map(repr, names))} (source.outbox.{field}) is in the "
+                         "row: list the column's name there", column=error.column,
+                         row_columns=error.row_columns)
+    missing.event_id = event_id
+    return missing
 
 
 def _identifier(row: dict[str, Any], column: str, what: str, event_id: str | None) -> str:

@@ -105,6 +105,11 @@ def test_an_event_takes_the_first_listed_name_its_row_has() -> None:
     with pytest.raises(MissingColumn) as missing:
         event_from_row(_row(aggregatetype="category"), settings)
     assert missing.value.column == "aggregatetype" and "category" in missing.value.row_columns
+    assert str(missing.value).startswith("event 'e-1': none of the columns 'aggregatetype', "
+                                         "'kind' (source.outbox.aggregatetype) is in the row: "
+                                         "list the column's name there; the row has 'id, "
+                                         "aggregateid,"), str(missing.value)
+    assert missing.value.event_id == "e-1"
 
 
 def test_every_field_may_list_its_names() -> None:
