@@ -54,8 +54,13 @@ def probe_connector(url: str, name: str) -> tuple[ConnectorState, Capture | None
         except ConnectError as error:
             return ConnectorState(error=str(error), name=name), None
     topics = raw_topics(config)
+    # The signal table, which Debezium's signalling has in the include list: its topic carries
+    # signals and snapshot window markers, for no router (rv64: status warned it unread).
+    signal = config.get("signal.data.collection", "").strip()
+    signals = raw_topics({**config, "table.include.list": signal}) if signal else ()
     return replace(connector_state(status), raw_topic=raw_topic(config),
-                   raw_topics=topics if len(topics) > 1 else (),
+                   raw_topics=tuple(topic for topic in topics if topic not in signals)
+                   if len(topics) > 1 else (),
                    quoted_tables=tuple(quoted_tables(config))), capture_of(config)
 
 

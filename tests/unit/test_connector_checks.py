@@ -304,3 +304,23 @@ def test_status_names_a_deployed_include_list_entry_in_sql_quotes(
     connect.configs["qaq"] = {**SHIPPED}
     plain, _ = probe_connector("http://connect:8083", "qaq")
     assert plain.quoted_tables == ()
+
+
+def test_status_leaves_the_signal_tables_raw_topic_out_of_the_unread_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # rv64 (of QA 64-a F-1): a connector with its signal table in table.include.list, as
+    # Debezium's signalling asks, was warned that no router reads the signal table's topic.
+    from cdc_router.config.model import RouterConfig
+    from cdc_router.ops.probe import reading
+
+    signalled = {**SHIPPED, "table.include.list": "public.outbox,public.debezium_signal",
+                 "signal.data.collection": "public.debezium_signal"}
+    connect = ScriptedConnect({"outbox-connector": signalled})
+    state, _ = probing(monkeypatch, connect)("http://connect:8083", "outbox-connector")
+    assert state.raw_topics == ("outbox.public.outbox",)
+    config = RouterConfig.model_validate({"source": {"topics": ["outbox.public.outbox"]},
+                                          "routes": [{"topic": "dst"}]})
+    assert reading(state, config).unread_topics == ()
+    elsewhere = RouterConfig.model_validate({"source": {"topics": ["outbox2.public.outbox"]},
+                                             "routes": [{"topic": "dst"}]})
+    assert reading(state, elsewhere).unread_topics == ("outbox.public.outbox",)
