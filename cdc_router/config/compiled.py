@@ -142,7 +142,7 @@ _EVENT_FIELDS = {"id": "id", "aggregateid": "aggregate_id", "aggregatetype": "ag
 def _key_fields(names: tuple[str, ...], columns: dict[str, str],
                 index: int) -> tuple[str, ...]:
     """Resolve a route's `key` to an OutboxEvent field name, or columns of extra_columns: its
-    names over a rename, the first a row has (routing.py)."""
+    names over a rename, the first with a value in a row (routing.py)."""
     fields = tuple(_key_field(name, columns, index) for name in names)
     if len(names) > 1:
         for name, field in zip(names, fields, strict=True):

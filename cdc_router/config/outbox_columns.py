@@ -3,14 +3,15 @@
 A column renamed (ALTER TABLE ... RENAME COLUMN) while rows written before the rename are still
 to route leaves change events of both names on the raw topic, in one batch (QA 63-a F-1: either
 name alone stopped the router on the other's rows, for ever). Listed, `aggregatetype:
-[aggregate_type, kind]`, an event's value is the first of them its row has; a row with none is
+[aggregate_type, kind]`, an event's value is the first of them with a value in its row (an
+expand and contract migration's old column left null too); a row with none of the names is
 the missing column it always was. What reads the table itself (the relay, status, the cleanup,
 `outbox republish`) takes the first of them the table has (OutboxSchema.for_table).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +20,7 @@ from pydantic import field_validator, model_validator
 from cdc_router.config.fields import ConfigModel, field_problem
 from cdc_router.config.yaml_text import yaml_kind
 from cdc_router.errors import ConfigError
-from cdc_router.outbox.table import OutboxColumns, OutboxSchema
+from cdc_router.outbox.table import OutboxColumns, OutboxSchema, first_present
 from cdc_router.postgres import check_identifier
 
 ColumnNames = str | list[str]  # one name, or a rename's names (old and new): the first found
@@ -101,20 +102,28 @@ class OutboxColumnNames(ConfigModel):
         """Column name -> the field it names (aggregatetype for kind)."""
         return {name: field for field, names in self.listed_names.items() for name in names}
 
-    def for_row(self, row: Collection[str]) -> OutboxColumns:
-        """The columns of a row (its column names): of each listed column, the first name the
-        row has (the first name when it has none, the row's missing column)."""
+    def for_row(self, row: Mapping[str, Any]) -> OutboxColumns:
+        """The columns of a row (its values by column): of each listed column, the first name
+        with a value in the row, else the first it has (a null: the row's letter), else the
+        first name (the row's missing column). A value, not only a name: over an expand and
+        contract migration (ADD COLUMN kind, the old one left null by the new writers) both
+        columns are in every row (rv64: each order dead-lettered one writer's rows)."""
         if not self.renamed:
             return self.first
-        present = tuple(name in row for _, names in self.renamed for name in names)
-        cached = self._for_rows.get(present)
+        state = tuple(2 if row.get(name) is not None else name in row
+                      for _, names in self.renamed for name in names)
+        cached = self._for_rows.get(state)
         if cached is None:
-            cached = self._for_rows[present] = self.for_table(row)
+            chosen = {field: next((name for name in names if row.get(name) is not None),
+                                  None) or first_present(names, row)
+                      for field, names in self.renamed}
+            cached = self._for_rows[state] = OutboxColumns.model_validate(
+                {**self.first.model_dump(), **chosen})
         return cached
 
     @cached_property
-    def _for_rows(self) -> dict[tuple[bool, ...], OutboxColumns]:
-        return {}  # a handful: which of the listed names a row has
+    def _for_rows(self) -> dict[tuple[int, ...], OutboxColumns]:
+        return {}  # a handful: which of the listed names a row has, with a value or null
 
     def outbox_schema(self, table: str = "public.outbox") -> OutboxSchema:
         """The OutboxSchema of `table` with these names, listed ones to resolve (for_table)."""

@@ -130,7 +130,8 @@ class RouteRule(_Model):
     topic: str | None = None
     nats: NatsDestination | None = None
     # "id" (the event id), "aggregate_id", or the name of any column of the outbox table; a
-    # column renamed under a backlog: its names, old and new, the first a row has (QA 63-a F-7)
+    # column renamed under a backlog: its names, old and new, the first with a value in a row
+    # (QA 63-a F-7)
     key: Literal["id", "aggregate_id"] | str | list[str] = Field(default="id", min_length=1)
     partition: Literal["aggregate_id", "key", "kafka_default"] = "aggregate_id"
     format: Literal["json", "avro"] = "json"
@@ -238,7 +239,7 @@ class RouteRule(_Model):
 
     @property
     def key_names(self) -> tuple[str, ...]:
-        """The key's column, or its names over a rename (the first a row has)."""
+        """The key's column, or its names over a rename (the first with a value in a row)."""
         return (self.key,) if isinstance(self.key, str) else tuple(self.key)
 
     @property

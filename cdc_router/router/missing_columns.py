@@ -63,14 +63,14 @@ class MissingColumns:
 def renamed(setting: str, names: tuple[str, ...], had_it: bool) -> str:
     """The way through a column renamed while rows of the old name were still to route (QA
     63-a F-1, F-7): one batch holds rows of both names, so no one name reads them all; listed,
-    the first name a row has is read. `had_it`: earlier events here had a name the config
-    gives (then a rename is the likely cause)."""
+    the first name with a value in a row is read. `had_it`: earlier events here had a name
+    the config gives (then a rename is the likely cause)."""
     old = names[-1]
     return ((". Earlier events had it: " if had_it else ". ") +
             f"if it was renamed while rows written before the rename were still to route, list "
             f"the new name after the old ones, `{setting}: [{', '.join(names)}, NEW]` (the "
-            f"first name a row has is read), start the router again, and drop {old!r} from the "
-            "list once its rows are routed")
+            "first name with a value in a row is read), start the router again, and drop "
+            f"{old!r} from the list once its rows are routed")
 
 
 class MissingKeyColumn(RouteError):

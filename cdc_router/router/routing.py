@@ -193,7 +193,10 @@ class Router:
         try:
             value = event.column(field)
         except KeyError:  # not NULL: no such column (QA 60-c F-2), the config's fault
-            field, value = self._other_key(event, route)
+            field, value = self._other_key(event, route, None)
+        else:
+            if value is None and route.key_others:  # an expand/contract's old column, null
+                field, value = self._other_key(event, route, field)
         if value is None:
             raise RouteError(f"event {show(event.event_id)}: key column {field!r} of "
                              f"routes[{index}] is null in the row: the route needs a value "
@@ -205,14 +208,21 @@ class Router:
         return value.encode()
 
     @staticmethod
-    def _other_key(event: OutboxEvent, route: CompiledRoute) -> tuple[str, str | None]:
-        """A key column renamed (QA 63-a F-7): the first of its later names the row has."""
+    def _other_key(event: OutboxEvent, route: CompiledRoute,
+                   null: str | None) -> tuple[str, str | None]:
+        """A key column renamed (QA 63-a F-7): the first of its later names with a value in the
+        row, else `null` (the first name, null there) or the first later one the row has."""
         for name in route.key_others:
             try:
-                return name, event.column(name)
+                value = event.column(name)
             except KeyError:
                 continue
-        raise MissingKeyColumn(event, (route.key_field, *route.key_others), route.index)
+            if value is not None:
+                return name, value
+            null = null or name
+        if null is None:
+            raise MissingKeyColumn(event, (route.key_field, *route.key_others), route.index)
+        return null, None
 
 
 

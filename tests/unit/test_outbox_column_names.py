@@ -16,7 +16,7 @@ from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.outbox_columns import OutboxColumnNames
 from cdc_router.config.source import SourceSettings
-from cdc_router.errors import ConfigError, MissingColumn
+from cdc_router.errors import ConfigError, DecodeError, MissingColumn, RouteError
 from cdc_router.router.debezium import event_from_row
 from cdc_router.router.missing_columns import MissingKeyColumn
 from cdc_router.router.routing import Router
@@ -158,3 +158,34 @@ def test_a_row_with_none_of_a_keys_names_is_a_route_letter_naming_them() -> None
     with pytest.raises(MissingKeyColumn, match=r"none of the key columns 'zone', 'zone_id' of "
                        r"routes\[0\] is a column of the row, whose other columns are"):
         Router(compiled, compiled.serializers).route(event, lambda topic: 1)
+
+
+@pytest.mark.parametrize("names", [["aggregatetype", "kind"], ["kind", "aggregatetype"]])
+def test_an_expand_and_contract_migration_takes_the_name_with_a_value(names: list[str]) -> None:
+    # rv64: ADD COLUMN kind, the new writers fill it and leave aggregatetype null, the old
+    # ones the reverse: every row has both names, and the first of them a row had was read,
+    # so either order dead-lettered one writer's rows ("got null").
+    settings = SourceSettings(outbox=OutboxColumnNames(aggregatetype=names))
+    new_writer = {**_row(), "aggregatetype": None, "kind": "Order"}
+    old_writer = {**_row(), "kind": None}
+    assert event_from_row(new_writer, settings).aggregate_type == "Order"
+    assert event_from_row(old_writer, settings).aggregate_type == "Order"
+    with pytest.raises(DecodeError, match=f"column '{names[0]}' .* got null"):
+        event_from_row({**_row(), "aggregatetype": None, "kind": None}, settings)
+
+
+def test_a_key_list_takes_the_name_with_a_value() -> None:
+    config = RouterConfig.model_validate({"source": {"topics": ["a"]}, "routes": [
+        {"topic": "x", "key": ["zone", "zone_id"]}], "dead_letter": {"topic": "dlq"}})
+    compiled = compile_config(config)
+    router = Router(compiled, compiled.serializers)
+    for zone, zone_id in (("eu", None), (None, "eu"), ("eu", "us")):
+        event = event_from_row({**_row(), "zone": zone, "zone_id": zone_id}, config.source)
+        routed = router.route(event, lambda topic: 1)
+        assert getattr(routed, "key", None) == b"eu", (zone, zone_id)
+    event = event_from_row({**_row(), "zone": None, "zone_id": None}, config.source)
+    with pytest.raises(RouteError, match="key column 'zone' of routes\\[0\\] is null"):
+        router.route(event, lambda topic: 1)
+    event = event_from_row({**_row(), "zone_id": None}, config.source)
+    with pytest.raises(RouteError, match="key column 'zone_id' of routes\\[0\\] is null"):
+        router.route(event, lambda topic: 1)

@@ -1556,8 +1556,8 @@ def test_a_column_renamed_under_a_backlog_is_read_under_both_names_listed() -> N
         assert cluster.group_offsets == {}  # the batch aborted, the whole events with it
     assert "Earlier events had it: if it was renamed while rows written before the rename " \
         "were still to route, list the new name after the old ones, `source.outbox.payload: " \
-        "[payload, NEW]` (the first name a row has is read), start the router again, and " \
-        "drop 'payload' from the list once its rows are routed" in str(stopped.value), \
+        "[payload, NEW]` (the first name with a value in a row is read), start the router " \
+        "again, and drop 'payload' from the list once its rows are routed" in str(stopped.value), \
         str(stopped.value)
     assert "COMMIT_MAX_RECORDS" not in str(stopped.value)
     harness = Harness(cluster, source={"topics": [RAW], "group_id": "g", "outbox": {
