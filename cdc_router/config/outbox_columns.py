@@ -47,8 +47,8 @@ class OutboxColumnNames(ConfigModel):
                              "names over a rename (old and new, e.g. [aggregate_type, kind])")
         for name in value:
             if not isinstance(name, str):
-                raise ValueError(f"YAML reads {name!r} as {yaml_kind(name)}, not a column "
-                                 "name: quote it")
+                raise ValueError(f"lists {yaml_kind(name)}, not a column name: quote it if "
+                                 "it is one, or leave it out")
         twice = sorted({name for name in value if value.count(name) > 1})
         if twice:
             raise ValueError(f"lists {', '.join(map(repr, twice))} twice: each name once")

@@ -326,7 +326,8 @@ def _key_names(names: list[object], what: str) -> str | list[str]:
                          "names over a rename (old and new, e.g. [tenant, tenant_id])")
     for name in names:
         if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"lists {name!r}, which is no column name: each item names "
+            shown = repr(name) if isinstance(name, str) else yaml_kind(name)  # not Python's None
+            raise ValueError(f"lists {shown}, which is no column name: each item names "
                              "the column (quoted if YAML would read it otherwise)")
     twice = sorted({str(name) for name in names if names.count(name) > 1})
     if twice:

@@ -44,7 +44,11 @@ def _error(tmp_path: Path, text: str) -> str:
     ("{id: [event_id, uuid], type: [kind, uuid]}", "field 'source.outbox.type': column 'uuid' "
      "is already used for id"),
     ("{payload: [body, ' ']}", "field 'source.outbox.payload': a column name cannot be blank"),
-    ("{payload: [body, 12]}", "field 'source.outbox.payload': YAML reads 12 as"),
+    ("{payload: [body, 12]}", "field 'source.outbox.payload': lists the number 12, not a "
+     "column name: quote it if it is one"),
+    # rv64: Python's words showed, "YAML reads None as null ...: quote it".
+    ("{payload: [body, null]}", "field 'source.outbox.payload': lists null, not a column "
+     "name: quote it if it is one, or leave it out"),
     ("{headers: [h, 'x" + "y" * 70 + "']}", "field 'source.outbox.headers': not a usable "
      "Postgres identifier"),
 ])
@@ -58,6 +62,7 @@ def test_a_bad_list_of_names_is_refused_naming_the_field_and_value(
     ("[]", "field 'routes[0].key': an empty list names no column"),
     ("[zone, zone]", "field 'routes[0].key': lists 'zone' twice: each name once"),
     ("[zone, '']", "field 'routes[0].key': lists '', which is no column name"),
+    ("[zone, null]", "field 'routes[0].key': lists null, which is no column name"),
     ("[aggregate_id, zone]", "field 'routes[0].key': a key's list names one column over a "
      "rename (old and new), and this is the event's own field or an outbox column, which "
      "every row has (got 'aggregate_id'); key by aggregate_id alone"),
