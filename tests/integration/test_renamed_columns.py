@@ -126,3 +126,26 @@ def test_the_relay_reads_a_column_renamed_while_it_runs_under_its_listed_names(
     assert {dict(record.headers())["aggregatetype"] for record in records} == {b"Order"}
     assert letters == [] and running, log[-3000:]
     assert "event=relay_columns_changed" in log
+
+
+def test_an_expand_and_contract_migration_is_delivered_under_both_names_listed(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # rv64: ADD COLUMN kind, then writers of either version: Debezium sends both columns in
+    # every row, the one a writer left out null. Read as the first name a row has, the new
+    # writers' rows were dead-lettered ("got null"); the first name with a value routes all.
+    with pipeline(stack, tmp_path) as pipe:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE public.{pipe.table} ADD COLUMN zone text, "
+                         "ADD COLUMN kind text, ALTER COLUMN aggregatetype DROP NOT NULL")
+        ids = _insert(pipe, "aggregatetype", "zone", "z")  # the old writers: kind null
+        ids += _insert(pipe, "kind", "zone", "z")  # the new ones: aggregatetype null
+        _configure(pipe, ["aggregatetype", "kind"], "zone")
+        pipe.start_router("listed")
+        assert len(pipe.read(pipe.orders_topic, 2 * ROWS)) == 2 * ROWS
+        orders = pipe.read_all(pipe.orders_topic)
+        letters = pipe.read_all(pipe.dlq_topic, settle_s=0)
+        assert pipe.routers["listed"].poll() is None, pipe.router_log("listed")[-3000:]
+    by_id = Counter(dict(record.headers())["id"].decode() for record in orders)
+    assert sorted(by_id) == sorted(ids) and set(by_id.values()) == {1}
+    assert {dict(record.headers())["aggregatetype"] for record in orders} == {b"Order"}
+    assert letters == []
