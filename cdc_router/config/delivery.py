@@ -76,14 +76,29 @@ class DeadLetterSettings(_Model):
                              "them until replayed")
         size = int(value.get("retention.bytes", "-1"))
         if deletes and 0 <= size < MIN_DEAD_LETTER_RETENTION_BYTES:
-            raise ValueError(f"retention.bytes ({size}) keeps less than a hundred of the "
-                             "largest dead letters a partition takes (each holds its raw "
-                             f"record, up to {DEFAULT_MESSAGE_MAX_BYTES} bytes), and a poison "
-                             "event whose raw record is gone lives nowhere else: set at least "
-                             f"{MIN_DEAD_LETTER_RETENTION_BYTES} (100 MB a partition; Kafka's "
-                             "default is -1, no size limit), or leave it out and bound the "
-                             "topic by retention.ms")
+            raise ValueError(f"retention.bytes ({size}) is less than one dead letter of the "
+                             f"largest size a partition takes ({DEFAULT_MESSAGE_MAX_BYTES} bytes: "
+                             "each holds its raw record), so one big letter pushes out every "
+                             "one before it, and a poison event whose raw record is gone lives "
+                             f"nowhere else: set at least {LOW_DEAD_LETTER_RETENTION_BYTES} "
+                             "(100 MB a partition; Kafka's default is -1, no size limit), or "
+                             "leave it out and bound the topic by retention.ms")
         return value
+
+    def warnings(self) -> list[str]:
+        """A size bound (config retention.bytes) that a flood of big letters fills: taken,
+        warned of (between one letter and a hundred of the largest size)."""
+        size = int(self.config.get("retention.bytes", "-1"))
+        deletes = "delete" in list_config_items(self.config.get("cleanup.policy", "delete"))
+        if not deletes or not MIN_DEAD_LETTER_RETENTION_BYTES <= size < \
+                LOW_DEAD_LETTER_RETENTION_BYTES:
+            return []
+        return [f"dead_letter.config retention.bytes ({size}) holds fewer than a hundred dead "
+                f"letters of the largest size a partition takes ({DEFAULT_MESSAGE_MAX_BYTES} "
+                "bytes: each holds its raw record): a flood of big poison events pushes out "
+                "the letters before it, each the only copy of its event once its raw record "
+                f"is gone; {LOW_DEAD_LETTER_RETENTION_BYTES} (100 MB a partition) or -1 keeps "
+                "them, retention.ms bounding the topic"]
 
 
 # A dead letter must outlive the time to notice its alert and run `dlq replay` (L1: 1000 ms was
@@ -94,9 +109,11 @@ MIN_DEAD_LETTER_RETENTION_MS = 3_600_000
 # partition, and deletes the oldest segments past it: a poison flood (QA 63-b: 146 events;
 # chaos seed 25: 214) pushes out the letters before it, whatever their age. A hundred
 # letters of the largest size a producer sends by default (a letter carries its raw record
-# unchanged) refuses only a bound that one flood of big records fills at once; a topic of small
-# letters holds thousands within it.
-MIN_DEAD_LETTER_RETENTION_BYTES = 100 * DEFAULT_MESSAGE_MAX_BYTES
+# unchanged) is what a flood of big records cannot fill at once; a topic of small letters
+# holds thousands within it. Below it a bound is warned of, not refused (rv64: 50 MB, a team's
+# deliberate bound, stopped the router at load after an upgrade); below one such letter, refused.
+LOW_DEAD_LETTER_RETENTION_BYTES = 100 * DEFAULT_MESSAGE_MAX_BYTES
+MIN_DEAD_LETTER_RETENTION_BYTES = DEFAULT_MESSAGE_MAX_BYTES
 
 
 class DedupSettings(_Model):

@@ -107,7 +107,8 @@ class RouterConfig(_Model):
                                   "retention.ms"), keep_ms=self.changelog_keep_ms())
         return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
             windows + dsn + self.cleanup_warnings() + ([leak] if leak else []) + \
-            self.kafka.ignored_properties() + self.kafka.unused_login()
+            self.dead_letter.warnings() + self.kafka.ignored_properties() + \
+            self.kafka.unused_login()
 
     def _without_sweep(self) -> str | None:
         """The setting that leaves the cleanup without its sweep, or None when it has one."""
