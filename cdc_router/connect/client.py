@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -258,9 +259,11 @@ class ConnectClient:
                                    f"{within} ({type(error).__name__}): is the worker stuck or "
                                    "overloaded? try again, or look at its log") from error
             except httpx.TransportError as error:
-                raise ConnectNotServingError(
-                    f"Kafka Connect unreachable at {self._shown}: "
-                    f"{on_one_line(str(error)) or type(error).__name__}") from error
+                # A name no resolver knows is the URL's fault, not a worker restarting:
+                # `connectors wait` fails on it at once (review 64 of QA 64-a F-8).
+                kind = ConnectError if _unknown_host(error) else ConnectNotServingError
+                raise kind(f"Kafka Connect unreachable at {self._shown}: "
+                           f"{on_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,
                       path, response.status_code, attempt)
             if attempt < _CONFLICT_RETRIES and (response.status_code == httpx.codes.CONFLICT or (
@@ -344,3 +347,14 @@ def _connects_own(response: httpx.Response) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and data.get("error_code") == response.status_code
+
+
+def _unknown_host(error: BaseException) -> bool:
+    """Whether `error` came of a host name the resolver says does not exist (EAI_NONAME),
+    not of a resolver failing for now (EAI_AGAIN) nor of a refused or reset connection."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return cause.errno == socket.EAI_NONAME
+        cause = cause.__cause__ or cause.__context__
+    return False

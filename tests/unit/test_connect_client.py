@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -362,6 +363,32 @@ def test_wait_for_state_polls_through_a_worker_that_refuses_connections() -> Non
 
     with pytest.raises(ConnectError, match=r"^Kafka Connect unreachable at http://connect\.test"):
         client(down, clock).wait_for_state("c", "RUNNING", 5)
+
+
+def test_wait_for_state_fails_at_once_on_a_host_name_no_resolver_knows() -> None:
+    # Review 64: since F-8, a mistyped --url host waited the whole --timeout before failing;
+    # a worker restarting keeps its name, so only a refused connection is waited through.
+    clock = FakeClock()
+
+    def unknown(request: httpx.Request) -> httpx.Response:
+        try:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        except socket.gaierror as error:
+            raise httpx.ConnectError(str(error), request=request) from error
+
+    with pytest.raises(ConnectError, match=r"^Kafka Connect unreachable at .*not known"):
+        client(unknown, clock).wait_for_state("c", "RUNNING", 60)
+    assert clock.now == 0.0
+
+    def for_now(request: httpx.Request) -> httpx.Response:
+        try:
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        except socket.gaierror as error:
+            raise httpx.ConnectError(str(error), request=request) from error
+
+    with pytest.raises(ConnectError, match="Temporary failure"):
+        client(for_now, clock).wait_for_state("c", "RUNNING", 3)
+    assert clock.now >= 3.0
 
 
 def test_wait_for_running_fails_fast_on_a_failed_task() -> None:
