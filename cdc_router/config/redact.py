@@ -11,7 +11,9 @@ always shown, and only the text around it is masked.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any
 
 from cdc_router.config.placeholders import provider_references
@@ -108,6 +110,16 @@ def redact_tree(value: Any, key: str = "") -> Any:
     if value is not None and is_secret_key(key) and not isinstance(value, bool):
         return MASK  # a number under a password key is still the password
     return value
+
+
+def masked_repr(instance: Any, **masks: Callable[[Any], Any]) -> str:
+    """A dataclass's repr with the fields named in `masks` shown through them (a field of
+    repr=False too), the other repr=False ones left out: settings a service may log."""
+    shown = {item.name: masks[item.name](getattr(instance, item.name)) if item.name in masks
+             else getattr(instance, item.name)
+             for item in dataclasses.fields(instance) if item.repr or item.name in masks}
+    return f"{type(instance).__name__}(" + ", ".join(
+        f"{name}={value!r}" for name, value in shown.items()) + ")"
 
 
 def _mask_around_references(value: str) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cdc_router.config.nats import subject_problem
 from cdc_router.config.nats_servers import server_problem
 from cdc_router.config.nats_subjects import subject_matches
-from cdc_router.config.redact import shown_url
+from cdc_router.config.redact import masked_repr, shown_url
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
 from cdc_router.consumer.settings import as_names, filled
@@ -63,9 +63,7 @@ class JetStreamSettings:
     def __repr__(self) -> str:
         """The dataclass's repr, the url's password or token masked (QA 64-b) and without
         connect_options (credentials and TLS)."""
-        shown = {item.name: getattr(self, item.name) for item in fields(self) if item.repr}
-        return f"JetStreamSettings(url={shown_url(self.url)!r}, " + ", ".join(
-            f"{name}={value!r}" for name, value in shown.items()) + ")"
+        return masked_repr(self, url=shown_url)
 
     def __post_init__(self) -> None:
         source = "JetStreamSettings"

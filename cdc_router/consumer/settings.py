@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from confluent_kafka import KafkaException
 
 from cdc_router.config.connections import bootstrap_problem
-from cdc_router.config.redact import redact_tree
+from cdc_router.config.redact import masked_repr, redact_tree
 from cdc_router.config.topic_names import TopicGuard, topic_name_problem
 from cdc_router.consumer.checks import Check, check_all
 from cdc_router.consumer.retry import RetryPolicy, finite_number, whole_number
@@ -109,10 +109,8 @@ class ConsumerSettings:
     def __repr__(self) -> str:
         """The dataclass's repr, with the credentials among consumer_config and producer_config
         masked (QA 64-b: a service that logged its settings logged sasl.password in clear)."""
-        shown = {item.name: getattr(self, item.name) for item in fields(self)}
-        for name in ("consumer_config", "producer_config"):
-            shown[name] = redact_tree(dict(shown[name]))
-        return f"ConsumerSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+        return masked_repr(self, consumer_config=_masked_properties,
+                           producer_config=_masked_properties)
 
     def __post_init__(self) -> None:
         source = "ConsumerSettings"
@@ -255,3 +253,7 @@ def built(factory: Callable[[dict[str, Any]], T], config: dict[str, Any], field:
     except KafkaException as error:
         raise ConfigError(refused_config(error, config), source="ConsumerSettings",
                           field=field) from None
+
+
+def _masked_properties(properties: Mapping[str, str]) -> Any:
+    return redact_tree(dict(properties))
