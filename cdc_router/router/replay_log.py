@@ -6,6 +6,10 @@ of 37,500 delivered rows, each dropped as a replay, wrote 41,993 lines in 20 s).
 The WARNING of a dropped replay of a dead-lettered id (a republish that delivered nothing: its
 letter does) has a cap of its own, WARNED_PER_MINUTE, and the first line of the next minute
 says how many it left out (review 53-c F17: behind 100 ordinary lines it was not said at all).
+
+A run of replays past the cap (a re-snapshot: 40,000 rows) is summed up in one line, at the first
+record after it that is not a replay and at each minute's turn while it goes on (QA 64-a F-9:
+the log never said how many a re-snapshot dropped, only the metric did).
 """
 
 from __future__ import annotations
@@ -30,28 +34,50 @@ class ReplayLines:
         self._clock = clock
         self._since = clock()
         self._said = self._warned = self._unwarned = 0
+        # The replays of the run going on (0: none), and those of them said by count only.
+        self.run = self._unsaid = 0
+        self._run_since = self._since
+
+    def run_ended(self) -> None:
+        """A record that is no replay came after `run` replays: summed up if lines were capped."""
+        if self._unsaid:
+            self._sum_up("ended")
+        self.run = 0
 
     def dropped(self, event_id: str, where: str) -> None:
         """One replay dropped: its line, while the minute has room for it."""
         now = self._clock()
         if now - self._since >= 60:
+            if self._unsaid:  # a run longer than the minute: its count so far
+                self._sum_up("goes on")
             if self._unwarned:
                 log.warning("event=replay_warnings_left_out count=%d: the last minute dropped "
                             "that many more replays of dead-lettered ids than it said; "
                             "`cdc-router dlq replay` delivers their letters",
                             self._unwarned)
             self._since, self._said, self._warned, self._unwarned = now, 0, 0, 0
+        if not self.run:
+            self._run_since = now
+        self.run += 1
         if self._replay is not None and self._replay.dead_lettered(event_id):
             self._warn(event_id, where)
             return
         if self._said >= SAID_PER_MINUTE:
+            self._unsaid += 1
             return
         self._said += 1
         log.info("event=replay_dropped id=%s %s", show(event_id), where)
         if self._said == SAID_PER_MINUTE:
             log.info("event=replay_lines_capped per_minute=%d: the rest of this minute's "
-                     "replays are counted in cdc_router_duplicates_dropped_total only",
+                     "replays are counted, and their number said when the run ends",
                      SAID_PER_MINUTE)
+
+    def _sum_up(self, how: str) -> None:
+        log.info("event=replays_dropped count=%d unsaid=%d seconds=%d run=%s: that many "
+                 "replays of delivered ids dropped in a row (a re-snapshot or a republish), "
+                 "the unsaid ones past the lines' cap", self.run, self._unsaid,
+                 self._clock() - self._run_since, how)
+        self.run = self._unsaid = 0
 
     def _warn(self, event_id: str, where: str) -> None:
         # QA 48-a F-med-3: an `outbox republish` of a dead-lettered row, after the rules

@@ -51,3 +51,47 @@ def test_a_dead_lettered_ids_warning_has_its_own_cap_and_says_how_many_it_left_o
     assert sum(line.startswith("event=replay_dropped ") for line in warned) == WARNED_PER_MINUTE
     assert warned[-2].startswith(f"event=replay_warnings_capped per_minute={WARNED_PER_MINUTE}")
     assert warned[-1].startswith("event=replay_warnings_left_out count=5: ")
+
+
+def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage().partition(":")[0] for record in caplog.records
+            if record.getMessage().startswith("event=replays_dropped ")]
+
+
+def test_a_run_of_replays_past_the_cap_is_summed_up_when_it_ends(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 64-a F-9: a 40k-row re-snapshot logged 100 lines and the cap's line, never its count.
+    now = [0.0]
+    lines = ReplayLines(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        for i in range(3 * SAID_PER_MINUTE):
+            now[0] = i * 0.1
+            lines.dropped(f"e-{i}", f"offset={i}")
+        lines.run_ended()  # a record that is no replay
+        lines.run_ended()
+        now[0] = 120.0
+        for i in range(SAID_PER_MINUTE):  # a short run in another minute: each one said
+            lines.dropped(f"f-{i}", f"offset={i}")
+        lines.run_ended()
+    assert _summaries(caplog) == [
+        f"event=replays_dropped count={3 * SAID_PER_MINUTE} unsaid={2 * SAID_PER_MINUTE} "
+        "seconds=29 run=ended"]
+    assert lines.run == 0
+
+
+def test_a_run_longer_than_a_minute_is_summed_up_each_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    lines = ReplayLines(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        for i in range(2 * SAID_PER_MINUTE):
+            lines.dropped(f"e-{i}", f"offset={i}")
+        now[0] = 61.0
+        for i in range(SAID_PER_MINUTE + 5):
+            lines.dropped(f"g-{i}", f"offset={i}")
+        now[0] = 70.0
+        lines.run_ended()
+    assert _summaries(caplog) == [
+        f"event=replays_dropped count={2 * SAID_PER_MINUTE} unsaid={SAID_PER_MINUTE} "
+        "seconds=61 run=goes on",
+        f"event=replays_dropped count={SAID_PER_MINUTE + 5} unsaid=5 seconds=9 run=ended"]
