@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import yaml
+from click.testing import CliRunner, Result
 from confluent_kafka import Message
 from confluent_kafka.admin import (
     AdminClient,
@@ -26,6 +27,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
+from cdc_router.cli import main
 from cdc_router.connect.client import ConnectClient
 from cdc_router.errors import ConnectError
 from tests.integration.support import (
@@ -61,8 +63,10 @@ class Pipeline:
     config_path: Path
     routers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def insert(self, rows: Sequence[Row], per_transaction: int = 200) -> list[str]:
-        """Insert outbox rows in transactions of `per_transaction`; their ids, in order."""
+    def insert(self, rows: Sequence[Row], per_transaction: int = 200,
+               table: str | None = None) -> list[str]:
+        """Insert outbox rows in transactions of `per_transaction` into the pipeline's table
+        (or `table`, public.<table>, an outbox of the same columns); their ids, in order."""
         ids = []
         with psycopg.connect(self.stack.postgres_dsn) as conn:
             for start in range(0, len(rows), per_transaction):
@@ -75,8 +79,8 @@ class Pipeline:
                                    payload if isinstance(payload, str) else json.dumps(payload)))
                 with conn.cursor() as cursor:
                     cursor.executemany(
-                        f"INSERT INTO public.{self.table} (id, aggregatetype, aggregateid, type,"
-                        " payload) VALUES (%s, %s, %s, %s, %s::jsonb)", params)
+                        f"INSERT INTO public.{table or self.table} (id, aggregatetype, "
+                        "aggregateid, type, payload) VALUES (%s, %s, %s, %s, %s::jsonb)", params)
                 conn.commit()
         return ids
 
@@ -121,6 +125,12 @@ class Pipeline:
              "--dsn", self.stack.postgres_dsn, "--bootstrap-servers",
              self.stack.bootstrap_servers, *args],
             capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+
+    def cli(self, *args: str) -> Result:
+        """`cdc-router ARGS` in this process, with the stack's Connect and Postgres."""
+        return CliRunner().invoke(main, list(args), env={
+            "CDC_ROUTER_CONNECT_URL": self.stack.connect_url,
+            "CDC_ROUTER_PG_DSN": self.stack.postgres_dsn})
 
     def router_log(self, instance: str = "a") -> str:
         path = self.workdir / f"router-{instance}.log"

@@ -30,6 +30,7 @@ from confluent_kafka import (
 
 from cdc_router.connect.client import ConnectClient
 from cdc_router.errors import ConnectError
+from cdc_router.local.config import StackConfig, load_saved
 
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -41,6 +42,18 @@ class StackEndpoints:
     bootstrap_servers: str
     connect_url: str
     postgres_dsn: str
+
+
+def local_stack(stack: StackEndpoints) -> StackConfig | None:
+    """The saved config of the local stack under CDC_ROUTER_HOME when the tests run against
+    it (a test that stops or reads one of its parts needs its pid files and logs), else None."""
+    home = Path(os.environ.get("CDC_ROUTER_HOME", Path(__file__).resolve().parents[2] /
+                               ".cdc-router")).resolve()
+    local = load_saved(home)
+    if local is None or (local.bootstrap_servers, local.connect_url, local.postgres_dsn) != (
+            stack.bootstrap_servers, stack.connect_url, stack.postgres_dsn):
+        return None
+    return local
 
 
 def unique(prefix: str) -> str:
