@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_router.cli._options import config_option, instance_id_option
 from cdc_router.cli._ports import serve_on
+from cdc_router.config.config_warnings import ProcessName, config_warnings
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.overrides import variable_of
@@ -89,12 +90,12 @@ def check_streams(config: RouterConfig) -> None:
                                                              warning)
 
 
-def warn_of_config(config: RouterConfig, what: str) -> None:
-    """The config's warnings (RouterConfig.warnings, as `rules check` shows them), one
-    event=config_warning line each on the logger of `what` (router, relay) at its start."""
-    for warning in config.warnings():
-        logging.getLogger(f"cdc_router.{what}").warning("event=config_warning detail=%r",
-                                                         warning)
+def warn_of_config(config: RouterConfig, process: ProcessName) -> None:
+    """The config's warnings (config_warnings, as `rules check` shows them), worded for
+    `process` (run, relay), one event=config_warning line each on its logger at its start."""
+    logger = logging.getLogger("cdc_router.relay" if process == "relay" else "cdc_router.router")
+    for warning in config_warnings(config, process):
+        logger.warning("event=config_warning detail=%r", warning)
 
 
 def sweep_of(config: RouterConfig) -> CommittedIds | None:
@@ -123,7 +124,7 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     refuse_reload(logging.getLogger("cdc_router.router"))  # before the start's slow steps
     compiled = load_config(config_path, env=os.environ)
     config = compiled.config
-    warn_of_config(config, "router")
+    warn_of_config(config, "run")
     check_streams(config)
     metrics = RouterMetrics(process_info(
         config, "router", instance_id=instance_id, topics=",".join(config.source.topics),

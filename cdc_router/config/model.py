@@ -6,12 +6,11 @@ ConfigErrors is config/load.py's job (`load_config`).
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cdc_router.config.cleanup import CleanupSettings, retention_leak, sweep_keep_ms
+from cdc_router.config.cleanup import CleanupSettings, sweep_keep_ms
 from cdc_router.config.connections import KafkaSettings, SchemaRegistrySettings
 from cdc_router.config.delivery import DeadLetterSettings, DedupSettings, DeliverySettings
 
@@ -20,14 +19,8 @@ from cdc_router.config.fields import ConfigModel as _Model
 from cdc_router.config.fields import TopicConfig, TopicCount, TopicPattern
 from cdc_router.config.fields import field_problem as _fail
 from cdc_router.config.nats import NatsSettings, SubjectGuard, parse_subject_template
-from cdc_router.config.patterns import slow_pattern
 from cdc_router.config.relay import POSITION_TOPIC_CONFIG, RelaySettings
-from cdc_router.config.routes import (
-    RouteRule,
-    literal_header_fields,
-    misspelt_keys,
-    shadowed_routes,
-)
+from cdc_router.config.routes import RouteRule
 from cdc_router.config.source import SourceSettings
 from cdc_router.config.status import StatusSettings
 from cdc_router.config.topic_names import (
@@ -39,12 +32,6 @@ from cdc_router.config.topic_names import (
 )
 from cdc_router.errors import ConfigError
 from cdc_router.postgres import split_table
-
-_DEBEZIUM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-_SLOW = ("repeats a group that repeats itself: one value can take exponential time to match "
-         "and hold the router (catastrophic backtracking); write it without nested "
-         "repetition, or as a list of plain patterns")
 
 
 class TopicSpec(_Model):
@@ -96,21 +83,7 @@ class RouterConfig(_Model):
                               "public.outbox}` (see README, The relay)")
         return self.relay
 
-    def warnings(self) -> list[str]:
-        """What `rules check` and the router's start warn about (besides the templates')."""
-        missing = self.cleanup.missing_dsn()
-        dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
-            if missing is not None else []
-        windows = self.nats.stream_warnings() if self.nats is not None else []
-        leak = retention_leak(self.cleanup, without_sweep=self._without_sweep(),
-                              changelog_retention_ms=self.dedup.changelog_config.get(
-                                  "retention.ms"), keep_ms=self.changelog_keep_ms())
-        return self.source_warnings() + self.pattern_warnings() + self.route_warnings() + \
-            windows + dsn + self.cleanup_warnings() + ([leak] if leak else []) + \
-            self.dead_letter.warnings() + self.kafka.ignored_properties() + \
-            self.kafka.unused_login()
-
-    def _without_sweep(self) -> str | None:
+    def without_sweep(self) -> str | None:
         """The setting that leaves the cleanup without its sweep, or None when it has one."""
         if not self.dedup.enabled:
             return "dedup.enabled false"
@@ -121,91 +94,11 @@ class RouterConfig(_Model):
     def cleanup_sweeps(self) -> bool:
         """Whether the cleanup reads delivered ids back from the dedup changelog (its sweep):
         only where a mark proves a delivery, written in the delivery's transaction."""
-        return self.cleanup.mode != "none" and self._without_sweep() is None
+        return self.cleanup.mode != "none" and self.without_sweep() is None
 
     def changelog_keep_ms(self) -> int:
         """How long the dedup changelog must keep its marks (config/cleanup.py)."""
         return sweep_keep_ms(self.cleanup, self.dedup.window_ms, sweeps=self.cleanup_sweeps())
-
-    def cleanup_warnings(self) -> list[str]:
-        """A cleanup.table no source topic is named after (review 47-b F2: the cleanup deleted
-        nothing from another table, said nothing, and the outbox grew): Debezium names a
-        table's topic <topic.prefix>.<schema>.<table>, characters other than letters, digits,
-        '.', '_' and '-' made '_'. Unless a connector's SMT renames its topics."""
-        topics = self.source.topics
-        if self.cleanup.mode == "none" or not topics or \
-                any(topic.startswith("^") for topic in topics):
-            return []
-        schema, table = split_table(self.cleanup.table, "cleanup.table")
-        suffix = _DEBEZIUM_UNSAFE.sub("_", f".{schema}.{table}")
-        if any(topic.endswith(suffix) for topic in topics):
-            return []
-        return [f"cleanup.table {self.cleanup.table}: no source topic is named after it "
-                f"(Debezium's topic for it ends with {suffix}; source.topics: "
-                f"{', '.join(topics)}): the cleanup deletes delivered ids from that table "
-                "alone, so the outbox the events come from would grow; name it in "
-                "cleanup.table (unless the connector renames its topics)"]
-
-    def relay_warnings(self) -> list[str]:
-        """What `rules check` warns about a relay: section (review 46-2 F6): not the router's
-        start, which a deployment runs without the relay's secret."""
-        if self.relay is None or self.relay.dsn or self.cleanup.dsn:
-            return []
-        return ["relay: the relay needs the Postgres DSN (relay.dsn or cleanup.dsn, or the "
-                "environment variable CDC_ROUTER__CLEANUP__DSN); `cdc-router relay` refuses "
-                "to start without it"]
-
-    def route_warnings(self) -> list[str]:
-        """Routes that can never match (QA, session 30: `rules check` called them valid)."""
-        found = (shadowed_routes(self.routes) + literal_header_fields(self.routes)
-                 + misspelt_keys(self.routes, self.source.outbox.named))
-        for index, route in enumerate(self.routes):
-            if route.match is None:
-                continue
-            if route.match.header and self.source.outbox.headers is None:
-                found.append(f"routes[{index}].match.header can never match: "
-                             "source.outbox.headers is null (the rows have no headers column)")
-        return found
-
-    def pattern_warnings(self) -> list[str]:
-        """Patterns matched against row values (`re:` match patterns, the topic lists, `^`
-        source topics) that repeat a repeating group: one row can stall the router."""
-        found = []
-        for index, route in enumerate(self.routes):
-            match = route.match
-            if match is None:
-                continue
-            fields = {"aggregate_type": match.aggregate_type, "type": match.type,
-                      **{f"header.{name}": value for name, value in (match.header or {}).items()}}
-            for name, patterns in fields.items():
-                for pattern in [patterns] if isinstance(patterns, str) else patterns or []:
-                    if slow_pattern(pattern):
-                        found.append(f"routes[{index}].match.{name} {pattern!r} {_SLOW}")
-        # QA 33-b: these are matched against topic names built from row values too.
-        named = [*(("allowed_topics", index, pattern) for index, pattern
-                   in enumerate(self.allowed_topics or [])),
-                 *(("protected_topics", index, pattern) for index, pattern
-                   in enumerate(self.protected_topics)),
-                 *(("source.topics", index, "re:" + topic) for index, topic
-                   in enumerate(self.source.topics) if topic.startswith("^"))]
-        found += [f"{field}[{index}] {pattern.removeprefix('re:')!r} {_SLOW}"
-                  for field, index, pattern in named if slow_pattern(pattern)]
-        return found
-
-    def source_warnings(self) -> list[str]:
-        """What `rules check` and the router's start warn about the sources: a group left to
-        its default, several outbox topics (tables) in one pipeline (one id space)."""
-        topics, unnamed = self.source.topics, self.source.default_group_warnings()
-        if len(topics) < 2 and not any(topic.startswith("^") for topic in topics):
-            return unnamed
-        return [*unnamed, f"source.topics {', '.join(topics)}: several outbox tables in one "
-                "pipeline "
-                "share one space of event ids: an id met on one table is dropped as a replay "
-                "on another (the dedup filter), and the cleanup deletes delivered ids from "
-                "cleanup.table alone; give every table ids unique across all of them (UUIDs, "
-                "as write_event makes), or give each table a pipeline of its own (one table's "
-                "old and new raw topic, while a topic.prefix change drains, share its ids: "
-                "dropping the new snapshot's replays is then what is wanted)"]
 
     def topic_specs(self) -> list[TopicSpec]:
         """Every topic the config names for creation: declared ones, dead-letter, changelog."""

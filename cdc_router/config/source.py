@@ -59,17 +59,6 @@ class SourceSettings(_Model):
                              "its partitions once a second), e.g. 60 (the default)")
         return seconds
 
-    def default_group_warnings(self) -> list[str]:
-        """A group_id left to its default, which every such pipeline shares (QA 63-b F-3: two
-        pipelines on one host fenced each other within a second of load)."""
-        if "group_id" in self.model_fields_set:
-            return []
-        return [f"source.group_id is not set: its default {self.group_id!r} is the group of "
-                "every pipeline that leaves it so, and two such pipelines share a consumer "
-                "group and dedup marks, and on one host (one default --instance-id) their "
-                "transactional id, fencing each other; give this pipeline a source.group_id of "
-                "its own"]
-
     @field_validator("group_id")
     @classmethod
     def _group_not_blank(cls, group_id: str) -> str:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from cdc_router.config import cleanup as cleanup_settings
 from cdc_router.config.cleanup import CleanupSettings
+from cdc_router.config.config_warnings import config_warnings
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
 from cdc_router.outbox import age as cleanup_age
@@ -556,7 +557,7 @@ def test_the_changelog_keeps_its_marks_as_long_as_the_retention_cleanup_needs_th
     config = _retention_config()
     assert _changelog_retention(config) == str(_MONTH_MS + cleanup_settings.SWEEP_MARGIN_MS)
     assert config.config_floors() == {config.dedup.changelog_topic: frozenset({"retention.ms"})}
-    assert not [w for w in config.warnings() if "cleanup.mode retention" in w]
+    assert not [w for w in config_warnings(config) if "cleanup.mode retention" in w]
     from cdc_router.cli.run import sweep_of
 
     sweep = sweep_of(config)  # dead-lettered ids are kept as long as their marks live
@@ -580,7 +581,7 @@ def test_the_changelog_keeps_its_marks_as_long_as_the_retention_cleanup_needs_th
 ])
 def test_a_retention_cleanup_that_would_leak_rows_after_a_restart_is_warned_about(
         overrides: dict[str, dict[str, object]], named: str) -> None:
-    [warning] = [w for w in _retention_config(**overrides).warnings() if named in w]
+    [warning] = [w for w in config_warnings(_retention_config(**overrides)) if named in w]
     assert "stay in the table for good" in warning or "in the table for good" in warning
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cdc_router.config.compiled import compile_config
+from cdc_router.config.config_warnings import config_warnings
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.nats import subject_problem
@@ -306,7 +307,7 @@ def test_a_duplicate_window_shorter_than_a_failed_batchs_republish_is_warned_abo
                      "routes: [{nats: {subject: 's.x'}}]\n"
                      "nats: {ack_timeout_ms: 5000, streams: [{name: S, subjects: ['s.>'], "
                      f"duplicate_window_ms: {window}}}]}}\n")
-        return load_config(path).config.warnings()
+        return config_warnings(load_config(path).config)
 
     [short] = warnings(39_999)
     assert short.startswith("nats.streams[0].duplicate_window_ms 39999 is under 40000")

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.cli.run import _STALL_S
+from cdc_router.config.config_warnings import config_warnings, relay_warnings
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.relay import MAX_POLL_INTERVAL_MS
@@ -179,9 +180,9 @@ def test_rules_check_warns_of_a_relay_without_its_dsn(tmp_path: Path) -> None:
         "without it" in checked.output
     for variable in ("CDC_ROUTER__RELAY__DSN", "CDC_ROUTER__CLEANUP__DSN"):
         config = load_config(path, {variable: "postgresql://x"}).config
-        assert config.relay_warnings() == []
+        assert relay_warnings(config) == []
     # Not the router's start: it runs without the relay's secret.
-    assert not any("relay" in warning for warning in load_config(path, {}).config.warnings())
+    assert not any("relay" in warning for warning in config_warnings(load_config(path, {}).config))
 
 
 def test_a_position_topics_cleanup_policy_is_read_as_kafkas_list(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pydantic
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from cdc_router.config.config_warnings import config_warnings
 from cdc_router.config.connections import _PINNED, _SHADOWED
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, RecordRefused, RouteError
@@ -45,9 +46,9 @@ def test_every_property_the_router_overrides_is_refused_or_warned_about() -> Non
             assert key in _SHADOWED or key in _PINNED or key == "logger", key
             if key in _PINNED:
                 assert len(kafka.ignored_properties()) == 2, key  # under config and section
-    warned = config(consumer={"auto.offset.reset": "latest", "isolation.level":
-                              "READ_COMMITTED"}, producer={"acks": "-1", "linger.ms": "9"},
-                    config={"acks": "1"}).warnings()
+    warned = config_warnings(config(
+        consumer={"auto.offset.reset": "latest", "isolation.level": "READ_COMMITTED"},
+        producer={"acks": "-1", "linger.ms": "9"}, config={"acks": "1"}))
     assert warned == [
         "kafka.config['acks'] '1' is ignored: the router's producer uses all (a record counts "
         "as written once every in-sync replica has it)",

@@ -11,6 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from cdc_router.cli import main
+from cdc_router.config.config_warnings import (
+    cleanup_warnings,
+    config_warnings,
+    pattern_warnings,
+    route_warnings,
+    source_warnings,
+)
 from cdc_router.config.load import load_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import ConfigError
@@ -95,7 +102,7 @@ def test_sasl_settings_a_plaintext_protocol_ignores_are_warned_of(
     # after 22 s, and nothing had said the SASL settings were not used.
     config = loaded(write(tmp_path, MINIMAL + "kafka:\n" + protocol +
                           "  sasl_mechanism: PLAIN\n  sasl_username: router\n"))
-    said = [line for line in config.warnings() if "no SASL login" in line]
+    said = [line for line in config_warnings(config) if "no SASL login" in line]
     if warned is None:
         assert said == []
         return
@@ -423,7 +430,7 @@ def test_a_dead_letter_size_bound_under_100_mb_is_warned_of_not_refused(tmp_path
     # upgrade; below a hundred of the largest letters it is now a warning (rules check, run).
     config = loaded(write(tmp_path, MINIMAL + "dead_letter: {config: {retention.bytes: "
                           "52428800}}\n"))
-    assert [warning for warning in config.warnings() if "retention.bytes" in warning] == [
+    assert [warning for warning in config_warnings(config) if "retention.bytes" in warning] == [
         "dead_letter.config retention.bytes (52428800) holds fewer than a hundred dead letters "
         "of the largest size a partition takes (1000000 bytes: each holds its raw record): a "
         "flood of big poison events pushes out the letters before it, each the only copy of "
@@ -432,7 +439,7 @@ def test_a_dead_letter_size_bound_under_100_mb_is_warned_of_not_refused(tmp_path
     for kept in ("100000000", "-1"):
         config = loaded(write(tmp_path, MINIMAL + "dead_letter: {config: {retention.bytes: "
                               f"{kept}}}}}\n"))
-        assert not any("retention.bytes" in warning for warning in config.warnings())
+        assert not any("retention.bytes" in warning for warning in config_warnings(config))
 
 
 def _laughs(levels: int, merged: bool) -> str:
@@ -541,7 +548,7 @@ def test_patterns_matched_against_row_values_are_warned_about_when_slow(
     config = loaded(write(tmp_path, (
         "source: {topics: ['^([a-z]+)+-raw']}\nroutes: [{topic: 'o.{aggregate_type}'}]\n"
         "allowed_topics: ['re:([a-z]+\\.?)+']\nprotected_topics: ['re:(x+)*-internal']\n")))
-    assert [line.split(" repeats")[0] for line in config.pattern_warnings()] == [
+    assert [line.split(" repeats")[0] for line in pattern_warnings(config)] == [
         "allowed_topics[0] '([a-z]+\\\\.?)+'", "protected_topics[0] '(x+)*-internal'",
         "source.topics[0] '^([a-z]+)+-raw'"]
 
@@ -809,14 +816,14 @@ def test_several_outbox_topics_in_one_pipeline_are_warned_about(tmp_path: Path) 
     # table that the first had used was dropped as a replay, and `rules check` said valid.
     named = MINIMAL.replace("source: {", "source: {group_id: g, ")
     one = loaded(write(tmp_path, named))
-    assert one.source_warnings() == []
+    assert source_warnings(one) == []
     two = loaded(write(tmp_path, named.replace("[outbox.public.outbox]",
                                                  "[a.public.outbox, b.public.outbox]")))
-    [warning] = two.source_warnings()
+    [warning] = source_warnings(two)
     assert "a.public.outbox, b.public.outbox" in warning and "unique" in warning
     pattern = loaded(write(tmp_path, MINIMAL.replace("[outbox.public.outbox]",
                                                      "['^shop\\\\..*outbox']")))
-    assert pattern.source_warnings()
+    assert source_warnings(pattern)
 
 
 def test_a_transaction_timeout_over_the_brokers_default_limit_is_refused(tmp_path: Path) -> None:
@@ -832,9 +839,9 @@ def test_a_regex_that_repeats_a_repeating_group_is_warned_about(tmp_path: Path) 
                         "  - {match: {type: 're:(Order|[A-Za-z]+)+Paid'}, topic: a}\n"
                         "  - {match: {header: {v: ['x', 're:(a*)*b']}}, topic: b}\n"
                         "  - {match: {type: 're:Order(Paid|Shipped)'}, topic: c}\n"))
-    assert [warning.split(" ")[0] for warning in slow.pattern_warnings()] == [
+    assert [warning.split(" ")[0] for warning in pattern_warnings(slow)] == [
         "routes[0].match.type", "routes[1].match.header.v"]
-    assert "exponential time" in slow.warnings()[0]
+    assert "exponential time" in config_warnings(slow)[0]
 
 
 def test_routes_that_can_never_match_are_warned_about(tmp_path: Path) -> None:
@@ -844,7 +851,7 @@ def test_routes_that_can_never_match_are_warned_about(tmp_path: Path) -> None:
                           "  - {match: {type: Paid}, topic: b}\n"
                           "  - {match: {header: {tenant: acme}}, topic: c}\n"
                           "  - {match: {type: Shipped}, topic: d}\n"))
-    assert config.route_warnings() == [
+    assert route_warnings(config) == [
         "routes[1] can never match: routes[0] has the same match and comes first (the first "
         "match wins)",
         "routes[2].match.header can never match: source.outbox.headers is null (the rows have "
@@ -880,8 +887,8 @@ def test_a_specific_route_after_a_general_one_is_warned_about(
     config = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
                           f"  - {{match: {earlier}, topic: a}}\n"
                           f"  - {{match: {later}, topic: b}}\n  - {{topic: c}}\n"))
-    assert config.route_warnings() == expected
-    assert set(expected) <= set(config.warnings())
+    assert route_warnings(config) == expected
+    assert set(expected) <= set(config_warnings(config))
 
 
 def test_routes_are_compared_without_compiling_a_pattern_per_pair(
@@ -896,7 +903,7 @@ def test_routes_are_compared_without_compiling_a_pattern_per_pair(
     translate, made = fnmatch.translate, []
     monkeypatch.setattr(fnmatch, "translate", lambda text: made.append(text) or translate(text))
 
-    assert config.route_warnings() == []
+    assert route_warnings(config) == []
     assert len(made) <= 100, f"{len(made)} globs compiled for 100 routes"
 
 
@@ -906,11 +913,11 @@ def test_a_static_header_written_as_a_template_is_warned_about(tmp_path: Path) -
     config = loaded(write(tmp_path, "source: {topics: [raw]}\nroutes:\n"
                           "  - {topic: 'a.{type}', headers: {src: '{aggregate_type}/{id}', "
                           "team: orders, raw: '{tenant}'}}\n"))
-    assert config.route_warnings() == [
+    assert route_warnings(config) == [
         "routes[0].headers.src '{aggregate_type}/{id}' is sent as written, the same on every "
         "record: static headers are no template ({aggregate_type}, {id} are not filled in); a "
         "value that varies per event belongs in the row's headers column"]
-    assert config.route_warnings()[0] in config.warnings()
+    assert route_warnings(config)[0] in config_warnings(config)
 
 
 @pytest.mark.parametrize(("key", "outbox", "expected"), [
@@ -931,11 +938,11 @@ def test_a_route_key_close_to_a_known_column_is_warned_about(
     # dead letter at run time.
     config = loaded(write(tmp_path, f"source: {{topics: [raw], outbox: {outbox}}}\nroutes:\n"
                           f"  - {{topic: a, key: {key}}}\n"))
-    assert config.route_warnings() == ([] if expected is None else [
+    assert route_warnings(config) == ([] if expected is None else [
         f"routes[0].key {key!r} is no column the outbox config names: did you mean "
         f"{expected!r}? If the rows have no column {key!r}, every event of the route is "
         "dead-lettered"])
-    assert set(config.route_warnings()) <= set(config.warnings())
+    assert set(route_warnings(config)) <= set(config_warnings(config))
 
 
 @pytest.mark.parametrize(("section", "expected"), [
@@ -1007,8 +1014,9 @@ def test_a_cleanup_table_no_source_topic_is_named_after_is_a_warning(tmp_path: P
     # Review 47-b F2: the cleanup deleted nothing from public.outbox2, said nothing, and the
     # outbox the events came from grew.
     def warnings(cleanup: str, topics: str = "[outbox.public.outbox]") -> list[str]:
-        return loaded(write(tmp_path, f"source: {{topics: {topics}}}\nroutes: [{{topic: x}}]\n"
-                                      f"cleanup: {cleanup}\n")).cleanup_warnings()
+        return cleanup_warnings(loaded(write(
+            tmp_path, f"source: {{topics: {topics}}}\nroutes: [{{topic: x}}]\n"
+            f"cleanup: {cleanup}\n")))
 
     [warning] = warnings("{mode: delete, table: public.outbox2}")
     assert warning.startswith("cleanup.table public.outbox2: no source topic is named after "
@@ -1142,9 +1150,9 @@ def test_a_check_across_fields_names_the_variable_of_a_list_item(tmp_path: Path)
 def test_a_group_left_to_its_default_is_warned_about(tmp_path: Path) -> None:
     # QA 63-b F-3: two pipelines on the default source.group_id on one host fenced each
     # other within a second of load; rules check had said valid.
-    [warning] = loaded(write(tmp_path, MINIMAL)).source_warnings()
+    [warning] = source_warnings(loaded(write(tmp_path, MINIMAL)))
     assert warning.startswith("source.group_id is not set: its default 'cdc-router' is the "
                               "group of every pipeline that leaves it so")
     assert "fencing each other" in warning
     named = MINIMAL.replace("source: {", "source: {group_id: cdc-router, ")
-    assert loaded(write(tmp_path, named)).source_warnings() == []
+    assert source_warnings(loaded(write(tmp_path, named))) == []
