@@ -30,7 +30,7 @@ _SLOW = ("repeats a group that repeats itself: one value can take exponential ti
 def config_warnings(config: RouterConfig, process: ProcessName = "run") -> list[str]:
     """What `rules check` and the start of `process` (`run`, `relay`) warn about."""
     missing = config.cleanup.missing_dsn()
-    dsn = [f"cleanup.dsn: {missing}; `cdc-router run` refuses to start without it"] \
+    dsn = [f"cleanup.dsn: {missing}; `cdc-router {process}` refuses to start without it"] \
         if missing is not None else []
     windows = config.nats.stream_warnings() if config.nats is not None else []
     leak = retention_leak(config.cleanup, without_sweep=config.without_sweep(),
@@ -143,6 +143,14 @@ def default_group_warnings(config: RouterConfig, process: ProcessName = "run") -
         return []
     default = f"source.group_id is not set: its default {source.group_id!r} is the group of " \
         "every pipeline that leaves it so, and "
+    if process == "relay":
+        return [default + "two such relays share its dedup marks and, unless relay."
+                "position_topic is set, the position topic "
+                f"{source.group_id}.relay-position, and two of one table name (in two "
+                "databases) their position there (the second stops: another database's) and, "
+                "unless delivery.transactional_id is set, their transactional id, fencing each "
+                "other; give this pipeline a "
+                "source.group_id of its own"]
     return [default + "two such pipelines share a consumer group and dedup marks, and on one "
             "host (one default --instance-id) their transactional id, fencing each other; "
             "give this pipeline a source.group_id of its own"]

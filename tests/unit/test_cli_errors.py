@@ -610,6 +610,22 @@ def test_the_relay_logs_the_config_warnings_run_logs(
     assert any("routes[0].match.header can never match" in line for line in warned), warned
 
 
+def test_the_relay_words_its_start_warnings_for_the_relay(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 64 (low): at the relay's start the default group's warning said pipelines
+    # "share a consumer group" (a relay joins none) and the DSN's "`cdc-router run` refuses".
+    _relay_without_dsn(tmp_path, "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+                       "source: {topics: [raw]}\ncleanup: {mode: delete}\nroutes: [{topic: x}]\n")
+    warned = [record.getMessage() for record in caplog.records
+              if record.name == "cdc_router.relay" and "config_warning" in record.getMessage()]
+    [group] = [line for line in warned if "source.group_id is not set" in line]
+    assert "two such relays share its dedup marks and, unless relay.position_topic is set, " \
+        "the position topic cdc-router.relay-position" in group, group
+    assert "consumer group" not in group, group
+    [dsn] = [line for line in warned if "cleanup.dsn: mode delete" in line]
+    assert "`cdc-router relay` refuses to start without it" in dsn, dsn
+
+
 def test_an_unset_sasl_username_is_not_called_a_secret(tmp_path: Path) -> None:
     # Review 51-j F3: the hint said "secrets come from the environment, not the file" of the
     # username, which README's example writes in the file.

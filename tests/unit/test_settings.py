@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from cdc_router.cli import main
 from cdc_router.config.config_warnings import (
+    checked_process,
     cleanup_warnings,
     config_warnings,
     pattern_warnings,
@@ -1145,6 +1146,18 @@ def test_a_check_across_fields_names_the_variable_of_a_list_item(tmp_path: Path)
                        env={"CDC_ROUTER__ROUTES__0": '{"topic": "rv.payments"}'})
     assert "field 'routes[1]': unreachable: routes[0] has no match" in message
     assert message.endswith("; the environment sets CDC_ROUTER__ROUTES__0")
+
+
+def test_rules_check_words_a_relay_only_config_for_the_relay(tmp_path: Path) -> None:
+    # Review 64 (low): a config with a relay: section and no source.topics runs only the
+    # relay, which joins no consumer group; one with topics runs the router too.
+    relay_only = loaded(write(tmp_path, "source: {}\nrelay: {table: public.outbox}\n"
+                              "routes: [{topic: x}]\n"))
+    assert checked_process(relay_only) == "relay"
+    [warning] = source_warnings(relay_only, checked_process(relay_only))
+    assert "two such relays" in warning and "consumer group" not in warning
+    both = loaded(write(tmp_path, MINIMAL + "relay: {table: public.outbox}\n"))
+    assert checked_process(both) == "run"
 
 
 def test_a_group_left_to_its_default_is_warned_about(tmp_path: Path) -> None:
