@@ -7,6 +7,7 @@ Pure functions of a connector config (every value a string, as Connect stores it
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 
@@ -18,6 +19,8 @@ from cdc_router.connect.spec import (
     unordered_snapshot,
     unordered_snapshot_warning,
 )
+from cdc_router.errors import ConfigError
+from cdc_router.postgres import regclass_text
 
 # Kafka's EnvVarConfigProvider placeholder, ${env:NAME} (or ${env:path:NAME}), resolved by
 # the Connect worker when it reads the connector's config.
@@ -244,11 +247,40 @@ def include_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str
         return None
     return (f"table.include.list adds {', '.join(added)}: Debezium streams its inserts from "
             "now on but does not snapshot it, so its rows committed before this update are "
-            "not delivered; afterwards `cdc-router connectors stop`, `reset-offsets`, "
-            "`resume` snapshots every table again (snapshot.mode when_needed or initial; the "
-            "router drops the rows it delivered within dedup.window_ms), or re-emit them "
-            "with `cdc-router outbox republish`; its raw topic must be in the router's "
+            f"not delivered; afterwards {_snapshot_of(added, desired)}, or re-emit them with "
+            "`cdc-router outbox republish`; its raw topic must be in the router's "
             "source.topics")
+
+
+# Review 64: the note advised the full re-snapshot alone, which delivers again every row of
+# every table older than dedup.window_ms; Debezium's incremental snapshot reads just the
+# added tables, by primary key, as op r rows (routed like inserts, deduplicated by id).
+_FULL = ("`cdc-router connectors stop`, `reset-offsets`, `resume` snapshots every table "
+         "again (snapshot.mode when_needed or initial; the router drops the rows it delivered "
+         "within dedup.window_ms)")
+
+
+def _snapshot_of(added: list[str], desired: Mapping[str, str]) -> str:
+    """How to snapshot the `added` tables: an execute-snapshot signal where the connector
+    has a signal table (signal.data.collection), else the full re-snapshot, naming what a
+    signal needs."""
+    signals = desired.get("signal.data.collection", "").strip()
+    if not signals:
+        return ("snapshot just the added table with Debezium's incremental snapshot, which "
+                "needs its signalling: a signal table (id varchar(42) PRIMARY KEY, type "
+                "varchar(32) NOT NULL, data varchar(2048)) named in signal.data.collection, "
+                "in the connector's publication, that its role may INSERT into (connectors/"
+                f"README.md, signals); without it, {_FULL}")
+    data = json.dumps({"data-collections": added, "type": "incremental"}).replace("'", "''")
+    try:
+        table = regclass_text(signals, "signal.data.collection")
+    except ConfigError:
+        table = signals
+    return (f"snapshot just the added table with an incremental snapshot: `INSERT INTO "
+            f"{table} (id, type, data) VALUES (gen_random_uuid()::text, 'execute-snapshot', "
+            f"'{data}')` (its rows come as op r, routed like inserts; the signal table must be "
+            "in the connector's publication, as `cdc-router status` checks, and its raw topic "
+            "must exist where topics are not created automatically), or " + _FULL)
 
 
 def login_hint(config: Mapping[str, str]) -> str | None:

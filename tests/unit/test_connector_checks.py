@@ -196,8 +196,10 @@ def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behin
     assert result.exit_code == 0, result.output
     assert "  ! table.include.list adds public.outbox2: Debezium streams its inserts from now " \
            "on but does not snapshot it, so its rows committed before this update are not " \
-           "delivered; afterwards `cdc-router connectors stop`, `reset-offsets`, `resume` " \
-           "snapshots every table again" in result.stdout
+           "delivered; afterwards snapshot just the added table with Debezium's incremental " \
+           "snapshot, which needs its signalling" in result.stdout
+    assert "without it, `cdc-router connectors stop`, `reset-offsets`, `resume` snapshots " \
+           "every table again" in result.stdout
     no_data = {**SHIPPED, "snapshot.mode": "no_data"}
     created = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
                       connector_json(tmp_path, no_data))
@@ -206,6 +208,25 @@ def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behin
     updated = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
                       connector_json(tmp_path, no_data))  # its offsets say where it is
     assert " ! " not in updated.stdout
+
+
+def test_the_plan_names_the_incremental_snapshot_of_an_added_table(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Review 64 (low): the note of an added table advised stop/reset-offsets/resume alone, a
+    # full re-snapshot of every table; with a signal table the connector can snapshot just
+    # the added one (Debezium's execute-snapshot signal, an incremental snapshot).
+    signalled = {**SHIPPED, "signal.data.collection": "public.debezium_signal"}
+    connect = ScriptedConnect({"outbox-connector": {**signalled, "name": "outbox-connector"}})
+    both = {**signalled, "table.include.list": "public.outbox,public.outbox2"}
+    result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                     connector_json(tmp_path, both))
+    assert result.exit_code == 0, result.output
+    assert "afterwards snapshot just the added table with an incremental snapshot: `INSERT " \
+           "INTO \"public\".\"debezium_signal\" (id, type, data) VALUES " \
+           "(gen_random_uuid()::text, 'execute-snapshot', '{\"data-collections\": " \
+           "[\"public.outbox2\"], \"type\": \"incremental\"}')`" in result.stdout, result.stdout
+    assert "or `cdc-router connectors stop`, `reset-offsets`, `resume` snapshots every table " \
+           "again" in result.stdout
 
 
 def test_apply_of_the_shipped_file_warns_about_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
