@@ -265,7 +265,10 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
     # check, for a config with no list; then the first of them this row has.
     listed = settings.outbox
     names = listed.first if not listed.renamed else listed.for_row(row)
-    event_id = _identifier(row, names.id, "event id", None)
+    try:
+        event_id = _identifier(row, names.id, "event id", None)
+    except MissingColumn as error:  # review 64: a listed id was named by its first name
+        raise _none_listed(error, listed, None) if listed.renamed else error from None
     if len(event_id) > MAX_EVENT_ID_BYTES // 4:  # a str of fewer characters fits anyway
         _check_id_size(event_id, names.id)
     if "\x00" in event_id:  # QA 54-c F-7: every idempotent consumer would refuse it
@@ -303,17 +306,18 @@ def event_from_row(row: dict[str, Any], settings: SourceSettings, *,
 
 
 def _none_listed(error: MissingColumn, listed: OutboxColumnNames,
-                 event_id: str) -> MissingColumn:
-    """The letter of a row with none of a listed column's names names them all."""
+                 event_id: str | None) -> MissingColumn:
+    """The letter of a row with none of a listed column's names names them all; `event_id`
+    None: the id's own (the row has no event id to name)."""
     field = listed.fields.get(error.column, "")
     names = listed.listed_names.get(field, ())
     if len(names) < 2:
         return error
-    missing = MissingColumn(f"{event_named(event_id)}: none of the columns "
-                         f"{', '.join(map(repr, names))} (source.outbox.{field}) is in the "
-                         "row: list the column's name there", column=error.column,
-                         row_columns=error.row_columns)
-    missing.event_id = event_id
+    prefix = f"{event_named(event_id)}: " if event_id is not None else ""
+    missing = MissingColumn(f"{prefix}none of the columns {', '.join(map(repr, names))} "
+                            f"(source.outbox.{field}) is in the row: list the column's name "
+                            "there", column=error.column, row_columns=error.row_columns)
+    missing.event_id = event_id if event_id is not None else error.event_id
     return missing
 
 

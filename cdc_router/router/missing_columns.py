@@ -53,8 +53,9 @@ class MissingColumns:
             "had it: the table's column has another name",
             field=f"source.outbox.{field}", value=error.column if len(names) == 1 else list(names),
             hint=f"its rows have {', '.join(error.row_columns)}: set source.outbox.{field} to "
-                 "the column's name and start the router again" + renamed(
-                     f"source.outbox.{field}", names, topic in self.decoded) + ". The dead "
+                 "the column's name and start the router again" + (renamed(
+                     f"source.outbox.{field}", names, topic in self.decoded)
+                     if topic in self.decoded else "") + ". The dead "
                  "letters logged in the batch this stop aborted were never written (its "
                  "events are read again); those of batches committed before it, `cdc-router "
                  "dlq replay` delivers once it is fixed (QA 48-g F4)")
@@ -64,7 +65,9 @@ def renamed(setting: str, names: tuple[str, ...], had_it: bool) -> str:
     """The way through a column renamed while rows of the old name were still to route (QA
     63-a F-1, F-7): one batch holds rows of both names, so no one name reads them all; listed,
     the first name with a value in a row is read. `had_it`: earlier events here had a name
-    the config gives (then a rename is the likely cause)."""
+    the config gives (then a rename is the likely cause). Review 64: the outbox's stop says
+    it only then, not for a name no event had (a typo, a new pipeline): rows of the old name
+    still to route come before the new ones, so they would have been read."""
     old = names[-1]
     return ((". Earlier events had it: " if had_it else ". ") +
             f"if it was renamed while rows written before the rename were still to route, list "

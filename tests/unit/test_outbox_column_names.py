@@ -117,6 +117,23 @@ def test_an_event_takes_the_first_listed_name_its_row_has() -> None:
     assert missing.value.event_id == "e-1"
 
 
+def test_a_row_with_none_of_the_listed_id_names_names_them_all() -> None:
+    # Review 64 (low): the id, decoded before the other columns' try block, was named by its
+    # first name only ("column 'id' (event id) is missing from the row").
+    settings = SourceSettings(outbox=OutboxColumnNames(id=["id", "event_id"]))
+    assert event_from_row(_row(id="event_id"), settings).event_id == "e-1"
+    with pytest.raises(MissingColumn) as missing:
+        event_from_row(_row(id="uuid"), settings)
+    assert missing.value.column == "id" and "uuid" in missing.value.row_columns
+    assert str(missing.value).startswith("none of the columns 'id', 'event_id' "
+                                         "(source.outbox.id) is in the row: list the column's "
+                                         "name there; the row has 'aggregatetype,"), \
+        str(missing.value)
+    assert missing.value.event_id is None
+    with pytest.raises(MissingColumn, match=r"^column 'id' \(event id\) is missing"):
+        event_from_row(_row(id="uuid"), SourceSettings())  # one name: as before
+
+
 def test_every_field_may_list_its_names() -> None:
     settings = SourceSettings(outbox=OutboxColumnNames(
         id=["id", "event_id"], aggregateid=["aggregateid", "agg"], type=["type", "kind"],

@@ -1537,7 +1537,9 @@ def test_a_column_no_event_of_the_topic_has_stops_the_router_with_the_fix() -> N
     assert f"the last {RUN_LIMIT} change events of {RAW} have no column 'body'" in \
         str(stopped.value)
     assert "its rows have id, aggregatetype, aggregateid, type, payload" in str(stopped.value)
-    assert "COMMIT_MAX_RECORDS" not in str(stopped.value)  # no event had it: no rename
+    assert "COMMIT_MAX_RECORDS" not in str(stopped.value)
+    # Review 64 (low): no event had it (a typo, a new pipeline): no rename advice either.
+    assert "renamed" not in str(stopped.value) and "[body, NEW]" not in str(stopped.value)
     assert cluster.group_offsets == {} and harness.letters() == []  # the batch aborted
 
 
@@ -1577,7 +1579,8 @@ def test_a_listed_column_none_of_whose_names_a_row_has_still_stops_the_router() 
     assert stopped.value.value == ["kind", "category"]
     assert f"the last {RUN_LIMIT} change events of {RAW} have none of the columns 'kind', " \
         "'category'" in str(stopped.value)
-    assert "`source.outbox.aggregatetype: [kind, category, NEW]`" in str(stopped.value)
+    # No event had any of them: names to correct, no rename to list (review 64).
+    assert "NEW]" not in str(stopped.value)
 
 
 def test_events_without_a_column_among_events_with_it_are_dead_letters_only() -> None:
