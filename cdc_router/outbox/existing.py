@@ -5,6 +5,7 @@ refused or warned with what to run instead.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +15,13 @@ from psycopg import sql
 
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.table import OPTIONAL_COLUMNS, OutboxSchema
-from cdc_router.postgres import column_types, read_publication, regclass_text, split_table
+from cdc_router.postgres import (
+    MAX_IDENTIFIER_BYTES,
+    column_types,
+    read_publication,
+    regclass_text,
+    split_table,
+)
 
 
 def check_existing_table(conn: psycopg.Connection[Any], schema: OutboxSchema) -> None:
@@ -106,7 +113,9 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
     # (QA 36-c).
     if not included and not relay:
         # A partitioned table's partitions may be listed under their own names: not others'.
-        others = () if partitioned else publication.tables
+        # Review 64: `FOR TABLES IN SCHEMA other` with no table there yet read as empty.
+        others = () if partitioned else \
+            publication.tables or _schemas_published(conn, publication_name)
         warnings.append(NothingCaptured(
             own_publication_fix(publication_name, schema.table, others) if others else
             publication_fix(publication_name, schema.table,
@@ -115,6 +124,30 @@ def publication_warnings(conn: psycopg.Connection[Any], schema: OutboxSchema,
         warnings += filter_warnings(publication_name, schema, *publication_filter(
             conn, publication_name, schema.table))
     return warnings
+
+
+def _schemas_published(conn: psycopg.Connection[Any], publication: str) -> tuple[str, ...]:
+    """`every table of schema S` for each schema `publication` publishes whole (`FOR TABLES IN
+    SCHEMA`, Postgres 15 and later): another pipeline's, even while S has no table."""
+    if conn.info.server_version < 150000:
+        return ()
+    rows = conn.execute("SELECT n.nspname::text FROM pg_publication_namespace pn JOIN "
+                        "pg_namespace n ON n.oid = pn.pnnspid JOIN pg_publication p ON p.oid "
+                        "= pn.pnpubid WHERE p.pubname = %s ORDER BY 1", (publication,)).fetchall()
+    return tuple(f"every table of schema {row[0]}" for row in rows)
+
+
+def own_publication(table: str) -> str:
+    """The name `outbox init` advises for a publication of `table`'s own:
+    `cdc_router_<schema>_<table>`, and when that passes Postgres's 63 bytes, cut with a hash
+    of the whole name (review 64: cut alone, two long names could meet), as the relay's
+    index names are (outbox/relay_columns.py)."""
+    schema_name, table_name = split_table(table)
+    own = "cdc_router_" + re.sub(r"[^a-z0-9_]", "_", f"{schema_name}_{table_name}".lower())
+    if len(own) <= MAX_IDENTIFIER_BYTES:  # ASCII alone: characters are bytes
+        return own
+    digest = hashlib.sha256(own.encode()).hexdigest()[:8]
+    return f"{own[:MAX_IDENTIFIER_BYTES - len(digest) - 1]}_{digest}"
 
 
 def publication_fix(publication: str, table: str, *, partitioned: bool) -> str:
@@ -142,14 +175,13 @@ def own_publication_fix(publication: str, table: str, others: Sequence[str]) -> 
     the default --publication), whose connector would capture this outbox too once it is
     added there (QA 63-b L-4: init advised ADD TABLE to another team's publication). A
     publication of this outbox's own is the advice; ADD TABLE only for one connector of both."""
-    schema_name, table_name = split_table(table)
-    own = "cdc_router_" + re.sub(r"[^a-z0-9_]", "_", f"{schema_name}_{table_name}".lower())
     listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
     return (f"publication {publication} does not include {table}: Debezium captures nothing "
             f"from it; it publishes {listed}, another pipeline's most likely: give this outbox "
             f"a publication of its own, `cdc-router outbox init --table {table} --publication "
-            f"{own[:63]}`, named in its connector's publication.name, rather than adding the "
-            "table to that one, which would stream its rows to that pipeline's connector too "
+            f"{own_publication(table)}`, named in its connector's publication.name, rather "
+            "than adding the table to that one, which would stream its rows to that "
+            "pipeline's connector too "
             f"(`ALTER PUBLICATION {sql.Identifier(publication).as_string(None)} ADD TABLE "
             f"{regclass_text(table)}` only if one connector captures both); then "
             "`cdc-router outbox republish` for the rows written before")

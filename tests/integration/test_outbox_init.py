@@ -218,3 +218,26 @@ def test_the_outbox_as_heartbeat_table_is_refused_and_nothing_made(stack: StackE
         assert conn.execute("SELECT to_regclass(%s), EXISTS (SELECT FROM pg_roles WHERE "
                             "rolname = %s)", (f"{schema}.outbox", f"{schema}_r")
                             ).fetchone() == (None, False)
+
+
+def test_a_schema_publication_with_no_table_yet_gets_a_publication_of_its_own(
+        stack: StackEndpoints, schema: str) -> None:
+    # Review 64 (low): init on a `FOR TABLES IN SCHEMA other` publication, no table in that
+    # schema yet, advised ADD TABLE to it: that pipeline's connector would capture this outbox.
+    other = f"{schema}_b"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {other}")
+        conn.execute(f"CREATE PUBLICATION {schema}_s FOR TABLES IN SCHEMA {other} "
+                     "WITH (publish = 'insert')")
+    try:
+        code, out, err = _init(stack, "--table", f"{schema}.outbox", "--publication",
+                               f"{schema}_s")
+        assert code == 1, out + err
+        assert f"publication {schema}_s does not include {schema}.outbox: Debezium captures " \
+            f"nothing from it; it publishes every table of schema {other}, another pipeline's " \
+            "most likely: give this outbox a publication of its own, `cdc-router outbox init " \
+            f"--table {schema}.outbox --publication cdc_router_{schema}_outbox`" in out + err, \
+            out + err
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {other} CASCADE")

@@ -33,6 +33,7 @@ from cdc_router.outbox import (
 from cdc_router.outbox.existing import (
     NothingCaptured,
     column_type_warnings,
+    own_publication,
     publication_warnings,
 )
 from cdc_router.outbox.role import PASSWORD_LEFT, ensure_password, password_matches
@@ -482,13 +483,15 @@ class _Publication:
 
     def __init__(self, *, insert: bool = True, update: bool = False, includes: bool = True,
                  row_filter: str | None = None, columns: list[str] | None = None,
-                 others: tuple[str, ...] = (), partitioned: bool = False) -> None:
+                 others: tuple[str, ...] = (), partitioned: bool = False,
+                 schemas: tuple[str, ...] = ()) -> None:
         # (pubinsert, pubupdate, pubdelete, pubtruncate, tables, pubviaroot)
         self.publication = (insert, update, False, False,
                             (["public.outbox"] if includes else []) + list(others), True)
         self.membership = (includes, partitioned)  # (includes the table, partitioned)
         self.filter = (row_filter, columns)  # pg_publication_rel's, Postgres 15 and later
         self.info = SimpleNamespace(server_version=150004)
+        self.schemas = schemas  # pg_publication_namespace's: FOR TABLES IN SCHEMA
         self.query = ""
 
     def execute(self, query: Any, params: tuple[Any, ...]) -> _Publication:
@@ -499,6 +502,10 @@ class _Publication:
         if "prqual" in self.query:
             return self.filter
         return self.publication if "pubinsert" in self.query else self.membership
+
+    def fetchall(self) -> list[tuple[str]]:
+        assert "pg_publication_namespace" in self.query, self.query
+        return [(schema,) for schema in self.schemas]
 
 
 @pytest.mark.parametrize(("relay", "warned"), [(False, True), (True, False)])
@@ -539,6 +546,26 @@ def test_another_pipelines_publication_is_not_advised_to_take_the_outbox() -> No
         [warning] = publication_warnings(publication,  # type: ignore[arg-type]
                                          OutboxSchema(), "p")
         assert "own" not in warning and 'ADD TABLE "public"."outbox"' in warning, warning
+
+
+def test_a_schema_publication_with_no_table_yet_is_another_pipeline_s() -> None:
+    # Review 64 (low): `FOR TABLES IN SCHEMA other`, no table there yet, read as an empty
+    # publication and was told to ADD TABLE the outbox, which its connector would capture.
+    schema = _Publication(includes=False, schemas=("billing",))
+    [warning] = publication_warnings(schema,  # type: ignore[arg-type]
+                                     OutboxSchema(), "cdc_router_outbox")
+    assert "it publishes every table of schema billing, another pipeline's most likely: give " \
+        "this outbox a publication of its own, `cdc-router outbox init --table public.outbox " \
+        "--publication cdc_router_public_outbox`" in warning, warning
+
+
+def test_the_publication_advised_for_a_long_name_is_cut_with_a_hash() -> None:
+    # Review 64 (low): cdc_router_<schema>_<table> was cut at 63 characters, so two long
+    # names sharing their first 63 met in one publication name.
+    assert own_publication("public.outbox") == "cdc_router_public_outbox"
+    one, two = own_publication("s." + "t" * 60 + "_a"), own_publication("s." + "t" * 60 + "_b")
+    assert len(one) == len(two) == 63 and one != two, (one, two)
+    assert one.startswith("cdc_router_s_" + "t" * 40) and re.fullmatch(r".*_[0-9a-f]{8}", one)
 
 
 def test_a_publication_that_does_not_publish_inserts_is_warned_about_with_its_fix() -> None:
