@@ -210,8 +210,12 @@ def skipped_rows(config: Mapping[str, str]) -> str | None:
     if "postgres" not in config.get("connector.class", "").lower() or mode not in _NO_DATA_MODES:
         return None
     tables = ", ".join(included_tables(config, unescaped=True)) or "its tables"
+    # Review 64: Connect keeps a deleted connector's offsets, and its REST API shows them
+    # only for a connector it has: a name created again resumes there, nothing skipped.
     return (f"snapshot.mode {mode}: a new connector delivers none of the rows already in "
-            f"{tables}, only those committed once its slot exists; snapshot.mode when_needed "
+            f"{tables}, only those committed once its slot exists (unless Connect still has "
+            "the offsets of a connector of this name, deleted: it resumes where that one "
+            "stopped); snapshot.mode when_needed "
             "(the shipped file's) delivers them too, or re-emit them afterwards with "
             "`cdc-router outbox republish`")
 
@@ -276,7 +280,8 @@ def _snapshot_of(added: list[str], desired: Mapping[str, str]) -> str:
         table = regclass_text(signals, "signal.data.collection")
     except ConfigError:
         table = signals
-    return (f"snapshot just the added table with an incremental snapshot: `INSERT INTO "
+    return (f"snapshot just the added table with an incremental snapshot, once the "
+            f"connector runs with the new list: `INSERT INTO "
             f"{table} (id, type, data) VALUES (gen_random_uuid()::text, 'execute-snapshot', "
             f"'{data}')` (its rows come as op r, routed like inserts; the signal table must be "
             "in the connector's publication, as `cdc-router status` checks, and its raw topic "

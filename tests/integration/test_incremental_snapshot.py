@@ -8,12 +8,15 @@ from contextlib import suppress
 from pathlib import Path
 
 import psycopg
+import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_router.connect.checks import include_move
 from cdc_router.connect.client import ConnectClient
 from tests.integration.pipeline import pipeline
 from tests.integration.support import StackEndpoints, create_outbox_table, drop_outbox_table
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_signal_the_plan_gives_snapshots_just_the_added_table(
