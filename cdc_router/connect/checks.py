@@ -210,12 +210,13 @@ def skipped_rows(config: Mapping[str, str]) -> str | None:
     if "postgres" not in config.get("connector.class", "").lower() or mode not in _NO_DATA_MODES:
         return None
     tables = ", ".join(included_tables(config, unescaped=True)) or "its tables"
-    # Review 64: Connect keeps a deleted connector's offsets, and its REST API shows them
-    # only for a connector it has: a name created again resumes there, nothing skipped.
+    # Review 64: a connector deleted and created again skips nothing: its slot, left behind
+    # (Connect keeps its offsets too, and shows them for no connector it lacks), holds every
+    # change since that one's position, and the new one streams from there.
     return (f"snapshot.mode {mode}: a new connector delivers none of the rows already in "
-            f"{tables}, only those committed once its slot exists (unless Connect still has "
-            "the offsets of a connector of this name, deleted: it resumes where that one "
-            "stopped); snapshot.mode when_needed "
+            f"{tables}, only those committed once its slot exists (one created again, whose "
+            "slot.name a deleted connector left behind, skips nothing: it streams from that "
+            "one's position); snapshot.mode when_needed "
             "(the shipped file's) delivers them too, or re-emit them afterwards with "
             "`cdc-router outbox republish`")
 

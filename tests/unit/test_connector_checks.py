@@ -204,9 +204,9 @@ def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behin
     created = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
                       connector_json(tmp_path, no_data))
     assert "  ! snapshot.mode no_data: a new connector delivers none of the rows already in " \
-           "public.outbox, only those committed once its slot exists (unless Connect still " \
-           "has the offsets of a connector of this name, deleted: it resumes where that one " \
-           "stopped)" in created.stdout
+           "public.outbox, only those committed once its slot exists (one created again, " \
+           "whose slot.name a deleted connector left behind, skips nothing: it streams from " \
+           "that one's position)" in created.stdout
     updated = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
                       connector_json(tmp_path, no_data))  # its offsets say where it is
     assert " ! " not in updated.stdout
