@@ -60,6 +60,9 @@ class StatusSettings(_Model):
     stream_usage_warning_percent: float | None = Field(default=90.0, gt=0, le=100)
     # A router group with no member while records wait.
     no_router: Level = "critical"
+    # Raw topics of the connector that another pipeline's router reads on purpose (one
+    # connector capturing two pipelines' outboxes, review 64): not warned of as unread.
+    read_elsewhere: list[NonBlank] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _ordered(self) -> StatusSettings:

@@ -129,10 +129,11 @@ def reading(connector: ConnectorState, config: RouterConfig) -> ConnectorState:
     """`connector` with whether the router reads its raw topic: source.topics names it, or
     a `^regex` entry matches it (QA 35-a F5: a changed topic.prefix moved the raw topic, and
     the router read nothing without a word)."""
-    guard = config.topic_guard()
+    guard, elsewhere = config.topic_guard(), set(config.status.read_elsewhere)
     if connector.raw_topic is None:  # QA 64-a F-1: a table added to the include list
         return replace(connector, unread_topics=tuple(
-            topic for topic in connector.raw_topics if guard.source_of(topic) is None))
+            topic for topic in connector.raw_topics
+            if guard.source_of(topic) is None and topic not in elsewhere))
     return replace(connector, raw_topic_read=guard.source_of(connector.raw_topic) is not None)
 
 

@@ -246,7 +246,8 @@ def _connector(report: Report) -> Iterator[Problem]:
                       f"tables to {topic}, which source.topics neither names nor matches: "
                       "unless another pipeline's router reads it, that table's events are "
                       f"never delivered; add {topic} to source.topics and restart the router, "
-                      "or take the table out of the connector's table.include.list")
+                      "or take the table out of the connector's table.include.list (another "
+                      "pipeline's on purpose: name it in status.read_elsewhere)")
 
 
 def deployed_text(connector: ConnectorState) -> str:

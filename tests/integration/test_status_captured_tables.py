@@ -86,3 +86,20 @@ def test_with_cleanup_off_the_outbox_is_a_captured_table(stack: StackEndpoints,
         finally:
             with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
                 conn.execute(f"DROP TABLE IF EXISTS {legacy}")
+
+
+def test_a_captured_table_another_pipeline_reads_is_not_warned_of_once_named(
+        stack: StackEndpoints, tmp_path: Path) -> None:
+    # Review 64 (low): one connector capturing two pipelines' outboxes, each router reading
+    # its own raw topic, kept a warning for ever; status.read_elsewhere names the other one.
+    with pipeline(stack, tmp_path, partitions=1, connector={
+            "table.include.list": "public.{table},public.{table}_other"}) as pipe:
+        other_topic = f"{pipe.name.replace('_', '-')}.public.{pipe.name}_other"
+        unread = json.loads(pipe.status("-o", "json").stdout)["connector"]["unread_topics"]
+        assert unread == [other_topic], unread
+        config = yaml.safe_load(pipe.config_path.read_text())
+        config["status"] = {"read_elsewhere": [other_topic]}
+        pipe.config_path.write_text(yaml.safe_dump(config))
+        report = json.loads(pipe.status("-o", "json").stdout)
+        assert report["connector"]["unread_topics"] == [], report["connector"]
+        assert not [line for line in _problems(report) if other_topic in line], report

@@ -328,10 +328,17 @@ def test_a_captured_tables_raw_topic_the_router_does_not_read_is_a_warning() -> 
         "its tables to outbox.public.outbox2, which source.topics neither names nor matches: "
         "unless another pipeline's router reads it, that table's events are never delivered; "
         "add outbox.public.outbox2 to source.topics and restart the router, or take the table "
-        "out of the connector's table.include.list"]
+        "out of the connector's table.include.list (another pipeline's on purpose: name it in "
+        "status.read_elsewhere)"]
     read = RouterConfig.model_validate({"source": {"topics": ["^outbox\\.public\\..*"]},
                                         "routes": [{"topic": "dst"}]})
     assert reading(both, read).unread_topics == ()
+    # Review 64 (low): one connector capturing two pipelines' outboxes, each router reading
+    # its own topic, warned for ever: status.read_elsewhere says the other one is meant.
+    shared = RouterConfig.model_validate({
+        "source": {"topics": ["outbox.public.outbox"]}, "routes": [{"topic": "dst"}],
+        "status": {"read_elsewhere": ["outbox.public.outbox2"]}})
+    assert reading(both, shared).unread_topics == ()
 
 
 def test_an_include_list_entry_in_sql_quotes_is_critical_with_what_to_write() -> None:
