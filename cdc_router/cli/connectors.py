@@ -376,5 +376,9 @@ def delete(state: _State, name: str, yes: bool) -> None:
 @pass_state
 def wait(state: _State, name: str, wanted: str, timeout: float) -> None:
     """Wait until a connector and all its tasks reach a state (fails fast on FAILED)."""
-    reached = state.client.wait_for_state(name, wanted, timeout)
+    def unanswered(error: ConnectError) -> None:
+        click.echo(f"waiting: {error}; asked again until --timeout {timeout:g}s (a worker "
+                   "starting answers so for a while; check --url if it is not one)", err=True)
+
+    reached = state.client.wait_for_state(name, wanted, timeout, unanswered=unanswered)
     click.echo(f"{name}: {reached.state} ({len(reached.tasks)} task(s))")

@@ -181,23 +181,30 @@ class ConnectClient:
         self._request("DELETE", _path(name), connector=name)
 
     def wait_for_state(self, name: str, state: str, timeout: float, *,
-                       poll_interval: float = 1.0) -> ConnectorStatus:
+                       poll_interval: float = 1.0,
+                       unanswered: Callable[[ConnectError], None] | None = None
+                       ) -> ConnectorStatus:
         """Poll until the connector and all its tasks are in `state`; return that status.
 
         Waiting for RUNNING fails at once when the connector or a task is FAILED (Connect does
         not restart failed tasks on its own). A connector unknown right after a PUT is the
         status topic catching up, and a worker that refuses connections or answers a plain
         404 one starting (QA 64-a F-8: the wait after a worker's restart failed in 4 s), so
-        each is polled again until `timeout`, then said.
+        each is polled again until `timeout`, then said. `unanswered` is called with the first
+        such refusal or plain 404: a wrong --url looks the same until `timeout` (review 64),
+        so the command says it at once.
         """
         deadline = self._clock() + timeout
         last: ConnectorStatus | None = None
         while True:
             try:
                 last = self.get_status(name)
-            except (UnknownConnectorError, ConnectNotServingError):
+            except (UnknownConnectorError, ConnectNotServingError) as error:
                 if self._clock() >= deadline:
                     raise
+                if unanswered is not None and isinstance(error, ConnectNotServingError):
+                    unanswered(error)
+                    unanswered = None
             else:
                 if last.reached(state):
                     return last

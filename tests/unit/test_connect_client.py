@@ -365,6 +365,36 @@ def test_wait_for_state_polls_through_a_worker_that_refuses_connections() -> Non
         client(down, clock).wait_for_state("c", "RUNNING", 5)
 
 
+def test_wait_for_state_says_the_first_refusal_at_once() -> None:
+    # Review 64 (low): a wrong --url (a refused port, a web server's 404) waited the whole
+    # --timeout without a word; a worker restarting looks the same, so the wait goes on, and
+    # the first such answer is said at once.
+    clock = FakeClock()
+    said: list[tuple[float, str]] = []
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    with pytest.raises(ConnectError):
+        client(down, clock).wait_for_state(
+            "c", "RUNNING", 5, unanswered=lambda error: said.append((clock.now, str(error))))
+    assert said == [(0.0, "Kafka Connect unreachable at http://connect.test:8083: [Errno 111] "
+                          "Connection refused")]
+
+
+def test_connectors_wait_on_a_refused_port_says_so_before_its_timeout() -> None:
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ran = CliRunner().invoke(main, ["connectors", "--url", f"http://127.0.0.1:{port}", "wait",
+                                    "x", "--timeout", "1.5"])
+    assert ran.exit_code == 1, ran.output
+    assert ran.stderr.startswith(f"waiting: Kafka Connect unreachable at http://127.0.0.1:"
+                                 f"{port}: ") and "asked again until --timeout 1.5s (a worker " \
+        "starting answers so for a while; check --url if it is not one)\n" in ran.stderr, \
+        ran.stderr
+
+
 def test_wait_for_state_fails_at_once_on_a_host_name_no_resolver_knows() -> None:
     # Review 64: since F-8, a mistyped --url host waited the whole --timeout before failing;
     # a worker restarting keeps its name, so only a refused connection is waited through.
