@@ -38,9 +38,13 @@ _NOT_A_DSN = ("not a Postgres connection string; give postgresql://user:password
               "or key=value pairs")
 _UNKNOWN_OPTION = re.compile(r'invalid (?:connection option|URI query parameter):? "([a-z_]+)"')
 _URI_PREFIXES = ("postgresql://", "postgres://")  # libpq's, matched case-sensitively
+# Review 64: a database name holding an '@' (`.../my@db`) looks the same as a password
+# holding '@' and '/' (`u:p@ss/x@h`), so both are refused, and the line names both.
 _MISREAD_USER_INFO = ("its user or password holds an '@' or a '/' that is not percent-encoded, so "
                       "libpq would read a piece of the password as the host, port or database "
-                      "(and errors would show it): write '@' as %40 and '/' as %2F")
+                      "(and errors would show it), or its database name an '@', which reads "
+                      "the same: write '@' as %40 and '/' as %2F (libpq decodes them in the "
+                      "database name too)")
 
 
 def dsn_problem(dsn: str) -> str | None:

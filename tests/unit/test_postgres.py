@@ -299,6 +299,17 @@ def test_a_password_with_an_at_or_a_slash_not_percent_encoded_is_never_shown(dsn
     assert "ssW0rd" not in str(error.value)
 
 
+def test_a_database_name_with_an_at_is_refused_with_the_way_to_write_it() -> None:
+    # Review 64 (low): `postgresql://u:p@h/my@db` (libpq: database my@db) cannot be told from a
+    # password `p@ss/x` written as is, so it is refused too: the line now says so, and %40
+    # (which libpq decodes in the database name) is the way.
+    said = dsn_problem("postgresql://u:p@h/my@db")
+    assert said is not None and "or its database name an '@', which reads the same: write " \
+        "'@' as %40" in said, said
+    assert dsn_problem("postgresql://u:p@h/my%40db") is None
+    assert psycopg.conninfo.conninfo_to_dict("postgresql://u:p@h/my%40db")["dbname"] == "my@db"
+
+
 @pytest.mark.parametrize("dsn", [
     "postgresql://u:p%40ss%2Fw@h:5432/db", "postgresql://h/db?user=u&password=p@ss/w",
     "postgresql://u:p?ss@h/db", "host=h password=p@ss/w",
