@@ -519,6 +519,10 @@ def test_the_client_is_built_lazily_and_its_config_errors_are_ours() -> None:
     ({"bearer.auth.credentials.source": "NOPE"}, "Unrecognized bearer.auth.credentials.source; "
      "correct or remove it (the client's documentation lists the properties it takes) "
      "(got 'NOPE')"),
+    # Review 64 (low): the Java client's key was blamed on schema_registry.basic_auth_user_info.
+    ({"schema.registry.basic.auth.user.info": "u:s3cr3t"}, "field 'schema_registry.config."
+     "schema.registry.basic.auth.user.info': confluent-kafka's SchemaRegistryClient refuses it: "
+     "Unrecognized properties: schema.registry.basic.auth.user.info; correct or remove it"),
 ])
 def test_a_property_the_registry_client_refuses_is_a_config_error(
         tmp_path: Path, config: dict[str, Any], expected: str) -> None:
