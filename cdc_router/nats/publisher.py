@@ -48,6 +48,15 @@ MESSAGE_REFUSED = frozenset({10054, 10097})
 # A store failure; "maximum messages exceeded" / "maximum bytes exceeded" (the description
 # tells them from a broken store, review 34-3): a full stream with discard: new.
 STREAM_FULL = 10077
+# JetStream's storage itself is full, whatever the stream's limits (nats-server's errors.json):
+# insufficient resources (the server's max_file_store / max_memory_store reached: QA 65-b),
+# the account's limits, insufficient memory / storage resources available.
+STORAGE_FULL = frozenset({10002, 10023, 10028, 10047})
+_STORAGE_HINT = ("; JetStream's storage is full (nats-server's jetstream max_file_store, or "
+                 "max_memory_store for a memory stream, the account's limits, or the disk): "
+                 "every batch waits until there is room; free some (lower a stream's max_bytes "
+                 "or max_age_ms in nats.streams and run `cdc-router streams apply -c <config>`, "
+                 "delete streams nobody reads) or raise the limit and reload nats-server")
 
 
 def stream_full(error: BaseException) -> bool:
@@ -254,6 +263,7 @@ class JetStreamPublisher:
                     f"; the stream that captures {message.subject!r} "
                     f"{_full_hint(error, self._stream_of and self._stream_of(message.subject))}"
                     if stream_full(error) else
+                    _STORAGE_HINT if getattr(error, "err_code", None) in STORAGE_FULL else
                     # QA 60-a F-4: a hung server (SIGSTOP) keeps its connection: only timeouts.
                     f"; no acknowledgement within nats.ack_timeout_ms "
                     f"({self._ack_timeout_s * 1000:.0f} ms): is nats-server answering (hung, "

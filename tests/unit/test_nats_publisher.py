@@ -114,3 +114,27 @@ def test_a_batch_whose_every_ack_timed_out_asks_whether_nats_server_answers() ->
     with pytest.raises(JetStreamError) as one:
         asyncio.run(publisher._publish_all(messages))
     assert str(one.value).endswith("TimeoutError: nats: timeout"), str(one.value)
+
+
+def test_a_batch_refused_for_full_jetstream_storage_says_what_makes_room() -> None:
+    # QA 65-b: with nats-server's max_file_store reached every batch failed for good with
+    # "code=503 err_code=10023 description='insufficient resources'" and nothing else.
+    from nats.js.errors import ServiceUnavailableError
+
+    publisher = JetStreamPublisher("nats://127.0.0.1:1", ack_timeout_s=1, connect_timeout_s=1)
+    publisher._client = SimpleNamespace(max_payload=1_000_000)
+
+    class Full:
+        async def publish(self, subject: str, data: bytes, **_: object) -> object:
+            raise ServiceUnavailableError(code=503, err_code=10023,
+                                          description="insufficient resources")
+
+    async def connected() -> Full:
+        return Full()
+
+    publisher._connected = connected  # type: ignore[method-assign]
+    with pytest.raises(JetStreamError) as full:
+        asyncio.run(publisher._publish_all([NatsMessage("a.b", b"{}", {}, "id-1")]))
+    assert "insufficient resources'; JetStream's storage is full (nats-server's jetstream " \
+           "max_file_store" in str(full.value)
+    assert "`cdc-router streams apply -c <config>`" in str(full.value)
