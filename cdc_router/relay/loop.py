@@ -55,7 +55,6 @@ from cdc_router.router.grants import OperationsFactory, admin_operations
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import PoisonIsolation, abort_batch, produce_isolated, record_refusals
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
-from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.replay_log import ReplayLines
 from cdc_router.router.step import (
     DeadLettered,
@@ -106,8 +105,7 @@ class OutboxRelay:
         self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
         self._records = records or topic_records
-        self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
-                                    max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        self._replay = self._metrics.dedup_filter(config.dedup)
         self._replay_lines = ReplayLines(self._replay)  # its dead-lettered ids warned (53-g)
         self._producer = LatchingProducer(clients.watched(clients.producer_config(
             config, self._relay.producer_instance), self._metrics.throttled.inc),

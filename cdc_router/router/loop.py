@@ -44,7 +44,6 @@ from cdc_router.router.poison import (
     record_refusals,
 )
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
-from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.step import RecordStep
 from cdc_router.router.timestamps import DescribeFactory, admin_describe, batch_bytes
 from cdc_router.router.transaction import Transaction
@@ -90,8 +89,7 @@ class OutboxRouter:
         self._stop = threading.Event()
         self._wait = wait or self._stop.wait
         self._timeouts = clients.Timeouts(config.delivery.transaction_timeout_ms)
-        self._replay = ReplayFilter(window_ms=config.dedup.window_ms,
-                                    max_ids=config.dedup.max_ids) if config.dedup.enabled else None
+        self._replay = self._metrics.dedup_filter(config.dedup)
         common = clients.common_config(config)
         # The consumers share the client id; a consumer_byte_rate quota delays their fetches
         # and was said by nothing but librdkafka's request timeouts (fixer 58-a; the

@@ -23,10 +23,12 @@ from cdc_router.kafka.reachable import BrokerReach
 from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
 from cdc_router.router.process_info import info_metric
+from cdc_router.router.replay import ReplayFilter
 
 if TYPE_CHECKING:
     from confluent_kafka import TopicPartition
 
+    from cdc_router.config.delivery import DedupSettings
     from cdc_router.router.values import Committed
 
 log = logging.getLogger("cdc_router.router")
@@ -118,6 +120,17 @@ class RouterMetrics:
                                       "row's created_at to the commit of its record",
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
         r.register(self.latency)
+
+    def dedup_filter(self, dedup: DedupSettings) -> ReplayFilter | None:
+        """The replay filter of `dedup` (None with dedup off), its size served as
+        cdc_router_dedup_ids (QA 65-b: nothing showed the ids held against dedup.max_ids)."""
+        if not dedup.enabled:
+            return None
+        replay = ReplayFilter(window_ms=dedup.window_ms, max_ids=dedup.max_ids)
+        Gauge("cdc_router_dedup_ids", "Delivered event ids the replay filter holds in memory "
+              "(within dedup.window_ms, at most dedup.max_ids; about 120 bytes each)",
+              registry=self.registry).set_function(lambda: len(replay))
+        return replay
 
     def committed(self, committed: Committed, now_ms: int) -> None:
         """A batch committed: its delivered events, dead letters, skipped records and dropped

@@ -751,6 +751,19 @@ def test_ids_in_the_changelog_are_replays_and_dropped(caplog: pytest.LogCaptureF
                                             [(f"e-{i}", ORDERS) for i in range(5, 10)])
 
 
+def test_the_ids_the_replay_filter_holds_are_a_gauge() -> None:
+    # QA 65-b: in a soak nothing showed how many ids the router held against dedup.max_ids
+    # (memory: about 120 bytes each) but the `event=assigned dedup_ids=` line of each start.
+    now_ms = int(time.time() * 1000)
+    cluster = cluster_with(*events(10))
+    [batch] = changelog_records(["e-0", "e-1", "e-2"], now_ms)
+    cluster.topics[CHANGELOG] = [Stored(CHANGELOG, 0, batch.key, batch.value, [], None)]
+    harness = Harness(cluster).run()
+    assert harness.metrics.registry.get_sample_value("cdc_router_dedup_ids") == 10
+    off = Harness(cluster_with(*events(2)), dedup={"enabled": False}).run()
+    assert off.metrics.registry.get_sample_value("cdc_router_dedup_ids") is None
+
+
 def test_a_replay_of_a_dead_lettered_event_keeps_its_row() -> None:
     # Review 32-2: replays' rows go to the cleanup (an id reused), but the filter holds
     # dead-lettered ids too: their rows, never delivered, must stay (README).
