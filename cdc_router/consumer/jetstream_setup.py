@@ -16,7 +16,7 @@ from typing import Any
 from cdc_router.config.nats_subjects import subjects_collide
 from cdc_router.config.redact import shown_url
 from cdc_router.consumer.jetstream_settings import JetStreamSettings, consumer_problem
-from cdc_router.errors import JetStreamConsumerError
+from cdc_router.errors import EXIT_RESTART, JetStreamConsumerError
 from cdc_router.nats.connection import error_text
 
 log = logging.getLogger("cdc_router.consumer.jetstream")
@@ -177,11 +177,14 @@ async def check_durable(js: Any, settings: JetStreamSettings) -> None:
     try:
         await js.consumer_info(settings.stream, settings.durable)
     except NotFoundError:
-        raise JetStreamConsumerError(
+        deleted = JetStreamConsumerError(
             f"durable consumer {settings.durable!r} of stream {settings.stream!r} was "
             "deleted while this consumer ran: start it again to create it (it then "
-            "delivers from the stream's start; the dedup store skips what was done)"
-            ) from None
+            "delivers from the stream's start; the dedup store skips what was done)")
+        # QA 65-b: a start cures it, so exit 75 as every other stop a restart mends (exit 1
+        # left the service down under a supervisor that restarts on 75, as QA 61-b F4 did).
+        deleted.exit_code = EXIT_RESTART
+        raise deleted from None
     except (NatsError, TimeoutError) as error:  # reconnecting: look again later
         log.info("event=durable_check_failed error=%s", error_text(error))
 

@@ -163,3 +163,15 @@ def test_subjects_collide_when_some_subject_matches_both(first: str, second: str
                                                          collide: bool) -> None:
     assert subjects_collide(first, second) is collide
     assert subjects_collide(second, first) is collide
+
+
+def test_a_durable_deleted_while_running_stops_with_exit_75() -> None:
+    # QA 65-b: `nats consumer rm` under a running consumer stopped it with exit 1, though its
+    # own line says that starting it again mends it: a supervisor restarting on 75 (the
+    # consumer README's convention for "a restart may cure it") left the service down.
+    from cdc_router.consumer.jetstream_setup import check_durable
+
+    with pytest.raises(JetStreamConsumerError, match="was deleted while this consumer ran: "
+                       "start it again") as stopped:
+        asyncio.run(check_durable(FakeJetStream(), settings()))
+    assert stopped.value.exit_code == 75
