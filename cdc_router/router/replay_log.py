@@ -9,7 +9,11 @@ says how many it left out (review 53-c F17: behind 100 ordinary lines it was not
 
 A run of replays past the cap (a re-snapshot: 40,000 rows) is summed up in one line, at the first
 record after it that is not a replay and at each minute's turn while it goes on (QA 64-a F-9:
-the log never said how many a re-snapshot dropped, only the metric did).
+the log never said how many a re-snapshot dropped, only the metric did); at most
+SUMMED_PER_MINUTE such lines a minute besides the turn's: replays alternating with new events
+(an incremental snapshot or a republish under live writes) would otherwise say one line each
+(review 65: 9,900 in 50 s); what is held back is said at the minute's turn, with the replays
+after it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ log = logging.getLogger("cdc_router.router")
 
 SAID_PER_MINUTE = 100
 WARNED_PER_MINUTE = 100
+SUMMED_PER_MINUTE = 10  # runs' summaries; a few runs (two tables' re-snapshots) said at once
 
 
 class ReplayLines:
@@ -34,28 +39,31 @@ class ReplayLines:
         self._clock = clock
         self._since = clock()
         self._said = self._warned = self._unwarned = 0
-        # The replays of the run going on (0: none), and those of them said by count only.
+        # The replays of the run going on (0: none), and those of them said by count only;
+        # a run held back (a summary said this minute already) goes on counting.
         self.run = self._unsaid = 0
         self._run_since = self._since
+        self._summed = 0  # runs' summaries said this minute, besides the turn's
 
     def run_ended(self) -> None:
-        """A record that is no replay came after `run` replays: summed up if lines were capped."""
-        if self._unsaid:
+        """A record that is no replay came after `run` replays: summed up if lines were capped,
+        unless SUMMED_PER_MINUTE were this minute: then at the minute's turn (the caller calls
+        again at each record while `run` is not 0)."""
+        if not self._unsaid:
+            self.run = 0
+            return
+        now = self._clock()
+        if now - self._since >= 60:
+            self._turn(now, "ended")
+        elif self._summed < SUMMED_PER_MINUTE:
             self._sum_up("ended")
-        self.run = 0
+            self._summed += 1
 
     def dropped(self, event_id: str, where: str) -> None:
         """One replay dropped: its line, while the minute has room for it."""
         now = self._clock()
         if now - self._since >= 60:
-            if self._unsaid:  # a run longer than the minute: its count so far
-                self._sum_up("goes on")
-            if self._unwarned:
-                log.warning("event=replay_warnings_left_out count=%d: the last minute dropped "
-                            "that many more replays of dead-lettered ids than it said; "
-                            "`cdc-router dlq replay` delivers their letters",
-                            self._unwarned)
-            self._since, self._said, self._warned, self._unwarned = now, 0, 0, 0
+            self._turn(now, "goes on")
         if not self.run:
             self._run_since = now
         self.run += 1
@@ -72,10 +80,21 @@ class ReplayLines:
                      "replays are counted, and their number said when the run ends",
                      SAID_PER_MINUTE)
 
+    def _turn(self, now: float, how: str) -> None:
+        """The minute's turn: the count it held back, the warnings it left out; lines anew."""
+        if self._unsaid:  # a run longer than the minute, or one held back: its count so far
+            self._sum_up(how)
+        if self._unwarned:
+            log.warning("event=replay_warnings_left_out count=%d: the last minute dropped "
+                        "that many more replays of dead-lettered ids than it said; "
+                        "`cdc-router dlq replay` delivers their letters", self._unwarned)
+        self._since, self._said, self._warned, self._unwarned = now, 0, 0, 0
+        self._summed = 0
+
     def _sum_up(self, how: str) -> None:
         log.info("event=replays_dropped count=%d unsaid=%d seconds=%d run=%s: that many "
-                 "replays of delivered ids dropped in a row (a re-snapshot or a republish), "
-                 "the unsaid ones past the lines' cap", self.run, self._unsaid,
+                 "replays of delivered ids dropped since the first of them (a re-snapshot or "
+                 "a republish), the unsaid ones past the lines' cap", self.run, self._unsaid,
                  self._clock() - self._run_since, how)
         self.run = self._unsaid = 0
 

@@ -7,7 +7,12 @@ import logging
 import pytest
 
 from cdc_router.router.replay import ReplayFilter
-from cdc_router.router.replay_log import SAID_PER_MINUTE, WARNED_PER_MINUTE, ReplayLines
+from cdc_router.router.replay_log import (
+    SAID_PER_MINUTE,
+    SUMMED_PER_MINUTE,
+    WARNED_PER_MINUTE,
+    ReplayLines,
+)
 
 
 def test_replays_are_said_one_by_one_up_to_the_minutes_cap(
@@ -95,3 +100,29 @@ def test_a_run_longer_than_a_minute_is_summed_up_each_minute(
         f"event=replays_dropped count={2 * SAID_PER_MINUTE} unsaid={SAID_PER_MINUTE} "
         "seconds=61 run=goes on",
         f"event=replays_dropped count={SAID_PER_MINUTE + 5} unsaid=5 seconds=9 run=ended"]
+
+
+def test_replays_alternating_with_new_events_are_summed_up_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 65 of QA 64-a F-9: an incremental snapshot or a republish under live writes
+    # alternates replays with new events, and each run's end said a line: 9,900 summaries of
+    # count=1 in 50 s past the cap, which is there to bound the lines (QA 47-d F2). A few
+    # runs (two tables re-snapshotted) are still said at once.
+    now = [0.0]
+    lines = ReplayLines(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        for i in range(10_000):
+            now[0] = i * 0.005
+            lines.dropped(f"e-{i}", f"offset={i}")
+            lines.run_ended()  # a record that is no replay
+        now[0] = 61.0
+        lines.run_ended()  # the next record, at the minute's turn: what was held back
+    said = [record.getMessage() for record in caplog.records]
+    # The lines, the cap's, SUMMED_PER_MINUTE runs' summaries, then the turn's.
+    assert len(said) == SAID_PER_MINUTE + 1 + SUMMED_PER_MINUTE + 1, len(said)
+    summaries = [line.split(" seconds=")[0] for line in said
+                 if line.startswith("event=replays_dropped ")]
+    held = 10_000 - SAID_PER_MINUTE - SUMMED_PER_MINUTE
+    assert summaries == ["event=replays_dropped count=1 unsaid=1"] * SUMMED_PER_MINUTE + [
+        f"event=replays_dropped count={held} unsaid={held}"]
+    assert lines.run == 0
