@@ -11,6 +11,8 @@ import json
 import re
 from collections.abc import Mapping
 
+from psycopg import sql
+
 from cdc_router.config.converter import CONVERTER_FIX, JSON_CONVERTER
 from cdc_router.connect.spec import (
     ConnectorSpec,
@@ -250,11 +252,44 @@ def include_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str
     added = [table for table in included_tables(desired, unescaped=True) if table not in before]
     if not added:
         return None
-    return (f"table.include.list adds {', '.join(added)}: Debezium streams its inserts from "
-            "now on but does not snapshot it, so its rows committed before this update are "
-            f"not delivered; afterwards {_snapshot_of(added, desired)}, or re-emit them with "
-            "`cdc-router outbox republish`; its raw topic must be in the router's "
-            "source.topics")
+    return (f"table.include.list adds {', '.join(added)}: {_streamed(added, desired)}, so "
+            "its rows committed before this update are not delivered; afterwards "
+            f"{_snapshot_of(added, desired)}, or re-emit them with `cdc-router outbox "
+            "republish`; its raw topic must be in the router's source.topics")
+
+
+# The publication modes under which Debezium leaves the publication's tables to the user:
+# a table added to the include list streams only once the publication publishes it.
+_USERS_PUBLICATION = frozenset({"disabled", "no_tables"})
+DEFAULT_PUBLICATION = "dbz_publication"  # Debezium's publication.name by default
+
+
+def _streamed(added: list[str], desired: Mapping[str, str]) -> str:
+    """Whether Debezium streams the `added` tables once updated: by default (all_tables,
+    filtered) it does; with the publication left to the user (the shipped file's disabled),
+    only once the publication publishes them (review 65: the note said it streams them, and
+    0 of 5 rows reached Kafka; the connector's role, made by `outbox init` for the outbox
+    alone, then failed the snapshot the note advised: permission denied)."""
+    mode = desired.get("publication.autocreate.mode", "all_tables").strip().lower()
+    if mode not in _USERS_PUBLICATION:
+        return "Debezium streams its inserts from now on but does not snapshot it"
+    publication = desired.get("publication.name", "").strip() or DEFAULT_PUBLICATION
+    tables = []
+    for table in added:
+        try:
+            tables.append(regclass_text(table, "table.include.list"))
+        except ConfigError:  # a regular expression: as written
+            tables.append(table)
+    role = desired.get("database.user", "").strip()
+    # A ${file:...} reference is resolved by the worker: the role is not known here.
+    grantee = sql.Identifier(role).as_string(None) if role and "${" not in role else \
+        "<its database.user>"
+    grant = (f", and `GRANT SELECT ON {', '.join(tables)} TO {grantee}` unless its role may "
+             "read it (a snapshot reads it)")
+    return (f"Debezium streams none of its rows until publication {publication} publishes it "
+            f"(publication.autocreate.mode {mode}): before this update, `ALTER PUBLICATION "
+            f"{sql.Identifier(publication).as_string(None)} ADD TABLE {', '.join(tables)}`"
+            f"{grant}; nor does it snapshot it")
 
 
 # Review 64: the note advised the full re-snapshot alone, which delivers again every row of

@@ -12,16 +12,15 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from cdc_router.connect.checks import raw_topic, raw_topics
+from cdc_router.connect.checks import DEFAULT_PUBLICATION, raw_topic, raw_topics
 from cdc_router.connect.client import ConnectClient
 from cdc_router.connect.spec import included_tables, quoted_tables
 from cdc_router.connect.status import ConnectorStatus, failure_of
 from cdc_router.errors import ConnectError, UnknownConnectorError
 from cdc_router.ops.report import ConnectorState, TaskState
 
-# Debezium's PostgreSQL connector defaults for slot.name and publication.name.
+# Debezium's PostgreSQL connector defaults for slot.name (publication.name: checks.py's).
 DEFAULT_SLOT = "debezium"
-DEFAULT_PUBLICATION = "dbz_publication"
 # A status check answers in seconds: Connect's GETs answer in milliseconds when it is there.
 TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 _PLAIN_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from cdc_router.connect.checks import (
+    include_move,
     login_hint,
     prefix_move,
     raw_topic,
@@ -194,12 +195,26 @@ def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behin
     result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
                      connector_json(tmp_path, both))
     assert result.exit_code == 0, result.output
-    assert "  ! table.include.list adds public.outbox2: Debezium streams its inserts from now " \
-           "on but does not snapshot it, so its rows committed before this update are not " \
-           "delivered; afterwards snapshot just the added table with Debezium's incremental " \
-           "snapshot, which needs its signalling" in result.stdout
+    # Review 65: the shipped file leaves the publication to the user (autocreate disabled):
+    # the added table streams only once the publication publishes it (live: 0 of 5 rows).
+    assert "  ! table.include.list adds public.outbox2: Debezium streams none of its rows " \
+           "until publication cdc_router_outbox publishes it (publication.autocreate.mode " \
+           "disabled): before this update, `ALTER PUBLICATION \"cdc_router_outbox\" ADD TABLE " \
+           "\"public\".\"outbox2\"`, and `GRANT SELECT ON \"public\".\"outbox2\" TO " \
+           "\"debezium\"` unless its role may read it (a snapshot reads it); nor does it " \
+           "snapshot it, so its rows committed before this update are not delivered; " \
+           "afterwards snapshot just the added table with Debezium's incremental snapshot, " \
+           "which needs its signalling" in result.stdout, result.stdout
     assert "without it, `cdc-router connectors stop`, `reset-offsets`, `resume` snapshots " \
            "every table again" in result.stdout
+    filtered = {**both, "publication.autocreate.mode": "filtered"}  # Debezium updates it
+    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "name": "outbox-connector",
+                                                    "publication.autocreate.mode": "filtered"}})
+    result = run_cli(monkeypatch, connect, "apply", "--dry-run", "-f",
+                     connector_json(tmp_path, filtered))
+    assert "  ! table.include.list adds public.outbox2: Debezium streams its inserts from now " \
+           "on but does not snapshot it, so its rows committed" in result.stdout, result.stdout
+    connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "name": "outbox-connector"}})
     no_data = {**SHIPPED, "snapshot.mode": "no_data"}
     created = run_cli(monkeypatch, ScriptedConnect({}), "apply", "--dry-run", "-f",
                       connector_json(tmp_path, no_data))
@@ -348,3 +363,19 @@ def test_status_leaves_the_signal_tables_raw_topic_out_of_the_unread_ones(
     elsewhere = RouterConfig.model_validate({"source": {"topics": ["outbox2.public.outbox"]},
                                              "routes": [{"topic": "dst"}]})
     assert reading(state, elsewhere).unread_topics == ("outbox.public.outbox",)
+
+
+def test_an_added_table_of_a_users_publication_names_no_role_the_worker_resolves() -> None:
+    # Review 65: the GRANT the note gives names database.user, unless a config provider
+    # reference (${file:...}) stands for it, which only the worker resolves.
+    deployed = {**SHIPPED, "database.user": "${file:/opt/secrets.properties:user}"}
+    note = include_move(deployed, {**deployed,
+                                   "table.include.list": "public.outbox,public.outbox2"})
+    assert note is not None
+    assert 'GRANT SELECT ON "public"."outbox2" TO <its database.user>` unless' in note, note
+    users = {**SHIPPED, "publication.autocreate.mode": "no_tables", "publication.name": ""}
+    note = include_move(users, {**users, "table.include.list": "public.outbox,public.outbox2"})
+    assert note is not None
+    assert note.startswith("table.include.list adds public.outbox2: Debezium streams none of "
+                           "its rows until publication dbz_publication publishes it "
+                           "(publication.autocreate.mode no_tables)"), note
