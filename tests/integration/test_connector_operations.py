@@ -136,14 +136,21 @@ def added(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def test_the_plan_notes_a_table_added_to_the_include_list(added: Added) -> None:
     # QA 64-a F-2: the plan said only '~ table.include.list'; 113 of 1,092 rows never came.
-    note = (f"  ! table.include.list adds {added.table}: Debezium streams its inserts from "
-            "now on but does not snapshot it, so its rows committed before this update are "
-            "not delivered; afterwards `cdc-router connectors stop`, `reset-offsets`, "
-            "`resume` snapshots every table again")
+    # The pipeline's connector leaves its publication to the user (autocreate disabled), as
+    # the shipped file does: the note names the ALTER PUBLICATION, done above (review 65).
+    publication = added.pipe.name
+    note = (f"  ! table.include.list adds {added.table}: Debezium streams none of its rows "
+            f"until publication {publication} publishes it (publication.autocreate.mode "
+            f'disabled): before this update, `ALTER PUBLICATION "{publication}" ADD TABLE '
+            f'"public"."{added.table.removeprefix("public.")}"`')
+    way_back = ("so its rows committed before this update are not delivered; afterwards "
+                "snapshot just the added table with Debezium's incremental snapshot")
+    full = "`cdc-router connectors stop`, `reset-offsets`, `resume` snapshots every table again"
     assert added.diff.exit_code == 2, added.diff.output
     assert "  ~ table.include.list: " in added.diff.stdout
-    assert note in added.diff.stdout, added.diff.stdout
-    assert note in added.apply.stdout, added.apply.stdout
+    for result in (added.diff, added.apply):
+        assert note in result.stdout and way_back in result.stdout and full in result.stdout, \
+            result.stdout
     assert "its raw topic must be in the router's source.topics" in added.apply.stdout
     # What the note is about: the rows written before the apply are not delivered.
     assert added.undelivered == []
