@@ -170,7 +170,8 @@ def test_a_new_connector_with_no_data_is_planned_with_the_rows_it_skips(added: A
     assert f"{added.name}-nodata ({nodata}): create" in diffed.stdout
     assert (f"  ! snapshot.mode no_data: a new connector delivers none of the rows already "
             f"in public.{added.pipe.table}, {added.table}, only those committed once its "
-            "slot exists; snapshot.mode when_needed") in diffed.stdout, diffed.stdout
+            "slot exists (") in diffed.stdout, diffed.stdout
+    assert "; snapshot.mode when_needed (the shipped file's) delivers them too" in diffed.stdout
 
 
 def test_status_warns_of_a_captured_tables_raw_topic_no_router_reads(added: Added) -> None:
@@ -189,7 +190,8 @@ def test_status_warns_of_a_captured_tables_raw_topic_no_router_reads(added: Adde
         f"{added.raw_topic}, which source.topics neither names nor matches: unless another "
         "pipeline's router reads it, that table's events are never delivered; add "
         f"{added.raw_topic} to source.topics and restart the router, or take the table out of "
-        "the connector's table.include.list")
+        "the connector's table.include.list (another pipeline's on purpose: name it in "
+        "status.read_elsewhere)")
     } in unread["problems"], unread["problems"]
     assert read["connector"]["unread_topics"] == []
     assert [problem for problem in read["problems"]
