@@ -255,7 +255,8 @@ def include_move(deployed: Mapping[str, str], desired: Mapping[str, str]) -> str
     return (f"table.include.list adds {', '.join(added)}: {_streamed(added, desired)}, so "
             "its rows committed before this update are not delivered; afterwards "
             f"{_snapshot_of(added, desired)}, or re-emit them with `cdc-router outbox "
-            "republish`; its raw topic must be in the router's source.topics")
+            "republish` (the way for a router with source.snapshot_rows false, which skips a "
+            "snapshot's rows, op r); its raw topic must be in the router's source.topics")
 
 
 # The publication modes under which Debezium leaves the publication's tables to the user:

@@ -207,6 +207,9 @@ def test_the_plan_says_which_rows_a_new_table_or_a_no_data_snapshot_leaves_behin
            "which needs its signalling" in result.stdout, result.stdout
     assert "without it, `cdc-router connectors stop`, `reset-offsets`, `resume` snapshots " \
            "every table again" in result.stdout
+    # Review 65: a snapshot's rows are op r, which source.snapshot_rows false skips.
+    assert "or re-emit them with `cdc-router outbox republish` (the way for a router with " \
+           "source.snapshot_rows false, which skips a snapshot's rows, op r)" in result.stdout
     filtered = {**both, "publication.autocreate.mode": "filtered"}  # Debezium updates it
     connect = ScriptedConnect({"outbox-connector": {**SHIPPED, "name": "outbox-connector",
                                                     "publication.autocreate.mode": "filtered"}})
