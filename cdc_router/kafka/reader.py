@@ -1,4 +1,5 @@
-"""Reading a topic to its end: every partition from its beginning, up to ends taken first.
+"""Reading a topic to its end: every partition from its beginning (or from its first record of
+a given time: kafka/read_positions.py), up to ends taken first.
 
 Deterministic, unlike "stop once nothing came for N seconds": the end offsets are fetched
 before reading, and the read stops when every partition's position has reached its end.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import (
@@ -40,6 +41,15 @@ from cdc_router.kafka.lookups import (
     AdminConnection,
     log_end_offsets,
     stable_offsets,
+)
+from cdc_router.kafka.read_positions import (
+    LOW_LOOKUP_S,
+    assign_added,
+    assign_from_beginning,
+    assign_since,
+    positions,
+    reached,
+    shown,
 )
 
 End = Literal["stable", "log_end"]
@@ -65,73 +75,6 @@ class ReadTimedOut(DeliveryError):
     not a setting to change."""
 
 
-def assign_from_beginning(consumer: Consumer, topic: str, what: str,
-                          timeout_s: float = LOOKUP_TIMEOUT_S) -> list[int]:
-    """Assign every partition of `topic` from its first offset; DeliveryError if it is missing,
-    KafkaException if it cannot be looked up within `timeout_s`.
-
-    Never creates the topic by looking it up (the consumer's allow.auto.create.topics is off):
-    `topics apply` creates it.
-    """
-    found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-    if found is None or found.error is not None:
-        raise DeliveryError(f"the {what} topic {topic} does not exist: run "
-                            "`cdc-router topics apply -c <config>` first")
-    partitions = sorted(found.partitions)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    return partitions
-
-
-def assign_added(consumer: Consumer, topic: str, partitions: list[int], what: str,
-                 timeout_s: float = LOOKUP_TIMEOUT_S) -> list[int]:
-    """Assign, from their beginning, the partitions added to `topic` (kafka-topics --alter)
-    since `partitions` were; every partition now assigned. QA, session 30: a router listed the
-    changelog's partitions once, never read the marks other instances wrote to the added ones,
-    and delivered their replays again."""
-    found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-    added = sorted(set(found.partitions) - set(partitions)) \
-        if found is not None and found.error is None else []
-    if added:
-        log.warning("event=partitions_added topic=%s partitions=%s what=%r", topic,
-                    ",".join(map(str, added)), what)
-        consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in added])
-    return sorted([*partitions, *added])
-
-
-def positions(consumer: Consumer, topic: str, partitions: Iterable[int],
-              assigned_at: Mapping[int, int] | None = None) -> dict[int, int]:
-    """partition → where the next record is read, negative if nothing was read of it since it
-    was assigned from its beginning. librdkafka's position() answers OFFSET_INVALID until the
-    consumer has returned a record of the partition, even of one assigned at an offset
-    (review 39): `assigned_at`, where partitions were assigned at an offset, stands for it."""
-    return {tp.partition: tp.offset if tp.offset >= 0 else
-            (assigned_at or {}).get(tp.partition, tp.offset)
-            for tp in consumer.position([TopicPartition(topic, p) for p in partitions])}
-
-
-def reached(consumer: Consumer, topic: str, ends: Mapping[int, int],
-            assigned_at: Mapping[int, int] | None = None) -> bool:
-    """Whether every partition's position (see positions()) is at its end, or it holds nothing
-    below it."""
-    for partition, offset in positions(consumer, topic, list(ends), assigned_at).items():
-        end = ends[partition]
-        if end <= 0 or offset >= end:
-            continue
-        if offset < 0:
-            # Nothing consumed yet: reached only if retention left nothing below the end. A
-            # lookup that fails is no answer: read on (a read that stalls is renewed, review
-            # 39-2: a leader's death mid-read raised out of the restore).
-            try:
-                low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                        timeout=_LOW_LOOKUP_S, cached=False)
-            except KafkaException:
-                return False
-            if low >= end:
-                continue
-        return False
-    return True
-
-
 def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: list[int],
                assigned_at: Mapping[int, int], why: str) -> tuple[Consumer, dict[int, int]]:
     """A new consumer of `config` assigned where `stale` stood on `partitions` (see
@@ -141,7 +84,7 @@ def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: 
     minutes, while new clients answered at once)."""
     where = positions(stale, topic, partitions, assigned_at)
     log.warning("event=reader_renewed topic=%s positions=%s error=%s; a new consumer asks "
-                "again, from the same positions", topic, _shown(where), why)
+                "again, from the same positions", topic, shown(where), why)
     # The new one first: when it cannot be made, the caller keeps the stale one (review 39-2).
     consumer = Consumer(config)
     try:
@@ -158,10 +101,6 @@ def reassigned(stale: Consumer, config: dict[str, Any], topic: str, partitions: 
     return consumer, {partition: offset for partition, offset in where.items() if offset >= 0}
 
 
-def _shown(offsets: Mapping[int, int]) -> str:
-    return ",".join(f"{partition}:{offset}" for partition, offset in sorted(offsets.items()))
-
-
 # A renewable reader's consumer whose lookups fail this long is replaced: after a broker's
 # outage a consumer left without metadata failed for 30 s or for minutes, while a new one
 # answered within 1-5 s (QA 39-b: every restore that needed a renewal took 30.7-32.3 s).
@@ -173,7 +112,7 @@ _RENEW_AFTER_S = 10.0
 # broker's kill.
 _STALLED_S = 30.0
 # The low watermark's lookup of a partition not read yet, asked at each turn of a read.
-_LOW_LOOKUP_S = 10.0
+
 # The prefetch settings of a lean reader (see _LEAN_QUEUE_KBYTES).
 LEAN_QUEUE = {"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
               "fetch.queue.backoff.ms": _LEAN_QUEUE_BACKOFF_MS}
@@ -189,6 +128,7 @@ class TopicReader:
         whose consumer was handed out (its `consumer`, which `dlq replay` commits under)."""
         self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
         self._renewable = renewable
+        self._since_ms: int | None = None  # where a new consumer starts (read_to_end)
         self._config = {
             **config,
             **(LEAN_QUEUE if lean else {}),
@@ -209,15 +149,18 @@ class TopicReader:
         self._admin = AdminConnection(self._client_config)
         self._held = False  # the last stall of this read: held by an open transaction
 
-    def read_to_end(self, *, end: End = "stable",
-                    timeout_s: float = 300.0) -> Iterator[Message]:
+    def read_to_end(self, *, end: End = "stable", timeout_s: float = 300.0,
+                    since_ms: int | None = None) -> Iterator[Message]:
         """Yield every committed record up to the ends as of this call (see the module doc).
 
         Records consumed past an end in the last fetch are yielded too, not dropped: the
         next call goes on after them. Control markers and transient errors are passed over.
+        `since_ms`: a first read (of a new consumer) starts at each partition's first record
+        timestamped then or later (kafka/read_positions.py); a later one goes on as ever.
         """
         deadline = time.monotonic() + timeout_s
         self._held = False
+        self._since_ms = since_ms
         consumer, ends = self._ends(end, deadline)
         started, read = positions(consumer, self._topic, list(ends), self._assigned_at), 0
         moved, moved_at = started, time.monotonic()  # the positions, and when they last moved
@@ -246,7 +189,7 @@ class TopicReader:
                 moved, moved_at = where, time.monotonic()
 
         log.info("event=topic_read topic=%s ends=%s from=%s records=%d", self._topic,
-                 _shown(ends), _shown(started), read)
+                 shown(ends), shown(started), read)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -275,7 +218,7 @@ class TopicReader:
         given one more period to read what it held (it may end just before the check)."""
         log.warning("event=read_stalled topic=%s positions=%s ends=%s seconds=%.0f: no record "
                     "read; a transaction open, or the consumer without a leader", self._topic,
-                    _shown(where), _shown(ends), _STALLED_S)
+                    shown(where), shown(ends), _STALLED_S)
         if not self._renewable:
             return consumer
         was_held, self._held = self._held, self._held_open(consumer, where)
@@ -294,13 +237,13 @@ class TopicReader:
             # A partition nothing was read of yet stands at its log start (review 40-2: not 0
             # once retention has moved it).
             held = all((where[p] if where[p] >= 0 else consumer.get_watermark_offsets(
-                TopicPartition(self._topic, p), timeout=_LOW_LOOKUP_S, cached=False)[0]) >= offset
+                TopicPartition(self._topic, p), timeout=LOW_LOOKUP_S, cached=False)[0]) >= offset
                        for p, offset in stable.items())
         except KafkaException:
             return False
         if held:
             log.info("event=read_held topic=%s stable=%s: an open transaction holds the read "
-                     "at the last stable offset until it ends", self._topic, _shown(stable))
+                     "at the last stable offset until it ends", self._topic, shown(stable))
         return held
 
     def _stable_ends(self, deadline: float) -> tuple[Consumer, dict[int, int]]:
@@ -346,8 +289,12 @@ class TopicReader:
             consumer = Consumer(self._config)
             self._assigned_at = {}  # every partition from its beginning
             try:
-                self._partitions = assign_from_beginning(consumer, self._topic, self._what,
-                                                         timeout_s=timeout_s)
+                if self._since_ms is None:
+                    self._partitions = assign_from_beginning(consumer, self._topic, self._what,
+                                                             timeout_s=timeout_s)
+                else:
+                    self._partitions, self._assigned_at = assign_since(
+                        consumer, self._topic, self._what, self._since_ms, timeout_s=timeout_s)
             except BaseException:
                 consumer.close()
                 raise
@@ -365,8 +312,10 @@ class ChangelogReader(TopicReader):
         super().__init__(config, topic, what="dedup changelog", lean=True, renewable=True,
                          group_id=f"{config.get('client.id', 'cdc-router')}-changelog-reader")
 
-    def catch_up(self, timeout_s: float = 300.0) -> Iterator[tuple[bytes | None, bytes | None]]:
+    def catch_up(self, timeout_s: float = 300.0, *, since_ms: int | None = None,
+                 ) -> Iterator[tuple[bytes | None, bytes | None]]:
         """(key, value) of every committed mark written before this call, waiting for a
-        transaction still open (it may hold marks of a previous owner of our partitions)."""
-        for message in self.read_to_end(end="log_end", timeout_s=timeout_s):
+        transaction still open (it may hold marks of a previous owner of our partitions);
+        the first read, only of the records timestamped `since_ms` or later (read_to_end)."""
+        for message in self.read_to_end(end="log_end", timeout_s=timeout_s, since_ms=since_ms):
             yield message.key(), message.value()

@@ -41,17 +41,21 @@ class Records(Protocol):
     `timeout_s` (else KafkaException or DeliveryError): topic_records."""
 
     def __call__(self, kafka: dict[str, Any], topic: str, what: str, *,
-                 timeout_s: float = READ_TIMEOUT_S) -> Iterable[KeyValue]: ...
+                 timeout_s: float = READ_TIMEOUT_S,
+                 since_ms: int | None = None) -> Iterable[KeyValue]: ...
 
 
 def topic_records(kafka: dict[str, Any], topic: str, what: str, *,
-                  timeout_s: float = READ_TIMEOUT_S) -> Iterator[KeyValue]:
+                  timeout_s: float = READ_TIMEOUT_S,
+                  since_ms: int | None = None) -> Iterator[KeyValue]:
     """Every committed (key, value) of `topic` up to its log end as of now: a transaction
-    still open there is waited for (our init_transactions has ended any of ours)."""
+    still open there is waited for (our init_transactions has ended any of ours); with
+    `since_ms`, only from each partition's first record timestamped then or later."""
     reader = TopicReader(kafka, topic, what=what, lean=True,
                          group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
     try:
-        for message in reader.read_to_end(end="log_end", timeout_s=timeout_s):
+        for message in reader.read_to_end(end="log_end", timeout_s=timeout_s,
+                                          since_ms=since_ms):
             yield message.key(), message.value()
     finally:
         reader.close()
@@ -83,9 +87,11 @@ def restore_filter(config: RouterConfig, replay: ReplayFilter | None, records: R
     they lack (relay/lost_commit.py); how many there were. Read within `timeout_s`."""
     if replay is None:
         return 0
-    return replay.restore_changelog(records(kafka, config.dedup.changelog_topic,
-                                            "dedup changelog", timeout_s=timeout_s),
-                                    int(time.time() * 1000), group=config.source.group_id)
+    now_ms = int(time.time() * 1000)
+    return replay.restore_changelog(
+        records(kafka, config.dedup.changelog_topic, "dedup changelog", timeout_s=timeout_s,
+                since_ms=replay.changelog_since_ms(now_ms)),
+        now_ms, group=config.source.group_id)
 
 
 class PassedRows(Protocol):

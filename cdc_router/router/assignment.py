@@ -73,8 +73,10 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
     try:
         # The ids this instance committed since the last read and the read lacks are
         # forgotten: Kafka lost their commit (router/lost_commits.py, chaos 58).
-        restored = replay.restore_changelog(changelog.catch_up(), int(time.time() * 1000),
-                                            group=config.source.group_id)
+        now_ms = int(time.time() * 1000)
+        restored = replay.restore_changelog(
+            changelog.catch_up(since_ms=replay.changelog_since_ms(now_ms)), now_ms,
+            group=config.source.group_id)
     except (KafkaException, ReadTimedOut) as failure:
         raise RestoreFailed(f"the dedup changelog {config.dedup.changelog_topic!r}",
                             failure) from failure

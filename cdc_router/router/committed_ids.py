@@ -38,13 +38,8 @@ from cdc_router.dead_letter import EVENT_ID, SOURCE_GROUP, SOURCE_TOPIC, STAGE, 
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.errors import REFUSED_CREDENTIALS
 from cdc_router.kafka.lookups import AdminConnection, log_end_offsets
-from cdc_router.kafka.reader import (
-    LEAN_QUEUE,
-    assign_added,
-    assign_from_beginning,
-    reached,
-    reassigned,
-)
+from cdc_router.kafka.read_positions import assign_added, assign_from_beginning, reached
+from cdc_router.kafka.reader import LEAN_QUEUE, reassigned
 from cdc_router.router.replay import (
     DEAD_LETTERED_KEY_PREFIX,
     REPLAYED_KEY_PREFIX,

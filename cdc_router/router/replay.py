@@ -46,6 +46,13 @@ _OTHER_GROUPS_KEPT = 20
 # A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
 # kept as its 16 bytes, 56 bytes of Python object against 88 for the str.
 _UUID_TEXT_LENGTH = 36
+# A restore reads the changelog from its first record timestamped within the window, less this
+# (QA 65-b F-5: it read every mark, most too old to keep). A record's timestamp is at least its
+# mark's time, which the window counts from: the router stamps the mark, then produces it, and
+# librdkafka stamps the record then, on the same clock (CreateTime). A topic that stamps the
+# broker's clock (message.timestamp.type LogAppendTime) may stamp it earlier by as much as the
+# broker's clock lags the router's: an hour of that is allowed.
+CHANGELOG_CLOCK_MARGIN_MS = 3_600_000
 # Ids per remembered batch at most: trimming the oldest batch by max_ids deletes from the front
 # of its list, so a batch stays short enough for that to be cheap.
 BATCH_MAX_IDS = 4096
@@ -118,6 +125,14 @@ class ReplayFilter:
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def changelog_since_ms(self, now_ms: int) -> int | None:
+        """The time a restore at `now_ms` reads the changelog's records from (see
+        CHANGELOG_CLOCK_MARGIN_MS): every mark older than it is past the window. None: from
+        the beginning (a window longer than the epoch; a negative time would be Kafka's
+        "latest" or "earliest")."""
+        since_ms = now_ms - self._window_ms - CHANGELOG_CLOCK_MARGIN_MS
+        return since_ms if since_ms > 0 else None
 
     def _key(self, event_id: str) -> Key:
         if event_id is not self._last_id:

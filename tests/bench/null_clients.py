@@ -113,7 +113,7 @@ class NullChangelog:
     def __init__(self, config: dict[str, Any], topic: str) -> None:
         pass
 
-    def catch_up(self) -> list[tuple[bytes, bytes]]:
+    def catch_up(self, *, since_ms: int | None = None) -> list[tuple[bytes, bytes]]:
         return []
 
     def close(self) -> None:

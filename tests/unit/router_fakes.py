@@ -431,10 +431,14 @@ class FakeChangelog:
         self.cluster = cluster
         self.topic = topic
         self.read = 0
+        self.since: list[int | None] = []  # each call's since_ms
 
-    def catch_up(self) -> Iterator[tuple[bytes | None, bytes | None]]:
+    def catch_up(self, *, since_ms: int | None = None,
+                 ) -> Iterator[tuple[bytes | None, bytes | None]]:
         """The marks committed since the last call, as kafka/reader.py's reader (review 59-r
-        F-7: one that returned all of them every time hid a filter emptied at each read)."""
+        F-7: one that returned all of them every time hid a filter emptied at each read);
+        records carry no time here: `since_ms` is only noted."""
+        self.since.append(since_ms)
         records = self.cluster.committed(self.topic)[self.read:]
         self.read += len(records)
         for stored in records:

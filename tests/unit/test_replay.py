@@ -487,7 +487,8 @@ def test_an_assignment_forgets_an_own_commit_the_changelog_lacks(
             return 0, 2_000
 
     class Changelog:
-        def catch_up(self) -> list[tuple[bytes | None, bytes | None]]:
+        def catch_up(self, *, since_ms: int | None = None,
+                     ) -> list[tuple[bytes | None, bytes | None]]:
             return [(r.key, r.value) for r in kept]
 
     replay = ReplayFilter(window_ms=7 * 24 * 3600 * 1000, max_ids=1_000)

@@ -1235,7 +1235,7 @@ def test_a_source_topic_the_credentials_may_not_read_stops_the_router_with_the_r
 class _FlakyChangelog(FakeChangelog):
     error: Exception = KafkaException(KafkaError(KafkaError._TIMED_OUT, "ListOffsets timed out"))
 
-    def catch_up(self) -> Any:
+    def catch_up(self, *, since_ms: int | None = None) -> Any:
         raise self.error
 
 

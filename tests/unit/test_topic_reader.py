@@ -219,8 +219,8 @@ def test_a_log_end_lookup_answering_no_offset_is_asked_again_never_taken_for_emp
 class Faithful:
     """A consumer of partitions 0 and 1 of `cl` holding `counts` committed records each, whose
     position() answers as librdkafka's does: OFFSET_INVALID for a partition until it returned a
-    record of it, even one assigned at an offset (review 39). `stale`: left without metadata
-    (QA 38-a O2), its lookups fail."""
+    record of it, even one assigned at an offset (review 39), and fetching nothing of a paused
+    partition. `stale`: left without metadata (QA 38-a O2), its lookups fail."""
 
     def __init__(self, counts: dict[int, int], *, stale: bool = False) -> None:
         self.counts, self.stale = counts, stale
@@ -229,6 +229,7 @@ class Faithful:
         self.assigned: list[tuple[int, int]] = []
         self.closed = threading.Event()
         self.lookups: list[float] = []  # list_topics' timeouts
+        self.paused: set[int] = set()
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         self.lookups.append(timeout)
@@ -246,11 +247,23 @@ class Faithful:
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         if self.frozen:
             return []
-        taken = [(p, o) for p, start in self.fetch.items()
+        taken = [(p, o) for p, start in self.fetch.items() if p not in self.paused
                  for o in range(start, self.counts[p])][:num_messages]
         for partition, offset in taken:
             self.fetch[partition] = self.returned[partition] = offset + 1
-        return [Message(topic="cl", partition=p, offset=o, value=b"m") for p, o in taken]
+        return [self.message(p, o) for p, o in taken]
+
+    def message(self, partition: int, offset: int) -> Message:
+        return Message(topic="cl", partition=partition, offset=offset, value=b"m")
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("cl", partition) for partition, _ in self.assigned]
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused |= {tp.partition for tp in partitions}
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.paused -= {tp.partition for tp in partitions}
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition,
