@@ -10,6 +10,8 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from cdc_router.postgres import catalog_text, regclass_text
+
 ROLE_LEFT = ("role {role} exists and lacks LOGIN or REPLICATION, which Debezium needs; it was "
              "left as is (init did not create it, and it may serve others): name a role of "
              "Debezium's own, or pass --alter-role")
@@ -73,3 +75,42 @@ def password_matches(verifier: str | None, password: str, role: str) -> bool:
         computed = "md5" + hashlib.md5((password + role).encode()).hexdigest()
         return hmac.compare_digest(computed, verifier)
     return False
+
+
+# QA 65-b F-6: a second outbox made without --replication-role, with a publication of its own:
+# the connector's role (made by the first init) could not read it, and the connector and its
+# task said RUNNING while the snapshot failed `permission denied` in Connect's log alone. A role
+# that can log in and replicate is taken for Debezium's when it writes this init's heartbeat
+# table (init's grant to its replication role) or reads another table of this publication; a
+# superuser reads all. Warned, not granted: init cannot know which role the connector uses.
+_DEBEZIUM_ROLES = (
+    "SELECT r.rolname::text, coalesce(has_table_privilege(r.oid, to_regclass(%(heartbeat)s), "
+    "'INSERT'), false), (SELECT min(format('%%I.%%I', t.schemaname, t.tablename)) FROM "
+    "pg_publication_tables t WHERE t.pubname = %(publication)s AND has_table_privilege("
+    "r.oid, format('%%I.%%I', t.schemaname, t.tablename), 'SELECT')) "
+    "FROM pg_roles r WHERE r.rolcanlogin AND r.rolreplication AND NOT r.rolsuper "
+    "AND NOT has_table_privilege(r.oid, to_regclass(%(table)s), 'SELECT') ORDER BY 1")
+
+
+def unread_by_debezium_roles(conn: psycopg.Connection[Any], table: str, publication: str,
+                             heartbeat_table: str) -> list[str]:
+    """A warning per replication role of this publication or heartbeat table that cannot
+    read `table` (schema-qualified names)."""
+    quoted = regclass_text(table)
+    rows = conn.execute(_DEBEZIUM_ROLES, {
+        "table": quoted, "publication": publication,
+        "heartbeat": regclass_text(heartbeat_table, "heartbeat_table")}).fetchall()
+    return [unread_warning(table, quoted, catalog_text(role),
+                           f"reads {catalog_text(other)} of publication {publication}"
+                           if other is not None else f"writes {heartbeat_table}")
+            for role, heartbeat, other in rows if heartbeat or other is not None]
+
+
+def unread_warning(table: str, quoted_table: str, role: str, why: str) -> str:
+    """What a connector logging in as `role` would make of `table`, and the two fixes."""
+    grantee = sql.Identifier(role).as_string(None)
+    return (f"role {role} (LOGIN REPLICATION; {why}, as Debezium's role does) cannot read "
+            f"{table}: a connector logging in as {role} says RUNNING while its snapshot fails "
+            f"`permission denied for table` (in Connect's log only) and no raw topic appears; "
+            f"if it is this outbox's connector's role, run init again with --replication-role "
+            f"{role}, or `GRANT SELECT ON {quoted_table} TO {grantee}`")

@@ -28,6 +28,7 @@ from cdc_router.outbox.role import (
     ROLE_LEFT,
     ensure_password,
     set_password_statement,
+    unread_by_debezium_roles,
 )
 from cdc_router.outbox.table import OutboxSchema
 from cdc_router.postgres import (
@@ -313,6 +314,9 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
             warnings.append(PASSWORD_LEFT.format(role=role))
         warnings += column_type_warnings(conn, schema) + size_check_warnings(conn, schema) + \
             publication_warnings(conn, schema, setup.publication, relay=relay)
+        if not relay:
+            warnings += unread_by_debezium_roles(conn, schema.table, setup.publication,
+                                                 setup.heartbeat_table)
         notes = _notes(conn, schema, setup)
     return InitReport(tuple(done), password, tuple(warnings), notes)
 

@@ -241,3 +241,33 @@ def test_a_schema_publication_with_no_table_yet_gets_a_publication_of_its_own(
     finally:
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {other} CASCADE")
+
+
+def test_a_second_outbox_the_debezium_role_cannot_read_is_warned(stack: StackEndpoints,
+                                                                 schema: str) -> None:
+    # QA 65-b F-6: the second outbox's init, without --replication-role, granted the first
+    # init's role nothing; its connector said RUNNING while the snapshot failed `permission
+    # denied`, in Connect's log alone.
+    role, heartbeat = f"{schema}_dbz", f"{schema}.hb"
+    code, _, err = _init(stack, "--table", f"{schema}.outbox", "--publication", f"{schema}_a",
+                         "--heartbeat-table", heartbeat, "--replication-role", role,
+                         "--replication-password", "pw")
+    assert code == 0 and "warning" not in err, err
+    second = ("--table", f"{schema}.second", "--publication", f"{schema}_b",
+              "--heartbeat-table", heartbeat)
+    code, out, err = _init(stack, *second)
+    assert code == 0 and "outbox ready" in out, err
+    assert f"warning: role {role} (LOGIN REPLICATION; writes {heartbeat}, as Debezium's role " \
+        f"does) cannot read {schema}.second: a connector logging in as {role} says RUNNING " \
+        "while its snapshot fails `permission denied for table`" in err, err
+    code, out, err = _init(stack, *second, "--replication-role", role)
+    assert code == 0 and f"granted  SELECT on {schema}.second to {role}" in out, out
+    assert "warning" not in err, err
+    # A third outbox in the second's publication: its role reads the second there.
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {schema}.third (LIKE {schema}.second INCLUDING ALL)")
+        conn.execute(f"ALTER PUBLICATION {schema}_b ADD TABLE {schema}.third")
+    code, _, err = _init(stack, "--table", f"{schema}.third", "--publication", f"{schema}_b",
+                         "--heartbeat-table", f"{schema}.hb2")
+    assert f"warning: role {role} (LOGIN REPLICATION; reads {schema}.second of publication " \
+        f"{schema}_b, as Debezium's role does) cannot read {schema}.third" in err, err

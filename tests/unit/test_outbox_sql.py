@@ -901,3 +901,40 @@ def test_init_refuses_an_existing_table_without_a_named_optional_column() -> Non
     check_existing_table(without, absent)  # type: ignore[arg-type]
     check_existing_table(_Columns(**OUTBOX_TYPES), OutboxSchema())  # type: ignore[arg-type]
     check_existing_table(_Columns(), OutboxSchema())  # type: ignore[arg-type]  # a new table
+
+
+class _Rows:
+    """A connection that answers every query with `rows`, and keeps its parameters."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+        self.params: list[Any] = []
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        self.params.append(params)
+        return SimpleNamespace(fetchall=lambda: self.rows)
+
+
+def test_a_debezium_role_that_cannot_read_the_new_outbox_is_warned() -> None:
+    # QA 65-b F-6: a second outbox without --replication-role; the first init's role could not
+    # read it, and only Connect's log said so (the connector RUNNING, no raw topic).
+    from cdc_router.outbox.role import unread_by_debezium_roles
+    conn = _Rows([("debezium", True, None), ("reader", False, "public.outbox"),
+                  ("app", False, None)])
+    warnings = unread_by_debezium_roles(conn,  # type: ignore[arg-type]
+                                        "public.nats_outbox", "nats_pub", "public.hb")
+    assert conn.params == [{"table": '"public"."nats_outbox"', "publication": "nats_pub",
+                            "heartbeat": '"public"."hb"'}]
+    assert warnings == [
+        "role debezium (LOGIN REPLICATION; writes public.hb, as Debezium's role does) cannot "
+        "read public.nats_outbox: a connector logging in as debezium says RUNNING while its "
+        "snapshot fails `permission denied for table` (in Connect's log only) and no raw topic "
+        "appears; if it is this outbox's connector's role, run init again with "
+        "--replication-role debezium, or `GRANT SELECT ON \"public\".\"nats_outbox\" TO "
+        "\"debezium\"`",
+        "role reader (LOGIN REPLICATION; reads public.outbox of publication nats_pub, as "
+        "Debezium's role does) cannot read public.nats_outbox: a connector logging in as "
+        "reader says RUNNING while its snapshot fails `permission denied for table` (in "
+        "Connect's log only) and no raw topic appears; if it is this outbox's connector's "
+        "role, run init again with --replication-role reader, or `GRANT SELECT ON "
+        "\"public\".\"nats_outbox\" TO \"reader\"`"]
