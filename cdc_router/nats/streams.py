@@ -141,13 +141,21 @@ def _evictions(have: Mapping[str, Any], changes: Mapping[str, tuple[Any, Any]]
         old, new = changes.get(key, (None, None))
         if _limit(new) < _limit(old) and isinstance(stored, int) and stored > _limit(new):
             found.append(f"lowers {key} {old} -> {new}: JetStream deletes the oldest messages "
-                         f"beyond it at once, consumed or not ({stored} {unit} stored now)")
+                         f"beyond it at once, consumed or not ({stored} {unit} stored now)"
+                         + (_unread(have.get("unacked", ()), new) if key == "max_msgs" else ""))
     old, new = changes.get("max_age", (None, None))
     if _limit(new) < _limit(old) and isinstance(messages, int) and messages > 0:
         found.append(f"lowers max_age_ms {_comparable('max_age', old)} -> "
                      f"{_comparable('max_age', new)}: JetStream deletes the messages older "
                      f"than that at once, consumed or not ({messages} messages stored now)")
     return tuple(found)
+
+
+def _unread(unacked: Sequence[tuple[str, int]], most: int) -> str:
+    """QA 65-b F-7: the consumers the lowered max_msgs cuts, as JetStream keeps the newest
+    `most` messages: each one with more not yet acked loses at least the difference unread."""
+    cut = [f"{name} {count - most} of its {count}" for name, count in unacked if count > most]
+    return f"; consumers that lose messages not yet acked: {', '.join(cut)}" if cut else ""
 
 
 _APPLY = "`cdc-router streams apply -c <config>`"
@@ -304,7 +312,8 @@ class StreamAdmin:
                 "persist_mode": getattr(config.persist_mode, "value", config.persist_mode)
                 or "default",
                 # The state, not settings: what lowering a limit would delete (_evictions).
-                "messages": info.state.messages, "bytes": info.state.bytes}
+                "messages": info.state.messages, "bytes": info.state.bytes,
+                "unacked": await _unacked(js, name)}
         return found, await _held(js, names)
 
     @staticmethod
@@ -329,6 +338,19 @@ class StreamAdmin:
                 if error.err_code != _SUBJECTS_OVERLAP:
                     raise
                 raise await _overlap(js, index, spec) from None
+
+
+async def _unacked(js: Any, stream: str) -> list[tuple[str, int]]:
+    """Each consumer's messages not yet acked (not delivered, or delivered and not acked):
+    none where the JetStream API does not list them, as the stored count is said anyway."""
+    from nats.errors import Error as NatsError
+
+    try:
+        consumers = await js.consumers_info(stream)
+    except NatsError:  # a user allowed STREAM.INFO but not CONSUMER.LIST
+        return []
+    return [(consumer.name, (consumer.num_pending or 0) + (consumer.num_ack_pending or 0))
+            for consumer in consumers]
 
 
 async def _overlap(js: Any, index: int, spec: StreamSpec) -> ConfigError:

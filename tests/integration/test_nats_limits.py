@@ -197,3 +197,30 @@ def test_streams_apply_warns_of_memory_storage_and_a_window_it_lowers_under_the_
            "nats.ack_timeout_ms, plus the router's 30 s backoff)" in planned.stdout
     assert "  warning: nats.streams[1].storage memory: nats-server keeps the stream in " \
            "memory only, so a restart of the server loses the stream" in planned.stdout
+
+
+def test_lowering_max_msgs_names_the_durables_it_cuts_unread(nats_url: str) -> None:
+    # QA 65-b F-7: the plan said the messages stored, not that a durable had 500 unread.
+    async def fill() -> None:
+        client = await nats.connect(nats_url)
+        try:
+            js = client.jetstream()
+            await js.add_stream(StreamConfig(name="LOWER", subjects=["lower.>"],
+                                             duplicate_window=60))
+            for n in range(30):
+                await js.publish(f"lower.{n}", b"{}")
+            for durable, read in (("svc", 10), ("done", 30)):
+                subscription = await js.pull_subscribe("lower.>", durable=durable,
+                                                       stream="LOWER")
+                for message in await subscription.fetch(read, timeout=5):
+                    await message.ack_sync()
+        finally:
+            await client.close()
+
+    asyncio.run(fill())
+    lower = StreamSpec(name="LOWER", subjects=["lower.>"], duplicate_window_ms=60_000,
+                       max_msgs=5)
+    [plan] = StreamAdmin(nats_url).plan([lower])
+    assert "lowers max_msgs -1 -> 5: JetStream deletes the oldest messages beyond it at once, " \
+        "consumed or not (30 messages stored now); consumers that lose messages not yet " \
+        "acked: svc 15 of its 20" in plan.warnings, plan.warnings

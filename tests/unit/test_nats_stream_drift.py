@@ -157,6 +157,9 @@ def test_the_server_s_transform_and_persist_mode_are_read() -> None:
         async def streams_info(self) -> list[SimpleNamespace]:
             return []
 
+        async def consumers_info(self, stream: str) -> list[SimpleNamespace]:
+            return []
+
     found, _ = asyncio.run(StreamAdmin._read(FakeJetStream(), ["ORDERS"]))
     assert (found["ORDERS"]["subject_transform"], found["ORDERS"]["persist_mode"]) == (
         "> -> moved.>", "async")

@@ -154,6 +154,19 @@ def test_lowering_a_limit_below_what_is_stored_says_what_it_deletes() -> None:
         "once, consumed or not (50 messages stored now)")
 
 
+def test_lowering_max_msgs_names_the_consumers_that_lose_messages_not_yet_acked() -> None:
+    # QA 65-b F-7: 500 messages a durable had not read went with only the stored count said.
+    small = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000,
+                       max_msgs=100)
+    live = {**wanted(small), "max_msgs": 1000, "messages": 900, "bytes": 100,
+            "unacked": [("svc", 500), ("audit", 100), ("late", 101)]}
+    [plan] = plan_streams([small], {"ORDERS": live})
+    assert plan.warnings == (
+        "lowers max_msgs 1000 -> 100: JetStream deletes the oldest messages beyond it at "
+        "once, consumed or not (900 messages stored now); consumers that lose messages not "
+        "yet acked: svc 400 of its 500, late 1 of its 101",)
+
+
 def test_a_lower_limit_that_still_holds_what_is_stored_or_a_raised_one_warns_nothing() -> None:
     small = StreamSpec(name="ORDERS", subjects=["orders.>"], duplicate_window_ms=3_600_000,
                        max_msgs=100)
