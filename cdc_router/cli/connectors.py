@@ -22,7 +22,7 @@ from cdc_router.connect.checks import (
     prefix_conflicts,
     reading_problems,
 )
-from cdc_router.connect.client import ConnectClient
+from cdc_router.connect.client import NAME_GRACE_S, ConnectClient, UnresolvedHostError
 from cdc_router.connect.plan import ConnectorAction, plan
 from cdc_router.connect.slots import drop_hint, slot_conflicts, slot_of, slot_users
 from cdc_router.connect.spec import ConnectorSpec, load_spec, plain_secrets
@@ -377,6 +377,11 @@ def delete(state: _State, name: str, yes: bool) -> None:
 def wait(state: _State, name: str, wanted: str, timeout: float) -> None:
     """Wait until a connector and all its tasks reach a state (fails fast on FAILED)."""
     def unanswered(error: ConnectError) -> None:
+        if isinstance(error, UnresolvedHostError):  # review 65: Docker's DNS, a StatefulSet
+            click.echo(f"waiting: {error}; asked again for {min(timeout, NAME_GRACE_S):g}s (a "
+                       "worker's name is gone while its container or pod restarts; check --url "
+                       "if it is not one)", err=True)
+            return
         click.echo(f"waiting: {error}; asked again until --timeout {timeout:g}s (a worker "
                    "starting answers so for a while; check --url if it is not one)", err=True)
 

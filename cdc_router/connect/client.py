@@ -44,6 +44,16 @@ READ_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 # code), is a rebalance or config write in flight, settled in seconds: retried, bounded.
 _CONFLICT_RETRIES = 8
 _CONFLICT_BACKOFF_S = 1.0
+# A host name no resolver knows is polled for the first 30 s of a wait, then fatal (review 65):
+# Docker's embedded DNS drops a stopped container's name until it starts again (a restart:
+# `docker stop`'s 10 s grace, then the start), and a StatefulSet pod's name behind a headless
+# service is gone while the pod is not ready. A mistyped --url is said at once all the same.
+NAME_GRACE_S = 30.0
+
+
+class UnresolvedHostError(ConnectError):
+    """The URL's host name does not resolve (EAI_NONAME): a wrong URL, or a worker whose
+    name is gone while it restarts."""
 
 
 @dataclass(frozen=True)
@@ -190,19 +200,22 @@ class ConnectClient:
         not restart failed tasks on its own). A connector unknown right after a PUT is the
         status topic catching up, and a worker that refuses connections or answers a plain
         404 one starting (QA 64-a F-8: the wait after a worker's restart failed in 4 s), so
-        each is polled again until `timeout`, then said. `unanswered` is called with the first
-        such refusal or plain 404: a wrong --url looks the same until `timeout` (review 64),
-        so the command says it at once.
+        each is polled again until `timeout`, then said; a host name that does not resolve,
+        for the first NAME_GRACE_S only. `unanswered` is called with the first such refusal,
+        plain 404 or name: a wrong --url looks the same (review 64), so the command says it at
+        once.
         """
         deadline = self._clock() + timeout
+        named_until = min(deadline, self._clock() + NAME_GRACE_S)
         last: ConnectorStatus | None = None
         while True:
             try:
                 last = self.get_status(name)
-            except (UnknownConnectorError, ConnectNotServingError) as error:
-                if self._clock() >= deadline:
+            except (UnknownConnectorError, ConnectNotServingError, UnresolvedHostError) as error:
+                if self._clock() >= (named_until if isinstance(error, UnresolvedHostError)
+                                     else deadline):
                     raise
-                if unanswered is not None and isinstance(error, ConnectNotServingError):
+                if unanswered is not None and not isinstance(error, UnknownConnectorError):
                     unanswered(error)
                     unanswered = None
             else:
@@ -268,7 +281,7 @@ class ConnectClient:
             except httpx.TransportError as error:
                 # A name no resolver knows is the URL's fault, not a worker restarting:
                 # `connectors wait` fails on it at once (review 64 of QA 64-a F-8).
-                kind = ConnectError if _unknown_host(error) else ConnectNotServingError
+                kind = UnresolvedHostError if _unknown_host(error) else ConnectNotServingError
                 raise kind(f"Kafka Connect unreachable at {self._shown}: "
                            f"{on_one_line(str(error)) or type(error).__name__}") from error
             log.debug("event=connect_request method=%s path=%s status=%s attempt=%s", method,

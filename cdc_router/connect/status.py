@@ -17,6 +17,10 @@ class TaskStatus:
     trace: str | None = None
 
 
+# The task states of a task that still runs or may run again as it is.
+_LIVE = ("RUNNING", "PAUSED", "RESTARTING")
+
+
 @dataclass(frozen=True)
 class ConnectorStatus:
     """A connector's state and its tasks' states (GET /connectors/{name}/status)."""
@@ -33,7 +37,12 @@ class ConnectorStatus:
         has no task (QA 64-a F-5: `wait --state PAUSED` never ended); RUNNING needs one."""
         if self.state != state:
             return False
-        if state == "STOPPED" or (state == "PAUSED" and not self.tasks):
+        if state == "STOPPED":
+            # it65: STOPPED came a moment before the status topic dropped the task, which
+            # `connectors status` then listed RUNNING. One a dead worker left UNASSIGNED or
+            # FAILED stays listed: not waited for.
+            return not any(task.state in _LIVE for task in self.tasks)
+        if state == "PAUSED" and not self.tasks:
             return True
         return bool(self.tasks) and all(task.state == state for task in self.tasks)
 
