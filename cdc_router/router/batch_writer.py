@@ -48,6 +48,10 @@ class BatchWriter:
         self._source_errors = SourceErrors(log, group=config.source.group_id)
         self.dead_letter_max_bytes = dead_letter_max_bytes
 
+    def idle(self) -> None:
+        """Nothing was read: a run of replays that is over is summed up now."""
+        self._replay_lines.idle()
+
     def write(self, txn: Transaction, message: Message) -> None:
         """Add the record's outcome to `txn`'s batch (begun if none is open). Raises what
         producing raises (BatchFailed, KafkaException): the loop aborts the batch."""

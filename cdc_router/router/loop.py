@@ -199,6 +199,7 @@ class OutboxRouter:
             return
         if not messages and not txn.open:
             self._producer.serve()  # idle: its log lines come now, not at the next batch
+            self._writer.idle()  # and a run of replays' summary (review 65)
         if self._needs_rewind or self._pending_abort:  # a callback aborted the batch: these
             return  # are read again after the rewind, not twice in one transaction (review 45)
         self.last_poll = self._clock()

@@ -30,6 +30,10 @@ log = logging.getLogger("cdc_router.router")
 SAID_PER_MINUTE = 100
 WARNED_PER_MINUTE = 100
 SUMMED_PER_MINUTE = 10  # runs' summaries; a few runs (two tables' re-snapshots) said at once
+# A run whose last replay is this old while the router reads nothing is over (review 65: it
+# was said only at the next record, which may come hours later). Longer than Debezium's pauses
+# within a snapshot, a poll of 20 ms (connectors/outbox-connector.json) and a batch's commit.
+RUN_IDLE_S = 5.0
 
 
 class ReplayLines:
@@ -44,6 +48,7 @@ class ReplayLines:
         self.run = self._unsaid = 0
         self._run_since = self._since
         self._summed = 0  # runs' summaries said this minute, besides the turn's
+        self._last = self._since  # the run's last replay
 
     def run_ended(self) -> None:
         """A record that is no replay came after `run` replays: summed up if lines were capped,
@@ -59,9 +64,14 @@ class ReplayLines:
             self._sum_up("ended")
             self._summed += 1
 
+    def idle(self) -> None:
+        """The router read nothing: a run whose last replay is RUN_IDLE_S old has ended."""
+        if self.run and self._clock() - self._last >= RUN_IDLE_S:
+            self.run_ended()
+
     def dropped(self, event_id: str, where: str) -> None:
         """One replay dropped: its line, while the minute has room for it."""
-        now = self._clock()
+        now = self._last = self._clock()
         if now - self._since >= 60:
             self._turn(now, "goes on")
         if not self.run:

@@ -8,6 +8,7 @@ import pytest
 
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.replay_log import (
+    RUN_IDLE_S,
     SAID_PER_MINUTE,
     SUMMED_PER_MINUTE,
     WARNED_PER_MINUTE,
@@ -81,6 +82,28 @@ def test_a_run_of_replays_past_the_cap_is_summed_up_when_it_ends(
     assert _summaries(caplog) == [
         f"event=replays_dropped count={3 * SAID_PER_MINUTE} unsaid={2 * SAID_PER_MINUTE} "
         "seconds=29 run=ended"]
+    assert lines.run == 0
+
+
+def test_a_run_after_which_nothing_is_read_is_summed_up_when_idle(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Review 65 (low): a re-snapshot's run after which the router read nothing more was summed
+    # up only at the next record, hours later maybe.
+    now = [0.0]
+    lines = ReplayLines(clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="cdc_router.router"):
+        for i in range(2 * SAID_PER_MINUTE):
+            now[0] = i * 0.1
+            lines.dropped(f"e-{i}", f"offset={i}")
+        now[0] += RUN_IDLE_S - 0.5  # a pause within the run: not its end
+        lines.idle()
+        assert _summaries(caplog) == [] and lines.run == 2 * SAID_PER_MINUTE
+        now[0] += 0.5
+        lines.idle()
+        lines.idle()
+    assert _summaries(caplog) == [
+        f"event=replays_dropped count={2 * SAID_PER_MINUTE} unsaid={SAID_PER_MINUTE} "
+        "seconds=24 run=ended"]
     assert lines.run == 0
 
 
