@@ -144,13 +144,13 @@ def default_group_warnings(config: RouterConfig, process: ProcessName = "run") -
     default = f"source.group_id is not set: its default {source.group_id!r} is the group of " \
         "every pipeline that leaves it so, and "
     if process == "relay":
-        return [default + "two such relays share its dedup marks and, unless relay."
-                "position_topic is set, the position topic "
-                f"{source.group_id}.relay-position, and two of one table name (in two "
-                "databases) their position there (the second stops: another database's) and, "
-                "unless delivery.transactional_id is set, their transactional id, fencing each "
-                "other; give this pipeline a "
-                "source.group_id of its own"]
+        # Review 65 (low): this was one sentence of nested clauses; now a list of three.
+        return [default + "two such relays share three things: the dedup marks; the position "
+                f"topic {source.group_id}.relay-position (unless relay.position_topic is set), "
+                "where two relays of one table name in two databases find each other's "
+                "position, and the second stops on it; and the transactional id (unless "
+                "delivery.transactional_id is set), so they fence each other. Give this "
+                "pipeline a source.group_id of its own"]
     return [default + "two such pipelines share a consumer group and dedup marks, and on one "
             "host (one default --instance-id) their transactional id, fencing each other; "
             "give this pipeline a source.group_id of its own"]
