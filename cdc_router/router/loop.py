@@ -35,6 +35,7 @@ from cdc_router.router.assignment import restore_assigned, restore_if_lost
 from cdc_router.router.batch_writer import BatchWriter
 from cdc_router.router.destinations import recheck_grants, require_own_topics
 from cdc_router.router.grants import OperationsFactory, admin_operations
+from cdc_router.router.letter_limit import narrowed_letters_limit
 from cdc_router.router.lost_commits import CommitLedger
 from cdc_router.router.metrics import RouterMetrics
 from cdc_router.router.poison import (
@@ -45,7 +46,7 @@ from cdc_router.router.poison import (
 )
 from cdc_router.router.renewal import RENEW_AFTER_ABORTS, ProducerRenewal
 from cdc_router.router.step import RecordStep
-from cdc_router.router.timestamps import DescribeFactory, admin_describe, batch_bytes
+from cdc_router.router.timestamps import DescribeFactory, admin_describe
 from cdc_router.router.transaction import Transaction
 from cdc_router.router.values import Delivered
 
@@ -290,8 +291,9 @@ class OutboxRouter:
         try:
             cause, why = abort_batch(self._txn, self._poison, self._destinations, failure,
                                      who="router")
-        except LetterTooLarge as refused:
-            self._narrow_letters(refused)
+        except LetterTooLarge as refused:  # QA 57-a F-3 (router/letter_limit.py)
+            self._writer.dead_letter_max_bytes = narrowed_letters_limit(
+                self._config, self._describe, refused, self._writer.dead_letter_max_bytes)
             self._after_refusal = True  # the batch is read again, its letters fitted
             return
         if cause == "abort_failed":
@@ -310,29 +312,6 @@ class OutboxRouter:
             log.warning("event=batch_aborted cause=epoch_bump reason=%r", why)
             return
         self._back_off(why, backoff)
-
-    def _narrow_letters(self, refused: LetterTooLarge) -> None:
-        """QA 57-a F-3: the dead-letter topic's max.message.bytes, lowered while the router
-        ran, refused a letter: read it again; when it is now lower than the letters' limit,
-        narrow that to it, so that the re-read sends the letter without its value
-        (dlq.value.dropped.bytes), as a restart would. Otherwise no re-read nor restart can
-        fix it: raise refused.unmended()."""
-        dead_letters = refused.topic == self._config.dead_letter.topic
-        topic_max = clients.dead_letter_topic_max(self._config, self._describe) \
-            if dead_letters else None
-        limit = clients.letters_limit(self._config, topic_max)
-        if not dead_letters or limit >= self._writer.dead_letter_max_bytes:
-            kafka = self._config.kafka
-            raise refused.unmended(topic_max, batch_bytes(kafka.config, kafka.producer)) \
-                from refused
-        log.warning("event=dead_letter_limit_lowered topic=%s letter_bytes=%s max_bytes=%d "
-                    "hint='%s refused a letter as too large (its max.message.bytes was lowered "
-                    "while the router ran): letters over %d bytes now go without their value "
-                    "(dlq.value.dropped.bytes; the raw topic keeps it); to keep whole letters, "
-                    "raise the topic's max.message.bytes and restart the router: it reads "
-                    "the limit again only at start or at a refusal'", refused.topic, refused.size,
-                    limit, refused.topic, limit)
-        self._writer.dead_letter_max_bytes = limit
 
     def _back_off(self, reason: str, wait: bool) -> None:
         self._consecutive_aborts += 1
