@@ -140,10 +140,15 @@ def _reader(report: Report) -> Iterator[Problem]:
         # QA, session 29: the snapshot failed on `permission denied` and Connect retried it
         # for ever, both states RUNNING; the cause was only in Connect's log.
         role = outbox.reader or ""
+        # lw66: `outbox init --replication-role R` alone inits the default public.outbox and
+        # publication, and grants nothing on a table of another name.
+        publication = report.publication.name
+        init = f"cdc-router outbox init --table {shlex.quote(outbox.table or '')}" + (
+            f" --publication {shlex.quote(publication)}" if publication else "")
         yield Problem("critical", "outbox", f"the connector's role {role} may not SELECT "
                       f"{outbox.table}: Debezium's snapshot fails (its task restarts and shows "
-                      "RUNNING); run `cdc-router outbox init --replication-role "
-                      f"{shlex.quote(role)}`, or `GRANT SELECT ON {outbox.table} TO "
+                      f"RUNNING); run `{init} --replication-role {shlex.quote(role)}`, or "
+                      f"`GRANT SELECT ON {outbox.table} TO "
                       f"{sql.Identifier(role).as_string(None)}`")
 
 

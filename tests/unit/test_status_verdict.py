@@ -614,7 +614,10 @@ def test_a_connector_role_that_may_not_select_the_outbox_is_critical() -> None:
     [line] = lines(report)
     assert line.startswith("critical: outbox: the connector's role debezium may not SELECT "
                            "public.outbox: Debezium's snapshot fails")
-    assert "outbox init --replication-role debezium" in line
+    # lw66: `outbox init --replication-role debezium` alone inits public.outbox and the
+    # default publication, whatever table the connector reads.
+    assert "run `cdc-router outbox init --table public.outbox --publication outbox_pub " \
+        "--replication-role debezium`" in line
     # Review, session 29: a role's name is quoted as SQL and as a shell word.
     mixed = replace(report, outbox=replace(report.outbox, reader="Debezium-CDC"))
     [line] = lines(mixed)
