@@ -207,9 +207,9 @@ class OutboxRelay:
         self._committed.confirm(self.position)
         hand_left_behind(self._config, self._reader, self.position, self._replay,
                          self._on_delivered)
-        log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d version=%s",
-                 self._instance_id, self._table, self.position.to_json().decode(), restored,
-                 __version__)
+        log.info("event=relay_started instance=%s table=%s position=%s dedup_ids=%d restored=%d "
+                 "version=%s", self._instance_id, self._table, self.position.to_json().decode(),
+                 len(self._replay or ()), restored, __version__)  # ids held, marks read: 66-c
         self._on_started()
 
     def _reposition(self, timeout_s: float = READ_TIMEOUT_S) -> None:

@@ -168,6 +168,14 @@ def _require_changelog_retention(config: RouterConfig, describe: Describe) -> No
     except (KafkaException, TimeoutError, ValueError) as error:
         config_unreadable(topic, error, "its retention against dedup.window_ms")
         return
+    if settings.get("message.timestamp.type") == "LogAppendTime":  # QA 66-c F-2
+        log.warning("event=changelog_log_append_time topic=%s reason=%r", topic,
+                    "the topic stamps records by the broker's clock (message.timestamp.type "
+                    "LogAppendTime): each start restores the replay filter from the first "
+                    "record stamped dedup.window_ms + 1 h ago, so a broker clock more than an "
+                    "hour behind this process's leaves recent marks unread and their replays "
+                    "are delivered again; set it to CreateTime (`kafka-configs --alter "
+                    "--add-config message.timestamp.type=CreateTime`) or keep the clocks in sync")
     keep_ms = config.changelog_keep_ms()
     if not forgets and keep_ms > window_ms and forgets_before(settings, keep_ms,
                                                               default_policy="delete"):

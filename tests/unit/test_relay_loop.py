@@ -359,6 +359,23 @@ def test_an_id_in_the_changelog_is_dropped_as_a_replay() -> None:
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == [fresh]
 
 
+def test_the_start_line_says_the_ids_held_apart_from_the_marks_read(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 66-c F-3: `dedup_ids=` gave the marks read, expired ones among them.
+    cluster, table = _cluster(), FakeTable()
+    now_ms = int(time.time() * 1000)
+    marks = [*changelog_records(["old-id"], now_ms - 8 * 86_400_000),
+             *changelog_records(["new-id"], now_ms)]
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, m.key, m.value, [], None) for m in marks])
+    table.add(1, 10)
+    table.now = Snapshot(11, 11)
+    relay, delivered = _relay(cluster, table)
+    with caplog.at_level(logging.INFO, logger="cdc_router"):
+        _run_until(relay, lambda: len(delivered) == 1)
+    [line] = [r.getMessage() for r in caplog.records if "event=relay_started" in r.getMessage()]
+    assert " dedup_ids=1 restored=2 " in line
+
+
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_the_rows_a_killed_relay_delivered_and_left_go_at_the_next_start(guarantee: str) -> None:
     """QA 55-b F-1: at least once, a relay killed between its commit and the cleanup's delete

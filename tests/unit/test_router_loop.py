@@ -1390,6 +1390,24 @@ def test_a_changelog_that_forgets_ids_before_the_window_stops_the_router_at_star
     assert len(cluster.committed(ORDERS)) == 3
 
 
+def test_a_changelog_stamped_by_the_broker_is_a_warning_at_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 66-c F-2: the restore starts at the first record stamped window + 1 h ago; with
+    # LogAppendTime that is the broker's clock, and one far behind leaves marks unread.
+    caplog.set_level(logging.WARNING, logger="cdc_router")
+    cluster = cluster_with(*events(2))
+    cluster.topic_configs[CHANGELOG] = {"message.timestamp.type": "LogAppendTime"}
+    Harness(cluster).run()  # routing goes on
+    assert len(cluster.committed(ORDERS)) == 2
+    [line] = [r.getMessage() for r in caplog.records
+              if "changelog_log_append_time" in r.getMessage()]
+    assert f"topic={CHANGELOG}" in line and "message.timestamp.type=CreateTime" in line
+    caplog.clear()
+    cluster.topic_configs[CHANGELOG] = {"message.timestamp.type": "CreateTime"}
+    Harness(cluster_with(*events(1))).run()
+    assert "changelog_log_append_time" not in caplog.text
+
+
 def test_a_changelog_kept_less_than_the_cleanup_retention_is_a_warning_at_start(
         caplog: pytest.LogCaptureFixture) -> None:
     # Review 49-b F2: after a restart the retention cleanup finds the rows delivered before it
