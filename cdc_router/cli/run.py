@@ -7,7 +7,7 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -31,6 +31,7 @@ from cdc_router.errors import (
     grant_refusal,
 )
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
+from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.kafka.tls import (
     KEY_MISMATCH_ADVICE,
     KEY_PASSWORD_ADVICE,
@@ -45,6 +46,7 @@ from cdc_router.router import clients
 from cdc_router.router.cleanup import OutboxCleaner
 from cdc_router.router.committed_ids import CommittedIds
 from cdc_router.router.dlq_letters import sources_of
+from cdc_router.router.liveness import RestoreProgress
 from cdc_router.router.loop import OutboxRouter
 from cdc_router.router.metrics import RouterMetrics, poll_is_recent, serve
 from cdc_router.router.process_info import process_info
@@ -133,9 +135,12 @@ def cli(config_path: Path, instance_id: str, metrics_port: int, log_level: str) 
     check_cleanup(cleaner, str(config_path))  # its table, columns and grants (the relay's too)
     # The cleanup starts with the router's start, not before: its sweep's failure on a missing
     # topic came before the router's own line naming it (QA 61-a F-5).
+    restore = RestoreProgress()
     router = OutboxRouter(compiled, instance_id=instance_id, metrics=metrics,
-                          on_delivered=cleaner.delivered, on_started=cleaner.start)
-    run_until_stopped(router, cleaner, metrics, metrics_port, "router", config, str(config_path))
+                          on_delivered=cleaner.delivered, on_started=cleaner.start,
+                          changelog_factory=restore.reader(ChangelogReader))
+    run_until_stopped(router, cleaner, metrics, metrics_port, "router", config, str(config_path),
+                      restore=restore, ready=lambda: metrics.joined)
 
 
 class Process(Protocol):
@@ -189,13 +194,23 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])
 
 
+def alive_while(process: Process, restore: RestoreProgress | None) -> Callable[[], bool]:
+    """Liveness: `process` polled, or `restore` read the dedup changelog, within _STALL_S."""
+    polled = poll_is_recent(lambda: process.last_poll, _STALL_S)
+    if restore is None:
+        return polled
+    return lambda: polled() or restore.recent(_STALL_S)
+
+
 def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterMetrics,
                       metrics_port: int, what: str, config: RouterConfig,
-                      source: str | None = None) -> None:
+                      source: str | None = None, restore: RestoreProgress | None = None,
+                      ready: Callable[[], bool] | None = None) -> None:
     """Run `process` with its cleanup and metrics; SIGTERM or SIGINT asks it to finish its batch,
     commit and return (SIGHUP is logged and ignored from the command's start: signals.py).
     `source` is the config file, for the errors that name it. The process starts the cleanup
-    (its on_started) once its start's checks passed, and this stops it."""
+    (its on_started) once its start's checks passed, and this stops it. /healthz: the loop
+    polled, or a `restore` read changelog records, within _STALL_S; /readyz also `ready()`."""
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         process.stop()
@@ -211,7 +226,7 @@ def run_until_stopped(process: Process, cleaner: OutboxCleaner, metrics: RouterM
         # In use: a second instance on the host.
         serve_on("--metrics-port", metrics_port,
                  lambda: serve(metrics, metrics_port,
-                               poll_is_recent(lambda: process.last_poll, _STALL_S)),
+                               alive_while(process, restore), ready=ready),
                  hint="give each instance on a host its own port [env CDC_ROUTER_METRICS_PORT], "
                       "or 0 for none")
     tune_gc()

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the router and its /metrics and /healthz endpoints."""
+"""Prometheus metrics of the router and its /metrics, /healthz and /readyz endpoints."""
 
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ class RouterMetrics:
         self._finished: dict[tuple[str, int], int] = {}
         self._lag_observed = float("-inf")
         self.held = HeldPartitions()
+        self.joined = False  # an assignment came (assigned): /readyz
         self.latency = BatchHistogram("cdc_router_end_to_end_seconds", "From the outbox "
                                       "row's created_at to the commit of its record",
                                       (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
@@ -170,7 +171,9 @@ class RouterMetrics:
     def assigned(self, partitions: Iterable[TopicPartition],
                  committed: Iterable[TopicPartition] | None) -> None:
         """Partitions assigned, with the group's committed offsets when they came: the lag is
-        counted from them until this router commits there (else from its position)."""
+        counted from them until this router commits there (else from its position). The
+        first assignment, even of nothing, says the router joined its group (/readyz)."""
+        self.joined = True
         for partition in partitions:
             self._finished.pop((partition.topic, partition.partition), None)
         for partition in committed or ():
@@ -247,10 +250,11 @@ class _QuietHandler(WSGIRequestHandler):
         return  # one line per scrape would drown the router's own logs
 
 
-def metrics_app(metrics: RouterMetrics,
-                alive: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
+def metrics_app(metrics: RouterMetrics, alive: Callable[[], bool],
+                ready: Callable[[], bool] | None = None) -> Callable[..., Iterable[bytes]]:
     """The WSGI app: prometheus_client's own exposition on /metrics, liveness on /healthz
-    (200 while `alive()`, else 503), 404 elsewhere."""
+    (200 while `alive()`, else 503), readiness on /readyz (200 while `ready()` and `alive()`,
+    else 503; without `ready`, as /healthz), 404 elsewhere."""
     exposition = make_wsgi_app(metrics.registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -260,6 +264,8 @@ def metrics_app(metrics: RouterMetrics,
         if path == "/healthz":
             ok = alive()
             body, status = (b"ok\n", "200 OK") if ok else (b"stalled\n", "503 Service Unavailable")
+        elif path == "/readyz":
+            body, status = _readiness(alive(), ready is None or ready())
         else:
             body, status = b"not found\n", "404 Not Found"
         start_response(status, [("Content-Type", "text/plain"),
@@ -269,10 +275,18 @@ def metrics_app(metrics: RouterMetrics,
     return app
 
 
+def _readiness(alive: bool, ready: bool) -> tuple[bytes, str]:
+    """/readyz's body and status."""
+    if not alive:
+        return b"stalled\n", "503 Service Unavailable"
+    return (b"ready\n", "200 OK") if ready else (b"not in its group yet\n",
+                                                 "503 Service Unavailable")
+
+
 def serve(metrics: RouterMetrics, port: int, alive: Callable[[], bool],
-          host: str = "0.0.0.0") -> WSGIServer:
-    """Serve /metrics and /healthz (see metrics_app) on a daemon thread."""
-    server = make_server(host, port, metrics_app(metrics, alive), ThreadingWSGIServer,
+          host: str = "0.0.0.0", ready: Callable[[], bool] | None = None) -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz (see metrics_app) on a daemon thread."""
+    server = make_server(host, port, metrics_app(metrics, alive, ready), ThreadingWSGIServer,
                          handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -41,7 +41,7 @@ def started(monkeypatch: pytest.MonkeyPatch, command: str,
     handed: list[RouterMetrics] = []
 
     def run_until_stopped(process: Any, cleaner: Any, metrics: RouterMetrics,
-                          *args: Any) -> None:
+                          *args: Any, **kwargs: Any) -> None:
         handed.append(metrics)
 
     monkeypatch.setattr(module, "run_until_stopped", run_until_stopped)
