@@ -68,19 +68,22 @@ def refused_grant(code: int | None, *, group: str | None,
     return None
 
 
-def rival_hint(transactional_id: str | None, group: str | None) -> str:
+def rival_hint(transactional_id: str | None, group: str | None,
+               in_use: str | None = None) -> str:
     """Who else takes a router's transactional id, `<prefix>-<instance id>` (the prefix
-    delivery.transactional_id, else source.group_id `group`). QA 63-b F-3: two pipelines left
-    on the default source.group_id on one host (one default instance id, the host name)
-    fenced each other within a second of load, and the line named no setting."""
+    delivery.transactional_id, else source.group_id `group`; `in_use`: the whole id, when
+    known). QA 63-b F-3: two pipelines left on the default source.group_id on one host (one
+    default instance id, the host name) fenced each other within a second of load, and the
+    line named no setting; QA 66-b F-5: it named `<instance id>`, not the rival's id."""
     prefix = transactional_id or group
     if prefix is None:
         return "another instance may use the same instance id"
+    named = in_use or f"{prefix}-<instance id>"
     # The setting that names it: a set delivery.transactional_id is not changed by another
     # source.group_id (review 63: the advice named that one all the same).
     field = "delivery.transactional_id" if transactional_id else "source.group_id"
     default = "" if transactional_id else " (the default of delivery.transactional_id)"
-    return (f"another process uses its transactional id {prefix}-<instance id>: an instance "
+    return (f"another process uses its transactional id {named}: an instance "
             f"with the same --instance-id (default: the host name), or another pipeline "
             f"whose {field}{default} is {prefix!r} too; give each pipeline its own {field}")
 

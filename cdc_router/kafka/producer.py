@@ -65,6 +65,12 @@ class LatchingProducer:
         self._failures: list[DeliveryFailure] = []
 
     @property
+    def transactional_id(self) -> str | None:
+        """Its transactional.id; None for a producer without one."""
+        value = self._config.get("transactional.id")
+        return None if value is None else str(value)
+
+    @property
     def client(self) -> Any:
         """Built on first use, so that constructing the router makes no network call."""
         if self._producer is None:

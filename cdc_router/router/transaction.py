@@ -86,7 +86,8 @@ class Transaction:
         self._timeouts = Timeouts(delivery.transaction_timeout_ms)
         self._sleep, self._clock = sleep, clock
         self._stopping = stopping
-        self.fenced_hint = fenced_hint or rival_hint(delivery.transactional_id, mark_group)
+        self.fenced_hint = fenced_hint or rival_hint(delivery.transactional_id, mark_group,
+                                                     producer.transactional_id)
         self._batch, self._open = Batch(), False
 
     @property

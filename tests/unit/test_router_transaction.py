@@ -358,7 +358,7 @@ def test_a_routers_fence_names_the_settings_two_pipelines_may_share() -> None:
     with pytest.raises(FatalKafkaError) as raised:
         txn.commit()
     assert str(raised.value).endswith(
-        "another process uses its transactional id g-<instance id>: an instance with the same "
+        "another process uses its transactional id t-1: an instance with the same "
         "--instance-id (default: the host name), or another pipeline whose source.group_id "
         "(the default of delivery.transactional_id) is 'g' too; give each pipeline its own "
         "source.group_id")
