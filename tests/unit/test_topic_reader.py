@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -409,6 +410,21 @@ def test_a_held_read_of_a_partition_retention_emptied_waits_with_the_same_consum
         (0, 0), (0, 1), (1, 5), (1, 6)]
     assert "event=read_held topic=cl stable=0:2,1:5" in caplog.text
     assert "reader_renewed" not in caplog.text
+
+
+def test_a_read_longer_than_its_timeout_goes_on_while_it_moves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 66-b: the deadline was the whole read's; a restore longer than 300 s exited 75 and
+    # restarted into the same restore, for good.
+    class Slow(Faithful):
+        def consume(self, num_messages: int, timeout: float) -> list[Message]:
+            time.sleep(0.05)
+            return super().consume(1, timeout)
+
+    slow = Slow({0: 8, 1: 8})  # 16 records at one per 0.05 s: 0.8 s in all
+    renewing(monkeypatch, slow)
+    reader = TopicReader({"bootstrap.servers": "k:9092"}, "cl", group_id="g", what="marks")
+    assert len(list(reader.read_to_end(timeout_s=0.3))) == 16
 
 
 def test_a_stalled_read_of_a_reader_not_renewable_is_said_and_waits_for_its_deadline(
