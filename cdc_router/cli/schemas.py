@@ -23,7 +23,7 @@ from cdc_router.serde.avro import AvroSerializer, PlannedSubject
 from cdc_router.serde.avro_schema import AvroSchema
 from cdc_router.serde.compatibility import (
     SchemaCheck,
-    backward_incompatibilities,
+    breaking_version,
     check_schemas,
     other_type,
 )
@@ -146,10 +146,11 @@ def _refusal(ids: SchemaIds, subject: str, schema: AvroSchema) -> tuple[str | No
     latest = ids.latest(subject)
     if latest is None or ids.compatible(subject, schema):
         return None, None
-    version, text = latest
-    return "; ".join(str(found) for found in backward_incompatibilities(schema, text)) or \
-        f"with version {version}, under the subject's compatibility level", \
-        other_type(schema, text)
+    version, found = breaking_version(ids, subject, schema, latest)
+    return "; ".join(f"version {version}: {item}" if version != latest[0] else str(item)
+                     for item in found) or \
+        "with the subject's versions, under its compatibility level", \
+        other_type(schema, latest[1])
 
 
 def _refused_hint(subject: str, held: str | None) -> str:

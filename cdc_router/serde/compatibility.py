@@ -264,6 +264,20 @@ def check_schemas(serializer: AvroSerializer, previous_dir: Path | None = None,
     return checks
 
 
+def breaking_version(ids: SchemaIds, subject: str, schema: AvroSchema,
+                     latest: tuple[int, str]) -> tuple[int, list[Incompatibility]]:
+    """The newest version of `subject` whose data `schema` cannot read, and why; the latest
+    first, the older ones (a *_TRANSITIVE level's) only when it reads the latest's (QA 66-a
+    F-1); (latest version, []) when it reads them all."""
+    found = backward_incompatibilities(schema, latest[1])
+    if found:
+        return latest[0], found
+    for version, text in ids.versions(subject):
+        if version != latest[0] and (found := backward_incompatibilities(schema, text)):
+            return version, found
+    return latest[0], []
+
+
 def _against_file(schema: AvroSchema, previous: Path) -> list[str]:
     if not previous.is_file():
         return []
@@ -283,7 +297,7 @@ def _against_registry(ids: SchemaIds, subject: str, schema: AvroSchema,
             return "subject empty: registered on first use (auto_register)", []
         return "subject empty", [f"subject {subject} has no version and auto_register is off: "
                                  f"{outcome}; run `cdc-router schemas register`"]
-    version, text = latest
+    version = latest[0]
     try:
         registered = ids.lookup(subject, schema)
     except RegistryError as error:
@@ -294,11 +308,12 @@ def _against_registry(ids: SchemaIds, subject: str, schema: AvroSchema,
         return f"registered as id {registered} (latest version {version})", []
     problems = []
     if not ids.compatible(subject, schema):
-        found = backward_incompatibilities(schema, text)
+        version, found = breaking_version(ids, subject, schema, latest)
         problems += [f"cannot read data written with {subject} version {version}: {item}"
                      for item in found] or [
-            f"the registry finds it incompatible with {subject} version {version} (the "
-            "subject's compatibility level may be stricter than backward)"]
+            f"the registry finds it incompatible with {subject}'s versions (the "
+            "subject's compatibility level may be stricter than backward: FORWARD or FULL "
+            "also ask that the old schema read the new one's data)"]
     elif not ids.auto_register:
         problems.append(f"not registered under {subject} and auto_register is off: "
                         f"{outcome}; run `cdc-router schemas register`")

@@ -218,11 +218,26 @@ class SchemaIds:
         return found.version or 0, str(found.schema.schema_str)
 
     def compatible(self, subject: str, schema: AvroSchema) -> bool:
-        """The registry's verdict on `schema` against the subject's latest version, under the
-        compatibility level the subject (or the registry) is configured with."""
+        """The registry's verdict on `schema` against the subject's versions that the
+        compatibility level the subject (or the registry) is configured with compares it to:
+        the latest, or all of them under a *_TRANSITIVE level, as registering it would be
+        judged (QA 66-a F-1: tested against the latest only, a BACKWARD_TRANSITIVE subject's
+        refusal was planned `register`, and `--yes` then failed)."""
         return bool(self._call(f"test {schema.path} against subject {subject!r}",
-                               lambda: self.client.test_compatibility(
+                               lambda: self.client.test_compatibility_all_versions(
                                    subject, registry_schema(schema))))
+
+    def versions(self, subject: str) -> list[tuple[int, str]]:
+        """(version, schema text) of each of the subject's versions, newest first."""
+        numbers = self._call(f"list the versions of subject {subject!r}",
+                             lambda: self.client.get_versions(subject))
+        return [(number, self._version_text(subject, number))
+                for number in sorted(numbers, reverse=True)]
+
+    def _version_text(self, subject: str, number: int) -> str:
+        found = self._call(f"read version {number} of subject {subject!r}",
+                           lambda: self.client.get_version(subject, number))
+        return str(found.schema.schema_str)
 
     def serialized(self, key: tuple[str, int], serializer: ValueSerializer, datum: Any,
                    context: SerializationContext, schema: AvroSchema) -> bytes | None:

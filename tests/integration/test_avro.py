@@ -414,3 +414,36 @@ def test_schemas_check_names_the_field_a_subject_the_template_renders_refuses(
     assert f"incompatible {prefix}.tA-value" in registered.stdout
     assert "(skipped: field 'n': the new type string cannot read the old type long)" in \
         registered.stdout
+
+
+def test_a_backward_transitive_subject_is_judged_against_every_version(
+        registry_url: str, tmp_path: Path) -> None:
+    # QA 66-a F-1: the plan and `schemas check` asked the registry about the latest version
+    # only (`/versions/latest`), so a schema reading version 2's data but not version 1's was
+    # planned `register`, exit 0, and `--yes` was then refused.
+    subject = f"trans{uuid.uuid4().hex[:10]}-value"  # the stack's registry outlives each run
+    client = SchemaRegistryClient({"url": registry_url})
+    fields: list[dict[str, Any]] = [{"name": "a", "type": "long"}]
+    client.register_schema(subject, Schema(json.dumps(
+        {"type": "record", "name": "P", "namespace": "qa", "fields": fields}), "AVRO"))
+    client.set_compatibility(subject, "BACKWARD_TRANSITIVE")
+    client.register_schema(subject, Schema(json.dumps(
+        {"type": "record", "name": "P", "namespace": "qa",
+         "fields": [*fields, {"name": "c", "type": "string", "default": "x"}]}), "AVRO"))
+    (tmp_path / "p.avsc").write_text(json.dumps(
+        {"type": "record", "name": "P", "namespace": "qa",
+         "fields": [*fields, {"name": "c", "type": "string"}]}))
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"topics": ["raw"]}, "schema_registry": {"url": registry_url},
+        "routes": [{"topic": subject.removesuffix("-value"), "format": "avro",
+                    "schema": "p.avsc"}]}))
+    checked = cli("schemas", "check", "-c", str(config))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"cannot read data written with {subject} version 1: field 'c': added without a " \
+        "default" in checked.stdout, checked.stdout
+    planned = cli("schemas", "register", "-c", str(config), "--dry-run")
+    assert planned.returncode == 1, planned.stdout + planned.stderr
+    assert f"refused   {subject} <- {tmp_path / 'p.avsc'}: incompatible (version 1: " \
+        "field 'c'" in planned.stdout, planned.stdout
+    assert client.get_versions(subject) == [1, 2]

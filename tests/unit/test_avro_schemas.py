@@ -91,13 +91,25 @@ MockSchemaRegistryClient: Any = type(SchemaRegistryClient.new_client({"url": "mo
 
 
 class CompatibleMock(MockSchemaRegistryClient):  # type: ignore[misc]
-    """The in-memory registry, plus a BACKWARD compatibility check it lacks (Avro's own)."""
+    """The in-memory registry, plus a BACKWARD compatibility check it lacks (Avro's own);
+    `transitive`: BACKWARD_TRANSITIVE, the candidate against every version."""
+
+    transitive = False
 
     def test_compatibility(self, subject_name: str, schema: Schema, version: Any = "latest",
                            normalize: bool = False, verbose: bool = False) -> bool:
         latest = self.get_latest_version(subject_name)
         new = parse_schema_text(schema.schema_str, "candidate")
         return not backward_incompatibilities(new, latest.schema.schema_str)
+
+    def test_compatibility_all_versions(self, subject_name: str, schema: Schema,
+                                        normalize: bool = False, verbose: bool = False) -> bool:
+        if not self.transitive:
+            return self.test_compatibility(subject_name, schema)
+        new = parse_schema_text(schema.schema_str, "candidate")
+        return not any(backward_incompatibilities(
+            new, self.get_version(subject_name, version).schema.schema_str)
+            for version in self.get_versions(subject_name))
 
 
 def serializer_with(client: SchemaRegistryClient, *, auto_register: bool = False,
@@ -418,3 +430,33 @@ def test_a_union_holding_the_subject_s_type_is_no_other_type() -> None:
         is None
     assert other_type(parse_schema_text(json.dumps(["null", grown]), "new"), '"string"') == \
         "a schema of type string, and this one is of type null | record t.O"
+
+
+def test_a_transitive_subject_refusing_an_older_version_is_planned_refused_and_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 66-a F-1: under BACKWARD_TRANSITIVE a schema that reads the latest version's data but
+    # not version 1's was planned `register` (exit 0, --dry-run too) and `schemas check` found
+    # no problem, as both asked the registry about the latest version only; `--yes` was then
+    # refused by the registry.
+    client = CompatibleMock({"url": "mock://transitive"})
+    client.transitive = True
+    fields = [{"name": "a", "type": "int"}]
+    for extra in ([], [{"name": "c", "type": "string", "default": "x"}]):
+        client.register_schema("pay-value", Schema(json.dumps(
+            {"type": "record", "name": "P", "fields": fields + extra}), "AVRO"))
+    (tmp_path / "p.avsc").write_text(json.dumps(
+        {"type": "record", "name": "P", "fields": [*fields, {"name": "c", "type": "string"}]}))
+    monkeypatch.setattr(registry_module.SchemaRegistryClient, "new_client",
+                        staticmethod(lambda conf: client))
+    config = tmp_path / "router.yaml"
+    config.write_text("source: {topics: [raw]}\nschema_registry: {url: 'mock://transitive'}\n"
+                      "routes:\n  - {topic: pay, format: avro, schema: p.avsc}\n")
+    code, output = run("schemas", "check", "-c", str(config))
+    assert code == 1, output
+    assert "cannot read data written with pay-value version 1: field 'c': added without a " \
+        "default" in output, output
+    result = CliRunner().invoke(main, ["schemas", "register", "--dry-run", "-c", str(config)])
+    assert result.exit_code == 1, result.output
+    assert "refused   pay-value <- " in result.stdout, result.stdout
+    assert "version 1: field 'c': added without a default" in result.stdout, result.stdout
+    assert len(client.get_versions("pay-value")) == 2
