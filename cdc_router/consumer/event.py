@@ -10,7 +10,10 @@ from typing import Any, Protocol
 from cdc_router.consumer.settings import EventIdSource
 from cdc_router.dead_letter import MAX_EVENT_ID_BYTES, shown_error
 from cdc_router.errors import (
+    EXIT_RESTART,
+    CdcRouterError,
     MalformedRecord,
+    PayloadDecodeError,
     RegistryError,
     UnreadableHeaders,
     printable,
@@ -74,6 +77,38 @@ Decoder = Callable[[bytes | None], Any]
 STOPS_PROCESS = (KeyboardInterrupt, SystemExit)
 
 
+class RegistryRefused(CdcRouterError):
+    """The schema registry refused the decoder for a reason no retry mends: the credentials
+    (401), an address that is no registry's, a client config it cannot build. It ends run(),
+    exit 1, as refused Kafka credentials and a dedup store's do (QA 66-a F-4: a wrong
+    basic_auth_user_info was retried without end, the consumer stalled on its first Avro
+    record). Not an outage (exit 75 in the error: retried), nor a 403 (a per-subject grant)."""
+
+
+def _avro_hint(value: bytes, error: BaseException) -> str:
+    """What a decoder of another format failing on an Avro value should be told (QA 66-a
+    F-6: a JSON decoder on an Avro topic dead-lettered each record as a UnicodeDecodeError,
+    the reason naming neither Avro nor the decoder to use)."""
+    if isinstance(error, PayloadDecodeError):
+        return ""  # PayloadDecoder's own: it reads Avro, and says why it could not
+    if value[:1] == b"\x00" and len(value) >= 5:
+        framing = f"in the schema registry's wire format, schema id " \
+            f"{int.from_bytes(value[1:5], 'big')}"
+    elif value[:2] == b"\xc3\x01":
+        framing = "in Avro single-object encoding"
+    else:
+        return ""
+    return (f" (the value is Avro {framing}: decode this topic with "
+            "cdc_router.serde.decode.PayloadDecoder, not a JSON decoder)")
+
+
+def _registry_refusal(error: RegistryError) -> RegistryRefused | None:
+    """The RegistryRefused that `error` of a decoder is, or None: retry it."""
+    if error.exit_code == EXIT_RESTART or error.refused:
+        return None
+    return RegistryRefused(f"the schema registry refused this consumer's decoder: {error}")
+
+
 def _event_id_text(raw: bytes | None, where: str, lacking: str = "") -> str:
     """The id in `raw` (read from `where`); `lacking` opens the no-id message (review 52-c
     F-low-1: in auto mode it named the key alone, read as a key problem, when the producer
@@ -106,7 +141,8 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
     (the Kafka consumer's; None: no warning).
 
     A RegistryError of the decoder (the schema registry unreachable, failing, timing out)
-    passes through unchanged: the record is not at fault and must be retried, not
+    passes through unchanged (RegistryRefused: refused credentials, no registry's address):
+    the record is not at fault and must be retried, not
     dead-lettered.
     """
     readable = readable_headers(message)
@@ -137,8 +173,11 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         try:
             payload = decoder(value)
         except RegistryError as error:
-            if not error.missing:
-                raise  # the registry is down or refuses us: retry, the record is fine
+            if not error.missing:  # the registry is down or refuses us: the record is fine
+                refusal = _registry_refusal(error)
+                if refusal is not None:
+                    raise refusal from None  # the end of run()
+                raise  # retried
             raise _with_id(MalformedRecord(f"value cannot be decoded: {error}"),
                            event_id) from error
         except STOPS_PROCESS:
@@ -146,7 +185,7 @@ def read_event(message: KafkaMessage, *, source: EventIdSource, header: str,
         except BaseException as error:  # asyncio.CancelledError too: the record's (52-c F-med-14)
             # A tombstone: the decoder's own words were a TypeError's (QA 54-c F-5).
             reason = NULL_VALUE if value is None else \
-                f"{type(error).__name__}: {shown_error(error)}"
+                f"{type(error).__name__}: {shown_error(error)}{_avro_hint(value, error)}"
             raise _with_id(MalformedRecord(f"value cannot be decoded: {reason}"),
                            event_id) from error
     timestamp_type, timestamp = message.timestamp()

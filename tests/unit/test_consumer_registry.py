@@ -13,8 +13,11 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from cdc_router.consumer.event import RegistryRefused
 from cdc_router.serde.avro import CONFLUENT_MAGIC, load_schema
+from cdc_router.serde.avro_schema import SINGLE_OBJECT_MAGIC
 from cdc_router.serde.decode import PayloadDecodeError, PayloadDecoder
+from cdc_router.serde.json import parse_json
 from cdc_router.serde.registry import RegistryError
 from tests.unit.consumer_fakes import Harness, Record, dlq_headers
 
@@ -57,13 +60,16 @@ OUTAGES = [
     httpx.ReadTimeout("timed out"),
     SchemaRegistryError(503, 50003, "Error while forwarding the request to the leader"),
     SchemaRegistryError(500, 50001, "Error in the backend data store"),
+]
+# No retry mends these (QA 66-a F-4): refused credentials; a 404 without the registry's
+# "schema not found" code, a wrong URL or a proxy's page.
+REFUSALS = [
     SchemaRegistryError(401, 40101, "Unauthorized"),
-    # A 404 without the registry's "schema not found" code: a wrong URL or a proxy's page.
     SchemaRegistryError(404, -1, "<html>Not Found</html>"),
 ]
 
 
-@pytest.mark.parametrize("failure", OUTAGES, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("failure", OUTAGES + REFUSALS, ids=lambda e: type(e).__name__)
 def test_a_registry_that_cannot_answer_is_a_registry_error(failure: Exception) -> None:
     registry = FlakyRegistry()
     value = wire_format(registry)
@@ -99,7 +105,7 @@ def test_an_unknown_id_is_explained_to_the_consumer_not_with_the_routers_advice(
 @pytest.mark.parametrize(("failure", "check"), [
     (OUTAGES[0], "check the url of the SchemaRegistryClient given to PayloadDecoder (its host "
                  "and port)"),
-    (OUTAGES[4], "check that client's basic.auth.user.info")])
+    (REFUSALS[0], "check that client's basic.auth.user.info")])
 def test_a_decoder_on_the_users_own_client_names_that_clients_url(failure: Exception,
                                                                    check: str) -> None:
     # Review 62 #9: it said "the schema registry at (the decoder's client) did not answer ...
@@ -144,6 +150,25 @@ def test_a_registry_outage_is_retried_beyond_max_attempts_and_never_dead_lettere
     assert h.kafka.committed == {0: 2}
 
 
+@pytest.mark.parametrize("failure", REFUSALS, ids=lambda e: str(e.http_status_code))
+def test_refused_credentials_or_no_registry_end_run_with_nothing_acknowledged(
+        failure: Exception) -> None:
+    # QA 66-a F-4: a 401 (a wrong basic_auth_user_info) was retried without end, 29 retries
+    # in 60 s on the stack, the consumer stalled on its first Avro record and looked alive;
+    # refused Kafka credentials and a refused dedup store end run(), so does the registry.
+    registry = FlakyRegistry()
+    value = wire_format(registry)
+    h = avro_harness(registry, [(b"evt-1", value, []), (b"evt-2", value, [])])
+    registry.failure, registry.failures_left = failure, 7
+    with pytest.raises(RegistryRefused, match="the schema registry refused this consumer's "
+                       "decoder: cannot read schema id 1: ") as caught:
+        h.run()
+    assert caught.value.exit_code == 1
+    assert h.effects == [] and h.producer.sent == []
+    assert [entry for entry in h.kafka.journal if entry[0] == "store"] == []
+    assert registry.failures_left == 6  # asked once, not retried
+
+
 def test_an_unknown_schema_id_is_dead_lettered_and_the_partition_goes_on() -> None:
     registry = FlakyRegistry()
     h = avro_harness(registry, [(b"evt-1", wire_format(registry, schema_id=99), []),
@@ -155,3 +180,23 @@ def test_an_unknown_schema_id_is_dead_lettered_and_the_partition_goes_on() -> No
     assert headers["dlq.stage"] == "decode"
     assert "schema id 99 is unknown" in headers["dlq.error.message"]
     assert h.kafka.committed == {0: 2}
+
+
+def test_a_json_decoder_on_an_avro_topic_says_the_value_is_avro_and_which_decoder_reads_it(
+        ) -> None:
+    # QA 66-a F-6: a consumer given parse_json for the router's Avro topic dead-lettered each
+    # record as "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xca in position 10"
+    # (43,700 letters in 50 s on the stack), naming neither Avro nor PayloadDecoder.
+    registry = FlakyRegistry()
+    wire = wire_format(registry)
+    single = SINGLE_OBJECT_MAGIC + load_schema(PAYMENT).fingerprint + wire[5:]
+    h = Harness({0: [(b"evt-1", wire, []), (b"evt-2", single, []), (b"evt-3", b"{x", [])]},
+                decoder=parse_json)
+    h.run()
+    reasons = [dlq_headers(sent)["dlq.error.message"] for sent in h.producer.sent]
+    schema_id = int.from_bytes(wire[1:5], "big")
+    assert reasons[0].endswith(f"(the value is Avro in the schema registry's wire format, "
+                               f"schema id {schema_id}: decode this topic with cdc_router."
+                               "serde.decode.PayloadDecoder, not a JSON decoder)"), reasons[0]
+    assert "(the value is Avro in Avro single-object encoding: " in reasons[1], reasons[1]
+    assert "Avro" not in reasons[2], reasons[2]  # JSON that is not: its own words only
