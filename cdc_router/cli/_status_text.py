@@ -185,7 +185,8 @@ def _registry(report: Report) -> list[str]:
     if r is None:
         return []
     what = f"schema registry {r.url}"
-    return _failed(what, r.error) or [f"{what}: answers, {r.subjects} subjects"]
+    lacking = f", {len(r.lacking)} route subjects lack their schema" if r.lacking else ""
+    return _failed(what, r.error) or [f"{what}: answers, {r.subjects} subjects{lacking}"]
 
 
 def _used(count: int | None, most: int | None, shown: Callable[[int], str]) -> str:

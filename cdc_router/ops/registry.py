@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.config.redact import shown_url
-from cdc_router.errors import EXIT_RESTART, RegistryError
+from cdc_router.errors import EXIT_RESTART, ConfigError, RegistryError
 from cdc_router.ops.report import RegistryState
 from cdc_router.serde.registry_answers import slow_lookups_shown
 
@@ -52,8 +52,36 @@ def registry_state(config: RouterConfig, *, timeout_s: float = TIMEOUT_S,
         # event=registry_slow line is not shown as well (reread 55-r F-4).
         with slow_lookups_shown(lambda line: None):
             subjects = SchemaIds(settings, client).subjects()
+            lacking = _lacking(config, client)
     except (RegistryError, ValueError, TypeError) as error:
         outage = getattr(error, "exit_code", None) == EXIT_RESTART
         text = f"{error}; {CONSEQUENCE}" if outage else str(error)
         return RegistryState(error=text, answered=not outage, url=url)
-    return RegistryState(answered=True, url=url, subjects=len(subjects))
+    return RegistryState(answered=True, url=url, subjects=len(subjects), lacking=lacking)
+
+
+def _lacking(config: RouterConfig, client: SchemaRegistryClient) -> tuple[str, ...]:
+    """A line for each subject known before any event whose lookup, the one the router's
+    start makes (SchemaIds.id_for), finds the route's schema missing or refused: that start
+    exits 1 on it (QA 66-a F-3: after the subject was deleted, `status` said ok). A subject
+    that an event's data names cannot be checked here; with auto_register, a missing schema
+    is one the start registers."""
+    from cdc_router.serde.avro import AvroSerializer
+
+    try:
+        serializer = AvroSerializer(config.routes, config.schema_registry,
+                                    registry_client=client, looks_only=True)
+    except ConfigError as error:  # an .avsc that cannot be read: the start's ConfigError
+        return (f"{error}; the router's next start exits 1 on it",)
+    ids, found = serializer.registry, []
+    for planned in serializer.planned_subjects():
+        if ids is None or planned.subject is None:
+            continue
+        try:
+            ids.id_for(planned.subject, planned.schema)
+        except RegistryError as error:
+            if getattr(error, "exit_code", None) == EXIT_RESTART:
+                raise
+            found.append(f"routes[{planned.route}]: {error}; the router's next start exits 1 "
+                         "on it")
+    return tuple(found)

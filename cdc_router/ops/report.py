@@ -263,6 +263,9 @@ class RegistryState:
     answered: bool = False  # it answered (its subjects, or a refusal of us)
     url: str | None = None  # schema_registry.url, credentials hidden
     subjects: int | None = None  # how many subjects it holds
+    # A line per route subject known before any event that lacks its schema: the router's
+    # next start stops on it (QA 66-a F-3).
+    lacking: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

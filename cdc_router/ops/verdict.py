@@ -52,7 +52,9 @@ def judge(report: Report, settings: StatusSettings,
              *_reader(report),
              *_outbox(report, settings), *_connector(report),
              *router_problems(report.router, settings), *_dead_letters(report, settings, previous),
-             *jetstream_problems(report.jetstream, settings)]
+             *jetstream_problems(report.jetstream, settings),
+             *(Problem("critical", "registry", line)
+               for line in (report.registry.lacking if report.registry else ()))]
     return sorted(found, key=lambda problem: problem.level != "critical")
 
 

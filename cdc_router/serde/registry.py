@@ -143,8 +143,19 @@ class SchemaIds:
             if failure.missing and self.auto_register and not self.looks_only:
                 return self.register(subject, schema)
             if not self.stands_in(failure, subject, schema):
-                raise
+                raise self._emptied(subject, failure) from None
             return 0
+
+    def _emptied(self, subject: str, failure: RegistryError) -> RegistryError:
+        """`failure`, or for a subject with no version left, a line saying so: Apicurio
+        answers a lookup under a deleted subject with 40403, which blamed the .avsc (QA 66-a
+        F-2; Confluent's 40401 says "not registered")."""
+        if not failure.missing or self.latest(subject) is not None:
+            return failure
+        return RegistryError(f"subject {subject!r} has no version in the registry (never "
+                             "registered, or deleted): register the route's schema "
+                             "(`cdc-router schemas register -c ...`), or set "
+                             "schema_registry.auto_register: true", missing=True)
 
     def stands_in(self, failure: RegistryError, subject: str, schema: AvroSchema) -> bool:
         """Whether `failure` is a schema missing that auto_register would register, in a

@@ -471,7 +471,7 @@ def test_preflight_resolves_subjects_known_before_any_event() -> None:
     serializer.preflight()
     assert sorted(client.get_subjects()) == ["orders.OrderPaid-value", "payments-value"]
     strict = AvroSerializer([static], registry(), registry_client=mock_registry())
-    with pytest.raises(RegistryError, match="not registered"):
+    with pytest.raises(RegistryError, match="has no version in the registry"):
         strict.preflight()
 
 

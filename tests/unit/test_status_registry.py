@@ -54,7 +54,7 @@ def test_a_registry_that_answers_is_shown_and_no_problem() -> None:
     assert verdict(judge(report, SETTINGS)) == "ok"
     assert "schema registry mock://status: answers, 0 subjects" in as_text(report, [])
     assert json.loads(json.dumps(as_json(report, [])))["registry"] == {
-        "error": None, "answered": True, "url": "mock://status", "subjects": 0}
+        "error": None, "answered": True, "url": "mock://status", "subjects": 0, "lacking": []}
 
 
 def test_a_registry_down_is_critical_and_says_the_next_start_exits_75() -> None:
