@@ -93,9 +93,14 @@ _DEBEZIUM_ROLES = (
 
 
 def unread_by_debezium_roles(conn: psycopg.Connection[Any], table: str, publication: str,
-                             heartbeat_table: str) -> list[str]:
+                             heartbeat_table: str, named_role: str | None) -> list[str]:
     """A warning per replication role of this publication or heartbeat table that cannot
-    read `table` (schema-qualified names)."""
+    read `table` (schema-qualified names); none when the init names the connector's role
+    (`named_role`, --replication-role, which it grants): the others are other pipelines'
+    (review 66: each pipeline's own role, all writing the default heartbeat table, was told
+    to read every other pipeline's outbox)."""
+    if named_role is not None:
+        return []
     quoted = regclass_text(table)
     rows = conn.execute(_DEBEZIUM_ROLES, {
         "table": quoted, "publication": publication,

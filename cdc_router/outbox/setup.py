@@ -316,7 +316,7 @@ def init_outbox(conn: psycopg.Connection[Any], schema: OutboxSchema, setup: Capt
             publication_warnings(conn, schema, setup.publication, relay=relay)
         if not relay:
             warnings += unread_by_debezium_roles(conn, schema.table, setup.publication,
-                                                 setup.heartbeat_table)
+                                                 setup.heartbeat_table, role)
         notes = _notes(conn, schema, setup)
     return InitReport(tuple(done), password, tuple(warnings), notes)
 

@@ -266,6 +266,12 @@ def test_a_second_outbox_the_debezium_role_cannot_read_is_warned(stack: StackEnd
     code, out, err = _init(stack, *second, "--replication-role", role)
     assert code == 0 and f"granted  SELECT on {schema}.second to {role}" in out, out
     assert "warning" not in err, err
+    # Review 66: a fourth outbox with a role of its own, the heartbeat table shared: the
+    # first role is another pipeline's, not warned of.
+    code, out, err = _init(stack, "--table", f"{schema}.fourth", "--publication",
+                           f"{schema}_d", "--heartbeat-table", heartbeat,
+                           "--replication-role", f"{schema}_dbz4", "--replication-password", "pw")
+    assert code == 0 and "outbox ready" in out and "warning" not in err, err
     # A third outbox in the second's publication: its role reads the second there.
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {schema}.third (LIKE {schema}.second INCLUDING ALL)")

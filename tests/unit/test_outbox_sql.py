@@ -922,7 +922,7 @@ def test_a_debezium_role_that_cannot_read_the_new_outbox_is_warned() -> None:
     conn = _Rows([("debezium", True, None), ("reader", False, "public.outbox"),
                   ("app", False, None)])
     warnings = unread_by_debezium_roles(conn,  # type: ignore[arg-type]
-                                        "public.nats_outbox", "nats_pub", "public.hb")
+                                        "public.nats_outbox", "nats_pub", "public.hb", None)
     assert conn.params == [{"table": '"public"."nats_outbox"', "publication": "nats_pub",
                             "heartbeat": '"public"."hb"'}]
     assert warnings == [
@@ -938,3 +938,15 @@ def test_a_debezium_role_that_cannot_read_the_new_outbox_is_warned() -> None:
         "Connect's log only) and no raw topic appears; if it is this outbox's connector's "
         "role, run init again with --replication-role reader, or `GRANT SELECT ON "
         "\"public\".\"nats_outbox\" TO \"reader\"`"]
+
+
+def test_no_other_role_is_warned_of_when_the_init_names_the_connector_s_role() -> None:
+    # Review 66 of lw66 9ab94e1: two pipelines, each with a role of its own (least privilege),
+    # both writing the default heartbeat table; the second's init, naming its role, warned of
+    # the first's and told to grant it the second's outbox.
+    from cdc_router.outbox.role import unread_by_debezium_roles
+    conn = _Rows([("dbz_a", True, None)])
+    assert unread_by_debezium_roles(conn,  # type: ignore[arg-type]
+                                    "public.b", "pub_b", "public.debezium_heartbeat",
+                                    "dbz_b") == []
+    assert conn.params == []  # not even asked
