@@ -288,6 +288,7 @@ class OutboxRelay:
         full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
         if not rows:  # nothing between the two snapshots: no commit needed
+            self._replay_lines.idle()  # a run of replays that is over (review 66)
             self.position, self._reread = following, self._committed.overdue()  # confirm it
             return False
         try:
@@ -328,6 +329,7 @@ class OutboxRelay:
             via_connect=False))
 
     def _handle(self, row: RelayRow, result: StepResult) -> None:
+        self._replay_lines.read(isinstance(result, Duplicate))  # a run's summary (review 66)
         source = (self._table, 0, row.seq)
         if isinstance(result, Routed):
             record = result.record

@@ -64,8 +64,7 @@ class BatchWriter:
         txn.begin()
         txn.consumed(topic, partition, offset)
         result: StepResult = self._step(topic, message.key(), message.value())
-        if self._replay_lines.run and not isinstance(result, Duplicate):
-            self._replay_lines.run_ended()  # its summary (QA 64-a F-9)
+        self._replay_lines.read(isinstance(result, Duplicate))  # a run's summary (QA 64-a F-9)
         if isinstance(result, Routed):
             self._produce(txn, message, result, (topic, partition, offset))
         elif isinstance(result, DeadLettered):

@@ -50,6 +50,11 @@ class ReplayLines:
         self._summed = 0  # runs' summaries said this minute, besides the turn's
         self._last = self._since  # the run's last replay
 
+    def read(self, replay: bool) -> None:
+        """A record was read: one that is no `replay` ends the run going on (run_ended)."""
+        if self.run and not replay:
+            self.run_ended()
+
     def run_ended(self) -> None:
         """A record that is no replay came after `run` replays: summed up if lines were capped,
         unless SUMMED_PER_MINUTE were this minute: then at the minute's turn (the caller calls
@@ -65,7 +70,7 @@ class ReplayLines:
             self._summed += 1
 
     def idle(self) -> None:
-        """The router read nothing: a run whose last replay is RUN_IDLE_S old has ended."""
+        """Nothing was read: a run whose last replay is RUN_IDLE_S old has ended."""
         if self.run and self._clock() - self._last >= RUN_IDLE_S:
             self.run_ended()
 

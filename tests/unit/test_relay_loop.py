@@ -711,3 +711,24 @@ def test_on_started_is_called_once_the_starts_checks_passed_never_before_a_refus
     else:
         assert isinstance(raised, ConfigError) and missing in str(raised), raised
         assert started == []
+
+
+@pytest.mark.parametrize("then", ["a new row", "nothing"])
+def test_a_run_of_replays_past_the_lines_cap_is_summed_up_by_the_relay(
+        then: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 66: the relay never ended a run (only the router's batch writer did), so after
+    # `replay_lines_capped ... their number said when the run ends` it said none, unless a
+    # replay came a minute later (and then counted every replay since its start).
+    from cdc_router.router import replay_log
+    monkeypatch.setattr(replay_log, "RUN_IDLE_S", 0.0)
+    cluster, table = _cluster(), FakeTable()
+    replayed = [table.add(seq, 10) for seq in range(1, 106)]
+    fresh = table.add(106, 10) if then == "a new row" else None
+    cluster.publish(CHANGELOG, [Stored(CHANGELOG, 0, mark.key, mark.value, [], None)
+                                for mark in changelog_records(replayed, int(time.time() * 1000))])
+    table.now = Snapshot(11, 11)
+    relay, _ = _relay(cluster, table, batch_rows=200)
+    with caplog.at_level(logging.INFO, logger="cdc_router"):
+        _run_until(relay, lambda: "event=replays_dropped" in caplog.text)
+    assert "event=replays_dropped count=105 unsaid=5 " in caplog.text
+    assert [s.key.decode() for s in cluster.committed(ORDERS)] == ([fresh] if fresh else [])
