@@ -148,8 +148,9 @@ def default_group_warnings(config: RouterConfig, process: ProcessName = "run") -
         return [default + "two such relays share three things: the dedup marks; the position "
                 f"topic {source.group_id}.relay-position (unless relay.position_topic is set), "
                 "where two relays of one table name in two databases find each other's "
-                "position, and the second stops on it; and the transactional id (unless "
-                "delivery.transactional_id is set), so they fence each other. Give this "
+                "position, and the second stops on it; and, for two relays of one table "
+                "name, the transactional id (unless delivery.transactional_id is set), so they "
+                "fence each other. Give this "
                 "pipeline a source.group_id of its own"]
     return [default + "two such pipelines share a consumer group and dedup marks, and on one "
             "host (one default --instance-id) their transactional id, fencing each other; "

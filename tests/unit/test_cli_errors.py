@@ -623,8 +623,9 @@ def test_the_relay_words_its_start_warnings_for_the_relay(
     assert "two such relays share three things: the dedup marks; the position topic " \
         "cdc-router.relay-position (unless relay.position_topic is set), where two relays of " \
         "one table name in two databases find each other's position, and the second stops " \
-        "on it; and the transactional id (unless delivery.transactional_id is set), so they " \
-        "fence each other. Give this pipeline a source.group_id of its own" in group, group
+        "on it; and, for two relays of one table name, the transactional id (unless " \
+        "delivery.transactional_id is set), so they fence each other. Give this pipeline a " \
+        "source.group_id of its own" in group, group
     assert "consumer group" not in group, group
     [dsn] = [line for line in warned if "cleanup.dsn: mode delete" in line]
     assert "`cdc-router relay` refuses to start without it" in dsn, dsn
