@@ -92,13 +92,14 @@ def _avro_hint(value: bytes, error: BaseException) -> str:
     if isinstance(error, PayloadDecodeError):
         return ""  # PayloadDecoder's own: it reads Avro, and says why it could not
     if value[:1] == b"\x00" and len(value) >= 5:
+        # Confluent's Protobuf and JSON Schema serializers frame alike (review 66).
         framing = f"in the schema registry's wire format, schema id " \
-            f"{int.from_bytes(value[1:5], 'big')}"
+            f"{int.from_bytes(value[1:5], 'big')}, as the router writes its Avro"
     elif value[:2] == b"\xc3\x01":
         framing = "in Avro single-object encoding"
     else:
         return ""
-    return (f" (the value is Avro {framing}: decode this topic with "
+    return (f" (the value is {framing}: decode this topic with "
             "cdc_router.serde.decode.PayloadDecoder, not a JSON decoder)")
 
 

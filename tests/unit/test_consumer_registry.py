@@ -195,8 +195,9 @@ def test_a_json_decoder_on_an_avro_topic_says_the_value_is_avro_and_which_decode
     h.run()
     reasons = [dlq_headers(sent)["dlq.error.message"] for sent in h.producer.sent]
     schema_id = int.from_bytes(wire[1:5], "big")
-    assert reasons[0].endswith(f"(the value is Avro in the schema registry's wire format, "
-                               f"schema id {schema_id}: decode this topic with cdc_router."
-                               "serde.decode.PayloadDecoder, not a JSON decoder)"), reasons[0]
-    assert "(the value is Avro in Avro single-object encoding: " in reasons[1], reasons[1]
+    assert reasons[0].endswith(f"(the value is in the schema registry's wire format, schema "
+                               f"id {schema_id}, as the router writes its Avro: decode this "
+                               "topic with cdc_router.serde.decode.PayloadDecoder, not a JSON "
+                               "decoder)"), reasons[0]
+    assert "(the value is in Avro single-object encoding: " in reasons[1], reasons[1]
     assert "Avro" not in reasons[2], reasons[2]  # JSON that is not: its own words only
