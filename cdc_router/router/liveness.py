@@ -13,12 +13,13 @@ Record = tuple[bytes | None, bytes | None]
 class RestoreProgress:
     """When a read of the dedup changelog last yielded a record.
 
-    A restore runs inside the consumer's poll (its assignment callback) and reads the whole
-    changelog: millions of marks take minutes (README, the changelog restore's time), while the
-    loop polls nothing. Judged by the poll alone, /healthz failed after 120 s of a restore that
-    was getting on, and a liveness probe restarted the router into the same restore, for good
-    (QA 66-b). A restore that stops reading is still caught: by this clock, and by the reader's
-    own bounds (kafka/reader.py: renewed after 30 s without progress, given up at 300 s)."""
+    A restore runs inside the consumer's poll (its assignment callback) and reads the
+    changelog's window: millions of marks take minutes (README, the changelog restore's
+    time), while the loop polls nothing. Judged by the poll alone, /healthz failed after 120 s
+    of a restore that was getting on, and a liveness probe restarted the router into the same
+    restore, for good (QA 66-b). A restore that stops reading is still caught: by this clock,
+    and by the reader's own bounds (kafka/reader.py: renewed after 30 s without progress,
+    given up after 300 s without progress)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
