@@ -139,10 +139,5 @@ def reached(consumer: Consumer, topic: str, ends: Mapping[int, int],
     return True
 
 
-
-
 def shown(offsets: Mapping[int, int]) -> str:
     return ",".join(f"{partition}:{offset}" for partition, offset in sorted(offsets.items()))
-
-
-

@@ -112,7 +112,6 @@ _RENEW_AFTER_S = 10.0
 # renewal may find the read still held; QA 39-a saw a restore read nothing for 26 s after a
 # broker's kill.
 _STALLED_S = 30.0
-# The low watermark's lookup of a partition not read yet, asked at each turn of a read.
 
 # The prefetch settings of a lean reader (see _LEAN_QUEUE_KBYTES).
 LEAN_QUEUE = {"queued.max.messages.kbytes": _LEAN_QUEUE_KBYTES,
