@@ -30,8 +30,8 @@ from cdc_router.errors import (
     JetStreamError,
     grant_refusal,
 )
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.errors import kafka_error_of, missing_files, property_names
-from cdc_router.kafka.reader import ChangelogReader
 from cdc_router.kafka.tls import (
     KEY_MISMATCH_ADVICE,
     KEY_PASSWORD_ADVICE,

@@ -131,9 +131,14 @@ class TopicReader:
         reader kept between reads (else librdkafka fetches all that is written meanwhile
         into its queue: QA 65-b F-4, a router's RSS +0.74 MB a minute)."""
         self._batch = _LEAN_BATCH if lean else _DEFAULT_BATCH
+        # How long a consume() waits for a full batch: it waits so whenever fewer are left.
+        self._consume_wait_s = 0.2
         self._renewable = renewable
         self._paused_between = paused_between
         self._since_ms: int | None = None  # where a new consumer starts (read_to_end)
+        # Where this read started the partitions it assigned at a time (a first read with
+        # since_ms); None for a read that went on from before (ChangelogReader.older).
+        self.started_at: dict[int, int] | None = None
         self._config = {
             **config,
             **(LEAN_QUEUE if lean else {}),
@@ -166,7 +171,7 @@ class TopicReader:
         """
         deadline = time.monotonic() + timeout_s
         self._held = False
-        self._since_ms = since_ms
+        self._since_ms, self.started_at = since_ms, None
         consumer, ends = self._ends(end, deadline)
         started, read = positions(consumer, self._topic, list(ends), self._assigned_at), 0
         moved, moved_at = started, time.monotonic()  # the positions, and when they last moved
@@ -178,7 +183,8 @@ class TopicReader:
                                    "transaction stuck open?")
             if now - moved_at > _STALLED_S:
                 consumer, moved_at = self._stalled(consumer, moved, ends), now
-            for message in consumer.consume(num_messages=self._batch, timeout=0.2):
+            for message in consumer.consume(num_messages=self._batch,
+                                            timeout=self._consume_wait_s):
                 error = message.error()
                 if error is None:
                     read += 1
@@ -310,6 +316,7 @@ class TopicReader:
                 else:
                     self._partitions, self._assigned_at = assign_since(
                         consumer, self._topic, self._what, self._since_ms, timeout_s=timeout_s)
+                    self.started_at = dict(self._assigned_at)
             except BaseException:
                 consumer.close()
                 raise
@@ -318,20 +325,3 @@ class TopicReader:
             self._partitions = assign_added(self._consumer, self._topic, self._partitions,
                                             self._what, timeout_s)
         return self._consumer
-
-
-class ChangelogReader(TopicReader):
-    """The router's dedup changelog, read to its log end on each partition assignment."""
-
-    def __init__(self, config: Mapping[str, Any], topic: str) -> None:
-        super().__init__(config, topic, what="dedup changelog", lean=True, renewable=True,
-                         paused_between=True,
-                         group_id=f"{config.get('client.id', 'cdc-router')}-changelog-reader")
-
-    def catch_up(self, timeout_s: float = 300.0, *, since_ms: int | None = None,
-                 ) -> Iterator[tuple[bytes | None, bytes | None]]:
-        """(key, value) of every committed mark written before this call, waiting for a
-        transaction still open (it may hold marks of a previous owner of our partitions);
-        the first read, only of the records timestamped `since_ms` or later (read_to_end)."""
-        for message in self.read_to_end(end="log_end", timeout_s=timeout_s, since_ms=since_ms):
-            yield message.key(), message.value()

@@ -23,9 +23,11 @@ import psycopg
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition
+from cdc_router.router.changelog_restore import restore_newest
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.values import Delivered
 
@@ -51,8 +53,7 @@ def topic_records(kafka: dict[str, Any], topic: str, what: str, *,
     """Every committed (key, value) of `topic` up to its log end as of now: a transaction
     still open there is waited for (our init_transactions has ended any of ours); with
     `since_ms`, only from each partition's first record timestamped then or later."""
-    reader = TopicReader(kafka, topic, what=what, lean=True,
-                         group_id=f"{kafka.get('client.id', 'cdc-router')}-relay-reader")
+    reader = TopicReader(kafka, topic, what=what, lean=True, group_id=_reader_group(kafka))
     try:
         for message in reader.read_to_end(end="log_end", timeout_s=timeout_s,
                                           since_ms=since_ms):
@@ -84,14 +85,27 @@ def stored_position(config: RouterConfig, records: Records, kafka: dict[str, Any
 def restore_filter(config: RouterConfig, replay: ReplayFilter | None, records: Records,
                    kafka: dict[str, Any], *, timeout_s: float = READ_TIMEOUT_S) -> int:
     """The dedup changelog's marks into `replay`, which forgets the ids of its own commits
-    they lack (relay/lost_commit.py); how many there were. Read within `timeout_s`."""
+    they lack (relay/lost_commit.py); how many there were. Read within `timeout_s`: by
+    topic_records' reader, newest slices first, as the router's (router/changelog_restore.py);
+    any other `records` (a test's) from the window's start."""
     if replay is None:
         return 0
-    now_ms = int(time.time() * 1000)
+    now_ms, topic, group = int(time.time() * 1000), config.dedup.changelog_topic, \
+        config.source.group_id
+    if records is topic_records:
+        reader = ChangelogReader(kafka, topic, group_id=_reader_group(kafka), timeout_s=timeout_s)
+        try:
+            return restore_newest(replay, reader, now_ms, group=group)[0]
+        finally:
+            reader.close()
     return replay.restore_changelog(
-        records(kafka, config.dedup.changelog_topic, "dedup changelog", timeout_s=timeout_s,
-                since_ms=replay.changelog_since_ms(now_ms)),
-        now_ms, group=config.source.group_id)
+        records(kafka, topic, "dedup changelog", timeout_s=timeout_s,
+                since_ms=replay.changelog_since_ms(now_ms)), now_ms, group=group)
+
+
+def _reader_group(kafka: dict[str, Any]) -> str:
+    """The group.id of the relay's readers, which never join it (README's ACLs name it)."""
+    return f"{kafka.get('client.id', 'cdc-router')}-relay-reader"
 
 
 class PassedRows(Protocol):

@@ -16,6 +16,7 @@ from cdc_router.errors import RestoreFailed
 from cdc_router.kafka.consumer import report_deleted_offsets
 from cdc_router.kafka.errors import kafka_error_of
 from cdc_router.kafka.reader import ReadTimedOut
+from cdc_router.router.changelog_restore import restore_newest
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.lost_commits import CommitLedger
 from cdc_router.router.new_group import assignment_checks
@@ -47,20 +48,22 @@ def restore_assigned(consumer: Any, partitions: list[TopicPartition], *, config:
     started = clock()
     # A rebalance that gave this instance nothing has nothing to learn (chaos 53-e F2: it read
     # the whole changelog); it still says so, an instance's sign that it joined the group.
-    restored, offsets = _restore(consumer, partitions, config=config, replay=replay,
-                                 changelog=changelog, timeouts=timeouts, ledger=ledger) \
-        if partitions else (0, [])
-    log.info("event=assigned partitions=%s dedup_ids=%d restored=%d seconds=%.1f",
+    (restored, slices), offsets = _restore(
+        consumer, partitions, config=config, replay=replay, changelog=changelog,
+        timeouts=timeouts, ledger=ledger) if partitions else ((0, 0), [])
+    # restored: the marks read (of this group); slices: the changelog's reads, newest first
+    # (router/changelog_restore.py).
+    log.info("event=assigned partitions=%s dedup_ids=%d restored=%d slices=%d seconds=%.1f",
              ",".join(f"{tp.topic}[{tp.partition}]" for tp in partitions), len(replay),
-             restored, clock() - started)
+             restored, slices, clock() - started)
     return offsets
 
 
 def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterConfig,
              replay: ReplayFilter, changelog: Any, timeouts: Timeouts,
-             ledger: CommitLedger | None) -> tuple[int, list[TopicPartition]]:
-    """The ids the changelog restored for `partitions`, checked against their offsets; and
-    those offsets."""
+             ledger: CommitLedger | None) -> tuple[tuple[int, int], list[TopicPartition]]:
+    """The marks the changelog restored for `partitions` and the slices read, checked against
+    their offsets; and those offsets."""
     # Not a KafkaException out of consume(): the loop would take it for a passing outage and
     # route on, while confluent-kafka assigns the partitions anyway.
     try:
@@ -73,16 +76,14 @@ def _restore(consumer: Any, partitions: list[TopicPartition], *, config: RouterC
     try:
         # The ids this instance committed since the last read and the read lacks are
         # forgotten: Kafka lost their commit (router/lost_commits.py, chaos 58).
-        now_ms = int(time.time() * 1000)
-        restored = replay.restore_changelog(
-            changelog.catch_up(since_ms=replay.changelog_since_ms(now_ms)), now_ms,
-            group=config.source.group_id)
+        restored, slices = restore_newest(replay, changelog, int(time.time() * 1000),
+                                          group=config.source.group_id)
     except (KafkaException, ReadTimedOut) as failure:
         raise RestoreFailed(f"the dedup changelog {config.dedup.changelog_topic!r}",
                             failure) from failure
     report_deleted_offsets(consumer, partitions, timeouts.call_s, log, committed=offsets)
     assignment_checks(config, offsets, restored, replay)
-    return restored, offsets
+    return (restored, slices), offsets
 
 
 _LOST_HINT = ("Kafka lost a commit it had acknowledged (or the group's offsets were reset): "

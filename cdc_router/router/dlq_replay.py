@@ -46,11 +46,12 @@ from cdc_router.errors import (
     DeliveryError,
     FatalKafkaError,
 )
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.commit_stamp import undelivered_before
 from cdc_router.kafka.consumer import record_headers
 from cdc_router.kafka.producer import LatchingProducer
-from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.kafka.reader import TopicReader
 from cdc_router.kafka.start import init_failure
 from cdc_router.relay.letters import letter_event
 from cdc_router.router import clients

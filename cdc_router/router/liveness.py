@@ -43,13 +43,17 @@ class RestoreProgress:
 
 
 class _TimedReader:
-    """A ChangelogReader whose catch_up() notes its progress; anything else is the reader's."""
+    """A ChangelogReader whose catch_up() and older() note their progress; anything else is
+    the reader's."""
 
     def __init__(self, reader: Any, progress: RestoreProgress) -> None:
         self._reader, self._progress = reader, progress
 
     def catch_up(self, *args: Any, **kwargs: Any) -> Iterator[Record]:
         return self._progress.timed(self._reader.catch_up(*args, **kwargs))
+
+    def older(self, *args: Any, **kwargs: Any) -> Iterator[Record]:
+        return self._progress.timed(self._reader.older(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)

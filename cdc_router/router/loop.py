@@ -22,11 +22,12 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPa
 from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.errors import BatchFailed, FatalKafkaError, GrantRevoked, MemberFenced
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.closing import Generations, close_all, close_aside
 from cdc_router.kafka.consumer import next_records, rewind_to_committed
 from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer
-from cdc_router.kafka.reader import ChangelogReader, ReadTimedOut
+from cdc_router.kafka.reader import ReadTimedOut
 from cdc_router.kafka.start import init_failure
 from cdc_router.kafka.throttle import ThrottleWatch
 from cdc_router.nats.publisher import JetStreamPublisher

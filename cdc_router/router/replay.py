@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import itemgetter
 
 from cdc_router.router.lost_commits import Key, OwnBatches
@@ -35,6 +35,7 @@ from cdc_router.router.marks import (
     mark_owner,
     parse_changelog,
 )
+from cdc_router.router.replay_keys import BATCH_MAX_IDS, compact_key, runs_of
 
 __all__ = ["BATCH_KEY_PREFIX", "DEAD_LETTERED_KEY_PREFIX", "MARK_MAX_BYTES",
            "REPLAYED_KEY_PREFIX", "ChangelogRecord", "ReplayFilter", "changelog_records",
@@ -42,10 +43,9 @@ __all__ = ["BATCH_KEY_PREFIX", "DEAD_LETTERED_KEY_PREFIX", "MARK_MAX_BYTES",
 
 log = logging.getLogger("cdc_router.router")
 
+Record = tuple[bytes | None, bytes | None]  # a changelog record's key and value
+
 _OTHER_GROUPS_KEPT = 20
-# A canonical UUID (lowercase, hyphenated: what Postgres prints for the outbox's uuid id) is
-# kept as its 16 bytes, 56 bytes of Python object against 88 for the str.
-_UUID_TEXT_LENGTH = 36
 # A restore reads the changelog from its first record timestamped within the window, less this
 # (QA 65-b F-5: it read every mark, most too old to keep). A record's timestamp is at least its
 # mark's time, which the window counts from: the router stamps the mark, then produces it, and
@@ -53,41 +53,6 @@ _UUID_TEXT_LENGTH = 36
 # broker's clock (message.timestamp.type LogAppendTime) may stamp it earlier by as much as the
 # broker's clock lags the router's: an hour of that is allowed.
 CHANGELOG_CLOCK_MARGIN_MS = 3_600_000
-# Ids per remembered batch at most: trimming the oldest batch by max_ids deletes from the front
-# of its list, so a batch stays short enough for that to be cheap.
-BATCH_MAX_IDS = 4096
-
-
-def compact_key(event_id: str) -> Key:
-    """The key the filter keeps for an id: a canonical UUID's 16 bytes, any other str itself.
-
-    Only a string that is exactly `str(uuid)` (lowercase, hyphenated) becomes bytes, so two
-    different ids never share a key: an uppercase or braced variant stays a str, and a str is
-    never equal to bytes.
-    """
-    # The hyphens are at 8, 13, 18 and 23: one slice checks them all (the hot path).
-    if len(event_id) != _UUID_TEXT_LENGTH or event_id[8:24:5] != "----":
-        return event_id
-    digits = event_id.replace("-", "")
-    try:
-        raw = bytes.fromhex(digits)
-    except ValueError:
-        return event_id
-    # fromhex also takes uppercase digits and skips whitespace: 16 bytes rule out whitespace,
-    # islower() uppercase (and keeps as a str the rare uuid of digits only, which is still exact).
-    return raw if len(raw) == 16 and digits.islower() else event_id
-
-
-def _runs(entries: Iterable[tuple[str, int]]) -> list[tuple[int, list[Key]]]:
-    """(delivered_ms, keys) of consecutive entries of one time, at most BATCH_MAX_IDS each."""
-    runs: list[tuple[int, list[Key]]] = []
-    for event_id, delivered_ms in entries:
-        if not runs or runs[-1][0] != delivered_ms or len(runs[-1][1]) >= BATCH_MAX_IDS:
-            runs.append((delivered_ms, []))
-        runs[-1][1].append(compact_key(event_id))
-    return runs
-
-
 class ReplayFilter:
     """Ids delivered within the window; a batch's ids count only once its transaction commits.
 
@@ -119,12 +84,19 @@ class ReplayFilter:
         # Ids forgotten inside the window to stay within max_ids (QA 30-c: a restore that
         # forgot thousands said so only in an INFO line's numbers).
         self.crowded_out = 0
+        # A restore that stopped with max_ids ids, all marked after this (restore_slices):
+        # the older marks within the window were not read, which max_ids would forget.
+        self.full_since_ms: int | None = None
         self._warned = False
         # Groups other than ours whose marks restore() read (new_group_check names them).
         self.other_groups: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    @property
+    def max_ids(self) -> int:
+        return self._max_ids
 
     def changelog_since_ms(self, now_ms: int) -> int | None:
         """The time a restore at `now_ms` reads the changelog's records from (see
@@ -192,22 +164,48 @@ class ReplayFilter:
 
     def restore(self, entries: Iterable[tuple[str, int]], now_ms: int) -> None:
         """Remember delivered ids (from the changelog), in any order, then apply both bounds."""
-        self._remember_runs(_runs(entries))
+        self._remember_runs(runs_of(entries))
         self.expire(now_ms)
 
-    def restore_changelog(self, records: Iterable[tuple[bytes | None, bytes | None]],
-                          now_ms: int, *, group: str) -> int:
-        """restore() `group`'s marks of changelog records (key, value); how many there were.
-        The ids this filter committed since the last read and the records lack (every mark
-        committed since: kafka/reader.py catch_up) are forgotten: Kafka lost their commit.
+    def restore_changelog(self, records: Iterable[Record], now_ms: int, *, group: str) -> int:
+        """restore() `group`'s marks of changelog records (key, value); how many there were
+        (restore_slices() of one slice)."""
+        return self.restore_slices([(None, records)], now_ms, group=group)[0]
 
-        The marks of several changelog partitions come interleaved: they are put in time
-        order before max_ids forgets the oldest, not the first read (review 45), in chunks of
-        a quarter of max_ids: what a restore holds beyond the filter stays small, and each
-        chunk keeps the newest max_ids of what it and the filter hold, so all of them do."""
+    def restore_slices(self, slices: Iterable[tuple[Callable[[], int] | None,
+                                                  Iterable[Record]]],
+                       now_ms: int, *, group: str) -> tuple[int, int]:
+        """restore() `group`'s marks of changelog records (key, value), in slices newest first
+        (router/changelog_restore.py): (unread_before, records), where every mark the changelog
+        holds outside this and the newer slices is older than unread_before(), asked once the
+        slice was read (None: the last slice).
+        Slices are taken only while an older one could hold a mark kept: until the filter holds
+        max_ids ids, all marked after unread_before (an older mark would be the first crowded
+        out). How many marks there were, and how many slices were read.
+
+        The ids this filter committed since the last read and the records lack (every mark
+        committed since: kafka/changelog_reader.py catch_up) are forgotten: Kafka lost their
+        commit. The marks of several changelog partitions come interleaved: they are put in
+        time order before max_ids forgets the oldest, not the first read (review 45), in
+        chunks of a quarter of max_ids: what a restore holds beyond the filter stays small,
+        and each chunk keeps the newest max_ids of what it and the filter hold, so all of
+        them do (and a slice merged after a newer one keeps what a read in order kept)."""
         unconfirmed = self._own.unconfirmed() if self._own else None
+        # A later assignment reads again the marks this instance wrote since the last one:
+        # an id the filter holds, marked no later than its newest batch, is not held twice
+        # (review 45: the repeats cost about half again the memory of each such id). As of
+        # before the restore: an id a newer slice gave may have a newer mark in an older one.
+        newest = self._batches[-1][0] if self._batches else None
+        restored = taken = 0
         try:
-            restored = self._restore_records(records, now_ms, group, unconfirmed)
+            for unread_before, records in slices:
+                taken += 1
+                restored += self._restore_records(records, now_ms, group, unconfirmed, newest)
+                if unread_before is None:
+                    break
+                if self._full_since(start_ms := unread_before()):
+                    self.full_since_ms = start_ms
+                    break
         except BaseException:
             if unconfirmed is not None:
                 self._own.keep(unconfirmed)
@@ -216,17 +214,17 @@ class ReplayFilter:
             self._forget_lost(unconfirmed)
             self._own.clear()
         self._warn_if_crowded()
-        return restored
+        return restored, taken
 
-    def _restore_records(self, records: Iterable[tuple[bytes | None, bytes | None]],
-                         now_ms: int, group: str, unconfirmed: set[Key] | None) -> int:
+    def _full_since(self, start_ms: int) -> bool:
+        """Whether the filter holds max_ids ids, each marked after `start_ms`."""
+        return len(self._keys) >= self._max_ids and bool(self._batches) \
+            and self._batches[0][0] > start_ms
+
+    def _restore_records(self, records: Iterable[Record], now_ms: int, group: str,
+                         unconfirmed: set[Key] | None, newest: int | None) -> int:
         runs: list[tuple[int, list[Key]]] = []
         dead_keys: list[Key] = []
-        # A later assignment reads again the marks this instance wrote since the last one:
-        # an id the filter holds, marked no later than its newest batch, is not held twice
-        # (review 45: the repeats cost about half again the memory of each such id). Not a
-        # `dlq replay` mark, which no router wrote: it keeps its id for a window from then.
-        newest = self._batches[-1][0] if self._batches else None
         restored = held = 0
         dead, replayed = DEAD_LETTERED_KEY_PREFIX.encode(), REPLAYED_KEY_PREFIX.encode()
         try:
@@ -235,13 +233,15 @@ class ReplayFilter:
                 restored += len(marks)
                 if unconfirmed:
                     unconfirmed.difference_update(compact_key(event_id) for event_id, _ in marks)
+                # Not a `dlq replay` mark, which no router wrote: it keeps its id for a window
+                # from then.
                 if newest is not None and not (key or b"").startswith(replayed):
                     marks = [(event_id, delivered_ms) for event_id, delivered_ms in marks
                              if delivered_ms > newest or compact_key(event_id) not in self._keys]
                 owner = mark_owner(key)
                 if owner not in (None, group) and len(self.other_groups) < _OTHER_GROUPS_KEPT:
                     self.other_groups.add(owner)
-                record_runs = _runs(marks)
+                record_runs = runs_of(marks)
                 runs += record_runs
                 if key is not None and key.startswith(dead):
                     dead_keys += (known for _, keys in record_runs for known in keys)
@@ -274,14 +274,17 @@ class ReplayFilter:
         self._dead.update(known for known in dead_keys if known in self._keys)  # still held
 
     def _warn_if_crowded(self) -> None:
-        """One WARNING the first time max_ids, not the window, forgets ids."""
-        if self.crowded_out and not self._warned:
+        """One WARNING the first time max_ids, not the window, forgets ids (or a restore
+        stopped at max_ids before the window's start: the older marks, unread, uncounted)."""
+        unread = self.full_since_ms is not None
+        if (self.crowded_out or unread) and not self._warned:
             self._warned = True
-            log.warning("event=dedup_max_ids_reached max_ids=%d forgotten=%d: ids delivered "
-                        "within dedup.window_ms were forgotten to stay within dedup.max_ids; "
-                        "Debezium replays of them would be delivered again. Raise "
-                        "dedup.max_ids (about 120 bytes of memory an id) or shorten "
-                        "dedup.window_ms", self._max_ids, self.crowded_out)
+            log.warning("event=dedup_max_ids_reached max_ids=%d forgotten=%d older_unread=%s: "
+                        "ids delivered within dedup.window_ms were forgotten (or left unread "
+                        "by the restore) to stay within dedup.max_ids; Debezium replays of them "
+                        "would be delivered again. Raise dedup.max_ids (about 120 bytes of "
+                        "memory an id) or shorten dedup.window_ms", self._max_ids,
+                        self.crowded_out, str(unread).lower())
 
     def _remember(self, keys: list[Key], delivered_ms: int) -> tuple[int, list[Key]] | None:
         """Add one timestamp's keys as the newest, joining the newest batch if it has that time."""
@@ -306,7 +309,10 @@ class ReplayFilter:
         if runs and self._batches and runs[0][0] < self._batches[-1][0]:
             for _, keys in runs:
                 self._count(keys)
-            self._batches = deque(heapq.merge(self._batches, runs, key=itemgetter(0)))
+            if runs[-1][0] < self._batches[0][0]:  # all older (a restore's older slice)
+                self._batches.extendleft(reversed(runs))
+            else:
+                self._batches = deque(heapq.merge(self._batches, runs, key=itemgetter(0)))
             return
         for delivered_ms, keys in runs:
             self._remember(keys, delivered_ms)

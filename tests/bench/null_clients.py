@@ -116,6 +116,17 @@ class NullChangelog:
     def catch_up(self, *, since_ms: int | None = None) -> list[tuple[bytes, bytes]]:
         return []
 
+    broker_stamped = False
+
+    def older(self, since_ms: int) -> list[tuple[bytes, bytes]]:
+        return []
+
+    def older_left(self) -> bool:
+        return False
+
+    def older_done(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.router.replay import changelog_records
 from tests.integration.pipeline import pipeline
 from tests.integration.support import StackEndpoints

@@ -25,8 +25,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, Ne
 from cdc_router.dead_letter import dead_letter_headers
 from cdc_router.errors import DeliveryError
 from cdc_router.kafka import reader as reader_module
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.consumer import readable_headers, record_headers
-from cdc_router.kafka.reader import ChangelogReader, TopicReader
+from cdc_router.kafka.reader import TopicReader
 from tests.integration.c_producer import produce_with_header
 from tests.integration.pipeline import REPO
 from tests.integration.support import (

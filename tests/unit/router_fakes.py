@@ -444,6 +444,18 @@ class FakeChangelog:
         for stored in records:
             yield stored.key, stored.value
 
+    broker_stamped = False
+
+    # Nothing older: records carry no time here, the first read is whole.
+    def older(self, since_ms: int) -> list[tuple[bytes | None, bytes | None]]:
+        return []
+
+    def older_left(self) -> bool:
+        return False
+
+    def older_done(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

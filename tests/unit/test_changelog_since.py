@@ -3,7 +3,6 @@ and the changelog reader lets librdkafka fetch nothing between reads (QA 65-b F-
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,10 +19,13 @@ from confluent_kafka import (
 from cdc_router.config.model import RouterConfig
 from cdc_router.kafka import read_positions
 from cdc_router.kafka import reader as reader_module
+from cdc_router.kafka.changelog_reader import ChangelogReader
+from cdc_router.relay import start as relay_start
 from cdc_router.relay.start import restore_filter
 from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.clients import Timeouts
 from cdc_router.router.replay import CHANGELOG_CLOCK_MARGIN_MS, ReplayFilter, changelog_records
+from tests.unit.router_fakes import FakeChangelog
 from tests.unit.test_topic_reader import Faithful
 
 HOUR_MS = 3_600_000
@@ -80,11 +82,11 @@ def _mark(event_id: str, mark_ms: int, stamp_ms: int | None = None) -> tuple[int
     return (mark_ms + 50 if stamp_ms is None else stamp_ms), record.key, record.value
 
 
-def _reader(monkeypatch: pytest.MonkeyPatch, consumer: Timed) -> reader_module.ChangelogReader:
+def _reader(monkeypatch: pytest.MonkeyPatch, consumer: Timed) -> ChangelogReader:
     monkeypatch.setattr(reader_module, "Consumer", lambda config: consumer)
     monkeypatch.setattr(reader_module, "log_end_offsets",
                         lambda admin, topic, parts, end: dict.fromkeys(parts, 0))
-    return reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    return ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
 
 
 def test_a_restore_reads_the_changelog_from_the_first_record_within_the_window(
@@ -146,16 +148,29 @@ def test_the_time_a_restore_reads_from_is_the_window_and_the_clock_margin_before
         NOW_MS) is None
 
 
-def test_the_router_and_the_relay_restore_from_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_router_and_the_relay_restore_newest_slices_first_down_to_the_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 66 F-2: from the window's start they read every mark, most crowded out by
+    # max_ids; now the newest FIRST_SLICE_MS first, then longer slices, down to it.
     config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
                                           "routes": [{"topic": "o"}],
                                           "dedup": {"window_ms": HOUR_MS}})
-    asked: list[int | None] = []
+    asked: list[tuple[str, int | None]] = []
 
-    class Changelog:
-        def catch_up(self, *, since_ms: int | None = None) -> list[tuple[bytes, bytes]]:
-            asked.append(since_ms)
+    class Changelog(FakeChangelog):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def catch_up(self, *, since_ms: int | None = None) -> Any:
+            asked.append(("catch_up", since_ms))
             return []
+
+        def older(self, since_ms: int) -> Any:
+            asked.append(("older", since_ms))
+            return []
+
+        def older_left(self) -> bool:
+            return True
 
     class Consumer:
         def committed(self, partitions: list[TopicPartition],
@@ -168,20 +183,25 @@ def test_the_router_and_the_relay_restore_from_the_window(monkeypatch: pytest.Mo
 
     def records(kafka: dict[str, Any], topic: str, what: str, *, timeout_s: float = 300.0,
                 since_ms: int | None = None) -> list[tuple[bytes, bytes]]:
-        asked.append(since_ms)
+        asked.append(("records", since_ms))
         return []
 
-    before = int(time.time() * 1000)
+    monkeypatch.setattr("time.time", lambda: NOW_MS / 1000)
     restore_assigned(Consumer(), [TopicPartition("raw", 0)], config=config,
                      replay=ReplayFilter(window_ms=HOUR_MS, max_ids=10), changelog=Changelog(),
                      timeouts=Timeouts(60_000), clock=lambda: 0.0)
+    since = NOW_MS - HOUR_MS - CHANGELOG_CLOCK_MARGIN_MS
+    minute = 60_000
+    assert asked == [("catch_up", NOW_MS - 5 * minute), ("older", NOW_MS - 40 * minute),
+                     ("older", since)]
+    router, asked[:] = list(asked), []
+    monkeypatch.setattr(relay_start, "ChangelogReader", Changelog)
+    restore_filter(config, ReplayFilter(window_ms=HOUR_MS, max_ids=10),
+                   relay_start.topic_records, {})
+    assert asked == router
+    asked.clear()  # records of the relay's tests: from the window's start
     restore_filter(config, ReplayFilter(window_ms=HOUR_MS, max_ids=10), records, {})
-    after = int(time.time() * 1000)
-    assert len(asked) == 2
-    for since_ms in asked:
-        assert since_ms is not None
-        assert before - HOUR_MS - CHANGELOG_CLOCK_MARGIN_MS <= since_ms \
-            <= after - HOUR_MS - CHANGELOG_CLOCK_MARGIN_MS
+    assert asked == [("records", since)]
 
 
 def test_the_changelog_reader_fetches_nothing_between_reads(

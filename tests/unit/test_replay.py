@@ -22,6 +22,7 @@ from cdc_router.router.replay import (
     mark_owner,
     parse_changelog,
 )
+from tests.unit.router_fakes import FakeChangelog
 
 
 def test_pending_ids_count_within_the_batch_and_only_survive_a_commit():
@@ -486,7 +487,10 @@ def test_an_assignment_forgets_an_own_commit_the_changelog_lacks(
                                   ) -> tuple[int, int]:
             return 0, 2_000
 
-    class Changelog:
+    class Changelog(FakeChangelog):
+        def __init__(self) -> None:
+            pass
+
         def catch_up(self, *, since_ms: int | None = None,
                      ) -> list[tuple[bytes | None, bytes | None]]:
             return [(r.key, r.value) for r in kept]

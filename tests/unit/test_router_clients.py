@@ -14,7 +14,7 @@ from cdc_router.config.config_warnings import config_warnings
 from cdc_router.config.connections import _PINNED, _SHADOWED
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import BatchFailed, RecordRefused, RouteError
-from cdc_router.kafka.reader import ChangelogReader
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.router import clients
 from cdc_router.router.destinations import (
     FOUND_RECHECK_S,

@@ -1719,7 +1719,7 @@ def test_a_rebalance_that_assigns_nothing_reads_no_changelog(
         harness.router._on_assign(None, [])
     assert read == []
     assert [r.getMessage() for r in caplog.records if "event=assigned" in r.getMessage()] \
-        == ["event=assigned partitions= dedup_ids=0 restored=0 seconds=0.0"]
+        == ["event=assigned partitions= dedup_ids=0 restored=0 slices=0 seconds=0.0"]
 
 
 class _LoweredLater(dict[str, dict[str, str]]):

@@ -20,6 +20,7 @@ from confluent_kafka import (
 from cdc_router.errors import FatalKafkaError
 from cdc_router.kafka import lookups
 from cdc_router.kafka import reader as reader_module
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.reader import TopicReader
 
 
@@ -297,7 +298,7 @@ def renewing(monkeypatch: pytest.MonkeyPatch, *consumers: Faithful) -> None:
         p: 0 for p in parts})
 
 
-def _read(reader: reader_module.ChangelogReader, timeout_s: float = 5) -> list[tuple[int, int]]:
+def _read(reader: ChangelogReader, timeout_s: float = 5) -> list[tuple[int, int]]:
     return [(message.partition(), message.offset())  # type: ignore[misc]
             for message in reader.read_to_end(end="log_end", timeout_s=timeout_s)]
 
@@ -309,7 +310,7 @@ def test_a_changelog_reader_left_without_metadata_reads_on_with_a_new_consumer_w
     stale, fresh, fresher = (Faithful({0: 3, 1: 2}, stale=True), Faithful({0: 5, 1: 2}),
                              Faithful({0: 5, 1: 3}))
     renewing(monkeypatch, stale, fresh, fresher)
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     assert _read(reader) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     # Nothing read twice, nothing passed over; and partition 1, with nothing new since, is at
     # its end although librdkafka's position() says nothing of it (review 39: the read waited
@@ -329,7 +330,7 @@ def test_a_partition_never_read_is_read_from_its_beginning_by_a_renewed_reader(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stale, fresh = Faithful({0: 0, 1: 0}, stale=True), Faithful({0: 1, 1: 0})
     renewing(monkeypatch, stale, fresh)
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     assert _read(reader) == []
     assert _read(reader) == [(0, 0)]
     assert fresh.assigned == [(0, OFFSET_BEGINNING), (1, OFFSET_BEGINNING)]
@@ -354,7 +355,7 @@ def test_a_changelog_read_that_stalls_says_so_and_reads_on_with_a_new_consumer(
     frozen, fresh = Faithful({0: 2, 1: 1}), Faithful({0: 4, 1: 1})
     renewing(monkeypatch, frozen, fresh)
     monkeypatch.setattr(reader_module, "_STALLED_S", 0.3)
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     assert _read(reader) == [(0, 0), (0, 1), (1, 0)]
     frozen.counts[0], frozen.frozen = 4, True
     assert _read(reader) == [(0, 2), (0, 3)]
@@ -371,7 +372,7 @@ def _read_held(monkeypatch: pytest.MonkeyPatch, held: Faithful, log_ends: dict[i
     monkeypatch.setattr(reader_module, "_STALLED_S", 0.2)
     monkeypatch.setattr(reader_module, "log_end_offsets",
                         lambda admin, topic, parts, end: log_ends)
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     ended = threading.Timer(1.0, lambda: held.counts.update(committed))
     ended.start()
     try:
@@ -465,7 +466,7 @@ def test_a_renewal_whose_new_consumer_cannot_be_made_keeps_the_stale_one(
     # being rotated, no threads left) left the reader, or the sweep, on a closed consumer.
     stale = Faithful({0: 1}, stale=True)
     renewing(monkeypatch, stale)
-    reader = reader_module.ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
     assert _read(reader) == [(0, 0)]
 
     def unmade(config: dict[str, Any]) -> Any:
