@@ -1,7 +1,7 @@
 # cdc-router: `make help` lists the targets.
 PYTHON ?= python3
 CDC := $(PYTHON) -m cdc_router
-APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose python3-pip
+APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-server docker-compose python3-pip prometheus
 
 .DEFAULT_GOAL := help
 .PHONY: help system-deps install stack test test-unit test-integration lint typecheck demo bench bench-router bench-scale bench-memory bench-avro clean
@@ -11,7 +11,7 @@ APT_PACKAGES := postgresql-15 openjdk-17-jre-headless maven redis-server nats-se
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server, pip (Debian packages; needs root)
+system-deps: ## Install Postgres 15, Java 17, Maven, Redis, nats-server, pip, promtool (Debian packages; needs root)
 	@if [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade $(APT_PACKAGES) >/dev/null; \
