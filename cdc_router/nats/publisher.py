@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from cdc_router.config.nats import JETSTREAM_MAX_HEADER_BYTES, MSG_ID_HEADER, nats_message_size
 from cdc_router.config.redact import shown_url
@@ -57,6 +57,18 @@ _STORAGE_HINT = ("; JetStream's storage is full (nats-server's jetstream max_fil
                  "every batch waits until there is room; free some (lower a stream's max_bytes "
                  "or max_age_ms in nats.streams and run `cdc-router streams apply -c <config>`, "
                  "delete streams nobody reads) or raise the limit and reload nats-server")
+
+
+def failure_cause(failure: BaseException,
+                  ) -> Literal["jetstream_storage_full", "jetstream_stream_full", "jetstream"]:
+    """What failed a batch on JetStream, for the abort's cause label: `jetstream_storage_full`
+    (the server's or account's store: STORAGE_FULL), `jetstream_stream_full` (a stream full
+    and set to discard new), else `jetstream`. Reads the nats-py error publish_batch() raised
+    its JetStreamError from (`__cause__`)."""
+    error = failure.__cause__
+    if getattr(error, "err_code", None) in STORAGE_FULL:
+        return "jetstream_storage_full"
+    return "jetstream_stream_full" if error is not None and stream_full(error) else "jetstream"
 
 
 def stream_full(error: BaseException) -> bool:
@@ -275,7 +287,7 @@ class JetStreamPublisher:
             raise JetStreamError(
                 f"JetStream did not acknowledge {len(failed)} of {len(messages)} messages; "
                 f"first: subject {message.subject!r} id {message.msg_id}: {error_text(error)}"
-                f"{hint}")
+                f"{hint}") from error  # its err_code: failure_cause()
         self._check_streams(messages, results)
         duplicates = sum(1 for ack in results if getattr(ack, "duplicate", False))
         return BatchAcks(len(messages) - duplicates, duplicates)

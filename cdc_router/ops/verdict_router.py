@@ -91,7 +91,8 @@ def router_problems(router: RouterState, settings: StatusSettings) -> Iterator[P
         return
     yield Problem(over[0], "router", f"{said_stall}: the instance holding it is stuck, down "
                   "or slowed by a Kafka quota, or none holds it; read the instances' logs for "
-                  "event=batch_aborted or event=throttled")
+                  "event=batch_aborted or event=throttled (their /metrics count the aborts by "
+                  "cause: cdc_router_batches_aborted_total{cause})")
 
 
 def _held_open(router: RouterState, settings: StatusSettings) -> Iterator[Problem]:

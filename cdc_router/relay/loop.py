@@ -374,9 +374,9 @@ class OutboxRelay:
         fault, or back off."""
         if self._replay is not None:
             self._replay.abort()
-        self._metrics.aborted.inc()
         cause, reason = abort_batch(self._txn, self._poison, self._destinations, failure,
                                     who="relay")
+        self._metrics.aborted.labels(cause).inc()
         if cause == "abort_failed":
             self._pending_abort = True  # a renewal reads the position back
         elif self._committed.unconfirmed:

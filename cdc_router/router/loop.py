@@ -231,7 +231,7 @@ class OutboxRouter:
         assert self._txn is not None
         log.warning("event=producer_renewed reason=%r", reason)
         if self._txn.open and not self._pending_abort:  # else _abort counted it (QA 54-b F-5)
-            self._metrics.aborted.inc()  # its batch is read again, as an aborted one
+            self._metrics.aborted.labels("renewal").inc()  # its batch is read again
         if self._replay is not None:
             self._replay.abort()
         self._txn.renew()  # first: the grants' check builds the new producer (review 38)
@@ -287,24 +287,26 @@ class OutboxRouter:
         assert self._txn is not None
         if self._replay is not None:
             self._replay.abort()
-        self._metrics.aborted.inc()
         self._needs_rewind = True
         try:
             cause, why = abort_batch(self._txn, self._poison, self._destinations, failure,
                                      who="router")
         except LetterTooLarge as refused:  # QA 57-a F-3 (router/letter_limit.py)
+            self._metrics.aborted.labels("letter_too_large").inc()
             self._writer.dead_letter_max_bytes = narrowed_letters_limit(
                 self._config, self._describe, refused, self._writer.dead_letter_max_bytes)
             self._after_refusal = True  # the batch is read again, its letters fitted
             return
+        epoch_bump = self._after_refusal and cause not in ("abort_failed", "record_refused")
+        self._metrics.aborted.labels("epoch_bump" if epoch_bump else cause).inc()
         if cause == "abort_failed":
             self._pending_abort = True
-            self._back_off(why, backoff)
+            self._back_off(why, backoff, cause)
             return
         if cause == "record_refused":
             self._after_refusal = True
             return
-        if self._after_refusal:
+        if epoch_bump:
             # Refused records leave a gap in the producer's sequence numbers: librdkafka fails
             # the next transaction once (OUT_OF_ORDER_SEQUENCE_NUMBER, "requires epoch bump",
             # measured on Kafka 4.x) and bumps its epoch on that abort (KIP-360). Not the
@@ -312,15 +314,15 @@ class OutboxRouter:
             self._after_refusal = False
             log.warning("event=batch_aborted cause=epoch_bump reason=%r", why)
             return
-        self._back_off(why, backoff)
+        self._back_off(why, backoff, cause)
 
-    def _back_off(self, reason: str, wait: bool) -> None:
+    def _back_off(self, reason: str, wait: bool, cause: str = "cluster") -> None:
         self._consecutive_aborts += 1
         self._metrics.consecutive_aborts.set(self._consecutive_aborts)
         low, high = BACKOFF_S
         delay = min(high, low * 2 ** (self._consecutive_aborts - 1))
-        log.warning("event=batch_aborted cause=cluster consecutive=%d backoff_s=%.1f reason=%r",
-                    self._consecutive_aborts, delay if wait else 0.0, reason)
+        log.warning("event=batch_aborted cause=%s consecutive=%d backoff_s=%.1f reason=%r",
+                    cause, self._consecutive_aborts, delay if wait else 0.0, reason)
         if self._consecutive_aborts % RENEW_AFTER_ABORTS == 0:  # router/renewal.py
             self._renew(f"{self._consecutive_aborts} batches aborted in a row: {reason}")
         if wait:

@@ -22,6 +22,7 @@ from cdc_router.kafka.consumer import partition_marks
 from cdc_router.kafka.reachable import BrokerReach
 from cdc_router.kafka.watchdog import blocked_calls
 from cdc_router.router.held import HeldPartitions
+from cdc_router.router.poison import AbortCause
 from cdc_router.router.process_info import info_metric
 from cdc_router.router.replay import ReplayFilter
 
@@ -38,6 +39,10 @@ log = logging.getLogger("cdc_router.router")
 # topic are counted under OTHER_TOPICS, which no Kafka topic or JetStream subject can be named.
 MAX_TOPIC_SERIES = 500
 OTHER_TOPICS = "(other topics)"
+
+# cdc_router_batches_aborted's causes: abort_batch()'s, and the router's own: the abort after a
+# refusal that bumps the producer's epoch, a batch a new producer dropped, letters re-fitted.
+ABORT_CAUSES = (*get_args(AbortCause), "epoch_bump", "renewal", "letter_too_large")
 
 # The consumer lag gauge is refreshed this often: scrapes come every 15 s or so, and each
 # refresh is a call per assigned partition.
@@ -69,8 +74,10 @@ class RouterMetrics:
             self.dead_letters.labels(stage)
         self.transactions = Counter("cdc_router_batches_committed", "Batches committed",
                                     registry=r)
-        self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read",
-                               registry=r)
+        self.aborted = Counter("cdc_router_batches_aborted", "Batches aborted and re-read, by "
+                               "cause (README, Operations)", ["cause"], registry=r)
+        for cause in ABORT_CAUSES:  # from 0, as the letters' stages (QA 54-b F-2)
+            self.aborted.labels(cause)
         self.throttled = Counter("cdc_router_produce_throttled_seconds", "How long Kafka "
                                  "delayed the producer's requests for a quota on its client id "
                                  "(throttle_time_ms; event=throttled in the log)", registry=r)

@@ -34,6 +34,7 @@ from cdc_router.errors import (
     BatchFailed,
     FatalKafkaError,
     GrantRevoked,
+    JetStreamError,
     RecordRefused,
     fatal_kafka_error,
 )
@@ -46,6 +47,7 @@ from cdc_router.kafka.errors import (
     likely_cause,
 )
 from cdc_router.kafka.producer import DeliveryFailure, RecordCoordinates
+from cdc_router.nats.publisher import failure_cause
 from cdc_router.router.timestamps import TIMESTAMP_HINT, TopicLimitsCache, size_advice
 
 if TYPE_CHECKING:
@@ -56,8 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc_router.router")
 
 # Why a batch was aborted: a record the broker refused (re-read at once, the suspects alone),
-# the abort itself failed (call Transaction.abort() again later), or nobody's record (back off).
-AbortCause = Literal["record_refused", "abort_failed", "cluster"]
+# the abort itself failed (call Transaction.abort() again later), or nobody's record (back off):
+# Kafka's side, or JetStream's (nats/publisher.py's failure_cause: its storage full, a stream
+# full with discard new, or else). Each is a label of cdc_router_batches_aborted_total.
+AbortCause = Literal["record_refused", "abort_failed", "cluster", "jetstream_storage_full",
+                     "jetstream_stream_full", "jetstream"]
 
 
 def record_refusals(record_timestamp: str) -> frozenset[int]:
@@ -292,4 +297,6 @@ def abort_batch(txn: Transaction, poison: PoisonIsolation, destinations: Destina
         log.warning("event=batch_aborted cause=record_refused suspects=%d reason=%r",
                     poison.suspects, str(failure))
         return "record_refused", str(failure)
-    return "cluster", str(failure)
+    # The batch's JetStream publish failed (Transaction._publish raises BatchFailed from it).
+    jetstream = failure.__cause__ if isinstance(failure.__cause__, JetStreamError) else None
+    return ("cluster" if jetstream is None else failure_cause(jetstream)), str(failure)

@@ -172,6 +172,24 @@ def test_a_router_that_reaches_no_broker_alerts_on_its_own_gauge():
     assert "`CdcRouterKafkaUnreachable`" in readme
 
 
+def test_jetstream_storage_full_alerts_on_the_router_s_abort_causes():
+    # QA 65-b F-1, lw66 item 2: storage full was only a stall to status and to every rule.
+    (rule,) = _rules("CdcRouterJetStreamFull").values()
+    assert rule["labels"]["severity"] == "critical"
+    expr = " ".join(rule["expr"].split())
+    causes = re.search(r'cause=~"([^"]+)"', expr)
+    assert causes and set(causes.group(1).split("|")) == {"jetstream_storage_full",
+                                                           "jetstream_stream_full"}
+    assert expr.startswith("increase(cdc_router_batches_aborted_total{")
+    # The series the rule reads are the ones the router exposes, each from 0 at its start.
+    exposed = generate_latest(RouterMetrics().registry).decode()
+    for cause in ("jetstream_storage_full", "jetstream_stream_full", "cluster"):
+        assert f'\ncdc_router_batches_aborted_total{{cause="{cause}"}} 0.0\n' in exposed
+    readme = (REPO / "README.md").read_text()
+    assert "`cdc_router_batches_aborted{cause}`" in readme
+    assert "`CdcRouterJetStreamFull`" in readme
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not on PATH")
 def test_promtool_unit_tests_of_the_rules_pass():
     done = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"],

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from cdc_router.errors import JetStreamError, JetStreamRefused
-from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage
+from cdc_router.nats.publisher import JetStreamPublisher, NatsMessage, failure_cause
 
 
 def test_close_ends_the_tasks_left_on_its_loop_and_closes_the_loop() -> None:
@@ -138,3 +138,4 @@ def test_a_batch_refused_for_full_jetstream_storage_says_what_makes_room() -> No
     assert "insufficient resources'; JetStream's storage is full (nats-server's jetstream " \
            "max_file_store" in str(full.value)
     assert "`cdc-router streams apply -c <config>`" in str(full.value)
+    assert failure_cause(full.value) == "jetstream_storage_full"  # the abort's metric label

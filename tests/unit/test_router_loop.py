@@ -21,6 +21,7 @@ from cdc_router.errors import (
     ConfigError,
     FatalKafkaError,
     GrantRevoked,
+    JetStreamError,
     JetStreamRefused,
     MemberFenced,
     OffsetsUnfetched,
@@ -119,7 +120,11 @@ class Harness:
         return self
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+        """The sample of `name` with `labels`; without labels, its samples summed."""
+        if labels:
+            return self.metrics.registry.get_sample_value(name, labels) or 0.0
+        return sum(sample.value for family in self.metrics.registry.collect()
+                   for sample in family.samples if sample.name == name)
 
     def delivered(self) -> list[str]:
         return [s.key.decode() for s in self.cluster.committed(ORDERS) if s.key]
@@ -933,6 +938,50 @@ def test_a_message_its_jetstream_stream_refuses_is_dead_lettered_and_the_rest_de
     assert letters["big-2"].header("dlq.stage") == "produce"
     assert "exceeds maximum" in letters["big-2"].header("dlq.error.message")
     assert harness.waits == []  # a refusal is no outage: no backoff
+
+
+class _FullStorage:
+    """JetStream with its storage full for the first `full` batches (nats-server's err_code
+    10047 'insufficient storage resources available', raised as JetStreamPublisher does:
+    from the nats-py error), then room."""
+
+    def __init__(self, full: int) -> None:
+        self.full = full
+        self.stored: dict[str, bytes] = {}
+
+    def publish_batch(self, messages: Sequence[NatsMessage]) -> BatchAcks:
+        from nats.js.errors import ServiceUnavailableError
+
+        if self.full:
+            self.full -= 1
+            raise JetStreamError("JetStream did not acknowledge 1 message; JetStream's storage "
+                                 "is full") from ServiceUnavailableError(
+                code=503, err_code=10047, description="insufficient storage resources available")
+        for message in messages:
+            self.stored.setdefault(message.msg_id, message.data)
+        return BatchAcks(len(messages), 0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_batch_jetstream_storage_full_refused_counts_under_its_own_cause(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 65-b F-1, lw66 item 2: storage full was seen only as a stall; the aborts now say their
+    # cause on /metrics (an alert rule's) and in the log line.
+    stream = _FullStorage(full=3)
+    caplog.set_level(logging.WARNING, logger="cdc_router.router")
+    harness = Harness(cluster_with(*events(6)), publisher=stream,
+                      routes=[{"nats": {"subject": "orders.{type}"}}],
+                      nats={"streams": [{"name": "ORDERS", "subjects": ["orders.>"]}]}).run()
+    assert sorted(stream.stored) == sorted(f"e-{i}" for i in range(6))
+    assert harness.metric("cdc_router_batches_aborted_total",
+                          cause="jetstream_storage_full") == 3
+    assert harness.metric("cdc_router_batches_aborted_total", cause="cluster") == 0
+    assert harness.metric("cdc_router_batches_aborted_total") == 3
+    assert "event=batch_aborted cause=jetstream_storage_full consecutive=1" in caplog.text
+    assert harness.waits, "storage full is no record's fault: it backs off"
+    assert harness.letters() == []
 
 
 def test_a_commit_failing_mid_poll_rereads_the_rest_of_the_poll_and_loses_nothing() -> None:

@@ -381,7 +381,8 @@ def test_a_partition_with_waiting_records_that_no_instance_is_assigned_is_critic
         "warning: router: router group cdc-router has not committed "
         "qatext.public.outbox_text[0] for 290s while 3 records wait (warning at 60s): the "
         "instance holding it is stuck, down or slowed by a Kafka quota, or none holds it; read "
-        "the instances' logs for event=batch_aborted or event=throttled"]
+        "the instances' logs for event=batch_aborted or event=throttled (their /metrics count "
+        "the aborts by cause: cdc_router_batches_aborted_total{cause})"]
 
 
 def test_router_lag_no_instance_and_a_stalled_group() -> None:
@@ -475,7 +476,8 @@ def test_one_stalled_partition_is_said_while_another_commits() -> None:
         "warning: router: router group cdc-router has not committed outbox.public.outbox[1] "
         "for 82s while 775 records wait (warning at 60s): the instance holding it is stuck, "
         "down or slowed by a Kafka quota, or none holds it; read the instances' logs for "
-        "event=batch_aborted or event=throttled"]
+        "event=batch_aborted or event=throttled (their /metrics count the aborts by cause: "
+        "cdc_router_batches_aborted_total{cause})"]
     fresh = replace(frozen, oldest_pending_age_s=1.0)  # an idle partition's first record
     assert lines(replace(healthy(), router=replace(router, partitions=(
         *healthy().router.partitions, fresh)))) == []
