@@ -27,14 +27,22 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc_router.consumer.client import consume_batch, consumer_error, noting_errors, raise_reported
+from cdc_router.consumer.client import (
+    commit_stored,
+    consume_batch,
+    consumer_error,
+    noting_errors,
+    positions_past,
+    raise_reported,
+)
 from cdc_router.consumer.controls import ConsumerControls
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.decode_guard import DecodeMismatch
 from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
 from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
 from cdc_router.consumer.handler import Handler, check_wiring, guarded
 from cdc_router.consumer.outage import StoreOutage
-from cdc_router.consumer.retry import PartitionRetry
+from cdc_router.consumer.retry import PartitionRetry, poll_timeout
 from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.consumer.store_checks import check_store
 from cdc_router.dead_letter import shown_repr, without_frames
@@ -51,7 +59,6 @@ from cdc_router.errors import (
 )
 from cdc_router.kafka.budget import RenewalBudget, unblocked_enough
 from cdc_router.kafka.closing import Generations, close_all, close_aside
-from cdc_router.kafka.errors import ErrorAction, classify, describe, kafka_error_of
 from cdc_router.kafka.membership import ListedFactory, MembershipWatch, admin_listed
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._store = store
         self._handler = guarded(handler)  # an awaitable or a CancelledError: a failure
         self._decoder = decoder
+        self._mismatch = DecodeMismatch(settings.decode_mismatch_limit, decoder, clock)
         self._consumer_factory = consumer_factory
         self._dead_letters = DeadLetterWriter(settings.dead_letter_topic,
                                               settings.librdkafka_producer(), producer_factory,
@@ -140,8 +148,10 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
     def poll_once(self) -> None:
         """One iteration: resume due partitions, consume a batch, handle it, maybe commit."""
         consumer = self._consumer
+        self._rewind_held(self._mismatch.expired())
         self._resume_due()
-        messages = consume_batch(consumer, self.settings.batch_size, self._poll_timeout())
+        messages = consume_batch(consumer, self.settings.batch_size, poll_timeout(
+            self.settings.poll_timeout_s, self._retries, self._rewound, self._clock()))
         self._dead_letters.serve()  # its queued lines
         raise_reported(self._reported, at_start=not self._assigned,
                        group=self.settings.group_id)
@@ -181,12 +191,17 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                                header=self.settings.event_id_header, decoder=self._decoder,
                                attempt=attempt, keyed_topics=self._keyed_topics)
         except MalformedRecord as error:
-            self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
+            if self._mismatch.hold(message, error):  # the decoder may not fit the topic
+                return
+            if not self._rewind_held(self._mismatch.interrupted(tp[0]), tp):
+                self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
             return
         except RegistryError as error:
             # An outage, like a store failure: the record is fine, so wait and retry it.
             self._retry_later(message, retry, "registry_unavailable", error)
             return
+        if self._rewind_held(self._mismatch.decoded(tp[0]), tp):
+            return  # the records held before it first, as letters
         key = DedupKey(self.settings.group_id, event.event_id)
         try:
             outcome = self._store.run_once(key, lambda context: self._handler(event, context))
@@ -276,6 +291,13 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
                 "failures=%d delay_s=%.3f error=%s", reason, *tp, message.offset(),
                 retry.failures, delay, "" if error is None else shown_repr(error)[:300])
 
+    def _rewind_held(self, held: list[KafkaMessage], tp: object = None) -> bool:
+        """Rewind each partition to its first `held` record, read again and dead-lettered as
+        usual (its topic's hold is over); whether `tp` was one of them."""
+        for message in held:
+            self._retry_later(message, None, "decode_hold_ended", None)
+        return any((message.topic(), message.partition()) == tp for message in held)
+
     def _acknowledge(self, message: KafkaMessage) -> None:
         tp = (message.topic(), message.partition())
         self._retries.pop(tp, None)
@@ -293,16 +315,11 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._stored_since_commit = True
 
     def _store_positions(self) -> None:
-        """After a batch handled to its end: store each partition's position where it passed
-        its last stored offset without a record (the commit markers of a transactional
-        producer, as the router's, which read_committed never hands over: QA 35-b saw every
-        group lag 1 a partition for ever). Not a partition awaiting a retry; librdkafka says
-        no position (-1001) after a seek or an assignment, until a record comes."""
-        assigned = self._consumer.assignment()
-        for position in self._consumer.position(assigned) if assigned else ():
-            tp = (position.topic, position.partition)
-            if tp not in self._retries and position.offset > self._stored.get(tp, -1):
-                self._store_offset(tp, position.offset)
+        """After a batch handled to its end: consumer/client.py's positions_past(), but not a
+        partition awaiting a retry or holding records (consumer/decode_guard.py)."""
+        for tp, offset in positions_past(self._consumer, self._stored, lambda tp: tp in
+                                         self._retries or self._mismatch.holds(tp)):
+            self._store_offset(tp, offset)
 
     def _resume_due(self) -> None:
         if self._fresh:
@@ -319,30 +336,12 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             self._consumer.resume([TopicPartition(topic, partition) for topic, partition in due])
             self._rewound.difference_update(due)
 
-    def _poll_timeout(self) -> float:
-        timeout = self.settings.poll_timeout_s
-        if self._rewound:
-            next_due = min(self._retries[tp].not_before for tp in self._rewound)
-            timeout = min(timeout, max(0.0, next_due - self._clock()))
-        return timeout
-
     def _commit(self, consumer: Any = None) -> None:
         """Commit the stored offsets synchronously; a refused commit only means redelivery."""
         self._last_commit = self._clock()
-        self._stored_since_commit = False
-        try:
-            (self._consumer if consumer is None else consumer).commit(asynchronous=False)
-        except KafkaException as error:
-            kafka_error = kafka_error_of(error)
-            if kafka_error is not None and kafka_error.code() == KafkaError._NO_OFFSET:
-                return
-            if kafka_error is not None and classify(kafka_error) is ErrorAction.FATAL:
-                raise FatalKafkaError(f"cannot commit offsets of group {self.settings.group_id}: "
-                                     f"{describe(kafka_error)}") from error
-            # Still to commit: at the next interval, a revocation or the stop (review 33: a
-            # failed commit was never tried again, and the next owner redid the work).
-            self._stored_since_commit = True
-            log.warning("event=commit_failed group=%s error=%s", self.settings.group_id, error)
+        self._stored_since_commit = False  # first: a fatal refusal leaves nothing to commit
+        self._stored_since_commit = commit_stored(
+            self._consumer if consumer is None else consumer, self.settings.group_id)
 
     def _login_refused(self) -> None:
         """Before the subscription: a poll (no record to return yet) serves error_cb."""
@@ -356,6 +355,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
             self._retries.pop(tp, None)
             self._stored.pop(tp, None)
             self._rewound.discard(tp)
+        self._mismatch.forget((p.topic, p.partition) for p in partitions)
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._fresh.extend(partitions)

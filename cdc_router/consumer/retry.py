@@ -86,3 +86,11 @@ class PartitionRetry:
     refusals: int = 0  # dead-letter writes Kafka refused, counted against retry.max_attempts
     drop_value: bool = False  # a dead letter was refused as too large: retry it without value
     letter: dict[str, Any] | None = None  # the dead letter Kafka did not take: only it is retried
+
+
+def poll_timeout(base_s: float, retries: dict[tuple[str, int], PartitionRetry],
+                 rewound: set[tuple[str, int]], now: float) -> float:
+    """`base_s` (poll_timeout_s), or less: until the first rewound partition's retry is due."""
+    if not rewound:
+        return base_s
+    return min(base_s, max(0.0, min(retries[tp].not_before for tp in rewound) - now))

@@ -103,6 +103,10 @@ class ConsumerSettings:
     # How long a dead-letter record may take to be acknowledged; below max.poll.interval.ms
     # (300 s by default) so a slow broker cannot get the consumer evicted from its group.
     dead_letter_timeout_s: float = 30.0
+    # QA 66-a F-6: when this many records of a topic fail to decode alike before any decodes,
+    # run() stops with a ConfigError naming the decoder, none acknowledged (consumer/
+    # decode_guard.py); 0: dead-letter each one, as any malformed record.
+    decode_mismatch_limit: int = 100
     consumer_config: Mapping[str, str] = field(default_factory=dict)
     producer_config: Mapping[str, str] = field(default_factory=dict)
 
@@ -146,6 +150,11 @@ class ConsumerSettings:
             (finite_number(self.dead_letter_timeout_s) and self.dead_letter_timeout_s > 0,
              "dead_letter_timeout_s", "must be a finite positive number",
              self.dead_letter_timeout_s),
+            (isinstance(self.decode_mismatch_limit, int)
+             and not isinstance(self.decode_mismatch_limit, bool)
+             and self.decode_mismatch_limit >= 0, "decode_mismatch_limit",
+             "must be a whole number, 0 to dead-letter each undecodable record",
+             self.decode_mismatch_limit),
             # Review 47-e F12: the Kafka group moved away from the dedup group, unsaid.
             ("group.id" not in self.consumer_config, "consumer_config.group.id",
              "is group_id's: the Kafka group and the dedup group are one; set group_id",

@@ -231,12 +231,16 @@ class Harness:
                  event_id_source: str | None = None,
                  handler: Callable[[ConsumedEvent, Any], None] | None = None,
                  producer_config: dict[str, str] | None = None,
-                 consumer_config: dict[str, str] | None = None) -> None:
+                 consumer_config: dict[str, str] | None = None,
+                 decode_mismatch_limit: int | None = None) -> None:
         self.clock = FakeClock()
         self.effects: list[ConsumedEvent] = []
         self.store = store or MemoryDedupStore()
         self.producer = FakeProducer()
-        chosen = {} if event_id_source is None else {"event_id_source": event_id_source}
+        chosen: dict[str, Any] = {} if event_id_source is None else {
+            "event_id_source": event_id_source}
+        if decode_mismatch_limit is not None:
+            chosen["decode_mismatch_limit"] = decode_mismatch_limit
         self.settings = ConsumerSettings(
             bootstrap_servers="fake:9092", group_id="fulfillment", topics=(TOPIC,),
             dead_letter_topic=DLQ, **chosen,  # type: ignore[arg-type]
