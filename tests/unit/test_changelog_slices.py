@@ -273,3 +273,26 @@ def test_broker_stamped_records_whose_clocks_lag_apart_lose_no_mark_kept(
     assert reader.broker_stamped
     assert all(sliced.seen(f"late-{n}") for n in range(10))
     assert _held(sliced, ids) == _held(forward, ids)
+
+
+def test_every_consumer_of_a_restore_is_answered_at_the_log_end_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 67: a read takes its ends on its consumer's connection once assigned, behind a
+    # fetch the broker holds at the log end for fetch.wait.max.ms (librdkafka's 500 ms): the
+    # first slice, at the end, took 1.5 s more than a read from the window's start.
+    records, _ = _changelog(12, records=200, partitions=3)
+    configs: list[dict[str, Any]] = []
+
+    def consumer(config: dict[str, Any]) -> Timed:
+        configs.append(dict(config))
+        return Timed(records)
+
+    monkeypatch.setattr(reader_module, "Consumer", consumer)
+    monkeypatch.setattr(changelog_module, "Consumer", consumer)
+    monkeypatch.setattr(reader_module, "log_end_offsets",
+                        lambda admin, topic, parts, end: dict.fromkeys(parts, 0))
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl")
+    restore_newest(ReplayFilter(window_ms=WEEK_MS, max_ids=1_000_000), reader, NOW_MS,
+                   group="g")
+    assert len(configs) == SLICES
+    assert all(int(config.get("fetch.wait.max.ms", 500)) <= 50 for config in configs), configs
