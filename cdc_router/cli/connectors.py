@@ -373,17 +373,21 @@ def delete(state: _State, name: str, yes: bool) -> None:
               show_default=True, help="State the connector and all its tasks must reach.")
 @click.option("--timeout", type=Seconds(min=0), default=60.0, show_default=True,
               help="Seconds to wait before failing.")
+@click.option("--name-grace", type=Seconds(min=0), default=NAME_GRACE_S, show_default=True,
+              help="Seconds a --url host name that does not resolve is asked again (a worker "
+                   "pod's name is gone while it restarts).")
 @pass_state
-def wait(state: _State, name: str, wanted: str, timeout: float) -> None:
+def wait(state: _State, name: str, wanted: str, timeout: float, name_grace: float) -> None:
     """Wait until a connector and all its tasks reach a state (fails fast on FAILED)."""
     def unanswered(error: ConnectError) -> None:
         if isinstance(error, UnresolvedHostError):  # review 65: Docker's DNS, a StatefulSet
-            click.echo(f"waiting: {error}; asked again for {min(timeout, NAME_GRACE_S):g}s (a "
-                       "worker's name is gone while its container or pod restarts; check --url "
-                       "if it is not one)", err=True)
+            click.echo(f"waiting: {error}; asked again for {min(timeout, name_grace):g}s (a "
+                       "worker's name is gone while its container or pod restarts: "
+                       "--name-grace; check --url if it is not one)", err=True)
             return
         click.echo(f"waiting: {error}; asked again until --timeout {timeout:g}s (a worker "
                    "starting answers so for a while; check --url if it is not one)", err=True)
 
-    reached = state.client.wait_for_state(name, wanted, timeout, unanswered=unanswered)
+    reached = state.client.wait_for_state(name, wanted, timeout, unanswered=unanswered,
+                                          name_grace_s=name_grace)
     click.echo(f"{name}: {reached.state} ({len(reached.tasks)} task(s))")

@@ -48,6 +48,7 @@ _CONFLICT_BACKOFF_S = 1.0
 # Docker's embedded DNS drops a stopped container's name until it starts again (a restart:
 # `docker stop`'s 10 s grace, then the start), and a StatefulSet pod's name behind a headless
 # service is gone while the pod is not ready. A mistyped --url is said at once all the same.
+# `connectors wait --name-grace` sets it: a Connect pod's start takes 40-90 s (review 66).
 NAME_GRACE_S = 30.0
 
 
@@ -192,8 +193,8 @@ class ConnectClient:
 
     def wait_for_state(self, name: str, state: str, timeout: float, *,
                        poll_interval: float = 1.0,
-                       unanswered: Callable[[ConnectError], None] | None = None
-                       ) -> ConnectorStatus:
+                       unanswered: Callable[[ConnectError], None] | None = None,
+                       name_grace_s: float = NAME_GRACE_S) -> ConnectorStatus:
         """Poll until the connector and all its tasks are in `state`; return that status.
 
         Waiting for RUNNING fails at once when the connector or a task is FAILED (Connect does
@@ -201,12 +202,12 @@ class ConnectClient:
         status topic catching up, and a worker that refuses connections or answers a plain
         404 one starting (QA 64-a F-8: the wait after a worker's restart failed in 4 s), so
         each is polled again until `timeout`, then said; a host name that does not resolve,
-        for the first NAME_GRACE_S only. `unanswered` is called with the first such refusal,
+        for the first `name_grace_s` only. `unanswered` is called with the first such refusal,
         plain 404 or name: a wrong --url looks the same (review 64), so the command says it at
         once.
         """
         deadline = self._clock() + timeout
-        named_until = min(deadline, self._clock() + NAME_GRACE_S)
+        named_until = min(deadline, self._clock() + name_grace_s)
         last: ConnectorStatus | None = None
         while True:
             try:

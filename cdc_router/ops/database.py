@@ -17,7 +17,7 @@ from cdc_router.config.dsn import refused_dsn
 from cdc_router.errors import ConfigError
 from cdc_router.ops.report import OutboxState, PreparedXact, PublicationState, Slot, WalState
 from cdc_router.outbox.existing import column_list_problem, publication_filter, row_filter_problem
-from cdc_router.outbox.table import OutboxSchema
+from cdc_router.outbox.table import OutboxColumns, OutboxSchema
 from cdc_router.outbox.tools import outbox_stats
 from cdc_router.postgres import (
     PREPARED_HINT,
@@ -273,7 +273,16 @@ def outbox_state(conn: psycopg.Connection[Any], schema: OutboxSchema,
     return OutboxState(table=stats.table, rows=stats.rows, oldest_age_s=stats.oldest_age_s,
                        size_bytes=stats.table_bytes,
                        partitioned=None if row is None else row[0] == "p",
-                       reader=reader, reader_may_select=None if row is None else row[1])
+                       reader=reader, reader_may_select=None if row is None else row[1],
+                       column_flags=column_flags(schema.columns))
+
+
+def column_flags(columns: OutboxColumns) -> tuple[str, ...]:
+    """`outbox init --column` values for `columns`: each name other than the default, and
+    `name=` for an optional column the table lacks."""
+    default = OutboxColumns().model_dump()
+    return tuple(f"{field}={name or ''}" for field, name in columns.model_dump().items()
+                 if name != default[field])
 
 
 def _int(value: Any) -> int | None:

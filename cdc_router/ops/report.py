@@ -84,6 +84,9 @@ class OutboxState:
     partitioned: bool | None = None  # a partitioned table (its rows live in partitions)
     reader: str | None = None  # the connector's database.user
     reader_may_select: bool | None = None  # None: not known (no such role, not asked)
+    # `outbox init`'s --column flags for this table's columns (rv66: status's init line gave
+    # none, and init refused an outbox with renamed or absent columns), e.g. "payload=body".
+    column_flags: tuple[str, ...] = ()
     # Of each source.outbox column listed with several names (a rename): which the table has.
     listed_columns: tuple[str, ...] = ()
     # The other tables the connector captures (table.include.list names several), each

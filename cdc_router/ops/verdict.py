@@ -146,7 +146,8 @@ def _reader(report: Report) -> Iterator[Problem]:
         # publication, and grants nothing on a table of another name.
         publication = report.publication.name
         init = f"cdc-router outbox init --table {shlex.quote(outbox.table or '')}" + (
-            f" --publication {shlex.quote(publication)}" if publication else "")
+            f" --publication {shlex.quote(publication)}" if publication else "") + "".join(
+            f" --column {shlex.quote(flag)}" for flag in outbox.column_flags)
         yield Problem("critical", "outbox", f"the connector's role {role} may not SELECT "
                       f"{outbox.table}: Debezium's snapshot fails (its task restarts and shows "
                       f"RUNNING); run `{init} --replication-role {shlex.quote(role)}`, or "

@@ -62,7 +62,11 @@ def changelog_check(config: RouterConfig, committed: list[TopicPartition], remem
 def new_group_check(config: RouterConfig, committed: list[TopicPartition], restored: int,
                     others: Iterable[str]) -> None:
     """WARNING when source.group_id starts afresh (no offset in `committed`, no mark restored)
-    on raw topics where one of `others` (groups with marks on the changelog) has offsets."""
+    on raw topics where one of `others` (groups with marks on the changelog) has offsets.
+
+    `others` are the groups of the marks the restore read: the window plus an hour (review
+    66). A renamed group idle for longer is not named, whatever offsets it keeps: README,
+    Renaming a pipeline, says to copy the offsets first."""
     if restored or not others or not committed or \
             any(tp.error is None and tp.offset >= 0 for tp in committed):
         return  # a spare instance (no partition) has nothing to read (review 34-2)

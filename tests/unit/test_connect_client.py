@@ -415,6 +415,10 @@ def test_wait_for_state_polls_a_host_name_no_resolver_knows_for_its_grace_only()
     with pytest.raises(ConnectError, match=r"not known"):  # a shorter --timeout bounds it
         client(unknown, clock).wait_for_state("c", "RUNNING", 4)
     assert clock.now == 34.0
+    # Review 66: a Connect pod's start takes 40-90 s: `connectors wait --name-grace` sets it.
+    with pytest.raises(ConnectError, match=r"not known"):
+        client(unknown, clock).wait_for_state("c", "RUNNING", 300, name_grace_s=90)
+    assert clock.now == 34.0 + 90
     calls = iter(range(100))
 
     def back(request: httpx.Request) -> httpx.Response:  # the name back after 10 s

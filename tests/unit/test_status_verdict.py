@@ -626,6 +626,21 @@ def test_a_connector_role_that_may_not_select_the_outbox_is_critical() -> None:
     assert "--replication-role Debezium-CDC`" in line and 'TO "Debezium-CDC"`' in line
     spaced = replace(report, outbox=replace(report.outbox, reader="cdc role"))
     assert "--replication-role 'cdc role'`" in lines(spaced)[0]
+    # rv66: an outbox with renamed or absent columns: init refuses without its --column flags.
+    renamed = replace(report, outbox=replace(report.outbox, column_flags=(
+        "payload=body", "headers=")))
+    assert "run `cdc-router outbox init --table public.outbox --publication outbox_pub " \
+        "--column payload=body --column headers= --replication-role debezium`" \
+        in lines(renamed)[0]
+
+
+def test_the_init_column_flags_are_the_columns_other_than_the_defaults() -> None:
+    from cdc_router.ops.database import column_flags
+    from cdc_router.outbox.table import OutboxColumns
+
+    assert column_flags(OutboxColumns()) == ()
+    assert column_flags(OutboxColumns(payload="body", headers=None, aggregateid="agg id")) == (
+        "aggregateid=agg id", "payload=body", "headers=")
 
 
 def test_json_has_stable_keys_and_text_names_every_part() -> None:
