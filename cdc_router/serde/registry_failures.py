@@ -116,10 +116,21 @@ def _refusal(what: str, error: ClientError, url: str,
     # 408 and 429 say "later": an outage's, not the subject's.
     transient = isinstance(status, int) and (status >= 500 or status in (408, 429))
     definite = isinstance(status, int) and 400 <= status < 500 and not transient
+    if status == 407:  # rv66: the proxy's own credentials, no registry's answer at all
+        return RegistryError(f"cannot {what}: an HTTP proxy on the way to the schema registry at "
+                             f"{shown_url(url)} wants credentials of its own (HTTP 407 Proxy "
+                             "Authentication Required): give them in the proxy variable "
+                             "(HTTPS_PROXY, or HTTP_PROXY for an http:// registry: "
+                             "http://USER:PASSWORD@HOST:PORT), or name the registry's host in "
+                             "NO_PROXY")
     if definite and not registry_code:
-        return RegistryError(f"cannot {what}: {error}; that answer has no schema registry "
-                             f"error code: is {settings.url} ({url}) the registry's "
-                             "(Apicurio: its /apis/ccompat/v7 path)?")
+        # A proxy's or another server's page: the status and the start of its body (a whole
+        # HTML page was the line's bulk).
+        return RegistryError(f"cannot {what}: HTTP {status} from {shown_url(url)} ("
+                             f"{_cut(_masked(str(error.error_message), url))}); that answer "
+                             f"has no schema registry error code: is {settings.url} the "
+                             "registry's (Apicurio: its /apis/ccompat/v7 path), and does a "
+                             "proxy on the way let it through?")
     if transient:  # QA 55-c F-4: the line named neither the registry nor an outage
         return RegistryError(f"cannot {what}: the schema registry at {url} answered HTTP "
                              f"{status} ({_masked(str(error), url)}); {OUTAGE}", outage=True)
@@ -134,6 +145,12 @@ def _incompatibility(error: ClientError) -> str:
     text = _JAVA_CLASS.sub("", _OLD_SCHEMA.sub("", text))
     return text if len(text) <= INCOMPATIBILITY_CHARS else \
         f"{text[:INCOMPATIBILITY_CHARS - 1]}…"
+
+
+def _cut(text: str, limit: int = 160) -> str:
+    """`text` on one line, at most `limit` characters."""
+    text = on_one_line(text)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
 
 
 def _masked(text: str, url: str) -> str:

@@ -279,3 +279,28 @@ def test_a_quick_refusal_is_not_remembered_and_a_registration_is_used_at_once() 
     assert client.lookups == 3
     client.register_schema("x.n01-value", Schema(load_schema(PAYMENT).text, "AVRO"))
     assert serializer.serialize(event(GOOD), DYNAMIC, "x.n01")[:1] == b"\x00"
+
+
+PROXY_PAGE = "Unknown Schema Registry Error: b'<!DOCTYPE html>\\n<html><head><title>" + \
+    "x" * 5000 + "</title></head></html>'"
+
+
+def test_a_proxys_bare_4xx_is_one_short_line_and_a_407_names_the_proxy_credentials() -> None:
+    # rv66: a proxy's 407 (or 403/404 page) before the registry: confluent-kafka's client puts
+    # the whole HTML body in the message; the consumer ends run() with it (exit 1).
+    url = "http://user:secret@sr:8081"
+    failure = registry_failure("look up schema id 1", ClientError(407, -1, PROXY_PAGE), url)
+    text = str(failure)
+    assert text == ("cannot look up schema id 1: an HTTP proxy on the way to the schema "
+                    "registry at http://user:*****@sr:8081 wants credentials of its own (HTTP "
+                    "407 Proxy Authentication Required): give them in the proxy variable "
+                    "(HTTPS_PROXY, or HTTP_PROXY for an http:// registry: "
+                    "http://USER:PASSWORD@HOST:PORT), or name the registry's host in NO_PROXY")
+    assert not failure.refused and failure.exit_code == 1  # no retry mends it
+    page = str(registry_failure("look up schema id 1", ClientError(404, -1, PROXY_PAGE), url))
+    assert page.startswith("cannot look up schema id 1: HTTP 404 from http://user:*****@sr:8081 "
+                           "(Unknown Schema Registry Error: b'<!DOCTYPE html>"), page
+    assert len(page) < 500 and "\n" not in page and "secret" not in page, page
+    assert page.endswith("that answer has no schema registry error code: is "
+                         "schema_registry.url the registry's (Apicurio: its /apis/ccompat/v7 "
+                         "path), and does a proxy on the way let it through?")
