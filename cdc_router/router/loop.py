@@ -28,6 +28,7 @@ from cdc_router.kafka.consumer import next_records, rewind_to_committed
 from cdc_router.kafka.membership import ListedFactory, admin_listed
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.reader import ReadTimedOut
+from cdc_router.kafka.rival import Holder, admin_holder, check_rival
 from cdc_router.kafka.start import init_failure
 from cdc_router.kafka.throttle import ThrottleWatch
 from cdc_router.nats.publisher import JetStreamPublisher
@@ -77,7 +78,8 @@ class OutboxRouter:
                  publisher: JetStreamPublisher | None = None,
                  describe_factory: DescribeFactory = admin_describe,
                  operations_factory: OperationsFactory = admin_operations,
-                 members_factory: ListedFactory = admin_listed) -> None:
+                 members_factory: ListedFactory = admin_listed,
+                 holder_factory: Callable[[dict[str, Any]], Holder] = admin_holder) -> None:
         """Factories build the clients in run() (tests hand fakes); `wait(seconds)`: each
         backoff, interrupted by stop(); `publisher`: JetStream routes' (default: nats.url's);
         `on_started`: called when the start's checks passed (the cleanup's worker: QA 61-a F-5)."""
@@ -119,6 +121,7 @@ class OutboxRouter:
         self._renewal = ProducerRenewal()
         self._ledger = CommitLedger()  # router/lost_commits.py
         self._membership = clients.membership_watch(config, instance_id, members_factory, clock)
+        self._holder = holder_factory(clients.common_config(config))  # lazy: kafka/rival.py
         self._publisher = publisher or clients.jetstream_publisher(config, instance_id)
         self._consumer: Any = None
         self._txn: Transaction | None = None
@@ -169,6 +172,10 @@ class OutboxRouter:
                 except FatalKafkaError as failure:
                     if isinstance(failure, GrantRevoked):
                         recheck_grants(self._config, self._destinations)
+                    if isinstance(failure, MemberFenced):  # QA 65-a F-3: the newer one wins
+                        check_rival(self._holder, self._consumer, self._config.source.group_id,
+                                    self._consumer_config().get("group.instance.id"),
+                                    self._instance_id)
                     if not self._renewal.allows(failure):
                         raise
                     if isinstance(failure, MemberFenced):

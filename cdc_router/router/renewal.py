@@ -31,8 +31,9 @@ with the same group.instance.id, at most MAX_RENEWALS times in RENEWAL_WINDOW_S.
 3-broker cluster every move of the group coordinator (a broker killed or restarted) outlasted
 session.timeout.ms; librdkafka rejoined the static member, and the request it still had in flight
 with the old member id was fenced (_FATAL): every instance exited 75, and the stream stopped
-without a supervisor. Two processes given one --instance-id fence each other's member in turn:
-the budget runs out and they stop (exit 75), as before.
+without a supervisor. Two processes given one --instance-id: the older one's member fenced by the
+newer's join stops for good instead (kafka/rival.py, QA 65-a F-3: they fenced each other in
+turn until a budget ran out, the one left a race).
 
 A producer whose send_offsets_to_transaction blocked past its timeout (ProducerHung, librdkafka
 #5456/#5511: QA 37-a saw it end 5 of 10 instances at coordinator moves on a 3-broker cluster,

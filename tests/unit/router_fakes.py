@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
 
 from cdc_router.kafka.membership import Listed
+from cdc_router.kafka.rival import Holder
 from cdc_router.router.destinations import Describe
 from cdc_router.router.grants import Operations
 from cdc_router.router.replay import parse_changelog
@@ -102,6 +103,9 @@ class FakeCluster:
     # The group.instance.ids the group lists (kafka/membership.py), and how often it was asked.
     group_members: set[str] = field(default_factory=lambda: {"i-1"})
     members_lookups: int = 0
+    # (member id, client id, host) another process holds the router's instance id with
+    # (kafka/rival.py); None: the group lists the router's own member, or none.
+    rival: tuple[str, str, str] | None = None
 
     def fence(self) -> None:
         self.producer_epoch += 1
@@ -113,6 +117,11 @@ class FakeCluster:
     def operations_factory(self, admin_config: Mapping[str, Any]) -> Operations:
         """operations(topic, timeout_s) over `granted` (a topic not in it: not said)."""
         return lambda topic, timeout_s: self.granted.get(topic)
+
+    def holder_factory(self, admin_config: Mapping[str, Any]) -> Holder:
+        """holder(group, instance id): `rival`, the member another process has under that id
+        (kafka/rival.py), else none listed."""
+        return lambda group, instance_id: self.rival
 
     def members_factory(self, admin_config: Mapping[str, Any], group: str,
                         topics: Sequence[str]) -> Listed:
@@ -344,6 +353,10 @@ class FakeConsumer:
         self.events: list[Message] = []
         self.closed = False
         self.stranded = False  # no partition, never joins again (kafka/membership.py)
+        self.member_id = f"rdkafka-{id(self)}"
+
+    def memberid(self) -> str:
+        return self.member_id
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         assert topics == [RAW]

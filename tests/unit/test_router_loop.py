@@ -95,7 +95,7 @@ class Harness:
             changelog_factory=lambda conf, topic: FakeChangelog(cluster, topic),
             describe_factory=cluster.describe_factory, publisher=publisher,
             operations_factory=cluster.operations_factory,
-            members_factory=cluster.members_factory)
+            members_factory=cluster.members_factory, holder_factory=cluster.holder_factory)
 
     def _started(self) -> None:
         self.started += 1
@@ -1113,6 +1113,35 @@ def test_a_consumer_fenced_again_and_again_exits_for_a_restart() -> None:
         harness.run()
     assert raised.value.exit_code == EXIT_RESTART
     assert len(harness.consumers) == 4  # the first and three new ones
+
+
+def test_a_consumer_fenced_by_a_newer_process_with_its_instance_id_stops_for_good() -> None:
+    # QA 65-a F-3: two processes with one --instance-id fenced each other back and forth, and
+    # the one left was not necessarily the newer. KIP-345: the newer's join fences the older,
+    # which now stops (exit 1: a supervisor restarting on 75 does not bring it back).
+    cluster = cluster_with(*events(5))
+    cluster.rival = ("rdkafka-9f2c", "cdc-router", "/10.0.0.7")
+    harness = Harness(cluster, hooks=[_fence])
+    with pytest.raises(ConfigError) as raised:
+        harness.run()
+    assert str(raised.value).startswith(
+        "field '--instance-id': another process took this instance's group.instance.id "
+        "'i-1.")
+    assert "in group 'g' (now member rdkafka-9f2c of client 'cdc-router' on /10.0.0.7): " \
+        "Kafka fences the older of two static members with one id, so this one stops for " \
+        "good and the newer runs on; give each instance its own --instance-id" \
+        in str(raised.value)
+    assert str(raised.value).endswith("(got 'i-1')")
+    assert raised.value.exit_code == 1
+    assert len(harness.consumers) == 1, "not renewed: renewing would fence the newer one"
+    # The group lists this process's own member (librdkafka rejoined after a coordinator
+    # move, QA 36-a): a new consumer, as before.
+    cluster = cluster_with(*events(5))
+    harness = Harness(cluster, hooks=[_fence])
+    cluster.rival = None
+    harness.run()
+    assert len(harness.consumers) == 2 and sorted(harness.delivered()) == [
+        f"e-{i}" for i in range(5)]
 
 
 def test_a_replaced_consumer_closes_aside_and_its_callbacks_leave_the_new_one_alone(
