@@ -97,7 +97,14 @@ def consumer_error(error: KafkaError, group: str = "") -> None:
     stranded = unfetched_offsets(error)
     if stranded is not None:
         raise stranded
-    if error.code() != KafkaError._PARTITION_EOF:
+    if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        # A topic not created yet is waited for, as the router waits for its raw topic; a
+        # typo'd name looks the same, so the line names the setting and the fix (QA 67-b F-1:
+        # librdkafka's words alone, once, then silence for ever).
+        log.warning("event=topic_missing group=%s error=%r: a topic of ConsumerSettings.topics "
+                    "does not exist; the consumer waits for it: check the name against the "
+                    "router's route topics, or create the topic", group, error.str())
+    elif error.code() != KafkaError._PARTITION_EOF:
         log.warning("event=consumer_error code=%s error=%s", error.name(), error.str())
 
 

@@ -89,3 +89,21 @@ def test_the_router_and_the_consumer_build_the_line_with_one_helper() -> None:
     fix = str(stopped.value).split(f"{_REFUSED}; ", 1)[1]
     assert str(stopped.value) == group_protocol_refusal(_refusal(), "this router", fix)
     assert stopped.value.code == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+
+
+def test_a_missing_topic_names_the_setting_and_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    """QA 67-b F-1: a consumer of `qb-ordrs` (a typo) logged librdkafka's "Subscribed topic not
+    available" once, without the setting or what to do, and waited for ever in silence."""
+    import logging
+
+    from cdc_router.consumer.client import consumer_error
+
+    error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                       "Subscribed topic not available: qb-ordrs: Broker: Unknown topic or "
+                       "partition")
+    with caplog.at_level(logging.WARNING, logger="cdc_router.consumer.client"):
+        consumer_error(error, "fulfillment")  # waited for, not raised
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("event=topic_missing group=fulfillment ")
+    assert "qb-ordrs" in line and "ConsumerSettings.topics" in line
+    assert "check the name" in line and "create the topic" in line
