@@ -202,7 +202,7 @@ def test_a_server_gone_mid_statement_is_unreachable_and_a_refusal_is_not(
             import contextlib
             return contextlib.nullcontext()
 
-        def execute(self, statement: object) -> None:
+        def execute(self, statement: object, params: object = None) -> None:
             raise self.error
 
     for error, kind in ((psycopg.OperationalError("server closed the connection"),

@@ -47,6 +47,7 @@ from cdc_router.consumer.dedup.postgres_rules import (
     contention,
     effects_fault,
 )
+from cdc_router.consumer.dedup.postgres_schema import create_dedup_schema
 from cdc_router.consumer.dedup.store import (
     DedupKey,
     DedupStoreError,
@@ -164,23 +165,12 @@ class PostgresDedupStore:
             self._local.conn = None
 
     def ensure_schema(self) -> None:
-        """Create the dedup table and its retention index when missing (idempotent)."""
-        index = sql.Identifier(f"{self._table_name.split('.')[-1]}_processed_at_idx")
-        statements = [
-            sql.SQL("CREATE TABLE IF NOT EXISTS {} ("
-                    " consumer_group text NOT NULL,"
-                    " event_id text NOT NULL,"
-                    " processed_at timestamptz NOT NULL DEFAULT now(),"
-                    " PRIMARY KEY (consumer_group, event_id))").format(self._table),
-            # Purge scans by age; without this index each batch is a sequential scan.
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (processed_at)").format(
-                index, self._table),
-        ]
+        """Create the dedup table and its retention index when missing (idempotent; no DDL,
+        no lock, when both exist)."""
         try:
             conn = self._connection()
             with conn.transaction():
-                for statement in statements:
-                    conn.execute(statement)
+                create_dedup_schema(conn, self._table, self._table_name)
         except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable,
                 psycopg.errors.DuplicateObject):
             # Replicas starting together race on IF NOT EXISTS (it is not atomic in the
