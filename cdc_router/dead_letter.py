@@ -34,6 +34,10 @@ REPLAY_OF = "dlq.replay.of"
 # The source.group_id of the pipeline that wrote a router's (or relay's) dead letter: several
 # pipelines may share one dead-letter topic (its default name), and read one raw topic too.
 SOURCE_GROUP = "dlq.source.group"
+# The group_id of the idempotent consumer that wrote a dead letter: services may share one
+# dead-letter topic, and each letter is one group's failure (QA 67-b F-3). Not
+# dlq.source.group, which tells a router's letters of other pipelines apart.
+CONSUMER_GROUP = "dlq.consumer.group"
 HEADER_PREFIX = "dlq."
 
 # The longest event id, in UTF-8 bytes, the router routes and the idempotent consumer takes. A

@@ -14,8 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_router.consumer.event import KafkaMessage
 from cdc_router.consumer.settings import built
+from cdc_router.dead_letter import CONSUMER_GROUP, dead_letter_max_bytes, fitted
 from cdc_router.dead_letter import dead_letter_headers as _headers
-from cdc_router.dead_letter import dead_letter_max_bytes, fitted
 from cdc_router.errors import (
     DeadLetterRefused,
     DeliveryError,
@@ -68,8 +68,10 @@ class DeadLetterWriter:
     """
 
     def __init__(self, topic: str, config: dict[str, str],
-                 producer_factory: Callable[[dict[str, str]], Any], timeout_s: float) -> None:
+                 producer_factory: Callable[[dict[str, str]], Any], timeout_s: float,
+                 group: str = "") -> None:
         self.topic = topic
+        self._group = [(CONSUMER_GROUP, group.encode())] if group else []  # dlq.consumer.group
         self._config = config
         self._factory = producer_factory
         self._timeout_s = timeout_s
@@ -142,8 +144,8 @@ class DeadLetterWriter:
             else record_headers(message)
         key, value, headers = fitted(
             message.key(), message.value(), headers + dead_letter_headers(
-                message, stage=stage, error=error, attempts=attempts, event_id=event_id),
-            self._max_bytes, drop_value=drop_value)
+                message, stage=stage, error=error, attempts=attempts, event_id=event_id)
+            + self._group, self._max_bytes, drop_value=drop_value)
         where = f"dead-letter record for {message.topic()}[{message.partition()}]" \
                 f"@{message.offset()}"
         try:

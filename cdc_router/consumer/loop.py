@@ -91,7 +91,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         self._consumer_factory = consumer_factory
         self._dead_letters = DeadLetterWriter(settings.dead_letter_topic,
                                               settings.librdkafka_producer(), producer_factory,
-                                              settings.dead_letter_timeout_s)
+                                              settings.dead_letter_timeout_s, settings.group_id)
         self._rng = rng or random.Random()
         self._clock = clock
         self._outage = StoreOutage(type(store).__name__, clock)  # its lines (QA 61-b F6)

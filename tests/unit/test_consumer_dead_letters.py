@@ -257,3 +257,13 @@ def test_a_tombstone_given_to_the_decoder_is_malformed_with_a_reason_saying_so(
         return  # its own error; read_event says what the value is
     with pytest.raises((ValueError, PayloadDecodeError), match=r"the value is null \(a tomb"):
         decode(None)
+
+
+def test_a_letter_names_the_consumer_group_that_wrote_it() -> None:
+    """QA 67-b F-3: six groups shared one dead-letter topic, 92 letters of 20 records, and no
+    header said which service's handler failed."""
+    h = Harness({0: [(b"big", b"{}", [])]}, handler=poison)
+    h.run()
+    [dead] = h.producer.sent
+    assert dlq_headers(dead)["dlq.consumer.group"] == "fulfillment"
+    assert "dlq.source.group" not in dlq_headers(dead)  # a router's, for its pipelines
