@@ -11,7 +11,8 @@ first reason, nothing of them acknowledged. A restart with the right decoder rea
 The hold ends, and the held records go the usual way (rewound, read again, dead-lettered one
 by one), at the topic's first record that decodes, at a failure of another kind, and
 `HOLD_S` after the first was held (a few poison records at the start of a quiet topic are
-letters after that long). Tombstones and records without an event id are never held.
+letters after that long). Tombstones and records without an event id are never held, and
+end the hold only on a partition with held records (their letter would acknowledge them).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class _Held:
 
 class DecodeMismatch:
     """hold(message, error) -> whether the loop holds the record; raises ConfigError at the
-    limit. decoded(topic), interrupted(topic), expired() -> the first held record of each
+    limit. decoded(topic), interrupted(message, error), expired() -> the first held record of each
     partition to rewind to (the hold is over for their topic)."""
 
     def __init__(self, limit: int, decoder: object, clock: Callable[[], float]) -> None:
@@ -59,14 +60,12 @@ class DecodeMismatch:
 
     def hold(self, message: KafkaMessage, error: MalformedRecord) -> bool:
         """Hold `message` (True), or let it be dead-lettered now (False: first rewind to
-        what release() returns, the records held before it)."""
+        what interrupted() returns, the records held before it)."""
         topic = message.topic()
-        text = str(error)
-        if self._limit <= 0 or topic in self._decoded or message.value() is None \
-                or error.__cause__ is None or not text.startswith(_DECODE_FAILURE):
+        if self._limit <= 0 or topic in self._decoded or not _undecodable(message, error):
             return False
         cause = type(error.__cause__).__name__
-        held = self._held.setdefault(topic, _Held(cause, self._clock(), reason=text))
+        held = self._held.setdefault(topic, _Held(cause, self._clock(), reason=str(error)))
         if held.cause != cause:
             return False
         held.first.setdefault((topic, message.partition()), message)
@@ -93,9 +92,16 @@ class DecodeMismatch:
         """A record of `topic` decoded: release() it (nothing once past its hold)."""
         return [] if topic in self._decoded else self.release(topic)
 
-    def interrupted(self, topic: str) -> list[KafkaMessage]:
-        """A failure hold() did not hold: release() `topic` if records of it are held."""
-        return self.release(topic) if topic in self._held else []
+    def interrupted(self, message: KafkaMessage, error: MalformedRecord) -> list[KafkaMessage]:
+        """A failure hold() did not hold: release() its topic if records of it are held. Not
+        for a tombstone or a record without an id on a partition nothing is held of: it says
+        nothing of the decoder, and its letter commits past nothing held (review 67: one
+        tombstone ended the hold of the whole topic, and the letters came back)."""
+        topic, tp = message.topic(), (message.topic(), message.partition())
+        held = self._held.get(topic)
+        if held is None or (tp not in held.first and not _undecodable(message, error)):
+            return []
+        return self.release(topic)
 
     def expired(self) -> list[KafkaMessage]:
         """release() every topic held for HOLD_S."""
@@ -110,3 +116,10 @@ class DecodeMismatch:
             held = self._held.get(tp[0])
             if held is not None and held.first.pop(tp, None) is not None and not held.first:
                 del self._held[tp[0]]
+
+
+def _undecodable(message: KafkaMessage, error: MalformedRecord) -> bool:
+    """Whether the decoder failed on `message`'s value (read_event's), not a tombstone or a
+    record without an event id."""
+    return message.value() is not None and error.__cause__ is not None \
+        and str(error).startswith(_DECODE_FAILURE)

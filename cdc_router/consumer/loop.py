@@ -193,7 +193,7 @@ class IdempotentConsumer(ConsumerControls, Generic[Context]):
         except MalformedRecord as error:
             if self._mismatch.hold(message, error):  # the decoder may not fit the topic
                 return
-            if not self._rewind_held(self._mismatch.interrupted(tp[0]), tp):
+            if not self._rewind_held(self._mismatch.interrupted(message, error), tp):
                 self._dead_letter(message, STAGE_DECODE, error, attempts=0, retry=retry)
             return
         except RegistryError as error:

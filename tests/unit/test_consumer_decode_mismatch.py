@@ -83,3 +83,25 @@ def test_tombstones_are_never_held() -> None:
     h = Harness({0: [(b"t", None, [("id", b"t")])] * 120}, decoder=parse_json)
     h.run()
     assert len(h.producer.sent) == 120
+
+
+def test_a_tombstone_on_a_partition_nothing_is_held_of_does_not_end_the_hold() -> None:
+    # Review 67: partition 0's records held, then partition 1's tombstone (no decoder's
+    # verdict) ended the hold of the whole topic, and every record became a letter again.
+    h = Harness({0: [avro(f"a{i}") for i in range(80)],
+                 1: [(b"t", None, [("id", b"t")])] + [avro(f"b{i}") for i in range(80)]},
+                decoder=parse_json)
+    with pytest.raises(ConfigError) as stopped:
+        h.run()
+    assert "the first 100 records of topic" in str(stopped.value)
+    assert [dlq_headers(sent)["dlq.source.partition"] for sent in h.producer.sent] == ["1"]
+    # Only the tombstone, lettered, is acknowledged: none of the held records.
+    assert h.kafka.committed.get(0, 0) == 0 and h.kafka.committed.get(1, 0) <= 1
+
+
+def test_a_tombstone_on_a_held_partition_still_ends_the_hold() -> None:
+    # Its letter would commit past the records held before it: they become letters first.
+    h = Harness({0: [avro("a0"), avro("a1"), (b"t", None, [("id", b"t")])]}, decoder=parse_json)
+    h.run()
+    assert [dlq_headers(sent)["dlq.source.offset"] for sent in h.producer.sent] == ["0", "1", "2"]
+    assert h.kafka.committed == {0: 3}
