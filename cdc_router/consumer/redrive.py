@@ -1,0 +1,187 @@
+"""Redrive: run the idempotent consumer's own dead letters again, once its handler is fixed.
+
+    counts = redrive(settings, store, handler)   # the service's settings, store and handler
+
+A one-shot run (QA 67-b F-4: `cdc-router dlq replay` re-delivers the router's letters only, and
+the consumer's had no way back). It reads `settings.dead_letter_topic` from where the last
+redrive of this group stopped up to its end when the run started, and of those letters only
+the ones of this group (`dlq.consumer.group` = `settings.group_id`): each goes to `handler`
+through `store` under the letter's event id (`dlq.event.id`) and `settings.group_id`, so an id
+done since (a later copy) is a duplicate and skipped. A letter that fails `max_attempts` times
+again is lettered again (its old dlq.* headers kept: its attempt history) and the run goes on.
+
+Not a second IdempotentConsumer on the dead-letter topic: that one would handle every group's
+letters, never end, and join the service's Kafka group with another subscription. The
+position is the Kafka group `<group_id>.redrive`'s, committed after each letter: a run that
+stops (a store outage stops it) resumes where it stopped. Run one at a time per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from cdc_router.consumer.client import consumer_error
+from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
+from cdc_router.consumer.dedup.store import DedupKey, DedupStore, Outcome
+from cdc_router.consumer.event import Decoder, KafkaMessage, read_event
+from cdc_router.consumer.handler import Handler, check_wiring, guarded
+from cdc_router.consumer.settings import ConsumerSettings, built
+from cdc_router.dead_letter import (
+    CONSUMER_GROUP,
+    EVENT_ID,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    VALUE_DROPPED,
+)
+from cdc_router.errors import DedupStoreError, FatalKafkaError, MalformedRecord
+from cdc_router.kafka.consumer import record_headers
+
+log = logging.getLogger(__name__)
+
+Context = TypeVar("Context")
+REDRIVE_GROUP_SUFFIX = ".redrive"
+
+
+def letter_group(headers: list[tuple[str, bytes]]) -> str | None:
+    """The consumer group that wrote the letter (its last dlq.consumer.group), or None."""
+    found = [value for name, value in headers if name == CONSUMER_GROUP]
+    return found[-1].decode("utf-8", "replace") if found else None
+
+
+def original_place(headers: list[tuple[str, bytes]]) -> tuple[str, int, int] | None:
+    """Where the letter's record was first consumed: the first dlq.source.* headers (a letter
+    lettered again carries its earlier ones first), or None when they are unreadable."""
+    first = {name: value for name, value in reversed(headers)
+             if name in (SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET)}
+    try:
+        return (first[SOURCE_TOPIC].decode(), int(first[SOURCE_PARTITION]),
+                int(first[SOURCE_OFFSET]))
+    except (KeyError, ValueError):
+        return None
+
+
+def unfinished(ends: dict[int, int], positions: dict[int, int]) -> dict[int, int]:
+    """The partitions whose position has not reached the end they had when the run started."""
+    return {partition: end for partition, end in ends.items()
+            if positions.get(partition, -1) < end}
+
+
+def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Handler[Context],
+            *, decoder: Decoder | None = None,
+            consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+            producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+            rng: random.Random | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> Counter[str]:
+    """Run this group's letters on `settings.dead_letter_topic` again, up to the topic's end at
+    the start; returns the counts: redriven, duplicates, dead_lettered, other_groups, incomplete."""
+    check_wiring("redrive", settings, ConsumerSettings, store, handler, decoder)
+    topic, timeout = settings.dead_letter_topic, settings.dead_letter_timeout_s
+    config = {**settings.librdkafka_consumer(),
+              "group.id": settings.group_id + REDRIVE_GROUP_SUFFIX}
+    consumer = built(consumer_factory, config, "consumer_config")
+    letters = DeadLetterWriter(topic, settings.librdkafka_producer(), producer_factory,
+                               timeout, settings.group_id)
+    counts: Counter[str] = Counter()
+    rng = rng or random.Random()
+    try:
+        letters.open()
+        letters.require_topic(consumer, lambda: None)  # one line, not an empty run
+        try:
+            partitions = sorted(consumer.list_topics(topic, timeout=timeout)
+                                .topics[topic].partitions)
+            marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                       timeout=timeout) for p in partitions}
+            done = consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                      timeout=timeout)
+        except KafkaException as error:
+            raise FatalKafkaError(f"redrive cannot read the partitions and offsets of {topic!r}: "
+                                  f"{error}; check bootstrap_servers "
+                                  f"({settings.bootstrap_servers}) and that Kafka runs there; "
+                                  "nothing was run, run it again") from error
+        starts = {tp.partition: max(tp.offset, marks[tp.partition][0]) for tp in done}
+        ends = {p: high for p, (_low, high) in marks.items() if starts[p] < high}
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
+        log.info("event=redrive_started group=%s topic=%s letters_up_to=%s", settings.group_id,
+                 topic, ",".join(f"{p}:{end}" for p, end in ends.items()))
+        pending, run = dict(ends), guarded(handler)
+        while pending:
+            for message in consumer.consume(settings.batch_size, settings.poll_timeout_s):
+                if message.error() is not None:
+                    consumer_error(message.error(), settings.group_id)  # raises if fatal
+                elif message.offset() < ends[message.partition()]:
+                    _redrive_one(message, settings, store, run, decoder, letters, rng, sleep,
+                                 counts)
+                    consumer.commit(offsets=[TopicPartition(topic, message.partition(),
+                                                            message.offset() + 1)],
+                                    asynchronous=False)
+            positions = {tp.partition: tp.offset for tp in consumer.position(
+                [TopicPartition(topic, p) for p in pending])}
+            pending = unfinished(pending, positions)
+    finally:
+        consumer.close()
+        letters.close()
+    log.info("event=redrive_done group=%s %s", settings.group_id,
+             " ".join(f"{name}={counts[name]}" for name in
+                      ("redriven", "duplicates", "dead_lettered", "other_groups", "incomplete")))
+    return counts
+
+
+def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: DedupStore[Any],
+                 handler: Handler[Any], decoder: Decoder | None, letters: DeadLetterWriter,
+                 rng: random.Random, sleep: Callable[[float], None],
+                 counts: Counter[str]) -> None:
+    headers = record_headers(message)
+    if letter_group(headers) != settings.group_id:
+        counts["other_groups"] += 1  # another service's, or the router's: not ours to run
+        return
+    if any(name == VALUE_DROPPED for name, _value in headers):
+        # Left out for size: the handler would run on no value. Its record is at dlq.source.*.
+        counts["incomplete"] += 1
+        log.warning("event=redrive_incomplete topic=%s partition=%d offset=%d: this letter's "
+                    "value was left out for size (dlq.value.dropped.bytes), so it is not run; "
+                    "its record is on the topic its dlq.source.* headers name",
+                    message.topic(), message.partition(), message.offset())
+        return
+    failures = waits = 0
+    while True:
+        try:
+            event = read_event(message, source="header", header=EVENT_ID, decoder=decoder,
+                               attempt=failures + 1)
+        except MalformedRecord as error:  # still: no id, or a value the decoder refuses
+            letters.send(message, stage=STAGE_DECODE, error=error, attempts=0)
+            counts["dead_lettered"] += 1
+            return
+        place = original_place(headers)
+        if place is not None:  # the handler sees where the record was, as it did then
+            event = dataclasses.replace(event, topic=place[0], partition=place[1],
+                                        offset=place[2])
+        try:
+            outcome = store.run_once(DedupKey(settings.group_id, event.event_id),
+                                     functools.partial(handler, event))
+        except DedupStoreError:
+            raise  # an outage stops the run; the next run resumes at this letter
+        except Exception as error:
+            failures += 1
+            if settings.retry.exhausted(failures):
+                letters.send(message, stage=STAGE_HANDLE, error=error, attempts=failures,
+                             event_id=event.event_id)
+                counts["dead_lettered"] += 1
+                return
+            sleep(settings.retry.backoff(failures, rng))
+            continue
+        if outcome is Outcome.BUSY:  # another worker holds the id: wait for its end
+            waits += 1
+            sleep(settings.retry.backoff(waits, rng))
+            continue
+        counts["redriven" if outcome is Outcome.DONE else "duplicates"] += 1
+        return

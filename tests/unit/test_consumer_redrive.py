@@ -1,0 +1,104 @@
+"""redrive's pure parts (QA 67-b F-4): which letters are this group's, where their record was,
+when the run ends, and one letter's outcomes on a memory store."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from cdc_router.consumer import ConsumerSettings, RetryPolicy
+from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore
+from cdc_router.consumer.redrive import _redrive_one, letter_group, original_place, unfinished
+from tests.unit.consumer_fakes import DLQ, TOPIC, FakeMessage
+
+SETTINGS = ConsumerSettings(bootstrap_servers="127.0.0.1:9092", group_id="billing",
+                            topics=(TOPIC,), dead_letter_topic=DLQ,
+                            retry=RetryPolicy(max_attempts=3))
+
+
+def letter(event_id: str, group: str | None = "billing", offset: int = 4) -> FakeMessage:
+    headers: list[tuple[str, bytes | None]] = [
+        ("id", event_id.encode()), ("dlq.source.topic", TOPIC.encode()),
+        ("dlq.source.partition", b"1"), ("dlq.source.offset", b"17"),
+        ("dlq.event.id", event_id.encode())]
+    if group is not None:
+        headers.append(("dlq.consumer.group", group.encode()))
+    return FakeMessage(DLQ, 0, offset, (b"k", b"{}", headers))
+
+
+class Letters:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, message: Any, **how: Any) -> None:
+        self.sent.append(how)
+
+
+def one(message: FakeMessage, store: MemoryDedupStore, handler: Any) -> tuple[Counter[str],
+                                                                             Letters]:
+    counts: Counter[str] = Counter()
+    letters = Letters()
+    _redrive_one(message, SETTINGS, store, handler, None, letters,  # type: ignore[arg-type]
+                 None, lambda _s: None, counts)  # type: ignore[arg-type]
+    return counts, letters
+
+
+def test_a_letter_is_the_group_s_of_its_last_consumer_group_header() -> None:
+    assert letter_group([("dlq.consumer.group", b"a"), ("dlq.consumer.group", b"billing")]) \
+        == "billing"
+    assert letter_group([("dlq.source.group", b"billing")]) is None  # the router's header
+
+
+def test_the_original_place_is_the_first_source_headers() -> None:
+    headers = [("dlq.source.topic", b"t"), ("dlq.source.partition", b"2"),
+               ("dlq.source.offset", b"9"), ("dlq.source.topic", b"dlq"),
+               ("dlq.source.partition", b"0"), ("dlq.source.offset", b"3")]
+    assert original_place(headers) == ("t", 2, 9)
+    assert original_place([("dlq.source.topic", b"t")]) is None
+
+
+def test_the_run_ends_when_every_partition_reached_its_end_at_the_start() -> None:
+    assert unfinished({0: 5, 1: 3}, {0: 5, 1: 2}) == {1: 3}
+    assert unfinished({0: 5}, {0: -1001}) == {0: 5}  # not fetched yet
+    assert unfinished({0: 5, 1: 3}, {0: 7, 1: 3}) == {}  # past: transaction markers
+
+
+def test_this_group_s_letter_runs_as_its_event_where_it_was_first_consumed() -> None:
+    seen: list[Any] = []
+    counts, letters = one(letter("e1"), MemoryDedupStore(), lambda e, _c: seen.append(e))
+    assert counts == Counter(redriven=1) and not letters.sent
+    assert (seen[0].event_id, seen[0].topic, seen[0].partition, seen[0].offset) == \
+        ("e1", TOPIC, 1, 17)
+
+
+def test_an_id_done_since_is_skipped_and_another_group_s_letter_is_not_run() -> None:
+    store = MemoryDedupStore()
+    store.run_once(DedupKey("billing", "e1"), lambda _c: None)
+    seen: list[Any] = []
+    for message in (letter("e1"), letter("e2", group="shipping"), letter("e3", group=None)):
+        counts, _ = one(message, store, lambda e, _c: seen.append(e))
+        assert counts in (Counter(duplicates=1), Counter(other_groups=1))
+    assert seen == []
+
+
+def test_a_letter_that_fails_again_is_lettered_again_after_max_attempts() -> None:
+    calls: list[int] = []
+
+    def failing(event: Any, _c: Any) -> None:
+        calls.append(event.attempt)
+        raise LookupError("still unknown")
+
+    store = MemoryDedupStore()
+    counts, letters = one(letter("e7"), store, failing)
+    assert counts == Counter(dead_lettered=1) and calls == [1, 2, 3]
+    assert [(sent["stage"], sent["attempts"], sent["event_id"]) for sent in letters.sent] == \
+        [("handle", 3, "e7")]
+    assert not store.is_done(DedupKey("billing", "e7"))
+
+
+def test_a_letter_without_its_value_is_not_run() -> None:
+    message = letter("e8")
+    message._headers.append(("dlq.value.dropped.bytes", b"2000000"))
+    seen: list[Any] = []
+    counts, letters = one(message, MemoryDedupStore(), lambda e, _c: seen.append(e))
+    assert counts == Counter(incomplete=1) and seen == [] and not letters.sent
