@@ -38,6 +38,8 @@ from cdc_router.consumer.settings import ConsumerSettings, built
 from cdc_router.dead_letter import (
     CONSUMER_GROUP,
     EVENT_ID,
+    HEADERS_DROPPED,
+    KEY_DROPPED,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TOPIC,
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 
 Context = TypeVar("Context")
 REDRIVE_GROUP_SUFFIX = ".redrive"
+# A letter without one of its record's parts (left out for size): the handler would run on
+# another record than the one that failed (no value, no key, or none of its own headers).
+_DROPPED_PARTS = {VALUE_DROPPED: "value", KEY_DROPPED: "key", HEADERS_DROPPED: "own headers"}
 
 
 def letter_group(headers: list[tuple[str, bytes]]) -> str | None:
@@ -144,13 +149,16 @@ def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: Dedup
     if letter_group(headers) != settings.group_id:
         counts["other_groups"] += 1  # another service's, or the router's: not ours to run
         return
-    if any(name == VALUE_DROPPED for name, _value in headers):
-        # Left out for size: the handler would run on no value. Its record is at dlq.source.*.
+    dropped = sorted({_DROPPED_PARTS[name] for name, _value in headers
+                      if name in _DROPPED_PARTS})
+    if dropped:
+        # Left out for size: the handler would run on part of the record. It is at dlq.source.*.
         counts["incomplete"] += 1
-        log.warning("event=redrive_incomplete topic=%s partition=%d offset=%d: this letter's "
-                    "value was left out for size (dlq.value.dropped.bytes), so it is not run; "
-                    "its record is on the topic its dlq.source.* headers name",
-                    message.topic(), message.partition(), message.offset())
+        log.warning("event=redrive_incomplete topic=%s partition=%d offset=%d dropped=%s: this "
+                    "letter lacks its record's %s (left out for size: dlq.*.dropped headers), "
+                    "so it is not run; its record is on the topic its dlq.source.* headers name",
+                    message.topic(), message.partition(), message.offset(), ",".join(dropped),
+                    " and ".join(dropped))
         return
     failures = waits = 0
     while True:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from cdc_router.consumer import ConsumerSettings, RetryPolicy
 from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore
 from cdc_router.consumer.redrive import _redrive_one, letter_group, original_place, unfinished
@@ -99,6 +101,17 @@ def test_a_letter_that_fails_again_is_lettered_again_after_max_attempts() -> Non
 def test_a_letter_without_its_value_is_not_run() -> None:
     message = letter("e8")
     message._headers.append(("dlq.value.dropped.bytes", b"2000000"))
+    seen: list[Any] = []
+    counts, letters = one(message, MemoryDedupStore(), lambda e, _c: seen.append(e))
+    assert counts == Counter(incomplete=1) and seen == [] and not letters.sent
+
+
+@pytest.mark.parametrize("part", ["dlq.key.dropped.bytes", "dlq.headers.dropped"])
+def test_a_letter_without_its_key_or_own_headers_is_not_run(part: str) -> None:
+    # Review 67-b: a letter over the size limit by its key or its record's own headers keeps
+    # its value; the handler would have run on a record without them and marked its id done.
+    message = letter("e9")
+    message._headers.append((part, b"3"))
     seen: list[Any] = []
     counts, letters = one(message, MemoryDedupStore(), lambda e, _c: seen.append(e))
     assert counts == Counter(incomplete=1) and seen == [] and not letters.sent
