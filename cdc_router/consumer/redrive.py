@@ -40,6 +40,7 @@ from cdc_router.dead_letter import (
     EVENT_ID,
     HEADERS_DROPPED,
     KEY_DROPPED,
+    SOURCE_GROUP,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TOPIC,
@@ -82,13 +83,16 @@ def unfinished(ends: dict[int, int], positions: dict[int, int]) -> dict[int, int
 
 
 def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Handler[Context],
-            *, decoder: Decoder | None = None,
+            *, decoder: Decoder | None = None, unlabelled: bool = False,
             consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
             producer_factory: Callable[[dict[str, Any]], Any] = Producer,
             rng: random.Random | None = None,
             sleep: Callable[[float], None] = time.sleep) -> Counter[str]:
     """Run this group's letters on `settings.dead_letter_topic` again, up to the topic's end at
-    the start; returns the counts: redriven, duplicates, dead_lettered, other_groups, incomplete."""
+    the start; returns the counts: redriven, duplicates, dead_lettered, other_groups,
+    unlabelled, incomplete. `unlabelled`: run the letters that name no group (no
+    dlq.consumer.group nor the router's dlq.source.group: written before the header existed) as
+    this group's; for a dead-letter topic that this service alone writes to."""
     check_wiring("redrive", settings, ConsumerSettings, store, handler, decoder)
     topic, timeout = settings.dead_letter_topic, settings.dead_letter_timeout_s
     config = {**settings.librdkafka_consumer(),
@@ -125,7 +129,7 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
                     consumer_error(message.error(), settings.group_id)  # raises if fatal
                 elif message.offset() < ends[message.partition()]:
                     _redrive_one(message, settings, store, run, decoder, letters, rng, sleep,
-                                 counts)
+                                 counts, unlabelled=unlabelled)
                     consumer.commit(offsets=[TopicPartition(topic, message.partition(),
                                                             message.offset() + 1)],
                                     asynchronous=False)
@@ -136,17 +140,29 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
         consumer.close()
         letters.close()
     log.info("event=redrive_done group=%s %s", settings.group_id,
-             " ".join(f"{name}={counts[name]}" for name in
-                      ("redriven", "duplicates", "dead_lettered", "other_groups", "incomplete")))
+             " ".join(f"{name}={counts[name]}" for name in ("redriven", "duplicates",
+                      "dead_lettered", "other_groups", "unlabelled", "incomplete")))
+    if counts["unlabelled"]:
+        log.warning("event=redrive_unlabelled group=%s letters=%d: letters that name no group "
+                    "(no dlq.consumer.group: written before it existed) were passed, not run; "
+                    "if no other service writes to %s, reset the group %s to the earliest "
+                    "offset (kafka-consumer-groups.sh --reset-offsets --to-earliest) and call "
+                    "redrive(..., unlabelled=True)", settings.group_id, counts["unlabelled"],
+                    topic, settings.group_id + REDRIVE_GROUP_SUFFIX)
     return counts
 
 
 def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: DedupStore[Any],
                  handler: Handler[Any], decoder: Decoder | None, letters: DeadLetterWriter,
                  rng: random.Random, sleep: Callable[[float], None],
-                 counts: Counter[str]) -> None:
+                 counts: Counter[str], *, unlabelled: bool = False) -> None:
     headers = record_headers(message)
-    if letter_group(headers) != settings.group_id:
+    group = letter_group(headers)
+    if group is None and all(name != SOURCE_GROUP for name, _value in headers):
+        if not unlabelled:  # ours or not, no header tells (review 67-b)
+            counts["unlabelled"] += 1
+            return
+    elif group != settings.group_id:
         counts["other_groups"] += 1  # another service's, or the router's: not ours to run
         return
     dropped = sorted({_DROPPED_PARTS[name] for name, _value in headers

@@ -79,8 +79,29 @@ def test_an_id_done_since_is_skipped_and_another_group_s_letter_is_not_run() -> 
     seen: list[Any] = []
     for message in (letter("e1"), letter("e2", group="shipping"), letter("e3", group=None)):
         counts, _ = one(message, store, lambda e, _c: seen.append(e))
-        assert counts in (Counter(duplicates=1), Counter(other_groups=1))
+        assert counts in (Counter(duplicates=1), Counter(other_groups=1),
+                          Counter(unlabelled=1))
     assert seen == []
+
+
+@pytest.mark.parametrize(("unlabelled", "expected", "run"),
+                         [(False, Counter(unlabelled=1, other_groups=1), []),
+                          (True, Counter(redriven=1, other_groups=1), ["e3"])])
+def test_a_letter_naming_no_group_runs_only_when_unlabelled_letters_are_ours(
+        unlabelled: bool, expected: Counter[str], run: list[str]) -> None:
+    # Review 67-b: a letter written before dlq.consumer.group was counted as another group's,
+    # and the position went past it: no run could take it. Now counted apart, and run on ask;
+    # the router's letters (dlq.source.group) never.
+    router = letter("e4", group=None)
+    router._headers.append(("dlq.source.group", b"pipeline"))
+    seen: list[Any] = []
+    counts: Counter[str] = Counter()
+    for message in (letter("e3", group=None), router):
+        _redrive_one(message, SETTINGS, MemoryDedupStore(), lambda e, _c: seen.append(e),
+                     None, Letters(), None, lambda _s: None,  # type: ignore[arg-type]
+                     counts, unlabelled=unlabelled)
+    assert counts == expected
+    assert [event.event_id for event in seen] == run
 
 
 def test_a_letter_that_fails_again_is_lettered_again_after_max_attempts() -> None:
