@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -84,6 +85,7 @@ def unfinished(ends: dict[int, int], positions: dict[int, int]) -> dict[int, int
 
 def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Handler[Context],
             *, decoder: Decoder | None = None, unlabelled: bool = False,
+            stop: threading.Event | None = None,
             consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
             producer_factory: Callable[[dict[str, Any]], Any] = Producer,
             rng: random.Random | None = None,
@@ -92,7 +94,9 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
     the start; returns the counts: redriven, duplicates, dead_lettered, other_groups,
     unlabelled, incomplete. `unlabelled`: run the letters that name no group (no
     dlq.consumer.group nor the router's dlq.source.group: written before the header existed) as
-    this group's; for a dead-letter topic that this service alone writes to."""
+    this group's; for a dead-letter topic that this service alone writes to. `stop` set (by
+    the service's signal handler, say) ends the run after the letter in hand, its position
+    committed: the next run resumes at the first letter not done."""
     check_wiring("redrive", settings, ConsumerSettings, store, handler, decoder)
     topic, timeout = settings.dead_letter_topic, settings.dead_letter_timeout_s
     config = {**settings.librdkafka_consumer(),
@@ -101,7 +105,7 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
     letters = DeadLetterWriter(topic, settings.librdkafka_producer(), producer_factory,
                                timeout, settings.group_id)
     counts: Counter[str] = Counter()
-    rng = rng or random.Random()
+    rng, stop = rng or random.Random(), stop or threading.Event()
     try:
         letters.open()
         letters.require_topic(consumer, lambda: None)  # one line, not an empty run
@@ -123,23 +127,27 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
         log.info("event=redrive_started group=%s topic=%s letters_up_to=%s", settings.group_id,
                  topic, ",".join(f"{p}:{end}" for p, end in ends.items()))
         pending, run = dict(ends), guarded(handler)
-        while pending:
+        while pending and not stop.is_set():
             for message in consumer.consume(settings.batch_size, settings.poll_timeout_s):
                 if message.error() is not None:
                     consumer_error(message.error(), settings.group_id)  # raises if fatal
                 elif message.offset() < ends[message.partition()]:
-                    _redrive_one(message, settings, store, run, decoder, letters, rng, sleep,
-                                 counts, unlabelled=unlabelled)
+                    if not _redrive_one(message, settings, store, run, decoder, letters, rng,
+                                        sleep, counts, unlabelled=unlabelled, stop=stop):
+                        break  # stopped before it was done: the next run starts there
                     consumer.commit(offsets=[TopicPartition(topic, message.partition(),
                                                             message.offset() + 1)],
                                     asynchronous=False)
+                if stop.is_set():
+                    break
             positions = {tp.partition: tp.offset for tp in consumer.position(
                 [TopicPartition(topic, p) for p in pending])}
             pending = unfinished(pending, positions)
     finally:
         consumer.close()
         letters.close()
-    log.info("event=redrive_done group=%s %s", settings.group_id,
+    log.info("event=redrive_%s group=%s %s", "stopped" if stop.is_set() else "done",
+             settings.group_id,
              " ".join(f"{name}={counts[name]}" for name in ("redriven", "duplicates",
                       "dead_lettered", "other_groups", "unlabelled", "incomplete")))
     if counts["unlabelled"]:
@@ -155,16 +163,18 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
 def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: DedupStore[Any],
                  handler: Handler[Any], decoder: Decoder | None, letters: DeadLetterWriter,
                  rng: random.Random, sleep: Callable[[float], None],
-                 counts: Counter[str], *, unlabelled: bool = False) -> None:
+                 counts: Counter[str], *, unlabelled: bool = False,
+                 stop: threading.Event | None = None) -> bool:
+    """Run one letter; False when `stop` came before it was done (nothing to commit)."""
     headers = record_headers(message)
     group = letter_group(headers)
     if group is None and all(name != SOURCE_GROUP for name, _value in headers):
         if not unlabelled:  # ours or not, no header tells (review 67-b)
             counts["unlabelled"] += 1
-            return
+            return True
     elif group != settings.group_id:
         counts["other_groups"] += 1  # another service's, or the router's: not ours to run
-        return
+        return True
     dropped = sorted({_DROPPED_PARTS[name] for name, _value in headers
                       if name in _DROPPED_PARTS})
     if dropped:
@@ -175,7 +185,7 @@ def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: Dedup
                     "so it is not run; its record is on the topic its dlq.source.* headers name",
                     message.topic(), message.partition(), message.offset(), ",".join(dropped),
                     " and ".join(dropped))
-        return
+        return True
     failures = waits = 0
     while True:
         try:
@@ -184,7 +194,7 @@ def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: Dedup
         except MalformedRecord as error:  # still: no id, or a value the decoder refuses
             letters.send(message, stage=STAGE_DECODE, error=error, attempts=0)
             counts["dead_lettered"] += 1
-            return
+            return True
         place = original_place(headers)
         if place is not None:  # the handler sees where the record was, as it did then
             event = dataclasses.replace(event, topic=place[0], partition=place[1],
@@ -200,12 +210,16 @@ def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: Dedup
                 letters.send(message, stage=STAGE_HANDLE, error=error, attempts=failures,
                              event_id=event.event_id)
                 counts["dead_lettered"] += 1
-                return
+                return True
+            if stop is not None and stop.is_set():
+                return False  # not lettered: the next run tries it again
             sleep(settings.retry.backoff(failures, rng))
             continue
         if outcome is Outcome.BUSY:  # another worker holds the id: wait for its end
+            if stop is not None and stop.is_set():
+                return False
             waits += 1
             sleep(settings.retry.backoff(waits, rng))
             continue
         counts["redriven" if outcome is Outcome.DONE else "duplicates"] += 1
-        return
+        return True

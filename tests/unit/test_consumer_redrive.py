@@ -3,15 +3,24 @@ when the run ends, and one letter's outcomes on a memory store."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_INVALID, TopicPartition
 
 from cdc_router.consumer import ConsumerSettings, RetryPolicy
 from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore
-from cdc_router.consumer.redrive import _redrive_one, letter_group, original_place, unfinished
-from tests.unit.consumer_fakes import DLQ, TOPIC, FakeMessage
+from cdc_router.consumer.redrive import (
+    _redrive_one,
+    letter_group,
+    original_place,
+    redrive,
+    unfinished,
+)
+from tests.unit.consumer_fakes import DLQ, TOPIC, FakeMessage, FakeProducer
 
 SETTINGS = ConsumerSettings(bootstrap_servers="127.0.0.1:9092", group_id="billing",
                             topics=(TOPIC,), dead_letter_topic=DLQ,
@@ -136,3 +145,72 @@ def test_a_letter_without_its_key_or_own_headers_is_not_run(part: str) -> None:
     seen: list[Any] = []
     counts, letters = one(message, MemoryDedupStore(), lambda e, _c: seen.append(e))
     assert counts == Counter(incomplete=1) and seen == [] and not letters.sent
+
+
+class DeadLetterTopic:
+    """A one-partition dead-letter topic of `letters` for redrive's consumer: what it asks."""
+
+    def __init__(self, letters: list[FakeMessage]) -> None:
+        self.letters, self.committed_to, self.at = letters, OFFSET_INVALID, 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        return SimpleNamespace(topics={topic: SimpleNamespace(partitions={0: None}, error=None)})
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return 0, len(self.letters)
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.committed_to) for tp in tps]
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.at = tps[0].offset
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        batch = self.letters[self.at:self.at + num_messages]
+        self.at += len(batch)
+        return batch
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.at) for tp in tps]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        self.committed_to = offsets[0].offset
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stop_ends_the_run_after_the_letter_in_hand_its_position_committed() -> None:
+    # Review 67-b: a redrive beside the service had no way to stop on its SIGTERM but a kill;
+    # STYLE: signals set a stop flag, the loop finishes what is in hand, commits, closes.
+    topic = DeadLetterTopic([letter(f"e{n}", offset=n) for n in range(3)])
+    stop, seen = threading.Event(), []
+
+    def handler(event: Any, _c: Any) -> None:
+        seen.append(event.event_id)
+        stop.set()
+
+    counts = redrive(SETTINGS, MemoryDedupStore(), handler, stop=stop,
+                     consumer_factory=lambda _config: topic,
+                     producer_factory=lambda _config: FakeProducer())
+    assert (counts, seen, topic.committed_to) == (Counter(redriven=1), ["e0"], 1)
+    stop.clear()  # the next run resumes at the first letter not done
+    assert redrive(SETTINGS, MemoryDedupStore(), lambda e, _c: seen.append(e.event_id),
+                   consumer_factory=lambda _config: topic,
+                   producer_factory=lambda _config: FakeProducer()) == Counter(redriven=2)
+    assert seen == ["e0", "e1", "e2"] and topic.committed_to == 3
+
+
+def test_a_stop_while_a_letter_fails_leaves_it_for_the_next_run() -> None:
+    stop = threading.Event()
+
+    def failing(_event: Any, _c: Any) -> None:
+        stop.set()
+        raise LookupError("still unknown")
+
+    counts: Counter[str] = Counter()
+    letters = Letters()
+    done = _redrive_one(letter("e7"), SETTINGS, MemoryDedupStore(), failing, None,
+                        letters, None, lambda _s: None,  # type: ignore[arg-type]
+                        counts, stop=stop)
+    assert (done, counts, letters.sent) == (False, Counter(), [])
