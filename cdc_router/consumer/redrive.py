@@ -83,6 +83,13 @@ def unfinished(ends: dict[int, int], positions: dict[int, int]) -> dict[int, int
             if positions.get(partition, -1) < end}
 
 
+def start_at(committed: int, low: int, high: int) -> int:
+    """Where a partition's run starts: the group's committed offset, or the partition's start
+    when there is none, or it is out of the partition's range (deleted by retention; past
+    its end: the topic created again, whose letters a stale position would pass for ever)."""
+    return committed if low <= committed <= high else low
+
+
 def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Handler[Context],
             *, decoder: Decoder | None = None, unlabelled: bool = False,
             stop: threading.Event | None = None,
@@ -121,7 +128,14 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
                                   f"{error}; check bootstrap_servers "
                                   f"({settings.bootstrap_servers}) and that Kafka runs there; "
                                   "nothing was run, run it again") from error
-        starts = {tp.partition: max(tp.offset, marks[tp.partition][0]) for tp in done}
+        starts = {tp.partition: start_at(tp.offset, *marks[tp.partition]) for tp in done}
+        for tp in done:
+            if tp.offset > marks[tp.partition][1]:  # as auto.offset.reset=earliest would
+                log.warning("event=redrive_position_reset group=%s topic=%s partition=%d "
+                            "committed=%d end=%d: the position is past the partition's end "
+                            "(the topic deleted and created again?); reading from its start",
+                            config["group.id"], topic, tp.partition, tp.offset,
+                            marks[tp.partition][1])
         ends = {p: high for p, (_low, high) in marks.items() if starts[p] < high}
         consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
         log.info("event=redrive_started group=%s topic=%s letters_up_to=%s", settings.group_id,

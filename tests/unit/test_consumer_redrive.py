@@ -18,6 +18,7 @@ from cdc_router.consumer.redrive import (
     letter_group,
     original_place,
     redrive,
+    start_at,
     unfinished,
 )
 from tests.unit.consumer_fakes import DLQ, TOPIC, FakeMessage, FakeProducer
@@ -163,7 +164,7 @@ class DeadLetterTopic:
         return [TopicPartition(tp.topic, tp.partition, self.committed_to) for tp in tps]
 
     def assign(self, tps: list[TopicPartition]) -> None:
-        self.at = tps[0].offset
+        self.at = tps[0].offset if tps else len(self.letters)  # none: nothing to read
 
     def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
         batch = self.letters[self.at:self.at + num_messages]
@@ -214,3 +215,15 @@ def test_a_stop_while_a_letter_fails_leaves_it_for_the_next_run() -> None:
                         letters, None, lambda _s: None,  # type: ignore[arg-type]
                         counts, stop=stop)
     assert (done, counts, letters.sent) == (False, Counter(), [])
+
+
+def test_a_position_past_the_end_reads_from_the_start() -> None:
+    # Review 67-b: the dead-letter topic deleted and created again kept the group's old
+    # position, past the new topic's end: its letters were passed for ever, counts all 0.
+    assert (start_at(-1001, 0, 3), start_at(1, 2, 5), start_at(4, 2, 5), start_at(9, 0, 3)) \
+        == (0, 2, 4, 0)
+    topic = DeadLetterTopic([letter(f"e{n}", offset=n) for n in range(3)])
+    topic.committed_to = 10
+    assert redrive(SETTINGS, MemoryDedupStore(), lambda _e, _c: None,
+                   consumer_factory=lambda _config: topic,
+                   producer_factory=lambda _config: FakeProducer()) == Counter(redriven=3)
