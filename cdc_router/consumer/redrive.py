@@ -167,10 +167,11 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
     if counts["unlabelled"]:
         log.warning("event=redrive_unlabelled group=%s letters=%d: letters that name no group "
                     "(no dlq.consumer.group: written before it existed) were passed, not run; "
-                    "if no other service writes to %s, reset the group %s to the earliest "
-                    "offset (kafka-consumer-groups.sh --reset-offsets --to-earliest) and call "
-                    "redrive(..., unlabelled=True)", settings.group_id, counts["unlabelled"],
-                    topic, settings.group_id + REDRIVE_GROUP_SUFFIX)
+                    "if no other service writes to %s, rewind this redrive's group "
+                    "(kafka-consumer-groups.sh --bootstrap-server %s --group %s --topic %s "
+                    "--reset-offsets --to-earliest --execute) and call redrive(..., "
+                    "unlabelled=True)", settings.group_id, counts["unlabelled"], topic,
+                    settings.bootstrap_servers, config["group.id"], topic)
     return counts
 
 

@@ -227,3 +227,13 @@ def test_a_position_past_the_end_reads_from_the_start() -> None:
     assert redrive(SETTINGS, MemoryDedupStore(), lambda _e, _c: None,
                    consumer_factory=lambda _config: topic,
                    producer_factory=lambda _config: FakeProducer()) == Counter(redriven=3)
+
+
+def test_passed_unlabelled_letters_are_named_with_the_way_to_run_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    topic = DeadLetterTopic([letter("e0", group=None, offset=0)])
+    assert redrive(SETTINGS, MemoryDedupStore(), lambda _e, _c: None,
+                   consumer_factory=lambda _config: topic,
+                   producer_factory=lambda _config: FakeProducer()) == Counter(unlabelled=1)
+    assert "--group billing.redrive --topic fulfillment.dlq --reset-offsets --to-earliest " \
+           "--execute) and call redrive(..., unlabelled=True)" in caplog.text
