@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc_router.consumer.client import consumer_error
 from cdc_router.consumer.dead_letter import STAGE_DECODE, STAGE_HANDLE, DeadLetterWriter
@@ -49,6 +49,7 @@ from cdc_router.dead_letter import (
 )
 from cdc_router.errors import DedupStoreError, FatalKafkaError, MalformedRecord
 from cdc_router.kafka.consumer import record_headers
+from cdc_router.kafka.errors import kafka_error_of
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +125,8 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
             done = consumer.committed([TopicPartition(topic, p) for p in partitions],
                                       timeout=timeout)
         except KafkaException as error:
-            raise FatalKafkaError(f"redrive cannot read the partitions and offsets of {topic!r}: "
-                                  f"{error}; check bootstrap_servers "
-                                  f"({settings.bootstrap_servers}) and that Kafka runs there; "
-                                  "nothing was run, run it again") from error
+            raise _failed(error, f"read the partitions and offsets of {topic!r}", settings,
+                          config["group.id"], "nothing was run, run it again") from error
         starts = {tp.partition: start_at(tp.offset, *marks[tp.partition]) for tp in done}
         for tp in done:
             if tp.offset > marks[tp.partition][1]:  # as auto.offset.reset=earliest would
@@ -149,9 +148,15 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
                     if not _redrive_one(message, settings, store, run, decoder, letters, rng,
                                         sleep, counts, unlabelled=unlabelled, stop=stop):
                         break  # stopped before it was done: the next run starts there
-                    consumer.commit(offsets=[TopicPartition(topic, message.partition(),
-                                                            message.offset() + 1)],
-                                    asynchronous=False)
+                    try:
+                        consumer.commit(offsets=[TopicPartition(topic, message.partition(),
+                                                                message.offset() + 1)],
+                                        asynchronous=False)
+                    except KafkaException as error:
+                        raise _failed(error, f"commit its position on {topic!r}", settings,
+                                      config["group.id"], "the next run resumes at the letter "
+                                      f"at offset {message.offset()} (done now: a duplicate "
+                                      "then)") from error
                 if stop.is_set():
                     break
             positions = {tp.partition: tp.offset for tp in consumer.position(
@@ -173,6 +178,22 @@ def redrive(settings: ConsumerSettings, store: DedupStore[Context], handler: Han
                     "unlabelled=True)", settings.group_id, counts["unlabelled"], topic,
                     settings.bootstrap_servers, config["group.id"], topic)
     return counts
+
+
+def _failed(error: KafkaException, what: str, settings: ConsumerSettings, group: str,
+            then: str) -> FatalKafkaError:
+    """The one line for a Kafka call of the run that failed: an authorization failure names
+    the ACL to grant (the group <group_id>.redrive is a new name for the cluster's ACLs)."""
+    kafka_error = kafka_error_of(error)
+    code = kafka_error.code() if kafka_error is not None else None
+    if code in (KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+        fix = (f"grant this client's principal Read on the group {group!r} and the topic "
+               f"{settings.dead_letter_topic!r} (kafka-acls.sh --add --allow-principal ... "
+               f"--operation Read --group {group} --topic {settings.dead_letter_topic})")
+    else:
+        fix = (f"check bootstrap_servers ({settings.bootstrap_servers}) and that Kafka runs "
+               "there")
+    return FatalKafkaError(f"redrive cannot {what}: {error}; {fix}; {then}", code=code)
 
 
 def _redrive_one(message: KafkaMessage, settings: ConsumerSettings, store: DedupStore[Any],

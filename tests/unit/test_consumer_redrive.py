@@ -3,13 +3,14 @@ when the run ends, and one letter's outcomes on a memory store."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_INVALID, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from cdc_router.consumer import ConsumerSettings, RetryPolicy
 from cdc_router.consumer.dedup import DedupKey, MemoryDedupStore
@@ -21,6 +22,7 @@ from cdc_router.consumer.redrive import (
     start_at,
     unfinished,
 )
+from cdc_router.errors import FatalKafkaError
 from tests.unit.consumer_fakes import DLQ, TOPIC, FakeMessage, FakeProducer
 
 SETTINGS = ConsumerSettings(bootstrap_servers="127.0.0.1:9092", group_id="billing",
@@ -237,3 +239,33 @@ def test_passed_unlabelled_letters_are_named_with_the_way_to_run_them(
                    producer_factory=lambda _config: FakeProducer()) == Counter(unlabelled=1)
     assert "--group billing.redrive --topic fulfillment.dlq --reset-offsets --to-earliest " \
            "--execute) and call redrive(..., unlabelled=True)" in caplog.text
+
+
+class Refused(DeadLetterTopic):
+    def __init__(self, letters: list[FakeMessage], code: int, *, at_commit: bool) -> None:
+        super().__init__(letters)
+        self.code, self.at_commit = code, at_commit
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if not self.at_commit:
+            raise KafkaException(KafkaError(self.code))
+        return super().committed(tps, timeout)
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        raise KafkaException(KafkaError(self.code))
+
+
+@pytest.mark.parametrize("at_commit", [False, True])
+def test_a_refused_group_names_the_acl_to_grant_in_one_line(at_commit: bool) -> None:
+    # Review 67-b: <group_id>.redrive is a group the cluster's ACLs never heard of; the start
+    # said "check bootstrap_servers", and a refused commit was a KafkaException's traceback.
+    topic = Refused([letter("e0", offset=0)], KafkaError.GROUP_AUTHORIZATION_FAILED,
+                    at_commit=at_commit)
+    with pytest.raises(FatalKafkaError, match=re.escape(
+            "grant this client's principal Read on the group 'billing.redrive' and the topic "
+            "'fulfillment.dlq'")) as raised:
+        redrive(SETTINGS, MemoryDedupStore(), lambda _e, _c: None,
+                consumer_factory=lambda _config: topic,
+                producer_factory=lambda _config: FakeProducer())
+    assert raised.value.code == KafkaError.GROUP_AUTHORIZATION_FAILED
+    assert "bootstrap_servers" not in str(raised.value)
