@@ -2,7 +2,7 @@
 `cdc-router status` (its verdict, its levels, its default thresholds).
 
 Pure (PyYAML and the rules' PromQL as text); `promtool test rules` of alerts_test.yml runs too
-when promtool is on PATH (CI has none).
+when promtool is on PATH (`make system-deps` installs Debian's prometheus package for it).
 """
 
 from __future__ import annotations
