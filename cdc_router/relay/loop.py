@@ -32,6 +32,7 @@ from confluent_kafka import KafkaException, Producer
 from cdc_router import __version__
 from cdc_router.config.compiled import CompiledConfig
 from cdc_router.errors import BatchFailed, DatabaseError, DeliveryError, FatalKafkaError, LockLost
+from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.start import init_failure
@@ -43,6 +44,7 @@ from cdc_router.relay.lost_commit import STOP_READ_BACK_S, CommittedPosition
 from cdc_router.relay.reader import OutboxReader, RelayRow, read_failure
 from cdc_router.relay.start import (
     READ_TIMEOUT_S,
+    Changelogs,
     Records,
     hand_left_behind,
     restore_filter,
@@ -86,25 +88,25 @@ class OutboxRelay:
                  producer_factory: Callable[[dict[str, Any]], Any] = Producer,
                  connect: Callable[..., psycopg.Connection[Any]] = psycopg.connect,
                  reader: OutboxReader | None = None, lock: TableLock | None = None,
-                 records: Records | None = None, on_started: Callable[[], None] = lambda: None,
+                 records: Records | None = None, changelogs: Changelogs = ChangelogReader,
+                 on_started: Callable[[], None] = lambda: None,
                  describe_factory: DescribeFactory = admin_describe,
                  operations_factory: OperationsFactory = admin_operations) -> None:
         """Builds no client: run() does (the producer on first use). Tests hand fakes: the
-        table's `reader` and `lock`, and `records(kafka_config, topic, what)`, every committed
-        (key, value) of a topic (the changelog, the position topic). `on_started`: called when
-        the start's checks passed (the cleanup's worker, not to sweep before them: QA 61-a F-5)."""
+        table's `reader` and `lock`, `records(kafka_config, topic, what)`, every committed
+        (key, value) of the position topic, and `changelogs`, the changelog's (restore_filter).
+        `on_started`: once the start's checks passed (the cleanup's worker: QA 61-a F-5)."""
         config = self._config = compiled.config
         self._relay = config.relay_settings()
         # schema.table as Postgres resolves it: `outbox` and `public.outbox` are one table,
         # with one position, one transactional id.
         self._table = self._relay.qualified_table
-        self._instance_id = instance_id
-        self._metrics = metrics or RouterMetrics()
+        self._instance_id, self._metrics = instance_id, metrics or RouterMetrics()
         self._on_delivered, self._on_started = on_delivered, on_started
         self._stop = threading.Event()
         self._lock = lock or TableLock(dsn, self._relay.table, connect=connect)
         self._reader = reader or OutboxReader(dsn, self._relay, config.source, connect=connect)
-        self._records = records or topic_records
+        self._records, self._changelogs = records or topic_records, changelogs
         self._replay = self._metrics.dedup_filter(config.dedup)
         self._replay_lines = ReplayLines(self._replay)  # its dead-lettered ids warned (53-g)
         self._producer = LatchingProducer(clients.watched(clients.producer_config(
@@ -137,8 +139,7 @@ class OutboxRelay:
         self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
-        self._lock_checked = 0.0
-        self.last_poll = time.monotonic()
+        self._lock_checked, self.last_poll = 0.0, time.monotonic()
 
     def stop(self) -> None:
         """Finish the batch, commit it and return; safe from a signal handler."""
@@ -202,7 +203,7 @@ class OutboxRelay:
                            read_refused=self._destinations.read_refused, relay=True)
         self._dead_letter_max_bytes = clients.dead_letter_limit(self._config, self._describe)
         kafka = clients.common_config(self._config)
-        restored = restore_filter(self._config, self._replay, self._records, kafka)
+        restored = restore_filter(self._config, self._replay, self._changelogs, kafka)
         self.position = stored_position(self._config, self._records, kafka, self._reader.database)
         self._committed.confirm(self.position)
         hand_left_behind(self._config, self._reader, self.position, self._replay,
@@ -221,7 +222,7 @@ class OutboxRelay:
         stored = stored_position(self._config, self._records, kafka, self._reader.database,
                                  timeout_s=timeout_s)
         if self._committed.lost(stored, self._table) and self._replay is not None:
-            restored = restore_filter(self._config, self._replay, self._records, kafka,
+            restored = restore_filter(self._config, self._replay, self._changelogs, kafka,
                                       timeout_s=timeout_s)  # a stop's bound too
             log.info("event=restored_after_lost_commit restored=%d dedup_ids=%d", restored,
                      len(self._replay))

@@ -23,11 +23,10 @@ import psycopg
 
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import DeliveryError
-from cdc_router.kafka.changelog_reader import ChangelogReader
 from cdc_router.kafka.reader import TopicReader
 from cdc_router.postgres import one_line
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition
-from cdc_router.router.changelog_restore import restore_newest
+from cdc_router.router.changelog_restore import SlicedChangelog, restore_newest
 from cdc_router.router.replay import ReplayFilter
 from cdc_router.router.values import Delivered
 
@@ -82,25 +81,33 @@ def stored_position(config: RouterConfig, records: Records, kafka: dict[str, Any
     return stored.of_database(database, f"of {table} in topic {topic}")
 
 
-def restore_filter(config: RouterConfig, replay: ReplayFilter | None, records: Records,
+class Changelogs(Protocol):
+    """(kafka config, topic, group_id=, timeout_s=) -> the dedup changelog's reader for a
+    restore (kafka/changelog_reader.py ChangelogReader; a test's fake)."""
+
+    def __call__(self, config: dict[str, Any], topic: str, *, group_id: str,
+                 timeout_s: float) -> RestoredChangelog: ...
+
+
+class RestoredChangelog(SlicedChangelog, Protocol):
+    def close(self) -> None: ...
+
+
+def restore_filter(config: RouterConfig, replay: ReplayFilter | None, changelogs: Changelogs,
                    kafka: dict[str, Any], *, timeout_s: float = READ_TIMEOUT_S) -> int:
     """The dedup changelog's marks into `replay`, which forgets the ids of its own commits
-    they lack (relay/lost_commit.py); how many there were. Read within `timeout_s`: by
-    topic_records' reader, newest slices first, as the router's (router/changelog_restore.py);
-    any other `records` (a test's) from the window's start."""
+    they lack (relay/lost_commit.py); how many there were. Read within `timeout_s` by a
+    reader of `changelogs`, newest slices first, as the router's
+    (router/changelog_restore.py)."""
     if replay is None:
         return 0
-    now_ms, topic, group = int(time.time() * 1000), config.dedup.changelog_topic, \
-        config.source.group_id
-    if records is topic_records:
-        reader = ChangelogReader(kafka, topic, group_id=_reader_group(kafka), timeout_s=timeout_s)
-        try:
-            return restore_newest(replay, reader, now_ms, group=group)[0]
-        finally:
-            reader.close()
-    return replay.restore_changelog(
-        records(kafka, topic, "dedup changelog", timeout_s=timeout_s,
-                since_ms=replay.changelog_since_ms(now_ms)), now_ms, group=group)
+    reader = changelogs(kafka, config.dedup.changelog_topic, group_id=_reader_group(kafka),
+                        timeout_s=timeout_s)
+    try:
+        return restore_newest(replay, reader, int(time.time() * 1000),
+                              group=config.source.group_id)[0]
+    finally:
+        reader.close()
 
 
 def _reader_group(kafka: dict[str, Any]) -> str:

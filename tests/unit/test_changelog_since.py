@@ -20,7 +20,6 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.kafka import read_positions
 from cdc_router.kafka import reader as reader_module
 from cdc_router.kafka.changelog_reader import ChangelogReader
-from cdc_router.relay import start as relay_start
 from cdc_router.relay.start import restore_filter
 from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.clients import Timeouts
@@ -181,11 +180,6 @@ def test_the_router_and_the_relay_restore_newest_slices_first_down_to_the_window
                                   **_: object) -> tuple[int, int]:
             return 0, 0
 
-    def records(kafka: dict[str, Any], topic: str, what: str, *, timeout_s: float = 300.0,
-                since_ms: int | None = None) -> list[tuple[bytes, bytes]]:
-        asked.append(("records", since_ms))
-        return []
-
     monkeypatch.setattr("time.time", lambda: NOW_MS / 1000)
     restore_assigned(Consumer(), [TopicPartition("raw", 0)], config=config,
                      replay=ReplayFilter(window_ms=HOUR_MS, max_ids=10), changelog=Changelog(),
@@ -195,13 +189,8 @@ def test_the_router_and_the_relay_restore_newest_slices_first_down_to_the_window
     assert asked == [("catch_up", NOW_MS - 5 * minute), ("older", NOW_MS - 40 * minute),
                      ("older", since)]
     router, asked[:] = list(asked), []
-    monkeypatch.setattr(relay_start, "ChangelogReader", Changelog)
-    restore_filter(config, ReplayFilter(window_ms=HOUR_MS, max_ids=10),
-                   relay_start.topic_records, {})
+    restore_filter(config, ReplayFilter(window_ms=HOUR_MS, max_ids=10), Changelog, {})
     assert asked == router
-    asked.clear()  # records of the relay's tests: from the window's start
-    restore_filter(config, ReplayFilter(window_ms=HOUR_MS, max_ids=10), records, {})
-    assert asked == [("records", since)]
 
 
 def test_the_changelog_reader_fetches_nothing_between_reads(

@@ -14,6 +14,7 @@ from cdc_router.config.model import RouterConfig
 from cdc_router.kafka import changelog_reader as changelog_module
 from cdc_router.kafka import reader as reader_module
 from cdc_router.kafka.changelog_reader import ChangelogReader
+from cdc_router.relay.start import restore_filter
 from cdc_router.router.assignment import restore_assigned
 from cdc_router.router.changelog_restore import FIRST_SLICE_MS, _growth, restore_newest
 from cdc_router.router.clients import Timeouts
@@ -231,6 +232,64 @@ def test_the_assigned_line_says_the_marks_and_slices_read(
     assert not replay.seen("100-0")
     assert "event=dedup_max_ids_reached max_ids=1000 forgotten=2010 older_unread=true" \
         in caplog.text
+
+
+def test_the_relays_restore_reads_newest_slices_first_and_holds_the_newest_max_ids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review 67 L-2: the relay went the sliced way only when its `records` was topic_records
+    # (an identity test), so its unit tests ran the read from the window's start. Through its
+    # changelog seam, with the default reader on fake consumers: 20,000 marks of 10 ids a
+    # second over the last 2,000 s, max_ids 1,000; the newest 5 minutes hold them.
+    records: Records = {0: []}
+    for n in range(2_000):
+        [record] = changelog_records([f"{n}-{k}" for k in range(10)], NOW_MS - n * 1000,
+                                     group="g")
+        records[0].insert(0, (NOW_MS - n * 1000 + 5, record.key, record.value))
+    _reader(monkeypatch, records)  # ChangelogReader's consumers: Timed
+    config = RouterConfig.model_validate({"source": {"topics": ["raw"], "group_id": "g"},
+                                          "routes": [{"topic": "o"}],
+                                          "dedup": {"max_ids": 1_000}})
+    made: list[tuple[str, str, float]] = []
+
+    def changelogs(kafka: dict[str, Any], topic: str, *, group_id: str,
+                   timeout_s: float) -> ChangelogReader:
+        made.append((topic, group_id, timeout_s))
+        return ChangelogReader(kafka, topic, group_id=group_id, timeout_s=timeout_s)
+
+    monkeypatch.setattr("time.time", lambda: NOW_MS / 1000)
+    replay = ReplayFilter(window_ms=WEEK_MS, max_ids=1_000)
+    restored = restore_filter(config, replay, changelogs, {"client.id": "shop"})
+    assert made == [(config.dedup.changelog_topic, "shop-relay-reader", 300.0)]
+    # 5 minutes: 301 records, 3,010 marks of the 20,000; the newest 1,000 ids held.
+    assert restored == 3_010 and len(replay) == 1_000
+    assert all(replay.seen(f"{n}-{k}") for n in range(100) for k in range(10))
+    assert not replay.seen("100-0")
+
+
+def test_an_older_slice_that_reads_nothing_goes_on_with_a_new_consumer(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Review 67 L-3: an older slice's consumer was not renewable; one left without a leader
+    # by a broker's restart read nothing until the read's deadline (300 s), then exit 75,
+    # where the first read renews its consumer after _STALLED_S (30 s).
+    records, _ = _changelog(13, records=200, partitions=2)
+    made: list[Timed] = []
+
+    def consumer(config: dict[str, Any]) -> Timed:
+        made.append(Timed(records))
+        made[-1].frozen = len(made) == 2  # the first older slice's: fetches nothing
+        return made[-1]
+
+    monkeypatch.setattr(reader_module, "Consumer", consumer)
+    monkeypatch.setattr(changelog_module, "Consumer", consumer)
+    monkeypatch.setattr(reader_module, "log_end_offsets",
+                        lambda admin, topic, parts, end: dict.fromkeys(parts, 0))
+    monkeypatch.setattr(reader_module, "_STALLED_S", 0.3)
+    reader = ChangelogReader({"bootstrap.servers": "k:9092"}, "cl", timeout_s=3)
+    replay = ReplayFilter(window_ms=WEEK_MS, max_ids=1_000_000)
+    restored, slices = restore_newest(replay, reader, NOW_MS, group="g")
+    assert "event=reader_renewed topic=cl" in caplog.text and made[1].closed.wait(5)
+    # Nothing lost, nothing read twice: the marks and slices of an undisturbed restore.
+    assert (restored, slices) == (_forward(monkeypatch, records, 1_000_000)[1], SLICES)
 
 
 @pytest.mark.parametrize(("held", "growth"), [

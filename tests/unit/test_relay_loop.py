@@ -25,7 +25,15 @@ from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows, RelayRow
 from cdc_router.router.replay import DEAD_LETTERED_KEY_PREFIX, changelog_records
-from tests.unit.router_fakes import CHANGELOG, DLQ, ORDERS, FakeCluster, FakeProducer, Stored
+from tests.unit.router_fakes import (
+    CHANGELOG,
+    DLQ,
+    ORDERS,
+    FakeChangelog,
+    FakeCluster,
+    FakeProducer,
+    Stored,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -114,6 +122,7 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
                         describe_factory=cluster.describe_factory,
                         operations_factory=cluster.operations_factory,
                         reader=table, lock=lock or FakeLock(), records=records,
+                        changelogs=lambda kafka, topic, **_: FakeChangelog(cluster, topic),
                         on_started=on_started,
                         on_delivered=lambda events: delivered.extend(
                             e.event_id if e.topic else f"replayed {e.event_id}" for e in events))

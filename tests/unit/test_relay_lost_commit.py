@@ -17,6 +17,7 @@ from cdc_router.relay import lost_commit
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
 from cdc_router.relay.reader import FetchedRows
+from cdc_router.relay.start import RestoredChangelog
 from cdc_router.router.replay import changelog_records
 from cdc_router.router.values import Delivered
 from tests.unit.router_fakes import CHANGELOG, ORDERS, FakeCluster, Stored
@@ -42,10 +43,10 @@ def _lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 def _position_reads(relay: OutboxRelay,
                     timeouts: list[float] | None = None) -> list[str]:
-    """Wraps the relay's topic reads: the topics read, in order (and into `timeouts`, the
-    time each was given)."""
+    """Wraps the relay's topic reads and changelog readers: the topics read, in order (and
+    into `timeouts`, the time each was given)."""
     read: list[str] = []
-    records = relay._records
+    records, changelogs = relay._records, relay._changelogs
 
     def counted(kafka: dict[str, Any], topic: str, what: str, timeout_s: float = 300.0,
                 since_ms: int | None = None) -> Iterator[tuple[Any, Any]]:
@@ -54,7 +55,14 @@ def _position_reads(relay: OutboxRelay,
             timeouts.append(timeout_s)
         return iter(list(records(kafka, topic, what, timeout_s=timeout_s)))
 
-    relay._records = counted
+    def changelog(kafka: dict[str, Any], topic: str, *, group_id: str,
+                  timeout_s: float) -> RestoredChangelog:
+        read.append(topic)
+        if timeouts is not None:
+            timeouts.append(timeout_s)
+        return changelogs(kafka, topic, group_id=group_id, timeout_s=timeout_s)
+
+    relay._records, relay._changelogs = counted, changelog
     return read
 
 
