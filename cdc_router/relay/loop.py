@@ -37,6 +37,7 @@ from cdc_router.kafka.closing import close_all
 from cdc_router.kafka.producer import LatchingProducer
 from cdc_router.kafka.start import init_failure
 from cdc_router.postgres import one_line
+from cdc_router.relay.backoff import ReadFailures, wait_out
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.letters import row_letter
 from cdc_router.relay.lock import TableLock
@@ -72,8 +73,6 @@ from cdc_router.router.values import Delivered
 
 log = logging.getLogger("cdc_router.relay")
 
-# Backoff after a failed batch or a Postgres failure: doubles from the first to the last.
-BACKOFF_S = (0.5, 30.0)
 # How often the lock's connection is asked whether it is still there: a lost lock stops the
 # relay within this (the fencing already stops a successor's zombie at its next commit).
 LOCK_CHECK_S = 1.0
@@ -136,7 +135,7 @@ class OutboxRelay:
         # Exactly once, read back after an abort and at a renewal (relay/lost_commit.py).
         self._committed = CommittedPosition(checks=config.delivery.guarantee == "exactly_once")
         self._reread, self._aborts = False, 0
-        self._read_failures = 0  # Postgres's, in a row: no producer renewal (review 43)
+        self._read_failures = ReadFailures(self._table, self._stop.wait)
         self._pending_abort = False  # an abort that failed, to finish before the next batch
         self._renewal, self._needs_init = ProducerRenewal(), False
         self._lock_checked, self.last_poll = 0.0, time.monotonic()
@@ -281,10 +280,9 @@ class OutboxRelay:
             rows = self._reader.fetch(position, limit)
         except psycopg.Error as error:
             self._reader.reset()
-            self._read_failures += 1
-            self._wait_out(read_failure(error, self._table), self._read_failures)
+            self._read_failures.failed(read_failure(error, self._table))
             return True
-        self._read_failures = 0
+        self._read_failures.succeeded()
         # A batch cut at relay.batch_bytes is full: the read goes on after it.
         full = len(rows) if rows.truncated else limit
         following = position.after_batch(len(rows), full, rows[-1].seq if rows else None)
@@ -390,11 +388,4 @@ class OutboxRelay:
     def _back_off(self, reason: str) -> None:
         self._aborts += 1
         self._metrics.consecutive_aborts.set(self._aborts)
-        self._wait_out(reason, self._aborts)
-
-    def _wait_out(self, reason: str, failures: int) -> None:
-        low, high = BACKOFF_S
-        delay = min(high, low * 2 ** (failures - 1))
-        log.warning("event=batch_failed consecutive=%d backoff_s=%.1f reason=%r", failures,
-                    delay, reason)
-        self._stop.wait(delay)
+        wait_out(reason, self._aborts, self._stop.wait)

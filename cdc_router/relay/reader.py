@@ -41,7 +41,8 @@ from cdc_router.postgres import (
     table_identifier,
 )
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
-from cdc_router.relay.same_database import cluster_id
+from cdc_router.relay.lock_wait import LockWait, blocking_pids
+from cdc_router.relay.same_database import primary_database
 
 log = logging.getLogger("cdc_router.relay")
 
@@ -222,7 +223,7 @@ class OutboxReader:
             # every read. The rows' text goes as bytes instead, decoded here row by row.
             encoding = conn.execute("SHOW server_encoding").fetchone()
             self._raw_text = encoding is not None and encoding[0] == "SQL_ASCII"
-            self.database = _primary_database(conn)
+            self.database = primary_database(conn)
             self._conn = conn
             if self._select is None:
                 self._prepare(conn)
@@ -237,8 +238,10 @@ class OutboxReader:
         try:
             # Not LOCK TABLE, which needs SELECT on the whole table (review 33-3: a role granted
             # its columns one by one was refused every read).
-            conn.execute(sql.SQL("SELECT FROM {} LIMIT 0").format(
-                table_identifier(table, "relay.table")))
+            pid = conn.info.backend_pid  # a lock held for long is said (QA 67-a F-2)
+            with LockWait(table, lambda: blocking_pids(self._dsn, pid, self._connect)):
+                conn.execute(sql.SQL("SELECT FROM {} LIMIT 0").format(
+                    table_identifier(table, "relay.table")))
         except psycopg.errors.UndefinedTable:
             raise ConfigError("the outbox table was dropped while the relay ran",
                               field="relay.table", value=table,
@@ -382,16 +385,3 @@ class OutboxReader:
                               field="relay.txid_column/seq_column",
                               hint=f"add them (Postgres 14 or later): {ddl.strip()}")
 
-
-def _primary_database(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
-    """The database the connection reads; ConfigError on a standby (QA 48-c F1: its snapshots
-    leave out the primary's running transactions, so the position passed rows for good)."""
-    row = conn.execute("SELECT pg_is_in_recovery(), current_database()").fetchone()
-    assert row is not None
-    if row[0]:
-        raise ConfigError(
-            "the database is a standby (pg_is_in_recovery()): its snapshots do not show the "
-            "primary's running transactions, and their rows would be skipped for good",
-            field="relay.dsn", hint="point the relay at the primary (with several hosts in the "
-            "DSN, add target_session_attrs=read-write)")
-    return DatabaseIdentity(str(row[1]), cluster_id(conn))

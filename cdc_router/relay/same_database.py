@@ -73,3 +73,17 @@ def _identity(dsn: str, connect: Callable[..., psycopg.Connection[Any]]) -> Data
     with connect(dsn, autocommit=True,
                  **session_options(dsn, "cdc-router-relay-check")) as conn:
         return database_identity(conn)
+
+
+def primary_database(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
+    """The database the connection reads; ConfigError on a standby (QA 48-c F1: its snapshots
+    leave out the primary's running transactions, so the position passed rows for good)."""
+    row = conn.execute("SELECT pg_is_in_recovery(), current_database()").fetchone()
+    assert row is not None
+    if row[0]:
+        raise ConfigError(
+            "the database is a standby (pg_is_in_recovery()): its snapshots do not show the "
+            "primary's running transactions, and their rows would be skipped for good",
+            field="relay.dsn", hint="point the relay at the primary (with several hosts in the "
+            "DSN, add target_session_attrs=read-write)")
+    return DatabaseIdentity(str(row[1]), cluster_id(conn))

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,6 +19,7 @@ from cdc_router.config.relay import RelaySettings
 from cdc_router.config.source import SourceSettings
 from cdc_router.errors import ConfigError
 from cdc_router.outbox.relay_columns import relay_columns_ddl
+from cdc_router.relay import lock_wait
 from cdc_router.relay.guard import RelayPosition
 from cdc_router.relay.reader import OutboxReader, RelayRow
 from tests.integration.pipeline import REPO
@@ -39,6 +43,20 @@ def _table(dsn: str, name: str, extra: str = "") -> Iterator[str]:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP TABLE IF EXISTS public."{name}"')
+
+
+@contextmanager
+def _one_row_relay_table(dsn: str, prefix: str) -> Iterator[
+        tuple[str, psycopg.Connection[Any], OutboxReader]]:
+    """A table with the relay's columns and one row ("first"), an autocommit connection and
+    a reader of it (the caller resets it)."""
+    with _table(dsn, unique(prefix)) as table, psycopg.connect(dsn, autocommit=True) as conn:
+        name = table.split(".")[1].strip('"')
+        for statement in relay_columns_ddl(table, "txid", "seq"):
+            conn.execute(statement)
+        conn.execute(_INSERT.format(name, "", ""), ("first",))
+        yield table, conn, OutboxReader(dsn, RelaySettings(table=table),
+                                        SourceSettings(group_id="shop"))
 
 
 def _read_all(dsn: str, table: str, limit: int = 10) -> list[RelayRow]:
@@ -105,13 +123,8 @@ def test_a_seq_made_nullable_while_the_relay_reads_stops_it_with_the_fix(
         stack: StackEndpoints) -> None:
     # The check is made again in each batch's transaction: int(None) is never reached.
     dsn = stack.postgres_dsn
-    with _table(dsn, unique("relay_null_later")) as table, \
-            psycopg.connect(dsn, autocommit=True) as conn:
+    with _one_row_relay_table(dsn, "relay_null_later") as (table, conn, reader):
         name = table.split(".")[1].strip('"')
-        for statement in relay_columns_ddl(table, "txid", "seq"):
-            conn.execute(statement)
-        conn.execute(_INSERT.format(name, "", ""), ("first",))
-        reader = OutboxReader(dsn, RelaySettings(table=table), SourceSettings(group_id="shop"))
         try:
             reader.snapshot()  # the table checked, as at the relay's start
             conn.execute(f'ALTER TABLE {table} ALTER COLUMN seq DROP IDENTITY')
@@ -123,6 +136,39 @@ def test_a_seq_made_nullable_while_the_relay_reads_stops_it_with_the_fix(
         finally:
             reader.reset()
     assert "column 'seq' of" in str(refused.value) and "SET NOT NULL" in str(refused.value)
+
+
+def test_a_read_waiting_on_a_migrations_lock_says_so_with_the_locking_pid(
+        stack: StackEndpoints, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # QA 67-a F-2: a read held 60 s by an ACCESS EXCLUSIVE lock said nothing.
+    monkeypatch.setattr(lock_wait, "LOCK_WAIT_WARN_S", 1.0)
+    dsn = stack.postgres_dsn
+    with _one_row_relay_table(dsn, "relay_lock_wait") as (table, _, reader), \
+            psycopg.connect(dsn) as migration:
+        try:
+            position = RelayPosition().start_read(reader.snapshot())
+            migration.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            locker = migration.info.backend_pid
+            with caplog.at_level("INFO", logger="cdc_router.relay"), \
+                    ThreadPoolExecutor(1) as pool:
+                reading = pool.submit(reader.fetch, position, 10)
+                said = threading.Event()
+                for _ in range(300):  # up to 30 s on a busy machine
+                    if any("relay_read_waiting_on_lock" in r.getMessage()
+                           for r in caplog.records) or said.wait(0.1):
+                        break
+                waiting = not reading.done()
+                migration.commit()  # the migration ends: the read goes on
+                rows = reading.result(timeout=30)
+        finally:
+            reader.reset()
+    lines = [record.getMessage() for record in caplog.records if "lock" in record.getMessage()]
+    assert waiting and [row.values["aggregateid"] for row in rows] == ["first"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"event=relay_read_waiting_on_lock table={table} waited_s=")
+    assert f"blocking_pids={{{locker}}}" in lines[0], lines
+    assert lines[1].startswith(f"event=relay_read_lock_wait_over table={table} waited_s=")
 
 
 @pytest.mark.parametrize("length", [62, 63])

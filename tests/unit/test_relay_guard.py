@@ -233,7 +233,7 @@ def test_a_position_is_the_same_whether_its_cluster_id_was_read_or_not() -> None
 def test_a_standby_is_refused_as_the_relays_database() -> None:
     # QA 48-c F1: on a hot standby the snapshots leave out the primary's running transactions;
     # the position passed their rows, which were never read once they committed.
-    from cdc_router.relay.reader import _primary_database
+    from cdc_router.relay.same_database import primary_database
 
     class Answers:
         def __init__(self, *rows: tuple[object, ...]) -> None:
@@ -247,8 +247,8 @@ def test_a_standby_is_refused_as_the_relays_database() -> None:
 
     with pytest.raises(ConfigError, match=r"field 'relay.dsn': the database is a standby.*"
                        r"target_session_attrs=read-write"):
-        _primary_database(Answers((True, "shop")))  # type: ignore[arg-type]
-    assert _primary_database(Answers((False, "shop"), ("7301",))) == DatabaseIdentity(  # type: ignore[arg-type]
+        primary_database(Answers((True, "shop")))  # type: ignore[arg-type]
+    assert primary_database(Answers((False, "shop"), ("7301",))) == DatabaseIdentity(  # type: ignore[arg-type]
         "shop", "7301")
 
 

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc_router.config.compiled import compile_config
 from cdc_router.config.model import RouterConfig
 from cdc_router.errors import EXIT_RESTART, ConfigError, DecodeError, LockLost
-from cdc_router.relay import loop as relay_loop
+from cdc_router.relay import backoff as relay_backoff
 from cdc_router.relay import lost_commit
 from cdc_router.relay.guard import DatabaseIdentity, RelayPosition, Snapshot
 from cdc_router.relay.loop import OutboxRelay
@@ -133,6 +133,34 @@ def _cluster() -> FakeCluster:
     cluster = FakeCluster()
     cluster.partitions[POSITION] = 1
     return cluster
+
+
+def _failing_first(table: FakeTable, error: psycopg.Error, times: int) -> None:
+    """The table's first `times` fetches raise `error`, the next ones read."""
+    fetch, failures = table.fetch, [error] * times
+
+    def failing(position: RelayPosition, limit: int) -> FetchedRows:
+        if failures:
+            raise failures.pop()
+        return fetch(position, limit)
+
+    table.fetch = failing  # type: ignore[method-assign]
+
+
+def _relayed_after_read_failures(monkeypatch: pytest.MonkeyPatch,
+                                 caplog: pytest.LogCaptureFixture, times: int,
+                                 error: psycopg.Error) -> tuple[FakeCluster, list[str], list[str]]:
+    """Two rows relayed after `times` reads that raised `error`: the cluster, their ids and
+    the relay's log lines (INFO and up)."""
+    monkeypatch.setattr(relay_backoff, "BACKOFF_S", (0.001, 0.001))
+    cluster, table = _cluster(), FakeTable()
+    ids = [table.add(seq, 10) for seq in (1, 2)]
+    table.now = Snapshot(11, 11)
+    _failing_first(table, error, times)
+    relay, delivered = _relay(cluster, table)
+    with caplog.at_level("INFO", logger="cdc_router.relay"):
+        _run_until(relay, lambda: len(delivered) == 2 and table.fetches > times)
+    return cluster, ids, [record.getMessage() for record in caplog.records]
 
 
 def _run_until(relay: OutboxRelay, done: Any, timeout_s: float = 10) -> BaseException | None:
@@ -256,7 +284,7 @@ def test_a_producer_that_never_gets_metadata_again_is_renewed_after_failures_in_
         monkeypatch: pytest.MonkeyPatch) -> None:
     # QA 37-b (the router's loop): a producer whose metadata requests failed for good was
     # backed off for ever.
-    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
+    monkeypatch.setattr(relay_backoff, "BACKOFF_S", (0.001, 0.001))
     cluster, table = _cluster(), FakeTable()
     ids = [table.add(1, 10)]
     table.now = Snapshot(11, 11)
@@ -505,18 +533,11 @@ def test_postgres_failures_do_not_count_toward_the_producer_renewal(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Review 43: reads that failed shared the aborts' count, so that after 5 of them one
     # passing Kafka abort renewed the producer (RENEW_AFTER_ABORTS).
-    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
+    monkeypatch.setattr(relay_backoff, "BACKOFF_S", (0.001, 0.001))
     cluster, table = _cluster(), FakeTable()
     ids = [table.add(seq, 10) for seq in (1, 2)]
     table.now = Snapshot(11, 11)
-    fetch, failures = table.fetch, [psycopg.OperationalError("server closed the connection")] * 5
-
-    def flaky(position: RelayPosition, limit: int) -> FetchedRows:
-        if failures:
-            raise failures.pop()
-        return fetch(position, limit)
-
-    table.fetch = flaky  # type: ignore[method-assign]
+    _failing_first(table, psycopg.OperationalError("server closed the connection"), 5)
     cluster.commit_failures.append(KafkaError(KafkaError._TIMED_OUT, "commit timed out",
                                               txn_requires_abort=True))
     relay, delivered = _relay(cluster, table)
@@ -570,30 +591,20 @@ def test_write_on_the_position_topic_revoked_while_relaying_stops_naming_it() ->
     assert cluster.committed(ORDERS) == [] and delivered == [] and len(ids) == 2  # kept
 
 
-def test_a_select_grant_revoked_while_relaying_is_said_with_the_grant_at_each_retry(
+def test_a_select_grant_revoked_while_relaying_is_said_with_the_grant_and_the_resume_once(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    # Review 51-d F9: every retry logged only "permission denied for table outbox".
-    monkeypatch.setattr(relay_loop, "BACKOFF_S", (0.001, 0.001))
-    cluster, table = _cluster(), FakeTable()
-    ids = [table.add(seq, 10) for seq in (1, 2)]
-    table.now = Snapshot(11, 11)
-    fetch = table.fetch
-    failures = [psycopg.errors.InsufficientPrivilege("permission denied for table outbox")] * 3
-
-    def revoked(position: RelayPosition, limit: int) -> FetchedRows:
-        if failures:
-            raise failures.pop()
-        return fetch(position, limit)
-
-    table.fetch = revoked  # type: ignore[method-assign]
-    relay, delivered = _relay(cluster, table)
-    with caplog.at_level("WARNING", logger="cdc_router.relay"):
-        _run_until(relay, lambda: len(delivered) == 2)
-    said = [record.getMessage() for record in caplog.records if "batch_failed" in
-            record.getMessage()]
+    # Review 51-d F9: every retry logged only "permission denied for table outbox". QA 67-a
+    # F-3: after failures backed off up to 30 s, no line said the reads went on.
+    cluster, ids, lines = _relayed_after_read_failures(monkeypatch, caplog, 3, psycopg.errors.
+                                                       InsufficientPrivilege("permission denied "
+                                                                             "for table outbox"))
+    said = [line for line in lines if "batch_failed" in line]
     assert len(said) == 3 and all(f"GRANT SELECT ON {TABLE} TO the role of relay.dsn" in line
                                   for line in said), said
     assert [s.key.decode() for s in cluster.committed(ORDERS)] == ids  # granted again: on
+    resumed = [line for line in lines if "read_resumed" in line]
+    assert len(resumed) == 1 and re.fullmatch(
+        rf"event=read_resumed table={TABLE} failures=3 after_s=\d+\.\d", resumed[0]), resumed
 
 
 def test_after_a_failover_that_reused_xids_a_tombstoned_position_reads_the_table_again() -> None:
