@@ -337,8 +337,19 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
                                ts_ms=now_ms, key=key, types=types)
                   for row in outbox_rows(conn, schema, selection))
         done = republish_events(config, target, events)
-    click.echo(f"republished {done} change events onto {target}; the router drops those it "
-               "already delivered")
+    click.echo(f"republished {done} change events onto {target}{_against_count(done, count)}; "
+               "the router drops those it already delivered")
+
+
+def _against_count(done: int, counted: int) -> str:
+    """What differs from the count: the rows are read by a second query, after the count and
+    its prompt, so rows written or deleted between are in it or not (QA 67-b F-5: "50950 rows
+    ... to republish", then "republished 50960", without a word)."""
+    if done > counted:
+        return f" ({done - counted} more than counted: rows written since the count)"
+    if done < counted:
+        return f" ({counted - done} fewer than counted: rows deleted since the count)"
+    return ""
 
 
 def _warn_beyond_window(oldest_us: int | None, now_ms: int, window_ms: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -116,3 +117,31 @@ def test_the_key_columns_are_encoded_by_the_tables_types(monkeypatch: pytest.Mon
     assert result.exit_code == 0, result.output
     [event] = produced
     assert event.key == b'{"created_at":1478267490123}'
+
+
+@pytest.mark.parametrize(("read", "said"), [
+    (3, " (1 more than counted: rows written since the count);"),
+    (1, " (1 fewer than counted: rows deleted since the count);"),
+    (2, ";"),
+])
+def test_the_final_line_says_how_many_rows_differ_from_the_count(
+        monkeypatch: pytest.MonkeyPatch, read: int, said: str) -> None:
+    # QA 67-b F-5: "50950 rows ... to republish", then "republished 50960" without a word:
+    # rows written between the count and the stream's query were in it.
+    @contextlib.contextmanager
+    def database(dsn: str) -> Iterator[Any]:
+        yield type("Conn", (), {"commit": lambda self: None})()
+
+    monkeypatch.setattr(outbox_cli, "database", database)
+    monkeypatch.setattr(outbox_cli, "count_rows", lambda *args: (2, None, []))
+    monkeypatch.setattr(outbox_cli, "table_columns", lambda *args: {
+        "id": "uuid", "created_at": "timestamp(6) without time zone"})
+    monkeypatch.setattr(outbox_cli, "outbox_rows", lambda *args: iter([{"id": E1}] * read))
+    monkeypatch.setattr(outbox_cli, "republish_events",
+                        lambda config, topic, events: sum(1 for _ in events))
+    result = CliRunner().invoke(main, ["outbox", "republish", "-c", str(EXAMPLE), "--since",
+                                       "1h", "--yes"])
+    assert result.exit_code == 0, result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert re.fullmatch(rf"republished {read} change events onto \S+{re.escape(said)} the router "
+                        "drops those it already delivered", last), result.output
