@@ -320,8 +320,14 @@ def republish(config_path: Path, dsn: str | None, since: str | None, id_lists: t
         selection = RowSelection(since_ms=parse_since(since, option="--since", now_ms=now_ms)) \
             if since is not None else ids_for_column(given, types.get(schema.columns.id, ""),
                                                      schema.columns.id)
+        # With --yes no prompt waits between the count and the stream: both read one snapshot,
+        # so exactly the rows counted go (QA 67-b F-5); a prompt's wait holds no transaction.
+        if one_snapshot := yes and not dry_run:
+            conn.commit()
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         count, oldest, missing = count_rows(conn, schema, selection)
-        conn.commit()
+        if not one_snapshot:
+            conn.commit()
         click.echo(f"{count} rows of {schema.table} to republish onto {target}")
         if missing:  # purged, or mistyped (QA 47-d F3); a script must not go on (53-c F13)
             named = [given[(selection.ids or ()).index(event_id)] for event_id in missing]

@@ -216,6 +216,16 @@ def test_timestamps_python_cannot_hold_are_republished_as_debezium_sends_them(
     assert debezium[ids[0]] == 9223372036825200000  # 'infinity', as Debezium 3 sends it
 
 
+def _outbox_table(stack: StackEndpoints, prefix: str, created_at: str) -> str:
+    """A new outbox table in public (the caller drops it): its name."""
+    name = f"{prefix}_{os.getpid()}_{time.monotonic_ns() % 10**6}"
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{name} (id uuid PRIMARY KEY, aggregatetype text, "
+                     "aggregateid text, type text, payload jsonb, headers jsonb, "
+                     f"created_at {created_at})")
+    return name
+
+
 def test_rows_of_a_timestamptz_outbox_are_counted_and_read(stack: StackEndpoints) -> None:
     # count_rows's oldest is epoch micros whatever created_at's type; a timestamptz Python
     # cannot hold is read as Postgres's text (the router dead-letters it) instead of failing.
@@ -246,13 +256,10 @@ def test_rows_are_read_in_insert_order_as_debezium_streamed_them(stack: StackEnd
     # Review 44 M2: by created_at then id, the rows of one transaction (one now()) came in
     # their random ids' order, so one aggregate's events were republished out of order. Space
     # freed by a delete and VACUUM is reused by later rows: the heap's order is no answer.
-    name = f"order_{os.getpid()}_{time.monotonic_ns() % 10**6}"
+    name = _outbox_table(stack, "order", "timestamptz DEFAULT now()")
     insert = (f"INSERT INTO public.{name} (id, aggregatetype, aggregateid, type, payload) "
               "VALUES (gen_random_uuid(), 'Order', '1', 'T', jsonb_build_object('n', %s::int))")
     with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE public.{name} (id uuid PRIMARY KEY, aggregatetype text, "
-                     "aggregateid text, type text, payload jsonb, headers jsonb, "
-                     "created_at timestamptz DEFAULT now())")
         for first in (0, 20):
             with conn.transaction():
                 for n in range(first, first + 20):
@@ -269,3 +276,48 @@ def test_rows_are_read_in_insert_order_as_debezium_streamed_them(stack: StackEnd
         with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE public.{name}")
     assert read == list(range(10, 40))
+
+
+def test_with_yes_rows_written_after_the_count_are_not_republished(
+        stack: StackEndpoints, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA 67-b F-5: "50950 rows ... to republish", then "republished 50960": rows written
+    # between the count and the stream's query went too. With --yes both read one snapshot.
+    from click.testing import CliRunner
+
+    from cdc_router.cli import main
+    from cdc_router.cli import outbox as outbox_cli
+
+    name = _outbox_table(stack, "rr", "timestamp(6)")
+    insert = (f"INSERT INTO public.{name} VALUES (gen_random_uuid(), 'A', '1', 'T', '{{}}', "
+              "NULL, now() AT TIME ZONE 'utc')")
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        for _ in range(3):
+            conn.execute(insert)
+    counted = count_rows
+
+    def count_then_write(*args: Any) -> Any:
+        found = counted(*args)
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as writer:
+            for _ in range(2):  # a live writer, between the count and the stream
+                writer.execute(insert)
+        return found
+
+    streamed: list[str] = []
+    monkeypatch.setattr(outbox_cli, "count_rows", count_then_write)
+    monkeypatch.setattr(outbox_cli, "republish_events", lambda config, topic, events: len(
+        [streamed.append(event.event_id) for event in events]))
+    monkeypatch.setenv("CDC_ROUTER__CLEANUP__TABLE", f"public.{name}")
+    try:
+        result = CliRunner().invoke(main, [
+            "outbox", "republish", "-c", str(REPO / "cdc_router/examples/router.yaml"),
+            "--dsn", stack.postgres_dsn, "--since", "1h", "--yes"])
+        with psycopg.connect(stack.postgres_dsn) as conn:
+            rows = conn.execute(f"SELECT count(*) FROM public.{name}").fetchone()
+    finally:
+        with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE public.{name}")
+    assert result.exit_code == 0, result.output
+    assert f"3 rows of public.{name} to republish" in result.output
+    assert len(streamed) == 3 and rows == (5,), result.output
+    assert "republished 3 change events onto" in result.output
+    assert "than counted" not in result.output
