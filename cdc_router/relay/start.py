@@ -42,20 +42,16 @@ class Records(Protocol):
     `timeout_s` (else KafkaException or DeliveryError): topic_records."""
 
     def __call__(self, kafka: dict[str, Any], topic: str, what: str, *,
-                 timeout_s: float = READ_TIMEOUT_S,
-                 since_ms: int | None = None) -> Iterable[KeyValue]: ...
+                 timeout_s: float = READ_TIMEOUT_S) -> Iterable[KeyValue]: ...
 
 
 def topic_records(kafka: dict[str, Any], topic: str, what: str, *,
-                  timeout_s: float = READ_TIMEOUT_S,
-                  since_ms: int | None = None) -> Iterator[KeyValue]:
+                  timeout_s: float = READ_TIMEOUT_S) -> Iterator[KeyValue]:
     """Every committed (key, value) of `topic` up to its log end as of now: a transaction
-    still open there is waited for (our init_transactions has ended any of ours); with
-    `since_ms`, only from each partition's first record timestamped then or later."""
+    still open there is waited for (our init_transactions has ended any of ours)."""
     reader = TopicReader(kafka, topic, what=what, lean=True, group_id=_reader_group(kafka))
     try:
-        for message in reader.read_to_end(end="log_end", timeout_s=timeout_s,
-                                          since_ms=since_ms):
+        for message in reader.read_to_end(end="log_end", timeout_s=timeout_s):
             yield message.key(), message.value()
     finally:
         reader.close()

@@ -112,8 +112,8 @@ def _relay(cluster: FakeCluster, table: FakeTable, lock: FakeLock | None = None,
         "relay": {"table": name, "batch_rows": batch_rows, "poll_interval_ms": 10}})
     delivered: list[str] = []
 
-    def records(kafka: dict[str, Any], topic: str, what: str, timeout_s: float = 300.0,
-                since_ms: int | None = None) -> Iterator[tuple[Any, Any]]:
+    def records(kafka: dict[str, Any], topic: str, what: str, timeout_s: float = 300.0
+                ) -> Iterator[tuple[Any, Any]]:
         for stored in cluster.committed(topic):
             yield stored.key, stored.value
 

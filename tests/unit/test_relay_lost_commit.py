@@ -48,8 +48,8 @@ def _position_reads(relay: OutboxRelay,
     read: list[str] = []
     records, changelogs = relay._records, relay._changelogs
 
-    def counted(kafka: dict[str, Any], topic: str, what: str, timeout_s: float = 300.0,
-                since_ms: int | None = None) -> Iterator[tuple[Any, Any]]:
+    def counted(kafka: dict[str, Any], topic: str, what: str, timeout_s: float = 300.0
+                ) -> Iterator[tuple[Any, Any]]:
         read.append(topic)
         if timeouts is not None:
             timeouts.append(timeout_s)
@@ -326,7 +326,7 @@ def test_a_stop_that_cannot_read_its_position_back_says_where_the_rows_go(
     records = relay._records
 
     def position_refused(kafka: dict[str, Any], topic: str, what: str,
-                         timeout_s: float = 300.0, since_ms: int | None = None) -> Any:
+                         timeout_s: float = 300.0) -> Any:
         if topic == POSITION and cluster.committed(ORDERS):
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
         return records(kafka, topic, what, timeout_s=timeout_s)
